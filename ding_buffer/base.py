@@ -1,0 +1,155 @@
+"""The public contract: ``IBuffer``, ``BUFFER_REGISTRY``, ``create_buffer`` and ``get_buffer_cls``.
+
+A DI-engine pipeline builds its buffer with ``create_buffer(cfg.policy.other.replay_buffer, tb_logger=...,
+exp_name=...)`` and only talks to it through the methods of ``IBuffer``; every preset here keeps that surface.
+"""
+import copy
+import importlib
+from abc import ABC, abstractmethod
+from typing import Any, Callable, Dict, List, Optional, Type
+
+from easydict import EasyDict
+
+
+class Registry(dict):
+    """
+    Overview:
+        Name -> class mapping with a ``register(name)`` decorator that refuses duplicates.
+    Interfaces:
+        ``register``, ``get``, ``build``
+    """
+
+    def register(self, name: str) -> Callable[[type], type]:
+        if not isinstance(name, str) or not name:
+            raise TypeError(f"registry name must be a non-empty str, got {name!r}")
+
+        def decorator(cls: type) -> type:
+            if name in self:
+                raise ValueError(f"buffer type '{name}' is already registered (by {self[name].__qualname__})")
+            self[name] = cls
+            return cls
+
+        return decorator
+
+    def get(self, name: str) -> type:  # type: ignore[override]
+        if name not in self:
+            known = ', '.join(sorted(self)) or '(none)'
+            raise ValueError(f"unknown buffer type '{name}' (config key 'type'); registered types: {known}")
+        return self[name]
+
+    def build(self, name: str, *args, **kwargs) -> Any:
+        return self.get(name)(*args, **kwargs)
+
+
+BUFFER_REGISTRY = Registry()
+
+
+class IBuffer(ABC):
+    """
+    Overview:
+        The replay-buffer contract shared by every preset (DI-engine's ``IBuffer`` plus explicit lifecycle).
+        Constructor signature of every buffer: ``(cfg, tb_logger=None, exp_name='default_experiment',
+        instance_name='buffer')``.
+    Interfaces:
+        ``push``, ``sample``, ``update``, ``clear``, ``count``, ``state_dict``, ``load_state_dict``,
+        ``save_data``, ``load_data``, ``start``, ``close``, ``default_config``; ``len(buffer)`` and
+        ``with buffer: ...`` (which calls ``close`` on exit).
+    """
+    config: Dict[str, Any] = {}
+
+    @classmethod
+    def default_config(cls) -> EasyDict:
+        """Return a deep copy of the class's default config with ``cfg_type = ClassName + 'Dict'``."""
+        cfg = EasyDict(copy.deepcopy(cls.config))
+        cfg.cfg_type = cls.__name__ + 'Dict'
+        return cfg
+
+    @abstractmethod
+    def push(self, data: Any, cur_collector_envstep: int = -1) -> int:
+        """Store one item or a list of items; return how many were stored."""
+
+    @abstractmethod
+    def sample(self, size: int, cur_learner_iter: int = -1, **kwargs) -> Optional[Any]:
+        """Return a batch of ``size`` items, or ``None`` when sampling is not possible yet."""
+
+    @abstractmethod
+    def update(self, info: Dict[str, Any]) -> Optional[Dict[str, int]]:
+        """Apply information (e.g. new priorities) about previously sampled items."""
+
+    @abstractmethod
+    def clear(self) -> None:
+        """Remove every stored item."""
+
+    @abstractmethod
+    def count(self) -> int:
+        """Number of items currently stored."""
+
+    @abstractmethod
+    def state_dict(self) -> Dict[str, Any]:
+        """A copy of the full state (data, counters, ids)."""
+
+    @abstractmethod
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        """Restore ``state`` (all or nothing)."""
+
+    @abstractmethod
+    def save_data(self, path: str) -> None:
+        """Atomically write the buffer to ``path``."""
+
+    @abstractmethod
+    def load_data(self, path: str, allow_pickle: bool = False) -> None:
+        """Restore the buffer from ``path`` written by ``save_data``."""
+
+    def start(self) -> None:
+        """Start background helpers (if any). Safe to call more than once."""
+
+    def close(self) -> None:
+        """Stop and join background helpers. Idempotent."""
+
+    def __len__(self) -> int:
+        return self.count()
+
+    def __enter__(self) -> 'IBuffer':
+        self.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _import_modules(cfg: Any) -> None:
+    names = cfg.get('import_names', []) if hasattr(cfg, 'get') else []
+    if isinstance(names, str):
+        names = [names]
+    for name in names or []:
+        importlib.import_module(name)
+
+
+def _buffer_type(cfg: Any) -> str:
+    if not hasattr(cfg, 'get'):
+        raise TypeError(f"buffer config must be a dict/EasyDict, got {type(cfg).__name__}")
+    name = cfg.get('type')
+    if name is None:
+        raise ValueError("buffer config has no 'type' key; expected one of: " + ', '.join(sorted(BUFFER_REGISTRY)))
+    return name
+
+
+def get_buffer_cls(cfg: Any) -> Type[IBuffer]:
+    """Import ``cfg.import_names`` and return the class registered under ``cfg.type``."""
+    _import_modules(cfg)
+    return BUFFER_REGISTRY.get(_buffer_type(cfg))
+
+
+def create_buffer(cfg: Any, *args, **kwargs) -> IBuffer:
+    """
+    Overview:
+        Build the buffer registered under ``cfg.type`` after importing ``cfg.import_names``.
+        Extra arguments go to the constructor (``tb_logger``, ``exp_name``, ``instance_name``).
+    Returns:
+        - buffer (:obj:`IBuffer`)
+    """
+    cls = get_buffer_cls(cfg)
+    return cls(EasyDict(cfg) if not isinstance(cfg, EasyDict) else cfg, *args, **kwargs)
+
+
+__all__: List[str] = ['IBuffer', 'Registry', 'BUFFER_REGISTRY', 'create_buffer', 'get_buffer_cls']

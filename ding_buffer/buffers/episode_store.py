@@ -1,0 +1,266 @@
+"""Episode stores behind ``EpisodeReplayBuffer``: which episodes exist, how long they are, and their data.
+
+* ``ObjectEpisodes`` (list storage): each episode is one stored object (a list of transitions or a dict of
+  time-stacked leaves) in a ``ListStorage`` whose ring is the episode ring.
+* ``FlatEpisodes`` (tensor storage): transitions of all episodes live contiguously (modulo wrap-around) in one
+  ``TensorStorage`` of ``max_transitions`` slots; a separate episode ring records each episode's first slot
+  and length. Windows are gathered with one ``[B, T]`` index per field.
+
+Both evict the oldest *whole* episodes until a new one fits the episode and transition limits, so the
+transition ring never overwrites live data and stays hole-free. Not thread-safe (the buffer's lock).
+"""
+from typing import Any, Dict, List, Mapping, Optional, Tuple
+
+import numpy as np
+import torch
+
+from ..storage import ListStorage, RingIndex, TensorStorage, storage_from_state
+from ..storage.tree import batch_len, flatten, path_name, unflatten
+
+
+def episode_length(episode: Any, i: int) -> int:
+    """Length of a list episode or of a dict of time-stacked leaves; raises for anything else."""
+    if isinstance(episode, list):
+        if not episode:
+            raise ValueError(f"episode {i} is empty")
+        return len(episode)
+    if isinstance(episode, Mapping):
+        flat = flatten(episode)
+        if not flat:
+            raise ValueError(f"episode {i} is an empty dict")
+        lengths = {path_name(p): batch_len(v, p) for p, v in flat.items()}
+        n = next(iter(lengths.values()))
+        if any(v != n for v in lengths.values()):
+            raise ValueError(f"episode {i} has fields of different lengths: {lengths}")
+        if n == 0:
+            raise ValueError(f"episode {i} has length 0")
+        return n
+    raise TypeError(
+        f"episode {i} must be a list of transitions or a dict of time-stacked tensors, got {type(episode).__name__}"
+    )
+
+
+class _EpisodeStore:
+    """Shared eviction logic; subclasses provide the ring, the lengths and the data access."""
+    ring: RingIndex
+    length: np.ndarray
+
+    def __init__(self, max_episodes: int, max_transitions: Optional[int]) -> None:
+        self.max_episodes = max_episodes
+        self.max_transitions = max_transitions
+        self.length = np.zeros(max_episodes, dtype=np.int64)
+        self.transitions = 0
+
+    def check_fits(self, n: int, i: int) -> None:
+        if self.max_transitions is not None and n > self.max_transitions:
+            raise ValueError(f"episode {i} has {n} transitions, more than max_transitions={self.max_transitions}")
+
+    def make_room(self, n: int) -> List[Any]:
+        """Evict the oldest whole episodes until one more episode of ``n`` transitions fits."""
+        evicted: List[Any] = []
+        while self.ring.count and (
+                self.ring.count >= self.max_episodes or
+                (self.max_transitions is not None and self.transitions + n > self.max_transitions)):
+            evicted += self.remove(self.ring.oldest(1))
+        return evicted
+
+    def lengths(self, slots: np.ndarray) -> np.ndarray:
+        return self.length[slots]
+
+    def remove(self, slots: np.ndarray) -> List[Any]:
+        raise NotImplementedError
+
+
+class ObjectEpisodes(_EpisodeStore):
+
+    def __init__(self, max_episodes: int, max_transitions: Optional[int]) -> None:
+        super().__init__(max_episodes, max_transitions)
+        self.storage = ListStorage(max_episodes)
+        self.ring = self.storage.ring
+
+    def prepare(self, episodes: List[Any]) -> List[Tuple[Any, int]]:
+        out = []
+        for i, ep in enumerate(episodes):
+            n = episode_length(ep, i)
+            self.check_fits(n, i)
+            out.append((ep, n))
+        return out
+
+    def write(self, episode: Any, n: int) -> List[Any]:
+        evicted = self.make_room(n)
+        result = self.storage.write(self.storage.prepare([episode]))
+        self.length[result.slots] = n
+        self.transitions += n
+        return evicted
+
+    def remove(self, slots: np.ndarray) -> List[Any]:
+        slots = slots[self.ring.valid[slots]]
+        self.transitions -= int(self.length[slots].sum())
+        self.length[slots] = 0
+        return self.storage.remove(slots)
+
+    def clear(self) -> List[Any]:
+        self.length[:] = 0
+        self.transitions = 0
+        return self.storage.clear()
+
+    def episodes(self, slots: np.ndarray) -> List[Any]:
+        return self.storage.gather(slots)
+
+    def windows(self, slots: np.ndarray, starts: np.ndarray, unroll_len: int, pad: bool) -> List[Any]:
+        """List episodes give lists (padded with ``None``); dict episodes give dicts of ``[T, ...]`` slices
+        (zero-padded) with a ``mask`` bool tensor when ``pad``."""
+        out = []
+        for ep, s in zip(self.storage.gather(slots), starts.tolist()):
+            if isinstance(ep, list):
+                window = ep[s:s + unroll_len]
+                out.append(window + [None] * (unroll_len - len(window)) if pad else window)
+                continue
+            flat = {p: v[s:s + unroll_len] for p, v in flatten(ep).items()}
+            valid = batch_len(next(iter(flat.values())), ())
+            if pad:
+                flat = {p: _pad_time(torch.as_tensor(v), unroll_len) for p, v in flat.items()}
+                window = unflatten(flat)
+                window['mask'] = torch.arange(unroll_len) < valid
+            else:
+                window = unflatten(flat)
+            out.append(window)
+        return out
+
+    def state_dict(self) -> Dict[str, Any]:
+        return {'storage': self.storage.state_dict(), 'length': torch.from_numpy(self.length.copy())}
+
+    def restore(self, state: Mapping, storage_cfg: Mapping) -> 'ObjectEpisodes':
+        new = ObjectEpisodes(self.max_episodes, self.max_transitions)
+        new.storage = storage_from_state(storage_cfg, self.max_episodes, state['storage'])
+        new.ring = new.storage.ring
+        new.length = _restore_lengths(state, new.ring, self.max_episodes)
+        for slot in new.ring.ordered_slots():
+            if episode_length(new.storage.get(int(slot)), int(slot)) != new.length[slot]:
+                raise ValueError(f"saved length of episode slot {slot} does not match its data")
+        new.transitions = int(new.length.sum())
+        return new
+
+
+class FlatEpisodes(_EpisodeStore):
+
+    def __init__(self, max_episodes: int, max_transitions: int, storage_kwargs: Dict[str, Any]) -> None:
+        super().__init__(max_episodes, max_transitions)
+        self.storage = TensorStorage(max_transitions, **storage_kwargs)
+        self.ring = RingIndex(max_episodes)
+        self.start = np.zeros(max_episodes, dtype=np.int64)
+
+    def prepare(self, episodes: List[Any]) -> List[Tuple[Any, int]]:
+        out, schema = [], self.storage.schema
+        for i, ep in enumerate(episodes):
+            n = episode_length(ep, i)
+            self.check_fits(n, i)
+            try:
+                prepared = self.storage.prepare(ep, schema) if isinstance(ep, list) \
+                    else self.storage.prepare_batch(ep, schema)
+            except (TypeError, ValueError) as e:
+                raise type(e)(f"episode {i}: {e}") from None
+            schema = prepared.payload[0]
+            out.append((prepared, n))
+        return out
+
+    def write(self, prepared: Any, n: int) -> List[Any]:
+        evicted = self.make_room(n)
+        slots = self.ring.commit(1)[0]
+        result = self.storage.write(prepared)
+        assert prepared.dropped == 0 and len(result.slots) == n  # make_room guarantees no overwrite
+        self.start[slots] = result.slots[0]
+        self.length[slots] = n
+        self.transitions += n
+        return evicted
+
+    def _transition_slots(self, ep_slots: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+        return (self.start[ep_slots][..., None] + offsets) % self.storage.capacity
+
+    def remove(self, slots: np.ndarray) -> List[Any]:
+        slots = slots[self.ring.valid[slots]]
+        for slot in slots.tolist():
+            self.storage.remove(self._transition_slots(np.array(slot), np.arange(self.length[slot])))
+        self.transitions -= int(self.length[slots].sum())
+        self.length[slots] = 0
+        self.ring.remove(slots)
+        return []
+
+    def clear(self) -> List[Any]:
+        self.ring.clear()
+        self.storage.clear()
+        self.length[:] = 0
+        self.transitions = 0
+        return []
+
+    def episodes(self, slots: np.ndarray) -> List[Dict[str, Any]]:
+        return [self.storage.gather(self._transition_slots(np.array(s), np.arange(self.length[s]))) for s in slots]
+
+    def windows(self, slots: np.ndarray, starts: np.ndarray, unroll_len: int, pad: bool) -> Dict[str, Any]:
+        """One dict of ``[B, T, ...]`` tensors plus ``mask`` [B, T] (False on padding, which is zeroed),
+        ``episode_id``/``episode_idx``/``start`` [B]; ``replay_buffer_idx``/``replay_unique_id`` are -1 on padding."""
+        steps = starts[:, None] + np.arange(unroll_len)[None, :]
+        lengths = self.length[slots][:, None]
+        mask = steps < lengths
+        steps = np.minimum(steps, lengths - 1)  # padding reads the last transition, then gets zeroed
+        out = self.storage.gather(self._transition_slots(slots, steps))
+        device = self.storage.device
+        mask_t = torch.from_numpy(mask).to(device)
+        if not mask.all():
+            _zero_padding(out, ~mask_t)
+            out['replay_buffer_idx'][~mask_t] = -1
+            out['replay_unique_id'][~mask_t] = -1
+        out['mask'] = mask_t
+        out['episode_id'] = torch.from_numpy(self.ring.uid[slots]).to(device)
+        out['episode_idx'] = torch.from_numpy(slots.astype(np.int64)).to(device)
+        out['start'] = torch.from_numpy(starts.astype(np.int64)).to(device)
+        return out
+
+    def state_dict(self) -> Dict[str, Any]:
+        return {
+            'storage': self.storage.state_dict(),
+            'ring': self.ring.state_dict(),
+            'start': torch.from_numpy(self.start.copy()),
+            'length': torch.from_numpy(self.length.copy()),
+        }
+
+    def restore(self, state: Mapping, storage_cfg: Mapping) -> 'FlatEpisodes':
+        new = FlatEpisodes.__new__(FlatEpisodes)
+        _EpisodeStore.__init__(new, self.max_episodes, self.max_transitions)
+        new.storage = storage_from_state(storage_cfg, self.max_transitions, state['storage'])
+        new.ring = RingIndex.from_state(state['ring'], self.max_episodes)
+        new.length = _restore_lengths(state, new.ring, self.max_episodes)
+        new.start = np.asarray(state['start'], dtype=np.int64).copy()
+        if new.start.shape != (self.max_episodes, ):
+            raise ValueError("saved episode starts have the wrong shape")
+        covered = np.zeros(self.max_transitions, dtype=np.int64)
+        for slot in new.ring.ordered_slots().tolist():
+            covered[new._transition_slots(np.array(slot), np.arange(new.length[slot]))] += 1
+        if not np.array_equal(covered > 0, new.storage.ring.valid) or (covered > 1).any():
+            raise ValueError("saved episodes do not match the stored transitions")
+        new.transitions = int(new.length.sum())
+        return new
+
+
+def _restore_lengths(state: Mapping, ring: RingIndex, max_episodes: int) -> np.ndarray:
+    length = np.asarray(state['length'], dtype=np.int64).copy()
+    if length.shape != (max_episodes, ):
+        raise ValueError(f"saved episode lengths have shape {length.shape}, expected ({max_episodes},)")
+    if (length[ring.valid] <= 0).any() or (length[~ring.valid] != 0).any():
+        raise ValueError("saved episode lengths do not match the stored episodes")
+    return length
+
+
+def _pad_time(t: torch.Tensor, unroll_len: int) -> torch.Tensor:
+    if t.shape[0] == unroll_len:
+        return t
+    pad = torch.zeros((unroll_len - t.shape[0], *t.shape[1:]), dtype=t.dtype, device=t.device)
+    return torch.cat([t, pad])
+
+
+def _zero_padding(out: Dict[str, Any], pad_mask: torch.Tensor) -> None:
+    for key, value in out.items():
+        if isinstance(value, dict):
+            _zero_padding(value, pad_mask)
+        elif key not in ('replay_buffer_idx', 'replay_unique_id'):
+            value[pad_mask] = 0

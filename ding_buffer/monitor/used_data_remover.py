@@ -1,0 +1,83 @@
+"""``UsedDataRemover``: deletes the files behind items that left the buffer (``enable_track_used_data``).
+
+Items are "meta" data whose payload lives on disk at ``item['data_id']``. When a buffer overwrites, clears or
+evicts such an item it hands it here; a background thread deletes the path with ``os.remove`` /
+``shutil.rmtree`` (never a shell). ``close()`` stops the thread, then deletes what is still queued, so after
+``close()`` returns every handed-over file is gone. Thread-safe (a ``queue.Queue`` between producers and the
+worker).
+"""
+import logging
+import os
+import queue
+import shutil
+import threading
+from typing import Any, Iterable, Optional
+
+
+def check_trackable(item: Any, i: int) -> None:
+    """Raise unless ``item`` is a dict with a path-like ``data_id``."""
+    if not isinstance(item, dict) or 'data_id' not in item:
+        raise ValueError(f"enable_track_used_data needs dict items with a 'data_id' path; item {i} is {item!r:.80}")
+    if not isinstance(item['data_id'], (str, os.PathLike)):
+        raise TypeError(f"item {i} field 'data_id' must be a path (str), got {type(item['data_id']).__name__}")
+
+
+class UsedDataRemover:
+
+    def __init__(self, logger: Optional[logging.Logger] = None, poll_seconds: float = 0.05) -> None:
+        self._queue: 'queue.Queue[str]' = queue.Queue()
+        self._logger = logger or logging.getLogger(__name__)
+        self._poll = poll_seconds
+        self._stop = threading.Event()
+        self._thread: Optional[threading.Thread] = None
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def start(self) -> None:
+        if self.running:
+            return
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._run, name='delete_used_data', daemon=True)
+        self._thread.start()
+
+    def add(self, items: Iterable[Any]) -> None:
+        """Queue the ``data_id`` of every dict item (others are ignored: they own no file)."""
+        for item in items:
+            if isinstance(item, dict) and 'data_id' in item:
+                self._queue.put(os.fspath(item['data_id']))
+
+    def pending(self) -> int:
+        return self._queue.qsize()
+
+    def _delete(self, path: str) -> None:
+        try:
+            if os.path.isdir(path) and not os.path.islink(path):
+                shutil.rmtree(path)
+            elif os.path.lexists(path):
+                os.remove(path)
+        except OSError as e:
+            self._logger.warning("could not delete used data %r: %s", path, e)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                path = self._queue.get(timeout=self._poll)
+            except queue.Empty:
+                continue
+            self._delete(path)
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Stop and join the thread, then delete whatever is still queued. Idempotent."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+            if self._thread.is_alive():
+                self._logger.warning("used-data remover thread did not stop within %.1fs", timeout)
+            self._thread = None
+        while True:
+            try:
+                self._delete(self._queue.get_nowait())
+            except queue.Empty:
+                break

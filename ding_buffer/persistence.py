@@ -1,0 +1,86 @@
+"""Atomic, code-free persistence of buffer states.
+
+``atomic_save`` writes ``torch.save`` output to a temporary file in the target directory, fsyncs it, renames
+it over the target (atomic on POSIX) and fsyncs the directory, so a crash leaves either the old file or the
+new one, never a torn file. ``safe_load`` reads with ``torch.load(weights_only=True)`` (no code execution);
+states holding arbitrary Python objects (list storage) load only with ``allow_pickle=True``.
+Every file is an envelope ``{'format', 'version', 'buffer', 'state'}`` so that foreign or future files are
+rejected with a clear message.
+"""
+import os
+import pickle
+import tempfile
+from typing import Any, Dict
+
+import torch
+
+FORMAT = 'ding_buffer'
+SCHEMA_VERSION = 1
+
+
+def atomic_save(obj: Any, path: str) -> None:
+    """Write ``obj`` to ``path`` atomically (temporary file, fsync, rename, fsync of the directory)."""
+    path = os.path.abspath(os.fspath(path))
+    directory = os.path.dirname(path)
+    os.makedirs(directory, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix='.' + os.path.basename(path) + '.', suffix='.tmp', dir=directory)
+    try:
+        with os.fdopen(fd, 'wb') as f:
+            torch.save(obj, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
+    dir_fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+def save_state(path: str, buffer_name: str, state: Dict[str, Any]) -> None:
+    atomic_save({'format': FORMAT, 'version': SCHEMA_VERSION, 'buffer': buffer_name, 'state': state}, path)
+
+
+def safe_load(path: str, allow_pickle: bool = False) -> Any:
+    """
+    Overview:
+        Load a file written by :func:`atomic_save` without executing code from it, unless ``allow_pickle``.
+    Raises:
+        - FileNotFoundError: the file does not exist.
+        - ValueError: the file is corrupt, truncated, or holds Python objects while ``allow_pickle`` is False.
+    """
+    path = os.fspath(path)
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"no buffer file at {path!r}")
+    try:
+        return torch.load(path, map_location='cpu', weights_only=True)
+    except pickle.UnpicklingError as e:
+        if 'weights_only' not in str(e) and 'Unsupported global' not in str(e):
+            raise ValueError(f"{path!r} is not a readable buffer file (corrupt or truncated?): {e}") from e
+        if not allow_pickle:
+            raise ValueError(
+                f"{path!r} holds arbitrary Python objects (list storage); loading it can execute code. "
+                "Pass allow_pickle=True only if you trust the file."
+            ) from None
+    except Exception as e:  # zip/stream errors on truncated or foreign files
+        raise ValueError(f"{path!r} is not a readable buffer file (corrupt or truncated?): {e}") from e
+    try:
+        return torch.load(path, map_location='cpu', weights_only=False)
+    except Exception as e:
+        raise ValueError(f"{path!r} is not a readable buffer file (corrupt or truncated?): {e}") from e
+
+
+def load_state(path: str, buffer_name: str, allow_pickle: bool = False) -> Dict[str, Any]:
+    """Load and check the envelope; returns the buffer state."""
+    obj = safe_load(path, allow_pickle=allow_pickle)
+    if not isinstance(obj, dict) or obj.get('format') != FORMAT:
+        raise ValueError(f"{path!r} is not a ding_buffer save file")
+    if obj.get('version') != SCHEMA_VERSION:
+        raise ValueError(f"{path!r} has format version {obj.get('version')!r}; this code reads {SCHEMA_VERSION}")
+    if obj.get('buffer') != buffer_name:
+        raise ValueError(f"{path!r} was saved by {obj.get('buffer')!r}, cannot load it into {buffer_name!r}")
+    return obj['state']

@@ -1,0 +1,57 @@
+"""Storages: where items live (``list``: any Python object; ``tensor``: columnar preallocated tensors)."""
+from typing import Any, Dict, Mapping, Tuple
+
+from .base import Prepared, Storage, WriteResult
+from .list_storage import ListStorage
+from .ring import RingIndex
+from .tensor_storage import META_KEYS, TensorStorage
+
+STORAGE_TYPES = {'list': ListStorage, 'tensor': TensorStorage}
+
+# The ``storage`` section every buffer config carries.
+STORAGE_CONFIG = dict(
+    # 'list': any Python object, sampled as a list of the stored objects (DI-engine layout).
+    # 'tensor': dicts of tensors/arrays/scalars kept as one preallocated tensor per field, sampled as one
+    #           dict of batched tensors.
+    type='list',
+    # (tensor) device of the preallocated tensors, e.g. 'cpu', 'cuda', 'cuda:1'.
+    device='cpu',
+    # (tensor) keep every field in a memory-mapped file in this directory (CPU only); None = in memory.
+    memmap_dir=None,
+)
+
+STORAGE_CHECKS = {
+    'storage.type': (lambda x: x in STORAGE_TYPES, f"one of {sorted(STORAGE_TYPES)}"),
+    'storage.device': (lambda x: isinstance(x, str) and x.split(':')[0] in ('cpu', 'cuda'), "'cpu' or 'cuda[:N]'"),
+    'storage.memmap_dir': (lambda x: x is None or (isinstance(x, str) and x), 'None or a directory path'),
+}
+
+
+def _tensor_kwargs(cfg: Mapping, reserved_keys: Tuple[str, ...]) -> Dict[str, Any]:
+    return dict(device=cfg.get('device', 'cpu'), memmap_dir=cfg.get('memmap_dir'), reserved_keys=reserved_keys)
+
+
+def build_storage(cfg: Mapping, capacity: int, reserved_keys: Tuple[str, ...] = ()) -> Storage:
+    """Build the storage described by a buffer's ``storage`` config section."""
+    kind = cfg.get('type', 'list')
+    if kind == 'list':
+        if cfg.get('memmap_dir') is not None:
+            raise ValueError("config key 'storage.memmap_dir' needs storage.type='tensor', got 'list'")
+        return ListStorage(capacity)
+    return TensorStorage(capacity, **_tensor_kwargs(cfg, reserved_keys))
+
+
+def storage_from_state(cfg: Mapping, capacity: int, state: Dict[str, Any], reserved_keys: Tuple[str, ...] = ()) -> Storage:
+    """Build a new storage of the configured kind from ``state`` (validated)."""
+    if not isinstance(state, Mapping):
+        raise ValueError(f"storage state must be a dict, got {type(state).__name__}")
+    kind = cfg.get('type', 'list')
+    if kind == 'list':
+        return ListStorage.from_state(dict(state), capacity)
+    return TensorStorage.from_state(dict(state), capacity, **_tensor_kwargs(cfg, reserved_keys))
+
+
+__all__ = [
+    'Storage', 'Prepared', 'WriteResult', 'RingIndex', 'ListStorage', 'TensorStorage', 'META_KEYS',
+    'STORAGE_CONFIG', 'STORAGE_CHECKS', 'build_storage', 'storage_from_state'
+]

@@ -1,0 +1,118 @@
+"""``Storage``: where items live. Subclasses decide the representation; the ring decides the slots.
+
+Every write goes through two steps so that a rejected batch leaves the storage untouched:
+``prepare`` validates and converts (no side effects, may raise), then ``write`` commits the ring and stores.
+Not thread-safe: the owning buffer's lock serialises every call.
+"""
+from abc import ABC, abstractmethod
+from typing import Any, Dict, List, NamedTuple, Tuple
+
+import numpy as np
+
+from .ring import RingIndex
+
+
+class Prepared(NamedTuple):
+    """A validated batch ready to be written: ``n`` items kept (the newest), ``dropped`` older ones skipped."""
+    payload: Any
+    n: int
+    dropped: int
+
+
+class WriteResult(NamedTuple):
+    slots: np.ndarray  # slots written, in write order
+    uids: np.ndarray  # unique ids of the written items
+    evicted: List[Any]  # previous items of overwritten slots (list storage) -- for the used-data remover
+
+
+class Storage(ABC):
+    """
+    Overview:
+        Fixed-capacity slot store. ``prepare``/``prepare_batch`` validate, ``write`` commits, ``gather`` reads
+        slots, ``remove``/``clear`` invalidate. ``state_dict``/``from_state`` copy the full contents.
+    """
+    kind = 'base'
+
+    def __init__(self, capacity: int) -> None:
+        self.ring = RingIndex(capacity)
+
+    @property
+    def capacity(self) -> int:
+        return self.ring.capacity
+
+    def __len__(self) -> int:
+        return self.ring.count
+
+    # ------------------------------------------------------------------ writing
+    @abstractmethod
+    def prepare(self, items: List[Any]) -> Prepared:
+        """Validate a non-empty list of items; keeps only the newest ``capacity``. Raises, never writes."""
+
+    @abstractmethod
+    def prepare_batch(self, batch: Any) -> Prepared:
+        """Validate a batch (dict whose leaves share a leading dimension). Raises, never writes."""
+
+    def write(self, prepared: Prepared) -> WriteResult:
+        """Commit ``prepared`` to the next slots, overwriting the oldest items when full. O(n)."""
+        ring = self.ring
+        evicted: List[Any] = []
+        if prepared.dropped:
+            # More items than slots: every stored item goes, the oldest pushed items are never stored,
+            # but counters and ids advance as if they had been (DI-engine's tail arithmetic).
+            evicted = self._take(ring.ordered_slots())
+            start = (ring.tail + prepared.dropped) % ring.capacity
+            ring.clear()
+            ring.head = start
+            ring.next_uid += prepared.dropped
+            ring.push_count += prepared.dropped
+        slots, uids, overwritten = ring.commit(prepared.n)
+        if len(overwritten):
+            evicted += self._take(overwritten)
+        self._write(slots, prepared.payload)
+        return WriteResult(slots, uids, evicted)
+
+    @abstractmethod
+    def _write(self, slots: np.ndarray, payload: Any) -> None:
+        ...
+
+    def _take(self, slots: np.ndarray) -> List[Any]:
+        """Items about to be dropped from ``slots`` (only list storage returns them)."""
+        return []
+
+    # ------------------------------------------------------------------ reading / removing
+    @abstractmethod
+    def gather(self, slots: np.ndarray) -> Any:
+        """Read the items at ``slots`` (which must be valid)."""
+
+    def remove(self, slots: np.ndarray) -> List[Any]:
+        """Invalidate ``slots``; returns the removed items (list storage) for the used-data remover."""
+        slots = np.unique(np.asarray(slots, dtype=np.int64))
+        removed = self._take(slots[self.ring.valid[slots]])
+        self._erase(self.ring.remove(slots))
+        return removed
+
+    def clear(self) -> List[Any]:
+        slots = self.ring.ordered_slots()
+        removed = self._take(slots)
+        self._erase(slots)
+        self.ring.clear()
+        return removed
+
+    def _erase(self, slots: np.ndarray) -> None:
+        """Drop references held at ``slots`` (list storage); tensors are simply left to be overwritten."""
+
+    # ------------------------------------------------------------------ persistence
+    @abstractmethod
+    def state_dict(self) -> Dict[str, Any]:
+        """Copies of the ring and of every valid item (insertion order), serialisable with ``torch.save``."""
+
+    @classmethod
+    @abstractmethod
+    def from_state(cls, state: Dict[str, Any], **kwargs) -> 'Storage':
+        """Build a new storage from ``state`` (validated); the caller swaps it in, so loading is all-or-nothing."""
+
+
+def trim_newest(n: int, capacity: int) -> Tuple[int, int]:
+    """(kept, dropped) for a push of ``n`` items into ``capacity`` slots: the newest ``capacity`` are kept."""
+    kept = min(n, capacity)
+    return kept, n - kept

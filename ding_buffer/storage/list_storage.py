@@ -1,0 +1,76 @@
+"""``ListStorage``: a slot ring of arbitrary Python objects (DI-engine's list-of-dicts layout).
+
+Output of ``gather``: a ``list`` of the stored objects themselves, in the order of the requested slots
+(the buffer copies them when its ``deepcopy`` flag is set). Persistence keeps the objects as they are, so
+loading a file that holds anything but tensors, numbers, strings and containers needs ``allow_pickle=True``.
+"""
+import copy
+from typing import Any, Dict, List
+
+import numpy as np
+import torch
+
+from .base import Prepared, Storage, trim_newest
+from .ring import RingIndex
+from .tree import unbatch
+
+
+class ListStorage(Storage):
+    kind = 'list'
+
+    def __init__(self, capacity: int) -> None:
+        super().__init__(capacity)
+        self._data: List[Any] = [None] * capacity
+
+    def prepare(self, items: List[Any]) -> Prepared:
+        kept, dropped = trim_newest(len(items), self.capacity)
+        return Prepared(list(items[dropped:]), kept, dropped)
+
+    def prepare_batch(self, batch: Any) -> Prepared:
+        return self.prepare(unbatch(batch))
+
+    def _write(self, slots: np.ndarray, payload: List[Any]) -> None:
+        data = self._data
+        for slot, item in zip(slots.tolist(), payload):
+            data[slot] = item
+
+    def _take(self, slots: np.ndarray) -> List[Any]:
+        return [self._data[s] for s in np.asarray(slots).tolist()]
+
+    def _erase(self, slots: np.ndarray) -> None:
+        for s in np.asarray(slots).tolist():
+            self._data[s] = None
+
+    def gather(self, slots: np.ndarray) -> List[Any]:
+        data = self._data
+        return [data[s] for s in np.asarray(slots).tolist()]
+
+    def get(self, slot: int) -> Any:
+        return self._data[slot]
+
+    def __repr__(self) -> str:
+        return f"ListStorage(capacity={self.capacity}, count={len(self)})"
+
+    def state_dict(self) -> Dict[str, Any]:
+        slots = self.ring.ordered_slots()
+        return {
+            'kind': self.kind,
+            'ring': self.ring.state_dict(),
+            'slots': torch.from_numpy(slots.astype(np.int64)),
+            'items': copy.deepcopy(self.gather(slots)),
+        }
+
+    @classmethod
+    def from_state(cls, state: Dict[str, Any], capacity: int, **kwargs) -> 'ListStorage':
+        if state.get('kind') != cls.kind:
+            raise ValueError(f"saved storage is '{state.get('kind')}', config 'storage.type' is '{cls.kind}'")
+        storage = cls(capacity)
+        storage.ring = RingIndex.from_state(state['ring'], capacity)
+        slots = np.asarray(state['slots'], dtype=np.int64)
+        items = state['items']
+        if not isinstance(items, list) or len(items) != len(slots):
+            raise ValueError(f"saved storage has {len(slots)} slots but {len(items)} items")
+        if not np.array_equal(np.sort(slots), np.flatnonzero(storage.ring.valid)):
+            raise ValueError("saved storage slots do not match the ring's valid slots")
+        storage._write(slots, copy.deepcopy(items))
+        return storage

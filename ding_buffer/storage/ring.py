@@ -1,0 +1,149 @@
+"""``RingIndex``: slot bookkeeping shared by every storage (which slot holds what, in which order).
+
+The ring keeps, for ``capacity`` slots, a validity mask and a unique id per slot (ids count every item ever
+written and are never reused, also across ``clear``). Items are written at ``tail`` and age towards
+``head``; ``span`` is the number of ring positions from head to tail, holes (removed items) included.
+Invariant: ``head`` is always a valid slot when ``count > 0`` (holes at the head are trimmed eagerly), so
+when nothing has been removed from the middle, ``count == span`` and insertion position ``p`` (0 = oldest)
+lives at slot ``(head + p) % capacity`` -- O(1) per lookup.
+
+Not thread-safe: the owning buffer's lock serialises every call.
+"""
+from typing import Any, Dict, Tuple
+
+import numpy as np
+import torch
+
+
+class RingIndex:
+
+    def __init__(self, capacity: int) -> None:
+        if not isinstance(capacity, int) or isinstance(capacity, bool) or capacity <= 0:
+            raise ValueError(f"capacity must be a positive int, got {capacity!r}")
+        self.capacity = capacity
+        self.valid = np.zeros(capacity, dtype=bool)
+        self.uid = np.full(capacity, -1, dtype=np.int64)
+        self.head = 0
+        self.span = 0
+        self.count = 0
+        self.next_uid = 0
+        self.push_count = 0
+
+    @property
+    def tail(self) -> int:
+        """Next slot to be written."""
+        return (self.head + self.span) % self.capacity
+
+    def next_slots(self, n: int) -> np.ndarray:
+        """Slots the next ``n`` (<= capacity) writes will use, without changing anything. O(n)."""
+        return (self.tail + np.arange(n)) % self.capacity
+
+    def commit(self, n: int) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """
+        Overview:
+            Claim the next ``n`` slots (``n <= capacity``), overwriting the oldest items when full. O(n).
+        Returns:
+            - slots (:obj:`np.ndarray`): the written slots, in write order.
+            - uids (:obj:`np.ndarray`): the ids given to the new items.
+            - overwritten (:obj:`np.ndarray`): slots whose previous (valid) item was overwritten.
+        """
+        assert 0 < n <= self.capacity, n
+        slots = self.next_slots(n)
+        overwritten = slots[self.valid[slots]]
+        uids = np.arange(self.next_uid, self.next_uid + n, dtype=np.int64)
+        self.count += n - len(overwritten)
+        self.valid[slots] = True
+        self.uid[slots] = uids
+        self.next_uid += n
+        self.push_count += n
+        new_span = self.span + n
+        if new_span > self.capacity:
+            self.head = (self.head + new_span - self.capacity) % self.capacity
+            new_span = self.capacity
+        self.span = new_span
+        self._trim_head()
+        return slots, uids, overwritten
+
+    def remove(self, slots: np.ndarray) -> np.ndarray:
+        """Invalidate ``slots``; returns the slots that were actually valid. O(len(slots)) amortised."""
+        slots = np.unique(np.asarray(slots, dtype=np.int64))
+        slots = slots[self.valid[slots]]
+        self.valid[slots] = False
+        self.uid[slots] = -1
+        self.count -= len(slots)
+        self._trim_head()
+        return slots
+
+    def _trim_head(self) -> None:
+        if self.count == 0:
+            self.head, self.span = self.tail, 0
+            return
+        while not self.valid[self.head]:
+            self.head = (self.head + 1) % self.capacity
+            self.span -= 1
+
+    def oldest(self, k: int) -> np.ndarray:
+        """The ``k`` oldest valid slots, oldest first."""
+        return self.ordered_slots()[:k]
+
+    def ordered_slots(self) -> np.ndarray:
+        """Every valid slot in insertion order (oldest first). O(count) without holes, O(span) with."""
+        positions = (self.head + np.arange(self.span)) % self.capacity
+        if self.count == self.span:
+            return positions
+        return positions[self.valid[positions]]
+
+    def slots_of_positions(self, positions: np.ndarray) -> np.ndarray:
+        """Map insertion positions (0 = oldest valid item) to slots. O(len) without holes."""
+        positions = np.asarray(positions, dtype=np.int64)
+        if self.count == self.span:
+            return (self.head + positions) % self.capacity
+        return self.ordered_slots()[positions]
+
+    def clear(self) -> None:
+        """Invalidate everything; ``next_uid`` and ``push_count`` are kept (the buffer decides about the latter)."""
+        self.valid[:] = False
+        self.uid[:] = -1
+        self.head = self.span = self.count = 0
+
+    # ------------------------------------------------------------------ persistence
+    def state_dict(self) -> Dict[str, Any]:
+        return {
+            'capacity': self.capacity,
+            'head': self.head,
+            'span': self.span,
+            'valid': torch.from_numpy(self.valid.copy()),
+            'uid': torch.from_numpy(self.uid.copy()),
+            'next_uid': self.next_uid,
+            'push_count': self.push_count,
+        }
+
+    @classmethod
+    def from_state(cls, state: Dict[str, Any], capacity: int) -> 'RingIndex':
+        """Build a ring from ``state``, checking every invariant; raises ``ValueError`` on inconsistency."""
+        need = ('capacity', 'head', 'span', 'valid', 'uid', 'next_uid', 'push_count')
+        missing = [k for k in need if k not in state]
+        if missing:
+            raise ValueError(f"ring state is missing keys {missing}")
+        if state['capacity'] != capacity:
+            raise ValueError(
+                f"saved buffer has capacity {state['capacity']}, this buffer has replay_buffer_size {capacity}"
+            )
+        ring = cls(capacity)
+        valid = np.asarray(state['valid'], dtype=bool)
+        uid = np.asarray(state['uid'], dtype=np.int64)
+        if valid.shape != (capacity, ) or uid.shape != (capacity, ):
+            raise ValueError(f"ring arrays must have shape ({capacity},), got {valid.shape} and {uid.shape}")
+        ring.valid, ring.uid = valid.copy(), uid.copy()
+        ring.head, ring.span = int(state['head']), int(state['span'])
+        ring.next_uid, ring.push_count = int(state['next_uid']), int(state['push_count'])
+        ring.count = int(valid.sum())
+        if not (0 <= ring.head < capacity and ring.count <= ring.span <= capacity):
+            raise ValueError(f"inconsistent ring state: head={ring.head} span={ring.span} count={ring.count}")
+        inside = np.zeros(capacity, dtype=bool)
+        inside[(ring.head + np.arange(ring.span)) % capacity] = True
+        if (valid & ~inside).any() or (ring.count and not valid[ring.head]):
+            raise ValueError("inconsistent ring state: valid slots outside [head, tail)")
+        if (uid[valid] < 0).any() or (uid[valid] >= ring.next_uid).any():
+            raise ValueError("inconsistent ring state: unique ids out of range")
+        return ring

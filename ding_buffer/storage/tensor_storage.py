@@ -1,0 +1,244 @@
+"""``TensorStorage``: columnar storage, one preallocated tensor ``[capacity, *shape]`` per leaf field.
+
+The schema (field paths, shapes, dtypes) is inferred from the first item written; every later item must match
+it exactly (Python ``int`` is accepted into a float field), otherwise ``ValueError`` names the field and
+nothing is written. With ``memmap_dir`` every field lives in a file mapped with ``torch.from_file`` (shared),
+so buffers larger than RAM work; the OS pages data in and out.
+
+Output of ``gather(slots)``: one nested dict of batched tensors ``[len(slots), *shape]`` (any slot shape, e.g.
+``[B, T]`` for sequences) on the storage device, plus the meta fields ``replay_buffer_idx`` (int64 slots) and
+``replay_unique_id`` (int64 ids). Those two keys are ignored when pushed back in, so a sampled item can be
+pushed again.
+
+Complexity: push of ``n`` items O(n * fields) with one indexed write per field; a batched push does one or
+two slice assignments per field (two when it wraps around the ring); ``gather`` one index per field.
+"""
+import os
+from typing import Any, Dict, List, Mapping, Optional, Tuple
+
+import numpy as np
+import torch
+
+from .base import Prepared, Storage, trim_newest
+from .ring import RingIndex
+from .tree import Path, batch_len, flatten, path_name, to_tensor, unflatten
+
+META_KEYS = ('replay_buffer_idx', 'replay_unique_id')
+Schema = Dict[Path, Tuple[Tuple[int, ...], torch.dtype]]
+
+
+def _dtype_from_str(name: str) -> torch.dtype:
+    dtype = getattr(torch, name.replace('torch.', ''), None)
+    if not isinstance(dtype, torch.dtype):
+        raise ValueError(f"unknown dtype {name!r} in saved schema")
+    return dtype
+
+
+class TensorStorage(Storage):
+    kind = 'tensor'
+
+    def __init__(
+            self,
+            capacity: int,
+            device: str = 'cpu',
+            memmap_dir: Optional[str] = None,
+            reserved_keys: Tuple[str, ...] = (),
+    ) -> None:
+        super().__init__(capacity)
+        self.device = torch.device(device)
+        if self.device.type == 'cuda' and not torch.cuda.is_available():
+            raise ValueError(f"config key 'storage.device' is {device!r} but CUDA is not available here")
+        if memmap_dir is not None and self.device.type != 'cpu':
+            raise ValueError(f"config key 'storage.memmap_dir' needs storage.device='cpu', got {device!r}")
+        self.memmap_dir = memmap_dir
+        self.skip_keys = tuple(META_KEYS) + tuple(reserved_keys)
+        self.schema: Optional[Schema] = None
+        self.fields: Dict[Path, torch.Tensor] = {}
+
+    # ------------------------------------------------------------------ schema
+    def _infer_schema(self, flat: Dict[Path, torch.Tensor]) -> Schema:
+        return {p: (tuple(t.shape), t.dtype) for p, t in flat.items()}
+
+    def _check(self, flat: Dict[Path, Any], schema: Schema, where: str, batched: bool) -> Dict[Path, torch.Tensor]:
+        """Convert leaves and check them against ``schema``; ``where`` says which item for the message."""
+        missing = [path_name(p) for p in schema if p not in flat]
+        if missing:
+            raise ValueError(f"{where} is missing field(s) {missing}; schema fields: {self.field_names(schema)}")
+        out = {}
+        for path, leaf in flat.items():
+            if path not in schema:
+                raise ValueError(
+                    f"{where} has unexpected field '{path_name(path)}'; schema fields: {self.field_names(schema)}"
+                )
+            shape, dtype = schema[path]
+            is_py_int = type(leaf) is int or (batched and isinstance(leaf, (list, tuple)))
+            tensor = torch.as_tensor(leaf) if batched and isinstance(leaf, (list, tuple)) else to_tensor(leaf, path)
+            got_shape = tuple(tensor.shape[1:]) if batched else tuple(tensor.shape)
+            if got_shape != shape:
+                raise ValueError(f"{where}: field '{path_name(path)}' has shape {got_shape}, expected {shape}")
+            if tensor.dtype != dtype:
+                lossless_int = is_py_int and dtype.is_floating_point and not tensor.dtype.is_floating_point \
+                    and tensor.dtype != torch.bool
+                if not lossless_int:
+                    raise ValueError(
+                        f"{where}: field '{path_name(path)}' has dtype {tensor.dtype}, expected {dtype}"
+                    )
+                tensor = tensor.to(dtype)
+            out[path] = tensor
+        return out
+
+    @staticmethod
+    def field_names(schema: Schema) -> List[str]:
+        return [path_name(p) for p in schema]
+
+    def _item_flat(self, item: Any, i: int) -> Dict[Path, Any]:
+        if not isinstance(item, Mapping):
+            raise TypeError(
+                f"tensor storage stores dicts of tensors/arrays/scalars; item {i} is {type(item).__name__}"
+            )
+        flat = flatten(item, skip_top=self.skip_keys)
+        if not flat:
+            raise ValueError(f"item {i} has no fields")
+        return flat
+
+    # ------------------------------------------------------------------ writing
+    def prepare(self, items: List[Any], schema: Optional[Schema] = None) -> Prepared:
+        """``schema`` (default: the stored one) lets a caller validate several batches before writing any."""
+        kept, dropped = trim_newest(len(items), self.capacity)
+        items = items[dropped:]
+        schema = self.schema or schema
+        columns: Dict[Path, List[torch.Tensor]] = {}
+        for i, item in enumerate(items):
+            flat = self._item_flat(item, i + dropped)
+            if schema is None:
+                schema = self._infer_schema({p: to_tensor(v, p) for p, v in flat.items()})
+            checked = self._check(flat, schema, f"item {i + dropped}", batched=False)
+            for path, tensor in checked.items():
+                columns.setdefault(path, []).append(tensor)
+        payload = {p: torch.stack(ts) for p, ts in columns.items()}
+        return Prepared((schema, payload), kept, dropped)
+
+    def prepare_batch(self, batch: Any, schema: Optional[Schema] = None) -> Prepared:
+        flat = self._item_flat(batch, 0)
+        sizes = {path_name(p): batch_len(v, p) for p, v in flat.items()}
+        n = next(iter(sizes.values()))
+        if any(s != n for s in sizes.values()):
+            raise ValueError(f"batched fields have different leading dimensions: {sizes}")
+        if n == 0:
+            raise ValueError("a batched push got a batch of size 0")
+        schema = self.schema or schema
+        if schema is None:
+            schema = {
+                p: (tuple(t.shape[1:]), t.dtype)
+                for p, t in ((p, torch.as_tensor(v) if isinstance(v, (list, tuple)) else to_tensor(v, p))
+                             for p, v in flat.items())
+            }
+        checked = self._check(flat, schema, 'batch', batched=True)
+        kept, dropped = trim_newest(n, self.capacity)
+        payload = {p: t[dropped:] for p, t in checked.items()}
+        return Prepared((schema, payload), kept, dropped)
+
+    def _allocate(self, schema: Schema) -> None:
+        if self.memmap_dir is not None:
+            os.makedirs(self.memmap_dir, exist_ok=True)
+        for path, (shape, dtype) in schema.items():
+            numel = self.capacity * int(np.prod(shape, dtype=np.int64))
+            if self.memmap_dir is not None:
+                fname = os.path.join(self.memmap_dir, path_name(path) + '.bin')
+                if os.path.exists(fname):
+                    os.remove(fname)  # a stale file of another size would be mapped as is
+                tensor = torch.from_file(fname, shared=True, size=numel, dtype=dtype)
+                self.fields[path] = tensor.view(self.capacity, *shape)
+            else:
+                self.fields[path] = torch.zeros((self.capacity, *shape), dtype=dtype, device=self.device)
+        self.schema = schema
+
+    def _write(self, slots: np.ndarray, payload: Any) -> None:
+        schema, columns = payload
+        if self.schema is None:
+            self._allocate(schema)
+        n = len(slots)
+        first = int(slots[0])
+        if first + n <= self.capacity:  # contiguous: one slice assignment per field
+            for path, column in columns.items():
+                self.fields[path][first:first + n] = column.to(self.device, non_blocking=True)
+        else:  # wraps around the ring: two slices
+            k = self.capacity - first
+            for path, column in columns.items():
+                column = column.to(self.device, non_blocking=True)
+                self.fields[path][first:] = column[:k]
+                self.fields[path][:n - k] = column[k:]
+
+    # ------------------------------------------------------------------ reading
+    def gather(self, slots: np.ndarray) -> Dict[str, Any]:
+        slots = np.asarray(slots, dtype=np.int64)
+        idx = torch.from_numpy(slots).to(self.device)
+        out = unflatten({p: field[idx] for p, field in self.fields.items()})
+        out['replay_buffer_idx'] = idx
+        out['replay_unique_id'] = torch.from_numpy(self.ring.uid[slots]).to(self.device)
+        return out
+
+    def nbytes_per_item(self) -> int:
+        """Bytes of field data per slot (what a transition costs in this storage)."""
+        return sum(f[0].numel() * f.element_size() for f in self.fields.values())
+
+    def __repr__(self) -> str:
+        if self.schema is None:
+            fields = '(schema not yet known: inferred from the first item)'
+        else:
+            fields = ', '.join(
+                f"'{path_name(p)}': {{'shape': {shape}, 'dtype': {str(dtype).replace('torch.', '')}}}"
+                for p, (shape, dtype) in self.schema.items()
+            )
+            fields = '{' + fields + '}'
+        where = f", memmap_dir={self.memmap_dir!r}" if self.memmap_dir else ''
+        return f"TensorStorage(capacity={self.capacity}, count={len(self)}, device={self.device}{where}, fields={fields})"
+
+    # ------------------------------------------------------------------ persistence
+    def state_dict(self) -> Dict[str, Any]:
+        slots = self.ring.ordered_slots()
+        idx = torch.from_numpy(slots.astype(np.int64))
+        schema = [] if self.schema is None else [
+            [list(p), list(shape), str(dtype).replace('torch.', '')] for p, (shape, dtype) in self.schema.items()
+        ]
+        fields = [] if self.schema is None else [self.fields[p][idx.to(self.device)].cpu() for p in self.schema]
+        return {'kind': self.kind, 'ring': self.ring.state_dict(), 'slots': idx, 'schema': schema, 'fields': fields}
+
+    @classmethod
+    def from_state(
+            cls,
+            state: Dict[str, Any],
+            capacity: int,
+            device: str = 'cpu',
+            memmap_dir: Optional[str] = None,
+            reserved_keys: Tuple[str, ...] = ()
+    ) -> 'TensorStorage':
+        if state.get('kind') != cls.kind:
+            raise ValueError(f"saved storage is '{state.get('kind')}', config 'storage.type' is '{cls.kind}'")
+        ring = RingIndex.from_state(state['ring'], capacity)
+        slots = np.asarray(state['slots'], dtype=np.int64)
+        if not np.array_equal(np.sort(slots), np.flatnonzero(ring.valid)):
+            raise ValueError("saved storage slots do not match the ring's valid slots")
+        schema: Schema = {}
+        for entry in state['schema']:
+            path, shape, dtype = entry
+            schema[tuple(str(k) for k in path)] = (tuple(int(s) for s in shape), _dtype_from_str(dtype))
+        fields = state['fields']
+        if len(fields) != len(schema):
+            raise ValueError(f"saved storage has {len(schema)} schema fields but {len(fields)} field tensors")
+        for (path, (shape, dtype)), tensor in zip(schema.items(), fields):
+            if not isinstance(tensor, torch.Tensor) or tuple(tensor.shape) != (len(slots), *shape) \
+                    or tensor.dtype != dtype:
+                raise ValueError(
+                    f"saved field '{path_name(path)}' does not match its schema {(len(slots), *shape)} {dtype}"
+                )
+        if ring.count and not schema:
+            raise ValueError("saved storage holds items but no schema")
+        storage = cls(capacity, device=device, memmap_dir=memmap_dir, reserved_keys=reserved_keys)
+        if schema:
+            storage._allocate(schema)
+            idx = torch.from_numpy(slots).to(storage.device)
+            for path, tensor in zip(schema, fields):
+                storage.fields[path][idx] = tensor.to(storage.device)
+        storage.ring = ring
+        return storage

@@ -1,0 +1,94 @@
+"""Nested-dict helpers: flatten an item to ``{path: leaf}``, rebuild it, split a batch into items.
+
+A path is a tuple of string keys (``('obs', 'image')``). Leaves are torch tensors, numpy arrays, numpy
+scalars and Python ``bool``/``int``/``float``; anything else is a ``TypeError`` naming the field.
+"""
+from typing import Any, Dict, List, Mapping, Tuple
+
+import numpy as np
+import torch
+
+Path = Tuple[str, ...]
+
+# Python scalars become these dtypes (float32 like TorchRL/cpprb defaults, int64 for indices/actions).
+PY_SCALAR_DTYPES = {bool: torch.bool, int: torch.int64, float: torch.float32}
+
+
+def path_name(path: Path) -> str:
+    return '.'.join(path)
+
+
+def flatten(item: Mapping, prefix: Path = (), skip_top: Tuple[str, ...] = ()) -> Dict[Path, Any]:
+    """Flatten nested mappings into ``{path: leaf}``; top-level keys in ``skip_top`` are ignored."""
+    out: Dict[Path, Any] = {}
+    for key, value in item.items():
+        if not isinstance(key, str):
+            raise TypeError(f"field names must be str, got {key!r} under '{path_name(prefix) or '<root>'}'")
+        if not prefix and key in skip_top:
+            continue
+        path = prefix + (key, )
+        if isinstance(value, Mapping):
+            if not value:
+                raise ValueError(f"field '{path_name(path)}' is an empty dict; expected a tensor or a nested dict")
+            out.update(flatten(value, path))
+        else:
+            out[path] = value
+    return out
+
+
+def unflatten(flat: Dict[Path, Any]) -> Dict[str, Any]:
+    """Inverse of :func:`flatten`."""
+    out: Dict[str, Any] = {}
+    for path, value in flat.items():
+        node = out
+        for key in path[:-1]:
+            node = node.setdefault(key, {})
+        node[path[-1]] = value
+    return out
+
+
+def to_tensor(value: Any, path: Path) -> torch.Tensor:
+    """Convert one leaf to a CPU/device tensor without copying where possible."""
+    if isinstance(value, torch.Tensor):
+        return value.detach()
+    if isinstance(value, np.ndarray) or isinstance(value, np.generic):
+        arr = np.asarray(value)
+        if arr.dtype == object or arr.dtype.kind in 'USV':
+            raise TypeError(f"field '{path_name(path)}' has numpy dtype {arr.dtype}; tensor storage needs numeric data")
+        if arr.ndim and not arr.flags.c_contiguous or not arr.flags.writeable:
+            arr = np.array(arr, copy=True, order='C')
+        return torch.from_numpy(arr)
+    if type(value) in PY_SCALAR_DTYPES:
+        return torch.tensor(value, dtype=PY_SCALAR_DTYPES[type(value)])
+    raise TypeError(
+        f"field '{path_name(path)}' has type {type(value).__name__}; tensor storage accepts torch tensors, "
+        "numpy arrays and bool/int/float scalars (use storage.type='list' for arbitrary objects)"
+    )
+
+
+def unbatch(batch: Any) -> List[Dict[str, Any]]:
+    """Split a dict whose leaves share a leading dimension ``B`` into ``B`` item dicts (views, no copies)."""
+    if not isinstance(batch, Mapping):
+        raise TypeError(f"a batched push needs a dict of batched leaves, got {type(batch).__name__}")
+    flat = flatten(batch)
+    if not flat:
+        raise ValueError("a batched push got an empty dict")
+    size = None
+    for path, leaf in flat.items():
+        n = batch_len(leaf, path)
+        if size is None:
+            size = n
+        elif n != size:
+            raise ValueError(f"batched field '{path_name(path)}' has leading dimension {n}, expected {size}")
+    return [unflatten({p: leaf[i] for p, leaf in flat.items()}) for i in range(size)]
+
+
+def batch_len(leaf: Any, path: Path) -> int:
+    if isinstance(leaf, (torch.Tensor, np.ndarray)) and leaf.ndim >= 1:
+        return int(leaf.shape[0])
+    if isinstance(leaf, (list, tuple)):
+        return len(leaf)
+    raise ValueError(
+        f"batched field '{path_name(path)}' has no leading batch dimension "
+        f"(got {type(leaf).__name__} with shape {getattr(leaf, 'shape', None)})"
+    )
