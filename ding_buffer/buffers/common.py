@@ -187,7 +187,11 @@ class BufferCore(IBuffer):
         except Exception as e:
             raise ValueError(f"state has an invalid 'rng' entry: {e}") from e
         with self._lock:
-            self._restore(dict(state))
+            try:
+                self._restore(dict(state))
+            except (KeyError, TypeError, IndexError, AttributeError) as e:
+                # a malformed state (missing entry, wrong type) is bad input, reported like the others
+                raise ValueError(f"invalid {self.__class__.__name__} state: {type(e).__name__}: {e}") from e
             self._rng = rng
 
     def save_data(self, path: str) -> None:

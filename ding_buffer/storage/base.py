@@ -13,10 +13,12 @@ from .ring import RingIndex
 
 
 class Prepared(NamedTuple):
-    """A validated batch ready to be written: ``n`` items kept (the newest), ``dropped`` older ones skipped."""
+    """A validated batch ready to be written: ``n`` items kept (the newest), ``dropped`` older ones skipped
+    (``skipped`` holds those items for list storage, so the used-data remover sees them leave)."""
     payload: Any
     n: int
     dropped: int
+    skipped: List[Any] = []
 
 
 class WriteResult(NamedTuple):
@@ -59,7 +61,7 @@ class Storage(ABC):
         if prepared.dropped:
             # More items than slots: every stored item goes, the oldest pushed items are never stored,
             # but counters and ids advance as if they had been (DI-engine's tail arithmetic).
-            evicted = self._take(ring.ordered_slots())
+            evicted = self._take(ring.ordered_slots()) + list(prepared.skipped)
             start = (ring.tail + prepared.dropped) % ring.capacity
             ring.clear()
             ring.head = start

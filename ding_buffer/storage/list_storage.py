@@ -24,7 +24,7 @@ class ListStorage(Storage):
 
     def prepare(self, items: List[Any]) -> Prepared:
         kept, dropped = trim_newest(len(items), self.capacity)
-        return Prepared(list(items[dropped:]), kept, dropped)
+        return Prepared(list(items[dropped:]), kept, dropped, list(items[:dropped]))
 
     def prepare_batch(self, batch: Any) -> Prepared:
         return self.prepare(unbatch(batch))

@@ -146,4 +146,8 @@ class RingIndex:
             raise ValueError("inconsistent ring state: valid slots outside [head, tail)")
         if (uid[valid] < 0).any() or (uid[valid] >= ring.next_uid).any():
             raise ValueError("inconsistent ring state: unique ids out of range")
+        if len(np.unique(uid[valid])) != ring.count:
+            raise ValueError("inconsistent ring state: duplicate unique ids")
+        if ring.push_count < 0 or ring.next_uid < 0:
+            raise ValueError(f"inconsistent ring state: negative counters ({ring.push_count}, {ring.next_uid})")
         return ring

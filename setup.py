@@ -1,0 +1,32 @@
+"""ding-buffer: replay buffers with DI-engine's API and C++-buffer speed."""
+from setuptools import find_packages, setup
+
+# Install torch first with `pip install torch==2.13.0` (the CPU wheel on CPU machines): the range below is then
+# already satisfied, while a bare `torch` requirement on a machine without torch would pull CUDA packages.
+setup(
+    name='ding-buffer',
+    version='0.1.0',
+    description='Replay buffers for RL and GFlowNets with DI-engine\'s API: naive, episode, prioritized, distributed',
+    long_description=open('README.md', encoding='utf-8').read(),
+    long_description_content_type='text/markdown',
+    packages=find_packages(include=['ding_buffer', 'ding_buffer.*']),
+    python_requires='>=3.9',
+    install_requires=[
+        'torch>=2.1',
+        'numpy>=1.22',
+        'easydict>=1.9',
+        'tensorboard>=2.10',
+    ],
+    extras_require={
+        'test': ['pytest>=7', 'pytest-timeout>=2.1'],
+        'bench': ['cpprb>=10.7', 'torchrl>=0.4'],
+        'mpi': ['mpi4py>=3.1'],
+        'ray': ['ray>=2.9'],
+        'examples': ['gymnasium>=0.29', 'matplotlib>=3.5', 'tqdm>=4.60'],
+    },
+    entry_points={'console_scripts': ['ding-buffer=ding_buffer.cli:main']},
+    classifiers=[
+        'Programming Language :: Python :: 3',
+        'Topic :: Scientific/Engineering :: Artificial Intelligence',
+    ],
+)

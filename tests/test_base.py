@@ -1,0 +1,170 @@
+"""IBuffer contract, BUFFER_REGISTRY, create_buffer / get_buffer_cls, config merging and validation."""
+import logging
+import os
+import textwrap
+
+import pytest
+from easydict import EasyDict
+
+import ding_buffer
+from ding_buffer import BUFFER_REGISTRY, IBuffer, create_buffer, get_buffer_cls
+from ding_buffer.base import Registry
+from ding_buffer.buffers import EpisodeReplayBuffer, NaiveReplayBuffer
+from ding_buffer.utils import deep_merge_dicts
+
+
+def test_registry_has_presets_and_refuses_duplicates():
+    assert BUFFER_REGISTRY.get('naive') is NaiveReplayBuffer
+    assert BUFFER_REGISTRY.get('episode') is EpisodeReplayBuffer
+    reg = Registry()
+
+    @reg.register('x')
+    class X:
+        pass
+
+    assert reg.get('x') is X
+    with pytest.raises(ValueError, match="'x' is already registered"):
+        reg.register('x')(type('Y', (), {}))
+    assert reg.get('x') is X
+    assert isinstance(reg.build('x'), X)
+
+
+def test_unknown_type_names_the_known_ones():
+    with pytest.raises(ValueError, match=r"unknown buffer type 'nave'.*naive"):
+        create_buffer(dict(type='nave'))
+    with pytest.raises(ValueError, match="no 'type' key"):
+        create_buffer(dict(replay_buffer_size=3))
+    with pytest.raises(TypeError):
+        create_buffer(['naive'])
+
+
+def test_create_buffer_honours_import_names(tmp_path, monkeypatch):
+    (tmp_path / 'my_custom_buffer_mod.py').write_text(
+        textwrap.dedent(
+            """
+            from ding_buffer import BUFFER_REGISTRY
+            from ding_buffer.buffers import NaiveReplayBuffer
+
+            @BUFFER_REGISTRY.register('my_custom')
+            class MyCustomBuffer(NaiveReplayBuffer):
+                config = dict(NaiveReplayBuffer.config, type='my_custom')
+            """
+        )
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    cfg = EasyDict(type='my_custom', import_names=['my_custom_buffer_mod'], replay_buffer_size=3)
+    try:
+        cls = get_buffer_cls(cfg)
+        assert cls.__name__ == 'MyCustomBuffer'
+        buf = create_buffer(cfg, exp_name='e', instance_name='custom')
+        buf.push([{'a': i} for i in range(5)])
+        assert buf.count() == 3 and buf.instance_name == 'custom'
+    finally:
+        BUFFER_REGISTRY.pop('my_custom', None)
+
+
+@pytest.mark.parametrize('cls', [NaiveReplayBuffer, EpisodeReplayBuffer])
+def test_default_config_is_a_tagged_copy(cls):
+    cfg = cls.default_config()
+    assert isinstance(cfg, EasyDict)
+    assert cfg.cfg_type == cls.__name__ + 'Dict'
+    assert cfg.type == {NaiveReplayBuffer: 'naive', EpisodeReplayBuffer: 'episode'}[cls]
+    cfg.replay_buffer_size = -1
+    cfg.storage.type = 'changed'
+    assert cls.default_config().replay_buffer_size > 0
+    assert cls.default_config().storage.type == 'list'
+
+
+def test_deep_merge_dicts_is_recursive_and_does_not_mutate():
+    a = EasyDict(x=1, sub=dict(p=1, q=2))
+    b = dict(sub=dict(q=3, r=4), y=5)
+    merged = deep_merge_dicts(a, b)
+    assert merged == dict(x=1, y=5, sub=dict(p=1, q=3, r=4))
+    assert isinstance(merged, EasyDict) and merged.sub.r == 4
+    assert a.sub == dict(p=1, q=2) and b == dict(sub=dict(q=3, r=4), y=5)
+
+
+def test_partial_config_is_merged_over_defaults():
+    buf = create_buffer(dict(type='naive', replay_buffer_size=5))
+    assert buf.cfg.deepcopy is False and buf.cfg.storage.type == 'list' and buf.replay_buffer_size == 5
+    # a full DI-engine style config (with cfg_type) is accepted too
+    full = deep_merge_dicts(NaiveReplayBuffer.default_config(), dict(replay_buffer_size=7))
+    assert create_buffer(full).replay_buffer_size == 7
+
+
+@pytest.mark.parametrize(
+    'cfg, pattern', [
+        (dict(replay_bufer_size=10), r"unknown config key 'replay_bufer_size'.*did you mean 'replay_buffer_size'"),
+        (dict(storage=dict(typ='tensor')), r"unknown config key 'storage.typ'.*did you mean 'storage.type'"),
+        (dict(replay_buffer_size='10'), r"'replay_buffer_size' has value '10' of type str; expected int"),
+        (dict(replay_buffer_size=0), r"'replay_buffer_size' has invalid value 0; expected a positive int"),
+        (dict(replay_buffer_size=2.5), r"'replay_buffer_size'.*expected int"),
+        (dict(deepcopy=1), r"'deepcopy' has value 1 of type int; expected bool"),
+        (dict(storage=dict(type='gpu')), r"'storage.type' has invalid value 'gpu'; expected one of \['list', 'tensor'\]"),
+        (dict(storage=dict(device='tpu')), r"'storage.device' has invalid value 'tpu'"),
+        (dict(storage='tensor'), r"'storage' has value 'tensor' of type str; expected dict"),
+        (dict(seed=-1), r"'seed' has invalid value -1"),
+    ]
+)
+def test_bad_config_names_key_value_and_expectation(cfg, pattern):
+    with pytest.raises(ValueError, match=pattern):
+        create_buffer(dict(type='naive', **cfg))
+
+
+def test_episode_specific_config_checks():
+    with pytest.raises(ValueError, match="'max_transitions' must be set"):
+        create_buffer(dict(type='episode', storage=dict(type='tensor')))
+    with pytest.raises(ValueError, match="'enable_track_used_data'"):
+        create_buffer(dict(type='episode', enable_track_used_data=True))
+    with pytest.raises(ValueError, match="'storage.memmap_dir' needs storage.type='tensor'"):
+        create_buffer(dict(type='episode', storage=dict(memmap_dir='/tmp/x')))
+
+
+def test_track_used_data_needs_list_storage():
+    with pytest.raises(ValueError, match="'enable_track_used_data' needs storage.type='list'"):
+        create_buffer(dict(type='naive', enable_track_used_data=True, storage=dict(type='tensor')))
+
+
+def test_constructor_signature_and_contract():
+    for cls in (NaiveReplayBuffer, EpisodeReplayBuffer):
+        assert issubclass(cls, IBuffer)
+        buf = cls(cls.default_config(), None, 'exp', 'inst')
+        for name in ('push', 'sample', 'update', 'clear', 'count', 'state_dict', 'load_state_dict', 'save_data',
+                     'load_data', 'start', 'close'):
+            assert callable(getattr(buf, name))
+        assert len(buf) == buf.count() == 0
+        buf.close()
+
+
+def test_context_manager_close_is_idempotent_and_final():
+    with create_buffer(dict(type='naive', replay_buffer_size=4)) as buf:
+        buf.push({'a': 1})
+        assert len(buf) == 1
+    buf.close()
+    buf.close()
+    with pytest.raises(RuntimeError, match='closed'):
+        buf.push({'a': 2})
+    assert buf.count() == 1
+
+
+def test_logs_go_to_a_logger_named_after_the_instance(caplog):
+    buf = create_buffer(dict(type='naive', replay_buffer_size=4), instance_name='my_learner_buffer')
+    with caplog.at_level(logging.INFO, logger='ding_buffer.my_learner_buffer'):
+        assert buf.sample(2) is None
+    records = [r for r in caplog.records if r.name == 'ding_buffer.my_learner_buffer']
+    assert records and 'buffer is empty' in records[0].getMessage()
+
+
+def test_nothing_is_written_to_the_working_directory(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    for cfg in (dict(type='naive'), dict(type='episode', max_transitions=100, storage=dict(type='tensor'))):
+        buf = create_buffer(cfg, exp_name='cwd_check')
+        buf.push([{'x': 1.0}] if cfg['type'] == 'naive' else [{'x': [1.0, 2.0]}])
+        buf.sample(1)
+        buf.close()
+    assert os.listdir(tmp_path) == []
+
+
+def test_package_exports():
+    for name in ('create_buffer', 'get_buffer_cls', 'IBuffer', 'BUFFER_REGISTRY', 'deep_merge_dicts'):
+        assert hasattr(ding_buffer, name)

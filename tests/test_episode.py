@@ -1,0 +1,817 @@
+"""Tests for ``EpisodeReplayBuffer`` (``type='episode'``) on list and tensor storage.
+
+Every stored transition carries ``obs = [episode number, step]`` (float) and ``act = 100 * episode + step``
+(int64), so any sampled window or episode can be traced back to the episode and steps it came from.
+"""
+import collections
+
+import numpy as np
+import pytest
+import torch
+
+from ding_buffer import create_buffer
+
+STORAGES = ['list', 'tensor']
+
+
+# ---------------------------------------------------------------------------------------------- helpers
+def make_buffer(storage, replay_buffer_size=4, max_transitions=20, seed=0, **kwargs):
+    cfg = dict(type='episode', replay_buffer_size=replay_buffer_size, seed=seed, storage=dict(type=storage), **kwargs)
+    if max_transitions is not None:
+        cfg['max_transitions'] = max_transitions
+    return create_buffer(cfg)
+
+
+def dict_ep(e, length):
+    """A dict episode of time-stacked tensors."""
+    steps = torch.arange(length)
+    return {
+        'obs': torch.stack([torch.full((length, ), float(e)), steps.float()], dim=1),
+        'act': 100 * e + steps,
+    }
+
+
+def list_ep(e, length):
+    """A list episode of transition dicts."""
+    return [{'obs': torch.tensor([float(e), float(t)]), 'act': torch.tensor(100 * e + t)} for t in range(length)]
+
+
+EPISODE_KINDS = {'dict': dict_ep, 'list': list_ep}
+
+
+def pair(obs):
+    return int(obs[0]), int(obs[1])
+
+
+def decode_episode(ep):
+    """[(episode, step), ...] of a whole sampled episode (dict of [L, ...] or list of transitions)."""
+    if isinstance(ep, list):
+        return [pair(tr['obs']) for tr in ep]
+    return [pair(o) for o in torch.as_tensor(ep['obs'])]
+
+
+def decode_windows(out):
+    """List of windows, each a list of (episode, step) or None at padding, for either output layout."""
+    if isinstance(out, dict):  # tensor storage: one dict of [B, T, ...]
+        obs, mask = out['obs'], out['mask']
+        return [[pair(obs[b, k]) if mask[b, k] else None for k in range(obs.shape[1])] for b in range(obs.shape[0])]
+    windows = []
+    for w in out:
+        if isinstance(w, list):
+            windows.append([None if tr is None else pair(tr['obs']) for tr in w])
+        else:
+            obs = torch.as_tensor(w['obs'])
+            mask = w.get('mask', torch.ones(obs.shape[0], dtype=torch.bool))
+            windows.append([pair(obs[k]) if mask[k] else None for k in range(obs.shape[0])])
+    return windows
+
+
+def check_window(window, lengths_by_episode, unroll_len):
+    """A window is ``unroll_len`` consecutive steps of one stored episode (padding only at the end)."""
+    assert len(window) == unroll_len
+    valid = [x for x in window if x is not None]
+    assert valid, window
+    assert window[:len(valid)] == valid, f"padding must be at the end: {window}"
+    e, t0 = valid[0]
+    assert e in lengths_by_episode, f"window from an episode not stored: {window}"
+    assert valid == [(e, t0 + k) for k in range(len(valid))], f"not consecutive: {window}"
+    if len(valid) < unroll_len:  # padded: the whole (short) episode
+        assert t0 == 0 and len(valid) == lengths_by_episode[e] < unroll_len
+    else:
+        assert t0 + unroll_len <= lengths_by_episode[e]
+    return e, t0
+
+
+def assert_same(a, b, path='state'):
+    """Exact recursive equality of states / samples (tensors, arrays, dicts, lists, scalars)."""
+    if isinstance(a, torch.Tensor):
+        assert isinstance(b, torch.Tensor), path
+        assert a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b), path
+    elif isinstance(a, np.ndarray):
+        assert isinstance(b, np.ndarray) and a.dtype == b.dtype and np.array_equal(a, b), path
+    elif isinstance(a, dict):
+        assert isinstance(b, dict) and set(a) == set(b), f"{path}: keys {set(a)} != {set(b)}"
+        for k in a:
+            assert_same(a[k], b[k], f"{path}.{k}")
+    elif isinstance(a, (list, tuple)):
+        assert type(a) == type(b) and len(a) == len(b), path
+        for i, (x, y) in enumerate(zip(a, b)):
+            assert_same(x, y, f"{path}[{i}]")
+    else:
+        assert a == b, f"{path}: {a!r} != {b!r}"
+
+
+def stored_episodes(buf):
+    """{episode number: [(episode, step), ...]} of every stored episode (via a whole-episode sample)."""
+    out = buf.sample(buf.count())
+    decoded = [decode_episode(ep) for ep in out]
+    return {steps[0][0]: steps for steps in decoded}
+
+
+@pytest.fixture(params=STORAGES)
+def storage(request):
+    return request.param
+
+
+# ---------------------------------------------------------------------------------------------- 1. push forms
+def test_dict_push_is_one_episode(storage):
+    buf = make_buffer(storage)
+    assert buf.push(dict_ep(0, 5)) == 1
+    assert buf.count() == 1
+    assert buf.episode_len == [5]
+    assert buf.transition_count == 5
+    assert buf.push_count == 1
+
+
+@pytest.mark.parametrize('kind', ['dict', 'list'])
+def test_list_push_is_list_of_episodes(storage, kind):
+    buf = make_buffer(storage)
+    make = EPISODE_KINDS[kind]
+    assert buf.push([make(0, 3), make(1, 5), make(2, 2)]) == 3
+    assert buf.count() == 3
+    assert buf.episode_len == [3, 5, 2]
+    assert buf.transition_count == 10
+    assert buf.push_count == 3
+    assert sorted(stored_episodes(buf).values()) == [
+        [(0, t) for t in range(3)], [(1, t) for t in range(5)], [(2, t) for t in range(2)]
+    ]
+
+
+def test_list_episodes_are_stacked_on_tensor_storage():
+    buf = make_buffer('tensor')
+    buf.push([list_ep(0, 4)])
+    (ep, ) = buf.sample(1)
+    assert isinstance(ep, dict)
+    assert ep['obs'].shape == (4, 2) and ep['obs'].dtype == torch.float32
+    assert ep['act'].shape == (4, ) and ep['act'].dtype == torch.int64
+    assert ep['act'].tolist() == [0, 1, 2, 3]
+
+
+def test_episode_len_while_slots_are_empty(storage):
+    buf = make_buffer(storage, replay_buffer_size=5)
+    assert buf.episode_len == []
+    assert buf.count() == 0 and buf.transition_count == 0 and buf.push_count == 0
+    buf.push(dict_ep(0, 3))
+    assert buf.episode_len == [3]
+    buf.push(dict_ep(1, 1))
+    assert buf.episode_len == [3, 1]
+
+
+def test_empty_list_push_is_noop(storage):
+    buf = make_buffer(storage)
+    assert buf.push([]) == 0
+    assert buf.count() == 0 and buf.push_count == 0
+
+
+def test_push_count_counts_evicted_episodes(storage):
+    buf = make_buffer(storage, replay_buffer_size=2)
+    for e in range(5):
+        buf.push(dict_ep(e, 2))
+    assert buf.push_count == 5
+    assert buf.count() == 2
+    assert buf.transition_count == 4
+
+
+# ---------------------------------------------------------------------------------------------- 2. capacity
+def test_episode_capacity_evicts_oldest_fifo(storage):
+    buf = make_buffer(storage, replay_buffer_size=3, max_transitions=100)
+    for e in range(5):
+        buf.push(dict_ep(e, e + 1))
+    assert buf.count() == 3
+    assert buf.episode_len == [3, 4, 5]
+    assert sorted(stored_episodes(buf)) == [2, 3, 4]
+
+
+def test_list_push_longer_than_episode_capacity_keeps_newest(storage):
+    buf = make_buffer(storage, replay_buffer_size=3, max_transitions=100)
+    buf.push([dict_ep(e, e + 1) for e in range(5)])
+    assert buf.episode_len == [3, 4, 5]
+    assert sorted(stored_episodes(buf)) == [2, 3, 4]
+    assert buf.push_count == 5
+
+
+def test_transition_capacity_evicts_whole_oldest_episodes(storage):
+    buf = make_buffer(storage, replay_buffer_size=10, max_transitions=10)
+    buf.push([dict_ep(0, 4), dict_ep(1, 4)])
+    assert buf.episode_len == [4, 4]
+    buf.push(dict_ep(2, 3))  # 11 > 10: episode 0 goes as a whole
+    assert buf.episode_len == [4, 3] and buf.transition_count == 7
+    buf.push(dict_ep(3, 10))  # needs everything
+    assert buf.episode_len == [10] and buf.transition_count == 10
+    buf.push(dict_ep(4, 1))
+    assert buf.episode_len == [1] and buf.transition_count == 1
+    assert stored_episodes(buf) == {4: [(4, 0)]}
+
+
+def test_transition_capacity_over_random_lengths(storage):
+    """Model check: after every push the buffer holds exactly the newest whole episodes that fit both limits."""
+    max_eps, max_tr = 4, 20
+    buf = make_buffer(storage, replay_buffer_size=max_eps, max_transitions=max_tr)
+    rng = np.random.default_rng(1234)
+    model = collections.deque()  # (episode, length), oldest first
+    for e in range(200):
+        length = int(rng.integers(1, max_tr + 4))
+        if length > max_tr:
+            before = buf.state_dict()
+            with pytest.raises(ValueError):
+                buf.push(dict_ep(e, length))
+            assert_same(before, buf.state_dict())
+            continue
+        buf.push(dict_ep(e, length))
+        while len(model) >= max_eps or (model and sum(n for _, n in model) + length > max_tr):
+            model.popleft()
+        model.append((e, length))
+        assert buf.episode_len == [n for _, n in model]
+        assert buf.transition_count == sum(n for _, n in model) <= max_tr
+        assert buf.count() == len(model) <= max_eps
+        if e % 10 == 0:  # full content check, including episodes that wrap around the transition ring
+            assert stored_episodes(buf) == {ep: [(ep, t) for t in range(n)] for ep, n in model}
+
+
+def test_episode_exactly_max_transitions_fits(storage):
+    buf = make_buffer(storage, max_transitions=6)
+    buf.push(dict_ep(0, 2))
+    buf.push(dict_ep(1, 6))
+    assert buf.episode_len == [6]
+
+
+@pytest.mark.parametrize('kind', ['dict', 'list'])
+def test_episode_longer_than_max_transitions_raises_and_changes_nothing(storage, kind):
+    buf = make_buffer(storage, max_transitions=6)
+    buf.push([dict_ep(0, 3), dict_ep(1, 2)])
+    before = buf.state_dict()
+    with pytest.raises(ValueError):
+        buf.push([EPISODE_KINDS[kind](2, 7)])
+    assert_same(before, buf.state_dict())
+    assert buf.episode_len == [3, 2]
+
+
+def test_tensor_storage_requires_max_transitions():
+    with pytest.raises(ValueError):
+        make_buffer('tensor', max_transitions=None)
+
+
+def test_list_storage_max_transitions_is_optional():
+    buf = make_buffer('list', max_transitions=None, replay_buffer_size=2)
+    buf.push([dict_ep(0, 500), dict_ep(1, 700)])
+    assert buf.episode_len == [500, 700]
+    assert buf.transition_count == 1200
+
+
+# ---------------------------------------------------------------------------------------------- 3. all or nothing
+def _mismatched_lengths(e):
+    ep = dict_ep(e, 4)
+    ep['act'] = ep['act'][:3]
+    return ep
+
+
+BAD_EPISODES = {
+    'empty_list': lambda e: [],
+    'empty_dict': lambda e: {},
+    'fields_of_different_lengths': _mismatched_lengths,
+    'int': lambda e: 7,
+    'none': lambda e: None,
+    'too_long': lambda e: dict_ep(e, 50),
+}
+
+
+@pytest.mark.parametrize('bad', sorted(BAD_EPISODES))
+def test_invalid_later_episode_stores_nothing(storage, bad):
+    buf = make_buffer(storage)
+    buf.push(dict_ep(0, 3))
+    before = buf.state_dict()
+    with pytest.raises((TypeError, ValueError)):
+        buf.push([dict_ep(1, 2), list_ep(2, 2), BAD_EPISODES[bad](3)])
+    assert_same(before, buf.state_dict())
+    assert buf.episode_len == [3] and buf.push_count == 1
+
+
+def test_int_episode_raises_type_error(storage):
+    buf = make_buffer(storage)
+    with pytest.raises(TypeError):
+        buf.push([dict_ep(0, 2), 5])
+    assert buf.count() == 0
+
+
+SCHEMA_MISMATCHES = {
+    'wider_obs': lambda e: {'obs': torch.zeros(2, 3), 'act': torch.arange(2)},
+    'obs_dtype': lambda e: {'obs': torch.zeros(2, 2, dtype=torch.float64), 'act': torch.arange(2)},
+    'missing_field': lambda e: {'obs': torch.zeros(2, 2)},
+    'extra_field': lambda e: {**dict_ep(e, 2), 'rew': torch.zeros(2)},
+    'list_transition_mismatch': lambda e: [
+        {'obs': torch.zeros(2), 'act': torch.tensor(0)}, {'obs': torch.zeros(3), 'act': torch.tensor(0)}
+    ],
+    'list_transition_not_dict': lambda e: [{'obs': torch.zeros(2), 'act': torch.tensor(0)}, 3],
+}
+
+
+@pytest.mark.parametrize('bad', sorted(SCHEMA_MISMATCHES))
+def test_tensor_schema_mismatch_stores_nothing(bad):
+    buf = make_buffer('tensor')
+    buf.push(dict_ep(0, 3))
+    before = buf.state_dict()
+    with pytest.raises((TypeError, ValueError)):
+        buf.push([dict_ep(1, 2), SCHEMA_MISMATCHES[bad](2)])
+    assert_same(before, buf.state_dict())
+
+
+def test_tensor_failed_first_push_does_not_fix_schema():
+    buf = make_buffer('tensor')
+    other = {'obs': torch.zeros(2, 3), 'act': torch.arange(2)}
+    with pytest.raises(ValueError):
+        buf.push([dict_ep(0, 2), other])
+    assert buf.count() == 0 and buf.transition_count == 0
+    buf.push(other)  # the schema of the rejected push was not kept
+    assert buf.episode_len == [2]
+
+
+# ---------------------------------------------------------------------------------------------- 4. whole episodes
+def test_whole_episode_sample_distinct_without_replace(storage):
+    buf = make_buffer(storage, replay_buffer_size=5, max_transitions=30)
+    buf.push([dict_ep(e, e + 2) for e in range(5)])
+    for _ in range(20):
+        out = buf.sample(3)
+        decoded = [decode_episode(ep) for ep in out]
+        ids = [d[0][0] for d in decoded]
+        assert len(set(ids)) == 3
+        for d in decoded:
+            e = d[0][0]
+            assert d == [(e, t) for t in range(e + 2)]
+    assert len({decode_episode(ep)[0][0] for ep in buf.sample(5)}) == 5
+
+
+def test_whole_episode_sample_none_when_too_few(storage):
+    buf = make_buffer(storage)
+    assert buf.sample(1) is None  # empty
+    buf.push([dict_ep(0, 2), dict_ep(1, 2)])
+    assert buf.sample(3) is None
+    out = buf.sample(5, replace=True)
+    assert len(out) == 5
+    assert {decode_episode(ep)[0][0] for ep in out} <= {0, 1}
+
+
+def test_whole_episode_sample_is_uniform(storage):
+    buf = make_buffer(storage, max_transitions=30)
+    buf.push([dict_ep(0, 1), dict_ep(1, 9), dict_ep(2, 4)])  # uniform over episodes, not transitions
+    n = 3000
+    counts = collections.Counter(decode_episode(ep)[0][0] for ep in buf.sample(n, replace=True))
+    chi2 = sum((counts[e] - n / 3) ** 2 / (n / 3) for e in range(3))
+    assert chi2 < 13.8  # 0.999 quantile, 2 dof
+
+
+def test_sample_range_selects_by_insertion_order(storage):
+    buf = make_buffer(storage, replay_buffer_size=3, max_transitions=30)
+    for e in range(5):  # episodes 2, 3, 4 remain, 4 is newest
+        buf.push(dict_ep(e, 3))
+    for _ in range(10):
+        (ep, ) = buf.sample(1, sample_range=slice(-1, None))
+        assert decode_episode(ep)[0][0] == 4
+        out = buf.sample(2, sample_range=slice(0, 2))
+        assert {decode_episode(ep)[0][0] for ep in out} == {2, 3}
+    assert buf.sample(2, sample_range=slice(-1, None)) is None
+    assert buf.sample(1, sample_range=slice(5, None)) is None
+
+
+def test_list_storage_returns_stored_objects():
+    buf = make_buffer('list')
+    d, lst = dict_ep(0, 3), list_ep(1, 2)
+    buf.push([d, lst])
+    for _ in range(5):
+        out = buf.sample(2)
+        assert {id(x) for x in out} == {id(d), id(lst)}
+
+
+def test_list_storage_deepcopy_returns_copies():
+    buf = make_buffer('list', deepcopy=True)
+    d = dict_ep(0, 3)
+    buf.push(d)
+    d['obs'][0, 0] = 99.0  # the buffer copied the pushed episode
+    (out, ) = buf.sample(1)
+    assert out is not d
+    assert decode_episode(out) == [(0, 0), (0, 1), (0, 2)]
+    out['obs'][0, 0] = 42.0  # nor does it hand out its own copy
+    assert decode_episode(buf.sample(1)[0]) == [(0, 0), (0, 1), (0, 2)]
+
+
+def test_tensor_whole_episode_output():
+    buf = make_buffer('tensor')
+    buf.push([dict_ep(0, 3), dict_ep(1, 5)])
+    out = buf.sample(2)
+    assert isinstance(out, list) and len(out) == 2
+    for ep in out:
+        e = int(ep['obs'][0, 0])
+        length = 3 if e == 0 else 5
+        assert ep['obs'].shape == (length, 2)
+        assert ep['act'].tolist() == [100 * e + t for t in range(length)]
+        assert ep['replay_buffer_idx'].shape == (length, )
+        assert ep['replay_unique_id'].shape == (length, )
+
+
+# ---------------------------------------------------------------------------------------------- 5. windows
+LENGTHS = [3, 10, 6]
+
+
+def window_buffer(storage, kind='dict', lengths=LENGTHS, **kwargs):
+    buf = make_buffer(storage, replay_buffer_size=8, max_transitions=40, **kwargs)
+    buf.push([EPISODE_KINDS[kind](e, n) for e, n in enumerate(lengths)])
+    return buf
+
+
+@pytest.mark.parametrize('kind', ['dict', 'list'])
+def test_windows_are_consecutive_steps_of_one_episode(storage, kind):
+    buf = window_buffer(storage, kind)
+    lengths = dict(enumerate(LENGTHS))
+    for unroll_len in (1, 3, 6, 10):
+        out = buf.sample(50, unroll_len=unroll_len, replace=True)
+        windows = decode_windows(out)
+        assert len(windows) == 50
+        for w in windows:
+            assert None not in w
+            check_window(w, lengths, unroll_len)
+
+
+@pytest.mark.parametrize('kind', ['dict', 'list'])
+def test_windows_are_uniform_over_all_windows(storage, kind):
+    unroll_len, n = 3, 6500
+    buf = window_buffer(storage, kind)
+    lengths = dict(enumerate(LENGTHS))
+    all_windows = [(e, s) for e, L in lengths.items() for s in range(L - unroll_len + 1)]
+    assert len(all_windows) == 13
+    counts = collections.Counter(
+        check_window(w, lengths, unroll_len) for w in decode_windows(buf.sample(n, unroll_len=unroll_len, replace=True))
+    )
+    assert set(counts) == set(all_windows)
+    expected = n / len(all_windows)
+    chi2 = sum((counts[w] - expected) ** 2 / expected for w in all_windows)
+    assert chi2 < 32.9, (chi2, counts)  # 0.999 quantile of chi-square with 12 dof
+
+
+def test_windows_without_replace_are_distinct(storage):
+    buf = window_buffer(storage)
+    lengths = dict(enumerate(LENGTHS))
+    for size in (5, 13):
+        out = buf.sample(size, unroll_len=3)
+        starts = [check_window(w, lengths, 3) for w in decode_windows(out)]
+        assert len(starts) == size == len(set(starts))
+    assert buf.sample(14, unroll_len=3) is None
+    assert len(decode_windows(buf.sample(14, unroll_len=3, replace=True))) == 14
+
+
+def test_short_episodes_give_no_window_without_pad(storage):
+    buf = window_buffer(storage)
+    lengths = dict(enumerate(LENGTHS))
+    out = buf.sample(200, unroll_len=7, replace=True)
+    assert {check_window(w, lengths, 7)[0] for w in decode_windows(out)} == {1}  # only episode 1 (length 10)
+    assert buf.sample(5, unroll_len=7) is None  # 4 windows of length 7
+    assert buf.sample(1, unroll_len=11) is None  # no episode long enough
+    assert buf.sample(1, unroll_len=11, replace=True) is None
+
+
+def test_empty_buffer_window_sample_is_none(storage):
+    assert make_buffer(storage).sample(1, unroll_len=2) is None
+
+
+@pytest.mark.parametrize('how', ['argument', 'config'])
+def test_pad_gives_one_window_per_short_episode(storage, how):
+    lengths = {0: 2, 1: 5}
+    unroll_len = 4
+    if how == 'config':
+        buf = window_buffer(storage, lengths=[2, 5], pad_short_episodes=True)
+        out = buf.sample(3, unroll_len=unroll_len)
+    else:
+        buf = window_buffer(storage, lengths=[2, 5])
+        out = buf.sample(3, unroll_len=unroll_len, pad=True)
+    windows = decode_windows(out)
+    starts = sorted(check_window(w, lengths, unroll_len) for w in windows)
+    assert starts == [(0, 0), (1, 0), (1, 1)]  # 1 padded window + 5 - 4 + 1
+    assert [(0, 0), (0, 1), None, None] in windows
+    assert buf.sample(4, unroll_len=unroll_len, pad=True) is None
+
+
+def test_pad_false_argument_overrides_config(storage):
+    buf = window_buffer(storage, lengths=[2, 5], pad_short_episodes=True)
+    out = buf.sample(100, unroll_len=4, pad=False, replace=True)
+    assert {check_window(w, {0: 2, 1: 5}, 4)[0] for w in decode_windows(out)} == {1}
+
+
+def test_pad_is_uniform_over_windows(storage):
+    buf = window_buffer(storage, lengths=[2, 5, 1])  # T=4 with pad: 1 + 2 + 1 windows
+    lengths = {0: 2, 1: 5, 2: 1}
+    n = 4000
+    counts = collections.Counter(
+        check_window(w, lengths, 4) for w in decode_windows(buf.sample(n, unroll_len=4, pad=True, replace=True))
+    )
+    assert set(counts) == {(0, 0), (1, 0), (1, 1), (2, 0)}
+    chi2 = sum((c - n / 4) ** 2 / (n / 4) for c in counts.values())
+    assert chi2 < 16.3  # 0.999 quantile, 3 dof
+
+
+def test_tensor_padding_is_zero_masked_and_meta_minus_one():
+    buf = window_buffer('tensor', lengths=[2])
+    out = buf.sample(1, unroll_len=4, pad=True)
+    assert out['mask'].tolist() == [[True, True, False, False]]
+    assert out['obs'][0].tolist() == [[0.0, 0.0], [0.0, 1.0], [0.0, 0.0], [0.0, 0.0]]
+    assert out['act'][0].tolist() == [0, 1, 0, 0]
+    assert (out['replay_buffer_idx'][0, 2:] == -1).all() and (out['replay_buffer_idx'][0, :2] >= 0).all()
+    assert (out['replay_unique_id'][0, 2:] == -1).all() and (out['replay_unique_id'][0, :2] >= 0).all()
+    assert out['start'].tolist() == [0]
+
+
+def test_tensor_padding_zeroes_nonzero_fields():
+    buf = make_buffer('tensor', max_transitions=10)
+    buf.push({'obs': torch.full((2, 3), 7.0), 'done': torch.tensor([False, True])})
+    out = buf.sample(1, unroll_len=5, pad=True)
+    assert out['obs'][0, :2].eq(7.0).all() and out['obs'][0, 2:].eq(0.0).all()
+    assert out['done'][0].tolist() == [False, True, False, False, False]
+
+
+def test_list_storage_padding_of_list_episode_is_none():
+    buf = window_buffer('list', kind='list', lengths=[2])
+    (window, ) = buf.sample(1, unroll_len=4, pad=True)
+    assert isinstance(window, list) and len(window) == 4
+    assert window[2] is None and window[3] is None
+    assert [pair(tr['obs']) for tr in window[:2]] == [(0, 0), (0, 1)]
+
+
+def test_list_storage_padding_of_dict_episode_is_zero_with_mask():
+    buf = window_buffer('list', kind='dict', lengths=[2])
+    (window, ) = buf.sample(1, unroll_len=4, pad=True)
+    assert isinstance(window, dict)
+    assert window['mask'].dtype == torch.bool and window['mask'].tolist() == [True, True, False, False]
+    assert torch.as_tensor(window['obs']).tolist() == [[0.0, 0.0], [0.0, 1.0], [0.0, 0.0], [0.0, 0.0]]
+    assert torch.as_tensor(window['act']).tolist() == [0, 1, 0, 0]
+
+
+def test_tensor_window_output_shapes():
+    buf = window_buffer('tensor')
+    out = buf.sample(5, unroll_len=3)
+    assert out['obs'].shape == (5, 3, 2) and out['obs'].dtype == torch.float32
+    assert out['act'].shape == (5, 3) and out['act'].dtype == torch.int64
+    assert out['mask'].shape == (5, 3) and out['mask'].dtype == torch.bool and out['mask'].all()
+    for key in ('replay_buffer_idx', 'replay_unique_id'):
+        assert out[key].shape == (5, 3)
+    for key in ('episode_id', 'episode_idx', 'start'):
+        assert out[key].shape == (5, ), key
+    # the metadata agrees with the data: episode ids count pushed episodes, start is the first step
+    assert out['episode_id'].tolist() == out['obs'][:, 0, 0].long().tolist()
+    assert out['start'].tolist() == out['obs'][:, 0, 1].long().tolist()
+    assert ((out['episode_idx'] >= 0) & (out['episode_idx'] < 8)).all()
+
+
+def test_window_sample_range_selects_episodes(storage):
+    buf = window_buffer(storage)
+    out = buf.sample(40, unroll_len=2, replace=True, sample_range=slice(-1, None))
+    assert {check_window(w, {2: 6}, 2)[0] for w in decode_windows(out)} == {2}
+    assert buf.sample(6, unroll_len=2, sample_range=slice(-1, None)) is None  # 5 windows
+
+
+@pytest.mark.parametrize('unroll_len', [0, -1, -5])
+def test_non_positive_unroll_len_raises(storage, unroll_len):
+    buf = window_buffer(storage)
+    with pytest.raises(ValueError):
+        buf.sample(2, unroll_len=unroll_len)
+
+
+@pytest.mark.parametrize('size', [0, -1])
+def test_non_positive_size_raises(storage, size):
+    buf = window_buffer(storage)
+    with pytest.raises(ValueError):
+        buf.sample(size)
+    with pytest.raises(ValueError):
+        buf.sample(size, unroll_len=2)
+
+
+@pytest.mark.parametrize('size', [2.0, '2', None, True])
+def test_non_int_size_raises(storage, size):
+    buf = window_buffer(storage)
+    with pytest.raises(TypeError):
+        buf.sample(size)
+    with pytest.raises(TypeError):
+        buf.sample(size, unroll_len=2)
+
+
+def test_numpy_int_size_is_accepted(storage):
+    buf = window_buffer(storage)
+    assert len(buf.sample(np.int64(2))) == 2
+    assert len(decode_windows(buf.sample(np.int32(2), unroll_len=np.int64(3)))) == 2
+
+
+def test_same_seed_same_samples(storage):
+    a, b = window_buffer(storage, seed=7), window_buffer(storage, seed=7)
+    assert_same(a.sample(10, unroll_len=3, replace=True), b.sample(10, unroll_len=3, replace=True))
+    assert_same(a.sample(2), b.sample(2))
+
+
+# ---------------------------------------------------------------------------------------------- 6. wrap-around
+def wrapped_buffer(storage):
+    """max_transitions=10: episode 2 occupies transition slots 8, 9, 0, 1 (wraps); episode 3 slots 2..4."""
+    buf = make_buffer(storage, replay_buffer_size=4, max_transitions=10)
+    for e, n in enumerate([4, 4, 4, 3]):
+        buf.push(dict_ep(e, n))
+    return buf
+
+
+def test_wrap_around_whole_episodes(storage):
+    buf = wrapped_buffer(storage)
+    assert buf.episode_len == [4, 3]
+    assert stored_episodes(buf) == {2: [(2, t) for t in range(4)], 3: [(3, t) for t in range(3)]}
+
+
+def test_wrap_around_windows(storage):
+    buf = wrapped_buffer(storage)
+    lengths = {2: 4, 3: 3}
+    out = buf.sample(4, unroll_len=2)  # 3 + 2 = 5 windows
+    starts = {check_window(w, lengths, 2) for w in decode_windows(out)}
+    assert len(starts) == 4
+    out = buf.sample(5, unroll_len=4, pad=True)
+    assert out is None  # 1 + 1 windows only
+    out = buf.sample(2, unroll_len=4, pad=True)
+    assert sorted(decode_windows(out), key=lambda w: w[0]) == [
+        [(2, 0), (2, 1), (2, 2), (2, 3)], [(3, 0), (3, 1), (3, 2), None]
+    ]
+
+
+def test_tensor_wrap_around_window_crosses_ring_end():
+    buf = wrapped_buffer('tensor')
+    out = buf.sample(1, unroll_len=4, sample_range=slice(0, 1))  # the only window of episode 2
+    assert decode_windows(out) == [[(2, 0), (2, 1), (2, 2), (2, 3)]]
+    assert out['act'][0].tolist() == [200, 201, 202, 203]
+    idx = out['replay_buffer_idx'][0].tolist()
+    assert [(b - a) % 10 for a, b in zip(idx, idx[1:])] == [1, 1, 1]
+    assert idx[-1] < idx[0]  # it really crosses the end of the transition ring
+    uid = out['replay_unique_id'][0].tolist()
+    assert uid == list(range(uid[0], uid[0] + 4))
+
+
+def test_tensor_wrap_around_many_pushes_windows():
+    buf = make_buffer('tensor', replay_buffer_size=3, max_transitions=13)
+    rng = np.random.default_rng(5)
+    model = collections.deque()
+    for e in range(60):
+        n = int(rng.integers(1, 8))
+        buf.push(dict_ep(e, n))
+        while len(model) >= 3 or (model and sum(m for _, m in model) + n > 13):
+            model.popleft()
+        model.append((e, n))
+        lengths = dict(model)
+        out = buf.sample(20, unroll_len=2, pad=True, replace=True)
+        for w, act in zip(decode_windows(out), out['act']):
+            ep_num, t0 = check_window(w, lengths, 2)
+            expected = [100 * ep_num + t0 + k if x is not None else 0 for k, x in enumerate(w)]
+            assert act.tolist() == expected
+
+
+# ---------------------------------------------------------------------------------------------- 7. state / persistence
+def filled_buffer(storage, seed=0):
+    buf = make_buffer(storage, replay_buffer_size=4, max_transitions=10, seed=seed)
+    for e, n in enumerate([4, 4, 4, 3, 2]):  # wraps around on tensor storage
+        buf.push(dict_ep(e, n))
+    return buf
+
+
+def draw(buf):
+    return [buf.sample(3, unroll_len=2, replace=True), buf.sample(2), buf.sample(2, unroll_len=4, pad=True)]
+
+
+def summary(buf):
+    return buf.episode_len, buf.count(), buf.transition_count, buf.push_count
+
+
+def test_state_dict_round_trip(storage):
+    src = filled_buffer(storage)
+    state = src.state_dict()
+    dst = make_buffer(storage, replay_buffer_size=4, max_transitions=10, seed=999)
+    dst.load_state_dict(state)
+    assert summary(dst) == summary(src) == ([4, 3, 2], 3, 9, 5)
+    assert_same(src.state_dict(), dst.state_dict())
+    assert_same(draw(src), draw(dst))
+
+
+def test_state_dict_is_a_copy(storage):
+    buf = filled_buffer(storage)
+    state = buf.state_dict()
+    buf.push(dict_ep(9, 5))
+    buf2 = make_buffer(storage, replay_buffer_size=4, max_transitions=10)
+    buf2.load_state_dict(state)
+    assert buf2.episode_len == [4, 3, 2]
+
+
+def test_loaded_buffer_keeps_working(storage):
+    src = filled_buffer(storage)
+    dst = make_buffer(storage, replay_buffer_size=4, max_transitions=10)
+    dst.load_state_dict(src.state_dict())
+    for buf in (src, dst):
+        buf.push(dict_ep(5, 6))
+    assert summary(dst) == summary(src) == ([2, 6], 2, 8, 6)
+    assert_same(src.state_dict(), dst.state_dict())
+    assert_same(draw(src), draw(dst))
+
+
+def test_save_load_data_round_trip(storage, tmp_path):
+    src = filled_buffer(storage)
+    path = str(tmp_path / 'episodes.pt')
+    src.save_data(path)
+    dst = make_buffer(storage, replay_buffer_size=4, max_transitions=10, seed=3)
+    dst.load_data(path)
+    assert summary(dst) == summary(src)
+    assert_same(src.state_dict(), dst.state_dict())
+    assert_same(draw(src), draw(dst))
+
+
+@pytest.mark.parametrize('max_transitions', [9, 11, 30])
+def test_tensor_load_with_different_max_transitions_raises(max_transitions, tmp_path):
+    src = filled_buffer('tensor')
+    dst = make_buffer('tensor', replay_buffer_size=4, max_transitions=max_transitions)
+    dst.push([dict_ep(7, 2), dict_ep(8, 1)])
+    before = dst.state_dict()
+    with pytest.raises(ValueError):
+        dst.load_state_dict(src.state_dict())
+    path = str(tmp_path / 'episodes.pt')
+    src.save_data(path)
+    with pytest.raises(ValueError):
+        dst.load_data(path)
+    assert_same(before, dst.state_dict())
+
+
+@pytest.mark.parametrize(
+    'storage_type', [
+        pytest.param(
+            'list',
+            marks=pytest.mark.xfail(
+                reason="BUG: list storage load_state_dict ignores max_transitions, so a loaded buffer can hold "
+                "more transitions than its limit",
+                strict=True
+            )
+        ),
+        'tensor',
+    ]
+)
+def test_load_more_transitions_than_max_transitions_raises(storage_type):
+    src = make_buffer(storage_type, replay_buffer_size=4, max_transitions=20)
+    src.push([dict_ep(0, 8), dict_ep(1, 7)])  # 15 transitions
+    dst = make_buffer(storage_type, replay_buffer_size=4, max_transitions=10)
+    dst.push(dict_ep(5, 2))
+    before = dst.state_dict()
+    with pytest.raises(ValueError):
+        dst.load_state_dict(src.state_dict())
+    assert_same(before, dst.state_dict())
+    assert dst.transition_count <= 10
+
+
+def test_load_with_different_replay_buffer_size_raises(storage):
+    src = filled_buffer(storage)
+    dst = make_buffer(storage, replay_buffer_size=5, max_transitions=10)
+    dst.push(dict_ep(7, 2))
+    before = dst.state_dict()
+    with pytest.raises(ValueError):
+        dst.load_state_dict(src.state_dict())
+    assert_same(before, dst.state_dict())
+
+
+def test_load_from_other_storage_type_raises(storage):
+    other = 'tensor' if storage == 'list' else 'list'
+    src = filled_buffer(other)
+    dst = make_buffer(storage, replay_buffer_size=4, max_transitions=10)
+    dst.push(dict_ep(7, 2))
+    before = dst.state_dict()
+    with pytest.raises(ValueError):
+        dst.load_state_dict(src.state_dict())
+    assert_same(before, dst.state_dict())
+
+
+class Token:
+    """An arbitrary (non-tensor) Python object stored in list-storage episodes."""
+
+    def __init__(self, value):
+        self.value = value
+
+
+def test_list_storage_arbitrary_objects_need_allow_pickle(tmp_path):
+    src = make_buffer('list')
+    src.push([[{'obs': Token(0), 'step': t} for t in range(3)], [{'obs': Token(1), 'step': 0}]])
+    path = str(tmp_path / 'objects.pt')
+    src.save_data(path)
+    dst = make_buffer('list')
+    dst.push([[{'obs': Token(9), 'step': 0}]])
+    before_len = dst.episode_len
+    with pytest.raises(ValueError):
+        dst.load_data(path)
+    assert dst.episode_len == before_len == [1]
+    dst.load_data(path, allow_pickle=True)
+    assert summary(dst) == summary(src) == ([3, 1], 2, 4, 2)
+    eps = dst.sample(2)
+    assert sorted((ep[0]['obs'].value, [tr['step'] for tr in ep]) for ep in eps) == [(0, [0, 1, 2]), (1, [0])]
+
+
+def test_clear_empties_and_resets_push_count(storage):
+    buf = filled_buffer(storage)
+    buf.clear()
+    assert summary(buf) == ([], 0, 0, 0)
+    assert buf.sample(1) is None
+    assert buf.sample(1, unroll_len=1) is None
+    buf.push([dict_ep(0, 3), dict_ep(1, 5)])
+    assert summary(buf) == ([3, 5], 2, 8, 2)
+    assert stored_episodes(buf) == {0: [(0, t) for t in range(3)], 1: [(1, t) for t in range(5)]}
+    lengths = {0: 3, 1: 5}
+    for w in decode_windows(buf.sample(30, unroll_len=3, replace=True)):
+        check_window(w, lengths, 3)

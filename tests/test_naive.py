@@ -1,0 +1,849 @@
+"""Tests of ``NaiveReplayBuffer`` (``type='naive'``) on list and tensor storage.
+
+Covers DI-engine push/clear semantics, sampling (ranges, copies, batched tensor output), uniformity of
+``ding_buffer.sampling.uniform_indices``, seeding, persistence (save/load, state_dict) and the O(batch)
+cost of sampling without replacement.
+"""
+import copy
+import os
+
+import numpy as np
+import pytest
+import torch
+
+from ding_buffer import create_buffer
+from ding_buffer.sampling import uniform_indices
+
+STORAGES = ['list', 'tensor']
+
+# 0.999 quantile of the chi-square distribution with 49 degrees of freedom.
+CHI2_49_Q999 = 85.35
+
+
+# ---------------------------------------------------------------------------------------------- helpers
+class Payload:
+    """An arbitrary Python object (not a tensor/container): list storage must pickle it to save it."""
+
+    def __init__(self, value):
+        self.value = value
+
+    def __eq__(self, other):
+        return isinstance(other, Payload) and other.value == self.value
+
+
+class NoPermutationGenerator(np.random.Generator):
+    """A numpy Generator whose O(n) whole-population methods fail loudly (and count calls)."""
+    permutation_calls = 0
+
+    def permutation(self, *args, **kwargs):
+        NoPermutationGenerator.permutation_calls += 1
+        raise AssertionError('permutation() called: O(population) work')
+
+    def choice(self, *args, **kwargs):
+        raise AssertionError('choice() called: O(population) work without replacement')
+
+    def shuffle(self, *args, **kwargs):
+        raise AssertionError('shuffle() called: O(population) work')
+
+
+def make(storage='list', size=64, seed=0, **kw):
+    cfg = dict(type='naive', replay_buffer_size=size, seed=seed, **kw)
+    if storage != 'list':
+        cfg['storage'] = dict(type=storage)
+    return create_buffer(cfg)
+
+
+def item(i):
+    """An item both storages accept: an int id and a small float tensor derived from it."""
+    return {'id': i, 'obs': torch.full((3, ), float(i))}
+
+
+def push_range(buf, start, stop, one_by_one=False):
+    if one_by_one:
+        for i in range(start, stop):
+            buf.push(item(i))
+    else:
+        buf.push([item(i) for i in range(start, stop)])
+
+
+def ids_of(batch):
+    """Ids of a sampled batch (list of dicts or dict of batched tensors), in sample order."""
+    if isinstance(batch, list):
+        return [int(x['id']) for x in batch]
+    return batch['id'].tolist()
+
+
+def stored_ids(buf):
+    """Ids of every stored item in insertion order (ids increase with insertion in these tests)."""
+    if buf.count() == 0:
+        return []
+    return sorted(ids_of(buf.sample(buf.count())))
+
+
+def assert_same(a, b, where='state'):
+    """Recursive equality for states made of dicts, lists, tensors, arrays and scalars."""
+    if isinstance(a, dict):
+        assert isinstance(b, dict) and set(a) == set(b), f"{where}: keys {sorted(a)} != {sorted(b)}"
+        for k in a:
+            assert_same(a[k], b[k], f"{where}.{k}")
+    elif isinstance(a, (list, tuple)):
+        assert isinstance(b, (list, tuple)) and len(a) == len(b), f"{where}: {a!r} != {b!r}"
+        for i, (x, y) in enumerate(zip(a, b)):
+            assert_same(x, y, f"{where}[{i}]")
+    elif isinstance(a, torch.Tensor):
+        assert isinstance(b, torch.Tensor), f"{where}: {type(b)} is not a tensor"
+        assert a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b), f"{where}: {a} != {b}"
+    elif isinstance(a, np.ndarray):
+        assert np.array_equal(a, b), f"{where}: {a} != {b}"
+    else:
+        assert a == b, f"{where}: {a!r} != {b!r}"
+
+
+def chi_square(counts, expected):
+    counts = np.asarray(counts, dtype=np.float64)
+    return float(((counts - expected) ** 2 / expected).sum())
+
+
+# ================================================================================ 1. DI-engine semantics
+@pytest.mark.parametrize('storage', STORAGES)
+def test_push_one_item_and_a_list(storage):
+    buf = make(storage)
+    assert buf.push(item(0)) == 1
+    assert buf.count() == 1
+    assert buf.push([item(1), item(2), item(3)]) == 3
+    assert buf.count() == 4
+    assert buf.push_count == 4
+    assert stored_ids(buf) == [0, 1, 2, 3]
+
+
+@pytest.mark.parametrize('storage', STORAGES)
+def test_fifo_overwrites_the_oldest(storage):
+    buf = make(storage, size=8)
+    push_range(buf, 0, 13, one_by_one=True)
+    assert buf.count() == 8
+    assert buf.push_count == 13
+    assert stored_ids(buf) == list(range(5, 13))
+
+
+@pytest.mark.parametrize('storage', STORAGES)
+def test_push_20_then_80_into_64_matches_di_engine_tail(storage):
+    buf = make(storage, size=64)
+    push_range(buf, 0, 20)
+    push_range(buf, 20, 100)
+    assert buf.count() == 64
+    assert buf.push_count == 100
+    assert buf.storage.ring.tail == 36  # DI-engine: (20 + 80) % 64
+    assert stored_ids(buf) == list(range(36, 100))
+
+
+@pytest.mark.parametrize('storage', STORAGES)
+def test_list_longer_than_capacity_keeps_its_newest_items(storage):
+    buf = make(storage, size=8)
+    assert buf.push([item(i) for i in range(20)]) == 20
+    assert buf.count() == 8
+    assert buf.push_count == 20
+    assert stored_ids(buf) == list(range(12, 20))
+
+
+@pytest.mark.parametrize('storage', STORAGES)
+def test_push_empty_list_is_a_noop(storage):
+    buf = make(storage, size=8)
+    push_range(buf, 0, 5)
+    before = buf.state_dict()
+    assert buf.push([]) == 0
+    assert_same(before, buf.state_dict())
+    assert buf.count() == 5 and buf.push_count == 5
+
+
+@pytest.mark.parametrize('storage', STORAGES)
+def test_push_none_raises_type_error_and_stores_nothing(storage):
+    buf = make(storage, size=8)
+    push_range(buf, 0, 3)
+    before = buf.state_dict()
+    with pytest.raises(TypeError):
+        buf.push(None)
+    with pytest.raises(TypeError):
+        buf.push([item(10), None, item(11)])
+    assert_same(before, buf.state_dict())
+
+
+@pytest.mark.parametrize('storage', STORAGES)
+def test_clear_empties_and_resets_push_count(storage):
+    buf = make(storage, size=8)
+    push_range(buf, 0, 12)
+    buf.clear()
+    assert buf.count() == 0
+    assert buf.push_count == 0
+    assert buf.sample(1) is None
+    push_range(buf, 100, 103)
+    assert buf.count() == 3
+    assert buf.push_count == 3
+    assert stored_ids(buf) == [100, 101, 102]
+
+
+def test_unique_ids_keep_increasing_after_clear():
+    buf = make('tensor', size=8)
+    push_range(buf, 0, 12)
+    before = buf.sample(8)['replay_unique_id']
+    assert sorted(before.tolist()) == list(range(4, 12))
+    buf.clear()
+    push_range(buf, 0, 3)
+    after = buf.sample(3)['replay_unique_id']
+    assert sorted(after.tolist()) == [12, 13, 14]
+
+
+def test_tensor_storage_push_is_all_or_nothing():
+    buf = make('tensor', size=8)
+    push_range(buf, 0, 3)
+    before = buf.state_dict()
+    with pytest.raises(TypeError):
+        buf.push([item(3), {'id': 'not a number', 'obs': torch.zeros(3)}])
+    with pytest.raises(ValueError):
+        buf.push([item(3), {'id': 4, 'obs': torch.zeros(4)}])  # wrong shape
+    with pytest.raises(ValueError):
+        buf.push([item(3), {'id': 4}])  # missing field
+    assert_same(before, buf.state_dict())
+
+
+# ================================================================================ 2. sample
+@pytest.mark.parametrize('replace', [False, True])
+@pytest.mark.parametrize('storage', STORAGES)
+def test_sample_empty_buffer_returns_none(storage, replace):
+    buf = make(storage)
+    assert buf.sample(1, replace=replace) is None
+
+
+@pytest.mark.parametrize('storage', STORAGES)
+def test_sample_more_than_count_without_replace_returns_none(storage):
+    buf = make(storage)
+    push_range(buf, 0, 5)
+    assert buf.sample(6) is None
+    assert buf.sample(5) is not None
+
+
+@pytest.mark.parametrize('storage', STORAGES)
+def test_sample_with_replace_returns_size_items(storage):
+    buf = make(storage)
+    push_range(buf, 0, 3)
+    ids = ids_of(buf.sample(10, replace=True))
+    assert len(ids) == 10
+    assert set(ids) <= {0, 1, 2}
+
+
+@pytest.mark.parametrize('size', [0, -1, -100])
+@pytest.mark.parametrize('storage', STORAGES)
+def test_sample_non_positive_size_raises_value_error(storage, size):
+    buf = make(storage)
+    push_range(buf, 0, 5)
+    with pytest.raises(ValueError):
+        buf.sample(size)
+
+
+@pytest.mark.parametrize('size', [2.0, '3', True, None, [2]])
+@pytest.mark.parametrize('storage', STORAGES)
+def test_sample_non_int_size_raises_type_error(storage, size):
+    buf = make(storage)
+    push_range(buf, 0, 5)
+    with pytest.raises(TypeError):
+        buf.sample(size)
+
+
+@pytest.mark.parametrize('storage', STORAGES)
+def test_sample_accepts_numpy_int_size(storage):
+    buf = make(storage)
+    push_range(buf, 0, 5)
+    assert len(ids_of(buf.sample(np.int64(3)))) == 3
+
+
+@pytest.mark.parametrize('batch', [3, 30, 40])  # rejection path, permutation path, whole buffer
+@pytest.mark.parametrize('storage', STORAGES)
+def test_sample_without_replacement_gives_distinct_items(storage, batch):
+    buf = make(storage)
+    push_range(buf, 0, 40)
+    for _ in range(50):
+        ids = ids_of(buf.sample(batch))
+        assert len(ids) == batch
+        assert len(set(ids)) == batch
+        assert set(ids) <= set(range(40))
+
+
+@pytest.mark.parametrize('storage', STORAGES)
+def test_sample_range_negative_start_selects_the_newest(storage):
+    buf = make(storage)
+    push_range(buf, 0, 40)
+    assert sorted(ids_of(buf.sample(5, sample_range=slice(-5, None)))) == [35, 36, 37, 38, 39]
+    for _ in range(30):
+        assert set(ids_of(buf.sample(3, sample_range=slice(-5, None)))) <= {35, 36, 37, 38, 39}
+
+
+@pytest.mark.parametrize('storage', STORAGES)
+def test_sample_range_stop_selects_the_oldest(storage):
+    buf = make(storage)
+    push_range(buf, 0, 40)
+    assert sorted(ids_of(buf.sample(5, sample_range=slice(None, 5)))) == [0, 1, 2, 3, 4]
+    for _ in range(30):
+        assert set(ids_of(buf.sample(3, sample_range=slice(None, 5)))) <= {0, 1, 2, 3, 4}
+
+
+@pytest.mark.parametrize('storage', STORAGES)
+def test_sample_range_is_over_insertion_order_after_wraparound(storage):
+    buf = make(storage, size=16)
+    push_range(buf, 0, 40, one_by_one=True)  # stores 24..39; slot order differs from insertion order
+    assert sorted(ids_of(buf.sample(4, sample_range=slice(-4, None)))) == [36, 37, 38, 39]
+    assert sorted(ids_of(buf.sample(4, sample_range=slice(None, 4)))) == [24, 25, 26, 27]
+    assert sorted(ids_of(buf.sample(4, sample_range=slice(2, 6)))) == [26, 27, 28, 29]
+    assert sorted(ids_of(buf.sample(4, sample_range=slice(-10, -6)))) == [30, 31, 32, 33]
+
+
+@pytest.mark.parametrize('storage', STORAGES)
+def test_sample_range_with_step(storage):
+    buf = make(storage, size=16)
+    push_range(buf, 0, 40, one_by_one=True)  # stores 24..39
+    assert sorted(ids_of(buf.sample(8, sample_range=slice(None, None, 2)))) == list(range(24, 40, 2))
+    assert sorted(ids_of(buf.sample(4, sample_range=slice(1, None, 4)))) == [25, 29, 33, 37]
+    assert sorted(ids_of(buf.sample(3, sample_range=slice(None, None, -6)))) == [27, 33, 39]
+    for _ in range(30):
+        assert set(ids_of(buf.sample(3, sample_range=slice(None, None, 2)))) <= set(range(24, 40, 2))
+
+
+@pytest.mark.parametrize('storage', STORAGES)
+def test_sample_range_with_too_few_candidates_returns_none(storage):
+    buf = make(storage)
+    push_range(buf, 0, 40)
+    assert buf.sample(6, sample_range=slice(-5, None)) is None
+    assert buf.sample(1, sample_range=slice(10, 10)) is None
+    assert buf.sample(1, sample_range=slice(100, None), replace=True) is None
+    # With replacement a small range is enough.
+    assert set(ids_of(buf.sample(6, sample_range=slice(-5, None), replace=True))) <= set(range(35, 40))
+
+
+def test_list_storage_sample_returns_the_stored_objects():
+    buf = make('list')
+    pushed = [item(i) for i in range(10)]
+    buf.push(pushed)
+    for x in buf.sample(10):
+        assert any(x is p for p in pushed)
+
+
+def test_list_storage_deepcopy_push_copies_the_items():
+    buf = make('list', deepcopy=True)
+    pushed = [item(i) for i in range(5)]
+    buf.push(pushed)
+    for p in pushed:
+        p['id'] = -1
+        p['obs'].zero_()
+    for x in buf.sample(5):
+        assert x['id'] >= 0
+        assert torch.equal(x['obs'], torch.full((3, ), float(x['id'])))
+
+
+def test_list_storage_deepcopy_sample_copies_the_items():
+    buf = make('list', deepcopy=True)
+    push_range(buf, 0, 5)
+    first = buf.sample(5)
+    for x in first:
+        x['id'] = -1
+        x['obs'].zero_()
+    second = buf.sample(5)
+    assert sorted(ids_of(second)) == [0, 1, 2, 3, 4]
+    assert all(not any(x is y for y in first) for x in second)
+    for x in second:
+        assert torch.equal(x['obs'], torch.full((3, ), float(x['id'])))
+
+
+def test_tensor_storage_sample_is_one_dict_of_batched_tensors():
+    buf = make('tensor', size=16)
+    buf.push([{'id': i, 'obs': torch.full((3, ), float(i)), 'nested': {'a': np.arange(2) + i}} for i in range(10)])
+    out = buf.sample(4)
+    assert isinstance(out, dict)
+    assert set(out) == {'id', 'obs', 'nested', 'replay_buffer_idx', 'replay_unique_id'}
+    assert out['id'].shape == (4, ) and out['id'].dtype == torch.int64
+    assert out['obs'].shape == (4, 3) and out['obs'].dtype == torch.float32
+    assert out['nested']['a'].shape == (4, 2)
+    assert out['replay_buffer_idx'].dtype == torch.int64 and out['replay_unique_id'].dtype == torch.int64
+    for k in range(4):
+        i = int(out['id'][k])
+        assert torch.equal(out['obs'][k], torch.full((3, ), float(i)))
+        assert out['nested']['a'][k].tolist() == [i, i + 1]
+
+
+def test_tensor_storage_meta_fields_match_what_was_pushed():
+    buf = make('tensor', size=16)
+    push_range(buf, 0, 50, one_by_one=True)  # each item's id equals its unique id
+    out = buf.sample(16)
+    assert torch.equal(out['id'], out['replay_unique_id'])
+    assert torch.equal(out['replay_buffer_idx'], out['replay_unique_id'] % 16)
+    assert sorted(out['id'].tolist()) == list(range(34, 50))
+
+
+def test_tensor_storage_sampled_batch_can_be_pushed_back():
+    buf = make('tensor', size=16)
+    push_range(buf, 0, 4)
+    out = buf.sample(2)
+    assert buf.push([{'id': out['id'][k], 'obs': out['obs'][k]} for k in range(2)]) == 2
+    assert buf.count() == 6
+
+
+@pytest.mark.parametrize('via', ['extend', 'push_batched'])
+@pytest.mark.parametrize('storage', STORAGES)
+def test_extend_pushes_a_batch_dict(storage, via):
+    buf = make(storage, size=16)
+    batch = {'id': torch.arange(10), 'obs': torch.arange(10, dtype=torch.float32)[:, None].repeat(1, 3)}
+    n = buf.extend(batch) if via == 'extend' else buf.push(batch, batched=True)
+    assert n == 10
+    assert buf.count() == 10 and buf.push_count == 10
+    out = buf.sample(10)
+    assert sorted(ids_of(out)) == list(range(10))
+    rows = out if isinstance(out, list) else [{'id': out['id'][k], 'obs': out['obs'][k]} for k in range(10)]
+    for r in rows:
+        assert torch.equal(r['obs'], torch.full((3, ), float(r['id'])))
+
+
+@pytest.mark.parametrize('storage', STORAGES)
+def test_extend_larger_than_capacity_keeps_the_newest(storage):
+    buf = make(storage, size=16)
+    push_range(buf, 0, 5)
+    assert buf.extend({'id': torch.arange(5, 45), 'obs': torch.zeros(40, 3)}) == 40
+    assert buf.count() == 16 and buf.push_count == 45
+    assert buf.storage.ring.tail == 45 % 16
+    assert stored_ids(buf) == list(range(29, 45))
+
+
+@pytest.mark.parametrize('storage', STORAGES)
+def test_update_is_a_noop(storage):
+    buf = make(storage)
+    push_range(buf, 0, 5)
+    before = buf.state_dict()
+    assert buf.update({'priority': [1.0], 'replay_unique_id': [0], 'replay_buffer_idx': [0]}) == {
+        'updated': 0,
+        'stale': 0
+    }
+    assert_same(before, buf.state_dict())
+
+
+# ================================================================================ 3. uniformity
+@pytest.mark.parametrize('storage', STORAGES)
+def test_sample_without_replacement_is_uniform_over_items(storage):
+    buf = make(storage, size=64, seed=1234)
+    push_range(buf, 0, 50)
+    counts = np.zeros(50)
+    rounds = 2000
+    for _ in range(rounds):
+        counts[ids_of(buf.sample(10))] += 1
+    assert counts.sum() == rounds * 10
+    assert chi_square(counts, rounds * 10 / 50) < CHI2_49_Q999
+
+
+@pytest.mark.parametrize('n,size', [(1000, 7), (50, 10), (50, 13), (50, 50), (1, 1), (7, 1)])
+def test_uniform_indices_distinct_in_range(n, size):
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        idx = uniform_indices(rng, n, size)
+        assert idx.dtype == np.int64 and idx.shape == (size, )
+        assert len(np.unique(idx)) == size
+        assert idx.min() >= 0 and idx.max() < n
+
+
+@pytest.mark.parametrize('size', [5, 40])  # 5 < 50/4: rejection path; 40 >= 50/4: permutation path
+@pytest.mark.parametrize('position', [0, -1])
+def test_uniform_indices_is_uniform_per_position(size, position):
+    rng = np.random.default_rng(size)
+    counts = np.zeros(50)
+    rounds = 10000
+    for _ in range(rounds):
+        counts[uniform_indices(rng, 50, size)[position]] += 1
+    assert chi_square(counts, rounds / 50) < CHI2_49_Q999
+
+
+def test_uniform_indices_rejection_path_avoids_permutation():
+    rng = NoPermutationGenerator(np.random.PCG64(0))
+    idx = uniform_indices(rng, 1000, 249)  # just below n / 4
+    assert len(np.unique(idx)) == 249
+
+
+def test_uniform_indices_permutation_path_is_used_for_large_fractions():
+    NoPermutationGenerator.permutation_calls = 0
+    rng = NoPermutationGenerator(np.random.PCG64(0))
+    with pytest.raises(AssertionError, match='permutation'):
+        uniform_indices(rng, 1000, 250)
+    assert NoPermutationGenerator.permutation_calls == 1
+
+
+def test_uniform_indices_with_replacement():
+    rng = np.random.default_rng(0)
+    idx = uniform_indices(rng, 3, 1000, replace=True)
+    assert idx.shape == (1000, ) and idx.dtype == np.int64
+    assert set(idx.tolist()) == {0, 1, 2}
+    counts = np.bincount(uniform_indices(rng, 50, 10000, replace=True), minlength=50)
+    assert chi_square(counts, 10000 / 50) < CHI2_49_Q999
+
+
+def test_uniform_indices_more_than_population_without_replacement_raises():
+    with pytest.raises(ValueError):
+        uniform_indices(np.random.default_rng(0), 5, 6)
+
+
+# ================================================================================ 4. seeds
+def _sample_sequence(buf, k=10):
+    return [ids_of(buf.sample(4)) for _ in range(k)] + [ids_of(buf.sample(20, replace=True))]
+
+
+@pytest.mark.parametrize('storage', STORAGES)
+def test_same_seed_gives_same_samples(storage):
+    a, b = make(storage, seed=7), make(storage, seed=7)
+    push_range(a, 0, 30)
+    push_range(b, 0, 30)
+    assert _sample_sequence(a) == _sample_sequence(b)
+
+
+@pytest.mark.parametrize('storage', STORAGES)
+def test_different_seeds_give_different_samples(storage):
+    a, b = make(storage, seed=7), make(storage, seed=8)
+    push_range(a, 0, 30)
+    push_range(b, 0, 30)
+    assert _sample_sequence(a) != _sample_sequence(b)
+
+
+@pytest.mark.parametrize('storage', STORAGES)
+def test_global_numpy_seed_reproduces_when_seed_is_none(storage):
+    np.random.seed(3)
+    a = make(storage, seed=None)
+    np.random.seed(3)
+    b = make(storage, seed=None)
+    push_range(a, 0, 30)
+    push_range(b, 0, 30)
+    assert _sample_sequence(a) == _sample_sequence(b)
+
+
+# ================================================================================ 5. persistence
+def _filled(storage, size=16, n=40, seed=5):
+    buf = make(storage, size=size, seed=seed)
+    push_range(buf, 0, n, one_by_one=True)  # wraps around
+    buf.sample(3)  # advance the RNG
+    return buf
+
+
+@pytest.mark.parametrize('storage', STORAGES)
+def test_save_load_round_trip(storage, tmp_path):
+    src = _filled(storage)
+    path = str(tmp_path / 'buf.pt')
+    src.save_data(path)
+    dst = make(storage, size=16, seed=999)
+    dst.load_data(path)  # no allow_pickle: dicts of ints and tensors only
+    assert dst.count() == src.count() == 16
+    assert dst.push_count == src.push_count == 40
+    assert dst.storage.ring.tail == src.storage.ring.tail
+    assert stored_ids(make_copy_via_state(dst)) == list(range(24, 40))
+    assert_same(src.state_dict(), dst.state_dict())
+    # The RNG state travels with the file: the next samples agree.
+    for _ in range(5):
+        assert_same(src.sample(6), dst.sample(6))
+    # The loaded buffer keeps working: ids continue.
+    src.push(item(40))
+    dst.push(item(40))
+    assert_same(src.state_dict(), dst.state_dict())
+
+
+def make_copy_via_state(buf):
+    """A fresh buffer with ``buf``'s state (so that inspecting it does not consume ``buf``'s RNG)."""
+    twin = make(buf.storage.kind, size=buf.replay_buffer_size)
+    twin.load_state_dict(buf.state_dict())
+    return twin
+
+
+@pytest.mark.parametrize('storage', STORAGES)
+def test_save_load_of_an_empty_buffer(storage, tmp_path):
+    src = make(storage, size=16)
+    path = str(tmp_path / 'empty.pt')
+    src.save_data(path)
+    dst = make(storage, size=16)
+    push_range(dst, 0, 3)
+    dst.load_data(path)
+    assert dst.count() == 0
+    assert_same(src.state_dict(), dst.state_dict())
+
+
+@pytest.mark.parametrize('storage', STORAGES)
+def test_save_is_atomic_and_replaces_an_existing_file(storage, tmp_path):
+    path = tmp_path / 'buf.pt'
+    path.write_bytes(b'old content')
+    buf = make(storage, size=16)
+    push_range(buf, 0, 3)
+    buf.save_data(str(path))
+    push_range(buf, 3, 9)
+    buf.save_data(str(path))
+    assert os.listdir(tmp_path) == ['buf.pt']  # no leftover (hidden) temporary file
+    loaded = make(storage, size=16)
+    loaded.load_data(str(path))
+    assert loaded.count() == 9
+    assert_same(buf.state_dict(), loaded.state_dict())
+
+
+def test_failed_save_keeps_the_old_file_and_leaves_no_temporary(tmp_path):
+    path = tmp_path / 'buf.pt'
+    good = make('list', size=8)
+    push_range(good, 0, 3)
+    good.save_data(str(path))
+    old_bytes = path.read_bytes()
+    bad = make('list', size=8)
+    bad.push({'id': 0, 'fn': lambda x: x})  # a lambda cannot be pickled: torch.save fails half-way
+    with pytest.raises(Exception):
+        bad.save_data(str(path))
+    assert os.listdir(tmp_path) == ['buf.pt']
+    assert path.read_bytes() == old_bytes
+
+
+def test_list_storage_with_python_objects_needs_allow_pickle(tmp_path):
+    src = make('list', size=8)
+    src.push([{'id': i, 'payload': Payload(i)} for i in range(4)])
+    path = str(tmp_path / 'objects.pt')
+    src.save_data(path)
+    dst = make('list', size=8)
+    push_range(dst, 100, 102)
+    before = dst.state_dict()
+    with pytest.raises(ValueError):
+        dst.load_data(path)
+    assert_same(before, dst.state_dict())
+    dst.load_data(path, allow_pickle=True)
+    assert dst.count() == 4
+    assert sorted(x['payload'].value for x in dst.sample(4)) == [0, 1, 2, 3]
+
+
+def _corrupt_file(kind, good_path, bad_path):
+    data = open(good_path, 'rb').read()
+    if kind == 'truncated':
+        bad_path.write_bytes(data[:len(data) // 2])
+    elif kind == 'random':
+        bad_path.write_bytes(np.random.default_rng(0).bytes(len(data)))
+    elif kind == 'empty':
+        bad_path.write_bytes(b'')
+    elif kind == 'foreign':
+        torch.save({'weights': torch.ones(3), 'step': 10}, str(bad_path))
+    elif kind == 'future_version':
+        torch.save({'format': 'ding_buffer', 'version': 999, 'buffer': 'NaiveReplayBuffer', 'state': {}}, str(bad_path))
+    else:
+        raise AssertionError(kind)
+
+
+@pytest.mark.parametrize('allow_pickle', [False, True])
+@pytest.mark.parametrize('kind', ['truncated', 'random', 'empty', 'foreign', 'future_version'])
+@pytest.mark.parametrize('storage', STORAGES)
+def test_bad_file_raises_value_error_and_leaves_buffer_unchanged(storage, kind, allow_pickle, tmp_path):
+    good = _filled(storage)
+    good_path = tmp_path / 'good.pt'
+    good.save_data(str(good_path))
+    bad_path = tmp_path / 'bad.pt'
+    _corrupt_file(kind, good_path, bad_path)
+    target = make(storage, size=16, seed=1)
+    push_range(target, 100, 105)
+    before = target.state_dict()
+    with pytest.raises(ValueError):
+        target.load_data(str(bad_path), allow_pickle=allow_pickle)
+    assert_same(before, target.state_dict())
+
+
+@pytest.mark.parametrize('storage', STORAGES)
+def test_missing_file_raises_file_not_found(storage, tmp_path):
+    buf = make(storage)
+    with pytest.raises(FileNotFoundError):
+        buf.load_data(str(tmp_path / 'nope.pt'))
+
+
+@pytest.mark.parametrize('storage', STORAGES)
+def test_load_file_of_another_capacity_raises(storage, tmp_path):
+    path = str(tmp_path / 'buf.pt')
+    _filled(storage, size=16).save_data(path)
+    target = make(storage, size=32)
+    push_range(target, 100, 105)
+    before = target.state_dict()
+    with pytest.raises(ValueError):
+        target.load_data(path)
+    assert_same(before, target.state_dict())
+
+
+@pytest.mark.parametrize('src_storage,dst_storage', [('list', 'tensor'), ('tensor', 'list')])
+def test_load_file_of_another_storage_type_raises(src_storage, dst_storage, tmp_path):
+    path = str(tmp_path / 'buf.pt')
+    _filled(src_storage, size=16).save_data(path)
+    target = make(dst_storage, size=16)
+    push_range(target, 100, 105)
+    before = target.state_dict()
+    with pytest.raises(ValueError):
+        target.load_data(path, allow_pickle=True)
+    assert_same(before, target.state_dict())
+
+
+@pytest.mark.parametrize('storage', STORAGES)
+def test_naive_file_into_episode_buffer_raises(storage, tmp_path):
+    path = str(tmp_path / 'buf.pt')
+    _filled(storage, size=16).save_data(path)
+    cfg = dict(type='episode', replay_buffer_size=16, seed=0)
+    if storage == 'tensor':
+        cfg.update(max_transitions=256, storage=dict(type='tensor'))
+    episode_buffer = create_buffer(cfg)
+    with pytest.raises(ValueError):
+        episode_buffer.load_data(path, allow_pickle=True)
+    assert episode_buffer.count() == 0
+
+
+@pytest.mark.parametrize('storage', STORAGES)
+def test_state_dict_returns_copies(storage):
+    buf = _filled(storage)
+    reference = buf.state_dict()
+    state = buf.state_dict()
+    # Mutate everything reachable from the returned state.
+    if storage == 'list':
+        for x in state['storage']['items']:
+            x['id'] = -1
+            x['obs'].zero_()
+        state['storage']['items'].clear()
+    else:
+        for t in state['storage']['fields']:
+            t.zero_()
+    ring = state['storage']['ring']
+    ring['valid'].zero_()
+    ring['uid'].fill_(-5)
+    ring['head'] = 3
+    state['storage']['slots'].zero_()
+    state['rng']['state']['state'] = 1
+    state['type'] = 'tampered'
+    assert_same(reference, buf.state_dict())
+    assert stored_ids(buf) == list(range(24, 40))
+
+
+def _tamper(state, how):
+    st = state['storage']
+    ring = st['ring']
+    if how == 'wrong_type':
+        state['type'] = 'EpisodeReplayBuffer'
+    elif how == 'missing_type':
+        del state['type']
+    elif how == 'missing_storage':
+        del state['storage']
+    elif how == 'missing_rng':
+        del state['rng']
+    elif how == 'bad_rng':
+        state['rng'] = {'bit_generator': 'NoSuchBitGenerator', 'state': {}}
+    elif how == 'storage_not_a_dict':
+        state['storage'] = [1, 2, 3]
+    elif how == 'wrong_kind':
+        st['kind'] = 'tensor' if st['kind'] == 'list' else 'list'
+    elif how == 'ring_capacity':
+        ring['capacity'] = 17
+    elif how == 'ring_head_out_of_range':
+        ring['head'] = 100
+    elif how == 'ring_span_too_large':
+        ring['span'] = 17
+    elif how == 'ring_span_below_count':
+        ring['span'] = 8
+    elif how == 'ring_uid_out_of_range':
+        ring['uid'][ring['valid']] = ring['next_uid'] + 1
+    elif how == 'ring_array_shape':
+        ring['valid'] = ring['valid'][:8]
+    elif how == 'ring_missing_key':
+        del ring['next_uid']
+    elif how == 'slots_mismatch':
+        st['slots'] = st['slots'][:-1]
+    elif how == 'data_length_mismatch':
+        if st['kind'] == 'list':
+            st['items'] = st['items'][:-1]
+        else:
+            st['fields'] = [t[:-1] for t in st['fields']]
+    else:
+        raise AssertionError(how)
+    return state
+
+
+TAMPERS = [
+    'wrong_type', 'missing_type', 'missing_storage', 'missing_rng', 'bad_rng', 'storage_not_a_dict', 'wrong_kind',
+    'ring_capacity', 'ring_head_out_of_range', 'ring_span_too_large', 'ring_span_below_count',
+    'ring_uid_out_of_range', 'ring_array_shape', 'ring_missing_key', 'slots_mismatch', 'data_length_mismatch'
+]
+
+
+@pytest.mark.parametrize('how', TAMPERS)
+@pytest.mark.parametrize('storage', STORAGES)
+def test_load_state_dict_of_tampered_state_raises_and_changes_nothing(storage, how):
+    source = _filled(storage)
+    state = _tamper(source.state_dict(), how)
+    target = make(storage, size=16, seed=1)
+    push_range(target, 100, 105)
+    before = target.state_dict()
+    with pytest.raises(ValueError):
+        target.load_state_dict(state)
+    assert_same(before, target.state_dict())
+
+
+@pytest.mark.parametrize('how', ['missing_ring', 'missing_slots', 'missing_data', 'ring_is_none'])
+@pytest.mark.parametrize('storage', STORAGES)
+def test_load_state_dict_with_missing_storage_entries_raises_value_error(storage, how):
+    state = _filled(storage).state_dict()
+    st = state['storage']
+    if how == 'missing_ring':
+        del st['ring']
+    elif how == 'missing_slots':
+        del st['slots']
+    elif how == 'missing_data':
+        del st['items' if storage == 'list' else 'fields']
+    else:
+        st['ring'] = None
+    target = make(storage, size=16, seed=1)
+    push_range(target, 100, 105)
+    before = target.state_dict()
+    try:
+        with pytest.raises(ValueError):
+            target.load_state_dict(state)
+    finally:
+        assert_same(before, target.state_dict())
+
+
+@pytest.mark.parametrize('storage', STORAGES)
+def test_load_state_dict_with_duplicate_unique_ids_raises_value_error(storage):
+    state = _filled(storage).state_dict()
+    state['storage']['ring']['uid'][state['storage']['ring']['valid']] = 30
+    target = make(storage, size=16, seed=1)
+    with pytest.raises(ValueError):
+        target.load_state_dict(state)
+
+
+@pytest.mark.parametrize('storage', STORAGES)
+def test_load_state_dict_round_trip(storage):
+    source = _filled(storage)
+    target = make(storage, size=16, seed=1)
+    target.load_state_dict(source.state_dict())
+    assert_same(source.state_dict(), target.state_dict())
+    assert_same(source.sample(5), target.sample(5))
+
+
+@pytest.mark.parametrize('storage', STORAGES)
+def test_load_state_dict_with_only_data_pushes_the_items(storage):
+    buf = make(storage, size=16)
+    push_range(buf, 0, 2)
+    buf.load_state_dict({'data': [item(i) for i in range(2, 7)]})
+    assert buf.count() == 7
+    assert buf.push_count == 7
+    assert stored_ids(buf) == list(range(7))
+
+
+# ================================================================================ 6. complexity
+def test_sampling_without_replacement_does_no_population_sized_work(monkeypatch):
+    """
+    ``numpy.random.Generator`` is an immutable C type, so its ``permutation`` cannot be patched directly;
+    instead every Generator the buffer creates is one whose permutation/choice/shuffle raise.
+    """
+    original_default_rng = np.random.default_rng
+    monkeypatch.setattr(
+        np.random, 'default_rng', lambda seed=None: NoPermutationGenerator(original_default_rng(seed).bit_generator)
+    )
+    n = 1_000_000
+    buf = make('tensor', size=n, seed=0)
+    assert buf.extend({'x': torch.arange(n, dtype=torch.int32)}) == n
+    assert buf.count() == n
+    for _ in range(3):
+        out = buf.sample(256)
+        assert out['x'].shape == (256, )
+        assert len(set(out['x'].tolist())) == 256
+        assert torch.equal(out['x'].long(), out['replay_unique_id'])
+    out = buf.sample(256, sample_range=slice(-100_000, None))
+    assert out["x"].min() >= n - 100_000
+    assert buf.sample(256, replace=True)['x'].shape == (256, )

@@ -1,0 +1,991 @@
+"""Tests for ``ding_buffer.storage``: the slot ring, the write protocol, list and tensor storages, builders."""
+import copy
+import os
+import random
+
+import numpy as np
+import pytest
+import torch
+
+from ding_buffer.storage import (
+    ListStorage, Prepared, RingIndex, TensorStorage, build_storage, storage_from_state
+)
+
+# ====================================================================== helpers
+
+
+def fill(storage, items):
+    """prepare + write a list of items, returning the WriteResult."""
+    return storage.write(storage.prepare(items))
+
+
+def assert_state_equal(a, b):
+    """Deep equality of state dicts holding tensors, arrays, lists and plain values."""
+    if isinstance(a, dict):
+        assert isinstance(b, dict) and a.keys() == b.keys()
+        for k in a:
+            assert_state_equal(a[k], b[k])
+    elif isinstance(a, (list, tuple)):
+        assert isinstance(b, (list, tuple)) and len(a) == len(b)
+        for x, y in zip(a, b):
+            assert_state_equal(x, y)
+    elif isinstance(a, torch.Tensor):
+        assert isinstance(b, torch.Tensor)
+        assert a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
+    elif isinstance(a, np.ndarray):
+        np.testing.assert_array_equal(a, b)
+    else:
+        assert a == b
+
+
+def transition(i, obs_dim=3):
+    """A deterministic tensor-storage item whose values encode ``i``."""
+    return {
+        'obs': {
+            'vec': torch.full((obs_dim, ), float(i)),
+            'img': np.full((2, 2), i % 256, dtype=np.uint8),
+        },
+        'action': i,
+        'reward': float(i) / 2,
+        'done': bool(i % 2),
+    }
+
+
+def batch_of(values, obs_dim=3):
+    """A batched dict (leading dim len(values)) whose rows encode ``values``."""
+    v = np.asarray(values)
+    return {
+        'obs': {
+            'vec': torch.tensor(v, dtype=torch.float32)[:, None].repeat(1, obs_dim),
+            'img': np.repeat((v % 256).astype(np.uint8)[:, None, None], 2, 1).repeat(2, 2),
+        },
+        'action': torch.tensor(v, dtype=torch.int64),
+        'reward': torch.tensor(v / 2, dtype=torch.float32),
+        'done': torch.tensor(v % 2 == 1),
+    }
+
+
+def stored_values(storage):
+    """The ``action`` values of the stored items, oldest first."""
+    return storage.gather(storage.ring.ordered_slots())['action'].tolist()
+
+
+# ====================================================================== RingIndex
+
+
+class RingModel:
+    """Brute-force reference: ``tail`` moves by one per write (mod capacity), ``data[slot]`` is a uid or None."""
+
+    def __init__(self, capacity):
+        self.capacity = capacity
+        self.data = [None] * capacity
+        self.tail = 0
+        self.next_uid = 0
+        self.push_count = 0
+
+    def commit(self, n):
+        slots, uids, overwritten = [], [], []
+        for _ in range(n):
+            s = self.tail
+            if self.data[s] is not None:
+                overwritten.append(s)
+            self.data[s] = self.next_uid
+            slots.append(s)
+            uids.append(self.next_uid)
+            self.next_uid += 1
+            self.tail = (self.tail + 1) % self.capacity
+        self.push_count += n
+        return slots, uids, overwritten
+
+    def remove(self, slots):
+        removed = sorted({s for s in slots if self.data[s] is not None})
+        for s in removed:
+            self.data[s] = None
+        return removed
+
+    def clear(self):
+        self.data = [None] * self.capacity
+        self.tail = 0
+
+    def ordered(self):
+        valid = [s for s in range(self.capacity) if self.data[s] is not None]
+        return sorted(valid, key=lambda s: self.data[s])
+
+
+def check_ring_against_model(ring, model, rng):
+    expected_order = model.ordered()
+    valid = np.array([d is not None for d in model.data])
+    np.testing.assert_array_equal(ring.valid, valid)
+    assert ring.count == int(ring.valid.sum()) == len(expected_order)
+    assert ring.tail == model.tail
+    assert ring.next_uid == model.next_uid
+    assert ring.push_count == model.push_count
+    assert 0 <= ring.head < ring.capacity
+    assert ring.count <= ring.span <= ring.capacity
+    if ring.count:
+        assert ring.valid[ring.head]
+        assert ring.head == expected_order[0]
+    # uids: -1 on empty slots, the model's ids on valid ones
+    np.testing.assert_array_equal(ring.uid, [-1 if d is None else d for d in model.data])
+    order = ring.ordered_slots()
+    assert order.tolist() == expected_order
+    uids = ring.uid[order]
+    assert (np.diff(uids) > 0).all()  # unique and increasing in insertion order
+    # every valid slot lies within [head, head + span)
+    inside = (ring.head + np.arange(ring.span)) % ring.capacity
+    assert set(expected_order) <= set(inside.tolist())
+    if ring.count:
+        positions = rng.integers(0, ring.count, size=5)
+        assert ring.slots_of_positions(positions).tolist() == [expected_order[p] for p in positions]
+        k = int(rng.integers(0, ring.count + 1))
+        assert ring.oldest(k).tolist() == expected_order[:k]
+
+
+@pytest.mark.parametrize('capacity', [1, 5, 8])
+def test_ring_random_ops_match_brute_force_model(capacity):
+    rng = np.random.default_rng(1234 + capacity)
+    ring, model = RingIndex(capacity), RingModel(capacity)
+    for _ in range(300):
+        op = rng.choice(['commit', 'remove', 'clear'], p=[0.55, 0.4, 0.05])
+        if op == 'commit':
+            n = int(rng.integers(1, capacity + 1))
+            slots, uids, overwritten = ring.commit(n)
+            m_slots, m_uids, m_over = model.commit(n)
+            assert slots.tolist() == m_slots
+            assert uids.tolist() == m_uids
+            assert overwritten.tolist() == m_over
+        elif op == 'remove':
+            # a random mix of valid and invalid slots, with duplicates
+            k = int(rng.integers(0, capacity + 1))
+            chosen = rng.integers(0, capacity, size=k)
+            removed = ring.remove(chosen)
+            assert removed.tolist() == model.remove(chosen.tolist())
+        else:
+            next_uid = ring.next_uid
+            ring.clear()
+            model.clear()
+            assert ring.next_uid == next_uid
+        check_ring_against_model(ring, model, rng)
+
+
+def test_ring_rejects_bad_capacity():
+    for bad in (0, -1, 2.0, True, None):
+        with pytest.raises(ValueError):
+            RingIndex(bad)
+
+
+def test_ring_commit_fills_then_overwrites_oldest():
+    ring = RingIndex(4)
+    slots, uids, over = ring.commit(3)
+    assert slots.tolist() == [0, 1, 2] and uids.tolist() == [0, 1, 2] and over.tolist() == []
+    assert (ring.head, ring.tail, ring.span, ring.count, ring.push_count, ring.next_uid) == (0, 3, 3, 3, 3, 3)
+
+    slots, uids, over = ring.commit(3)  # wraps: slot 3, then overwrites 0 and 1
+    assert slots.tolist() == [3, 0, 1]
+    assert uids.tolist() == [3, 4, 5]
+    assert over.tolist() == [0, 1]
+    assert (ring.head, ring.tail, ring.span, ring.count, ring.push_count, ring.next_uid) == (2, 2, 4, 4, 6, 6)
+    assert ring.ordered_slots().tolist() == [2, 3, 0, 1]
+    assert ring.uid.tolist() == [4, 5, 2, 3]
+
+
+def test_ring_next_slots_does_not_change_state():
+    ring = RingIndex(4)
+    ring.commit(3)
+    before = ring.state_dict()
+    assert ring.next_slots(3).tolist() == [3, 0, 1]
+    assert_state_equal(ring.state_dict(), before)
+
+
+def test_ring_remove_middle_makes_holes_and_head_is_trimmed():
+    ring = RingIndex(6)
+    ring.commit(5)  # slots 0..4, uids 0..4
+    assert ring.remove(np.array([2, 3, 3, 5])).tolist() == [2, 3]  # 5 was never valid
+    assert (ring.head, ring.span, ring.count) == (0, 5, 3)
+    assert ring.ordered_slots().tolist() == [0, 1, 4]
+    assert ring.slots_of_positions([0, 1, 2]).tolist() == [0, 1, 4]
+    assert ring.uid.tolist() == [0, 1, -1, -1, 4, -1]
+
+    ring.remove([0])  # head becomes 1
+    assert (ring.head, ring.span, ring.count, ring.tail) == (1, 4, 2, 5)
+    ring.remove([1])  # trims the head across the holes at 2 and 3
+    assert (ring.head, ring.span, ring.count, ring.tail) == (4, 1, 1, 5)
+    assert ring.ordered_slots().tolist() == [4]
+
+    ring.remove([4])  # empty: head collapses onto tail, next write goes to the tail
+    assert (ring.head, ring.span, ring.count, ring.tail) == (5, 0, 0, 5)
+    assert ring.ordered_slots().tolist() == []
+    slots, uids, _ = ring.commit(2)
+    assert slots.tolist() == [5, 0] and uids.tolist() == [5, 6]
+
+
+def test_ring_overwrite_with_holes_counts_only_valid_overwrites():
+    ring = RingIndex(4)
+    ring.commit(4)
+    ring.remove([1])  # hole right after the head
+    slots, uids, over = ring.commit(2)  # writes slots 0 and 1: only 0 held an item
+    assert slots.tolist() == [0, 1]
+    assert over.tolist() == [0]
+    assert ring.count == 4
+    assert ring.head == 2
+    assert ring.ordered_slots().tolist() == [2, 3, 0, 1]
+    assert ring.uid[ring.ordered_slots()].tolist() == [2, 3, 4, 5]
+
+
+def test_ring_ordered_and_positions_without_holes():
+    ring = RingIndex(5)
+    ring.commit(4)
+    ring.commit(3)  # head at 2, full, no holes
+    assert ring.count == ring.span == 5
+    assert ring.ordered_slots().tolist() == [2, 3, 4, 0, 1]
+    assert ring.slots_of_positions(np.array([0, 2, 4])).tolist() == [2, 4, 1]
+    assert ring.oldest(2).tolist() == [2, 3]
+
+
+def test_ring_clear_keeps_next_uid_and_push_count():
+    ring = RingIndex(3)
+    ring.commit(3)
+    ring.commit(2)
+    ring.clear()
+    assert (ring.count, ring.head, ring.span, ring.tail) == (0, 0, 0, 0)
+    assert not ring.valid.any() and (ring.uid == -1).all()
+    assert ring.next_uid == 5 and ring.push_count == 5
+    slots, uids, over = ring.commit(1)
+    assert slots.tolist() == [0] and uids.tolist() == [5] and over.tolist() == []
+
+
+def test_ring_state_dict_round_trip_with_holes():
+    ring = RingIndex(6)
+    ring.commit(5)
+    ring.commit(3)
+    ring.remove([4])
+    state = ring.state_dict()
+    back = RingIndex.from_state(state, 6)
+    for attr in ('capacity', 'head', 'span', 'count', 'next_uid', 'push_count', 'tail'):
+        assert getattr(back, attr) == getattr(ring, attr), attr
+    np.testing.assert_array_equal(back.valid, ring.valid)
+    np.testing.assert_array_equal(back.uid, ring.uid)
+    np.testing.assert_array_equal(back.ordered_slots(), ring.ordered_slots())
+    # the restored ring owns its arrays
+    state['valid'][:] = False
+    assert back.valid.sum() == ring.count
+
+
+def _ring_state():
+    ring = RingIndex(5)
+    ring.commit(4)
+    ring.remove([1])
+    return ring.state_dict()  # head 0, span 4, valid [T, F, T, T, F], uids 0..3, next_uid 4
+
+
+def test_ring_from_state_rejects_wrong_capacity():
+    with pytest.raises(ValueError, match='capacity'):
+        RingIndex.from_state(_ring_state(), 6)
+
+
+@pytest.mark.parametrize('key', ['capacity', 'head', 'span', 'valid', 'uid', 'next_uid', 'push_count'])
+def test_ring_from_state_rejects_missing_key(key):
+    state = _ring_state()
+    del state[key]
+    with pytest.raises(ValueError, match=key):
+        RingIndex.from_state(state, 5)
+
+
+def test_ring_from_state_rejects_valid_slot_outside_head_tail():
+    state = _ring_state()
+    state['valid'][4] = True  # slot 4 is the tail, outside [0, 4)
+    state['uid'][4] = 3
+    with pytest.raises(ValueError):
+        RingIndex.from_state(state, 5)
+
+
+def test_ring_from_state_rejects_invalid_head():
+    state = _ring_state()
+    state['valid'][0] = False  # head must be valid while count > 0
+    with pytest.raises(ValueError):
+        RingIndex.from_state(state, 5)
+
+
+def test_ring_from_state_rejects_uid_not_below_next_uid():
+    state = _ring_state()
+    state['uid'][2] = state['next_uid']
+    with pytest.raises(ValueError, match='unique ids'):
+        RingIndex.from_state(state, 5)
+
+
+def test_ring_from_state_rejects_bad_geometry():
+    for key, value in (('head', 5), ('head', -1), ('span', 6), ('span', 2)):  # span 2 < count 3
+        state = _ring_state()
+        state[key] = value
+        with pytest.raises(ValueError):
+            RingIndex.from_state(state, 5)
+    state = _ring_state()
+    state['valid'] = torch.zeros(4, dtype=torch.bool)
+    with pytest.raises(ValueError, match='shape'):
+        RingIndex.from_state(state, 5)
+
+
+def test_ring_from_state_rejects_duplicate_uids():
+    state = _ring_state()  # valid slots 0, 2, 3 in insertion order
+    state['uid'] = torch.tensor([0, -1, 0, 3, -1])
+    with pytest.raises(ValueError, match='duplicate'):
+        RingIndex.from_state(state, 5)
+
+
+@pytest.mark.parametrize('key', ['next_uid', 'push_count'])
+def test_ring_from_state_rejects_negative_counters(key):
+    state = RingIndex(3).state_dict()
+    state[key] = -1
+    with pytest.raises(ValueError):
+        RingIndex.from_state(state, 3)
+
+
+@pytest.mark.xfail(reason="BUG: RingIndex.from_state accepts unique ids that decrease in insertion order", strict=True)
+def test_ring_from_state_rejects_uids_out_of_insertion_order():
+    state = _ring_state()  # valid slots 0, 2, 3 in insertion order, uids 0, 2, 3
+    state['uid'] = torch.tensor([3, -1, 2, 0, -1])  # unique and < next_uid, but decreasing
+    with pytest.raises(ValueError):
+        RingIndex.from_state(state, 5)
+
+
+# ====================================================================== Storage.write with dropped items
+
+
+def test_write_more_items_than_capacity_keeps_newest_and_advances_counters():
+    storage = ListStorage(4)
+    a, b = object(), object()
+    fill(storage, [a, b])  # slots 0, 1; tail 2
+    items = [{'i': i} for i in range(6)]
+    prepared = storage.prepare(items)
+    assert prepared.n == 4 and prepared.dropped == 2
+    assert prepared.skipped == items[:2]
+    result = storage.write(prepared)
+    # as if all 6 were written from the tail (slots 2, 3, 0, 1, 2, 3): the newest 4 end in slots 0..3
+    assert result.slots.tolist() == [0, 1, 2, 3]
+    assert result.uids.tolist() == [4, 5, 6, 7]
+    # evicted: the stored items (oldest first), then the pushed items that were never stored
+    assert len(result.evicted) == 4
+    assert all(e is x for e, x in zip(result.evicted, [a, b, items[0], items[1]]))
+    ring = storage.ring
+    assert (ring.count, ring.next_uid, ring.push_count, ring.head, ring.tail) == (4, 8, 8, 0, 0)
+    assert [x['i'] for x in storage.gather(ring.ordered_slots())] == [2, 3, 4, 5]
+    assert storage.gather(ring.ordered_slots())[0] is items[2]
+
+
+def test_write_dropped_wraps_start_slot_and_evicts_full_ring():
+    storage = ListStorage(3)
+    fill(storage, ['a', 'b', 'c', 'd'][:3])
+    fill(storage, ['d'])  # overwrites 'a'; tail 1
+    assert storage.ring.tail == 1
+    result = fill(storage, list('vwxyz'))  # 5 into 3: v, w dropped; x goes where it would have: (1 + 2) % 3 = 0
+    assert result.slots.tolist() == [0, 1, 2]
+    assert result.uids.tolist() == [6, 7, 8]
+    assert result.evicted == ['b', 'c', 'd', 'v', 'w']  # every stored item, oldest first, then the skipped ones
+    assert storage.gather(storage.ring.ordered_slots()) == ['x', 'y', 'z']
+    assert storage.ring.push_count == 9 and storage.ring.next_uid == 9
+
+
+def test_write_overwrite_returns_evicted_items_for_list_storage():
+    storage = ListStorage(2)
+    fill(storage, ['a', 'b'])
+    result = fill(storage, ['c'])
+    assert result.slots.tolist() == [0] and result.evicted == ['a']
+    assert storage.gather(storage.ring.ordered_slots()) == ['b', 'c']
+
+
+def test_write_dropped_tensor_storage_returns_no_evicted_items():
+    storage = TensorStorage(3)
+    fill(storage, [transition(0)])
+    result = fill(storage, [transition(i) for i in range(1, 6)])
+    assert result.evicted == []
+    assert result.slots.tolist() == [0, 1, 2]  # (tail 1 + dropped 2) % 3 = 0
+    assert result.uids.tolist() == [3, 4, 5]
+    assert stored_values(storage) == [3, 4, 5]
+    assert storage.ring.push_count == 6
+
+
+# ====================================================================== ListStorage
+
+
+def test_list_storage_preserves_identity():
+    storage = ListStorage(5)
+    objs = [object(), {'a': [1, 2]}, 'text', None, (1, 2)]
+    result = fill(storage, objs)
+    got = storage.gather(result.slots)
+    assert len(got) == 5 and all(g is o for g, o in zip(got, objs))
+    assert storage.get(int(result.slots[1])) is objs[1]
+    assert len(storage) == 5
+
+
+def test_list_storage_remove_and_clear_return_removed_objects():
+    storage = ListStorage(5)
+    objs = [{'i': i} for i in range(5)]
+    fill(storage, objs)
+    removed = storage.remove(np.array([3, 1, 1, 3]))
+    assert len(removed) == 2 and removed[0] is objs[1] and removed[1] is objs[3]
+    assert storage.remove([1]) == []  # already gone
+    assert storage.get(1) is None and storage.get(3) is None  # references dropped
+    assert len(storage) == 3
+    cleared = storage.clear()
+    assert len(cleared) == 3 and all(c is o for c, o in zip(cleared, [objs[0], objs[2], objs[4]]))
+    assert len(storage) == 0
+    assert all(storage.get(s) is None for s in range(5))
+
+
+def test_list_storage_state_dict_is_a_deep_copy():
+    storage = ListStorage(3)
+    objs = [{'x': [i]} for i in range(3)]
+    fill(storage, objs)
+    state = storage.state_dict()
+    state['items'][0]['x'].append(99)
+    state['ring']['valid'][:] = False
+    assert objs[0]['x'] == [0]
+    assert storage.gather([0])[0] is objs[0]
+    assert storage.ring.valid.all()
+
+
+def test_list_storage_from_state_round_trip():
+    storage = ListStorage(4)
+    fill(storage, [{'i': i} for i in range(6)])
+    storage.remove([storage.ring.ordered_slots()[1]])
+    state = storage.state_dict()
+    back = ListStorage.from_state(state, 4)
+    assert_state_equal(back.state_dict(), storage.state_dict())
+    order = storage.ring.ordered_slots()
+    assert back.ring.ordered_slots().tolist() == order.tolist()
+    assert back.gather(order) == storage.gather(order)
+    # the restored storage owns copies
+    assert back.gather(order)[0] is not storage.gather(order)[0]
+    state['items'][0]['i'] = -1
+    assert back.gather(order)[0]['i'] == 2
+
+
+def test_list_storage_from_state_rejects_wrong_kind():
+    storage = ListStorage(2)
+    fill(storage, [1])
+    state = storage.state_dict()
+    state['kind'] = 'tensor'
+    with pytest.raises(ValueError, match='tensor'):
+        ListStorage.from_state(state, 2)
+
+
+def test_list_storage_from_state_rejects_item_count_mismatch():
+    storage = ListStorage(3)
+    fill(storage, [1, 2])
+    state = storage.state_dict()
+    state['items'].append(3)
+    with pytest.raises(ValueError, match='items'):
+        ListStorage.from_state(state, 3)
+
+
+def test_list_storage_from_state_rejects_slots_not_matching_ring():
+    storage = ListStorage(3)
+    fill(storage, [1, 2])
+    state = storage.state_dict()
+    state['slots'] = torch.tensor([0, 2])
+    with pytest.raises(ValueError, match='slots'):
+        ListStorage.from_state(state, 3)
+
+
+@pytest.mark.xfail(reason="BUG: ListStorage.from_state raises TypeError (from its own error message) "
+                   "when 'items' is not a list", strict=True)
+def test_list_storage_from_state_rejects_items_not_a_list():
+    storage = ListStorage(3)
+    fill(storage, [1, 2])
+    state = storage.state_dict()
+    state['items'] = None
+    with pytest.raises(ValueError, match='items'):
+        ListStorage.from_state(state, 3)
+
+
+@pytest.mark.xfail(reason="BUG: storage from_state raises KeyError, not ValueError, on a missing top-level key",
+                   strict=True)
+@pytest.mark.parametrize('cls, key', [(ListStorage, 'ring'), (ListStorage, 'slots'), (ListStorage, 'items'),
+                                      (TensorStorage, 'ring'), (TensorStorage, 'slots'), (TensorStorage, 'schema'),
+                                      (TensorStorage, 'fields')])
+def test_storage_from_state_rejects_missing_key(cls, key):
+    storage = cls(3)
+    fill(storage, [{'a': 1.0}])
+    state = storage.state_dict()
+    del state[key]
+    with pytest.raises(ValueError):
+        cls.from_state(state, 3)
+
+
+def test_list_storage_prepare_batch_unbatches():
+    storage = ListStorage(4)
+    result = storage.write(storage.prepare_batch({'a': torch.arange(3), 'b': {'c': np.arange(3) * 10}}))
+    got = storage.gather(result.slots)
+    assert [int(g['a']) for g in got] == [0, 1, 2]
+    assert [int(g['b']['c']) for g in got] == [0, 10, 20]
+
+
+# ====================================================================== TensorStorage: schema
+
+
+def test_tensor_schema_inferred_from_first_item():
+    storage = TensorStorage(4)
+    item = {
+        'obs': {'vec': torch.zeros(3, dtype=torch.float64), 'img': np.zeros((2, 2), dtype=np.uint8)},
+        'mask': np.array([True, False]),
+        'np_scalar': np.float32(1.5),
+        'np_int': np.int16(3),
+        'flag': True,
+        'action': 2,
+        'reward': 0.5,
+    }
+    assert storage.schema is None
+    fill(storage, [item])
+    assert storage.schema == {
+        ('obs', 'vec'): ((3, ), torch.float64),
+        ('obs', 'img'): ((2, 2), torch.uint8),
+        ('mask', ): ((2, ), torch.bool),
+        ('np_scalar', ): ((), torch.float32),
+        ('np_int', ): ((), torch.int16),
+        ('flag', ): ((), torch.bool),
+        ('action', ): ((), torch.int64),
+        ('reward', ): ((), torch.float32),
+    }
+    for path, (shape, dtype) in storage.schema.items():
+        assert storage.fields[path].shape == (4, *shape) and storage.fields[path].dtype == dtype
+    out = storage.gather([0])
+    assert out['mask'].tolist() == [[True, False]]
+    assert out['np_scalar'].tolist() == [1.5] and out['np_int'].tolist() == [3]
+    assert out['flag'].tolist() == [True] and out['action'].tolist() == [2] and out['reward'].tolist() == [0.5]
+
+
+def test_tensor_repr_shows_fields_shapes_dtypes():
+    storage = TensorStorage(4)
+    assert 'schema not yet known' in repr(storage)
+    fill(storage, [{'obs': torch.zeros(3), 'action': 1, 'img': np.zeros((2, 2), np.uint8)}])
+    text = repr(storage)
+    assert 'capacity=4' in text and 'count=1' in text and 'device=cpu' in text
+    assert "'obs': {'shape': (3,), 'dtype': float32}" in text
+    assert "'action': {'shape': (), 'dtype': int64}" in text
+    assert "'img': {'shape': (2, 2), 'dtype': uint8}" in text
+
+
+def _filled_tensor_storage():
+    storage = TensorStorage(4)
+    fill(storage, [transition(i) for i in range(3)])
+    return storage
+
+
+@pytest.mark.parametrize(
+    'mutate, field', [
+        (lambda it: it['obs'].pop('img'), 'obs.img'),
+        (lambda it: it.update(extra=torch.zeros(1)), 'extra'),
+        (lambda it: it['obs'].update(vec=torch.zeros(4)), 'obs.vec'),
+        (lambda it: it['obs'].update(vec=torch.zeros(3, dtype=torch.float64)), 'obs.vec'),
+        (lambda it: it['obs'].update(img=np.zeros((2, 2), dtype=np.int8)), 'obs.img'),
+        (lambda it: it.update(reward=np.float64(1.0)), 'reward'),
+        (lambda it: it.update(action=1.5), 'action'),
+        (lambda it: it.update(done=1), 'done'),
+    ],
+    ids=['missing', 'extra', 'shape', 'dtype', 'uint8-vs-int8', 'np-float64', 'float-into-int', 'int-into-bool']
+)
+def test_tensor_mismatched_item_raises_and_writes_nothing(mutate, field):
+    storage = _filled_tensor_storage()
+    before = storage.state_dict()
+    fields_before = {p: f.clone() for p, f in storage.fields.items()}
+    bad = transition(7)
+    mutate(bad)
+    with pytest.raises(ValueError, match=field.replace('.', r'\.')):
+        storage.prepare([transition(5), bad])  # the good item before it is not written either
+    assert len(storage) == 3
+    assert_state_equal(storage.state_dict(), before)
+    for p, f in storage.fields.items():
+        assert torch.equal(f, fields_before[p])
+
+
+def test_tensor_bad_batch_in_first_push_leaves_schema_unset():
+    storage = TensorStorage(4)
+    bad = transition(1)
+    bad['obs']['vec'] = torch.zeros(5)
+    with pytest.raises(ValueError, match=r'obs\.vec'):
+        storage.prepare([transition(0), bad])
+    assert storage.schema is None and storage.fields == {} and len(storage) == 0
+    fill(storage, [bad])  # a fresh first item defines the schema
+    assert storage.schema[('obs', 'vec')] == ((5, ), torch.float32)
+
+
+def test_tensor_python_int_into_float_field_is_accepted():
+    storage = TensorStorage(3)
+    fill(storage, [{'reward': 0.5}])
+    fill(storage, [{'reward': 3}])
+    out = storage.gather(storage.ring.ordered_slots())
+    assert out['reward'].dtype == torch.float32
+    assert out['reward'].tolist() == [0.5, 3.0]
+
+
+def test_tensor_non_dict_item_raises_type_error():
+    storage = TensorStorage(3)
+    with pytest.raises(TypeError, match='item 0 is list'):
+        storage.prepare([[1, 2]])
+    fill(storage, [{'a': 1}])
+    with pytest.raises(TypeError, match='item 1 is Tensor'):
+        storage.prepare([{'a': 2}, torch.zeros(1)])
+    assert len(storage) == 1
+
+
+@pytest.mark.parametrize(
+    'value', ['text', np.array([object(), object()], dtype=object), [1, 2], np.array(['a', 'b']), None],
+    ids=['str', 'object-array', 'list', 'str-array', 'None']
+)
+def test_tensor_unsupported_leaf_raises_type_error_naming_field(value):
+    first = TensorStorage(3)
+    with pytest.raises(TypeError, match=r"'obs\.bad'"):
+        first.prepare([{'obs': {'bad': value}, 'ok': 1}])
+    later = TensorStorage(3)
+    fill(later, [{'obs': {'bad': np.zeros(2)}, 'ok': 1}])
+    before = later.state_dict()
+    with pytest.raises(TypeError, match=r"'obs\.bad'"):
+        later.prepare([{'obs': {'bad': value}, 'ok': 1}])
+    assert_state_equal(later.state_dict(), before)
+
+
+def test_tensor_non_contiguous_array_is_stored_correctly():
+    storage = TensorStorage(2)
+    arr = np.arange(12, dtype=np.float32).reshape(3, 4)
+    fill(storage, [{'x': arr[:, ::-1].T}])  # non-contiguous, negative strides
+    np.testing.assert_array_equal(storage.gather([0])['x'][0].numpy(), arr[:, ::-1].T)
+
+
+# ====================================================================== TensorStorage: meta keys and gather
+
+
+def test_tensor_gather_returns_batched_fields_and_meta():
+    storage = TensorStorage(5)
+    fill(storage, [transition(i) for i in range(7)])  # slots 0..4 hold 5, 6, 2, 3, 4
+    slots = np.array([1, 3, 0])
+    out = storage.gather(slots)
+    assert out['obs']['vec'].shape == (3, 3) and out['obs']['vec'][:, 0].tolist() == [6.0, 3.0, 5.0]
+    assert out['obs']['img'].shape == (3, 2, 2) and out['obs']['img'].dtype == torch.uint8
+    assert out['action'].tolist() == [6, 3, 5]
+    assert out['reward'].tolist() == [3.0, 1.5, 2.5]
+    assert out['done'].tolist() == [False, True, True]
+    assert out['replay_buffer_idx'].dtype == torch.int64 and out['replay_buffer_idx'].tolist() == [1, 3, 0]
+    assert out['replay_unique_id'].dtype == torch.int64 and out['replay_unique_id'].tolist() == [6, 3, 5]
+
+
+def test_tensor_gather_2d_slots_gives_sequences():
+    storage = TensorStorage(6)
+    fill(storage, [transition(i) for i in range(6)])
+    slots = np.array([[0, 1, 2], [3, 4, 5]])
+    out = storage.gather(slots)
+    assert out['obs']['vec'].shape == (2, 3, 3)
+    assert out['obs']['img'].shape == (2, 3, 2, 2)
+    assert out['action'].shape == (2, 3) and out['action'].tolist() == [[0, 1, 2], [3, 4, 5]]
+    assert out['replay_buffer_idx'].tolist() == slots.tolist()
+    assert out['replay_unique_id'].shape == (2, 3) and out['replay_unique_id'].dtype == torch.int64
+
+
+def test_tensor_meta_keys_ignored_so_sampled_item_can_be_pushed_back():
+    storage = TensorStorage(4)
+    fill(storage, [transition(i) for i in range(2)])
+    sampled = storage.gather([1])
+    item = {
+        'obs': {k: v[0] for k, v in sampled['obs'].items()},
+        **{k: v[0] for k, v in sampled.items() if k != 'obs'}
+    }
+    assert 'replay_buffer_idx' in item and 'replay_unique_id' in item
+    result = fill(storage, [item])
+    assert result.slots.tolist() == [2] and result.uids.tolist() == [2]
+    again = storage.gather([2])
+    assert again['action'].tolist() == [1] and again['replay_unique_id'].tolist() == [2]
+    assert set(storage.schema) == {('obs', 'vec'), ('obs', 'img'), ('action', ), ('reward', ), ('done', )}
+    # the whole sampled batch can be pushed back as a batch too
+    result = storage.write(storage.prepare_batch(storage.gather([0, 1])))
+    assert result.slots.tolist() == [3, 0]
+    assert stored_values(storage) == [1, 1, 0, 1]
+
+
+def test_tensor_meta_keys_in_first_item_do_not_enter_schema():
+    storage = TensorStorage(2)
+    fill(storage, [{'x': 1.0, 'replay_buffer_idx': 7, 'replay_unique_id': 9}])
+    assert set(storage.schema) == {('x', )}
+
+
+# ====================================================================== TensorStorage: batched push
+
+
+def test_tensor_prepare_batch_writes_rows():
+    storage = TensorStorage(5)
+    result = storage.write(storage.prepare_batch(batch_of([10, 11, 12])))
+    assert result.slots.tolist() == [0, 1, 2]
+    assert storage.schema[('obs', 'img')] == ((2, 2), torch.uint8)
+    assert storage.schema[('done', )] == ((), torch.bool)
+    out = storage.gather(result.slots)
+    assert out['obs']['vec'].tolist() == [[10.0] * 3, [11.0] * 3, [12.0] * 3]
+    assert out['obs']['img'][:, 1, 1].tolist() == [10, 11, 12]
+    assert out['reward'].tolist() == [5.0, 5.5, 6.0]
+    assert out['done'].tolist() == [False, True, False]
+
+
+def test_tensor_prepare_batch_wraps_around_ring_end():
+    storage = TensorStorage(5)
+    storage.write(storage.prepare_batch(batch_of([0, 1, 2])))
+    result = storage.write(storage.prepare_batch(batch_of([3, 4, 5, 6])))
+    assert result.slots.tolist() == [3, 4, 0, 1]
+    assert storage.ring.ordered_slots().tolist() == [2, 3, 4, 0, 1]
+    out = storage.gather(storage.ring.ordered_slots())
+    assert out['action'].tolist() == [2, 3, 4, 5, 6]
+    assert out['obs']['vec'][:, 2].tolist() == [2.0, 3.0, 4.0, 5.0, 6.0]
+    assert out['obs']['img'][:, 0, 1].tolist() == [2, 3, 4, 5, 6]
+    assert out['done'].tolist() == [False, True, False, True, False]
+    assert out['replay_unique_id'].tolist() == [2, 3, 4, 5, 6]
+
+
+def test_tensor_prepare_batch_larger_than_capacity_keeps_newest():
+    storage = TensorStorage(4)
+    storage.write(storage.prepare_batch(batch_of([0])))
+    prepared = storage.prepare_batch(batch_of(list(range(1, 8))))
+    assert (prepared.n, prepared.dropped) == (4, 3)
+    result = storage.write(prepared)
+    assert result.slots.tolist() == [0, 1, 2, 3]  # (tail 1 + dropped 3) % 4 = 0
+    assert result.uids.tolist() == [4, 5, 6, 7]
+    assert stored_values(storage) == [4, 5, 6, 7]
+    assert storage.ring.push_count == 8
+
+
+def test_tensor_prepare_batch_mismatched_leading_dims_raise():
+    storage = TensorStorage(4)
+    batch = batch_of([0, 1, 2])
+    batch['action'] = torch.arange(2)
+    with pytest.raises(ValueError, match='leading'):
+        storage.prepare_batch(batch)
+    assert storage.schema is None
+
+
+def test_tensor_prepare_batch_checks_schema():
+    storage = TensorStorage(4)
+    storage.write(storage.prepare_batch(batch_of([0, 1])))
+    before = storage.state_dict()
+    batch = batch_of([2, 3])
+    batch['obs']['vec'] = torch.zeros(2, 4)
+    with pytest.raises(ValueError, match=r'obs\.vec'):
+        storage.prepare_batch(batch)
+    batch = batch_of([2, 3])
+    batch['reward'] = torch.zeros(2, dtype=torch.float64)
+    with pytest.raises(ValueError, match='reward'):
+        storage.prepare_batch(batch)
+    assert_state_equal(storage.state_dict(), before)
+    # Python int lists go into a float field
+    batch = batch_of([2, 3])
+    batch['reward'] = [1, 2]
+    storage.write(storage.prepare_batch(batch))
+    assert storage.gather([2, 3])['reward'].tolist() == [1.0, 2.0]
+
+
+def test_tensor_nbytes_per_item():
+    storage = TensorStorage(4)
+    assert storage.nbytes_per_item() == 0
+    fill(storage, [transition(0)])
+    # obs.vec 3 * float32, obs.img 4 * uint8, action int64, reward float32, done bool
+    assert storage.nbytes_per_item() == 3 * 4 + 4 * 1 + 8 + 4 + 1
+
+
+# ====================================================================== TensorStorage: devices, memmap
+
+
+def test_tensor_memmap_one_file_per_field_readable_from_fresh_mapping(tmp_path):
+    d = str(tmp_path / 'mm')
+    storage = TensorStorage(5, memmap_dir=d)
+    fill(storage, [transition(i) for i in range(7)])  # wraps: slots hold 5, 6, 2, 3, 4
+    assert sorted(os.listdir(d)) == ['action.bin', 'done.bin', 'obs.img.bin', 'obs.vec.bin', 'reward.bin']
+    expected = storage.gather(np.arange(5))
+    for name, shape, dtype, want in (
+        ('obs.vec', (3, ), torch.float32, expected['obs']['vec']),
+        ('obs.img', (2, 2), torch.uint8, expected['obs']['img']),
+        ('action', (), torch.int64, expected['action']),
+        ('reward', (), torch.float32, expected['reward']),
+        ('done', (), torch.bool, expected['done']),
+    ):
+        numel = 5 * int(np.prod(shape, dtype=np.int64))
+        path = os.path.join(d, name + '.bin')
+        assert os.path.getsize(path) == numel * torch.empty(0, dtype=dtype).element_size()
+        mapped = torch.from_file(path, shared=True, size=numel, dtype=dtype).view(5, *shape)
+        assert torch.equal(mapped, want)
+    assert torch.from_file(os.path.join(d, 'action.bin'), shared=True, size=5,
+                           dtype=torch.int64).tolist() == [5, 6, 2, 3, 4]
+
+
+@pytest.mark.xfail(reason="BUG: a memmap file that cannot be created fails inside write() after the ring "
+                   "was committed, leaving count=1 with no schema/fields", strict=True)
+def test_tensor_memmap_failed_allocation_leaves_storage_untouched(tmp_path):
+    storage = TensorStorage(3, memmap_dir=str(tmp_path))
+    with pytest.raises(Exception):
+        storage.write(storage.prepare([{'a/b': 1.0}]))  # 'a/b.bin' names a missing sub-directory
+    assert len(storage) == 0
+    assert storage.ring.push_count == 0 and storage.ring.next_uid == 0
+
+
+@pytest.mark.xfail(reason="BUG: fields ('a.b',) and ('a', 'b') both map to memmap file 'a.b.bin'", strict=True)
+def test_tensor_memmap_distinct_fields_get_distinct_files(tmp_path):
+    storage = TensorStorage(3, memmap_dir=str(tmp_path))
+    try:
+        fill(storage, [{'a.b': 1.0, 'a': {'b': 2.0}}])
+    except ValueError:
+        return  # rejecting the ambiguous names up front is fine too
+    assert len(os.listdir(tmp_path)) == 2
+
+
+def test_tensor_memmap_needs_cpu_device(tmp_path):
+    with pytest.raises(ValueError, match='memmap_dir'):
+        TensorStorage(4, device='meta', memmap_dir=str(tmp_path))
+    with pytest.raises(ValueError):
+        TensorStorage(4, device='cuda', memmap_dir=str(tmp_path))
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason='CUDA is available here')
+def test_tensor_cuda_device_without_cuda_raises():
+    with pytest.raises(ValueError, match='CUDA'):
+        TensorStorage(4, device='cuda')
+    with pytest.raises(ValueError, match='CUDA'):
+        TensorStorage(4, device='cuda:1')
+
+
+# ====================================================================== TensorStorage: persistence
+
+
+def _tensor_storage_with_holes():
+    storage = TensorStorage(5)
+    fill(storage, [transition(i) for i in range(7)])
+    storage.remove([storage.ring.ordered_slots()[1]])
+    return storage
+
+
+def test_tensor_state_dict_round_trip():
+    storage = _tensor_storage_with_holes()
+    state = storage.state_dict()
+    assert state['kind'] == 'tensor'
+    assert [e[0] for e in state['schema']] == [['obs', 'vec'], ['obs', 'img'], ['action'], ['reward'], ['done']]
+    assert state['schema'][1] == [['obs', 'img'], [2, 2], 'uint8']
+    back = TensorStorage.from_state(state, 5)
+    assert back.schema == storage.schema
+    for attr in ('head', 'span', 'count', 'next_uid', 'push_count'):
+        assert getattr(back.ring, attr) == getattr(storage.ring, attr)
+    np.testing.assert_array_equal(back.ring.uid, storage.ring.uid)
+    order = storage.ring.ordered_slots()
+    assert_state_equal(back.gather(order), storage.gather(order))
+    assert_state_equal(back.state_dict(), state)
+    # the restored storage keeps working like the original
+    fill(back, [transition(9)])
+    fill(storage, [transition(9)])
+    assert_state_equal(back.state_dict(), storage.state_dict())
+
+
+def test_tensor_state_dict_is_a_copy():
+    storage = _tensor_storage_with_holes()
+    state = storage.state_dict()
+    for t in state['fields']:
+        t.zero_()
+    assert stored_values(storage) == [2, 4, 5, 6]
+
+
+def test_tensor_state_round_trip_into_memmap(tmp_path):
+    storage = _tensor_storage_with_holes()
+    back = TensorStorage.from_state(storage.state_dict(), 5, memmap_dir=str(tmp_path))
+    assert len(os.listdir(tmp_path)) == 5
+    assert_state_equal(back.state_dict(), storage.state_dict())
+
+
+def test_tensor_state_round_trip_empty():
+    storage = TensorStorage(3)
+    back = TensorStorage.from_state(storage.state_dict(), 3)
+    assert back.schema is None and len(back) == 0
+    fill(storage, [transition(0)])
+    storage.clear()
+    back = TensorStorage.from_state(storage.state_dict(), 3)
+    assert back.schema == storage.schema and len(back) == 0 and back.ring.next_uid == 1
+
+
+def test_tensor_from_state_rejects_wrong_kind():
+    state = ListStorage(5).state_dict()
+    with pytest.raises(ValueError, match='list'):
+        TensorStorage.from_state(state, 5)
+
+
+@pytest.mark.parametrize('dtype', ['float64', 'notadtype', 'Tensor'])
+def test_tensor_from_state_rejects_wrong_dtype_string(dtype):
+    state = _tensor_storage_with_holes().state_dict()
+    state['schema'][0][2] = dtype
+    with pytest.raises(ValueError):
+        TensorStorage.from_state(state, 5)
+
+
+def test_tensor_from_state_rejects_wrong_field_shape():
+    state = _tensor_storage_with_holes().state_dict()
+    state['fields'][0] = state['fields'][0][:, :2]
+    with pytest.raises(ValueError, match=r'obs\.vec'):
+        TensorStorage.from_state(state, 5)
+    state = _tensor_storage_with_holes().state_dict()
+    state['schema'][1][1] = [4]
+    with pytest.raises(ValueError, match=r'obs\.img'):
+        TensorStorage.from_state(state, 5)
+    state = _tensor_storage_with_holes().state_dict()
+    state['fields'][2] = state['fields'][2][:-1]  # one row short
+    with pytest.raises(ValueError, match='action'):
+        TensorStorage.from_state(state, 5)
+
+
+def test_tensor_from_state_rejects_field_count_mismatch():
+    state = _tensor_storage_with_holes().state_dict()
+    state['fields'].pop()
+    with pytest.raises(ValueError, match='field'):
+        TensorStorage.from_state(state, 5)
+
+
+def test_tensor_from_state_rejects_slots_not_matching_ring():
+    state = _tensor_storage_with_holes().state_dict()
+    removed = int(np.flatnonzero(~state['ring']['valid'].numpy())[0])
+    state['slots'] = state['slots'].clone()
+    state['slots'][0] = removed
+    with pytest.raises(ValueError, match='slots'):
+        TensorStorage.from_state(state, 5)
+
+
+def test_tensor_from_state_rejects_items_without_schema():
+    state = _tensor_storage_with_holes().state_dict()
+    state['schema'], state['fields'] = [], []
+    with pytest.raises(ValueError, match='schema'):
+        TensorStorage.from_state(state, 5)
+
+
+def test_tensor_from_state_rejects_wrong_capacity():
+    state = _tensor_storage_with_holes().state_dict()
+    with pytest.raises(ValueError, match='capacity'):
+        TensorStorage.from_state(state, 6)
+
+
+# ====================================================================== build_storage / storage_from_state
+
+
+def test_build_storage_kinds():
+    assert isinstance(build_storage({'type': 'list'}, 3), ListStorage)
+    assert isinstance(build_storage({}, 3), ListStorage)
+    tensor = build_storage({'type': 'tensor', 'device': 'cpu', 'memmap_dir': None}, 3, reserved_keys=('prio', ))
+    assert isinstance(tensor, TensorStorage) and tensor.capacity == 3
+    fill(tensor, [{'x': 1.0, 'prio': 2.0}])
+    assert set(tensor.schema) == {('x', )}
+
+
+def test_build_storage_list_with_memmap_raises(tmp_path):
+    with pytest.raises(ValueError, match='memmap_dir'):
+        build_storage({'type': 'list', 'memmap_dir': str(tmp_path)}, 3)
+    assert os.listdir(tmp_path) == []
+
+
+def test_storage_from_state_dispatches_and_validates():
+    lst = ListStorage(3)
+    fill(lst, ['a', 'b'])
+    back = storage_from_state({'type': 'list'}, 3, lst.state_dict())
+    assert isinstance(back, ListStorage) and back.gather(back.ring.ordered_slots()) == ['a', 'b']
+    ten = TensorStorage(3)
+    fill(ten, [transition(0)])
+    back = storage_from_state({'type': 'tensor'}, 3, ten.state_dict())
+    assert isinstance(back, TensorStorage) and stored_values(back) == [0]
+    with pytest.raises(ValueError):
+        storage_from_state({'type': 'list'}, 3, ten.state_dict())
+    with pytest.raises(ValueError, match='dict'):
+        storage_from_state({'type': 'list'}, 3, [1, 2])

@@ -1,0 +1,159 @@
+"""Thread safety of the one-lock buffers, and the used-data remover (enable_track_used_data)."""
+import os
+import threading
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from ding_buffer import create_buffer
+
+
+def _wait_until(predicate, timeout=5.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.01)
+    return predicate()
+
+
+@pytest.mark.parametrize('storage', ['list', 'tensor'])
+def test_concurrent_push_sample_clear_keep_invariants(storage):
+    capacity, n_pushers, seconds = 256, 3, 2.0
+    buf = create_buffer(dict(type='naive', replay_buffer_size=capacity, seed=0, storage=dict(type=storage)))
+    stop = threading.Event()
+    errors, pushed, sampled_ids, clears = [], [0] * n_pushers, [], [0]
+
+    def pusher(k):
+        rng = np.random.default_rng(k)
+        seq = 0
+        try:
+            while not stop.is_set():
+                n = int(rng.integers(1, 20))
+                ids = [k * 10 ** 9 + seq + i for i in range(n)]
+                seq += n
+                buf.push([{'id': i, 'obs': np.full(3, i % 1000, dtype=np.float32)} for i in ids])
+                pushed[k] += n
+                assert buf.count() <= capacity
+        except Exception as e:  # pragma: no cover - reported below
+            errors.append(e)
+
+    def sampler():
+        try:
+            while not stop.is_set():
+                batch = buf.sample(16, replace=bool(np.random.rand() < 0.5))
+                if batch is None:
+                    continue
+                ids = batch['id'].tolist() if storage == 'tensor' else [item['id'] for item in batch]
+                sampled_ids.extend(ids)
+        except Exception as e:  # pragma: no cover
+            errors.append(e)
+
+    def clearer():
+        try:
+            while not stop.is_set():
+                time.sleep(0.05)
+                buf.clear()
+                clears[0] += 1
+        except Exception as e:  # pragma: no cover
+            errors.append(e)
+
+    threads = [threading.Thread(target=pusher, args=(k, )) for k in range(n_pushers)]
+    threads += [threading.Thread(target=sampler) for _ in range(2)] + [threading.Thread(target=clearer)]
+    for t in threads:
+        t.start()
+    time.sleep(seconds)
+    stop.set()
+    for t in threads:
+        t.join(timeout=10)
+        assert not t.is_alive()
+    assert errors == []
+    assert clears[0] > 0 and sampled_ids
+    assert 0 <= buf.count() <= capacity
+    # every sampled item was pushed by some pusher
+    for i in set(sampled_ids):
+        k, seq = divmod(i, 10 ** 9)
+        assert 0 <= k < n_pushers and seq < pushed[k]
+    # push_count counts what was pushed since the last clear; after a final clear + known pushes it is exact
+    buf.clear()
+    total = 0
+    for n in (5, 300, 7):
+        buf.push([{'id': 0, 'obs': np.zeros(3, dtype=np.float32)}] * n)
+        total += n
+    assert buf.push_count == total and buf.count() == capacity
+
+
+def test_concurrent_pushers_push_count_is_exact():
+    buf = create_buffer(dict(type='naive', replay_buffer_size=1000, storage=dict(type='tensor')))
+    per_thread = 2000
+
+    def pusher():
+        for i in range(per_thread // 4):
+            buf.push([{'x': float(i)}] * 4)
+
+    threads = [threading.Thread(target=pusher) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+    assert buf.push_count == 4 * per_thread
+    assert buf.count() == 1000
+    ids = buf.sample(1000)['replay_unique_id']
+    assert sorted(ids.tolist()) == list(range(4 * per_thread - 1000, 4 * per_thread))
+
+
+def _tracked_items(tmp_path, start, n):
+    items = []
+    for i in range(start, start + n):
+        path = tmp_path / f'data_{i}.pt'
+        torch.save(torch.full((2, ), float(i)), path)
+        items.append({'data_id': str(path), 'i': i})
+    return items
+
+
+def test_used_data_files_are_deleted_on_overwrite_and_clear(tmp_path):
+    buf = create_buffer(dict(type='naive', replay_buffer_size=4, enable_track_used_data=True))
+    buf.start()
+    buf.push(_tracked_items(tmp_path, 0, 6))  # items 0 and 1 are overwritten
+    assert _wait_until(lambda: not (tmp_path / 'data_0.pt').exists() and not (tmp_path / 'data_1.pt').exists())
+    assert all((tmp_path / f'data_{i}.pt').exists() for i in range(2, 6))
+    buf.clear()
+    assert _wait_until(lambda: not any(tmp_path.iterdir()))
+    buf.close()
+
+
+def test_used_data_directories_are_removed_without_a_shell(tmp_path):
+    buf = create_buffer(dict(type='naive', replay_buffer_size=1, enable_track_used_data=True))
+    weird = tmp_path / 'dir with spaces; rm -rf x'
+    weird.mkdir()
+    (weird / 'payload.bin').write_bytes(b'123')
+    sentinel = tmp_path / 'x'
+    sentinel.write_text('must survive')
+    buf.push({'data_id': str(weird)})
+    buf.push({'data_id': str(tmp_path / 'missing_file_is_fine')})  # evicts `weird`
+    assert _wait_until(lambda: not weird.exists())
+    assert sentinel.read_text() == 'must survive'
+    buf.close()
+
+
+def test_close_drains_pending_deletions_and_joins(tmp_path):
+    buf = create_buffer(dict(type='naive', replay_buffer_size=2, enable_track_used_data=True))
+    buf.push(_tracked_items(tmp_path, 0, 10))
+    buf.clear()
+    buf.close()
+    assert list(tmp_path.iterdir()) == []
+    assert not any(t.name == 'delete_used_data' and t.is_alive() for t in threading.enumerate())
+    buf.close()  # idempotent
+
+
+def test_tracking_rejects_items_without_data_id_and_stores_nothing(tmp_path):
+    buf = create_buffer(dict(type='naive', replay_buffer_size=4, enable_track_used_data=True))
+    good = _tracked_items(tmp_path, 0, 1)[0]
+    with pytest.raises(ValueError, match="'data_id'"):
+        buf.push([good, {'no_id': 1}])
+    with pytest.raises(TypeError, match="'data_id' must be a path"):
+        buf.push({'data_id': 5})
+    assert buf.count() == 0 and os.path.exists(good['data_id'])
+    buf.close()
