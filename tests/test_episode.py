@@ -735,14 +735,7 @@ def test_tensor_load_with_different_max_transitions_raises(max_transitions, tmp_
 
 @pytest.mark.parametrize(
     'storage_type', [
-        pytest.param(
-            'list',
-            marks=pytest.mark.xfail(
-                reason="BUG: list storage load_state_dict ignores max_transitions, so a loaded buffer can hold "
-                "more transitions than its limit",
-                strict=True
-            )
-        ),
+        'list',
         'tensor',
     ]
 )

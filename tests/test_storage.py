@@ -10,6 +10,7 @@ import torch
 from ding_buffer.storage import (
     ListStorage, Prepared, RingIndex, TensorStorage, build_storage, storage_from_state
 )
+from ding_buffer.storage.tree import path_name
 
 # ====================================================================== helpers
 
@@ -328,7 +329,7 @@ def test_ring_from_state_rejects_bad_geometry():
 def test_ring_from_state_rejects_duplicate_uids():
     state = _ring_state()  # valid slots 0, 2, 3 in insertion order
     state['uid'] = torch.tensor([0, -1, 0, 3, -1])
-    with pytest.raises(ValueError, match='duplicate'):
+    with pytest.raises(ValueError, match='do not increase'):
         RingIndex.from_state(state, 5)
 
 
@@ -340,7 +341,6 @@ def test_ring_from_state_rejects_negative_counters(key):
         RingIndex.from_state(state, 3)
 
 
-@pytest.mark.xfail(reason="BUG: RingIndex.from_state accepts unique ids that decrease in insertion order", strict=True)
 def test_ring_from_state_rejects_uids_out_of_insertion_order():
     state = _ring_state()  # valid slots 0, 2, 3 in insertion order, uids 0, 2, 3
     state['uid'] = torch.tensor([3, -1, 2, 0, -1])  # unique and < next_uid, but decreasing
@@ -487,8 +487,6 @@ def test_list_storage_from_state_rejects_slots_not_matching_ring():
         ListStorage.from_state(state, 3)
 
 
-@pytest.mark.xfail(reason="BUG: ListStorage.from_state raises TypeError (from its own error message) "
-                   "when 'items' is not a list", strict=True)
 def test_list_storage_from_state_rejects_items_not_a_list():
     storage = ListStorage(3)
     fill(storage, [1, 2])
@@ -498,8 +496,6 @@ def test_list_storage_from_state_rejects_items_not_a_list():
         ListStorage.from_state(state, 3)
 
 
-@pytest.mark.xfail(reason="BUG: storage from_state raises KeyError, not ValueError, on a missing top-level key",
-                   strict=True)
 @pytest.mark.parametrize('cls, key', [(ListStorage, 'ring'), (ListStorage, 'slots'), (ListStorage, 'items'),
                                       (TensorStorage, 'ring'), (TensorStorage, 'slots'), (TensorStorage, 'schema'),
                                       (TensorStorage, 'fields')])
@@ -792,7 +788,9 @@ def test_tensor_memmap_one_file_per_field_readable_from_fresh_mapping(tmp_path):
     d = str(tmp_path / 'mm')
     storage = TensorStorage(5, memmap_dir=d)
     fill(storage, [transition(i) for i in range(7)])  # wraps: slots hold 5, 6, 2, 3, 4
-    assert sorted(os.listdir(d)) == ['action.bin', 'done.bin', 'obs.img.bin', 'obs.vec.bin', 'reward.bin']
+    files = {path_name(p): storage.memmap_file(i, p) for i, p in enumerate(storage.schema)}
+    assert sorted(os.listdir(d)) == sorted(os.path.basename(f) for f in files.values())
+    assert len(set(files.values())) == 5
     expected = storage.gather(np.arange(5))
     for name, shape, dtype, want in (
         ('obs.vec', (3, ), torch.float32, expected['obs']['vec']),
@@ -802,25 +800,24 @@ def test_tensor_memmap_one_file_per_field_readable_from_fresh_mapping(tmp_path):
         ('done', (), torch.bool, expected['done']),
     ):
         numel = 5 * int(np.prod(shape, dtype=np.int64))
-        path = os.path.join(d, name + '.bin')
+        path = files[name]
         assert os.path.getsize(path) == numel * torch.empty(0, dtype=dtype).element_size()
         mapped = torch.from_file(path, shared=True, size=numel, dtype=dtype).view(5, *shape)
         assert torch.equal(mapped, want)
-    assert torch.from_file(os.path.join(d, 'action.bin'), shared=True, size=5,
+    assert torch.from_file(files['action'], shared=True, size=5,
                            dtype=torch.int64).tolist() == [5, 6, 2, 3, 4]
 
 
-@pytest.mark.xfail(reason="BUG: a memmap file that cannot be created fails inside write() after the ring "
-                   "was committed, leaving count=1 with no schema/fields", strict=True)
 def test_tensor_memmap_failed_allocation_leaves_storage_untouched(tmp_path):
-    storage = TensorStorage(3, memmap_dir=str(tmp_path))
-    with pytest.raises(Exception):
-        storage.write(storage.prepare([{'a/b': 1.0}]))  # 'a/b.bin' names a missing sub-directory
+    (tmp_path / 'a_file').write_text('not a directory')
+    storage = TensorStorage(3, memmap_dir=str(tmp_path / 'a_file' / 'mm'))
+    with pytest.raises(OSError):
+        storage.write(storage.prepare([{'a': 1.0}]))  # the memmap directory cannot be created
+    assert storage.schema is None and storage.fields == {}
     assert len(storage) == 0
     assert storage.ring.push_count == 0 and storage.ring.next_uid == 0
 
 
-@pytest.mark.xfail(reason="BUG: fields ('a.b',) and ('a', 'b') both map to memmap file 'a.b.bin'", strict=True)
 def test_tensor_memmap_distinct_fields_get_distinct_files(tmp_path):
     storage = TensorStorage(3, memmap_dir=str(tmp_path))
     try:

@@ -139,6 +139,10 @@ class ObjectEpisodes(_EpisodeStore):
             if episode_length(new.storage.get(int(slot)), int(slot)) != new.length[slot]:
                 raise ValueError(f"saved length of episode slot {slot} does not match its data")
         new.transitions = int(new.length.sum())
+        if self.max_transitions is not None and new.transitions > self.max_transitions:
+            raise ValueError(
+                f"saved buffer holds {new.transitions} transitions, more than max_transitions={self.max_transitions}"
+            )
         return new
 
 

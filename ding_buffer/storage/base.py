@@ -56,6 +56,7 @@ class Storage(ABC):
 
     def write(self, prepared: Prepared) -> WriteResult:
         """Commit ``prepared`` to the next slots, overwriting the oldest items when full. O(n)."""
+        self._reserve(prepared)  # may fail (e.g. memmap files); nothing has changed yet
         ring = self.ring
         evicted: List[Any] = []
         if prepared.dropped:
@@ -73,9 +74,12 @@ class Storage(ABC):
         self._write(slots, prepared.payload)
         return WriteResult(slots, uids, evicted)
 
+    def _reserve(self, prepared: Prepared) -> None:
+        """Acquire what the write needs (tensor storage allocates its fields on the first write)."""
+
     @abstractmethod
     def _write(self, slots: np.ndarray, payload: Any) -> None:
-        ...
+        """Store ``payload`` at ``slots``; must not fail once ``_reserve`` succeeded."""
 
     def _take(self, slots: np.ndarray) -> List[Any]:
         """Items about to be dropped from ``slots`` (only list storage returns them)."""
@@ -112,6 +116,15 @@ class Storage(ABC):
     @abstractmethod
     def from_state(cls, state: Dict[str, Any], **kwargs) -> 'Storage':
         """Build a new storage from ``state`` (validated); the caller swaps it in, so loading is all-or-nothing."""
+
+
+def require(state: Any, keys: Tuple[str, ...], what: str) -> None:
+    """Raise ``ValueError`` unless ``state`` is a dict holding ``keys``."""
+    if not isinstance(state, dict):
+        raise ValueError(f"{what} must be a dict, got {type(state).__name__}")
+    missing = [k for k in keys if k not in state]
+    if missing:
+        raise ValueError(f"{what} is missing {missing}")
 
 
 def trim_newest(n: int, capacity: int) -> Tuple[int, int]:

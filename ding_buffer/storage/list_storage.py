@@ -10,7 +10,7 @@ from typing import Any, Dict, List
 import numpy as np
 import torch
 
-from .base import Prepared, Storage, trim_newest
+from .base import Prepared, Storage, require, trim_newest
 from .ring import RingIndex
 from .tree import unbatch
 
@@ -62,14 +62,17 @@ class ListStorage(Storage):
 
     @classmethod
     def from_state(cls, state: Dict[str, Any], capacity: int, **kwargs) -> 'ListStorage':
+        require(state, ('kind', ), 'list storage state')
         if state.get('kind') != cls.kind:
             raise ValueError(f"saved storage is '{state.get('kind')}', config 'storage.type' is '{cls.kind}'")
+        require(state, ('kind', 'ring', 'slots', 'items'), 'list storage state')
         storage = cls(capacity)
         storage.ring = RingIndex.from_state(state['ring'], capacity)
         slots = np.asarray(state['slots'], dtype=np.int64)
         items = state['items']
         if not isinstance(items, list) or len(items) != len(slots):
-            raise ValueError(f"saved storage has {len(slots)} slots but {len(items)} items")
+            got = f'{len(items)} items' if isinstance(items, list) else f'items of type {type(items).__name__}'
+            raise ValueError(f"saved storage has {len(slots)} slots but {got}")
         if not np.array_equal(np.sort(slots), np.flatnonzero(storage.ring.valid)):
             raise ValueError("saved storage slots do not match the ring's valid slots")
         storage._write(slots, copy.deepcopy(items))

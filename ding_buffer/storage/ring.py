@@ -96,6 +96,8 @@ class RingIndex:
     def slots_of_positions(self, positions: np.ndarray) -> np.ndarray:
         """Map insertion positions (0 = oldest valid item) to slots. O(len) without holes."""
         positions = np.asarray(positions, dtype=np.int64)
+        if len(positions) and (positions.min() < 0 or positions.max() >= self.count):
+            raise IndexError(f"insertion positions must be in [0, {self.count}), got {positions.min()}..{positions.max()}")
         if self.count == self.span:
             return (self.head + positions) % self.capacity
         return self.ordered_slots()[positions]
@@ -126,9 +128,7 @@ class RingIndex:
         if missing:
             raise ValueError(f"ring state is missing keys {missing}")
         if state['capacity'] != capacity:
-            raise ValueError(
-                f"saved buffer has capacity {state['capacity']}, this buffer has replay_buffer_size {capacity}"
-            )
+            raise ValueError(f"saved storage has capacity {state['capacity']}, this buffer's capacity is {capacity}")
         ring = cls(capacity)
         valid = np.asarray(state['valid'], dtype=bool)
         uid = np.asarray(state['uid'], dtype=np.int64)
@@ -146,8 +146,8 @@ class RingIndex:
             raise ValueError("inconsistent ring state: valid slots outside [head, tail)")
         if (uid[valid] < 0).any() or (uid[valid] >= ring.next_uid).any():
             raise ValueError("inconsistent ring state: unique ids out of range")
-        if len(np.unique(uid[valid])) != ring.count:
-            raise ValueError("inconsistent ring state: duplicate unique ids")
+        if (np.diff(uid[ring.ordered_slots()]) <= 0).any():
+            raise ValueError("inconsistent ring state: unique ids do not increase in insertion order")
         if ring.push_count < 0 or ring.next_uid < 0:
             raise ValueError(f"inconsistent ring state: negative counters ({ring.push_count}, {ring.next_uid})")
         return ring

@@ -19,7 +19,7 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 import numpy as np
 import torch
 
-from .base import Prepared, Storage, trim_newest
+from .base import Prepared, Storage, require, trim_newest
 from .ring import RingIndex
 from .tree import Path, batch_len, flatten, path_name, to_tensor, unflatten
 
@@ -105,16 +105,16 @@ class TensorStorage(Storage):
     def prepare(self, items: List[Any], schema: Optional[Schema] = None) -> Prepared:
         """``schema`` (default: the stored one) lets a caller validate several batches before writing any."""
         kept, dropped = trim_newest(len(items), self.capacity)
-        items = items[dropped:]
         schema = self.schema or schema
         columns: Dict[Path, List[torch.Tensor]] = {}
-        for i, item in enumerate(items):
-            flat = self._item_flat(item, i + dropped)
+        for i, item in enumerate(items):  # every item is checked, also the ones dropped for space
+            flat = self._item_flat(item, i)
             if schema is None:
                 schema = self._infer_schema({p: to_tensor(v, p) for p, v in flat.items()})
-            checked = self._check(flat, schema, f"item {i + dropped}", batched=False)
-            for path, tensor in checked.items():
-                columns.setdefault(path, []).append(tensor)
+            checked = self._check(flat, schema, f"item {i}", batched=False)
+            if i >= dropped:
+                for path, tensor in checked.items():
+                    columns.setdefault(path, []).append(tensor)
         payload = {p: torch.stack(ts) for p, ts in columns.items()}
         return Prepared((schema, payload), kept, dropped)
 
@@ -138,25 +138,34 @@ class TensorStorage(Storage):
         payload = {p: t[dropped:] for p, t in checked.items()}
         return Prepared((schema, payload), kept, dropped)
 
+    def memmap_file(self, index: int, path: Path) -> str:
+        """File of the ``index``-th field: numbered, so distinct fields never share a file."""
+        safe = ''.join(c if c.isalnum() or c in '._-' else '_' for c in path_name(path))
+        return os.path.join(self.memmap_dir, f'{index:03d}_{safe}.bin')
+
     def _allocate(self, schema: Schema) -> None:
+        """Create every field (all or nothing: on failure the storage keeps no schema and no fields)."""
+        fields: Dict[Path, torch.Tensor] = {}
         if self.memmap_dir is not None:
             os.makedirs(self.memmap_dir, exist_ok=True)
-        for path, (shape, dtype) in schema.items():
+        for index, (path, (shape, dtype)) in enumerate(schema.items()):
             numel = self.capacity * int(np.prod(shape, dtype=np.int64))
             if self.memmap_dir is not None:
-                fname = os.path.join(self.memmap_dir, path_name(path) + '.bin')
+                fname = self.memmap_file(index, path)
                 if os.path.exists(fname):
                     os.remove(fname)  # a stale file of another size would be mapped as is
                 tensor = torch.from_file(fname, shared=True, size=numel, dtype=dtype)
-                self.fields[path] = tensor.view(self.capacity, *shape)
+                fields[path] = tensor.view(self.capacity, *shape)
             else:
-                self.fields[path] = torch.zeros((self.capacity, *shape), dtype=dtype, device=self.device)
-        self.schema = schema
+                fields[path] = torch.zeros((self.capacity, *shape), dtype=dtype, device=self.device)
+        self.fields, self.schema = fields, schema
+
+    def _reserve(self, prepared: Prepared) -> None:
+        if self.schema is None:
+            self._allocate(prepared.payload[0])
 
     def _write(self, slots: np.ndarray, payload: Any) -> None:
-        schema, columns = payload
-        if self.schema is None:
-            self._allocate(schema)
+        _, columns = payload
         n = len(slots)
         first = int(slots[0])
         if first + n <= self.capacity:  # contiguous: one slice assignment per field
@@ -172,7 +181,7 @@ class TensorStorage(Storage):
     # ------------------------------------------------------------------ reading
     def gather(self, slots: np.ndarray) -> Dict[str, Any]:
         slots = np.asarray(slots, dtype=np.int64)
-        idx = torch.from_numpy(slots).to(self.device)
+        idx = torch.tensor(slots, device=self.device)  # a copy: the caller's array stays independent
         out = unflatten({p: field[idx] for p, field in self.fields.items()})
         out['replay_buffer_idx'] = idx
         out['replay_unique_id'] = torch.from_numpy(self.ring.uid[slots]).to(self.device)
@@ -213,8 +222,10 @@ class TensorStorage(Storage):
             memmap_dir: Optional[str] = None,
             reserved_keys: Tuple[str, ...] = ()
     ) -> 'TensorStorage':
+        require(state, ('kind', ), 'tensor storage state')
         if state.get('kind') != cls.kind:
             raise ValueError(f"saved storage is '{state.get('kind')}', config 'storage.type' is '{cls.kind}'")
+        require(state, ('kind', 'ring', 'slots', 'schema', 'fields'), 'tensor storage state')
         ring = RingIndex.from_state(state['ring'], capacity)
         slots = np.asarray(state['slots'], dtype=np.int64)
         if not np.array_equal(np.sort(slots), np.flatnonzero(ring.valid)):
