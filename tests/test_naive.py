@@ -847,3 +847,17 @@ def test_sampling_without_replacement_does_no_population_sized_work(monkeypatch)
     out = buf.sample(256, sample_range=slice(-100_000, None))
     assert out["x"].min() >= n - 100_000
     assert buf.sample(256, replace=True)['x'].shape == (256, )
+
+
+@pytest.mark.parametrize('storage', STORAGES)
+def test_batched_push_does_not_alias_the_callers_batch(storage):
+    """Vectorised collectors reuse their batch buffers: a later write to the batch must not reach the buffer."""
+    buf = create_buffer(dict(type='naive', replay_buffer_size=8, seed=0, storage=dict(type=storage)))
+    batch = {'x': torch.zeros(3), 'y': np.zeros((3, 2), dtype=np.float32)}
+    buf.extend(batch)
+    batch['x'][:] = 7
+    batch['y'][:] = 7
+    out = buf.sample(3)
+    xs = out['x'] if storage == 'tensor' else torch.stack([item['x'] for item in out])
+    ys = out['y'] if storage == 'tensor' else torch.as_tensor(np.stack([item['y'] for item in out]))
+    assert (xs == 0).all() and (ys == 0).all()

@@ -67,7 +67,8 @@ def to_tensor(value: Any, path: Path) -> torch.Tensor:
 
 
 def unbatch(batch: Any) -> List[Dict[str, Any]]:
-    """Split a dict whose leaves share a leading dimension ``B`` into ``B`` item dicts (views, no copies)."""
+    """Split a dict whose leaves share a leading dimension ``B`` into ``B`` item dicts. Rows are copies, so a
+    collector may reuse its batch buffer after the push."""
     if not isinstance(batch, Mapping):
         raise TypeError(f"a batched push needs a dict of batched leaves, got {type(batch).__name__}")
     flat = flatten(batch)
@@ -80,7 +81,15 @@ def unbatch(batch: Any) -> List[Dict[str, Any]]:
             size = n
         elif n != size:
             raise ValueError(f"batched field '{path_name(path)}' has leading dimension {n}, expected {size}")
-    return [unflatten({p: leaf[i] for p, leaf in flat.items()}) for i in range(size)]
+    return [unflatten({p: _row(leaf, i) for p, leaf in flat.items()}) for i in range(size)]
+
+
+def _row(leaf: Any, i: int) -> Any:
+    if isinstance(leaf, torch.Tensor):
+        return leaf[i].clone()
+    if isinstance(leaf, np.ndarray):
+        return leaf[i].copy()
+    return leaf[i]
 
 
 def batch_len(leaf: Any, path: Path) -> int:

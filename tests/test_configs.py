@@ -1,0 +1,32 @@
+"""Every ready config in config/ builds its buffer and works for a push/sample round."""
+import importlib.util
+import pathlib
+
+import pytest
+import torch
+
+from ding_buffer import create_buffer
+
+CONFIG_DIR = pathlib.Path(__file__).resolve().parent.parent / 'config'
+
+
+def _load(path):
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.main_config
+
+
+@pytest.mark.parametrize('path', sorted(CONFIG_DIR.glob('*_buffer_config.py')), ids=lambda p: p.stem)
+def test_ready_config_builds_a_working_buffer(path):
+    cfg = _load(path)
+    buffer = create_buffer(cfg['policy']['other']['replay_buffer'], exp_name=cfg['exp_name'])
+    if cfg['policy']['other']['replay_buffer']['type'] == 'episode':
+        buffer.push({'obs': torch.randn(50, 4), 'reward': torch.ones(50)})
+        batch = buffer.sample(4, unroll_len=10, replace=True)
+        assert batch['obs'].shape == (4, 10, 4) and batch['mask'].all()
+    else:
+        buffer.extend({'obs': torch.randn(300, 4), 'action': torch.zeros(300, dtype=torch.long)})
+        batch = buffer.sample(256)
+        assert batch['obs'].shape == (256, 4) and len(set(batch['replay_unique_id'].tolist())) == 256
+    buffer.close()
