@@ -1,14 +1,19 @@
 """Uniform index sampling that costs O(batch), not O(population).
 
-``np.random.choice(n, k, replace=False)`` permutes all ``n`` items (O(n)); at n = 1e6 that dominates a
-learner step. ``uniform_indices`` instead draws with replacement and keeps first occurrences, which yields a
-uniformly random ordered k-subset (sequential sampling with rejection of repeats); it needs a few rounds
-only when k is a sizeable fraction of n, where it switches to a partial permutation (then O(n) = O(k)).
+The legacy ``np.random.choice(n, k, replace=False)`` permutes all ``n`` items (O(n)); at n = 1e6 that
+dominates a learner step (DI-engine's naive buffer). ``Generator.choice`` is O(k) only on its Floyd path
+(n > 10000 and k <= n / 50); otherwise it shuffles the whole population. ``uniform_indices`` uses that fast
+path where it applies, and elsewhere draws with replacement keeping first occurrences -- a uniformly random
+ordered k-subset (sequential sampling with rejection of repeats) -- switching to a partial permutation only
+when k is at least a quarter of n (then O(n) = O(k)).
 """
 import numpy as np
 
 # Above this fraction of the population a permutation is cheaper than rejection.
 _PERMUTATION_FRACTION = 0.25
+# numpy's Generator.choice(replace=False) uses Floyd's O(k) algorithm under exactly these conditions.
+_FLOYD_MIN_POPULATION = 10000
+_FLOYD_RATIO = 50
 
 
 def uniform_indices(rng: np.random.Generator, n: int, size: int, replace: bool = False) -> np.ndarray:
@@ -27,6 +32,8 @@ def uniform_indices(rng: np.random.Generator, n: int, size: int, replace: bool =
         return rng.integers(0, n, size=size, dtype=np.int64)
     if size > n:
         raise ValueError(f"cannot draw {size} distinct indices from {n}")
+    if n > _FLOYD_MIN_POPULATION and size * _FLOYD_RATIO <= n:
+        return rng.choice(n, size, replace=False).astype(np.int64, copy=False)
     if size >= _PERMUTATION_FRACTION * n:
         return rng.permutation(n)[:size].astype(np.int64, copy=False)
     chosen = np.empty(0, dtype=np.int64)

@@ -39,8 +39,11 @@ class NoPermutationGenerator(np.random.Generator):
         NoPermutationGenerator.permutation_calls += 1
         raise AssertionError('permutation() called: O(population) work')
 
-    def choice(self, *args, **kwargs):
-        raise AssertionError('choice() called: O(population) work without replacement')
+    def choice(self, a, size=None, replace=True, **kwargs):
+        # numpy runs Floyd's O(size) algorithm only for a > 10000 and size <= a // 50; anything else shuffles a.
+        if replace or not (isinstance(a, (int, np.integer)) and a > 10000 and size * 50 <= a):
+            raise AssertionError('choice() called: O(population) work without replacement')
+        return super().choice(a, size, replace=False, **kwargs)
 
     def shuffle(self, *args, **kwargs):
         raise AssertionError('shuffle() called: O(population) work')
@@ -861,3 +864,18 @@ def test_batched_push_does_not_alias_the_callers_batch(storage):
     xs = out['x'] if storage == 'tensor' else torch.stack([item['x'] for item in out])
     ys = out['y'] if storage == 'tensor' else torch.as_tensor(np.stack([item['y'] for item in out]))
     assert (xs == 0).all() and (ys == 0).all()
+
+
+def test_uniform_indices_floyd_branch_is_distinct_and_uniform():
+    """n > 10000 and size <= n/50 takes numpy's O(size) Floyd path: still distinct, in range, uniform."""
+    rng = np.random.default_rng(7)
+    n, size, rounds = 20_000, 100, 2_000
+    counts = np.zeros(10, dtype=np.int64)  # per decile of the population
+    for _ in range(rounds):
+        idx = uniform_indices(rng, n, size)
+        assert idx.dtype == np.int64 and len(np.unique(idx)) == size
+        assert idx.min() >= 0 and idx.max() < n
+        counts += np.bincount(idx * 10 // n, minlength=10)
+    expected = rounds * size / 10
+    chi2 = float(((counts - expected) ** 2 / expected).sum())
+    assert chi2 < 27.9  # 0.999 quantile, 9 dof

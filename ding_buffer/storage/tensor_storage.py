@@ -182,7 +182,10 @@ class TensorStorage(Storage):
     def gather(self, slots: np.ndarray) -> Dict[str, Any]:
         slots = np.asarray(slots, dtype=np.int64)
         idx = torch.tensor(slots, device=self.device)  # a copy: the caller's array stays independent
-        out = unflatten({p: field[idx] for p, field in self.fields.items()})
+        if idx.dim() == 1:  # index_select is 2-2.5x faster than advanced indexing on large random gathers
+            out = unflatten({p: torch.index_select(field, 0, idx) for p, field in self.fields.items()})
+        else:
+            out = unflatten({p: field[idx] for p, field in self.fields.items()})
         out['replay_buffer_idx'] = idx
         out['replay_unique_id'] = torch.from_numpy(self.ring.uid[slots]).to(self.device)
         return out
