@@ -15,6 +15,8 @@ from typing import List, Optional
 import numpy as np
 import torch
 
+from . import create_buffer
+
 
 def _transitions(rng: np.random.Generator, n: int, start: int = 0) -> List[dict]:
     return [
@@ -30,7 +32,6 @@ def _transitions(rng: np.random.Generator, n: int, start: int = 0) -> List[dict]
 
 
 def _demo_naive(storage: str, out_dir: str, seed: int) -> None:
-    from . import create_buffer
     rng = np.random.default_rng(seed)
     cfg = dict(type='naive', replay_buffer_size=1000, seed=seed, storage=dict(type=storage))
     with create_buffer(cfg, instance_name=f'demo_{storage}') as buffer:
@@ -65,7 +66,6 @@ def _demo_naive(storage: str, out_dir: str, seed: int) -> None:
 
 
 def _demo_episode(out_dir: str, seed: int) -> None:
-    from . import create_buffer
     rng = np.random.default_rng(seed)
     cfg = dict(type='episode', replay_buffer_size=100, max_transitions=2000, seed=seed, storage=dict(type='tensor'))
     with create_buffer(cfg, instance_name='demo_episode') as buffer:

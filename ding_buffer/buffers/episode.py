@@ -164,10 +164,7 @@ class EpisodeReplayBuffer(BufferCore):
     def _restore(self, state: Dict[str, Any]) -> None:
         if 'episodes' not in state:
             raise ValueError("state has no 'episodes' entry")
-        try:
-            new = self._store.restore(state['episodes'], self._cfg.storage)
-        except KeyError as e:
-            raise ValueError(f"episode state is missing {e}") from None
+        new = self._store.restore(state['episodes'], self._cfg.storage)  # KeyError -> ValueError in load_state_dict
         if new.transitions != state.get('transitions'):
             raise ValueError("saved transition count does not match the stored episodes")
         self._store = new

@@ -118,13 +118,15 @@ class Storage(ABC):
         """Build a new storage from ``state`` (validated); the caller swaps it in, so loading is all-or-nothing."""
 
 
-def require(state: Any, keys: Tuple[str, ...], what: str) -> None:
-    """Raise ``ValueError`` unless ``state`` is a dict holding ``keys``."""
+def check_state(state: Any, kind: str, keys: Tuple[str, ...]) -> None:
+    """Raise ``ValueError`` unless ``state`` is a dict saved by a ``kind`` storage holding ``keys``."""
     if not isinstance(state, dict):
-        raise ValueError(f"{what} must be a dict, got {type(state).__name__}")
+        raise ValueError(f"{kind} storage state must be a dict, got {type(state).__name__}")
+    if state.get('kind') != kind:
+        raise ValueError(f"saved storage is '{state.get('kind')}', config 'storage.type' is '{kind}'")
     missing = [k for k in keys if k not in state]
     if missing:
-        raise ValueError(f"{what} is missing {missing}")
+        raise ValueError(f"{kind} storage state is missing {missing}")
 
 
 def trim_newest(n: int, capacity: int) -> Tuple[int, int]:

@@ -10,7 +10,7 @@ from typing import Any, Dict, List
 import numpy as np
 import torch
 
-from .base import Prepared, Storage, require, trim_newest
+from .base import Prepared, Storage, check_state, trim_newest
 from .ring import RingIndex
 from .tree import unbatch
 
@@ -62,10 +62,7 @@ class ListStorage(Storage):
 
     @classmethod
     def from_state(cls, state: Dict[str, Any], capacity: int, **kwargs) -> 'ListStorage':
-        require(state, ('kind', ), 'list storage state')
-        if state.get('kind') != cls.kind:
-            raise ValueError(f"saved storage is '{state.get('kind')}', config 'storage.type' is '{cls.kind}'")
-        require(state, ('kind', 'ring', 'slots', 'items'), 'list storage state')
+        check_state(state, cls.kind, ('ring', 'slots', 'items'))
         storage = cls(capacity)
         storage.ring = RingIndex.from_state(state['ring'], capacity)
         slots = np.asarray(state['slots'], dtype=np.int64)

@@ -19,7 +19,7 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 import numpy as np
 import torch
 
-from .base import Prepared, Storage, require, trim_newest
+from .base import Prepared, Storage, check_state, trim_newest
 from .ring import RingIndex
 from .tree import Path, batch_len, flatten, path_name, to_tensor, unflatten
 
@@ -32,6 +32,11 @@ def _dtype_from_str(name: str) -> torch.dtype:
     if not isinstance(dtype, torch.dtype):
         raise ValueError(f"unknown dtype {name!r} in saved schema")
     return dtype
+
+
+def _batched_tensor(leaf: Any, path: Path) -> torch.Tensor:
+    """A batched leaf as a tensor: Python lists/tuples of rows are accepted besides tensors and arrays."""
+    return torch.as_tensor(leaf) if isinstance(leaf, (list, tuple)) else to_tensor(leaf, path)
 
 
 class TensorStorage(Storage):
@@ -72,7 +77,7 @@ class TensorStorage(Storage):
                 )
             shape, dtype = schema[path]
             is_py_int = type(leaf) is int or (batched and isinstance(leaf, (list, tuple)))
-            tensor = torch.as_tensor(leaf) if batched and isinstance(leaf, (list, tuple)) else to_tensor(leaf, path)
+            tensor = _batched_tensor(leaf, path) if batched else to_tensor(leaf, path)
             got_shape = tuple(tensor.shape[1:]) if batched else tuple(tensor.shape)
             if got_shape != shape:
                 raise ValueError(f"{where}: field '{path_name(path)}' has shape {got_shape}, expected {shape}")
@@ -128,11 +133,7 @@ class TensorStorage(Storage):
             raise ValueError("a batched push got a batch of size 0")
         schema = self.schema or schema
         if schema is None:
-            schema = {
-                p: (tuple(t.shape[1:]), t.dtype)
-                for p, t in ((p, torch.as_tensor(v) if isinstance(v, (list, tuple)) else to_tensor(v, p))
-                             for p, v in flat.items())
-            }
+            schema = {p: (tuple(t.shape[1:]), t.dtype) for p, t in ((p, _batched_tensor(v, p)) for p, v in flat.items())}
         checked = self._check(flat, schema, 'batch', batched=True)
         kept, dropped = trim_newest(n, self.capacity)
         payload = {p: t[dropped:] for p, t in checked.items()}
@@ -225,10 +226,7 @@ class TensorStorage(Storage):
             memmap_dir: Optional[str] = None,
             reserved_keys: Tuple[str, ...] = ()
     ) -> 'TensorStorage':
-        require(state, ('kind', ), 'tensor storage state')
-        if state.get('kind') != cls.kind:
-            raise ValueError(f"saved storage is '{state.get('kind')}', config 'storage.type' is '{cls.kind}'")
-        require(state, ('kind', 'ring', 'slots', 'schema', 'fields'), 'tensor storage state')
+        check_state(state, cls.kind, ('ring', 'slots', 'schema', 'fields'))
         ring = RingIndex.from_state(state['ring'], capacity)
         slots = np.asarray(state['slots'], dtype=np.int64)
         if not np.array_equal(np.sort(slots), np.flatnonzero(ring.valid)):
