@@ -106,7 +106,7 @@ class RingModel:
 
     def clear(self):
         self.data = [None] * self.capacity
-        self.tail = 0
+        self.tail = self.next_uid % self.capacity  # ids stay derivable from slots
 
     def ordered(self):
         valid = [s for s in range(self.capacity) if self.data[s] is not None]
@@ -248,11 +248,13 @@ def test_ring_clear_keeps_next_uid_and_push_count():
     ring.commit(3)
     ring.commit(2)
     ring.clear()
-    assert (ring.count, ring.head, ring.span, ring.tail) == (0, 0, 0, 0)
+    # the next write goes to slot next_uid % capacity: ids stay derivable from slots
+    assert (ring.count, ring.head, ring.span, ring.tail) == (0, 2, 0, 2)
     assert not ring.valid.any() and (ring.uid == -1).all()
     assert ring.next_uid == 5 and ring.push_count == 5
     slots, uids, over = ring.commit(1)
-    assert slots.tolist() == [0] and uids.tolist() == [5] and over.tolist() == []
+    assert slots.tolist() == [2] and uids.tolist() == [5] and over.tolist() == []
+    assert ring.uid.tolist() == [-1, -1, 5]
 
 
 def test_ring_state_dict_round_trip_with_holes():
@@ -329,7 +331,7 @@ def test_ring_from_state_rejects_bad_geometry():
 def test_ring_from_state_rejects_duplicate_uids():
     state = _ring_state()  # valid slots 0, 2, 3 in insertion order
     state['uid'] = torch.tensor([0, -1, 0, 3, -1])
-    with pytest.raises(ValueError, match='do not increase'):
+    with pytest.raises(ValueError, match='do not match their slots'):
         RingIndex.from_state(state, 5)
 
 

@@ -215,7 +215,7 @@ class FlatEpisodes(_EpisodeStore):
             out['replay_buffer_idx'][~mask_t] = -1
             out['replay_unique_id'][~mask_t] = -1
         out['mask'] = mask_t
-        out['episode_id'] = torch.from_numpy(self.ring.uid[slots]).to(device)
+        out['episode_id'] = torch.from_numpy(self.ring.uids(slots)).to(device)
         out['episode_idx'] = torch.from_numpy(slots.astype(np.int64)).to(device)
         out['start'] = torch.from_numpy(starts.astype(np.int64)).to(device)
         return out

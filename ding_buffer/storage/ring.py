@@ -1,8 +1,10 @@
 """``RingIndex``: slot bookkeeping shared by every storage (which slot holds what, in which order).
 
-The ring keeps, for ``capacity`` slots, a validity mask and a unique id per slot (ids count every item ever
-written and are never reused, also across ``clear``). Items are written at ``tail`` and age towards
+The ring keeps, for ``capacity`` slots, a validity mask; every item gets a unique id (ids count every item
+ever written and are never reused, also across ``clear``). Items are written at ``tail`` and age towards
 ``head``; ``span`` is the number of ring positions from head to tail, holes (removed items) included.
+Invariant: the item with id ``u`` is always written to slot ``u % capacity`` (``tail == next_uid % capacity``),
+so ids are derived from the slot (``uids``) instead of stored -- 8 bytes per slot saved.
 Invariant: ``head`` is always a valid slot when ``count > 0`` (holes at the head are trimmed eagerly), so
 when nothing has been removed from the middle, ``count == span`` and insertion position ``p`` (0 = oldest)
 lives at slot ``(head + p) % capacity`` -- O(1) per lookup.
@@ -22,7 +24,6 @@ class RingIndex:
             raise ValueError(f"capacity must be a positive int, got {capacity!r}")
         self.capacity = capacity
         self.valid = np.zeros(capacity, dtype=bool)
-        self.uid = np.full(capacity, -1, dtype=np.int64)
         self.head = 0
         self.span = 0
         self.count = 0
@@ -33,6 +34,17 @@ class RingIndex:
     def tail(self) -> int:
         """Next slot to be written."""
         return (self.head + self.span) % self.capacity
+
+    def uids(self, slots: Any) -> Any:
+        """Ids of the items at ``slots`` (which must be valid): the newest id ``u < next_uid`` with
+        ``u % capacity == slot``. O(len(slots)); works on ints and int arrays."""
+        last = self.next_uid - 1
+        return last - (last - slots) % self.capacity
+
+    @property
+    def uid(self) -> np.ndarray:
+        """Id of every slot, -1 where empty. O(capacity): for inspection and persistence, not hot paths."""
+        return np.where(self.valid, self.uids(np.arange(self.capacity, dtype=np.int64)), -1)
 
     def next_slots(self, n: int) -> np.ndarray:
         """Slots the next ``n`` (<= capacity) writes will use, without changing anything. O(n)."""
@@ -53,7 +65,6 @@ class RingIndex:
         uids = np.arange(self.next_uid, self.next_uid + n, dtype=np.int64)
         self.count += n - len(overwritten)
         self.valid[slots] = True
-        self.uid[slots] = uids
         self.next_uid += n
         self.push_count += n
         new_span = self.span + n
@@ -69,7 +80,6 @@ class RingIndex:
         slots = np.unique(np.asarray(slots, dtype=np.int64))
         slots = slots[self.valid[slots]]
         self.valid[slots] = False
-        self.uid[slots] = -1
         self.count -= len(slots)
         self._trim_head()
         return slots
@@ -103,10 +113,11 @@ class RingIndex:
         return self.ordered_slots()[positions]
 
     def clear(self) -> None:
-        """Invalidate everything; ``next_uid`` and ``push_count`` are kept (the buffer decides about the latter)."""
+        """Invalidate everything; ``next_uid`` and ``push_count`` are kept (the buffer decides about the latter).
+        The next write goes to slot ``next_uid % capacity`` (the id/slot invariant)."""
         self.valid[:] = False
-        self.uid[:] = -1
-        self.head = self.span = self.count = 0
+        self.span = self.count = 0
+        self.head = self.next_uid % self.capacity
 
     # ------------------------------------------------------------------ persistence
     def state_dict(self) -> Dict[str, Any]:
@@ -134,20 +145,23 @@ class RingIndex:
         uid = np.asarray(state['uid'], dtype=np.int64)
         if valid.shape != (capacity, ) or uid.shape != (capacity, ):
             raise ValueError(f"ring arrays must have shape ({capacity},), got {valid.shape} and {uid.shape}")
-        ring.valid, ring.uid = valid.copy(), uid.copy()
+        ring.valid = valid.copy()
         ring.head, ring.span = int(state['head']), int(state['span'])
         ring.next_uid, ring.push_count = int(state['next_uid']), int(state['push_count'])
         ring.count = int(valid.sum())
+        if ring.next_uid < 0 or (ring.head + ring.span - ring.next_uid) % capacity:
+            raise ValueError(
+                f"inconsistent ring state: tail {(ring.head + ring.span) % capacity} is not next_uid "
+                f"{ring.next_uid} modulo capacity {capacity}"
+            )
         if not (0 <= ring.head < capacity and ring.count <= ring.span <= capacity):
             raise ValueError(f"inconsistent ring state: head={ring.head} span={ring.span} count={ring.count}")
         inside = np.zeros(capacity, dtype=bool)
         inside[(ring.head + np.arange(ring.span)) % capacity] = True
         if (valid & ~inside).any() or (ring.count and not valid[ring.head]):
             raise ValueError("inconsistent ring state: valid slots outside [head, tail)")
-        if (uid[valid] < 0).any() or (uid[valid] >= ring.next_uid).any():
-            raise ValueError("inconsistent ring state: unique ids out of range")
-        if (np.diff(uid[ring.ordered_slots()]) <= 0).any():
-            raise ValueError("inconsistent ring state: unique ids do not increase in insertion order")
+        if not np.array_equal(uid[valid], ring.uid[valid]):
+            raise ValueError("inconsistent ring state: saved unique ids do not match their slots")
         if ring.push_count < 0 or ring.next_uid < 0:
             raise ValueError(f"inconsistent ring state: negative counters ({ring.push_count}, {ring.next_uid})")
         return ring

@@ -188,7 +188,7 @@ class TensorStorage(Storage):
         else:
             out = unflatten({p: field[idx] for p, field in self.fields.items()})
         out['replay_buffer_idx'] = idx
-        out['replay_unique_id'] = torch.from_numpy(self.ring.uid[slots]).to(self.device)
+        out['replay_unique_id'] = torch.from_numpy(self.ring.uids(slots)).to(self.device)
         return out
 
     def nbytes_per_item(self) -> int:
