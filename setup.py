@@ -18,7 +18,9 @@ setup(
         'tensorboard>=2.10',
     ],
     extras_require={
-        'test': ['pytest>=7', 'pytest-timeout>=2.1'],
+        # numba compiles the segment-tree kernels (prioritized replay); without it a numpy fallback runs.
+        'fast': ['numba>=0.59'],
+        'test': ['pytest>=7', 'pytest-timeout>=2.1', 'numba>=0.59'],
         'bench': ['cpprb>=10.7', 'torchrl>=0.4'],
         'mpi': ['mpi4py>=3.1'],
         'ray': ['ray>=2.9'],

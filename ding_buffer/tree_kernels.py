@@ -1,0 +1,214 @@
+"""Kernels of the segment trees: small loops over raw arrays, compiled with numba when it is installed.
+
+Layout (see ``segment_tree.py``): a tree of arity ``K`` over ``leaves``; the internal levels live in one flat
+array ``nodes``; ``starts[l]`` is where level ``l`` begins (level 1 = parents of leaves, the last level is the
+root). Every level is padded to a multiple of ``K`` (with the neutral element), so each node's children are
+the ``K`` contiguous entries ``[K*i, K*i + K)`` of the level below -- one cache line of float64 for ``K = 8``.
+
+``op`` codes: ``SUM``, ``MIN``, ``MAX`` and ``MIN_POS`` (minimum over positive leaves; zero or negative leaves
+count as +inf -- used when a min tree shares the leaves of a sum tree, where 0 means "empty").
+
+Without numba the batched operations run as numpy code that descends / refreshes the whole batch level by
+level with the same floating-point operations in the same order, so both backends give identical trees and
+identical samples; the scalar operations then fall back to plain Python loops (correct, slower).
+"""
+import os
+
+import numpy as np
+
+K = 8  # arity
+SUM, MIN, MAX, MIN_POS = 0, 1, 2, 3
+
+try:  # DING_BUFFER_NO_NUMBA=1 forces the numpy fallback (tests run both)
+    if os.environ.get('DING_BUFFER_NO_NUMBA', '') not in ('', '0'):
+        raise ImportError('disabled by DING_BUFFER_NO_NUMBA')
+    from numba import njit
+    HAVE_NUMBA = True
+except ImportError:  # pragma: no cover - exercised by the no-numba test run
+    HAVE_NUMBA = False
+
+    def njit(*args, **kwargs):
+        return lambda f: f
+
+
+@njit(cache=True, nogil=True)
+def _combine(op, a, b):
+    if op == SUM:
+        return a + b
+    if op == MAX:
+        return a if a >= b else b
+    return a if a <= b else b
+
+
+@njit(cache=True, nogil=True)
+def _leaf(op, x):
+    if op == MIN_POS and x <= 0.0:
+        return np.inf
+    return x
+
+
+@njit(cache=True, nogil=True)
+def _refresh_path(leaves, nodes, starts, op, i):
+    """Recompute the ancestors of leaf ``i``. O(K * levels)."""
+    nlev = starts.shape[0]
+    child = i // K
+    base = child * K
+    acc = _leaf(op, leaves[base])
+    for j in range(1, K):
+        acc = _combine(op, acc, _leaf(op, leaves[base + j]))
+    nodes[starts[0] + child] = acc
+    for lvl in range(1, nlev):
+        below = starts[lvl - 1]
+        child = child // K
+        base = below + child * K
+        acc = nodes[base]
+        for j in range(1, K):
+            acc = _combine(op, acc, nodes[base + j])
+        nodes[starts[lvl] + child] = acc
+
+
+@njit(cache=True, nogil=True)
+def set_one(leaves, nodes, starts, op, i, value):
+    leaves[i] = value
+    _refresh_path(leaves, nodes, starts, op, i)
+
+
+@njit(cache=True, nogil=True)
+def refresh_many(leaves, nodes, starts, op, idx):
+    for t in range(idx.shape[0]):
+        _refresh_path(leaves, nodes, starts, op, idx[t])
+
+
+@njit(cache=True, nogil=True)
+def set_many(leaves, nodes, starts, op, idx, values):
+    """Write ``values`` at leaves ``idx`` (the last write wins for repeated indices), then refresh."""
+    for t in range(idx.shape[0]):
+        leaves[idx[t]] = values[t]
+    for t in range(idx.shape[0]):
+        _refresh_path(leaves, nodes, starts, op, idx[t])
+
+
+@njit(cache=True, nogil=True)
+def reduce_range(leaves, nodes, starts, op, neutral, lo, hi):
+    """Reduce leaves ``[lo, hi)``: partial blocks at each level, then move up. O(K * levels)."""
+    acc = neutral
+    lvl = 0
+    while lo < hi:
+        while lo < hi and lo % K != 0:
+            x = _leaf(op, leaves[lo]) if lvl == 0 else nodes[starts[lvl - 1] + lo]
+            acc = _combine(op, acc, x)
+            lo += 1
+        while lo < hi and hi % K != 0:
+            hi -= 1
+            x = _leaf(op, leaves[hi]) if lvl == 0 else nodes[starts[lvl - 1] + hi]
+            acc = _combine(op, acc, x)
+        lo //= K
+        hi //= K
+        lvl += 1
+    return acc
+
+
+@njit(cache=True, nogil=True)
+def _find(leaves, nodes, starts, x):
+    """Leaf ``i`` with ``prefix(i) <= x < prefix(i + 1)`` (strictly-greater rule: zero leaves are skipped and
+    exact boundaries go right). If ``x`` is at or beyond a subtree's total (``x >= total`` or float error), the
+    descent takes the last positive child at every level from there on, i.e. the last positive leaf. -1 when
+    every leaf is zero."""
+    nlev = starts.shape[0]
+    node = 0
+    for lvl in range(nlev - 1, -1, -1):
+        base = node * K
+        chosen = -1
+        s = 0.0
+        for j in range(K):
+            c = leaves[base + j] if lvl == 0 else nodes[starts[lvl - 1] + base + j]
+            if s + c > x:
+                chosen = j
+                break
+            s += c
+        if chosen < 0:
+            for j in range(K - 1, -1, -1):
+                c = leaves[base + j] if lvl == 0 else nodes[starts[lvl - 1] + base + j]
+                if c > 0.0:
+                    chosen = j
+                    break
+            if chosen < 0:
+                return -1
+            x = np.inf
+        else:
+            x -= s
+        node = base + chosen
+    return node
+
+
+@njit(cache=True, nogil=True)
+def find_one(leaves, nodes, starts, x):
+    return _find(leaves, nodes, starts, x)
+
+
+@njit(cache=True, nogil=True)
+def find_many(leaves, nodes, starts, xs, out):
+    for t in range(xs.shape[0]):
+        out[t] = _find(leaves, nodes, starts, xs[t])
+
+
+# ---------------------------------------------------------------------------------------- numpy fallbacks
+def _np_level(leaves, nodes, starts, lvl):
+    """Values of level ``lvl`` (0 = leaves) as an array view."""
+    if lvl == 0:
+        return leaves
+    end = starts[lvl] if lvl < len(starts) else len(nodes)
+    return nodes[starts[lvl - 1]:end]
+
+
+def _np_reduce_blocks(vals, op):
+    acc = vals[:, 0]
+    for j in range(1, K):  # sequential, like the compiled kernel, so both give identical bits
+        acc = acc + vals[:, j] if op == SUM else (np.maximum if op == MAX else np.minimum)(acc, vals[:, j])
+    return acc
+
+
+def np_refresh_many(leaves, nodes, starts, op, idx):
+    parents = np.unique(np.asarray(idx, dtype=np.int64) // K)
+    offs = np.arange(K)
+    for lvl in range(len(starts)):
+        below = _np_level(leaves, nodes, starts, lvl)
+        vals = below[parents[:, None] * K + offs]
+        if lvl == 0 and op == MIN_POS:
+            vals = np.where(vals > 0.0, vals, np.inf)
+        nodes[starts[lvl] + parents] = _np_reduce_blocks(vals, op)
+        parents = np.unique(parents // K)
+
+
+def np_set_many(leaves, nodes, starts, op, idx, values):
+    idx = np.asarray(idx, dtype=np.int64)
+    if len(idx) != len(np.unique(idx)):  # keep the last write of repeated indices, like the loop kernel
+        _, first_rev = np.unique(idx[::-1], return_index=True)
+        keep = len(idx) - 1 - first_rev
+        idx, values = idx[keep], np.asarray(values)[keep]
+    leaves[idx] = values
+    np_refresh_many(leaves, nodes, starts, op, idx)
+
+
+def np_find_many(leaves, nodes, starts, xs, out):
+    x = np.array(xs, dtype=np.float64)
+    node = np.zeros(len(x), dtype=np.int64)
+    dead = np.zeros(len(x), dtype=bool)
+    rows, offs = np.arange(len(x)), np.arange(K)
+    for lvl in range(len(starts) - 1, -1, -1):
+        vals = _np_level(leaves, nodes, starts, lvl)[node[:, None] * K + offs]
+        cums = np.cumsum(vals, axis=1)  # sequential running sums, as in the kernel
+        hit = cums > x[:, None]
+        found = hit.any(axis=1)
+        chosen = np.argmax(hit, axis=1)
+        before = np.where(chosen > 0, cums[rows, np.maximum(chosen - 1, 0)], 0.0)
+        pos = vals > 0.0
+        dead |= ~found & ~pos.any(axis=1)
+        chosen = np.where(found, chosen, K - 1 - np.argmax(pos[:, ::-1], axis=1))
+        x = np.where(found, x - before, np.inf)
+        node = node * K + chosen
+    out[:] = np.where(dead, -1, node)
+
+
+if not HAVE_NUMBA:  # pragma: no cover - exercised by the no-numba test run
+    refresh_many, set_many, find_many = np_refresh_many, np_set_many, np_find_many
