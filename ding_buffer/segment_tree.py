@@ -214,23 +214,20 @@ class PriorityTree:
         self.sum = SumSegmentTree(next_power_of_two(size))
         self.min = MinSegmentTree(self.sum.capacity, leaves=self.sum.leaves)
         self.max = MaxSegmentTree(self.sum.capacity, leaves=self.sum.leaves) if with_max else None
+        xnodes = self.max._nodes if with_max else np.zeros(0)
+        self._arrays = (self.sum._leaves, self.sum._nodes, self.min._nodes, xnodes, with_max, self.sum._starts)
 
     @property
     def leaves(self) -> np.ndarray:
         return self.sum.leaves
 
     def set(self, idx: np.ndarray, values: np.ndarray) -> None:
-        """Write leaves ``idx`` (int64 array) and refresh every tree. Values must be finite and >= 0."""
-        kern.set_many(self.sum._leaves, self.sum._nodes, self.sum._starts, kern.SUM, idx, values)
-        kern.refresh_many(self.sum._leaves, self.min._nodes, self.min._starts, kern.MIN_POS, idx)
-        if self.max is not None:
-            kern.refresh_many(self.sum._leaves, self.max._nodes, self.max._starts, kern.MAX, idx)
+        """Write leaves ``idx`` (int64 array; the last write wins for repeats) and refresh every tree in one
+        fused pass. Values must be finite and >= 0 (the caller validates)."""
+        kern.prio_set_many(*self._arrays, np.asarray(idx, dtype=np.int64), np.asarray(values, dtype=np.float64))
 
     def set_one(self, i: int, value: float) -> None:
-        kern.set_one(self.sum._leaves, self.sum._nodes, self.sum._starts, kern.SUM, i, value)
-        kern._refresh_path(self.sum._leaves, self.min._nodes, self.min._starts, kern.MIN_POS, i)
-        if self.max is not None:
-            kern._refresh_path(self.sum._leaves, self.max._nodes, self.max._starts, kern.MAX, i)
+        kern.prio_set_one(*self._arrays, int(i), float(value))
 
     def total(self) -> float:
         return self.sum.root()

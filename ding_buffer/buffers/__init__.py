@@ -2,5 +2,6 @@
 from .common import BufferCore
 from .episode import EpisodeReplayBuffer
 from .naive import NaiveReplayBuffer
+from .advanced import AdvancedReplayBuffer
 
-__all__ = ['BufferCore', 'NaiveReplayBuffer', 'EpisodeReplayBuffer']
+__all__ = ["BufferCore", "NaiveReplayBuffer", "EpisodeReplayBuffer", "AdvancedReplayBuffer"]

@@ -75,6 +75,23 @@ class RingIndex:
         self._trim_head()
         return slots, uids, overwritten
 
+    def commit_one(self) -> Tuple[int, bool]:
+        """``commit(1)`` in O(1) Python-scalar work (the single-push hot path). Returns (slot, overwrote)."""
+        slot = (self.head + self.span) % self.capacity
+        overwrote = bool(self.valid[slot])
+        if not overwrote:
+            self.count += 1
+        self.valid[slot] = True
+        self.next_uid += 1
+        self.push_count += 1
+        if self.span == self.capacity:
+            self.head = (self.head + 1) % self.capacity
+        else:
+            self.span += 1
+        if not self.valid[self.head]:
+            self._trim_head()
+        return slot, overwrote
+
     def remove(self, slots: np.ndarray) -> np.ndarray:
         """Invalidate ``slots``; returns the slots that were actually valid. O(len(slots)) amortised."""
         slots = np.unique(np.asarray(slots, dtype=np.int64))

@@ -24,6 +24,7 @@ from .ring import RingIndex
 from .tree import Path, batch_len, flatten, path_name, to_tensor, unflatten
 
 META_KEYS = ('replay_buffer_idx', 'replay_unique_id')
+_MISSING = object()
 Schema = Dict[Path, Tuple[Tuple[int, ...], torch.dtype]]
 
 
@@ -59,6 +60,7 @@ class TensorStorage(Storage):
         self.skip_keys = tuple(META_KEYS) + tuple(reserved_keys)
         self.schema: Optional[Schema] = None
         self.fields: Dict[Path, torch.Tensor] = {}
+        self._fast: Optional[List[Tuple[str, np.ndarray, tuple, np.dtype, torch.dtype, tuple]]] = None
 
     # ------------------------------------------------------------------ schema
     def _infer_schema(self, flat: Dict[Path, torch.Tensor]) -> Schema:
@@ -160,6 +162,72 @@ class TensorStorage(Storage):
             else:
                 fields[path] = torch.zeros((self.capacity, *shape), dtype=dtype, device=self.device)
         self.fields, self.schema = fields, schema
+        self._fast = self._fast_spec(schema, fields)
+
+    def _fast_spec(self, schema: Schema, fields: Dict[Path, torch.Tensor]):
+        """Per-field facts for ``write_one`` (flat schemas on CPU only): numpy view of the field, shape, dtypes and
+        the Python scalar types the generic path would accept for it."""
+        if self.device.type != 'cpu' or any(len(p) != 1 for p in schema):
+            return None
+        spec = []
+        for path, (shape, dtype) in schema.items():
+            if dtype == torch.bool:
+                scalars = (bool, )
+            elif dtype == torch.int64:
+                scalars = (int, )
+            elif dtype == torch.float32:
+                scalars = (int, float)
+            elif dtype.is_floating_point:
+                scalars = (int, )
+            else:
+                scalars = ()
+            if shape:
+                scalars = ()
+            view = fields[path].numpy()
+            spec.append((path[0], view, shape, view.dtype, dtype, scalars))
+        return spec
+
+    def write_one(self, item: Any) -> Optional[int]:
+        """
+        Overview:
+            Fast path for one flat item on CPU: checks each leaf against the schema in a few attribute reads
+            and writes it straight into the field's numpy view (no stacking, no tensor conversion). Returns the
+            slot, or ``None`` -- with nothing changed -- when the item is not a plain match (first item,
+            nested dict, any mismatch); the caller then takes the generic path, which reports errors.
+        """
+        spec = self._fast
+        if spec is None or type(item) is not dict:
+            return None
+        skipped = 0
+        for key in self.skip_keys:
+            if key in item:
+                skipped += 1
+        if len(item) - skipped != len(spec):
+            return None
+        values = []
+        for key, view, shape, np_dtype, dtype, scalars in spec:
+            v = item.get(key, _MISSING)
+            t = type(v)
+            if t is np.ndarray:
+                if v.dtype != np_dtype or v.shape != shape:
+                    return None
+            elif t is torch.Tensor:
+                if v.dtype != dtype or v.shape != shape or v.device.type != 'cpu':
+                    return None
+                v = v.detach().numpy()
+            elif t in scalars:
+                if t is int:
+                    try:  # out of the field's range: let the generic path report it
+                        np_dtype.type(v)
+                    except (OverflowError, ValueError):
+                        return None
+            elif not (isinstance(v, np.generic) and v.dtype == np_dtype and shape == ()):
+                return None
+            values.append(v)
+        slot, _ = self.ring.commit_one()
+        for (_, view, _, _, _, _), v in zip(spec, values):
+            view[slot] = v
+        return slot
 
     def _reserve(self, prepared: Prepared) -> None:
         if self.schema is None:

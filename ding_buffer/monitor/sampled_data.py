@@ -1,0 +1,72 @@
+"""``SampledDataAttrMonitor``: moving statistics of the last ``average_range`` sampled batches (DI-engine's).
+
+Each ``sample`` call records the batch's ``use``, ``priority`` and ``staleness`` arrays and ``beta``; the per-batch
+statistics (``use_avg/max``, ``priority_avg/max/min``, ``staleness_avg/max``) are computed only when read, so
+recording costs O(1) on the sampling hot path.
+``averages()`` returns, over the window, the mean of the ``*_avg`` entries, the max of the ``*_max`` entries,
+the min of the ``*_min`` entries and the latest ``beta``. Every ``print_freq`` calls (starting with the first) it
+logs a table and writes ``{instance}_iter/<key>`` (step: learner iter, skipped when -1) and
+``{instance}_step/<key>`` (step: last collector env step, skipped when -1) to the TensorBoard writer.
+Not thread-safe on its own: the buffer calls it under its lock.
+"""
+import collections
+import logging
+from typing import Any, Dict, Optional
+
+KEYS = ('use_avg', 'use_max', 'priority_avg', 'priority_max', 'priority_min', 'staleness_avg', 'staleness_max', 'beta')
+
+
+class SampledDataAttrMonitor:
+
+    def __init__(
+            self, instance_name: str, average_range: int, print_freq: int, logger: logging.Logger, tb_logger: Any
+    ) -> None:
+        self.instance_name = instance_name
+        self.print_freq = print_freq
+        self.logger = logger
+        self.tb_logger = tb_logger
+        self.window = collections.deque(maxlen=average_range)
+        self.calls = 0
+
+    @staticmethod
+    def _row(use, priority, staleness, beta) -> Dict[str, float]:
+        return {
+            'use_avg': float(use.mean()), 'use_max': float(use.max()), 'priority_avg': float(priority.mean()),
+            'priority_max': float(priority.max()), 'priority_min': float(priority.min()),
+            'staleness_avg': float(staleness.mean()), 'staleness_max': float(staleness.max()), 'beta': float(beta)
+        }
+
+    def averages(self) -> Dict[str, float]:
+        if not self.window:
+            return {}
+        rows = [self._row(*entry) for entry in self.window]
+        out = {}
+        for k in KEYS:
+            vals = [row[k] for row in rows]
+            if k.endswith('_max'):
+                out[k] = max(vals)
+            elif k.endswith('_min'):
+                out[k] = min(vals)
+            elif k == 'beta':
+                out[k] = vals[-1]
+            else:
+                out[k] = sum(vals) / len(vals)
+        return out
+
+    def record(self, use, priority, staleness, beta: float, cur_learner_iter: int, cur_collector_envstep: int) -> None:
+        """Record one sampled batch (numpy arrays; they are not modified afterwards by the buffer)."""
+        self.window.append((use, priority, staleness, beta))
+        calls, self.calls = self.calls, self.calls + 1
+        if calls % self.print_freq:
+            return
+        avg = self.averages()
+        self.logger.info(
+            "=== Sample data %d Times ===\n%s", calls, '\n'.join(f"{k:>14} | {v:.6g}" for k, v in avg.items())
+        )
+        if self.tb_logger is None:
+            return
+        for k, v in avg.items():
+            if cur_learner_iter != -1:
+                self.tb_logger.add_scalar(f'{self.instance_name}_iter/{k}', v, cur_learner_iter)
+            if cur_collector_envstep != -1:
+                self.tb_logger.add_scalar(f'{self.instance_name}_step/{k}', v, cur_collector_envstep)
