@@ -62,7 +62,8 @@ class SegmentTree:
         self.neutral_element = float(default if neutral_element is None else neutral_element)
         n_leaves, self._starts, n_nodes = _layout(self.capacity)
         if leaves is None:
-            self._leaves = np.full(n_leaves, self.neutral_element, dtype=np.float64)
+            self._leaves = np.full(n_leaves, default, dtype=np.float64)  # padding past capacity: identity
+            self._leaves[:self.capacity] = self.neutral_element
             self._op = op
         else:
             if leaves.shape != (n_leaves, ) or leaves.dtype != np.float64:
@@ -85,6 +86,8 @@ class SegmentTree:
                 raise IndexError(f"segment tree index {idx} out of range [0, {self.capacity})")
             return int(idx)
         arr = np.asarray(idx)
+        if arr.size == 0:
+            return np.zeros(0, dtype=np.int64)
         if arr.dtype.kind not in 'iu' or arr.ndim != 1:
             raise TypeError(f"segment tree index must be an int or a 1-D int array, got {arr.dtype} {arr.shape}")
         arr = arr.astype(np.int64, copy=False)
@@ -176,7 +179,7 @@ class SumSegmentTree(SegmentTree):
         xs = np.ascontiguousarray(prefixsum, dtype=np.float64)
         if xs.ndim != 1:
             raise ValueError(f"prefixsum array must be 1-D, got shape {xs.shape}")
-        if not trust_caller and len(xs) and (xs.min() < 0 or xs.max() > total + 1e-5):
+        if not trust_caller and not ((xs >= 0).all() and (xs <= total + 1e-5).all()):  # NaN fails both
             raise ValueError(f"prefixsums must be in [0, total={total}], got {xs.min()}..{xs.max()}")
         out = np.empty(len(xs), dtype=np.int64)
         kern.find_many(self._leaves, self._nodes, self._starts, xs, out)

@@ -110,8 +110,8 @@ def reduce_range(leaves, nodes, starts, op, neutral, lo, hi):
 
 @njit(cache=True, nogil=True)
 def _find(leaves, nodes, starts, x):
-    """Leaf ``i`` with ``prefix(i) <= x < prefix(i + 1)`` (strictly-greater rule: zero leaves are skipped and
-    exact boundaries go right). If ``x`` is at or beyond a subtree's total (``x >= total`` or float error), the
+    """Leaf ``i`` with ``prefix(i) <= x < prefix(i + 1)`` (strictly-greater rule: zero leaves are never chosen,
+    exact boundaries go right, ``x < 0`` gives the first non-zero leaf). If ``x`` is at or beyond a subtree's total (``x >= total`` or float error), the
     descent takes the last positive child at every level from there on, i.e. the last positive leaf. -1 when
     every leaf is zero."""
     nlev = starts.shape[0]
@@ -122,7 +122,7 @@ def _find(leaves, nodes, starts, x):
         s = 0.0
         for j in range(K):
             c = leaves[base + j] if lvl == 0 else nodes[starts[lvl - 1] + base + j]
-            if s + c > x:
+            if c > 0.0 and s + c > x:
                 chosen = j
                 break
             s += c
@@ -167,7 +167,7 @@ def find_many(leaves, nodes, starts, xs, out):
             xt = x[t]
             for j in range(K):
                 c = leaves[base + j] if lvl == 0 else nodes[starts[lvl - 1] + base + j]
-                if s + c > xt:
+                if c > 0.0 and s + c > xt:
                     chosen = j
                     break
                 s += c
@@ -290,13 +290,14 @@ def np_find_many(leaves, nodes, starts, xs, out):
     for lvl in range(len(starts) - 1, -1, -1):
         vals = _np_level(leaves, nodes, starts, lvl)[node[:, None] * K + offs]
         cums = np.cumsum(vals, axis=1)  # sequential running sums, as in the kernel
-        hit = cums > x[:, None]
+        hit = (cums > x[:, None]) & (vals > 0.0)
         found = hit.any(axis=1)
         chosen = np.argmax(hit, axis=1)
         before = np.where(chosen > 0, cums[rows, np.maximum(chosen - 1, 0)], 0.0)
         pos = vals > 0.0
         dead |= ~found & ~pos.any(axis=1)
         chosen = np.where(found, chosen, K - 1 - np.argmax(pos[:, ::-1], axis=1))
+        chosen[dead] = 0  # keep dead rows on a valid path (their result is -1)
         x = np.where(found, x - before, np.inf)
         node = node * K + chosen
     out[:] = np.where(dead, -1, node)

@@ -179,7 +179,7 @@ class AdvancedReplayBuffer(BufferCore):
         default = self._index.default_priority()
         out = np.empty(len(items))
         for i, item in enumerate(items):
-            if not isinstance(item, Mapping):
+            if type(item) is not dict and not isinstance(item, Mapping):
                 raise TypeError(f"advanced buffer stores dicts; item {i} is {type(item).__name__}")
             p = item.get('priority')
             if p is None:
@@ -217,7 +217,7 @@ class AdvancedReplayBuffer(BufferCore):
         return len(items)
 
     def _push_batch(self, batch: Any) -> int:
-        if not isinstance(batch, Mapping):
+        if type(batch) is not dict and not isinstance(batch, Mapping):
             raise TypeError(f"a batched push needs a dict of batched leaves, got {type(batch).__name__}")
         prepared = self._storage.prepare_batch(batch)
         n = prepared.n + prepared.dropped

@@ -9,6 +9,8 @@ import numpy as np
 import torch
 
 Path = Tuple[str, ...]
+# Types that are certainly leaves: skips the (slow, ABC-based) ``isinstance(x, Mapping)`` on the hot path.
+_LEAF_TYPES = (torch.Tensor, np.ndarray, int, float, bool)
 
 # Python scalars become these dtypes (float32 like TorchRL/cpprb defaults, int64 for indices/actions).
 PY_SCALAR_DTYPES = {bool: torch.bool, int: torch.int64, float: torch.float32}
@@ -27,7 +29,7 @@ def flatten(item: Mapping, prefix: Path = (), skip_top: Tuple[str, ...] = ()) ->
         if not prefix and key in skip_top:
             continue
         path = prefix + (key, )
-        if isinstance(value, Mapping):
+        if type(value) is dict or (type(value) not in _LEAF_TYPES and isinstance(value, Mapping)):
             if not value:
                 raise ValueError(f"field '{path_name(path)}' is an empty dict; expected a tensor or a nested dict")
             out.update(flatten(value, path))
@@ -69,7 +71,7 @@ def to_tensor(value: Any, path: Path) -> torch.Tensor:
 def unbatch(batch: Any) -> List[Dict[str, Any]]:
     """Split a dict whose leaves share a leading dimension ``B`` into ``B`` item dicts. Rows are copies, so a
     collector may reuse its batch buffer after the push."""
-    if not isinstance(batch, Mapping):
+    if type(batch) is not dict and not isinstance(batch, Mapping):
         raise TypeError(f"a batched push needs a dict of batched leaves, got {type(batch).__name__}")
     flat = flatten(batch)
     if not flat:
