@@ -28,5 +28,12 @@ def test_ready_config_builds_a_working_buffer(path):
     else:
         buffer.extend({'obs': torch.randn(300, 4), 'action': torch.zeros(300, dtype=torch.long)})
         batch = buffer.sample(256)
-        assert batch['obs'].shape == (256, 4) and len(set(batch['replay_unique_id'].tolist())) == 256
+        assert batch['obs'].shape == (256, 4)
+        if cfg['policy']['other']['replay_buffer']['type'] == 'advanced':  # prioritized: with replacement
+            assert (batch['IS'] == 1).all()  # equal priorities
+            result = buffer.update({**{k: batch[k] for k in ('replay_unique_id', 'replay_buffer_idx')},
+                                    'priority': torch.rand(256)})
+            assert result['updated'] + result['stale'] == 256 and result['stale'] == 0
+        else:
+            assert len(set(batch['replay_unique_id'].tolist())) == 256
     buffer.close()
