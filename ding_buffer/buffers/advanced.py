@@ -10,6 +10,7 @@ import copy
 import math
 import threading
 import time
+import weakref
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 import numpy as np
@@ -83,17 +84,17 @@ class AdvancedReplayBuffer(BufferCore):
         seed=None,
         thruput_controller=dict(
             # Allowed range of (pushed items / sampled items), measured over a decaying window.
-            push_sample_rate_limit=dict(max=INF, min=0),
+            push_sample_rate_limit=dict(max=INF, min=0.0),
             # Counters decay by x0.01 over this many seconds (in whole-second steps).
-            window_seconds=30,
+            window_seconds=30.0,
             # Sample only while count >= sample_min_limit_ratio * batch size.
-            sample_min_limit_ratio=1,
+            sample_min_limit_ratio=1.0,
         ),
         monitor=dict(
             # Moving window (sample calls) and print/TensorBoard period (sample calls) of sampled-data stats.
             sampled_data_attr=dict(average_range=5, print_freq=200),
             # Period of the push/sample/remove throughput report.
-            periodic_thruput=dict(seconds=60),
+            periodic_thruput=dict(seconds=60.0),
             # Without a tb_logger passed in, write TensorBoard to ./{exp_name}/log/{instance_name}/.
             tensorboard=False,
         ),
@@ -138,8 +139,14 @@ class AdvancedReplayBuffer(BufferCore):
         self._sampled_monitor = SampledDataAttrMonitor(
             self._instance_name, attr.average_range, attr.print_freq, self._logger, self._tb if rank() == 0 else None
         )
+        me = weakref.ref(self)  # the monitor thread must not keep an unclosed, unreachable buffer alive
+
+        def read() -> Optional[Dict[str, float]]:
+            buf = me()
+            return None if buf is None else buf._counter_snapshot()
+
         self._periodic = PeriodicThruputMonitor(
-            self._instance_name, cfg.monitor.periodic_thruput.seconds, self._counter_snapshot, self._logger, self._tb
+            self._instance_name, cfg.monitor.periodic_thruput.seconds, read, self._logger, self._tb
         ) if self._tb is not None and rank() == 0 else None
 
     def _new_index(self) -> PriorityIndex:
@@ -242,12 +249,12 @@ class AdvancedReplayBuffer(BufferCore):
         self._after_push(n, before + n - len(self._storage))  # overwritten (+ dropped) items
 
     def _after_push(self, n: int, removed: int) -> None:
+        if self._periodic is not None:
+            self._periodic.start()  # first: its baseline must not include this push
         self._counters['push_items'] += n
         self._counters['remove_count'] += removed
         self._thruput.on_push(n)
         self._cond.notify_all()
-        if self._periodic is not None:
-            self._periodic.start()
 
     # ------------------------------------------------------------------ sample
     def _evict_stale(self, cur_learner_iter: int) -> None:
@@ -467,6 +474,7 @@ class AdvancedReplayBuffer(BufferCore):
                 'thruput_push': self._thruput.push_count, 'thruput_sample': self._thruput.sample_count,
             }
             out.update(self._sampled_monitor.averages())
+            out['beta'] = self._beta  # the current beta, not the last sampled batch's
             return out
 
     # ------------------------------------------------------------------ clear / state

@@ -34,7 +34,7 @@ class NaiveReplayBuffer(BufferCore):
         # Items are dicts whose payload is a file at item['data_id']; delete it when the item leaves.
         enable_track_used_data=False,
         # Period of the throughput monitor (DI-engine key; the monitor reads it).
-        periodic_thruput_seconds=60,
+        periodic_thruput_seconds=60.0,
         # Seed of the buffer's own RNG; None draws it from numpy's global RNG (np.random.seed reproduces).
         seed=None,
         storage=STORAGE_CONFIG,

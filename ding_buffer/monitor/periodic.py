@@ -42,13 +42,16 @@ class PeriodicThruputMonitor:
     def _run(self) -> None:
         while not self._stop.wait(self.seconds):
             try:
-                self.report()
+                if self.report() is None:  # the buffer is gone
+                    return
             except Exception:  # a failing writer must not kill the thread silently
                 self.logger.exception("[%s] periodic thruput monitor failed", self.instance_name)
 
-    def report(self) -> Dict[str, float]:
-        """Write one period (also callable directly, e.g. from tests or a final flush)."""
+    def report(self) -> Optional[Dict[str, float]]:
+        """Write one period (also callable directly); ``None`` when ``read()`` says the buffer is gone."""
         now = self.read()
+        if now is None:
+            return None
         last = self._last or {k: 0 for k in now}
         values = {tag: now[key] - last.get(key, 0) for tag, key in TAGS}
         values['current_have'] = now['count']
