@@ -122,11 +122,14 @@ class PriorityIndex:
             'priority': torch.from_numpy(self.priority.copy()),
             'use': torch.from_numpy(self.use.copy()),
             'max_priority': self.max_priority,
+            'alpha': self.alpha,
         }
 
     def load_state_dict(self, state: Mapping, valid: np.ndarray) -> None:
         """Validate ``state`` against the ring's ``valid`` mask, then load. Raises ``ValueError``; the caller
         builds a fresh index, so a failure changes nothing."""
+        if float(state['alpha']) != self.alpha:  # leaves are priority ** alpha: they would not match the config
+            raise ValueError(f"state was saved with alpha={state['alpha']}, config 'alpha' is {self.alpha}")
         leaves = np.asarray(state['leaves'], dtype=np.float64)
         priority = np.asarray(state['priority'], dtype=np.float32)
         use = np.asarray(state['use'])

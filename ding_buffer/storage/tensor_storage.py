@@ -162,14 +162,20 @@ class TensorStorage(Storage):
                 fields[path] = tensor.view(self.capacity, *shape)
             else:
                 fields[path] = torch.zeros((self.capacity, *shape), dtype=dtype, device=self.device)
-        self.fields, self.schema = fields, schema
-        self._views = {p: f.numpy() for p, f in fields.items()} if self.device.type == 'cpu' else {}
+        views = {}
+        if self.device.type == 'cpu':
+            for p, f in fields.items():
+                try:
+                    views[p] = f.numpy()
+                except TypeError:  # bfloat16, float8, ...: numpy has no such dtype, write through torch
+                    pass
+        self.fields, self.schema, self._views = fields, schema, views  # together: all or nothing
         self._fast = self._fast_spec(schema, fields)
 
     def _fast_spec(self, schema: Schema, fields: Dict[Path, torch.Tensor]):
         """Per-field facts for ``write_one`` (flat schemas on CPU only): numpy view of the field, shape, dtypes and
         the Python scalar types the generic path would accept for it."""
-        if self.device.type != 'cpu' or any(len(p) != 1 for p in schema):
+        if self.device.type != 'cpu' or any(len(p) != 1 for p in schema) or len(self._views) != len(schema):
             return None
         spec = []
         for path, (shape, dtype) in schema.items():
@@ -219,6 +225,8 @@ class TensorStorage(Storage):
                 v = v.detach().numpy()
             elif t in scalars:
                 if t is int:
+                    if not -2 ** 63 <= v < 2 ** 63:  # the generic path reports it
+                        return None
                     try:  # out of the field's range: let the generic path report it
                         np_dtype.type(v)
                     except (OverflowError, ValueError):
@@ -239,11 +247,13 @@ class TensorStorage(Storage):
         _, columns = payload
         n = len(slots)
         first = int(slots[0])
-        cpu = self.device.type == 'cpu'
         for path, column in columns.items():
             # CPU: numpy slice assignment (a third of torch's per-call overhead); else torch on the device
-            dst = self._views[path] if cpu else self.fields[path]
-            src = column.numpy() if cpu else column.to(self.device, non_blocking=True)
+            dst = self._views.get(path)
+            if dst is not None:
+                src = column.numpy()
+            else:
+                dst, src = self.fields[path], column.to(self.device, non_blocking=True)
             if first + n <= self.capacity:  # contiguous: one slice assignment per field
                 dst[first:first + n] = src
             else:  # wraps around the ring: two slices

@@ -61,7 +61,10 @@ def to_tensor(value: Any, path: Path) -> torch.Tensor:
             arr = np.array(arr, copy=True, order='C')
         return torch.from_numpy(arr)
     if type(value) in PY_SCALAR_DTYPES:
-        return torch.tensor(value, dtype=PY_SCALAR_DTYPES[type(value)])
+        try:
+            return torch.tensor(value, dtype=PY_SCALAR_DTYPES[type(value)])
+        except (RuntimeError, OverflowError, ValueError) as e:
+            raise ValueError(f"field '{path_name(path)}' value {value!r} does not fit in int64: {e}") from e
     raise TypeError(
         f"field '{path_name(path)}' has type {type(value).__name__}; tensor storage accepts torch tensors, "
         "numpy arrays and bool/int/float scalars (use storage.type='list' for arbitrary objects)"

@@ -1,0 +1,1883 @@
+"""Tests of ``AdvancedReplayBuffer`` (``type='advanced'``) on list and tensor storage.
+
+Behaviour checked against DI-engine's AdvancedReplayBuffer (anchors/dingengine-buffers.md §5, §6, §8), except
+where the spec marks DI-engine's behaviour as a bug (``sample_range`` over physical slots, mutation of pushed
+dicts, silent filtering of bad items, revival of retired items). Sections:
+
+1. push (ids, slots, default/explicit priorities, validation all-or-nothing, ``extend``, tensor fast path)
+2. sample (IS weights, stratification, priority frequencies, beta annealing, refusals, staleness, use,
+   ``sample_range`` in insertion order)
+3. update (stale entries, eps, validation all-or-nothing)
+4. eviction (max_use with and without used-data tracking, max_staleness)
+5. throughput controller (DI-engine arithmetic, blocking sample, decay with a fake clock)
+6. persistence (state_dict / save_data round trips, corrupted states)
+7. concurrency (tree invariants after a threaded run)
+8. config validation and DI-engine defaults
+"""
+import copy
+import math
+import queue
+import threading
+import time
+
+import numpy as np
+import pytest
+import torch
+from easydict import EasyDict
+
+from ding_buffer import AdvancedReplayBuffer, SampleTimeoutError, create_buffer, deep_merge_dicts
+from ding_buffer.control.thruput import ThruputController
+
+STORAGES = ['list', 'tensor']
+NAME = 'demo'
+EPS = 1e-5
+ROW_KEYS = ('id', 'replay_buffer_idx', 'priority', 'IS', 'use', 'staleness')
+
+
+# ---------------------------------------------------------------------------------------------- helpers
+def make(storage='list', size=16, seed=0, name=NAME, **kw):
+    cfg = dict(type='advanced', replay_buffer_size=size, seed=seed, storage=dict(type=storage), **kw)
+    return create_buffer(cfg, instance_name=name)
+
+
+def item(i, **extra):
+    """An item both storages accept: an int id and a small float32 array derived from it."""
+    d = {'id': i, 'obs': np.full(2, i, dtype=np.float32)}
+    d.update(extra)
+    return d
+
+
+def push_ids(buf, ids, **extra):
+    for i in ids:
+        assert buf.push(item(i, **extra)) == 1
+
+
+def rows(batch):
+    """A sampled batch (list of dicts or dict of batched tensors) as a list of plain per-item dicts; the
+    unique id becomes an int ``uid`` (list storage: checked to be ``f'{NAME}_{n}'``)."""
+    if isinstance(batch, list):
+        out = []
+        for x in batch:
+            r = {k: x[k] for k in ROW_KEYS if k in x}
+            prefix, n = x['replay_unique_id'].rsplit('_', 1)
+            assert prefix == NAME and n.isdigit(), x['replay_unique_id']
+            r['uid'] = int(n)
+            r['id'] = int(r['id'])
+            out.append(r)
+        return out
+    assert batch['replay_unique_id'].dtype == torch.int64
+    cols = {k: batch[k].tolist() for k in ROW_KEYS if k in batch}
+    cols['uid'] = batch['replay_unique_id'].tolist()
+    return [{k: v[i] for k, v in cols.items()} for i in range(len(cols['uid']))]
+
+
+def col(batch, key):
+    return [r[key] for r in rows(batch)]
+
+
+def draw_at(buf, position, **kw):
+    """The item at insertion ``position`` (0 = oldest), read through ``sample(1, sample_range=...)``."""
+    batch = buf.sample(1, sample_range=slice(position, position + 1), **kw)
+    assert batch is not None
+    (r, ) = rows(batch)
+    return r
+
+
+def index_view(buf):
+    """uid -> {slot, priority, leaf, use} for every valid slot, read from the public ``state_dict``."""
+    st = buf.state_dict()
+    ring, idx = st['storage']['ring'], st['index']
+    valid, uid = ring['valid'].numpy(), ring['uid'].numpy()
+    return {
+        int(uid[s]): dict(
+            slot=int(s), priority=float(idx['priority'][s]), leaf=float(idx['leaves'][s]), use=int(idx['use'][s])
+        )
+        for s in np.flatnonzero(valid)
+    }
+
+
+def stored_ids(buf):
+    """The 'id' field of every stored item in insertion order (from ``state_dict``)."""
+    st = buf.state_dict()['storage']
+    if st['kind'] == 'list':
+        return [int(x['id']) for x in st['items']]
+    if not st['schema']:
+        return []
+    names = ['.'.join(p) for p, _, _ in st['schema']]
+    return st['fields'][names.index('id')].tolist()
+
+
+def info_from(batch, priorities):
+    """DI-engine's learner ``priority_info`` built from a sampled batch (tensor storage: the tensors as is)."""
+    if isinstance(batch, list):
+        return {
+            'replay_unique_id': [x['replay_unique_id'] for x in batch],
+            'replay_buffer_idx': [x['replay_buffer_idx'] for x in batch],
+            'priority': list(priorities),
+        }
+    return {
+        'replay_unique_id': batch['replay_unique_id'],
+        'replay_buffer_idx': batch['replay_buffer_idx'],
+        'priority': torch.as_tensor(priorities, dtype=torch.float32),
+    }
+
+
+def assert_same(a, b, where='state'):
+    """Recursive exact equality for states made of dicts, lists, tensors, arrays and scalars."""
+    if isinstance(a, dict):
+        assert isinstance(b, dict) and set(a) == set(b), f"{where}: keys {sorted(a)} != {sorted(b)}"
+        for k in a:
+            assert_same(a[k], b[k], f"{where}.{k}")
+    elif isinstance(a, (list, tuple)):
+        assert isinstance(b, (list, tuple)) and len(a) == len(b), f"{where}: {a!r} != {b!r}"
+        for i, (x, y) in enumerate(zip(a, b)):
+            assert_same(x, y, f"{where}[{i}]")
+    elif isinstance(a, torch.Tensor):
+        assert isinstance(b, torch.Tensor), f"{where}: {type(b)} is not a tensor"
+        assert a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b), f"{where}: {a} != {b}"
+    elif isinstance(a, np.ndarray):
+        assert isinstance(b, np.ndarray) and a.dtype == b.dtype and np.array_equal(a, b), f"{where}: {a} != {b}"
+    else:
+        assert type(a) == type(b) and a == b, f"{where}: {a!r} != {b!r}"
+
+
+def chi_square(counts, expected):
+    counts = np.asarray(counts, dtype=np.float64)
+    expected = np.asarray(expected, dtype=np.float64)
+    return float(((counts - expected) ** 2 / expected).sum())
+
+
+def chi_threshold(df):
+    return df + 5 * math.sqrt(2 * df)
+
+
+def busy_buffer(storage, seed=0, **kw):
+    """A buffer with a non-trivial state: wrap-around, explicit/default priorities, updates, uses, annealed
+    beta, max_use removals (holes) and counters."""
+    cfg = dict(max_use=3, anneal_step=20, alpha=0.7, beta=0.3)
+    cfg.update(kw)
+    buf = make(storage, size=16, seed=seed, **cfg)
+    rng = np.random.default_rng(123)
+    for i in range(30):
+        extra = {'collect_iter': i}
+        if i % 3:
+            extra['priority'] = float(rng.uniform(0.1, 4.0))
+        buf.push(item(i, **extra))
+    for it in range(6):
+        batch = buf.sample(4, cur_learner_iter=40 + it)
+        buf.update(info_from(batch, rng.uniform(0.5, 6.0, size=4).astype(np.float32)))
+    return buf
+
+
+def warm_up():
+    """Run every compiled kernel once, so timing-sensitive tests do not pay JIT/cache loading inside a window."""
+    for storage in STORAGES:
+        b = make(storage, size=8)
+        b.push([item(i) for i in range(4)])
+        b.push(item(4))
+        b.update(info_from(b.sample(4), [1.0, 2.0, 3.0, 4.0]))
+        b.sample(2, sample_range=slice(1, 3))
+
+
+# ================================================================================ 1. push
+@pytest.mark.parametrize('storage', STORAGES)
+def test_push_assigns_increasing_ids_and_slot_indices(storage):
+    buf = make(storage, size=4)
+    push_ids(buf, range(6))  # wraps around: ids 0, 1 are overwritten
+    assert buf.count() == 4 and buf.push_count == 6
+    got = sorted(rows(buf.sample(4)), key=lambda r: r['uid'])  # equal priorities, size == count: each once
+    assert [r['uid'] for r in got] == [2, 3, 4, 5]
+    assert [r['replay_buffer_idx'] for r in got] == [2, 3, 0, 1]  # the slot each item was written to
+    assert [r['id'] for r in got] == [2, 3, 4, 5]
+    assert buf.push([item(6), item(7)]) == 2
+    assert sorted(col(buf.sample(4), 'uid')) == [4, 5, 6, 7]
+    assert {u: v['slot'] for u, v in index_view(buf).items()} == {4: 0, 5: 1, 6: 2, 7: 3}
+
+
+def test_list_storage_ids_are_instance_name_strings():
+    buf = make('list', size=8, name='my_buf')
+    push_ids(buf, range(3))
+    batch = buf.sample(3)
+    assert sorted(x['replay_unique_id'] for x in batch) == ['my_buf_0', 'my_buf_1', 'my_buf_2']
+    assert all(x['replay_buffer_idx'] == int(x['replay_unique_id'][-1]) for x in batch)
+
+
+def test_tensor_storage_ids_are_int64_tensors():
+    buf = make('tensor', size=8)
+    push_ids(buf, range(3))
+    batch = buf.sample(3)
+    assert batch['replay_unique_id'].dtype == torch.int64 and batch['replay_buffer_idx'].dtype == torch.int64
+    assert sorted(batch['replay_unique_id'].tolist()) == [0, 1, 2]
+    assert batch['priority'].dtype == torch.float32 and batch['IS'].dtype == torch.float32
+    assert batch['use'].dtype == torch.int64 and batch['staleness'].dtype == torch.int64
+
+
+@pytest.mark.parametrize('storage', STORAGES)
+def test_missing_or_none_priority_gets_the_running_max(storage):
+    buf = make(storage, size=16)
+    buf.push(item(0))
+    buf.push(item(1, priority=None))
+    view = index_view(buf)
+    assert view[0]['priority'] == view[1]['priority'] == 1.0
+    assert buf.stats()['max_priority'] == 1.0
+    # update raises the running max to the largest raw priority ever set (without eps)
+    assert buf.update({'replay_unique_id': [f'{NAME}_0'], 'replay_buffer_idx': [0], 'priority': [5.0]}) == \
+        {'updated': 1, 'stale': 0}
+    assert buf.stats()['max_priority'] == 5.0
+    buf.push(item(2))
+    assert index_view(buf)[2]['priority'] == 5.0
+    # a smaller update does not lower it; explicit pushed priorities do not raise it (DI-engine)
+    buf.update({'replay_unique_id': [f'{NAME}_2'], 'replay_buffer_idx': [2], 'priority': [2.0]})
+    buf.push(item(3, priority=9.0))
+    buf.push([item(4), item(5, priority=None)])
+    view = index_view(buf)
+    assert view[3]['priority'] == 9.0
+    assert view[4]['priority'] == view[5]['priority'] == 5.0
+    assert buf.stats()['max_priority'] == 5.0
+
+
+@pytest.mark.parametrize('alpha', [0.0, 0.6, 1.0])
+@pytest.mark.parametrize('storage', STORAGES)
+def test_explicit_priorities_are_stored_and_leaf_is_priority_pow_alpha(storage, alpha):
+    buf = make(storage, size=8, alpha=alpha)
+    prios = [0.5, 2.0, 3.0, 0.25, 7.0]
+    buf.push([item(i, priority=p) for i, p in enumerate(prios[:3])])
+    buf.push(item(3, priority=np.float32(prios[3])))
+    buf.push(item(4, priority=torch.tensor(prios[4])))
+    view = index_view(buf)
+    for i, p in enumerate(prios):
+        assert view[i]['priority'] == p
+        assert view[i]['leaf'] == pytest.approx(p ** alpha, rel=1e-12)
+    st = buf.state_dict()['index']
+    assert (st['leaves'][5:] == 0).all() and (st['priority'][5:] == 0).all()
+
+
+@pytest.mark.parametrize('storage', STORAGES)
+def test_pushed_and_stored_dicts_are_not_mutated(storage):
+    buf = make(storage, size=8)
+    d = item(0, priority=2.0)
+    d_copy = copy.deepcopy(d)
+    batch_items = [item(1), item(2, priority=3.0)]
+    batch_copy = copy.deepcopy(batch_items)
+    buf.push(d)
+    buf.push(batch_items)
+    batch = buf.sample(3, cur_learner_iter=5)
+    buf.update(info_from(batch, [4.0, 4.0, 4.0]))
+    buf.sample(3)
+    for got, want in ((d, d_copy), *zip(batch_items, batch_copy)):
+        assert set(got) == set(want)
+        assert got['id'] == want['id'] and np.array_equal(got['obs'], want['obs'])
+        assert got.get('priority') == want.get('priority')
+    if storage == 'list':
+        # the stored objects keep their keys; every sampled dict is a new dict
+        for x in buf.sample(3):
+            assert not any(x is y for y in (d, *batch_items))
+        assert all('IS' not in y and 'replay_unique_id' not in y for y in (d, *batch_items))
+
+
+BAD_ITEMS = [
+    (5, TypeError),
+    ('not a dict', TypeError),
+    ([1, 2], TypeError),
+    (None, TypeError),
+    (item(99, priority=float('nan')), ValueError),
+    (item(99, priority=-1.0), ValueError),
+    (item(99, priority=float('inf')), ValueError),
+    (item(99, priority=np.array([1.0, 2.0])), ValueError),
+    (item(99, priority='high'), TypeError),
+]
+
+
+@pytest.mark.parametrize('bad,exc', BAD_ITEMS, ids=[f'bad{i}' for i in range(len(BAD_ITEMS))])
+@pytest.mark.parametrize('storage', STORAGES)
+def test_invalid_item_in_a_list_raises_and_changes_nothing(storage, bad, exc):
+    buf = busy_buffer(storage)
+    before = buf.state_dict()
+    with pytest.raises(exc):
+        buf.push([item(50, collect_iter=1), bad, item(51, collect_iter=1)])
+    assert_same(before, buf.state_dict())
+    if bad is not None and not isinstance(bad, list):
+        with pytest.raises(exc):
+            buf.push(bad)
+        assert_same(before, buf.state_dict())
+
+
+def test_tensor_storage_schema_mismatch_in_a_list_changes_nothing():
+    buf = busy_buffer('tensor')
+    before = buf.state_dict()
+    with pytest.raises(ValueError, match='obs'):
+        buf.push([item(50, collect_iter=1), {'id': 51, 'obs': np.zeros(3, np.float32), 'collect_iter': 1}])
+    assert_same(before, buf.state_dict())
+
+
+def _batch(ids, **extra):
+    ids = np.asarray(ids, dtype=np.int64)
+    out = {'id': ids, 'obs': np.repeat(ids[:, None], 2, axis=1).astype(np.float32)}
+    out.update(extra)
+    return out
+
+
+@pytest.mark.parametrize('storage', STORAGES)
+def test_extend_with_and_without_priority(storage):
+    buf = make(storage, size=16)
+    assert buf.extend(_batch([0, 1, 2])) == 3
+    assert buf.extend(_batch([3, 4, 5, 6], priority=np.array([0.5, 1.0, 2.0, 4.0]))) == 4
+    assert buf.push(_batch([7], priority=torch.tensor([3.0])), batched=True) == 1
+    assert buf.count() == 8 and buf.push_count == 8
+    view = index_view(buf)
+    assert [view[u]['priority'] for u in range(8)] == [1.0, 1.0, 1.0, 0.5, 1.0, 2.0, 4.0, 3.0]
+    assert [view[u]['leaf'] for u in range(8)] == pytest.approx(
+        [p ** 0.6 for p in [1.0, 1.0, 1.0, 0.5, 1.0, 2.0, 4.0, 3.0]], rel=1e-12
+    )
+    assert stored_ids(buf) == list(range(8))
+    before = buf.state_dict()
+    with pytest.raises(ValueError):
+        buf.extend(_batch([8, 9, 10], priority=np.array([1.0, 2.0])))  # wrong length
+    with pytest.raises(ValueError):
+        buf.extend(_batch([8, 9], priority=np.array([1.0, float('nan')])))
+    with pytest.raises(ValueError):
+        buf.extend(_batch([8, 9], priority=np.array([1.0, -2.0])))
+    with pytest.raises(TypeError):
+        buf.extend([item(8)])
+    assert_same(before, buf.state_dict())
+    # ids keep counting after the refused batches
+    buf.extend(_batch([8, 9]))
+    assert sorted(index_view(buf)) == list(range(10))
+
+
+@pytest.mark.parametrize('via', ['extend', 'list'])
+@pytest.mark.parametrize('storage', STORAGES)
+def test_push_longer_than_capacity_keeps_the_newest_with_their_priorities(storage, via):
+    buf = make(storage, size=4)
+    if via == 'extend':
+        assert buf.extend(_batch(range(6), priority=np.arange(1.0, 7.0))) == 6
+    else:
+        assert buf.push([item(i, priority=float(i + 1)) for i in range(6)]) == 6
+    view = index_view(buf)
+    assert sorted(view) == [2, 3, 4, 5] and stored_ids(buf) == [2, 3, 4, 5]
+    assert [view[u]['priority'] for u in (2, 3, 4, 5)] == [3.0, 4.0, 5.0, 6.0]
+    assert [view[u]['slot'] for u in (2, 3, 4, 5)] == [2, 3, 0, 1]  # id u lives at slot u % capacity
+    stats = buf.stats()
+    assert buf.push_count == 6 and stats['push_items'] == 6 and stats['remove_count'] == 2
+
+
+@pytest.mark.parametrize('storage', STORAGES)
+def test_max_priority_within_buffer_uses_the_max_stored_priority(storage):
+    def run(within):
+        buf = make(storage, size=4, max_priority_within_buffer=within)
+        buf.push(item(0))
+        buf.update({'replay_unique_id': [f'{NAME}_0'], 'replay_buffer_idx': [0], 'priority': [5.0]})
+        buf.push([item(i, priority=2.0) for i in range(1, 3)])
+        buf.push(item(3))  # id 0 (priority 5 + eps) is still stored
+        buf.push([item(i, priority=2.0) for i in range(4, 6)])  # overwrites ids 0 and 1
+        buf.push(item(6))
+        return index_view(buf)
+
+    running, within = run(False), run(True)
+    # the max tree survives a state round trip
+    a = make(storage, size=4, max_priority_within_buffer=True)
+    a.push([item(0, priority=3.0), item(1, priority=0.5)])
+    b = make(storage, size=4, max_priority_within_buffer=True)
+    b.load_state_dict(a.state_dict())
+    b.push(item(2))
+    assert index_view(b)[2]['priority'] == pytest.approx(3.0, rel=1e-6)
+    assert running[3]['priority'] == 5.0 and running[6]['priority'] == 5.0  # DI-engine: largest ever set
+    assert within[3]['priority'] == pytest.approx(5.0 + EPS, rel=1e-6)  # TorchRL: largest one still stored
+    assert within[6]['priority'] == pytest.approx(5.0 + EPS, rel=1e-6)  # id 3 is still stored
+    # once the large ones are gone the default falls back to what is stored
+    buf = make(storage, size=2, max_priority_within_buffer=True)
+    buf.push(item(0, priority=9.0))
+    buf.push([item(1, priority=3.0), item(2, priority=0.5)])  # id 0 overwritten
+    buf.push(item(3))  # overwrites id 1; the max stored before that push is 3
+    assert index_view(buf)[3]['priority'] == pytest.approx(3.0, rel=1e-6)
+    buf.push(item(4, priority=0.25))  # stored: id 3 (3.0), id 4 (0.25)
+    buf.push(item(5, priority=0.5))  # overwrites id 3
+    buf.push(item(6))  # stored before: 0.25 and 0.5
+    assert index_view(buf)[6]['priority'] == pytest.approx(0.5, rel=1e-6)
+
+
+@pytest.mark.parametrize('storage', STORAGES)
+def test_sampled_items_can_be_pushed_back(storage):
+    buf = make(storage, size=8)
+    buf.push([item(i, priority=float(i + 1)) for i in range(4)])
+    batch = buf.sample(4, cur_learner_iter=3)
+    if storage == 'tensor':
+        batch['priority'] = batch['priority'] * 2
+        assert buf.extend(batch) == 4  # meta keys (ids, IS, use, staleness) are ignored, 'priority' is used
+        got = col(batch, 'priority')
+    else:
+        for x in batch:
+            x['priority'] *= 2
+        assert buf.push(batch) == 4  # a list of sampled dicts: their 'priority' is used
+        got = [x['priority'] for x in batch]
+    view = index_view(buf)
+    assert sorted(view) == list(range(8))
+    assert [view[u]['priority'] for u in range(4, 8)] == got
+    assert [view[u]['use'] for u in range(4, 8)] == [0, 0, 0, 0]
+
+
+def test_list_storage_deepcopy_copies_on_push_and_on_sample():
+    buf = make('list', size=8, deepcopy=True)
+    d = item(0)
+    buf.push(d)
+    d['obs'][:] = 99  # the caller reuses its object
+    (x, ) = buf.sample(1)
+    assert x['obs'].tolist() == [0.0, 0.0]
+    x['obs'][:] = 7  # the learner mutates the sample
+    assert buf.sample(1)[0]['obs'].tolist() == [0.0, 0.0]
+    shallow = make('list', size=8)
+    d = item(0)
+    shallow.push(d)
+    (x, ) = shallow.sample(1)
+    assert x is not d and x['obs'] is d['obs']  # deepcopy=False: a new dict around the stored leaves
+
+
+# ---------------------------------------------------------------- tensor storage: single-push fast path
+def _schema_item(**override):
+    d = {'obs': np.zeros(3, np.float32), 'act': 1, 'rew': 0.5, 'i32': np.int32(3), 'done': False,
+         'd64': np.float64(1.0)}
+    d.update(override)
+    return d
+
+
+FAST_CASES = [
+    # (name, item, takes the fast path)
+    ('plain', _schema_item(act=7, rew=-1.5), True),
+    ('tensor_leaf', _schema_item(obs=torch.arange(3, dtype=torch.float32)), True),
+    ('noncontiguous_array', _schema_item(obs=np.arange(6, dtype=np.float32)[::2]), True),
+    ('noncontiguous_tensor', _schema_item(obs=torch.arange(6, dtype=torch.float32)[::2]), True),
+    ('requires_grad', _schema_item(obs=torch.ones(3, requires_grad=True)), True),
+    ('numpy_scalars', _schema_item(act=np.int64(9), rew=np.float32(2.5), done=np.bool_(True)), True),
+    ('zero_dim_array', _schema_item(act=np.array(11)), True),
+    ('int_into_float32', _schema_item(rew=3), True),
+    ('int_into_float64', _schema_item(d64=-4), True),
+    ('int_2_24_plus_1_into_float32', _schema_item(rew=2 ** 24 + 1), True),
+    ('with_priority', _schema_item(priority=3.0), True),
+    ('with_meta_keys', _schema_item(replay_unique_id=123, replay_buffer_idx=5, IS=0.3, use=2, staleness=1), True),
+    ('int64_min', _schema_item(act=-2 ** 63), True),
+    ('float_overflowing_float32', _schema_item(rew=1e300), True),
+    ('nested_dict', _schema_item(obs={'a': np.zeros(3, np.float32)}), False),
+    ('wrong_dtype_array', _schema_item(obs=np.zeros(3, np.float64)), False),
+    ('wrong_shape', _schema_item(obs=np.zeros((1, 3), np.float32)), False),
+    ('float_into_int64', _schema_item(act=2.0), False),
+    ('int_into_int32', _schema_item(i32=5), False),
+    ('int_too_big_for_int32', _schema_item(i32=2 ** 40), False),
+    ('int_too_big_for_int64', _schema_item(act=2 ** 70), False),
+    ('float_into_float64', _schema_item(d64=2.5), False),
+    ('bool_into_float32', _schema_item(rew=True), False),
+    ('bool_into_int64', _schema_item(act=False), False),
+    ('int_into_bool', _schema_item(done=1), False),
+    ('np_float64_into_float32', _schema_item(rew=np.float64(0.5)), False),
+    ('np_int32_into_int64', _schema_item(act=np.int32(1)), False),
+    ('extra_key', _schema_item(extra=1.0), False),
+    ('missing_key', {k: v for k, v in _schema_item().items() if k != 'rew'}, False),
+    ('swapped_key', {**{k: v for k, v in _schema_item().items() if k != 'rew'}, 'rwd': 0.5}, False),
+    ('string_leaf', _schema_item(act='x'), False),
+    ('list_leaf', _schema_item(obs=[0.0, 0.0, 0.0]), False),
+    ('dict_subclass', type('D', (dict, ), {})(_schema_item()), False),
+]
+
+
+def _outcome(buf, it):
+    try:
+        return ('ok', buf.push(it))
+    except Exception as e:  # the exact type and message must agree between the paths
+        return (type(e).__name__, str(e))
+
+
+def _fast_and_generic_buffers(size=4):
+    fast = make('tensor', size=size)
+    generic = make('tensor', size=size)
+    generic.storage.write_one = lambda it: None  # every single push takes the generic path
+    calls = []
+    original = fast.storage.write_one
+
+    def spy(it):
+        slot = original(it)
+        calls.append(slot is not None)
+        return slot
+
+    fast.storage.write_one = spy
+    for b in (fast, generic):
+        b.push(_schema_item())  # the first item defines the schema (generic path for both)
+    calls.clear()
+    return fast, generic, calls
+
+
+@pytest.mark.parametrize('name,it,fast_path', FAST_CASES, ids=[c[0] for c in FAST_CASES])
+def test_tensor_single_push_fast_path_matches_generic_path(name, it, fast_path):
+    fast, generic, calls = _fast_and_generic_buffers()
+    with np.errstate(over='ignore'):
+        got_fast = _outcome(fast, copy.deepcopy(it) if name != 'requires_grad' else it)
+        got_generic = _outcome(generic, copy.deepcopy(it) if name != 'requires_grad' else it)
+    assert calls == [fast_path], 'the case does not exercise the intended path'
+    assert got_fast == got_generic
+    if fast_path:
+        assert got_fast == ('ok', 1)
+    assert_same(generic.state_dict(), fast.state_dict())
+    assert fast.count() == generic.count() == (2 if got_fast[0] == 'ok' else 1)
+
+
+def test_tensor_fast_path_wraps_around_like_the_generic_path():
+    fast, generic, calls = _fast_and_generic_buffers(size=4)
+    for i in range(9):
+        it = _schema_item(act=i, rew=float(i), priority=None if i % 2 else float(i + 1))
+        assert fast.push(copy.deepcopy(it)) == generic.push(copy.deepcopy(it)) == 1
+    assert all(calls) and len(calls) == 9
+    assert_same(generic.state_dict(), fast.state_dict())
+    assert_same(fast.sample(4), generic.sample(4))
+
+
+@pytest.mark.parametrize('dtype', ['bfloat16', 'float8_e4m3fn'])
+def test_tensor_storage_stores_bfloat16_fields(dtype):
+    dtype = getattr(torch, dtype)
+    buf = make('tensor', size=4)
+    before = buf.state_dict()
+    try:
+        buf.push({'x': torch.full((3, ), 1.5).to(dtype), 'id': 0})
+    except Exception:
+        assert_same(before, buf.state_dict())  # a refused first push must leave no schema behind
+        raise
+    buf.push({'x': torch.full((3, ), 2.0).to(dtype), 'id': 1})
+    batch = buf.sample(2)
+    assert batch['x'].dtype == dtype
+    assert sorted(batch['x'].float()[:, 0].tolist()) == [1.5, 2.0]
+
+
+@pytest.mark.parametrize(
+    'field,value', [('rew', 2 ** 70), ('d64', 2 ** 70), ('rew', -2 ** 63 - 1), ('rew', 2 ** 200)],
+    ids=['2**70_into_float32', '2**70_into_float64', 'below_int64_into_float32', '2**200_into_float32']
+)
+def test_tensor_fast_path_huge_int_into_float_field_matches_generic_path(field, value):
+    fast, generic, _ = _fast_and_generic_buffers()
+    with np.errstate(over='ignore'):
+        got_fast = _outcome(fast, _schema_item(**{field: value}))
+        got_generic = _outcome(generic, _schema_item(**{field: value}))
+    assert got_fast == got_generic
+    assert_same(generic.state_dict(), fast.state_dict())
+
+
+# ================================================================================ 2. sample
+@pytest.mark.parametrize('storage', STORAGES)
+def test_is_weights_follow_leaf_ratio_to_minus_beta(storage):
+    alpha, beta = 0.7, 0.45
+    buf = make(storage, size=16, alpha=alpha, beta=beta, anneal_step=0)
+    prios = np.random.default_rng(3).uniform(0.05, 9.0, size=12)
+    buf.push([item(i, priority=float(p)) for i, p in enumerate(prios)])
+    leaf_min = (prios ** alpha).min()
+    for _ in range(5):
+        for r in rows(buf.sample(12)):
+            expected = ((prios[r['uid']] ** alpha) / leaf_min) ** (-beta)
+            assert r['IS'] == pytest.approx(expected, rel=1e-6)
+            assert r['priority'] == pytest.approx(prios[r['uid']], rel=1e-6)
+            assert 0 < r['IS'] <= 1.0
+
+
+@pytest.mark.parametrize('storage', STORAGES)
+def test_equal_priorities_give_is_exactly_one(storage):
+    buf = make(storage, size=16)
+    buf.push([item(i, priority=2.5) for i in range(10)])
+    for _ in range(3):
+        assert col(buf.sample(7), 'IS') == [1.0] * 7
+
+
+@pytest.mark.parametrize('storage', STORAGES)
+def test_dingengine_is_probe(storage):
+    buf = make(storage, size=8, alpha=0.6, beta=0.4, anneal_step=0)
+    buf.push([item(i, priority=float(i + 1)) for i in range(4)])
+    want = {0: 1.0, 1: 0.8467, 2: 0.7682, 3: 0.7170}
+    for pos in range(4):
+        r = draw_at(buf, pos)
+        assert round(r['IS'], 4) == want[r['uid']]
+    for r in rows(buf.sample(4)):
+        assert round(r['IS'], 4) == want[r['uid']]
+
+
+@pytest.mark.parametrize('n,pushed', [(1, 1), (5, 5), (16, 16), (16, 40), (7, 40)])
+@pytest.mark.parametrize('storage', STORAGES)
+def test_stratified_equal_priorities_return_every_item_once(storage, n, pushed):
+    buf = make(storage, size=16)
+    push_ids(buf, range(pushed))
+    count = buf.count()
+    for _ in range(5):
+        if n == count:
+            assert sorted(col(buf.sample(n), 'uid')) == list(range(pushed - count, pushed))
+        else:  # n < count (full buffer, slot s holds one unit of mass): draw k lies in stratum k
+            slots = col(buf.sample(n), 'replay_buffer_idx')
+            for k, s in enumerate(slots):
+                assert math.floor(k * count / n) <= s <= math.ceil((k + 1) * count / n) - 1, (k, slots)
+
+
+@pytest.mark.parametrize('alpha', [0.0, 0.6, 1.0])
+@pytest.mark.parametrize('storage', STORAGES)
+def test_sampling_frequencies_follow_priority_pow_alpha(storage, alpha):
+    n_items, size, calls = 24, 16, 1500
+    buf = make(storage, size=32, alpha=alpha, seed=7)
+    prios = np.random.default_rng(11).uniform(0.1, 10.0, size=n_items)
+    buf.push([item(i, priority=float(p)) for i, p in enumerate(prios)])
+    counts = np.zeros(n_items)
+    for _ in range(calls):
+        counts += np.bincount(col(buf.sample(size), 'uid'), minlength=n_items)
+    draws = size * calls
+    p = prios ** alpha / (prios ** alpha).sum()
+    df = n_items - 1
+    assert chi_square(counts, draws * p) < chi_threshold(df)
+    # the test has power: the frequencies are far from those of another exponent
+    other = 1.0 if alpha < 1 else 0.5
+    q = prios ** other / (prios ** other).sum()
+    assert chi_square(counts, draws * q) > 10 * chi_threshold(df)
+
+
+@pytest.mark.parametrize('storage', STORAGES)
+def test_beta_anneals_once_per_sample_call_and_caps_at_one(storage):
+    buf = make(storage, size=8, beta=0.4, anneal_step=10)
+    buf.push([item(0, priority=1.0), item(1, priority=4.0)])
+    leaf_ratio = 4.0 ** 0.6
+    b = buf.sample(2)
+    assert buf.beta == pytest.approx(0.46)
+    # IS uses the beta of *before* this call's annealing
+    assert max(col(b, 'uid')) == 1 and min(col(b, 'IS')) == pytest.approx(leaf_ratio ** -0.4, rel=1e-6)
+    b = buf.sample(2)
+    assert buf.beta == pytest.approx(0.52)  # DI-engine probe: 0.4 -> 0.52 after 2 calls with anneal_step=10
+    assert min(col(b, 'IS')) == pytest.approx(leaf_ratio ** -0.46, rel=1e-6)
+    assert buf.sample(3) is None  # a refused call does not anneal
+    assert buf.beta == pytest.approx(0.52)
+    assert buf.sample(1, sample_range=slice(5, 9)) is None  # nor does an empty range
+    assert buf.beta == pytest.approx(0.52)
+    for _ in range(12):
+        buf.sample(1)
+    assert buf.beta == 1.0
+    assert buf.stats()['beta'] == 1.0
+
+    fixed = make(storage, size=8, beta=0.3, anneal_step=0)
+    fixed.push(item(0))
+    for _ in range(5):
+        fixed.sample(1)
+    assert fixed.beta == 0.3
+
+
+@pytest.mark.parametrize('storage', STORAGES)
+def test_stats_beta_is_the_current_beta(storage):
+    """Not the beta of the last sampled batch (the sampled-data monitor's), which is from before annealing."""
+    buf = make(storage, size=8, beta=0.4, anneal_step=10)
+    push_ids(buf, range(4))
+    buf.sample(2)
+    assert buf.beta == pytest.approx(0.46)
+    assert buf.stats()['beta'] == buf.beta
+    other = make(storage, size=8, beta=0.4, anneal_step=10)
+    push_ids(other, range(4))
+    other.load_state_dict(buf.state_dict())
+    assert other.stats()['beta'] == other.beta
+
+
+@pytest.mark.parametrize('storage', STORAGES)
+def test_beta_setter_validates(storage):
+    buf = make(storage, size=8, anneal_step=0)
+    buf.push([item(0, priority=1.0), item(1, priority=4.0)])
+    buf.beta = 0.7
+    assert buf.beta == 0.7
+    assert min(col(buf.sample(2), 'IS')) == pytest.approx((4.0 ** 0.6) ** -0.7, rel=1e-6)
+    for bad in (1.5, -0.1, float('nan'), float('inf')):
+        with pytest.raises(ValueError, match='beta'):
+            buf.beta = bad
+        assert buf.beta == 0.7
+    buf.beta = 1
+    assert buf.beta == 1.0 and isinstance(buf.beta, float)
+
+
+@pytest.mark.parametrize('ratio,ok,refused', [(2, 5, 6), (1.5, 6, 7)])
+@pytest.mark.parametrize('storage', STORAGES)
+def test_sample_refused_below_min_limit_ratio(storage, ratio, ok, refused):
+    buf = make(storage, size=32, thruput_controller=dict(sample_min_limit_ratio=ratio))
+    assert buf.sample(1) is None  # empty
+    push_ids(buf, range(10))
+    assert buf.sample(ok) is not None  # 10 / ok >= ratio
+    assert buf.sample(refused) is None  # 10 / refused < ratio
+    stats = buf.stats()
+    assert stats['refused_sample'] == 2 and stats['sample_calls'] == 1 and stats['sampled_items'] == ok
+    default = make(storage, size=8)
+    push_ids(default, range(3))
+    assert default.sample(4) is None and default.sample(3) is not None
+    with pytest.raises(ValueError):
+        default.sample(0)
+    with pytest.raises(TypeError):
+        default.sample(1.0)
+
+
+def test_staleness_list_storage():
+    buf = make('list', size=8)
+    buf.push([item(0, collect_iter=3), item(1, collect_iter=[5, 2, 9]), item(2), item(3, collect_iter=(8, 4))])
+    got = {r['uid']: r['staleness'] for r in rows(buf.sample(4, cur_learner_iter=10))}
+    assert got == {0: 7, 1: 8, 2: -1, 3: 6}
+    got = {r['uid']: r['staleness'] for r in rows(buf.sample(4))}  # cur_learner_iter defaults to -1
+    assert got == {0: -4, 1: -3, 2: -1, 3: -5}
+
+
+def test_staleness_tensor_storage():
+    buf = make('tensor', size=8)
+    buf.push([item(i, collect_iter=c) for i, c in enumerate([3, 0, 7])])
+    got = {r['uid']: r['staleness'] for r in rows(buf.sample(3, cur_learner_iter=10))}
+    assert got == {0: 7, 1: 10, 2: 3}
+    seq = make('tensor', size=8)  # a sequence collect_iter: its min
+    seq.push([item(i, collect_iter=np.array(c)) for i, c in enumerate([[5, 2], [1, 9]])])
+    got = {r['uid']: r['staleness'] for r in rows(seq.sample(2, cur_learner_iter=10))}
+    assert got == {0: 8, 1: 9}
+    none = make('tensor', size=8)
+    push_ids(none, range(3))
+    assert col(none.sample(3, cur_learner_iter=10), 'staleness') == [-1, -1, -1]
+
+
+@pytest.mark.parametrize('storage', STORAGES)
+def test_use_counts_every_draw_including_duplicates(storage):
+    buf = make(storage, size=8)
+    buf.push([item(0, priority=0.0), item(1, priority=1.0)])  # priority 0: never drawn
+    b = rows(buf.sample(2))
+    assert [r['uid'] for r in b] == [1, 1]
+    assert [r['use'] for r in b] == [1, 2]
+    b = rows(buf.sample(2))
+    assert [r['use'] for r in b] == [3, 4]
+    assert [r['IS'] for r in b] == [1.0, 1.0]  # the zero leaf is ignored by the min tree
+    view = index_view(buf)
+    assert view[0]['use'] == 0 and view[1]['use'] == 4
+
+
+SLICES = [
+    slice(None, 5), slice(0, 5), slice(0, 1), slice(-4, None), slice(-1, None), slice(3, 9), slice(2, 11, 3),
+    slice(None, None, 2), slice(None, None, -1), slice(9, 2, -2), slice(-100, None), slice(None, 100),
+    slice(5, 5), slice(7, 3), slice(100, None), slice(-3, -6),
+]
+
+
+def _buffer_with_holes(storage, holes):
+    """Capacity 16, 40 items pushed (wrap-around: ids 24..39 stored); with ``holes`` four items in the middle
+    are removed by ``max_use=1`` and the state is moved into a buffer without max_use. Returns the buffer
+    and the stored ids in insertion order."""
+    src = make(storage, size=16, max_use=1 if holes else float('inf'))
+    push_ids(src, range(40))
+    order = list(range(24, 40))
+    if holes:
+        for victim in (26, 31, 32, 37):
+            pos = order.index(victim)
+            assert draw_at(src, pos)['uid'] == victim  # single-position ranges are exact
+            order.pop(pos)
+        assert src.count() == 12 and src.stats()['removed_by_use'] == 4
+    buf = make(storage, size=16, seed=5)
+    buf.load_state_dict(src.state_dict())
+    assert stored_ids(buf) == order
+    return buf, order
+
+
+@pytest.mark.parametrize('holes', [False, True])
+@pytest.mark.parametrize('storage', STORAGES)
+def test_sample_range_is_exact_insertion_order(storage, holes):
+    buf, order = _buffer_with_holes(storage, holes)
+    assert sorted(col(buf.sample(len(order)), 'uid')) == order  # no range: every stored item once
+    for s in SLICES:
+        expected = order[s]
+        if not expected:
+            refused = buf.stats()['refused_sample']
+            assert buf.sample(2, sample_range=s) is None, s
+            assert buf.stats()['refused_sample'] == refused + 1
+            continue
+        # equal priorities, size == len(range): every item of the range exactly once
+        assert sorted(col(buf.sample(len(expected), sample_range=s), 'uid')) == sorted(expected), s
+        counts = {}
+        k = min(3, len(expected))
+        for _ in range(150):
+            for u in col(buf.sample(k, sample_range=s), 'uid'):
+                counts[u] = counts.get(u, 0) + 1
+        assert set(counts) <= set(expected), s
+        if len(expected) > 1:
+            assert set(counts) == set(expected), s
+            draws = 150 * k
+            chi = chi_square([counts[u] for u in expected], draws / len(expected))
+            assert chi < chi_threshold(len(expected) - 1), (s, counts)
+
+
+@pytest.mark.parametrize('storage', STORAGES)
+def test_sample_range_respects_priorities_within_the_range(storage):
+    buf = make(storage, size=16, alpha=1.0, seed=2)
+    prios = [1.0, 8.0, 1.0, 2.0, 4.0, 16.0, 1.0, 3.0, 5.0, 1.0]
+    buf.push([item(i, priority=p) for i, p in enumerate(prios)])
+    s = slice(2, 8)
+    inside = list(range(10))[s]
+    counts = np.zeros(10)
+    for _ in range(600):
+        counts += np.bincount(col(buf.sample(5, sample_range=s), 'uid'), minlength=10)
+    assert counts[[i for i in range(10) if i not in inside]].sum() == 0
+    p = np.array([prios[i] for i in inside])
+    assert chi_square(counts[inside], counts.sum() * p / p.sum()) < chi_threshold(len(inside) - 1)
+
+
+@pytest.mark.parametrize('storage', STORAGES)
+def test_sample_range_must_be_a_slice(storage):
+    buf = make(storage, size=8)
+    push_ids(buf, range(4))
+    with pytest.raises(TypeError):
+        buf.sample(1, sample_range=(0, 2))
+
+
+@pytest.mark.parametrize('storage', STORAGES)
+def test_empty_range_returns_none_and_changes_nothing(storage):
+    buf = make(storage, size=8, anneal_step=5)
+    push_ids(buf, range(6))
+    before = buf.state_dict()
+    assert buf.sample(2, sample_range=slice(4, 4)) is None
+    after = buf.state_dict()
+    after['counters']['refused_sample'] -= 1
+    assert_same(before, after)
+
+
+# ================================================================================ 3. update
+@pytest.mark.parametrize('storage', STORAGES)
+def test_update_stores_priority_plus_eps(storage):
+    buf = make(storage, size=8, alpha=0.6)
+    push_ids(buf, range(4))
+    batch = buf.sample(4)
+    new = [2.0, 3.5, 0.25, 6.0]
+    by_uid = dict(zip(col(batch, 'uid'), new))
+    assert buf.update(info_from(batch, new)) == {'updated': 4, 'stale': 0}
+    view = index_view(buf)
+    for u, p in by_uid.items():
+        assert view[u]['priority'] == np.float32(p + EPS)
+        assert view[u]['leaf'] == pytest.approx((p + EPS) ** 0.6, rel=1e-12)
+        assert view[u]['leaf'] != pytest.approx(p ** 0.6, rel=1e-9)
+    for pos in range(4):  # visible in the next sample's 'priority'
+        r = draw_at(buf, pos)
+        assert r['priority'] == pytest.approx(by_uid[r['uid']] + EPS, rel=1e-7)
+    assert buf.stats()['max_priority'] == 6.0  # the raw value, without eps
+    buf.push(item(4))
+    assert index_view(buf)[4]['priority'] == 6.0
+    assert buf.stats()['updated'] == 4 and buf.stats()['stale_updates'] == 0
+
+
+@pytest.mark.parametrize('storage', STORAGES)
+def test_update_to_zero_keeps_the_item_sampleable_through_eps(storage):
+    buf = make(storage, size=8, alpha=0.6)
+    push_ids(buf, range(3))
+    assert buf.update({'replay_unique_id': [f'{NAME}_1'], 'replay_buffer_idx': [1], 'priority': [0.0]}) == \
+        {'updated': 1, 'stale': 0}
+    view = index_view(buf)
+    assert view[1]['priority'] == np.float32(EPS) and view[1]['leaf'] == pytest.approx(EPS ** 0.6, rel=1e-12)
+    r = draw_at(buf, 1)
+    assert r['uid'] == 1 and r['IS'] == 1.0  # the smallest leaf
+    assert buf.stats()['max_priority'] == 1.0
+
+
+def test_update_accepts_sampled_tensors_and_the_whole_batch():
+    buf = make('tensor', size=8)
+    push_ids(buf, range(4))
+    batch = buf.sample(4)
+    batch['priority'] = torch.tensor([1.5, 2.5, 3.5, 4.5], dtype=torch.float64)
+    assert buf.update(batch) == {'updated': 4, 'stale': 0}  # extra keys of the sampled batch are ignored
+    view = index_view(buf)
+    for u, p in zip(batch['replay_unique_id'].tolist(), [1.5, 2.5, 3.5, 4.5]):
+        assert view[u]['priority'] == np.float32(p + EPS)
+    # numpy arrays and python lists work as well
+    assert buf.update({'replay_unique_id': np.array([0, 1]), 'replay_buffer_idx': np.array([0, 1]),
+                       'priority': np.array([7.0, 8.0])}) == {'updated': 2, 'stale': 0}
+    assert buf.update({'replay_unique_id': [2], 'replay_buffer_idx': [2], 'priority': [9.0]}) == \
+        {'updated': 1, 'stale': 0}
+    assert buf.stats()['max_priority'] == 9.0
+
+
+def test_update_accepts_list_storage_ids_as_strings_and_arrays():
+    buf = make('list', size=8)
+    push_ids(buf, range(4))
+    batch = buf.sample(4)
+    info = info_from(batch, np.array([1.0, 2.0, 3.0, 4.0]))
+    info['replay_buffer_idx'] = np.array(info['replay_buffer_idx'])
+    info['priority'] = np.array(info['priority'])
+    assert buf.update(info) == {'updated': 4, 'stale': 0}
+    # a scalar entry
+    assert buf.update({'replay_unique_id': f'{NAME}_1', 'replay_buffer_idx': 1, 'priority': 5.0}) == \
+        {'updated': 1, 'stale': 0}
+    assert index_view(buf)[1]['priority'] == np.float32(5.0 + EPS)
+
+
+@pytest.mark.parametrize('storage', STORAGES)
+def test_update_reports_overwritten_and_foreign_entries_as_stale(storage):
+    buf = make(storage, size=4)
+    push_ids(buf, range(4))
+    batch = buf.sample(4)
+    push_ids(buf, range(4, 6))  # overwrites ids 0 and 1 (slots 0 and 1)
+    assert buf.update(info_from(batch, [3.0] * 4)) == {'updated': 2, 'stale': 2}
+    view = index_view(buf)
+    assert view[4]['priority'] == view[5]['priority'] == 1.0  # the new items keep their priority
+    assert view[2]['priority'] == view[3]['priority'] == np.float32(3.0 + EPS)
+    # another instance's ids, and this instance's id at the wrong slot, are stale
+    res = buf.update({'replay_unique_id': ['other_2', f'{NAME}_2', f'{NAME}x_3', 'demo_03x'],
+                      'replay_buffer_idx': [2, 3, 3, 3], 'priority': [9.0, 9.0, 9.0, 9.0]})
+    assert res == {'updated': 0, 'stale': 4}
+    assert index_view(buf) == view
+    assert buf.stats()['updated'] == 2 and buf.stats()['stale_updates'] == 6
+    assert buf.stats()['max_priority'] == 3.0  # stale entries do not raise the running max
+
+
+def test_update_ids_of_a_buffer_whose_name_is_a_prefix_are_foreign():
+    buf = make('list', size=4, name='my')
+    buf.push(item(0))
+    assert buf.update({'replay_unique_id': ['my_buf_0', 'my_0'], 'replay_buffer_idx': [0, 0],
+                       'priority': [2.0, 3.0]}) == {'updated': 1, 'stale': 1}
+
+
+@pytest.mark.parametrize('storage', STORAGES)
+def test_update_of_removed_item_is_stale(storage):
+    buf = make(storage, size=8, max_use=1)
+    push_ids(buf, range(3))
+    batch = buf.sample(1, sample_range=slice(1, 2))
+    assert buf.count() == 2
+    assert buf.update(info_from(batch, [5.0])) == {'updated': 0, 'stale': 1}
+    assert 1 not in index_view(buf)
+    assert buf.stats()['max_priority'] == 1.0
+
+
+@pytest.mark.parametrize('storage', STORAGES)
+def test_update_repeated_entry_last_write_wins(storage):
+    buf = make(storage, size=8)
+    push_ids(buf, range(2))
+    res = buf.update({'replay_unique_id': [f'{NAME}_1', f'{NAME}_1'], 'replay_buffer_idx': [1, 1],
+                      'priority': [2.0, 5.0]})
+    assert res == {'updated': 2, 'stale': 0}
+    assert index_view(buf)[1]['priority'] == np.float32(5.0 + EPS)
+
+
+def _bad_updates(batch):
+    good = info_from(batch, [2.0, 2.0, 2.0])
+    out = []
+    for p in (float('nan'), float('inf'), -1.0):
+        bad = dict(good)
+        bad['priority'] = [2.0, p, 2.0]
+        out.append((bad, ValueError))
+    short = dict(good)
+    short['priority'] = [2.0, 2.0]
+    out.append((short, ValueError))
+    short_idx = dict(good)
+    short_idx['replay_buffer_idx'] = list(good['replay_buffer_idx'])[:2]
+    out.append((short_idx, ValueError))
+    for slot in (-1, 16, 10 ** 6):
+        bad = dict(good)
+        bad['replay_buffer_idx'] = [0, slot, 1]
+        out.append((bad, ValueError))
+    bad = dict(good)
+    bad['replay_buffer_idx'] = [0.0, 1.0, 2.0]
+    out.append((bad, TypeError))
+    bad = dict(good)
+    del bad['replay_buffer_idx']
+    out.append((bad, ValueError))
+    bad = dict(good)
+    del bad['replay_unique_id']
+    out.append((bad, ValueError))
+    bad = dict(good)
+    bad['replay_unique_id'] = [object(), object(), object()]
+    out.append((bad, TypeError))
+    out.append(([good], TypeError))
+    return out
+
+
+@pytest.mark.parametrize('storage', STORAGES)
+def test_invalid_update_raises_and_changes_nothing(storage):
+    buf = busy_buffer(storage, max_use=float('inf'))
+    batch = buf.sample(3)
+    before = buf.state_dict()
+    for bad, exc in _bad_updates(batch):
+        with pytest.raises(exc):
+            buf.update(bad)
+        assert_same(before, buf.state_dict())
+
+
+@pytest.mark.parametrize('storage', STORAGES)
+def test_update_without_priority_is_a_noop(storage):
+    buf = busy_buffer(storage)
+    batch = buf.sample(3)
+    before = buf.state_dict()
+    info = info_from(batch, [2.0, 2.0, 2.0])
+    del info['priority']
+    assert buf.update(info) == {'updated': 0, 'stale': 0}
+    assert buf.update({}) == {'updated': 0, 'stale': 0}
+    assert buf.update({**info, 'priority': None}) == {'updated': 0, 'stale': 0}
+    assert_same(before, buf.state_dict())
+
+
+# ================================================================================ 4. eviction
+@pytest.mark.parametrize('storage', STORAGES)
+def test_max_use_removes_items(storage):
+    buf = make(storage, size=8, max_use=2)
+    push_ids(buf, range(3))
+    assert col(buf.sample(3), 'use') == [1, 1, 1]
+    assert buf.count() == 3
+    assert col(buf.sample(3), 'use') == [2, 2, 2]
+    assert buf.count() == 0
+    stats = buf.stats()
+    assert stats['removed_by_use'] == 3 and stats['remove_count'] == 3
+    assert buf.sample(1) is None
+    view = buf.state_dict()['index']
+    assert (view['leaves'] == 0).all() and (view['use'] == 0).all() and (view['priority'] == 0).all()
+
+
+@pytest.mark.parametrize('storage', STORAGES)
+def test_max_use_reached_inside_one_batch(storage):
+    buf = make(storage, size=8, max_use=2)
+    buf.push([item(0, priority=0.0), item(1, priority=1.0), item(2, priority=0.0)])
+    b = rows(buf.sample(3))
+    assert [r['uid'] for r in b] == [1, 1, 1] and [r['use'] for r in b] == [1, 2, 3]
+    assert buf.count() == 2 and sorted(index_view(buf)) == [0, 2]
+    assert buf.stats()['removed_by_use'] == 1
+    refused = buf.stats()['refused_sample']
+    assert buf.sample(1) is None  # only zero-priority items are left
+    assert buf.stats()['refused_sample'] == refused + 1
+    # the freed slot is not reused before the ring comes round; ids go on
+    buf.push(item(3))
+    assert sorted(index_view(buf)) == [0, 2, 3] and index_view(buf)[3]['slot'] == 3
+
+
+def _tracked_item(tmp_path, i):
+    path = tmp_path / f'data_{i}.pt'
+    torch.save(torch.full((2, ), float(i)), path)
+    return {'data_id': str(path), 'id': i}
+
+
+def _wait_until(predicate, timeout=5.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.01)
+    return predicate()
+
+
+def test_max_use_with_tracking_retires_item_and_update_cannot_revive_it(tmp_path):
+    buf = make('list', size=4, max_use=2, enable_track_used_data=True)
+    buf.start()
+    try:
+        buf.push([_tracked_item(tmp_path, i) for i in range(3)])
+        assert [draw_at(buf, 0)['use'] for _ in range(2)] == [1, 2]  # item 0 reaches max_use
+        assert buf.count() == 3  # DI-engine: kept (its file too), just never sampled again
+        assert (tmp_path / 'data_0.pt').exists()
+        view = index_view(buf)
+        assert view[0]['leaf'] == 0 and view[0]['priority'] == 0 and view[0]['use'] == 2
+        assert buf.stats()['removed_by_use'] == 0
+        assert buf.sample(1, sample_range=slice(0, 1)) is None
+        res = buf.update({'replay_unique_id': [f'{NAME}_0'], 'replay_buffer_idx': [0], 'priority': [10.0]})
+        assert res == {'updated': 0, 'stale': 1}
+        assert index_view(buf)[0]['leaf'] == 0 and buf.stats()['max_priority'] == 1.0
+        assert sorted(col(buf.sample(2), 'uid')) == [1, 2]
+        for _ in range(20):
+            b = buf.sample(1, sample_range=slice(0, 3))
+            assert b is None or col(b, 'uid') != [0]
+        # the file goes when the slot is overwritten
+        buf.push([_tracked_item(tmp_path, 3), _tracked_item(tmp_path, 4)])
+        assert _wait_until(lambda: not (tmp_path / 'data_0.pt').exists())
+        assert (tmp_path / 'data_3.pt').exists() and (tmp_path / 'data_4.pt').exists()
+    finally:
+        buf.close()
+
+
+@pytest.mark.parametrize('storage', STORAGES)
+def test_max_staleness_removes_oldest_first_and_stops_at_first_fresh(storage):
+    buf = make(storage, size=16, max_staleness=10)
+    buf.push([item(i, collect_iter=c) for i, c in enumerate([0, 1, 5, 0, 6, 20])])
+    b = buf.sample(1, cur_learner_iter=12)  # 12-0, 12-1 >= 10: stale; 12-5 = 7: fresh, the walk stops
+    assert b is not None and col(b, 'uid')[0] in (2, 3, 4, 5)
+    assert stored_ids(buf) == [2, 3, 4, 5]  # id 3 (collect_iter 0) stays: it is behind a fresh item
+    stats = buf.stats()
+    assert stats['removed_by_staleness'] == 2 and stats['remove_count'] == 2 and stats['removed_by_use'] == 0
+    buf.sample(1, cur_learner_iter=15)  # 15-5 = 10 (stale at the threshold), 15-0 stale, 15-6 = 9 fresh
+    assert stored_ids(buf) == [4, 5]
+    assert buf.stats()['removed_by_staleness'] == 4
+    assert buf.sample(1, cur_learner_iter=100) is None  # everything stale: nothing left to sample
+    assert buf.count() == 0 and buf.stats()['removed_by_staleness'] == 6 and buf.stats()['remove_count'] == 6
+    assert (buf.state_dict()['index']['leaves'] == 0).all()
+
+
+def test_max_staleness_walk_stops_at_item_without_collect_iter():
+    buf = make('list', size=8, max_staleness=5)
+    buf.push([item(0, collect_iter=0), item(1), item(2, collect_iter=0)])
+    buf.sample(1, cur_learner_iter=50)
+    assert stored_ids(buf) == [1, 2]
+
+
+def test_max_staleness_with_tracking_deletes_the_files(tmp_path):
+    buf = make('list', size=8, max_staleness=5, enable_track_used_data=True)
+    try:
+        items = [_tracked_item(tmp_path, i) for i in range(4)]
+        for it, ci in zip(items, [0, 1, 9, 2]):
+            it['collect_iter'] = ci
+        buf.push(items)
+        buf.sample(1, cur_learner_iter=6)  # ids 0 and 1 are stale; id 2 stops the walk
+        assert stored_ids(buf) == [2, 3]
+        assert _wait_until(lambda: not (tmp_path / 'data_0.pt').exists() and not (tmp_path / 'data_1.pt').exists())
+        assert (tmp_path / 'data_2.pt').exists() and (tmp_path / 'data_3.pt').exists()
+    finally:
+        buf.close()
+
+
+@pytest.mark.parametrize('storage', STORAGES)
+def test_max_staleness_long_walk_after_wraparound(storage):
+    buf = make(storage, size=256, max_staleness=10)
+    buf.push([item(i, collect_iter=i) for i in range(300)])  # ids 44..299 stored
+    assert buf.sample(4, cur_learner_iter=260) is not None  # collect_iter <= 250 is stale: 207 items (> 64)
+    assert stored_ids(buf) == list(range(251, 300))
+    stats = buf.stats()
+    assert stats['removed_by_staleness'] == 207 and stats['remove_count'] == 44 + 207
+    assert buf.count() == 49 and stats['push_items'] - stats['remove_count'] == 49
+
+
+# ---------------------------------------------------------------- model-based check of the bookkeeping
+class Model:
+    """A plain-Python reference of DI-engine's bookkeeping: ids, slots, priorities, use counts, running max,
+    max_use and staleness eviction, beta annealing. Sampling itself is random, so the model applies the batch
+    the buffer returned and checks it (ids stored, priorities, IS, use)."""
+
+    def __init__(self, cap, alpha, beta, anneal_step, max_use, max_staleness):
+        self.cap, self.alpha, self.beta = cap, alpha, beta
+        self.anneal = (1 - beta) / anneal_step
+        self.max_use, self.max_staleness = max_use, max_staleness
+        self.items = {}  # uid -> dict(prio (float64), use, ci)
+        self.order = []  # stored uids, oldest first
+        self.next_uid = 0
+        self.max_priority = 1.0
+
+    def remove(self, uid):
+        del self.items[uid]
+        self.order.remove(uid)
+
+    def push(self, entries):
+        for prio, ci in entries:
+            uid = self.next_uid
+            self.next_uid += 1
+            if uid - self.cap in self.items:  # the previous occupant of slot uid % cap
+                self.remove(uid - self.cap)
+            self.items[uid] = dict(prio=self.max_priority if prio is None else prio, use=0, ci=ci)
+            self.order.append(uid)
+
+    def evict_stale(self, cur):
+        while self.order and cur - self.items[self.order[0]]['ci'] >= self.max_staleness:
+            self.remove(self.order[0])
+
+    def apply_sample(self, batch_rows):
+        leaf_min = min(v['prio'] ** self.alpha for v in self.items.values())
+        for r in batch_rows:
+            it = self.items[r['uid']]
+            it['use'] += 1
+            assert r['use'] == it['use']
+            assert r['priority'] == pytest.approx(it['prio'], rel=1e-6)
+            assert r['IS'] == pytest.approx((it['prio'] ** self.alpha / leaf_min) ** -self.beta, rel=1e-5)
+        for u in {r['uid'] for r in batch_rows}:
+            if self.items[u]['use'] >= self.max_use:
+                self.remove(u)
+        self.beta = min(1.0, self.beta + self.anneal)
+
+    def apply_update(self, entries):
+        n = 0
+        for uid, p in entries:
+            if uid in self.items:
+                self.items[uid]['prio'] = p + EPS
+                self.max_priority = max(self.max_priority, p)
+                n += 1
+        return n
+
+    def check(self, buf):
+        view = index_view(buf)
+        assert sorted(view) == sorted(self.items)
+        assert stored_ids(buf) == self.order
+        for u, v in view.items():
+            it = self.items[u]
+            assert v['slot'] == u % self.cap and v['use'] == it['use']
+            assert v['priority'] == np.float32(it['prio'])
+            assert v['leaf'] == pytest.approx(it['prio'] ** self.alpha, rel=1e-12)
+        assert buf.count() == len(self.items) and buf.push_count == self.next_uid
+        assert buf.beta == pytest.approx(self.beta, abs=1e-12)
+        assert buf.stats()['max_priority'] == self.max_priority
+
+
+@pytest.mark.parametrize('seed', [0, 1, 2])
+@pytest.mark.parametrize('storage', STORAGES)
+def test_random_operations_match_a_reference_model(storage, seed):
+    cap, alpha, beta, anneal_step, max_use, max_staleness = 16, 0.7, 0.4, 50, 4, 12
+    buf = make(storage, size=cap, seed=seed, alpha=alpha, beta=beta, anneal_step=anneal_step, max_use=max_use,
+               max_staleness=max_staleness)
+    model = Model(cap, alpha, beta, anneal_step, max_use, max_staleness)
+    rng = np.random.default_rng(seed)
+    it, last = 0, None
+    for _ in range(400):
+        op = rng.choice(['push', 'push_list', 'extend', 'sample', 'sample', 'update'])
+        if op in ('push', 'push_list', 'extend'):
+            k = 1 if op == 'push' else int(rng.integers(1, 20))
+            prios = [None if rng.random() < 0.4 else float(rng.uniform(0.1, 5.0)) for _ in range(k)]
+            if op == 'extend':
+                prios = [float(rng.uniform(0.1, 5.0)) for _ in range(k)] if rng.random() < 0.5 else [None] * k
+            ids = list(range(model.next_uid, model.next_uid + k))
+            if op == 'extend':
+                extra = {'collect_iter': np.full(k, it, dtype=np.int64)}
+                if prios[0] is not None:
+                    extra['priority'] = np.array(prios)
+                assert buf.extend(_batch(ids, **extra)) == k
+            else:
+                entries = [
+                    item(i, collect_iter=it, **({} if p is None else {'priority': p})) for i, p in zip(ids, prios)
+                ]
+                assert buf.push(entries[0] if op == 'push' else entries) == k
+            model.push([(p, it) for p in prios])
+        elif op == 'sample':
+            it += int(rng.integers(0, 3))
+            size = int(rng.integers(1, 6))
+            model.evict_stale(it)
+            batch = buf.sample(size, cur_learner_iter=it)
+            if len(model.items) < size:
+                assert batch is None
+            else:
+                assert batch is not None
+                last = rows(batch)
+                assert all(r['staleness'] == it - model.items[r['uid']]['ci'] for r in last)
+                model.apply_sample(last)
+        elif last is not None:
+            entries = [(r['uid'], float(rng.uniform(0.0, 6.0))) for r in last]
+            info = {'replay_unique_id': [f'{NAME}_{u}' for u, _ in entries],
+                    'replay_buffer_idx': [u % cap for u, _ in entries], 'priority': [p for _, p in entries]}
+            if len({u for u, _ in entries}) == len(entries):  # repeated ids: last write wins, checked elsewhere
+                res = buf.update(info)
+                assert res['updated'] == model.apply_update(entries)
+                assert res['updated'] + res['stale'] == len(entries)
+        model.check(buf)
+
+
+# ================================================================================ 5. throughput control
+THRUPUT = dict(push_sample_rate_limit=dict(max=2, min=0.5), window_seconds=5, sample_min_limit_ratio=1.5)
+
+
+def _run_thruput_scenario(storage, thruput, push_n, sample_n, big_n):
+    """push ``push_n``; sample(sample_n) x4; sample(big_n); push(push_n) x3 -- all within one second (the
+    controller decays in whole-second steps), retried up to three times."""
+    warm_up()
+    for _ in range(3):
+        start = time.monotonic()
+        buf = make(storage, size=1000, thruput_controller=thruput)
+        first = buf.push([item(i) for i in range(push_n)])
+        results = [buf.sample(sample_n) for _ in range(4)]
+        too_big = buf.sample(big_n)
+        pushes = [buf.push([item(i) for i in range(push_n)]) for _ in range(3)]
+        stats = buf.stats()
+        if time.monotonic() - start < 0.9:
+            return buf, first, results, too_big, pushes, stats
+    pytest.fail('could not run the scenario within one second three times')
+
+
+@pytest.mark.parametrize('storage', STORAGES)
+def test_dingengine_thruput_arithmetic(storage):
+    buf, first, results, too_big, pushes, stats = _run_thruput_scenario(storage, THRUPUT, 30, 19, 21)
+    assert first == 30
+    assert [r is not None for r in results] == [True, True, True, False]  # 30/19, 30/38, 30/57 >= .5; 30/76 < .5
+    assert too_big is None  # 30/21 < sample_min_limit_ratio 1.5
+    assert pushes == [30, 30, 0]  # 60/57, 90/57 <= 2; 120/57 > 2
+    assert buf.count() == 90
+    assert stats['refused_sample'] == 2 and stats['refused_push'] == 1 and stats['refused_push_items'] == 30
+    assert stats['thruput_push'] == 90 and stats['thruput_sample'] == 57
+
+
+@pytest.mark.parametrize('thruput', [
+    dict(push_sample_rate_limit=dict(max=2, min=0.5)),
+    dict(sample_min_limit_ratio=1.5),
+    dict(window_seconds=2.5),
+], ids=['min', 'sample_min_limit_ratio', 'window_seconds'])
+def test_thruput_config_accepts_float_values(thruput):
+    """DI-engine configs use floats here (min=.5, ratio 1.5) although its defaults are ints (0, 1, 30)."""
+    buf = make('list', size=8, thruput_controller=thruput)
+    assert buf.cfg.thruput_controller.window_seconds == thruput.get('window_seconds', 30)
+
+
+@pytest.mark.parametrize('storage', STORAGES)
+def test_thruput_arithmetic_through_the_buffer(storage):
+    """DI-engine's scenario with integer limits (min=1, max=2, ratio 2): push 30; sample(10) x3 allowed
+    (30/10, 30/20, 30/30 >= 1), the 4th refused (30/40); sample(16) refused (30 < 2 x 16); pushes of 30:
+    60/30 <= 2 accepted, 90/30 > 2 refused twice."""
+    thruput = dict(push_sample_rate_limit=dict(max=2, min=1), window_seconds=5, sample_min_limit_ratio=2)
+    buf, first, results, too_big, pushes, stats = _run_thruput_scenario(storage, thruput, 30, 10, 16)
+    assert first == 30
+    assert [r is not None for r in results] == [True, True, True, False]
+    assert too_big is None
+    assert pushes == [30, 0, 0]
+    assert buf.count() == 60 and buf.push_count == 60
+    assert stats['refused_sample'] == 2 and stats['refused_push'] == 2 and stats['refused_push_items'] == 60
+    assert stats['thruput_push'] == 60 and stats['thruput_sample'] == 30
+    assert stats['push_items'] == 60 and stats['sample_calls'] == 3 and stats['sampled_items'] == 30
+
+
+@pytest.mark.parametrize('storage', STORAGES)
+def test_blocking_sample_times_out_when_never_allowed(storage):
+    buf = make(storage, size=16)
+    t0 = time.monotonic()
+    with pytest.raises(SampleTimeoutError):
+        buf.sample(4, timeout=0.3)
+    elapsed = time.monotonic() - t0
+    assert 0.28 <= elapsed < 3.0
+    assert isinstance(SampleTimeoutError('x'), TimeoutError)
+    # refused by the rate limiter (push/sample must stay >= 1)
+    limited = make(storage, size=16, thruput_controller=dict(push_sample_rate_limit=dict(max=float('inf'), min=1)))
+    push_ids(limited, range(8))
+    assert limited.sample(8, timeout=0.3) is not None  # 8 / 8 >= 1: served at once
+    t0 = time.monotonic()
+    with pytest.raises(SampleTimeoutError):
+        limited.sample(8, timeout=0.3)  # 8 / 16 < 1
+    assert 0.28 <= time.monotonic() - t0 < 3.0
+    with pytest.raises(SampleTimeoutError):
+        limited.sample(8, timeout=0)
+    with pytest.raises(ValueError):
+        limited.sample(1, timeout=-1)
+
+
+@pytest.mark.parametrize('storage', STORAGES)
+def test_blocking_sample_returns_when_another_thread_pushes(storage):
+    buf = make(storage, size=16)
+    push_ids(buf, range(2))
+    result, errors = [], []
+
+    def sampler():
+        try:
+            result.append(buf.sample(4, timeout=5.0))
+        except Exception as e:  # pragma: no cover - reported below
+            errors.append(e)
+
+    t = threading.Thread(target=sampler)
+    t0 = time.monotonic()
+    t.start()
+    time.sleep(0.15)
+    assert t.is_alive()  # still waiting: 2 items < 4
+    push_ids(buf, range(2, 4))
+    t.join(timeout=5.0)
+    assert not t.is_alive()
+    assert errors == []
+    assert sorted(col(result[0], 'uid')) == [0, 1, 2, 3]
+    assert time.monotonic() - t0 < 4.0
+
+
+@pytest.mark.parametrize('storage', STORAGES)
+def test_close_wakes_a_waiting_sampler(storage):
+    buf = make(storage, size=16)
+    errors = []
+
+    def sampler():
+        try:
+            buf.sample(4, timeout=10.0)
+        except Exception as e:
+            errors.append(e)
+
+    t = threading.Thread(target=sampler)
+    t.start()
+    time.sleep(0.1)
+    t0 = time.monotonic()
+    buf.close()
+    t.join(timeout=5.0)
+    assert not t.is_alive()
+    assert time.monotonic() - t0 < 2.0
+    assert len(errors) == 1 and isinstance(errors[0], RuntimeError) and 'closed' in str(errors[0])
+    with pytest.raises(RuntimeError):
+        buf.push(item(0))
+    with pytest.raises(RuntimeError):
+        buf.sample(1)
+    buf.close()  # idempotent
+
+
+class FakeClock:
+
+    def __init__(self):
+        self.t = 1000.0
+
+    def __call__(self):
+        return self.t
+
+
+def _controller(max_rate=2.0, min_rate=0.5, window=5, clock=None):
+    cfg = dict(push_sample_rate_limit=dict(max=max_rate, min=min_rate), window_seconds=window)
+    return ThruputController(cfg, clock=clock or FakeClock())
+
+
+@pytest.mark.parametrize('window', [1, 5, 30])
+def test_thruput_counters_decay_to_one_percent_after_the_window(window):
+    clock = FakeClock()
+    ctl = _controller(window=window, clock=clock)
+    ctl.on_push(100)
+    ctl.on_sample(50)
+    clock.t += window
+    assert ctl.push_count == pytest.approx(1.0, abs=1e-9)
+    assert ctl.sample_count == pytest.approx(0.5, abs=1e-9)
+    clock.t += window  # another window: x0.01 again
+    assert ctl.push_count == pytest.approx(0.01, abs=1e-9)
+
+
+def test_thruput_decay_is_in_whole_second_steps():
+    clock = FakeClock()
+    ctl = _controller(window=5, clock=clock)
+    ctl.on_push(100)
+    step = 0.01 ** (1 / 5)
+    clock.t += 0.999
+    assert ctl.push_count == 100.0  # a fraction of a second does not decay
+    clock.t += 0.001
+    assert ctl.push_count == pytest.approx(100 * step, abs=1e-9)
+    clock.t += 1.5  # 2.5 s since construction: two ticks
+    assert ctl.push_count == pytest.approx(100 * step ** 2, abs=1e-9)
+    ctl.on_push(10)  # counting after a decay
+    clock.t += 0.4  # 2.9 s: still two ticks
+    assert ctl.push_count == pytest.approx(100 * step ** 2 + 10, abs=1e-9)
+    clock.t += 0.2  # 3.1 s: third tick applies to everything counted so far
+    assert ctl.push_count == pytest.approx((100 * step ** 2 + 10) * step, abs=1e-9)
+
+
+def test_thruput_rules_with_a_fake_clock():
+    clock = FakeClock()
+    ctl = _controller(clock=clock)
+    assert ctl.can_push(10 ** 6)[0]  # nothing sampled yet: pushes are always allowed
+    assert not ctl.can_sample(1)[0]  # 0 / 1 < .5
+    ctl.on_push(30)
+    assert [ctl.can_sample(n)[0] for n in (19, 60, 61)] == [True, True, False]
+    ctl.on_sample(57)
+    assert ctl.can_push(84)[0] and not ctl.can_push(85)[0]  # (30 + 84) / 57 = 2
+    assert 'max' in ctl.can_push(85)[1]
+    clock.t += 5  # both decay by 0.01: the push/sample ratio is unchanged, but n weighs more
+    assert ctl.push_count == pytest.approx(0.3) and ctl.sample_count == pytest.approx(0.57)
+    assert not ctl.can_push(1)[0]  # (0.3 + 1) / 0.57 > 2
+    inactive = ThruputController(dict(push_sample_rate_limit=dict(max=float('inf'), min=0), window_seconds=30))
+    inactive.on_push(5)
+    inactive.on_sample(500)
+    assert not inactive.active and inactive.can_sample(10 ** 9)[0] and inactive.can_push(10 ** 9)[0]
+    assert inactive.push_count == 0 and inactive.sample_count == 0
+
+
+@pytest.mark.parametrize('kwargs,key', [
+    (dict(max_rate=1.0, min_rate=2.0), 'thruput_controller.push_sample_rate_limit'),
+    (dict(min_rate=-1), 'thruput_controller.push_sample_rate_limit'),
+    (dict(max_rate=0.0, min_rate=0.0), 'thruput_controller.push_sample_rate_limit'),
+    (dict(max_rate=float('nan')), 'thruput_controller.push_sample_rate_limit'),
+    (dict(window=0), 'thruput_controller.window_seconds'),
+    (dict(window=-3), 'thruput_controller.window_seconds'),
+])
+def test_thruput_invalid_limits_raise_naming_the_key(kwargs, key):
+    with pytest.raises(ValueError, match=key.replace('.', r'\.')):
+        _controller(**kwargs)
+    cfg = dict(push_sample_rate_limit=dict(max=kwargs.get('max_rate', 2.0), min=kwargs.get('min_rate', 0)),
+               window_seconds=kwargs.get('window', 5))
+    with pytest.raises(ValueError, match=key.replace('.', r'\.')):
+        make('list', size=8, thruput_controller=cfg)
+
+
+# ================================================================================ 6. persistence
+def _compare_next_samples(a, b):
+    for k in range(3):
+        sa = a.sample(5, cur_learner_iter=60 + k)
+        sb = b.sample(5, cur_learner_iter=60 + k)
+        assert_same(sa, sb, 'sample')
+        if sa is not None:
+            pr = np.arange(1, 6, dtype=np.float32)
+            assert a.update(info_from(sa, pr)) == b.update(info_from(sb, pr))
+    assert_same(a.state_dict(), b.state_dict())
+
+
+STATE_STATS = ('count', 'push_count', 'max_priority', 'priority_mass', 'push_items', 'sample_calls',
+               'sampled_items', 'remove_count', 'removed_by_use', 'updated', 'stale_updates')
+
+
+@pytest.mark.parametrize('storage', STORAGES)
+def test_state_dict_round_trip(storage):
+    a = busy_buffer(storage)
+    assert a.stats()['removed_by_use'] > 0 and a.beta > 0.3  # the state has holes and an annealed beta
+    state = a.state_dict()
+    b = make(storage, size=16, seed=99, max_use=3, anneal_step=20, alpha=0.7, beta=0.3)
+    b.load_state_dict(state)
+    assert_same(a.state_dict(), b.state_dict())
+    for key in STATE_STATS:
+        assert a.stats()[key] == b.stats()[key], key
+    assert b.beta == a.beta and b.push_count == a.push_count
+    assert b._index.tree.total() == a._index.tree.total() and b._index.tree.min_leaf() == a._index.tree.min_leaf()
+    # the returned state is a copy: mutating it changes neither buffer
+    state['index']['priority'][:] = 123.0
+    state['counters']['push_items'] = -1
+    assert_same(a.state_dict(), b.state_dict())
+    _compare_next_samples(a, b)
+    # ids continue after loading
+    a.push(item(100, collect_iter=0))
+    b.push(item(100, collect_iter=0))
+    assert_same(a.state_dict(), b.state_dict())
+
+
+@pytest.mark.parametrize('storage', STORAGES)
+def test_state_from_another_alpha_is_refused_or_rescaled(storage):
+    a = make(storage, size=4, alpha=0.5)
+    a.push(item(0, priority=4.0))
+    b = make(storage, size=4, alpha=1.0)
+    try:
+        b.load_state_dict(a.state_dict())
+    except ValueError:
+        return  # refusing the state is a fine fix too
+    b.push(item(1, priority=4.0))
+    view = index_view(b)
+    assert view[0]['leaf'] == view[1]['leaf'] == 4.0
+    assert col(b.sample(2), 'IS') == [1.0, 1.0]
+
+
+@pytest.mark.parametrize('storage', STORAGES)
+def test_save_and_load_data_round_trip(storage, tmp_path):
+    a = busy_buffer(storage)
+    path = tmp_path / 'sub' / 'buf.pt'
+    a.save_data(str(path))
+    b = make(storage, size=16, seed=42, max_use=3, anneal_step=20, alpha=0.7, beta=0.3)
+    if storage == 'list':  # the items hold numpy arrays: loading them needs allow_pickle
+        before = b.state_dict()
+        with pytest.raises(ValueError, match='allow_pickle'):
+            b.load_data(str(path))
+        assert_same(before, b.state_dict())
+        b.load_data(str(path), allow_pickle=True)
+    else:
+        b.load_data(str(path))
+    assert_same(a.state_dict(), b.state_dict())
+    _compare_next_samples(a, b)
+
+
+def test_list_storage_of_tensors_loads_without_allow_pickle(tmp_path):
+    a = make('list', size=8)
+    a.push([{'id': i, 'obs': torch.full((2, ), float(i)), 'tag': f't{i}', 'collect_iter': [i, i + 1]}
+            for i in range(5)])
+    a.update(info_from(a.sample(3), [2.0, 3.0, 4.0]))
+    a.save_data(str(tmp_path / 'b.pt'))
+    b = make('list', size=8, seed=3)
+    b.load_data(str(tmp_path / 'b.pt'))
+    assert_same(a.state_dict(), b.state_dict())
+    assert_same(a.sample(4, cur_learner_iter=9), b.sample(4, cur_learner_iter=9))
+
+
+def _corrupt(kind):
+
+    def neg_priority(s):
+        valid = s['storage']['ring']['valid'].numpy()
+        s['index']['priority'][int(np.flatnonzero(valid)[0])] = -1.0
+
+    def nan_priority(s):
+        s['index']['priority'][int(np.flatnonzero(s['storage']['ring']['valid'].numpy())[0])] = float('nan')
+
+    def leaf_at_empty(s):
+        valid = s['storage']['ring']['valid'].numpy()
+        s['index']['leaves'][int(np.flatnonzero(~valid)[0])] = 0.5
+
+    def neg_leaf(s):
+        valid = s['storage']['ring']['valid'].numpy()
+        s['index']['leaves'][int(np.flatnonzero(valid)[0])] = -0.5
+
+    def nan_leaf(s):
+        valid = s['storage']['ring']['valid'].numpy()
+        s['index']['leaves'][int(np.flatnonzero(valid)[0])] = float('nan')
+
+    def short_leaves(s):
+        s['index']['leaves'] = s['index']['leaves'][:-1]
+
+    def long_priority(s):
+        s['index']['priority'] = torch.cat([s['index']['priority'], torch.zeros(1)])
+
+    def short_use(s):
+        s['index']['use'] = s['index']['use'][:3]
+
+    def neg_use(s):
+        s['index']['use'][0] = -1
+
+    def beta_2(s):
+        s['beta'] = 2.0
+
+    def beta_neg(s):
+        s['beta'] = -0.5
+
+    def max_priority_nan(s):
+        s['index']['max_priority'] = float('nan')
+
+    def no_index(s):
+        del s['index']
+
+    def no_counters(s):
+        del s['counters']
+
+    def counter_missing(s):
+        del s['counters']['removed_by_use']
+
+    def thruput_negative(s):
+        s['thruput']['push'] = -1.0
+
+    def wrong_type(s):
+        s['type'] = 'NaiveReplayBuffer'
+
+    def bad_rng(s):
+        s['rng'] = {'bit_generator': 'nonsense'}
+
+    def ring_head(s):
+        s['storage']['ring']['head'] = (s['storage']['ring']['head'] + 1) % 16
+
+    def wrong_capacity(s):
+        s['storage']['ring']['capacity'] = 32
+
+    def wrong_kind(s):
+        s['storage']['kind'] = 'tensor' if s['storage']['kind'] == 'list' else 'list'
+
+    return locals()[kind]
+
+
+CORRUPTIONS = [
+    'neg_priority', 'nan_priority', 'leaf_at_empty', 'neg_leaf', 'nan_leaf', 'short_leaves', 'long_priority',
+    'short_use', 'neg_use', 'beta_2', 'beta_neg', 'max_priority_nan', 'no_index', 'no_counters', 'counter_missing',
+    'thruput_negative', 'wrong_type', 'bad_rng', 'ring_head', 'wrong_capacity', 'wrong_kind'
+]
+
+
+@pytest.mark.parametrize('kind', CORRUPTIONS)
+@pytest.mark.parametrize('storage', STORAGES)
+def test_corrupted_state_raises_and_leaves_the_buffer_unchanged(storage, kind):
+    src = busy_buffer(storage)
+    assert not src.state_dict()['storage']['ring']['valid'].all()  # there are empty slots (holes)
+    state = src.state_dict()
+    _corrupt(kind)(state)
+    target = busy_buffer(storage, seed=1)
+    target.push(item(77, collect_iter=0))
+    before = target.state_dict()
+    with pytest.raises(ValueError):
+        target.load_state_dict(state)
+    assert_same(before, target.state_dict())
+    # still fully usable
+    assert target.sample(2) is not None
+
+
+@pytest.mark.parametrize('storage', STORAGES)
+def test_truncated_file_raises_and_leaves_the_buffer_unchanged(storage, tmp_path):
+    src = busy_buffer(storage)
+    path = tmp_path / 'buf.pt'
+    src.save_data(str(path))
+    data = path.read_bytes()
+    path.write_bytes(data[:len(data) // 2])
+    target = busy_buffer(storage, seed=1)
+    before = target.state_dict()
+    with pytest.raises(ValueError):
+        target.load_data(str(path), allow_pickle=True)
+    assert_same(before, target.state_dict())
+
+
+@pytest.mark.parametrize('storage', STORAGES)
+def test_load_state_dict_with_data_only_pushes_the_items(storage):
+    buf = make(storage, size=8)
+    push_ids(buf, range(2))
+    buf.load_state_dict({'data': [item(10), item(11, priority=3.0)]})
+    assert buf.count() == 4 and stored_ids(buf) == [0, 1, 10, 11]
+    view = index_view(buf)
+    assert sorted(view) == [0, 1, 2, 3] and view[3]['priority'] == 3.0
+
+
+@pytest.mark.parametrize('storage', STORAGES)
+def test_clear_keeps_ids_push_count_and_beta_and_resets_max_priority(storage):
+    buf = make(storage, size=8, anneal_step=10)
+    push_ids(buf, range(5))
+    buf.update(info_from(buf.sample(2), [7.0, 7.0]))
+    beta = buf.beta
+    buf.clear()
+    assert buf.count() == 0 and buf.push_count == 5 and buf.beta == beta
+    assert buf.stats()['max_priority'] == 1.0 and buf.stats()['remove_count'] == 5
+    assert (buf.state_dict()['index']['leaves'] == 0).all()
+    assert buf.sample(1) is None
+    buf.push(item(5))
+    assert index_view(buf) == {5: dict(slot=5, priority=1.0, leaf=1.0, use=0)}
+
+
+# ================================================================================ 7. concurrency
+def _check_tree_invariants(buf):
+    index, ring = buf._index, buf.storage.ring
+    cap = buf.replay_buffer_size
+    leaves = index.tree.leaves
+    valid = ring.valid
+    assert (leaves[cap:] == 0).all()
+    leaves = leaves[:cap]
+    assert math.isclose(index.tree.total(), float(leaves.sum()), rel_tol=1e-9, abs_tol=1e-12)
+    positive = leaves[leaves > 0]
+    assert index.tree.min_leaf() == (positive.min() if len(positive) else math.inf)
+    assert (leaves[~valid] == 0).all() and (index.priority[~valid] == 0).all() and (index.use[~valid] == 0).all()
+    assert (leaves[valid] > 0).all()
+    assert buf.count() == int(valid.sum()) == ring.count
+    np.testing.assert_allclose(leaves[valid], index.priority[valid].astype(np.float64) ** buf.alpha, rtol=1e-6)
+
+
+@pytest.mark.parametrize('storage', STORAGES)
+def test_concurrent_push_sample_update_keep_tree_invariants(storage):
+    cap, seconds = 512, 2.0
+    buf = make(storage, size=cap, max_use=10, max_staleness=100, alpha=0.6)
+    stop = threading.Event()
+    errors, pushed, sampled, updated = [], [0, 0], [0, 0], [0]
+    infos = queue.Queue(maxsize=64)
+    t_start = time.monotonic()
+
+    def now_ms():
+        return int((time.monotonic() - t_start) * 1000)
+
+    def pusher(k):
+        rng = np.random.default_rng(100 + k)
+        i = 0
+        try:
+            while not stop.is_set():
+                mode = rng.integers(3)
+                n = int(rng.integers(1, 17))
+                ci = now_ms()
+                if mode == 0:  # single push (tensor: the fast path)
+                    extra = {'priority': float(rng.uniform(0.1, 5.0))} if rng.random() < 0.5 else {}
+                    pushed[k] += buf.push(item(i, collect_iter=ci, **extra))
+                    i += 1
+                elif mode == 1:
+                    pushed[k] += buf.push([item(i + j, collect_iter=ci) for j in range(n)])
+                    i += n
+                else:
+                    b = _batch(np.arange(i, i + n), collect_iter=np.full(n, ci, dtype=np.int64),
+                               priority=rng.uniform(0.1, 5.0, size=n))
+                    pushed[k] += buf.extend(b)
+                    i += n
+        except Exception as e:  # pragma: no cover - reported below
+            errors.append(e)
+
+    def sampler(k):
+        rng = np.random.default_rng(200 + k)
+        try:
+            while not stop.is_set():
+                size = int(rng.integers(1, 33))
+                rng_range = [None, slice(-100, None), slice(10, 300, 3), slice(None, 50)][rng.integers(4)]
+                try:
+                    batch = buf.sample(size, cur_learner_iter=now_ms(), sample_range=rng_range,
+                                       timeout=0.01 if rng.random() < 0.3 else None)
+                except SampleTimeoutError:
+                    continue
+                if batch is None:
+                    continue
+                sampled[k] += 1
+                try:
+                    infos.put_nowait(info_from(batch, rng.uniform(0.0, 8.0, size=size).astype(np.float32)))
+                except queue.Full:
+                    pass
+                if rng.random() < 0.05:
+                    buf.stats()
+        except Exception as e:  # pragma: no cover
+            errors.append(e)
+
+    def updater():
+        try:
+            while not stop.is_set() or not infos.empty():
+                try:
+                    info = infos.get(timeout=0.05)
+                except queue.Empty:
+                    continue
+                res = buf.update(info)
+                assert res['updated'] + res['stale'] == len(info['priority'])
+                updated[0] += res['updated']
+        except Exception as e:  # pragma: no cover
+            errors.append(e)
+
+    threads = [threading.Thread(target=pusher, args=(k, )) for k in range(2)]
+    threads += [threading.Thread(target=sampler, args=(k, )) for k in range(2)]
+    threads += [threading.Thread(target=updater)]
+    for t in threads:
+        t.start()
+    time.sleep(seconds)
+    stop.set()
+    for t in threads:
+        t.join(timeout=10)
+    assert not any(t.is_alive() for t in threads), 'a thread did not finish'
+    assert errors == []
+    assert sum(pushed) > cap and all(sampled) and updated[0] > 0
+    _check_tree_invariants(buf)
+    stats = buf.stats()
+    assert stats['push_items'] == sum(pushed)
+    assert stats['push_items'] - stats['remove_count'] == buf.count()
+    assert stats['removed_by_use'] + stats['removed_by_staleness'] > 0
+    assert stats['updated'] == updated[0]
+    # the buffer still works and its state still round-trips
+    clone = make(storage, size=cap, seed=1, max_use=10, max_staleness=100, alpha=0.6)
+    clone.load_state_dict(buf.state_dict())
+    _check_tree_invariants(clone)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason='needs CUDA')
+def test_tensor_storage_on_cuda_matches_cpu():
+    def run(device):
+        buf = create_buffer(dict(type='advanced', replay_buffer_size=8, seed=0, max_staleness=6,
+                                 storage=dict(type='tensor', device=device)), instance_name=NAME)
+        buf.push([item(i, collect_iter=i, priority=float(i + 1)) for i in range(10)])
+        batch = buf.sample(4, cur_learner_iter=9)
+        assert batch['obs'].device.type == torch.device(device).type
+        assert batch['IS'].device.type == torch.device(device).type
+        buf.update(info_from(batch, [2.0, 3.0, 4.0, 5.0]))
+        buf.push(item(10, collect_iter=10))
+        return {k: v.cpu() for k, v in buf.sample(3, cur_learner_iter=11).items()}, buf.state_dict()
+
+    (cpu_batch, cpu_state), (gpu_batch, gpu_state) = run('cpu'), run('cuda')
+    assert_same(cpu_batch, gpu_batch)
+    assert_same(cpu_state, gpu_state)
+
+
+# ================================================================================ 8. config
+def test_dingengine_default_config():
+    cfg = AdvancedReplayBuffer.default_config()
+    assert cfg.type == 'advanced' and cfg.cfg_type == 'AdvancedReplayBufferDict'
+    assert cfg.replay_buffer_size == 4096
+    assert cfg.max_use == float('inf') and cfg.max_staleness == float('inf')
+    assert cfg.alpha == 0.6 and cfg.beta == 0.4 and cfg.anneal_step == 100000
+    assert cfg.enable_track_used_data is False and cfg.deepcopy is False
+    tc = cfg.thruput_controller
+    assert tc.push_sample_rate_limit.max == float('inf') and tc.push_sample_rate_limit.min == 0
+    assert tc.window_seconds == 30 and tc.sample_min_limit_ratio == 1
+    assert cfg.monitor.sampled_data_attr.average_range == 5 and cfg.monitor.sampled_data_attr.print_freq == 200
+    assert cfg.monitor.periodic_thruput.seconds == 60
+    assert cfg.storage.type == 'list'
+    # DI-engine builds its configs as deep_merge_dicts(default_config(), EasyDict(...))
+    merged = deep_merge_dicts(cfg, EasyDict(dict(replay_buffer_size=64, thruput_controller=THRUPUT)))
+    buf = create_buffer(merged, instance_name='merged')
+    assert buf.replay_buffer_size == 64 and buf.cfg.thruput_controller.sample_min_limit_ratio == 1.5
+    # a copy: changing it changes nothing
+    cfg.alpha = 0.1
+    assert AdvancedReplayBuffer.default_config().alpha == 0.6
+
+
+def test_minimal_config_uses_the_defaults():
+    buf = create_buffer(dict(type='advanced'))
+    assert isinstance(buf, AdvancedReplayBuffer)
+    assert buf.replay_buffer_size == 4096 and buf.alpha == 0.6 and buf.beta == 0.4
+    assert buf.instance_name == 'buffer'
+    buf.push(item(0))
+    assert buf.sample(1)[0]['replay_unique_id'] == 'buffer_0'
+    full = create_buffer(AdvancedReplayBuffer.default_config())  # DI-engine passes the whole default config
+    assert full.replay_buffer_size == 4096
+
+
+@pytest.mark.parametrize('cfg,closest', [
+    (dict(replay_bufer_size=8), 'replay_buffer_size'),
+    (dict(alpah=0.5), 'alpha'),
+    (dict(max_uses=3), 'max_use'),
+    (dict(thruput_controller=dict(window_second=3)), 'thruput_controller.window_seconds'),
+    (dict(storage=dict(typ='tensor')), 'storage.type'),
+])
+def test_unknown_config_key_names_the_closest_key(cfg, closest):
+    with pytest.raises(ValueError, match=f"did you mean '{closest}'"):
+        create_buffer(dict(type='advanced', **cfg))
+
+
+@pytest.mark.parametrize('cfg,key', [
+    (dict(alpha=1.5), 'alpha'),
+    (dict(alpha=-0.1), 'alpha'),
+    (dict(beta=-0.1), 'beta'),
+    (dict(beta=1.01), 'beta'),
+    (dict(max_use=0), 'max_use'),
+    (dict(max_use=-2), 'max_use'),
+    (dict(max_staleness=0), 'max_staleness'),
+    (dict(replay_buffer_size=0), 'replay_buffer_size'),
+    (dict(anneal_step=-1), 'anneal_step'),
+    (dict(anneal_step=2.5), 'anneal_step'),
+    (dict(eps=-1e-3), 'eps'),
+    (dict(seed=-1), 'seed'),
+    (dict(thruput_controller=dict(sample_min_limit_ratio=0.5)), 'thruput_controller.sample_min_limit_ratio'),
+    (dict(storage=dict(type='deque')), 'storage.type'),
+    (dict(replay_buffer_size='8'), 'replay_buffer_size'),
+    (dict(enable_track_used_data=True, storage=dict(type='tensor')), 'enable_track_used_data'),
+])
+def test_invalid_config_values_raise_naming_the_key(cfg, key):
+    with pytest.raises(ValueError, match=f"'{key}'"):
+        create_buffer(dict(type='advanced', **cfg))
+
+
+def test_instance_name_must_be_a_non_empty_string():
+    with pytest.raises(ValueError):
+        create_buffer(dict(type='advanced', replay_buffer_size=8), instance_name='')
