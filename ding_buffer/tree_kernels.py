@@ -224,15 +224,24 @@ def _prio_node(leaves, snodes, mnodes, xnodes, has_max, starts, lvl, node):
 def prio_set_many(leaves, snodes, mnodes, xnodes, has_max, starts, idx, values):
     """``PriorityTree.set``: write the leaves, then refresh sum, min (over positive leaves) and max in one
     level-major pass (the children block is read once for all trees; misses of different leaves overlap).
-    Bit-identical to separate ``set_many`` / ``refresh_many`` calls: same additions in the same order."""
+    A level with no more parent nodes than updates is recomputed whole: the ancestors shared near the root
+    are then computed once instead of once per update. Bit-identical to separate ``set_many`` /
+    ``refresh_many`` calls: same additions in the same order."""
     n = idx.shape[0]
     for t in range(n):
         leaves[idx[t]] = values[t]
     nodes = idx // K
+    below = leaves.shape[0]  # size of the level below the one being refreshed
     for lvl in range(starts.shape[0]):
-        for t in range(n):
-            _prio_node(leaves, snodes, mnodes, xnodes, has_max, starts, lvl, nodes[t])
+        parents = below // K
+        if parents <= n:
+            for node in range(parents):
+                _prio_node(leaves, snodes, mnodes, xnodes, has_max, starts, lvl, node)
+        else:
+            for t in range(n):
+                _prio_node(leaves, snodes, mnodes, xnodes, has_max, starts, lvl, nodes[t])
         nodes //= K
+        below = (starts[lvl + 1] if lvl + 1 < starts.shape[0] else snodes.shape[0]) - starts[lvl]
 
 
 @njit(cache=True, nogil=True)

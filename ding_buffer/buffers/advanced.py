@@ -209,19 +209,34 @@ class AdvancedReplayBuffer(BufferCore):
         return ok
 
     def _push_items(self, items: List[Any]) -> int:
+        if len(items) == 1 and self._storage.kind == 'tensor' and self._push_one_fast(items[0]):
+            return 1
         priorities = self._priorities_of_items(items)  # validated before anything is written
         if not self._admit(len(items)):
             return 0
-        if len(items) == 1 and self._storage.kind == 'tensor':
-            before = len(self._storage)
-            slot = self._storage.write_one(items[0])  # O(fields) fast path; None: not a plain match
-            if slot is not None:
-                self._index.set_new_one(slot, float(priorities[0]))
-                self._after_push(1, before + 1 - len(self._storage))
-                return 1
         prepared = self._storage.prepare(items)
         self._commit(prepared, priorities[prepared.dropped:], len(items))
         return len(items)
+
+    def _push_one_fast(self, item: Any) -> bool:
+        """The single-push hot path (O(fields) + one compiled tree update). False -- with nothing changed --
+        when the item is not a plain match; the generic path then handles (and reports) it."""
+        if type(item) is not dict:
+            return False
+        p = item.get('priority')
+        if p is None:
+            p = self._index.default_priority()
+        elif type(p) is not float or not 0 <= p < INF:
+            return False
+        if self._thruput.active and not self._thruput.can_push(1)[0]:
+            return False  # the generic path counts and logs the refusal
+        before = len(self._storage)
+        slot = self._storage.write_one(item)
+        if slot is None:
+            return False
+        self._index.set_new_one(slot, p)
+        self._after_push(1, before + 1 - len(self._storage))
+        return True
 
     def _push_batch(self, batch: Any) -> int:
         if type(batch) is not dict and not isinstance(batch, Mapping):
@@ -369,7 +384,7 @@ class AdvancedReplayBuffer(BufferCore):
         beta = self._beta
         weights = index.is_weights(slots, beta)
         use = index.bump_use(slots)
-        priority = index.priority[slots]
+        priority = index.priorities(slots)
         ci = self._collect_iter(slots)
         staleness = np.where(ci == _NO_ITER, -1, cur_learner_iter - ci)
         out = self._output(slots, weights, use, priority, staleness)
@@ -438,7 +453,7 @@ class AdvancedReplayBuffer(BufferCore):
         slots = np.asarray(slots.detach().cpu() if hasattr(slots, 'detach') else slots).reshape(-1)
         if len(slots) and slots.dtype.kind not in 'iu':
             raise TypeError(f"'replay_buffer_idx' must be ints, got dtype {slots.dtype}")
-        slots = slots.astype(np.int64)
+        slots = slots.astype(np.int64, copy=False)
         if not len(priorities) == len(ids) == len(slots):
             raise ValueError(
                 f"update info lengths differ: priority {len(priorities)}, replay_unique_id {len(ids)}, "
@@ -452,8 +467,10 @@ class AdvancedReplayBuffer(BufferCore):
             match = mine & ring.valid[slots] & (ring.uids(slots) == ids)
             if self._max_use != INF:
                 match &= self._index.use[slots] < self._max_use
-            n = int(match.sum())
-            if n:
+            n = int(np.count_nonzero(match))
+            if n == len(slots):
+                self._index.update(slots, priorities)
+            elif n:
                 self._index.update(slots[match], priorities[match])
             self._counters['updated'] += n
             self._counters['stale_updates'] += len(slots) - n

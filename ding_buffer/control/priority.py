@@ -1,8 +1,10 @@
 """``PriorityIndex``: per-slot priorities, use counts and the priority tree of a prioritized buffer.
 
-Per slot: ``priority`` (float32, what ``sample`` reports), ``use`` (int32, times sampled) and the tree leaf
-``priority ** alpha`` (float64; 0 for an empty or retired slot, so it is never drawn). Memory: ~17.6 bytes per
-slot with the 8-ary trees (leaves 8, sum and min nodes 2 x 1.2, priority 4, use 4).
+Per slot: the tree leaf ``priority ** alpha`` (float64; 0 for an empty or retired slot, so it is never drawn)
+and ``use`` (int32, times sampled). The reported priority is recovered as ``leaf ** (1 / alpha)`` rounded to
+float32 (what a stored float32 would give; the rounding removes the last-bit error of the round trip, so
+5.0 comes back as 5.0); only ``alpha == 0`` (every leaf 1) keeps a float32 priority array.
+Memory: ~13.6 bytes per slot with the 8-ary trees (leaves 8, sum and min nodes 2 x 1.2, use 4).
 
 Sampling is stratified (one uniform draw per equal stratum of the total mass), the whole batch descends the
 tree in one compiled call. Importance weights are ``(leaf_i / leaf_min) ** (-beta)`` -- DI-engine's
@@ -25,6 +27,8 @@ def as_priorities(values: Any, key: str = 'priority') -> np.ndarray:
     except (TypeError, ValueError) as e:
         raise TypeError(f"'{key}' must be numbers (list/array/tensor), got {type(values).__name__}: {e}") from e
     arr = arr.reshape(-1)
+    if len(arr) and arr.min() >= 0 and arr.max() < np.inf:  # NaN fails the first test: two reductions, no temporaries
+        return arr
     bad = ~np.isfinite(arr) | (arr < 0)
     if bad.any():
         i = int(np.flatnonzero(bad)[0])
@@ -39,9 +43,15 @@ class PriorityIndex:
         self.alpha = float(alpha)
         self.eps = float(eps)
         self.tree = PriorityTree(capacity, with_max=with_max)
-        self.priority = np.zeros(capacity, dtype=np.float32)
+        self._priority = np.zeros(capacity, np.float32) if self.alpha == 0 else None  # else derived from leaves
         self.use = np.zeros(capacity, dtype=np.int32)
         self.max_priority = 1.0  # largest priority ever set (DI-engine); new items default to it
+
+    def priorities(self, slots: np.ndarray) -> np.ndarray:
+        """Stored priorities at ``slots`` (float32 values, as float64)."""
+        if self._priority is not None:
+            return self._priority[slots].astype(np.float64)
+        return np.power(self.tree.leaves[slots], 1.0 / self.alpha).astype(np.float32).astype(np.float64)
 
     # ------------------------------------------------------------------ writes
     def default_priority(self) -> float:
@@ -52,12 +62,14 @@ class PriorityIndex:
 
     def set_new(self, slots: np.ndarray, priorities: np.ndarray) -> None:
         """Fresh items at ``slots`` (priorities already validated): use counts restart at 0."""
-        self.priority[slots] = priorities
+        if self._priority is not None:
+            self._priority[slots] = priorities
         self.use[slots] = 0
         self.tree.set(slots, np.power(priorities, self.alpha))
 
     def set_new_one(self, slot: int, priority: float) -> None:
-        self.priority[slot] = priority
+        if self._priority is not None:
+            self._priority[slot] = priority
         self.use[slot] = 0
         self.tree.set_one(slot, priority ** self.alpha)
 
@@ -65,19 +77,22 @@ class PriorityIndex:
         """Removed items: zero leaf (never drawn), use count reset."""
         if len(slots):
             self.tree.set(slots, np.zeros(len(slots)))
-            self.priority[slots] = 0
+            if self._priority is not None:
+                self._priority[slots] = 0
             self.use[slots] = 0
 
     def retire(self, slots: np.ndarray) -> None:
         """Keep the items but stop sampling them (max_use reached while used data is tracked, as DI-engine)."""
         if len(slots):
             self.tree.set(slots, np.zeros(len(slots)))
-            self.priority[slots] = 0
+            if self._priority is not None:
+                self._priority[slots] = 0
 
     def update(self, slots: np.ndarray, priorities: np.ndarray) -> None:
         """Set ``priority + eps`` at matched slots (validated by the caller); raises the running max."""
         stored = priorities + self.eps
-        self.priority[slots] = stored
+        if self._priority is not None:
+            self._priority[slots] = stored
         self.tree.set(slots, np.power(stored, self.alpha))
         if len(priorities):
             self.max_priority = max(self.max_priority, float(priorities.max()))
@@ -119,7 +134,7 @@ class PriorityIndex:
         import torch
         return {
             'leaves': torch.from_numpy(self.tree.leaves[:self.capacity].copy()),
-            'priority': torch.from_numpy(self.priority.copy()),
+            'priority': torch.from_numpy(self.priorities(np.arange(self.capacity)).astype(np.float32)),
             'use': torch.from_numpy(self.use.copy()),
             'max_priority': self.max_priority,
             'alpha': self.alpha,
@@ -144,7 +159,8 @@ class PriorityIndex:
         if not (math.isfinite(max_priority) and max_priority >= 0):
             raise ValueError(f"saved max_priority must be finite and >= 0, got {max_priority}")
         self.tree.load_leaves(leaves)
-        self.priority[:] = priority
+        if self._priority is not None:
+            self._priority[:] = priority
         self.use[:] = use.astype(np.int32)
         self.max_priority = max_priority
 

@@ -264,6 +264,16 @@ class TensorStorage(Storage):
     # ------------------------------------------------------------------ reading
     def gather(self, slots: np.ndarray) -> Dict[str, Any]:
         slots = np.asarray(slots, dtype=np.int64)
+        if slots.ndim == 1 and self._views:  # CPU: numpy take is ~2x faster than index_select on small rows
+            flat = {}
+            for p, field in self.fields.items():
+                view = self._views.get(p)
+                flat[p] = torch.from_numpy(view.take(slots, axis=0)) if view is not None else \
+                    torch.index_select(field, 0, torch.from_numpy(slots))
+            out = unflatten(flat)
+            out['replay_buffer_idx'] = torch.from_numpy(slots.copy())  # a copy: the caller's array stays independent
+            out['replay_unique_id'] = torch.from_numpy(self.ring.uids(slots))
+            return out
         idx = torch.tensor(slots, device=self.device)  # a copy: the caller's array stays independent
         if idx.dim() == 1:  # index_select is 2-2.5x faster than advanced indexing on large random gathers
             out = unflatten({p: torch.index_select(field, 0, idx) for p, field in self.fields.items()})
