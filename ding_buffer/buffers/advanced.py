@@ -18,7 +18,7 @@ import torch
 
 from ..base import BUFFER_REGISTRY
 from ..config import positive_int
-from ..control.priority import PriorityIndex, as_priorities, split_ids
+from ..control.priority import PriorityIndex, as_numpy, as_priorities, split_ids
 from ..control.thruput import SampleTimeoutError, ThruputController
 from ..monitor.periodic import PeriodicThruputMonitor
 from ..monitor.sampled_data import SampledDataAttrMonitor
@@ -440,7 +440,7 @@ class AdvancedReplayBuffer(BufferCore):
         Returns:
             - result (:obj:`dict`): ``{'updated': n, 'stale': m}``.
         """
-        if not isinstance(info, Mapping):
+        if type(info) is not dict and not isinstance(info, Mapping):
             raise TypeError(f"update info must be a dict, got {type(info).__name__}")
         if info.get('priority') is None:
             return {'updated': 0, 'stale': 0}
@@ -449,8 +449,7 @@ class AdvancedReplayBuffer(BufferCore):
                 raise ValueError(f"update info has 'priority' but no '{key}'")
         priorities = as_priorities(info['priority'])
         ids, mine = split_ids(info['replay_unique_id'], self._instance_name)
-        slots = info['replay_buffer_idx']
-        slots = np.asarray(slots.detach().cpu() if hasattr(slots, 'detach') else slots).reshape(-1)
+        slots = np.asarray(as_numpy(info['replay_buffer_idx'])).reshape(-1)
         if len(slots) and slots.dtype.kind not in 'iu':
             raise TypeError(f"'replay_buffer_idx' must be ints, got dtype {slots.dtype}")
         slots = slots.astype(np.int64, copy=False)
@@ -464,7 +463,9 @@ class AdvancedReplayBuffer(BufferCore):
             raise ValueError(f"'replay_buffer_idx' must be in [0, {cap}), got {slots.min()}..{slots.max()}")
         with self._lock:
             ring = self._storage.ring
-            match = mine & ring.valid[slots] & (ring.uids(slots) == ids)
+            match = ring.valid[slots] & (ring.uids(slots) == ids)
+            if mine is not None:
+                match &= mine
             if self._max_use != INF:
                 match &= self._index.use[slots] < self._max_use
             n = int(np.count_nonzero(match))

@@ -15,15 +15,24 @@ import math
 from typing import Any, Dict, Mapping, Optional, Tuple
 
 import numpy as np
+import torch
 
 from .. import tree_kernels as kern
 from ..segment_tree import PriorityTree
 
 
+def as_numpy(x: Any) -> Any:
+    """A tensor (any device) as a numpy array without a copy where possible; anything else unchanged."""
+    if isinstance(x, torch.Tensor):
+        x = x.detach()
+        return (x if x.device.type == 'cpu' else x.cpu()).numpy()
+    return x
+
+
 def as_priorities(values: Any, key: str = 'priority') -> np.ndarray:
     """``values`` as a float64 array, or ``ValueError`` naming the key if any is NaN, infinite or negative."""
     try:
-        arr = np.asarray(values.detach().cpu() if hasattr(values, 'detach') else values, dtype=np.float64)
+        arr = np.asarray(as_numpy(values), dtype=np.float64)
     except (TypeError, ValueError) as e:
         raise TypeError(f"'{key}' must be numbers (list/array/tensor), got {type(values).__name__}: {e}") from e
     arr = arr.reshape(-1)
@@ -131,7 +140,6 @@ class PriorityIndex:
 
     # ------------------------------------------------------------------ persistence
     def state_dict(self) -> Dict[str, Any]:
-        import torch
         return {
             'leaves': torch.from_numpy(self.tree.leaves[:self.capacity].copy()),
             'priority': torch.from_numpy(self.priorities(np.arange(self.capacity)).astype(np.float32)),
@@ -165,17 +173,16 @@ class PriorityIndex:
         self.max_priority = max_priority
 
 
-def split_ids(ids: Any, instance_name: str) -> Tuple[np.ndarray, np.ndarray]:
+def split_ids(ids: Any, instance_name: str) -> Tuple[np.ndarray, Optional[np.ndarray]]:
     """
     Overview:
-        Unique ids as int64 plus a mask of those that belong to this buffer. Accepts ints / int arrays /
-        tensors, or DI-engine strings ``f"{instance_name}_{n}"`` (a string of another buffer is "foreign").
+        Unique ids as int64 plus a mask of those that belong to this buffer (``None``: all of them). Accepts
+        ints / int arrays / tensors, or DI-engine strings ``f"{instance_name}_{n}"`` (a string of another
+        buffer is "foreign").
     """
-    if hasattr(ids, 'detach'):
-        ids = ids.detach().cpu().numpy()
+    ids = as_numpy(ids)
     if isinstance(ids, np.ndarray) and ids.dtype.kind in 'iu':
-        flat = ids.reshape(-1).astype(np.int64)
-        return flat, np.ones(len(flat), dtype=bool)
+        return ids.reshape(-1).astype(np.int64, copy=False), None
     out, mine = [], []
     prefix = instance_name + '_'
     for i, x in enumerate(list(np.asarray(ids, dtype=object).reshape(-1))):
