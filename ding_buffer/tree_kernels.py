@@ -253,6 +253,26 @@ def prio_set_one(leaves, snodes, mnodes, xnodes, has_max, starts, i, value):
         node //= K
 
 
+@njit(cache=True, nogil=True)
+def _leaf_values_loop(prios, add, alpha, out):
+    for t in range(prios.shape[0]):
+        out[t] = (prios[t] + add) ** alpha
+
+
+def _leaf_values_py(prios, add, alpha, out):
+    out[:] = [(p + add) ** alpha for p in prios.tolist()]
+
+
+def leaf_values(prios, add, alpha):
+    """``(prios + add) ** alpha`` computed with the C library's ``pow`` -- exactly what Python's ``**`` gives for
+    one item. ``np.power`` may use a SIMD ``pow`` that differs by one ulp for some inputs, and then equal
+    priorities pushed one at a time and in a batch would get different leaves (IS weights no longer exactly 1)."""
+    prios = np.ascontiguousarray(prios, dtype=np.float64)
+    out = np.empty(len(prios))
+    (_leaf_values_loop if HAVE_NUMBA else _leaf_values_py)(prios, float(add), float(alpha), out)
+    return out
+
+
 # ---------------------------------------------------------------------------------------- numpy fallbacks
 def _np_level(leaves, nodes, starts, lvl):
     """Values of level ``lvl`` (0 = leaves) as an array view."""

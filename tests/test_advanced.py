@@ -1883,3 +1883,34 @@ def test_invalid_config_values_raise_naming_the_key(cfg, key):
 def test_instance_name_must_be_a_non_empty_string():
     with pytest.raises(ValueError):
         create_buffer(dict(type='advanced', replay_buffer_size=8), instance_name='')
+
+
+@pytest.mark.parametrize('storage', STORAGES)
+def test_equal_priorities_give_identical_leaves_on_every_path(storage):
+    """Single push, batched push and update must compute ``priority ** alpha`` the same way (numpy's SIMD
+    ``np.power`` differs from the C ``pow`` by one ulp for some inputs): equal priorities -> IS exactly 1."""
+    xs = np.random.default_rng(3).random(4096) * 10 + 0.1
+    differs = xs[np.power(xs, 0.6) != np.array([x ** 0.6 for x in xs.tolist()])]
+    p = float(differs[0]) if len(differs) else 0.37  # a value where the two pows disagree, if this CPU has one
+    buf = create_buffer(dict(type='advanced', replay_buffer_size=128, alpha=0.6, eps=0.0, seed=0,
+                             storage=dict(type=storage)), instance_name='eq')
+    buf.push({'x': np.ones(2, np.float32), 'priority': 5.0})  # the first item fixes the schema
+    buf.push({'x': np.ones(2, np.float32), 'priority': p})  # single push (tensor: the fast path)
+    if storage == 'tensor':  # a batch long enough for numpy's vectorised loops
+        buf.extend({'x': np.ones((64, 2), np.float32), 'priority': np.full(64, p)})
+    else:
+        buf.push([{'x': np.ones(2, np.float32), 'priority': p} for _ in range(64)])
+    assert len(set(buf._index.tree.leaves[1:66].tolist())) == 1  # single and batched pushes agree
+    out = buf.sample(64)
+    ids = out['replay_unique_id'] if storage == 'tensor' else [d['replay_unique_id'] for d in out]
+    idx = out['replay_buffer_idx'] if storage == 'tensor' else [d['replay_buffer_idx'] for d in out]
+    buf.update({'replay_unique_id': ids, 'replay_buffer_idx': idx, 'priority': [p] * 64})  # eps=0: same priority
+    leaves = buf._index.tree.leaves[1:66]
+    assert len(set(leaves.tolist())) == 1, sorted(set(leaves.tolist()))
+    batch = buf.sample(64)
+    if storage == 'tensor':
+        weights = batch['IS'][batch['replay_buffer_idx'] > 0].tolist()
+    else:
+        weights = [d['IS'] for d in batch if d['replay_buffer_idx'] > 0]
+    assert weights and set(weights) == {1.0}  # slot 0 (priority 5 unless updated) is the only other value
+    buf.close()

@@ -74,7 +74,7 @@ class PriorityIndex:
         if self._priority is not None:
             self._priority[slots] = priorities
         self.use[slots] = 0
-        self.tree.set(slots, np.power(priorities, self.alpha))
+        self.tree.set(slots, kern.leaf_values(priorities, 0.0, self.alpha))
 
     def set_new_one(self, slot: int, priority: float) -> None:
         if self._priority is not None:
@@ -102,7 +102,7 @@ class PriorityIndex:
         stored = priorities + self.eps
         if self._priority is not None:
             self._priority[slots] = stored
-        self.tree.set(slots, np.power(stored, self.alpha))
+        self.tree.set(slots, kern.leaf_values(priorities, self.eps, self.alpha))
         if len(priorities):
             self.max_priority = max(self.max_priority, float(priorities.max()))
 
