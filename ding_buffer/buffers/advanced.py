@@ -209,7 +209,7 @@ class AdvancedReplayBuffer(BufferCore):
         return ok
 
     def _push_items(self, items: List[Any]) -> int:
-        if len(items) == 1 and self._storage.kind == 'tensor' and self._push_one_fast(items[0]):
+        if len(items) == 1 and self._push_one_fast(items[0]):
             return 1
         priorities = self._priorities_of_items(items)  # validated before anything is written
         if not self._admit(len(items)):

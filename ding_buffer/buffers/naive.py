@@ -66,6 +66,8 @@ class NaiveReplayBuffer(BufferCore):
         return len(self._storage)
 
     def _push_items(self, items: List[Any]) -> int:
+        if len(items) == 1 and self._storage.write_one(items[0]) is not None:  # tensor storage's fast path
+            return 1
         result = self._storage.write(self._storage.prepare(items))
         self._evicted(result.evicted)
         return len(items)

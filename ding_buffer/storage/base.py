@@ -5,7 +5,7 @@ Every write goes through two steps so that a rejected batch leaves the storage u
 Not thread-safe: the owning buffer's lock serialises every call.
 """
 from abc import ABC, abstractmethod
-from typing import Any, Dict, List, NamedTuple, Tuple
+from typing import Any, Dict, List, NamedTuple, Optional, Tuple
 
 import numpy as np
 
@@ -73,6 +73,10 @@ class Storage(ABC):
             evicted += self._take(overwritten)
         self._write(slots, prepared.payload)
         return WriteResult(slots, uids, evicted)
+
+    def write_one(self, item: Any) -> Optional[int]:
+        """Fast path for one item: its slot, or ``None`` (nothing changed) -- then use prepare + write."""
+        return None
 
     def _reserve(self, prepared: Prepared) -> None:
         """Acquire what the write needs (tensor storage allocates its fields on the first write)."""
