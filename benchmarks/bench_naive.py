@@ -445,10 +445,10 @@ def cpu_model() -> str:
     return platform.processor() or 'unknown'
 
 
-def versions() -> Dict[str, str]:
+def versions(pkgs=('torch', 'numpy', 'cpprb', 'torchrl', 'tensordict', 'ding_buffer')) -> Dict[str, str]:
     from importlib import metadata
     out = {'python': platform.python_version()}
-    for pkg in ('torch', 'numpy', 'cpprb', 'torchrl', 'tensordict', 'ding_buffer'):
+    for pkg in pkgs:
         try:
             out[pkg] = metadata.version(pkg)
         except metadata.PackageNotFoundError:
@@ -456,14 +456,21 @@ def versions() -> Dict[str, str]:
     return out
 
 
-def environment(args) -> Dict[str, Any]:
+def machine(pkgs=None) -> Dict[str, Any]:
+    """Date, CPU, cores, torch threads and package versions (shared by every benchmark's JSON and header)."""
     return {
         'date_utc': datetime.datetime.now(datetime.timezone.utc).strftime('%Y-%m-%d %H:%M:%S UTC'),
         'cpu': cpu_model(),
         'cores': os.cpu_count(),
         'cores_usable': len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else None,
         'torch_threads': torch.get_num_threads(),
-        'versions': versions(),
+        'versions': versions() if pkgs is None else versions(pkgs),
+    }
+
+
+def environment(args) -> Dict[str, Any]:
+    return {
+        **machine(),
         'capacities': args.capacities,
         'repeats': args.repeats,
         'target_s': args.target_s,

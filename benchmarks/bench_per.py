@@ -54,24 +54,22 @@ Run
 """
 import argparse
 import ctypes
-import datetime
 import gc
 import json
 import logging
 import os
-import platform
 import statistics
 import subprocess
 import sys
 import time
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Dict, List, Optional
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from bench_naive import cpu_model, fmt, fmt_rate, fmt_ratio, log, md_table, ratio, time_calls  # noqa: E402
+from bench_naive import fmt, machine, fmt_rate, fmt_ratio, log, md_table, ratio, time_calls  # noqa: E402
 import _peers_per as P  # noqa: E402
 
 DEFAULT_OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'results', 'bench_per.json')
@@ -287,26 +285,13 @@ def bench_images(peers: List[str], args) -> Dict[str, Any]:
 
 
 # ---------------------------------------------------------------------------------------------- report
-def versions() -> Dict[str, str]:
-    from importlib import metadata
-    out = {'python': platform.python_version()}
-    for pkg in ('torch', 'numpy', 'numba', 'cpprb', 'torchrl', 'tensordict', 'DI-engine', 'ding-buffer'):
-        try:
-            out[pkg] = metadata.version(pkg)
-        except metadata.PackageNotFoundError:
-            out[pkg] = 'not installed'
-    return out
+PACKAGES = ('torch', 'numpy', 'numba', 'cpprb', 'torchrl', 'tensordict', 'DI-engine', 'ding-buffer')
 
 
 def environment(args) -> Dict[str, Any]:
     return {
-        'date_utc': datetime.datetime.now(datetime.timezone.utc).strftime('%Y-%m-%d %H:%M:%S UTC'),
-        'cpu': cpu_model(),
-        'cores': os.cpu_count(),
-        'cores_usable': len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else None,
-        'torch_threads': torch.get_num_threads(),
+        **machine(PACKAGES),
         'python_executable': sys.executable,
-        'versions': versions(),
         'capacities': args.capacities,
         'memory_capacities': args.mem_capacities,
         'repeats': args.repeats,

@@ -25,6 +25,7 @@ import pytest
 import torch
 from easydict import EasyDict
 
+from helpers import assert_same, chi_square, chi_threshold, wait_until as _wait_until
 from ding_buffer import AdvancedReplayBuffer, SampleTimeoutError, create_buffer, deep_merge_dicts
 from ding_buffer.control.thruput import ThruputController
 
@@ -122,33 +123,7 @@ def info_from(batch, priorities):
     }
 
 
-def assert_same(a, b, where='state'):
-    """Recursive exact equality for states made of dicts, lists, tensors, arrays and scalars."""
-    if isinstance(a, dict):
-        assert isinstance(b, dict) and set(a) == set(b), f"{where}: keys {sorted(a)} != {sorted(b)}"
-        for k in a:
-            assert_same(a[k], b[k], f"{where}.{k}")
-    elif isinstance(a, (list, tuple)):
-        assert isinstance(b, (list, tuple)) and len(a) == len(b), f"{where}: {a!r} != {b!r}"
-        for i, (x, y) in enumerate(zip(a, b)):
-            assert_same(x, y, f"{where}[{i}]")
-    elif isinstance(a, torch.Tensor):
-        assert isinstance(b, torch.Tensor), f"{where}: {type(b)} is not a tensor"
-        assert a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b), f"{where}: {a} != {b}"
-    elif isinstance(a, np.ndarray):
-        assert isinstance(b, np.ndarray) and a.dtype == b.dtype and np.array_equal(a, b), f"{where}: {a} != {b}"
-    else:
-        assert type(a) == type(b) and a == b, f"{where}: {a!r} != {b!r}"
 
-
-def chi_square(counts, expected):
-    counts = np.asarray(counts, dtype=np.float64)
-    expected = np.asarray(expected, dtype=np.float64)
-    return float(((counts - expected) ** 2 / expected).sum())
-
-
-def chi_threshold(df):
-    return df + 5 * math.sqrt(2 * df)
 
 
 def busy_buffer(storage, seed=0, **kw):
@@ -1037,14 +1012,6 @@ def _tracked_item(tmp_path, i):
     torch.save(torch.full((2, ), float(i)), path)
     return {'data_id': str(path), 'id': i}
 
-
-def _wait_until(predicate, timeout=5.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.01)
-    return predicate()
 
 
 def test_max_use_with_tracking_retires_item_and_update_cannot_revive_it(tmp_path):

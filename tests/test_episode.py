@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 
+from helpers import assert_same
 from ding_buffer import create_buffer
 
 STORAGES = ['list', 'tensor']
@@ -81,24 +82,6 @@ def check_window(window, lengths_by_episode, unroll_len):
         assert t0 + unroll_len <= lengths_by_episode[e]
     return e, t0
 
-
-def assert_same(a, b, path='state'):
-    """Exact recursive equality of states / samples (tensors, arrays, dicts, lists, scalars)."""
-    if isinstance(a, torch.Tensor):
-        assert isinstance(b, torch.Tensor), path
-        assert a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b), path
-    elif isinstance(a, np.ndarray):
-        assert isinstance(b, np.ndarray) and a.dtype == b.dtype and np.array_equal(a, b), path
-    elif isinstance(a, dict):
-        assert isinstance(b, dict) and set(a) == set(b), f"{path}: keys {set(a)} != {set(b)}"
-        for k in a:
-            assert_same(a[k], b[k], f"{path}.{k}")
-    elif isinstance(a, (list, tuple)):
-        assert type(a) == type(b) and len(a) == len(b), path
-        for i, (x, y) in enumerate(zip(a, b)):
-            assert_same(x, y, f"{path}[{i}]")
-    else:
-        assert a == b, f"{path}: {a!r} != {b!r}"
 
 
 def stored_episodes(buf):

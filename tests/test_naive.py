@@ -4,13 +4,13 @@ Covers DI-engine push/clear semantics, sampling (ranges, copies, batched tensor 
 ``ding_buffer.sampling.uniform_indices``, seeding, persistence (save/load, state_dict) and the O(batch)
 cost of sampling without replacement.
 """
-import copy
 import os
 
 import numpy as np
 import pytest
 import torch
 
+from helpers import assert_same, chi_square
 from ding_buffer import create_buffer
 from ding_buffer.sampling import uniform_indices
 
@@ -83,31 +83,8 @@ def stored_ids(buf):
     return sorted(ids_of(buf.sample(buf.count())))
 
 
-def assert_same(a, b, where='state'):
-    """Recursive equality for states made of dicts, lists, tensors, arrays and scalars."""
-    if isinstance(a, dict):
-        assert isinstance(b, dict) and set(a) == set(b), f"{where}: keys {sorted(a)} != {sorted(b)}"
-        for k in a:
-            assert_same(a[k], b[k], f"{where}.{k}")
-    elif isinstance(a, (list, tuple)):
-        assert isinstance(b, (list, tuple)) and len(a) == len(b), f"{where}: {a!r} != {b!r}"
-        for i, (x, y) in enumerate(zip(a, b)):
-            assert_same(x, y, f"{where}[{i}]")
-    elif isinstance(a, torch.Tensor):
-        assert isinstance(b, torch.Tensor), f"{where}: {type(b)} is not a tensor"
-        assert a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b), f"{where}: {a} != {b}"
-    elif isinstance(a, np.ndarray):
-        assert np.array_equal(a, b), f"{where}: {a} != {b}"
-    else:
-        assert a == b, f"{where}: {a!r} != {b!r}"
 
 
-def chi_square(counts, expected):
-    counts = np.asarray(counts, dtype=np.float64)
-    return float(((counts - expected) ** 2 / expected).sum())
-
-
-# ================================================================================ 1. DI-engine semantics
 @pytest.mark.parametrize('storage', STORAGES)
 def test_push_one_item_and_a_list(storage):
     buf = make(storage)

@@ -1,14 +1,12 @@
 """Tests for ``ding_buffer.storage``: the slot ring, the write protocol, list and tensor storages, builders."""
-import copy
 import os
-import random
 
 import numpy as np
 import pytest
 import torch
 
 from ding_buffer.storage import (
-    ListStorage, Prepared, RingIndex, TensorStorage, build_storage, storage_from_state
+    ListStorage, RingIndex, TensorStorage, build_storage, storage_from_state
 )
 from ding_buffer.storage.tree import path_name
 

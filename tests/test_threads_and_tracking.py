@@ -7,16 +7,9 @@ import numpy as np
 import pytest
 import torch
 
+from helpers import wait_until as _wait_until
 from ding_buffer import create_buffer
 
-
-def _wait_until(predicate, timeout=5.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.01)
-    return predicate()
 
 
 @pytest.mark.parametrize('storage', ['list', 'tensor'])

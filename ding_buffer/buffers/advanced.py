@@ -7,11 +7,10 @@ non-finite or negative priorities are ``ValueError`` (all or nothing), ``update`
 never revives retired items, pushed and stored dicts are never mutated, refusals are counted in ``stats()``.
 """
 import copy
-import math
 import threading
 import time
 import weakref
-from typing import Any, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Dict, List, Mapping, Optional
 
 import numpy as np
 import torch
@@ -165,20 +164,9 @@ class AdvancedReplayBuffer(BufferCore):
         self._beta = float(value)
 
     @property
-    def replay_buffer_size(self) -> int:
-        return self._cfg.replay_buffer_size
-
-    @property
     def push_count(self) -> int:
         """Items accepted since construction (DI-engine's Advanced keeps it across ``clear``)."""
         return self._storage.ring.push_count
-
-    @property
-    def storage(self):
-        return self._storage
-
-    def count(self) -> int:
-        return len(self._storage)
 
     # ------------------------------------------------------------------ push
     def _priorities_of_items(self, items: List[Any]) -> np.ndarray:

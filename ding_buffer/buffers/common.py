@@ -82,6 +82,20 @@ class BufferCore(IBuffer):
     def logger(self) -> logging.Logger:
         return self._logger
 
+    @property
+    def replay_buffer_size(self) -> int:
+        """Capacity (items; episodes for the episode buffer)."""
+        return self._cfg.replay_buffer_size
+
+    @property
+    def storage(self) -> Any:
+        """The item storage of slot-ring presets (``naive``, ``advanced``)."""
+        return self._storage
+
+    def count(self) -> int:
+        """Number of stored items."""
+        return len(self._storage)
+
     # ------------------------------------------------------------------ push
     def push(self, data: Any, cur_collector_envstep: int = -1, batched: bool = False) -> int:
         """

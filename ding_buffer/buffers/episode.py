@@ -71,10 +71,6 @@ class EpisodeReplayBuffer(BufferCore):
 
     # ------------------------------------------------------------------ properties
     @property
-    def replay_buffer_size(self) -> int:
-        return self._cfg.replay_buffer_size
-
-    @property
     def push_count(self) -> int:
         """Episodes accepted since construction or the last ``clear``."""
         return self._store.ring.push_count

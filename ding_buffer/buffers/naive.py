@@ -1,8 +1,6 @@
 """``NaiveReplayBuffer`` (``type='naive'``): FIFO ring, uniform sampling, DI-engine semantics."""
 from typing import Any, Dict, List, Optional
 
-import numpy as np
-
 from ..base import BUFFER_REGISTRY
 from ..config import positive_int
 from ..sampling import uniform_indices
@@ -50,20 +48,9 @@ class NaiveReplayBuffer(BufferCore):
         self._storage = build_storage(self._cfg.storage, self._cfg.replay_buffer_size)
 
     @property
-    def replay_buffer_size(self) -> int:
-        return self._cfg.replay_buffer_size
-
-    @property
     def push_count(self) -> int:
         """Items accepted since construction or the last ``clear`` (DI-engine resets it on clear)."""
         return self._storage.ring.push_count
-
-    @property
-    def storage(self):
-        return self._storage
-
-    def count(self) -> int:
-        return len(self._storage)
 
     def _push_items(self, items: List[Any]) -> int:
         if len(items) == 1 and self._storage.write_one(items[0]) is not None:  # tensor storage's fast path

@@ -11,7 +11,7 @@ Not thread-safe on its own: the buffer calls it under its lock.
 """
 import collections
 import logging
-from typing import Any, Dict, Optional
+from typing import Any, Dict
 
 KEYS = ('use_avg', 'use_max', 'priority_avg', 'priority_max', 'priority_min', 'staleness_avg', 'staleness_max', 'beta')
 
