@@ -1881,3 +1881,43 @@ def test_equal_priorities_give_identical_leaves_on_every_path(storage):
         weights = [d['IS'] for d in batch if d['replay_buffer_idx'] > 0]
     assert weights and set(weights) == {1.0}  # slot 0 (priority 5 unless updated) is the only other value
     buf.close()
+
+
+_BACKEND_SCRIPT = r'''
+import json, numpy as np, torch
+from ding_buffer import create_buffer, tree_kernels
+buf = create_buffer(dict(type='advanced', replay_buffer_size=300, seed=5, storage=dict(type='tensor')))
+rng = np.random.default_rng(0)
+out = {'numba': tree_kernels.HAVE_NUMBA, 'batches': []}
+for step in range(40):
+    buf.extend({'x': rng.random((40, 3), dtype=np.float32), 'priority': rng.random(40) * 3})
+    buf.push({'x': rng.random(3, dtype=np.float32)})
+    b = buf.sample(32, cur_learner_iter=step)
+    buf.update({'replay_unique_id': b['replay_unique_id'], 'replay_buffer_idx': b['replay_buffer_idx'],
+                'priority': torch.from_numpy(rng.random(32) * 5)})
+    out['batches'].append([b['replay_unique_id'].tolist(), b['IS'].tolist(), b['priority'].tolist()])
+out['leaves'] = buf._index.tree.leaves.tolist()
+out['nodes'] = [buf._index.tree.sum._nodes.tolist(), buf._index.tree.min._nodes.tolist()]
+print(json.dumps(out))
+'''
+
+
+def test_numba_and_numpy_backends_give_identical_buffers():
+    import os
+    """The compiled kernels and the numpy fallback must draw the same samples and build the same trees."""
+    import json
+    import subprocess
+    import sys
+    runs = {}
+    for flag in ('0', '1'):
+        env = dict(os.environ, DING_BUFFER_NO_NUMBA=flag)
+        proc = subprocess.run([sys.executable, '-c', _BACKEND_SCRIPT], env=env, capture_output=True, text=True,
+                              timeout=240)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        runs[flag] = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert runs['1']['numba'] is False
+    if not runs['0']['numba']:
+        pytest.skip('numba is not installed: only the fallback ran')
+    assert runs['0']['batches'] == runs['1']['batches']
+    assert runs['0']['leaves'] == runs['1']['leaves']
+    assert runs['0']['nodes'] == runs['1']['nodes']
