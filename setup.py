@@ -20,11 +20,12 @@ setup(
     extras_require={
         # numba compiles the segment-tree kernels (prioritized replay); without it a numpy fallback runs.
         'fast': ['numba>=0.59'],
-        'test': ['pytest>=7', 'pytest-timeout>=2.1', 'numba>=0.59'],
+        'test': ['pytest>=7', 'pytest-timeout>=2.1', 'numba>=0.59', 'gymnasium>=0.29', 'matplotlib>=3.5', 'tqdm>=4.60'],
         'bench': ['cpprb>=10.7', 'torchrl>=0.4'],
         'mpi': ['mpi4py>=3.1'],
         'ray': ['ray>=2.9'],
-        'examples': ['gymnasium>=0.29', 'matplotlib>=3.5', 'tqdm>=4.60'],
+        # `ding-buffer train` / `plot`: environments, learning curves, progress bar (and the compiled trees).
+        'examples': ['gymnasium>=0.29', 'matplotlib>=3.5', 'tqdm>=4.60', 'numba>=0.59'],
     },
     entry_points={'console_scripts': ['ding-buffer=ding_buffer.cli:main']},
     classifiers=[

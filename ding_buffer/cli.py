@@ -116,6 +116,62 @@ def demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _missing_extra(e: ImportError) -> int:
+    print(f"ding-buffer: error: {e.name or e} is not installed; install the examples extra: "
+          "pip install -e \".[examples]\"", file=sys.stderr)
+    return 2
+
+
+def train(args: argparse.Namespace) -> int:
+    """Run (or resume) a DQN training run from a DI-engine-style config file."""
+    import torch
+    try:
+        from .train.dqn import DQNTrainer
+    except ImportError as e:
+        return _missing_extra(e)
+    from .train.config import build_train_config, load_config_file
+    user = load_config_file(args.config)
+    if args.seed is not None:
+        user['seed'] = args.seed
+    if args.env_steps is not None:
+        user.setdefault('env', {})
+        user['env'] = dict(user['env'], max_env_step=args.env_steps)
+    if args.device is not None:
+        user['policy'] = dict(user.get('policy') or {}, device=args.device)
+    cfg = build_train_config(user, source=args.config)
+    run_dir = args.resume or os.path.join(cfg.log_dir or '.', f'{cfg.exp_name}_seed{cfg.seed}')
+    torch.set_num_threads(args.threads)
+    trainer = DQNTrainer(cfg, run_dir, resume=args.resume is not None, progress=not args.no_progress)
+    if trainer.resumed_from:
+        print(f"resumed from {trainer.resumed_from} at env step {trainer.env_step}")
+    s = trainer.run()
+    solved = f"reached {s['stop_value']:g} at env step {s['solved_step']}" if s['solved_step'] is not None \
+        else f"did not reach {s['stop_value']:g}"
+    buf = ', '.join(f'{k} {v:.4g}' if isinstance(v, float) else f'{k} {v}' for k, v in s['buffer'].items())
+    print(
+        f"\n== {s['exp_name']} (seed {s['seed']}, {s['buffer_type']} buffer) ==\n"
+        f"  env steps {s['env_steps']}, gradient steps {s['train_iters']}, episodes {s['episodes']}, "
+        f"wall time {s['wall_time_s']:.0f} s\n"
+        f"  eval return: best {s['best_eval_return']:.1f} (step {s['best_eval_step']}), final "
+        f"{s['final_eval_return']:.1f}; {solved}\n"
+        f"  buffer: {buf}\n"
+        f"  run dir: {s['run_dir']} (TensorBoard: tensorboard --logdir {os.path.join(s['run_dir'], 'log')}; "
+        f"curve: learning_curve.png)"
+    )
+    return 0
+
+
+def plot(args: argparse.Namespace) -> int:
+    """Overlay the evaluation curves of run directories in one PNG."""
+    try:
+        from .train.plot import plot_runs
+    except ImportError as e:
+        return _missing_extra(e)
+    out = plot_runs(args.run_dirs, args.out, title=args.title)
+    print(f"wrote {out}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog='ding-buffer', description='ding_buffer command line')
     sub = parser.add_subparsers(dest='command', required=True)
@@ -123,6 +179,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument('--seed', type=int, default=0)
     p.add_argument('--out', default=None, help='keep the saved buffers in this directory (default: a temp dir)')
     p.set_defaults(func=demo)
+    p = sub.add_parser('train', help='train DQN from a DI-engine-style config (e.g. config/cartpole_dqn_per.py)')
+    p.add_argument('config', help='config file defining main_config')
+    p.add_argument('--seed', type=int, default=None, help='override the config seed')
+    p.add_argument('--env-steps', type=int, default=None, help='override env.max_env_step')
+    p.add_argument('--resume', default=None, metavar='RUN_DIR', help='continue the run in RUN_DIR from its latest '
+                   'complete checkpoint')
+    p.add_argument('--device', default=None, help="'cpu' or 'cuda' (overrides policy.device)")
+    p.add_argument('--threads', type=int, default=1, help='torch CPU threads (1 is fastest for small networks)')
+    p.add_argument('--no-progress', action='store_true', help='no progress bar')
+    p.set_defaults(func=train)
+    p = sub.add_parser('plot', help='overlay the evaluation curves of run directories in one PNG')
+    p.add_argument('run_dirs', nargs='+', metavar='RUN_DIR')
+    p.add_argument('--out', default='learning_curves.png')
+    p.add_argument('--title', default=None)
+    p.set_defaults(func=plot)
     return parser
 
 

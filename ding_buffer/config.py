@@ -74,8 +74,9 @@ def _type_ok(default: Any, value: Any) -> bool:
     return True
 
 
-def check_keys_and_types(defaults: Mapping, user: Mapping, prefix: str = '') -> None:
-    """Raise ``ValueError`` for an unknown key or a value whose type differs from the default's."""
+def check_keys_and_types(defaults: Mapping, user: Mapping, prefix: str = '', nullable: frozenset = frozenset()) -> None:
+    """Raise ``ValueError`` for an unknown key or a value whose type differs from the default's (``None`` is
+    accepted for the dotted keys in ``nullable``)."""
     for key, value in user.items():
         name = prefix + str(key)
         if key not in defaults:
@@ -86,13 +87,13 @@ def check_keys_and_types(defaults: Mapping, user: Mapping, prefix: str = '') -> 
                 f"'{prefix}{closest_key(key, defaults.keys())}'?"
             )
         default = defaults[key]
-        if not _type_ok(default, value):
+        if not (value is None and name in nullable) and not _type_ok(default, value):
             raise ValueError(
                 f"config key '{name}' has value {value!r} of type {type(value).__name__}; "
                 f"expected {type(default).__name__} (default {default!r})"
             )
         if isinstance(default, Mapping) and default:
-            check_keys_and_types(default, value, prefix=name + '.')
+            check_keys_and_types(default, value, prefix=name + '.', nullable=nullable)
 
 
 def apply_checks(cfg: Mapping, checks: Dict[str, Check]) -> None:
@@ -121,10 +122,22 @@ def build_config(defaults: Mapping, user: Optional[Mapping], checks: Optional[Di
         user = {}
     if not isinstance(user, Mapping):
         raise TypeError(f"buffer config must be a dict/EasyDict, got {type(user).__name__}")
-    check_keys_and_types(defaults, user)
+    check_keys_and_types(defaults, user, nullable=_nullable(checks or {}))
     cfg = deep_merge_dicts(defaults, user)
     apply_checks(cfg, checks or {})
     return cfg
+
+
+def _nullable(checks: Dict[str, Check]) -> frozenset:
+    """Keys whose check accepts ``None`` (e.g. ``optional_positive_int``) may be set to ``None``."""
+    out = set()
+    for key, (predicate, _) in checks.items():
+        try:
+            if predicate(None):
+                out.add(key)
+        except Exception:
+            pass
+    return frozenset(out)
 
 
 def positive_int(x: Any) -> bool:

@@ -34,6 +34,11 @@ def atomic_save(obj: Any, path: str) -> None:
         if os.path.exists(tmp):
             os.remove(tmp)
         raise
+    fsync_dir(directory)
+
+
+def fsync_dir(directory: str) -> None:
+    """Make a rename / file creation in ``directory`` durable."""
     dir_fd = os.open(directory, os.O_RDONLY)
     try:
         os.fsync(dir_fd)

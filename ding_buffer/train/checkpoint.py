@@ -1,0 +1,91 @@
+"""Crash-safe checkpoint directories: written under a temporary name, completed with a marker, published by an
+atomic rename. A process killed at any moment (SIGKILL included, also in the middle of a write) leaves either
+the previous checkpoints or the new one -- never an unloadable "latest".
+
+Layout: ``<dir>/step_000010000/{trainer.pt, buffer.pt, COMPLETE}``; temporaries are ``<dir>/.tmp-...`` and are
+ignored (and removed) by the next save or load.
+"""
+import json
+import os
+import shutil
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+from ..persistence import atomic_save, fsync_dir
+
+MARKER = 'COMPLETE'
+
+
+def save_checkpoint(
+        root: str,
+        step: int,
+        trainer_state: Dict[str, Any],
+        save_buffer: Callable[[str], None],
+        keep: int,
+) -> str:
+    """
+    Overview:
+        Write ``trainer_state`` (``torch.save``) and the buffer (``save_buffer(path)``) into a temporary directory,
+        fsync, write the ``COMPLETE`` marker, rename to ``step_<step>`` and keep only the newest ``keep``.
+    Returns:
+        - path (:obj:`str`): the published checkpoint directory.
+    """
+    os.makedirs(root, exist_ok=True)
+    _remove_temporaries(root)
+    final = os.path.join(root, f'step_{step:09d}')
+    tmp = os.path.join(root, f'.tmp-step_{step:09d}-{os.getpid()}')
+    os.makedirs(tmp)
+    atomic_save(trainer_state, os.path.join(tmp, 'trainer.pt'))
+    save_buffer(os.path.join(tmp, 'buffer.pt'))  # atomic + fsynced by the buffer itself
+    marker = os.path.join(tmp, MARKER)
+    with open(marker, 'w') as f:
+        json.dump({'step': step}, f)
+        f.flush()
+        os.fsync(f.fileno())
+    fsync_dir(tmp)
+    if os.path.exists(final):  # a re-save of the same step (e.g. after a resume): replace it
+        shutil.rmtree(final)
+    os.rename(tmp, final)
+    fsync_dir(root)
+    for old in complete_checkpoints(root)[:-keep]:
+        shutil.rmtree(old[1], ignore_errors=True)
+    return final
+
+
+def complete_checkpoints(root: str) -> List[Tuple[int, str]]:
+    """(step, path) of every published checkpoint with its marker, oldest first."""
+    if not os.path.isdir(root):
+        return []
+    out = []
+    for name in os.listdir(root):
+        path = os.path.join(root, name)
+        if name.startswith('step_') and os.path.isfile(os.path.join(path, MARKER)):
+            try:
+                out.append((int(name[len('step_'):]), path))
+            except ValueError:
+                continue
+    return sorted(out)
+
+
+def load_latest(root: str, load: Callable[[str], Any]) -> Tuple[Optional[str], Any]:
+    """
+    Overview:
+        Call ``load(path)`` on the newest complete checkpoint; if it fails (a damaged file), fall back to the
+        previous one. ``(None, None)`` when there is none. Leftover temporaries are removed.
+    """
+    _remove_temporaries(root)
+    errors = []
+    for _, path in reversed(complete_checkpoints(root)):
+        try:
+            return path, load(path)
+        except (ValueError, OSError, RuntimeError, KeyError) as e:
+            errors.append(f"{path}: {e}")
+    if errors:
+        raise ValueError("no loadable checkpoint in '{}':\n  {}".format(root, '\n  '.join(errors)))
+    return None, None
+
+
+def _remove_temporaries(root: str) -> None:
+    if os.path.isdir(root):
+        for name in os.listdir(root):
+            if name.startswith('.tmp-'):
+                shutil.rmtree(os.path.join(root, name), ignore_errors=True)

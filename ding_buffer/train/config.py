@@ -1,0 +1,131 @@
+"""Training configs: DI-engine-style files (``main_config = dict(...)``) validated against ``TRAIN_DEFAULTS``.
+
+A config file is plain Python that defines ``main_config``. Every key is checked (unknown key -> ``ValueError``
+naming the file, the key and the closest valid key); the replay buffer section is validated by the buffer
+class itself when ``create_buffer`` builds it.
+"""
+import importlib.util
+import os
+from typing import Any, Dict, Mapping
+
+from easydict import EasyDict
+
+from ..config import build_config, optional_positive_int, positive_int
+
+INF = float('inf')
+
+TRAIN_DEFAULTS = dict(
+    # Run name; the run directory is <log_dir>/<exp_name>_seed<seed> (log_dir None: the working directory).
+    exp_name='cartpole_dqn',
+    log_dir=None,
+    seed=0,
+    env=dict(
+        env_id='CartPole-v1',
+        # Total environment steps of the run.
+        max_env_step=50_000,
+        # Greedy evaluation: episodes per evaluation and env steps between evaluations.
+        eval_episodes=10,
+        eval_freq=2_500,
+        # A run counts as solved once the mean evaluation return reaches this.
+        stop_value=475.0,
+    ),
+    policy=dict(
+        # 'cpu' or 'cuda' (the command line's --device overrides it).
+        device='cpu',
+        model=dict(hidden_sizes=[128, 128]),
+        discount_factor=0.99,
+        # n-step TD targets (1 = plain one-step DQN).
+        nstep=1,
+        learn=dict(
+            batch_size=64,
+            learning_rate=1e-3,
+            # Gradient steps per collected env step, and env steps collected before learning starts.
+            updates_per_step=1,
+            warmup_steps=1_000,
+            # Hard target-network update every this many gradient steps.
+            target_update_freq=500,
+            # Double DQN target (online net picks the action, target net evaluates it).
+            double=True,
+            # Huber loss threshold; gradient-norm clip (None: no clipping).
+            huber_delta=1.0,
+            grad_clip=10.0,
+        ),
+        collect=dict(
+            # Linear epsilon-greedy schedule over env steps.
+            eps_start=1.0,
+            eps_end=0.05,
+            eps_decay_steps=10_000,
+        ),
+        other=dict(replay_buffer=dict(type='advanced')),
+    ),
+    checkpoint=dict(
+        # Save every this many env steps (None: only at the end); keep the newest `keep`.
+        freq=10_000,
+        keep=2,
+    ),
+)
+
+TRAIN_CHECKS = {
+    'seed': (lambda x: isinstance(x, int) and x >= 0, 'an int >= 0'),
+    'env.max_env_step': (positive_int, 'a positive int'),
+    'env.eval_episodes': (positive_int, 'a positive int'),
+    'env.eval_freq': (positive_int, 'a positive int'),
+    'policy.device': (lambda x: x in ('cpu', 'cuda') or str(x).startswith('cuda:'), "'cpu' or 'cuda[:N]'"),
+    'policy.discount_factor': (lambda x: 0 <= x <= 1, 'a number in [0, 1]'),
+    'policy.nstep': (positive_int, 'a positive int'),
+    'policy.learn.batch_size': (positive_int, 'a positive int'),
+    'policy.learn.learning_rate': (lambda x: x > 0, 'a positive number'),
+    'policy.learn.updates_per_step': (positive_int, 'a positive int'),
+    'policy.learn.warmup_steps': (lambda x: isinstance(x, int) and x >= 0, 'an int >= 0'),
+    'policy.learn.target_update_freq': (positive_int, 'a positive int'),
+    'policy.learn.huber_delta': (lambda x: x > 0, 'a positive number'),
+    'policy.learn.grad_clip': (lambda x: x is None or x > 0, 'None or a positive number'),
+    'policy.collect.eps_start': (lambda x: 0 <= x <= 1, 'a number in [0, 1]'),
+    'policy.collect.eps_end': (lambda x: 0 <= x <= 1, 'a number in [0, 1]'),
+    'policy.collect.eps_decay_steps': (positive_int, 'a positive int'),
+    'policy.model.hidden_sizes': (lambda x: len(x) > 0 and all(positive_int(h) for h in x), 'a non-empty list of positive ints'),
+    'checkpoint.freq': (optional_positive_int, 'None or a positive int'),
+    'checkpoint.keep': (positive_int, 'a positive int'),
+}
+
+
+def load_config_file(path: str) -> Dict[str, Any]:
+    """Execute a config file and return its ``main_config`` (``ValueError``/``FileNotFoundError`` naming the file)."""
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"config file '{path}' does not exist")
+    spec = importlib.util.spec_from_file_location('ding_buffer_user_config', path)
+    module = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(module)
+    except Exception as e:  # a syntax error or a crash in the user's file is bad input, not our bug
+        raise ValueError(f"config file '{path}' could not be executed: {type(e).__name__}: {e}") from e
+    cfg = getattr(module, 'main_config', None)
+    if not isinstance(cfg, Mapping):
+        raise ValueError(f"config file '{path}' must define main_config = dict(...), got {type(cfg).__name__}")
+    return dict(cfg)
+
+
+def build_train_config(user: Mapping, source: str = '<config>') -> EasyDict:
+    """Merge ``user`` over ``TRAIN_DEFAULTS`` with validation; errors name ``source``."""
+    buffer_cfg = dict(((user.get('policy') or {}).get('other') or {}).get('replay_buffer') or {})
+    try:
+        cfg = build_config(TRAIN_DEFAULTS, _without_buffer(user), TRAIN_CHECKS)
+    except (ValueError, TypeError) as e:
+        raise type(e)(f"{source}: {e}") from e
+    if not buffer_cfg.get('type'):
+        raise ValueError(f"{source}: policy.other.replay_buffer.type is required (e.g. 'advanced' or 'naive')")
+    cfg.policy.other.replay_buffer = EasyDict(buffer_cfg)
+    return cfg
+
+
+def _without_buffer(user: Mapping) -> Dict[str, Any]:
+    """``user`` without ``policy.other.replay_buffer`` (the buffer validates its own section)."""
+    user = dict(user)
+    policy = dict(user.get('policy') or {})
+    other = dict(policy.get('other') or {})
+    other.pop('replay_buffer', None)
+    if 'other' in policy:
+        policy['other'] = other
+    if 'policy' in user:
+        user['policy'] = policy
+    return user

@@ -1,0 +1,351 @@
+"""Config-driven DQN (double DQN, Huber loss, optional n-step) on a gymnasium env with any ``ding_buffer`` buffer.
+
+The buffer comes from ``create_buffer(cfg.policy.other.replay_buffer, tb_logger=..., exp_name=...)`` -- the call a
+DI-engine pipeline makes. With a prioritized buffer (``type='advanced'``) the learner weights the loss by the
+sampled ``IS`` and sends ``|TD error|`` back through ``buffer.update``; with a uniform one both are no-ops.
+
+Run directory ``<log_dir>/<exp_name>_seed<seed>/``: ``log/`` (TensorBoard: buffer monitors + training curves),
+``eval.csv``, ``learning_curve.png``, ``checkpoints/`` (see ``checkpoint.py``), ``summary.json``.
+"""
+import collections
+import csv
+import io
+import json
+import os
+import time
+from typing import Any, Dict, List, Optional
+
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from easydict import EasyDict
+
+from ..base import create_buffer
+from ..persistence import fsync_dir
+from .checkpoint import complete_checkpoints, load_latest, save_checkpoint
+
+EVAL_FIELDS = ('env_step', 'train_iter', 'return_mean', 'return_std', 'wall_time')
+
+
+class QNet(nn.Module):
+
+    def __init__(self, obs_dim: int, n_actions: int, hidden_sizes: List[int]) -> None:
+        super().__init__()
+        layers, last = [], obs_dim
+        for h in hidden_sizes:
+            layers += [nn.Linear(last, h), nn.ReLU()]
+            last = h
+        layers.append(nn.Linear(last, n_actions))
+        self.net = nn.Sequential(*layers)
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        return self.net(obs)
+
+
+class NStep:
+    """Turns one-step transitions into n-step ones: reward = sum gamma^k r_k, ``discount`` = gamma^m for the m
+    steps used (m < n at episode ends), ``done`` = the episode terminated within them."""
+
+    def __init__(self, n: int, gamma: float) -> None:
+        self.n, self.gamma = n, gamma
+        self.window: collections.deque = collections.deque()
+
+    def add(self, t: Dict[str, Any], episode_over: bool) -> List[Dict[str, Any]]:
+        self.window.append(t)
+        out = []
+        if len(self.window) == self.n:
+            out.append(self._emit())
+            self.window.popleft()
+        if episode_over:
+            while self.window:
+                out.append(self._emit())
+                self.window.popleft()
+        return out
+
+    def _emit(self) -> Dict[str, Any]:
+        first, reward, done, m = self.window[0], 0.0, False, 0
+        last = first
+        for k, t in enumerate(self.window):
+            reward += (self.gamma ** k) * t['reward']
+            last, m = t, k + 1
+            if t['done']:
+                done = True
+                break
+        return dict(first, reward=float(reward), next_obs=last['next_obs'], done=done,
+                    discount=float(self.gamma ** m))
+
+
+class DQNTrainer:
+    """
+    Overview:
+        One training run. ``run()`` collects, learns, evaluates and checkpoints until ``env.max_env_step``,
+        then writes the learning curve and returns the summary. ``resume=True`` continues from the latest
+        complete checkpoint of ``run_dir``.
+    """
+
+    def __init__(self, cfg: EasyDict, run_dir: str, resume: bool = False, progress: bool = True) -> None:
+        import gymnasium as gym
+        self.cfg, self.run_dir, self.progress = cfg, run_dir, progress
+        self.device = torch.device(cfg.policy.device)
+        if self.device.type == 'cuda' and not torch.cuda.is_available():
+            raise ValueError(f"device '{cfg.policy.device}' requested but CUDA is not available on this machine")
+        self.ckpt_dir = os.path.join(run_dir, 'checkpoints')
+        if not resume and complete_checkpoints(self.ckpt_dir):
+            raise ValueError(
+                f"run directory '{run_dir}' already holds checkpoints: continue it with --resume {run_dir}, "
+                "or pick another exp_name / seed / log_dir"
+            )
+        os.makedirs(run_dir, exist_ok=True)
+        try:
+            self.env = gym.make(cfg.env.env_id)
+            self.eval_env = gym.make(cfg.env.env_id)
+        except gym.error.Error as e:
+            raise ValueError(f"config key 'env.env_id': cannot make {cfg.env.env_id!r}: {e}") from e
+        if not isinstance(self.env.action_space, gym.spaces.Discrete):
+            raise ValueError(f"config key 'env.env_id': DQN needs a discrete action space, {cfg.env.env_id} has "
+                             f"{self.env.action_space}")
+        obs_dim = int(np.prod(self.env.observation_space.shape))
+        n_actions = int(self.env.action_space.n)
+        torch.manual_seed(cfg.seed)
+        self.net = QNet(obs_dim, n_actions, list(cfg.policy.model.hidden_sizes)).to(self.device)
+        self.target = QNet(obs_dim, n_actions, list(cfg.policy.model.hidden_sizes)).to(self.device)
+        self.target.load_state_dict(self.net.state_dict())
+        self.optim = torch.optim.Adam(self.net.parameters(), lr=cfg.policy.learn.learning_rate)
+        self.rng = np.random.default_rng(cfg.seed)
+        self.n_actions = n_actions
+        from torch.utils.tensorboard import SummaryWriter
+        self.tb = SummaryWriter(os.path.join(run_dir, 'log'))
+        buffer_cfg = EasyDict(dict(cfg.policy.other.replay_buffer))
+        buffer_cfg.setdefault('storage', {})
+        buffer_cfg.storage = EasyDict(dict(buffer_cfg.storage))
+        buffer_cfg.storage.setdefault('type', 'tensor')
+        if buffer_cfg.storage.type != 'tensor':
+            raise ValueError("config key 'policy.other.replay_buffer.storage.type' must be 'tensor' for training "
+                             f"(the learner needs batched tensors), got {buffer_cfg.storage.type!r}")
+        buffer_cfg.setdefault('seed', cfg.seed)
+        self.buffer = create_buffer(buffer_cfg, tb_logger=self.tb, exp_name=cfg.exp_name, instance_name='buffer')
+        self.nstep = NStep(cfg.policy.nstep, cfg.policy.discount_factor)
+        self.env_step = self.train_iter = self.episodes = 0
+        self.evals: List[Dict[str, float]] = []
+        self.recent_returns: collections.deque = collections.deque(maxlen=20)
+        self.solved_step: Optional[int] = None
+        self.wall_offset = 0.0
+        self.last_loss = float('nan')
+        self.resumed_from: Optional[str] = None
+        if resume:
+            path, state = load_latest(self.ckpt_dir, self._load_checkpoint)
+            if path is None:
+                raise ValueError(f"--resume {run_dir}: no complete checkpoint in {self.ckpt_dir}")
+            self.resumed_from = path
+        self.obs, _ = self.env.reset(seed=None if resume else cfg.seed)
+
+    # ------------------------------------------------------------------ acting / learning
+    def epsilon(self) -> float:
+        c = self.cfg.policy.collect
+        frac = min(1.0, self.env_step / c.eps_decay_steps)
+        return c.eps_start + frac * (c.eps_end - c.eps_start)
+
+    @torch.no_grad()
+    def greedy(self, obs: np.ndarray) -> int:
+        q = self.net(torch.as_tensor(obs, dtype=torch.float32, device=self.device).unsqueeze(0))
+        return int(q.argmax(1).item())
+
+    def learn(self) -> None:
+        cfg = self.cfg.policy
+        batch = self.buffer.sample(cfg.learn.batch_size, cur_learner_iter=self.train_iter)
+        if batch is None:
+            return
+        dev = self.device
+        obs, next_obs = batch['obs'].to(dev), batch['next_obs'].to(dev)
+        action = batch['action'].to(dev).long()
+        reward, done = batch['reward'].to(dev), batch['done'].to(dev).float()
+        discount = batch['discount'].to(dev)
+        q = self.net(obs).gather(1, action.unsqueeze(1)).squeeze(1)
+        with torch.no_grad():
+            if cfg.learn.double:
+                next_a = self.net(next_obs).argmax(1, keepdim=True)
+                next_q = self.target(next_obs).gather(1, next_a).squeeze(1)
+            else:
+                next_q = self.target(next_obs).max(1).values
+            target = reward + discount * (1.0 - done) * next_q
+        td = target - q
+        weights = batch['IS'].to(dev) if 'IS' in batch else torch.ones_like(td)
+        loss = (weights * F.huber_loss(q, target, reduction='none', delta=cfg.learn.huber_delta)).mean()
+        self.optim.zero_grad()
+        loss.backward()
+        if cfg.learn.grad_clip is not None:
+            nn.utils.clip_grad_norm_(self.net.parameters(), cfg.learn.grad_clip)
+        self.optim.step()
+        self.buffer.update({
+            'replay_unique_id': batch['replay_unique_id'],
+            'replay_buffer_idx': batch['replay_buffer_idx'],
+            'priority': td.detach().abs().cpu(),
+        })
+        self.train_iter += 1
+        if self.train_iter % cfg.learn.target_update_freq == 0:
+            self.target.load_state_dict(self.net.state_dict())
+        if self.train_iter % 100 == 0:
+            self.last_loss = float(loss.item())
+            self.tb.add_scalar('train/loss', self.last_loss, self.env_step)
+            self.tb.add_scalar('train/td_error_abs_mean', float(td.abs().mean().item()), self.env_step)
+
+    def evaluate(self) -> Dict[str, float]:
+        returns = []
+        base = self.cfg.seed * 1_000_003 + 10_000 + len(self.evals) * self.cfg.env.eval_episodes
+        for k in range(self.cfg.env.eval_episodes):
+            obs, _ = self.eval_env.reset(seed=base + k)
+            total, over = 0.0, False
+            while not over:
+                obs, r, term, trunc, _ = self.eval_env.step(self.greedy(obs))
+                total += float(r)
+                over = term or trunc
+            returns.append(total)
+        row = {'env_step': self.env_step, 'train_iter': self.train_iter, 'return_mean': float(np.mean(returns)),
+               'return_std': float(np.std(returns)), 'wall_time': self.wall_time()}
+        self.evals.append(row)
+        self.tb.add_scalar('eval/return_mean', row['return_mean'], self.env_step)
+        if self.solved_step is None and row['return_mean'] >= self.cfg.env.stop_value:
+            self.solved_step = self.env_step
+        self._write_eval_csv()
+        return row
+
+    def wall_time(self) -> float:
+        return self.wall_offset + time.monotonic() - self._t0
+
+    # ------------------------------------------------------------------ main loop
+    def run(self) -> Dict[str, Any]:
+        from tqdm import tqdm
+        cfg = self.cfg
+        self._t0 = time.monotonic()
+        ep_return = 0.0
+        bar = tqdm(total=cfg.env.max_env_step, initial=self.env_step, unit='step', dynamic_ncols=True,
+                   disable=not self.progress, desc=cfg.exp_name, mininterval=0.5)
+        while self.env_step < cfg.env.max_env_step:
+            eps = self.epsilon()
+            action = int(self.rng.integers(self.n_actions)) if self.rng.random() < eps else self.greedy(self.obs)
+            next_obs, r, term, trunc, _ = self.env.step(action)
+            t = {'obs': np.asarray(self.obs, np.float32), 'action': action, 'reward': float(r),
+                 'next_obs': np.asarray(next_obs, np.float32), 'done': bool(term), 'collect_iter': self.train_iter,
+                 'discount': float(cfg.policy.discount_factor)}
+            for item in self.nstep.add(t, term or trunc):
+                self.buffer.push(item, cur_collector_envstep=self.env_step)
+            self.env_step += 1
+            ep_return += float(r)
+            self.obs = next_obs
+            if term or trunc:
+                self.episodes += 1
+                self.recent_returns.append(ep_return)
+                self.tb.add_scalar('train/episode_return', ep_return, self.env_step)
+                ep_return = 0.0
+                self.obs, _ = self.env.reset()
+            if self.env_step >= cfg.policy.learn.warmup_steps:
+                for _ in range(cfg.policy.learn.updates_per_step):
+                    self.learn()
+            if self.env_step % cfg.env.eval_freq == 0 or self.env_step == cfg.env.max_env_step:
+                self.evaluate()
+            if self.env_step % 250 == 0 or self.env_step == cfg.env.max_env_step:
+                self.tb.add_scalar('train/epsilon', eps, self.env_step)
+                bar.set_postfix(
+                    ret=f"{np.mean(self.recent_returns):.0f}" if self.recent_returns else '-',
+                    eval=f"{self.evals[-1]['return_mean']:.0f}" if self.evals else '-',
+                    loss=f"{self.last_loss:.3f}", buf=self.buffer.count(), refresh=False
+                )
+                bar.update(self.env_step - bar.n)
+            freq = cfg.checkpoint.freq
+            if freq and self.env_step % freq == 0 and self.env_step < cfg.env.max_env_step:
+                self.checkpoint()
+        bar.update(self.env_step - bar.n)
+        bar.close()
+        self.checkpoint()
+        return self.finish()
+
+    def finish(self) -> Dict[str, Any]:
+        from .plot import plot_runs
+        summary = self.summary()
+        atomic_json(summary, os.path.join(self.run_dir, 'summary.json'))
+        plot_runs([self.run_dir], os.path.join(self.run_dir, 'learning_curve.png'), title=self.cfg.exp_name)
+        self.tb.flush()
+        self.buffer.close()
+        self.tb.close()
+        return summary
+
+    def summary(self) -> Dict[str, Any]:
+        best = max(self.evals, key=lambda r: r['return_mean']) if self.evals else None
+        stats = self.buffer.stats() if hasattr(self.buffer, 'stats') else {'count': self.buffer.count()}
+        return {
+            'exp_name': self.cfg.exp_name, 'seed': self.cfg.seed, 'run_dir': self.run_dir,
+            'buffer_type': self.cfg.policy.other.replay_buffer.type, 'env_steps': self.env_step,
+            'train_iters': self.train_iter, 'episodes': self.episodes,
+            'best_eval_return': best['return_mean'] if best else None,
+            'best_eval_step': best['env_step'] if best else None,
+            'final_eval_return': self.evals[-1]['return_mean'] if self.evals else None,
+            'solved_step': self.solved_step, 'stop_value': self.cfg.env.stop_value,
+            'wall_time_s': round(self.wall_time(), 1), 'resumed_from': self.resumed_from,
+            'buffer': {k: stats[k] for k in ('count', 'push_items', 'sample_calls', 'updated', 'stale_updates',
+                                             'max_priority', 'beta') if k in stats},
+        }
+
+    # ------------------------------------------------------------------ persistence
+    def checkpoint(self) -> str:
+        state = {
+            'net': self.net.state_dict(), 'target': self.target.state_dict(), 'optim': self.optim.state_dict(),
+            'counters': {'env_step': self.env_step, 'train_iter': self.train_iter, 'episodes': self.episodes,
+                         'solved_step': -1 if self.solved_step is None else self.solved_step,
+                         'wall_time': self.wall_time()},
+            'evals': [dict(r) for r in self.evals],
+            'recent_returns': [float(x) for x in self.recent_returns],
+            'rng': {'torch': torch.get_rng_state(), 'numpy': self.rng.bit_generator.state,
+                    'env': self.env.unwrapped.np_random.bit_generator.state},
+        }
+        return save_checkpoint(self.ckpt_dir, self.env_step, state, self.buffer.save_data, self.cfg.checkpoint.keep)
+
+    def _load_checkpoint(self, path: str) -> Dict[str, Any]:
+        state = torch.load(os.path.join(path, 'trainer.pt'), weights_only=True)
+        self.buffer.load_data(os.path.join(path, 'buffer.pt'))
+        self.net.load_state_dict(state['net'])
+        self.target.load_state_dict(state['target'])
+        self.optim.load_state_dict(state['optim'])
+        c = state['counters']
+        self.env_step, self.train_iter, self.episodes = int(c['env_step']), int(c['train_iter']), int(c['episodes'])
+        self.solved_step = None if c['solved_step'] < 0 else int(c['solved_step'])
+        self.wall_offset = float(c['wall_time'])
+        self.evals = [dict(r) for r in state['evals']]
+        self.recent_returns.extend(state['recent_returns'])
+        torch.set_rng_state(state['rng']['torch'])
+        self.rng.bit_generator.state = state['rng']['numpy']
+        self.env.unwrapped.np_random.bit_generator.state = state['rng']['env']
+        self._write_eval_csv()  # drop rows written after this checkpoint
+        return state
+
+    def _write_eval_csv(self) -> None:
+        buf = io.StringIO()
+        writer = csv.DictWriter(buf, fieldnames=EVAL_FIELDS)
+        writer.writeheader()
+        writer.writerows(self.evals)
+        atomic_text(buf.getvalue(), os.path.join(self.run_dir, 'eval.csv'))
+
+
+def atomic_text(text: str, path: str) -> None:
+    tmp = f'{path}.tmp-{os.getpid()}'
+    with open(tmp, 'w') as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    fsync_dir(os.path.dirname(os.path.abspath(path)))
+
+
+def atomic_json(obj: Any, path: str) -> None:
+    atomic_text(json.dumps(obj, indent=2) + '\n', path)
+
+
+def read_eval_csv(run_dir: str) -> List[Dict[str, float]]:
+    path = os.path.join(run_dir, 'eval.csv')
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"'{run_dir}' is not a training run directory (no eval.csv)")
+    with open(path) as f:
+        return [{k: float(v) for k, v in row.items()} for row in csv.DictReader(f)]
+
+
+__all__ = ['DQNTrainer', 'QNet', 'NStep', 'read_eval_csv']
