@@ -141,7 +141,10 @@ def train(args: argparse.Namespace) -> int:
     cfg = build_train_config(user, source=args.config)
     run_dir = args.resume or os.path.join(cfg.log_dir or '.', f'{cfg.exp_name}_seed{cfg.seed}')
     torch.set_num_threads(args.threads)
-    trainer = DQNTrainer(cfg, run_dir, resume=args.resume is not None, progress=not args.no_progress)
+    try:
+        trainer = DQNTrainer(cfg, run_dir, resume=args.resume is not None, progress=not args.no_progress)
+    except ValueError as e:
+        raise ValueError(f"{args.config}: {e}") from e
     if trainer.resumed_from:
         print(f"resumed from {trainer.resumed_from} at env step {trainer.env_step}")
     s = trainer.run()

@@ -96,7 +96,7 @@ def check_keys_and_types(defaults: Mapping, user: Mapping, prefix: str = '', nul
             check_keys_and_types(default, value, prefix=name + '.', nullable=nullable)
 
 
-def apply_checks(cfg: Mapping, checks: Dict[str, Check]) -> None:
+def apply_checks(cfg: Mapping, checks: Dict[str, Check], prefix: str = '') -> None:
     """Apply value constraints; keys may be dotted (``'storage.type'``). Missing keys are skipped."""
     for dotted, (predicate, expected) in checks.items():
         node, found = cfg, True
@@ -107,14 +107,20 @@ def apply_checks(cfg: Mapping, checks: Dict[str, Check]) -> None:
                 found = False
                 break
         if found and not predicate(node):
-            raise ValueError(f"config key '{dotted}' has invalid value {node!r}; expected {expected}")
+            raise ValueError(f"config key '{prefix}{dotted}' has invalid value {node!r}; expected {expected}")
 
 
-def build_config(defaults: Mapping, user: Optional[Mapping], checks: Optional[Dict[str, Check]] = None) -> EasyDict:
+def build_config(
+        defaults: Mapping,
+        user: Optional[Mapping],
+        checks: Optional[Dict[str, Check]] = None,
+        prefix: str = '',
+) -> EasyDict:
     """
     Overview:
         Validate ``user`` against ``defaults`` (keys and types), merge it over the defaults and apply the
-        value ``checks`` to the result.
+        value ``checks`` to the result. ``prefix`` (e.g. ``'policy.other.replay_buffer.'``) is put before key
+        names in error messages, for sections nested in a larger config.
     Returns:
         - cfg (:obj:`EasyDict`): the complete, validated config.
     """
@@ -122,9 +128,10 @@ def build_config(defaults: Mapping, user: Optional[Mapping], checks: Optional[Di
         user = {}
     if not isinstance(user, Mapping):
         raise TypeError(f"buffer config must be a dict/EasyDict, got {type(user).__name__}")
-    check_keys_and_types(defaults, user, nullable=_nullable(checks or {}))
+    nullable = frozenset(prefix + k for k in _nullable(checks or {}))
+    check_keys_and_types(defaults, user, prefix=prefix, nullable=nullable)
     cfg = deep_merge_dicts(defaults, user)
-    apply_checks(cfg, checks or {})
+    apply_checks(cfg, checks or {}, prefix=prefix)
     return cfg
 
 

@@ -32,6 +32,10 @@ def save_checkpoint(
     os.makedirs(root, exist_ok=True)
     _remove_temporaries(root)
     final = os.path.join(root, f'step_{step:09d}')
+    if os.path.isfile(os.path.join(final, MARKER)):
+        # Same step already saved (e.g. resuming a finished run): no env step happened since, so keep it --
+        # replacing it would need a delete-then-rename window in which a kill could lose the only copy.
+        return final
     tmp = os.path.join(root, f'.tmp-step_{step:09d}-{os.getpid()}')
     os.makedirs(tmp)
     atomic_save(trainer_state, os.path.join(tmp, 'trainer.pt'))
@@ -42,7 +46,7 @@ def save_checkpoint(
         f.flush()
         os.fsync(f.fileno())
     fsync_dir(tmp)
-    if os.path.exists(final):  # a re-save of the same step (e.g. after a resume): replace it
+    if os.path.exists(final):  # an unmarked leftover of the same name cannot be a loadable checkpoint
         shutil.rmtree(final)
     os.rename(tmp, final)
     fsync_dir(root)
@@ -77,8 +81,8 @@ def load_latest(root: str, load: Callable[[str], Any]) -> Tuple[Optional[str], A
     for _, path in reversed(complete_checkpoints(root)):
         try:
             return path, load(path)
-        except (ValueError, OSError, RuntimeError, KeyError) as e:
-            errors.append(f"{path}: {e}")
+        except Exception as e:  # any damage (truncated, empty, foreign file): try the previous checkpoint
+            errors.append(f"{path}: {type(e).__name__}: {e}")
     if errors:
         raise ValueError("no loadable checkpoint in '{}':\n  {}".format(root, '\n  '.join(errors)))
     return None, None

@@ -10,6 +10,7 @@ from typing import Any, Dict, Mapping
 
 from easydict import EasyDict
 
+from ..base import get_buffer_cls
 from ..config import build_config, optional_positive_int, positive_int
 
 INF = float('inf')
@@ -114,6 +115,13 @@ def build_train_config(user: Mapping, source: str = '<config>') -> EasyDict:
         raise type(e)(f"{source}: {e}") from e
     if not buffer_cfg.get('type'):
         raise ValueError(f"{source}: policy.other.replay_buffer.type is required (e.g. 'advanced' or 'naive')")
+    section = 'policy.other.replay_buffer.'
+    try:  # validate the buffer section now, so a typo fails before anything is created on disk
+        cls = get_buffer_cls(EasyDict(buffer_cfg))
+        build_config(cls.config, buffer_cfg, getattr(cls, 'checks', None), prefix=section)
+    except (ValueError, TypeError) as e:
+        msg = str(e).replace("config key 'type'", f"config key '{section}type'")
+        raise type(e)(f"{source}: {msg}") from e
     cfg.policy.other.replay_buffer = EasyDict(buffer_cfg)
     return cfg
 

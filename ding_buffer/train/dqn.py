@@ -91,12 +91,13 @@ class DQNTrainer:
         if self.device.type == 'cuda' and not torch.cuda.is_available():
             raise ValueError(f"device '{cfg.policy.device}' requested but CUDA is not available on this machine")
         self.ckpt_dir = os.path.join(run_dir, 'checkpoints')
+        if resume and not complete_checkpoints(self.ckpt_dir):
+            raise ValueError(f"--resume {run_dir}: no complete checkpoint in {self.ckpt_dir}")
         if not resume and complete_checkpoints(self.ckpt_dir):
             raise ValueError(
                 f"run directory '{run_dir}' already holds checkpoints: continue it with --resume {run_dir}, "
                 "or pick another exp_name / seed / log_dir"
             )
-        os.makedirs(run_dir, exist_ok=True)
         try:
             self.env = gym.make(cfg.env.env_id)
             self.eval_env = gym.make(cfg.env.env_id)
@@ -105,6 +106,15 @@ class DQNTrainer:
         if not isinstance(self.env.action_space, gym.spaces.Discrete):
             raise ValueError(f"config key 'env.env_id': DQN needs a discrete action space, {cfg.env.env_id} has "
                              f"{self.env.action_space}")
+        buffer_cfg = EasyDict(dict(cfg.policy.other.replay_buffer))
+        buffer_cfg.setdefault('storage', {})
+        buffer_cfg.storage = EasyDict(dict(buffer_cfg.storage))
+        buffer_cfg.storage.setdefault('type', 'tensor')
+        if buffer_cfg.storage.type != 'tensor':
+            raise ValueError("config key 'policy.other.replay_buffer.storage.type' must be 'tensor' for training "
+                             f"(the learner needs batched tensors), got {buffer_cfg.storage.type!r}")
+        buffer_cfg.setdefault('seed', cfg.seed)
+        os.makedirs(run_dir, exist_ok=True)  # only now: invalid input must leave nothing on disk
         obs_dim = int(np.prod(self.env.observation_space.shape))
         n_actions = int(self.env.action_space.n)
         torch.manual_seed(cfg.seed)
@@ -116,14 +126,6 @@ class DQNTrainer:
         self.n_actions = n_actions
         from torch.utils.tensorboard import SummaryWriter
         self.tb = SummaryWriter(os.path.join(run_dir, 'log'))
-        buffer_cfg = EasyDict(dict(cfg.policy.other.replay_buffer))
-        buffer_cfg.setdefault('storage', {})
-        buffer_cfg.storage = EasyDict(dict(buffer_cfg.storage))
-        buffer_cfg.storage.setdefault('type', 'tensor')
-        if buffer_cfg.storage.type != 'tensor':
-            raise ValueError("config key 'policy.other.replay_buffer.storage.type' must be 'tensor' for training "
-                             f"(the learner needs batched tensors), got {buffer_cfg.storage.type!r}")
-        buffer_cfg.setdefault('seed', cfg.seed)
         self.buffer = create_buffer(buffer_cfg, tb_logger=self.tb, exp_name=cfg.exp_name, instance_name='buffer')
         self.nstep = NStep(cfg.policy.nstep, cfg.policy.discount_factor)
         self.env_step = self.train_iter = self.episodes = 0
@@ -134,10 +136,7 @@ class DQNTrainer:
         self.last_loss = float('nan')
         self.resumed_from: Optional[str] = None
         if resume:
-            path, state = load_latest(self.ckpt_dir, self._load_checkpoint)
-            if path is None:
-                raise ValueError(f"--resume {run_dir}: no complete checkpoint in {self.ckpt_dir}")
-            self.resumed_from = path
+            self.resumed_from, _ = load_latest(self.ckpt_dir, self._load_checkpoint)
         self.obs, _ = self.env.reset(seed=None if resume else cfg.seed)
 
     # ------------------------------------------------------------------ acting / learning
