@@ -248,7 +248,7 @@ class DQNTrainer:
                 bar.set_postfix(
                     ret=f"{np.mean(self.recent_returns):.0f}" if self.recent_returns else '-',
                     eval=f"{self.evals[-1]['return_mean']:.0f}" if self.evals else '-',
-                    loss=f"{self.last_loss:.3f}", buf=self.buffer.count(), refresh=False
+                    loss=f"{self.last_loss:.3f}", buf=str(self.buffer.count()), refresh=False
                 )
                 bar.update(self.env_step - bar.n)
             freq = cfg.checkpoint.freq
