@@ -124,7 +124,6 @@ def _missing_extra(e: ImportError) -> int:
 
 def train(args: argparse.Namespace) -> int:
     """Run (or resume) a DQN training run from a DI-engine-style config file."""
-    import torch
     try:
         from .train.dqn import DQNTrainer
     except ImportError as e:

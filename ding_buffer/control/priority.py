@@ -84,11 +84,8 @@ class PriorityIndex:
 
     def clear_slots(self, slots: np.ndarray) -> None:
         """Removed items: zero leaf (never drawn), use count reset."""
-        if len(slots):
-            self.tree.set(slots, np.zeros(len(slots)))
-            if self._priority is not None:
-                self._priority[slots] = 0
-            self.use[slots] = 0
+        self.retire(slots)
+        self.use[slots] = 0
 
     def retire(self, slots: np.ndarray) -> None:
         """Keep the items but stop sampling them (max_use reached while used data is tracked, as DI-engine)."""
@@ -99,9 +96,8 @@ class PriorityIndex:
 
     def update(self, slots: np.ndarray, priorities: np.ndarray) -> None:
         """Set ``priority + eps`` at matched slots (validated by the caller); raises the running max."""
-        stored = priorities + self.eps
         if self._priority is not None:
-            self._priority[slots] = stored
+            self._priority[slots] = priorities + self.eps
         self.tree.set(slots, kern.leaf_values(priorities, self.eps, self.alpha))
         if len(priorities):
             self.max_priority = max(self.max_priority, float(priorities.max()))

@@ -110,8 +110,16 @@ class RingIndex:
             self.span -= 1
 
     def oldest(self, k: int) -> np.ndarray:
-        """The ``k`` oldest valid slots, oldest first."""
-        return self.ordered_slots()[:k]
+        """The ``k`` oldest valid slots, oldest first. O(k) without holes; with holes it scans forward from the
+        head in growing chunks, so a short walk (e.g. staleness eviction before each sample) never pays O(span)."""
+        if self.count == self.span:
+            return (self.head + np.arange(min(k, self.span))) % self.capacity
+        found, start, step = [], 0, max(k, 64)
+        while sum(len(f) for f in found) < k and start < self.span:
+            pos = (self.head + np.arange(start, min(start + step, self.span))) % self.capacity
+            found.append(pos[self.valid[pos]])
+            start, step = start + step, step * 2
+        return np.concatenate(found)[:k] if found else np.zeros(0, dtype=np.int64)
 
     def ordered_slots(self) -> np.ndarray:
         """Every valid slot in insertion order (oldest first). O(count) without holes, O(span) with."""
