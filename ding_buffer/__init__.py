@@ -1,6 +1,7 @@
 """ding_buffer: replay buffers with DI-engine's API -- ``create_buffer(cfg)`` builds any registered preset."""
 from .base import BUFFER_REGISTRY, IBuffer, create_buffer, get_buffer_cls
-from .buffers import AdvancedReplayBuffer, EpisodeReplayBuffer, NaiveReplayBuffer
+from .buffers import (AdvancedReplayBuffer, DiverseGFlowNetReplayBuffer, EpisodeReplayBuffer, GFlowNetReplayBuffer,
+                      NaiveReplayBuffer, TerminatingStateBuffer)
 from .control.thruput import SampleTimeoutError
 from .config import deep_merge_dicts
 
@@ -8,5 +9,6 @@ __version__ = '0.1.0'
 
 __all__ = [
     'IBuffer', 'BUFFER_REGISTRY', 'create_buffer', 'get_buffer_cls', 'deep_merge_dicts', 'NaiveReplayBuffer',
-    'EpisodeReplayBuffer', 'AdvancedReplayBuffer', 'SampleTimeoutError', '__version__'
+    'EpisodeReplayBuffer', 'AdvancedReplayBuffer', 'GFlowNetReplayBuffer', 'DiverseGFlowNetReplayBuffer',
+    'TerminatingStateBuffer', 'SampleTimeoutError', '__version__'
 ]

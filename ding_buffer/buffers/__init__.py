@@ -3,5 +3,9 @@ from .common import BufferCore
 from .episode import EpisodeReplayBuffer
 from .naive import NaiveReplayBuffer
 from .advanced import AdvancedReplayBuffer
+from .gflownet import DiverseGFlowNetReplayBuffer, GFlowNetReplayBuffer, TerminatingStateBuffer
 
-__all__ = ["BufferCore", "NaiveReplayBuffer", "EpisodeReplayBuffer", "AdvancedReplayBuffer"]
+__all__ = [
+    "BufferCore", "NaiveReplayBuffer", "EpisodeReplayBuffer", "AdvancedReplayBuffer", "GFlowNetReplayBuffer",
+    "DiverseGFlowNetReplayBuffer", "TerminatingStateBuffer"
+]

@@ -1,0 +1,520 @@
+"""GFlowNet replay buffers (torchgfn's behaviour, with its reported problems fixed):
+
+* ``gfn`` -- ``GFlowNetReplayBuffer``: keep the best ``replay_buffer_size`` items by log-reward
+  (``prioritized_capacity``) or the newest (FIFO); sample uniformly or by reward (``prioritized_sampling``,
+  torchgfn#336), with or without replacement; ``lazy_sort`` defers truncation to ``2 * capacity`` items.
+* ``gfn_diverse`` -- ``DiverseGFlowNetReplayBuffer`` (torchgfn's ``NormBasedDiversePrioritizedReplayBuffer``):
+  keep-best plus a p-norm diversity filter on the terminating states once the buffer is full.
+* ``terminating_state`` -- ``TerminatingStateBuffer``: only terminating states and their log-rewards
+  (torchgfn#201: any container kind goes in).
+
+Differences from torchgfn, on purpose: ``sample`` sees items waiting in a lazy buffer (torchgfn raises "Buffer
+is empty" before its first flush); ties in reward are broken by age (oldest leaves first) instead of by an
+unstable sort; the diverse filter compares a batch with the *stored* items only and computes exact distances
+(torchgfn#175); an empty or too-small buffer returns ``None`` from ``sample`` (the ``IBuffer`` contract) instead
+of raising or silently returning fewer items; ``save_data``/``load_data`` round-trip contents, counters and
+settings (torchgfn's save is skipped as broken upstream).
+"""
+import copy
+from typing import Any, Dict, List, Optional
+
+import numpy as np
+import torch
+
+from ..base import BUFFER_REGISTRY
+from ..config import build_config, positive_int
+from ..control.diversity import StateSet, diverse_mask, row_hashes
+from ..control.keep_best import RewardIndex
+from ..monitor.tb import build_tb_logger
+from .common import BufferCore
+from .gfn_data import ColumnStore, ContainerStore, GFNBatch, is_container
+
+# Keys that describe what is stored; they travel with a save and are restored by ``load_data``.
+_SETTINGS = ('replay_buffer_size', 'prioritized_capacity', 'prioritized_sampling', 'sample_replacement', 'lazy_sort',
+             'state_key', 'log_reward_key', 'condition_key', 'cutoff_distance', 'p_norm_distance')
+_STAT_TAGS = ('size', 'log_reward_min', 'log_reward_mean', 'log_reward_max', 'unique_terminating_states')
+
+
+def _key(x: Any) -> bool:
+    return isinstance(x, str) and bool(x)
+
+
+@BUFFER_REGISTRY.register('gfn')
+class GFlowNetReplayBuffer(BufferCore):
+    """
+    Overview:
+        Reward-aware buffer of GFlowNet samples. ``push`` takes a dict of batched tensors, a list of item dicts
+        or a Container (torchgfn ``Trajectories`` / ``Transitions`` / ``StatesContainer``); ``sample`` returns
+        the same kind: one dict of batched tensors (with ``replay_unique_id`` / ``replay_buffer_idx``) or a
+        container of the pushed type. ``add`` is torchgfn's name for ``push``.
+    Interfaces:
+        ``push``/``add``, ``sample``, ``stats``, ``clear``, ``count``, ``state_dict``, ``load_state_dict``,
+        ``save_data``, ``load_data``, ``close``; ``update`` is a no-op (the priority is the log-reward).
+    Thread-safety: every public method holds the buffer's lock.
+    Complexity: push O(batch) while below capacity; a truncating push O(capacity) (``lazy_sort``: once per
+    ``capacity`` items); sample O(capacity + size log size).
+    """
+    diverse = False
+    terminating_only = False
+    config = dict(
+        type='gfn',
+        # Capacity in items (torchgfn's default is 1000).
+        replay_buffer_size=1000,
+        # Keep the highest log-rewards when full (ties: the newest stay); False keeps the newest (FIFO).
+        prioritized_capacity=False,
+        # Sample with probability softmax(log_reward) instead of uniformly.
+        prioritized_sampling=False,
+        # None: with replacement only when asked for more items than stored (torchgfn); True / False: always.
+        sample_replacement=None,
+        # Defer truncation until stored + incoming reaches 2 * capacity (waiting items are sampled too).
+        lazy_sort=False,
+        # Field names in dict batches: the terminating state, its log-reward and an optional condition.
+        state_key='state',
+        log_reward_key='log_reward',
+        condition_key=None,
+        # Device of dict-batch tensors (containers stay where they are).
+        device='cpu',
+        # Seed of the buffer's own RNG; None draws it from numpy's global RNG.
+        seed=None,
+        monitor=dict(
+            # Write stats() to TensorBoard every `log_every` pushes ({instance}_iter/...).
+            tensorboard=False,
+            log_every=100,
+        ),
+    )
+    checks = dict(
+        replay_buffer_size=(positive_int, 'a positive int'),
+        sample_replacement=(lambda x: x is None or isinstance(x, bool), 'None, True or False'),
+        state_key=(_key, 'a non-empty str'),
+        log_reward_key=(_key, 'a non-empty str'),
+        condition_key=(lambda x: x is None or _key(x), 'None or a non-empty str'),
+        device=(lambda x: isinstance(x, str) and x.split(':')[0] in ('cpu', 'cuda'), "'cpu' or 'cuda[:N]'"),
+        seed=(lambda x: x is None or (isinstance(x, int) and x >= 0), 'None or an int >= 0'),
+        **{'monitor.log_every': (positive_int, 'a positive int')},
+    )
+
+    # ------------------------------------------------------------------ construction
+    def _build(self) -> None:
+        cfg = self._cfg
+        if cfg.device.startswith('cuda') and not torch.cuda.is_available():
+            raise ValueError(f"config key 'device' is {cfg.device!r} but CUDA is not available here")
+        self._store: Any = None
+        self._index: Optional[RewardIndex] = None
+        self._states: Optional[StateSet] = None
+        self._counters = dict(pushed=0, admitted=0, evicted=0, sampled=0, filter_checked=0, rejected_by_reward=0,
+                              rejected_by_distance=0, push_calls=0)
+        self._tb, self._owns_tb = build_tb_logger(self._tb_logger, cfg.monitor.tensorboard, self._exp_name,
+                                                  self._instance_name)
+        self._last_logged: Dict[str, int] = dict(self._counters)
+        self._load_env: Any = None
+
+    @property
+    def capacity(self) -> int:
+        return self._cfg.replay_buffer_size
+
+    @property
+    def storage(self) -> Any:
+        """``ColumnStore`` or ``ContainerStore`` (None before the first push)."""
+        return self._store
+
+    def count(self) -> int:
+        return 0 if self._index is None else self._index.count
+
+    def _prioritized_capacity(self) -> bool:
+        return bool(self._cfg.prioritized_capacity) or self.diverse
+
+    def _new_parts(self, store: Any) -> None:
+        cap = self.capacity
+        physical = 2 * cap if self._cfg.lazy_sort or not store.reuses_slots else cap
+        self._store = store
+        self._index = RewardIndex(cap, physical, self._prioritized_capacity(), bool(self._cfg.lazy_sort),
+                                  store.reuses_slots)
+        self._states = StateSet(physical, keep_rows=self.diverse)
+
+    # ------------------------------------------------------------------ push
+    def add(self, data: Any) -> None:
+        """torchgfn's ``add``: ``push`` without a return value."""
+        self.push(data)
+
+    def push(self, data: Any, cur_collector_envstep: int = -1, batched: Optional[bool] = None) -> int:
+        """
+        Overview:
+            Offer a batch; returns how many of its items were stored (filters and capacity may drop some).
+            All or nothing on bad input: a ``TypeError``/``ValueError`` leaves the buffer unchanged.
+        Arguments:
+            - data: dict of batched tensors, list of item dicts, or a Container.
+            - cur_collector_envstep (:obj:`int`): recorded for monitors.
+            - batched: accepted for ``IBuffer`` compatibility; dicts are always batches here.
+        """
+        self._check_open()
+        if data is None:
+            raise TypeError("cannot push None into a GFlowNet buffer")
+        with self._lock:
+            data = self._convert(data)
+            if isinstance(data, list) and not data:
+                return 0
+            store = self._store if self._store is not None else self._make_store(data)
+            if not isinstance(store, ContainerStore) and is_container(data):
+                raise TypeError(f"this buffer holds dict batches, got a {type(data).__name__} container")
+            if isinstance(store, ContainerStore) and not is_container(data):
+                raise TypeError(
+                    f"this buffer holds {store.cls.__name__ if store.cls else 'container'}s, got {type(data).__name__}"
+                )
+            batch = store.prepare(data, need_rows=True)
+            self._validate(batch)
+            if batch.n == 0:
+                return 0
+            if self._store is None:
+                self._new_parts(store)
+            stored = self._insert(batch)
+            self._last_envstep = cur_collector_envstep
+            self._counters['push_calls'] += 1
+            self._maybe_log()
+        return stored
+
+    def _make_store(self, data: Any) -> Any:
+        if is_container(data):
+            return ContainerStore()
+        if isinstance(data, (dict, list)):
+            cfg = self._cfg
+            physical = 2 * self.capacity if cfg.lazy_sort else self.capacity
+            return ColumnStore(physical, cfg.device, cfg.state_key, cfg.log_reward_key, cfg.condition_key)
+        raise TypeError(
+            f"a GFlowNet buffer takes a dict of batched tensors, a list of item dicts or a Container "
+            f"(__len__, __getitem__, extend, log_rewards, terminating_states); got {type(data).__name__}"
+        )
+
+    def _convert(self, data: Any) -> Any:
+        """Hook of ``terminating_state``: what is actually stored for ``data``."""
+        return data
+
+    def _validate(self, batch: GFNBatch) -> None:
+        """Everything that can reject the batch, checked before anything changes."""
+        needs_reward = self._prioritized_capacity() or self._cfg.prioritized_sampling
+        if needs_reward and batch.n and np.isnan(batch.log_reward).any():
+            raise ValueError(
+                "log_rewards must be defined for prioritized replay (prioritized_capacity / prioritized_sampling / "
+                "gfn_diverse); the container has none"
+            )
+        if batch.rows is not None:
+            if self._states is not None:
+                self._states.check_dim(batch.rows, 'the terminating-state representation')
+            if self.diverse and not np.isfinite(batch.rows).all():
+                raise ValueError("gfn_diverse needs finite terminating states (and conditions); got NaN or inf")
+        elif self.diverse and batch.n:
+            raise ValueError("gfn_diverse needs exactly one terminating state per item (got e.g. Transitions)")
+
+    def _insert(self, batch: GFNBatch) -> int:
+        """Filter (diverse, once full), decide capacity, then write. Returns the number stored."""
+        index, states, c = self._index, self._states, self._counters
+        r = batch.log_reward
+        hashes = None if batch.rows is None else row_hashes(batch.rows)
+        c['pushed'] += batch.n
+        order = np.arange(batch.n, dtype=np.int64)
+        if self.diverse and index.count >= self.capacity:
+            self._evict(index.flush())  # lazy: back to capacity before comparing
+            order = np.argsort(-r, kind='stable')  # best first; equal rewards keep batch order
+            c['filter_checked'] += batch.n
+            ok = r[order] >= index.log_reward[index.live_slots()].min()
+            c['rejected_by_reward'] += int((~ok).sum())
+            order = order[ok]
+            if self._cfg.cutoff_distance >= 0 and len(order):
+                keep = diverse_mask(batch.rows[order], hashes[order], states, index.live_slots(),
+                                    float(self._cfg.cutoff_distance), float(self._cfg.p_norm_distance))
+                c['rejected_by_distance'] += int((~keep).sum())
+                order = order[keep]
+        if not len(order):
+            return 0
+        keep_new, evict = index.admit(r[order])
+        seqs = index.next_seq + np.arange(len(order), dtype=np.int64)
+        index.next_seq += len(order)
+        self._evict(evict)
+        chosen = order[keep_new]
+        slots = self._slots_for(len(chosen))
+        self._store.write(slots, batch, chosen)
+        index.store(slots, r[chosen], seqs[keep_new])
+        if hashes is not None:
+            states.add(slots, batch.rows[chosen], hashes[chosen])
+        c['admitted'] += len(chosen)
+        return len(chosen)
+
+    def _evict(self, slots: np.ndarray) -> None:
+        if len(slots):
+            if self._states.dim is not None:
+                self._states.remove(slots)
+            self._index.evict(slots)
+            self._counters['evicted'] += len(slots)
+
+    def _slots_for(self, n: int) -> np.ndarray:
+        index = self._index
+        if self._store.reuses_slots:
+            return index.free_slots(n)
+        if index.end + n > 2 * (index.count + n) and index.end:  # half dead: compact (amortised O(1) per item)
+            keep = index.live_slots()
+            self._store.compact(keep)
+            index.compact(keep)
+            self._states.compact(keep)
+        slots = index.append_slots(n)
+        self._states.grow(index.physical)
+        return slots
+
+    # ------------------------------------------------------------------ sample
+    def sample(self, size: int, cur_learner_iter: int = -1, replace: Optional[bool] = None) -> Optional[Any]:
+        """
+        Overview:
+            Draw ``size`` items: uniformly, or with probability ``softmax(log_reward)`` when
+            ``prioritized_sampling``. ``replace`` (default: the config's ``sample_replacement``; None = only when
+            ``size`` exceeds the stored count). Items waiting in a lazy buffer are included.
+        Returns:
+            - batch: dict of batched tensors, or a container of the pushed type; ``None`` (logged) when the
+              buffer is empty, or holds fewer than ``size`` items and sampling is without replacement.
+        """
+        self._check_size(size)
+        if replace is not None and not isinstance(replace, bool):
+            raise TypeError(f"replace must be None or a bool, got {replace!r}")
+        with self._lock:
+            m = self.count()
+            if m == 0:
+                return self._refuse('buffer is empty')
+            rep = self._cfg.sample_replacement if replace is None else replace
+            rep = size > m if rep is None else rep
+            if not rep and size > m:
+                return self._refuse(f'{m} items < batch size {size} and sampling is without replacement')
+            slots = self._index.sample(self._rng, int(size), bool(self._cfg.prioritized_sampling), rep)
+            self._counters['sampled'] += int(size)
+            return self._store.read(slots, self._index.seq[slots])
+
+    # ------------------------------------------------------------------ stats / monitoring
+    def stats(self) -> Dict[str, float]:
+        """
+        Overview:
+            Flat numbers: ``size``, ``capacity``, ``log_reward_min/mean/max`` (finite rewards of stored items;
+            NaN if none), ``zero_reward_items`` (log-reward -inf), ``unique_terminating_states`` (distinct
+            state+condition rows; -1 when items have no single terminating state), cumulative counters
+            (``pushed``, ``admitted``, ``evicted``, ``sampled``) and, for the diversity filter, ``filter_checked``
+            (items that arrived while full), ``rejected_by_reward``, ``rejected_by_distance`` and their
+            ``reject_rate_reward`` / ``reject_rate_distance`` (fractions of ``filter_checked``). O(capacity).
+        """
+        with self._lock:
+            c = dict(self._counters)
+            out: Dict[str, float] = {'size': self.count(), 'capacity': self.capacity}
+            r = np.empty(0) if self._index is None else self._index.log_reward[self._index.live_slots()]
+            finite = r[np.isfinite(r)]
+            out['log_reward_min'] = float(finite.min()) if len(finite) else float('nan')
+            out['log_reward_mean'] = float(finite.mean()) if len(finite) else float('nan')
+            out['log_reward_max'] = float(finite.max()) if len(finite) else float('nan')
+            out['zero_reward_items'] = int((r == -np.inf).sum())
+            tracked = self._states is not None and self._states.dim is not None
+            out['unique_terminating_states'] = self._states.unique if tracked else (0 if not len(r) else -1)
+            checked = max(c['filter_checked'], 1)
+            out['reject_rate_reward'] = c['rejected_by_reward'] / checked
+            out['reject_rate_distance'] = c['rejected_by_distance'] / checked
+            out.update({k: v for k, v in c.items() if k != 'push_calls'})
+            return out
+
+    def _maybe_log(self) -> None:
+        """Every ``monitor.log_every`` pushes: stats and the rejection rates of the last interval."""
+        if self._tb is None or self._counters['push_calls'] % self._cfg.monitor.log_every:
+            return
+        s = self.stats()
+        step = self._counters['push_calls']
+        prefix = f'{self._instance_name}_iter/'
+        for tag in _STAT_TAGS:
+            if np.isfinite(s[tag]):
+                self._tb.add_scalar(prefix + tag, s[tag], step)
+        last, now = self._last_logged, self._counters
+        checked = now['filter_checked'] - last['filter_checked']
+        if checked:
+            for what in ('reward', 'distance'):
+                rate = (now[f'rejected_by_{what}'] - last[f'rejected_by_{what}']) / checked
+                self._tb.add_scalar(prefix + f'reject_rate_{what}', rate, step)
+        self._last_logged = dict(now)
+
+    # ------------------------------------------------------------------ clear / state
+    def _clear(self) -> List[Any]:
+        if self._index is not None:
+            self._index.clear()
+            self._states.clear()
+            self._store.clear()
+        return []
+
+    def _state(self) -> Dict[str, Any]:
+        settings = {k: copy.deepcopy(self._cfg[k]) for k in _SETTINGS if k in self._cfg}
+        if self._index is None:
+            return {'settings': settings, 'store': None, 'counters': dict(self._counters)}
+        index = self._index
+        slots = index.live_slots()
+        order = slots[np.argsort(index.seq[slots], kind='stable')]  # insertion order
+        return {
+            'settings': settings,
+            'store': self._store.state_dict(order),
+            'index': index.state_dict(order),
+            'counters': dict(self._counters),
+        }
+
+    def _restore(self, state: Dict[str, Any]) -> None:
+        user = {k: v for k, v in dict(self._cfg).items() if k not in _SETTINGS}
+        user.update(state['settings'])
+        cfg = build_config(self.config, user, self.checks)
+        counters = {k: int(state['counters'][k]) for k in self._counters}
+        old_cfg, self._cfg = self._cfg, cfg  # the parts below read the (saved) settings
+        try:
+            if state['store'] is None:
+                store = index = states = None
+            else:
+                store, index, states = self._restored_parts(state)
+        except BaseException:
+            self._cfg = old_cfg
+            raise
+        self._store, self._index, self._states = store, index, states
+        self._counters = counters
+        self._last_logged = dict(counters)
+
+    def _restored_parts(self, state: Dict[str, Any]):
+        saved = state['index']
+        r = np.asarray(saved['log_reward'], dtype=np.float64)
+        seq = np.asarray(saved['seq'], dtype=np.int64)
+        n = len(r)
+        if len(seq) != n or n > (2 if self._cfg.lazy_sort else 1) * self.capacity:
+            raise ValueError(f"saved index holds {n} items for capacity {self.capacity}")
+        if len(np.unique(seq)) != n or (n and (seq.min() < 0 or seq.max() >= int(saved['next_seq']))):
+            raise ValueError("saved sequence numbers are not unique ids below next_seq")
+        kind = state['store'].get('kind')
+        if kind == ColumnStore.kind:
+            blank = self._make_store({})
+            store = blank.restore(state['store'], n)
+        elif kind == ContainerStore.kind:
+            store = (self._store if isinstance(self._store, ContainerStore) else ContainerStore()).restore(
+                state['store'], n, env=self._load_env
+            )
+        else:
+            raise ValueError(f"unknown saved store kind {kind!r}")
+        old = self._store
+        self._new_parts(store)
+        index, states = self._index, self._states
+        self._store = old  # swapped in by the caller only when everything succeeded
+        slots = index.load(r, seq, int(saved['next_seq']))
+        rows = self._stored_rows(store, slots)
+        if rows is not None and n:
+            states.add(slots, rows, row_hashes(rows))
+        return store, index, states
+
+    def _stored_rows(self, store: Any, slots: np.ndarray) -> Optional[np.ndarray]:
+        """Representations of restored items, recomputed from the stored data."""
+        if not len(slots):
+            return None
+        if isinstance(store, ContainerStore):
+            return store.rows_of(store.container, len(store))
+        from .gfn_data import representation
+        cfg = self._cfg
+        data = store.storage.read_at(slots)
+        cond = data[cfg.condition_key] if cfg.condition_key is not None else None
+        return representation(data[cfg.state_key], cond, len(slots))
+
+    def load_data(self, path: str, allow_pickle: bool = False, env: Any = None) -> None:
+        """
+        Overview:
+            Restore a ``save_data`` file: contents, counters and settings (capacity, flags, keys, filter).
+            torchgfn containers are rebuilt from plain tensors with ``env`` (default: the env of the container
+            this buffer already holds); other container objects need ``allow_pickle=True``.
+        """
+        self._load_env = env
+        try:
+            super().load_data(path, allow_pickle=allow_pickle)
+        finally:
+            self._load_env = None
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        super().close()
+        if self._tb is not None:
+            self._tb.flush()
+            if self._owns_tb:
+                self._tb.close()
+
+    def __repr__(self) -> str:
+        kind = 'empty' if self._store is None else (
+            self._store.cls.__name__ if isinstance(self._store, ContainerStore) else 'dict batches')
+        return (f"{self.__class__.__name__}(instance_name={self._instance_name!r}, count={self.count()}, "
+                f"replay_buffer_size={self.capacity}, holding {kind})")
+
+
+@BUFFER_REGISTRY.register('gfn_diverse')
+class DiverseGFlowNetReplayBuffer(GFlowNetReplayBuffer):
+    """
+    Overview:
+        torchgfn's ``NormBasedDiversePrioritizedReplayBuffer``. Below capacity every item is stored. Once full,
+        an incoming batch is sorted by log-reward (descending; ties keep batch order), items below the stored
+        minimum are dropped (ties stay), then -- unless ``cutoff_distance < 0`` -- an item is kept only if its
+        p-norm distance to every earlier item of the batch and to every stored item exceeds ``cutoff_distance``
+        (state and condition concatenated; ``cutoff_distance = 0`` rejects exact duplicates). Survivors displace
+        the lowest rewards. Capacity is always reward-prioritized.
+    """
+    diverse = True
+    config = dict(
+        GFlowNetReplayBuffer.config,
+        type='gfn_diverse',
+        prioritized_capacity=True,
+        # Minimum p-norm distance (strictly greater) to be admitted; < 0 disables the filter.
+        cutoff_distance=0.0,
+        # p of the distance (torch.cdist's p): > 0, float('inf') for the max norm.
+        p_norm_distance=1.0,
+    )
+    checks = dict(
+        GFlowNetReplayBuffer.checks,
+        prioritized_capacity=(lambda x: x is True, 'True (the diverse buffer always keeps the best rewards)'),
+        cutoff_distance=(lambda x: np.isfinite(x), 'a finite number (< 0 disables the filter)'),
+        p_norm_distance=(lambda x: x > 0, 'a number > 0 (float("inf") for the max norm)'),
+    )
+
+
+@BUFFER_REGISTRY.register('terminating_state')
+class TerminatingStateBuffer(GFlowNetReplayBuffer):
+    """
+    Overview:
+        Stores only terminating states and their log-rewards. Dict batches keep the fields ``state_key``,
+        ``log_reward_key`` (and ``condition_key``); a torchgfn container becomes a ``StatesContainer`` of its
+        terminating states (as torchgfn's ``TerminatingStateBuffer``; for ``Transitions`` and
+        ``StatesContainer`` input only the terminating rows' rewards are kept, where torchgfn mismatches them);
+        another Container becomes a dict batch. Sampling returns that kind.
+    """
+    terminating_only = True
+    config = dict(GFlowNetReplayBuffer.config, type='terminating_state')
+
+    def _convert(self, data: Any) -> Any:
+        cfg = self._cfg
+        keys = [k for k in (cfg.state_key, cfg.log_reward_key, cfg.condition_key) if k is not None]
+        if isinstance(data, dict):
+            return {k: data[k] for k in keys if k in data} if all(k in data for k in keys) else data
+        if isinstance(data, list):
+            return [{k: item[k] for k in keys if k in item} if isinstance(item, dict) else item for item in data]
+        if not is_container(data):
+            return data  # rejected with a clear message by push
+        states = data.terminating_states
+        n = len(states)
+        r = data.log_rewards
+        if r is not None and len(r) != n:
+            mask = getattr(data, 'is_terminating', None)
+            if mask is None or len(r) != len(mask):
+                raise ValueError(f"container has {len(r)} log_rewards for {n} terminating states")
+            r = r[mask]
+        if type(data).__module__.startswith('gfn.') and hasattr(data, 'env'):
+            from gfn.containers import StatesContainer
+            env = data.env
+            return StatesContainer(env=env, states=states,
+                                   is_terminating=torch.ones(n, dtype=torch.bool, device=states.device),
+                                   log_rewards=r)
+        if r is None:
+            raise ValueError("terminating_state needs log_rewards on the container")
+        tensor = states if isinstance(states, torch.Tensor) else getattr(states, 'tensor', None)
+        if tensor is None:
+            raise TypeError(f"terminating_states of {type(data).__name__} is neither a tensor nor has .tensor")
+        out = {cfg.state_key: tensor, cfg.log_reward_key: torch.as_tensor(r)}
+        cond = getattr(states, 'conditions', None)
+        if cfg.condition_key is not None and isinstance(cond, torch.Tensor):
+            out[cfg.condition_key] = cond
+        return out
+
+
+__all__ = ['GFlowNetReplayBuffer', 'DiverseGFlowNetReplayBuffer', 'TerminatingStateBuffer']

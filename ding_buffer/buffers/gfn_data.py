@@ -1,0 +1,237 @@
+"""What a GFlowNet buffer stores: validated incoming batches and the two item stores behind the buffers.
+
+A push is one of
+
+* a dict of tensors with a leading batch dimension (``state_key``, ``log_reward_key``, optional
+  ``condition_key``, any other fields), or a list of such item dicts without the batch dimension: kept by
+  ``ColumnStore`` (one preallocated tensor per field, on the configured device; slots are reused);
+* any object with the Container protocol (``__len__``, ``__getitem__`` with an index tensor, ``extend``,
+  ``log_rewards``, ``terminating_states``), e.g. torchgfn's ``Trajectories``, ``Transitions`` and
+  ``StatesContainer``: kept by ``ContainerStore`` (one container of the pushed type, append-only, compacted
+  with one indexing call once half of it is dead, so a push costs O(batch) amortised).
+
+``GFNBatch`` carries what the buffer decides on: the log-rewards (float64) and, where an item has one
+terminating state, its representation row (state flattened, condition concatenated; float64).
+"""
+from typing import Any, Dict, NamedTuple, Optional
+
+import numpy as np
+import torch
+
+from ..storage.tensor_storage import TensorStorage, export_schema, import_fields
+
+
+class GFNBatch(NamedTuple):
+    payload: Any  # store-specific: a ``Prepared`` (columns) or a container
+    n: int
+    log_reward: np.ndarray  # float64 (n,); NaN where the container carries no log-rewards
+    rows: Optional[np.ndarray]  # float64 (n, d) representations, or None when items have no single state
+
+
+def check_log_reward(r: np.ndarray, key: str) -> None:
+    """NaN and +inf are refused (-inf is a reward of 0 and fine)."""
+    bad = np.flatnonzero(np.isnan(r) | (r == np.inf))
+    if len(bad):
+        raise ValueError(
+            f"'{key}' must be finite or -inf; item {int(bad[0])} is {r[bad[0]]} ({len(bad)} bad value(s))"
+        )
+
+
+def representation(state: torch.Tensor, condition: Optional[torch.Tensor], n: int) -> np.ndarray:
+    """Rows ``[state.flatten(), condition.flatten()]`` as float64 (the diversity filter's input)."""
+    rows = state.detach().reshape(n, -1).to('cpu', torch.float64)
+    if condition is not None:
+        rows = torch.cat([rows, condition.detach().reshape(n, -1).to('cpu', torch.float64)], dim=1)
+    return rows.numpy()
+
+
+def is_container(data: Any) -> bool:
+    """The Container protocol (checked on the class, so no property is evaluated)."""
+    cls = type(data)
+    return all(hasattr(cls, a) for a in ('__len__', '__getitem__', 'extend', 'log_rewards', 'terminating_states'))
+
+
+class ColumnStore:
+    """Dicts of tensors in a ``TensorStorage`` whose slots the buffer assigns (``write_at`` / ``read_at``)."""
+    reuses_slots = True
+    kind = 'columns'
+
+    def __init__(self, physical: int, device: str, state_key: str, log_reward_key: str,
+                 condition_key: Optional[str]) -> None:
+        self.storage = TensorStorage(physical, device=device)
+        self.state_key, self.log_reward_key, self.condition_key = state_key, log_reward_key, condition_key
+
+    def prepare(self, data: Any, need_rows: bool) -> GFNBatch:
+        if isinstance(data, list):
+            prepared = self.storage.prepare(data, trim=False)
+        else:
+            prepared = self.storage.prepare_batch(data, trim=False)
+        _, columns = prepared.payload
+        n = prepared.n
+        for key in (self.state_key, self.log_reward_key, self.condition_key):
+            if key is not None and (key, ) not in columns:
+                found = sorted('.'.join(p) for p in columns)
+                raise ValueError(f"GFlowNet batch has no field '{key}' (config key naming it); fields: {found}")
+        r_t = columns[(self.log_reward_key, )]
+        if r_t.dim() != 1 or not r_t.dtype.is_floating_point:
+            raise ValueError(
+                f"field '{self.log_reward_key}' must hold one float log-reward per item, got shape "
+                f"{tuple(r_t.shape)} dtype {r_t.dtype}"
+            )
+        r = r_t.detach().to('cpu', torch.float64).numpy()
+        check_log_reward(r, self.log_reward_key)
+        rows = None
+        if need_rows:
+            cond = columns[(self.condition_key, )] if self.condition_key is not None else None
+            rows = representation(columns[(self.state_key, )], cond, n)
+        return GFNBatch(prepared, n, r, rows)
+
+    def write(self, slots: np.ndarray, batch: GFNBatch, rows: np.ndarray) -> None:
+        self.storage.write_at(slots, batch.payload, rows)
+
+    def read(self, slots: np.ndarray, ids: np.ndarray) -> Dict[str, Any]:
+        out = self.storage.read_at(slots)
+        device = self.storage.device
+        out['replay_buffer_idx'] = torch.from_numpy(np.array(slots, dtype=np.int64)).to(device)
+        out['replay_unique_id'] = torch.from_numpy(np.array(ids, dtype=np.int64)).to(device)
+        return out
+
+    def state_dict(self, slots: np.ndarray) -> Dict[str, Any]:
+        st = self.storage
+        fields = [] if st.schema is None else [t.cpu() for t in st.read_fields(slots)]
+        return {'kind': self.kind, 'schema': export_schema(st.schema), 'fields': fields}
+
+    def restore(self, state: Dict[str, Any], n: int) -> 'ColumnStore':
+        if state.get('kind') != self.kind:
+            raise ValueError(f"saved GFlowNet store is {state.get('kind')!r}, this buffer stores {self.kind!r}")
+        new = ColumnStore(self.storage.capacity, str(self.storage.device), self.state_key, self.log_reward_key,
+                          self.condition_key)
+        schema, fields = import_fields(state['schema'], state['fields'], n)
+        if schema:
+            new.storage.allocate(schema)
+            new.storage.write_fields(np.arange(n, dtype=np.int64), fields)
+        return new
+
+    def clear(self) -> None:
+        pass  # the slots are simply overwritten later
+
+
+_CACHED_FIELDS = ('log_probs', 'estimator_outputs')
+
+
+class ContainerStore:
+    """One container of the first pushed type. Slots are positions in it (append-only until ``compact``)."""
+    reuses_slots = False
+    kind = 'container'
+
+    def __init__(self) -> None:
+        self.container: Any = None
+        self.cls: Optional[type] = None
+
+    def __len__(self) -> int:
+        return 0 if self.container is None else len(self.container)
+
+    @staticmethod
+    def log_rewards_of(data: Any, n: int) -> np.ndarray:
+        r = data.log_rewards
+        if r is None:
+            return np.full(n, np.nan)
+        r = torch.as_tensor(r).detach().to('cpu', torch.float64).reshape(-1).numpy()
+        if len(r) != n:
+            raise ValueError(f"container log_rewards has {len(r)} entries for {n} items")
+        check_log_reward(r, 'log_rewards')
+        return r
+
+    @staticmethod
+    def rows_of(data: Any, n: int) -> Optional[np.ndarray]:
+        """One row per item when the container has exactly one terminating state per item."""
+        ts = data.terminating_states
+        tensor = ts if isinstance(ts, torch.Tensor) else getattr(ts, 'tensor', None)
+        if tensor is None or tensor.shape[0] != n:
+            return None
+        cond = getattr(ts, 'conditions', None)
+        return representation(tensor, cond if isinstance(cond, torch.Tensor) else None, n)
+
+    def prepare(self, data: Any, need_rows: bool) -> GFNBatch:
+        if self.cls is not None and type(data) is not self.cls:
+            raise TypeError(f"this buffer holds {self.cls.__name__} containers, got {type(data).__name__}")
+        n = len(data)
+        r = self.log_rewards_of(data, n)
+        return GFNBatch(data, n, r, self.rows_of(data, n) if need_rows else None)
+
+    def write(self, slots: np.ndarray, batch: GFNBatch, rows: np.ndarray) -> None:
+        """Append items ``rows`` of the batch; ``slots`` are the next positions."""
+        assert len(slots) == 0 or int(slots[0]) == len(self), 'container slots are appended in order'
+        part = batch.payload[torch.from_numpy(np.asarray(rows, dtype=np.int64))]  # a copy, never the caller's
+        if self.container is None:
+            self.container, self.cls = part, type(batch.payload)
+        else:
+            self.container.extend(part)
+        for attr in _CACHED_FIELDS:  # replayed data is re-evaluated by the learner (torchgfn does the same)
+            if getattr(self.container, attr, None) is not None:
+                setattr(self.container, attr, None)
+
+    def read(self, slots: np.ndarray, ids: np.ndarray) -> Any:
+        return self.container[torch.from_numpy(np.asarray(slots, dtype=np.int64))]
+
+    def compact(self, keep: np.ndarray) -> None:
+        """Position ``keep[i]`` becomes position ``i`` (one indexing call)."""
+        if self.container is not None:
+            self.container = self.container[torch.from_numpy(np.asarray(keep, dtype=np.int64))]
+
+    def clear(self) -> None:
+        if self.container is not None:
+            self.container = self.container[torch.zeros(0, dtype=torch.int64)]
+
+    # ------------------------------------------------------------------ persistence
+    def state_dict(self, slots: np.ndarray) -> Dict[str, Any]:
+        live = None if self.container is None else self.read(slots, slots)
+        if live is None:
+            return {'kind': self.kind, 'format': 'empty'}
+        if type(live).__module__.startswith('gfn.') and hasattr(live, 'to_tensordict'):
+            # torchgfn: plain tensors only, loadable with weights_only=True (rebuilt with the env on load)
+            return {'kind': self.kind, 'format': 'torchgfn', 'class': _qualified(type(live)),
+                    'tensors': live.to_tensordict().to_dict()}
+        return {'kind': self.kind, 'format': 'object', 'container': live}  # needs allow_pickle on load
+
+    def restore(self, state: Dict[str, Any], n: int, env: Any = None) -> 'ContainerStore':
+        if state.get('kind') != self.kind:
+            raise ValueError(f"saved GFlowNet store is {state.get('kind')!r}, this buffer stores {self.kind!r}")
+        new = ContainerStore()
+        fmt = state.get('format')
+        if fmt == 'empty':
+            return new
+        if fmt == 'object':
+            container = state['container']
+        elif fmt == 'torchgfn':
+            cls = _torchgfn_class(state['class'])
+            env = env if env is not None else getattr(self.container, 'env', None)
+            if env is None:
+                raise ValueError(
+                    f"rebuilding torchgfn {cls.__name__} needs its environment: pass env=... to load_data"
+                )
+            from tensordict import TensorDict
+            container = cls.from_tensordict(env, TensorDict(state['tensors']))
+        else:
+            raise ValueError(f"unknown saved container format {fmt!r}")
+        if not is_container(container) or len(container) != n:
+            raise ValueError(f"saved container holds {len(container)} items, the index {n}")
+        new.container, new.cls = container, type(container)
+        return new
+
+
+def _qualified(cls: type) -> str:
+    return f'{cls.__module__}:{cls.__qualname__}'
+
+
+def _torchgfn_class(name: str) -> type:
+    """Only torchgfn's own container classes are rebuilt by name (nothing else is imported from a file)."""
+    import importlib
+    module, _, qual = str(name).partition(':')
+    if not module.startswith('gfn.containers') or '.' in qual:
+        raise ValueError(f"refusing to rebuild container class {name!r}: only gfn.containers classes load")
+    cls = getattr(importlib.import_module(module), qual, None)
+    if not isinstance(cls, type) or not hasattr(cls, 'from_tensordict'):
+        raise ValueError(f"{name!r} is not a torchgfn container class")
+    return cls
+

@@ -1,0 +1,208 @@
+"""``RewardIndex``: which items a GFlowNet buffer keeps and how it samples them.
+
+Per slot: the item's log-reward (float64), insertion sequence number (also its unique id) and a live flag.
+
+Capacity rule (all-or-nothing per push, deterministic):
+
+* ``prioritized_capacity``: keep the ``capacity`` items with the largest ``(log_reward, seq)`` -- the highest
+  rewards; among equal rewards the newest (torchgfn sorts with an unstable ``argsort``, so its tie order is
+  unspecified). ``-inf`` is a valid log-reward (reward 0) and is evicted first.
+* FIFO: keep the ``capacity`` newest items.
+* ``lazy``: truncation waits until stored + incoming reaches ``2 * capacity`` (torchgfn's ``lazy_sort``);
+  until then everything stays, visible to ``sample``.
+
+Sampling: uniform, or ``p_i = exp(r_i) / sum_j exp(r_j)`` computed as ``exp(r_i - max r)`` (no overflow for
+any finite log-reward; items at ``-inf`` have probability 0; if every item is at ``-inf`` the draw is
+uniform). Without replacement it is successive sampling (Plackett-Luce) via the Gumbel-top-k trick, so it
+works for any spread of rewards, where ``torch.multinomial`` fails once fewer than ``n`` items have a
+non-zero probability.
+
+Complexity: a push that truncates costs O(slots) (one ``np.partition``) -- lazy mode does it once per
+``capacity`` items; sampling O(slots + n log n). Not thread-safe: the buffer's lock serialises calls.
+"""
+from typing import Optional, Tuple
+
+import numpy as np
+
+
+class RewardIndex:
+
+    def __init__(self, capacity: int, physical: int, prioritized: bool, lazy: bool, reuse_slots: bool) -> None:
+        self.capacity = capacity
+        self.reuse_slots = reuse_slots  # True: evicted slots are reused; False: append-only, compacted by the owner
+        self.prioritized = prioritized
+        self.lazy = lazy
+        self.log_reward = np.full(physical, np.nan)
+        self.seq = np.full(physical, -1, dtype=np.int64)
+        self.alive = np.zeros(physical, dtype=bool)
+        self.count = 0
+        self.next_seq = 0
+        self.end = 0  # append mode: first never-used slot
+        self._reset_free(0)
+
+    @property
+    def physical(self) -> int:
+        return len(self.alive)
+
+    # ------------------------------------------------------------------ admission
+    def admit(self, new_log_reward: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
+        """
+        Overview:
+            Decide a push of ``n`` items (changes nothing): returns ``(keep_new, evict_slots)``, a bool mask of
+            the incoming items that are stored and the stored slots that leave.
+        """
+        n = len(new_log_reward)
+        total = self.count + n
+        limit = 2 * self.capacity if self.lazy else self.capacity + 1
+        if total < limit or total <= self.capacity:
+            return np.ones(n, dtype=bool), np.empty(0, dtype=np.int64)
+        return self._truncate(new_log_reward, total - self.capacity)
+
+    def flush(self) -> np.ndarray:
+        """Slots to evict to bring the buffer down to ``capacity`` now (lazy mode before a diversity check)."""
+        if self.count <= self.capacity:
+            return np.empty(0, dtype=np.int64)
+        return self._truncate(np.empty(0), self.count - self.capacity)[1]
+
+    def _truncate(self, new_log_reward: np.ndarray, k: int) -> Tuple[np.ndarray, np.ndarray]:
+        """Drop the ``k`` smallest keys among stored and incoming items."""
+        slots = self.live_slots()
+        n = len(new_log_reward)
+        new_seq = self.next_seq + np.arange(n, dtype=np.int64)
+        seq = np.concatenate([self.seq[slots], new_seq])
+        if self.prioritized:
+            r = np.concatenate([self.log_reward[slots], new_log_reward])
+            kth = np.partition(r, k - 1)[k - 1]
+            below = r < kth
+            ties = np.flatnonzero(r == kth)
+            need = k - int(below.sum())
+            drop = below
+            if need:  # among equal rewards the oldest go first
+                drop[ties[np.argpartition(seq[ties], need - 1)[:need]] if need < len(ties) else ties] = True
+        else:
+            drop = np.zeros(len(seq), dtype=bool)
+            drop[np.argpartition(seq, k - 1)[:k]] = True
+        return ~drop[len(slots):], slots[drop[:len(slots)]]
+
+    # ------------------------------------------------------------------ slots
+    def live_slots(self) -> np.ndarray:
+        """Live slots in slot order (O(slots))."""
+        return np.flatnonzero(self.alive)
+
+    def free_slots(self, n: int) -> np.ndarray:
+        """Reuse mode: ``n`` free slots (the caller commits them with ``store``)."""
+        if n > self._n_free:
+            raise RuntimeError(f"no room for {n} items ({self._n_free} free slots)")
+        return self._free[self._n_free - n:self._n_free][::-1].copy()
+
+    def append_slots(self, n: int) -> np.ndarray:
+        """Append mode: the next ``n`` never-used slots, growing the arrays when needed."""
+        if self.end + n > self.physical:
+            self._grow(max(2 * self.physical, self.end + n))
+        return np.arange(self.end, self.end + n, dtype=np.int64)
+
+    def _grow(self, physical: int) -> None:
+        extra = physical - self.physical
+        self.log_reward = np.concatenate([self.log_reward, np.full(extra, np.nan)])
+        self.seq = np.concatenate([self.seq, np.full(extra, -1, dtype=np.int64)])
+        self.alive = np.concatenate([self.alive, np.zeros(extra, dtype=bool)])
+
+    def store(self, slots: np.ndarray, log_reward: np.ndarray, seq: np.ndarray) -> None:
+        """Mark ``slots`` live with these rewards and sequence numbers."""
+        self.log_reward[slots] = log_reward
+        self.seq[slots] = seq
+        self.alive[slots] = True
+        self.count += len(slots)
+        if len(slots):
+            self.end = max(self.end, int(slots.max()) + 1)
+        if self.reuse_slots:
+            self._n_free -= len(slots)  # they came from ``free_slots``
+
+    def evict(self, slots: np.ndarray) -> None:
+        self.alive[slots] = False
+        self.log_reward[slots] = np.nan
+        self.seq[slots] = -1
+        self.count -= len(slots)
+        if self.reuse_slots:
+            self._free[self._n_free:self._n_free + len(slots)] = slots
+            self._n_free += len(slots)
+
+    def compact(self, keep: np.ndarray) -> None:
+        """Append mode: slot ``keep[i]`` becomes slot ``i`` (the storage was compacted the same way)."""
+        m = len(keep)
+        for name in ('log_reward', 'seq', 'alive'):
+            arr = getattr(self, name)
+            moved = arr[keep]
+            arr[m:] = {'log_reward': np.nan, 'seq': -1, 'alive': False}[name]
+            arr[:m] = moved
+        self.end = m
+
+    def clear(self) -> None:
+        self.alive[:] = False
+        self.log_reward[:] = np.nan
+        self.seq[:] = -1
+        self.count = 0
+        self.end = 0
+        self._reset_free(0)
+
+    def _reset_free(self, used: int) -> None:
+        """Slots ``0..used-1`` are taken, the rest free (popped lowest first)."""
+        self._free = np.arange(self.physical - 1, -1, -1, dtype=np.int64)
+        self._n_free = self.physical - used
+
+    def load(self, log_reward: np.ndarray, seq: np.ndarray, next_seq: int) -> np.ndarray:
+        """Replace everything by these items at slots ``0..n-1`` (a restored save); returns those slots."""
+        self.clear()
+        n = len(seq)
+        slots = np.arange(n, dtype=np.int64)
+        self.log_reward[slots], self.seq[slots], self.alive[slots] = log_reward, seq, True
+        self.count = self.end = n
+        self.next_seq = int(next_seq)
+        if self.reuse_slots:
+            self._reset_free(n)
+        return slots
+
+    # ------------------------------------------------------------------ sampling
+    def sample(self, rng: np.random.Generator, n: int, prioritized: bool, replace: bool) -> np.ndarray:
+        """``n`` live slots; without ``replace`` distinct (the caller checks ``n <= count``)."""
+        slots = self.live_slots()
+        m = len(slots)
+        if not prioritized:
+            return slots[rng.integers(0, m, n) if replace else _distinct(rng, m, n)]
+        r = self.log_reward[slots]
+        finite = r > -np.inf
+        if not finite.any():  # every reward is 0: the limit of equal rewards, uniform
+            return slots[rng.integers(0, m, n) if replace else _distinct(rng, m, n)]
+        if replace:
+            w = np.exp(r - r[finite].max())
+            cdf = np.cumsum(w)
+            pos = np.searchsorted(cdf, rng.random(n) * cdf[-1], side='right')
+            # u * total can round up to total: map it to the last item with a non-zero weight
+            pos = np.minimum(pos, np.flatnonzero(w > 0)[-1])
+            return slots[pos]
+        # Gumbel-top-k: the order of r_i + Gumbel noise is successive sampling without replacement
+        idx_f = np.flatnonzero(finite)
+        keys = r[idx_f] - np.log(-np.log(rng.random(len(idx_f)) + np.finfo(float).tiny)
+                                 + np.finfo(float).tiny)
+        take = min(n, len(idx_f))
+        top = np.argpartition(-keys, take - 1)[:take] if take < len(idx_f) else np.arange(len(idx_f))
+        order = idx_f[top[np.argsort(-keys[top], kind='stable')]]
+        if take < n:  # the rest have reward 0: uniformly, after every positive-reward item
+            rest = np.flatnonzero(~finite)
+            order = np.concatenate([order, rest[_distinct(rng, len(rest), n - take)]])
+        return slots[order]
+
+    # ------------------------------------------------------------------ state
+    def state_dict(self, slots: np.ndarray) -> dict:
+        """Rewards and ids of ``slots`` as tensors (loadable with ``weights_only=True``)."""
+        import torch
+        return {
+            'log_reward': torch.from_numpy(self.log_reward[slots].copy()),
+            'seq': torch.from_numpy(self.seq[slots].copy()),
+            'next_seq': int(self.next_seq)
+        }
+
+
+def _distinct(rng: np.random.Generator, m: int, n: int) -> np.ndarray:
+    from ..sampling import uniform_indices
+    return uniform_indices(rng, m, n, replace=False)
