@@ -1,6 +1,11 @@
 """ding-buffer: replay buffers with DI-engine's API and C++-buffer speed."""
 from setuptools import find_packages, setup
 
+# torchgfn's runtime dependencies (its containers in the GFlowNet buffers' tests). torchgfn itself is installed
+# with `pip install --no-deps torchgfn==2.4.1`: its metadata pins numpy<2, which it does not need (its containers
+# and buffers run on numpy 2), and that pin would downgrade numpy for everything else.
+TORCHGFN_DEPS = ['tensordict>=0.6', 'torch_geometric>=2.6', 'dill>=0.3.8', 'einops>=0.6', 'linear-attention-transformer>=0.19']
+
 # Install torch first with `pip install torch==2.13.0` (the CPU wheel on CPU machines): the range below is then
 # already satisfied, while a bare `torch` requirement on a machine without torch would pull CUDA packages.
 setup(
@@ -20,7 +25,9 @@ setup(
     extras_require={
         # numba compiles the segment-tree kernels (prioritized replay); without it a numpy fallback runs.
         'fast': ['numba>=0.59'],
-        'test': ['pytest>=7', 'pytest-timeout>=2.1', 'numba>=0.59', 'gymnasium>=0.29', 'matplotlib>=3.5', 'tqdm>=4.60'],
+        'gfn': TORCHGFN_DEPS,
+        'test': ['pytest>=7', 'pytest-timeout>=2.1', 'numba>=0.59', 'gymnasium>=0.29', 'matplotlib>=3.5', 'tqdm>=4.60']
+        + TORCHGFN_DEPS,
         'bench': ['cpprb>=10.7', 'torchrl>=0.4'],
         'mpi': ['mpi4py>=3.1'],
         'ray': ['ray>=2.9'],

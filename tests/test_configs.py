@@ -21,7 +21,16 @@ def _load(path):
 def test_ready_config_builds_a_working_buffer(path):
     cfg = _load(path)
     buffer = create_buffer(cfg['policy']['other']['replay_buffer'], exp_name=cfg['exp_name'])
-    if cfg['policy']['other']['replay_buffer']['type'] == 'episode':
+    kind = cfg['policy']['other']['replay_buffer']['type']
+    if kind in ('gfn', 'gfn_diverse', 'terminating_state'):
+        states = torch.randint(0, 4, (300, 3)).float()  # 64 distinct states: duplicates on purpose
+        log_reward = torch.linspace(-3, 0, 300)
+        assert buffer.push({'state': states, 'log_reward': log_reward, 'actions': torch.zeros(300, 5)}) == 300
+        batch = buffer.sample(256)
+        assert batch['state'].shape == (256, 3) and ('actions' in batch) == (kind != 'terminating_state')
+        stats = buffer.stats()
+        assert stats['size'] == 300 and stats['unique_terminating_states'] == len(torch.unique(states, dim=0))
+    elif cfg['policy']['other']['replay_buffer']['type'] == 'episode':
         buffer.push({'obs': torch.randn(50, 4), 'reward': torch.ones(50)})
         batch = buffer.sample(4, unroll_len=10, replace=True)
         assert batch['obs'].shape == (4, 10, 4) and batch['mask'].all()
