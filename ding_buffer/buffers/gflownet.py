@@ -123,13 +123,17 @@ class GFlowNetReplayBuffer(BufferCore):
     def _prioritized_capacity(self) -> bool:
         return bool(self._cfg.prioritized_capacity) or self.diverse
 
-    def _new_parts(self, store: Any) -> None:
+    def _parts_for(self, store: Any):
+        """A fresh ``(RewardIndex, StateSet)`` sized for ``store`` (nothing is swapped in)."""
         cap = self.capacity
         physical = 2 * cap if self._cfg.lazy_sort or not store.reuses_slots else cap
+        index = RewardIndex(cap, physical, self._prioritized_capacity(), bool(self._cfg.lazy_sort),
+                            store.reuses_slots)
+        return index, StateSet(physical, keep_rows=self.diverse)
+
+    def _new_parts(self, store: Any) -> None:
+        self._index, self._states = self._parts_for(store)
         self._store = store
-        self._index = RewardIndex(cap, physical, self._prioritized_capacity(), bool(self._cfg.lazy_sort),
-                                  store.reuses_slots)
-        self._states = StateSet(physical, keep_rows=self.diverse)
 
     # ------------------------------------------------------------------ push
     def add(self, data: Any) -> None:
@@ -389,10 +393,7 @@ class GFlowNetReplayBuffer(BufferCore):
             )
         else:
             raise ValueError(f"unknown saved store kind {kind!r}")
-        old = self._store
-        self._new_parts(store)
-        index, states = self._index, self._states
-        self._store = old  # swapped in by the caller only when everything succeeded
+        index, states = self._parts_for(store)  # swapped in by the caller only when everything succeeded
         slots = index.load(r, seq, int(saved['next_seq']))
         rows = self._stored_rows(store, slots)
         if rows is not None and n:

@@ -1,0 +1,1259 @@
+"""Tests of the GFlowNet buffers (``type='gfn'``, ``'gfn_diverse'``, ``'terminating_state'``) on dict batches.
+
+Every content check compares the buffer with a brute-force reference written here (plain Python loops over
+lists, float64 math): capacity (keep-best with the oldest of equal rewards leaving first, FIFO, lazy
+truncation at ``2 * capacity``), the two-stage p-norm diversity filter of ``gfn_diverse`` and its counters,
+and ``unique_terminating_states``. Also: sampling distributions (chi-square with fixed seeds, exact
+Plackett-Luce inclusion probabilities), all-or-nothing rejection of bad input, save/load round trips, the
+numba kernel against the numpy fallback (subprocess with ``DING_BUFFER_NO_NUMBA=1``) and TensorBoard scalars.
+torchgfn containers themselves are tested elsewhere; a tiny fake container is used only to check that dict
+and container pushes do not mix.
+"""
+import copy
+import importlib.util
+import itertools
+import json
+import math
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from helpers import assert_same, chi_square, chi_threshold
+from ding_buffer import create_buffer
+from ding_buffer.control import diversity
+from ding_buffer.persistence import save_state
+
+INF = float('inf')
+NINF = float('-inf')
+TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
+REPO_ROOT = os.path.dirname(TESTS_DIR)
+DEFAULT_SETTINGS = ('replay_buffer_size', 'prioritized_capacity', 'prioritized_sampling', 'sample_replacement',
+                    'lazy_sort', 'state_key', 'log_reward_key', 'condition_key')
+DIVERSE_SETTINGS = DEFAULT_SETTINGS + ('cutoff_distance', 'p_norm_distance')
+
+
+# ================================================================================ brute-force reference
+def ref_distance(a, b, p):
+    """p-norm distance between two representation tuples, in float64, one column at a time."""
+    diffs = [abs(float(x) - float(y)) for x, y in zip(a, b)]
+    if p == INF:
+        m = 0.0
+        for d in diffs:
+            if d > m:
+                m = d
+        return m
+    s = 0.0
+    for d in diffs:
+        s += d if p == 1 else d ** p
+    if p == 1:
+        return s
+    if p == 2:
+        return math.sqrt(s)
+    return s ** (1.0 / p)
+
+
+def rep(item):
+    """What the diversity filter sees: the state flattened, then the condition (if any)."""
+    return tuple(item['state']) + (tuple(item['cond']) if item['cond'] is not None else ())
+
+
+class RefBuffer:
+    """The semantics of the GFlowNet buffers written out as loops over a list of item dicts."""
+
+    def __init__(self, capacity, prioritized=True, lazy=False, diverse=False, cutoff=0.0, p=1.0):
+        self.capacity = capacity
+        self.prioritized = prioritized or diverse
+        self.lazy = lazy
+        self.diverse = diverse
+        self.cutoff = cutoff
+        self.p = p
+        self.items = []
+        self.next_seq = 0
+        self.c = dict(pushed=0, admitted=0, evicted=0, filter_checked=0, rejected_by_reward=0,
+                      rejected_by_distance=0)
+
+    def _rank(self, it):
+        return (it['r'], it['seq']) if self.prioritized else (it['seq'], )
+
+    def _keep_best(self, items):
+        """The ``capacity`` items with the largest key, in their original list order."""
+        best = sorted(items, key=self._rank, reverse=True)[:self.capacity]
+        keep = {it['seq'] for it in best}
+        return [it for it in items if it['seq'] in keep]
+
+    def push(self, batch):
+        batch = [dict(it) for it in batch]
+        self.c['pushed'] += len(batch)
+        cand = batch
+        if self.diverse and len(self.items) >= self.capacity:
+            if len(self.items) > self.capacity:  # lazy: back to capacity before comparing
+                kept = self._keep_best(self.items)
+                self.c['evicted'] += len(self.items) - len(kept)
+                self.items = kept
+            cand = sorted(cand, key=lambda it: -it['r'])  # Python's sort is stable
+            self.c['filter_checked'] += len(cand)
+            lowest = min(it['r'] for it in self.items)
+            passed = [it for it in cand if it['r'] >= lowest]
+            self.c['rejected_by_reward'] += len(cand) - len(passed)
+            cand = passed
+            if self.cutoff >= 0:
+                stage1 = []
+                for i, it in enumerate(cand):
+                    if all(ref_distance(rep(it), rep(e), self.p) > self.cutoff for e in cand[:i]):
+                        stage1.append(it)
+                stage2 = []
+                for it in stage1:
+                    if all(ref_distance(rep(it), rep(s), self.p) > self.cutoff for s in self.items):
+                        stage2.append(it)
+                self.c['rejected_by_distance'] += len(cand) - len(stage2)
+                cand = stage2
+        for it in cand:
+            it['seq'] = self.next_seq
+            self.next_seq += 1
+        total = self.items + cand
+        if (len(total) >= 2 * self.capacity) if self.lazy else (len(total) > self.capacity):
+            kept = self._keep_best(total)
+        else:
+            kept = total
+        kept_seqs = {it['seq'] for it in kept}
+        self.c['admitted'] += sum(it['seq'] in kept_seqs for it in cand)
+        self.c['evicted'] += sum(it['seq'] not in kept_seqs for it in self.items)
+        self.items = kept
+
+    def snapshot(self):
+        return sorted((it['seq'], it['tag'], tuple(it['state']), it['cond'], it['r']) for it in self.items)
+
+    def expected_stats(self):
+        rs = [it['r'] for it in self.items]
+        finite = [r for r in rs if r > NINF]
+        out = dict(self.c)
+        out['size'] = len(self.items)
+        out['zero_reward_items'] = len(rs) - len(finite)
+        out['unique_terminating_states'] = len({(tuple(it['state']), it['cond']) for it in self.items})
+        out['log_reward_min'] = min(finite) if finite else None
+        out['log_reward_max'] = max(finite) if finite else None
+        out['log_reward_mean'] = (sum(finite) / len(finite)) if finite else None
+        return out
+
+
+# ================================================================================ helpers
+def make(kind='gfn', cap=5, **kw):
+    kw.setdefault('seed', 0)
+    return create_buffer(dict(type=kind, replay_buffer_size=cap, **kw))
+
+
+def items_of(states, rewards, tags=None, conds=None):
+    tags = list(range(len(states))) if tags is None else tags
+    out = []
+    for i, (s, r) in enumerate(zip(states, rewards)):
+        s = tuple(float(x) for x in (s if isinstance(s, (list, tuple)) else [s]))
+        c = None
+        if conds is not None:
+            c = conds[i]
+            c = tuple(float(x) for x in (c if isinstance(c, (list, tuple)) else [c]))
+        out.append(dict(tag=int(tags[i]), state=s, cond=c, r=float(r)))
+    return out
+
+
+def to_batch(items, as_list=False, extra=True, state_dtype=torch.float32):
+    """Items -> a dict batch ({'state', 'log_reward', 'tag', ['cond'], ['extra']}) or a list of item dicts."""
+    state = torch.tensor([it['state'] for it in items], dtype=torch.float64).to(state_dtype)
+    r = torch.tensor([it['r'] for it in items], dtype=torch.float64)
+    tag = torch.tensor([it['tag'] for it in items], dtype=torch.int64)
+    d = {'state': state, 'log_reward': r, 'tag': tag}
+    if items and items[0]['cond'] is not None:
+        d['cond'] = torch.tensor([it['cond'] for it in items], dtype=torch.float32)
+    if extra:
+        d['extra'] = torch.arange(len(items), dtype=torch.float32)[:, None].repeat(1, 2)
+    if as_list:
+        return [{k: v[i] for k, v in d.items()} for i in range(len(items))]
+    return d
+
+
+def read_all(buf):
+    """Every stored item (sample without replacement), fields as tensors, sorted by replay_unique_id."""
+    n = buf.count()
+    if n == 0:
+        return None
+    out = buf.sample(n, replace=False)
+    order = torch.argsort(out['replay_unique_id'])
+    return {k: v[order] for k, v in out.items()}
+
+
+def snapshot(buf):
+    """Sorted (id, tag, state, cond, log_reward) tuples of the stored items."""
+    out = read_all(buf)
+    if out is None:
+        return []
+    rows = []
+    for i in range(len(out['replay_unique_id'])):
+        cond = tuple(float(x) for x in out['cond'][i].reshape(-1).tolist()) if 'cond' in out else None
+        rows.append((int(out['replay_unique_id'][i]), int(out['tag'][i]),
+                     tuple(float(x) for x in out['state'][i].reshape(-1).tolist()), cond,
+                     float(out['log_reward'][i])))
+    return sorted(rows)
+
+
+def assert_matches(buf, ref, exact_ids=True, where=''):
+    got, want = snapshot(buf), ref.snapshot()
+    assert buf.count() == len(ref.items), f"{where}: count {buf.count()} != {len(ref.items)}"
+    ids = [g[0] for g in got]
+    assert len(set(ids)) == len(ids), f"{where}: replay_unique_id not unique: {ids}"
+    if exact_ids:
+        assert got == want, f"{where}:\n got  {got}\n want {want}"
+    else:  # same items, same relative insertion order
+        assert [g[1:] for g in got] == [w[1:] for w in want], f"{where}:\n got  {got}\n want {want}"
+    s, e = buf.stats(), ref.expected_stats()
+    for key in ('size', 'pushed', 'admitted', 'evicted', 'filter_checked', 'rejected_by_reward',
+                'rejected_by_distance', 'zero_reward_items', 'unique_terminating_states'):
+        assert s[key] == e[key], f"{where}: stats[{key!r}] = {s[key]}, expected {e[key]}"
+    checked = max(e['filter_checked'], 1)
+    assert s['reject_rate_reward'] == pytest.approx(e['rejected_by_reward'] / checked), where
+    assert s['reject_rate_distance'] == pytest.approx(e['rejected_by_distance'] / checked), where
+    for key in ('log_reward_min', 'log_reward_max', 'log_reward_mean'):
+        if e[key] is None:
+            assert math.isnan(s[key]), f"{where}: stats[{key!r}] = {s[key]}, expected NaN"
+        else:
+            assert s[key] == pytest.approx(e[key], rel=1e-12, abs=1e-12), f"{where}: stats[{key!r}]"
+
+
+def frozen(buf):
+    """Everything observable about the buffer's contents (for all-or-nothing checks)."""
+    return copy.deepcopy(buf.state_dict()), buf.count(), {k: v for k, v in buf.stats().items() if k != 'sampled'}
+
+
+def assert_unchanged(buf, before):
+    sd, n, stats = frozen(buf)
+    assert n == before[1]
+    assert_same(before[0], sd)
+    assert stats.keys() == before[2].keys()
+    for k in stats:
+        a, b = stats[k], before[2][k]
+        assert (math.isnan(a) and math.isnan(b)) or a == b, f"stats[{k!r}] changed: {b} -> {a}"
+
+
+def random_items(rng, n, tag0, dim, grid, with_cond, levels=(0.0, 1.0, 2.0, 0.5, NINF), p_levels=None):
+    states = rng.integers(0, grid, size=(n, dim))
+    rewards = rng.choice(np.array(levels), size=n, p=p_levels)
+    conds = rng.integers(0, 2, size=(n, 1)).tolist() if with_cond else None
+    return items_of(states.tolist(), rewards.tolist(), tags=list(range(tag0, tag0 + n)), conds=conds)
+
+
+def counts_of(ids, m):
+    return np.bincount(np.asarray(ids, dtype=np.int64), minlength=m)
+
+
+def softmax(logits):
+    logits = np.asarray(logits, dtype=np.float64)
+    w = np.exp(logits - logits.max())
+    return w / w.sum()
+
+
+# ================================================================================ 1. gfn capacity
+def test_prioritized_keeps_the_best_and_evicts_the_oldest_among_ties():
+    buf = make('gfn', 3, prioritized_capacity=True)
+    ref = RefBuffer(3, prioritized=True)
+    for its in (items_of([[0], [1], [2]], [1, 1, 1], tags=[0, 1, 2]),
+                items_of([[3]], [1], tags=[3]),
+                items_of([[4], [5]], [1, 1], tags=[4, 5])):
+        buf.push(to_batch(its))
+        ref.push(its)
+        assert_matches(buf, ref)
+    assert [row[1] for row in snapshot(buf)] == [3, 4, 5]  # only the newest of equal rewards stay
+    its = items_of([[6], [7], [8], [9]], [2, 0, 1, 1], tags=[6, 7, 8, 9])
+    buf.push(to_batch(its))
+    ref.push(its)
+    assert_matches(buf, ref)
+    assert sorted(row[1] for row in snapshot(buf)) == [6, 8, 9]
+
+
+def test_prioritized_eager_batch_larger_than_capacity():
+    buf = make('gfn', 4, prioritized_capacity=True)
+    ref = RefBuffer(4, prioritized=True)
+    its = items_of([[i] for i in range(10)], [3, 1, 3, 2, 1, 3, 0, 3, 2, 1])
+    assert buf.push(to_batch(its)) == 4
+    ref.push(its)
+    assert_matches(buf, ref)
+    assert sorted(row[1] for row in snapshot(buf)) == [0, 2, 5, 7]
+
+
+def test_fifo_keeps_the_newest():
+    buf = make('gfn', 3, prioritized_capacity=False)
+    ref = RefBuffer(3, prioritized=False)
+    for its in (items_of([[100], [200], [300]], [5, 6, 7], tags=[100, 200, 300]),
+                items_of([[1], [2]], [-1, NINF], tags=[1, 2])):
+        buf.push(to_batch(its))
+        ref.push(its)
+        assert_matches(buf, ref)
+    assert [row[1] for row in snapshot(buf)] == [300, 1, 2]  # torchgfn's [100,200,300] + [1,2] -> [300,1,2]
+
+
+def test_neg_inf_rewards_are_evicted_first():
+    buf = make('gfn', 3, prioritized_capacity=True)
+    ref = RefBuffer(3, prioritized=True)
+    its = items_of([[0], [1], [2], [3]], [NINF, NINF, 0, 1])
+    buf.push(to_batch(its))
+    ref.push(its)
+    assert_matches(buf, ref)
+    assert sorted(row[1] for row in snapshot(buf)) == [1, 2, 3]
+    assert buf.stats()['zero_reward_items'] == 1
+
+
+def test_all_neg_inf_rewards_keep_the_newest():
+    buf = make('gfn', 2, prioritized_capacity=True)
+    ref = RefBuffer(2, prioritized=True)
+    for k in range(3):
+        its = items_of([[k], [k + 10]], [NINF, NINF], tags=[2 * k, 2 * k + 1])
+        buf.push(to_batch(its))
+        ref.push(its)
+        assert_matches(buf, ref)
+    assert [row[1] for row in snapshot(buf)] == [4, 5]
+    s = buf.stats()
+    assert s['zero_reward_items'] == 2 and math.isnan(s['log_reward_max']) and math.isnan(s['log_reward_min'])
+
+
+def test_lazy_sort_truncates_only_at_twice_the_capacity():
+    buf = make('gfn', 4, prioritized_capacity=True, lazy_sort=True)
+    ref = RefBuffer(4, prioritized=True, lazy=True)
+    pushes = [items_of([[i] for i in range(3)], [0, 5, 1], tags=[0, 1, 2]),
+              items_of([[i] for i in range(3, 7)], [2, 2, 0, 9], tags=[3, 4, 5, 6]),
+              items_of([[7]], [-3], tags=[7]),
+              items_of([[8], [9]], [2, 2], tags=[8, 9])]
+    counts = []
+    for its in pushes:
+        buf.push(to_batch(its))
+        ref.push(its)
+        assert_matches(buf, ref)
+        counts.append(buf.count())
+    assert counts == [3, 7, 4, 6]  # waiting items are stored and sampled until 3 + 4 + 1 reaches 8
+    assert buf.sample(6, replace=False)['tag'].sort().values.tolist() == [1, 3, 4, 6, 8, 9]
+
+
+def test_lazy_fifo():
+    buf = make('gfn', 3, prioritized_capacity=False, lazy_sort=True)
+    ref = RefBuffer(3, prioritized=False, lazy=True)
+    for k in range(6):
+        its = items_of([[k]], [10 - k], tags=[k])
+        buf.push(to_batch(its))
+        ref.push(its)
+        assert_matches(buf, ref)
+    assert [row[1] for row in snapshot(buf)] == [3, 4, 5]
+
+
+@pytest.mark.parametrize('bad', [float('nan'), INF])
+@pytest.mark.parametrize('kind,kw', [('gfn', dict(prioritized_capacity=True)), ('gfn', dict()),
+                                     ('gfn_diverse', dict()), ('terminating_state', dict())])
+def test_nan_or_pos_inf_reward_raises_and_changes_nothing(kind, kw, bad):
+    buf = make(kind, 4, **kw)
+    buf.push(to_batch(items_of([[0], [1]], [0, 1])))
+    before = frozen(buf)
+    with pytest.raises(ValueError):
+        buf.push(to_batch(items_of([[2], [3], [4]], [1, bad, 2])))
+    with pytest.raises(ValueError):
+        buf.push(to_batch(items_of([[2], [3]], [bad, 1]), as_list=True))
+    assert_unchanged(buf, before)
+
+
+def test_list_of_items_equals_dict_batch():
+    a = make('gfn', 6, prioritized_capacity=True)
+    b = make('gfn', 6, prioritized_capacity=True)
+    rng = np.random.default_rng(3)
+    for k in range(5):
+        its = random_items(rng, 4, 10 * k, 2, 3, with_cond=False)
+        a.push(to_batch(its))
+        b.push(to_batch(its, as_list=True))
+    assert snapshot(a) == snapshot(b)
+    assert_same(read_all(a)['extra'], read_all(b)['extra'])
+
+
+@pytest.mark.parametrize('seed', range(12))
+def test_gfn_random_pushes_match_reference(seed):
+    rng = np.random.default_rng(1000 + seed)
+    cap = int(rng.integers(5, 31))
+    prioritized = bool(seed % 2 == 0)
+    lazy = bool((seed // 2) % 2)
+    with_cond = bool((seed // 4) % 2)
+    dim = int(rng.integers(1, 3))
+    kw = dict(prioritized_capacity=prioritized, lazy_sort=lazy)
+    if with_cond:
+        kw['condition_key'] = 'cond'
+    buf = make('gfn', cap, **kw)
+    ref = RefBuffer(cap, prioritized=prioritized, lazy=lazy)
+    tag = 0
+    for step in range(20):
+        n = int(rng.integers(1, 41))
+        its = random_items(rng, n, tag, dim, 3, with_cond)
+        tag += n
+        stored = buf.push(to_batch(its, as_list=bool(rng.random() < 0.2)))
+        before = ref.c['admitted']
+        ref.push(its)
+        assert stored == ref.c['admitted'] - before
+        assert_matches(buf, ref, where=f'seed {seed} push {step} cap {cap} kw {kw}')
+
+
+# ================================================================================ 2. gfn_diverse
+def full_diverse(cap=3, **kw):
+    """A full diverse buffer holding states (10,), (20,), ... with rewards 1, 2, ..."""
+    buf = make('gfn_diverse', cap, **kw)
+    ref = RefBuffer(cap, diverse=True, lazy=kw.get('lazy_sort', False), cutoff=kw.get('cutoff_distance', 0.0),
+                    p=kw.get('p_norm_distance', 1.0))
+    its = items_of([[10 * (i + 1)] for i in range(cap)], [i + 1 for i in range(cap)],
+                   tags=[100 + i for i in range(cap)])
+    buf.push(to_batch(its))
+    ref.push(its)
+    return buf, ref
+
+
+def push_both(buf, ref, its, exact_ids=False):
+    stored = buf.push(to_batch(its))
+    before = ref.c['admitted']
+    ref.push(its)
+    assert stored == ref.c['admitted'] - before
+    assert_matches(buf, ref, exact_ids=exact_ids)
+
+
+def test_diverse_below_capacity_keeps_duplicates():
+    buf = make('gfn_diverse', 10)
+    ref = RefBuffer(10, diverse=True)
+    push_both(buf, ref, items_of([[1, 1]] * 3, [0, 0, 0]))
+    assert buf.count() == 3
+    assert buf.stats()['unique_terminating_states'] == 1
+    assert buf.stats()['filter_checked'] == 0
+
+
+def test_diverse_filling_push_is_a_plain_insert_with_truncation():
+    buf = make('gfn_diverse', 4)
+    ref = RefBuffer(4, diverse=True)
+    push_both(buf, ref, items_of([[0], [1]], [1, 1], tags=[0, 1]))
+    push_both(buf, ref, items_of([[0], [0], [0], [5], [5]], [1, 3, 0, 1, 1], tags=[2, 3, 4, 5, 6]))
+    assert sorted(row[1] for row in snapshot(buf)) == [2, 3, 5, 6]  # duplicates (0,) kept
+    assert buf.stats()['filter_checked'] == 0
+
+
+def test_diverse_reward_filter_keeps_ties_with_the_minimum():
+    buf, ref = full_diverse(3)  # rewards 1, 2, 3
+    push_both(buf, ref, items_of([[1], [2], [3], [4]], [0.5, 1, 1, 5], tags=[1, 2, 3, 4]))
+    s = buf.stats()
+    assert s['filter_checked'] == 4 and s['rejected_by_reward'] == 1 and s['rejected_by_distance'] == 0
+    # 5 and the two ties with the minimum compete with the stored items; the newest of equal rewards stay
+    assert sorted(row[1] for row in snapshot(buf)) == [4, 101, 102]
+
+
+def test_diverse_duplicates_rejected_once_full_cutoff_zero():
+    buf, ref = full_diverse(3)
+    push_both(buf, ref, items_of([[20], [7], [7], [30], [8]], [9, 9, 8, 1, 2], tags=[1, 2, 3, 4, 5]))
+    s = buf.stats()
+    assert s['rejected_by_distance'] == 3  # (20,) stored, second (7,) an intra-batch duplicate, (30,) stored
+    assert sorted(row[1] for row in snapshot(buf)) == [2, 5, 102]
+
+
+def test_diverse_chain_is_not_greedy():
+    buf, ref = full_diverse(3, cutoff_distance=1.0)
+    push_both(buf, ref, items_of([[0], [1], [2]], [30, 20, 10], tags=[1, 2, 3]))
+    assert buf.stats()['rejected_by_distance'] == 2
+    assert sorted(row[1] for row in snapshot(buf)) == [1, 101, 102]
+
+
+def test_diverse_stage_two_compares_with_stored_items_only():
+    buf, ref = full_diverse(3, cutoff_distance=1.0)
+    # (5,) and (7,) are far from each other; (11,) and (21,) are within 1 of stored (10,) and (20,)
+    push_both(buf, ref, items_of([[11], [5], [21], [7]], [9, 9, 9, 9], tags=[1, 2, 3, 4]))
+    assert sorted(row[1] for row in snapshot(buf)) == [2, 4, 102]
+
+
+def test_diverse_negative_cutoff_disables_the_filter():
+    buf, ref = full_diverse(3, cutoff_distance=-1.0)
+    push_both(buf, ref, items_of([[30], [30], [30]], [9, 9, 0], tags=[1, 2, 3]))
+    s = buf.stats()
+    assert s['rejected_by_distance'] == 0 and s['rejected_by_reward'] == 1
+    assert sorted(row[1] for row in snapshot(buf)) == [1, 2, 102]
+    assert s['unique_terminating_states'] == 1  # three copies of (30,)
+
+
+@pytest.mark.parametrize('p,cutoff,at,beyond', [
+    (1.0, 2.0, [1, 1], [1, 2]),
+    (2.0, 5.0, [3, 4], [3, 5]),
+    (INF, 2.0, [2, 1], [3, 0]),
+    (3.0, 2.0, [2, 0], [2, 1]),
+    (0.5, 4.0, [1, 1], [2, 1]),
+])
+def test_diverse_distance_equal_to_cutoff_is_rejected(p, cutoff, at, beyond):
+    assert ref_distance((0, 0), tuple(at), p) == cutoff and ref_distance((0, 0), tuple(beyond), p) > cutoff
+    buf = make('gfn_diverse', 2, cutoff_distance=cutoff, p_norm_distance=p)
+    ref = RefBuffer(2, diverse=True, cutoff=cutoff, p=p)
+    push_both(buf, ref, items_of([[0, 0], [100, 100]], [1, 1], tags=[0, 1]))
+    # stage 2: at the cutoff from a stored state -> rejected; beyond -> admitted (it is far from `at` too)
+    beyond = [-x for x in beyond]
+    assert ref_distance(tuple(at), tuple(beyond), p) > cutoff
+    push_both(buf, ref, items_of([at, beyond], [5, 4], tags=[2, 3]))
+    assert sorted(row[1] for row in snapshot(buf)) == [1, 3]
+    assert buf.stats()['rejected_by_distance'] == 1
+    # stage 1: the second item is at the cutoff from the first (better) one
+    far = [1000, 1000]
+    at2 = [far[0] + at[0], far[1] + at[1]]
+    push_both(buf, ref, items_of([far, at2], [9, 9], tags=[4, 5]))
+    assert buf.stats()['rejected_by_distance'] == 2
+    assert sorted(row[1] for row in snapshot(buf)) == [3, 4]
+
+
+def test_diverse_conditions_are_part_of_the_representation():
+    buf = make('gfn_diverse', 2, condition_key='cond')
+    ref = RefBuffer(2, diverse=True)
+    push_both(buf, ref, items_of([[1, 2], [3, 4]], [1, 1], tags=[0, 1], conds=[0, 0]))
+    # same state as stored, other condition: distinct; same state and condition: duplicate
+    push_both(buf, ref, items_of([[1, 2], [3, 4], [1, 2]], [5, 5, 5], tags=[2, 3, 4], conds=[1, 0, 1]))
+    s = buf.stats()
+    assert s['rejected_by_distance'] == 2
+    assert sorted(row[1] for row in snapshot(buf)) == [1, 2]
+    assert s['unique_terminating_states'] == 2
+
+
+def test_diverse_condition_counts_in_the_distance():
+    buf = make('gfn_diverse', 2, condition_key='cond', cutoff_distance=1.0)
+    ref = RefBuffer(2, diverse=True, cutoff=1.0)
+    push_both(buf, ref, items_of([[0], [50]], [1, 1], tags=[0, 1], conds=[0, 0]))
+    # (0 | 2) is at L1 distance 2 from (0 | 0): admitted; (50 | 1) at distance 1 from (50 | 0): rejected
+    push_both(buf, ref, items_of([[0], [50]], [5, 5], tags=[2, 3], conds=[2, 1]))
+    assert sorted(row[1] for row in snapshot(buf)) == [1, 2]
+
+
+def test_diverse_all_neg_inf():
+    buf = make('gfn_diverse', 3)
+    ref = RefBuffer(3, diverse=True)
+    push_both(buf, ref, items_of([[0], [1], [2]], [NINF] * 3, tags=[0, 1, 2]))
+    push_both(buf, ref, items_of([[3], [1], [4], [4]], [NINF] * 4, tags=[3, 4, 5, 6]))
+    s = buf.stats()
+    assert s['rejected_by_reward'] == 0 and s['rejected_by_distance'] == 2
+    assert sorted(row[1] for row in snapshot(buf)) == [2, 3, 5]
+
+
+def test_diverse_lazy_truncates_before_filtering():
+    buf = make('gfn_diverse', 3, lazy_sort=True)
+    ref = RefBuffer(3, diverse=True, lazy=True)
+    push_both(buf, ref, items_of([[0], [1]], [1, 2], tags=[0, 1]))
+    push_both(buf, ref, items_of([[2], [3], [4]], [3, 0, 4], tags=[2, 3, 4]))
+    assert buf.count() == 5  # not yet truncated
+    # full: truncate to 3 first (min becomes 2), so reward 1 is now below the minimum; (0,) was evicted
+    push_both(buf, ref, items_of([[0], [5]], [1, 2], tags=[5, 6]))
+    s = buf.stats()
+    assert s['rejected_by_reward'] == 1 and s['filter_checked'] == 2
+    assert sorted(row[1] for row in snapshot(buf)) == [1, 2, 4, 6]
+
+
+DIVERSE_CASES = ([(1.0, c, lazy) for c in (-1.0, 0.0) for lazy in (False, True)]
+                 + [(p, c, lazy) for p in (1.0, 2.0, INF, 3.0, 0.5) for c in (1.0, 2.0) for lazy in (False, True)])
+
+
+@pytest.mark.parametrize('p,cutoff,lazy', DIVERSE_CASES)
+def test_diverse_random_pushes_match_reference(p, cutoff, lazy):
+    seed = DIVERSE_CASES.index((p, cutoff, lazy))
+    rng = np.random.default_rng(2000 + seed)
+    cap = int(rng.integers(5, 31))
+    with_cond = bool(seed % 3 == 0)
+    dim = int(rng.integers(2, 4))
+    kw = dict(cutoff_distance=cutoff, p_norm_distance=p, lazy_sort=lazy)
+    if with_cond:
+        kw['condition_key'] = 'cond'
+    buf = make('gfn_diverse', cap, **kw)
+    ref = RefBuffer(cap, diverse=True, lazy=lazy, cutoff=cutoff, p=p)
+    tag = 0
+    for step in range(20):
+        n = int(rng.integers(1, 41))
+        its = random_items(rng, n, tag, dim, 4, with_cond)
+        tag += n
+        stored = buf.push(to_batch(its, as_list=bool(rng.random() < 0.2)))
+        before = ref.c['admitted']
+        ref.push(its)
+        assert stored == ref.c['admitted'] - before
+        assert_matches(buf, ref, exact_ids=False, where=f'case {seed} push {step} cap {cap} kw {kw}')
+    assert ref.c['filter_checked'] > 0
+    if cutoff >= 0:
+        assert ref.c['rejected_by_distance'] > 0
+
+
+@pytest.mark.parametrize('p', [1.0, 2.0, INF, 3.0, 0.5])
+def test_diverse_random_fractional_states_match_reference(p):
+    """States k/3 (float32) and cutoffs equal to distances between such states: exact ties with the cutoff."""
+    rng = np.random.default_rng(4000 + int(10 * min(p, 9)))
+    third = [float(np.float32(k / 3)) for k in range(5)]
+    cutoff = ref_distance((third[0], third[0]), (third[1], third[2]), p)
+    buf = make('gfn_diverse', 10, cutoff_distance=cutoff, p_norm_distance=p)
+    ref = RefBuffer(10, diverse=True, cutoff=cutoff, p=p)
+    tag = 0
+    for step in range(20):
+        n = int(rng.integers(1, 25))
+        its = random_items(rng, n, tag, 2, 5, False)
+        for it in its:
+            it['state'] = tuple(third[int(x)] for x in it['state'])
+        tag += n
+        buf.push(to_batch(its))
+        ref.push(its)
+        assert_matches(buf, ref, exact_ids=False, where=f'p {p} push {step}')
+    assert ref.c['rejected_by_distance'] > 0
+
+
+def test_diverse_integer_states_match_reference():
+    rng = np.random.default_rng(4100)
+    buf = make('gfn_diverse', 8, cutoff_distance=1.0, p_norm_distance=2.0)
+    ref = RefBuffer(8, diverse=True, cutoff=1.0, p=2.0)
+    tag = 0
+    for step in range(15):
+        its = random_items(rng, int(rng.integers(1, 20)), tag, 3, 3, False)
+        tag += len(its)
+        buf.push(to_batch(its, state_dtype=torch.int64))
+        ref.push(its)
+        assert_matches(buf, ref, exact_ids=False, where=f'push {step}')
+    assert read_all(buf)['state'].dtype == torch.int64
+
+
+def test_negative_zero_is_the_same_state():
+    buf = make('gfn_diverse', 2)
+    buf.push(to_batch(items_of([[0.0, 1.0], [5.0, 5.0]], [0, 0])))
+    assert buf.push(to_batch(items_of([[-0.0, 1.0]], [3]))) == 0
+    assert buf.stats()['rejected_by_distance'] == 1
+    g = make('gfn', 4)
+    g.push(to_batch(items_of([[0.0], [-0.0], [1.0]], [0, 0, 0])))
+    assert g.stats()['unique_terminating_states'] == 2
+
+
+@pytest.mark.parametrize('seed', range(4))
+def test_diverse_many_ties_match_reference(seed):
+    rng = np.random.default_rng(3000 + seed)
+    cap = 8
+    buf = make('gfn_diverse', cap, cutoff_distance=float(seed % 2))
+    ref = RefBuffer(cap, diverse=True, cutoff=float(seed % 2))
+    tag = 0
+    for step in range(25):
+        n = int(rng.integers(1, 12))
+        its = random_items(rng, n, tag, 2, 6, False, levels=(1.0, 2.0, 3.0), p_levels=(0.6, 0.3, 0.1))
+        tag += n
+        buf.push(to_batch(its))
+        ref.push(its)
+        assert_matches(buf, ref, exact_ids=False, where=f'push {step}')
+    assert ref.c['rejected_by_reward'] > 0 and ref.c['evicted'] > 0
+
+
+# ================================================================================ 3. terminating_state
+def test_terminating_state_drops_extra_fields():
+    buf = make('terminating_state', 4, prioritized_capacity=True, condition_key='cond')
+    its = items_of([[0, 1], [2, 3], [4, 5]], [1, 2, 3], conds=[0, 1, 0])
+    buf.push(to_batch(its))
+    buf.push(to_batch(items_of([[6, 7]], [0], conds=[1]), as_list=True))
+    out = read_all(buf)
+    assert set(out) == {'state', 'log_reward', 'cond', 'replay_unique_id', 'replay_buffer_idx'}
+    assert out['state'].tolist() == [[0, 1], [2, 3], [4, 5], [6, 7]]
+    assert out['log_reward'].tolist() == [1, 2, 3, 0]
+    assert out['cond'].reshape(-1).tolist() == [0, 1, 0, 1]
+    assert out['log_reward'].dtype == torch.float64
+    buf.push(to_batch(items_of([[8, 9]], [5], conds=[0])))
+    out = read_all(buf)
+    assert out['state'].tolist() == [[0, 1], [2, 3], [4, 5], [8, 9]]  # reward 0 left
+    assert out['log_reward'].tolist() == [1, 2, 3, 5]
+
+
+def test_terminating_state_without_condition_key_drops_the_condition():
+    buf = make('terminating_state', 4)
+    buf.push(to_batch(items_of([[0], [1]], [1, 2], conds=[0, 1])))
+    assert set(read_all(buf)) == {'state', 'log_reward', 'replay_unique_id', 'replay_buffer_idx'}
+
+
+# ================================================================================ 4. sampling
+def filled(kind='gfn', rewards=(0.0, ), **kw):
+    buf = make(kind, len(rewards), prioritized_capacity=True, **kw)
+    buf.push(to_batch(items_of([[i] for i in range(len(rewards))], list(rewards))))
+    return buf
+
+
+def test_uniform_sampling_with_replacement_is_uniform():
+    buf = filled(rewards=[0, 5, -2, NINF, 1, 1, 3, 0, 0, 2], seed=1)
+    out = buf.sample(20000)  # size > count: with replacement
+    c = counts_of(out['tag'], 10)
+    assert chi_square(c, np.full(10, 2000.0)) < chi_threshold(9)
+
+
+def test_prioritized_sampling_with_replacement_follows_softmax():
+    logits = [0.0, 1.0, 2.0, -1.0, 0.5, NINF]
+    buf = filled(rewards=logits, prioritized_sampling=True, seed=2)
+    out = buf.sample(30000, replace=True)
+    c = counts_of(out['tag'], 6)
+    assert c[5] == 0
+    p = softmax(logits[:5])
+    assert chi_square(c[:5], 30000 * p) < chi_threshold(4)
+
+
+def test_huge_log_rewards_do_not_overflow():
+    buf = filled(rewards=[1e4, 1e4 - 1], prioritized_sampling=True, seed=3)
+    out = buf.sample(20000, replace=True)
+    c = counts_of(out['tag'], 2)
+    p = np.array([math.e, 1.0]) / (1.0 + math.e)
+    assert chi_square(c, 20000 * p) < chi_threshold(1)
+    firsts = [int(buf.sample(2, replace=False)['tag'][0]) for _ in range(2000)]
+    assert chi_square(counts_of(firsts, 2), 2000 * p) < chi_threshold(1)
+
+
+@pytest.mark.parametrize('prioritized', [False, True])
+def test_without_replacement_draws_distinct_items(prioritized):
+    buf = filled(rewards=[0, 1, 2, 3, 4, 5, 6, 7], prioritized_sampling=prioritized, seed=4)
+    for k in (1, 3, 8):
+        for _ in range(20):
+            tags = buf.sample(k, replace=False)['tag'].tolist()
+            assert len(tags) == k and len(set(tags)) == k
+
+
+def test_without_replacement_first_draw_follows_softmax():
+    logits = [0.0, 1.0, 2.0, -0.5, 1.5]
+    buf = filled(rewards=logits, prioritized_sampling=True, seed=5)
+    firsts = [int(buf.sample(3, replace=False)['tag'][0]) for _ in range(4000)]
+    assert chi_square(counts_of(firsts, 5), 4000 * softmax(logits)) < chi_threshold(4)
+
+
+def plackett_luce_inclusion(weights, k):
+    """Exact probability that each item is among the first k of a successive draw (enumerates permutations)."""
+    m = len(weights)
+    inc = [0.0] * m
+    for perm in itertools.permutations(range(m)):
+        prob, left = 1.0, sum(weights)
+        for i in perm:
+            prob *= weights[i] / left
+            left -= weights[i]
+        for i in perm[:k]:
+            inc[i] += prob
+    return inc
+
+
+def test_inclusion_probability_two_of_four_matches_plackett_luce():
+    logits = [0.0, 1.0, 2.0, 0.5]
+    buf = filled(rewards=logits, prioritized_sampling=True, seed=6)
+    expected = plackett_luce_inclusion([math.exp(x) for x in logits], 2)
+    assert sum(expected) == pytest.approx(2.0)
+    n = 4000
+    seen = np.zeros(4)
+    for _ in range(n):
+        tags = buf.sample(2, replace=False)['tag'].tolist()
+        assert len(set(tags)) == 2
+        seen[tags] += 1
+    for i in range(4):
+        sd = math.sqrt(expected[i] * (1 - expected[i]) / n)
+        assert abs(seen[i] / n - expected[i]) < 5 * sd, (i, seen[i] / n, expected[i])
+    # differs clearly from the first-draw softmax probabilities scaled by 2
+    assert abs(expected[2] - 2 * softmax(logits)[2]) > 0.2
+
+
+def test_uniform_without_replacement_inclusion_is_k_over_m():
+    buf = filled(rewards=[0, 5, 9, -1, NINF], seed=7)
+    seen = np.zeros(5)
+    for _ in range(3000):
+        seen[buf.sample(2, replace=False)['tag'].tolist()] += 1
+    assert chi_square(seen, np.full(5, 3000 * 2 / 5)) < chi_threshold(4)
+
+
+def test_all_neg_inf_prioritized_sampling_is_uniform():
+    buf = filled(rewards=[NINF] * 5, prioritized_sampling=True, seed=8)
+    c = counts_of(buf.sample(10000, replace=True)['tag'], 5)
+    assert chi_square(c, np.full(5, 2000.0)) < chi_threshold(4)
+    firsts = [int(buf.sample(2, replace=False)['tag'][0]) for _ in range(2000)]
+    assert chi_square(counts_of(firsts, 5), np.full(5, 400.0)) < chi_threshold(4)
+    assert sorted(buf.sample(5, replace=False)['tag'].tolist()) == [0, 1, 2, 3, 4]
+
+
+def test_mixture_with_neg_inf_includes_every_finite_item():
+    buf = filled(rewards=[NINF, 3.0, NINF, -50.0, NINF, 0.0], prioritized_sampling=True, seed=9)
+    for _ in range(200):
+        tags = buf.sample(4, replace=False)['tag'].tolist()
+        assert len(set(tags)) == 4 and {1, 3, 5} <= set(tags)
+    for _ in range(50):
+        assert set(buf.sample(3, replace=False)['tag'].tolist()) == {1, 3, 5}
+    assert not (set(buf.sample(3000, replace=True)['tag'].tolist()) & {0, 2, 4})
+
+
+def test_sample_replacement_none_true_false():
+    buf = filled(rewards=[0, 1, 2, 3, 4], seed=10)
+    for _ in range(20):
+        assert len(set(buf.sample(5)['tag'].tolist())) == 5  # size <= count: without replacement
+    out = buf.sample(12)  # size > count: with replacement
+    assert len(out['tag']) == 12
+    assert buf.sample(6, replace=False) is None
+    strict = filled(rewards=[0, 1, 2, 3, 4], sample_replacement=False, seed=10)
+    assert strict.sample(6) is None
+    assert sorted(strict.sample(5)['tag'].tolist()) == [0, 1, 2, 3, 4]
+    always = filled(rewards=[0, 1, 2, 3, 4], sample_replacement=True, seed=10)
+    assert any(len(set(always.sample(5)['tag'].tolist())) < 5 for _ in range(20))
+
+
+@pytest.mark.parametrize('kind', ['gfn', 'gfn_diverse', 'terminating_state'])
+def test_empty_buffer_samples_none(kind):
+    buf = make(kind, 4)
+    assert buf.sample(1) is None
+    assert buf.sample(3, replace=True) is None
+    buf.push(to_batch(items_of([[0]], [0])))
+    buf.clear()
+    assert buf.count() == 0 and buf.sample(1) is None
+
+
+def test_lazy_waiting_items_are_sampled_by_reward():
+    buf = make('gfn', 3, prioritized_capacity=True, lazy_sort=True, prioritized_sampling=True, seed=12)
+    logits = [0.0, 1.0, 2.0, 0.5, -1.0]
+    buf.push(to_batch(items_of([[i] for i in range(5)], logits)))
+    assert buf.count() == 5  # 5 < 2 * 3: nothing truncated yet
+    c = counts_of(buf.sample(20000, replace=True)['tag'], 5)
+    assert chi_square(c, 20000 * softmax(logits)) < chi_threshold(4)
+    assert sorted(buf.sample(5)['tag'].tolist()) == [0, 1, 2, 3, 4]
+
+
+def test_sample_argument_errors():
+    buf = filled(rewards=[0, 1])
+    with pytest.raises(ValueError):
+        buf.sample(0)
+    with pytest.raises(TypeError):
+        buf.sample(1.5)
+    with pytest.raises(TypeError):
+        buf.sample(1, replace='yes')
+
+
+def test_sampling_is_reproducible_with_seed():
+    a = filled(rewards=[0, 1, 2, 3], prioritized_sampling=True, seed=11)
+    b = filled(rewards=[0, 1, 2, 3], prioritized_sampling=True, seed=11)
+    for k in (2, 4, 9):
+        assert_same(a.sample(k), b.sample(k))
+
+
+# ================================================================================ 5. bad input
+def base_buffer(kind='gfn', **kw):
+    buf = make(kind, 4, prioritized_capacity=True, condition_key='cond', **kw) if kind != 'gfn_diverse' else \
+        make(kind, 4, condition_key='cond', **kw)
+    buf.push(to_batch(items_of([[0, 0], [1, 1], [2, 2]], [0, 1, 2], conds=[0, 0, 1])))
+    return buf
+
+
+def good():
+    return to_batch(items_of([[5, 5], [6, 6]], [3, 4], conds=[0, 1]))
+
+
+BAD_BATCHES = {
+    'nan_reward': lambda: {**good(), 'log_reward': torch.tensor([0.0, float('nan')], dtype=torch.float64)},
+    'inf_reward': lambda: {**good(), 'log_reward': torch.tensor([INF, 0.0], dtype=torch.float64)},
+    'reward_2d': lambda: {**good(), 'log_reward': torch.zeros(2, 1, dtype=torch.float64)},
+    'reward_int': lambda: {**good(), 'log_reward': torch.zeros(2, dtype=torch.int64)},
+    'missing_state': lambda: {k: v for k, v in good().items() if k != 'state'},
+    'missing_reward': lambda: {k: v for k, v in good().items() if k != 'log_reward'},
+    'missing_condition': lambda: {k: v for k, v in good().items() if k != 'cond'},
+    'state_dim': lambda: {**good(), 'state': torch.zeros(2, 3)},
+    'lengths_differ': lambda: {**good(), 'log_reward': torch.zeros(3, dtype=torch.float64)},
+    'list_bad_item': lambda: to_batch(items_of([[5, 5]], [1], conds=[0]), as_list=True)
+    + [{**to_batch(items_of([[6, 6]], [1], conds=[0]), as_list=True)[0], 'state': torch.zeros(4)}],
+}
+
+
+@pytest.mark.parametrize('kind', ['gfn', 'gfn_diverse', 'terminating_state'])
+@pytest.mark.parametrize('name', sorted(BAD_BATCHES))
+def test_bad_batch_raises_and_leaves_buffer_unchanged(kind, name):
+    buf = base_buffer(kind)
+    for _ in range(2):  # also once the diverse buffer is full
+        before = frozen(buf)
+        with pytest.raises(ValueError):
+            buf.push(BAD_BATCHES[name]())
+        assert_unchanged(buf, before)
+        buf.push(good())
+    assert buf.count() == 4
+
+
+def test_failed_first_push_leaves_a_fresh_buffer():
+    buf = make('gfn', 3, prioritized_capacity=True)
+    with pytest.raises(ValueError):
+        buf.push({'state': torch.zeros(2, 2), 'log_reward': torch.tensor([0.0, float('nan')])})
+    assert buf.count() == 0 and buf.sample(1) is None
+    # another schema and state size are still accepted: nothing was fixed by the failed push
+    its = items_of([[1, 2, 3], [4, 5, 6]], [0, 1])
+    assert buf.push(to_batch(its)) == 2
+    assert read_all(buf)['state'].tolist() == [[1, 2, 3], [4, 5, 6]]
+
+
+@pytest.mark.parametrize('bad', [float('nan'), INF, NINF])
+def test_diverse_non_finite_state_or_condition_raises(bad):
+    buf = base_buffer('gfn_diverse')
+    before = frozen(buf)
+    b = good()
+    b['state'][1, 0] = bad
+    with pytest.raises(ValueError):
+        buf.push(b)
+    b = good()
+    b['cond'][0, 0] = bad
+    with pytest.raises(ValueError):
+        buf.push(b)
+    assert_unchanged(buf, before)
+
+
+class FakeContainer:
+    """The Container protocol in a few lines (not torchgfn): states [n, d], log-rewards [n]."""
+
+    def __init__(self, states, log_rewards):
+        self.states, self._log_rewards = states, log_rewards
+
+    def __len__(self):
+        return len(self.states)
+
+    def __getitem__(self, idx):
+        return FakeContainer(self.states[idx], self._log_rewards[idx])
+
+    def extend(self, other):
+        self.states = torch.cat([self.states, other.states])
+        self._log_rewards = torch.cat([self._log_rewards, other._log_rewards])
+
+    @property
+    def log_rewards(self):
+        return self._log_rewards
+
+    @property
+    def terminating_states(self):
+        return self.states
+
+
+def test_dict_and_container_pushes_do_not_mix():
+    buf = base_buffer('gfn')
+    before = frozen(buf)
+    with pytest.raises(TypeError):
+        buf.push(FakeContainer(torch.zeros(2, 2), torch.zeros(2)))
+    assert_unchanged(buf, before)
+    cbuf = make('gfn', 4, prioritized_capacity=True)
+    cbuf.push(FakeContainer(torch.tensor([[0.0, 0.0], [1.0, 1.0]]), torch.tensor([0.0, 1.0])))
+    assert cbuf.count() == 2
+    stats = cbuf.stats()
+    with pytest.raises(TypeError):
+        cbuf.push(good())
+    with pytest.raises(TypeError):
+        cbuf.push(to_batch(items_of([[0, 0]], [0]), as_list=True))
+    assert cbuf.stats() == stats
+    out = cbuf.sample(2, replace=False)
+    assert isinstance(out, FakeContainer)
+    assert sorted(out.log_rewards.tolist()) == [0.0, 1.0]
+    assert sorted(out.states.tolist()) == [[0.0, 0.0], [1.0, 1.0]]
+
+
+def test_push_none_and_unknown_types_raise_type_error():
+    buf = base_buffer('gfn')
+    before = frozen(buf)
+    with pytest.raises(TypeError):
+        buf.push(None)
+    with pytest.raises(TypeError):
+        buf.push(torch.zeros(3))
+    assert_unchanged(buf, before)
+    assert buf.push([]) == 0
+    assert_unchanged(buf, before)
+
+
+@pytest.mark.parametrize('kind,cfg,key', [
+    ('gfn', dict(replay_buffer_size=-1), 'replay_buffer_size'),
+    ('gfn', dict(replay_buffer_size=0), 'replay_buffer_size'),
+    ('gfn_diverse', dict(replay_buffer_size=-3), 'replay_buffer_size'),
+    ('gfn_diverse', dict(p_norm_distance=0), 'p_norm_distance'),
+    ('gfn_diverse', dict(p_norm_distance=-1.0), 'p_norm_distance'),
+    ('gfn_diverse', dict(p_norm_distance=float('nan')), 'p_norm_distance'),
+    ('gfn_diverse', dict(cutoff_distance=float('nan')), 'cutoff_distance'),
+    ('gfn_diverse', dict(cutoff_distance=INF), 'cutoff_distance'),
+    ('gfn_diverse', dict(prioritized_capacity=False), 'prioritized_capacity'),
+    ('gfn', dict(replay_buffer_sz=5), 'replay_buffer_sz'),
+    ('gfn_diverse', dict(cutof_distance=1.0), 'cutof_distance'),
+    ('terminating_state', dict(lazy_srt=True), 'lazy_srt'),
+    ('gfn', dict(sample_replacement='yes'), 'sample_replacement'),
+    ('gfn', dict(state_key=''), 'state_key'),
+    ('gfn', dict(monitor=dict(log_every=0)), 'monitor.log_every'),
+])
+def test_bad_config_raises_naming_the_key(kind, cfg, key):
+    with pytest.raises(ValueError, match=f"'{key}'"):
+        create_buffer(dict(type=kind, **cfg))
+
+
+def test_cutoff_and_p_settings_only_exist_on_the_diverse_buffer():
+    with pytest.raises(ValueError, match='cutoff_distance'):
+        create_buffer(dict(type='gfn', cutoff_distance=1.0))
+    buf = create_buffer(dict(type='gfn_diverse', p_norm_distance=INF, cutoff_distance=-2))
+    assert buf.cfg.prioritized_capacity is True and buf.cfg.p_norm_distance == INF
+
+
+# ================================================================================ 6. save / load
+def fill_for_save(kind, kw, seed):
+    rng = np.random.default_rng(seed)
+    buf = make(kind, 6, **kw)
+    tag = 0
+    for _ in range(5):
+        its = random_items(rng, 4, tag, 2, 3, with_cond=True)
+        tag += 4
+        buf.push(to_batch(its))
+    return buf, rng, tag
+
+
+def assert_same_contents(a, b):
+    x, y = read_all(a), read_all(b)
+    if x is None or y is None:
+        assert x is None and y is None
+        return
+    x.pop('replay_buffer_idx')
+    y.pop('replay_buffer_idx')
+    assert_same(x, y)
+
+
+SAVE_CASES = [
+    ('gfn', dict(prioritized_capacity=True, lazy_sort=True, prioritized_sampling=True, sample_replacement=True,
+                 condition_key='cond'), DEFAULT_SETTINGS),
+    ('gfn', dict(prioritized_capacity=False, condition_key='cond'), DEFAULT_SETTINGS),
+    ('gfn_diverse', dict(lazy_sort=True, cutoff_distance=1.5, p_norm_distance=INF, condition_key='cond'),
+     DIVERSE_SETTINGS),
+    ('gfn_diverse', dict(cutoff_distance=0.0, p_norm_distance=0.5, condition_key='cond'), DIVERSE_SETTINGS),
+    ('terminating_state', dict(prioritized_capacity=True, condition_key='cond'), DEFAULT_SETTINGS),
+]
+
+
+@pytest.mark.parametrize('kind,kw,settings', SAVE_CASES)
+def test_save_load_round_trip(tmp_path, kind, kw, settings):
+    buf, rng, tag = fill_for_save(kind, kw, seed=42)
+    path = str(tmp_path / 'gfn.pt')
+    buf.save_data(path)
+    loaded = create_buffer(dict(type=kind))
+    loaded.load_data(path)
+    for key in settings:
+        assert loaded.cfg[key] == buf.cfg[key], key
+    assert loaded.replay_buffer_size == 6 and loaded.capacity == 6
+    assert loaded.stats() == buf.stats()
+    assert_same_contents(buf, loaded)
+    for _ in range(6):  # further pushes behave exactly as in the original
+        its = random_items(rng, int(rng.integers(1, 8)), tag, 2, 3, with_cond=True)
+        tag += len(its)
+        assert buf.push(to_batch(its)) == loaded.push(to_batch(its))
+        assert loaded.stats() == buf.stats()
+        assert_same_contents(buf, loaded)
+
+
+def test_save_load_empty_buffer(tmp_path):
+    buf = make('gfn_diverse', 7, cutoff_distance=2.0)
+    path = str(tmp_path / 'empty.pt')
+    buf.save_data(path)
+    loaded = create_buffer(dict(type='gfn_diverse'))
+    loaded.load_data(path)
+    assert loaded.count() == 0 and loaded.capacity == 7 and loaded.cfg.cutoff_distance == 2.0
+
+
+def corrupt_files(tmp_path, good_path):
+    raw = open(good_path, 'rb').read()
+    out = {}
+    for name, data in (('garbage', b'this is not a buffer file' * 10), ('truncated', raw[:len(raw) // 2]),
+                       ('empty', b'')):
+        p = tmp_path / f'{name}.pt'
+        p.write_bytes(data)
+        out[name] = str(p)
+    other = create_buffer(dict(type='naive', replay_buffer_size=4))
+    other.push([{'x': 1}])
+    p = str(tmp_path / 'naive.pt')
+    other.save_data(p)
+    out['other_buffer'] = p
+    return out
+
+
+@pytest.mark.parametrize('kind', ['gfn', 'gfn_diverse'])
+def test_loading_a_corrupt_file_raises_and_changes_nothing(tmp_path, kind):
+    src, _, _ = fill_for_save(kind, dict(condition_key='cond'), seed=1)
+    good_path = str(tmp_path / 'good.pt')
+    src.save_data(good_path)
+    buf, _, _ = fill_for_save(kind, dict(condition_key='cond'), seed=2)
+    before = frozen(buf)
+    for name, path in corrupt_files(tmp_path, good_path).items():
+        with pytest.raises(ValueError):
+            buf.load_data(path)
+        assert_unchanged(buf, before)
+    buf.load_data(good_path)
+    assert_same_contents(src, buf)
+
+
+def _corrupt_state(state, what):
+    s = copy.deepcopy(state)
+    if what == 'duplicate_seq':
+        s['index']['seq'][1] = s['index']['seq'][0]
+    elif what == 'seq_beyond_next':
+        s['index']['next_seq'] = 1
+    elif what == 'too_many_items':
+        s['settings']['replay_buffer_size'] = 2
+    elif what == 'bad_setting':
+        s['settings']['p_norm_distance'] = 0.0
+    elif what == 'unknown_store':
+        s['store']['kind'] = 'mystery'
+    elif what == 'short_field':
+        s['store']['fields'][0] = s['store']['fields'][0][:2]
+    elif what == 'missing_counters':
+        del s['counters']
+    elif what == 'missing_state_field':
+        keep = [i for i, sch in enumerate(s['store']['schema']) if list(sch[0]) != ['state']]
+        s['store']['schema'] = [s['store']['schema'][i] for i in keep]
+        s['store']['fields'] = [s['store']['fields'][i] for i in keep]
+    return s
+
+
+CORRUPT_STATES = ['duplicate_seq', 'seq_beyond_next', 'too_many_items', 'bad_setting', 'unknown_store', 'short_field',
+                  'missing_counters', 'missing_state_field']
+
+
+@pytest.mark.parametrize('what', CORRUPT_STATES)
+def test_loading_an_inconsistent_state_file_raises_and_changes_nothing(tmp_path, what):
+    src = make('gfn_diverse', 4, condition_key='cond')
+    src.push(to_batch(items_of([[0, 0], [1, 1], [2, 2], [3, 3]], [0, 1, 2, 3], conds=[0, 0, 1, 1])))
+    path = str(tmp_path / f'{what}.pt')
+    save_state(path, type(src).__name__, _corrupt_state(src.state_dict(), what))
+    buf = make('gfn_diverse', 5, condition_key='cond')
+    # slots get reused out of insertion order, so a half-done restore would be visible
+    buf.push(to_batch(items_of([[5, 5], [6, 6], [7, 7], [8, 8], [9, 9]], [4, 0, 5, 1, 6], conds=[0] * 5)))
+    buf.push(to_batch(items_of([[10, 10], [11, 11]], [7, 8], conds=[1, 1])))
+    before = frozen(buf)
+    with pytest.raises(ValueError):
+        buf.load_data(path)
+    assert_unchanged(buf, before)
+    # and it still filters duplicates of what it holds
+    assert buf.push(to_batch(items_of([[10, 10]], [9], conds=[1]))) == 0
+
+
+# ================================================================================ 7. numba vs numpy
+def numba_scenario():
+    """A small randomised diverse run per (cutoff, p, condition); returns JSON-able contents and counters."""
+    results = []
+    cases = [(1.0, 1.0, False), (2.0, 2.0, True), (1.0, INF, False), (2.0, 3.0, True), (4.0, 0.5, False),
+             (0.0, 1.0, True), (1.5, 2.0, False)]
+    for k, (cutoff, p, with_cond) in enumerate(cases):
+        rng = np.random.default_rng(500 + k)
+        kw = dict(cutoff_distance=cutoff, p_norm_distance=p, lazy_sort=bool(k % 2), seed=0)
+        if with_cond:
+            kw['condition_key'] = 'cond'
+        buf = create_buffer(dict(type='gfn_diverse', replay_buffer_size=12, **kw))
+        tag = 0
+        for _ in range(12):
+            its = random_items(rng, int(rng.integers(1, 30)), tag, 3, 4, with_cond)
+            tag += len(its)
+            buf.push(to_batch(its))
+        s = buf.stats()
+        results.append(dict(contents=[list(r[1:3]) + [r[4]] for r in snapshot(buf)],
+                            counters=[s[c] for c in ('filter_checked', 'rejected_by_reward', 'rejected_by_distance',
+                                                     'admitted', 'evicted', 'unique_terminating_states')]))
+    return dict(have_numba=diversity.HAVE_NUMBA, results=results)
+
+
+def test_numba_and_numpy_fallback_agree():
+    env = dict(os.environ, DING_BUFFER_NO_NUMBA='1')
+    env['PYTHONPATH'] = os.pathsep.join([TESTS_DIR, REPO_ROOT] + ([env['PYTHONPATH']] if env.get('PYTHONPATH') else []))
+    code = 'import json, test_gflownet as t; print("JSON:" + json.dumps(t.numba_scenario()))'
+    proc = subprocess.run([sys.executable, '-c', code], env=env, cwd=TESTS_DIR, capture_output=True, text=True,
+                          timeout=180)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    line = [ln for ln in proc.stdout.splitlines() if ln.startswith('JSON:')][-1]
+    fallback = json.loads(line[len('JSON:'):])
+    assert fallback['have_numba'] is False
+    here = json.loads(json.dumps(numba_scenario()))
+    if importlib.util.find_spec('numba') is not None and os.environ.get('DING_BUFFER_NO_NUMBA', '') in ('', '0'):
+        assert here['have_numba'] is True  # so the comparison really is kernel vs fallback
+    assert here['results'] == fallback['results']
+    assert sum(r['counters'][2] for r in here['results']) > 0  # the distance filter did reject items
+
+
+@pytest.mark.parametrize('p', [1.0, 2.0, INF, 3.0, 0.5])
+def test_far_mask_kernel_and_numpy_agree_with_reference(p):
+    rng = np.random.default_rng(7)
+    q = rng.integers(0, 4, size=(40, 3)).astype(np.float64)
+    refs = rng.integers(0, 4, size=(30, 3)).astype(np.float64)
+    slots = np.arange(0, 30, 2, dtype=np.int64)
+    for cutoff in (0.5, 1.0, 2.0, 3.0):
+        want = np.array([all(ref_distance(tuple(x), tuple(refs[s]), p) > cutoff for s in slots) for x in q])
+        want_tri = np.array([all(ref_distance(tuple(q[i]), tuple(q[j]), p) > cutoff for j in range(i))
+                             for i in range(len(q))])
+        np.testing.assert_array_equal(diversity._far_numpy(q, refs, slots, cutoff, p, False), want)
+        np.testing.assert_array_equal(diversity._far_numpy(q, q, np.arange(len(q)), cutoff, p, True), want_tri)
+        np.testing.assert_array_equal(diversity.far_mask(q, refs, slots, cutoff, p), want)
+        np.testing.assert_array_equal(diversity.far_mask(q, q, None, cutoff, p, triangular=True), want_tri)
+
+
+# ================================================================================ 8. TensorBoard
+class FakeWriter:
+    def __init__(self):
+        self.calls = []
+        self.closed = False
+
+    def add_scalar(self, tag, value, step):
+        self.calls.append((tag, float(value), int(step)))
+
+    def flush(self):
+        pass
+
+    def close(self):
+        self.closed = True
+
+
+def test_tensorboard_scalars():
+    tb = FakeWriter()
+    buf = create_buffer(dict(type='gfn_diverse', replay_buffer_size=3, cutoff_distance=1.0, seed=0,
+                             monitor=dict(tensorboard=True, log_every=1)), tb, 'exp', 'gfnbuf')
+    ref = RefBuffer(3, diverse=True, cutoff=1.0)
+    pushes = [items_of([[0], [10]], [NINF, NINF]),
+              items_of([[20], [21]], [1, 2]),
+              items_of([[30], [31], [40], [0], [50]], [5, 5, 6, NINF, 7]),
+              items_of([[60], [61], [62]], [9, 8, 0])]
+    for step, its in enumerate(pushes, start=1):
+        before = dict(ref.c)
+        buf.push(to_batch(its))
+        ref.push(its)
+        got = {tag: v for tag, v, st in tb.calls if st == step}
+        assert all(tag.startswith('gfnbuf_iter/') for tag in got)
+        got = {tag[len('gfnbuf_iter/'):]: v for tag, v in got.items()}
+        e = ref.expected_stats()
+        assert got['size'] == e['size']
+        assert got['unique_terminating_states'] == e['unique_terminating_states']
+        if e['log_reward_max'] is None:
+            assert 'log_reward_max' not in got
+        else:
+            assert got['log_reward_max'] == e['log_reward_max']
+            assert got['log_reward_min'] == e['log_reward_min']
+        checked = ref.c['filter_checked'] - before['filter_checked']
+        if checked:
+            for what in ('reward', 'distance'):
+                rate = (ref.c[f'rejected_by_{what}'] - before[f'rejected_by_{what}']) / checked
+                assert got[f'reject_rate_{what}'] == pytest.approx(rate), (step, what)
+        else:
+            assert 'reject_rate_reward' not in got and 'reject_rate_distance' not in got
+    steps = {st for _, _, st in tb.calls}
+    assert steps == {1, 2, 3, 4}
+    # push 3: 5 checked, the stored minimum is -inf (nothing below it), (31,) within 1 of (30,)
+    assert ('gfnbuf_iter/reject_rate_reward', 0.0, 3) in tb.calls
+    assert ('gfnbuf_iter/reject_rate_distance', 0.2, 3) in tb.calls
+    # push 4: 3 checked, reward 0 below the minimum 5, (61,) within 1 of (60,)
+    assert ('gfnbuf_iter/reject_rate_reward', 1 / 3, 4) in tb.calls
+    assert ('gfnbuf_iter/reject_rate_distance', 1 / 3, 4) in tb.calls
+    assert ('gfnbuf_iter/log_reward_max', 9.0, 4) in tb.calls and ('gfnbuf_iter/size', 3.0, 4) in tb.calls
+    buf.close()
+    assert not tb.closed  # borrowed writer
+
+
+def test_tensorboard_log_every():
+    tb = FakeWriter()
+    buf = create_buffer(dict(type='gfn', replay_buffer_size=5, monitor=dict(tensorboard=True, log_every=2)), tb,
+                        'exp', 'b')
+    for k in range(5):
+        buf.push(to_batch(items_of([[k]], [k])))
+    assert sorted({st for _, _, st in tb.calls}) == [2, 4]
+    assert ('b_iter/size', 4.0, 4) in tb.calls
+
+
+# ================================================================================ 9. unique_terminating_states
+@pytest.mark.parametrize('kind', ['gfn', 'gfn_diverse', 'terminating_state'])
+def test_unique_terminating_states_counts_state_and_condition(kind):
+    buf = make(kind, 10, condition_key='cond')
+    its = items_of([[1, 2], [1, 2], [1, 2], [3, 4], [3, 4], [0, 0]], [0] * 6, conds=[0, 1, 0, 0, 0, 1])
+    buf.push(to_batch(its))
+    assert buf.stats()['unique_terminating_states'] == 4
+    buf.clear()
+    assert buf.stats()['unique_terminating_states'] == 0
+
+
+def test_unique_terminating_states_after_evictions():
+    buf = make('gfn', 3, prioritized_capacity=True)
+    buf.push(to_batch(items_of([[1], [1], [2]], [0, 1, 2])))
+    assert buf.stats()['unique_terminating_states'] == 2
+    buf.push(to_batch(items_of([[3], [3]], [5, 6])))  # both (1,) leave, (2,) stays
+    assert {r[2] for r in snapshot(buf)} == {(2.0, ), (3.0, )}
+    assert buf.stats()['unique_terminating_states'] == 2
