@@ -237,15 +237,16 @@ class GFlowNetReplayBuffer(BufferCore):
         slots = self._slots_for(len(chosen))
         self._store.write(slots, batch, chosen)
         index.store(slots, r[chosen], seqs[keep_new])
-        if hashes is not None:
+        if hashes is None:
+            states.disable()  # an item without a single terminating state: stop counting unique states
+        else:
             states.add(slots, batch.rows[chosen], hashes[chosen])
         c['admitted'] += len(chosen)
         return len(chosen)
 
     def _evict(self, slots: np.ndarray) -> None:
         if len(slots):
-            if self._states.dim is not None:
-                self._states.remove(slots)
+            self._states.remove(slots)
             self._index.evict(slots)
             self._counters['evicted'] += len(slots)
 
@@ -308,8 +309,8 @@ class GFlowNetReplayBuffer(BufferCore):
             out['log_reward_mean'] = float(finite.mean()) if len(finite) else float('nan')
             out['log_reward_max'] = float(finite.max()) if len(finite) else float('nan')
             out['zero_reward_items'] = int((r == -np.inf).sum())
-            tracked = self._states is not None and self._states.dim is not None
-            out['unique_terminating_states'] = self._states.unique if tracked else (0 if not len(r) else -1)
+            tracked = None if self._states is None else self._states.enabled
+            out['unique_terminating_states'] = self._states.unique if tracked else (0 if tracked is None else -1)
             checked = max(c['filter_checked'], 1)
             out['reject_rate_reward'] = c['rejected_by_reward'] / checked
             out['reject_rate_distance'] = c['rejected_by_distance'] / checked
@@ -353,6 +354,7 @@ class GFlowNetReplayBuffer(BufferCore):
             'settings': settings,
             'store': self._store.state_dict(order),
             'index': index.state_dict(order),
+            'track_states': self._states.enabled,
             'counters': dict(self._counters),
         }
 
@@ -395,8 +397,15 @@ class GFlowNetReplayBuffer(BufferCore):
             raise ValueError(f"unknown saved store kind {kind!r}")
         index, states = self._parts_for(store)  # swapped in by the caller only when everything succeeded
         slots = index.load(r, seq, int(saved['next_seq']))
-        rows = self._stored_rows(store, slots)
-        if rows is not None and n:
+        track = state.get('track_states')
+        if track not in (None, True, False):
+            raise ValueError(f"saved 'track_states' must be None or a bool, got {track!r}")
+        if track is False:
+            states.disable()
+        elif track and n:
+            rows = self._stored_rows(store, slots)
+            if rows is None:
+                raise ValueError("saved buffer counted unique states but its items have no single terminating state")
             states.add(slots, rows, row_hashes(rows))
         return store, index, states
 

@@ -76,6 +76,9 @@ class StateSet:
 
     def __init__(self, physical: int, keep_rows: bool) -> None:
         self.keep_rows = keep_rows
+        # None until the first push; False for good once a batch comes without one row per item (e.g.
+        # Transitions), so that tracked and untracked items never mix
+        self.enabled: Optional[bool] = None
         self.dim: Optional[int] = None
         self.hashes = np.zeros(physical, dtype=np.uint64)
         self.rows: Optional[np.ndarray] = None
@@ -96,6 +99,9 @@ class StateSet:
             raise ValueError(f"{what} has {rows.shape[1]} values per item, the stored ones have {self.dim}")
 
     def add(self, slots: np.ndarray, rows: np.ndarray, hashes: np.ndarray) -> None:
+        if self.enabled is False:
+            return
+        self.enabled = True
         if self.dim is None:
             self.dim = rows.shape[1]
             if self.keep_rows:
@@ -112,6 +118,8 @@ class StateSet:
                 b.append(s)
 
     def remove(self, slots: np.ndarray) -> None:
+        if not self.enabled:
+            return
         buckets = self._buckets
         for s, h in zip(slots.tolist(), self.hashes[slots].tolist()):
             b = buckets[h]
@@ -122,8 +130,14 @@ class StateSet:
     def clear(self) -> None:
         self._buckets = {}
 
+    def disable(self) -> None:
+        self.enabled = False
+        self._buckets = {}
+
     def compact(self, keep: np.ndarray) -> None:
         """Slot ``keep[i]`` becomes slot ``i`` (container storage after compaction)."""
+        if not self.enabled:
+            return
         hashes = self.hashes[keep]
         rows = None if self.rows is None else self.rows[keep]
         self.hashes[:len(keep)] = hashes

@@ -20,7 +20,7 @@ non-zero probability.
 Complexity: a push that truncates costs O(slots) (one ``np.partition``) -- lazy mode does it once per
 ``capacity`` items; sampling O(slots + n log n). Not thread-safe: the buffer's lock serialises calls.
 """
-from typing import Optional, Tuple
+from typing import Tuple
 
 import numpy as np
 
