@@ -12,23 +12,12 @@ Without numba the batched operations run as numpy code that descends / refreshes
 level with the same floating-point operations in the same order, so both backends give identical trees and
 identical samples; the scalar operations then fall back to plain Python loops (correct, slower).
 """
-import os
-
 import numpy as np
+
+from ._numba import HAVE_NUMBA, njit
 
 K = 8  # arity
 SUM, MIN, MAX, MIN_POS = 0, 1, 2, 3
-
-try:  # DING_BUFFER_NO_NUMBA=1 forces the numpy fallback (tests run both)
-    if os.environ.get('DING_BUFFER_NO_NUMBA', '') not in ('', '0'):
-        raise ImportError('disabled by DING_BUFFER_NO_NUMBA')
-    from numba import njit
-    HAVE_NUMBA = True
-except ImportError:  # pragma: no cover - exercised by the no-numba test run
-    HAVE_NUMBA = False
-
-    def njit(*args, **kwargs):
-        return lambda f: f
 
 
 @njit(cache=True, nogil=True)

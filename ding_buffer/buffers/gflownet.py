@@ -129,7 +129,7 @@ class GFlowNetReplayBuffer(BufferCore):
         physical = 2 * cap if self._cfg.lazy_sort or not store.reuses_slots else cap
         index = RewardIndex(cap, physical, self._prioritized_capacity(), bool(self._cfg.lazy_sort),
                             store.reuses_slots)
-        return index, StateSet(physical, keep_rows=self.diverse)
+        return index, StateSet(physical, keep_rows=self.diverse, p=float(self._cfg.get('p_norm_distance', 1.0)))
 
     def _new_parts(self, store: Any) -> None:
         self._index, self._states = self._parts_for(store)

@@ -17,21 +17,11 @@ Speed: torchgfn builds the full ``batch x buffer`` distance matrix (``torch.cdis
   soon as it passes ``cutoff ** p`` (usually after a few columns), and a query stops at its first close
   neighbour. Compiled with numba when installed; the numpy fallback makes the same decisions.
 """
-import os
 from typing import Dict, List, Optional
 
 import numpy as np
 
-try:  # DING_BUFFER_NO_NUMBA=1 forces the numpy fallback (tests run both)
-    if os.environ.get('DING_BUFFER_NO_NUMBA', '') not in ('', '0'):
-        raise ImportError('disabled by DING_BUFFER_NO_NUMBA')
-    from numba import njit
-    HAVE_NUMBA = True
-except ImportError:  # pragma: no cover - exercised by the no-numba test run
-    HAVE_NUMBA = False
-
-    def njit(*args, **kwargs):
-        return lambda f: f
+from .._numba import HAVE_NUMBA, njit
 
 
 # ---------------------------------------------------------------------------------------------------- hashing
@@ -74,8 +64,12 @@ class StateSet:
     Not thread-safe (the buffer's lock serialises calls).
     """
 
-    def __init__(self, physical: int, keep_rows: bool) -> None:
+    def __init__(self, physical: int, keep_rows: bool, p: float = 1.0) -> None:
         self.keep_rows = keep_rows
+        self.p = float(p)
+        # pivot distances of stored rows (keep_rows and p >= 1): lower bounds that prune the distance filter
+        self.pivots: Optional[np.ndarray] = None
+        self.pdist: Optional[np.ndarray] = None
         # None until the first push; False for good once a batch comes without one row per item (e.g.
         # Transitions), so that tracked and untracked items never mix
         self.enabled: Optional[bool] = None
@@ -93,6 +87,8 @@ class StateSet:
             self.hashes = np.concatenate([self.hashes, np.zeros(physical - len(self.hashes), np.uint64)])
             if self.rows is not None:
                 self.rows = np.concatenate([self.rows, np.zeros((physical - len(self.rows), self.dim))])
+            if self.pdist is not None:
+                self.pdist = np.concatenate([self.pdist, np.zeros((physical - len(self.pdist), N_PIVOTS))])
 
     def check_dim(self, rows: np.ndarray, what: str) -> None:
         if self.dim is not None and rows.shape[1] != self.dim:
@@ -106,9 +102,14 @@ class StateSet:
             self.dim = rows.shape[1]
             if self.keep_rows:
                 self.rows = np.zeros((len(self.hashes), self.dim))
+                if self.p >= 1.0 and len(rows):
+                    self.pivots = choose_pivots(rows, self.p)
+                    self.pdist = np.zeros((len(self.hashes), N_PIVOTS))
         self.hashes[slots] = hashes
         if self.rows is not None:
             self.rows[slots] = rows
+        if self.pdist is not None:
+            self.pdist[slots] = self.pivot_distances(rows)
         buckets = self._buckets
         for s, h in zip(slots.tolist(), hashes.tolist()):
             b = buckets.get(h)
@@ -140,6 +141,8 @@ class StateSet:
             return
         hashes = self.hashes[keep]
         rows = None if self.rows is None else self.rows[keep]
+        if self.pdist is not None:
+            self.pdist[:len(keep)] = self.pdist[keep]
         self.hashes[:len(keep)] = hashes
         if rows is not None:
             self.rows[:len(keep)] = rows
@@ -147,6 +150,10 @@ class StateSet:
         if len(keep):
             self.add(np.arange(len(keep), dtype=np.int64), rows if rows is not None else np.zeros((len(keep), 0)),
                      hashes)
+
+    def pivot_distances(self, rows: np.ndarray) -> Optional[np.ndarray]:
+        """``(len(rows), N_PIVOTS)`` distances to the pivots, or None when there are none (yet)."""
+        return None if self.pivots is None else pnorm_distances(rows, self.pivots, self.p)
 
     def duplicates_of(self, rows: np.ndarray, hashes: np.ndarray) -> np.ndarray:
         """Bool mask: row ``i`` equals a stored row (exact comparison on hash hits; needs ``keep_rows``)."""
@@ -176,43 +183,96 @@ def first_occurrences(rows: np.ndarray, hashes: np.ndarray) -> np.ndarray:
 
 # ---------------------------------------------------------------------------------------------- distances
 _INF_P = -1.0  # p = inf is passed to the kernels as this code
+N_PIVOTS = 4
 
 
 @njit(cache=True, nogil=True)
-def _far_kernel(q, refs, ref_slots, cutoff, p, exit_sum, triangular, out):
-    """out[i] = every ref (``refs[ref_slots[k]]``; with ``triangular`` only k < i) is at distance > cutoff."""
-    d = q.shape[1]
+def _close(q, i, refs, r, cutoff, p, exit_sum):
+    """distance(q[i], refs[r]) <= cutoff, with an early exit once the partial sum proves it is larger."""
+    s = 0.0
+    for j in range(q.shape[1]):
+        diff = abs(q[i, j] - refs[r, j])
+        if p == 1.0:
+            s += diff
+        elif p == 2.0:
+            s += diff * diff
+        elif p == _INF_P:
+            if diff > s:
+                s = diff
+        else:
+            s += diff ** p
+        if s > exit_sum:  # the partial sum only grows: certainly far
+            return False
+    if p == 1.0 or p == _INF_P:
+        dist = s
+    elif p == 2.0:
+        dist = np.sqrt(s)
+    else:
+        dist = s ** (1.0 / p)
+    return not dist > cutoff
+
+
+@njit(cache=True, nogil=True)
+def _pruned(dq, i, drefs, r, lb_cut):
+    """The pivot lower bound max_k |d(q, P_k) - d(y, P_k)| <= d(q, y) already exceeds the cutoff."""
+    for k in range(dq.shape[1]):
+        if abs(dq[i, k] - drefs[r, k]) > lb_cut:
+            return True
+    return False
+
+
+@njit(cache=True, nogil=True)
+def _far_kernel(q, dq, refs, drefs, order, keys, cutoff, lb_cut, p, exit_sum, pivots, out):
+    """out[i] = every ref is at distance > cutoff. ``order`` lists the candidate ref rows sorted by their
+    distance to pivot 0 (``keys``), so only the window ``keys in d(q, P_0) -+ lb_cut`` is scanned."""
     for i in range(q.shape[0]):
+        if pivots:
+            lo = np.searchsorted(keys, dq[i, 0] - lb_cut, side='left')
+            hi = np.searchsorted(keys, dq[i, 0] + lb_cut, side='right')
+        else:
+            lo, hi = 0, order.shape[0]
         far = True
-        n_refs = i if triangular else ref_slots.shape[0]
-        for k in range(n_refs):
-            r = ref_slots[k]
-            s = 0.0
-            for j in range(d):
-                diff = abs(q[i, j] - refs[r, j])
-                if p == 1.0:
-                    s += diff
-                elif p == 2.0:
-                    s += diff * diff
-                elif p == _INF_P:
-                    if diff > s:
-                        s = diff
-                else:
-                    s += diff ** p
-                if s > exit_sum:  # the partial sum only grows: certainly far
-                    break
-            if s > exit_sum:
+        for t in range(lo, hi):
+            r = order[t]
+            if pivots and _pruned(dq, i, drefs, r, lb_cut):
                 continue
-            if p == 1.0 or p == _INF_P:
-                dist = s
-            elif p == 2.0:
-                dist = np.sqrt(s)
-            else:
-                dist = s ** (1.0 / p)
-            if not dist > cutoff:
+            if _close(q, i, refs, r, cutoff, p, exit_sum):
                 far = False
                 break
         out[i] = far
+
+
+@njit(cache=True, nogil=True)
+def _far_earlier_kernel(q, dq, cutoff, lb_cut, p, exit_sum, pivots, out):
+    """out[i] = every q[k], k < i, is at distance > cutoff."""
+    for i in range(q.shape[0]):
+        far = True
+        for k in range(i):
+            if pivots and _pruned(dq, i, dq, k, lb_cut):
+                continue
+            if _close(q, i, q, k, cutoff, p, exit_sum):
+                far = False
+                break
+        out[i] = far
+
+
+def pnorm_distances(a: np.ndarray, b: np.ndarray, p: float) -> np.ndarray:
+    """``(len(a), len(b))`` p-norm distances (numpy; used for the few pivots, not for decisions)."""
+    diff = np.abs(a[:, None, :] - b[None, :, :])
+    if np.isinf(p):
+        return diff.max(axis=2) if diff.shape[2] else np.zeros(diff.shape[:2])
+    return (diff ** p).sum(axis=2) ** (1.0 / p)
+
+
+def choose_pivots(rows: np.ndarray, p: float, k: int = N_PIVOTS) -> np.ndarray:
+    """The origin, then greedily the row farthest from the pivots chosen so far (spread-out references)."""
+    pivots = [np.zeros(rows.shape[1])]
+    dmin = pnorm_distances(rows, pivots[0][None], p)[:, 0]
+    for _ in range(k - 1):
+        far = int(np.argmax(dmin))
+        pivots.append(rows[far].copy())
+        dmin = np.minimum(dmin, pnorm_distances(rows, rows[far][None], p)[:, 0])
+    return np.stack(pivots)
 
 
 def _exit_sum(cutoff: float, p: float) -> float:
@@ -258,28 +318,52 @@ def _far_numpy(q, refs, ref_slots, cutoff, p, triangular):
     return out
 
 
+def _lb_cut(cutoff: float, *dists: np.ndarray) -> float:
+    """The cutoff plus a tolerance for rounding in the pivot distances (pruning stays conservative)."""
+    scale = max([1.0] + [float(d.max()) for d in dists if d is not None and d.size])
+    return cutoff + 1e-9 * scale
+
+
 def far_mask(queries: np.ndarray, refs: np.ndarray, ref_slots: Optional[np.ndarray], cutoff: float, p: float,
-             triangular: bool = False) -> np.ndarray:
+             triangular: bool = False, q_pivot: Optional[np.ndarray] = None,
+             ref_pivot: Optional[np.ndarray] = None) -> np.ndarray:
     """
     Overview:
         ``mask[i]`` is True iff every reference is at p-norm distance ``> cutoff`` from ``queries[i]``.
         References are ``refs[ref_slots]`` (all rows when ``ref_slots`` is None); ``triangular`` compares
-        query ``i`` with queries ``0..i-1`` instead (``refs`` is then ``queries``).
-    Complexity: O(queries * refs * columns) worst case; early exit per pair and per query.
+        query ``i`` with queries ``0..i-1`` instead. With pivot distances (``q_pivot`` / ``ref_pivot``,
+        ``(n, N_PIVOTS)``; p >= 1 only, where the triangle inequality holds) pairs whose pivot lower bound
+        exceeds the cutoff are skipped, and the references are scanned only in the window of pivot-0 distance
+        around each query. Decisions are exact either way.
+    Complexity: O(queries * candidates * columns) worst case; the pivot window and early exits make
+    candidates a small fraction of the references when the cutoff is small next to the spread of the data.
     """
     queries = np.ascontiguousarray(queries, dtype=np.float64)
     if ref_slots is None:
-        ref_slots = np.arange(len(refs), dtype=np.int64)
+        ref_slots = np.arange(len(queries) if triangular else len(refs), dtype=np.int64)
     ref_slots = np.ascontiguousarray(ref_slots, dtype=np.int64)
     if len(queries) == 0:
         return np.ones(0, dtype=bool)
-    p = float(p)
+    p, cutoff = float(p), float(cutoff)
     if not HAVE_NUMBA:
-        return _far_numpy(queries, refs, ref_slots, float(cutoff), p, triangular)
+        return _far_numpy(queries, queries if triangular else refs, ref_slots, cutoff, p, triangular)
     out = np.empty(len(queries), dtype=np.bool_)
     code = _INF_P if np.isinf(p) else p
-    _far_kernel(queries, np.ascontiguousarray(refs, dtype=np.float64), ref_slots, float(cutoff), code,
-                _exit_sum(float(cutoff), p), triangular, out)
+    pivots = q_pivot is not None and (triangular or ref_pivot is not None) and p >= 1.0
+    dq = np.ascontiguousarray(q_pivot if pivots else np.zeros((len(queries), 1)), dtype=np.float64)
+    if triangular:
+        _far_earlier_kernel(queries, dq, cutoff, _lb_cut(cutoff, dq), code, _exit_sum(cutoff, p), pivots, out)
+        return out
+    if pivots:
+        keys_all = ref_pivot[ref_slots, 0]
+        sort = np.argsort(keys_all, kind='stable')
+        order, keys = ref_slots[sort], np.ascontiguousarray(keys_all[sort])
+        drefs = np.ascontiguousarray(ref_pivot, dtype=np.float64)
+        lb_cut = _lb_cut(cutoff, dq, keys)
+    else:
+        order, keys, drefs, lb_cut = ref_slots, np.zeros(0), np.zeros((1, 1)), np.inf
+    _far_kernel(queries, dq, np.ascontiguousarray(refs, dtype=np.float64), drefs, order, keys, cutoff, lb_cut, code,
+                _exit_sum(cutoff, p), pivots, out)
     return out
 
 
@@ -299,8 +383,11 @@ def diverse_mask(rows: np.ndarray, hashes: np.ndarray, stored: StateSet, stored_
         idx = np.flatnonzero(keep)
         keep[idx[stored.duplicates_of(rows[idx], hashes[idx])]] = False
         return keep
-    keep = far_mask(rows, rows, None, cutoff, p, triangular=True)
+    dq = stored.pivot_distances(rows)
+    keep = far_mask(rows, rows, None, cutoff, p, triangular=True, q_pivot=dq)
     idx = np.flatnonzero(keep)
     if len(idx) and len(stored_slots):
-        keep[idx[~far_mask(rows[idx], stored.rows, stored_slots, cutoff, p)]] = False
+        far = far_mask(rows[idx], stored.rows, stored_slots, cutoff, p, q_pivot=None if dq is None else dq[idx],
+                       ref_pivot=stored.pdist)
+        keep[idx[~far]] = False
     return keep
