@@ -50,12 +50,16 @@ How
     is asserted.
 
 Run
-    python benchmarks/bench_gfn.py [--quick] [--reps N] [--profile] [--out PATH]
+    python benchmarks/bench_gfn.py [--quick] [--reps N] [--torch-threads N] [--profile] [--out PATH]
 
-    ``--quick`` (fewer repetitions) is a smoke run. ``--profile`` runs cProfile on our inserts (dict and
-    container) for every row that misses the 3x insert target and prints where the time goes. Tables go to
-    stdout as markdown, progress to stderr, medians and raw samples to ``--out`` (JSON, default
-    ``benchmarks/results/bench_gfn.json``). Without torchgfn only ``ours (dict)`` is measured.
+    ``--quick`` (fewer repetitions) is a smoke run. ``--profile`` runs cProfile on our inserts in every row where
+    one of ours misses the 3x insert target, and on our ``sample(256)`` in the first row where each misses the
+    sample target, and prints where the time goes. Tables go to stdout as markdown, progress to stderr, medians
+    and raw samples to ``--out`` (JSON, default ``benchmarks/results/bench_gfn.json``). Without torchgfn only
+    ``ours (dict)`` is measured. The header (and a column per row) reports the share of the machine's CPU time
+    used by other processes: on a shared machine torch's intra-op threads can stall for milliseconds when a core
+    is taken (every torch op of both libraries is affected, torchgfn's most), so a run with a large share is
+    noise; ``--torch-threads 1`` removes the stalls (then every contender runs on one core).
 """
 import argparse
 import cProfile
@@ -164,7 +168,8 @@ class Batch(NamedTuple):
 
 
 def as_dict(b: Batch) -> Dict[str, torch.Tensor]:
-    return {'state': torch.from_numpy(b.states.astype(np.float32)), 'log_reward': torch.from_numpy(b.log_rewards.copy())}
+    return {'state': torch.from_numpy(b.states.astype(np.float32)),
+            'log_reward': torch.from_numpy(b.log_rewards.copy())}
 
 
 def as_container(env: Any, b: Batch) -> Any:
@@ -185,10 +190,11 @@ class Contender(NamedTuple):
 
 
 def torchgfn_available() -> Optional[str]:
+    import importlib
     try:
-        import gfn  # noqa: F401
-        from gfn.containers import NormBasedDiversePrioritizedReplayBuffer, StatesContainer  # noqa: F401
-        from gfn.gym import HyperGrid  # noqa: F401
+        for module, name in (('gfn.containers', 'NormBasedDiversePrioritizedReplayBuffer'),
+                             ('gfn.containers', 'StatesContainer'), ('gfn.gym', 'HyperGrid')):
+            getattr(importlib.import_module(module), name)
     except Exception as e:  # any import failure: measure ours (dict) only
         return f'{type(e).__name__}: {e}'
     return None
@@ -294,6 +300,7 @@ def prepare_row(row: Row, seed: int, env: Any, warmup: int):
 
 def bench_row(row: Row, seed: int, env: Any, args) -> Dict[str, Any]:
     t_row = time.perf_counter()
+    cpu0 = busy_cpu_s()
     src, contenders = prepare_row(row, seed, env, args.warmup)
     names = [c.name for c in contenders]
     before = contenders[0].buf.stats()
@@ -340,6 +347,7 @@ def bench_row(row: Row, seed: int, env: Any, args) -> Dict[str, Any]:
         'match': match,
         'wall_s': time.perf_counter() - t_row,
     }
+    res['other_cpu_share'] = other_cpu_share(cpu0, busy_cpu_s(), res['wall_s'])
     log(f'  {row.name}: insert ' + ', '.join(f"{n} {res['insert_ms'][n]['median']:.2f}" for n in names) +
         ' ms; sample ' + ', '.join(f"{n} {res['sample_ms'][n]['median']:.3f}" for n in names) +
         f' ms ({res["wall_s"]:.1f} s)')
@@ -377,25 +385,60 @@ def bench_fill(env: Any, args) -> Dict[str, Any]:
 
 
 # ---------------------------------------------------------------------------------------------- profile
-def profile_row(row: Row, seed: int, env: Any, args) -> Dict[str, List[List[str]]]:
-    """cProfile of our inserts in ``row`` (same data as the timed run; torchgfn not run)."""
+def profile_table(prof: cProfile.Profile, calls: int, top: int = 10) -> List[List[str]]:
+    """The ``top`` functions by own time, per call of the profiled operation."""
+    rows = []
+    for (file, line, func), (_, nc, tt, ct, _) in sorted(pstats.Stats(prof).stats.items(),
+                                                         key=lambda kv: -kv[1][2])[:top]:
+        where = f'{os.path.basename(file)}:{line}' if line else 'built-in'
+        rows.append([f'`{func}` ({where})', f'{nc / calls:.1f}', f'{tt * 1e3 / calls:.3f}', f'{ct * 1e3 / calls:.3f}'])
+    return rows
+
+
+def profile_row(row: Row, seed: int, env: Any, args, what: str, names: List[str]) -> Dict[str, List[List[str]]]:
+    """cProfile of our ``what`` ('insert' or 'sample') in ``row``: same data as the timed run, torchgfn idle."""
     out = {}
-    for name in [n for n in (OURS_DICT, OURS_CONT) if n == OURS_DICT or env is not None]:
+    for name in names:
         src, contenders = prepare_row(row, seed, env, args.warmup)
         c = next(c for c in contenders if c.name == name)
-        xs = [inputs(next_batch(src, c.buf), env) for _ in range(args.reps)]
         prof = cProfile.Profile()
-        prof.enable()
-        for x in xs:
-            c.push(x)
-        prof.disable()
-        st = pstats.Stats(prof)
-        rows = []
-        for (file, line, func), (cc, nc, tt, ct, _) in sorted(st.stats.items(), key=lambda kv: -kv[1][2])[:14]:
-            where = f'{os.path.basename(file)}:{line}' if line else file
-            rows.append([f'`{func}` ({where})', f'{nc / len(xs):.1f}', f'{tt * 1e3 / len(xs):.3f}',
-                         f'{ct * 1e3 / len(xs):.3f}'])
-        out[name] = rows
+        if what == 'insert':
+            calls = args.reps
+            for _ in range(calls):  # each batch built from the current minimum, as in the timed run
+                x = inputs(next_batch(src, c.buf), env)
+                prof.enable()
+                c.push(x)
+                prof.disable()
+        else:
+            calls = 20 * args.reps
+            for _ in range(3):
+                c.sample()
+            prof.enable()
+            for _ in range(calls):
+                c.sample()
+            prof.disable()
+        out[name] = profile_table(prof, calls)
+    return out
+
+
+def run_profiles(verdicts: List[Dict[str, Any]], envs: Dict[str, Any], args) -> List[Dict[str, Any]]:
+    """Inserts: every row where one of ours misses the target. Sample: the first row where each misses it."""
+    out = []
+    sampled = set()
+    for i, row in enumerate(ROWS):
+        mine = [v for v in verdicts if v['row'] == row.name]
+        slow = [v['contender'] for v in mine if not v['insert_met']]
+        if slow:
+            log(f'profiling insert of {", ".join(slow)} in {row.name}')
+            for name, table in profile_row(row, 1000 + i, envs.get(row.data), args, 'insert', slow).items():
+                out.append({'what': 'insert', 'row': row.name, 'contender': name, 'calls': args.reps, 'table': table})
+        slow = [v['contender'] for v in mine if not v['sample_met'] and v['contender'] not in sampled]
+        if slow:
+            sampled.update(slow)
+            log(f'profiling sample of {", ".join(slow)} in {row.name}')
+            for name, table in profile_row(row, 1000 + i, envs.get(row.data), args, 'sample', slow).items():
+                out.append({'what': 'sample(256)', 'row': row.name, 'contender': name, 'calls': 20 * args.reps,
+                            'table': table})
     return out
 
 
@@ -413,12 +456,15 @@ def time_table(results: List[Dict[str, Any]], key: str, names: List[str], digits
     header = ['row'] + [f'{n} ms' for n in names]
     if TGFN in names:
         header += [f'torchgfn / {n}' for n in ours]
+    header.append('other processes\' CPU share')
     rows = []
     for r in results:
         med = {n: r[key][n]['median'] for n in names}
         cells = [r['row']['name']] + [f'{med[n]:.{digits}f}' for n in names]
         if TGFN in names:
             cells += [fr(ratio(med[TGFN], med[n])) for n in ours]
+        share = r.get('other_cpu_share')
+        cells.append('n/a' if share is None else f'{100 * share:.0f}%')
         rows.append(cells)
     return md_table(header, rows)
 
@@ -489,10 +535,10 @@ def print_report(env_info: Dict[str, Any], results, fill, verdicts_table, profil
     if verdicts_table:
         print(f'\n## target: >= {TARGET:g}x faster insert and sample than torchgfn, per row\n')
         print(verdicts_table)
-    for rname, per in profiles.items():
-        for name, prow in per.items():
-            print(f'\n## cProfile of {name} inserts, {rname} ({args.reps} pushes; per push)\n')
-            print(md_table(['function', 'calls', 'own ms', 'cumulative ms'], prow))
+    for pr in profiles:
+        print(f"\n## cProfile: {pr['contender']} {pr['what']}, {pr['row']} ({pr['calls']} calls; top functions by own "
+              f"time, per call; numba kernels are opaque to cProfile)\n")
+        print(md_table(['function', 'calls', 'own ms', 'cumulative ms'], pr['table']))
     print('\nNotes:\n')
     print('- ours (StatesContainer) keeps an append-only container compacted with one indexing call once half '
           'of it is dead: a compaction lands in a few pushes only (see max in the JSON), not in the median')
@@ -516,13 +562,26 @@ def busy_cpu_s():
     return busy, t.user + t.system
 
 
+def other_cpu_share(start, end, wall_s: float) -> Optional[float]:
+    """Share of the machine's CPU time used by other processes between two ``busy_cpu_s`` readings."""
+    if start is None or end is None or wall_s <= 0:
+        return None
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else os.cpu_count()
+    return max(0.0, ((end[0] - start[0]) - (end[1] - start[1])) / (wall_s * cores))
+
+
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split('\n')[0])
-    p.add_argument('--quick', action='store_true', help='smoke run: 5 timed pushes/samples per row, 3 fills')
+    p = argparse.ArgumentParser(description="Benchmark of ding_buffer's gfn_diverse buffer against torchgfn's "
+                                            "NormBasedDiversePrioritizedReplayBuffer (see the module docstring)")
+    p.add_argument('--quick', action='store_true', help='smoke run: 5 timed pushes/samples per row, 2 fills')
     p.add_argument('--reps', type=int, default=None, help='timed pushes and samples per row (default 30)')
     p.add_argument('--warmup', type=int, default=None, help='untimed pushes per row before timing (default 3)')
     p.add_argument('--fill-reps', type=int, default=None, help='timed full fills per contender (default 20)')
-    p.add_argument('--profile', action='store_true', help='cProfile our inserts in rows missing the 3x target')
+    p.add_argument('--torch-threads', type=int, default=None,
+                   help="torch.set_num_threads before anything runs (default: torch's own choice). 1 avoids "
+                        "intra-op thread stalls when other processes compete for the cores")
+    p.add_argument('--profile', action='store_true',
+                   help='cProfile our inserts / samples where they miss the 3x target')
     p.add_argument('--out', default=DEFAULT_OUT, help=f'JSON output (default {DEFAULT_OUT})')
     args = p.parse_args(argv)
     if args.reps is None:
@@ -530,8 +589,10 @@ def parse_args(argv=None):
     if args.warmup is None:
         args.warmup = 1 if args.quick else 3
     if args.fill_reps is None:
-        args.fill_reps = 3 if args.quick else 20
+        args.fill_reps = 2 if args.quick else 20
     args.fill_warmup = 1
+    if args.torch_threads is not None and args.torch_threads < 1:
+        p.error('--torch-threads must be >= 1')
     if args.reps < 1 or args.warmup < 1 or args.fill_reps < 1:
         p.error('--reps, --warmup and --fill-reps must be >= 1')
     return args
@@ -539,6 +600,8 @@ def parse_args(argv=None):
 
 def main(argv=None) -> None:
     args = parse_args(argv)
+    if args.torch_threads is not None:
+        torch.set_num_threads(args.torch_threads)
     t0 = time.perf_counter()
     torch.manual_seed(0)  # torchgfn samples with torch.randperm
     np.random.seed(0)
@@ -557,18 +620,9 @@ def main(argv=None) -> None:
     table, verdicts = (None, [])
     if not skipped:
         table, verdicts = target_table(results)
-    profiles = {}
-    if args.profile:
-        for i, row in enumerate(ROWS):
-            if any(v['row'] == row.name and not v['insert_met'] for v in verdicts):
-                log(f'profiling ours in {row.name}')
-                profiles[row.name] = profile_row(row, 1000 + i, envs.get(row.data), args)
+    profiles = run_profiles(verdicts, envs, args) if args.profile and not skipped else []
     info['wall_s'] = time.perf_counter() - t0
-    cpu_end = busy_cpu_s()
-    if cpu_start is not None and cpu_end is not None:
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else os.cpu_count()
-        total = (cpu_end[0] - cpu_start[0]) - (cpu_end[1] - cpu_start[1])
-        info['other_cpu_share'] = max(0.0, total / (info['wall_s'] * cores))
+    info['other_cpu_share'] = other_cpu_share(cpu_start, busy_cpu_s(), info['wall_s'])
     info.update(quick=args.quick, reps=args.reps, warmup=args.warmup, fill_reps=args.fill_reps)
     print_report(info, results, fill, table, profiles, skipped, args)
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)

@@ -9,6 +9,8 @@ when k is at least a quarter of n (then O(n) = O(k)).
 """
 import numpy as np
 
+from ._numba import HAVE_NUMBA, njit
+
 # Above this fraction of the population a permutation is cheaper than rejection.
 _PERMUTATION_FRACTION = 0.25
 # numpy's Generator.choice(replace=False) uses Floyd's O(k) algorithm under exactly these conditions.
@@ -40,8 +42,29 @@ def uniform_indices(rng: np.random.Generator, n: int, size: int, replace: bool =
     while len(chosen) < size:
         need = size - len(chosen)
         draws = rng.integers(0, n, size=need + need // 4 + 8, dtype=np.int64)
-        combined = np.concatenate([chosen, draws])
-        _, first = np.unique(combined, return_index=True)
-        first.sort()  # order of first occurrence; already-chosen items keep their place at the front
-        chosen = combined[first][:size]
+        chosen = first_distinct(np.concatenate([chosen, draws]), n, size)
     return chosen
+
+
+@njit(cache=True, nogil=True)
+def _first_distinct_loop(values, n, size, mark, out):
+    k = 0
+    for v in values:
+        if not mark[v]:
+            mark[v] = True
+            out[k] = v
+            k += 1
+            if k == size:
+                break
+    return k
+
+
+def first_distinct(values: np.ndarray, n: int, size: int) -> np.ndarray:
+    """The first ``size`` distinct entries of ``values`` (all in ``[0, n)``), in order of first occurrence."""
+    if HAVE_NUMBA:
+        out = np.empty(min(size, len(values)), dtype=np.int64)
+        k = _first_distinct_loop(values, n, size, np.zeros(n, dtype=np.bool_), out)
+        return out[:k]
+    _, first = np.unique(values, return_index=True)
+    first.sort()  # order of first occurrence; already-chosen items keep their place at the front
+    return values[first][:size]

@@ -70,6 +70,7 @@ class StateSet:
         # pivot distances of stored rows (keep_rows and p >= 1): lower bounds that prune the distance filter
         self.pivots: Optional[np.ndarray] = None
         self.pdist: Optional[np.ndarray] = None
+        self.sqnorm: Optional[np.ndarray] = None  # squared Euclidean norms of stored rows (p = 2: Gram pruning)
         # None until the first push; False for good once a batch comes without one row per item (e.g.
         # Transitions), so that tracked and untracked items never mix
         self.enabled: Optional[bool] = None
@@ -89,6 +90,8 @@ class StateSet:
                 self.rows = np.concatenate([self.rows, np.zeros((physical - len(self.rows), self.dim))])
             if self.pdist is not None:
                 self.pdist = np.concatenate([self.pdist, np.zeros((physical - len(self.pdist), N_PIVOTS))])
+            if self.sqnorm is not None:
+                self.sqnorm = np.concatenate([self.sqnorm, np.zeros(physical - len(self.sqnorm))])
 
     def check_dim(self, rows: np.ndarray, what: str) -> None:
         if self.dim is not None and rows.shape[1] != self.dim:
@@ -105,11 +108,15 @@ class StateSet:
                 if self.p >= 1.0 and len(rows):
                     self.pivots = choose_pivots(rows, self.p)
                     self.pdist = np.zeros((len(self.hashes), N_PIVOTS))
+                if self.p == 2.0:
+                    self.sqnorm = np.zeros(len(self.hashes))
         self.hashes[slots] = hashes
         if self.rows is not None:
             self.rows[slots] = rows
         if self.pdist is not None:
             self.pdist[slots] = self.pivot_distances(rows)
+        if self.sqnorm is not None:
+            self.sqnorm[slots] = np.einsum('ij,ij->i', rows, rows)
         buckets = self._buckets
         for s, h in zip(slots.tolist(), hashes.tolist()):
             b = buckets.get(h)
@@ -143,6 +150,8 @@ class StateSet:
         rows = None if self.rows is None else self.rows[keep]
         if self.pdist is not None:
             self.pdist[:len(keep)] = self.pdist[keep]
+        if self.sqnorm is not None:
+            self.sqnorm[:len(keep)] = self.sqnorm[keep]
         self.hashes[:len(keep)] = hashes
         if rows is not None:
             self.rows[:len(keep)] = rows
@@ -256,6 +265,24 @@ def _far_earlier_kernel(q, dq, cutoff, lb_cut, p, exit_sum, pivots, out):
         out[i] = far
 
 
+@njit(cache=True, nogil=True)
+def _far_gram_kernel(q, refs, ref_slots, gram, qn, rn, cutoff, thr_sq, tol, p, exit_sum, out):
+    """Like ``_far_kernel``, pruning with the Euclidean distance from a Gram matrix: for p <= 2,
+    d_p >= d_2, so a pair with ``|q|^2 + |y|^2 - 2 q.y - tol > cutoff^2`` is certainly far. The rest is
+    checked exactly."""
+    for i in range(q.shape[0]):
+        far = True
+        for t in range(ref_slots.shape[0]):
+            r = ref_slots[t]
+            scale = qn[i] + rn[r]
+            if scale - 2.0 * gram[i, r] - tol * scale > thr_sq:
+                continue
+            if _close(q, i, refs, r, cutoff, p, exit_sum):
+                far = False
+                break
+        out[i] = far
+
+
 def pnorm_distances(a: np.ndarray, b: np.ndarray, p: float) -> np.ndarray:
     """``(len(a), len(b))`` p-norm distances (numpy; used for the few pivots, not for decisions)."""
     diff = np.abs(a[:, None, :] - b[None, :, :])
@@ -326,7 +353,7 @@ def _lb_cut(cutoff: float, *dists: np.ndarray) -> float:
 
 def far_mask(queries: np.ndarray, refs: np.ndarray, ref_slots: Optional[np.ndarray], cutoff: float, p: float,
              triangular: bool = False, q_pivot: Optional[np.ndarray] = None,
-             ref_pivot: Optional[np.ndarray] = None) -> np.ndarray:
+             ref_pivot: Optional[np.ndarray] = None, ref_sqnorm: Optional[np.ndarray] = None) -> np.ndarray:
     """
     Overview:
         ``mask[i]`` is True iff every reference is at p-norm distance ``> cutoff`` from ``queries[i]``.
@@ -353,6 +380,16 @@ def far_mask(queries: np.ndarray, refs: np.ndarray, ref_slots: Optional[np.ndarr
     dq = np.ascontiguousarray(q_pivot if pivots else np.zeros((len(queries), 1)), dtype=np.float64)
     if triangular:
         _far_earlier_kernel(queries, dq, cutoff, _lb_cut(cutoff, dq), code, _exit_sum(cutoff, p), pivots, out)
+        return out
+    if ref_sqnorm is not None and p == 2.0:
+        # one BLAS product gives every pair's Euclidean distance up to rounding; the relative tolerance
+        # bounds the error of |q|^2 + |y|^2 - 2 q.y in float64 (D products per dot, a few ulps each)
+        refs64 = np.ascontiguousarray(refs, dtype=np.float64)
+        gram = queries @ refs64.T
+        qn = np.einsum('ij,ij->i', queries, queries)
+        tol = (queries.shape[1] + 8) * 4.0 * np.finfo(np.float64).eps
+        _far_gram_kernel(queries, refs64, ref_slots, gram, qn, np.ascontiguousarray(ref_sqnorm), cutoff,
+                         cutoff * cutoff, tol, code, _exit_sum(cutoff, p), out)
         return out
     if pivots:
         keys_all = ref_pivot[ref_slots, 0]
@@ -388,6 +425,6 @@ def diverse_mask(rows: np.ndarray, hashes: np.ndarray, stored: StateSet, stored_
     idx = np.flatnonzero(keep)
     if len(idx) and len(stored_slots):
         far = far_mask(rows[idx], stored.rows, stored_slots, cutoff, p, q_pivot=None if dq is None else dq[idx],
-                       ref_pivot=stored.pdist)
+                       ref_pivot=stored.pdist, ref_sqnorm=stored.sqnorm)
         keep[idx[~far]] = False
     return keep

@@ -24,6 +24,8 @@ from typing import Tuple
 
 import numpy as np
 
+from ..sampling import uniform_indices
+
 
 class RewardIndex:
 
@@ -86,7 +88,9 @@ class RewardIndex:
 
     # ------------------------------------------------------------------ slots
     def live_slots(self) -> np.ndarray:
-        """Live slots in slot order (O(slots))."""
+        """Live slots in slot order (O(slots); O(1) when every slot is live, a full eager buffer)."""
+        if self.count == self.physical:
+            return np.arange(self.physical, dtype=np.int64)
         return np.flatnonzero(self.alive)
 
     def free_slots(self, n: int) -> np.ndarray:
@@ -165,10 +169,11 @@ class RewardIndex:
     # ------------------------------------------------------------------ sampling
     def sample(self, rng: np.random.Generator, n: int, prioritized: bool, replace: bool) -> np.ndarray:
         """``n`` live slots; without ``replace`` distinct (the caller checks ``n <= count``)."""
-        slots = self.live_slots()
-        m = len(slots)
+        m = self.count
         if not prioritized:
-            return slots[rng.integers(0, m, n) if replace else _distinct(rng, m, n)]
+            pos = rng.integers(0, m, n) if replace else _distinct(rng, m, n)
+            return pos if m == self.physical else self.live_slots()[pos]  # full: position = slot
+        slots = self.live_slots()
         r = self.log_reward[slots]
         finite = r > -np.inf
         if not finite.any():  # every reward is 0: the limit of equal rewards, uniform
@@ -204,5 +209,4 @@ class RewardIndex:
 
 
 def _distinct(rng: np.random.Generator, m: int, n: int) -> np.ndarray:
-    from ..sampling import uniform_indices
     return uniform_indices(rng, m, n, replace=False)
