@@ -55,7 +55,6 @@ class GFlowNetReplayBuffer(BufferCore):
     ``capacity`` items); sample O(capacity + size log size).
     """
     diverse = False
-    terminating_only = False
     config = dict(
         type='gfn',
         # Capacity in items (torchgfn's default is 1000).
@@ -489,7 +488,6 @@ class TerminatingStateBuffer(GFlowNetReplayBuffer):
         ``StatesContainer`` input only the terminating rows' rewards are kept, where torchgfn mismatches them);
         another Container becomes a dict batch. Sampling returns that kind.
     """
-    terminating_only = True
     config = dict(GFlowNetReplayBuffer.config, type='terminating_state')
 
     def _convert(self, data: Any) -> Any:
