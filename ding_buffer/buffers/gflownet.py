@@ -125,10 +125,14 @@ class GFlowNetReplayBuffer(BufferCore):
     def _parts_for(self, store: Any):
         """A fresh ``(RewardIndex, StateSet)`` sized for ``store`` (nothing is swapped in)."""
         cap = self.capacity
-        physical = 2 * cap if self._cfg.lazy_sort or not store.reuses_slots else cap
+        physical = self._physical(store.reuses_slots)
         index = RewardIndex(cap, physical, self._prioritized_capacity(), bool(self._cfg.lazy_sort),
                             store.reuses_slots)
         return index, StateSet(physical, keep_rows=self.diverse, p=float(self._cfg.get('p_norm_distance', 1.0)))
+
+    def _physical(self, reuses_slots: bool) -> int:
+        """Slots to allocate: 2x capacity while truncation is lazy, or as the first size of an append-only store."""
+        return 2 * self.capacity if self._cfg.lazy_sort or not reuses_slots else self.capacity
 
     def _new_parts(self, store: Any) -> None:
         self._index, self._states = self._parts_for(store)
@@ -180,8 +184,7 @@ class GFlowNetReplayBuffer(BufferCore):
             return ContainerStore()
         if isinstance(data, (dict, list)):
             cfg = self._cfg
-            physical = 2 * self.capacity if cfg.lazy_sort else self.capacity
-            return ColumnStore(physical, cfg.device, cfg.state_key, cfg.log_reward_key, cfg.condition_key)
+            return ColumnStore(self._physical(ColumnStore.reuses_slots), cfg.device, cfg.state_key, cfg.log_reward_key, cfg.condition_key)
         raise TypeError(
             f"a GFlowNet buffer takes a dict of batched tensors, a list of item dicts or a Container "
             f"(__len__, __getitem__, extend, log_rewards, terminating_states); got {type(data).__name__}"
@@ -218,11 +221,12 @@ class GFlowNetReplayBuffer(BufferCore):
             self._evict(index.flush())  # lazy: back to capacity before comparing
             order = np.argsort(-r, kind='stable')  # best first; equal rewards keep batch order
             c['filter_checked'] += batch.n
-            ok = r[order] >= index.log_reward[index.live_slots()].min()
+            live = index.live_slots()
+            ok = r[order] >= index.log_reward[live].min()
             c['rejected_by_reward'] += int((~ok).sum())
             order = order[ok]
             if self._cfg.cutoff_distance >= 0 and len(order):
-                keep = diverse_mask(batch.rows[order], hashes[order], states, index.live_slots(),
+                keep = diverse_mask(batch.rows[order], hashes[order], states, live,
                                     float(self._cfg.cutoff_distance), float(self._cfg.p_norm_distance))
                 c['rejected_by_distance'] += int((~keep).sum())
                 order = order[keep]

@@ -117,6 +117,9 @@ class StateSet:
             self.pdist[slots] = self.pivot_distances(rows)
         if self.sqnorm is not None:
             self.sqnorm[slots] = np.einsum('ij,ij->i', rows, rows)
+        self._bucket(slots, hashes)
+
+    def _bucket(self, slots: np.ndarray, hashes: np.ndarray) -> None:
         buckets = self._buckets
         for s, h in zip(slots.tolist(), hashes.tolist()):
             b = buckets.get(h)
@@ -146,19 +149,12 @@ class StateSet:
         """Slot ``keep[i]`` becomes slot ``i`` (container storage after compaction)."""
         if not self.enabled:
             return
-        hashes = self.hashes[keep]
-        rows = None if self.rows is None else self.rows[keep]
-        if self.pdist is not None:
-            self.pdist[:len(keep)] = self.pdist[keep]
-        if self.sqnorm is not None:
-            self.sqnorm[:len(keep)] = self.sqnorm[keep]
-        self.hashes[:len(keep)] = hashes
-        if rows is not None:
-            self.rows[:len(keep)] = rows
+        m = len(keep)
+        for arr in (self.hashes, self.rows, self.pdist, self.sqnorm):
+            if arr is not None:
+                arr[:m] = arr[keep]  # advanced indexing copies first, so overlapping moves are safe
         self._buckets = {}
-        if len(keep):
-            self.add(np.arange(len(keep), dtype=np.int64), rows if rows is not None else np.zeros((len(keep), 0)),
-                     hashes)
+        self._bucket(np.arange(m, dtype=np.int64), self.hashes[:m])
 
     def pivot_distances(self, rows: np.ndarray) -> Optional[np.ndarray]:
         """``(len(rows), N_PIVOTS)`` distances to the pivots, or None when there are none (yet)."""
