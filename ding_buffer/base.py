@@ -144,12 +144,19 @@ def create_buffer(cfg: Any, *args, **kwargs) -> IBuffer:
     """
     Overview:
         Build the buffer registered under ``cfg.type`` after importing ``cfg.import_names``.
-        Extra arguments go to the constructor (``tb_logger``, ``exp_name``, ``instance_name``).
+        Extra arguments go to the constructor (``tb_logger``, ``exp_name``, ``instance_name``). With
+        ``cfg.distributed.backend`` set it returns a ``RemoteBuffer`` on workers and a ``ReplayBufferManager``
+        (serve with ``run()``) on the manager rank (see ``ding_buffer.distributed``).
     Returns:
         - buffer (:obj:`IBuffer`)
     """
     cls = get_buffer_cls(cfg)
-    return cls(EasyDict(cfg) if not isinstance(cfg, EasyDict) else cfg, *args, **kwargs)
+    cfg = EasyDict(cfg) if not isinstance(cfg, EasyDict) else cfg
+    if cfg.get('distributed') is not None:
+        from .distributed import build_distributed_config, create_distributed
+        if build_distributed_config(cfg.distributed).backend is not None:
+            return create_distributed(cls, cfg, *args, **kwargs)  # ReplayBufferManager or RemoteBuffer
+    return cls(cfg, *args, **kwargs)
 
 
 __all__: List[str] = ['IBuffer', 'Registry', 'BUFFER_REGISTRY', 'create_buffer', 'get_buffer_cls']

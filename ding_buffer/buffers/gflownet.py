@@ -292,6 +292,13 @@ class GFlowNetReplayBuffer(BufferCore):
             self._counters['sampled'] += int(size)
             return self._store.read(slots, self._index.seq[slots])
 
+    def log_rewards(self) -> np.ndarray:
+        """Log-rewards of the stored items (float64 copy, any order; used for the manager's baseline)."""
+        with self._lock:
+            if self._index is None:
+                return np.empty(0)
+            return self._index.log_reward[self._index.live_slots()].astype(np.float64)
+
     # ------------------------------------------------------------------ stats / monitoring
     def stats(self) -> Dict[str, float]:
         """

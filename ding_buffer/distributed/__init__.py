@@ -1,0 +1,116 @@
+"""Distributed buffers: one manager owns the buffer, workers reach it over torch.distributed, MPI or Ray.
+
+``create_buffer(cfg)`` with ``cfg.distributed.backend`` set calls ``create_distributed``: on the manager rank
+(torch / MPI) it returns a ``ReplayBufferManager`` (call ``run()``), on the other ranks and everywhere with
+Ray a ``RemoteBuffer``. The transports, the codec and the manager logic are separate modules:
+``codec`` (wire format), ``transport`` (torch / MPI framing and receive threads), ``ray_backend``,
+``manager`` (``ManagerCore`` + the rank loop), ``remote`` (worker side), ``baseline``, ``batching``.
+"""
+import copy
+from typing import Any, Dict, Tuple
+
+from easydict import EasyDict
+
+from .codec import CodecError, decode, encode
+from .config import DISTRIBUTED_CONFIG, build_distributed_config
+from .manager import ManagerCore, ReplayBufferManager
+from .remote import ManagerUnavailableError, RemoteBuffer, RemoteError
+from .transport import TransportError
+
+_GFN_TYPES = ('gfn', 'gfn_diverse', 'terminating_state')
+
+
+def _local_cfg(cfg: Any) -> EasyDict:
+    local = EasyDict(copy.deepcopy({k: v for k, v in dict(cfg).items() if k != 'distributed'}))
+    return local
+
+
+def _log_reward_key(cls: type, local: Any, dcfg: Any) -> str:
+    from ..buffers.gflownet import GFlowNetReplayBuffer
+    if issubclass(cls, GFlowNetReplayBuffer):
+        return local.get('log_reward_key', cls.config['log_reward_key'])
+    return dcfg.log_reward_key
+
+
+def build_manager_buffer(cfg: Any, *args, **kwargs) -> Tuple[Any, EasyDict, str]:
+    """The manager's local buffer built from the same config (``max_reuse`` becomes ``max_use``)."""
+    from ..base import get_buffer_cls
+    dcfg = build_distributed_config(cfg.get('distributed'))
+    cls = get_buffer_cls(cfg)
+    local = _local_cfg(cfg)
+    if dcfg.max_reuse is not None:
+        if 'max_use' not in cls.config:
+            raise ValueError(f"config key 'distributed.max_reuse' needs a buffer with 'max_use' (type 'advanced'), "
+                             f"got type {cfg.get('type')!r}")
+        local.max_use = dcfg.max_reuse
+    return cls(local, *args, **kwargs), dcfg, _log_reward_key(cls, local, dcfg)
+
+
+def _is_final(obj: Any) -> bool:
+    return isinstance(obj, dict) and (obj.get('op') == 'exit' or bool(obj.get('final')))
+
+
+def create_distributed(cls: type, cfg: Any, *args, **kwargs) -> Any:
+    """``create_buffer`` for configs with ``distributed.backend``: a ReplayBufferManager or a RemoteBuffer."""
+    from ..buffers.gflownet import GFlowNetReplayBuffer
+    dcfg = build_distributed_config(cfg.get('distributed'))
+    local_cfg = _local_cfg(cfg)
+    cls(copy.deepcopy(local_cfg)).close()  # validate the buffer section on every rank, fail fast
+    is_gfn = issubclass(cls, GFlowNetReplayBuffer)
+    key = _log_reward_key(cls, local_cfg, dcfg)
+    scoring_keys = None
+    if is_gfn:
+        scoring_keys = [local_cfg.get('state_key', 'state'), key]
+        if local_cfg.get('condition_key'):
+            scoring_keys.append(local_cfg.condition_key)
+    max_bytes = int(dcfg.max_message_mb * (1 << 20))
+    if dcfg.backend == 'ray':
+        from .ray_backend import RayChannel, get_or_create_actor
+        from .remote import new_client_id
+        plain = _plain(cfg)
+        actor = get_or_create_actor(plain, dcfg)
+        channel = RayChannel(actor, dcfg, new_client_id())
+    else:
+        from .transport import MPITransport, TorchTransport, init_mpi, init_torch
+        if dcfg.backend == 'torch':
+            rank, world = init_torch(dcfg.timeout)
+        else:
+            rank, world = init_mpi()
+        manager = dcfg.manager_rank if dcfg.manager_rank >= 0 else world - 1
+        if manager >= world:
+            raise ValueError(f"config key 'distributed.manager_rank' is {manager}, the world has {world} ranks")
+        workers = [r for r in range(world) if r != manager] if dcfg.worker_ranks is None else list(dcfg.worker_ranks)
+        if manager in workers or any(r >= world for r in workers):
+            raise ValueError(f"config key 'distributed.worker_ranks' {workers} must name ranks < {world} other than "
+                             f"the manager {manager}")
+        peers = workers if rank == manager else [manager]
+        if dcfg.backend == 'torch':
+            transport = TorchTransport(peers, dcfg.allow_pickle, max_bytes, _is_final)
+        else:
+            transport = MPITransport(peers, dcfg.allow_pickle, max_bytes, _is_final, send_timeout=dcfg.timeout)
+        if rank == manager:
+            buffer, dcfg, key = build_manager_buffer(cfg, *args, **kwargs)
+            return ReplayBufferManager(buffer, transport, dcfg, workers, key)
+        if rank not in workers:
+            raise ValueError(f"rank {rank} is neither the manager ({manager}) nor in distributed.worker_ranks {workers}")
+        from .remote import PeerChannel
+        channel = PeerChannel(transport, manager, dcfg.timeout, dcfg.heartbeat_seconds)
+    local = cls(copy.deepcopy(local_cfg), *args, **kwargs) if dcfg.local_buffer else None
+    return RemoteBuffer(local_cfg, dcfg, channel, local=local, dict_is_batch=is_gfn, scoring_keys=scoring_keys,
+                        log_reward_key=key)
+
+
+def _plain(cfg: Any) -> Dict[str, Any]:
+    """The config as plain dicts (what the Ray actor receives)."""
+    if isinstance(cfg, dict):
+        return {k: _plain(v) for k, v in cfg.items()}
+    if isinstance(cfg, (list, tuple)):
+        return type(cfg)(_plain(v) for v in cfg)
+    return cfg
+
+
+__all__ = [
+    'create_distributed', 'build_manager_buffer', 'RemoteBuffer', 'ReplayBufferManager', 'ManagerCore',
+    'ManagerUnavailableError', 'RemoteError', 'TransportError', 'CodecError', 'encode', 'decode',
+    'DISTRIBUTED_CONFIG', 'build_distributed_config'
+]

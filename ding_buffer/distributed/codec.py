@@ -1,0 +1,243 @@
+"""Wire codec: a message is one small JSON header plus the raw bytes of every tensor / ndarray / bytes leaf.
+
+``encode(obj)`` walks a nested structure (dict, list, tuple, str, int, float incl. inf/nan, bool, None, slice,
+``torch.Tensor``, ``np.ndarray``, numpy scalars, bytes) and returns ``(header, parts)``: ``header`` is UTF-8 JSON
+describing the structure, each array leaf is replaced by a reference to its part, and ``parts`` are uint8
+``np.ndarray`` views of the leaves' memory (no copy for contiguous CPU data). ``decode(header, parts)`` rebuilds
+the structure; tensors are views over the received parts (no copy when a part is writable).
+
+Anything else is refused with ``TypeError`` unless ``allow_pickle=True``, which pickles that leaf into a part;
+decoding a pickled leaf also needs ``allow_pickle=True`` (unpickling runs code: trust the peer).
+A malformed header or part list raises ``CodecError`` (a ``ValueError``) and never executes anything.
+"""
+import json
+import pickle
+from typing import Any, List, Sequence, Tuple
+
+import numpy as np
+import torch
+
+VERSION = 1
+
+_TORCH_DTYPES = {
+    str(d).replace('torch.', ''): d
+    for d in (torch.float64, torch.float32, torch.float16, torch.bfloat16, torch.int64, torch.int32, torch.int16,
+              torch.int8, torch.uint8, torch.bool, torch.complex64, torch.complex128)
+}
+_NP_KINDS = set('biufc')  # numpy dtypes sent raw: bool, ints, uints, floats, complex
+
+
+class CodecError(ValueError):
+    """A message could not be decoded (bad JSON, unknown tag, part sizes that do not match)."""
+
+
+def _as_bytes_view(a: np.ndarray) -> np.ndarray:
+    return a.reshape(-1).view(np.uint8)
+
+
+class _Encoder:
+
+    def __init__(self, allow_pickle: bool) -> None:
+        self.allow_pickle = allow_pickle
+        self.parts: List[np.ndarray] = []
+
+    def part(self, view: np.ndarray) -> int:
+        self.parts.append(view)
+        return len(self.parts) - 1
+
+    def walk(self, x: Any, path: str) -> Any:
+        # bool before int: bool is an int subclass
+        if x is None or isinstance(x, (bool, str)):
+            return x
+        if isinstance(x, int):
+            return x if -2 ** 63 <= x < 2 ** 64 else self.pickled(x, path)
+        if isinstance(x, float):
+            return x
+        if isinstance(x, torch.Tensor):
+            t = x.detach()
+            if t.device.type != 'cpu':
+                t = t.cpu()
+            dt = str(t.dtype).replace('torch.', '')
+            if dt not in _TORCH_DTYPES:
+                return self.pickled(x, path)
+            t = t.contiguous()
+            view = t.reshape(-1).view(torch.uint8).numpy() if t.numel() else np.empty(0, np.uint8)
+            return {'$t': [self.part(view), dt, list(t.shape)]}
+        if isinstance(x, np.ndarray):
+            if x.dtype.kind not in _NP_KINDS or x.dtype.byteorder == '>':
+                return self.pickled(x, path)
+            a = np.ascontiguousarray(x)
+            return {'$a': [self.part(_as_bytes_view(a)), a.dtype.str, list(a.shape)]}
+        if isinstance(x, np.generic) and x.dtype.kind in _NP_KINDS:
+            return {'$s': [x.dtype.str, x.item() if x.dtype.kind != 'c' else [x.real.item(), x.imag.item()]]}
+        if isinstance(x, dict):
+            items = []
+            for k, v in x.items():
+                if not isinstance(k, (str, int)) or isinstance(k, bool):
+                    return self.pickled(x, path)
+                items.append([k, self.walk(v, f'{path}.{k}')])
+            return {'$d': items}
+        if isinstance(x, list):
+            return [self.walk(v, f'{path}[{i}]') for i, v in enumerate(x)]
+        if isinstance(x, tuple):
+            return {'$u': [self.walk(v, f'{path}[{i}]') for i, v in enumerate(x)]}
+        if isinstance(x, (bytes, bytearray, memoryview)):
+            return {'$b': self.part(np.frombuffer(x, dtype=np.uint8))}
+        if isinstance(x, slice):
+            return {'$l': [self.walk(x.start, path), self.walk(x.stop, path), self.walk(x.step, path)]}
+        return self.pickled(x, path)
+
+    def pickled(self, x: Any, path: str) -> Any:
+        if not self.allow_pickle:
+            raise TypeError(
+                f"cannot send {type(x).__name__} at '{path}' without pickle: the wire carries dicts, lists, tuples, "
+                f"numbers, str, bytes, slices, tensors and numeric ndarrays; set distributed.allow_pickle=True "
+                f"(on every rank) to pickle other objects"
+            )
+        return {'$p': self.part(np.frombuffer(pickle.dumps(x, protocol=5), dtype=np.uint8))}
+
+
+def encode(obj: Any, allow_pickle: bool = False) -> Tuple[bytes, List[np.ndarray]]:
+    """Return ``(header, parts)``; ``parts`` are uint8 arrays viewing the leaves' memory."""
+    enc = _Encoder(allow_pickle)
+    body = enc.walk(obj, 'message')
+    header = json.dumps({'v': VERSION, 'n': [int(p.nbytes) for p in enc.parts], 'body': body},
+                        separators=(',', ':')).encode()
+    return header, enc.parts
+
+
+def _part_np(p: Any) -> np.ndarray:
+    if isinstance(p, torch.Tensor):
+        return p.numpy()
+    if isinstance(p, np.ndarray):
+        return p.reshape(-1).view(np.uint8)
+    return np.frombuffer(p, dtype=np.uint8)
+
+
+class _Decoder:
+
+    def __init__(self, parts: Sequence[Any], allow_pickle: bool) -> None:
+        self.parts = parts
+        self.allow_pickle = allow_pickle
+
+    def part(self, i: Any) -> Any:
+        if not isinstance(i, int) or isinstance(i, bool) or not 0 <= i < len(self.parts):
+            raise CodecError(f"message references part {i!r}, it has {len(self.parts)}")
+        return self.parts[i]
+
+    def array(self, spec: Any, torch_out: bool) -> Any:
+        if not (isinstance(spec, list) and len(spec) == 3 and isinstance(spec[2], list)
+                and all(isinstance(s, int) and s >= 0 for s in spec[2])):
+            raise CodecError(f"bad array descriptor {spec!r}")
+        raw = self.part(spec[0])
+        shape = tuple(spec[2])
+        if torch_out:
+            dtype = _TORCH_DTYPES.get(spec[1])
+            if dtype is None:
+                raise CodecError(f"unknown tensor dtype {spec[1]!r}")
+            itemsize = torch.empty(0, dtype=dtype).element_size()
+        else:
+            try:
+                dtype = np.dtype(spec[1])
+            except TypeError as e:
+                raise CodecError(f"unknown array dtype {spec[1]!r}") from e
+            if dtype.kind not in _NP_KINDS:
+                raise CodecError(f"array dtype {spec[1]!r} is not numeric")
+            itemsize = dtype.itemsize
+        n = int(np.prod(shape, dtype=np.int64)) if shape else 1
+        nbytes = len(raw) if isinstance(raw, (bytes, bytearray)) else int(raw.nbytes if not isinstance(raw, torch.Tensor)
+                                                                           else raw.numel())
+        if n * itemsize != nbytes:
+            raise CodecError(f"array part {spec[0]} has {nbytes} bytes, shape {list(shape)} of {spec[1]} needs "
+                             f"{n * itemsize}")
+        if torch_out:
+            if isinstance(raw, torch.Tensor):
+                t = raw
+            else:
+                a = _part_np(raw)
+                t = torch.from_numpy(a if a.flags.writeable else a.copy())
+            if n == 0:
+                return torch.empty(shape, dtype=dtype)
+            if t.data_ptr() % itemsize:  # a view needs aligned storage; copy the rare unaligned part
+                t = t.clone()
+            return t.view(dtype).reshape(shape)
+        a = _part_np(raw.numpy() if isinstance(raw, torch.Tensor) else raw)
+        if n == 0:
+            return np.empty(shape, dtype=dtype)
+        if a.ctypes.data % itemsize or not a.flags.writeable:
+            a = a.copy()
+        return a.view(dtype).reshape(shape)
+
+    def walk(self, x: Any) -> Any:
+        if x is None or isinstance(x, (bool, str, int, float)):
+            return x
+        if isinstance(x, list):
+            return [self.walk(v) for v in x]
+        if not isinstance(x, dict) or len(x) != 1:
+            raise CodecError(f"bad node {str(x)[:80]!r}")
+        (tag, v), = x.items()
+        if tag == '$d':
+            if not isinstance(v, list) or not all(isinstance(kv, list) and len(kv) == 2 for kv in v):
+                raise CodecError("bad dict node")
+            out = {}
+            for k, val in v:
+                if not isinstance(k, (str, int)):
+                    raise CodecError(f"bad dict key {k!r}")
+                out[k] = self.walk(val)
+            return out
+        if tag == '$t':
+            return self.array(v, True)
+        if tag == '$a':
+            return self.array(v, False)
+        if tag == '$u':
+            if not isinstance(v, list):
+                raise CodecError("bad tuple node")
+            return tuple(self.walk(e) for e in v)
+        if tag == '$b':
+            return bytes(_part_np(self.part(v)))
+        if tag == '$l':
+            if not isinstance(v, list) or len(v) != 3:
+                raise CodecError("bad slice node")
+            return slice(*(self.walk(e) for e in v))
+        if tag == '$s':
+            if not isinstance(v, list) or len(v) != 2:
+                raise CodecError("bad scalar node")
+            try:
+                dt = np.dtype(v[0])
+            except TypeError as e:
+                raise CodecError(f"unknown scalar dtype {v[0]!r}") from e
+            if dt.kind not in _NP_KINDS:
+                raise CodecError(f"scalar dtype {v[0]!r} is not numeric")
+            return dt.type(complex(*v[1]) if dt.kind == 'c' else v[1])
+        if tag == '$p':
+            if not self.allow_pickle:
+                raise CodecError("message holds a pickled object and allow_pickle is False on this rank")
+            return pickle.loads(_part_np(self.part(v)).tobytes())
+        raise CodecError(f"unknown node tag {tag!r}")
+
+
+def decode(header: Any, parts: Sequence[Any], allow_pickle: bool = False) -> Any:
+    """Rebuild what ``encode`` described. ``parts``: bytes-likes, uint8 arrays or uint8 tensors."""
+    try:
+        h = json.loads(bytes(header).decode() if not isinstance(header, str) else header)
+    except (UnicodeDecodeError, json.JSONDecodeError, TypeError) as e:
+        raise CodecError(f"message header is not valid JSON: {e}") from e
+    if not isinstance(h, dict) or h.get('v') != VERSION or not isinstance(h.get('n'), list):
+        raise CodecError(f"message header has no version {VERSION} envelope")
+    if len(h['n']) != len(parts):
+        raise CodecError(f"header announces {len(h['n'])} parts, {len(parts)} arrived")
+    try:
+        return _Decoder(parts, allow_pickle).walk(h.get('body'))
+    except RecursionError as e:
+        raise CodecError("message nests too deeply") from e
+
+
+def part_sizes(header: bytes) -> List[int]:
+    """Sizes of the parts a header announces (used by transports to allocate receive buffers)."""
+    try:
+        n = json.loads(header.decode())['n']
+    except (UnicodeDecodeError, json.JSONDecodeError, TypeError, KeyError) as e:
+        raise CodecError(f"message header is not valid: {e}") from e
+    if not isinstance(n, list) or not all(isinstance(s, int) and s >= 0 for s in n):
+        raise CodecError("message header has bad part sizes")
+    return n

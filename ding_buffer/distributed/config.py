@@ -1,0 +1,131 @@
+"""The ``distributed`` config section (accepted on every buffer type) and its validation."""
+from typing import Any, Mapping
+
+from easydict import EasyDict
+
+from ..config import build_config, optional_positive_int, positive_int
+
+BACKENDS = ('torch', 'mpi', 'ray')
+BASELINES = ('min', 'percentile', 'ema')
+
+
+def _optional_number(lo: float):
+    return lambda x: x is None or (isinstance(x, (int, float)) and not isinstance(x, bool) and x >= lo)
+
+
+DISTRIBUTED_CONFIG = dict(
+    # None: a local buffer. 'torch' (torch.distributed gloo, torchrun), 'mpi' (mpi4py, mpirun) or 'ray'.
+    backend=None,
+    # torch / mpi: the rank that owns the buffer (-1: the last rank). Every other rank is a worker.
+    manager_rank=-1,
+    # torch / mpi: the worker ranks (None: all ranks but the manager). The manager stops once each has sent
+    # EXIT (``close()``) or was lost.
+    worker_ranks=None,
+    # ray: name and namespace of the manager actor (get-or-create), whether it outlives its creator, the
+    # address passed to ray.init when Ray is not initialised yet (None: RAY_ADDRESS or a local instance), and
+    # how many workers' EXITs end it (None: it runs until killed).
+    actor_name='ding_buffer_manager',
+    namespace='ding_buffer',
+    detached=False,
+    ray_address=None,
+    num_workers=None,
+    # Seconds a worker waits for any reply of the manager before raising ManagerUnavailableError.
+    timeout=60.0,
+    # Workers send a heartbeat every this many seconds (torch / mpi); the manager counts a worker as lost
+    # after `peer_timeout` seconds without any message from it (None: only when its connection breaks).
+    heartbeat_seconds=5.0,
+    peer_timeout=120.0,
+    # Larger messages are refused with an error reply (MiB).
+    max_message_mb=2048,
+    # Allow pickled objects on the wire (needed for non-tensor leaves such as torchgfn containers).
+    allow_pickle=False,
+    # Worker side: send accumulated pushes every `remote_buffer_freq` pushes (torchgfn's pending batch).
+    remote_buffer_freq=1,
+    # Worker side: do not wait for the score of a push; the next push returns it (one push stale).
+    async_score=False,
+    # Worker side: keep a full local copy built from the same config; sample / update / count use it and the
+    # manager is a write-only global pool (torchgfn's pattern).
+    local_buffer=False,
+    # Worker side: send only state, log-reward and condition fields (GFlowNet dict batches).
+    scoring_only=False,
+    # Worker side: drop rows whose log-reward is below the manager's baseline_log_reward; after
+    # `baseline_refresh_after` consecutive fully-filtered sends, send one unfiltered (None: never).
+    baseline_filtering=False,
+    baseline_refresh_after=None,
+    # Manager side: 'module:function' or a callable (batch, sender, buffer) -> dict of numbers, merged into
+    # the score dict of every push. `metadata_function`: (buffer) -> dict for metadata requests.
+    scoring_function=None,
+    metadata_function=None,
+    # Manager side: store pushed data (False: only score it).
+    store_locally=True,
+    # Manager side: add 'baseline_log_reward' to score dicts: None, 'min', 'percentile' or 'ema'.
+    baseline_strategy=None,
+    baseline_percentile=0.1,
+    baseline_ema_alpha=0.1,
+    # Field holding the log-reward in dict batches / items (GFlowNet buffers use their own log_reward_key).
+    log_reward_key='log_reward',
+    # Manager side (MineStudio): refuse pushes made with a model older than current - max_version_lag or
+    # from another session (None: no gating); a new session clears the buffer.
+    max_version_lag=None,
+    # Manager side: remove an item after it was sampled this many times (sets the buffer's max_use).
+    max_reuse=None,
+    # Manager side: write the buffer here (save_data) when it shuts down.
+    checkpoint_path=None,
+    # Shard id carried by every message (one manager per shard; only shard 0 exists today).
+    shard=0,
+)
+
+DISTRIBUTED_CHECKS = dict(
+    backend=(lambda x: x is None or x in BACKENDS, f"None or one of {BACKENDS}"),
+    manager_rank=(lambda x: isinstance(x, int) and x >= -1, 'an int >= -1'),
+    worker_ranks=(lambda x: x is None or (isinstance(x, (list, tuple)) and all(isinstance(r, int) and r >= 0 for r in x)),
+                  'None or a list of ranks'),
+    actor_name=(lambda x: isinstance(x, str) and x, 'a non-empty str'),
+    num_workers=(optional_positive_int, 'None or a positive int'),
+    timeout=(lambda x: x > 0, 'a positive number of seconds'),
+    heartbeat_seconds=(lambda x: x > 0, 'a positive number of seconds'),
+    peer_timeout=(_optional_number(0.001), 'None or a positive number of seconds'),
+    max_message_mb=(lambda x: x > 0, 'a positive number of MiB'),
+    remote_buffer_freq=(positive_int, 'a positive int'),
+    baseline_refresh_after=(optional_positive_int, 'None or a positive int'),
+    scoring_function=(lambda x: x is None or callable(x) or (isinstance(x, str) and ':' in x),
+                      "None, a callable or 'module:function'"),
+    metadata_function=(lambda x: x is None or callable(x) or (isinstance(x, str) and ':' in x),
+                       "None, a callable or 'module:function'"),
+    baseline_strategy=(lambda x: x is None or x in BASELINES, f"None or one of {BASELINES}"),
+    baseline_percentile=(lambda x: 0 <= x <= 1, 'a number in [0, 1]'),
+    baseline_ema_alpha=(lambda x: 0 < x <= 1, 'a number in (0, 1]'),
+    max_version_lag=(lambda x: x is None or (isinstance(x, int) and x >= 0), 'None or an int >= 0'),
+    max_reuse=(optional_positive_int, 'None or a positive int'),
+    shard=(lambda x: isinstance(x, int) and x >= 0, 'an int >= 0'),
+)
+
+
+def build_distributed_config(user: Any) -> EasyDict:
+    """Validate the ``distributed`` section (unknown keys, types, values) and fill in the defaults."""
+    if user is not None and not isinstance(user, Mapping):
+        raise TypeError(f"config key 'distributed' must be a dict, got {type(user).__name__}")
+    user = dict(user or {})
+    # callables are not config-typed values: validate the rest, then put them back
+    fns = {k: user.pop(k) for k in ('scoring_function', 'metadata_function') if callable(user.get(k))}
+    cfg = build_config(DISTRIBUTED_CONFIG, user, DISTRIBUTED_CHECKS, prefix='distributed.')
+    cfg.update(fns)
+    if cfg.baseline_filtering and cfg.baseline_strategy is None:
+        raise ValueError("config key 'distributed.baseline_filtering' is True but 'distributed.baseline_strategy' "
+                         "is None: the manager would never send a baseline; set it to 'min', 'percentile' or 'ema'")
+    return cfg
+
+
+def resolve_callable(spec: Any, key: str) -> Any:
+    """``None`` / a callable / ``'module:function'`` -> callable or None."""
+    if spec is None or callable(spec):
+        return spec
+    import importlib
+    module, _, name = spec.partition(':')
+    try:
+        fn = getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError) as e:
+        raise ValueError(f"config key 'distributed.{key}' is {spec!r}, which cannot be imported: {e}") from e
+    if not callable(fn):
+        raise ValueError(f"config key 'distributed.{key}' is {spec!r}, which is not callable")
+    return fn

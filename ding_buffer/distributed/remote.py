@@ -1,0 +1,372 @@
+"""``RemoteBuffer``: the worker side. An ``IBuffer`` whose calls are requests to the manager.
+
+Pushes go through the torchgfn worker pipeline: accumulate ``remote_buffer_freq`` pushes -> (optionally) keep
+only scoring fields -> drop rows below the manager's ``baseline_log_reward`` (with refresh) -> send; in
+``async_score`` mode the send does not wait and the score of the previous send is collected first.
+
+Every wait is bounded by ``distributed.timeout``: a manager that died or hangs makes the call raise
+``ManagerUnavailableError`` instead of blocking. Not thread-safe: use one RemoteBuffer per thread.
+"""
+import threading
+import time
+import uuid
+from typing import Any, Dict, List, Optional
+
+import numpy as np
+
+from ..base import IBuffer
+from ..control.thruput import SampleTimeoutError
+from .batching import concat_batches, count_items, filter_items, log_rewards_of, select_fields
+from .manager import REMOTE_EXCEPTIONS
+from .transport import ERROR, LOST, TransportError
+
+
+class ManagerUnavailableError(RuntimeError):
+    """The manager did not answer within ``distributed.timeout`` or its connection broke."""
+
+
+class RemoteError(RuntimeError):
+    """The manager raised an exception type that is not re-raised as itself."""
+
+
+class PeerChannel:
+    """Requests to the manager over a ``ThreadedTransport`` (torch / MPI). Replies arrive in request order."""
+
+    def __init__(self, transport: Any, manager_rank: int, timeout: float, heartbeat: float) -> None:
+        self.transport = transport
+        self.manager = manager_rank
+        self.timeout = timeout
+        self.where = f"manager rank {manager_rank}"
+        self._next = 0
+        self._dead: Optional[str] = None
+        self._stop = threading.Event()
+        transport.start()
+        self._beat = threading.Thread(target=self._heartbeat, args=(heartbeat, ), daemon=True,
+                                      name='ding_buffer-heartbeat')
+        self._beat.start()
+
+    def _heartbeat(self, every: float) -> None:
+        while not self._stop.wait(every):
+            try:
+                self.transport.send(self.manager, {'op': 'ping'})
+            except Exception:
+                return
+
+    def submit(self, request: Dict[str, Any]) -> int:
+        if self._dead:
+            raise ManagerUnavailableError(self._dead)
+        rid = self._next
+        self._next += 1
+        request['id'] = rid
+        try:
+            self.transport.send(self.manager, request)
+        except TransportError as e:
+            self._dead = f"{self.where} is unreachable: {e}"
+            raise ManagerUnavailableError(self._dead) from e
+        return rid
+
+    def result(self, rid: int, op: str, timeout: Optional[float] = None) -> Dict[str, Any]:
+        timeout = self.timeout if timeout is None else timeout
+        deadline = time.monotonic() + timeout
+        while True:
+            if self._dead:
+                raise ManagerUnavailableError(self._dead)
+            left = deadline - time.monotonic()
+            item = self.transport.recv(timeout=max(left, 0)) if left > 0 else None
+            if item is None:
+                raise ManagerUnavailableError(
+                    f"{self.where} did not answer {op!r} within {timeout}s (distributed.timeout); it may have died "
+                    f"or be overloaded")
+            _, kind, obj = item
+            if kind == LOST:
+                self._dead = f"{self.where} is gone (connection lost: {obj})"
+                raise ManagerUnavailableError(self._dead)
+            if kind == ERROR:
+                raise TransportError(f"reply from {self.where} could not be decoded: {obj}")
+            if isinstance(obj, dict) and obj.get('id') == rid:
+                return obj
+            # a reply to an earlier request this worker stopped waiting for: drop it
+
+    def close(self) -> None:
+        self._stop.set()
+        self.transport.close()
+
+
+class RemoteBuffer(IBuffer):
+    """
+    Overview:
+        Worker-side handle of a buffer owned by a manager (torch / MPI rank or Ray actor). Same calls as a local
+        buffer: ``push``/``extend``, ``sample`` (``timeout=`` waits on the worker side), ``update``, ``count``,
+        ``stats``, ``state_dict``/``load_state_dict``, ``save_data``/``load_data`` (paths on the manager's
+        machine), ``clear``, ``close`` (sends EXIT after draining). Distributed extras: ``last_score``,
+        ``drain_pending_score``, ``metadata``, ``set_model_version`` (stamps pushes),
+        ``update_model_version`` (moves the manager's version), ``baseline_sync``, ``baseline_log_reward``.
+    """
+
+    def __init__(self, cfg: Any, dcfg: Any, channel: Any, local: Optional[IBuffer] = None,
+                 dict_is_batch: bool = False, scoring_keys: Optional[List[str]] = None,
+                 log_reward_key: str = 'log_reward') -> None:
+        self._cfg = cfg
+        self._dcfg = dcfg
+        self._channel = channel
+        self._local = local
+        self._dict_is_batch = dict_is_batch
+        self._scoring_keys = scoring_keys
+        self._log_reward_key = log_reward_key
+        self._pending: List[Any] = []
+        self._pending_batched: Optional[bool] = None
+        self._push_calls = 0
+        self._inflight: Optional[Any] = None  # async_score: ticket of the unanswered push
+        self.last_score: Optional[Dict[str, Any]] = None
+        self.baseline_log_reward = -np.inf
+        self._model_version: Optional[int] = None
+        self._session_id: Optional[str] = None
+        self._consecutive_empty = 0
+        self.filter_stats = dict(total=0, kept=0, skipped_sends=0, sends=0)
+        self._closed = False
+
+    # ------------------------------------------------------------------ requests
+    def _request(self, op: str, timeout: Optional[float] = None, **args) -> Any:
+        self._check_open()
+        return self._reply(self._channel.result(self._channel.submit(self._msg(op, args)), op, timeout), op)
+
+    def _msg(self, op: str, args: Dict[str, Any]) -> Dict[str, Any]:
+        return {'op': op, 'shard': self._dcfg.shard, 'args': args}
+
+    @staticmethod
+    def _reply(reply: Dict[str, Any], op: str) -> Any:
+        if reply.get('ok'):
+            return reply.get('result')
+        exc = REMOTE_EXCEPTIONS.get(reply.get('error'), RemoteError)
+        raise exc(f"manager: {reply.get('message')}" if exc is not RemoteError else
+                  f"manager raised {reply.get('error')} for {op!r}: {reply.get('message')}")
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RuntimeError("remote buffer is closed")
+
+    # ------------------------------------------------------------------ push pipeline
+    def push(self, data: Any, cur_collector_envstep: int = -1, batched: bool = False) -> int:
+        """
+        Overview:
+            Queue ``data`` for the manager; every ``remote_buffer_freq``-th push sends the accumulated batch.
+            Returns how many items were handed over (the manager's ``stored`` count is in ``last_score``).
+        """
+        self._check_open()
+        if data is None:
+            raise TypeError("cannot push None")
+        batched = bool(batched) or (self._dict_is_batch and isinstance(data, dict))
+        n = count_items(data, batched)
+        if self._local is not None:
+            self._local.push(data, cur_collector_envstep, batched=batched)
+        if self._pending and self._pending_batched != batched:
+            self._flush(cur_collector_envstep)  # a batch and single items cannot be merged
+        self._pending.append(data)
+        self._pending_batched = batched
+        self._push_calls += 1
+        if self._push_calls % self._dcfg.remote_buffer_freq == 0:
+            self._flush(cur_collector_envstep)
+        return n
+
+    def extend(self, batch: Any, cur_collector_envstep: int = -1) -> int:
+        return self.push(batch, cur_collector_envstep, batched=True)
+
+    def add(self, data: Any) -> None:
+        """torchgfn's name for ``push``."""
+        self.push(data)
+
+    def flush(self) -> None:
+        """Send what is pending now (``close`` does it too)."""
+        self._flush(-1)
+
+    def _merged(self) -> Any:
+        pending, batched = self._pending, self._pending_batched
+        self._pending, self._pending_batched = [], None
+        if len(pending) == 1:
+            return pending[0], batched
+        if batched and all(isinstance(p, dict) for p in pending):
+            return concat_batches(pending), True
+        if not batched:
+            items: List[Any] = []
+            for p in pending:
+                items.extend(p if isinstance(p, list) else [p])
+            return items, False
+        cat = getattr(type(pending[0]), 'extend', None)
+        if cat is None:
+            raise TypeError(f"cannot merge pending pushes of type {type(pending[0]).__name__}; "
+                            f"use remote_buffer_freq=1")
+        merged = pending[0]
+        for p in pending[1:]:
+            merged.extend(p)
+        return merged, True
+
+    def _flush(self, envstep: int) -> None:
+        if not self._pending:
+            return
+        data, batched = self._merged()
+        if self._dcfg.scoring_only and self._scoring_keys:
+            data = select_fields(data, self._scoring_keys)
+        data = self._baseline_filter(data)
+        if data is None:
+            return
+        args = dict(data=data, batched=batched, envstep=envstep, model_version=self._model_version,
+                    session_id=self._session_id)
+        self.filter_stats['sends'] += 1
+        if self._dcfg.async_score:
+            previous = self._collect_inflight()
+            self._inflight = self._channel.submit(self._msg('push', args))
+            if previous is not None:
+                self._take_score(previous)
+        else:
+            self._take_score(self._request('push', **args))
+
+    def _baseline_filter(self, data: Any) -> Any:
+        if not self._dcfg.baseline_filtering or not np.isfinite(self.baseline_log_reward):
+            return data
+        lr = log_rewards_of(data, self._log_reward_key)
+        if lr is None:
+            return data
+        mask = lr >= self.baseline_log_reward
+        kept = int(mask.sum())
+        self.filter_stats['total'] += len(mask)
+        self.filter_stats['kept'] += kept
+        if kept == len(mask):
+            self._consecutive_empty = 0
+            return data
+        if kept == 0:
+            self.filter_stats['skipped_sends'] += 1
+            self._consecutive_empty += 1
+            refresh = self._dcfg.baseline_refresh_after
+            if refresh is not None and self._consecutive_empty >= refresh:
+                self._consecutive_empty = 0
+                return data  # refresh: send it all so the baseline can move
+            return None
+        self._consecutive_empty = 0
+        return filter_items(data, mask)
+
+    def _take_score(self, result: Dict[str, Any]) -> None:
+        score = dict(result.get('score') or {})
+        score['stored'] = result.get('stored', 0)
+        if 'rejected_stale' in result:
+            score['rejected_stale'] = result['rejected_stale']
+        self.last_score = score
+        if 'baseline_log_reward' in score:
+            self.baseline_log_reward = float(score['baseline_log_reward'])
+
+    def _collect_inflight(self, timeout: Optional[float] = None) -> Optional[Dict[str, Any]]:
+        if self._inflight is None:
+            return None
+        ticket, self._inflight = self._inflight, None
+        return self._reply(self._channel.result(ticket, 'push', timeout), 'push')
+
+    def drain_pending_score(self, timeout: float = 30.0) -> Optional[Dict[str, Any]]:
+        """
+        Overview:
+            Async mode: wait at most ``timeout`` seconds for the score of the last push and return it (None if
+            nothing was outstanding). Raises ``ManagerUnavailableError`` if it does not arrive in time.
+        """
+        result = self._collect_inflight(timeout)
+        if result is None:
+            return None
+        self._take_score(result)
+        return self.last_score
+
+    # ------------------------------------------------------------------ the rest of IBuffer
+    def sample(self, size: int, cur_learner_iter: int = -1, timeout: Optional[float] = None, **kwargs) -> Optional[Any]:
+        """
+        Overview:
+            Sample from the manager (or the local copy). ``timeout`` (seconds) re-asks until a batch is
+            available and raises ``SampleTimeoutError`` after it; the manager itself never blocks.
+        """
+        if self._local is not None:
+            return self._local.sample(size, cur_learner_iter, **kwargs) if timeout is None else \
+                self._local.sample(size, cur_learner_iter, timeout=timeout, **kwargs)
+        kwargs['cur_learner_iter'] = cur_learner_iter
+        out = self._request('sample', size=size, kwargs=kwargs)
+        if out is not None or timeout is None:
+            return out
+        deadline = time.monotonic() + timeout
+        pause = 0.001
+        while out is None:
+            if time.monotonic() > deadline:
+                raise SampleTimeoutError(f"remote buffer could not sample {size} items within {timeout}s")
+            time.sleep(pause)
+            pause = min(pause * 2, 0.05)
+            out = self._request('sample', size=size, kwargs=kwargs)
+        return out
+
+    def update(self, info: Dict[str, Any]) -> Optional[Dict[str, int]]:
+        if self._local is not None:
+            return self._local.update(info)
+        return self._request('update', info=info)
+
+    def clear(self) -> None:
+        if self._local is not None:
+            self._local.clear()
+        self._request('clear')
+
+    def count(self) -> int:
+        if self._local is not None:
+            return self._local.count()
+        return self._request('count')
+
+    def stats(self) -> Dict[str, Any]:
+        """The manager's buffer stats plus its ``manager/*`` counters."""
+        return self._request('stats')
+
+    def metadata(self) -> Dict[str, Any]:
+        return self._request('metadata')
+
+    def state_dict(self) -> Dict[str, Any]:
+        return self._request('state_dict')
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        self._request('load_state_dict', state=state)
+
+    def save_data(self, path: str) -> None:
+        """Ask the manager to write its buffer to ``path`` (a path on the manager's machine)."""
+        self._request('save_data', path=path)
+
+    def load_data(self, path: str, allow_pickle: bool = False) -> None:
+        self._request('load_data', path=path, allow_pickle=allow_pickle)
+
+    def set_model_version(self, version: int, session_id: Optional[str] = None) -> None:
+        """Stamp later pushes with the model version (and session) that produced them."""
+        self._model_version = int(version)
+        self._session_id = session_id
+
+    def update_model_version(self, version: int, session_id: Optional[str] = None) -> Dict[str, Any]:
+        """Learner: move the manager to ``version`` (a new session clears data of the old one when gating)."""
+        self.set_model_version(version, session_id)
+        return self._request('model_version', version=int(version), session_id=session_id)
+
+    def baseline_sync(self, value: float) -> None:
+        """Fix the manager's baseline_log_reward to ``value`` (overrides every strategy from now on)."""
+        self._request('baseline_sync', value=float(value))
+
+    @property
+    def local(self) -> Optional[IBuffer]:
+        return self._local
+
+    def close(self, timeout: Optional[float] = None) -> None:
+        """Send what is pending, collect the last async score, send EXIT. Idempotent; never hangs longer than
+        the timeouts. Raises ``ManagerUnavailableError`` if the manager is gone (after closing locally)."""
+        if self._closed:
+            return
+        try:
+            self._flush(-1)
+            if self._inflight is not None:
+                self.drain_pending_score(self._dcfg.timeout if timeout is None else timeout)
+            self._request('exit', timeout=timeout)
+        finally:
+            self._closed = True
+            self._channel.close()
+            if self._local is not None:
+                self._local.close()
+
+    def __repr__(self) -> str:
+        return f"RemoteBuffer(type={self._cfg.get('type')!r}, {self._channel.where}, backend={self._dcfg.backend!r})"
+
+
+def new_client_id() -> str:
+    return uuid.uuid4().hex
