@@ -26,11 +26,15 @@ setup(
         # numba compiles the segment-tree kernels (prioritized replay); without it a numpy fallback runs.
         'fast': ['numba>=0.59'],
         'gfn': TORCHGFN_DEPS,
-        'test': ['pytest>=7', 'pytest-timeout>=2.1', 'numba>=0.59', 'gymnasium>=0.29', 'matplotlib>=3.5', 'tqdm>=4.60']
-        + TORCHGFN_DEPS,
+        # the distributed tests start real mpirun / Ray jobs: mpi4py (needs Open MPI from the OS) and ray
+        'test': ['pytest>=7', 'pytest-timeout>=2.1', 'numba>=0.59', 'gymnasium>=0.29', 'matplotlib>=3.5', 'tqdm>=4.60',
+                 'mpi4py>=3.1', 'ray>=2.9'] + TORCHGFN_DEPS,
         'bench': ['cpprb>=10.7', 'torchrl>=0.4'],
+        # distributed backends: 'torch' needs nothing more; 'mpi' needs Open MPI (apt-get install openmpi-bin
+        # libopenmpi-dev) and mpi4py; 'ray' needs ray.
         'mpi': ['mpi4py>=3.1'],
         'ray': ['ray>=2.9'],
+        'distributed': ['mpi4py>=3.1', 'ray>=2.9'],
         # `ding-buffer train` / `plot`: environments, learning curves, progress bar (and the compiled trees).
         'examples': ['gymnasium>=0.29', 'matplotlib>=3.5', 'tqdm>=4.60', 'numba>=0.59'],
     },

@@ -46,3 +46,16 @@ def test_ready_config_builds_a_working_buffer(path):
         else:
             assert len(set(batch['replay_unique_id'].tolist())) == 256
     buffer.close()
+
+
+@pytest.mark.parametrize('path', sorted(CONFIG_DIR.glob('*_distributed_config.py')), ids=lambda p: p.stem)
+def test_ready_distributed_config_is_valid_and_runs_locally_without_its_section(path):
+    from ding_buffer.distributed import build_distributed_config
+    cfg = _load(path)['policy']['other']['replay_buffer']
+    dcfg = build_distributed_config(cfg['distributed'])
+    assert dcfg.backend in ('torch', 'mpi', 'ray')
+    local = {k: v for k, v in cfg.items() if k != 'distributed'}
+    local['replay_buffer_size'] = 1000
+    buffer = create_buffer(local)
+    buffer.extend({'obs': torch.randn(300, 4)})
+    assert buffer.sample(256)['obs'].shape == (256, 4)

@@ -40,6 +40,7 @@ class PeerChannel:
         self._next = 0
         self._dead: Optional[str] = None
         self._stop = threading.Event()
+        self._beat_lock = threading.Lock()
         transport.start()
         self._beat = threading.Thread(target=self._heartbeat, args=(heartbeat, ), daemon=True,
                                       name='ding_buffer-heartbeat')
@@ -47,10 +48,17 @@ class PeerChannel:
 
     def _heartbeat(self, every: float) -> None:
         while not self._stop.wait(every):
-            try:
-                self.transport.send(self.manager, {'op': 'ping'})
-            except Exception:
-                return
+            with self._beat_lock:  # never a ping after stop_heartbeat(): nobody would receive it after EXIT
+                if self._stop.is_set():
+                    return
+                try:
+                    self.transport.send(self.manager, {'op': 'ping'})
+                except Exception:
+                    return
+
+    def stop_heartbeat(self) -> None:
+        with self._beat_lock:
+            self._stop.set()
 
     def submit(self, request: Dict[str, Any]) -> int:
         if self._dead:
@@ -88,7 +96,7 @@ class PeerChannel:
             # a reply to an earlier request this worker stopped waiting for: drop it
 
     def close(self) -> None:
-        self._stop.set()
+        self.stop_heartbeat()
         self.transport.close()
 
 
@@ -357,6 +365,9 @@ class RemoteBuffer(IBuffer):
             self._flush(-1)
             if self._inflight is not None:
                 self.drain_pending_score(self._dcfg.timeout if timeout is None else timeout)
+            stop = getattr(self._channel, 'stop_heartbeat', None)
+            if stop is not None:
+                stop()
             self._request('exit', timeout=timeout)
         finally:
             self._closed = True
