@@ -49,6 +49,12 @@ class _Encoder:
         # bool before int: bool is an int subclass
         if x is None or isinstance(x, (bool, str)):
             return x
+        if isinstance(x, np.generic):  # before int/float: np.float64 is a float subclass
+            if x.dtype.kind in _NP_KINDS and x.dtype.itemsize <= 8 * (1 + (x.dtype.kind == 'c')):
+                return {'$s': [x.dtype.str, x.item() if x.dtype.kind != 'c' else [x.real.item(), x.imag.item()]]}
+            if x.dtype.kind in _NP_KINDS:  # long double: no JSON form, send its bytes
+                return {'$z': [self.part(_as_bytes_view(np.array(x))), x.dtype.str]}
+            return self.pickled(x, path)
         if isinstance(x, int):
             return x if -2 ** 63 <= x < 2 ** 64 else self.pickled(x, path)
         if isinstance(x, float):
@@ -66,10 +72,8 @@ class _Encoder:
         if isinstance(x, np.ndarray):
             if x.dtype.kind not in _NP_KINDS or x.dtype.byteorder == '>':
                 return self.pickled(x, path)
-            a = np.ascontiguousarray(x)
-            return {'$a': [self.part(_as_bytes_view(a)), a.dtype.str, list(a.shape)]}
-        if isinstance(x, np.generic) and x.dtype.kind in _NP_KINDS:
-            return {'$s': [x.dtype.str, x.item() if x.dtype.kind != 'c' else [x.real.item(), x.imag.item()]]}
+            a = x if x.flags.c_contiguous else np.ascontiguousarray(x)
+            return {'$a': [self.part(_as_bytes_view(a)), a.dtype.str, list(x.shape)]}
         if isinstance(x, dict):
             items = []
             for k, v in x.items():
@@ -126,8 +130,8 @@ class _Decoder:
         return self.parts[i]
 
     def array(self, spec: Any, torch_out: bool) -> Any:
-        if not (isinstance(spec, list) and len(spec) == 3 and isinstance(spec[2], list)
-                and all(isinstance(s, int) and s >= 0 for s in spec[2])):
+        if not (isinstance(spec, list) and len(spec) == 3 and isinstance(spec[1], str) and isinstance(spec[2], list)
+                and all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in spec[2])):
             raise CodecError(f"bad array descriptor {spec!r}")
         raw = self.part(spec[0])
         shape = tuple(spec[2])
@@ -209,6 +213,10 @@ class _Decoder:
             if dt.kind not in _NP_KINDS:
                 raise CodecError(f"scalar dtype {v[0]!r} is not numeric")
             return dt.type(complex(*v[1]) if dt.kind == 'c' else v[1])
+        if tag == '$z':
+            if not isinstance(v, list) or len(v) != 2:
+                raise CodecError("bad scalar node")
+            return self.array([v[0], v[1], []], False)[()]
         if tag == '$p':
             if not self.allow_pickle:
                 raise CodecError("message holds a pickled object and allow_pickle is False on this rank")
@@ -220,16 +228,20 @@ def decode(header: Any, parts: Sequence[Any], allow_pickle: bool = False) -> Any
     """Rebuild what ``encode`` described. ``parts``: bytes-likes, uint8 arrays or uint8 tensors."""
     try:
         h = json.loads(bytes(header).decode() if not isinstance(header, str) else header)
-    except (UnicodeDecodeError, json.JSONDecodeError, TypeError) as e:
-        raise CodecError(f"message header is not valid JSON: {e}") from e
+    except (UnicodeDecodeError, json.JSONDecodeError, TypeError, RecursionError) as e:
+        raise CodecError(f"message header is not valid JSON: {type(e).__name__}: {e}") from e
     if not isinstance(h, dict) or h.get('v') != VERSION or not isinstance(h.get('n'), list):
         raise CodecError(f"message header has no version {VERSION} envelope")
     if len(h['n']) != len(parts):
         raise CodecError(f"header announces {len(h['n'])} parts, {len(parts)} arrived")
     try:
         return _Decoder(parts, allow_pickle).walk(h.get('body'))
+    except CodecError:
+        raise
     except RecursionError as e:
         raise CodecError("message nests too deeply") from e
+    except (TypeError, ValueError, OverflowError) as e:  # hostile values inside well-formed nodes
+        raise CodecError(f"malformed message: {type(e).__name__}: {e}") from e
 
 
 def part_sizes(header: bytes) -> List[int]:

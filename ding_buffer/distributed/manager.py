@@ -103,12 +103,13 @@ class ManagerCore:
         if self.cfg.store_locally:
             stored = self.buffer.push(data, envstep, batched=batched)
         self.counters['pushed_items'] += n
-        if self.scoring_function is not None:
+        self.baseline.observe(incoming)
+        if self.scoring_function is not None:  # scored after storing, as torchgfn does (novelty sees the batch)
             out = self.scoring_function(data, sender=sender, buffer=self.buffer)
             if not isinstance(out, dict):
-                raise TypeError(f"distributed.scoring_function must return a dict, got {type(out).__name__}")
+                raise TypeError(f"distributed.scoring_function must return a dict, got {type(out).__name__} "
+                                f"(the {stored} pushed items were stored)")
             score.update(out)
-        self.baseline.observe(incoming)
         base = self.baseline.value(*self._stored_log_rewards())
         if base is not None:
             score['baseline_log_reward'] = base

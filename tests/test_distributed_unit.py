@@ -1,0 +1,910 @@
+"""In-process unit tests of ``ding_buffer.distributed``: no process group, no transport, no second process.
+
+1. the wire codec (``encode`` / ``decode``): round trips of every supported leaf, zero-copy decoding, refusals
+   (pickle-free by default) and malformed or hostile messages;
+2. ``ManagerCore.handle`` driven directly on a real buffer from ``build_manager_buffer``: ops, error replies that
+   leave the buffer unchanged, scoring / metadata hooks, baseline strategies (torchgfn §7.1), version gating,
+   ``max_reuse`` and the shutdown checkpoint;
+3. ``RemoteBuffer`` over a loopback channel written here (every request and reply goes through the real codec
+   and a real ``ManagerCore``): ``remote_buffer_freq``, baseline filtering with refresh (torchgfn §6.3),
+   ``async_score``, ``scoring_only``, ``local_buffer``, sample timeouts, remote exceptions, ``close``;
+4. validation of the ``distributed`` config section through ``create_buffer``.
+"""
+import copy
+import math
+import pickle
+import time
+
+import numpy as np
+import pytest
+import torch
+from easydict import EasyDict
+
+from helpers import assert_same
+from ding_buffer import SampleTimeoutError, create_buffer
+from ding_buffer.base import get_buffer_cls
+from ding_buffer.buffers.gflownet import GFlowNetReplayBuffer
+from ding_buffer.distributed import ManagerCore, RemoteBuffer, build_manager_buffer
+from ding_buffer.distributed.codec import _TORCH_DTYPES, CodecError, decode, encode
+from ding_buffer.distributed.config import resolve_callable
+from ding_buffer.distributed.remote import ManagerUnavailableError
+
+NINF = float('-inf')
+W = 'worker-0'
+
+
+# ================================================================================================ helpers
+def wire(obj, allow_pickle=False):
+    """encode -> bytes on a 'wire' -> fresh writable buffers -> decode (what a socket would do)."""
+    header, parts = encode(obj, allow_pickle=allow_pickle)
+    received = [np.frombuffer(bytes(p), dtype=np.uint8).copy() for p in parts]
+    return decode(bytes(header), received, allow_pickle=allow_pickle)
+
+
+def roundtrip(obj, allow_pickle=False):
+    header, parts = encode(obj, allow_pickle=allow_pickle)
+    return decode(header, parts, allow_pickle=allow_pickle)
+
+
+def header_of(body, n=()):
+    import json
+    return json.dumps({'v': 1, 'n': list(n), 'body': body}).encode()
+
+
+class Opaque:
+    """An arbitrary object: only pickle can carry it."""
+
+    def __init__(self, x):
+        self.x = x
+
+    def __eq__(self, other):
+        return type(other) is Opaque and other.x == self.x
+
+
+EXECUTED = []
+
+
+def _mark_executed():
+    EXECUTED.append(1)
+    return 'pwned'
+
+
+class Hostile:
+
+    def __reduce__(self):
+        return (_mark_executed, ())
+
+
+# scoring / metadata hooks referenced by 'module:function' strings (pytest imports this file as
+# 'test_distributed_unit': tests/ is put on sys.path)
+def score_hook(batch, sender=None, buffer=None):
+    n = len(batch) if isinstance(batch, list) else 1
+    return {'n_in': n, 'sender': sender, 'count_after': buffer.count()}
+
+
+def bad_score_hook(batch, sender=None, buffer=None):
+    return [1, 2]
+
+
+def meta_hook(buffer):
+    return {'n_modes_found': 7, 'seen': buffer.count()}
+
+
+NOT_CALLABLE = 3
+
+
+def req(op, rid=0, shard=0, **args):
+    return {'op': op, 'id': rid, 'shard': shard, 'args': args}
+
+
+def make_cfg(type='advanced', size=16, storage='tensor', **dist):
+    cfg = dict(type=type, replay_buffer_size=size, seed=0, distributed=dict(backend='torch', **dist))
+    if type in ('advanced', 'naive'):
+        cfg['storage'] = dict(type=storage)
+    else:
+        cfg['prioritized_capacity'] = True
+    return EasyDict(cfg)
+
+
+def make_core(type='advanced', size=16, storage='tensor', **dist):
+    buf, dcfg, key = build_manager_buffer(make_cfg(type, size, storage, **dist))
+    return ManagerCore(buf, dcfg, key)
+
+
+def ok(reply):
+    assert reply['ok'], reply
+    return reply['result']
+
+
+def item(i):
+    return {'obs': torch.full((2, ), float(i)), 'log_reward': torch.tensor(float(i))}
+
+
+def gfn_batch(log_rewards, offset=0.0):
+    lr = torch.tensor(log_rewards, dtype=torch.float32)
+    n = len(lr)
+    state = torch.arange(2 * n, dtype=torch.float32).reshape(n, 2) + offset
+    return {'state': state, 'log_reward': lr}
+
+
+def stored_obs(buf):
+    """Tensor-storage field 'obs' of an advanced / naive buffer in insertion order (ring not wrapped)."""
+    st = buf.state_dict()['storage']
+    names = [s[0] for s in st['schema']]
+    return st['fields'][names.index(['obs'])]
+
+
+class Loopback:
+    """A channel for ``RemoteBuffer``: requests and replies go through the real codec; the request is handled by
+    a real ``ManagerCore`` at submit time, the reply is held until ``result``."""
+
+    def __init__(self, core, sender=W, allow_pickle=False):
+        self.core = core
+        self.sender = sender
+        self.allow_pickle = allow_pickle
+        self.where = 'loopback manager'
+        self.requests = []
+        self.closed = 0
+        self._replies = {}
+        self._next = 0
+
+    def submit(self, request):
+        if self.closed:
+            raise ManagerUnavailableError('loopback is closed')
+        rid = self._next
+        self._next += 1
+        request['id'] = rid
+        decoded = wire(request, self.allow_pickle)
+        self.requests.append(decoded)
+        reply = self.core.handle(self.sender, decoded)
+        if reply is not None:
+            self._replies[rid] = wire(reply, self.allow_pickle)
+        return rid
+
+    def result(self, ticket, op, timeout=None):
+        if ticket not in self._replies:
+            raise ManagerUnavailableError(f'no reply to {op!r} (ticket {ticket})')
+        return self._replies.pop(ticket)
+
+    def close(self):
+        self.closed += 1
+
+    def ops(self):
+        return [r['op'] for r in self.requests]
+
+
+def make_remote(type='advanced', size=16, storage='tensor', gfn_extra=None, **dist):
+    """What ``create_distributed`` builds on a worker, with a Loopback channel to an in-process manager."""
+    cfg = make_cfg(type, size, storage, **dist)
+    cfg.update(gfn_extra or {})
+    buf, dcfg, key = build_manager_buffer(cfg)
+    core = ManagerCore(buf, dcfg, key)
+    channel = Loopback(core, allow_pickle=dcfg.allow_pickle)
+    cls = get_buffer_cls(cfg)
+    local_cfg = EasyDict(copy.deepcopy({k: v for k, v in dict(cfg).items() if k != 'distributed'}))
+    is_gfn = issubclass(cls, GFlowNetReplayBuffer)
+    scoring_keys = None
+    if is_gfn:
+        scoring_keys = [local_cfg.get('state_key', 'state'), key]
+        if local_cfg.get('condition_key'):
+            scoring_keys.append(local_cfg.condition_key)
+    local = cls(copy.deepcopy(local_cfg)) if dcfg.local_buffer else None
+    rb = RemoteBuffer(local_cfg, dcfg, channel, local=local, dict_is_batch=is_gfn, scoring_keys=scoring_keys,
+                      log_reward_key=key)
+    return rb, core, channel
+
+
+# ================================================================================================ 1. codec
+def _torch_values(dtype, shape, gen):
+    if dtype == torch.bool:
+        return torch.rand(shape, generator=gen) > 0.5
+    if dtype.is_complex:
+        return torch.randn(shape, generator=gen, dtype=dtype)
+    if dtype.is_floating_point:
+        return (torch.randn(shape, generator=gen) * 100).to(dtype)
+    lo, hi = (0, 255) if dtype == torch.uint8 else (-100, 100)
+    return torch.randint(lo, hi, shape, generator=gen).to(dtype)
+
+
+@pytest.mark.parametrize('name', sorted(_TORCH_DTYPES))
+def test_codec_torch_tensors_of_every_dtype(name):
+    dtype = _TORCH_DTYPES[name]
+    gen = torch.Generator().manual_seed(0)
+    base = _torch_values(dtype, (4, 6), gen)
+    cases = {
+        'contiguous': base,
+        'transposed': base.T,
+        'strided': base[::2, 1::3],
+        '0-d': base[1, 2],
+        'empty': base[:0],
+        'empty-3d': torch.empty((2, 0, 3), dtype=dtype),
+    }
+    assert not cases['transposed'].is_contiguous() and not cases['strided'].is_contiguous()
+    for what, t in cases.items():
+        out = wire(t)
+        assert_same(t.contiguous(), out, f'{name}/{what}')
+        out2 = roundtrip({'x': t})['x']  # decoding the encoder's own parts
+        assert_same(t.contiguous(), out2, f'{name}/{what} (local)')
+
+
+def test_codec_tensor_detached_and_values_exact():
+    t = torch.tensor([1.5, -0.0, float('inf'), float('-inf')], requires_grad=True)
+    out = wire(t)
+    assert not out.requires_grad
+    assert torch.equal(out, t.detach()) and math.copysign(1.0, out[1].item()) == -1.0
+    nan = wire(torch.tensor([float('nan')], dtype=torch.bfloat16))
+    assert nan.dtype == torch.bfloat16 and torch.isnan(nan).all()
+
+
+NP_DTYPES = [np.bool_, np.int8, np.uint8, np.int16, np.uint16, np.int32, np.uint32, np.int64, np.uint64, np.float16,
+             np.float32, np.float64, np.complex64, np.complex128]
+
+
+@pytest.mark.parametrize('dtype', NP_DTYPES, ids=lambda d: np.dtype(d).name)
+def test_codec_numpy_arrays(dtype):
+    rng = np.random.default_rng(1)
+    base = (rng.standard_normal((5, 6)) * 50)
+    if np.dtype(dtype).kind == 'c':
+        base = base + 1j * rng.standard_normal((5, 6))
+    elif np.dtype(dtype).kind in 'iu':
+        base = np.abs(base)
+    elif np.dtype(dtype).kind == 'b':
+        base = base > 0
+    a = base.astype(dtype)
+    for what, x in {'contiguous': a, 'transposed': a.T, 'strided': a[1::2, ::3], 'fortran': np.asfortranarray(a),
+                    'empty': a[:0], '3d': a.reshape(5, 3, 2)}.items():
+        out = wire(x)
+        assert isinstance(out, np.ndarray) and out.shape == x.shape, what
+        assert_same(np.ascontiguousarray(x), out, f'{np.dtype(dtype).name}/{what}')
+        assert out.flags.writeable, what
+
+
+def test_codec_numpy_zero_dim_array_keeps_shape():
+    a = np.array(3.5, dtype=np.float32)
+    out = wire(a)
+    assert_same(a, out)
+    assert out.shape == ()
+
+
+@pytest.mark.parametrize('scalar', [
+    np.bool_(True), np.int8(-5), np.uint8(200), np.int32(-70000), np.int64(-2**63), np.uint64(2**64 - 1),
+    np.float16(1.5), np.float32(0.1), np.complex64(1 + 2j), np.complex128(-0.5 + 1e-300j)
+], ids=lambda s: type(s).__name__)
+def test_codec_numpy_scalars_keep_dtype(scalar):
+    out = wire({'s': scalar})['s']
+    assert type(out) is type(scalar) and out.dtype == scalar.dtype
+    assert out == scalar
+
+
+def test_codec_numpy_float64_scalar_keeps_dtype():
+    s = np.float64(1 / 3)
+    out = wire({'s': s})['s']
+    assert out == s
+    assert type(out) is np.float64
+
+
+def test_codec_longdouble_scalar():
+    s = np.longdouble(1) / 3
+    out = wire(s)
+    assert type(out) is np.longdouble and out == s
+
+
+def test_codec_nested_structures():
+    msg = {
+        'a': {'b': [1, 2.5, 'x', None, True, False], 'c': (1, (2, [3, (4, )]))},
+        3: 'int key',
+        '3': 'str key',
+        'ints': [0, -1, 2**63 - 1, -2**63, 2**64 - 1],
+        'floats': [0.1, -0.0, 1e308, 5e-324, float('inf'), float('-inf')],
+        'sl': [slice(1, 10, 2), slice(None), slice(-3, None, None)],
+        'bytes': b'\x00\xffabc',
+        'empty': [b'', (), [], {}],
+        'mixed': [torch.arange(3), np.arange(2, dtype=np.int16), {'t': (torch.ones(1, 2), )}],
+    }
+    out = wire(msg)
+    assert_same(msg, out)
+    assert set(out) == {'a', 3, '3', 'ints', 'floats', 'sl', 'bytes', 'empty', 'mixed'}
+    assert type(out['a']['c']) is tuple and type(out['a']['c'][1][1]) is list and type(out['a']['c'][1][1][1]) is tuple
+    assert out['a']['b'][4] is True and type(out['ints'][0]) is int
+    assert math.copysign(1.0, out['floats'][1]) == -1.0
+    nan = wire({'v': float('nan'), 'l': [float('nan')]})
+    assert math.isnan(nan['v']) and math.isnan(nan['l'][0]) and type(nan['v']) is float
+
+
+def test_codec_zero_copy():
+    t = torch.arange(12, dtype=torch.float32).reshape(3, 4)
+    header, parts = encode({'t': t})
+    assert np.shares_memory(parts[0], t.numpy())  # contiguous CPU data is not copied when encoding
+    # writable torch uint8 parts: the decoded tensor is a view of the part
+    received = [torch.from_numpy(p.copy()) for p in parts]
+    out = decode(header, received)['t']
+    assert out.data_ptr() == received[0].data_ptr()
+    received[0][:4] = torch.tensor([0, 0, 128, 63], dtype=torch.uint8)  # float32 1.0 (little endian)
+    assert out[0, 0].item() == 1.0
+    # writable numpy parts: also a view
+    received = [p.copy() for p in parts]
+    out = decode(header, received)['t']
+    assert out.data_ptr() == received[0].ctypes.data
+    received[0][:] = 0
+    assert torch.count_nonzero(out) == 0
+    # read-only bytes: an independent, writable copy
+    raw = [bytes(p) for p in parts]
+    out = decode(header, raw)['t']
+    out += 1
+    assert torch.equal(out, t + 1) and torch.equal(decode(header, raw)['t'], t)
+
+
+def test_codec_refuses_arbitrary_objects_without_pickle():
+    with pytest.raises(TypeError, match=r"message\.a\.b") as e:
+        encode({'a': {'b': Opaque(1)}})
+    assert 'allow_pickle' in str(e.value)
+    with pytest.raises(TypeError, match=r"message\.x\[1\]"):
+        encode({'x': [1, {2, 3}]})
+    with pytest.raises(TypeError, match='allow_pickle'):
+        encode({(1, 2): 'tuple key'})
+    msg = {'a': {'b': Opaque(1)}, 's': {2, 3}, 'k': {(1, 2): 'tuple key'}, 't': torch.ones(2)}
+    out = wire(msg, allow_pickle=True)
+    assert_same(msg['t'], out['t'])
+    assert out['a']['b'] == Opaque(1) and out['s'] == {2, 3} and out['k'] == {(1, 2): 'tuple key'}
+    assert roundtrip(2**100, allow_pickle=True) == 2**100
+    header, parts = encode(msg, allow_pickle=True)
+    with pytest.raises(CodecError, match='allow_pickle'):
+        decode(header, parts, allow_pickle=False)
+
+
+def test_codec_hostile_pickle_is_never_executed():
+    EXECUTED.clear()
+    header, parts = encode({'x': Hostile()}, allow_pickle=True)
+    with pytest.raises(CodecError):
+        decode(header, parts)
+    with pytest.raises(CodecError):
+        decode(header_of({'$p': 0}, [len(parts[0])]), [bytes(parts[0])])
+    assert EXECUTED == []
+    assert decode(header, parts, allow_pickle=True) == {'x': 'pwned'} and EXECUTED == [1]  # control: it would run
+
+
+MALFORMED = {
+    'not json': (b'{"v": 1, "n": [', []),
+    'not utf-8': (b'\xff\xfe', []),
+    'json list': (b'[1, 2]', []),
+    'wrong version': (b'{"v": 2, "n": [], "body": 1}', []),
+    'no version': (b'{"n": [], "body": 1}', []),
+    'n not a list': (b'{"v": 1, "n": 3, "body": 1}', []),
+    'more parts announced': (header_of({'$t': [0, 'float32', [1]]}, [4, 4]), [b'abcd']),
+    'fewer parts announced': (header_of({'$t': [0, 'float32', [1]]}, [4]), [b'abcd', b'efgh']),
+    'part index out of range': (header_of({'$t': [1, 'float32', [1]]}, [4]), [b'abcd']),
+    'tensor part too short': (header_of({'$t': [0, 'float32', [2]]}, [4]), [b'abcd']),
+    'tensor part too long': (header_of({'$t': [0, 'int16', [1]]}, [4]), [b'abcd']),
+    'array part size': (header_of({'$a': [0, '<f8', [1]]}, [4]), [b'abcd']),
+    'negative dim': (header_of({'$t': [0, 'float32', [-1]]}, [4]), [b'abcd']),
+    'float dim': (header_of({'$t': [0, 'float32', [1.0]]}, [4]), [b'abcd']),
+    'bad descriptor': (header_of({'$t': [0, 'float32']}, [4]), [b'abcd']),
+    'unknown tag': (header_of({'$z': 1}), []),
+    'two-key node': (header_of({'a': 1, 'b': 2}), []),
+    'unknown torch dtype': (header_of({'$t': [0, 'float8', [1]]}, [1]), [b'a']),
+    'unknown numpy dtype': (header_of({'$a': [0, 'qq7', [1]]}, [1]), [b'a']),
+    'object dtype': (header_of({'$a': [0, '|O', [1]]}, [8]), [b'abcdefgh']),
+    'structured dtype': (header_of({'$a': [0, 'V4', [1]]}, [4]), [b'abcd']),
+    'object scalar': (header_of({'$s': ['|O', 1]}), []),
+    'string scalar': (header_of({'$s': ['S3', 'abc']}), []),
+    'bad dict key': (header_of({'$d': [[1.5, 2]]}), []),
+    'bad dict node': (header_of({'$d': 5}), []),
+    'bad tuple node': (header_of({'$u': 5}), []),
+    'bad slice node': (header_of({'$l': [1, 2]}), []),
+    'pickled leaf': (header_of({'$p': 0}, [1]), [b'.']),
+}
+
+
+@pytest.mark.parametrize('case', sorted(MALFORMED))
+def test_codec_malformed_messages_raise_codec_error(case):
+    header, parts = MALFORMED[case]
+    with pytest.raises(CodecError) as e:
+        decode(header, parts)
+    assert isinstance(e.value, ValueError)
+
+
+HOSTILE_NON_CODEC = {
+    'deep nesting': (b'{"v":1,"n":[],"body":' + b'[' * 100000 + b']' * 100000 + b'}', []),
+    'complex scalar not a pair': (header_of({'$s': ['<c16', 5]}), []),
+    'int scalar out of range': (header_of({'$s': ['|i1', 1000]}), []),
+    'torch dtype not a str': (header_of({'$t': [0, ['float32'], [1]]}, [4]), [b'abcd']),
+    'bool dim': (header_of({'$t': [0, 'float32', [True]]}, [4]), [b'abcd']),
+}
+
+
+@pytest.mark.parametrize('case', sorted(HOSTILE_NON_CODEC))
+def test_codec_hostile_headers_raise_codec_error(case):
+    header, parts = HOSTILE_NON_CODEC[case]
+    with pytest.raises(CodecError):
+        decode(header, parts)
+
+
+# ================================================================================================ 2. ManagerCore
+def test_manager_push_sample_update():
+    core = make_core()
+    torch.manual_seed(0)
+    rows = torch.randn(3, 2)
+    r = ok(core.handle(W, req('push', data={'obs': rows}, batched=True)))
+    assert r == {'stored': 3, 'score': {}}
+    r = ok(core.handle(W, req('push', rid=1, data={'obs': torch.tensor([7.0, 8.0])})))
+    assert r['stored'] == 1 and ok(core.handle(W, req('count'))) == 4
+    expected = torch.cat([rows, torch.tensor([[7.0, 8.0]])])
+    sample = ok(core.handle(W, req('sample', size=4)))
+    got = sample['obs'][torch.argsort(sample['replay_unique_id'])]
+    assert torch.equal(got, expected)  # equal priorities + stratified draw: every item exactly once
+    info = {'replay_unique_id': sample['replay_unique_id'], 'replay_buffer_idx': sample['replay_buffer_idx'],
+            'priority': torch.tensor([1.0, 2.0, 3.0, 4.0])}
+    assert ok(core.handle(W, req('update', info=info))) == {'updated': 4, 'stale': 0}
+    again = ok(core.handle(W, req('sample', size=4)))
+    by_uid = dict(zip(again['replay_unique_id'].tolist(), again['priority'].tolist()))
+    for uid, p in zip(sample['replay_unique_id'].tolist(), [1.0, 2.0, 3.0, 4.0]):
+        if uid in by_uid:
+            assert by_uid[uid] == pytest.approx(p + 1e-5)
+    assert core.counters['push_requests'] == 2 and core.counters['pushed_items'] == 4
+    assert core.counters['sample_requests'] == 2 and core.per_sender[W]['requests'] == 6
+    stats = ok(core.handle(W, req('stats')))
+    assert stats['manager/push_requests'] == 2 and stats['manager/exited'] == 0
+
+
+BAD_REQUESTS = {
+    'unknown op': (req('frobnicate'), 'ValueError'),
+    'not a dict': (['push', {'data': 1}], 'ValueError'),
+    'op not a str': ({'op': 5, 'id': 0}, 'ValueError'),
+    'wrong shard': (req('push', shard=1, data={'obs': torch.zeros(2)}), 'ValueError'),
+    'args not a dict': ({'op': 'push', 'id': 0, 'shard': 0, 'args': [1]}, 'TypeError'),
+    'unknown arg': (req('push', data={'obs': torch.zeros(2)}, bogus=1), 'TypeError'),
+    'push of a str field': (req('push', data={'obs': 'abc'}), 'TypeError'),
+    'push of a wrong shape': (req('push', data={'obs': torch.zeros(5)}), 'ValueError'),
+    'push of an int': (req('push', data=5), 'TypeError'),
+    'sample size 0': (req('sample', size=0), 'ValueError'),
+    'sample with timeout': (req('sample', size=1, kwargs={'timeout': 1.0}), 'ValueError'),
+    'update nan priority': (req('update', info={'replay_unique_id': [0], 'replay_buffer_idx': [0],
+                                                'priority': [float('nan')]}), 'ValueError'),
+    'model version not int': (req('model_version', version='3'), 'TypeError'),
+    'baseline_sync nan': (req('baseline_sync', value=float('nan')), 'ValueError'),
+}
+
+
+@pytest.mark.parametrize('case', sorted(BAD_REQUESTS))
+def test_manager_bad_requests_get_error_replies(case):
+    core = make_core()
+    ok(core.handle(W, req('push', data={'obs': torch.tensor([1.0, 2.0])})))
+    before = copy.deepcopy(core.buffer.state_dict())
+    request, error = BAD_REQUESTS[case]
+    reply = core.handle(W, request)
+    assert reply['ok'] is False and reply['error'] == error and reply['message'], reply
+    assert reply['id'] == (request.get('id') if isinstance(request, dict) else None)
+    assert core.counters['errors'] == 1
+    assert core.buffer.count() == 1
+    after = core.buffer.state_dict()
+    assert_same(before['storage'], after['storage'])
+    # still serving
+    assert ok(core.handle(W, req('push', rid=9, data={'obs': torch.tensor([3.0, 4.0])})))['stored'] == 1
+    assert torch.equal(stored_obs(core.buffer), torch.tensor([[1.0, 2.0], [3.0, 4.0]]))
+
+
+def test_manager_ping_and_exit():
+    core = make_core()
+    assert core.handle(W, {'op': 'ping'}) is None
+    assert core.per_sender[W]['requests'] == 1
+    r = core.handle(W, req('exit', rid=4))
+    assert r == {'id': 4, 'ok': True, 'result': {'exited': 1}, 'final': True}
+    assert core.handle(W, req('exit'))['result'] == {'exited': 1}  # a set: the same sender once
+    assert core.handle('worker-1', req('exit'))['result'] == {'exited': 2}
+    assert core.exited == {W, 'worker-1'}
+    assert 'final' not in core.handle(W, req('count'))
+    assert core.summary()['exited'] == sorted([W, 'worker-1'])
+
+
+@pytest.mark.parametrize('hook', [score_hook, 'test_distributed_unit:score_hook'], ids=['callable', 'string'])
+def test_manager_scoring_function(hook):
+    if isinstance(hook, str):
+        assert resolve_callable(hook, 'scoring_function') is score_hook
+    core = make_core(storage='list', scoring_function=hook, baseline_strategy='ema')
+    r = ok(core.handle(W, req('push', data=[item(3), item(5)])))
+    assert r == {'stored': 2, 'score': {'n_in': 2, 'sender': W, 'count_after': 2, 'baseline_log_reward': 3.0}}
+    r = ok(core.handle('w9', req('push', data=item(1))))
+    assert r['score'] == {'n_in': 1, 'sender': 'w9', 'count_after': 3, 'baseline_log_reward': pytest.approx(2.8)}
+
+
+@pytest.mark.parametrize('hook', [bad_score_hook, 'test_distributed_unit:bad_score_hook'], ids=['callable', 'string'])
+def test_manager_scoring_function_must_return_dict(hook):
+    core = make_core(storage='list', scoring_function=hook)
+    reply = core.handle(W, req('push', data=item(1)))
+    assert reply['ok'] is False and reply['error'] == 'TypeError' and 'dict' in reply['message']
+    assert core.handle(W, req('count'))['ok']
+
+
+def test_manager_metadata_function():
+    core = make_core(storage='list', metadata_function='test_distributed_unit:meta_hook')
+    ok(core.handle(W, req('push', data=item(1))))
+    md = ok(core.handle(W, req('metadata')))
+    assert md == {'model_version': -1, 'session_id': '', 'count': 1, 'buffer_type': 'AdvancedReplayBuffer',
+                  'shard': 0, 'n_modes_found': 7, 'seen': 1}
+    core = make_core(storage='list', metadata_function=lambda buffer: 'nope')
+    reply = core.handle(W, req('metadata'))
+    assert reply['ok'] is False and reply['error'] == 'TypeError'
+
+
+def _gfn_push(core, log_rewards, offset=0.0):
+    return ok(core.handle(W, req('push', data=gfn_batch(log_rewards, offset), batched=True)))
+
+
+@pytest.mark.parametrize('strategy', ['min', 'percentile'])
+def test_manager_baseline_full_buffer(strategy):
+    q = 0.5
+    core = make_core('gfn', size=6, baseline_strategy=strategy, baseline_percentile=q, baseline_ema_alpha=0.5)
+    r = _gfn_push(core, [1.0, NINF])  # not full: the EMA of batch minima (finite only) -> 1.0
+    assert r['score'] == {'baseline_log_reward': 1.0}
+    r = _gfn_push(core, [0.0, 2.0, 3.0, 4.0], offset=10)  # now full: 1, -inf, 0, 2, 3, 4
+    assert core.buffer.count() == 6
+    stored = core.buffer.log_rewards()
+    assert np.isneginf(stored).sum() == 1
+    finite = np.sort(stored[np.isfinite(stored)])
+    assert finite.tolist() == [0.0, 1.0, 2.0, 3.0, 4.0]
+    expected = finite.min() if strategy == 'min' else np.quantile(finite, q)
+    assert r['score']['baseline_log_reward'] == expected
+    if strategy == 'percentile':
+        assert expected == 2.0  # torchgfn's check: values 0..4, q = 0.5 -> 2.0
+    r = _gfn_push(core, [-1.0, 2.5], offset=20)  # keep-best: -inf leaves, -1 is not admitted
+    stored = np.sort(core.buffer.log_rewards())
+    assert stored.tolist() == [0.0, 1.0, 2.0, 2.5, 3.0, 4.0]
+    expected = stored.min() if strategy == 'min' else np.quantile(stored, q)
+    assert r['score']['baseline_log_reward'] == expected == (0.0 if strategy == 'min' else 2.25)
+    assert ok(core.handle(W, req('metadata')))['baseline_log_reward'] == r['score']['baseline_log_reward']
+
+
+def test_manager_baseline_percentile_values():
+    rng = np.random.default_rng(3)
+    vals = rng.normal(size=20).astype(np.float32)
+    for q in (0.0, 0.1, 0.37, 1.0):
+        core = make_core('gfn', size=20, baseline_strategy='percentile', baseline_percentile=q)
+        r = _gfn_push(core, vals.tolist())
+        assert r['score']['baseline_log_reward'] == pytest.approx(np.quantile(vals.astype(np.float64), q), rel=1e-12)
+
+
+@pytest.mark.parametrize('strategy', ['ema', 'min', 'percentile'])
+def test_manager_baseline_ema(strategy):
+    # 'ema' always; 'min' / 'percentile' while the buffer is not full (capacity 100)
+    alpha = 0.25
+    core = make_core('gfn', size=100, baseline_strategy=strategy, baseline_ema_alpha=alpha)
+    batches = [[3.0, 5.0], [NINF, 1.0, 2.0], [NINF], [4.0], [NINF, 10.0, 0.5]]
+    ema, expected = None, []
+    for b in batches:
+        finite = [x for x in b if math.isfinite(x)]
+        if finite:
+            m = min(finite)
+            ema = m if ema is None else alpha * m + (1 - alpha) * ema
+        expected.append(ema)
+    assert expected == [3.0, 2.5, 2.5, 2.875, 2.28125]
+    got = [_gfn_push(core, b, offset=10 * i)['score']['baseline_log_reward'] for i, b in enumerate(batches)]
+    assert got == expected
+
+
+def test_manager_baseline_ema_on_full_buffer_ignores_stored():
+    core = make_core('gfn', size=2, baseline_strategy='ema', baseline_ema_alpha=0.5)
+    assert _gfn_push(core, [5.0, 6.0])['score']['baseline_log_reward'] == 5.0  # full, but 'ema'
+    assert _gfn_push(core, [1.0], offset=5)['score']['baseline_log_reward'] == 3.0
+
+
+def test_manager_no_baseline_without_rewards_or_strategy():
+    core = make_core('advanced', storage='list', baseline_strategy='min')
+    assert ok(core.handle(W, req('push', data={'obs': torch.zeros(2)})))['score'] == {}  # no log-reward yet
+    assert ok(core.handle(W, req('push', data={'obs': torch.zeros(2), 'log_reward': -2.0})))['score'] == {
+        'baseline_log_reward': -2.0}  # an 'advanced' buffer keeps no log-rewards: EMA
+    core = make_core('gfn', size=2)
+    assert _gfn_push(core, [1.0, 2.0])['score'] == {}
+    assert 'baseline_log_reward' not in ok(core.handle(W, req('metadata')))
+
+
+@pytest.mark.parametrize('strategy', ['min', 'percentile', 'ema'])
+def test_manager_baseline_sync_overrides(strategy):
+    core = make_core('gfn', size=4, baseline_strategy=strategy)
+    _gfn_push(core, [1.0, 2.0, 3.0, 4.0])  # full
+    assert ok(core.handle(W, req('baseline_sync', value=-7.5))) is None
+    for i in range(3):
+        assert _gfn_push(core, [10.0 + i], offset=5 * i)['score']['baseline_log_reward'] == -7.5
+    assert ok(core.handle(W, req('metadata')))['baseline_log_reward'] == -7.5
+
+
+def test_manager_version_gating():
+    core = make_core(storage='list', max_version_lag=2)
+    r = ok(core.handle('learner', req('model_version', version=5, session_id='s1')))
+    assert r == {'model_version': 5, 'session_id': 's1', 'cleared': 0}
+    push = lambda v, s='s1', data=None: ok(core.handle(W, req('push', data=data or item(v), model_version=v,
+                                                             session_id=s)))
+    assert push(3) == {'stored': 1, 'score': {}}  # lag 2: accepted
+    assert push(5)['stored'] == 1
+    assert push(2) == {'stored': 0, 'rejected_stale': 1, 'score': {}}  # lag 3
+    assert push(1, data=[item(0), item(1)]) == {'stored': 0, 'rejected_stale': 2, 'score': {}}
+    assert push(5, s='s-other')['rejected_stale'] == 1  # another session
+    assert core.counters['rejected_stale'] == 4 and core.buffer.count() == 2
+    assert ok(core.handle(W, req('push', data=item(9))))['stored'] == 1  # unstamped pushes are not gated
+    assert ok(core.handle('learner', req('model_version', version=6, session_id='s1')))['cleared'] == 0
+    assert core.buffer.count() == 3
+    r = ok(core.handle('learner', req('model_version', version=0, session_id='s2')))
+    assert r == {'model_version': 0, 'session_id': 's2', 'cleared': 3}
+    assert core.buffer.count() == 0
+    assert push(5, s='s1')['rejected_stale'] == 1
+    assert push(0, s='s2')['stored'] == 1
+    assert ok(core.handle(W, req('metadata')))['model_version'] == 0
+
+
+def test_manager_no_version_gating_by_default():
+    core = make_core(storage='list')
+    ok(core.handle('learner', req('model_version', version=50, session_id='s1')))
+    assert ok(core.handle(W, req('push', data=item(1), model_version=0, session_id='zzz')))['stored'] == 1
+    assert ok(core.handle('learner', req('model_version', version=51, session_id='s2')))['cleared'] == 0
+    assert core.buffer.count() == 1
+
+
+def test_manager_max_reuse():
+    core = make_core(max_reuse=2)
+    assert core.buffer.cfg.max_use == 2
+    ok(core.handle(W, req('push', data={'obs': torch.tensor([1.0, 2.0])})))
+    s1 = ok(core.handle(W, req('sample', size=1)))
+    assert s1['use'].tolist() == [1] and core.buffer.count() == 1
+    s2 = ok(core.handle(W, req('sample', size=1)))
+    assert s2['use'].tolist() == [2] and torch.equal(s2['obs'], torch.tensor([[1.0, 2.0]]))
+    assert core.buffer.count() == 0 and ok(core.handle(W, req('count'))) == 0
+    assert ok(core.handle(W, req('sample', size=1))) is None
+
+
+def test_manager_max_reuse_needs_max_use():
+    with pytest.raises(ValueError, match=r"distributed\.max_reuse"):
+        build_manager_buffer(make_cfg('naive', max_reuse=2))
+
+
+@pytest.mark.parametrize('type_', ['advanced', 'gfn'])
+def test_manager_shutdown_checkpoint(tmp_path, type_):
+    path = str(tmp_path / 'ckpt.pt')
+    core = make_core(type_, checkpoint_path=path)
+    if type_ == 'gfn':
+        _gfn_push(core, [0.5, 1.5, NINF])
+    else:
+        ok(core.handle(W, req('push', data={'obs': torch.randn(3, 2, generator=torch.Generator().manual_seed(0))},
+                              batched=True)))
+    assert core.shutdown() == path
+    fresh = make_core(type_).buffer
+    fresh.load_data(path)
+    assert fresh.count() == 3
+    assert_same(core.buffer.state_dict(), fresh.state_dict())
+    assert make_core(type_).shutdown() is None
+    assert list(tmp_path.iterdir()) == [tmp_path / 'ckpt.pt']
+
+
+# ================================================================================================ 3. RemoteBuffer
+def test_remote_freq_batches_concatenated_in_order():
+    rb, core, ch = make_remote(remote_buffer_freq=3)
+    gen = torch.Generator().manual_seed(0)
+    batches = [{'obs': torch.randn(n, 2, generator=gen)} for n in (2, 1, 3, 2)]
+    assert rb.extend(batches[0]) == 2 and rb.extend(batches[1]) == 1
+    assert ch.ops() == [] and core.buffer.count() == 0
+    assert rb.extend(batches[2]) == 3
+    assert ch.ops() == ['push'] and core.counters['push_requests'] == 1
+    assert torch.equal(stored_obs(core.buffer), torch.cat([b['obs'] for b in batches[:3]]))
+    assert ch.requests[0]['args']['batched'] is True
+    assert rb.last_score == {'stored': 6}
+    rb.extend(batches[3])
+    assert core.counters['push_requests'] == 1
+    rb.flush()
+    assert core.counters['push_requests'] == 2
+    assert torch.equal(stored_obs(core.buffer), torch.cat([b['obs'] for b in batches]))
+    assert rb.count() == 8
+
+
+def test_remote_freq_single_items_and_close_flushes():
+    rb, core, ch = make_remote(storage='list', remote_buffer_freq=3)
+    for i in range(5):
+        rb.push({'i': i})
+    assert core.counters['push_requests'] == 1 and core.counters['pushed_items'] == 3
+    assert ch.requests[0]['args']['data'] == [{'i': 0}, {'i': 1}, {'i': 2}]
+    rb.close()  # sends the 2 pending items, then EXIT
+    assert ch.ops() == ['push', 'push', 'exit']
+    assert core.buffer.state_dict()['storage']['items'] == [{'i': i} for i in range(5)]
+
+
+def test_remote_baseline_filtering_with_refresh():
+    rb, core, ch = make_remote('gfn', size=100, baseline_strategy='min', baseline_filtering=True,
+                               baseline_refresh_after=2)
+    rb.baseline_sync(2.0)
+    assert rb.baseline_log_reward == NINF  # learned from push replies only
+    rb.push(gfn_batch([0.0, 5.0]))  # no baseline yet: everything is sent
+    assert core.buffer.count() == 2 and rb.baseline_log_reward == 2.0
+    assert rb.filter_stats == dict(total=0, kept=0, skipped_sends=0, sends=1)
+
+    b = gfn_batch([1.0, 3.0, 0.5, 4.0], offset=100)  # partial: only rows 1 and 3 go
+    rb.push(b)
+    sent = ch.requests[-1]['args']['data']
+    assert torch.equal(sent['log_reward'], torch.tensor([3.0, 4.0]))
+    assert torch.equal(sent['state'], b['state'][[1, 3]])
+    assert core.buffer.count() == 4
+    assert rb.filter_stats == dict(total=4, kept=2, skipped_sends=0, sends=2)
+
+    n_requests = len(ch.requests)
+    rb.push(gfn_batch([0.0, 1.0], offset=200))  # fully filtered: skipped
+    assert len(ch.requests) == n_requests and core.buffer.count() == 4
+    assert rb.filter_stats == dict(total=6, kept=2, skipped_sends=1, sends=2)
+    rb.push(gfn_batch([1.5, 0.1], offset=300))  # 2nd in a row: refresh, sent whole
+    assert len(ch.requests) == n_requests + 1 and core.buffer.count() == 6
+    assert torch.equal(ch.requests[-1]['args']['data']['log_reward'], torch.tensor([1.5, 0.1]))
+    assert rb.filter_stats == dict(total=8, kept=2, skipped_sends=2, sends=3)
+
+    rb.push(gfn_batch([0.0], offset=400))  # the counter restarted: skipped again
+    assert core.buffer.count() == 6 and rb.filter_stats['skipped_sends'] == 3
+    rb.push(gfn_batch([9.0, 1.0], offset=500))  # partial resets the counter
+    rb.push(gfn_batch([0.0], offset=600))
+    assert core.buffer.count() == 7 and rb.filter_stats == dict(total=12, kept=3, skipped_sends=4, sends=4)
+    assert core.counters['push_requests'] == 4
+
+
+def test_remote_baseline_filtering_without_refresh_never_sends_filtered():
+    rb, core, ch = make_remote('gfn', size=100, baseline_strategy='ema', baseline_filtering=True)
+    rb.push(gfn_batch([3.0, 4.0]))
+    assert rb.baseline_log_reward == 3.0
+    for i in range(4):
+        rb.push(gfn_batch([1.0], offset=10 * i))
+    assert core.buffer.count() == 2 and rb.filter_stats['skipped_sends'] == 4 and rb.filter_stats['sends'] == 1
+
+
+def test_remote_async_score():
+    rb, core, ch = make_remote(storage='list', async_score=True, scoring_function=score_hook)
+    rb.push(item(1))
+    assert rb.last_score is None
+    assert core.buffer.count() == 1  # the loopback served it; the reply waits
+    rb.push([item(2), item(3)])
+    assert rb.last_score == {'n_in': 1, 'sender': W, 'count_after': 1, 'stored': 1}
+    assert rb.drain_pending_score(timeout=1.0) == {'n_in': 2, 'sender': W, 'count_after': 3, 'stored': 2}
+    assert rb.last_score['count_after'] == 3
+    assert rb.drain_pending_score(timeout=1.0) is None
+    rb.push(item(4))
+    assert rb.last_score['count_after'] == 3
+    rb.close()  # collects the outstanding score before EXIT
+    assert rb.last_score['count_after'] == 4 and ch.ops()[-1] == 'exit'
+
+
+def test_remote_sync_score():
+    rb, core, ch = make_remote(storage='list', scoring_function=score_hook)
+    rb.push(item(1))
+    assert rb.last_score == {'n_in': 1, 'sender': W, 'count_after': 1, 'stored': 1}
+    assert rb.drain_pending_score(timeout=1.0) is None
+
+
+@pytest.mark.parametrize('scoring_only', [True, False])
+def test_remote_scoring_only(scoring_only):
+    rb, core, ch = make_remote('gfn', size=10, scoring_only=scoring_only, local_buffer=True,
+                               gfn_extra=dict(condition_key='cond'))
+    b = gfn_batch([1.0, 2.0])
+    b['cond'] = torch.tensor([[0.0], [1.0]])
+    b['traj'] = torch.arange(6.0).reshape(2, 3)
+    rb.push(b)
+    sent = ch.requests[-1]['args']['data']
+    keys = {'state', 'log_reward', 'cond'} | (set() if scoring_only else {'traj'})
+    assert set(sent) == keys
+    for k in keys:
+        assert torch.equal(sent[k], b[k])
+    assert 'traj' in rb.local.sample(2)  # the local copy keeps everything
+    assert ('traj' in core.buffer.sample(2)) is not scoring_only
+
+
+def test_remote_local_buffer_mode():
+    rb, core, ch = make_remote(local_buffer=True)
+    for i in range(3):
+        rb.push({'obs': torch.full((2, ), float(i))})
+    assert core.buffer.count() == 3 and rb.local.count() == 3
+    core.buffer.clear()  # the manager is a write-only pool: sample / count come from the local copy
+    n = len(ch.requests)
+    assert rb.count() == 3
+    s = rb.sample(3)
+    assert s is not None and sorted(s['obs'][:, 0].tolist()) == [0.0, 1.0, 2.0]
+    assert rb.update({'replay_unique_id': s['replay_unique_id'], 'replay_buffer_idx': s['replay_buffer_idx'],
+                      'priority': torch.ones(3)})['updated'] == 3
+    assert len(ch.requests) == n  # nothing asked of the manager
+
+
+def test_remote_sample_update_through_manager():
+    rb, core, ch = make_remote()
+    rb.extend({'obs': torch.arange(6.0).reshape(3, 2)})
+    s = rb.sample(3)
+    assert torch.equal(s['obs'][torch.argsort(s['replay_unique_id'])], torch.arange(6.0).reshape(3, 2))
+    r = rb.update({'replay_unique_id': s['replay_unique_id'], 'replay_buffer_idx': s['replay_buffer_idx'],
+                   'priority': torch.tensor([5.0, 6.0, 7.0])})
+    assert r == {'updated': 3, 'stale': 0}
+    assert rb.stats()['manager/sample_requests'] == 1
+
+
+def test_remote_sample_timeout():
+    rb, core, ch = make_remote()
+    assert rb.sample(2) is None
+    t0 = time.monotonic()
+    with pytest.raises(SampleTimeoutError):
+        rb.sample(2, timeout=0.2)
+    elapsed = time.monotonic() - t0
+    assert 0.2 <= elapsed < 2.0
+    assert ch.ops().count('sample') > 2  # re-asked; the manager never blocks
+    assert all('timeout' not in r['args']['kwargs'] for r in ch.requests)
+
+
+def test_remote_manager_exceptions_are_reraised():
+    rb, core, ch = make_remote()
+    with pytest.raises(ValueError, match='^manager: .*sample size must be > 0'):
+        rb.sample(0)
+    with pytest.raises(TypeError, match='^manager: '):
+        rb.push({'obs': 'abc'})
+    rb.push({'obs': torch.zeros(2)})
+    with pytest.raises(ValueError, match='^manager: '):
+        rb.push({'obs': torch.zeros(3)})
+    with pytest.raises(ValueError, match='^manager: '):
+        rb.baseline_sync(float('nan'))
+    assert rb.count() == 1 and core.counters["errors"] == 4
+
+
+def test_remote_close():
+    rb, core, ch = make_remote()
+    rb.push({'obs': torch.zeros(2)})
+    rb.close()
+    assert ch.ops() == ['push', 'exit'] and core.exited == {W} and ch.closed == 1
+    rb.close()
+    assert ch.ops() == ['push', 'exit'] and ch.closed == 1
+    for call in (lambda: rb.push({'obs': torch.zeros(2)}), lambda: rb.sample(1), rb.count, rb.stats,
+                 lambda: rb.update({}), rb.metadata, rb.clear):
+        with pytest.raises(RuntimeError, match='closed'):
+            call()
+    assert len(ch.requests) == 2
+
+
+def test_remote_model_version_stamps_pushes():
+    rb, core, ch = make_remote(storage='list', max_version_lag=1)
+    assert rb.update_model_version(4, session_id='s') == {'model_version': 4, 'session_id': 's', 'cleared': 0}
+    rb.push(item(0))
+    assert ch.requests[-1]['args']['model_version'] == 4 and rb.last_score['stored'] == 1
+    rb.set_model_version(2, 's')
+    rb.push(item(1))
+    assert rb.last_score == {'stored': 0, 'rejected_stale': 1}
+    assert rb.metadata()['model_version'] == 4 and core.buffer.count() == 1
+
+
+# ================================================================================================ 4. config
+@pytest.mark.parametrize('dist, match', [
+    (dict(backend='torch', bogus=1), r"distributed\.bogus"),
+    (dict(backend=None, remote_bufer_freq=2), r"distributed\.remote_bufer_freq"),
+    (dict(backend='nccl'), r"distributed\.backend"),
+    (dict(backend='torch', baseline_filtering=True), r"baseline_strategy"),
+    (dict(backend='torch', baseline_strategy='median'), r"distributed\.baseline_strategy"),
+    (dict(backend='torch', baseline_percentile=1.5), r"distributed\.baseline_percentile"),
+    (dict(backend='torch', remote_buffer_freq=0), r"distributed\.remote_buffer_freq"),
+    (dict(backend='torch', scoring_function='nocolon'), r"distributed\.scoring_function"),
+    (dict(backend='torch', max_reuse=0), r"distributed\.max_reuse"),
+])
+def test_config_validation(dist, match):
+    with pytest.raises(ValueError, match=match):
+        create_buffer(dict(type='advanced', replay_buffer_size=8, distributed=dist))
+
+
+def test_config_distributed_must_be_a_dict():
+    with pytest.raises(TypeError, match='distributed'):
+        create_buffer(dict(type='advanced', distributed=['torch']))
+
+
+@pytest.mark.parametrize('spec, match', [
+    ('nomodule_xyz:fn', 'cannot be imported'),
+    ('test_distributed_unit:not_there', 'cannot be imported'),
+    ('test_distributed_unit:NOT_CALLABLE', 'not callable'),
+])
+def test_config_scoring_function_resolved_at_manager(spec, match):
+    buf, dcfg, key = build_manager_buffer(make_cfg(scoring_function=spec))
+    with pytest.raises(ValueError, match=r"distributed\.scoring_function.*" + match):
+        ManagerCore(buf, dcfg, key)
+    buf, dcfg, key = build_manager_buffer(make_cfg(metadata_function=spec))
+    with pytest.raises(ValueError, match=r"distributed\.metadata_function"):
+        ManagerCore(buf, dcfg, key)
+
+
+def test_config_backend_none_is_a_local_buffer():
+    buf = create_buffer(dict(type='advanced', replay_buffer_size=8, seed=0, storage=dict(type='tensor'),
+                             distributed=dict(backend=None, remote_buffer_freq=3)))
+    assert type(buf).__name__ == 'AdvancedReplayBuffer'
+    buf.push({'obs': torch.ones(2)})
+    assert buf.count() == 1 and torch.equal(buf.sample(1)['obs'], torch.ones(1, 2))
+    buf = create_buffer(dict(type='gfn', replay_buffer_size=8, distributed=None))
+    assert type(buf).__name__ == 'GFlowNetReplayBuffer'
