@@ -55,9 +55,7 @@ class _Encoder:
             if x.dtype.kind in _NP_KINDS:  # long double: no JSON form, send its bytes
                 return {'$z': [self.part(_as_bytes_view(np.array(x))), x.dtype.str]}
             return self.pickled(x, path)
-        if isinstance(x, int):
-            return x if -2 ** 63 <= x < 2 ** 64 else self.pickled(x, path)
-        if isinstance(x, float):
+        if isinstance(x, (int, float)):  # Python's JSON carries ints of any size (RNG states hold 128-bit ones)
             return x
         if isinstance(x, torch.Tensor):
             t = x.detach()
@@ -253,3 +251,16 @@ def part_sizes(header: bytes) -> List[int]:
     if not isinstance(n, list) or not all(isinstance(s, int) and s >= 0 for s in n):
         raise CodecError("message header has bad part sizes")
     return n
+
+
+def peek_id(header: Any) -> Any:
+    """The top-level ``'id'`` of an encoded request, read from the header alone (None if absent or unreadable);
+    lets a receiver answer a message it refuses (too large, undecodable) with the right request id."""
+    try:
+        body = json.loads(bytes(header).decode()).get('body')
+        for k, v in body['$d']:
+            if k == 'id' and isinstance(v, int) and not isinstance(v, bool):
+                return v
+    except Exception:
+        pass
+    return None

@@ -36,7 +36,7 @@ DISTRIBUTED_CONFIG = dict(
     heartbeat_seconds=5.0,
     peer_timeout=120.0,
     # Larger messages are refused with an error reply (MiB).
-    max_message_mb=2048,
+    max_message_mb=2048.0,
     # Allow pickled objects on the wire (needed for non-tensor leaves such as torchgfn containers).
     allow_pickle=False,
     # Worker side: send accumulated pushes every `remote_buffer_freq` pushes (torchgfn's pending batch).

@@ -259,7 +259,7 @@ class ReplayBufferManager:
                 if kind == LOST:
                     self._lose(peer, obj)
                     continue
-                reply = error_reply(None, obj) if kind == ERROR else self.core.handle(peer, obj)
+                reply = error_reply(*obj) if kind == ERROR else self.core.handle(peer, obj)
                 if reply is not None:
                     try:
                         self.transport.send(peer, reply)

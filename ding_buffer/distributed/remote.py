@@ -90,9 +90,9 @@ class PeerChannel:
                 self._dead = f"{self.where} is gone (connection lost: {obj})"
                 raise ManagerUnavailableError(self._dead)
             if kind == ERROR:
-                raise TransportError(f"reply from {self.where} could not be decoded: {obj}")
-            if isinstance(obj, dict) and obj.get('id') == rid:
-                return obj
+                raise TransportError(f"reply from {self.where} could not be decoded: {obj[1]}")
+            if isinstance(obj, dict) and (obj.get('id') == rid or (obj.get('id') is None and obj.get('ok') is False)):
+                return obj  # an id-less error answers the oldest unanswered request: this one (replies are in order)
             # a reply to an earlier request this worker stopped waiting for: drop it
 
     def close(self) -> None:

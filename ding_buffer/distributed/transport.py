@@ -10,8 +10,9 @@ one receive thread that reads whole messages, decodes them (so decoding of diffe
 them into one inbox queue; ``recv(timeout)`` waits on that queue. That is how every receive gets a timeout:
 gloo's own ``wait(timeout)`` closes the connection when it expires, so it cannot be used for polling.
 
-Messages larger than ``max_message_bytes`` are drained into a scratch buffer and reported as an error item,
-so the caller can answer with an error instead of allocating them. A peer whose connection breaks (gloo) or
+Messages larger than ``max_message_bytes`` are drained into a scratch buffer and reported as an error item
+``(request id read from the header, CodecError)``, so the caller can answer with an error instead of
+allocating them; undecodable messages are reported the same way. A peer whose connection breaks (gloo) or
 who sends garbage is reported once as lost and its thread ends.
 
 Thread-safety: ``send`` holds a per-peer lock (the heartbeat thread and the caller may both send).
@@ -25,7 +26,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 import torch
 
-from .codec import CodecError, decode, encode
+from .codec import CodecError, decode, encode, peek_id
 
 MAGIC = 0x64696E67  # 'ding'
 PIECE = 64 << 20  # largest single send/recv; also bounds the scratch buffer used to drain oversized messages
@@ -150,8 +151,8 @@ class ThreadedTransport:
             for s in sizes.tolist():
                 for a, b in _pieces(s):
                     self._recv_buf(peer, b - a, np.uint8)  # drain: the bytes are on the wire already
-            return ERROR, CodecError(f"message of {total} bytes exceeds distributed.max_message_mb "
-                                     f"({self.max_message_bytes} bytes)")
+            return ERROR, (peek_id(header), CodecError(f"message of {total} bytes exceeds distributed.max_message_mb "
+                                                       f"({self.max_message_bytes} bytes)"))
         parts = []
         for s in sizes.tolist():
             buf = self._alloc(s)
@@ -161,7 +162,7 @@ class ThreadedTransport:
         try:
             return MESSAGE, decode(header, parts, self.allow_pickle)
         except CodecError as e:
-            return ERROR, e
+            return ERROR, (peek_id(header), e)
 
     def _alloc(self, n: int) -> Any:
         return np.empty(n, dtype=np.uint8)

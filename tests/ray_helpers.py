@@ -1,0 +1,91 @@
+"""Importable functions for tests/test_distributed_ray.py: Ray task bodies (wrapped with ``ray.remote`` there),
+a manager-side scoring function given as ``'ray_helpers:stored_count'`` and a picklable custom class.
+
+The Ray workers and the manager actor import this module by name: the test module puts this directory on
+their PYTHONPATH (``runtime_env``)."""
+import os
+import time
+
+import torch
+
+
+def rows(wid, step, n):
+    """A dict batch of ``n`` rows tagged with the worker id and the step: obs[j] = [wid, step, j]."""
+    j = torch.arange(n, dtype=torch.float32)
+    obs = torch.stack([torch.full((n, ), float(wid)), torch.full((n, ), float(step)), j], dim=1)
+    return {'obs': obs, 'wid': torch.full((n, ), wid, dtype=torch.int64),
+            'step': torch.full((n, ), step, dtype=torch.int64)}
+
+
+def stored_count(data, sender=None, buffer=None):
+    """scoring_function: how many items the manager's buffer holds after the push."""
+    return {'n_stored': int(buffer.count())}
+
+
+class Tag:
+    """A custom (non-tensor) object, sent only with allow_pickle."""
+
+    def __init__(self, value):
+        self.value = value
+
+    def __eq__(self, other):
+        return isinstance(other, Tag) and other.value == self.value
+
+    def __hash__(self):
+        return hash(('Tag', self.value))
+
+    def __repr__(self):
+        return f'Tag({self.value!r})'
+
+
+def worker_push_sample_update(cfg, wid, steps, batch):
+    """Attach to the manager, push ``steps`` batches, sample, update priorities, close."""
+    from ding_buffer import create_buffer
+    buf = create_buffer(cfg)
+    kind = type(buf).__name__
+    stored = []
+    for step in range(steps):
+        buf.push(rows(wid, step, batch), batched=True)
+        stored.append(buf.last_score['stored'])
+    s = buf.sample(4, timeout=10)
+    upd = buf.update({'replay_unique_id': s['replay_unique_id'], 'replay_buffer_idx': s['replay_buffer_idx'],
+                      'priority': torch.full((4, ), float(wid + 2))})
+    buf.close()
+    return {'kind': kind, 'stored': stored, 'sampled_obs': s['obs'], 'update': upd}
+
+
+def worker_push_close(cfg, wid, steps, batch):
+    """Attach, push ``steps`` batches, close (sends EXIT)."""
+    from ding_buffer import create_buffer
+    buf = create_buffer(cfg)
+    for step in range(steps):
+        buf.push(rows(wid, step, batch), batched=True)
+    buf.close()
+    return wid
+
+
+def worker_push_then_die(cfg, wid, steps, batch):
+    """Attach, push ``steps`` batches (each acknowledged), then the process dies without closing."""
+    from ding_buffer import create_buffer
+    buf = create_buffer(cfg)
+    for step in range(steps):
+        buf.push(rows(wid, step, batch), batched=True)
+        assert buf.last_score['stored'] == batch
+    os._exit(1)
+
+
+def worker_push_until_unavailable(cfg, wid, max_seconds):
+    """Push one row every 20 ms until a call fails; returns what failed, how, and how long that call took."""
+    from ding_buffer import create_buffer
+    buf = create_buffer(cfg)
+    end = time.monotonic() + max_seconds
+    step = 0
+    while time.monotonic() < end:
+        t0 = time.monotonic()
+        try:
+            buf.push(rows(wid, step, 1), batched=True)
+        except Exception as e:  # noqa: BLE001 - reported back to the test
+            return {'pushes': step, 'error': type(e).__name__, 'message': str(e), 'seconds': time.monotonic() - t0}
+        step += 1
+        time.sleep(0.02)
+    return {'pushes': step, 'error': None, 'message': '', 'seconds': 0.0}

@@ -1,0 +1,405 @@
+"""Real multi-process tests of the distributed buffer (torch.distributed gloo and MPI backends).
+
+Each scenario launches three ranks of ``tests/dist_scripts/rank_main.py`` (ranks 0 and 1 are workers, rank 2 the
+manager); every rank writes a JSON report that the tests below read. Normal scenarios run under ``torchrun`` /
+``mpirun``; the kill scenarios start the torch ranks as plain env:// processes (as SLURM users do: torchrun
+would tear the job down when a rank dies) and use ``mpirun --enable-recovery`` for MPI.
+
+The torch and MPI launches of one scenario run concurrently (started by whichever test asks first) to keep the
+module's wall time down. MPI tests skip when mpirun / mpi4py are missing, except under CI (env ``CI``) where
+they fail.
+"""
+import importlib.util
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+SCRIPT = Path(__file__).parent / 'dist_scripts' / 'rank_main.py'
+BACKENDS = ['torch', 'mpi']
+LAUNCH_TIMEOUT = 90.0
+OVERSIZE_TIMEOUT = 6.0  # the oversizing worker's distributed.timeout (rank_main.OVERSIZE_TIMEOUT)
+KILL_SCENARIOS = ('kill_worker', 'kill_manager')
+
+pytestmark = pytest.mark.timeout(240)
+
+
+def mpi_missing() -> str:
+    if shutil.which('mpirun') is None:
+        return 'mpirun not found'
+    if importlib.util.find_spec('mpi4py') is None:
+        return 'mpi4py not installed'
+    return ''
+
+
+def need_mpi() -> None:
+    why = mpi_missing()
+    if why:
+        if os.environ.get('CI'):
+            pytest.fail(f'MPI tests need Open MPI and mpi4py in CI: {why}')
+        pytest.skip(why)
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(('127.0.0.1', 0))
+        return s.getsockname()[1]
+
+
+def child_env() -> dict:
+    env = {k: v for k, v in os.environ.items()
+           if k not in ('RANK', 'LOCAL_RANK', 'WORLD_SIZE', 'MASTER_ADDR', 'MASTER_PORT', 'LOCAL_WORLD_SIZE')}
+    env['OMP_NUM_THREADS'] = '1'
+    env['PYTHONUNBUFFERED'] = '1'
+    return env
+
+
+class Launch:
+    """One scenario on one backend: the processes, their logs and (after ``wait``) the ranks' JSON reports."""
+
+    def __init__(self, scenario: str, backend: str, root: Path) -> None:
+        self.scenario, self.backend = scenario, backend
+        self.out = root / f'{scenario}-{backend}'
+        self.out.mkdir(parents=True)
+        self.procs = []  # (name, Popen, log path)
+        self.timed_out = []
+        self.ranks = None
+        args = [str(SCRIPT), scenario, backend, str(self.out)]
+        if backend == 'torch' and scenario in KILL_SCENARIOS:
+            port = free_port()
+            for r in range(3):
+                env = child_env()
+                env.update(RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE='3', LOCAL_WORLD_SIZE='3', MASTER_ADDR='127.0.0.1',
+                           MASTER_PORT=str(port))
+                self._start(f'rank{r}', [sys.executable] + args, env)
+        elif backend == 'torch':
+            # --standalone: torchrun binds a free port itself (no race with other jobs grabbing a port we picked)
+            cmd = [sys.executable, '-m', 'torch.distributed.run', '--standalone', '--nnodes', '1',
+                   '--nproc_per_node', '3'] + args
+            self._start('torchrun', cmd, child_env())
+        else:
+            cmd = ['mpirun', '--allow-run-as-root', '--oversubscribe', '-n', '3']
+            if scenario in KILL_SCENARIOS:
+                cmd.append('--enable-recovery')  # the other ranks keep running when one dies
+            self._start('mpirun', cmd + [sys.executable] + args, child_env())
+        self.started = time.monotonic()
+
+    def _start(self, name, cmd, env) -> None:
+        log = self.out / f'{name}.log'
+        with open(log, 'wb') as f:
+            p = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env, cwd=str(self.out),
+                                 start_new_session=True)
+        self.procs.append((name, p, log))
+
+    def wait(self) -> 'Launch':
+        if self.ranks is not None:
+            return self
+        deadline = self.started + LAUNCH_TIMEOUT
+        for name, p, _ in self.procs:
+            try:
+                p.wait(timeout=max(deadline - time.monotonic(), 0.1))
+            except subprocess.TimeoutExpired:
+                self.timed_out.append(name)
+                try:
+                    os.killpg(p.pid, signal.SIGKILL)  # the session this test started for it
+                except ProcessLookupError:
+                    pass
+                p.wait()
+        self.seconds = time.monotonic() - self.started
+        self.ranks = {}
+        for r in range(3):
+            f = self.out / f'rank{r}.json'
+            if f.exists():
+                self.ranks[r] = json.loads(f.read_text())
+        return self
+
+    @property
+    def returncodes(self):
+        return {name: p.returncode for name, p, _ in self.procs}
+
+    def logs(self) -> str:
+        parts = [f'== {self.scenario} / {self.backend}: return codes {self.returncodes}, '
+                 f'timed out {self.timed_out}, {self.seconds:.1f}s']
+        for name, _, log in self.procs:
+            text = log.read_text(errors='replace') if log.exists() else ''
+            parts.append(f'-- {name} output (last 6000 chars):\n{text[-6000:]}')
+        for r, d in sorted((self.ranks or {}).items()):
+            if 'traceback' in d:
+                parts.append(f'-- rank {r} traceback:\n{d["traceback"]}')
+        return '\n'.join(parts)
+
+    def rank(self, r: int) -> dict:
+        assert r in self.ranks, f'rank {r} wrote no report\n{self.logs()}'
+        return self.ranks[r]
+
+    def require_ok(self, ranks=(0, 1, 2), rc=True) -> None:
+        assert not self.timed_out, f'launch timed out after {LAUNCH_TIMEOUT}s\n{self.logs()}'
+        for r in ranks:
+            d = self.rank(r)
+            assert d.get('ok') is True, f'rank {r} did not finish\n{self.logs()}'
+        if rc:
+            assert all(c == 0 for c in self.returncodes.values()), f'non-zero exit\n{self.logs()}'
+
+
+_LAUNCHES = {}
+
+
+@pytest.fixture(scope='module')
+def launches(tmp_path_factory):
+    root = tmp_path_factory.mktemp('dist_procs')
+
+    def get(scenario: str, backend: str) -> Launch:
+        if backend == 'mpi':
+            need_mpi()
+        if (scenario, backend) not in _LAUNCHES:
+            # start both backends of this scenario at once; the other test picks its launch up later
+            for b in BACKENDS:
+                if (scenario, b) not in _LAUNCHES and (b == 'torch' or not mpi_missing()):
+                    _LAUNCHES[(scenario, b)] = Launch(scenario, b, root)
+        return _LAUNCHES[(scenario, backend)].wait()
+
+    yield get
+    for launch in list(_LAUNCHES.values()):  # never leave children behind
+        launch.wait()
+    _LAUNCHES.clear()
+
+
+# ---------------------------------------------------------------------------------------------- expectations
+def adv_tags(rank: int, step: int, n: int = 4):
+    return [rank * 10000 + step * 100 + i for i in range(n)]
+
+
+ROUNDTRIP_TAGS = sorted(t for r in (0, 1) for s in range(5) for t in adv_tags(r, s))
+SMALL_TAGS = adv_tags(0, 60, 3)
+
+
+def gfn_reward(rank: int, step: int, i: int) -> float:
+    return float(((rank * 37 + step * 11 + i * 5) % 53) - 20) / 4
+
+
+def expected_baselines(arrivals, strategy: str, capacity: int, alpha: float):
+    """Baseline the manager must send back after each arrival (in its arrival order): the EMA of batch minima,
+    or with 'min' and a full buffer (prioritized: the top-`capacity` rewards so far) their minimum."""
+    out, ema, seen = [], None, []
+    for a in arrivals:
+        m = min(a['log_rewards'])
+        ema = m if ema is None else alpha * m + (1 - alpha) * ema
+        seen.extend(a['log_rewards'])
+        if strategy == 'min' and len(seen) >= capacity:
+            out.append(sorted(seen)[-capacity])
+        else:
+            out.append(ema)
+    return out
+
+
+def check_arrivals_match_pushes(launch: Launch, pushes) -> list:
+    """The manager's recorded arrivals carry exactly the rows the workers pushed, each once."""
+    man = launch.rank(2)
+    arrivals = man['arrivals']
+    got = sorted((a['sender'], t, r) for a in arrivals for t, r in zip(a['tags'], a['log_rewards']))
+    want = sorted((rank, float(rank * 1000 + step * 10 + i), gfn_reward(rank, step, i))
+                  for rank, steps, n in pushes for step in range(steps) for i in range(n))
+    assert got == want, man
+    return arrivals
+
+
+# ---------------------------------------------------------------------------------------------- 1. round trip
+@pytest.mark.parametrize('backend', BACKENDS)
+def test_roundtrip_rows_reach_manager(launches, backend):
+    run = launches('roundtrip', backend)
+    run.require_ok()
+    man = run.rank(2)
+    s = man['summary']
+    assert s['exited'] == ['0', '1'] and s['lost'] == {}, s
+    assert s['counters']['push_requests'] == 11 and s['counters']['pushed_items'] == 43, s  # 2 x 5 pushes + 1 small
+    assert sorted(man['tags']) == sorted(ROUNDTRIP_TAGS + SMALL_TAGS), man['tags']
+    assert man['count'] == 43 and man['obs_ok'], man
+    for r in (0, 1):
+        w = run.rank(r)
+        assert [e['pushed'] for e in w['events'][:5]] == [4] * 5
+        assert all(e['score']['stored'] == 4 for e in w['events'][:5]), w['events']
+        assert w['closed'] is True
+
+
+@pytest.mark.parametrize('backend', BACKENDS)
+def test_roundtrip_sample_update_stats(launches, backend):
+    run = launches('roundtrip', backend)
+    run.require_ok()
+    for r in (0, 1):
+        w = run.rank(r)
+        assert len(w['sample_tags']) == 4 and set(w['sample_tags']) <= set(ROUNDTRIP_TAGS), w['sample_tags']
+        assert w['sample_obs_ok'], w
+        assert {'replay_unique_id', 'replay_buffer_idx', 'priority', 'obs', 'tag'} <= set(w['sample_keys'])
+        assert w['update'] == {'updated': 4, 'stale': 0}, w['update']
+        st = w['stats']
+        assert st['manager/errors'] == 0 and st['manager/rejected_stale'] == 0, st
+        assert st['manager/sample_requests'] >= 1, st
+    # worker 0 reads stats once all 10 round-trip pushes arrived and before its own later pushes
+    st0 = run.rank(0)['stats']
+    assert st0['manager/push_requests'] == 10 and st0['manager/pushed_items'] == 40 and st0['count'] == 40, st0
+    st1 = run.rank(1)['stats']  # worker 0's small push may already be in
+    assert (st1['manager/push_requests'], st1['manager/pushed_items']) in ((10, 40), (11, 43)), st1
+
+
+@pytest.mark.parametrize('backend', BACKENDS)
+def test_roundtrip_checkpoint_loads(launches, backend):
+    run = launches('roundtrip', backend)
+    run.require_ok()
+    path = run.out / 'ckpt.buf'
+    assert path.exists(), f'checkpoint_path not written\n{run.logs()}'
+    from ding_buffer import create_buffer
+    buf = create_buffer(dict(type='advanced', replay_buffer_size=1000, storage=dict(type='tensor')))
+    buf.load_data(str(path))
+    assert buf.count() == 43
+    rows = buf.storage.gather(buf.storage.ring.ordered_slots())
+    assert rows['tag'].tolist() == run.rank(2)['tags']  # same rows, same insertion order
+    buf.close()
+
+
+# ---------------------------------------------------------------------------------------------- 4. oversized push
+@pytest.mark.parametrize('backend', BACKENDS)
+def test_oversized_push_gets_error_reply(launches, backend):
+    run = launches('roundtrip', backend)
+    run.require_ok()
+    o = run.rank(0)['oversized']
+    assert o['error'] is not None, 'a 2.2 MB push to a manager with max_message_mb=1 succeeded'
+    assert 'ValueError' in o['mro'], o
+    assert 'max_message_mb' in o['message'], o
+    assert o['elapsed'] < OVERSIZE_TIMEOUT - 1, o  # an answer, not a timeout
+
+
+@pytest.mark.parametrize('backend', BACKENDS)
+def test_manager_serves_after_oversized_push(launches, backend):
+    run = launches('roundtrip', backend)
+    run.require_ok()
+    w = run.rank(0)
+    assert w['oversized']['error'] is not None, w['oversized']
+    assert w['events'][-1] == {'pushed': 3, 'score': {'stored': 3}}, w['events'][-1]
+    assert w['count_after_small'] == 43
+    man = run.rank(2)
+    # the refused rows (tags 5000..84999) were not stored, the small push was
+    assert sorted(man['tags']) == sorted(ROUNDTRIP_TAGS + SMALL_TAGS), 'rows of the refused push were stored'
+    assert man['summary']['exited'] == ['0', '1']
+    assert man['summary']['bytes_received'] > 2 * (1 << 20)  # the big message did travel and was drained
+
+
+def test_max_message_mb_accepts_fraction():
+    from ding_buffer.distributed import build_distributed_config
+    assert build_distributed_config({'max_message_mb': 0.5}).max_message_mb == 0.5
+
+
+# ---------------------------------------------------------------------------------------------- 2. baselines
+@pytest.mark.parametrize('backend', BACKENDS)
+def test_baseline_min_on_full_prioritized_gfn(launches, backend):
+    run = launches('gfn_min', backend)
+    run.require_ok()
+    arrivals = check_arrivals_match_pushes(run, [(0, 6, 3), (1, 6, 3)])
+    want = expected_baselines(arrivals, 'min', capacity=8, alpha=0.1)
+    full_checked = 0
+    for r in (0, 1):
+        events = run.rank(r)['events']
+        assert len(events) == 6
+        for step, e in enumerate(events):
+            sc = e['score']
+            assert sc['tag'] == r * 1000 + step * 10 and arrivals[sc['seq']]['sender'] == r, (step, sc)
+            assert sc['baseline_log_reward'] == pytest.approx(want[sc['seq']], abs=1e-9), (r, step, sc, want)
+            full_checked += 3 * (sc['seq'] + 1) >= 8
+    assert full_checked >= 9  # most scores were sent once the buffer was full
+    everything = sorted(gfn_reward(r, s, i) for r in (0, 1) for s in range(6) for i in range(3))
+    man = run.rank(2)
+    assert man['count'] == 8 and man['log_rewards'] == pytest.approx(everything[-8:]), man['log_rewards']
+    assert want[-1] == min(man['log_rewards'])
+
+
+@pytest.mark.parametrize('backend', BACKENDS)
+def test_baseline_ema(launches, backend):
+    run = launches('gfn_ema_async', backend)
+    run.require_ok()
+    arrivals = check_arrivals_match_pushes(run, [(0, 5, 3), (1, 6, 2)])
+    want = expected_baselines(arrivals, 'ema', capacity=10 ** 9, alpha=0.3)
+    scores = [e['score'] for r in (0, 1) for e in run.rank(r)['events'] if e['score'] is not None]
+    scores.append(run.rank(0)['drained'])
+    seqs = set()
+    for sc in scores:
+        assert sc['baseline_log_reward'] == pytest.approx(want[sc['seq']], abs=1e-9), (sc, want)
+        seqs.add(sc['seq'])
+    assert seqs == set(range(len(arrivals))), seqs  # every push's score was checked
+
+
+# ---------------------------------------------------------------------------------------------- 3. async / freq
+@pytest.mark.parametrize('backend', BACKENDS)
+def test_async_score_is_one_push_stale(launches, backend):
+    run = launches('gfn_ema_async', backend)
+    run.require_ok()
+    w = run.rank(0)
+    events = w['events']
+    assert len(events) == 5 and events[0]['score'] is None, events[0]
+    for k in range(1, 5):
+        assert events[k]['score']['tag'] == (k - 1) * 10, (k, events[k])  # the score of push k-1
+        assert events[k]['score']['stored'] == 3
+    assert w['drained']['tag'] == 40 and w['drained']['stored'] == 3, w['drained']
+    assert w['drained_again'] is None
+
+
+@pytest.mark.parametrize('backend', BACKENDS)
+def test_remote_buffer_freq_halves_push_requests(launches, backend):
+    run = launches('gfn_ema_async', backend)
+    run.require_ok()
+    man = run.rank(2)
+    c = man['summary']['counters']
+    assert c['push_requests'] == 5 + 3 and c['pushed_items'] == 15 + 12, c  # worker 1: 6 pushes -> 3 requests
+    mine = [a for a in man['arrivals'] if a['sender'] == 1]
+    assert [a['tags'] for a in mine] == [[1000 + 10 * s + i for s in (k, k + 1) for i in range(2)] for k in (0, 2, 4)]
+    assert [a['log_rewards'] for a in mine] == [[gfn_reward(1, s, i) for s in (k, k + 1) for i in range(2)]
+                                                for k in (0, 2, 4)]
+    events = run.rank(1)['events']
+    assert [e['pushed'] for e in events] == [2] * 6
+    assert events[0]['score'] is None
+    for k in (1, 3, 5):  # a send every second push; the score in between is unchanged
+        assert events[k]['score']['tag'] == 1000 + 10 * (k - 1) and events[k]['score']['stored'] == 4
+        if k + 1 < 6:
+            assert events[k + 1]['score'] == events[k]['score']
+    assert man['count'] == 27
+
+
+# ---------------------------------------------------------------------------------------------- 5. kill a worker
+@pytest.mark.parametrize('backend', BACKENDS)
+def test_killed_worker_is_lost_others_served(launches, backend):
+    run = launches('kill_worker', backend)
+    run.require_ok(ranks=(1, 2), rc=False)
+    assert 'ok' not in run.rank(0) and 'killed_at' in run.rank(0)
+    man = run.rank(2)
+    s = man['summary']
+    assert list(s['lost']) == ['0'] and s['exited'] == ['1'], s
+    assert man['run_seconds'] < 40, man['run_seconds']
+    w1 = run.rank(1)
+    assert w1['closed'] is True and w1['steps'] >= 10, w1['steps']
+    assert all(e['score']['stored'] == 4 for e in w1['events'])
+    survivor = [t for s_ in range(w1['steps']) for t in adv_tags(1, s_)]
+    acknowledged = [t for s_ in range(3) for t in adv_tags(0, s_)]  # worker 0's pushes answered before the kill
+    assert sorted(man['tags']) == sorted(acknowledged + survivor)
+    assert s['counters']['push_requests'] == 3 + w1['steps']
+
+
+# ---------------------------------------------------------------------------------------------- 6. kill the manager
+@pytest.mark.parametrize('backend', BACKENDS)
+def test_killed_manager_raises_manager_unavailable(launches, backend):
+    run = launches('kill_manager', backend)
+    assert not run.timed_out, f'workers hung after the manager died\n{run.logs()}'
+    assert 'killed_at' in run.rank(2), run.logs()
+    for r in (0, 1):
+        w = run.rank(r)
+        err = w.get('error')
+        assert err, f'rank {r} saw no error\n{run.logs()}'
+        assert err['type'] == 'ManagerUnavailableError' and 'RuntimeError' in err['mro'], err
+        assert err['elapsed'] < 5.0 + 5.0, err  # distributed.timeout=5 + slack
+        assert w['steps'] > 0 and all(e['score']['stored'] == 4 for e in w['events'])
+        assert 'traceback' not in w, w['traceback']
