@@ -20,7 +20,6 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 SCRIPT = Path(__file__).parent / 'dist_scripts' / 'rank_main.py'

@@ -12,7 +12,6 @@
 """
 import copy
 import math
-import pickle
 import time
 
 import numpy as np
@@ -908,3 +907,78 @@ def test_config_backend_none_is_a_local_buffer():
     assert buf.count() == 1 and torch.equal(buf.sample(1)['obs'], torch.ones(1, 2))
     buf = create_buffer(dict(type='gfn', replay_buffer_size=8, distributed=None))
     assert type(buf).__name__ == 'GFlowNetReplayBuffer'
+
+
+# ---------------------------------------------------------------------------------------------- framing
+class _Pipe:
+    """Two in-memory ThreadedTransports wired back to back: every send is one queued message whose size the
+    receiver must match exactly (as gloo's and MPI's point-to-point calls require)."""
+
+    def __init__(self, max_bytes=1 << 30):
+        import queue as q
+        from ding_buffer.distributed.transport import ThreadedTransport
+
+        class PipeTransport(ThreadedTransport):
+            def __init__(self, me, wires):
+                super().__init__([1 - me], False, max_bytes, lambda o: False)
+                self.me, self.wires = me, wires
+
+            def _send_buf(self, peer, buf):
+                self.wires[(self.me, peer)].put(np.array(buf, dtype=np.uint8, copy=True).reshape(-1).view(np.uint8))
+
+            def _recv_into(self, peer, buf, a, b):
+                msg = self.wires[(peer, self.me)].get(timeout=10)
+                assert len(msg) == b - a, f"receive of {b - a} bytes matched a send of {len(msg)}"
+                buf[a:b] = msg
+
+        self.wires = {(0, 1): q.Queue(), (1, 0): q.Queue()}
+        self.a, self.b = PipeTransport(0, self.wires), PipeTransport(1, self.wires)
+        self.b.start()
+
+    def roundtrip(self, obj):
+        self.a.send(1, obj)
+        return self.b.recv(10)
+
+
+def test_framing_inline_overflow_and_large_parts():
+    from ding_buffer.distributed import transport as tr
+    pipe = _Pipe()
+    g = torch.Generator().manual_seed(0)
+    msg = {
+        'id': 7,
+        'tiny': torch.arange(3),  # inline
+        'edge': torch.zeros(tr.INLINE, dtype=torch.uint8),  # exactly INLINE: inline
+        'big': torch.randn(tr.INLINE // 4 + 1, generator=g),  # 4 bytes over INLINE: out of line
+        'empty': torch.zeros(0, 5),
+        'many': [torch.full((7, ), i, dtype=torch.int16) for i in range(40)],  # several inline parts
+        'name': 'x' * (tr.HEAD * 2),  # header larger than the head: meta overflows into a second message
+    }
+    peer, kind, out = pipe.roundtrip(msg)
+    assert (peer, kind) == (0, tr.MESSAGE)
+    assert_same(msg, out)
+    head, extra, outline, n = tr.frame(*encode(msg))
+    assert extra is not None and [p.nbytes for p in outline] == [msg['big'].numel() * 4]
+    # a small message is exactly one send
+    before = pipe.wires[(0, 1)].qsize()
+    pipe.a.send(1, {'op': 'ping', 'x': torch.ones(4)})
+    assert pipe.wires[(0, 1)].qsize() - before <= 1
+    assert_same(pipe.b.recv(10)[2], {'op': 'ping', 'x': torch.ones(4)})
+
+
+def test_framing_oversized_message_is_drained_and_answered_with_its_id():
+    from ding_buffer.distributed import transport as tr
+    pipe = _Pipe(max_bytes=tr.HEAD + 1000)
+    pipe.a.send(1, {'op': 'push', 'args': {'data': torch.zeros(100_000)}, 'id': 41})
+    peer, kind, (rid, err) = pipe.b.recv(10)
+    assert kind == tr.ERROR and rid == 41 and 'max_message_mb' in str(err) and isinstance(err, ValueError)
+    pipe.a.send(1, {'op': 'push', 'id': 42})  # the stream is still in sync after the drain
+    assert pipe.b.recv(10)[2] == {'op': 'push', 'id': 42}
+    assert pipe.wires[(0, 1)].empty()
+
+
+def test_framing_garbage_marks_the_peer_lost():
+    from ding_buffer.distributed import transport as tr
+    pipe = _Pipe()
+    pipe.wires[(0, 1)].put(np.zeros(tr.HEAD, dtype=np.uint8))  # no magic
+    peer, kind, why = pipe.b.recv(10)
+    assert kind == tr.LOST and 'magic' in why

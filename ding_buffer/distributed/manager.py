@@ -9,6 +9,7 @@ Ops: push, sample, update, count, stats, metadata, state_dict, load_state_dict, 
 model_version, baseline_sync, ping (heartbeat, no reply), exit (reply marked final).
 """
 import logging
+import threading
 import time
 from typing import Any, Callable, Dict, Optional
 
@@ -231,6 +232,8 @@ class ReplayBufferManager:
         self.workers = set(workers)
         self.core = ManagerCore(buffer, dcfg, log_reward_key)
         self.lost: Dict[int, str] = {}
+        self._lock = threading.Lock()  # serialises ManagerCore.handle across the receive threads
+        self._last_seen: Dict[int, float] = {}
         self._done = False
 
     def run(self, timeout: Optional[float] = None, poll: float = 0.5) -> Dict[str, Any]:
@@ -238,36 +241,22 @@ class ReplayBufferManager:
         Overview:
             Serve requests until every worker exited or was lost (or ``timeout`` seconds passed, then
             ``TimeoutError``). Returns the summary: counters, per-sender requests, exited and lost ranks.
+            Requests are served on the transport's per-worker receive threads, one at a time (a lock around
+            the buffer); this thread watches for exits, lost workers and silence.
         """
-        self.transport.start()
         start = time.monotonic()
-        last_seen = {w: start for w in self.workers}
+        self._last_seen = {w: start for w in self.workers}
+        self.transport.on_item = self._serve
+        self.transport.start()
         try:
             while self.workers - self.core.exited - set(self.lost):
                 if timeout is not None and time.monotonic() - start > timeout:
                     raise TimeoutError(f"manager run() exceeded {timeout}s; still waiting for ranks "
                                        f"{sorted(self.workers - self.core.exited - set(self.lost))}")
-                item = self.transport.recv(timeout=poll)
-                now = time.monotonic()
-                if item is None:
-                    self._check_silent(last_seen, now)
-                    continue
-                peer, kind, obj = item
-                if peer in self.lost:
-                    continue
-                last_seen[peer] = now
-                if kind == LOST:
-                    self._lose(peer, obj)
-                    continue
-                reply = error_reply(*obj) if kind == ERROR else self.core.handle(peer, obj)
-                if reply is not None:
-                    try:
-                        self.transport.send(peer, reply)
-                    except TypeError as e:  # a result the codec cannot carry (e.g. arbitrary objects)
-                        self.transport.send(peer, error_reply(reply.get('id'), e))
-                    except TransportError as e:
-                        self._lose(peer, str(e))
-                self._check_silent(last_seen, now)
+                item = self.transport.recv(timeout=poll)  # lost peers and wake-ups after an EXIT
+                if item is not None and item[1] == LOST:
+                    self._lose(item[0], item[2])
+                self._check_silent(self._last_seen, time.monotonic())
         finally:
             self.transport.close()
         self.core.shutdown()
@@ -277,6 +266,27 @@ class ReplayBufferManager:
         out['bytes_received'] = self.transport.bytes_received
         out['bytes_sent'] = self.transport.bytes_sent
         return out
+
+    def _serve(self, peer: int, kind: str, obj: Any) -> None:
+        """One request of ``peer``, on its receive thread: handle it under the lock and send the reply."""
+        if peer in self.lost:
+            return
+        self._last_seen[peer] = time.monotonic()
+        if kind == ERROR:
+            reply = error_reply(*obj)
+        else:
+            with self._lock:
+                reply = self.core.handle(peer, obj)
+        if reply is not None:
+            try:
+                try:
+                    self.transport.send(peer, reply)
+                except TypeError as e:  # a result the codec cannot carry (e.g. arbitrary objects)
+                    self.transport.send(peer, error_reply(reply.get('id'), e))
+            except TransportError as e:
+                self.transport.inbox.put((peer, LOST, str(e)))
+        if reply is not None and reply.get('final'):
+            self.transport.inbox.put((peer, 'exited', None))  # wake run() to re-check the exit condition
 
     def _check_silent(self, last_seen: Dict[int, float], now: float) -> None:
         limit = self.cfg.peer_timeout

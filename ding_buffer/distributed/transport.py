@@ -2,13 +2,17 @@
 
 A *message* on the wire is the codec's ``(header, parts)`` framed as:
 
-1. control: ``int64[4] = [MAGIC, header_len, n_parts, body_bytes]``
-2. the header bytes, 3. ``int64[n_parts]`` part sizes, 4. every part, cut into pieces of at most ``PIECE`` bytes.
+1. one *head* of exactly ``HEAD`` bytes: ``int64[6] = [MAGIC, header_len, n_parts, body_bytes, meta_len,
+   0]`` followed by the first bytes of the *meta* block: ``int64[2 * n_parts]`` (size, inline offset or -1 of
+   each part), the header, then every part of at most ``INLINE`` bytes copied in (16-byte aligned);
+2. the rest of the meta block, only when it does not fit in the head;
+3. every other part, cut into pieces of at most ``PIECE`` bytes, sent from the tensor's own memory.
 
-All pieces of one message go to one peer on one tag, so per-pair FIFO order keeps them together. Each peer has
-one receive thread that reads whole messages, decodes them (so decoding of different peers overlaps) and puts
-them into one inbox queue; ``recv(timeout)`` waits on that queue. That is how every receive gets a timeout:
-gloo's own ``wait(timeout)`` closes the connection when it expires, so it cannot be used for polling.
+So a small request or reply is one message, and a push of one large tensor two. All pieces of one message go
+to one peer on one tag, so per-pair FIFO order keeps them together. Each peer has one receive thread that reads
+whole messages, decodes them (decoding of different peers overlaps) and puts them into one inbox queue;
+``recv(timeout)`` waits on that queue. That is how every receive gets a timeout: gloo's own
+``wait(timeout)`` closes the connection when it expires, so it cannot be used for polling.
 
 Messages larger than ``max_message_bytes`` are drained into a scratch buffer and reported as an error item
 ``(request id read from the header, CodecError)``, so the caller can answer with an error instead of
@@ -29,8 +33,10 @@ import torch
 from .codec import CodecError, decode, encode, peek_id
 
 MAGIC = 0x64696E67  # 'ding'
-PIECE = 64 << 20  # largest single send/recv; also bounds the scratch buffer used to drain oversized messages
-MAX_HEADER = 64 << 20
+HEAD = 16384  # fixed size of the first message of every frame
+INLINE = 8192  # parts up to this size travel inside the meta block
+PIECE = 64 << 20  # largest single send/recv of a part; also bounds the scratch buffer used to drain
+MAX_META = 64 << 20
 MAX_PARTS = 1 << 20
 TAG = 7
 
@@ -47,11 +53,44 @@ def _pieces(n: int) -> List[Tuple[int, int]]:
     return [(a, min(a + PIECE, n)) for a in range(0, n, PIECE)]
 
 
+def _pad16(n: int) -> int:
+    return (n + 15) & ~15
+
+
+def frame(header: bytes, parts: List[np.ndarray]) -> Tuple[np.ndarray, Optional[np.ndarray], List[np.ndarray], int]:
+    """``(head, extra meta or None, out-of-line parts, total bytes)`` for one message."""
+    n = len(parts)
+    table = np.empty(2 * n, dtype=np.int64)
+    inline = []
+    off = _pad16(16 * n + len(header))
+    for i, p in enumerate(parts):
+        table[2 * i] = p.nbytes
+        if p.nbytes <= INLINE:
+            table[2 * i + 1] = off
+            inline.append((off, p))
+            off = _pad16(off + p.nbytes)
+        else:
+            table[2 * i + 1] = -1
+    meta = np.zeros(off, dtype=np.uint8)
+    meta[:16 * n] = table.view(np.uint8)
+    meta[16 * n:16 * n + len(header)] = np.frombuffer(header, dtype=np.uint8)
+    for o, p in inline:
+        meta[o:o + p.nbytes] = p
+    body = int(table[0::2].sum()) if n else 0
+    head = np.zeros(HEAD, dtype=np.uint8)
+    head[:48].view(np.int64)[:] = (MAGIC, len(header), n, body, off, 0)
+    room = HEAD - 48
+    head[48:48 + min(off, room)] = meta[:room]
+    extra = meta[room:] if off > room else None
+    out = [p for p in parts if p.nbytes > INLINE]
+    return head, extra, out, HEAD + (0 if extra is None else len(extra)) + sum(p.nbytes for p in out)
+
+
 class ThreadedTransport:
     """
     Overview:
         Framing, receive threads and the inbox shared by the torch and MPI transports; subclasses implement
-        ``_send_buf(peer, np_uint8_or_int64)``, ``_recv_buf(peer, n, dtype)`` and ``_wait_arrival(peer)``.
+        ``_send_buf(peer, uint8 array)``, ``_alloc(n)``, ``_recv_into(peer, buf, a, b)`` and ``_wait_arrival(peer)``.
     Interfaces:
         ``start``, ``send``, ``recv``, ``close``, ``rank``, ``world_size``
     """
@@ -66,6 +105,9 @@ class ThreadedTransport:
         self._send_locks: Dict[int, threading.Lock] = {p: threading.Lock() for p in self.peers}
         self._threads: List[threading.Thread] = []
         self._closed = False
+        # optional ``(peer, kind, obj) -> None`` run on the receive thread instead of queueing (lost peers are
+        # always queued): the manager serves requests there, saving a thread hand-off per request
+        self.on_item: Optional[Callable[[int, str, Any], None]] = None
         self.bytes_sent = 0
         self.bytes_received = 0
 
@@ -73,8 +115,11 @@ class ThreadedTransport:
     def _send_buf(self, peer: int, buf: np.ndarray) -> None:
         raise NotImplementedError
 
-    def _recv_buf(self, peer: int, n: int, dtype: Any) -> Any:
-        raise NotImplementedError
+    def _recv_buf(self, peer: int, n: int) -> Any:
+        """Receive ``n`` bytes into a new buffer (``_alloc``)."""
+        buf = self._alloc(n)
+        self._recv_into(peer, buf, 0, n)
+        return buf
 
     def _wait_arrival(self, peer: int) -> None:
         """Block until a new message from ``peer`` starts arriving (the MPI transport polls; gloo blocks)."""
@@ -87,18 +132,13 @@ class ThreadedTransport:
         return self.send_encoded(peer, header, parts)
 
     def send_encoded(self, peer: int, header: bytes, parts: List[np.ndarray]) -> int:
-        sizes = np.array([p.nbytes for p in parts], dtype=np.int64)
-        body = int(sizes.sum())
-        control = np.array([MAGIC, len(header), len(parts), body], dtype=np.int64)
+        head, extra, out, n = frame(header, parts)
         with self._send_locks[peer]:
             try:
-                self._send_buf(peer, control)
-                self._send_buf(peer, np.frombuffer(bytearray(header), dtype=np.uint8))
-                if len(parts):
-                    self._send_buf(peer, sizes)
-                for p in parts:
-                    if p.nbytes == 0:
-                        continue
+                self._send_buf(peer, head)
+                if extra is not None:
+                    self._send_buf(peer, extra)
+                for p in out:
                     if not p.flags.writeable:  # torch.from_numpy needs writable memory; only bytes leaves are not
                         p = p.copy()
                     for a, b in _pieces(p.nbytes):
@@ -107,7 +147,6 @@ class ThreadedTransport:
                 raise
             except Exception as e:
                 raise TransportError(f"sending to rank {peer} failed: {type(e).__name__}: {e}") from e
-        n = 32 + len(header) + 8 * len(parts) + body
         self.bytes_sent += n
         return n
 
@@ -129,32 +168,51 @@ class ThreadedTransport:
                 if not self._closed:
                     self.inbox.put((peer, LOST, f"{type(e).__name__}: {e}"))
                 return
-            self.inbox.put((peer, kind, obj))
+            if self.on_item is not None:
+                try:
+                    self.on_item(peer, kind, obj)
+                except Exception as e:  # the handler must not die silently with the thread
+                    self.inbox.put((peer, LOST, f"serving it failed: {type(e).__name__}: {e}"))
+                    return
+            else:
+                self.inbox.put((peer, kind, obj))
             if kind == MESSAGE and self._is_final(obj):
                 return
 
     def _recv_message(self, peer: int) -> Tuple[str, Any]:
-        control = np.asarray(self._recv_buf(peer, 4, np.int64)).copy()
-        magic, hlen, nparts, body = (int(v) for v in control)
+        head = self._recv_buf(peer, HEAD)
+        magic, hlen, nparts, body, mlen, _ = (int(v) for v in np.asarray(head)[:48].view(np.int64))
         if magic != MAGIC:
             raise TransportError(f"rank {peer} sent a message without the ding_buffer magic ({magic:#x}); "
                                  f"is it running another protocol?")
-        if not (0 < hlen <= MAX_HEADER and 0 <= nparts <= MAX_PARTS and body >= 0):
-            raise TransportError(f"rank {peer} sent a bad control block {control.tolist()}")
-        header = bytes(np.asarray(self._recv_buf(peer, hlen, np.uint8)))
-        sizes = np.asarray(self._recv_buf(peer, nparts, np.int64)).copy() if nparts else np.zeros(0, np.int64)
-        if (sizes < 0).any() or int(sizes.sum()) != body:
-            raise TransportError(f"rank {peer} sent part sizes that do not add up to {body}")
-        total = 32 + hlen + 8 * nparts + body
+        if not (0 < hlen and 0 <= nparts <= MAX_PARTS and body >= 0 and 16 * nparts + hlen <= mlen <= MAX_META):
+            raise TransportError(f"rank {peer} sent a bad control block {[magic, hlen, nparts, body, mlen]}")
+        room = HEAD - 48
+        if mlen <= room:
+            meta = head[48:48 + mlen]  # a view: inline parts decode without a copy
+        else:
+            meta = self._alloc(mlen)
+            meta[:room] = head[48:]
+            self._recv_into(peer, meta, room, mlen)
+        m = np.asarray(meta)
+        table = m[:16 * nparts].copy().view(np.int64).reshape(-1, 2) if nparts else np.zeros((0, 2), np.int64)
+        header = m[16 * nparts:16 * nparts + hlen].tobytes()
+        sizes, offs = table[:, 0], table[:, 1]
+        if (sizes < 0).any() or int(sizes.sum()) != body or ((offs >= 0) & (offs + sizes > mlen)).any():
+            raise TransportError(f"rank {peer} sent a part table that does not match its sizes")
+        total = HEAD + max(mlen - room, 0) + int(sizes[offs < 0].sum())
         self.bytes_received += total
         if total > self.max_message_bytes:
-            for s in sizes.tolist():
+            for s in sizes[offs < 0].tolist():
                 for a, b in _pieces(s):
-                    self._recv_buf(peer, b - a, np.uint8)  # drain: the bytes are on the wire already
+                    self._recv_buf(peer, b - a)  # drain: the bytes are on the wire already
             return ERROR, (peek_id(header), CodecError(f"message of {total} bytes exceeds distributed.max_message_mb "
                                                        f"({self.max_message_bytes} bytes)"))
         parts = []
-        for s in sizes.tolist():
+        for s, o in table.tolist():
+            if o >= 0:
+                parts.append(meta[o:o + s])
+                continue
             buf = self._alloc(s)
             for a, b in _pieces(s):
                 self._recv_into(peer, buf, a, b)
@@ -183,39 +241,53 @@ class ThreadedTransport:
 
 
 class TorchTransport(ThreadedTransport):
-    """torch.distributed point-to-point (gloo). The process group must be initialised (``init_torch``)."""
+    """torch.distributed point-to-point (gloo). The process group must be initialised (``init_torch``).
+    Calls go straight to the process group object: ``dist.send``'s Python wrapper costs more than a small
+    message on loopback."""
 
     def __init__(self, peers, allow_pickle, max_message_bytes, is_final, group=None) -> None:
         import torch.distributed as dist
         self._dist = dist
-        self._group = group
+        self._pg = group if group is not None else dist.distributed_c10d._get_default_group()
         super().__init__(peers, allow_pickle, max_message_bytes, is_final)
 
     @property
     def rank(self) -> int:
-        return self._dist.get_rank()
+        return self._pg.rank()
 
     def _send_buf(self, peer: int, buf: np.ndarray) -> None:
-        self._dist.send(torch.from_numpy(buf), dst=peer, tag=TAG, group=self._group)
-
-    def _recv_buf(self, peer: int, n: int, dtype: Any) -> Any:
-        t = torch.empty(n, dtype=torch.int64 if dtype == np.int64 else torch.uint8)
-        self._dist.recv(t, src=peer, tag=TAG, group=self._group)
-        return t.numpy()
+        self._pg.send([torch.from_numpy(buf)], peer, TAG).wait()
 
     def _alloc(self, n: int) -> Any:
         return torch.empty(n, dtype=torch.uint8)  # decoded tensors are views of it: no copy after the wire
 
     def _recv_into(self, peer: int, buf: Any, a: int, b: int) -> None:
-        self._dist.recv(buf[a:b], src=peer, tag=TAG, group=self._group)
+        self._pg.recv([buf[a:b]], peer, TAG).wait()
+
+
+def _spin_then_sleep(done: Callable[[], bool], deadline: float, spin: float = 2e-3) -> bool:
+    """Poll ``done`` back to back for ``spin`` seconds (each MPI test call also drives Open MPI's progress
+    engine, which moves rendezvous transfers), then with sleeps growing to 1 ms; False at ``deadline``."""
+    end_spin = time.monotonic() + spin
+    while time.monotonic() < end_spin:
+        if done():
+            return True
+        time.sleep(0)  # lets other Python threads run
+    pause = 2e-5
+    while not done():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(pause)
+        pause = min(pause * 1.5, 1e-3)
+    return True
 
 
 class MPITransport(ThreadedTransport):
     """mpi4py point-to-point over ``COMM_WORLD`` (or a given communicator).
 
-    Waiting for the start of a message polls ``Iprobe`` with a short sleep: a blocking ``Recv`` would spin a
-    core in Open MPI's progress loop for as long as the peer is idle. Sends are ``Isend`` + ``Test`` with
-    ``send_timeout`` so a dead peer cannot block the sender forever."""
+    Waiting for the start of a message polls ``Iprobe`` (briefly back to back, then with sleeps): a blocking
+    ``Recv`` would spin a core in Open MPI's progress loop for as long as the peer is idle. Sends are
+    ``Isend`` + ``Test`` with ``send_timeout`` so a dead peer cannot block the sender forever."""
 
     def __init__(self, peers, allow_pickle, max_message_bytes, is_final, comm=None, send_timeout=60.0) -> None:
         from mpi4py import MPI
@@ -230,27 +302,16 @@ class MPITransport(ThreadedTransport):
 
     def _send_buf(self, peer: int, buf: np.ndarray) -> None:
         req = self._comm.Isend([buf, self._MPI.BYTE], dest=peer, tag=TAG)
-        if req.Test():
-            return
-        deadline = time.monotonic() + self._send_timeout
-        pause = 1e-5
-        while not req.Test():
-            if time.monotonic() > deadline:
-                raise TransportError(f"send to rank {peer} did not complete within {self._send_timeout}s "
-                                     f"(distributed.timeout); is it alive?")
-            time.sleep(pause)
-            pause = min(pause * 2, 1e-3)
+        if not _spin_then_sleep(req.Test, time.monotonic() + self._send_timeout, spin=0.05):
+            raise TransportError(f"send to rank {peer} did not complete within {self._send_timeout}s "
+                                 f"(distributed.timeout); is it alive?")
 
     def _wait_arrival(self, peer: int) -> None:
-        pause = 2e-5
-        while not self._closed and not self._comm.Iprobe(source=peer, tag=TAG):
-            time.sleep(pause)
-            pause = min(pause * 1.5, 2e-3)
+        probe = lambda: self._closed or self._comm.Iprobe(source=peer, tag=TAG)  # noqa: E731
+        _spin_then_sleep(probe, float('inf'))
 
-    def _recv_buf(self, peer: int, n: int, dtype: Any) -> Any:
-        a = np.empty(n, dtype=dtype)
-        self._comm.Recv([a, self._MPI.BYTE], source=peer, tag=TAG)
-        return a
+    def _alloc(self, n: int) -> Any:
+        return np.empty(n, dtype=np.uint8)
 
     def _recv_into(self, peer: int, buf: Any, a: int, b: int) -> None:
         self._comm.Recv([buf[a:b], self._MPI.BYTE], source=peer, tag=TAG)

@@ -232,7 +232,6 @@ def worker_kill_worker(buf):
 
 
 def worker_kill_manager(buf):
-    from ding_buffer.distributed import ManagerUnavailableError  # noqa: F401 (the test checks the name)
     last_ok = time.monotonic()
     step = 0
     try:
