@@ -99,7 +99,7 @@ class ManagerCore:
         if self._stale(model_version, session_id):
             self.counters['rejected_stale'] += n
             return {'stored': 0, 'rejected_stale': n, 'score': score}
-        incoming = log_rewards_of(data, self.log_reward_key)
+        incoming = log_rewards_of(data, self.log_reward_key) if self.baseline.strategy is not None else None
         stored = 0
         if self.cfg.store_locally:
             stored = self.buffer.push(data, envstep, batched=batched)

@@ -2,9 +2,10 @@
 
 A *message* on the wire is the codec's ``(header, parts)`` framed as:
 
-1. one *head* of exactly ``HEAD`` bytes: ``int64[6] = [MAGIC, header_len, n_parts, body_bytes, meta_len,
-   0]`` followed by the first bytes of the *meta* block: ``int64[2 * n_parts]`` (size, inline offset or -1 of
-   each part), the header, then every part of at most ``INLINE`` bytes copied in (16-byte aligned);
+1. one *head* of at most ``HEAD`` bytes (receivers post a ``HEAD``-byte buffer; gloo and MPI both accept a
+   shorter message): ``int64[6] = [MAGIC, header_len, n_parts, body_bytes, meta_len, 0]`` followed by the
+   *meta* block: ``int64[2 * n_parts]`` (size, inline offset or -1 of each part), the header, then the parts
+   of at most ``INLINE`` bytes copied in (16-byte aligned) while the head has room;
 2. the rest of the meta block, only when it does not fit in the head;
 3. every other part, cut into pieces of at most ``PIECE`` bytes, sent from the tensor's own memory.
 
@@ -33,8 +34,8 @@ import torch
 from .codec import CodecError, decode, encode, peek_id
 
 MAGIC = 0x64696E67  # 'ding'
-HEAD = 16384  # fixed size of the first message of every frame
-INLINE = 8192  # parts up to this size travel inside the meta block
+HEAD = 256 << 10  # capacity of the first message of every frame (each costs a rendezvous in gloo)
+INLINE = 128 << 10  # parts up to this size travel inside the head (a copy is cheaper than a message)
 PIECE = 64 << 20  # largest single send/recv of a part; also bounds the scratch buffer used to drain
 MAX_META = 64 << 20
 MAX_PARTS = 1 << 20
@@ -65,7 +66,7 @@ def frame(header: bytes, parts: List[np.ndarray]) -> Tuple[np.ndarray, Optional[
     off = _pad16(16 * n + len(header))
     for i, p in enumerate(parts):
         table[2 * i] = p.nbytes
-        if p.nbytes <= INLINE:
+        if p.nbytes <= INLINE and 48 + _pad16(off + p.nbytes) <= HEAD:
             table[2 * i + 1] = off
             inline.append((off, p))
             off = _pad16(off + p.nbytes)
@@ -77,13 +78,13 @@ def frame(header: bytes, parts: List[np.ndarray]) -> Tuple[np.ndarray, Optional[
     for o, p in inline:
         meta[o:o + p.nbytes] = p
     body = int(table[0::2].sum()) if n else 0
-    head = np.zeros(HEAD, dtype=np.uint8)
-    head[:48].view(np.int64)[:] = (MAGIC, len(header), n, body, off, 0)
     room = HEAD - 48
-    head[48:48 + min(off, room)] = meta[:room]
+    head = np.empty(48 + min(off, room), dtype=np.uint8)
+    head[:48].view(np.int64)[:] = (MAGIC, len(header), n, body, off, 0)
+    head[48:] = meta[:room]
     extra = meta[room:] if off > room else None
-    out = [p for p in parts if p.nbytes > INLINE]
-    return head, extra, out, HEAD + (0 if extra is None else len(extra)) + sum(p.nbytes for p in out)
+    out = [p for i, p in enumerate(parts) if table[2 * i + 1] < 0]
+    return head, extra, out, len(head) + (0 if extra is None else len(extra)) + sum(p.nbytes for p in out)
 
 
 class ThreadedTransport:
@@ -189,7 +190,7 @@ class ThreadedTransport:
             raise TransportError(f"rank {peer} sent a bad control block {[magic, hlen, nparts, body, mlen]}")
         room = HEAD - 48
         if mlen <= room:
-            meta = head[48:48 + mlen]  # a view: inline parts decode without a copy
+            meta = head[48:48 + mlen]  # a view: inline parts decode without a copy (a fresh head per message)
         else:
             meta = self._alloc(mlen)
             meta[:room] = head[48:]
@@ -200,7 +201,7 @@ class ThreadedTransport:
         sizes, offs = table[:, 0], table[:, 1]
         if (sizes < 0).any() or int(sizes.sum()) != body or ((offs >= 0) & (offs + sizes > mlen)).any():
             raise TransportError(f"rank {peer} sent a part table that does not match its sizes")
-        total = HEAD + max(mlen - room, 0) + int(sizes[offs < 0].sum())
+        total = 48 + mlen + int(sizes[offs < 0].sum())
         self.bytes_received += total
         if total > self.max_message_bytes:
             for s in sizes[offs < 0].tolist():
