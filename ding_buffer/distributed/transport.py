@@ -309,7 +309,7 @@ class MPITransport(ThreadedTransport):
 
     def _wait_arrival(self, peer: int) -> None:
         probe = lambda: self._closed or self._comm.Iprobe(source=peer, tag=TAG)  # noqa: E731
-        _spin_then_sleep(probe, float('inf'))
+        _spin_then_sleep(probe, float("inf"), spin=3e-4)
 
     def _alloc(self, n: int) -> Any:
         return np.empty(n, dtype=np.uint8)
