@@ -144,9 +144,41 @@ def serve_timed(mgr: Any, timeout: float) -> Dict[str, Any]:
     return out
 
 
+def timed_round_trips(total: int, round_trip) -> Dict[str, Any]:
+    """Run ``round_trip`` ``total`` times; the clock starts after the WARMUP first ones."""
+    lat = []
+    t0 = now()
+    for i in range(total):
+        if i == WARMUP:
+            t0 = now()
+        a = time.perf_counter()
+        round_trip()
+        lat.append(time.perf_counter() - a)
+    return dict(t0=t0, t1=now(), lat=lat[WARMUP:])
+
+
+def e2e_modes(plan: Dict[str, Any], ph: Dict[str, Any], backend: str, rank: int, world: int, mgr: int,
+              workers: List[int], barrier) -> List[Dict[str, Any]]:
+    """The end-to-end cells of one phase on this rank (torch and MPI jobs): serve on the manager, push on
+    the workers."""
+    from ding_buffer import create_buffer
+    out = []
+    for mode in ph['modes']:
+        barrier()
+        if rank != mgr and rank not in workers:
+            continue
+        extra = {} if len(workers) == world - 1 else dict(worker_ranks=workers)
+        buf = create_buffer(ding_cfg(ph, plan, backend, mode, **extra))
+        rec = dict(phase=ph['id'], mode=mode, rank=rank)
+        if rank == mgr:
+            out.append(dict(rec, manager=True, **serve_timed(buf, plan['timeout'])))
+        else:
+            out.append(dict(rec, **push_loop(buf, ph, 1000 * rank + ph['id'], mode, plan['timeout'])))
+    return out
+
+
 def rank_torch(plan: Dict[str, Any], save) -> List[Dict[str, Any]]:
     import torch.distributed as dist
-    from ding_buffer import create_buffer
     dist.init_process_group('gloo', timeout=datetime.timedelta(seconds=plan['timeout']))
     rank, world = dist.get_rank(), dist.get_world_size()
     mgr = world - 1
@@ -172,27 +204,11 @@ def rank_torch(plan: Dict[str, Any], save) -> List[Dict[str, Any]]:
         elif rank in workers:
             payload = torch.randint(0, 256, (ph['bytes'], ), dtype=torch.uint8)
             ack = torch.zeros(1, dtype=torch.uint8)
-            lat = []
-            t0 = now()
-            for i in range(total):
-                if i == WARMUP:
-                    t0 = now()
-                a = time.perf_counter()
+            def round_trip():
                 dist.send(payload, dst=mgr, tag=RAW_TAG)
                 dist.recv(ack, src=mgr, tag=RAW_TAG)
-                lat.append(time.perf_counter() - a)
-            out.append(dict(rec, t0=t0, t1=now(), n=ph['n'], bytes=ph['bytes'], lat=lat[WARMUP:]))
-        for mode in ph['modes']:
-            dist.barrier()
-            if rank != mgr and rank not in workers:
-                continue
-            extra = {} if len(workers) == world - 1 else dict(worker_ranks=workers)
-            buf = create_buffer(ding_cfg(ph, plan, 'torch', mode, **extra))
-            rec = dict(phase=ph['id'], mode=mode, rank=rank)
-            if rank == mgr:
-                out.append(dict(rec, manager=True, **serve_timed(buf, plan['timeout'])))
-            else:
-                out.append(dict(rec, **push_loop(buf, ph, 1000 * rank + ph['id'], mode, plan['timeout'])))
+            out.append(dict(rec, n=ph['n'], bytes=ph['bytes'], **timed_round_trips(total, round_trip)))
+        out += e2e_modes(plan, ph, 'torch', rank, world, mgr, workers, dist.barrier)
         save(out)
     dist.barrier()
     dist.destroy_process_group()
@@ -201,7 +217,6 @@ def rank_torch(plan: Dict[str, Any], save) -> List[Dict[str, Any]]:
 
 def rank_mpi(plan: Dict[str, Any], save) -> List[Dict[str, Any]]:
     from mpi4py import MPI
-    from ding_buffer import create_buffer
     comm = MPI.COMM_WORLD
     rank, world = comm.Get_rank(), comm.Get_size()
     mgr = world - 1
@@ -220,27 +235,11 @@ def rank_mpi(plan: Dict[str, Any], save) -> List[Dict[str, Any]]:
         elif rank in workers:
             payload = np.random.default_rng(rank).integers(0, 256, ph['bytes'], dtype=np.uint8)
             ack = np.zeros(1, np.uint8)
-            lat = []
-            t0 = now()
-            for i in range(total):
-                if i == WARMUP:
-                    t0 = now()
-                a = time.perf_counter()
+            def round_trip():
                 comm.Send([payload, MPI.BYTE], dest=mgr, tag=RAW_TAG)
                 comm.Recv([ack, MPI.BYTE], source=mgr, tag=RAW_TAG)
-                lat.append(time.perf_counter() - a)
-            out.append(dict(rec, t0=t0, t1=now(), n=ph['n'], bytes=ph['bytes'], lat=lat[WARMUP:]))
-        for mode in ph['modes']:
-            comm.Barrier()
-            if rank != mgr and rank not in workers:
-                continue
-            extra = {} if len(workers) == world - 1 else dict(worker_ranks=workers)
-            buf = create_buffer(ding_cfg(ph, plan, 'mpi', mode, **extra))
-            rec = dict(phase=ph['id'], mode=mode, rank=rank)
-            if rank == mgr:
-                out.append(dict(rec, manager=True, **serve_timed(buf, plan['timeout'])))
-            else:
-                out.append(dict(rec, **push_loop(buf, ph, 1000 * rank + ph['id'], mode, plan['timeout'])))
+            out.append(dict(rec, n=ph['n'], bytes=ph['bytes'], **timed_round_trips(total, round_trip)))
+        out += e2e_modes(plan, ph, 'mpi', rank, world, mgr, workers, comm.Barrier)
         save(out)
     comm.Barrier()
     return out

@@ -116,6 +116,16 @@ def _part_np(p: Any) -> np.ndarray:
     return np.frombuffer(p, dtype=np.uint8)
 
 
+def _numeric_dtype(spec: Any, what: str) -> np.dtype:
+    try:
+        dtype = np.dtype(spec)
+    except TypeError as e:
+        raise CodecError(f"unknown {what} dtype {spec!r}") from e
+    if dtype.kind not in _NP_KINDS:
+        raise CodecError(f"{what} dtype {spec!r} is not numeric")
+    return dtype
+
+
 class _Decoder:
 
     def __init__(self, parts: Sequence[Any], allow_pickle: bool) -> None:
@@ -139,12 +149,7 @@ class _Decoder:
                 raise CodecError(f"unknown tensor dtype {spec[1]!r}")
             itemsize = torch.empty(0, dtype=dtype).element_size()
         else:
-            try:
-                dtype = np.dtype(spec[1])
-            except TypeError as e:
-                raise CodecError(f"unknown array dtype {spec[1]!r}") from e
-            if dtype.kind not in _NP_KINDS:
-                raise CodecError(f"array dtype {spec[1]!r} is not numeric")
+            dtype = _numeric_dtype(spec[1], 'array')
             itemsize = dtype.itemsize
         n = int(np.prod(shape, dtype=np.int64)) if shape else 1
         nbytes = len(raw) if isinstance(raw, (bytes, bytearray)) else int(raw.nbytes if not isinstance(raw, torch.Tensor)
@@ -204,12 +209,7 @@ class _Decoder:
         if tag == '$s':
             if not isinstance(v, list) or len(v) != 2:
                 raise CodecError("bad scalar node")
-            try:
-                dt = np.dtype(v[0])
-            except TypeError as e:
-                raise CodecError(f"unknown scalar dtype {v[0]!r}") from e
-            if dt.kind not in _NP_KINDS:
-                raise CodecError(f"scalar dtype {v[0]!r} is not numeric")
+            dt = _numeric_dtype(v[0], 'scalar')
             return dt.type(complex(*v[1]) if dt.kind == 'c' else v[1])
         if tag == '$z':
             if not isinstance(v, list) or len(v) != 2:
