@@ -11,6 +11,7 @@ from typing import Any, Dict, Tuple
 
 from easydict import EasyDict
 
+from ..config import build_config
 from .codec import CodecError, decode, encode
 from .config import DISTRIBUTED_CONFIG, build_distributed_config
 from .manager import ManagerCore, ReplayBufferManager
@@ -55,7 +56,7 @@ def create_distributed(cls: type, cfg: Any, *args, **kwargs) -> Any:
     from ..buffers.gflownet import GFlowNetReplayBuffer
     dcfg = build_distributed_config(cfg.get('distributed'))
     local_cfg = _local_cfg(cfg)
-    cls(copy.deepcopy(local_cfg)).close()  # validate the buffer section on every rank, fail fast
+    build_config(cls.config, local_cfg, getattr(cls, 'checks', {}))  # every rank fails fast on a bad buffer section
     is_gfn = issubclass(cls, GFlowNetReplayBuffer)
     key = _log_reward_key(cls, local_cfg, dcfg)
     scoring_keys = None

@@ -112,7 +112,7 @@ class RayChannel:
         except ray.exceptions.GetTimeoutError as e:
             raise ManagerUnavailableError(f"{self.where} did not answer {op!r} within {timeout}s "
                                           f"(distributed.timeout); it may be overloaded") from e
-        except (ray.exceptions.RayActorError, ray.exceptions.ActorDiedError) as e:
+        except ray.exceptions.RayActorError as e:  # ActorDiedError and friends derive from it
             raise ManagerUnavailableError(f"{self.where} is gone: {type(e).__name__}") from e
         reply = _unwire(msg, self.allow_pickle)
         if reply.get('shutdown'):
