@@ -234,7 +234,6 @@ class ReplayBufferManager:
         self.lost: Dict[int, str] = {}
         self._lock = threading.Lock()  # serialises ManagerCore.handle across the receive threads
         self._last_seen: Dict[int, float] = {}
-        self._done = False
 
     def run(self, timeout: Optional[float] = None, poll: float = 0.5) -> Dict[str, Any]:
         """
@@ -260,7 +259,6 @@ class ReplayBufferManager:
         finally:
             self.transport.close()
         self.core.shutdown()
-        self._done = True
         out = self.core.summary()
         out['lost'] = {str(k): v for k, v in self.lost.items()}
         out['bytes_received'] = self.transport.bytes_received

@@ -72,17 +72,17 @@ def frame(header: bytes, parts: List[np.ndarray]) -> Tuple[np.ndarray, Optional[
             off = _pad16(off + p.nbytes)
         else:
             table[2 * i + 1] = -1
-    meta = np.zeros(off, dtype=np.uint8)
+    body = int(table[0::2].sum()) if n else 0
+    # control + meta in one buffer, so inline parts are copied once; the head and the overflow are views of it
+    buf = np.zeros(48 + off, dtype=np.uint8)
+    buf[:48].view(np.int64)[:] = (MAGIC, len(header), n, body, off, 0)
+    meta = buf[48:]
     meta[:16 * n] = table.view(np.uint8)
     meta[16 * n:16 * n + len(header)] = np.frombuffer(header, dtype=np.uint8)
     for o, p in inline:
         meta[o:o + p.nbytes] = p
-    body = int(table[0::2].sum()) if n else 0
-    room = HEAD - 48
-    head = np.empty(48 + min(off, room), dtype=np.uint8)
-    head[:48].view(np.int64)[:] = (MAGIC, len(header), n, body, off, 0)
-    head[48:] = meta[:room]
-    extra = meta[room:] if off > room else None
+    head = buf[:HEAD]
+    extra = buf[HEAD:] if len(buf) > HEAD else None
     out = [p for i, p in enumerate(parts) if table[2 * i + 1] < 0]
     return head, extra, out, len(head) + (0 if extra is None else len(extra)) + sum(p.nbytes for p in out)
 
