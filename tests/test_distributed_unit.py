@@ -12,6 +12,7 @@
 """
 import copy
 import math
+import threading
 import time
 
 import numpy as np
@@ -147,7 +148,7 @@ class Loopback:
         self._replies = {}
         self._next = 0
 
-    def submit(self, request):
+    def submit(self, request, deadline=None):
         if self.closed:
             raise ManagerUnavailableError('loopback is closed')
         rid = self._next
@@ -160,12 +161,12 @@ class Loopback:
             self._replies[rid] = wire(reply, self.allow_pickle)
         return rid
 
-    def result(self, ticket, op, timeout=None):
+    def result(self, ticket, op, deadline=None):
         if ticket not in self._replies:
             raise ManagerUnavailableError(f'no reply to {op!r} (ticket {ticket})')
         return self._replies.pop(ticket)
 
-    def close(self):
+    def close(self, grace=None):
         self.closed += 1
 
     def ops(self):
@@ -910,39 +911,101 @@ def test_config_backend_none_is_a_local_buffer():
 
 
 # ---------------------------------------------------------------------------------------------- framing
+_PIPES = []
+
+
+@pytest.fixture(autouse=True)
+def _close_pipes():
+    yield
+    while _PIPES:
+        pipe = _PIPES.pop()
+        pipe.gate.set()
+        pipe.a.close(1)
+        pipe.b.close(1)
+
+
 class _Pipe:
-    """Two in-memory ThreadedTransports wired back to back: every send is one queued message; a receive may
-    post a larger buffer than the message but never a smaller one (as with gloo and MPI)."""
+    """Two in-memory ThreadedTransports wired back to back: every send is one queued message. ``exact`` receives
+    behave like MPI's (sized by a probe: the count is known and a wrong size is refused); otherwise like gloo's
+    (a zeroed buffer of the posted size; a longer message would abort the process, which fails the test).
+    ``gate`` (an Event) stalls a's sender until set, as a frozen peer stalls gloo / MPI sends."""
 
-    def __init__(self, max_bytes=1 << 30):
+    def __init__(self, max_bytes=1 << 30, exact=False):
         import queue as q
-        from ding_buffer.distributed.transport import ThreadedTransport
+        from ding_buffer.distributed import transport as tr
 
-        class PipeTransport(ThreadedTransport):
-            def __init__(self, me, wires):
-                super().__init__([1 - me], False, max_bytes, lambda o: False)
-                self.me, self.wires = me, wires
+        class PipeTransport(tr.ThreadedTransport):
+            def __init__(self, me, pipe):
+                super().__init__([1 - me], False, max_bytes, grace=5.0)
+                self.me, self.pipe = me, pipe
+                self.asked = []  # sizes of the receives posted after a head
 
             def _send_buf(self, peer, buf):
-                self.wires[(self.me, peer)].put(np.array(buf, dtype=np.uint8, copy=True).reshape(-1).view(np.uint8))
+                if self.me == 0:
+                    assert self.pipe.gate.wait(30)
+                self.pipe.wires[(self.me, peer)].put(np.array(buf, dtype=np.uint8, copy=True).reshape(-1))
 
-            def _recv_into(self, peer, buf, a, b):
-                msg = self.wires[(peer, self.me)].get(timeout=10)
-                assert len(msg) <= b - a, f"receive of {b - a} bytes matched a send of {len(msg)}"
-                buf[a:a + len(msg)] = torch.from_numpy(msg) if isinstance(buf, torch.Tensor) else msg
+            def _next(self, peer):
+                while True:
+                    try:
+                        return self.pipe.wires[(peer, self.me)].get(timeout=0.05)
+                    except q.Empty:
+                        if self._abandon:
+                            raise tr.TransportError('closed')
 
+            def _recv_head(self, peer):
+                msg = self._next(peer)
+                if exact:
+                    return msg, len(msg)
+                assert len(msg) <= tr.HEAD, f"gloo would abort: a {len(msg)}-byte message on a {tr.HEAD}-byte receive"
+                buf = np.zeros(tr.HEAD, np.uint8)
+                buf[:len(msg)] = msg
+                return buf, None
+
+            def _recv_exact(self, peer, n):
+                self.asked.append(n)
+                msg = self._next(peer)
+                if exact:
+                    if len(msg) != n:
+                        raise tr.ProtocolError(f'{len(msg)} bytes where {n} were announced')
+                    return msg
+                assert len(msg) <= n, f"gloo would abort: a {len(msg)}-byte message on a {n}-byte receive"
+                buf = np.zeros(n, np.uint8)
+                buf[:len(msg)] = msg
+                return buf
+
+        self.gate = threading.Event()
+        self.gate.set()
         self.wires = {(0, 1): q.Queue(), (1, 0): q.Queue()}
-        self.a, self.b = PipeTransport(0, self.wires), PipeTransport(1, self.wires)
+        self.a, self.b = PipeTransport(0, self), PipeTransport(1, self)
+        self.a.start()
         self.b.start()
+        _PIPES.append(self)
 
     def roundtrip(self, obj):
-        self.a.send(1, obj)
+        self.a.send(1, obj, deadline=time.monotonic() + 10)
         return self.b.recv(10)
 
+    def raw(self, buf):
+        """Put bytes on a's wire to b as one message, bypassing the framing (a hostile peer)."""
+        self.wires[(0, 1)].put(np.asarray(buf, dtype=np.uint8).reshape(-1))
 
-def test_framing_inline_overflow_and_large_parts():
+    def close(self):
+        self.gate.set()
+        return self.a.close(5), self.b.close(5)
+
+
+def _ctrl(*fields):
     from ding_buffer.distributed import transport as tr
-    pipe = _Pipe()
+    c = np.zeros(8, np.int64)
+    c[:len(fields)] = fields
+    return np.concatenate([c.view(np.uint8), np.zeros(tr.CTRL - 64, np.uint8)])
+
+
+@pytest.mark.parametrize('exact', [False, True], ids=['gloo-like', 'mpi-like'])
+def test_framing_inline_overflow_and_large_parts(exact):
+    from ding_buffer.distributed import transport as tr
+    pipe = _Pipe(exact=exact)
     g = torch.Generator().manual_seed(0)
     msg = {
         'id': 7,
@@ -967,27 +1030,153 @@ def test_framing_inline_overflow_and_large_parts():
     assert_same(fill, pipe.roundtrip(fill)[2])
     head, extra, outline, n = tr.frame(*encode({'x': torch.ones(10)}))
     assert extra is None and not outline and len(head) < 200  # a small message is short, not HEAD bytes
-    # a small message is exactly one send
     before = pipe.wires[(0, 1)].qsize()
-    pipe.a.send(1, {'op': 'ping', 'x': torch.ones(4)})
-    assert pipe.wires[(0, 1)].qsize() - before <= 1
+    pipe.a.send(1, {'op': 'ping', 'x': torch.ones(4)}, deadline=time.monotonic() + 10)
+    assert pipe.wires[(0, 1)].qsize() - before <= 1  # a small message is exactly one send
     assert_same(pipe.b.recv(10)[2], {'op': 'ping', 'x': torch.ones(4)})
+    assert pipe.close() == ([], [])
 
 
-def test_framing_oversized_message_is_drained_and_answered_with_its_id():
+def test_framing_decoded_tensors_own_their_memory_so_torch_save_works():
+    import io
+    pipe = _Pipe()
+    msg = {'a': torch.arange(5, dtype=torch.int64), 'b': torch.ones(3, dtype=torch.float32),  # both inline
+           'c': torch.zeros(3, 2, dtype=torch.float16), 'big': torch.arange(70000, dtype=torch.int32),
+           'arr': np.arange(4, dtype=np.float64)}
+    out = pipe.roundtrip(msg)[2]
+    assert_same(msg, out)
+    f = io.BytesIO()
+    torch.save(out, f)  # tensors viewing one receive buffer as different dtypes cannot be saved
+    f.seek(0)
+    assert_same(torch.load(f, weights_only=False), msg)
+
+
+@pytest.mark.parametrize('exact', [False, True], ids=['gloo-like', 'mpi-like'])
+def test_framing_oversized_message_is_drained_and_answered_with_its_id(exact):
     from ding_buffer.distributed import transport as tr
-    pipe = _Pipe(max_bytes=tr.HEAD + 1000)
-    pipe.a.send(1, {'op': 'push', 'args': {'data': torch.zeros(100_000)}, 'id': 41})
+    pipe = _Pipe(max_bytes=tr.HEAD + 1000, exact=exact)
+    pipe.a.send(1, {'op': 'push', 'args': {'data': torch.zeros(100_000)}, 'id': 41}, msg_id=41,
+                deadline=time.monotonic() + 10)
     peer, kind, (rid, err) = pipe.b.recv(10)
     assert kind == tr.ERROR and rid == 41 and 'max_message_mb' in str(err) and isinstance(err, ValueError)
-    pipe.a.send(1, {'op': 'push', 'id': 42})  # the stream is still in sync after the drain
+    pipe.a.send(1, {'op': 'push', 'id': 42}, deadline=time.monotonic() + 10)  # still in sync after the drain
     assert pipe.b.recv(10)[2] == {'op': 'push', 'id': 42}
     assert pipe.wires[(0, 1)].empty()
 
 
-def test_framing_garbage_marks_the_peer_lost():
+@pytest.mark.parametrize('exact', [False, True], ids=['gloo-like', 'mpi-like'])
+def test_framing_garbage_is_answered_and_the_stream_resynchronises(exact):
+    from ding_buffer.distributed import transport as tr
+    pipe = _Pipe(exact=exact)
+    rng = np.random.default_rng(0)
+    bad = [np.zeros(tr.HEAD, np.uint8),  # no magic
+           rng.integers(0, 256, 1000, dtype=np.uint8),  # random bytes
+           _ctrl(tr.MAGIC, 9, 5, tr.CTRL),  # unknown kind
+           _ctrl(tr.MAGIC, tr.DATA, 6, tr.CTRL + 10, 5, 0, 0, 10),  # head length that disagrees with what arrived
+           _ctrl(tr.MAGIC, tr.DATA, 7, tr.CTRL + 32, 3, 2, 0, 32)[:tr.CTRL],  # meta announced, never sent
+           np.frombuffer(b'\x67\x6e\x69\x64' + b'\x00' * 16, np.uint8)]  # 20 bytes: the magic and nothing else
+    if exact:
+        bad.append(np.zeros(3, np.uint8))  # shorter than a control block
+    for b in bad:
+        pipe.raw(b)
+        pipe.a.send(1, {'op': 'count', 'id': 1}, msg_id=1, deadline=time.monotonic() + 10)
+        got = []
+        while not (got and got[-1][1] == tr.MESSAGE):
+            got.append(pipe.b.recv(10))
+            assert got[-1] is not None, f'nothing arrived after {b[:24].tolist()}'
+        assert got[-1][2] == {'op': 'count', 'id': 1}, got  # the next well-formed message is read whole
+        assert all(k == tr.ERROR for _, k, _ in got[:-1]), got  # garbage is reported, never parsed
+    assert pipe.b.protocol_errors >= len(bad) - 1
+
+
+def test_framing_a_short_frame_never_reads_stale_bytes():
     from ding_buffer.distributed import transport as tr
     pipe = _Pipe()
-    pipe.wires[(0, 1)].put(np.zeros(tr.HEAD, dtype=np.uint8))  # no magic
-    peer, kind, why = pipe.b.recv(10)
-    assert kind == tr.LOST and 'magic' in why
+    pipe.a.send(1, {'op': 'push', 'args': {'x': 'y' * 400}, 'id': 3}, msg_id=3, deadline=time.monotonic() + 10)
+    assert pipe.b.recv(10)[1] == tr.MESSAGE
+    # 20 bytes: magic, kind DATA, id 69 -- a receive that reused the previous buffer would find its lengths
+    pipe.raw(np.array([tr.MAGIC, tr.DATA, 69], np.int64).view(np.uint8)[:20])
+    peer, kind, (rid, err) = pipe.b.recv(10)
+    assert kind == tr.ERROR and 'control block' in str(err)
+
+
+@pytest.mark.parametrize('exact', [False, True], ids=['gloo-like', 'mpi-like'])
+def test_framing_a_lying_part_table_is_refused(exact):
+    from ding_buffer.distributed import transport as tr
+    pipe = _Pipe(exact=exact)
+    header, parts = encode({'op': 'push', 'id': 5, 'x': torch.ones(50_000)})  # out of line, shorter than a head:
+    head, extra, out, n = tr.frame(header, parts, 5)  # (a longer stray piece would abort gloo, see the transport)
+    lied = head.copy()
+    lied[:tr.CTRL].view(np.int64)[6] += 8  # body bytes that the table does not add up to
+    pipe.raw(lied)
+    peer, kind, (rid, err) = pipe.b.recv(10)
+    assert kind == tr.ERROR and rid == 5 and 'part table' in str(err)
+    for p in out:  # the announced pieces arrive anyway: refused as heads, then the stream is in sync
+        pipe.raw(p)
+    pipe.a.send(1, {'op': 'count', 'id': 6}, msg_id=6, deadline=time.monotonic() + 10)
+    while True:
+        item = pipe.b.recv(10)
+        assert item is not None
+        if item[1] == tr.MESSAGE:
+            assert item[2] == {'op': 'count', 'id': 6}
+            break
+
+
+def test_framing_mpi_piece_of_the_wrong_size_is_consumed_and_refused():
+    from ding_buffer.distributed import transport as tr
+    pipe = _Pipe(exact=True)
+    header, parts = encode({'op': 'push', 'id': 8, 'x': torch.ones(100_000)})
+    head, extra, out, n = tr.frame(header, parts, 8)
+    pipe.raw(head)
+    pipe.raw(np.zeros(out[0].nbytes + 16, np.uint8))  # longer than announced
+    peer, kind, (rid, err) = pipe.b.recv(10)
+    assert kind == tr.ERROR and rid == 8 and 'announced' in str(err)
+    assert pipe.roundtrip({'op': 'count', 'id': 9})[2] == {'op': 'count', 'id': 9}
+
+
+def test_framing_allocates_a_piece_at_a_time_not_the_declared_size():
+    from ding_buffer.distributed import transport as tr
+    pipe = _Pipe(max_bytes=4 << 30)
+    declared = 1536 << 20  # 1.5 GiB announced, below max_message_bytes
+    header = encode({'op': 'push', 'id': 4, 'x': torch.zeros(0)})[0]
+    fake = np.zeros(declared, np.uint8)[:0]  # nothing real behind it
+    head, extra, out, n = tr.frame(header, [np.lib.stride_tricks.as_strided(fake, (declared, ), (0, ))], 4)
+    pipe.raw(head)
+    pipe.raw(np.ones(1 << 20, np.uint8))  # one MiB of it arrives, then the sender goes quiet
+    time.sleep(0.3)
+    assert pipe.b.asked and max(pipe.b.asked) <= tr.PIECE, pipe.b.asked  # never the whole 1.5 GiB up front
+    assert pipe.b.recv(0.1) is None
+
+
+def test_send_timeout_keeps_the_frame_whole_and_bounds_the_queue():
+    from ding_buffer.distributed import transport as tr
+    pipe = _Pipe()
+    pipe.gate.clear()  # the peer stops reading
+    payload = {'op': 'push', 'id': 1, 'x': torch.arange(200_000)}
+    t = time.monotonic()
+    with pytest.raises(tr.SendTimeout):
+        pipe.a.send(1, payload, msg_id=1, deadline=time.monotonic() + 0.3)
+    assert time.monotonic() - t < 0.3 + 0.2
+    t = time.monotonic()
+    with pytest.raises(tr.SendTimeout, match='previous'):  # nothing more is queued behind it
+        pipe.a.send(1, {'op': 'count', 'id': 2}, msg_id=2, deadline=time.monotonic() + 0.3)
+    assert time.monotonic() - t < 0.3 + 0.2
+    assert pipe.a.queued(1) == 1
+    pipe.gate.set()  # the peer reads again: the frame that timed out arrives whole, in order
+    peer, kind, got = pipe.b.recv(10)
+    assert kind == tr.MESSAGE
+    assert_same(got, payload)
+    assert pipe.roundtrip({'op': 'count', 'id': 3})[2] == {'op': 'count', 'id': 3}
+    assert pipe.close() == ([], [])
+
+
+def test_close_says_goodbye_and_both_sides_end_their_threads():
+    from ding_buffer.distributed import transport as tr
+    pipe = _Pipe()
+    assert pipe.roundtrip({'op': 'count'})[1] == tr.MESSAGE
+    assert pipe.a.close(5) == []  # a's goodbye is answered by b's
+    assert pipe.b.recv(5) == (0, tr.BYE, None)
+    assert not pipe.a.alive(1) and not pipe.b.alive(0)
+    with pytest.raises(tr.TransportError, match='closed'):
+        pipe.b.send(0, {'op': 'count'}, deadline=time.monotonic() + 1)
+    assert pipe.b.close(5) == []

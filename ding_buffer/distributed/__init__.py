@@ -13,10 +13,10 @@ from easydict import EasyDict
 
 from ..config import build_config
 from .codec import CodecError, decode, encode
-from .config import DISTRIBUTED_CONFIG, build_distributed_config
+from .config import DISTRIBUTED_CONFIG, build_distributed_config, startup_seconds
 from .manager import ManagerCore, ReplayBufferManager
 from .remote import ManagerUnavailableError, RemoteBuffer, RemoteError
-from .transport import TransportError
+from .transport import SendTimeout, TransportError
 
 _GFN_TYPES = ('gfn', 'gfn_diverse', 'terminating_state')
 
@@ -47,10 +47,6 @@ def build_manager_buffer(cfg: Any, *args, **kwargs) -> Tuple[Any, EasyDict, str]
     return cls(local, *args, **kwargs), dcfg, _log_reward_key(cls, local, dcfg)
 
 
-def _is_final(obj: Any) -> bool:
-    return isinstance(obj, dict) and (obj.get('op') == 'exit' or bool(obj.get('final')))
-
-
 def create_distributed(cls: type, cfg: Any, *args, **kwargs) -> Any:
     """``create_buffer`` for configs with ``distributed.backend``: a ReplayBufferManager or a RemoteBuffer."""
     from ..buffers.gflownet import GFlowNetReplayBuffer
@@ -74,21 +70,24 @@ def create_distributed(cls: type, cfg: Any, *args, **kwargs) -> Any:
     else:
         from .transport import MPITransport, TorchTransport, init_mpi, init_torch
         if dcfg.backend == 'torch':
-            rank, world = init_torch(dcfg.timeout)
+            rank, world = init_torch(startup_seconds(dcfg))
         else:
             rank, world = init_mpi()
+        if world < 2:
+            launcher = 'torchrun --nproc_per_node N' if dcfg.backend == 'torch' else 'mpirun -n N'
+            raise ValueError(f"config key 'distributed.backend' is {dcfg.backend!r} but this job has {world} rank: a "
+                             f"distributed buffer needs a manager and at least one worker; launch with {launcher} "
+                             f"(N >= 2), or set distributed.backend=None for a local buffer")
         manager = dcfg.manager_rank if dcfg.manager_rank >= 0 else world - 1
         if manager >= world:
             raise ValueError(f"config key 'distributed.manager_rank' is {manager}, the world has {world} ranks")
         workers = [r for r in range(world) if r != manager] if dcfg.worker_ranks is None else list(dcfg.worker_ranks)
-        if manager in workers or any(r >= world for r in workers):
+        if not workers or manager in workers or any(r >= world for r in workers):
             raise ValueError(f"config key 'distributed.worker_ranks' {workers} must name ranks < {world} other than "
                              f"the manager {manager}")
         peers = workers if rank == manager else [manager]
-        if dcfg.backend == 'torch':
-            transport = TorchTransport(peers, dcfg.allow_pickle, max_bytes, _is_final)
-        else:
-            transport = MPITransport(peers, dcfg.allow_pickle, max_bytes, _is_final, send_timeout=dcfg.timeout)
+        cls_t = TorchTransport if dcfg.backend == 'torch' else MPITransport
+        transport = cls_t(peers, dcfg.allow_pickle, max_bytes, grace=dcfg.timeout)
         if rank == manager:
             buffer, dcfg, key = build_manager_buffer(cfg, *args, **kwargs)
             return ReplayBufferManager(buffer, transport, dcfg, workers, key)
@@ -112,6 +111,6 @@ def _plain(cfg: Any) -> Dict[str, Any]:
 
 __all__ = [
     'create_distributed', 'build_manager_buffer', 'RemoteBuffer', 'ReplayBufferManager', 'ManagerCore',
-    'ManagerUnavailableError', 'RemoteError', 'TransportError', 'CodecError', 'encode', 'decode',
+    'ManagerUnavailableError', 'RemoteError', 'TransportError', 'SendTimeout', 'CodecError', 'encode', 'decode',
     'DISTRIBUTED_CONFIG', 'build_distributed_config'
 ]

@@ -1,4 +1,5 @@
 """The ``distributed`` config section (accepted on every buffer type) and its validation."""
+import math
 from typing import Any, Mapping
 
 from easydict import EasyDict
@@ -9,8 +10,17 @@ BACKENDS = ('torch', 'mpi', 'ray')
 BASELINES = ('min', 'percentile', 'ema')
 
 
-def _optional_number(lo: float):
-    return lambda x: x is None or (isinstance(x, (int, float)) and not isinstance(x, bool) and x >= lo)
+def _number(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def _seconds(x: Any) -> bool:
+    """A finite positive number: every blocking wait has a bound."""
+    return _number(x) and x > 0
+
+
+def _optional_seconds(x: Any) -> bool:
+    return x is None or _seconds(x)
 
 
 DISTRIBUTED_CONFIG = dict(
@@ -29,16 +39,25 @@ DISTRIBUTED_CONFIG = dict(
     detached=False,
     ray_address=None,
     num_workers=None,
-    # Seconds a worker waits for any reply of the manager before raising ManagerUnavailableError.
+    # Seconds a worker call may take (send + reply) before it raises ManagerUnavailableError; also bounds the
+    # manager's wait for a worker to take its reply, and the goodbye exchange at close.
     timeout=60.0,
+    # Seconds start-up may take (torch: reaching the master and every peer rank; ray: reaching the cluster);
+    # None: `timeout`. A rank that cannot start raises naming what it waited for.
+    startup_timeout=None,
     # Workers send a heartbeat every this many seconds (torch / mpi); the manager counts a worker as lost
     # after `peer_timeout` seconds without any message from it (None: only when its connection breaks).
     heartbeat_seconds=5.0,
     peer_timeout=120.0,
     # Larger messages are refused with an error reply (MiB).
     max_message_mb=2048.0,
-    # Allow pickled objects on the wire (needed for non-tensor leaves such as torchgfn containers).
+    # Allow pickled objects on the wire (needed for non-tensor leaves such as torchgfn containers). The
+    # manager's own value also decides whether its load_data may unpickle a file a worker names: unpickling
+    # runs code, so only set it where every rank trusts every other. A request never carries this flag.
     allow_pickle=False,
+    # Manager side: the directory a worker's save_data / load_data paths are resolved in (relative paths that
+    # must stay inside it, symlinks included). None: workers may not touch the manager's files at all.
+    file_root=None,
     # Worker side: send accumulated pushes every `remote_buffer_freq` pushes (torchgfn's pending batch).
     remote_buffer_freq=1,
     # Worker side: do not wait for the score of a push; the next push returns it (one push stale).
@@ -82,10 +101,12 @@ DISTRIBUTED_CHECKS = dict(
                   'None or a list of ranks'),
     actor_name=(lambda x: isinstance(x, str) and x, 'a non-empty str'),
     num_workers=(optional_positive_int, 'None or a positive int'),
-    timeout=(lambda x: x > 0, 'a positive number of seconds'),
-    heartbeat_seconds=(lambda x: x > 0, 'a positive number of seconds'),
-    peer_timeout=(_optional_number(0.001), 'None or a positive number of seconds'),
-    max_message_mb=(lambda x: x > 0, 'a positive number of MiB'),
+    timeout=(_seconds, 'a finite positive number of seconds'),
+    startup_timeout=(_optional_seconds, 'None or a finite positive number of seconds'),
+    heartbeat_seconds=(_seconds, 'a finite positive number of seconds'),
+    peer_timeout=(_optional_seconds, 'None or a finite positive number of seconds'),
+    max_message_mb=(lambda x: _number(x) and 0 < x <= (1 << 23), 'a finite positive number of MiB (at most 8 TiB)'),
+    file_root=(lambda x: x is None or (isinstance(x, str) and x and '\0' not in x), 'None or a directory path'),
     remote_buffer_freq=(positive_int, 'a positive int'),
     baseline_refresh_after=(optional_positive_int, 'None or a positive int'),
     scoring_function=(lambda x: x is None or callable(x) or (isinstance(x, str) and ':' in x),
@@ -110,10 +131,18 @@ def build_distributed_config(user: Any) -> EasyDict:
     fns = {k: user.pop(k) for k in ('scoring_function', 'metadata_function') if callable(user.get(k))}
     cfg = build_config(DISTRIBUTED_CONFIG, user, DISTRIBUTED_CHECKS, prefix='distributed.')
     cfg.update(fns)
+    if cfg.peer_timeout is not None and cfg.heartbeat_seconds > cfg.peer_timeout / 2:
+        raise ValueError(f"config key 'distributed.heartbeat_seconds' is {cfg.heartbeat_seconds}, more than half of "
+                         f"'distributed.peer_timeout' ({cfg.peer_timeout}): the manager would count live idle workers "
+                         f"as lost between two heartbeats; use heartbeat_seconds <= peer_timeout / 2")
     if cfg.baseline_filtering and cfg.baseline_strategy is None:
         raise ValueError("config key 'distributed.baseline_filtering' is True but 'distributed.baseline_strategy' "
                          "is None: the manager would never send a baseline; set it to 'min', 'percentile' or 'ema'")
     return cfg
+
+
+def startup_seconds(dcfg: Any) -> float:
+    return dcfg.timeout if dcfg.startup_timeout is None else dcfg.startup_timeout
 
 
 def resolve_callable(spec: Any, key: str) -> Any:

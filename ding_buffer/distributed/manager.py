@@ -7,11 +7,18 @@ MPI transports; ``ray_backend`` runs it inside an actor.
 
 Ops: push, sample, update, count, stats, metadata, state_dict, load_state_dict, save_data, load_data, clear,
 model_version, baseline_sync, ping (heartbeat, no reply), exit (reply marked final).
+
+Trust: a request can never relax the manager's safety. ``load_data`` unpickles only when the manager's own
+``distributed.allow_pickle`` is set, and ``save_data`` / ``load_data`` paths are confined to the manager's
+``distributed.file_root`` (refused when it is None). Pushes carry ``client`` and ``seq``: a push whose sequence
+number was already applied for that client is answered from the record of the first one and stored again
+never, so a retry after a timeout is safe.
 """
 import logging
+import os
 import threading
 import time
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Callable, Dict, Optional, Tuple
 
 
 from ..control.thruput import SampleTimeoutError
@@ -19,7 +26,7 @@ from .baseline import BaselineTracker
 from .batching import count_items, log_rewards_of
 from .codec import CodecError
 from .config import resolve_callable
-from .transport import ERROR, LOST, TransportError
+from .transport import BYE, ERROR, LOST, MAX_QUEUED, TransportError
 
 logger = logging.getLogger('ding_buffer.distributed')
 
@@ -27,6 +34,11 @@ logger = logging.getLogger('ding_buffer.distributed')
 REMOTE_EXCEPTIONS = {e.__name__: e for e in (ValueError, TypeError, KeyError, IndexError, RuntimeError,
                                              NotImplementedError, SampleTimeoutError, FileNotFoundError)}
 REMOTE_EXCEPTIONS['CodecError'] = CodecError
+REMOTE_EXCEPTIONS['PermissionError'] = PermissionError
+
+# the keyword arguments of the buffers' sample() a worker may pass; anything else is refused by name
+SAMPLE_KWARGS = ('cur_learner_iter', 'sample_range', 'replace', 'unroll_len', 'pad')
+MAX_CLIENTS = 1 << 16  # push-dedup records kept (oldest dropped first)
 
 
 def error_reply(rid: Any, e: BaseException) -> Dict[str, Any]:
@@ -51,8 +63,13 @@ class ManagerCore:
         self.model_version = -1
         self.session_id = ''
         self.exited: set = set()
+        self.lost: Dict[Any, str] = {}
+        self.rejoined: Dict[Any, int] = {}
+        self.last_seen: Dict[Any, float] = {}
         self.per_sender: Dict[Any, Dict[str, int]] = {}
-        self.counters = dict(push_requests=0, pushed_items=0, rejected_stale=0, sample_requests=0, errors=0)
+        self._applied: Dict[str, Tuple[int, Dict[str, Any]]] = {}  # client -> (last push seq, its reply)
+        self.counters = dict(push_requests=0, pushed_items=0, rejected_stale=0, sample_requests=0, errors=0,
+                             duplicate_pushes=0)
         self._ops = {
             'push': self._push, 'sample': self._sample, 'update': self._update, 'count': self._count,
             'stats': self._stats, 'metadata': self._metadata, 'state_dict': self._state_dict,
@@ -69,6 +86,7 @@ class ManagerCore:
             if not isinstance(request, dict) or not isinstance(request.get('op'), str):
                 raise ValueError(f"a request must be a dict with an 'op' str, got {str(request)[:100]!r}")
             op = request['op']
+            self.seen(sender)
             stats = self.per_sender.setdefault(sender, dict(requests=0))
             stats['requests'] += 1
             if op == 'ping':
@@ -92,7 +110,28 @@ class ManagerCore:
             return error_reply(rid, e)
 
     # ------------------------------------------------------------------ ops
-    def _push(self, sender, data, batched=False, envstep=-1, model_version=None, session_id=None) -> Dict[str, Any]:
+    def _push(self, sender, data, batched=False, envstep=-1, model_version=None, session_id=None, client=None,
+              seq=None) -> Dict[str, Any]:
+        if client is not None or seq is not None:
+            if not (isinstance(client, str) and 0 < len(client) <= 128 and isinstance(seq, int)
+                    and not isinstance(seq, bool) and 0 <= seq < (1 << 63)):
+                raise ValueError(f"push 'client' must be a str of 1..128 chars and 'seq' an int in [0, 2**63), got "
+                                 f"{str(client)[:40]!r} and {str(seq)[:40]!r}")
+            done = self._applied.get(client)
+            if done is not None and seq <= done[0]:  # a retry of a push that was applied: never store it twice
+                self.counters['duplicate_pushes'] += 1
+                reply = dict(done[1]) if seq == done[0] else {'stored': 0, 'score': {}}
+                reply['duplicate'] = True
+                return reply
+        reply = self._apply_push(sender, data, batched, envstep, model_version, session_id)
+        if client is not None:
+            self._applied.pop(client, None)
+            self._applied[client] = (seq, reply)
+            if len(self._applied) > MAX_CLIENTS:
+                self._applied.pop(next(iter(self._applied)))
+        return reply
+
+    def _apply_push(self, sender, data, batched, envstep, model_version, session_id) -> Dict[str, Any]:
         self.counters['push_requests'] += 1
         n = count_items(data, batched)
         score: Dict[str, Any] = {}
@@ -132,9 +171,14 @@ class ManagerCore:
 
     def _sample(self, sender, size, kwargs=None) -> Any:
         self.counters['sample_requests'] += 1
+        if kwargs is not None and not isinstance(kwargs, dict):
+            raise TypeError(f"sample 'kwargs' must be a dict, got {type(kwargs).__name__}")
         kwargs = dict(kwargs or {})
         if 'timeout' in kwargs:
             raise ValueError("sample's 'timeout' is handled by the worker; the manager never blocks")
+        bad = sorted(str(k) for k in kwargs if k not in SAMPLE_KWARGS)
+        if bad:
+            raise ValueError(f"sample got unexpected keyword arguments {bad}; a worker may pass {list(SAMPLE_KWARGS)}")
         if self.cfg.max_version_lag is not None and kwargs.get('cur_learner_iter', -1) == -1 and self.model_version >= 0:
             kwargs['cur_learner_iter'] = self.model_version
         return self.buffer.sample(size, **kwargs)
@@ -172,11 +216,31 @@ class ManagerCore:
     def _load_state_dict(self, sender, state) -> None:
         self.buffer.load_state_dict(state)
 
-    def _save_data(self, sender, path) -> None:
-        self.buffer.save_data(path)
+    def _save_data(self, sender, path) -> str:
+        where = self.resolve_path(path)
+        self.buffer.save_data(where)
+        return where
 
-    def _load_data(self, sender, path, allow_pickle=False) -> None:
-        self.buffer.load_data(path, allow_pickle=allow_pickle)
+    def _load_data(self, sender, path) -> str:
+        # allow_pickle is the manager's own setting: unpickling a file runs code in this process
+        where = self.resolve_path(path)
+        self.buffer.load_data(where, allow_pickle=bool(self.cfg.allow_pickle))
+        return where
+
+    def resolve_path(self, path: Any) -> str:
+        """A worker's file path as a path inside ``distributed.file_root``; ``PermissionError`` otherwise."""
+        root = self.cfg.file_root
+        if root is None:
+            raise PermissionError("workers may not read or write files on the manager: its config has "
+                                  "distributed.file_root=None (set it to a directory to allow save_data / load_data)")
+        if not isinstance(path, str) or not path or '\0' in path or len(path) > 4096:
+            raise ValueError(f"path must be a non-empty str without NUL bytes, got {str(path)[:80]!r}")
+        base = os.path.realpath(root)
+        where = os.path.realpath(os.path.join(base, path))
+        if os.path.isabs(path) or os.path.commonpath([base, where]) != base or where == base:
+            raise PermissionError(f"path {path!r} resolves to {where!r}, outside distributed.file_root {base!r}; "
+                                  f"workers may name relative paths inside it only")
+        return where
 
     def _clear(self, sender) -> None:
         self.buffer.clear()
@@ -198,7 +262,32 @@ class ManagerCore:
 
     def _exit(self, sender) -> Dict[str, Any]:
         self.exited.add(sender)
+        self.lost.pop(sender, None)
         return {'exited': len(self.exited)}
+
+    # ------------------------------------------------------------------ liveness (used by every backend)
+    def seen(self, sender: Any, now: Optional[float] = None) -> None:
+        """Record a message of ``sender``; a sender counted lost that speaks again rejoins."""
+        self.last_seen[sender] = time.monotonic() if now is None else now
+        if sender in self.lost:
+            why = self.lost.pop(sender)
+            self.rejoined[sender] = self.rejoined.get(sender, 0) + 1
+            logger.warning("manager: worker %s was counted lost (%s) and is back; serving it again", sender, why)
+
+    def lose(self, sender: Any, why: str) -> None:
+        if sender not in self.lost and sender not in self.exited:
+            self.lost[sender] = why
+            logger.warning("manager: lost worker %s: %s; serving the others", sender, why)
+
+    def check_silent(self, now: Optional[float] = None) -> None:
+        """Count as lost every sender silent for longer than ``distributed.peer_timeout``."""
+        limit = self.cfg.peer_timeout
+        if limit is None:
+            return
+        now = time.monotonic() if now is None else now
+        for w, t in list(self.last_seen.items()):
+            if w not in self.lost and w not in self.exited and now - t > limit:
+                self.lose(w, f"no message or heartbeat for {now - t:.1f}s (distributed.peer_timeout={limit})")
 
     # ------------------------------------------------------------------ shutdown
     def shutdown(self) -> Optional[str]:
@@ -211,16 +300,18 @@ class ManagerCore:
 
     def summary(self) -> Dict[str, Any]:
         return {'counters': dict(self.counters), 'per_sender': {str(k): dict(v) for k, v in self.per_sender.items()},
-                'exited': sorted(str(s) for s in self.exited)}
+                'exited': sorted(str(s) for s in self.exited), 'lost': {str(k): v for k, v in self.lost.items()},
+                'rejoined': {str(k): v for k, v in self.rejoined.items()}}
 
 
 class ReplayBufferManager:
     """
     Overview:
         The manager rank of the torch / MPI backends: ``run()`` serves the workers until each has sent EXIT
-        (``RemoteBuffer.close``) or was lost, then checkpoints (``checkpoint_path``) and returns a summary.
-        A worker whose connection breaks, who sends garbage, or who is silent for ``peer_timeout`` seconds
-        (workers send heartbeats) is counted as lost; the others keep being served.
+        (``RemoteBuffer.close``) or was lost, then says goodbye to every connected worker, checkpoints
+        (``checkpoint_path``) and returns a summary. A worker whose connection breaks, who closes without EXIT,
+        who does not take its replies, or who is silent for ``peer_timeout`` seconds (workers send heartbeats)
+        is counted as lost; the others keep being served, and a lost worker that speaks again rejoins.
     Interfaces:
         ``run``, ``buffer``, ``close`` (an ``IBuffer``-like handle so pipeline code can ``close()`` it too).
     """
@@ -231,76 +322,84 @@ class ReplayBufferManager:
         self.cfg = dcfg
         self.workers = set(workers)
         self.core = ManagerCore(buffer, dcfg, log_reward_key)
-        self.lost: Dict[int, str] = {}
-        self._lock = threading.Lock()  # serialises ManagerCore.handle across the receive threads
-        self._last_seen: Dict[int, float] = {}
+        self._lock = threading.Lock()  # serialises ManagerCore across the receive threads
+
+    @property
+    def lost(self) -> Dict[Any, str]:
+        return self.core.lost
+
+    def _waiting_for(self) -> set:
+        with self._lock:
+            return self.workers - self.core.exited - set(self.core.lost)
 
     def run(self, timeout: Optional[float] = None, poll: float = 0.5) -> Dict[str, Any]:
         """
         Overview:
             Serve requests until every worker exited or was lost (or ``timeout`` seconds passed, then
-            ``TimeoutError``). Returns the summary: counters, per-sender requests, exited and lost ranks.
+            ``TimeoutError``). Returns the summary: counters, per-sender requests, exited, lost and rejoined
+            ranks, and ``unanswered_goodbye`` (workers that did not answer the final goodbye in time).
             Requests are served on the transport's per-worker receive threads, one at a time (a lock around
             the buffer); this thread watches for exits, lost workers and silence.
         """
         start = time.monotonic()
-        self._last_seen = {w: start for w in self.workers}
+        for w in self.workers:
+            self.core.last_seen[w] = start
         self.transport.on_item = self._serve
         self.transport.start()
+        stuck: list = []
         try:
-            while self.workers - self.core.exited - set(self.lost):
+            while self._waiting_for():
                 if timeout is not None and time.monotonic() - start > timeout:
                     raise TimeoutError(f"manager run() exceeded {timeout}s; still waiting for ranks "
-                                       f"{sorted(self.workers - self.core.exited - set(self.lost))}")
-                item = self.transport.recv(timeout=poll)  # lost peers and wake-ups after an EXIT
-                if item is not None and item[1] == LOST:
-                    self._lose(item[0], item[2])
-                self._check_silent(self._last_seen, time.monotonic())
+                                       f"{sorted(self._waiting_for())}")
+                item = self.transport.recv(timeout=poll)  # lost peers, goodbyes, wake-ups after an EXIT
+                with self._lock:
+                    if item is not None and item[1] == LOST:
+                        self.core.lose(item[0], item[2])
+                    elif item is not None and item[1] == BYE and item[0] not in self.core.exited:
+                        self.core.lose(item[0], "it closed its connection without EXIT")
+                    self.core.check_silent()
         finally:
-            self.transport.close()
+            stuck = self.transport.close(self.cfg.timeout)
         self.core.shutdown()
         out = self.core.summary()
-        out['lost'] = {str(k): v for k, v in self.lost.items()}
+        out['unanswered_goodbye'] = [str(p) for p in stuck]
+        out['protocol_errors'] = self.transport.protocol_errors
         out['bytes_received'] = self.transport.bytes_received
         out['bytes_sent'] = self.transport.bytes_sent
         return out
 
     def _serve(self, peer: int, kind: str, obj: Any) -> None:
-        """One request of ``peer``, on its receive thread: handle it under the lock and send the reply."""
-        if peer in self.lost:
-            return
-        self._last_seen[peer] = time.monotonic()
-        if kind == ERROR:
-            reply = error_reply(*obj)
+        """One message of ``peer``, on its receive thread: handle it under the lock and queue the reply."""
+        if kind == ERROR:  # undecodable / oversized / broken framing: answered, the peer stays served
+            rid, err = obj
+            with self._lock:
+                self.core.seen(peer)
+                self.core.counters['errors'] += 1
+            reply: Optional[Dict[str, Any]] = error_reply(rid, err)
         else:
             with self._lock:
                 reply = self.core.handle(peer, obj)
-        if reply is not None:
+        if reply is None:
+            return
+        rid = reply.get('id')
+        rid = rid if isinstance(rid, int) and not isinstance(rid, bool) and 0 <= rid < (1 << 63) else -1
+        # an id-less error (garbage) is answered only when nothing else waits for that peer
+        limit = MAX_QUEUED if rid >= 0 else 1
+        try:
             try:
-                try:
-                    self.transport.send(peer, reply)
-                except TypeError as e:  # a result the codec cannot carry (e.g. arbitrary objects)
-                    self.transport.send(peer, error_reply(reply.get('id'), e))
-            except TransportError as e:
-                self.transport.inbox.put((peer, LOST, str(e)))
-        if reply is not None and reply.get('final'):
+                self.transport.send(peer, reply, msg_id=rid, wait=False, limit=limit)
+            except TypeError as e:  # a result the codec cannot carry (e.g. arbitrary objects)
+                self.transport.send(peer, error_reply(reply.get('id'), e), msg_id=rid, wait=False, limit=limit)
+        except TransportError as e:
+            if rid >= 0:
+                with self._lock:
+                    self.core.lose(peer, f"its replies are not taken: {e}")
+        if reply.get('final'):
             self.transport.inbox.put((peer, 'exited', None))  # wake run() to re-check the exit condition
 
-    def _check_silent(self, last_seen: Dict[int, float], now: float) -> None:
-        limit = self.cfg.peer_timeout
-        if limit is None:
-            return
-        for w, t in last_seen.items():
-            if w not in self.lost and w not in self.core.exited and now - t > limit:
-                self._lose(w, f"no message or heartbeat for {now - t:.1f}s (distributed.peer_timeout={limit})")
-
-    def _lose(self, peer: int, why: str) -> None:
-        if peer not in self.lost and peer not in self.core.exited:
-            self.lost[peer] = why
-            logger.warning("manager: lost worker rank %s: %s; serving the others", peer, why)
-
     def close(self) -> None:
-        self.transport.close()
+        self.transport.close(0.0)
         self.buffer.close()
 
     def __getattr__(self, name: str) -> Any:  # stats(), count(), sample() ... of the owned buffer

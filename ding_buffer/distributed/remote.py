@@ -4,12 +4,21 @@ Pushes go through the torchgfn worker pipeline: accumulate ``remote_buffer_freq`
 only scoring fields -> drop rows below the manager's ``baseline_log_reward`` (with refresh) -> send; in
 ``async_score`` mode the send does not wait and the score of the previous send is collected first.
 
-Every wait is bounded by ``distributed.timeout``: a manager that died or hangs makes the call raise
-``ManagerUnavailableError`` instead of blocking. Not thread-safe: use one RemoteBuffer per thread.
+Every call is bounded by ``distributed.timeout``, sending and waiting for the reply together: a manager that
+died, hangs or is frozen makes the call raise ``ManagerUnavailableError`` within the timeout.
+
+Delivery guarantee of pushes: every push carries this client's id and a sequence number, and the manager
+applies each sequence number at most once. A push that raised ``ManagerUnavailableError`` is *in doubt*: it may
+have been stored or not. The RemoteBuffer keeps it and sends it again, with the same sequence number, before
+anything else on the next push / flush / close, so it is stored exactly once if the manager comes back; a
+push of the same data right after the failure is recognised as the caller's retry and adds nothing new.
+Not thread-safe: use one RemoteBuffer per thread.
 """
+import hashlib
 import threading
 import time
 import uuid
+import weakref
 from typing import Any, Dict, List, Optional
 
 import numpy as np
@@ -17,16 +26,40 @@ import numpy as np
 from ..base import IBuffer
 from ..control.thruput import SampleTimeoutError
 from .batching import concat_batches, count_items, filter_items, log_rewards_of, select_fields
+from .codec import CodecError, encode
 from .manager import REMOTE_EXCEPTIONS
-from .transport import ERROR, LOST, TransportError
+from .transport import BYE, ERROR, LOST, SendTimeout, TransportError
 
 
 class ManagerUnavailableError(RuntimeError):
-    """The manager did not answer within ``distributed.timeout`` or its connection broke."""
+    """The manager did not answer within ``distributed.timeout``, its connection broke, or it shut down."""
 
 
 class RemoteError(RuntimeError):
     """The manager raised an exception type that is not re-raised as itself."""
+
+
+def _deadline(timeout: float) -> float:
+    return time.monotonic() + timeout
+
+
+def _heartbeat(channel_ref: 'weakref.ref', stop: threading.Event, every: float) -> None:
+    """Ping the manager while the channel lives; holds only a weak reference, so a RemoteBuffer dropped
+    without ``close()`` stops beating and the manager counts it lost after ``peer_timeout``."""
+    while not stop.wait(every):
+        channel = channel_ref()
+        if channel is None:
+            return
+        with channel._beat_lock:  # never a ping after stop_heartbeat(): nobody would receive it after EXIT
+            if stop.is_set():
+                return
+            try:  # only when nothing else waits to leave: a ping never queues behind a stuck frame
+                channel.transport.send(channel.manager, {'op': 'ping'}, wait=False, limit=1)
+            except SendTimeout:
+                pass
+            except Exception:
+                return
+        del channel
 
 
 class PeerChannel:
@@ -42,62 +75,76 @@ class PeerChannel:
         self._stop = threading.Event()
         self._beat_lock = threading.Lock()
         transport.start()
-        self._beat = threading.Thread(target=self._heartbeat, args=(heartbeat, ), daemon=True,
-                                      name='ding_buffer-heartbeat')
+        self._beat = threading.Thread(target=_heartbeat, args=(weakref.ref(self), self._stop, heartbeat),
+                                      daemon=True, name='ding_buffer-heartbeat')
         self._beat.start()
-
-    def _heartbeat(self, every: float) -> None:
-        while not self._stop.wait(every):
-            with self._beat_lock:  # never a ping after stop_heartbeat(): nobody would receive it after EXIT
-                if self._stop.is_set():
-                    return
-                try:
-                    self.transport.send(self.manager, {'op': 'ping'})
-                except Exception:
-                    return
 
     def stop_heartbeat(self) -> None:
         with self._beat_lock:
             self._stop.set()
 
-    def submit(self, request: Dict[str, Any]) -> int:
+    def submit(self, request: Dict[str, Any], deadline: Optional[float] = None) -> int:
+        """Send ``request``; returns its id once it left. Raises ``ManagerUnavailableError`` when it could not
+        leave before ``deadline`` (a frame already queued is still delivered later: the request is in doubt)."""
         if self._dead:
             raise ManagerUnavailableError(self._dead)
+        deadline = _deadline(self.timeout) if deadline is None else deadline
         rid = self._next
         self._next += 1
         request['id'] = rid
         try:
-            self.transport.send(self.manager, request)
+            self.transport.send(self.manager, request, msg_id=rid, deadline=deadline, wait=True, limit=1)
+        except SendTimeout as e:
+            raise ManagerUnavailableError(f"{self.where} did not take {request.get('op')!r} within "
+                                          f"{self.timeout}s (distributed.timeout); it may be frozen, dead or "
+                                          f"overloaded: {e}") from e
         except TransportError as e:
             self._dead = f"{self.where} is unreachable: {e}"
             raise ManagerUnavailableError(self._dead) from e
         return rid
 
-    def result(self, rid: int, op: str, timeout: Optional[float] = None) -> Dict[str, Any]:
-        timeout = self.timeout if timeout is None else timeout
-        deadline = time.monotonic() + timeout
+    def result(self, rid: int, op: str, deadline: Optional[float] = None) -> Dict[str, Any]:
+        deadline = _deadline(self.timeout) if deadline is None else deadline
         while True:
             if self._dead:
                 raise ManagerUnavailableError(self._dead)
             left = deadline - time.monotonic()
-            item = self.transport.recv(timeout=max(left, 0)) if left > 0 else None
+            item = self.transport.recv(timeout=left) if left > 0 else None
             if item is None:
                 raise ManagerUnavailableError(
-                    f"{self.where} did not answer {op!r} within {timeout}s (distributed.timeout); it may have died "
-                    f"or be overloaded")
+                    f"{self.where} did not answer {op!r} within {self.timeout}s (distributed.timeout); it may "
+                    f"have died or be frozen or overloaded")
             _, kind, obj = item
             if kind == LOST:
                 self._dead = f"{self.where} is gone (connection lost: {obj})"
                 raise ManagerUnavailableError(self._dead)
+            if kind == BYE:
+                self._dead = f"{self.where} has shut down (it said goodbye)"
+                raise ManagerUnavailableError(self._dead)
             if kind == ERROR:
-                raise TransportError(f"reply from {self.where} could not be decoded: {obj[1]}")
+                if obj[0] in (rid, None):  # this reply could not be read (too large, undecodable)
+                    raise CodecError(f"the reply of {self.where} to {op!r} could not be read: {obj[1]}")
+                continue
             if isinstance(obj, dict) and (obj.get('id') == rid or (obj.get('id') is None and obj.get('ok') is False)):
                 return obj  # an id-less error answers the oldest unanswered request: this one (replies are in order)
             # a reply to an earlier request this worker stopped waiting for: drop it
 
-    def close(self) -> None:
+    def close(self, grace: Optional[float] = None) -> None:
         self.stop_heartbeat()
-        self.transport.close()
+        self.transport.close(self.timeout if grace is None else grace)
+
+
+def _digest(data: Any, batched: bool, allow_pickle: bool) -> Optional[bytes]:
+    """A content digest of a push's data (None if it cannot be encoded)."""
+    try:
+        header, parts = encode(data, allow_pickle)
+    except TypeError:
+        return None
+    h = hashlib.blake2b(header, digest_size=16)
+    h.update(b'1' if batched else b'0')
+    for p in parts:
+        h.update(memoryview(p))
+    return h.digest()
 
 
 class RemoteBuffer(IBuffer):
@@ -105,10 +152,11 @@ class RemoteBuffer(IBuffer):
     Overview:
         Worker-side handle of a buffer owned by a manager (torch / MPI rank or Ray actor). Same calls as a local
         buffer: ``push``/``extend``, ``sample`` (``timeout=`` waits on the worker side), ``update``, ``count``,
-        ``stats``, ``state_dict``/``load_state_dict``, ``save_data``/``load_data`` (paths on the manager's
-        machine), ``clear``, ``close`` (sends EXIT after draining). Distributed extras: ``last_score``,
-        ``drain_pending_score``, ``metadata``, ``set_model_version`` (stamps pushes),
-        ``update_model_version`` (moves the manager's version), ``baseline_sync``, ``baseline_log_reward``.
+        ``stats``, ``state_dict``/``load_state_dict``, ``save_data``/``load_data`` (paths inside the manager's
+        ``distributed.file_root``), ``clear``, ``close`` (sends EXIT after draining). Distributed extras:
+        ``last_score``, ``drain_pending_score``, ``metadata``, ``set_model_version`` (stamps pushes),
+        ``update_model_version`` (moves the manager's version), ``baseline_sync``, ``baseline_log_reward``,
+        ``unacknowledged`` (pushes in doubt, sent again by the next call).
     """
 
     def __init__(self, cfg: Any, dcfg: Any, channel: Any, local: Optional[IBuffer] = None,
@@ -124,19 +172,26 @@ class RemoteBuffer(IBuffer):
         self._pending: List[Any] = []
         self._pending_batched: Optional[bool] = None
         self._push_calls = 0
-        self._inflight: Optional[Any] = None  # async_score: ticket of the unanswered push
+        self._client = uuid.uuid4().hex
+        self._seq = 0
+        self._unacked: List[Dict[str, Any]] = []  # push args in doubt, resent (same seq) before anything else
+        self._retry_of: Optional[bytes] = None  # digest of the data of the push call that raised
+        self._inflight: Optional[Any] = None  # async_score: (ticket, args) of the unanswered push
         self.last_score: Optional[Dict[str, Any]] = None
         self.baseline_log_reward = -np.inf
         self._model_version: Optional[int] = None
         self._session_id: Optional[str] = None
         self._consecutive_empty = 0
         self.filter_stats = dict(total=0, kept=0, skipped_sends=0, sends=0)
+        self.resent_pushes = 0  # pushes in doubt sent again
         self._closed = False
 
     # ------------------------------------------------------------------ requests
     def _request(self, op: str, timeout: Optional[float] = None, **args) -> Any:
         self._check_open()
-        return self._reply(self._channel.result(self._channel.submit(self._msg(op, args)), op, timeout), op)
+        deadline = _deadline(self._dcfg.timeout if timeout is None else timeout)
+        ticket = self._channel.submit(self._msg(op, args), deadline)
+        return self._reply(self._channel.result(ticket, op, deadline), op)
 
     def _msg(self, op: str, args: Dict[str, Any]) -> Dict[str, Any]:
         return {'op': op, 'shard': self._dcfg.shard, 'args': args}
@@ -159,21 +214,34 @@ class RemoteBuffer(IBuffer):
         Overview:
             Queue ``data`` for the manager; every ``remote_buffer_freq``-th push sends the accumulated batch.
             Returns how many items were handed over (the manager's ``stored`` count is in ``last_score``).
+            Pushes in doubt (an earlier ``ManagerUnavailableError``) are sent again first; a push of the same
+            data as the call that raised is taken as its retry and adds nothing new.
         """
         self._check_open()
         if data is None:
             raise TypeError("cannot push None")
         batched = bool(batched) or (self._dict_is_batch and isinstance(data, dict))
         n = count_items(data, batched)
+        if self._retry_of is not None:
+            retry = self._retry_of == _digest(data, batched, self._dcfg.allow_pickle)
+            self._retry_of = None
+            if retry:  # its data is kept already (in doubt or pending): send what is owed, add nothing
+                self._send_owed(cur_collector_envstep)
+                return n
+        self._resend_unacked()  # raises before this call's data is taken
         if self._local is not None:
             self._local.push(data, cur_collector_envstep, batched=batched)
-        if self._pending and self._pending_batched != batched:
-            self._flush(cur_collector_envstep)  # a batch and single items cannot be merged
-        self._pending.append(data)
-        self._pending_batched = batched
-        self._push_calls += 1
-        if self._push_calls % self._dcfg.remote_buffer_freq == 0:
-            self._flush(cur_collector_envstep)
+        try:
+            if self._pending and self._pending_batched != batched:
+                self._flush(cur_collector_envstep)  # a batch and single items cannot be merged
+            self._pending.append(data)
+            self._pending_batched = batched
+            self._push_calls += 1
+            if self._push_calls % self._dcfg.remote_buffer_freq == 0:
+                self._flush(cur_collector_envstep)
+        except ManagerUnavailableError:
+            self._retry_of = _digest(data, batched, self._dcfg.allow_pickle)
+            raise
         return n
 
     def extend(self, batch: Any, cur_collector_envstep: int = -1) -> int:
@@ -184,8 +252,26 @@ class RemoteBuffer(IBuffer):
         self.push(data)
 
     def flush(self) -> None:
-        """Send what is pending now (``close`` does it too)."""
-        self._flush(-1)
+        """Send what is pending now, pushes in doubt first (``close`` does it too)."""
+        self._check_open()
+        self._send_owed(-1)
+
+    @property
+    def unacknowledged(self) -> int:
+        """Pushes in doubt (a call raised ``ManagerUnavailableError``): they are sent again by the next call."""
+        return len(self._unacked) + (self._inflight is not None)
+
+    def _send_owed(self, envstep: int) -> None:
+        self._resend_unacked()
+        self._flush(envstep)
+
+    def _resend_unacked(self) -> None:
+        while self._unacked:
+            args = self._unacked[0]
+            self.resent_pushes += 1
+            result = self._request('push', **args)  # raises: it stays in doubt
+            self._unacked.pop(0)
+            self._take_score(result)
 
     def _merged(self) -> Any:
         pending, batched = self._pending, self._pending_batched
@@ -218,15 +304,34 @@ class RemoteBuffer(IBuffer):
         if data is None:
             return
         args = dict(data=data, batched=batched, envstep=envstep, model_version=self._model_version,
-                    session_id=self._session_id)
+                    session_id=self._session_id, client=self._client, seq=self._seq)
+        self._seq += 1
         self.filter_stats['sends'] += 1
-        if self._dcfg.async_score:
-            previous = self._collect_inflight()
-            self._inflight = self._channel.submit(self._msg('push', args))
-            if previous is not None:
-                self._take_score(previous)
-        else:
-            self._take_score(self._request('push', **args))
+        if not self._dcfg.async_score:
+            try:
+                result = self._request('push', **args)
+            except ManagerUnavailableError:
+                self._unacked.append(args)
+                raise
+            self._take_score(result)
+            return
+        try:
+            ticket = self._channel.submit(self._msg('push', args), _deadline(self._dcfg.timeout))
+        except ManagerUnavailableError:
+            self._unacked.append(args)
+            raise
+        previous, self._inflight = self._inflight, (ticket, args)
+        if previous is not None:
+            self._take_score(self._collect(previous, None))
+
+    def _collect(self, inflight: Any, timeout: Optional[float]) -> Dict[str, Any]:
+        ticket, args = inflight
+        deadline = _deadline(self._dcfg.timeout if timeout is None else timeout)
+        try:
+            return self._reply(self._channel.result(ticket, 'push', deadline), 'push')
+        except ManagerUnavailableError:
+            self._unacked.append(args)
+            raise
 
     def _baseline_filter(self, data: Any) -> Any:
         if not self._dcfg.baseline_filtering or not np.isfinite(self.baseline_log_reward):
@@ -255,28 +360,24 @@ class RemoteBuffer(IBuffer):
     def _take_score(self, result: Dict[str, Any]) -> None:
         score = dict(result.get('score') or {})
         score['stored'] = result.get('stored', 0)
-        if 'rejected_stale' in result:
-            score['rejected_stale'] = result['rejected_stale']
+        for k in ('rejected_stale', 'duplicate'):
+            if k in result:
+                score[k] = result[k]
         self.last_score = score
         if 'baseline_log_reward' in score:
             self.baseline_log_reward = float(score['baseline_log_reward'])
-
-    def _collect_inflight(self, timeout: Optional[float] = None) -> Optional[Dict[str, Any]]:
-        if self._inflight is None:
-            return None
-        ticket, self._inflight = self._inflight, None
-        return self._reply(self._channel.result(ticket, 'push', timeout), 'push')
 
     def drain_pending_score(self, timeout: float = 30.0) -> Optional[Dict[str, Any]]:
         """
         Overview:
             Async mode: wait at most ``timeout`` seconds for the score of the last push and return it (None if
-            nothing was outstanding). Raises ``ManagerUnavailableError`` if it does not arrive in time.
+            nothing was outstanding). Raises ``ManagerUnavailableError`` if it does not arrive in time (the push
+            is then in doubt and sent again by the next call).
         """
-        result = self._collect_inflight(timeout)
-        if result is None:
+        if self._inflight is None:
             return None
-        self._take_score(result)
+        inflight, self._inflight = self._inflight, None
+        self._take_score(self._collect(inflight, timeout))
         return self.last_score
 
     # ------------------------------------------------------------------ the rest of IBuffer
@@ -290,18 +391,19 @@ class RemoteBuffer(IBuffer):
             return self._local.sample(size, cur_learner_iter, **kwargs) if timeout is None else \
                 self._local.sample(size, cur_learner_iter, timeout=timeout, **kwargs)
         kwargs['cur_learner_iter'] = cur_learner_iter
-        out = self._request('sample', size=size, kwargs=kwargs)
-        if out is not None or timeout is None:
-            return out
+        if timeout is None:
+            return self._request('sample', size=size, kwargs=kwargs)
         deadline = time.monotonic() + timeout
         pause = 0.001
-        while out is None:
-            if time.monotonic() > deadline:
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
                 raise SampleTimeoutError(f"remote buffer could not sample {size} items within {timeout}s")
-            time.sleep(pause)
+            out = self._request('sample', timeout=min(self._dcfg.timeout, left), size=size, kwargs=kwargs)
+            if out is not None:
+                return out
+            time.sleep(min(pause, max(deadline - time.monotonic(), 0)))
             pause = min(pause * 2, 0.05)
-            out = self._request('sample', size=size, kwargs=kwargs)
-        return out
 
     def update(self, info: Dict[str, Any]) -> Optional[Dict[str, int]]:
         if self._local is not None:
@@ -331,12 +433,20 @@ class RemoteBuffer(IBuffer):
     def load_state_dict(self, state: Dict[str, Any]) -> None:
         self._request('load_state_dict', state=state)
 
-    def save_data(self, path: str) -> None:
-        """Ask the manager to write its buffer to ``path`` (a path on the manager's machine)."""
-        self._request('save_data', path=path)
+    def save_data(self, path: str) -> str:
+        """Ask the manager to write its buffer to ``path``, relative to the manager's ``distributed.file_root``
+        (refused with ``PermissionError`` when the manager sets none, or when the path leaves it). Returns the
+        path written on the manager's machine."""
+        return self._request('save_data', path=path)
 
-    def load_data(self, path: str, allow_pickle: bool = False) -> None:
-        self._request('load_data', path=path, allow_pickle=allow_pickle)
+    def load_data(self, path: str, allow_pickle: bool = False) -> str:
+        """Ask the manager to load ``path`` (relative to its ``distributed.file_root``). Whether a pickled file
+        may be loaded is the manager's own ``distributed.allow_pickle``: a request never carries that flag."""
+        if allow_pickle and not self._dcfg.allow_pickle:
+            raise ValueError("load_data(allow_pickle=True) on a remote buffer: unpickling runs code on the manager, "
+                             "so it is allowed only by the manager's own config (distributed.allow_pickle=True), "
+                             "never by a request")
+        return self._request('load_data', path=path)
 
     def set_model_version(self, version: int, session_id: Optional[str] = None) -> None:
         """Stamp later pushes with the model version (and session) that produced them."""
@@ -357,23 +467,34 @@ class RemoteBuffer(IBuffer):
         return self._local
 
     def close(self, timeout: Optional[float] = None) -> None:
-        """Send what is pending, collect the last async score, send EXIT. Idempotent; never hangs longer than
-        the timeouts. Raises ``ManagerUnavailableError`` if the manager is gone (after closing locally)."""
+        """Send what is owed (pushes in doubt, pending pushes), collect the last async score, send EXIT and say
+        goodbye, all within one ``timeout`` (default ``distributed.timeout``). Idempotent. Raises
+        ``ManagerUnavailableError`` if the manager is gone or does not answer in time (after closing locally;
+        pushes still in doubt are then lost with this worker)."""
         if self._closed:
             return
+        deadline = _deadline(self._dcfg.timeout if timeout is None else timeout)
+        left = lambda: max(deadline - time.monotonic(), 0.0)  # noqa: E731
         try:
+            self._resend_unacked_until(deadline)
             self._flush(-1)
             if self._inflight is not None:
-                self.drain_pending_score(self._dcfg.timeout if timeout is None else timeout)
+                self.drain_pending_score(left())
             stop = getattr(self._channel, 'stop_heartbeat', None)
             if stop is not None:
                 stop()
-            self._request('exit', timeout=timeout)
+            self._request('exit', timeout=left())
         finally:
             self._closed = True
-            self._channel.close()
+            self._channel.close(left())
             if self._local is not None:
                 self._local.close()
+
+    def _resend_unacked_until(self, deadline: float) -> None:
+        while self._unacked:
+            args = self._unacked[0]
+            self._take_score(self._request('push', timeout=max(deadline - time.monotonic(), 0.0), **args))
+            self._unacked.pop(0)
 
     def __repr__(self) -> str:
         return f"RemoteBuffer(type={self._cfg.get('type')!r}, {self._channel.where}, backend={self._dcfg.backend!r})"
