@@ -2,170 +2,26 @@
 
 Each scenario launches three ranks of ``tests/dist_scripts/rank_main.py`` (ranks 0 and 1 are workers, rank 2 the
 manager); every rank writes a JSON report that the tests below read. Normal scenarios run under ``torchrun`` /
-``mpirun``; the kill scenarios start the torch ranks as plain env:// processes (as SLURM users do: torchrun
-would tear the job down when a rank dies) and use ``mpirun --enable-recovery`` for MPI.
-
-The torch and MPI launches of one scenario run concurrently (started by whichever test asks first) to keep the
-module's wall time down. MPI tests skip when mpirun / mpi4py are missing, except under CI (env ``CI``) where
-they fail.
+``mpirun``; the kill scenarios start the torch ranks as plain env:// processes and use ``mpirun
+--enable-recovery`` for MPI (``dist_helpers.Launch``). The torch and MPI launches of one scenario run
+concurrently to keep the module's wall time down. Attacks and faults are in ``test_distributed_faults.py``.
 """
-import importlib.util
-import json
 import os
-import shutil
-import signal
-import socket
-import subprocess
-import sys
-import time
-from pathlib import Path
 
 import pytest
+from dist_helpers import BACKENDS, Launch, launcher
 
-SCRIPT = Path(__file__).parent / 'dist_scripts' / 'rank_main.py'
-BACKENDS = ['torch', 'mpi']
-LAUNCH_TIMEOUT = 90.0
 OVERSIZE_TIMEOUT = 6.0  # the oversizing worker's distributed.timeout (rank_main.OVERSIZE_TIMEOUT)
-KILL_SCENARIOS = ('kill_worker', 'kill_manager')
+KILL = dict(survive_deaths=True)
 
 pytestmark = pytest.mark.timeout(240)
-
-
-def mpi_missing() -> str:
-    if shutil.which('mpirun') is None:
-        return 'mpirun not found'
-    if importlib.util.find_spec('mpi4py') is None:
-        return 'mpi4py not installed'
-    return ''
-
-
-def need_mpi() -> None:
-    why = mpi_missing()
-    if why:
-        if os.environ.get('CI'):
-            pytest.fail(f'MPI tests need Open MPI and mpi4py in CI: {why}')
-        pytest.skip(why)
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(('127.0.0.1', 0))
-        return s.getsockname()[1]
-
-
-def child_env() -> dict:
-    env = {k: v for k, v in os.environ.items()
-           if k not in ('RANK', 'LOCAL_RANK', 'WORLD_SIZE', 'MASTER_ADDR', 'MASTER_PORT', 'LOCAL_WORLD_SIZE')}
-    env['OMP_NUM_THREADS'] = '1'
-    env['PYTHONUNBUFFERED'] = '1'
-    return env
-
-
-class Launch:
-    """One scenario on one backend: the processes, their logs and (after ``wait``) the ranks' JSON reports."""
-
-    def __init__(self, scenario: str, backend: str, root: Path) -> None:
-        self.scenario, self.backend = scenario, backend
-        self.out = root / f'{scenario}-{backend}'
-        self.out.mkdir(parents=True)
-        self.procs = []  # (name, Popen, log path)
-        self.timed_out = []
-        self.ranks = None
-        args = [str(SCRIPT), scenario, backend, str(self.out)]
-        if backend == 'torch' and scenario in KILL_SCENARIOS:
-            port = free_port()
-            for r in range(3):
-                env = child_env()
-                env.update(RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE='3', LOCAL_WORLD_SIZE='3', MASTER_ADDR='127.0.0.1',
-                           MASTER_PORT=str(port))
-                self._start(f'rank{r}', [sys.executable] + args, env)
-        elif backend == 'torch':
-            # --standalone: torchrun binds a free port itself (no race with other jobs grabbing a port we picked)
-            cmd = [sys.executable, '-m', 'torch.distributed.run', '--standalone', '--nnodes', '1',
-                   '--nproc_per_node', '3'] + args
-            self._start('torchrun', cmd, child_env())
-        else:
-            cmd = ['mpirun', '--allow-run-as-root', '--oversubscribe', '-n', '3']
-            if scenario in KILL_SCENARIOS:
-                cmd.append('--enable-recovery')  # the other ranks keep running when one dies
-            self._start('mpirun', cmd + [sys.executable] + args, child_env())
-        self.started = time.monotonic()
-
-    def _start(self, name, cmd, env) -> None:
-        log = self.out / f'{name}.log'
-        with open(log, 'wb') as f:
-            p = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env, cwd=str(self.out),
-                                 start_new_session=True)
-        self.procs.append((name, p, log))
-
-    def wait(self) -> 'Launch':
-        if self.ranks is not None:
-            return self
-        deadline = self.started + LAUNCH_TIMEOUT
-        for name, p, _ in self.procs:
-            try:
-                p.wait(timeout=max(deadline - time.monotonic(), 0.1))
-            except subprocess.TimeoutExpired:
-                self.timed_out.append(name)
-                try:
-                    os.killpg(p.pid, signal.SIGKILL)  # the session this test started for it
-                except ProcessLookupError:
-                    pass
-                p.wait()
-        self.seconds = time.monotonic() - self.started
-        self.ranks = {}
-        for r in range(3):
-            f = self.out / f'rank{r}.json'
-            if f.exists():
-                self.ranks[r] = json.loads(f.read_text())
-        return self
-
-    @property
-    def returncodes(self):
-        return {name: p.returncode for name, p, _ in self.procs}
-
-    def logs(self) -> str:
-        parts = [f'== {self.scenario} / {self.backend}: return codes {self.returncodes}, '
-                 f'timed out {self.timed_out}, {self.seconds:.1f}s']
-        for name, _, log in self.procs:
-            text = log.read_text(errors='replace') if log.exists() else ''
-            parts.append(f'-- {name} output (last 6000 chars):\n{text[-6000:]}')
-        for r, d in sorted((self.ranks or {}).items()):
-            if 'traceback' in d:
-                parts.append(f'-- rank {r} traceback:\n{d["traceback"]}')
-        return '\n'.join(parts)
-
-    def rank(self, r: int) -> dict:
-        assert r in self.ranks, f'rank {r} wrote no report\n{self.logs()}'
-        return self.ranks[r]
-
-    def require_ok(self, ranks=(0, 1, 2), rc=True) -> None:
-        assert not self.timed_out, f'launch timed out after {LAUNCH_TIMEOUT}s\n{self.logs()}'
-        for r in ranks:
-            d = self.rank(r)
-            assert d.get('ok') is True, f'rank {r} did not finish\n{self.logs()}'
-        if rc:
-            assert all(c == 0 for c in self.returncodes.values()), f'non-zero exit\n{self.logs()}'
-
 
 _LAUNCHES = {}
 
 
 @pytest.fixture(scope='module')
 def launches(tmp_path_factory):
-    root = tmp_path_factory.mktemp('dist_procs')
-
-    def get(scenario: str, backend: str) -> Launch:
-        if backend == 'mpi':
-            need_mpi()
-        if (scenario, backend) not in _LAUNCHES:
-            # start both backends of this scenario at once; the other test picks its launch up later
-            for b in BACKENDS:
-                if (scenario, b) not in _LAUNCHES and (b == 'torch' or not mpi_missing()):
-                    _LAUNCHES[(scenario, b)] = Launch(scenario, b, root)
-        return _LAUNCHES[(scenario, backend)].wait()
-
-    yield get
+    yield launcher(tmp_path_factory.mktemp('dist_procs'), _LAUNCHES, kill_worker=KILL, kill_manager=KILL)
     for launch in list(_LAUNCHES.values()):  # never leave children behind
         launch.wait()
     _LAUNCHES.clear()
@@ -261,6 +117,21 @@ def test_roundtrip_checkpoint_loads(launches, backend):
     rows = buf.storage.gather(buf.storage.ring.ordered_slots())
     assert rows['tag'].tolist() == run.rank(2)['tags']  # same rows, same insertion order
     buf.close()
+
+
+@pytest.mark.parametrize('backend', BACKENDS)
+def test_roundtrip_results_are_saveable_and_files_stay_in_the_file_root(launches, backend):
+    run = launches('roundtrip', backend)
+    run.require_ok()
+    for r in (0, 1):  # torch.save(remote.sample(8)) / torch.save(remote.state_dict()) work and round-trip
+        assert run.rank(r)['saved_sample'] is True and run.rank(r)['saved_state_dict'] is True
+    fe = run.rank(0)['file_errors']
+    assert fe['escape'][0] == 'PermissionError' and 'file_root' in fe['escape'][1], fe
+    assert fe['absolute'][0] == 'PermissionError', fe
+    assert fe['pickle_flag'][0] == 'ValueError' and 'distributed.allow_pickle' in fe['pickle_flag'][1], fe
+    saved = run.rank(1)['saved_to']
+    assert saved == str((run.out / 'files' / 'inside-1.buf').resolve()) and os.path.exists(saved)
+    assert not (run.out / 'outside.buf').exists()
 
 
 # ---------------------------------------------------------------------------------------------- 4. oversized push

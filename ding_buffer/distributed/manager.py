@@ -54,6 +54,9 @@ class ManagerCore:
     """
 
     def __init__(self, buffer: Any, dcfg: Any, log_reward_key: str) -> None:
+        if dcfg.file_root is not None and not os.path.isdir(dcfg.file_root):
+            raise ValueError(f"config key 'distributed.file_root' is {dcfg.file_root!r}, which is not a directory; "
+                             f"create it, or set None to refuse workers' save_data / load_data")
         self.buffer = buffer
         self.cfg = dcfg
         self.log_reward_key = log_reward_key
@@ -323,6 +326,7 @@ class ReplayBufferManager:
         self.workers = set(workers)
         self.core = ManagerCore(buffer, dcfg, log_reward_key)
         self._lock = threading.Lock()  # serialises ManagerCore across the receive threads
+        self._stopping = False  # set once run() decided to end: nothing is applied after that
 
     @property
     def lost(self) -> Dict[Any, str]:
@@ -360,6 +364,8 @@ class ReplayBufferManager:
                         self.core.lose(item[0], "it closed its connection without EXIT")
                     self.core.check_silent()
         finally:
+            with self._lock:
+                self._stopping = True
             stuck = self.transport.close(self.cfg.timeout)
         self.core.shutdown()
         out = self.core.summary()
@@ -370,7 +376,10 @@ class ReplayBufferManager:
         return out
 
     def _serve(self, peer: int, kind: str, obj: Any) -> None:
-        """One message of ``peer``, on its receive thread: handle it under the lock and queue the reply."""
+        """One message of ``peer``, on its receive thread: handle it under the lock and queue the reply. After
+        ``run()`` ended nothing is applied (the goodbye tells the worker; its request is in doubt)."""
+        if self._stopping:
+            return
         if kind == ERROR:  # undecodable / oversized / broken framing: answered, the peer stays served
             rid, err = obj
             with self._lock:
@@ -379,6 +388,8 @@ class ReplayBufferManager:
             reply: Optional[Dict[str, Any]] = error_reply(rid, err)
         else:
             with self._lock:
+                if self._stopping:
+                    return
                 reply = self.core.handle(peer, obj)
         if reply is None:
             return

@@ -99,7 +99,8 @@ class PeerChannel:
                                           f"{self.timeout}s (distributed.timeout); it may be frozen, dead or "
                                           f"overloaded: {e}") from e
         except TransportError as e:
-            self._dead = f"{self.where} is unreachable: {e}"
+            self._dead = (f"{self.where} has shut down (it said goodbye)" if self.transport.goodbye_received(self.manager)
+                          else f"{self.where} is unreachable: {e}")
             raise ManagerUnavailableError(self._dead) from e
         return rid
 
@@ -223,11 +224,13 @@ class RemoteBuffer(IBuffer):
         batched = bool(batched) or (self._dict_is_batch and isinstance(data, dict))
         n = count_items(data, batched)
         if self._retry_of is not None:
-            retry = self._retry_of == _digest(data, batched, self._dcfg.allow_pickle)
-            self._retry_of = None
-            if retry:  # its data is kept already (in doubt or pending): send what is owed, add nothing
+            if self._retry_of == _digest(data, batched, self._dcfg.allow_pickle):
+                # the caller's retry of the call that raised: its data is kept already (in doubt or pending),
+                # so send what is owed and add nothing; if that fails too, the next call is still its retry
                 self._send_owed(cur_collector_envstep)
+                self._retry_of = None
                 return n
+            self._retry_of = None
         self._resend_unacked()  # raises before this call's data is taken
         if self._local is not None:
             self._local.push(data, cur_collector_envstep, batched=batched)

@@ -408,6 +408,10 @@ class ThreadedTransport:
         except queue.Empty:
             return None
 
+    def goodbye_received(self, peer: int) -> bool:
+        """Whether ``peer`` ended the connection with a goodbye (a clean shutdown, not a failure)."""
+        return peer in self._bye_received
+
     def alive(self, peer: int) -> bool:
         """Whether the receive thread of ``peer`` still runs (no BYE, connection intact)."""
         t = self._recv_threads.get(peer)
@@ -561,14 +565,34 @@ class MPITransport(ThreadedTransport):
         return buf
 
 
+def _wait_listening(host: str, port: int, deadline: float) -> None:
+    """Return once something accepts TCP connections at ``host:port``; ``TimeoutError`` at ``deadline``."""
+    import socket
+    pause = 0.05
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError(f"nothing listens at {host}:{port}")
+        try:
+            socket.create_connection((host, port), timeout=min(left, 2.0)).close()
+            return
+        except OSError:
+            time.sleep(min(pause, max(deadline - time.monotonic(), 0)))
+            pause = min(pause * 2, 0.5)
+
+
 def _presence_barrier(store: Any, rank: int, world: int, timeout_s: float, prefix: str) -> None:
     """Every rank marks itself present in the store and waits (bounded) for the others."""
-    store.set(f'{prefix}/{rank}', '1')
     keys = [f'{prefix}/{r}' for r in range(world)]
     deadline = time.monotonic() + timeout_s
     pause = 0.01
     while True:
-        missing = [r for r, k in enumerate(keys) if not store.check([k])]
+        try:
+            store.set(keys[rank], '1')
+            missing = [r for r, k in enumerate(keys) if not store.check([k])]
+        except Exception as e:  # the store's host went away (it gave up waiting, or died)
+            raise TimeoutError(f"distributed start-up: lost the store while waiting for the other ranks "
+                               f"({type(e).__name__}: {e}); did every rank start?") from e
         if not missing:
             return
         if time.monotonic() > deadline:
@@ -601,12 +625,23 @@ def init_torch(startup_s: float) -> Tuple[int, int]:
     if missing:
         raise RuntimeError(f"distributed.backend='torch' needs the env variables {missing} (set by torchrun, or by "
                            f"you for env:// launches); run the job under torchrun --nproc_per_node N")
-    where = f"{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}"
+    host, port = os.environ['MASTER_ADDR'], int(os.environ['MASTER_PORT'])
+    rank, world = int(os.environ['RANK']), int(os.environ['WORLD_SIZE'])
+    where = f"{host}:{port}"
+    # torchrun hosts the store in its agent; otherwise rank 0 does. The store does not wait for its clients: the
+    # presence barrier below does, and names the ranks that never came.
+    agent = os.environ.get('TORCHELASTIC_USE_AGENT_STORE') == 'True'
+    master = rank == 0 and not agent
+    deadline = time.monotonic() + startup_s
     try:
-        store, rank, world = next(dist.rendezvous('env://', timeout=datetime.timedelta(seconds=startup_s)))
+        if not master:  # the store's own client retries with random back-off past its timeout: probe first
+            _wait_listening(host, port, deadline)
+        store = dist.TCPStore(host, port, world, is_master=master, wait_for_workers=False,
+                              timeout=datetime.timedelta(seconds=max(deadline - time.monotonic(), 0.5)))
     except Exception as e:
-        raise TimeoutError(f"distributed start-up: could not reach the torch.distributed master at {where} within "
-                           f"{startup_s}s (distributed.startup_timeout): {type(e).__name__}: {e}") from e
+        raise TimeoutError(f"distributed start-up (rank {rank} of {world}): could not reach the torch.distributed "
+                           f"master at {where} within {startup_s}s (distributed.startup_timeout): "
+                           f"{type(e).__name__}: {e}") from e
     restart = os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')
     _presence_barrier(store, rank, world, startup_s, f'ding_buffer/present/{restart}')
     long = datetime.timedelta(seconds=max(startup_s, 7 * 24 * 3600))

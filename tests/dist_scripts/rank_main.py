@@ -4,9 +4,13 @@ Usage: ``python rank_main.py SCENARIO BACKEND OUTDIR`` on every rank (torchrun /
 mpirun for 'mpi'). Ranks 0 and 1 are workers, rank 2 (the last) the manager. Every rank writes
 ``OUTDIR/rank{r}.json``; a rank that fails records the traceback there and exits 1.
 
-Scenarios: roundtrip (advanced buffer, sample/update/stats/oversized push/checkpoint), gfn_min (baseline 'min'
-on a small prioritized gfn buffer), gfn_ema_async (baseline 'ema', async_score, remote_buffer_freq),
-kill_worker (worker 0 SIGKILLs itself), kill_manager (the manager SIGKILLs itself).
+Scenarios: roundtrip (advanced buffer, sample/update/stats/oversized push/checkpoint, torch.save of results,
+file requests), gfn_min (baseline 'min' on a small prioritized gfn buffer), gfn_ema_async (baseline 'ema',
+async_score, remote_buffer_freq), kill_worker (worker 0 SIGKILLs itself), kill_manager (the manager SIGKILLs
+itself), hostile (rank 0 sends crafted and random bytes to the manager while rank 1 is served), freeze_manager
+(rank 1 SIGSTOPs the manager for longer than the timeout while rank 0 pushes with retries), freeze_worker
+(rank 1 freezes rank 0 past peer_timeout; rank 0 rejoins), freeze_worker_end (the same, but rank 1 exits while
+rank 0 is frozen, so the manager ends first).
 """
 import json
 import os
@@ -88,12 +92,17 @@ def recorder(batch, sender=None, buffer=None):
 
 
 # ---------------------------------------------------------------------------------------------- configs
+FREEZE_TIMEOUT = 3.0  # distributed.timeout of the freeze scenarios
+FREEZE_SECONDS = 8.0
+
+
 def config():
     d = dict(backend=BACKEND, timeout=20.0, heartbeat_seconds=1.0)
     if SCENARIO == 'roundtrip':
         cfg = dict(type='advanced', replay_buffer_size=1000, storage=dict(type='tensor'))
         if RANK == MANAGER:
-            d.update(checkpoint_path=os.path.join(OUT, 'ckpt.buf'), max_message_mb=1)
+            os.makedirs(os.path.join(OUT, 'files'), exist_ok=True)
+            d.update(checkpoint_path=os.path.join(OUT, 'ckpt.buf'), max_message_mb=1, file_root=os.path.join(OUT, 'files'))
         elif RANK == 0:
             d.update(timeout=OVERSIZE_TIMEOUT)  # bounds the wait if the manager's error reply never matches
     elif SCENARIO == 'gfn_min':
@@ -112,6 +121,15 @@ def config():
     elif SCENARIO == 'kill_manager':
         cfg = dict(type='advanced', replay_buffer_size=1000, storage=dict(type='tensor'))
         d.update(timeout=5.0, heartbeat_seconds=0.5)
+    elif SCENARIO == 'hostile':
+        cfg = dict(type='advanced', replay_buffer_size=1000, storage=dict(type='list'))
+        d.update(max_message_mb=1, file_root=OUT, peer_timeout=None)
+    elif SCENARIO == 'freeze_manager':
+        cfg = dict(type='advanced', replay_buffer_size=4000, storage=dict(type='tensor'))
+        d.update(timeout=FREEZE_TIMEOUT, heartbeat_seconds=0.5, peer_timeout=60.0)
+    elif SCENARIO in ('freeze_worker', 'freeze_worker_end'):
+        cfg = dict(type='advanced', replay_buffer_size=4000, storage=dict(type='tensor'))
+        d.update(timeout=10.0, heartbeat_seconds=0.5, peer_timeout=3.0)
     else:
         raise ValueError(SCENARIO)
     if RANK == MANAGER and SCENARIO.startswith('gfn'):
@@ -121,9 +139,30 @@ def config():
 
 
 # ---------------------------------------------------------------------------------------------- manager
+def rss_mb() -> float:
+    import resource
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def flag(name: str) -> None:
+    open(os.path.join(OUT, name), 'w').close()
+
+
+def wait_flag(name: str, seconds: float = 60.0) -> bool:
+    end = time.monotonic() + seconds
+    while not os.path.exists(os.path.join(OUT, name)):
+        if time.monotonic() > end:
+            return False
+        time.sleep(0.02)
+    return True
+
+
 def manager(buf):
     from ding_buffer.distributed import ReplayBufferManager
     assert isinstance(buf, ReplayBufferManager), type(buf)
+    with open(os.path.join(OUT, 'manager.pid'), 'w') as f:
+        f.write(str(os.getpid()))
+    RESULT['rss_mb_start'] = rss_mb()
     if SCENARIO == 'kill_manager':
         th = threading.Thread(target=buf.run, kwargs=dict(timeout=60), daemon=True)
         th.start()
@@ -143,11 +182,12 @@ def manager(buf):
     RESULT['count'] = inner.count()
     if hasattr(inner, 'log_rewards'):
         RESULT['log_rewards'] = sorted(inner.log_rewards().tolist())
-    else:
+    elif SCENARIO != 'hostile':  # (list storage there: the count is checked)
         rows = inner.storage.gather(inner.storage.ring.ordered_slots())
         RESULT['tags'] = rows['tag'].tolist()
         RESULT['obs_ok'] = bool((rows['obs'] == rows['tag'].float().unsqueeze(1)).all())
     RESULT['arrivals'] = ARRIVALS
+    RESULT['rss_mb_end'] = rss_mb()
     buf.close()
 
 
@@ -178,7 +218,27 @@ def worker_roundtrip(buf):
                                    'priority': torch.full((4, ), 2.0)})
     st = wait_pushes(buf, 10)
     RESULT['stats'] = {k: v for k, v in st.items() if k.startswith('manager/') or k in ('count', 'push_count')}
-    if RANK == 0:  # oversized push (manager has max_message_mb=1), then a small one
+    import io
+    for name, obj in (('sample', buf.sample(8)), ('state_dict', buf.state_dict())):
+        f = io.BytesIO()
+        torch.save(obj, f)  # results must be ordinary tensors
+        f.seek(0)
+        back = torch.load(f, weights_only=False)
+        RESULT[f'saved_{name}'] = True if name == 'state_dict' else bool(torch.equal(back['obs'], obj['obs']))
+    if RANK == 1:
+        RESULT['saved_to'] = buf.save_data(f'inside-{RANK}.buf')
+        flag('stats_read_1')
+    if RANK == 0:  # requests the manager refuses, once rank 1 has read its stats (they count errors)
+        wait_flag('stats_read_1', 60)
+        RESULT['file_errors'] = {}
+        for name, call in (('escape', lambda: buf.save_data('../outside.buf')), ('absolute', lambda: buf.load_data('/etc/passwd')),
+                           ('pickle_flag', lambda: buf.load_data('x.buf', allow_pickle=True))):
+            try:
+                call()
+                RESULT['file_errors'][name] = None
+            except Exception as e:
+                RESULT['file_errors'][name] = [type(e).__name__, str(e)]
+        # oversized push (manager has max_message_mb=1), then a small one
         big = adv_batch(0, 50, n=80000)  # ~2.2 MB > max_message_mb=1
         t = time.monotonic()
         try:
@@ -251,9 +311,291 @@ def worker_kill_manager(buf):
     os._exit(0)  # the manager is gone: skip interpreter teardown of the broken process group
 
 
-def main() -> None:
+# ---------------------------------------------------------------------------------------------- hostile peer
+ID = 424242
+
+
+def hostile_cases():
+    """(name, header bytes, parts) sent with valid framing: every one must get an error reply with its id (the
+    JSON id is ``ID``, replaced by the request's id when sent)."""
+    import pickle
+    import numpy as np
+
+    class Boom:  # unpickling it would create a marker file on the manager
+        def __reduce__(self):
+            return (open, (os.path.join(OUT, 'pwned'), 'w'))
+
+    def j(body, n=()):
+        return json.dumps({'v': 1, 'n': list(n), 'body': body}).encode()
+
+    def req(op, a=None, **top):
+        d = [['op', op], ['id', ID], ['shard', top.pop('shard', 0)]] + [[k, v] for k, v in top.items()]
+        if a is not None:
+            d.append(['args', {'$d': [[k, v] for k, v in a.items()]}])
+        return {'$d': d}
+
+    evil = np.frombuffer(pickle.dumps(Boom()), np.uint8)
+    with open(os.path.join(OUT, 'evil.buf'), 'wb') as f:  # a "buffer file" that runs code when unpickled
+        pickle.dump({'x': Boom()}, f)
+    cases = [
+        ('not json', b'{not json', []),
+        ('5000-digit int', b'{"v":1,"n":[],"body":' + b'9' * 5000 + b'}', []),
+        ('deep nesting', b'{"v":1,"n":[],"body":' + b'[' * 100000 + b']' * 100000 + b'}', []),
+        ('shape overflow', j(req('push', {'data': {'$t': [0, 'float32', [2 ** 62, 2 ** 62, 4]]}}), [4]), [np.zeros(4, np.uint8)]),
+        ('part used twice', j(req('push', {'data': {'$d': [['a', {'$t': [0, 'int64', [1]]}], ['b', {'$t': [0, 'float64', [1]]}]]}}), [8]),
+         [np.zeros(8, np.uint8)]),
+        ('pickled leaf', j(req('push', {'data': {'$p': 0}}), [len(evil)]), [evil]),
+        ('unknown tag', j(req('push', {'data': {'$q': 1}})), []),
+        ('parts missing', j(req('count'), [5, 5]), [np.zeros(5, np.uint8)]),
+        ('bad dtype', j(req('push', {'data': {'$a': [0, 'O', [1]]}}), [8]), [np.zeros(8, np.uint8)]),
+        ('no op', j({'$d': [['id', 0]]}), []),
+        ('args not a dict', j(req('count', None, args=[1, 2])), []),
+        ('sample timeout', j(req('sample', {'size': 2, 'kwargs': {'$d': [['timeout', 100]]}})), []),
+        ('sample unknown kwarg', j(req('sample', {'size': 2, 'kwargs': {'$d': [['evil', 1]]}})), []),
+        ('sample huge', j(req('sample', {'size': 10 ** 30})), []),
+        ('load_data allow_pickle', j(req('load_data', {'path': 'evil.buf', 'allow_pickle': True})), []),
+        ('load_data pickle file', j(req('load_data', {'path': 'evil.buf'})), []),
+        ('save_data escape', j(req('save_data', {'path': '../../escaped.buf'})), []),
+        ('load_data absolute', j(req('load_data', {'path': '/etc/passwd'})), []),
+        ('push bad seq', j(req('push', {'data': {'$d': [['obs', 1]]}, 'client': 'x', 'seq': -5})), []),
+        ('unknown op', j(req('format_disk')), []),
+        ('other shard', j(req('count', None, shard=5)), []),
+        ('update garbage', j(req('update', {'info': {'$d': [['replay_unique_id', 'abc']]}})), []),
+        ('model_version str', j(req('model_version', {'version': 'abc'})), []),
+    ]
+    return cases
+
+
+def hostile_raw_messages():
+    """Byte sequences sent as raw point-to-point messages (no framing), each at most a head long (a longer one
+    would abort the manager inside gloo, see the README's security notes)."""
+    import numpy as np
+    from ding_buffer.distributed import transport as tr
+    rng = np.random.default_rng(1234)
+    msgs = [rng.integers(0, 256, int(rng.integers(1, tr.HEAD)), dtype=np.uint8) for _ in range(40)]
+    msgs.append(np.zeros(tr.HEAD, np.uint8))
+
+    def ctrl(*fields, extra=b''):
+        c = np.zeros(8, np.int64)
+        c[:len(fields)] = fields
+        return np.concatenate([c.view(np.uint8), np.frombuffer(extra, np.uint8)])
+
+    m = tr.MAGIC
+    msgs += [
+        ctrl(m, 9, 11, 64),  # unknown kind
+        ctrl(m, tr.DATA, 12, 64 + 10, 5, 0, 0, 10),  # head length disagreeing with what arrived
+        ctrl(m, tr.DATA, 13, 64 + 32, 3, 1, 0, 32, extra=b'\0' * 32),  # meta shorter than its table + header
+        ctrl(m, tr.DATA, 14, 64 + 32, 3, 2 ** 40, 0, 32, extra=b'\0' * 32),  # absurd part count
+        ctrl(m, tr.DATA, 15, 64 + 16, 1, 0, -5, 16, extra=b'\0' * 16),  # negative body
+        ctrl(m, tr.DATA, 16, 64 + 32, 16, 1, 100, 32, extra=np.array([50, -1], np.int64).tobytes() + b'{' * 16),  # table != body
+        np.array([m, tr.DATA, 69], np.int64).view(np.uint8)[:20],  # a 20-byte frame after longer ones
+    ]
+    return msgs
+
+
+def worker_hostile(buf):
+    """Rank 0: a peer that speaks our transport but lies; rank 1: a well-behaved worker."""
+    import numpy as np
+    if RANK == 1:
+        events = []
+        for step in range(40):
+            push_record(buf, adv_batch(RANK, step), batched=True)
+            s = buf.sample(4, timeout=10)  # list storage: a list of item dicts
+            buf.update({'replay_unique_id': [d['replay_unique_id'] for d in s],
+                        'replay_buffer_idx': [d['replay_buffer_idx'] for d in s], 'priority': [1.5] * 4})
+            events.append(buf.count())
+            time.sleep(0.05)
+        wait_flag('hostile_done', 120)
+        push_record(buf, adv_batch(RANK, 99), batched=True)
+        RESULT['count_final'] = buf.count()
+        buf.close()
+        RESULT['closed'] = True
+        return
+    from ding_buffer.distributed import transport as tr
+    from ding_buffer.distributed.codec import encode
+    T = tr.TorchTransport if BACKEND == 'torch' else tr.MPITransport
+    t = T([MANAGER], False, 1 << 30, grace=10.0)
+    t.start()
+    replies = {}
+
+    def collect(expect_id, seconds=10.0):
+        """The next reply (requests go one at a time and replies come in order; a mutated JSON id may differ)."""
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            item = t.recv(0.2)
+            if item is not None and item[1] == tr.MESSAGE and isinstance(item[2], dict):
+                return item[2]
+        return None
+
+    rid = 1000
+    for name, header, parts in hostile_cases():
+        rid += 1
+        t.send_encoded(MANAGER, header.replace(str(ID).encode(), str(rid).encode()), parts, msg_id=rid,
+                       deadline=time.monotonic() + 10)
+        r = collect(rid)
+        replies[name] = None if r is None else [r.get('ok'), r.get('error'), str(r.get('message'))[:200]]
+    # a random mutation fuzz of a valid request header
+    rng = np.random.default_rng(7)
+    base, bparts = encode({'op': 'push', 'id': ID, 'shard': 0, 'args': {'data': {'obs': 1}, 'batched': False}})
+    fuzz_answered = fuzz_stored = 0
+    for i in range(150):
+        rid += 1
+        h = bytearray(base.replace(str(ID).encode(), str(rid).encode()))
+        for _ in range(int(rng.integers(1, 6))):
+            h[int(rng.integers(0, len(h)))] = int(rng.integers(0, 256))
+        t.send_encoded(MANAGER, bytes(h), bparts, msg_id=rid, deadline=time.monotonic() + 10)
+        r = collect(rid, 5.0)
+        fuzz_answered += r is not None
+        if r is not None and r.get('ok') and isinstance(r.get('result'), dict):
+            fuzz_stored += int(r['result'].get('stored', 0))  # a mutation can still be a valid push
+    RESULT['fuzz_answered'] = fuzz_answered
+    RESULT['fuzz_stored'] = fuzz_stored
+    # raw bytes, no framing at all
+    if BACKEND == 'torch':
+        import torch.distributed as dist
+        send_raw = lambda a: dist.send(torch.from_numpy(np.ascontiguousarray(a)), MANAGER, tag=tr.TAG)  # noqa: E731
+    else:
+        from mpi4py import MPI
+        send_raw = lambda a: MPI.COMM_WORLD.Send([np.ascontiguousarray(a), MPI.BYTE], dest=MANAGER, tag=tr.TAG)  # noqa: E731
+    raw = hostile_raw_messages()
+    raw_answers = 0
+    for a in raw:
+        send_raw(a)
+        raw_answers += collect(None, 2.0) is not None  # garbage is answered when nothing else waits
+    # an honest oversized frame (2 MB > max_message_mb=1): drained, answered with its id
+    rid += 1
+    header, parts = encode({'op': 'push', 'id': rid, 'args': {'data': {'obs': torch.zeros(500_000)}}})
+    t.send_encoded(MANAGER, header, parts, msg_id=rid, deadline=time.monotonic() + 20)
+    r = collect(rid, 20)
+    replies['oversized'] = None if r is None else [r.get('ok'), r.get('error'), str(r.get('message'))[:200]]
+    # after all that, the same connection is still served
+    rid += 1
+    t.send(MANAGER, {'op': 'count', 'id': rid, 'shard': 0}, msg_id=rid, deadline=time.monotonic() + 10)
+    r = collect(rid, 20)
+    RESULT['served_after'] = None if r is None else r.get('result')
+    RESULT['replies'] = replies
+    RESULT['raw_sent'] = len(raw)
+    RESULT['raw_answered'] = raw_answers
+    flag('hostile_done')
+    RESULT['stuck_at_close'] = t.close(10)
+    RESULT['closed'] = True
+
+
+# ---------------------------------------------------------------------------------------------- freezes
+def retrying(buf, call, what, log):
+    """Call until it succeeds, recording the duration and outcome of every attempt."""
+    from ding_buffer.distributed import ManagerUnavailableError
+    while True:
+        t = time.monotonic()
+        try:
+            out = call()
+            log.append({'what': what, 'ok': True, 'seconds': time.monotonic() - t})
+            return out
+        except ManagerUnavailableError as e:
+            log.append({'what': what, 'ok': False, 'seconds': time.monotonic() - t, 'error': str(e)[:300]})
+            if 'shut down' in str(e) or 'unreachable' in str(e) or time.monotonic() - T0 > 150:  # final: no retry
+                raise
+
+
+def worker_freeze_manager(buf):
+    log = RESULT.setdefault('calls', [])
+    if RANK == 0:
+        for step in range(40):
+            retrying(buf, lambda: buf.push(adv_batch(0, step), batched=True), f'push {step}', log)
+            if step == 5:
+                flag('w0_started')
+            if step % 5 == 4:
+                retrying(buf, buf.count, 'count', log)
+            time.sleep(0.1)
+        RESULT['duplicate_seen'] = buf.last_score
+        RESULT['unacknowledged'] = buf.unacknowledged
+        flag('w0_done')
+        buf.close()
+        RESULT['closed'] = True
+        return
+    assert wait_flag('w0_started')
+    pid = int(open(os.path.join(OUT, 'manager.pid')).read())
+    os.kill(pid, signal.SIGSTOP)
+    RESULT['frozen_at'] = time.time()
     try:
-        buf = make_buffer(config())
+        t = time.monotonic()
+        try:
+            buf.stats()
+            log.append({'what': 'stats', 'ok': True, 'seconds': time.monotonic() - t})
+        except Exception as e:
+            log.append({'what': 'stats', 'ok': False, 'seconds': time.monotonic() - t, 'error': type(e).__name__})
+        time.sleep(max(FREEZE_SECONDS - (time.monotonic() - t), 0))
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    RESULT['thawed_at'] = time.time()
+    wait_flag('w0_done', 120)
+    retrying(buf, buf.count, 'count after', log)
+    buf.close()
+    RESULT['closed'] = True
+
+
+def worker_freeze_worker(buf):
+    """Rank 1 freezes rank 0 for longer than the manager's peer_timeout, then thaws it."""
+    from ding_buffer.distributed import ManagerUnavailableError
+    log = RESULT.setdefault('calls', [])
+    if RANK == 0:
+        with open(os.path.join(OUT, 'w0.pid'), 'w') as f:
+            f.write(str(os.getpid()))
+        step = 0
+        try:
+            while not os.path.exists(os.path.join(OUT, 'thawed')) or step < 60:
+                retrying(buf, lambda: buf.push(adv_batch(0, step), batched=True), f'push {step}', log)
+                step += 1
+                if step == 5:
+                    flag('w0_started')
+                time.sleep(0.1)
+                if time.monotonic() - T0 > 100:
+                    break
+            RESULT['steps'] = step
+            flag('w0_done')
+            buf.close()
+            RESULT['closed'] = True
+        except ManagerUnavailableError as e:  # freeze_worker_end: the manager shut down while this rank was frozen
+            RESULT['steps'] = step
+            RESULT['manager_gone'] = str(e)
+            flag('w0_done')
+        return
+    assert wait_flag('w0_started')
+    pid = int(open(os.path.join(OUT, 'w0.pid')).read())
+    os.kill(pid, signal.SIGSTOP)
+    RESULT['frozen_at'] = time.time()
+    try:
+        if SCENARIO == 'freeze_worker_end':
+            buf.close()  # the manager ends while rank 0 is frozen and counted lost
+            RESULT['closed'] = True
+        time.sleep(6.0)  # > peer_timeout (3 s)
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    flag('thawed')
+    if SCENARIO == 'freeze_worker':
+        for step in range(200):
+            push_record(buf, adv_batch(1, step), batched=True)
+            if os.path.exists(os.path.join(OUT, 'w0_done')):
+                break
+            time.sleep(0.1)
+        buf.close()
+        RESULT['closed'] = True
+    else:
+        wait_flag('w0_done', 60)
+
+
+worker_freeze_worker_end = worker_freeze_worker
+
+
+def main() -> None:
+    import faulthandler
+    faulthandler.dump_traceback_later(float(os.environ.get('DING_BUFFER_TEST_STACKS_AFTER', '75')), exit=False)
+    try:
+        if SCENARIO == 'hostile' and RANK == 0:  # no RemoteBuffer: a raw transport of its own (worker_hostile)
+            from ding_buffer.distributed.transport import init_mpi, init_torch
+            buf = init_torch(30.0) if BACKEND == 'torch' else init_mpi()
+        else:
+            buf = make_buffer(config())
         RESULT['role'] = 'manager' if RANK == MANAGER else 'worker'
         RESULT['setup_seconds'] = time.monotonic() - T0
         if RANK == MANAGER:

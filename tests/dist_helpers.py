@@ -1,0 +1,158 @@
+"""Launching real multi-process jobs for the distributed tests: torchrun / env:// ranks for 'torch', mpirun for
+'mpi'. Every rank of a scenario script writes ``OUTDIR/rank{r}.json``; ``Launch.wait`` collects them. MPI
+launches are skipped when mpirun / mpi4py are missing, except under CI (env ``CI``) where they fail."""
+import importlib.util
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+SCRIPTS = Path(__file__).parent / 'dist_scripts'
+SCRIPT = SCRIPTS / 'rank_main.py'
+BACKENDS = ['torch', 'mpi']
+LAUNCH_TIMEOUT = 90.0
+
+
+def mpi_missing() -> str:
+    if shutil.which('mpirun') is None:
+        return 'mpirun not found'
+    if importlib.util.find_spec('mpi4py') is None:
+        return 'mpi4py not installed'
+    return ''
+
+
+def need_mpi() -> None:
+    why = mpi_missing()
+    if why:
+        if os.environ.get('CI'):
+            pytest.fail(f'MPI tests need Open MPI and mpi4py in CI: {why}')
+        pytest.skip(why)
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(('127.0.0.1', 0))
+        return s.getsockname()[1]
+
+
+def child_env() -> dict:
+    env = {k: v for k, v in os.environ.items()
+           if k not in ('RANK', 'LOCAL_RANK', 'WORLD_SIZE', 'MASTER_ADDR', 'MASTER_PORT', 'LOCAL_WORLD_SIZE')}
+    env['OMP_NUM_THREADS'] = '1'
+    env['PYTHONUNBUFFERED'] = '1'
+    return env
+
+
+class Launch:
+    """One scenario on one backend: the processes, their logs and (after ``wait``) the ranks' JSON reports."""
+
+    def __init__(self, scenario: str, backend: str, root: Path, script: Path = SCRIPT, nproc: int = 3,
+                 survive_deaths: bool = False, timeout: float = LAUNCH_TIMEOUT) -> None:
+        """``survive_deaths``: torch ranks start as plain env:// processes (as SLURM users do: torchrun would tear
+        the job down when a rank dies) and mpirun runs with --enable-recovery."""
+        self.scenario, self.backend, self.nproc, self.timeout = scenario, backend, nproc, timeout
+        self.out = root / f'{scenario}-{backend}'
+        self.out.mkdir(parents=True)
+        self.procs = []  # (name, Popen, log path)
+        self.timed_out = []
+        self.ranks = None
+        args = [str(script), scenario, backend, str(self.out)]
+        if backend == 'torch' and survive_deaths:
+            port = free_port()
+            for r in range(nproc):
+                env = child_env()
+                env.update(RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE=str(nproc), LOCAL_WORLD_SIZE=str(nproc),
+                           MASTER_ADDR='127.0.0.1', MASTER_PORT=str(port))
+                self._start(f'rank{r}', [sys.executable] + args, env)
+        elif backend == 'torch':
+            # --standalone: torchrun binds a free port itself (no race with other jobs grabbing a port we picked)
+            cmd = [sys.executable, '-m', 'torch.distributed.run', '--standalone', '--nnodes', '1',
+                   '--nproc_per_node', str(nproc)] + args
+            self._start('torchrun', cmd, child_env())
+        else:
+            cmd = ['mpirun', '--allow-run-as-root', '--oversubscribe', '-n', str(nproc)]
+            if survive_deaths:
+                cmd.append('--enable-recovery')  # the other ranks keep running when one dies
+            self._start('mpirun', cmd + [sys.executable] + args, child_env())
+        self.started = time.monotonic()
+
+    def _start(self, name, cmd, env) -> None:
+        log = self.out / f'{name}.log'
+        with open(log, 'wb') as f:
+            p = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env, cwd=str(self.out),
+                                 start_new_session=True)
+        self.procs.append((name, p, log))
+
+    def wait(self) -> 'Launch':
+        if self.ranks is not None:
+            return self
+        deadline = self.started + self.timeout
+        for name, p, _ in self.procs:
+            try:
+                p.wait(timeout=max(deadline - time.monotonic(), 0.1))
+            except subprocess.TimeoutExpired:
+                self.timed_out.append(name)
+                try:
+                    os.killpg(p.pid, signal.SIGKILL)  # the session this test started for it
+                except ProcessLookupError:
+                    pass
+                p.wait()
+        self.seconds = time.monotonic() - self.started
+        self.ranks = {}
+        for r in range(self.nproc):
+            f = self.out / f'rank{r}.json'
+            if f.exists():
+                self.ranks[r] = json.loads(f.read_text())
+        return self
+
+    @property
+    def returncodes(self):
+        return {name: p.returncode for name, p, _ in self.procs}
+
+    def logs(self) -> str:
+        parts = [f'== {self.scenario} / {self.backend}: return codes {self.returncodes}, '
+                 f'timed out {self.timed_out}, {self.seconds:.1f}s']
+        for name, _, log in self.procs:
+            text = log.read_text(errors='replace') if log.exists() else ''
+            parts.append(f'-- {name} output (last 6000 chars):\n{text[-6000:]}')
+        for r, d in sorted((self.ranks or {}).items()):
+            if 'traceback' in d:
+                parts.append(f'-- rank {r} traceback:\n{d["traceback"]}')
+        return '\n'.join(parts)
+
+    def rank(self, r: int) -> dict:
+        assert r in self.ranks, f'rank {r} wrote no report\n{self.logs()}'
+        return self.ranks[r]
+
+    def require_ok(self, ranks=(0, 1, 2), rc=True) -> None:
+        assert not self.timed_out, f'launch timed out after {self.timeout}s\n{self.logs()}'
+        for r in ranks:
+            d = self.rank(r)
+            assert d.get('ok') is True, f'rank {r} did not finish\n{self.logs()}'
+        if rc:
+            assert all(c == 0 for c in self.returncodes.values()), f'non-zero exit\n{self.logs()}'
+
+
+
+
+def launcher(root: Path, registry: dict, **kinds):
+    """A getter ``get(scenario, backend)`` that starts both backends of a scenario at once (the other test picks
+    its launch up later) and waits for the one asked. ``kinds``: scenario -> Launch keyword arguments."""
+
+    def get(scenario: str, backend: str) -> Launch:
+        if backend == 'mpi':
+            need_mpi()
+        if (scenario, backend) not in registry:
+            for b in BACKENDS:
+                if (scenario, b) not in registry and (b == 'torch' or not mpi_missing()):
+                    registry[(scenario, b)] = Launch(scenario, b, root, **kinds.get(scenario, {}))
+        return registry[(scenario, backend)].wait()
+
+    return get
