@@ -12,6 +12,7 @@
 """
 import copy
 import math
+import os
 import threading
 import time
 
@@ -145,18 +146,25 @@ class Loopback:
         self.where = 'loopback manager'
         self.requests = []
         self.closed = 0
+        self.fail = None
         self._replies = {}
         self._next = 0
 
     def submit(self, request, deadline=None):
+        """``self.fail``: None, 'lost' (the request never reaches the manager) or 'late' (it is applied but the
+        reply does not come in time) -- the two faces of a ManagerUnavailableError."""
         if self.closed:
             raise ManagerUnavailableError('loopback is closed')
         rid = self._next
         self._next += 1
         request['id'] = rid
+        if self.fail == 'lost':
+            raise ManagerUnavailableError('loopback: request lost')
         decoded = wire(request, self.allow_pickle)
         self.requests.append(decoded)
         reply = self.core.handle(self.sender, decoded)
+        if self.fail == 'late':
+            raise ManagerUnavailableError('loopback: no reply in time')
         if reply is not None:
             self._replies[rid] = wire(reply, self.allow_pickle)
         return rid
@@ -1180,3 +1188,136 @@ def test_close_says_goodbye_and_both_sides_end_their_threads():
     with pytest.raises(tr.TransportError, match='closed'):
         pipe.b.send(0, {'op': 'count'}, deadline=time.monotonic() + 1)
     assert pipe.b.close(5) == []
+
+
+# ---------------------------------------------------------------------------------------------- trust and faults
+def test_manager_file_requests_stay_inside_file_root(tmp_path):
+    core = make_core(storage='list')
+    r = core.handle(W, req('save_data', path='x.buf'))
+    assert r['error'] == 'PermissionError' and 'file_root=None' in r['message']  # no root: no files at all
+    root = tmp_path / 'root'
+    root.mkdir()
+    (tmp_path / 'outside').mkdir()
+    os.symlink(tmp_path / 'outside', root / 'link')
+    core = make_core(storage='list', file_root=str(root))
+    core.handle(W, req('push', data=item(1)))
+    assert ok(core.handle(W, req('save_data', path='sub.buf'))) == str(root / 'sub.buf')
+    for bad in ('../x.buf', '/etc/passwd', 'link/x.buf', '', 'a\0b', '.', 7):
+        r = core.handle(W, req('save_data', path=bad))
+        assert r['ok'] is False and r['error'] in ('PermissionError', 'ValueError'), (bad, r)
+    assert not (tmp_path / 'x.buf').exists() and not (tmp_path / 'outside' / 'x.buf').exists()
+    with pytest.raises(ValueError, match=r"distributed\.file_root"):
+        make_core(file_root=str(tmp_path / 'missing'))
+
+
+def test_load_data_never_unpickles_on_a_request(tmp_path):
+    import pickle
+    EXECUTED.clear()
+    with open(tmp_path / 'evil.buf', 'wb') as f:
+        pickle.dump({'x': Hostile()}, f)
+    core = make_core(storage='list', file_root=str(tmp_path))
+    r = core.handle(W, req('load_data', path='evil.buf', allow_pickle=True))  # the flag cannot travel
+    assert r['error'] == 'TypeError' and EXECUTED == []
+    r = core.handle(W, req('load_data', path='evil.buf'))  # the manager's own allow_pickle is False
+    assert r['ok'] is False and EXECUTED == []
+    rb, core2, ch = make_remote(storage='list', file_root=str(tmp_path))
+    with pytest.raises(ValueError, match=r'distributed\.allow_pickle'):
+        rb.load_data('evil.buf', allow_pickle=True)
+    assert EXECUTED == []
+
+
+def test_sample_kwargs_are_whitelisted():
+    core = make_core()
+    core.handle(W, req('push', data=item(1)))
+    r = core.handle(W, req('sample', size=1, kwargs={'evil': 1}))
+    assert r['error'] == 'ValueError' and "'evil'" in r['message'] and 'cur_learner_iter' in r['message']
+    assert ok(core.handle(W, req('sample', size=1, kwargs={'cur_learner_iter': 3})))['obs'].shape == (1, 2)
+
+
+def test_push_sequence_numbers_are_applied_once():
+    core = make_core()
+    first = ok(core.handle(W, req('push', data=item(1), client='c1', seq=0)))
+    assert first['stored'] == 1
+    again = ok(core.handle(W, req('push', data=item(1), client='c1', seq=0)))  # a retry of seq 0
+    assert again == dict(first, duplicate=True) and core.buffer.count() == 1
+    assert ok(core.handle(W, req('push', data=item(2), client='c2', seq=0)))['stored'] == 1  # another client
+    assert ok(core.handle(W, req('push', data=item(3), client='c1', seq=1)))['stored'] == 1
+    older = ok(core.handle(W, req('push', data=item(1), client='c1', seq=0)))
+    assert older == {'stored': 0, 'score': {}, 'duplicate': True} and core.buffer.count() == 3
+    assert core.counters['duplicate_pushes'] == 2
+    for client, seq in (('c1', -1), ('', 0), ('c' * 200, 0), ('c1', 2 ** 63), ('c1', '3'), (5, 0), ('c1', True)):
+        r = core.handle(W, req('push', data=item(9), client=client, seq=seq))
+        assert r['error'] == 'ValueError' and "'seq'" in r['message'], (client, seq, r)
+    assert core.buffer.count() == 3
+
+
+def test_liveness_lose_silence_and_rejoin():
+    core = make_core(peer_timeout=2.0, heartbeat_seconds=1.0)
+    core.seen('a', now=0.0)
+    core.seen('b', now=0.0)
+    core.check_silent(now=1.5)
+    assert core.lost == {}
+    core.handle('b', req('exit'))
+    core.check_silent(now=3.0)
+    assert list(core.lost) == ['a'] and 'peer_timeout' in core.lost['a']  # an exited sender is never lost
+    core.handle('a', {'op': 'ping'})  # it speaks again: rejoined
+    assert core.lost == {} and core.rejoined == {'a': 1}
+    assert core.summary()['rejoined'] == {'a': 1}
+
+
+@pytest.mark.parametrize('dist, key', [
+    (dict(heartbeat_seconds=10, peer_timeout=15), 'heartbeat_seconds'),
+    (dict(timeout=float('inf')), 'timeout'),
+    (dict(timeout=float('nan')), 'timeout'),
+    (dict(startup_timeout=0), 'startup_timeout'),
+    (dict(peer_timeout=float('inf')), 'peer_timeout'),
+    (dict(max_message_mb=float('nan')), 'max_message_mb'),
+    (dict(file_root=''), 'file_root'),
+])
+def test_config_traps_are_refused(dist, key):
+    with pytest.raises(ValueError, match=rf"distributed\.{key}"):
+        create_buffer(dict(type='naive', replay_buffer_size=8, distributed=dict(backend='torch', **dist)))
+
+
+def test_push_in_doubt_is_resent_with_its_sequence_number():
+    rb, core, ch = make_remote()
+    rb.push(item(0))
+    ch.fail = 'late'  # applied, but no reply in time
+    with pytest.raises(ManagerUnavailableError):
+        rb.push(item(1))
+    assert rb.unacknowledged == 1 and core.buffer.count() == 2
+    ch.fail = None
+    rb.push(item(1))  # the caller's retry: recognised, nothing new is added
+    assert core.buffer.count() == 2 and rb.last_score['duplicate'] is True and rb.unacknowledged == 0
+    ch.fail = 'lost'  # never reached the manager
+    with pytest.raises(ManagerUnavailableError):
+        rb.push(item(2))
+    ch.fail = None
+    rb.push(item(3))  # new data: the push in doubt goes first, with its old sequence number
+    assert core.buffer.count() == 4 and rb.unacknowledged == 0
+    assert torch.equal(stored_obs(core.buffer)[:4, 0], torch.tensor([0., 1., 2., 3.]))
+    assert [r['args']['seq'] for r in ch.requests if r['op'] == 'push'] == [0, 1, 1, 2, 3]
+
+
+def test_retry_that_fails_again_is_still_a_retry():
+    rb, core, ch = make_remote()
+    ch.fail = 'late'
+    for _ in range(3):  # applied once, then the retries fail before reaching it
+        with pytest.raises(ManagerUnavailableError):
+            rb.push(item(5))
+        ch.fail = 'lost'
+    ch.fail = None
+    rb.push(item(5))
+    rb.push(item(6))
+    assert core.buffer.count() == 2 and core.counters['duplicate_pushes'] == 1
+
+
+def test_async_push_in_doubt_and_close_resend():
+    rb, core, ch = make_remote(async_score=True)
+    rb.push(item(0))
+    ch.fail = 'lost'
+    with pytest.raises(ManagerUnavailableError):
+        rb.push(item(1))  # never sent
+    ch.fail = None
+    rb.close()  # sends what is owed, then EXIT
+    assert core.buffer.count() == 2 and core.exited == {W}
