@@ -113,6 +113,9 @@ def test_frozen_worker_rejoins_and_every_rank_exits_0(launches, backend):
     assert s['rejoined'] == {'0': 1} and s['lost'] == {} and s['exited'] == ['0', '1'], s
     w0 = run.rank(0)
     assert sorted(t for t in man['tags'] if t < 10000) == ADV_TAGS(0, range(w0['steps']))
+    after = [c for c in w0['calls'] if c['start'] > run.rank(1)['thawed_at'] + 0.05]
+    assert after and max(c['seconds'] for c in after) < 10.0 + 0.5, after  # distributed.timeout=10 after the thaw
+    assert all(c['ok'] for c in after[1:]), after  # once thawed, every call succeeds (the first may be in doubt)
 
 
 @pytest.mark.parametrize('backend', BACKENDS)

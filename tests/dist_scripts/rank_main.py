@@ -486,13 +486,14 @@ def retrying(buf, call, what, log):
     """Call until it succeeds, recording the duration and outcome of every attempt."""
     from ding_buffer.distributed import ManagerUnavailableError
     while True:
-        t = time.monotonic()
+        t, wall = time.monotonic(), time.time()
         try:
             out = call()
-            log.append({'what': what, 'ok': True, 'seconds': time.monotonic() - t})
+            log.append({'what': what, 'ok': True, 'seconds': time.monotonic() - t, 'start': wall})
             return out
         except ManagerUnavailableError as e:
-            log.append({'what': what, 'ok': False, 'seconds': time.monotonic() - t, 'error': str(e)[:300]})
+            log.append({'what': what, 'ok': False, 'seconds': time.monotonic() - t, 'start': wall,
+                        'error': str(e)[:300]})
             if 'shut down' in str(e) or 'unreachable' in str(e) or time.monotonic() - T0 > 150:  # final: no retry
                 raise
 
@@ -571,6 +572,7 @@ def worker_freeze_worker(buf):
         time.sleep(6.0)  # > peer_timeout (3 s)
     finally:
         os.kill(pid, signal.SIGCONT)
+    RESULT['thawed_at'] = time.time()
     flag('thawed')
     if SCENARIO == 'freeze_worker':
         for step in range(200):
