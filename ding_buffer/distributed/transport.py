@@ -147,7 +147,7 @@ _OPEN: 'weakref.WeakSet[ThreadedTransport]' = weakref.WeakSet()
 def _close_open_transports() -> None:  # before the interpreter tears threads down (see the module docstring)
     for t in list(_OPEN):
         try:
-            t.close()
+            t.close(final=True)
         except Exception:  # pragma: no cover - best effort at exit
             pass
 
@@ -417,35 +417,39 @@ class ThreadedTransport:
         t = self._recv_threads.get(peer)
         return t is not None and t.is_alive()
 
-    def close(self, grace: Optional[float] = None) -> List[int]:
+    def close(self, grace: Optional[float] = None, final: bool = False) -> List[int]:
         """
         Overview:
-            Say goodbye to every peer still connected, wait up to ``grace`` seconds (default: the transport's)
-            for their answers and for queued frames to leave, and stop the threads. Idempotent. Returns the
-            peers whose threads did not end in time (a frozen or unresponsive peer).
+            Say goodbye to every peer still connected (once), wait up to ``grace`` seconds (default: the
+            transport's) for their answers and for queued frames to leave, and join the threads. Safe to call
+            again: a later call waits again for threads that were still running. Returns the peers whose
+            threads did not end in time (a frozen or unresponsive peer). ``final`` (at interpreter exit) also
+            stops the MPI polling loops of such peers, which must not run past MPI's finalisation.
         """
         with self._lock:
-            if self._closed:
-                return []
+            first = not self._closed
             self._closed = True
         grace = self.grace if grace is None else grace
         deadline = time.monotonic() + grace
-        for p in self.peers:
-            if p not in self._bye_received and self.alive(p):
-                self._send_bye(p)
-        for p, t in self._recv_threads.items():
+        if first:
+            for p in self.peers:
+                if p not in self._bye_received and self.alive(p):
+                    self._send_bye(p)
+            for ob in self._out.values():
+                with ob.cond:
+                    ob.stop = True
+                    ob.cond.notify_all()
+        for t in self._recv_threads.values():
             t.join(max(deadline - time.monotonic(), 0))
         for ob in self._out.values():
-            with ob.cond:
-                ob.stop = True
-                ob.cond.notify_all()
             if ob.thread is not None:
                 ob.thread.join(max(deadline - time.monotonic(), 0))
         stuck = sorted({p for p, t in self._recv_threads.items() if t.is_alive()}
                        | {p for p, ob in self._out.items() if ob.thread is not None and ob.thread.is_alive()})
-        self._abandon = True
-        _OPEN.discard(self)
-        if stuck:
+        if not stuck or final:
+            self._abandon = True
+            _OPEN.discard(self)
+        if stuck and first:
             logger.warning("transport closed with ranks %s not answering its goodbye within %.1fs", stuck, grace)
         return stuck
 
