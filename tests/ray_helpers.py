@@ -1,5 +1,6 @@
 """Importable functions for tests/test_distributed_ray.py: Ray task bodies (wrapped with ``ray.remote`` there),
-a manager-side scoring function given as ``'ray_helpers:stored_count'`` and a picklable custom class.
+manager-side scoring functions given as ``'ray_helpers:stored_count'`` / ``'ray_helpers:slow_first_push'``, a
+picklable custom class and an object whose unpickling creates a marker file.
 
 The Ray workers and the manager actor import this module by name: the test module puts this directory on
 their PYTHONPATH (``runtime_env``)."""
@@ -20,6 +21,28 @@ def rows(wid, step, n):
 def stored_count(data, sender=None, buffer=None):
     """scoring_function: how many items the manager's buffer holds after the push."""
     return {'n_stored': int(buffer.count())}
+
+
+SLOW_FIRST_PUSH = 3.0  # seconds the first push to a manager using ``slow_first_push`` takes
+_pushes_scored = []
+
+
+def slow_first_push(data, sender=None, buffer=None):
+    """scoring_function: the first push of this manager process takes SLOW_FIRST_PUSH seconds (after storing)."""
+    _pushes_scored.append(1)
+    if len(_pushes_scored) == 1:
+        time.sleep(SLOW_FIRST_PUSH)
+    return {'scored': len(_pushes_scored)}
+
+
+class MarkerOnUnpickle:
+    """Unpickling it creates the file ``path`` (stands for any code a pickle can run)."""
+
+    def __init__(self, path):
+        self.path = path
+
+    def __reduce__(self):
+        return (open, (self.path, 'w'))
 
 
 class Tag:
@@ -72,6 +95,16 @@ def worker_push_then_die(cfg, wid, steps, batch):
         buf.push(rows(wid, step, batch), batched=True)
         assert buf.last_score['stored'] == batch
     os._exit(1)
+
+
+def worker_push_return(cfg, wid, steps, batch):
+    """Attach, push ``steps`` batches (each acknowledged), return without closing (the RemoteBuffer is dropped)."""
+    from ding_buffer import create_buffer
+    buf = create_buffer(cfg)
+    for step in range(steps):
+        buf.push(rows(wid, step, batch), batched=True)
+        assert buf.last_score['stored'] == batch
+    return wid
 
 
 def worker_push_until_unavailable(cfg, wid, max_seconds):

@@ -2,13 +2,21 @@
 
 One small local Ray instance for the whole module (2 CPUs); every actor has a unique name and is killed at the
 end of its test. Task bodies live in ``ray_helpers`` (importable by the Ray workers through PYTHONPATH).
+The hardening tests at the end cover message limits and garbage, lost workers (killed, or returned without
+close) and the actor's own end, bounded start-up, torch.save of results, the manager's file and pickle
+safety, and retried pushes stored once.
 """
+import io
+import json
 import os
 import re
+import subprocess
 import sys
+import textwrap
 import time
 import uuid
 
+import numpy as np
 import pytest
 import torch
 
@@ -27,7 +35,7 @@ import ray_helpers  # noqa: E402
 from ray_helpers import Tag, rows  # noqa: E402
 
 from ding_buffer import create_buffer  # noqa: E402
-from ding_buffer.distributed import ManagerUnavailableError  # noqa: E402
+from ding_buffer.distributed import CodecError, ManagerUnavailableError, decode, encode  # noqa: E402
 
 GET = 60  # seconds: upper bound of every ray.get
 
@@ -57,7 +65,10 @@ def actors():
     made = []
 
     def make(**kw):
-        d = dict(backend='ray', actor_name=f'test_{uuid.uuid4().hex[:12]}', namespace='ding_buffer_test', timeout=20)
+        # start-up (a new actor process importing torch) gets its own bound: tests with a short call timeout
+        # must not fail while the actor starts on a busy machine
+        d = dict(backend='ray', actor_name=f'test_{uuid.uuid4().hex[:12]}', namespace='ding_buffer_test', timeout=20,
+                 startup_timeout=GET)
         d.update(kw)
         made.append((d['actor_name'], d['namespace']))
         return d
@@ -346,3 +357,217 @@ def test_state_dict_round_trips_without_pickle(actors):
     buf.load_state_dict(state)
     assert buf.count() == 4
     buf.close()
+
+
+# ----------------------------------------------------------------------------------------------- hardening
+def wire(obj, allow_pickle=False):
+    header, parts = encode(obj, allow_pickle)
+    return [np.frombuffer(header, dtype=np.uint8)] + list(parts)
+
+
+def summary_of(d):
+    return ray.get(ray.get_actor(d['actor_name'], namespace=d['namespace']).summary.remote(), timeout=GET)
+
+
+@pytest.mark.timeout(60)
+def test_oversized_and_malformed_messages_get_error_replies(actors):
+    d = actors(max_message_mb=1)
+    buf = create_buffer(naive_tensor(d, size=1000))
+    big = {'obs': torch.ones(400, 1000)}  # 1.6 MB of data, the limit is 1 MiB
+    with pytest.raises(CodecError, match=re.escape('distributed.max_message_mb')):
+        buf.push(big, batched=True)
+    assert buf.count() == 0
+    st = buf.stats()
+    assert st['manager/push_requests'] == 0 and st['manager/pushed_items'] == 0 and st['manager/errors'] == 1
+
+    handle = ray.get_actor(d['actor_name'], namespace=d['namespace'])
+
+    def ask(*msg, client='crafted-client'):
+        out = ray.get(handle.call.remote(client, *msg), timeout=GET)
+        return decode(bytes(out[0]), out[1:]) if out else None
+
+    oversized = wire({'op': 'push', 'id': 42, 'args': {'data': {'obs': torch.ones(300, 1000)}, 'batched': True}})
+    r = ask(*oversized)
+    assert r['ok'] is False and r['id'] == 42 and r['error'] == 'CodecError'
+    assert 'distributed.max_message_mb' in r['message']
+    for msg, error in [
+        (wire([1, 2, 3]), 'ValueError'),  # decodable, not a dict
+        (wire('push'), 'ValueError'),
+        (wire({'id': 9, 'args': {}}), 'ValueError'),  # no op
+        (wire({'op': 'count', 'id': 10, 'args': [1]}), 'TypeError'),  # args not a dict
+        ([np.frombuffer(b'{not json', dtype=np.uint8)], 'CodecError'),
+        (['a str', 5], 'CodecError'),  # not byte arrays at all
+        ([], 'CodecError'),  # nothing
+        (wire(Tag(1), allow_pickle=True), 'CodecError'),  # a pickle to a manager without allow_pickle
+    ]:
+        r = ask(*msg)
+        assert r['ok'] is False and r['error'] == error, (msg, r)
+    assert ask(*wire({'op': 'count', 'id': 3}), client=['not', 'a', 'str'])['error'] == 'CodecError'
+    assert ask(*wire({'op': 'ping'})) is None  # a heartbeat has no reply
+    assert ask(*wire({'op': 'count', 'id': 11}))['result'] == 0  # still serving
+
+    buf.push({'obs': torch.ones(4, 1000)}, batched=True)
+    assert buf.count() == 4
+    with pytest.raises(PermissionError, match='file_root'):  # no file_root: workers touch no manager files
+        buf.save_data('x.pt')
+    buf.close()
+
+
+@pytest.mark.timeout(90)
+def test_killed_and_unclosed_worker_tasks_are_lost_then_manager_checkpoints_and_ends(actors, tmp_path):
+    path = str(tmp_path / 'ckpt.pt')
+    peer = 3.0
+    d = actors(num_workers=2, checkpoint_path=path, heartbeat_seconds=0.25, peer_timeout=peer)
+    cfg = naive_tensor(d)
+    drv = create_buffer(cfg)  # owns the actor and keeps beating: live, never counted lost
+    with pytest.raises(ray.exceptions.RayError):  # the process exits mid-task
+        ray.get(remote(ray_helpers.worker_push_then_die).remote(cfg, 5, 2, 3), timeout=GET)
+    died = time.monotonic()
+    while not summary_of(d)['lost']:
+        assert time.monotonic() - died < peer + 4, 'the killed task was never counted lost'
+        time.sleep(0.1)
+    lost = summary_of(d)['lost']
+    assert len(lost) == 1 and 'peer_timeout' in next(iter(lost.values()))
+    assert drv.count() == 6 and not os.path.exists(path)  # one of two workers gone: still serving
+
+    assert ray.get(remote(ray_helpers.worker_push_return).remote(cfg, 6, 2, 3), timeout=GET) == 6
+    returned = time.monotonic()
+    assert actor_gone(d['actor_name'], d['namespace'], within=peer + 6)  # lost too: checkpoint, then end
+    assert time.monotonic() - returned < peer + 6
+    assert os.path.exists(path)
+    local = create_buffer({k: v for k, v in cfg.items() if k != 'distributed'})
+    local.load_data(path)
+    expected = torch.cat([rows(w, s, 3)['obs'] for w in (5, 6) for s in range(2)])
+    assert sorted(local.sample(12)['obs'].tolist()) == sorted(expected.tolist())
+    local.close()
+    t0 = time.monotonic()
+    with pytest.raises(ManagerUnavailableError):
+        drv.count()
+    assert time.monotonic() - t0 < 5
+    with pytest.raises(ManagerUnavailableError):
+        drv.close()
+
+
+@pytest.mark.timeout(60)
+def test_unreachable_ray_address_fails_within_startup_timeout():
+    # a fresh interpreter: this process's Ray stays as it is
+    code = textwrap.dedent("""
+        import json, os, socket, sys, time
+        import ray
+        from ding_buffer import create_buffer
+        listener = socket.socket()
+        listener.bind(('127.0.0.1', 0))
+        listener.listen(8)  # accepts connections, never speaks Ray
+        results = []
+        for address in ('127.0.0.1:1', '127.0.0.1:%d' % listener.getsockname()[1]):
+            cfg = dict(type='naive', replay_buffer_size=10,
+                       distributed=dict(backend='ray', ray_address=address, startup_timeout=2.0, timeout=60))
+            t0 = time.monotonic()
+            try:
+                create_buffer(cfg)
+                out = dict(error=None, message='')
+            except Exception as e:
+                out = dict(error=type(e).__name__, message=str(e))
+            out.update(address=address, seconds=time.monotonic() - t0)
+            results.append(out)
+        print('RESULT ' + json.dumps(results), flush=True)
+        os._exit(0)  # a ray.init thread may still be waiting
+    """)
+    env = {k: v for k, v in os.environ.items() if k != 'RAY_ADDRESS'}
+    proc = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, timeout=50, env=env,
+                          cwd=os.path.dirname(HERE))
+    line = [ln for ln in proc.stdout.splitlines() if ln.startswith('RESULT ')]
+    assert line, proc.stdout[-2000:] + proc.stderr[-3000:]
+    for out in json.loads(line[0][len('RESULT '):]):
+        assert out['error'] == 'TimeoutError', out
+        assert out['address'] in out['message'] and 'distributed.startup_timeout' in out['message'], out
+        assert out['seconds'] < 2.0 + 3, out
+
+
+@pytest.mark.timeout(60)
+def test_results_are_ordinary_tensors_that_torch_save(actors):
+    buf = create_buffer(advanced(actors(), size=2000))
+    n = 1500  # 1500 x 64 float32: the state travels through the object store (read-only on arrival)
+    buf.push({'obs': torch.randn(n, 64), 'i': torch.arange(n)}, batched=True)
+    state = buf.state_dict()
+    sample = buf.sample(8)
+    for obj in (state, sample):
+        f = io.BytesIO()
+        torch.save(obj, f)
+        f.seek(0)
+        back = torch.load(f, weights_only=True)
+        assert type(back) is type(obj)
+    assert torch.equal(back['obs'], sample['obs']) and torch.equal(back['i'], sample['i'])
+    sample['obs'].add_(1)  # writable, owns its memory
+    local = create_buffer({k: v for k, v in advanced(None, size=2000).items() if k != 'distributed'})
+    local.load_state_dict(state)
+    assert local.count() == n
+    buf.close()
+
+
+@pytest.mark.timeout(60)
+def test_worker_cannot_make_the_manager_unpickle_or_leave_file_root(actors, tmp_path):
+    root = tmp_path / 'root'
+    root.mkdir()
+    marker = tmp_path / 'marker'
+    torch.save({'x': ray_helpers.MarkerOnUnpickle(str(marker))}, str(root / 'evil.pt'))
+    d = actors(file_root=str(root))  # the manager: allow_pickle=False
+    owner = create_buffer(naive_tensor(d))  # creates the actor
+    asker = create_buffer(naive_tensor(dict(d, allow_pickle=True)))  # a worker that trusts pickles itself
+    with pytest.raises(ValueError, match='allow_pickle'):
+        asker.load_data('evil.pt', allow_pickle=True)
+    with pytest.raises(ValueError, match='allow_pickle'):
+        asker.load_data('evil.pt')
+    with pytest.raises(ValueError, match='allow_pickle'):  # refused on the worker: it would run code on the manager
+        owner.load_data('evil.pt', allow_pickle=True)
+    assert not marker.exists()
+
+    owner.push(rows(1, 0, 4), batched=True)
+    (root / 'out').symlink_to(tmp_path)
+    for bad in ('../escape.pt', str(tmp_path / 'escape.pt'), 'out/escape.pt', 'a/../../escape.pt'):
+        with pytest.raises(PermissionError, match='file_root'):
+            owner.save_data(bad)
+        with pytest.raises(PermissionError, match='file_root'):
+            asker.load_data(bad)
+    assert not (tmp_path / 'escape.pt').exists()
+    where = owner.save_data('ok.pt')
+    assert where == os.path.realpath(str(root / 'ok.pt')) and os.path.exists(where)
+    owner.clear()
+    asker.load_data('ok.pt')
+    assert owner.count() == 4
+    owner.close()
+    asker.close()
+    # the file does run code when unpickled: the refusal above is what kept the marker away
+    torch.load(str(root / 'evil.pt'), weights_only=False)
+    assert marker.exists()
+
+
+@pytest.mark.timeout(60)
+def test_push_retried_after_timeout_is_stored_once_and_idle_workers_stay_live(actors):
+    timeout = 2.0
+    assert ray_helpers.SLOW_FIRST_PUSH > timeout
+    d = actors(timeout=timeout, scoring_function='ray_helpers:slow_first_push', heartbeat_seconds=0.25,
+               peer_timeout=2.5)
+    cfg = naive_tensor(d)
+    buf = create_buffer(cfg)
+    idle = create_buffer(cfg)  # a live worker that sends nothing but heartbeats while the manager is busy
+    data = rows(4, 0, 5)
+    t0 = time.monotonic()
+    with pytest.raises(ManagerUnavailableError, match='distributed.timeout'):
+        buf.push(data, batched=True)  # stored, then scored for SLOW_FIRST_PUSH > timeout seconds
+    assert time.monotonic() - t0 < timeout + 0.5
+    assert buf.unacknowledged == 1
+    buf.push(data, batched=True)  # the caller's retry: the push in doubt is resent with its sequence number
+    assert buf.unacknowledged == 0 and buf.last_score['duplicate'] is True
+    buf.push(rows(4, 1, 5), batched=True)
+    assert buf.last_score['stored'] == 5 and 'duplicate' not in buf.last_score
+    assert buf.count() == 10
+    expected = torch.cat([rows(4, 0, 5)['obs'], rows(4, 1, 5)['obs']])
+    assert sorted(buf.sample(10)['obs'].tolist()) == sorted(expected.tolist())  # naive: without replacement
+    st = buf.stats()
+    assert st['manager/push_requests'] == 2 and st['manager/duplicate_pushes'] == 1
+    summary = summary_of(d)  # the manager was busy longer than peer_timeout, the heartbeats went on:
+    assert summary['lost'] == {} and summary['rejoined'] == {}  # nobody was counted lost, not even for a while
+    assert idle.count() == 10
+    buf.close()
+    idle.close()

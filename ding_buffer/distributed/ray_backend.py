@@ -1,19 +1,45 @@
 """Ray backend: the manager is a named actor (get-or-create); any driver, task or actor can be a worker.
 
 Requests travel as the codec's ``(header, parts)``: the header bytes plus one uint8 ndarray per tensor, which
-Ray moves through its object store without pickling the data. The actor serves one call at a time
-(``max_concurrency=1``), so ``ManagerCore`` needs no lock; it never blocks (sampling with a timeout waits on
-the worker side).
+Ray moves through its object store without pickling the data. The actor serves requests one at a time
+(``call``, ``max_concurrency=1``); it never blocks (sampling with a timeout waits on the worker side). A message
+larger than ``distributed.max_message_mb`` or one that is not a request is answered with an error reply.
+
+Liveness. Every ``RayChannel`` pings the actor every ``heartbeat_seconds`` from a daemon thread that holds only
+a weak reference to it, so a worker that dies, or a task that returns without ``close()`` (its RemoteBuffer is
+dropped), stops beating. Pings run on the actor's own ``'beat'`` lane (a second concurrency group), so a busy
+manager still hears them; a watchdog thread in the actor folds them into ``ManagerCore`` and counts senders
+silent for ``peer_timeout`` seconds as lost, under the lock ``call`` holds. With ``num_workers`` set, once
+that many senders exited or were lost the actor checkpoints (``checkpoint_path``) and ends itself; when the
+last one left with EXIT, that worker ends it (``close()``), and the watchdog does after ``timeout`` seconds if
+it does not.
+
+Start-up is bounded by ``distributed.startup_timeout``: an explicit ``host:port`` address must accept a TCP
+connection and ``ray.init`` must finish within it, and the actor must answer a readiness check within it (a
+cluster without a free CPU to place it fails with ``TimeoutError`` instead of waiting forever).
 """
+import logging
+import os
+import signal
+import socket
+import sys
+import threading
 import time
-from typing import Any, Dict, Optional
+import weakref
+from typing import Any, Dict, Optional, Tuple
 
 import numpy as np
 
-from .codec import decode, encode
+from .codec import CodecError, decode, encode, peek_id
+from .config import startup_seconds
 from .manager import ManagerCore, error_reply
+from .remote import ManagerUnavailableError
+
+logger = logging.getLogger('ding_buffer.distributed')
 
 _ACTOR = None
+BEAT_GROUP = 'beat'  # the actor's concurrency group for pings and readiness checks
+MAX_CLIENT_CHARS = 128
 
 
 def _ray():
@@ -30,60 +56,296 @@ def _wire(obj: Any, allow_pickle: bool):
 
 
 def _unwire(msg, allow_pickle: bool) -> Any:
+    if not isinstance(msg, (list, tuple)) or not msg:
+        raise CodecError(f"a message must be a non-empty list of byte arrays, got {type(msg).__name__}")
     return decode(bytes(msg[0]), msg[1:], allow_pickle)
 
 
+def _message_bytes(msg: Tuple[Any, ...]) -> int:
+    """Total bytes of a wire message (header + parts); ``CodecError`` when it is not one."""
+    if not msg:
+        raise CodecError("empty message: a request is a header and its parts")
+    total = 0
+    for i, p in enumerate(msg):
+        if isinstance(p, np.ndarray):
+            total += int(p.nbytes)
+        elif isinstance(p, (bytes, bytearray, memoryview)):
+            total += memoryview(p).nbytes
+        else:
+            raise CodecError(f"message piece {i} is a {type(p).__name__}; a request is uint8 arrays or bytes")
+    return total
+
+
+def _is_client(client: Any) -> bool:
+    return isinstance(client, str) and 0 < len(client) <= MAX_CLIENT_CHARS
+
+
 class _ManagerActorImpl:
-    """Body of the Ray actor: builds the buffer from the config and serves ``call``."""
+    """Body of the Ray actor: builds the buffer from the config, serves ``call`` and watches its senders."""
 
     def __init__(self, cfg: Dict[str, Any]) -> None:
         from . import build_manager_buffer
         buffer, dcfg, key = build_manager_buffer(cfg)
         self.core = ManagerCore(buffer, dcfg, key)
+        self.cfg = dcfg
         self.allow_pickle = bool(dcfg.allow_pickle)
         self.num_workers = dcfg.num_workers
+        self.max_bytes = int(dcfg.max_message_mb * (1 << 20))
         self.started = time.time()
+        self._lock = threading.Lock()  # ManagerCore: call (actor thread) and the watchdog
+        self._beats: Dict[str, float] = {}  # client -> monotonic time of its last ping (the beat lane)
+        self._beats_lock = threading.Lock()
+        self._ended = False  # checkpointed: requests are refused from now on
+        self._ended_at: Optional[float] = None  # when the last EXIT was answered (the worker ends the actor)
+        timeout = dcfg.peer_timeout
+        self._every = max(0.05, min(dcfg.heartbeat_seconds, timeout / 4 if timeout is not None else np.inf))
+        self._watchdog = threading.Thread(target=self._watch, daemon=True, name='ding_buffer-watchdog')
+        self._watchdog.start()
 
-    def call(self, client: str, *msg) -> list:
+    # ------------------------------------------------------------------ requests (default lane, one at a time)
+    def call(self, client: Any, *msg) -> list:
+        """One request; always returns a reply message (``[]`` for a ping), never raises."""
         try:
-            request = _unwire(msg, self.allow_pickle)
-        except Exception as e:
-            return _wire(error_reply(None, e), False)
-        reply = self.core.handle(client, request)
-        if reply is None:
-            return []
-        if request.get('op') == 'exit' and self.num_workers is not None and len(self.core.exited) >= self.num_workers:
+            return self._call(client, msg)
+        except Exception as e:  # noqa: BLE001 - a request must never break the actor
+            logger.exception("manager actor: request of %r failed unexpectedly", str(client)[:40])
             try:
-                self.core.shutdown()
-            except Exception as e:  # the EXIT is acknowledged either way; the error goes back to the worker
-                return _wire(error_reply(reply.get('id'), e), False)
-            reply['shutdown'] = True  # the worker that sent the last EXIT kills the actor
+                return _wire(error_reply(None, RuntimeError(f"{type(e).__name__}: {e}")), False)
+            except Exception:  # noqa: BLE001
+                return []
+
+    def _call(self, client: Any, msg: Tuple[Any, ...]) -> list:
+        try:
+            if not _is_client(client):
+                raise CodecError(f"the sender id must be a str of 1..{MAX_CLIENT_CHARS} chars, got "
+                                 f"{type(client).__name__}")
+            size = _message_bytes(msg)
+            if size > self.max_bytes:
+                raise CodecError(f"message of {size} bytes exceeds distributed.max_message_mb "
+                                 f"({self.max_bytes} bytes)")
+            request = decode(bytes(msg[0]), msg[1:], self.allow_pickle)
+        except Exception as e:  # noqa: BLE001 - refused before decoding, or undecodable: answered
+            rid = peek_id(msg[0]) if msg and isinstance(msg[0], (np.ndarray, bytes, bytearray)) else None
+            with self._lock:
+                if _is_client(client):
+                    self.core.seen(client)
+                self.core.counters['errors'] += 1
+            return _wire(error_reply(rid, e if isinstance(e, CodecError) else CodecError(str(e))), False)
+        op = request.get('op') if isinstance(request, dict) else None
+        with self._lock:
+            if self._ended and op != 'ping':
+                rid = request.get('id') if isinstance(request, dict) else None
+                return _wire(error_reply(rid, ManagerUnavailableError(
+                    "the manager has shut down (every worker exited or was lost) and is ending")), False)
+            reply = self.core.handle(client, request)
+            if reply is None:
+                return []
+            if op == 'exit' and reply.get('ok') and self._all_done():
+                self._ended, self._ended_at = True, time.monotonic()
+                try:
+                    self.core.shutdown()
+                except Exception as e:  # noqa: BLE001 - the EXIT is acknowledged either way; the error goes back
+                    logger.exception("manager actor: checkpoint failed")
+                    return _wire(dict(error_reply(reply.get('id'), e), shutdown=True), False)
+                reply['shutdown'] = True  # the worker that sent the last EXIT ends the actor
         try:
             return _wire(reply, self.allow_pickle)
-        except TypeError as e:
+        except TypeError as e:  # a result the codec cannot carry (e.g. arbitrary objects)
             return _wire(error_reply(reply.get('id'), e), False)
 
     def summary(self) -> Dict[str, Any]:
-        return self.core.summary()
+        with self._lock:
+            self._merge_beats()
+            return self.core.summary()
+
+    # ------------------------------------------------------------------ the beat lane (concurrent with call)
+    def ping(self, client: Any) -> None:
+        """A heartbeat: recorded without waiting for the request in progress."""
+        if _is_client(client):
+            now = time.monotonic()
+            with self._beats_lock:
+                self._beats[client] = now
+
+    def ready(self) -> bool:
+        return True
+
+    # ------------------------------------------------------------------ liveness
+    def _all_done(self) -> bool:
+        return self.num_workers is not None and len(self.core.exited) + len(self.core.lost) >= self.num_workers
+
+    def _merge_beats(self) -> None:
+        with self._beats_lock:
+            beats, self._beats = self._beats, {}
+        for client, t in beats.items():
+            if t > self.core.last_seen.get(client, -np.inf):
+                self.core.seen(client, t)
+
+    def _watch(self) -> None:
+        while True:
+            time.sleep(self._every)
+            try:
+                with self._lock:
+                    self._merge_beats()
+                    self.core.check_silent()
+                    end = False
+                    if not self._ended and self._all_done():
+                        self._ended, end = True, True
+                        logger.warning("manager actor: every one of the %d workers exited or was lost (lost: %s); "
+                                       "checkpointing and ending", self.num_workers, sorted(self.core.lost))
+                        try:
+                            self.core.shutdown()
+                        except Exception:  # noqa: BLE001 - nobody to report to: log it and end anyway
+                            logger.exception("manager actor: checkpoint failed")
+                    elif self._ended_at is not None and time.monotonic() - self._ended_at > self.cfg.timeout:
+                        end = True  # the worker that sent the last EXIT did not end the actor
+                if end:
+                    self._end_self()
+                    return
+            except Exception:  # noqa: BLE001 - the watchdog must keep watching
+                logger.exception("manager actor: watchdog error")
+
+    @staticmethod
+    def _end_self() -> None:
+        ray = _ray()
+        try:
+            ctx = ray.get_runtime_context()
+            if ctx.get_actor_id() is None:
+                return  # not inside an actor (e.g. a test built this class directly): nothing to end
+            ray.kill(ctx.current_actor, no_restart=True)
+        except Exception:  # noqa: BLE001
+            logger.exception("manager actor: could not end itself with ray.kill; exiting the process")
+            os._exit(0)
 
 
 def actor_class():
     global _ACTOR
     if _ACTOR is None:
-        _ACTOR = _ray().remote(_ManagerActorImpl)
+        _ACTOR = _ray().remote(concurrency_groups={BEAT_GROUP: 1})(_ManagerActorImpl)
     return _ACTOR
 
 
+# ---------------------------------------------------------------------------------------------------------- start-up
+def _tcp_target(address: Optional[str]) -> Optional[Tuple[str, int]]:
+    """``(host, port)`` of an explicit cluster address (``host:port``, ``ray://host:port``); None for None,
+    'auto', 'local' and anything else Ray resolves itself."""
+    if not isinstance(address, str) or address in ('', 'auto', 'local'):
+        return None
+    rest = address.split('://', 1)[1] if '://' in address else address
+    host, sep, port = rest.rpartition(':')
+    host = host.strip('[]')
+    if not sep or not host or not port.isdigit():
+        return None
+    return host, int(port)
+
+
+def _wait_for_port(address: str, target: Tuple[str, int], deadline: float, seconds: float) -> None:
+    """Retry a TCP connection until ``deadline`` (a head node may still be starting)."""
+    last: Optional[BaseException] = None
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            break
+        try:
+            socket.create_connection(target, timeout=left).close()
+            return
+        except OSError as e:
+            last = e
+        time.sleep(min(0.2, max(deadline - time.monotonic(), 0.0)))
+    raise TimeoutError(f"could not reach the Ray cluster at {address!r} (distributed.ray_address) within {seconds}s "
+                       f"(distributed.startup_timeout): {type(last).__name__ if last else 'no attempt'}: {last}")
+
+
+class _DropThreadWarning(logging.Filter):
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return 'SIGTERM handler is not set' not in record.getMessage()
+
+
+def _sigterm_exit(signum, frame):
+    sys.exit(signum)
+
+
+def _init_bounded(ray: Any, address: str, namespace: str, deadline: float, seconds: float) -> None:
+    """``ray.init`` on a helper thread, so a port that accepts connections but never answers like a Ray
+    cluster cannot hold the caller past ``deadline``."""
+    if threading.current_thread() is threading.main_thread() and sys.platform != 'win32':
+        signal.signal(signal.SIGTERM, _sigterm_exit)  # what ray.init installs itself on the main thread
+    errors: list = []
+
+    def init() -> None:
+        try:
+            ray.init(address=address, namespace=namespace, log_to_driver=False)
+        except BaseException as e:  # noqa: BLE001 - handed to the caller
+            errors.append(e)
+
+    quiet = _DropThreadWarning()
+    ray_logger = logging.getLogger('ray._private.worker')
+    ray_logger.addFilter(quiet)
+    try:
+        t = threading.Thread(target=init, daemon=True, name='ding_buffer-ray-init')
+        t.start()
+        t.join(max(deadline - time.monotonic(), 0.0))
+    finally:
+        ray_logger.removeFilter(quiet)
+    if t.is_alive():
+        raise TimeoutError(f"the Ray cluster at {address!r} (distributed.ray_address) accepts connections but "
+                           f"ray.init did not finish within {seconds}s (distributed.startup_timeout); is it a Ray "
+                           f"head node (GCS port) and reachable with this Ray version?")
+    if errors:
+        raise errors[0]
+
+
+def _connect(ray: Any, dcfg: Any, deadline: float, seconds: float) -> None:
+    address = dcfg.ray_address
+    target = _tcp_target(address if address not in (None, 'auto') else os.environ.get('RAY_ADDRESS'))
+    if target is None:  # a local instance or Ray's own lookup of a running one
+        ray.init(address=address, namespace=dcfg.namespace, log_to_driver=False)
+        return
+    shown = address if address not in (None, 'auto') else os.environ.get('RAY_ADDRESS')
+    _wait_for_port(shown, target, deadline, seconds)
+    _init_bounded(ray, address, dcfg.namespace, deadline, seconds)
+
+
 def get_or_create_actor(cfg: Dict[str, Any], dcfg: Any):
-    """Connect to (or start) Ray and return the manager actor named ``actor_name`` in ``namespace``."""
+    """Connect to (or start) Ray and return the manager actor named ``actor_name`` in ``namespace``, once it
+    answers; all of it within ``startup_timeout`` seconds (``TimeoutError`` naming what was waited for)."""
     ray = _ray()
+    seconds = startup_seconds(dcfg)
+    deadline = time.monotonic() + seconds
     if not ray.is_initialized():
-        ray.init(address=dcfg.ray_address, namespace=dcfg.namespace, log_to_driver=False)
+        _connect(ray, dcfg, deadline, seconds)
     opts = dict(name=dcfg.actor_name, namespace=dcfg.namespace, get_if_exists=True, max_concurrency=1,
                 max_restarts=0)
     if dcfg.detached:
         opts['lifetime'] = 'detached'
-    return actor_class().options(**opts).remote(cfg)
+    actor = actor_class().options(**opts).remote(cfg)
+    where = f"manager actor {dcfg.namespace}/{dcfg.actor_name}"
+    try:
+        ray.get(actor.ready.options(concurrency_group=BEAT_GROUP).remote(),
+                timeout=max(deadline - time.monotonic(), 0.0))
+    except ray.exceptions.GetTimeoutError as e:
+        raise TimeoutError(f"{where} did not start within {seconds}s (distributed.startup_timeout): the cluster may "
+                           f"have no free CPU to place it (see `ray status`), or building its buffer is slow") from e
+    except ray.exceptions.RayActorError as e:
+        raise ManagerUnavailableError(f"{where} could not start: {e}") from e
+    return actor
+
+
+# ---------------------------------------------------------------------------------------------------------- worker
+def _heartbeat(channel_ref: 'weakref.ref', stop: threading.Event, every: float) -> None:
+    """Ping the actor while the channel lives; holds only a weak reference, so a RemoteBuffer dropped without
+    ``close()`` (a task that returned) stops beating and the manager counts it lost after ``peer_timeout``."""
+    while not stop.wait(every):
+        channel = channel_ref()
+        if channel is None:
+            return
+        try:
+            if not channel._beat():
+                return
+        except Exception:  # noqa: BLE001 - Ray shut down, the actor is gone: stop beating
+            return
+        finally:
+            del channel
 
 
 class RayChannel:
@@ -97,29 +359,100 @@ class RayChannel:
         self.where = f"manager actor {dcfg.namespace}/{dcfg.actor_name}"
         self._next = 0
         self._shutdown = False
+        self._dead: Optional[str] = None
+        self._ping_ref: Any = None
+        self._stop = threading.Event()
+        self._beat_lock = threading.Lock()
+        self._finalizer = weakref.finalize(self, self._stop.set)  # a dropped channel stops its heartbeat thread
+        try:  # the manager knows this worker from now on, even if it dies before its first request
+            self._beat()
+        except Exception:  # noqa: BLE001 - an unreachable manager fails the first request instead
+            pass
+        self._beat_thread = threading.Thread(target=_heartbeat, args=(weakref.ref(self), self._stop,
+                                                                      dcfg.heartbeat_seconds),
+                                             daemon=True, name='ding_buffer-ray-heartbeat')
+        self._beat_thread.start()
 
-    def submit(self, request: Dict[str, Any]):
+    def _beat(self) -> bool:
+        """One fire-and-forget ping (skipped while the previous one is unanswered); False: stop beating."""
+        ray = _ray()
+        with self._beat_lock:  # never a ping after stop_heartbeat(): nobody would receive it after EXIT
+            if self._stop.is_set() or self._dead or not ray.is_initialized():  # no ray call may auto-start Ray
+                return False
+            prev = self._ping_ref
+            if prev is not None:
+                ready, _ = ray.wait([prev], timeout=0)
+                if not ready:
+                    return True  # the beat lane is busy: one ping waits at most
+                self._ping_ref = None
+                try:
+                    ray.get(prev, timeout=0)
+                except ray.exceptions.RayActorError:
+                    return False  # the manager is gone
+                except ray.exceptions.RayError:
+                    pass
+            self._ping_ref = self.actor.ping.options(concurrency_group=BEAT_GROUP).remote(self.client)
+            return True
+
+    def stop_heartbeat(self) -> None:
+        with self._beat_lock:
+            self._stop.set()
+
+    def _unavailable(self, why: str, dead: bool = False) -> ManagerUnavailableError:
+        if dead:
+            self._dead = why
+            self._stop.set()
+        return ManagerUnavailableError(why)
+
+    def submit(self, request: Dict[str, Any], deadline: Optional[float] = None):
+        """Hand ``request`` to Ray (it does not wait for the actor); returns the ObjectRef of its reply."""
+        ray = _ray()
+        if self._dead:
+            raise ManagerUnavailableError(self._dead)
+        if not ray.is_initialized():
+            raise self._unavailable(f"{self.where} is unreachable: Ray is not initialised in this process (shut "
+                                    f"down?)", dead=True)
         request['id'] = self._next
         self._next += 1
-        return self.actor.call.remote(self.client, *_wire(request, self.allow_pickle))
-
-    def result(self, ref: Any, op: str, timeout: Optional[float] = None) -> Dict[str, Any]:
-        from .remote import ManagerUnavailableError
-        ray = _ray()
-        timeout = self.timeout if timeout is None else timeout
+        wire = _wire(request, self.allow_pickle)  # TypeError (no pickle) before anything is sent
         try:
-            msg = ray.get(ref, timeout=timeout)
+            return self.actor.call.remote(self.client, *wire)
+        except ray.exceptions.RayError as e:
+            raise self._unavailable(f"{self.where} is unreachable: {type(e).__name__}: {e}") from e
+
+    def result(self, ref: Any, op: str, deadline: Optional[float] = None) -> Dict[str, Any]:
+        """The reply to ``ref``; ``ManagerUnavailableError`` when it does not arrive before ``deadline``."""
+        ray = _ray()
+        if self._dead:
+            raise ManagerUnavailableError(self._dead)
+        if not ray.is_initialized():
+            raise self._unavailable(f"{self.where} is unreachable: Ray is not initialised in this process", dead=True)
+        deadline = time.monotonic() + self.timeout if deadline is None else deadline
+        try:
+            msg = ray.get(ref, timeout=max(deadline - time.monotonic(), 0.0))
         except ray.exceptions.GetTimeoutError as e:
-            raise ManagerUnavailableError(f"{self.where} did not answer {op!r} within {timeout}s "
-                                          f"(distributed.timeout); it may be overloaded") from e
+            raise ManagerUnavailableError(f"{self.where} did not answer {op!r} within {self.timeout}s "
+                                          f"(distributed.timeout); it may be overloaded, frozen or gone") from e
         except ray.exceptions.RayActorError as e:  # ActorDiedError and friends derive from it
-            raise ManagerUnavailableError(f"{self.where} is gone: {type(e).__name__}") from e
+            raise self._unavailable(f"{self.where} is gone: {type(e).__name__}", dead=True) from e
+        except ray.exceptions.RayError as e:  # the object was lost, the task failed in Ray itself
+            raise ManagerUnavailableError(f"{self.where} did not answer {op!r}: {type(e).__name__}: {e}") from e
         reply = _unwire(msg, self.allow_pickle)
+        if not isinstance(reply, dict):
+            raise CodecError(f"the reply of {self.where} to {op!r} is a {type(reply).__name__}, not a reply")
         if reply.get('shutdown'):
             self._shutdown = True
+        if reply.get('ok') is False and reply.get('error') == 'ManagerUnavailableError':
+            raise self._unavailable(f"{self.where}: {reply.get('message')}", dead=True)
         return reply
 
-    def close(self) -> None:
+    def close(self, grace: Optional[float] = None) -> None:
+        """Stop the heartbeat; the worker whose EXIT was the last one ends the actor."""
+        self.stop_heartbeat()
         if self._shutdown:
             ray = _ray()
-            ray.kill(self.actor, no_restart=True)
+            if ray.is_initialized():
+                try:
+                    ray.kill(self.actor, no_restart=True)
+                except Exception:  # noqa: BLE001 - it ended already
+                    pass
