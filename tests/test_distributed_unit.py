@@ -1321,3 +1321,50 @@ def test_async_push_in_doubt_and_close_resend():
     ch.fail = None
     rb.close()  # sends what is owed, then EXIT
     assert core.buffer.count() == 2 and core.exited == {W}
+
+
+def test_failed_flush_of_earlier_items_does_not_take_the_new_data():
+    rb, core, ch = make_remote(remote_buffer_freq=3)
+    batch = {'obs': torch.ones(2, 2), 'log_reward': torch.zeros(2)}
+    rb.push(item(0))  # pending: single items
+    ch.fail = 'lost'
+    with pytest.raises(ManagerUnavailableError):
+        rb.push(batch, batched=True)  # a batch: the single items must go first, and fail
+    ch.fail = None
+    rb.push(batch, batched=True)  # not a retry: this data was never taken
+    rb.flush()
+    assert core.buffer.count() == 3 and rb.unacknowledged == 0
+
+
+def test_sync_request_while_an_async_push_is_in_flight_keeps_its_reply():
+    import queue
+    from ding_buffer.distributed.remote import PeerChannel
+    from ding_buffer.distributed.transport import MESSAGE
+
+    class FakeTransport:  # replies in request order, as the real transports deliver them
+        def __init__(self):
+            self.inbox = queue.Queue()
+
+        def start(self):
+            pass
+
+        def send(self, peer, obj, msg_id=-1, deadline=None, wait=True, limit=1):
+            if obj.get('op') != 'ping':
+                self.inbox.put((peer, MESSAGE, {'id': obj['id'], 'ok': True, 'result': obj['op']}))
+
+        def recv(self, timeout):
+            try:
+                return self.inbox.get(timeout=timeout)
+            except queue.Empty:
+                return None
+
+        def close(self, grace=None):
+            return []
+
+    ch = PeerChannel(FakeTransport(), 2, timeout=5.0, heartbeat=60.0)
+    pushed = ch.submit({'op': 'push'})  # async: not collected yet
+    t = time.monotonic()
+    assert ch.result(ch.submit({'op': 'count'}), 'count')['result'] == 'count'
+    assert ch.result(pushed, 'push')['result'] == 'push'  # kept, not dropped
+    assert time.monotonic() - t < 1.0
+    ch.close(0)

@@ -266,6 +266,7 @@ class ManagerCore:
     def _exit(self, sender) -> Dict[str, Any]:
         self.exited.add(sender)
         self.lost.pop(sender, None)
+        self.last_seen.pop(sender, None)  # never silent again: the watchdog's scan stays O(live senders)
         return {'exited': len(self.exited)}
 
     # ------------------------------------------------------------------ liveness (used by every backend)

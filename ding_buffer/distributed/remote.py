@@ -39,6 +39,9 @@ class RemoteError(RuntimeError):
     """The manager raised an exception type that is not re-raised as itself."""
 
 
+MAX_EARLY = 64  # replies kept for requests other than the one awaited
+
+
 def _deadline(timeout: float) -> float:
     return time.monotonic() + timeout
 
@@ -71,6 +74,7 @@ class PeerChannel:
         self.timeout = timeout
         self.where = f"manager rank {manager_rank}"
         self._next = 0
+        self._early: Dict[int, Dict[str, Any]] = {}  # replies that arrived while another request was awaited
         self._dead: Optional[str] = None
         self._stop = threading.Event()
         self._beat_lock = threading.Lock()
@@ -105,7 +109,11 @@ class PeerChannel:
         return rid
 
     def result(self, rid: int, op: str, deadline: Optional[float] = None) -> Dict[str, Any]:
+        """The reply to request ``rid``. Replies to other requests that arrive meanwhile are kept for their own
+        ``result`` call (an async push in flight); at most ``MAX_EARLY`` of them, the oldest dropped first."""
         deadline = _deadline(self.timeout) if deadline is None else deadline
+        if rid in self._early:
+            return self._early.pop(rid)
         while True:
             if self._dead:
                 raise ManagerUnavailableError(self._dead)
@@ -128,7 +136,11 @@ class PeerChannel:
                 continue
             if isinstance(obj, dict) and (obj.get('id') == rid or (obj.get('id') is None and obj.get('ok') is False)):
                 return obj  # an id-less error answers the oldest unanswered request: this one (replies are in order)
-            # a reply to an earlier request this worker stopped waiting for: drop it
+            other = obj.get('id') if isinstance(obj, dict) else None
+            if isinstance(other, int) and not isinstance(other, bool) and other < self._next:
+                self._early[other] = obj  # another request's reply (an async push); or one given up on
+                while len(self._early) > MAX_EARLY:
+                    self._early.pop(min(self._early))
 
     def close(self, grace: Optional[float] = None) -> None:
         self.stop_heartbeat()
@@ -234,17 +246,17 @@ class RemoteBuffer(IBuffer):
         self._resend_unacked()  # raises before this call's data is taken
         if self._local is not None:
             self._local.push(data, cur_collector_envstep, batched=batched)
-        try:
-            if self._pending and self._pending_batched != batched:
-                self._flush(cur_collector_envstep)  # a batch and single items cannot be merged
-            self._pending.append(data)
-            self._pending_batched = batched
-            self._push_calls += 1
-            if self._push_calls % self._dcfg.remote_buffer_freq == 0:
+        if self._pending and self._pending_batched != batched:
+            self._flush(cur_collector_envstep)  # a batch and single items cannot be merged (raises: data not taken)
+        self._pending.append(data)
+        self._pending_batched = batched
+        self._push_calls += 1
+        if self._push_calls % self._dcfg.remote_buffer_freq == 0:
+            try:
                 self._flush(cur_collector_envstep)
-        except ManagerUnavailableError:
-            self._retry_of = _digest(data, batched, self._dcfg.allow_pickle)
-            raise
+            except ManagerUnavailableError:  # this call's data is kept (in doubt): a push of it again is a retry
+                self._retry_of = _digest(data, batched, self._dcfg.allow_pickle)
+                raise
         return n
 
     def extend(self, batch: Any, cur_collector_envstep: int = -1) -> int:
