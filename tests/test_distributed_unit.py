@@ -943,8 +943,8 @@ class _Pipe:
         from ding_buffer.distributed import transport as tr
 
         class PipeTransport(tr.ThreadedTransport):
-            def __init__(self, me, pipe):
-                super().__init__([1 - me], False, max_bytes, grace=5.0)
+            def __init__(self, me, pipe):  # a sends anything (a peer with another limit); b enforces max_bytes
+                super().__init__([1 - me], False, max_bytes if me == 1 else 1 << 40, grace=5.0)
                 self.me, self.pipe = me, pipe
                 self.asked = []  # sizes of the receives posted after a head
 
@@ -970,15 +970,13 @@ class _Pipe:
                 buf[:len(msg)] = msg
                 return buf, None
 
-            def _recv_exact(self, peer, n):
-                self.asked.append(n)
+            def _recv_exact(self, peer, n, out=None):
+                self.asked.append(n if out is None else 0)  # bytes allocated for the receive
                 msg = self._next(peer)
-                if exact:
-                    if len(msg) != n:
-                        raise tr.ProtocolError(f'{len(msg)} bytes where {n} were announced')
-                    return msg
+                if exact and len(msg) != n:
+                    raise tr.ProtocolError(f'{len(msg)} bytes where {n} were announced')
                 assert len(msg) <= n, f"gloo would abort: a {len(msg)}-byte message on a {n}-byte receive"
-                buf = np.zeros(n, np.uint8)
+                buf = np.zeros(n, np.uint8) if out is None else out
                 buf[:len(msg)] = msg
                 return buf
 
@@ -1255,11 +1253,18 @@ def test_liveness_lose_silence_and_rejoin():
     core = make_core(peer_timeout=2.0, heartbeat_seconds=1.0)
     core.seen('a', now=0.0)
     core.seen('b', now=0.0)
-    core.check_silent(now=1.5)
+    core.seen('c', now=0.0)
+    for now in (0.5, 1.0, 1.5):
+        core.check_silent(now=now)
     assert core.lost == {}
     core.handle('b', req('exit'))
-    core.check_silent(now=3.0)
+    for now in (2.0, 2.5, 3.0):
+        core.check_silent(now=now, busy=['c'])  # c's request waits for the buffer: not silent
     assert list(core.lost) == ['a'] and 'peer_timeout' in core.lost['a']  # an exited sender is never lost
+    core.seen('a', now=3.0)
+    core.seen('c', now=3.0)  # c's request was served
+    core.check_silent(now=13.0)  # this process did not run for 10 s (frozen): that is held against nobody
+    assert core.lost == {}
     core.handle('a', {'op': 'ping'})  # it speaks again: rejoined
     assert core.lost == {} and core.rejoined == {'a': 1}
     assert core.summary()['rejoined'] == {'a': 1}
@@ -1368,3 +1373,181 @@ def test_sync_request_while_an_async_push_is_in_flight_keeps_its_reply():
     assert ch.result(pushed, 'push')['result'] == 'push'  # kept, not dropped
     assert time.monotonic() - t < 1.0
     ch.close(0)
+
+
+@pytest.mark.parametrize('exact', [False, True], ids=['gloo-like', 'mpi-like'])
+def test_framing_part_tables_that_overflow_or_overlap_are_refused(exact):
+    from ding_buffer.distributed import transport as tr
+    pipe = _Pipe(max_bytes=1 << 20, exact=exact)
+    header = encode({'op': 'push', 'id': 3})[0]
+
+    def frame_with(table, body, extra=b''):
+        n = len(table)
+        meta = np.array(table, np.int64).reshape(-1).view(np.uint8).tobytes() + header + extra
+        c = np.array([tr.MAGIC, tr.DATA, 3, tr.CTRL + len(meta), len(header), n, body, len(meta)], np.int64)
+        return np.frombuffer(c.tobytes() + meta, np.uint8)
+
+    # four parts of ~2**62 bytes whose int64 sum wraps around to 16
+    pipe.raw(frame_with([[(1 << 62) + 4, -1]] * 4, 16))
+    # 64 inline parts over the same 4 KiB (a 4 KiB frame that would copy 256 KiB)
+    first = 16 * 64 + len(header)
+    pipe.raw(frame_with([[4096, first]] * 64, 0, b'x' * 4096))
+    t = time.monotonic()
+    for _ in range(2):
+        peer, kind, (rid, err) = pipe.b.recv(10)
+        assert kind == tr.ERROR and rid == 3 and 'part table' in str(err)
+    assert time.monotonic() - t < 2 and pipe.b.asked == []  # refused before any receive or allocation
+    assert pipe.roundtrip({'op': 'count', 'id': 4})[2] == {'op': 'count', 'id': 4}
+
+
+def test_framing_header_cap_refuses_huge_headers_with_a_hint():
+    from ding_buffer.distributed import transport as tr
+    pipe = _Pipe(max_bytes=1 << 30)
+    msg = {'op': 'push', 'id': 8, 'x': 'y' * (tr.MAX_HEADER + 10)}
+    with pytest.raises(CodecError, match='header'):  # a sender refuses it before anything leaves
+        pipe.b.send(0, msg, deadline=time.monotonic() + 10)
+    head, extra, out, n = tr.frame(*encode(msg), 8)  # a peer that sends it anyway
+    pipe.raw(head)
+    pipe.raw(extra)
+    peer, kind, (rid, err) = pipe.b.recv(10)
+    assert kind == tr.ERROR and rid == 8 and 'batched dict' in str(err)
+    assert pipe.roundtrip({'op': 'count', 'id': 9})[2] == {'op': 'count', 'id': 9}
+
+
+@pytest.mark.parametrize('exact', [False, True], ids=['gloo-like', 'mpi-like'])
+def test_framing_multi_piece_part_is_allocated_once_its_first_piece_arrived(monkeypatch, exact):
+    from ding_buffer.distributed import transport as tr
+    monkeypatch.setattr(tr, 'PIECE', 4096)
+    pipe = _Pipe(exact=exact)
+    x = torch.arange(50_000, dtype=torch.int32)  # 200,000 bytes: 49 pieces
+    out = pipe.roundtrip({'x': x})[2]
+    assert torch.equal(out['x'], x)
+    assert pipe.b.asked[0] == 4096 and set(pipe.b.asked[1:]) == {0}  # later pieces land in the part itself
+
+
+
+def test_track_used_data_is_refused_with_a_distributed_backend():
+    with pytest.raises(ValueError, match='enable_track_used_data'):  # a worker's data_id would name files to delete
+        create_buffer(dict(type='naive', replay_buffer_size=8, storage=dict(type='list'), enable_track_used_data=True,
+                           distributed=dict(backend='torch')))
+
+
+def test_sample_size_is_bounded_by_the_capacity():
+    core = make_core(size=16)
+    core.handle(W, req('push', data=item(1)))
+    r = core.handle(W, req('sample', size=10 ** 9, kwargs={}))
+    assert r['error'] == 'ValueError' and 'capacity' in r['message']
+    assert core.handle(W, req('sample', size='3'))['error'] == 'ValueError'
+
+
+def test_decode_refuses_deep_nesting():
+    deep = 1
+    for _ in range(80):
+        deep = [deep]
+    with pytest.raises(CodecError, match='nests deeper'):
+        roundtrip({'x': deep})
+
+
+def raising_score_hook(batch, sender=None, buffer=None):
+    raise KeyError('boom')
+
+
+def test_push_that_stores_then_fails_scoring_is_never_stored_twice():
+    core = make_core(storage='list', scoring_function=raising_score_hook)
+    first = core.handle(W, req('push', data=item(1), client='c', seq=0))
+    assert first['error'] == 'KeyError' and 'were stored' in first['message']
+    again = core.handle(W, req('push', data=item(1), client='c', seq=0))  # the retry gets the same answer
+    assert again['error'] == 'KeyError' and core.buffer.count() == 1
+
+
+def test_a_request_longer_than_peer_timeout_loses_nobody():
+    """A push whose scoring takes longer than peer_timeout holds the buffer: the other worker's request waits,
+    nobody's heartbeat is read meanwhile, and still nobody is counted lost (in-process manager and workers)."""
+    import queue
+    from ding_buffer.distributed import ReplayBufferManager
+    from ding_buffer.distributed import transport as tr
+    from ding_buffer.distributed.remote import PeerChannel
+
+    class Net(tr.ThreadedTransport):
+        def __init__(self, me, peers, wires, timeout):
+            super().__init__(peers, False, 1 << 30, grace=timeout)
+            self.me, self.wires = me, wires
+
+        def _send_buf(self, peer, buf):
+            self.wires.setdefault((self.me, peer), queue.Queue()).put(np.array(buf, np.uint8, copy=True))
+
+        def _next(self, peer):
+            q = self.wires.setdefault((peer, self.me), queue.Queue())
+            while True:
+                try:
+                    return q.get(timeout=0.05)
+                except queue.Empty:
+                    if self._abandon:
+                        raise tr.TransportError('closed')
+
+        def _recv_head(self, peer):
+            msg = self._next(peer)
+            return msg, len(msg)
+
+        def _recv_exact(self, peer, n, out=None):
+            msg = self._next(peer)
+            buf = np.empty(n, np.uint8) if out is None else out
+            buf[:] = msg
+            return buf
+
+    cfg = make_cfg(storage='list', timeout=10.0, peer_timeout=1.0, heartbeat_seconds=0.25,
+                   scoring_function='test_distributed_unit:slow_score_hook')
+    buf, dcfg, key = build_manager_buffer(cfg)
+    wires = {}
+    mgr = ReplayBufferManager(buf, Net(0, [1, 2], wires, 10.0), dcfg, [1, 2], key)
+    out = {}
+    th = threading.Thread(target=lambda: out.update(mgr.run(timeout=60)), daemon=True)
+    th.start()
+    local_cfg = EasyDict({k: v for k, v in dict(cfg).items() if k != 'distributed'})
+    a, b = (RemoteBuffer(local_cfg, dcfg, PeerChannel(Net(r, [0], wires, 10.0), 0, 10.0, 0.25), log_reward_key=key)
+            for r in (1, 2))
+    a.push(item(0))
+    b.push(item(0))
+    slow = threading.Thread(target=lambda: a.push(item(9)))  # scoring sleeps 2.5 s > peer_timeout
+    slow.start()
+    time.sleep(0.2)
+    b.push(item(1))  # waits for the buffer behind the slow push
+    slow.join()
+    time.sleep(0.6)
+    assert mgr.core.lost == {}, mgr.core.lost
+    a.close()
+    b.close()
+    th.join(20)
+    assert out['lost'] == {} and out['exited'] == ['1', '2'] and buf.count() == 4, out
+
+
+def slow_score_hook(batch, sender=None, buffer=None):
+    obs = batch['obs'] if isinstance(batch, dict) else batch[0]['obs']
+    if float(obs.reshape(-1)[0]) == 9.0:
+        time.sleep(2.5)
+    return {}
+
+
+def test_one_deadline_bounds_a_push_that_resends_first():
+    rb, core, ch = make_remote(timeout=1.0)
+    fast = ch.result
+
+    def slow_result(ticket, op, deadline=None, _orig=fast):
+        left = deadline - time.monotonic()
+        time.sleep(min(0.8, max(left, 0)))
+        if left < 0.8:
+            raise ManagerUnavailableError('slow manager')
+        return _orig(ticket, op, deadline)
+
+    ch.fail = 'late'
+    with pytest.raises(ManagerUnavailableError):
+        rb.push(item(0))
+    ch.fail = None
+    ch.result = slow_result
+    t = time.monotonic()
+    with pytest.raises(ManagerUnavailableError):  # resend (0.8 s) + its own push (0.8 s) > timeout
+        rb.push(item(1))
+    assert time.monotonic() - t < 1.0 + 0.3
+    ch.result = fast
+    rb.push(item(1))  # now fast: the push in doubt, then this one
+    assert core.buffer.count() == 2

@@ -23,6 +23,9 @@ _GFN_TYPES = ('gfn', 'gfn_diverse', 'terminating_state')
 
 def _local_cfg(cfg: Any) -> EasyDict:
     local = EasyDict(copy.deepcopy({k: v for k, v in dict(cfg).items() if k != 'distributed'}))
+    if local.get('enable_track_used_data'):  # the manager would delete whatever path a worker's data_id names
+        raise ValueError("config key 'enable_track_used_data' cannot be combined with distributed.backend: a worker's "
+                         "'data_id' would name files the manager deletes; delete used data on the worker side")
     return local
 
 

@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 VERSION = 1
+MAX_DEPTH = 64  # nesting levels a decoded message may have
 
 _TORCH_DTYPES = {
     str(d).replace('torch.', ''): d
@@ -183,11 +184,14 @@ class _Decoder:
             a = a.copy()
         return a.view(dtype).reshape(shape)
 
-    def walk(self, x: Any) -> Any:
+    def walk(self, x: Any, depth: int = 0) -> Any:
         if x is None or isinstance(x, (bool, str, int, float)):
             return x
+        if depth > MAX_DEPTH:  # deeper data could not be encoded back (a reply carrying it would fail)
+            raise CodecError(f"message nests deeper than {MAX_DEPTH} levels")
+        depth += 1
         if isinstance(x, list):
-            return [self.walk(v) for v in x]
+            return [self.walk(v, depth) for v in x]
         if not isinstance(x, dict) or len(x) != 1:
             raise CodecError(f"bad node {str(x)[:80]!r}")
         (tag, v), = x.items()
@@ -198,7 +202,7 @@ class _Decoder:
             for k, val in v:
                 if not isinstance(k, (str, int)):
                     raise CodecError(f"bad dict key {k!r}")
-                out[k] = self.walk(val)
+                out[k] = self.walk(val, depth)
             return out
         if tag == '$t':
             return self.array(v, True)
@@ -207,13 +211,13 @@ class _Decoder:
         if tag == '$u':
             if not isinstance(v, list):
                 raise CodecError("bad tuple node")
-            return tuple(self.walk(e) for e in v)
+            return tuple(self.walk(e, depth) for e in v)
         if tag == '$b':
             return bytes(_part_np(self.part(v)))
         if tag == '$l':
             if not isinstance(v, list) or len(v) != 3:
                 raise CodecError("bad slice node")
-            return slice(*(self.walk(e) for e in v))
+            return slice(*(self.walk(e, depth) for e in v))
         if tag == '$s':
             if not isinstance(v, list) or len(v) != 2:
                 raise CodecError("bad scalar node")
@@ -253,6 +257,8 @@ def decode(header: Any, parts: Sequence[Any], allow_pickle: bool = False) -> Any
 def peek_id(header: Any) -> Any:
     """The top-level ``'id'`` of an encoded request, read from the header alone (None if absent or unreadable);
     lets a receiver answer a message it refuses (too large, undecodable) with the right request id."""
+    if len(header) > (1 << 16):  # parsing a huge header just for its id would cost what refusing it saves
+        return None
     try:
         body = json.loads(bytes(header).decode()).get('body')
         for k, v in body['$d']:

@@ -41,6 +41,14 @@ SAMPLE_KWARGS = ('cur_learner_iter', 'sample_range', 'replace', 'unroll_len', 'p
 MAX_CLIENTS = 1 << 16  # push-dedup records kept (oldest dropped first)
 
 
+class _StoredThenFailed(Exception):
+    """A push stored its data, then scoring failed: ``error`` is what the worker gets (every time it asks)."""
+
+    def __init__(self, error: BaseException) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
 def error_reply(rid: Any, e: BaseException) -> Dict[str, Any]:
     return {'id': rid, 'ok': False, 'error': type(e).__name__, 'message': str(e)}
 
@@ -69,6 +77,7 @@ class ManagerCore:
         self.lost: Dict[Any, str] = {}
         self.rejoined: Dict[Any, int] = {}
         self.last_seen: Dict[Any, float] = {}
+        self._last_check: Optional[float] = None
         self.per_sender: Dict[Any, Dict[str, int]] = {}
         self._applied: Dict[str, Tuple[int, Dict[str, Any]]] = {}  # client -> (last push seq, its reply)
         self.counters = dict(push_requests=0, pushed_items=0, rejected_stale=0, sample_requests=0, errors=0,
@@ -123,15 +132,22 @@ class ManagerCore:
             done = self._applied.get(client)
             if done is not None and seq <= done[0]:  # a retry of a push that was applied: never store it twice
                 self.counters['duplicate_pushes'] += 1
+                if seq == done[0] and isinstance(done[1], BaseException):
+                    raise done[1]  # the first attempt stored the data, then failed: the same answer again
                 reply = dict(done[1]) if seq == done[0] else {'stored': 0, 'score': {}}
                 reply['duplicate'] = True
                 return reply
-        reply = self._apply_push(sender, data, batched, envstep, model_version, session_id)
+        try:
+            reply: Any = self._apply_push(sender, data, batched, envstep, model_version, session_id)
+        except _StoredThenFailed as e:  # the data is in: a retry must not store it again, nor hide the error
+            reply = e.error
         if client is not None:
             self._applied.pop(client, None)
             self._applied[client] = (seq, reply)
             if len(self._applied) > MAX_CLIENTS:
                 self._applied.pop(next(iter(self._applied)))
+        if isinstance(reply, BaseException):
+            raise reply
         return reply
 
     def _apply_push(self, sender, data, batched, envstep, model_version, session_id) -> Dict[str, Any]:
@@ -148,10 +164,14 @@ class ManagerCore:
         self.counters['pushed_items'] += n
         self.baseline.observe(incoming)
         if self.scoring_function is not None:  # scored after storing, as torchgfn does (novelty sees the batch)
-            out = self.scoring_function(data, sender=sender, buffer=self.buffer)
+            try:
+                out = self.scoring_function(data, sender=sender, buffer=self.buffer)
+            except Exception as e:
+                raise _StoredThenFailed(type(e)(f"distributed.scoring_function raised {type(e).__name__}: {e} (the "
+                                                f"{stored} pushed items were stored)")) from e
             if not isinstance(out, dict):
-                raise TypeError(f"distributed.scoring_function must return a dict, got {type(out).__name__} "
-                                f"(the {stored} pushed items were stored)")
+                raise _StoredThenFailed(TypeError(f"distributed.scoring_function must return a dict, got "
+                                                  f"{type(out).__name__} (the {stored} pushed items were stored)"))
             score.update(out)
         base = self.baseline.value(*self._stored_log_rewards())
         if base is not None:
@@ -169,11 +189,18 @@ class ManagerCore:
         fn = getattr(self.buffer, 'log_rewards', None)
         if fn is None:
             return None, False
-        capacity = getattr(self.buffer, 'capacity', None) or getattr(self.buffer, 'replay_buffer_size', None)
+        capacity = self._capacity()
         return fn(), capacity is not None and self.buffer.count() >= capacity
+
+    def _capacity(self) -> Optional[int]:
+        return getattr(self.buffer, 'capacity', None) or getattr(self.buffer, 'replay_buffer_size', None)
 
     def _sample(self, sender, size, kwargs=None) -> Any:
         self.counters['sample_requests'] += 1
+        cap = self._capacity()
+        if not isinstance(size, int) or isinstance(size, bool) or (cap is not None and size > cap):
+            # never more rows than the buffer holds: a reply is at most the size of the buffer itself
+            raise ValueError(f"sample size must be an int of at most {cap} (the buffer's capacity), got {str(size)[:40]}")
         if kwargs is not None and not isinstance(kwargs, dict):
             raise TypeError(f"sample 'kwargs' must be a dict, got {type(kwargs).__name__}")
         kwargs = dict(kwargs or {})
@@ -283,14 +310,25 @@ class ManagerCore:
             self.lost[sender] = why
             logger.warning("manager: lost worker %s: %s; serving the others", sender, why)
 
-    def check_silent(self, now: Optional[float] = None) -> None:
-        """Count as lost every sender silent for longer than ``distributed.peer_timeout``."""
+    def check_silent(self, now: Optional[float] = None, busy: Any = ()) -> None:
+        """
+        Overview:
+            Count as lost every sender silent for longer than ``distributed.peer_timeout``, except the ``busy``
+            ones (a request of theirs waits for the buffer). Call it often (at least every ``peer_timeout / 2``):
+            a longer gap means this process did not run (frozen, or a long request held the buffer), and that
+            time is not held against anyone: every sender's silence is shifted by the gap.
+        """
         limit = self.cfg.peer_timeout
         if limit is None:
             return
         now = time.monotonic() if now is None else now
+        gap = now - self._last_check if self._last_check is not None else 0.0
+        self._last_check = now
+        if gap > limit / 2:
+            for w in self.last_seen:
+                self.last_seen[w] += gap
         for w, t in list(self.last_seen.items()):
-            if w not in self.lost and w not in self.exited and now - t > limit:
+            if w not in self.lost and w not in self.exited and w not in busy and now - t > limit:
                 self.lose(w, f"no message or heartbeat for {now - t:.1f}s (distributed.peer_timeout={limit})")
 
     # ------------------------------------------------------------------ shutdown
@@ -328,6 +366,8 @@ class ReplayBufferManager:
         self.core = ManagerCore(buffer, dcfg, log_reward_key)
         self._lock = threading.Lock()  # serialises ManagerCore across the receive threads
         self._stopping = False  # set once run() decided to end: nothing is applied after that
+        self._heard: Dict[Any, float] = {}  # peer -> last arrival, stamped before waiting for the lock
+        self._busy: Dict[Any, int] = {}  # peer -> its requests waiting for / holding the lock
 
     @property
     def lost(self) -> Dict[Any, str]:
@@ -359,11 +399,15 @@ class ReplayBufferManager:
                                        f"{sorted(self._waiting_for())}")
                 item = self.transport.recv(timeout=poll)  # lost peers, goodbyes, wake-ups after an EXIT
                 with self._lock:
+                    # arrivals first: a goodbye or a broken connection comes after the peer's last message
+                    for peer, t in list(self._heard.items()):
+                        if t > self.core.last_seen.get(peer, -1.0) and peer not in self.core.exited:
+                            self.core.seen(peer, t)
                     if item is not None and item[1] == LOST:
                         self.core.lose(item[0], item[2])
                     elif item is not None and item[1] == BYE and item[0] not in self.core.exited:
                         self.core.lose(item[0], "it closed its connection without EXIT")
-                    self.core.check_silent()
+                    self.core.check_silent(busy=[p for p, n in list(self._busy.items()) if n])
         finally:
             with self._lock:
                 self._stopping = True
@@ -381,17 +425,23 @@ class ReplayBufferManager:
         ``run()`` ended nothing is applied (the goodbye tells the worker; its request is in doubt)."""
         if self._stopping:
             return
-        if kind == ERROR:  # undecodable / oversized / broken framing: answered, the peer stays served
-            rid, err = obj
-            with self._lock:
-                self.core.seen(peer)
-                self.core.counters['errors'] += 1
-            reply: Optional[Dict[str, Any]] = error_reply(rid, err)
-        else:
-            with self._lock:
-                if self._stopping:
-                    return
-                reply = self.core.handle(peer, obj)
+        self._heard[peer] = time.monotonic()  # alive, whatever the lock is doing
+        self._busy[peer] = self._busy.get(peer, 0) + 1
+        try:
+            if kind == ERROR:  # undecodable / oversized / broken framing: answered, the peer stays served
+                rid, err = obj
+                with self._lock:
+                    self.core.seen(peer)
+                    self.core.counters['errors'] += 1
+                reply: Optional[Dict[str, Any]] = error_reply(rid, err)
+            else:
+                with self._lock:
+                    if self._stopping:
+                        return
+                    reply = self.core.handle(peer, obj)
+        finally:
+            self._busy[peer] -= 1
+            self._heard[peer] = time.monotonic()
         if reply is None:
             return
         rid = reply.get('id')
@@ -401,7 +451,9 @@ class ReplayBufferManager:
         try:
             try:
                 self.transport.send(peer, reply, msg_id=rid, wait=False, limit=limit)
-            except TypeError as e:  # a result the codec cannot carry (e.g. arbitrary objects)
+            except TransportError:
+                raise
+            except Exception as e:  # a result the codec cannot carry: an object, too deep, too large
                 self.transport.send(peer, error_reply(reply.get('id'), e), msg_id=rid, wait=False, limit=limit)
         except TransportError as e:
             if rid >= 0:

@@ -75,6 +75,7 @@ class PeerChannel:
         self.where = f"manager rank {manager_rank}"
         self._next = 0
         self._early: Dict[int, Dict[str, Any]] = {}  # replies that arrived while another request was awaited
+        self._outstanding: set = set()  # submitted, not yet collected nor given up on
         self._dead: Optional[str] = None
         self._stop = threading.Event()
         self._beat_lock = threading.Lock()
@@ -96,6 +97,7 @@ class PeerChannel:
         rid = self._next
         self._next += 1
         request['id'] = rid
+        self._outstanding.add(rid)  # (if the send times out it may still arrive: result() gives it up)
         try:
             self.transport.send(self.manager, request, msg_id=rid, deadline=deadline, wait=True, limit=1)
         except SendTimeout as e:
@@ -109,11 +111,16 @@ class PeerChannel:
         return rid
 
     def result(self, rid: int, op: str, deadline: Optional[float] = None) -> Dict[str, Any]:
-        """The reply to request ``rid``. Replies to other requests that arrive meanwhile are kept for their own
-        ``result`` call (an async push in flight); at most ``MAX_EARLY`` of them, the oldest dropped first."""
+        """The reply to request ``rid``. Replies to other outstanding requests that arrive meanwhile are kept for
+        their own ``result`` call (an async push in flight; at most ``MAX_EARLY``); replies to requests given up
+        on are dropped."""
         deadline = _deadline(self.timeout) if deadline is None else deadline
-        if rid in self._early:
-            return self._early.pop(rid)
+        try:
+            return self._early.pop(rid) if rid in self._early else self._await(rid, op, deadline)
+        finally:
+            self._outstanding.discard(rid)  # answered, or given up on: a late reply is dropped
+
+    def _await(self, rid: int, op: str, deadline: float) -> Dict[str, Any]:
         while True:
             if self._dead:
                 raise ManagerUnavailableError(self._dead)
@@ -137,8 +144,8 @@ class PeerChannel:
             if isinstance(obj, dict) and (obj.get('id') == rid or (obj.get('id') is None and obj.get('ok') is False)):
                 return obj  # an id-less error answers the oldest unanswered request: this one (replies are in order)
             other = obj.get('id') if isinstance(obj, dict) else None
-            if isinstance(other, int) and not isinstance(other, bool) and other < self._next:
-                self._early[other] = obj  # another request's reply (an async push); or one given up on
+            if other in self._outstanding:
+                self._early[other] = obj  # another outstanding request's reply (an async push in flight)
                 while len(self._early) > MAX_EARLY:
                     self._early.pop(min(self._early))
 
@@ -200,9 +207,11 @@ class RemoteBuffer(IBuffer):
         self._closed = False
 
     # ------------------------------------------------------------------ requests
-    def _request(self, op: str, timeout: Optional[float] = None, **args) -> Any:
+    def _request(self, op: str, timeout: Optional[float] = None, deadline: Optional[float] = None, **args) -> Any:
+        """One request and its reply, both within ``deadline`` (or ``timeout`` seconds, default the config's)."""
         self._check_open()
-        deadline = _deadline(self._dcfg.timeout if timeout is None else timeout)
+        if deadline is None:
+            deadline = _deadline(self._dcfg.timeout if timeout is None else timeout)
         ticket = self._channel.submit(self._msg(op, args), deadline)
         return self._reply(self._channel.result(ticket, op, deadline), op)
 
@@ -235,25 +244,26 @@ class RemoteBuffer(IBuffer):
             raise TypeError("cannot push None")
         batched = bool(batched) or (self._dict_is_batch and isinstance(data, dict))
         n = count_items(data, batched)
+        deadline = _deadline(self._dcfg.timeout)  # one bound for everything this call sends and waits for
         if self._retry_of is not None:
             if self._retry_of == _digest(data, batched, self._dcfg.allow_pickle):
                 # the caller's retry of the call that raised: its data is kept already (in doubt or pending),
                 # so send what is owed and add nothing; if that fails too, the next call is still its retry
-                self._send_owed(cur_collector_envstep)
+                self._send_owed(cur_collector_envstep, deadline)
                 self._retry_of = None
                 return n
             self._retry_of = None
-        self._resend_unacked()  # raises before this call's data is taken
+        self._resend_unacked(deadline)  # raises before this call's data is taken
+        if self._pending and self._pending_batched != batched:
+            self._flush(cur_collector_envstep, deadline)  # a batch and single items cannot be merged (raises: not taken)
         if self._local is not None:
             self._local.push(data, cur_collector_envstep, batched=batched)
-        if self._pending and self._pending_batched != batched:
-            self._flush(cur_collector_envstep)  # a batch and single items cannot be merged (raises: data not taken)
         self._pending.append(data)
         self._pending_batched = batched
         self._push_calls += 1
         if self._push_calls % self._dcfg.remote_buffer_freq == 0:
             try:
-                self._flush(cur_collector_envstep)
+                self._flush(cur_collector_envstep, deadline)
             except ManagerUnavailableError:  # this call's data is kept (in doubt): a push of it again is a retry
                 self._retry_of = _digest(data, batched, self._dcfg.allow_pickle)
                 raise
@@ -269,22 +279,22 @@ class RemoteBuffer(IBuffer):
     def flush(self) -> None:
         """Send what is pending now, pushes in doubt first (``close`` does it too)."""
         self._check_open()
-        self._send_owed(-1)
+        self._send_owed(-1, _deadline(self._dcfg.timeout))
 
     @property
     def unacknowledged(self) -> int:
         """Pushes in doubt (a call raised ``ManagerUnavailableError``): they are sent again by the next call."""
         return len(self._unacked) + (self._inflight is not None)
 
-    def _send_owed(self, envstep: int) -> None:
-        self._resend_unacked()
-        self._flush(envstep)
+    def _send_owed(self, envstep: int, deadline: float) -> None:
+        self._resend_unacked(deadline)
+        self._flush(envstep, deadline)
 
-    def _resend_unacked(self) -> None:
+    def _resend_unacked(self, deadline: float) -> None:
         while self._unacked:
             args = self._unacked[0]
             self.resent_pushes += 1
-            result = self._request('push', **args)  # raises: it stays in doubt
+            result = self._request('push', deadline=deadline, **args)  # raises: it stays in doubt
             self._unacked.pop(0)
             self._take_score(result)
 
@@ -309,7 +319,7 @@ class RemoteBuffer(IBuffer):
             merged.extend(p)
         return merged, True
 
-    def _flush(self, envstep: int) -> None:
+    def _flush(self, envstep: int, deadline: float) -> None:
         if not self._pending:
             return
         data, batched = self._merged()
@@ -324,24 +334,23 @@ class RemoteBuffer(IBuffer):
         self.filter_stats['sends'] += 1
         if not self._dcfg.async_score:
             try:
-                result = self._request('push', **args)
+                result = self._request('push', deadline=deadline, **args)
             except ManagerUnavailableError:
                 self._unacked.append(args)
                 raise
             self._take_score(result)
             return
         try:
-            ticket = self._channel.submit(self._msg('push', args), _deadline(self._dcfg.timeout))
+            ticket = self._channel.submit(self._msg('push', args), deadline)
         except ManagerUnavailableError:
             self._unacked.append(args)
             raise
         previous, self._inflight = self._inflight, (ticket, args)
         if previous is not None:
-            self._take_score(self._collect(previous, None))
+            self._take_score(self._collect(previous, deadline))
 
-    def _collect(self, inflight: Any, timeout: Optional[float]) -> Dict[str, Any]:
+    def _collect(self, inflight: Any, deadline: float) -> Dict[str, Any]:
         ticket, args = inflight
-        deadline = _deadline(self._dcfg.timeout if timeout is None else timeout)
         try:
             return self._reply(self._channel.result(ticket, 'push', deadline), 'push')
         except ManagerUnavailableError:
@@ -392,7 +401,7 @@ class RemoteBuffer(IBuffer):
         if self._inflight is None:
             return None
         inflight, self._inflight = self._inflight, None
-        self._take_score(self._collect(inflight, timeout))
+        self._take_score(self._collect(inflight, _deadline(timeout)))
         return self.last_score
 
     # ------------------------------------------------------------------ the rest of IBuffer
@@ -491,8 +500,7 @@ class RemoteBuffer(IBuffer):
         deadline = _deadline(self._dcfg.timeout if timeout is None else timeout)
         left = lambda: max(deadline - time.monotonic(), 0.0)  # noqa: E731
         try:
-            self._resend_unacked_until(deadline)
-            self._flush(-1)
+            self._send_owed(-1, deadline)
             if self._inflight is not None:
                 self.drain_pending_score(left())
             stop = getattr(self._channel, 'stop_heartbeat', None)
@@ -504,12 +512,6 @@ class RemoteBuffer(IBuffer):
             self._channel.close(left())
             if self._local is not None:
                 self._local.close()
-
-    def _resend_unacked_until(self, deadline: float) -> None:
-        while self._unacked:
-            args = self._unacked[0]
-            self._take_score(self._request('push', timeout=max(deadline - time.monotonic(), 0.0), **args))
-            self._unacked.pop(0)
 
     def __repr__(self) -> str:
         return f"RemoteBuffer(type={self._cfg.get('type')!r}, {self._channel.where}, backend={self._dcfg.backend!r})"

@@ -53,6 +53,7 @@ HEAD = 256 << 10  # most bytes of the first message of a frame (receivers post t
 INLINE = 128 << 10  # parts up to this size travel inside the head (a copy is cheaper than a message)
 PIECE = 64 << 20  # largest single message of a part: receivers allocate at most this much ahead of the data
 MAX_META = 64 << 20
+MAX_HEADER = 8 << 20  # JSON headers parse into ~50x their size in Python objects
 MAX_PARTS = 1 << 20
 MAX_QUEUED = 8  # undelivered replies the manager keeps for one worker before counting it lost
 TAG = 7
@@ -80,8 +81,25 @@ class ProtocolError(TransportError):
         self.msg_id = msg_id
 
 
-def _pieces(n: int) -> List[Tuple[int, int]]:
-    return [(a, min(a + PIECE, n)) for a in range(0, n, PIECE)]
+def _pieces(n: int):
+    """``(start, end)`` of each piece of an ``n``-byte part (a generator: ``n`` may be a hostile 2**62)."""
+    return ((a, min(a + PIECE, n)) for a in range(0, n, PIECE))
+
+
+def _table_ok(table: List[List[int]], first: int, mlen: int, body: int) -> bool:
+    """A part table of Python ints is consistent: sizes >= 0; offsets -1 (out of line) or inline parts inside
+    the meta block after the header, disjoint and in ascending order; out-of-line sizes add up to ``body``."""
+    end, total = first, 0
+    for size, off in table:
+        if size < 0:
+            return False
+        if off == -1:
+            total += size
+        elif off < end or off + size > mlen:
+            return False
+        else:
+            end = off + size
+    return total == body
 
 
 def _pad16(n: int) -> int:
@@ -192,7 +210,9 @@ class ThreadedTransport:
     def _recv_head(self, peer: int) -> Tuple[Any, Optional[int]]:
         raise NotImplementedError
 
-    def _recv_exact(self, peer: int, n: int) -> Any:
+    def _recv_exact(self, peer: int, n: int, out: Optional[np.ndarray] = None) -> Any:
+        """The next message, expected to be ``n`` bytes, into ``out`` (a uint8 view of ``n`` bytes) or a new
+        buffer; returns the buffer."""
         raise NotImplementedError
 
     # ------------------------------------------------------------------ sending
@@ -211,6 +231,9 @@ class ThreadedTransport:
     def send_encoded(self, peer: int, header: bytes, parts: List[np.ndarray], msg_id: int = -1,
                      deadline: Optional[float] = None, wait: bool = True, limit: int = 1, kind: int = DATA) -> int:
         head, extra, out, n = frame(header, parts, msg_id if isinstance(msg_id, int) and msg_id >= 0 else -1, kind)
+        if n > self.max_message_bytes or len(header) > MAX_HEADER:  # the peer would only drain and refuse it
+            raise CodecError(f"message of {n} bytes (header {len(header)}) exceeds distributed.max_message_mb "
+                             f"({self.max_message_bytes} bytes) or the {MAX_HEADER}-byte header limit; nothing was sent")
         bufs = [head] + ([extra] if extra is not None else [])
         for p in out:
             if not p.flags.writeable:  # torch.from_numpy needs writable memory; only bytes leaves are not
@@ -363,39 +386,48 @@ class ThreadedTransport:
 
     def _recv_body(self, peer: int, h: np.ndarray, mid: Optional[int], hlen: int, nparts: int, body: int, mlen: int,
                    in_head: int) -> Tuple[str, Any]:
-        too_big = CTRL + mlen + body > self.max_message_bytes
         if mlen <= in_head:
             meta = h[CTRL:CTRL + mlen]
-        else:
-            rest = self._recv_exact(peer, mlen - in_head)
+        else:  # the rest of the meta block is one message (at most MAX_META bytes)
+            meta = np.zeros(mlen, dtype=np.uint8)
+            meta[:in_head] = h[CTRL:CTRL + in_head]
+            self._recv_exact(peer, mlen - in_head, out=meta[in_head:])
             self.bytes_received += mlen - in_head
-            meta = np.concatenate([h[CTRL:CTRL + in_head], np.asarray(rest).reshape(-1)])
-        table = meta[:16 * nparts].copy().view(np.int64).reshape(-1, 2)
-        sizes, offs = table[:, 0], table[:, 1]
         first = 16 * nparts + hlen
-        inline = offs >= 0
-        if ((sizes < 0).any() or ((offs < 0) & (offs != -1)).any() or int(sizes[~inline].sum()) != body
-                or (inline & ((offs < first) | (offs + sizes > mlen))).any()):
+        table = meta[:16 * nparts].copy().view(np.int64).reshape(-1, 2).tolist()  # Python ints: no overflow
+        if not _table_ok(table, first, mlen, body):
             # the pieces it announces cannot be trusted either: the next message is read as a new head
             raise ProtocolError(f"rank {peer} sent a part table that does not match its sizes", mid)
         header = meta[16 * nparts:first].tobytes()
-        if too_big:
-            for s in sizes[~inline].tolist():
-                for a, b in _pieces(s):
-                    self._recv_exact(peer, b - a)  # drain: the bytes are on the wire already
+        if CTRL + mlen + body > self.max_message_bytes or hlen > MAX_HEADER:
+            for s, o in table:  # drain: the bytes are on the wire already
+                for a, b in _pieces(s if o < 0 else 0):
+                    self._recv_exact(peer, b - a)
                     self.bytes_received += b - a
-            return ERROR, (mid, CodecError(f"message of {CTRL + mlen + body} bytes exceeds distributed.max_message_mb "
-                                           f"({self.max_message_bytes} bytes)"))
+            what = (f"message of {CTRL + mlen + body} bytes exceeds distributed.max_message_mb "
+                    f"({self.max_message_bytes} bytes)" if hlen <= MAX_HEADER else
+                    f"message header of {hlen} bytes exceeds {MAX_HEADER} bytes (many small leaves: send one "
+                    f"batched dict of tensors instead of a list of items)")
+            return ERROR, (mid, CodecError(what))
         parts = []
-        for s, o in table.tolist():
+        for s, o in table:
             if o >= 0:
                 parts.append(meta[o:o + s].copy())  # owned: decoded tensors never share one buffer
                 continue
-            pieces = []
-            for a, b in _pieces(s):  # allocate a piece at a time, as the data arrives
-                pieces.append(np.asarray(self._recv_exact(peer, b - a)).reshape(-1))
+            part = None
+            for a, b in _pieces(s):
+                if part is None:  # allocated once its first piece has arrived: memory follows the data
+                    first_piece = np.asarray(self._recv_exact(peer, b - a)).reshape(-1)
+                    if b == s:
+                        part = first_piece
+                        break
+                    part = np.zeros(s, dtype=np.uint8)  # calloc: pages are not touched until written
+                    part[a:b] = first_piece
+                    del first_piece
+                else:
+                    self._recv_exact(peer, b - a, out=part[a:b])
                 self.bytes_received += b - a
-            parts.append(pieces[0] if len(pieces) == 1 else np.concatenate(pieces) if pieces else np.empty(0, np.uint8))
+            parts.append(part if part is not None else np.empty(0, np.uint8))
         try:
             return MESSAGE, decode(header, parts, self.allow_pickle)
         except CodecError as e:
@@ -479,8 +511,9 @@ class TorchTransport(ThreadedTransport):
         # zeroed: gloo does not report how many bytes arrived, so a short message leaves zeros, never stale bytes
         return self._recv_into(peer, np.zeros(HEAD, dtype=np.uint8)), None
 
-    def _recv_exact(self, peer: int, n: int) -> Any:
-        return self._recv_into(peer, np.zeros(n, dtype=np.uint8))  # calloc: large buffers are not memset
+    def _recv_exact(self, peer: int, n: int, out: Optional[np.ndarray] = None) -> Any:
+        # zeroed (calloc: large buffers are not memset): a short message never leaves stale bytes
+        return self._recv_into(peer, np.zeros(n, dtype=np.uint8) if out is None else out)
 
 
 def _spin_then_sleep(done: Callable[[], bool], deadline: float, spin: float = 2e-3) -> bool:
@@ -559,12 +592,12 @@ class MPITransport(ThreadedTransport):
         msg.Recv([buf, self._MPI.BYTE])
         return buf, count
 
-    def _recv_exact(self, peer: int, n: int) -> Any:
+    def _recv_exact(self, peer: int, n: int, out: Optional[np.ndarray] = None) -> Any:
         msg, count = self._probe(peer)
         if count != n:
             self._consume(msg, count)
             raise ProtocolError(f"rank {peer} sent a {count}-byte message where its frame announced {n} bytes")
-        buf = np.empty(n, dtype=np.uint8)
+        buf = np.empty(n, dtype=np.uint8) if out is None else out
         msg.Recv([buf, self._MPI.BYTE])
         return buf
 
@@ -585,8 +618,10 @@ def _wait_listening(host: str, port: int, deadline: float) -> None:
             pause = min(pause * 2, 0.5)
 
 
-def _presence_barrier(store: Any, rank: int, world: int, timeout_s: float, prefix: str) -> None:
-    """Every rank marks itself present in the store and waits (bounded) for the others."""
+def _presence_barrier(store: Any, rank: int, world: int, timeout_s: float, prefix: str,
+                      configured: Optional[float] = None) -> None:
+    """Every rank marks itself present in the store and waits (at most ``timeout_s``, what is left of the
+    configured start-up time) for the others."""
     keys = [f'{prefix}/{r}' for r in range(world)]
     deadline = time.monotonic() + timeout_s
     pause = 0.01
@@ -600,7 +635,8 @@ def _presence_barrier(store: Any, rank: int, world: int, timeout_s: float, prefi
         if not missing:
             return
         if time.monotonic() > deadline:
-            raise TimeoutError(f"distributed start-up: ranks {missing} of {world} did not join within {timeout_s}s "
+            raise TimeoutError(f"distributed start-up: ranks {missing} of {world} did not join within "
+                               f"{configured if configured is not None else timeout_s}s "
                                f"(distributed.startup_timeout); were they started, with the same MASTER_ADDR/PORT?")
         time.sleep(pause)
         pause = min(pause * 2, 0.2)
@@ -647,7 +683,8 @@ def init_torch(startup_s: float) -> Tuple[int, int]:
                            f"master at {where} within {startup_s}s (distributed.startup_timeout): "
                            f"{type(e).__name__}: {e}") from e
     restart = os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')
-    _presence_barrier(store, rank, world, startup_s, f'ding_buffer/present/{restart}')
+    _presence_barrier(store, rank, world, max(deadline - time.monotonic(), 0.0), f'ding_buffer/present/{restart}',
+                      startup_s)
     long = datetime.timedelta(seconds=max(startup_s, 7 * 24 * 3600))
     store.set_timeout(long)
     dist.init_process_group('gloo', store=store, rank=rank, world_size=world, timeout=long)
