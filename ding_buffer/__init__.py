@@ -2,13 +2,15 @@
 from .base import BUFFER_REGISTRY, IBuffer, create_buffer, get_buffer_cls
 from .buffers import (AdvancedReplayBuffer, DiverseGFlowNetReplayBuffer, EpisodeReplayBuffer, GFlowNetReplayBuffer,
                       NaiveReplayBuffer, TerminatingStateBuffer)
-from .control.thruput import SampleTimeoutError
 from .config import deep_merge_dicts
+from .errors import (CodecError, ManagerUnavailableError, RemoteError, SampleTimeoutError, SendTimeout,
+                     TransportError)
 
 __version__ = '0.1.0'
 
 __all__ = [
     'IBuffer', 'BUFFER_REGISTRY', 'create_buffer', 'get_buffer_cls', 'deep_merge_dicts', 'NaiveReplayBuffer',
     'EpisodeReplayBuffer', 'AdvancedReplayBuffer', 'GFlowNetReplayBuffer', 'DiverseGFlowNetReplayBuffer',
-    'TerminatingStateBuffer', 'SampleTimeoutError', '__version__'
+    'TerminatingStateBuffer', 'SampleTimeoutError', 'CodecError', 'TransportError', 'SendTimeout',
+    'ManagerUnavailableError', 'RemoteError', '__version__'
 ]

@@ -12,7 +12,6 @@ Scenarios of ``tests/dist_scripts/rank_main.py`` (ranks 0 and 1 are workers, ran
 Transport-level scenarios (``transport_main.py``, two ranks): a receiver that posts late gets exactly the bytes
 sent by a sender whose deadline passed.
 """
-import os
 import subprocess
 import sys
 import time

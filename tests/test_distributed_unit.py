@@ -1343,7 +1343,7 @@ def test_failed_flush_of_earlier_items_does_not_take_the_new_data():
 
 def test_sync_request_while_an_async_push_is_in_flight_keeps_its_reply():
     import queue
-    from ding_buffer.distributed.remote import PeerChannel
+    from ding_buffer.distributed.channel import PeerChannel
     from ding_buffer.distributed.transport import MESSAGE
 
     class FakeTransport:  # replies in request order, as the real transports deliver them
@@ -1416,8 +1416,8 @@ def test_framing_header_cap_refuses_huge_headers_with_a_hint():
 
 @pytest.mark.parametrize('exact', [False, True], ids=['gloo-like', 'mpi-like'])
 def test_framing_multi_piece_part_is_allocated_once_its_first_piece_arrived(monkeypatch, exact):
-    from ding_buffer.distributed import transport as tr
-    monkeypatch.setattr(tr, 'PIECE', 4096)
+    from ding_buffer.distributed import framing
+    monkeypatch.setattr(framing, 'PIECE', 4096)
     pipe = _Pipe(exact=exact)
     x = torch.arange(50_000, dtype=torch.int32)  # 200,000 bytes: 49 pieces
     out = pipe.roundtrip({'x': x})[2]
@@ -1466,7 +1466,7 @@ def test_a_request_longer_than_peer_timeout_loses_nobody():
     import queue
     from ding_buffer.distributed import ReplayBufferManager
     from ding_buffer.distributed import transport as tr
-    from ding_buffer.distributed.remote import PeerChannel
+    from ding_buffer.distributed.channel import PeerChannel
 
     class Net(tr.ThreadedTransport):
         def __init__(self, me, peers, wires, timeout):

@@ -13,10 +13,7 @@ Not thread-safe on its own: the buffer's lock serialises calls.
 import math
 import time
 from typing import Callable, Dict, Mapping, Tuple
-
-
-class SampleTimeoutError(TimeoutError):
-    """``sample(..., timeout=s)`` waited ``s`` seconds and the buffer still could not serve the batch."""
+from ..errors import SampleTimeoutError  # noqa: F401 (raised here, re-exported)
 
 
 class ThruputController:

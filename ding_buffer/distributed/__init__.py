@@ -14,7 +14,8 @@ from easydict import EasyDict
 from ..config import build_config
 from .codec import CodecError, decode, encode
 from .config import DISTRIBUTED_CONFIG, build_distributed_config, startup_seconds
-from .manager import ManagerCore, ReplayBufferManager
+from .manager import ManagerCore
+from .rank_manager import ReplayBufferManager
 from .remote import ManagerUnavailableError, RemoteBuffer, RemoteError
 from .transport import SendTimeout, TransportError
 
@@ -71,7 +72,8 @@ def create_distributed(cls: type, cfg: Any, *args, **kwargs) -> Any:
         actor = get_or_create_actor(plain, dcfg)
         channel = RayChannel(actor, dcfg, new_client_id())
     else:
-        from .transport import MPITransport, TorchTransport, init_mpi, init_torch
+        from .peer_transports import MPITransport, TorchTransport
+        from .startup import init_mpi, init_torch
         if dcfg.backend == 'torch':
             rank, world = init_torch(startup_seconds(dcfg))
         else:
@@ -96,7 +98,7 @@ def create_distributed(cls: type, cfg: Any, *args, **kwargs) -> Any:
             return ReplayBufferManager(buffer, transport, dcfg, workers, key)
         if rank not in workers:
             raise ValueError(f"rank {rank} is neither the manager ({manager}) nor in distributed.worker_ranks {workers}")
-        from .remote import PeerChannel
+        from .channel import PeerChannel
         channel = PeerChannel(transport, manager, dcfg.timeout, dcfg.heartbeat_seconds)
     local = cls(copy.deepcopy(local_cfg), *args, **kwargs) if dcfg.local_buffer else None
     return RemoteBuffer(local_cfg, dcfg, channel, local=local, dict_is_batch=is_gfn, scoring_keys=scoring_keys,

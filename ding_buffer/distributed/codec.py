@@ -20,6 +20,8 @@ from typing import Any, List, Sequence, Tuple
 import numpy as np
 import torch
 
+from ..errors import CodecError
+
 VERSION = 1
 MAX_DEPTH = 64  # nesting levels a decoded message may have
 
@@ -29,10 +31,6 @@ _TORCH_DTYPES = {
               torch.int8, torch.uint8, torch.bool, torch.complex64, torch.complex128)
 }
 _NP_KINDS = set('biufc')  # numpy dtypes sent raw: bool, ints, uints, floats, complex
-
-
-class CodecError(ValueError):
-    """A message could not be decoded (bad JSON, unknown tag, part sizes that do not match)."""
 
 
 def _as_bytes_view(a: np.ndarray) -> np.ndarray:

@@ -16,7 +16,6 @@ never, so a retry after a timeout is safe.
 """
 import logging
 import os
-import threading
 import time
 from typing import Any, Callable, Dict, Optional, Tuple
 
@@ -26,7 +25,6 @@ from .baseline import BaselineTracker
 from .batching import count_items, log_rewards_of
 from .codec import CodecError
 from .config import resolve_callable
-from .transport import BYE, ERROR, LOST, MAX_QUEUED, TransportError
 
 logger = logging.getLogger('ding_buffer.distributed')
 
@@ -344,129 +342,3 @@ class ManagerCore:
         return {'counters': dict(self.counters), 'per_sender': {str(k): dict(v) for k, v in self.per_sender.items()},
                 'exited': sorted(str(s) for s in self.exited), 'lost': {str(k): v for k, v in self.lost.items()},
                 'rejoined': {str(k): v for k, v in self.rejoined.items()}}
-
-
-class ReplayBufferManager:
-    """
-    Overview:
-        The manager rank of the torch / MPI backends: ``run()`` serves the workers until each has sent EXIT
-        (``RemoteBuffer.close``) or was lost, then says goodbye to every connected worker, checkpoints
-        (``checkpoint_path``) and returns a summary. A worker whose connection breaks, who closes without EXIT,
-        who does not take its replies, or who is silent for ``peer_timeout`` seconds (workers send heartbeats)
-        is counted as lost; the others keep being served, and a lost worker that speaks again rejoins.
-    Interfaces:
-        ``run``, ``buffer``, ``close`` (an ``IBuffer``-like handle so pipeline code can ``close()`` it too).
-    """
-
-    def __init__(self, buffer: Any, transport: Any, dcfg: Any, workers, log_reward_key: str) -> None:
-        self.buffer = buffer
-        self.transport = transport
-        self.cfg = dcfg
-        self.workers = set(workers)
-        self.core = ManagerCore(buffer, dcfg, log_reward_key)
-        self._lock = threading.Lock()  # serialises ManagerCore across the receive threads
-        self._stopping = False  # set once run() decided to end: nothing is applied after that
-        self._heard: Dict[Any, float] = {}  # peer -> last arrival, stamped before waiting for the lock
-        self._busy: Dict[Any, int] = {}  # peer -> its requests waiting for / holding the lock
-
-    @property
-    def lost(self) -> Dict[Any, str]:
-        return self.core.lost
-
-    def _waiting_for(self) -> set:
-        with self._lock:
-            return self.workers - self.core.exited - set(self.core.lost)
-
-    def run(self, timeout: Optional[float] = None, poll: float = 0.5) -> Dict[str, Any]:
-        """
-        Overview:
-            Serve requests until every worker exited or was lost (or ``timeout`` seconds passed, then
-            ``TimeoutError``). Returns the summary: counters, per-sender requests, exited, lost and rejoined
-            ranks, and ``unanswered_goodbye`` (workers that did not answer the final goodbye in time).
-            Requests are served on the transport's per-worker receive threads, one at a time (a lock around
-            the buffer); this thread watches for exits, lost workers and silence.
-        """
-        start = time.monotonic()
-        for w in self.workers:
-            self.core.last_seen[w] = start
-        self.transport.on_item = self._serve
-        self.transport.start()
-        stuck: list = []
-        try:
-            while self._waiting_for():
-                if timeout is not None and time.monotonic() - start > timeout:
-                    raise TimeoutError(f"manager run() exceeded {timeout}s; still waiting for ranks "
-                                       f"{sorted(self._waiting_for())}")
-                item = self.transport.recv(timeout=poll)  # lost peers, goodbyes, wake-ups after an EXIT
-                with self._lock:
-                    # arrivals first: a goodbye or a broken connection comes after the peer's last message
-                    for peer, t in list(self._heard.items()):
-                        if t > self.core.last_seen.get(peer, -1.0) and peer not in self.core.exited:
-                            self.core.seen(peer, t)
-                    if item is not None and item[1] == LOST:
-                        self.core.lose(item[0], item[2])
-                    elif item is not None and item[1] == BYE and item[0] not in self.core.exited:
-                        self.core.lose(item[0], "it closed its connection without EXIT")
-                    self.core.check_silent(busy=[p for p, n in list(self._busy.items()) if n])
-        finally:
-            with self._lock:
-                self._stopping = True
-            stuck = self.transport.close(self.cfg.timeout)
-        self.core.shutdown()
-        out = self.core.summary()
-        out['unanswered_goodbye'] = [str(p) for p in stuck]
-        out['protocol_errors'] = self.transport.protocol_errors
-        out['bytes_received'] = self.transport.bytes_received
-        out['bytes_sent'] = self.transport.bytes_sent
-        return out
-
-    def _serve(self, peer: int, kind: str, obj: Any) -> None:
-        """One message of ``peer``, on its receive thread: handle it under the lock and queue the reply. After
-        ``run()`` ended nothing is applied (the goodbye tells the worker; its request is in doubt)."""
-        if self._stopping:
-            return
-        self._heard[peer] = time.monotonic()  # alive, whatever the lock is doing
-        self._busy[peer] = self._busy.get(peer, 0) + 1
-        try:
-            if kind == ERROR:  # undecodable / oversized / broken framing: answered, the peer stays served
-                rid, err = obj
-                with self._lock:
-                    self.core.seen(peer)
-                    self.core.counters['errors'] += 1
-                reply: Optional[Dict[str, Any]] = error_reply(rid, err)
-            else:
-                with self._lock:
-                    if self._stopping:
-                        return
-                    reply = self.core.handle(peer, obj)
-        finally:
-            self._busy[peer] -= 1
-            self._heard[peer] = time.monotonic()
-        if reply is None:
-            return
-        rid = reply.get('id')
-        rid = rid if isinstance(rid, int) and not isinstance(rid, bool) and 0 <= rid < (1 << 63) else -1
-        # an id-less error (garbage) is answered only when nothing else waits for that peer
-        limit = MAX_QUEUED if rid >= 0 else 1
-        try:
-            try:
-                self.transport.send(peer, reply, msg_id=rid, wait=False, limit=limit)
-            except TransportError:
-                raise
-            except Exception as e:  # a result the codec cannot carry: an object, too deep, too large
-                self.transport.send(peer, error_reply(reply.get('id'), e), msg_id=rid, wait=False, limit=limit)
-        except TransportError as e:
-            if rid >= 0:
-                with self._lock:
-                    self.core.lose(peer, f"its replies are not taken: {e}")
-        if reply.get('final'):
-            self.transport.inbox.put((peer, 'exited', None))  # wake run() to re-check the exit condition
-
-    def close(self) -> None:
-        self.transport.close(0.0)
-        self.buffer.close()
-
-    def __getattr__(self, name: str) -> Any:  # stats(), count(), sample() ... of the owned buffer
-        if name in ('buffer', 'core'):
-            raise AttributeError(name)
-        return getattr(self.buffer, name)

@@ -20,9 +20,6 @@ cluster without a free CPU to place it fails with ``TimeoutError`` instead of wa
 """
 import logging
 import os
-import signal
-import socket
-import sys
 import threading
 import time
 import weakref
@@ -32,6 +29,7 @@ import numpy as np
 
 from .codec import CodecError, decode, encode, peek_id
 from .config import startup_seconds
+from .startup import connect_ray
 from .manager import ManagerCore, error_reply
 from .remote import ManagerUnavailableError
 
@@ -224,88 +222,6 @@ def actor_class():
     return _ACTOR
 
 
-# ---------------------------------------------------------------------------------------------------------- start-up
-def _tcp_target(address: Optional[str]) -> Optional[Tuple[str, int]]:
-    """``(host, port)`` of an explicit cluster address (``host:port``, ``ray://host:port``); None for None,
-    'auto', 'local' and anything else Ray resolves itself."""
-    if not isinstance(address, str) or address in ('', 'auto', 'local'):
-        return None
-    rest = address.split('://', 1)[1] if '://' in address else address
-    host, sep, port = rest.rpartition(':')
-    host = host.strip('[]')
-    if not sep or not host or not port.isdigit():
-        return None
-    return host, int(port)
-
-
-def _wait_for_port(address: str, target: Tuple[str, int], deadline: float, seconds: float) -> None:
-    """Retry a TCP connection until ``deadline`` (a head node may still be starting)."""
-    last: Optional[BaseException] = None
-    while True:
-        left = deadline - time.monotonic()
-        if left <= 0:
-            break
-        try:
-            socket.create_connection(target, timeout=left).close()
-            return
-        except OSError as e:
-            last = e
-        time.sleep(min(0.2, max(deadline - time.monotonic(), 0.0)))
-    raise TimeoutError(f"could not reach the Ray cluster at {address!r} (distributed.ray_address) within {seconds}s "
-                       f"(distributed.startup_timeout): {type(last).__name__ if last else 'no attempt'}: {last}")
-
-
-class _DropThreadWarning(logging.Filter):
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return 'SIGTERM handler is not set' not in record.getMessage()
-
-
-def _sigterm_exit(signum, frame):
-    sys.exit(signum)
-
-
-def _init_bounded(ray: Any, address: str, namespace: str, deadline: float, seconds: float) -> None:
-    """``ray.init`` on a helper thread, so a port that accepts connections but never answers like a Ray
-    cluster cannot hold the caller past ``deadline``."""
-    if threading.current_thread() is threading.main_thread() and sys.platform != 'win32':
-        signal.signal(signal.SIGTERM, _sigterm_exit)  # what ray.init installs itself on the main thread
-    errors: list = []
-
-    def init() -> None:
-        try:
-            ray.init(address=address, namespace=namespace, log_to_driver=False)
-        except BaseException as e:  # noqa: BLE001 - handed to the caller
-            errors.append(e)
-
-    quiet = _DropThreadWarning()
-    ray_logger = logging.getLogger('ray._private.worker')
-    ray_logger.addFilter(quiet)
-    try:
-        t = threading.Thread(target=init, daemon=True, name='ding_buffer-ray-init')
-        t.start()
-        t.join(max(deadline - time.monotonic(), 0.0))
-    finally:
-        ray_logger.removeFilter(quiet)
-    if t.is_alive():
-        raise TimeoutError(f"the Ray cluster at {address!r} (distributed.ray_address) accepts connections but "
-                           f"ray.init did not finish within {seconds}s (distributed.startup_timeout); is it a Ray "
-                           f"head node (GCS port) and reachable with this Ray version?")
-    if errors:
-        raise errors[0]
-
-
-def _connect(ray: Any, dcfg: Any, deadline: float, seconds: float) -> None:
-    address = dcfg.ray_address
-    target = _tcp_target(address if address not in (None, 'auto') else os.environ.get('RAY_ADDRESS'))
-    if target is None:  # a local instance or Ray's own lookup of a running one
-        ray.init(address=address, namespace=dcfg.namespace, log_to_driver=False)
-        return
-    shown = address if address not in (None, 'auto') else os.environ.get('RAY_ADDRESS')
-    _wait_for_port(shown, target, deadline, seconds)
-    _init_bounded(ray, address, dcfg.namespace, deadline, seconds)
-
-
 def get_or_create_actor(cfg: Dict[str, Any], dcfg: Any):
     """Connect to (or start) Ray and return the manager actor named ``actor_name`` in ``namespace``, once it
     answers; all of it within ``startup_timeout`` seconds (``TimeoutError`` naming what was waited for)."""
@@ -313,7 +229,7 @@ def get_or_create_actor(cfg: Dict[str, Any], dcfg: Any):
     seconds = startup_seconds(dcfg)
     deadline = time.monotonic() + seconds
     if not ray.is_initialized():
-        _connect(ray, dcfg, deadline, seconds)
+        connect_ray(ray, dcfg, deadline, seconds)
     opts = dict(name=dcfg.actor_name, namespace=dcfg.namespace, get_if_exists=True, max_concurrency=1,
                 max_restarts=0)
     if dcfg.detached:

@@ -15,10 +15,8 @@ push of the same data right after the failure is recognised as the caller's retr
 Not thread-safe: use one RemoteBuffer per thread.
 """
 import hashlib
-import threading
 import time
 import uuid
-import weakref
 from typing import Any, Dict, List, Optional
 
 import numpy as np
@@ -26,132 +24,10 @@ import numpy as np
 from ..base import IBuffer
 from ..control.thruput import SampleTimeoutError
 from .batching import concat_batches, count_items, filter_items, log_rewards_of, select_fields
-from .codec import CodecError, encode
+from .codec import encode
 from .manager import REMOTE_EXCEPTIONS
-from .transport import BYE, ERROR, LOST, SendTimeout, TransportError
-
-
-class ManagerUnavailableError(RuntimeError):
-    """The manager did not answer within ``distributed.timeout``, its connection broke, or it shut down."""
-
-
-class RemoteError(RuntimeError):
-    """The manager raised an exception type that is not re-raised as itself."""
-
-
-MAX_EARLY = 64  # replies kept for requests other than the one awaited
-
-
-def _deadline(timeout: float) -> float:
-    return time.monotonic() + timeout
-
-
-def _heartbeat(channel_ref: 'weakref.ref', stop: threading.Event, every: float) -> None:
-    """Ping the manager while the channel lives; holds only a weak reference, so a RemoteBuffer dropped
-    without ``close()`` stops beating and the manager counts it lost after ``peer_timeout``."""
-    while not stop.wait(every):
-        channel = channel_ref()
-        if channel is None:
-            return
-        with channel._beat_lock:  # never a ping after stop_heartbeat(): nobody would receive it after EXIT
-            if stop.is_set():
-                return
-            try:  # only when nothing else waits to leave: a ping never queues behind a stuck frame
-                channel.transport.send(channel.manager, {'op': 'ping'}, wait=False, limit=1)
-            except SendTimeout:
-                pass
-            except Exception:
-                return
-        del channel
-
-
-class PeerChannel:
-    """Requests to the manager over a ``ThreadedTransport`` (torch / MPI). Replies arrive in request order."""
-
-    def __init__(self, transport: Any, manager_rank: int, timeout: float, heartbeat: float) -> None:
-        self.transport = transport
-        self.manager = manager_rank
-        self.timeout = timeout
-        self.where = f"manager rank {manager_rank}"
-        self._next = 0
-        self._early: Dict[int, Dict[str, Any]] = {}  # replies that arrived while another request was awaited
-        self._outstanding: set = set()  # submitted, not yet collected nor given up on
-        self._dead: Optional[str] = None
-        self._stop = threading.Event()
-        self._beat_lock = threading.Lock()
-        transport.start()
-        self._beat = threading.Thread(target=_heartbeat, args=(weakref.ref(self), self._stop, heartbeat),
-                                      daemon=True, name='ding_buffer-heartbeat')
-        self._beat.start()
-
-    def stop_heartbeat(self) -> None:
-        with self._beat_lock:
-            self._stop.set()
-
-    def submit(self, request: Dict[str, Any], deadline: Optional[float] = None) -> int:
-        """Send ``request``; returns its id once it left. Raises ``ManagerUnavailableError`` when it could not
-        leave before ``deadline`` (a frame already queued is still delivered later: the request is in doubt)."""
-        if self._dead:
-            raise ManagerUnavailableError(self._dead)
-        deadline = _deadline(self.timeout) if deadline is None else deadline
-        rid = self._next
-        self._next += 1
-        request['id'] = rid
-        self._outstanding.add(rid)  # (if the send times out it may still arrive: result() gives it up)
-        try:
-            self.transport.send(self.manager, request, msg_id=rid, deadline=deadline, wait=True, limit=1)
-        except SendTimeout as e:
-            raise ManagerUnavailableError(f"{self.where} did not take {request.get('op')!r} within "
-                                          f"{self.timeout}s (distributed.timeout); it may be frozen, dead or "
-                                          f"overloaded: {e}") from e
-        except TransportError as e:
-            self._dead = (f"{self.where} has shut down (it said goodbye)" if self.transport.goodbye_received(self.manager)
-                          else f"{self.where} is unreachable: {e}")
-            raise ManagerUnavailableError(self._dead) from e
-        return rid
-
-    def result(self, rid: int, op: str, deadline: Optional[float] = None) -> Dict[str, Any]:
-        """The reply to request ``rid``. Replies to other outstanding requests that arrive meanwhile are kept for
-        their own ``result`` call (an async push in flight; at most ``MAX_EARLY``); replies to requests given up
-        on are dropped."""
-        deadline = _deadline(self.timeout) if deadline is None else deadline
-        try:
-            return self._early.pop(rid) if rid in self._early else self._await(rid, op, deadline)
-        finally:
-            self._outstanding.discard(rid)  # answered, or given up on: a late reply is dropped
-
-    def _await(self, rid: int, op: str, deadline: float) -> Dict[str, Any]:
-        while True:
-            if self._dead:
-                raise ManagerUnavailableError(self._dead)
-            left = deadline - time.monotonic()
-            item = self.transport.recv(timeout=left) if left > 0 else None
-            if item is None:
-                raise ManagerUnavailableError(
-                    f"{self.where} did not answer {op!r} within {self.timeout}s (distributed.timeout); it may "
-                    f"have died or be frozen or overloaded")
-            _, kind, obj = item
-            if kind == LOST:
-                self._dead = f"{self.where} is gone (connection lost: {obj})"
-                raise ManagerUnavailableError(self._dead)
-            if kind == BYE:
-                self._dead = f"{self.where} has shut down (it said goodbye)"
-                raise ManagerUnavailableError(self._dead)
-            if kind == ERROR:
-                if obj[0] in (rid, None):  # this reply could not be read (too large, undecodable)
-                    raise CodecError(f"the reply of {self.where} to {op!r} could not be read: {obj[1]}")
-                continue
-            if isinstance(obj, dict) and (obj.get('id') == rid or (obj.get('id') is None and obj.get('ok') is False)):
-                return obj  # an id-less error answers the oldest unanswered request: this one (replies are in order)
-            other = obj.get('id') if isinstance(obj, dict) else None
-            if other in self._outstanding:
-                self._early[other] = obj  # another outstanding request's reply (an async push in flight)
-                while len(self._early) > MAX_EARLY:
-                    self._early.pop(min(self._early))
-
-    def close(self, grace: Optional[float] = None) -> None:
-        self.stop_heartbeat()
-        self.transport.close(self.timeout if grace is None else grace)
+from ..errors import ManagerUnavailableError, RemoteError  # noqa: F401 (re-exported)
+from .channel import PeerChannel, deadline_in  # noqa: F401 (PeerChannel re-exported)
 
 
 def _digest(data: Any, batched: bool, allow_pickle: bool) -> Optional[bytes]:
@@ -211,7 +87,7 @@ class RemoteBuffer(IBuffer):
         """One request and its reply, both within ``deadline`` (or ``timeout`` seconds, default the config's)."""
         self._check_open()
         if deadline is None:
-            deadline = _deadline(self._dcfg.timeout if timeout is None else timeout)
+            deadline = deadline_in(self._dcfg.timeout if timeout is None else timeout)
         ticket = self._channel.submit(self._msg(op, args), deadline)
         return self._reply(self._channel.result(ticket, op, deadline), op)
 
@@ -244,7 +120,7 @@ class RemoteBuffer(IBuffer):
             raise TypeError("cannot push None")
         batched = bool(batched) or (self._dict_is_batch and isinstance(data, dict))
         n = count_items(data, batched)
-        deadline = _deadline(self._dcfg.timeout)  # one bound for everything this call sends and waits for
+        deadline = deadline_in(self._dcfg.timeout)  # one bound for everything this call sends and waits for
         if self._retry_of is not None:
             if self._retry_of == _digest(data, batched, self._dcfg.allow_pickle):
                 # the caller's retry of the call that raised: its data is kept already (in doubt or pending),
@@ -279,7 +155,7 @@ class RemoteBuffer(IBuffer):
     def flush(self) -> None:
         """Send what is pending now, pushes in doubt first (``close`` does it too)."""
         self._check_open()
-        self._send_owed(-1, _deadline(self._dcfg.timeout))
+        self._send_owed(-1, deadline_in(self._dcfg.timeout))
 
     @property
     def unacknowledged(self) -> int:
@@ -401,7 +277,7 @@ class RemoteBuffer(IBuffer):
         if self._inflight is None:
             return None
         inflight, self._inflight = self._inflight, None
-        self._take_score(self._collect(inflight, _deadline(timeout)))
+        self._take_score(self._collect(inflight, deadline_in(timeout)))
         return self.last_score
 
     # ------------------------------------------------------------------ the rest of IBuffer
@@ -497,7 +373,7 @@ class RemoteBuffer(IBuffer):
         pushes still in doubt are then lost with this worker)."""
         if self._closed:
             return
-        deadline = _deadline(self._dcfg.timeout if timeout is None else timeout)
+        deadline = deadline_in(self._dcfg.timeout if timeout is None else timeout)
         left = lambda: max(deadline - time.monotonic(), 0.0)  # noqa: E731
         try:
             self._send_owed(-1, deadline)

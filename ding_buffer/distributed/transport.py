@@ -43,98 +43,15 @@ from collections import deque
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
-import torch
 
-from .codec import CodecError, decode, encode
-
-MAGIC = 0x64696E67  # 'ding'
-CTRL = 64  # bytes of the control block
-HEAD = 256 << 10  # most bytes of the first message of a frame (receivers post this much)
-INLINE = 128 << 10  # parts up to this size travel inside the head (a copy is cheaper than a message)
-PIECE = 64 << 20  # largest single message of a part: receivers allocate at most this much ahead of the data
-MAX_META = 64 << 20
-MAX_HEADER = 8 << 20  # JSON headers parse into ~50x their size in Python objects
-MAX_PARTS = 1 << 20
-MAX_QUEUED = 8  # undelivered replies the manager keeps for one worker before counting it lost
-TAG = 7
-DATA, GOODBYE = 1, 2  # control-block kinds
+from ..errors import CodecError, ProtocolError, SendTimeout, TransportError  # noqa: F401 (re-exported)
+from .codec import decode, encode
+from .framing import (CTRL, DATA, GOODBYE, HEAD, INLINE, MAGIC, MAX_HEADER, MAX_META, MAX_PARTS, MAX_QUEUED,  # noqa: F401
+                      PIECE, TAG, frame, pieces, table_ok)
 
 MESSAGE, ERROR, LOST, BYE = 'message', 'error', 'lost', 'bye'
 
 logger = logging.getLogger('ding_buffer.distributed')
-
-
-class TransportError(RuntimeError):
-    """The transport could not deliver or receive a message (peer gone, protocol broken)."""
-
-
-class SendTimeout(TransportError):
-    """A message was not handed to the peer before the deadline. A frame that was queued is still delivered
-    later (in order); one refused because an earlier frame was still queued was not sent at all."""
-
-
-class ProtocolError(TransportError):
-    """A peer sent bytes that break the framing; ``msg_id`` is the id of the broken frame when it is known."""
-
-    def __init__(self, message: str, msg_id: Optional[int] = None) -> None:
-        super().__init__(message)
-        self.msg_id = msg_id
-
-
-def _pieces(n: int):
-    """``(start, end)`` of each piece of an ``n``-byte part (a generator: ``n`` may be a hostile 2**62)."""
-    return ((a, min(a + PIECE, n)) for a in range(0, n, PIECE))
-
-
-def _table_ok(table: List[List[int]], first: int, mlen: int, body: int) -> bool:
-    """A part table of Python ints is consistent: sizes >= 0; offsets -1 (out of line) or inline parts inside
-    the meta block after the header, disjoint and in ascending order; out-of-line sizes add up to ``body``."""
-    end, total = first, 0
-    for size, off in table:
-        if size < 0:
-            return False
-        if off == -1:
-            total += size
-        elif off < end or off + size > mlen:
-            return False
-        else:
-            end = off + size
-    return total == body
-
-
-def _pad16(n: int) -> int:
-    return (n + 15) & ~15
-
-
-def frame(header: bytes, parts: List[np.ndarray], msg_id: int = -1,
-          kind: int = DATA) -> Tuple[np.ndarray, Optional[np.ndarray], List[np.ndarray], int]:
-    """``(head, extra meta or None, out-of-line parts, total bytes)`` for one message."""
-    n = len(parts)
-    table = np.empty(2 * n, dtype=np.int64)
-    inline = []
-    off = _pad16(16 * n + len(header))
-    for i, p in enumerate(parts):
-        table[2 * i] = p.nbytes
-        if p.nbytes <= INLINE and CTRL + _pad16(off + p.nbytes) <= HEAD:
-            table[2 * i + 1] = off
-            inline.append((off, p))
-            off = _pad16(off + p.nbytes)
-        else:
-            table[2 * i + 1] = -1
-    out = [p for i, p in enumerate(parts) if table[2 * i + 1] < 0]
-    body = sum(p.nbytes for p in out)
-    in_head = min(off, HEAD - CTRL)
-    # control + meta in one buffer, so inline parts are copied once; the head and the overflow are views of it
-    buf = np.zeros(CTRL + off, dtype=np.uint8)
-    buf[:CTRL].view(np.int64)[:] = (MAGIC, kind, msg_id, CTRL + in_head, len(header), n, body, off)
-    meta = buf[CTRL:]
-    meta[:16 * n] = table.view(np.uint8)
-    meta[16 * n:16 * n + len(header)] = np.frombuffer(header, dtype=np.uint8)
-    for o, p in inline:
-        meta[o:o + p.nbytes] = p
-    head = buf[:CTRL + in_head]
-    extra = buf[CTRL + in_head:] if off > in_head else None
-    return head, extra, out, len(buf) + body
 
 
 class _Frame:
@@ -238,7 +155,7 @@ class ThreadedTransport:
         for p in out:
             if not p.flags.writeable:  # torch.from_numpy needs writable memory; only bytes leaves are not
                 p = p.copy()
-            bufs.extend(p[a:b] for a, b in _pieces(p.nbytes))
+            bufs.extend(p[a:b] for a, b in pieces(p.nbytes))
         fr = _Frame(bufs, n)
         self._enqueue(peer, fr, deadline, limit, kind)
         if wait:
@@ -395,13 +312,13 @@ class ThreadedTransport:
             self.bytes_received += mlen - in_head
         first = 16 * nparts + hlen
         table = meta[:16 * nparts].copy().view(np.int64).reshape(-1, 2).tolist()  # Python ints: no overflow
-        if not _table_ok(table, first, mlen, body):
+        if not table_ok(table, first, mlen, body):
             # the pieces it announces cannot be trusted either: the next message is read as a new head
             raise ProtocolError(f"rank {peer} sent a part table that does not match its sizes", mid)
         header = meta[16 * nparts:first].tobytes()
         if CTRL + mlen + body > self.max_message_bytes or hlen > MAX_HEADER:
             for s, o in table:  # drain: the bytes are on the wire already
-                for a, b in _pieces(s if o < 0 else 0):
+                for a, b in pieces(s if o < 0 else 0):
                     self._recv_exact(peer, b - a)
                     self.bytes_received += b - a
             what = (f"message of {CTRL + mlen + body} bytes exceeds distributed.max_message_mb "
@@ -415,7 +332,7 @@ class ThreadedTransport:
                 parts.append(meta[o:o + s].copy())  # owned: decoded tensors never share one buffer
                 continue
             part = None
-            for a, b in _pieces(s):
+            for a, b in pieces(s):
                 if part is None:  # allocated once its first piece has arrived: memory follows the data
                     first_piece = np.asarray(self._recv_exact(peer, b - a)).reshape(-1)
                     if b == s:
@@ -484,219 +401,3 @@ class ThreadedTransport:
         if stuck and first:
             logger.warning("transport closed with ranks %s not answering its goodbye within %.1fs", stuck, grace)
         return stuck
-
-
-class TorchTransport(ThreadedTransport):
-    """torch.distributed point-to-point (gloo). The process group must be initialised (``init_torch``).
-    Calls go straight to the process group object: ``dist.send``'s Python wrapper costs more than a small
-    message on loopback."""
-
-    def __init__(self, peers, allow_pickle, max_message_bytes, grace: float = 5.0, group=None) -> None:
-        import torch.distributed as dist
-        self._pg = group if group is not None else dist.distributed_c10d._get_default_group()
-        super().__init__(peers, allow_pickle, max_message_bytes, grace)
-
-    @property
-    def rank(self) -> int:
-        return self._pg.rank()
-
-    def _send_buf(self, peer: int, buf: np.ndarray) -> None:
-        self._pg.send([torch.from_numpy(buf)], peer, TAG).wait()
-
-    def _recv_into(self, peer: int, buf: np.ndarray) -> np.ndarray:
-        self._pg.recv([torch.from_numpy(buf)], peer, TAG).wait()
-        return buf
-
-    def _recv_head(self, peer: int) -> Tuple[Any, Optional[int]]:
-        # zeroed: gloo does not report how many bytes arrived, so a short message leaves zeros, never stale bytes
-        return self._recv_into(peer, np.zeros(HEAD, dtype=np.uint8)), None
-
-    def _recv_exact(self, peer: int, n: int, out: Optional[np.ndarray] = None) -> Any:
-        # zeroed (calloc: large buffers are not memset): a short message never leaves stale bytes
-        return self._recv_into(peer, np.zeros(n, dtype=np.uint8) if out is None else out)
-
-
-def _spin_then_sleep(done: Callable[[], bool], deadline: float, spin: float = 2e-3) -> bool:
-    """Poll ``done`` back to back for ``spin`` seconds (each MPI test call also drives Open MPI's progress
-    engine, which moves rendezvous transfers), then with sleeps growing to 1 ms; False at ``deadline``."""
-    end_spin = time.monotonic() + spin
-    while time.monotonic() < end_spin:
-        if done():
-            return True
-        time.sleep(0)  # lets other Python threads run
-    pause = 2e-5
-    while not done():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(pause)
-        pause = min(pause * 1.5, 1e-3)
-    return True
-
-
-class MPITransport(ThreadedTransport):
-    """mpi4py point-to-point over ``COMM_WORLD`` (or a given communicator).
-
-    Receives are sized by a matched probe (``improbe``, polled briefly back to back, then with sleeps: a
-    blocking receive would spin a core in Open MPI's progress loop while the peer is idle), so only the bytes
-    that arrived are read and a message of the wrong size is consumed and refused. Sends are ``Isend`` +
-    ``Test`` on the peer's sender thread; the frame keeps the buffer alive until the request completes."""
-
-    def __init__(self, peers, allow_pickle, max_message_bytes, grace: float = 5.0, comm=None) -> None:
-        from mpi4py import MPI
-        self._MPI = MPI
-        self._comm = comm if comm is not None else MPI.COMM_WORLD
-        self._orphans: List[Tuple[Any, np.ndarray]] = []  # requests abandoned at close, with their buffers
-        super().__init__(peers, allow_pickle, max_message_bytes, grace)
-
-    @property
-    def rank(self) -> int:
-        return self._comm.Get_rank()
-
-    def _send_buf(self, peer: int, buf: np.ndarray) -> None:
-        req = self._comm.Isend([buf, self._MPI.BYTE], dest=peer, tag=TAG)
-        if not _spin_then_sleep(lambda: req.Test() or self._abandon, float('inf'), spin=0.05) or self._abandon:
-            if not req.Test():
-                self._orphans.append((req, buf))  # MPI may still read it: it must never be freed
-                raise TransportError(f"send to rank {peer} abandoned at close")
-
-    def _probe(self, peer: int) -> Tuple[Any, int]:
-        status = self._MPI.Status()
-        found: List[Any] = []
-
-        def probe() -> bool:
-            if self._abandon:
-                return True
-            m = self._comm.improbe(source=peer, tag=TAG, status=status)
-            if m is not None:
-                found.append(m)
-                return True
-            return False
-
-        _spin_then_sleep(probe, float('inf'), spin=3e-4)
-        if not found:
-            raise TransportError("transport closed")
-        return found[0], status.Get_count(self._MPI.BYTE)
-
-    def _consume(self, msg: Any, count: int) -> None:
-        try:  # a receive into a smaller buffer consumes the message and reports truncation
-            msg.Recv([np.empty(min(count, 1 << 16), dtype=np.uint8), self._MPI.BYTE])
-        except self._MPI.Exception:
-            pass
-
-    def _recv_head(self, peer: int) -> Tuple[Any, Optional[int]]:
-        msg, count = self._probe(peer)
-        if not CTRL <= count <= HEAD:
-            self._consume(msg, count)
-            raise ProtocolError(f"rank {peer} sent a {count}-byte message where a head (64..{HEAD} bytes) was due")
-        buf = np.empty(count, dtype=np.uint8)
-        msg.Recv([buf, self._MPI.BYTE])
-        return buf, count
-
-    def _recv_exact(self, peer: int, n: int, out: Optional[np.ndarray] = None) -> Any:
-        msg, count = self._probe(peer)
-        if count != n:
-            self._consume(msg, count)
-            raise ProtocolError(f"rank {peer} sent a {count}-byte message where its frame announced {n} bytes")
-        buf = np.empty(n, dtype=np.uint8) if out is None else out
-        msg.Recv([buf, self._MPI.BYTE])
-        return buf
-
-
-def _wait_listening(host: str, port: int, deadline: float) -> None:
-    """Return once something accepts TCP connections at ``host:port``; ``TimeoutError`` at ``deadline``."""
-    import socket
-    pause = 0.05
-    while True:
-        left = deadline - time.monotonic()
-        if left <= 0:
-            raise TimeoutError(f"nothing listens at {host}:{port}")
-        try:
-            socket.create_connection((host, port), timeout=min(left, 2.0)).close()
-            return
-        except OSError:
-            time.sleep(min(pause, max(deadline - time.monotonic(), 0)))
-            pause = min(pause * 2, 0.5)
-
-
-def _presence_barrier(store: Any, rank: int, world: int, timeout_s: float, prefix: str,
-                      configured: Optional[float] = None) -> None:
-    """Every rank marks itself present in the store and waits (at most ``timeout_s``, what is left of the
-    configured start-up time) for the others."""
-    keys = [f'{prefix}/{r}' for r in range(world)]
-    deadline = time.monotonic() + timeout_s
-    pause = 0.01
-    while True:
-        try:
-            store.set(keys[rank], '1')
-            missing = [r for r, k in enumerate(keys) if not store.check([k])]
-        except Exception as e:  # the store's host went away (it gave up waiting, or died)
-            raise TimeoutError(f"distributed start-up: lost the store while waiting for the other ranks "
-                               f"({type(e).__name__}: {e}); did every rank start?") from e
-        if not missing:
-            return
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"distributed start-up: ranks {missing} of {world} did not join within "
-                               f"{configured if configured is not None else timeout_s}s "
-                               f"(distributed.startup_timeout); were they started, with the same MASTER_ADDR/PORT?")
-        time.sleep(pause)
-        pause = min(pause * 2, 0.2)
-
-
-def init_torch(startup_s: float) -> Tuple[int, int]:
-    """
-    Overview:
-        Join (or reuse) the default gloo process group from torchrun's / SLURM-style env variables. Start-up is
-        bounded by ``startup_s``: reaching the master's store, then every rank marking itself present.
-        The group itself gets a week-long timeout: gloo closes every connection when one of its own waits
-        expires, and the manager may legitimately wait for hours between pushes (our timeouts live in the
-        inbox and the outboxes instead).
-    """
-    import datetime
-    import os
-    import torch.distributed as dist
-    if not dist.is_available():
-        raise RuntimeError("distributed.backend='torch' needs torch.distributed, which this torch build lacks")
-    if dist.is_initialized():
-        if dist.get_backend() != 'gloo':
-            raise ValueError(f"distributed.backend='torch' needs a gloo process group, the default group uses "
-                             f"{dist.get_backend()!r}; create a gloo group for the buffer")
-        return dist.get_rank(), dist.get_world_size()
-    missing = [k for k in ('MASTER_ADDR', 'MASTER_PORT', 'RANK', 'WORLD_SIZE') if k not in os.environ]
-    if missing:
-        raise RuntimeError(f"distributed.backend='torch' needs the env variables {missing} (set by torchrun, or by "
-                           f"you for env:// launches); run the job under torchrun --nproc_per_node N")
-    host, port = os.environ['MASTER_ADDR'], int(os.environ['MASTER_PORT'])
-    rank, world = int(os.environ['RANK']), int(os.environ['WORLD_SIZE'])
-    where = f"{host}:{port}"
-    # torchrun hosts the store in its agent; otherwise rank 0 does. The store does not wait for its clients: the
-    # presence barrier below does, and names the ranks that never came.
-    agent = os.environ.get('TORCHELASTIC_USE_AGENT_STORE') == 'True'
-    master = rank == 0 and not agent
-    deadline = time.monotonic() + startup_s
-    try:
-        if not master:  # the store's own client retries with random back-off past its timeout: probe first
-            _wait_listening(host, port, deadline)
-        store = dist.TCPStore(host, port, world, is_master=master, wait_for_workers=False,
-                              timeout=datetime.timedelta(seconds=max(deadline - time.monotonic(), 0.5)))
-    except Exception as e:
-        raise TimeoutError(f"distributed start-up (rank {rank} of {world}): could not reach the torch.distributed "
-                           f"master at {where} within {startup_s}s (distributed.startup_timeout): "
-                           f"{type(e).__name__}: {e}") from e
-    restart = os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')
-    _presence_barrier(store, rank, world, max(deadline - time.monotonic(), 0.0), f'ding_buffer/present/{restart}',
-                      startup_s)
-    long = datetime.timedelta(seconds=max(startup_s, 7 * 24 * 3600))
-    store.set_timeout(long)
-    dist.init_process_group('gloo', store=store, rank=rank, world_size=world, timeout=long)
-    return rank, world
-
-
-def init_mpi() -> Tuple[int, int]:
-    try:
-        from mpi4py import MPI
-    except ImportError as e:
-        raise ImportError("distributed.backend='mpi' needs mpi4py (pip install 'ding_buffer[mpi]', and Open MPI: "
-                          "apt-get install openmpi-bin libopenmpi-dev)") from e
-    if MPI.Query_thread() < MPI.THREAD_MULTIPLE:
-        raise RuntimeError("distributed.backend='mpi' needs MPI_THREAD_MULTIPLE (mpi4py's default thread level)")
-    return MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size()

@@ -413,7 +413,8 @@ def worker_hostile(buf):
         return
     from ding_buffer.distributed import transport as tr
     from ding_buffer.distributed.codec import encode
-    T = tr.TorchTransport if BACKEND == 'torch' else tr.MPITransport
+    from ding_buffer.distributed.peer_transports import MPITransport, TorchTransport
+    T = TorchTransport if BACKEND == 'torch' else MPITransport
     t = T([MANAGER], False, 1 << 30, grace=10.0)
     t.start()
     replies = {}
@@ -594,7 +595,7 @@ def main() -> None:
     faulthandler.dump_traceback_later(float(os.environ.get('DING_BUFFER_TEST_STACKS_AFTER', '75')), exit=False)
     try:
         if SCENARIO == 'hostile' and RANK == 0:  # no RemoteBuffer: a raw transport of its own (worker_hostile)
-            from ding_buffer.distributed.transport import init_mpi, init_torch
+            from ding_buffer.distributed.startup import init_mpi, init_torch
             buf = init_torch(30.0) if BACKEND == 'torch' else init_mpi()
         else:
             buf = make_buffer(config())

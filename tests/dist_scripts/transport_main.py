@@ -20,9 +20,11 @@ RESULT = {}
 
 def main() -> None:
     from ding_buffer.distributed import transport as tr
-    rank, _ = tr.init_torch(60.0) if BACKEND == 'torch' else tr.init_mpi()
+    from ding_buffer.distributed.peer_transports import MPITransport, TorchTransport
+    from ding_buffer.distributed.startup import init_mpi, init_torch
+    rank, _ = init_torch(60.0) if BACKEND == 'torch' else init_mpi()
     RESULT['rank'] = rank
-    T = tr.TorchTransport if BACKEND == 'torch' else tr.MPITransport
+    T = TorchTransport if BACKEND == 'torch' else MPITransport
     t = T([1 - rank], False, 1 << 30, grace=20.0)
     if rank == 0:
         t.start()
