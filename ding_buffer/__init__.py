@@ -3,6 +3,7 @@ from .base import BUFFER_REGISTRY, IBuffer, create_buffer, get_buffer_cls
 from .buffers import (AdvancedReplayBuffer, DiverseGFlowNetReplayBuffer, EpisodeReplayBuffer, GFlowNetReplayBuffer,
                       NaiveReplayBuffer, TerminatingStateBuffer)
 from .config import deep_merge_dicts
+from . import distributed  # noqa: F401  (registers the distributed wrapper with create_buffer)
 from .errors import (CodecError, ManagerUnavailableError, RemoteError, SampleTimeoutError, SendTimeout,
                      TransportError)
 

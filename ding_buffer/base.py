@@ -109,6 +109,17 @@ class IBuffer(ABC):
     def __len__(self) -> int:
         return self.count()
 
+    @classmethod
+    def distributed_profile(cls, cfg: Any) -> Dict[str, Any]:
+        """
+        Overview:
+            What a distributed manager and its workers need to know about this buffer type, for its (local)
+            config ``cfg``: ``dict_is_batch`` (a pushed dict is a batch of items, not one item),
+            ``log_reward_key`` (the field holding log-rewards; None: ``distributed.log_reward_key``) and
+            ``scoring_keys`` (the fields a manager needs to score a push, for ``scoring_only``; None: all).
+        """
+        return {'dict_is_batch': False, 'log_reward_key': None, 'scoring_keys': None}
+
     def __enter__(self) -> 'IBuffer':
         self.start()
         return self
@@ -153,10 +164,22 @@ def create_buffer(cfg: Any, *args, **kwargs) -> IBuffer:
     cls = get_buffer_cls(cfg)
     cfg = EasyDict(cfg) if not isinstance(cfg, EasyDict) else cfg
     if cfg.get('distributed') is not None:
-        from .distributed import build_distributed_config, create_distributed
-        if build_distributed_config(cfg.distributed).backend is not None:
-            return create_distributed(cls, cfg, *args, **kwargs)  # ReplayBufferManager or RemoteBuffer
+        if _DISTRIBUTED is None:
+            raise RuntimeError("config key 'distributed' needs ding_buffer.distributed; import it (or ding_buffer)")
+        buffer = _DISTRIBUTED(cls, cfg, *args, **kwargs)  # ReplayBufferManager or RemoteBuffer; None: no backend
+        if buffer is not None:
+            return buffer
     return cls(cfg, *args, **kwargs)
+
+
+# The distributed wrapper registers itself here (``ding_buffer.distributed``): the contract imports nothing above it.
+_DISTRIBUTED: Optional[Callable[..., Optional[IBuffer]]] = None
+
+
+def register_distributed(factory: Callable[..., Optional[IBuffer]]) -> None:
+    """Install ``factory(cls, cfg, *args, **kwargs) -> buffer or None`` for configs with a ``distributed`` section."""
+    global _DISTRIBUTED
+    _DISTRIBUTED = factory
 
 
 __all__: List[str] = ['IBuffer', 'Registry', 'BUFFER_REGISTRY', 'create_buffer', 'get_buffer_cls']

@@ -7,6 +7,7 @@ states holding arbitrary Python objects (list storage) load only with ``allow_pi
 Every file is an envelope ``{'format', 'version', 'buffer', 'state'}`` so that foreign or future files are
 rejected with a clear message.
 """
+import json
 import os
 import pickle
 import tempfile
@@ -44,6 +45,21 @@ def fsync_dir(directory: str) -> None:
         os.fsync(dir_fd)
     finally:
         os.close(dir_fd)
+
+
+def atomic_text(text: str, path: str) -> None:
+    """Write ``text`` to ``path`` atomically (temporary file + fsync + rename + fsync of the directory)."""
+    tmp = f'{path}.tmp-{os.getpid()}'
+    with open(tmp, 'w') as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    fsync_dir(os.path.dirname(os.path.abspath(path)))
+
+
+def atomic_json(obj: Any, path: str) -> None:
+    atomic_text(json.dumps(obj, indent=2) + '\n', path)
 
 
 def save_state(path: str, buffer_name: str, state: Dict[str, Any]) -> None:

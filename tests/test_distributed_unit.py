@@ -24,8 +24,7 @@ from easydict import EasyDict
 from helpers import assert_same
 from ding_buffer import SampleTimeoutError, create_buffer
 from ding_buffer.base import get_buffer_cls
-from ding_buffer.buffers.gflownet import GFlowNetReplayBuffer
-from ding_buffer.distributed import ManagerCore, RemoteBuffer, build_manager_buffer
+from ding_buffer.distributed import ManagerCore, RemoteBuffer, build_manager_buffer, profile
 from ding_buffer.distributed.codec import _TORCH_DTYPES, CodecError, decode, encode
 from ding_buffer.distributed.config import resolve_callable
 from ding_buffer.distributed.remote import ManagerUnavailableError
@@ -190,15 +189,10 @@ def make_remote(type='advanced', size=16, storage='tensor', gfn_extra=None, **di
     channel = Loopback(core, allow_pickle=dcfg.allow_pickle)
     cls = get_buffer_cls(cfg)
     local_cfg = EasyDict(copy.deepcopy({k: v for k, v in dict(cfg).items() if k != 'distributed'}))
-    is_gfn = issubclass(cls, GFlowNetReplayBuffer)
-    scoring_keys = None
-    if is_gfn:
-        scoring_keys = [local_cfg.get('state_key', 'state'), key]
-        if local_cfg.get('condition_key'):
-            scoring_keys.append(local_cfg.condition_key)
+    prof = profile(cls, local_cfg, dcfg)
     local = cls(copy.deepcopy(local_cfg)) if dcfg.local_buffer else None
-    rb = RemoteBuffer(local_cfg, dcfg, channel, local=local, dict_is_batch=is_gfn, scoring_keys=scoring_keys,
-                      log_reward_key=key)
+    rb = RemoteBuffer(local_cfg, dcfg, channel, local=local, dict_is_batch=prof['dict_is_batch'],
+                      scoring_keys=prof['scoring_keys'], log_reward_key=prof['log_reward_key'])
     return rb, core, channel
 
 
@@ -1551,3 +1545,14 @@ def test_one_deadline_bounds_a_push_that_resends_first():
     ch.result = fast
     rb.push(item(1))  # now fast: the push in doubt, then this one
     assert core.buffer.count() == 2
+
+
+
+def test_buffer_types_declare_what_the_distributed_layer_needs():
+    from ding_buffer.distributed.config import build_distributed_config
+    dcfg = build_distributed_config({'backend': 'torch', 'log_reward_key': 'score'})
+    naive = get_buffer_cls({'type': 'naive'})
+    assert profile(naive, EasyDict(), dcfg) == {'dict_is_batch': False, 'log_reward_key': 'score', 'scoring_keys': None}
+    gfn = get_buffer_cls({'type': 'gfn_diverse'})
+    assert profile(gfn, EasyDict(log_reward_key='lr', condition_key='c'), dcfg) == {
+        'dict_is_batch': True, 'log_reward_key': 'lr', 'scoring_keys': ['state', 'lr', 'c']}

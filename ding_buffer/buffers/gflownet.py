@@ -93,6 +93,13 @@ class GFlowNetReplayBuffer(BufferCore):
     )
 
     # ------------------------------------------------------------------ construction
+    @classmethod
+    def distributed_profile(cls, cfg: Any) -> Dict[str, Any]:
+        """A pushed dict is a batch; the manager scores with the state, log-reward and condition fields."""
+        get = lambda k: cfg.get(k, cls.config[k])  # noqa: E731
+        scoring = [get('state_key'), get('log_reward_key')] + ([get('condition_key')] if get('condition_key') else [])
+        return {'dict_is_batch': True, 'log_reward_key': get('log_reward_key'), 'scoring_keys': scoring}
+
     def _build(self) -> None:
         cfg = self._cfg
         if cfg.device.startswith('cuda') and not torch.cuda.is_available():

@@ -11,6 +11,7 @@ from typing import Any, Dict, Tuple
 
 from easydict import EasyDict
 
+from ..base import register_distributed
 from ..config import build_config
 from .codec import CodecError, decode, encode
 from .config import DISTRIBUTED_CONFIG, build_distributed_config, startup_seconds
@@ -18,9 +19,6 @@ from .manager import ManagerCore
 from .rank_manager import ReplayBufferManager
 from .remote import ManagerUnavailableError, RemoteBuffer, RemoteError
 from .transport import SendTimeout, TransportError
-
-_GFN_TYPES = ('gfn', 'gfn_diverse', 'terminating_state')
-
 
 def _local_cfg(cfg: Any) -> EasyDict:
     local = EasyDict(copy.deepcopy({k: v for k, v in dict(cfg).items() if k != 'distributed'}))
@@ -30,11 +28,12 @@ def _local_cfg(cfg: Any) -> EasyDict:
     return local
 
 
-def _log_reward_key(cls: type, local: Any, dcfg: Any) -> str:
-    from ..buffers.gflownet import GFlowNetReplayBuffer
-    if issubclass(cls, GFlowNetReplayBuffer):
-        return local.get('log_reward_key', cls.config['log_reward_key'])
-    return dcfg.log_reward_key
+def profile(cls: type, local: Any, dcfg: Any) -> Dict[str, Any]:
+    """The buffer type's ``distributed_profile`` with the log-reward key resolved (``distributed.log_reward_key``
+    when the type has none of its own)."""
+    out = dict(cls.distributed_profile(local))
+    out['log_reward_key'] = out.get('log_reward_key') or dcfg.log_reward_key
+    return out
 
 
 def build_manager_buffer(cfg: Any, *args, **kwargs) -> Tuple[Any, EasyDict, str]:
@@ -48,22 +47,15 @@ def build_manager_buffer(cfg: Any, *args, **kwargs) -> Tuple[Any, EasyDict, str]
             raise ValueError(f"config key 'distributed.max_reuse' needs a buffer with 'max_use' (type 'advanced'), "
                              f"got type {cfg.get('type')!r}")
         local.max_use = dcfg.max_reuse
-    return cls(local, *args, **kwargs), dcfg, _log_reward_key(cls, local, dcfg)
+    return cls(local, *args, **kwargs), dcfg, profile(cls, local, dcfg)['log_reward_key']
 
 
 def create_distributed(cls: type, cfg: Any, *args, **kwargs) -> Any:
     """``create_buffer`` for configs with ``distributed.backend``: a ReplayBufferManager or a RemoteBuffer."""
-    from ..buffers.gflownet import GFlowNetReplayBuffer
     dcfg = build_distributed_config(cfg.get('distributed'))
     local_cfg = _local_cfg(cfg)
     build_config(cls.config, local_cfg, getattr(cls, 'checks', {}))  # every rank fails fast on a bad buffer section
-    is_gfn = issubclass(cls, GFlowNetReplayBuffer)
-    key = _log_reward_key(cls, local_cfg, dcfg)
-    scoring_keys = None
-    if is_gfn:
-        scoring_keys = [local_cfg.get('state_key', 'state'), key]
-        if local_cfg.get('condition_key'):
-            scoring_keys.append(local_cfg.condition_key)
+    prof = profile(cls, local_cfg, dcfg)
     max_bytes = int(dcfg.max_message_mb * (1 << 20))
     if dcfg.backend == 'ray':
         from .ray_backend import RayChannel, get_or_create_actor
@@ -101,8 +93,19 @@ def create_distributed(cls: type, cfg: Any, *args, **kwargs) -> Any:
         from .channel import PeerChannel
         channel = PeerChannel(transport, manager, dcfg.timeout, dcfg.heartbeat_seconds)
     local = cls(copy.deepcopy(local_cfg), *args, **kwargs) if dcfg.local_buffer else None
-    return RemoteBuffer(local_cfg, dcfg, channel, local=local, dict_is_batch=is_gfn, scoring_keys=scoring_keys,
-                        log_reward_key=key)
+    return RemoteBuffer(local_cfg, dcfg, channel, local=local, dict_is_batch=prof['dict_is_batch'],
+                        scoring_keys=prof['scoring_keys'], log_reward_key=prof['log_reward_key'])
+
+
+def _create_if_distributed(cls: type, cfg: Any, *args, **kwargs) -> Any:
+    """The factory ``create_buffer`` calls for a config with a ``distributed`` section (validated even when its
+    backend is None, which means a local buffer: returns None)."""
+    if build_distributed_config(cfg.get('distributed')).backend is None:
+        return None
+    return create_distributed(cls, cfg, *args, **kwargs)
+
+
+register_distributed(_create_if_distributed)
 
 
 def _plain(cfg: Any) -> Dict[str, Any]:
@@ -117,5 +120,5 @@ def _plain(cfg: Any) -> Dict[str, Any]:
 __all__ = [
     'create_distributed', 'build_manager_buffer', 'RemoteBuffer', 'ReplayBufferManager', 'ManagerCore',
     'ManagerUnavailableError', 'RemoteError', 'TransportError', 'SendTimeout', 'CodecError', 'encode', 'decode',
-    'DISTRIBUTED_CONFIG', 'build_distributed_config'
+    'DISTRIBUTED_CONFIG', 'build_distributed_config', 'profile'
 ]

@@ -8,9 +8,6 @@ Run directory ``<log_dir>/<exp_name>_seed<seed>/``: ``log/`` (TensorBoard: buffe
 ``eval.csv``, ``learning_curve.png``, ``checkpoints/`` (see ``checkpoint.py``), ``summary.json``.
 """
 import collections
-import csv
-import io
-import json
 import os
 import time
 from typing import Any, Dict, List, Optional
@@ -22,10 +19,10 @@ import torch.nn.functional as F
 from easydict import EasyDict
 
 from ..base import create_buffer
-from ..persistence import fsync_dir
+from ..persistence import atomic_json
 from .checkpoint import complete_checkpoints, load_latest, save_checkpoint
+from .evals import write_eval_csv
 
-EVAL_FIELDS = ('env_step', 'train_iter', 'return_mean', 'return_std', 'wall_time')
 
 
 class QNet(nn.Module):
@@ -318,33 +315,7 @@ class DQNTrainer:
         return state
 
     def _write_eval_csv(self) -> None:
-        buf = io.StringIO()
-        writer = csv.DictWriter(buf, fieldnames=EVAL_FIELDS)
-        writer.writeheader()
-        writer.writerows(self.evals)
-        atomic_text(buf.getvalue(), os.path.join(self.run_dir, 'eval.csv'))
+        write_eval_csv(self.run_dir, self.evals)
 
 
-def atomic_text(text: str, path: str) -> None:
-    tmp = f'{path}.tmp-{os.getpid()}'
-    with open(tmp, 'w') as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    fsync_dir(os.path.dirname(os.path.abspath(path)))
-
-
-def atomic_json(obj: Any, path: str) -> None:
-    atomic_text(json.dumps(obj, indent=2) + '\n', path)
-
-
-def read_eval_csv(run_dir: str) -> List[Dict[str, float]]:
-    path = os.path.join(run_dir, 'eval.csv')
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"'{run_dir}' is not a training run directory (no eval.csv)")
-    with open(path) as f:
-        return [{k: float(v) for k, v in row.items()} for row in csv.DictReader(f)]
-
-
-__all__ = ['DQNTrainer', 'QNet', 'NStep', 'read_eval_csv']
+__all__ = ['DQNTrainer', 'QNet', 'NStep']

@@ -2,7 +2,7 @@
 import os
 from typing import List, Optional
 
-from .dqn import read_eval_csv
+from .evals import read_eval_csv
 
 
 def plot_runs(run_dirs: List[str], out: str, title: Optional[str] = None, stop_value: Optional[float] = 475.0) -> str:

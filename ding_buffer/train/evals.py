@@ -1,0 +1,25 @@
+"""``eval.csv`` of a training run: one row per evaluation, written atomically by the trainer, read by the plots."""
+import csv
+import io
+import os
+from typing import Dict, Iterable, List
+
+from ..persistence import atomic_text
+
+EVAL_FIELDS = ('env_step', 'train_iter', 'return_mean', 'return_std', 'wall_time')
+
+
+def write_eval_csv(run_dir: str, rows: Iterable[Dict[str, float]]) -> None:
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=EVAL_FIELDS)
+    writer.writeheader()
+    writer.writerows(rows)
+    atomic_text(buf.getvalue(), os.path.join(run_dir, 'eval.csv'))
+
+
+def read_eval_csv(run_dir: str) -> List[Dict[str, float]]:
+    path = os.path.join(run_dir, 'eval.csv')
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"'{run_dir}' is not a training run directory (no eval.csv)")
+    with open(path) as f:
+        return [{k: float(v) for k, v in row.items()} for row in csv.DictReader(f)]
