@@ -18,6 +18,7 @@ import torch
 
 from ding_buffer import create_buffer
 from ding_buffer.monitor.periodic import PeriodicThruputMonitor
+from ding_buffer.monitor.tb import emit
 from ding_buffer.monitor.sampled_data import KEYS, SampledDataAttrMonitor
 
 WINDOW_KEYS = (
@@ -192,7 +193,7 @@ def test_sampled_monitor_window_and_write_schedule(caplog):
     with caplog.at_level(logging.INFO, logger=LOGGER.name):
         for i, (batch, it, env) in enumerate(calls):
             n_before = len(tb.calls)
-            mon.record(*_arrays(batch), cur_learner_iter=it, cur_collector_envstep=env)
+            emit(mon.record(*_arrays(batch), cur_learner_iter=it, cur_collector_envstep=env), LOGGER, tb)
             avg = mon.averages()
             assert set(avg) == set(WINDOW_KEYS)
             for k in WINDOW_KEYS:
@@ -233,7 +234,7 @@ def test_sampled_monitor_print_freq_one_and_average_range_one():
     tb = FakeTB()
     mon = SampledDataAttrMonitor('x', average_range=1, print_freq=1, logger=LOGGER, tb_logger=tb)
     for i, b in enumerate([B0, B1, B2, B3]):
-        mon.record(*_arrays(b), cur_learner_iter=i, cur_collector_envstep=-1)
+        emit(mon.record(*_arrays(b), cur_learner_iter=i, cur_collector_envstep=-1), mon.logger, mon.tb_logger)
         assert mon.averages() == pytest.approx(row(*b))
     assert [s for s, _ in tb.of('x_iter/beta')] == [0, 1, 2, 3]
     assert [v for _, v in tb.of('x_iter/beta')] == pytest.approx([0.4, 0.5, 0.6, 0.7])
@@ -244,7 +245,7 @@ def test_sampled_monitor_without_writer_still_logs(caplog):
     mon = SampledDataAttrMonitor('nolog', average_range=2, print_freq=3, logger=LOGGER, tb_logger=None)
     with caplog.at_level(logging.INFO, logger=LOGGER.name):
         for b in [B0, B1, B2, B3]:
-            mon.record(*_arrays(b), cur_learner_iter=5, cur_collector_envstep=5)
+            emit(mon.record(*_arrays(b), cur_learner_iter=5, cur_collector_envstep=5), mon.logger, mon.tb_logger)
     heads = [r.getMessage().splitlines()[0] for r in caplog.records if r.getMessage().startswith('=== Sample')]
     assert heads == ['=== Sample data 0 Times ===', '=== Sample data 3 Times ===']
     assert mon.averages() == pytest.approx(window_of([row(*B2), row(*B3)]))
@@ -712,3 +713,44 @@ def test_context_manager_closes_threads():
         buf.push(items(4))
         assert [t.name for t in new_threads(before)] == ['ctx_thruput']
     assert_no_new_threads(before, timeout=2.0)
+
+
+# ------------------------------------------------------------------------------------------ TensorBoard outside the lock
+class BlockingTB:
+    """A writer whose first add_scalar blocks until released: shows whether the buffer holds its lock meanwhile."""
+
+    def __init__(self):
+        self.entered, self.release, self.tags = threading.Event(), threading.Event(), []
+
+    def add_scalar(self, tag, value, step):
+        self.tags.append(tag)
+        self.entered.set()
+        self.release.wait(5)
+
+    def flush(self):
+        pass
+
+
+@pytest.mark.parametrize('kind', ['advanced', 'gfn'])
+def test_tensorboard_is_written_outside_the_buffer_lock(kind):
+    import torch
+    from ding_buffer import create_buffer
+    tb = BlockingTB()
+    if kind == 'advanced':
+        buf = create_buffer(dict(type='advanced', replay_buffer_size=8, storage=dict(type='tensor')), tb_logger=tb)
+        buf.push({'obs': torch.ones(2)})
+        act = lambda: buf.sample(1, cur_learner_iter=1)  # noqa: E731  (the first sample is logged)
+    else:
+        buf = create_buffer(dict(type='gfn', replay_buffer_size=8, monitor=dict(log_every=1)), tb_logger=tb)
+        act = lambda: buf.push({'state': torch.ones(2, 3), 'log_reward': torch.zeros(2)})  # noqa: E731
+    t = threading.Thread(target=act)
+    t.start()
+    assert tb.entered.wait(5), 'nothing was written'
+    start = time.monotonic()
+    n = buf.count()  # needs the buffer's lock: it must not wait for the blocked writer
+    waited = time.monotonic() - start
+    tb.release.set()
+    t.join(5)
+    assert waited < 0.5 and n >= 1, waited
+    assert tb.tags and all('_iter/' in tag for tag in tb.tags), tb.tags  # DI-engine's tag names
+    buf.close()

@@ -21,7 +21,7 @@ from ..control.priority import PriorityIndex, as_numpy, as_priorities, split_ids
 from ..control.thruput import SampleTimeoutError, ThruputController
 from ..monitor.periodic import PeriodicThruputMonitor
 from ..monitor.sampled_data import SampledDataAttrMonitor
-from ..monitor.tb import build_tb_logger, rank
+from ..monitor.tb import build_tb_logger, emit, rank
 from ..storage import STORAGE_CHECKS, STORAGE_CONFIG, build_storage, storage_from_state
 from .common import BufferCore
 
@@ -138,6 +138,7 @@ class AdvancedReplayBuffer(BufferCore):
         self._sampled_monitor = SampledDataAttrMonitor(
             self._instance_name, attr.average_range, attr.print_freq, self._logger, self._tb if rank() == 0 else None
         )
+        self._due = None  # monitor output computed under the lock, written after it
         me = weakref.ref(self)  # the monitor thread must not keep an unclosed, unreachable buffer alive
 
         def read() -> Optional[Dict[str, float]]:
@@ -354,7 +355,10 @@ class AdvancedReplayBuffer(BufferCore):
             if why:
                 self._counters['refused_sample'] += 1
                 return self._refuse(why)
-            return self._draw(size, cur_learner_iter, sample_range)
+            out = self._draw(size, cur_learner_iter, sample_range)
+            due, self._due = self._due, None
+        emit(due, self._sampled_monitor.logger, self._sampled_monitor.tb_logger)  # outside the lock
+        return out
 
     def _draw(self, size: int, cur_learner_iter: int, sample_range: Optional[slice]) -> Optional[Any]:
         index = self._index
@@ -376,7 +380,7 @@ class AdvancedReplayBuffer(BufferCore):
         ci = self._collect_iter(slots)
         staleness = np.where(ci == _NO_ITER, -1, cur_learner_iter - ci)
         out = self._output(slots, weights, use, priority, staleness)
-        self._sampled_monitor.record(use, priority, staleness, beta, cur_learner_iter, self._last_envstep)
+        self._due = self._sampled_monitor.record(use, priority, staleness, beta, cur_learner_iter, self._last_envstep)
         if self._max_use != INF:
             used_up = np.unique(slots[use >= self._max_use])
             if len(used_up):

@@ -25,7 +25,7 @@ from ..base import BUFFER_REGISTRY
 from ..config import build_config, positive_int
 from ..control.diversity import StateSet, diverse_mask, row_hashes
 from ..control.keep_best import RewardIndex
-from ..monitor.tb import build_tb_logger
+from ..monitor.tb import Due, build_tb_logger, emit
 from .common import BufferCore
 from .gfn_data import ColumnStore, ContainerStore, GFNBatch, is_container
 
@@ -183,7 +183,8 @@ class GFlowNetReplayBuffer(BufferCore):
             stored = self._insert(batch)
             self._last_envstep = cur_collector_envstep
             self._counters['push_calls'] += 1
-            self._maybe_log()
+            due = self._due_scalars()
+        emit(due, None, self._tb)  # TensorBoard is I/O: written outside the lock
         return stored
 
     def _make_store(self, data: Any) -> Any:
@@ -334,23 +335,23 @@ class GFlowNetReplayBuffer(BufferCore):
             out.update({k: v for k, v in c.items() if k != 'push_calls'})
             return out
 
-    def _maybe_log(self) -> None:
-        """Every ``monitor.log_every`` pushes: stats and the rejection rates of the last interval."""
+    def _due_scalars(self) -> Due:
+        """Every ``monitor.log_every`` pushes: stats and the rejection rates of the last interval (written by the
+        caller after releasing the lock)."""
         if self._tb is None or self._counters['push_calls'] % self._cfg.monitor.log_every:
-            return
+            return None
         s = self.stats()
         step = self._counters['push_calls']
         prefix = f'{self._instance_name}_iter/'
-        for tag in _STAT_TAGS:
-            if np.isfinite(s[tag]):
-                self._tb.add_scalar(prefix + tag, s[tag], step)
+        scalars = [(prefix + tag, s[tag], step) for tag in _STAT_TAGS if np.isfinite(s[tag])]
         last, now = self._last_logged, self._counters
         checked = now['filter_checked'] - last['filter_checked']
         if checked:
             for what in ('reward', 'distance'):
                 rate = (now[f'rejected_by_{what}'] - last[f'rejected_by_{what}']) / checked
-                self._tb.add_scalar(prefix + f'reject_rate_{what}', rate, step)
+                scalars.append((prefix + f'reject_rate_{what}', rate, step))
         self._last_logged = dict(now)
+        return None, scalars
 
     # ------------------------------------------------------------------ clear / state
     def _clear(self) -> List[Any]:

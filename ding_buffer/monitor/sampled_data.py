@@ -4,14 +4,17 @@ Each ``sample`` call records the batch's ``use``, ``priority`` and ``staleness``
 statistics (``use_avg/max``, ``priority_avg/max/min``, ``staleness_avg/max``) are computed only when read, so
 recording costs O(1) on the sampling hot path.
 ``averages()`` returns, over the window, the mean of the ``*_avg`` entries, the max of the ``*_max`` entries,
-the min of the ``*_min`` entries and the latest ``beta``. Every ``print_freq`` calls (starting with the first) it
-logs a table and writes ``{instance}_iter/<key>`` (step: learner iter, skipped when -1) and
-``{instance}_step/<key>`` (step: last collector env step, skipped when -1) to the TensorBoard writer.
-Not thread-safe on its own: the buffer calls it under its lock.
+the min of the ``*_min`` entries and the latest ``beta``. Every ``print_freq`` calls (starting with the first)
+``record`` returns what is due -- a table for the log and ``{instance}_iter/<key>`` (step: learner iter, skipped
+when -1) and ``{instance}_step/<key>`` (step: last collector env step, skipped when -1) scalars -- which the
+buffer writes with ``monitor.tb.emit`` after releasing its lock.
+Not thread-safe on its own: the buffer calls ``record`` under its lock.
 """
 import collections
 import logging
 from typing import Any, Dict
+
+from .tb import Due
 
 KEYS = ('use_avg', 'use_max', 'priority_avg', 'priority_max', 'priority_min', 'staleness_avg', 'staleness_max', 'beta')
 
@@ -53,20 +56,20 @@ class SampledDataAttrMonitor:
                 out[k] = sum(vals) / len(vals)
         return out
 
-    def record(self, use, priority, staleness, beta: float, cur_learner_iter: int, cur_collector_envstep: int) -> None:
-        """Record one sampled batch (numpy arrays; they are not modified afterwards by the buffer)."""
+    def record(self, use, priority, staleness, beta: float, cur_learner_iter: int, cur_collector_envstep: int) -> Due:
+        """Record one sampled batch (numpy arrays; they are not modified afterwards by the buffer); returns the
+        log table and scalars due now (every ``print_freq`` calls), or None."""
         self.window.append((use, priority, staleness, beta))
         calls, self.calls = self.calls, self.calls + 1
         if calls % self.print_freq:
-            return
+            return None
         avg = self.averages()
-        self.logger.info(
-            "=== Sample data %d Times ===\n%s", calls, '\n'.join(f"{k:>14} | {v:.6g}" for k, v in avg.items())
-        )
-        if self.tb_logger is None:
-            return
-        for k, v in avg.items():
-            if cur_learner_iter != -1:
-                self.tb_logger.add_scalar(f'{self.instance_name}_iter/{k}', v, cur_learner_iter)
-            if cur_collector_envstep != -1:
-                self.tb_logger.add_scalar(f'{self.instance_name}_step/{k}', v, cur_collector_envstep)
+        text = f"=== Sample data {calls} Times ===\n" + '\n'.join(f"{k:>14} | {v:.6g}" for k, v in avg.items())
+        scalars = []
+        if self.tb_logger is not None:
+            for k, v in avg.items():
+                if cur_learner_iter != -1:
+                    scalars.append((f'{self.instance_name}_iter/{k}', v, cur_learner_iter))
+                if cur_collector_envstep != -1:
+                    scalars.append((f'{self.instance_name}_step/{k}', v, cur_collector_envstep))
+        return text, scalars

@@ -1,6 +1,23 @@
 """TensorBoard writer of a buffer: borrowed when passed in, else optionally owned under DI-engine's path."""
+import logging
 import os
-from typing import Any, Optional, Tuple
+from typing import Any, List, Optional, Tuple
+
+# What a monitor computed under the buffer's lock and the buffer writes after releasing it:
+# (a log message or None, [(tag, value, step), ...]).
+Due = Optional[Tuple[Optional[str], List[Tuple[str, float, int]]]]
+
+
+def emit(due: Due, logger: Optional[logging.Logger], tb: Any) -> None:
+    """Write a monitor's due output: call it *outside* the buffer's lock (TensorBoard writes are I/O)."""
+    if not due:
+        return
+    text, scalars = due
+    if text and logger is not None:
+        logger.info(text)
+    if tb is not None:
+        for tag, value, step in scalars:
+            tb.add_scalar(tag, value, step)
 
 
 def rank() -> int:
