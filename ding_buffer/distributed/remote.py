@@ -159,7 +159,8 @@ class RemoteBuffer(IBuffer):
 
     @property
     def unacknowledged(self) -> int:
-        """Pushes in doubt (a call raised ``ManagerUnavailableError``): they are sent again by the next call."""
+        """Pushes not acknowledged yet: those in doubt (a call raised ``ManagerUnavailableError``; they are sent
+        again by the next call) plus, with ``async_score``, the last push whose score is not collected yet."""
         return len(self._unacked) + (self._inflight is not None)
 
     def _send_owed(self, envstep: int, deadline: float) -> None:
