@@ -16,23 +16,21 @@ def deadline_in(timeout: float) -> float:
     return time.monotonic() + timeout
 
 
-def _heartbeat(channel_ref: 'weakref.ref', stop: threading.Event, every: float) -> None:
-    """Ping the manager while the channel lives; holds only a weak reference, so a RemoteBuffer dropped
-    without ``close()`` stops beating and the manager counts it lost after ``peer_timeout``."""
+def heartbeat_loop(channel_ref: 'weakref.ref', stop: threading.Event, every: float) -> None:
+    """Call ``channel._beat()`` every ``every`` seconds while the channel lives (a ``False`` return or an error
+    ends it). It holds only a weak reference, so a RemoteBuffer dropped without ``close()`` stops beating and
+    the manager counts it lost after ``peer_timeout``. Shared by the torch / MPI and Ray channels."""
     while not stop.wait(every):
         channel = channel_ref()
         if channel is None:
             return
-        with channel._beat_lock:  # never a ping after stop_heartbeat(): nobody would receive it after EXIT
-            if stop.is_set():
+        try:
+            if not channel._beat():
                 return
-            try:  # only when nothing else waits to leave: a ping never queues behind a stuck frame
-                channel.transport.send(channel.manager, {'op': 'ping'}, wait=False, limit=1)
-            except SendTimeout:
-                pass
-            except Exception:
-                return
-        del channel
+        except Exception:  # the transport or Ray went away: stop beating
+            return
+        finally:
+            del channel
 
 
 class PeerChannel:
@@ -50,9 +48,20 @@ class PeerChannel:
         self._stop = threading.Event()
         self._beat_lock = threading.Lock()
         transport.start()
-        self._beat = threading.Thread(target=_heartbeat, args=(weakref.ref(self), self._stop, heartbeat),
+        self._beat_thread = threading.Thread(target=heartbeat_loop, args=(weakref.ref(self), self._stop, heartbeat),
                                       daemon=True, name='ding_buffer-heartbeat')
-        self._beat.start()
+        self._beat_thread.start()
+
+    def _beat(self) -> bool:
+        """One ping, only when nothing else waits to leave (a ping never queues behind a stuck frame)."""
+        with self._beat_lock:  # never a ping after stop_heartbeat(): nobody would receive it after EXIT
+            if self._stop.is_set():
+                return False
+            try:
+                self.transport.send(self.manager, {'op': 'ping'}, wait=False, limit=1)
+            except SendTimeout:
+                pass
+            return True
 
     def stop_heartbeat(self) -> None:
         with self._beat_lock:

@@ -303,6 +303,13 @@ class ManagerCore:
             self.rejoined[sender] = self.rejoined.get(sender, 0) + 1
             logger.warning("manager: worker %s was counted lost (%s) and is back; serving it again", sender, why)
 
+    def merge_heard(self, stamps: Dict[Any, float]) -> None:
+        """Fold arrival times recorded without the buffer's lock (heartbeats, requests waiting for it) into the
+        liveness record: a newer stamp counts as a message; an exited sender stays exited."""
+        for sender, t in list(stamps.items()):
+            if sender not in self.exited and t > self.last_seen.get(sender, float('-inf')):
+                self.seen(sender, t)
+
     def lose(self, sender: Any, why: str) -> None:
         if sender not in self.lost and sender not in self.exited:
             self.lost[sender] = why

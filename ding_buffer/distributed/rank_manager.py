@@ -64,9 +64,7 @@ class ReplayBufferManager:
                 item = self.transport.recv(timeout=poll)  # lost peers, goodbyes, wake-ups after an EXIT
                 with self._lock:
                     # arrivals first: a goodbye or a broken connection comes after the peer's last message
-                    for peer, t in list(self._heard.items()):
-                        if t > self.core.last_seen.get(peer, -1.0) and peer not in self.core.exited:
-                            self.core.seen(peer, t)
+                    self.core.merge_heard(self._heard)
                     if item is not None and item[1] == LOST:
                         self.core.lose(item[0], item[2])
                     elif item is not None and item[1] == BYE and item[0] not in self.core.exited:

@@ -28,6 +28,7 @@ from typing import Any, Dict, Optional, Tuple
 import numpy as np
 
 from .codec import CodecError, decode, encode, peek_id
+from .channel import heartbeat_loop
 from .config import startup_seconds
 from .startup import connect_ray
 from .manager import ManagerCore, error_reply
@@ -174,9 +175,7 @@ class _ManagerActorImpl:
     def _merge_beats(self) -> None:
         with self._beats_lock:
             beats, self._beats = self._beats, {}
-        for client, t in beats.items():
-            if t > self.core.last_seen.get(client, -np.inf):
-                self.core.seen(client, t)
+        self.core.merge_heard(beats)
 
     def _watch(self) -> None:
         while True:
@@ -248,22 +247,6 @@ def get_or_create_actor(cfg: Dict[str, Any], dcfg: Any):
 
 
 # ---------------------------------------------------------------------------------------------------------- worker
-def _heartbeat(channel_ref: 'weakref.ref', stop: threading.Event, every: float) -> None:
-    """Ping the actor while the channel lives; holds only a weak reference, so a RemoteBuffer dropped without
-    ``close()`` (a task that returned) stops beating and the manager counts it lost after ``peer_timeout``."""
-    while not stop.wait(every):
-        channel = channel_ref()
-        if channel is None:
-            return
-        try:
-            if not channel._beat():
-                return
-        except Exception:  # noqa: BLE001 - Ray shut down, the actor is gone: stop beating
-            return
-        finally:
-            del channel
-
-
 class RayChannel:
     """Requests to the manager actor; a ticket is the ObjectRef of the call."""
 
@@ -284,7 +267,7 @@ class RayChannel:
             self._beat()
         except Exception:  # noqa: BLE001 - an unreachable manager fails the first request instead
             pass
-        self._beat_thread = threading.Thread(target=_heartbeat, args=(weakref.ref(self), self._stop,
+        self._beat_thread = threading.Thread(target=heartbeat_loop, args=(weakref.ref(self), self._stop,
                                                                       dcfg.heartbeat_seconds),
                                              daemon=True, name='ding_buffer-ray-heartbeat')
         self._beat_thread.start()
