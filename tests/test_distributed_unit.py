@@ -1556,3 +1556,13 @@ def test_buffer_types_declare_what_the_distributed_layer_needs():
     gfn = get_buffer_cls({'type': 'gfn_diverse'})
     assert profile(gfn, EasyDict(log_reward_key='lr', condition_key='c'), dcfg) == {
         'dict_is_batch': True, 'log_reward_key': 'lr', 'scoring_keys': ['state', 'lr', 'c']}
+
+
+
+def test_file_root_is_resolved_once(tmp_path, monkeypatch):
+    (tmp_path / 'root').mkdir()
+    monkeypatch.chdir(tmp_path)
+    core = make_core(storage='list', file_root='root')  # relative to the directory at construction
+    monkeypatch.chdir('/')
+    core.handle(W, req('push', data=item(1)))
+    assert ok(core.handle(W, req('save_data', path='a.buf'))) == str(tmp_path / 'root' / 'a.buf')

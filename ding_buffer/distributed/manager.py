@@ -65,6 +65,8 @@ class ManagerCore:
                              f"create it, or set None to refuse workers' save_data / load_data")
         self.buffer = buffer
         self.cfg = dcfg
+        # resolved once: a later chdir of the manager must not move the directory workers may use
+        self._file_root = os.path.realpath(dcfg.file_root) if dcfg.file_root is not None else None
         self.log_reward_key = log_reward_key
         self.scoring_function: Optional[Callable] = resolve_callable(dcfg.scoring_function, 'scoring_function')
         self.metadata_function: Optional[Callable] = resolve_callable(dcfg.metadata_function, 'metadata_function')
@@ -257,13 +259,12 @@ class ManagerCore:
 
     def resolve_path(self, path: Any) -> str:
         """A worker's file path as a path inside ``distributed.file_root``; ``PermissionError`` otherwise."""
-        root = self.cfg.file_root
-        if root is None:
+        base = self._file_root
+        if base is None:
             raise PermissionError("workers may not read or write files on the manager: its config has "
                                   "distributed.file_root=None (set it to a directory to allow save_data / load_data)")
         if not isinstance(path, str) or not path or '\0' in path or len(path) > 4096:
             raise ValueError(f"path must be a non-empty str without NUL bytes, got {str(path)[:80]!r}")
-        base = os.path.realpath(root)
         where = os.path.realpath(os.path.join(base, path))
         if os.path.isabs(path) or os.path.commonpath([base, where]) != base or where == base:
             raise PermissionError(f"path {path!r} resolves to {where!r}, outside distributed.file_root {base!r}; "
