@@ -19,13 +19,17 @@ class Registry(dict):
         ``register``, ``get``, ``build``
     """
 
+    def __init__(self, what: str = 'buffer type', key: str = 'type') -> None:
+        super().__init__()
+        self.what, self.key = what, key  # for messages: what is registered, and the config key naming it
+
     def register(self, name: str) -> Callable[[type], type]:
         if not isinstance(name, str) or not name:
             raise TypeError(f"registry name must be a non-empty str, got {name!r}")
 
         def decorator(cls: type) -> type:
             if name in self:
-                raise ValueError(f"buffer type '{name}' is already registered (by {self[name].__qualname__})")
+                raise ValueError(f"{self.what} '{name}' is already registered (by {self[name].__qualname__})")
             self[name] = cls
             return cls
 
@@ -34,7 +38,10 @@ class Registry(dict):
     def get(self, name: str) -> type:  # type: ignore[override]
         if name not in self:
             known = ', '.join(sorted(self)) or '(none)'
-            raise ValueError(f"unknown buffer type '{name}' (config key 'type'); registered types: {known}")
+            raise ValueError(
+                f"unknown {self.what} {name!r} (config key '{self.key}'); registered: {known} (a module of your own "
+                f"registering it goes in 'import_names')"
+            )
         return self[name]
 
     def build(self, name: str, *args, **kwargs) -> Any:

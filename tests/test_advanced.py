@@ -1659,7 +1659,8 @@ def _check_tree_invariants(buf):
     positive = leaves[leaves > 0]
     assert index.tree.min_leaf() == (positive.min() if len(positive) else math.inf)
     prios = index.priorities(np.arange(cap))
-    assert (leaves[~valid] == 0).all() and (prios[~valid] == 0).all() and (index.use[~valid] == 0).all()
+    use = buf.state_dict()['index']['use'].numpy()
+    assert (leaves[~valid] == 0).all() and (prios[~valid] == 0).all() and (use[~valid] == 0).all()
     assert (leaves[valid] > 0).all()
     assert buf.count() == int(valid.sum()) == ring.count
     np.testing.assert_allclose(leaves[valid], prios[valid] ** buf.alpha, rtol=1e-6)

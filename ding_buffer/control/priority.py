@@ -1,10 +1,10 @@
-"""``PriorityIndex``: per-slot priorities, use counts and the priority tree of a prioritized buffer.
+"""``PriorityIndex``: per-slot priorities and the priority tree of a prioritized sampler.
 
-Per slot: the tree leaf ``priority ** alpha`` (float64; 0 for an empty or retired slot, so it is never drawn)
-and ``use`` (int32, times sampled). The reported priority is recovered as ``leaf ** (1 / alpha)`` rounded to
+Per slot: the tree leaf ``priority ** alpha`` (float64; 0 for an empty or retired slot, so it is never drawn);
+use counts live in the engine's ``UseCounts`` column. The reported priority is recovered as ``leaf ** (1 / alpha)`` rounded to
 float32 (what a stored float32 would give; the rounding removes the last-bit error of the round trip, so
 5.0 comes back as 5.0); only ``alpha == 0`` (every leaf 1) keeps a float32 priority array.
-Memory: ~13.6 bytes per slot with the 8-ary trees (leaves 8, sum and min nodes 2 x 1.2, use 4).
+Memory: ~10.4 bytes per slot with the 8-ary trees (leaves 8, sum and min nodes 2 x 1.2).
 
 Sampling is stratified (one uniform draw per equal stratum of the total mass), the whole batch descends the
 tree in one compiled call. Importance weights are ``(leaf_i / leaf_min) ** (-beta)`` -- DI-engine's
@@ -53,7 +53,6 @@ class PriorityIndex:
         self.eps = float(eps)
         self.tree = PriorityTree(capacity, with_max=with_max)
         self._priority = np.zeros(capacity, np.float32) if self.alpha == 0 else None  # else derived from leaves
-        self.use = np.zeros(capacity, dtype=np.int32)
         self.max_priority = 1.0  # largest priority ever set (DI-engine); new items default to it
 
     def priorities(self, slots: np.ndarray) -> np.ndarray:
@@ -70,22 +69,26 @@ class PriorityIndex:
         return self.max_priority
 
     def set_new(self, slots: np.ndarray, priorities: np.ndarray) -> None:
-        """Fresh items at ``slots`` (priorities already validated): use counts restart at 0."""
+        """Fresh items at ``slots`` (priorities already validated)."""
         if self._priority is not None:
             self._priority[slots] = priorities
-        self.use[slots] = 0
         self.tree.set(slots, kern.leaf_values(priorities, 0.0, self.alpha))
 
     def set_new_one(self, slot: int, priority: float) -> None:
         if self._priority is not None:
             self._priority[slot] = priority
-        self.use[slot] = 0
         self.tree.set_one(slot, priority ** self.alpha)
 
     def clear_slots(self, slots: np.ndarray) -> None:
-        """Removed items: zero leaf (never drawn), use count reset."""
+        """Removed items: zero leaf (never drawn)."""
         self.retire(slots)
-        self.use[slots] = 0
+
+    def reset(self) -> None:
+        """Every slot empty and the running max back to 1 (``clear``)."""
+        self.tree.load_leaves(np.zeros(self.capacity))
+        if self._priority is not None:
+            self._priority[:] = 0
+        self.max_priority = 1.0
 
     def retire(self, slots: np.ndarray) -> None:
         """Keep the items but stop sampling them (max_use reached while used data is tracked, as DI-engine)."""
@@ -129,17 +132,11 @@ class PriorityIndex:
         leaf = self.tree.leaves[slots]
         return np.power(leaf / self.tree.min_leaf(), -beta)
 
-    def bump_use(self, slots: np.ndarray) -> np.ndarray:
-        out = np.empty(len(slots), dtype=np.int64)
-        kern.bump_counts(self.use, slots, out)
-        return out
-
     # ------------------------------------------------------------------ persistence
     def state_dict(self) -> Dict[str, Any]:
         return {
             'leaves': torch.from_numpy(self.tree.leaves[:self.capacity].copy()),
             'priority': torch.from_numpy(self.priorities(np.arange(self.capacity)).astype(np.float32)),
-            'use': torch.from_numpy(self.use.copy()),
             'max_priority': self.max_priority,
             'alpha': self.alpha,
         }
@@ -151,12 +148,11 @@ class PriorityIndex:
             raise ValueError(f"state was saved with alpha={state['alpha']}, config 'alpha' is {self.alpha}")
         leaves = np.asarray(state['leaves'], dtype=np.float64)
         priority = np.asarray(state['priority'], dtype=np.float32)
-        use = np.asarray(state['use'])
-        for name, arr in (('leaves', leaves), ('priority', priority), ('use', use)):
+        for name, arr in (('leaves', leaves), ('priority', priority)):
             if arr.shape != (self.capacity, ):
                 raise ValueError(f"saved '{name}' has shape {arr.shape}, expected ({self.capacity},)")
-        if not np.isfinite(priority).all() or (priority < 0).any() or (use < 0).any():
-            raise ValueError("saved priorities must be finite and >= 0 and use counts >= 0")
+        if not np.isfinite(priority).all() or (priority < 0).any():
+            raise ValueError("saved priorities must be finite and >= 0")
         if (leaves[~valid] != 0).any():
             raise ValueError("saved priority leaves are non-zero at empty slots")
         max_priority = float(state['max_priority'])
@@ -165,7 +161,6 @@ class PriorityIndex:
         self.tree.load_leaves(leaves)
         if self._priority is not None:
             self._priority[:] = priority
-        self.use[:] = use.astype(np.int32)
         self.max_priority = max_priority
 
 
@@ -192,3 +187,54 @@ def split_ids(ids: Any, instance_name: str) -> Tuple[np.ndarray, Optional[np.nda
         else:
             raise TypeError(f"'replay_unique_id' entry {i} is {type(x).__name__} {x!r}; expected an int or a str id")
     return np.asarray(out, dtype=np.int64), np.asarray(mine, dtype=bool)
+
+
+def parse_update(info: Any, instance_name: str, capacity: int) -> Optional[Tuple[np.ndarray, np.ndarray, np.ndarray, Optional[np.ndarray]]]:
+    """
+    Overview:
+        Validate a prioritized ``update`` (all or nothing; nothing is changed here): ``info`` holds
+        ``replay_unique_id``, ``replay_buffer_idx`` and ``priority`` of equal length. Returns ``None`` without
+        ``priority`` (a no-op), else ``(priorities, ids, slots, mine)``; ``mine`` masks ids of this buffer
+        (``None``: all). NaN / inf / negative priorities, bad slots or mismatched lengths raise ``ValueError``,
+        wrong types ``TypeError``.
+    """
+    if type(info) is not dict and not isinstance(info, Mapping):
+        raise TypeError(f"update info must be a dict, got {type(info).__name__}")
+    if info.get('priority') is None:
+        return None
+    for key in ('replay_unique_id', 'replay_buffer_idx'):
+        if key not in info:
+            raise ValueError(f"update info has 'priority' but no '{key}'")
+    priorities = as_priorities(info['priority'])
+    ids, mine = split_ids(info['replay_unique_id'], instance_name)
+    slots = np.asarray(as_numpy(info['replay_buffer_idx'])).reshape(-1)
+    if len(slots) and slots.dtype.kind not in 'iu':
+        raise TypeError(f"'replay_buffer_idx' must be ints, got dtype {slots.dtype}")
+    slots = slots.astype(np.int64, copy=False)
+    if not len(priorities) == len(ids) == len(slots):
+        raise ValueError(
+            f"update info lengths differ: priority {len(priorities)}, replay_unique_id {len(ids)}, "
+            f"replay_buffer_idx {len(slots)}"
+        )
+    if len(slots) and (slots.min() < 0 or slots.max() >= capacity):
+        raise ValueError(f"'replay_buffer_idx' must be in [0, {capacity}), got {slots.min()}..{slots.max()}")
+    return priorities, ids, slots, mine
+
+
+def item_priorities(items: Any, default: float) -> np.ndarray:
+    """Each pushed item's ``priority`` (``default`` where missing or None), validated: all or nothing."""
+    out = np.empty(len(items))
+    for i, item in enumerate(items):
+        if type(item) is not dict and not isinstance(item, Mapping):
+            raise TypeError(f"a prioritized buffer stores dicts; item {i} is {type(item).__name__}")
+        p = item.get('priority')
+        if p is None:
+            out[i] = default
+        elif isinstance(p, (int, float)) and not isinstance(p, bool):
+            out[i] = p
+        else:
+            arr = as_priorities(p, f'item {i} priority')
+            if arr.shape != (1, ):
+                raise ValueError(f"item {i} 'priority' must be one number, got shape {tuple(np.shape(p))}")
+            out[i] = arr[0]
+    return as_priorities(out, 'priority')

@@ -5,11 +5,15 @@ Every write goes through two steps so that a rejected batch leaves the storage u
 Not thread-safe: the owning buffer's lock serialises every call.
 """
 from abc import ABC, abstractmethod
+import math
 from typing import Any, Dict, List, NamedTuple, Optional, Tuple
 
 import numpy as np
+import torch
 
 from .ring import RingIndex
+
+NO_ITER = np.iinfo(np.int64).min // 4  # collect_iter of an element without one (never stale; staleness -1)
 
 
 class Prepared(NamedTuple):
@@ -90,6 +94,14 @@ class Storage(ABC):
         return []
 
     # ------------------------------------------------------------------ reading / removing
+    def oldest(self, k: int) -> np.ndarray:
+        """The ``k`` oldest valid slots, oldest first."""
+        return self.ring.oldest(k)
+
+    def collect_iter(self, slots: np.ndarray) -> np.ndarray:
+        """Each element's ``collect_iter`` (int64; the min of a sequence; ``NO_ITER`` where it has none)."""
+        return np.fromiter((collect_iter_of(None) for _ in range(len(slots))), dtype=np.int64, count=len(slots))
+
     @abstractmethod
     def gather(self, slots: np.ndarray) -> Any:
         """Read the items at ``slots`` (which must be valid)."""
@@ -137,3 +149,23 @@ def trim_newest(n: int, capacity: int) -> Tuple[int, int]:
     """(kept, dropped) for a push of ``n`` items into ``capacity`` slots: the newest ``capacity`` are kept."""
     kept = min(n, capacity)
     return kept, n - kept
+
+
+def collect_iter_of(value: Any) -> int:
+    """A ``collect_iter`` value as one int: the min of a sequence / tensor / array; ``NO_ITER`` when absent."""
+    if value is None:
+        return NO_ITER
+    if isinstance(value, torch.Tensor):
+        return int(value.min()) if value.numel() else NO_ITER
+    if isinstance(value, np.ndarray):
+        return int(value.min()) if value.size else NO_ITER
+    if isinstance(value, (list, tuple)):
+        vals = [v for v in (collect_iter_of(x) for x in value) if v != NO_ITER]
+        return min(vals) if vals else NO_ITER
+    try:
+        out = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"'collect_iter' must be an int (or ints), got {type(value).__name__} {value!r}") from None
+    if not math.isfinite(out):
+        raise ValueError(f"'collect_iter' must be finite, got {value!r}")
+    return int(out)

@@ -10,7 +10,7 @@ from typing import Any, Dict, List
 import numpy as np
 import torch
 
-from .base import Prepared, Storage, check_state, trim_newest
+from .base import Prepared, Storage, check_state, collect_iter_of, trim_newest
 from .ring import RingIndex
 from .tree import unbatch
 
@@ -47,6 +47,11 @@ class ListStorage(Storage):
 
     def get(self, slot: int) -> Any:
         return self._data[slot]
+
+    def collect_iter(self, slots: np.ndarray) -> np.ndarray:
+        data = self._data
+        return np.array([collect_iter_of(data[s].get('collect_iter') if hasattr(data[s], 'get') else None)
+                         for s in np.asarray(slots).tolist()], dtype=np.int64)
 
     def __repr__(self) -> str:
         return f"ListStorage(capacity={self.capacity}, count={len(self)})"

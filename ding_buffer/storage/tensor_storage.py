@@ -19,7 +19,7 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 import numpy as np
 import torch
 
-from .base import Prepared, Storage, check_state, trim_newest
+from .base import NO_ITER, Prepared, Storage, check_state, trim_newest
 from .ring import RingIndex
 from .tree import Path, batch_len, flatten, path_name, to_tensor, unflatten
 
@@ -307,6 +307,15 @@ class TensorStorage(Storage):
         out['replay_buffer_idx'] = idx
         out['replay_unique_id'] = uids.to(self.device)
         return out
+
+    def collect_iter(self, slots: np.ndarray) -> np.ndarray:
+        field = self.fields.get(('collect_iter', ))
+        if field is None:
+            return np.full(len(slots), NO_ITER, dtype=np.int64)
+        vals = field[torch.as_tensor(slots, device=field.device)]
+        if vals.dim() > 1:
+            vals = vals.flatten(1).min(dim=1).values
+        return vals.to(torch.int64).cpu().numpy()
 
     def nbytes_per_item(self) -> int:
         """Bytes of field data per slot (what a transition costs in this storage)."""

@@ -1,0 +1,245 @@
+"""``Engine``: the one class that owns the lock, the counters and ``stats()``, and calls the parts.
+
+A preset is a composition: a table (where elements live: a slot storage, an episode store, a reward index), a
+sampler, removers (``control.limits``: ``max_use``, ``max_staleness``, user rules), the rate limiter
+(``control.limiter``: thruput controller + minimum size + blocking ``sample(timeout=)``) and monitors. The engine
+runs every call in the same order, so a rule configured on one preset behaves the same on every other::
+
+    push:    validate (all or nothing) -> limiter.can_push -> table write -> counters -> limiter.on_push
+    sample:  removers.before_sample -> limiter.why_not (+ the preset's shortfall; wait up to `timeout`)
+             -> sampler draw -> use counts -> removers.after_sample -> counters -> limiter.on_sample
+             -> monitors (written after the lock is released)
+
+Presets implement the table verbs ``oldest``, ``collect_iter`` and ``_drop(slots)`` (remove and return what
+left, for the used-data remover) and call ``_sample_flow`` / ``_admit`` / ``_pushed`` / ``_drawn``. Nothing
+outside a part assigns the part's fields.
+"""
+import weakref
+from typing import Any, Callable, Dict, List, Optional
+
+import numpy as np
+
+from ..control.limiter import RateLimiter
+from ..control.limits import INF, UseCounts, UseLimit, build_removers, find_rule
+from ..monitor.periodic import PeriodicThruputMonitor
+from ..monitor.tb import build_tb_logger, emit, rank
+from .common import BufferCore
+
+# Counters every engine keeps (``stats()``); each remover adds ``removed_by_<name>``.
+COUNTERS = (
+    'push_items', 'sample_calls', 'sampled_items', 'remove_count', 'removed_by_use', 'removed_by_staleness',
+    'refused_push', 'refused_push_items', 'refused_sample', 'updated', 'stale_updates'
+)
+
+
+class Engine(BufferCore):
+    uses_counted = False  # whether every element has a use count even without max_use (advanced reports it)
+
+    def _build_engine(self, slots: int) -> None:
+        """Build the parts every preset shares; ``slots`` sizes the use-count column."""
+        cfg = self._cfg
+        self._rules = build_removers(cfg)
+        self._use_limit = find_rule(self._rules, UseLimit)
+        self._uses: Optional[UseCounts] = UseCounts(slots) if (self._use_limit or self.uses_counted) else None
+        self._limiter = RateLimiter(cfg.thruput_controller, self._lock)
+        names = [f'removed_by_{r.name}' for r in self._rules]
+        self._counters: Dict[str, int] = dict.fromkeys(list(COUNTERS) + [n for n in names if n not in COUNTERS], 0)
+        self._due: Any = None  # monitor output computed under the lock, written after it
+        self._tb: Any = None
+        self._owns_tb = False
+        self._periodic: Optional[PeriodicThruputMonitor] = None
+
+    def _build_monitors(self, tensorboard: bool, period: float) -> None:
+        """The TensorBoard writer (borrowed, or owned when ``tensorboard``) and, with a writer on rank 0, the
+        periodic push / sample / remove report every ``period`` seconds (DI-engine's ``{instance}_sec/`` tags)."""
+        self._tb, self._owns_tb = build_tb_logger(self._tb_logger, tensorboard, self._exp_name, self._instance_name)
+        if self._tb is None or rank() != 0:
+            return
+        me = weakref.ref(self)  # the monitor thread must not keep an unclosed, unreachable buffer alive
+
+        def read() -> Optional[Dict[str, float]]:
+            buf = me()
+            return None if buf is None else buf._counter_snapshot()
+
+        self._periodic = PeriodicThruputMonitor(self._instance_name, period, read, self._logger, self._tb)
+
+    def _counter_snapshot(self) -> Dict[str, float]:
+        with self._lock:
+            return {**self._counters, 'count': self.count()}
+
+    # ------------------------------------------------------------------ table verbs (preset)
+    def _drop(self, slots: np.ndarray) -> List[Any]:
+        """Remove the elements at ``slots`` from the table; return the removed items (used-data remover)."""
+        raise NotImplementedError
+
+    def _drop_used(self, slots: np.ndarray) -> None:
+        """Elements that reached ``max_use``: removed (advanced with used-data tracking retires them instead)."""
+        self._remove(slots, 'removed_by_use')
+
+    def _remove(self, slots: np.ndarray, counter: str) -> None:
+        if not len(slots):
+            return
+        removed = self._drop(slots)
+        if self._uses is not None:
+            self._uses.reset(slots)
+        self._counters['remove_count'] += len(slots)
+        self._counters[counter] += len(slots)
+        self._evicted(removed)
+
+    # ------------------------------------------------------------------ push
+    def _admit(self, n: int) -> bool:
+        """Whether the rate limiter lets ``n`` elements in (a refusal is counted and logged)."""
+        ok, why = self._limiter.can_push(n)
+        if not ok:
+            self._counters['refused_push'] += 1
+            self._counters['refused_push_items'] += n
+            self._logger.info("[%s] refuse to push %d items: %s", self._instance_name, n, why)
+        return ok
+
+    def _pushed(self, n: int, removed: int) -> None:
+        """After a write of ``n`` elements that displaced ``removed`` older ones."""
+        if self._periodic is not None:
+            self._periodic.start()  # first: its baseline must not include this push
+        self._counters['push_items'] += n
+        self._counters['remove_count'] += removed
+        self._limiter.on_push(n)
+
+    def _fresh(self, slots: Any) -> None:
+        """Slots just written: their use counts restart at 0."""
+        if self._uses is not None:
+            self._uses.reset(slots)
+
+    # ------------------------------------------------------------------ sample
+    def _why_not(self, size: int, cur_learner_iter: int, shortfall: Callable[[], str]) -> str:
+        for rule in self._rules:
+            stale = rule.before_sample(self, cur_learner_iter)
+            if len(stale):
+                self._remove(stale, f'removed_by_{rule.name}')
+        reasons = [r for r in (shortfall(), self._limiter.why_not(self._units(), size)) if r]
+        return '; '.join(reasons)
+
+    def _units(self) -> int:
+        """What ``sample_min_limit_ratio`` compares with the batch size: the stored elements."""
+        return self.count()
+
+    def _sample_flow(self, size: Any, cur_learner_iter: int, timeout: Optional[float], draw: Callable[[], Any],
+                     shortfall: Callable[[], str] = lambda: '') -> Optional[Any]:
+        """Run a ``sample`` call: rules, limits (waiting up to ``timeout``), then ``draw()`` under the lock."""
+        self._check_size(size)
+        if timeout is not None and not (isinstance(timeout, (int, float)) and timeout >= 0):
+            raise ValueError(f"timeout must be None or >= 0 seconds, got {timeout}")
+        self._check_open()
+        with self._lock:
+            why = self._limiter.wait(
+                lambda: self._why_not(size, cur_learner_iter, shortfall), timeout,
+                f"buffer '{self._instance_name}' could not sample {size} items", self._check_open
+            )
+            if why:
+                self._counters['refused_sample'] += 1
+                return self._refuse(why)
+            out = draw()
+            due, self._due = self._due, None
+        if due is not None:
+            self._emit(due)  # outside the lock
+        return out
+
+    def _emit(self, due: Any) -> None:
+        emit(due, self._logger, self._tb)
+
+    def _refused(self, why: str) -> None:
+        """A draw that found nothing to sample (counted like the limiter's refusals)."""
+        self._counters['refused_sample'] += 1
+        return self._refuse(why)
+
+    def _drawn(self, slots: np.ndarray, size: int, use: Optional[np.ndarray] = None) -> Optional[np.ndarray]:
+        """After a draw of ``slots`` (``size`` elements): use counts (unless the preset counted them already
+        and passes ``use``), ``max_use`` removal, counters, limiter. Returns the use counts after this draw
+        (None when the preset keeps none)."""
+        if use is None and self._uses is not None:
+            use = self._uses.bump(slots)
+        for rule in self._rules:
+            gone = rule.after_sample(self, slots, use)
+            if len(gone):
+                if rule is self._use_limit:
+                    self._drop_used(gone)
+                else:
+                    self._remove(gone, f'removed_by_{rule.name}')
+        self._counters['sample_calls'] += 1
+        self._counters['sampled_items'] += size
+        self._limiter.on_sample(size)
+        return use
+
+    def _spent(self, slots: np.ndarray) -> np.ndarray:
+        """Mask of ``slots`` whose elements reached ``max_use`` (``update`` leaves them alone)."""
+        if self._use_limit is None:
+            return np.zeros(len(slots), dtype=bool)
+        return self._use_limit.spent(self._uses[slots])
+
+    # ------------------------------------------------------------------ stats / state
+    def stats(self) -> Dict[str, float]:
+        """A flat dict of numbers, O(1): ``count``, ``replay_buffer_size``, counters and the limiter's counts."""
+        with self._lock:
+            return {
+                'count': self.count(), 'replay_buffer_size': self.replay_buffer_size, **self._counters,
+                'thruput_push': self._limiter.thruput.push_count, 'thruput_sample': self._limiter.thruput.sample_count,
+            }
+
+    def _engine_state(self) -> Dict[str, Any]:
+        out = {'counters': dict(self._counters), 'thruput': self._limiter.state_dict()}
+        if self._uses is not None:
+            out['use'] = self._uses.state_dict()
+        return out
+
+    def _engine_restored(self, state: Dict[str, Any], valid: Optional[np.ndarray], required: bool) -> Callable[[], None]:
+        """Validate the engine's part of ``state``; return the function that swaps it in. Old files (written
+        before a preset had counters) load with ``required=False``: counters start at 0."""
+        for key in ('counters', 'thruput'):
+            if required and key not in state:
+                raise ValueError(f"state has no '{key}' entry")
+        saved = state.get('counters')
+        counters = dict.fromkeys(self._counters, 0)
+        if saved is not None:
+            for k in counters:
+                if k in COUNTERS or k in saved:
+                    counters[k] = int(saved[k])
+            if any(v < 0 for v in counters.values()):
+                raise ValueError("saved counters must be >= 0")
+        thruput = self._limiter.restored(state['thruput']) if 'thruput' in state else None
+        uses = None
+        if self._uses is not None:
+            uses = self._uses.loaded(state['use'], valid) if 'use' in state else UseCounts(len(self._uses.counts))
+
+        def swap() -> None:
+            self._counters = counters
+            if thruput is not None:
+                self._limiter.swap(thruput)
+            if uses is not None:
+                self._uses = uses
+
+        return swap
+
+    def _wake(self) -> None:
+        with self._lock:
+            self._limiter.wake()
+
+    def start(self) -> None:
+        super().start()
+        if self._periodic is not None:
+            self._periodic.start()
+
+    def close(self) -> None:
+        """Wake waiting samplers (they raise), stop the monitor thread, flush TensorBoard (close it only if the
+        buffer created it). Idempotent; stored data stays readable through ``state_dict``."""
+        if self._closed:
+            return
+        super().close()
+        self._wake()
+        if self._periodic is not None:
+            self._periodic.close()
+        if self._tb is not None:
+            self._tb.flush()
+            if self._owns_tb:
+                self._tb.close()
+
+
+__all__ = ['Engine', 'COUNTERS', 'INF']

@@ -1,0 +1,115 @@
+"""``RateLimiter``: when a push or a sample may happen -- DI-engine's thruput controller plus the minimum-size rule,
+and the blocking wait of ``sample(timeout=...)``.
+
+One part with one job, shared by every preset: the decayed push / sample ratio (``ThruputController``), the rule
+"sample only while ``count >= sample_min_limit_ratio * batch``" and a condition variable on the buffer's lock, so
+a sampler waiting for data is woken by each push (and polls every 50 ms, because rate limits also change with
+time as the counters decay). Config section (``thruput_controller``):
+
+* ``push_sample_rate_limit=dict(max=inf, min=0.0)`` -- allowed range of pushed / sampled items;
+* ``window_seconds=30.0`` -- the counters decay by x0.01 over this many seconds;
+* ``sample_min_limit_ratio`` -- 1.0 on ``advanced`` (DI-engine); 0.0 elsewhere (the preset's own rule applies).
+
+Not thread-safe on its own: every verb runs under the buffer's lock (``wait`` releases it while waiting).
+"""
+import threading
+import time
+from typing import Any, Callable, Dict, Mapping, Optional, Tuple
+
+from ..errors import SampleTimeoutError
+from .thruput import ThruputController
+
+INF = float('inf')
+
+
+def limiter_config(min_ratio: float) -> Dict[str, Any]:
+    """The ``thruput_controller`` default section of a preset (``min_ratio``: its ``sample_min_limit_ratio``)."""
+    return dict(
+        # Allowed range of (pushed items / sampled items), measured over a decaying window.
+        push_sample_rate_limit=dict(max=INF, min=0.0),
+        # Counters decay by x0.01 over this many seconds (in whole-second steps).
+        window_seconds=30.0,
+        # Sample only while count >= sample_min_limit_ratio * batch size (0: no minimum beyond the preset's).
+        sample_min_limit_ratio=min_ratio,
+    )
+
+
+def limiter_checks(least: float) -> Dict[str, Tuple[Callable[[Any], bool], str]]:
+    """Value checks of the section; ``least`` is the smallest ``sample_min_limit_ratio`` the preset accepts."""
+    return {
+        'thruput_controller.sample_min_limit_ratio': (lambda x: x >= least, f'a number >= {least:g}'),
+    }
+
+
+class RateLimiter:
+
+    def __init__(self, cfg: Mapping, lock: threading.RLock) -> None:
+        self.min_ratio = float(cfg['sample_min_limit_ratio'])
+        self._cfg = cfg
+        self.thruput = ThruputController(cfg)
+        self._cond = threading.Condition(lock)
+
+    @property
+    def active(self) -> bool:
+        """Whether the push / sample ratio is limited (the defaults leave everything allowed, O(1))."""
+        return self.thruput.active
+
+    # ------------------------------------------------------------------ push
+    def can_push(self, n: int) -> Tuple[bool, str]:
+        return self.thruput.can_push(n)
+
+    def on_push(self, n: int) -> None:
+        self.thruput.on_push(n)
+        self._cond.notify_all()
+
+    # ------------------------------------------------------------------ sample
+    def why_not(self, count: int, size: int) -> str:
+        """'' when ``size`` may be sampled from ``count`` stored elements now, else the reasons."""
+        reasons = []
+        if count == 0 or count / size < self.min_ratio:
+            reasons.append(f"{count} items < sample_min_limit_ratio {self.min_ratio:g} x batch {size}")
+        ok, why = self.thruput.can_sample(size)
+        if not ok:
+            reasons.append(why)
+        return '; '.join(reasons)
+
+    def on_sample(self, n: int) -> None:
+        self.thruput.on_sample(n)
+
+    def wait(self, why_not: Callable[[], str], timeout: Optional[float], what: str,
+             check_open: Callable[[], None]) -> str:
+        """
+        Overview:
+            Re-evaluate ``why_not()`` until it is '' or ``timeout`` seconds pass (then ``SampleTimeoutError``
+            naming ``what`` and the last reason). ``timeout=None`` evaluates once and returns the reason.
+            Must be called holding the buffer's lock; it is released while waiting.
+        """
+        why = why_not()
+        if not why or timeout is None:
+            return why
+        deadline = time.monotonic() + timeout
+        while why:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise SampleTimeoutError(f"{what} within {timeout}s: {why}")
+            self._cond.wait(min(left, 0.05))  # rate limits also change with time (decay)
+            check_open()
+            why = why_not()
+        return why
+
+    def wake(self) -> None:
+        """Wake every waiting sampler (a push, ``close``)."""
+        self._cond.notify_all()
+
+    # ------------------------------------------------------------------ state
+    def state_dict(self) -> Dict[str, float]:
+        return self.thruput.state_dict()
+
+    def restored(self, state: Mapping) -> ThruputController:
+        """A controller loaded from ``state`` (validated; swapped in with ``swap`` by the caller)."""
+        thruput = ThruputController(self._cfg)
+        thruput.load_state_dict(state)
+        return thruput
+
+    def swap(self, thruput: ThruputController) -> None:
+        self.thruput = thruput

@@ -1,0 +1,155 @@
+"""Removers: rules that decide which stored elements leave the buffer, behind one small interface.
+
+A remover is asked twice per ``sample`` call, under the buffer's lock, and answers with slots to remove:
+
+* ``before_sample(table, cur_learner_iter)`` -- e.g. ``StalenessLimit``: the oldest elements whose
+  ``cur_learner_iter - collect_iter >= max_staleness`` (DI-engine's walk from the oldest, stopping at the first
+  fresh element or one without ``collect_iter``);
+* ``after_sample(table, slots, use)`` -- e.g. ``UseLimit``: elements drawn ``max_use`` times.
+
+``table`` is what the preset stores elements in, seen through three read-only verbs: ``oldest(k)`` (the ``k``
+oldest slots, oldest first), ``collect_iter(slots)`` (int64, ``NO_ITER`` where an element has none) and
+``count``. Removers never change the table: the engine removes what they return and counts it under
+``removed_by_<name>``. Users add their own rules with ``REMOVER_REGISTRY.register('name')`` and the config key
+``removers=[dict(type='name', ...)]`` (their module listed in ``import_names``).
+
+``UseCounts`` is the per-slot column the use rule reads (times each element was drawn).
+Not thread-safe: the buffer's lock serialises every call.
+"""
+from typing import Any, Dict, List, Mapping, Optional
+
+import numpy as np
+import torch
+
+from .. import tree_kernels as kern
+from ..base import Registry
+from ..storage.base import NO_ITER, collect_iter_of  # noqa: F401 (re-exported)
+
+INF = float('inf')
+_EMPTY = np.zeros(0, dtype=np.int64)
+
+REMOVER_REGISTRY = Registry(what='remover type', key='removers[].type')
+
+
+def limit_ok(x: Any) -> bool:
+    """A ``max_use`` / ``max_staleness`` value: a number > 0, or inf (no limit)."""
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and x > 0
+
+
+class Remover:
+    """The interface (every verb optional). ``name`` is the counter suffix: ``removed_by_<name>``."""
+    name = 'rule'
+
+    def before_sample(self, table: Any, cur_learner_iter: int) -> np.ndarray:
+        return _EMPTY
+
+    def after_sample(self, table: Any, slots: np.ndarray, use: Optional[np.ndarray]) -> np.ndarray:
+        return _EMPTY
+
+
+@REMOVER_REGISTRY.register('max_use')
+class UseLimit(Remover):
+    """Remove an element once it has been drawn ``max_use`` times (within one batch too)."""
+    name = 'use'
+
+    def __init__(self, max_use: float) -> None:
+        self.max_use = max_use
+
+    def spent(self, use: np.ndarray) -> np.ndarray:
+        """Mask of use counts at the limit (``update`` refuses those elements too)."""
+        return use >= self.max_use
+
+    def after_sample(self, table: Any, slots: np.ndarray, use: Optional[np.ndarray]) -> np.ndarray:
+        return np.unique(slots[self.spent(use)])
+
+
+@REMOVER_REGISTRY.register('max_staleness')
+class StalenessLimit(Remover):
+    """Remove the oldest elements while ``cur_learner_iter - collect_iter >= max_staleness``."""
+    name = 'staleness'
+
+    def __init__(self, max_staleness: float) -> None:
+        self.max_staleness = max_staleness
+
+    def before_sample(self, table: Any, cur_learner_iter: int) -> np.ndarray:
+        chunk = 64
+        while True:
+            slots = table.oldest(chunk)
+            if not len(slots):
+                return _EMPTY
+            ci = table.collect_iter(slots)
+            stale = (ci != NO_ITER) & (cur_learner_iter - ci >= self.max_staleness)
+            k = len(stale) if stale.all() else int(np.argmin(stale))
+            if k < len(slots) or len(slots) < chunk:
+                return slots[:k]
+            chunk *= 2
+
+
+def build_removers(cfg: Mapping) -> List[Remover]:
+    """The rules of a preset config: ``max_staleness`` and ``max_use`` where finite, then ``removers`` entries."""
+    out: List[Remover] = []
+    if cfg.get('max_staleness', INF) != INF:
+        out.append(StalenessLimit(cfg.max_staleness))
+    if cfg.get('max_use', INF) != INF:
+        out.append(UseLimit(cfg.max_use))
+    for i, entry in enumerate(cfg.get('removers') or []):
+        if not isinstance(entry, Mapping) or not isinstance(entry.get('type'), str):
+            raise ValueError(f"config key 'removers[{i}]' must be a dict with a 'type', got {entry!r}")
+        kwargs = {k: v for k, v in entry.items() if k != 'type'}
+        try:
+            rule = REMOVER_REGISTRY.get(entry['type'])(**kwargs)
+        except TypeError as e:
+            raise ValueError(f"config key 'removers[{i}]' ({entry['type']!r}) has bad arguments {kwargs}: {e}") from e
+        out.append(rule)
+    return out
+
+
+def find_rule(rules: List[Remover], kind: type) -> Optional[Remover]:
+    return next((r for r in rules if isinstance(r, kind)), None)
+
+
+class UseCounts:
+    """Times each slot's element was drawn (int32 per slot; reset when a slot is written or emptied)."""
+
+    def __init__(self, capacity: int) -> None:
+        self.counts = np.zeros(capacity, dtype=np.int32)
+
+    def __getitem__(self, slots: Any) -> np.ndarray:
+        return self.counts[slots]
+
+    def bump(self, slots: np.ndarray) -> np.ndarray:
+        """Count one draw per entry (in order: a slot drawn twice reports 1 then 2); returns the new counts."""
+        out = np.empty(len(slots), dtype=np.int64)
+        kern.bump_counts(self.counts, np.asarray(slots, dtype=np.int64), out)
+        return out
+
+    def reset(self, slots: Any) -> None:
+        self.counts[slots] = 0
+
+    def resize(self, n: int) -> None:
+        """Grow to ``n`` slots (append-only tables)."""
+        if n > len(self.counts):
+            self.counts = np.concatenate([self.counts, np.zeros(n - len(self.counts), dtype=np.int32)])
+
+    def compact(self, keep: np.ndarray) -> None:
+        """Slot ``keep[i]`` becomes slot ``i``; the rest are zero."""
+        moved = self.counts[keep]
+        self.counts[:] = 0
+        self.counts[:len(keep)] = moved
+
+    def state_dict(self) -> torch.Tensor:
+        return torch.from_numpy(self.counts.copy())
+
+    def loaded(self, state: Any, valid: Optional[np.ndarray] = None) -> 'UseCounts':
+        """A new column from ``state`` (validated: shape, >= 0, zero at empty slots); raises ``ValueError``."""
+        arr = np.asarray(state)
+        if arr.shape != self.counts.shape or arr.dtype.kind not in 'iu':
+            raise ValueError(f"saved 'use' has shape {arr.shape} dtype {arr.dtype}, expected ints {self.counts.shape}")
+        if len(arr) and arr.min() < 0:
+            raise ValueError("saved use counts must be >= 0")
+        if valid is not None and (arr[~valid] != 0).any():
+            raise ValueError("saved use counts are non-zero at empty slots")
+        new = UseCounts(len(arr))
+        new.counts[:] = arr
+        return new
+

@@ -1,0 +1,88 @@
+"""Samplers chosen by a buffer's ``sampler`` config section, and the registry users add their own to.
+
+``sampler=dict(type=NAME, **arguments)``; an empty section (the default) keeps the preset's own sampler.
+
+* ``uniform`` -- ``UniformSampler``: positions drawn uniformly (with / without replacement, O(batch)).
+* ``prioritized`` -- ``PrioritizedSpec``: prioritized draws. Only presets whose elements carry priorities take
+  it: the episode buffer (prioritized windows, R2D2's ``eta * max + (1 - eta) * mean``); on ``naive`` it is
+  refused naming the keys (``type='advanced'`` is prioritized replay of single transitions).
+* your own: ``@SAMPLER_REGISTRY.register('name')`` on a class built with the section's other keys as keyword
+  arguments and offering ``draw(rng, m, size, replace) -> positions`` (int64 array of ``size`` insertion
+  positions in ``[0, m)``, 0 = the oldest candidate; or ``None`` to refuse); list its module in
+  ``import_names``. Such samplers pick among a preset's candidates; they keep no per-element state.
+"""
+from typing import Any, Dict, Mapping, Optional, Tuple
+
+import numpy as np
+
+from ..base import Registry
+from ..sampling import uniform_indices
+
+SAMPLER_REGISTRY = Registry(what='sampler type', key='sampler.type')
+
+
+@SAMPLER_REGISTRY.register('uniform')
+class UniformSampler:
+    """Every candidate equally likely; without replacement a uniformly random ordered subset."""
+    needs_priority = False
+
+    def draw(self, rng: np.random.Generator, m: int, size: int, replace: bool) -> np.ndarray:
+        return uniform_indices(rng, m, size, replace)
+
+
+@SAMPLER_REGISTRY.register('prioritized')
+class PrioritizedSpec:
+    """Arguments of a prioritized sampler; the preset builds the sampler that realises them."""
+    needs_priority = True
+    defaults = dict(alpha=0.6, beta=0.4, anneal_step=0, eps=1e-5, eta=0.9)
+
+    def __init__(self, **kwargs: Any) -> None:
+        unknown = sorted(set(kwargs) - set(self.defaults))
+        if unknown:
+            raise ValueError(f"unknown config key(s) 'sampler.{unknown[0]}' for sampler.type='prioritized'; "
+                             f"known: {sorted(self.defaults)}")
+        args = {**self.defaults, **kwargs}
+        for key in ('alpha', 'beta', 'eta'):
+            v = args[key]
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= 1:
+                raise ValueError(f"config key 'sampler.{key}' has invalid value {v!r}; expected a number in [0, 1]")
+        if isinstance(args['eps'], bool) or not isinstance(args['eps'], (int, float)) or not 0 <= args['eps'] < np.inf:
+            raise ValueError(f"config key 'sampler.eps' has invalid value {args['eps']!r}; expected a finite number >= 0")
+        step = args['anneal_step']
+        if isinstance(step, bool) or not isinstance(step, (int, float)) or step < 0 or step != int(step):
+            raise ValueError(f"config key 'sampler.anneal_step' has invalid value {step!r}; expected an int >= 0")
+        self.alpha, self.beta, self.eta = float(args['alpha']), float(args['beta']), float(args['eta'])
+        self.eps, self.anneal_step = float(args['eps']), int(step)
+
+
+def build_sampler(section: Optional[Mapping], default: str, allowed_priority: Tuple[bool, str]) -> Any:
+    """
+    Overview:
+        The sampler of a config section (empty: ``default``). ``allowed_priority`` is (whether this preset's
+        elements carry priorities, the advice when they do not); a prioritized sampler on a preset without
+        priorities is refused at construction with a message naming the keys.
+    """
+    section = dict(section or {})
+    name = section.pop('type', default)
+    if not isinstance(name, str):
+        raise ValueError(f"config key 'sampler.type' must be a str, got {name!r}")
+    cls = SAMPLER_REGISTRY.get(name)
+    if getattr(cls, 'needs_priority', False) and not allowed_priority[0]:
+        raise ValueError(f"config key 'sampler.type' is {name!r}, but {allowed_priority[1]}")
+    try:
+        return cls(**section)
+    except TypeError as e:
+        raise ValueError(f"config section 'sampler' ({name!r}) has bad arguments {section}: {e}") from e
+
+
+def check_positions(positions: Any, m: int, size: int, name: str) -> np.ndarray:
+    """A user sampler's answer, validated: ``size`` int positions in ``[0, m)``."""
+    arr = np.asarray(positions)
+    if arr.shape != (size, ) or arr.dtype.kind not in 'iu' or (size and (arr.min() < 0 or arr.max() >= m)):
+        raise RuntimeError(
+            f"sampler {name!r} returned {arr.dtype} shape {arr.shape}; expected {size} int positions in [0, {m})"
+        )
+    return arr.astype(np.int64, copy=False)
+
+
+SAMPLER_DEFAULT: Dict[str, Any] = {}
