@@ -110,30 +110,33 @@ class Engine(BufferCore):
             self._uses.reset(slots)
 
     # ------------------------------------------------------------------ sample
-    def _why_not(self, size: int, cur_learner_iter: int, shortfall: Callable[[], str]) -> str:
+    def _why_not(self, size: int, cur_learner_iter: int, shortfall: Optional[Callable[[], str]]) -> str:
         for rule in self._rules:
             stale = rule.before_sample(self, cur_learner_iter)
             if len(stale):
                 self._remove(stale, f'removed_by_{rule.name}')
-        reasons = [r for r in (shortfall(), self._limiter.why_not(self._units(), size)) if r]
-        return '; '.join(reasons)
+        short = shortfall() if shortfall is not None else ''
+        limit = self._limiter.why_not(self._units(), size)
+        return f'{short}; {limit}' if short and limit else (short or limit)
 
     def _units(self) -> int:
         """What ``sample_min_limit_ratio`` compares with the batch size: the stored elements."""
         return self.count()
 
     def _sample_flow(self, size: Any, cur_learner_iter: int, timeout: Optional[float], draw: Callable[[], Any],
-                     shortfall: Callable[[], str] = lambda: '') -> Optional[Any]:
+                     shortfall: Optional[Callable[[], str]] = None) -> Optional[Any]:
         """Run a ``sample`` call: rules, limits (waiting up to ``timeout``), then ``draw()`` under the lock."""
         self._check_size(size)
         if timeout is not None and not (isinstance(timeout, (int, float)) and timeout >= 0):
             raise ValueError(f"timeout must be None or >= 0 seconds, got {timeout}")
         self._check_open()
         with self._lock:
-            why = self._limiter.wait(
-                lambda: self._why_not(size, cur_learner_iter, shortfall), timeout,
-                f"buffer '{self._instance_name}' could not sample {size} items", self._check_open
-            )
+            why = self._why_not(size, cur_learner_iter, shortfall)
+            if why and timeout is not None:
+                why = self._limiter.wait(
+                    lambda: self._why_not(size, cur_learner_iter, shortfall), timeout,
+                    f"buffer '{self._instance_name}' could not sample {size} items", self._check_open
+                )
             if why:
                 self._counters['refused_sample'] += 1
                 return self._refuse(why)
@@ -157,7 +160,7 @@ class Engine(BufferCore):
         (None when the preset keeps none)."""
         if use is None and self._uses is not None:
             use = self._uses.bump(slots)
-        for rule in self._rules:
+        for rule in self._rules:  # usually none or one
             gone = rule.after_sample(self, slots, use)
             if len(gone):
                 if rule is self._use_limit:

@@ -1,22 +1,30 @@
-"""``NaiveReplayBuffer`` (``type='naive'``): FIFO ring, uniform sampling, DI-engine semantics."""
+"""``NaiveReplayBuffer`` (``type='naive'``): FIFO ring, uniform sampling, DI-engine semantics -- plus any of the
+engine's parts by config: ``max_use`` (DI-engine's impala configs set it on a naive buffer), ``max_staleness``,
+``thruput_controller``, a ``sampler`` of your own and ``removers``."""
 from typing import Any, Dict, List, Optional
+
+import numpy as np
 
 from ..base import BUFFER_REGISTRY
 from ..config import positive_int
-from ..sampling import uniform_indices
+from ..control.limiter import limiter_checks, limiter_config
+from ..control.limits import limit_ok
+from ..control.samplers import build_sampler, check_positions
 from ..storage import STORAGE_CHECKS, STORAGE_CONFIG, build_storage, storage_from_state
-from .common import BufferCore
+from .engine import INF, Engine
+
+NO_PRIORITY = "a naive buffer's items carry no priority: use type='advanced' for prioritized replay"
 
 
 @BUFFER_REGISTRY.register('naive')
-class NaiveReplayBuffer(BufferCore):
+class NaiveReplayBuffer(Engine):
     """
     Overview:
         First-in-first-out ring with uniform sampling. On list storage ``sample`` returns a list of the stored
         objects (copies when ``deepcopy``); on tensor storage one dict of batched tensors with
         ``replay_buffer_idx`` and ``replay_unique_id``.
     Interfaces:
-        ``push``, ``extend``, ``sample``, ``update`` (no-op), ``clear``, ``count``, ``state_dict``,
+        ``push``, ``extend``, ``sample``, ``update`` (no-op), ``clear``, ``count``, ``stats``, ``state_dict``,
         ``load_state_dict``, ``save_data``, ``load_data``, ``start``, ``close``.
     Property:
         ``replay_buffer_size``, ``push_count``, ``storage``
@@ -31,85 +39,149 @@ class NaiveReplayBuffer(BufferCore):
         deepcopy=False,
         # Items are dicts whose payload is a file at item['data_id']; delete it when the item leaves.
         enable_track_used_data=False,
-        # Period of the throughput monitor (DI-engine key; the monitor reads it).
+        # Period of the push/sample/remove report written to a tb_logger passed in (DI-engine key).
         periodic_thruput_seconds=60.0,
         # Seed of the buffer's own RNG; None draws it from numpy's global RNG (np.random.seed reproduces).
         seed=None,
+        # Remove an item once it has been sampled this many times (inf: never).
+        max_use=INF,
+        # Remove items with cur_learner_iter - collect_iter >= max_staleness, oldest first (inf: never).
+        max_staleness=INF,
+        # Which items a sample draws: {} = uniform; dict(type=NAME, ...) for a sampler in SAMPLER_REGISTRY.
+        sampler={},
+        # Your own removal rules: [dict(type=NAME, **arguments)] registered in REMOVER_REGISTRY (import_names).
+        removers=[],
+        thruput_controller=limiter_config(0.0),
         storage=STORAGE_CONFIG,
     )
     checks = dict(
         replay_buffer_size=(positive_int, 'a positive int'),
         periodic_thruput_seconds=(lambda x: x > 0, 'a positive number of seconds'),
         seed=(lambda x: x is None or (isinstance(x, int) and x >= 0), 'None or an int >= 0'),
+        max_use=(limit_ok, 'a number > 0 or inf'),
+        max_staleness=(limit_ok, 'a number > 0 or inf'),
+        **limiter_checks(0.0),
         **STORAGE_CHECKS,
     )
 
     def _build(self) -> None:
-        self._storage = build_storage(self._cfg.storage, self._cfg.replay_buffer_size)
+        cfg = self._cfg
+        self._sampler = build_sampler(cfg.sampler, 'uniform', (False, NO_PRIORITY))
+        self._storage = build_storage(cfg.storage, cfg.replay_buffer_size)
+        self._build_engine(cfg.replay_buffer_size)
+        self._build_monitors(False, cfg.periodic_thruput_seconds)
 
     @property
     def push_count(self) -> int:
         """Items accepted since construction or the last ``clear`` (DI-engine resets it on clear)."""
         return self._storage.ring.push_count
 
+    # ------------------------------------------------------------------ table verbs
+    def oldest(self, k: int) -> np.ndarray:
+        return self._storage.oldest(k)
+
+    def collect_iter(self, slots: np.ndarray) -> np.ndarray:
+        return self._storage.collect_iter(slots)
+
+    def _drop(self, slots: np.ndarray) -> List[Any]:
+        return self._storage.remove(slots)
+
+    # ------------------------------------------------------------------ push
     def _push_items(self, items: List[Any]) -> int:
-        if len(items) == 1 and self._storage.write_one(items[0]) is not None:  # tensor storage's fast path
-            return 1
-        result = self._storage.write(self._storage.prepare(items))
-        self._evicted(result.evicted)
-        return len(items)
+        if len(items) == 1 and not self._limiter.active:  # tensor storage's single-item fast path
+            storage = self._storage
+            before = storage.ring.count
+            slot = storage.write_one(items[0])
+            if slot is not None:
+                if self._uses is not None:
+                    self._uses.reset(slot)
+                self._pushed(1, before + 1 - storage.ring.count)
+                return 1
+        if not self._admit(len(items)):
+            return 0
+        return self._write(self._storage.prepare(items))
 
     def _push_batch(self, batch: Any) -> int:
         prepared = self._storage.prepare_batch(batch)
-        result = self._storage.write(prepared)
-        self._evicted(result.evicted)
-        return prepared.n + prepared.dropped
+        if not self._admit(prepared.n + prepared.dropped):
+            return 0
+        return self._write(prepared)
 
+    def _write(self, prepared: Any) -> int:
+        n = prepared.n + prepared.dropped
+        before = len(self._storage)
+        result = self._storage.write(prepared)
+        self._fresh(result.slots)
+        self._evicted(result.evicted)
+        self._pushed(n, before + n - len(self._storage))
+        return n
+
+    # ------------------------------------------------------------------ sample
     def sample(
             self,
             size: int,
             cur_learner_iter: int = -1,
             sample_range: Optional[slice] = None,
-            replace: bool = False
+            replace: bool = False,
+            timeout: Optional[float] = None,
     ) -> Optional[Any]:
         """
         Overview:
-            Sample ``size`` items uniformly. ``sample_range`` is a slice over insertion order (0 = oldest,
-            ``slice(-k, None)`` = the newest ``k``). Returns ``None`` (and logs why) when there are fewer
-            candidates than ``size`` without ``replace``, or none at all.
+            Sample ``size`` items uniformly (or with the configured ``sampler``). ``sample_range`` is a slice over
+            insertion order (0 = oldest, ``slice(-k, None)`` = the newest ``k``). Returns ``None`` (and logs
+            why) when there are fewer candidates than ``size`` without ``replace``, or none at all; with
+            ``timeout`` (seconds) it waits for them and raises ``SampleTimeoutError`` if they never come.
+            Stale items (``max_staleness``) leave first; items reaching ``max_use`` leave after the draw.
         Arguments:
             - size (:obj:`int`): batch size (> 0).
-            - cur_learner_iter (:obj:`int`): learner iteration (unused by uniform sampling).
+            - cur_learner_iter (:obj:`int`): learner iteration (staleness = it - collect_iter).
             - sample_range (:obj:`slice`): restrict to these insertion positions.
             - replace (:obj:`bool`): sample with replacement.
+            - timeout (:obj:`float`): ``None`` answers at once (DI-engine); seconds to wait otherwise.
         Returns:
             - batch: a list of items (list storage) or a dict of batched tensors (tensor storage), or ``None``.
         """
-        self._check_size(size)
-        with self._lock:
-            positions = self._range_positions(len(self._storage), sample_range)
-            m = len(positions)
-            if m == 0:
-                return self._refuse('buffer is empty' if len(self._storage) == 0 else f'{sample_range} selects nothing')
-            if not replace and m < size:
-                return self._refuse(f'{m} candidate items < batch size {size} and replace=False')
-            idx = uniform_indices(self._rng, m, int(size), replace)
-            slots = self._storage.ring.slots_of_positions(positions.start + idx * positions.step)
-            out = self._storage.gather(slots)
-            return self._copy_out(out) if self._storage.kind == 'list' else out
+        return self._sample_flow(size, cur_learner_iter, timeout, lambda: self._draw(size, sample_range, replace),
+                                 lambda: self._shortfall(size, sample_range, replace))
 
+    def _shortfall(self, size: int, sample_range: Optional[slice], replace: bool) -> str:
+        n = len(self._storage)
+        m = len(self._range_positions(n, sample_range))
+        if m == 0:
+            return 'buffer is empty' if n == 0 else f'{sample_range} selects nothing'
+        if not replace and m < size:
+            return f'{m} candidate items < batch size {size} and replace=False'
+        return ''
+
+    def _draw(self, size: int, sample_range: Optional[slice], replace: bool) -> Optional[Any]:
+        positions = self._range_positions(len(self._storage), sample_range)
+        m, size = len(positions), int(size)
+        idx = self._sampler.draw(self._rng, m, size, replace)
+        if idx is None:
+            return self._refused(f'sampler {self._cfg.sampler.get("type")!r} refused')
+        if not isinstance(idx, np.ndarray) or idx.dtype != np.int64:
+            idx = check_positions(idx, m, size, self._cfg.sampler.get('type'))
+        slots = self._storage.ring.slots_of_positions(positions.start + idx * positions.step)
+        out = self._storage.gather(slots)
+        self._drawn(slots, size)
+        return self._copy_out(out) if self._storage.kind == 'list' else out
+
+    # ------------------------------------------------------------------ clear / state
     def _clear(self) -> List[Any]:
-        removed = self._storage.clear()
-        self._storage.ring.push_count = 0
-        return removed
+        if self._uses is not None:
+            self._uses.reset(self._storage.ring.ordered_slots())
+        return self._storage.clear(reset_push_count=True)
 
     def _state(self) -> Dict[str, Any]:
-        return {'storage': self._storage.state_dict()}
+        return {'storage': self._storage.state_dict(), **self._engine_state()}
 
     def _restore(self, state: Dict[str, Any]) -> None:
         if 'storage' not in state:
             raise ValueError("state has no 'storage' entry")
-        self._storage = storage_from_state(self._cfg.storage, self._cfg.replay_buffer_size, state['storage'])
+        storage = storage_from_state(self._cfg.storage, self._cfg.replay_buffer_size, state['storage'])
+        swap = self._engine_restored(state, storage.ring.valid, required=False)  # files of 0.1 have no counters
+        self._storage = storage
+        swap()
 
     def __repr__(self) -> str:
         return (

@@ -48,6 +48,7 @@ class RateLimiter:
         self._cfg = cfg
         self.thruput = ThruputController(cfg)
         self._cond = threading.Condition(lock)
+        self._waiting = 0  # samplers inside ``wait``: a push notifies only when someone listens (hot path)
 
     @property
     def active(self) -> bool:
@@ -59,12 +60,16 @@ class RateLimiter:
         return self.thruput.can_push(n)
 
     def on_push(self, n: int) -> None:
-        self.thruput.on_push(n)
-        self._cond.notify_all()
+        if self.thruput.active:
+            self.thruput.on_push(n)
+        if self._waiting:
+            self._cond.notify_all()
 
     # ------------------------------------------------------------------ sample
     def why_not(self, count: int, size: int) -> str:
         """'' when ``size`` may be sampled from ``count`` stored elements now, else the reasons."""
+        if count and count >= self.min_ratio * size and not self.thruput.active:
+            return ''
         reasons = []
         if count == 0 or count / size < self.min_ratio:
             reasons.append(f"{count} items < sample_min_limit_ratio {self.min_ratio:g} x batch {size}")
@@ -88,13 +93,17 @@ class RateLimiter:
         if not why or timeout is None:
             return why
         deadline = time.monotonic() + timeout
-        while why:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise SampleTimeoutError(f"{what} within {timeout}s: {why}")
-            self._cond.wait(min(left, 0.05))  # rate limits also change with time (decay)
-            check_open()
-            why = why_not()
+        self._waiting += 1
+        try:
+            while why:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise SampleTimeoutError(f"{what} within {timeout}s: {why}")
+                self._cond.wait(min(left, 0.05))  # rate limits also change with time (decay)
+                check_open()
+                why = why_not()
+        finally:
+            self._waiting -= 1
         return why
 
     def wake(self) -> None:

@@ -16,7 +16,7 @@ oldest slots, oldest first), ``collect_iter(slots)`` (int64, ``NO_ITER`` where a
 ``UseCounts`` is the per-slot column the use rule reads (times each element was drawn).
 Not thread-safe: the buffer's lock serialises every call.
 """
-from typing import Any, Dict, List, Mapping, Optional
+from typing import Any, List, Mapping, Optional
 
 import numpy as np
 import torch

@@ -113,11 +113,11 @@ class Storage(ABC):
         self._erase(self.ring.remove(slots))
         return removed
 
-    def clear(self) -> List[Any]:
+    def clear(self, reset_push_count: bool = False) -> List[Any]:
         slots = self.ring.ordered_slots()
         removed = self._take(slots)
         self._erase(slots)
-        self.ring.clear()
+        self.ring.clear(reset_push_count)
         return removed
 
     def _erase(self, slots: np.ndarray) -> None:

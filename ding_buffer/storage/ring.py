@@ -137,9 +137,12 @@ class RingIndex:
             return (self.head + positions) % self.capacity
         return self.ordered_slots()[positions]
 
-    def clear(self) -> None:
-        """Invalidate everything; ``next_uid`` and ``push_count`` are kept (the buffer decides about the latter).
-        The next write goes to slot ``next_uid % capacity`` (the id/slot invariant)."""
+    def clear(self, reset_push_count: bool = False) -> None:
+        """Invalidate everything; ``next_uid`` is kept, ``push_count`` unless ``reset_push_count`` (DI-engine's
+        naive buffer restarts it, the advanced one does not). The next write goes to slot ``next_uid % capacity``
+        (the id/slot invariant)."""
+        if reset_push_count:
+            self.push_count = 0
         self.valid[:] = False
         self.span = self.count = 0
         self.head = self.next_uid % self.capacity
