@@ -1,18 +1,26 @@
-"""``EpisodeReplayBuffer`` (``type='episode'``): whole episodes in, whole episodes or fixed-length windows out."""
+"""``EpisodeReplayBuffer`` (``type='episode'``): whole episodes in, whole episodes or fixed-length windows out --
+uniformly, or (``sampler=dict(type='prioritized', unroll_len=T, ...)``, registered as ``prioritized_episode``)
+prioritized sequence replay. Any of the engine's parts compose by config: ``max_use`` and ``max_staleness``
+(per episode), ``thruput_controller``, ``removers``."""
 from typing import Any, Dict, List, Optional
 
 import numpy as np
 
 from ..base import BUFFER_REGISTRY
 from ..config import optional_positive_int, positive_int
-from ..sampling import uniform_indices
+from ..control.limiter import limiter_checks, limiter_config
+from ..control.limits import limit_ok
+from ..control.samplers import PrioritizedSpec, build_sampler
 from ..storage import STORAGE_CHECKS, STORAGE_CONFIG
-from .common import BufferCore
+from .engine import INF, Engine
 from .episode_store import FlatEpisodes, ObjectEpisodes
+from .prioritized_windows import PrioritizedWindows
+
+NO_FLAT = "prioritized windows need the flat transitions of storage.type='tensor' (with max_transitions)"
 
 
 @BUFFER_REGISTRY.register('episode')
-class EpisodeReplayBuffer(BufferCore):
+class EpisodeReplayBuffer(Engine):
     """
     Overview:
         Each element is a whole episode: a list of transition dicts, or a dict of time-stacked leaves
@@ -42,8 +50,19 @@ class EpisodeReplayBuffer(BufferCore):
         deepcopy=False,
         # Not supported for episodes (kept so DI-engine configs load); must stay False.
         enable_track_used_data=False,
+        # Period of the push/sample/remove report written to a tb_logger passed in (DI-engine key).
         periodic_thruput_seconds=60,
         seed=None,
+        # Remove an episode once it has been sampled (whole, or a window of it) this many times (inf: never).
+        max_use=INF,
+        # Remove the oldest episodes while cur_learner_iter - min collect_iter of their steps >= max_staleness.
+        max_staleness=INF,
+        # {} = uniform; dict(type='prioritized', unroll_len=T, alpha=0.6, beta=0.4, eta=0.9, eps=1e-5,
+        # anneal_step=0) = prioritized windows (tensor storage).
+        sampler={},
+        # Your own removal rules: [dict(type=NAME, **arguments)] registered in REMOVER_REGISTRY (import_names).
+        removers=[],
+        thruput_controller=limiter_config(0.0),
         storage=STORAGE_CONFIG,
     )
     checks = dict(
@@ -52,11 +71,25 @@ class EpisodeReplayBuffer(BufferCore):
         enable_track_used_data=(lambda x: x is False, 'False (episode buffers do not track used data)'),
         periodic_thruput_seconds=(lambda x: x > 0, 'a positive number of seconds'),
         seed=(lambda x: x is None or (isinstance(x, int) and x >= 0), 'None or an int >= 0'),
+        max_use=(limit_ok, 'a number > 0 or inf'),
+        max_staleness=(limit_ok, 'a number > 0 or inf'),
+        **limiter_checks(0.0),
         **STORAGE_CHECKS,
     )
 
     def _build(self) -> None:
+        cfg = self._cfg
+        spec = build_sampler(cfg.sampler, 'uniform', (cfg.storage.type == 'tensor', NO_FLAT))
         self._store = self._new_store()
+        self._store.listener = self
+        self._prio: Optional[PrioritizedWindows] = None
+        if isinstance(spec, PrioritizedSpec):
+            self._prio = PrioritizedWindows(spec, self._store, cfg.pad_short_episodes, self._instance_name)
+        elif not hasattr(spec, 'draw'):
+            raise ValueError(f"config key 'sampler.type' is {cfg.sampler.get('type')!r}: not an episode sampler")
+        self._sampler = spec
+        self._build_engine(cfg.replay_buffer_size)
+        self._build_monitors(False, cfg.periodic_thruput_seconds)
 
     def _new_store(self):
         cfg = self._cfg
@@ -90,11 +123,37 @@ class EpisodeReplayBuffer(BufferCore):
         """Number of stored episodes."""
         return self._store.ring.count
 
+    # ------------------------------------------------------------------ table verbs
+    def oldest(self, k: int) -> np.ndarray:
+        return self._store.oldest(k)
+
+    def collect_iter(self, slots: np.ndarray) -> np.ndarray:
+        return self._store.collect_iter(slots)
+
+    def _drop(self, slots: np.ndarray) -> List[Any]:
+        return self._store.remove(slots)
+
+    def episode_added(self, slot: int, first: int, length: int) -> None:
+        """The store's listener: a new episode at ``slot`` (its use count restarts; windows get priorities)."""
+        self._fresh(slot)
+        if self._prio is not None:
+            self._prio.windows.episode_added(slot, first, length)
+
+    def episode_removed(self, slot: int, first: int, length: int) -> None:
+        if self._uses is not None:
+            self._uses.reset(slot)
+        if self._prio is not None:
+            self._prio.windows.episode_removed(slot, first, length)
+
     # ------------------------------------------------------------------ push
     def _push_items(self, items: List[Any]) -> int:
         prepared = self._store.prepare(items)  # validates every episode before writing any
+        if not self._admit(len(prepared)):
+            return 0
+        before = self.count()
         for payload, n in prepared:
             self._evicted(self._store.write(payload, n))
+        self._pushed(len(prepared), before + len(prepared) - self.count())
         return len(prepared)
 
     def _push_batch(self, batch: Any) -> int:
@@ -106,9 +165,10 @@ class EpisodeReplayBuffer(BufferCore):
             size: int,
             cur_learner_iter: int = -1,
             sample_range: Optional[slice] = None,
-            replace: bool = False,
+            replace: Optional[bool] = None,
             unroll_len: Optional[int] = None,
             pad: Optional[bool] = None,
+            timeout: Optional[float] = None,
     ) -> Optional[Any]:
         """
         Overview:
@@ -116,46 +176,113 @@ class EpisodeReplayBuffer(BufferCore):
             ``T`` consecutive transitions, uniform over all valid windows (an episode of length ``L`` offers
             ``L - T + 1``; with ``pad`` an episode shorter than ``T`` offers one padded window).
             ``sample_range`` selects episodes by insertion order. Returns ``None`` (logged) when there are
-            fewer candidates than ``size`` without ``replace``.
+            fewer candidates than ``size`` without ``replace`` (default False); with ``timeout`` (seconds) it
+            waits for them and raises ``SampleTimeoutError`` if they never come.
+            With the prioritized sampler: windows of the configured ``sampler.unroll_len`` (the default of
+            ``unroll_len``), drawn with replacement by window priority, plus ``priority`` and ``IS`` [B];
+            ``sample_range``, ``pad`` and ``replace=False`` are refused.
         """
-        self._check_size(size)
         if unroll_len is not None and (not isinstance(unroll_len, (int, np.integer)) or unroll_len <= 0):
             raise ValueError(f"unroll_len must be a positive int, got {unroll_len!r}")
+        if self._prio is not None:
+            self._check_prioritized(sample_range, replace, unroll_len, pad)
+            return self._sample_flow(size, cur_learner_iter, timeout, lambda: self._draw_prioritized(size),
+                                     lambda: '' if self._store.transitions else 'buffer is empty')
         pad = self._cfg.pad_short_episodes if pad is None else bool(pad)
+        replace = bool(replace)
+        return self._sample_flow(size, cur_learner_iter, timeout,
+                                 lambda: self._draw(size, sample_range, replace, unroll_len, pad),
+                                 lambda: self._candidates(size, sample_range, replace, unroll_len, pad)[0])
+
+    def _check_prioritized(self, sample_range: Any, replace: Any, unroll_len: Any, pad: Any) -> None:
+        t = self._prio.unroll_len
+        for name, value, ok in (('sample_range', sample_range, sample_range is None), ('replace', replace, replace in (None, True)),
+                                ('unroll_len', unroll_len, unroll_len in (None, t)), ('pad', pad, pad is None)):
+            if not ok:
+                raise ValueError(f"{name}={value!r} is not supported by prioritized windows (sampler.unroll_len={t}, "
+                                 f"drawn with replacement; pad comes from 'pad_short_episodes')")
+
+    def _candidates(self, size, sample_range, replace, unroll_len, pad):
+        """(shortfall reason or '', episode slots, window counts per episode or None)."""
+        ordered = self._store.ring.ordered_slots()
+        slots = ordered[self._range_positions(len(ordered), sample_range)] if sample_range is not None else ordered
+        if len(slots) == 0:
+            return ('buffer is empty' if len(ordered) == 0 else f'{sample_range} selects nothing'), slots, None
+        if unroll_len is None:
+            short = f'{len(slots)} episodes < batch size {size} and replace=False' if not replace and len(slots) < size else ''
+            return short, slots, None
+        lengths = self._store.lengths(slots)
+        windows = np.maximum(lengths - unroll_len + 1, 0)
+        if pad:
+            windows = np.where(lengths < unroll_len, 1, windows)
+        total = int(windows.sum())
+        if total == 0:
+            return f'no episode has {unroll_len} transitions (set pad=True to pad short ones)', slots, windows
+        if not replace and total < size:
+            return f'{total} windows of length {unroll_len} < batch size {size} and replace=False', slots, windows
+        return '', slots, windows
+
+    def _draw(self, size, sample_range, replace, unroll_len, pad) -> Optional[Any]:
+        _, slots, windows = self._candidates(size, sample_range, replace, unroll_len, pad)
+        if windows is None:
+            chosen = slots[self._sampler.draw(self._rng, len(slots), int(size), replace)]
+            out = self._copy_out(self._store.episodes(chosen))
+            self._drawn(chosen, int(size))
+            return out
+        cum = np.cumsum(windows)
+        u = self._sampler.draw(self._rng, int(cum[-1]), int(size), replace)
+        which = np.searchsorted(cum, u, side='right')
+        starts = u - (cum[which] - windows[which])
+        out = self._store.windows(slots[which], starts, int(unroll_len), pad)
+        self._drawn(slots[which], int(size))
+        return self._copy_out(out) if isinstance(out, list) else out
+
+    def _draw_prioritized(self, size: int) -> Optional[Any]:
+        out = self._prio.draw(self._rng, int(size))
+        if out is None:
+            return self._refused('every window has priority 0')
+        self._drawn(self._prio.episodes_of(out), int(size))
+        return out
+
+    # ------------------------------------------------------------------ update
+    def update(self, info: Dict[str, Any]) -> Optional[Dict[str, int]]:
+        """
+        Overview:
+            With prioritized windows: new priorities for sampled windows (see ``prioritized_windows``), keyed by
+            the ``replay_unique_id`` / ``replay_buffer_idx`` a sample returned; stale entries are counted. All or
+            nothing. With uniform sampling a no-op returning ``{'updated': 0, 'stale': 0}``.
+        """
+        if self._prio is None:
+            return super().update(info)
+        plan = self._prio.update(info)
+        if plan is None:
+            return {'updated': 0, 'stale': 0}
         with self._lock:
-            ordered = self._store.ring.ordered_slots()
-            slots = ordered[self._range_positions(len(ordered), sample_range)] if sample_range is not None else ordered
-            if len(slots) == 0:
-                return self._refuse('buffer is empty' if len(ordered) == 0 else f'{sample_range} selects nothing')
-            if unroll_len is None:
-                if not replace and len(slots) < size:
-                    return self._refuse(f'{len(slots)} episodes < batch size {size} and replace=False')
-                chosen = slots[uniform_indices(self._rng, len(slots), int(size), replace)]
-                return self._copy_out(self._store.episodes(chosen))
-            lengths = self._store.lengths(slots)
-            windows = np.maximum(lengths - unroll_len + 1, 0)
-            if pad:
-                windows = np.where(lengths < unroll_len, 1, windows)
-            cum = np.cumsum(windows)
-            total = int(cum[-1])
-            if total == 0:
-                return self._refuse(f'no episode has {unroll_len} transitions (set pad=True to pad short ones)')
-            if not replace and total < size:
-                return self._refuse(f'{total} windows of length {unroll_len} < batch size {size} and replace=False')
-            u = uniform_indices(self._rng, total, int(size), replace)
-            which = np.searchsorted(cum, u, side='right')
-            starts = u - (cum[which] - windows[which])
-            out = self._store.windows(slots[which], starts, int(unroll_len), pad)
-            return self._copy_out(out) if isinstance(out, list) else out
+            result = self._prio.apply(plan)
+            self._counters['updated'] += result['updated']
+            self._counters['stale_updates'] += result['stale']
+        return result
+
+    def stats(self) -> Dict[str, float]:
+        with self._lock:
+            out = super().stats()
+            out.update(transitions=self._store.transitions, push_count=self.push_count)
+            if self._prio is not None:
+                out.update(beta=self._prio.beta, max_priority=self._prio.windows.max_priority,
+                           priority_mass=self._prio.windows.index.tree.total())
+            return out
 
     # ------------------------------------------------------------------ clear / state
     def _clear(self) -> List[Any]:
-        removed = self._store.clear()
-        self._store.ring.push_count = 0
-        return removed
+        for slot in self._store.ring.ordered_slots().tolist():
+            self.episode_removed(slot, self._store.first(slot), int(self._store.length[slot]))
+        return self._store.clear(reset_push_count=True)
 
     def _state(self) -> Dict[str, Any]:
-        return {'episodes': self._store.state_dict(), 'transitions': self._store.transitions}
+        out = {'episodes': self._store.state_dict(), 'transitions': self._store.transitions, **self._engine_state()}
+        if self._prio is not None:
+            out['windows'] = self._prio.state_dict()
+        return out
 
     def _restore(self, state: Dict[str, Any]) -> None:
         if 'episodes' not in state:
@@ -163,10 +290,34 @@ class EpisodeReplayBuffer(BufferCore):
         new = self._store.restore(state['episodes'], self._cfg.storage)  # KeyError -> ValueError in load_state_dict
         if new.transitions != state.get('transitions'):
             raise ValueError("saved transition count does not match the stored episodes")
-        self._store = new
+        if self._prio is not None and 'windows' not in state:
+            raise ValueError("state has no 'windows' entry (it was saved without prioritized windows)")
+        prio = self._prio.restored(state['windows'], new) if self._prio is not None else None
+        swap = self._engine_restored(state, None, required=False)  # files of 0.1 have no counters
+        new.listener = self
+        self._store, self._prio = new, prio
+        swap()
 
     def __repr__(self) -> str:
         return (
             f"EpisodeReplayBuffer(instance_name={self._instance_name!r}, episodes={self.count()}, "
             f"transitions={self.transition_count}, storage={self._store.storage!r})"
         )
+
+
+@BUFFER_REGISTRY.register('prioritized_episode')
+class PrioritizedEpisodeReplayBuffer(EpisodeReplayBuffer):
+    """
+    Overview:
+        Prioritized sequence replay (R2D2): the episode buffer on tensor storage with
+        ``sampler=dict(type='prioritized', ...)`` and the paper's defaults (priority exponent 0.9, importance
+        exponent 0.6, eta 0.9, sequences of 80 steps). ``sample(B)`` returns ``[B, T, ...]`` windows with ``mask``,
+        ``priority`` and ``IS``; ``update`` takes per-window or per-step priorities back by id.
+    """
+    config = dict(
+        EpisodeReplayBuffer.config,
+        type='prioritized_episode',
+        max_transitions=100000,
+        sampler=dict(type='prioritized', unroll_len=80, alpha=0.9, beta=0.6, eta=0.9, eps=1e-5, anneal_step=0),
+        storage=dict(EpisodeReplayBuffer.config['storage'], type='tensor'),
+    )

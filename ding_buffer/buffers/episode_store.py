@@ -7,7 +7,10 @@
   and length. Windows are gathered with one ``[B, T]`` index per field.
 
 Both evict the oldest *whole* episodes until a new one fits the episode and transition limits, so the
-transition ring never overwrites live data and stays hole-free. Not thread-safe (the buffer's lock).
+transition ring never overwrites live data and stays hole-free. Per episode slot they keep the length and the
+``collect_iter`` column (the min over the episode's transitions; ``NO_ITER`` without one) that staleness reads.
+A ``listener`` (e.g. ``WindowPriorities``) hears ``episode_added`` / ``episode_removed`` with the episode's first
+transition slot (``FlatEpisodes``; -1 for ``ObjectEpisodes``) and length. Not thread-safe (the buffer's lock).
 """
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
@@ -15,6 +18,7 @@ import numpy as np
 import torch
 
 from ..storage import ListStorage, RingIndex, TensorStorage, storage_from_state
+from ..storage.base import NO_ITER, collect_iter_of
 from ..storage.tree import batch_len, flatten, path_name, unflatten
 
 
@@ -40,6 +44,13 @@ def episode_length(episode: Any, i: int) -> int:
     )
 
 
+def object_collect_iter(episode: Any) -> int:
+    """The min ``collect_iter`` of a list episode's transitions or of a dict episode's leaf; ``NO_ITER`` if none."""
+    if isinstance(episode, list):
+        return collect_iter_of([t.get('collect_iter') if isinstance(t, Mapping) else None for t in episode])
+    return collect_iter_of(flatten(episode).get(('collect_iter', )))
+
+
 class _EpisodeStore:
     """Shared eviction logic; subclasses provide the ring, the lengths and the data access."""
     ring: RingIndex
@@ -49,7 +60,37 @@ class _EpisodeStore:
         self.max_episodes = max_episodes
         self.max_transitions = max_transitions
         self.length = np.zeros(max_episodes, dtype=np.int64)
+        self.ci = np.full(max_episodes, NO_ITER, dtype=np.int64)
         self.transitions = 0
+        self.listener: Any = None
+
+    def first(self, slot: int) -> int:
+        """First transition slot of an episode (flat stores); -1 where episodes are objects."""
+        return -1
+
+    def _added(self, slot: int, n: int) -> None:
+        self.ci[slot] = self.episode_collect_iter(slot)
+        if self.listener is not None:
+            self.listener.episode_added(slot, self.first(slot), n)
+
+    def _removing(self, slots: np.ndarray) -> None:
+        self.ci[slots] = NO_ITER
+        if self.listener is not None:
+            for slot in slots.tolist():
+                self.listener.episode_removed(slot, self.first(slot), int(self.length[slot]))
+
+    def oldest(self, k: int) -> np.ndarray:
+        return self.ring.oldest(k)
+
+    def collect_iter(self, slots: np.ndarray) -> np.ndarray:
+        return self.ci[slots]
+
+    def episode_collect_iter(self, slot: int) -> int:
+        raise NotImplementedError
+
+    def _recompute_ci(self) -> None:
+        for slot in self.ring.ordered_slots().tolist():
+            self.ci[slot] = self.episode_collect_iter(slot)
 
     def check_fits(self, n: int, i: int) -> None:
         if self.max_transitions is not None and n > self.max_transitions:
@@ -83,6 +124,10 @@ class ObjectEpisodes(_EpisodeStore):
         for i, ep in enumerate(episodes):
             n = episode_length(ep, i)
             self.check_fits(n, i)
+            try:
+                object_collect_iter(ep)  # validated now: it is read again once the episode is stored
+            except ValueError as e:
+                raise ValueError(f"episode {i}: {e}") from None
             out.append((ep, n))
         return out
 
@@ -91,18 +136,24 @@ class ObjectEpisodes(_EpisodeStore):
         result = self.storage.write(self.storage.prepare([episode]))
         self.length[result.slots] = n
         self.transitions += n
+        self._added(int(result.slots[0]), n)
         return evicted
+
+    def episode_collect_iter(self, slot: int) -> int:
+        return object_collect_iter(self.storage.get(slot))
 
     def remove(self, slots: np.ndarray) -> List[Any]:
         slots = slots[self.ring.valid[slots]]
+        self._removing(slots)
         self.transitions -= int(self.length[slots].sum())
         self.length[slots] = 0
         return self.storage.remove(slots)
 
-    def clear(self) -> List[Any]:
+    def clear(self, reset_push_count: bool = False) -> List[Any]:
         self.length[:] = 0
+        self.ci[:] = NO_ITER
         self.transitions = 0
-        return self.storage.clear()
+        return self.storage.clear(reset_push_count)
 
     def episodes(self, slots: np.ndarray) -> List[Any]:
         return self.storage.gather(slots)
@@ -139,6 +190,7 @@ class ObjectEpisodes(_EpisodeStore):
             if episode_length(new.storage.get(int(slot)), int(slot)) != new.length[slot]:
                 raise ValueError(f"saved length of episode slot {slot} does not match its data")
         new.transitions = int(new.length.sum())
+        new._recompute_ci()
         if self.max_transitions is not None and new.transitions > self.max_transitions:
             raise ValueError(
                 f"saved buffer holds {new.transitions} transitions, more than max_transitions={self.max_transitions}"
@@ -176,13 +228,22 @@ class FlatEpisodes(_EpisodeStore):
         self.start[slots] = result.slots[0]
         self.length[slots] = n
         self.transitions += n
+        self._added(int(slots[0]), n)
         return evicted
+
+    def first(self, slot: int) -> int:
+        return int(self.start[slot])
+
+    def episode_collect_iter(self, slot: int) -> int:
+        ci = self.storage.collect_iter(self._transition_slots(np.array(slot), np.arange(self.length[slot])))
+        return int(ci.min()) if len(ci) else NO_ITER
 
     def _transition_slots(self, ep_slots: np.ndarray, offsets: np.ndarray) -> np.ndarray:
         return (self.start[ep_slots][..., None] + offsets) % self.storage.capacity
 
     def remove(self, slots: np.ndarray) -> List[Any]:
         slots = slots[self.ring.valid[slots]]
+        self._removing(slots)
         for slot in slots.tolist():
             self.storage.remove(self._transition_slots(np.array(slot), np.arange(self.length[slot])))
         self.transitions -= int(self.length[slots].sum())
@@ -190,10 +251,11 @@ class FlatEpisodes(_EpisodeStore):
         self.ring.remove(slots)
         return []
 
-    def clear(self) -> List[Any]:
-        self.ring.clear()
+    def clear(self, reset_push_count: bool = False) -> List[Any]:
+        self.ring.clear(reset_push_count)
         self.storage.clear()
         self.length[:] = 0
+        self.ci[:] = NO_ITER
         self.transitions = 0
         return []
 
@@ -243,6 +305,7 @@ class FlatEpisodes(_EpisodeStore):
         if not np.array_equal(covered > 0, new.storage.ring.valid) or (covered > 1).any():
             raise ValueError("saved episodes do not match the stored transitions")
         new.transitions = int(new.length.sum())
+        new._recompute_ci()
         return new
 
 

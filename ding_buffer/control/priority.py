@@ -83,6 +83,13 @@ class PriorityIndex:
         """Removed items: zero leaf (never drawn)."""
         self.retire(slots)
 
+    def raise_max(self, priority: float) -> None:
+        """Priorities were set elsewhere (per-step priorities of windows): keep the running max."""
+        self.max_priority = max(self.max_priority, float(priority))
+
+    def load_max(self, priority: float) -> None:
+        self.max_priority = float(priority)
+
     def reset(self) -> None:
         """Every slot empty and the running max back to 1 (``clear``)."""
         self.tree.load_leaves(np.zeros(self.capacity))

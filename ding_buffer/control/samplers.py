@@ -11,7 +11,7 @@
   positions in ``[0, m)``, 0 = the oldest candidate; or ``None`` to refuse); list its module in
   ``import_names``. Such samplers pick among a preset's candidates; they keep no per-element state.
 """
-from typing import Any, Dict, Mapping, Optional, Tuple
+from typing import Any, Mapping, Optional, Tuple
 
 import numpy as np
 
@@ -34,7 +34,7 @@ class UniformSampler:
 class PrioritizedSpec:
     """Arguments of a prioritized sampler; the preset builds the sampler that realises them."""
     needs_priority = True
-    defaults = dict(alpha=0.6, beta=0.4, anneal_step=0, eps=1e-5, eta=0.9)
+    defaults = dict(alpha=0.6, beta=0.4, anneal_step=0, eps=1e-5, eta=0.9, unroll_len=None)
 
     def __init__(self, **kwargs: Any) -> None:
         unknown = sorted(set(kwargs) - set(self.defaults))
@@ -51,6 +51,10 @@ class PrioritizedSpec:
         step = args['anneal_step']
         if isinstance(step, bool) or not isinstance(step, (int, float)) or step < 0 or step != int(step):
             raise ValueError(f"config key 'sampler.anneal_step' has invalid value {step!r}; expected an int >= 0")
+        t = args['unroll_len']
+        if t is not None and (isinstance(t, bool) or not isinstance(t, int) or t <= 0):
+            raise ValueError(f"config key 'sampler.unroll_len' has invalid value {t!r}; expected None or an int > 0")
+        self.unroll_len = t
         self.alpha, self.beta, self.eta = float(args['alpha']), float(args['beta']), float(args['eta'])
         self.eps, self.anneal_step = float(args['eps']), int(step)
 
@@ -84,5 +88,3 @@ def check_positions(positions: Any, m: int, size: int, name: str) -> np.ndarray:
         )
     return arr.astype(np.int64, copy=False)
 
-
-SAMPLER_DEFAULT: Dict[str, Any] = {}

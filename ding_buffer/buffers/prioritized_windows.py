@@ -1,0 +1,126 @@
+"""``PrioritizedWindows``: the episode buffer's prioritized sequence replay -- draw, output and ``update`` -- on
+top of ``control.windows.WindowPriorities`` and the flat transition store (``FlatEpisodes``).
+
+Output of a draw: the window batch of ``FlatEpisodes.windows`` (``[B, T, ...]`` fields, ``mask`` [B, T],
+``episode_id`` / ``episode_idx`` / ``start`` [B], ``replay_buffer_idx`` / ``replay_unique_id`` [B, T], -1 on
+padding) plus ``priority`` [B] (the window priority) and ``IS`` [B] (``(p_w / p_min) ** (-alpha * beta)``).
+
+``update(info)`` takes back ``replay_unique_id`` / ``replay_buffer_idx`` as returned ([B, T]; or [B], the
+first steps) with either
+
+* ``priority`` [B] -- one priority per window: every valid step of the window gets it, so the window's
+  priority becomes exactly that value (R2D2 computes it from the TD errors with the same eta mix); or
+* ``priority`` [B, T] -- one per step (padding entries, ``replay_buffer_idx == -1``, are skipped).
+
+An entry applies only where its transition still holds that id (the identity check of ``advanced``); the
+others are counted as stale -- per window in the first form, per step in the second. All or nothing.
+"""
+from typing import Any, Dict, Mapping, Optional
+
+import numpy as np
+import torch
+
+from ..control.priority import as_numpy, parse_update
+from ..control.samplers import PrioritizedSpec
+from ..control.windows import WindowPriorities
+
+
+class PrioritizedWindows:
+
+    def __init__(self, spec: PrioritizedSpec, store: Any, pad: bool, instance_name: str) -> None:
+        if spec.unroll_len is None:
+            raise ValueError("config key 'sampler.unroll_len' must be set for sampler.type='prioritized' on the "
+                             "episode buffer (the window length priorities are kept for)")
+        self.spec = spec
+        self.unroll_len = spec.unroll_len
+        self.beta = spec.beta
+        self._anneal = (1.0 - spec.beta) / spec.anneal_step if spec.anneal_step else 0.0
+        self.instance_name = instance_name
+        self.windows = WindowPriorities(store.max_transitions, spec.unroll_len, spec.alpha, spec.eta, spec.eps, pad)
+        self.store = store
+
+    def attach(self, store: Any) -> None:
+        """A restored store replaced the old one."""
+        self.store = store
+
+    # ------------------------------------------------------------------ sample
+    def draw(self, rng: np.random.Generator, size: int) -> Optional[Dict[str, Any]]:
+        """``size`` windows by priority (with replacement), or ``None`` when no window has priority."""
+        starts = self.windows.sample(rng, size)
+        if starts is None:
+            return None
+        store = self.store
+        episodes = self.windows.owner[starts]
+        offsets = self.windows.locate(starts, store.start)
+        out = store.windows(episodes, offsets, self.unroll_len, self.windows.pad)
+        dev = store.storage.device
+        out['priority'] = torch.from_numpy(self.windows.window_priorities(starts).astype(np.float32)).to(dev)
+        out['IS'] = torch.from_numpy(self.windows.is_weights(starts, self.beta).astype(np.float32)).to(dev)
+        if self._anneal:
+            self.beta = min(1.0, self.beta + self._anneal)
+        return out
+
+    def episodes_of(self, out: Dict[str, Any]) -> np.ndarray:
+        return out['episode_idx'].cpu().numpy()
+
+    # ------------------------------------------------------------------ update
+    def update(self, info: Mapping) -> Optional[Dict[str, Any]]:
+        """Validate ``info`` fully and return what to apply (nothing changes here); ``None`` without priority."""
+        if type(info) is not dict and not isinstance(info, Mapping):
+            raise TypeError(f"update info must be a dict, got {type(info).__name__}")
+        if info.get('priority') is None:
+            return None
+        for key in ('replay_unique_id', 'replay_buffer_idx'):
+            if key not in info:
+                raise ValueError(f"update info has 'priority' but no '{key}'")
+        prio = np.asarray(as_numpy(info['priority']))
+        idx = np.asarray(as_numpy(info['replay_buffer_idx']))
+        ids = as_numpy(info['replay_unique_id'])
+        ids_arr = np.asarray(ids)
+        if idx.shape != ids_arr.shape:
+            raise ValueError(f"'replay_buffer_idx' has shape {idx.shape}, 'replay_unique_id' {ids_arr.shape}")
+        per_window = prio.ndim <= 1
+        if per_window and idx.ndim == 2:  # windows as returned: each is named by its first step
+            idx, ids_arr = idx[:, 0], ids_arr[:, 0]
+        elif not per_window:
+            if prio.shape != idx.shape:
+                raise ValueError(f"per-step 'priority' has shape {prio.shape}, 'replay_buffer_idx' {idx.shape}")
+            keep = idx.reshape(-1) != -1  # padding
+            prio, idx, ids_arr = prio.reshape(-1)[keep], idx.reshape(-1)[keep], ids_arr.reshape(-1)[keep]
+        parsed = parse_update({'priority': prio, 'replay_buffer_idx': idx, 'replay_unique_id': ids_arr},
+                              self.instance_name, self.store.max_transitions)
+        return {'parsed': parsed, 'per_window': per_window}
+
+    def apply(self, plan: Dict[str, Any]) -> Dict[str, int]:
+        """Apply a validated ``update`` plan under the buffer's lock; returns ``{'updated', 'stale'}``."""
+        priorities, ids, slots, mine = plan['parsed']
+        ring = self.store.storage.ring
+        match = ring.valid[slots] & (ring.uids(slots) == ids)
+        if mine is not None:
+            match &= mine
+        n = int(np.count_nonzero(match))
+        slots, priorities = slots[match], priorities[match]
+        if plan['per_window'] and n:
+            episodes = self.windows.owner[slots]
+            offsets = (slots - self.store.start[episodes]) % self.windows.n_slots
+            steps = offsets[:, None] + np.arange(self.unroll_len)[None, :]
+            inside = steps < self.store.length[episodes][:, None]
+            step_slots = (self.store.start[episodes][:, None] + steps) % self.windows.n_slots
+            # a later window of the batch wins where two overlap (numpy keeps the last write)
+            slots, priorities = step_slots[inside], np.broadcast_to(priorities[:, None], steps.shape)[inside]
+        self.windows.update(slots, priorities, self.store.start, self.store.length)
+        return {'updated': n, 'stale': len(match) - n}
+
+    # ------------------------------------------------------------------ state
+    def state_dict(self) -> Dict[str, Any]:
+        return {**self.windows.state_dict(), 'beta': self.beta}
+
+    def restored(self, state: Mapping, store: Any) -> 'PrioritizedWindows':
+        new = PrioritizedWindows(self.spec, store, self.windows.pad, self.instance_name)
+        beta = float(state['beta'])
+        if not 0 <= beta <= 1:
+            raise ValueError(f"saved beta must be in [0, 1], got {beta}")
+        new.beta = beta
+        slots = store.ring.ordered_slots().tolist()
+        new.windows.load(state, [(s, int(store.start[s]), int(store.length[s])) for s in slots])
+        return new
