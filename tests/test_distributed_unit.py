@@ -23,7 +23,8 @@ from easydict import EasyDict
 
 from helpers import assert_same
 from ding_buffer import SampleTimeoutError, create_buffer
-from ding_buffer.base import get_buffer_cls
+from ding_buffer.base import BUFFER_REGISTRY, get_buffer_cls
+from ding_buffer.buffers import NaiveReplayBuffer
 from ding_buffer.distributed import ManagerCore, RemoteBuffer, build_manager_buffer, profile
 from ding_buffer.distributed.codec import _TORCH_DTYPES, CodecError, decode, encode
 from ding_buffer.distributed.config import resolve_callable
@@ -652,9 +653,27 @@ def test_manager_max_reuse():
     assert ok(core.handle(W, req('sample', size=1))) is None
 
 
+class _NoUseBuffer(NaiveReplayBuffer):
+    config = {k: v for k, v in NaiveReplayBuffer.config.items() if k != 'max_use'}
+    config['type'] = 'test_no_max_use'
+
+
+BUFFER_REGISTRY.register('test_no_max_use')(_NoUseBuffer)
+
+
 def test_manager_max_reuse_needs_max_use():
     with pytest.raises(ValueError, match=r"distributed\.max_reuse"):
-        build_manager_buffer(make_cfg('naive', max_reuse=2))
+        build_manager_buffer(make_cfg('test_no_max_use', max_reuse=2))
+
+
+def test_manager_max_reuse_on_naive_removes_after_reuse():
+    buf = build_manager_buffer(make_cfg('naive', max_reuse=2))[0]
+    buf.push([{'x': torch.tensor([float(i)])} for i in range(4)])
+    first = buf.sample(4)['x'].flatten().tolist()
+    assert sorted(first) == [0.0, 1.0, 2.0, 3.0] and buf.count() == 4  # drawn once each: all stay
+    second = buf.sample(4)['x'].flatten().tolist()
+    assert sorted(second) == [0.0, 1.0, 2.0, 3.0]
+    assert buf.count() == 0 and buf.stats()['removed_by_use'] == 4 and buf.sample(1) is None
 
 
 @pytest.mark.parametrize('type_', ['advanced', 'gfn'])

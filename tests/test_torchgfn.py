@@ -158,7 +158,7 @@ def stored_keys(buf):
 
 def stats_without_sampled(buf, *also):
     s = buf.stats()
-    for k in ('sampled', ) + also:  # ``contents`` samples
+    for k in ('sampled', 'sampled_items', 'sample_calls') + also:  # ``contents`` samples
         s.pop(k)
     return s
 

@@ -1,11 +1,13 @@
 """Buffer presets, each registered in ``BUFFER_REGISTRY`` by name."""
 from .common import BufferCore
-from .episode import EpisodeReplayBuffer
+from .engine import Engine
+from .episode import EpisodeReplayBuffer, PrioritizedEpisodeReplayBuffer
 from .naive import NaiveReplayBuffer
 from .advanced import AdvancedReplayBuffer
-from .gflownet import DiverseGFlowNetReplayBuffer, GFlowNetReplayBuffer, TerminatingStateBuffer
+from .gflownet import GFlowNetReplayBuffer
+from .gfn_variants import DiverseGFlowNetReplayBuffer, TerminatingStateBuffer
 
 __all__ = [
-    "BufferCore", "NaiveReplayBuffer", "EpisodeReplayBuffer", "AdvancedReplayBuffer", "GFlowNetReplayBuffer",
+    "BufferCore", "Engine", "NaiveReplayBuffer", "EpisodeReplayBuffer", "PrioritizedEpisodeReplayBuffer", "AdvancedReplayBuffer", "GFlowNetReplayBuffer",
     "DiverseGFlowNetReplayBuffer", "TerminatingStateBuffer"
 ]

@@ -49,11 +49,12 @@ class Engine(BufferCore):
         self._owns_tb = False
         self._periodic: Optional[PeriodicThruputMonitor] = None
 
-    def _build_monitors(self, tensorboard: bool, period: float) -> None:
+    def _build_monitors(self, tensorboard: bool, period: Optional[float]) -> None:
         """The TensorBoard writer (borrowed, or owned when ``tensorboard``) and, with a writer on rank 0, the
-        periodic push / sample / remove report every ``period`` seconds (DI-engine's ``{instance}_sec/`` tags)."""
+        periodic push / sample / remove report every ``period`` seconds (DI-engine's ``{instance}_sec/`` tags;
+        ``None``: no periodic report)."""
         self._tb, self._owns_tb = build_tb_logger(self._tb_logger, tensorboard, self._exp_name, self._instance_name)
-        if self._tb is None or rank() != 0:
+        if self._tb is None or rank() != 0 or period is None:
             return
         me = weakref.ref(self)  # the monitor thread must not keep an unclosed, unreachable buffer alive
 

@@ -15,23 +15,22 @@ unstable sort; the diverse filter compares a batch with the *stored* items only 
 of raising or silently returning fewer items; ``save_data``/``load_data`` round-trip contents, counters and
 settings (torchgfn's save is skipped as broken upstream).
 """
-import copy
 from typing import Any, Dict, List, Optional
 
 import numpy as np
 import torch
 
 from ..base import BUFFER_REGISTRY
-from ..config import build_config, positive_int
+from ..config import positive_int
 from ..control.diversity import StateSet, diverse_mask, row_hashes
 from ..control.keep_best import RewardIndex
-from ..monitor.tb import Due, build_tb_logger, emit
-from .common import BufferCore
+from ..control.limiter import limiter_checks, limiter_config
+from ..control.limits import limit_ok
+from ..monitor.tb import Due
+from .engine import INF, Engine
 from .gfn_data import ColumnStore, ContainerStore, GFNBatch, is_container
+from .gfn_state import GFlowNetState
 
-# Keys that describe what is stored; they travel with a save and are restored by ``load_data``.
-_SETTINGS = ('replay_buffer_size', 'prioritized_capacity', 'prioritized_sampling', 'sample_replacement', 'lazy_sort',
-             'state_key', 'log_reward_key', 'condition_key', 'cutoff_distance', 'p_norm_distance')
 _STAT_TAGS = ('size', 'log_reward_min', 'log_reward_mean', 'log_reward_max', 'unique_terminating_states')
 
 
@@ -40,7 +39,7 @@ def _key(x: Any) -> bool:
 
 
 @BUFFER_REGISTRY.register('gfn')
-class GFlowNetReplayBuffer(BufferCore):
+class GFlowNetReplayBuffer(GFlowNetState, Engine):
     """
     Overview:
         Reward-aware buffer of GFlowNet samples. ``push`` takes a dict of batched tensors, a list of item dicts
@@ -50,6 +49,8 @@ class GFlowNetReplayBuffer(BufferCore):
     Interfaces:
         ``push``/``add``, ``sample``, ``stats``, ``clear``, ``count``, ``state_dict``, ``load_state_dict``,
         ``save_data``, ``load_data``, ``close``; ``update`` is a no-op (the priority is the log-reward).
+        The engine's parts compose by config: ``max_use``, ``max_staleness`` (items' ``collect_iter`` field),
+        ``thruput_controller`` (with ``sample(timeout=)``) and ``removers``.
     Thread-safety: every public method holds the buffer's lock.
     Complexity: push O(batch) while below capacity; a truncating push O(capacity) (``lazy_sort``: once per
     ``capacity`` items); sample O(capacity + size log size).
@@ -75,6 +76,13 @@ class GFlowNetReplayBuffer(BufferCore):
         device='cpu',
         # Seed of the buffer's own RNG; None draws it from numpy's global RNG.
         seed=None,
+        # Remove an item once it has been sampled this many times (inf: never).
+        max_use=INF,
+        # Remove the oldest items while cur_learner_iter - item['collect_iter'] >= max_staleness (dict batches).
+        max_staleness=INF,
+        # Your own removal rules: [dict(type=NAME, **arguments)] registered in REMOVER_REGISTRY (import_names).
+        removers=[],
+        thruput_controller=limiter_config(0.0),
         monitor=dict(
             # Write stats() to TensorBoard every `log_every` pushes ({instance}_iter/...).
             tensorboard=False,
@@ -89,6 +97,9 @@ class GFlowNetReplayBuffer(BufferCore):
         condition_key=(lambda x: x is None or _key(x), 'None or a non-empty str'),
         device=(lambda x: isinstance(x, str) and x.split(':')[0] in ('cpu', 'cuda'), "'cpu' or 'cuda[:N]'"),
         seed=(lambda x: x is None or (isinstance(x, int) and x >= 0), 'None or an int >= 0'),
+        max_use=(limit_ok, 'a number > 0 or inf'),
+        max_staleness=(limit_ok, 'a number > 0 or inf'),
+        **limiter_checks(0.0),
         **{'monitor.log_every': (positive_int, 'a positive int')},
     )
 
@@ -107,11 +118,12 @@ class GFlowNetReplayBuffer(BufferCore):
         self._store: Any = None
         self._index: Optional[RewardIndex] = None
         self._states: Optional[StateSet] = None
-        self._counters = dict(pushed=0, admitted=0, evicted=0, sampled=0, filter_checked=0, rejected_by_reward=0,
-                              rejected_by_distance=0, push_calls=0)
-        self._tb, self._owns_tb = build_tb_logger(self._tb_logger, cfg.monitor.tensorboard, self._exp_name,
-                                                  self._instance_name)
-        self._last_logged: Dict[str, int] = dict(self._counters)
+        # GFlowNet counters (saved as 'counters'); the engine's own are in stats() too
+        self._tally = dict(pushed=0, admitted=0, evicted=0, sampled=0, filter_checked=0, rejected_by_reward=0,
+                           rejected_by_distance=0, push_calls=0)
+        self._build_engine(0)  # use counts are sized with the store (physical slots)
+        self._build_monitors(cfg.monitor.tensorboard, None)
+        self._last_logged: Dict[str, int] = dict(self._tally)
         self._load_env: Any = None
 
     @property
@@ -144,6 +156,19 @@ class GFlowNetReplayBuffer(BufferCore):
     def _new_parts(self, store: Any) -> None:
         self._index, self._states = self._parts_for(store)
         self._store = store
+        if self._uses is not None:
+            self._uses.resize(self._index.physical)
+
+    # ------------------------------------------------------------------ table verbs
+    def oldest(self, k: int) -> np.ndarray:
+        return np.empty(0, dtype=np.int64) if self._index is None else self._index.oldest(k)
+
+    def collect_iter(self, slots: np.ndarray) -> np.ndarray:
+        return self._store.collect_iter(slots)
+
+    def _drop(self, slots: np.ndarray) -> List[Any]:
+        self._evict(slots)
+        return []
 
     # ------------------------------------------------------------------ push
     def add(self, data: Any) -> None:
@@ -176,15 +201,18 @@ class GFlowNetReplayBuffer(BufferCore):
                 )
             batch = store.prepare(data, need_rows=True)
             self._validate(batch)
-            if batch.n == 0:
+            if batch.n == 0 or not self._admit(batch.n):
                 return 0
             if self._store is None:
                 self._new_parts(store)
+            before = self._tally['evicted']
             stored = self._insert(batch)
+            self._pushed(stored, self._tally['evicted'] - before)
             self._last_envstep = cur_collector_envstep
-            self._counters['push_calls'] += 1
+            self._tally['push_calls'] += 1
             due = self._due_scalars()
-        emit(due, None, self._tb)  # TensorBoard is I/O: written outside the lock
+        if due is not None:
+            self._emit(due)  # TensorBoard is I/O: written outside the lock
         return stored
 
     def _make_store(self, data: Any) -> Any:
@@ -220,7 +248,7 @@ class GFlowNetReplayBuffer(BufferCore):
 
     def _insert(self, batch: GFNBatch) -> int:
         """Filter (diverse, once full), decide capacity, then write. Returns the number stored."""
-        index, states, c = self._index, self._states, self._counters
+        index, states, c = self._index, self._states, self._tally
         r = batch.log_reward
         hashes = None if batch.rows is None else row_hashes(batch.rows)
         c['pushed'] += batch.n
@@ -259,7 +287,9 @@ class GFlowNetReplayBuffer(BufferCore):
         if len(slots):
             self._states.remove(slots)
             self._index.evict(slots)
-            self._counters['evicted'] += len(slots)
+            if self._uses is not None:
+                self._uses.reset(slots)
+            self._tally['evicted'] += len(slots)
 
     def _slots_for(self, n: int) -> np.ndarray:
         index = self._index
@@ -270,35 +300,50 @@ class GFlowNetReplayBuffer(BufferCore):
             self._store.compact(keep)
             index.compact(keep)
             self._states.compact(keep)
+            if self._uses is not None:
+                self._uses.compact(keep)
         slots = index.append_slots(n)
         self._states.grow(index.physical)
+        if self._uses is not None:
+            self._uses.resize(index.physical)
         return slots
 
     # ------------------------------------------------------------------ sample
-    def sample(self, size: int, cur_learner_iter: int = -1, replace: Optional[bool] = None) -> Optional[Any]:
+    def sample(self, size: int, cur_learner_iter: int = -1, replace: Optional[bool] = None,
+               timeout: Optional[float] = None) -> Optional[Any]:
         """
         Overview:
             Draw ``size`` items: uniformly, or with probability ``softmax(log_reward)`` when
             ``prioritized_sampling``. ``replace`` (default: the config's ``sample_replacement``; None = only when
-            ``size`` exceeds the stored count). Items waiting in a lazy buffer are included.
+            ``size`` exceeds the stored count). Items waiting in a lazy buffer are included. ``timeout``
+            (seconds) waits until the draw is possible, else ``SampleTimeoutError``.
         Returns:
             - batch: dict of batched tensors, or a container of the pushed type; ``None`` (logged) when the
               buffer is empty, or holds fewer than ``size`` items and sampling is without replacement.
         """
-        self._check_size(size)
         if replace is not None and not isinstance(replace, bool):
             raise TypeError(f"replace must be None or a bool, got {replace!r}")
-        with self._lock:
-            m = self.count()
-            if m == 0:
-                return self._refuse('buffer is empty')
-            rep = self._cfg.sample_replacement if replace is None else replace
-            rep = size > m if rep is None else rep
-            if not rep and size > m:
-                return self._refuse(f'{m} items < batch size {size} and sampling is without replacement')
-            slots = self._index.sample(self._rng, int(size), bool(self._cfg.prioritized_sampling), rep)
-            self._counters['sampled'] += int(size)
-            return self._store.read(slots, self._index.seq[slots])
+        return self._sample_flow(size, cur_learner_iter, timeout, lambda: self._draw(int(size), replace),
+                                 lambda: self._shortfall(int(size), replace))
+
+    def _replace(self, size: int, replace: Optional[bool]) -> bool:
+        rep = self._cfg.sample_replacement if replace is None else replace
+        return size > self.count() if rep is None else rep
+
+    def _shortfall(self, size: int, replace: Optional[bool]) -> str:
+        m = self.count()
+        if m == 0:
+            return 'buffer is empty'
+        if not self._replace(size, replace) and size > m:
+            return f'{m} items < batch size {size} and sampling is without replacement'
+        return ''
+
+    def _draw(self, size: int, replace: Optional[bool]) -> Any:
+        slots = self._index.sample(self._rng, size, bool(self._cfg.prioritized_sampling), self._replace(size, replace))
+        self._tally['sampled'] += size
+        out = self._store.read(slots, self._index.seq[slots])
+        self._drawn(slots, size)
+        return out
 
     def log_rewards(self) -> np.ndarray:
         """Log-rewards of the stored items (float64 copy, any order; used for the manager's baseline)."""
@@ -316,11 +361,12 @@ class GFlowNetReplayBuffer(BufferCore):
             state+condition rows; -1 when items have no single terminating state), cumulative counters
             (``pushed``, ``admitted``, ``evicted``, ``sampled``) and, for the diversity filter, ``filter_checked``
             (items that arrived while full), ``rejected_by_reward``, ``rejected_by_distance`` and their
-            ``reject_rate_reward`` / ``reject_rate_distance`` (fractions of ``filter_checked``). O(capacity).
+            ``reject_rate_reward`` / ``reject_rate_distance`` (fractions of ``filter_checked``); plus the engine's
+            counters (``removed_by_use``, ``refused_push``, ...; see ``Engine.stats``). O(capacity).
         """
         with self._lock:
-            c = dict(self._counters)
-            out: Dict[str, float] = {'size': self.count(), 'capacity': self.capacity}
+            c = dict(self._tally)
+            out: Dict[str, float] = {**Engine.stats(self), 'size': self.count(), 'capacity': self.capacity}
             r = np.empty(0) if self._index is None else self._index.log_reward[self._index.live_slots()]
             finite = r[np.isfinite(r)]
             out['log_reward_min'] = float(finite.min()) if len(finite) else float('nan')
@@ -338,13 +384,13 @@ class GFlowNetReplayBuffer(BufferCore):
     def _due_scalars(self) -> Due:
         """Every ``monitor.log_every`` pushes: stats and the rejection rates of the last interval (written by the
         caller after releasing the lock)."""
-        if self._tb is None or self._counters['push_calls'] % self._cfg.monitor.log_every:
+        if self._tb is None or self._tally['push_calls'] % self._cfg.monitor.log_every:
             return None
         s = self.stats()
-        step = self._counters['push_calls']
+        step = self._tally['push_calls']
         prefix = f'{self._instance_name}_iter/'
         scalars = [(prefix + tag, s[tag], step) for tag in _STAT_TAGS if np.isfinite(s[tag])]
-        last, now = self._last_logged, self._counters
+        last, now = self._last_logged, self._tally
         checked = now['filter_checked'] - last['filter_checked']
         if checked:
             for what in ('reward', 'distance'):
@@ -356,88 +402,12 @@ class GFlowNetReplayBuffer(BufferCore):
     # ------------------------------------------------------------------ clear / state
     def _clear(self) -> List[Any]:
         if self._index is not None:
+            if self._uses is not None:
+                self._uses.reset(self._index.live_slots())
             self._index.clear()
             self._states.clear()
             self._store.clear()
         return []
-
-    def _state(self) -> Dict[str, Any]:
-        settings = {k: copy.deepcopy(self._cfg[k]) for k in _SETTINGS if k in self._cfg}
-        if self._index is None:
-            return {'settings': settings, 'store': None, 'counters': dict(self._counters)}
-        index = self._index
-        slots = index.live_slots()
-        order = slots[np.argsort(index.seq[slots], kind='stable')]  # insertion order
-        return {
-            'settings': settings,
-            'store': self._store.state_dict(order),
-            'index': index.state_dict(order),
-            'track_states': self._states.enabled,
-            'counters': dict(self._counters),
-        }
-
-    def _restore(self, state: Dict[str, Any]) -> None:
-        user = {k: v for k, v in dict(self._cfg).items() if k not in _SETTINGS}
-        user.update(state['settings'])
-        cfg = build_config(self.config, user, self.checks)
-        counters = {k: int(state['counters'][k]) for k in self._counters}
-        old_cfg, self._cfg = self._cfg, cfg  # the parts below read the (saved) settings
-        try:
-            if state['store'] is None:
-                store = index = states = None
-            else:
-                store, index, states = self._restored_parts(state)
-        except BaseException:
-            self._cfg = old_cfg
-            raise
-        self._store, self._index, self._states = store, index, states
-        self._counters = counters
-        self._last_logged = dict(counters)
-
-    def _restored_parts(self, state: Dict[str, Any]):
-        saved = state['index']
-        r = np.asarray(saved['log_reward'], dtype=np.float64)
-        seq = np.asarray(saved['seq'], dtype=np.int64)
-        n = len(r)
-        if len(seq) != n or n > (2 if self._cfg.lazy_sort else 1) * self.capacity:
-            raise ValueError(f"saved index holds {n} items for capacity {self.capacity}")
-        if len(np.unique(seq)) != n or (n and (seq.min() < 0 or seq.max() >= int(saved['next_seq']))):
-            raise ValueError("saved sequence numbers are not unique ids below next_seq")
-        kind = state['store'].get('kind')
-        if kind == ColumnStore.kind:
-            blank = self._make_store({})
-            store = blank.restore(state['store'], n)
-        elif kind == ContainerStore.kind:
-            store = (self._store if isinstance(self._store, ContainerStore) else ContainerStore()).restore(
-                state['store'], n, env=self._load_env
-            )
-        else:
-            raise ValueError(f"unknown saved store kind {kind!r}")
-        index, states = self._parts_for(store)  # swapped in by the caller only when everything succeeded
-        slots = index.load(r, seq, int(saved['next_seq']))
-        track = state.get('track_states')
-        if track not in (None, True, False):
-            raise ValueError(f"saved 'track_states' must be None or a bool, got {track!r}")
-        if track is False:
-            states.disable()
-        elif track and n:
-            rows = self._stored_rows(store, slots)
-            if rows is None:
-                raise ValueError("saved buffer counted unique states but its items have no single terminating state")
-            states.add(slots, rows, row_hashes(rows))
-        return store, index, states
-
-    def _stored_rows(self, store: Any, slots: np.ndarray) -> Optional[np.ndarray]:
-        """Representations of restored items, recomputed from the stored data."""
-        if not len(slots):
-            return None
-        if isinstance(store, ContainerStore):
-            return store.rows_of(store.container, len(store))
-        from .gfn_data import representation
-        cfg = self._cfg
-        data = store.storage.read_at(slots)
-        cond = data[cfg.condition_key] if cfg.condition_key is not None else None
-        return representation(data[cfg.state_key], cond, len(slots))
 
     def load_data(self, path: str, allow_pickle: bool = False, env: Any = None) -> None:
         """
@@ -452,15 +422,6 @@ class GFlowNetReplayBuffer(BufferCore):
         finally:
             self._load_env = None
 
-    def close(self) -> None:
-        if self._closed:
-            return
-        super().close()
-        if self._tb is not None:
-            self._tb.flush()
-            if self._owns_tb:
-                self._tb.close()
-
     def __repr__(self) -> str:
         kind = 'empty' if self._store is None else (
             self._store.cls.__name__ if isinstance(self._store, ContainerStore) else 'dict batches')
@@ -468,80 +429,3 @@ class GFlowNetReplayBuffer(BufferCore):
                 f"replay_buffer_size={self.capacity}, holding {kind})")
 
 
-@BUFFER_REGISTRY.register('gfn_diverse')
-class DiverseGFlowNetReplayBuffer(GFlowNetReplayBuffer):
-    """
-    Overview:
-        torchgfn's ``NormBasedDiversePrioritizedReplayBuffer``. Below capacity every item is stored. Once full,
-        an incoming batch is sorted by log-reward (descending; ties keep batch order), items below the stored
-        minimum are dropped (ties stay), then -- unless ``cutoff_distance < 0`` -- an item is kept only if its
-        p-norm distance to every earlier item of the batch and to every stored item exceeds ``cutoff_distance``
-        (state and condition concatenated; ``cutoff_distance = 0`` rejects exact duplicates). Survivors displace
-        the lowest rewards. Capacity is always reward-prioritized.
-    """
-    diverse = True
-    config = dict(
-        GFlowNetReplayBuffer.config,
-        type='gfn_diverse',
-        prioritized_capacity=True,
-        # Minimum p-norm distance (strictly greater) to be admitted; < 0 disables the filter.
-        cutoff_distance=0.0,
-        # p of the distance (torch.cdist's p): > 0, float('inf') for the max norm.
-        p_norm_distance=1.0,
-    )
-    checks = dict(
-        GFlowNetReplayBuffer.checks,
-        prioritized_capacity=(lambda x: x is True, 'True (the diverse buffer always keeps the best rewards)'),
-        cutoff_distance=(lambda x: np.isfinite(x), 'a finite number (< 0 disables the filter)'),
-        p_norm_distance=(lambda x: x > 0, 'a number > 0 (float("inf") for the max norm)'),
-    )
-
-
-@BUFFER_REGISTRY.register('terminating_state')
-class TerminatingStateBuffer(GFlowNetReplayBuffer):
-    """
-    Overview:
-        Stores only terminating states and their log-rewards. Dict batches keep the fields ``state_key``,
-        ``log_reward_key`` (and ``condition_key``); a torchgfn container becomes a ``StatesContainer`` of its
-        terminating states (as torchgfn's ``TerminatingStateBuffer``; for ``Transitions`` and
-        ``StatesContainer`` input only the terminating rows' rewards are kept, where torchgfn mismatches them);
-        another Container becomes a dict batch. Sampling returns that kind.
-    """
-    config = dict(GFlowNetReplayBuffer.config, type='terminating_state')
-
-    def _convert(self, data: Any) -> Any:
-        cfg = self._cfg
-        keys = [k for k in (cfg.state_key, cfg.log_reward_key, cfg.condition_key) if k is not None]
-        if isinstance(data, dict):
-            return {k: data[k] for k in keys if k in data} if all(k in data for k in keys) else data
-        if isinstance(data, list):
-            return [{k: item[k] for k in keys if k in item} if isinstance(item, dict) else item for item in data]
-        if not is_container(data):
-            return data  # rejected with a clear message by push
-        states = data.terminating_states
-        n = len(states)
-        r = data.log_rewards
-        if r is not None and len(r) != n:
-            mask = getattr(data, 'is_terminating', None)
-            if mask is None or len(r) != len(mask):
-                raise ValueError(f"container has {len(r)} log_rewards for {n} terminating states")
-            r = r[mask]
-        if type(data).__module__.startswith('gfn.') and hasattr(data, 'env'):
-            from gfn.containers import StatesContainer
-            env = data.env
-            return StatesContainer(env=env, states=states,
-                                   is_terminating=torch.ones(n, dtype=torch.bool, device=states.device),
-                                   log_rewards=r)
-        if r is None:
-            raise ValueError("terminating_state needs log_rewards on the container")
-        tensor = states if isinstance(states, torch.Tensor) else getattr(states, 'tensor', None)
-        if tensor is None:
-            raise TypeError(f"terminating_states of {type(data).__name__} is neither a tensor nor has .tensor")
-        out = {cfg.state_key: tensor, cfg.log_reward_key: torch.as_tensor(r)}
-        cond = getattr(states, 'conditions', None)
-        if cfg.condition_key is not None and isinstance(cond, torch.Tensor):
-            out[cfg.condition_key] = cond
-        return out
-
-
-__all__ = ['GFlowNetReplayBuffer', 'DiverseGFlowNetReplayBuffer', 'TerminatingStateBuffer']

@@ -18,6 +18,7 @@ from typing import Any, Dict, NamedTuple, Optional
 import numpy as np
 import torch
 
+from ..storage.base import NO_ITER
 from ..storage.tensor_storage import TensorStorage, export_schema, import_fields
 
 
@@ -88,6 +89,10 @@ class ColumnStore:
 
     def write(self, slots: np.ndarray, batch: GFNBatch, rows: np.ndarray) -> None:
         self.storage.write_at(slots, batch.payload, rows)
+
+    def collect_iter(self, slots: np.ndarray) -> np.ndarray:
+        """The items' ``collect_iter`` field (staleness); ``NO_ITER`` without one."""
+        return self.storage.collect_iter(slots)
 
     def read(self, slots: np.ndarray, ids: np.ndarray) -> Dict[str, Any]:
         out = self.storage.read_at(slots)
@@ -173,6 +178,10 @@ class ContainerStore:
 
     def read(self, slots: np.ndarray, ids: np.ndarray) -> Any:
         return self.container[torch.from_numpy(np.asarray(slots, dtype=np.int64))]
+
+    def collect_iter(self, slots: np.ndarray) -> np.ndarray:
+        """Containers carry no ``collect_iter``: never stale."""
+        return np.full(len(slots), NO_ITER, dtype=np.int64)
 
     def compact(self, keep: np.ndarray) -> None:
         """Position ``keep[i]`` becomes position ``i`` (one indexing call)."""

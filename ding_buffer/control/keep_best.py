@@ -93,6 +93,11 @@ class RewardIndex:
             return np.arange(self.physical, dtype=np.int64)
         return np.flatnonzero(self.alive)
 
+    def oldest(self, k: int) -> np.ndarray:
+        """The ``k`` oldest live slots (smallest sequence numbers), oldest first. O(slots log slots)."""
+        slots = self.live_slots()
+        return slots[np.argsort(self.seq[slots], kind='stable')][:k]
+
     def free_slots(self, n: int) -> np.ndarray:
         """Reuse mode: ``n`` free slots (the caller commits them with ``store``)."""
         if n > self._n_free:

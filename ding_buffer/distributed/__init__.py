@@ -44,8 +44,8 @@ def build_manager_buffer(cfg: Any, *args, **kwargs) -> Tuple[Any, EasyDict, str]
     local = _local_cfg(cfg)
     if dcfg.max_reuse is not None:
         if 'max_use' not in cls.config:
-            raise ValueError(f"config key 'distributed.max_reuse' needs a buffer with 'max_use' (type 'advanced'), "
-                             f"got type {cfg.get('type')!r}")
+            raise ValueError(f"config key 'distributed.max_reuse' needs a buffer type with a 'max_use' key (every "
+                             f"built-in preset has one), got type {cfg.get('type')!r}")
         local.max_use = dcfg.max_reuse
     return cls(local, *args, **kwargs), dcfg, profile(cls, local, dcfg)['log_reward_key']
 

@@ -1,0 +1,123 @@
+"""``GFlowNetState``: how a GFlowNet buffer saves and restores itself (contents in insertion order, settings,
+counters, the engine's counters and limiter, use counts), all or nothing: every part is rebuilt and validated
+before anything is swapped in. A mixin of ``GFlowNetReplayBuffer`` (it reads the buffer's parts)."""
+import copy
+from typing import Any, Dict, Optional
+
+import numpy as np
+import torch
+
+from ..config import build_config
+from ..control.diversity import row_hashes
+from ..control.limits import UseCounts
+from .gfn_data import ColumnStore, ContainerStore, representation
+
+# Keys that describe what is stored; they travel with a save and are restored by ``load_data``.
+SETTINGS = ('replay_buffer_size', 'prioritized_capacity', 'prioritized_sampling', 'sample_replacement', 'lazy_sort',
+            'state_key', 'log_reward_key', 'condition_key', 'cutoff_distance', 'p_norm_distance')
+
+
+class GFlowNetState:
+
+    def _state(self) -> Dict[str, Any]:
+        settings = {k: copy.deepcopy(self._cfg[k]) for k in SETTINGS if k in self._cfg}
+        engine = self._engine_state()
+        engine.pop('use', None)  # full-size; saved below in insertion order with the items
+        if self._index is None:
+            return {'settings': settings, 'store': None, 'counters': dict(self._tally), 'engine': engine}
+        index = self._index
+        order = index.oldest(index.count)  # insertion order
+        out = {
+            'settings': settings,
+            'store': self._store.state_dict(order),
+            'index': index.state_dict(order),
+            'track_states': self._states.enabled,
+            'counters': dict(self._tally),
+            'engine': engine,
+        }
+        if self._uses is not None:
+            out['use'] = torch.from_numpy(self._uses[order].copy())
+        return out
+
+    def _restore(self, state: Dict[str, Any]) -> None:
+        user = {k: v for k, v in dict(self._cfg).items() if k not in SETTINGS}
+        user.update(state['settings'])
+        cfg = build_config(self.config, user, self.checks)
+        counters = {k: int(state['counters'][k]) for k in self._tally}
+        engine = state.get('engine') or {}
+        if not isinstance(engine, dict):
+            raise ValueError(f"saved 'engine' must be a dict, got {type(engine).__name__}")
+        swap = self._engine_restored({k: v for k, v in engine.items() if k != 'use'}, None, required=False)
+        old_cfg, self._cfg = self._cfg, cfg  # the parts below read the (saved) settings
+        try:
+            if state['store'] is None:
+                store = index = states = None
+            else:
+                store, index, states = self._restored_parts(state)
+            uses = self._restored_uses(state, index)
+        except BaseException:
+            self._cfg = old_cfg
+            raise
+        self._store, self._index, self._states = store, index, states
+        swap()
+        if uses is not None:
+            self._uses = uses
+        self._tally = counters
+        self._last_logged = dict(counters)
+
+    def _restored_uses(self, state: Dict[str, Any], index: Any) -> Optional[UseCounts]:
+        """Use counts of restored items (slots 0..n-1 in insertion order); zeros for files saved without them."""
+        if self._uses is None:
+            return None
+        uses = UseCounts(0 if index is None else index.physical)
+        n = 0 if index is None else index.count
+        if state.get('use') is not None:
+            saved = np.asarray(state['use'])
+            if saved.shape != (n, ) or (n and (saved.dtype.kind not in 'iu' or saved.min() < 0)):
+                raise ValueError(f"saved 'use' must be {n} ints >= 0, got shape {saved.shape}")
+            uses.counts[:n] = saved
+        return uses
+
+    def _restored_parts(self, state: Dict[str, Any]):
+        saved = state['index']
+        r = np.asarray(saved['log_reward'], dtype=np.float64)
+        seq = np.asarray(saved['seq'], dtype=np.int64)
+        n = len(r)
+        if len(seq) != n or n > (2 if self._cfg.lazy_sort else 1) * self.capacity:
+            raise ValueError(f"saved index holds {n} items for capacity {self.capacity}")
+        if len(np.unique(seq)) != n or (n and (seq.min() < 0 or seq.max() >= int(saved['next_seq']))):
+            raise ValueError("saved sequence numbers are not unique ids below next_seq")
+        kind = state['store'].get('kind')
+        if kind == ColumnStore.kind:
+            blank = self._make_store({})
+            store = blank.restore(state['store'], n)
+        elif kind == ContainerStore.kind:
+            store = (self._store if isinstance(self._store, ContainerStore) else ContainerStore()).restore(
+                state['store'], n, env=self._load_env
+            )
+        else:
+            raise ValueError(f"unknown saved store kind {kind!r}")
+        index, states = self._parts_for(store)  # swapped in by the caller only when everything succeeded
+        slots = index.load(r, seq, int(saved['next_seq']))
+        track = state.get('track_states')
+        if track not in (None, True, False):
+            raise ValueError(f"saved 'track_states' must be None or a bool, got {track!r}")
+        if track is False:
+            states.disable()
+        elif track and n:
+            rows = self._stored_rows(store, slots)
+            if rows is None:
+                raise ValueError("saved buffer counted unique states but its items have no single terminating state")
+            states.add(slots, rows, row_hashes(rows))
+        return store, index, states
+
+    def _stored_rows(self, store: Any, slots: np.ndarray) -> Optional[np.ndarray]:
+        """Representations of restored items, recomputed from the stored data."""
+        if not len(slots):
+            return None
+        if isinstance(store, ContainerStore):
+            return store.rows_of(store.container, len(store))
+        cfg = self._cfg
+        data = store.storage.read_at(slots)
+        cond = data[cfg.condition_key] if cfg.condition_key is not None else None
+        return representation(data[cfg.state_key], cond, len(slots))

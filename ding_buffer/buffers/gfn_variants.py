@@ -1,0 +1,89 @@
+"""The GFlowNet buffers built on ``GFlowNetReplayBuffer``: ``gfn_diverse`` (keep-best plus the diversity filter
+as an admission rule) and ``terminating_state`` (only terminating states and their log-rewards)."""
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..base import BUFFER_REGISTRY
+from .gflownet import GFlowNetReplayBuffer
+from .gfn_data import is_container
+
+
+@BUFFER_REGISTRY.register('gfn_diverse')
+class DiverseGFlowNetReplayBuffer(GFlowNetReplayBuffer):
+    """
+    Overview:
+        torchgfn's ``NormBasedDiversePrioritizedReplayBuffer``. Below capacity every item is stored. Once full,
+        an incoming batch is sorted by log-reward (descending; ties keep batch order), items below the stored
+        minimum are dropped (ties stay), then -- unless ``cutoff_distance < 0`` -- an item is kept only if its
+        p-norm distance to every earlier item of the batch and to every stored item exceeds ``cutoff_distance``
+        (state and condition concatenated; ``cutoff_distance = 0`` rejects exact duplicates). Survivors displace
+        the lowest rewards. Capacity is always reward-prioritized.
+    """
+    diverse = True
+    config = dict(
+        GFlowNetReplayBuffer.config,
+        type='gfn_diverse',
+        prioritized_capacity=True,
+        # Minimum p-norm distance (strictly greater) to be admitted; < 0 disables the filter.
+        cutoff_distance=0.0,
+        # p of the distance (torch.cdist's p): > 0, float('inf') for the max norm.
+        p_norm_distance=1.0,
+    )
+    checks = dict(
+        GFlowNetReplayBuffer.checks,
+        prioritized_capacity=(lambda x: x is True, 'True (the diverse buffer always keeps the best rewards)'),
+        cutoff_distance=(lambda x: np.isfinite(x), 'a finite number (< 0 disables the filter)'),
+        p_norm_distance=(lambda x: x > 0, 'a number > 0 (float("inf") for the max norm)'),
+    )
+
+
+@BUFFER_REGISTRY.register('terminating_state')
+class TerminatingStateBuffer(GFlowNetReplayBuffer):
+    """
+    Overview:
+        Stores only terminating states and their log-rewards. Dict batches keep the fields ``state_key``,
+        ``log_reward_key`` (and ``condition_key``); a torchgfn container becomes a ``StatesContainer`` of its
+        terminating states (as torchgfn's ``TerminatingStateBuffer``; for ``Transitions`` and
+        ``StatesContainer`` input only the terminating rows' rewards are kept, where torchgfn mismatches them);
+        another Container becomes a dict batch. Sampling returns that kind.
+    """
+    config = dict(GFlowNetReplayBuffer.config, type='terminating_state')
+
+    def _convert(self, data: Any) -> Any:
+        cfg = self._cfg
+        keys = [k for k in (cfg.state_key, cfg.log_reward_key, cfg.condition_key) if k is not None]
+        if isinstance(data, dict):
+            return {k: data[k] for k in keys if k in data} if all(k in data for k in keys) else data
+        if isinstance(data, list):
+            return [{k: item[k] for k in keys if k in item} if isinstance(item, dict) else item for item in data]
+        if not is_container(data):
+            return data  # rejected with a clear message by push
+        states = data.terminating_states
+        n = len(states)
+        r = data.log_rewards
+        if r is not None and len(r) != n:
+            mask = getattr(data, 'is_terminating', None)
+            if mask is None or len(r) != len(mask):
+                raise ValueError(f"container has {len(r)} log_rewards for {n} terminating states")
+            r = r[mask]
+        if type(data).__module__.startswith('gfn.') and hasattr(data, 'env'):
+            from gfn.containers import StatesContainer
+            env = data.env
+            return StatesContainer(env=env, states=states,
+                                   is_terminating=torch.ones(n, dtype=torch.bool, device=states.device),
+                                   log_rewards=r)
+        if r is None:
+            raise ValueError("terminating_state needs log_rewards on the container")
+        tensor = states if isinstance(states, torch.Tensor) else getattr(states, 'tensor', None)
+        if tensor is None:
+            raise TypeError(f"terminating_states of {type(data).__name__} is neither a tensor nor has .tensor")
+        out = {cfg.state_key: tensor, cfg.log_reward_key: torch.as_tensor(r)}
+        cond = getattr(states, 'conditions', None)
+        if cfg.condition_key is not None and isinstance(cond, torch.Tensor):
+            out[cfg.condition_key] = cond
+        return out
+
+
+__all__ = ['DiverseGFlowNetReplayBuffer', 'TerminatingStateBuffer']
