@@ -16,17 +16,9 @@ new frame only once the previous one left (bounded memory); the manager keeps at
 per worker. A broken connection fails every queued frame with ``TransportError``.
 
 Receiving. One thread per peer reads whole messages and decodes them (so every ``recv`` has a timeout: gloo's
-own timed wait closes the connection when it expires). Every length is checked before it reaches a receive:
-the control block must be self-consistent, parts must add up, and nothing past ``max_message_bytes`` is
-allocated -- an oversized frame is drained piece by piece and reported as ``(ERROR, (id, CodecError))``, and
-memory is allocated one piece at a time as the data arrives. MPI receives are sized by a matched probe, so
-only the bytes that arrived are used and a message of the wrong size is consumed and refused; gloo receives
-land in zeroed buffers, so a short message can never be read together with stale bytes. A message that breaks
-the framing is answered with an error and the next message is read as a new head (the stream resynchronises
-on message boundaries). The one thing no receiver can survive is gloo's own check: a single gloo message
-longer than the receive posted for it (a head over ``HEAD`` bytes, or a piece longer than its head
-declared) aborts the receiving process inside gloo. ding_buffer's senders never produce one; a peer that
-bypasses them can, which is why the torch backend, like gloo, assumes the ranks of the job trust each other.
+own timed wait closes the connection when it expires). ``frame_reader`` checks every length before it reaches a
+receive and resynchronises on message boundaries after a broken one; it also says why the torch backend, like
+gloo, assumes the ranks of the job trust each other.
 
 Shutdown. Each side ends a connection with a BYE message and answers the peer's BYE with its own; a receive
 thread ends only when the peer's BYE arrives or the connection breaks. ``close(grace)`` sends BYE, then joins
@@ -45,11 +37,10 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from ..errors import CodecError, ProtocolError, SendTimeout, TransportError  # noqa: F401 (re-exported)
-from .codec import decode, encode
+from .codec import encode
+from .frame_reader import BYE, ERROR, LOST, MESSAGE, FrameReader
 from .framing import (CTRL, DATA, GOODBYE, HEAD, INLINE, MAGIC, MAX_HEADER, MAX_META, MAX_PARTS, MAX_QUEUED,  # noqa: F401
                       PIECE, TAG, frame, pieces, table_ok)
-
-MESSAGE, ERROR, LOST, BYE = 'message', 'error', 'lost', 'bye'
 
 logger = logging.getLogger('ding_buffer.distributed')
 
@@ -87,7 +78,7 @@ def _close_open_transports() -> None:  # before the interpreter tears threads do
             pass
 
 
-class ThreadedTransport:
+class ThreadedTransport(FrameReader):
     """
     Overview:
         Framing, sender and receive threads and the inbox shared by the torch and MPI transports. Subclasses
@@ -122,14 +113,6 @@ class ThreadedTransport:
 
     # ------------------------------------------------------------------ backend primitives
     def _send_buf(self, peer: int, buf: np.ndarray) -> None:
-        raise NotImplementedError
-
-    def _recv_head(self, peer: int) -> Tuple[Any, Optional[int]]:
-        raise NotImplementedError
-
-    def _recv_exact(self, peer: int, n: int, out: Optional[np.ndarray] = None) -> Any:
-        """The next message, expected to be ``n`` bytes, into ``out`` (a uint8 view of ``n`` bytes) or a new
-        buffer; returns the buffer."""
         raise NotImplementedError
 
     # ------------------------------------------------------------------ sending
@@ -276,79 +259,6 @@ class ThreadedTransport:
             self.send_encoded(peer, b'{}', [], -1, None, wait=False, limit=1 << 30, kind=GOODBYE)
         except TransportError:
             pass
-
-    def _recv_message(self, peer: int) -> Tuple[str, Any]:
-        head, count = self._recv_head(peer)
-        h = np.asarray(head)
-        if (count if count is not None else len(h)) < CTRL:
-            raise ProtocolError(f"rank {peer} sent a {count}-byte message, shorter than a control block")
-        magic, kind, mid, hbytes, hlen, nparts, body, mlen = (int(v) for v in h[:CTRL].view(np.int64))
-        if magic != MAGIC:
-            raise ProtocolError(f"rank {peer} sent a message without the ding_buffer magic ({magic & (2**64 - 1):#x})")
-        mid = mid if mid >= 0 else None
-        if kind == GOODBYE:
-            return BYE, None
-        in_head = min(mlen, HEAD - CTRL)
-        if not (kind == DATA and 0 < hlen and 0 <= nparts <= MAX_PARTS and 0 <= body
-                and 16 * nparts + hlen <= mlen <= MAX_META and hbytes == CTRL + in_head
-                and (count is None or count == hbytes)):
-            raise ProtocolError(f"rank {peer} sent a bad control block {[kind, hbytes, hlen, nparts, body, mlen]} "
-                                f"({count} bytes arrived)", mid)
-        self.bytes_received += hbytes
-        try:
-            return self._recv_body(peer, h, mid, hlen, nparts, body, mlen, in_head)
-        except ProtocolError as e:
-            e.msg_id = mid if e.msg_id is None else e.msg_id
-            raise
-
-    def _recv_body(self, peer: int, h: np.ndarray, mid: Optional[int], hlen: int, nparts: int, body: int, mlen: int,
-                   in_head: int) -> Tuple[str, Any]:
-        if mlen <= in_head:
-            meta = h[CTRL:CTRL + mlen]
-        else:  # the rest of the meta block is one message (at most MAX_META bytes)
-            meta = np.zeros(mlen, dtype=np.uint8)
-            meta[:in_head] = h[CTRL:CTRL + in_head]
-            self._recv_exact(peer, mlen - in_head, out=meta[in_head:])
-            self.bytes_received += mlen - in_head
-        first = 16 * nparts + hlen
-        table = meta[:16 * nparts].copy().view(np.int64).reshape(-1, 2).tolist()  # Python ints: no overflow
-        if not table_ok(table, first, mlen, body):
-            # the pieces it announces cannot be trusted either: the next message is read as a new head
-            raise ProtocolError(f"rank {peer} sent a part table that does not match its sizes", mid)
-        header = meta[16 * nparts:first].tobytes()
-        if CTRL + mlen + body > self.max_message_bytes or hlen > MAX_HEADER:
-            for s, o in table:  # drain: the bytes are on the wire already
-                for a, b in pieces(s if o < 0 else 0):
-                    self._recv_exact(peer, b - a)
-                    self.bytes_received += b - a
-            what = (f"message of {CTRL + mlen + body} bytes exceeds distributed.max_message_mb "
-                    f"({self.max_message_bytes} bytes)" if hlen <= MAX_HEADER else
-                    f"message header of {hlen} bytes exceeds {MAX_HEADER} bytes (many small leaves: send one "
-                    f"batched dict of tensors instead of a list of items)")
-            return ERROR, (mid, CodecError(what))
-        parts = []
-        for s, o in table:
-            if o >= 0:
-                parts.append(meta[o:o + s].copy())  # owned: decoded tensors never share one buffer
-                continue
-            part = None
-            for a, b in pieces(s):
-                if part is None:  # allocated once its first piece has arrived: memory follows the data
-                    first_piece = np.asarray(self._recv_exact(peer, b - a)).reshape(-1)
-                    if b == s:
-                        part = first_piece
-                        break
-                    part = np.zeros(s, dtype=np.uint8)  # calloc: pages are not touched until written
-                    part[a:b] = first_piece
-                    del first_piece
-                else:
-                    self._recv_exact(peer, b - a, out=part[a:b])
-                self.bytes_received += b - a
-            parts.append(part if part is not None else np.empty(0, np.uint8))
-        try:
-            return MESSAGE, decode(header, parts, self.allow_pickle)
-        except CodecError as e:
-            return ERROR, (mid, e)
 
     def recv(self, timeout: Optional[float]) -> Optional[Tuple[int, str, Any]]:
         """Next ``(peer, kind, obj)`` from any peer, or ``None`` after ``timeout`` seconds."""
