@@ -9,26 +9,84 @@ never revives retired items, pushed and stored dicts are never mutated, refusals
 from typing import Any, Dict, List, Mapping, Optional
 
 import numpy as np
-import torch
 
 from ..base import BUFFER_REGISTRY
 from ..config import positive_int
 from ..control.limiter import limiter_checks, limiter_config
 from ..control.limits import NO_ITER, limit_ok
-from ..control.priority import PriorityIndex, as_priorities, item_priorities, parse_update
+from ..control.priority import BetaSchedule, PriorityIndex, batch_priorities, item_priorities, parse_update
 from ..errors import SampleTimeoutError  # noqa: F401 (re-exported: raised by sample(timeout=...))
 from ..monitor.sampled_data import SampledDataAttrMonitor
 from ..monitor.tb import emit, rank
 from ..storage import STORAGE_CHECKS, STORAGE_CONFIG, build_storage, storage_from_state
-from .engine import COUNTERS, INF, Engine  # noqa: F401 (COUNTERS re-exported)
-from .outputs import prioritized_items
+from .engine import COUNTERS, INF  # noqa: F401 (COUNTERS re-exported)
+from .outputs import with_extras
+from .slot_engine import SlotEngine
 
 # Keys added to sampled items; ignored (tensor storage) when such an item is pushed back.
 SAMPLE_KEYS = ('priority', 'IS', 'staleness', 'use')
 
 
+# The default config (DI-engine style: every key commented) and the value checks of each key.
+ADVANCED_CONFIG = dict(
+    type='advanced',
+    # Maximum number of items; the oldest is overwritten when full.
+    replay_buffer_size=4096,
+    # Remove an item once it has been sampled this many times (inf: never).
+    max_use=INF,
+    # Remove items with cur_learner_iter - collect_iter >= max_staleness, oldest first (inf: never).
+    max_staleness=INF,
+    # Priority exponent: leaf = priority ** alpha (0 = uniform).
+    alpha=0.6,
+    # Importance-sampling exponent at the start; annealed to 1 over anneal_step sample calls.
+    beta=0.4,
+    # Sample calls over which beta grows linearly to 1 (0: no annealing).
+    anneal_step=100000,
+    # Added to every updated priority so that no item becomes unsampleable.
+    eps=1e-5,
+    # New items without a priority get the max priority among stored items (TorchRL) instead of the
+    # running max of all priorities ever set (DI-engine). Keeps a max tree (+1.2 bytes per item).
+    max_priority_within_buffer=False,
+    # Items are dicts whose payload is a file at item['data_id']; delete it when the item leaves.
+    enable_track_used_data=False,
+    # Deep-copy items on push and sampled items on sample (list storage).
+    deepcopy=False,
+    # Seed of the buffer's own RNG; None draws it from numpy's global RNG (np.random.seed reproduces).
+    seed=None,
+    # Your own removal rules: [dict(type=NAME, **arguments)] registered in REMOVER_REGISTRY (import_names).
+    removers=[],
+    thruput_controller=limiter_config(1.0),
+    monitor=dict(
+        # Moving window (sample calls) and print/TensorBoard period (sample calls) of sampled-data stats.
+        sampled_data_attr=dict(average_range=5, print_freq=200),
+        # Period of the push/sample/remove throughput report.
+        periodic_thruput=dict(seconds=60.0),
+        # Without a tb_logger passed in, write TensorBoard to ./{exp_name}/log/{instance_name}/.
+        tensorboard=False,
+    ),
+    storage=STORAGE_CONFIG,
+)
+ADVANCED_CHECKS = dict(
+    replay_buffer_size=(positive_int, 'a positive int'),
+    max_use=(limit_ok, 'a number > 0 or inf'),
+    max_staleness=(limit_ok, 'a number > 0 or inf'),
+    alpha=(lambda x: 0 <= x <= 1, 'a number in [0, 1]'),
+    beta=(lambda x: 0 <= x <= 1, 'a number in [0, 1]'),
+    anneal_step=(lambda x: x >= 0 and x == int(x), 'an int >= 0'),
+    eps=(lambda x: 0 <= x < INF, 'a finite number >= 0'),
+    seed=(lambda x: x is None or (isinstance(x, int) and x >= 0), 'None or an int >= 0'),
+    **limiter_checks(1.0),
+    **{
+        'monitor.sampled_data_attr.average_range': (positive_int, 'a positive int'),
+        'monitor.sampled_data_attr.print_freq': (positive_int, 'a positive int'),
+        'monitor.periodic_thruput.seconds': (lambda x: x > 0, 'a positive number of seconds'),
+    },
+    **STORAGE_CHECKS,
+)
+
+
 @BUFFER_REGISTRY.register('advanced')
-class AdvancedReplayBuffer(Engine):
+class AdvancedReplayBuffer(SlotEngine):
     """
     Overview:
         Prioritized experience replay (Schaul et al.) with use-count and staleness eviction, a push/sample
@@ -45,61 +103,8 @@ class AdvancedReplayBuffer(Engine):
     Complexity: push O(n log8 C), sample O(B log8 C) (O(m) with ``sample_range`` selecting m items),
         update O(B log8 C), stats O(1).
     """
-    config = dict(
-        type='advanced',
-        # Maximum number of items; the oldest is overwritten when full.
-        replay_buffer_size=4096,
-        # Remove an item once it has been sampled this many times (inf: never).
-        max_use=INF,
-        # Remove items with cur_learner_iter - collect_iter >= max_staleness, oldest first (inf: never).
-        max_staleness=INF,
-        # Priority exponent: leaf = priority ** alpha (0 = uniform).
-        alpha=0.6,
-        # Importance-sampling exponent at the start; annealed to 1 over anneal_step sample calls.
-        beta=0.4,
-        # Sample calls over which beta grows linearly to 1 (0: no annealing).
-        anneal_step=100000,
-        # Added to every updated priority so that no item becomes unsampleable.
-        eps=1e-5,
-        # New items without a priority get the max priority among stored items (TorchRL) instead of the
-        # running max of all priorities ever set (DI-engine). Keeps a max tree (+1.2 bytes per item).
-        max_priority_within_buffer=False,
-        # Items are dicts whose payload is a file at item['data_id']; delete it when the item leaves.
-        enable_track_used_data=False,
-        # Deep-copy items on push and sampled items on sample (list storage).
-        deepcopy=False,
-        # Seed of the buffer's own RNG; None draws it from numpy's global RNG (np.random.seed reproduces).
-        seed=None,
-        # Your own removal rules: [dict(type=NAME, **arguments)] registered in REMOVER_REGISTRY (import_names).
-        removers=[],
-        thruput_controller=limiter_config(1.0),
-        monitor=dict(
-            # Moving window (sample calls) and print/TensorBoard period (sample calls) of sampled-data stats.
-            sampled_data_attr=dict(average_range=5, print_freq=200),
-            # Period of the push/sample/remove throughput report.
-            periodic_thruput=dict(seconds=60.0),
-            # Without a tb_logger passed in, write TensorBoard to ./{exp_name}/log/{instance_name}/.
-            tensorboard=False,
-        ),
-        storage=STORAGE_CONFIG,
-    )
-    checks = dict(
-        replay_buffer_size=(positive_int, 'a positive int'),
-        max_use=(limit_ok, 'a number > 0 or inf'),
-        max_staleness=(limit_ok, 'a number > 0 or inf'),
-        alpha=(lambda x: 0 <= x <= 1, 'a number in [0, 1]'),
-        beta=(lambda x: 0 <= x <= 1, 'a number in [0, 1]'),
-        anneal_step=(lambda x: x >= 0 and x == int(x), 'an int >= 0'),
-        eps=(lambda x: 0 <= x < INF, 'a finite number >= 0'),
-        seed=(lambda x: x is None or (isinstance(x, int) and x >= 0), 'None or an int >= 0'),
-        **limiter_checks(1.0),
-        **{
-            'monitor.sampled_data_attr.average_range': (positive_int, 'a positive int'),
-            'monitor.sampled_data_attr.print_freq': (positive_int, 'a positive int'),
-            'monitor.periodic_thruput.seconds': (lambda x: x > 0, 'a positive number of seconds'),
-        },
-        **STORAGE_CHECKS,
-    )
+    config = ADVANCED_CONFIG
+    checks = ADVANCED_CHECKS
 
     uses_counted = True
 
@@ -109,8 +114,7 @@ class AdvancedReplayBuffer(Engine):
         self._storage = build_storage(cfg.storage, cfg.replay_buffer_size, reserved_keys=SAMPLE_KEYS)
         self._index = self._new_index()
         self.alpha = float(cfg.alpha)
-        self._beta = float(cfg.beta)
-        self._anneal = (1.0 - cfg.beta) / cfg.anneal_step if cfg.anneal_step else 0.0
+        self._beta = BetaSchedule(cfg.beta, int(cfg.anneal_step))
         self._build_engine(cfg.replay_buffer_size)
         self._build_monitors(cfg.monitor.tensorboard, cfg.monitor.periodic_thruput.seconds)
         attr = cfg.monitor.sampled_data_attr
@@ -125,28 +129,20 @@ class AdvancedReplayBuffer(Engine):
     # ------------------------------------------------------------------ properties / table verbs
     @property
     def beta(self) -> float:
-        return self._beta
+        return self._beta.value
 
     @beta.setter
     def beta(self, value: float) -> None:
-        if not 0 <= value <= 1:
-            raise ValueError(f"beta must be in [0, 1], got {value}")
-        self._beta = float(value)
+        self._beta.set(value)
 
-    @property
-    def push_count(self) -> int:
-        """Items accepted since construction (DI-engine's Advanced keeps it across ``clear``)."""
-        return self._storage.ring.push_count
-
-    def oldest(self, k: int) -> np.ndarray:
-        return self._storage.oldest(k)
-
-    def collect_iter(self, slots: np.ndarray) -> np.ndarray:
-        return self._storage.collect_iter(slots)
-
-    def _drop(self, slots: np.ndarray) -> List[Any]:
+    def _on_removed(self, slots: np.ndarray) -> None:
         self._index.clear_slots(slots)
-        return self._storage.remove(slots)
+
+    def _on_written(self, slots: np.ndarray, priorities: Optional[np.ndarray]) -> None:
+        self._index.set_new(slots, priorities)
+
+    def _on_written_one(self, slot: int, priority: Optional[float]) -> None:
+        self._index.set_new_one(slot, priority)
 
     def _drop_used(self, slots: np.ndarray) -> None:
         if self._remover is not None:  # DI-engine: keep the item (its file), just never sample it again
@@ -162,8 +158,7 @@ class AdvancedReplayBuffer(Engine):
         if not self._admit(len(items)):
             return 0
         prepared = self._storage.prepare(items)
-        self._commit(prepared, priorities[prepared.dropped:], len(items))
-        return len(items)
+        return self._write(prepared, priorities[prepared.dropped:])
 
     def _push_one_fast(self, item: Any) -> bool:
         """The single-push hot path (O(fields) + one compiled tree update). False -- with nothing changed --
@@ -177,40 +172,16 @@ class AdvancedReplayBuffer(Engine):
             return False
         if self._limiter.active and not self._limiter.can_push(1)[0]:
             return False  # the generic path counts and logs the refusal
-        before = len(self._storage)
-        slot = self._storage.write_one(item)
-        if slot is None:
-            return False
-        self._index.set_new_one(slot, p)
-        self._uses.counts[slot] = 0
-        self._pushed(1, before + 1 - len(self._storage))
-        return True
+        return self._write_one(item, p)
 
     def _push_batch(self, batch: Any) -> int:
         if type(batch) is not dict and not isinstance(batch, Mapping):
             raise TypeError(f"a batched push needs a dict of batched leaves, got {type(batch).__name__}")
         prepared = self._storage.prepare_batch(batch)
-        n = prepared.n + prepared.dropped
-        p = batch.get('priority')
-        if p is None:
-            priorities = np.full(prepared.n, self._index.default_priority())
-        else:
-            priorities = as_priorities(p, 'priority')
-            if len(priorities) != n:
-                raise ValueError(f"batched 'priority' has {len(priorities)} entries, the batch has {n} items")
-            priorities = priorities[prepared.dropped:]
-        if not self._admit(n):
+        priorities = batch_priorities(batch.get('priority'), prepared, self._index.default_priority())
+        if not self._admit(prepared.n + prepared.dropped):
             return 0
-        self._commit(prepared, priorities, n)
-        return n
-
-    def _commit(self, prepared: Any, priorities: np.ndarray, n: int) -> None:
-        before = len(self._storage)
-        result = self._storage.write(prepared)
-        self._index.set_new(result.slots, priorities)
-        self._fresh(result.slots)
-        self._evicted(result.evicted)
-        self._pushed(n, before + n - len(self._storage))  # overwritten (+ dropped) items
+        return self._write(prepared, priorities)
 
     # ------------------------------------------------------------------ sample
     def sample(
@@ -240,14 +211,14 @@ class AdvancedReplayBuffer(Engine):
         index = self._index
         candidates = None
         if sample_range is not None:
-            positions = self._range_positions(len(self._storage), sample_range)
+            positions = self._candidates(sample_range)
             if not len(positions):
                 return self._refused(f'{sample_range} selects nothing')
             candidates = self._storage.ring.slots_of_positions(positions.start + np.arange(len(positions)) * positions.step)
         slots = index.sample(self._rng, size, candidates)
         if slots is None:
             return self._refused('every candidate item has priority 0')
-        beta = self._beta
+        beta = self._beta.draw()
         weights = index.is_weights(slots, beta)
         priority = index.priorities(slots)
         ci = self._storage.collect_iter(slots)
@@ -256,22 +227,11 @@ class AdvancedReplayBuffer(Engine):
         out = self._output(slots, weights, use, priority, staleness)
         self._due = self._sampled_monitor.record(use, priority, staleness, beta, cur_learner_iter, self._last_envstep)
         self._drawn(slots, size, use)
-        if self._anneal:
-            self._beta = min(1.0, self._beta + self._anneal)
         return out
 
     def _output(self, slots, weights, use, priority, staleness) -> Any:
-        if self._storage.kind == 'tensor':
-            out = self._storage.gather(slots)
-            dev = self._storage.device
-            out['priority'] = torch.from_numpy(priority.astype(np.float32)).to(dev)
-            out['IS'] = torch.from_numpy(weights.astype(np.float32)).to(dev)
-            out['staleness'] = torch.from_numpy(staleness).to(dev)
-            out['use'] = torch.from_numpy(use).to(dev)
-            return out
-        ids = self._storage.ring.uids(slots)
-        return prioritized_items(self._storage.gather(slots), self._instance_name, ids, slots,
-                                 dict(priority=priority, staleness=staleness, use=use, IS=weights), self._cfg.deepcopy)
+        extras = dict(priority=priority, staleness=staleness, use=use, IS=weights)
+        return with_extras(self._storage, slots, extras, self._instance_name, self._cfg.deepcopy)
 
     def _emit(self, due: Any) -> None:
         emit(due, self._sampled_monitor.logger, self._sampled_monitor.tb_logger)
@@ -294,10 +254,7 @@ class AdvancedReplayBuffer(Engine):
             return {'updated': 0, 'stale': 0}
         priorities, ids, slots, mine = parsed
         with self._lock:
-            ring = self._storage.ring
-            match = ring.valid[slots] & (ring.uids(slots) == ids)
-            if mine is not None:
-                match &= mine
+            match = self._storage.ring.holds(slots, ids, mine)
             if self._use_limit is not None:
                 match &= ~self._spent(slots)
             n = int(np.count_nonzero(match))
@@ -305,33 +262,27 @@ class AdvancedReplayBuffer(Engine):
                 self._index.update(slots, priorities)
             elif n:
                 self._index.update(slots[match], priorities[match])
-            self._counters['updated'] += n
-            self._counters['stale_updates'] += len(slots) - n
-        return {'updated': n, 'stale': len(slots) - n}
+            return self._count_update(n, len(slots))
 
     # ------------------------------------------------------------------ stats / clear / state
     def stats(self) -> Dict[str, float]:
         """A flat dict of numbers, O(1): counters, refusals, beta, priorities and the sampled-data window."""
         with self._lock:
             out = super().stats()
-            out.update(push_count=self.push_count, beta=self._beta, max_priority=self._index.max_priority,
+            out.update(push_count=self.push_count, beta=self.beta, max_priority=self._index.max_priority,
                        priority_mass=self._index.tree.total())
             out.update(self._sampled_monitor.averages())
-            out['beta'] = self._beta  # the current beta, not the last sampled batch's
+            out['beta'] = self.beta  # the current beta, not the last sampled batch's
             return out
 
-    def _clear(self) -> List[Any]:
-        slots = self._storage.ring.ordered_slots()
-        removed = self._storage.clear()
+    def _on_cleared(self, slots: np.ndarray) -> None:
         self._index.reset()
-        self._uses.reset(slots)
         self._counters['remove_count'] += len(slots)
-        return removed
 
     def _state(self) -> Dict[str, Any]:
         engine = self._engine_state()
         index = {**self._index.state_dict(), 'use': engine.pop('use')}  # the file layout of version 1
-        return {'storage': self._storage.state_dict(), 'index': index, 'beta': self._beta, **engine}
+        return {'storage': self._storage.state_dict(), 'index': index, 'beta': self.beta, **engine}
 
     def _restore(self, state: Dict[str, Any]) -> None:
         for key in ('storage', 'index', 'beta'):
@@ -340,16 +291,15 @@ class AdvancedReplayBuffer(Engine):
         storage = storage_from_state(self._cfg.storage, self.replay_buffer_size, state['storage'], SAMPLE_KEYS)
         index = self._new_index()
         index.load_state_dict(state['index'], storage.ring.valid)
-        beta = float(state['beta'])
-        if not 0 <= beta <= 1:
-            raise ValueError(f"saved beta must be in [0, 1], got {beta}")
+        beta = BetaSchedule.checked(state['beta'], 'saved beta')
         swap = self._engine_restored({**state, 'use': state['index']['use']}, storage.ring.valid, required=True)
-        self._storage, self._index, self._beta = storage, index, beta
+        self._storage, self._index = storage, index
+        self._beta.set(beta)
         swap()
 
     def __repr__(self) -> str:
         return (
             f"AdvancedReplayBuffer(instance_name={self._instance_name!r}, count={self.count()}, "
-            f"replay_buffer_size={self.replay_buffer_size}, alpha={self.alpha}, beta={self._beta:.4f}, "
+            f"replay_buffer_size={self.replay_buffer_size}, alpha={self.alpha}, beta={self.beta:.4f}, "
             f"storage={self._storage!r})"
         )

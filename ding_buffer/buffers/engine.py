@@ -161,17 +161,27 @@ class Engine(BufferCore):
         (None when the preset keeps none)."""
         if use is None and self._uses is not None:
             use = self._uses.bump(slots)
+        done = None  # slots an earlier rule removed in this call: a later rule cannot remove them again
         for rule in self._rules:  # usually none or one
             gone = rule.after_sample(self, slots, use)
+            if done is not None and len(gone):
+                gone = np.setdiff1d(gone, done)
             if len(gone):
                 if rule is self._use_limit:
                     self._drop_used(gone)
                 else:
                     self._remove(gone, f'removed_by_{rule.name}')
+                done = gone if done is None else np.union1d(done, gone)
         self._counters['sample_calls'] += 1
         self._counters['sampled_items'] += size
         self._limiter.on_sample(size)
         return use
+
+    def _count_update(self, n: int, total: int) -> Dict[str, int]:
+        """An ``update`` applied ``n`` of ``total`` entries (the rest were stale): counted, and its result."""
+        self._counters['updated'] += n
+        self._counters['stale_updates'] += total - n
+        return {'updated': n, 'stale': total - n}
 
     def _spent(self, slots: np.ndarray) -> np.ndarray:
         """Mask of ``slots`` whose elements reached ``max_use`` (``update`` leaves them alone)."""

@@ -19,6 +19,46 @@ from .prioritized_windows import PrioritizedWindows
 NO_FLAT = "prioritized windows need the flat transitions of storage.type='tensor' (with max_transitions)"
 
 
+# The default config (DI-engine style: every key commented) and the value checks of each key.
+EPISODE_CONFIG = dict(
+    type='episode',
+    # Maximum number of stored episodes.
+    replay_buffer_size=1000,
+    # Maximum number of stored transitions (required with storage.type='tensor'); None = no limit.
+    max_transitions=None,
+    # Let episodes shorter than unroll_len give one zero-padded window (with a mask) instead of none.
+    pad_short_episodes=False,
+    deepcopy=False,
+    # Not supported for episodes (kept so DI-engine configs load); must stay False.
+    enable_track_used_data=False,
+    # Period of the push/sample/remove report written to a tb_logger passed in (DI-engine key).
+    periodic_thruput_seconds=60,
+    seed=None,
+    # Remove an episode once it has been sampled (whole, or a window of it) this many times (inf: never).
+    max_use=INF,
+    # Remove the oldest episodes while cur_learner_iter - min collect_iter of their steps >= max_staleness.
+    max_staleness=INF,
+    # {} = uniform; dict(type='prioritized', unroll_len=T, alpha=0.6, beta=0.4, eta=0.9, eps=1e-5,
+    # anneal_step=0) = prioritized windows (tensor storage).
+    sampler={},
+    # Your own removal rules: [dict(type=NAME, **arguments)] registered in REMOVER_REGISTRY (import_names).
+    removers=[],
+    thruput_controller=limiter_config(0.0),
+    storage=STORAGE_CONFIG,
+)
+EPISODE_CHECKS = dict(
+    replay_buffer_size=(positive_int, 'a positive int (number of episodes)'),
+    max_transitions=(optional_positive_int, 'None or a positive int'),
+    enable_track_used_data=(lambda x: x is False, 'False (episode buffers do not track used data)'),
+    periodic_thruput_seconds=(lambda x: x > 0, 'a positive number of seconds'),
+    seed=(lambda x: x is None or (isinstance(x, int) and x >= 0), 'None or an int >= 0'),
+    max_use=(limit_ok, 'a number > 0 or inf'),
+    max_staleness=(limit_ok, 'a number > 0 or inf'),
+    **limiter_checks(0.0),
+    **STORAGE_CHECKS,
+)
+
+
 @BUFFER_REGISTRY.register('episode')
 class EpisodeReplayBuffer(Engine):
     """
@@ -39,43 +79,8 @@ class EpisodeReplayBuffer(Engine):
     Thread-safety: every public method holds the buffer's lock.
     Complexity: push O(L); sample O(episodes + batch * T) (a cumulative sum over episode window counts).
     """
-    config = dict(
-        type='episode',
-        # Maximum number of stored episodes.
-        replay_buffer_size=1000,
-        # Maximum number of stored transitions (required with storage.type='tensor'); None = no limit.
-        max_transitions=None,
-        # Let episodes shorter than unroll_len give one zero-padded window (with a mask) instead of none.
-        pad_short_episodes=False,
-        deepcopy=False,
-        # Not supported for episodes (kept so DI-engine configs load); must stay False.
-        enable_track_used_data=False,
-        # Period of the push/sample/remove report written to a tb_logger passed in (DI-engine key).
-        periodic_thruput_seconds=60,
-        seed=None,
-        # Remove an episode once it has been sampled (whole, or a window of it) this many times (inf: never).
-        max_use=INF,
-        # Remove the oldest episodes while cur_learner_iter - min collect_iter of their steps >= max_staleness.
-        max_staleness=INF,
-        # {} = uniform; dict(type='prioritized', unroll_len=T, alpha=0.6, beta=0.4, eta=0.9, eps=1e-5,
-        # anneal_step=0) = prioritized windows (tensor storage).
-        sampler={},
-        # Your own removal rules: [dict(type=NAME, **arguments)] registered in REMOVER_REGISTRY (import_names).
-        removers=[],
-        thruput_controller=limiter_config(0.0),
-        storage=STORAGE_CONFIG,
-    )
-    checks = dict(
-        replay_buffer_size=(positive_int, 'a positive int (number of episodes)'),
-        max_transitions=(optional_positive_int, 'None or a positive int'),
-        enable_track_used_data=(lambda x: x is False, 'False (episode buffers do not track used data)'),
-        periodic_thruput_seconds=(lambda x: x > 0, 'a positive number of seconds'),
-        seed=(lambda x: x is None or (isinstance(x, int) and x >= 0), 'None or an int >= 0'),
-        max_use=(limit_ok, 'a number > 0 or inf'),
-        max_staleness=(limit_ok, 'a number > 0 or inf'),
-        **limiter_checks(0.0),
-        **STORAGE_CHECKS,
-    )
+    config = EPISODE_CONFIG
+    checks = EPISODE_CHECKS
 
     def _build(self) -> None:
         cfg = self._cfg
@@ -268,7 +273,7 @@ class EpisodeReplayBuffer(Engine):
             out = super().stats()
             out.update(transitions=self._store.transitions, push_count=self.push_count)
             if self._prio is not None:
-                out.update(beta=self._prio.beta, max_priority=self._prio.windows.max_priority,
+                out.update(beta=self._prio.beta.value, max_priority=self._prio.windows.max_priority,
                            priority_mass=self._prio.windows.index.tree.total())
             return out
 

@@ -99,11 +99,13 @@ class _EpisodeStore:
     def make_room(self, n: int) -> List[Any]:
         """Evict the oldest whole episodes until one more episode of ``n`` transitions fits."""
         evicted: List[Any] = []
-        while self.ring.count and (
-                self.ring.count >= self.max_episodes or
-                (self.max_transitions is not None and self.transitions + n > self.max_transitions)):
+        while self.ring.count and self._needs_room(n):
             evicted += self.remove(self.ring.oldest(1))
         return evicted
+
+    def _needs_room(self, n: int) -> bool:
+        return self.ring.count >= self.max_episodes or (
+            self.max_transitions is not None and self.transitions + n > self.max_transitions)
 
     def lengths(self, slots: np.ndarray) -> np.ndarray:
         return self.length[slots]
@@ -233,6 +235,12 @@ class FlatEpisodes(_EpisodeStore):
 
     def first(self, slot: int) -> int:
         return int(self.start[slot])
+
+    def _needs_room(self, n: int) -> bool:
+        """Also while the next ``n`` transition slots hold live data: an episode removed from the middle (by
+        ``max_use`` or a rule) leaves a hole the ring does not write into, so the oldest must make way."""
+        ring = self.storage.ring
+        return super()._needs_room(n) or bool(ring.valid[ring.next_slots(n)].any())
 
     def episode_collect_iter(self, slot: int) -> int:
         ci = self.storage.collect_iter(self._transition_slots(np.array(slot), np.arange(self.length[slot])))

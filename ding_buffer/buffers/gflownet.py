@@ -22,24 +22,74 @@ import torch
 
 from ..base import BUFFER_REGISTRY
 from ..config import positive_int
-from ..control.diversity import StateSet, diverse_mask, row_hashes
-from ..control.keep_best import RewardIndex
+from ..control.diversity import row_hashes
 from ..control.limiter import limiter_checks, limiter_config
 from ..control.limits import limit_ok
-from ..monitor.tb import Due
 from .engine import INF, Engine
-from .gfn_data import ColumnStore, ContainerStore, GFNBatch, is_container
+from ..control.diversity import StateSet  # noqa: F401 (annotations)
+from ..control.keep_best import RewardIndex
+from .gfn_data import ContainerStore, GFNBatch
+from .gfn_parts import check_kind, make_parts, make_store
 from .gfn_state import GFlowNetState
+from .gfn_stats import GFlowNetStats
 
-_STAT_TAGS = ('size', 'log_reward_min', 'log_reward_mean', 'log_reward_max', 'unique_terminating_states')
 
 
 def _key(x: Any) -> bool:
     return isinstance(x, str) and bool(x)
 
 
+# The default config (DI-engine style: every key commented) and the value checks of each key.
+GFN_CONFIG = dict(
+    type='gfn',
+    # Capacity in items (torchgfn's default is 1000).
+    replay_buffer_size=1000,
+    # Keep the highest log-rewards when full (ties: the newest stay); False keeps the newest (FIFO).
+    prioritized_capacity=False,
+    # Sample with probability softmax(log_reward) instead of uniformly.
+    prioritized_sampling=False,
+    # None: with replacement only when asked for more items than stored (torchgfn); True / False: always.
+    sample_replacement=None,
+    # Defer truncation until stored + incoming reaches 2 * capacity (waiting items are sampled too).
+    lazy_sort=False,
+    # Field names in dict batches: the terminating state, its log-reward and an optional condition.
+    state_key='state',
+    log_reward_key='log_reward',
+    condition_key=None,
+    # Device of dict-batch tensors (containers stay where they are).
+    device='cpu',
+    # Seed of the buffer's own RNG; None draws it from numpy's global RNG.
+    seed=None,
+    # Remove an item once it has been sampled this many times (inf: never).
+    max_use=INF,
+    # Remove the oldest items while cur_learner_iter - item['collect_iter'] >= max_staleness (dict batches).
+    max_staleness=INF,
+    # Your own removal rules: [dict(type=NAME, **arguments)] registered in REMOVER_REGISTRY (import_names).
+    removers=[],
+    thruput_controller=limiter_config(0.0),
+    monitor=dict(
+        # Write stats() to TensorBoard every `log_every` pushes ({instance}_iter/...).
+        tensorboard=False,
+        log_every=100,
+    ),
+)
+GFN_CHECKS = dict(
+    replay_buffer_size=(positive_int, 'a positive int'),
+    sample_replacement=(lambda x: x is None or isinstance(x, bool), 'None, True or False'),
+    state_key=(_key, 'a non-empty str'),
+    log_reward_key=(_key, 'a non-empty str'),
+    condition_key=(lambda x: x is None or _key(x), 'None or a non-empty str'),
+    device=(lambda x: isinstance(x, str) and x.split(':')[0] in ('cpu', 'cuda'), "'cpu' or 'cuda[:N]'"),
+    seed=(lambda x: x is None or (isinstance(x, int) and x >= 0), 'None or an int >= 0'),
+    max_use=(limit_ok, 'a number > 0 or inf'),
+    max_staleness=(limit_ok, 'a number > 0 or inf'),
+    **limiter_checks(0.0),
+    **{'monitor.log_every': (positive_int, 'a positive int')},
+)
+
+
 @BUFFER_REGISTRY.register('gfn')
-class GFlowNetReplayBuffer(GFlowNetState, Engine):
+class GFlowNetReplayBuffer(GFlowNetStats, GFlowNetState, Engine):
     """
     Overview:
         Reward-aware buffer of GFlowNet samples. ``push`` takes a dict of batched tensors, a list of item dicts
@@ -56,52 +106,8 @@ class GFlowNetReplayBuffer(GFlowNetState, Engine):
     ``capacity`` items); sample O(capacity + size log size).
     """
     diverse = False
-    config = dict(
-        type='gfn',
-        # Capacity in items (torchgfn's default is 1000).
-        replay_buffer_size=1000,
-        # Keep the highest log-rewards when full (ties: the newest stay); False keeps the newest (FIFO).
-        prioritized_capacity=False,
-        # Sample with probability softmax(log_reward) instead of uniformly.
-        prioritized_sampling=False,
-        # None: with replacement only when asked for more items than stored (torchgfn); True / False: always.
-        sample_replacement=None,
-        # Defer truncation until stored + incoming reaches 2 * capacity (waiting items are sampled too).
-        lazy_sort=False,
-        # Field names in dict batches: the terminating state, its log-reward and an optional condition.
-        state_key='state',
-        log_reward_key='log_reward',
-        condition_key=None,
-        # Device of dict-batch tensors (containers stay where they are).
-        device='cpu',
-        # Seed of the buffer's own RNG; None draws it from numpy's global RNG.
-        seed=None,
-        # Remove an item once it has been sampled this many times (inf: never).
-        max_use=INF,
-        # Remove the oldest items while cur_learner_iter - item['collect_iter'] >= max_staleness (dict batches).
-        max_staleness=INF,
-        # Your own removal rules: [dict(type=NAME, **arguments)] registered in REMOVER_REGISTRY (import_names).
-        removers=[],
-        thruput_controller=limiter_config(0.0),
-        monitor=dict(
-            # Write stats() to TensorBoard every `log_every` pushes ({instance}_iter/...).
-            tensorboard=False,
-            log_every=100,
-        ),
-    )
-    checks = dict(
-        replay_buffer_size=(positive_int, 'a positive int'),
-        sample_replacement=(lambda x: x is None or isinstance(x, bool), 'None, True or False'),
-        state_key=(_key, 'a non-empty str'),
-        log_reward_key=(_key, 'a non-empty str'),
-        condition_key=(lambda x: x is None or _key(x), 'None or a non-empty str'),
-        device=(lambda x: isinstance(x, str) and x.split(':')[0] in ('cpu', 'cuda'), "'cpu' or 'cuda[:N]'"),
-        seed=(lambda x: x is None or (isinstance(x, int) and x >= 0), 'None or an int >= 0'),
-        max_use=(limit_ok, 'a number > 0 or inf'),
-        max_staleness=(limit_ok, 'a number > 0 or inf'),
-        **limiter_checks(0.0),
-        **{'monitor.log_every': (positive_int, 'a positive int')},
-    )
+    config = GFN_CONFIG
+    checks = GFN_CHECKS
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -143,15 +149,10 @@ class GFlowNetReplayBuffer(GFlowNetState, Engine):
 
     def _parts_for(self, store: Any):
         """A fresh ``(RewardIndex, StateSet)`` sized for ``store`` (nothing is swapped in)."""
-        cap = self.capacity
-        physical = self._physical(store.reuses_slots)
-        index = RewardIndex(cap, physical, self._prioritized_capacity(), bool(self._cfg.lazy_sort),
-                            store.reuses_slots)
-        return index, StateSet(physical, keep_rows=self.diverse, p=float(self._cfg.get('p_norm_distance', 1.0)))
+        return make_parts(self._cfg, store, self._prioritized_capacity(), self.diverse)
 
-    def _physical(self, reuses_slots: bool) -> int:
-        """Slots to allocate: 2x capacity while truncation is lazy, or as the first size of an append-only store."""
-        return 2 * self.capacity if self._cfg.lazy_sort or not reuses_slots else self.capacity
+    def _make_store(self, data: Any) -> Any:
+        return make_store(self._cfg, data)
 
     def _new_parts(self, store: Any) -> None:
         self._index, self._states = self._parts_for(store)
@@ -193,12 +194,7 @@ class GFlowNetReplayBuffer(GFlowNetState, Engine):
             if isinstance(data, list) and not data:
                 return 0
             store = self._store if self._store is not None else self._make_store(data)
-            if not isinstance(store, ContainerStore) and is_container(data):
-                raise TypeError(f"this buffer holds dict batches, got a {type(data).__name__} container")
-            if isinstance(store, ContainerStore) and not is_container(data):
-                raise TypeError(
-                    f"this buffer holds {store.cls.__name__ if store.cls else 'container'}s, got {type(data).__name__}"
-                )
+            check_kind(store, data)
             batch = store.prepare(data, need_rows=True)
             self._validate(batch)
             if batch.n == 0 or not self._admit(batch.n):
@@ -215,17 +211,6 @@ class GFlowNetReplayBuffer(GFlowNetState, Engine):
             self._emit(due)  # TensorBoard is I/O: written outside the lock
         return stored
 
-    def _make_store(self, data: Any) -> Any:
-        if is_container(data):
-            return ContainerStore()
-        if isinstance(data, (dict, list)):
-            cfg = self._cfg
-            return ColumnStore(self._physical(ColumnStore.reuses_slots), cfg.device, cfg.state_key, cfg.log_reward_key, cfg.condition_key)
-        raise TypeError(
-            f"a GFlowNet buffer takes a dict of batched tensors, a list of item dicts or a Container "
-            f"(__len__, __getitem__, extend, log_rewards, terminating_states); got {type(data).__name__}"
-        )
-
     def _convert(self, data: Any) -> Any:
         """Hook of ``terminating_state``: what is actually stored for ``data``."""
         return data
@@ -238,34 +223,21 @@ class GFlowNetReplayBuffer(GFlowNetState, Engine):
                 "log_rewards must be defined for prioritized replay (prioritized_capacity / prioritized_sampling / "
                 "gfn_diverse); the container has none"
             )
-        if batch.rows is not None:
-            if self._states is not None:
-                self._states.check_dim(batch.rows, 'the terminating-state representation')
-            if self.diverse and not np.isfinite(batch.rows).all():
-                raise ValueError("gfn_diverse needs finite terminating states (and conditions); got NaN or inf")
-        elif self.diverse and batch.n:
-            raise ValueError("gfn_diverse needs exactly one terminating state per item (got e.g. Transitions)")
+        if batch.rows is not None and self._states is not None:
+            self._states.check_dim(batch.rows, 'the terminating-state representation')
+
+    def _admission(self, batch: GFNBatch, hashes: Optional[np.ndarray]) -> np.ndarray:
+        """Which items of the batch go on to the capacity rule (positions, in order); every item here. The
+        diverse preset's filter is an admission rule overriding this."""
+        return np.arange(batch.n, dtype=np.int64)
 
     def _insert(self, batch: GFNBatch) -> int:
-        """Filter (diverse, once full), decide capacity, then write. Returns the number stored."""
+        """Admission, then capacity, then write. Returns the number stored."""
         index, states, c = self._index, self._states, self._tally
         r = batch.log_reward
         hashes = None if batch.rows is None else row_hashes(batch.rows)
         c['pushed'] += batch.n
-        order = np.arange(batch.n, dtype=np.int64)
-        if self.diverse and index.count >= self.capacity:
-            self._evict(index.flush())  # lazy: back to capacity before comparing
-            order = np.argsort(-r, kind='stable')  # best first; equal rewards keep batch order
-            c['filter_checked'] += batch.n
-            live = index.live_slots()
-            ok = r[order] >= index.log_reward[live].min()
-            c['rejected_by_reward'] += int((~ok).sum())
-            order = order[ok]
-            if self._cfg.cutoff_distance >= 0 and len(order):
-                keep = diverse_mask(batch.rows[order], hashes[order], states, live,
-                                    float(self._cfg.cutoff_distance), float(self._cfg.p_norm_distance))
-                c['rejected_by_distance'] += int((~keep).sum())
-                order = order[keep]
+        order = self._admission(batch, hashes)
         if not len(order):
             return 0
         keep_new, evict = index.admit(r[order])
@@ -345,60 +317,6 @@ class GFlowNetReplayBuffer(GFlowNetState, Engine):
         self._drawn(slots, size)
         return out
 
-    def log_rewards(self) -> np.ndarray:
-        """Log-rewards of the stored items (float64 copy, any order; used for the manager's baseline)."""
-        with self._lock:
-            if self._index is None:
-                return np.empty(0)
-            return self._index.log_reward[self._index.live_slots()].astype(np.float64)
-
-    # ------------------------------------------------------------------ stats / monitoring
-    def stats(self) -> Dict[str, float]:
-        """
-        Overview:
-            Flat numbers: ``size``, ``capacity``, ``log_reward_min/mean/max`` (finite rewards of stored items;
-            NaN if none), ``zero_reward_items`` (log-reward -inf), ``unique_terminating_states`` (distinct
-            state+condition rows; -1 when items have no single terminating state), cumulative counters
-            (``pushed``, ``admitted``, ``evicted``, ``sampled``) and, for the diversity filter, ``filter_checked``
-            (items that arrived while full), ``rejected_by_reward``, ``rejected_by_distance`` and their
-            ``reject_rate_reward`` / ``reject_rate_distance`` (fractions of ``filter_checked``); plus the engine's
-            counters (``removed_by_use``, ``refused_push``, ...; see ``Engine.stats``). O(capacity).
-        """
-        with self._lock:
-            c = dict(self._tally)
-            out: Dict[str, float] = {**Engine.stats(self), 'size': self.count(), 'capacity': self.capacity}
-            r = np.empty(0) if self._index is None else self._index.log_reward[self._index.live_slots()]
-            finite = r[np.isfinite(r)]
-            out['log_reward_min'] = float(finite.min()) if len(finite) else float('nan')
-            out['log_reward_mean'] = float(finite.mean()) if len(finite) else float('nan')
-            out['log_reward_max'] = float(finite.max()) if len(finite) else float('nan')
-            out['zero_reward_items'] = int((r == -np.inf).sum())
-            tracked = None if self._states is None else self._states.enabled
-            out['unique_terminating_states'] = self._states.unique if tracked else (0 if tracked is None else -1)
-            checked = max(c['filter_checked'], 1)
-            out['reject_rate_reward'] = c['rejected_by_reward'] / checked
-            out['reject_rate_distance'] = c['rejected_by_distance'] / checked
-            out.update({k: v for k, v in c.items() if k != 'push_calls'})
-            return out
-
-    def _due_scalars(self) -> Due:
-        """Every ``monitor.log_every`` pushes: stats and the rejection rates of the last interval (written by the
-        caller after releasing the lock)."""
-        if self._tb is None or self._tally['push_calls'] % self._cfg.monitor.log_every:
-            return None
-        s = self.stats()
-        step = self._tally['push_calls']
-        prefix = f'{self._instance_name}_iter/'
-        scalars = [(prefix + tag, s[tag], step) for tag in _STAT_TAGS if np.isfinite(s[tag])]
-        last, now = self._last_logged, self._tally
-        checked = now['filter_checked'] - last['filter_checked']
-        if checked:
-            for what in ('reward', 'distance'):
-                rate = (now[f'rejected_by_{what}'] - last[f'rejected_by_{what}']) / checked
-                scalars.append((prefix + f'reject_rate_{what}', rate, step))
-        self._last_logged = dict(now)
-        return None, scalars
-
     # ------------------------------------------------------------------ clear / state
     def _clear(self) -> List[Any]:
         if self._index is not None:
@@ -408,24 +326,3 @@ class GFlowNetReplayBuffer(GFlowNetState, Engine):
             self._states.clear()
             self._store.clear()
         return []
-
-    def load_data(self, path: str, allow_pickle: bool = False, env: Any = None) -> None:
-        """
-        Overview:
-            Restore a ``save_data`` file: contents, counters and settings (capacity, flags, keys, filter).
-            torchgfn containers are rebuilt from plain tensors with ``env`` (default: the env of the container
-            this buffer already holds); other container objects need ``allow_pickle=True``.
-        """
-        self._load_env = env
-        try:
-            super().load_data(path, allow_pickle=allow_pickle)
-        finally:
-            self._load_env = None
-
-    def __repr__(self) -> str:
-        kind = 'empty' if self._store is None else (
-            self._store.cls.__name__ if isinstance(self._store, ContainerStore) else 'dict batches')
-        return (f"{self.__class__.__name__}(instance_name={self._instance_name!r}, count={self.count()}, "
-                f"replay_buffer_size={self.capacity}, holding {kind})")
-
-

@@ -121,3 +121,16 @@ class GFlowNetState:
         data = store.storage.read_at(slots)
         cond = data[cfg.condition_key] if cfg.condition_key is not None else None
         return representation(data[cfg.state_key], cond, len(slots))
+
+    def load_data(self, path: str, allow_pickle: bool = False, env: Any = None) -> None:
+        """
+        Overview:
+            Restore a ``save_data`` file: contents, counters and settings (capacity, flags, keys, filter).
+            torchgfn containers are rebuilt from plain tensors with ``env`` (default: the env of the container
+            this buffer already holds); other container objects need ``allow_pickle=True``.
+        """
+        self._load_env = env
+        try:
+            super().load_data(path, allow_pickle=allow_pickle)
+        finally:
+            self._load_env = None

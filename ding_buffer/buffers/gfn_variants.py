@@ -1,13 +1,14 @@
 """The GFlowNet buffers built on ``GFlowNetReplayBuffer``: ``gfn_diverse`` (keep-best plus the diversity filter
 as an admission rule) and ``terminating_state`` (only terminating states and their log-rewards)."""
-from typing import Any
+from typing import Any, Optional
 
 import numpy as np
 import torch
 
 from ..base import BUFFER_REGISTRY
+from ..control.diversity import diverse_mask
 from .gflownet import GFlowNetReplayBuffer
-from .gfn_data import is_container
+from .gfn_data import GFNBatch, is_container
 
 
 @BUFFER_REGISTRY.register('gfn_diverse')
@@ -37,6 +38,32 @@ class DiverseGFlowNetReplayBuffer(GFlowNetReplayBuffer):
         cutoff_distance=(lambda x: np.isfinite(x), 'a finite number (< 0 disables the filter)'),
         p_norm_distance=(lambda x: x > 0, 'a number > 0 (float("inf") for the max norm)'),
     )
+
+    def _validate(self, batch: GFNBatch) -> None:
+        super()._validate(batch)
+        if batch.rows is not None and not np.isfinite(batch.rows).all():
+            raise ValueError("gfn_diverse needs finite terminating states (and conditions); got NaN or inf")
+        if batch.rows is None and batch.n:
+            raise ValueError("gfn_diverse needs exactly one terminating state per item (got e.g. Transitions)")
+
+    def _admission(self, batch: GFNBatch, hashes: Optional[np.ndarray]) -> np.ndarray:
+        """Once full: best rewards first, those below the stored minimum dropped, then the distance filter."""
+        index, c, r = self._index, self._tally, batch.log_reward
+        if index.count < self.capacity:
+            return np.arange(batch.n, dtype=np.int64)
+        self._evict(index.flush())  # lazy: back to capacity before comparing
+        order = np.argsort(-r, kind='stable')  # best first; equal rewards keep batch order
+        c['filter_checked'] += batch.n
+        live = index.live_slots()
+        ok = r[order] >= index.log_reward[live].min()
+        c['rejected_by_reward'] += int((~ok).sum())
+        order = order[ok]
+        if self._cfg.cutoff_distance >= 0 and len(order):
+            keep = diverse_mask(batch.rows[order], hashes[order], self._states, live,
+                                float(self._cfg.cutoff_distance), float(self._cfg.p_norm_distance))
+            c['rejected_by_distance'] += int((~keep).sum())
+            order = order[keep]
+        return order
 
 
 @BUFFER_REGISTRY.register('terminating_state')

@@ -11,13 +11,49 @@ from ..control.limiter import limiter_checks, limiter_config
 from ..control.limits import limit_ok
 from ..control.samplers import build_sampler, check_positions
 from ..storage import STORAGE_CHECKS, STORAGE_CONFIG, build_storage, storage_from_state
-from .engine import INF, Engine
+from .engine import INF
+from .slot_engine import SlotEngine
 
 NO_PRIORITY = "a naive buffer's items carry no priority: use type='advanced' for prioritized replay"
 
 
+# The default config (DI-engine style: every key commented) and the value checks of each key.
+NAIVE_CONFIG = dict(
+    type='naive',
+    # Maximum number of items; the oldest is overwritten when full.
+    replay_buffer_size=10000,
+    # Deep-copy items on push and sampled items on sample (list storage).
+    deepcopy=False,
+    # Items are dicts whose payload is a file at item['data_id']; delete it when the item leaves.
+    enable_track_used_data=False,
+    # Period of the push/sample/remove report written to a tb_logger passed in (DI-engine key).
+    periodic_thruput_seconds=60.0,
+    # Seed of the buffer's own RNG; None draws it from numpy's global RNG (np.random.seed reproduces).
+    seed=None,
+    # Remove an item once it has been sampled this many times (inf: never).
+    max_use=INF,
+    # Remove items with cur_learner_iter - collect_iter >= max_staleness, oldest first (inf: never).
+    max_staleness=INF,
+    # Which items a sample draws: {} = uniform; dict(type=NAME, ...) for a sampler in SAMPLER_REGISTRY.
+    sampler={},
+    # Your own removal rules: [dict(type=NAME, **arguments)] registered in REMOVER_REGISTRY (import_names).
+    removers=[],
+    thruput_controller=limiter_config(0.0),
+    storage=STORAGE_CONFIG,
+)
+NAIVE_CHECKS = dict(
+    replay_buffer_size=(positive_int, 'a positive int'),
+    periodic_thruput_seconds=(lambda x: x > 0, 'a positive number of seconds'),
+    seed=(lambda x: x is None or (isinstance(x, int) and x >= 0), 'None or an int >= 0'),
+    max_use=(limit_ok, 'a number > 0 or inf'),
+    max_staleness=(limit_ok, 'a number > 0 or inf'),
+    **limiter_checks(0.0),
+    **STORAGE_CHECKS,
+)
+
+
 @BUFFER_REGISTRY.register('naive')
-class NaiveReplayBuffer(Engine):
+class NaiveReplayBuffer(SlotEngine):
     """
     Overview:
         First-in-first-out ring with uniform sampling. On list storage ``sample`` returns a list of the stored
@@ -31,38 +67,10 @@ class NaiveReplayBuffer(Engine):
     Thread-safety: every public method holds the buffer's lock.
     Complexity: push O(n), sample O(batch) (with or without replacement), clear O(capacity).
     """
-    config = dict(
-        type='naive',
-        # Maximum number of items; the oldest is overwritten when full.
-        replay_buffer_size=10000,
-        # Deep-copy items on push and sampled items on sample (list storage).
-        deepcopy=False,
-        # Items are dicts whose payload is a file at item['data_id']; delete it when the item leaves.
-        enable_track_used_data=False,
-        # Period of the push/sample/remove report written to a tb_logger passed in (DI-engine key).
-        periodic_thruput_seconds=60.0,
-        # Seed of the buffer's own RNG; None draws it from numpy's global RNG (np.random.seed reproduces).
-        seed=None,
-        # Remove an item once it has been sampled this many times (inf: never).
-        max_use=INF,
-        # Remove items with cur_learner_iter - collect_iter >= max_staleness, oldest first (inf: never).
-        max_staleness=INF,
-        # Which items a sample draws: {} = uniform; dict(type=NAME, ...) for a sampler in SAMPLER_REGISTRY.
-        sampler={},
-        # Your own removal rules: [dict(type=NAME, **arguments)] registered in REMOVER_REGISTRY (import_names).
-        removers=[],
-        thruput_controller=limiter_config(0.0),
-        storage=STORAGE_CONFIG,
-    )
-    checks = dict(
-        replay_buffer_size=(positive_int, 'a positive int'),
-        periodic_thruput_seconds=(lambda x: x > 0, 'a positive number of seconds'),
-        seed=(lambda x: x is None or (isinstance(x, int) and x >= 0), 'None or an int >= 0'),
-        max_use=(limit_ok, 'a number > 0 or inf'),
-        max_staleness=(limit_ok, 'a number > 0 or inf'),
-        **limiter_checks(0.0),
-        **STORAGE_CHECKS,
-    )
+    config = NAIVE_CONFIG
+    checks = NAIVE_CHECKS
+
+    resets_push_count = True  # DI-engine's naive buffer restarts push_count on clear
 
     def _build(self) -> None:
         cfg = self._cfg
@@ -71,32 +79,10 @@ class NaiveReplayBuffer(Engine):
         self._build_engine(cfg.replay_buffer_size)
         self._build_monitors(False, cfg.periodic_thruput_seconds)
 
-    @property
-    def push_count(self) -> int:
-        """Items accepted since construction or the last ``clear`` (DI-engine resets it on clear)."""
-        return self._storage.ring.push_count
-
-    # ------------------------------------------------------------------ table verbs
-    def oldest(self, k: int) -> np.ndarray:
-        return self._storage.oldest(k)
-
-    def collect_iter(self, slots: np.ndarray) -> np.ndarray:
-        return self._storage.collect_iter(slots)
-
-    def _drop(self, slots: np.ndarray) -> List[Any]:
-        return self._storage.remove(slots)
-
     # ------------------------------------------------------------------ push
     def _push_items(self, items: List[Any]) -> int:
-        if len(items) == 1 and not self._limiter.active:  # tensor storage's single-item fast path
-            storage = self._storage
-            before = storage.ring.count
-            slot = storage.write_one(items[0])
-            if slot is not None:
-                if self._uses is not None:
-                    self._uses.reset(slot)
-                self._pushed(1, before + 1 - storage.ring.count)
-                return 1
+        if len(items) == 1 and not self._limiter.active and self._write_one(items[0]):  # tensor storage's fast path
+            return 1
         if not self._admit(len(items)):
             return 0
         return self._write(self._storage.prepare(items))
@@ -106,15 +92,6 @@ class NaiveReplayBuffer(Engine):
         if not self._admit(prepared.n + prepared.dropped):
             return 0
         return self._write(prepared)
-
-    def _write(self, prepared: Any) -> int:
-        n = prepared.n + prepared.dropped
-        before = len(self._storage)
-        result = self._storage.write(prepared)
-        self._fresh(result.slots)
-        self._evicted(result.evicted)
-        self._pushed(n, before + n - len(self._storage))
-        return n
 
     # ------------------------------------------------------------------ sample
     def sample(
@@ -145,8 +122,8 @@ class NaiveReplayBuffer(Engine):
                                  lambda: self._shortfall(size, sample_range, replace))
 
     def _shortfall(self, size: int, sample_range: Optional[slice], replace: bool) -> str:
-        n = len(self._storage)
-        m = len(self._range_positions(n, sample_range))
+        n = self.count()
+        m = len(self._candidates(sample_range))
         if m == 0:
             return 'buffer is empty' if n == 0 else f'{sample_range} selects nothing'
         if not replace and m < size:
@@ -154,7 +131,7 @@ class NaiveReplayBuffer(Engine):
         return ''
 
     def _draw(self, size: int, sample_range: Optional[slice], replace: bool) -> Optional[Any]:
-        positions = self._range_positions(len(self._storage), sample_range)
+        positions = self._candidates(sample_range)
         m, size = len(positions), int(size)
         idx = self._sampler.draw(self._rng, m, size, replace)
         if idx is None:
@@ -167,11 +144,6 @@ class NaiveReplayBuffer(Engine):
         return self._copy_out(out) if self._storage.kind == 'list' else out
 
     # ------------------------------------------------------------------ clear / state
-    def _clear(self) -> List[Any]:
-        if self._uses is not None:
-            self._uses.reset(self._storage.ring.ordered_slots())
-        return self._storage.clear(reset_push_count=True)
-
     def _state(self) -> Dict[str, Any]:
         return {'storage': self._storage.state_dict(), **self._engine_state()}
 

@@ -5,6 +5,20 @@ import copy
 from typing import Any, Dict, List
 
 import numpy as np
+import torch
+
+
+def with_extras(storage: Any, slots: np.ndarray, extras: Dict[str, np.ndarray], instance_name: str, deep: bool) -> Any:
+    """The drawn items of a slot storage plus per-item ``extras``: one dict of batched tensors on tensor storage
+    (extras as float32 for float arrays, else as they are), new dicts with Python numbers on list storage."""
+    if storage.kind == 'tensor':
+        out = storage.gather(slots)
+        dev = storage.device
+        for key, col in extras.items():
+            col = col.astype(np.float32) if col.dtype.kind == 'f' else col
+            out[key] = torch.from_numpy(col).to(dev)
+        return out
+    return prioritized_items(storage.gather(slots), instance_name, storage.ring.uids(slots), slots, extras, deep)
 
 
 def prioritized_items(items: List[Any], instance_name: str, ids: np.ndarray, slots: np.ndarray,

@@ -20,7 +20,7 @@ from typing import Any, Dict, Mapping, Optional
 import numpy as np
 import torch
 
-from ..control.priority import as_numpy, parse_update
+from ..control.priority import BetaSchedule, as_numpy, parse_update
 from ..control.samplers import PrioritizedSpec
 from ..control.windows import WindowPriorities
 
@@ -33,8 +33,7 @@ class PrioritizedWindows:
                              "episode buffer (the window length priorities are kept for)")
         self.spec = spec
         self.unroll_len = spec.unroll_len
-        self.beta = spec.beta
-        self._anneal = (1.0 - spec.beta) / spec.anneal_step if spec.anneal_step else 0.0
+        self.beta = BetaSchedule(spec.beta, spec.anneal_step)
         self.instance_name = instance_name
         self.windows = WindowPriorities(store.max_transitions, spec.unroll_len, spec.alpha, spec.eta, spec.eps, pad)
         self.store = store
@@ -55,9 +54,7 @@ class PrioritizedWindows:
         out = store.windows(episodes, offsets, self.unroll_len, self.windows.pad)
         dev = store.storage.device
         out['priority'] = torch.from_numpy(self.windows.window_priorities(starts).astype(np.float32)).to(dev)
-        out['IS'] = torch.from_numpy(self.windows.is_weights(starts, self.beta).astype(np.float32)).to(dev)
-        if self._anneal:
-            self.beta = min(1.0, self.beta + self._anneal)
+        out['IS'] = torch.from_numpy(self.windows.is_weights(starts, self.beta.draw()).astype(np.float32)).to(dev)
         return out
 
     def episodes_of(self, out: Dict[str, Any]) -> np.ndarray:
@@ -94,10 +91,7 @@ class PrioritizedWindows:
     def apply(self, plan: Dict[str, Any]) -> Dict[str, int]:
         """Apply a validated ``update`` plan under the buffer's lock; returns ``{'updated', 'stale'}``."""
         priorities, ids, slots, mine = plan['parsed']
-        ring = self.store.storage.ring
-        match = ring.valid[slots] & (ring.uids(slots) == ids)
-        if mine is not None:
-            match &= mine
+        match = self.store.storage.ring.holds(slots, ids, mine)
         n = int(np.count_nonzero(match))
         slots, priorities = slots[match], priorities[match]
         if plan['per_window'] and n:
@@ -113,14 +107,11 @@ class PrioritizedWindows:
 
     # ------------------------------------------------------------------ state
     def state_dict(self) -> Dict[str, Any]:
-        return {**self.windows.state_dict(), 'beta': self.beta}
+        return {**self.windows.state_dict(), 'beta': self.beta.value}
 
     def restored(self, state: Mapping, store: Any) -> 'PrioritizedWindows':
         new = PrioritizedWindows(self.spec, store, self.windows.pad, self.instance_name)
-        beta = float(state['beta'])
-        if not 0 <= beta <= 1:
-            raise ValueError(f"saved beta must be in [0, 1], got {beta}")
-        new.beta = beta
+        new.beta.set(BetaSchedule.checked(state['beta'], 'saved beta'))
         slots = store.ring.ordered_slots().tolist()
         new.windows.load(state, [(s, int(store.start[s]), int(store.length[s])) for s in slots])
         return new

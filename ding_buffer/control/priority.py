@@ -245,3 +245,41 @@ def item_priorities(items: Any, default: float) -> np.ndarray:
                 raise ValueError(f"item {i} 'priority' must be one number, got shape {tuple(np.shape(p))}")
             out[i] = arr[0]
     return as_priorities(out, 'priority')
+
+
+def batch_priorities(p: Any, prepared: Any, default: float) -> np.ndarray:
+    """Priorities of the items a batched push keeps (``prepared``): ``p`` (one per pushed item, validated) or
+    ``default`` for each."""
+    n = prepared.n + prepared.dropped
+    if p is None:
+        return np.full(prepared.n, default)
+    priorities = as_priorities(p, 'priority')
+    if len(priorities) != n:
+        raise ValueError(f"batched 'priority' has {len(priorities)} entries, the batch has {n} items")
+    return priorities[prepared.dropped:]
+
+
+class BetaSchedule:
+    """The importance-sampling exponent: starts at ``beta``, grows linearly to 1 over ``anneal_step`` draws
+    (0: constant). One home for the advanced buffer and prioritized windows."""
+
+    def __init__(self, beta: float, anneal_step: int) -> None:
+        self.value = self.checked(beta, 'beta')
+        self._step = (1.0 - beta) / anneal_step if anneal_step else 0.0
+
+    @staticmethod
+    def checked(value: Any, what: str) -> float:
+        value = float(value)
+        if not 0 <= value <= 1:
+            raise ValueError(f"{what} must be in [0, 1], got {value}")
+        return value
+
+    def set(self, value: float) -> None:
+        self.value = self.checked(value, 'beta')
+
+    def draw(self) -> float:
+        """The beta of this draw; the next one is annealed."""
+        beta = self.value
+        if self._step:
+            self.value = min(1.0, beta + self._step)
+        return beta

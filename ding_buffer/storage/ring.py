@@ -41,6 +41,12 @@ class RingIndex:
         last = self.next_uid - 1
         return last - (last - slots) % self.capacity
 
+    def holds(self, slots: np.ndarray, ids: np.ndarray, mine: Any = None) -> np.ndarray:
+        """Mask: slot ``slots[i]`` still holds the item with id ``ids[i]`` (and ``mine[i]``, when given) -- the
+        identity check of every ``update`` keyed by ids."""
+        match = self.valid[slots] & (self.uids(slots) == ids)
+        return match if mine is None else match & mine
+
     @property
     def uid(self) -> np.ndarray:
         """Id of every slot, -1 where empty. O(capacity): for inspection and persistence, not hot paths."""

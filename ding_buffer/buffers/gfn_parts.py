@@ -1,0 +1,44 @@
+"""How a GFlowNet buffer builds its parts from its config and the first push: the item store (``ColumnStore`` for
+dict batches / item lists, ``ContainerStore`` for torchgfn-style containers), the ``RewardIndex`` (capacity and
+sampling by log-reward) and the ``StateSet`` (unique terminating states; the diversity filter's rows)."""
+from typing import Any, Mapping, Tuple
+
+from ..control.diversity import StateSet
+from ..control.keep_best import RewardIndex
+from .gfn_data import ColumnStore, ContainerStore, is_container
+
+
+def physical_slots(cfg: Mapping, reuses_slots: bool) -> int:
+    """Slots to allocate: 2x capacity while truncation is lazy, or as the first size of an append-only store."""
+    cap = cfg['replay_buffer_size']
+    return 2 * cap if cfg['lazy_sort'] or not reuses_slots else cap
+
+
+def make_store(cfg: Mapping, data: Any) -> Any:
+    """The store for the kind of ``data`` (the first push decides), or ``TypeError`` naming what is accepted."""
+    if is_container(data):
+        return ContainerStore()
+    if isinstance(data, (dict, list)):
+        return ColumnStore(physical_slots(cfg, ColumnStore.reuses_slots), cfg['device'], cfg['state_key'],
+                           cfg['log_reward_key'], cfg['condition_key'])
+    raise TypeError(
+        f"a GFlowNet buffer takes a dict of batched tensors, a list of item dicts or a Container "
+        f"(__len__, __getitem__, extend, log_rewards, terminating_states); got {type(data).__name__}"
+    )
+
+
+def check_kind(store: Any, data: Any) -> None:
+    """A buffer keeps the kind of its first push: dict batches, or containers of one class."""
+    if not isinstance(store, ContainerStore) and is_container(data):
+        raise TypeError(f"this buffer holds dict batches, got a {type(data).__name__} container")
+    if isinstance(store, ContainerStore) and not is_container(data):
+        raise TypeError(
+            f"this buffer holds {store.cls.__name__ if store.cls else 'container'}s, got {type(data).__name__}"
+        )
+
+
+def make_parts(cfg: Mapping, store: Any, prioritized: bool, diverse: bool) -> Tuple[RewardIndex, StateSet]:
+    """A fresh ``(RewardIndex, StateSet)`` sized for ``store`` (nothing is swapped in)."""
+    physical = physical_slots(cfg, store.reuses_slots)
+    index = RewardIndex(cfg['replay_buffer_size'], physical, prioritized, bool(cfg['lazy_sort']), store.reuses_slots)
+    return index, StateSet(physical, keep_rows=diverse, p=float(cfg.get('p_norm_distance', 1.0)))

@@ -1,0 +1,86 @@
+"""``SlotEngine``: the engine over a slot storage (list / tensor / memmap ring) -- the table of ``naive`` and
+``advanced``. It owns the table verbs the parts read (``oldest``, ``collect_iter``, ``count``), writing a batch or
+one item (the single-push hot path) and removing slots; a prioritized preset adds its priority index through two
+hooks, ``_on_written`` and ``_on_removed``, instead of copying the write path."""
+from typing import Any, List, Optional
+
+import numpy as np
+
+from .engine import Engine
+
+
+class SlotEngine(Engine):
+    resets_push_count = False  # whether ``clear`` restarts ``push_count`` (naive) or keeps it (advanced)
+
+    @property
+    def storage(self) -> Any:
+        """The item storage (``ListStorage`` or ``TensorStorage``)."""
+        return self._storage
+
+    @property
+    def push_count(self) -> int:
+        """Items accepted (``naive`` restarts it on ``clear``, ``advanced`` keeps it, as in DI-engine)."""
+        return self._storage.ring.push_count
+
+    def count(self) -> int:
+        return self._storage.ring.count
+
+    # ------------------------------------------------------------------ table verbs
+    def oldest(self, k: int) -> np.ndarray:
+        return self._storage.oldest(k)
+
+    def collect_iter(self, slots: np.ndarray) -> np.ndarray:
+        return self._storage.collect_iter(slots)
+
+    def _drop(self, slots: np.ndarray) -> List[Any]:
+        self._on_removed(slots)
+        return self._storage.remove(slots)
+
+    def _on_removed(self, slots: np.ndarray) -> None:
+        """Hook: slots about to be emptied (a prioritized preset zeroes their priorities)."""
+
+    def _on_cleared(self, slots: np.ndarray) -> None:
+        """Hook: every stored item (at ``slots``) is about to leave by ``clear``."""
+
+    def _clear(self) -> List[Any]:
+        slots = self._storage.ring.ordered_slots()
+        if self._uses is not None:
+            self._uses.reset(slots)
+        self._on_cleared(slots)
+        return self._storage.clear(reset_push_count=self.resets_push_count)
+
+    def _on_written(self, slots: np.ndarray, priorities: Optional[np.ndarray]) -> None:
+        """Hook: fresh items at ``slots`` (a prioritized preset sets their priorities)."""
+
+    def _on_written_one(self, slot: int, priority: Optional[float]) -> None:
+        """Hook of the single-push hot path (scalar arguments, no arrays)."""
+
+    # ------------------------------------------------------------------ writing
+    def _write(self, prepared: Any, priorities: Optional[np.ndarray] = None) -> int:
+        """Commit a validated batch (``priorities`` for the items kept); returns the items accepted."""
+        n = prepared.n + prepared.dropped
+        before = self._storage.ring.count
+        result = self._storage.write(prepared)
+        self._on_written(result.slots, priorities)
+        self._fresh(result.slots)
+        self._evicted(result.evicted)
+        self._pushed(n, before + n - self._storage.ring.count)  # overwritten (+ dropped) items
+        return n
+
+    def _write_one(self, item: Any, priority: Optional[float] = None) -> bool:
+        """The single-push hot path: True when the storage took ``item`` directly, False -- nothing changed --
+        when the generic path must handle (and report on) it."""
+        storage = self._storage
+        before = storage.ring.count
+        slot = storage.write_one(item)
+        if slot is None:
+            return False
+        self._on_written_one(slot, priority)
+        if self._uses is not None:
+            self._uses.counts[slot] = 0
+        self._pushed(1, before + 1 - storage.ring.count)
+        return True
+
+    def _candidates(self, sample_range: Optional[slice]) -> range:
+        """Insertion positions (0 = oldest) a ``sample_range`` selects among the stored items."""
+        return self._range_positions(self._storage.ring.count, sample_range)
