@@ -522,21 +522,13 @@ def _gfn_store_none(state):
     return dict(state, store=None)
 
 
-def _bug(reason):
-    return pytest.mark.xfail(strict=True, raises=AssertionError, reason='BUG: ' + reason)
-
-
 GFN_INCONSISTENT = [
-    pytest.param(_gfn_no_track_states, id='no-track_states', marks=_bug(
-        "GFlowNetReplayBuffer._restore accepts a populated state without 'track_states' (state.get -> None): "
-        "the terminating-state set is left empty, so unique_terminating_states reads 0 and gfn_diverse's "
-        "distance filter no longer sees the stored items (it admits exact duplicates)")),
-    pytest.param(_gfn_nan_log_reward, id='nan-log_reward', marks=_bug(
-        "load_state_dict does not validate index.log_reward: a NaN (which push refuses with ValueError) is "
-        "loaded into the reward index")),
-    pytest.param(_gfn_store_none, id='store-None-with-index', marks=_bug(
-        "a state with store=None is restored as an empty buffer even though its 'index' lists items: the "
-        "items are dropped silently instead of the inconsistent state being refused")),
+    # without it the terminating-state set would be left empty (gfn_diverse would admit exact duplicates)
+    pytest.param(_gfn_no_track_states, id='no-track_states'),
+    # push refuses NaN rewards, so a load must too
+    pytest.param(_gfn_nan_log_reward, id='nan-log_reward'),
+    # an 'index' listing items with no store: refused, not loaded as an empty buffer
+    pytest.param(_gfn_store_none, id='store-None-with-index'),
 ]
 
 
@@ -652,15 +644,7 @@ def test_load_data_bit_flip_in_tensor_data_raises_value_error(case, tmp_path):
 
 
 # ================================================================================ 4. save -> load -> same samples
-GFN_RESUME_BUG = pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "BUG: GFlowNet buffers do not resume their sampling sequence: state_dict() keeps items in insertion order and "
-    "RewardIndex.load puts them at slots 0..n-1, while sample() maps the RNG's draws through the physical slot "
-    "order (live_slots), which differs once FIFO / keep-best eviction has reused slots; the loaded buffer's "
-    "state_dict() is equal but its next sample() returns other items"))
-
-
-@pytest.mark.parametrize('case', [pytest.param(c, marks=GFN_RESUME_BUG) if c.gfn else c for c in CASES],
-                         ids=lambda c: c.id)
+@pytest.mark.parametrize('case', CASES, ids=lambda c: c.id)
 def test_save_load_gives_identical_next_samples(case, tmp_path):
     a = case.make(tmp_path, 'a')
     case.exercise(a, np.random.default_rng(7))

@@ -28,7 +28,7 @@ from ..control.limits import limit_ok
 from .engine import INF, Engine
 from ..control.diversity import StateSet  # noqa: F401 (annotations)
 from ..control.keep_best import RewardIndex
-from .gfn_data import ContainerStore, GFNBatch
+from .gfn_data import GFNBatch
 from .gfn_parts import check_kind, make_parts, make_store
 from .gfn_state import GFlowNetState
 from .gfn_stats import GFlowNetStats

@@ -106,7 +106,8 @@ class ColumnStore:
         fields = [] if st.schema is None else [t.cpu() for t in st.read_fields(slots)]
         return {'kind': self.kind, 'schema': export_schema(st.schema), 'fields': fields}
 
-    def restore(self, state: Dict[str, Any], n: int) -> 'ColumnStore':
+    def restore(self, state: Dict[str, Any], n: int, slots: Optional[np.ndarray] = None) -> 'ColumnStore':
+        """A new store with the saved ``n`` items at ``slots`` (default ``0..n-1``; validated by the index)."""
         if state.get('kind') != self.kind:
             raise ValueError(f"saved GFlowNet store is {state.get('kind')!r}, this buffer stores {self.kind!r}")
         new = ColumnStore(self.storage.capacity, str(self.storage.device), self.state_key, self.log_reward_key,
@@ -114,7 +115,7 @@ class ColumnStore:
         schema, fields = import_fields(state['schema'], state['fields'], n)
         if schema:
             new.storage.allocate(schema)
-            new.storage.write_fields(np.arange(n, dtype=np.int64), fields)
+            new.storage.write_fields(np.arange(n, dtype=np.int64) if slots is None else slots, fields)
         return new
 
     def clear(self) -> None:

@@ -10,8 +10,10 @@ import torch
 from ..config import build_config
 from ..control.diversity import row_hashes
 from ..control.limits import UseCounts
-from .gfn_data import ColumnStore, ContainerStore, representation
+from .gfn_data import ColumnStore, ContainerStore, check_log_reward, representation
 
+# Version of the saved slot layout: 2 keeps each item's slot and the free-slot stack (dict-batch stores).
+LAYOUT = 2
 # Keys that describe what is stored; they travel with a save and are restored by ``load_data``.
 SETTINGS = ('replay_buffer_size', 'prioritized_capacity', 'prioritized_sampling', 'sample_replacement', 'lazy_sort',
             'state_key', 'log_reward_key', 'condition_key', 'cutoff_distance', 'p_norm_distance')
@@ -22,11 +24,13 @@ class GFlowNetState:
     def _state(self) -> Dict[str, Any]:
         settings = {k: copy.deepcopy(self._cfg[k]) for k in SETTINGS if k in self._cfg}
         engine = self._engine_state()
-        engine.pop('use', None)  # full-size; saved below in insertion order with the items
+        engine.pop('use', None)  # full-size; saved below in slot order with the items
         if self._index is None:
             return {'settings': settings, 'store': None, 'counters': dict(self._tally), 'engine': engine}
         index = self._index
-        order = index.oldest(index.count)  # insertion order
+        # Items in slot order (what sampling walks), with their slots and the free-slot stack where slots are
+        # reused: a restored buffer then places and samples exactly as this one would.
+        order = index.live_slots()
         out = {
             'settings': settings,
             'store': self._store.state_dict(order),
@@ -37,6 +41,10 @@ class GFlowNetState:
         }
         if self._uses is not None:
             out['use'] = torch.from_numpy(self._uses[order].copy())
+        if self._store.reuses_slots:
+            out['layout'] = LAYOUT  # files from before it kept items at slots 0..n-1
+            out['slots'] = torch.from_numpy(order.copy())
+            out['free'] = torch.from_numpy(index.free_state())
         return out
 
     def _restore(self, state: Dict[str, Any]) -> None:
@@ -51,6 +59,8 @@ class GFlowNetState:
         old_cfg, self._cfg = self._cfg, cfg  # the parts below read the (saved) settings
         try:
             if state['store'] is None:
+                if state.get('index') is not None:
+                    raise ValueError("state has an 'index' but no 'store': the items are missing")
                 store = index = states = None
             else:
                 store, index, states = self._restored_parts(state)
@@ -66,7 +76,7 @@ class GFlowNetState:
         self._last_logged = dict(counters)
 
     def _restored_uses(self, state: Dict[str, Any], index: Any) -> Optional[UseCounts]:
-        """Use counts of restored items (slots 0..n-1 in insertion order); zeros for files saved without them."""
+        """Use counts of restored items (at their slots, in the saved order); zeros for files saved without them."""
         if self._uses is None:
             return None
         uses = UseCounts(0 if index is None else index.physical)
@@ -75,8 +85,14 @@ class GFlowNetState:
             saved = np.asarray(state['use'])
             if saved.shape != (n, ) or (n and (saved.dtype.kind not in 'iu' or saved.min() < 0)):
                 raise ValueError(f"saved 'use' must be {n} ints >= 0, got shape {saved.shape}")
-            uses.counts[:n] = saved
+            if n:
+                uses.counts[self._restored_slots(state, n)] = saved
         return uses
+
+    @staticmethod
+    def _restored_slots(state: Dict[str, Any], n: int) -> np.ndarray:
+        slots = state.get('slots')
+        return np.arange(n, dtype=np.int64) if slots is None else np.asarray(slots).astype(np.int64)
 
     def _restored_parts(self, state: Dict[str, Any]):
         saved = state['index']
@@ -87,10 +103,20 @@ class GFlowNetState:
             raise ValueError(f"saved index holds {n} items for capacity {self.capacity}")
         if len(np.unique(seq)) != n or (n and (seq.min() < 0 or seq.max() >= int(saved['next_seq']))):
             raise ValueError("saved sequence numbers are not unique ids below next_seq")
+        check_log_reward(r, 'saved log_reward')
+        layout = state.get('layout', 1)
+        if layout not in (1, LAYOUT) or isinstance(layout, bool):
+            raise ValueError(f"saved 'layout' is {layout!r}; this version reads 1 and {LAYOUT}")
+        if layout == LAYOUT and any(state.get(k) is None for k in ('slots', 'free')):
+            raise ValueError(f"state of layout {LAYOUT} needs 'slots' and 'free' entries")
+        if 'track_states' not in state:
+            raise ValueError("state has no 'track_states' entry")
         kind = state['store'].get('kind')
         if kind == ColumnStore.kind:
             blank = self._make_store({})
-            store = blank.restore(state['store'], n)
+            index, _ = self._parts_for(blank)  # validates the saved layout before any data is written
+            slots = index.load(r, seq, int(saved['next_seq']), state.get('slots'), state.get('free'))
+            store = blank.restore(state['store'], n, slots)
         elif kind == ContainerStore.kind:
             store = (self._store if isinstance(self._store, ContainerStore) else ContainerStore()).restore(
                 state['store'], n, env=self._load_env
@@ -98,7 +124,8 @@ class GFlowNetState:
         else:
             raise ValueError(f"unknown saved store kind {kind!r}")
         index, states = self._parts_for(store)  # swapped in by the caller only when everything succeeded
-        slots = index.load(r, seq, int(saved['next_seq']))
+        slots = index.load(r, seq, int(saved['next_seq']), state.get('slots') if store.reuses_slots else None,
+                           state.get('free') if store.reuses_slots else None)
         track = state.get('track_states')
         if track not in (None, True, False):
             raise ValueError(f"saved 'track_states' must be None or a bool, got {track!r}")

@@ -20,7 +20,7 @@ non-zero probability.
 Complexity: a push that truncates costs O(slots) (one ``np.partition``) -- lazy mode does it once per
 ``capacity`` items; sampling O(slots + n log n). Not thread-safe: the buffer's lock serialises calls.
 """
-from typing import Tuple
+from typing import Any, Optional, Tuple
 
 import numpy as np
 
@@ -159,17 +159,40 @@ class RewardIndex:
         self._free = np.arange(self.physical - 1, -1, -1, dtype=np.int64)
         self._n_free = self.physical - used
 
-    def load(self, log_reward: np.ndarray, seq: np.ndarray, next_seq: int) -> np.ndarray:
-        """Replace everything by these items at slots ``0..n-1`` (a restored save); returns those slots."""
-        self.clear()
+    def load(self, log_reward: np.ndarray, seq: np.ndarray, next_seq: int, slots: Optional[np.ndarray] = None,
+             free: Optional[np.ndarray] = None) -> np.ndarray:
+        """
+        Overview:
+            Replace everything by these items (a restored save) at ``slots`` (default ``0..n-1``) with the free
+            slots stacked as ``free`` (reuse mode; default: every other slot, lowest popped first), so a restored
+            buffer places and samples exactly as the saved one did. Validates the layout (``ValueError``); the
+            caller builds a fresh index, so a failure changes nothing. Returns the slots.
+        """
         n = len(seq)
-        slots = np.arange(n, dtype=np.int64)
+        slots = np.arange(n, dtype=np.int64) if slots is None else _slot_array(slots, 'slots')
+        if len(slots) != n or len(np.unique(slots)) != n or (n and (slots.min() < 0 or slots.max() >= self.physical)):
+            raise ValueError(f"saved slots must be {n} distinct slots in [0, {self.physical})")
+        if free is not None:
+            free = _slot_array(free, 'free')
+            taken = np.zeros(self.physical, dtype=bool)
+            taken[slots] = True
+            if len(free) != self.physical - n or len(np.unique(free)) != len(free) or \
+                    (len(free) and (free.min() < 0 or free.max() >= self.physical or taken[free].any())):
+                raise ValueError("saved free slots must be exactly the slots no item holds")
+        self.clear()
         self.log_reward[slots], self.seq[slots], self.alive[slots] = log_reward, seq, True
-        self.count = self.end = n
+        self.count, self.end = n, (int(slots.max()) + 1 if n else 0)
         self.next_seq = int(next_seq)
         if self.reuse_slots:
-            self._reset_free(n)
+            if free is None:
+                free = np.flatnonzero(~self.alive)[::-1]
+            self._free[:len(free)] = free
+            self._n_free = len(free)
         return slots
+
+    def free_state(self) -> np.ndarray:
+        """The free-slot stack (reuse mode), bottom first: what ``load(..., free=)`` restores."""
+        return self._free[:self._n_free].copy()
 
     # ------------------------------------------------------------------ sampling
     def sample(self, rng: np.random.Generator, n: int, prioritized: bool, replace: bool) -> np.ndarray:
@@ -211,6 +234,13 @@ class RewardIndex:
             'seq': torch.from_numpy(self.seq[slots].copy()),
             'next_seq': int(self.next_seq)
         }
+
+
+def _slot_array(values: Any, what: str) -> np.ndarray:
+    arr = np.asarray(values)
+    if arr.ndim != 1 or (len(arr) and arr.dtype.kind not in 'iu'):
+        raise ValueError(f"saved '{what}' must be a 1-d array of ints, got {arr.dtype} shape {arr.shape}")
+    return arr.astype(np.int64)
 
 
 def _distinct(rng: np.random.Generator, m: int, n: int) -> np.ndarray:
