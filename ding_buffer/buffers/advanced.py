@@ -289,8 +289,7 @@ class AdvancedReplayBuffer(SlotEngine):
             if key not in state:
                 raise ValueError(f"state has no '{key}' entry")
         storage = storage_from_state(self._cfg.storage, self.replay_buffer_size, state['storage'], SAMPLE_KEYS)
-        index = self._new_index()
-        index.load_state_dict(state['index'], storage.ring.valid)
+        index = self._index.restored(state['index'], storage.ring.valid)
         beta = BetaSchedule.checked(state['beta'], 'saved beta')
         swap = self._engine_restored({**state, 'use': state['index']['use']}, storage.ring.valid, required=True)
         self._storage, self._index = storage, index

@@ -221,7 +221,7 @@ class Engine(BufferCore):
         thruput = self._limiter.restored(state['thruput']) if 'thruput' in state else None
         uses = None
         if self._uses is not None:
-            uses = self._uses.loaded(state['use'], valid) if 'use' in state else UseCounts(len(self._uses.counts))
+            uses = self._uses.restored(state['use'], valid) if 'use' in state else UseCounts(len(self._uses.counts))
 
         def swap() -> None:
             self._counters = counters

@@ -86,7 +86,7 @@ class EpisodeReplayBuffer(Engine):
         cfg = self._cfg
         spec = build_sampler(cfg.sampler, 'uniform', (cfg.storage.type == 'tensor', NO_FLAT))
         self._store = self._new_store()
-        self._store.listener = self
+        self._store.listen(self)
         self._prio: Optional[PrioritizedWindows] = None
         if isinstance(spec, PrioritizedSpec):
             self._prio = PrioritizedWindows(spec, self._store, cfg.pad_short_episodes, self._instance_name)
@@ -123,6 +123,11 @@ class EpisodeReplayBuffer(Engine):
     def transition_count(self) -> int:
         """Total number of stored transitions."""
         return self._store.transitions
+
+    @property
+    def storage(self) -> Any:
+        """Where the data lives: the episodes' ``ListStorage`` (list) or the transitions' ``TensorStorage``."""
+        return self._store.storage
 
     def count(self) -> int:
         """Number of stored episodes."""
@@ -292,14 +297,14 @@ class EpisodeReplayBuffer(Engine):
     def _restore(self, state: Dict[str, Any]) -> None:
         if 'episodes' not in state:
             raise ValueError("state has no 'episodes' entry")
-        new = self._store.restore(state['episodes'], self._cfg.storage)  # KeyError -> ValueError in load_state_dict
+        new = self._store.restored(state['episodes'], self._cfg.storage)  # KeyError -> ValueError in load_state_dict
         if new.transitions != state.get('transitions'):
             raise ValueError("saved transition count does not match the stored episodes")
         if self._prio is not None and 'windows' not in state:
             raise ValueError("state has no 'windows' entry (it was saved without prioritized windows)")
         prio = self._prio.restored(state['windows'], new) if self._prio is not None else None
         swap = self._engine_restored(state, None, required=False)  # files of 0.1 have no counters
-        new.listener = self
+        new.listen(self)
         self._store, self._prio = new, prio
         swap()
 

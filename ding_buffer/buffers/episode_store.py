@@ -64,6 +64,10 @@ class _EpisodeStore:
         self.transitions = 0
         self.listener: Any = None
 
+    def listen(self, listener: Any) -> None:
+        """Tell ``listener`` (``episode_added`` / ``episode_removed``) about every episode that comes or goes."""
+        self.listener = listener
+
     def first(self, slot: int) -> int:
         """First transition slot of an episode (flat stores); -1 where episodes are objects."""
         return -1
@@ -183,7 +187,8 @@ class ObjectEpisodes(_EpisodeStore):
     def state_dict(self) -> Dict[str, Any]:
         return {'storage': self.storage.state_dict(), 'length': torch.from_numpy(self.length.copy())}
 
-    def restore(self, state: Mapping, storage_cfg: Mapping) -> 'ObjectEpisodes':
+    def restored(self, state: Mapping, storage_cfg: Mapping) -> 'ObjectEpisodes':
+        """A new store like this one holding ``state`` (validated against its data; nothing changes here)."""
         new = ObjectEpisodes(self.max_episodes, self.max_transitions)
         new.storage = storage_from_state(storage_cfg, self.max_episodes, state['storage'])
         new.ring = new.storage.ring
@@ -298,7 +303,8 @@ class FlatEpisodes(_EpisodeStore):
             'length': torch.from_numpy(self.length.copy()),
         }
 
-    def restore(self, state: Mapping, storage_cfg: Mapping) -> 'FlatEpisodes':
+    def restored(self, state: Mapping, storage_cfg: Mapping) -> 'FlatEpisodes':
+        """A new store like this one holding ``state`` (validated against its data; nothing changes here)."""
         new = FlatEpisodes.__new__(FlatEpisodes)
         _EpisodeStore.__init__(new, self.max_episodes, self.max_transitions)
         new.storage = storage_from_state(storage_cfg, self.max_transitions, state['storage'])

@@ -241,8 +241,7 @@ class GFlowNetReplayBuffer(GFlowNetStats, GFlowNetState, Engine):
         if not len(order):
             return 0
         keep_new, evict = index.admit(r[order])
-        seqs = index.next_seq + np.arange(len(order), dtype=np.int64)
-        index.next_seq += len(order)
+        seqs = index.claim_seqs(len(order))  # every admitted item consumes an id, stored or not
         self._evict(evict)
         chosen = order[keep_new]
         slots = self._slots_for(len(chosen))

@@ -106,7 +106,7 @@ class ColumnStore:
         fields = [] if st.schema is None else [t.cpu() for t in st.read_fields(slots)]
         return {'kind': self.kind, 'schema': export_schema(st.schema), 'fields': fields}
 
-    def restore(self, state: Dict[str, Any], n: int, slots: Optional[np.ndarray] = None) -> 'ColumnStore':
+    def restored(self, state: Dict[str, Any], n: int, slots: Optional[np.ndarray] = None) -> 'ColumnStore':
         """A new store with the saved ``n`` items at ``slots`` (default ``0..n-1``; validated by the index)."""
         if state.get('kind') != self.kind:
             raise ValueError(f"saved GFlowNet store is {state.get('kind')!r}, this buffer stores {self.kind!r}")
@@ -204,7 +204,8 @@ class ContainerStore:
                     'tensors': live.to_tensordict().to_dict()}
         return {'kind': self.kind, 'format': 'object', 'container': live}  # needs allow_pickle on load
 
-    def restore(self, state: Dict[str, Any], n: int, env: Any = None) -> 'ContainerStore':
+    def restored(self, state: Dict[str, Any], n: int, env: Any = None) -> 'ContainerStore':
+        """A new store holding the saved ``n`` items (torchgfn containers are rebuilt with ``env``)."""
         if state.get('kind') != self.kind:
             raise ValueError(f"saved GFlowNet store is {state.get('kind')!r}, this buffer stores {self.kind!r}")
         new = ContainerStore()

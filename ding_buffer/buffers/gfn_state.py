@@ -79,15 +79,13 @@ class GFlowNetState:
         """Use counts of restored items (at their slots, in the saved order); zeros for files saved without them."""
         if self._uses is None:
             return None
-        uses = UseCounts(0 if index is None else index.physical)
-        n = 0 if index is None else index.count
-        if state.get('use') is not None:
-            saved = np.asarray(state['use'])
-            if saved.shape != (n, ) or (n and (saved.dtype.kind not in 'iu' or saved.min() < 0)):
-                raise ValueError(f"saved 'use' must be {n} ints >= 0, got shape {saved.shape}")
-            if n:
-                uses.counts[self._restored_slots(state, n)] = saved
-        return uses
+        physical, n = (0, 0) if index is None else (index.physical, index.count)
+        if state.get('use') is None:
+            return UseCounts(physical)
+        saved = np.asarray(state['use'])
+        if saved.shape != (n, ) or (n and (saved.dtype.kind not in 'iu' or saved.min() < 0)):
+            raise ValueError(f"saved 'use' must be {n} ints >= 0, got shape {saved.shape}")
+        return UseCounts.placed(physical, self._restored_slots(state, n), saved)
 
     @staticmethod
     def _restored_slots(state: Dict[str, Any], n: int) -> np.ndarray:
@@ -115,16 +113,16 @@ class GFlowNetState:
         if kind == ColumnStore.kind:
             blank = self._make_store({})
             index, _ = self._parts_for(blank)  # validates the saved layout before any data is written
-            slots = index.load(r, seq, int(saved['next_seq']), state.get('slots'), state.get('free'))
-            store = blank.restore(state['store'], n, slots)
+            _, slots = index.restored(r, seq, int(saved['next_seq']), state.get('slots'), state.get('free'))
+            store = blank.restored(state['store'], n, slots)
         elif kind == ContainerStore.kind:
-            store = (self._store if isinstance(self._store, ContainerStore) else ContainerStore()).restore(
+            store = (self._store if isinstance(self._store, ContainerStore) else ContainerStore()).restored(
                 state['store'], n, env=self._load_env
             )
         else:
             raise ValueError(f"unknown saved store kind {kind!r}")
         index, states = self._parts_for(store)  # swapped in by the caller only when everything succeeded
-        slots = index.load(r, seq, int(saved['next_seq']), state.get('slots') if store.reuses_slots else None,
+        index, slots = index.restored(r, seq, int(saved['next_seq']), state.get('slots') if store.reuses_slots else None,
                            state.get('free') if store.reuses_slots else None)
         track = state.get('track_states')
         if track not in (None, True, False):

@@ -113,5 +113,5 @@ class PrioritizedWindows:
         new = PrioritizedWindows(self.spec, store, self.windows.pad, self.instance_name)
         new.beta.set(BetaSchedule.checked(state['beta'], 'saved beta'))
         slots = store.ring.ordered_slots().tolist()
-        new.windows.load(state, [(s, int(store.start[s]), int(store.length[s])) for s in slots])
+        new.windows = self.windows.restored(state, [(s, int(store.start[s]), int(store.length[s])) for s in slots])
         return new

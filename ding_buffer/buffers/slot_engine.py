@@ -77,7 +77,7 @@ class SlotEngine(Engine):
             return False
         self._on_written_one(slot, priority)
         if self._uses is not None:
-            self._uses.counts[slot] = 0
+            self._uses.reset(slot)
         self._pushed(1, before + 1 - storage.ring.count)
         return True
 

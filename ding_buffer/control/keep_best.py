@@ -93,6 +93,12 @@ class RewardIndex:
             return np.arange(self.physical, dtype=np.int64)
         return np.flatnonzero(self.alive)
 
+    def claim_seqs(self, n: int) -> np.ndarray:
+        """The next ``n`` sequence numbers (unique ids), consumed."""
+        seqs = self.next_seq + np.arange(n, dtype=np.int64)
+        self.next_seq += n
+        return seqs
+
     def oldest(self, k: int) -> np.ndarray:
         """The ``k`` oldest live slots (smallest sequence numbers), oldest first. O(slots log slots)."""
         slots = self.live_slots()
@@ -159,14 +165,14 @@ class RewardIndex:
         self._free = np.arange(self.physical - 1, -1, -1, dtype=np.int64)
         self._n_free = self.physical - used
 
-    def load(self, log_reward: np.ndarray, seq: np.ndarray, next_seq: int, slots: Optional[np.ndarray] = None,
-             free: Optional[np.ndarray] = None) -> np.ndarray:
+    def restored(self, log_reward: np.ndarray, seq: np.ndarray, next_seq: int, slots: Optional[np.ndarray] = None,
+                 free: Optional[np.ndarray] = None) -> Tuple['RewardIndex', np.ndarray]:
         """
         Overview:
-            Replace everything by these items (a restored save) at ``slots`` (default ``0..n-1``) with the free
-            slots stacked as ``free`` (reuse mode; default: every other slot, lowest popped first), so a restored
-            buffer places and samples exactly as the saved one did. Validates the layout (``ValueError``); the
-            caller builds a fresh index, so a failure changes nothing. Returns the slots.
+            A new index like this one holding these items (a restored save) at ``slots`` (default ``0..n-1``)
+            with the free slots stacked as ``free`` (reuse mode; default: every other slot, lowest popped first),
+            so a restored buffer places and samples exactly as the saved one did. Validates the layout
+            (``ValueError``); nothing changes here. Returns the new index and the items' slots.
         """
         n = len(seq)
         slots = np.arange(n, dtype=np.int64) if slots is None else _slot_array(slots, 'slots')
@@ -179,16 +185,16 @@ class RewardIndex:
             if len(free) != self.physical - n or len(np.unique(free)) != len(free) or \
                     (len(free) and (free.min() < 0 or free.max() >= self.physical or taken[free].any())):
                 raise ValueError("saved free slots must be exactly the slots no item holds")
-        self.clear()
-        self.log_reward[slots], self.seq[slots], self.alive[slots] = log_reward, seq, True
-        self.count, self.end = n, (int(slots.max()) + 1 if n else 0)
-        self.next_seq = int(next_seq)
-        if self.reuse_slots:
+        new = RewardIndex(self.capacity, self.physical, self.prioritized, self.lazy, self.reuse_slots)
+        new.log_reward[slots], new.seq[slots], new.alive[slots] = log_reward, seq, True
+        new.count, new.end = n, (int(slots.max()) + 1 if n else 0)
+        new.next_seq = int(next_seq)
+        if new.reuse_slots:
             if free is None:
-                free = np.flatnonzero(~self.alive)[::-1]
-            self._free[:len(free)] = free
-            self._n_free = len(free)
-        return slots
+                free = np.flatnonzero(~new.alive)[::-1]
+            new._free[:len(free)] = free
+            new._n_free = len(free)
+        return new, slots
 
     def free_state(self) -> np.ndarray:
         """The free-slot stack (reuse mode), bottom first: what ``load(..., free=)`` restores."""

@@ -116,9 +116,7 @@ class RateLimiter:
 
     def restored(self, state: Mapping) -> ThruputController:
         """A controller loaded from ``state`` (validated; swapped in with ``swap`` by the caller)."""
-        thruput = ThruputController(self._cfg)
-        thruput.load_state_dict(state)
-        return thruput
+        return self.thruput.restored(state, self._cfg)
 
     def swap(self, thruput: ThruputController) -> None:
         self.thruput = thruput

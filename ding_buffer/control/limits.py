@@ -137,10 +137,17 @@ class UseCounts:
         self.counts[:] = 0
         self.counts[:len(keep)] = moved
 
+    @classmethod
+    def placed(cls, n: int, slots: np.ndarray, values: np.ndarray) -> 'UseCounts':
+        """A column of ``n`` slots with ``values`` at ``slots`` (a restored append-only table), zero elsewhere."""
+        new = cls(n)
+        new.counts[slots] = values
+        return new
+
     def state_dict(self) -> torch.Tensor:
         return torch.from_numpy(self.counts.copy())
 
-    def loaded(self, state: Any, valid: Optional[np.ndarray] = None) -> 'UseCounts':
+    def restored(self, state: Any, valid: Optional[np.ndarray] = None) -> 'UseCounts':
         """A new column from ``state`` (validated: shape, >= 0, zero at empty slots); raises ``ValueError``."""
         arr = np.asarray(state)
         if arr.shape != self.counts.shape or arr.dtype.kind not in 'iu':

@@ -148,9 +148,9 @@ class PriorityIndex:
             'alpha': self.alpha,
         }
 
-    def load_state_dict(self, state: Mapping, valid: np.ndarray) -> None:
-        """Validate ``state`` against the ring's ``valid`` mask, then load. Raises ``ValueError``; the caller
-        builds a fresh index, so a failure changes nothing."""
+    def restored(self, state: Mapping, valid: np.ndarray) -> 'PriorityIndex':
+        """A new index like this one holding ``state``, validated against the ring's ``valid`` mask (raises
+        ``ValueError``; nothing changes here -- the caller swaps the new index in)."""
         if float(state['alpha']) != self.alpha:  # leaves are priority ** alpha: they would not match the config
             raise ValueError(f"state was saved with alpha={state['alpha']}, config 'alpha' is {self.alpha}")
         leaves = np.asarray(state['leaves'], dtype=np.float64)
@@ -165,10 +165,12 @@ class PriorityIndex:
         max_priority = float(state['max_priority'])
         if not (math.isfinite(max_priority) and max_priority >= 0):
             raise ValueError(f"saved max_priority must be finite and >= 0, got {max_priority}")
-        self.tree.load_leaves(leaves)
-        if self._priority is not None:
-            self._priority[:] = priority
-        self.max_priority = max_priority
+        new = PriorityIndex(self.capacity, self.alpha, self.eps, with_max=self.tree.max is not None)
+        new.tree.load_leaves(leaves)
+        if new._priority is not None:
+            new._priority[:] = priority
+        new.max_priority = max_priority
+        return new
 
 
 def split_ids(ids: Any, instance_name: str) -> Tuple[np.ndarray, Optional[np.ndarray]]:

@@ -95,9 +95,11 @@ class ThruputController:
         self._tick()
         return {'push': self._push, 'sample': self._sample}
 
-    def load_state_dict(self, state: Mapping) -> None:
+    def restored(self, state: Mapping, cfg: Mapping) -> 'ThruputController':
+        """A new controller of ``cfg`` holding the saved counters (validated; the decay window restarts now)."""
         push, sample = float(state['push']), float(state['sample'])
         if not (push >= 0 and sample >= 0 and math.isfinite(push) and math.isfinite(sample)):
             raise ValueError(f"invalid thruput counters: push={push} sample={sample}")
-        self._t0, self._ticks = self._clock(), 0
-        self._push, self._sample = push, sample
+        new = ThruputController(cfg, self._clock)
+        new._push, new._sample = push, sample
+        return new

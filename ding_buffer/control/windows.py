@@ -117,23 +117,25 @@ class WindowPriorities:
     def state_dict(self) -> Dict[str, Any]:
         return {'step': torch.from_numpy(self.step.astype(np.float64)), 'max_priority': self.index.max_priority}
 
-    def load(self, state: Any, episodes: Any) -> None:
-        """Restore step priorities (validated) for ``episodes``: (episode slot, first slot, length) triples."""
+    def restored(self, state: Any, episodes: Any) -> 'WindowPriorities':
+        """A new part like this one with the saved step priorities (validated) of ``episodes``: (episode slot,
+        first slot, length) triples; the window tree is rebuilt from them. Nothing changes here."""
         step = np.asarray(state['step'], dtype=np.float64)
         max_p = float(state['max_priority'])
         if step.shape != (self.n_slots, ) or not np.isfinite(step).all() or (step < 0).any():
             raise ValueError(f"saved step priorities must be {self.n_slots} finite numbers >= 0")
         if not (np.isfinite(max_p) and max_p > 0):
             raise ValueError(f"saved max_priority must be finite and > 0, got {max_p}")
-        self.clear()
+        new = WindowPriorities(self.n_slots, self.unroll_len, self.index.alpha, self.eta, self.eps, self.pad)
         owned = np.zeros(self.n_slots, dtype=bool)
         for episode, first, length in episodes:
             slots = (first + np.arange(length)) % self.n_slots
             owned[slots] = True
-            self.owner[slots] = episode
+            new.owner[slots] = episode
         if (step[~owned] != 0).any() or (step[owned] <= 0).any():
             raise ValueError("saved step priorities do not match the stored transitions")
-        self.step[:] = step
-        self.index.load_max(max_p)
+        new.step[:] = step
+        new.index.load_max(max_p)
         for episode, first, length in episodes:
-            self._refresh(episode, first, length, np.arange(self._n_starts(length)))
+            new._refresh(episode, first, length, np.arange(new._n_starts(length)))
+        return new
