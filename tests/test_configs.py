@@ -30,6 +30,14 @@ def test_ready_config_builds_a_working_buffer(path):
         assert batch['state'].shape == (256, 3) and ('actions' in batch) == (kind != 'terminating_state')
         stats = buffer.stats()
         assert stats['size'] == 300 and stats['unique_terminating_states'] == len(torch.unique(states, dim=0))
+    elif cfg['policy']['other']['replay_buffer'].get('sampler', {}).get('type') == 'prioritized':
+        t = cfg['policy']['other']['replay_buffer']['sampler']['unroll_len']
+        buffer.push([{'obs': torch.randn(t + 20, 4), 'reward': torch.ones(t + 20)} for _ in range(3)])
+        batch = buffer.sample(16)
+        assert batch['obs'].shape == (16, t, 4) and batch['mask'].all() and (batch['IS'] == 1).all()
+        result = buffer.update({'replay_unique_id': batch['replay_unique_id'],
+                                'replay_buffer_idx': batch['replay_buffer_idx'], 'priority': torch.rand(16)})
+        assert result == {'updated': 16, 'stale': 0}
     elif cfg['policy']['other']['replay_buffer']['type'] == 'episode':
         buffer.push({'obs': torch.randn(50, 4), 'reward': torch.ones(50)})
         batch = buffer.sample(4, unroll_len=10, replace=True)
@@ -45,6 +53,13 @@ def test_ready_config_builds_a_working_buffer(path):
             assert result['updated'] + result['stale'] == 256 and result['stale'] == 0
         else:
             assert len(set(batch['replay_unique_id'].tolist())) == 256
+            max_use = cfg['policy']['other']['replay_buffer'].get('max_use', float('inf'))
+            if max_use != float('inf'):  # every item leaves after max_use draws: sampling runs dry
+                draws = 256
+                while buffer.sample(256) is not None and draws < 100 * 256:
+                    draws += 256
+                removed = buffer.stats()['removed_by_use']
+                assert buffer.count() < 256 and removed == 300 - buffer.count() and draws <= 300 * max_use
     buffer.close()
 
 
