@@ -73,6 +73,24 @@ class Engine(BufferCore):
         """Remove the elements at ``slots`` from the table; return the removed items (used-data remover)."""
         raise NotImplementedError
 
+    def _live(self, slots: np.ndarray) -> np.ndarray:
+        """Mask of ``slots`` (non-negative ints) that hold an element; ``IndexError`` past the table's end."""
+        raise NotImplementedError
+
+    def _rule_slots(self, rule: Any, slots: Any) -> np.ndarray:
+        """A rule's answer as distinct live slots; a rule answering garbage raises ``RuntimeError`` naming it
+        (nothing is removed for that answer)."""
+        arr = np.unique(np.asarray(slots).reshape(-1))
+        if not len(arr):
+            return arr.astype(np.int64)
+        if arr.dtype.kind not in 'iu' or arr[0] < 0:
+            raise RuntimeError(f"remover {rule.name!r} returned {arr.dtype} slots {arr[:4]}...; expected ints >= 0")
+        arr = arr.astype(np.int64)
+        try:
+            return arr[self._live(arr)]
+        except IndexError:
+            raise RuntimeError(f"remover {rule.name!r} returned slot {int(arr[-1])}, past the table's end") from None
+
     def _drop_used(self, slots: np.ndarray) -> None:
         """Elements that reached ``max_use``: removed (advanced with used-data tracking retires them instead)."""
         self._remove(slots, 'removed_by_use')
@@ -113,7 +131,7 @@ class Engine(BufferCore):
     # ------------------------------------------------------------------ sample
     def _why_not(self, size: int, cur_learner_iter: int, shortfall: Optional[Callable[[], str]]) -> str:
         for rule in self._rules:
-            stale = rule.before_sample(self, cur_learner_iter)
+            stale = self._rule_slots(rule, rule.before_sample(self, cur_learner_iter))
             if len(stale):
                 self._remove(stale, f'removed_by_{rule.name}')
         short = shortfall() if shortfall is not None else ''
@@ -163,7 +181,7 @@ class Engine(BufferCore):
             use = self._uses.bump(slots)
         done = None  # slots an earlier rule removed in this call: a later rule cannot remove them again
         for rule in self._rules:  # usually none or one
-            gone = rule.after_sample(self, slots, use)
+            gone = self._rule_slots(rule, rule.after_sample(self, slots, use))
             if done is not None and len(gone):
                 gone = np.setdiff1d(gone, done)
             if len(gone):

@@ -143,6 +143,9 @@ class EpisodeReplayBuffer(Engine):
     def _drop(self, slots: np.ndarray) -> List[Any]:
         return self._store.remove(slots)
 
+    def _live(self, slots: np.ndarray) -> np.ndarray:
+        return self._store.ring.valid[slots]
+
     def episode_added(self, slot: int, first: int, length: int) -> None:
         """The store's listener: a new episode at ``slot`` (its use count restarts; windows get priorities)."""
         self._fresh(slot)

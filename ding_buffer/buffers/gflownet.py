@@ -171,6 +171,9 @@ class GFlowNetReplayBuffer(GFlowNetStats, GFlowNetState, Engine):
         self._evict(slots)
         return []
 
+    def _live(self, slots: np.ndarray) -> np.ndarray:
+        return np.zeros(len(slots), dtype=bool) if self._index is None else self._index.alive[slots]
+
     # ------------------------------------------------------------------ push
     def add(self, data: Any) -> None:
         """torchgfn's ``add``: ``push`` without a return value."""

@@ -36,6 +36,9 @@ class SlotEngine(Engine):
         self._on_removed(slots)
         return self._storage.remove(slots)
 
+    def _live(self, slots: np.ndarray) -> np.ndarray:
+        return self._storage.ring.valid[slots]
+
     def _on_removed(self, slots: np.ndarray) -> None:
         """Hook: slots about to be emptied (a prioritized preset zeroes their priorities)."""
 

@@ -13,18 +13,23 @@ Trust: a request can never relax the manager's safety. ``load_data`` unpickles o
 ``distributed.file_root`` (refused when it is None). Pushes carry ``client`` and ``seq``: a push whose sequence
 number was already applied for that client is answered from the record of the first one and stored again
 never, so a retry after a timeout is safe.
+
+Neighbours: ``liveness`` (who is alive, lost, back, exited), ``push_dedup`` (each push applied once),
+``file_root`` (workers' paths confined to ``distributed.file_root``).
 """
 import logging
-import os
-import time
-from typing import Any, Callable, Dict, Optional, Tuple
-
+from typing import Any, Callable, Dict, Optional
 
 from ..control.thruput import SampleTimeoutError
+from ..errors import RemoteError
 from .baseline import BaselineTracker
 from .batching import count_items, log_rewards_of
 from .codec import CodecError
 from .config import resolve_callable
+from .delegate import delegated
+from .file_root import confine, resolve_file_root
+from .liveness import Liveness
+from .push_dedup import MAX_CLIENTS, PushDedup, StoredThenFailed  # noqa: F401 (MAX_CLIENTS re-exported)
 
 logger = logging.getLogger('ding_buffer.distributed')
 
@@ -36,19 +41,25 @@ REMOTE_EXCEPTIONS['PermissionError'] = PermissionError
 
 # the keyword arguments of the buffers' sample() a worker may pass; anything else is refused by name
 SAMPLE_KWARGS = ('cur_learner_iter', 'sample_range', 'replace', 'unroll_len', 'pad')
-MAX_CLIENTS = 1 << 16  # push-dedup records kept (oldest dropped first)
-
-
-class _StoredThenFailed(Exception):
-    """A push stored its data, then scoring failed: ``error`` is what the worker gets (every time it asks)."""
-
-    def __init__(self, error: BaseException) -> None:
-        super().__init__(str(error))
-        self.error = error
 
 
 def error_reply(rid: Any, e: BaseException) -> Dict[str, Any]:
     return {'id': rid, 'ok': False, 'error': type(e).__name__, 'message': str(e)}
+
+
+def request_msg(op: str, shard: int, args: Dict[str, Any]) -> Dict[str, Any]:
+    """A worker's request (the channel adds its ``id``)."""
+    return {'op': op, 'shard': shard, 'args': args}
+
+
+def result_of(reply: Dict[str, Any], op: str) -> Any:
+    """Worker side: the result of a reply to ``op``; an error reply is raised as its type (``RemoteError`` for a
+    type not in ``REMOTE_EXCEPTIONS``)."""
+    if reply.get('ok'):
+        return reply.get('result')
+    exc = REMOTE_EXCEPTIONS.get(reply.get('error'), RemoteError)
+    raise exc(f"manager: {reply.get('message')}" if exc is not RemoteError else
+              f"manager raised {reply.get('error')} for {op!r}: {reply.get('message')}")
 
 
 class ManagerCore:
@@ -56,32 +67,26 @@ class ManagerCore:
     Overview:
         Serves one buffer to many senders. Single-threaded: the caller serialises ``handle`` calls.
     Interfaces:
-        ``handle``, ``summary``, ``shutdown``; attributes ``buffer``, ``exited``, ``per_sender``.
+        ``handle``, ``summary``, ``shutdown``; attributes ``buffer``, ``exited``, ``per_sender``. Liveness
+        (``seen``, ``lose``, ``check_silent``, ``merge_heard``, ``lost``, ...) is ``self.liveness``'s.
     """
 
     def __init__(self, buffer: Any, dcfg: Any, log_reward_key: str) -> None:
-        if dcfg.file_root is not None and not os.path.isdir(dcfg.file_root):
-            raise ValueError(f"config key 'distributed.file_root' is {dcfg.file_root!r}, which is not a directory; "
-                             f"create it, or set None to refuse workers' save_data / load_data")
+        # resolved once: a later chdir of the manager must not move the directory workers may use
+        self._file_root = resolve_file_root(dcfg.file_root)
         self.buffer = buffer
         self.cfg = dcfg
-        # resolved once: a later chdir of the manager must not move the directory workers may use
-        self._file_root = os.path.realpath(dcfg.file_root) if dcfg.file_root is not None else None
         self.log_reward_key = log_reward_key
         self.scoring_function: Optional[Callable] = resolve_callable(dcfg.scoring_function, 'scoring_function')
         self.metadata_function: Optional[Callable] = resolve_callable(dcfg.metadata_function, 'metadata_function')
         self.baseline = BaselineTracker(dcfg.baseline_strategy, dcfg.baseline_percentile, dcfg.baseline_ema_alpha)
         self.model_version = -1
         self.session_id = ''
-        self.exited: set = set()
-        self.lost: Dict[Any, str] = {}
-        self.rejoined: Dict[Any, int] = {}
-        self.last_seen: Dict[Any, float] = {}
-        self._last_check: Optional[float] = None
+        self.liveness = Liveness(dcfg)
         self.per_sender: Dict[Any, Dict[str, int]] = {}
-        self._applied: Dict[str, Tuple[int, Dict[str, Any]]] = {}  # client -> (last push seq, its reply)
         self.counters = dict(push_requests=0, pushed_items=0, rejected_stale=0, sample_requests=0, errors=0,
                              duplicate_pushes=0)
+        self.push_dedup = PushDedup(self.counters)
         self._ops = {
             'push': self._push, 'sample': self._sample, 'update': self._update, 'count': self._count,
             'stats': self._stats, 'metadata': self._metadata, 'state_dict': self._state_dict,
@@ -98,7 +103,7 @@ class ManagerCore:
             if not isinstance(request, dict) or not isinstance(request.get('op'), str):
                 raise ValueError(f"a request must be a dict with an 'op' str, got {str(request)[:100]!r}")
             op = request['op']
-            self.seen(sender)
+            self.liveness.seen(sender)
             stats = self.per_sender.setdefault(sender, dict(requests=0))
             stats['requests'] += 1
             if op == 'ping':
@@ -124,31 +129,8 @@ class ManagerCore:
     # ------------------------------------------------------------------ ops
     def _push(self, sender, data, batched=False, envstep=-1, model_version=None, session_id=None, client=None,
               seq=None) -> Dict[str, Any]:
-        if client is not None or seq is not None:
-            if not (isinstance(client, str) and 0 < len(client) <= 128 and isinstance(seq, int)
-                    and not isinstance(seq, bool) and 0 <= seq < (1 << 63)):
-                raise ValueError(f"push 'client' must be a str of 1..128 chars and 'seq' an int in [0, 2**63), got "
-                                 f"{str(client)[:40]!r} and {str(seq)[:40]!r}")
-            done = self._applied.get(client)
-            if done is not None and seq <= done[0]:  # a retry of a push that was applied: never store it twice
-                self.counters['duplicate_pushes'] += 1
-                if seq == done[0] and isinstance(done[1], BaseException):
-                    raise done[1]  # the first attempt stored the data, then failed: the same answer again
-                reply = dict(done[1]) if seq == done[0] else {'stored': 0, 'score': {}}
-                reply['duplicate'] = True
-                return reply
-        try:
-            reply: Any = self._apply_push(sender, data, batched, envstep, model_version, session_id)
-        except _StoredThenFailed as e:  # the data is in: a retry must not store it again, nor hide the error
-            reply = e.error
-        if client is not None:
-            self._applied.pop(client, None)
-            self._applied[client] = (seq, reply)
-            if len(self._applied) > MAX_CLIENTS:
-                self._applied.pop(next(iter(self._applied)))
-        if isinstance(reply, BaseException):
-            raise reply
-        return reply
+        return self.push_dedup.once(client, seq,
+                                    lambda: self._apply_push(sender, data, batched, envstep, model_version, session_id))
 
     def _apply_push(self, sender, data, batched, envstep, model_version, session_id) -> Dict[str, Any]:
         self.counters['push_requests'] += 1
@@ -167,10 +149,10 @@ class ManagerCore:
             try:
                 out = self.scoring_function(data, sender=sender, buffer=self.buffer)
             except Exception as e:
-                raise _StoredThenFailed(type(e)(f"distributed.scoring_function raised {type(e).__name__}: {e} (the "
+                raise StoredThenFailed(type(e)(f"distributed.scoring_function raised {type(e).__name__}: {e} (the "
                                                 f"{stored} pushed items were stored)")) from e
             if not isinstance(out, dict):
-                raise _StoredThenFailed(TypeError(f"distributed.scoring_function must return a dict, got "
+                raise StoredThenFailed(TypeError(f"distributed.scoring_function must return a dict, got "
                                                   f"{type(out).__name__} (the {stored} pushed items were stored)"))
             score.update(out)
         base = self.baseline.value(*self._stored_log_rewards())
@@ -259,17 +241,7 @@ class ManagerCore:
 
     def resolve_path(self, path: Any) -> str:
         """A worker's file path as a path inside ``distributed.file_root``; ``PermissionError`` otherwise."""
-        base = self._file_root
-        if base is None:
-            raise PermissionError("workers may not read or write files on the manager: its config has "
-                                  "distributed.file_root=None (set it to a directory to allow save_data / load_data)")
-        if not isinstance(path, str) or not path or '\0' in path or len(path) > 4096:
-            raise ValueError(f"path must be a non-empty str without NUL bytes, got {str(path)[:80]!r}")
-        where = os.path.realpath(os.path.join(base, path))
-        if os.path.isabs(path) or os.path.commonpath([base, where]) != base or where == base:
-            raise PermissionError(f"path {path!r} resolves to {where!r}, outside distributed.file_root {base!r}; "
-                                  f"workers may name relative paths inside it only")
-        return where
+        return confine(self._file_root, path)
 
     def _clear(self, sender) -> None:
         self.buffer.clear()
@@ -290,52 +262,17 @@ class ManagerCore:
         self.baseline.sync(value)
 
     def _exit(self, sender) -> Dict[str, Any]:
-        self.exited.add(sender)
-        self.lost.pop(sender, None)
-        self.last_seen.pop(sender, None)  # never silent again: the watchdog's scan stays O(live senders)
-        return {'exited': len(self.exited)}
+        return {'exited': self.liveness.exit(sender)}
 
     # ------------------------------------------------------------------ liveness (used by every backend)
-    def seen(self, sender: Any, now: Optional[float] = None) -> None:
-        """Record a message of ``sender``; a sender counted lost that speaks again rejoins."""
-        self.last_seen[sender] = time.monotonic() if now is None else now
-        if sender in self.lost:
-            why = self.lost.pop(sender)
-            self.rejoined[sender] = self.rejoined.get(sender, 0) + 1
-            logger.warning("manager: worker %s was counted lost (%s) and is back; serving it again", sender, why)
-
-    def merge_heard(self, stamps: Dict[Any, float]) -> None:
-        """Fold arrival times recorded without the buffer's lock (heartbeats, requests waiting for it) into the
-        liveness record: a newer stamp counts as a message; an exited sender stays exited."""
-        for sender, t in list(stamps.items()):
-            if sender not in self.exited and t > self.last_seen.get(sender, float('-inf')):
-                self.seen(sender, t)
-
-    def lose(self, sender: Any, why: str) -> None:
-        if sender not in self.lost and sender not in self.exited:
-            self.lost[sender] = why
-            logger.warning("manager: lost worker %s: %s; serving the others", sender, why)
-
-    def check_silent(self, now: Optional[float] = None, busy: Any = ()) -> None:
-        """
-        Overview:
-            Count as lost every sender silent for longer than ``distributed.peer_timeout``, except the ``busy``
-            ones (a request of theirs waits for the buffer). Call it often (at least every ``peer_timeout / 2``):
-            a longer gap means this process did not run (frozen, or a long request held the buffer), and that
-            time is not held against anyone: every sender's silence is shifted by the gap.
-        """
-        limit = self.cfg.peer_timeout
-        if limit is None:
-            return
-        now = time.monotonic() if now is None else now
-        gap = now - self._last_check if self._last_check is not None else 0.0
-        self._last_check = now
-        if gap > limit / 2:
-            for w in self.last_seen:
-                self.last_seen[w] += gap
-        for w, t in list(self.last_seen.items()):
-            if w not in self.lost and w not in self.exited and w not in busy and now - t > limit:
-                self.lose(w, f"no message or heartbeat for {now - t:.1f}s (distributed.peer_timeout={limit})")
+    exited = delegated('liveness', 'exited')
+    lost = delegated('liveness', 'lost')
+    rejoined = delegated('liveness', 'rejoined')
+    last_seen = delegated('liveness', 'last_seen')
+    seen = delegated('liveness', 'seen')
+    merge_heard = delegated('liveness', 'merge_heard')
+    lose = delegated('liveness', 'lose')
+    check_silent = delegated('liveness', 'check_silent')
 
     # ------------------------------------------------------------------ shutdown
     def shutdown(self) -> Optional[str]:
@@ -348,5 +285,4 @@ class ManagerCore:
 
     def summary(self) -> Dict[str, Any]:
         return {'counters': dict(self.counters), 'per_sender': {str(k): dict(v) for k, v in self.per_sender.items()},
-                'exited': sorted(str(s) for s in self.exited), 'lost': {str(k): v for k, v in self.lost.items()},
-                'rejoined': {str(k): v for k, v in self.rejoined.items()}}
+                **self.liveness.summary()}

@@ -13,34 +13,19 @@ have been stored or not. The RemoteBuffer keeps it and sends it again, with the 
 anything else on the next push / flush / close, so it is stored exactly once if the manager comes back; a
 push of the same data right after the failure is recognised as the caller's retry and adds nothing new.
 Not thread-safe: use one RemoteBuffer per thread.
-"""
-import hashlib
-import time
-import uuid
-from typing import Any, Dict, List, Optional
 
-import numpy as np
+Neighbour: ``push_pipeline`` (``PushPipeline``: the pushes' stages and their delivery bookkeeping).
+"""
+import time
+from typing import Any, Dict, List, Optional
 
 from ..base import IBuffer
 from ..control.thruput import SampleTimeoutError
-from .batching import concat_batches, count_items, filter_items, log_rewards_of, select_fields
-from .codec import encode
-from .manager import REMOTE_EXCEPTIONS
+from .manager import REMOTE_EXCEPTIONS, request_msg, result_of  # noqa: F401 (REMOTE_EXCEPTIONS re-exported)
 from ..errors import ManagerUnavailableError, RemoteError  # noqa: F401 (re-exported)
 from .channel import PeerChannel, deadline_in  # noqa: F401 (PeerChannel re-exported)
-
-
-def _digest(data: Any, batched: bool, allow_pickle: bool) -> Optional[bytes]:
-    """A content digest of a push's data (None if it cannot be encoded)."""
-    try:
-        header, parts = encode(data, allow_pickle)
-    except TypeError:
-        return None
-    h = hashlib.blake2b(header, digest_size=16)
-    h.update(b'1' if batched else b'0')
-    for p in parts:
-        h.update(memoryview(p))
-    return h.digest()
+from .delegate import delegated
+from .push_pipeline import PushPipeline, new_client_id  # noqa: F401 (new_client_id re-exported)
 
 
 class RemoteBuffer(IBuffer):
@@ -62,24 +47,8 @@ class RemoteBuffer(IBuffer):
         self._dcfg = dcfg
         self._channel = channel
         self._local = local
-        self._dict_is_batch = dict_is_batch
-        self._scoring_keys = scoring_keys
-        self._log_reward_key = log_reward_key
-        self._pending: List[Any] = []
-        self._pending_batched: Optional[bool] = None
-        self._push_calls = 0
-        self._client = uuid.uuid4().hex
-        self._seq = 0
-        self._unacked: List[Dict[str, Any]] = []  # push args in doubt, resent (same seq) before anything else
-        self._retry_of: Optional[bytes] = None  # digest of the data of the push call that raised
-        self._inflight: Optional[Any] = None  # async_score: (ticket, args) of the unanswered push
-        self.last_score: Optional[Dict[str, Any]] = None
-        self.baseline_log_reward = -np.inf
-        self._model_version: Optional[int] = None
-        self._session_id: Optional[str] = None
-        self._consecutive_empty = 0
-        self.filter_stats = dict(total=0, kept=0, skipped_sends=0, sends=0)
-        self.resent_pushes = 0  # pushes in doubt sent again
+        self._pushes = PushPipeline(dcfg, channel, local=local, dict_is_batch=dict_is_batch,
+                                    scoring_keys=scoring_keys, log_reward_key=log_reward_key)
         self._closed = False
 
     # ------------------------------------------------------------------ requests
@@ -88,19 +57,8 @@ class RemoteBuffer(IBuffer):
         self._check_open()
         if deadline is None:
             deadline = deadline_in(self._dcfg.timeout if timeout is None else timeout)
-        ticket = self._channel.submit(self._msg(op, args), deadline)
-        return self._reply(self._channel.result(ticket, op, deadline), op)
-
-    def _msg(self, op: str, args: Dict[str, Any]) -> Dict[str, Any]:
-        return {'op': op, 'shard': self._dcfg.shard, 'args': args}
-
-    @staticmethod
-    def _reply(reply: Dict[str, Any], op: str) -> Any:
-        if reply.get('ok'):
-            return reply.get('result')
-        exc = REMOTE_EXCEPTIONS.get(reply.get('error'), RemoteError)
-        raise exc(f"manager: {reply.get('message')}" if exc is not RemoteError else
-                  f"manager raised {reply.get('error')} for {op!r}: {reply.get('message')}")
+        ticket = self._channel.submit(request_msg(op, self._dcfg.shard, args), deadline)
+        return result_of(self._channel.result(ticket, op, deadline), op)
 
     def _check_open(self) -> None:
         if self._closed:
@@ -116,34 +74,7 @@ class RemoteBuffer(IBuffer):
             data as the call that raised is taken as its retry and adds nothing new.
         """
         self._check_open()
-        if data is None:
-            raise TypeError("cannot push None")
-        batched = bool(batched) or (self._dict_is_batch and isinstance(data, dict))
-        n = count_items(data, batched)
-        deadline = deadline_in(self._dcfg.timeout)  # one bound for everything this call sends and waits for
-        if self._retry_of is not None:
-            if self._retry_of == _digest(data, batched, self._dcfg.allow_pickle):
-                # the caller's retry of the call that raised: its data is kept already (in doubt or pending),
-                # so send what is owed and add nothing; if that fails too, the next call is still its retry
-                self._send_owed(cur_collector_envstep, deadline)
-                self._retry_of = None
-                return n
-            self._retry_of = None
-        self._resend_unacked(deadline)  # raises before this call's data is taken
-        if self._pending and self._pending_batched != batched:
-            self._flush(cur_collector_envstep, deadline)  # a batch and single items cannot be merged (raises: not taken)
-        if self._local is not None:
-            self._local.push(data, cur_collector_envstep, batched=batched)
-        self._pending.append(data)
-        self._pending_batched = batched
-        self._push_calls += 1
-        if self._push_calls % self._dcfg.remote_buffer_freq == 0:
-            try:
-                self._flush(cur_collector_envstep, deadline)
-            except ManagerUnavailableError:  # this call's data is kept (in doubt): a push of it again is a retry
-                self._retry_of = _digest(data, batched, self._dcfg.allow_pickle)
-                raise
-        return n
+        return self._pushes.push(data, cur_collector_envstep, batched)
 
     def extend(self, batch: Any, cur_collector_envstep: int = -1) -> int:
         return self.push(batch, cur_collector_envstep, batched=True)
@@ -155,118 +86,7 @@ class RemoteBuffer(IBuffer):
     def flush(self) -> None:
         """Send what is pending now, pushes in doubt first (``close`` does it too)."""
         self._check_open()
-        self._send_owed(-1, deadline_in(self._dcfg.timeout))
-
-    @property
-    def unacknowledged(self) -> int:
-        """Pushes not acknowledged yet: those in doubt (a call raised ``ManagerUnavailableError``; they are sent
-        again by the next call) plus, with ``async_score``, the last push whose score is not collected yet."""
-        return len(self._unacked) + (self._inflight is not None)
-
-    def _send_owed(self, envstep: int, deadline: float) -> None:
-        self._resend_unacked(deadline)
-        self._flush(envstep, deadline)
-
-    def _resend_unacked(self, deadline: float) -> None:
-        while self._unacked:
-            args = self._unacked[0]
-            self.resent_pushes += 1
-            result = self._request('push', deadline=deadline, **args)  # raises: it stays in doubt
-            self._unacked.pop(0)
-            self._take_score(result)
-
-    def _merged(self) -> Any:
-        pending, batched = self._pending, self._pending_batched
-        self._pending, self._pending_batched = [], None
-        if len(pending) == 1:
-            return pending[0], batched
-        if batched and all(isinstance(p, dict) for p in pending):
-            return concat_batches(pending), True
-        if not batched:
-            items: List[Any] = []
-            for p in pending:
-                items.extend(p if isinstance(p, list) else [p])
-            return items, False
-        cat = getattr(type(pending[0]), 'extend', None)
-        if cat is None:
-            raise TypeError(f"cannot merge pending pushes of type {type(pending[0]).__name__}; "
-                            f"use remote_buffer_freq=1")
-        merged = pending[0]
-        for p in pending[1:]:
-            merged.extend(p)
-        return merged, True
-
-    def _flush(self, envstep: int, deadline: float) -> None:
-        if not self._pending:
-            return
-        data, batched = self._merged()
-        if self._dcfg.scoring_only and self._scoring_keys:
-            data = select_fields(data, self._scoring_keys)
-        data = self._baseline_filter(data)
-        if data is None:
-            return
-        args = dict(data=data, batched=batched, envstep=envstep, model_version=self._model_version,
-                    session_id=self._session_id, client=self._client, seq=self._seq)
-        self._seq += 1
-        self.filter_stats['sends'] += 1
-        if not self._dcfg.async_score:
-            try:
-                result = self._request('push', deadline=deadline, **args)
-            except ManagerUnavailableError:
-                self._unacked.append(args)
-                raise
-            self._take_score(result)
-            return
-        try:
-            ticket = self._channel.submit(self._msg('push', args), deadline)
-        except ManagerUnavailableError:
-            self._unacked.append(args)
-            raise
-        previous, self._inflight = self._inflight, (ticket, args)
-        if previous is not None:
-            self._take_score(self._collect(previous, deadline))
-
-    def _collect(self, inflight: Any, deadline: float) -> Dict[str, Any]:
-        ticket, args = inflight
-        try:
-            return self._reply(self._channel.result(ticket, 'push', deadline), 'push')
-        except ManagerUnavailableError:
-            self._unacked.append(args)
-            raise
-
-    def _baseline_filter(self, data: Any) -> Any:
-        if not self._dcfg.baseline_filtering or not np.isfinite(self.baseline_log_reward):
-            return data
-        lr = log_rewards_of(data, self._log_reward_key)
-        if lr is None:
-            return data
-        mask = lr >= self.baseline_log_reward
-        kept = int(mask.sum())
-        self.filter_stats['total'] += len(mask)
-        self.filter_stats['kept'] += kept
-        if kept == len(mask):
-            self._consecutive_empty = 0
-            return data
-        if kept == 0:
-            self.filter_stats['skipped_sends'] += 1
-            self._consecutive_empty += 1
-            refresh = self._dcfg.baseline_refresh_after
-            if refresh is not None and self._consecutive_empty >= refresh:
-                self._consecutive_empty = 0
-                return data  # refresh: send it all so the baseline can move
-            return None
-        self._consecutive_empty = 0
-        return filter_items(data, mask)
-
-    def _take_score(self, result: Dict[str, Any]) -> None:
-        score = dict(result.get('score') or {})
-        score['stored'] = result.get('stored', 0)
-        for k in ('rejected_stale', 'duplicate'):
-            if k in result:
-                score[k] = result[k]
-        self.last_score = score
-        if 'baseline_log_reward' in score:
-            self.baseline_log_reward = float(score['baseline_log_reward'])
+        self._pushes.send_owed(-1, deadline_in(self._dcfg.timeout))
 
     def drain_pending_score(self, timeout: float = 30.0) -> Optional[Dict[str, Any]]:
         """
@@ -275,11 +95,15 @@ class RemoteBuffer(IBuffer):
             nothing was outstanding). Raises ``ManagerUnavailableError`` if it does not arrive in time (the push
             is then in doubt and sent again by the next call).
         """
-        if self._inflight is None:
-            return None
-        inflight, self._inflight = self._inflight, None
-        self._take_score(self._collect(inflight, deadline_in(timeout)))
-        return self.last_score
+        return self._pushes.drain(timeout)
+
+    # the push pipeline's state, under the names callers read (``unacknowledged``: pushes in doubt plus an
+    # uncollected async push; ``last_score``, ``baseline_log_reward``: learned from push replies)
+    unacknowledged = delegated('_pushes', 'unacknowledged')
+    last_score = delegated('_pushes', 'last_score')
+    baseline_log_reward = delegated('_pushes', 'baseline_log_reward')
+    filter_stats = delegated('_pushes', 'filter_stats')
+    resent_pushes = delegated('_pushes', 'resent_pushes')
 
     # ------------------------------------------------------------------ the rest of IBuffer
     def sample(self, size: int, cur_learner_iter: int = -1, timeout: Optional[float] = None, **kwargs) -> Optional[Any]:
@@ -351,8 +175,8 @@ class RemoteBuffer(IBuffer):
 
     def set_model_version(self, version: int, session_id: Optional[str] = None) -> None:
         """Stamp later pushes with the model version (and session) that produced them."""
-        self._model_version = int(version)
-        self._session_id = session_id
+        self._pushes.model_version = int(version)
+        self._pushes.session_id = session_id
 
     def update_model_version(self, version: int, session_id: Optional[str] = None) -> Dict[str, Any]:
         """Learner: move the manager to ``version`` (a new session clears data of the old one when gating)."""
@@ -377,8 +201,8 @@ class RemoteBuffer(IBuffer):
         deadline = deadline_in(self._dcfg.timeout if timeout is None else timeout)
         left = lambda: max(deadline - time.monotonic(), 0.0)  # noqa: E731
         try:
-            self._send_owed(-1, deadline)
-            if self._inflight is not None:
+            self._pushes.send_owed(-1, deadline)
+            if self._pushes.inflight is not None:
                 self.drain_pending_score(left())
             stop = getattr(self._channel, 'stop_heartbeat', None)
             if stop is not None:
@@ -392,7 +216,3 @@ class RemoteBuffer(IBuffer):
 
     def __repr__(self) -> str:
         return f"RemoteBuffer(type={self._cfg.get('type')!r}, {self._channel.where}, backend={self._dcfg.backend!r})"
-
-
-def new_client_id() -> str:
-    return uuid.uuid4().hex

@@ -12,32 +12,25 @@ pushed again.
 
 Complexity: push of ``n`` items O(n * fields) with one indexed write per field; a batched push does one or
 two slice assignments per field (two when it wraps around the ring); ``gather`` one index per field.
+
+Neighbours: ``tensor_schema`` (inferring and checking the schema, its export / import), ``tensor_fields``
+(allocating the field tensors and memmap files), ``fast_write`` (the single-item fast path).
 """
-import os
-from typing import Any, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 import torch
 
 from .base import NO_ITER, Prepared, Storage, check_state, trim_newest
+from .fast_write import FastWriter
 from .ring import RingIndex
-from .tree import Path, batch_len, flatten, path_name, to_tensor, unflatten
+from .tensor_fields import allocate_fields, memmap_file, numpy_views
+# buffers.gfn_data imports export_schema / import_fields from here (they stay importable where they were)
+from .tensor_schema import Schema, batched_tensor, check_leaves, export_schema, field_names, import_fields, \
+    infer_schema, item_flat
+from .tree import Path, batch_len, path_name, to_tensor, unflatten
 
 META_KEYS = ('replay_buffer_idx', 'replay_unique_id')
-_MISSING = object()
-Schema = Dict[Path, Tuple[Tuple[int, ...], torch.dtype]]
-
-
-def _dtype_from_str(name: str) -> torch.dtype:
-    dtype = getattr(torch, name.replace('torch.', ''), None)
-    if not isinstance(dtype, torch.dtype):
-        raise ValueError(f"unknown dtype {name!r} in saved schema")
-    return dtype
-
-
-def _batched_tensor(leaf: Any, path: Path) -> torch.Tensor:
-    """A batched leaf as a tensor: Python lists/tuples of rows are accepted besides tensors and arrays."""
-    return torch.as_tensor(leaf) if isinstance(leaf, (list, tuple)) else to_tensor(leaf, path)
 
 
 class TensorStorage(Storage):
@@ -61,53 +54,9 @@ class TensorStorage(Storage):
         self.schema: Optional[Schema] = None
         self.fields: Dict[Path, torch.Tensor] = {}
         self._views: Dict[Path, np.ndarray] = {}  # numpy views of CPU fields (shared memory)
-        self._fast: Optional[List[Tuple[str, np.ndarray, tuple, np.dtype, torch.dtype, tuple]]] = None
+        self._fast: Optional[FastWriter] = None  # the single-item fast path, once the schema is known
 
-    # ------------------------------------------------------------------ schema
-    def _infer_schema(self, flat: Dict[Path, torch.Tensor]) -> Schema:
-        return {p: (tuple(t.shape), t.dtype) for p, t in flat.items()}
-
-    def _check(self, flat: Dict[Path, Any], schema: Schema, where: str, batched: bool) -> Dict[Path, torch.Tensor]:
-        """Convert leaves and check them against ``schema``; ``where`` says which item for the message."""
-        missing = [path_name(p) for p in schema if p not in flat]
-        if missing:
-            raise ValueError(f"{where} is missing field(s) {missing}; schema fields: {self.field_names(schema)}")
-        out = {}
-        for path, leaf in flat.items():
-            if path not in schema:
-                raise ValueError(
-                    f"{where} has unexpected field '{path_name(path)}'; schema fields: {self.field_names(schema)}"
-                )
-            shape, dtype = schema[path]
-            is_py_int = type(leaf) is int or (batched and isinstance(leaf, (list, tuple)))
-            tensor = _batched_tensor(leaf, path) if batched else to_tensor(leaf, path)
-            got_shape = tuple(tensor.shape[1:]) if batched else tuple(tensor.shape)
-            if got_shape != shape:
-                raise ValueError(f"{where}: field '{path_name(path)}' has shape {got_shape}, expected {shape}")
-            if tensor.dtype != dtype:
-                lossless_int = is_py_int and dtype.is_floating_point and not tensor.dtype.is_floating_point \
-                    and tensor.dtype != torch.bool
-                if not lossless_int:
-                    raise ValueError(
-                        f"{where}: field '{path_name(path)}' has dtype {tensor.dtype}, expected {dtype}"
-                    )
-                tensor = tensor.to(dtype)
-            out[path] = tensor
-        return out
-
-    @staticmethod
-    def field_names(schema: Schema) -> List[str]:
-        return [path_name(p) for p in schema]
-
-    def _item_flat(self, item: Any, i: int) -> Dict[Path, Any]:
-        if type(item) is not dict and not isinstance(item, Mapping):
-            raise TypeError(
-                f"tensor storage stores dicts of tensors/arrays/scalars; item {i} is {type(item).__name__}"
-            )
-        flat = flatten(item, skip_top=self.skip_keys)
-        if not flat:
-            raise ValueError(f"item {i} has no fields")
-        return flat
+    field_names = staticmethod(field_names)  # the schema's field names, as the error messages list them
 
     # ------------------------------------------------------------------ writing
     def prepare(self, items: List[Any], schema: Optional[Schema] = None, trim: bool = True) -> Prepared:
@@ -117,10 +66,10 @@ class TensorStorage(Storage):
         schema = self.schema or schema
         columns: Dict[Path, List[torch.Tensor]] = {}
         for i, item in enumerate(items):  # every item is checked, also the ones dropped for space
-            flat = self._item_flat(item, i)
+            flat = item_flat(item, i, self.skip_keys)
             if schema is None:
-                schema = self._infer_schema({p: to_tensor(v, p) for p, v in flat.items()})
-            checked = self._check(flat, schema, f"item {i}", batched=False)
+                schema = infer_schema({p: to_tensor(v, p) for p, v in flat.items()})
+            checked = check_leaves(flat, schema, f"item {i}", batched=False)
             if i >= dropped:
                 for path, tensor in checked.items():
                     columns.setdefault(path, []).append(tensor)
@@ -128,7 +77,7 @@ class TensorStorage(Storage):
         return Prepared((schema, payload), kept, dropped)
 
     def prepare_batch(self, batch: Any, schema: Optional[Schema] = None, trim: bool = True) -> Prepared:
-        flat = self._item_flat(batch, 0)
+        flat = item_flat(batch, 0, self.skip_keys)
         sizes = {path_name(p): batch_len(v, p) for p, v in flat.items()}
         n = next(iter(sizes.values()))
         if any(s != n for s in sizes.values()):
@@ -137,108 +86,32 @@ class TensorStorage(Storage):
             raise ValueError("a batched push got a batch of size 0")
         schema = self.schema or schema
         if schema is None:
-            schema = {p: (tuple(t.shape[1:]), t.dtype) for p, t in ((p, _batched_tensor(v, p)) for p, v in flat.items())}
-        checked = self._check(flat, schema, 'batch', batched=True)
+            schema = {p: (tuple(t.shape[1:]), t.dtype) for p, t in ((p, batched_tensor(v, p)) for p, v in flat.items())}
+        checked = check_leaves(flat, schema, 'batch', batched=True)
         kept, dropped = trim_newest(n, self.capacity if trim else n)
         payload = {p: t[dropped:] for p, t in checked.items()}
         return Prepared((schema, payload), kept, dropped)
 
     def memmap_file(self, index: int, path: Path) -> str:
         """File of the ``index``-th field: numbered, so distinct fields never share a file."""
-        safe = ''.join(c if c.isalnum() or c in '._-' else '_' for c in path_name(path))
-        return os.path.join(self.memmap_dir, f'{index:03d}_{safe}.bin')
+        return memmap_file(self.memmap_dir, index, path)
 
     def _allocate(self, schema: Schema) -> None:
         """Create every field (all or nothing: on failure the storage keeps no schema and no fields)."""
-        fields: Dict[Path, torch.Tensor] = {}
-        if self.memmap_dir is not None:
-            os.makedirs(self.memmap_dir, exist_ok=True)
-        for index, (path, (shape, dtype)) in enumerate(schema.items()):
-            numel = self.capacity * int(np.prod(shape, dtype=np.int64))
-            if self.memmap_dir is not None:
-                fname = self.memmap_file(index, path)
-                if os.path.exists(fname):
-                    os.remove(fname)  # a stale file of another size would be mapped as is
-                tensor = torch.from_file(fname, shared=True, size=numel, dtype=dtype)
-                fields[path] = tensor.view(self.capacity, *shape)
-            else:
-                fields[path] = torch.zeros((self.capacity, *shape), dtype=dtype, device=self.device)
-        views = {}
-        if self.device.type == 'cpu':
-            for p, f in fields.items():
-                try:
-                    views[p] = f.numpy()
-                except TypeError:  # bfloat16, float8, ...: numpy has no such dtype, write through torch
-                    pass
+        fields = allocate_fields(schema, self.capacity, self.device, self.memmap_dir)
+        views = numpy_views(fields) if self.device.type == 'cpu' else {}
         self.fields, self.schema, self._views = fields, schema, views  # together: all or nothing
-        self._fast = self._fast_spec(schema, fields)
-
-    def _fast_spec(self, schema: Schema, fields: Dict[Path, torch.Tensor]):
-        """Per-field facts for ``write_one`` (flat schemas on CPU only): numpy view of the field, shape, dtypes and
-        the Python scalar types the generic path would accept for it."""
-        if self.device.type != 'cpu' or any(len(p) != 1 for p in schema) or len(self._views) != len(schema):
-            return None
-        spec = []
-        for path, (shape, dtype) in schema.items():
-            if dtype == torch.bool:
-                scalars = (bool, )
-            elif dtype == torch.int64:
-                scalars = (int, )
-            elif dtype == torch.float32:
-                scalars = (int, float)
-            elif dtype.is_floating_point:
-                scalars = (int, )
-            else:
-                scalars = ()
-            if shape:
-                scalars = ()
-            view = self._views[path]
-            spec.append((path[0], view, shape, view.dtype, dtype, scalars))
-        return spec
+        self._fast = FastWriter.build(schema, views, self.device, self.skip_keys)
 
     def write_one(self, item: Any) -> Optional[int]:
         """
         Overview:
-            Fast path for one flat item on CPU: checks each leaf against the schema in a few attribute reads
-            and writes it straight into the field's numpy view (no stacking, no tensor conversion). Returns the
-            slot, or ``None`` -- with nothing changed -- when the item is not a plain match (first item,
-            nested dict, any mismatch); the caller then takes the generic path, which reports errors.
+            Fast path for one flat item on CPU (``FastWriter``): written straight into the fields' numpy views.
+            Returns the slot, or ``None`` -- with nothing changed -- when the item is not a plain match (first
+            item, nested dict, any mismatch); the caller then takes the generic path, which reports errors.
         """
-        spec = self._fast
-        if spec is None or type(item) is not dict:
-            return None
-        skipped = 0
-        for key in self.skip_keys:
-            if key in item:
-                skipped += 1
-        if len(item) - skipped != len(spec):
-            return None
-        values = []
-        for key, view, shape, np_dtype, dtype, scalars in spec:
-            v = item.get(key, _MISSING)
-            t = type(v)
-            if t is np.ndarray:
-                if v.dtype != np_dtype or v.shape != shape:
-                    return None
-            elif t is torch.Tensor:
-                if v.dtype != dtype or v.shape != shape or v.device.type != 'cpu':
-                    return None
-                v = v.detach().numpy()
-            elif t in scalars:
-                if t is int:
-                    if not -2 ** 63 <= v < 2 ** 63:  # the generic path reports it
-                        return None
-                    try:  # out of the field's range: let the generic path report it
-                        np_dtype.type(v)
-                    except (OverflowError, ValueError):
-                        return None
-            elif not (isinstance(v, np.generic) and v.dtype == np_dtype and shape == ()):
-                return None
-            values.append(v)
-        slot, _ = self.ring.commit_one()
-        for (_, view, _, _, _, _), v in zip(spec, values):
-            view[slot] = v
-        return slot
+        fast = self._fast
+        return None if fast is None else fast.write(item, self.ring)
 
     def _reserve(self, prepared: Prepared) -> None:
         if self.schema is None:
@@ -381,22 +254,3 @@ class TensorStorage(Storage):
         storage.ring = ring
         return storage
 
-
-def export_schema(schema: Optional[Schema]) -> List[list]:
-    """``[[path, shape, dtype name], ...]``: plain lists, loadable with ``weights_only=True``."""
-    return [] if schema is None else [[list(p), list(shape), str(dtype).replace('torch.', '')]
-                                      for p, (shape, dtype) in schema.items()]
-
-
-def import_fields(schema_list: Any, fields: Any, n: int) -> Tuple[Schema, List[torch.Tensor]]:
-    """Validate a saved schema and its ``n``-row field tensors; ``ValueError`` on any mismatch."""
-    schema: Schema = {}
-    for entry in schema_list:
-        path, shape, dtype = entry
-        schema[tuple(str(k) for k in path)] = (tuple(int(s) for s in shape), _dtype_from_str(dtype))
-    if len(fields) != len(schema):
-        raise ValueError(f"saved storage has {len(schema)} schema fields but {len(fields)} field tensors")
-    for (path, (shape, dtype)), tensor in zip(schema.items(), fields):
-        if not isinstance(tensor, torch.Tensor) or tuple(tensor.shape) != (n, *shape) or tensor.dtype != dtype:
-            raise ValueError(f"saved field '{path_name(path)}' does not match its schema {(n, *shape)} {dtype}")
-    return schema, list(fields)

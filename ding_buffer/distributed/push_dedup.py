@@ -1,0 +1,69 @@
+"""``PushDedup``: the manager applies each worker push at most once.
+
+Pushes carry ``client`` and ``seq``: a push whose sequence number was already applied for that client is
+answered from the record of the first one (marked ``duplicate``) and stored again never, so a worker's retry
+after a timeout is safe. A push that stored its data and then failed (``StoredThenFailed``) is recorded with
+its error: every retry gets the same error, and the data is not stored twice. One record per client, the
+oldest dropped first beyond ``MAX_CLIENTS``.
+"""
+from typing import Any, Callable, Dict, Tuple
+
+MAX_CLIENTS = 1 << 16  # push-dedup records kept (oldest dropped first)
+
+
+class StoredThenFailed(Exception):
+    """A push stored its data, then scoring failed: ``error`` is what the worker gets (every time it asks)."""
+
+    def __init__(self, error: BaseException) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+def check_client_seq(client: Any, seq: Any) -> None:
+    """``ValueError`` unless ``client`` is a str of 1..128 chars and ``seq`` an int in [0, 2**63)."""
+    if not (isinstance(client, str) and 0 < len(client) <= 128 and isinstance(seq, int)
+            and not isinstance(seq, bool) and 0 <= seq < (1 << 63)):
+        raise ValueError(f"push 'client' must be a str of 1..128 chars and 'seq' an int in [0, 2**63), got "
+                         f"{str(client)[:40]!r} and {str(seq)[:40]!r}")
+
+
+class PushDedup:
+    """
+    Overview:
+        The last applied ``(seq, reply)`` of every client. ``once`` runs a push unless it is a retry;
+        ``counters['duplicate_pushes']`` (the manager's counters) counts the retries answered from the record.
+    """
+
+    def __init__(self, counters: Dict[str, int]) -> None:
+        self.counters = counters
+        self._applied: Dict[str, Tuple[int, Any]] = {}  # client -> (last push seq, its reply or error)
+
+    def once(self, client: Any, seq: Any, apply: Callable[[], Dict[str, Any]]) -> Dict[str, Any]:
+        """
+        Overview:
+            The reply of push ``seq`` of ``client``: ``apply()``'s, or, for a sequence number already applied,
+            the recorded one (an older one: nothing stored). Pushes without ``client`` and ``seq`` always apply.
+            ``apply`` raising ``StoredThenFailed`` makes its error the recorded answer, raised now and on retries.
+        """
+        if client is not None or seq is not None:
+            check_client_seq(client, seq)
+            done = self._applied.get(client)
+            if done is not None and seq <= done[0]:  # a retry of a push that was applied: never store it twice
+                self.counters['duplicate_pushes'] += 1
+                if seq == done[0] and isinstance(done[1], BaseException):
+                    raise done[1]  # the first attempt stored the data, then failed: the same answer again
+                reply = dict(done[1]) if seq == done[0] else {'stored': 0, 'score': {}}
+                reply['duplicate'] = True
+                return reply
+        try:
+            reply: Any = apply()
+        except StoredThenFailed as e:  # the data is in: a retry must not store it again, nor hide the error
+            reply = e.error
+        if client is not None:
+            self._applied.pop(client, None)
+            self._applied[client] = (seq, reply)
+            if len(self._applied) > MAX_CLIENTS:
+                self._applied.pop(next(iter(self._applied)))
+        if isinstance(reply, BaseException):
+            raise reply
+        return reply

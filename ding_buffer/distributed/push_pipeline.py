@@ -1,0 +1,237 @@
+"""``PushPipeline``: a worker's pushes on their way to the manager, delivered once (``RemoteBuffer`` holds one).
+
+Stages, as in torchgfn's worker: pushes accumulate until every ``remote_buffer_freq``-th one; the merged batch
+keeps only the scoring fields (``scoring_only``), loses the rows below the manager's last
+``baseline_log_reward`` (``baseline_filtering``, sent whole after ``baseline_refresh_after`` empty sends), and
+goes out as one push request. With ``async_score`` the request is not waited for: its reply is collected
+before the next one goes out, or by ``drain``. Every reply's score becomes ``last_score``.
+
+Bookkeeping of the delivery guarantee: each request carries this client's id and the next sequence number. A
+request that raised ``ManagerUnavailableError`` stays in ``unacked`` and is resent with its own sequence
+number before anything else is sent; the content digest of the push call that raised is remembered, so that
+the caller's retry of that call sends what is owed instead of adding the data a second time.
+"""
+import hashlib
+import uuid
+from typing import Any, Dict, List, Optional
+
+import numpy as np
+
+from ..base import IBuffer
+from ..errors import ManagerUnavailableError
+from .batching import concat_batches, count_items, filter_items, log_rewards_of, select_fields
+from .channel import deadline_in
+from .codec import encode
+from .manager import request_msg, result_of
+
+
+def new_client_id() -> str:
+    return uuid.uuid4().hex
+
+
+def _digest(data: Any, batched: bool, allow_pickle: bool) -> Optional[bytes]:
+    """A content digest of a push's data (None if it cannot be encoded)."""
+    try:
+        header, parts = encode(data, allow_pickle)
+    except TypeError:
+        return None
+    h = hashlib.blake2b(header, digest_size=16)
+    h.update(b'1' if batched else b'0')
+    for p in parts:
+        h.update(memoryview(p))
+    return h.digest()
+
+
+class PushPipeline:
+    """
+    Overview:
+        The push half of a ``RemoteBuffer``, sending over the buffer's channel (which it does not own: the
+        buffer closes it). It holds nothing of the buffer itself, so a dropped buffer is freed at once and its
+        channel's heartbeat stops. Readable state: ``last_score``, ``baseline_log_reward``, ``filter_stats``,
+        ``resent_pushes``, ``unacknowledged``; ``model_version`` / ``session_id`` stamp the requests.
+    """
+
+    def __init__(self, dcfg: Any, channel: Any, local: Optional[IBuffer] = None, dict_is_batch: bool = False,
+                 scoring_keys: Optional[List[str]] = None, log_reward_key: str = 'log_reward') -> None:
+        self._dcfg = dcfg
+        self._channel = channel
+        self._local = local
+        self._dict_is_batch = dict_is_batch
+        self._scoring_keys = scoring_keys
+        self._log_reward_key = log_reward_key
+        self._pending: List[Any] = []
+        self._pending_batched: Optional[bool] = None
+        self._push_calls = 0
+        self._client = new_client_id()
+        self._seq = 0
+        self._unacked: List[Dict[str, Any]] = []  # push args in doubt, resent (same seq) before anything else
+        self._retry_of: Optional[bytes] = None  # digest of the data of the push call that raised
+        self.inflight: Optional[Any] = None  # async_score: (ticket, args) of the unanswered push
+        self.last_score: Optional[Dict[str, Any]] = None
+        self.baseline_log_reward = -np.inf
+        self.model_version: Optional[int] = None
+        self.session_id: Optional[str] = None
+        self._consecutive_empty = 0
+        self.filter_stats = dict(total=0, kept=0, skipped_sends=0, sends=0)
+        self.resent_pushes = 0  # pushes in doubt sent again
+
+    def push(self, data: Any, envstep: int, batched: bool) -> int:
+        """Take ``data`` (sending what is owed first, and the accumulated batch on every ``remote_buffer_freq``-th
+        call); returns how many items it holds. A repeat of the call that raised is its retry: nothing is added."""
+        if data is None:
+            raise TypeError("cannot push None")
+        batched = bool(batched) or (self._dict_is_batch and isinstance(data, dict))
+        n = count_items(data, batched)
+        deadline = deadline_in(self._dcfg.timeout)  # one bound for everything this call sends and waits for
+        if self._retry_of is not None:
+            if self._retry_of == _digest(data, batched, self._dcfg.allow_pickle):
+                # the caller's retry of the call that raised: its data is kept already (in doubt or pending),
+                # so send what is owed and add nothing; if that fails too, the next call is still its retry
+                self.send_owed(envstep, deadline)
+                self._retry_of = None
+                return n
+            self._retry_of = None
+        self._resend_unacked(deadline)  # raises before this call's data is taken
+        if self._pending and self._pending_batched != batched:
+            self._flush(envstep, deadline)  # a batch and single items cannot be merged (raises: not taken)
+        if self._local is not None:
+            self._local.push(data, envstep, batched=batched)
+        self._pending.append(data)
+        self._pending_batched = batched
+        self._push_calls += 1
+        if self._push_calls % self._dcfg.remote_buffer_freq == 0:
+            try:
+                self._flush(envstep, deadline)
+            except ManagerUnavailableError:  # this call's data is kept (in doubt): a push of it again is a retry
+                self._retry_of = _digest(data, batched, self._dcfg.allow_pickle)
+                raise
+        return n
+
+    @property
+    def unacknowledged(self) -> int:
+        """Pushes not acknowledged yet: those in doubt (a call raised ``ManagerUnavailableError``; they are sent
+        again by the next call) plus, with ``async_score``, the last push whose score is not collected yet."""
+        return len(self._unacked) + (self.inflight is not None)
+
+    def _submit(self, args: Dict[str, Any], deadline: float) -> Any:
+        """Send one push request without waiting; returns the channel's ticket for its reply."""
+        return self._channel.submit(request_msg('push', self._dcfg.shard, args), deadline)
+
+    def _result(self, ticket: Any, deadline: float) -> Dict[str, Any]:
+        """The manager's answer to the push request of ``ticket`` (its error raised as its own type)."""
+        return result_of(self._channel.result(ticket, 'push', deadline), 'push')
+
+    def send_owed(self, envstep: int, deadline: float) -> None:
+        """Send the pushes in doubt, then what is pending."""
+        self._resend_unacked(deadline)
+        self._flush(envstep, deadline)
+
+    def _resend_unacked(self, deadline: float) -> None:
+        while self._unacked:
+            args = self._unacked[0]
+            self.resent_pushes += 1
+            result = self._result(self._submit(args, deadline), deadline)  # raises: it stays in doubt
+            self._unacked.pop(0)
+            self._take_score(result)
+
+    def _merged(self) -> Any:
+        pending, batched = self._pending, self._pending_batched
+        self._pending, self._pending_batched = [], None
+        if len(pending) == 1:
+            return pending[0], batched
+        if batched and all(isinstance(p, dict) for p in pending):
+            return concat_batches(pending), True
+        if not batched:
+            items: List[Any] = []
+            for p in pending:
+                items.extend(p if isinstance(p, list) else [p])
+            return items, False
+        cat = getattr(type(pending[0]), 'extend', None)
+        if cat is None:
+            raise TypeError(f"cannot merge pending pushes of type {type(pending[0]).__name__}; "
+                            f"use remote_buffer_freq=1")
+        merged = pending[0]
+        for p in pending[1:]:
+            merged.extend(p)
+        return merged, True
+
+    def _flush(self, envstep: int, deadline: float) -> None:
+        if not self._pending:
+            return
+        data, batched = self._merged()
+        if self._dcfg.scoring_only and self._scoring_keys:
+            data = select_fields(data, self._scoring_keys)
+        data = self._baseline_filter(data)
+        if data is None:
+            return
+        args = dict(data=data, batched=batched, envstep=envstep, model_version=self.model_version,
+                    session_id=self.session_id, client=self._client, seq=self._seq)
+        self._seq += 1
+        self.filter_stats['sends'] += 1
+        if not self._dcfg.async_score:
+            try:
+                result = self._result(self._submit(args, deadline), deadline)
+            except ManagerUnavailableError:
+                self._unacked.append(args)
+                raise
+            self._take_score(result)
+            return
+        try:
+            ticket = self._submit(args, deadline)
+        except ManagerUnavailableError:
+            self._unacked.append(args)
+            raise
+        previous, self.inflight = self.inflight, (ticket, args)
+        if previous is not None:
+            self._take_score(self._collect(previous, deadline))
+
+    def _collect(self, inflight: Any, deadline: float) -> Dict[str, Any]:
+        ticket, args = inflight
+        try:
+            return self._result(ticket, deadline)
+        except ManagerUnavailableError:
+            self._unacked.append(args)
+            raise
+
+    def _baseline_filter(self, data: Any) -> Any:
+        if not self._dcfg.baseline_filtering or not np.isfinite(self.baseline_log_reward):
+            return data
+        lr = log_rewards_of(data, self._log_reward_key)
+        if lr is None:
+            return data
+        mask = lr >= self.baseline_log_reward
+        kept = int(mask.sum())
+        self.filter_stats['total'] += len(mask)
+        self.filter_stats['kept'] += kept
+        if kept == len(mask):
+            self._consecutive_empty = 0
+            return data
+        if kept == 0:
+            self.filter_stats['skipped_sends'] += 1
+            self._consecutive_empty += 1
+            refresh = self._dcfg.baseline_refresh_after
+            if refresh is not None and self._consecutive_empty >= refresh:
+                self._consecutive_empty = 0
+                return data  # refresh: send it all so the baseline can move
+            return None
+        self._consecutive_empty = 0
+        return filter_items(data, mask)
+
+    def _take_score(self, result: Dict[str, Any]) -> None:
+        score = dict(result.get('score') or {})
+        score['stored'] = result.get('stored', 0)
+        for k in ('rejected_stale', 'duplicate'):
+            if k in result:
+                score[k] = result[k]
+        self.last_score = score
+        if 'baseline_log_reward' in score:
+            self.baseline_log_reward = float(score['baseline_log_reward'])
+
+    def drain(self, timeout: float) -> Optional[Dict[str, Any]]:
+        """Collect the score of the unanswered async push within ``timeout`` seconds (None: nothing was
+        outstanding); if it does not come, that push is in doubt."""
+        if self.inflight is None:
+            return None
+        inflight, self.inflight = self.inflight, None
+        self._take_score(self._collect(inflight, deadline_in(timeout)))
+        return self.last_score

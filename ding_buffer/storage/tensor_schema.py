@@ -1,0 +1,96 @@
+"""The schema of a ``TensorStorage``: field paths with their per-item shape and dtype.
+
+Inferred from the first item written (``infer_schema``); every later item is checked against it
+(``check_leaves``: exact shapes and dtypes, except that Python ``int`` is accepted into a float field), and a
+mismatch is a ``ValueError`` naming the field. For persistence the schema is exported as plain lists
+(``export_schema``) and imported again together with the saved field tensors (``import_fields``), both
+loadable with ``weights_only=True``.
+"""
+from typing import Any, Dict, List, Mapping, Optional, Tuple
+
+import torch
+
+from .tree import Path, flatten, path_name, to_tensor
+
+Schema = Dict[Path, Tuple[Tuple[int, ...], torch.dtype]]
+
+
+def dtype_from_str(name: str) -> torch.dtype:
+    dtype = getattr(torch, name.replace('torch.', ''), None)
+    if not isinstance(dtype, torch.dtype):
+        raise ValueError(f"unknown dtype {name!r} in saved schema")
+    return dtype
+
+
+def batched_tensor(leaf: Any, path: Path) -> torch.Tensor:
+    """A batched leaf as a tensor: Python lists/tuples of rows are accepted besides tensors and arrays."""
+    return torch.as_tensor(leaf) if isinstance(leaf, (list, tuple)) else to_tensor(leaf, path)
+
+
+def infer_schema(flat: Dict[Path, torch.Tensor]) -> Schema:
+    return {p: (tuple(t.shape), t.dtype) for p, t in flat.items()}
+
+
+def field_names(schema: Schema) -> List[str]:
+    return [path_name(p) for p in schema]
+
+
+def item_flat(item: Any, i: int, skip_keys: Tuple[str, ...]) -> Dict[Path, Any]:
+    """Item ``i`` flattened to ``{path: leaf}`` without the top-level ``skip_keys``; it must be a non-empty dict."""
+    if type(item) is not dict and not isinstance(item, Mapping):
+        raise TypeError(
+            f"tensor storage stores dicts of tensors/arrays/scalars; item {i} is {type(item).__name__}"
+        )
+    flat = flatten(item, skip_top=skip_keys)
+    if not flat:
+        raise ValueError(f"item {i} has no fields")
+    return flat
+
+
+def check_leaves(flat: Dict[Path, Any], schema: Schema, where: str, batched: bool) -> Dict[Path, torch.Tensor]:
+    """Convert leaves and check them against ``schema``; ``where`` says which item for the message."""
+    missing = [path_name(p) for p in schema if p not in flat]
+    if missing:
+        raise ValueError(f"{where} is missing field(s) {missing}; schema fields: {field_names(schema)}")
+    out = {}
+    for path, leaf in flat.items():
+        if path not in schema:
+            raise ValueError(
+                f"{where} has unexpected field '{path_name(path)}'; schema fields: {field_names(schema)}"
+            )
+        shape, dtype = schema[path]
+        is_py_int = type(leaf) is int or (batched and isinstance(leaf, (list, tuple)))
+        tensor = batched_tensor(leaf, path) if batched else to_tensor(leaf, path)
+        got_shape = tuple(tensor.shape[1:]) if batched else tuple(tensor.shape)
+        if got_shape != shape:
+            raise ValueError(f"{where}: field '{path_name(path)}' has shape {got_shape}, expected {shape}")
+        if tensor.dtype != dtype:
+            lossless_int = is_py_int and dtype.is_floating_point and not tensor.dtype.is_floating_point \
+                and tensor.dtype != torch.bool
+            if not lossless_int:
+                raise ValueError(
+                    f"{where}: field '{path_name(path)}' has dtype {tensor.dtype}, expected {dtype}"
+                )
+            tensor = tensor.to(dtype)
+        out[path] = tensor
+    return out
+
+
+def export_schema(schema: Optional[Schema]) -> List[list]:
+    """``[[path, shape, dtype name], ...]``: plain lists, loadable with ``weights_only=True``."""
+    return [] if schema is None else [[list(p), list(shape), str(dtype).replace('torch.', '')]
+                                      for p, (shape, dtype) in schema.items()]
+
+
+def import_fields(schema_list: Any, fields: Any, n: int) -> Tuple[Schema, List[torch.Tensor]]:
+    """Validate a saved schema and its ``n``-row field tensors; ``ValueError`` on any mismatch."""
+    schema: Schema = {}
+    for entry in schema_list:
+        path, shape, dtype = entry
+        schema[tuple(str(k) for k in path)] = (tuple(int(s) for s in shape), dtype_from_str(dtype))
+    if len(fields) != len(schema):
+        raise ValueError(f"saved storage has {len(schema)} schema fields but {len(fields)} field tensors")
+    for (path, (shape, dtype)), tensor in zip(schema.items(), fields):
+        if not isinstance(tensor, torch.Tensor) or tuple(tensor.shape) != (n, *shape) or tensor.dtype != dtype:
+            raise ValueError(f"saved field '{path_name(path)}' does not match its schema {(n, *shape)} {dtype}")
+    return schema, list(fields)
