@@ -198,7 +198,7 @@ class EpisodeReplayBuffer(Engine):
         if unroll_len is not None and (not isinstance(unroll_len, (int, np.integer)) or unroll_len <= 0):
             raise ValueError(f"unroll_len must be a positive int, got {unroll_len!r}")
         if self._prio is not None:
-            self._check_prioritized(sample_range, replace, unroll_len, pad)
+            self._prio.check_args(sample_range, replace, unroll_len, pad)
             return self._sample_flow(size, cur_learner_iter, timeout, lambda: self._draw_prioritized(size),
                                      lambda: '' if self._store.transitions else 'buffer is empty')
         pad = self._cfg.pad_short_episodes if pad is None else bool(pad)
@@ -206,14 +206,6 @@ class EpisodeReplayBuffer(Engine):
         return self._sample_flow(size, cur_learner_iter, timeout,
                                  lambda: self._draw(size, sample_range, replace, unroll_len, pad),
                                  lambda: self._candidates(size, sample_range, replace, unroll_len, pad)[0])
-
-    def _check_prioritized(self, sample_range: Any, replace: Any, unroll_len: Any, pad: Any) -> None:
-        t = self._prio.unroll_len
-        for name, value, ok in (('sample_range', sample_range, sample_range is None), ('replace', replace, replace in (None, True)),
-                                ('unroll_len', unroll_len, unroll_len in (None, t)), ('pad', pad, pad is None)):
-            if not ok:
-                raise ValueError(f"{name}={value!r} is not supported by prioritized windows (sampler.unroll_len={t}, "
-                                 f"drawn with replacement; pad comes from 'pad_short_episodes')")
 
     def _candidates(self, size, sample_range, replace, unroll_len, pad):
         """(shortfall reason or '', episode slots, window counts per episode or None)."""
@@ -224,10 +216,7 @@ class EpisodeReplayBuffer(Engine):
         if unroll_len is None:
             short = f'{len(slots)} episodes < batch size {size} and replace=False' if not replace and len(slots) < size else ''
             return short, slots, None
-        lengths = self._store.lengths(slots)
-        windows = np.maximum(lengths - unroll_len + 1, 0)
-        if pad:
-            windows = np.where(lengths < unroll_len, 1, windows)
+        windows = self._store.window_counts(slots, unroll_len, pad)
         total = int(windows.sum())
         if total == 0:
             return f'no episode has {unroll_len} transitions (set pad=True to pad short ones)', slots, windows

@@ -114,6 +114,12 @@ class _EpisodeStore:
     def lengths(self, slots: np.ndarray) -> np.ndarray:
         return self.length[slots]
 
+    def window_counts(self, slots: np.ndarray, unroll_len: int, pad: bool) -> np.ndarray:
+        """Windows of ``unroll_len`` steps each episode offers: ``L - T + 1`` (one if shorter and ``pad``)."""
+        lengths = self.length[slots]
+        windows = np.maximum(lengths - unroll_len + 1, 0)
+        return np.where(lengths < unroll_len, 1, windows) if pad else windows
+
     def remove(self, slots: np.ndarray) -> List[Any]:
         raise NotImplementedError
 

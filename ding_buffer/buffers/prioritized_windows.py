@@ -57,6 +57,15 @@ class PrioritizedWindows:
         out['IS'] = torch.from_numpy(self.windows.is_weights(starts, self.beta.draw()).astype(np.float32)).to(dev)
         return out
 
+    def check_args(self, sample_range: Any, replace: Any, unroll_len: Any, pad: Any) -> None:
+        """``sample`` arguments prioritized windows cannot honour are refused (``ValueError``)."""
+        t = self.unroll_len
+        for name, value, ok in (('sample_range', sample_range, sample_range is None), ('replace', replace, replace in (None, True)),
+                                ('unroll_len', unroll_len, unroll_len in (None, t)), ('pad', pad, pad is None)):
+            if not ok:
+                raise ValueError(f"{name}={value!r} is not supported by prioritized windows (sampler.unroll_len={t}, "
+                                 f"drawn with replacement; pad comes from 'pad_short_episodes')")
+
     def episodes_of(self, out: Dict[str, Any]) -> np.ndarray:
         return out['episode_idx'].cpu().numpy()
 
