@@ -12,14 +12,13 @@ import numpy as np
 
 from ..base import BUFFER_REGISTRY
 from ..config import positive_int
-from ..control.limiter import limiter_checks, limiter_config
-from ..control.limits import NO_ITER, limit_ok
+from ..control.limits import NO_ITER
 from ..control.priority import BetaSchedule, PriorityIndex, batch_priorities, item_priorities, parse_update
 from ..errors import SampleTimeoutError  # noqa: F401 (re-exported: raised by sample(timeout=...))
 from ..monitor.sampled_data import SampledDataAttrMonitor
 from ..monitor.tb import emit, rank
 from ..storage import STORAGE_CHECKS, STORAGE_CONFIG, build_storage, storage_from_state
-from .engine import COUNTERS, INF  # noqa: F401 (COUNTERS re-exported)
+from .engine import COUNTERS, INF, parts_checks, parts_config  # noqa: F401 (COUNTERS re-exported)
 from .outputs import with_extras
 from .slot_engine import SlotEngine
 
@@ -32,10 +31,6 @@ ADVANCED_CONFIG = dict(
     type='advanced',
     # Maximum number of items; the oldest is overwritten when full.
     replay_buffer_size=4096,
-    # Remove an item once it has been sampled this many times (inf: never).
-    max_use=INF,
-    # Remove items with cur_learner_iter - collect_iter >= max_staleness, oldest first (inf: never).
-    max_staleness=INF,
     # Priority exponent: leaf = priority ** alpha (0 = uniform).
     alpha=0.6,
     # Importance-sampling exponent at the start; annealed to 1 over anneal_step sample calls.
@@ -53,9 +48,8 @@ ADVANCED_CONFIG = dict(
     deepcopy=False,
     # Seed of the buffer's own RNG; None draws it from numpy's global RNG (np.random.seed reproduces).
     seed=None,
-    # Your own removal rules: [dict(type=NAME, **arguments)] registered in REMOVER_REGISTRY (import_names).
-    removers=[],
-    thruput_controller=limiter_config(1.0),
+    # max_use, max_staleness, removers, thruput_controller: the engine's parts (engine.parts_config).
+    **parts_config(1.0),
     monitor=dict(
         # Moving window (sample calls) and print/TensorBoard period (sample calls) of sampled-data stats.
         sampled_data_attr=dict(average_range=5, print_freq=200),
@@ -68,14 +62,12 @@ ADVANCED_CONFIG = dict(
 )
 ADVANCED_CHECKS = dict(
     replay_buffer_size=(positive_int, 'a positive int'),
-    max_use=(limit_ok, 'a number > 0 or inf'),
-    max_staleness=(limit_ok, 'a number > 0 or inf'),
     alpha=(lambda x: 0 <= x <= 1, 'a number in [0, 1]'),
     beta=(lambda x: 0 <= x <= 1, 'a number in [0, 1]'),
     anneal_step=(lambda x: x >= 0 and x == int(x), 'an int >= 0'),
     eps=(lambda x: 0 <= x < INF, 'a finite number >= 0'),
     seed=(lambda x: x is None or (isinstance(x, int) and x >= 0), 'None or an int >= 0'),
-    **limiter_checks(1.0),
+    **parts_checks(1.0),
     **{
         'monitor.sampled_data_attr.average_range': (positive_int, 'a positive int'),
         'monitor.sampled_data_attr.print_freq': (positive_int, 'a positive int'),

@@ -87,15 +87,6 @@ class BufferCore(IBuffer):
         """Capacity (items; episodes for the episode buffer)."""
         return self._cfg.replay_buffer_size
 
-    @property
-    def storage(self) -> Any:
-        """The item storage of slot-ring presets (``naive``, ``advanced``)."""
-        return self._storage
-
-    def count(self) -> int:
-        """Number of stored items."""
-        return len(self._storage)
-
     # ------------------------------------------------------------------ push
     def push(self, data: Any, cur_collector_envstep: int = -1, batched: bool = False) -> int:
         """

@@ -19,8 +19,8 @@ from typing import Any, Callable, Dict, List, Optional
 
 import numpy as np
 
-from ..control.limiter import RateLimiter
-from ..control.limits import INF, UseCounts, UseLimit, build_removers, find_rule
+from ..control.limiter import RateLimiter, limiter_checks, limiter_config
+from ..control.limits import INF, UseCounts, UseLimit, build_removers, find_rule, limit_ok
 from ..monitor.periodic import PeriodicThruputMonitor
 from ..monitor.tb import build_tb_logger, emit, rank
 from .common import BufferCore
@@ -30,6 +30,30 @@ COUNTERS = (
     'push_items', 'sample_calls', 'sampled_items', 'remove_count', 'removed_by_use', 'removed_by_staleness',
     'refused_push', 'refused_push_items', 'refused_sample', 'updated', 'stale_updates'
 )
+
+
+
+def parts_config(min_ratio: float) -> Dict[str, Any]:
+    """The keys every preset takes for the engine's parts, merged into each preset's default config
+    (``min_ratio``: the preset's default ``thruput_controller.sample_min_limit_ratio``)."""
+    return dict(
+        # Remove an element once it has been sampled this many times (inf: never).
+        max_use=INF,
+        # Remove the oldest elements while cur_learner_iter - collect_iter >= max_staleness (inf: never).
+        max_staleness=INF,
+        # Your own removal rules: [dict(type=NAME, **arguments)] registered in REMOVER_REGISTRY (import_names).
+        removers=[],
+        thruput_controller=limiter_config(min_ratio),
+    )
+
+
+def parts_checks(min_ratio: float) -> Dict[str, Any]:
+    """Value checks of ``parts_config``."""
+    return dict(
+        max_use=(limit_ok, 'a number > 0 or inf'),
+        max_staleness=(limit_ok, 'a number > 0 or inf'),
+        **limiter_checks(min_ratio),
+    )
 
 
 class Engine(BufferCore):
@@ -69,12 +93,29 @@ class Engine(BufferCore):
             return {**self._counters, 'count': self.count()}
 
     # ------------------------------------------------------------------ table verbs (preset)
-    def _drop(self, slots: np.ndarray) -> List[Any]:
-        """Remove the elements at ``slots`` from the table; return the removed items (used-data remover)."""
+    @property
+    def _table(self) -> Any:
+        """The preset's table: offers ``oldest(k)``, ``collect_iter(slots)`` and ``live(slots)``."""
         raise NotImplementedError
+
+    def count(self) -> int:
+        """Number of stored elements (items; episodes for the episode buffer)."""
+        return self._table.ring.count
+
+    def oldest(self, k: int) -> np.ndarray:
+        """The ``k`` oldest stored elements' slots, oldest first (what removers read)."""
+        return self._table.oldest(k)
+
+    def collect_iter(self, slots: np.ndarray) -> np.ndarray:
+        """Each element's ``collect_iter`` (int64; ``NO_ITER`` where it has none)."""
+        return self._table.collect_iter(slots)
 
     def _live(self, slots: np.ndarray) -> np.ndarray:
         """Mask of ``slots`` (non-negative ints) that hold an element; ``IndexError`` past the table's end."""
+        return self._table.live(slots)
+
+    def _drop(self, slots: np.ndarray) -> List[Any]:
+        """Remove the elements at ``slots`` from the table; return the removed items (used-data remover)."""
         raise NotImplementedError
 
     def _rule_slots(self, rule: Any, slots: Any) -> np.ndarray:
@@ -274,4 +315,4 @@ class Engine(BufferCore):
                 self._tb.close()
 
 
-__all__ = ['Engine', 'COUNTERS', 'INF']
+__all__ = ['Engine', 'COUNTERS', 'INF', 'parts_config', 'parts_checks']

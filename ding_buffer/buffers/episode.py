@@ -8,11 +8,9 @@ import numpy as np
 
 from ..base import BUFFER_REGISTRY
 from ..config import optional_positive_int, positive_int
-from ..control.limiter import limiter_checks, limiter_config
-from ..control.limits import limit_ok
 from ..control.samplers import PrioritizedSpec, build_sampler
 from ..storage import STORAGE_CHECKS, STORAGE_CONFIG
-from .engine import INF, Engine
+from .engine import Engine, parts_checks, parts_config
 from .episode_store import FlatEpisodes, ObjectEpisodes
 from .prioritized_windows import PrioritizedWindows
 
@@ -34,16 +32,11 @@ EPISODE_CONFIG = dict(
     # Period of the push/sample/remove report written to a tb_logger passed in (DI-engine key).
     periodic_thruput_seconds=60,
     seed=None,
-    # Remove an episode once it has been sampled (whole, or a window of it) this many times (inf: never).
-    max_use=INF,
-    # Remove the oldest episodes while cur_learner_iter - min collect_iter of their steps >= max_staleness.
-    max_staleness=INF,
     # {} = uniform; dict(type='prioritized', unroll_len=T, alpha=0.6, beta=0.4, eta=0.9, eps=1e-5,
     # anneal_step=0) = prioritized windows (tensor storage).
     sampler={},
-    # Your own removal rules: [dict(type=NAME, **arguments)] registered in REMOVER_REGISTRY (import_names).
-    removers=[],
-    thruput_controller=limiter_config(0.0),
+    # max_use, max_staleness, removers, thruput_controller: the engine's parts (engine.parts_config).
+    **parts_config(0.0),
     storage=STORAGE_CONFIG,
 )
 EPISODE_CHECKS = dict(
@@ -52,9 +45,7 @@ EPISODE_CHECKS = dict(
     enable_track_used_data=(lambda x: x is False, 'False (episode buffers do not track used data)'),
     periodic_thruput_seconds=(lambda x: x > 0, 'a positive number of seconds'),
     seed=(lambda x: x is None or (isinstance(x, int) and x >= 0), 'None or an int >= 0'),
-    max_use=(limit_ok, 'a number > 0 or inf'),
-    max_staleness=(limit_ok, 'a number > 0 or inf'),
-    **limiter_checks(0.0),
+    **parts_checks(0.0),
     **STORAGE_CHECKS,
 )
 
@@ -129,22 +120,13 @@ class EpisodeReplayBuffer(Engine):
         """Where the data lives: the episodes' ``ListStorage`` (list) or the transitions' ``TensorStorage``."""
         return self._store.storage
 
-    def count(self) -> int:
-        """Number of stored episodes."""
-        return self._store.ring.count
-
     # ------------------------------------------------------------------ table verbs
-    def oldest(self, k: int) -> np.ndarray:
-        return self._store.oldest(k)
-
-    def collect_iter(self, slots: np.ndarray) -> np.ndarray:
-        return self._store.collect_iter(slots)
+    @property
+    def _table(self) -> Any:
+        return self._store
 
     def _drop(self, slots: np.ndarray) -> List[Any]:
         return self._store.remove(slots)
-
-    def _live(self, slots: np.ndarray) -> np.ndarray:
-        return self._store.ring.valid[slots]
 
     def episode_added(self, slot: int, first: int, length: int) -> None:
         """The store's listener: a new episode at ``slot`` (its use count restarts; windows get priorities)."""

@@ -86,6 +86,9 @@ class _EpisodeStore:
     def oldest(self, k: int) -> np.ndarray:
         return self.ring.oldest(k)
 
+    def live(self, slots: np.ndarray) -> np.ndarray:
+        return self.ring.valid[slots]
+
     def collect_iter(self, slots: np.ndarray) -> np.ndarray:
         return self.ci[slots]
 

@@ -23,9 +23,7 @@ import torch
 from ..base import BUFFER_REGISTRY
 from ..config import positive_int
 from ..control.diversity import row_hashes
-from ..control.limiter import limiter_checks, limiter_config
-from ..control.limits import limit_ok
-from .engine import INF, Engine
+from .engine import Engine, parts_checks, parts_config
 from ..control.diversity import StateSet  # noqa: F401 (annotations)
 from ..control.keep_best import RewardIndex
 from .gfn_data import GFNBatch
@@ -60,13 +58,8 @@ GFN_CONFIG = dict(
     device='cpu',
     # Seed of the buffer's own RNG; None draws it from numpy's global RNG.
     seed=None,
-    # Remove an item once it has been sampled this many times (inf: never).
-    max_use=INF,
-    # Remove the oldest items while cur_learner_iter - item['collect_iter'] >= max_staleness (dict batches).
-    max_staleness=INF,
-    # Your own removal rules: [dict(type=NAME, **arguments)] registered in REMOVER_REGISTRY (import_names).
-    removers=[],
-    thruput_controller=limiter_config(0.0),
+    # max_use, max_staleness, removers, thruput_controller: the engine's parts (engine.parts_config).
+    **parts_config(0.0),
     monitor=dict(
         # Write stats() to TensorBoard every `log_every` pushes ({instance}_iter/...).
         tensorboard=False,
@@ -81,9 +74,7 @@ GFN_CHECKS = dict(
     condition_key=(lambda x: x is None or _key(x), 'None or a non-empty str'),
     device=(lambda x: isinstance(x, str) and x.split(':')[0] in ('cpu', 'cuda'), "'cpu' or 'cuda[:N]'"),
     seed=(lambda x: x is None or (isinstance(x, int) and x >= 0), 'None or an int >= 0'),
-    max_use=(limit_ok, 'a number > 0 or inf'),
-    max_staleness=(limit_ok, 'a number > 0 or inf'),
-    **limiter_checks(0.0),
+    **parts_checks(0.0),
     **{'monitor.log_every': (positive_int, 'a positive int')},
 )
 

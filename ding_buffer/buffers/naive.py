@@ -7,11 +7,9 @@ import numpy as np
 
 from ..base import BUFFER_REGISTRY
 from ..config import positive_int
-from ..control.limiter import limiter_checks, limiter_config
-from ..control.limits import limit_ok
 from ..control.samplers import build_sampler, check_positions
 from ..storage import STORAGE_CHECKS, STORAGE_CONFIG, build_storage, storage_from_state
-from .engine import INF
+from .engine import parts_checks, parts_config
 from .slot_engine import SlotEngine
 
 NO_PRIORITY = "a naive buffer's items carry no priority: use type='advanced' for prioritized replay"
@@ -30,24 +28,17 @@ NAIVE_CONFIG = dict(
     periodic_thruput_seconds=60.0,
     # Seed of the buffer's own RNG; None draws it from numpy's global RNG (np.random.seed reproduces).
     seed=None,
-    # Remove an item once it has been sampled this many times (inf: never).
-    max_use=INF,
-    # Remove items with cur_learner_iter - collect_iter >= max_staleness, oldest first (inf: never).
-    max_staleness=INF,
     # Which items a sample draws: {} = uniform; dict(type=NAME, ...) for a sampler in SAMPLER_REGISTRY.
     sampler={},
-    # Your own removal rules: [dict(type=NAME, **arguments)] registered in REMOVER_REGISTRY (import_names).
-    removers=[],
-    thruput_controller=limiter_config(0.0),
+    # max_use, max_staleness, removers, thruput_controller: the engine's parts (engine.parts_config).
+    **parts_config(0.0),
     storage=STORAGE_CONFIG,
 )
 NAIVE_CHECKS = dict(
     replay_buffer_size=(positive_int, 'a positive int'),
     periodic_thruput_seconds=(lambda x: x > 0, 'a positive number of seconds'),
     seed=(lambda x: x is None or (isinstance(x, int) and x >= 0), 'None or an int >= 0'),
-    max_use=(limit_ok, 'a number > 0 or inf'),
-    max_staleness=(limit_ok, 'a number > 0 or inf'),
-    **limiter_checks(0.0),
+    **parts_checks(0.0),
     **STORAGE_CHECKS,
 )
 

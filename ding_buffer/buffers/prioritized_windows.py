@@ -20,7 +20,7 @@ from typing import Any, Dict, Mapping, Optional
 import numpy as np
 import torch
 
-from ..control.priority import BetaSchedule, as_numpy, parse_update
+from ..control.priority import BetaSchedule, as_numpy, has_priorities, parse_update
 from ..control.samplers import PrioritizedSpec
 from ..control.windows import WindowPriorities
 
@@ -72,13 +72,8 @@ class PrioritizedWindows:
     # ------------------------------------------------------------------ update
     def update(self, info: Mapping) -> Optional[Dict[str, Any]]:
         """Validate ``info`` fully and return what to apply (nothing changes here); ``None`` without priority."""
-        if type(info) is not dict and not isinstance(info, Mapping):
-            raise TypeError(f"update info must be a dict, got {type(info).__name__}")
-        if info.get('priority') is None:
+        if not has_priorities(info):
             return None
-        for key in ('replay_unique_id', 'replay_buffer_idx'):
-            if key not in info:
-                raise ValueError(f"update info has 'priority' but no '{key}'")
         prio = np.asarray(as_numpy(info['priority']))
         idx = np.asarray(as_numpy(info['replay_buffer_idx']))
         ids = as_numpy(info['replay_unique_id'])

@@ -22,22 +22,14 @@ class SlotEngine(Engine):
         """Items accepted (``naive`` restarts it on ``clear``, ``advanced`` keeps it, as in DI-engine)."""
         return self._storage.ring.push_count
 
-    def count(self) -> int:
-        return self._storage.ring.count
-
     # ------------------------------------------------------------------ table verbs
-    def oldest(self, k: int) -> np.ndarray:
-        return self._storage.oldest(k)
-
-    def collect_iter(self, slots: np.ndarray) -> np.ndarray:
-        return self._storage.collect_iter(slots)
+    @property
+    def _table(self) -> Any:
+        return self._storage
 
     def _drop(self, slots: np.ndarray) -> List[Any]:
         self._on_removed(slots)
         return self._storage.remove(slots)
-
-    def _live(self, slots: np.ndarray) -> np.ndarray:
-        return self._storage.ring.valid[slots]
 
     def _on_removed(self, slots: np.ndarray) -> None:
         """Hook: slots about to be emptied (a prioritized preset zeroes their priorities)."""

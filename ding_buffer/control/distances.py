@@ -66,29 +66,27 @@ def _far_kernel(q, dq, refs, drefs, order, keys, cutoff, lb_cut, p, exit_sum, pi
             hi = np.searchsorted(keys, dq[i, 0] + lb_cut, side='right')
         else:
             lo, hi = 0, order.shape[0]
-        far = True
-        for t in range(lo, hi):
-            r = order[t]
-            if pivots and _pruned(dq, i, drefs, r, lb_cut):
-                continue
-            if _close(q, i, refs, r, cutoff, p, exit_sum):
-                far = False
-                break
-        out[i] = far
+        out[i] = _far_from(q, dq, i, refs, drefs, order, lo, hi, cutoff, lb_cut, p, exit_sum, pivots)
 
 
 @njit(cache=True, nogil=True)
 def _far_earlier_kernel(q, dq, cutoff, lb_cut, p, exit_sum, pivots, out):
     """out[i] = every q[k], k < i, is at distance > cutoff."""
+    order = np.arange(q.shape[0])
     for i in range(q.shape[0]):
-        far = True
-        for k in range(i):
-            if pivots and _pruned(dq, i, dq, k, lb_cut):
-                continue
-            if _close(q, i, q, k, cutoff, p, exit_sum):
-                far = False
-                break
-        out[i] = far
+        out[i] = _far_from(q, dq, i, q, dq, order, 0, i, cutoff, lb_cut, p, exit_sum, pivots)
+
+
+@njit(cache=True, nogil=True)
+def _far_from(q, dq, i, refs, drefs, order, lo, hi, cutoff, lb_cut, p, exit_sum, pivots):
+    """Whether q[i] is farther than ``cutoff`` from every ref ``order[lo:hi]`` (pivot bounds prune first)."""
+    for t in range(lo, hi):
+        r = order[t]
+        if pivots and _pruned(dq, i, drefs, r, lb_cut):
+            continue
+        if _close(q, i, refs, r, cutoff, p, exit_sum):
+            return False
+    return True
 
 
 @njit(cache=True, nogil=True)

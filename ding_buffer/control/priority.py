@@ -198,6 +198,19 @@ def split_ids(ids: Any, instance_name: str) -> Tuple[np.ndarray, Optional[np.nda
     return np.asarray(out, dtype=np.int64), np.asarray(mine, dtype=bool)
 
 
+def has_priorities(info: Any) -> bool:
+    """Whether an ``update`` carries priorities (False: a no-op); ``info`` must then name the items by
+    ``replay_unique_id`` and ``replay_buffer_idx`` (``ValueError``; ``TypeError`` when it is no dict)."""
+    if type(info) is not dict and not isinstance(info, Mapping):
+        raise TypeError(f"update info must be a dict, got {type(info).__name__}")
+    if info.get('priority') is None:
+        return False
+    for key in ('replay_unique_id', 'replay_buffer_idx'):
+        if key not in info:
+            raise ValueError(f"update info has 'priority' but no '{key}'")
+    return True
+
+
 def parse_update(info: Any, instance_name: str, capacity: int) -> Optional[Tuple[np.ndarray, np.ndarray, np.ndarray, Optional[np.ndarray]]]:
     """
     Overview:
@@ -207,13 +220,8 @@ def parse_update(info: Any, instance_name: str, capacity: int) -> Optional[Tuple
         (``None``: all). NaN / inf / negative priorities, bad slots or mismatched lengths raise ``ValueError``,
         wrong types ``TypeError``.
     """
-    if type(info) is not dict and not isinstance(info, Mapping):
-        raise TypeError(f"update info must be a dict, got {type(info).__name__}")
-    if info.get('priority') is None:
+    if not has_priorities(info):
         return None
-    for key in ('replay_unique_id', 'replay_buffer_idx'):
-        if key not in info:
-            raise ValueError(f"update info has 'priority' but no '{key}'")
     priorities = as_priorities(info['priority'])
     ids, mine = split_ids(info['replay_unique_id'], instance_name)
     slots = np.asarray(as_numpy(info['replay_buffer_idx'])).reshape(-1)

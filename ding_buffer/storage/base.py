@@ -98,6 +98,10 @@ class Storage(ABC):
         """The ``k`` oldest valid slots, oldest first."""
         return self.ring.oldest(k)
 
+    def live(self, slots: np.ndarray) -> np.ndarray:
+        """Mask of ``slots`` holding an item."""
+        return self.ring.valid[slots]
+
     def collect_iter(self, slots: np.ndarray) -> np.ndarray:
         """Each element's ``collect_iter`` (int64; the min of a sequence; ``NO_ITER`` where it has none)."""
         return np.fromiter((collect_iter_of(None) for _ in range(len(slots))), dtype=np.int64, count=len(slots))
