@@ -99,6 +99,7 @@ class AdvancedReplayBuffer(SlotEngine):
     checks = ADVANCED_CHECKS
 
     uses_counted = True
+    indexed = True
 
     # ------------------------------------------------------------------ construction
     def _build(self) -> None:
@@ -269,7 +270,6 @@ class AdvancedReplayBuffer(SlotEngine):
 
     def _on_cleared(self, slots: np.ndarray) -> None:
         self._index.reset()
-        self._counters['remove_count'] += len(slots)
 
     def _state(self) -> Dict[str, Any]:
         engine = self._engine_state()

@@ -90,7 +90,7 @@ class Engine(BufferCore):
 
     def _counter_snapshot(self) -> Dict[str, float]:
         with self._lock:
-            return {**self._counters, 'count': self.count()}
+            return {**self._all_counters(), 'count': self.count()}
 
     # ------------------------------------------------------------------ table verbs (preset)
     @property
@@ -157,12 +157,20 @@ class Engine(BufferCore):
         return ok
 
     def _pushed(self, n: int, removed: int) -> None:
-        """After a write of ``n`` elements that displaced ``removed`` older ones."""
+        """After a write of ``n`` elements that displaced ``removed`` older ones (tables whose ring counts
+        every write derive both counters instead: ``_derived``)."""
         if self._periodic is not None:
             self._periodic.start()  # first: its baseline must not include this push
         self._counters['push_items'] += n
         self._counters['remove_count'] += removed
         self._limiter.on_push(n)
+
+    def _derived(self) -> Dict[str, int]:
+        """Counters the table knows better than a tally (overlaid on ``_counters`` wherever they are read)."""
+        return {}
+
+    def _all_counters(self) -> Dict[str, int]:
+        return {**self._counters, **self._derived()}
 
     def _fresh(self, slots: Any) -> None:
         """Slots just written: their use counts restart at 0."""
@@ -191,7 +199,9 @@ class Engine(BufferCore):
             raise ValueError(f"timeout must be None or >= 0 seconds, got {timeout}")
         self._check_open()
         with self._lock:
-            why = self._why_not(size, cur_learner_iter, shortfall)
+            # Rules, limits or a wait to run first? Otherwise ``draw`` refuses by itself (the hot path).
+            why = self._why_not(size, cur_learner_iter, shortfall) \
+                if self._rules or self._limiter.checks or timeout is not None else ''
             if why and timeout is not None:
                 why = self._limiter.wait(
                     lambda: self._why_not(size, cur_learner_iter, shortfall), timeout,
@@ -231,9 +241,11 @@ class Engine(BufferCore):
                 else:
                     self._remove(gone, f'removed_by_{rule.name}')
                 done = gone if done is None else np.union1d(done, gone)
-        self._counters['sample_calls'] += 1
-        self._counters['sampled_items'] += size
-        self._limiter.on_sample(size)
+        c = self._counters
+        c['sample_calls'] += 1
+        c['sampled_items'] += size
+        if self._limiter.active:
+            self._limiter.on_sample(size)
         return use
 
     def _count_update(self, n: int, total: int) -> Dict[str, int]:
@@ -253,12 +265,12 @@ class Engine(BufferCore):
         """A flat dict of numbers, O(1): ``count``, ``replay_buffer_size``, counters and the limiter's counts."""
         with self._lock:
             return {
-                'count': self.count(), 'replay_buffer_size': self.replay_buffer_size, **self._counters,
+                'count': self.count(), 'replay_buffer_size': self.replay_buffer_size, **self._all_counters(),
                 'thruput_push': self._limiter.thruput.push_count, 'thruput_sample': self._limiter.thruput.sample_count,
             }
 
     def _engine_state(self) -> Dict[str, Any]:
-        out = {'counters': dict(self._counters), 'thruput': self._limiter.state_dict()}
+        out = {'counters': self._all_counters(), 'thruput': self._limiter.state_dict()}
         if self._uses is not None:
             out['use'] = self._uses.state_dict()
         return out

@@ -110,19 +110,22 @@ class NaiveReplayBuffer(SlotEngine):
             - batch: a list of items (list storage) or a dict of batched tensors (tensor storage), or ``None``.
         """
         return self._sample_flow(size, cur_learner_iter, timeout, lambda: self._draw(size, sample_range, replace),
-                                 lambda: self._shortfall(size, sample_range, replace))
+                                 lambda: self._shortfall(size, sample_range, replace)[0])
 
-    def _shortfall(self, size: int, sample_range: Optional[slice], replace: bool) -> str:
-        n = self.count()
-        m = len(self._candidates(sample_range))
+    def _shortfall(self, size: int, sample_range: Optional[slice], replace: bool):
+        """(why ``size`` items cannot be drawn now or '', the candidate insertion positions)."""
+        positions = self._candidates(sample_range)
+        m = len(positions)
         if m == 0:
-            return 'buffer is empty' if n == 0 else f'{sample_range} selects nothing'
+            return ('buffer is empty' if self.count() == 0 else f'{sample_range} selects nothing'), positions
         if not replace and m < size:
-            return f'{m} candidate items < batch size {size} and replace=False'
-        return ''
+            return f'{m} candidate items < batch size {size} and replace=False', positions
+        return '', positions
 
     def _draw(self, size: int, sample_range: Optional[slice], replace: bool) -> Optional[Any]:
-        positions = self._candidates(sample_range)
+        why, positions = self._shortfall(size, sample_range, replace)
+        if why:
+            return self._refused(why)
         m, size = len(positions), int(size)
         idx = self._sampler.draw(self._rng, m, size, replace)
         if idx is None:

@@ -2,7 +2,7 @@
 ``advanced``. It owns the table verbs the parts read (``oldest``, ``collect_iter``, ``count``), writing a batch or
 one item (the single-push hot path) and removing slots; a prioritized preset adds its priority index through two
 hooks, ``_on_written`` and ``_on_removed``, instead of copying the write path."""
-from typing import Any, List, Optional
+from typing import Any, Dict, List, Optional
 
 import numpy as np
 
@@ -11,6 +11,7 @@ from .engine import Engine
 
 class SlotEngine(Engine):
     resets_push_count = False  # whether ``clear`` restarts ``push_count`` (naive) or keeps it (advanced)
+    indexed = False  # whether the preset keeps a per-slot index the write hooks update (advanced: priorities)
 
     @property
     def storage(self) -> Any:
@@ -26,6 +27,18 @@ class SlotEngine(Engine):
     @property
     def _table(self) -> Any:
         return self._storage
+
+    def _derived(self) -> Dict[str, int]:
+        """The ring counts every write (its ids, never reused, dropped items included): what was pushed is
+        ``next_uid`` and what left is everything pushed that is no longer stored."""
+        ring = self._storage.ring
+        return {'push_items': ring.next_uid, 'remove_count': ring.next_uid - ring.count}
+
+    def _write_done(self, n: int) -> None:
+        """After a write of ``n`` items: the periodic report starts, the limiter counts and wakes samplers."""
+        limiter = self._limiter
+        if limiter.active or limiter.waiting:
+            limiter.on_push(n)
 
     def _drop(self, slots: np.ndarray) -> List[Any]:
         self._on_removed(slots)
@@ -54,26 +67,30 @@ class SlotEngine(Engine):
     def _write(self, prepared: Any, priorities: Optional[np.ndarray] = None) -> int:
         """Commit a validated batch (``priorities`` for the items kept); returns the items accepted."""
         n = prepared.n + prepared.dropped
-        before = self._storage.ring.count
+        if self._periodic is not None:
+            self._periodic.start()  # first: its baseline must not include this push
         result = self._storage.write(prepared)
         self._on_written(result.slots, priorities)
         self._fresh(result.slots)
         self._evicted(result.evicted)
-        self._pushed(n, before + n - self._storage.ring.count)  # overwritten (+ dropped) items
+        self._write_done(n)
         return n
 
     def _write_one(self, item: Any, priority: Optional[float] = None) -> bool:
         """The single-push hot path: True when the storage took ``item`` directly, False -- nothing changed --
         when the generic path must handle (and report on) it."""
-        storage = self._storage
-        before = storage.ring.count
-        slot = storage.write_one(item)
+        if self._periodic is not None:
+            self._periodic.start()  # first: its baseline must not include this push
+        slot = self._storage.write_one(item)
         if slot is None:
             return False
-        self._on_written_one(slot, priority)
+        if self.indexed:
+            self._on_written_one(slot, priority)
         if self._uses is not None:
             self._uses.reset(slot)
-        self._pushed(1, before + 1 - storage.ring.count)
+        limiter = self._limiter
+        if limiter.active or limiter.waiting:
+            limiter.on_push(1)
         return True
 
     def _candidates(self, sample_range: Optional[slice]) -> range:

@@ -48,27 +48,28 @@ class RateLimiter:
         self._cfg = cfg
         self.thruput = ThruputController(cfg)
         self._cond = threading.Condition(lock)
-        self._waiting = 0  # samplers inside ``wait``: a push notifies only when someone listens (hot path)
-
-    @property
-    def active(self) -> bool:
-        """Whether the push / sample ratio is limited (the defaults leave everything allowed, O(1))."""
-        return self.thruput.active
+        self.waiting = 0  # samplers inside ``wait``: a push notifies only when someone listens (hot path)
+        # Whether the push / sample ratio is limited (the defaults allow everything); a plain attribute, read on
+        # every push, and ``checks``: whether a sample needs ``why_not`` at all.
+        self.active = self.thruput.active
+        self.checks = self.active or self.min_ratio > 0
 
     # ------------------------------------------------------------------ push
     def can_push(self, n: int) -> Tuple[bool, str]:
         return self.thruput.can_push(n)
 
     def on_push(self, n: int) -> None:
-        if self.thruput.active:
+        """Count ``n`` pushed elements and wake waiting samplers (callers may skip it while neither ``active``
+        nor ``waiting``)."""
+        if self.active:
             self.thruput.on_push(n)
-        if self._waiting:
+        if self.waiting:
             self._cond.notify_all()
 
     # ------------------------------------------------------------------ sample
     def why_not(self, count: int, size: int) -> str:
         """'' when ``size`` may be sampled from ``count`` stored elements now, else the reasons."""
-        if count and count >= self.min_ratio * size and not self.thruput.active:
+        if count and count >= self.min_ratio * size and not self.active:
             return ''
         reasons = []
         if count == 0 or count / size < self.min_ratio:
@@ -79,7 +80,8 @@ class RateLimiter:
         return '; '.join(reasons)
 
     def on_sample(self, n: int) -> None:
-        self.thruput.on_sample(n)
+        if self.active:
+            self.thruput.on_sample(n)
 
     def wait(self, why_not: Callable[[], str], timeout: Optional[float], what: str,
              check_open: Callable[[], None]) -> str:
@@ -93,7 +95,7 @@ class RateLimiter:
         if not why or timeout is None:
             return why
         deadline = time.monotonic() + timeout
-        self._waiting += 1
+        self.waiting += 1
         try:
             while why:
                 left = deadline - time.monotonic()
@@ -103,7 +105,7 @@ class RateLimiter:
                 check_open()
                 why = why_not()
         finally:
-            self._waiting -= 1
+            self.waiting -= 1
         return why
 
     def wake(self) -> None:
