@@ -7,7 +7,7 @@ import numpy as np
 
 from ..base import BUFFER_REGISTRY
 from ..config import positive_int
-from ..control.samplers import build_sampler, check_positions
+from ..control.samplers import UniformSampler, build_sampler, check_positions
 from ..storage import STORAGE_CHECKS, STORAGE_CONFIG, build_storage, storage_from_state
 from .engine import parts_checks, parts_config
 from .slot_engine import SlotEngine
@@ -69,18 +69,27 @@ class NaiveReplayBuffer(SlotEngine):
         self._storage = build_storage(cfg.storage, cfg.replay_buffer_size)
         self._build_engine(cfg.replay_buffer_size)
         self._build_monitors(False, cfg.periodic_thruput_seconds)
+        # No part to tell about a single push (no rate limit, use counts or report): the storage's fast path alone
+        self._lean = not self._limiter.active and self._uses is None and self._periodic is None
+        self._own_sampler = type(self._sampler) is not UniformSampler  # its answers are checked
 
     # ------------------------------------------------------------------ push
     def _push_items(self, items: List[Any]) -> int:
-        if len(items) == 1 and not self._limiter.active and self._write_one(items[0]):  # tensor storage's fast path
-            return 1
-        if not self._admit(len(items)):
+        if len(items) == 1:  # tensor storage's single-item fast path
+            if self._lean:
+                if self._storage.write_one(items[0]) is not None:
+                    if self._limiter.waiting:
+                        self._limiter.on_push(1)  # wake samplers waiting for data
+                    return 1
+            elif not self._limiter.active and self._write_one(items[0]):
+                return 1
+        if self._limiter.active and not self._admit(len(items)):
             return 0
         return self._write(self._storage.prepare(items))
 
     def _push_batch(self, batch: Any) -> int:
         prepared = self._storage.prepare_batch(batch)
-        if not self._admit(prepared.n + prepared.dropped):
+        if self._limiter.active and not self._admit(prepared.n + prepared.dropped):
             return 0
         return self._write(prepared)
 
@@ -128,11 +137,13 @@ class NaiveReplayBuffer(SlotEngine):
             return self._refused(why)
         m, size = len(positions), int(size)
         idx = self._sampler.draw(self._rng, m, size, replace)
-        if idx is None:
-            return self._refused(f'sampler {self._cfg.sampler.get("type")!r} refused')
-        if not isinstance(idx, np.ndarray) or idx.dtype != np.int64:
+        if self._own_sampler:
+            if idx is None:
+                return self._refused(f'sampler {self._cfg.sampler.get("type")!r} refused')
             idx = check_positions(idx, m, size, self._cfg.sampler.get('type'))
-        slots = self._storage.ring.slots_of_positions(positions.start + idx * positions.step)
+        if sample_range is not None:
+            idx = positions.start + idx * positions.step
+        slots = self._storage.ring.slots_of_positions(idx)
         out = self._storage.gather(slots)
         self._drawn(slots, size)
         return self._copy_out(out) if self._storage.kind == 'list' else out

@@ -34,12 +34,6 @@ class SlotEngine(Engine):
         ring = self._storage.ring
         return {'push_items': ring.next_uid, 'remove_count': ring.next_uid - ring.count}
 
-    def _write_done(self, n: int) -> None:
-        """After a write of ``n`` items: the periodic report starts, the limiter counts and wakes samplers."""
-        limiter = self._limiter
-        if limiter.active or limiter.waiting:
-            limiter.on_push(n)
-
     def _drop(self, slots: np.ndarray) -> List[Any]:
         self._on_removed(slots)
         return self._storage.remove(slots)
@@ -70,10 +64,15 @@ class SlotEngine(Engine):
         if self._periodic is not None:
             self._periodic.start()  # first: its baseline must not include this push
         result = self._storage.write(prepared)
-        self._on_written(result.slots, priorities)
-        self._fresh(result.slots)
-        self._evicted(result.evicted)
-        self._write_done(n)
+        if self.indexed:
+            self._on_written(result.slots, priorities)
+        if self._uses is not None:
+            self._uses.reset(result.slots)
+        if result.evicted:
+            self._evicted(result.evicted)
+        limiter = self._limiter
+        if limiter.active or limiter.waiting:
+            limiter.on_push(n)
         return n
 
     def _write_one(self, item: Any, priority: Optional[float] = None) -> bool:
