@@ -193,7 +193,9 @@ class Engine(BufferCore):
 
     def _sample_flow(self, size: Any, cur_learner_iter: int, timeout: Optional[float], draw: Callable[[], Any],
                      shortfall: Optional[Callable[[], str]] = None) -> Optional[Any]:
-        """Run a ``sample`` call: rules, limits (waiting up to ``timeout``), then ``draw()`` under the lock."""
+        """Run a ``sample`` call: rules, limits and ``shortfall`` (waiting up to ``timeout``), then ``draw()`` under
+        the lock. Without rules, limits or a timeout only ``draw()`` runs: it must refuse by itself (``_refused``)
+        when ``shortfall()`` would say why not."""
         self._check_size(size)
         if timeout is not None and not (isinstance(timeout, (int, float)) and timeout >= 0):
             raise ValueError(f"timeout must be None or >= 0 seconds, got {timeout}")

@@ -182,7 +182,7 @@ class EpisodeReplayBuffer(Engine):
         if self._prio is not None:
             self._prio.check_args(sample_range, replace, unroll_len, pad)
             return self._sample_flow(size, cur_learner_iter, timeout, lambda: self._draw_prioritized(size),
-                                     lambda: '' if self._store.transitions else 'buffer is empty')
+                                     self._prio.shortfall)
         pad = self._cfg.pad_short_episodes if pad is None else bool(pad)
         replace = bool(replace)
         return self._sample_flow(size, cur_learner_iter, timeout,
@@ -207,7 +207,9 @@ class EpisodeReplayBuffer(Engine):
         return '', slots, windows
 
     def _draw(self, size, sample_range, replace, unroll_len, pad) -> Optional[Any]:
-        _, slots, windows = self._candidates(size, sample_range, replace, unroll_len, pad)
+        why, slots, windows = self._candidates(size, sample_range, replace, unroll_len, pad)
+        if why:
+            return self._refused(why)
         if windows is None:
             chosen = slots[self._sampler.draw(self._rng, len(slots), int(size), replace)]
             out = self._copy_out(self._store.episodes(chosen))
@@ -224,7 +226,7 @@ class EpisodeReplayBuffer(Engine):
     def _draw_prioritized(self, size: int) -> Optional[Any]:
         out = self._prio.draw(self._rng, int(size))
         if out is None:
-            return self._refused('every window has priority 0')
+            return self._refused(self._prio.shortfall())
         self._drawn(self._prio.episodes_of(out), int(size))
         return out
 

@@ -304,6 +304,9 @@ class GFlowNetReplayBuffer(GFlowNetStats, GFlowNetState, Engine):
         return ''
 
     def _draw(self, size: int, replace: Optional[bool]) -> Any:
+        why = self._shortfall(size, replace)
+        if why:
+            return self._refused(why)
         slots = self._index.sample(self._rng, size, bool(self._cfg.prioritized_sampling), self._replace(size, replace))
         self._tally['sampled'] += size
         out = self._store.read(slots, self._index.seq[slots])

@@ -3,8 +3,6 @@ engine's parts by config: ``max_use`` (DI-engine's impala configs set it on a na
 ``thruput_controller``, a ``sampler`` of your own and ``removers``."""
 from typing import Any, Dict, List, Optional
 
-import numpy as np
-
 from ..base import BUFFER_REGISTRY
 from ..config import positive_int
 from ..control.samplers import UniformSampler, build_sampler, check_positions

@@ -43,6 +43,15 @@ class PrioritizedWindows:
         self.store = store
 
     # ------------------------------------------------------------------ sample
+    def shortfall(self) -> str:
+        """'' when a window can be drawn, else why not."""
+        if not self.store.transitions:
+            return 'buffer is empty'
+        if not self.windows.index.tree.total() > 0:
+            return (f'no window of {self.unroll_len} steps has a priority > 0 (shorter episodes give none unless '
+                    f"'pad_short_episodes')")
+        return ''
+
     def draw(self, rng: np.random.Generator, size: int) -> Optional[Dict[str, Any]]:
         """``size`` windows by priority (with replacement), or ``None`` when no window has priority."""
         starts = self.windows.sample(rng, size)

@@ -83,7 +83,7 @@ class _ManagerActorImpl:
     """Body of the Ray actor: builds the buffer from the config, serves ``call`` and watches its senders."""
 
     def __init__(self, cfg: Dict[str, Any]) -> None:
-        from . import build_manager_buffer
+        from .local import build_manager_buffer
         buffer, dcfg, key = build_manager_buffer(cfg)
         self.core = ManagerCore(buffer, dcfg, key)
         self.cfg = dcfg

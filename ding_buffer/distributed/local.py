@@ -1,0 +1,39 @@
+"""The manager's local buffer: the buffer section of a distributed config without its ``distributed`` part (and
+with ``max_reuse`` as the buffer's ``max_use``), and what the manager needs to know of the type (``profile``).
+Imported by the package and by the Ray actor alike (one home; neither imports the other for it)."""
+import copy
+from typing import Any, Dict, Tuple
+
+from easydict import EasyDict
+
+from ..base import get_buffer_cls
+from .config import build_distributed_config
+
+
+def _local_cfg(cfg: Any) -> EasyDict:
+    local = EasyDict(copy.deepcopy({k: v for k, v in dict(cfg).items() if k != 'distributed'}))
+    if local.get('enable_track_used_data'):  # the manager would delete whatever path a worker's data_id names
+        raise ValueError("config key 'enable_track_used_data' cannot be combined with distributed.backend: a worker's "
+                         "'data_id' would name files the manager deletes; delete used data on the worker side")
+    return local
+
+
+def profile(cls: type, local: Any, dcfg: Any) -> Dict[str, Any]:
+    """The buffer type's ``distributed_profile`` with the log-reward key resolved (``distributed.log_reward_key``
+    when the type has none of its own)."""
+    out = dict(cls.distributed_profile(local))
+    out['log_reward_key'] = out.get('log_reward_key') or dcfg.log_reward_key
+    return out
+
+
+def build_manager_buffer(cfg: Any, *args, **kwargs) -> Tuple[Any, EasyDict, str]:
+    """The manager's local buffer built from the same config (``max_reuse`` becomes ``max_use``)."""
+    dcfg = build_distributed_config(cfg.get('distributed'))
+    cls = get_buffer_cls(cfg)
+    local = _local_cfg(cfg)
+    if dcfg.max_reuse is not None:
+        if 'max_use' not in cls.config:
+            raise ValueError(f"config key 'distributed.max_reuse' needs a buffer type with a 'max_use' key (every "
+                             f"built-in preset has one), got type {cfg.get('type')!r}")
+        local.max_use = dcfg.max_reuse
+    return cls(local, *args, **kwargs), dcfg, profile(cls, local, dcfg)['log_reward_key']
