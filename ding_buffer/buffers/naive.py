@@ -68,7 +68,7 @@ class NaiveReplayBuffer(SlotEngine):
         self._build_engine(cfg.replay_buffer_size)
         self._build_monitors(False, cfg.periodic_thruput_seconds)
         # No part to tell about a single push (no rate limit, use counts or report): the storage's fast path alone
-        self._lean = not self._limiter.active and self._uses is None and self._periodic is None
+        self._lean = not self._limiter.active and self._uses is None and self._periodic is None and self._remover is None
         self._own_sampler = type(self._sampler) is not UniformSampler  # its answers are checked
 
     # ------------------------------------------------------------------ push
@@ -79,7 +79,7 @@ class NaiveReplayBuffer(SlotEngine):
                     if self._limiter.waiting:
                         self._limiter.on_push(1)  # wake samplers waiting for data
                     return 1
-            elif not self._limiter.active and self._write_one(items[0]):
+            elif not self._limiter.active and self._remover is None and self._write_one(items[0]):
                 return 1
         if self._limiter.active and not self._admit(len(items)):
             return 0

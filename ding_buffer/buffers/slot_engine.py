@@ -77,7 +77,10 @@ class SlotEngine(Engine):
 
     def _write_one(self, item: Any, priority: Optional[float] = None) -> bool:
         """The single-push hot path: True when the storage took ``item`` directly, False -- nothing changed --
-        when the generic path must handle (and report on) it."""
+        when the generic path must handle (and report on) it, or must see the overwritten item leave (the
+        used-data remover)."""
+        if self._remover is not None:
+            return False
         if self._periodic is not None:
             self._periodic.start()  # first: its baseline must not include this push
         slot = self._storage.write_one(item)

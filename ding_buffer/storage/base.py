@@ -79,7 +79,8 @@ class Storage(ABC):
         return WriteResult(slots, uids, evicted)
 
     def write_one(self, item: Any) -> Optional[int]:
-        """Fast path for one item: its slot, or ``None`` (nothing changed) -- then use prepare + write."""
+        """Fast path for one item: its slot, or ``None`` (nothing changed) -- then use prepare + write. It does
+        not report the item it overwrote: a caller tracking items that leave must use prepare + write."""
         return None
 
     def _reserve(self, prepared: Prepared) -> None:

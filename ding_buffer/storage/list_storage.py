@@ -5,7 +5,7 @@ Output of ``gather``: a ``list`` of the stored objects themselves, in the order 
 loading a file that holds anything but tensors, numbers, strings and containers needs ``allow_pickle=True``.
 """
 import copy
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional
 
 import numpy as np
 import torch
@@ -28,6 +28,13 @@ class ListStorage(Storage):
 
     def prepare_batch(self, batch: Any) -> Prepared:
         return self.prepare(unbatch(batch))
+
+    def write_one(self, item: Any) -> Optional[int]:
+        """One item in O(1) scalar work (the single-push hot path). The overwritten item is not reported:
+        callers that must see it leave (the used-data remover) use ``prepare`` + ``write``."""
+        slot, _ = self.ring.commit_one()
+        self._data[slot] = item
+        return slot
 
     def _write(self, slots: np.ndarray, payload: List[Any]) -> None:
         data = self._data
