@@ -47,6 +47,7 @@ class BufferCore(IBuffer):
             self._remover = UsedDataRemover(self._logger)
         self._closed = False
         self._last_envstep = -1
+        self._deepcopy = bool(self._cfg.get('deepcopy', False))  # read on every push and sample
         self._build()
 
     # ------------------------------------------------------------------ preset hooks
@@ -110,12 +111,12 @@ class BufferCore(IBuffer):
         items = data if isinstance(data, list) else [data]
         if not items:
             return 0
-        for i, item in enumerate(items):
-            if item is None:
-                raise TypeError(f"cannot push None (item {i})")
-            if self._remover is not None:
+        if items[0] is None if len(items) == 1 else any(x is None for x in items):
+            raise TypeError(f"cannot push None (item {next(i for i, x in enumerate(items) if x is None)})")
+        if self._remover is not None:
+            for i, item in enumerate(items):
                 check_trackable(item, i)
-        if self._cfg.get('deepcopy', False):
+        if self._deepcopy:
             items = copy.deepcopy(items)
         with self._lock:
             n = self._push_items(items)
@@ -154,7 +155,7 @@ class BufferCore(IBuffer):
         return range(n)[sample_range]
 
     def _copy_out(self, out: Any) -> Any:
-        return copy.deepcopy(out) if self._cfg.get('deepcopy', False) else out
+        return copy.deepcopy(out) if self._deepcopy else out
 
     # ------------------------------------------------------------------ update / clear / count
     def update(self, info: Dict[str, Any]) -> Optional[Dict[str, int]]:
