@@ -2,15 +2,21 @@
 
 ``atomic_save`` writes ``torch.save`` output to a temporary file in the target directory, fsyncs it, renames
 it over the target (atomic on POSIX) and fsyncs the directory, so a crash leaves either the old file or the
-new one, never a torn file. ``safe_load`` reads with ``torch.load(weights_only=True)`` (no code execution);
-states holding arbitrary Python objects (list storage) load only with ``allow_pickle=True``.
+new one, never a torn file; temporary files that a killed save left behind (this host, a writer process that is
+gone, or older than a day) are removed by the next save of the same target. ``safe_load`` first checks every
+archive member against its CRC-32 (a flipped bit raises ``ValueError`` instead of loading other data), then reads
+with ``torch.load(weights_only=True)`` (no code execution); states holding arbitrary Python objects (list
+storage) load only with ``allow_pickle=True``.
 Every file is an envelope ``{'format', 'version', 'buffer', 'state'}`` so that foreign or future files are
 rejected with a clear message.
 """
 import json
 import os
 import pickle
+import socket
 import tempfile
+import time
+import zipfile
 from typing import Any, Dict
 
 import torch
@@ -24,7 +30,9 @@ def atomic_save(obj: Any, path: str) -> None:
     path = os.path.abspath(os.fspath(path))
     directory = os.path.dirname(path)
     os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix='.' + os.path.basename(path) + '.', suffix='.tmp', dir=directory)
+    prefix = _temp_prefix(path)
+    remove_stale_temps(path)
+    fd, tmp = tempfile.mkstemp(prefix=f'{prefix}{_HOST}.{os.getpid()}.', suffix='.tmp', dir=directory)
     try:
         with os.fdopen(fd, 'wb') as f:
             torch.save(obj, f)
@@ -36,6 +44,53 @@ def atomic_save(obj: Any, path: str) -> None:
             os.remove(tmp)
         raise
     fsync_dir(directory)
+
+
+_HOST = socket.gethostname().replace('.', '_') or 'host'
+STALE_SECONDS = 24 * 3600  # a temporary file this old is stale whatever wrote it (another host, a reused pid)
+
+
+def _temp_prefix(path: str) -> str:
+    return '.' + os.path.basename(path) + '.'
+
+
+def remove_stale_temps(path: str) -> int:
+    """
+    Overview:
+        Remove temporary files a killed ``atomic_save`` of ``path`` left behind: only names this module gives
+        (``.{name}.{host}.{pid}.*.tmp`` next to ``path``), and only when their writer is gone (this host, pid
+        not running) or they are older than a day. Returns how many were removed; never raises.
+    """
+    directory, prefix = os.path.dirname(path), _temp_prefix(path)
+    removed = 0
+    try:
+        names = [n for n in os.listdir(directory) if n.startswith(prefix) and n.endswith('.tmp')]
+    except OSError:
+        return 0
+    for name in names:
+        parts = name[len(prefix):].split('.')
+        if len(parts) < 3 or not parts[1].isdigit():
+            continue  # not a name of ours
+        full = os.path.join(directory, name)
+        try:
+            old = time.time() - os.stat(full).st_mtime > STALE_SECONDS
+            gone = parts[0] == _HOST and int(parts[1]) != os.getpid() and not _pid_alive(int(parts[1]))
+            if old or gone:
+                os.remove(full)
+                removed += 1
+        except OSError:
+            pass
+    return removed
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # exists, owned by someone else
+        return True
+    return True
 
 
 def fsync_dir(directory: str) -> None:
@@ -77,6 +132,7 @@ def safe_load(path: str, allow_pickle: bool = False) -> Any:
     path = os.fspath(path)
     if not os.path.isfile(path):
         raise FileNotFoundError(f"no buffer file at {path!r}")
+    check_integrity(path)
     try:
         return torch.load(path, map_location='cpu', weights_only=True)
     except pickle.UnpicklingError as e:
@@ -95,6 +151,18 @@ def safe_load(path: str, allow_pickle: bool = False) -> Any:
         raise ValueError(f"{path!r} is not a readable buffer file (corrupt or truncated?): {e}") from e
 
 
+def check_integrity(path: str) -> None:
+    """Raise ``ValueError`` unless ``path`` is a zip archive whose every member matches its CRC-32 (what
+    ``torch.save`` writes; ``torch.load`` itself does not check them, so a flipped bit would load other data)."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            bad = archive.testzip()
+    except (zipfile.BadZipFile, zipfile.LargeZipFile, OSError, EOFError, ValueError, NotImplementedError) as e:
+        raise ValueError(f"{path!r} is not a readable buffer file (corrupt or truncated?): {e}") from e
+    if bad is not None:
+        raise ValueError(f"{path!r} is corrupt: archive member {bad!r} does not match its CRC-32 checksum")
+
+
 def load_state(path: str, buffer_name: str, allow_pickle: bool = False) -> Dict[str, Any]:
     """Load and check the envelope; returns the buffer state."""
     obj = safe_load(path, allow_pickle=allow_pickle)
@@ -104,4 +172,7 @@ def load_state(path: str, buffer_name: str, allow_pickle: bool = False) -> Dict[
         raise ValueError(f"{path!r} has format version {obj.get('version')!r}; this code reads {SCHEMA_VERSION}")
     if obj.get('buffer') != buffer_name:
         raise ValueError(f"{path!r} was saved by {obj.get('buffer')!r}, cannot load it into {buffer_name!r}")
-    return obj['state']
+    state = obj.get('state')
+    if not isinstance(state, dict):
+        raise ValueError(f"{path!r} holds no buffer state (its 'state' entry is {type(state).__name__}, expected dict)")
+    return state

@@ -596,9 +596,6 @@ def test_load_data_truncated_or_broken_file_is_all_or_nothing(case, tmp_path):
 
 
 @all_cases
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "BUG: persistence.load_state indexes obj['state'] without checking: a file whose envelope key 'state' is "
-    "damaged (one flipped bit: 'rtate') raises KeyError instead of ValueError"))
 def test_load_data_bit_flip_in_envelope_raises_value_error(case, tmp_path):
     buf, before, raw = _saved(case, tmp_path)
     pos = raw.index(b'X\x05\x00\x00\x00state') + 5  # the pickled envelope key 'state' (BINUNICODE)
@@ -620,9 +617,6 @@ def _data_records(raw):
 
 
 @all_cases
-@pytest.mark.xfail(strict=True, raises=FAILED, reason=(
-    "BUG: save files carry no checksum and torch.load does not verify the zip CRC-32, so one flipped bit in a "
-    "tensor record (e.g. a float field, a priority, a log-reward) loads without error and changes the contents"))
 def test_load_data_bit_flip_in_tensor_data_raises_value_error(case, tmp_path):
     buf, before, raw = _saved(case, tmp_path)
     records = _data_records(raw)

@@ -13,7 +13,7 @@ import numpy as np
 from ..base import BUFFER_REGISTRY
 from ..config import positive_int
 from ..control.limits import NO_ITER
-from ..control.priority import BetaSchedule, PriorityIndex, batch_priorities, item_priorities, parse_update
+from ..control.priority import MAX_PRIORITY, BetaSchedule, PriorityIndex, batch_priorities, item_priorities, parse_update
 from ..errors import SampleTimeoutError  # noqa: F401 (re-exported: raised by sample(timeout=...))
 from ..monitor.sampled_data import SampledDataAttrMonitor
 from ..monitor.tb import emit, rank
@@ -148,6 +148,7 @@ class AdvancedReplayBuffer(SlotEngine):
         if len(items) == 1 and self._push_one_fast(items[0]):
             return 1
         priorities = item_priorities(items, self._index.default_priority())  # validated before anything is written
+        self._check_items(items)
         if not self._admit(len(items)):
             return 0
         prepared = self._storage.prepare(items)
@@ -161,9 +162,9 @@ class AdvancedReplayBuffer(SlotEngine):
         p = item.get('priority')
         if p is None:
             p = self._index.default_priority()
-        elif type(p) is not float or not 0 <= p < INF:
+        elif type(p) is not float or not 0 <= p <= MAX_PRIORITY:
             return False
-        if self._limiter.active and not self._limiter.can_push(1)[0]:
+        if self._limiter.active and not self._limiter.can_push(1, self.count())[0]:
             return False  # the generic path counts and logs the refusal
         return self._write_one(item, p)
 
@@ -171,6 +172,7 @@ class AdvancedReplayBuffer(SlotEngine):
         if type(batch) is not dict and not isinstance(batch, Mapping):
             raise TypeError(f"a batched push needs a dict of batched leaves, got {type(batch).__name__}")
         prepared = self._storage.prepare_batch(batch)
+        self._check_items(prepared.payload)
         priorities = batch_priorities(batch.get('priority'), prepared, self._index.default_priority())
         if not self._admit(prepared.n + prepared.dropped):
             return 0

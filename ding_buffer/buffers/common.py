@@ -103,6 +103,8 @@ class BufferCore(IBuffer):
             - pushed (:obj:`int`): number of items pushed.
         """
         self._check_open()
+        if type(cur_collector_envstep) is not int:
+            cur_collector_envstep = check_step(cur_collector_envstep, 'cur_collector_envstep')
         if batched:
             with self._lock:
                 n = self._push_batch(data)
@@ -136,6 +138,7 @@ class BufferCore(IBuffer):
     # ------------------------------------------------------------------ sample helpers
     @staticmethod
     def _check_size(size: Any) -> None:
+        """``size`` is a positive int (``TypeError`` / ``ValueError`` naming it)."""
         if not isinstance(size, (int, np.integer)) or isinstance(size, bool):
             raise TypeError(f"sample size must be an int, got {type(size).__name__} {size!r}")
         if size <= 0:
@@ -239,3 +242,16 @@ class BufferCore(IBuffer):
                 self._remover.close(timeout=1.0)
         except Exception:
             pass
+
+
+STEP_LIMIT = 2 ** 60  # learner iterations / env steps beyond this are not counters (and overflow int64 math)
+
+
+def check_step(value: Any, name: str) -> int:
+    """A learner iteration or env step argument as an int, or ``TypeError`` / ``ValueError`` naming ``name``."""
+    if isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_)):
+        value = int(value)
+        if -STEP_LIMIT < value < STEP_LIMIT:
+            return value
+        raise ValueError(f"{name} must be within +-2**60, got {value}")
+    raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r:.40}")

@@ -23,7 +23,7 @@ from ..control.limiter import RateLimiter, limiter_checks, limiter_config
 from ..control.limits import INF, UseCounts, UseLimit, build_removers, find_rule, limit_ok
 from ..monitor.periodic import PeriodicThruputMonitor
 from ..monitor.tb import build_tb_logger, emit, rank
-from .common import BufferCore
+from .common import STEP_LIMIT, BufferCore, check_step
 
 # Counters every engine keeps (``stats()``); each remover adds ``removed_by_<name>``.
 COUNTERS = (
@@ -56,6 +56,14 @@ def parts_checks(min_ratio: float) -> Dict[str, Any]:
     )
 
 
+def _close_writer(tb: Any) -> None:
+    try:
+        tb.flush()
+        tb.close()
+    except Exception:
+        pass
+
+
 class Engine(BufferCore):
     uses_counted = False  # whether every element has a use count even without max_use (advanced reports it)
 
@@ -78,6 +86,8 @@ class Engine(BufferCore):
         periodic push / sample / remove report every ``period`` seconds (DI-engine's ``{instance}_sec/`` tags;
         ``None``: no periodic report)."""
         self._tb, self._owns_tb = build_tb_logger(self._tb_logger, tensorboard, self._exp_name, self._instance_name)
+        if self._owns_tb:  # closed by close(), or when the buffer is dropped without it (its writer thread too)
+            self._tb_close = weakref.finalize(self, _close_writer, self._tb)
         if self._tb is None or rank() != 0 or period is None:
             return
         me = weakref.ref(self)  # the monitor thread must not keep an unclosed, unreachable buffer alive
@@ -149,7 +159,7 @@ class Engine(BufferCore):
     # ------------------------------------------------------------------ push
     def _admit(self, n: int) -> bool:
         """Whether the rate limiter lets ``n`` elements in (a refusal is counted and logged)."""
-        ok, why = self._limiter.can_push(n)
+        ok, why = self._limiter.can_push(n, self._units())
         if not ok:
             self._counters['refused_push'] += 1
             self._counters['refused_push_items'] += n
@@ -197,8 +207,11 @@ class Engine(BufferCore):
         the lock. Without rules, limits or a timeout only ``draw()`` runs: it must refuse by itself (``_refused``)
         when ``shortfall()`` would say why not."""
         self._check_size(size)
-        if timeout is not None and not (isinstance(timeout, (int, float)) and timeout >= 0):
-            raise ValueError(f"timeout must be None or >= 0 seconds, got {timeout}")
+        if type(cur_learner_iter) is not int or not -STEP_LIMIT < cur_learner_iter < STEP_LIMIT:
+            cur_learner_iter = check_step(cur_learner_iter, 'cur_learner_iter')
+        if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float))
+                                    or not 0 <= timeout < INF):
+            raise ValueError(f"timeout must be None or a finite number of seconds >= 0, got {timeout!r:.40}")
         self._check_open()
         with self._lock:
             # Rules, limits or a wait to run first? Otherwise ``draw`` refuses by itself (the hot path).
@@ -323,10 +336,15 @@ class Engine(BufferCore):
         self._wake()
         if self._periodic is not None:
             self._periodic.close()
-        if self._tb is not None:
+        if self._owns_tb:
+            self._tb_close()
+        elif self._tb is not None:
             self._tb.flush()
-            if self._owns_tb:
-                self._tb.close()
+        self._release_table()
+
+    def _release_table(self) -> None:
+        """Free what the table holds outside the process (memmap files: working memory, not a save)."""
+        self._table.release()
 
 
 __all__ = ['Engine', 'COUNTERS', 'INF', 'parts_config', 'parts_checks']

@@ -81,6 +81,7 @@ class EpisodeReplayBuffer(Engine):
         self._prio: Optional[PrioritizedWindows] = None
         if isinstance(spec, PrioritizedSpec):
             self._prio = PrioritizedWindows(spec, self._store, cfg.pad_short_episodes, self._instance_name)
+            self._store.reserve(PrioritizedWindows.OUTPUT_KEYS)
         elif not hasattr(spec, 'draw'):
             raise ValueError(f"config key 'sampler.type' is {cfg.sampler.get('type')!r}: not an episode sampler")
         self._sampler = spec
@@ -177,8 +178,12 @@ class EpisodeReplayBuffer(Engine):
             ``unroll_len``), drawn with replacement by window priority, plus ``priority`` and ``IS`` [B];
             ``sample_range``, ``pad`` and ``replace=False`` are refused.
         """
-        if unroll_len is not None and (not isinstance(unroll_len, (int, np.integer)) or unroll_len <= 0):
+        if unroll_len is not None and (not isinstance(unroll_len, (int, np.integer)) or isinstance(unroll_len, bool)
+                                       or unroll_len <= 0):
             raise ValueError(f"unroll_len must be a positive int, got {unroll_len!r}")
+        for name, flag in (('replace', replace), ('pad', pad)):
+            if flag is not None and type(flag) is not bool:
+                raise TypeError(f"{name} must be None or a bool, got {type(flag).__name__} {flag!r:.40}")
         if self._prio is not None:
             self._prio.check_args(sample_range, replace, unroll_len, pad)
             return self._sample_flow(size, cur_learner_iter, timeout, lambda: self._draw_prioritized(size),

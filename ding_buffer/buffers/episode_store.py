@@ -51,10 +51,27 @@ def object_collect_iter(episode: Any) -> int:
     return collect_iter_of(flatten(episode).get(('collect_iter', )))
 
 
+# Keys a window batch adds (tensor storage) or a padded dict window adds (list storage): an episode carrying a
+# field of that name would be overwritten in the output, so it is refused at push.
+FLAT_WINDOW_KEYS = ('mask', 'episode_id', 'episode_idx', 'start')
+PADDED_WINDOW_KEYS = ('mask', )
+
+
+def check_reserved(episode: Any, i: int, reserved: Tuple[str, ...]) -> None:
+    """Refuse an episode with a top-level field the window output would overwrite."""
+    fields = episode if isinstance(episode, Mapping) else (episode[0] if episode and isinstance(episode[0], Mapping) else {})
+    clash = sorted(k for k in reserved if k in fields)
+    if clash:
+        raise ValueError(f"episode {i} has field(s) {clash}, which sampled windows add; rename them "
+                         f"(reserved: {list(reserved)})")
+
+
 class _EpisodeStore:
     """Shared eviction logic; subclasses provide the ring, the lengths and the data access."""
     ring: RingIndex
     length: np.ndarray
+
+    reserved: Tuple[str, ...] = ()
 
     def __init__(self, max_episodes: int, max_transitions: Optional[int]) -> None:
         self.max_episodes = max_episodes
@@ -63,6 +80,14 @@ class _EpisodeStore:
         self.ci = np.full(max_episodes, NO_ITER, dtype=np.int64)
         self.transitions = 0
         self.listener: Any = None
+
+    def release(self) -> None:
+        """Free the storage's memmap files (``close``)."""
+        self.storage.release()
+
+    def reserve(self, keys: Tuple[str, ...]) -> None:
+        """More keys the sampler adds to its output (prioritized windows: ``priority``, ``IS``)."""
+        self.reserved = tuple(self.reserved) + tuple(keys)
 
     def listen(self, listener: Any) -> None:
         """Tell ``listener`` (``episode_added`` / ``episode_removed``) about every episode that comes or goes."""
@@ -139,6 +164,8 @@ class ObjectEpisodes(_EpisodeStore):
         for i, ep in enumerate(episodes):
             n = episode_length(ep, i)
             self.check_fits(n, i)
+            if isinstance(ep, Mapping):
+                check_reserved(ep, i, PADDED_WINDOW_KEYS)
             try:
                 object_collect_iter(ep)  # validated now: it is read again once the episode is stored
             except ValueError as e:
@@ -227,6 +254,7 @@ class FlatEpisodes(_EpisodeStore):
         for i, ep in enumerate(episodes):
             n = episode_length(ep, i)
             self.check_fits(n, i)
+            check_reserved(ep, i, FLAT_WINDOW_KEYS + self.reserved)
             try:
                 prepared = self.storage.prepare(ep, schema) if isinstance(ep, list) \
                     else self.storage.prepare_batch(ep, schema)
@@ -316,6 +344,7 @@ class FlatEpisodes(_EpisodeStore):
         """A new store like this one holding ``state`` (validated against its data; nothing changes here)."""
         new = FlatEpisodes.__new__(FlatEpisodes)
         _EpisodeStore.__init__(new, self.max_episodes, self.max_transitions)
+        new.reserve(self.reserved)
         new.storage = storage_from_state(storage_cfg, self.max_transitions, state['storage'])
         new.ring = RingIndex.from_state(state['ring'], self.max_episodes)
         new.length = _restore_lengths(state, new.ring, self.max_episodes)

@@ -23,6 +23,7 @@ import torch
 from ..base import BUFFER_REGISTRY
 from ..config import positive_int
 from ..control.diversity import row_hashes
+from .common import check_step
 from .engine import Engine, parts_checks, parts_config
 from ..control.diversity import StateSet  # noqa: F401 (annotations)
 from ..control.keep_best import RewardIndex
@@ -162,6 +163,9 @@ class GFlowNetReplayBuffer(GFlowNetStats, GFlowNetState, Engine):
         self._evict(slots)
         return []
 
+    def _release_table(self) -> None:
+        """GFlowNet stores live in memory: nothing to free."""
+
     def _live(self, slots: np.ndarray) -> np.ndarray:
         return np.zeros(len(slots), dtype=bool) if self._index is None else self._index.alive[slots]
 
@@ -183,6 +187,7 @@ class GFlowNetReplayBuffer(GFlowNetStats, GFlowNetState, Engine):
         self._check_open()
         if data is None:
             raise TypeError("cannot push None into a GFlowNet buffer")
+        cur_collector_envstep = check_step(cur_collector_envstep, 'cur_collector_envstep')
         with self._lock:
             data = self._convert(data)
             if isinstance(data, list) and not data:

@@ -81,12 +81,14 @@ class NaiveReplayBuffer(SlotEngine):
                     return 1
             elif not self._limiter.active and self._remover is None and self._write_one(items[0]):
                 return 1
+        self._check_items(items)
         if self._limiter.active and not self._admit(len(items)):
             return 0
         return self._write(self._storage.prepare(items))
 
     def _push_batch(self, batch: Any) -> int:
         prepared = self._storage.prepare_batch(batch)
+        self._check_items(prepared.payload)
         if self._limiter.active and not self._admit(prepared.n + prepared.dropped):
             return 0
         return self._write(prepared)
@@ -116,6 +118,8 @@ class NaiveReplayBuffer(SlotEngine):
         Returns:
             - batch: a list of items (list storage) or a dict of batched tensors (tensor storage), or ``None``.
         """
+        if type(replace) is not bool:
+            raise TypeError(f"replace must be a bool, got {type(replace).__name__} {replace!r:.40}")
         return self._sample_flow(size, cur_learner_iter, timeout, lambda: self._draw(size, sample_range, replace),
                                  lambda: self._shortfall(size, sample_range, replace)[0])
 

@@ -26,6 +26,7 @@ from ..control.windows import WindowPriorities
 
 
 class PrioritizedWindows:
+    OUTPUT_KEYS = ('priority', 'IS')  # added to each window batch
 
     def __init__(self, spec: PrioritizedSpec, store: Any, pad: bool, instance_name: str) -> None:
         if spec.unroll_len is None:

@@ -6,6 +6,7 @@ from typing import Any, Dict, List, Optional
 
 import numpy as np
 
+from ..storage.base import check_collect_iters
 from .engine import Engine
 
 
@@ -58,6 +59,12 @@ class SlotEngine(Engine):
         """Hook of the single-push hot path (scalar arguments, no arrays)."""
 
     # ------------------------------------------------------------------ writing
+    def _check_items(self, items: List[Any]) -> None:
+        """Fields the engine reads later are checked at push (list storage keeps items as they are):
+        ``collect_iter`` wherever staleness is read (advanced reports it; ``max_staleness`` and rules use it)."""
+        if self._storage.kind == 'list' and (self.indexed or self._rules):
+            check_collect_iters(items)
+
     def _write(self, prepared: Any, priorities: Optional[np.ndarray] = None) -> int:
         """Commit a validated batch (``priorities`` for the items kept); returns the items accepted."""
         n = prepared.n + prepared.dropped

@@ -10,6 +10,14 @@ time as the counters decay). Config section (``thruput_controller``):
 * ``window_seconds=30.0`` -- the counters decay by x0.01 over this many seconds;
 * ``sample_min_limit_ratio`` -- 1.0 on ``advanced`` (DI-engine); 0.0 elsewhere (the preset's own rule applies).
 
+**It never stalls.** DI-engine's two ratio rules can refuse a push *and* a sample at the same time -- with
+``min`` close to ``max`` (say 1.0 / 1.0, pushes of 8, samples of 32), once the ratio sits between what one
+push and one sample would make it, every push and every sample is refused forever (decay scales both counters
+alike, so time does not help). Here a call that the ratio refuses goes through when the other kind of call
+would be refused too (the other kind judged at its last size, a sample also by the minimum-size rule): then
+the limiter lets the one that is asked make progress, so from every state a push or a sample is possible.
+Pushes are never refused while the buffer holds too little to sample.
+
 Not thread-safe on its own: every verb runs under the buffer's lock (``wait`` releases it while waiting).
 """
 import threading
@@ -53,10 +61,19 @@ class RateLimiter:
         # every push, and ``checks``: whether a sample needs ``why_not`` at all.
         self.active = self.thruput.active
         self.checks = self.active or self.min_ratio > 0
+        self._last_push, self._last_sample = 1, 1  # sizes the other side is judged at (never-stall rule)
 
     # ------------------------------------------------------------------ push
-    def can_push(self, n: int) -> Tuple[bool, str]:
-        return self.thruput.can_push(n)
+    def can_push(self, n: int, count: int) -> Tuple[bool, str]:
+        """Whether ``n`` elements may be pushed now into a table of ``count`` (ratio rule; never a stall)."""
+        self._last_push = n
+        ok, why = self.thruput.can_push(n)
+        if ok or self._sample_blocked(count, self._last_sample):
+            return True, ''
+        return ok, why
+
+    def _sample_blocked(self, count: int, size: int) -> bool:
+        return count == 0 or count / size < self.min_ratio or not self.thruput.can_sample(size)[0]
 
     def on_push(self, n: int) -> None:
         """Count ``n`` pushed elements and wake waiting samplers (callers may skip it while neither ``active``
@@ -71,13 +88,13 @@ class RateLimiter:
         """'' when ``size`` may be sampled from ``count`` stored elements now, else the reasons."""
         if count and count >= self.min_ratio * size and not self.active:
             return ''
-        reasons = []
+        self._last_sample = size
         if count == 0 or count / size < self.min_ratio:
-            reasons.append(f"{count} items < sample_min_limit_ratio {self.min_ratio:g} x batch {size}")
+            return f"{count} items < sample_min_limit_ratio {self.min_ratio:g} x batch {size}"
         ok, why = self.thruput.can_sample(size)
-        if not ok:
-            reasons.append(why)
-        return '; '.join(reasons)
+        if ok or not self.thruput.can_push(self._last_push)[0]:  # a push is refused too: the sample goes
+            return ''
+        return why
 
     def on_sample(self, n: int) -> None:
         if self.active:

@@ -29,20 +29,33 @@ def as_numpy(x: Any) -> Any:
     return x
 
 
+# Priorities are reported (and saved) as float32: a larger one would come back as inf.
+MAX_PRIORITY = float(np.finfo(np.float32).max)
+
+
 def as_priorities(values: Any, key: str = 'priority') -> np.ndarray:
-    """``values`` as a float64 array, or ``ValueError`` naming the key if any is NaN, infinite or negative."""
-    try:
-        arr = np.asarray(as_numpy(values), dtype=np.float64)
-    except (TypeError, ValueError) as e:
-        raise TypeError(f"'{key}' must be numbers (list/array/tensor), got {type(values).__name__}: {e}") from e
-    arr = arr.reshape(-1)
-    if len(arr) and arr.min() >= 0 and arr.max() < np.inf:  # NaN fails the first test: two reductions, no temporaries
+    """``values`` as a float64 array: real numbers (ints or floats; not bools, strings or complex), each finite in
+    float32 and >= 0 -- else ``TypeError`` / ``ValueError`` naming the key and the entry."""
+    raw = as_numpy(values)
+    arr = raw if type(raw) is np.ndarray else np.asarray(raw)
+    if arr.dtype.kind not in 'iuf':
+        if arr.dtype.kind == 'O':  # e.g. a Python int beyond every dtype
+            bad = next((v for v in arr.reshape(-1).tolist() if not _real(v)), None)
+            raise TypeError(f"'{key}' must be real numbers, got {type(bad).__name__} {bad!r:.40}")
+        raise TypeError(f"'{key}' must be real numbers (ints / floats), got dtype {arr.dtype} ({type(values).__name__})")
+    arr = arr.astype(np.float64, copy=False).reshape(-1)
+    if len(arr) and arr.min() >= 0 and arr.max() <= MAX_PRIORITY:  # NaN fails the first test: two reductions
         return arr
-    bad = ~np.isfinite(arr) | (arr < 0)
+    bad = ~(np.abs(arr) <= MAX_PRIORITY) | (arr < 0)
     if bad.any():
         i = int(np.flatnonzero(bad)[0])
-        raise ValueError(f"'{key}' must be finite and >= 0; entry {i} is {arr[i]} (nothing was changed)")
+        raise ValueError(f"'{key}' must be finite in float32 (<= {MAX_PRIORITY:.4g}) and >= 0; entry {i} is {arr[i]} "
+                         f"(nothing was changed)")
     return arr
+
+
+def _real(v: Any) -> bool:
+    return isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, bool) and abs(v) <= MAX_PRIORITY
 
 
 class PriorityIndex:
@@ -248,6 +261,8 @@ def item_priorities(items: Any, default: float) -> np.ndarray:
         if p is None:
             out[i] = default
         elif isinstance(p, (int, float)) and not isinstance(p, bool):
+            if not 0 <= p <= MAX_PRIORITY:  # also NaN and ints no float holds
+                raise ValueError(f"item {i} 'priority' must be finite in float32 and >= 0, got {p!r:.40}")
             out[i] = p
         else:
             arr = as_priorities(p, f'item {i} priority')

@@ -99,6 +99,9 @@ class Storage(ABC):
         """The ``k`` oldest valid slots, oldest first."""
         return self.ring.oldest(k)
 
+    def release(self) -> None:
+        """Free what the storage holds outside the process (memmap files); a no-op for in-memory storage."""
+
     def live(self, slots: np.ndarray) -> np.ndarray:
         """Mask of ``slots`` holding an item."""
         return self.ring.valid[slots]
@@ -161,16 +164,38 @@ def collect_iter_of(value: Any) -> int:
     if value is None:
         return NO_ITER
     if isinstance(value, torch.Tensor):
-        return int(value.min()) if value.numel() else NO_ITER
+        if value.dtype == torch.bool or value.is_complex():
+            raise ValueError(f"'collect_iter' must be ints, got a {value.dtype} tensor")
+        return collect_iter_of(value.min().item()) if value.numel() else NO_ITER
     if isinstance(value, np.ndarray):
-        return int(value.min()) if value.size else NO_ITER
+        if value.dtype.kind not in 'iuf':
+            raise ValueError(f"'collect_iter' must be ints, got an array of {value.dtype}")
+        return collect_iter_of(value.min().item()) if value.size else NO_ITER
     if isinstance(value, (list, tuple)):
         vals = [v for v in (collect_iter_of(x) for x in value) if v != NO_ITER]
         return min(vals) if vals else NO_ITER
+    if isinstance(value, (bool, str, bytes)):
+        raise ValueError(f"'collect_iter' must be an int (or ints), got {type(value).__name__} {value!r:.40}")
     try:
         out = float(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         raise ValueError(f"'collect_iter' must be an int (or ints), got {type(value).__name__} {value!r}") from None
-    if not math.isfinite(out):
-        raise ValueError(f"'collect_iter' must be finite, got {value!r}")
+    if not math.isfinite(out) or not -_ITER_LIMIT < out < _ITER_LIMIT:
+        raise ValueError(f"'collect_iter' must be a finite int within +-2**60, got {value!r:.40}")
     return int(out)
+
+
+_ITER_LIMIT = float(2 ** 60)
+
+
+def check_collect_iters(items: List[Any]) -> None:
+    """Every dict item's ``collect_iter`` readable (``ValueError`` naming the item): checked at push, so that a
+    bad value never breaks a later ``sample``."""
+    for i, item in enumerate(items):
+        if type(item) is dict or isinstance(item, dict):
+            value = item.get('collect_iter')
+            if value is not None:
+                try:
+                    collect_iter_of(value)
+                except ValueError as e:
+                    raise ValueError(f"item {i}: {e}") from None

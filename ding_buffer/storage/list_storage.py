@@ -32,6 +32,8 @@ class ListStorage(Storage):
     def write_one(self, item: Any) -> Optional[int]:
         """One item in O(1) scalar work (the single-push hot path). The overwritten item is not reported:
         callers that must see it leave (the used-data remover) use ``prepare`` + ``write``."""
+        if type(item) is dict and 'collect_iter' in item:
+            return None  # the generic path checks it (and reports a bad one)
         slot, _ = self.ring.commit_one()
         self._data[slot] = item
         return slot

@@ -3,9 +3,17 @@
 Fields live in memory on the storage device, or, with ``memmap_dir``, each in its own file mapped with
 ``torch.from_file`` (shared), so buffers larger than RAM work. CPU fields also get numpy views (same memory),
 which the storage writes and reads through: numpy's per-call overhead is a fraction of torch's.
+
+Memmap files are working memory, not a save (``save_data`` is): every allocation gets files of its own
+(``{index}_{field}.{pid}-{n}.bin``), so a storage being restored never touches the files of the live one, and
+the files are removed with the storage that mapped them (``close()``, a rejected restore, garbage collection).
+Files that a killed process left behind (this host, pid gone) are removed by the next allocation in that
+directory.
 """
+import itertools
 import os
-from typing import Dict, Optional
+import re
+from typing import Dict, List, Optional
 
 import numpy as np
 import torch
@@ -14,29 +22,75 @@ from .tensor_schema import Schema
 from .tree import Path, path_name
 
 
-def memmap_file(memmap_dir: str, index: int, path: Path) -> str:
-    """File of the ``index``-th field: numbered, so distinct fields never share a file."""
+_GENERATION = itertools.count()
+_OURS = re.compile(r'^\d{3}_.*\.(\d+)-\d+\.bin$')
+
+
+def new_token() -> str:
+    """A name part no other allocation (of this process, or a live one) uses."""
+    return f'{os.getpid()}-{next(_GENERATION)}'
+
+
+def memmap_file(memmap_dir: str, index: int, path: Path, token: str) -> str:
+    """File of the ``index``-th field of the allocation ``token``: numbered, so distinct fields never share one."""
     safe = ''.join(c if c.isalnum() or c in '._-' else '_' for c in path_name(path))
-    return os.path.join(memmap_dir, f'{index:03d}_{safe}.bin')
+    return os.path.join(memmap_dir, f'{index:03d}_{safe}.{token}.bin')
 
 
 def allocate_fields(schema: Schema, capacity: int, device: torch.device,
-                    memmap_dir: Optional[str]) -> Dict[Path, torch.Tensor]:
-    """A new zeroed (in memory) or freshly mapped (``memmap_dir``) tensor for every field of ``schema``."""
+                    memmap_dir: Optional[str], token: str = '') -> Dict[Path, torch.Tensor]:
+    """A new zeroed (in memory) or freshly mapped (``memmap_dir``, files named with ``token``) tensor for every
+    field of ``schema``. A failed allocation removes the files it created."""
     fields: Dict[Path, torch.Tensor] = {}
-    if memmap_dir is not None:
-        os.makedirs(memmap_dir, exist_ok=True)
-    for index, (path, (shape, dtype)) in enumerate(schema.items()):
-        numel = capacity * int(np.prod(shape, dtype=np.int64))
-        if memmap_dir is not None:
-            fname = memmap_file(memmap_dir, index, path)
-            if os.path.exists(fname):
-                os.remove(fname)  # a stale file of another size would be mapped as is
+    if memmap_dir is None:
+        for path, (shape, dtype) in schema.items():
+            fields[path] = torch.zeros((capacity, *shape), dtype=dtype, device=device)
+        return fields
+    os.makedirs(memmap_dir, exist_ok=True)
+    remove_orphans(memmap_dir)
+    made: List[str] = []
+    try:
+        for index, (path, (shape, dtype)) in enumerate(schema.items()):
+            numel = capacity * int(np.prod(shape, dtype=np.int64))
+            fname = memmap_file(memmap_dir, index, path, token)
+            made.append(fname)
             tensor = torch.from_file(fname, shared=True, size=numel, dtype=dtype)
             fields[path] = tensor.view(capacity, *shape)
-        else:
-            fields[path] = torch.zeros((capacity, *shape), dtype=dtype, device=device)
+    except BaseException:
+        remove_files(made)
+        raise
     return fields
+
+
+def remove_files(files: List[str]) -> None:
+    """Remove memmap files (already gone is fine; the mapping itself stays valid until released)."""
+    for f in files:
+        try:
+            os.remove(f)
+        except OSError:
+            pass
+
+
+def remove_orphans(memmap_dir: str) -> None:
+    """Remove field files of processes that are gone (a killed run never released them)."""
+    try:
+        names = os.listdir(memmap_dir)
+    except OSError:
+        return
+    for name in names:
+        m = _OURS.match(name)
+        if m and int(m.group(1)) != os.getpid() and not _alive(int(m.group(1))):
+            remove_files([os.path.join(memmap_dir, name)])
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True
+    return True
 
 
 def numpy_views(fields: Dict[Path, torch.Tensor]) -> Dict[Path, np.ndarray]:

@@ -16,6 +16,7 @@ two slice assignments per field (two when it wraps around the ring); ``gather`` 
 Neighbours: ``tensor_schema`` (inferring and checking the schema, its export / import), ``tensor_fields``
 (allocating the field tensors and memmap files), ``fast_write`` (the single-item fast path).
 """
+import weakref
 from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
@@ -24,7 +25,7 @@ import torch
 from .base import NO_ITER, Prepared, Storage, check_state, trim_newest
 from .fast_write import FastWriter
 from .ring import RingIndex
-from .tensor_fields import allocate_fields, memmap_file, numpy_views
+from .tensor_fields import allocate_fields, memmap_file, new_token, numpy_views, remove_files
 # buffers.gfn_data imports export_schema / import_fields from here (they stay importable where they were)
 from .tensor_schema import Schema, batched_tensor, check_leaves, export_schema, field_names, import_fields, \
     infer_schema, item_flat
@@ -54,6 +55,8 @@ class TensorStorage(Storage):
         self.schema: Optional[Schema] = None
         self.fields: Dict[Path, torch.Tensor] = {}
         self._views: Dict[Path, np.ndarray] = {}  # numpy views of CPU fields (shared memory)
+        self._token = ''  # names this storage's memmap files
+        self._release: Optional[weakref.finalize] = None
         self._fast: Optional[FastWriter] = None  # the single-item fast path, once the schema is known
 
     field_names = staticmethod(field_names)  # the schema's field names, as the error messages list them
@@ -93,15 +96,25 @@ class TensorStorage(Storage):
         return Prepared((schema, payload), kept, dropped)
 
     def memmap_file(self, index: int, path: Path) -> str:
-        """File of the ``index``-th field: numbered, so distinct fields never share a file."""
-        return memmap_file(self.memmap_dir, index, path)
+        """File of the ``index``-th field (of this storage's allocation): numbered, so fields never share one."""
+        return memmap_file(self.memmap_dir, index, path, self._token)
 
     def _allocate(self, schema: Schema) -> None:
         """Create every field (all or nothing: on failure the storage keeps no schema and no fields)."""
-        fields = allocate_fields(schema, self.capacity, self.device, self.memmap_dir)
+        token = new_token()
+        fields = allocate_fields(schema, self.capacity, self.device, self.memmap_dir, token)
         views = numpy_views(fields) if self.device.type == 'cpu' else {}
-        self.fields, self.schema, self._views = fields, schema, views  # together: all or nothing
+        self.fields, self.schema, self._views, self._token = fields, schema, views, token  # together
         self._fast = FastWriter.build(schema, views, self.device, self.skip_keys)
+        if self.memmap_dir is not None:  # the files go with this storage (release, or garbage collection)
+            files = [self.memmap_file(i, p) for i, p in enumerate(schema)]
+            self._release = weakref.finalize(self, remove_files, files)
+
+    def release(self) -> None:
+        """Remove this storage's memmap files now (``close()``); the data stays readable until the storage is
+        dropped. A no-op without memmap. Idempotent."""
+        if self._release is not None:
+            self._release()
 
     def write_one(self, item: Any) -> Optional[int]:
         """
