@@ -128,7 +128,7 @@ def train(args: argparse.Namespace) -> int:
         from .train.dqn import DQNTrainer
     except ImportError as e:
         return _missing_extra(e)
-    from .train.config import build_train_config, load_config_file
+    from .train.config import build_train_config, check_run_dir, load_config_file, run_dir_of
     user = load_config_file(args.config)
     if args.seed is not None:
         user['seed'] = args.seed
@@ -138,9 +138,11 @@ def train(args: argparse.Namespace) -> int:
     if args.device is not None:
         user['policy'] = dict(user.get('policy') or {}, device=args.device)
     cfg = build_train_config(user, source=args.config)
-    run_dir = args.resume or os.path.join(cfg.log_dir or '.', f'{cfg.exp_name}_seed{cfg.seed}')
+    run_dir = args.resume or run_dir_of(cfg)
     torch.set_num_threads(args.threads)
     try:
+        if args.resume is None:
+            check_run_dir(run_dir, cfg.log_dir)
         trainer = DQNTrainer(cfg, run_dir, resume=args.resume is not None, progress=not args.no_progress)
     except ValueError as e:
         raise ValueError(f"{args.config}: {e}") from e
@@ -174,6 +176,17 @@ def plot(args: argparse.Namespace) -> int:
     return 0
 
 
+def _threads(text: str) -> int:
+    """``--threads``: an int >= 1 (argparse reports anything else as a usage error, exit 2)."""
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"expected an int >= 1 (torch CPU threads), got {text!r}")
+    return n
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog='ding-buffer', description='ding_buffer command line')
     sub = parser.add_subparsers(dest='command', required=True)
@@ -188,7 +201,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument('--resume', default=None, metavar='RUN_DIR', help='continue the run in RUN_DIR from its latest '
                    'complete checkpoint')
     p.add_argument('--device', default=None, help="'cpu' or 'cuda' (overrides policy.device)")
-    p.add_argument('--threads', type=int, default=1, help='torch CPU threads (1 is fastest for small networks)')
+    p.add_argument('--threads', type=_threads, default=1, help='torch CPU threads (1 is fastest for small networks)')
     p.add_argument('--no-progress', action='store_true', help='no progress bar')
     p.set_defaults(func=train)
     p = sub.add_parser('plot', help='overlay the evaluation curves of run directories in one PNG')

@@ -26,3 +26,25 @@ def test_unknown_command_exits_with_usage_error(capsys):
     with pytest.raises(SystemExit) as e:
         main(['no-such-command'])
     assert e.value.code == 2
+
+
+@pytest.mark.parametrize('threads', ['0', '-2', 'two', '1.5'])
+def test_train_threads_below_one_is_a_usage_error(tmp_path, capsys, threads):
+    cfg = tmp_path / 'cfg.py'
+    cfg.write_text("main_config = dict(policy=dict(other=dict(replay_buffer=dict(type='naive'))))\n")
+    with pytest.raises(SystemExit) as e:
+        main(['train', str(cfg), '--threads', threads, '--no-progress'])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert 'Traceback' not in err
+    assert f"argument --threads: expected an int >= 1 (torch CPU threads), got '{threads}'" in err, err
+    assert os.listdir(tmp_path) == ['cfg.py']
+
+
+def test_train_threads_zero_in_a_subprocess_exits_2_without_traceback(tmp_path):
+    proc = subprocess.run([sys.executable, '-m', 'ding_buffer', 'train', 'missing.py', '--threads', '0'],
+                          capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert proc.returncode == 2, proc.stderr
+    assert 'Traceback' not in proc.stderr
+    assert '--threads' in proc.stderr and '>= 1' in proc.stderr
+    assert os.listdir(tmp_path) == []

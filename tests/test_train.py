@@ -474,6 +474,125 @@ def test_rejected_buffer_config_leaves_no_run_directory(bad_buffer_runs, case):
     assert not runs.exists(), sorted(str(p.relative_to(runs)) for p in runs.rglob('*'))
 
 
+def tree(root: Path):
+    """Every path under ``root``, relative to it (for assertion messages and 'nothing was written' checks)."""
+    return sorted(str(q.relative_to(root)) for q in root.rglob('*'))
+
+
+def test_log_dir_that_is_a_file_exits_2_with_one_line_naming_key_and_path(tmp_path):
+    a_file = tmp_path / 'a_file'
+    a_file.write_text('not a directory')
+    cfg = write_config(tmp_path / 'per.py', log_dir=str(a_file))
+    proc = cli('train', cfg, '--no-progress', cwd=tmp_path, timeout=60)
+    assert_user_error(proc.returncode, proc.stderr, str(cfg), "'log_dir'", str(a_file), 'not a directory')
+    assert proc.stderr.count('\n') == 1, proc.stderr  # one line
+    assert a_file.read_text() == 'not a directory'
+    assert tree(tmp_path) == ['a_file', 'per.py']
+
+
+@pytest.mark.parametrize('where', ['below_a_file', 'run_dir_is_a_file'])
+def test_run_directory_blocked_by_a_file_exits_2_naming_the_path(tmp_path, capsys, where):
+    a_file = tmp_path / ('a_file' if where == 'below_a_file' else 'exp_seed0')
+    a_file.write_text('x')
+    log_dir = a_file / 'runs' if where == 'below_a_file' else tmp_path
+    cfg = write_config(tmp_path / 'per.py', log_dir=str(log_dir), exp_name='exp')
+    assert main(['train', str(cfg), '--no-progress']) == 2
+    key = "'log_dir'" if where == 'below_a_file' else "the run directory (config keys 'log_dir', 'exp_name', 'seed')"
+    assert_user_error(2, capsys.readouterr().err, str(cfg), key, str(a_file), 'not a directory')
+    assert tree(tmp_path) == sorted([a_file.name, 'per.py'])
+
+
+@pytest.mark.parametrize('buffer_type', ['gfn', 'episode', 'prioritized_episode', 'gfn_diverse', 'terminating_state'])
+def test_buffer_types_the_trainer_cannot_use_are_refused_at_validation(tmp_path, capsys, buffer_type):
+    # only the type is set: the refusal must name it, not a key the trainer or the buffer adds
+    cfg = tmp_path / 'cfg.py'
+    cfg.write_text(f"main_config = dict(log_dir={str(tmp_path / 'runs')!r}, "
+                   f"policy=dict(other=dict(replay_buffer=dict(type={buffer_type!r}))))\n")
+    assert main(['train', str(cfg), '--no-progress']) == 2
+    err = capsys.readouterr().err
+    assert_user_error(2, err, str(cfg), "'policy.other.replay_buffer.type'", repr(buffer_type), "'advanced'",
+                      "'naive'")
+    assert 'storage' not in err, err
+    assert tree(tmp_path) == ['cfg.py']  # no run directory
+
+
+def test_unusable_buffer_type_in_a_shipped_config_is_refused_before_its_other_keys(tmp_path):
+    # the uniform config sets storage=..., which a gfn buffer does not know: the type is what is wrong
+    cfg = write_config(tmp_path / 'gfn.py', UNIFORM_CONFIG, log_dir=str(tmp_path / 'runs'),
+                       policy=dict(other=dict(replay_buffer=dict(type='gfn'))))
+    proc = cli('train', cfg, '--no-progress', cwd=tmp_path, timeout=60)
+    assert_user_error(proc.returncode, proc.stderr, str(cfg), "'policy.other.replay_buffer.type'", "'gfn'",
+                      "'advanced' or 'naive'")
+    assert proc.stdout == ''
+    assert tree(tmp_path) == ['gfn.py']
+
+
+def test_a_registered_subclass_of_a_supported_buffer_trains(tmp_path, capsys, monkeypatch):
+    (tmp_path / 'my_buffers.py').write_text(
+        "from ding_buffer import BUFFER_REGISTRY\n"
+        "from ding_buffer.buffers.naive import NaiveReplayBuffer\n"
+        "@BUFFER_REGISTRY.register('my_naive_for_train_test')\n"
+        "class MyNaive(NaiveReplayBuffer):\n"
+        "    pass\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    cfg = write_config(tmp_path / 'mine.py', UNIFORM_CONFIG, log_dir=str(tmp_path / 'runs'),
+                       env=dict(max_env_step=200, eval_freq=200, eval_episodes=1),
+                       policy=dict(learn=dict(warmup_steps=100, batch_size=16), other=dict(replay_buffer=dict(
+                           type='my_naive_for_train_test', import_names=['my_buffers'], replay_buffer_size=500))))
+    assert main(['train', str(cfg), '--no-progress']) == 0, capsys.readouterr().err
+    assert 'gradient steps 101' in capsys.readouterr().out
+
+
+@pytest.mark.parametrize('overrides, needles', [
+    (dict(learn=dict(batch_size=64), other=dict(replay_buffer=dict(replay_buffer_size=32))),
+     ["'policy.learn.batch_size' = 64", "'policy.other.replay_buffer.replay_buffer_size' = 32"]),
+    # the advanced buffer's default replay_buffer_size (4096) when the config leaves it out
+    (dict(learn=dict(batch_size=5000), other=dict(replay_buffer=dict(type='advanced'))),
+     ["'policy.learn.batch_size' = 5000", "'policy.other.replay_buffer.replay_buffer_size' = 4096", 'default']),
+])
+def test_batch_size_larger_than_the_buffer_is_refused(tmp_path, capsys, overrides, needles):
+    cfg = tmp_path / 'cfg.py'
+    cfg.write_text(f"main_config = dict(log_dir={str(tmp_path / 'runs')!r}, policy={overrides!r})\n")
+    assert main(['train', str(cfg), '--no-progress']) == 2
+    assert_user_error(2, capsys.readouterr().err, str(cfg), *needles, 'can never be sampled')
+    assert tree(tmp_path) == ['cfg.py']
+
+
+def test_batch_size_equal_to_the_buffer_is_accepted():
+    from ding_buffer.train.config import build_train_config
+    cfg = build_train_config(dict(policy=dict(learn=dict(batch_size=32), other=dict(replay_buffer=dict(
+        type='naive', replay_buffer_size=32)))))
+    assert cfg.policy.learn.batch_size == 32 and cfg.policy.other.replay_buffer.replay_buffer_size == 32
+
+
+@pytest.mark.parametrize('sibling', [False, True])
+def test_a_trainer_that_fails_to_build_leaves_no_run_directory(tmp_path, capsys, monkeypatch, sibling):
+    """A failure after the run directory was made (here: building the buffer) removes it and every parent the
+    command made, but nothing that was there before (another run's directory next to it)."""
+    from ding_buffer.train import dqn
+
+    def failing_create_buffer(*args, **kwargs):
+        raise ValueError("config key 'storage.device' is broken on purpose")
+    monkeypatch.setattr(dqn, 'create_buffer', failing_create_buffer)
+    runs = tmp_path / 'runs'
+    if sibling:
+        (runs / 'other_run_seed0').mkdir(parents=True)
+    cfg = write_config(tmp_path / 'per.py', log_dir=str(runs / 'a' / 'b'))
+    assert main(['train', str(cfg), '--no-progress']) == 2
+    assert_user_error(2, capsys.readouterr().err, str(cfg), "'policy.other.replay_buffer.storage.device'")
+    assert tree(tmp_path) == (['per.py', 'runs', 'runs/other_run_seed0'] if sibling else ['per.py'])
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason='CUDA is available here')
+def test_buffer_on_cuda_without_cuda_leaves_no_run_directory(tmp_path):
+    cfg = write_config(tmp_path / 'per.py', log_dir=str(tmp_path / 'runs' / 'nested'),
+                       policy=dict(other=dict(replay_buffer=dict(storage=dict(type='tensor', device='cuda')))))
+    proc = cli('train', cfg, '--no-progress', cwd=tmp_path, timeout=60)
+    assert_user_error(proc.returncode, proc.stderr, str(cfg), "'policy.other.replay_buffer.storage.device'", 'CUDA')
+    assert tree(tmp_path) == ['per.py']
+
+
 # ---------------------------------------------------------------------------------------------------- plot
 def test_plot_overlays_run_directories(e2e_runs, tmp_path, capsys):
     out = tmp_path / 'figs' / 'curves.png'

@@ -103,7 +103,7 @@ class BufferCore(IBuffer):
             - pushed (:obj:`int`): number of items pushed.
         """
         self._check_open()
-        if type(cur_collector_envstep) is not int:
+        if type(cur_collector_envstep) is not int or not -STEP_LIMIT < cur_collector_envstep < STEP_LIMIT:
             cur_collector_envstep = check_step(cur_collector_envstep, 'cur_collector_envstep')
         if batched:
             with self._lock:

@@ -97,6 +97,7 @@ class Engine(BufferCore):
             return None if buf is None else buf._counter_snapshot()
 
         self._periodic = PeriodicThruputMonitor(self._instance_name, period, read, self._logger, self._tb)
+        weakref.finalize(self, self._periodic.stop)  # dropped without close(): the thread ends at once
 
     def _counter_snapshot(self) -> Dict[str, float]:
         with self._lock:

@@ -27,6 +27,7 @@ from .common import check_step
 from .engine import Engine, parts_checks, parts_config
 from ..control.diversity import StateSet  # noqa: F401 (annotations)
 from ..control.keep_best import RewardIndex
+from ..storage import device_ok
 from .gfn_data import GFNBatch
 from .gfn_parts import check_kind, make_parts, make_store
 from .gfn_state import GFlowNetState
@@ -73,7 +74,7 @@ GFN_CHECKS = dict(
     state_key=(_key, 'a non-empty str'),
     log_reward_key=(_key, 'a non-empty str'),
     condition_key=(lambda x: x is None or _key(x), 'None or a non-empty str'),
-    device=(lambda x: isinstance(x, str) and x.split(':')[0] in ('cpu', 'cuda'), "'cpu' or 'cuda[:N]'"),
+    device=(device_ok, "'cpu', 'cuda' or 'cuda:N'"),
     seed=(lambda x: x is None or (isinstance(x, int) and x >= 0), 'None or an int >= 0'),
     **parts_checks(0.0),
     **{'monitor.log_every': (positive_int, 'a positive int')},

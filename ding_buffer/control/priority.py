@@ -37,11 +37,16 @@ def as_priorities(values: Any, key: str = 'priority') -> np.ndarray:
     """``values`` as a float64 array: real numbers (ints or floats; not bools, strings or complex), each finite in
     float32 and >= 0 -- else ``TypeError`` / ``ValueError`` naming the key and the entry."""
     raw = as_numpy(values)
+    entries = raw if isinstance(raw, (list, tuple)) else [raw] if isinstance(raw, int) else None
+    if entries is not None:  # numpy would turn True or '1.5' into numbers, and fail on 10 ** 400: check entries
+        for i, v in enumerate(entries):
+            if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)):
+                raise TypeError(f"'{key}' must be real numbers; entry {i} is {type(v).__name__} {v!r:.40}")
+            if isinstance(v, int) and abs(v) > MAX_PRIORITY:
+                raise ValueError(f"'{key}' must be finite in float32 (<= {MAX_PRIORITY:.4g}); entry {i} is an int "
+                                 f"of {len(str(abs(v)))} digits")
     arr = raw if type(raw) is np.ndarray else np.asarray(raw)
     if arr.dtype.kind not in 'iuf':
-        if arr.dtype.kind == 'O':  # e.g. a Python int beyond every dtype
-            bad = next((v for v in arr.reshape(-1).tolist() if not _real(v)), None)
-            raise TypeError(f"'{key}' must be real numbers, got {type(bad).__name__} {bad!r:.40}")
         raise TypeError(f"'{key}' must be real numbers (ints / floats), got dtype {arr.dtype} ({type(values).__name__})")
     arr = arr.astype(np.float64, copy=False).reshape(-1)
     if len(arr) and arr.min() >= 0 and arr.max() <= MAX_PRIORITY:  # NaN fails the first test: two reductions
@@ -52,10 +57,6 @@ def as_priorities(values: Any, key: str = 'priority') -> np.ndarray:
         raise ValueError(f"'{key}' must be finite in float32 (<= {MAX_PRIORITY:.4g}) and >= 0; entry {i} is {arr[i]} "
                          f"(nothing was changed)")
     return arr
-
-
-def _real(v: Any) -> bool:
-    return isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, bool) and abs(v) <= MAX_PRIORITY
 
 
 class PriorityIndex:

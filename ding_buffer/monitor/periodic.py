@@ -66,6 +66,10 @@ class PeriodicThruputMonitor:
         self.period += 1
         return values
 
+    def stop(self) -> None:
+        """Tell the thread to end now, without waiting for it (a buffer dropped without ``close``)."""
+        self._stop.set()
+
     def close(self, timeout: float = 5.0) -> None:
         self._stop.set()
         if self._thread is not None:

@@ -1,4 +1,5 @@
 """Storages: where items live (``list``: any Python object; ``tensor``: columnar preallocated tensors)."""
+import re
 from typing import Any, Dict, Mapping, Tuple
 
 from .base import Prepared, Storage, WriteResult
@@ -20,9 +21,14 @@ STORAGE_CONFIG = dict(
     memmap_dir=None,
 )
 
+def device_ok(x: Any) -> bool:
+    """A device config value torch will take: 'cpu', 'cuda' or 'cuda:N'."""
+    return isinstance(x, str) and re.fullmatch(r'cpu|cuda(:\d+)?', x) is not None
+
+
 STORAGE_CHECKS = {
     'storage.type': (lambda x: x in STORAGE_TYPES, f"one of {sorted(STORAGE_TYPES)}"),
-    'storage.device': (lambda x: isinstance(x, str) and x.split(':')[0] in ('cpu', 'cuda'), "'cpu' or 'cuda[:N]'"),
+    'storage.device': (lambda x: device_ok(x), "'cpu', 'cuda' or 'cuda:N'"),
     'storage.memmap_dir': (lambda x: x is None or (isinstance(x, str) and x), 'None or a directory path'),
 }
 
@@ -53,5 +59,5 @@ def storage_from_state(cfg: Mapping, capacity: int, state: Dict[str, Any], reser
 
 __all__ = [
     'Storage', 'Prepared', 'WriteResult', 'RingIndex', 'ListStorage', 'TensorStorage', 'META_KEYS',
-    'STORAGE_CONFIG', 'STORAGE_CHECKS', 'build_storage', 'storage_from_state'
+    'STORAGE_CONFIG', 'STORAGE_CHECKS', 'build_storage', 'storage_from_state', 'device_ok'
 ]

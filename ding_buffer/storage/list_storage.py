@@ -27,7 +27,10 @@ class ListStorage(Storage):
         return Prepared(list(items[dropped:]), kept, dropped, list(items[:dropped]))
 
     def prepare_batch(self, batch: Any) -> Prepared:
-        return self.prepare(unbatch(batch))
+        items = unbatch(batch)
+        if not items:
+            raise ValueError("a batched push got a batch of size 0")  # as tensor storage says
+        return self.prepare(items)
 
     def write_one(self, item: Any) -> Optional[int]:
         """One item in O(1) scalar work (the single-push hot path). The overwritten item is not reported:

@@ -23,8 +23,19 @@ def dtype_from_str(name: str) -> torch.dtype:
 
 
 def batched_tensor(leaf: Any, path: Path) -> torch.Tensor:
-    """A batched leaf as a tensor: Python lists/tuples of rows are accepted besides tensors and arrays."""
-    return torch.as_tensor(leaf) if isinstance(leaf, (list, tuple)) else to_tensor(leaf, path)
+    """A batched leaf as a tensor: Python lists/tuples of rows are accepted besides tensors and arrays (numbers of
+    one shape; anything else is a ``TypeError`` / ``ValueError`` naming the field)."""
+    if not isinstance(leaf, (list, tuple)):
+        return to_tensor(leaf, path)
+    try:
+        out = torch.as_tensor(leaf)
+    except (TypeError, ValueError, RuntimeError, OverflowError) as e:
+        raise ValueError(f"batched field '{path_name(path)}' is a list that is not a numeric array of one shape "
+                         f"(ragged, None, strings, tensors or ints beyond int64?): {e}") from None
+    if out.dtype not in (torch.bool, torch.int64, torch.float32, torch.float64) or out.dim() == 0:
+        raise TypeError(f"batched field '{path_name(path)}' must be a list of numbers with a leading batch "
+                        f"dimension, got dtype {out.dtype} shape {tuple(out.shape)}")
+    return out
 
 
 def infer_schema(flat: Dict[Path, torch.Tensor]) -> Schema:

@@ -2,18 +2,26 @@
 
 A config file is plain Python that defines ``main_config``. Every key is checked (unknown key -> ``ValueError``
 naming the file, the key and the closest valid key); the replay buffer section is validated by the buffer
-class itself when ``create_buffer`` builds it.
+class itself, after checking that the DQN trainer can use that buffer type at all, and ``policy.learn.batch_size``
+must fit in the buffer. ``check_run_dir`` checks that the run directory can be made, before anything is made.
 """
 import importlib.util
 import os
-from typing import Any, Dict, Mapping
+from typing import Any, Dict, Mapping, Optional
 
 from easydict import EasyDict
 
 from ..base import get_buffer_cls
+from ..buffers.advanced import AdvancedReplayBuffer
+from ..buffers.naive import NaiveReplayBuffer
 from ..config import build_config, optional_positive_int, positive_int
 
 INF = float('inf')
+
+# Buffer types the DQN trainer can learn from: transition buffers whose tensor storage samples one dict of batched
+# tensors. A class of your own (import_names) derived from one of them is accepted too.
+TRAINER_BUFFER_TYPES = {'advanced': AdvancedReplayBuffer, 'naive': NaiveReplayBuffer}
+BUFFER_SECTION = 'policy.other.replay_buffer.'
 
 TRAIN_DEFAULTS = dict(
     # Run name; the run directory is <log_dir>/<exp_name>_seed<seed> (log_dir None: the working directory).
@@ -67,6 +75,8 @@ TRAIN_DEFAULTS = dict(
 )
 
 TRAIN_CHECKS = {
+    'exp_name': (lambda x: isinstance(x, str) and x != '', 'a non-empty string'),
+    'log_dir': (lambda x: x is None or (isinstance(x, str) and x != ''), 'None or a directory path'),
     'seed': (lambda x: isinstance(x, int) and x >= 0, 'an int >= 0'),
     'env.max_env_step': (positive_int, 'a positive int'),
     'env.eval_episodes': (positive_int, 'a positive int'),
@@ -114,16 +124,63 @@ def build_train_config(user: Mapping, source: str = '<config>') -> EasyDict:
     except (ValueError, TypeError) as e:
         raise type(e)(f"{source}: {e}") from e
     if not buffer_cfg.get('type'):
-        raise ValueError(f"{source}: policy.other.replay_buffer.type is required (e.g. 'advanced' or 'naive')")
-    section = 'policy.other.replay_buffer.'
+        raise ValueError(f"{source}: {BUFFER_SECTION}type is required (e.g. 'advanced' or 'naive')")
     try:  # validate the buffer section now, so a typo fails before anything is created on disk
         cls = get_buffer_cls(EasyDict(buffer_cfg))
-        build_config(cls.config, buffer_cfg, getattr(cls, 'checks', None), prefix=section)
+        _check_trainer_buffer(cls, buffer_cfg['type'])
+        own = {k: v for k, v in buffer_cfg.items() if k not in ('import_names', 'cfg_type')}  # not the class's keys
+        full = build_config(cls.config, own, getattr(cls, 'checks', None), prefix=BUFFER_SECTION)
+        _check_batch_fits(cfg.policy.learn.batch_size, full.replay_buffer_size, 'replay_buffer_size' in buffer_cfg)
     except (ValueError, TypeError) as e:
-        msg = str(e).replace("config key 'type'", f"config key '{section}type'")
+        msg = str(e).replace("config key 'type'", f"config key '{BUFFER_SECTION}type'")
         raise type(e)(f"{source}: {msg}") from e
     cfg.policy.other.replay_buffer = EasyDict(buffer_cfg)
     return cfg
+
+
+def _check_trainer_buffer(cls: type, name: str) -> None:
+    """``ValueError`` unless the DQN trainer can learn from buffers of ``cls`` (registered as ``name``)."""
+    if not issubclass(cls, tuple(TRAINER_BUFFER_TYPES.values())):
+        supported = ' or '.join(repr(t) for t in TRAINER_BUFFER_TYPES)
+        raise ValueError(
+            f"config key '{BUFFER_SECTION}type' is {name!r} ({cls.__name__}), which the DQN trainer cannot use: "
+            f"it supports {supported} (transition buffers sampling batched tensors)"
+        )
+
+
+def _check_batch_fits(batch_size: int, capacity: int, capacity_set: bool) -> None:
+    """``ValueError`` when a batch of ``batch_size`` can never be drawn from a buffer holding at most ``capacity``."""
+    if batch_size > capacity:
+        where = '' if capacity_set else ' (the buffer type\'s default)'
+        raise ValueError(
+            f"config key 'policy.learn.batch_size' = {batch_size} is larger than '{BUFFER_SECTION}replay_buffer_size' "
+            f"= {capacity}{where}: a batch of {batch_size} can never be sampled, so no gradient step would run; "
+            f"expected batch_size <= replay_buffer_size"
+        )
+
+
+def run_dir_of(cfg: EasyDict) -> str:
+    """The run directory ``<log_dir>/<exp_name>_seed<seed>`` (log_dir None: the working directory)."""
+    return os.path.join(cfg.log_dir or '.', f'{cfg.exp_name}_seed{cfg.seed}')
+
+
+def check_run_dir(run_dir: str, log_dir: Optional[str]) -> None:
+    """
+    Overview:
+        ``ValueError`` naming the key and the path when ``run_dir`` (inside ``log_dir``) cannot be created or
+        written: a part of the path exists but is not a directory, or the nearest existing directory is not
+        writable. Nothing is created.
+    """
+    path = os.path.abspath(run_dir)
+    while not os.path.lexists(path) and os.path.dirname(path) != path:
+        path = os.path.dirname(path)
+    inside_log_dir = path == os.path.abspath(run_dir)
+    key = "the run directory (config keys 'log_dir', 'exp_name', 'seed')" if inside_log_dir \
+        else f"config key 'log_dir' ({log_dir!r})"
+    if not os.path.isdir(path):
+        raise ValueError(f"{key}: cannot create run directory '{run_dir}': '{path}' exists and is not a directory")
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise ValueError(f"{key}: cannot create run directory '{run_dir}': '{path}' is not writable")
 
 
 def _without_buffer(user: Mapping) -> Dict[str, Any]:

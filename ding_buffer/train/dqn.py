@@ -9,6 +9,7 @@ Run directory ``<log_dir>/<exp_name>_seed<seed>/``: ``log/`` (TensorBoard: buffe
 """
 import collections
 import os
+import shutil
 import time
 from typing import Any, Dict, List, Optional
 
@@ -21,8 +22,22 @@ from easydict import EasyDict
 from ..base import create_buffer
 from ..persistence import atomic_json
 from .checkpoint import complete_checkpoints, load_latest, save_checkpoint
+from .config import BUFFER_SECTION
 from .evals import write_eval_csv
 
+
+
+def _first_missing_dir(path: str) -> Optional[str]:
+    """The top-most directory of ``path`` that does not exist yet (what ``os.makedirs(path)`` creates first), or
+    ``None`` when ``path`` exists."""
+    path = os.path.abspath(path)
+    top = None
+    while not os.path.lexists(path):
+        top, parent = path, os.path.dirname(path)
+        if parent == path:
+            break
+        path = parent
+    return top
 
 
 class QNet(nn.Module):
@@ -111,7 +126,21 @@ class DQNTrainer:
             raise ValueError("config key 'policy.other.replay_buffer.storage.type' must be 'tensor' for training "
                              f"(the learner needs batched tensors), got {buffer_cfg.storage.type!r}")
         buffer_cfg.setdefault('seed', cfg.seed)
-        os.makedirs(run_dir, exist_ok=True)  # only now: invalid input must leave nothing on disk
+        created = _first_missing_dir(run_dir)
+        try:
+            os.makedirs(run_dir, exist_ok=True)  # only now: invalid input must leave nothing on disk
+        except OSError as e:
+            raise ValueError(f"config key 'log_dir': cannot create run directory '{run_dir}': {e.strerror or e}") from e
+        self.tb, self.buffer = None, None
+        try:
+            self._build(buffer_cfg, resume)
+        except BaseException:
+            self._discard(created)  # a trainer that failed to build leaves no half-made run directory
+            raise
+
+    def _build(self, buffer_cfg: EasyDict, resume: bool) -> None:
+        """Networks, optimizer, TensorBoard writer, buffer and counters (``run_dir`` exists); load a checkpoint."""
+        cfg, run_dir = self.cfg, self.run_dir
         obs_dim = int(np.prod(self.env.observation_space.shape))
         n_actions = int(self.env.action_space.n)
         torch.manual_seed(cfg.seed)
@@ -123,7 +152,10 @@ class DQNTrainer:
         self.n_actions = n_actions
         from torch.utils.tensorboard import SummaryWriter
         self.tb = SummaryWriter(os.path.join(run_dir, 'log'))
-        self.buffer = create_buffer(buffer_cfg, tb_logger=self.tb, exp_name=cfg.exp_name, instance_name='buffer')
+        try:
+            self.buffer = create_buffer(buffer_cfg, tb_logger=self.tb, exp_name=cfg.exp_name, instance_name='buffer')
+        except ValueError as e:  # the buffer names keys within its own section
+            raise ValueError(str(e).replace("config key '", f"config key '{BUFFER_SECTION}")) from e
         self.nstep = NStep(cfg.policy.nstep, cfg.policy.discount_factor)
         self.env_step = self.train_iter = self.episodes = 0
         self.evals: List[Dict[str, float]] = []
@@ -135,6 +167,26 @@ class DQNTrainer:
         if resume:
             self.resumed_from, _ = load_latest(self.ckpt_dir, self._load_checkpoint)
         self.obs, _ = self.env.reset(seed=None if resume else cfg.seed)
+
+    def _discard(self, created: Optional[str]) -> None:
+        """Close what ``_build`` opened; if this trainer created the run directory, remove it and then each parent
+        it created that is still empty (another run may have put its own directory there meanwhile)."""
+        for part in (self.buffer, self.tb):
+            if part is not None:
+                try:
+                    part.close()
+                except Exception:
+                    pass
+        if created is None:
+            return
+        path = os.path.abspath(self.run_dir)
+        shutil.rmtree(path, ignore_errors=True)
+        while path != created and os.path.dirname(path) != path:
+            path = os.path.dirname(path)
+            try:
+                os.rmdir(path)
+            except OSError:
+                return
 
     # ------------------------------------------------------------------ acting / learning
     def epsilon(self) -> float:

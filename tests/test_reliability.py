@@ -1,0 +1,349 @@
+"""Regression tests of issue 14: nothing accepted may break a later call, a failing call changes nothing and
+names what was wrong. One test (or parametrized group) per defect, through the public API."""
+import copy
+import gc
+import os
+import socket
+import threading
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from ding_buffer import SampleTimeoutError, create_buffer
+from test_contract import assert_state_equal
+
+
+def advanced(storage='list', **kw):
+    return create_buffer(dict(type='advanced', replay_buffer_size=8, seed=0, storage=dict(type=storage), **kw))
+
+
+def item(i, **extra):
+    return {'obs': torch.tensor([float(i), 0.0]), **extra}
+
+
+# ------------------------------------------------------------------------------------------ 1. collect_iter
+@pytest.mark.parametrize('bad', ['abc', 2 ** 70, float('nan'), True, b'x', {'a': 1}, float('inf')])
+@pytest.mark.parametrize('batched', [False, True])
+def test_bad_collect_iter_is_refused_at_push_and_later_samples_work(bad, batched):
+    buf = advanced()
+    buf.push([item(i, collect_iter=i) for i in range(4)])
+    before = buf.state_dict()
+    with pytest.raises(ValueError, match='collect_iter'):
+        if batched:
+            buf.push({'obs': torch.zeros(2, 2), 'collect_iter': [1, bad]}, batched=True)
+        else:
+            buf.push([item(9, collect_iter=3), item(10, collect_iter=bad)])
+    assert_state_equal(buf.state_dict(), before)
+    assert len(buf.sample(4, cur_learner_iter=5)) == 4
+
+
+@pytest.mark.parametrize('fine', [[3, 4], (3, 4), np.array([3, 4]), torch.tensor([3, 4]), np.int64(3), 3.0])
+def test_sequence_collect_iter_counts_its_oldest_step(fine):
+    buf = advanced()
+    buf.push(item(0, collect_iter=fine))
+    assert buf.sample(1, cur_learner_iter=10)[0]['staleness'] == 7
+
+
+# ------------------------------------------------------------------------------------------ 2. priorities
+@pytest.mark.parametrize('storage', ['list', 'tensor'])
+@pytest.mark.parametrize('bad', [1e39, float('inf'), 10 ** 400, '1.5', True, 1 + 2j, -1.0, float('nan')])
+def test_priority_outside_float32_or_not_a_real_number_is_refused(storage, bad):
+    buf = advanced(storage)
+    buf.push([item(i) for i in range(4)])
+    before = buf.state_dict()
+    with pytest.raises((TypeError, ValueError), match='priority'):
+        buf.push(item(5, priority=bad))
+    out = buf.sample(4)
+    ids = out['replay_unique_id'] if storage == 'tensor' else [x['replay_unique_id'] for x in out]
+    idx = out['replay_buffer_idx'] if storage == 'tensor' else [x['replay_buffer_idx'] for x in out]
+    before = buf.state_dict()
+    with pytest.raises((TypeError, ValueError), match='priority'):
+        buf.update({'replay_unique_id': ids, 'replay_buffer_idx': idx, 'priority': [1.0, 1.0, 1.0, bad]})
+    assert_state_equal(buf.state_dict(), before)
+
+
+def test_bool_and_complex_priority_tensors_are_refused():
+    buf = advanced('tensor')
+    buf.push([item(i) for i in range(4)])
+    out = buf.sample(2)
+    for bad in (torch.tensor([True, False]), torch.tensor([1 + 1j, 2 + 0j])):
+        with pytest.raises(TypeError, match='priority'):
+            buf.update({'replay_unique_id': out['replay_unique_id'], 'replay_buffer_idx': out['replay_buffer_idx'],
+                        'priority': bad})
+
+
+def test_largest_float32_priority_survives_save_and_load(tmp_path):
+    buf = advanced('tensor')
+    buf.push(item(0, priority=float(np.finfo(np.float32).max)))
+    buf.save_data(str(tmp_path / 'b.pt'))
+    other = advanced('tensor')
+    other.load_data(str(tmp_path / 'b.pt'))
+    assert other.count() == 1 and torch.isfinite(other.sample(1)['priority']).all()
+
+
+# ------------------------------------------------------------------------------------------ 3. iteration args
+@pytest.mark.parametrize('btype', ['naive', 'advanced', 'episode', 'gfn'])
+@pytest.mark.parametrize('bad', [None, 'x', 1.5, True, 2 ** 70])
+def test_bad_learner_iter_or_envstep_is_refused_before_anything_changes(btype, bad):
+    if btype in ('gfn', ):
+        buf = create_buffer(dict(type=btype, replay_buffer_size=8, seed=0))
+        data = {'state': torch.randn(4, 3), 'log_reward': torch.zeros(4)}
+    elif btype == 'episode':
+        buf = create_buffer(dict(type=btype, replay_buffer_size=8, seed=0))
+        data = [[{'x': i} for i in range(3)] for _ in range(4)]
+    else:
+        buf = create_buffer(dict(type=btype, replay_buffer_size=8, seed=0))
+        data = [item(i) for i in range(4)]
+    buf.push(data)
+    before = buf.state_dict()
+    with pytest.raises((TypeError, ValueError), match='cur_learner_iter'):
+        buf.sample(2, cur_learner_iter=bad)
+    with pytest.raises((TypeError, ValueError), match='cur_collector_envstep'):
+        buf.push(data, cur_collector_envstep=bad)
+    assert_state_equal(buf.state_dict(), before)
+    assert buf.sample(2, cur_learner_iter=np.int64(3)) is not None  # numpy ints are ints
+
+
+@pytest.mark.parametrize('kwargs, key', [(dict(timeout='1'), 'timeout'), (dict(timeout=-1), 'timeout'),
+                                         (dict(timeout=float('nan')), 'timeout'), (dict(timeout=True), 'timeout'),
+                                         (dict(replace='no'), 'replace')])
+def test_bad_sample_arguments_name_the_argument(kwargs, key):
+    buf = create_buffer(dict(type='naive', replay_buffer_size=8, seed=0))
+    buf.push([item(i) for i in range(4)])
+    before = buf.state_dict()
+    with pytest.raises((TypeError, ValueError), match=key):
+        buf.sample(2, **kwargs)
+    assert_state_equal(buf.state_dict(), before)
+
+
+@pytest.mark.parametrize('kwargs, key', [(dict(unroll_len=True), 'unroll_len'), (dict(replace='no'), 'replace'),
+                                         (dict(unroll_len=2, pad='yes'), 'pad')])
+def test_bad_episode_sample_arguments_name_the_argument(kwargs, key):
+    buf = create_buffer(dict(type='episode', replay_buffer_size=8, seed=0))
+    buf.push([[{'x': i} for i in range(3)] for _ in range(4)])
+    with pytest.raises((TypeError, ValueError), match=key):
+        buf.sample(2, **kwargs)
+
+
+# ------------------------------------------------------------------------------------------ 4. rate limiter
+def _stalls(rng, lo, hi, push_n, sample_n, storage, rounds=300):
+    """Alternate pushes and samples; a stall is a round where both are refused."""
+    buf = create_buffer(dict(type='naive', replay_buffer_size=64, seed=0, storage=dict(type=storage),
+                             thruput_controller=dict(push_sample_rate_limit=dict(min=lo, max=hi),
+                                                     window_seconds=3600.0, sample_min_limit_ratio=1.0)))
+    stalls, progress = 0, 0
+    for k in range(rounds):
+        pushed = buf.push([item(i) for i in range(push_n)])
+        sampled = buf.sample(sample_n, replace=True) is not None
+        stalls += not pushed and not sampled
+        progress += bool(pushed) + sampled
+    return stalls, progress
+
+
+@pytest.mark.parametrize('seed', range(6))
+def test_rate_limiter_never_stalls_over_many_settings(seed):
+    """Simulation over random settings, including the issue's (min = max = 1, pushes of 8, samples of 32)."""
+    rng = np.random.default_rng(seed)
+    cases = [(1.0, 1.0, 8, 32), (0.9, 1.1, 8, 32)] if seed == 0 else []
+    for _ in range(8):
+        lo = float(rng.uniform(0, 3))
+        cases.append((lo, lo + float(rng.choice([0.0, 0.05, 0.5, 2.0])), int(rng.integers(1, 33)),
+                      int(rng.integers(1, 33))))
+    for lo, hi, push_n, sample_n in cases:
+        stalls, progress = _stalls(rng, lo, hi, push_n, sample_n, 'tensor' if seed % 2 else 'list')
+        assert stalls == 0, (lo, hi, push_n, sample_n)
+        assert progress >= 300
+
+
+def test_rate_limiter_still_bounds_the_ratio_when_it_can():
+    buf = create_buffer(dict(type='naive', replay_buffer_size=64, seed=0, storage=dict(type='tensor'),
+                             thruput_controller=dict(push_sample_rate_limit=dict(min=0.0, max=2.0),
+                                                     window_seconds=3600.0, sample_min_limit_ratio=1.0)))
+    buf.push([item(i) for i in range(8)])
+    assert buf.sample(8) is not None  # pushed 8, sampled 8
+    assert buf.push([item(i) for i in range(8)]) == 8  # (8 + 8) / 8 = 2 <= 2
+    assert buf.push([item(i) for i in range(8)]) == 0  # 24 / 8 > 2, and a sample is possible: refused
+    assert buf.stats()['refused_push'] == 1
+
+
+# ------------------------------------------------------------------------------------------ 5. episode fields
+@pytest.mark.parametrize('storage, field', [('tensor', 'mask'), ('tensor', 'start'), ('tensor', 'episode_id'),
+                                            ('tensor', 'episode_idx'), ('list', 'mask')])
+def test_episode_fields_that_windows_add_are_refused(storage, field):
+    buf = create_buffer(dict(type='episode', replay_buffer_size=4, max_transitions=40, seed=0,
+                             storage=dict(type=storage)))
+    with pytest.raises(ValueError, match=field):
+        buf.push({'obs': torch.zeros(5, 2), field: torch.zeros(5)})
+    assert buf.count() == 0
+    buf.push({'obs': torch.zeros(5, 2)})
+    assert buf.sample(2, unroll_len=3, replace=True) is not None
+
+
+def test_prioritized_windows_also_reserve_priority_and_is():
+    buf = create_buffer(dict(type='prioritized_episode', replay_buffer_size=4, max_transitions=40,
+                             sampler=dict(unroll_len=3)))
+    for field in ('priority', 'IS'):
+        with pytest.raises(ValueError, match=field):
+            buf.push({'obs': torch.zeros(5, 2), field: torch.zeros(5)})
+
+
+# ------------------------------------------------------------------------------------------ 6. bit flips
+@pytest.mark.parametrize('btype', ['naive', 'advanced', 'episode', 'gfn', 'gfn_diverse', 'terminating_state'])
+def test_no_single_bit_flip_of_a_save_loads_other_data(btype, tmp_path):
+    """120 random single-bit flips over the whole file: each is refused (ValueError) or loads the very same state."""
+    if btype.startswith(('gfn', 'term')):
+        buf = create_buffer(dict(type=btype, replay_buffer_size=8, seed=0))
+        buf.push({'state': torch.randn(6, 3, generator=torch.Generator().manual_seed(1)), 'log_reward': torch.randn(6)})
+    elif btype == 'episode':
+        buf = create_buffer(dict(type=btype, replay_buffer_size=4, max_transitions=30, seed=0,
+                                 storage=dict(type='tensor')))
+        buf.push([{'obs': torch.randn(5, 2)} for _ in range(3)])
+    else:
+        buf = create_buffer(dict(type=btype, replay_buffer_size=8, seed=0, storage=dict(type='tensor')))
+        buf.push([item(i, collect_iter=i) for i in range(6)])
+    path = tmp_path / 'b.pt'
+    buf.save_data(str(path))
+    raw = bytearray(path.read_bytes())
+    want = buf.state_dict()
+    rng = np.random.default_rng(0)
+    damaged = tmp_path / 'd.pt'
+    for pos in rng.integers(0, len(raw), 120).tolist():
+        flipped = bytearray(raw)
+        flipped[pos] ^= 1 << int(rng.integers(0, 8))
+        damaged.write_bytes(bytes(flipped))
+        other = copy.deepcopy(buf) if False else None  # noqa: F841 (a fresh buffer each time below)
+        fresh = create_buffer(dict(buf.cfg, seed=0))
+        try:
+            fresh.load_data(str(damaged))
+        except ValueError:
+            continue
+        assert_state_equal(fresh.state_dict(), want, f'flip at byte {pos} loaded other data')
+
+
+# ------------------------------------------------------------------------------------------ 7. killed saves
+def test_next_save_removes_temporary_files_of_killed_saves(tmp_path):
+    buf = advanced('tensor')
+    buf.push([item(i) for i in range(4)])
+    host = socket.gethostname().replace('.', '_')
+    dead = tmp_path / f'.b.pt.{host}.999999999.abc123.tmp'  # a writer process that is gone
+    live = tmp_path / f'.b.pt.{host}.1.abc123.tmp'  # pid 1 is running: not ours to remove
+    foreign = tmp_path / '.b.pt.someone_else.tmp'  # not a name this package gives
+    for f in (dead, live, foreign):
+        f.write_bytes(b'x' * 100)
+    old = tmp_path / '.b.pt.otherhost.12.abc.tmp'
+    old.write_bytes(b'x')
+    os.utime(old, (time.time() - 2 * 86400, time.time() - 2 * 86400))  # older than a day, any host
+    buf.save_data(str(tmp_path / 'b.pt'))
+    left = sorted(p.name for p in tmp_path.iterdir())
+    assert left == sorted(['b.pt', live.name, foreign.name])
+
+
+# ------------------------------------------------------------------------------------------ 9. memmap files
+def test_memmap_files_go_with_their_storage_and_a_rejected_load_leaves_the_live_files(tmp_path):
+    d = tmp_path / 'mm'
+    cfg = dict(type='naive', replay_buffer_size=8, seed=0, storage=dict(type='tensor', memmap_dir=str(d)))
+    buf = create_buffer(cfg)
+    buf.push([item(i) for i in range(6)])
+    files = sorted(os.listdir(d))
+    state = buf.state_dict()
+    bad = copy.deepcopy(state)
+    bad['storage']['fields'][0][0, 0] = 123.0  # data fine, ring then made inconsistent
+    bad['storage']['ring']['head'] = 7
+    with pytest.raises(ValueError):
+        buf.load_state_dict(bad)
+    gc.collect()
+    assert sorted(os.listdir(d)) == files  # the live buffer's files, untouched
+    assert buf.sample(6)['obs'][:, 0].sort().values.tolist() == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]
+    buf.load_state_dict(state)  # a successful restore maps new files; the old ones go
+    gc.collect()
+    assert len(os.listdir(d)) == len(files) and sorted(os.listdir(d)) != files
+    buf.close()
+    assert os.listdir(d) == []  # close() removes them (the data stays readable)
+    assert buf.state_dict()['storage']['fields']
+
+
+# ------------------------------------------------------------------------------------------ 10. writer threads
+def test_dropped_buffers_do_not_keep_their_tensorboard_writers(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    before = threading.active_count()
+    for k in range(20):
+        buf = create_buffer(dict(type='advanced', replay_buffer_size=8, monitor=dict(tensorboard=True),
+                                 storage=dict(type='tensor')), exp_name='leak', instance_name=f'b{k}')
+        buf.push(item(0))
+        del buf
+        gc.collect()
+    deadline = time.monotonic() + 10
+    while threading.active_count() > before + 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert threading.active_count() <= before + 2
+
+
+# ------------------------------------------------------------------------------------------ 11. errors name the input
+@pytest.mark.parametrize('leaf', [[[1.0, 2.0], [3.0]], [None, 1.0], ['a', 'b'], [2 ** 70, 1],
+                                  [torch.zeros(2), torch.zeros(2)]])
+@pytest.mark.parametrize('storage', ['list', 'tensor'])
+def test_batched_python_lists_that_are_no_array_are_refused_naming_the_field(leaf, storage):
+    buf = create_buffer(dict(type='naive', replay_buffer_size=8, seed=0, storage=dict(type=storage)))
+    if storage == 'list':
+        buf.push({'field_x': [1.0, 2.0]}, batched=True)
+        return  # list storage keeps Python objects: rows are split, not converted
+    before = buf.state_dict()
+    with pytest.raises((TypeError, ValueError), match='field_x'):
+        buf.push({'field_x': leaf}, batched=True)
+    assert_state_equal(buf.state_dict(), before)
+
+
+@pytest.mark.parametrize('storage', ['list', 'tensor'])
+def test_an_empty_batch_is_a_clear_error(storage):
+    buf = create_buffer(dict(type='naive', replay_buffer_size=8, seed=0, storage=dict(type=storage)))
+    with pytest.raises(ValueError, match='size 0'):
+        buf.push({'x': torch.zeros(0, 2)}, batched=True)
+    assert buf.count() == 0
+
+
+@pytest.mark.parametrize('device', ['cpu:x', 'cuda:', 'gpu', 'cpu:0:1'])
+def test_bad_device_names_the_key(device):
+    with pytest.raises(ValueError, match='storage.device'):
+        create_buffer(dict(type='naive', storage=dict(type='tensor', device=device)))
+    with pytest.raises(ValueError, match='device'):
+        create_buffer(dict(type='gfn', device=device))
+
+
+def test_saved_envelope_without_a_state_dict_is_a_value_error(tmp_path):
+    torch.save({'format': 'ding_buffer', 'version': 1, 'buffer': 'NaiveReplayBuffer', 'state': [1, 2]},
+               str(tmp_path / 'x.pt'))
+    torch.save({'format': 'ding_buffer', 'version': 1, 'buffer': 'NaiveReplayBuffer'}, str(tmp_path / 'y.pt'))
+    buf = create_buffer(dict(type='naive', replay_buffer_size=8))
+    for name in ('x.pt', 'y.pt'):
+        with pytest.raises(ValueError, match='state'):
+            buf.load_data(str(tmp_path / name))
+
+
+@pytest.mark.parametrize('btype', ['naive', 'advanced'])
+def test_negative_counters_in_a_state_are_refused(btype):
+    buf = create_buffer(dict(type=btype, replay_buffer_size=8, seed=0, storage=dict(type='tensor')))
+    buf.push([item(i) for i in range(3)])
+    state = buf.state_dict()
+    state['counters'] = dict(state['counters'], sample_calls=-1)
+    before = buf.state_dict()
+    with pytest.raises(ValueError, match='counters'):
+        buf.load_state_dict(state)
+    assert_state_equal(buf.state_dict(), before)
+
+
+# ------------------------------------------------------------------------------------------ 13. GFlowNet settings
+def test_gflownet_load_adopts_the_saved_capacity_as_documented(tmp_path):
+    small = create_buffer(dict(type='gfn', replay_buffer_size=8, seed=0))
+    small.push({'state': torch.randn(6, 3), 'log_reward': torch.zeros(6)})
+    small.save_data(str(tmp_path / 'g.pt'))
+    big = create_buffer(dict(type='gfn', replay_buffer_size=100, seed=0))
+    big.load_data(str(tmp_path / 'g.pt'))
+    assert big.capacity == 8 and big.count() == 6
+
+
+def test_sample_timeout_still_raises_after_the_checks():
+    buf = create_buffer(dict(type='naive', replay_buffer_size=8))
+    with pytest.raises(SampleTimeoutError):
+        buf.sample(2, timeout=0.1)
