@@ -42,9 +42,10 @@ def test_train_threads_below_one_is_a_usage_error(tmp_path, capsys, threads):
 
 
 def test_train_threads_zero_in_a_subprocess_exits_2_without_traceback(tmp_path):
-    proc = subprocess.run([sys.executable, '-m', 'ding_buffer', 'train', 'missing.py', '--threads', '0'],
+    (tmp_path / 'cfg.py').write_text("main_config = dict(policy=dict(other=dict(replay_buffer=dict(type='naive'))))\n")
+    proc = subprocess.run([sys.executable, '-m', 'ding_buffer', 'train', 'cfg.py', '--threads', '0'],
                           capture_output=True, text=True, timeout=60, cwd=tmp_path)
     assert proc.returncode == 2, proc.stderr
     assert 'Traceback' not in proc.stderr
-    assert '--threads' in proc.stderr and '>= 1' in proc.stderr
-    assert os.listdir(tmp_path) == []
+    assert '--threads' in proc.stderr and '>= 1' in proc.stderr, proc.stderr
+    assert os.listdir(tmp_path) == ['cfg.py']

@@ -347,3 +347,9 @@ def test_sample_timeout_still_raises_after_the_checks():
     buf = create_buffer(dict(type='naive', replay_buffer_size=8))
     with pytest.raises(SampleTimeoutError):
         buf.sample(2, timeout=0.1)
+
+
+def test_memmap_dir_that_is_a_file_is_refused_at_construction(tmp_path):
+    (tmp_path / 'f').write_text('x')
+    with pytest.raises(ValueError, match='storage.memmap_dir'):
+        create_buffer(dict(type='naive', storage=dict(type='tensor', memmap_dir=str(tmp_path / 'f'))))

@@ -545,7 +545,7 @@ def test_a_registered_subclass_of_a_supported_buffer_trains(tmp_path, capsys, mo
 
 
 @pytest.mark.parametrize('overrides, needles', [
-    (dict(learn=dict(batch_size=64), other=dict(replay_buffer=dict(replay_buffer_size=32))),
+    (dict(learn=dict(batch_size=64), other=dict(replay_buffer=dict(type='naive', replay_buffer_size=32))),
      ["'policy.learn.batch_size' = 64", "'policy.other.replay_buffer.replay_buffer_size' = 32"]),
     # the advanced buffer's default replay_buffer_size (4096) when the config leaves it out
     (dict(learn=dict(batch_size=5000), other=dict(replay_buffer=dict(type='advanced'))),

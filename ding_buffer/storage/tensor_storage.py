@@ -16,6 +16,7 @@ two slice assignments per field (two when it wraps around the ring); ``gather`` 
 Neighbours: ``tensor_schema`` (inferring and checking the schema, its export / import), ``tensor_fields``
 (allocating the field tensors and memmap files), ``fast_write`` (the single-item fast path).
 """
+import os
 import weakref
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -50,6 +51,8 @@ class TensorStorage(Storage):
             raise ValueError(f"config key 'storage.device' is {device!r} but CUDA is not available here")
         if memmap_dir is not None and self.device.type != 'cpu':
             raise ValueError(f"config key 'storage.memmap_dir' needs storage.device='cpu', got {device!r}")
+        if memmap_dir is not None and os.path.exists(memmap_dir) and not os.path.isdir(memmap_dir):
+            raise ValueError(f"config key 'storage.memmap_dir' is {memmap_dir!r}, which is a file, not a directory")
         self.memmap_dir = memmap_dir
         self.skip_keys = tuple(META_KEYS) + tuple(reserved_keys)
         self.schema: Optional[Schema] = None

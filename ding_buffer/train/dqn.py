@@ -26,7 +26,6 @@ from .config import BUFFER_SECTION
 from .evals import write_eval_csv
 
 
-
 def _first_missing_dir(path: str) -> Optional[str]:
     """The top-most directory of ``path`` that does not exist yet (what ``os.makedirs(path)`` creates first), or
     ``None`` when ``path`` exists."""
@@ -126,12 +125,12 @@ class DQNTrainer:
             raise ValueError("config key 'policy.other.replay_buffer.storage.type' must be 'tensor' for training "
                              f"(the learner needs batched tensors), got {buffer_cfg.storage.type!r}")
         buffer_cfg.setdefault('seed', cfg.seed)
-        created = _first_missing_dir(run_dir)
+        created, self.tb, self.buffer = _first_missing_dir(run_dir), None, None
         try:
             os.makedirs(run_dir, exist_ok=True)  # only now: invalid input must leave nothing on disk
         except OSError as e:
+            self._discard(created)  # the parents makedirs made before it failed
             raise ValueError(f"config key 'log_dir': cannot create run directory '{run_dir}': {e.strerror or e}") from e
-        self.tb, self.buffer = None, None
         try:
             self._build(buffer_cfg, resume)
         except BaseException:
