@@ -18,6 +18,7 @@ from ..errors import SampleTimeoutError  # noqa: F401 (re-exported: raised by sa
 from ..monitor.sampled_data import SampledDataAttrMonitor
 from ..monitor.tb import emit, rank
 from ..storage import STORAGE_CHECKS, STORAGE_CONFIG, build_storage, storage_from_state
+from ..storage.base import check_collect_iters
 from .engine import COUNTERS, INF, parts_checks, parts_config  # noqa: F401 (COUNTERS re-exported)
 from .outputs import with_extras
 from .slot_engine import SlotEngine
@@ -149,9 +150,9 @@ class AdvancedReplayBuffer(SlotEngine):
             return 1
         priorities = item_priorities(items, self._index.default_priority())  # validated before anything is written
         self._check_items(items)
+        prepared = self._storage.prepare(items)  # validated before the limiter decides (a bad push is an error)
         if not self._admit(len(items)):
             return 0
-        prepared = self._storage.prepare(items)
         return self._write(prepared, priorities[prepared.dropped:])
 
     def _push_one_fast(self, item: Any) -> bool:
@@ -200,6 +201,7 @@ class AdvancedReplayBuffer(SlotEngine):
         Returns:
             - batch: list of dicts (list storage) or one dict of batched tensors (tensor storage), or ``None``.
         """
+        self._check_range(sample_range)
         return self._sample_flow(size, cur_learner_iter, timeout, lambda: self._draw(size, cur_learner_iter, sample_range))
 
     def _draw(self, size: int, cur_learner_iter: int, sample_range: Optional[slice]) -> Optional[Any]:
@@ -283,6 +285,11 @@ class AdvancedReplayBuffer(SlotEngine):
             if key not in state:
                 raise ValueError(f"state has no '{key}' entry")
         storage = storage_from_state(self._cfg.storage, self.replay_buffer_size, state['storage'], SAMPLE_KEYS)
+        if storage.kind == 'list':  # what push refuses is refused in a state too
+            bad = next((i for i, x in enumerate(storage.gather(storage.ring.ordered_slots())) if not isinstance(x, Mapping)), None)
+            if bad is not None:
+                raise ValueError(f"saved item {bad} is not a dict; a prioritized buffer stores dicts")
+            check_collect_iters(storage.gather(storage.ring.ordered_slots()))
         index = self._index.restored(state['index'], storage.ring.valid)
         beta = BetaSchedule.checked(state['beta'], 'saved beta')
         swap = self._engine_restored({**state, 'use': state['index']['use']}, storage.ring.valid, required=True)

@@ -149,6 +149,18 @@ class BufferCore(IBuffer):
         return None
 
     @staticmethod
+    def _check_range(sample_range: Any) -> None:
+        """``sample_range`` is None or a slice of ints (checked before a sample changes anything)."""
+        if sample_range is None:
+            return
+        if not isinstance(sample_range, slice):
+            raise TypeError(f"sample_range must be a slice, got {type(sample_range).__name__} {sample_range!r:.40}")
+        try:
+            range(0)[sample_range]
+        except (TypeError, ValueError) as e:
+            raise type(e)(f"sample_range {sample_range!r:.60} is not a slice of ints with a non-zero step: {e}") from None
+
+    @staticmethod
     def _range_positions(n: int, sample_range: Optional[slice]) -> range:
         """Insertion positions (0 = oldest) selected by ``sample_range``."""
         if sample_range is None:

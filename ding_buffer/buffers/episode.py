@@ -181,6 +181,7 @@ class EpisodeReplayBuffer(Engine):
         if unroll_len is not None and (not isinstance(unroll_len, (int, np.integer)) or isinstance(unroll_len, bool)
                                        or unroll_len <= 0):
             raise ValueError(f"unroll_len must be a positive int, got {unroll_len!r}")
+        self._check_range(sample_range)
         for name, flag in (('replace', replace), ('pad', pad)):
             if flag is not None and type(flag) is not bool:
                 raise TypeError(f"{name} must be None or a bool, got {type(flag).__name__} {flag!r:.40}")

@@ -136,7 +136,10 @@ class _EpisodeStore:
         return evicted
 
     def _needs_room(self, n: int) -> bool:
-        return self.ring.count >= self.max_episodes or (
+        # the ring writes at its tail: an episode removed from the middle (max_use, a rule) leaves a hole the
+        # ring does not fill, so the slot at the tail may still hold a live episode
+        ring = self.ring
+        return ring.count >= self.max_episodes or bool(ring.valid[ring.tail]) or (
             self.max_transitions is not None and self.transitions + n > self.max_transitions)
 
     def lengths(self, slots: np.ndarray) -> np.ndarray:

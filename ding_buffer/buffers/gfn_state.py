@@ -127,9 +127,13 @@ class GFlowNetState:
         track = state.get('track_states')
         if track not in (None, True, False):
             raise ValueError(f"saved 'track_states' must be None or a bool, got {track!r}")
+        if track is None and n:
+            raise ValueError("saved 'track_states' is None, but a buffer holding items has counted states or not")
         if track is False:
             states.disable()
-        elif track and n:
+        elif track and not n:
+            states.enable()  # an emptied buffer keeps counting
+        elif track:
             rows = self._stored_rows(store, slots)
             if rows is None:
                 raise ValueError("saved buffer counted unique states but its items have no single terminating state")

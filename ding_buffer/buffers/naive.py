@@ -82,9 +82,10 @@ class NaiveReplayBuffer(SlotEngine):
             elif not self._limiter.active and self._remover is None and self._write_one(items[0]):
                 return 1
         self._check_items(items)
+        prepared = self._storage.prepare(items)  # validated before the limiter decides (a bad push is an error)
         if self._limiter.active and not self._admit(len(items)):
             return 0
-        return self._write(self._storage.prepare(items))
+        return self._write(prepared)
 
     def _push_batch(self, batch: Any) -> int:
         prepared = self._storage.prepare_batch(batch)
@@ -118,6 +119,7 @@ class NaiveReplayBuffer(SlotEngine):
         Returns:
             - batch: a list of items (list storage) or a dict of batched tensors (tensor storage), or ``None``.
         """
+        self._check_range(sample_range)
         if type(replace) is not bool:
             raise TypeError(f"replace must be a bool, got {type(replace).__name__} {replace!r:.40}")
         return self._sample_flow(size, cur_learner_iter, timeout, lambda: self._draw(size, sample_range, replace),

@@ -20,7 +20,7 @@ from typing import Any, Dict, Mapping, Optional
 import numpy as np
 import torch
 
-from ..control.priority import BetaSchedule, as_numpy, has_priorities, parse_update
+from ..control.priority import BetaSchedule, as_numpy, as_priorities, has_priorities, parse_update
 from ..control.samplers import PrioritizedSpec
 from ..control.windows import WindowPriorities
 
@@ -85,6 +85,7 @@ class PrioritizedWindows:
         if not has_priorities(info):
             return None
         prio = np.asarray(as_numpy(info['priority']))
+        as_priorities(info['priority'])  # real numbers finite in float32 and >= 0, entry by entry, before any use
         idx = np.asarray(as_numpy(info['replay_buffer_idx']))
         ids = as_numpy(info['replay_unique_id'])
         ids_arr = np.asarray(ids)

@@ -136,6 +136,11 @@ class StateSet:
     def clear(self) -> None:
         self._buckets = {}
 
+    def enable(self) -> None:
+        """Count unique states (a restored, empty buffer that counted them before)."""
+        if self.enabled is None:
+            self.enabled = True
+
     def disable(self) -> None:
         self.enabled = False
         self._buckets = {}

@@ -29,6 +29,15 @@ def as_numpy(x: Any) -> Any:
     return x
 
 
+def _flat(values: Any) -> Any:
+    """The numbers of nested lists / tuples, in order (per-step priorities may come as lists of lists)."""
+    for v in values:
+        if isinstance(v, (list, tuple)):
+            yield from _flat(v)
+        else:
+            yield v
+
+
 # Priorities are reported (and saved) as float32: a larger one would come back as inf.
 MAX_PRIORITY = float(np.finfo(np.float32).max)
 
@@ -39,7 +48,7 @@ def as_priorities(values: Any, key: str = 'priority') -> np.ndarray:
     raw = as_numpy(values)
     entries = raw if isinstance(raw, (list, tuple)) else [raw] if isinstance(raw, int) else None
     if entries is not None:  # numpy would turn True or '1.5' into numbers, and fail on 10 ** 400: check entries
-        for i, v in enumerate(entries):
+        for i, v in enumerate(_flat(entries)):
             if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)):
                 raise TypeError(f"'{key}' must be real numbers; entry {i} is {type(v).__name__} {v!r:.40}")
             if isinstance(v, int) and abs(v) > MAX_PRIORITY:

@@ -6,7 +6,7 @@ Not thread-safe: the owning buffer's lock serialises every call.
 """
 from abc import ABC, abstractmethod
 import math
-from typing import Any, Dict, List, NamedTuple, Optional, Tuple
+from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Tuple
 
 import numpy as np
 import torch
@@ -192,7 +192,7 @@ def check_collect_iters(items: List[Any]) -> None:
     """Every dict item's ``collect_iter`` readable (``ValueError`` naming the item): checked at push, so that a
     bad value never breaks a later ``sample``."""
     for i, item in enumerate(items):
-        if type(item) is dict or isinstance(item, dict):
+        if type(item) is dict or isinstance(item, Mapping):
             value = item.get('collect_iter')
             if value is not None:
                 try:

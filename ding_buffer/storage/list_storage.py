@@ -5,7 +5,7 @@ Output of ``gather``: a ``list`` of the stored objects themselves, in the order 
 loading a file that holds anything but tensors, numbers, strings and containers needs ``allow_pickle=True``.
 """
 import copy
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Mapping, Optional
 
 import numpy as np
 import torch
@@ -35,7 +35,7 @@ class ListStorage(Storage):
     def write_one(self, item: Any) -> Optional[int]:
         """One item in O(1) scalar work (the single-push hot path). The overwritten item is not reported:
         callers that must see it leave (the used-data remover) use ``prepare`` + ``write``."""
-        if type(item) is dict and 'collect_iter' in item:
+        if isinstance(item, Mapping) and 'collect_iter' in item:
             return None  # the generic path checks it (and reports a bad one)
         slot, _ = self.ring.commit_one()
         self._data[slot] = item
@@ -62,7 +62,7 @@ class ListStorage(Storage):
 
     def collect_iter(self, slots: np.ndarray) -> np.ndarray:
         data = self._data
-        return np.array([collect_iter_of(data[s].get('collect_iter') if hasattr(data[s], 'get') else None)
+        return np.array([collect_iter_of(data[s].get('collect_iter') if isinstance(data[s], Mapping) else None)
                          for s in np.asarray(slots).tolist()], dtype=np.int64)
 
     def __repr__(self) -> str:
