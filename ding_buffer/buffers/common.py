@@ -210,7 +210,7 @@ class BufferCore(IBuffer):
         with self._lock:
             try:
                 self._restore(dict(state))
-            except (KeyError, TypeError, IndexError, AttributeError) as e:
+            except (KeyError, TypeError, IndexError, AttributeError, OverflowError) as e:
                 # a malformed state (missing entry, wrong type) is bad input, reported like the others
                 raise ValueError(f"invalid {self.__class__.__name__} state: {type(e).__name__}: {e}") from e
             self._rng = rng

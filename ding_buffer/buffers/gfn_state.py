@@ -99,6 +99,8 @@ class GFlowNetState:
         n = len(r)
         if len(seq) != n or n > (2 if self._cfg.lazy_sort else 1) * self.capacity:
             raise ValueError(f"saved index holds {n} items for capacity {self.capacity}")
+        if not 0 <= int(saved['next_seq']) < 2 ** 62:
+            raise ValueError(f"saved next_seq {saved['next_seq']!r:.30} is not an id counter (0 <= next_seq < 2**62)")
         if len(np.unique(seq)) != n or (n and (seq.min() < 0 or seq.max() >= int(saved['next_seq']))):
             raise ValueError("saved sequence numbers are not unique ids below next_seq")
         check_log_reward(r, 'saved log_reward')

@@ -98,7 +98,15 @@ def import_fields(schema_list: Any, fields: Any, n: int) -> Tuple[Schema, List[t
     schema: Schema = {}
     for entry in schema_list:
         path, shape, dtype = entry
-        schema[tuple(str(k) for k in path)] = (tuple(int(s) for s in shape), dtype_from_str(dtype))
+        if not isinstance(path, (list, tuple)) or not path or not all(isinstance(k, str) and k for k in path):
+            raise ValueError(f"saved field path {path!r:.60} must be a non-empty list of non-empty names")
+        shape = tuple(int(s) for s in shape)
+        if any(s < 0 or s > 2 ** 40 for s in shape):
+            raise ValueError(f"saved field '{path_name(tuple(path))}' has an impossible shape {shape}")
+        key = tuple(path)
+        if key in schema:
+            raise ValueError(f"saved schema names field '{path_name(key)}' twice")
+        schema[key] = (shape, dtype_from_str(dtype))
     if len(fields) != len(schema):
         raise ValueError(f"saved storage has {len(schema)} schema fields but {len(fields)} field tensors")
     for (path, (shape, dtype)), tensor in zip(schema.items(), fields):
