@@ -27,8 +27,8 @@ setup(
         'fast': ['numba>=0.59'],
         'gfn': TORCHGFN_DEPS,
         # the distributed tests start real mpirun / Ray jobs: mpi4py (needs Open MPI from the OS) and ray
-        'test': ['pytest>=7', 'pytest-timeout>=2.1', 'numba>=0.59', 'gymnasium>=0.29', 'matplotlib>=3.5', 'tqdm>=4.60',
-                 'mpi4py>=3.1', 'ray>=2.9'] + TORCHGFN_DEPS,
+        'test': ['pytest>=7', 'pytest-timeout>=2.1', 'hypothesis>=6', 'numba>=0.59', 'gymnasium>=0.29', 'matplotlib>=3.5',
+                 'tqdm>=4.60', 'mpi4py>=3.1', 'ray>=2.9'] + TORCHGFN_DEPS,
         'bench': ['cpprb>=10.7', 'torchrl>=0.4'],
         # distributed backends: 'torch' needs nothing more; 'mpi' needs Open MPI (apt-get install openmpi-bin
         # libopenmpi-dev) and mpi4py; 'ray' needs ray.

@@ -18,7 +18,6 @@ from ..errors import SampleTimeoutError  # noqa: F401 (re-exported: raised by sa
 from ..monitor.sampled_data import SampledDataAttrMonitor
 from ..monitor.tb import emit, rank
 from ..storage import STORAGE_CHECKS, STORAGE_CONFIG, build_storage, storage_from_state
-from ..storage.base import check_collect_iters
 from .engine import COUNTERS, INF, parts_checks, parts_config  # noqa: F401 (COUNTERS re-exported)
 from .outputs import with_extras
 from .slot_engine import SlotEngine
@@ -286,10 +285,11 @@ class AdvancedReplayBuffer(SlotEngine):
                 raise ValueError(f"state has no '{key}' entry")
         storage = storage_from_state(self._cfg.storage, self.replay_buffer_size, state['storage'], SAMPLE_KEYS)
         if storage.kind == 'list':  # what push refuses is refused in a state too
-            bad = next((i for i, x in enumerate(storage.gather(storage.ring.ordered_slots())) if not isinstance(x, Mapping)), None)
+            items = storage.gather(storage.ring.ordered_slots())
+            bad = next((i for i, x in enumerate(items) if not isinstance(x, Mapping)), None)
             if bad is not None:
                 raise ValueError(f"saved item {bad} is not a dict; a prioritized buffer stores dicts")
-            check_collect_iters(storage.gather(storage.ring.ordered_slots()))
+            self._check_items(items)
         index = self._index.restored(state['index'], storage.ring.valid)
         beta = BetaSchedule.checked(state['beta'], 'saved beta')
         swap = self._engine_restored({**state, 'use': state['index']['use']}, storage.ring.valid, required=True)

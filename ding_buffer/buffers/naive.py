@@ -160,6 +160,7 @@ class NaiveReplayBuffer(SlotEngine):
         if 'storage' not in state:
             raise ValueError("state has no 'storage' entry")
         storage = storage_from_state(self._cfg.storage, self._cfg.replay_buffer_size, state['storage'])
+        self._check_items(storage.gather(storage.ring.ordered_slots()) if storage.kind == 'list' else [])
         swap = self._engine_restored(state, storage.ring.valid, required=False)  # files of 0.1 have no counters
         self._storage = storage
         swap()

@@ -143,15 +143,15 @@ class PriorityIndex:
             ``candidates``. ``None`` when the selected mass is zero. O(size * log8(capacity)) over all slots;
             O(len(candidates)) with candidates (a cumulative sum over them).
         """
-        u = (np.arange(size) + rng.random(size)) / size
         if candidates is None:
             total = self.tree.total()
             if not total > 0:
-                return None
-            return self.tree.find(u * total)
+                return None  # before any draw: a refusal leaves the RNG as it was
+            return self.tree.find((np.arange(size) + rng.random(size)) / size * total)
         cum = np.cumsum(self.tree.leaves[candidates])
         if not len(cum) or not cum[-1] > 0:
             return None
+        u = (np.arange(size) + rng.random(size)) / size
         pos = np.searchsorted(cum, u * cum[-1], side='right')
         pos = np.minimum(pos, len(cum) - 1)
         # float error can land past the last positive leaf: step back to it (same rule as the tree)

@@ -80,6 +80,7 @@ class TensorStorage(Storage):
                 for path, tensor in checked.items():
                     columns.setdefault(path, []).append(tensor)
         payload = {p: torch.stack(ts) for p, ts in columns.items()}
+        _check_collect_iter(payload)
         return Prepared((schema, payload), kept, dropped)
 
     def prepare_batch(self, batch: Any, schema: Optional[Schema] = None, trim: bool = True) -> Prepared:
@@ -94,6 +95,7 @@ class TensorStorage(Storage):
         if schema is None:
             schema = {p: (tuple(t.shape[1:]), t.dtype) for p, t in ((p, batched_tensor(v, p)) for p, v in flat.items())}
         checked = check_leaves(flat, schema, 'batch', batched=True)
+        _check_collect_iter(checked)
         kept, dropped = trim_newest(n, self.capacity if trim else n)
         payload = {p: t[dropped:] for p, t in checked.items()}
         return Prepared((schema, payload), kept, dropped)
@@ -127,7 +129,9 @@ class TensorStorage(Storage):
             item, nested dict, any mismatch); the caller then takes the generic path, which reports errors.
         """
         fast = self._fast
-        return None if fast is None else fast.write(item, self.ring)
+        if fast is None or (type(item) is dict and type(item.get('collect_iter', 0)) is not int):
+            return None  # the generic path checks a collect_iter that is no plain int
+        return fast.write(item, self.ring)
 
     def _reserve(self, prepared: Prepared) -> None:
         if self.schema is None:
@@ -270,3 +274,13 @@ class TensorStorage(Storage):
         storage.ring = ring
         return storage
 
+
+def _check_collect_iter(columns: Dict[Path, torch.Tensor]) -> None:
+    """A ``collect_iter`` field holds finite real numbers within +-2**60 (staleness reads it later)."""
+    t = columns.get(('collect_iter', ))
+    if t is None:
+        return
+    if t.dtype == torch.bool or t.is_complex():
+        raise ValueError(f"field 'collect_iter' must be ints, got dtype {t.dtype}")
+    if t.numel() and not bool((t.double().abs() < 2.0 ** 60).all()):  # NaN fails too
+        raise ValueError("field 'collect_iter' must be finite ints within +-2**60 (got NaN, inf or a huge value)")
