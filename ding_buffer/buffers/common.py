@@ -6,6 +6,8 @@ and ``_clear``; they never copy this logic. Public methods take ``self._lock`` (
 sample / update / clear / state_dict are mutually exclusive; the parts below assume single-threaded calls.
 """
 import copy
+import itertools
+import operator
 import logging
 import threading
 from typing import Any, Dict, List, Mapping, Optional
@@ -113,7 +115,7 @@ class BufferCore(IBuffer):
         items = data if isinstance(data, list) else [data]
         if not items:
             return 0
-        if items[0] is None if len(items) == 1 else any(x is None for x in items):
+        if items[0] is None if len(items) == 1 else _has_none(items):
             raise TypeError(f"cannot push None (item {next(i for i, x in enumerate(items) if x is None)})")
         if self._remover is not None:
             for i, item in enumerate(items):
@@ -267,3 +269,10 @@ def check_step(value: Any, name: str) -> int:
             return value
         raise ValueError(f"{name} must be within +-2**60, got {value}")
     raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r:.40}")
+
+
+
+def _has_none(items: List[Any]) -> bool:
+    """Whether ``items`` holds ``None``, by identity (items may be arrays, which ``None in items`` would compare
+    element-wise), in C: ``map`` over ``operator.is_``."""
+    return any(map(operator.is_, items, itertools.repeat(None)))

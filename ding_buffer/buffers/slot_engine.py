@@ -62,7 +62,7 @@ class SlotEngine(Engine):
     def _check_items(self, items: List[Any]) -> None:
         """Fields the engine reads later are checked at push (list storage keeps items as they are):
         ``collect_iter`` wherever staleness is read (advanced reports it; ``max_staleness`` and rules use it)."""
-        if self._storage.kind == 'list' and (self.indexed or self._rules):
+        if (self.indexed or self._rules) and self._storage.kind == 'list':
             check_collect_iters(items)
 
     def _write(self, prepared: Any, priorities: Optional[np.ndarray] = None) -> int:

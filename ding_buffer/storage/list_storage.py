@@ -35,7 +35,7 @@ class ListStorage(Storage):
     def write_one(self, item: Any) -> Optional[int]:
         """One item in O(1) scalar work (the single-push hot path). The overwritten item is not reported:
         callers that must see it leave (the used-data remover) use ``prepare`` + ``write``."""
-        if isinstance(item, Mapping) and 'collect_iter' in item:
+        if (type(item) is dict or isinstance(item, Mapping)) and 'collect_iter' in item:
             return None  # the generic path checks it (and reports a bad one)
         slot, _ = self.ring.commit_one()
         self._data[slot] = item
