@@ -353,3 +353,22 @@ def test_memmap_dir_that_is_a_file_is_refused_at_construction(tmp_path):
     (tmp_path / 'f').write_text('x')
     with pytest.raises(ValueError, match='storage.memmap_dir'):
         create_buffer(dict(type='naive', storage=dict(type='tensor', memmap_dir=str(tmp_path / 'f'))))
+
+
+def test_prioritized_windows_with_zero_priorities_reload_their_own_state():
+    """With eps=0 an update may set step priorities to 0 (allowed); the buffer's own state must still load."""
+    cfg = dict(type='prioritized_episode', replay_buffer_size=4, max_transitions=40, seed=0,
+               sampler=dict(unroll_len=3, eps=0.0))
+    buf = create_buffer(cfg)
+    buf.push([{'obs': torch.zeros(5, 2)}, {'obs': torch.ones(4, 2)}])
+    out = buf.sample(2)
+    buf.update({'replay_unique_id': out['replay_unique_id'], 'replay_buffer_idx': out['replay_buffer_idx'],
+                'priority': torch.zeros(2, 3)})
+    other = create_buffer(cfg)
+    other.load_state_dict(buf.state_dict())
+    assert_state_equal(other.state_dict(), buf.state_dict())
+    state = buf.state_dict()
+    state['windows']['step'] = state['windows']['step'].clone()
+    state['windows']['step'][-1] = 1.0  # a priority on a slot no episode owns: refused
+    with pytest.raises(ValueError):
+        other.load_state_dict(state)

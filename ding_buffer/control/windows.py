@@ -132,7 +132,7 @@ class WindowPriorities:
             slots = (first + np.arange(length)) % self.n_slots
             owned[slots] = True
             new.owner[slots] = episode
-        if (step[~owned] != 0).any() or (step[owned] <= 0).any():
+        if (step[~owned] != 0).any():  # owned steps may be 0 (a priority of 0 updated with eps=0)
             raise ValueError("saved step priorities do not match the stored transitions")
         new.step[:] = step
         new.index.load_max(max_p)
