@@ -5,6 +5,7 @@ exp_name=...)`` and only talks to it through the methods of ``IBuffer``; every p
 """
 import copy
 import importlib
+import logging
 from abc import ABC, abstractmethod
 from typing import Any, Callable, Dict, List, Optional, Type
 
@@ -49,6 +50,7 @@ class Registry(dict):
 
 
 BUFFER_REGISTRY = Registry()
+_LOG = logging.getLogger('ding_buffer')
 
 
 class IBuffer(ABC):
@@ -96,8 +98,8 @@ class IBuffer(ABC):
         """A copy of the full state (data, counters, ids)."""
 
     @abstractmethod
-    def load_state_dict(self, state: Dict[str, Any]) -> None:
-        """Restore ``state`` (all or nothing)."""
+    def load_state_dict(self, state: Dict[str, Any], deepcopy: bool = False) -> None:
+        """Restore ``state`` (all or nothing); ``deepcopy``: from a deep copy of it."""
 
     @abstractmethod
     def save_data(self, path: str) -> None:
@@ -136,10 +138,22 @@ class IBuffer(ABC):
 
 
 def _import_modules(cfg: Any) -> None:
+    """Import ``cfg.import_names``. DI-engine's own modules (``ding`` / ``ding.*``, e.g. the
+    ``ding.data.buffer.deque_buffer_wrapper`` of its DQN configs) are skipped with one INFO line: they register
+    DI-engine's buffers in DI-engine's registry, never here, and DI-engine is not a dependency."""
     names = cfg.get('import_names', []) if hasattr(cfg, 'get') else []
     if isinstance(names, str):
         names = [names]
-    for name in names or []:
+    if not isinstance(names, (list, tuple)):
+        raise TypeError(f"config key 'import_names' must be a list of module names, got {type(names).__name__} "
+                        f"{names!r:.60}")
+    for name in names:
+        if not isinstance(name, str) or not name:
+            raise TypeError(f"config key 'import_names' holds {name!r:.60}; expected module names (str)")
+        if name == 'ding' or name.startswith('ding.'):
+            _LOG.info("import_names: skipped DI-engine module %r (ding_buffer provides type %r itself; DI-engine's "
+                      "modules register into DI-engine's registry)", name, cfg.get('type'))
+            continue
         importlib.import_module(name)
 
 

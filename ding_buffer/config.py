@@ -2,8 +2,11 @@
 
 Validation rules (applied recursively to nested sections such as ``storage``):
 
-* every key of the user config must exist in the defaults; otherwise ``ValueError`` names the key and the
-  closest valid key (``difflib``);
+* every key of the user config must exist in the defaults; otherwise ``ValueError`` names the key and, when
+  one is close (``difflib``), the valid key it probably means -- no suggestion is better than a wrong one;
+* a preset may name keys it accepts and ignores (``ignored``: DI-engine's buffer keys another type reads, and
+  keys DI-engine's configs carry that no buffer reads): each logs one WARNING saying it has no effect and is
+  dropped before validation, so it never reaches behaviour;
 * a value must have the type of the default (``int`` is accepted where a ``float`` is expected; a default of
   ``None`` accepts anything; ``float('inf')`` defaults accept ints and floats);
 * per-key constraints (``checks``: key -> (predicate, 'what was expected')) are then applied to the merged
@@ -11,6 +14,7 @@ Validation rules (applied recursively to nested sections such as ``storage``):
 """
 import copy
 import difflib
+import logging
 from typing import Any, Callable, Dict, Mapping, Optional, Tuple
 
 from easydict import EasyDict
@@ -29,11 +33,17 @@ def deep_merge_dicts(original: Mapping, new_dict: Optional[Mapping]) -> EasyDict
     Returns:
         - merged (:obj:`EasyDict`): the merged config.
     """
-    merged = EasyDict(copy.deepcopy(dict(original)))
+    merged = EasyDict(copy.deepcopy(dict(original), _shared_callables(original)))
     if new_dict is None:
         return merged
-    _deep_update(merged, copy.deepcopy(dict(new_dict)))
+    _deep_update(merged, copy.deepcopy(dict(new_dict), _shared_callables(new_dict)))
     return EasyDict(merged)
+
+
+def _shared_callables(cfg: Mapping) -> Dict[int, Any]:
+    """A deepcopy memo that keeps top-level callables (e.g. ``set_buffer_size``, often a bound method of a
+    world model) shared: copying one would copy the object it belongs to."""
+    return {id(v): v for v in cfg.values() if callable(v) and not isinstance(v, type)}
 
 
 def _deep_update(original: dict, new: Mapping) -> None:
@@ -46,11 +56,50 @@ def _deep_update(original: dict, new: Mapping) -> None:
             original[k] = v
 
 
+# Keys of DI-engine's replay-buffer configs (its six registered types), with the type that reads each one. A
+# DI-engine preset here that does not read such a key accepts it with a warning, as DI-engine's own buffers
+# do (they read only their own keys): a compiled DI-engine config carries the keys of its class defaults.
+DI_ENGINE_KEYS = {
+    'replay_buffer_size': 'naive', 'deepcopy': 'naive', 'enable_track_used_data': 'naive',
+    'periodic_thruput_seconds': 'naive', 'set_buffer_size': 'elastic', 'max_use': 'advanced',
+    'max_staleness': 'advanced', 'alpha': 'advanced', 'beta': 'advanced', 'anneal_step': 'advanced',
+    'thruput_controller': 'advanced', 'monitor': 'advanced', 'train_iter_per_log': 'deque', 'priority': 'deque',
+    'priority_IS_weight': 'deque', 'priority_power_factor': 'deque', 'IS_weight_power_factor': 'deque',
+    'IS_weight_anneal_train_iter': 'deque', 'priority_max_limit': 'deque',
+}
+# Keys that DI-engine's policy defaults and dizoo configs put in a buffer section and no DI-engine buffer reads.
+DI_ENGINE_IGNORED = {
+    'max_reuse': "set by DI-engine's collaq / madqn / qtran / wqmix policy defaults; no DI-engine buffer reads it "
+                 "(the manager's reuse limit is distributed.max_reuse)",
+    'min_sample_ratio': 'no DI-engine buffer reads it (the minimum is thruput_controller.sample_min_limit_ratio)',
+    'sliced': "DequeBuffer's constructor argument; DequeBufferWrapper never passes it from the config",
+    'multi_buffer': "compile_config's switch for a section of several named buffers; a buffer does not read it",
+    'name': "the sub-buffer name compile_config writes into each buffer of a multi_buffer section",
+}
+CONFIG_LOG = logging.getLogger('ding_buffer.config')
+
+
+def dingengine_ignored(defaults: Mapping, buffer_type: str) -> Dict[str, str]:
+    """The keys a DI-engine preset with ``defaults`` accepts and ignores, each with why it has no effect."""
+    out = {k: why for k, why in DI_ENGINE_IGNORED.items() if k not in defaults}
+    for key, owner in DI_ENGINE_KEYS.items():
+        if key not in defaults:
+            out[key] = f"a key of DI-engine's {owner!r} buffer, which type {buffer_type!r} does not read (DI-engine's " \
+                       f"{buffer_type!r} ignores it too)"
+    return out
+
+
 def closest_key(key: str, valid) -> str:
-    """Return the valid key closest to ``key`` (or the first valid key if nothing is close)."""
+    """Return the valid key closest to ``key``, or '' when none is close enough to be the key meant."""
     valid = sorted(str(v) for v in valid)
-    match = difflib.get_close_matches(str(key), valid, n=1, cutoff=0.0)
-    return match[0] if match else (valid[0] if valid else '')
+    match = difflib.get_close_matches(str(key), valid, n=1, cutoff=0.7)
+    return match[0] if match else ''
+
+
+def unknown_key_message(name: str, value: Any, key: str, valid, prefix: str = '') -> str:
+    near = closest_key(key, valid)
+    hint = f"did you mean '{prefix}{near}'?" if near else 'valid keys: ' + ', '.join(sorted(str(v) for v in valid))
+    return f"unknown config key '{name}' (value {value!r:.60}); {hint}"
 
 
 def _type_ok(default: Any, value: Any) -> bool:
@@ -82,10 +131,7 @@ def check_keys_and_types(defaults: Mapping, user: Mapping, prefix: str = '', nul
         if key not in defaults:
             if not prefix and key in ALWAYS_ALLOWED:
                 continue
-            raise ValueError(
-                f"unknown config key '{name}' (value {value!r}); did you mean "
-                f"'{prefix}{closest_key(key, defaults.keys())}'?"
-            )
+            raise ValueError(unknown_key_message(name, value, key, defaults.keys(), prefix))
         default = defaults[key]
         if not (value is None and name in nullable) and not _type_ok(default, value):
             raise ValueError(
@@ -115,12 +161,15 @@ def build_config(
         user: Optional[Mapping],
         checks: Optional[Dict[str, Check]] = None,
         prefix: str = '',
+        ignored: Optional[Mapping[str, str]] = None,
+        warn: bool = True,
 ) -> EasyDict:
     """
     Overview:
         Validate ``user`` against ``defaults`` (keys and types), merge it over the defaults and apply the
         value ``checks`` to the result. ``prefix`` (e.g. ``'policy.other.replay_buffer.'``) is put before key
-        names in error messages, for sections nested in a larger config.
+        names in error messages, for sections nested in a larger config. Top-level keys in ``ignored`` (key ->
+        why it has no effect) are dropped with one WARNING each (none with ``warn=False``: a check before the build).
     Returns:
         - cfg (:obj:`EasyDict`): the complete, validated config.
     """
@@ -128,6 +177,12 @@ def build_config(
         user = {}
     if not isinstance(user, Mapping):
         raise TypeError(f"buffer config must be a dict/EasyDict, got {type(user).__name__}")
+    if ignored:
+        dropped = [k for k in user if k in ignored and k not in defaults]
+        if dropped:
+            for key in dropped if warn else ():
+                CONFIG_LOG.warning("config key '%s%s' = %.60r has no effect: %s", prefix, key, user[key], ignored[key])
+            user = {k: v for k, v in user.items() if k not in dropped}
     nullable = frozenset(prefix + k for k in _nullable(checks or {}))
     check_keys_and_types(defaults, user, prefix=prefix, nullable=nullable)
     cfg = deep_merge_dicts(defaults, user)

@@ -3,11 +3,15 @@ from .common import BufferCore
 from .engine import Engine
 from .episode import EpisodeReplayBuffer, PrioritizedEpisodeReplayBuffer
 from .naive import NaiveReplayBuffer
+from .elastic import ElasticReplayBuffer
+from .sequence import SequenceReplayBuffer
 from .advanced import AdvancedReplayBuffer
+from .deque import DequeReplayBuffer
 from .gflownet import GFlowNetReplayBuffer
 from .gfn_variants import DiverseGFlowNetReplayBuffer, TerminatingStateBuffer
 
 __all__ = [
-    "BufferCore", "Engine", "NaiveReplayBuffer", "EpisodeReplayBuffer", "PrioritizedEpisodeReplayBuffer", "AdvancedReplayBuffer", "GFlowNetReplayBuffer",
+    "BufferCore", "Engine", "NaiveReplayBuffer", "ElasticReplayBuffer", "SequenceReplayBuffer", "EpisodeReplayBuffer",
+    "PrioritizedEpisodeReplayBuffer", "AdvancedReplayBuffer", "DequeReplayBuffer", "GFlowNetReplayBuffer",
     "DiverseGFlowNetReplayBuffer", "TerminatingStateBuffer"
 ]

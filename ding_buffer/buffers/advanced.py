@@ -11,7 +11,7 @@ from typing import Any, Dict, List, Mapping, Optional
 import numpy as np
 
 from ..base import BUFFER_REGISTRY
-from ..config import positive_int
+from ..config import dingengine_ignored, positive_int
 from ..control.limits import NO_ITER
 from ..control.priority import MAX_PRIORITY, BetaSchedule, PriorityIndex, batch_priorities, item_priorities, parse_update
 from ..errors import SampleTimeoutError  # noqa: F401 (re-exported: raised by sample(timeout=...))
@@ -97,6 +97,7 @@ class AdvancedReplayBuffer(SlotEngine):
     """
     config = ADVANCED_CONFIG
     checks = ADVANCED_CHECKS
+    ignored_keys = dingengine_ignored(ADVANCED_CONFIG, 'advanced')
 
     uses_counted = True
     indexed = True

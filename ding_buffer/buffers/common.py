@@ -23,6 +23,7 @@ from ..persistence import load_state, save_state
 
 class BufferCore(IBuffer):
     checks: Dict[str, Any] = {}
+    ignored_keys: Dict[str, str] = {}  # key -> why it has no effect: accepted with a warning (config.dingengine_ignored)
 
     def __init__(
             self,
@@ -31,7 +32,7 @@ class BufferCore(IBuffer):
             exp_name: str = 'default_experiment',
             instance_name: str = 'buffer',
     ) -> None:
-        self._cfg: EasyDict = build_config(self.config, cfg, self.checks)
+        self._cfg: EasyDict = build_config(self.config, cfg, self.checks, ignored=self.ignored_keys)
         if not isinstance(instance_name, str) or not instance_name:
             raise ValueError(f"instance_name must be a non-empty str, got {instance_name!r}")
         self._exp_name = exp_name
@@ -191,14 +192,19 @@ class BufferCore(IBuffer):
         with self._lock:
             return {'type': self.__class__.__name__, **self._state(), 'rng': copy.deepcopy(self._rng.bit_generator.state)}
 
-    def load_state_dict(self, state: Dict[str, Any]) -> None:
+    def load_state_dict(self, state: Dict[str, Any], deepcopy: bool = False) -> None:
         """
         Overview:
             Restore a ``state_dict()`` (all or nothing: invalid states raise ``ValueError`` and change nothing).
-            ``{'data': [...]}`` alone pushes the items, as DI-engine does.
+            ``{'data': [...]}`` alone pushes the items, as DI-engine does. ``deepcopy=True`` (DI-engine's
+            argument) restores from a deep copy, so the buffer shares no object with ``state``.
         """
         if not isinstance(state, Mapping):
             raise TypeError(f"state must be a dict, got {type(state).__name__}")
+        if type(deepcopy) is not bool:
+            raise TypeError(f"deepcopy must be a bool, got {type(deepcopy).__name__} {deepcopy!r:.40}")
+        if deepcopy:
+            state = copy.deepcopy(dict(state))
         if set(state.keys()) == {'data'}:
             self.push(list(state['data']))
             return

@@ -80,6 +80,7 @@ class Engine(BufferCore):
         self._tb: Any = None
         self._owns_tb = False
         self._periodic: Optional[PeriodicThruputMonitor] = None
+        self._last_use: Optional[np.ndarray] = None  # use counts after the last draw (last_sample_use)
 
     def _build_monitors(self, tensorboard: bool, period: Optional[float]) -> None:
         """The TensorBoard writer (borrowed, or owned when ``tensorboard``) and, with a writer on rank 0, the
@@ -246,6 +247,7 @@ class Engine(BufferCore):
         (None when the preset keeps none)."""
         if use is None and self._uses is not None:
             use = self._uses.bump(slots)
+        self._last_use = use
         done = None  # slots an earlier rule removed in this call: a later rule cannot remove them again
         for rule in self._rules:  # usually none or one
             gone = self._rule_slots(rule, rule.after_sample(self, slots, use))
@@ -263,6 +265,12 @@ class Engine(BufferCore):
         if self._limiter.active:
             self._limiter.on_sample(size)
         return use
+
+    def last_sample_use(self) -> Optional[np.ndarray]:
+        """Use counts of the elements the last ``sample`` drew, counting that draw (None when this buffer keeps
+        no use counts: no ``max_use`` and not a prioritized buffer)."""
+        with self._lock:
+            return None if self._last_use is None else self._last_use.copy()
 
     def _count_update(self, n: int, total: int) -> Dict[str, int]:
         """An ``update`` applied ``n`` of ``total`` entries (the rest were stale): counted, and its result."""

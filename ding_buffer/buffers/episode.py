@@ -7,7 +7,7 @@ from typing import Any, Dict, List, Optional
 import numpy as np
 
 from ..base import BUFFER_REGISTRY
-from ..config import optional_positive_int, positive_int
+from ..config import dingengine_ignored, optional_positive_int, positive_int
 from ..control.samplers import PrioritizedSpec, build_sampler
 from ..storage import STORAGE_CHECKS, STORAGE_CONFIG
 from .engine import Engine, parts_checks, parts_config
@@ -72,6 +72,7 @@ class EpisodeReplayBuffer(Engine):
     """
     config = EPISODE_CONFIG
     checks = EPISODE_CHECKS
+    ignored_keys = dingengine_ignored(EPISODE_CONFIG, 'episode')
 
     def _build(self) -> None:
         cfg = self._cfg

@@ -4,7 +4,7 @@ engine's parts by config: ``max_use`` (DI-engine's impala configs set it on a na
 from typing import Any, Dict, List, Optional
 
 from ..base import BUFFER_REGISTRY
-from ..config import positive_int
+from ..config import dingengine_ignored, positive_int
 from ..control.samplers import UniformSampler, build_sampler, check_positions
 from ..storage import STORAGE_CHECKS, STORAGE_CONFIG, build_storage, storage_from_state
 from .engine import parts_checks, parts_config
@@ -58,6 +58,7 @@ class NaiveReplayBuffer(SlotEngine):
     """
     config = NAIVE_CONFIG
     checks = NAIVE_CHECKS
+    ignored_keys = dingengine_ignored(NAIVE_CONFIG, 'naive')
 
     resets_push_count = True  # DI-engine's naive buffer restarts push_count on clear
 
@@ -145,7 +146,7 @@ class NaiveReplayBuffer(SlotEngine):
             if idx is None:
                 return self._refused(f'sampler {self._cfg.sampler.get("type")!r} refused')
             idx = check_positions(idx, m, size, self._cfg.sampler.get('type'))
-        if sample_range is not None:
+        if positions.start or positions.step != 1:  # a sample_range, or a preset's window (elastic)
             idx = positions.start + idx * positions.step
         slots = self._storage.ring.slots_of_positions(idx)
         out = self._storage.gather(slots)

@@ -23,7 +23,8 @@ def create_distributed(cls: type, cfg: Any, *args, **kwargs) -> Any:
     """``create_buffer`` for configs with ``distributed.backend``: a ReplayBufferManager or a RemoteBuffer."""
     dcfg = build_distributed_config(cfg.get('distributed'))
     local_cfg = _local_cfg(cfg)
-    build_config(cls.config, local_cfg, getattr(cls, 'checks', {}))  # every rank fails fast on a bad buffer section
+    # every rank fails fast on a bad buffer section
+    build_config(cls.config, local_cfg, getattr(cls, 'checks', {}), ignored=getattr(cls, 'ignored_keys', None), warn=False)
     prof = profile(cls, local_cfg, dcfg)
     max_bytes = int(dcfg.max_message_mb * (1 << 20))
     if dcfg.backend == 'ray':

@@ -155,7 +155,11 @@ class RemoteBuffer(IBuffer):
     def state_dict(self) -> Dict[str, Any]:
         return self._request('state_dict')
 
-    def load_state_dict(self, state: Dict[str, Any]) -> None:
+    def load_state_dict(self, state: Dict[str, Any], deepcopy: bool = False) -> None:
+        """Restore the manager's buffer from ``state`` (which travels encoded: the manager never shares objects
+        with it, so ``deepcopy`` -- DI-engine's argument -- changes nothing here)."""
+        if type(deepcopy) is not bool:
+            raise TypeError(f"deepcopy must be a bool, got {type(deepcopy).__name__} {deepcopy!r:.40}")
         self._request('load_state_dict', state=state)
 
     def save_data(self, path: str) -> str:

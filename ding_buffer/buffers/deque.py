@@ -1,0 +1,264 @@
+"""``DequeReplayBuffer`` (``type='deque'``): DI-engine's ``DequeBufferWrapper`` config and API, made of our presets.
+
+DI-engine's DQN / acrobot / pendulum configs name ``type='deque'``: the new-generation ``DequeBuffer`` with its
+``use_time_check`` and ``PriorityExperienceReplay`` middleware behind the old API. Here the same config builds:
+
+* ``priority=False``: a naive ring (uniform draws without replacement), with ``max_use`` as its remover;
+* ``priority=True``: a prioritized (advanced) ring with ``alpha = priority_power_factor``, ``beta =
+  IS_weight_power_factor`` annealed to 1 over ``IS_weight_anneal_train_iter`` sample calls, and ``max_use``.
+
+The wrapper's API: ``push(list, cur_collector_envstep)`` (a pushed item's ``'priority'`` is its initial
+priority and is not part of the returned data), ``sample(size, train_iter)`` -> a list of the pushed dicts (with
+``'IS'`` when ``priority_IS_weight``) or ``None``, and ``update({'priority': [...]})``, which sets the priorities
+of the *last sampled batch*, each clipped at ``priority_max_limit``. TensorBoard (a ``tb_logger`` passed in):
+``{instance_name}_iter/use_count_avg`` (with ``max_use``), ``.../priority_avg``, ``.../priority_max`` (with
+``priority``) and ``.../buffer_data_count``, every ``train_iter_per_log`` learner iterations and on the first.
+
+Fixed, not copied (``anchors/dingengine-buffers.md``): DI-engine remembers the batch for ``update`` only on
+logging iterations, so most updates are dropped -- here every sample is remembered; an entry whose item has since
+left the buffer is skipped (the advanced buffer's identity check); ``max_use`` together with ``priority`` works
+(DI-engine raises ``TypeError`` there); pushed dicts are never mutated.
+"""
+import copy
+import math
+from typing import Any, Dict, List, Mapping, Optional
+
+import numpy as np
+
+from ..base import BUFFER_REGISTRY, IBuffer
+from ..config import build_config, dingengine_ignored, positive_int
+from ..control.limits import limit_ok
+from ..persistence import load_state, save_state
+from ..storage import STORAGE_CHECKS, STORAGE_CONFIG
+from .advanced import AdvancedReplayBuffer
+from .common import check_step
+from .naive import NaiveReplayBuffer
+
+INF = math.inf
+# Keys the inner buffer adds to a sampled item; the wrapper returns the pushed data (and 'IS').
+INNER_KEYS = ('replay_unique_id', 'replay_buffer_idx', 'priority', 'staleness', 'use', 'IS')
+
+DEQUE_CONFIG = dict(
+    type='deque',
+    # Maximum number of items; the oldest is overwritten when full.
+    replay_buffer_size=10000,
+    # An item leaves after this many draws (inf: never).
+    max_use=INF,
+    # Learner iterations between two TensorBoard writes (and the first sample writes).
+    train_iter_per_log=100,
+    # Prioritized replay (otherwise uniform without replacement).
+    priority=False,
+    # Add importance-sampling weights ('IS') to sampled items (needs priority).
+    priority_IS_weight=False,
+    # Priority exponent (alpha).
+    priority_power_factor=0.6,
+    # Importance-sampling exponent (beta) at the start; annealed to 1.
+    IS_weight_power_factor=0.4,
+    # Sample calls over which beta grows to 1 (0: no annealing).
+    IS_weight_anneal_train_iter=int(1e5),
+    # update() clips priorities at this value.
+    priority_max_limit=1000.0,
+    # Seed of the buffer's own RNG; None draws it from numpy's global RNG.
+    seed=None,
+    storage=STORAGE_CONFIG,
+)
+DEQUE_CHECKS = dict(
+    replay_buffer_size=(positive_int, 'a positive int'),
+    max_use=(limit_ok, 'a number > 0 or inf'),
+    train_iter_per_log=(positive_int, 'a positive int'),
+    priority_power_factor=(lambda x: 0 <= x <= 1, 'a number in [0, 1]'),
+    IS_weight_power_factor=(lambda x: 0 <= x <= 1, 'a number in [0, 1]'),
+    IS_weight_anneal_train_iter=(lambda x: x >= 0 and x == int(x), 'an int >= 0'),
+    priority_max_limit=(lambda x: x > 0, 'a number > 0 (inf: no clipping)'),
+    seed=(lambda x: x is None or (isinstance(x, int) and x >= 0), 'None or an int >= 0'),
+    **STORAGE_CHECKS,
+)
+
+
+def inner_config(cfg: Mapping) -> Dict[str, Any]:
+    """The naive / advanced config that realises a deque config."""
+    common = dict(replay_buffer_size=cfg.replay_buffer_size, max_use=cfg.max_use, seed=cfg.seed,
+                  storage=copy.deepcopy(dict(cfg.storage)))
+    if not cfg.priority:
+        return dict(type='naive', **common)
+    return dict(type='advanced', alpha=cfg.priority_power_factor, beta=cfg.IS_weight_power_factor,
+                anneal_step=int(cfg.IS_weight_anneal_train_iter), **common)
+
+
+@BUFFER_REGISTRY.register('deque')
+class DequeReplayBuffer(IBuffer):
+    """
+    Overview:
+        DI-engine's ``DequeBufferWrapper`` API over a naive (uniform) or advanced (prioritized) buffer.
+    Interfaces:
+        ``push``, ``sample(size, train_iter)``, ``update(meta)``, ``clear``, ``count``, ``stats``, ``state_dict``,
+        ``load_state_dict``, ``save_data``, ``load_data``, ``start``, ``close``.
+    Property:
+        ``replay_buffer_size``, ``push_count``, ``cfg``, ``instance_name``, ``inner`` (the buffer doing the work)
+    Thread-safety: the inner buffer's lock guards the data; the remembered batch is swapped atomically.
+    """
+    config = DEQUE_CONFIG
+    checks = DEQUE_CHECKS
+    ignored_keys = dingengine_ignored(DEQUE_CONFIG, 'deque')
+
+    def __init__(self, cfg: Optional[Mapping] = None, tb_logger: Any = None, exp_name: str = 'default_experiment',
+                 instance_name: str = 'buffer') -> None:
+        self._cfg = build_config(self.config, cfg, self.checks, ignored=self.ignored_keys)
+        if self._cfg.priority_IS_weight and not self._cfg.priority:
+            raise ValueError("config key 'priority_IS_weight' = True needs 'priority' = True (IS weights come from "
+                             "priorities)")
+        inner_cls = AdvancedReplayBuffer if self._cfg.priority else NaiveReplayBuffer
+        self._inner = inner_cls(inner_config(self._cfg), None, exp_name, instance_name)
+        self._instance_name = instance_name
+        self._tb_logger = tb_logger  # borrowed: never closed here
+        self._tag = f'{instance_name}_iter'
+        self._last_log = -1
+        self._last_batch: Optional[tuple] = None  # (ids, slots) of the last sample, for update()
+
+    # ------------------------------------------------------------------ properties
+    @property
+    def cfg(self) -> Any:
+        return self._cfg
+
+    @property
+    def instance_name(self) -> str:
+        return self._instance_name
+
+    @property
+    def inner(self) -> IBuffer:
+        return self._inner
+
+    @property
+    def replay_buffer_size(self) -> int:
+        return self._inner.replay_buffer_size
+
+    @property
+    def push_count(self) -> int:
+        return self._inner.push_count
+
+    # ------------------------------------------------------------------ push / sample / update
+    def push(self, data: Any, cur_collector_envstep: int = -1) -> int:
+        """Store a list of dicts (or one dict); an item's ``'priority'`` is its initial priority."""
+        return self._inner.push(data, cur_collector_envstep)
+
+    def sample(self, size: int, train_iter: int = 0, timeout: Optional[float] = None) -> Optional[List[Any]]:
+        """
+        Overview:
+            Draw ``size`` items (prioritized with ``priority``); ``None`` (logged) when fewer than ``size`` are
+            stored. The batch is remembered for ``update``. Writes TensorBoard every ``train_iter_per_log``.
+        Returns:
+            - data: the pushed dicts (``'IS'`` added with ``priority_IS_weight``; copies then, the stored dicts
+              otherwise) -- or, on tensor storage, one dict of batched tensors.
+        """
+        train_iter = check_step(train_iter, 'train_iter')
+        out = self._inner.sample(size, train_iter, timeout=timeout)
+        if out is None:
+            return None
+        tensor = isinstance(out, dict)
+        if self._cfg.priority:
+            ids = out['replay_unique_id'] if tensor else [d['replay_unique_id'] for d in out]
+            slots = out['replay_buffer_idx'] if tensor else [d['replay_buffer_idx'] for d in out]
+            priority = np.asarray(out['priority'] if tensor else [d['priority'] for d in out], dtype=np.float64)
+            self._last_batch = (ids, slots)
+        else:
+            priority = None
+        self._log(train_iter, priority)
+        return self._data(out, tensor)
+
+    def _data(self, out: Any, tensor: bool) -> Any:
+        keep_is = self._cfg.priority_IS_weight
+        if tensor:
+            return {k: v for k, v in out.items() if k not in INNER_KEYS or (keep_is and k == 'IS')}
+        if not self._cfg.priority:
+            return out  # the stored dicts, as DI-engine returns them
+        return [{k: v for k, v in d.items() if k not in INNER_KEYS or (keep_is and k == 'IS')} for d in out]
+
+    def _log(self, train_iter: int, priority: Optional[np.ndarray]) -> None:
+        tb = self._tb_logger
+        if tb is None or not (self._last_log == -1 or train_iter - self._last_log >= self._cfg.train_iter_per_log):
+            return
+        if self._cfg.max_use != INF:
+            use = self._inner.last_sample_use()
+            if use is not None and len(use):
+                tb.add_scalar(f'{self._tag}/use_count_avg', float(np.mean(use)), train_iter)
+        if priority is not None and len(priority):
+            tb.add_scalar(f'{self._tag}/priority_avg', float(priority.mean()), train_iter)
+            tb.add_scalar(f'{self._tag}/priority_max', float(priority.max()), train_iter)
+        tb.add_scalar(f'{self._tag}/buffer_data_count', self._inner.count(), train_iter)
+        self._last_log = train_iter
+
+    def update(self, meta: Any) -> Dict[str, int]:
+        """
+        Overview:
+            Set the priorities of the last sampled batch (``meta['priority']``, one per sampled item, in order),
+            each clipped at ``priority_max_limit``; items that left the buffer since are skipped (``'stale'``).
+            Without ``priority``, or before any sample, a no-op. Bad priorities (NaN, negative, wrong length)
+            raise ``ValueError`` and change nothing: the batch stays remembered.
+        Returns:
+            - result (:obj:`dict`): ``{'updated': n, 'stale': m}``.
+        """
+        if not isinstance(meta, Mapping):
+            raise TypeError(f"update takes a dict with 'priority', got {type(meta).__name__}")
+        batch = self._last_batch
+        if not self._cfg.priority or batch is None or meta.get('priority') is None:
+            return {'updated': 0, 'stale': 0}
+        priority = meta['priority']
+        if hasattr(priority, 'detach'):
+            priority = priority.detach().cpu().numpy()
+        try:
+            priority = np.asarray(priority, dtype=np.float64).reshape(-1)
+        except (TypeError, ValueError) as e:
+            raise TypeError(f"update: 'priority' must be numbers, got {type(meta['priority']).__name__}: {e}") from None
+        if len(priority) != len(batch[0]):
+            raise ValueError(f"update: {len(priority)} priorities for the last sampled batch of {len(batch[0])} items")
+        clipped = np.minimum(priority, float(self._cfg.priority_max_limit))  # NaN stays NaN: the inner refuses it
+        result = self._inner.update({'replay_unique_id': batch[0], 'replay_buffer_idx': batch[1], 'priority': clipped})
+        self._last_batch = None
+        return result
+
+    # ------------------------------------------------------------------ the rest: the inner buffer's
+    def clear(self) -> None:
+        self._inner.clear()
+        self._last_batch = None
+
+    def count(self) -> int:
+        return self._inner.count()
+
+    def stats(self) -> Dict[str, float]:
+        return self._inner.stats()
+
+    def state_dict(self) -> Dict[str, Any]:
+        return {'type': type(self).__name__, 'inner': self._inner.state_dict(), 'last_log_train_iter': self._last_log}
+
+    def load_state_dict(self, state: Dict[str, Any], deepcopy: bool = False) -> None:
+        """Restore a ``state_dict()`` (all or nothing); ``{'data': [...]}`` alone pushes the items."""
+        if not isinstance(state, Mapping):
+            raise TypeError(f"state must be a dict, got {type(state).__name__}")
+        if set(state.keys()) == {'data'}:
+            self._inner.load_state_dict(state, deepcopy)
+            return
+        if state.get('type') != type(self).__name__:
+            raise ValueError(f"state was made by {state.get('type')!r}, this buffer is {type(self).__name__}")
+        last = state.get('last_log_train_iter')
+        if type(last) is not int or last < -1:
+            raise ValueError(f"state has an invalid 'last_log_train_iter' entry {last!r:.40}; expected an int >= -1")
+        if not isinstance(state.get('inner'), Mapping):
+            raise ValueError("state has no 'inner' entry (the state of the buffer doing the work)")
+        self._inner.load_state_dict(state['inner'], deepcopy)
+        self._last_log, self._last_batch = last, None
+
+    def save_data(self, path: str) -> None:
+        save_state(path, type(self).__name__, self.state_dict())
+
+    def load_data(self, path: str, allow_pickle: bool = False) -> None:
+        self.load_state_dict(load_state(path, type(self).__name__, allow_pickle=allow_pickle))
+
+    def start(self) -> None:
+        self._inner.start()
+
+    def close(self) -> None:
+        self._inner.close()
+
+    def __repr__(self) -> str:
+        return f"DequeReplayBuffer(instance_name={self._instance_name!r}, priority={self._cfg.priority}, " \
+               f"inner={self._inner!r})"
