@@ -1,7 +1,7 @@
 """Contract tests of every preset x storage combination, through the public API only.
 
 Combinations (test ids): ``naive``, ``advanced`` and ``episode`` on ``list``, ``tensor`` and ``memmap`` (tensor
-storage with ``memmap_dir``) storage, ``prioritized_episode`` on ``tensor`` and ``memmap`` (its windows need flat
+storage with ``memmap_dir``) storage, ``elastic`` on ``list`` and ``tensor``, ``prioritized_episode`` on ``tensor`` and ``memmap`` (its windows need flat
 tensor storage), plus ``gfn``, ``gfn_diverse`` and ``terminating_state`` (dict batches of ``state`` [B, d] and
 ``log_reward`` [B]; no storage section).
 
@@ -347,6 +347,7 @@ def numbers_of(batch):
 
 
 CASES = [Case(p, s) for p in ('naive', 'advanced', 'episode') for s in ('list', 'tensor', 'memmap')]
+CASES += [Case('elastic', s) for s in ('list', 'tensor')]  # the naive ring with a sampling window
 CASES += [Case('prioritized_episode', s) for s in ('tensor', 'memmap')]  # windows need flat (tensor) storage
 CASES += [Case(p) for p in ('gfn', 'gfn_diverse', 'terminating_state')]
 PRIORITIZED = [c for c in CASES if c.prioritized]

@@ -1,0 +1,474 @@
+"""DI-engine parity: the ``elastic``, ``sequence`` and ``deque`` types, DI-engine's ignored keys, ``ding.*``
+``import_names``, ``load_state_dict(deepcopy=)``, the segment trees in ``ding_buffer.utils``, and serial-pipeline
+rounds on compiled dizoo sections (``tests/data/dizoo_compiled.json``, written by ``benchmarks/dizoo_sweep.py``).
+Everything through the public API."""
+import collections
+import json
+import logging
+import math
+import os
+
+import numpy as np
+import pytest
+import torch
+
+from ding_buffer import create_buffer
+from ding_buffer.utils import MinSegmentTree, SegmentTree, SumSegmentTree
+
+DATA = os.path.join(os.path.dirname(__file__), 'data')
+
+
+def items(n, start=0):
+    return [{'i': start + k, 'obs': np.float32([start + k])} for k in range(n)]
+
+
+def numbers(batch):
+    return [d['i'] for d in batch]
+
+
+def same(a, b):
+    """Deep equality of states (tensors, arrays, dicts, lists)."""
+    if isinstance(a, dict):
+        return isinstance(b, dict) and set(a) == set(b) and all(same(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return type(a) is type(b) and len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
+    if isinstance(a, torch.Tensor):
+        return isinstance(b, torch.Tensor) and a.shape == b.shape and bool(torch.equal(a, b))
+    if isinstance(a, np.ndarray):
+        return isinstance(b, np.ndarray) and np.array_equal(a, b, equal_nan=a.dtype.kind == 'f')
+    if isinstance(a, float) and math.isnan(a):
+        return isinstance(b, float) and math.isnan(b)
+    return a == b
+
+
+class FakeTB:
+    """Collects ``add_scalar`` calls (what DI-engine's pipelines pass as ``tb_logger``)."""
+
+    def __init__(self):
+        self.rows = []
+
+    def add_scalar(self, tag, value, step):
+        self.rows.append((tag, value, step))
+
+    def flush(self):
+        pass
+
+    def tags(self):
+        return collections.Counter(tag for tag, _, _ in self.rows)
+
+
+# ================================================================================ elastic
+def test_elastic_samples_only_the_newest_window_and_keeps_the_rest():
+    buf = create_buffer(dict(type='elastic', replay_buffer_size=100, seed=0, set_buffer_size=lambda s: 5 + s // 10))
+    buf.push(items(50))
+    assert buf.current_buffer_size == 5  # DI-engine asks for the size at envstep 0
+    seen = collections.Counter(i for _ in range(200) for i in numbers(buf.sample(3, 0)))
+    assert set(seen) == set(range(45, 50))  # every item of the window, nothing older
+    assert buf.update(100) is None and buf.current_buffer_size == 15
+    seen = collections.Counter(i for _ in range(300) for i in numbers(buf.sample(5, 0)))
+    assert set(seen) == set(range(35, 50))
+    assert buf.sample(16, 0) is None  # 15 candidates, no replacement
+    buf.resize(2)
+    assert buf.count() == 50  # shrinking keeps every stored item ...
+    assert sorted(numbers(buf.sample(2, 0))) == [48, 49]
+    buf.resize(50)  # ... so growing brings the older ones back
+    assert sorted(numbers(buf.sample(50, 0))) == list(range(50))
+
+
+def test_elastic_sample_range_selects_within_the_window_and_push_evicts_fifo():
+    buf = create_buffer(dict(type='elastic', replay_buffer_size=20, seed=1))
+    buf.push(items(30))  # ring keeps 10..29
+    buf.resize(8)  # window: 22..29
+    got = {i for _ in range(100) for i in numbers(buf.sample(2, 0, sample_range=slice(0, 3)))}
+    assert got == {22, 23, 24}
+    assert buf.sample(1, 0, sample_range=slice(10, None)) is None
+
+
+def test_elastic_bad_sizes_raise_and_change_nothing():
+    sizes = {'n': 4}
+    buf = create_buffer(dict(type='elastic', replay_buffer_size=10, seed=0, set_buffer_size=lambda s: sizes['n']))
+    buf.push(items(6))
+    before = buf.state_dict()
+    for bad in (0, -3, 2.5, 'x', None, True):
+        sizes['n'] = bad
+        with pytest.raises(ValueError, match=r'set_buffer_size\(7\)'):
+            buf.update(7)
+        assert same(buf.state_dict(), before) and buf.current_buffer_size == 4
+    for bad in (0, 1.5, '3'):
+        with pytest.raises(ValueError, match='size must be an int >= 1'):
+            buf.resize(bad)
+    with pytest.raises(TypeError, match='envstep'):
+        buf.update('7')
+    assert buf.update({'priority': [1.0], 'replay_buffer_idx': [0], 'replay_unique_id': ['buffer_0']}) == \
+        {'updated': 0, 'stale': 0}  # a learner's priority_info: the naive no-op
+    assert same(buf.state_dict(), before)
+    with pytest.raises(ValueError, match="config key 'set_buffer_size'"):
+        create_buffer(dict(type='elastic', set_buffer_size=5))
+    plain = create_buffer(dict(type='elastic', replay_buffer_size=10))
+    with pytest.raises(ValueError, match='needs config key .set_buffer_size.'):
+        plain.update(3)
+
+
+def test_elastic_state_round_trip_keeps_the_window_and_the_next_samples(tmp_path):
+    buf = create_buffer(dict(type='elastic', replay_buffer_size=30, seed=3))
+    buf.push(items(40))
+    buf.resize(7)
+    path = str(tmp_path / 'elastic.pt')
+    buf.save_data(path)
+    other = create_buffer(dict(type='elastic', replay_buffer_size=30, seed=99))
+    other.load_data(path, allow_pickle=True)
+    assert other.current_buffer_size == 7
+    assert [numbers(buf.sample(3, 0)) for _ in range(5)] == [numbers(other.sample(3, 0)) for _ in range(5)]
+    bad = buf.state_dict()
+    bad['current_buffer_size'] = 0
+    before = other.state_dict()
+    with pytest.raises(ValueError, match='current_buffer_size'):
+        other.load_state_dict(bad)
+    assert same(other.state_dict(), before)
+
+
+def test_elastic_scheduler_is_the_callers_own_callable_not_a_copy():
+
+    class WorldModel:  # DI-engine's MBPO sets set_buffer_size = world_model.buffer_size_scheduler
+
+        def __init__(self):
+            self.calls = []
+
+        def buffer_size_scheduler(self, envstep):
+            self.calls.append(envstep)
+            return 10 + envstep
+
+    model = WorldModel()
+    buf = create_buffer(dict(type='elastic', replay_buffer_size=100, set_buffer_size=model.buffer_size_scheduler))
+    buf.update(5)
+    assert model.calls == [0, 5] and buf.current_buffer_size == 15
+
+
+# ================================================================================ sequence
+@pytest.mark.parametrize('storage', ['list', 'tensor'])
+def test_sequence_runs_are_consecutive_and_within_the_stored_items(storage):
+    buf = create_buffer(dict(type='sequence', replay_buffer_size=20, seed=0, storage=dict(type=storage)))
+    for k in range(30):  # the ring wraps: it keeps 10..29
+        buf.push({'i': k, 'obs': np.float32([k])})
+    for _ in range(50):
+        runs = buf.sample(4, 5, 0)
+        if storage == 'list':
+            runs = [[d['i'] for d in run] for run in runs]
+        else:
+            assert runs['obs'].shape == (4, 5, 1) and runs['replay_unique_id'].shape == (4, 5)
+            runs = runs['i'].tolist()
+        assert len(runs) == 4
+        for run in runs:
+            assert run == list(range(run[0], run[0] + 5)) and 10 <= run[0] <= 25
+
+
+def test_sequence_starts_are_uniform_and_distinct_without_replacement():
+    buf = create_buffer(dict(type='sequence', replay_buffer_size=64, seed=1))
+    buf.push(items(12))  # starts 0..8 for runs of 4
+    counts = collections.Counter()
+    for _ in range(3000):
+        starts = [run[0]['i'] for run in buf.sample(3, 4, 0)]
+        assert len(set(starts)) == 3
+        counts.update(starts)
+    assert set(counts) == set(range(9))
+    expected = 3000 * 3 / 9
+    chi2 = sum((c - expected) ** 2 / expected for c in counts.values())
+    assert chi2 < 26.1  # 8 degrees of freedom, p = 0.001
+
+
+def test_sequence_shortfalls_ranges_and_bad_arguments():
+    buf = create_buffer(dict(type='sequence', replay_buffer_size=50, seed=2))
+    assert buf.sample(1, 3, 0) is None  # empty
+    buf.push(items(10))
+    assert buf.sample(1, 11, 0) is None  # fewer items than one run
+    assert buf.sample(9, 3, 0) is None  # 8 starts < 9 runs without replacement
+    assert len(buf.sample(9, 3, 0, replace=True)) == 9
+    runs = [buf.sample(2, 3, 0, sample_range=slice(-4, None)) for _ in range(20)]
+    assert {run[0]['i'] for batch in runs for run in batch} <= {6, 7}
+    before = buf.state_dict()
+    for args, kwargs, exc in [((2, 0, 0), {}, ValueError), ((2, 'x', 0), {}, ValueError), ((0, 2, 0), {}, ValueError),
+                              ((2, 2, 0), dict(sample_range=slice(0, 8, 2)), ValueError),
+                              ((2, 2, 0), dict(replace=1), TypeError), ((2, 2, 0), dict(sample_range=3), TypeError)]:
+        with pytest.raises(exc):
+            buf.sample(*args, **kwargs)
+        assert same(buf.state_dict(), before)
+
+
+def test_sequence_counts_every_item_of_a_run_for_max_use():
+    buf = create_buffer(dict(type='sequence', replay_buffer_size=50, seed=4, max_use=1))
+    buf.push(items(8))
+    drawn = {d['i'] for d in buf.sample(1, 3, 0)[0]}
+    assert buf.count() == 5 and buf.stats()['removed_by_use'] == 3
+    left = {run[0]['i'] for run in buf.sample(5, 1, 0)}  # runs of 1: the items that are left
+    assert left == set(range(8)) - drawn
+
+
+# ================================================================================ deque
+def test_deque_uniform_returns_the_stored_dicts_without_replacement_and_max_use_removes():
+    buf = create_buffer(dict(type='deque', replay_buffer_size=10, max_use=2, seed=0))
+    pushed = items(6)
+    buf.push(pushed)
+    batch = buf.sample(6, 0)
+    assert sorted(numbers(batch)) == list(range(6))  # no replacement
+    assert all(any(d is p for p in pushed) for d in batch)  # the stored objects, as DI-engine returns them
+    assert buf.sample(7, 0) is None  # fewer items than the batch
+    buf.sample(6, 1)
+    assert buf.count() == 0  # every item was drawn twice: max_use removed it
+
+
+def test_deque_prioritized_distribution_follows_priority_power():
+    buf = create_buffer(dict(type='deque', replay_buffer_size=16, priority=True, priority_power_factor=1.0, seed=5))
+    pushed = [{'i': k, 'priority': p} for k, p in enumerate([1.0, 2.0, 4.0])]
+    buf.push(pushed)
+    assert pushed[0] == {'i': 0, 'priority': 1.0}  # not mutated (DI-engine pops 'priority')
+    counts = collections.Counter()
+    for _ in range(2000):
+        batch = buf.sample(3, 0)
+        assert all(set(d) == {'i'} for d in batch)  # the pushed data: no priority, no buffer keys
+        counts.update(numbers(batch))
+    total = sum(counts.values())
+    for k, p in enumerate([1, 2, 4]):
+        assert abs(counts[k] / total - p / 7) < 0.02
+
+
+def test_deque_is_weights_anneal_and_match_the_priorities():
+    buf = create_buffer(dict(type='deque', replay_buffer_size=16, priority=True, priority_IS_weight=True,
+                             priority_power_factor=1.0, IS_weight_power_factor=0.5, IS_weight_anneal_train_iter=10,
+                             seed=0))
+    buf.push([{'i': k, 'priority': p} for k, p in enumerate([1.0, 4.0])])
+    beta = 0.5
+    for it in range(3):
+        batch = buf.sample(2, it)
+        for d in batch:
+            p = [1.0, 4.0][d['i']]
+            assert d['IS'] == pytest.approx((p / 1.0) ** -beta, rel=1e-4)
+        beta = min(1.0, beta + 0.5 / 10)
+    plain = create_buffer(dict(type='deque', priority=True, seed=0))
+    plain.push([{'i': 0, 'priority': 2.0}])
+    assert plain.sample(1, 0) == [{'i': 0}]  # no IS weight without priority_IS_weight
+
+
+def test_deque_update_applies_to_every_last_batch_with_clipping():
+    tb = FakeTB()
+    buf = create_buffer(dict(type='deque', replay_buffer_size=32, priority=True, priority_max_limit=50.0,
+                             train_iter_per_log=100, seed=0), tb_logger=tb)
+    buf.push([{'i': k} for k in range(20)])
+    for it in range(1, 6):  # DI-engine remembers the batch only on logging iterations: here every time
+        batch = buf.sample(4, it)
+        assert buf.update({'priority': [1e6, 2.0, 3.0, 4.0]}) == {'updated': 4, 'stale': 0}
+        assert buf.update({'priority': [1.0] * 4}) == {'updated': 0, 'stale': 0}  # the batch was used
+        assert len(batch) == 4
+    assert buf.stats()['max_priority'] == 50.0  # clipped at priority_max_limit
+
+
+def test_deque_bad_updates_raise_change_nothing_and_keep_the_batch():
+    buf = create_buffer(dict(type='deque', replay_buffer_size=32, priority=True, seed=0))
+    buf.push([{'i': k} for k in range(8)])
+    buf.sample(4, 0)
+    before = buf.state_dict()
+    for bad, exc in [([1.0, 2.0, float('nan'), 1.0], ValueError), ([1.0, -2.0, 1.0, 1.0], ValueError),
+                     ([1.0, 2.0], ValueError), ('x', TypeError)]:
+        with pytest.raises(exc):
+            buf.update({'priority': bad})
+        assert same(buf.state_dict(), before)
+    with pytest.raises(TypeError):
+        buf.update([1.0, 2.0])
+    assert buf.update({'priority': np.float32([1, 2, 3, 4])}) == {'updated': 4, 'stale': 0}
+
+
+def test_deque_update_skips_items_that_left_since_the_sample():
+    buf = create_buffer(dict(type='deque', replay_buffer_size=4, priority=True, seed=0))
+    buf.push([{'i': k} for k in range(4)])
+    buf.sample(4, 0)
+    buf.push([{'i': 10 + k} for k in range(2)])  # overwrites two slots
+    out = buf.update({'priority': [9.0, 9.0, 9.0, 9.0]})
+    assert out['updated'] + out['stale'] == 4 and out['stale'] >= 1
+
+
+def test_deque_max_use_with_priority_works():
+    buf = create_buffer(dict(type='deque', replay_buffer_size=8, priority=True, max_use=1, seed=0))
+    buf.push([{'i': k} for k in range(8)])
+    buf.sample(4, 0)
+    assert 4 <= buf.count() < 8  # DI-engine raises TypeError for max_use together with priority
+
+
+def test_deque_tensorboard_tags_follow_train_iter_per_log():
+    tb = FakeTB()
+    buf = create_buffer(dict(type='deque', replay_buffer_size=64, priority=True, max_use=100, train_iter_per_log=10,
+                             seed=0), tb_logger=tb, instance_name='learner_buffer')
+    buf.push([{'i': k} for k in range(32)])
+    for it in range(25):
+        buf.sample(4, it)
+    steps = sorted({step for _, _, step in tb.rows})
+    assert steps == [0, 10, 20]
+    assert tb.tags() == {f'learner_buffer_iter/{k}': 3 for k in ('use_count_avg', 'priority_avg', 'priority_max',
+                                                                 'buffer_data_count')}
+    uniform = FakeTB()
+    plain = create_buffer(dict(type='deque', seed=0), tb_logger=uniform)
+    plain.push(items(8))
+    plain.sample(2, 0)
+    assert set(uniform.tags()) == {'buffer_iter/buffer_data_count'}
+
+
+def test_deque_state_round_trip_and_config_errors(tmp_path):
+    buf = create_buffer(dict(type='deque', replay_buffer_size=16, priority=True, seed=7))
+    buf.push([{'i': k, 'priority': float(k + 1)} for k in range(10)])
+    buf.sample(3, 0)
+    path = str(tmp_path / 'deque.pt')
+    buf.save_data(path)
+    other = create_buffer(dict(type='deque', replay_buffer_size=16, priority=True, seed=1))
+    other.load_data(path, allow_pickle=True)
+    assert [numbers(buf.sample(3, 1)) for _ in range(4)] == [numbers(other.sample(3, 1)) for _ in range(4)]
+    bad = buf.state_dict()
+    bad['last_log_train_iter'] = 'x'
+    before = other.state_dict()
+    with pytest.raises(ValueError, match='last_log_train_iter'):
+        other.load_state_dict(bad)
+    assert same(other.state_dict(), before)
+    with pytest.raises(ValueError, match="'priority_IS_weight'"):
+        create_buffer(dict(type='deque', priority_IS_weight=True))
+    with pytest.raises(ValueError, match="config key 'priority_max_limit'"):
+        create_buffer(dict(type='deque', priority_max_limit=0))
+    with pytest.raises(ValueError, match="config key 'max_use'"):
+        create_buffer(dict(type='deque', max_use=0))
+
+
+# ================================================================================ keys and import_names
+IGNORED = dict(max_reuse=4, min_sample_ratio=1.5, sliced=True, multi_buffer=False, name='policy')
+
+
+@pytest.mark.parametrize('buffer_type', ['naive', 'advanced', 'elastic', 'sequence', 'deque', 'episode'])
+def test_keys_dingengine_ignores_warn_once_and_change_nothing(buffer_type, caplog):
+    plain = create_buffer(dict(type=buffer_type, seed=0))
+    with caplog.at_level(logging.WARNING, logger='ding_buffer'):
+        buf = create_buffer(dict(type=buffer_type, seed=0, **IGNORED))
+    warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    for key in IGNORED:
+        lines = [m for m in warned if f"config key '{key}'" in m]
+        assert len(lines) == 1 and 'no effect' in lines[0], warned
+    assert not set(IGNORED) & set(buf.cfg)  # kept out of behaviour: not even in the config
+    if buffer_type != 'episode':
+        for b in (plain, buf):
+            b.push(items(8))
+        if buffer_type == 'sequence':
+            assert numbers(buf.sample(2, 3, 0)[0]) == numbers(plain.sample(2, 3, 0)[0])
+        else:
+            assert numbers(buf.sample(4, 0)) == numbers(plain.sample(4, 0))
+    assert same(buf.state_dict(), plain.state_dict())
+
+
+def test_keys_of_other_dingengine_types_warn_on_naive_and_misspellings_still_raise(caplog):
+    with caplog.at_level(logging.WARNING, logger='ding_buffer'):
+        create_buffer(dict(type='naive', alpha=0.6, beta=0.4, monitor=dict(periodic_thruput=dict(seconds=60))))
+    assert sum("no effect" in r.getMessage() for r in caplog.records) == 3
+    with pytest.raises(ValueError, match=r"'replay_bufer_size'.*did you mean 'replay_buffer_size'"):
+        create_buffer(dict(type='deque', replay_bufer_size=10))
+    with pytest.raises(ValueError, match=r"'max_uses'.*did you mean 'max_use'"):
+        create_buffer(dict(type='advanced', max_uses=2))
+    with pytest.raises(ValueError) as e:
+        create_buffer(dict(type='advanced', zzzqqq=1))
+    assert 'did you mean' not in str(e.value) and 'valid keys' in str(e.value)  # nothing close: no guess
+    with pytest.raises(ValueError, match="unknown config key 'storage.typo'"):
+        create_buffer(dict(type='deque', storage=dict(typo=1)))
+
+
+def test_dingengine_import_names_are_skipped_for_types_we_provide(caplog):
+    with caplog.at_level(logging.INFO, logger='ding_buffer'):
+        buf = create_buffer(dict(type='deque', import_names=['ding.data.buffer.deque_buffer_wrapper']))
+    assert buf.count() == 0
+    lines = [r.getMessage() for r in caplog.records if 'ding.data.buffer.deque_buffer_wrapper' in r.getMessage()]
+    assert len(lines) == 1 and 'skipped' in lines[0]
+    with pytest.raises(ValueError, match=r"unknown buffer type 'dequex'.*registered: .*deque"):
+        create_buffer(dict(type='dequex', import_names=['ding.data.buffer.deque_buffer_wrapper']))
+    with pytest.raises(ModuleNotFoundError):  # a module of the user's own is still imported for real
+        create_buffer(dict(type='naive', import_names=['no_such_module_for_ding_buffer']))
+    with pytest.raises(TypeError, match='import_names'):
+        create_buffer(dict(type='naive', import_names=[3]))
+
+
+# ================================================================================ DI-engine surface
+def test_load_state_dict_deepcopy_true_copies_the_items():
+    src = create_buffer(dict(type='naive', replay_buffer_size=8, seed=0))
+    src.push([{'i': k, 'box': [k]} for k in range(4)])
+    state = src.state_dict()
+    shared = create_buffer(dict(type='naive', replay_buffer_size=8, seed=0))
+    copied = create_buffer(dict(type='naive', replay_buffer_size=8, seed=0))
+    shared.load_state_dict(state)
+    copied.load_state_dict(state, deepcopy=True)
+    a = {d['i']: d for d in shared.sample(4, 0)}
+    b = {d['i']: d for d in copied.sample(4, 0)}
+    for k in range(4):
+        assert a[k] == b[k] and a[k] is not b[k]
+        a[k]['box'].append('changed')
+        assert b[k]['box'] == [k]  # the deep copy is independent of what the other buffer shares
+    with pytest.raises(TypeError, match='deepcopy'):
+        copied.load_state_dict(state, deepcopy='yes')
+
+
+def test_segment_trees_are_exported_from_utils_with_dingengine_semantics():
+    tree = SumSegmentTree(8)
+    for i, v in enumerate([0, .1, .5, 0, 0, .2, .8, 0]):
+        tree[i] = v
+    assert [tree.find_prefixsum_idx(x) for x in (0, .09, .1, .59, .6, .799, .8)] == [1, 1, 2, 2, 5, 5, 6]
+    assert tree.reduce() == pytest.approx(1.6) and tree.reduce(1, 3) == pytest.approx(.6)
+    low = MinSegmentTree(4)
+    low[2] = 3.0
+    low[1] = 5.0
+    assert low.reduce() == 3.0 and issubclass(SumSegmentTree, SegmentTree)
+
+
+# ================================================================================ serial-pipeline rounds
+with open(os.path.join(DATA, 'dizoo_compiled.json')) as f:
+    COMPILED = json.load(f)
+
+
+@pytest.mark.parametrize('name', sorted(COMPILED))
+def test_serial_pipeline_round_on_compiled_dizoo_sections(name):
+    """What DI-engine's serial pipeline does with a compiled section: create_buffer(section, tb_logger=...,
+    exp_name=...), push collected transitions with cur_collector_envstep, sample(batch, learner.train_iter), and
+    update(learner.priority_info) -- built from the sampled list of dicts as BaseLearner builds it."""
+    section = COMPILED[name]['section']
+    rng = np.random.default_rng(0)
+    np.random.seed(0)
+    tb = FakeTB()
+    buf = create_buffer(section, tb_logger=tb, exp_name='serial', instance_name='buffer')
+    envstep, updated = 0, 0
+    for train_iter in range(30):
+        data = [{'obs': rng.standard_normal(4).astype(np.float32), 'action': int(rng.integers(2)),
+                 'reward': float(rng.standard_normal()), 'done': bool(rng.random() < 0.05), 'collect_iter': train_iter}
+                for _ in range(16)]
+        envstep += len(data)
+        buf.push(data, cur_collector_envstep=envstep)
+        batch = buf.sample(32, train_iter)
+        if batch is None:
+            assert buf.count() < 32
+            continue
+        assert isinstance(batch, list) and len(batch) == 32 and all('obs' in d for d in batch)
+        priority = np.abs(rng.standard_normal(32)).tolist()
+        priority_info = {'priority': priority, 'replay_buffer_idx': [d.get('replay_buffer_idx') for d in batch],
+                         'replay_unique_id': [d.get('replay_unique_id') for d in batch]}
+        result = buf.update(priority_info)
+        updated += (result or {}).get('updated', 0)
+    assert buf.count() == min(30 * 16, section['replay_buffer_size'])
+    prioritized = section['type'] == 'advanced' or section.get('priority')
+    assert (updated > 0) == bool(prioritized)
+    buf.close()
+
+
+# ================================================================================ the sweep itself
+def test_dizoo_sweep_builds_every_compiled_section():
+    import importlib.util
+    spec = importlib.util.spec_from_file_location(
+        'dizoo_sweep', os.path.join(os.path.dirname(__file__), '..', 'benchmarks', 'dizoo_sweep.py'))
+    sweep = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sweep)
+    result = sweep.run_sweep()
+    if result is None:
+        pytest.skip('DI-engine source is not installed (pip install --no-deps di-engine==0.5.3): the sweep needs '
+                    'its dizoo/ configs')
+    assert result['total'] >= 300, result
+    assert result['failed'] == {}, result['failed']
+    assert result['built'] == result['total']
+    assert set(result['served']) <= {'served', 'skipped'}, result['served']
+    assert set(result['warned']) <= {'max_reuse', 'min_sample_ratio', 'sliced', 'multi_buffer', 'name', 'alpha', 'beta',
+                                     'anneal_step', 'monitor', 'priority', 'priority_IS_weight'}, result['warned']
