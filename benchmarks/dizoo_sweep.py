@@ -28,6 +28,7 @@ import os
 import re
 import sys
 import tempfile
+import warnings
 from typing import Any, Dict, List, Optional, Tuple
 
 from easydict import EasyDict
@@ -87,7 +88,8 @@ def scan_classes(root: str) -> List[ClassInfo]:
                 continue
             path = os.path.join(dirpath, fname)
             try:
-                with open(path, encoding='utf-8') as f:
+                with open(path, encoding='utf-8') as f, warnings.catch_warnings():
+                    warnings.simplefilter('ignore')  # DI-engine's sources have invalid escape sequences
                     tree = ast.parse(f.read())
             except (SyntaxError, UnicodeDecodeError, ValueError):
                 continue
@@ -152,7 +154,8 @@ def default_config(cls: ClassInfo, by_name: Dict[str, List[ClassInfo]]) -> Optio
 # ---------------------------------------------------------------------------------------------------- config files
 def load_config_module(path: str) -> Dict[str, Any]:
     """The top-level assignments of a dizoo config module, executed one by one without its imports."""
-    with open(path, encoding='utf-8') as f:
+    with open(path, encoding='utf-8') as f, warnings.catch_warnings():
+        warnings.simplefilter('ignore')
         return module_env(ast.parse(f.read()), path)
 
 

@@ -65,6 +65,8 @@ class IBuffer(ABC):
         ``with buffer: ...`` (which calls ``close`` on exit).
     """
     config: Dict[str, Any] = {}
+    # Why a distributed manager cannot serve this type (None: it can); create_buffer refuses 'distributed' then.
+    not_distributable: Optional[str] = None
 
     @classmethod
     def default_config(cls) -> EasyDict:

@@ -95,7 +95,7 @@ def test_elastic_bad_sizes_raise_and_change_nothing():
             buf.update(7)
         assert same(buf.state_dict(), before) and buf.current_buffer_size == 4
     for bad in (0, 1.5, '3'):
-        with pytest.raises(ValueError, match='size must be an int >= 1'):
+        with pytest.raises(ValueError, match=r'size must be an int in \[1, 2\*\*60\)'):
             buf.resize(bad)
     with pytest.raises(TypeError, match='envstep'):
         buf.update('7')
@@ -472,3 +472,80 @@ def test_dizoo_sweep_builds_every_compiled_section():
     assert set(result['served']) <= {'served', 'skipped'}, result['served']
     assert set(result['warned']) <= {'max_reuse', 'min_sample_ratio', 'sliced', 'multi_buffer', 'name', 'alpha', 'beta',
                                      'anneal_step', 'monitor', 'priority', 'priority_IS_weight'}, result['warned']
+
+
+# ================================================================================ found by review
+def test_sequence_runs_never_jump_over_items_that_max_use_removed():
+    for storage in ('list', 'tensor'):
+        buf = create_buffer(dict(type='sequence', replay_buffer_size=10, seed=0, max_use=1,
+                                 storage=dict(type=storage)))
+        for k in range(10):
+            buf.push({'i': k})
+        while True:
+            runs = buf.sample(1, 3, 0)
+            if runs is None:
+                break
+            got = [d['i'] for d in runs[0]] if storage == 'list' else runs['i'][0].tolist()
+            assert got == list(range(got[0], got[0] + 3)), got  # consecutive pushes only
+        assert buf.count() >= 0 and buf.sample(1, 3, 0, replace=True) is None
+
+
+def test_types_that_a_trainer_or_manager_cannot_serve_are_refused_at_build():
+    from ding_buffer.train.config import build_train_config
+    with pytest.raises(ValueError, match="'sequence'.*DQN trainer cannot use"):
+        build_train_config(dict(policy=dict(learn=dict(batch_size=32), other=dict(replay_buffer=dict(
+            type='sequence', replay_buffer_size=64)))))
+    for buffer_type in ('deque', 'sequence'):
+        with pytest.raises(ValueError, match=f"config key 'distributed' is set on type '{buffer_type}'"):
+            create_buffer(dict(type=buffer_type, distributed=dict(backend='torch')))
+
+
+def test_deque_state_keeps_the_batch_to_update_and_checks_it():
+    def make(seed):
+        return create_buffer(dict(type='deque', replay_buffer_size=16, priority=True, seed=seed))
+
+    buf = make(0)
+    buf.push([{'i': k} for k in range(8)])
+    buf.sample(2, 0)
+    other = make(5)
+    other.load_state_dict(buf.state_dict())
+    assert buf.update({'priority': [1e3, 1e3]}) == other.update({'priority': [1e3, 1e3]}) == {'updated': 2, 'stale': 0}
+    assert [numbers(buf.sample(4, 1)) for _ in range(3)] == [numbers(other.sample(4, 1)) for _ in range(3)]
+    buf.sample(2, 2)
+    for bad in ({'ids': ['buffer_0'], 'slots': [99]}, {'ids': ['a', 'b'], 'slots': [1]}, [1, 2],
+                {'ids': [1.5], 'slots': [0]}):
+        state = buf.state_dict()
+        state['last_batch'] = bad
+        before = other.state_dict()
+        with pytest.raises(ValueError, match='last_batch'):
+            other.load_state_dict(state)
+        assert same(other.state_dict(), before)
+    state = buf.state_dict()
+    state['last_log_train_iter'] = 2 ** 70
+    with pytest.raises(ValueError, match='last_log_train_iter'):
+        other.load_state_dict(state)
+
+
+def test_deque_update_checks_priorities_even_with_nothing_to_update():
+    buf = create_buffer(dict(type='deque', replay_buffer_size=16, priority=True, seed=0))
+    for bad in ('garbage', ['1.5', '2'], [object()]):
+        with pytest.raises(TypeError, match="'priority' must be real numbers"):
+            buf.update({'priority': bad})
+    plain = create_buffer(dict(type='deque', seed=0, storage=dict(type='tensor')))
+    plain.push({'obs': torch.zeros(2), 'priority': torch.tensor(3.0)})
+    assert set(plain.sample(1, 0)) == {'obs', 'priority'}  # a field of the user's, kept as on list storage
+    with pytest.raises(ValueError, match="config key 'seed'"):
+        create_buffer(dict(type='deque', seed=True))
+
+
+def test_elastic_scheduler_errors_and_huge_steps_name_the_problem():
+    def broken(envstep):
+        return 10 // (envstep - 3) + 5  # 1 at envstep 0, ZeroDivisionError at 3
+
+    buf = create_buffer(dict(type='elastic', replay_buffer_size=10, set_buffer_size=broken))
+    before = buf.state_dict()
+    with pytest.raises(ValueError, match=r"config key 'set_buffer_size' raised at envstep 3: ZeroDivisionError"):
+        buf.update(3)
+    with pytest.raises(ValueError, match='envstep'):
+        buf.update(10 ** 30)
+    assert same(buf.state_dict(), before)

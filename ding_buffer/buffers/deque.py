@@ -21,6 +21,7 @@ left the buffer is skipped (the advanced buffer's identity check); ``max_use`` t
 """
 import copy
 import math
+import threading
 from typing import Any, Dict, List, Mapping, Optional
 
 import numpy as np
@@ -31,7 +32,7 @@ from ..control.limits import limit_ok
 from ..persistence import load_state, save_state
 from ..storage import STORAGE_CHECKS, STORAGE_CONFIG
 from .advanced import AdvancedReplayBuffer
-from .common import check_step
+from .common import STEP_LIMIT, check_step
 from .naive import NaiveReplayBuffer
 
 INF = math.inf
@@ -70,9 +71,19 @@ DEQUE_CHECKS = dict(
     IS_weight_power_factor=(lambda x: 0 <= x <= 1, 'a number in [0, 1]'),
     IS_weight_anneal_train_iter=(lambda x: x >= 0 and x == int(x), 'an int >= 0'),
     priority_max_limit=(lambda x: x > 0, 'a number > 0 (inf: no clipping)'),
-    seed=(lambda x: x is None or (isinstance(x, int) and x >= 0), 'None or an int >= 0'),
+    seed=(lambda x: x is None or (type(x) is int and x >= 0), 'None or an int >= 0'),
     **STORAGE_CHECKS,
 )
+
+
+def numbers(priority: Any) -> np.ndarray:
+    """``update``'s priorities as a float64 vector: lists, arrays or tensors of real numbers (not strings)."""
+    if hasattr(priority, 'detach'):
+        priority = priority.detach().cpu().numpy()
+    arr = np.asarray(priority)
+    if arr.dtype.kind not in 'biuf':
+        raise TypeError(f"update: 'priority' must be real numbers, got {type(priority).__name__} {priority!r:.60}")
+    return arr.astype(np.float64).reshape(-1)
 
 
 def inner_config(cfg: Mapping) -> Dict[str, Any]:
@@ -100,6 +111,8 @@ class DequeReplayBuffer(IBuffer):
     config = DEQUE_CONFIG
     checks = DEQUE_CHECKS
     ignored_keys = dingengine_ignored(DEQUE_CONFIG, 'deque')
+    not_distributable = "update() applies to the last sampled batch, which many workers would share; use type " \
+                        "'advanced' (updates by id) with a manager"
 
     def __init__(self, cfg: Optional[Mapping] = None, tb_logger: Any = None, exp_name: str = 'default_experiment',
                  instance_name: str = 'buffer') -> None:
@@ -114,6 +127,7 @@ class DequeReplayBuffer(IBuffer):
         self._tag = f'{instance_name}_iter'
         self._last_log = -1
         self._last_batch: Optional[tuple] = None  # (ids, slots) of the last sample, for update()
+        self._lock = threading.RLock()  # the remembered batch and log step change with the inner buffer's data
 
     # ------------------------------------------------------------------ properties
     @property
@@ -151,27 +165,28 @@ class DequeReplayBuffer(IBuffer):
               otherwise) -- or, on tensor storage, one dict of batched tensors.
         """
         train_iter = check_step(train_iter, 'train_iter')
-        out = self._inner.sample(size, train_iter, timeout=timeout)
-        if out is None:
-            return None
-        tensor = isinstance(out, dict)
-        if self._cfg.priority:
-            ids = out['replay_unique_id'] if tensor else [d['replay_unique_id'] for d in out]
-            slots = out['replay_buffer_idx'] if tensor else [d['replay_buffer_idx'] for d in out]
-            priority = np.asarray(out['priority'] if tensor else [d['priority'] for d in out], dtype=np.float64)
-            self._last_batch = (ids, slots)
-        else:
-            priority = None
-        self._log(train_iter, priority)
+        with self._lock:  # push does not take it: a sample waiting for data (timeout) does not block pushes
+            out = self._inner.sample(size, train_iter, timeout=timeout)
+            if out is None:
+                return None
+            tensor = isinstance(out, dict)
+            if self._cfg.priority:
+                ids = out['replay_unique_id'].tolist() if tensor else [d['replay_unique_id'] for d in out]
+                slots = out['replay_buffer_idx'].tolist() if tensor else [int(d['replay_buffer_idx']) for d in out]
+                priority = np.asarray(out['priority'] if tensor else [d['priority'] for d in out], dtype=np.float64)
+                self._last_batch = (ids, slots)
+            else:
+                priority = None
+            self._log(train_iter, priority)
         return self._data(out, tensor)
 
     def _data(self, out: Any, tensor: bool) -> Any:
-        keep_is = self._cfg.priority_IS_weight
+        if not self._cfg.priority:  # the naive buffer adds ids only to tensor batches
+            return {k: v for k, v in out.items() if k not in INNER_KEYS[:2]} if tensor else out  # stored dicts
+        drop = [k for k in INNER_KEYS if not (self._cfg.priority_IS_weight and k == 'IS')]
         if tensor:
-            return {k: v for k, v in out.items() if k not in INNER_KEYS or (keep_is and k == 'IS')}
-        if not self._cfg.priority:
-            return out  # the stored dicts, as DI-engine returns them
-        return [{k: v for k, v in d.items() if k not in INNER_KEYS or (keep_is and k == 'IS')} for d in out]
+            return {k: v for k, v in out.items() if k not in drop}
+        return [{k: v for k, v in d.items() if k not in drop} for d in out]
 
     def _log(self, train_iter: int, priority: Optional[np.ndarray]) -> None:
         tb = self._tb_logger
@@ -199,27 +214,27 @@ class DequeReplayBuffer(IBuffer):
         """
         if not isinstance(meta, Mapping):
             raise TypeError(f"update takes a dict with 'priority', got {type(meta).__name__}")
-        batch = self._last_batch
-        if not self._cfg.priority or batch is None or meta.get('priority') is None:
+        if meta.get('priority') is None:
             return {'updated': 0, 'stale': 0}
-        priority = meta['priority']
-        if hasattr(priority, 'detach'):
-            priority = priority.detach().cpu().numpy()
-        try:
-            priority = np.asarray(priority, dtype=np.float64).reshape(-1)
-        except (TypeError, ValueError) as e:
-            raise TypeError(f"update: 'priority' must be numbers, got {type(meta['priority']).__name__}: {e}") from None
-        if len(priority) != len(batch[0]):
-            raise ValueError(f"update: {len(priority)} priorities for the last sampled batch of {len(batch[0])} items")
-        clipped = np.minimum(priority, float(self._cfg.priority_max_limit))  # NaN stays NaN: the inner refuses it
-        result = self._inner.update({'replay_unique_id': batch[0], 'replay_buffer_idx': batch[1], 'priority': clipped})
-        self._last_batch = None
-        return result
+        priority = numbers(meta['priority'])  # checked even when there is nothing to apply it to
+        with self._lock:
+            batch = self._last_batch
+            if not self._cfg.priority or batch is None:
+                return {'updated': 0, 'stale': 0}
+            if len(priority) != len(batch[0]):
+                raise ValueError(f"update: {len(priority)} priorities for the last sampled batch of {len(batch[0])} "
+                                 f"items")
+            clipped = np.minimum(priority, float(self._cfg.priority_max_limit))  # NaN stays NaN: the inner refuses it
+            result = self._inner.update({'replay_unique_id': batch[0], 'replay_buffer_idx': batch[1],
+                                         'priority': clipped})
+            self._last_batch = None
+            return result
 
     # ------------------------------------------------------------------ the rest: the inner buffer's
     def clear(self) -> None:
-        self._inner.clear()
-        self._last_batch = None
+        with self._lock:
+            self._inner.clear()
+            self._last_batch = None
 
     def count(self) -> int:
         return self._inner.count()
@@ -228,7 +243,11 @@ class DequeReplayBuffer(IBuffer):
         return self._inner.stats()
 
     def state_dict(self) -> Dict[str, Any]:
-        return {'type': type(self).__name__, 'inner': self._inner.state_dict(), 'last_log_train_iter': self._last_log}
+        with self._lock:
+            batch = None if self._last_batch is None else {'ids': list(self._last_batch[0]),
+                                                           'slots': list(self._last_batch[1])}
+            return {'type': type(self).__name__, 'inner': self._inner.state_dict(), 'last_log_train_iter': self._last_log,
+                    'last_batch': batch}
 
     def load_state_dict(self, state: Dict[str, Any], deepcopy: bool = False) -> None:
         """Restore a ``state_dict()`` (all or nothing); ``{'data': [...]}`` alone pushes the items."""
@@ -240,12 +259,28 @@ class DequeReplayBuffer(IBuffer):
         if state.get('type') != type(self).__name__:
             raise ValueError(f"state was made by {state.get('type')!r}, this buffer is {type(self).__name__}")
         last = state.get('last_log_train_iter')
-        if type(last) is not int or last < -1:
-            raise ValueError(f"state has an invalid 'last_log_train_iter' entry {last!r:.40}; expected an int >= -1")
+        if type(last) is not int or not -1 <= last < STEP_LIMIT:
+            raise ValueError(f"state has an invalid 'last_log_train_iter' entry {last!r:.40}; expected an int in "
+                             f"[-1, 2**60)")
         if not isinstance(state.get('inner'), Mapping):
             raise ValueError("state has no 'inner' entry (the state of the buffer doing the work)")
-        self._inner.load_state_dict(state['inner'], deepcopy)
-        self._last_log, self._last_batch = last, None
+        batch = self._checked_batch(state.get('last_batch'))
+        with self._lock:
+            self._inner.load_state_dict(state['inner'], deepcopy)
+            self._last_log, self._last_batch = last, batch
+
+    def _checked_batch(self, batch: Any) -> Optional[tuple]:
+        """A saved 'last sampled batch': None, or ids (str / int) and slots (ints in range) of equal length."""
+        if batch is None:
+            return None
+        ids, slots = (batch.get('ids'), batch.get('slots')) if isinstance(batch, Mapping) else (None, None)
+        ok = isinstance(ids, list) and isinstance(slots, list) and len(ids) == len(slots) and \
+            all(type(i) in (str, int) for i in ids) and \
+            all(type(k) is int and 0 <= k < self.replay_buffer_size for k in slots)
+        if not ok:
+            raise ValueError(f"state has an invalid 'last_batch' entry {batch!r:.80}; expected None or "
+                             f"{{'ids': [...], 'slots': [slot ints]}} of equal length")
+        return list(ids), list(slots)
 
     def save_data(self, path: str) -> None:
         save_state(path, type(self).__name__, self.state_dict())

@@ -18,6 +18,7 @@ import numpy as np
 
 from ..base import BUFFER_REGISTRY
 from ..config import dingengine_ignored
+from .common import STEP_LIMIT, check_step
 from .naive import NAIVE_CHECKS, NAIVE_CONFIG, NaiveReplayBuffer
 
 ELASTIC_CONFIG = dict(
@@ -34,8 +35,8 @@ ELASTIC_CHECKS = dict(
 
 def checked_size(value: Any, what: str) -> int:
     """A window size: an int >= 1 (numpy ints too); ``ValueError`` naming ``what`` otherwise."""
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) or value < 1:
-        raise ValueError(f"{what} must be an int >= 1, got {type(value).__name__} {value!r:.60}")
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) or not 1 <= value < STEP_LIMIT:
+        raise ValueError(f"{what} must be an int in [1, 2**60), got {type(value).__name__} {value!r:.60}")
     return int(value)
 
 
@@ -62,7 +63,11 @@ class ElasticReplayBuffer(NaiveReplayBuffer):
         self._current = self._ask(0) if self._size_fn is not None else self.replay_buffer_size
 
     def _ask(self, envstep: int) -> int:
-        return checked_size(self._size_fn(envstep), f'set_buffer_size({envstep})')
+        try:
+            size = self._size_fn(envstep)
+        except Exception as e:
+            raise ValueError(f"config key 'set_buffer_size' raised at envstep {envstep}: {type(e).__name__}: {e}") from e
+        return checked_size(size, f'set_buffer_size({envstep})')
 
     @property
     def current_buffer_size(self) -> int:
@@ -85,6 +90,7 @@ class ElasticReplayBuffer(NaiveReplayBuffer):
             return super().update(info)
         if isinstance(info, (bool, np.bool_)) or not isinstance(info, (int, np.integer)):
             raise TypeError(f"update takes an envstep (int) or a dict, got {type(info).__name__} {info!r:.40}")
+        info = check_step(info, 'envstep')
         if self._size_fn is None:
             raise ValueError("update(envstep) needs config key 'set_buffer_size' (a callable envstep -> size); "
                              "without it, call resize(n)")

@@ -5,7 +5,8 @@ DI-engine's Dreamer world model calls ``sample(batch, sequence, cur_learner_iter
 steps and refuses ``sample_range``; this one draws a run start uniformly among every start whose run lies in the
 stored items (or in ``sample_range``, a contiguous slice of insertion order), so runs are always consecutive in
 push order and never wrap past the newest item. ``replace=False`` draws distinct starts (runs may overlap);
-``replace=True`` may repeat a start.
+``replace=True`` may repeat a start. Where ``max_use`` (or a remover of your own) took items out of the middle, a run
+never jumps over the gap. ``distributed`` is refused: a remote ``sample`` has no ``sequence`` argument.
 
 Output: list storage -> a list of ``batch`` lists of ``sequence`` items; tensor storage -> one dict of
 ``[batch, sequence, ...]`` tensors (with ``replay_buffer_idx`` / ``replay_unique_id`` of shape ``[B, T]``).
@@ -36,6 +37,7 @@ class SequenceReplayBuffer(NaiveReplayBuffer):
     config = SEQUENCE_CONFIG
     checks = NAIVE_CHECKS
     ignored_keys = dingengine_ignored(SEQUENCE_CONFIG, 'sequence')
+    not_distributable = "a remote sample has no 'sequence' argument; use type 'episode' (windows) with a manager"
 
     def sample(  # type: ignore[override]
             self,
@@ -74,29 +76,43 @@ class SequenceReplayBuffer(NaiveReplayBuffer):
                                  lambda: self._run_shortfall(batch, sequence, sample_range, replace)[0])
 
     def _run_shortfall(self, batch: int, sequence: int, sample_range: Optional[slice], replace: bool):
-        """(why the runs cannot be drawn now or '', the candidate positions)."""
+        """(why the runs cannot be drawn now or '', the insertion positions where a run may start)."""
         positions = self._candidates(sample_range)
-        starts = len(positions) - sequence + 1
         if self.count() == 0:
-            return 'buffer is empty', positions
-        if starts < 1:
+            return 'buffer is empty', None
+        if len(positions) < sequence:
             where = f' in {sample_range}' if sample_range is not None else ''
-            return f'{len(positions)} items{where} < sequence length {sequence}', positions
-        if not replace and starts < batch:
-            return f'{starts} run starts < batch size {batch} and replace=False', positions
-        return '', positions
+            return f'{len(positions)} items{where} < sequence length {sequence}', None
+        starts = self._run_starts(positions, sequence)
+        if len(starts) == 0:
+            return f'no {sequence} consecutive items are stored (removals left gaps)', None
+        if not replace and len(starts) < batch:
+            return f'{len(starts)} run starts < batch size {batch} and replace=False', None
+        return '', starts
+
+    def _run_starts(self, positions: range, sequence: int) -> np.ndarray:
+        """Insertion positions where a run of ``sequence`` consecutive pushes starts. Without removal rules every
+        position up to ``len - sequence`` does; ``max_use`` or a rule of your own may remove items from the middle,
+        and a run must not jump over such a gap (its ids are consecutive)."""
+        last = positions.start + len(positions) - sequence
+        if not self._rules:
+            return np.arange(positions.start, last + 1, dtype=np.int64)
+        pos = np.arange(positions.start, positions.start + len(positions), dtype=np.int64)
+        uids = np.asarray(self._storage.ring.uids(self._storage.ring.slots_of_positions(pos)), dtype=np.int64)
+        ok = uids[sequence - 1:] - uids[:len(uids) - sequence + 1] == sequence - 1
+        return pos[:len(ok)][ok]
 
     def _draw_runs(self, batch: int, sequence: int, sample_range: Optional[slice], replace: bool) -> Optional[Any]:
-        why, positions = self._run_shortfall(batch, sequence, sample_range, replace)
+        why, candidates = self._run_shortfall(batch, sequence, sample_range, replace)
         if why:
             return self._refused(why)
-        m = len(positions) - sequence + 1
+        m = len(candidates)
         idx = self._sampler.draw(self._rng, m, batch, replace)
         if self._own_sampler:
             if idx is None:
                 return self._refused(f'sampler {self._cfg.sampler.get("type")!r} refused')
             idx = check_positions(idx, m, batch, self._cfg.sampler.get('type'))
-        starts = positions.start + np.asarray(idx, dtype=np.int64)
+        starts = candidates[np.asarray(idx, dtype=np.int64)]
         runs = starts[:, None] + np.arange(sequence, dtype=np.int64)[None, :]
         slots = self._storage.ring.slots_of_positions(runs.reshape(-1))
         if self._storage.kind == 'list':

@@ -22,6 +22,8 @@ from .transport import SendTimeout, TransportError
 def create_distributed(cls: type, cfg: Any, *args, **kwargs) -> Any:
     """``create_buffer`` for configs with ``distributed.backend``: a ReplayBufferManager or a RemoteBuffer."""
     dcfg = build_distributed_config(cfg.get('distributed'))
+    if dcfg.backend and getattr(cls, 'not_distributable', None):
+        raise ValueError(f"config key 'distributed' is set on type {cfg.get('type')!r}: {cls.not_distributable}")
     local_cfg = _local_cfg(cfg)
     # every rank fails fast on a bad buffer section
     build_config(cls.config, local_cfg, getattr(cls, 'checks', {}), ignored=getattr(cls, 'ignored_keys', None), warn=False)

@@ -14,6 +14,7 @@ from easydict import EasyDict
 from ..base import get_buffer_cls
 from ..buffers.advanced import AdvancedReplayBuffer
 from ..buffers.naive import NaiveReplayBuffer
+from ..buffers.sequence import SequenceReplayBuffer
 from ..config import build_config, optional_positive_int, positive_int
 
 INF = float('inf')
@@ -141,7 +142,8 @@ def build_train_config(user: Mapping, source: str = '<config>') -> EasyDict:
 
 def _check_trainer_buffer(cls: type, name: str) -> None:
     """``ValueError`` unless the DQN trainer can learn from buffers of ``cls`` (registered as ``name``)."""
-    if not issubclass(cls, tuple(TRAINER_BUFFER_TYPES.values())):
+    runs = issubclass(cls, SequenceReplayBuffer)  # a naive ring whose sample takes (batch, sequence)
+    if runs or not issubclass(cls, tuple(TRAINER_BUFFER_TYPES.values())):
         supported = ' or '.join(repr(t) for t in TRAINER_BUFFER_TYPES)
         raise ValueError(
             f"config key '{BUFFER_SECTION}type' is {name!r} ({cls.__name__}), which the DQN trainer cannot use: "
