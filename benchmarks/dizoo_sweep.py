@@ -33,6 +33,8 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from easydict import EasyDict
 
+from ding_buffer.config import deep_merge_dicts
+
 # The policy template of compile_config: every compiled policy config has these sections.
 POLICY_TEMPLATE = dict(model=dict(), learn=dict(learner=dict()), collect=dict(collector=dict()),
                        eval=dict(evaluator=dict()), other=dict(replay_buffer=dict()))
@@ -51,20 +53,9 @@ def source_root(package: str) -> Optional[str]:
 
 
 def deep_merge(original: Any, new: Any) -> EasyDict:
-    """DI-engine's ``deep_merge_dicts``: deep copy of ``original`` recursively updated with ``new``."""
-    merged = EasyDict(copy.deepcopy(dict(original)))
-    _update(merged, copy.deepcopy(dict(new or {})))
-    return EasyDict(merged)
-
-
-def _update(original: dict, new: dict) -> None:
-    for k, v in new.items():
-        if isinstance(v, dict) and isinstance(original.get(k), dict):
-            sub = dict(original[k])
-            _update(sub, v)
-            original[k] = sub
-        else:
-            original[k] = v
+    """DI-engine's ``deep_merge_dicts`` (deep copy of ``original`` recursively updated with ``new``): ours has the
+    same semantics."""
+    return deep_merge_dicts(original, new)
 
 
 # ---------------------------------------------------------------------------------------------------- registries

@@ -89,7 +89,7 @@ def test_elastic_bad_sizes_raise_and_change_nothing():
     buf = create_buffer(dict(type='elastic', replay_buffer_size=10, seed=0, set_buffer_size=lambda s: sizes['n']))
     buf.push(items(6))
     before = buf.state_dict()
-    for bad in (0, -3, 2.5, 'x', None, True):
+    for bad in (0, -3, 2.5, float('nan'), float('inf'), 'x', None, True):
         sizes['n'] = bad
         with pytest.raises(ValueError, match=r'set_buffer_size\(7\)'):
             buf.update(7)
@@ -97,6 +97,10 @@ def test_elastic_bad_sizes_raise_and_change_nothing():
     for bad in (0, 1.5, '3'):
         with pytest.raises(ValueError, match=r'size must be an int in \[1, 2\*\*60\)'):
             buf.resize(bad)
+    sizes['n'] = 6.0  # an integral float (a scheduler multiplying sizes) is a size
+    buf.update(8)
+    assert buf.current_buffer_size == 6 and type(buf.current_buffer_size) is int
+    buf.resize(4)
     with pytest.raises(TypeError, match='envstep'):
         buf.update('7')
     assert buf.update({'priority': [1.0], 'replay_buffer_idx': [0], 'replay_unique_id': ['buffer_0']}) == \

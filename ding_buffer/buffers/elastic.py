@@ -12,6 +12,7 @@ the newest ``set_buffer_size(envstep)`` of them; ``update(envstep)`` moves that 
 
 Everything else (storage, ``max_use``, ``max_staleness``, the limiter, monitors) is the naive buffer's.
 """
+import math
 from typing import Any, Callable, Dict, Optional
 
 import numpy as np
@@ -34,7 +35,10 @@ ELASTIC_CHECKS = dict(
 
 
 def checked_size(value: Any, what: str) -> int:
-    """A window size: an int >= 1 (numpy ints too); ``ValueError`` naming ``what`` otherwise."""
+    """A window size: an int >= 1 (numpy ints, and floats with an integral value, as a scheduler multiplying
+    sizes may return); ``ValueError`` naming ``what`` otherwise."""
+    if isinstance(value, (float, np.floating)) and math.isfinite(value) and value == int(value):
+        value = int(value)
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) or not 1 <= value < STEP_LIMIT:
         raise ValueError(f"{what} must be an int in [1, 2**60), got {type(value).__name__} {value!r:.60}")
     return int(value)
