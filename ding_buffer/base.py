@@ -146,6 +146,8 @@ def _import_modules(cfg: Any) -> None:
     names = cfg.get('import_names', []) if hasattr(cfg, 'get') else []
     if isinstance(names, str):
         names = [names]
+    if names is None:
+        names = []
     if not isinstance(names, (list, tuple)):
         raise TypeError(f"config key 'import_names' must be a list of module names, got {type(names).__name__} "
                         f"{names!r:.60}")
