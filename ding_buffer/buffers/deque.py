@@ -106,7 +106,8 @@ class DequeReplayBuffer(IBuffer):
         ``load_state_dict``, ``save_data``, ``load_data``, ``start``, ``close``.
     Property:
         ``replay_buffer_size``, ``push_count``, ``cfg``, ``instance_name``, ``inner`` (the buffer doing the work)
-    Thread-safety: the inner buffer's lock guards the data; the remembered batch is swapped atomically.
+    Thread-safety: the inner buffer's lock guards the data; this wrapper's lock makes a sample and the batch it
+        remembers (and an update and the batch it consumes) one step. Pushes take only the inner lock.
     """
     config = DEQUE_CONFIG
     checks = DEQUE_CHECKS
