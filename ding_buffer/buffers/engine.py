@@ -196,8 +196,11 @@ class Engine(BufferCore):
             if len(stale):
                 self._remove(stale, f'removed_by_{rule.name}')
         short = shortfall() if shortfall is not None else ''
-        limit = self._limiter.why_not(self._units(), size)
-        return f'{short}; {limit}' if short and limit else (short or limit)
+        units = self._units()
+        limit = self._limiter.why_not(units, size)
+        if short and limit and units:
+            return f'{short}; {limit}'
+        return short or limit  # an empty buffer: the preset's reason says it
 
     def _units(self) -> int:
         """What ``sample_min_limit_ratio`` compares with the batch size: the stored elements."""

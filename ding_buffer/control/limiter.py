@@ -89,7 +89,9 @@ class RateLimiter:
         if count and count >= self.min_ratio * size and not self.active:
             return ''
         self._last_sample = size
-        if count == 0 or count / size < self.min_ratio:
+        if count == 0:
+            return 'nothing is stored'
+        if count / size < self.min_ratio:
             return f"{count} items < sample_min_limit_ratio {self.min_ratio:g} x batch {size}"
         ok, why = self.thruput.can_sample(size)
         if ok or not self.thruput.can_push(self._last_push)[0]:  # a push is refused too: the sample goes
