@@ -224,6 +224,11 @@ class PriorityTree:
     def leaves(self) -> np.ndarray:
         return self.sum.leaves
 
+    @property
+    def arrays(self) -> tuple:
+        """``(leaves, sum nodes, min nodes, max nodes, has max, level starts)``: what the fused kernels take."""
+        return self._arrays
+
     def set(self, idx: np.ndarray, values: np.ndarray) -> None:
         """Write leaves ``idx`` (int64 array; the last write wins for repeats) and refresh every tree in one
         fused pass. Values must be finite and >= 0 (the caller validates)."""

@@ -203,6 +203,41 @@ def prio_set_many(leaves, snodes, mnodes, xnodes, has_max, starts, idx, values):
 
 
 @njit(cache=True, nogil=True)
+def prio_update_by_id(leaves, snodes, mnodes, xnodes, has_max, starts, valid, next_uid, capacity, slots, ids, prios,
+                      eps, alpha, max_prio, out):
+    """A prioritized ``update`` in one compiled pass, all or nothing: check every entry first (slot in
+    ``[0, capacity)``, priority in ``[0, max_prio]`` -- NaN fails), then keep the entries whose slot still holds
+    their id (valid, and the slot's id -- the newest ``u < next_uid`` with ``u % capacity == slot`` -- equals it),
+    write ``(priority + eps) ** alpha`` at their leaves (the last write wins for repeats) and refresh the trees.
+    ``out`` receives ``(entries updated, largest updated priority or -1, index of the first bad entry or -1,
+    1: bad slot / 2: bad priority)``; on a bad entry nothing is written."""
+    n = slots.shape[0]
+    for t in range(n):
+        if slots[t] < 0 or slots[t] >= capacity:
+            out[2], out[3] = t, 1
+            return
+        if not (prios[t] >= 0.0 and prios[t] <= max_prio):
+            out[2], out[3] = t, 2
+            return
+    last = next_uid - 1
+    keep = np.empty(n, np.int64)
+    values = np.empty(n, np.float64)
+    m = 0
+    top = -1.0
+    for t in range(n):
+        slot = slots[t]
+        if valid[slot] and last - (last - slot) % capacity == ids[t]:
+            keep[m] = slot
+            values[m] = (prios[t] + eps) ** alpha
+            if prios[t] > top:
+                top = prios[t]
+            m += 1
+    if m:
+        prio_set_many(leaves, snodes, mnodes, xnodes, has_max, starts, keep[:m], values[:m])
+    out[0], out[1], out[2], out[3] = m, top, -1, 0
+
+
+@njit(cache=True, nogil=True)
 def prio_set_one(leaves, snodes, mnodes, xnodes, has_max, starts, i, value):
     leaves[i] = value
     node = i // K

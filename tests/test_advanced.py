@@ -1922,3 +1922,51 @@ def test_numba_and_numpy_backends_give_identical_buffers():
     assert runs['0']['batches'] == runs['1']['batches']
     assert runs['0']['leaves'] == runs['1']['leaves']
     assert runs['0']['nodes'] == runs['1']['nodes']
+
+
+def test_update_fast_path_gives_exactly_the_state_of_the_checking_path():
+    """Tensors from a tensor-storage sample take one compiled pass (``_update_fast``); lists take the checking
+    path. Same buffers, same updates -- fresh, stale (overwritten), repeated slots, foreign ids, float32 and
+    float64 priorities -- must give identical states and results; a bad entry is refused by both with nothing
+    changed."""
+    rng = np.random.default_rng(0)
+
+    def make():
+        buf = create_buffer(dict(type='advanced', replay_buffer_size=64, seed=3, storage=dict(type='tensor')))
+        buf.extend({'obs': torch.arange(100, dtype=torch.float32).reshape(50, 2), 'act': torch.arange(50)})
+        return buf
+
+    fast, slow = make(), make()
+    for step in range(40):
+        batch = fast.sample(16, step)
+        assert_same(batch, slow.sample(16, step))
+        dtype = torch.float32 if step % 2 else torch.float64
+        prio = torch.from_numpy(rng.uniform(0, 5, 16)).to(dtype)
+        ids, idx = batch['replay_unique_id'].clone(), batch['replay_buffer_idx'].clone()
+        if step % 5 == 0:
+            idx[3] = idx[2]  # a repeated slot: the last write wins
+            ids[3] = ids[2]
+        if step % 7 == 0:
+            ids[0] += 1000  # an id this slot never held: stale
+        info = {'replay_unique_id': ids, 'replay_buffer_idx': idx, 'priority': prio}
+        as_lists = {k: v.tolist() for k, v in info.items()}
+        assert fast.update(info) == slow.update(as_lists)
+        assert_same(fast.state_dict(), slow.state_dict())
+        if step % 3 == 0:  # new items overwrite old ones: later updates of them are stale
+            more = {'obs': torch.zeros(5, 2), 'act': torch.arange(5)}
+            fast.extend(more)
+            slow.extend(more)
+    for bad in (float('nan'), -1.0, float('inf')):
+        before = fast.state_dict()
+        prio = torch.ones(16)
+        prio[5] = bad
+        info = {'replay_unique_id': batch['replay_unique_id'], 'replay_buffer_idx': batch['replay_buffer_idx'],
+                'priority': prio}
+        with pytest.raises(ValueError, match='priority'):
+            fast.update(info)
+        assert_same(fast.state_dict(), before)
+    before = fast.state_dict()
+    with pytest.raises(ValueError, match='replay_buffer_idx'):
+        fast.update({'replay_unique_id': batch['replay_unique_id'], 'replay_buffer_idx': batch['replay_buffer_idx'] + 64,
+                     'priority': torch.ones(16)})
+    assert_same(fast.state_dict(), before)

@@ -9,6 +9,7 @@ never revives retired items, pushed and stored dicts are never mutated, refusals
 from typing import Any, Dict, List, Mapping, Optional
 
 import numpy as np
+import torch
 
 from ..base import BUFFER_REGISTRY
 from ..config import dingengine_ignored, positive_int
@@ -75,6 +76,15 @@ ADVANCED_CHECKS = dict(
     },
     **STORAGE_CHECKS,
 )
+
+
+def _flat_array(x: Any) -> Optional[np.ndarray]:
+    """A 1-d numpy view of a CPU tensor or array (no copy), else None."""
+    if type(x) is not np.ndarray:
+        if not isinstance(x, torch.Tensor) or x.device.type != 'cpu':
+            return None
+        x = x.detach().numpy()
+    return x if x.ndim == 1 else None
 
 
 @BUFFER_REGISTRY.register('advanced')
@@ -246,6 +256,9 @@ class AdvancedReplayBuffer(SlotEngine):
         Returns:
             - result (:obj:`dict`): ``{'updated': n, 'stale': m}``.
         """
+        fast = self._update_fast(info) if self._use_limit is None else None
+        if fast is not None:
+            return fast
         parsed = parse_update(info, self._instance_name, self.replay_buffer_size)
         if parsed is None:
             return {'updated': 0, 'stale': 0}
@@ -260,6 +273,21 @@ class AdvancedReplayBuffer(SlotEngine):
             elif n:
                 self._index.update(slots[match], priorities[match])
             return self._count_update(n, len(slots))
+
+    def _update_fast(self, info: Any) -> Optional[Dict[str, int]]:
+        """The hot path of ``update``: what a tensor-storage sample returned (1-d CPU tensors or arrays: int ids,
+        int slots, float priorities) goes to one compiled kernel. ``None`` for anything else, or for an entry the
+        kernel finds invalid (nothing changed): the checking path then applies or reports it."""
+        if type(info) is not dict:
+            return None
+        p, ids, slots = (_flat_array(info.get(k)) for k in ('priority', 'replay_unique_id', 'replay_buffer_idx'))
+        if p is None or ids is None or slots is None or p.dtype.kind != 'f' or ids.dtype.kind not in 'iu' \
+                or slots.dtype.kind not in 'iu' or not len(p) == len(ids) == len(slots):
+            return None
+        with self._lock:
+            n = self._index.update_by_ids(self._storage.ring, slots.astype(np.int64, copy=False),
+                                          ids.astype(np.int64, copy=False), p)
+            return None if n is None else self._count_update(n, len(slots))
 
     # ------------------------------------------------------------------ stats / clear / state
     def stats(self) -> Dict[str, float]:

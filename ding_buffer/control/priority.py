@@ -135,6 +135,25 @@ class PriorityIndex:
         if len(priorities):
             self.max_priority = max(self.max_priority, float(priorities.max()))
 
+    def update_by_ids(self, ring: Any, slots: np.ndarray, ids: np.ndarray, priorities: np.ndarray) -> Optional[int]:
+        """
+        Overview:
+            ``update`` in one compiled pass (checks, identity against ``ring``, leaves, trees): returns how many
+            entries applied, or ``None`` -- with nothing changed -- when an entry is invalid (the checking path
+            then reports it) or this index cannot take the fused path (no numba, or alpha 0 and its column).
+            ``slots`` / ``ids`` are int64 arrays, ``priorities`` a float array, all of one length.
+        """
+        if self._priority is not None or not kern.HAVE_NUMBA:
+            return None
+        out = np.empty(4)
+        kern.prio_update_by_id(*self.tree.arrays, ring.valid, ring.next_uid, ring.capacity, slots, ids, priorities,
+                               self.eps, self.alpha, MAX_PRIORITY, out)
+        if out[3]:
+            return None
+        if out[0]:
+            self.max_priority = max(self.max_priority, float(out[1]))
+        return int(out[0])
+
     # ------------------------------------------------------------------ sampling
     def sample(self, rng: np.random.Generator, size: int, candidates: Optional[np.ndarray] = None) -> Optional[np.ndarray]:
         """
