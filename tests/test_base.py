@@ -168,3 +168,26 @@ def test_nothing_is_written_to_the_working_directory(tmp_path, monkeypatch):
 def test_package_exports():
     for name in ('create_buffer', 'get_buffer_cls', 'IBuffer', 'BUFFER_REGISTRY', 'deep_merge_dicts'):
         assert hasattr(ding_buffer, name)
+
+
+def test_import_loads_neither_numba_nor_tensorboard_and_kernels_load_on_first_use():
+    """``import ding_buffer`` stays light (issue: 2.9 s with numba); the compiled kernels load at the first
+    prioritized operation and then serve every module (no stand-in left in a kernel's module)."""
+    import subprocess
+    import sys
+    script = (
+        "import sys, ding_buffer\n"
+        "print('numba' in sys.modules, any(m.startswith('tensorboard') for m in sys.modules))\n"
+        "b = ding_buffer.create_buffer(dict(type='advanced', replay_buffer_size=64, seed=0))\n"
+        "b.push([{'x': i, 'priority': float(i + 1)} for i in range(8)])\n"
+        "print(len(b.sample(4, 0)))\n"
+        "from ding_buffer import tree_kernels, _numba\n"
+        "print(type(tree_kernels.prio_set_many).__name__)\n"
+    )
+    out = subprocess.run([sys.executable, '-c', script], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    lines = out.stdout.split('\n')
+    assert lines[0] == 'False False' and lines[1] == '4'
+    from ding_buffer import _numba
+    if _numba.HAVE_NUMBA:
+        assert lines[2] == 'CPUDispatcher'  # the stand-in was replaced in its module
