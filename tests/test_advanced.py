@@ -1940,7 +1940,7 @@ def test_update_fast_path_gives_exactly_the_state_of_the_checking_path():
     for step in range(40):
         batch = fast.sample(16, step)
         assert_same(batch, slow.sample(16, step))
-        dtype = torch.float32 if step % 2 else torch.float64
+        dtype = (torch.float32, torch.float64, torch.float16)[step % 3]  # float16 (mixed precision): checking path
         prio = torch.from_numpy(rng.uniform(0, 5, 16)).to(dtype)
         ids, idx = batch['replay_unique_id'].clone(), batch['replay_buffer_idx'].clone()
         if step % 5 == 0:
@@ -1965,6 +1965,11 @@ def test_update_fast_path_gives_exactly_the_state_of_the_checking_path():
         with pytest.raises(ValueError, match='priority'):
             fast.update(info)
         assert_same(fast.state_dict(), before)
+    before = fast.state_dict()
+    swapped = {'replay_unique_id': batch['replay_unique_id'].numpy(), 'replay_buffer_idx': batch['replay_buffer_idx'],
+               'priority': np.full(16, 2.0, dtype='>f8')}  # non-native byte order: the checking path converts it
+    assert fast.update(swapped) == slow.update({k: np.asarray(v).tolist() for k, v in swapped.items()})
+    assert_same(fast.state_dict(), slow.state_dict())
     before = fast.state_dict()
     with pytest.raises(ValueError, match='replay_buffer_idx'):
         fast.update({'replay_unique_id': batch['replay_unique_id'], 'replay_buffer_idx': batch['replay_buffer_idx'] + 64,

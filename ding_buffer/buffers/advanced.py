@@ -78,6 +78,11 @@ ADVANCED_CHECKS = dict(
 )
 
 
+# Priority dtypes the compiled update takes (native byte order); float16 (mixed precision) and others take the
+# checking path, which converts them.
+_KERNEL_FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
+
+
 def _flat_array(x: Any) -> Optional[np.ndarray]:
     """A 1-d numpy view of a CPU tensor or array (no copy), else None."""
     if type(x) is not np.ndarray:
@@ -276,12 +281,12 @@ class AdvancedReplayBuffer(SlotEngine):
 
     def _update_fast(self, info: Any) -> Optional[Dict[str, int]]:
         """The hot path of ``update``: what a tensor-storage sample returned (1-d CPU tensors or arrays: int ids,
-        int slots, float priorities) goes to one compiled kernel. ``None`` for anything else, or for an entry the
+        int slots, float32 / float64 priorities) goes to one compiled kernel. ``None`` for anything else, or for an entry the
         kernel finds invalid (nothing changed): the checking path then applies or reports it."""
         if type(info) is not dict:
             return None
         p, ids, slots = (_flat_array(info.get(k)) for k in ('priority', 'replay_unique_id', 'replay_buffer_idx'))
-        if p is None or ids is None or slots is None or p.dtype.kind != 'f' or ids.dtype.kind not in 'iu' \
+        if p is None or ids is None or slots is None or p.dtype not in _KERNEL_FLOATS or ids.dtype.kind not in 'iu' \
                 or slots.dtype.kind not in 'iu' or not len(p) == len(ids) == len(slots):
             return None
         with self._lock:
