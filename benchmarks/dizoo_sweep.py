@@ -6,7 +6,7 @@ Each section is compiled the way DI-engine's ``compile_config(..., auto=True, cr
    ``AdvancedReplayBuffer``; otherwise the class registered under the policy section's ``type``);
 2. the policy's default config (``Policy.config``, over DI-engine's policy template) is shallow-updated with
    ``create_cfg.policy``, and its ``other.replay_buffer`` with ``create_cfg.replay_buffer``;
-3. ``deep_merge(buffer class defaults, policy section)``, then ``deep_merge(that, user section)``; with
+3. ``deep_merge_dicts(buffer class defaults, policy section)``, then ``deep_merge_dicts(that, user section)``; with
    ``multi_buffer`` every named sub-buffer is compiled that way and gets ``name``.
 
 DI-engine is read as source (``pip install --no-deps di-engine==0.5.3`` brings ``ding/`` and ``dizoo/``): class
@@ -50,12 +50,6 @@ def source_root(package: str) -> Optional[str]:
     if spec is None or not spec.submodule_search_locations:
         return None
     return list(spec.submodule_search_locations)[0]
-
-
-def deep_merge(original: Any, new: Any) -> EasyDict:
-    """DI-engine's ``deep_merge_dicts`` (deep copy of ``original`` recursively updated with ``new``): ours has the
-    same semantics."""
-    return deep_merge_dicts(original, new)
 
 
 # ---------------------------------------------------------------------------------------------------- registries
@@ -210,7 +204,7 @@ class Sweep:
         policy_default = default_config(self.policies[policy_type], self.by_name)
         if policy_default is None:
             raise KeyError(f'policy {policy_type!r}: default config not evaluable from source')
-        policy_cfg = deep_merge(POLICY_TEMPLATE, policy_default)
+        policy_cfg = deep_merge_dicts(POLICY_TEMPLATE, policy_default)
         policy_cfg.update(create.policy)
         policy_cfg.other.replay_buffer.update(create.replay_buffer)
         user = main.policy.get('other', {}).get('replay_buffer', {})
@@ -233,8 +227,8 @@ class Sweep:
             if 'type' not in policy_section:
                 raise KeyError('no buffer type in create_cfg or the policy config')
             buffer_type = policy_section.type
-        cfg = deep_merge(self.buffer_defaults(buffer_type), policy_section)
-        return deep_merge(cfg, user_section)
+        cfg = deep_merge_dicts(self.buffer_defaults(buffer_type), policy_section)
+        return deep_merge_dicts(cfg, user_section)
 
     def config_files(self) -> List[str]:
         out = []
