@@ -55,9 +55,7 @@ def load() -> None:
             except Exception:  # an installed but broken numba: the plain functions still give the right answers
                 _numba = False
         pending = list(_PENDING)
-        for kernel in pending:
-            kernel.compiled = _numba.njit(**kernel.options)(kernel.py_func) if _numba else kernel.py_func
-        swap = {id(k): k.compiled for k in pending}
+        swap = {id(k): _numba.njit(**k.options)(k.py_func) if _numba else k.py_func for k in pending}
         for name, module in list(sys.modules.items()):
             if module is None or not (name == 'ding_buffer' or name.startswith('ding_buffer.')):
                 continue
@@ -65,6 +63,10 @@ def load() -> None:
             for attr, value in list(space.items()):
                 if id(value) in swap and isinstance(value, _Kernel):
                     space[attr] = swap[id(value)]
+        # only now, with every module holding dispatchers, may another thread call one: numba compiles a kernel
+        # on its first call and must find its callees' dispatchers, not stand-ins
+        for kernel in pending:
+            kernel.compiled = swap[id(kernel)]
         _PENDING.clear()
 
 
