@@ -210,47 +210,94 @@ class PriorityTree:
         Sum and min (and optionally max) over one array of non-negative leaves -- the priority index of a
         prioritized buffer. A zero leaf is an empty slot: never sampled, ignored by ``min_leaf``.
         Memory: 8 bytes per leaf plus ~1.2 bytes per leaf for each tree's internal nodes.
+
+        Writes are deferred (as cpprb's trees do): ``set`` / ``set_one`` / ``fill`` write the leaves at once and
+        record them; the internal nodes are refreshed by the next read (``total``, ``min_leaf``, ``max_leaf``,
+        ``find``, or the ``sum`` / ``min`` / ``max`` trees), once for every write since the previous read, with
+        the ancestors that writes share computed once. ``leaves`` is always current. The nodes a read sees are
+        bit-identical to refreshing after every write. Not thread-safe (the owning buffer's lock serialises).
     """
 
     def __init__(self, size: int, with_max: bool = False) -> None:
         self.size = int(size)
-        self.sum = SumSegmentTree(next_power_of_two(size))
-        self.min = MinSegmentTree(self.sum.capacity, leaves=self.sum.leaves)
-        self.max = MaxSegmentTree(self.sum.capacity, leaves=self.sum.leaves) if with_max else None
-        xnodes = self.max._nodes if with_max else np.zeros(0)
-        self._arrays = (self.sum._leaves, self.sum._nodes, self.min._nodes, xnodes, with_max, self.sum._starts)
+        self._sum = SumSegmentTree(next_power_of_two(size))
+        self._min = MinSegmentTree(self._sum.capacity, leaves=self._sum.leaves)
+        self._max = MaxSegmentTree(self._sum.capacity, leaves=self._sum.leaves) if with_max else None
+        xnodes = self._max._nodes if with_max else np.zeros(0)
+        self._arrays = (self._sum._leaves, self._sum._nodes, self._min._nodes, xnodes, with_max, self._sum._starts)
+        # leaves written since the last refresh; a full buffer refreshes at once (see tree_kernels._defer)
+        self._pending = np.empty(max(64, min(8192, self.size)), dtype=np.int64)
+        self._npending = np.zeros(1, dtype=np.int64)
+        self._deferred = (self._pending, self._npending)
+        self.has_max = with_max
 
     @property
     def leaves(self) -> np.ndarray:
-        return self.sum.leaves
+        return self._sum.leaves
 
     @property
     def arrays(self) -> tuple:
         """``(leaves, sum nodes, min nodes, max nodes, has max, level starts)``: what the fused kernels take."""
         return self._arrays
 
+    @property
+    def deferred(self) -> tuple:
+        """``(pending, npending)``: the record of leaves waiting for a refresh, for kernels that defer one."""
+        return self._deferred
+
+    def flush(self) -> None:
+        """Refresh the nodes above every leaf written since the last refresh (a no-op when none was)."""
+        if self._npending[0]:
+            kern.prio_flush(*self._arrays, self._pending, self._npending)
+
+    @property
+    def sum(self) -> SumSegmentTree:
+        self.flush()
+        return self._sum
+
+    @property
+    def min(self) -> MinSegmentTree:
+        self.flush()
+        return self._min
+
+    @property
+    def max(self) -> Optional[MaxSegmentTree]:
+        self.flush()
+        return self._max
+
     def set(self, idx: np.ndarray, values: np.ndarray) -> None:
-        """Write leaves ``idx`` (int64 array; the last write wins for repeats) and refresh every tree in one
-        fused pass. Values must be finite and >= 0 (the caller validates)."""
-        kern.prio_set_many(*self._arrays, np.asarray(idx, dtype=np.int64), np.asarray(values, dtype=np.float64))
+        """Write leaves ``idx`` (int64 array; the last write wins for repeats); the trees follow at the next read.
+        Values must be finite and >= 0 (the caller validates)."""
+        kern.prio_set_lazy(*self._arrays, np.asarray(idx, dtype=np.int64), np.asarray(values, dtype=np.float64),
+                           self._pending, self._npending)
+
+    def fill(self, idx: np.ndarray, value: float) -> None:
+        """``set`` of one value at every leaf of ``idx``."""
+        kern.prio_fill_lazy(*self._arrays, np.asarray(idx, dtype=np.int64), float(value), self._pending, self._npending)
 
     def set_one(self, i: int, value: float) -> None:
-        kern.prio_set_one(*self._arrays, int(i), float(value))
+        kern.prio_set_one_lazy(*self._arrays, int(i), float(value), self._pending, self._npending)
 
     def total(self) -> float:
-        return self.sum.root()
+        if self._npending[0]:
+            kern.prio_flush(*self._arrays, self._pending, self._npending)
+        return float(self._sum._nodes[-1])
 
     def min_leaf(self) -> float:
         """Smallest positive leaf (``inf`` when every leaf is zero)."""
-        return self.min.root()
+        if self._npending[0]:
+            kern.prio_flush(*self._arrays, self._pending, self._npending)
+        return float(self._min._nodes[-1])
 
     def max_leaf(self) -> float:
-        if self.max is None:
+        if self._max is None:
             raise RuntimeError("PriorityTree was built without a max tree")
-        return self.max.root()
+        self.flush()
+        return self._max.root()
 
     def find(self, xs: np.ndarray) -> np.ndarray:
-        return self.sum.find_prefixsum_idx(xs)
+        self.flush()
+        return self._sum.find_prefixsum_idx(xs)
 
     def load_leaves(self, leaves: Any) -> None:
         arr = np.asarray(leaves, dtype=np.float64)
@@ -258,9 +305,10 @@ class PriorityTree:
             raise ValueError(f"saved priority leaves have shape {arr.shape}, expected ({self.size},)")
         if not np.isfinite(arr).all() or (arr < 0).any():
             raise ValueError("saved priority leaves must be finite and >= 0")
-        full = np.zeros(self.sum.capacity)
+        full = np.zeros(self._sum.capacity)
         full[:self.size] = arr
-        self.sum.load_leaves(full)
-        self.min.rebuild()
-        if self.max is not None:
-            self.max.rebuild()
+        self._npending[0] = 0  # every node is rebuilt below
+        self._sum.load_leaves(full)
+        self._min.rebuild()
+        if self._max is not None:
+            self._max.rebuild()

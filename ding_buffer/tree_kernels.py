@@ -179,16 +179,13 @@ def _prio_node(leaves, snodes, mnodes, xnodes, has_max, starts, lvl, node):
 
 
 @njit(cache=True, nogil=True)
-def prio_set_many(leaves, snodes, mnodes, xnodes, has_max, starts, idx, values):
-    """``PriorityTree.set``: write the leaves, then refresh sum, min (over positive leaves) and max in one
-    level-major pass (the children block is read once for all trees; misses of different leaves overlap).
-    A level with no more parent nodes than updates is recomputed whole: the ancestors shared near the root
-    are then computed once instead of once per update. Bit-identical to separate ``set_many`` /
-    ``refresh_many`` calls: same additions in the same order."""
-    n = idx.shape[0]
-    for t in range(n):
-        leaves[idx[t]] = values[t]
-    nodes = idx // K
+def prio_refresh(leaves, snodes, mnodes, xnodes, has_max, starts, idx, n):
+    """Refresh sum, min (over positive leaves) and max above the leaves ``idx[:n]`` in one level-major pass (the
+    children block is read once for all trees; misses of different leaves overlap). A level with no more parent
+    nodes than updates is recomputed whole: the ancestors shared near the root are then computed once instead of
+    once per update. Every node is recomputed from its children in a fixed order, so the result does not depend
+    on how updates were grouped (eager and deferred refreshes give identical bits)."""
+    nodes = idx[:n] // K
     below = leaves.shape[0]  # size of the level below the one being refreshed
     for lvl in range(starts.shape[0]):
         parents = below // K
@@ -203,12 +200,82 @@ def prio_set_many(leaves, snodes, mnodes, xnodes, has_max, starts, idx, values):
 
 
 @njit(cache=True, nogil=True)
-def prio_update_by_id(leaves, snodes, mnodes, xnodes, has_max, starts, valid, next_uid, capacity, slots, ids, prios,
-                      eps, alpha, max_prio, out):
+def prio_set_many(leaves, snodes, mnodes, xnodes, has_max, starts, idx, values):
+    """``PriorityTree.set`` done at once: write the leaves (the last write wins for repeats), then refresh."""
+    n = idx.shape[0]
+    for t in range(n):
+        leaves[idx[t]] = values[t]
+    prio_refresh(leaves, snodes, mnodes, xnodes, has_max, starts, idx, n)
+
+
+@njit(cache=True, nogil=True)
+def _defer(leaves, snodes, mnodes, xnodes, has_max, starts, idx, n, pending, npending):
+    """Record leaves ``idx[:n]`` (already written) as waiting for their ancestors' refresh; when ``pending`` would
+    overflow, refresh what waits first (and refresh a batch larger than ``pending`` at once)."""
+    k = npending[0]
+    if k + n > pending.shape[0]:
+        if k:
+            prio_refresh(leaves, snodes, mnodes, xnodes, has_max, starts, pending, k)
+            npending[0] = 0
+            k = 0
+        if n > pending.shape[0]:
+            prio_refresh(leaves, snodes, mnodes, xnodes, has_max, starts, idx, n)
+            return
+    for t in range(n):
+        pending[k + t] = idx[t]
+    npending[0] = k + n
+
+
+@njit(cache=True, nogil=True)
+def prio_set_lazy(leaves, snodes, mnodes, xnodes, has_max, starts, idx, values, pending, npending):
+    """Write the leaves now and leave their ancestors for ``prio_flush`` (the next read of a tree): a run of
+    writes between two reads pays one refresh, with the shared ancestors computed once."""
+    n = idx.shape[0]
+    for t in range(n):
+        leaves[idx[t]] = values[t]
+    _defer(leaves, snodes, mnodes, xnodes, has_max, starts, idx, n, pending, npending)
+
+
+@njit(cache=True, nogil=True)
+def prio_fill_lazy(leaves, snodes, mnodes, xnodes, has_max, starts, idx, value, pending, npending):
+    """``prio_set_lazy`` of one ``value`` at every leaf of ``idx`` (a batched push of items without priorities)."""
+    n = idx.shape[0]
+    for t in range(n):
+        leaves[idx[t]] = value
+    _defer(leaves, snodes, mnodes, xnodes, has_max, starts, idx, n, pending, npending)
+
+
+@njit(cache=True, nogil=True)
+def prio_set_one_lazy(leaves, snodes, mnodes, xnodes, has_max, starts, i, value, pending, npending):
+    """``prio_set_lazy`` of one leaf (the single-push hot path)."""
+    leaves[i] = value
+    k = npending[0]
+    if k < pending.shape[0]:
+        pending[k] = i
+        npending[0] = k + 1
+    else:
+        prio_refresh(leaves, snodes, mnodes, xnodes, has_max, starts, pending, k)
+        pending[0] = i
+        npending[0] = 1
+
+
+@njit(cache=True, nogil=True)
+def prio_flush(leaves, snodes, mnodes, xnodes, has_max, starts, pending, npending):
+    """Refresh the ancestors of every leaf written since the last flush."""
+    k = npending[0]
+    if k:
+        prio_refresh(leaves, snodes, mnodes, xnodes, has_max, starts, pending, k)
+        npending[0] = 0
+
+
+@njit(cache=True, nogil=True)
+def prio_update_by_id(leaves, snodes, mnodes, xnodes, has_max, starts, pending, npending, valid, next_uid, capacity,
+                      slots, ids, prios, eps, alpha, max_prio, out):
     """A prioritized ``update`` in one compiled pass, all or nothing: check every entry first (slot in
     ``[0, capacity)``, priority in ``[0, max_prio]`` -- NaN fails), then keep the entries whose slot still holds
     their id (valid, and the slot's id -- the newest ``u < next_uid`` with ``u % capacity == slot`` -- equals it),
-    write ``(priority + eps) ** alpha`` at their leaves (the last write wins for repeats) and refresh the trees.
+    write ``(priority + eps) ** alpha`` at their leaves (the last write wins for repeats) and leave the trees'
+    refresh to the next read (``prio_flush``; ``pending`` / ``npending`` as in ``prio_set_lazy``).
     ``out`` receives ``(entries updated, largest updated priority or -1, index of the first bad entry or -1,
     1: bad slot / 2: bad priority)``; on a bad entry nothing is written."""
     n = slots.shape[0]
@@ -232,9 +299,44 @@ def prio_update_by_id(leaves, snodes, mnodes, xnodes, has_max, starts, valid, ne
             if prios[t] > top:
                 top = prios[t]
             m += 1
+    for t in range(m):
+        leaves[keep[t]] = values[t]
     if m:
-        prio_set_many(leaves, snodes, mnodes, xnodes, has_max, starts, keep[:m], values[:m])
+        _defer(leaves, snodes, mnodes, xnodes, has_max, starts, keep, m, pending, npending)
     out[0], out[1], out[2], out[3] = m, top, -1, 0
+
+
+@njit(cache=True, nogil=True)
+def prio_draw(leaves, snodes, mnodes, xnodes, has_max, starts, pending, npending, u, counts, slots, drawn, use):
+    """A prioritized draw in one pass (``PriorityIndex.draw``): refresh what waits, then for ``n = len(u)``
+    strata the leaf at ``(t + u[t]) / n * total`` (``find_many``'s descent), its value (``drawn``) and its use
+    count after this draw (``counts`` bumped in order, as ``bump_counts``). Returns the smallest positive leaf,
+    0.0 when the total is not positive and -1.0 when a descent found only zero leaves (nothing counted in both
+    cases). The powers of the leaves are left to numpy, which vectorises them (a scalar ``pow`` per item costs
+    more than the whole descent)."""
+    if npending[0]:
+        prio_refresh(leaves, snodes, mnodes, xnodes, has_max, starts, pending, npending[0])
+        npending[0] = 0
+    total = snodes[snodes.shape[0] - 1]
+    if not total > 0.0:
+        return 0.0
+    n = u.shape[0]
+    x = np.empty(n)
+    for t in range(n):
+        x[t] = (t + u[t]) / n * total
+        slots[t] = 0
+    for lvl in range(starts.shape[0] - 1, -1, -1):
+        for t in range(n):
+            if slots[t] >= 0:
+                slots[t], x[t] = _step(leaves, snodes, starts, lvl, slots[t], x[t])
+    for t in range(n):
+        if slots[t] < 0:
+            return -1.0  # every leaf zero below a positive node: a corrupt tree
+    for t in range(n):
+        drawn[t] = leaves[slots[t]]
+        counts[slots[t]] += 1
+        use[t] = counts[slots[t]]
+    return mnodes[mnodes.shape[0] - 1]
 
 
 @njit(cache=True, nogil=True)
@@ -336,9 +438,28 @@ def np_prio_set_one(leaves, snodes, mnodes, xnodes, has_max, starts, i, value):
     np_prio_set_many(leaves, snodes, mnodes, xnodes, has_max, starts, np.array([i]), np.array([value]))
 
 
+def np_prio_set_lazy(leaves, snodes, mnodes, xnodes, has_max, starts, idx, values, pending, npending):
+    """Without numba every write refreshes at once (nothing is ever pending)."""
+    np_prio_set_many(leaves, snodes, mnodes, xnodes, has_max, starts, idx, values)
+
+
+def np_prio_fill_lazy(leaves, snodes, mnodes, xnodes, has_max, starts, idx, value, pending, npending):
+    np_prio_set_many(leaves, snodes, mnodes, xnodes, has_max, starts, idx, np.full(len(idx), value))
+
+
+def np_prio_set_one_lazy(leaves, snodes, mnodes, xnodes, has_max, starts, i, value, pending, npending):
+    np_prio_set_one(leaves, snodes, mnodes, xnodes, has_max, starts, i, value)
+
+
+def np_prio_flush(leaves, snodes, mnodes, xnodes, has_max, starts, pending, npending):
+    pass
+
+
 if not HAVE_NUMBA:  # pragma: no cover - exercised by the no-numba test run
     refresh_many, set_many, find_many = np_refresh_many, np_set_many, np_find_many
     prio_set_many, prio_set_one = np_prio_set_many, np_prio_set_one
+    prio_set_lazy, prio_fill_lazy, prio_set_one_lazy, prio_flush = \
+        np_prio_set_lazy, np_prio_fill_lazy, np_prio_set_one_lazy, np_prio_flush
 
 
 @njit(cache=True, nogil=True)

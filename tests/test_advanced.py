@@ -1975,3 +1975,93 @@ def test_update_fast_path_gives_exactly_the_state_of_the_checking_path():
         fast.update({'replay_unique_id': batch['replay_unique_id'], 'replay_buffer_idx': batch['replay_buffer_idx'] + 64,
                      'priority': torch.ones(16)})
     assert_same(fast.state_dict(), before)
+
+
+def _cartpole_batch(rng, n, collect_iter=False, priority=False):
+    batch = {'obs': rng.standard_normal((n, 4), dtype=np.float32), 'action': rng.integers(0, 2, n),
+             'reward': rng.standard_normal(n, dtype=np.float32), 'done': rng.random(n) < 0.2}
+    if collect_iter:
+        batch['collect_iter'] = rng.integers(0, 50, n)
+    if priority:
+        batch['priority'] = rng.random(n).astype(np.float32) * 3
+    return batch
+
+
+def _as_lists(batch):
+    """The same batch as Python lists (the checking path converts them; the fast path takes arrays only)."""
+    return {k: v.tolist() for k, v in batch.items()}
+
+
+@pytest.mark.parametrize('type_', ['naive', 'advanced'])
+@pytest.mark.parametrize('collect_iter', [False, True])
+@pytest.mark.parametrize('priority', [False, True])
+def test_batched_push_fast_path_gives_exactly_the_state_of_the_checking_path(type_, collect_iter, priority):
+    """A batch of numpy arrays / CPU tensors of the stored dtypes takes the O(fields) path (slice writes, one
+    deferred tree write); the same batches as lists take the checking path. Batch sizes that wrap the ring and
+    exceed the free space, interleaved single pushes, samples and updates must give identical states and
+    samples, and a float32 priority column (advanced) the same leaves as float64."""
+    if priority and type_ == 'naive':
+        pytest.skip('naive stores a priority key as a field; covered by collect_iter')
+    rng = np.random.default_rng(seed=[7, collect_iter, priority])
+    cfg = dict(type=type_, replay_buffer_size=100, storage=dict(type='tensor'), seed=11)
+    fast, slow, tens = create_buffer(cfg), create_buffer(cfg), create_buffer(cfg)
+    for step, n in enumerate([37, 37, 64, 1, 100, 13, 99, 50]):
+        batch = _cartpole_batch(rng, n, collect_iter, priority)
+        assert fast.extend(batch) == n
+        assert slow.extend(_as_lists(batch) if step else batch) == n  # the first batch fixes the schema
+        assert tens.extend({k: torch.from_numpy(v) for k, v in batch.items()}) == n
+        item = {k: v[0] for k, v in _cartpole_batch(rng, 1, collect_iter).items()}
+        item['action'] = int(item['action'])
+        for buf in (fast, slow, tens):
+            buf.push(dict(item))
+        draws = [b.sample(16, cur_learner_iter=step) for b in (fast, slow, tens)]
+        assert_same(draws[0], draws[1], 'sample')
+        assert_same(draws[0], draws[2], 'sample')
+        if type_ == 'advanced':
+            p = torch.from_numpy(rng.random(16) * 2)
+            for buf, d in zip((fast, slow, tens), draws):
+                buf.update({'replay_unique_id': d['replay_unique_id'], 'replay_buffer_idx': d['replay_buffer_idx'],
+                            'priority': p})
+    assert_same(fast.state_dict(), slow.state_dict())
+    assert_same(fast.state_dict(), tens.state_dict())
+    assert_same(fast.stats(), slow.stats(), 'stats')
+
+
+@pytest.mark.parametrize('type_', ['naive', 'advanced'])
+def test_batched_push_refusals_change_nothing_on_the_fast_path(type_):
+    """Batches that look like the stored schema but are not (dtype, per-item shape, leading sizes, missing or
+    extra field, a collect_iter out of range or NaN, bad batched priorities) are refused with a ValueError /
+    TypeError naming the field and the buffer's state is unchanged; a batch larger than the capacity keeps its
+    newest items."""
+    rng = np.random.default_rng(3)
+    buf = create_buffer(dict(type=type_, replay_buffer_size=50, storage=dict(type='tensor'), seed=1))
+    buf.extend(_cartpole_batch(rng, 30, collect_iter=True))
+    before = copy.deepcopy(buf.state_dict())
+
+    def bad(**change):
+        b = _cartpole_batch(rng, 8, collect_iter=True)
+        b.update(change)
+        return {k: v for k, v in b.items() if v is not None}
+
+    cases = [
+        (bad(obs=rng.standard_normal((8, 4))), 'obs'),  # float64 into float32
+        (bad(obs=rng.standard_normal((8, 5), dtype=np.float32)), 'obs'),
+        (bad(action=rng.integers(0, 2, 7)), 'leading'),
+        (bad(done=None), 'done'),
+        (bad(extra=np.zeros(8, np.float32)), 'extra'),
+        (bad(collect_iter=np.full(8, 2 ** 62)), 'collect_iter'),
+        (bad(collect_iter=np.full(8, -2 ** 63)), 'collect_iter'),
+    ]
+    if type_ == 'advanced':
+        cases += [(bad(priority=np.full(8, -1.0)), 'priority'), (bad(priority=np.full(8, np.nan)), 'priority'),
+                  (bad(priority=np.ones(9)), 'priority'), (bad(priority=np.full(8, np.inf, np.float32)), 'priority')]
+    for batch, word in cases:
+        with pytest.raises((ValueError, TypeError), match=word):
+            buf.extend(batch)
+        assert_same(buf.state_dict(), before, f'after refusing {word}')
+    big = _cartpole_batch(rng, 120, collect_iter=True)
+    assert buf.extend(big) == 120
+    got = buf.sample(50, replace=False) if type_ == 'naive' else None
+    if got is not None:
+        assert sorted(got['reward'].tolist()) == sorted(big['reward'][-50:].tolist())
+    assert buf.count() == 50

@@ -480,6 +480,48 @@ def test_fused_priority_updates_are_bit_identical_to_separate_kernels(size, with
                 assert np.array_equal(getattr(fused, attr)._nodes, getattr(other, attr)._nodes), attr
 
 
+@pytest.mark.parametrize('with_max', [True, False])
+@pytest.mark.parametrize('size', [1, 100, 5000, 10**5])
+def test_deferred_refresh_reads_match_a_tree_refreshed_after_every_write(size, with_max):
+    """``PriorityTree`` writes leaves at once and refreshes the nodes at the next read: runs of ``set`` /
+    ``fill`` / ``set_one`` of random lengths (some overflowing the record of pending leaves, 8192) between reads
+    give, at every read, exactly the nodes, totals, minima, maxima and draws of a tree refreshed after each
+    write (the numpy fallback, which never defers)."""
+    rng = np.random.default_rng(seed_of('deferred', size, with_max))
+    lazy, eager = PriorityTree(size, with_max=with_max), PriorityTree(size, with_max=with_max)
+    for _ in range(12):
+        for _ in range(int(rng.integers(0, 6))):  # a run of writes (possibly none) before the next read
+            kind = int(rng.integers(0, 3))
+            if kind == 0:
+                idx = batch_indices(rng, size, int(rng.choice([1, 64, 256, 9000])))
+                vals = messy(rng, len(idx), zero_frac=0.3)
+                lazy.set(idx, vals)
+                kern.np_prio_set_many(*eager.arrays, idx, vals)
+            elif kind == 1:
+                idx = batch_indices(rng, size, int(rng.integers(1, 200)))
+                value = float(rng.choice([0.0, rng.uniform(0.1, 3.0)]))
+                lazy.fill(idx, value)
+                kern.np_prio_set_many(*eager.arrays, idx, np.full(len(idx), value))
+            else:
+                for i in rng.integers(0, size, int(rng.integers(1, 20))).tolist():
+                    v = float(messy(rng, 1, zero_frac=0.3)[0])
+                    lazy.set_one(i, v)
+                    kern.np_prio_set_one(*eager.arrays, i, v)
+        assert np.array_equal(lazy.leaves, eager.leaves)  # leaves are never deferred
+        read = int(rng.integers(0, 4))
+        if read == 0:
+            assert lazy.total() == eager.total()
+        elif read == 1:
+            assert lazy.min_leaf() == eager.min_leaf()
+        elif read == 2 and with_max:
+            assert lazy.max_leaf() == eager.max_leaf()
+        elif eager.total() > 0:
+            xs = rng.uniform(0, eager.total(), 512)
+            np.testing.assert_array_equal(lazy.find(xs), eager.find(xs))
+        for attr in ['sum', 'min'] + (['max'] if with_max else []):
+            assert np.array_equal(getattr(lazy, attr)._nodes, getattr(eager, attr)._nodes), attr
+
+
 @pytest.mark.parametrize('cap', [1, 2, 4, 8, 16, 32, 64, 128, 512, 1024, 4096, 2**16])
 def test_numpy_find_on_an_all_zero_tree_returns_minus_one_like_the_kernel(cap):
     """Padded levels (capacities that are not powers of 8) once sent dead queries past the level end."""

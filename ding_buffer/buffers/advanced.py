@@ -185,6 +185,20 @@ class AdvancedReplayBuffer(SlotEngine):
         return self._write_one(item, p)
 
     def _push_batch(self, batch: Any) -> int:
+        if self._batch_fast_ok():
+            checked = self._storage.check_batch(batch)  # O(fields), nothing written
+            if checked is not None:
+                p = batch.get('priority')
+                if p is None:
+                    slots = self._write_batch_fast(checked)
+                    self._index.fill_new(slots, self._index.default_priority())
+                    return len(slots)
+                p = _flat_array(p)
+                if p is not None and p.dtype in _KERNEL_FLOATS and len(p) == checked[1] and len(p) \
+                        and p.min() >= 0 and p.max() <= MAX_PRIORITY:  # NaN fails; else the checking path reports
+                    slots = self._write_batch_fast(checked)
+                    self._index.set_new(slots, p)
+                    return len(slots)
         if type(batch) is not dict and not isinstance(batch, Mapping):
             raise TypeError(f"a batched push needs a dict of batched leaves, got {type(batch).__name__}")
         prepared = self._storage.prepare_batch(batch)
@@ -221,6 +235,13 @@ class AdvancedReplayBuffer(SlotEngine):
 
     def _draw(self, size: int, cur_learner_iter: int, sample_range: Optional[slice]) -> Optional[Any]:
         index = self._index
+        if sample_range is None and index.can_draw():  # the hot path: one compiled pass, same draws
+            if not index.tree.total() > 0:
+                return self._refused('every candidate item has priority 0')
+            u = self._rng.random(size)
+            beta = self._beta.draw()
+            slots, weights, priority, use = index.draw(u, beta, self._uses.counts)
+            return self._drawn_batch(slots, size, weights, priority, use, cur_learner_iter, beta)
         candidates = None
         if sample_range is not None:
             positions = self._candidates(sample_range)
@@ -233,9 +254,14 @@ class AdvancedReplayBuffer(SlotEngine):
         beta = self._beta.draw()
         weights = index.is_weights(slots, beta)
         priority = index.priorities(slots)
+        use = self._uses.bump(slots)
+        return self._drawn_batch(slots, size, weights, priority, use, cur_learner_iter, beta)
+
+    def _drawn_batch(self, slots: np.ndarray, size: int, weights: np.ndarray, priority: np.ndarray, use: np.ndarray,
+                     cur_learner_iter: int, beta: float) -> Any:
+        """The batch of a draw (use counts already bumped): staleness, output, monitor, removal rules."""
         ci = self._storage.collect_iter(slots)
         staleness = np.where(ci == NO_ITER, -1, cur_learner_iter - ci)
-        use = self._uses.bump(slots)
         out = self._output(slots, weights, use, priority, staleness)
         self._due = self._sampled_monitor.record(use, priority, staleness, beta, cur_learner_iter, self._last_envstep)
         self._drawn(slots, size, use)

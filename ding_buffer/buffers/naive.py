@@ -89,6 +89,10 @@ class NaiveReplayBuffer(SlotEngine):
         return self._write(prepared)
 
     def _push_batch(self, batch: Any) -> int:
+        if self._batch_fast_ok():
+            checked = self._storage.check_batch(batch)
+            if checked is not None:
+                return len(self._write_batch_fast(checked))
         prepared = self._storage.prepare_batch(batch)
         self._check_items(prepared.payload)
         if self._limiter.active and not self._admit(prepared.n + prepared.dropped):

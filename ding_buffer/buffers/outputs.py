@@ -14,9 +14,12 @@ def with_extras(storage: Any, slots: np.ndarray, extras: Dict[str, np.ndarray], 
     if storage.kind == 'tensor':
         out = storage.gather(slots)
         dev = storage.device
+        on_cpu = dev.type == 'cpu'
         for key, col in extras.items():
-            col = col.astype(np.float32) if col.dtype.kind == 'f' else col
-            out[key] = torch.from_numpy(col).to(dev)
+            if col.dtype.kind == 'f' and col.dtype != np.float32:
+                col = col.astype(np.float32)
+            t = torch.from_numpy(col)
+            out[key] = t if on_cpu else t.to(dev)
         return out
     return prioritized_items(storage.gather(slots), instance_name, storage.ring.uids(slots), slots, extras, deep)
 

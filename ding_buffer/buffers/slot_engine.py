@@ -102,6 +102,23 @@ class SlotEngine(Engine):
             limiter.on_push(1)
         return True
 
+    def _write_batch_fast(self, checked: Any) -> np.ndarray:
+        """The batched hot path: write a batch the storage checked (``check_batch``) -- the caller made sure no
+        used-data remover waits for overwritten items and the rate limiter is inactive. Returns the slots; a
+        prioritized preset then sets their priorities."""
+        if self._periodic is not None:
+            self._periodic.start()  # first: its baseline must not include this push
+        slots = self._storage.write_batch(checked)
+        if self._uses is not None:
+            self._uses.reset(slots)
+        if self._limiter.waiting:
+            self._limiter.on_push(len(slots))  # wake samplers waiting for data
+        return slots
+
+    def _batch_fast_ok(self) -> bool:
+        """Whether a batch may take the hot path: no remover must see overwritten items, no limiter decides."""
+        return self._remover is None and not self._limiter.active
+
     def _candidates(self, sample_range: Optional[slice]) -> range:
         """Insertion positions (0 = oldest) a ``sample_range`` selects among the stored items."""
         return self._range_positions(self._storage.ring.count, sample_range)

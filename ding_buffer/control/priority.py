@@ -87,8 +87,10 @@ class PriorityIndex:
     # ------------------------------------------------------------------ writes
     def default_priority(self) -> float:
         """Priority of a pushed item that brings none: the running max, or with a max tree the max stored."""
-        if self.tree.max is not None and self.alpha > 0 and self.tree.max_leaf() > 0:
-            return self.tree.max_leaf() ** (1.0 / self.alpha)
+        if self.tree.has_max and self.alpha > 0:
+            top = self.tree.max_leaf()
+            if top > 0:
+                return top ** (1.0 / self.alpha)
         return self.max_priority
 
     def set_new(self, slots: np.ndarray, priorities: np.ndarray) -> None:
@@ -96,6 +98,12 @@ class PriorityIndex:
         if self._priority is not None:
             self._priority[slots] = priorities
         self.tree.set(slots, kern.leaf_values(priorities, 0.0, self.alpha))
+
+    def fill_new(self, slots: np.ndarray, priority: float) -> None:
+        """Fresh items at ``slots``, all with ``priority`` (a batched push without priorities)."""
+        if self._priority is not None:
+            self._priority[slots] = priority
+        self.tree.fill(slots, priority ** self.alpha)
 
     def set_new_one(self, slot: int, priority: float) -> None:
         if self._priority is not None:
@@ -146,8 +154,8 @@ class PriorityIndex:
         if self._priority is not None or not kern.HAVE_NUMBA:
             return None
         out = np.empty(4)
-        kern.prio_update_by_id(*self.tree.arrays, ring.valid, ring.next_uid, ring.capacity, slots, ids, priorities,
-                               self.eps, self.alpha, MAX_PRIORITY, out)
+        kern.prio_update_by_id(*self.tree.arrays, *self.tree.deferred, ring.valid, ring.next_uid, ring.capacity, slots,
+                               ids, priorities, self.eps, self.alpha, MAX_PRIORITY, out)
         if out[3]:
             return None
         if out[0]:
@@ -176,6 +184,31 @@ class PriorityIndex:
         # float error can land past the last positive leaf: step back to it (same rule as the tree)
         last_pos = int(np.flatnonzero(self.tree.leaves[candidates] > 0)[-1])
         return candidates[np.minimum(pos, last_pos)]
+
+    def can_draw(self) -> bool:
+        """Whether ``draw`` takes this index: compiled kernels, and priorities derived from the leaves (alpha > 0)."""
+        return self._priority is None and kern.HAVE_NUMBA
+
+    def draw(self, u: np.ndarray, beta: float, counts: np.ndarray) -> Optional[Tuple[np.ndarray, ...]]:
+        """
+        Overview:
+            ``sample`` over all slots, with what a prioritized batch reports, in one compiled pass (``can_draw``
+            must hold): ``u`` are the strata offsets (``rng.random(size)``), ``counts`` the use counts to bump.
+            The same slots, weights and priorities as ``sample`` + ``is_weights`` + ``priorities``.
+        Returns:
+            ``(slots, IS weights, priorities, use counts)``, or ``None`` -- nothing drawn or counted -- when the
+            total priority is zero.
+        """
+        n = len(u)
+        slots, leaf, use = np.empty(n, np.int64), np.empty(n), np.empty(n, np.int64)
+        low = kern.prio_draw(*self.tree.arrays, *self.tree.deferred, u, counts, slots, leaf, use)
+        if low < 0:
+            raise ValueError("priority tree is inconsistent: a positive total over zero leaves")
+        if not low > 0:
+            return None
+        weights = np.power(leaf / low, -beta)
+        priorities = np.power(leaf, 1.0 / self.alpha).astype(np.float32).astype(np.float64)
+        return slots, weights, priorities, use
 
     def is_weights(self, slots: np.ndarray, beta: float) -> np.ndarray:
         leaf = self.tree.leaves[slots]
@@ -207,7 +240,7 @@ class PriorityIndex:
         max_priority = float(state['max_priority'])
         if not (math.isfinite(max_priority) and max_priority >= 0):
             raise ValueError(f"saved max_priority must be finite and >= 0, got {max_priority}")
-        new = PriorityIndex(self.capacity, self.alpha, self.eps, with_max=self.tree.max is not None)
+        new = PriorityIndex(self.capacity, self.alpha, self.eps, with_max=self.tree.has_max)
         new.tree.load_leaves(leaves)
         if new._priority is not None:
             new._priority[:] = priority

@@ -83,6 +83,16 @@ class Storage(ABC):
         not report the item it overwrote: a caller tracking items that leave must use prepare + write."""
         return None
 
+    def check_batch(self, batch: Any) -> Any:
+        """Fast path for a batch: an opaque checked batch for ``write_batch`` (O(fields)), or ``None`` -- then use
+        ``prepare_batch`` + ``write``, which check and report. Nothing is written."""
+        return None
+
+    def write_batch(self, checked: Any) -> np.ndarray:
+        """Write a batch ``check_batch`` accepted at the next slots; returns them. Like ``write_one`` it does not
+        report the items it overwrote."""
+        raise NotImplementedError
+
     def _reserve(self, prepared: Prepared) -> None:
         """Acquire what the write needs (tensor storage allocates its fields on the first write)."""
 

@@ -1,10 +1,13 @@
-"""``FastWriter``: the single-item fast path of ``TensorStorage`` (one flat item on CPU, no tensors made).
+"""``FastWriter``: the hot paths of ``TensorStorage`` writes on CPU: one flat item, or one flat batch of arrays.
 
 Built once per schema (``FastWriter.build``, ``None`` where the path does not apply: fields off the CPU,
 nested paths, a field numpy has no dtype for). ``write`` checks each leaf of an item against the per-field
 facts in a few attribute reads and writes it straight into the field's numpy view -- no stacking, no tensor
-conversion. Anything that is not a plain match returns ``None`` with nothing changed; the storage's generic
-path (``prepare`` + ``write``) then takes the item and reports any error.
+conversion. ``check_batch`` checks a batch dict whose leaves are numpy arrays / CPU tensors of exactly the
+stored dtypes and per-item shapes in O(fields) (a ``collect_iter`` field also gets its range check), and
+``put_batch`` writes it with one slice assignment per field (two where it wraps around the ring). Anything that
+is not a plain match returns ``None`` with nothing changed; the storage's generic path (``prepare`` /
+``prepare_batch`` + ``write``) then takes the data and reports any error.
 """
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -16,6 +19,9 @@ from .tensor_schema import Schema
 from .tree import Path
 
 _MISSING = object()
+# collect_iter values the batch path takes without asking the generic path (which accepts |x| < 2**60 in float64:
+# a margin keeps the fast path from taking a value the generic one would round up and refuse)
+COLLECT_ITER_SAFE = 2 ** 59
 # per field: top-level key, numpy view of the field, shape, numpy dtype, torch dtype, accepted Python scalars
 FieldSpec = Tuple[str, np.ndarray, tuple, np.dtype, torch.dtype, tuple]
 
@@ -92,3 +98,60 @@ class FastWriter:
         for (_, view, _, _, _, _), v in zip(spec, values):
             view[slot] = v
         return slot
+
+    def check_batch(self, batch: Any) -> Optional[Tuple[List[np.ndarray], int]]:
+        """
+        Overview:
+            The columns of ``batch`` (in schema order, as numpy arrays; CPU tensors are viewed, not copied) and
+            its size ``n``, when every leaf is an array of exactly the stored dtype and per-item shape with one
+            leading dimension ``n`` in ``[1, capacity]``. ``None`` otherwise: the generic path checks, converts
+            and reports. Nothing is written. O(fields).
+        """
+        if type(batch) is not dict:
+            return None
+        spec = self.spec
+        skipped = 0
+        for key in self.skip_keys:
+            if key in batch:
+                skipped += 1
+        if len(batch) - skipped != len(spec):
+            return None
+        cols = []
+        n = -1
+        for key, view, shape, np_dtype, dtype, _ in spec:
+            v = batch.get(key, _MISSING)
+            t = type(v)
+            if t is torch.Tensor:
+                if v.dtype != dtype or v.device.type != 'cpu' or v.is_conj() or v.is_neg():
+                    return None
+                v = v.detach().numpy()
+            elif t is not np.ndarray or v.dtype != np_dtype:
+                return None
+            vshape = v.shape
+            if len(vshape) != len(shape) + 1 or vshape[1:] != shape:
+                return None
+            if n < 0:
+                n = vshape[0]
+            elif vshape[0] != n:
+                return None
+            if key == 'collect_iter' and n > 0 and not (-COLLECT_ITER_SAFE < v.min() and v.max() < COLLECT_ITER_SAFE):
+                return None  # NaN fails too
+            cols.append(v)
+        if not 0 < n <= view.shape[0]:
+            return None
+        return cols, n
+
+    def put_batch(self, cols: List[np.ndarray], n: int, ring: RingIndex) -> np.ndarray:
+        """Write columns checked by ``check_batch`` at the next ``n`` slots of ``ring``; returns the slots."""
+        slots, _, _ = ring.commit(n)
+        first = int(slots[0])
+        cap = ring.capacity
+        if first + n <= cap:
+            for (_, view, _, _, _, _), v in zip(self.spec, cols):
+                view[first:first + n] = v
+        else:
+            k = cap - first
+            for (_, view, _, _, _, _), v in zip(self.spec, cols):
+                view[first:] = v[:k]
+                view[:n - k] = v[k:]
+        return slots

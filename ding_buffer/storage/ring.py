@@ -66,11 +66,18 @@ class RingIndex:
             - overwritten (:obj:`np.ndarray`): slots whose previous (valid) item was overwritten.
         """
         assert 0 < n <= self.capacity, n
-        slots = self.next_slots(n)
-        overwritten = slots[self.valid[slots]]
+        first = (self.head + self.span) % self.capacity
+        if first + n <= self.capacity:  # no wrap: slices instead of fancy indexing
+            slots = np.arange(first, first + n)
+            seg = self.valid[first:first + n]
+            overwritten = slots[seg] if seg.any() else slots[:0]
+            seg[:] = True
+        else:
+            slots = self.next_slots(n)
+            overwritten = slots[self.valid[slots]]
+            self.valid[slots] = True
         uids = np.arange(self.next_uid, self.next_uid + n, dtype=np.int64)
         self.count += n - len(overwritten)
-        self.valid[slots] = True
         self.next_uid += n
         self.push_count += n
         new_span = self.span + n

@@ -133,6 +133,16 @@ class TensorStorage(Storage):
             return None  # the generic path checks a collect_iter that is no plain int
         return fast.write(item, self.ring)
 
+    def check_batch(self, batch: Any) -> Optional[Tuple[List[np.ndarray], int]]:
+        """Fast path for a flat batch of arrays on CPU (``FastWriter.check_batch``): ``(columns, n)`` or ``None``
+        -- nothing changed -- when the generic path must take it (first batch, nested or converted leaves, any
+        mismatch, more items than slots)."""
+        fast = self._fast
+        return None if fast is None else fast.check_batch(batch)
+
+    def write_batch(self, checked: Tuple[List[np.ndarray], int]) -> np.ndarray:
+        return self._fast.put_batch(checked[0], checked[1], self.ring)
+
     def _reserve(self, prepared: Prepared) -> None:
         if self.schema is None:
             self._allocate(prepared.payload[0])
