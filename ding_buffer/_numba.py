@@ -1,49 +1,100 @@
-"""``njit`` from numba when it is installed (and not disabled), else a no-op decorator -- loaded lazily.
+"""``njit`` from numba when it is installed (and not disabled), else a no-op decorator -- loaded lazily, in the
+background.
 
-``import ding_buffer`` does not import numba: a decorated function is a stand-in until the first call of any
-kernel. That call imports numba once, makes every pending function a numba dispatcher (``cache=True`` reuses
-the compiled code of earlier runs) and puts the dispatchers where the stand-ins were -- in every
-``ding_buffer`` module that holds one -- so kernels calling kernels see dispatchers when numba compiles them,
-and later calls skip the stand-in. A numba that is installed but fails to import leaves the plain Python
-functions (correct, slow).
+``import ding_buffer`` does not import numba: a decorated function is a stand-in (``_Kernel``) until the kernels
+are loaded. Loading costs about a second in a fresh process even when numba's on-disk cache holds every kernel
+(importing numba and initialising its compiler target dominate), so it runs in a daemon thread, started by the
+first call of any kernel (or by ``ready()`` / ``start()``):
+
+* a kernel registered with a ``fallback`` (a numpy or plain-Python function giving identical results, as the
+  tree kernels' numpy versions do) calls the fallback until the kernels are ready -- the first pushes, samples
+  and updates of a process never wait for the compiler;
+* a kernel without one waits for the load to finish (``load()``);
+* call sites that choose between a fused compiled path and a checking numpy path ask ``ready()``.
+
+The thread compiles every pending function against a private copy of its module's globals in which the other
+stand-ins are already dispatchers (numba resolves a kernel's callees when it compiles it), runs the warm-up
+functions modules registered with ``warmer`` (tiny calls that load each signature's cached machine code), and
+only then puts the dispatchers where the stand-ins were -- in every ``ding_buffer`` module -- so later calls skip
+the stand-in and no caller ever meets a dispatcher that still has to be loaded. ``cache=True`` reuses the
+compiled code of earlier runs. A numba that is installed but fails to import leaves the plain functions
+(correct, slow). A fork waits for a load in progress (the child never inherits a half-held compiler lock).
 
 ``DING_BUFFER_NO_NUMBA=1`` forces the pure-Python/numpy fallbacks (the tests run both backends).
 """
 import importlib.util
+import logging
 import os
 import sys
 import threading
-from typing import Any, Callable, List
+import types
+from typing import Any, Callable, Dict, List, Optional
 
 _DISABLED = os.environ.get('DING_BUFFER_NO_NUMBA', '') not in ('', '0')
 HAVE_NUMBA = not _DISABLED and importlib.util.find_spec('numba') is not None
 
-_LOCK = threading.Lock()
+_LOCK = threading.RLock()  # held for a whole load; a fork waits for it
+_READY = threading.Event()
 _PENDING: List['_Kernel'] = []
-_numba: Any = None  # the numba module once loaded
+_WARMERS: List[Callable[[], None]] = []
+_TLS = threading.local()  # ``warming``: the loading thread calls the new dispatchers through the stand-ins
+_thread: Optional[threading.Thread] = None
+_numba: Any = None  # the numba module once imported (False: installed but broken)
+_log = logging.getLogger(__name__)
 
 
 class _Kernel:
-    """A function to compile with ``numba.njit(**options)`` on first use."""
+    """A function to compile with ``numba.njit(**options)``; until then ``fallback`` or a wait for the load."""
 
-    def __init__(self, func: Callable, options: dict) -> None:
-        self.py_func, self.options, self.compiled = func, options, None
+    def __init__(self, func: Callable, options: dict, fallback: Optional[Callable]) -> None:
+        self.py_func, self.options, self.fallback = func, options, fallback
+        self.compiled: Any = None  # the dispatcher, once loaded and warmed
+        self.dispatcher: Any = None  # the dispatcher while the loading thread warms it
         self.__name__, self.__qualname__, self.__doc__ = func.__name__, func.__qualname__, func.__doc__
         self.__module__ = func.__module__
 
     def __call__(self, *args: Any) -> Any:
         compiled = self.compiled
-        if compiled is None:
-            load()
-            compiled = self.compiled
-        return compiled(*args)
+        if compiled is not None:
+            return compiled(*args)
+        if self.dispatcher is not None and getattr(_TLS, 'warming', False):
+            return self.dispatcher(*args)
+        if self.fallback is not None:
+            start()
+            return self.fallback(*args)
+        load()
+        return self.compiled(*args)
 
     def __repr__(self) -> str:
         return f'<kernel {self.__module__}.{self.__qualname__} ({"loaded" if self.compiled else "not loaded"})>'
 
 
+def ready() -> bool:
+    """Whether the compiled kernels are loaded and warm (starts loading them if not). False without numba.
+    True inside the loading thread's warm-up, so warm-up calls reach the fused compiled paths."""
+    if _READY.is_set():
+        return bool(_numba)
+    if getattr(_TLS, 'warming', False):
+        return True
+    if HAVE_NUMBA:
+        start()
+    return False
+
+
+def start() -> None:
+    """Load the pending kernels in a daemon thread (a no-op while one runs or when nothing is pending)."""
+    global _thread
+    if not _PENDING or (_thread is not None and _thread.is_alive()):
+        return
+    with _LOCK:
+        if _PENDING and (_thread is None or not _thread.is_alive()):
+            _thread = threading.Thread(target=load, name='ding_buffer-numba-load', daemon=True)
+            _thread.start()
+
+
 def load() -> None:
-    """Import numba and turn every pending function into a dispatcher (once; later calls return at once)."""
+    """Import numba, compile (or load from the cache) and warm every pending function, then swap the dispatchers
+    in. Blocks until done -- also when the loading thread is at it; returns at once when nothing is pending."""
     global _numba
     with _LOCK:
         if not _PENDING:
@@ -55,36 +106,106 @@ def load() -> None:
             except Exception:  # an installed but broken numba: the plain functions still give the right answers
                 _numba = False
         pending = list(_PENDING)
-        swap = {id(k): _numba.njit(**k.options)(k.py_func) if _numba else k.py_func for k in pending}
+        swap = _compile(pending) if _numba else {id(k): k.fallback or k.py_func for k in pending}
+        if _numba:
+            _warm(pending, swap)
         for name, module in list(sys.modules.items()):
             if module is None or not (name == 'ding_buffer' or name.startswith('ding_buffer.')):
                 continue
             space = getattr(module, '__dict__', {})
             for attr, value in list(space.items()):
-                if id(value) in swap and isinstance(value, _Kernel):
+                if isinstance(value, _Kernel) and id(value) in swap:
                     space[attr] = swap[id(value)]
-        # only now, with every module holding dispatchers, may another thread call one: numba compiles a kernel
-        # on its first call and must find its callees' dispatchers, not stand-ins
         for kernel in pending:
             kernel.compiled = swap[id(kernel)]
         _PENDING.clear()
+        _READY.set()
 
 
-def njit(*args: Any, **options: Any) -> Any:
-    """``@njit`` / ``@njit(cache=True, ...)``: numba's, compiled on first use; the function itself without numba."""
+def _compile(pending: List[_Kernel]) -> Dict[int, Any]:
+    """A dispatcher per stand-in, each over a copy of its function whose globals hold dispatchers (not stand-ins)
+    for every kernel -- what numba must find when it compiles a kernel that calls another one."""
+    spaces: Dict[str, Dict[str, Any]] = {}
+    for kernel in pending:
+        if kernel.__module__ not in spaces:
+            spaces[kernel.__module__] = dict(kernel.py_func.__globals__)
+    swap: Dict[int, Any] = {}
+    for kernel in pending:
+        f = kernel.py_func
+        twin = types.FunctionType(f.__code__, spaces[kernel.__module__], f.__name__, f.__defaults__, f.__closure__)
+        twin.__qualname__, twin.__doc__, twin.__kwdefaults__ = f.__qualname__, f.__doc__, f.__kwdefaults__
+        swap[id(kernel)] = _numba.njit(**kernel.options)(twin)
+    for space in spaces.values():
+        for attr, value in list(space.items()):
+            if isinstance(value, _Kernel):
+                space[attr] = swap.get(id(value)) or value.compiled or value.py_func
+    return swap
+
+
+def _warm(pending: List[_Kernel], swap: Dict[int, Any]) -> None:
+    """Run the registered warm-up calls against the new dispatchers (a failure only costs the first real call)."""
+    for kernel in pending:
+        kernel.dispatcher = swap[id(kernel)]
+    _TLS.warming = True
+    try:
+        for warm in list(_WARMERS):
+            try:
+                warm()
+            except Exception as e:  # pragma: no cover - a warm-up is an optimisation, never a reason to fail
+                _log.debug('numba warm-up %s failed: %r', getattr(warm, '__qualname__', warm), e)
+    finally:
+        _TLS.warming = False
+
+
+def warmer(func: Callable[[], None]) -> Callable[[], None]:
+    """Register ``func`` (no arguments) to call kernels on tiny inputs of the dtypes the hot paths use, so the
+    loading thread loads those signatures' machine code before the stand-ins hand over."""
+    _WARMERS.append(func)
+    return func
+
+
+def set_fallback(kernel: Any, fallback: Any) -> None:
+    """Give a stand-in its ``fallback`` after the fact (a function defined below the kernel, or ``'python'``: the
+    kernel's own function run as plain Python). A no-op for anything that is not a stand-in."""
+    if isinstance(kernel, _Kernel):
+        kernel.fallback = kernel.py_func if fallback == 'python' else fallback
+
+
+def njit(*args: Any, fallback: Optional[Callable] = None, **options: Any) -> Any:
+    """``@njit`` / ``@njit(cache=True, ..., fallback=f)``: numba's, compiled in the background; ``fallback`` (same
+    results) serves calls until then. Without numba: ``fallback`` when given, else the function itself."""
     def decorate(func: Callable) -> Any:
         if not HAVE_NUMBA:
-            return func
+            return fallback or func
         if _numba:  # already loaded: compile as numba would
             return _numba.njit(**options)(func)
-        kernel = _Kernel(func, options)
+        kernel = _Kernel(func, options, fallback)
         with _LOCK:
             _PENDING.append(kernel)
+            _READY.clear()
         return kernel
 
-    if len(args) == 1 and callable(args[0]) and not options:
+    if len(args) == 1 and callable(args[0]) and not options and fallback is None:
         return decorate(args[0])
     return decorate
 
 
-__all__ = ['njit', 'HAVE_NUMBA', 'load']
+def _before_fork() -> None:
+    _LOCK.acquire()
+
+
+def _after_fork_parent() -> None:
+    _LOCK.release()
+
+
+def _after_fork_child() -> None:
+    global _LOCK, _thread
+    _LOCK = threading.RLock()
+    if not _READY.is_set():
+        _thread = None  # a loading thread does not survive the fork: the child starts its own
+
+
+if hasattr(os, 'register_at_fork'):
+    os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_parent, after_in_child=_after_fork_child)
+
+__all__ = ['njit', 'HAVE_NUMBA', 'load', 'ready', 'set_fallback', 'start', 'warmer']

@@ -9,7 +9,7 @@ when k is at least a quarter of n (then O(n) = O(k)).
 """
 import numpy as np
 
-from ._numba import HAVE_NUMBA, njit
+from ._numba import njit, ready
 
 # Above this fraction of the population a permutation is cheaper than rejection.
 _PERMUTATION_FRACTION = 0.25
@@ -61,7 +61,7 @@ def _first_distinct_loop(values, n, size, mark, out):
 
 def first_distinct(values: np.ndarray, n: int, size: int) -> np.ndarray:
     """The first ``size`` distinct entries of ``values`` (all in ``[0, n)``), in order of first occurrence."""
-    if HAVE_NUMBA:
+    if ready():  # until the kernels are loaded, numpy gives the same result
         out = np.empty(min(size, len(values)), dtype=np.int64)
         k = _first_distinct_loop(values, n, size, np.zeros(n, dtype=np.bool_), out)
         return out[:k]

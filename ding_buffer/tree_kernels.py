@@ -14,7 +14,7 @@ identical samples; the scalar operations then fall back to plain Python loops (c
 """
 import numpy as np
 
-from ._numba import HAVE_NUMBA, njit
+from ._numba import HAVE_NUMBA, njit, set_fallback
 
 K = 8  # arity
 SUM, MIN, MAX, MIN_POS = 0, 1, 2, 3
@@ -452,7 +452,15 @@ def np_prio_set_one_lazy(leaves, snodes, mnodes, xnodes, has_max, starts, i, val
 
 
 def np_prio_flush(leaves, snodes, mnodes, xnodes, has_max, starts, pending, npending):
-    pass
+    """The numpy writes never defer, but compiled ones may have (the kernels load while a buffer runs)."""
+    k = int(npending[0])
+    if k:
+        idx = pending[:k].copy()
+        np_refresh_many(leaves, snodes, starts, SUM, idx)
+        np_refresh_many(leaves, mnodes, starts, MIN_POS, idx)
+        if has_max:
+            np_refresh_many(leaves, xnodes, starts, MAX, idx)
+        npending[0] = 0
 
 
 if not HAVE_NUMBA:  # pragma: no cover - exercised by the no-numba test run
@@ -483,3 +491,14 @@ def np_bump_counts(counts, idx, out):
 
 
 bump_counts = _bump_counts_loop if HAVE_NUMBA else np_bump_counts
+
+# Until the compiled kernels are loaded (in the background, see ``_numba``) calls go to these: the same results
+# (the numpy versions are bit-identical by construction and by test; the scalar ones run as plain Python).
+for _kernel, _fallback in ((refresh_many, np_refresh_many), (set_many, np_set_many), (find_many, np_find_many),
+                           (prio_set_many, np_prio_set_many), (prio_set_one, np_prio_set_one),
+                           (prio_set_lazy, np_prio_set_lazy), (prio_fill_lazy, np_prio_fill_lazy),
+                           (prio_set_one_lazy, np_prio_set_one_lazy), (prio_flush, np_prio_flush),
+                           (_leaf_values_loop, _leaf_values_py), (_bump_counts_loop, np_bump_counts)):
+    set_fallback(_kernel, _fallback)
+for _kernel in (_combine, _leaf, _refresh_path, set_one, reduce_range, _step, find_one):
+    set_fallback(_kernel, 'python')

@@ -1885,8 +1885,10 @@ def test_equal_priorities_give_identical_leaves_on_every_path(storage):
 
 
 _BACKEND_SCRIPT = r'''
-import json, numpy as np, torch
-from ding_buffer import create_buffer, tree_kernels
+import json, os, numpy as np, torch
+from ding_buffer import create_buffer, tree_kernels, _numba
+if os.environ.get('LOAD_FIRST') == '1':
+    _numba.load()  # compiled from the first call; otherwise numpy serves until the background load swaps
 buf = create_buffer(dict(type='advanced', replay_buffer_size=300, seed=5, storage=dict(type='tensor')))
 rng = np.random.default_rng(0)
 out = {'numba': tree_kernels.HAVE_NUMBA, 'batches': []}
@@ -1910,18 +1912,19 @@ def test_numba_and_numpy_backends_give_identical_buffers():
     import subprocess
     import sys
     runs = {}
-    for flag in ('0', '1'):
-        env = dict(os.environ, DING_BUFFER_NO_NUMBA=flag)
+    for flag, first in (('0', '0'), ('0', '1'), ('1', '0')):  # numba (switching mid-run / from the start), numpy
+        env = dict(os.environ, DING_BUFFER_NO_NUMBA=flag, LOAD_FIRST=first)
         proc = subprocess.run([sys.executable, '-c', _BACKEND_SCRIPT], env=env, capture_output=True, text=True,
                               timeout=240)
         assert proc.returncode == 0, proc.stderr[-2000:]
-        runs[flag] = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert runs['1']['numba'] is False
-    if not runs['0']['numba']:
+        runs[flag + first] = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert runs['10']['numba'] is False
+    if not runs['00']['numba']:
         pytest.skip('numba is not installed: only the fallback ran')
-    assert runs['0']['batches'] == runs['1']['batches']
-    assert runs['0']['leaves'] == runs['1']['leaves']
-    assert runs['0']['nodes'] == runs['1']['nodes']
+    for run in ('00', '01'):
+        assert runs[run]['batches'] == runs['10']['batches'], run
+        assert runs[run]['leaves'] == runs['10']['leaves'], run
+        assert runs[run]['nodes'] == runs['10']['nodes'], run
 
 
 def test_update_fast_path_gives_exactly_the_state_of_the_checking_path():

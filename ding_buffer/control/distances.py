@@ -15,7 +15,7 @@ from typing import Optional
 
 import numpy as np
 
-from .._numba import HAVE_NUMBA, njit
+from .._numba import HAVE_NUMBA, njit, ready  # noqa: F401 (HAVE_NUMBA re-exported)
 
 _INF_P = -1.0  # p = inf is passed to the kernels as this code
 N_PIVOTS = 4
@@ -196,7 +196,7 @@ def far_mask(queries: np.ndarray, refs: np.ndarray, ref_slots: Optional[np.ndarr
     if len(queries) == 0:
         return np.ones(0, dtype=bool)
     p, cutoff = float(p), float(cutoff)
-    if not HAVE_NUMBA:
+    if not ready():  # no numba, or its kernels still loading: numpy gives the same mask
         return _far_numpy(queries, queries if triangular else refs, ref_slots, cutoff, p, triangular)
     out = np.empty(len(queries), dtype=np.bool_)
     code = _INF_P if np.isinf(p) else p

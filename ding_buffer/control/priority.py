@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from .. import tree_kernels as kern
+from .._numba import ready, warmer
 from ..segment_tree import PriorityTree
 
 
@@ -151,7 +152,7 @@ class PriorityIndex:
             then reports it) or this index cannot take the fused path (no numba, or alpha 0 and its column).
             ``slots`` / ``ids`` are int64 arrays, ``priorities`` a float array, all of one length.
         """
-        if self._priority is not None or not kern.HAVE_NUMBA:
+        if self._priority is not None or not ready():
             return None
         out = np.empty(4)
         kern.prio_update_by_id(*self.tree.arrays, *self.tree.deferred, ring.valid, ring.next_uid, ring.capacity, slots,
@@ -186,8 +187,9 @@ class PriorityIndex:
         return candidates[np.minimum(pos, last_pos)]
 
     def can_draw(self) -> bool:
-        """Whether ``draw`` takes this index: compiled kernels, and priorities derived from the leaves (alpha > 0)."""
-        return self._priority is None and kern.HAVE_NUMBA
+        """Whether ``draw`` takes this index: compiled kernels loaded, and priorities derived from the leaves (alpha >
+        0). Until the kernels are loaded ``sample`` + ``is_weights`` + ``priorities`` give the same draw."""
+        return self._priority is None and ready()
 
     def draw(self, u: np.ndarray, beta: float, counts: np.ndarray) -> Optional[Tuple[np.ndarray, ...]]:
         """
@@ -370,3 +372,26 @@ class BetaSchedule:
         if self._step:
             self.value = min(1.0, beta + self._step)
         return beta
+
+
+@warmer
+def _warm_kernels() -> None:
+    """Every compiled path of a prioritized buffer once, on a tiny index with the hot paths' dtypes (float32 and
+    float64 priorities from a learner, int64 ids and slots from a sample, int32 use counts)."""
+    from ..storage.ring import RingIndex
+    ring = RingIndex(16)
+    ring.commit(16)
+    slots = np.arange(4, dtype=np.int64)
+    ids = ring.uids(slots)
+    for with_max in (False, True):
+        index = PriorityIndex(16, 0.6, with_max=with_max)
+        index.set_new(np.arange(8, dtype=np.int64), np.ones(8))
+        index.fill_new(np.arange(8, 16, dtype=np.int64), index.default_priority())
+        index.set_new_one(3, 2.0)
+        index.draw(np.full(4, 0.5), 0.4, np.zeros(16, dtype=np.int32))
+        for dtype in (np.float32, np.float64):
+            index.update_by_ids(ring, slots, ids, np.ones(4, dtype=dtype))
+        index.update(slots, np.ones(4))
+        index.sample(np.random.default_rng(0), 4)
+        index.retire(slots[:1])
+        index.tree.total()
