@@ -13,7 +13,6 @@ import torch
 
 from ..base import BUFFER_REGISTRY
 from ..config import dingengine_ignored, positive_int
-from ..control.limits import NO_ITER
 from ..control.priority import MAX_PRIORITY, BetaSchedule, PriorityIndex, batch_priorities, item_priorities, parse_update
 from ..errors import SampleTimeoutError  # noqa: F401 (re-exported: raised by sample(timeout=...))
 from ..monitor.sampled_data import SampledDataAttrMonitor
@@ -260,8 +259,7 @@ class AdvancedReplayBuffer(SlotEngine):
     def _drawn_batch(self, slots: np.ndarray, size: int, weights: np.ndarray, priority: np.ndarray, use: np.ndarray,
                      cur_learner_iter: int, beta: float) -> Any:
         """The batch of a draw (use counts already bumped): staleness, output, monitor, removal rules."""
-        ci = self._storage.collect_iter(slots)
-        staleness = np.where(ci == NO_ITER, -1, cur_learner_iter - ci)
+        staleness = self._storage.staleness(slots, cur_learner_iter)
         out = self._output(slots, weights, use, priority, staleness)
         self._due = self._sampled_monitor.record(use, priority, staleness, beta, cur_learner_iter, self._last_envstep)
         self._drawn(slots, size, use)

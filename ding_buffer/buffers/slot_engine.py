@@ -70,7 +70,7 @@ class SlotEngine(Engine):
         n = prepared.n + prepared.dropped
         if self._periodic is not None:
             self._periodic.start()  # first: its baseline must not include this push
-        result = self._storage.write(prepared)
+        result = self._storage.write(prepared, report_evicted=self._remover is not None)
         if self.indexed:
             self._on_written(result.slots, priorities)
         if self._uses is not None:

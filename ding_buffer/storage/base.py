@@ -58,22 +58,24 @@ class Storage(ABC):
     def prepare_batch(self, batch: Any) -> Prepared:
         """Validate a batch (dict whose leaves share a leading dimension). Raises, never writes."""
 
-    def write(self, prepared: Prepared) -> WriteResult:
-        """Commit ``prepared`` to the next slots, overwriting the oldest items when full. O(n)."""
+    def write(self, prepared: Prepared, report_evicted: bool = True) -> WriteResult:
+        """Commit ``prepared`` to the next slots, overwriting the oldest items when full. O(n). ``evicted`` lists
+        the items that left (list storage) unless ``report_evicted`` is False (nobody tracks them)."""
         self._reserve(prepared)  # may fail (e.g. memmap files); nothing has changed yet
         ring = self.ring
         evicted: List[Any] = []
         if prepared.dropped:
             # More items than slots: every stored item goes, the oldest pushed items are never stored,
             # but counters and ids advance as if they had been (DI-engine's tail arithmetic).
-            evicted = self._take(ring.ordered_slots()) + list(prepared.skipped)
+            if report_evicted:
+                evicted = self._take(ring.ordered_slots()) + list(prepared.skipped)
             start = (ring.tail + prepared.dropped) % ring.capacity
             ring.clear()
             ring.head = start
             ring.next_uid += prepared.dropped
             ring.push_count += prepared.dropped
         slots, uids, overwritten = ring.commit(prepared.n)
-        if len(overwritten):
+        if report_evicted and len(overwritten):
             evicted += self._take(overwritten)
         self._write(slots, prepared.payload)
         return WriteResult(slots, uids, evicted)
@@ -119,6 +121,11 @@ class Storage(ABC):
     def collect_iter(self, slots: np.ndarray) -> np.ndarray:
         """Each element's ``collect_iter`` (int64; the min of a sequence; ``NO_ITER`` where it has none)."""
         return np.fromiter((collect_iter_of(None) for _ in range(len(slots))), dtype=np.int64, count=len(slots))
+
+    def staleness(self, slots: np.ndarray, cur_learner_iter: int) -> np.ndarray:
+        """``cur_learner_iter - collect_iter`` of each element (int64), -1 where it has no ``collect_iter``."""
+        ci = self.collect_iter(slots)
+        return np.where(ci == NO_ITER, -1, cur_learner_iter - ci)
 
     @abstractmethod
     def gather(self, slots: np.ndarray) -> Any:

@@ -42,7 +42,12 @@ class ListStorage(Storage):
         return slot
 
     def _write(self, slots: np.ndarray, payload: List[Any]) -> None:
+        """``payload`` at ``slots``, the consecutive run (modulo capacity) the ring committed."""
         data = self._data
+        first, n = int(slots[0]), len(payload)
+        if first + n <= len(data):  # no wrap: one slice assignment
+            data[first:first + n] = payload
+            return
         for slot, item in zip(slots.tolist(), payload):
             data[slot] = item
 
@@ -89,5 +94,6 @@ class ListStorage(Storage):
             raise ValueError(f"saved storage has {len(slots)} slots but {got}")
         if not np.array_equal(np.sort(slots), np.flatnonzero(storage.ring.valid)):
             raise ValueError("saved storage slots do not match the ring's valid slots")
-        storage._write(slots, copy.deepcopy(items))
+        for slot, item in zip(slots.tolist(), copy.deepcopy(items)):
+            storage._data[slot] = item
         return storage

@@ -70,7 +70,8 @@ class RingIndex:
         if first + n <= self.capacity:  # no wrap: slices instead of fancy indexing
             slots = np.arange(first, first + n)
             seg = self.valid[first:first + n]
-            overwritten = slots[seg] if seg.any() else slots[:0]
+            hit = np.count_nonzero(seg)  # a full ring overwrites all, a filling one none: no mask indexing then
+            overwritten = slots if hit == n else slots[seg] if hit else slots[:0]
             seg[:] = True
         else:
             slots = self.next_slots(n)

@@ -220,6 +220,11 @@ class TensorStorage(Storage):
             vals = vals.flatten(1).min(dim=1).values
         return vals.to(torch.int64).cpu().numpy()
 
+    def staleness(self, slots: np.ndarray, cur_learner_iter: int) -> np.ndarray:
+        if ('collect_iter', ) not in self.fields:
+            return np.full(len(slots), -1, dtype=np.int64)  # no element has one: skip the column of NO_ITER
+        return super().staleness(slots, cur_learner_iter)
+
     def nbytes_per_item(self) -> int:
         """Bytes of field data per slot (what a transition costs in this storage)."""
         return sum(f[0].numel() * f.element_size() for f in self.fields.values())
