@@ -106,9 +106,19 @@ def load() -> None:
             except Exception:  # an installed but broken numba: the plain functions still give the right answers
                 _numba = False
         pending = list(_PENDING)
-        swap = _compile(pending) if _numba else {id(k): k.fallback or k.py_func for k in pending}
+        swap = None
         if _numba:
-            _warm(pending, swap)
+            try:
+                swap = _compile(pending)
+                _warm(pending, swap)
+            except Exception as e:  # never retried: the plain functions serve from now on
+                _log.warning('ding_buffer: compiling the numba kernels failed (%r); using the numpy / Python '
+                             'versions (correct, slower)', e)
+                _numba = False
+                for kernel in pending:
+                    kernel.dispatcher = None
+        if not _numba:
+            swap = {id(k): k.fallback or k.py_func for k in pending}
         for name, module in list(sys.modules.items()):
             if module is None or not (name == 'ding_buffer' or name.startswith('ding_buffer.')):
                 continue
@@ -190,12 +200,18 @@ def njit(*args: Any, fallback: Optional[Callable] = None, **options: Any) -> Any
     return decorate
 
 
+_FORK_WAIT_S = 120.0  # how long a fork waits for a load in progress (a load takes about a second)
+_fork_held = threading.local()
+
+
 def _before_fork() -> None:
-    _LOCK.acquire()
+    _fork_held.value = _LOCK.acquire(timeout=_FORK_WAIT_S)
 
 
 def _after_fork_parent() -> None:
-    _LOCK.release()
+    if getattr(_fork_held, 'value', False):
+        _fork_held.value = False
+        _LOCK.release()
 
 
 def _after_fork_child() -> None:

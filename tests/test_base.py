@@ -200,3 +200,60 @@ def test_import_loads_neither_numba_nor_tensorboard_and_kernels_load_in_the_back
     if _numba.HAVE_NUMBA:
         assert lines[2] == 'CPUDispatcher'  # the stand-in was replaced in its module
         assert lines[3] == '[]', lines[3]
+
+
+_FORK_SCRIPT = r'''
+import json, os, sys, numpy as np
+from ding_buffer import create_buffer, _numba
+mode = sys.argv[1]
+if mode == 'broken':
+    def broken(pending):
+        raise RuntimeError('simulated compiler failure')
+    _numba._compile = broken
+b = create_buffer(dict(type='advanced', replay_buffer_size=100, seed=3, storage=dict(type='tensor')))
+b.extend({'x': np.arange(40, dtype=np.float32).reshape(20, 2)})  # starts the background load
+out = {}
+if mode == 'fork':
+    r, w = os.pipe()
+    pid = os.fork()  # while the kernels load: the fork waits for the load, the child must not deadlock
+    if pid == 0:
+        s = b.sample(8)
+        b.update({'replay_unique_id': s['replay_unique_id'], 'replay_buffer_idx': s['replay_buffer_idx'],
+                  'priority': np.full(8, 2.0, np.float32)})
+        os.write(w, json.dumps(b.sample(8)['replay_unique_id'].tolist()).encode())
+        os._exit(0)
+    os.close(w)
+    child = json.loads(os.read(r, 10000).decode())
+    os.waitpid(pid, 0)
+    out['child'] = child
+_numba.load()
+s = b.sample(8)
+b.update({'replay_unique_id': s['replay_unique_id'], 'replay_buffer_idx': s['replay_buffer_idx'],
+          'priority': np.full(8, 2.0, np.float32)})
+out['parent'] = b.sample(8)['replay_unique_id'].tolist()
+out['ready'] = _numba.ready()
+print('RESULT ' + json.dumps(out))
+'''
+
+
+@pytest.mark.parametrize('mode', ['fork', 'broken', 'plain'])
+def test_background_kernel_load_survives_fork_and_compiler_failure(mode):
+    """A fork while the kernels load in the background gives a child that samples and updates (no lock
+    inherited half-held) with the same results as its parent; a compiler that fails leaves the numpy / Python
+    versions serving with a warning, never a retry loop, and the same results as a normal run."""
+    import json
+    import subprocess
+    import sys
+    if mode == 'fork' and not hasattr(os, 'fork'):
+        pytest.skip('no fork on this platform')
+    runs = {}
+    for m in ('plain', mode):
+        proc = subprocess.run([sys.executable, '-c', _FORK_SCRIPT, m], capture_output=True, text=True, timeout=180)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        runs[m] = json.loads(next(x for x in proc.stdout.splitlines() if x.startswith('RESULT '))[7:])
+        if m == 'broken':
+            assert 'compiling the numba kernels failed' in proc.stderr or not ding_buffer._numba.HAVE_NUMBA
+            assert runs[m]['ready'] is False
+    assert runs[mode]['parent'] == runs['plain']['parent']
+    if mode == 'fork':
+        assert runs['fork']['child'] == runs['plain']['parent']

@@ -986,3 +986,21 @@ def test_storage_from_state_dispatches_and_validates():
         storage_from_state({'type': 'list'}, 3, ten.state_dict())
     with pytest.raises(ValueError, match='dict'):
         storage_from_state({'type': 'list'}, 3, [1, 2])
+
+
+def test_large_cpu_fields_ask_for_huge_pages_and_start_zeroed():
+    """Fields of a large CPU tensor storage are allocated, advised to use transparent huge pages (Linux) before
+    their pages are touched, and zeroed: an untouched row reads as zeros, written rows round-trip."""
+    import sys
+    from ding_buffer.storage.tensor_fields import advise_huge_pages
+    small = torch.empty(16)
+    assert advise_huge_pages(small) is False  # below two huge pages: nothing to ask for
+    big = torch.empty(2 ** 21)  # 8 MiB of float32
+    thp = '/sys/kernel/mm/transparent_hugepage/enabled'
+    thp_on = sys.platform.startswith('linux') and os.path.exists(thp) and '[never]' not in open(thp).read()
+    assert advise_huge_pages(big) is thp_on
+    storage = TensorStorage(300_000)
+    storage.write(storage.prepare_batch({'obs': np.ones((5, 4), np.float32), 'a': np.arange(5)}))
+    out = storage.read_at(np.array([0, 4, 5, 299_999]))
+    assert out['obs'].tolist() == [[1.0] * 4, [1.0] * 4, [0.0] * 4, [0.0] * 4]
+    assert out['a'].tolist() == [0, 4, 0, 0]
