@@ -8,6 +8,7 @@ Rewards are made distinct on purpose wherever the two implementations are compar
 with an unstable ``torch.argsort``, so on equal rewards which item it keeps is unspecified (ours keeps the newest).
 Distinct values are multiples of 1/1024, exact in float32 and float64, so every comparison below is exact.
 """
+import copy
 from collections import Counter
 
 import numpy as np
@@ -26,6 +27,7 @@ from gfn.samplers import Sampler  # noqa: E402
 from gfn.utils.modules import MLP  # noqa: E402
 
 from ding_buffer import create_buffer  # noqa: E402
+from helpers import assert_same  # noqa: E402
 
 HEIGHT, NDIM = 8, 2
 
@@ -771,3 +773,239 @@ def test_untracked_round_trip_unique_states(tmp_path, samplers, env, pool):
     assert loaded.stats()['unique_terminating_states'] == before  # reads the distinct count instead
     for _ in range(4):  # and the loaded buffer then fails on evicting untracked items
         loaded.push(make_kind('states', samplers, env, pool, 10))
+
+
+# ---------------------------------------------------------------------------------- 11. stored in place (ring)
+# torchgfn's containers are stored one tensor per field, written in place at each item's slot (slots are reused);
+# what comes back must equal what indexing one concatenated container would give, padding rows included.
+def _long_pool(samplers, env, n, seed):
+    """``n`` forward trajectories with distinct log-rewards, their padding rows (past each item's sink state)
+    overwritten with random values, and 0-3 extra all-padding steps per batch of 8: padding is then visible."""
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    rewards = RewardPool(seed)
+    while sum(len(b) for b in out) < n:
+        tr = trajectories(samplers, env, 8, rewards.take(8))
+        extra = int(torch.randint(0, 4, (1, ), generator=g))
+        s = torch.cat([tr.states.tensor, torch.full((extra, 8, NDIM), -1)])
+        a = torch.cat([tr.actions.tensor, torch.full((extra, 8, 1), -1)])
+        t = tr.terminating_idx
+        pad_s = torch.arange(s.shape[0])[:, None] > t[None, :]
+        s[pad_s] = torch.randint(0, HEIGHT, (int(pad_s.sum()), NDIM), generator=g)
+        pad_a = torch.arange(a.shape[0])[:, None] >= t[None, :]
+        a[pad_a] = torch.randint(0, NDIM + 1, (int(pad_a.sum()), 1), generator=g)
+        out.append(Trajectories(env=env, states=env.states_from_tensor(s), actions=env.actions_from_tensor(a),
+                                terminating_idx=t.clone(), log_rewards=tr.log_rewards.clone()))
+    return out
+
+
+def _split_by_length(batches, size):
+    """The same items regrouped shortest first: each batch brings a longer trajectory than any stored one."""
+    everything = batches[0][torch.arange(len(batches[0]))]
+    for b in batches[1:]:
+        everything.extend(b[torch.arange(len(b))])
+    order = torch.argsort(everything.terminating_idx, stable=True)
+    return [everything[order[i:i + size]] for i in range(0, len(order), size)]
+
+
+class TrajectoryModel:
+    """Brute force: each admitted item as torchgfn's indexing of its pushed batch gives it (the batch restricted to
+    the admitted rows, trimmed to their longest item), keyed by its (distinct) log-reward."""
+
+    def __init__(self, env, cap, prioritized):
+        self.env, self.cap, self.prioritized = env, cap, prioritized
+        self.items = {}  # log-reward -> (states column, actions column, terminating_idx)
+        self.order = []  # log-rewards, oldest first
+
+    def push(self, tr):
+        r = tr.log_rewards.tolist()
+        if self.prioritized:  # the batch items that make the top ``cap`` of stored + batch
+            best = set(sorted(self.order + r)[-self.cap:])
+            rows = [i for i, x in enumerate(r) if x in best]
+        else:
+            rows = list(range(len(r)))
+        part = tr[torch.tensor(rows, dtype=torch.long)]
+        for i, x in enumerate(part.log_rewards.tolist()):
+            self.items[x] = (part.states.tensor[:, i], part.actions.tensor[:, i], int(part.terminating_idx[i]))
+            self.order.append(x)
+        keep = sorted(self.order)[-self.cap:] if self.prioritized else self.order[-self.cap:]
+        self.order = [x for x in self.order if x in set(keep)]
+
+    def expected(self, r, steps):
+        """Item ``r`` padded (sink state / dummy action) or trimmed to ``steps`` actions."""
+        s, a, t = self.items[r]
+        sf, dummy = self.env.States.sf, self.env.Actions.dummy_action
+        s = torch.cat([s, sf.expand(max(0, steps + 1 - len(s)), NDIM)])[:steps + 1]
+        a = torch.cat([a, dummy.expand(max(0, steps - len(a)), 1)])[:steps]
+        return s, a, t
+
+
+def assert_trajectories_match(buf, model):
+    out = contents(buf)
+    assert type(out) is Trajectories and out.log_probs is None and out.estimator_outputs is None
+    assert sorted(out.log_rewards.tolist()) == sorted(model.order)
+    steps = out.actions.tensor.shape[0]
+    assert steps == max(model.items[r][2] for r in model.order)  # trimmed to the longest stored item
+    for i, r in enumerate(out.log_rewards.tolist()):
+        s, a, t = model.expected(r, steps)
+        assert int(out.terminating_idx[i]) == t
+        assert torch.equal(out.states.tensor[:, i], s), f'states of item {r} (padding included)'
+        assert torch.equal(out.actions.tensor[:, i], a), f'actions of item {r} (padding included)'
+
+
+@pytest.mark.parametrize('cap', [20, 70])
+@pytest.mark.parametrize('prioritized', [False, True], ids=['fifo', 'prioritized'])
+def test_trajectories_after_wrapping_equal_brute_force_model(samplers, env, prioritized, cap):
+    """Batches of 8 (evictions split earlier batches; prioritized: arbitrary slots reused, batches partly
+    admitted); capacity 70 also outgrows the first allocation. First shortest first, so the stored length grows
+    again and again, then mixed lengths."""
+    pool = _long_pool(samplers, env, 160, seed=5)
+    batches = _split_by_length(pool[:8], 8) + pool[8:]
+    buf = create_buffer(dict(type='gfn', replay_buffer_size=cap, prioritized_capacity=prioritized, seed=0))
+    model = TrajectoryModel(env, cap, prioritized)
+    for step, tr in enumerate(batches):
+        buf.push(tr)
+        model.push(tr)
+        assert buf.count() == len(model.order), step
+        assert_trajectories_match(buf, model)
+    # a sample is a copy: writing into it changes nothing stored
+    out = buf.sample(5)
+    out.states.tensor.fill_(3)
+    out.actions.tensor.fill_(0)
+    out.log_rewards.fill_(0.)
+    assert_trajectories_match(buf, model)
+
+
+def _states_batch(env, g, rewards, n, conditions):
+    """A StatesContainer with random cells, a random terminating mask and distinct log-rewards on every row."""
+    cond = torch.randint(0, 3, (n, 2), generator=g).to(torch.get_default_dtype()) if conditions else None
+    states = env.states_from_tensor(torch.randint(0, HEIGHT, (n, NDIM), generator=g), conditions=cond)
+    return StatesContainer(env=env, states=states, is_terminating=torch.rand(n, generator=g) < 0.7,
+                           log_rewards=rewards.take(n))
+
+
+@pytest.mark.parametrize('conditions,lazy', [(False, False), (True, False), (False, True)],
+                         ids=['plain', 'conditions', 'lazy'])
+def test_states_container_fifo_after_wrapping_equals_last_items(env, conditions, lazy):
+    if conditions and not _conditions_supported():
+        pytest.skip('this torchgfn version cannot attach conditions to States')
+    g, rewards = torch.Generator().manual_seed(2), RewardPool(2)
+    cap = 137 if not lazy else 41  # wrapped; the stored tensors grow on the way (64, 128, 137 items)
+    buf = create_buffer(dict(type='gfn', replay_buffer_size=cap, lazy_sort=lazy, seed=0))
+    tg = ReplayBuffer(env, capacity=cap)
+    order, stored = [], []
+    for step in range(50):
+        c = _states_batch(env, g, rewards, int(torch.randint(1, 12, (1, ), generator=g)), conditions)
+        order.extend(item_keys(c))
+        stored.extend(item_keys(c))
+        if not lazy or len(stored) >= 2 * cap:  # lazy: truncated once stored + incoming reach 2 x capacity
+            stored = stored[-cap:]
+        buf.push(c)
+        tg.add(copy_of(c))
+        out = contents(buf)
+        assert type(out) is StatesContainer
+        assert Counter(item_keys(out)) == Counter(stored), step
+        assert Counter(item_keys(tg.training_container)) == Counter(order[-cap:])
+
+
+def test_transitions_fifo_after_wrapping_equals_last_items(samplers, env, pool):
+    cap = 45
+    buf = create_buffer(dict(type='gfn', replay_buffer_size=cap, seed=0))
+    order = []
+    for step in range(12):
+        t = trajectories(samplers, env, 4, pool.take(4)).to_transitions()
+        order.extend(item_keys(t))
+        buf.push(t)
+        out = contents(buf)
+        assert type(out) is Transitions and out.log_probs is None
+        assert Counter(item_keys(out)) == Counter(order[-cap:]), step
+
+
+@pytest.mark.parametrize('kind', ['trajectories', 'states'])
+def test_state_dict_round_trip_after_wrapping(tmp_path, samplers, env, kind):
+    """After the slots were reused many times: state_dict / load_state_dict and save_data / load_data give a buffer
+    holding the same items that then evicts and samples like the original (sampler-made trajectories: padded with
+    the sink state, as torchgfn pads; a save keeps rows up to the longest stored item)."""
+    g, rewards = torch.Generator().manual_seed(4), RewardPool(4)
+    if kind == 'trajectories':
+        make = lambda: trajectories(samplers, env, 9, rewards.take(9))  # noqa: E731
+    else:
+        make = lambda: _states_batch(env, g, rewards, 9, conditions=False)  # noqa: E731
+    cfg = dict(type='gfn', replay_buffer_size=23, prioritized_capacity=True, seed=0)
+    buf = create_buffer(cfg)
+    for _ in range(12):
+        buf.push(make())
+    state = buf.state_dict()
+    assert state['layout'] == 2 and len(state['slots']) == buf.count()
+
+    again = create_buffer(cfg)
+    again.push(make())  # holds a container of the kind: its env rebuilds the saved ones
+    again.load_state_dict(state)
+    path = str(tmp_path / 'b.pt')
+    buf.save_data(path)
+    loaded = create_buffer(dict(type='gfn'))
+    loaded.load_data(path, env=env)
+    for other in (again, loaded):
+        assert_same(other.state_dict(), state)
+        assert stored_keys(other) == stored_keys(buf)
+    for _ in range(6):
+        c = make()
+        for b in (buf, again, loaded):
+            b.push(copy_of(c))
+        assert stored_keys(again) == stored_keys(buf) == stored_keys(loaded)
+    for other in (again, loaded):  # the same items at the same slots (counters differ: ``stored_keys`` samples)
+        assert_same(_placed(other.state_dict()), _placed(buf.state_dict()))
+
+
+def _placed(state):
+    return {k: state[k] for k in ('store', 'index', 'slots', 'free')}
+
+
+def test_failed_pushes_leave_state_dict_unchanged(samplers, env, pool):
+    """Items of another shape or device, a wrong class, bad log-rewards: refused before anything is stored."""
+    buf = create_buffer(dict(type='gfn', replay_buffer_size=10, seed=0))
+    for _ in range(3):
+        buf.push(random_terminal_states(env, pool, 6))  # wrapped once
+    before = copy.deepcopy(buf.state_dict())
+    other_env = HyperGrid(ndim=NDIM + 1, height=HEIGHT)
+    bad = [
+        (ValueError, terminal_states(other_env, torch.zeros(4, NDIM + 1), pool.take(4))),  # another state shape
+        (TypeError, trajectories(samplers, env, 4, pool.take(4))),  # another class
+        (ValueError, terminal_states(env, torch.zeros(3, NDIM), torch.tensor([0., float('nan'), 1.]))),
+    ]
+    for err, c in bad:
+        with pytest.raises(err):
+            buf.push(c)
+        assert_same(buf.state_dict(), before)
+    tbuf = create_buffer(dict(type='gfn', replay_buffer_size=10, seed=0))
+    tbuf.push(trajectories(samplers, env, 6, pool.take(6)))
+    before = copy.deepcopy(tbuf.state_dict())
+    other = Sampler(DiscretePolicyEstimator(MLP(KHotPreprocessor(HEIGHT, NDIM + 1).output_dim, other_env.n_actions),
+                                            other_env.n_actions, preprocessor=KHotPreprocessor(HEIGHT, NDIM + 1)))
+    with pytest.raises(ValueError, match='states'):
+        tbuf.push(other.sample_trajectories(other_env, n=3))
+    assert_same(tbuf.state_dict(), before)
+
+
+def test_fields_follow_torchgfn_extend_rules(env):
+    """A push without conditions drops them for every stored item, and a wider log-reward dtype widens the stored
+    ones -- what torchgfn's own ``extend`` (its ReplayBuffer) does."""
+    if not _conditions_supported():
+        pytest.skip('this torchgfn version cannot attach conditions to States')
+    g, rewards = torch.Generator().manual_seed(6), RewardPool(6)
+    buf = create_buffer(dict(type='gfn', replay_buffer_size=50, seed=0))
+    tg = ReplayBuffer(env, capacity=50)
+    first = _states_batch(env, g, rewards, 5, conditions=True)
+    plain = _states_batch(env, g, rewards, 4, conditions=False)
+    wide = StatesContainer(env=env, states=env.states_from_tensor(torch.randint(0, HEIGHT, (3, NDIM))),
+                           is_terminating=torch.ones(3, dtype=torch.bool), log_rewards=rewards.take(3).double())
+    for c in (first, plain, wide):
+        buf.push(copy_of(c))
+        tg.add(copy_of(c))
+        out = contents(buf)
+        ref = tg.training_container
+        assert (out.states.conditions is None) == (ref.states.conditions is None)
+        assert out.log_rewards.dtype == ref.log_rewards.dtype
+        assert sorted(out.log_rewards.tolist()) == sorted(ref.log_rewards.tolist())
+        assert Counter(item_keys(out)) == Counter(item_keys(ref))
+    assert out.states.conditions is None and out.log_rewards.dtype == torch.float64

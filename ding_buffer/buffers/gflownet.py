@@ -95,8 +95,10 @@ class GFlowNetReplayBuffer(GFlowNetStats, GFlowNetState, Engine):
         The engine's parts compose by config: ``max_use``, ``max_staleness`` (items' ``collect_iter`` field),
         ``thruput_controller`` (with ``sample(timeout=)``) and ``removers``.
     Thread-safety: every public method holds the buffer's lock.
-    Complexity: push O(batch) while below capacity; a truncating push O(capacity) (``lazy_sort``: once per
-    ``capacity`` items); sample O(capacity + size log size).
+    Complexity: push O(batch) while below capacity -- stored items are never copied: dict batches and torchgfn
+    containers are written in place at their slots (``ColumnStore``, ``ContainerRing``); a truncating push adds
+    O(capacity) index work, no data copy (``lazy_sort``: once per ``capacity`` items); sample O(capacity + size log
+    size) index work plus O(size) data.
     """
     diverse = False
     config = GFN_CONFIG
@@ -131,7 +133,7 @@ class GFlowNetReplayBuffer(GFlowNetStats, GFlowNetState, Engine):
 
     @property
     def storage(self) -> Any:
-        """``ColumnStore`` or ``ContainerStore`` (None before the first push)."""
+        """``ColumnStore``, ``ContainerRing`` or ``ContainerStore`` (None before the first push)."""
         return self._store
 
     def count(self) -> int:

@@ -1,15 +1,17 @@
 """How a GFlowNet buffer builds its parts from its config and the first push: the item store (``ColumnStore`` for
-dict batches / item lists, ``ContainerStore`` for torchgfn-style containers), the ``RewardIndex`` (capacity and
-sampling by log-reward) and the ``StateSet`` (unique terminating states; the diversity filter's rows)."""
+dict batches / item lists, ``ContainerRing`` for torchgfn's tensor containers, ``ContainerStore`` for other
+Container objects), the ``RewardIndex`` (capacity and sampling by log-reward) and the ``StateSet`` (unique
+terminating states; the diversity filter's rows)."""
 from typing import Any, Mapping, Tuple
 
 from ..control.diversity import StateSet
 from ..control.keep_best import RewardIndex
-from .gfn_data import ColumnStore, ContainerStore, is_container
+from .gfn_data import ColumnStore, ContainerStoreBase, container_store, is_container
 
 
 def physical_slots(cfg: Mapping, reuses_slots: bool) -> int:
-    """Slots to allocate: 2x capacity while truncation is lazy, or as the first size of an append-only store."""
+    """Slots to allocate: 2x capacity while truncation is lazy, or as the first size of an append-only store
+    (``ContainerStore``; its index grows by doubling)."""
     cap = cfg['replay_buffer_size']
     return 2 * cap if cfg['lazy_sort'] or not reuses_slots else cap
 
@@ -17,7 +19,7 @@ def physical_slots(cfg: Mapping, reuses_slots: bool) -> int:
 def make_store(cfg: Mapping, data: Any) -> Any:
     """The store for the kind of ``data`` (the first push decides), or ``TypeError`` naming what is accepted."""
     if is_container(data):
-        return ContainerStore()
+        return container_store(data, physical_slots(cfg, True))
     if isinstance(data, (dict, list)):
         return ColumnStore(physical_slots(cfg, ColumnStore.reuses_slots), cfg['device'], cfg['state_key'],
                            cfg['log_reward_key'], cfg['condition_key'])
@@ -29,9 +31,9 @@ def make_store(cfg: Mapping, data: Any) -> Any:
 
 def check_kind(store: Any, data: Any) -> None:
     """A buffer keeps the kind of its first push: dict batches, or containers of one class."""
-    if not isinstance(store, ContainerStore) and is_container(data):
+    if not isinstance(store, ContainerStoreBase) and is_container(data):
         raise TypeError(f"this buffer holds dict batches, got a {type(data).__name__} container")
-    if isinstance(store, ContainerStore) and not is_container(data):
+    if isinstance(store, ContainerStoreBase) and not is_container(data):
         raise TypeError(
             f"this buffer holds {store.cls.__name__ if store.cls else 'container'}s, got {type(data).__name__}"
         )

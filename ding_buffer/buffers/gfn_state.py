@@ -10,9 +10,12 @@ import torch
 from ..config import build_config
 from ..control.diversity import row_hashes
 from ..control.limits import UseCounts
-from .gfn_data import ColumnStore, ContainerStore, check_log_reward, representation
+from .gfn_data import (ColumnStore, ContainerStoreBase, check_log_reward, container_store, rebuild_container,
+                       representation)
+from .gfn_parts import physical_slots
 
-# Version of the saved slot layout: 2 keeps each item's slot and the free-slot stack (dict-batch stores).
+# Version of the saved slot layout: 2 keeps each item's slot and the free-slot stack (stores that reuse slots: dict
+# batches, torchgfn containers; files of layout 1 hold items at slots 0..n-1).
 LAYOUT = 2
 # Keys that describe what is stored; they travel with a save and are restored by ``load_data``.
 SETTINGS = ('replay_buffer_size', 'prioritized_capacity', 'prioritized_sampling', 'sample_replacement', 'lazy_sort',
@@ -112,20 +115,23 @@ class GFlowNetState:
         if 'track_states' not in state:
             raise ValueError("state has no 'track_states' entry")
         kind = state['store'].get('kind')
+        container = None
         if kind == ColumnStore.kind:
-            blank = self._make_store({})
-            index, _ = self._parts_for(blank)  # validates the saved layout before any data is written
-            _, slots = index.restored(r, seq, int(saved['next_seq']), state.get('slots'), state.get('free'))
-            store = blank.restored(state['store'], n, slots)
-        elif kind == ContainerStore.kind:
-            store = (self._store if isinstance(self._store, ContainerStore) else ContainerStore()).restored(
-                state['store'], n, env=self._load_env
-            )
+            store = self._make_store({})
+        elif kind == ContainerStoreBase.kind:
+            env = self._load_env if self._load_env is not None else getattr(self._store, 'env', None)
+            container = rebuild_container(state['store'], n, env)
+            store = container_store(container, physical_slots(self._cfg, True))
         else:
             raise ValueError(f"unknown saved store kind {kind!r}")
         index, states = self._parts_for(store)  # swapped in by the caller only when everything succeeded
+        # validates the saved layout before any data is written
         index, slots = index.restored(r, seq, int(saved['next_seq']), state.get('slots') if store.reuses_slots else None,
-                           state.get('free') if store.reuses_slots else None)
+                                      state.get('free') if store.reuses_slots else None)
+        if kind == ColumnStore.kind:
+            store = store.restored(state['store'], n, slots)
+        elif container is not None:
+            store.place(container, slots)
         track = state.get('track_states')
         if track not in (None, True, False):
             raise ValueError(f"saved 'track_states' must be None or a bool, got {track!r}")
@@ -146,8 +152,8 @@ class GFlowNetState:
         """Representations of restored items, recomputed from the stored data."""
         if not len(slots):
             return None
-        if isinstance(store, ContainerStore):
-            return store.rows_of(store.container, len(store))
+        if isinstance(store, ContainerStoreBase):
+            return store.rows_of(store.read(slots), len(slots))
         cfg = self._cfg
         data = store.storage.read_at(slots)
         cond = data[cfg.condition_key] if cfg.condition_key is not None else None

@@ -7,7 +7,7 @@ import numpy as np
 
 from ..monitor.tb import Due
 from .engine import Engine
-from .gfn_data import ContainerStore
+from .gfn_data import ContainerStoreBase
 
 _STAT_TAGS = ('size', 'log_reward_min', 'log_reward_mean', 'log_reward_max', 'unique_terminating_states')
 
@@ -71,6 +71,6 @@ class GFlowNetStats:
 
     def __repr__(self) -> str:
         kind = 'empty' if self._store is None else (
-            self._store.cls.__name__ if isinstance(self._store, ContainerStore) else 'dict batches')
+            self._store.cls.__name__ if isinstance(self._store, ContainerStoreBase) else 'dict batches')
         return (f"{self.__class__.__name__}(instance_name={self._instance_name!r}, count={self.count()}, "
                 f"replay_buffer_size={self.capacity}, holding {kind})")
