@@ -38,15 +38,16 @@ ROOT = os.path.dirname(HERE)
 README = os.path.join(ROOT, 'README.md')
 RESULTS = os.path.join(HERE, 'results')
 
-# name -> (script, arguments of a full run, arguments of a smoke run, needs DI-engine's python)
-BENCHES: Dict[str, Tuple[str, List[str], List[str], bool]] = {
-    'per': ('bench_per.py', [], ['--quick', '--no-memory'], False),
-    'naive': ('bench_naive.py', [], ['--quick'], False),
-    'gfn': ('bench_gfn.py', [], ['--quick'], False),
-    'gfn_ops': ('bench_gfn_ops.py', [], ['--quick'], False),
-    'startup': ('bench_startup.py', [], ['--rounds', '1'], False),
-    'dingengine': ('bench_dingengine.py', [], ['--rounds', '1', '--capacity', '2000'], True),
-    'distributed': ('bench_distributed.py', [], ['--quick'], False),
+# name -> (script, arguments of a full run, arguments of a smoke run, DI-engine's python: 'needs' / 'prefers' / '')
+BENCHES: Dict[str, Tuple[str, List[str], List[str], str]] = {
+    'per': ('bench_per.py', [], ['--quick', '--no-memory'], 'prefers'),  # DI-engine is one of its peers
+    'naive': ('bench_naive.py', [], ['--quick'], ''),
+    'gfn': ('bench_gfn.py', [], ['--quick'], ''),
+    'gfn_ops': ('bench_gfn_ops.py', [], ['--quick'], ''),
+    'startup': ('bench_startup.py', [], ['--rounds', '1'], ''),
+    'dingengine': ('bench_dingengine.py', ['--capacity', '100000', '--rounds', '3', '--target-s', '0.5'],
+                   ['--rounds', '1', '--capacity', '2000'], 'needs'),
+    'distributed': ('bench_distributed.py', [], ['--quick'], ''),
 }
 
 
@@ -54,9 +55,11 @@ def marker(name: str) -> Tuple[str, str]:
     return f'<!-- bench:{name} -->', f'<!-- /bench:{name} -->'
 
 
-def demote(markdown: str, levels: int = 3) -> str:
-    """Headings of a report one level below the README's ``###`` sections."""
-    return re.sub(r'^(#+) ', lambda m: '#' * min(6, len(m.group(1)) + levels) + ' ', markdown, flags=re.M)
+def demote(markdown: str, top: int = 4) -> str:
+    """Headings of a report shifted so its highest one is ``####``: one level below the README's sections."""
+    levels = [len(h) for h in re.findall(r'^(#+) ', markdown, flags=re.M)]
+    shift = top - min(levels) if levels else 0
+    return re.sub(r'^(#+) ', lambda m: '#' * max(1, min(6, len(m.group(1)) + shift)) + ' ', markdown, flags=re.M)
 
 
 def splice(readme: str, name: str, body: str) -> Optional[str]:
@@ -102,13 +105,16 @@ def main(argv=None) -> int:
     for name in names:
         if name in skip:
             continue
-        needs_diengine = BENCHES[name][3]
-        python = args.diengine_python if needs_diengine else sys.executable
+        wants = BENCHES[name][3]
+        python = args.diengine_python if wants == 'needs' else (args.diengine_python or sys.executable) \
+            if wants == 'prefers' else sys.executable
         if python is None:
             print(f'[regenerate] {name}: skipped (needs --diengine-python)', file=sys.stderr)
             continue
         print(f'[regenerate] {name}: running {BENCHES[name][0]} ...', file=sys.stderr, flush=True)
         ok, out, wall = run(name, args.quick, python, args.timeout)
+        if python != sys.executable:
+            out = f'(run with `{python}`, where DI-engine imports with its dependencies)\n\n' + out if ok else out
         print(f'[regenerate] {name}: {"done" if ok else "FAILED"} in {wall:.0f} s', file=sys.stderr, flush=True)
         if not ok:
             failed.append((name, out))
