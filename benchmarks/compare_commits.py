@@ -59,6 +59,11 @@ def child(src: str, capacity: int, target_s: float) -> dict:
     import ding_buffer
     from ding_buffer import create_buffer
     assert os.path.realpath(ding_buffer.__file__).startswith(os.path.realpath(src)), ding_buffer.__file__
+    try:  # steady state: the compiled kernels are loaded (they load in the background since the hot-paths work)
+        from ding_buffer import _numba
+        _numba.load()
+    except (ImportError, AttributeError):  # a commit from before lazy loading: they load on first use
+        pass
     rng = np.random.default_rng(0)
     pool = 4096
     obs = rng.standard_normal((pool, 4)).astype(np.float32)

@@ -211,8 +211,8 @@ class PriorityTree:
         prioritized buffer. A zero leaf is an empty slot: never sampled, ignored by ``min_leaf``.
         Memory: 8 bytes per leaf plus ~1.2 bytes per leaf for each tree's internal nodes.
 
-        Writes are deferred (as cpprb's trees do): ``set`` / ``set_one`` / ``fill`` write the leaves at once and
-        record them; the internal nodes are refreshed by the next read (``total``, ``min_leaf``, ``max_leaf``,
+        Batched writes are deferred (as cpprb's trees do): ``set`` / ``fill`` write the leaves at once and record
+        them; the internal nodes are refreshed by the next read (``total``, ``min_leaf``, ``max_leaf``,
         ``find``, or the ``sum`` / ``min`` / ``max`` trees), once for every write since the previous read, with
         the ancestors that writes share computed once. ``leaves`` is always current. The nodes a read sees are
         bit-identical to refreshing after every write. Not thread-safe (the owning buffer's lock serialises).
@@ -276,7 +276,9 @@ class PriorityTree:
         kern.prio_fill_lazy(*self._arrays, np.asarray(idx, dtype=np.int64), float(value), self._pending, self._npending)
 
     def set_one(self, i: int, value: float) -> None:
-        kern.prio_set_one_lazy(*self._arrays, int(i), float(value), self._pending, self._npending)
+        """One leaf and its path at once (a path costs about what recording it would; leaves that wait for a
+        refresh elsewhere stay recorded -- refreshing in either order gives the same nodes)."""
+        kern.prio_set_one(*self._arrays, int(i), float(value))
 
     def total(self) -> float:
         if self._npending[0]:

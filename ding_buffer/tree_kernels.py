@@ -246,20 +246,6 @@ def prio_fill_lazy(leaves, snodes, mnodes, xnodes, has_max, starts, idx, value, 
 
 
 @njit(cache=True, nogil=True)
-def prio_set_one_lazy(leaves, snodes, mnodes, xnodes, has_max, starts, i, value, pending, npending):
-    """``prio_set_lazy`` of one leaf (the single-push hot path)."""
-    leaves[i] = value
-    k = npending[0]
-    if k < pending.shape[0]:
-        pending[k] = i
-        npending[0] = k + 1
-    else:
-        prio_refresh(leaves, snodes, mnodes, xnodes, has_max, starts, pending, k)
-        pending[0] = i
-        npending[0] = 1
-
-
-@njit(cache=True, nogil=True)
 def prio_flush(leaves, snodes, mnodes, xnodes, has_max, starts, pending, npending):
     """Refresh the ancestors of every leaf written since the last flush."""
     k = npending[0]
@@ -447,10 +433,6 @@ def np_prio_fill_lazy(leaves, snodes, mnodes, xnodes, has_max, starts, idx, valu
     np_prio_set_many(leaves, snodes, mnodes, xnodes, has_max, starts, idx, np.full(len(idx), value))
 
 
-def np_prio_set_one_lazy(leaves, snodes, mnodes, xnodes, has_max, starts, i, value, pending, npending):
-    np_prio_set_one(leaves, snodes, mnodes, xnodes, has_max, starts, i, value)
-
-
 def np_prio_flush(leaves, snodes, mnodes, xnodes, has_max, starts, pending, npending):
     """The numpy writes never defer, but compiled ones may have (the kernels load while a buffer runs)."""
     k = int(npending[0])
@@ -466,8 +448,7 @@ def np_prio_flush(leaves, snodes, mnodes, xnodes, has_max, starts, pending, npen
 if not HAVE_NUMBA:  # pragma: no cover - exercised by the no-numba test run
     refresh_many, set_many, find_many = np_refresh_many, np_set_many, np_find_many
     prio_set_many, prio_set_one = np_prio_set_many, np_prio_set_one
-    prio_set_lazy, prio_fill_lazy, prio_set_one_lazy, prio_flush = \
-        np_prio_set_lazy, np_prio_fill_lazy, np_prio_set_one_lazy, np_prio_flush
+    prio_set_lazy, prio_fill_lazy, prio_flush = np_prio_set_lazy, np_prio_fill_lazy, np_prio_flush
 
 
 @njit(cache=True, nogil=True)
@@ -497,7 +478,7 @@ bump_counts = _bump_counts_loop if HAVE_NUMBA else np_bump_counts
 for _kernel, _fallback in ((refresh_many, np_refresh_many), (set_many, np_set_many), (find_many, np_find_many),
                            (prio_set_many, np_prio_set_many), (prio_set_one, np_prio_set_one),
                            (prio_set_lazy, np_prio_set_lazy), (prio_fill_lazy, np_prio_fill_lazy),
-                           (prio_set_one_lazy, np_prio_set_one_lazy), (prio_flush, np_prio_flush),
+                           (prio_flush, np_prio_flush),
                            (_leaf_values_loop, _leaf_values_py), (_bump_counts_loop, np_bump_counts)):
     set_fallback(_kernel, _fallback)
 for _kernel in (_combine, _leaf, _refresh_path, set_one, reduce_range, _step, find_one):
