@@ -208,8 +208,9 @@ class PriorityIndex:
             raise ValueError("priority tree is inconsistent: a positive total over zero leaves")
         if not low > 0:
             return None
-        weights = np.power(leaf / low, -beta)
-        priorities = np.power(leaf, 1.0 / self.alpha).astype(np.float32).astype(np.float64)
+        weights = leaf / low
+        np.power(weights, -beta, out=weights)
+        priorities = np.power(leaf, 1.0 / self.alpha, out=leaf).astype(np.float32).astype(np.float64)
         return slots, weights, priorities, use
 
     def is_weights(self, slots: np.ndarray, beta: float) -> np.ndarray:
