@@ -209,13 +209,16 @@ class PriorityTree:
     Overview:
         Sum and min (and optionally max) over one array of non-negative leaves -- the priority index of a
         prioritized buffer. A zero leaf is an empty slot: never sampled, ignored by ``min_leaf``.
-        Memory: 8 bytes per leaf plus ~1.2 bytes per leaf for each tree's internal nodes.
+        Memory: 8 bytes per leaf, ~1.2 bytes per leaf for each tree's internal nodes, 1 byte per leaf for the
+        record of deferred writes.
 
         Batched writes are deferred (as cpprb's trees do): ``set`` / ``fill`` write the leaves at once and record
-        them; the internal nodes are refreshed by the next read (``total``, ``min_leaf``, ``max_leaf``,
-        ``find``, or the ``sum`` / ``min`` / ``max`` trees), once for every write since the previous read, with
-        the ancestors that writes share computed once. ``leaves`` is always current. The nodes a read sees are
-        bit-identical to refreshing after every write. Not thread-safe (the owning buffer's lock serialises).
+        them; the internal nodes are refreshed by the next read (``total``, ``min_leaf``, ``max_leaf``, ``find``,
+        or the ``sum`` / ``min`` / ``max`` trees), once for every write since the previous read, with the
+        ancestors that writes share computed once. A record that fills up (one entry per 8 leaves) is refreshed
+        at once, by rebuilding whole levels. ``set_one`` refreshes its path at once. ``leaves`` is always
+        current; the nodes a read sees are bit-identical to refreshing after every write. Not thread-safe (the
+        owning buffer's lock serialises).
     """
 
     def __init__(self, size: int, with_max: bool = False) -> None:
@@ -225,8 +228,10 @@ class PriorityTree:
         self._max = MaxSegmentTree(self._sum.capacity, leaves=self._sum.leaves) if with_max else None
         xnodes = self._max._nodes if with_max else np.zeros(0)
         self._arrays = (self._sum._leaves, self._sum._nodes, self._min._nodes, xnodes, with_max, self._sum._starts)
-        # leaves written since the last refresh; a full buffer refreshes at once (see tree_kernels._defer)
-        self._pending = np.empty(max(64, min(8192, self.size)), dtype=np.int64)
+        # leaves written since the last refresh (see tree_kernels._defer): room for one per parent of the leaves,
+        # so a record that fills up is refreshed by rebuilding whole levels (streaming, ~1 ms per million leaves)
+        # instead of one random path per entry; 1 byte per leaf
+        self._pending = np.empty(max(64, len(self._sum.leaves) // K), dtype=np.int64)
         self._npending = np.zeros(1, dtype=np.int64)
         self._deferred = (self._pending, self._npending)
         self.has_max = with_max

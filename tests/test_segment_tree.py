@@ -484,9 +484,9 @@ def test_fused_priority_updates_are_bit_identical_to_separate_kernels(size, with
 @pytest.mark.parametrize('size', [1, 100, 5000, 10**5])
 def test_deferred_refresh_reads_match_a_tree_refreshed_after_every_write(size, with_max):
     """``PriorityTree`` writes leaves at once and refreshes the nodes at the next read: runs of ``set`` /
-    ``fill`` / ``set_one`` of random lengths (some overflowing the record of pending leaves, 8192) between reads
-    give, at every read, exactly the nodes, totals, minima, maxima and draws of a tree refreshed after each
-    write (the numpy fallback, which never defers)."""
+    ``fill`` / ``set_one`` of random lengths between reads -- some overflowing the record of pending leaves (one
+    entry per 8 leaves), which then rebuilds whole levels -- give, at every read, exactly the nodes, totals,
+    minima, maxima and draws of a tree refreshed after each write (the numpy fallback, which never defers)."""
     rng = np.random.default_rng(seed_of('deferred', size, with_max))
     lazy, eager = PriorityTree(size, with_max=with_max), PriorityTree(size, with_max=with_max)
     for _ in range(12):
