@@ -337,10 +337,12 @@ def prio_update_by_id(leaves, snodes, mnodes, xnodes, has_max, starts, pending, 
 
 
 @njit(cache=True, nogil=True)
-def prio_draw(leaves, snodes, mnodes, xnodes, has_max, starts, pending, npending, u, counts, slots, drawn, use):
+def prio_draw(leaves, snodes, mnodes, xnodes, has_max, starts, pending, npending, u, counts, next_uid, capacity,
+              slots, drawn, use, ids):
     """A prioritized draw in one pass (``PriorityIndex.draw``): refresh what waits, then for ``n = len(u)``
-    strata the leaf at ``(t + u[t]) / n * total`` (``find_many``'s descent), its value (``drawn``) and its use
-    count after this draw (``counts`` bumped in order, as ``bump_counts``). Returns the smallest positive leaf,
+    strata the leaf at ``(t + u[t]) / n * total`` (``find_many``'s descent), its value (``drawn``), its use
+    count after this draw (``counts`` bumped in order, as ``bump_counts``) and the id of the item in its slot
+    (``ids``: the newest ``u < next_uid`` with ``u % capacity == slot``, as ``RingIndex.uids``). Returns the smallest positive leaf,
     0.0 when the total is not positive and -1.0 when a descent found only zero leaves (nothing counted in both
     cases). The powers of the leaves are left to numpy, which vectorises them (a scalar ``pow`` per item costs
     more than the whole descent)."""
@@ -362,10 +364,13 @@ def prio_draw(leaves, snodes, mnodes, xnodes, has_max, starts, pending, npending
     for t in range(n):
         if slots[t] < 0:
             return -1.0  # every leaf zero below a positive node: a corrupt tree
+    last = next_uid - 1
     for t in range(n):
-        drawn[t] = leaves[slots[t]]
-        counts[slots[t]] += 1
-        use[t] = counts[slots[t]]
+        slot = slots[t]
+        drawn[t] = leaves[slot]
+        counts[slot] += 1
+        use[t] = counts[slot]
+        ids[t] = last - (last - slot) % capacity
     return mnodes[mnodes.shape[0] - 1]
 
 

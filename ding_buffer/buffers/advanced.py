@@ -239,8 +239,8 @@ class AdvancedReplayBuffer(SlotEngine):
                 return self._refused('every candidate item has priority 0')
             u = self._rng.random(size)
             beta = self._beta.draw()
-            slots, weights, priority, use = index.draw(u, beta, self._uses.counts)
-            return self._drawn_batch(slots, size, weights, priority, use, cur_learner_iter, beta)
+            slots, weights, priority, use, ids = index.draw(u, beta, self._uses.counts, self._storage.ring)
+            return self._drawn_batch(slots, size, weights, priority, use, cur_learner_iter, beta, ids)
         candidates = None
         if sample_range is not None:
             positions = self._candidates(sample_range)
@@ -257,17 +257,18 @@ class AdvancedReplayBuffer(SlotEngine):
         return self._drawn_batch(slots, size, weights, priority, use, cur_learner_iter, beta)
 
     def _drawn_batch(self, slots: np.ndarray, size: int, weights: np.ndarray, priority: np.ndarray, use: np.ndarray,
-                     cur_learner_iter: int, beta: float) -> Any:
-        """The batch of a draw (use counts already bumped): staleness, output, monitor, removal rules."""
+                     cur_learner_iter: int, beta: float, ids: Optional[np.ndarray] = None) -> Any:
+        """The batch of a draw (use counts already bumped; ``ids`` of the slots when known): staleness, output,
+        monitor, removal rules."""
         staleness = self._storage.staleness(slots, cur_learner_iter)
-        out = self._output(slots, weights, use, priority, staleness)
+        out = self._output(slots, weights, use, priority, staleness, ids)
         self._due = self._sampled_monitor.record(use, priority, staleness, beta, cur_learner_iter, self._last_envstep)
         self._drawn(slots, size, use)
         return out
 
-    def _output(self, slots, weights, use, priority, staleness) -> Any:
+    def _output(self, slots, weights, use, priority, staleness, ids=None) -> Any:
         extras = dict(priority=priority, staleness=staleness, use=use, IS=weights)
-        return with_extras(self._storage, slots, extras, self._instance_name, self._cfg.deepcopy)
+        return with_extras(self._storage, slots, extras, self._instance_name, self._cfg.deepcopy, ids)
 
     def _emit(self, due: Any) -> None:
         emit(due, self._sampled_monitor.logger, self._sampled_monitor.tb_logger)

@@ -2,17 +2,19 @@
 DI-engine keys ``replay_unique_id`` (``f"{instance_name}_{id}"``) and ``replay_buffer_idx`` plus per-item extras
 (``priority``, ``IS``, ``staleness``, ``use``, ...)."""
 import copy
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional
 
 import numpy as np
 import torch
 
 
-def with_extras(storage: Any, slots: np.ndarray, extras: Dict[str, np.ndarray], instance_name: str, deep: bool) -> Any:
+def with_extras(storage: Any, slots: np.ndarray, extras: Dict[str, np.ndarray], instance_name: str, deep: bool,
+                ids: Optional[np.ndarray] = None) -> Any:
     """The drawn items of a slot storage plus per-item ``extras``: one dict of batched tensors on tensor storage
-    (extras as float32 for float arrays, else as they are), new dicts with Python numbers on list storage."""
+    (extras as float32 for float arrays, else as they are), new dicts with Python numbers on list storage.
+    ``ids``: the items' unique ids when the caller has them (else read from the ring)."""
     if storage.kind == 'tensor':
-        out = storage.gather(slots)
+        out = storage.gather(slots, ids)
         dev = storage.device
         on_cpu = dev.type == 'cpu'
         for key, col in extras.items():
@@ -21,7 +23,8 @@ def with_extras(storage: Any, slots: np.ndarray, extras: Dict[str, np.ndarray], 
             t = torch.from_numpy(col)
             out[key] = t if on_cpu else t.to(dev)
         return out
-    return prioritized_items(storage.gather(slots), instance_name, storage.ring.uids(slots), slots, extras, deep)
+    return prioritized_items(storage.gather(slots), instance_name, storage.ring.uids(slots) if ids is None else ids,
+                             slots, extras, deep)
 
 
 def prioritized_items(items: List[Any], instance_name: str, ids: np.ndarray, slots: np.ndarray,

@@ -191,19 +191,21 @@ class PriorityIndex:
         0). Until the kernels are loaded ``sample`` + ``is_weights`` + ``priorities`` give the same draw."""
         return self._priority is None and ready()
 
-    def draw(self, u: np.ndarray, beta: float, counts: np.ndarray) -> Optional[Tuple[np.ndarray, ...]]:
+    def draw(self, u: np.ndarray, beta: float, counts: np.ndarray, ring: Any) -> Optional[Tuple[np.ndarray, ...]]:
         """
         Overview:
             ``sample`` over all slots, with what a prioritized batch reports, in one compiled pass (``can_draw``
-            must hold): ``u`` are the strata offsets (``rng.random(size)``), ``counts`` the use counts to bump.
-            The same slots, weights and priorities as ``sample`` + ``is_weights`` + ``priorities``.
+            must hold): ``u`` are the strata offsets (``rng.random(size)``), ``counts`` the use counts to bump,
+            ``ring`` the slots' ``RingIndex`` (for the ids). The same slots, weights and priorities as ``sample`` +
+            ``is_weights`` + ``priorities``.
         Returns:
-            ``(slots, IS weights, priorities, use counts)``, or ``None`` -- nothing drawn or counted -- when the
-            total priority is zero.
+            ``(slots, IS weights, priorities, use counts, ids)``, or ``None`` -- nothing drawn or counted -- when
+            the total priority is zero.
         """
         n = len(u)
-        slots, leaf, use = np.empty(n, np.int64), np.empty(n), np.empty(n, np.int64)
-        low = kern.prio_draw(*self.tree.arrays, *self.tree.deferred, u, counts, slots, leaf, use)
+        slots, leaf, use, ids = np.empty(n, np.int64), np.empty(n), np.empty(n, np.int64), np.empty(n, np.int64)
+        low = kern.prio_draw(*self.tree.arrays, *self.tree.deferred, u, counts, ring.next_uid, ring.capacity, slots,
+                             leaf, use, ids)
         if low < 0:
             raise ValueError("priority tree is inconsistent: a positive total over zero leaves")
         if not low > 0:
@@ -211,7 +213,7 @@ class PriorityIndex:
         weights = leaf / low
         np.power(weights, -beta, out=weights)
         priorities = np.power(leaf, 1.0 / self.alpha, out=leaf).astype(np.float32).astype(np.float64)
-        return slots, weights, priorities, use
+        return slots, weights, priorities, use, ids
 
     def is_weights(self, slots: np.ndarray, beta: float) -> np.ndarray:
         leaf = self.tree.leaves[slots]
@@ -389,7 +391,7 @@ def _warm_kernels() -> None:
         index.set_new(np.arange(8, dtype=np.int64), np.ones(8))
         index.fill_new(np.arange(8, 16, dtype=np.int64), index.default_priority())
         index.set_new_one(3, 2.0)
-        index.draw(np.full(4, 0.5), 0.4, np.zeros(16, dtype=np.int32))
+        index.draw(np.full(4, 0.5), 0.4, np.zeros(16, dtype=np.int32), ring)
         for dtype in (np.float32, np.float64):
             index.update_by_ids(ring, slots, ids, np.ones(4, dtype=dtype))
         index.update(slots, np.ones(4))

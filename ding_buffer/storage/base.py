@@ -128,7 +128,7 @@ class Storage(ABC):
         return np.where(ci == NO_ITER, -1, cur_learner_iter - ci)
 
     @abstractmethod
-    def gather(self, slots: np.ndarray) -> Any:
+    def gather(self, slots: np.ndarray, uids: Optional[np.ndarray] = None) -> Any:
         """Read the items at ``slots`` (which must be valid)."""
 
     def remove(self, slots: np.ndarray) -> List[Any]:

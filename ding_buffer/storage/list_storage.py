@@ -58,7 +58,7 @@ class ListStorage(Storage):
         for s in np.asarray(slots).tolist():
             self._data[s] = None
 
-    def gather(self, slots: np.ndarray) -> List[Any]:
+    def gather(self, slots: np.ndarray, uids: Optional[np.ndarray] = None) -> List[Any]:
         data = self._data
         return [data[s] for s in np.asarray(slots).tolist()]
 

@@ -200,9 +200,10 @@ class TensorStorage(Storage):
         return unflatten(flat)
 
     # ------------------------------------------------------------------ reading
-    def gather(self, slots: np.ndarray) -> Dict[str, Any]:
+    def gather(self, slots: np.ndarray, uids: Optional[np.ndarray] = None) -> Dict[str, Any]:
+        """The items at ``slots`` (see the module doc); ``uids``: their ids when the caller computed them."""
         slots = np.asarray(slots, dtype=np.int64)
-        uids = torch.from_numpy(self.ring.uids(slots))
+        uids = torch.from_numpy(self.ring.uids(slots) if uids is None else uids)
         if slots.ndim == 1:
             out = self.read_at(slots)
             idx = torch.from_numpy(slots.copy())  # independent of the caller
