@@ -1278,3 +1278,69 @@ def test_restored_buffer_places_and_samples_like_the_saved_one(tmp_path, cfg):
         sa, sb = a.sample(4), b.sample(4)
         for key in ('state', 'log_reward', 'replay_unique_id', 'replay_buffer_idx'):
             assert torch.equal(sa[key], sb[key]), key
+
+
+# ================================================================================ 10. eviction order and counts
+def brute_unique(items):
+    return len({(tuple(it['state']), it['cond']) for it in items})
+
+
+@pytest.mark.parametrize('kind,prioritized,lazy', [('gfn', False, False), ('gfn', False, True), ('gfn', True, False),
+                                                   ('gfn', True, True), ('gfn_diverse', True, False),
+                                                   ('gfn_diverse', True, True), ('terminating_state', False, False)])
+@pytest.mark.parametrize('seed', range(3))
+def test_evictions_and_unique_states_match_brute_force_over_many_wrapping_pushes(tmp_path, kind, prioritized, lazy,
+                                                                                 seed):
+    """Hundreds of pushes that wrap the slots many times (FIFO and prioritized, rewards from a few levels, so many
+    ties), items also leaving in the middle (``max_use``), clears and save/load round trips: after every step the
+    stored ids are the brute-force model's and ``unique_terminating_states`` is a brute-force count."""
+    rng = np.random.default_rng(500 + seed)
+    cap = int(rng.integers(4, 25))
+    kw = dict(prioritized_capacity=prioritized, lazy_sort=lazy, max_use=1, condition_key='cond')
+    buf = make(kind, cap, **kw)
+    ref = RefBuffer(cap, prioritized=prioritized, lazy=lazy, diverse=kind == 'gfn_diverse')
+    tag = 0
+    for step in range(150):
+        n = int(rng.integers(1, 2 * cap + 3))
+        its = random_items(rng, n, tag, 2, 3, True, levels=(0.0, 1.0, 2.0, NINF))
+        tag += n
+        buf.push(to_batch(its))
+        ref.push(its)
+        where = f'{kind} seed {seed} step {step} cap {cap}'
+        if rng.random() < 0.3 and buf.count():
+            m = int(rng.integers(1, buf.count() + 1))
+            out = buf.sample(m, replace=False)  # sampled once: gone (max_use=1)
+            gone = set(out['replay_unique_id'].tolist())
+            ref.items = [it for it in ref.items if it['seq'] not in gone]
+        if rng.random() < 0.05:
+            buf.clear()
+            ref.items = []
+        if rng.random() < 0.1:
+            path = str(tmp_path / f'b{step}.pt')
+            buf.save_data(path)
+            buf = make(kind, cap, **kw)
+            buf.load_data(path)
+        ids = sorted(buf.state_dict()['index']['seq'].tolist())  # sampling would use the items up
+        assert ids == sorted(it['seq'] for it in ref.items), where
+        assert buf.stats()['unique_terminating_states'] == brute_unique(ref.items), where
+        assert buf.stats()['size'] == len(ref.items), where
+    if kind != 'terminating_state':  # which keeps no 'tag' field
+        assert snapshot(buf) == ref.snapshot()
+
+
+def test_unique_states_count_many_rows_waiting_to_be_hashed():
+    """More rows than ``StateSet.PENDING`` pushed between two reads of the count (hashed in several rounds)."""
+    rng = np.random.default_rng(7)
+    cap = diversity.StateSet.PENDING + 700
+    buf = make('gfn', cap)
+    ref = RefBuffer(cap, prioritized=False)
+    tag = 0
+    for step in range(12):
+        its = random_items(rng, 900, tag, 3, 6, False)
+        tag += 900
+        buf.push(to_batch(its))
+        ref.push(its)
+        if step % 5 == 4:
+            assert buf.stats()['unique_terminating_states'] == brute_unique(ref.items)
+    assert buf.stats()['unique_terminating_states'] == brute_unique(ref.items)
+    assert buf.count() == len(ref.items) == cap

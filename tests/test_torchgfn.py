@@ -1009,3 +1009,39 @@ def test_fields_follow_torchgfn_extend_rules(env):
         assert sorted(out.log_rewards.tolist()) == sorted(ref.log_rewards.tolist())
         assert Counter(item_keys(out)) == Counter(item_keys(ref))
     assert out.states.conditions is None and out.log_rewards.dtype == torch.float64
+
+
+# ---------------------------------------------------------------------------------- wrapping pushes, brute force
+@pytest.mark.parametrize('btype,prioritized', [('gfn', False), ('gfn', True), ('terminating_state', False)])
+def test_ring_over_many_wrapping_pushes_matches_brute_force(tmp_path, env, pool, btype, prioritized):
+    """StatesContainers into the in-place ring: hundreds of pushes that wrap it, items also leaving in the middle
+    (``max_use``), save/load round trips. After every step the stored items are the brute-force model's (FIFO:
+    the newest; prioritized: the best log-rewards, all distinct) and ``unique_terminating_states`` is a
+    brute-force count of distinct states."""
+    rng = np.random.default_rng(3)
+    cap = 23
+    cfg = dict(type=btype, replay_buffer_size=cap, seed=0, max_use=1, prioritized_capacity=prioritized)
+    buf = create_buffer(cfg)
+    model = []  # (log_reward, state row), oldest first
+    for step in range(120):
+        n = int(rng.integers(1, 2 * cap))
+        states = torch.from_numpy(rng.integers(0, 3, size=(n, NDIM)))
+        r = pool.take(n)
+        buf.push(terminal_states(env, states, r))
+        model += [(float(r[i]), _row(states[i])) for i in range(n)]
+        if len(model) > cap:
+            best = set(sorted(model, reverse=True)[:cap]) if prioritized else set(model[-cap:])
+            model = [it for it in model if it in best]
+        if rng.random() < 0.3:
+            out = buf.sample(int(rng.integers(1, buf.count() + 1)))  # sampled once: gone (max_use=1)
+            gone = {float(x) for x in out.log_rewards}
+            model = [it for it in model if it[0] not in gone]
+        if rng.random() < 0.1:
+            path = str(tmp_path / f'b{step}.pt')
+            buf.save_data(path)
+            buf = create_buffer(cfg)
+            buf.load_data(path, env=env)
+        stored = sorted(buf.state_dict()['index']['log_reward'].tolist())  # sampling would use the items up
+        assert stored == sorted(it[0] for it in model), step
+        assert buf.stats()['unique_terminating_states'] == len({it[1] for it in model}), step
+    assert Counter(item_keys(contents(buf))) == Counter((s, True, r) for r, s in model)

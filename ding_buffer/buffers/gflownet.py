@@ -15,14 +15,13 @@ unstable sort; the diverse filter compares a batch with the *stored* items only 
 of raising or silently returning fewer items; ``save_data``/``load_data`` round-trip contents, counters and
 settings (torchgfn's save is skipped as broken upstream).
 """
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 import torch
 
 from ..base import BUFFER_REGISTRY
 from ..config import positive_int
-from ..control.diversity import row_hashes
 from .common import check_step
 from .engine import Engine, parts_checks, parts_config
 from ..control.diversity import StateSet  # noqa: F401 (annotations)
@@ -97,8 +96,10 @@ class GFlowNetReplayBuffer(GFlowNetStats, GFlowNetState, Engine):
     Thread-safety: every public method holds the buffer's lock.
     Complexity: push O(batch) while below capacity -- stored items are never copied: dict batches and torchgfn
     containers are written in place at their slots (``ColumnStore``, ``ContainerRing``); a truncating push adds
-    O(capacity) index work, no data copy (``lazy_sort``: once per ``capacity`` items); sample O(capacity + size log
-    size) index work plus O(size) data.
+    O(evicted) index work for FIFO (insertion order is kept) and O(capacity) for ``prioritized_capacity``, no data
+    copy (``lazy_sort``: once per ``capacity`` items); unique states are hashed in bulk when ``stats()`` reads them
+    (O(1) amortised per item); sample O(capacity + size log size) index work plus O(size) data (uniform from a full
+    buffer: O(size)).
     """
     diverse = False
     config = GFN_CONFIG
@@ -228,33 +229,39 @@ class GFlowNetReplayBuffer(GFlowNetStats, GFlowNetState, Engine):
         if batch.rows is not None and self._states is not None:
             self._states.check_dim(batch.rows, 'the terminating-state representation')
 
-    def _admission(self, batch: GFNBatch, hashes: Optional[np.ndarray]) -> np.ndarray:
-        """Which items of the batch go on to the capacity rule (positions, in order); every item here. The
-        diverse preset's filter is an admission rule overriding this."""
-        return np.arange(batch.n, dtype=np.int64)
+    def _admission(self, batch: GFNBatch) -> Tuple[Optional[np.ndarray], Optional[np.ndarray]]:
+        """Which items of the batch go on to the capacity rule (positions, in order; None: every item, as here)
+        and the batch's ``row_hashes`` where the rule computed them (else None: the ``StateSet`` hashes the stored
+        ones when it needs them). The diverse preset's filter is an admission rule overriding this."""
+        return None, None
 
     def _insert(self, batch: GFNBatch) -> int:
         """Admission, then capacity, then write. Returns the number stored."""
         index, states, c = self._index, self._states, self._tally
         r = batch.log_reward
-        hashes = None if batch.rows is None else row_hashes(batch.rows)
         c['pushed'] += batch.n
-        order = self._admission(batch, hashes)
-        if not len(order):
+        order, hashes = self._admission(batch)
+        if order is not None and not len(order):
             return 0
-        keep_new, evict = index.admit(r[order])
-        seqs = index.claim_seqs(len(order))  # every admitted item consumes an id, stored or not
+        keep_new, evict = index.admit(r if order is None else r[order])
+        seqs = index.claim_seqs(len(keep_new))  # every admitted item consumes an id, stored or not
         self._evict(evict)
-        chosen = order[keep_new]
-        slots = self._slots_for(len(chosen))
+        if order is None and keep_new.all():  # the common case: the whole batch, in order (no copies)
+            chosen, m, r_chosen, rows, h = None, batch.n, r, batch.rows, hashes
+        else:
+            chosen = (np.arange(batch.n, dtype=np.int64) if order is None else order)[keep_new]
+            m, r_chosen, seqs = len(chosen), r[chosen], seqs[keep_new]
+            rows = None if batch.rows is None else batch.rows[chosen]
+            h = None if hashes is None else hashes[chosen]
+        slots = self._slots_for(m)
         self._store.write(slots, batch, chosen)
-        index.store(slots, r[chosen], seqs[keep_new])
-        if hashes is None:
+        index.store(slots, r_chosen, seqs)
+        if rows is None:
             states.disable()  # an item without a single terminating state: stop counting unique states
         else:
-            states.add(slots, batch.rows[chosen], hashes[chosen])
-        c['admitted'] += len(chosen)
-        return len(chosen)
+            states.add(slots, rows, h)
+        c['admitted'] += m
+        return m
 
     def _evict(self, slots: np.ndarray) -> None:
         if len(slots):

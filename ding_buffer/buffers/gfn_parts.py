@@ -6,7 +6,8 @@ from typing import Any, Mapping, Tuple
 
 from ..control.diversity import StateSet
 from ..control.keep_best import RewardIndex
-from .gfn_data import ColumnStore, ContainerStoreBase, container_store, is_container
+from .gfn_data import ColumnStore, ContainerStoreBase, is_container
+from .gfn_ring import container_store
 
 
 def physical_slots(cfg: Mapping, reuses_slots: bool) -> int:

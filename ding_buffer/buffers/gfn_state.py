@@ -10,9 +10,9 @@ import torch
 from ..config import build_config
 from ..control.diversity import row_hashes
 from ..control.limits import UseCounts
-from .gfn_data import (ColumnStore, ContainerStoreBase, check_log_reward, container_store, rebuild_container,
-                       representation)
+from .gfn_data import ColumnStore, ContainerStoreBase, check_log_reward, rebuild_container, representation
 from .gfn_parts import physical_slots
+from .gfn_ring import container_store
 
 # Version of the saved slot layout: 2 keeps each item's slot and the free-slot stack (stores that reuse slots: dict
 # batches, torchgfn containers; files of layout 1 hold items at slots 0..n-1).

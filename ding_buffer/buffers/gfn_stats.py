@@ -23,7 +23,8 @@ class GFlowNetStats:
             (``pushed``, ``admitted``, ``evicted``, ``sampled``) and, for the diversity filter, ``filter_checked``
             (items that arrived while full), ``rejected_by_reward``, ``rejected_by_distance`` and their
             ``reject_rate_reward`` / ``reject_rate_distance`` (fractions of ``filter_checked``); plus the engine's
-            counters (``removed_by_use``, ``refused_push``, ...; see ``Engine.stats``). O(capacity).
+            counters (``removed_by_use``, ``refused_push``, ...; see ``Engine.stats``). O(capacity), plus, after
+            a change, hashing the newly stored states and recounting distinct ones (O(capacity log capacity)).
         """
         with self._lock:
             c = dict(self._tally)

@@ -1,12 +1,12 @@
 """The GFlowNet buffers built on ``GFlowNetReplayBuffer``: ``gfn_diverse`` (keep-best plus the diversity filter
 as an admission rule) and ``terminating_state`` (only terminating states and their log-rewards)."""
-from typing import Any, Optional
+from typing import Any, Optional, Tuple
 
 import numpy as np
 import torch
 
 from ..base import BUFFER_REGISTRY
-from ..control.diversity import diverse_mask
+from ..control.diversity import diverse_mask, row_hashes
 from .gflownet import GFlowNetReplayBuffer
 from .gfn_data import GFNBatch, is_container
 
@@ -46,11 +46,12 @@ class DiverseGFlowNetReplayBuffer(GFlowNetReplayBuffer):
         if batch.rows is None and batch.n:
             raise ValueError("gfn_diverse needs exactly one terminating state per item (got e.g. Transitions)")
 
-    def _admission(self, batch: GFNBatch, hashes: Optional[np.ndarray]) -> np.ndarray:
+    def _admission(self, batch: GFNBatch) -> Tuple[Optional[np.ndarray], Optional[np.ndarray]]:
         """Once full: best rewards first, those below the stored minimum dropped, then the distance filter."""
         index, c, r = self._index, self._tally, batch.log_reward
         if index.count < self.capacity:
-            return np.arange(batch.n, dtype=np.int64)
+            return None, None
+        hashes = row_hashes(batch.rows) if self._cfg.cutoff_distance == 0 else None  # exact duplicates: by hash
         self._evict(index.flush())  # lazy: back to capacity before comparing
         order = np.argsort(-r, kind='stable')  # best first; equal rewards keep batch order
         c['filter_checked'] += batch.n
@@ -59,11 +60,11 @@ class DiverseGFlowNetReplayBuffer(GFlowNetReplayBuffer):
         c['rejected_by_reward'] += int((~ok).sum())
         order = order[ok]
         if self._cfg.cutoff_distance >= 0 and len(order):
-            keep = diverse_mask(batch.rows[order], hashes[order], self._states, live,
+            keep = diverse_mask(batch.rows[order], None if hashes is None else hashes[order], self._states, live,
                                 float(self._cfg.cutoff_distance), float(self._cfg.p_norm_distance))
             c['rejected_by_distance'] += int((~keep).sum())
             order = order[keep]
-        return order
+        return order, hashes
 
 
 @BUFFER_REGISTRY.register('terminating_state')
@@ -87,15 +88,20 @@ class TerminatingStateBuffer(GFlowNetReplayBuffer):
             return [{k: item[k] for k in keys if k in item} if isinstance(item, dict) else item for item in data]
         if not is_container(data):
             return data  # rejected with a clear message by push
-        states = data.terminating_states
+        mask = getattr(data, 'is_terminating', None)
+        torchgfn = type(data).__module__.startswith('gfn.')
+        if torchgfn and type(data).__name__ == 'StatesContainer' and isinstance(mask, torch.Tensor) and \
+                mask.dtype == torch.bool and bool(mask.all()):
+            states = data.states  # every row terminating: the terminating states are the states (no gather)
+        else:
+            states = data.terminating_states
         n = len(states)
         r = data.log_rewards
         if r is not None and len(r) != n:
-            mask = getattr(data, 'is_terminating', None)
             if mask is None or len(r) != len(mask):
                 raise ValueError(f"container has {len(r)} log_rewards for {n} terminating states")
             r = r[mask]
-        if type(data).__module__.startswith('gfn.') and hasattr(data, 'env'):
+        if torchgfn and hasattr(data, 'env'):
             from gfn.containers import StatesContainer
             env = data.env
             return StatesContainer(env=env, states=states,

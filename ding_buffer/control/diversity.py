@@ -11,7 +11,7 @@ Speed: torchgfn builds the full ``batch x buffer`` distance matrix (``torch.cdis
   comparison on every hash hit, so a 64-bit collision can never reject a new state;
 * ``cutoff > 0`` scans pairs with an early exit and pivot pruning (``distances.far_mask``).
 """
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 
@@ -50,14 +50,19 @@ def row_hashes(rows: np.ndarray) -> np.ndarray:
 class StateSet:
     """
     Overview:
-        The representations of the stored items, by slot: their hashes (always) and their rows (when
-        ``keep_rows``: needed by the distance filter and for exact duplicate checks). ``unique`` is the number
-        of distinct hashes (= distinct states, barring a 64-bit collision).
+        The representations of the stored items, by slot: their hashes and, when ``keep_rows``, their rows
+        (needed by the distance filter and for exact duplicate checks). ``unique`` is the number of distinct
+        hashes among the stored items (= distinct states, barring a 64-bit collision).
     Interfaces:
-        ``add``, ``remove``, ``duplicates_of``, ``far_mask``, ``compact``, ``clear``, ``unique``, ``rows_of``
-    Complexity: add/remove O(n) dict operations; ``duplicates_of`` O(n) plus one row comparison per hash hit.
+        ``add``, ``remove``, ``duplicates_of``, ``hashes_of``, ``compact``, ``clear``, ``unique``, ``pivot_distances``
+    Complexity: ``add`` / ``remove`` O(n) vectorised while nobody asked for duplicates: rows added without hashes
+        wait (at most ``PENDING`` rows) and are hashed together when ``unique`` or a duplicate check needs them;
+        ``unique`` is cached and recounted (``np.unique`` over the stored hashes, O(stored log stored)) only
+        after a change. Once ``duplicates_of`` was asked (the diverse filter, only once the buffer is full) a
+        hash -> slots index is kept: O(n) dict operations per add / remove, and ``unique`` is its size.
     Not thread-safe (the buffer's lock serialises calls).
     """
+    PENDING = 4096  # rows waiting to be hashed, at most (bounds their memory)
 
     def __init__(self, physical: int, keep_rows: bool, p: float = 1.0) -> None:
         self.keep_rows = keep_rows
@@ -71,28 +76,40 @@ class StateSet:
         self.enabled: Optional[bool] = None
         self.dim: Optional[int] = None
         self.hashes = np.zeros(physical, dtype=np.uint64)
+        self.present = np.zeros(physical, dtype=bool)  # slots holding a counted item
         self.rows: Optional[np.ndarray] = None
-        self._buckets: Dict[int, List[int]] = {}  # hash -> slots holding it
+        self._pending: List[Tuple[np.ndarray, np.ndarray]] = []  # (slots, rows) added without hashes, in order
+        self._n_pending = 0
+        self._unique: Optional[int] = 0  # None: recount
+        self._buckets: Optional[Dict[int, List[int]]] = None  # hash -> slots holding it; None: not kept (yet)
 
     @property
     def unique(self) -> int:
-        return len(self._buckets)
+        if self._buckets is not None:
+            return len(self._buckets)
+        if self._unique is None:
+            self._flush()
+            self._unique = int(len(np.unique(self.hashes[self.present])))
+        return self._unique
 
     def grow(self, physical: int) -> None:
         if physical > len(self.hashes):
-            self.hashes = np.concatenate([self.hashes, np.zeros(physical - len(self.hashes), np.uint64)])
+            extra = physical - len(self.hashes)
+            self.hashes = np.concatenate([self.hashes, np.zeros(extra, np.uint64)])
+            self.present = np.concatenate([self.present, np.zeros(extra, bool)])
             if self.rows is not None:
-                self.rows = np.concatenate([self.rows, np.zeros((physical - len(self.rows), self.dim))])
+                self.rows = np.concatenate([self.rows, np.zeros((extra, self.dim))])
             if self.pdist is not None:
-                self.pdist = np.concatenate([self.pdist, np.zeros((physical - len(self.pdist), N_PIVOTS))])
+                self.pdist = np.concatenate([self.pdist, np.zeros((extra, N_PIVOTS))])
             if self.sqnorm is not None:
-                self.sqnorm = np.concatenate([self.sqnorm, np.zeros(physical - len(self.sqnorm))])
+                self.sqnorm = np.concatenate([self.sqnorm, np.zeros(extra)])
 
     def check_dim(self, rows: np.ndarray, what: str) -> None:
         if self.dim is not None and rows.shape[1] != self.dim:
             raise ValueError(f"{what} has {rows.shape[1]} values per item, the stored ones have {self.dim}")
 
-    def add(self, slots: np.ndarray, rows: np.ndarray, hashes: np.ndarray) -> None:
+    def add(self, slots: np.ndarray, rows: np.ndarray, hashes: Optional[np.ndarray] = None) -> None:
+        """Items ``rows`` now at ``slots`` (their ``row_hashes`` when the caller has them, else computed later)."""
         if self.enabled is False:
             return
         self.enabled = True
@@ -105,14 +122,39 @@ class StateSet:
                     self.pdist = np.zeros((len(self.hashes), N_PIVOTS))
                 if self.p == 2.0:
                     self.sqnorm = np.zeros(len(self.hashes))
-        self.hashes[slots] = hashes
+        if not len(slots):
+            return
         if self.rows is not None:
             self.rows[slots] = rows
         if self.pdist is not None:
             self.pdist[slots] = self.pivot_distances(rows)
         if self.sqnorm is not None:
             self.sqnorm[slots] = np.einsum('ij,ij->i', rows, rows)
-        self._bucket(slots, hashes)
+        self.present[slots] = True
+        self._unique = None
+        if hashes is None and self._buckets is None:  # counted later (``unique``), with the other waiting rows
+            self._pending.append((np.array(slots, dtype=np.int64), rows))
+            self._n_pending += len(slots)
+            if self._n_pending >= self.PENDING:
+                self._flush()
+            return
+        self._flush()  # an earlier add of one of these slots must not overwrite this one later
+        self.hashes[slots] = row_hashes(rows) if hashes is None else hashes
+        if self._buckets is not None:
+            self._bucket(slots, self.hashes[slots])
+
+    def _flush(self) -> None:
+        """Hash the waiting rows (one call; later adds of a slot overwrite earlier ones, as they happened)."""
+        if not self._pending:
+            return
+        slots = np.concatenate([s for s, _ in self._pending])
+        rows = np.concatenate([r for _, r in self._pending]) if len(self._pending) > 1 else self._pending[0][1]
+        self._pending, self._n_pending = [], 0
+        self.hashes[slots] = row_hashes(rows)  # numpy assigns repeated indices in order: the last add wins
+
+    def hashes_of(self, slots: np.ndarray) -> np.ndarray:
+        self._flush()
+        return self.hashes[slots]
 
     def _bucket(self, slots: np.ndarray, hashes: np.ndarray) -> None:
         buckets = self._buckets
@@ -124,17 +166,33 @@ class StateSet:
                 b.append(s)
 
     def remove(self, slots: np.ndarray) -> None:
-        if not self.enabled:
+        if not self.enabled or not len(slots):
             return
         buckets = self._buckets
-        for s, h in zip(slots.tolist(), self.hashes[slots].tolist()):
-            b = buckets[h]
-            b.remove(s)
-            if not b:
-                del buckets[h]
+        if buckets is not None:
+            for s, h in zip(slots.tolist(), self.hashes[slots].tolist()):
+                b = buckets[h]
+                b.remove(s)
+                if not b:
+                    del buckets[h]
+        self.present[slots] = False
+        self._unique = None
+
+    def _index_buckets(self) -> Dict[int, List[int]]:
+        """The hash -> slots index, built on first use and kept from then on."""
+        if self._buckets is None:
+            self._flush()
+            self._buckets = {}
+            slots = np.flatnonzero(self.present)
+            self._bucket(slots, self.hashes[slots])
+        return self._buckets
 
     def clear(self) -> None:
-        self._buckets = {}
+        self.present[:] = False
+        self._pending, self._n_pending = [], 0
+        self._unique = 0
+        if self._buckets is not None:
+            self._buckets = {}
 
     def enable(self) -> None:
         """Count unique states (a restored, empty buffer that counted them before)."""
@@ -143,18 +201,22 @@ class StateSet:
 
     def disable(self) -> None:
         self.enabled = False
-        self._buckets = {}
+        self.clear()
+        self._buckets = None
 
     def compact(self, keep: np.ndarray) -> None:
         """Slot ``keep[i]`` becomes slot ``i`` (container storage after compaction)."""
         if not self.enabled:
             return
+        self._flush()
         m = len(keep)
-        for arr in (self.hashes, self.rows, self.pdist, self.sqnorm):
+        for arr in (self.hashes, self.present, self.rows, self.pdist, self.sqnorm):
             if arr is not None:
                 arr[:m] = arr[keep]  # advanced indexing copies first, so overlapping moves are safe
-        self._buckets = {}
-        self._bucket(np.arange(m, dtype=np.int64), self.hashes[:m])
+        self.present[m:] = False
+        if self._buckets is not None:
+            self._buckets = {}
+            self._bucket(np.flatnonzero(self.present), self.hashes[self.present])
 
     def pivot_distances(self, rows: np.ndarray) -> Optional[np.ndarray]:
         """``(len(rows), N_PIVOTS)`` distances to the pivots, or None when there are none (yet)."""
@@ -163,7 +225,7 @@ class StateSet:
     def duplicates_of(self, rows: np.ndarray, hashes: np.ndarray) -> np.ndarray:
         """Bool mask: row ``i`` equals a stored row (exact comparison on hash hits; needs ``keep_rows``)."""
         out = np.zeros(len(hashes), dtype=bool)
-        buckets = self._buckets
+        buckets = self._index_buckets()
         for i, h in enumerate(hashes.tolist()):
             b = buckets.get(h)
             if b is not None:

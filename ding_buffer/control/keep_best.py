@@ -17,8 +17,9 @@ uniform). Without replacement it is successive sampling (Plackett-Luce) via the 
 works for any spread of rewards, where ``torch.multinomial`` fails once fewer than ``n`` items have a
 non-zero probability.
 
-Complexity: a push that truncates costs O(slots) (one ``np.partition``) -- lazy mode does it once per
-``capacity`` items; sampling O(slots + n log n). Not thread-safe: the buffer's lock serialises calls.
+Complexity: a prioritized push that truncates costs O(slots) (one ``np.partition``) -- lazy mode does it once
+per ``capacity`` items; a FIFO one O(evicted) (an insertion-order queue: ``_fifo_truncate``); sampling
+O(slots + n log n), uniform sampling of a full eager buffer O(n). Not thread-safe: the buffer's lock serialises calls.
 """
 from typing import Any, Optional, Tuple
 
@@ -41,6 +42,7 @@ class RewardIndex:
         self.next_seq = 0
         self.end = 0  # append mode: first never-used slot
         self._reset_free(0)
+        self._reset_order()
 
     @property
     def physical(self) -> int:
@@ -58,12 +60,16 @@ class RewardIndex:
         limit = 2 * self.capacity if self.lazy else self.capacity + 1
         if total < limit or total <= self.capacity:
             return np.ones(n, dtype=bool), np.empty(0, dtype=np.int64)
+        if not self.prioritized:
+            return self._fifo_truncate(n, total - self.capacity)
         return self._truncate(new_log_reward, total - self.capacity)
 
     def flush(self) -> np.ndarray:
         """Slots to evict to bring the buffer down to ``capacity`` now (lazy mode before a diversity check)."""
         if self.count <= self.capacity:
             return np.empty(0, dtype=np.int64)
+        if not self.prioritized:
+            return self._fifo_truncate(0, self.count - self.capacity)[1]
         return self._truncate(np.empty(0), self.count - self.capacity)[1]
 
     def _truncate(self, new_log_reward: np.ndarray, k: int) -> Tuple[np.ndarray, np.ndarray]:
@@ -86,6 +92,85 @@ class RewardIndex:
             drop[np.argpartition(seq, k - 1)[:k]] = True
         return ~drop[len(slots):], slots[drop[:len(slots)]]
 
+    def _fifo_truncate(self, n: int, k: int) -> Tuple[np.ndarray, np.ndarray]:
+        """FIFO: ``_truncate`` from insertion order, O(k): incoming items are newer than every stored one, so the
+        ``k`` oldest are the stored ones first (evicted slots in slot order, as ``_truncate`` returns them)."""
+        gone = min(k, self.count)
+        keep_new = np.ones(n, dtype=bool)
+        if k > gone:
+            keep_new[:k - gone] = False
+        out = self._oldest_live(gone)
+        out.sort()
+        return keep_new, out
+
+    # ------------------------------------------------------------------ insertion order
+    def _reset_order(self) -> None:
+        """The insertion-order queue: ``(slot, seq)`` of every stored item, oldest first, between ``_head`` and
+        ``_tail``; entries of items evicted since (by any rule) are skipped lazily (their slot's seq differs)."""
+        size = max(16, 2 * self.physical)
+        self._q_slot = np.empty(size, dtype=np.int64)
+        self._q_seq = np.empty(size, dtype=np.int64)
+        self._head = self._tail = 0
+
+    def _enqueue(self, slots: np.ndarray, seq: np.ndarray) -> None:
+        """Append items in insertion order (``seq`` ascending: ``claim_seqs`` order); compacts or doubles the queue
+        when it is full (amortised O(1) per item)."""
+        n = len(slots)
+        if self._tail + n > len(self._q_slot):
+            h, t = self._head, self._tail
+            qs, qq = self._q_slot[h:t], self._q_seq[h:t]
+            live = self.seq[qs] == qq  # drop the entries of evicted items
+            qs, qq = qs[live], qq[live]
+            m = len(qs)
+            size = len(self._q_slot)
+            while m + n > size // 2:
+                size *= 2
+            if size != len(self._q_slot):
+                self._q_slot = np.empty(size, dtype=np.int64)
+                self._q_seq = np.empty(size, dtype=np.int64)
+            self._q_slot[:m], self._q_seq[:m] = qs, qq
+            self._head, self._tail = 0, m
+        self._q_slot[self._tail:self._tail + n] = slots
+        self._q_seq[self._tail:self._tail + n] = seq
+        self._tail += n
+
+    def _purge(self, m: int) -> None:
+        """Drop the dead entries among the first ``m`` of the queue up to its first live one (FIFO evicts the
+        head: the next ``_oldest_live`` then starts at a live entry). O(m)."""
+        h = self._head
+        if m <= 0 or h >= self._tail:
+            return
+        live = self.seq[self._q_slot[h:h + m]] == self._q_seq[h:h + m]
+        self._head = h + (int(np.argmax(live)) if live.any() else len(live))
+
+    def _oldest_live(self, k: int) -> np.ndarray:
+        """The ``k`` oldest live slots, oldest first (``k <= count``). Skips leading dead entries for good; O(k +
+        dead entries passed)."""
+        if k <= 0:
+            return np.empty(0, dtype=np.int64)
+        h = self._head
+        qs = self._q_slot[h:h + k]
+        if len(qs) == k and (self.seq[qs] == self._q_seq[h:h + k]).all():  # the common case: no dead entries
+            return qs.copy()
+        out = []
+        got, pos, width = 0, self._head, k
+        while got < k:
+            end = min(self._tail, pos + width)
+            qs = self._q_slot[pos:end]
+            live = self.seq[qs] == self._q_seq[pos:end]
+            if pos == self._head and not live[0]:  # purge the dead prefix (it never becomes live again)
+                first = int(np.argmax(live)) if live.any() else len(live)
+                self._head += first
+            take = qs[live][:k - got]
+            out.append(take)
+            got += len(take)
+            pos, width = end, 2 * width
+            if end >= self._tail:
+                break
+        res = np.concatenate(out) if len(out) > 1 else out[0]
+        assert len(res) == k, 'insertion-order queue out of step with the live items'
+        return res
+
     # ------------------------------------------------------------------ slots
     def live_slots(self) -> np.ndarray:
         """Live slots in slot order (O(slots); O(1) when every slot is live, a full eager buffer)."""
@@ -100,9 +185,8 @@ class RewardIndex:
         return seqs
 
     def oldest(self, k: int) -> np.ndarray:
-        """The ``k`` oldest live slots (smallest sequence numbers), oldest first. O(slots log slots)."""
-        slots = self.live_slots()
-        return slots[np.argsort(self.seq[slots], kind='stable')][:k]
+        """The ``k`` oldest live slots (smallest sequence numbers), oldest first. O(k) amortised."""
+        return self._oldest_live(min(int(k), self.count))
 
     def free_slots(self, n: int) -> np.ndarray:
         """Reuse mode: ``n`` free slots (the caller commits them with ``store``)."""
@@ -121,6 +205,14 @@ class RewardIndex:
         self.log_reward = np.concatenate([self.log_reward, np.full(extra, np.nan)])
         self.seq = np.concatenate([self.seq, np.full(extra, -1, dtype=np.int64)])
         self.alive = np.concatenate([self.alive, np.zeros(extra, dtype=bool)])
+        if len(self._q_slot) < 2 * physical:
+            m = self._tail - self._head
+            for name in ('_q_slot', '_q_seq'):
+                q = getattr(self, name)
+                new = np.empty(max(2 * physical, 2 * m), dtype=np.int64)
+                new[:m] = q[self._head:self._tail]
+                setattr(self, name, new)
+            self._head, self._tail = 0, m
 
     def store(self, slots: np.ndarray, log_reward: np.ndarray, seq: np.ndarray) -> None:
         """Mark ``slots`` live with these rewards and sequence numbers."""
@@ -132,12 +224,14 @@ class RewardIndex:
             self.end = max(self.end, int(slots.max()) + 1)
         if self.reuse_slots:
             self._n_free -= len(slots)  # they came from ``free_slots``
+        self._enqueue(np.asarray(slots, dtype=np.int64), np.asarray(seq, dtype=np.int64))
 
     def evict(self, slots: np.ndarray) -> None:
         self.alive[slots] = False
         self.log_reward[slots] = np.nan
         self.seq[slots] = -1
         self.count -= len(slots)
+        self._purge(len(slots))
         if self.reuse_slots:
             self._free[self._n_free:self._n_free + len(slots)] = slots
             self._n_free += len(slots)
@@ -151,6 +245,14 @@ class RewardIndex:
             arr[m:] = {'log_reward': np.nan, 'seq': -1, 'alive': False}[name]
             arr[:m] = moved
         self.end = m
+        self._rebuild_order()
+
+    def _rebuild_order(self) -> None:
+        """The queue from the live items (after a compaction or a restore): O(slots log slots)."""
+        self._reset_order()
+        slots = self.live_slots()
+        slots = slots[np.argsort(self.seq[slots], kind='stable')]
+        self._enqueue(slots, self.seq[slots])
 
     def clear(self) -> None:
         self.alive[:] = False
@@ -159,6 +261,7 @@ class RewardIndex:
         self.count = 0
         self.end = 0
         self._reset_free(0)
+        self._reset_order()
 
     def _reset_free(self, used: int) -> None:
         """Slots ``0..used-1`` are taken, the rest free (popped lowest first)."""
@@ -194,6 +297,7 @@ class RewardIndex:
                 free = np.flatnonzero(~new.alive)[::-1]
             new._free[:len(free)] = free
             new._n_free = len(free)
+        new._rebuild_order()
         return new, slots
 
     def free_state(self) -> np.ndarray:

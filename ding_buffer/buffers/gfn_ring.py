@@ -1,0 +1,297 @@
+"""``ContainerRing``: torchgfn's ``Trajectories`` / ``Transitions`` / ``StatesContainer`` (tensor states) kept as one
+preallocated tensor per per-item field, written in place at the items' slots (a push costs O(batch), no copy of the
+stored items; a sample gathers only the drawn items). ``container_store`` picks it, or the append-only
+``ContainerStore`` for any other Container."""
+from typing import Any, Callable, Dict, NamedTuple, Optional, Tuple
+
+import numpy as np
+import torch
+
+from .gfn_data import ContainerStore, ContainerStoreBase, GFNBatch, representation
+
+
+# ---------------------------------------------------------------------------------------------------- ring
+class _Col(NamedTuple):
+    """One per-item tensor of a torchgfn container. ``get`` reads it (None when absent); ``time`` is -1 for a
+    batch-major tensor ``[n, ...]`` and ``k >= 0`` for a time-major one ``[t + k, n, ...]`` (Trajectories: states
+    have ``t + 1`` rows and actions ``t`` for a longest item of ``t`` steps), padded past an item's end with
+    ``pad(container)`` (the sink state, the dummy action, -inf conditions: what torchgfn's ``extend`` pads with)."""
+    name: str
+    get: Callable[[Any], Any]
+    optional: bool  # may be None (log-rewards, conditions): kept while every push has it, as torchgfn's extend does
+    time: int = -1
+    pad: Optional[Callable[[Any], Any]] = None
+
+
+def _states_cols(attr: str, time: int = -1) -> Tuple[_Col, ...]:
+    sf = (lambda c: type(getattr(c, attr)).sf) if time >= 0 else None
+    inf = (lambda c: float('-inf')) if time >= 0 else None
+    return (_Col(attr, lambda c: getattr(c, attr).tensor, False, time, sf),
+            _Col(attr + '.conditions', lambda c: getattr(c, attr).conditions, True, time, inf))
+
+
+_LOG_REWARDS = _Col('log_rewards', lambda c: c._log_rewards, True)  # what torchgfn's to_tensordict saves
+_TERMINATING = _Col('is_terminating', lambda c: c.is_terminating, False)
+_LAYOUTS: Dict[str, Tuple[_Col, ...]] = {
+    'StatesContainer': _states_cols('states') + (_TERMINATING, _LOG_REWARDS),
+    'Transitions': _states_cols('states') + (_Col('actions', lambda c: c.actions.tensor, False), _TERMINATING)
+    + _states_cols('next_states') + (_LOG_REWARDS, ),
+    'Trajectories': _states_cols('states', 1) + (
+        _Col('actions', lambda c: c.actions.tensor, False, 0, lambda c: type(c.actions).dummy_action),
+        _Col('terminating_idx', lambda c: c.terminating_idx, False), _LOG_REWARDS),
+}
+_MODULES = ('gfn.containers.states_container', 'gfn.containers.transitions', 'gfn.containers.trajectories')
+
+
+class ContainerRing(ContainerStoreBase):
+    """
+    Overview:
+        torchgfn's ``Trajectories`` / ``Transitions`` / ``StatesContainer`` (tensor states) as one tensor per
+        per-item field (states, conditions, actions, masks, terminating indices, log-rewards), indexed by slot
+        on the item dimension. ``log_probs`` and ``estimator_outputs`` are not kept (replayed data is
+        re-evaluated by the learner; torchgfn's buffers drop them too). ``read`` builds a container of the
+        pushed class from the drawn slots, equal to what indexing one concatenated container would give.
+    Complexity: ``write`` O(items written x item size): one ``index_copy_`` per field, no copy of stored
+        items; the tensors grow by doubling up to ``physical`` slots, and in time (Trajectories longer than any
+        stored one) by at least 1.25x, so growth is O(1) amortised per stored item. ``read`` O(drawn items).
+    Not thread-safe (the buffer's lock serialises calls).
+    """
+    reuses_slots = True
+
+    def __init__(self, physical: int) -> None:
+        self.physical = physical
+        self.cls: Optional[type] = None
+        self.env: Any = None
+        self.is_backward = False
+        self.device: Optional[torch.device] = None
+        self.layout: Tuple[_Col, ...] = ()
+        self.cols: Dict[str, Optional[torch.Tensor]] = {}  # None: a field dropped (or never pushed)
+        self.pads: Dict[str, torch.Tensor] = {}
+        self.types: Dict[str, Tuple[type, bool]] = {}  # states / next_states / actions: (class, debug)
+        self.size = 0  # item capacity of the tensors
+        self.steps = 0  # Trajectories: time capacity (actions rows; states have one more)
+        self.tidx: Optional[np.ndarray] = None  # Trajectories: terminating_idx per slot (trims reads)
+        self.end = 0  # slots below have been written
+
+    @staticmethod
+    def accepts(data: Any) -> bool:
+        """torchgfn's own three container classes with tensor states (graph states go to ``ContainerStore``)."""
+        cls = type(data)
+        if cls.__module__ not in _MODULES or cls.__name__ not in _LAYOUTS:
+            return False
+        return all(isinstance(getattr(getattr(data, a), 'tensor', None), torch.Tensor)
+                   for a in ('states', 'next_states', 'actions') if hasattr(data, a))
+
+    def __len__(self) -> int:
+        return self.end
+
+    @property
+    def container(self) -> Any:
+        """Slots ``0..len-1`` as one container (a copy; slots not live hold stale items). For inspection."""
+        return None if self.cls is None else self.read(np.arange(self.end, dtype=np.int64))
+
+    # ------------------------------------------------------------------ push
+    def prepare(self, data: Any, need_rows: bool) -> GFNBatch:
+        if self.cls is not None and type(data) is not self.cls:
+            raise TypeError(f"this buffer holds {self.cls.__name__} containers, got {type(data).__name__}")
+        n = len(data)
+        r = self.log_rewards_of(data, n)
+        self._check(data, n)
+        return GFNBatch(data, n, r, self.rows_of(data, n) if need_rows else None)
+
+    def rows_of(self, data: Any, n: int) -> Optional[np.ndarray]:
+        """As ``ContainerStoreBase.rows_of``; StatesContainer / Transitions: their terminating states are the
+        ``is_terminating`` rows, so one per item exactly when every row is terminating (no gather needed)."""
+        mask = getattr(data, 'is_terminating', None)
+        if mask is None:
+            return ContainerStoreBase.rows_of(data, n)
+        if not bool(mask.all()):
+            return None
+        states = data.states
+        return representation(states.tensor, states.conditions, n)
+
+    def _check(self, data: Any, n: int) -> None:
+        """Everything a write could fail on, checked before anything changes: every field a tensor of ``n`` items
+        and, once a first push fixed them, the stored item shape and device."""
+        name = type(data).__name__
+        for col in _LAYOUTS[name]:
+            x = col.get(data)
+            if x is None:
+                if col.optional:
+                    continue
+                raise ValueError(f"{name}.{col.name} is None; stored {name} need it")
+            if not isinstance(x, torch.Tensor):
+                raise TypeError(f"{name}.{col.name} is a {type(x).__name__}, not a tensor")
+            b = 0 if col.time < 0 else 1
+            if x.dim() <= b or x.shape[b] != n:
+                raise ValueError(f"{name}.{col.name} has shape {tuple(x.shape)}: not {n} items on dim {b}")
+            ring = self.cols.get(col.name)
+            if ring is not None and (x.shape[b + 1:] != ring.shape[b + 1:] or x.device != ring.device):
+                raise ValueError(
+                    f"{name}.{col.name} holds items of shape {tuple(x.shape[b + 1:])} on {x.device}; the stored "
+                    f"ones are {tuple(ring.shape[b + 1:])} on {ring.device}")
+
+    def write(self, slots: np.ndarray, batch: GFNBatch, rows: Optional[np.ndarray]) -> None:
+        """Items ``rows`` of the (prepared) batch (None: all of them) go to ``slots``: one ``index_copy_`` per field;
+        time-major fields are written up to the longest written item and padded after it."""
+        m = batch.n if rows is None else len(rows)
+        if not m:
+            return
+        data = batch.payload
+        if self.cls is None:
+            self._adopt(data)
+        if rows is not None:
+            rows = np.asarray(rows, dtype=np.int64)
+        whole = rows is None or (m == batch.n and (m == 1 or bool((rows[1:] > rows[:-1]).all())))  # 0..n-1
+        cpu = self.device.type == 'cpu'
+        sel = None if whole else torch.from_numpy(rows) if cpu else torch.from_numpy(rows).to(self.device)
+        idx = torch.from_numpy(np.ascontiguousarray(slots, dtype=np.int64))
+        if not cpu:
+            idx = idx.to(self.device)
+        top = int(slots.max()) + 1
+        self._reserve(top)
+        t = 0
+        if self.tidx is not None:
+            tid = data.terminating_idx.detach().cpu().numpy()
+            tid = np.maximum(tid if whole else tid[rows], 0)
+            self.tidx[slots] = tid
+            t = int(tid.max())
+            self._grow_time(t)
+        with torch.no_grad():
+            for col in self.layout:
+                ring = self.cols[col.name]
+                if ring is None:
+                    continue
+                x = col.get(data)
+                if x is None:  # a push without it: dropped for good (torchgfn's extend sets it to None)
+                    self.cols[col.name] = None
+                    continue
+                ring = self._widen(col.name, x.dtype)
+                if col.time < 0:
+                    src = x if sel is None else x.index_select(0, sel)
+                    ring.index_copy_(0, idx, src if src.dtype == ring.dtype else src.to(ring.dtype))
+                    continue
+                # stored item-major ([slot, step, ...]): an item is one contiguous block, so scattering m items
+                # touches m blocks (time-major storage would touch steps x m scattered rows)
+                k = min(t + col.time, x.shape[0])
+                src = x[:k] if sel is None else x[:k].index_select(1, sel)
+                block = ring.new_empty((m, ) + tuple(ring.shape[1:]))
+                block[:, :k] = src.transpose(0, 1)
+                block[:, k:] = self.pads[col.name]
+                ring.index_copy_(0, idx, block)
+        self.end = max(self.end, top)
+
+    def _adopt(self, data: Any) -> None:
+        """The first write fixes the class, env, direction and the fields' dtypes and item shapes."""
+        self.cls, self.env = type(data), data.env
+        self.is_backward = bool(getattr(data, 'is_backward', False))
+        self.layout = _LAYOUTS[self.cls.__name__]
+        self.types = {a: (type(getattr(data, a)), bool(getattr(getattr(data, a), 'debug', False)))
+                      for a in ('states', 'next_states', 'actions') if hasattr(data, a)}
+        self.size = min(self.physical, max(64, len(data)))
+        self.steps = 0
+        for col in self.layout:
+            x = col.get(data)
+            if x is None:
+                self.cols[col.name] = None
+                continue
+            self.device = x.device
+            if col.time < 0:
+                shape = (self.size, ) + tuple(x.shape[1:])
+            else:  # item-major: [slot, step, ...]
+                shape = (self.size, self.steps + col.time) + tuple(x.shape[2:])
+                self.pads[col.name] = torch.as_tensor(col.pad(data), dtype=x.dtype).to(x.device)
+            self.cols[col.name] = torch.empty(shape, dtype=x.dtype, device=x.device)
+        self.tidx = np.zeros(self.size, dtype=np.int64) if 'terminating_idx' in self.cols else None
+
+    def _widen(self, name: str, dtype: torch.dtype) -> torch.Tensor:
+        """The stored field, promoted when a push brings a wider dtype (as ``torch.cat`` would)."""
+        ring = self.cols[name]
+        if dtype != ring.dtype:
+            wider = torch.promote_types(ring.dtype, dtype)
+            if wider != ring.dtype:
+                ring = self.cols[name] = ring.to(wider)
+                if name in self.pads:
+                    self.pads[name] = self.pads[name].to(wider)
+        return ring
+
+    def _reserve(self, items: int) -> None:
+        """Room for slots ``0..items-1`` (doubling, at most ``physical``)."""
+        if items <= self.size:
+            return
+        size = min(self.physical, max(items, 2 * self.size))
+        for col in self.layout:
+            ring = self.cols[col.name]
+            if ring is None:
+                continue
+            new = ring.new_empty((size, ) + tuple(ring.shape[1:]))
+            new[:self.size] = ring
+            self.cols[col.name] = new
+        if self.tidx is not None:
+            self.tidx = np.concatenate([self.tidx, np.zeros(size - self.size, dtype=np.int64)])
+        self.size = size
+
+    def _grow_time(self, steps: int) -> None:
+        """Trajectories: room for ``steps`` actions per item (at least 1.25x, the new rows padded)."""
+        if steps <= self.steps:
+            return
+        steps = max(steps, self.steps + self.steps // 4)
+        for col in self.layout:
+            ring = self.cols[col.name]
+            if ring is None or col.time < 0:
+                continue
+            new = ring.new_empty((ring.shape[0], steps + col.time) + tuple(ring.shape[2:]))
+            new[:, :ring.shape[1]] = ring
+            new[:, ring.shape[1]:] = self.pads[col.name]
+            self.cols[col.name] = new
+        self.steps = steps
+
+    # ------------------------------------------------------------------ read
+    def read(self, slots: np.ndarray, ids: Any = None) -> Any:
+        """The items at ``slots`` as one container of the stored class (a copy; Trajectories are trimmed to the
+        longest drawn item, as torchgfn's indexing does)."""
+        slots = np.ascontiguousarray(slots, dtype=np.int64)
+        idx = torch.from_numpy(slots).to(self.device)
+        t = int(self.tidx[slots].max()) if self.tidx is not None and len(slots) else 0
+        out = {}
+        for col in self.layout:
+            ring = self.cols[col.name]
+            if ring is not None:
+                out[col.name] = ring.index_select(0, idx) if col.time < 0 else \
+                    ring[:, :t + col.time].index_select(0, idx).transpose(0, 1).contiguous()
+        return self._build(out)
+
+    def _build(self, t: Dict[str, torch.Tensor]) -> Any:
+        def states(attr: str) -> Any:
+            cls, debug = self.types[attr]
+            return cls(tensor=t[attr], conditions=t.get(attr + '.conditions'), debug=debug)
+
+        name, r = self.cls.__name__, t.get('log_rewards')
+        if name == 'StatesContainer':
+            return self.cls(env=self.env, states=states('states'), is_terminating=t['is_terminating'], log_rewards=r)
+        acls, adebug = self.types['actions']
+        actions = acls(t['actions'], debug=adebug)
+        if name == 'Transitions':
+            return self.cls(env=self.env, states=states('states'), actions=actions, is_terminating=t['is_terminating'],
+                            next_states=states('next_states'), is_backward=self.is_backward, log_rewards=r)
+        return self.cls(env=self.env, states=states('states'), actions=actions, terminating_idx=t['terminating_idx'],
+                        is_backward=self.is_backward, log_rewards=r)
+
+    def clear(self) -> None:
+        self.end = 0  # the tensors stay; slots are simply overwritten later
+
+    def place(self, container: Any, slots: np.ndarray) -> None:
+        """Hold a restored ``container``: its item ``i`` at ``slots[i]``."""
+        n = len(container)
+        if n:
+            self.write(np.asarray(slots, dtype=np.int64), GFNBatch(container, n, np.empty(0), None),
+                       np.arange(n, dtype=np.int64))
+        else:
+            self._adopt(container)
+
+
+# ---------------------------------------------------------------------------------------------------- choice
+def container_store(data: Any, physical: int) -> ContainerStoreBase:
+    """The store for containers like ``data``: ``ContainerRing`` for torchgfn's tensor containers, else the
+    append-only ``ContainerStore``."""
+    return ContainerRing(physical) if ContainerRing.accepts(data) else ContainerStore()
