@@ -48,29 +48,17 @@ import sys
 import time
 from typing import Any, Callable, Dict, List, NamedTuple
 
-import torch
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from ding_buffer import create_buffer
+import torch  # noqa: E402
+
+from bench_naive import cpu_model, log  # noqa: E402
+from ding_buffer import _numba, create_buffer  # noqa: E402
 
 NDIM, HEIGHT = 8, 8
 CAPACITIES = (1_000, 10_000)
 TARGET = 1.0
 OPS = ('push (filling)', 'push (full)', 'sample')
-
-
-def log(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
-
-
-def cpu_model() -> str:
-    try:
-        with open('/proc/cpuinfo') as f:
-            for line in f:
-                if line.startswith('model name'):
-                    return line.split(':', 1)[1].strip()
-    except OSError:
-        pass
-    return 'unknown'
 
 
 # ---------------------------------------------------------------------------------------------- data
@@ -215,6 +203,7 @@ def main() -> None:
     command = 'python ' + ' '.join([os.path.relpath(sys.argv[0])] + sys.argv[1:])
     if args.torch_threads:
         torch.set_num_threads(args.torch_threads)
+    _numba.load()  # steady state: the compiled kernels are loaded before anything is timed
 
     from gfn.gym import HyperGrid
     env = HyperGrid(ndim=NDIM, height=HEIGHT, validate_modes=False)
