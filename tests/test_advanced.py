@@ -2062,6 +2062,14 @@ def test_batched_push_refusals_change_nothing_on_the_fast_path(type_):
         with pytest.raises((ValueError, TypeError), match=word):
             buf.extend(batch)
         assert_same(buf.state_dict(), before, f'after refusing {word}')
+    sparse = bad()
+    sparse['obs'] = torch.from_numpy(sparse['obs']).to_sparse()
+    item = {k: v[0] for k, v in bad().items()}
+    item['obs'] = torch.from_numpy(item['obs']).to_sparse()
+    for call in (lambda: buf.extend(sparse), lambda: buf.push(item)):
+        with pytest.raises(TypeError, match="'obs' is a torch.sparse_coo tensor"):
+            call()
+        assert_same(buf.state_dict(), before, 'after refusing a sparse tensor')
     big = _cartpole_batch(rng, 120, collect_iter=True)
     assert buf.extend(big) == 120
     got = buf.sample(50, replace=False) if type_ == 'naive' else None

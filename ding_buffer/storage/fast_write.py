@@ -80,7 +80,8 @@ class FastWriter:
                 if v.dtype != np_dtype or v.shape != shape:
                     return None
             elif t is torch.Tensor:
-                if v.dtype != dtype or v.shape != shape or v.device.type != 'cpu':
+                if v.dtype != dtype or v.device.type != 'cpu' or v.layout is not torch.strided or v.is_nested \
+                        or v.shape != shape or v.is_conj() or v.is_neg():
                     return None
                 v = v.detach().numpy()
             elif t in scalars:
@@ -122,7 +123,8 @@ class FastWriter:
             v = batch.get(key, _MISSING)
             t = type(v)
             if t is torch.Tensor:
-                if v.dtype != dtype or v.device.type != 'cpu' or v.is_conj() or v.is_neg():
+                if v.dtype != dtype or v.device.type != 'cpu' or v.layout is not torch.strided or v.is_conj() \
+                        or v.is_neg() or v.is_nested:
                     return None
                 v = v.detach().numpy()
             elif t is not np.ndarray or v.dtype != np_dtype:
