@@ -85,9 +85,17 @@ _KERNEL_FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
 def _flat_array(x: Any) -> Optional[np.ndarray]:
     """A 1-d numpy view of a CPU tensor or array (no copy), else None."""
     if type(x) is not np.ndarray:
-        if not isinstance(x, torch.Tensor) or x.device.type != 'cpu':
+        if not isinstance(x, torch.Tensor):
             return None
-        x = x.detach().numpy()
+        try:  # CPU tensors only; numpy() refuses the others (device, grad, conj / neg bits, layout)
+            x = x.numpy()
+        except (TypeError, RuntimeError):
+            if not x.requires_grad:
+                return None
+            try:
+                x = x.detach().numpy()
+            except (TypeError, RuntimeError):
+                return None
     return x if x.ndim == 1 else None
 
 

@@ -77,7 +77,7 @@ class FastWriter:
             v = item.get(key, _MISSING)
             t = type(v)
             if t is np.ndarray:
-                if v.dtype != np_dtype or v.shape != shape:
+                if (v.dtype is not np_dtype and v.dtype != np_dtype) or v.shape != shape:
                     return None
             elif t is torch.Tensor:
                 if v.dtype != dtype or v.device.type != 'cpu' or v.layout is not torch.strided or v.is_nested \
@@ -85,13 +85,9 @@ class FastWriter:
                     return None
                 v = v.detach().numpy()
             elif t in scalars:
-                if t is int:
-                    if not -2 ** 63 <= v < 2 ** 63:  # the generic path reports it
-                        return None
-                    try:  # out of the field's range: let the generic path report it
-                        np_dtype.type(v)
-                    except (OverflowError, ValueError):
-                        return None
+                # ints go only to int64 and float fields (``build``): within int64 they always fit
+                if t is int and not -2 ** 63 <= v < 2 ** 63:  # the generic path reports it
+                    return None
             elif not (isinstance(v, np.generic) and v.dtype == np_dtype and shape == ()):
                 return None
             values.append(v)
