@@ -209,8 +209,8 @@ class PriorityTree:
     Overview:
         Sum and min (and optionally max) over one array of non-negative leaves -- the priority index of a
         prioritized buffer. A zero leaf is an empty slot: never sampled, ignored by ``min_leaf``.
-        Memory: 8 bytes per leaf, ~1.2 bytes per leaf for each tree's internal nodes, 1 byte per leaf for the
-        record of deferred writes.
+        Memory: 8 bytes per leaf, ~1.2 bytes per leaf for each tree's internal nodes, half a byte per leaf for
+        the record of deferred writes.
 
         Batched writes are deferred (as cpprb's trees do): ``set`` / ``fill`` write the leaves at once and record
         them; the internal nodes are refreshed by the next read (``total``, ``min_leaf``, ``max_leaf``, ``find``,
@@ -230,8 +230,9 @@ class PriorityTree:
         self._arrays = (self._sum._leaves, self._sum._nodes, self._min._nodes, xnodes, with_max, self._sum._starts)
         # leaves written since the last refresh (see tree_kernels._defer): room for one per parent of the leaves,
         # so a record that fills up is refreshed by rebuilding whole levels (streaming, ~1 ms per million leaves)
-        # instead of one random path per entry; 1 byte per leaf
-        self._pending = np.empty(max(64, len(self._sum.leaves) // K), dtype=np.int64)
+        # instead of one random path per entry; half a byte per leaf (int32 slots below 2**31 leaves)
+        n_leaves = len(self._sum.leaves)
+        self._pending = np.empty(max(64, n_leaves // K), dtype=np.int32 if n_leaves < 2 ** 31 else np.int64)
         self._npending = np.zeros(1, dtype=np.int64)
         self._deferred = (self._pending, self._npending)
         self.has_max = with_max
