@@ -92,44 +92,60 @@ def start() -> None:
             _thread.start()
 
 
+LOAD_TIMEOUT_S = 600.0  # a load takes about a second from the cache, a minute when everything compiles
+
+
 def load() -> None:
     """Import numba, compile (or load from the cache) and warm every pending function, then swap the dispatchers
-    in. Blocks until done -- also when the loading thread is at it; returns at once when nothing is pending."""
+    in. Blocks until done -- also when the loading thread is at it; returns at once when nothing is pending.
+    Raises ``TimeoutError`` when another thread's load holds it up longer than ``LOAD_TIMEOUT_S``."""
+    if not _PENDING:
+        return
+    if not _LOCK.acquire(timeout=LOAD_TIMEOUT_S):
+        raise TimeoutError(f"ding_buffer's numba kernels did not finish loading within {LOAD_TIMEOUT_S:.0f} s "
+                           f"(set DING_BUFFER_NO_NUMBA=1 to run without them)")
+    try:
+        _load_locked()
+    finally:
+        _LOCK.release()
+
+
+def _load_locked() -> None:
+    """``load`` with ``_LOCK`` held."""
     global _numba
-    with _LOCK:
-        if not _PENDING:
-            return
-        if _numba is None:
-            try:
-                import numba
-                _numba = numba
-            except Exception:  # an installed but broken numba: the plain functions still give the right answers
-                _numba = False
-        pending = list(_PENDING)
-        swap = None
-        if _numba:
-            try:
-                swap = _compile(pending)
-                _warm(pending, swap)
-            except Exception as e:  # never retried: the plain functions serve from now on
-                _log.warning('ding_buffer: compiling the numba kernels failed (%r); using the numpy / Python '
-                             'versions (correct, slower)', e)
-                _numba = False
-                for kernel in pending:
-                    kernel.dispatcher = None
-        if not _numba:
-            swap = {id(k): k.fallback or k.py_func for k in pending}
-        for name, module in list(sys.modules.items()):
-            if module is None or not (name == 'ding_buffer' or name.startswith('ding_buffer.')):
-                continue
-            space = getattr(module, '__dict__', {})
-            for attr, value in list(space.items()):
-                if isinstance(value, _Kernel) and id(value) in swap:
-                    space[attr] = swap[id(value)]
-        for kernel in pending:
-            kernel.compiled = swap[id(kernel)]
-        _PENDING.clear()
-        _READY.set()
+    if not _PENDING:
+        return
+    if _numba is None:
+        try:
+            import numba
+            _numba = numba
+        except Exception:  # an installed but broken numba: the plain functions still give the right answers
+            _numba = False
+    pending = list(_PENDING)
+    swap = None
+    if _numba:
+        try:
+            swap = _compile(pending)
+            _warm(pending, swap)
+        except Exception as e:  # never retried: the plain functions serve from now on
+            _log.warning('ding_buffer: compiling the numba kernels failed (%r); using the numpy / Python '
+                         'versions (correct, slower)', e)
+            _numba = False
+            for kernel in pending:
+                kernel.dispatcher = None
+    if not _numba:
+        swap = {id(k): k.fallback or k.py_func for k in pending}
+    for name, module in list(sys.modules.items()):
+        if module is None or not (name == 'ding_buffer' or name.startswith('ding_buffer.')):
+            continue
+        space = getattr(module, '__dict__', {})
+        for attr, value in list(space.items()):
+            if isinstance(value, _Kernel) and id(value) in swap:
+                space[attr] = swap[id(value)]
+    for kernel in pending:
+        kernel.compiled = swap[id(kernel)]
+    _PENDING.clear()
+    _READY.set()
 
 
 def _compile(pending: List[_Kernel]) -> Dict[int, Any]:
