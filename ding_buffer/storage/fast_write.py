@@ -26,6 +26,23 @@ COLLECT_ITER_SAFE = 2 ** 59
 FieldSpec = Tuple[str, np.ndarray, tuple, np.dtype, torch.dtype, tuple]
 
 
+def _tensor_view(v: torch.Tensor, dtype: torch.dtype) -> Optional[np.ndarray]:
+    """A numpy view of ``v`` when it is a plain dense CPU tensor of ``dtype`` (no conj / neg bits), else None."""
+    if v.dtype != dtype or v.device.type != 'cpu' or v.layout is not torch.strided or v.is_nested or v.is_conj() \
+            or v.is_neg():
+        return None
+    return v.detach().numpy()
+
+
+def _skipped(mapping: dict, skip_keys: Tuple[str, ...]) -> int:
+    """How many of ``skip_keys`` ``mapping`` holds (they are not fields)."""
+    n = 0
+    for key in skip_keys:  # a plain loop: a generator costs more on the single-push hot path
+        if key in mapping:
+            n += 1
+    return n
+
+
 class FastWriter:
 
     def __init__(self, spec: List[FieldSpec], skip_keys: Tuple[str, ...]) -> None:
@@ -64,13 +81,7 @@ class FastWriter:
             ``None`` -- with nothing changed -- when the item is not a plain match (nested dict, any mismatch).
         """
         spec = self.spec
-        if type(item) is not dict:
-            return None
-        skipped = 0
-        for key in self.skip_keys:
-            if key in item:
-                skipped += 1
-        if len(item) - skipped != len(spec):
+        if type(item) is not dict or len(item) - _skipped(item, self.skip_keys) != len(spec):
             return None
         values = []
         for key, view, shape, np_dtype, dtype, scalars in spec:
@@ -80,10 +91,9 @@ class FastWriter:
                 if (v.dtype is not np_dtype and v.dtype != np_dtype) or v.shape != shape:
                     return None
             elif t is torch.Tensor:
-                if v.dtype != dtype or v.device.type != 'cpu' or v.layout is not torch.strided or v.is_nested \
-                        or v.shape != shape or v.is_conj() or v.is_neg():
+                v = _tensor_view(v, dtype)
+                if v is None or v.shape != shape:
                     return None
-                v = v.detach().numpy()
             elif t in scalars:
                 # ints go only to int64 and float fields (``build``): within int64 they always fit
                 if t is int and not -2 ** 63 <= v < 2 ** 63:  # the generic path reports it
@@ -104,14 +114,8 @@ class FastWriter:
             leading dimension ``n`` in ``[1, capacity]``. ``None`` otherwise: the generic path checks, converts
             and reports. Nothing is written. O(fields).
         """
-        if type(batch) is not dict:
-            return None
         spec = self.spec
-        skipped = 0
-        for key in self.skip_keys:
-            if key in batch:
-                skipped += 1
-        if len(batch) - skipped != len(spec):
+        if type(batch) is not dict or len(batch) - _skipped(batch, self.skip_keys) != len(spec):
             return None
         cols = []
         n = -1
@@ -119,10 +123,9 @@ class FastWriter:
             v = batch.get(key, _MISSING)
             t = type(v)
             if t is torch.Tensor:
-                if v.dtype != dtype or v.device.type != 'cpu' or v.layout is not torch.strided or v.is_conj() \
-                        or v.is_neg() or v.is_nested:
+                v = _tensor_view(v, dtype)
+                if v is None:
                     return None
-                v = v.detach().numpy()
             elif t is not np.ndarray or v.dtype != np_dtype:
                 return None
             vshape = v.shape
