@@ -20,6 +20,7 @@ import torch
 from .. import tree_kernels as kern
 from .._numba import ready, warmer
 from ..segment_tree import PriorityTree
+from ..storage.ring import RingIndex
 
 
 def as_numpy(x: Any) -> Any:
@@ -381,7 +382,6 @@ class BetaSchedule:
 def _warm_kernels() -> None:
     """Every compiled path of a prioritized buffer once, on a tiny index with the hot paths' dtypes (float32 and
     float64 priorities from a learner, int64 ids and slots from a sample, int32 use counts)."""
-    from ..storage.ring import RingIndex
     ring = RingIndex(16)
     ring.commit(16)
     slots = np.arange(4, dtype=np.int64)
