@@ -287,14 +287,12 @@ class PriorityTree:
         kern.prio_set_one(*self._arrays, int(i), float(value))
 
     def total(self) -> float:
-        if self._npending[0]:
-            kern.prio_flush(*self._arrays, self._pending, self._npending)
+        self.flush()
         return float(self._sum._nodes[-1])
 
     def min_leaf(self) -> float:
         """Smallest positive leaf (``inf`` when every leaf is zero)."""
-        if self._npending[0]:
-            kern.prio_flush(*self._arrays, self._pending, self._npending)
+        self.flush()
         return float(self._min._nodes[-1])
 
     def max_leaf(self) -> float:
