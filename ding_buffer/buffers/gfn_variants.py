@@ -92,6 +92,9 @@ class TerminatingStateBuffer(GFlowNetReplayBuffer):
         torchgfn = type(data).__module__.startswith('gfn.')
         if torchgfn and type(data).__name__ == 'StatesContainer' and isinstance(mask, torch.Tensor) and \
                 mask.dtype == torch.bool and bool(mask.all()):
+            r = data.log_rewards
+            if hasattr(data, 'env') and (r is None or len(r) == len(mask)):
+                return data  # already what is stored: every row terminating, one reward per row (no new container)
             states = data.states  # every row terminating: the terminating states are the states (no gather)
         else:
             states = data.terminating_states
