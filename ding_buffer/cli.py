@@ -122,14 +122,42 @@ def _missing_extra(e: ImportError) -> int:
     return 2
 
 
+# ``main_config['job']`` picks the training job a config file runs (default 'dqn'): name -> (module, function).
+# The function takes the loaded ``main_config`` (a dict) and the parsed arguments and returns the exit status.
+JOBS = {
+    'dqn': None,  # the single-process DQN job below
+    'apex': ('.train.apex', 'run'),
+    'hypergrid': ('.train.hypergrid', 'run'),
+}
+
+
 def train(args: argparse.Namespace) -> int:
-    """Run (or resume) a DQN training run from a DI-engine-style config file."""
+    """Run (or resume) a training job from a DI-engine-style config file (``main_config['job']`` picks it)."""
+    from .train.config import load_config_file
+    user = load_config_file(args.config)
+    job = user.pop('job', 'dqn')
+    if job not in JOBS:
+        raise ValueError(f"{args.config}: config key 'job' is {job!r}; expected one of {sorted(JOBS)}")
+    if JOBS[job] is not None:
+        import importlib
+        module, func = JOBS[job]
+        try:
+            run = getattr(importlib.import_module(module, __package__), func)
+        except ImportError as e:
+            return _missing_extra(e)
+        return run(user, args)
+    if args.nproc is not None:
+        raise ValueError(f"{args.config}: --nproc is for distributed jobs ('apex', 'hypergrid'); this config runs "
+                         f"the single-process 'dqn' job")
+    return _train_dqn(user, args)
+
+
+def _train_dqn(user: dict, args: argparse.Namespace) -> int:
     try:
         from .train.dqn import DQNTrainer
     except ImportError as e:
         return _missing_extra(e)
-    from .train.config import build_train_config, check_run_dir, load_config_file, run_dir_of
-    user = load_config_file(args.config)
+    from .train.config import build_train_config, check_run_dir, run_dir_of
     if args.seed is not None:
         user['seed'] = args.seed
     if args.env_steps is not None:
@@ -176,15 +204,20 @@ def plot(args: argparse.Namespace) -> int:
     return 0
 
 
-def _threads(text: str) -> int:
-    """``--threads``: an int >= 1 (argparse reports anything else as a usage error, exit 2)."""
-    try:
-        n = int(text)
-    except ValueError:
-        n = 0
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"expected an int >= 1 (torch CPU threads), got {text!r}")
-    return n
+def _at_least_one(what: str):
+    """An argparse type: an int >= 1 (anything else is a usage error naming ``what``, exit 2)."""
+    def parse(text: str) -> int:
+        try:
+            n = int(text)
+        except ValueError:
+            n = 0
+        if n < 1:
+            raise argparse.ArgumentTypeError(f"expected an int >= 1 ({what}), got {text!r}")
+        return n
+    return parse
+
+
+_threads = _at_least_one('torch CPU threads')
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -194,7 +227,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument('--seed', type=int, default=0)
     p.add_argument('--out', default=None, help='keep the saved buffers in this directory (default: a temp dir)')
     p.set_defaults(func=demo)
-    p = sub.add_parser('train', help='train DQN from a DI-engine-style config (e.g. config/cartpole_dqn_per.py)')
+    p = sub.add_parser('train', help='run a training job from a DI-engine-style config (e.g. config/cartpole_dqn_per.py; '
+                                     "main_config['job'] picks dqn / apex / hypergrid)")
     p.add_argument('config', help='config file defining main_config')
     p.add_argument('--seed', type=int, default=None, help='override the config seed')
     p.add_argument('--env-steps', type=int, default=None, help='override env.max_env_step')
@@ -203,6 +237,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument('--device', default=None, help="'cpu' or 'cuda' (overrides policy.device)")
     p.add_argument('--threads', type=_threads, default=1, help='torch CPU threads (1 is fastest for small networks)')
     p.add_argument('--no-progress', action='store_true', help='no progress bar')
+    p.add_argument('--nproc', type=_at_least_one('ranks to start'), default=None, metavar='N',
+                   help='distributed jobs: start N ranks on this machine (default: join the ranks torchrun / mpirun '
+                        'started, or run locally)')
+    p.add_argument('--iterations', type=_at_least_one('training iterations'), default=None, metavar='N',
+                   help='GFlowNet jobs: override the number of training iterations')
     p.set_defaults(func=train)
     p = sub.add_parser('plot', help='overlay the evaluation curves of run directories in one PNG')
     p.add_argument('run_dirs', nargs='+', metavar='RUN_DIR')
