@@ -163,6 +163,7 @@ def build_config(
         prefix: str = '',
         ignored: Optional[Mapping[str, str]] = None,
         warn: bool = True,
+        aliases: Optional[Mapping[str, str]] = None,
 ) -> EasyDict:
     """
     Overview:
@@ -170,6 +171,8 @@ def build_config(
         value ``checks`` to the result. ``prefix`` (e.g. ``'policy.other.replay_buffer.'``) is put before key
         names in error messages, for sections nested in a larger config. Top-level keys in ``ignored`` (key ->
         why it has no effect) are dropped with one WARNING each (none with ``warn=False``: a check before the build).
+        Top-level keys in ``aliases`` (another library's name -> ours, e.g. torchgfn's ``capacity``) are read as
+        the key they name; giving both with different values is a ``ValueError``.
     Returns:
         - cfg (:obj:`EasyDict`): the complete, validated config.
     """
@@ -177,6 +180,8 @@ def build_config(
         user = {}
     if not isinstance(user, Mapping):
         raise TypeError(f"buffer config must be a dict/EasyDict, got {type(user).__name__}")
+    if aliases:
+        user = resolve_aliases(user, aliases, prefix)
     if ignored:
         dropped = [k for k in user if k in ignored and k not in defaults]
         if dropped:
@@ -188,6 +193,29 @@ def build_config(
     cfg = deep_merge_dicts(defaults, user)
     apply_checks(cfg, checks or {}, prefix=prefix)
     return cfg
+
+
+def resolve_aliases(user: Mapping, aliases: Mapping[str, str], prefix: str = '') -> Mapping:
+    """``user`` with each alias key renamed to the key it stands for (a new dict when one is present)."""
+    present = [k for k in aliases if k in user]
+    if not present:
+        return user
+    out = dict(user)
+    for alias in present:
+        key = aliases[alias]
+        value = out.pop(alias)
+        if key in out and not _same_value(out[key], value):
+            raise ValueError(f"config keys '{prefix}{alias}' = {value!r:.60} and '{prefix}{key}' = {out[key]!r:.60} "
+                             f"disagree: '{alias}' is another name for '{key}'; give one of them")
+        out[key] = value
+    return out
+
+
+def _same_value(a: Any, b: Any) -> bool:
+    try:
+        return type(a) is type(b) and bool(a == b)
+    except Exception:  # e.g. arrays: ambiguous truth value
+        return False
 
 
 def _nullable(checks: Dict[str, Check]) -> frozenset:

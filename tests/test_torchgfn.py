@@ -1045,3 +1045,77 @@ def test_ring_over_many_wrapping_pushes_matches_brute_force(tmp_path, env, pool,
         assert stored == sorted(it[0] for it in model), step
         assert buf.stats()['unique_terminating_states'] == len({it[1] for it in model}), step
     assert Counter(item_keys(contents(buf))) == Counter((s, True, r) for r, s in model)
+
+
+# ---------------------------------------------------------------------------------- torchgfn drop-in surface
+# What torchgfn's own training loops and examples do with a buffer: found by putting ours into them.
+DROP_IN = [('gfn', 'trajectories'), ('gfn', 'states_all_terminating'), ('gfn_diverse', 'trajectories'),
+           ('gfn_diverse', 'states_all_terminating'), ('terminating_state', 'trajectories'),
+           ('terminating_state', 'states_all_terminating')]
+
+
+def _empty(c):
+    return c[torch.zeros(0, dtype=torch.long)]
+
+
+@pytest.mark.parametrize('btype,kind', DROP_IN, ids=[f'{b}-{k}' for b, k in DROP_IN])
+def test_empty_container_push_is_a_no_op(samplers, env, pool, btype, kind):
+    """torchgfn's buffers take an empty container as a no-op (its samplers hand back empty batches); ours raised
+    ``RuntimeError: cannot reshape tensor of 0 elements``. First push or later, nothing changes."""
+    buf = create_buffer(dict(type=btype, replay_buffer_size=40, seed=0))
+    first = make_kind(kind, samplers, env, pool, 12)
+    before = buf.state_dict()
+    assert len(_empty(first)) == 0
+    assert buf.push(_empty(first)) == 0
+    assert_same(buf.state_dict(), before)
+    assert buf.training_container is None  # an empty push fixes nothing, not even the container kind
+    assert buf.push(first) == 12
+    before = buf.state_dict()
+    assert buf.push(_empty(make_kind(kind, samplers, env, pool, 5))) == 0
+    assert_same(buf.state_dict(), before)
+    assert buf.count() == 12 and len(buf.sample(12)) == 12
+
+
+@pytest.mark.parametrize('btype', ['gfn', 'gfn_diverse', 'terminating_state'])
+def test_torchgfn_sample_keyword_and_capacity_key(samplers, env, pool, btype):
+    """``sample(n_samples=...)`` (torchgfn's keyword) and the ``capacity`` key (torchgfn's name for
+    ``replay_buffer_size``); both names of one value must agree."""
+    buf = create_buffer(dict(type=btype, capacity=30, seed=0))
+    assert buf.capacity == 30
+    buf.push(make_kind('trajectories', samplers, env, pool, 40))
+    assert buf.count() == 30
+    assert len(buf.sample(n_samples=16)) == 16
+    with pytest.raises(TypeError, match='n_samples'):
+        buf.sample(4, n_samples=4)
+    with pytest.raises(TypeError, match='n_samples'):
+        buf.sample()
+    assert create_buffer(dict(type=btype, capacity=30, replay_buffer_size=30)).capacity == 30
+    with pytest.raises(ValueError, match="'capacity' = 30 and 'replay_buffer_size' = 20 disagree"):
+        create_buffer(dict(type=btype, capacity=30, replay_buffer_size=20))
+
+
+@pytest.mark.parametrize('btype,kind', DROP_IN, ids=[f'{b}-{k}' for b, k in DROP_IN])
+def test_torchgfn_attributes(samplers, env, pool, btype, kind):
+    """The attributes torchgfn users read: ``training_container`` (every stored item, oldest first, of the stored
+    kind -- compared with torchgfn's own buffer fed the same batches), ``env``, ``device``,
+    ``prioritized_capacity``, ``prioritized_sampling``."""
+    prioritized = btype == 'gfn_diverse'
+    buf = create_buffer(dict(type=btype, replay_buffer_size=1000, seed=0, prioritized_sampling=prioritized))
+    theirs = {'gfn': lambda: ReplayBuffer(env, capacity=1000),
+              'gfn_diverse': lambda: NormBasedDiversePrioritizedReplayBuffer(env, capacity=1000),
+              'terminating_state': lambda: TerminatingStateBuffer(env, capacity=1000)}[btype]()
+    assert buf.training_container is None and buf.env is None
+    assert buf.device == torch.device('cpu')
+    assert buf.prioritized_capacity is prioritized and buf.prioritized_sampling is prioritized
+    for _ in range(3):
+        c = make_kind(kind, samplers, env, pool, 10)
+        buf.push(c)
+        theirs.add(copy_of(c))
+    assert buf.env is env and theirs.device == buf.device
+    ours_tc = buf.training_container
+    assert type(ours_tc) is type(theirs.training_container) and len(ours_tc) == len(theirs.training_container) == 30
+    assert Counter(item_keys(ours_tc)) == Counter(item_keys(theirs.training_container))
+    if not prioritized:  # FIFO below capacity: torchgfn keeps the pushes in order, as ours does (oldest first)
+        assert item_keys(ours_tc) == item_keys(theirs.training_container)
+    buf.clear()
+    assert len(buf.training_container) == 0

@@ -24,6 +24,7 @@ from ..persistence import load_state, save_state
 class BufferCore(IBuffer):
     checks: Dict[str, Any] = {}
     ignored_keys: Dict[str, str] = {}  # key -> why it has no effect: accepted with a warning (config.dingengine_ignored)
+    key_aliases: Dict[str, str] = {}  # another library's key name -> ours (config.resolve_aliases)
 
     def __init__(
             self,
@@ -32,7 +33,8 @@ class BufferCore(IBuffer):
             exp_name: str = 'default_experiment',
             instance_name: str = 'buffer',
     ) -> None:
-        self._cfg: EasyDict = build_config(self.config, cfg, self.checks, ignored=self.ignored_keys)
+        self._cfg: EasyDict = build_config(self.config, cfg, self.checks, ignored=self.ignored_keys,
+                                           aliases=self.key_aliases)
         if not isinstance(instance_name, str) or not instance_name:
             raise ValueError(f"instance_name must be a non-empty str, got {instance_name!r}")
         self._exp_name = exp_name

@@ -104,6 +104,7 @@ class GFlowNetReplayBuffer(GFlowNetStats, GFlowNetState, Engine):
     diverse = False
     config = GFN_CONFIG
     checks = GFN_CHECKS
+    key_aliases = {'capacity': 'replay_buffer_size'}  # torchgfn's name of the key
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -131,6 +132,35 @@ class GFlowNetReplayBuffer(GFlowNetStats, GFlowNetState, Engine):
     @property
     def capacity(self) -> int:
         return self._cfg.replay_buffer_size
+
+    # torchgfn's attributes, read by code written against its buffers
+    @property
+    def prioritized_capacity(self) -> bool:
+        return self._prioritized_capacity()
+
+    @property
+    def prioritized_sampling(self) -> bool:
+        return bool(self._cfg.prioritized_sampling)
+
+    @property
+    def device(self) -> torch.device:
+        return torch.device(self._cfg.device)
+
+    @property
+    def env(self) -> Any:
+        """The environment of the stored torchgfn containers (None before the first container is pushed, and
+        for dict batches)."""
+        return getattr(self._store, 'env', None)
+
+    @property
+    def training_container(self) -> Any:
+        """Every stored item, oldest first, as one batch of the stored kind (a copy: a container, or a dict of
+        batched tensors); None before the first push."""
+        with self._lock:
+            if self._index is None:
+                return None
+            slots = self._index.oldest(self._index.count)
+            return self._store.read(slots, self._index.seq[slots])
 
     @property
     def storage(self) -> Any:
@@ -289,8 +319,8 @@ class GFlowNetReplayBuffer(GFlowNetStats, GFlowNetState, Engine):
         return slots
 
     # ------------------------------------------------------------------ sample
-    def sample(self, size: int, cur_learner_iter: int = -1, replace: Optional[bool] = None,
-               timeout: Optional[float] = None) -> Optional[Any]:
+    def sample(self, size: Optional[int] = None, cur_learner_iter: int = -1, replace: Optional[bool] = None,
+               timeout: Optional[float] = None, n_samples: Optional[int] = None) -> Optional[Any]:
         """
         Overview:
             Draw ``size`` items: uniformly, or with probability ``softmax(log_reward)`` when
@@ -300,7 +330,14 @@ class GFlowNetReplayBuffer(GFlowNetStats, GFlowNetState, Engine):
         Returns:
             - batch: dict of batched tensors, or a container of the pushed type; ``None`` (logged) when the
               buffer is empty, or holds fewer than ``size`` items and sampling is without replacement.
+            ``n_samples`` is torchgfn's name for ``size``.
         """
+        if n_samples is not None:
+            if size is not None:
+                raise TypeError(f"sample() got both size={size!r} and n_samples={n_samples!r}; give one")
+            size = n_samples
+        elif size is None:
+            raise TypeError("sample() needs the number of items: size (or torchgfn's n_samples)")
         if replace is not None and not isinstance(replace, bool):
             raise TypeError(f"replace must be None or a bool, got {replace!r}")
         return self._sample_flow(size, cur_learner_iter, timeout, lambda: self._draw(int(size), replace),

@@ -57,10 +57,15 @@ def float64_numpy(t: torch.Tensor) -> np.ndarray:
 
 def representation(state: torch.Tensor, condition: Optional[torch.Tensor], n: int) -> np.ndarray:
     """Rows ``[state.flatten(), condition.flatten()]`` as float64 (the diversity filter's input)."""
-    rows = float64_numpy(state.reshape(n, -1))
+    rows = float64_numpy(_rows(state, n))
     if condition is not None:
-        rows = np.concatenate([rows, float64_numpy(condition.reshape(n, -1))], axis=1)
+        rows = np.concatenate([rows, float64_numpy(_rows(condition, n))], axis=1)
     return rows
+
+
+def _rows(x: torch.Tensor, n: int) -> torch.Tensor:
+    """``x`` as ``n`` flat rows; an empty batch keeps its row width (``reshape(0, -1)`` is ambiguous)."""
+    return x.reshape(n, -1) if n else x.reshape(0, int(np.prod(x.shape[1:], dtype=np.int64)))
 
 
 def is_container(data: Any) -> bool:

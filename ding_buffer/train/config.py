@@ -131,7 +131,8 @@ def build_train_config(user: Mapping, source: str = '<config>') -> EasyDict:
         _check_trainer_buffer(cls, buffer_cfg['type'])
         own = {k: v for k, v in buffer_cfg.items() if k not in ('import_names', 'cfg_type')}  # not the class's keys
         full = build_config(cls.config, own, getattr(cls, 'checks', None), prefix=BUFFER_SECTION,
-                            ignored=getattr(cls, 'ignored_keys', None), warn=False)
+                            ignored=getattr(cls, 'ignored_keys', None), warn=False,
+                            aliases=getattr(cls, 'key_aliases', None))
         _check_batch_fits(cfg.policy.learn.batch_size, full.replay_buffer_size, 'replay_buffer_size' in buffer_cfg)
     except (ValueError, TypeError) as e:
         msg = str(e).replace("config key 'type'", f"config key '{BUFFER_SECTION}type'")
