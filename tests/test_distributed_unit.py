@@ -1585,3 +1585,50 @@ def test_file_root_is_resolved_once(tmp_path, monkeypatch):
     monkeypatch.chdir('/')
     core.handle(W, req('push', data=item(1)))
     assert ok(core.handle(W, req('save_data', path='a.buf'))) == str(tmp_path / 'root' / 'a.buf')
+
+
+# ---------------------------------------------------------------------------------- versioned blobs (weights)
+def test_blob_put_get_keeps_only_newer_versions_through_the_wire():
+    """A learner's weights as a versioned blob: a get returns the payload only when it is newer than the
+    caller's version; an older or repeated put changes nothing; the payload round-trips through the codec."""
+    core = make_core()
+    weights = {'net.0.weight': torch.randn(4, 3), 'net.0.bias': torch.randn(4)}
+    assert ok(core.handle('w0', req('get_blob', name='weights'))) is None
+    assert ok(core.handle('w0', req('put_blob', name='weights', version=3, payload=weights))) == \
+        {'stored': True, 'version': 3}
+    wire = decode(*encode(req('put_blob', name='weights', version=2, payload={'x': torch.zeros(1)})))
+    assert ok(core.handle('w1', wire)) == {'stored': False, 'version': 3}  # a delayed older put
+    got = ok(core.handle('w1', decode(*encode(req('get_blob', name='weights', newer_than=-1)))))
+    assert got['version'] == 3 and got['payload'].keys() == weights.keys()
+    assert all(torch.equal(got['payload'][k], weights[k]) for k in weights)
+    assert ok(core.handle('w1', req('get_blob', name='weights', newer_than=3))) is None
+    assert ok(core.handle('w1', req('put_blob', name='weights', version=4, payload={'v': 4})))['stored']
+    assert ok(core.handle('w1', req('get_blob', name='weights', newer_than=3)))['payload'] == {'v': 4}
+    assert ok(core.handle('w1', req('stats')))['manager/blob_version/weights'] == 4
+
+
+@pytest.mark.parametrize('args,match', [
+    (dict(name='', version=0, payload=1), 'blob name'),
+    (dict(name='x' * 65, version=0, payload=1), 'blob name'),
+    (dict(name='a\nb', version=0, payload=1), 'blob name'),
+    (dict(name=7, version=0, payload=1), 'blob name'),
+    (dict(name='w', version=-1, payload=1), '>= 0'),
+    (dict(name='w', version=1.5, payload=1), 'blob version'),
+    (dict(name='w', version=True, payload=1), 'blob version'),
+    (dict(name='w', version=1 << 62, payload=1), 'blob version'),
+])
+def test_blob_bad_requests_are_answered_and_change_nothing(args, match):
+    core = make_core()
+    ok(core.handle('w0', req('put_blob', name='w', version=1, payload={'a': 1})))
+    reply = core.handle('w0', req('put_blob', **args))
+    assert not reply['ok'] and reply['error'] == 'ValueError' and match in reply['message']
+    assert ok(core.handle('w0', req('get_blob', name='w'))) == {'version': 1, 'payload': {'a': 1}}
+
+
+def test_blob_names_are_bounded():
+    core = make_core()
+    for i in range(16):
+        ok(core.handle('w0', req('put_blob', name=f'b{i}', version=0, payload=i)))
+    reply = core.handle('w0', req('put_blob', name='one_more', version=0, payload=0))
+    assert not reply['ok'] and 'at most 16' in reply['message']
+    assert ok(core.handle('w0', req('put_blob', name='b3', version=1, payload=33)))['stored']  # known names still move

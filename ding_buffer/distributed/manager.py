@@ -23,6 +23,7 @@ from typing import Any, Callable, Dict, Optional
 from ..control.thruput import SampleTimeoutError
 from ..errors import RemoteError
 from .baseline import BaselineTracker
+from .blobs import BlobStore
 from .batching import count_items, log_rewards_of
 from .codec import CodecError
 from .config import resolve_callable
@@ -92,8 +93,9 @@ class ManagerCore:
             'stats': self._stats, 'metadata': self._metadata, 'state_dict': self._state_dict,
             'load_state_dict': self._load_state_dict, 'save_data': self._save_data, 'load_data': self._load_data,
             'clear': self._clear, 'model_version': self._model_version, 'baseline_sync': self._baseline_sync,
-            'exit': self._exit,
+            'exit': self._exit, 'put_blob': self._put_blob, 'get_blob': self._get_blob,
         }
+        self.blobs = BlobStore()
 
     # ------------------------------------------------------------------ dispatch
     def handle(self, sender: Any, request: Any) -> Optional[Dict[str, Any]]:
@@ -207,6 +209,7 @@ class ManagerCore:
         out.update({f'manager/{k}': v for k, v in self.counters.items()})
         out['manager/model_version'] = self.model_version
         out['manager/exited'] = len(self.exited)
+        out.update({f'manager/blob_version/{k}': v for k, v in self.blobs.versions().items()})
         return out
 
     def _metadata(self, sender) -> Dict[str, Any]:
@@ -257,6 +260,12 @@ class ManagerCore:
             self.session_id = session_id
         self.model_version = version
         return {'model_version': version, 'session_id': self.session_id, 'cleared': cleared}
+
+    def _put_blob(self, sender, name, version, payload) -> Dict[str, Any]:
+        return self.blobs.put(name, version, payload)
+
+    def _get_blob(self, sender, name, newer_than=-1) -> Optional[Dict[str, Any]]:
+        return self.blobs.get(name, newer_than)
 
     def _baseline_sync(self, sender, value) -> None:
         self.baseline.sync(value)

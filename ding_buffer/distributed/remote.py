@@ -24,6 +24,7 @@ from ..control.thruput import SampleTimeoutError
 from .manager import REMOTE_EXCEPTIONS, request_msg, result_of  # noqa: F401 (REMOTE_EXCEPTIONS re-exported)
 from ..errors import ManagerUnavailableError, RemoteError  # noqa: F401 (re-exported)
 from .channel import PeerChannel, deadline_in  # noqa: F401 (PeerChannel re-exported)
+from .blobs import check_name, check_version
 from .delegate import delegated
 from .push_pipeline import PushPipeline, new_client_id  # noqa: F401 (new_client_id re-exported)
 
@@ -36,7 +37,8 @@ class RemoteBuffer(IBuffer):
         ``stats``, ``state_dict``/``load_state_dict``, ``save_data``/``load_data`` (paths inside the manager's
         ``distributed.file_root``), ``clear``, ``close`` (sends EXIT after draining). Distributed extras:
         ``last_score``, ``drain_pending_score``, ``metadata``, ``set_model_version`` (stamps pushes),
-        ``update_model_version`` (moves the manager's version), ``baseline_sync``, ``baseline_log_reward``,
+        ``update_model_version`` (moves the manager's version), ``put_blob`` / ``get_blob`` (versioned blobs such as
+        the learner's weights), ``baseline_sync``, ``baseline_log_reward``,
         ``unacknowledged`` (pushes in doubt, sent again by the next call).
     """
 
@@ -186,6 +188,16 @@ class RemoteBuffer(IBuffer):
         """Learner: move the manager to ``version`` (a new session clears data of the old one when gating)."""
         self.set_model_version(version, session_id)
         return self._request('model_version', version=int(version), session_id=session_id)
+
+    def put_blob(self, name: str, version: int, payload: Any) -> Dict[str, Any]:
+        """Keep ``payload`` on the manager as version ``version`` of ``name`` (e.g. the learner's weights), unless
+        it already keeps a version >= ``version``. Returns ``{'stored', 'version'}``; see ``blobs``."""
+        return self._request('put_blob', name=check_name(name), version=check_version(version), payload=payload)
+
+    def get_blob(self, name: str, newer_than: int = -1) -> Optional[Dict[str, Any]]:
+        """``{'version', 'payload'}`` of the manager's blob ``name`` when its version is above ``newer_than``,
+        else None (one round trip; the payload travels only when it is newer)."""
+        return self._request('get_blob', name=check_name(name), newer_than=check_version(newer_than, 'newer_than'))
 
     def baseline_sync(self, value: float) -> None:
         """Fix the manager's baseline_log_reward to ``value`` (overrides every strategy from now on)."""

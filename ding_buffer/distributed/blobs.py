@@ -1,0 +1,61 @@
+"""Versioned blobs the manager keeps for its workers: e.g. the learner's network weights, which actors fetch
+when a newer version is there (Ape-X). One slot per name; a put replaces the slot only with a higher version,
+so a delayed or repeated put of an older version changes nothing.
+
+What a peer can do with it is bounded: at most ``MAX_NAMES`` names of at most ``MAX_NAME_CHARS`` printable
+characters, versions are ints in ``[0, 2**62)``, and a payload is whatever the codec decoded within the
+transport's message limit (plain data and arrays/tensors: no pickle unless the manager allows it). The manager
+holds at most ``MAX_NAMES`` payloads.
+"""
+from typing import Any, Dict, Optional
+
+MAX_NAMES = 16
+MAX_NAME_CHARS = 64
+VERSION_LIMIT = 1 << 62
+
+
+def check_name(name: Any) -> str:
+    if not isinstance(name, str) or not 0 < len(name) <= MAX_NAME_CHARS or not name.isprintable():
+        raise ValueError(f"blob name must be a printable str of 1..{MAX_NAME_CHARS} characters, got {name!r:.80}")
+    return name
+
+
+def check_version(version: Any, what: str = 'blob version') -> int:
+    if type(version) is not int or not -1 <= version < VERSION_LIMIT:
+        raise ValueError(f"{what} must be an int in [-1, 2**62), got {version!r:.40}")
+    return version
+
+
+class BlobStore:
+    """``name -> (version, payload)``; the manager's half of ``RemoteBuffer.put_blob`` / ``get_blob``."""
+
+    def __init__(self) -> None:
+        self._slots: Dict[str, Any] = {}
+
+    def put(self, name: Any, version: Any, payload: Any) -> Dict[str, Any]:
+        """Keep ``payload`` as ``name``'s version ``version`` (>= 0) when it is newer than the kept one. Returns
+        ``{'stored': bool, 'version': the version now kept}``."""
+        name = check_name(name)
+        version = check_version(version)
+        if version < 0:
+            raise ValueError(f"blob version must be >= 0, got {version}")
+        kept = self._slots.get(name)
+        if kept is None and len(self._slots) >= MAX_NAMES:
+            raise ValueError(f"the manager keeps at most {MAX_NAMES} blob names; {sorted(self._slots)} are taken")
+        if kept is not None and kept[0] >= version:
+            return {'stored': False, 'version': kept[0]}
+        self._slots[name] = (version, payload)
+        return {'stored': True, 'version': version}
+
+    def get(self, name: Any, newer_than: Any = -1) -> Optional[Dict[str, Any]]:
+        """``{'version', 'payload'}`` of ``name`` when its version is above ``newer_than``, else None (also when
+        nothing was put under ``name`` yet)."""
+        name = check_name(name)
+        newer_than = check_version(newer_than, 'newer_than')
+        kept = self._slots.get(name)
+        if kept is None or kept[0] <= newer_than:
+            return None
+        return {'version': kept[0], 'payload': kept[1]}
+
+    def versions(self) -> Dict[str, int]:
+        return {k: v[0] for k, v in self._slots.items()}
