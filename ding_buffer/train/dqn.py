@@ -9,9 +9,8 @@ Run directory ``<log_dir>/<exp_name>_seed<seed>/``: ``log/`` (TensorBoard: buffe
 """
 import collections
 import os
-import shutil
 import time
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 import torch
@@ -24,19 +23,7 @@ from ..persistence import atomic_json
 from .checkpoint import complete_checkpoints, load_latest, save_checkpoint
 from .config import BUFFER_SECTION
 from .evals import write_eval_csv
-
-
-def _first_missing_dir(path: str) -> Optional[str]:
-    """The top-most directory of ``path`` that does not exist yet (what ``os.makedirs(path)`` creates first), or
-    ``None`` when ``path`` exists."""
-    path = os.path.abspath(path)
-    top = None
-    while not os.path.lexists(path):
-        top, parent = path, os.path.dirname(path)
-        if parent == path:
-            break
-        path = parent
-    return top
+from .run_dir import discard_run_dir, first_missing_dir
 
 
 class QNet(nn.Module):
@@ -87,6 +74,50 @@ class NStep:
                     discount=float(self.gamma ** m))
 
 
+def learn_step(net: nn.Module, target_net: nn.Module, optim: torch.optim.Optimizer, batch: Dict[str, torch.Tensor],
+               learn: EasyDict, device: torch.device) -> Tuple[torch.Tensor, torch.Tensor]:
+    """One gradient step of (double) DQN on a sampled batch (``obs``, ``action``, ``reward``, ``next_obs``,
+    ``done``, ``discount``; ``IS`` weights the Huber loss when present). Returns the loss and the TD errors
+    (detached, on the CPU: what ``buffer.update`` takes as priorities once made absolute)."""
+    obs, next_obs = batch['obs'].to(device), batch['next_obs'].to(device)
+    action = batch['action'].to(device).long()
+    reward, done = batch['reward'].to(device), batch['done'].to(device).float()
+    discount = batch['discount'].to(device)
+    q = net(obs).gather(1, action.unsqueeze(1)).squeeze(1)
+    with torch.no_grad():
+        if learn.double:
+            next_a = net(next_obs).argmax(1, keepdim=True)
+            next_q = target_net(next_obs).gather(1, next_a).squeeze(1)
+        else:
+            next_q = target_net(next_obs).max(1).values
+        target = reward + discount * (1.0 - done) * next_q
+    td = target - q
+    weights = batch['IS'].to(device) if 'IS' in batch else torch.ones_like(td)
+    loss = (weights * F.huber_loss(q, target, reduction='none', delta=learn.huber_delta)).mean()
+    optim.zero_grad()
+    loss.backward()
+    if learn.grad_clip is not None:
+        nn.utils.clip_grad_norm_(net.parameters(), learn.grad_clip)
+    optim.step()
+    return loss.detach(), td.detach().cpu()
+
+
+@torch.no_grad()
+def greedy_returns(net: nn.Module, env: Any, episodes: int, seed_base: int, device: torch.device) -> List[float]:
+    """Returns of ``episodes`` greedy episodes on ``env``, reset with seeds ``seed_base + k``."""
+    returns = []
+    for k in range(episodes):
+        obs, _ = env.reset(seed=seed_base + k)
+        total, over = 0.0, False
+        while not over:
+            q = net(torch.as_tensor(obs, dtype=torch.float32, device=device).unsqueeze(0))
+            obs, r, term, trunc, _ = env.step(int(q.argmax(1).item()))
+            total += float(r)
+            over = term or trunc
+        returns.append(total)
+    return returns
+
+
 class DQNTrainer:
     """
     Overview:
@@ -125,7 +156,7 @@ class DQNTrainer:
             raise ValueError("config key 'policy.other.replay_buffer.storage.type' must be 'tensor' for training "
                              f"(the learner needs batched tensors), got {buffer_cfg.storage.type!r}")
         buffer_cfg.setdefault('seed', cfg.seed)
-        created, self.tb, self.buffer = _first_missing_dir(run_dir), None, None
+        created, self.tb, self.buffer = first_missing_dir(run_dir), None, None
         try:
             os.makedirs(run_dir, exist_ok=True)  # only now: invalid input must leave nothing on disk
         except OSError as e:
@@ -168,24 +199,7 @@ class DQNTrainer:
         self.obs, _ = self.env.reset(seed=None if resume else cfg.seed)
 
     def _discard(self, created: Optional[str]) -> None:
-        """Close what ``_build`` opened; if this trainer created the run directory, remove it and then each parent
-        it created that is still empty (another run may have put its own directory there meanwhile)."""
-        for part in (self.buffer, self.tb):
-            if part is not None:
-                try:
-                    part.close()
-                except Exception:
-                    pass
-        if created is None:
-            return
-        path = os.path.abspath(self.run_dir)
-        shutil.rmtree(path, ignore_errors=True)
-        while path != created and os.path.dirname(path) != path:
-            path = os.path.dirname(path)
-            try:
-                os.rmdir(path)
-            except OSError:
-                return
+        discard_run_dir(self.run_dir, created, (self.buffer, self.tb))
 
     # ------------------------------------------------------------------ acting / learning
     def epsilon(self) -> float:
@@ -203,51 +217,23 @@ class DQNTrainer:
         batch = self.buffer.sample(cfg.learn.batch_size, cur_learner_iter=self.train_iter)
         if batch is None:
             return
-        dev = self.device
-        obs, next_obs = batch['obs'].to(dev), batch['next_obs'].to(dev)
-        action = batch['action'].to(dev).long()
-        reward, done = batch['reward'].to(dev), batch['done'].to(dev).float()
-        discount = batch['discount'].to(dev)
-        q = self.net(obs).gather(1, action.unsqueeze(1)).squeeze(1)
-        with torch.no_grad():
-            if cfg.learn.double:
-                next_a = self.net(next_obs).argmax(1, keepdim=True)
-                next_q = self.target(next_obs).gather(1, next_a).squeeze(1)
-            else:
-                next_q = self.target(next_obs).max(1).values
-            target = reward + discount * (1.0 - done) * next_q
-        td = target - q
-        weights = batch['IS'].to(dev) if 'IS' in batch else torch.ones_like(td)
-        loss = (weights * F.huber_loss(q, target, reduction='none', delta=cfg.learn.huber_delta)).mean()
-        self.optim.zero_grad()
-        loss.backward()
-        if cfg.learn.grad_clip is not None:
-            nn.utils.clip_grad_norm_(self.net.parameters(), cfg.learn.grad_clip)
-        self.optim.step()
+        loss, td = learn_step(self.net, self.target, self.optim, batch, cfg.learn, self.device)
         self.buffer.update({
             'replay_unique_id': batch['replay_unique_id'],
             'replay_buffer_idx': batch['replay_buffer_idx'],
-            'priority': td.detach().abs().cpu(),
+            'priority': td.abs(),
         })
         self.train_iter += 1
         if self.train_iter % cfg.learn.target_update_freq == 0:
             self.target.load_state_dict(self.net.state_dict())
         if self.train_iter % 100 == 0:
-            self.last_loss = float(loss.item())
+            self.last_loss = float(loss)
             self.tb.add_scalar('train/loss', self.last_loss, self.env_step)
             self.tb.add_scalar('train/td_error_abs_mean', float(td.abs().mean().item()), self.env_step)
 
     def evaluate(self) -> Dict[str, float]:
-        returns = []
         base = self.cfg.seed * 1_000_003 + 10_000 + len(self.evals) * self.cfg.env.eval_episodes
-        for k in range(self.cfg.env.eval_episodes):
-            obs, _ = self.eval_env.reset(seed=base + k)
-            total, over = 0.0, False
-            while not over:
-                obs, r, term, trunc, _ = self.eval_env.step(self.greedy(obs))
-                total += float(r)
-                over = term or trunc
-            returns.append(total)
+        returns = greedy_returns(self.net, self.eval_env, self.cfg.env.eval_episodes, base, self.device)
         row = {'env_step': self.env_step, 'train_iter': self.train_iter, 'return_mean': float(np.mean(returns)),
                'return_std': float(np.std(returns)), 'wall_time': self.wall_time()}
         self.evals.append(row)
@@ -369,4 +355,4 @@ class DQNTrainer:
         write_eval_csv(self.run_dir, self.evals)
 
 
-__all__ = ['DQNTrainer', 'QNet', 'NStep']
+__all__ = ['DQNTrainer', 'QNet', 'NStep', 'learn_step', 'greedy_returns']

@@ -2,16 +2,17 @@
 import csv
 import io
 import os
-from typing import Dict, Iterable, List
+from typing import Dict, Iterable, List, Sequence
 
 from ..persistence import atomic_text
 
 EVAL_FIELDS = ('env_step', 'train_iter', 'return_mean', 'return_std', 'wall_time')
 
 
-def write_eval_csv(run_dir: str, rows: Iterable[Dict[str, float]]) -> None:
+def write_eval_csv(run_dir: str, rows: Iterable[Dict[str, float]], fields: Sequence[str] = EVAL_FIELDS) -> None:
+    """``eval.csv`` with the columns ``fields`` (the DQN / Ape-X jobs' by default; the HyperGrid job has its own)."""
     buf = io.StringIO()
-    writer = csv.DictWriter(buf, fieldnames=EVAL_FIELDS)
+    writer = csv.DictWriter(buf, fieldnames=fields)
     writer.writeheader()
     writer.writerows(rows)
     atomic_text(buf.getvalue(), os.path.join(run_dir, 'eval.csv'))

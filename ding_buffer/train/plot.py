@@ -18,7 +18,12 @@ def plot_runs(run_dirs: List[str], out: str, title: Optional[str] = None, stop_v
     groups = {}
     for run in run_dirs:
         name = os.path.basename(os.path.normpath(run))
-        groups.setdefault(name.rsplit('_seed', 1)[0], []).append((name, read_eval_csv(run)))
+        rows = read_eval_csv(run)
+        if rows and not {'env_step', 'return_mean', 'return_std'} <= rows[0].keys():
+            raise ValueError(f"'{run}' is not a DQN / Ape-X run (its eval.csv has columns {sorted(rows[0])}); "
+                             f"this plot draws evaluation returns -- a HyperGrid run draws its own "
+                             f"learning_curve.png in its directory")
+        groups.setdefault(name.rsplit('_seed', 1)[0], []).append((name, rows))
     colors = plt.rcParams['axes.prop_cycle'].by_key()['color']
     for k, (group, runs) in enumerate(sorted(groups.items())):
         color = colors[k % len(colors)]
