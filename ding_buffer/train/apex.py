@@ -1,0 +1,693 @@
+"""Ape-X DQN over the distributed buffer manager: ``ding-buffer train config/cartpole_apex.py --nproc N``.
+
+Roles. One process is the manager (it owns an ``advanced`` buffer and serves it), one is the learner, the others
+are actors. With torch.distributed or MPI these are ranks: the manager is ``distributed.manager_rank`` (default:
+the last), the learner the lowest other rank, the actors the rest. With Ray the manager is the named actor that
+``create_buffer`` starts, and the learner and actors are Ray tasks started by this driver.
+
+Actor ``i`` of ``n`` explores with epsilon ``eps_base ** (1 + eps_alpha * i / (n - 1))`` (the Ape-X ladder),
+builds n-step transitions, computes their initial priorities ``|TD error|`` with its own copy of the network and
+pushes them in batches of ``apex.push_batch`` (one ``extend`` with a ``priority`` column). The learner samples,
+learns (double DQN, IS-weighted Huber loss), sends ``|TD error|`` back with ``update`` and publishes its weights
+every ``apex.publish_freq`` gradient steps as a versioned blob on the manager (``put_blob('weights', version,
+...)``); actors ask for a newer version every ``apex.weight_sync_steps`` env steps (``get_blob``: one round trip,
+the weights travel only when they changed). The blob goes through the same manager on every backend, so weight
+sharing needs nothing beyond the buffer's own connection; a run on several machines needs no shared disk for it.
+
+The run ends when the learner has seen ``env.max_env_step`` transitions stored: it publishes a last version
+with ``stop`` set, actors flush and close, and the manager returns once every worker has left. A killed actor
+is counted as lost by the manager after ``distributed.peer_timeout`` and the run goes on; a killed manager makes
+every worker's next call raise ``ManagerUnavailableError`` within ``distributed.timeout``, and each rank exits
+with that message (exit status 3). Actors also stop (status 3) when the learner publishes nothing new for
+``apex.learner_silence`` seconds.
+
+The learner writes what the single-process job writes in ``<log_dir>/<exp_name>_seed<seed>/``: TensorBoard
+(``log/``: learner curves, and the buffer's ``stats()`` under ``buffer/`` -- counters, the sampled window's
+priority / use / staleness, the manager's ``manager/*`` counters), ``eval.csv``, ``learning_curve.png``, ``checkpoints/`` (learner state plus the buffer, written by the
+manager into the run directory, its ``distributed.file_root``) and ``summary.json``. ``--resume RUN_DIR`` loads
+the latest complete checkpoint on the learner and the buffer on the manager.
+"""
+import argparse
+import copy
+import os
+import signal
+import subprocess
+import sys
+import time
+from typing import Any, Dict, List, Optional
+
+import numpy as np
+import torch
+from easydict import EasyDict
+
+from ..base import create_buffer
+from ..config import build_config, positive_int
+from ..errors import ManagerUnavailableError
+from .config import BUFFER_SECTION, TRAIN_CHECKS, TRAIN_DEFAULTS, check_run_dir, run_dir_of
+
+BACKENDS = ('torch', 'mpi', 'ray')
+EXIT_MANAGER_GONE = 3
+LAUNCHED = 'DING_BUFFER_APEX_LAUNCHED'  # set in the ranks this module starts itself
+
+APEX_DEFAULTS = copy.deepcopy(TRAIN_DEFAULTS)
+APEX_DEFAULTS.update(exp_name='cartpole_apex')
+APEX_DEFAULTS['policy']['nstep'] = 3
+APEX_DEFAULTS['policy']['learn'].update(updates_per_step=0.25)
+APEX_DEFAULTS['policy'].pop('collect')  # actors use the epsilon ladder below
+APEX_DEFAULTS['apex'] = dict(
+    # Epsilon of actor i of n: eps_base ** (1 + eps_alpha * i / (n - 1)) (one actor: eps_base).
+    eps_base=0.4,
+    eps_alpha=7.0,
+    # Transitions per actor push (one batched extend with their initial priorities).
+    push_batch=50,
+    # Actor env steps between two asks for newer weights; learner gradient steps between two publishes.
+    weight_sync_steps=200,
+    publish_freq=50,
+    # Learner gradient steps between two TensorBoard records of the buffer's stats().
+    buffer_log_freq=200,
+    # True: an actor stays at most ~2 weight publishes ahead of what the learner's replay ratio
+    # (policy.learn.updates_per_step) needs -- Reverb's sample-to-insert rate limit, so a run's transition budget
+    # buys gradient steps on a small machine. False: actors run free, as in the Ape-X paper (a learner on a GPU).
+    throttle_actors=True,
+    # Seconds an actor waits for the learner's first weights, and for any newer version after that.
+    learner_silence=300.0,
+    # Seconds a sample waits for a batch before the learner checks the run is still alive.
+    sample_timeout=30.0,
+)
+
+APEX_CHECKS = {k: v for k, v in TRAIN_CHECKS.items() if not k.startswith('policy.collect.')}
+APEX_CHECKS.update({
+    'policy.learn.updates_per_step': (lambda x: x > 0, 'a positive number (gradient steps per stored transition)'),
+    'apex.eps_base': (lambda x: 0 <= x <= 1, 'a number in [0, 1]'),
+    'apex.eps_alpha': (lambda x: x >= 0, 'a number >= 0'),
+    'apex.push_batch': (positive_int, 'a positive int'),
+    'apex.weight_sync_steps': (positive_int, 'a positive int'),
+    'apex.publish_freq': (positive_int, 'a positive int'),
+    'apex.buffer_log_freq': (positive_int, 'a positive int'),
+    'apex.throttle_actors': (lambda x: isinstance(x, bool), 'True or False'),
+    'apex.learner_silence': (lambda x: x > 0, 'a positive number of seconds'),
+    'apex.sample_timeout': (lambda x: x > 0, 'a positive number of seconds'),
+})
+
+
+# ---------------------------------------------------------------------------------------------- config
+def build_apex_config(user: Dict[str, Any], source: str) -> EasyDict:
+    """``user`` merged over ``APEX_DEFAULTS`` and checked; the buffer section must be an ``advanced`` buffer with a
+    ``distributed.backend``. Errors name ``source`` and the key."""
+    user = copy.deepcopy(user)
+    policy = dict(user.get('policy') or {})
+    other = dict(policy.get('other') or {})
+    buffer_cfg = other.pop('replay_buffer', None)
+    if 'other' in policy:
+        policy['other'] = other
+    if 'policy' in user:
+        user['policy'] = policy
+    try:
+        cfg = build_config(APEX_DEFAULTS, user, APEX_CHECKS)
+    except (ValueError, TypeError) as e:
+        raise type(e)(f"{source}: {e}") from e
+    if not isinstance(buffer_cfg, dict) or buffer_cfg.get('type') != 'advanced':
+        got = buffer_cfg.get('type') if isinstance(buffer_cfg, dict) else buffer_cfg
+        raise ValueError(f"{source}: config key '{BUFFER_SECTION}type' is {got!r}; the Ape-X job needs 'advanced' "
+                         f"(prioritized replay)")
+    dist = dict(buffer_cfg.get('distributed') or {})
+    if dist.get('backend') not in BACKENDS:
+        raise ValueError(f"{source}: config key '{BUFFER_SECTION}distributed.backend' is {dist.get('backend')!r}; "
+                         f"expected one of {list(BACKENDS)}")
+    storage = dict(buffer_cfg.get('storage') or {})
+    if storage.get('type', 'tensor') != 'tensor':
+        raise ValueError(f"{source}: config key '{BUFFER_SECTION}storage.type' must be 'tensor' (the learner needs "
+                         f"batched tensors), got {storage.get('type')!r}")
+    storage['type'] = 'tensor'
+    buffer_cfg = dict(buffer_cfg, storage=storage, distributed=dist)
+    buffer_cfg.setdefault('seed', cfg.seed)
+    try:  # every key of the buffer section is checked before any process starts
+        from ..base import get_buffer_cls
+        from ..distributed.config import build_distributed_config
+        cls = get_buffer_cls(EasyDict(buffer_cfg))
+        local = {k: v for k, v in buffer_cfg.items() if k != 'distributed'}
+        build_config(cls.config, local, getattr(cls, 'checks', None), prefix=BUFFER_SECTION,
+                     ignored=getattr(cls, 'ignored_keys', None), warn=False)
+        build_distributed_config(dist)
+    except (ValueError, TypeError) as e:
+        raise type(e)(f"{source}: {str(e).replace(chr(39) + 'distributed.', chr(39) + BUFFER_SECTION + 'distributed.')}") from e
+    cfg.policy.other.replay_buffer = EasyDict(buffer_cfg)
+    return cfg
+
+
+def epsilon_ladder(i: int, n: int, base: float, alpha: float) -> float:
+    """Ape-X's per-actor exploration: ``base ** (1 + alpha * i / (n - 1))``; one actor gets ``base``."""
+    return float(base ** (1 + alpha * i / (n - 1))) if n > 1 else float(base)
+
+
+# ---------------------------------------------------------------------------------------------- roles
+def _buffer_cfg(cfg: EasyDict, run_dir: str, n_workers: int) -> EasyDict:
+    """The buffer section as every rank builds it: the run directory is the manager's ``file_root`` (the learner's
+    checkpoints ask the manager to write the buffer there); with Ray the actor ends once every worker left."""
+    b = copy.deepcopy(cfg.policy.other.replay_buffer)
+    b.distributed.setdefault('file_root', os.path.abspath(run_dir))
+    if b.distributed.backend == 'ray':
+        b.distributed.setdefault('num_workers', n_workers)
+    return b
+
+
+class Actor:
+    """One Ape-X actor: acts with its epsilon, pushes prioritized n-step batches, follows the learner's weights."""
+
+    def __init__(self, cfg: EasyDict, buffer: Any, index: int, n_actors: int) -> None:
+        import gymnasium as gym
+        from .dqn import NStep, QNet
+        self.cfg, self.buffer, self.index = cfg, buffer, index
+        self.env = gym.make(cfg.env.env_id)
+        obs_dim = int(np.prod(self.env.observation_space.shape))
+        self.net = QNet(obs_dim, int(self.env.action_space.n), list(cfg.policy.model.hidden_sizes))
+        self.eps = epsilon_ladder(index, n_actors, cfg.apex.eps_base, cfg.apex.eps_alpha)
+        self.rng = np.random.default_rng([cfg.seed, 1 + index])
+        self.nstep = NStep(cfg.policy.nstep, cfg.policy.discount_factor)
+        self.n_actors = n_actors
+        self.version = -1
+        self.env_at_publish, self.allowed_env, self.steps_at_publish = 0, float('inf'), 0
+        self.stop = False
+        self.pending: List[Dict[str, Any]] = []
+        self.steps = 0
+
+    def sync(self, wait: bool) -> None:
+        """Load newer weights if the learner published some (``wait``: until there are, within
+        ``apex.learner_silence``)."""
+        deadline = time.monotonic() + self.cfg.apex.learner_silence
+        while True:
+            got = self.buffer.get_blob('weights', self.version)
+            if got is not None:
+                self.net.load_state_dict(got['payload']['net'])
+                self.version, self.stop = got['version'], bool(got['payload']['stop'])
+                self.env_at_publish = int(got['payload']['env_step'])
+                self.allowed_env = float(got['payload']['allowed_env'])
+                self.steps_at_publish = self.steps
+                self._last_news = time.monotonic()
+                return
+            now = time.monotonic()
+            if not wait:
+                if now - self._last_news > self.cfg.apex.learner_silence:
+                    raise ManagerUnavailableError(
+                        f"actor {self.index}: the learner published no weights for {self.cfg.apex.learner_silence:g}s "
+                        "(config key 'apex.learner_silence'); it is gone or stuck")
+                return
+            if now > deadline:
+                raise ManagerUnavailableError(
+                    f"actor {self.index}: no weights from the learner within {self.cfg.apex.learner_silence:g}s "
+                    "(config key 'apex.learner_silence')")
+            time.sleep(0.2)
+
+    def ahead(self) -> bool:
+        """Whether the transitions stored so far -- as the learner last reported them, plus this actor's since --
+        exceed what the learner allows before its next publishes (``Learner.allowed_env``). Counting every actor's
+        transitions, not a per-actor share, keeps the run going when an actor dies."""
+        return self.env_at_publish + (self.steps - self.steps_at_publish) > self.allowed_env
+
+    def throttle(self) -> None:
+        """Wait (asking for newer weights) while this actor is ahead of the learner."""
+        while not self.stop and self.ahead():
+            time.sleep(0.02)
+            self.sync(wait=False)
+
+    @torch.no_grad()
+    def _priorities(self, batch: Dict[str, np.ndarray]) -> np.ndarray:
+        """Initial priorities: ``|TD error|`` of each transition under this actor's network (no target network)."""
+        q = self.net(torch.from_numpy(batch['obs'])).gather(1, torch.from_numpy(batch['action'])[:, None])[:, 0]
+        nxt = self.net(torch.from_numpy(batch['next_obs'])).max(1).values
+        target = torch.from_numpy(batch['reward']) + torch.from_numpy(batch['discount']) * \
+            (1.0 - torch.from_numpy(batch['done']).float()) * nxt
+        return (target - q).abs().numpy().astype(np.float32)
+
+    def _push(self) -> None:
+        items, self.pending = self.pending, []
+        batch = {
+            'obs': np.stack([t['obs'] for t in items]), 'next_obs': np.stack([t['next_obs'] for t in items]),
+            'action': np.array([t['action'] for t in items], dtype=np.int64),
+            'reward': np.array([t['reward'] for t in items], dtype=np.float32),
+            'done': np.array([t['done'] for t in items], dtype=bool),
+            'discount': np.array([t['discount'] for t in items], dtype=np.float32),
+            'collect_iter': np.full(len(items), max(self.version, 0), dtype=np.int64),
+        }
+        batch['priority'] = self._priorities(batch)
+        self.buffer.extend(batch)
+
+    def run(self) -> Dict[str, Any]:
+        cfg = self.cfg
+        self._last_news = time.monotonic()
+        self.sync(wait=True)
+        obs, _ = self.env.reset(seed=cfg.seed * 1_000_003 + 7919 * (self.index + 1))
+        episodes, ret, returns = 0, 0.0, []
+        while not self.stop:
+            if self.rng.random() < self.eps:
+                action = int(self.rng.integers(self.env.action_space.n))
+            else:
+                with torch.no_grad():
+                    action = int(self.net(torch.as_tensor(obs, dtype=torch.float32)[None]).argmax(1).item())
+            next_obs, r, term, trunc, _ = self.env.step(action)
+            t = {'obs': np.asarray(obs, np.float32), 'action': action, 'reward': float(r),
+                 'next_obs': np.asarray(next_obs, np.float32), 'done': bool(term),
+                 'discount': float(cfg.policy.discount_factor)}
+            self.pending += self.nstep.add(t, term or trunc)
+            self.steps += 1
+            ret += float(r)
+            obs = next_obs
+            if term or trunc:
+                episodes += 1
+                returns.append(ret)
+                ret = 0.0
+                obs, _ = self.env.reset()
+            if len(self.pending) >= cfg.apex.push_batch:
+                self._push()
+                if cfg.apex.throttle_actors:
+                    self.throttle()
+            if self.steps % cfg.apex.weight_sync_steps == 0:
+                self.sync(wait=False)
+        if self.pending:
+            self._push()
+        return {'role': 'actor', 'index': self.index, 'epsilon': self.eps, 'env_steps': self.steps,
+                'episodes': episodes, 'last_version': self.version,
+                'mean_return_last_20': float(np.mean(returns[-20:])) if returns else None}
+
+
+class Learner:
+    """The Ape-X learner: samples, learns, updates priorities, publishes weights, evaluates and checkpoints."""
+
+    def __init__(self, cfg: EasyDict, buffer: Any, run_dir: str, resume: bool, progress: bool) -> None:
+        import gymnasium as gym
+        from torch.utils.tensorboard import SummaryWriter
+        from .dqn import QNet
+        self.cfg, self.buffer, self.run_dir, self.progress = cfg, buffer, run_dir, progress
+        self.device = torch.device(cfg.policy.device)
+        self.eval_env = gym.make(cfg.env.env_id)
+        obs_dim = int(np.prod(self.eval_env.observation_space.shape))
+        n_actions = int(self.eval_env.action_space.n)
+        torch.manual_seed(cfg.seed)
+        hidden = list(cfg.policy.model.hidden_sizes)
+        self.net = QNet(obs_dim, n_actions, hidden).to(self.device)
+        self.target = QNet(obs_dim, n_actions, hidden).to(self.device)
+        self.target.load_state_dict(self.net.state_dict())
+        self.optim = torch.optim.Adam(self.net.parameters(), lr=cfg.policy.learn.learning_rate)
+        self.ckpt_dir = os.path.join(run_dir, 'checkpoints')
+        self.tb = SummaryWriter(os.path.join(run_dir, 'log'))
+        self.train_iter = self.version = 0
+        self.env_base = 0  # transitions stored before this process started (resume)
+        self.push_base: Optional[int] = None
+        self.env_step = 0
+        self.evals: List[Dict[str, float]] = []
+        self.solved_step: Optional[int] = None
+        self.wall_offset = 0.0
+        self.last_loss = float('nan')
+        self.resumed_from: Optional[str] = None
+        self.next_eval = cfg.env.eval_freq
+        self.next_ckpt = cfg.checkpoint.freq or 0
+        if resume:
+            from .checkpoint import load_latest
+            self.resumed_from, _ = load_latest(self.ckpt_dir, self._load)
+            if self.resumed_from is None:
+                raise ValueError(f"--resume {run_dir}: no complete checkpoint in {self.ckpt_dir}")
+
+    # ------------------------------------------------------------------ helpers
+    def _pushed(self) -> int:
+        return int(self.buffer.stats().get('push_items', 0))
+
+    def _refresh_env_step(self) -> None:
+        pushed = self._pushed()
+        if self.push_base is None:
+            self.push_base = pushed
+        self.env_step = self.env_base + pushed - self.push_base
+
+    def allowed_env(self) -> float:
+        """Transitions the actors may store before the learner's next publishes: what the replay ratio needs for
+        two more publishes (``apex.throttle_actors``; inf when actors run free)."""
+        cfg = self.cfg
+        if not cfg.apex.throttle_actors:
+            return float('inf')
+        learn = cfg.policy.learn
+        return learn.warmup_steps + (self.train_iter + 2 * cfg.apex.publish_freq) / learn.updates_per_step
+
+    def publish(self, stop: bool = False) -> None:
+        self.version += 1
+        state = {k: v.detach().cpu() for k, v in self.net.state_dict().items()}
+        self.buffer.put_blob('weights', self.version, {'net': state, 'stop': stop, 'train_iter': self.train_iter,
+                                                       'env_step': self.env_step, 'allowed_env': self.allowed_env()})
+
+    def wall_time(self) -> float:
+        return self.wall_offset + time.monotonic() - self._t0
+
+    def evaluate(self) -> None:
+        from .dqn import greedy_returns
+        from .evals import write_eval_csv
+        base = self.cfg.seed * 1_000_003 + 10_000 + len(self.evals) * self.cfg.env.eval_episodes
+        returns = greedy_returns(self.net, self.eval_env, self.cfg.env.eval_episodes, base, self.device)
+        row = {'env_step': self.env_step, 'train_iter': self.train_iter, 'return_mean': float(np.mean(returns)),
+               'return_std': float(np.std(returns)), 'wall_time': self.wall_time()}
+        self.evals.append(row)
+        self.tb.add_scalar('eval/return_mean', row['return_mean'], self.env_step)
+        if self.solved_step is None and row['return_mean'] >= self.cfg.env.stop_value:
+            self.solved_step = self.env_step
+        write_eval_csv(self.run_dir, self.evals)
+
+    def log_buffer(self) -> None:
+        stats = self.buffer.stats()
+        for k, v in stats.items():
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and np.isfinite(v):
+                self.tb.add_scalar(f'buffer/{k}', v, self.env_step)
+
+    # ------------------------------------------------------------------ main loop
+    def run(self) -> Dict[str, Any]:
+        from tqdm import tqdm
+        from .dqn import learn_step
+        cfg = self.cfg
+        learn = cfg.policy.learn
+        self._t0 = time.monotonic()
+        self._refresh_env_step()
+        self.publish()
+        bar = tqdm(total=cfg.env.max_env_step, initial=min(self.env_step, cfg.env.max_env_step), unit='step',
+                   dynamic_ncols=True, disable=not self.progress, desc=cfg.exp_name, mininterval=0.5)
+        last_poll = 0.0
+        while self.env_step < cfg.env.max_env_step:
+            now = time.monotonic()
+            if now - last_poll > 0.1:  # one stats() round trip: how many transitions the actors stored
+                self._refresh_env_step()
+                last_poll = now
+                bar.update(min(self.env_step, cfg.env.max_env_step) - bar.n)
+            allowed = learn.updates_per_step * max(self.env_step - learn.warmup_steps, 0)
+            if self.env_step < learn.warmup_steps or self.train_iter >= allowed:
+                time.sleep(0.01)  # wait for the actors: warm-up, or the replay ratio reached
+                continue
+            batch = self.buffer.sample(learn.batch_size, cur_learner_iter=self.train_iter,
+                                       timeout=cfg.apex.sample_timeout)
+            loss, td = learn_step(self.net, self.target, self.optim, batch, learn, self.device)
+            self.buffer.update({'replay_unique_id': batch['replay_unique_id'],
+                                'replay_buffer_idx': batch['replay_buffer_idx'], 'priority': td.abs()})
+            self.train_iter += 1
+            if self.train_iter % learn.target_update_freq == 0:
+                self.target.load_state_dict(self.net.state_dict())
+            if self.train_iter % cfg.apex.publish_freq == 0:
+                self.publish()
+            if self.train_iter % 100 == 0:
+                self.last_loss = float(loss)
+                self.tb.add_scalar('train/loss', self.last_loss, self.env_step)
+                self.tb.add_scalar('train/td_error_abs_mean', float(td.abs().mean()), self.env_step)
+                bar.set_postfix(eval=f"{self.evals[-1]['return_mean']:.0f}" if self.evals else '-',
+                                loss=f"{self.last_loss:.3f}", it=self.train_iter, refresh=False)
+            if self.train_iter % cfg.apex.buffer_log_freq == 0:
+                self.log_buffer()
+            if self.env_step >= self.next_eval:
+                self.evaluate()
+                self.next_eval = (self.env_step // cfg.env.eval_freq + 1) * cfg.env.eval_freq
+            if self.next_ckpt and self.env_step >= self.next_ckpt:
+                self.checkpoint()
+                self.next_ckpt = (self.env_step // cfg.checkpoint.freq + 1) * cfg.checkpoint.freq
+        self.publish(stop=True)
+        bar.update(min(self.env_step, cfg.env.max_env_step) - bar.n)
+        bar.close()
+        if not self.evals or self.evals[-1]['env_step'] != self.env_step:
+            self.evaluate()
+        self.log_buffer()
+        self.checkpoint()
+        return self.finish()
+
+    def finish(self) -> Dict[str, Any]:
+        from ..persistence import atomic_json
+        from .plot import plot_runs
+        best = max(self.evals, key=lambda r: r['return_mean']) if self.evals else None
+        stats = self.buffer.stats()
+        summary = {
+            'exp_name': self.cfg.exp_name, 'seed': self.cfg.seed, 'run_dir': self.run_dir, 'job': 'apex',
+            'backend': self.cfg.policy.other.replay_buffer.distributed.backend,
+            'buffer_type': 'advanced', 'env_steps': self.env_step, 'train_iters': self.train_iter,
+            'weight_versions': self.version,
+            'best_eval_return': best['return_mean'] if best else None,
+            'best_eval_step': best['env_step'] if best else None,
+            'final_eval_return': self.evals[-1]['return_mean'] if self.evals else None,
+            'solved_step': self.solved_step, 'stop_value': self.cfg.env.stop_value,
+            'wall_time_s': round(self.wall_time(), 1), 'resumed_from': self.resumed_from,
+            'buffer': {k: stats[k] for k in ('count', 'push_items', 'sample_calls', 'updated', 'stale_updates',
+                                             'max_priority', 'beta') if k in stats},
+        }
+        atomic_json(summary, os.path.join(self.run_dir, 'summary.json'))
+        plot_runs([self.run_dir], os.path.join(self.run_dir, 'learning_curve.png'), title=self.cfg.exp_name)
+        self.tb.flush()
+        self.tb.close()
+        return summary
+
+    # ------------------------------------------------------------------ persistence
+    def checkpoint(self) -> str:
+        from .checkpoint import save_checkpoint
+        state = {
+            'net': self.net.state_dict(), 'target': self.target.state_dict(), 'optim': self.optim.state_dict(),
+            'counters': {'env_step': self.env_step, 'train_iter': self.train_iter, 'version': self.version,
+                         'solved_step': -1 if self.solved_step is None else self.solved_step,
+                         'wall_time': self.wall_time()},
+            'evals': [dict(r) for r in self.evals],
+            'rng': {'torch': torch.get_rng_state()},
+        }
+        root = os.path.realpath(self.run_dir)
+        return save_checkpoint(self.ckpt_dir, self.env_step, state,
+                               lambda path: self.buffer.save_data(os.path.relpath(os.path.realpath(path), root)),
+                               self.cfg.checkpoint.keep)
+
+    def _load(self, path: str) -> Dict[str, Any]:
+        state = torch.load(os.path.join(path, 'trainer.pt'), weights_only=True)
+        root = os.path.realpath(self.run_dir)
+        self.buffer.load_data(os.path.relpath(os.path.realpath(os.path.join(path, 'buffer.pt')), root))
+        self.net.load_state_dict(state['net'])
+        self.target.load_state_dict(state['target'])
+        self.optim.load_state_dict(state['optim'])
+        c = state['counters']
+        self.env_base, self.train_iter, self.version = int(c['env_step']), int(c['train_iter']), int(c['version'])
+        self.env_step = self.env_base
+        self.solved_step = None if c['solved_step'] < 0 else int(c['solved_step'])
+        self.wall_offset = float(c['wall_time'])
+        self.evals = [dict(r) for r in state['evals']]
+        torch.set_rng_state(state['rng']['torch'])
+        self.next_eval = (self.env_step // self.cfg.env.eval_freq + 1) * self.cfg.env.eval_freq
+        if self.cfg.checkpoint.freq:
+            self.next_ckpt = (self.env_step // self.cfg.checkpoint.freq + 1) * self.cfg.checkpoint.freq
+        from .evals import write_eval_csv
+        write_eval_csv(self.run_dir, self.evals)
+        return state
+
+
+# ---------------------------------------------------------------------------------------------- one process
+def _role_main(cfg: EasyDict, run_dir: str, role: str, index: int, n_actors: int, resume: bool, progress: bool,
+               buffer: Any = None) -> Dict[str, Any]:
+    """Run ``role`` ('learner' / 'actor') with ``buffer`` (a RemoteBuffer; built here when None, e.g. in a Ray
+    task). Closes the buffer; raises ``ManagerUnavailableError`` when the manager is gone."""
+    torch.set_num_threads(1)
+    if buffer is None:
+        buffer = create_buffer(_buffer_cfg(cfg, run_dir, n_actors + 1))
+    try:
+        if role == 'learner':
+            out = Learner(cfg, buffer, run_dir, resume, progress).run()
+        else:
+            out = Actor(cfg, buffer, index, n_actors).run()
+    except BaseException:
+        try:
+            buffer.close(timeout=5.0)
+        except Exception:
+            pass
+        raise
+    buffer.close()
+    return out
+
+
+def _rank_world(backend: str):
+    if backend == 'torch':
+        if 'RANK' not in os.environ or 'WORLD_SIZE' not in os.environ:
+            return None
+        return int(os.environ['RANK']), int(os.environ['WORLD_SIZE'])
+    if 'OMPI_COMM_WORLD_RANK' in os.environ or 'PMI_RANK' in os.environ or 'PMIX_RANK' in os.environ:
+        from mpi4py import MPI
+        return MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size()
+    return None
+
+
+def _run_rank(cfg: EasyDict, run_dir: str, rank: int, world: int, args: argparse.Namespace) -> int:
+    """This process is one rank of a torch / MPI job: serve, learn or act."""
+    dist = cfg.policy.other.replay_buffer.distributed
+    if world < 3:
+        raise ValueError(f"the Ape-X job needs at least 3 ranks (a manager, a learner, an actor), this job has {world}")
+    manager = dist.get('manager_rank', -1)
+    manager = manager if manager >= 0 else world - 1
+    others = [r for r in range(world) if r != manager]
+    bcfg = _buffer_cfg(cfg, run_dir, len(others))
+    os.makedirs(run_dir, exist_ok=True)  # the manager's file_root; every rank checks it exists
+    if rank == manager:
+        # no TensorBoard writer here: as in DI-engine only rank 0 writes one; the learner records the buffer's
+        # stats() (counters, priority / use / staleness of the sampled window, the manager's counters)
+        summary = create_buffer(bcfg, exp_name=cfg.exp_name, instance_name='buffer').run()
+        lost = summary.get('lost') if isinstance(summary, dict) else None
+        print(f"[manager rank {rank}] served until every worker left" + (f"; lost: {lost}" if lost else ''),
+              flush=True)
+        return 0
+    learner = others[0]
+    role = 'learner' if rank == learner else 'actor'
+    buffer = create_buffer(bcfg)
+    try:
+        out = _role_main(cfg, run_dir, role, others.index(rank) - 1, len(others) - 1, args.resume is not None,
+                         progress=not args.no_progress and role == 'learner', buffer=buffer)
+    except ManagerUnavailableError as e:
+        print(f"ding-buffer: error: {role} rank {rank}: {e}", file=sys.stderr, flush=True)
+        return EXIT_MANAGER_GONE
+    if role == 'learner':
+        _print_summary(out)
+    return 0
+
+
+def _print_summary(s: Dict[str, Any]) -> None:
+    solved = f"reached {s['stop_value']:g} at env step {s['solved_step']}" if s['solved_step'] is not None \
+        else f"did not reach {s['stop_value']:g}"
+    print(f"\n== {s['exp_name']} (Ape-X, {s['backend']} backend, seed {s['seed']}) ==\n"
+          f"  transitions stored {s['env_steps']}, gradient steps {s['train_iters']}, weight versions "
+          f"{s['weight_versions']}, wall time {s['wall_time_s']:.0f} s\n"
+          f"  eval return: best {s['best_eval_return']:.1f} (step {s['best_eval_step']}), final "
+          f"{s['final_eval_return']:.1f}; {solved}\n"
+          f"  run dir: {s['run_dir']} (TensorBoard: tensorboard --logdir {os.path.join(s['run_dir'], 'log')})",
+          flush=True)
+
+
+# ---------------------------------------------------------------------------------------------- launching
+def _child_argv(args: argparse.Namespace) -> List[str]:
+    """The command line of a rank this process starts: the same job, without ``--nproc``."""
+    argv = [sys.executable, '-m', 'ding_buffer', 'train', os.path.abspath(args.config), '--threads', '1']
+    for flag, value in (('--seed', args.seed), ('--env-steps', args.env_steps), ('--device', args.device)):
+        if value is not None:
+            argv += [flag, str(value)]
+    if args.resume is not None:
+        argv += ['--resume', os.path.abspath(args.resume)]
+    if args.no_progress:
+        argv.append('--no-progress')
+    return argv
+
+
+def _launch_torch(args: argparse.Namespace, nproc: int) -> int:
+    import socket
+    with socket.socket() as s:
+        s.bind(('127.0.0.1', 0))
+        port = s.getsockname()[1]
+    procs = []
+    for r in range(nproc):  # plain env:// ranks (not torchrun): a rank that dies must not take the others down
+        env = dict(os.environ, RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE=str(nproc), LOCAL_WORLD_SIZE=str(nproc),
+                   MASTER_ADDR='127.0.0.1', MASTER_PORT=str(port), OMP_NUM_THREADS='1', **{LAUNCHED: '1'})
+        procs.append(subprocess.Popen(_child_argv(args), env=env))
+    return _wait_all(procs, learner=0)
+
+
+def _launch_mpi(args: argparse.Namespace, nproc: int) -> int:
+    import shutil
+    if shutil.which('mpirun') is None:
+        raise ValueError("distributed.backend='mpi' needs mpirun (Open MPI) on PATH")
+    cmd = ['mpirun', '--oversubscribe', '--enable-recovery', '-n', str(nproc)]
+    if hasattr(os, 'geteuid') and os.geteuid() == 0:
+        cmd.insert(1, '--allow-run-as-root')
+    env = dict(os.environ, OMP_NUM_THREADS='1', **{LAUNCHED: '1'})
+    return _wait_all([subprocess.Popen(cmd + _child_argv(args), env=env)], learner=0)
+
+
+def _wait_all(procs: List[subprocess.Popen], learner: int) -> int:
+    """Wait for the ranks; Ctrl-C stops them all. The job's status is the learner's (or the launcher's)."""
+    try:
+        codes = [p.wait() for p in procs]
+    except KeyboardInterrupt:
+        for p in procs:
+            p.send_signal(signal.SIGINT)
+        for p in procs:
+            try:
+                p.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+        return 130
+    return codes[learner]
+
+
+def _run_ray(cfg: EasyDict, run_dir: str, args: argparse.Namespace, nproc: Optional[int]) -> int:
+    """The Ray driver: start (or join) Ray, run the learner and the actors as tasks; the manager is the named actor
+    the first of them creates."""
+    import ray
+    dist = cfg.policy.other.replay_buffer.distributed
+    if nproc is None:
+        raise ValueError("distributed.backend='ray': give --nproc N (the manager actor, the learner and N - 2 actors)")
+    if nproc < 3:
+        raise ValueError(f"--nproc {nproc}: the Ape-X job needs at least 3 (a manager, a learner, an actor)")
+    n_actors = nproc - 2
+    if not ray.is_initialized():
+        address = dist.get('address') or os.environ.get('RAY_ADDRESS')
+        if address:
+            ray.init(address=address, namespace=dist.get('namespace'), log_to_driver=True)
+        else:
+            ray.init(num_cpus=nproc, include_dashboard=False, namespace=dist.get('namespace'),
+                     configure_logging=False)
+    os.makedirs(run_dir, exist_ok=True)
+    # The driver creates the manager actor and holds it for the whole run: a non-detached actor dies with the
+    # last reference of its owner, which must not be a task that may end first.
+    from ..distributed import _plain, build_distributed_config
+    from ..distributed.ray_backend import get_or_create_actor
+    bcfg = _buffer_cfg(cfg, run_dir, n_actors + 1)
+    manager = get_or_create_actor(_plain(bcfg), build_distributed_config(bcfg.distributed))  # noqa: F841
+    task = ray.remote(num_cpus=1, max_retries=0)(_role_main)
+    progress = not args.no_progress
+    learner = task.remote(cfg, run_dir, 'learner', 0, n_actors, args.resume is not None, progress)
+    actors = [task.remote(cfg, run_dir, 'actor', i, n_actors, False, False) for i in range(n_actors)]
+    try:
+        summary = ray.get(learner)
+    except ray.exceptions.RayTaskError as e:
+        cause = e.cause if isinstance(getattr(e, 'cause', None), BaseException) else e
+        if isinstance(cause, ManagerUnavailableError):
+            print(f"ding-buffer: error: learner: {cause}", file=sys.stderr, flush=True)
+            return EXIT_MANAGER_GONE
+        raise
+    for ref in actors:  # an actor that died is reported, not fatal: the learner finished the run
+        try:
+            ray.get(ref, timeout=max(dist.get('timeout', 60.0), 30.0))
+        except Exception as e:
+            print(f"[ray] an actor ended with {type(e).__name__}: {str(e).splitlines()[0][:200]}", flush=True)
+    _print_summary(summary)
+    return 0
+
+
+def run(user: Dict[str, Any], args: argparse.Namespace) -> int:
+    """``ding-buffer train`` for ``job='apex'``."""
+    if args.iterations is not None:
+        raise ValueError(f"{args.config}: --iterations is for GFlowNet jobs; the Ape-X job runs env.max_env_step "
+                         f"transitions (--env-steps)")
+    if args.seed is not None:
+        user['seed'] = args.seed
+    if args.env_steps is not None:
+        user['env'] = dict(user.get('env') or {}, max_env_step=args.env_steps)
+    if args.device is not None:
+        user['policy'] = dict(user.get('policy') or {}, device=args.device)
+    cfg = build_apex_config(user, args.config)
+    run_dir = os.path.abspath(args.resume or run_dir_of(cfg))  # absolute: Ray tasks may run elsewhere
+    backend = cfg.policy.other.replay_buffer.distributed.backend
+    launched = os.environ.get(LAUNCHED) == '1'
+    if args.resume is None and not launched:
+        check_run_dir(run_dir, cfg.log_dir)
+        from .checkpoint import complete_checkpoints
+        if complete_checkpoints(os.path.join(run_dir, 'checkpoints')):
+            raise ValueError(f"run directory '{run_dir}' already holds checkpoints: continue it with --resume "
+                             f"{run_dir}, or pick another exp_name / seed / log_dir")
+    if args.resume is not None and not os.path.isdir(args.resume):
+        raise ValueError(f"--resume {args.resume}: not a run directory")
+    if backend == 'ray':
+        return _run_ray(cfg, run_dir, args, args.nproc)
+    rank_world = _rank_world(backend)
+    if rank_world is not None:
+        if args.nproc is not None and not launched:
+            raise ValueError(f"--nproc {args.nproc} inside a {'torchrun' if backend == 'torch' else 'mpirun'} job: "
+                             f"the launcher already started the ranks; drop --nproc")
+        return _run_rank(cfg, run_dir, *rank_world, args)
+    if args.nproc is None:
+        launcher = 'torchrun --nproc_per_node N -m ding_buffer train ...' if backend == 'torch' else \
+            'mpirun -n N python -m ding_buffer train ...'
+        raise ValueError(f"{args.config}: the Ape-X job runs on several processes: give --nproc N (N >= 3) to start "
+                         f"them here, or launch with {launcher}")
+    if args.nproc < 3:
+        raise ValueError(f"--nproc {args.nproc}: the Ape-X job needs at least 3 (a manager, a learner, an actor)")
+    os.makedirs(run_dir, exist_ok=True)
+    return (_launch_torch if backend == 'torch' else _launch_mpi)(args, args.nproc)
+
+
+__all__ = ['run', 'build_apex_config', 'epsilon_ladder', 'Actor', 'Learner']

@@ -1,0 +1,207 @@
+"""`ding-buffer train config/cartpole_apex.py`: Ape-X DQN over the distributed manager, with real processes.
+
+Each launch here is the real command line (``python -m ding_buffer train ... --nproc N``) starting real ranks
+(plain env:// ranks for torch, ``mpirun`` for MPI, a local Ray cluster for Ray), bounded by timeouts; the shipped
+config is loaded and only budgets, the log directory and timeouts are overridden. What is checked: the run
+learns something (a greedy evaluation return far above a random policy's ~22), TensorBoard has the learner's
+and the buffer's tags, the artefacts exist, a killed actor does not stop the run, a killed manager ends every
+rank with a clear error, ``--resume`` continues the counters, and config errors exit 2 naming the key.
+"""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from dist_helpers import need_mpi
+from test_train import ENV, assert_user_error, cli, cli_cmd, read_csv, write_config
+
+REPO = Path(__file__).resolve().parents[1]
+APEX_CONFIG = REPO / 'config' / 'cartpole_apex.py'
+LEARNED_RETURN = 100.0  # greedy CartPole return a random policy does not reach (see test_train)
+SHORT = dict(env=dict(max_env_step=6000, eval_freq=1500, eval_episodes=5), checkpoint=dict(freq=3000, keep=2),
+             policy=dict(learn=dict(warmup_steps=500, updates_per_step=1.0)))
+
+
+def _config(root: Path, backend: str, name: str, **dist) -> Path:
+    d = dict(dict(backend=backend, timeout=20.0, heartbeat_seconds=1.0, peer_timeout=6.0), **dist)
+    policy = dict(SHORT['policy'], other=dict(replay_buffer=dict(distributed=d)))
+    return write_config(root / name, APEX_CONFIG, log_dir=str(root / 'runs'), env=SHORT['env'],
+                        checkpoint=SHORT['checkpoint'], policy=policy)
+
+
+def start(cfg: Path, root: Path, *extra) -> subprocess.Popen:
+    return subprocess.Popen(cli_cmd('train', cfg, '--no-progress', *extra), cwd=root, env=ENV,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+
+
+def finish(p: subprocess.Popen, timeout: float = 240):
+    try:
+        out, err = p.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)
+        out, err = p.communicate()
+        pytest.fail(f'run did not finish within {timeout}s\n{out[-3000:]}\n{err[-3000:]}')
+    return p.returncode, out, err
+
+
+def ranks_of(p: subprocess.Popen, deadline: float = 60.0) -> dict:
+    """{RANK: pid} of the env:// ranks the torch launcher started (read from /proc)."""
+    end = time.monotonic() + deadline
+    while time.monotonic() < end:
+        found = {}
+        try:
+            children = Path(f'/proc/{p.pid}/task/{p.pid}/children').read_text().split()
+        except OSError:
+            children = []
+        for pid in children:
+            try:
+                env = Path(f'/proc/{pid}/environ').read_bytes().split(b'\0')
+            except OSError:
+                continue
+            for kv in env:
+                if kv.startswith(b'RANK='):
+                    found[int(kv[5:])] = int(pid)
+        if len(found) >= 4:
+            return found
+        time.sleep(0.2)
+    raise AssertionError(f'ranks of {p.pid} not found')
+
+
+def tb_tags(log_dir: Path) -> set:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    tags = set()
+    for root, _, files in os.walk(log_dir):
+        if any(f.startswith('events.') for f in files):
+            acc = EventAccumulator(root)
+            acc.Reload()
+            tags |= set(acc.Tags()['scalars'])
+    return tags
+
+
+def wait_for(path: Path, timeout: float) -> None:
+    end = time.monotonic() + timeout
+    while not path.exists():
+        if time.monotonic() > end:
+            raise AssertionError(f'{path} did not appear within {timeout}s')
+        time.sleep(0.2)
+
+
+def check_learned(run_dir: Path, backend: str, min_steps: int = 6000) -> dict:
+    summary = json.loads((run_dir / 'summary.json').read_text())
+    assert summary['backend'] == backend and summary['job'] == 'apex'
+    assert summary['env_steps'] >= min_steps and summary['train_iters'] > 1000 and summary['weight_versions'] > 10
+    assert summary['buffer']['updated'] > 0 and summary['buffer']['push_items'] >= min_steps
+    assert summary['best_eval_return'] > LEARNED_RETURN, summary
+    rows = read_csv(run_dir / 'eval.csv')
+    assert len(rows) >= 4 and [int(r['env_step']) for r in rows] == sorted(int(r['env_step']) for r in rows)
+    assert (run_dir / 'learning_curve.png').read_bytes()[:8] == b'\x89PNG\r\n\x1a\n'
+    assert any((run_dir / 'checkpoints').glob('step_*/COMPLETE'))
+    return summary
+
+
+# ---------------------------------------------------------------------------------------------------- torch
+def test_torch_run_learns_survives_a_killed_actor_and_logs(tmp_path):
+    """4 ranks (manager, learner, 2 actors); one actor is SIGKILLed once the learner has published weights: the
+    run still finishes its budget, learns, and TensorBoard holds the learner's and the buffer's tags."""
+    p = start(_config(tmp_path, 'torch', 'apex.py'), tmp_path, '--nproc', '4')
+    ranks = ranks_of(p)
+    wait_for(tmp_path / 'runs' / 'cartpole_apex_seed0' / 'eval.csv', 120)  # the learner is learning
+    os.kill(ranks[1], signal.SIGKILL)  # actor 0
+    rc, out, err = finish(p)
+    assert rc == 0, out[-3000:] + err[-3000:]
+    assert 'lost' in out, out[-2000:]  # the manager counted the killed actor as lost
+    run_dir = tmp_path / 'runs' / 'cartpole_apex_seed0'
+    check_learned(run_dir, 'torch')
+    tags = tb_tags(run_dir / 'log')
+    for tag in ('train/loss', 'eval/return_mean', 'buffer/push_items', 'buffer/updated', 'buffer/sample_calls',
+                'buffer/priority_avg', 'buffer/use_avg', 'buffer/staleness_avg', 'buffer/manager/pushed_items'):
+        assert tag in tags, sorted(tags)
+
+
+def test_killed_manager_ends_every_rank_with_a_clear_error(tmp_path):
+    p = start(_config(tmp_path, 'torch', 'apex.py', timeout=5.0), tmp_path, '--nproc', '4')
+    ranks = ranks_of(p)
+    wait_for(tmp_path / 'runs' / 'cartpole_apex_seed0' / 'eval.csv', 120)
+    t0 = time.monotonic()
+    os.kill(ranks[3], signal.SIGKILL)  # the manager (last rank)
+    rc, out, err = finish(p, timeout=90)
+    assert rc == 3, out[-2000:] + err[-3000:]
+    assert 'ManagerUnavailable' in err or 'manager' in err.lower(), err[-3000:]
+    assert 'learner rank 0' in err, err[-3000:]
+    assert time.monotonic() - t0 < 60
+    for pid in ranks.values():  # no rank left behind
+        assert not Path(f'/proc/{pid}').exists() or 'zombie' in Path(f'/proc/{pid}/status').read_text().lower()
+
+
+def test_resume_continues_counters_and_buffer(tmp_path):
+    cfg = _config(tmp_path, 'torch', 'apex.py')
+    rc, out, err = finish(start(cfg, tmp_path, '--nproc', '3', '--env-steps', '3000'))
+    assert rc == 0, err[-3000:]
+    run_dir = tmp_path / 'runs' / 'cartpole_apex_seed0'
+    first = json.loads((run_dir / 'summary.json').read_text())
+    rc, out, err = finish(start(cfg, tmp_path, '--nproc', '3', '--env-steps', '4500', '--resume', run_dir))
+    assert rc == 0, err[-3000:]
+    second = json.loads((run_dir / 'summary.json').read_text())
+    assert second['resumed_from'] and second['train_iters'] > first['train_iters']
+    assert second['env_steps'] >= 4500 and second['weight_versions'] > first['weight_versions']
+    # the buffer came back: the manager holds the first run's items plus the new ones (capacity 50k)
+    assert second['buffer']['count'] >= first['buffer']['count'] + 1000
+    evals = read_csv(run_dir / 'eval.csv')
+    assert [int(r['env_step']) for r in evals][:len(evals)] == sorted(int(r['env_step']) for r in evals)
+
+
+# ---------------------------------------------------------------------------------------------------- mpi / ray
+def test_mpi_run_learns(tmp_path):
+    need_mpi()
+    rc, out, err = finish(start(_config(tmp_path, 'mpi', 'apex.py'), tmp_path, '--nproc', '3'))
+    assert rc == 0, out[-3000:] + err[-3000:]
+    check_learned(tmp_path / 'runs' / 'cartpole_apex_seed0', 'mpi')
+
+
+def test_ray_run_learns(tmp_path):
+    pytest.importorskip('ray')
+    cfg = _config(tmp_path, 'ray', 'apex.py', namespace=f'apex_test_{os.getpid()}', startup_timeout=120.0)
+    rc, out, err = finish(start(cfg, tmp_path, '--nproc', '3'))
+    assert rc == 0, out[-3000:] + err[-3000:]
+    check_learned(tmp_path / 'runs' / 'cartpole_apex_seed0', 'ray')
+
+
+# ---------------------------------------------------------------------------------------------------- errors
+@pytest.mark.parametrize('overrides,needles', [
+    (dict(apex=dict(eps_base=2.0)), ["apex.eps_base", "2.0"]),
+    (dict(apex=dict(push_batchh=5)), ["apex.push_batchh", "push_batch"]),
+    (dict(policy=dict(other=dict(replay_buffer=dict(type='naive')))), ["policy.other.replay_buffer.type", "'naive'"]),
+    (dict(policy=dict(other=dict(replay_buffer=dict(distributed=dict(backend=None))))),
+     ["distributed.backend", "None", "'torch'"]),
+    (dict(policy=dict(other=dict(replay_buffer=dict(alpha=-1)))), ["alpha"]),
+])
+def test_config_errors_exit_2_naming_the_key(tmp_path, overrides, needles):
+    cfg = write_config(tmp_path / 'bad.py', APEX_CONFIG, log_dir=str(tmp_path / 'runs'), **overrides)
+    r = cli('train', cfg, '--nproc', '3', cwd=tmp_path)
+    assert_user_error(r.returncode, r.stderr, *needles)
+    assert not (tmp_path / 'runs').exists()
+
+
+def test_without_nproc_or_a_launcher_it_says_how_to_launch(tmp_path):
+    cfg = write_config(tmp_path / 'a.py', APEX_CONFIG, log_dir=str(tmp_path / 'runs'))
+    r = cli('train', cfg, cwd=tmp_path)
+    assert_user_error(r.returncode, r.stderr, '--nproc', 'torchrun')
+    r = cli('train', cfg, '--nproc', '2', cwd=tmp_path)
+    assert_user_error(r.returncode, r.stderr, 'at least 3')
+
+
+def test_epsilon_ladder():
+    from ding_buffer.train.apex import epsilon_ladder
+    eps = [epsilon_ladder(i, 4, 0.4, 7.0) for i in range(4)]
+    assert eps[0] == pytest.approx(0.4) and eps[-1] == pytest.approx(0.4 ** 8)
+    assert eps == sorted(eps, reverse=True)
+    assert epsilon_ladder(0, 1, 0.4, 7.0) == pytest.approx(0.4)
+
+
+if __name__ == '__main__':
+    sys.exit(pytest.main([__file__, '-v']))
