@@ -242,7 +242,7 @@ def test_bad_config_exits_2_naming_the_key(tmp_path, capsys, override, needles, 
 
 
 @pytest.mark.parametrize('args,needle', [
-    (('--nproc', 2), 'distributed variant'),
+    (('--nproc', 2), 'distributed.backend'),
     (('--env-steps', 100), '--iterations'),
 ])
 def test_unsupported_arguments_exit_2(tmp_path, capsys, args, needle):

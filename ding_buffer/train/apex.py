@@ -30,8 +30,6 @@ the latest complete checkpoint on the learner and the buffer on the manager.
 import argparse
 import copy
 import os
-import signal
-import subprocess
 import sys
 import time
 from typing import Any, Dict, List, Optional
@@ -44,10 +42,10 @@ from ..base import create_buffer
 from ..config import build_config, positive_int
 from ..errors import ManagerUnavailableError
 from .config import BUFFER_SECTION, TRAIN_CHECKS, TRAIN_DEFAULTS, check_run_dir, run_dir_of
+from .launch import LAUNCHED, launch_mpi, launch_torch, rank_world, ray_init
 
 BACKENDS = ('torch', 'mpi', 'ray')
 EXIT_MANAGER_GONE = 3
-LAUNCHED = 'DING_BUFFER_APEX_LAUNCHED'  # set in the ranks this module starts itself
 
 APEX_DEFAULTS = copy.deepcopy(TRAIN_DEFAULTS)
 APEX_DEFAULTS.update(exp_name='cartpole_apex')
@@ -494,17 +492,6 @@ def _role_main(cfg: EasyDict, run_dir: str, role: str, index: int, n_actors: int
     return out
 
 
-def _rank_world(backend: str):
-    if backend == 'torch':
-        if 'RANK' not in os.environ or 'WORLD_SIZE' not in os.environ:
-            return None
-        return int(os.environ['RANK']), int(os.environ['WORLD_SIZE'])
-    if 'OMPI_COMM_WORLD_RANK' in os.environ or 'PMI_RANK' in os.environ or 'PMIX_RANK' in os.environ:
-        from mpi4py import MPI
-        return MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size()
-    return None
-
-
 def _run_rank(cfg: EasyDict, run_dir: str, rank: int, world: int, args: argparse.Namespace) -> int:
     """This process is one rank of a torch / MPI job: serve, learn or act."""
     dist = cfg.policy.other.replay_buffer.distributed
@@ -549,60 +536,6 @@ def _print_summary(s: Dict[str, Any]) -> None:
           flush=True)
 
 
-# ---------------------------------------------------------------------------------------------- launching
-def _child_argv(args: argparse.Namespace) -> List[str]:
-    """The command line of a rank this process starts: the same job, without ``--nproc``."""
-    argv = [sys.executable, '-m', 'ding_buffer', 'train', os.path.abspath(args.config), '--threads', '1']
-    for flag, value in (('--seed', args.seed), ('--env-steps', args.env_steps), ('--device', args.device)):
-        if value is not None:
-            argv += [flag, str(value)]
-    if args.resume is not None:
-        argv += ['--resume', os.path.abspath(args.resume)]
-    if args.no_progress:
-        argv.append('--no-progress')
-    return argv
-
-
-def _launch_torch(args: argparse.Namespace, nproc: int) -> int:
-    import socket
-    with socket.socket() as s:
-        s.bind(('127.0.0.1', 0))
-        port = s.getsockname()[1]
-    procs = []
-    for r in range(nproc):  # plain env:// ranks (not torchrun): a rank that dies must not take the others down
-        env = dict(os.environ, RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE=str(nproc), LOCAL_WORLD_SIZE=str(nproc),
-                   MASTER_ADDR='127.0.0.1', MASTER_PORT=str(port), OMP_NUM_THREADS='1', **{LAUNCHED: '1'})
-        procs.append(subprocess.Popen(_child_argv(args), env=env))
-    return _wait_all(procs, learner=0)
-
-
-def _launch_mpi(args: argparse.Namespace, nproc: int) -> int:
-    import shutil
-    if shutil.which('mpirun') is None:
-        raise ValueError("distributed.backend='mpi' needs mpirun (Open MPI) on PATH")
-    cmd = ['mpirun', '--oversubscribe', '--enable-recovery', '-n', str(nproc)]
-    if hasattr(os, 'geteuid') and os.geteuid() == 0:
-        cmd.insert(1, '--allow-run-as-root')
-    env = dict(os.environ, OMP_NUM_THREADS='1', **{LAUNCHED: '1'})
-    return _wait_all([subprocess.Popen(cmd + _child_argv(args), env=env)], learner=0)
-
-
-def _wait_all(procs: List[subprocess.Popen], learner: int) -> int:
-    """Wait for the ranks; Ctrl-C stops them all. The job's status is the learner's (or the launcher's)."""
-    try:
-        codes = [p.wait() for p in procs]
-    except KeyboardInterrupt:
-        for p in procs:
-            p.send_signal(signal.SIGINT)
-        for p in procs:
-            try:
-                p.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                p.kill()
-        return 130
-    return codes[learner]
-
-
 def _run_ray(cfg: EasyDict, run_dir: str, args: argparse.Namespace, nproc: Optional[int]) -> int:
     """The Ray driver: start (or join) Ray, run the learner and the actors as tasks; the manager is the named actor
     the first of them creates."""
@@ -613,13 +546,7 @@ def _run_ray(cfg: EasyDict, run_dir: str, args: argparse.Namespace, nproc: Optio
     if nproc < 3:
         raise ValueError(f"--nproc {nproc}: the Ape-X job needs at least 3 (a manager, a learner, an actor)")
     n_actors = nproc - 2
-    if not ray.is_initialized():
-        address = dist.get('address') or os.environ.get('RAY_ADDRESS')
-        if address:
-            ray.init(address=address, namespace=dist.get('namespace'), log_to_driver=True)
-        else:
-            ray.init(num_cpus=nproc, include_dashboard=False, namespace=dist.get('namespace'),
-                     configure_logging=False)
+    ray_init(dist, nproc)
     os.makedirs(run_dir, exist_ok=True)
     # The driver creates the manager actor and holds it for the whole run: a non-detached actor dies with the
     # last reference of its owner, which must not be a task that may end first.
@@ -673,12 +600,12 @@ def run(user: Dict[str, Any], args: argparse.Namespace) -> int:
         raise ValueError(f"--resume {args.resume}: not a run directory")
     if backend == 'ray':
         return _run_ray(cfg, run_dir, args, args.nproc)
-    rank_world = _rank_world(backend)
-    if rank_world is not None:
+    where = rank_world(backend)
+    if where is not None:
         if args.nproc is not None and not launched:
             raise ValueError(f"--nproc {args.nproc} inside a {'torchrun' if backend == 'torch' else 'mpirun'} job: "
                              f"the launcher already started the ranks; drop --nproc")
-        return _run_rank(cfg, run_dir, *rank_world, args)
+        return _run_rank(cfg, run_dir, *where, args)
     if args.nproc is None:
         launcher = 'torchrun --nproc_per_node N -m ding_buffer train ...' if backend == 'torch' else \
             'mpirun -n N python -m ding_buffer train ...'
@@ -687,7 +614,7 @@ def run(user: Dict[str, Any], args: argparse.Namespace) -> int:
     if args.nproc < 3:
         raise ValueError(f"--nproc {args.nproc}: the Ape-X job needs at least 3 (a manager, a learner, an actor)")
     os.makedirs(run_dir, exist_ok=True)
-    return (_launch_torch if backend == 'torch' else _launch_mpi)(args, args.nproc)
+    return (launch_torch if backend == 'torch' else launch_mpi)(args, args.nproc)
 
 
 __all__ = ['run', 'build_apex_config', 'epsilon_ladder', 'Actor', 'Learner']

@@ -36,6 +36,7 @@ from ..config import build_config, optional_positive_int, positive_int
 from ..persistence import atomic_json, atomic_save
 from .checkpoint import complete_checkpoints, load_latest, save_checkpoint
 from .config import BUFFER_SECTION, check_run_dir, run_dir_of
+from .launch import LAUNCHED
 from .run_dir import discard_run_dir, first_missing_dir
 from .hypergrid_metrics import GridTruth, plot_curve, write_eval_csv
 
@@ -90,6 +91,10 @@ HYPERGRID_DEFAULTS = {
     },
     # Save every freq iterations (None: only at the end), atomically, keeping the newest `keep`.
     'checkpoint': {'freq': 500, 'keep': 2},
+    # With a `distributed` part in the buffer section (hypergrid_dist): the learner publishes its policy every
+    # publish_freq iterations, a sampler pushes at most publish_freq batches per published policy and stops when
+    # the learner published nothing for learner_silence seconds.
+    'distributed_job': {'publish_freq': 10, 'learner_silence': 300.0},
 }
 
 _non_negative_int = (lambda x: isinstance(x, int) and not isinstance(x, bool) and x >= 0, 'an int >= 0')
@@ -119,6 +124,8 @@ HYPERGRID_CHECKS = {
     'policy.collect.epsilon': (lambda x: 0 <= x <= 1, 'a number in [0, 1]'),
     'checkpoint.freq': (optional_positive_int, 'None or a positive int'),
     'checkpoint.keep': (positive_int, 'a positive int'),
+    'distributed_job.publish_freq': (positive_int, 'a positive int'),
+    'distributed_job.learner_silence': (lambda x: x > 0, 'a positive number of seconds'),
 }
 
 # torchgfn's buffers, built with the same settings as ours: class name -> (config defaults, value checks).
@@ -177,6 +184,17 @@ def _check_buffer_section(buffer_cfg: Any, cfg: EasyDict) -> EasyDict | None:
     if not name or not isinstance(name, str):
         raise ValueError(f"config key '{BUFFER_SECTION}type' is {name!r}; expected 'gfn', 'gfn_diverse', "
                          f"'{TORCHGFN_PREFIX}<class>' or the whole section None")
+    dist = buffer_cfg.pop('distributed', None)
+    if dist is not None and name.startswith(TORCHGFN_PREFIX):
+        raise ValueError(f"config key '{BUFFER_SECTION}distributed' is set on {name!r}: the distributed job serves one "
+                         "of our buffers ('gfn', 'gfn_diverse') from the manager")
+    if dist is not None:
+        from ..distributed.config import build_distributed_config
+        try:
+            build_distributed_config(dist)
+        except (ValueError, TypeError) as e:
+            raise type(e)(str(e).replace("config key 'distributed.", f"config key '{BUFFER_SECTION}distributed.")) \
+                from e
     if name.startswith(TORCHGFN_PREFIX):
         cls_name = name[len(TORCHGFN_PREFIX):]
         if cls_name not in TORCHGFN_BUFFERS:
@@ -212,6 +230,8 @@ def _check_buffer_section(buffer_cfg: Any, cfg: EasyDict) -> EasyDict | None:
                 f"config key 'policy.learn.{key}' = {learn[key]} is larger than '{BUFFER_SECTION}replay_buffer_size' "
                 f"= {size}: the buffer never holds that many trajectories; expected {key} <= replay_buffer_size"
             )
+    if dist is not None:
+        buffer_cfg['distributed'] = dict(dist)
     return EasyDict(buffer_cfg if not name.startswith(TORCHGFN_PREFIX) else full)
 
 
@@ -531,9 +551,6 @@ class HyperGridTrainer:
 # ---------------------------------------------------------------------------------------------------- entry point
 def run(user: dict, args: argparse.Namespace) -> int:
     """``ding-buffer train`` for ``main_config['job'] = 'hypergrid'``: build, train (or resume), print a summary."""
-    if args.nproc is not None:
-        raise ValueError(f"{args.config}: --nproc {args.nproc}: the distributed variant of the 'hypergrid' job is not "
-                         "built yet; run it without --nproc")
     if args.env_steps is not None:
         raise ValueError(f"{args.config}: --env-steps is for the DQN job; the 'hypergrid' job counts training "
                          "iterations: use --iterations (config key 'policy.learn.iterations')")
@@ -548,6 +565,19 @@ def run(user: dict, args: argparse.Namespace) -> int:
             policy['learn'] = dict(policy.get('learn') or {}, iterations=args.iterations)
         user['policy'] = policy
     cfg = build_hypergrid_config(user, source=args.config)
+    bcfg = cfg.policy.other.replay_buffer
+    if bcfg is not None and (bcfg.get('distributed') or {}).get('backend'):
+        if args.resume is None and os.environ.get(LAUNCHED) != '1':
+            check_run_dir(run_dir_of(cfg), cfg.log_dir)
+            if complete_checkpoints(os.path.join(run_dir_of(cfg), 'checkpoints')):
+                raise ValueError(f"run directory '{run_dir_of(cfg)}' already holds checkpoints: continue it with "
+                                 f"--resume {run_dir_of(cfg)}, or pick another exp_name / seed / log_dir")
+        from .hypergrid_dist import run_distributed
+        return run_distributed(cfg, args)
+    if args.nproc is not None:
+        raise ValueError(f"{args.config}: --nproc {args.nproc} needs a distributed buffer (config key "
+                         f"'{BUFFER_SECTION}distributed.backend': 'torch', 'mpi' or 'ray'); this config trains in "
+                         "one process")
     run_dir = args.resume or run_dir_of(cfg)
     torch.set_num_threads(args.threads)
     try:
