@@ -30,7 +30,6 @@ the latest complete checkpoint on the learner and the buffer on the manager.
 import argparse
 import copy
 import os
-import sys
 import time
 from typing import Any, Dict, List, Optional
 
@@ -41,11 +40,10 @@ from easydict import EasyDict
 from ..base import create_buffer
 from ..config import build_config, positive_int
 from ..errors import ManagerUnavailableError
-from .config import BUFFER_SECTION, TRAIN_CHECKS, TRAIN_DEFAULTS, check_run_dir, run_dir_of
-from .launch import LAUNCHED, launch_mpi, launch_torch, rank_world, ray_init
+from .config import BUFFER_SECTION, TRAIN_CHECKS, TRAIN_DEFAULTS, check_new_run_dir, run_dir_of, split_buffer_section
+from .launch import LAUNCHED, job_buffer_cfg, run_roles
 
 BACKENDS = ('torch', 'mpi', 'ray')
-EXIT_MANAGER_GONE = 3
 
 APEX_DEFAULTS = copy.deepcopy(TRAIN_DEFAULTS)
 APEX_DEFAULTS.update(exp_name='cartpole_apex')
@@ -92,14 +90,7 @@ APEX_CHECKS.update({
 def build_apex_config(user: Dict[str, Any], source: str) -> EasyDict:
     """``user`` merged over ``APEX_DEFAULTS`` and checked; the buffer section must be an ``advanced`` buffer with a
     ``distributed.backend``. Errors name ``source`` and the key."""
-    user = copy.deepcopy(user)
-    policy = dict(user.get('policy') or {})
-    other = dict(policy.get('other') or {})
-    buffer_cfg = other.pop('replay_buffer', None)
-    if 'other' in policy:
-        policy['other'] = other
-    if 'policy' in user:
-        user['policy'] = policy
+    user, buffer_cfg = split_buffer_section(copy.deepcopy(user))
     try:
         cfg = build_config(APEX_DEFAULTS, user, APEX_CHECKS)
     except (ValueError, TypeError) as e:
@@ -139,16 +130,6 @@ def epsilon_ladder(i: int, n: int, base: float, alpha: float) -> float:
 
 
 # ---------------------------------------------------------------------------------------------- roles
-def _buffer_cfg(cfg: EasyDict, run_dir: str, n_workers: int) -> EasyDict:
-    """The buffer section as every rank builds it: the run directory is the manager's ``file_root`` (the learner's
-    checkpoints ask the manager to write the buffer there); with Ray the actor ends once every worker left."""
-    b = copy.deepcopy(cfg.policy.other.replay_buffer)
-    b.distributed.setdefault('file_root', os.path.abspath(run_dir))
-    if b.distributed.backend == 'ray':
-        b.distributed.setdefault('num_workers', n_workers)
-    return b
-
-
 class Actor:
     """One Ape-X actor: acts with its epsilon, pushes prioritized n-step batches, follows the learner's weights."""
 
@@ -334,17 +315,8 @@ class Learner:
         return self.wall_offset + time.monotonic() - self._t0
 
     def evaluate(self) -> None:
-        from .dqn import greedy_returns
-        from .evals import write_eval_csv
-        base = self.cfg.seed * 1_000_003 + 10_000 + len(self.evals) * self.cfg.env.eval_episodes
-        returns = greedy_returns(self.net, self.eval_env, self.cfg.env.eval_episodes, base, self.device)
-        row = {'env_step': self.env_step, 'train_iter': self.train_iter, 'return_mean': float(np.mean(returns)),
-               'return_std': float(np.std(returns)), 'wall_time': self.wall_time()}
-        self.evals.append(row)
-        self.tb.add_scalar('eval/return_mean', row['return_mean'], self.env_step)
-        if self.solved_step is None and row['return_mean'] >= self.cfg.env.stop_value:
-            self.solved_step = self.env_step
-        write_eval_csv(self.run_dir, self.evals)
+        from .dqn import evaluate_greedy
+        evaluate_greedy(self)
 
     def log_buffer(self) -> None:
         stats = self.buffer.stats()
@@ -470,58 +442,26 @@ class Learner:
 
 
 # ---------------------------------------------------------------------------------------------- one process
-def _role_main(cfg: EasyDict, run_dir: str, role: str, index: int, n_actors: int, resume: bool, progress: bool,
-               buffer: Any = None) -> Dict[str, Any]:
-    """Run ``role`` ('learner' / 'actor') with ``buffer`` (a RemoteBuffer; built here when None, e.g. in a Ray
-    task). Closes the buffer; raises ``ManagerUnavailableError`` when the manager is gone."""
+def _role_main(cfg: EasyDict, run_dir: str, role: str, index: int, n_workers: int, resume: bool, progress: bool,
+               remote: Any = None) -> Dict[str, Any]:
+    """Run ``role`` ('learner' / 'actor' ``index`` of ``n_workers - 1``) with ``remote`` (a RemoteBuffer; built
+    here when None, e.g. in a Ray task). Closes it; raises ``ManagerUnavailableError`` when the manager is gone."""
     torch.set_num_threads(1)
-    if buffer is None:
-        buffer = create_buffer(_buffer_cfg(cfg, run_dir, n_actors + 1))
+    if remote is None:
+        remote = create_buffer(job_buffer_cfg(cfg, run_dir, n_workers))
     try:
         if role == 'learner':
-            out = Learner(cfg, buffer, run_dir, resume, progress).run()
+            out = Learner(cfg, remote, run_dir, resume, progress).run()
         else:
-            out = Actor(cfg, buffer, index, n_actors).run()
+            out = Actor(cfg, remote, index, n_workers - 1).run()
     except BaseException:
         try:
-            buffer.close(timeout=5.0)
+            remote.close(timeout=5.0)
         except Exception:
             pass
         raise
-    buffer.close()
+    remote.close()
     return out
-
-
-def _run_rank(cfg: EasyDict, run_dir: str, rank: int, world: int, args: argparse.Namespace) -> int:
-    """This process is one rank of a torch / MPI job: serve, learn or act."""
-    dist = cfg.policy.other.replay_buffer.distributed
-    if world < 3:
-        raise ValueError(f"the Ape-X job needs at least 3 ranks (a manager, a learner, an actor), this job has {world}")
-    manager = dist.get('manager_rank', -1)
-    manager = manager if manager >= 0 else world - 1
-    others = [r for r in range(world) if r != manager]
-    bcfg = _buffer_cfg(cfg, run_dir, len(others))
-    os.makedirs(run_dir, exist_ok=True)  # the manager's file_root; every rank checks it exists
-    if rank == manager:
-        # no TensorBoard writer here: as in DI-engine only rank 0 writes one; the learner records the buffer's
-        # stats() (counters, priority / use / staleness of the sampled window, the manager's counters)
-        summary = create_buffer(bcfg, exp_name=cfg.exp_name, instance_name='buffer').run()
-        lost = summary.get('lost') if isinstance(summary, dict) else None
-        print(f"[manager rank {rank}] served until every worker left" + (f"; lost: {lost}" if lost else ''),
-              flush=True)
-        return 0
-    learner = others[0]
-    role = 'learner' if rank == learner else 'actor'
-    buffer = create_buffer(bcfg)
-    try:
-        out = _role_main(cfg, run_dir, role, others.index(rank) - 1, len(others) - 1, args.resume is not None,
-                         progress=not args.no_progress and role == 'learner', buffer=buffer)
-    except ManagerUnavailableError as e:
-        print(f"ding-buffer: error: {role} rank {rank}: {e}", file=sys.stderr, flush=True)
-        return EXIT_MANAGER_GONE
-    if role == 'learner':
-        _print_summary(out)
-    return 0
 
 
 def _print_summary(s: Dict[str, Any]) -> None:
@@ -534,45 +474,6 @@ def _print_summary(s: Dict[str, Any]) -> None:
           f"{s['final_eval_return']:.1f}; {solved}\n"
           f"  run dir: {s['run_dir']} (TensorBoard: tensorboard --logdir {os.path.join(s['run_dir'], 'log')})",
           flush=True)
-
-
-def _run_ray(cfg: EasyDict, run_dir: str, args: argparse.Namespace, nproc: Optional[int]) -> int:
-    """The Ray driver: start (or join) Ray, run the learner and the actors as tasks; the manager is the named actor
-    the first of them creates."""
-    import ray
-    dist = cfg.policy.other.replay_buffer.distributed
-    if nproc is None:
-        raise ValueError("distributed.backend='ray': give --nproc N (the manager actor, the learner and N - 2 actors)")
-    if nproc < 3:
-        raise ValueError(f"--nproc {nproc}: the Ape-X job needs at least 3 (a manager, a learner, an actor)")
-    n_actors = nproc - 2
-    ray_init(dist, nproc)
-    os.makedirs(run_dir, exist_ok=True)
-    # The driver creates the manager actor and holds it for the whole run: a non-detached actor dies with the
-    # last reference of its owner, which must not be a task that may end first.
-    from ..distributed import _plain, build_distributed_config
-    from ..distributed.ray_backend import get_or_create_actor
-    bcfg = _buffer_cfg(cfg, run_dir, n_actors + 1)
-    manager = get_or_create_actor(_plain(bcfg), build_distributed_config(bcfg.distributed))  # noqa: F841
-    task = ray.remote(num_cpus=1, max_retries=0)(_role_main)
-    progress = not args.no_progress
-    learner = task.remote(cfg, run_dir, 'learner', 0, n_actors, args.resume is not None, progress)
-    actors = [task.remote(cfg, run_dir, 'actor', i, n_actors, False, False) for i in range(n_actors)]
-    try:
-        summary = ray.get(learner)
-    except ray.exceptions.RayTaskError as e:
-        cause = e.cause if isinstance(getattr(e, 'cause', None), BaseException) else e
-        if isinstance(cause, ManagerUnavailableError):
-            print(f"ding-buffer: error: learner: {cause}", file=sys.stderr, flush=True)
-            return EXIT_MANAGER_GONE
-        raise
-    for ref in actors:  # an actor that died is reported, not fatal: the learner finished the run
-        try:
-            ray.get(ref, timeout=max(dist.get('timeout', 60.0), 30.0))
-        except Exception as e:
-            print(f"[ray] an actor ended with {type(e).__name__}: {str(e).splitlines()[0][:200]}", flush=True)
-    _print_summary(summary)
-    return 0
 
 
 def run(user: Dict[str, Any], args: argparse.Namespace) -> int:
@@ -588,33 +489,11 @@ def run(user: Dict[str, Any], args: argparse.Namespace) -> int:
         user['policy'] = dict(user.get('policy') or {}, device=args.device)
     cfg = build_apex_config(user, args.config)
     run_dir = os.path.abspath(args.resume or run_dir_of(cfg))  # absolute: Ray tasks may run elsewhere
-    backend = cfg.policy.other.replay_buffer.distributed.backend
-    launched = os.environ.get(LAUNCHED) == '1'
-    if args.resume is None and not launched:
-        check_run_dir(run_dir, cfg.log_dir)
-        from .checkpoint import complete_checkpoints
-        if complete_checkpoints(os.path.join(run_dir, 'checkpoints')):
-            raise ValueError(f"run directory '{run_dir}' already holds checkpoints: continue it with --resume "
-                             f"{run_dir}, or pick another exp_name / seed / log_dir")
+    if args.resume is None and os.environ.get(LAUNCHED) != '1':  # the launcher checked it for its ranks
+        check_new_run_dir(run_dir, cfg.log_dir)
     if args.resume is not None and not os.path.isdir(args.resume):
         raise ValueError(f"--resume {args.resume}: not a run directory")
-    if backend == 'ray':
-        return _run_ray(cfg, run_dir, args, args.nproc)
-    where = rank_world(backend)
-    if where is not None:
-        if args.nproc is not None and not launched:
-            raise ValueError(f"--nproc {args.nproc} inside a {'torchrun' if backend == 'torch' else 'mpirun'} job: "
-                             f"the launcher already started the ranks; drop --nproc")
-        return _run_rank(cfg, run_dir, *where, args)
-    if args.nproc is None:
-        launcher = 'torchrun --nproc_per_node N -m ding_buffer train ...' if backend == 'torch' else \
-            'mpirun -n N python -m ding_buffer train ...'
-        raise ValueError(f"{args.config}: the Ape-X job runs on several processes: give --nproc N (N >= 3) to start "
-                         f"them here, or launch with {launcher}")
-    if args.nproc < 3:
-        raise ValueError(f"--nproc {args.nproc}: the Ape-X job needs at least 3 (a manager, a learner, an actor)")
-    os.makedirs(run_dir, exist_ok=True)
-    return (launch_torch if backend == 'torch' else launch_mpi)(args, args.nproc)
+    return run_roles(_role_main, cfg, run_dir, args, 'Ape-X', 'actor', _print_summary)
 
 
 __all__ = ['run', 'build_apex_config', 'epsilon_ladder', 'Actor', 'Learner']

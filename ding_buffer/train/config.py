@@ -7,7 +7,7 @@ must fit in the buffer. ``check_run_dir`` checks that the run directory can be m
 """
 import importlib.util
 import os
-from typing import Any, Dict, Mapping, Optional
+from typing import Any, Dict, Mapping, Optional, Tuple
 
 from easydict import EasyDict
 
@@ -119,9 +119,10 @@ def load_config_file(path: str) -> Dict[str, Any]:
 
 def build_train_config(user: Mapping, source: str = '<config>') -> EasyDict:
     """Merge ``user`` over ``TRAIN_DEFAULTS`` with validation; errors name ``source``."""
-    buffer_cfg = dict(((user.get('policy') or {}).get('other') or {}).get('replay_buffer') or {})
+    rest, buffer_cfg = split_buffer_section(user)
+    buffer_cfg = dict(buffer_cfg or {})
     try:
-        cfg = build_config(TRAIN_DEFAULTS, _without_buffer(user), TRAIN_CHECKS)
+        cfg = build_config(TRAIN_DEFAULTS, rest, TRAIN_CHECKS)
     except (ValueError, TypeError) as e:
         raise type(e)(f"{source}: {e}") from e
     if not buffer_cfg.get('type'):
@@ -187,14 +188,25 @@ def check_run_dir(run_dir: str, log_dir: Optional[str]) -> None:
         raise ValueError(f"{key}: cannot create run directory '{run_dir}': '{path}' is not writable")
 
 
-def _without_buffer(user: Mapping) -> Dict[str, Any]:
-    """``user`` without ``policy.other.replay_buffer`` (the buffer validates its own section)."""
+def check_new_run_dir(run_dir: str, log_dir: Optional[str]) -> None:
+    """``check_run_dir``, and ``ValueError`` when ``run_dir`` already holds checkpoints (a new run must not mix
+    with an old one: ``--resume`` continues it)."""
+    from .checkpoint import complete_checkpoints
+    check_run_dir(run_dir, log_dir)
+    if complete_checkpoints(os.path.join(run_dir, 'checkpoints')):
+        raise ValueError(f"run directory '{run_dir}' already holds checkpoints: continue it with --resume {run_dir}, "
+                         "or pick another exp_name / seed / log_dir")
+
+
+def split_buffer_section(user: Mapping) -> Tuple[Dict[str, Any], Any]:
+    """``(user without policy.other.replay_buffer, that section)`` (the section is None when absent): every job
+    validates its own keys and lets the buffer class validate its section."""
     user = dict(user)
     policy = dict(user.get('policy') or {})
     other = dict(policy.get('other') or {})
-    other.pop('replay_buffer', None)
+    buffer_cfg = other.pop('replay_buffer', None)
     if 'other' in policy:
         policy['other'] = other
     if 'policy' in user:
         user['policy'] = policy
-    return user
+    return user, buffer_cfg

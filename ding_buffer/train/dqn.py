@@ -118,6 +118,25 @@ def greedy_returns(net: nn.Module, env: Any, episodes: int, seed_base: int, devi
     return returns
 
 
+def evaluate_greedy(job: Any) -> Dict[str, float]:
+    """One evaluation of a DQN / Ape-X learner ``job`` (``cfg``, ``net``, ``eval_env``, ``device``, ``evals``,
+    ``env_step``, ``train_iter``, ``tb``, ``solved_step``, ``run_dir``, ``wall_time()``): ``env.eval_episodes``
+    greedy episodes with seeds that depend on the run's seed and the evaluation's number; the row goes to
+    ``evals``, ``eval.csv`` and TensorBoard, and ``solved_step`` is set the first time the mean reaches
+    ``env.stop_value``."""
+    cfg = job.cfg
+    base = cfg.seed * 1_000_003 + 10_000 + len(job.evals) * cfg.env.eval_episodes
+    returns = greedy_returns(job.net, job.eval_env, cfg.env.eval_episodes, base, job.device)
+    row = {'env_step': job.env_step, 'train_iter': job.train_iter, 'return_mean': float(np.mean(returns)),
+           'return_std': float(np.std(returns)), 'wall_time': job.wall_time()}
+    job.evals.append(row)
+    job.tb.add_scalar('eval/return_mean', row['return_mean'], job.env_step)
+    if job.solved_step is None and row['return_mean'] >= cfg.env.stop_value:
+        job.solved_step = job.env_step
+    write_eval_csv(job.run_dir, job.evals)
+    return row
+
+
 class DQNTrainer:
     """
     Overview:
@@ -232,16 +251,7 @@ class DQNTrainer:
             self.tb.add_scalar('train/td_error_abs_mean', float(td.abs().mean().item()), self.env_step)
 
     def evaluate(self) -> Dict[str, float]:
-        base = self.cfg.seed * 1_000_003 + 10_000 + len(self.evals) * self.cfg.env.eval_episodes
-        returns = greedy_returns(self.net, self.eval_env, self.cfg.env.eval_episodes, base, self.device)
-        row = {'env_step': self.env_step, 'train_iter': self.train_iter, 'return_mean': float(np.mean(returns)),
-               'return_std': float(np.std(returns)), 'wall_time': self.wall_time()}
-        self.evals.append(row)
-        self.tb.add_scalar('eval/return_mean', row['return_mean'], self.env_step)
-        if self.solved_step is None and row['return_mean'] >= self.cfg.env.stop_value:
-            self.solved_step = self.env_step
-        self._write_eval_csv()
-        return row
+        return evaluate_greedy(self)
 
     def wall_time(self) -> float:
         return self.wall_offset + time.monotonic() - self._t0

@@ -35,7 +35,7 @@ from ..base import create_buffer, get_buffer_cls
 from ..config import build_config, optional_positive_int, positive_int
 from ..persistence import atomic_json, atomic_save
 from .checkpoint import complete_checkpoints, load_latest, save_checkpoint
-from .config import BUFFER_SECTION, check_run_dir, run_dir_of
+from .config import BUFFER_SECTION, check_new_run_dir, check_run_dir, run_dir_of, split_buffer_section
 from .launch import LAUNCHED
 from .run_dir import discard_run_dir, first_missing_dir
 from .hypergrid_metrics import GridTruth, plot_curve, write_eval_csv
@@ -156,14 +156,7 @@ def build_hypergrid_config(user: Mapping, source: str = '<config>') -> EasyDict:
         replay buffer section is validated by the buffer class (ours) or against ``TORCHGFN_BUFFERS``.
         ``ValueError`` / ``TypeError`` name ``source``, the key, the value and what was expected.
     """
-    user = dict(user)
-    policy = dict(user.get('policy') or {})
-    other = dict(policy.get('other') or {})
-    buffer_cfg = other.pop('replay_buffer', None)
-    if 'other' in policy:
-        policy['other'] = other
-    if 'policy' in user:
-        user['policy'] = policy
+    user, buffer_cfg = split_buffer_section(user)
     try:
         cfg = build_config(HYPERGRID_DEFAULTS, user, HYPERGRID_CHECKS)
         cfg.policy.other.replay_buffer = _check_buffer_section(buffer_cfg, cfg)
@@ -567,11 +560,8 @@ def run(user: dict, args: argparse.Namespace) -> int:
     cfg = build_hypergrid_config(user, source=args.config)
     bcfg = cfg.policy.other.replay_buffer
     if bcfg is not None and (bcfg.get('distributed') or {}).get('backend'):
-        if args.resume is None and os.environ.get(LAUNCHED) != '1':
-            check_run_dir(run_dir_of(cfg), cfg.log_dir)
-            if complete_checkpoints(os.path.join(run_dir_of(cfg), 'checkpoints')):
-                raise ValueError(f"run directory '{run_dir_of(cfg)}' already holds checkpoints: continue it with "
-                                 f"--resume {run_dir_of(cfg)}, or pick another exp_name / seed / log_dir")
+        if args.resume is None and os.environ.get(LAUNCHED) != '1':  # the launcher checked it for its ranks
+            check_new_run_dir(run_dir_of(cfg), cfg.log_dir)
         from .hypergrid_dist import run_distributed
         return run_distributed(cfg, args)
     if args.nproc is not None:

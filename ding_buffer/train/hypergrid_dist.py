@@ -24,9 +24,7 @@ A killed sampler is counted as lost by the manager and the run goes on; a killed
 into the run directory (its ``distributed.file_root``), the buffer.
 """
 import argparse
-import copy
 import os
-import sys
 import time
 from typing import Any, Dict, Optional
 
@@ -35,9 +33,7 @@ from easydict import EasyDict
 
 from ..base import create_buffer
 from ..errors import ManagerUnavailableError
-from .launch import LAUNCHED, launch_mpi, launch_torch, rank_world, ray_init
-
-EXIT_MANAGER_GONE = 3
+from .launch import job_buffer_cfg, run_roles
 
 
 # ---------------------------------------------------------------------------------------------- wire format
@@ -109,14 +105,6 @@ class ManagerReplay:
 
 
 # ---------------------------------------------------------------------------------------------- roles
-def _buffer_cfg(cfg: EasyDict, run_dir: str, n_workers: int) -> EasyDict:
-    b = copy.deepcopy(cfg.policy.other.replay_buffer)
-    b.distributed.setdefault('file_root', os.path.abspath(run_dir))
-    if b.distributed.backend == 'ray':
-        b.distributed.setdefault('num_workers', n_workers)
-    return b
-
-
 def _learner(cfg: EasyDict, run_dir: str, remote: Any, resume: bool, progress: bool) -> Dict[str, Any]:
     from .hypergrid import HyperGridTrainer
     e = cfg.env
@@ -210,7 +198,7 @@ def _role_main(cfg: EasyDict, run_dir: str, role: str, index: int, n_workers: in
                remote: Any = None) -> Dict[str, Any]:
     torch.set_num_threads(1)
     if remote is None:  # a Ray task
-        remote = create_buffer(_buffer_cfg(cfg, run_dir, n_workers))
+        remote = create_buffer(job_buffer_cfg(cfg, run_dir, n_workers))
     try:
         out = _learner(cfg, run_dir, remote, resume, progress) if role == 'learner' else _sampler(cfg, remote, index)
     except BaseException:
@@ -234,77 +222,7 @@ def _print(s: Dict[str, Any]) -> None:
 def run_distributed(cfg: EasyDict, args: argparse.Namespace) -> int:
     """``ding-buffer train`` of a HyperGrid config whose buffer section has ``distributed.backend``."""
     run_dir = os.path.abspath(args.resume or os.path.join(cfg.log_dir or '.', f'{cfg.exp_name}_seed{cfg.seed}'))
-    backend = cfg.policy.other.replay_buffer.distributed.backend
-    launched = os.environ.get(LAUNCHED) == '1'
-    if backend == 'ray':
-        return _run_ray(cfg, run_dir, args)
-    where = rank_world(backend)
-    if where is None:
-        if args.nproc is None or args.nproc < 3:
-            raise ValueError(f"{args.config}: the distributed HyperGrid job needs >= 3 processes (a manager, a learner, "
-                             f"a sampler): give --nproc N (N >= 3), or launch with torchrun / mpirun")
-        os.makedirs(run_dir, exist_ok=True)
-        return (launch_torch if backend == 'torch' else launch_mpi)(args, args.nproc)
-    if args.nproc is not None and not launched:
-        raise ValueError(f"--nproc {args.nproc} inside a launcher's job: the ranks are started already; drop --nproc")
-    rank, world = where
-    if world < 3:
-        raise ValueError(f"the distributed HyperGrid job needs at least 3 ranks, this job has {world}")
-    dist = cfg.policy.other.replay_buffer.distributed
-    manager = dist.get('manager_rank', -1)
-    manager = manager if manager >= 0 else world - 1
-    others = [r for r in range(world) if r != manager]
-    os.makedirs(run_dir, exist_ok=True)
-    bcfg = _buffer_cfg(cfg, run_dir, len(others))
-    if rank == manager:
-        summary = create_buffer(bcfg, exp_name=cfg.exp_name, instance_name='buffer').run()
-        lost = summary.get('lost') if isinstance(summary, dict) else None
-        print(f"[manager rank {rank}] served until every worker left" + (f"; lost: {lost}" if lost else ''), flush=True)
-        return 0
-    role = 'learner' if rank == others[0] else 'sampler'
-    remote = create_buffer(bcfg)
-    try:
-        out = _role_main(cfg, run_dir, role, others.index(rank) - 1, len(others), args.resume is not None,
-                         progress=not args.no_progress and role == 'learner', remote=remote)
-    except ManagerUnavailableError as e:
-        print(f"ding-buffer: error: {role} rank {rank}: {e}", file=sys.stderr, flush=True)
-        return EXIT_MANAGER_GONE
-    if role == 'learner':
-        _print(out)
-    return 0
-
-
-def _run_ray(cfg: EasyDict, run_dir: str, args: argparse.Namespace) -> int:
-    import ray
-    nproc = args.nproc
-    if nproc is None or nproc < 3:
-        raise ValueError("distributed.backend='ray': give --nproc N >= 3 (the manager actor, the learner and N - 2 "
-                         "samplers)")
-    dist = cfg.policy.other.replay_buffer.distributed
-    ray_init(dist, nproc)
-    os.makedirs(run_dir, exist_ok=True)
-    from ..distributed import _plain, build_distributed_config
-    from ..distributed.ray_backend import get_or_create_actor
-    bcfg = _buffer_cfg(cfg, run_dir, nproc - 1)
-    manager = get_or_create_actor(_plain(bcfg), build_distributed_config(bcfg.distributed))  # noqa: F841 (held)
-    task = ray.remote(num_cpus=1, max_retries=0)(_role_main)
-    learner = task.remote(cfg, run_dir, 'learner', 0, nproc - 1, args.resume is not None, not args.no_progress)
-    samplers = [task.remote(cfg, run_dir, 'sampler', i, nproc - 1, False, False) for i in range(nproc - 2)]
-    try:
-        summary = ray.get(learner)
-    except ray.exceptions.RayTaskError as e:
-        cause = getattr(e, 'cause', None)
-        if isinstance(cause, ManagerUnavailableError):
-            print(f"ding-buffer: error: learner: {cause}", file=sys.stderr, flush=True)
-            return EXIT_MANAGER_GONE
-        raise
-    for ref in samplers:
-        try:
-            ray.get(ref, timeout=max(float(dist.get('timeout', 60.0)), 30.0))
-        except Exception as e:
-            print(f"[ray] a sampler ended with {type(e).__name__}: {str(e).splitlines()[0][:200]}", flush=True)
-    _print(summary)
-    return 0
+    return run_roles(_role_main, cfg, run_dir, args, 'distributed HyperGrid', 'sampler', _print)
 
 
 __all__ = ['run_distributed', 'trajectories_to_batch', 'batch_to_trajectories', 'max_actions', 'ManagerReplay']

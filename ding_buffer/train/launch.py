@@ -4,15 +4,21 @@ when torchrun / mpirun started it. Used by the Ape-X and the distributed HyperGr
 torch: N plain ``env://`` processes (not torchrun, which tears every rank down when one dies: a killed actor must
 not end the run); MPI: ``mpirun --oversubscribe --enable-recovery -n N`` (the other ranks survive a dead one);
 Ray: ``ray_init`` starts a local cluster of N CPUs, or joins ``distributed.address`` / ``RAY_ADDRESS``.
+
+``run_roles`` is what both jobs run: it starts the ranks (``--nproc``), or, in a rank, serves (the manager) or
+runs the job's learner / worker function, or drives Ray tasks. A worker whose manager is gone prints
+``ding-buffer: error: <role> rank <r>: ...`` and exits with ``EXIT_MANAGER_GONE``.
 """
 import argparse
+import copy
 import os
 import signal
 import subprocess
 import sys
-from typing import Any, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 LAUNCHED = 'DING_BUFFER_LAUNCHED'  # set in the ranks this module starts itself
+EXIT_MANAGER_GONE = 3
 
 
 def rank_world(backend: str) -> Optional[Tuple[int, int]]:
@@ -96,4 +102,115 @@ def ray_init(dist: Any, nproc: int) -> None:
         ray.init(num_cpus=nproc, include_dashboard=False, namespace=dist.get('namespace'), configure_logging=False)
 
 
-__all__ = ['LAUNCHED', 'rank_world', 'child_argv', 'launch_torch', 'launch_mpi', 'wait_all', 'ray_init']
+def job_buffer_cfg(cfg: Any, run_dir: str, n_workers: int) -> Any:
+    """The buffer section every rank builds: the run directory is the manager's ``file_root`` (the learner's
+    checkpoints ask the manager to write the buffer there); with Ray the actor ends once every worker left."""
+    b = copy.deepcopy(cfg.policy.other.replay_buffer)
+    b.distributed.setdefault('file_root', os.path.abspath(run_dir))
+    if b.distributed.backend == 'ray':
+        b.distributed.setdefault('num_workers', n_workers)
+    return b
+
+
+RoleMain = Callable[..., Dict[str, Any]]  # (cfg, run_dir, role, index, n_workers, resume, progress, remote=None)
+
+
+def run_roles(role_main: RoleMain, cfg: Any, run_dir: str, args: argparse.Namespace, job: str, worker: str,
+              report: Callable[[Dict[str, Any]], None]) -> int:
+    """
+    Overview:
+        Run a manager / learner / workers job. ``role_main(cfg, run_dir, role, index, n_workers, resume,
+        progress, remote=None)`` runs ``'learner'`` or ``worker`` number ``index`` with ``remote`` (a
+        RemoteBuffer; built by ``role_main`` itself when None, as in a Ray task) and returns a summary;
+        ``report(summary)`` prints the learner's.
+    """
+    from ..base import create_buffer
+    from ..errors import ManagerUnavailableError
+    backend = cfg.policy.other.replay_buffer.distributed.backend
+    roles = f"a manager, a learner, {'an' if worker[0] in 'aeiou' else 'a'} {worker}"
+    if backend == 'ray':
+        return _ray_driver(role_main, cfg, run_dir, args, job, worker, report)
+    where = rank_world(backend)
+    if where is None:
+        if args.nproc is None:
+            launcher = 'torchrun --nproc_per_node N -m ding_buffer train ...' if backend == 'torch' else \
+                'mpirun -n N python -m ding_buffer train ...'
+            raise ValueError(f"{args.config}: the {job} job runs on several processes: give --nproc N (N >= 3) to "
+                             f"start them here, or launch with {launcher}")
+        if args.nproc < 3:
+            raise ValueError(f"--nproc {args.nproc}: the {job} job needs at least 3 ({roles})")
+        os.makedirs(run_dir, exist_ok=True)
+        return (launch_torch if backend == 'torch' else launch_mpi)(args, args.nproc)
+    if args.nproc is not None and os.environ.get(LAUNCHED) != '1':
+        raise ValueError(f"--nproc {args.nproc} inside a {'torchrun' if backend == 'torch' else 'mpirun'} job: the "
+                         f"launcher already started the ranks; drop --nproc")
+    rank, world = where
+    if world < 3:
+        raise ValueError(f"the {job} job needs at least 3 ranks ({roles}), this job has {world}")
+    manager = cfg.policy.other.replay_buffer.distributed.get('manager_rank', -1)
+    manager = manager if manager >= 0 else world - 1
+    others = [r for r in range(world) if r != manager]
+    bcfg = job_buffer_cfg(cfg, run_dir, len(others))
+    os.makedirs(run_dir, exist_ok=True)  # the manager's file_root; every rank checks it exists
+    if rank == manager:
+        # no TensorBoard writer here: as in DI-engine only rank 0 writes one; the learner records the buffer's
+        # stats() (counters, the sampled window, the manager's counters)
+        summary = create_buffer(bcfg, exp_name=cfg.exp_name, instance_name='buffer').run()
+        lost = summary.get('lost') if isinstance(summary, dict) else None
+        print(f"[manager rank {rank}] served until every worker left" + (f"; lost: {lost}" if lost else ''),
+              flush=True)
+        return 0
+    role = 'learner' if rank == others[0] else worker
+    remote = create_buffer(bcfg)
+    try:
+        out = role_main(cfg, run_dir, role, others.index(rank) - 1, len(others), args.resume is not None,
+                        not args.no_progress and role == 'learner', remote=remote)
+    except ManagerUnavailableError as e:
+        print(f"ding-buffer: error: {role} rank {rank}: {e}", file=sys.stderr, flush=True)
+        return EXIT_MANAGER_GONE
+    if role == 'learner':
+        report(out)
+    return 0
+
+
+def _ray_driver(role_main: RoleMain, cfg: Any, run_dir: str, args: argparse.Namespace, job: str, worker: str,
+                report: Callable[[Dict[str, Any]], None]) -> int:
+    """Ray: this process drives. It creates the manager actor and holds it for the whole run (a non-detached
+    actor dies with the last reference of its owner, which must not be a task that may end first), then runs the
+    learner and ``nproc - 2`` workers as tasks. A worker that dies is reported, not fatal."""
+    import ray
+
+    from ..distributed import _plain, build_distributed_config
+    from ..distributed.ray_backend import get_or_create_actor
+    from ..errors import ManagerUnavailableError
+    nproc = args.nproc
+    if nproc is None or nproc < 3:
+        raise ValueError(f"distributed.backend='ray': give --nproc N >= 3 (the manager actor, the learner and N - 2 "
+                         f"{worker}s)")
+    dist = cfg.policy.other.replay_buffer.distributed
+    ray_init(dist, nproc)
+    os.makedirs(run_dir, exist_ok=True)
+    bcfg = job_buffer_cfg(cfg, run_dir, nproc - 1)
+    manager = get_or_create_actor(_plain(bcfg), build_distributed_config(bcfg.distributed))  # noqa: F841 (held)
+    task = ray.remote(num_cpus=1, max_retries=0)(role_main)
+    learner = task.remote(cfg, run_dir, 'learner', 0, nproc - 1, args.resume is not None, not args.no_progress)
+    workers = [task.remote(cfg, run_dir, worker, i, nproc - 1, False, False) for i in range(nproc - 2)]
+    try:
+        summary = ray.get(learner)
+    except ray.exceptions.RayTaskError as e:
+        cause = getattr(e, 'cause', None)
+        if isinstance(cause, ManagerUnavailableError):
+            print(f"ding-buffer: error: learner: {cause}", file=sys.stderr, flush=True)
+            return EXIT_MANAGER_GONE
+        raise
+    for ref in workers:
+        try:
+            ray.get(ref, timeout=max(float(dist.get('timeout', 60.0)), 30.0))
+        except Exception as e:
+            print(f"[ray] a {worker} ended with {type(e).__name__}: {str(e).splitlines()[0][:200]}", flush=True)
+    report(summary)
+    return 0
+
+
+__all__ = ['LAUNCHED', 'EXIT_MANAGER_GONE', 'rank_world', 'child_argv', 'launch_torch', 'launch_mpi', 'wait_all',
+           'ray_init', 'job_buffer_cfg', 'run_roles']
