@@ -1632,3 +1632,16 @@ def test_blob_names_are_bounded():
     reply = core.handle('w0', req('put_blob', name='one_more', version=0, payload=0))
     assert not reply['ok'] and 'at most 16' in reply['message']
     assert ok(core.handle('w0', req('put_blob', name='b3', version=1, payload=33)))['stored']  # known names still move
+
+
+def test_blob_bytes_are_bounded_by_max_blob_mb():
+    """A peer cannot make the manager hold more than distributed.max_blob_mb of blobs; a refused put changes nothing
+    and a replacement counts only its own size."""
+    core = make_core(max_blob_mb=1.0)
+    half = torch.zeros(1 << 17, dtype=torch.float32)  # 512 KiB
+    assert ok(core.handle('w0', req('put_blob', name='a', version=0, payload={'w': half})))['stored']
+    reply = core.handle('w0', req('put_blob', name='b', version=0, payload={'w': torch.zeros(1 << 18)}))  # 1 MiB
+    assert not reply['ok'] and 'max_blob_mb' in reply['message']
+    assert ok(core.handle('w0', req('get_blob', name='b'))) is None
+    assert ok(core.handle('w0', req('put_blob', name='a', version=1, payload={'w': torch.zeros(1 << 17)})))['stored']
+    assert ok(core.handle('w0', req('get_blob', name='a')))['version'] == 1

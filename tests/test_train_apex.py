@@ -155,6 +155,19 @@ def test_resume_continues_counters_and_buffer(tmp_path):
     assert [int(r['env_step']) for r in evals][:len(evals)] == sorted(int(r['env_step']) for r in evals)
 
 
+def test_runs_under_torchrun_without_nproc(tmp_path):
+    """The ranks torchrun started (RANK / WORLD_SIZE set): each one finds its role; no --nproc."""
+    cfg = _config(tmp_path, 'torch', 'apex.py')
+    cmd = [sys.executable, '-m', 'torch.distributed.run', '--standalone', '--nnodes', '1', '--nproc_per_node', '3',
+           '-m', 'ding_buffer', 'train', str(cfg), '--no-progress', '--env-steps', '3000']
+    p = subprocess.Popen(cmd, cwd=tmp_path, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         start_new_session=True)
+    rc, out, err = finish(p)
+    assert rc == 0, out[-3000:] + err[-3000:]
+    s = json.loads((tmp_path / 'runs' / 'cartpole_apex_seed0' / 'summary.json').read_text())
+    assert s['backend'] == 'torch' and s['env_steps'] >= 3000 and s['train_iters'] > 500
+
+
 # ---------------------------------------------------------------------------------------------------- mpi / ray
 def test_mpi_run_learns(tmp_path):
     need_mpi()

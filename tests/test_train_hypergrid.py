@@ -23,7 +23,7 @@ from ding_buffer.train.hypergrid_metrics import GridTruth
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIGS = {name: REPO / 'config' / f'hypergrid_tb_{name}.py'
-           for name in ('nobuffer', 'gfn', 'gfn_prioritized', 'gfn_diverse', 'torchgfn')}
+           for name in ('nobuffer', 'gfn', 'gfn_prioritized', 'gfn_diverse', 'torchgfn', 'torchgfn_diverse')}
 PNG_MAGIC = b'\x89PNG\r\n\x1a\n'
 # A tiny, fast problem: 64 states, 4 modes (one mode state per corner).
 TINY = {
@@ -167,7 +167,7 @@ def test_resume_needs_a_checkpoint(tmp_path, capsys):
     ('gfn_prioritized', (), None, 'gfn'),
     ('gfn_diverse', ({'policy': {'other': {'replay_buffer': {'replay_buffer_size': 40}}}},), None, 'gfn_diverse'),
     ('torchgfn', (), None, 'torchgfn:ReplayBuffer'),
-    ('torchgfn', (), {'type': 'torchgfn:NormBasedDiversePrioritizedReplayBuffer', 'replay_buffer_size': 40},
+    ('torchgfn_diverse', ({'policy': {'other': {'replay_buffer': {'replay_buffer_size': 40}}}},), None,
      'torchgfn:NormBasedDiversePrioritizedReplayBuffer'),
 ])
 def test_each_buffer_type_trains(tmp_path, name, overrides, buffer, expected_type):

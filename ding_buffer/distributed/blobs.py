@@ -5,9 +5,13 @@ so a delayed or repeated put of an older version changes nothing.
 What a peer can do with it is bounded: at most ``MAX_NAMES`` names of at most ``MAX_NAME_CHARS`` printable
 characters, versions are ints in ``[0, 2**62)``, and a payload is whatever the codec decoded within the
 transport's message limit (plain data and arrays/tensors: no pickle unless the manager allows it). The manager
-holds at most ``MAX_NAMES`` payloads.
+holds at most ``MAX_NAMES`` payloads, of at most ``distributed.max_blob_mb`` together (the bytes of their arrays,
+tensors, strings and bytes).
 """
 from typing import Any, Dict, Optional
+
+import numpy as np
+import torch
 
 MAX_NAMES = 16
 MAX_NAME_CHARS = 64
@@ -26,11 +30,29 @@ def check_version(version: Any, what: str = 'blob version') -> int:
     return version
 
 
+def payload_bytes(obj: Any, depth: int = 0) -> int:
+    """Bytes held by a decoded payload: arrays, tensors, strings and bytes in nested dicts / lists / tuples (the
+    codec's own nesting limit bounds the depth; each container counts 64 bytes per entry)."""
+    if isinstance(obj, torch.Tensor):
+        return obj.numel() * obj.element_size()
+    if isinstance(obj, np.ndarray):
+        return int(obj.nbytes)
+    if isinstance(obj, (bytes, bytearray, str)):
+        return len(obj)
+    if isinstance(obj, dict):
+        return sum(64 + payload_bytes(k, depth + 1) + payload_bytes(v, depth + 1) for k, v in obj.items())
+    if isinstance(obj, (list, tuple)):
+        return sum(64 + payload_bytes(v, depth + 1) for v in obj)
+    return 64
+
+
 class BlobStore:
     """``name -> (version, payload)``; the manager's half of ``RemoteBuffer.put_blob`` / ``get_blob``."""
 
-    def __init__(self) -> None:
+    def __init__(self, max_bytes: float = float('inf')) -> None:
         self._slots: Dict[str, Any] = {}
+        self._sizes: Dict[str, int] = {}
+        self.max_bytes = max_bytes
 
     def put(self, name: Any, version: Any, payload: Any) -> Dict[str, Any]:
         """Keep ``payload`` as ``name``'s version ``version`` (>= 0) when it is newer than the kept one. Returns
@@ -44,7 +66,13 @@ class BlobStore:
             raise ValueError(f"the manager keeps at most {MAX_NAMES} blob names; {sorted(self._slots)} are taken")
         if kept is not None and kept[0] >= version:
             return {'stored': False, 'version': kept[0]}
+        size = payload_bytes(payload)
+        total = sum(self._sizes.values()) - self._sizes.get(name, 0) + size
+        if total > self.max_bytes:
+            raise ValueError(f"blob {name!r} of {size} bytes would make the manager's blobs {total} bytes, over "
+                             f"distributed.max_blob_mb ({self.max_bytes / (1 << 20):g} MiB)")
         self._slots[name] = (version, payload)
+        self._sizes[name] = size
         return {'stored': True, 'version': version}
 
     def get(self, name: Any, newer_than: Any = -1) -> Optional[Dict[str, Any]]:

@@ -51,6 +51,8 @@ DISTRIBUTED_CONFIG = dict(
     peer_timeout=120.0,
     # Larger messages are refused with an error reply (MiB).
     max_message_mb=2048.0,
+    # Manager side: all versioned blobs (put_blob, e.g. a learner's weights) together may hold this many MiB.
+    max_blob_mb=256.0,
     # Allow pickled objects on the wire (needed for non-tensor leaves such as torchgfn containers). The
     # manager's own value also decides whether its load_data may unpickle a file a worker names: unpickling
     # runs code, so only set it where every rank trusts every other. A request never carries this flag.
@@ -106,6 +108,7 @@ DISTRIBUTED_CHECKS = dict(
     heartbeat_seconds=(_seconds, 'a finite positive number of seconds'),
     peer_timeout=(_optional_seconds, 'None or a finite positive number of seconds'),
     max_message_mb=(lambda x: _number(x) and 0 < x <= (1 << 23), 'a finite positive number of MiB (at most 8 TiB)'),
+    max_blob_mb=(lambda x: _number(x) and 0 < x <= (1 << 23), 'a finite positive number of MiB (at most 8 TiB)'),
     file_root=(lambda x: x is None or (isinstance(x, str) and x and '\0' not in x), 'None or a directory path'),
     remote_buffer_freq=(positive_int, 'a positive int'),
     baseline_refresh_after=(optional_positive_int, 'None or a positive int'),

@@ -95,7 +95,7 @@ class ManagerCore:
             'clear': self._clear, 'model_version': self._model_version, 'baseline_sync': self._baseline_sync,
             'exit': self._exit, 'put_blob': self._put_blob, 'get_blob': self._get_blob,
         }
-        self.blobs = BlobStore()
+        self.blobs = BlobStore(dcfg.max_blob_mb * (1 << 20))
 
     # ------------------------------------------------------------------ dispatch
     def handle(self, sender: Any, request: Any) -> Optional[Dict[str, Any]]:

@@ -37,11 +37,10 @@ import numpy as np
 import torch
 from easydict import EasyDict
 
-from ..base import create_buffer
 from ..config import build_config, positive_int
 from ..errors import ManagerUnavailableError
 from .config import BUFFER_SECTION, TRAIN_CHECKS, TRAIN_DEFAULTS, check_new_run_dir, run_dir_of, split_buffer_section
-from .launch import LAUNCHED, job_buffer_cfg, run_roles
+from .launch import LAUNCHED, publish_weights, run_roles, with_remote
 
 BACKENDS = ('torch', 'mpi', 'ray')
 
@@ -65,7 +64,8 @@ APEX_DEFAULTS['apex'] = dict(
     # (policy.learn.updates_per_step) needs -- Reverb's sample-to-insert rate limit, so a run's transition budget
     # buys gradient steps on a small machine. False: actors run free, as in the Ape-X paper (a learner on a GPU).
     throttle_actors=True,
-    # Seconds an actor waits for the learner's first weights, and for any newer version after that.
+    # Seconds an actor waits for the learner's first weights, and for any newer version after that; and seconds
+    # the learner waits for a new transition before it gives up (every actor gone).
     learner_silence=300.0,
     # Seconds a sample waits for a batch before the learner checks the run is still alive.
     sample_timeout=30.0,
@@ -308,8 +308,8 @@ class Learner:
     def publish(self, stop: bool = False) -> None:
         self.version += 1
         state = {k: v.detach().cpu() for k, v in self.net.state_dict().items()}
-        self.buffer.put_blob('weights', self.version, {'net': state, 'stop': stop, 'train_iter': self.train_iter,
-                                                       'env_step': self.env_step, 'allowed_env': self.allowed_env()})
+        publish_weights(self.buffer, self.version, {'net': state, 'stop': stop, 'train_iter': self.train_iter,
+                                                    'env_step': self.env_step, 'allowed_env': self.allowed_env()})
 
     def wall_time(self) -> float:
         return self.wall_offset + time.monotonic() - self._t0
@@ -336,14 +336,21 @@ class Learner:
         bar = tqdm(total=cfg.env.max_env_step, initial=min(self.env_step, cfg.env.max_env_step), unit='step',
                    dynamic_ncols=True, disable=not self.progress, desc=cfg.exp_name, mininterval=0.5)
         last_poll = 0.0
+        seen, seen_at = self.env_step, time.monotonic()
         while self.env_step < cfg.env.max_env_step:
             now = time.monotonic()
             if now - last_poll > 0.1:  # one stats() round trip: how many transitions the actors stored
                 self._refresh_env_step()
                 last_poll = now
                 bar.update(min(self.env_step, cfg.env.max_env_step) - bar.n)
+                if self.env_step != seen:
+                    seen, seen_at = self.env_step, now
             allowed = learn.updates_per_step * max(self.env_step - learn.warmup_steps, 0)
             if self.env_step < learn.warmup_steps or self.train_iter >= allowed:
+                if now - seen_at > cfg.apex.learner_silence:
+                    raise RuntimeError(f"no transition arrived for {cfg.apex.learner_silence:g}s (config key "
+                                       f"'apex.learner_silence') while the learner waits for them: every actor is "
+                                       f"gone or stuck ({self.env_step} of {cfg.env.max_env_step} stored)")
                 time.sleep(0.01)  # wait for the actors: warm-up, or the replay ratio reached
                 continue
             batch = self.buffer.sample(learn.batch_size, cur_learner_iter=self.train_iter,
@@ -447,21 +454,9 @@ def _role_main(cfg: EasyDict, run_dir: str, role: str, index: int, n_workers: in
     """Run ``role`` ('learner' / 'actor' ``index`` of ``n_workers - 1``) with ``remote`` (a RemoteBuffer; built
     here when None, e.g. in a Ray task). Closes it; raises ``ManagerUnavailableError`` when the manager is gone."""
     torch.set_num_threads(1)
-    if remote is None:
-        remote = create_buffer(job_buffer_cfg(cfg, run_dir, n_workers))
-    try:
-        if role == 'learner':
-            out = Learner(cfg, remote, run_dir, resume, progress).run()
-        else:
-            out = Actor(cfg, remote, index, n_workers - 1).run()
-    except BaseException:
-        try:
-            remote.close(timeout=5.0)
-        except Exception:
-            pass
-        raise
-    remote.close()
-    return out
+    if role == 'learner':
+        return with_remote(cfg, run_dir, n_workers, remote, lambda r: Learner(cfg, r, run_dir, resume, progress).run())
+    return with_remote(cfg, run_dir, n_workers, remote, lambda r: Actor(cfg, r, index, n_workers - 1).run())
 
 
 def _print_summary(s: Dict[str, Any]) -> None:

@@ -31,9 +31,8 @@ from typing import Any, Dict, Optional
 import torch
 from easydict import EasyDict
 
-from ..base import create_buffer
 from ..errors import ManagerUnavailableError
-from .launch import job_buffer_cfg, run_roles
+from .launch import publish_weights, run_roles, with_remote
 
 
 # ---------------------------------------------------------------------------------------------- wire format
@@ -125,7 +124,7 @@ def _learner(cfg: EasyDict, run_dir: str, remote: Any, resume: bool, progress: b
         def publish(self, stop: bool) -> None:
             self.version = getattr(self, 'version', 0) + 1
             weights = {k: v.detach().cpu() for k, v in self.pf.state_dict().items()}
-            remote.put_blob('weights', self.version, {'pf': weights, 'stop': stop, 'iteration': self.iteration})
+            publish_weights(remote, self.version, {'pf': weights, 'stop': stop, 'iteration': self.iteration})
 
         def run(self) -> Dict[str, Any]:
             self.publish(stop=False)
@@ -197,18 +196,9 @@ def _sampler(cfg: EasyDict, remote: Any, index: int) -> Dict[str, Any]:
 def _role_main(cfg: EasyDict, run_dir: str, role: str, index: int, n_workers: int, resume: bool, progress: bool,
                remote: Any = None) -> Dict[str, Any]:
     torch.set_num_threads(1)
-    if remote is None:  # a Ray task
-        remote = create_buffer(job_buffer_cfg(cfg, run_dir, n_workers))
-    try:
-        out = _learner(cfg, run_dir, remote, resume, progress) if role == 'learner' else _sampler(cfg, remote, index)
-    except BaseException:
-        try:
-            remote.close(timeout=5.0)
-        except Exception:
-            pass
-        raise
-    remote.close()
-    return out
+    if role == 'learner':
+        return with_remote(cfg, run_dir, n_workers, remote, lambda r: _learner(cfg, run_dir, r, resume, progress))
+    return with_remote(cfg, run_dir, n_workers, remote, lambda r: _sampler(cfg, r, index))
 
 
 def _print(s: Dict[str, Any]) -> None:

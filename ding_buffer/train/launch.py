@@ -112,6 +112,34 @@ def job_buffer_cfg(cfg: Any, run_dir: str, n_workers: int) -> Any:
     return b
 
 
+def with_remote(cfg: Any, run_dir: str, n_workers: int, remote: Any, body: Callable[[Any], Dict[str, Any]]) -> Dict:
+    """``body(remote)`` with the job's RemoteBuffer (made here when ``remote`` is None, as in a Ray task), closed
+    afterwards -- within 5 s when ``body`` failed, so a dead manager does not hold up the error."""
+    if remote is None:
+        from ..base import create_buffer
+        remote = create_buffer(job_buffer_cfg(cfg, run_dir, n_workers))
+    try:
+        out = body(remote)
+    except BaseException:
+        try:
+            remote.close(timeout=5.0)
+        except Exception:
+            pass
+        raise
+    remote.close()
+    return out
+
+
+def publish_weights(remote: Any, version: int, payload: Dict[str, Any]) -> None:
+    """The learner's ``put_blob('weights', version, payload)``; ``RuntimeError`` when the manager keeps a newer
+    version: another client published weights on this manager, and the workers would follow it, not us."""
+    got = remote.put_blob('weights', version, payload)
+    if not got['stored']:
+        raise RuntimeError(f"the manager keeps version {got['version']} of 'weights', not older than this learner's "
+                           f"{version}: another client publishes weights on this manager (two learners, or a stale "
+                           "run with the same Ray namespace?)")
+
+
 RoleMain = Callable[..., Dict[str, Any]]  # (cfg, run_dir, role, index, n_workers, resume, progress, remote=None)
 
 
@@ -213,4 +241,5 @@ def _ray_driver(role_main: RoleMain, cfg: Any, run_dir: str, args: argparse.Name
 
 
 __all__ = ['LAUNCHED', 'EXIT_MANAGER_GONE', 'rank_world', 'child_argv', 'launch_torch', 'launch_mpi', 'wait_all',
-           'ray_init', 'job_buffer_cfg', 'run_roles']
+           'ray_init', 'job_buffer_cfg', 'run_roles', 'with_remote',
+           'publish_weights']
