@@ -146,7 +146,7 @@ def main() -> None:
     sub = ap.add_subparsers(dest='job', required=True)
     a = sub.add_parser('apex')
     a.add_argument('--backends', nargs='+', default=['torch', 'mpi', 'ray'])
-    a.add_argument('--env-steps', type=int, default=30_000)
+    a.add_argument('--env-steps', type=int, default=40_000)
     a.add_argument('--nproc', type=int, default=4)
     h = sub.add_parser('hypergrid')
     h.add_argument('--configs', nargs='+', default=list(HYPERGRID), choices=HYPERGRID)

@@ -15,7 +15,7 @@ main_config = dict(
     env=dict(
         env_id='CartPole-v1',
         # transitions stored by all actors together
-        max_env_step=30_000,
+        max_env_step=40_000,
         eval_episodes=10,
         eval_freq=2_500,
         stop_value=475.0,
@@ -29,7 +29,7 @@ main_config = dict(
             batch_size=64,
             learning_rate=1e-3,
             # gradient steps per stored transition (the learner waits for the actors beyond it)
-            updates_per_step=0.5,
+            updates_per_step=1.0,
             warmup_steps=1_000,
             target_update_freq=500,
             double=True,

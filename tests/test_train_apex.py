@@ -49,8 +49,8 @@ def finish(p: subprocess.Popen, timeout: float = 240):
     return p.returncode, out, err
 
 
-def ranks_of(p: subprocess.Popen, deadline: float = 60.0) -> dict:
-    """{RANK: pid} of the env:// ranks the torch launcher started (read from /proc)."""
+def ranks_of(p: subprocess.Popen, deadline: float = 60.0, count: int = 4) -> dict:
+    """{RANK: pid} of the ``count`` env:// ranks the torch launcher started (read from /proc)."""
     end = time.monotonic() + deadline
     while time.monotonic() < end:
         found = {}
@@ -66,7 +66,7 @@ def ranks_of(p: subprocess.Popen, deadline: float = 60.0) -> dict:
             for kv in env:
                 if kv.startswith(b'RANK='):
                     found[int(kv[5:])] = int(pid)
-        if len(found) >= 4:
+        if len(found) >= count:
             return found
         time.sleep(0.2)
     raise AssertionError(f'ranks of {p.pid} not found')

@@ -96,6 +96,20 @@ def test_torch_run_learns_with_samplers_and_survives_a_killed_sampler(tmp_path):
     check_run(run_dir)
 
 
+def test_killed_manager_ends_every_rank_with_a_clear_error(tmp_path):
+    p = start(config(tmp_path, 'torch', timeout=5.0), tmp_path, '--nproc', '3', '--iterations', '100000')
+    ranks = ranks_of(p, count=3)
+    wait_for(tmp_path / 'runs' / 'hypergrid_tb_distributed_seed0' / 'eval.csv', 120)
+    t0 = time.monotonic()
+    os.kill(ranks[2], signal.SIGKILL)  # the manager (last rank)
+    rc, out, err = finish(p, timeout=90)
+    assert rc == 3, out[-2000:] + err[-3000:]
+    assert 'ding-buffer: error: learner rank 0' in err, err[-3000:]
+    assert time.monotonic() - t0 < 60
+    for pid in ranks.values():
+        assert not Path(f'/proc/{pid}').exists() or 'zombie' in Path(f'/proc/{pid}/status').read_text().lower()
+
+
 def test_mpi_run_learns(tmp_path):
     need_mpi()
     rc, out, err = finish(start(config(tmp_path, 'mpi'), tmp_path, '--nproc', '3'))
