@@ -77,6 +77,12 @@ def test_wire_format_round_trip_keeps_the_tb_loss():
     a = net.loss(env, tr, recalculate_all_logprobs=True, reduction='sum')
     b = net.loss(env, back, recalculate_all_logprobs=True, reduction='sum')
     assert torch.allclose(a, b)
+    # items with an impossible length (a lying sampler) are left out; none left: None
+    bad = {k: v.clone() for k, v in batch.items()}
+    bad['length'][:3] = torch.tensor([0, 99, -5])
+    kept = batch_to_trajectories(bad, env)
+    assert len(kept) == 29 and torch.equal(kept.terminating_idx, tr.terminating_idx[3:])
+    assert batch_to_trajectories({k: v[:3] for k, v in bad.items()}, env) is None
     # a subset (what a sample returns) rebuilds too, trimmed to its longest item
     sub = {k: v[:5] for k, v in batch.items()}
     part = batch_to_trajectories(sub, env)

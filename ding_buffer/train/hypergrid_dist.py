@@ -60,10 +60,18 @@ def trajectories_to_batch(tr: Any, length: int) -> Dict[str, torch.Tensor]:
             'traj_states': out_s, 'traj_actions': out_a, 'length': tr.terminating_idx.long().clone()}
 
 
-def batch_to_trajectories(batch: Dict[str, torch.Tensor], env: Any) -> Any:
-    """The ``Trajectories`` of a dict batch made by ``trajectories_to_batch`` (trimmed to its longest item)."""
+def batch_to_trajectories(batch: Dict[str, torch.Tensor], env: Any) -> Optional[Any]:
+    """The ``Trajectories`` of a dict batch made by ``trajectories_to_batch`` (trimmed to its longest item). Items
+    whose ``length`` is not in ``[1, padded length]`` -- only a broken or lying sampler pushes them -- are left out
+    (None when none is left): the TB loss of such an item would index past its own trajectory."""
     from gfn.containers import Trajectories
     length = batch['length'].long()
+    ok = (length >= 1) & (length <= batch['traj_actions'].shape[1])
+    if not bool(ok.all()):
+        if not bool(ok.any()):
+            return None
+        batch = {k: v[ok] for k, v in batch.items()}
+        length = batch['length'].long()
     t = int(length.max()) if len(length) else 0
     states = batch['traj_states'][:, :t + 1].transpose(0, 1).contiguous()
     actions = batch['traj_actions'][:, :t].transpose(0, 1).unsqueeze(-1).contiguous()
