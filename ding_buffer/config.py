@@ -195,6 +195,16 @@ def build_config(
     return cfg
 
 
+def check_section(cls: Any, section: Mapping, prefix: str = '') -> EasyDict:
+    """The config a buffer class ``cls`` builds from ``section`` -- its keys, checks, ignored keys and key aliases
+    -- without building the buffer (no warnings: a check before the build). ``import_names``, ``cfg_type`` and
+    ``distributed`` are not the class's own keys and are left out. The one place a job or the distributed
+    wrapper validates a buffer section."""
+    own = {k: v for k, v in section.items() if k not in ('import_names', 'cfg_type', 'distributed')}
+    return build_config(cls.config, own, getattr(cls, 'checks', None), prefix=prefix,
+                        ignored=getattr(cls, 'ignored_keys', None), warn=False, aliases=getattr(cls, 'key_aliases', None))
+
+
 def resolve_aliases(user: Mapping, aliases: Mapping[str, str], prefix: str = '') -> Mapping:
     """``user`` with each alias key renamed to the key it stands for (a new dict when one is present)."""
     present = [k for k in aliases if k in user]

@@ -1090,6 +1090,13 @@ def test_torchgfn_sample_keyword_and_capacity_key(samplers, env, pool, btype):
     with pytest.raises(TypeError, match='n_samples'):
         buf.sample()
     assert create_buffer(dict(type=btype, capacity=30, replay_buffer_size=30)).capacity == 30
+    # every place that checks a section before building (jobs, the distributed wrapper) reads the alias too
+    from easydict import EasyDict
+
+    from ding_buffer.base import get_buffer_cls
+    from ding_buffer.config import check_section
+    section = EasyDict(type=btype, capacity=30, distributed=dict(backend='torch'))
+    assert check_section(get_buffer_cls(section), section).replay_buffer_size == 30
     with pytest.raises(ValueError, match="'capacity' = 30 and 'replay_buffer_size' = 20 disagree"):
         create_buffer(dict(type=btype, capacity=30, replay_buffer_size=20))
 

@@ -10,7 +10,7 @@ import copy
 from typing import Any, Dict
 
 from ..base import register_distributed
-from ..config import build_config
+from ..config import check_section
 from .codec import CodecError, decode, encode
 from .config import DISTRIBUTED_CONFIG, build_distributed_config, startup_seconds
 from .local import _local_cfg, build_manager_buffer, profile
@@ -26,7 +26,7 @@ def create_distributed(cls: type, cfg: Any, *args, **kwargs) -> Any:
         raise ValueError(f"config key 'distributed' is set on type {cfg.get('type')!r}: {cls.not_distributable}")
     local_cfg = _local_cfg(cfg)
     # every rank fails fast on a bad buffer section
-    build_config(cls.config, local_cfg, getattr(cls, 'checks', {}), ignored=getattr(cls, 'ignored_keys', None), warn=False)
+    check_section(cls, local_cfg)
     prof = profile(cls, local_cfg, dcfg)
     max_bytes = int(dcfg.max_message_mb * (1 << 20))
     if dcfg.backend == 'ray':

@@ -37,7 +37,7 @@ import numpy as np
 import torch
 from easydict import EasyDict
 
-from ..config import build_config, positive_int
+from ..config import build_config, check_section, positive_int
 from ..errors import ManagerUnavailableError
 from .config import BUFFER_SECTION, TRAIN_CHECKS, TRAIN_DEFAULTS, check_new_run_dir, run_dir_of, split_buffer_section
 from .launch import LAUNCHED, publish_weights, run_roles, with_remote
@@ -114,9 +114,7 @@ def build_apex_config(user: Dict[str, Any], source: str) -> EasyDict:
         from ..base import get_buffer_cls
         from ..distributed.config import build_distributed_config
         cls = get_buffer_cls(EasyDict(buffer_cfg))
-        local = {k: v for k, v in buffer_cfg.items() if k != 'distributed'}
-        build_config(cls.config, local, getattr(cls, 'checks', None), prefix=BUFFER_SECTION,
-                     ignored=getattr(cls, 'ignored_keys', None), warn=False)
+        check_section(cls, buffer_cfg, BUFFER_SECTION)
         build_distributed_config(dist)
     except (ValueError, TypeError) as e:
         raise type(e)(f"{source}: {str(e).replace(chr(39) + 'distributed.', chr(39) + BUFFER_SECTION + 'distributed.')}") from e

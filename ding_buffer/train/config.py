@@ -15,7 +15,7 @@ from ..base import get_buffer_cls
 from ..buffers.advanced import AdvancedReplayBuffer
 from ..buffers.naive import NaiveReplayBuffer
 from ..buffers.sequence import SequenceReplayBuffer
-from ..config import build_config, optional_positive_int, positive_int
+from ..config import build_config, check_section, optional_positive_int, positive_int
 
 INF = float('inf')
 
@@ -130,10 +130,7 @@ def build_train_config(user: Mapping, source: str = '<config>') -> EasyDict:
     try:  # validate the buffer section now, so a typo fails before anything is created on disk
         cls = get_buffer_cls(EasyDict(buffer_cfg))
         _check_trainer_buffer(cls, buffer_cfg['type'])
-        own = {k: v for k, v in buffer_cfg.items() if k not in ('import_names', 'cfg_type')}  # not the class's keys
-        full = build_config(cls.config, own, getattr(cls, 'checks', None), prefix=BUFFER_SECTION,
-                            ignored=getattr(cls, 'ignored_keys', None), warn=False,
-                            aliases=getattr(cls, 'key_aliases', None))
+        full = check_section(cls, buffer_cfg, BUFFER_SECTION)
         _check_batch_fits(cfg.policy.learn.batch_size, full.replay_buffer_size, 'replay_buffer_size' in buffer_cfg)
     except (ValueError, TypeError) as e:
         msg = str(e).replace("config key 'type'", f"config key '{BUFFER_SECTION}type'")

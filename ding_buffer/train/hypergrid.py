@@ -32,7 +32,7 @@ import torch
 from easydict import EasyDict
 
 from ..base import create_buffer, get_buffer_cls
-from ..config import build_config, optional_positive_int, positive_int
+from ..config import build_config, check_section, optional_positive_int, positive_int
 from ..persistence import atomic_json, atomic_save
 from .checkpoint import complete_checkpoints, load_latest, save_checkpoint
 from .config import BUFFER_SECTION, check_new_run_dir, check_run_dir, run_dir_of, split_buffer_section
@@ -212,9 +212,7 @@ def _check_buffer_section(buffer_cfg: Any, cfg: EasyDict) -> EasyDict | None:
                 f"config key '{BUFFER_SECTION}type' is {name!r} ({cls.__name__}), which stores no torchgfn "
                 "trajectories; expected 'gfn', 'gfn_diverse' or a torchgfn buffer ('torchgfn:ReplayBuffer')"
             )
-        own = {k: v for k, v in buffer_cfg.items() if k not in ('import_names', 'cfg_type')}
-        full = build_config(cls.config, own, getattr(cls, 'checks', None), prefix=BUFFER_SECTION,
-                            ignored=getattr(cls, 'ignored_keys', None), warn=False)
+        full = check_section(cls, buffer_cfg, BUFFER_SECTION)
         buffer_cfg.setdefault('seed', cfg.seed)
     learn, size = cfg.policy.learn, full.replay_buffer_size
     for key in ('replay_batch_size', 'replay_warmup'):
