@@ -1,18 +1,44 @@
-"""ding_buffer: replay buffers with DI-engine's API -- ``create_buffer(cfg)`` builds any registered preset."""
-from .base import BUFFER_REGISTRY, IBuffer, create_buffer, get_buffer_cls
-from .buffers import (AdvancedReplayBuffer, DequeReplayBuffer, DiverseGFlowNetReplayBuffer, ElasticReplayBuffer,
-                      EpisodeReplayBuffer, GFlowNetReplayBuffer, NaiveReplayBuffer, SequenceReplayBuffer,
-                      TerminatingStateBuffer)
-from .config import deep_merge_dicts
-from . import distributed  # noqa: F401  (registers the distributed wrapper with create_buffer)
-from .errors import (CodecError, ManagerUnavailableError, RemoteError, SampleTimeoutError, SendTimeout,
-                     TransportError)
+"""ding_buffer: replay buffers with DI-engine's API -- ``create_buffer(cfg)`` builds any registered preset.
+
+The public names load on first use (PEP 562), so ``import ding_buffer`` -- and the ``ding-buffer`` command's first
+line -- does not wait for torch; ``from ding_buffer import create_buffer`` works as usual.
+"""
+import importlib
+from typing import Any, List
 
 __version__ = '0.1.0'
 
+# public name -> the submodule that defines it
+_EXPORTS = {
+    'IBuffer': 'base', 'BUFFER_REGISTRY': 'base', 'create_buffer': 'base', 'get_buffer_cls': 'base',
+    'deep_merge_dicts': 'config',
+    'NaiveReplayBuffer': 'buffers', 'ElasticReplayBuffer': 'buffers', 'SequenceReplayBuffer': 'buffers',
+    'DequeReplayBuffer': 'buffers', 'EpisodeReplayBuffer': 'buffers', 'AdvancedReplayBuffer': 'buffers',
+    'GFlowNetReplayBuffer': 'buffers', 'DiverseGFlowNetReplayBuffer': 'buffers', 'TerminatingStateBuffer': 'buffers',
+    'SampleTimeoutError': 'errors', 'CodecError': 'errors', 'TransportError': 'errors', 'SendTimeout': 'errors',
+    'ManagerUnavailableError': 'errors', 'RemoteError': 'errors',
+}
+_SUBPACKAGES = ('base', 'buffers', 'config', 'control', 'distributed', 'errors', 'monitor', 'persistence', 'sampling',
+                'segment_tree', 'storage', 'train', 'utils')
+
 __all__ = [
     'IBuffer', 'BUFFER_REGISTRY', 'create_buffer', 'get_buffer_cls', 'deep_merge_dicts', 'NaiveReplayBuffer',
-    'ElasticReplayBuffer', 'SequenceReplayBuffer', 'DequeReplayBuffer', 'EpisodeReplayBuffer', 'AdvancedReplayBuffer', 'GFlowNetReplayBuffer', 'DiverseGFlowNetReplayBuffer',
-    'TerminatingStateBuffer', 'SampleTimeoutError', 'CodecError', 'TransportError', 'SendTimeout',
-    'ManagerUnavailableError', 'RemoteError', '__version__'
+    'ElasticReplayBuffer', 'SequenceReplayBuffer', 'DequeReplayBuffer', 'EpisodeReplayBuffer', 'AdvancedReplayBuffer',
+    'GFlowNetReplayBuffer', 'DiverseGFlowNetReplayBuffer', 'TerminatingStateBuffer', 'SampleTimeoutError',
+    'CodecError', 'TransportError', 'SendTimeout', 'ManagerUnavailableError', 'RemoteError', '__version__'
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        value = getattr(importlib.import_module(f'.{_EXPORTS[name]}', __name__), name)
+        importlib.import_module('.distributed', __name__)  # registers the distributed wrapper with create_buffer
+        globals()[name] = value
+        return value
+    if name in _SUBPACKAGES:
+        return importlib.import_module(f'.{name}', __name__)
+    raise AttributeError(f"module 'ding_buffer' has no attribute {name!r}")
+
+
+def __dir__() -> List[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -38,6 +38,8 @@ class Registry(dict):
 
     def get(self, name: str) -> type:  # type: ignore[override]
         if name not in self:
+            _load_presets()  # ``import ding_buffer`` loads the presets lazily (a fast CLI start)
+        if name not in self:
             known = ', '.join(sorted(self)) or '(none)'
             raise ValueError(
                 f"unknown {self.what} {name!r} (config key '{self.key}'); registered: {known} (a module of your own "
@@ -161,7 +163,14 @@ def _import_modules(cfg: Any) -> None:
         importlib.import_module(name)
 
 
+def _load_presets() -> None:
+    """Import the modules that register the built-in presets and the distributed wrapper (once; cheap after)."""
+    importlib.import_module('ding_buffer.buffers')
+    importlib.import_module('ding_buffer.distributed')
+
+
 def _buffer_type(cfg: Any) -> str:
+    _load_presets()
     if not hasattr(cfg, 'get'):
         raise TypeError(f"buffer config must be a dict/EasyDict, got {type(cfg).__name__}")
     name = cfg.get('type')
