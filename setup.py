@@ -11,10 +11,18 @@ TORCHGFN_DEPS = ['tensordict>=0.6', 'torch_geometric>=2.6', 'dill>=0.3.8', 'eino
 setup(
     name='ding-buffer',
     version='0.1.0',
+    author='ding_buffer developers',
+    license='Apache-2.0',
+    license_files=['LICENSE'],
+    keywords=['reinforcement learning', 'replay buffer', 'prioritized replay', 'GFlowNet', 'DI-engine', 'distributed'],
     description='Replay buffers for RL and GFlowNets with DI-engine\'s API: naive, episode, prioritized, distributed',
     long_description=open('README.md', encoding='utf-8').read(),
     long_description_content_type='text/markdown',
-    packages=find_packages(include=['ding_buffer', 'ding_buffer.*']),
+    # the ready configs (config/ in the checkout) install as the package ding_buffer.configs, so
+    # `ding-buffer train cartpole_dqn_per` finds them by name from a wheel; py.typed: the annotations are for users
+    packages=find_packages(include=['ding_buffer', 'ding_buffer.*']) + ['ding_buffer.configs'],
+    package_dir={'ding_buffer.configs': 'config'},
+    package_data={'ding_buffer': ['py.typed']},
     python_requires='>=3.9',
     install_requires=[
         'torch>=2.1',
@@ -38,9 +46,19 @@ setup(
         # `ding-buffer train` / `plot`: environments, learning curves, progress bar (and the compiled trees).
         'examples': ['gymnasium>=0.29', 'matplotlib>=3.5', 'tqdm>=4.60', 'numba>=0.59'],
     },
-    entry_points={'console_scripts': ['ding-buffer=ding_buffer.cli:main']},
+    entry_points={'console_scripts': ['ding-buffer=ding_buffer.cli:console_main']},
     classifiers=[
+        'Development Status :: 4 - Beta',
+        'Intended Audience :: Science/Research',
+        'Operating System :: POSIX :: Linux',
         'Programming Language :: Python :: 3',
+        'Programming Language :: Python :: 3 :: Only',
+        'Programming Language :: Python :: 3.9',
+        'Programming Language :: Python :: 3.10',
+        'Programming Language :: Python :: 3.11',
+        'Programming Language :: Python :: 3.12',
+        'Programming Language :: Python :: 3.13',
         'Topic :: Scientific/Engineering :: Artificial Intelligence',
+        'Typing :: Typed',
     ],
 )
