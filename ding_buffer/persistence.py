@@ -38,12 +38,27 @@ def atomic_save(obj: Any, path: str) -> None:
             torch.save(obj, f)
             f.flush()
             os.fsync(f.fileno())
+        os.chmod(tmp, 0o666 & ~current_umask())  # mkstemp makes 0600; a saved file follows the umask like open()
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
             os.remove(tmp)
         raise
     fsync_dir(directory)
+
+
+def current_umask() -> int:
+    """The process umask, read without changing it (Linux: /proc/self/status; elsewhere set and restored)."""
+    try:
+        with open('/proc/self/status') as f:
+            for line in f:
+                if line.startswith('Umask:'):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 _HOST = socket.gethostname().replace('.', '_') or 'host'

@@ -4,10 +4,13 @@ Pull-based: a daemon thread reads the buffer's cumulative counters through ``rea
 buffer's lock briefly) and reports the differences since the previous period -- the buffer keeps no per-period
 state. It logs a line and writes DI-engine's tags ``{instance}_sec/pushed_in``, ``.../sampled_out``,
 ``.../removed`` and ``.../current_have`` with step = period index (0, 1, 2, ...).
-The thread starts with ``start()`` (idempotent), wakes up promptly on ``close()``, and is joined there.
+The thread starts with ``start()`` (idempotent), wakes up promptly on ``close()``, and is joined there; ``close()``
+then writes the last, partial period (so a run shorter than one period still gets its ``_sec`` scalars) and
+flushes the writer.
 """
 import logging
 import threading
+import time
 from typing import Any, Callable, Dict, Optional
 
 TAGS = (('pushed_in', 'push_items'), ('sampled_out', 'sampled_items'), ('removed', 'remove_count'))
@@ -30,12 +33,14 @@ class PeriodicThruputMonitor:
         self.tb_logger = tb_logger
         self.period = 0
         self._last: Optional[Dict[str, float]] = None
+        self._last_at = 0.0
+        self._closed = False
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
 
     def start(self) -> None:
         if self._thread is None and not self._stop.is_set():
-            self._last = self.read()
+            self._last, self._last_at = self.read(), time.monotonic()
             self._thread = threading.Thread(target=self._run, name=f'{self.instance_name}_thruput', daemon=True)
             self._thread.start()
 
@@ -55,9 +60,11 @@ class PeriodicThruputMonitor:
         last = self._last or {k: 0 for k in now}
         values = {tag: now[key] - last.get(key, 0) for tag, key in TAGS}
         values['current_have'] = now['count']
-        self._last = now
+        self._last, elapsed = now, (time.monotonic() - self._last_at if self._last_at else self.seconds)
+        self._last_at = time.monotonic()
         self.logger.info(
-            "[%s] In the past %.1f seconds, buffer statistics is as follows: %s", self.instance_name, self.seconds,
+            "[%s] In the past %.1f seconds, buffer statistics is as follows: %s", self.instance_name,
+            min(elapsed, self.seconds),
             ', '.join(f'{k}={v:g}' for k, v in values.items())
         )
         if self.tb_logger is not None:
@@ -71,6 +78,19 @@ class PeriodicThruputMonitor:
         self._stop.set()
 
     def close(self, timeout: float = 5.0) -> None:
+        """Stop and join the thread, then write the partial period since the last report (when anything was
+        pushed, sampled or removed in it) and flush the writer. Idempotent."""
+        if self._thread is None or self._closed:
+            self._stop.set()
+            return
         self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout)
+        self._closed = True
+        self._thread.join(timeout)
+        try:
+            now, last = self.read(), self._last
+            if now is not None and last is not None and any(now[k] != last.get(k, 0) for _, k in TAGS):
+                self.report()
+            if self.tb_logger is not None and hasattr(self.tb_logger, 'flush'):
+                self.tb_logger.flush()
+        except Exception:  # closing must not fail because a writer does
+            self.logger.exception("[%s] final periodic thruput report failed", self.instance_name)
