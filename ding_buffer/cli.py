@@ -1,15 +1,18 @@
-"""The ``ding-buffer`` command.
+"""The ``ding-buffer`` command: ``train``, ``configs``, ``plot``, ``demo``.
 
-``ding-buffer demo``: an end-to-end tour -- build buffers from configs, push CartPole-like transitions and
-episodes, sample, save atomically, reload into a fresh buffer and check the round trip. User errors exit 2
-with a one-line message; nothing is written to the working directory unless ``--out`` says so.
+User errors (a bad flag, a bad config) exit 2 with one line and no traceback. This module imports nothing heavy
+at the top: ``train`` prints its first line before torch loads. SIGINT / SIGTERM during a training job stop it at
+the next step with a final checkpoint and the command that resumes it (exit 130 / 143); a second signal stops at
+once.
 """
 import argparse
 import os
+import re
 import sys
-from typing import List, Optional
+import time
+from typing import List, NoReturn, Optional
 
-import torch
+from .ready_configs import list_configs, resolve_config
 
 
 
@@ -35,6 +38,9 @@ JOBS = {
 
 def train(args: argparse.Namespace) -> int:
     """Run (or resume) a training job from a DI-engine-style config file (``main_config['job']`` picks it)."""
+    args.config_arg, args.config = args.config, resolve_config(args.config)
+    what = f"--resume {args.resume}" if args.resume else 'a new run'
+    print(f"ding-buffer train {args.config}: {what}, loading torch and the job ...", flush=True)
     from .train.config import load_config_file
     user = load_config_file(args.config)
     job = user.pop('job', 'dqn')
@@ -48,9 +54,10 @@ def train(args: argparse.Namespace) -> int:
         except ImportError as e:
             return _missing_extra(e)
         return run(user, args)
-    if args.nproc is not None:
-        raise ValueError(f"{args.config}: --nproc is for distributed jobs ('apex', 'hypergrid'); this config runs "
-                         f"the single-process 'dqn' job")
+    for flag, value, jobs in (('--nproc', args.nproc, "distributed jobs ('apex', 'hypergrid')"),
+                              ('--iterations', args.iterations, "GFlowNet jobs ('hypergrid')")):
+        if value is not None:
+            raise ValueError(f"{args.config}: {flag} is for {jobs}; this config runs the single-process 'dqn' job")
     return _train_dqn(user, args)
 
 
@@ -59,7 +66,9 @@ def _train_dqn(user: dict, args: argparse.Namespace) -> int:
         from .train.dqn import DQNTrainer
     except ImportError as e:
         return _missing_extra(e)
+    import torch
     from .train.config import build_train_config, check_run_dir, run_dir_of
+    from .train.signals import StopSignals
     if args.seed is not None:
         user['seed'] = args.seed
     if args.env_steps is not None:
@@ -69,29 +78,53 @@ def _train_dqn(user: dict, args: argparse.Namespace) -> int:
         user['policy'] = dict(user.get('policy') or {}, device=args.device)
     cfg = build_train_config(user, source=args.config)
     run_dir = args.resume or run_dir_of(cfg)
+    learn = cfg.policy.learn
+    if learn.warmup_steps >= cfg.env.max_env_step:
+        print(f"ding-buffer: warning: policy.learn.warmup_steps ({learn.warmup_steps}) >= env.max_env_step "
+              f"({cfg.env.max_env_step}): no gradient step will run; lower the warm-up or raise --env-steps",
+              file=sys.stderr, flush=True)
     torch.set_num_threads(args.threads)
     try:
         if args.resume is None:
             check_run_dir(run_dir, cfg.log_dir)
-        trainer = DQNTrainer(cfg, run_dir, resume=args.resume is not None, progress=not args.no_progress)
+        trainer = DQNTrainer(cfg, run_dir, resume=args.resume is not None, progress=not args.no_progress,
+                             started_at=args.started_at)
     except ValueError as e:
         raise ValueError(f"{args.config}: {e}") from e
     if trainer.resumed_from:
         print(f"resumed from {trainer.resumed_from} at env step {trainer.env_step}")
-    s = trainer.run()
+    with StopSignals() as stop:
+        s = trainer.run(stop=stop)
     solved = f"reached {s['stop_value']:g} at env step {s['solved_step']}" if s['solved_step'] is not None \
         else f"did not reach {s['stop_value']:g}"
+    evals = (f"eval return: best {s['best_eval_return']:.1f} (step {s['best_eval_step']}), final "
+             f"{s['final_eval_return']:.1f}") if s['best_eval_return'] is not None else 'no evaluation yet'
     buf = ', '.join(f'{k} {v:.4g}' if isinstance(v, float) else f'{k} {v}' for k, v in s['buffer'].items())
     print(
         f"\n== {s['exp_name']} (seed {s['seed']}, {s['buffer_type']} buffer) ==\n"
         f"  env steps {s['env_steps']}, gradient steps {s['train_iters']}, episodes {s['episodes']}, "
         f"wall time {s['wall_time_s']:.0f} s\n"
-        f"  eval return: best {s['best_eval_return']:.1f} (step {s['best_eval_step']}), final "
-        f"{s['final_eval_return']:.1f}; {solved}\n"
+        f"  {evals}; {solved}\n"
         f"  buffer: {buf}\n"
         f"  run dir: {s['run_dir']} (TensorBoard: tensorboard --logdir {os.path.join(s['run_dir'], 'log')}; "
         f"curve: learning_curve.png)"
     )
+    return stop.report(args, s['run_dir'], f"env step {s['env_steps']}")
+
+
+def configs(args: argparse.Namespace) -> int:
+    """List the ready configs (installed with the package): name, job, what it is."""
+    found = list_configs()
+    if not found:
+        print("no ready configs found (the package was installed without ding_buffer.configs)", file=sys.stderr)
+        return 1
+    width = max(len(c.name) for c in found)
+    print(f"{'name':<{width}}  {'job':<9}  description")
+    for c in found:
+        job = c.job if c.job != '-' else 'buffer'
+        print(f"{c.name:<{width}}  {job:<9}  {c.summary}")
+    print(f"\njob 'buffer': a buffer section for create_buffer(...), not a training job; train one with "
+          f"`ding-buffer train NAME`; copy one to edit it (files in {os.path.dirname(found[0].path)})")
     return 0
 
 
@@ -119,24 +152,71 @@ def _at_least_one(what: str):
     return parse
 
 
+def _non_negative(what: str):
+    """An argparse type: an int >= 0."""
+    def parse(text: str) -> int:
+        try:
+            n = int(text)
+        except ValueError:
+            n = -1
+        if n < 0 or n >= 2 ** 63:
+            raise argparse.ArgumentTypeError(f"expected an int >= 0 ({what}), got {text!r}")
+        return n
+    return parse
+
+
+def _device(text: str) -> str:
+    if not re.fullmatch(r'cpu|cuda(:\d+)?|mps', text):
+        raise argparse.ArgumentTypeError(f"expected 'cpu', 'cuda', 'cuda:N' or 'mps', got {text!r}")
+    return text
+
+
+def _run_dir(text: str) -> str:
+    if not os.path.isdir(text):
+        raise argparse.ArgumentTypeError(f"expected an existing run directory, got {text!r} "
+                                         f"({'a file' if os.path.exists(text) else 'no such directory'})")
+    return text
+
+
+def _out_png(text: str) -> str:
+    if os.path.isdir(text) or not text.lower().endswith('.png'):
+        raise argparse.ArgumentTypeError(f"expected a .png file path, got {text!r}")
+    return text
+
+
+def _out_dir(text: str) -> str:
+    if os.path.exists(text) and not os.path.isdir(text):
+        raise argparse.ArgumentTypeError(f"expected a directory, got {text!r} (an existing file)")
+    return text
+
+
 _threads = _at_least_one('torch CPU threads')
 
 
+class _Parser(argparse.ArgumentParser):
+    """A usage error is one line on stderr (no usage block) and exit status 2."""
+
+    def error(self, message: str) -> 'NoReturn':
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog='ding-buffer', description='ding_buffer command line')
+    parser = _Parser(prog='ding-buffer', description='ding_buffer command line')
     sub = parser.add_subparsers(dest='command', required=True)
-    p = sub.add_parser('demo', help='push, sample, save and reload buffers, printing what happens')
-    p.add_argument('--seed', type=int, default=0)
-    p.add_argument('--out', default=None, help='keep the saved buffers in this directory (default: a temp dir)')
+    p = sub.add_parser('demo', help='a tour of every buffer type: push, sample, save and reload, printing what happens')
+    p.add_argument('--seed', type=_non_negative('seed'), default=0)
+    p.add_argument('--out', type=_out_dir, default=None,
+                   help='keep the saved buffers in this directory (default: a temp dir)')
     p.set_defaults(func=demo)
-    p = sub.add_parser('train', help='run a training job from a DI-engine-style config (e.g. config/cartpole_dqn_per.py; '
-                                     "main_config['job'] picks dqn / apex / hypergrid)")
-    p.add_argument('config', help='config file defining main_config')
-    p.add_argument('--seed', type=int, default=None, help='override the config seed')
-    p.add_argument('--env-steps', type=int, default=None, help='override env.max_env_step')
-    p.add_argument('--resume', default=None, metavar='RUN_DIR', help='continue the run in RUN_DIR from its latest '
-                   'complete checkpoint')
-    p.add_argument('--device', default=None, help="'cpu' or 'cuda' (overrides policy.device)")
+    p = sub.add_parser('train', help='run a training job from a DI-engine-style config (a ready config by name, e.g. '
+                                     "cartpole_dqn_per, or a file; main_config['job'] picks dqn / apex / hypergrid)")
+    p.add_argument('config', help='a ready config name (`ding-buffer configs` lists them) or a config file defining '
+                                  'main_config')
+    p.add_argument('--seed', type=_non_negative('seed'), default=None, help='override the config seed')
+    p.add_argument('--env-steps', type=_at_least_one('env steps'), default=None, help='override env.max_env_step')
+    p.add_argument('--resume', type=_run_dir, default=None, metavar='RUN_DIR',
+                   help='continue the run in RUN_DIR from its latest complete checkpoint')
+    p.add_argument('--device', type=_device, default=None, help="'cpu' or 'cuda' (overrides policy.device)")
     p.add_argument('--threads', type=_threads, default=1, help='torch CPU threads (1 is fastest for small networks)')
     p.add_argument('--no-progress', action='store_true', help='no progress bar')
     p.add_argument('--nproc', type=_at_least_one('ranks to start'), default=None, metavar='N',
@@ -145,22 +225,58 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument('--iterations', type=_at_least_one('training iterations'), default=None, metavar='N',
                    help='GFlowNet jobs: override the number of training iterations')
     p.set_defaults(func=train)
+    p = sub.add_parser('configs', help='list the ready configs installed with the package')
+    p.set_defaults(func=configs)
     p = sub.add_parser('plot', help='overlay the evaluation curves of run directories in one PNG')
-    p.add_argument('run_dirs', nargs='+', metavar='RUN_DIR')
-    p.add_argument('--out', default='learning_curves.png')
+    p.add_argument('run_dirs', nargs='+', type=_run_dir, metavar='RUN_DIR')
+    p.add_argument('--out', type=_out_png, default='learning_curves.png', help='the PNG to write')
     p.add_argument('--title', default=None)
     p.set_defaults(func=plot)
     return parser
 
 
-def main(argv: Optional[List[str]] = None) -> int:
+def main(argv: Optional[List[str]] = None, started_at: Optional[float] = None) -> int:
+    """
+    Overview:
+        Run the command ``argv`` (default ``sys.argv[1:]``); returns the exit status. ``started_at`` is the
+        ``time.monotonic()`` a run's wall time counts from (the console script passes the process start; by
+        default, this call).
+    """
+    started_at = time.monotonic() if started_at is None else started_at
     args = build_parser().parse_args(argv)
+    args.started_at = started_at
     try:
         return args.func(args)
     except (ValueError, TypeError, FileNotFoundError) as e:
         print(f"ding-buffer: error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # a second Ctrl-C, or one outside a training loop
+        print("\nding-buffer: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:  # output piped into e.g. `head`, which closed it: not an error of ours
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+
+
+def console_main() -> None:
+    """The ``ding-buffer`` console script (and ``python -m ding_buffer``): wall time counts from process start."""
+    sys.exit(main(started_at=process_start()))
+
+
+def process_start() -> float:
+    """``time.monotonic()`` at this process's start (Linux: /proc; elsewhere: now)."""
+    try:
+        with open('/proc/self/stat') as f:
+            ticks = int(f.read().rsplit(')', 1)[1].split()[19])  # field 22: start time, clock ticks after boot
+        with open('/proc/uptime') as f:
+            uptime = float(f.read().split()[0])
+        age = uptime - ticks / os.sysconf('SC_CLK_TCK')
+        if 0 <= age < 3600:
+            return time.monotonic() - age
+    except (OSError, ValueError, IndexError):
+        pass
+    return time.monotonic()
 
 
 if __name__ == '__main__':
-    sys.exit(main())
+    console_main()

@@ -1,11 +1,19 @@
-"""The `ding-buffer` command: the README's demo runs end to end; user errors exit 2 without a traceback."""
+"""The `ding-buffer` command: the README's demo runs end to end; user errors exit 2 with one line and no
+traceback; ready configs by name; a first line before torch loads; signals stop a run with a final checkpoint."""
+import json
 import os
+import shlex
+import signal
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 import pytest
 
 from ding_buffer.cli import main
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 def test_demo_runs_end_to_end_and_reports_round_trips(tmp_path):
@@ -49,3 +57,187 @@ def test_train_threads_zero_in_a_subprocess_exits_2_without_traceback(tmp_path):
     assert 'Traceback' not in proc.stderr
     assert '--threads' in proc.stderr and '>= 1' in proc.stderr, proc.stderr
     assert os.listdir(tmp_path) == ['cfg.py']
+
+
+# ------------------------------------------------------------------------------------------ every bad flag: exit 2
+def _one_line_error(err: str, *needles: str) -> None:
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1, err
+    assert 'Traceback' not in err and ': error: ' in lines[0], err
+    for needle in needles:
+        assert needle in lines[0], f"{needle!r} not in {lines[0]!r}"
+
+
+@pytest.mark.parametrize('argv, needles', [
+    (['train', 'CFG', '--seed', '-1'], ['--seed', '>= 0']),
+    (['train', 'CFG', '--seed', 'abc'], ['--seed']),
+    (['train', 'CFG', '--env-steps', '0'], ['--env-steps', '>= 1']),
+    (['train', 'CFG', '--env-steps', '1e3'], ['--env-steps']),
+    (['train', 'CFG', '--device', 'tpu'], ['--device', "'tpu'"]),
+    (['train', 'CFG', '--resume', 'no_such_run_dir'], ['--resume', 'no such directory']),
+    (['train', 'CFG', '--resume', 'CFG'], ['--resume', 'a file']),
+    (['train', 'CFG', '--nproc', '0'], ['--nproc']),
+    (['train', 'CFG', '--iterations', '-4'], ['--iterations']),
+    (['train', 'CFG', '--no-such-flag'], ['--no-such-flag']),
+    (['train'], ['config']),
+    (['train', 'no_such_config_name'], ["'no_such_config_name'", 'cartpole_dqn_per', 'ding-buffer configs']),
+    (['train', 'CFG', '--iterations', '5'], ['--iterations', "'dqn'"]),
+    (['demo', '--seed', '-3'], ['--seed']),
+    (['demo', '--out', 'CFG'], ['--out', 'an existing file']),
+    (['plot', '.', '--out', 'curves.txt'], ['--out', '.png']),
+    (['plot', '.', '--out', '.'], ['--out']),
+    (['no-such-command'], ['no-such-command']),
+])
+def test_every_bad_flag_exits_2_with_one_line_and_changes_nothing(tmp_path, capsys, argv, needles):
+    cfg = tmp_path / 'cfg.py'
+    cfg.write_text("main_config = dict(policy=dict(other=dict(replay_buffer=dict(type='naive'))))\n")
+    argv = [str(cfg) if a == 'CFG' else a for a in argv]
+    cwd = os.getcwd()
+    os.chdir(tmp_path)
+    try:
+        try:
+            rc = main(argv)
+        except SystemExit as e:
+            rc = e.code
+    finally:
+        os.chdir(cwd)
+    assert rc == 2
+    _one_line_error(capsys.readouterr().err, *needles)
+    assert os.listdir(tmp_path) == ['cfg.py']
+
+
+def test_bad_flag_in_a_subprocess_is_one_line_without_usage_block(tmp_path):
+    proc = subprocess.run([sys.executable, '-m', 'ding_buffer', 'train', 'cartpole_dqn_per', '--device', 'gpu'],
+                          capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert proc.returncode == 2
+    _one_line_error(proc.stderr, '--device', "'gpu'")
+    assert proc.stdout == '' and os.listdir(tmp_path) == []
+
+
+# ------------------------------------------------------------------------------------------ ready configs by name
+def test_configs_lists_every_ready_config_with_its_job(capsys):
+    from ding_buffer.ready_configs import list_configs
+    assert main(['configs']) == 0
+    out = capsys.readouterr().out
+    found = {c.name: c for c in list_configs()}
+    shipped = sorted(p.stem for p in (REPO / 'config').glob('*.py') if not p.stem.startswith('_'))
+    assert sorted(found) == shipped
+    assert found['cartpole_dqn_per'].job == 'dqn' and found['cartpole_apex'].job == 'apex'
+    assert found['hypergrid_tb_gfn'].job == 'hypergrid' and found['naive_buffer_config'].job == '-'
+    rows = {line.split()[0]: line.split()[1] for line in out.splitlines()[1:] if line.strip() and
+            line.split()[0] in found}
+    assert rows == {name: (c.job if c.job != '-' else 'buffer') for name, c in found.items()}
+
+
+@pytest.mark.parametrize('arg', ['cartpole_dqn_per', 'cartpole_dqn_per.py', 'config/cartpole_dqn_per.py'])
+def test_a_ready_config_resolves_by_name_from_any_directory(tmp_path, arg):
+    from ding_buffer.ready_configs import resolve_config
+    cwd = os.getcwd()
+    os.chdir(tmp_path)
+    try:
+        path = resolve_config(arg)
+    finally:
+        os.chdir(cwd)
+    assert os.path.samefile(path, REPO / 'config' / 'cartpole_dqn_per.py')
+
+
+def test_an_existing_file_wins_over_a_ready_config_of_the_same_name(tmp_path):
+    from ding_buffer.ready_configs import resolve_config
+    own = tmp_path / 'cartpole_dqn_per.py'
+    own.write_text("main_config = dict()\n")
+    assert resolve_config(str(own)) == str(own)
+    with pytest.raises(FileNotFoundError, match="'elsewhere/cartpole_dqn_per.py' does not exist"):
+        resolve_config('elsewhere/cartpole_dqn_per.py')  # a path in another folder is not a name
+
+
+# ------------------------------------------------------------------------------------------ start-up, clock
+def test_the_cli_module_loads_without_torch_so_the_first_line_comes_first():
+    code = ("import sys, ding_buffer, ding_buffer.cli, ding_buffer.ready_configs\n"
+            "print(sorted(m for m in ('torch', 'numpy', 'gymnasium') if m in sys.modules))")
+    proc = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == '[]'
+
+
+def test_process_start_is_the_start_of_the_process_not_of_the_call():
+    code = ("import time\nt = time.monotonic()\nwhile time.monotonic() - t < 1.0: pass\n"
+            "from ding_buffer.cli import process_start\nprint(time.monotonic() - process_start())")
+    proc = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    age = float(proc.stdout)
+    assert 1.0 <= age < 60.0
+
+
+# ------------------------------------------------------------------------------------------ signals, warm-up
+def _small_dqn_config(tmp_path, **overrides):
+    base = REPO / 'config' / 'cartpole_dqn_per.py'
+    merged = dict(log_dir=str(tmp_path / 'runs'), env=dict(eval_freq=1000, eval_episodes=2),
+                  policy=dict(learn=dict(warmup_steps=200)), checkpoint=dict(freq=300))
+    for k, v in overrides.items():
+        merged[k] = dict(merged.get(k, {}), **v) if isinstance(v, dict) else v
+    path = tmp_path / 'small.py'
+    path.write_text(f"import runpy\nmain_config = runpy.run_path({str(base)!r})['main_config']\n"
+                    "def _merge(d, u):\n    for k, v in u.items():\n"
+                    "        if isinstance(v, dict) and isinstance(d.get(k), dict):\n            _merge(d[k], v)\n"
+                    "        else:\n            d[k] = v\n"
+                    f"_merge(main_config, {merged!r})\n")
+    return path
+
+
+def _wait_for_checkpoint(proc, ck_dir, timeout=90):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and proc.poll() is None:
+        if ck_dir.is_dir() and any(n.startswith('step_') for n in os.listdir(ck_dir)):
+            return
+        time.sleep(0.1)
+    proc.kill()
+    raise AssertionError(f"no checkpoint appeared in {ck_dir} (exit {proc.poll()})")
+
+
+@pytest.mark.parametrize('sig, code', [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_a_signal_stops_training_with_a_final_checkpoint_and_the_resume_command(tmp_path, sig, code):
+    cfg = _small_dqn_config(tmp_path)
+    run_dir = tmp_path / 'runs' / 'cartpole_dqn_per_seed3'
+    proc = subprocess.Popen([sys.executable, '-m', 'ding_buffer', 'train', str(cfg), '--seed', '3',
+                             '--env-steps', '200000', '--no-progress'], cwd=tmp_path, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        _wait_for_checkpoint(proc, run_dir / 'checkpoints')
+        proc.send_signal(sig)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == code, err
+    assert 'Traceback' not in err
+    summary = json.loads((run_dir / 'summary.json').read_text())
+    stopped_at = summary['env_steps']
+    assert summary['stopped_early'] and 300 <= stopped_at < 200000
+    steps = sorted(int(n.split('_')[1]) for n in os.listdir(run_dir / 'checkpoints') if n.startswith('step_'))
+    assert steps[-1] == stopped_at  # the final checkpoint is of the step it stopped at
+    resume = [line for line in out.splitlines() if line.startswith('resume with: ')]
+    assert len(resume) == 1, out
+    argv = shlex.split(resume[0][len('resume with: '):])
+    assert argv[:3] == ['ding-buffer', 'train', str(cfg)]
+    assert argv[argv.index('--seed') + 1] == '3' and argv[argv.index('--env-steps') + 1] == '200000'
+    assert os.path.samefile(argv[argv.index('--resume') + 1], run_dir)
+    if sig == signal.SIGINT:  # the printed command continues the run (to a nearer end, for time)
+        argv[argv.index('--env-steps') + 1] = str(stopped_at + 300)
+        proc = subprocess.run([sys.executable, '-m', 'ding_buffer', *argv[1:], '--no-progress'], cwd=tmp_path,
+                              capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, proc.stderr
+        assert 'resumed from' in proc.stdout and f'at env step {stopped_at}' in proc.stdout
+        summary = json.loads((run_dir / 'summary.json').read_text())
+        assert summary['env_steps'] == stopped_at + 300 and not summary['stopped_early']
+
+
+def test_warmup_at_or_past_the_last_env_step_warns(tmp_path):
+    cfg = _small_dqn_config(tmp_path, policy=dict(learn=dict(warmup_steps=1000)), checkpoint=dict(freq=None))
+    proc = subprocess.run([sys.executable, '-m', 'ding_buffer', 'train', str(cfg), '--env-steps', '400',
+                           '--no-progress'], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    warning = [line for line in proc.stderr.splitlines() if 'warning' in line]
+    assert len(warning) == 1 and 'warmup_steps (1000) >= env.max_env_step (400)' in warning[0], proc.stderr
+    assert 'gradient steps 0' in proc.stdout
+    assert proc.stdout.splitlines()[0].startswith(f'ding-buffer train {cfg}: a new run')

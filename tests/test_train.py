@@ -121,7 +121,7 @@ def test_short_run_learns_and_writes_its_artefacts(e2e_runs, seed):
     assert f"== cartpole_dqn_per (seed {seed}, advanced buffer) ==" in out
     assert f"env steps {E2E_STEPS}, gradient steps {E2E_STEPS - E2E_WARMUP + 1}" in out
     assert 'eval return: best' in out and f"run dir: {run_dir} (TensorBoard" in out
-    assert sorted(os.listdir(run_dir)) == ['checkpoints', 'eval.csv', 'learning_curve.png', 'log', 'summary.json']
+    assert sorted(os.listdir(run_dir)) == ['checkpoints', 'eval.csv', 'learning_curve.png', 'log', 'run.json', 'summary.json']
 
     summary = json.loads((run_dir / 'summary.json').read_text())
     assert summary['exp_name'] == 'cartpole_dqn_per' and summary['seed'] == seed

@@ -326,8 +326,10 @@ class Learner:
     def run(self) -> Dict[str, Any]:
         from tqdm import tqdm
         from .dqn import learn_step
+        from .plot import write_run_info
         cfg = self.cfg
         learn = cfg.policy.learn
+        write_run_info(self.run_dir, cfg, 'apex')  # run.json: what the plot groups the run by, before summary.json
         self._t0 = time.monotonic()
         self._refresh_env_step()
         self.publish()
@@ -403,7 +405,8 @@ class Learner:
                                              'max_priority', 'beta') if k in stats},
         }
         atomic_json(summary, os.path.join(self.run_dir, 'summary.json'))
-        plot_runs([self.run_dir], os.path.join(self.run_dir, 'learning_curve.png'), title=self.cfg.exp_name)
+        if self.evals:  # a run stopped before its first evaluation has no curve yet
+            plot_runs([self.run_dir], os.path.join(self.run_dir, 'learning_curve.png'), title=self.cfg.exp_name)
         self.tb.flush()
         self.tb.close()
         return summary

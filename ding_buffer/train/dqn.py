@@ -145,9 +145,11 @@ class DQNTrainer:
         complete checkpoint of ``run_dir``.
     """
 
-    def __init__(self, cfg: EasyDict, run_dir: str, resume: bool = False, progress: bool = True) -> None:
+    def __init__(self, cfg: EasyDict, run_dir: str, resume: bool = False, progress: bool = True,
+                 started_at: Optional[float] = None) -> None:
         import gymnasium as gym
         self.cfg, self.run_dir, self.progress = cfg, run_dir, progress
+        self.started_at = started_at  # time.monotonic() the wall time counts from (the CLI: process start)
         self.device = torch.device(cfg.policy.device)
         if self.device.type == 'cuda' and not torch.cuda.is_available():
             raise ValueError(f"device '{cfg.policy.device}' requested but CUDA is not available on this machine")
@@ -257,14 +259,18 @@ class DQNTrainer:
         return self.wall_offset + time.monotonic() - self._t0
 
     # ------------------------------------------------------------------ main loop
-    def run(self) -> Dict[str, Any]:
+    def run(self, stop: Any = None) -> Dict[str, Any]:
+        """Train until ``env.max_env_step`` or until ``stop.requested`` (a ``StopSignals``) turns true; either
+        way the last step is checkpointed and the summary written (``summary['stopped_early']``)."""
         from tqdm import tqdm
+        from .plot import write_run_info
         cfg = self.cfg
-        self._t0 = time.monotonic()
+        write_run_info(self.run_dir, cfg, 'dqn')  # run.json: what the plot groups the run by, before summary.json
+        self._t0 = time.monotonic() if self.started_at is None else self.started_at
         ep_return = 0.0
         bar = tqdm(total=cfg.env.max_env_step, initial=self.env_step, unit='step', dynamic_ncols=True,
                    disable=not self.progress, desc=cfg.exp_name, mininterval=0.5)
-        while self.env_step < cfg.env.max_env_step:
+        while self.env_step < cfg.env.max_env_step and not (stop is not None and stop.requested):
             eps = self.epsilon()
             action = int(self.rng.integers(self.n_actions)) if self.rng.random() < eps else self.greedy(self.obs)
             next_obs, r, term, trunc, _ = self.env.step(action)
@@ -285,6 +291,8 @@ class DQNTrainer:
             if self.env_step >= cfg.policy.learn.warmup_steps:
                 for _ in range(cfg.policy.learn.updates_per_step):
                     self.learn()
+            if stop is not None and stop.requested:
+                break
             if self.env_step % cfg.env.eval_freq == 0 or self.env_step == cfg.env.max_env_step:
                 self.evaluate()
             if self.env_step % 250 == 0 or self.env_step == cfg.env.max_env_step:
@@ -307,7 +315,8 @@ class DQNTrainer:
         from .plot import plot_runs
         summary = self.summary()
         atomic_json(summary, os.path.join(self.run_dir, 'summary.json'))
-        plot_runs([self.run_dir], os.path.join(self.run_dir, 'learning_curve.png'), title=self.cfg.exp_name)
+        if self.evals:  # a run stopped before its first evaluation has no curve yet
+            plot_runs([self.run_dir], os.path.join(self.run_dir, 'learning_curve.png'), title=self.cfg.exp_name)
         self.tb.flush()
         self.buffer.close()
         self.tb.close()
@@ -325,6 +334,7 @@ class DQNTrainer:
             'final_eval_return': self.evals[-1]['return_mean'] if self.evals else None,
             'solved_step': self.solved_step, 'stop_value': self.cfg.env.stop_value,
             'wall_time_s': round(self.wall_time(), 1), 'resumed_from': self.resumed_from,
+            'stopped_early': self.env_step < self.cfg.env.max_env_step,
             'buffer': {k: stats[k] for k in ('count', 'push_items', 'sample_calls', 'updated', 'stale_updates',
                                              'max_priority', 'beta') if k in stats},
         }

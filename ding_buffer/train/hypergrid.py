@@ -26,7 +26,7 @@ import math
 import os
 import time
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Optional
 
 import torch
 from easydict import EasyDict
@@ -38,6 +38,7 @@ from .checkpoint import complete_checkpoints, load_latest, save_checkpoint
 from .config import BUFFER_SECTION, check_new_run_dir, check_run_dir, run_dir_of, split_buffer_section
 from .launch import LAUNCHED
 from .run_dir import discard_run_dir, first_missing_dir
+from .signals import StopSignals
 from .hypergrid_metrics import GridTruth, plot_curve, write_eval_csv
 
 HYPERGRID_DEFAULTS = {
@@ -165,7 +166,7 @@ def build_hypergrid_config(user: Mapping, source: str = '<config>') -> EasyDict:
     return cfg
 
 
-def _check_buffer_section(buffer_cfg: Any, cfg: EasyDict) -> EasyDict | None:
+def _check_buffer_section(buffer_cfg: Any, cfg: EasyDict) -> Optional[EasyDict]:
     """The validated buffer section (``None``: no buffer)."""
     if buffer_cfg is None:
         return None
@@ -303,13 +304,13 @@ class HyperGridTrainer:
         self.n_visited = 0
         self.loss_sum, self.loss_n = 0.0, 0
         self.last_loss = float('nan')
-        self.first_mode_iter: int | None = None
+        self.first_mode_iter: Optional[int] = None
         self.wall_offset = 0.0
-        self.resumed_from: str | None = None
+        self.resumed_from: Optional[str] = None
         if resume:
             self.resumed_from, _ = load_latest(self.ckpt_dir, self._load_checkpoint)
 
-    def _make_buffer(self, bcfg: EasyDict | None) -> Any:
+    def _make_buffer(self, bcfg: Optional[EasyDict]) -> Any:
         if bcfg is None:
             return None
         self.buffer_type = bcfg.type
@@ -332,7 +333,7 @@ class HyperGridTrainer:
             return 0
         return len(self.buffer) if self.torchgfn_buffer else self.buffer.count()
 
-    def _discard(self, created: str | None) -> None:
+    def _discard(self, created: Optional[str]) -> None:
         discard_run_dir(self.run_dir, created, (self.buffer, self.tb))
 
     # ------------------------------------------------------------------ one iteration
@@ -420,16 +421,18 @@ class HyperGridTrainer:
         return self.wall_offset + time.monotonic() - self._t0
 
     # ------------------------------------------------------------------ main loop
-    def run(self) -> dict[str, Any]:
+    def run(self, stop: Any = None, started_at: Optional[float] = None) -> dict[str, Any]:
+        """Train until ``policy.learn.iterations`` or ``stop.requested`` (a ``StopSignals``); either way the last
+        iteration is checkpointed. ``started_at``: the ``time.monotonic()`` the wall time counts from."""
         from tqdm import tqdm
         cfg = self.cfg
         total = cfg.policy.learn.iterations
-        self._t0 = time.monotonic()
+        self._t0 = time.monotonic() if started_at is None else started_at
         if not self.evals and cfg.env.eval_source == 'fresh':
             self.evaluate()  # the untrained policy: the curve's starting point ('visited': nothing visited yet)
         bar = tqdm(total=total, initial=min(self.iteration, total), unit='it', dynamic_ncols=True,
                    disable=not self.progress, desc=cfg.exp_name, mininterval=0.5)
-        while self.iteration < total:
+        while self.iteration < total and not (stop is not None and stop.requested):
             loss = self.step()
             self.last_loss = loss
             self.loss_sum += loss
@@ -576,7 +579,8 @@ def run(user: dict, args: argparse.Namespace) -> int:
         raise ValueError(f"{args.config}: {e}") from e
     if trainer.resumed_from:
         print(f"resumed from {trainer.resumed_from} at iteration {trainer.iteration}")
-    s = trainer.run()
+    with StopSignals() as stop:
+        s = trainer.run(stop=stop, started_at=getattr(args, 'started_at', None))
     buffer = 'no' if s['buffer_type'] == 'none' else s['buffer_type']
     first_mode = f", first at iteration {s['first_mode_iteration']}" if s['first_mode_iteration'] else ''
     print(
@@ -590,7 +594,7 @@ def run(user: dict, args: argparse.Namespace) -> int:
         f"  run dir: {s['run_dir']} (TensorBoard: tensorboard --logdir {os.path.join(s['run_dir'], 'log')}; "
         f"curve: learning_curve.png)"
     )
-    return 0
+    return stop.report(args, s['run_dir'], f"iteration {s['iterations']}")
 
 
 __all__ = ['HYPERGRID_DEFAULTS', 'HyperGridTrainer', 'build_hypergrid_config', 'run']

@@ -1,0 +1,80 @@
+"""SIGINT / SIGTERM ask a training loop to stop at its next step, so it can write a final checkpoint.
+
+    with StopSignals() as stop:
+        while not done and not stop.requested:
+            step()
+    if stop.requested: checkpoint(); print how to resume; exit with stop.exit_code (130 / 143)
+
+A second signal while the first is being honoured raises ``KeyboardInterrupt`` at once (a user pressing Ctrl-C
+twice means it). Outside the main thread (signals cannot be caught there) it installs nothing and never requests.
+The previous handlers come back on exit.
+"""
+import os
+import shlex
+import signal
+import threading
+from typing import Any, Dict, Optional
+
+_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+class StopSignals:
+
+    def __init__(self) -> None:
+        self.signum: Optional[int] = None
+        self._previous: Dict[int, Any] = {}
+
+    @property
+    def requested(self) -> bool:
+        return self.signum is not None
+
+    @property
+    def signame(self) -> Optional[str]:
+        return None if self.signum is None else signal.Signals(self.signum).name
+
+    @property
+    def exit_code(self) -> int:
+        """The shell's convention for a process ended by a signal: 128 + its number."""
+        return 0 if self.signum is None else 128 + int(self.signum)
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        if self.signum is not None:
+            raise KeyboardInterrupt
+        self.signum = signum
+
+    def __enter__(self) -> 'StopSignals':
+        if threading.current_thread() is threading.main_thread():
+            for s in _SIGNALS:
+                self._previous[s] = signal.signal(s, self._handle)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for s, handler in self._previous.items():
+            signal.signal(s, handler)
+        self._previous.clear()
+
+    def report(self, args: Any, run_dir: str, where: str) -> int:
+        """After a stopped run: print where it stopped and the command that resumes it (the same config and
+        overrides, ``--resume run_dir``); return the exit code (0 when no signal came)."""
+        if self.signum is None:
+            return 0
+        print(f"\nstopped by {self.signame} at {where}; a checkpoint of that point is in "
+              f"{os.path.join(run_dir, 'checkpoints')}\nresume with: {resume_command(args, run_dir)}", flush=True)
+        return self.exit_code
+
+
+def resume_command(args: Any, run_dir: str) -> str:
+    """``ding-buffer train ...`` continuing ``run_dir`` with the config and overrides of ``args`` (parsed
+    ``ding-buffer train`` arguments)."""
+    parts = ['ding-buffer', 'train', getattr(args, 'config_arg', None) or args.config]
+    for flag, value in (('--seed', args.seed), ('--env-steps', args.env_steps), ('--device', args.device),
+                        ('--iterations', args.iterations), ('--nproc', args.nproc)):
+        if value is not None:
+            parts += [flag, str(value)]
+    if args.threads != 1:
+        parts += ['--threads', str(args.threads)]
+    parts += ['--resume', run_dir]
+    return ' '.join(shlex.quote(str(p)) for p in parts)
+
+
+__all__ = ['StopSignals', 'resume_command']
