@@ -1,6 +1,7 @@
 """Files written by the version before the composable engine (``tests/data/v0``, made by commit 70d9a36 with
 the configs below) still load: contents, ids, counters and priorities come back, and the buffer works on."""
 import json
+import os
 import pathlib
 
 import numpy as np
@@ -70,3 +71,17 @@ def test_gflownet_file(btype):
     other = create_buffer(dict(type=btype, replay_buffer_size=5, seed=1))
     other.load_state_dict(state)  # re-saved in the current layout, it round-trips
     assert torch.equal(other.sample(4)['state'], buf.sample(4)['state'])
+
+
+@pytest.mark.parametrize('umask', [0o022, 0o027, 0o002])
+def test_saved_files_follow_the_umask(tmp_path, umask):
+    """save_data (and the checkpoints built on it) create files as open() would: 0666 minus the umask, not the
+    0600 of a temporary file."""
+    buf = create_buffer(dict(type='naive', replay_buffer_size=8, storage=dict(type='tensor')))
+    buf.push({'x': torch.zeros(2)})
+    old = os.umask(umask)
+    try:
+        buf.save_data(str(tmp_path / 'buf.pt'))
+    finally:
+        os.umask(old)
+    assert (tmp_path / 'buf.pt').stat().st_mode & 0o777 == 0o666 & ~umask

@@ -754,3 +754,29 @@ def test_tensorboard_is_written_outside_the_buffer_lock(kind):
     assert waited < 0.5 and n >= 1, waited
     assert tb.tags and all('_iter/' in tag for tag in tb.tags), tb.tags  # DI-engine's tag names
     buf.close()
+
+
+@pytest.mark.parametrize('preset', ['advanced', 'naive'])
+def test_a_run_shorter_than_one_period_still_writes_its_sec_scalars_on_close(tmp_path, preset):
+    """close() writes the last partial period (and flushes the writer), so a short run is not left without
+    `{instance}_sec/*`; a buffer that saw nothing since the last report writes nothing more."""
+    from torch.utils.tensorboard import SummaryWriter
+    logdir = tmp_path / 'tb'
+    writer = SummaryWriter(str(logdir))
+    cfg = dict(type=preset, replay_buffer_size=64, seed=0, storage=dict(type='tensor'))
+    if preset == 'advanced':
+        cfg['monitor'] = dict(periodic_thruput=dict(seconds=3600))
+    else:
+        cfg['periodic_thruput_seconds'] = 3600
+    buf = create_buffer(cfg, tb_logger=writer, instance_name='short')
+    buf.push(items(70))  # 6 overwritten by the ring: removed
+    buf.sample(10)
+    buf.close()
+    buf.close()  # idempotent: no second report
+    scalars = read_scalars(logdir)  # before writer.close(): the buffer's close flushed it
+    got = {t: v for t, v in scalars.items() if t.startswith('short_sec/')}
+    assert got['short_sec/pushed_in'] == [(0, 70)]
+    assert got['short_sec/sampled_out'] == [(0, 10)]
+    assert got['short_sec/current_have'] == [(0, 64)]
+    assert len(got['short_sec/removed']) == 1
+    writer.close()

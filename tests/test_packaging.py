@@ -1,0 +1,158 @@
+"""The package as a user installs it: a wheel with the ready configs, py.typed and the licence; installed into a
+fresh venv outside the checkout it lists and resolves its configs; the declared minimum Python is honoured."""
+import ast
+import email
+import os
+import re
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+PYENV = Path(os.environ.get('PYENV_ROOT', '/root/.pyenv')) / 'versions'
+
+
+@pytest.fixture(scope='module')
+def wheel(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp('wheel')
+    proc = subprocess.run([sys.executable, '-m', 'pip', 'wheel', '-q', '--no-deps', '--no-build-isolation', '-w',
+                           str(out), str(REPO)], capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr
+    (path, ) = out.glob('ding_buffer-*.whl')
+    return path
+
+
+def _metadata(wheel: Path) -> email.message.Message:
+    with zipfile.ZipFile(wheel) as z:
+        name = next(n for n in z.namelist() if n.endswith('.dist-info/METADATA'))
+        return email.message_from_bytes(z.read(name))
+
+
+def test_wheel_holds_every_ready_config_py_typed_and_the_licence(wheel):
+    with zipfile.ZipFile(wheel) as z:
+        names = set(z.namelist())
+    shipped = {p.name for p in (REPO / 'config').glob('*.py')}
+    assert shipped and {f'ding_buffer/configs/{n}' for n in shipped} <= names
+    assert 'ding_buffer/py.typed' in names
+    assert any(n.endswith('.dist-info/licenses/LICENSE') for n in names)
+    assert not any(n.startswith(('tests/', 'benchmarks/', 'config/')) for n in names)
+
+
+def test_wheel_metadata_names_licence_author_python_and_entry_point(wheel):
+    meta = _metadata(wheel)
+    assert meta['Name'] == 'ding-buffer'
+    assert meta['License-Expression'] == 'Apache-2.0' or meta['License'] == 'Apache-2.0'
+    assert meta['Author']
+    assert meta['Requires-Python'] == '>=3.9'
+    requires = meta.get_all('Requires-Dist')
+    assert any(r.startswith('torch') for r in requires) and any(r.startswith('numpy') for r in requires)
+    with zipfile.ZipFile(wheel) as z:
+        name = next(n for n in z.namelist() if n.endswith('.dist-info/entry_points.txt'))
+        entry = z.read(name).decode()
+    assert re.search(r'^ding-buffer\s*=\s*ding_buffer\.cli:console_main$', entry, re.M), entry
+    assert (REPO / 'LICENSE').read_text().lstrip().startswith('Apache License')
+
+
+def test_wheel_installed_in_a_fresh_venv_runs_its_configs_outside_the_checkout(wheel, tmp_path):
+    venv = tmp_path / 'venv'
+    # the system's torch / numpy / gymnasium are visible (installing them again would take minutes); ding_buffer
+    # itself comes from the wheel: the venv's site-packages come before the system's
+    subprocess.run([sys.executable, '-m', 'venv', '--system-site-packages', str(venv)], check=True, timeout=120)
+    py = venv / 'bin' / 'python'
+    proc = subprocess.run([str(py), '-m', 'pip', 'install', '-q', '--no-deps', str(wheel)], capture_output=True,
+                          text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr
+    work = tmp_path / 'elsewhere'
+    work.mkdir()
+    env = {k: v for k, v in os.environ.items() if k != 'PYTHONPATH'}
+    env['PATH'] = f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}"
+
+    def run(*argv, timeout=120):
+        return subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout, cwd=work, env=env)
+
+    where = run(str(py), '-c', 'import ding_buffer, ding_buffer.configs as c; print(ding_buffer.__file__); '
+                               'print(c.__file__)')
+    assert where.returncode == 0, where.stderr
+    for line in where.stdout.split():
+        assert Path(line).is_relative_to(venv) and not Path(line).is_relative_to(REPO), where.stdout
+    listed = run(str(venv / 'bin' / 'ding-buffer'), 'configs')
+    assert listed.returncode == 0, listed.stderr
+    assert {p.stem for p in (REPO / 'config').glob('*.py') if not p.stem.startswith('_')} <= \
+        {line.split()[0] for line in listed.stdout.splitlines() if line.strip()}
+    trained = run(str(venv / 'bin' / 'ding-buffer'), 'train', 'cartpole_dqn_per', '--env-steps', '300',
+                  '--no-progress', timeout=180)
+    assert trained.returncode == 0, trained.stderr
+    assert str(venv) in trained.stdout.splitlines()[0]  # the packaged config file ran
+    assert (work / 'cartpole_dqn_per_seed0' / 'summary.json').is_file()
+
+
+# ------------------------------------------------------------------------------------------ python_requires
+def _minimum_python() -> tuple:
+    text = (REPO / 'setup.py').read_text()
+    m = re.search(r"python_requires='>=(\d+)\.(\d+)'", text)
+    assert m, 'setup.py declares no python_requires'
+    return int(m.group(1)), int(m.group(2))
+
+
+def _sources():
+    return sorted(REPO.glob('ding_buffer/**/*.py')) + sorted(REPO.glob('config/*.py'))
+
+
+def _interpreters(minimum: tuple):
+    found = {}
+    for exe in sorted(PYENV.glob('3.*/bin/python3')) + [Path(p) for p in ('/usr/bin/python3', )]:
+        try:
+            out = subprocess.run([str(exe), '-c', 'import sys; print(*sys.version_info[:2])'], capture_output=True,
+                                 text=True, timeout=30).stdout.split()
+        except (OSError, subprocess.TimeoutExpired):
+            continue
+        if len(out) == 2 and tuple(map(int, out)) >= minimum:
+            found.setdefault(tuple(map(int, out)), exe)
+    return found
+
+
+def test_every_source_compiles_on_every_supported_python_found_here():
+    """The syntax of every module and config, checked by each interpreter >= python_requires on this machine
+    (pyenv's 3.9-3.13 here; the full suite runs on one of them)."""
+    minimum = _minimum_python()
+    found = _interpreters(minimum)
+    if minimum not in found:
+        pytest.skip(f'no Python {minimum[0]}.{minimum[1]} on this machine')
+    code = ("import sys\nbad = []\nfor f in sys.argv[1:]:\n    try:\n        compile(open(f).read(), f, 'exec')\n"
+            "    except SyntaxError as e:\n        bad.append(f'{f}:{e.lineno}: {e.msg}')\nprint('\\n'.join(bad))")
+    for version, exe in sorted(found.items()):
+        proc = subprocess.run([str(exe), '-c', code, *map(str, _sources())], capture_output=True, text=True,
+                              timeout=120)
+        assert proc.returncode == 0 and not proc.stdout.strip(), f'Python {version}: {proc.stdout}{proc.stderr}'
+
+
+def test_no_runtime_evaluated_syntax_newer_than_python_requires():
+    """What compiles on an old Python but fails when the module runs: ``X | Y`` in evaluated annotations (3.10)
+    and ``zip(strict=)`` (3.10), unless the module defers annotations."""
+    minimum = _minimum_python()
+    if minimum >= (3, 10):
+        pytest.skip('python_requires admits only 3.10+')
+    problems = []
+    for path in _sources():
+        tree = ast.parse(path.read_text(), str(path))
+        deferred = any(isinstance(n, ast.ImportFrom) and n.module == '__future__' and
+                       any(a.name == 'annotations' for a in n.names) for n in tree.body)
+        for node in ast.walk(tree):
+            anns = []
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                a = node.args
+                anns = [x.annotation for x in a.posonlyargs + a.args + a.kwonlyargs + [a.vararg, a.kwarg]
+                        if x is not None] + [node.returns]
+            elif isinstance(node, ast.AnnAssign):
+                anns = [node.annotation]
+            for ann in anns:
+                if ann is not None and not deferred and any(
+                        isinstance(n, ast.BinOp) and isinstance(n.op, ast.BitOr) for n in ast.walk(ann)):
+                    problems.append(f'{path.relative_to(REPO)}:{node.lineno}: {ast.unparse(ann)}')
+            if isinstance(node, ast.Call) and getattr(node.func, 'id', None) == 'zip' and \
+                    any(k.arg == 'strict' for k in node.keywords):
+                problems.append(f'{path.relative_to(REPO)}:{node.lineno}: zip(strict=)')
+    assert not problems, '\n'.join(problems)
