@@ -27,6 +27,12 @@ main_config = dict(
                 # new items get the max priority stored now (True) or ever set (False, DI-engine)
                 max_priority_within_buffer=False,
                 seed=None,
+                # copy items on push/sample (only needed when the caller mutates them afterwards)
+                deepcopy=False,
+                # items are dicts whose payload is a file at item['data_id'], deleted when the item leaves
+                enable_track_used_data=False,
+                # your own removal rules by name: [dict(type='my_rule', ...)] (REMOVER_REGISTRY)
+                removers=[],
                 thruput_controller=dict(
                     # allowed pushed/sampled ratio over a decaying window; the defaults never refuse
                     push_sample_rate_limit=dict(max=float('inf'), min=0),

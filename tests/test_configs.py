@@ -74,3 +74,21 @@ def test_ready_distributed_config_is_valid_and_runs_locally_without_its_section(
     buffer = create_buffer(local)
     buffer.extend({'obs': torch.randn(300, 4)})
     assert buffer.sample(256)['obs'].shape == (256, 4)
+
+
+def test_advanced_ready_config_lists_every_key_the_readme_says_it_does():
+    """README: `config/advanced_buffer_config.py` lists every key of the `advanced` buffer (cfg_type, the class
+    tag default_config() adds, is not a knob)."""
+    from ding_buffer import get_buffer_cls
+    cfg = _load(CONFIG_DIR / 'advanced_buffer_config.py')['policy']['other']['replay_buffer']
+
+    def keys(d, prefix=''):
+        out = set()
+        for k, v in d.items():
+            out.add(prefix + k)
+            if isinstance(v, dict):
+                out |= keys(v, prefix + k + '.')
+        return out
+
+    defaults = get_buffer_cls({'type': 'advanced'}).default_config()
+    assert keys(defaults) - {'cfg_type'} == keys(cfg)
