@@ -64,7 +64,7 @@ class IBuffer(ABC):
     Interfaces:
         ``push``, ``sample``, ``update``, ``clear``, ``count``, ``state_dict``, ``load_state_dict``,
         ``save_data``, ``load_data``, ``start``, ``close``, ``default_config``; ``len(buffer)`` and
-        ``with buffer: ...`` (which calls ``close`` on exit).
+        ``with buffer: ...`` (which calls ``close`` on exit). ``iter(buffer)`` is a ``TypeError`` (sample instead).
     """
     config: Dict[str, Any] = {}
     # Why a distributed manager cannot serve this type (None: it can); create_buffer refuses 'distributed' then.
@@ -121,6 +121,15 @@ class IBuffer(ABC):
 
     def __len__(self) -> int:
         return self.count()
+
+    def __iter__(self) -> Any:
+        """Buffers are not iterable: ``TypeError`` saying what to do instead (TorchRL's ``for batch in rb`` yields
+        sampled batches; here a loop calls ``sample``)."""
+        raise TypeError(
+            f"{type(self).__name__} is not iterable: a replay buffer is sampled, not traversed. Draw batches with "
+            f"`batch = buffer.sample(batch_size)` in a loop (TorchRL's `for batch in rb` yields such sampled "
+            f"batches); `len(buffer)` counts the items and `buffer.state_dict()` copies them all."
+        )
 
     @classmethod
     def distributed_profile(cls, cfg: Any) -> Dict[str, Any]:

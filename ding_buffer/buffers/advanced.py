@@ -18,6 +18,7 @@ from ..errors import SampleTimeoutError  # noqa: F401 (re-exported: raised by sa
 from ..monitor.sampled_data import SampledDataAttrMonitor
 from ..monitor.tb import emit, rank
 from ..storage import STORAGE_CHECKS, STORAGE_CONFIG, build_storage, storage_from_state
+from ..storage.tensordict_io import is_tensordict, update_info
 from .engine import COUNTERS, INF, parts_checks, parts_config  # noqa: F401 (COUNTERS re-exported)
 from .outputs import with_extras
 from .slot_engine import SlotEngine
@@ -290,10 +291,13 @@ class AdvancedReplayBuffer(SlotEngine):
             lives in that slot (and the item is not retired by ``max_use``); the others are counted as stale.
             Stored priority is ``priority + eps``. Without ``priority`` it is a no-op.
             All or nothing: NaN / inf / negative priorities, bad slots or mismatched lengths raise
-            ``ValueError`` (``TypeError`` for wrong types) and change nothing.
+            ``ValueError`` (``TypeError`` for wrong types) and change nothing. A sampled TensorDict is taken as
+            the dict of its entries.
         Returns:
             - result (:obj:`dict`): ``{'updated': n, 'stale': m}``.
         """
+        if type(info) is not dict and is_tensordict(info):
+            info = update_info(info)
         fast = self._update_fast(info) if self._use_limit is None else None
         if fast is not None:
             return fast

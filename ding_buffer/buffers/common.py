@@ -19,12 +19,15 @@ from ..base import IBuffer
 from ..config import build_config
 from ..monitor.used_data_remover import UsedDataRemover, check_trackable
 from ..persistence import load_state, save_state
+from ..storage.tensordict_io import check_batched, is_tensordict
 
 
 class BufferCore(IBuffer):
     checks: Dict[str, Any] = {}
     ignored_keys: Dict[str, str] = {}  # key -> why it has no effect: accepted with a warning (config.dingengine_ignored)
     key_aliases: Dict[str, str] = {}  # another library's key name -> ours (config.resolve_aliases)
+    # push(td) of a TensorDict with batch_size [B, ...] is a batch of B items (False: one element, e.g. an episode)
+    tensordict_batch_is_items = True
 
     def __init__(
             self,
@@ -100,6 +103,9 @@ class BufferCore(IBuffer):
             Store one item, a list of items, or (``batched=True``) one dict whose leaves share a leading batch
             dimension. A list longer than the capacity keeps its newest items. All or nothing: an invalid item
             raises ``TypeError``/``ValueError`` and nothing is stored. An empty list is a no-op.
+            A TensorDict with ``batch_size=[]`` is one item; with ``batch_size=[B, ...]`` it is a batch of ``B``
+            items (as ``extend``) -- except for the episode buffer, where it is one episode of ``B`` steps
+            (``storage.tensordict_io``).
         Arguments:
             - data (:obj:`Any`): the item(s).
             - cur_collector_envstep (:obj:`int`): collector env step, recorded for monitors.
@@ -110,6 +116,11 @@ class BufferCore(IBuffer):
         self._check_open()
         if type(cur_collector_envstep) is not int or not -STEP_LIMIT < cur_collector_envstep < STEP_LIMIT:
             cur_collector_envstep = check_step(cur_collector_envstep, 'cur_collector_envstep')
+        if type(data) is not dict and type(data) is not list and is_tensordict(data):
+            if batched:
+                check_batched(data)
+            elif self.tensordict_batch_is_items and data.batch_size:
+                batched = True  # its batch_size declares the items: TorchRL's extend
         if batched:
             with self._lock:
                 n = self._push_batch(data)

@@ -170,7 +170,7 @@ class DequeReplayBuffer(IBuffer):
             out = self._inner.sample(size, train_iter, timeout=timeout)
             if out is None:
                 return None
-            tensor = isinstance(out, dict)
+            tensor = not isinstance(out, list)  # one dict (or TensorDict) of batched tensors
             if self._cfg.priority:
                 ids = out['replay_unique_id'].tolist() if tensor else [d['replay_unique_id'] for d in out]
                 slots = out['replay_buffer_idx'].tolist() if tensor else [int(d['replay_buffer_idx']) for d in out]
@@ -183,9 +183,14 @@ class DequeReplayBuffer(IBuffer):
 
     def _data(self, out: Any, tensor: bool) -> Any:
         if not self._cfg.priority:  # the naive buffer adds ids only to tensor batches
-            return {k: v for k, v in out.items() if k not in INNER_KEYS[:2]} if tensor else out  # stored dicts
-        drop = [k for k in INNER_KEYS if not (self._cfg.priority_IS_weight and k == 'IS')]
+            drop = list(INNER_KEYS[:2])
+            if not tensor:
+                return out  # stored dicts
+        else:
+            drop = [k for k in INNER_KEYS if not (self._cfg.priority_IS_weight and k == 'IS')]
         if tensor:
+            if type(out) is not dict:  # a TensorDict (tensordict_io)
+                return out.exclude(*drop)
             return {k: v for k, v in out.items() if k not in drop}
         return [{k: v for k, v in d.items() if k not in drop} for d in out]
 

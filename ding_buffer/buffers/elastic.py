@@ -19,6 +19,7 @@ import numpy as np
 
 from ..base import BUFFER_REGISTRY
 from ..config import dingengine_ignored
+from ..storage.tensordict_io import is_tensordict
 from .common import STEP_LIMIT, check_step
 from .naive import NAIVE_CHECKS, NAIVE_CONFIG, NaiveReplayBuffer
 
@@ -90,7 +91,7 @@ class ElasticReplayBuffer(NaiveReplayBuffer):
             ``update(envstep)``: set the window to ``set_buffer_size(envstep)`` (DI-engine). A dict (a learner's
             ``priority_info``) changes nothing, as on the naive buffer.
         """
-        if isinstance(info, dict):
+        if isinstance(info, dict) or is_tensordict(info):  # a sampled TensorDict is a dict here
             return super().update(info)
         if isinstance(info, (bool, np.bool_)) or not isinstance(info, (int, np.integer)):
             raise TypeError(f"update takes an envstep (int) or a dict, got {type(info).__name__} {info!r:.40}")

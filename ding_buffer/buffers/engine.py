@@ -23,6 +23,7 @@ from ..control.limiter import RateLimiter, limiter_checks, limiter_config
 from ..control.limits import INF, UseCounts, UseLimit, build_removers, find_rule, limit_ok
 from ..monitor.periodic import PeriodicThruputMonitor
 from ..monitor.tb import build_tb_logger, emit, rank
+from ..storage.tensordict_io import to_tensordict
 from .common import STEP_LIMIT, BufferCore, check_step
 
 # Counters every engine keeps (``stats()``); each remover adds ``removed_by_<name>``.
@@ -231,10 +232,20 @@ class Engine(BufferCore):
                 self._counters['refused_sample'] += 1
                 return self._refuse(why)
             out = draw()
+            if out is not None and self._tensordict_out():
+                out = to_tensordict(out, self._table_device())
             due, self._due = self._due, None
         if due is not None:
             self._emit(due)  # outside the lock
         return out
+
+    def _tensordict_out(self) -> bool:
+        """Whether samples leave as TensorDicts (the table's tensor storage first stored one; ``tensordict_io``)."""
+        return False
+
+    def _table_device(self) -> Any:
+        """The device of sampled tensors (the TensorDict's ``device``)."""
+        return None
 
     def _emit(self, due: Any) -> None:
         emit(due, self._logger, self._tb)

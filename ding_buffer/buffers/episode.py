@@ -10,6 +10,7 @@ from ..base import BUFFER_REGISTRY
 from ..config import dingengine_ignored, optional_positive_int, positive_int
 from ..control.samplers import PrioritizedSpec, build_sampler
 from ..storage import STORAGE_CHECKS, STORAGE_CONFIG
+from ..storage.tensordict_io import is_tensordict, update_info
 from .engine import Engine, parts_checks, parts_config
 from .episode_store import FlatEpisodes, ObjectEpisodes
 from .prioritized_windows import PrioritizedWindows
@@ -73,6 +74,7 @@ class EpisodeReplayBuffer(Engine):
     config = EPISODE_CONFIG
     checks = EPISODE_CHECKS
     ignored_keys = dingengine_ignored(EPISODE_CONFIG, 'episode')
+    tensordict_batch_is_items = False  # a TensorDict with batch_size [T] is one episode of T steps
 
     def _build(self) -> None:
         cfg = self._cfg
@@ -129,6 +131,12 @@ class EpisodeReplayBuffer(Engine):
 
     def _drop(self, slots: np.ndarray) -> List[Any]:
         return self._store.remove(slots)
+
+    def _tensordict_out(self) -> bool:
+        return self._store.storage.tensordict_out
+
+    def _table_device(self) -> Any:
+        return getattr(self._store.storage, 'device', None)
 
     def episode_added(self, slot: int, first: int, length: int) -> None:
         """The store's listener: a new episode at ``slot`` (its use count restarts; windows get priorities)."""
@@ -247,6 +255,8 @@ class EpisodeReplayBuffer(Engine):
         """
         if self._prio is None:
             return super().update(info)
+        if type(info) is not dict and is_tensordict(info):
+            info = update_info(info)
         plan = self._prio.update(info)
         if plan is None:
             return {'updated': 0, 'stale': 0}

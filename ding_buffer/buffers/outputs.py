@@ -1,11 +1,14 @@
 """How sampled elements leave a list-storage buffer: new dicts (the stored ones are never mutated) carrying the
 DI-engine keys ``replay_unique_id`` (``f"{instance_name}_{id}"``) and ``replay_buffer_idx`` plus per-item extras
-(``priority``, ``IS``, ``staleness``, ``use``, ...)."""
+(``priority``, ``IS``, ``staleness``, ``use``, ...). A stored TensorDict leaves as a TensorDict copy (numbers
+as 0-d tensors, the id as ``NonTensorData``)."""
 import copy
 from typing import Any, Dict, List, Optional
 
 import numpy as np
 import torch
+
+from ..storage.tensordict_io import is_tensordict
 
 
 def with_extras(storage: Any, slots: np.ndarray, extras: Dict[str, np.ndarray], instance_name: str, deep: bool,
@@ -34,7 +37,10 @@ def prioritized_items(items: List[Any], instance_name: str, ids: np.ndarray, slo
     cols = {k: v.tolist() for k, v in extras.items()}
     out = []
     for k, item in enumerate(items):
-        d = copy.deepcopy(item) if deep else dict(item)
+        if type(item) is not dict and is_tensordict(item):  # stays a TensorDict: a copy, the id a NonTensorData
+            d = item.clone() if deep else item.copy()
+        else:
+            d = copy.deepcopy(item) if deep else dict(item)
         d['replay_unique_id'] = f'{instance_name}_{ids_l[k]}'
         d['replay_buffer_idx'] = int(slots_l[k])
         for key, col in cols.items():

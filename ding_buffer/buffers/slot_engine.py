@@ -29,6 +29,12 @@ class SlotEngine(Engine):
     def _table(self) -> Any:
         return self._storage
 
+    def _tensordict_out(self) -> bool:
+        return self._storage.tensordict_out
+
+    def _table_device(self) -> Any:
+        return self._storage.device
+
     def _derived(self) -> Dict[str, int]:
         """The ring counts every write (its ids, never reused, dropped items included): what was pushed is
         ``next_uid`` and what left is everything pushed that is no longer stored."""

@@ -18,11 +18,13 @@ NO_ITER = np.iinfo(np.int64).min // 4  # collect_iter of an element without one 
 
 class Prepared(NamedTuple):
     """A validated batch ready to be written: ``n`` items kept (the newest), ``dropped`` older ones skipped
-    (``skipped`` holds those items for list storage, so the used-data remover sees them leave)."""
+    (``skipped`` holds those items for list storage, so the used-data remover sees them leave; ``tensordict``: the
+    items came as TensorDicts, which a tensor storage's first write remembers -- see ``tensordict_io``)."""
     payload: Any
     n: int
     dropped: int
     skipped: List[Any] = []
+    tensordict: bool = False
 
 
 class WriteResult(NamedTuple):
@@ -38,6 +40,8 @@ class Storage(ABC):
         slots, ``remove``/``clear`` invalidate. ``state_dict``/``from_state`` copy the full contents.
     """
     kind = 'base'
+    # Whether samples are TensorDicts (tensor storage whose first item was one; ``tensordict_io``).
+    tensordict_out = False
 
     def __init__(self, capacity: int) -> None:
         self.ring = RingIndex(capacity)

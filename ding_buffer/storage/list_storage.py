@@ -12,6 +12,7 @@ import torch
 
 from .base import Prepared, Storage, check_state, collect_iter_of, trim_newest
 from .ring import RingIndex
+from .tensordict_io import is_tensordict, rows
 from .tree import unbatch
 
 
@@ -27,7 +28,8 @@ class ListStorage(Storage):
         return Prepared(list(items[dropped:]), kept, dropped, list(items[:dropped]))
 
     def prepare_batch(self, batch: Any) -> Prepared:
-        items = unbatch(batch)
+        """A batch dict becomes item dicts; a TensorDict ``[B, ...]`` becomes ``B`` TensorDict items."""
+        items = rows(batch) if type(batch) is not dict and is_tensordict(batch) else unbatch(batch)
         if not items:
             raise ValueError("a batched push got a batch of size 0")  # as tensor storage says
         return self.prepare(items)

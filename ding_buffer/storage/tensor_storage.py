@@ -8,7 +8,8 @@ so buffers larger than RAM work; the OS pages data in and out.
 Output of ``gather(slots)``: one nested dict of batched tensors ``[len(slots), *shape]`` (any slot shape, e.g.
 ``[B, T]`` for sequences) on the storage device, plus the meta fields ``replay_buffer_idx`` (int64 slots) and
 ``replay_unique_id`` (int64 ids). Those two keys are ignored when pushed back in, so a sampled item can be
-pushed again.
+pushed again. TensorDicts are taken like the dicts they hold; when the first item stored was one,
+``tensordict_out`` is True and the buffer samples TensorDicts (``tensordict_io``; kept by ``clear`` and in the state).
 
 Complexity: push of ``n`` items O(n * fields) with one indexed write per field; a batched push does one or
 two slice assignments per field (two when it wraps around the ring); ``gather`` one index per field.
@@ -30,6 +31,7 @@ from .tensor_fields import allocate_fields, memmap_file, new_token, numpy_views,
 # buffers.gfn_data imports export_schema / import_fields from here (they stay importable where they were)
 from .tensor_schema import Schema, batched_tensor, check_leaves, export_schema, field_names, import_fields, \
     infer_schema, item_flat
+from .tensordict_io import check_item, is_tensordict
 from .tree import Path, batch_len, path_name, to_tensor, unflatten
 
 META_KEYS = ('replay_buffer_idx', 'replay_unique_id')
@@ -72,6 +74,8 @@ class TensorStorage(Storage):
         schema = self.schema or schema
         columns: Dict[Path, List[torch.Tensor]] = {}
         for i, item in enumerate(items):  # every item is checked, also the ones dropped for space
+            if type(item) is not dict and is_tensordict(item):
+                check_item(item, i)
             flat = item_flat(item, i, self.skip_keys)
             if schema is None:
                 schema = infer_schema({p: to_tensor(v, p) for p, v in flat.items()})
@@ -81,7 +85,7 @@ class TensorStorage(Storage):
                     columns.setdefault(path, []).append(tensor)
         payload = {p: torch.stack(ts) for p, ts in columns.items()}
         _check_collect_iter(payload)
-        return Prepared((schema, payload), kept, dropped)
+        return Prepared((schema, payload), kept, dropped, [], type(items[0]) is not dict and is_tensordict(items[0]))
 
     def prepare_batch(self, batch: Any, schema: Optional[Schema] = None, trim: bool = True) -> Prepared:
         flat = item_flat(batch, 0, self.skip_keys)
@@ -98,7 +102,7 @@ class TensorStorage(Storage):
         _check_collect_iter(checked)
         kept, dropped = trim_newest(n, self.capacity if trim else n)
         payload = {p: t[dropped:] for p, t in checked.items()}
-        return Prepared((schema, payload), kept, dropped)
+        return Prepared((schema, payload), kept, dropped, [], type(batch) is not dict and is_tensordict(batch))
 
     def memmap_file(self, index: int, path: Path) -> str:
         """File of the ``index``-th field (of this storage's allocation): numbered, so fields never share one."""
@@ -146,6 +150,7 @@ class TensorStorage(Storage):
     def _reserve(self, prepared: Prepared) -> None:
         if self.schema is None:
             self._allocate(prepared.payload[0])
+            self.tensordict_out = prepared.tensordict  # the first item decides what samples are (tensordict_io)
 
     def _write(self, slots: np.ndarray, payload: Any) -> None:
         _, columns = payload
@@ -267,10 +272,13 @@ class TensorStorage(Storage):
     def state_dict(self) -> Dict[str, Any]:
         slots = self.ring.ordered_slots()
         fields = [] if self.schema is None else [t.cpu() for t in self.read_fields(slots)]
-        return {
+        out = {
             'kind': self.kind, 'ring': self.ring.state_dict(), 'slots': torch.from_numpy(slots.astype(np.int64)),
             'schema': export_schema(self.schema), 'fields': fields
         }
+        if self.tensordict_out:  # only then: files of dict buffers stay as they were
+            out['container'] = 'tensordict'
+        return out
 
     @classmethod
     def from_state(
@@ -289,10 +297,15 @@ class TensorStorage(Storage):
         schema, fields = import_fields(state['schema'], state['fields'], len(slots))
         if ring.count and not schema:
             raise ValueError("saved storage holds items but no schema")
+        container = state.get('container', 'dict')
+        if container not in ('dict', 'tensordict') or (container == 'tensordict' and not schema):
+            raise ValueError(f"saved storage has container {container!r:.40}; expected 'dict' or 'tensordict' "
+                             f"(with a schema)")
         storage = cls(capacity, device=device, memmap_dir=memmap_dir, reserved_keys=reserved_keys)
         if schema:
             storage._allocate(schema)
             storage.write_fields(slots, fields)
+        storage.tensordict_out = container == 'tensordict'
         storage.ring = ring
         return storage
 

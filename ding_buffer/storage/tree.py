@@ -8,6 +8,8 @@ from typing import Any, Dict, List, Mapping, Tuple
 import numpy as np
 import torch
 
+from .tensordict_io import is_tensordict, to_plain
+
 Path = Tuple[str, ...]
 # Types that are certainly leaves: skips the (slow, ABC-based) ``isinstance(x, Mapping)`` on the hot path.
 _LEAF_TYPES = (torch.Tensor, np.ndarray, int, float, bool)
@@ -21,7 +23,10 @@ def path_name(path: Path) -> str:
 
 
 def flatten(item: Mapping, prefix: Path = (), skip_top: Tuple[str, ...] = ()) -> Dict[Path, Any]:
-    """Flatten nested mappings into ``{path: leaf}``; top-level keys in ``skip_top`` are ignored."""
+    """Flatten nested mappings into ``{path: leaf}``; top-level keys in ``skip_top`` are ignored. A TensorDict
+    (at any level) is read as its nested dict (``tensordict_io.to_plain``)."""
+    if type(item) is not dict and is_tensordict(item):
+        item = to_plain(item)
     out: Dict[Path, Any] = {}
     for key, value in item.items():
         if not isinstance(key, str):
@@ -30,9 +35,10 @@ def flatten(item: Mapping, prefix: Path = (), skip_top: Tuple[str, ...] = ()) ->
             continue
         path = prefix + (key, )
         if type(value) is dict or (type(value) not in _LEAF_TYPES and isinstance(value, Mapping)):
-            if not value:
+            sub = flatten(value, path)
+            if not sub:
                 raise ValueError(f"field '{path_name(path)}' is an empty dict; expected a tensor or a nested dict")
-            out.update(flatten(value, path))
+            out.update(sub)
         else:
             out[path] = value
     return out
