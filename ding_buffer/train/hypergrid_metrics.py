@@ -110,21 +110,24 @@ def plot_curve(rows: list[dict[str, float]], out: str, title: str, n_modes: int,
     import matplotlib
     matplotlib.use('Agg')
     import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(7, 4.2), dpi=110)
+    import matplotlib.ticker
+    fig, ax = plt.subplots(figsize=(7, 4.6), dpi=110, layout='constrained')
     x = [r['iteration'] for r in rows]
-    ax.plot(x, [r['l1_dist'] for r in rows], color='tab:blue', lw=1.5, label='L1 distance')
+    ax.plot(x, [r['l1_dist'] for r in rows], color='tab:blue', lw=1.5, marker='o', ms=3, label='L1 distance')
     ax.axhline(l1_floor, color='tab:blue', ls='--', lw=1, alpha=0.6, label='L1 of exact samples')
     ax.set_yscale('log')
-    ax.legend(loc='upper center', fontsize=8)
     ax.set_xlabel('training iterations')
     ax.set_ylabel('L1(empirical, R/Z)', color='tab:blue')
     ax.grid(alpha=0.3)
     ax2 = ax.twinx()
-    ax2.step(x, [r['modes_found'] for r in rows], where='post', color='tab:red', lw=1.5, label='modes found')
+    ax2.step(x, [r['modes_found'] for r in rows], where='post', color='tab:red', lw=1.5, marker='s', ms=3,
+             label='modes found')
     ax2.set_ylim(0, n_modes + 0.5)
+    ax2.yaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
     ax2.set_ylabel(f'modes found (of {n_modes})', color='tab:red')
     ax.set_title(title)
-    fig.tight_layout()
+    handles = ax.get_legend_handles_labels()[0] + ax2.get_legend_handles_labels()[0]
+    fig.legend(handles=handles, loc='outside lower center', ncol=3, fontsize=8, frameon=False)  # below the data
     out = os.path.abspath(out)
     tmp = f'{out}.tmp-{os.getpid()}.png'
     fig.savefig(tmp)
