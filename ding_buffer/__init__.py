@@ -6,6 +6,8 @@ line -- does not wait for torch; ``from ding_buffer import create_buffer`` works
 import importlib
 from typing import Any, List
 
+from . import base as _base  # the contract only: easydict, no torch
+
 __version__ = '0.1.0'
 
 # public name -> the submodule that defines it
@@ -29,10 +31,19 @@ __all__ = [
 ]
 
 
+def _load_presets() -> None:
+    """Register the built-in presets and the distributed wrapper (what ``base`` calls on the first lookup)."""
+    importlib.import_module('.buffers', __name__)
+    importlib.import_module('.distributed', __name__)
+
+
+_base.set_preset_loader(_load_presets)
+
+
 def __getattr__(name: str) -> Any:
     if name in _EXPORTS:
         value = getattr(importlib.import_module(f'.{_EXPORTS[name]}', __name__), name)
-        importlib.import_module('.distributed', __name__)  # registers the distributed wrapper with create_buffer
+        _load_presets()
         globals()[name] = value
         return value
     if name in _SUBPACKAGES:

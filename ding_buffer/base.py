@@ -172,10 +172,19 @@ def _import_modules(cfg: Any) -> None:
         importlib.import_module(name)
 
 
+# Set by the package (``ding_buffer/__init__.py``): imports the modules that register the built-in presets and the
+# distributed wrapper. The package loads them on first use, not at import; base.py imports nothing above it.
+_PRESET_LOADER: Optional[Callable[[], None]] = None
+
+
+def set_preset_loader(loader: Callable[[], None]) -> None:
+    global _PRESET_LOADER
+    _PRESET_LOADER = loader
+
+
 def _load_presets() -> None:
-    """Import the modules that register the built-in presets and the distributed wrapper (once; cheap after)."""
-    importlib.import_module('ding_buffer.buffers')
-    importlib.import_module('ding_buffer.distributed')
+    if _PRESET_LOADER is not None:
+        _PRESET_LOADER()  # idempotent and cheap after the first call (imports are cached)
 
 
 def _buffer_type(cfg: Any) -> str:
