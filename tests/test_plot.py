@@ -196,3 +196,16 @@ def test_run_not_evaluated_yet_plots_without_error(tmp_path):
     (group,), lines, _ = drawn([empty, other])
     assert group.label == 'new (2 seeds)' and not group.partial  # the empty seed adds nothing, hides nothing
     assert plot_runs([empty], str(tmp_path / 'e.png')).endswith('e.png')
+
+
+def test_the_band_of_several_seeds_is_the_standard_error_of_their_mean(tmp_path):
+    returns = [[10.0, 100.0], [20.0, 300.0], [60.0, 200.0]]
+    runs = [fake_run(tmp_path, 'per', s, [10, 20], r) for s, r in enumerate(returns)]
+    _, _, (band, ) = drawn(runs)
+    (path, ) = band.get_paths()
+    ys = path.vertices[:, 1]
+    for k in range(2):
+        col = np.array([r[k] for r in returns])
+        sem = np.std(col, ddof=1) / np.sqrt(len(col))
+        assert np.isclose(ys, col.mean() + sem).any() and np.isclose(ys, col.mean() - sem).any()
+    assert ys.max() <= max(max(r) for r in returns)  # within what the seeds reached (here; a std band is not)

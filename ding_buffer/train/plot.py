@@ -14,8 +14,8 @@ Rules of the figure (``plot_runs``):
   a label are qualified by the shortest distinguishing suffix of their parent folder (``a/runs/x`` vs
   ``b/runs/x``), and by their config id when they share the folder too.
 * **Curves**: a single run draws the mean evaluation return with a band of +- the std of its evaluation episodes.
-  A group of several seeds draws the mean over seeds with a band of +- the (population) std over seeds
-  (``mean_band``) on the union of the group's evaluation steps: each seed is linearly interpolated between its own
+  A group of several seeds draws the mean over seeds with a band of +- its standard error (the sample std over
+  seeds / sqrt(seeds); ``mean_band`` returns the population std and the seed count) on the union of the group's evaluation steps: each seed is linearly interpolated between its own
   evaluations and counts only inside its own evaluated range (never extrapolated). Where every seed counts the
   mean is a solid line; where some seed has not got that far (a run killed or still running, an Ape-X run whose
   evaluations fall at other steps) it is dashed -- the mean of the seeds that did. Every curve has markers, so a
@@ -283,7 +283,9 @@ def draw_runs(ax: Any, run_dirs: Sequence[str], stop_value: Optional[float] = No
             partial[:-1] |= ~full[1:]
             ax.plot(np.where(partial, band.steps, np.nan), band.mean, color=color, lw=1.2, ls='--', marker='o',
                     ms=3, label=None if np.any(full) else group.label)
-        _band(ax, band.steps, band.mean - band.std, band.mean + band.std, color)
+        # standard error of the mean over seeds: sample std / sqrt(n) = population std / sqrt(n - 1)
+        sem = np.where(band.n > 1, band.std / np.sqrt(np.maximum(band.n - 1, 1)), 0.0)
+        _band(ax, band.steps, band.mean - sem, band.mean + sem, color)
     if stop_value is not None:
         ax.axhline(stop_value, color='grey', ls='--', lw=1, label=f'stop value {stop_value:g}')
     else:
@@ -320,7 +322,7 @@ def plot_runs(run_dirs: List[str], out: str, title: Optional[str] = None, stop_v
         if any(len(g.run_dirs) == 1 for g in groups):
             notes.append('single run: mean ± std of its evaluation episodes')
         if any(len(g.run_dirs) > 1 for g in groups):
-            notes.append('several seeds: mean ± std over seeds' +
+            notes.append('several seeds: mean ± standard error over seeds' +
                          (' (dashed: not every seed reached those steps)' if any(g.partial for g in groups) else ''))
         ncols = 1 if max((len(s) for s in labels), default=0) > 45 else min(len(labels), 3)
         rows = -(-len(labels) // max(ncols, 1))
