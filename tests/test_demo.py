@@ -46,10 +46,12 @@ def test_demo_exits_0_and_writes_only_to_out(demo_run):
 
 def test_every_registered_type_is_toured(demo_run):
     out = demo_run[0].stdout
-    expected = sorted(set(BUFFER_REGISTRY) - {'distributed'})
+    # the built-in types (other tests in the same process may register their own)
+    expected = sorted({n for n, cls in BUFFER_REGISTRY.items() if cls.__module__.startswith('ding_buffer.')} -
+                      {'distributed'})
     assert {name for name, _ in DEMOS} >= set(expected)
     for name in expected:
-        assert 1 <= len(lines_of(out, name)) <= 6, (name, out)  # naive: two storages, each with its own lines
+        assert 1 <= len(lines_of(out, name)) <= 12, (name, out)  # naive: two storages, 5-6 lines each
     last = out.strip().splitlines()[-1]
     assert '(every registered type)' in last and "'distributed'" in last
 
