@@ -220,6 +220,32 @@ def _demo_prioritized_episode(out_dir: str, seed: int) -> None:
         check(abs(share - expected) <= tol, f"prioritized_episode: share {share:.4f} != expected {expected:.4f}")
 
 
+def _demo_chunk(out_dir: str, seed: int) -> None:
+    fpc = 3
+    cfg = dict(type='chunk', fragments_per_chunk=fpc, max_chunks=10, max_reuse=1, max_staleness=1, seed=seed)
+    with create_buffer(cfg, instance_name='demo_chunk') as buffer:
+        buffer.update_model_version(1)
+        for fid in range(6):  # two workers (environments), each 6 fragments of 4 steps from model version 1
+            buffer.push([dict(worker=f'env{w}', fid=fid, model_version=1, data=dict(obs=torch.randn(4, 3)))
+                         for w in range(2)])
+        made = buffer.count()
+        buffer.push(dict(worker='env2', fid=0, model_version=-1, data=dict(obs=torch.randn(4, 3))))  # already stale
+        dropped = buffer.stats()['fragments_dropped']
+        batch = buffer.sample(2 * fpc)
+        runs = [[(x['worker'], x['fid']) for x in batch[i:i + fpc]] for i in range(0, len(batch), fpc)]
+        whole = all(len({w for w, _ in r}) == 1 and [f for _, f in r] == list(range(r[0][1], r[0][1] + fpc))
+                    for r in runs)
+        left = buffer.count()
+        drawn = ', '.join(f"{r[0][0]} fids {r[0][1]}..{r[-1][1]}" for r in runs)
+        print(f"[chunk] 2 workers x 6 fragments -> {made} chunks of {fpc}; a fragment 2 versions old dropped at its "
+              f"queue ({dropped}); sample({2 * fpc}) -> 2 whole chunks ({drawn}); max_reuse=1: {made} -> {left} chunks")
+        moved = buffer.update_model_version(3)['chunks_dropped']
+        print(f"[chunk] model version 1 -> 3 with max_staleness=1: {moved} stale chunks leave, "
+              f"{buffer.stats()['payloads']} payloads kept (the last sample's, until the next one)")
+        check(made == 4 and dropped == 1 and whole and left == 2 and moved == 2 and buffer.count() == 0 and
+              buffer.stats()['payloads'] == 2 * fpc, "chunk: fragments, chunks or payloads miscounted")
+
+
 def _same(a, b) -> bool:
     if isinstance(a, dict):
         return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
@@ -243,6 +269,7 @@ DEMOS: List[Tuple[str, Callable[[str, int], None]]] = [
     ('gfn', demo_gfn),
     ('gfn_diverse', demo_gfn_diverse),
     ('terminating_state', demo_terminating_state),
+    ('chunk', _demo_chunk),
 ]
 
 

@@ -85,6 +85,25 @@ def test_roundtrip_rows_reach_manager(launches, backend):
 
 
 @pytest.mark.parametrize('backend', BACKENDS)
+def test_chunk_protocol_over_the_wire(launches, backend):
+    """MineStudio's protocol served by the manager: a learner's blocking fetch waits for whole chunks from another
+    rank, its model-version move reaches the buffer's gate (stale chunks leave, a stale fragment is dropped at its
+    queue), and every chunk is used once (max_reuse=1)."""
+    run = launches('chunk', backend)
+    run.require_ok()
+    learner, man = run.rank(0), run.rank(2)
+    first = learner['first']
+    assert len(first) == 4 and learner['payloads_ok'], learner
+    for a, b in (first[:2], first[2:]):  # two whole chunks: consecutive fids of env1, starting even
+        assert a[0] == b[0] == 'env1' and a[1] % 2 == 0 and b[1] == a[1] + 1 and a[2] == b[2] == 1
+    assert learner['moved']['chunks_dropped'] == 1, learner['moved']  # the third chunk of version 0
+    assert learner['second'] == [['env1', 7, 1], ['env1', 8, 1]]
+    st = man['chunk_stats']
+    assert (st['fragments_received'], st['fragments_dropped'], st['chunks_made'], st['chunks_retired'],
+            st['chunks_dropped_stale'], st['count']) == (9, 1, 4, 3, 1, 0), st
+
+
+@pytest.mark.parametrize('backend', BACKENDS)
 def test_roundtrip_sample_update_stats(launches, backend):
     run = launches('roundtrip', backend)
     run.require_ok()

@@ -9,9 +9,10 @@ from .advanced import AdvancedReplayBuffer
 from .deque import DequeReplayBuffer
 from .gflownet import GFlowNetReplayBuffer
 from .gfn_variants import DiverseGFlowNetReplayBuffer, TerminatingStateBuffer
+from .chunk import ChunkReplayBuffer
 
 __all__ = [
     "BufferCore", "Engine", "NaiveReplayBuffer", "ElasticReplayBuffer", "SequenceReplayBuffer", "EpisodeReplayBuffer",
     "PrioritizedEpisodeReplayBuffer", "AdvancedReplayBuffer", "DequeReplayBuffer", "GFlowNetReplayBuffer",
-    "DiverseGFlowNetReplayBuffer", "TerminatingStateBuffer"
+    "DiverseGFlowNetReplayBuffer", "TerminatingStateBuffer", "ChunkReplayBuffer"
 ]

@@ -259,7 +259,11 @@ class ManagerCore:
                 self.buffer.clear()  # MineStudio drops data of another session
             self.session_id = session_id
         self.model_version = version
-        return {'model_version': version, 'session_id': self.session_id, 'cleared': cleared}
+        out = {'model_version': version, 'session_id': self.session_id, 'cleared': cleared}
+        gate = getattr(self.buffer, 'update_model_version', None)  # a buffer with its own gate (the chunk buffer)
+        if gate is not None:
+            out.update(gate(version, session_id))
+        return out
 
     def _put_blob(self, sender, name, version, payload) -> Dict[str, Any]:
         return self.blobs.put(name, version, payload)

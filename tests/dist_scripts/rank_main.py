@@ -130,6 +130,8 @@ def config():
     elif SCENARIO in ('freeze_worker', 'freeze_worker_end'):
         cfg = dict(type='advanced', replay_buffer_size=4000, storage=dict(type='tensor'))
         d.update(timeout=10.0, heartbeat_seconds=0.5, peer_timeout=3.0)
+    elif SCENARIO == 'chunk':
+        cfg = dict(type='chunk', fragments_per_chunk=2, max_reuse=1, max_staleness=0, seed=0)
     else:
         raise ValueError(SCENARIO)
     if RANK == MANAGER and SCENARIO.startswith('gfn'):
@@ -182,6 +184,8 @@ def manager(buf):
     RESULT['count'] = inner.count()
     if hasattr(inner, 'log_rewards'):
         RESULT['log_rewards'] = sorted(inner.log_rewards().tolist())
+    elif SCENARIO == 'chunk':
+        RESULT['chunk_stats'] = jsonable(inner.stats())
     elif SCENARIO != 'hostile':  # (list storage there: the count is checked)
         rows = inner.storage.gather(inner.storage.ring.ordered_slots())
         RESULT['tags'] = rows['tag'].tolist()
@@ -250,6 +254,33 @@ def worker_roundtrip(buf):
         write()
         push_record(buf, adv_batch(0, 60, n=3), batched=True)
         RESULT['count_after_small'] = buf.count()
+    buf.close()
+    RESULT['closed'] = True
+
+
+def fragment(fid: int, version: int) -> dict:
+    return dict(worker='env1', fid=fid, model_version=version, data=dict(obs=torch.full((3, ), float(fid))))
+
+
+def worker_chunk(buf):
+    """The chunk protocol over the wire: rank 1 produces fragments, rank 0 learns (blocking fetch, version move)."""
+    if RANK == 1:
+        for fid in range(6):  # 3 chunks of model version 0
+            buf.push(fragment(fid, 0))
+        buf.flush()
+        flag('pushed_6')
+        wait_flag('version_moved', 60)
+        buf.push([fragment(6, 0), fragment(7, 1), fragment(8, 1)])  # 6: stale at its queue; 7-8: a chunk
+        buf.flush()
+    else:
+        first = buf.sample(4, timeout=30)  # waits for 2 chunks
+        RESULT['first'] = [[x['worker'], x['fid'], x['use']] for x in first]
+        RESULT['payloads_ok'] = all(torch.equal(x['data']['obs'], torch.full((3, ), float(x['fid']))) for x in first)
+        wait_flag('pushed_6', 60)
+        RESULT['moved'] = jsonable(buf.update_model_version(1))
+        flag('version_moved')
+        second = buf.sample(2, timeout=30)
+        RESULT['second'] = [[x['worker'], x['fid'], x['use']] for x in second]
     buf.close()
     RESULT['closed'] = True
 

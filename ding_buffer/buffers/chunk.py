@@ -1,0 +1,450 @@
+"""``chunk`` -- ``ChunkReplayBuffer``: MineStudio's online replay protocol (fragments in, whole chunks out).
+
+Producers push *fragments* -- fixed-length pieces of one environment's rollout -- tagged with the environment
+(``worker``), a per-worker sequence number (``fid``), the ``model_version`` whose policy produced it and a
+``session_id``. The buffer assembles each worker's consecutive fragments into *chunks* of ``fragments_per_chunk``,
+keeps at most ``max_chunks`` chunks, and a learner samples whole chunks, each at most ``max_reuse`` times. Payloads
+live in a ``FragmentStore`` (memory, or files on disk that producers and learners share, ids on the wire); the
+buffer holds ids and deletes a payload once nothing refers to it.
+
+The rules, in order (``tests/test_chunk.py`` checks every call against a brute-force model of them):
+
+1. **Order per worker.** A worker's ``fid`` must exceed every ``fid`` it sent before, and be exactly the previous
+   one + 1 while a chunk is being assembled. A gap, repeat or reordering is a ``ValueError`` naming the worker and
+   both numbers; nothing changes. (MineStudio asserts inside its actor, killing the call.)
+2. **Gating at the worker's queue.** After a fragment is appended, fragments at the front of its worker's queue
+   that are stale (``model_version - version > max_staleness``) or from another session (once a session is set)
+   are dropped.
+3. **Chunks.** A queue holding ``fragments_per_chunk`` fragments becomes a chunk with the version and session of
+   its first fragment.
+4. **Capacity.** FIFO in chunks: the oldest chunk leaves to make room -- only when the new chunk is accepted
+   (MineStudio also evicts for a chunk it then rejects).
+5. **New model version** (``update_model_version(version, session_id)``): every stale or other-session chunk and
+   queued fragment leaves, wherever it is (MineStudio looks only at the oldest chunk).
+6. **Sampling** (``sample(n)``, ``n`` fragments = ``n / fragments_per_chunk`` chunks): distinct chunks drawn
+   uniformly without replacement, each chunk's fragments in order. A drawn chunk's use count goes up by one; a
+   chunk used ``max_reuse`` times leaves. With fewer chunks than needed: ``None``, or with ``timeout=`` seconds
+   a wait for producers (``SampleTimeoutError`` when they do not deliver in time).
+7. **Payloads.** Referenced by the receive queues, the chunks and the last sample (so a learner can still read
+   the fragments it was given); a payload no longer referenced is deleted from the store.
+
+A sampled fragment is a dict: ``worker``, ``fid``, ``model_version``, ``session_id``, ``fragment_id``, ``chunk``
+(the chunk's id), ``use`` (its use count after this draw) and, unless ``sample_payloads=False``, ``data`` (the
+payload; with a shared disk store and ``sample_payloads=False`` only ids travel, and learners read
+``FragmentStore('disk', path).get(fragment_id)`` themselves).
+"""
+import threading
+import time
+from collections import OrderedDict
+from typing import Any, Dict, List, Optional, Tuple
+
+import numpy as np
+
+from ..base import BUFFER_REGISTRY
+from ..errors import SampleTimeoutError
+from ..storage.fragment_store import KINDS, FragmentStore, check_id
+from .common import BufferCore
+
+# (worker, fid, model_version, session_id, fragment_id)
+Record = Tuple[str, int, int, str, str]
+MAX_WORKERS = 1 << 16  # workers whose order is tracked: a bound on what a peer inventing names can make us keep
+MAX_NAME = 128
+INT_LIMIT = 1 << 62
+
+
+def _int(x: Any) -> bool:
+    return isinstance(x, (int, np.integer)) and not isinstance(x, (bool, np.bool_))
+
+
+class ChunkReplayBuffer(BufferCore):
+    config = dict(
+        type='chunk',
+        # capacity in chunks; the oldest chunk leaves first
+        max_chunks=4800,
+        # consecutive fragments of one worker that make a chunk (the sampling unit)
+        fragments_per_chunk=1,
+        # a chunk leaves after this many samples (1: never reused; None: only capacity or staleness remove it)
+        max_reuse=2,
+        # fragments / chunks more than this many model versions behind the current one are dropped (None: no gate)
+        max_staleness=2,
+        # payloads: 'memory' (in this process) or 'disk' (files under path, shareable by producers and learners)
+        # clear_on_start: a disk store starts empty (files a crashed run left behind are deleted)
+        store=dict(type='memory', path=None, clear_on_start=True),
+        # sampled fragments carry their payload as 'data' (False: ids only, read from the store by the caller)
+        sample_payloads=True,
+        seed=None,
+    )
+    checks = {
+        'max_chunks': (lambda x: _int(x) and 1 <= x < INT_LIMIT, 'an int >= 1'),
+        'fragments_per_chunk': (lambda x: _int(x) and 1 <= x <= 1 << 20, 'an int in [1, 2**20]'),
+        'max_reuse': (lambda x: x is None or (_int(x) and 1 <= x < INT_LIMIT), 'None or an int >= 1'),
+        'max_staleness': (lambda x: x is None or (_int(x) and 0 <= x < INT_LIMIT), 'None or an int >= 0'),
+        'store.type': (lambda x: x in KINDS, f'one of {list(KINDS)}'),
+        'store.path': (lambda x: x is None or (isinstance(x, str) and bool(x)), 'None or a directory path'),
+        'store.clear_on_start': (lambda x: isinstance(x, bool), 'a bool'),
+        'sample_payloads': (lambda x: isinstance(x, bool), 'a bool'),
+        'seed': (lambda x: x is None or (_int(x) and 0 <= x < 1 << 63), 'None or an int >= 0'),
+    }
+
+    # ------------------------------------------------------------------ build
+    def _build(self) -> None:
+        cfg = self._cfg
+        self.store = FragmentStore(cfg.store.type, cfg.store.path)
+        if cfg.store.clear_on_start:
+            self.store.clear()
+        self._fpc = int(cfg.fragments_per_chunk)
+        self._cond = threading.Condition(self._lock)
+        self._reset()
+        self.model_version = -1
+        self.session_id = ''
+
+    def _reset(self) -> None:
+        self._chunks: List[Dict[str, Any]] = []  # oldest first: {'uid', 'use', 'version', 'session', 'records'}
+        self._queues: Dict[str, List[Record]] = {}
+        self._last_fid: 'OrderedDict[str, int]' = OrderedDict()
+        self._last_fetch: List[str] = []
+        self._refs: Dict[str, int] = {}
+        self._next_uid = 0
+        self._counters = dict(fragments_received=0, fragments_dropped=0, chunks_made=0, chunks_evicted=0,
+                              chunks_retired=0, chunks_dropped_stale=0, sample_calls=0, sampled_fragments=0,
+                              reuse_sum=0, chunks_left=0)
+
+    @property
+    def replay_buffer_size(self) -> int:
+        """Capacity in fragments (``max_chunks * fragments_per_chunk``): the most one sample can return."""
+        return int(self._cfg.max_chunks) * self._fpc
+
+    capacity = replay_buffer_size
+
+    # ------------------------------------------------------------------ references
+    def _ref(self, fragment_id: str) -> None:
+        self._refs[fragment_id] = self._refs.get(fragment_id, 0) + 1
+
+    def _unref(self, fragment_id: str) -> None:
+        n = self._refs[fragment_id] - 1
+        if n:
+            self._refs[fragment_id] = n
+        else:
+            del self._refs[fragment_id]
+            self.store.delete(fragment_id)
+
+    def _stale(self, version: int, session: str) -> bool:
+        if self.session_id and session != self.session_id:
+            return True
+        lag = self._cfg.max_staleness
+        return lag is not None and self.model_version - version > lag
+
+    # ------------------------------------------------------------------ push
+    def _push_batch(self, batch: Any) -> int:
+        raise ValueError("the chunk buffer takes fragments: push one fragment dict or a list of them "
+                         "(batched=True / extend have no meaning here)")
+
+    def _check_fragment(self, f: Any, i: int) -> Tuple[str, int, int, str]:
+        if not isinstance(f, dict):
+            raise TypeError(f"fragment {i} must be a dict with 'worker', 'fid', 'model_version' and 'data' or "
+                            f"'fragment_id', got {type(f).__name__}")
+        extra = sorted(str(k) for k in f if k not in ('worker', 'fid', 'model_version', 'session_id', 'data',
+                                                          'fragment_id'))
+        if extra:
+            raise ValueError(f"fragment {i} has unknown keys {extra[:5]}; expected 'worker', 'fid', 'model_version', "
+                             f"'session_id', and 'data' or 'fragment_id'")
+        worker, fid, version, session = f.get('worker'), f.get('fid'), f.get('model_version'), f.get('session_id', '')
+        if not isinstance(worker, str) or not 0 < len(worker) <= MAX_NAME or not worker.isprintable():
+            raise ValueError(f"fragment {i}: 'worker' must be a printable str of 1..{MAX_NAME} characters, "
+                             f"got {worker!r:.60}")
+        for key, value in (('fid', fid), ('model_version', version)):
+            if not _int(value) or not -1 <= value < INT_LIMIT:
+                raise ValueError(f"fragment {i}: {key!r} must be an int in [-1, 2**62), got {value!r:.40}")
+        if not isinstance(session, str) or len(session) > MAX_NAME or not session.isprintable():
+            raise ValueError(f"fragment {i}: 'session_id' must be a printable str of at most {MAX_NAME} characters, "
+                             f"got {session!r:.60}")
+        if ('data' in f) == ('fragment_id' in f):
+            raise ValueError(f"fragment {i} must carry exactly one of 'data' (the payload) and 'fragment_id' (a "
+                             f"payload already in the store)")
+        if 'fragment_id' in f:
+            check_id(f['fragment_id'])
+            if f['fragment_id'] in self._refs:
+                raise ValueError(f"fragment {i}: fragment_id {f['fragment_id']} is already in the buffer")
+            if f['fragment_id'] not in self.store:
+                raise ValueError(f"fragment {i}: fragment_id {f['fragment_id']} is not in the store "
+                                 f"({self.store.kind}{': ' + self.store.path if self.store.path else ''})")
+        return worker, int(fid), int(version), session
+
+    def _push_items(self, items: List[Any]) -> int:
+        checked = [self._check_fragment(f, i) for i, f in enumerate(items)]
+        # rule 1 over the whole call first, so a bad fragment anywhere changes nothing
+        last = {}
+        pending = {}
+        ids = set()
+        for i, (worker, fid, _, _) in enumerate(checked):
+            prev = last.get(worker, self._last_fid.get(worker))
+            queued = pending.get(worker, len(self._queues.get(worker, ())))
+            if prev is not None and (fid != prev + 1 if queued else fid <= prev):
+                want = f"exactly {prev + 1} (a chunk is being assembled)" if queued else f"more than {prev}"
+                raise ValueError(f"fragment {i}: worker {worker!r} sent fid {fid} after {prev}; expected {want}. "
+                                 f"Fragments of one worker arrive in order")
+            last[worker] = fid
+            pending[worker] = (queued + 1) % self._fpc
+            fragment_id = items[i].get('fragment_id')
+            if fragment_id is not None:
+                if fragment_id in ids:
+                    raise ValueError(f"fragment {i}: fragment_id {fragment_id} appears twice in this push")
+                ids.add(fragment_id)
+        new_workers = len(set(last) - set(self._last_fid))
+        if len(self._last_fid) + new_workers > MAX_WORKERS:
+            raise ValueError(f"more than {MAX_WORKERS} workers: this push names {new_workers} new ones")
+        put: List[str] = []
+        try:  # payloads first: a store that fails (disk full) leaves the buffer as it was
+            for f in items:
+                put.append(f['fragment_id'] if 'fragment_id' in f else self.store.put(f['data']))
+        except BaseException:
+            self.store.delete_all(fid for f, fid in zip(items, put) if 'fragment_id' not in f)
+            raise
+        for (worker, fid, version, session), fragment_id in zip(checked, put):
+            self._receive((worker, fid, version, session, fragment_id))
+        if self._chunks:
+            self._cond.notify_all()
+        return len(items)
+
+    def _receive(self, rec: Record) -> None:
+        worker = rec[0]
+        self._counters['fragments_received'] += 1
+        self._last_fid[worker] = rec[1]
+        self._last_fid.move_to_end(worker)
+        queue = self._queues.setdefault(worker, [])
+        queue.append(rec)
+        self._ref(rec[4])
+        while queue and self._stale(queue[0][2], queue[0][3]):  # rule 2
+            self._counters['fragments_dropped'] += 1
+            self._unref(queue.pop(0)[4])
+        if not queue:
+            del self._queues[worker]
+        elif len(queue) >= self._fpc:  # rule 3
+            del self._queues[worker]
+            self._add_chunk(queue)
+
+    def _add_chunk(self, records: List[Record]) -> None:
+        version, session = records[0][2], records[0][3]
+        if self._stale(version, session):  # cannot happen after rule 2; kept so the rule has one place
+            self._counters['chunks_dropped_stale'] += 1
+            for r in records:
+                self._unref(r[4])
+            return
+        while len(self._chunks) >= self._cfg.max_chunks:  # rule 4: only for a chunk that is accepted
+            self._counters['chunks_evicted'] += 1
+            self._leave(self._chunks.pop(0))
+        self._chunks.append({'uid': self._next_uid, 'use': 0, 'version': version, 'session': session,
+                             'records': records})
+        self._next_uid += 1
+        self._counters['chunks_made'] += 1
+
+    def _leave(self, chunk: Dict[str, Any]) -> None:
+        self._counters['reuse_sum'] += chunk['use']
+        self._counters['chunks_left'] += 1
+        for r in chunk['records']:
+            self._unref(r[4])
+
+    # ------------------------------------------------------------------ model version
+    def update_model_version(self, version: int, session_id: Optional[str] = None) -> Dict[str, Any]:
+        """
+        Overview:
+            The learner's policy moved to ``version`` (and ``session_id``, when given): stale and other-session
+            chunks and queued fragments leave (rule 5). Returns how many of each left.
+        """
+        if not _int(version) or not -1 <= version < INT_LIMIT:
+            raise ValueError(f"model version must be an int in [-1, 2**62), got {version!r:.40}")
+        if session_id is not None and (not isinstance(session_id, str) or len(session_id) > MAX_NAME or
+                                       not session_id.isprintable()):
+            raise ValueError(f"session_id must be a printable str of at most {MAX_NAME} characters, got "
+                             f"{session_id!r:.60}")
+        with self._lock:
+            self._check_open()
+            self.model_version = int(version)
+            if session_id is not None:
+                self.session_id = session_id
+            keep, chunks_left = [], 0
+            for chunk in self._chunks:
+                if self._stale(chunk['version'], chunk['session']):
+                    chunks_left += 1
+                    self._counters['chunks_dropped_stale'] += 1
+                    self._leave(chunk)
+                else:
+                    keep.append(chunk)
+            self._chunks = keep
+            fragments_left = 0
+            for worker in list(self._queues):
+                queue = [r for r in self._queues[worker] if not self._stale(r[2], r[3])]
+                for r in self._queues[worker]:
+                    if self._stale(r[2], r[3]):
+                        fragments_left += 1
+                        self._unref(r[4])
+                if queue:
+                    self._queues[worker] = queue
+                else:
+                    del self._queues[worker]
+            self._counters['fragments_dropped'] += fragments_left
+            return {'model_version': self.model_version, 'session_id': self.session_id, 'chunks_dropped': chunks_left,
+                    'fragments_dropped': fragments_left}
+
+    # ------------------------------------------------------------------ sample
+    def sample(self, size: int, cur_learner_iter: int = -1, timeout: Optional[float] = None,
+               **kwargs: Any) -> Optional[List[Dict[str, Any]]]:
+        """
+        Overview:
+            ``size`` fragments: ``size / fragments_per_chunk`` distinct chunks, uniformly, their fragments in order
+            (rule 6). ``None`` while fewer chunks are stored, or with ``timeout`` (seconds) wait for them and raise
+            ``SampleTimeoutError`` when they do not come.
+        """
+        if kwargs:
+            raise TypeError(f"the chunk buffer's sample takes no {sorted(kwargs)[:4]} (it draws whole chunks without "
+                            f"replacement)")
+        self._check_size(size)
+        if size % self._fpc:
+            raise ValueError(f"sample size {size} must be a multiple of fragments_per_chunk={self._fpc} (whole chunks)")
+        k = size // self._fpc
+        if k > self._cfg.max_chunks:
+            raise ValueError(f"sample size {size} is {k} chunks; at most max_chunks={self._cfg.max_chunks} exist")
+        if timeout is not None and (not isinstance(timeout, (int, float)) or isinstance(timeout, bool) or
+                                    not timeout >= 0 or timeout == float('inf')):
+            raise ValueError(f"timeout must be None or a finite number of seconds >= 0, got {timeout!r:.40}")
+        with self._cond:
+            self._check_open()
+            if len(self._chunks) < k:
+                if not timeout:
+                    return self._refuse(f"{len(self._chunks)} chunks stored, {k} needed")
+                deadline = time.monotonic() + timeout
+                while len(self._chunks) < k:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        raise SampleTimeoutError(f"{len(self._chunks)} of the {k} chunks needed after waiting {timeout} s")
+                    self._cond.wait(left)
+                    self._check_open()
+            picked = self._rng.choice(len(self._chunks), size=k, replace=False)
+            out, ids, retired = [], [], set()
+            for j in picked:
+                chunk = self._chunks[int(j)]
+                chunk['use'] += 1
+                for worker, fid, version, session, fragment_id in chunk['records']:
+                    out.append({'worker': worker, 'fid': fid, 'model_version': version, 'session_id': session,
+                                'fragment_id': fragment_id, 'chunk': chunk['uid'], 'use': chunk['use']})
+                    ids.append(fragment_id)
+                if self._cfg.max_reuse is not None and chunk['use'] >= self._cfg.max_reuse:
+                    retired.add(int(j))
+            for fragment_id in ids:  # rule 7: the last sample holds its fragments until the next one
+                self._ref(fragment_id)
+            old, self._last_fetch = self._last_fetch, ids
+            if self._cfg.sample_payloads:
+                for item in out:
+                    item['data'] = self.store.get(item['fragment_id'])
+            for j in sorted(retired, reverse=True):
+                self._counters['chunks_retired'] += 1
+                self._leave(self._chunks.pop(j))
+            for fragment_id in old:
+                self._unref(fragment_id)
+            self._counters['sample_calls'] += 1
+            self._counters['sampled_fragments'] += len(out)
+            return out
+
+    def close(self) -> None:
+        with self._cond:
+            super().close()
+            self._cond.notify_all()  # waiting samplers see the buffer closed
+
+    # ------------------------------------------------------------------ count / stats
+    def count(self) -> int:
+        """Chunks stored (the sampling unit)."""
+        return len(self._chunks)
+
+    def stats(self) -> Dict[str, Any]:
+        with self._lock:
+            c = self._counters
+            return {
+                'count': len(self._chunks), 'chunks': len(self._chunks),
+                'fragments': sum(len(ch['records']) for ch in self._chunks),
+                'queued_fragments': sum(len(q) for q in self._queues.values()), 'workers': len(self._last_fid),
+                'payloads': len(self._refs), 'model_version': self.model_version,
+                'avg_reuse': c['reuse_sum'] / c['chunks_left'] if c['chunks_left'] else 0.0,  # of chunks that left
+                **{k: v for k, v in c.items() if k not in ('reuse_sum', )},
+                'store_bytes': self.store.nbytes(),
+            }
+
+    def records(self) -> Dict[str, Any]:
+        """The chunks (oldest first: uid, use count, records) and the per-worker queues, as plain data."""
+        with self._lock:
+            return {'chunks': [(ch['uid'], ch['use'], [r[:4] for r in ch['records']]) for ch in self._chunks],
+                    'queues': {w: [r[:4] for r in q] for w, q in self._queues.items()}}
+
+    # ------------------------------------------------------------------ state
+    def _state(self) -> Dict[str, Any]:
+        referenced = list(self._refs)
+        return {
+            'model_version': self.model_version, 'session_id': self.session_id, 'next_uid': self._next_uid,
+            'chunks': [{'uid': ch['uid'], 'use': ch['use'], 'version': ch['version'], 'session': ch['session'],
+                        'records': [list(r) for r in ch['records']]} for ch in self._chunks],
+            'queues': {w: [list(r) for r in q] for w, q in self._queues.items()},
+            'last_fid': dict(self._last_fid), 'last_fetch': list(self._last_fetch),
+            'counters': dict(self._counters),
+            'payloads': {fragment_id: self.store.get(fragment_id) for fragment_id in referenced},
+        }
+
+    def _restore(self, state: Dict[str, Any]) -> None:
+        def rec(r: Any) -> Record:
+            worker, fid, version, session, fragment_id = r
+            if not (isinstance(worker, str) and _int(fid) and _int(version) and isinstance(session, str)):
+                raise ValueError(f"invalid fragment record {r!r:.80}")
+            return worker, int(fid), int(version), session, check_id(fragment_id)
+
+        chunks = []
+        for ch in state['chunks']:
+            records = [rec(r) for r in ch['records']]
+            if not records or not _int(ch['use']) or ch['use'] < 0 or not _int(ch['uid']):
+                raise ValueError(f"invalid chunk in state: {str(ch)[:80]}")
+            chunks.append({'uid': int(ch['uid']), 'use': int(ch['use']), 'version': int(ch['version']),
+                           'session': str(ch['session']), 'records': records})
+        if len(chunks) > self._cfg.max_chunks:
+            raise ValueError(f"state holds {len(chunks)} chunks, more than max_chunks={self._cfg.max_chunks}")
+        queues = {str(w): [rec(r) for r in q] for w, q in state['queues'].items()}
+        if any(len(q) >= self._fpc or not q for q in queues.values()):
+            raise ValueError(f"state has a worker queue of a length outside [1, fragments_per_chunk={self._fpc})")
+        last_fetch = [check_id(x) for x in state['last_fetch']]
+        refs: Dict[str, int] = {}
+        for fragment_id in [r[4] for ch in chunks for r in ch['records']] + [r[4] for q in queues.values()
+                                                                               for r in q] + last_fetch:
+            refs[fragment_id] = refs.get(fragment_id, 0) + 1
+        payloads = state['payloads']
+        missing = sorted(set(refs) - set(payloads))
+        if missing:
+            raise ValueError(f"state lacks the payloads of {len(missing)} fragments (e.g. {missing[0]})")
+        counters = {k: int(state['counters'][k]) for k in self._counters}
+        last_fid = OrderedDict((str(w), int(f)) for w, f in state['last_fid'].items())
+        if not _int(state['model_version']) or not isinstance(state['session_id'], str):
+            raise ValueError("state has an invalid model_version / session_id")
+        # swap: payloads this buffer referenced and the new state does not are deleted; the new ones written
+        old, added = set(self._refs), []
+        try:
+            for fragment_id in refs:
+                if fragment_id not in self.store:
+                    self.store.put_as(fragment_id, payloads[fragment_id])
+                    added.append(fragment_id)
+        except BaseException:  # e.g. a full disk: the buffer stays as it was
+            self.store.delete_all(added)
+            raise
+        self.store.delete_all(old - set(refs))
+        self._chunks, self._queues, self._last_fid, self._last_fetch = chunks, queues, last_fid, last_fetch
+        self._refs, self._counters = refs, counters
+        self._next_uid = max(int(state['next_uid']), max((c['uid'] + 1 for c in chunks), default=0))
+        self.model_version, self.session_id = int(state['model_version']), state['session_id']
+
+    def _clear(self) -> List[Any]:
+        """Every chunk, queued fragment and the last sample leave (their payloads are deleted); the model version,
+        session and each worker's last ``fid`` stay (order continues)."""
+        self.store.delete_all(list(self._refs))
+        last_fid, counters, uid = self._last_fid, self._counters, self._next_uid
+        self._reset()
+        self._last_fid, self._counters, self._next_uid = last_fid, counters, uid
+        return []
+
+
+BUFFER_REGISTRY.register('chunk')(ChunkReplayBuffer)
+
+__all__ = ['ChunkReplayBuffer']

@@ -1,0 +1,145 @@
+"""``FragmentStore``: payloads of fragments kept apart from the buffer, which holds only their ids.
+
+MineStudio's replay actor keeps metadata only and leaves payloads in a separate store that producers write to and
+consumers read from by id; ours does the same with two kinds:
+
+* ``memory``: a dict in the buffer's process (the default; payloads are any objects).
+* ``disk``: one file per fragment under ``path`` (``<id>.pt``, written with ``torch.save`` to a temporary name and
+  renamed, read back with ``weights_only=True``: tensors, arrays, numbers, strings and containers of them, never
+  code). Several processes may open the same ``path``: a producer ``put``s a payload and pushes only its id, a
+  learner ``get``s the payloads of the ids it sampled. No fsync: it is a cache of fragments in flight, not a
+  checkpoint (the owner clears it when it starts).
+
+Ids are 32 lowercase hex characters (``uuid4().hex``), checked on every call, so an id from the wire never names a
+path: the directory is the owner's ``path``, from its config. The buffer deletes a payload when no receive queue,
+chunk or last fetch refers to it any more (reference counting in ``buffers/chunk.py``); the store itself keeps
+everything it is given until then.
+"""
+import os
+import re
+import uuid
+from typing import Any, Dict, Iterable, Optional, Set
+
+import torch
+
+_ID = re.compile(r'[0-9a-f]{32}')
+KINDS = ('memory', 'disk')
+
+
+def check_id(fragment_id: Any) -> str:
+    """``fragment_id`` as a valid id (``ValueError`` naming it otherwise)."""
+    if not isinstance(fragment_id, str) or not _ID.fullmatch(fragment_id):
+        raise ValueError(f"fragment id must be 32 lowercase hex characters, got {fragment_id!r:.60}")
+    return fragment_id
+
+
+class FragmentStore:
+    """
+    Overview:
+        Payloads by id. ``put(payload) -> id``, ``get(id)``, ``delete(id)``, ``id in store``, ``ids()``,
+        ``nbytes()``, ``clear()``. ``KeyError`` for an id it does not hold.
+    """
+
+    def __init__(self, kind: str = 'memory', path: Optional[str] = None) -> None:
+        if kind not in KINDS:
+            raise ValueError(f"config key 'store.type' must be one of {list(KINDS)}, got {kind!r:.40}")
+        if kind == 'disk':
+            if not isinstance(path, str) or not path:
+                raise ValueError(f"config key 'store.path' must name a directory for store.type='disk', got {path!r:.60}")
+            path = os.path.abspath(path)
+            os.makedirs(path, exist_ok=True)
+        elif path is not None:
+            raise ValueError("config key 'store.path' is only for store.type='disk'")
+        self.kind, self.path = kind, path
+        self._mem: Dict[str, Any] = {}
+
+    def _file(self, fragment_id: str) -> str:
+        return os.path.join(self.path, check_id(fragment_id) + '.pt')
+
+    def put(self, payload: Any) -> str:
+        """Store ``payload`` under a new id and return the id."""
+        return self.put_as(uuid.uuid4().hex, payload)
+
+    def put_as(self, fragment_id: str, payload: Any) -> str:
+        """Store ``payload`` under ``fragment_id`` (a restore writes saved payloads back under their ids)."""
+        check_id(fragment_id)
+        if self.kind == 'memory':
+            self._mem[fragment_id] = payload
+            return fragment_id
+        final = self._file(fragment_id)
+        tmp = os.path.join(self.path, f'.{fragment_id}.{os.getpid()}.tmp')
+        try:
+            torch.save(payload, tmp)
+            os.replace(tmp, final)
+        except BaseException:
+            if os.path.exists(tmp):
+                os.remove(tmp)
+            raise
+        return fragment_id
+
+    def get(self, fragment_id: str) -> Any:
+        if self.kind == 'memory':
+            try:
+                return self._mem[check_id(fragment_id)]
+            except KeyError:
+                raise KeyError(f"no fragment {fragment_id!r} in the store (deleted, or never put)") from None
+        path = self._file(fragment_id)
+        try:
+            return torch.load(path, map_location='cpu', weights_only=True)
+        except FileNotFoundError:
+            raise KeyError(f"no fragment {fragment_id!r} in the store at {self.path} (deleted, or never put)") from None
+        except Exception as e:  # truncated, foreign or code-carrying file: never executed
+            raise ValueError(f"fragment file {path} is unreadable: {type(e).__name__}: {e}") from e
+
+    def __contains__(self, fragment_id: Any) -> bool:
+        try:
+            check_id(fragment_id)
+        except ValueError:
+            return False
+        return fragment_id in self._mem if self.kind == 'memory' else os.path.isfile(self._file(fragment_id))
+
+    def delete(self, fragment_id: str) -> None:
+        """Forget ``fragment_id`` (a no-op when it is already gone)."""
+        if self.kind == 'memory':
+            self._mem.pop(check_id(fragment_id), None)
+            return
+        try:
+            os.remove(self._file(fragment_id))
+        except FileNotFoundError:
+            pass
+
+    def ids(self) -> Set[str]:
+        if self.kind == 'memory':
+            return set(self._mem)
+        return {n[:-3] for n in os.listdir(self.path) if n.endswith('.pt') and _ID.fullmatch(n[:-3])}
+
+    def nbytes(self) -> int:
+        """Bytes on disk (``disk``); 0 for ``memory`` (its payloads are the caller's objects)."""
+        if self.kind == 'memory':
+            return 0
+        total = 0
+        for fragment_id in self.ids():
+            try:
+                total += os.path.getsize(self._file(fragment_id))
+            except OSError:
+                pass
+        return total
+
+    def delete_all(self, ids: Iterable[str]) -> None:
+        for fragment_id in ids:
+            self.delete(fragment_id)
+
+    def clear(self) -> None:
+        """Delete every payload (and, on disk, temporaries a killed writer left)."""
+        if self.kind == 'memory':
+            self._mem.clear()
+            return
+        for name in os.listdir(self.path):
+            if (name.endswith('.pt') and _ID.fullmatch(name[:-3])) or (name.startswith('.') and name.endswith('.tmp')):
+                try:
+                    os.remove(os.path.join(self.path, name))
+                except FileNotFoundError:
+                    pass
+
+
+__all__ = ['FragmentStore', 'check_id', 'KINDS']

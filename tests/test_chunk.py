@@ -1,0 +1,373 @@
+"""The `chunk` buffer (MineStudio's online replay protocol) against a brute-force model of its rules, plus the
+blocking fetch, the payload store with reference-counted deletion, persistence, bad input and the manager."""
+import threading
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from ding_buffer import create_buffer
+from ding_buffer.errors import SampleTimeoutError
+from ding_buffer.storage.fragment_store import FragmentStore
+
+
+def payload(worker: int, fid: int) -> dict:
+    return {'obs': torch.tensor([float(worker), float(fid)]), 'step': torch.arange(3) + fid}
+
+
+def frag(worker: int, fid: int, version: int, session: str = '', **kw) -> dict:
+    out = {'worker': f'w{worker}', 'fid': fid, 'model_version': version, 'session_id': session}
+    out.update(kw) if kw else out.update(data=payload(worker, fid))
+    return out
+
+
+class Model:
+    """The rules of buffers/chunk.py written the plain way: lists, no references, no store."""
+
+    def __init__(self, max_chunks, fpc, max_reuse, max_staleness, seed):
+        self.max_chunks, self.fpc, self.max_reuse, self.lag = max_chunks, fpc, max_reuse, max_staleness
+        self.rng = np.random.default_rng(seed)
+        self.version, self.session = -1, ''
+        self.chunks = []  # [use, [(worker, fid, version, session)]]
+        self.queues = {}
+        self.last = {}
+        self.last_fetch = []
+
+    def stale(self, version, session):
+        if self.session and session != self.session:
+            return True
+        return self.lag is not None and self.version - version > self.lag
+
+    def push(self, frags):
+        last, pending = dict(self.last), {w: len(q) for w, q in self.queues.items()}
+        for f in frags:  # order, over the whole call first
+            w, fid = f['worker'], f['fid']
+            if w in last:
+                if (pending.get(w, 0) and fid != last[w] + 1) or (not pending.get(w, 0) and fid <= last[w]):
+                    raise ValueError('order')
+            last[w] = fid
+            pending[w] = (pending.get(w, 0) + 1) % self.fpc
+        for f in frags:
+            w, rec = f['worker'], (f['worker'], f['fid'], f['model_version'], f['session_id'])
+            self.last[w] = f['fid']
+            q = self.queues.setdefault(w, [])
+            q.append(rec)
+            while q and self.stale(q[0][2], q[0][3]):
+                q.pop(0)
+            if not q:
+                del self.queues[w]
+            elif len(q) == self.fpc:
+                del self.queues[w]
+                if not self.stale(q[0][2], q[0][3]):
+                    while len(self.chunks) >= self.max_chunks:
+                        self.chunks.pop(0)
+                    self.chunks.append([0, q])
+
+    def update_model_version(self, version, session=None):
+        self.version = version
+        if session is not None:
+            self.session = session
+        self.chunks = [c for c in self.chunks if not self.stale(c[1][0][2], c[1][0][3])]
+        for w in list(self.queues):
+            self.queues[w] = [r for r in self.queues[w] if not self.stale(r[2], r[3])]
+            if not self.queues[w]:
+                del self.queues[w]
+
+    def sample(self, n):
+        k = n // self.fpc
+        if len(self.chunks) < k:
+            return None
+        picked = self.rng.choice(len(self.chunks), size=k, replace=False)
+        out = []
+        for j in picked:
+            self.chunks[j][0] += 1
+            out += [(r[0], r[1], self.chunks[j][0]) for r in self.chunks[j][1]]
+        self.chunks = [c for c in self.chunks if self.max_reuse is None or c[0] < self.max_reuse]
+        self.last_fetch = [(w, f) for w, f, _ in out]
+        return out
+
+    def records(self):
+        return [[r for r in c[1]] for c in self.chunks], {w: list(q) for w, q in self.queues.items()}
+
+    def referenced(self):
+        held = {(r[0], r[1]) for c in self.chunks for r in c[1]}
+        held |= {(r[0], r[1]) for q in self.queues.values() for r in q}
+        return held | set(self.last_fetch)
+
+
+def buffer_records(buf):
+    rec = buf.records()
+    return [[tuple(r) for r in ch[2]] for ch in rec['chunks']], {w: [tuple(r) for r in q] for w, q in
+                                                               rec['queues'].items()}
+
+
+CONFIGS = [
+    dict(max_chunks=50, fragments_per_chunk=1, max_reuse=2, max_staleness=2),
+    dict(max_chunks=4, fragments_per_chunk=3, max_reuse=1, max_staleness=1),
+    dict(max_chunks=6, fragments_per_chunk=2, max_reuse=None, max_staleness=None),
+    dict(max_chunks=10, fragments_per_chunk=2, max_reuse=3, max_staleness=0),
+]
+
+
+CASES = [(cfg, 'memory', seed) for cfg in CONFIGS for seed in (0, 1)] + [(cfg, 'disk', 0) for cfg in CONFIGS]
+
+
+@pytest.mark.parametrize('cfg, store, seed', CASES,
+                         ids=[f"{'-'.join(f'{k[:5]}{v}' for k, v in c.items())}-{st}-{sd}" for c, st, sd in CASES])
+def test_random_calls_match_the_brute_force_model(tmp_path, cfg, store, seed):
+    scfg = dict(type='disk', path=str(tmp_path / 'store')) if store == 'disk' else dict(type='memory')
+    buf = create_buffer(dict(type='chunk', seed=seed, store=scfg, **cfg))
+    model = Model(cfg['max_chunks'], cfg['fragments_per_chunk'], cfg['max_reuse'], cfg['max_staleness'], seed)
+    rng = np.random.default_rng(100 + seed)
+    next_fid = {w: 0 for w in range(4)}
+    fpc = cfg['fragments_per_chunk']
+    sessions = ['', 's1', 's2']
+    for step in range(400):
+        op = rng.random()
+        if op < 0.55:  # a push of 1-4 fragments, mostly in order
+            frags = []
+            for _ in range(int(rng.integers(1, 5))):
+                w = int(rng.integers(4))
+                fid = next_fid[w]
+                if rng.random() < 0.1:  # a gap, a repeat or a reordering
+                    fid += int(rng.choice([-1, 0, 2]))
+                elif rng.random() < 0.05:  # a restart that skips ahead (allowed between chunks only)
+                    fid += 5
+                next_fid[w] = max(next_fid[w], fid + 1)
+                version = max(-1, model.version + int(rng.integers(-3, 2)))
+                session = model.session if rng.random() < 0.9 else str(rng.choice(sessions))
+                frags.append(frag(w, fid, version, session))
+            before = buffer_records(buf), buf.stats()
+            try:
+                model.push(frags)
+            except ValueError:
+                with pytest.raises(ValueError, match='arrive in order'):
+                    buf.push(frags)
+                assert (buffer_records(buf), buf.stats()) == before  # nothing changed
+                for w in range(4):  # the model's view of what each worker may send next
+                    next_fid[w] = model.last.get(f'w{w}', -1) + 1
+                continue
+            assert buf.push(frags) == len(frags)
+        elif op < 0.7:
+            session = None if rng.random() < 0.7 else str(rng.choice(sessions[1:]))
+            version = model.version + int(rng.integers(0, 3))
+            model.update_model_version(version, session)
+            buf.update_model_version(version, session)
+        else:
+            n = fpc * int(rng.integers(1, 4))
+            expected = model.sample(n)
+            got = buf.sample(n)
+            if expected is None:
+                assert got is None
+            else:
+                assert [(x['worker'], x['fid'], x['use']) for x in got] == expected
+                for x in got:
+                    w, fid = int(x['worker'][1:]), x['fid']
+                    assert torch.equal(x['data']['obs'], payload(w, fid)['obs'])
+        assert buffer_records(buf) == model.records(), step
+        # rule 7: exactly the referenced payloads are in the store
+        assert len(buf.store.ids()) == len(model.referenced()) == buf.stats()['payloads'], step
+    buf.close()
+
+
+def test_a_gap_repeat_or_reorder_is_refused_and_changes_nothing():
+    buf = create_buffer(dict(type='chunk', fragments_per_chunk=3))
+    buf.push([frag(0, 0, 0), frag(0, 1, 0)])
+    state = buf.records()
+    for bad in (3, 1, 0):
+        with pytest.raises(ValueError, match=rf"worker 'w0' sent fid {bad} after 1; expected exactly 2"):
+            buf.push([frag(1, 0, 0), frag(0, bad, 0)])  # the good fragment before it is not stored either
+        assert buf.records() == state
+    buf.push(frag(0, 2, 0))  # completes the chunk
+    with pytest.raises(ValueError, match='expected more than 2'):
+        buf.push(frag(0, 2, 0))
+    buf.push(frag(0, 10, 0))  # between chunks a worker may skip ahead (its stale fragments were dropped upstream)
+    assert buf.count() == 1 and buf.records()['queues'] == {'w0': [('w0', 10, 0, '')]}
+
+
+@pytest.mark.parametrize('bad, match', [
+    ('not a dict', 'must be a dict'),
+    ({'worker': 'w', 'fid': 0, 'model_version': 0}, "exactly one of 'data'"),
+    ({'worker': 'w', 'fid': 0, 'model_version': 0, 'data': 1, 'fragment_id': 'a' * 32}, "exactly one of 'data'"),
+    ({'worker': '', 'fid': 0, 'model_version': 0, 'data': 1}, "'worker' must be"),
+    ({'worker': 'w\n', 'fid': 0, 'model_version': 0, 'data': 1}, "'worker' must be"),
+    ({'worker': 'w', 'fid': 1.0, 'model_version': 0, 'data': 1}, "'fid' must be an int"),
+    ({'worker': 'w', 'fid': True, 'model_version': 0, 'data': 1}, "'fid' must be an int"),
+    ({'worker': 'w', 'fid': 0, 'model_version': 2 ** 63, 'data': 1}, "'model_version' must be an int"),
+    ({'worker': 'w', 'fid': 0, 'model_version': 0, 'session_id': 5, 'data': 1}, "'session_id' must be"),
+    ({'worker': 'w', 'fid': 0, 'model_version': 0, 'fragment_id': '../../etc/passwd'}, '32 lowercase hex'),
+    ({'worker': 'w', 'fid': 0, 'model_version': 0, 'fragment_id': 'b' * 32}, 'not in the store'),
+    ({'worker': 'w', 'fid': 0, 'model_version': 0, 'data': 1, 'priority': 3}, 'unknown keys'),
+])
+def test_bad_fragments_are_refused_with_their_key_and_change_nothing(bad, match):
+    buf = create_buffer(dict(type='chunk', fragments_per_chunk=2, seed=0))
+    buf.push(frag(0, 0, 0))
+    before = buf.state_dict()
+    with pytest.raises((ValueError, TypeError), match=match):
+        buf.push([frag(1, 0, 0), bad])
+    after = buf.state_dict()
+    assert after['queues'] == before['queues'] and after['counters'] == before['counters']
+    assert set(after['payloads']) == set(before['payloads']) and len(buf.store.ids()) == 1
+
+
+@pytest.mark.parametrize('key, value, match', [
+    ('fragments_per_chunk', 0, 'fragments_per_chunk'), ('max_reuse', 0, 'max_reuse'),
+    ('max_staleness', -1, 'max_staleness'), ('max_chunks', 1.5, 'max_chunks'), ('sample_payloads', 1, 'sample_payloads'),
+    ('store', dict(type='redis'), 'store.type'), ('store', dict(type='disk'), 'store.path'),
+])
+def test_bad_config_names_the_key(key, value, match):
+    with pytest.raises(ValueError, match=match):
+        create_buffer({'type': 'chunk', key: value})
+
+
+def test_sample_sizes_are_whole_chunks():
+    buf = create_buffer(dict(type='chunk', fragments_per_chunk=2, max_chunks=3))
+    with pytest.raises(ValueError, match='multiple of fragments_per_chunk=2'):
+        buf.sample(3)
+    with pytest.raises(ValueError, match='at most max_chunks=3'):
+        buf.sample(8)
+    with pytest.raises(TypeError, match='replace'):
+        buf.sample(2, replace=True)
+    assert buf.sample(2) is None  # nothing yet: None, as every buffer
+
+
+def test_blocking_fetch_waits_for_producers_and_times_out():
+    buf = create_buffer(dict(type='chunk', fragments_per_chunk=2, seed=0))
+    buf.push(frag(0, 0, 0))
+    got = {}
+
+    def learner():
+        got['out'] = buf.sample(4, timeout=20.0)
+
+    t = threading.Thread(target=learner)
+    t.start()
+    time.sleep(0.2)
+    assert t.is_alive()  # 0 chunks: waiting
+    buf.push([frag(0, 1, 0), frag(1, 0, 0)])
+    time.sleep(0.1)
+    assert t.is_alive()  # 1 chunk of the 2 needed
+    buf.push(frag(1, 1, 0))
+    t.join(10)
+    assert not t.is_alive()
+    assert sorted((x['worker'], x['fid']) for x in got['out']) == [('w0', 0), ('w0', 1), ('w1', 0), ('w1', 1)]
+    t0 = time.monotonic()
+    with pytest.raises(SampleTimeoutError, match='2 of the 3 chunks'):
+        buf.sample(6, timeout=0.3)  # both chunks were used once; max_reuse=2 keeps them: 2 chunks, ask for 3
+    assert 0.3 <= time.monotonic() - t0 < 5
+
+
+def test_close_wakes_a_waiting_fetch():
+    buf = create_buffer(dict(type='chunk'))
+    errors = []
+
+    def learner():
+        try:
+            buf.sample(1, timeout=30.0)
+        except RuntimeError as e:
+            errors.append(e)
+
+    t = threading.Thread(target=learner)
+    t.start()
+    time.sleep(0.2)
+    buf.close()
+    t.join(5)
+    assert not t.is_alive() and 'closed' in str(errors[0])
+
+
+def test_disk_store_ids_on_the_wire_and_files_deleted_when_unreferenced(tmp_path):
+    path = str(tmp_path / 'fragments')
+    buf = create_buffer(dict(type='chunk', fragments_per_chunk=2, max_reuse=1, max_chunks=2, sample_payloads=False,
+                             store=dict(type='disk', path=path), seed=0))
+    producer, learner = FragmentStore('disk', path), FragmentStore('disk', path)  # other processes' views
+    ids = {}
+    for w in range(3):
+        for fid in range(2):
+            ids[(w, fid)] = producer.put(payload(w, fid))
+            buf.push(frag(w, fid, 0, fragment_id=ids[(w, fid)]))
+    # capacity 2 chunks: worker 0's chunk was evicted and its files deleted
+    assert sorted(producer.ids()) == sorted(v for (w, _), v in ids.items() if w != 0)
+    out = buf.sample(2)  # one chunk, ids only
+    assert all('data' not in x for x in out)
+    for x in out:
+        w, fid = int(x['worker'][1:]), x['fid']
+        assert torch.equal(learner.get(x['fragment_id'])['step'], payload(w, fid)['step'])
+    first = {x['fragment_id'] for x in out}
+    assert first <= producer.ids()  # max_reuse=1 retired the chunk, the last fetch still holds its files
+    buf.sample(2)  # the other chunk: the previous fetch's files go
+    assert not first & producer.ids() and len(producer.ids()) == 2
+    with pytest.raises(KeyError, match='no fragment'):
+        learner.get(next(iter(first)))
+    buf.clear()
+    assert producer.ids() == set()
+
+
+def test_stale_and_other_session_fragments_are_dropped_at_the_queue_and_their_payloads_deleted(tmp_path):
+    buf = create_buffer(dict(type='chunk', fragments_per_chunk=2, max_staleness=1, seed=0,
+                             store=dict(type='disk', path=str(tmp_path / 's'))))
+    buf.update_model_version(5, 'a')
+    buf.push([frag(0, 0, 3, 'a'), frag(1, 0, 5, 'b'), frag(2, 0, 4, 'a')])  # too old, other session, fresh
+    assert buf.records()['queues'] == {'w2': [('w2', 0, 4, 'a')]} and len(buf.store.ids()) == 1
+    buf.push(frag(2, 1, 5, 'a'))
+    assert buf.count() == 1
+    out = buf.update_model_version(6)  # the chunk's first fragment (version 4) is now 2 versions behind
+    assert out['chunks_dropped'] == 1 and buf.count() == 0 and buf.store.ids() == set()
+
+
+@pytest.mark.parametrize('store', ['memory', 'disk'])
+def test_save_and_load_round_trip_then_identical_samples(tmp_path, store):
+    scfg = dict(type='disk', path=str(tmp_path / 'a')) if store == 'disk' else dict(type='memory')
+    cfg = dict(type='chunk', fragments_per_chunk=2, max_reuse=3, seed=4, store=scfg)
+    buf = create_buffer(cfg)
+    for w in range(3):
+        buf.push([frag(w, fid, 0) for fid in range(5)])
+    buf.sample(2)
+    buf.save_data(str(tmp_path / 'chunk.pt'))
+    saved = buf.records()
+    expected = buf.sample(4)
+    cfg2 = dict(cfg, store=dict(type='disk', path=str(tmp_path / 'b')) if store == 'disk' else dict(type='memory'))
+    other = create_buffer(cfg2)
+    other.load_data(str(tmp_path / 'chunk.pt'))
+    assert other.records() == saved
+    got = other.sample(4)
+    assert [(x['worker'], x['fid'], x['use']) for x in got] == [(x['worker'], x['fid'], x['use']) for x in expected]
+    for a, b in zip(got, expected):
+        assert torch.equal(a['data']['step'], b['data']['step'])
+    assert other.stats()['queued_fragments'] == buf.stats()['queued_fragments'] == 3
+
+
+def test_a_corrupt_state_is_refused_and_changes_nothing():
+    buf = create_buffer(dict(type='chunk', fragments_per_chunk=1, seed=0))
+    buf.push([frag(0, 0, 0), frag(0, 1, 0)])
+    state = buf.state_dict()
+    other = create_buffer(dict(type='chunk', fragments_per_chunk=1, seed=0))
+    other.push(frag(5, 0, 0))
+    before = other.records()
+    broken = dict(state, payloads={})
+    with pytest.raises(ValueError, match='lacks the payloads'):
+        other.load_state_dict(broken)
+    bad_id = dict(state, chunks=[dict(state['chunks'][0], records=[['w0', 0, 0, '', '../x']])])
+    with pytest.raises(ValueError, match='32 lowercase hex'):
+        other.load_state_dict(bad_id)
+    assert other.records() == before and len(other.store.ids()) == 1
+
+
+def test_the_manager_serves_the_chunk_protocol_and_its_version_op_gates_the_buffer():
+    from ding_buffer.distributed.manager import ManagerCore
+    from ding_buffer.distributed.config import build_distributed_config
+    buf = create_buffer(dict(type='chunk', fragments_per_chunk=2, max_staleness=0, seed=0))
+    core = ManagerCore(buf, build_distributed_config(dict(backend='torch')), 'log_reward')
+
+    def call(op, **args):
+        reply = core.handle('w', {'op': op, 'id': 1, 'shard': 0, 'args': args})
+        assert reply['ok'], reply
+        return reply['result']
+
+    call('push', data=[frag(0, 0, 0), frag(0, 1, 0)], client='c', seq=0)
+    assert call('count') == 1
+    out = call('sample', size=2)
+    assert [(x['worker'], x['fid']) for x in out] == [('w0', 0), ('w0', 1)]
+    assert call('model_version', version=1)['chunks_dropped'] == 1  # the buffer's own gate moved
+    assert call('count') == 0
+    bad = core.handle('w', {'op': 'push', 'id': 2, 'shard': 0, 'args': dict(data=frag(0, 0, 1), client='c', seq=1)})
+    assert not bad['ok'] and bad['error'] == 'ValueError' and 'arrive in order' in bad['message']
