@@ -571,3 +571,29 @@ def test_push_retried_after_timeout_is_stored_once_and_idle_workers_stay_live(ac
     assert idle.count() == 10
     buf.close()
     idle.close()
+
+
+@pytest.mark.timeout(60)
+def test_chunk_protocol_behind_the_ray_actor(actors):
+    """MineStudio's protocol served by the Ray actor: whole chunks, the version move reaching the buffer's gate,
+    a worker-side blocking fetch that times out, and order errors coming back as ValueError."""
+    cfg = dict(type='chunk', fragments_per_chunk=2, max_reuse=1, max_staleness=0, seed=0, distributed=actors())
+    learner, worker = create_buffer(cfg), create_buffer(cfg)
+
+    def frag(fid, version):
+        return dict(worker='env0', fid=fid, model_version=version, data=dict(obs=torch.full((3, ), float(fid))))
+
+    worker.push([frag(f, 0) for f in range(4)])
+    got = learner.sample(4, timeout=10)
+    assert sorted(x['fid'] for x in got) == [0, 1, 2, 3] and all(x['use'] == 1 for x in got)
+    assert all(torch.equal(x['data']['obs'], torch.full((3, ), float(x['fid']))) for x in got)
+    from ding_buffer.errors import SampleTimeoutError
+    with pytest.raises(SampleTimeoutError):
+        learner.sample(2, timeout=0.5)  # max_reuse=1 retired both chunks
+    with pytest.raises(ValueError, match='arrive in order'):
+        worker.push(frag(3, 0))
+    worker.push([frag(4, 0), frag(5, 0)])
+    assert learner.update_model_version(1)['chunks_dropped'] == 1
+    assert learner.count() == 0 and learner.stats()['fragments_received'] == 6
+    learner.close()
+    worker.close()
