@@ -14,6 +14,10 @@ from typing import List, NoReturn, Optional
 
 from .ready_configs import list_configs, resolve_config
 
+# set in the ranks ``train/launch.py`` starts itself (--nproc): they print no first line and no "interrupted"
+# line of their own (the launcher does)
+LAUNCHED = 'DING_BUFFER_LAUNCHED'
+
 
 
 def demo(args: argparse.Namespace) -> int:
@@ -40,7 +44,8 @@ def train(args: argparse.Namespace) -> int:
     """Run (or resume) a training job from a DI-engine-style config file (``main_config['job']`` picks it)."""
     args.config_arg, args.config = args.config, resolve_config(args.config)
     what = f"--resume {args.resume}" if args.resume else 'a new run'
-    print(f"ding-buffer train {args.config}: {what}, loading torch and the job ...", flush=True)
+    if os.environ.get(LAUNCHED) != '1':
+        print(f"ding-buffer train {args.config}: {what}, loading torch and the job ...", flush=True)
     from .train.config import load_config_file
     user = load_config_file(args.config)
     job = user.pop('job', 'dqn')
@@ -251,7 +256,8 @@ def main(argv: Optional[List[str]] = None, started_at: Optional[float] = None) -
         print(f"ding-buffer: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:  # a second Ctrl-C, or one outside a training loop
-        print("\nding-buffer: interrupted", file=sys.stderr)
+        if os.environ.get(LAUNCHED) != '1':
+            print("\nding-buffer: interrupted", file=sys.stderr)
         return 130
     except BrokenPipeError:  # output piped into e.g. `head`, which closed it: not an error of ours
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

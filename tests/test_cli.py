@@ -241,3 +241,26 @@ def test_warmup_at_or_past_the_last_env_step_warns(tmp_path):
     assert len(warning) == 1 and 'warmup_steps (1000) >= env.max_env_step (400)' in warning[0], proc.stderr
     assert 'gradient steps 0' in proc.stdout
     assert proc.stdout.splitlines()[0].startswith(f'ding-buffer train {cfg}: a new run')
+
+
+def test_ctrl_c_of_a_distributed_job_names_its_newest_checkpoint_and_the_resume_command(tmp_path, capsys):
+    """The launcher of `--nproc` jobs after Ctrl-C ended every rank (the ranks checkpoint every checkpoint.freq;
+    the manager holding the buffer got the signal too, so no final one)."""
+    import argparse
+    from ding_buffer.train.launch import interrupted
+    args = argparse.Namespace(config='/cfg/cartpole_apex.py', config_arg='cartpole_apex', seed=2, env_steps=None,
+                              device=None, iterations=None, nproc=4, threads=1)
+    run_dir = tmp_path / 'cartpole_apex_seed2'
+    interrupted(args, str(run_dir))
+    assert 'before the first checkpoint' in capsys.readouterr().out
+    for step, complete in ((100, True), (200, True), (300, False)):  # 300: a checkpoint cut short
+        d = run_dir / 'checkpoints' / f'step_{step:09d}'
+        d.mkdir(parents=True)
+        if complete:
+            (d / 'COMPLETE').write_text('{}')
+    interrupted(args, str(run_dir))
+    out = capsys.readouterr().out
+    assert f"newest complete checkpoint is {run_dir / 'checkpoints' / 'step_000000200'}" in out
+    resume = [line for line in out.splitlines() if line.startswith('resume with: ')]
+    assert shlex.split(resume[0][len('resume with: '):]) == [
+        'ding-buffer', 'train', 'cartpole_apex', '--seed', '2', '--nproc', '4', '--resume', str(run_dir)]

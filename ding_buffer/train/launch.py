@@ -17,7 +17,8 @@ import subprocess
 import sys
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-LAUNCHED = 'DING_BUFFER_LAUNCHED'  # set in the ranks this module starts itself
+from ..cli import LAUNCHED  # set in the ranks this module starts itself
+
 EXIT_MANAGER_GONE = 3
 
 
@@ -87,6 +88,21 @@ def wait_all(procs: List[subprocess.Popen], learner: int) -> int:
     return codes[learner]
 
 
+
+
+def interrupted(args: argparse.Namespace, run_dir: str) -> None:
+    """After Ctrl-C ended every rank of a distributed job: where its newest complete checkpoint is and the command
+    that resumes from it (the job checkpoints every ``checkpoint.freq``; the ranks do not write one on the way out:
+    the manager holding the buffer got the signal too)."""
+    from .checkpoint import complete_checkpoints
+    from .signals import resume_command
+    done = complete_checkpoints(os.path.join(run_dir, 'checkpoints'))
+    if done:
+        print(f"\nstopped by Ctrl-C: every rank ended; the newest complete checkpoint is {done[-1][1]}\nresume with: "
+              f"{resume_command(args, run_dir)}", flush=True)
+    else:
+        print(f"\nstopped by Ctrl-C before the first checkpoint (written every checkpoint.freq) in {run_dir}: "
+              "nothing to resume", flush=True)
 
 
 def ray_init(dist: Any, nproc: int) -> None:
@@ -168,7 +184,10 @@ def run_roles(role_main: RoleMain, cfg: Any, run_dir: str, args: argparse.Namesp
         if args.nproc < 3:
             raise ValueError(f"--nproc {args.nproc}: the {job} job needs at least 3 ({roles})")
         os.makedirs(run_dir, exist_ok=True)
-        return (launch_torch if backend == 'torch' else launch_mpi)(args, args.nproc)
+        code = (launch_torch if backend == 'torch' else launch_mpi)(args, args.nproc)
+        if code == 130:
+            interrupted(args, run_dir)
+        return code
     if args.nproc is not None and os.environ.get(LAUNCHED) != '1':
         raise ValueError(f"--nproc {args.nproc} inside a {'torchrun' if backend == 'torch' else 'mpirun'} job: the "
                          f"launcher already started the ranks; drop --nproc")
@@ -225,6 +244,11 @@ def _ray_driver(role_main: RoleMain, cfg: Any, run_dir: str, args: argparse.Name
     workers = [task.remote(cfg, run_dir, worker, i, nproc - 1, False, False) for i in range(nproc - 2)]
     try:
         summary = ray.get(learner)
+    except KeyboardInterrupt:
+        for ref in [learner] + workers:
+            ray.cancel(ref, force=True)
+        interrupted(args, run_dir)
+        return 130
     except ray.exceptions.RayTaskError as e:
         cause = getattr(e, 'cause', None)
         if isinstance(cause, ManagerUnavailableError):
@@ -241,5 +265,6 @@ def _ray_driver(role_main: RoleMain, cfg: Any, run_dir: str, args: argparse.Name
 
 
 __all__ = ['LAUNCHED', 'EXIT_MANAGER_GONE', 'rank_world', 'child_argv', 'launch_torch', 'launch_mpi', 'wait_all',
+           'interrupted',
            'ray_init', 'job_buffer_cfg', 'run_roles', 'with_remote',
            'publish_weights']
