@@ -337,7 +337,7 @@ class AdvancedReplayBuffer(SlotEngine):
         with self._lock:
             out = super().stats()
             out.update(push_count=self.push_count, beta=self.beta, max_priority=self._index.max_priority,
-                       priority_mass=self._index.tree.total())
+                       priority_mass=self._index.tree.total(), priority_min_leaf=self._index.tree.min_leaf())
             out.update(self._sampled_monitor.averages())
             out['beta'] = self.beta  # the current beta, not the last sampled batch's
             return out

@@ -29,6 +29,8 @@ def create_distributed(cls: type, cfg: Any, *args, **kwargs) -> Any:
     check_section(cls, local_cfg)
     prof = profile(cls, local_cfg, dcfg)
     max_bytes = int(dcfg.max_message_mb * (1 << 20))
+    if dcfg.num_shards > 1:
+        return _create_sharded(cls, cfg, dcfg, local_cfg, *args, **kwargs)
     if dcfg.backend == 'ray':
         from .ray_backend import RayChannel, get_or_create_actor
         from .remote import new_client_id
@@ -67,6 +69,30 @@ def create_distributed(cls: type, cfg: Any, *args, **kwargs) -> Any:
     local = cls(copy.deepcopy(local_cfg), *args, **kwargs) if dcfg.local_buffer else None
     return RemoteBuffer(local_cfg, dcfg, channel, local=local, dict_is_batch=prof['dict_is_batch'],
                         scoring_keys=prof['scoring_keys'], log_reward_key=prof['log_reward_key'])
+
+
+def _create_sharded(cls: type, cfg: Any, dcfg: Any, local_cfg: Any, *args, **kwargs) -> Any:
+    """``distributed.num_shards`` managers (Ray actors ``<actor_name>-shard<k>``) used as one buffer."""
+    from .sharded import ShardedBuffer
+    if dcfg.backend != 'ray':
+        raise ValueError(f"config key 'distributed.num_shards' is {dcfg.num_shards}: several managers run on "
+                         f"backend 'ray' (one actor per shard); backend {dcfg.backend!r} runs one manager rank")
+    if dcfg.local_buffer:
+        raise ValueError("config keys 'distributed.num_shards' > 1 and 'distributed.local_buffer' do not combine")
+    # fail before any actor starts on what the client refuses (type, route, key)
+    ShardedBuffer([None], local_cfg, dcfg.shard_route, dcfg.shard_key)
+    shards = []
+    try:
+        for k in range(dcfg.num_shards):
+            sub = copy.deepcopy(cfg)
+            sub['distributed'] = dict(sub['distributed'], shard=k, num_shards=1,
+                                      actor_name=f"{dcfg.actor_name}-shard{k}")
+            shards.append(create_distributed(cls, sub, *args, **kwargs))
+    except BaseException:
+        for shard in shards:
+            shard.close(timeout=5.0)
+        raise
+    return ShardedBuffer(shards, local_cfg, dcfg.shard_route, dcfg.shard_key, seed=local_cfg.get('seed'))
 
 
 def _create_if_distributed(cls: type, cfg: Any, *args, **kwargs) -> Any:

@@ -92,8 +92,13 @@ DISTRIBUTED_CONFIG = dict(
     max_reuse=None,
     # Manager side: write the buffer here (save_data) when it shuts down.
     checkpoint_path=None,
-    # Shard id carried by every message (one manager per shard; only shard 0 exists today).
+    # Shard id carried by every message (one manager per shard).
     shard=0,
+    # Ray: this many managers (actors '<actor_name>-shard<k>'), used as one buffer by the client (sharded.py):
+    # pushes routed round-robin or by a hash of the item field shard_key, samples drawn as one buffer would.
+    num_shards=1,
+    shard_route='round_robin',
+    shard_key=None,
 )
 
 DISTRIBUTED_CHECKS = dict(
@@ -122,6 +127,9 @@ DISTRIBUTED_CHECKS = dict(
     max_version_lag=(lambda x: x is None or (isinstance(x, int) and x >= 0), 'None or an int >= 0'),
     max_reuse=(optional_positive_int, 'None or a positive int'),
     shard=(lambda x: isinstance(x, int) and x >= 0, 'an int >= 0'),
+    num_shards=(lambda x: isinstance(x, int) and not isinstance(x, bool) and 1 <= x <= 1024, 'an int in [1, 1024]'),
+    shard_route=(lambda x: x in ('round_robin', 'hash'), "'round_robin' or 'hash'"),
+    shard_key=(lambda x: x is None or (isinstance(x, str) and bool(x)), 'None or an item field name'),
 )
 
 

@@ -1,0 +1,370 @@
+"""``ShardedBuffer``: K shards (each a manager's buffer, reached through a ``RemoteBuffer``, or a local buffer) used
+as one buffer -- Reverb's client-side sharding, with sampling that equals one buffer holding every item.
+
+Routing. A push goes to one shard: round-robin per call (``distributed.shard_route='round_robin'``), or by a
+stable hash (CRC-32) of an item field (``'hash'`` with ``shard_key``: e.g. the environment id, so one episode's
+items stay on one shard); a list or a batch is split by that hash, each shard receiving its rows in order.
+
+Sampling ``sample(B)``. One ``stats()`` call per shard gives its size and, for the prioritized ``advanced`` type,
+its total priority mass ``sum(p ** alpha)`` and smallest leaf. Then:
+
+* ``advanced``: per-shard counts from a multinomial over the shards' masses, one stratified draw of that many
+  items inside each shard (the shard's own ``sample``), and IS weights recomputed against the *global* smallest
+  leaf, ``(p_i ** alpha / min_leaf) ** -beta``, with ``beta`` annealed here, per call, as one buffer anneals it.
+  Each item is then drawn with probability ``p_i ** alpha / total`` -- exactly one prioritized buffer's rule.
+* ``naive``: without replacement (the default), per-shard counts from a multivariate hypergeometric over the
+  shards' sizes, then a draw without replacement inside each shard: a uniform draw of distinct items over all
+  shards; with ``replace=True`` a multinomial over sizes.
+
+The batch carries a ``shard`` column (int64; in list storage a ``'shard'`` key on copies of the items) and is
+shuffled, so it is not ordered by shard; ``update`` sends each row to the shard that owns it. This client applies
+the minimum-size rule (``sample_min_limit_ratio``) to the total count, as one buffer would; a prioritized shard owed
+more draws than it holds items answers in several calls (each the same draw law), since its own rule refuses more.
+
+A shard that is gone makes the calls that need it raise ``ManagerUnavailableError`` naming the shard: pushes routed
+elsewhere and the other shards' ``stats`` keep working; a sample needs every shard's mass, so it fails.
+``state_dict`` / ``save_data`` keep one state (file) per shard (``path.shard<k>``) plus this client's beta and
+routing position; ``load_state_dict`` is all or nothing (the shards loaded before a failing one are restored).
+"""
+import copy
+import zlib
+from typing import Any, Dict, List, Optional, Sequence
+
+import numpy as np
+import torch
+
+from ..errors import ManagerUnavailableError
+
+SHARDABLE = ('naive', 'advanced')
+ROUTES = ('round_robin', 'hash')
+
+
+def shard_path(path: str, k: int) -> str:
+    """The file of shard ``k`` for ``save_data(path)`` / ``load_data(path)``."""
+    return f'{path}.shard{k}'
+
+
+class ShardedBuffer:
+    """
+    Overview:
+        ``shards`` used as one buffer of type ``cfg.type`` (see the module docstring). ``route`` / ``shard_key``:
+        how pushes are spread; ``seed``: the RNG of the per-shard counts and the batch shuffle.
+    Interfaces:
+        ``push``, ``extend``, ``sample``, ``update``, ``count``, ``stats``, ``clear``, ``state_dict``,
+        ``load_state_dict``, ``save_data``, ``load_data``, ``update_model_version``, ``set_model_version``,
+        ``flush``, ``close``; ``shards`` (the shard buffers), ``num_shards``.
+    """
+
+    def __init__(self, shards: Sequence[Any], cfg: Any, route: str = 'round_robin', shard_key: Optional[str] = None,
+                 seed: Optional[int] = None) -> None:
+        kind = cfg.get('type')
+        if kind not in SHARDABLE:
+            raise ValueError(f"config key 'distributed.num_shards' > 1 works with types {list(SHARDABLE)}, got "
+                             f"{kind!r}")
+        if route not in ROUTES:
+            raise ValueError(f"config key 'distributed.shard_route' must be one of {list(ROUTES)}, got {route!r:.40}")
+        if route == 'hash' and not (isinstance(shard_key, str) and shard_key):
+            raise ValueError("config key 'distributed.shard_key' must name an item field for shard_route='hash', got "
+                             f"{shard_key!r:.40}")
+        if len(shards) < 1:
+            raise ValueError("a sharded buffer needs at least one shard")
+        self.shards = list(shards)
+        self.num_shards = len(self.shards)
+        self.kind, self.route, self.shard_key = kind, route, shard_key
+        self.prioritized = kind == 'advanced'
+        self.alpha = float(cfg.get('alpha', 0.6))
+        self.beta0 = float(cfg.get('beta', 0.4))
+        self.anneal_step = int(cfg.get('anneal_step', 100_000) or 0)
+        thruput = cfg.get('thruput_controller') or {}
+        self.min_ratio = float(thruput.get('sample_min_limit_ratio', 1.0 if self.prioritized else 0.0))
+        self.beta = self.beta0
+        self._next = 0  # round-robin position
+        self._rng = np.random.default_rng(seed)
+        self._closed = False
+
+    # ------------------------------------------------------------------ helpers
+    def _call(self, k: int, name: str, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return getattr(self.shards[k], name)(*args, **kwargs)
+        except ManagerUnavailableError as e:
+            raise ManagerUnavailableError(f"shard {k} of {self.num_shards} is unavailable ({name}): {e}") from e
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RuntimeError("the sharded buffer is closed")
+
+    def _hash(self, value: Any) -> int:
+        if isinstance(value, torch.Tensor):
+            value = value.tolist()
+        elif isinstance(value, np.ndarray):
+            value = value.tolist()
+        return zlib.crc32(repr(value).encode()) % self.num_shards
+
+    # ------------------------------------------------------------------ push
+    def push(self, data: Any, cur_collector_envstep: int = -1, batched: bool = False) -> int:
+        """Route ``data`` (one item, a list, or with ``batched=True`` a dict of rows) and push it; the number stored."""
+        self._check_open()
+        if self.route == 'round_robin':
+            k = self._next
+            self._next = (self._next + 1) % self.num_shards
+            return self._call(k, 'push', data, cur_collector_envstep, batched=batched)
+        if batched:
+            return self._push_batch_by_hash(data, cur_collector_envstep)
+        items = data if isinstance(data, list) else [data]
+        groups: Dict[int, List[Any]] = {}
+        for i, item in enumerate(items):
+            if not isinstance(item, dict) or self.shard_key not in item:
+                raise ValueError(f"item {i} has no field {self.shard_key!r} (distributed.shard_key) to route it by")
+            groups.setdefault(self._hash(item[self.shard_key]), []).append(item)
+        return sum(self._call(k, 'push', group, cur_collector_envstep) for k, group in sorted(groups.items()))
+
+    def _push_batch_by_hash(self, batch: Any, envstep: int) -> int:
+        if not isinstance(batch, dict) or self.shard_key not in batch:
+            raise ValueError(f"a batched push needs a dict with the field {self.shard_key!r} (distributed.shard_key)")
+        keys = batch[self.shard_key]
+        rows = len(keys)
+        owner = np.array([self._hash(keys[i]) for i in range(rows)], dtype=np.int64)
+        total = 0
+        for k in np.unique(owner):
+            idx = np.flatnonzero(owner == k)
+            total += self._call(int(k), 'push', _take(batch, idx), envstep, batched=True)
+        return total
+
+    def extend(self, batch: Any, cur_collector_envstep: int = -1) -> int:
+        return self.push(batch, cur_collector_envstep, batched=True)
+
+    # ------------------------------------------------------------------ sample
+    def sample(self, size: int, cur_learner_iter: int = -1, replace: Optional[bool] = None,
+               **kwargs: Any) -> Optional[Any]:
+        """``size`` items drawn as one buffer holding every shard's items would draw them (module docstring);
+        ``None`` while the shards hold too few items."""
+        self._check_open()
+        bad = sorted(kwargs)
+        if bad:
+            raise TypeError(f"a sharded sample takes cur_learner_iter and replace (naive), not {bad}")
+        if not isinstance(size, (int, np.integer)) or isinstance(size, bool) or size <= 0:
+            raise ValueError(f"sample size must be an int > 0, got {size!r:.40}")
+        if replace is not None and (self.prioritized or type(replace) is not bool):
+            raise TypeError("replace is a bool, for the naive type only (prioritized draws are with replacement)")
+        stats = [self._call(k, 'stats') for k in range(self.num_shards)]
+        counts = np.array([int(s['count']) for s in stats], dtype=np.int64)
+        total = int(counts.sum())
+        if total == 0 or total < self.min_ratio * size:
+            return None
+        if self.prioritized:
+            mass = np.array([float(s['priority_mass']) for s in stats])
+            if not mass.sum() > 0:
+                return None
+            draws = self._rng.multinomial(size, mass / mass.sum())
+        elif replace:
+            draws = self._rng.multinomial(size, counts / total)
+        else:
+            if total < size:
+                return None
+            draws = self._rng.multivariate_hypergeometric(counts, size)
+        parts = []
+        for k in np.flatnonzero(draws):
+            kw = dict(cur_learner_iter=cur_learner_iter)
+            if not self.prioritized:
+                kw['replace'] = bool(replace)
+            left = int(draws[k])
+            # a prioritized shard samples at most its own count per call (its minimum-size rule): a shard owed more
+            # draws than it holds items (all with replacement) answers in several calls, each the same draw law
+            step = max(1, int(counts[k])) if self.prioritized else left
+            while left:
+                part = self._call(int(k), 'sample', min(step, left), **kw)
+                if part is None:  # the shard changed between its stats and its draw (a concurrent push / removal)
+                    return None
+                parts.append((int(k), part))
+                left -= min(step, left)
+        out = _concat(parts)
+        if self.prioritized:
+            min_leaf = min(float(s.get('priority_min_leaf', float('inf'))) for s in stats)
+            self._reweight(out, min_leaf)
+            self.beta = min(1.0, self.beta + (1.0 - self.beta0) / self.anneal_step) if self.anneal_step else self.beta
+        return _shuffle(out, self._rng.permutation(size))
+
+    def _reweight(self, out: Any, min_leaf: float) -> None:
+        """IS weights against the global smallest leaf: ``(p ** alpha / min_leaf) ** -beta`` (one buffer's rule)."""
+        if isinstance(out, dict):
+            leaf = out['priority'].double() ** self.alpha
+            out['IS'] = (leaf / min_leaf).pow(-self.beta).to(out['IS'].dtype)
+        else:
+            for item in out:
+                item['IS'] = float((float(item['priority']) ** self.alpha / min_leaf) ** -self.beta)
+
+    # ------------------------------------------------------------------ update
+    def update(self, info: Dict[str, Any]) -> Optional[Dict[str, int]]:
+        """Send each row of ``info`` to the shard that owns it (its ``shard`` column, from ``sample``)."""
+        self._check_open()
+        if not isinstance(info, dict) or 'shard' not in info:
+            raise ValueError("update of a sharded buffer needs the 'shard' column of the sampled batch (with "
+                             "'replay_unique_id', 'replay_buffer_idx' and 'priority')")
+        shard = np.asarray(torch.as_tensor(info['shard']).cpu(), dtype=np.int64).reshape(-1)
+        if shard.size and (shard.min() < 0 or shard.max() >= self.num_shards):
+            raise ValueError(f"'shard' holds {int(shard.min())}..{int(shard.max())}; there are {self.num_shards} shards")
+        total = {'updated': 0, 'stale': 0}
+        for k in np.unique(shard):
+            idx = np.flatnonzero(shard == k)
+            sub = {key: _rows(value, idx) for key, value in info.items() if key != 'shard'}
+            res = self._call(int(k), 'update', sub) or {}
+            for key in total:
+                total[key] += int(res.get(key, 0))
+        return total
+
+    # ------------------------------------------------------------------ the rest of the IBuffer surface
+    def count(self) -> int:
+        return sum(int(self._call(k, 'count')) for k in range(self.num_shards))
+
+    def __len__(self) -> int:
+        return self.count()
+
+    def stats(self) -> Dict[str, Any]:
+        """Every shard's ``stats()`` as ``shard<k>/<key>``, plus the sums of ``count`` and the push / sample
+        counters, ``num_shards`` and this client's ``beta``."""
+        out: Dict[str, Any] = {'num_shards': self.num_shards}
+        for k in range(self.num_shards):
+            for key, value in self._call(k, 'stats').items():
+                out[f'shard{k}/{key}'] = value
+                if key in ('count', 'push_items', 'sampled_items', 'remove_count', 'updated', 'stale_updates'):
+                    out[key] = out.get(key, 0) + value
+        if self.prioritized:
+            out['beta'] = self.beta
+        return out
+
+    def clear(self) -> None:
+        for k in range(self.num_shards):
+            self._call(k, 'clear')
+
+    def state_dict(self) -> Dict[str, Any]:
+        return {'type': 'ShardedBuffer', 'num_shards': self.num_shards, 'beta': self.beta, 'next': self._next,
+                'rng': copy.deepcopy(self._rng.bit_generator.state),
+                'shards': [self._call(k, 'state_dict') for k in range(self.num_shards)]}
+
+    def load_state_dict(self, state: Dict[str, Any], deepcopy: bool = False) -> None:
+        """All or nothing: a shard that refuses its state puts the shards loaded before it back."""
+        if not isinstance(state, dict) or state.get('type') != 'ShardedBuffer':
+            raise ValueError("not a sharded buffer's state (state_dict() of a ShardedBuffer)")
+        if state.get('num_shards') != self.num_shards or len(state.get('shards') or ()) != self.num_shards:
+            raise ValueError(f"the state holds {state.get('num_shards')} shards, this buffer has {self.num_shards}")
+        rng = np.random.default_rng()
+        rng.bit_generator.state = copy.deepcopy(dict(state['rng']))
+        beta, nxt = float(state['beta']), int(state['next'])
+        if not 0 <= beta <= 1 or not 0 <= nxt < self.num_shards:
+            raise ValueError(f"the state has beta {beta} / routing position {nxt} out of range")
+        before = [self._call(k, 'state_dict') for k in range(self.num_shards)]
+        done = 0
+        try:
+            for k, sub in enumerate(state['shards']):
+                self._call(k, 'load_state_dict', sub, deepcopy=deepcopy)
+                done += 1
+        except BaseException:
+            for k in range(done):
+                self._call(k, 'load_state_dict', before[k])
+            raise
+        self.beta, self._next, self._rng = beta, nxt, rng
+
+    def save_data(self, path: str) -> List[Any]:
+        """Each shard writes ``path.shard<k>`` (remote shards: inside their manager's ``file_root``); returns
+        what each wrote."""
+        return [self._call(k, 'save_data', shard_path(path, k)) for k in range(self.num_shards)]
+
+    def load_data(self, path: str, allow_pickle: bool = False) -> List[Any]:
+        """Each shard loads ``path.shard<k>`` (a remote shard's manager decides on pickle itself)."""
+        return [self._call(k, 'load_data', shard_path(path, k), allow_pickle=allow_pickle)
+                for k in range(self.num_shards)]
+
+    def update_model_version(self, version: int, session_id: Optional[str] = None) -> List[Any]:
+        return [self._call(k, 'update_model_version', version, session_id) for k in range(self.num_shards)]
+
+    def set_model_version(self, version: int, session_id: Optional[str] = None) -> None:
+        for shard in self.shards:
+            shard.set_model_version(version, session_id)
+
+    def flush(self) -> None:
+        for k in range(self.num_shards):
+            if hasattr(self.shards[k], 'flush'):
+                self._call(k, 'flush')
+
+    def start(self) -> None:
+        for shard in self.shards:
+            shard.start()
+
+    def close(self, timeout: Optional[float] = None) -> None:
+        """Close every shard's client (each one's errors are collected; the first is raised after all closed)."""
+        if self._closed:
+            return
+        self._closed = True
+        first = None
+        for shard in self.shards:
+            try:
+                shard.close() if timeout is None else shard.close(timeout=timeout)
+            except Exception as e:  # noqa: PERF203 -- every shard gets its close
+                first = first or e
+        if first is not None:
+            raise first
+
+    def __enter__(self) -> 'ShardedBuffer':
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __iter__(self) -> Any:
+        raise TypeError("ShardedBuffer is not iterable: draw batches with buffer.sample(batch_size) in a loop")
+
+
+# ---------------------------------------------------------------------------------------------- batch helpers
+def _rows(value: Any, idx: np.ndarray) -> Any:
+    """Rows ``idx`` of a per-row field (tensor, array, list) of an update dict; other values as they are."""
+    if isinstance(value, torch.Tensor):
+        return value[torch.from_numpy(idx)]
+    if isinstance(value, np.ndarray):
+        return value[idx]
+    if isinstance(value, (list, tuple)):
+        return [value[i] for i in idx]
+    return value
+
+
+def _take(batch: Any, idx: np.ndarray) -> Any:
+    if isinstance(batch, dict):
+        return {k: _take(v, idx) for k, v in batch.items()}
+    return _rows(batch, idx)
+
+
+def _concat(parts: List[Any]) -> Any:
+    """Shard batches as one: dicts of tensors concatenated leaf by leaf with a ``shard`` column; lists of items
+    as copies with a ``shard`` key."""
+    first = parts[0][1]
+    if isinstance(first, list):
+        return [dict(item, shard=k) for k, part in parts for item in part]
+    out = _cat([p for _, p in parts])
+    out['shard'] = torch.cat([torch.full((_batch_len(p), ), k, dtype=torch.int64) for k, p in parts])
+    return out
+
+
+def _cat(batches: List[Any]) -> Any:
+    if isinstance(batches[0], dict):
+        return {k: _cat([b[k] for b in batches]) for k in batches[0]}
+    if isinstance(batches[0], torch.Tensor):
+        return torch.cat(batches)
+    if isinstance(batches[0], np.ndarray):
+        return np.concatenate(batches)
+    return [x for b in batches for x in b]
+
+
+def _batch_len(batch: Any) -> int:
+    for value in batch.values():
+        return _batch_len(value) if isinstance(value, dict) else len(value)
+    return 0
+
+
+def _shuffle(out: Any, perm: np.ndarray) -> Any:
+    if isinstance(out, list):
+        return [out[i] for i in perm]
+    index = torch.from_numpy(perm)
+    return {k: _shuffle(v, perm) if isinstance(v, dict) else (v[index] if isinstance(v, torch.Tensor) else
+                                                             _rows(v, perm)) for k, v in out.items()}
+
+
+__all__ = ['ShardedBuffer', 'shard_path', 'SHARDABLE', 'ROUTES']

@@ -1,0 +1,241 @@
+"""Sharded buffers (``distributed.num_shards``): sampling across shards equals one buffer holding every item (chi-square
+against the exact probabilities), IS weights against the global minimum, update routing, hash routing, state round
+trips that are all or nothing, and K Ray actors with one of them killed."""
+import os
+import sys
+import uuid
+
+import numpy as np
+import pytest
+import torch
+from scipy import stats as sstats
+
+from ding_buffer import create_buffer
+from ding_buffer.distributed.sharded import ShardedBuffer
+from ding_buffer.errors import ManagerUnavailableError
+
+ALPHA, BETA = 0.6, 0.4
+
+
+def adv_cfg(seed=0, **kw):
+    return dict(type='advanced', replay_buffer_size=200, alpha=ALPHA, beta=BETA, anneal_step=1000, seed=seed,
+                storage=dict(type='tensor'), **kw)
+
+
+def local_sharded(kind, k=3, seed=0, **route):
+    cfg = adv_cfg() if kind == 'advanced' else dict(type='naive', replay_buffer_size=200, storage=dict(type='tensor'))
+    shards = [create_buffer(dict(cfg, seed=100 + i)) for i in range(k)]
+    return ShardedBuffer(shards, cfg, seed=seed, **route), cfg
+
+
+def item(i, priority=None):
+    out = {'obs': torch.tensor([float(i)]), 'env': i % 5}
+    if priority is not None:
+        out['priority'] = float(priority)
+    return out
+
+
+def same(a, b):
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
+    if isinstance(a, torch.Tensor):
+        return isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b)
+    if isinstance(a, np.ndarray):
+        return np.array_equal(a, b)
+    return a == b
+
+
+def frequencies(buf, n_items, draws, batch):
+    seen = np.zeros(n_items)
+    for _ in range(draws):
+        b = buf.sample(batch)
+        np.add.at(seen, b['obs'][:, 0].long().numpy(), 1)
+    return seen
+
+
+def test_prioritized_sampling_across_shards_matches_one_buffer_by_chi_square():
+    buf, _ = local_sharded('advanced', k=3)
+    n = 60
+    prio = np.array([1 + (i % 7) for i in range(n)], dtype=float)
+    for i in range(n):  # round-robin: the shards hold different items with different priority masses
+        buf.push(item(i, prio[i]))
+    assert [s.count() for s in buf.shards] == [20, 20, 20]
+    seen = frequencies(buf, n, 600, 32)
+    expected = prio ** ALPHA / (prio ** ALPHA).sum() * seen.sum()
+    assert sstats.chisquare(seen, expected).pvalue > 1e-3
+    # one buffer with the same items: its empirical distribution agrees with the sharded one (two-sample test)
+    single = create_buffer(adv_cfg(seed=7))
+    for i in range(n):
+        single.push(item(i, prio[i]))
+    one = frequencies(single, n, 600, 32)
+    assert sstats.chi2_contingency(np.stack([seen, one])).pvalue > 1e-3
+
+
+def test_is_weights_use_the_global_minimum_and_one_buffers_beta_schedule():
+    buf, _ = local_sharded('advanced', k=2)
+    prio = {0: 1.0, 1: 4.0, 2: 9.0, 3: 16.0}
+    for i, p in prio.items():  # shard 0 gets 0 and 2, shard 1 gets 1 and 3: the global minimum lives on shard 0
+        buf.push(item(i, p))
+    single = create_buffer(adv_cfg(seed=3))
+    for i, p in prio.items():
+        single.push(item(i, p))
+    for call in range(5):
+        beta = buf.beta
+        assert beta == pytest.approx(single.beta)
+        b = buf.sample(4)  # one buffer samples at most its count per call (sample_min_limit_ratio=1): so do shards
+        ref = single.sample(4)
+        leaf = torch.tensor([prio[int(x)] for x in b['obs'][:, 0]], dtype=torch.float64) ** ALPHA
+        torch.testing.assert_close(b['IS'].double(), (leaf / 1.0) ** -beta, rtol=1e-5, atol=0)
+        ref_leaf = torch.tensor([prio[int(x)] for x in ref['obs'][:, 0]], dtype=torch.float64) ** ALPHA
+        torch.testing.assert_close(ref['IS'].double(), ref_leaf ** -beta, rtol=1e-5, atol=0)  # the same rule
+    assert buf.beta == pytest.approx(single.beta)
+
+
+def test_update_goes_to_the_owning_shard_and_moves_the_distribution():
+    buf, _ = local_sharded('advanced', k=3)
+    for i in range(30):
+        buf.push(item(i, 1.0))
+    b = buf.sample(30)
+    hot = b['obs'][:, 0] == b['obs'][0, 0]  # make one item (on whatever shard) 50x more likely
+    res = buf.update({'shard': b['shard'], 'replay_unique_id': b['replay_unique_id'],
+                      'replay_buffer_idx': b['replay_buffer_idx'],
+                      'priority': torch.where(hot, 50.0 ** (1 / ALPHA), 1.0)})
+    assert res == {'updated': 30, 'stale': 0}
+    seen = frequencies(buf, 30, 400, 30)
+    target = int(b['obs'][0, 0])
+    expected = np.ones(30)
+    expected[target] = 50.0
+    expected *= seen.sum() / expected.sum()
+    assert sstats.chisquare(seen, expected).pvalue > 1e-3
+    with pytest.raises(ValueError, match="'shard' column"):
+        buf.update({'replay_unique_id': b['replay_unique_id'], 'priority': torch.ones(30)})
+
+
+def test_uniform_without_replacement_across_shards_is_uniform_and_distinct():
+    buf, _ = local_sharded('naive', k=3)
+    for i in range(45):
+        buf.push([item(i)] if i % 2 else item(i))
+    for s in buf.shards:
+        assert s.count() == 15
+    seen = np.zeros(45)
+    for _ in range(400):
+        b = buf.sample(20)
+        ids = b['obs'][:, 0].long().numpy()
+        assert len(set(ids.tolist())) == 20  # distinct, as one buffer's draw without replacement
+        np.add.at(seen, ids, 1)
+    assert sstats.chisquare(seen).pvalue > 1e-3
+    assert buf.sample(46) is None  # more than all shards hold together
+    b = buf.sample(50, replace=True)
+    assert len(b['obs']) == 50
+
+
+def test_hash_routing_keeps_a_key_on_one_shard():
+    buf, _ = local_sharded('naive', k=3, route='hash', shard_key='env')
+    buf.push([item(i) for i in range(40)])
+    buf.extend({'obs': torch.arange(40, 60).float().unsqueeze(1), 'env': torch.arange(40, 60) % 5})
+    import zlib
+    want = [0] * 3
+    for i in range(60):
+        want[zlib.crc32(repr(i % 5).encode()) % 3] += 1
+    assert [s.count() for s in buf.shards] == want
+    for s in buf.shards:  # every env lives on exactly one shard
+        envs = set(s.sample(s.count())['env'].tolist()) if s.count() else set()
+        assert all(zlib.crc32(repr(e).encode()) % 3 == buf.shards.index(s) for e in envs)
+    with pytest.raises(ValueError, match="no field 'env'"):
+        buf.push({'obs': torch.zeros(1)})
+
+
+def test_state_round_trip_and_all_or_nothing_load():
+    buf, cfg = local_sharded('advanced', k=3, seed=5)
+    for i in range(30):
+        buf.push(item(i, 1 + i % 4))
+    buf.sample(8)
+    state = buf.state_dict()
+    expected = buf.sample(16)
+    other, _ = local_sharded('advanced', k=3, seed=99)
+    other.load_state_dict(state)
+    got = other.sample(16)
+    assert torch.equal(got['obs'], expected['obs']) and torch.equal(got['IS'], expected['IS'])
+    broken = dict(state, shards=[state['shards'][0], state['shards'][1], {'type': 'NaiveReplayBuffer'}])
+    fresh, _ = local_sharded('advanced', k=3)
+    fresh.push(item(0, 2.0))
+    before = [s.state_dict() for s in fresh.shards]
+    with pytest.raises(ValueError):
+        fresh.load_state_dict(broken)
+    assert all(same(a, s.state_dict()) for a, s in zip(before, fresh.shards))  # shards 0 and 1 were put back
+    with pytest.raises(ValueError, match='holds 3 shards'):
+        local_sharded('advanced', k=2)[0].load_state_dict(state)
+
+
+def test_bad_sharding_config_names_the_key():
+    with pytest.raises(ValueError, match='num_shards'):
+        create_buffer(dict(type='naive', distributed=dict(backend='ray', num_shards=0)))
+    with pytest.raises(ValueError, match="num_shards.*backend 'ray'"):
+        create_buffer(dict(type='naive', distributed=dict(backend='torch', num_shards=2)))
+    with pytest.raises(ValueError, match="works with types"):
+        ShardedBuffer([None], dict(type='episode'))
+    with pytest.raises(ValueError, match='shard_key'):
+        ShardedBuffer([None], dict(type='naive'), route='hash')
+
+
+# ---------------------------------------------------------------------------------------------------------- Ray
+@pytest.fixture(scope='module')
+def ray_session():
+    ray = pytest.importorskip('ray')
+    if ray.is_initialized():
+        ray.shutdown()
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    yield ray
+    ray.shutdown()
+
+
+@pytest.mark.timeout(120)
+def test_two_ray_managers_serve_one_buffer_and_a_killed_shard_fails_only_what_needs_it(ray_session, tmp_path):
+    ray = ray_session
+    name = f'test_sharded_{uuid.uuid4().hex[:10]}'
+    dist = dict(backend='ray', actor_name=name, namespace='ding_buffer_test', num_shards=2, timeout=10,
+                startup_timeout=60, file_root=str(tmp_path))
+    cfg = adv_cfg(distributed=dist)
+    learner, actor = create_buffer(cfg), create_buffer(cfg)
+    try:
+        for i in range(20):
+            actor.push(item(i, 1 + i % 3))
+        assert learner.count() == 20 and [s.count() for s in learner.shards] == [10, 10]
+        b = learner.sample(16)
+        assert set(b['shard'].tolist()) <= {0, 1} and b['obs'].shape == (16, 1)
+        assert learner.update({'shard': b['shard'], 'replay_unique_id': b['replay_unique_id'],
+                               'replay_buffer_idx': b['replay_buffer_idx'], 'priority': torch.ones(16)})['updated'] == 16
+        written = learner.save_data('ckpt.pt')
+        assert [os.path.basename(p) for p in written] == ['ckpt.pt.shard0', 'ckpt.pt.shard1']
+        st = learner.stats()
+        assert st['count'] == 20 and st['shard0/count'] == st['shard1/count'] == 10
+
+        ray.kill(ray.get_actor(f'{name}-shard1', namespace='ding_buffer_test'), no_restart=True)
+        with pytest.raises(ManagerUnavailableError, match='shard 1 of 2'):
+            learner.sample(8)
+        assert learner.shards[0].count() == 10  # the other shard still serves
+        outcomes = []
+        for i in range(2):  # round-robin: one of the next two pushes reaches the dead shard
+            try:
+                actor.push(item(100 + i, 1.0))
+                outcomes.append('ok')
+            except ManagerUnavailableError as e:
+                outcomes.append('shard 1' if 'shard 1 of 2' in str(e) else str(e))
+        assert sorted(outcomes) == ['ok', 'shard 1']
+    finally:
+        for b in (learner, actor):
+            try:
+                b.close(timeout=5.0)
+            except Exception:
+                pass
+        for k in range(2):
+            try:
+                ray.kill(ray.get_actor(f'{name}-shard{k}', namespace='ding_buffer_test'), no_restart=True)
+            except ValueError:
+                pass
+
+
+if __name__ == '__main__':  # pragma: no cover
+    sys.exit(pytest.main([__file__, '-q']))
