@@ -85,6 +85,26 @@ def test_roundtrip_rows_reach_manager(launches, backend):
 
 
 @pytest.mark.parametrize('backend', BACKENDS)
+def test_two_sharded_managers_serve_two_workers_as_one_buffer(tmp_path, backend):
+    """distributed.num_shards=2 under torchrun / mpirun with 4 ranks: ranks 2 and 3 each own one shard; each
+    worker's pushes alternate between them, its samples draw from both and its updates reach the owning shard."""
+    run = Launch('sharded', backend, tmp_path, nproc=4).wait()
+    run.require_ok(ranks=(0, 1, 2, 3))
+    all_tags = sorted(t for r in (0, 1) for s in range(5) for t in adv_tags(r, s))
+    stored = sorted(run.rank(2)['tags'] + run.rank(3)['tags'])
+    assert stored == all_tags  # every row on exactly one shard
+    # round-robin per push: each worker sent pushes 0, 2, 4 to shard 0 and 1, 3 to shard 1
+    assert sorted(run.rank(2)['tags']) == sorted(t for r in (0, 1) for s in (0, 2, 4) for t in adv_tags(r, s))
+    for m in (2, 3):
+        assert run.rank(m)['summary']['exited'] == ['0', '1'] and run.rank(m)['obs_ok']
+    for r in (0, 1):
+        w = run.rank(r)
+        assert len(w['sample_tags']) == 16 and set(w['sample_tags']) <= set(all_tags) and w['sample_obs_ok']
+        assert set(w['sample_shards']) <= {0, 1} and w['update'] == {'updated': 16, 'stale': 0}
+        assert w['shard_counts'] == [24, 16] and w['closed'] is True
+
+
+@pytest.mark.parametrize('backend', BACKENDS)
 def test_chunk_protocol_over_the_wire(launches, backend):
     """MineStudio's protocol served by the manager: a learner's blocking fetch waits for whole chunks from another
     rank, its model-version move reaches the buffer's gate (stale chunks leave, a stale fragment is dropped at its

@@ -29,7 +29,9 @@ def create_distributed(cls: type, cfg: Any, *args, **kwargs) -> Any:
     check_section(cls, local_cfg)
     prof = profile(cls, local_cfg, dcfg)
     max_bytes = int(dcfg.max_message_mb * (1 << 20))
-    if dcfg.num_shards > 1:
+    if dcfg.num_shards > 1 and dcfg.local_buffer:
+        raise ValueError("config keys 'distributed.num_shards' > 1 and 'distributed.local_buffer' do not combine")
+    if dcfg.num_shards > 1 and dcfg.backend == 'ray':
         return _create_sharded(cls, cfg, dcfg, local_cfg, *args, **kwargs)
     if dcfg.backend == 'ray':
         from .ray_backend import RayChannel, get_or_create_actor
@@ -49,36 +51,62 @@ def create_distributed(cls: type, cfg: Any, *args, **kwargs) -> Any:
             raise ValueError(f"config key 'distributed.backend' is {dcfg.backend!r} but this job has {world} rank: a "
                              f"distributed buffer needs a manager and at least one worker; launch with {launcher} "
                              f"(N >= 2), or set distributed.backend=None for a local buffer")
-        manager = dcfg.manager_rank if dcfg.manager_rank >= 0 else world - 1
-        if manager >= world:
-            raise ValueError(f"config key 'distributed.manager_rank' is {manager}, the world has {world} ranks")
-        workers = [r for r in range(world) if r != manager] if dcfg.worker_ranks is None else list(dcfg.worker_ranks)
-        if not workers or manager in workers or any(r >= world for r in workers):
+        managers = _manager_ranks(dcfg, world)
+        workers = [r for r in range(world) if r not in managers] if dcfg.worker_ranks is None else list(dcfg.worker_ranks)
+        if not workers or set(managers) & set(workers) or any(r >= world for r in workers):
             raise ValueError(f"config key 'distributed.worker_ranks' {workers} must name ranks < {world} other than "
-                             f"the manager {manager}")
-        peers = workers if rank == manager else [manager]
+                             f"the manager{'s' if len(managers) > 1 else ''} {managers if len(managers) > 1 else managers[0]}")
         cls_t = TorchTransport if dcfg.backend == 'torch' else MPITransport
-        transport = cls_t(peers, dcfg.allow_pickle, max_bytes, grace=dcfg.timeout)
-        if rank == manager:
-            buffer, dcfg, key = build_manager_buffer(cfg, *args, **kwargs)
-            return ReplayBufferManager(buffer, transport, dcfg, workers, key)
+        if rank in managers:
+            transport = cls_t(workers, dcfg.allow_pickle, max_bytes, grace=dcfg.timeout)
+            sub = cfg
+            if len(managers) > 1:  # shard k of K: its requests carry shard k
+                sub = copy.deepcopy(cfg)
+                sub['distributed'] = dict(sub['distributed'], shard=managers.index(rank))
+            buffer, mdcfg, key = build_manager_buffer(sub, *args, **kwargs)
+            return ReplayBufferManager(buffer, transport, mdcfg, workers, key)
         if rank not in workers:
-            raise ValueError(f"rank {rank} is neither the manager ({manager}) nor in distributed.worker_ranks {workers}")
+            raise ValueError(f"rank {rank} is neither a manager ({managers}) nor in distributed.worker_ranks {workers}")
         from .channel import PeerChannel
-        channel = PeerChannel(transport, manager, dcfg.timeout, dcfg.heartbeat_seconds)
+        if len(managers) > 1:  # one transport, channel and RemoteBuffer per shard, used as one buffer
+            from .sharded import ShardedBuffer
+            ShardedBuffer([None], local_cfg, dcfg.shard_route, dcfg.shard_key)  # refuse what the client would
+            shards = []
+            for k, manager in enumerate(managers):
+                transport = cls_t([manager], dcfg.allow_pickle, max_bytes, grace=dcfg.timeout)
+                channel = PeerChannel(transport, manager, dcfg.timeout, dcfg.heartbeat_seconds)
+                sub_dcfg = copy.deepcopy(dcfg)
+                sub_dcfg.shard = k
+                shards.append(RemoteBuffer(local_cfg, sub_dcfg, channel, dict_is_batch=prof['dict_is_batch'],
+                                           scoring_keys=prof['scoring_keys'], log_reward_key=prof['log_reward_key']))
+            return ShardedBuffer(shards, local_cfg, dcfg.shard_route, dcfg.shard_key, seed=local_cfg.get('seed'))
+        transport = cls_t([managers[0]], dcfg.allow_pickle, max_bytes, grace=dcfg.timeout)
+        channel = PeerChannel(transport, managers[0], dcfg.timeout, dcfg.heartbeat_seconds)
     local = cls(copy.deepcopy(local_cfg), *args, **kwargs) if dcfg.local_buffer else None
     return RemoteBuffer(local_cfg, dcfg, channel, local=local, dict_is_batch=prof['dict_is_batch'],
                         scoring_keys=prof['scoring_keys'], log_reward_key=prof['log_reward_key'])
 
 
+def _manager_ranks(dcfg: Any, world: int) -> list:
+    """The manager rank(s): ``manager_rank`` (default the last rank); with ``num_shards`` K > 1 the last K ranks."""
+    k = dcfg.num_shards
+    if k > 1:
+        if dcfg.manager_rank >= 0:
+            raise ValueError(f"config key 'distributed.manager_rank' is {dcfg.manager_rank}: with num_shards {k} the "
+                             f"managers are the last {k} ranks (leave manager_rank at -1)")
+        if k >= world:
+            raise ValueError(f"config key 'distributed.num_shards' is {k}: the job has {world} ranks, and at least one "
+                             f"must be a worker")
+        return list(range(world - k, world))
+    manager = dcfg.manager_rank if dcfg.manager_rank >= 0 else world - 1
+    if manager >= world:
+        raise ValueError(f"config key 'distributed.manager_rank' is {manager}, the world has {world} ranks")
+    return [manager]
+
+
 def _create_sharded(cls: type, cfg: Any, dcfg: Any, local_cfg: Any, *args, **kwargs) -> Any:
-    """``distributed.num_shards`` managers (Ray actors ``<actor_name>-shard<k>``) used as one buffer."""
+    """Ray: ``distributed.num_shards`` manager actors (``<actor_name>-shard<k>``) used as one buffer."""
     from .sharded import ShardedBuffer
-    if dcfg.backend != 'ray':
-        raise ValueError(f"config key 'distributed.num_shards' is {dcfg.num_shards}: several managers run on "
-                         f"backend 'ray' (one actor per shard); backend {dcfg.backend!r} runs one manager rank")
-    if dcfg.local_buffer:
-        raise ValueError("config keys 'distributed.num_shards' > 1 and 'distributed.local_buffer' do not combine")
     # fail before any actor starts on what the client refuses (type, route, key)
     ShardedBuffer([None], local_cfg, dcfg.shard_route, dcfg.shard_key)
     shards = []

@@ -130,6 +130,9 @@ def config():
     elif SCENARIO in ('freeze_worker', 'freeze_worker_end'):
         cfg = dict(type='advanced', replay_buffer_size=4000, storage=dict(type='tensor'))
         d.update(timeout=10.0, heartbeat_seconds=0.5, peer_timeout=3.0)
+    elif SCENARIO == 'sharded':  # 4 ranks: workers 0 and 1, managers 2 (shard 0) and 3 (shard 1)
+        cfg = dict(type='advanced', replay_buffer_size=1000, seed=RANK, storage=dict(type='tensor'))
+        d.update(num_shards=2)
     elif SCENARIO == 'chunk':
         cfg = dict(type='chunk', fragments_per_chunk=2, max_reuse=1, max_staleness=0, seed=0)
     else:
@@ -281,6 +284,30 @@ def worker_chunk(buf):
         flag('version_moved')
         second = buf.sample(2, timeout=30)
         RESULT['second'] = [[x['worker'], x['fid'], x['use']] for x in second]
+    buf.close()
+    RESULT['closed'] = True
+
+
+def worker_sharded(buf):
+    """Two managers used as one buffer: pushes alternate between the shards, samples draw from both, updates
+    go back to the shard that owns each row."""
+    from ding_buffer.distributed.sharded import ShardedBuffer
+    assert isinstance(buf, ShardedBuffer), type(buf)
+    for step in range(5):
+        buf.push(adv_batch(RANK, step), batched=True)
+    end = time.monotonic() + 30
+    while buf.count() < 40 and time.monotonic() < end:  # both workers' 5 pushes of 4 rows
+        time.sleep(0.05)
+    s = buf.sample(16)
+    RESULT['sample_tags'] = s['tag'].tolist()
+    RESULT['sample_obs_ok'] = bool((s['obs'] == s['tag'].float().unsqueeze(1)).all())
+    RESULT['sample_shards'] = s['shard'].tolist()
+    RESULT['update'] = buf.update({'shard': s['shard'], 'replay_unique_id': s['replay_unique_id'],
+                                   'replay_buffer_idx': s['replay_buffer_idx'], 'priority': torch.full((16, ), 2.0)})
+    st = buf.stats()
+    RESULT['shard_counts'] = [st['shard0/count'], st['shard1/count']]
+    flag(f'sampled_{RANK}')
+    wait_flag(f'sampled_{1 - RANK}', 60)  # neither closes (ends its managers' wait) before both sampled
     buf.close()
     RESULT['closed'] = True
 
@@ -630,9 +657,10 @@ def main() -> None:
             buf = init_torch(30.0) if BACKEND == 'torch' else init_mpi()
         else:
             buf = make_buffer(config())
-        RESULT['role'] = 'manager' if RANK == MANAGER else 'worker'
+        is_manager = RANK == MANAGER or (SCENARIO == 'sharded' and RANK == 3)
+        RESULT['role'] = 'manager' if is_manager else 'worker'
         RESULT['setup_seconds'] = time.monotonic() - T0
-        if RANK == MANAGER:
+        if is_manager:
             manager(buf)
         else:
             globals()['worker_' + SCENARIO](buf)
