@@ -3,6 +3,7 @@ against the exact probabilities), IS weights against the global minimum, update 
 trips that are all or nothing, and K Ray actors with one of them killed."""
 import os
 import sys
+import time
 import uuid
 
 import numpy as np
@@ -131,6 +132,45 @@ def test_uniform_without_replacement_across_shards_is_uniform_and_distinct():
     assert len(b['obs']) == 50
 
 
+def gfn_sharded(k=3, **cfg):
+    base = dict(type='gfn', replay_buffer_size=100, **cfg)
+    return ShardedBuffer([create_buffer(dict(base, seed=10 + i)) for i in range(k)], base, seed=1)
+
+
+def test_gfn_softmax_sampling_across_shards_matches_one_buffer_by_chi_square():
+    buf = gfn_sharded(prioritized_sampling=True, sample_replacement=True)
+    rng = np.random.default_rng(0)
+    n = 45
+    log_r = rng.normal(0, 1, n)
+    for start in range(0, n, 5):  # batches of 5, round-robin: three shards of 15 with different reward masses
+        buf.push({'state': torch.arange(start, start + 5).float().unsqueeze(1),
+                  'log_reward': torch.tensor(log_r[start:start + 5])})
+    seen = np.zeros(n)
+    for _ in range(300):
+        b = buf.sample(64)
+        np.add.at(seen, b['state'][:, 0].long().numpy(), 1)
+    p = np.exp(log_r - log_r.max())
+    assert sstats.chisquare(seen, p / p.sum() * seen.sum()).pvalue > 1e-3
+    other = gfn_sharded(prioritized_sampling=True)
+    other.push({'state': torch.zeros(5, 1), 'log_reward': torch.zeros(5)})
+    with pytest.raises(ValueError, match='draws with replacement'):
+        other.sample(4)  # Gumbel-top-k without replacement does not split into per-shard draws
+
+
+def test_gfn_uniform_sampling_across_shards_without_replacement():
+    buf = gfn_sharded()
+    for start in range(0, 30, 5):
+        buf.push({'state': torch.arange(start, start + 5).float().unsqueeze(1), 'log_reward': torch.zeros(5)})
+    seen = np.zeros(30)
+    for _ in range(300):
+        b = buf.sample(12)  # the default rule: without replacement while the shards hold enough
+        ids = b['state'][:, 0].long().numpy()
+        assert len(set(ids.tolist())) == 12
+        np.add.at(seen, ids, 1)
+    assert sstats.chisquare(seen).pvalue > 1e-3
+    assert len(buf.sample(40)['state']) == 40  # more than all hold: with replacement, as one gfn buffer does
+
+
 def test_hash_routing_keeps_a_key_on_one_shard():
     buf, _ = local_sharded('naive', k=3, route='hash', shard_key='env')
     buf.push([item(i) for i in range(40)])
@@ -196,7 +236,7 @@ def test_two_ray_managers_serve_one_buffer_and_a_killed_shard_fails_only_what_ne
     ray = ray_session
     name = f'test_sharded_{uuid.uuid4().hex[:10]}'
     dist = dict(backend='ray', actor_name=name, namespace='ding_buffer_test', num_shards=2, timeout=10,
-                startup_timeout=60, file_root=str(tmp_path))
+                startup_timeout=60, file_root=str(tmp_path), checkpoint_path=str(tmp_path / 'end.pt'), num_workers=2)
     cfg = adv_cfg(distributed=dist)
     learner, actor = create_buffer(cfg), create_buffer(cfg)
     try:
@@ -224,6 +264,14 @@ def test_two_ray_managers_serve_one_buffer_and_a_killed_shard_fails_only_what_ne
             except ManagerUnavailableError as e:
                 outcomes.append('shard 1' if 'shard 1 of 2' in str(e) else str(e))
         assert sorted(outcomes) == ['ok', 'shard 1']
+        for client in (learner, actor):  # the live shard's client closes; the dead one is reported by name
+            with pytest.raises(ManagerUnavailableError, match='closing shard 1 of 2 failed'):
+                client.close(timeout=5.0)
+        # both clients left: the live shard's actor writes its own checkpoint, checkpoint_path.shard0
+        deadline = time.monotonic() + 30
+        while not (tmp_path / 'end.pt.shard0').exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert (tmp_path / 'end.pt.shard0').exists() and not (tmp_path / 'end.pt').exists()
     finally:
         for b in (learner, actor):
             try:

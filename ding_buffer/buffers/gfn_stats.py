@@ -35,6 +35,9 @@ class GFlowNetStats:
             out['log_reward_mean'] = float(finite.mean()) if len(finite) else float('nan')
             out['log_reward_max'] = float(finite.max()) if len(finite) else float('nan')
             out['zero_reward_items'] = int((r == -np.inf).sum())
+            # log of sum(exp(log_reward)): what softmax sampling across shards weighs this buffer by (-inf: none)
+            top = float(finite.max()) if len(finite) else float('-inf')
+            out['log_reward_logsumexp'] = top + float(np.log(np.exp(finite - top).sum())) if len(finite) else top
             tracked = None if self._states is None else self._states.enabled
             out['unique_terminating_states'] = self._states.unique if tracked else (0 if tracked is None else -1)
             checked = max(c['filter_checked'], 1)

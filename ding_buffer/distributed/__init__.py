@@ -61,8 +61,7 @@ def create_distributed(cls: type, cfg: Any, *args, **kwargs) -> Any:
             transport = cls_t(workers, dcfg.allow_pickle, max_bytes, grace=dcfg.timeout)
             sub = cfg
             if len(managers) > 1:  # shard k of K: its requests carry shard k
-                sub = copy.deepcopy(cfg)
-                sub['distributed'] = dict(sub['distributed'], shard=managers.index(rank))
+                sub = _shard_cfg(cfg, dcfg, managers.index(rank))
             buffer, mdcfg, key = build_manager_buffer(sub, *args, **kwargs)
             return ReplayBufferManager(buffer, transport, mdcfg, workers, key)
         if rank not in workers:
@@ -85,6 +84,18 @@ def create_distributed(cls: type, cfg: Any, *args, **kwargs) -> Any:
     local = cls(copy.deepcopy(local_cfg), *args, **kwargs) if dcfg.local_buffer else None
     return RemoteBuffer(local_cfg, dcfg, channel, local=local, dict_is_batch=prof['dict_is_batch'],
                         scoring_keys=prof['scoring_keys'], log_reward_key=prof['log_reward_key'])
+
+
+def _shard_cfg(cfg: Any, dcfg: Any, k: int, **extra: Any) -> Any:
+    """The buffer config of shard ``k``: its requests carry shard ``k``, and its shutdown checkpoint is
+    ``checkpoint_path.shard<k>`` (the shards must not overwrite one file)."""
+    from .sharded import shard_path
+    sub = copy.deepcopy(cfg)
+    section = dict(sub['distributed'], shard=k, **extra)
+    if dcfg.checkpoint_path:
+        section['checkpoint_path'] = shard_path(dcfg.checkpoint_path, k)
+    sub['distributed'] = section
+    return sub
 
 
 def _manager_ranks(dcfg: Any, world: int) -> list:
@@ -112,9 +123,7 @@ def _create_sharded(cls: type, cfg: Any, dcfg: Any, local_cfg: Any, *args, **kwa
     shards = []
     try:
         for k in range(dcfg.num_shards):
-            sub = copy.deepcopy(cfg)
-            sub['distributed'] = dict(sub['distributed'], shard=k, num_shards=1,
-                                      actor_name=f"{dcfg.actor_name}-shard{k}")
+            sub = _shard_cfg(cfg, dcfg, k, num_shards=1, actor_name=f"{dcfg.actor_name}-shard{k}")
             shards.append(create_distributed(cls, sub, *args, **kwargs))
     except BaseException:
         for shard in shards:

@@ -12,9 +12,14 @@ its total priority mass ``sum(p ** alpha)`` and smallest leaf. Then:
   items inside each shard (the shard's own ``sample``), and IS weights recomputed against the *global* smallest
   leaf, ``(p_i ** alpha / min_leaf) ** -beta``, with ``beta`` annealed here, per call, as one buffer anneals it.
   Each item is then drawn with probability ``p_i ** alpha / total`` -- exactly one prioritized buffer's rule.
-* ``naive``: without replacement (the default), per-shard counts from a multivariate hypergeometric over the
+* ``naive`` and uniform ``gfn``: without replacement, per-shard counts from a multivariate hypergeometric over the
   shards' sizes, then a draw without replacement inside each shard: a uniform draw of distinct items over all
-  shards; with ``replace=True`` a multinomial over sizes.
+  shards; with replacement a multinomial over sizes (``naive``: ``replace=False`` by default; ``gfn``: its
+  ``sample_replacement`` rule, by default with replacement only when asking for more than all shards hold).
+* ``gfn`` with ``prioritized_sampling`` (``softmax(log_reward)``): a multinomial over the shards'
+  ``sum(exp(log_reward))`` (combined in log space), then a draw with replacement inside each shard. Successive
+  sampling without replacement (Gumbel-top-k) does not split into per-shard counts: it is refused, by name.
+  Keep-best capacity (``prioritized_capacity``) keeps the best items of each shard, not of all shards.
 
 The batch carries a ``shard`` column (int64; in list storage a ``'shard'`` key on copies of the items) and is
 shuffled, so it is not ordered by shard; ``update`` sends each row to the shard that owns it. This client applies
@@ -35,7 +40,7 @@ import torch
 
 from ..errors import ManagerUnavailableError
 
-SHARDABLE = ('naive', 'advanced')
+SHARDABLE = ('naive', 'advanced', 'gfn')
 ROUTES = ('round_robin', 'hash')
 
 
@@ -72,6 +77,8 @@ class ShardedBuffer:
         self.num_shards = len(self.shards)
         self.kind, self.route, self.shard_key = kind, route, shard_key
         self.prioritized = kind == 'advanced'
+        self.softmax = kind == 'gfn' and bool(cfg.get('prioritized_sampling', False))
+        self.gfn_replacement = cfg.get('sample_replacement') if kind == 'gfn' else None
         self.alpha = float(cfg.get('alpha', 0.6))
         self.beta0 = float(cfg.get('beta', 0.4))
         self.anneal_step = int(cfg.get('anneal_step', 100_000) or 0)
@@ -145,7 +152,7 @@ class ShardedBuffer:
         if not isinstance(size, (int, np.integer)) or isinstance(size, bool) or size <= 0:
             raise ValueError(f"sample size must be an int > 0, got {size!r:.40}")
         if replace is not None and (self.prioritized or type(replace) is not bool):
-            raise TypeError("replace is a bool, for the naive type only (prioritized draws are with replacement)")
+            raise TypeError("replace is a bool, for the naive and gfn types (prioritized draws are with replacement)")
         stats = [self._call(k, 'stats') for k in range(self.num_shards)]
         counts = np.array([int(s['count']) for s in stats], dtype=np.int64)
         total = int(counts.sum())
@@ -156,8 +163,23 @@ class ShardedBuffer:
             if not mass.sum() > 0:
                 return None
             draws = self._rng.multinomial(size, mass / mass.sum())
-        elif replace:
+        elif self.softmax:
+            rep = self.gfn_replacement if replace is None else replace
+            if rep is False or (rep is None and size <= total):
+                raise ValueError("a sharded gfn buffer with prioritized_sampling draws with replacement: pass "
+                                 "replace=True or set sample_replacement=True (softmax sampling without replacement "
+                                 "does not split into per-shard draws)")
+            lse = np.array([float(s.get('log_reward_logsumexp', float('-inf'))) for s in stats])
+            if not np.isfinite(lse).any():  # every reward is 0: the limit of equal rewards, uniform
+                draws = self._rng.multinomial(size, counts / total)
+            else:
+                w = np.exp(lse - lse[np.isfinite(lse)].max())
+                draws = self._rng.multinomial(size, w / w.sum())
+            replace = True
+        elif replace or (self.kind == 'gfn' and replace is None and (
+                self.gfn_replacement or (self.gfn_replacement is None and size > total))):
             draws = self._rng.multinomial(size, counts / total)
+            replace = True
         else:
             if total < size:
                 return None
@@ -295,14 +317,18 @@ class ShardedBuffer:
         if self._closed:
             return
         self._closed = True
-        first = None
-        for shard in self.shards:
+        failed = []
+        for k, shard in enumerate(self.shards):
             try:
                 shard.close() if timeout is None else shard.close(timeout=timeout)
-            except Exception as e:  # noqa: PERF203 -- every shard gets its close
-                first = first or e
-        if first is not None:
-            raise first
+            except Exception as e:  # every shard gets its close; the failures are reported together
+                failed.append((k, e))
+        if failed:
+            k, e = failed[0]
+            where = ', '.join(str(i) for i, _ in failed)
+            raise (ManagerUnavailableError if isinstance(e, ManagerUnavailableError) else RuntimeError)(
+                f"closing shard{'s' if len(failed) > 1 else ''} {where} of {self.num_shards} failed (the others "
+                f"closed): {e}") from e
 
     def __enter__(self) -> 'ShardedBuffer':
         return self
