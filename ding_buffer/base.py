@@ -20,25 +20,60 @@ class Registry(dict):
         ``register``, ``get``, ``build``
     """
 
-    def __init__(self, what: str = 'buffer type', key: str = 'type') -> None:
+    def __init__(self, what: str = 'buffer type', key: str = 'type', presets: bool = False) -> None:
         super().__init__()
         self.what, self.key = what, key  # for messages: what is registered, and the config key naming it
+        # the buffer registry: ``import ding_buffer`` registers the built-in presets on first use (a fast CLI
+        # start), so every read and ``register`` loads them first -- a user's type can never take a built-in name
+        self._presets = presets
+
+    def _ensure(self) -> None:
+        if self._presets:
+            _load_presets()
 
     def register(self, name: str) -> Callable[[type], type]:
         if not isinstance(name, str) or not name:
             raise TypeError(f"registry name must be a non-empty str, got {name!r}")
 
         def decorator(cls: type) -> type:
-            if name in self:
-                raise ValueError(f"{self.what} '{name}' is already registered (by {self[name].__qualname__})")
+            self._ensure()
+            if dict.__contains__(self, name):
+                raise ValueError(f"{self.what} '{name}' is already registered (by "
+                                 f"{dict.__getitem__(self, name).__qualname__})")
             self[name] = cls
             return cls
 
         return decorator
 
+    def __contains__(self, name: Any) -> bool:
+        self._ensure()
+        return dict.__contains__(self, name)
+
+    def __getitem__(self, name: Any) -> type:
+        self._ensure()
+        return dict.__getitem__(self, name)
+
+    def __iter__(self) -> Any:
+        self._ensure()
+        return dict.__iter__(self)
+
+    def __len__(self) -> int:
+        self._ensure()
+        return dict.__len__(self)
+
+    def keys(self) -> Any:  # type: ignore[override]
+        self._ensure()
+        return dict.keys(self)
+
+    def values(self) -> Any:  # type: ignore[override]
+        self._ensure()
+        return dict.values(self)
+
+    def items(self) -> Any:  # type: ignore[override]
+        self._ensure()
+        return dict.items(self)
+
     def get(self, name: str) -> type:  # type: ignore[override]
-        if name not in self:
-            _load_presets()  # ``import ding_buffer`` loads the presets lazily (a fast CLI start)
         if name not in self:
             known = ', '.join(sorted(self)) or '(none)'
             raise ValueError(
@@ -51,7 +86,7 @@ class Registry(dict):
         return self.get(name)(*args, **kwargs)
 
 
-BUFFER_REGISTRY = Registry()
+BUFFER_REGISTRY = Registry(presets=True)
 _LOG = logging.getLogger('ding_buffer')
 
 
@@ -175,6 +210,7 @@ def _import_modules(cfg: Any) -> None:
 # Set by the package (``ding_buffer/__init__.py``): imports the modules that register the built-in presets and the
 # distributed wrapper. The package loads them on first use, not at import; base.py imports nothing above it.
 _PRESET_LOADER: Optional[Callable[[], None]] = None
+_PRESETS = 'not loaded'  # -> 'loading' -> 'loaded'
 
 
 def set_preset_loader(loader: Callable[[], None]) -> None:
@@ -183,8 +219,17 @@ def set_preset_loader(loader: Callable[[], None]) -> None:
 
 
 def _load_presets() -> None:
-    if _PRESET_LOADER is not None:
-        _PRESET_LOADER()  # idempotent and cheap after the first call (imports are cached)
+    """Run the package's preset loader once (the presets' own ``register`` calls during it do not re-enter)."""
+    global _PRESETS
+    if _PRESETS != 'not loaded' or _PRESET_LOADER is None:
+        return
+    _PRESETS = 'loading'
+    try:
+        _PRESET_LOADER()
+        _PRESETS = 'loaded'
+    except BaseException:
+        _PRESETS = 'not loaded'  # e.g. an ImportError: the next use tries again and raises it again
+        raise
 
 
 def _buffer_type(cfg: Any) -> str:

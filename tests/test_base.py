@@ -257,3 +257,25 @@ def test_background_kernel_load_survives_fork_and_compiler_failure(mode):
     assert runs[mode]['parent'] == runs['plain']['parent']
     if mode == 'fork':
         assert runs['fork']['child'] == runs['plain']['parent']
+
+
+def test_the_lazy_registry_loads_the_presets_before_any_read_or_register():
+    """`import ding_buffer` registers the built-in types on first use; a read of the registry, or a register,
+    in a fresh process sees them (so a user's type cannot take a built-in name and break every later build)."""
+    import subprocess
+    import sys
+    code = (
+        "from ding_buffer.base import BUFFER_REGISTRY, create_buffer\n"
+        "assert 'advanced' in BUFFER_REGISTRY and 'naive' in sorted(BUFFER_REGISTRY)\n"
+        "class Mine: pass\n"
+        "try:\n"
+        "    BUFFER_REGISTRY.register('advanced')(Mine)\n"
+        "    raise SystemExit('a built-in name was taken')\n"
+        "except ValueError as e:\n"
+        "    assert 'already registered (by AdvancedReplayBuffer)' in str(e)\n"
+        "BUFFER_REGISTRY.register('mine')(Mine)\n"
+        "assert type(create_buffer({'type': 'naive'})).__name__ == 'NaiveReplayBuffer'\n"
+        "assert BUFFER_REGISTRY['mine'] is Mine\n"
+        "print('ok')\n")
+    proc = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and proc.stdout.strip() == 'ok', proc.stderr

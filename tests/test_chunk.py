@@ -1,5 +1,6 @@
 """The `chunk` buffer (MineStudio's online replay protocol) against a brute-force model of its rules, plus the
 blocking fetch, the payload store with reference-counted deletion, persistence, bad input and the manager."""
+import os
 import threading
 import time
 
@@ -371,3 +372,86 @@ def test_the_manager_serves_the_chunk_protocol_and_its_version_op_gates_the_buff
     assert call('count') == 0
     bad = core.handle('w', {'op': 'push', 'id': 2, 'shard': 0, 'args': dict(data=frag(0, 0, 1), client='c', seq=1)})
     assert not bad['ok'] and bad['error'] == 'ValueError' and 'arrive in order' in bad['message']
+
+
+def test_a_disk_store_refuses_payloads_it_could_not_read_back(tmp_path):
+    import datetime
+    buf = create_buffer(dict(type='chunk', store=dict(type='disk', path=str(tmp_path / 's'))))
+    for bad in (datetime.date(2020, 1, 1), {'x': {1, 2}}, np.array([object()], dtype=object), {(1, 2): 3}):
+        with pytest.raises(TypeError, match='disk store'):
+            buf.push(dict(worker='w', fid=0, model_version=0, data=bad))
+    assert buf.store.ids() == set() and buf.stats()['fragments_received'] == 0
+    buf.push(dict(worker='w', fid=0, model_version=0, data={'obs': torch.zeros(2), 'meta': [1, 'a', None, 2.5]}))
+    assert buf.sample(1)[0]['data']['meta'] == [1, 'a', None, 2.5]
+
+
+def test_a_sample_whose_payload_cannot_be_read_changes_nothing(tmp_path):
+    path = str(tmp_path / 's')
+    buf = create_buffer(dict(type='chunk', max_reuse=1, seed=0, store=dict(type='disk', path=path)))
+    buf.push([frag(0, 0, 0), frag(0, 1, 0)])
+    first = buf.sample(1)[0]['fragment_id']
+    (remaining, ) = [x for x in buf.store.ids() if x != first]
+    os.remove(os.path.join(path, remaining + '.pt'))  # a peer sharing the directory deleted it
+    before = buf.records(), buf.stats()
+    with pytest.raises(KeyError, match='no fragment'):
+        buf.sample(1)
+    assert (buf.records(), buf.stats()) == before and first in buf.store.ids()  # the last fetch still held
+
+
+@pytest.mark.parametrize('corrupt, match', [
+    (lambda st: st['chunks'][0].update(records=st['chunks'][0]['records'][:1]), 'fragments_per_chunk'),
+    (lambda st: st['chunks'][0].update(use=5), 'max_reuse'),
+    (lambda st: st['chunks'].append(dict(st['chunks'][0])), 'repeated uid|two places'),
+    (lambda st: st['chunks'][0]['records'][1].__setitem__(0, 'w9'), 'consecutive'),
+    (lambda st: st['queues']['w1'][0].__setitem__(1, 7), 'last fid'),
+    (lambda st: st['last_fid'].__setitem__('w0', 0), 'last fid'),
+    (lambda st: st.update(model_version=2 ** 80), 'model_version'),
+    (lambda st: st['counters'].update(chunks_made=-1), 'counter'),
+    (lambda st: st.update(session_id=5), 'session_id'),
+    (lambda st: st['queues']['w1'][0].__setitem__(0, 'x' * 200), 'worker'),
+])
+def test_an_inconsistent_state_is_refused(corrupt, match):
+    import copy
+    buf = create_buffer(dict(type='chunk', fragments_per_chunk=2, max_reuse=2, seed=0))
+    buf.push([frag(0, 0, 0), frag(0, 1, 0), frag(1, 0, 0)])
+    state = copy.deepcopy(buf.state_dict())
+    corrupt(state)
+    other = create_buffer(dict(type='chunk', fragments_per_chunk=2, max_reuse=2, seed=0))
+    with pytest.raises(ValueError, match=match):
+        other.load_state_dict(state)
+    assert other.count() == 0 and other.store.ids() == set()
+
+
+def test_the_order_of_the_least_recently_seen_workers_is_forgotten_at_the_cap(monkeypatch):
+    from ding_buffer.buffers import chunk as chunk_module
+    monkeypatch.setattr(chunk_module, 'MAX_WORKERS', 4)
+    buf = create_buffer(dict(type='chunk', fragments_per_chunk=2))
+    buf.push([frag(w, 0, 0) for w in range(4)])  # four workers, each with a chunk in assembly
+    with pytest.raises(ValueError, match='4 workers have chunks in assembly'):
+        buf.push(frag(9, 0, 0))
+    buf.push([frag(w, 1, 0) for w in range(4)])  # chunks done: nothing in assembly
+    buf.push(frag(9, 0, 0))  # worker 0, the least recently seen, is forgotten
+    buf.push(frag(0, 0, 0))  # and may start again at any fid
+    assert buf.stats()['workers'] == 4 and buf.count() == 4
+
+
+def test_loading_a_state_wakes_a_waiting_fetch():
+    src = create_buffer(dict(type='chunk', seed=0))
+    src.push(frag(0, 0, 0))
+    state = src.state_dict()
+    buf = create_buffer(dict(type='chunk', seed=0))
+    got = {}
+    t = threading.Thread(target=lambda: got.setdefault('out', buf.sample(1, timeout=20.0)))
+    t.start()
+    time.sleep(0.2)
+    t0 = time.monotonic()
+    buf.load_state_dict(state)
+    t.join(10)
+    assert got['out'][0]['fid'] == 0 and time.monotonic() - t0 < 5
+
+
+@pytest.mark.parametrize('timeout', [-1, float('nan'), float('inf'), 1e300, True, '1'])
+def test_bad_timeouts_are_refused(timeout):
+    buf = create_buffer(dict(type='chunk'))
+    with pytest.raises(ValueError, match='timeout'):
+        buf.sample(1, timeout=timeout)

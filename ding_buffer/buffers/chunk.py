@@ -39,6 +39,7 @@ from collections import OrderedDict
 from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
+import torch
 
 from ..base import BUFFER_REGISTRY
 from ..errors import SampleTimeoutError
@@ -50,6 +51,27 @@ Record = Tuple[str, int, int, str, str]
 MAX_WORKERS = 1 << 16  # workers whose order is tracked: a bound on what a peer inventing names can make us keep
 MAX_NAME = 128
 INT_LIMIT = 1 << 62
+
+
+PLAIN_LEAVES = (torch.Tensor, np.ndarray, np.generic, int, float, bool, str, bytes, type(None))
+
+
+def check_plain(obj: Any, what: str, depth: int = 0) -> None:
+    """``obj`` is what ``torch.load(weights_only=True)`` reads back (tensors, arrays, numbers, strings, None in
+    dicts / lists / tuples): a disk store refuses anything else at push, instead of failing every later read."""
+    if depth > 32:
+        raise ValueError(f"{what} is nested more than 32 levels deep")
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            if not isinstance(k, (str, int)):
+                raise TypeError(f"{what} has a key of type {type(k).__name__}; a disk store keeps str / int keys")
+            check_plain(v, f'{what}[{k!r:.40}]', depth + 1)
+    elif isinstance(obj, (list, tuple)):
+        for i, v in enumerate(obj):
+            check_plain(v, f'{what}[{i}]', depth + 1)
+    elif not isinstance(obj, PLAIN_LEAVES) or (isinstance(obj, np.ndarray) and obj.dtype == object):
+        raise TypeError(f"{what} holds a {type(obj).__name__}; a disk store keeps tensors, arrays, numbers, strings "
+                        f"and None in dicts / lists / tuples (read back without running code)")
 
 
 def _int(x: Any) -> bool:
@@ -191,8 +213,18 @@ class ChunkReplayBuffer(BufferCore):
                     raise ValueError(f"fragment {i}: fragment_id {fragment_id} appears twice in this push")
                 ids.add(fragment_id)
         new_workers = len(set(last) - set(self._last_fid))
-        if len(self._last_fid) + new_workers > MAX_WORKERS:
-            raise ValueError(f"more than {MAX_WORKERS} workers: this push names {new_workers} new ones")
+        if new_workers > MAX_WORKERS:
+            raise ValueError(f"one push names {new_workers} new workers; at most {MAX_WORKERS} are tracked")
+        # the order of at most MAX_WORKERS workers is remembered: the least recently seen ones without a chunk in
+        # assembly are forgotten first (a forgotten worker may start again at any fid)
+        excess = len(self._last_fid) + new_workers - MAX_WORKERS
+        forget = [w for w in self._last_fid if w not in self._queues and w not in last][:max(excess, 0)]
+        if len(forget) < excess:
+            raise ValueError(f"{MAX_WORKERS} workers have chunks in assembly; this push names {new_workers} more")
+        if self.store.kind == 'disk':
+            for i, f in enumerate(items):
+                if 'data' in f:
+                    check_plain(f['data'], f'fragment {i} data')
         put: List[str] = []
         try:  # payloads first: a store that fails (disk full) leaves the buffer as it was
             for f in items:
@@ -200,6 +232,8 @@ class ChunkReplayBuffer(BufferCore):
         except BaseException:
             self.store.delete_all(fid for f, fid in zip(items, put) if 'fragment_id' not in f)
             raise
+        for worker in forget:
+            del self._last_fid[worker]
         for (worker, fid, version, session), fragment_id in zip(checked, put):
             self._receive((worker, fid, version, session, fragment_id))
         if self._chunks:
@@ -305,8 +339,9 @@ class ChunkReplayBuffer(BufferCore):
         if k > self._cfg.max_chunks:
             raise ValueError(f"sample size {size} is {k} chunks; at most max_chunks={self._cfg.max_chunks} exist")
         if timeout is not None and (not isinstance(timeout, (int, float)) or isinstance(timeout, bool) or
-                                    not timeout >= 0 or timeout == float('inf')):
-            raise ValueError(f"timeout must be None or a finite number of seconds >= 0, got {timeout!r:.40}")
+                                    not 0 <= timeout <= threading.TIMEOUT_MAX):
+            raise ValueError(f"timeout must be None or a number of seconds in [0, {threading.TIMEOUT_MAX:g}], got "
+                             f"{timeout!r:.40}")
         with self._cond:
             self._check_open()
             if len(self._chunks) < k:
@@ -319,23 +354,31 @@ class ChunkReplayBuffer(BufferCore):
                         raise SampleTimeoutError(f"{len(self._chunks)} of the {k} chunks needed after waiting {timeout} s")
                     self._cond.wait(left)
                     self._check_open()
-            picked = self._rng.choice(len(self._chunks), size=k, replace=False)
-            out, ids, retired = [], [], set()
+            rng_state = self._rng.bit_generator.state
+            picked = [int(j) for j in self._rng.choice(len(self._chunks), size=k, replace=False)]
+            ids = [r[4] for j in picked for r in self._chunks[j]['records']]
+            payloads = {}
+            if self._cfg.sample_payloads:  # read first: a payload that cannot be read changes nothing
+                try:
+                    payloads = {fragment_id: self.store.get(fragment_id) for fragment_id in ids}
+                except BaseException:
+                    self._rng.bit_generator.state = rng_state
+                    raise
+            out, retired = [], set()
             for j in picked:
-                chunk = self._chunks[int(j)]
+                chunk = self._chunks[j]
                 chunk['use'] += 1
                 for worker, fid, version, session, fragment_id in chunk['records']:
-                    out.append({'worker': worker, 'fid': fid, 'model_version': version, 'session_id': session,
-                                'fragment_id': fragment_id, 'chunk': chunk['uid'], 'use': chunk['use']})
-                    ids.append(fragment_id)
+                    item = {'worker': worker, 'fid': fid, 'model_version': version, 'session_id': session,
+                            'fragment_id': fragment_id, 'chunk': chunk['uid'], 'use': chunk['use']}
+                    if self._cfg.sample_payloads:
+                        item['data'] = payloads[fragment_id]
+                    out.append(item)
                 if self._cfg.max_reuse is not None and chunk['use'] >= self._cfg.max_reuse:
-                    retired.add(int(j))
+                    retired.add(j)
             for fragment_id in ids:  # rule 7: the last sample holds its fragments until the next one
                 self._ref(fragment_id)
             old, self._last_fetch = self._last_fetch, ids
-            if self._cfg.sample_payloads:
-                for item in out:
-                    item['data'] = self.store.get(item['fragment_id'])
             for j in sorted(retired, reverse=True):
                 self._counters['chunks_retired'] += 1
                 self._leave(self._chunks.pop(j))
@@ -388,37 +431,72 @@ class ChunkReplayBuffer(BufferCore):
         }
 
     def _restore(self, state: Dict[str, Any]) -> None:
+        """Validate ``state`` against the rules (a state this buffer could have reached), then swap it in."""
+        def name(x: Any, what: str, empty: bool = False) -> str:
+            if not isinstance(x, str) or len(x) > MAX_NAME or not x.isprintable() or (not x and not empty):
+                raise ValueError(f"invalid {what} {x!r:.60} in state")
+            return x
+
+        def number(x: Any, what: str, low: int = -1) -> int:
+            if not _int(x) or not low <= x < INT_LIMIT:
+                raise ValueError(f"invalid {what} {x!r:.40} in state")
+            return int(x)
+
         def rec(r: Any) -> Record:
             worker, fid, version, session, fragment_id = r
-            if not (isinstance(worker, str) and _int(fid) and _int(version) and isinstance(session, str)):
-                raise ValueError(f"invalid fragment record {r!r:.80}")
-            return worker, int(fid), int(version), session, check_id(fragment_id)
+            return (name(worker, 'worker'), number(fid, 'fid'), number(version, 'model_version'),
+                    name(session, 'session_id', empty=True), check_id(fragment_id))
 
-        chunks = []
+        def run(records: List[Record], what: str) -> None:  # one worker's consecutive fids (rule 1)
+            if any(r[0] != records[0][0] or r[1] != records[0][1] + i for i, r in enumerate(records)):
+                raise ValueError(f"{what} in state is not one worker's consecutive fragments")
+
+        last_fid = OrderedDict((name(w, 'worker'), number(f, 'fid')) for w, f in state['last_fid'].items())
+        if len(last_fid) > MAX_WORKERS:
+            raise ValueError(f"state tracks {len(last_fid)} workers, more than {MAX_WORKERS}")
+        chunks, uids = [], set()
         for ch in state['chunks']:
             records = [rec(r) for r in ch['records']]
-            if not records or not _int(ch['use']) or ch['use'] < 0 or not _int(ch['uid']):
-                raise ValueError(f"invalid chunk in state: {str(ch)[:80]}")
-            chunks.append({'uid': int(ch['uid']), 'use': int(ch['use']), 'version': int(ch['version']),
-                           'session': str(ch['session']), 'records': records})
+            run(records, 'a chunk')
+            uid, use = number(ch['uid'], 'chunk uid', 0), number(ch['use'], 'use count', 0)
+            if len(records) != self._fpc or uid in uids:
+                raise ValueError(f"chunk {uid} in state has {len(records)} fragments (fragments_per_chunk="
+                                 f"{self._fpc}) or a repeated uid")
+            if self._cfg.max_reuse is not None and use >= self._cfg.max_reuse:
+                raise ValueError(f"chunk {uid} in state was used {use} times; max_reuse is {self._cfg.max_reuse}")
+            if records[-1][1] > last_fid.get(records[0][0], -2) and records[0][0] in last_fid:
+                raise ValueError(f"chunk {uid} in state is newer than its worker's last fid")
+            uids.add(uid)
+            chunks.append({'uid': uid, 'use': use, 'version': records[0][2], 'session': records[0][3],
+                           'records': records})
         if len(chunks) > self._cfg.max_chunks:
             raise ValueError(f"state holds {len(chunks)} chunks, more than max_chunks={self._cfg.max_chunks}")
-        queues = {str(w): [rec(r) for r in q] for w, q in state['queues'].items()}
-        if any(len(q) >= self._fpc or not q for q in queues.values()):
-            raise ValueError(f"state has a worker queue of a length outside [1, fragments_per_chunk={self._fpc})")
+        queues = {}
+        for w, q in state['queues'].items():
+            records = [rec(r) for r in q]
+            run(records, f"worker {w!r:.40}'s queue")
+            if not 0 < len(records) < self._fpc or records[0][0] != w or last_fid.get(w) != records[-1][1]:
+                raise ValueError(f"worker {w!r:.40}'s queue in state does not fit fragments_per_chunk={self._fpc} or "
+                                 f"its last fid")
+            queues[w] = records
+        held = [r[4] for ch in chunks for r in ch['records']] + [r[4] for q in queues.values() for r in q]
+        if len(set(held)) != len(held):
+            raise ValueError("state holds one fragment id in two places")
         last_fetch = [check_id(x) for x in state['last_fetch']]
         refs: Dict[str, int] = {}
-        for fragment_id in [r[4] for ch in chunks for r in ch['records']] + [r[4] for q in queues.values()
-                                                                               for r in q] + last_fetch:
+        for fragment_id in held + last_fetch:
             refs[fragment_id] = refs.get(fragment_id, 0) + 1
         payloads = state['payloads']
         missing = sorted(set(refs) - set(payloads))
         if missing:
             raise ValueError(f"state lacks the payloads of {len(missing)} fragments (e.g. {missing[0]})")
-        counters = {k: int(state['counters'][k]) for k in self._counters}
-        last_fid = OrderedDict((str(w), int(f)) for w, f in state['last_fid'].items())
-        if not _int(state['model_version']) or not isinstance(state['session_id'], str):
-            raise ValueError("state has an invalid model_version / session_id")
+        if self.store.kind == 'disk':
+            for fragment_id in refs:
+                check_plain(payloads[fragment_id], f'the payload of fragment {fragment_id}')
+        counters = {k: number(state['counters'][k], f'counter {k}', 0) for k in self._counters}
+        version, session = number(state['model_version'], 'model_version'), name(state['session_id'], 'session_id',
+                                                                                  empty=True)
+        next_uid = max(number(state['next_uid'], 'next_uid', 0), max(uids, default=-1) + 1)
         # swap: payloads this buffer referenced and the new state does not are deleted; the new ones written
         old, added = set(self._refs), []
         try:
@@ -431,9 +509,9 @@ class ChunkReplayBuffer(BufferCore):
             raise
         self.store.delete_all(old - set(refs))
         self._chunks, self._queues, self._last_fid, self._last_fetch = chunks, queues, last_fid, last_fetch
-        self._refs, self._counters = refs, counters
-        self._next_uid = max(int(state['next_uid']), max((c['uid'] + 1 for c in chunks), default=0))
-        self.model_version, self.session_id = int(state['model_version']), state['session_id']
+        self._refs, self._counters, self._next_uid = refs, counters, next_uid
+        self.model_version, self.session_id = version, session
+        self._cond.notify_all()  # samplers waiting for chunks see the restored ones
 
     def _clear(self) -> List[Any]:
         """Every chunk, queued fragment and the last sample leave (their payloads are deleted); the model version,
