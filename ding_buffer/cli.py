@@ -43,13 +43,17 @@ JOBS = {
 def train(args: argparse.Namespace) -> int:
     """Run (or resume) a training job from a DI-engine-style config file (``main_config['job']`` picks it)."""
     args.config_arg, args.config = args.config, resolve_config(args.config)
+    ready = {c.path: c for c in list_configs()}.get(args.config)
+    if ready is not None and ready.job == '-':
+        raise ValueError(f"{args.config_arg}: a buffer section for create_buffer(...), not a training config; "
+                         f"`ding-buffer configs` lists the training configs (job dqn / apex / hypergrid)")
     what = f"--resume {args.resume}" if args.resume else 'a new run'
     if os.environ.get(LAUNCHED) != '1':
         print(f"ding-buffer train {args.config}: {what}, loading torch and the job ...", flush=True)
     from .train.config import load_config_file
     user = load_config_file(args.config)
     job = user.pop('job', 'dqn')
-    if job not in JOBS:
+    if not isinstance(job, str) or job not in JOBS:
         raise ValueError(f"{args.config}: config key 'job' is {job!r}; expected one of {sorted(JOBS)}")
     if JOBS[job] is not None:
         import importlib
@@ -84,9 +88,11 @@ def _train_dqn(user: dict, args: argparse.Namespace) -> int:
     cfg = build_train_config(user, source=args.config)
     run_dir = args.resume or run_dir_of(cfg)
     learn = cfg.policy.learn
-    if learn.warmup_steps >= cfg.env.max_env_step:
+    if learn.warmup_steps >= cfg.env.max_env_step:  # learning starts at the env step warmup_steps
+        steps = max(0, cfg.env.max_env_step - learn.warmup_steps + 1) * learn.updates_per_step
         print(f"ding-buffer: warning: policy.learn.warmup_steps ({learn.warmup_steps}) >= env.max_env_step "
-              f"({cfg.env.max_env_step}): no gradient step will run; lower the warm-up or raise --env-steps",
+              f"({cfg.env.max_env_step}): {'no' if not steps else f'only {steps}'} gradient step"
+              f"{'' if steps == 1 else 's'} will run; lower the warm-up or raise --env-steps",
               file=sys.stderr, flush=True)
     torch.set_num_threads(args.threads)
     try:
@@ -192,10 +198,23 @@ def _out_png(text: str) -> str:
 def _out_dir(text: str) -> str:
     if os.path.exists(text) and not os.path.isdir(text):
         raise argparse.ArgumentTypeError(f"expected a directory, got {text!r} (an existing file)")
+    parent = os.path.dirname(os.path.abspath(text))
+    while not os.path.exists(parent):  # the first existing ancestor must be a directory we can create in
+        parent = os.path.dirname(parent)
+    if not os.path.isdir(parent):
+        raise argparse.ArgumentTypeError(f"expected a directory, got {text!r} ({parent!r} is a file)")
     return text
 
 
-_threads = _at_least_one('torch CPU threads')
+MAX_THREADS = max(4, 4 * (os.cpu_count() or 1))  # torch crashes (SIGSEGV) on absurd counts such as 100000
+
+
+def _threads(text: str) -> int:
+    n = _at_least_one('torch CPU threads')(text)
+    if n > MAX_THREADS:
+        raise argparse.ArgumentTypeError(f"expected at most {MAX_THREADS} torch CPU threads (4 x the {os.cpu_count()} "
+                                         f"CPUs here), got {text!r}")
+    return n
 
 
 class _Parser(argparse.ArgumentParser):

@@ -84,6 +84,10 @@ def _one_line_error(err: str, *needles: str) -> None:
     (['train', 'CFG', '--iterations', '5'], ['--iterations', "'dqn'"]),
     (['demo', '--seed', '-3'], ['--seed']),
     (['demo', '--out', 'CFG'], ['--out', 'an existing file']),
+    (['demo', '--out', 'CFG/sub'], ['--out', 'is a file']),
+    (['train', 'CFG', '--threads', '100000'], ['--threads', 'at most']),
+    (['train', 'advanced_buffer_config'], ['advanced_buffer_config', 'not a training config']),
+    (['train', 'apex_distributed_config'], ['not a training config']),
     (['plot', '.', '--out', 'curves.txt'], ['--out', '.png']),
     (['plot', '.', '--out', '.'], ['--out']),
     (['no-such-command'], ['no-such-command']),
@@ -91,7 +95,7 @@ def _one_line_error(err: str, *needles: str) -> None:
 def test_every_bad_flag_exits_2_with_one_line_and_changes_nothing(tmp_path, capsys, argv, needles):
     cfg = tmp_path / 'cfg.py'
     cfg.write_text("main_config = dict(policy=dict(other=dict(replay_buffer=dict(type='naive'))))\n")
-    argv = [str(cfg) if a == 'CFG' else a for a in argv]
+    argv = [a.replace('CFG', str(cfg)) for a in argv]
     cwd = os.getcwd()
     os.chdir(tmp_path)
     try:
@@ -264,3 +268,27 @@ def test_ctrl_c_of_a_distributed_job_names_its_newest_checkpoint_and_the_resume_
     resume = [line for line in out.splitlines() if line.startswith('resume with: ')]
     assert shlex.split(resume[0][len('resume with: '):]) == [
         'ding-buffer', 'train', 'cartpole_apex', '--seed', '2', '--nproc', '4', '--resume', str(run_dir)]
+
+
+def test_a_config_file_need_not_end_in_py(tmp_path):
+    from ding_buffer.train.config import load_config_file
+    path = tmp_path / 'my.cfg'
+    path.write_text("main_config = dict(seed=3)\n")
+    assert load_config_file(str(path)) == {'seed': 3}
+    (tmp_path / 'j.txt').write_text("main_config = dict(job=[1])\n")
+    assert main(['train', str(tmp_path / 'j.txt')]) == 2  # a non-str job is a config error, not a crash
+
+
+def test_a_second_signal_while_the_final_checkpoint_is_written_is_held():
+    from ding_buffer.train.signals import StopSignals
+    with StopSignals() as stop:
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.05)
+        assert stop.requested and stop.signame == 'SIGTERM'
+        with stop.holding():
+            os.kill(os.getpid(), signal.SIGINT)  # would raise KeyboardInterrupt outside holding()
+            time.sleep(0.05)
+        assert stop.exit_code == 143  # the first signal decides
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.5)

@@ -86,6 +86,10 @@ class PeriodicThruputMonitor:
         self._stop.set()
         self._closed = True
         self._thread.join(timeout)
+        if self._thread.is_alive():  # still inside a slow report: a final one now would race it for the same step
+            self.logger.warning("[%s] periodic thruput monitor still reporting after %.1fs; no final report",
+                                self.instance_name, timeout)
+            return
         try:
             now, last = self.read(), self._last
             if now is not None and last is not None and any(now[k] != last.get(k, 0) for _, k in TAGS):

@@ -5,6 +5,7 @@ naming the file, the key and the closest valid key); the replay buffer section i
 class itself, after checking that the DQN trainer can use that buffer type at all, and ``policy.learn.batch_size``
 must fit in the buffer. ``check_run_dir`` checks that the run directory can be made, before anything is made.
 """
+import importlib.machinery
 import importlib.util
 import os
 from typing import Any, Dict, Mapping, Optional, Tuple
@@ -105,7 +106,9 @@ def load_config_file(path: str) -> Dict[str, Any]:
     """Execute a config file and return its ``main_config`` (``ValueError``/``FileNotFoundError`` naming the file)."""
     if not os.path.isfile(path):
         raise FileNotFoundError(f"config file '{path}' does not exist")
-    spec = importlib.util.spec_from_file_location('ding_buffer_user_config', path)
+    # any file name: a config need not end in .py (spec_from_file_location would return None for it)
+    loader = importlib.machinery.SourceFileLoader('ding_buffer_user_config', path)
+    spec = importlib.util.spec_from_loader('ding_buffer_user_config', loader)
     module = importlib.util.module_from_spec(spec)
     try:
         spec.loader.exec_module(module)

@@ -8,6 +8,7 @@ Run directory ``<log_dir>/<exp_name>_seed<seed>/``: ``log/`` (TensorBoard: buffe
 ``eval.csv``, ``learning_curve.png``, ``checkpoints/`` (see ``checkpoint.py``), ``summary.json``.
 """
 import collections
+import contextlib
 import os
 import time
 from typing import Any, Dict, List, Optional, Tuple
@@ -308,8 +309,9 @@ class DQNTrainer:
                 self.checkpoint()
         bar.update(self.env_step - bar.n)
         bar.close()
-        self.checkpoint()
-        return self.finish()
+        with contextlib.nullcontext() if stop is None else stop.holding():  # a 2nd Ctrl-C must not cut these
+            self.checkpoint()
+            return self.finish()
 
     def finish(self) -> Dict[str, Any]:
         from .plot import plot_runs

@@ -22,6 +22,7 @@ Run directory ``<log_dir>/<exp_name>_seed<seed>/``: ``log/``, ``eval.csv``, ``le
 """
 import argparse
 import collections
+import contextlib
 import math
 import os
 import time
@@ -451,8 +452,9 @@ class HyperGridTrainer:
             if freq and t % freq == 0 and t < total:
                 self.checkpoint()
         bar.close()
-        self.checkpoint()
-        return self.finish()
+        with contextlib.nullcontext() if stop is None else stop.holding():  # a 2nd Ctrl-C must not cut these
+            self.checkpoint()
+            return self.finish()
 
     def finish(self) -> dict[str, Any]:
         summary = self.summary()

@@ -9,11 +9,12 @@ A second signal while the first is being honoured raises ``KeyboardInterrupt`` a
 twice means it). Outside the main thread (signals cannot be caught there) it installs nothing and never requests.
 The previous handlers come back on exit.
 """
+import contextlib
 import os
 import shlex
 import signal
 import threading
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Iterator, Optional
 
 _SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
@@ -23,6 +24,7 @@ class StopSignals:
     def __init__(self) -> None:
         self.signum: Optional[int] = None
         self._previous: Dict[int, Any] = {}
+        self._holding = False
 
     @property
     def requested(self) -> bool:
@@ -38,15 +40,25 @@ class StopSignals:
         return 0 if self.signum is None else 128 + int(self.signum)
 
     def _handle(self, signum: int, frame: Any) -> None:
-        if self.signum is not None:
+        if self.signum is not None and not self._holding:
             raise KeyboardInterrupt
-        self.signum = signum
+        self.signum = self.signum or signum
 
     def __enter__(self) -> 'StopSignals':
         if threading.current_thread() is threading.main_thread():
             for s in _SIGNALS:
                 self._previous[s] = signal.signal(s, self._handle)
         return self
+
+    @contextlib.contextmanager
+    def holding(self) -> Iterator[None]:
+        """While the final checkpoint is written: a further signal is noted, not raised (a second Ctrl-C must
+        not cut the checkpoint that the first one asked for)."""
+        self._holding = True
+        try:
+            yield
+        finally:
+            self._holding = False
 
     def __exit__(self, *exc: Any) -> None:
         for s, handler in self._previous.items():
