@@ -249,6 +249,13 @@ def test_two_ray_managers_serve_one_buffer_and_a_killed_shard_fails_only_what_ne
                                'replay_buffer_idx': b['replay_buffer_idx'], 'priority': torch.ones(16)})['updated'] == 16
         written = learner.save_data('ckpt.pt')
         assert [os.path.basename(p) for p in written] == ['ckpt.pt.shard0', 'ckpt.pt.shard1']
+        for i in range(6):
+            actor.push(item(50 + i, 1.0))
+        assert learner.count() == 26
+        learner.load_data('ckpt.pt')  # every shard back to its saved state: the checkpoint round-trips
+        assert learner.count() == 20 and [s.count() for s in learner.shards] == [10, 10]
+        back = learner.sample(20)
+        assert set(back['obs'][:, 0].long().tolist()) <= set(range(20))
         st = learner.stats()
         assert st['count'] == 20 and st['shard0/count'] == st['shard1/count'] == 10
 
