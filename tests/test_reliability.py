@@ -372,3 +372,34 @@ def test_prioritized_windows_with_zero_priorities_reload_their_own_state():
     state['windows']['step'][-1] = 1.0  # a priority on a slot no episode owns: refused
     with pytest.raises(ValueError):
         other.load_state_dict(state)
+
+
+@pytest.mark.parametrize('preset', ['naive', 'advanced', 'episode'])
+@pytest.mark.parametrize('batched', [False, True])
+def test_a_meta_tensor_is_refused_before_anything_is_stored(preset, batched):
+    """A meta tensor has a shape and no data: refused by name, and the refused push stores nothing (it used to
+    count its items before failing on the copy)."""
+    cfg = dict(type=preset, replay_buffer_size=10, storage=dict(type='tensor'))
+    if preset == 'episode':
+        cfg['max_transitions'] = 100
+    buf = create_buffer(cfg)
+    buf.push({'obs': torch.zeros(4, 3)} if preset == 'episode' or batched else {'obs': torch.zeros(3)},
+             batched=batched and preset != 'episode')
+    before, n = buf.state_dict(), buf.count()
+    bad = {'obs': torch.zeros(4, 3, device='meta')} if preset == 'episode' or batched else \
+        {'obs': torch.zeros(3, device='meta')}
+    with pytest.raises(TypeError, match="field 'obs' is a meta tensor"):
+        buf.push(bad, batched=batched and preset != 'episode')
+    assert buf.count() == n and _same_state(buf.state_dict(), before)
+
+
+def _same_state(a, b):
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(_same_state(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return len(a) == len(b) and all(_same_state(x, y) for x, y in zip(a, b))
+    if isinstance(a, torch.Tensor):
+        return isinstance(b, torch.Tensor) and torch.equal(a, b)
+    if isinstance(a, np.ndarray):
+        return np.array_equal(a, b)
+    return a == b

@@ -58,6 +58,9 @@ def unflatten(flat: Dict[Path, Any]) -> Dict[str, Any]:
 def to_tensor(value: Any, path: Path) -> torch.Tensor:
     """Convert one leaf to a CPU/device tensor without copying where possible."""
     if isinstance(value, torch.Tensor):
+        if value.is_meta:
+            raise TypeError(f"field '{path_name(path)}' is a meta tensor (shape only, no data); push tensors with "
+                            "their values")
         if value.layout is not torch.strided or value.is_nested:
             raise TypeError(f"field '{path_name(path)}' is a {'nested' if value.is_nested else value.layout} tensor; "
                             f"tensor storage stores dense tensors (call .to_dense() first)")
