@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from ding_buffer import SampleTimeoutError, create_buffer
+from helpers import assert_same
 from test_contract import assert_state_equal
 
 
@@ -390,16 +391,6 @@ def test_a_meta_tensor_is_refused_before_anything_is_stored(preset, batched):
         {'obs': torch.zeros(3, device='meta')}
     with pytest.raises(TypeError, match="field 'obs' is a meta tensor"):
         buf.push(bad, batched=batched and preset != 'episode')
-    assert buf.count() == n and _same_state(buf.state_dict(), before)
+    assert buf.count() == n
+    assert_same(buf.state_dict(), before)
 
-
-def _same_state(a, b):
-    if isinstance(a, dict):
-        return isinstance(b, dict) and a.keys() == b.keys() and all(_same_state(a[k], b[k]) for k in a)
-    if isinstance(a, (list, tuple)):
-        return len(a) == len(b) and all(_same_state(x, y) for x, y in zip(a, b))
-    if isinstance(a, torch.Tensor):
-        return isinstance(b, torch.Tensor) and torch.equal(a, b)
-    if isinstance(a, np.ndarray):
-        return np.array_equal(a, b)
-    return a == b

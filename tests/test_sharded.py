@@ -14,6 +14,7 @@ from scipy import stats as sstats
 from ding_buffer import create_buffer
 from ding_buffer.distributed.sharded import ShardedBuffer
 from ding_buffer.errors import ManagerUnavailableError
+from helpers import assert_same
 
 ALPHA, BETA = 0.6, 0.4
 
@@ -34,18 +35,6 @@ def item(i, priority=None):
     if priority is not None:
         out['priority'] = float(priority)
     return out
-
-
-def same(a, b):
-    if isinstance(a, dict):
-        return isinstance(b, dict) and a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
-    if isinstance(a, (list, tuple)):
-        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
-    if isinstance(a, torch.Tensor):
-        return isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b)
-    if isinstance(a, np.ndarray):
-        return np.array_equal(a, b)
-    return a == b
 
 
 def frequencies(buf, n_items, draws, batch):
@@ -204,7 +193,8 @@ def test_state_round_trip_and_all_or_nothing_load():
     before = [s.state_dict() for s in fresh.shards]
     with pytest.raises(ValueError):
         fresh.load_state_dict(broken)
-    assert all(same(a, s.state_dict()) for a, s in zip(before, fresh.shards))  # shards 0 and 1 were put back
+    for a, s in zip(before, fresh.shards):  # shards 0 and 1 were put back
+        assert_same(s.state_dict(), a)
     with pytest.raises(ValueError, match='holds 3 shards'):
         local_sharded('advanced', k=2)[0].load_state_dict(state)
 
