@@ -169,6 +169,7 @@ def test_random_calls_match_the_brute_force_model(tmp_path, cfg, store, seed):
         assert buffer_records(buf) == model.records(), step
         # rule 7: exactly the referenced payloads are in the store
         assert len(buf.store.ids()) == len(model.referenced()) == buf.stats()['payloads'], step
+        assert buf.stats()['store_bytes'] == buf.store.nbytes(), step  # the running total equals the disk's
     buf.close()
 
 

@@ -205,9 +205,9 @@ def test_bad_sharding_config_names_the_key():
     with pytest.raises(ValueError, match="'distributed.local_buffer' do not combine"):
         create_buffer(dict(type='naive', distributed=dict(backend='torch', num_shards=2, local_buffer=True)))
     with pytest.raises(ValueError, match="works with types"):
-        ShardedBuffer([None], dict(type='episode'))
+        ShardedBuffer.check(dict(type='episode'))
     with pytest.raises(ValueError, match='shard_key'):
-        ShardedBuffer([None], dict(type='naive'), route='hash')
+        ShardedBuffer.check(dict(type='naive'), route='hash')
 
 
 # ---------------------------------------------------------------------------------------------------------- Ray

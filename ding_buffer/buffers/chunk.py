@@ -126,6 +126,8 @@ class ChunkReplayBuffer(BufferCore):
         self._last_fid: 'OrderedDict[str, int]' = OrderedDict()
         self._last_fetch: List[str] = []
         self._refs: Dict[str, int] = {}
+        self._sizes: Dict[str, int] = {}  # on-disk bytes of each referenced payload, and their total
+        self._bytes = 0
         self._next_uid = 0
         self._counters = dict(fragments_received=0, fragments_dropped=0, chunks_made=0, chunks_evicted=0,
                               chunks_retired=0, chunks_dropped_stale=0, sample_calls=0, sampled_fragments=0,
@@ -140,7 +142,11 @@ class ChunkReplayBuffer(BufferCore):
 
     # ------------------------------------------------------------------ references
     def _ref(self, fragment_id: str) -> None:
-        self._refs[fragment_id] = self._refs.get(fragment_id, 0) + 1
+        n = self._refs.get(fragment_id, 0)
+        if not n:  # the bytes of referenced payloads are kept as a running total: stats() stays O(1)
+            self._sizes[fragment_id] = self.store.size(fragment_id)
+            self._bytes += self._sizes[fragment_id]
+        self._refs[fragment_id] = n + 1
 
     def _unref(self, fragment_id: str) -> None:
         n = self._refs[fragment_id] - 1
@@ -148,6 +154,7 @@ class ChunkReplayBuffer(BufferCore):
             self._refs[fragment_id] = n
         else:
             del self._refs[fragment_id]
+            self._bytes -= self._sizes.pop(fragment_id, 0)
             self.store.delete(fragment_id)
 
     def _stale(self, version: int, session: str) -> bool:
@@ -408,7 +415,7 @@ class ChunkReplayBuffer(BufferCore):
                 'payloads': len(self._refs), 'model_version': self.model_version,
                 'avg_reuse': c['reuse_sum'] / c['chunks_left'] if c['chunks_left'] else 0.0,  # of chunks that left
                 **{k: v for k, v in c.items() if k not in ('reuse_sum', )},
-                'store_bytes': self.store.nbytes(),
+                'store_bytes': self._bytes,  # of the payloads this buffer refers to
             }
 
     def records(self) -> Dict[str, Any]:
@@ -510,6 +517,8 @@ class ChunkReplayBuffer(BufferCore):
         self.store.delete_all(old - set(refs))
         self._chunks, self._queues, self._last_fid, self._last_fetch = chunks, queues, last_fid, last_fetch
         self._refs, self._counters, self._next_uid = refs, counters, next_uid
+        self._sizes = {fragment_id: self.store.size(fragment_id) for fragment_id in refs}
+        self._bytes = sum(self._sizes.values())
         self.model_version, self.session_id = version, session
         self._cond.notify_all()  # samplers waiting for chunks see the restored ones
 

@@ -69,7 +69,7 @@ def create_distributed(cls: type, cfg: Any, *args, **kwargs) -> Any:
         from .channel import PeerChannel
         if len(managers) > 1:  # one transport, channel and RemoteBuffer per shard, used as one buffer
             from .sharded import ShardedBuffer
-            ShardedBuffer([None], local_cfg, dcfg.shard_route, dcfg.shard_key)  # refuse what the client would
+            ShardedBuffer.check(local_cfg, dcfg.shard_route, dcfg.shard_key)  # before any transport starts
             shards = []
             for k, manager in enumerate(managers):
                 transport = cls_t([manager], dcfg.allow_pickle, max_bytes, grace=dcfg.timeout)
@@ -119,7 +119,7 @@ def _create_sharded(cls: type, cfg: Any, dcfg: Any, local_cfg: Any, *args, **kwa
     """Ray: ``distributed.num_shards`` manager actors (``<actor_name>-shard<k>``) used as one buffer."""
     from .sharded import ShardedBuffer
     # fail before any actor starts on what the client refuses (type, route, key)
-    ShardedBuffer([None], local_cfg, dcfg.shard_route, dcfg.shard_key)
+    ShardedBuffer.check(local_cfg, dcfg.shard_route, dcfg.shard_key)
     shards = []
     try:
         for k in range(dcfg.num_shards):

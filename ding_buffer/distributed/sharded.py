@@ -60,8 +60,10 @@ class ShardedBuffer:
         ``flush``, ``close``; ``shards`` (the shard buffers), ``num_shards``.
     """
 
-    def __init__(self, shards: Sequence[Any], cfg: Any, route: str = 'round_robin', shard_key: Optional[str] = None,
-                 seed: Optional[int] = None) -> None:
+    @staticmethod
+    def check(cfg: Any, route: str = 'round_robin', shard_key: Optional[str] = None) -> None:
+        """``ValueError`` naming the key when ``cfg`` / ``route`` / ``shard_key`` cannot be sharded (also called
+        before any manager starts)."""
         kind = cfg.get('type')
         if kind not in SHARDABLE:
             raise ValueError(f"config key 'distributed.num_shards' > 1 works with types {list(SHARDABLE)}, got "
@@ -71,8 +73,13 @@ class ShardedBuffer:
         if route == 'hash' and not (isinstance(shard_key, str) and shard_key):
             raise ValueError("config key 'distributed.shard_key' must name an item field for shard_route='hash', got "
                              f"{shard_key!r:.40}")
+
+    def __init__(self, shards: Sequence[Any], cfg: Any, route: str = 'round_robin', shard_key: Optional[str] = None,
+                 seed: Optional[int] = None) -> None:
+        self.check(cfg, route, shard_key)
         if len(shards) < 1:
             raise ValueError("a sharded buffer needs at least one shard")
+        kind = cfg.get('type')
         self.shards = list(shards)
         self.num_shards = len(self.shards)
         self.kind, self.route, self.shard_key = kind, route, shard_key

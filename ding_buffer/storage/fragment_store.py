@@ -108,6 +108,15 @@ class FragmentStore:
         except FileNotFoundError:
             pass
 
+    def size(self, fragment_id: str) -> int:
+        """Bytes of one payload on disk (0 for ``memory``, or when it is gone)."""
+        if self.kind == 'memory':
+            return 0
+        try:
+            return os.path.getsize(self._file(fragment_id))
+        except OSError:
+            return 0
+
     def ids(self) -> Set[str]:
         if self.kind == 'memory':
             return set(self._mem)
