@@ -284,3 +284,24 @@ def test_two_ray_managers_serve_one_buffer_and_a_killed_shard_fails_only_what_ne
 
 if __name__ == '__main__':  # pragma: no cover
     sys.exit(pytest.main([__file__, '-q']))
+
+
+def test_a_shard_reporting_nonsense_is_named_and_nothing_is_drawn():
+    class Lying:
+        def __init__(self, stats):
+            self._stats = stats
+
+        def stats(self):
+            return self._stats
+
+        def sample(self, *a, **kw):  # pragma: no cover - must not be reached
+            raise AssertionError('drawn from a lying shard')
+
+    good = create_buffer(adv_cfg(seed=1))
+    good.push(item(0, 1.0))
+    for lie in ({'count': 3, 'priority_mass': float('nan')}, {'count': -2, 'priority_mass': 1.0},
+                {'count': 3, 'priority_mass': float('inf')}):
+        buf = ShardedBuffer([good, Lying(lie)], adv_cfg(), seed=0)
+        with pytest.raises(ValueError, match='shard 1 of 2 reports'):
+            buf.sample(2)
+    assert good.stats()['sample_calls'] == 0

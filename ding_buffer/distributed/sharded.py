@@ -162,6 +162,11 @@ class ShardedBuffer:
             raise TypeError("replace is a bool, for the naive and gfn types (prioritized draws are with replacement)")
         stats = [self._call(k, 'stats') for k in range(self.num_shards)]
         counts = np.array([int(s['count']) for s in stats], dtype=np.int64)
+        for k, s in enumerate(stats):  # a shard that reports nonsense is named, not fed to numpy
+            mass = s.get('priority_mass', 0.0)
+            if counts[k] < 0 or not (isinstance(mass, (int, float)) and 0 <= mass < float('inf')):
+                raise ValueError(f"shard {k} of {self.num_shards} reports count {counts[k]} and priority mass "
+                                 f"{mass!r:.40}; expected a count >= 0 and a finite mass >= 0")
         total = int(counts.sum())
         if total == 0 or total < self.min_ratio * size:
             return None
