@@ -24,6 +24,9 @@ What is measured
       local copy, as torchgfn always does; torchgfn's wire format dill-pickles the container (env included)
       and converts the bytes to and from a Python list of ints. Its batch count is capped (see the table).
 
+    Every cell runs ``--rounds`` times (default 3), each round measuring raw and end to end back to back, rounds
+    one after another: on a shared 2-core machine a single short cell swings by tens of percent, so the tables
+    show medians over the rounds and the e2e/raw column the median of the rounds' own ratios with their range.
     Every worker does 2 untimed warm-up pushes (or sends), then N timed ones; its rate is N * payload bytes /
     (time of the last - time of the first). Aggregate MB/s = all workers' bytes / (last end - first start),
     per-worker MB/s = mean of the workers' own rates; batches/s is aggregate. e2e/raw = aggregate end-to-end /
@@ -34,7 +37,7 @@ What is measured
 
 Run
     python benchmarks/bench_distributed.py [--quick] [--backends torch,mpi,ray] [--sizes 0.1,1,5]
-                                           [--workers 2,1] [--no-async] [--no-torchgfn] [--out PATH]
+                                           [--workers 2,1] [--rounds 3] [--no-async] [--no-torchgfn] [--out PATH]
 
     ``--quick`` (a handful of batches per cell) is a smoke run. Each backend runs as its own job (subprocess with a
     timeout); a backend that is unavailable or fails is reported and skipped. Tables go to stdout as markdown,
@@ -139,7 +142,8 @@ def serve_timed(mgr: Any, timeout: float) -> Dict[str, Any]:
     a = now()
     summary = mgr.run(timeout=timeout)
     out = dict(run_s=now() - a, handle_s=spent[0], count=mgr.count(), counters=summary['counters'],
-               lost=summary['lost'], bytes_received=summary['bytes_received'])
+               lost=summary['lost'], bytes_received=summary['bytes_received'],
+               recv_buffers_reused=summary.get('recv_buffers_reused'))
     mgr.close()
     return out
 
@@ -522,17 +526,45 @@ def aggregate(recs: List[Dict[str, Any]], phase: int, mode: str, workers: int) -
 
 def make_plan(args) -> Dict[str, Any]:
     phases = []
-    for size in args.sizes:
-        target = int(round(size * MB))
-        rows, gfn_rows = max(1, target // OUR_ROW_BYTES), max(1, target // GFN_ROW_BYTES)
-        nbytes = rows * OUR_ROW_BYTES
-        n = min(args.n_max, max(args.n_min, math.ceil(args.budget_mb * MB / nbytes)))
-        gfn_n = min(n, max(args.gfn_n_min, math.ceil(args.gfn_budget_mb * MB / (gfn_rows * GFN_ROW_BYTES))))
-        for w in args.workers:
-            modes = ['sync'] + (['async'] if w == max(args.workers) and not args.no_async else [])
-            phases.append(dict(id=len(phases), size_mb=size, workers=w, rows=rows, bytes=nbytes, n=n, modes=modes,
-                               gfn_rows=gfn_rows, gfn_bytes=gfn_rows * GFN_ROW_BYTES, gfn_n=gfn_n))
+    for rnd in range(args.rounds):  # every cell once per round: raw and end to end back to back, rounds apart
+        for size in args.sizes:
+            target = int(round(size * MB))
+            rows, gfn_rows = max(1, target // OUR_ROW_BYTES), max(1, target // GFN_ROW_BYTES)
+            nbytes = rows * OUR_ROW_BYTES
+            n = min(args.n_max, max(args.n_min, math.ceil(args.budget_mb * MB / nbytes)))
+            gfn_n = min(n, max(args.gfn_n_min, math.ceil(args.gfn_budget_mb * MB / (gfn_rows * GFN_ROW_BYTES))))
+            for w in args.workers:
+                modes = ['sync'] + (['async'] if w == max(args.workers) and not args.no_async else [])
+                phases.append(dict(id=len(phases), round=rnd, size_mb=size, workers=w, rows=rows, bytes=nbytes, n=n,
+                                   modes=modes, gfn_rows=gfn_rows, gfn_bytes=gfn_rows * GFN_ROW_BYTES, gfn_n=gfn_n))
     return dict(phases=phases, timeout=args.rank_timeout)
+
+
+def merge_rounds(rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
+    """One row per cell (batch size, workers): each rate is the median over the rounds, and ``ratios[mode]`` lists
+    every round's end-to-end / raw (both measured back to back in that round), whose median the tables show."""
+    cells: Dict[Any, List[Dict[str, Any]]] = {}
+    for row in rows:
+        cells.setdefault((row['phase']['size_mb'], row['phase']['workers']), []).append(row)
+    out = []
+    for group in cells.values():
+        merged = dict(phase=dict(group[0]['phase'], rounds=len(group)), ratios={})
+        for mode in [k for k in group[0] if k != 'phase']:
+            aggs = [r[mode] for r in group if r.get(mode)]
+            if not aggs:
+                merged[mode] = None
+                continue
+            m = dict(aggs[0])
+            for key in ('mbps', 'mbps_per_worker', 'batches_per_s', 'median_ms', 'mean_ms',
+                        'manager_handle_ms_per_batch', 'manager_deserialize_ms_per_batch'):
+                if all(key in a for a in aggs):
+                    m[key] = statistics.median(a[key] for a in aggs)
+            merged[mode] = m
+            if mode != 'raw':
+                merged['ratios'][mode] = [r[mode]['mbps'] / r['raw']['mbps'] for r in group
+                                          if r.get(mode) and r.get('raw') and r['raw']['mbps'] > 0]
+        out.append(merged)
+    return out
 
 
 def run_backends(args, plan: Dict[str, Any], why: Dict[str, Optional[str]], tmp: str) -> Dict[str, Any]:
@@ -544,8 +576,9 @@ def run_backends(args, plan: Dict[str, Any], why: Dict[str, Optional[str]], tmp:
             results[backend] = dict(error=f'not available: {why[backend]}')
             continue
         jplan = plan
-        if backend == 'torchgfn':  # 2 workers (the largest count) only
-            jplan = dict(plan, phases=[p for p in plan['phases'] if p['workers'] == max(args.workers)])
+        if backend == 'torchgfn':  # 2 workers (the largest count) only, one round (it is slow)
+            jplan = dict(plan, phases=[p for p in plan['phases'] if p['workers'] == max(args.workers)
+                                       and p['round'] == 0])
         outdir = os.path.join(tmp, backend)
         os.makedirs(outdir)
         plan_path = os.path.join(tmp, f'plan_{backend}.json')
@@ -559,7 +592,7 @@ def run_backends(args, plan: Dict[str, Any], why: Dict[str, Optional[str]], tmp:
         for ph in jplan['phases']:
             modes = ['torchgfn'] if backend == 'torchgfn' else ['raw'] + ph['modes']
             rows.append(dict(phase=ph, **{m: aggregate(recs, ph['id'], m, ph['workers']) for m in modes}))
-        results[backend] = dict(rows=rows, records=recs, error=err, wall_s=wall)
+        results[backend] = dict(rows=merge_rounds(rows), round_rows=rows, records=recs, error=err, wall_s=wall)
         if err:
             log(f'[{backend}] FAILED: {err}')
     return results
@@ -582,6 +615,19 @@ def ratio(a: Optional[Dict[str, Any]], b: Optional[Dict[str, Any]]) -> Optional[
     return a['mbps'] / b['mbps'] if a and b and b['mbps'] > 0 else None
 
 
+def raw_share(row: Dict[str, Any], mode: str) -> Optional[float]:
+    """Median over the rounds of end-to-end / raw for ``mode`` (each round's pair measured back to back)."""
+    rs = row.get('ratios', {}).get(mode)
+    return statistics.median(rs) if rs else None
+
+
+def f_share(row: Dict[str, Any], mode: str) -> str:
+    rs = row.get('ratios', {}).get(mode)
+    if not rs:
+        return 'n/a'
+    return f'{statistics.median(rs):.0%}' + (f' ({min(rs):.0%}-{max(rs):.0%})' if len(rs) > 1 else '')
+
+
 def gfn_row(results: Dict[str, Any], size: float) -> Optional[Dict[str, Any]]:
     for row in results.get('torchgfn', {}).get('rows', []):
         if row['phase']['size_mb'] == size:
@@ -598,10 +644,11 @@ def backend_table(backend: str, res: Dict[str, Any], results: Dict[str, Any]) ->
         ph, raw, sync, asy = row['phase'], row['raw'], row['sync'], row.get('async')
         top = ph['workers'] == max(p['phase']['workers'] for p in res['rows'])
         g = gfn_row(results, ph['size_mb']) if top else None
-        r1, r2, r3 = ratio(sync, raw), ratio(asy, raw), ratio(sync, g)
+        r3 = ratio(sync, g)
         lines.append([f"{ph['size_mb']:g}", str(ph['workers']), str(ph['n']), f_pair(raw), f_pair(sync),
-                      f_rate(sync['batches_per_s']) if sync else 'n/a', f'{r1:.0%}' if r1 else 'n/a',
-                      f_pair(asy) if 'async' in ph['modes'] else '-', f'{r2:.0%}' if r2 else '-',
+                      f_rate(sync['batches_per_s']) if sync else 'n/a', f_share(row, 'sync'),
+                      f_pair(asy) if 'async' in ph['modes'] else '-',
+                      f_share(row, 'async') if 'async' in ph['modes'] else '-',
                       f"{f_pair(g)} ({g['n']})" if g else '-', f'{r3:.1f}x' if r3 else '-'])
     return md_table(head, lines)
 
@@ -638,9 +685,9 @@ def targets(results: Dict[str, Any], args) -> List[str]:
         for row in res['rows']:
             ph = row['phase']
             if ph['size_mb'] >= 1:
-                r = ratio(row['sync'], row['raw'])
+                r = raw_share(row, 'sync')
                 out.append(f"- {backend}, {ph['size_mb']:g} MB, {ph['workers']} worker(s): e2e/raw "
-                           f"{'n/a' if r is None else f'{r:.0%}'} -> "
+                           f"{f_share(row, 'sync')} -> "
                            f"{'n/a' if r is None else ('met' if r >= TARGET_RAW_SHARE else 'MISSED')} "
                            f"(target >= {TARGET_RAW_SHARE:.0%})")
             if ph['workers'] == max(args.workers):
@@ -659,7 +706,9 @@ def print_report(env: Dict[str, Any], plan: Dict[str, Any], results: Dict[str, A
           f"OMP_NUM_THREADS=1")
     print('- ' + ', '.join(f'{k} {v[k]}' for k in ('python', ) + PACKAGES) + f", Open MPI: {env['openmpi']}")
     print(f"- 1 manager + {'/'.join(map(str, args.workers))} workers on this machine; MB = 2^20 bytes of tensor "
-          f"payload; per cell {WARMUP} warm-up + N timed pushes per worker, N = {args.budget_mb:g} MB / batch "
+          f"payload; {args.rounds} round(s) of every cell, raw then end to end back to back in each; rates are "
+          f"medians over the rounds and e2e/raw the median of the rounds' ratios (lowest-highest in parentheses); "
+          f"per cell {WARMUP} warm-up + N timed pushes per worker, N = {args.budget_mb:g} MB / batch "
           f"clamped to [{args.n_min}, {args.n_max}] (torchgfn: {args.gfn_budget_mb:g} MB / batch, >= "
           f"{args.gfn_n_min}, capped at N){' -- QUICK smoke run, numbers are noise' if args.quick else ''}")
     print('- ours: dict {obs: float32[rows, 128], log_reward: float32[rows]} pushed into a naive buffer on tensor '
@@ -703,6 +752,7 @@ def parse_args(argv=None):
     p.add_argument('--sizes', default='0.1,1,5', help='batch sizes in MB (2^20 bytes), comma-separated')
     p.add_argument('--workers', default='2,1', help='worker counts, comma-separated (each at most 2)')
     p.add_argument('--no-async', action='store_true', help='skip the async_score column')
+    p.add_argument('--rounds', type=int, default=None, help='rounds of every cell (default 3, quick 1)')
     p.add_argument('--no-torchgfn', action='store_true', help='skip torchgfn')
     p.add_argument('--budget-mb', type=float, default=None, help='payload per worker per cell (default 128, quick 4)')
     p.add_argument('--n-min', type=int, default=None, help='fewest timed pushes per worker (default 40, quick 3)')
@@ -729,9 +779,12 @@ def parse_args(argv=None):
     args.workers = sorted({int(w) for w in args.workers.split(',')}, reverse=True)
     if any(s <= 0 for s in args.sizes) or any(w not in (1, 2) for w in args.workers):
         p.error('--sizes must be positive, --workers 1 and/or 2')
+    if args.rounds is not None and args.rounds < 1:
+        p.error(f'--rounds must be at least 1, got {args.rounds}')
     q = args.quick
     for name, full, quick in (('budget_mb', 128.0, 4.0), ('n_min', 40, 3), ('n_max', 500, 40),
-                              ('gfn_budget_mb', 24.0, 2.0), ('gfn_n_min', 3, 2), ('job_timeout', 150.0, 90.0)):
+                              ('gfn_budget_mb', 24.0, 2.0), ('gfn_n_min', 3, 2), ('job_timeout', 150.0, 90.0),
+                              ('rounds', 3, 1)):
         if getattr(args, name) is None:
             setattr(args, name, quick if q else full)
     return args

@@ -13,6 +13,7 @@
 import copy
 import math
 import os
+import queue
 import threading
 import time
 
@@ -28,6 +29,7 @@ from ding_buffer.buffers import NaiveReplayBuffer
 from ding_buffer.distributed import ManagerCore, RemoteBuffer, build_manager_buffer, profile
 from ding_buffer.distributed.codec import _TORCH_DTYPES, CodecError, decode, encode
 from ding_buffer.distributed.config import resolve_callable
+from ding_buffer.distributed import transport as _tr
 from ding_buffer.distributed.remote import ManagerUnavailableError
 
 NINF = float('-inf')
@@ -1473,51 +1475,52 @@ def test_push_that_stores_then_fails_scoring_is_never_stored_twice():
     assert again['error'] == 'KeyError' and core.buffer.count() == 1
 
 
+class _Net(_tr.ThreadedTransport):
+    """In-process transport over queues (``wires[(sender, receiver)]``): a manager and workers in one process."""
+
+    def __init__(self, me, peers, wires, timeout):
+        super().__init__(peers, False, 1 << 30, grace=timeout)
+        self.me, self.wires = me, wires
+
+    def _send_buf(self, peer, buf):
+        self.wires.setdefault((self.me, peer), queue.Queue()).put(np.array(buf, np.uint8, copy=True))
+
+    def _next(self, peer):
+        q = self.wires.setdefault((peer, self.me), queue.Queue())
+        while True:
+            try:
+                return q.get(timeout=0.05)
+            except queue.Empty:
+                if self._abandon:
+                    raise _tr.TransportError('closed')
+
+    def _recv_head(self, peer):
+        msg = self._next(peer)
+        return msg, len(msg)
+
+    def _recv_exact(self, peer, n, out=None):
+        msg = self._next(peer)
+        buf = np.empty(n, np.uint8) if out is None else out
+        buf[:] = msg
+        return buf
+
+
 def test_a_request_longer_than_peer_timeout_loses_nobody():
     """A push whose scoring takes longer than peer_timeout holds the buffer: the other worker's request waits,
     nobody's heartbeat is read meanwhile, and still nobody is counted lost (in-process manager and workers)."""
-    import queue
     from ding_buffer.distributed import ReplayBufferManager
-    from ding_buffer.distributed import transport as tr
     from ding_buffer.distributed.channel import PeerChannel
-
-    class Net(tr.ThreadedTransport):
-        def __init__(self, me, peers, wires, timeout):
-            super().__init__(peers, False, 1 << 30, grace=timeout)
-            self.me, self.wires = me, wires
-
-        def _send_buf(self, peer, buf):
-            self.wires.setdefault((self.me, peer), queue.Queue()).put(np.array(buf, np.uint8, copy=True))
-
-        def _next(self, peer):
-            q = self.wires.setdefault((peer, self.me), queue.Queue())
-            while True:
-                try:
-                    return q.get(timeout=0.05)
-                except queue.Empty:
-                    if self._abandon:
-                        raise tr.TransportError('closed')
-
-        def _recv_head(self, peer):
-            msg = self._next(peer)
-            return msg, len(msg)
-
-        def _recv_exact(self, peer, n, out=None):
-            msg = self._next(peer)
-            buf = np.empty(n, np.uint8) if out is None else out
-            buf[:] = msg
-            return buf
 
     cfg = make_cfg(storage='list', timeout=10.0, peer_timeout=1.0, heartbeat_seconds=0.25,
                    scoring_function='test_distributed_unit:slow_score_hook')
     buf, dcfg, key = build_manager_buffer(cfg)
     wires = {}
-    mgr = ReplayBufferManager(buf, Net(0, [1, 2], wires, 10.0), dcfg, [1, 2], key)
+    mgr = ReplayBufferManager(buf, _Net(0, [1, 2], wires, 10.0), dcfg, [1, 2], key)
     out = {}
     th = threading.Thread(target=lambda: out.update(mgr.run(timeout=60)), daemon=True)
     th.start()
     local_cfg = EasyDict({k: v for k, v in dict(cfg).items() if k != 'distributed'})
-    a, b = (RemoteBuffer(local_cfg, dcfg, PeerChannel(Net(r, [0], wires, 10.0), 0, 10.0, 0.25), log_reward_key=key)
+    a, b = (RemoteBuffer(local_cfg, dcfg, PeerChannel(_Net(r, [0], wires, 10.0), 0, 10.0, 0.25), log_reward_key=key)
             for r in (1, 2))
     a.push(item(0))
     b.push(item(0))
@@ -1539,6 +1542,93 @@ def slow_score_hook(batch, sender=None, buffer=None):
     if float(obs.reshape(-1)[0]) == 9.0:
         time.sleep(2.5)
     return {}
+
+
+def _in_process_job(cfg, n_workers=1):
+    """A ReplayBufferManager serving ``n_workers`` RemoteBuffers over ``_Net`` in this process; returns
+    (manager, its run() summary dict (filled when run ends), run thread, workers)."""
+    from ding_buffer.distributed import ReplayBufferManager
+    from ding_buffer.distributed.channel import PeerChannel
+    buf, dcfg, key = build_manager_buffer(cfg)
+    wires = {}
+    ranks = list(range(1, n_workers + 1))
+    mgr = ReplayBufferManager(buf, _Net(0, ranks, wires, 10.0), dcfg, ranks, key)
+    out = {}
+    th = threading.Thread(target=lambda: out.update(mgr.run(timeout=60)), daemon=True)
+    th.start()
+    local_cfg = EasyDict({k: v for k, v in dict(cfg).items() if k != 'distributed'})
+    workers = [RemoteBuffer(local_cfg, dcfg, PeerChannel(_Net(r, [0], wires, 10.0), 0, 10.0, 5.0), log_reward_key=key)
+               for r in ranks]
+    return mgr, out, th, workers
+
+
+def _big_batch(i, rows=320):  # 320 x 128 float32 = 160 KiB: sent out of line, kept by the receive pool
+    g = torch.Generator().manual_seed(i)
+    return {'obs': torch.randn(rows, 128, generator=g), 'log_reward': torch.full((rows, ), float(i))}
+
+
+@pytest.mark.parametrize('exact', [False, True], ids=['gloo-like', 'mpi-like'])
+def test_receive_buffers_are_reused_only_once_nothing_holds_them(exact):
+    """A large part lands in the warm buffer of an earlier message of the same size only after every view of
+    that message is gone: a decoded message the caller still holds is never overwritten."""
+    pipe = _Pipe(exact=exact)
+    a, b = _big_batch(1)['obs'], _big_batch(2)['obs']
+    first = pipe.roundtrip({'x': a})  # held below
+    second = pipe.roundtrip({'x': b})  # arrives while `first` is alive: a new buffer
+    assert torch.equal(first[2]['x'], a) and torch.equal(second[2]['x'], b)
+    assert pipe.b.recv_buffers_reused == 0
+    del first, second
+    for i in range(3, 6):
+        got = pipe.roundtrip({'x': _big_batch(i)['obs']})
+        assert torch.equal(got[2]['x'], _big_batch(i)['obs'])
+        del got
+    assert pipe.b.recv_buffers_reused == 3
+    small = pipe.roundtrip({'x': torch.arange(10)})  # inline in the head: the pool is not involved
+    assert torch.equal(small[2]['x'], torch.arange(10)) and pipe.b.recv_buffers_reused == 3
+
+
+@pytest.mark.parametrize('storage', ['list', 'tensor'])
+def test_pushed_data_survives_receive_buffer_recycling(storage):
+    """Pushes of one size land in recycled receive buffers: every stored item still reads back exactly as pushed,
+    whether the storage copies each push (tensor) or keeps Python objects (list)."""
+    cfg = make_cfg(type='naive', size=320 * 4, storage=storage, timeout=10.0, heartbeat_seconds=5.0)
+    mgr, out, th, (w, ) = _in_process_job(cfg)
+    for i in range(8):
+        w.push(_big_batch(i), batched=True)
+    data = mgr.buffer.sample(320 * 4, replace=False)  # the whole buffer: the last 4 batches
+    if isinstance(data, dict):  # tensor storage samples a batch of columns
+        obs, lr = data['obs'], data['log_reward']
+    else:
+        obs, lr = torch.stack([d['obs'] for d in data]), torch.stack([torch.as_tensor(d['log_reward']) for d in data])
+    assert sorted(set(lr.tolist())) == [4.0, 5.0, 6.0, 7.0]
+    for i in range(4, 8):
+        got = obs[lr == i]
+        want = _big_batch(i)['obs']
+        order = torch.argsort(got[:, 0])
+        assert torch.equal(got[order], want[torch.argsort(want[:, 0])]), f"batch {i} changed after it was stored"
+    w.close()
+    th.join(20)
+    assert out['exited'] == ['1']
+    if storage == 'tensor':  # it copies every push: each buffer is free again once the push is stored
+        assert out['recv_buffers_reused'] >= 6, out['recv_buffers_reused']
+
+
+def test_poll_returns_when_done_and_fails_at_the_deadline():
+    from ding_buffer.distributed.poll_wait import poll, precise_sleeps
+    precise_sleeps()  # Linux: the thread's timer slack; elsewhere nothing
+    flag = threading.Event()
+    kick = threading.Event()
+    threading.Timer(0.05, flag.set).start()
+    t = time.monotonic()
+    assert poll(flag.is_set, t + 10, kick=kick)
+    assert 0.04 <= time.monotonic() - t < 5
+    t = time.monotonic()
+    assert not poll(lambda: False, t + 0.1, busy_until=lambda: t + 0.05)
+    assert time.monotonic() - t >= 0.1
+    done = threading.Event()
+    threading.Timer(0.05, lambda: (done.set(), kick.set())).start()  # a kick ends an idle pause: polled again
+    t = time.monotonic()
+    assert poll(done.is_set, t + 10, kick=kick) and time.monotonic() - t < 5
 
 
 def test_one_deadline_bounds_a_push_that_resends_first():

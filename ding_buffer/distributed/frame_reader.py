@@ -18,6 +18,7 @@ import numpy as np
 
 from ..errors import CodecError, ProtocolError
 from .codec import decode
+from .recv_pool import RecvPool
 from .framing import CTRL, DATA, GOODBYE, HEAD, MAGIC, MAX_HEADER, MAX_META, MAX_PARTS, pieces, table_ok
 
 # the kinds a transport's receive side reports, in its inbox and to ``on_item``
@@ -48,6 +49,17 @@ class FrameReader:
         """The next message, expected to be ``n`` bytes, into ``out`` (a uint8 view of ``n`` bytes) or a new
         buffer; returns the buffer."""
         raise NotImplementedError
+
+    @property
+    def recv_buffers_reused(self) -> int:
+        """Large parts received into a warm buffer of an earlier message (``recv_pool``), over all peers."""
+        return sum(p.hits for p in self.__dict__.get('_recv_pools', {}).values())
+
+    def _pool(self, peer: int) -> RecvPool:
+        pools = self.__dict__.setdefault('_recv_pools', {})
+        if peer not in pools:
+            pools[peer] = RecvPool()
+        return pools[peer]
 
     def _recv_message(self, peer: int) -> Tuple[str, Any]:
         head, count = self._recv_head(peer)
@@ -99,24 +111,28 @@ class FrameReader:
                     f"batched dict of tensors instead of a list of items)")
             return ERROR, (mid, CodecError(what))
         parts = []
+        pool = self._pool(peer)
         for s, o in table:
             if o >= 0:
                 parts.append(meta[o:o + s].copy())  # owned: decoded tensors never share one buffer
                 continue
-            part = None
+            part = pool.take(s)  # warm memory of an earlier part of this size that nothing holds any more
             for a, b in pieces(s):
                 if part is None:  # allocated once its first piece has arrived: memory follows the data
-                    first_piece = np.asarray(self._recv_exact(peer, b - a)).reshape(-1)
+                    first_piece = np.asarray(self._recv_exact(peer, b - a))
                     if b == s:
                         part = first_piece
+                        pool.keep(part)
+                        self.bytes_received += b - a
                         break
                     part = np.zeros(s, dtype=np.uint8)  # calloc: pages are not touched until written
-                    part[a:b] = first_piece
+                    part[a:b] = first_piece.reshape(-1)
                     del first_piece
+                    pool.keep(part)
                 else:
                     self._recv_exact(peer, b - a, out=part[a:b])
                 self.bytes_received += b - a
-            parts.append(part if part is not None else np.empty(0, np.uint8))
+            parts.append(part.reshape(-1) if part is not None else np.empty(0, np.uint8))
         try:
             return MESSAGE, decode(header, parts, self.allow_pickle)
         except CodecError as e:

@@ -1,10 +1,12 @@
 """The two point-to-point backends of ``ThreadedTransport``: torch.distributed (gloo) and MPI (mpi4py)."""
+import threading
 import time
-from typing import Any, Callable, List, Optional, Tuple
+from typing import Any, List, Optional, Tuple
 
 import numpy as np
 import torch
 
+from .poll_wait import poll, precise_sleeps
 from .transport import CTRL, HEAD, TAG, ProtocolError, ThreadedTransport, TransportError
 
 
@@ -22,8 +24,13 @@ class TorchTransport(ThreadedTransport):
     def rank(self) -> int:
         return self._pg.rank()
 
-    def _send_buf(self, peer: int, buf: np.ndarray) -> None:
-        self._pg.send([torch.from_numpy(buf)], peer, TAG).wait()
+    starts_sends = True  # gloo's send returns at once; its work is waited for on the sender thread
+
+    def _start_send(self, peer: int, buf: np.ndarray) -> Any:
+        return self._pg.send([torch.from_numpy(buf)], peer, TAG)
+
+    def _finish_send(self, peer: int, handle: Any, buf: np.ndarray) -> None:
+        handle.wait()
 
     def _recv_into(self, peer: int, buf: np.ndarray) -> np.ndarray:
         self._pg.recv([torch.from_numpy(buf)], peer, TAG).wait()
@@ -38,48 +45,59 @@ class TorchTransport(ThreadedTransport):
         return self._recv_into(peer, np.zeros(n, dtype=np.uint8) if out is None else out)
 
 
-def _spin_then_sleep(done: Callable[[], bool], deadline: float, spin: float = 2e-3) -> bool:
-    """Poll ``done`` back to back for ``spin`` seconds (each MPI test call also drives Open MPI's progress
-    engine, which moves rendezvous transfers), then with sleeps growing to 1 ms; False at ``deadline``."""
-    end_spin = time.monotonic() + spin
-    while time.monotonic() < end_spin:
-        if done():
-            return True
-        time.sleep(0)  # lets other Python threads run
-    pause = 2e-5
-    while not done():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(pause)
-        pause = min(pause * 1.5, 1e-3)
-    return True
+EXPECT_WINDOW = 5e-3  # seconds a message from a peer is expected after traffic with it (poll_wait)
+SEND_BUSY = 0.05  # seconds a send is polled closely before the pauses grow (the peer is not reading)
+
+
+# sends abandoned at close or on a broken connection, with their buffers, for the life of the process
+_ORPHANED: List[Tuple[List[Any], List[np.ndarray]]] = []
 
 
 class MPITransport(ThreadedTransport):
     """mpi4py point-to-point over ``COMM_WORLD`` (or a given communicator).
 
-    Receives are sized by a matched probe (``improbe``, polled briefly back to back, then with sleeps: a
-    blocking receive would spin a core in Open MPI's progress loop while the peer is idle), so only the bytes
-    that arrived are read and a message of the wrong size is consumed and refused. Sends are ``Isend`` +
-    ``Test`` on the peer's sender thread; the frame keeps the buffer alive until the request completes."""
+    Receives are sized by a matched probe (``improbe``, polled as ``poll_wait`` says: closely while a message
+    is expected, with growing pauses while the peer is idle; a blocking receive would spin a core in Open MPI's
+    progress loop), so only the bytes that arrived are read and a message of the wrong size is consumed and
+    refused. Sends are ``Isend`` as the frame is queued and ``Test`` on the peer's sender thread; the frame keeps
+    the buffer alive until the request completes, and requests abandoned at close keep theirs for the life of
+    the process."""
 
     def __init__(self, peers, allow_pickle, max_message_bytes, grace: float = 5.0, comm=None) -> None:
         from mpi4py import MPI
         self._MPI = MPI
         self._comm = comm if comm is not None else MPI.COMM_WORLD
-        self._orphans: List[Tuple[Any, np.ndarray]] = []  # requests abandoned at close, with their buffers
+        # per peer: until when its receive thread polls closely (a message is expected soon: the peer sent one
+        # recently, or one of ours just arrived there), and the event that ends that thread's idle pause
+        self._expect = {p: 0.0 for p in peers}
+        self._kick = {p: threading.Event() for p in peers}
         super().__init__(peers, allow_pickle, max_message_bytes, grace)
 
     @property
     def rank(self) -> int:
         return self._comm.Get_rank()
 
-    def _send_buf(self, peer: int, buf: np.ndarray) -> None:
-        req = self._comm.Isend([buf, self._MPI.BYTE], dest=peer, tag=TAG)
-        if not _spin_then_sleep(lambda: req.Test() or self._abandon, float('inf'), spin=0.05) or self._abandon:
+    def _thread_started(self) -> None:
+        precise_sleeps()  # this transport's threads poll (poll_wait)
+
+    def _expect_soon(self, peer: int) -> None:
+        self._expect[peer] = time.monotonic() + EXPECT_WINDOW
+        self._kick[peer].set()
+
+    starts_sends = True  # Isend as the frame is queued; completion is polled on the sender thread
+
+    def _start_send(self, peer: int, buf: np.ndarray) -> Any:
+        return self._comm.Isend([buf, self._MPI.BYTE], dest=peer, tag=TAG)
+
+    def _finish_send(self, peer: int, req: Any, buf: np.ndarray) -> None:
+        busy = time.monotonic() + SEND_BUSY
+        if not poll(lambda: req.Test() or self._abandon, float('inf'), busy_until=lambda: busy) or self._abandon:
             if not req.Test():
-                self._orphans.append((req, buf))  # MPI may still read it: it must never be freed
-                raise TransportError(f"send to rank {peer} abandoned at close")
+                raise TransportError(f"send to rank {peer} abandoned at close")  # the frame is orphaned
+        self._expect_soon(peer)  # it arrived: an answer (or the peer's next request) is likely to follow
+
+    def _orphan(self, handles, bufs) -> None:
+        _ORPHANED.append((list(handles), list(bufs)))  # MPI may still read them: they must never be freed
 
     def _probe(self, peer: int) -> Tuple[Any, int]:
         status = self._MPI.Status()
@@ -94,9 +112,10 @@ class MPITransport(ThreadedTransport):
                 return True
             return False
 
-        _spin_then_sleep(probe, float('inf'), spin=3e-4)
+        poll(probe, float('inf'), busy_until=lambda: self._expect[peer], kick=self._kick[peer])
         if not found:
             raise TransportError("transport closed")
+        self._expect[peer] = time.monotonic() + EXPECT_WINDOW
         return found[0], status.Get_count(self._MPI.BYTE)
 
     def _consume(self, msg: Any, count: int) -> None:

@@ -79,6 +79,7 @@ class ReplayBufferManager:
         out['unanswered_goodbye'] = [str(p) for p in stuck]
         out['protocol_errors'] = self.transport.protocol_errors
         out['bytes_received'] = self.transport.bytes_received
+        out['recv_buffers_reused'] = getattr(self.transport, 'recv_buffers_reused', 0)
         out['bytes_sent'] = self.transport.bytes_sent
         return out
 

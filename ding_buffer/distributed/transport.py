@@ -9,14 +9,18 @@ A *message* on the wire is the codec's ``(header, parts)`` framed as:
 2. the rest of the meta block, only when it does not fit in the head;
 3. every other part, cut into pieces of at most ``PIECE`` bytes, sent from the tensor's own memory.
 
-Delivery. A frame is queued whole on the peer's outbox and a sender thread sends its messages back to back, so
-frames never interleave and never stop half-way: a caller whose deadline passes gets ``SendTimeout`` while the
-frame stays queued (its memory alive) and reaches the peer whenever the peer reads again. A worker queues a
+Delivery. A frame is queued whole on the peer's outbox and its messages leave back to back, so frames never
+interleave and never stop half-way: a caller whose deadline passes gets ``SendTimeout`` while the frame stays
+queued (its memory alive) and reaches the peer whenever the peer reads again. The torch and MPI backends start
+every message of a frame as it is queued (gloo's send and MPI's ``Isend`` return at once), so the data moves
+while the sender thread wakes up to wait for the completions; a backend with only a blocking send has its
+messages sent by the sender thread. A worker queues a
 new frame only once the previous one left (bounded memory); the manager keeps at most ``MAX_QUEUED`` replies
 per worker. A broken connection fails every queued frame with ``TransportError``.
 
 Receiving. One thread per peer reads whole messages and decodes them (so every ``recv`` has a timeout: gloo's
-own timed wait closes the connection when it expires). ``frame_reader`` checks every length before it reaches a
+own timed wait closes the connection when it expires). Large parts land in recycled buffers when nothing holds
+the earlier message any more (``recv_pool``). ``frame_reader`` checks every length before it reaches a
 receive and resynchronises on message boundaries after a broken one; it also says why the torch backend, like
 gloo, assumes the ranks of the job trust each other.
 
@@ -46,13 +50,14 @@ logger = logging.getLogger('ding_buffer.distributed')
 
 
 class _Frame:
-    __slots__ = ('bufs', 'nbytes', 'done', 'error')
+    __slots__ = ('bufs', 'nbytes', 'done', 'error', 'handles')
 
     def __init__(self, bufs: List[np.ndarray], nbytes: int) -> None:
         self.bufs = bufs  # keeps every buffer alive until the frame is delivered
         self.nbytes = nbytes
         self.done = threading.Event()
         self.error: Optional[str] = None
+        self.handles: Optional[List[Any]] = None  # the backend's handles of sends started at queueing
 
 
 class _Outbox:
@@ -82,7 +87,10 @@ class ThreadedTransport(FrameReader):
     """
     Overview:
         Framing, sender and receive threads and the inbox shared by the torch and MPI transports. Subclasses
-        implement ``_send_buf(peer, buf)`` (blocking send of one message, on the sender thread),
+        implement either ``_send_buf(peer, buf)`` (blocking send of one message, on the sender thread) or, with
+        ``starts_sends = True``, ``_start_send(peer, buf) -> handle`` (start one message without blocking: gloo's
+        send, MPI's Isend; called as the frame is queued, so the data moves while the threads hand over) and
+        ``_finish_send(peer, handle, buf)`` (block until it left, on the sender thread); and
         ``_recv_head(peer) -> (buf, count or None)`` and ``_recv_exact(peer, n) -> buf`` (blocking receive of
         the next message; ``count`` is the number of bytes that arrived when the transport can tell).
     Interfaces:
@@ -112,8 +120,23 @@ class ThreadedTransport(FrameReader):
         self.protocol_errors = 0
 
     # ------------------------------------------------------------------ backend primitives
+    starts_sends = False
+
     def _send_buf(self, peer: int, buf: np.ndarray) -> None:
         raise NotImplementedError
+
+    def _start_send(self, peer: int, buf: np.ndarray) -> Any:
+        raise NotImplementedError
+
+    def _finish_send(self, peer: int, handle: Any, buf: np.ndarray) -> None:
+        raise NotImplementedError
+
+    def _orphan(self, handles: Sequence[Any], bufs: Sequence[np.ndarray]) -> None:
+        """Sends started and never finished (the connection broke, or close gave up): a backend whose
+        transfers may still read the buffers keeps them alive."""
+
+    def _thread_started(self) -> None:
+        """Run first on each sender and receive thread of this transport (a backend's per-thread setup)."""
 
     # ------------------------------------------------------------------ sending
     def send(self, peer: int, obj: Any, msg_id: int = -1, deadline: Optional[float] = None, wait: bool = True,
@@ -167,6 +190,17 @@ class ThreadedTransport(FrameReader):
                     raise SendTimeout(f"rank {peer} has not taken the previous {len(ob.frames)} message(s); "
                                       f"nothing more is queued for it")
                 ob.cond.wait(left)
+            if self.starts_sends:  # in queue order, under the lock: frames never interleave on the wire
+                handles: List[Any] = []
+                try:
+                    for b in fr.bufs:
+                        handles.append(self._start_send(peer, b))
+                except Exception as e:  # part of a frame may be out: nothing can follow it on this connection
+                    self._orphan(handles, fr.bufs)
+                    ob.broken = f"sending to rank {peer} failed: {type(e).__name__}: {e}"
+                    ob.cond.notify_all()
+                    raise TransportError(ob.broken) from e
+                fr.handles = handles
             if kind == GOODBYE:
                 ob.bye_sent = True
             ob.frames.append(fr)
@@ -177,6 +211,7 @@ class ThreadedTransport(FrameReader):
             ob.cond.notify_all()
 
     def _send_loop(self, peer: int, ob: _Outbox) -> None:
+        self._thread_started()
         while True:
             with ob.cond:
                 while not ob.frames and not ob.stop:
@@ -185,14 +220,20 @@ class ThreadedTransport(FrameReader):
                     return
                 fr = ob.frames[0]
             try:
-                for b in fr.bufs:
-                    if self._abandon:
-                        raise TransportError("the transport was closed before the message left")
-                    self._send_buf(peer, b)
+                if fr.handles is not None:
+                    for h, b in zip(fr.handles, fr.bufs):
+                        self._finish_send(peer, h, b)
+                else:
+                    for b in fr.bufs:
+                        if self._abandon:
+                            raise TransportError("the transport was closed before the message left")
+                        self._send_buf(peer, b)
             except Exception as e:
                 with ob.cond:
                     ob.broken = f"sending to rank {peer} failed: {type(e).__name__}: {e}"
                     for f in ob.frames:
+                        if f.handles is not None:
+                            self._orphan(f.handles, f.bufs)
                         f.error = ob.broken
                         f.done.set()
                     ob.frames.clear()
@@ -229,6 +270,7 @@ class ThreadedTransport(FrameReader):
             self.inbox.put((peer, kind, obj))
 
     def _recv_loop(self, peer: int) -> None:
+        self._thread_started()
         while True:
             try:
                 kind, obj = self._recv_message(peer)
@@ -249,6 +291,7 @@ class ThreadedTransport(FrameReader):
                 self.inbox.put((peer, BYE, None))
                 return
             self._deliver(peer, kind, obj)
+            del obj  # the receive buffers of a served message are free for the next one (recv_pool)
 
     def _send_bye(self, peer: int) -> None:
         ob = self._out[peer]
