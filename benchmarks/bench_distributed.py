@@ -715,7 +715,7 @@ def print_report(env: Dict[str, Any], plan: Dict[str, Any], results: Dict[str, A
           f'storage ({CAPACITY_BATCHES} batches capacity); torchgfn: StatesContainer of HyperGrid(ndim=64) states '
           '(int64[rows, 64] + bool + float32 log-reward) via ReplayBuffer.add -> ReplayBufferManager')
     for p in plan['phases']:
-        if p['workers'] == max(args.workers):
+        if p['workers'] == max(args.workers) and p['round'] == 0:
             print(f"- batch {p['size_mb']:g} MB: ours {p['rows']} rows = {p['bytes']:,} bytes, N = {p['n']}; torchgfn "
                   f"{p['gfn_rows']} rows = {p['gfn_bytes']:,} bytes, N = {p['gfn_n']}")
     print('- rates: aggregate over workers (per worker in parentheses); e2e/raw and ours/torchgfn are aggregate '

@@ -24,13 +24,10 @@ class TorchTransport(ThreadedTransport):
     def rank(self) -> int:
         return self._pg.rank()
 
-    starts_sends = True  # gloo's send returns at once; its work is waited for on the sender thread
-
-    def _start_send(self, peer: int, buf: np.ndarray) -> Any:
-        return self._pg.send([torch.from_numpy(buf)], peer, TAG)
-
-    def _finish_send(self, peer: int, handle: Any, buf: np.ndarray) -> None:
-        handle.wait()
+    def _send_buf(self, peer: int, buf: np.ndarray) -> None:
+        # on the sender thread, issued and waited there: starting gloo sends on the caller's thread as the frame
+        # is queued (as MPI does) measured ~10% slower at 0.1-1 MB pushes (2026-11-23, 2 cores)
+        self._pg.send([torch.from_numpy(buf)], peer, TAG).wait()
 
     def _recv_into(self, peer: int, buf: np.ndarray) -> np.ndarray:
         self._pg.recv([torch.from_numpy(buf)], peer, TAG).wait()
@@ -84,7 +81,7 @@ class MPITransport(ThreadedTransport):
         self._expect[peer] = time.monotonic() + EXPECT_WINDOW
         self._kick[peer].set()
 
-    starts_sends = True  # Isend as the frame is queued; completion is polled on the sender thread
+    starts_sends = True  # Isend as the frame is queued (26-28% of raw at 5 MB vs 23% from the sender thread)
 
     def _start_send(self, peer: int, buf: np.ndarray) -> Any:
         return self._comm.Isend([buf, self._MPI.BYTE], dest=peer, tag=TAG)

@@ -11,10 +11,10 @@ A *message* on the wire is the codec's ``(header, parts)`` framed as:
 
 Delivery. A frame is queued whole on the peer's outbox and its messages leave back to back, so frames never
 interleave and never stop half-way: a caller whose deadline passes gets ``SendTimeout`` while the frame stays
-queued (its memory alive) and reaches the peer whenever the peer reads again. The torch and MPI backends start
-every message of a frame as it is queued (gloo's send and MPI's ``Isend`` return at once), so the data moves
-while the sender thread wakes up to wait for the completions; a backend with only a blocking send has its
-messages sent by the sender thread. A worker queues a
+queued (its memory alive) and reaches the peer whenever the peer reads again. The MPI backend starts every
+message of a frame as it is queued (``Isend`` returns at once), so the data moves while the sender thread wakes
+up to poll for the completions; the torch backend issues and waits for its gloo sends on the sender thread
+(issuing them on the caller's thread measured slower). A worker queues a
 new frame only once the previous one left (bounded memory); the manager keeps at most ``MAX_QUEUED`` replies
 per worker. A broken connection fails every queued frame with ``TransportError``.
 
@@ -88,8 +88,8 @@ class ThreadedTransport(FrameReader):
     Overview:
         Framing, sender and receive threads and the inbox shared by the torch and MPI transports. Subclasses
         implement either ``_send_buf(peer, buf)`` (blocking send of one message, on the sender thread) or, with
-        ``starts_sends = True``, ``_start_send(peer, buf) -> handle`` (start one message without blocking: gloo's
-        send, MPI's Isend; called as the frame is queued, so the data moves while the threads hand over) and
+        ``starts_sends = True``, ``_start_send(peer, buf) -> handle`` (start one message without blocking, e.g.
+        MPI's Isend; called as the frame is queued, so the data moves while the threads hand over) and
         ``_finish_send(peer, handle, buf)`` (block until it left, on the sender thread); and
         ``_recv_head(peer) -> (buf, count or None)`` and ``_recv_exact(peer, n) -> buf`` (blocking receive of
         the next message; ``count`` is the number of bytes that arrived when the transport can tell).
