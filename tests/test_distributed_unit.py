@@ -1631,6 +1631,28 @@ def test_poll_returns_when_done_and_fails_at_the_deadline():
     assert poll(done.is_set, t + 10, kick=kick) and time.monotonic() - t < 5
 
 
+def test_a_sample_poll_that_outlives_the_sample_timeout_is_a_sample_timeout():
+    """sample(timeout=t) against a manager busy with another worker's slow push: the poll cannot be answered
+    within t, and the call raises SampleTimeoutError (not ManagerUnavailableError) about t seconds later."""
+    cfg = make_cfg(type='naive', storage='list', timeout=10.0, heartbeat_seconds=5.0,
+                   scoring_function='test_distributed_unit:slow_score_hook')
+    mgr, out, th, (a, b) = _in_process_job(cfg, n_workers=2)
+    b.push(item(1))
+    slow = threading.Thread(target=lambda: a.push(item(9)))  # scoring sleeps 2.5 s holding the buffer
+    slow.start()
+    time.sleep(0.3)
+    t = time.monotonic()
+    with pytest.raises(SampleTimeoutError, match='within 0.5s'):
+        b.sample(1, timeout=0.5)
+    assert time.monotonic() - t < 2.4  # before the slow push ends
+    slow.join()
+    assert len(b.sample(2, timeout=5)) == 2  # the manager and this worker's channel serve on
+    a.close()
+    b.close()
+    th.join(20)
+    assert out['lost'] == {}, out
+
+
 def test_one_deadline_bounds_a_push_that_resends_first():
     rb, core, ch = make_remote(timeout=1.0)
     fast = ch.result

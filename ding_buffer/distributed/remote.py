@@ -126,7 +126,15 @@ class RemoteBuffer(IBuffer):
             left = deadline - time.monotonic()
             if left <= 0:
                 raise SampleTimeoutError(f"remote buffer could not sample {size} items within {timeout}s")
-            out = self._request('sample', timeout=min(self._dcfg.timeout, left), size=size, kwargs=kwargs)
+            try:
+                out = self._request('sample', timeout=min(self._dcfg.timeout, left), size=size, kwargs=kwargs)
+            except ManagerUnavailableError as e:
+                # a poll bounded by this call's own deadline ran out: the sample timed out (a lost connection,
+                # or a poll bounded by distributed.timeout, is the manager being unavailable)
+                if left < self._dcfg.timeout and time.monotonic() >= deadline:
+                    raise SampleTimeoutError(f"remote buffer could not sample {size} items within {timeout}s (the "
+                                             f"manager did not answer the last poll in time: {e})") from e
+                raise
             if out is not None:
                 return out
             time.sleep(min(pause, max(deadline - time.monotonic(), 0)))
