@@ -68,6 +68,7 @@ class MPITransport(ThreadedTransport):
         # recently, or one of ours just arrived there), and the event that ends that thread's idle pause
         self._expect = {p: 0.0 for p in peers}
         self._kick = {p: threading.Event() for p in peers}
+        self._probing: set = set()  # peers whose receive thread is waiting for a message (poll_wait's pollers)
         super().__init__(peers, allow_pickle, max_message_bytes, grace)
 
     @property
@@ -109,7 +110,12 @@ class MPITransport(ThreadedTransport):
                 return True
             return False
 
-        poll(probe, float('inf'), busy_until=lambda: self._expect[peer], kick=self._kick[peer])
+        self._probing.add(peer)
+        try:
+            poll(probe, float('inf'), busy_until=lambda: self._expect[peer], kick=self._kick[peer],
+                 pollers=len(self._probing))
+        finally:
+            self._probing.discard(peer)
         if not found:
             raise TransportError("transport closed")
         self._expect[peer] = time.monotonic() + EXPECT_WINDOW

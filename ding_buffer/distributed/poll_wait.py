@@ -37,13 +37,15 @@ def precise_sleeps() -> None:
 
 
 def poll(done: Callable[[], bool], deadline: float, busy_until: Optional[Callable[[], float]] = None,
-         kick: Optional[threading.Event] = None, spin: float = SPIN) -> bool:
+         kick: Optional[threading.Event] = None, spin: float = SPIN, pollers: int = 1) -> bool:
     """
     Overview:
         Call ``done()`` until it returns True (then True) or ``deadline`` (a ``time.monotonic()`` value) passes
         (then False). Back to back for ``spin`` seconds, yielding the core between calls; then every
-        ``FAST_PAUSE`` while ``time.monotonic() < busy_until()``; then with pauses growing from ``IDLE_FIRST`` to
-        ``IDLE_MAX``. Setting ``kick`` ends an idle pause and starts over from the back-to-back polls.
+        ``FAST_PAUSE`` x ``pollers`` (the threads of this process polling at the same time: many of them share
+        the GIL and the cores, so each polls less often) while ``time.monotonic() < busy_until()``; then with
+        pauses growing from ``IDLE_FIRST`` to ``IDLE_MAX``. Setting ``kick`` ends an idle pause and starts over
+        from the back-to-back polls.
     """
     while True:
         now = time.monotonic()
@@ -58,7 +60,7 @@ def poll(done: Callable[[], bool], deadline: float, busy_until: Optional[Callabl
                 return True
             if now > deadline:
                 return False
-            time.sleep(FAST_PAUSE)
+            time.sleep(FAST_PAUSE * pollers)
             now = time.monotonic()
         pause = IDLE_FIRST
         while True:
