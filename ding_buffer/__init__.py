@@ -18,7 +18,7 @@ _EXPORTS = {
     'DequeReplayBuffer': 'buffers', 'EpisodeReplayBuffer': 'buffers', 'AdvancedReplayBuffer': 'buffers',
     'GFlowNetReplayBuffer': 'buffers', 'DiverseGFlowNetReplayBuffer': 'buffers', 'TerminatingStateBuffer': 'buffers',
     'SampleTimeoutError': 'errors', 'CodecError': 'errors', 'TransportError': 'errors', 'SendTimeout': 'errors',
-    'ManagerUnavailableError': 'errors', 'RemoteError': 'errors',
+    'ManagerUnavailableError': 'errors', 'ManagerTimeoutError': 'errors', 'RemoteError': 'errors',
 }
 _SUBPACKAGES = ('base', 'buffers', 'config', 'control', 'distributed', 'errors', 'monitor', 'persistence', 'sampling',
                 'segment_tree', 'storage', 'train', 'utils')
@@ -27,7 +27,8 @@ __all__ = [
     'IBuffer', 'BUFFER_REGISTRY', 'create_buffer', 'get_buffer_cls', 'deep_merge_dicts', 'NaiveReplayBuffer',
     'ElasticReplayBuffer', 'SequenceReplayBuffer', 'DequeReplayBuffer', 'EpisodeReplayBuffer', 'AdvancedReplayBuffer',
     'GFlowNetReplayBuffer', 'DiverseGFlowNetReplayBuffer', 'TerminatingStateBuffer', 'SampleTimeoutError',
-    'CodecError', 'TransportError', 'SendTimeout', 'ManagerUnavailableError', 'RemoteError', '__version__'
+    'CodecError', 'TransportError', 'SendTimeout', 'ManagerUnavailableError', 'ManagerTimeoutError', 'RemoteError',
+    '__version__'
 ]
 
 

@@ -31,5 +31,10 @@ class ManagerUnavailableError(RuntimeError):
     """The manager did not answer within ``distributed.timeout``, its connection broke, or it shut down."""
 
 
+class ManagerTimeoutError(ManagerUnavailableError):
+    """The manager did not take a request or answer it before the caller's deadline (its connection is intact:
+    it may be busy, frozen or gone); a ``ManagerUnavailableError``."""
+
+
 class RemoteError(RuntimeError):
     """The manager raised an exception type that is not re-raised as itself."""

@@ -308,7 +308,8 @@ def test_killed_manager_raises_manager_unavailable(launches, backend):
         w = run.rank(r)
         err = w.get('error')
         assert err, f'rank {r} saw no error\n{run.logs()}'
-        assert err['type'] == 'ManagerUnavailableError' and 'RuntimeError' in err['mro'], err
+        # a broken connection (torch) or a deadline passing (MPI sees nothing die): ManagerTimeoutError is one
+        assert 'ManagerUnavailableError' in err['mro'] and 'RuntimeError' in err['mro'], err
         assert err['elapsed'] < 5.0 + 5.0, err  # distributed.timeout=5 + slack
         assert w['steps'] > 0 and all(e['score']['stored'] == 4 for e in w['events'])
         assert 'traceback' not in w, w['traceback']

@@ -1587,6 +1587,30 @@ def test_receive_buffers_are_reused_only_once_nothing_holds_them(exact):
     assert torch.equal(small[2]['x'], torch.arange(10)) and pipe.b.recv_buffers_reused == 3
 
 
+def test_receive_pool_keeps_only_recurring_sizes_within_its_limits():
+    """Parts whose sizes vary pin no memory; a size that recurs is kept and reused; limits hold."""
+    from ding_buffer.distributed.recv_pool import MAX_BUFFERS, MAX_BYTES, RecvPool
+    pool = RecvPool()
+    for k in range(20):  # 20 different sizes: every one a miss, none kept
+        n = (1 << 17) + 4096 * k
+        assert pool.take(n) is None
+        pool.keep(np.zeros(n, np.uint8))
+    n = 1 << 17
+    for _ in range(2):  # the first miss of n is not kept, the second (a size that recurs) is
+        assert pool.take(n) is None
+        pool.keep(np.zeros(n, np.uint8))
+    assert pool.take(n) is not None and pool.hits == 1
+    held = pool.take(n)  # the one buffer is free again (the returned array was not kept)
+    assert held is not None and pool.take(n) is None  # held now: never handed out twice
+    assert pool.take(100) is None and pool.take(1 << 30) is None  # outside the pooled range
+    for k in range(3 * MAX_BUFFERS):
+        size = 30 << 20
+        pool.take(size)
+        pool.keep(np.zeros(size, np.uint8))
+    kept = [pool.take(30 << 20) for _ in range(MAX_BUFFERS)]
+    assert sum(b is not None for b in kept) * (30 << 20) <= MAX_BYTES
+
+
 @pytest.mark.parametrize('storage', ['list', 'tensor'])
 def test_pushed_data_survives_receive_buffer_recycling(storage):
     """Pushes of one size land in recycled receive buffers: every stored item still reads back exactly as pushed,

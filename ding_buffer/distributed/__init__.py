@@ -16,7 +16,7 @@ from .config import DISTRIBUTED_CONFIG, build_distributed_config, startup_second
 from .local import _local_cfg, build_manager_buffer, profile
 from .manager import ManagerCore
 from .rank_manager import ReplayBufferManager
-from .remote import ManagerUnavailableError, RemoteBuffer, RemoteError
+from .remote import ManagerTimeoutError, ManagerUnavailableError, RemoteBuffer, RemoteError
 from .transport import SendTimeout, TransportError
 
 def create_distributed(cls: type, cfg: Any, *args, **kwargs) -> Any:
@@ -154,6 +154,6 @@ def _plain(cfg: Any) -> Dict[str, Any]:
 
 __all__ = [
     'create_distributed', 'build_manager_buffer', 'RemoteBuffer', 'ReplayBufferManager', 'ManagerCore',
-    'ManagerUnavailableError', 'RemoteError', 'TransportError', 'SendTimeout', 'CodecError', 'encode', 'decode',
+    'ManagerUnavailableError', 'ManagerTimeoutError', 'RemoteError', 'TransportError', 'SendTimeout', 'CodecError', 'encode', 'decode',
     'DISTRIBUTED_CONFIG', 'build_distributed_config', 'profile'
 ]

@@ -5,7 +5,7 @@ import time
 import weakref
 from typing import Any, Dict, Optional
 
-from ..errors import CodecError, ManagerUnavailableError, SendTimeout, TransportError
+from ..errors import CodecError, ManagerTimeoutError, ManagerUnavailableError, SendTimeout, TransportError
 from .transport import BYE, ERROR, LOST
 
 MAX_EARLY = 64  # replies kept for requests other than the one awaited
@@ -80,7 +80,7 @@ class PeerChannel:
         try:
             self.transport.send(self.manager, request, msg_id=rid, deadline=deadline, wait=True, limit=1)
         except SendTimeout as e:
-            raise ManagerUnavailableError(f"{self.where} did not take {request.get('op')!r} within "
+            raise ManagerTimeoutError(f"{self.where} did not take {request.get('op')!r} within "
                                           f"{self.timeout}s (distributed.timeout); it may be frozen, dead or "
                                           f"overloaded: {e}") from e
         except TransportError as e:
@@ -106,7 +106,7 @@ class PeerChannel:
             left = deadline - time.monotonic()
             item = self.transport.recv(timeout=left) if left > 0 else None
             if item is None:
-                raise ManagerUnavailableError(
+                raise ManagerTimeoutError(
                     f"{self.where} did not answer {op!r} within {self.timeout}s (distributed.timeout); it may "
                     f"have died or be frozen or overloaded")
             _, kind, obj = item

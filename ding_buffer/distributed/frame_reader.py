@@ -4,8 +4,9 @@ Every length is checked before it reaches a receive: the control block must be s
 up, and nothing past ``max_message_bytes`` is allocated -- an oversized frame is drained piece by piece and
 reported as ``(ERROR, (id, CodecError))``, and memory is allocated one piece at a time as the data arrives. MPI
 receives are sized by a matched probe, so only the bytes that arrived are used and a message of the wrong size
-is consumed and refused; gloo receives land in zeroed buffers, so a short message can never be read together
-with stale bytes. A message that breaks the framing raises ``ProtocolError`` (answered with an error by the
+is consumed and refused; gloo receives land in zeroed buffers, or in a recycled buffer of the same peer's
+earlier message (``recv_pool``), so a short message can only ever be read together with zeros or with bytes
+that peer sent before, never another peer's. A message that breaks the framing raises ``ProtocolError`` (answered with an error by the
 transport) and the next message is read as a new head (the stream resynchronises on message boundaries). The
 one thing no receiver can survive is gloo's own check: a single gloo message longer than the receive posted
 for it (a head over ``HEAD`` bytes, or a piece longer than its head declared) aborts the receiving process
@@ -53,7 +54,7 @@ class FrameReader:
     @property
     def recv_buffers_reused(self) -> int:
         """Large parts received into a warm buffer of an earlier message (``recv_pool``), over all peers."""
-        return sum(p.hits for p in self.__dict__.get('_recv_pools', {}).values())
+        return sum(p.hits for p in list(self.__dict__.get('_recv_pools', {}).values()))
 
     def _pool(self, peer: int) -> RecvPool:
         pools = self.__dict__.setdefault('_recv_pools', {})

@@ -34,7 +34,7 @@ class TorchTransport(ThreadedTransport):
         return buf
 
     def _recv_head(self, peer: int) -> Tuple[Any, Optional[int]]:
-        # zeroed: gloo does not report how many bytes arrived, so a short message leaves zeros, never stale bytes
+        # zeroed: gloo does not report how many bytes arrived, so a short head leaves zeros, never stale bytes
         return self._recv_into(peer, np.zeros(HEAD, dtype=np.uint8)), None
 
     def _recv_exact(self, peer: int, n: int, out: Optional[np.ndarray] = None) -> Any:
@@ -95,7 +95,9 @@ class MPITransport(ThreadedTransport):
         self._expect_soon(peer)  # it arrived: an answer (or the peer's next request) is likely to follow
 
     def _orphan(self, handles, bufs) -> None:
-        _ORPHANED.append((list(handles), list(bufs)))  # MPI may still read them: they must never be freed
+        # MPI may still read them: they must never be freed (those that completed since are let go)
+        _ORPHANED[:] = [(h, b) for h, b in _ORPHANED if not all(r.Test() for r in h)]
+        _ORPHANED.append((list(handles), list(bufs)))
 
     def _probe(self, peer: int) -> Tuple[Any, int]:
         status = self._MPI.Status()

@@ -32,7 +32,7 @@ from .channel import heartbeat_loop
 from .config import startup_seconds
 from .startup import connect_ray
 from .manager import ManagerCore, error_reply
-from .remote import ManagerUnavailableError
+from .remote import ManagerTimeoutError, ManagerUnavailableError
 
 logger = logging.getLogger('ding_buffer.distributed')
 
@@ -330,7 +330,7 @@ class RayChannel:
         try:
             msg = ray.get(ref, timeout=max(deadline - time.monotonic(), 0.0))
         except ray.exceptions.GetTimeoutError as e:
-            raise ManagerUnavailableError(f"{self.where} did not answer {op!r} within {self.timeout}s "
+            raise ManagerTimeoutError(f"{self.where} did not answer {op!r} within {self.timeout}s "
                                           f"(distributed.timeout); it may be overloaded, frozen or gone") from e
         except ray.exceptions.RayActorError as e:  # ActorDiedError and friends derive from it
             raise self._unavailable(f"{self.where} is gone: {type(e).__name__}", dead=True) from e

@@ -22,7 +22,7 @@ from typing import Any, Dict, List, Optional
 from ..base import IBuffer
 from ..control.thruput import SampleTimeoutError
 from .manager import REMOTE_EXCEPTIONS, request_msg, result_of  # noqa: F401 (REMOTE_EXCEPTIONS re-exported)
-from ..errors import ManagerUnavailableError, RemoteError  # noqa: F401 (re-exported)
+from ..errors import ManagerTimeoutError, ManagerUnavailableError, RemoteError  # noqa: F401 (re-exported)
 from .channel import PeerChannel, deadline_in  # noqa: F401 (PeerChannel re-exported)
 from .blobs import check_name, check_version
 from .delegate import delegated
@@ -112,7 +112,10 @@ class RemoteBuffer(IBuffer):
         """
         Overview:
             Sample from the manager (or the local copy). ``timeout`` (seconds) re-asks until a batch is
-            available and raises ``SampleTimeoutError`` after it; the manager itself never blocks.
+            available and raises ``SampleTimeoutError`` after it; the manager itself never blocks. A manager that
+            does not answer a poll within ``timeout`` (busy, frozen or gone without a word) ends in
+            ``SampleTimeoutError`` too; a lost connection, or a poll that outlives ``distributed.timeout``, in
+            ``ManagerUnavailableError``.
         """
         if self._local is not None:
             return self._local.sample(size, cur_learner_iter, **kwargs) if timeout is None else \
@@ -128,10 +131,10 @@ class RemoteBuffer(IBuffer):
                 raise SampleTimeoutError(f"remote buffer could not sample {size} items within {timeout}s")
             try:
                 out = self._request('sample', timeout=min(self._dcfg.timeout, left), size=size, kwargs=kwargs)
-            except ManagerUnavailableError as e:
+            except ManagerTimeoutError as e:
                 # a poll bounded by this call's own deadline ran out: the sample timed out (a lost connection,
                 # or a poll bounded by distributed.timeout, is the manager being unavailable)
-                if left < self._dcfg.timeout and time.monotonic() >= deadline:
+                if left < self._dcfg.timeout:
                     raise SampleTimeoutError(f"remote buffer could not sample {size} items within {timeout}s (the "
                                              f"manager did not answer the last poll in time: {e})") from e
                 raise

@@ -204,7 +204,7 @@ class ThreadedTransport(FrameReader):
             if kind == GOODBYE:
                 ob.bye_sent = True
             ob.frames.append(fr)
-            if ob.thread is None:
+            if ob.thread is None:  # (also after a sender thread ended: a late goodbye still leaves)
                 ob.thread = threading.Thread(target=self._send_loop, args=(peer, ob), daemon=True,
                                              name=f'ding_buffer-send-{peer}')
                 ob.thread.start()
@@ -217,6 +217,7 @@ class ThreadedTransport(FrameReader):
                 while not ob.frames and not ob.stop:
                     ob.cond.wait()
                 if not ob.frames:
+                    ob.thread = None  # under the lock: a frame queued after this starts a new sender thread
                     return
                 fr = ob.frames[0]
             try:
