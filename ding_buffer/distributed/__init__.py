@@ -154,6 +154,6 @@ def _plain(cfg: Any) -> Dict[str, Any]:
 
 __all__ = [
     'create_distributed', 'build_manager_buffer', 'RemoteBuffer', 'ReplayBufferManager', 'ManagerCore',
-    'ManagerUnavailableError', 'ManagerTimeoutError', 'RemoteError', 'TransportError', 'SendTimeout', 'CodecError', 'encode', 'decode',
-    'DISTRIBUTED_CONFIG', 'build_distributed_config', 'profile'
+    'ManagerUnavailableError', 'ManagerTimeoutError', 'RemoteError', 'TransportError', 'SendTimeout', 'CodecError',
+    'encode', 'decode', 'DISTRIBUTED_CONFIG', 'build_distributed_config', 'profile'
 ]

@@ -81,8 +81,8 @@ class PeerChannel:
             self.transport.send(self.manager, request, msg_id=rid, deadline=deadline, wait=True, limit=1)
         except SendTimeout as e:
             raise ManagerTimeoutError(f"{self.where} did not take {request.get('op')!r} within "
-                                          f"{self.timeout}s (distributed.timeout); it may be frozen, dead or "
-                                          f"overloaded: {e}") from e
+                                      f"{self.timeout}s (distributed.timeout); it may be frozen, dead or "
+                                      f"overloaded: {e}") from e
         except TransportError as e:
             self._dead = (f"{self.where} has shut down (it said goodbye)" if self.transport.goodbye_received(self.manager)
                           else f"{self.where} is unreachable: {e}")

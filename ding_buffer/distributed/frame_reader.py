@@ -6,8 +6,8 @@ reported as ``(ERROR, (id, CodecError))``, and memory is allocated one piece at 
 receives are sized by a matched probe, so only the bytes that arrived are used and a message of the wrong size
 is consumed and refused; gloo receives land in zeroed buffers, or in a recycled buffer of the same peer's
 earlier message (``recv_pool``), so a short message can only ever be read together with zeros or with bytes
-that peer sent before, never another peer's. A message that breaks the framing raises ``ProtocolError`` (answered with an error by the
-transport) and the next message is read as a new head (the stream resynchronises on message boundaries). The
+that peer sent before, never another peer's. A message that breaks the framing raises ``ProtocolError``
+(answered with an error by the transport) and the next message is read as a new head (the stream resynchronises on message boundaries). The
 one thing no receiver can survive is gloo's own check: a single gloo message longer than the receive posted
 for it (a head over ``HEAD`` bytes, or a piece longer than its head declared) aborts the receiving process
 inside gloo. ding_buffer's senders never produce one; a peer that bypasses them can, which is why the torch

@@ -331,7 +331,7 @@ class RayChannel:
             msg = ray.get(ref, timeout=max(deadline - time.monotonic(), 0.0))
         except ray.exceptions.GetTimeoutError as e:
             raise ManagerTimeoutError(f"{self.where} did not answer {op!r} within {self.timeout}s "
-                                          f"(distributed.timeout); it may be overloaded, frozen or gone") from e
+                                      f"(distributed.timeout); it may be overloaded, frozen or gone") from e
         except ray.exceptions.RayActorError as e:  # ActorDiedError and friends derive from it
             raise self._unavailable(f"{self.where} is gone: {type(e).__name__}", dead=True) from e
         except ray.exceptions.RayError as e:  # the object was lost, the task failed in Ray itself

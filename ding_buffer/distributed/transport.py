@@ -14,9 +14,8 @@ interleave and never stop half-way: a caller whose deadline passes gets ``SendTi
 queued (its memory alive) and reaches the peer whenever the peer reads again. The MPI backend starts every
 message of a frame as it is queued (``Isend`` returns at once), so the data moves while the sender thread wakes
 up to poll for the completions; the torch backend issues and waits for its gloo sends on the sender thread
-(issuing them on the caller's thread measured slower). A worker queues a
-new frame only once the previous one left (bounded memory); the manager keeps at most ``MAX_QUEUED`` replies
-per worker. A broken connection fails every queued frame with ``TransportError``.
+(issuing them on the caller's thread measured slower). A worker queues a new frame only once the previous one
+left (bounded memory); the manager keeps at most ``MAX_QUEUED`` replies per worker. A broken connection fails every queued frame with ``TransportError``.
 
 Receiving. One thread per peer reads whole messages and decodes them (so every ``recv`` has a timeout: gloo's
 own timed wait closes the connection when it expires). Large parts land in recycled buffers when nothing holds
