@@ -1677,6 +1677,23 @@ def test_a_sample_poll_that_outlives_the_sample_timeout_is_a_sample_timeout():
     assert out['lost'] == {}, out
 
 
+@pytest.mark.parametrize('bad', [float('nan'), float('inf'), -1.0, True, 'x', 1e300])
+def test_remote_sample_refuses_a_bad_timeout_before_asking(bad):
+    """sample(timeout=NaN) used to poll forever (NaN never runs out); every bad timeout is refused by name, as the
+    local buffers refuse it, and the buffer and the channel are unchanged."""
+    cfg = make_cfg(type='naive', storage='list', timeout=5.0, heartbeat_seconds=5.0)
+    mgr, out, th, (w, ) = _in_process_job(cfg)
+    w.push(item(1))
+    before = w.state_dict()
+    with pytest.raises(ValueError, match='timeout must be None or a number of seconds'):
+        w.sample(1, timeout=bad)
+    assert_same(w.state_dict(), before)
+    assert len(w.sample(1, timeout=5)) == 1
+    w.close()
+    th.join(20)
+    assert out['exited'] == ['1']
+
+
 def test_one_deadline_bounds_a_push_that_resends_first():
     rb, core, ch = make_remote(timeout=1.0)
     fast = ch.result

@@ -44,7 +44,7 @@ import torch
 from ..base import BUFFER_REGISTRY
 from ..errors import SampleTimeoutError
 from ..storage.fragment_store import KINDS, FragmentStore, check_id
-from .common import BufferCore
+from .common import BufferCore, check_wait_timeout
 
 # (worker, fid, model_version, session_id, fragment_id)
 Record = Tuple[str, int, int, str, str]
@@ -345,10 +345,7 @@ class ChunkReplayBuffer(BufferCore):
         k = size // self._fpc
         if k > self._cfg.max_chunks:
             raise ValueError(f"sample size {size} is {k} chunks; at most max_chunks={self._cfg.max_chunks} exist")
-        if timeout is not None and (not isinstance(timeout, (int, float)) or isinstance(timeout, bool) or
-                                    not 0 <= timeout <= threading.TIMEOUT_MAX):
-            raise ValueError(f"timeout must be None or a number of seconds in [0, {threading.TIMEOUT_MAX:g}], got "
-                             f"{timeout!r:.40}")
+        check_wait_timeout(timeout)
         with self._cond:
             self._check_open()
             if len(self._chunks) < k:

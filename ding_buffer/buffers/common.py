@@ -290,6 +290,15 @@ def check_step(value: Any, name: str) -> int:
     raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r:.40}")
 
 
+def check_wait_timeout(timeout: Any) -> Optional[float]:
+    """A ``sample(timeout=...)`` argument: None, or a number of seconds in [0, ``threading.TIMEOUT_MAX``]
+    (NaN and inf would wait forever); ``ValueError`` otherwise."""
+    if timeout is not None and (isinstance(timeout, (bool, np.bool_)) or not isinstance(timeout, (int, float))
+                                or not 0 <= timeout <= threading.TIMEOUT_MAX):
+        raise ValueError(f"timeout must be None or a number of seconds in [0, {threading.TIMEOUT_MAX:g}], got "
+                         f"{timeout!r:.40}")
+    return timeout
+
 
 def _has_none(items: List[Any]) -> bool:
     """Whether ``items`` holds ``None``, by identity (items may be arrays, which ``None in items`` would compare

@@ -24,7 +24,7 @@ from ..control.limits import INF, UseCounts, UseLimit, build_removers, find_rule
 from ..monitor.periodic import PeriodicThruputMonitor
 from ..monitor.tb import build_tb_logger, emit, rank
 from ..storage.tensordict_io import to_tensordict
-from .common import STEP_LIMIT, BufferCore, check_step
+from .common import STEP_LIMIT, BufferCore, check_step, check_wait_timeout
 
 # Counters every engine keeps (``stats()``); each remover adds ``removed_by_<name>``.
 COUNTERS = (
@@ -215,9 +215,7 @@ class Engine(BufferCore):
         self._check_size(size)
         if type(cur_learner_iter) is not int or not -STEP_LIMIT < cur_learner_iter < STEP_LIMIT:
             cur_learner_iter = check_step(cur_learner_iter, 'cur_learner_iter')
-        if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float))
-                                    or not 0 <= timeout < INF):
-            raise ValueError(f"timeout must be None or a finite number of seconds >= 0, got {timeout!r:.40}")
+        check_wait_timeout(timeout)
         self._check_open()
         with self._lock:
             # Rules, limits or a wait to run first? Otherwise ``draw`` refuses by itself (the hot path).

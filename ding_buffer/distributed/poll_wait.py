@@ -21,6 +21,7 @@ IDLE_FIRST, IDLE_MAX = 2e-5, 1e-3  # pauses while the peer is idle grow from / t
 PR_SET_TIMERSLACK = 29
 
 _libc = None
+_yield = getattr(os, 'sched_yield', None) or (lambda: time.sleep(0))  # (no sched_yield on Windows)
 
 
 def precise_sleeps() -> None:
@@ -53,7 +54,7 @@ def poll(done: Callable[[], bool], deadline: float, busy_until: Optional[Callabl
         while now < end_spin:
             if done():
                 return True
-            os.sched_yield()  # releases the GIL and lets another runnable process have the core
+            _yield()  # releases the GIL and lets another runnable process have the core
             now = time.monotonic()
         while busy_until is not None and now < busy_until():
             if done():

@@ -20,6 +20,7 @@ import time
 from typing import Any, Dict, List, Optional
 
 from ..base import IBuffer
+from ..buffers.common import check_wait_timeout
 from ..control.thruput import SampleTimeoutError
 from .manager import REMOTE_EXCEPTIONS, request_msg, result_of  # noqa: F401 (REMOTE_EXCEPTIONS re-exported)
 from ..errors import ManagerTimeoutError, ManagerUnavailableError, RemoteError  # noqa: F401 (re-exported)
@@ -121,6 +122,7 @@ class RemoteBuffer(IBuffer):
             return self._local.sample(size, cur_learner_iter, **kwargs) if timeout is None else \
                 self._local.sample(size, cur_learner_iter, timeout=timeout, **kwargs)
         kwargs['cur_learner_iter'] = cur_learner_iter
+        check_wait_timeout(timeout)  # before anything is asked: NaN or inf would poll forever
         if timeout is None:
             return self._request('sample', size=size, kwargs=kwargs)
         deadline = time.monotonic() + timeout
@@ -136,7 +138,7 @@ class RemoteBuffer(IBuffer):
                 # or a poll bounded by distributed.timeout, is the manager being unavailable)
                 if left < self._dcfg.timeout:
                     raise SampleTimeoutError(f"remote buffer could not sample {size} items within {timeout}s (the "
-                                             f"manager did not answer the last poll in time: {e})") from e
+                                             f"manager did not answer the last poll in time)") from e
                 raise
             if out is not None:
                 return out
