@@ -1,10 +1,17 @@
 """ding-buffer: replay buffers with DI-engine's API and C++-buffer speed."""
+
 from setuptools import find_packages, setup
 
 # torchgfn's runtime dependencies (its containers in the GFlowNet buffers' tests). torchgfn itself is installed
 # with `pip install --no-deps torchgfn==2.4.1`: its metadata pins numpy<2, which it does not need (its containers
 # and buffers run on numpy 2), and that pin would downgrade numpy for everything else.
-TORCHGFN_DEPS = ['tensordict>=0.6', 'torch_geometric>=2.6', 'dill>=0.3.8', 'einops>=0.6', 'linear-attention-transformer>=0.19']
+TORCHGFN_DEPS = [
+    'tensordict>=0.6',
+    'torch_geometric>=2.6',
+    'dill>=0.3.8',
+    'einops>=0.6',
+    'linear-attention-transformer>=0.19',
+]
 
 # Install torch first with `pip install torch==2.13.0` (the CPU wheel on CPU machines): the range below is then
 # already satisfied, while a bare `torch` requirement on a machine without torch would pull CUDA packages.
@@ -35,8 +42,18 @@ setup(
         'fast': ['numba>=0.59'],
         'gfn': TORCHGFN_DEPS,
         # the distributed tests start real mpirun / Ray jobs: mpi4py (needs Open MPI from the OS) and ray
-        'test': ['pytest>=7', 'pytest-timeout>=2.1', 'hypothesis>=6', 'numba>=0.59', 'gymnasium>=0.29', 'matplotlib>=3.5',
-                 'tqdm>=4.60', 'mpi4py>=3.1', 'ray>=2.9'] + TORCHGFN_DEPS,
+        'test': [
+            'pytest>=7',
+            'pytest-timeout>=2.1',
+            'hypothesis>=6',
+            'numba>=0.59',
+            'gymnasium>=0.29',
+            'matplotlib>=3.5',
+            'tqdm>=4.60',
+            'mpi4py>=3.1',
+            'ray>=2.9',
+        ]
+        + TORCHGFN_DEPS,
         'bench': ['cpprb>=10.7', 'torchrl>=0.4'],
         # distributed backends: 'torch' needs nothing more; 'mpi' needs Open MPI (apt-get install openmpi-bin
         # libopenmpi-dev) and mpi4py; 'ray' needs ray.

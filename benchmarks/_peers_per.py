@@ -4,6 +4,7 @@ cpprb ``PrioritizedReplayBuffer``, TorchRL ``TensorDictPrioritizedReplayBuffer``
 gather. Every builder returns a filled :class:`Contender`; ``fill_only`` builders are used by the memory
 measurement (``bench_per.py --mem-child``), which must construct and fill exactly as the timing run does.
 """
+
 import itertools
 import os
 import shutil
@@ -14,7 +15,6 @@ from typing import Any, Callable, Dict, List, NamedTuple, Optional
 
 import numpy as np
 import torch
-
 from bench_naive import make_chunk  # CartPole-like batch arrays: obs f32[4], action i64, reward f32, next_obs, done
 
 BATCH = 256  # sample / update size
@@ -66,13 +66,16 @@ def gym_items(chunk: Dict[str, np.ndarray], start: int = 0, stop: Optional[int] 
     int action, float reward and bool done."""
     obs, act, rew, nxt, done = (chunk[k] for k in ('obs', 'action', 'reward', 'next_obs', 'done'))
     stop = len(obs) if stop is None else stop
-    return [{
-        'obs': obs[i].copy(),
-        'action': int(act[i]),
-        'reward': float(rew[i]),
-        'next_obs': nxt[i].copy(),
-        'done': bool(done[i]),
-    } for i in range(start, stop)]
+    return [
+        {
+            'obs': obs[i].copy(),
+            'action': int(act[i]),
+            'reward': float(rew[i]),
+            'next_obs': nxt[i].copy(),
+            'done': bool(done[i]),
+        }
+        for i in range(start, stop)
+    ]
 
 
 def make_workload(kind: str, capacity: int, seed: int, fill_chunk: int, pool_batches: int) -> Workload:
@@ -121,6 +124,7 @@ def _pool_refresher(draw: Callable[[], Any], pool: List[Any]) -> Callable[[], No
 # ---------------------------------------------------------------------------------------------- ours
 def ours_buffer(capacity: int):
     from ding_buffer import _numba, create_buffer
+
     _numba.load()  # steady state: compiled kernels loaded before anything is timed (they load in the background)
     return create_buffer(
         dict(type='advanced', replay_buffer_size=capacity, alpha=ALPHA, beta=BETA, seed=0, storage=dict(type='tensor'))
@@ -145,8 +149,13 @@ def build_ours(w: Workload) -> Contender:
     counter = itertools.count()
 
     def update(s) -> None:
-        buf.update({'replay_unique_id': s['replay_unique_id'], 'replay_buffer_idx': s['replay_buffer_idx'],
-                    'priority': next_prio()})
+        buf.update(
+            {
+                'replay_unique_id': s['replay_unique_id'],
+                'replay_buffer_idx': s['replay_buffer_idx'],
+                'priority': next_prio(),
+            }
+        )
 
     def dqn() -> None:
         for _ in range(DQN_PUSHES):
@@ -160,15 +169,18 @@ def build_ours(w: Workload) -> Contender:
         'update': lambda: update(pool[next(counter) % len(pool)]),
         'dqn': dqn,
     }
-    notes = ['`extend(batch dict of arrays)`, `push(gym dict)`, `sample(256)` -> dict of batched tensors incl. IS, '
-             '`update({replay_unique_id, replay_buffer_idx, priority})` with the sampled tensors and a float32 '
-             'tensor of new priorities; beta anneals from 0.4 (default anneal_step 1e5, as DI-engine)']
+    notes = [
+        '`extend(batch dict of arrays)`, `push(gym dict)`, `sample(256)` -> dict of batched tensors incl. IS, '
+        '`update({replay_unique_id, replay_buffer_idx, priority})` with the sampled tensors and a float32 '
+        'tensor of new priorities; beta anneals from 0.4 (default anneal_step 1e5, as DI-engine)'
+    ]
     return Contender(OURS, ops, refresh, lambda: None, notes, {'fill_s': fill_s, 'filled': buf.count()})
 
 
 # ---------------------------------------------------------------------------------------------- cpprb
 def cpprb_buffer(capacity: int, w: Workload):
     import cpprb
+
     obs_shape = w.source['obs'].shape[1:]
     obs_dtype = w.source['obs'].dtype
     env_dict = {
@@ -210,21 +222,24 @@ def build_cpprb(w: Workload) -> Contender:
         'update': lambda: buf.update_priorities(pool[next(counter) % len(pool)], next_prio()),
         'dqn': dqn,
     }
-    notes = ['`add(**batch)`, `add(**gym dict)`, `sample(256, beta=0.4)` -> dict of numpy arrays incl. weights and '
-             'indexes, `update_priorities(indexes, numpy priorities)`; no id check on update, fixed beta']
-    return Contender(CPPRB, ops, refresh, lambda: None, notes,
-                     {'fill_s': fill_s, 'filled': buf.get_stored_size()})
+    notes = [
+        '`add(**batch)`, `add(**gym dict)`, `sample(256, beta=0.4)` -> dict of numpy arrays incl. weights and '
+        'indexes, `update_priorities(indexes, numpy priorities)`; no id check on update, fixed beta'
+    ]
+    return Contender(CPPRB, ops, refresh, lambda: None, notes, {'fill_s': fill_s, 'filled': buf.get_stored_size()})
 
 
 # ---------------------------------------------------------------------------------------------- TorchRL
 def _td(chunk: Dict[str, Any], batched: bool = True):
     from tensordict import TensorDict
+
     data = {k: torch.as_tensor(v) for k, v in chunk.items()}
     return TensorDict(data, batch_size=[len(chunk['obs'])] if batched else [])
 
 
 def torchrl_buffer(capacity: int):
     from torchrl.data import LazyTensorStorage, TensorDictPrioritizedReplayBuffer
+
     return TensorDictPrioritizedReplayBuffer(
         alpha=ALPHA, beta=BETA, storage=LazyTensorStorage(capacity), batch_size=BATCH, priority_key='td_error'
     )
@@ -263,8 +278,10 @@ def build_torchrl(w: Workload) -> Contender:
         'update': lambda: buf.update_priority(pool[next(counter) % len(pool)], next_prio()),
         'dqn': dqn,
     }
-    notes = ['LazyTensorStorage; inputs pre-converted to TensorDicts (batch = TensorDict[64], single = '
-             'TensorDict[]); sample -> TensorDict with `index` and `priority_weight`; `update_priority(index, prio)`']
+    notes = [
+        'LazyTensorStorage; inputs pre-converted to TensorDicts (batch = TensorDict[64], single = '
+        'TensorDict[]); sample -> TensorDict with `index` and `priority_weight`; `update_priority(index, prio)`'
+    ]
     return Contender(TORCHRL, ops, refresh, lambda: None, notes, {'fill_s': fill_s, 'filled': len(buf)})
 
 
@@ -322,8 +339,11 @@ def build_diengine(w: Workload, budget_s: float) -> Contender:
     next_list = _cycle(batch_lists)
 
     def info_of(data: List[Dict[str, Any]], prio: List[float]) -> Dict[str, List[Any]]:
-        return {'replay_unique_id': [d['replay_unique_id'] for d in data],
-                'replay_buffer_idx': [d['replay_buffer_idx'] for d in data], 'priority': prio}
+        return {
+            'replay_unique_id': [d['replay_unique_id'] for d in data],
+            'replay_buffer_idx': [d['replay_buffer_idx'] for d in data],
+            'priority': prio,
+        }
 
     pool: List[Any] = []
     refresh = _pool_refresher(lambda: info_of(buf.sample(BATCH, 0), next_prio()), pool)
@@ -341,12 +361,14 @@ def build_diengine(w: Workload, budget_s: float) -> Contender:
         'update': lambda: buf.update(pool[next(counter) % len(pool)]),
         'dqn': dqn,
     }
-    notes = ['the real DI-engine 0.5.3 class (numba segment trees), default config; stores the pushed dicts and '
-             'mutates them, so every timed push passes a fresh shallow copy (`dict(item)`, ~0.1 us, included); '
-             'push 64 = `push(list of 64 dicts)`; sample returns the stored dicts (no collation to a batch, which '
-             'a learner would still need); update takes lists (ids / idx gathered from the sampled dicts, '
-             'priorities as `tolist()`), timed update uses pre-built lists; logs its sampled-data table every 200 '
-             'samples as by default (stderr + a file in a temp dir; ding_buffer\'s loggers are kept at WARNING)']
+    notes = [
+        'the real DI-engine 0.5.3 class (numba segment trees), default config; stores the pushed dicts and '
+        'mutates them, so every timed push passes a fresh shallow copy (`dict(item)`, ~0.1 us, included); '
+        'push 64 = `push(list of 64 dicts)`; sample returns the stored dicts (no collation to a batch, which '
+        'a learner would still need); update takes lists (ids / idx gathered from the sampled dicts, '
+        'priorities as `tolist()`), timed update uses pre-built lists; logs its sampled-data table every 200 '
+        'samples as by default (stderr + a file in a temp dir; ding_buffer\'s loggers are kept at WARNING)'
+    ]
     if info['filled'] < w.capacity:
         notes.append(f"filled to {info['filled']:,} of {w.capacity:,} only (fill time budget)")
     return Contender(DIENGINE, ops, refresh, lambda: diengine_release(buf), notes, info)
@@ -360,8 +382,8 @@ def build_numpy_gather(w: Workload) -> Contender:
     obs = np.empty((n, *w.source['obs'].shape[1:]), dtype=w.source['obs'].dtype)
     nxt = np.empty_like(obs)
     for start, k in fill_slices(n, len(w.source['obs'])):
-        obs[start:start + k] = w.source['obs'][:k]
-        nxt[start:start + k] = w.source['next_obs'][:k]
+        obs[start : start + k] = w.source['obs'][:k]
+        nxt[start : start + k] = w.source['next_obs'][:k]
     fill_s = time.perf_counter() - t0
 
     def sample():
@@ -379,8 +401,9 @@ def probe(name: str) -> Optional[str]:
     """Build a tiny buffer of peer ``name`` and run every operation once; the failure reason or None."""
     try:
         w = make_workload('cartpole', 1024, seed=99, fill_chunk=1024, pool_batches=2)
-        c = {CPPRB: build_cpprb, TORCHRL: build_torchrl, OURS: build_ours,
-             DIENGINE: lambda w: build_diengine(w, 60.0)}[name](w)
+        c = {CPPRB: build_cpprb, TORCHRL: build_torchrl, OURS: build_ours, DIENGINE: lambda w: build_diengine(w, 60.0)}[
+            name
+        ](w)
         try:
             for fn in c.ops.values():
                 if callable(fn):

@@ -14,7 +14,8 @@ What is measured
 
     Both sides get the same compiled config (DI-engine's class defaults merged with the section) and list
     storage, which is what a DI-engine pipeline uses. Every push hands over fresh dicts (shallow copies, made
-    inside the timed call for both sides), as a collector does: DI-engine writes its ids into pushed dicts. DI-engine's buffers need DI-engine with its dependencies
+    inside the timed call for both sides), as a collector does: DI-engine writes its ids into pushed dicts.
+    DI-engine's buffers need DI-engine with its dependencies
     (``pip install di-engine==0.5.3``, best in a scratch venv); without them the script says so and stops.
 
 How
@@ -26,6 +27,7 @@ How
 Run
     python benchmarks/bench_dingengine.py [--capacity N] [--rounds R] [--target-s S]
 """
+
 import argparse
 import contextlib
 import datetime
@@ -64,9 +66,17 @@ class NullTB:
 
 
 def transitions(rng: np.random.Generator, n: int, start: int = 0) -> List[Dict[str, Any]]:
-    return [{'obs': rng.standard_normal(4, dtype=np.float32), 'next_obs': rng.standard_normal(4, dtype=np.float32),
-             'action': int(rng.integers(2)), 'reward': 1.0, 'done': bool(rng.random() < 0.05),
-             'collect_iter': (start + k) // 100} for k in range(n)]
+    return [
+        {
+            'obs': rng.standard_normal(4, dtype=np.float32),
+            'next_obs': rng.standard_normal(4, dtype=np.float32),
+            'action': int(rng.integers(2)),
+            'reward': 1.0,
+            'done': bool(rng.random() < 0.05),
+            'collect_iter': (start + k) // 100,
+        }
+        for k in range(n)
+    ]
 
 
 def dingengine_classes() -> Optional[Dict[str, Any]]:
@@ -77,11 +87,20 @@ def dingengine_classes() -> Optional[Dict[str, Any]]:
             from ding.worker.replay_buffer import AdvancedReplayBuffer, NaiveReplayBuffer
             from ding.worker.replay_buffer.naive_buffer import ElasticReplayBuffer, SequenceReplayBuffer
     except Exception as e:  # noqa: BLE001 -- any import failure means: no peer
-        print(f'DI-engine buffers are not importable ({type(e).__name__}: {e}); install di-engine==0.5.3 with its '
-              f'dependencies (a scratch venv) to run this benchmark', file=sys.stderr)
+        print(
+            f'DI-engine buffers are not importable ({type(e).__name__}: {e}); install di-engine==0.5.3 with its '
+            f'dependencies (a scratch venv) to run this benchmark',
+            file=sys.stderr,
+        )
         return None
-    return dict(naive=NaiveReplayBuffer, advanced=AdvancedReplayBuffer, elastic=ElasticReplayBuffer,
-                sequence=SequenceReplayBuffer, deque=DequeBufferWrapper, merge=deep_merge_dicts)
+    return dict(
+        naive=NaiveReplayBuffer,
+        advanced=AdvancedReplayBuffer,
+        elastic=ElasticReplayBuffer,
+        sequence=SequenceReplayBuffer,
+        deque=DequeBufferWrapper,
+        merge=deep_merge_dicts,
+    )
 
 
 # Each case: buffer type, the user's section, and the operations timed on it.
@@ -90,11 +109,15 @@ CASES = {
     'advanced': ('advanced', {}, ('push', 'sample', 'step')),
     'deque (priority, IS)': ('deque', dict(priority=True, priority_IS_weight=True), ('push', 'sample', 'step')),
     'deque (uniform)': ('deque', {}, ('push', 'sample')),
-    'elastic (newest 10%)': ('elastic', {}, ('sample', )),
-    'sequence': ('sequence', {}, ('runs', )),
+    'elastic (newest 10%)': ('elastic', {}, ('sample',)),
+    'sequence': ('sequence', {}, ('runs',)),
 }
-LABELS = {'push': f'push {PUSH} (transitions/s)', 'sample': f'sample {BATCH} (batches/s)',
-          'step': f'sample {BATCH} + update (steps/s)', 'runs': f'sample {RUNS} runs of {RUN_LEN} (batches/s)'}
+LABELS = {
+    'push': f'push {PUSH} (transitions/s)',
+    'sample': f'sample {BATCH} (batches/s)',
+    'step': f'sample {BATCH} + update (steps/s)',
+    'runs': f'sample {RUNS} runs of {RUN_LEN} (batches/s)',
+}
 
 
 def section(classes: Dict[str, Any], buffer_type: str, user: Dict[str, Any], capacity: int) -> Any:
@@ -132,8 +155,13 @@ def operation(name: str, buf: Any, is_deque: bool, pool: List[List[Dict[str, Any
         if is_deque:
             buf.update({'priority': prio})
         else:  # BaseLearner's priority_info
-            buf.update({'priority': prio, 'replay_buffer_idx': [d.get('replay_buffer_idx') for d in data],
-                        'replay_unique_id': [d.get('replay_unique_id') for d in data]})
+            buf.update(
+                {
+                    'priority': prio,
+                    'replay_buffer_idx': [d.get('replay_buffer_idx') for d in data],
+                    'replay_unique_id': [d.get('replay_unique_id') for d in data],
+                }
+            )
         return 1
 
     return step
@@ -179,8 +207,7 @@ def main() -> int:
     results: Dict[str, Dict[str, Dict[str, List[float]]]] = {}
     # DI-engine writes its logs under './{exp_name}', also for an absolute exp_name: run inside the temp dir with
     # relative names so nothing lands in the caller's directory
-    with tempfile.TemporaryDirectory() as workdir, contextlib.chdir(workdir), \
-            contextlib.redirect_stdout(io.StringIO()):
+    with tempfile.TemporaryDirectory() as workdir, contextlib.chdir(workdir), contextlib.redirect_stdout(io.StringIO()):
         for case, (buffer_type, user, ops) in CASES.items():
             cfg = section(classes, buffer_type, user, args.capacity)
             bufs, pools = {}, {}
@@ -202,9 +229,11 @@ def main() -> int:
                     buf.close()
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime('%Y-%m-%d %H:%M UTC')
     print(f'### ding_buffer vs DI-engine 0.5.3, capacity {args.capacity:,}, measured {stamp}\n')
-    print(f'{platform.processor() or platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, '
-          f'torch {torch.__version__}, numpy {np.__version__}; `python benchmarks/bench_dingengine.py '
-          f'--capacity {args.capacity} --rounds {args.rounds} --target-s {args.target_s}`\n')
+    print(
+        f'{platform.processor() or platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, '
+        f'torch {torch.__version__}, numpy {np.__version__}; `python benchmarks/bench_dingengine.py '
+        f'--capacity {args.capacity} --rounds {args.rounds} --target-s {args.target_s}`\n'
+    )
     print('| type | operation | ding_buffer | DI-engine | ratio |')
     print('|---|---|---:|---:|---:|')
     for case, per_op in results.items():

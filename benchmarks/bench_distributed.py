@@ -45,6 +45,7 @@ Run
     ``benchmarks/results/bench_distributed.json``). The script re-runs itself in ``--role rank`` /
     ``--role ray-driver`` mode inside the jobs.
 """
+
 import argparse
 import datetime
 import importlib.util
@@ -95,15 +96,26 @@ def now() -> float:
 # ============================================================================================ rank side
 def make_batches(rows: int, seed: int, k: int = 2) -> List[Dict[str, torch.Tensor]]:
     g = torch.Generator().manual_seed(seed)
-    return [{'obs': torch.randn(rows, OBS_DIM, generator=g), 'log_reward': torch.randn(rows, generator=g)}
-            for _ in range(k)]
+    return [
+        {'obs': torch.randn(rows, OBS_DIM, generator=g), 'log_reward': torch.randn(rows, generator=g)} for _ in range(k)
+    ]
 
 
 def ding_cfg(ph: Dict[str, Any], plan: Dict[str, Any], backend: str, mode: str, **extra) -> Dict[str, Any]:
-    dist_cfg = dict(backend=backend, timeout=plan['timeout'], heartbeat_seconds=3600.0, peer_timeout=None,
-                    async_score=(mode == 'async'), **extra)
-    return dict(type='naive', replay_buffer_size=ph['rows'] * CAPACITY_BATCHES, storage=dict(type='tensor'),
-                distributed=dist_cfg)
+    dist_cfg = dict(
+        backend=backend,
+        timeout=plan['timeout'],
+        heartbeat_seconds=3600.0,
+        peer_timeout=None,
+        async_score=(mode == 'async'),
+        **extra,
+    )
+    return dict(
+        type='naive',
+        replay_buffer_size=ph['rows'] * CAPACITY_BATCHES,
+        storage=dict(type='tensor'),
+        distributed=dist_cfg,
+    )
 
 
 def push_loop(buf: Any, ph: Dict[str, Any], seed: int, mode: str, timeout: float) -> Dict[str, Any]:
@@ -141,9 +153,15 @@ def serve_timed(mgr: Any, timeout: float) -> Dict[str, Any]:
     mgr.core.handle = timed
     a = now()
     summary = mgr.run(timeout=timeout)
-    out = dict(run_s=now() - a, handle_s=spent[0], count=mgr.count(), counters=summary['counters'],
-               lost=summary['lost'], bytes_received=summary['bytes_received'],
-               recv_buffers_reused=summary.get('recv_buffers_reused'))
+    out = dict(
+        run_s=now() - a,
+        handle_s=spent[0],
+        count=mgr.count(),
+        counters=summary['counters'],
+        lost=summary['lost'],
+        bytes_received=summary['bytes_received'],
+        recv_buffers_reused=summary.get('recv_buffers_reused'),
+    )
     mgr.close()
     return out
 
@@ -161,11 +179,13 @@ def timed_round_trips(total: int, round_trip) -> Dict[str, Any]:
     return dict(t0=t0, t1=now(), lat=lat[WARMUP:])
 
 
-def e2e_modes(plan: Dict[str, Any], ph: Dict[str, Any], backend: str, rank: int, world: int, mgr: int,
-              workers: List[int], barrier) -> List[Dict[str, Any]]:
+def e2e_modes(
+    plan: Dict[str, Any], ph: Dict[str, Any], backend: str, rank: int, world: int, mgr: int, workers: List[int], barrier
+) -> List[Dict[str, Any]]:
     """The end-to-end cells of one phase on this rank (torch and MPI jobs): serve on the manager, push on
     the workers."""
     from ding_buffer import create_buffer
+
     out = []
     for mode in ph['modes']:
         barrier()
@@ -183,6 +203,7 @@ def e2e_modes(plan: Dict[str, Any], ph: Dict[str, Any], backend: str, rank: int,
 
 def rank_torch(plan: Dict[str, Any], save) -> List[Dict[str, Any]]:
     import torch.distributed as dist
+
     dist.init_process_group('gloo', timeout=datetime.timedelta(seconds=plan['timeout']))
     rank, world = dist.get_rank(), dist.get_world_size()
     mgr = world - 1
@@ -193,12 +214,14 @@ def rank_torch(plan: Dict[str, Any], save) -> List[Dict[str, Any]]:
         rec = dict(phase=ph['id'], mode='raw', rank=rank)
         total = WARMUP + ph['n']
         if rank == mgr:
+
             def serve(w):
                 buf, ack = torch.empty(ph['bytes'], dtype=torch.uint8), torch.ones(1, dtype=torch.uint8)
                 for _ in range(total):
                     dist.recv(buf, src=w, tag=RAW_TAG)
                     dist.send(ack, dst=w, tag=RAW_TAG)
-            threads = [threading.Thread(target=serve, args=(w, ), daemon=True) for w in workers]
+
+            threads = [threading.Thread(target=serve, args=(w,), daemon=True) for w in workers]
             for t in threads:
                 t.start()
             for t in threads:
@@ -206,11 +229,13 @@ def rank_torch(plan: Dict[str, Any], save) -> List[Dict[str, Any]]:
             rec['manager'] = True
             out.append(rec)
         elif rank in workers:
-            payload = torch.randint(0, 256, (ph['bytes'], ), dtype=torch.uint8)
+            payload = torch.randint(0, 256, (ph['bytes'],), dtype=torch.uint8)
             ack = torch.zeros(1, dtype=torch.uint8)
+
             def round_trip():
                 dist.send(payload, dst=mgr, tag=RAW_TAG)
                 dist.recv(ack, src=mgr, tag=RAW_TAG)
+
             out.append(dict(rec, n=ph['n'], bytes=ph['bytes'], **timed_round_trips(total, round_trip)))
         out += e2e_modes(plan, ph, 'torch', rank, world, mgr, workers, dist.barrier)
         save(out)
@@ -221,6 +246,7 @@ def rank_torch(plan: Dict[str, Any], save) -> List[Dict[str, Any]]:
 
 def rank_mpi(plan: Dict[str, Any], save) -> List[Dict[str, Any]]:
     from mpi4py import MPI
+
     comm = MPI.COMM_WORLD
     rank, world = comm.Get_rank(), comm.Get_size()
     mgr = world - 1
@@ -239,9 +265,11 @@ def rank_mpi(plan: Dict[str, Any], save) -> List[Dict[str, Any]]:
         elif rank in workers:
             payload = np.random.default_rng(rank).integers(0, 256, ph['bytes'], dtype=np.uint8)
             ack = np.zeros(1, np.uint8)
+
             def round_trip():
                 comm.Send([payload, MPI.BYTE], dest=mgr, tag=RAW_TAG)
                 comm.Recv([ack, MPI.BYTE], source=mgr, tag=RAW_TAG)
+
             out.append(dict(rec, n=ph['n'], bytes=ph['bytes'], **timed_round_trips(total, round_trip)))
         out += e2e_modes(plan, ph, 'mpi', rank, world, mgr, workers, comm.Barrier)
         save(out)
@@ -251,20 +279,27 @@ def rank_mpi(plan: Dict[str, Any], save) -> List[Dict[str, Any]]:
 
 def gfn_container(env: Any, rows: int, seed: int) -> Any:
     from gfn.containers import StatesContainer
+
     g = torch.Generator().manual_seed(seed)
     states = torch.randint(0, 8, (rows, GFN_NDIM), generator=g, dtype=torch.int64)
-    return StatesContainer(env, states=env.States(states), is_terminating=torch.ones(rows, dtype=torch.bool),
-                           log_rewards=torch.randn(rows, generator=g))
+    return StatesContainer(
+        env,
+        states=env.States(states),
+        is_terminating=torch.ones(rows, dtype=torch.bool),
+        log_rewards=torch.randn(rows, generator=g),
+    )
 
 
 def rank_torchgfn(plan: Dict[str, Any], save) -> List[Dict[str, Any]]:
     import contextlib
     import io
+
     import torch.distributed as dist
     from gfn.containers import ReplayBuffer
     from gfn.containers import message as gm
     from gfn.containers.replay_buffer_manager import ReplayBufferManager
     from gfn.gym import HyperGrid
+
     dist.init_process_group('gloo', timeout=datetime.timedelta(seconds=plan['timeout']))
     rank, world = dist.get_rank(), dist.get_world_size()
     mgr = world - 1
@@ -302,8 +337,11 @@ def rank_torchgfn(plan: Dict[str, Any], save) -> List[Dict[str, Any]]:
             a = now()
             with contextlib.redirect_stdout(io.StringIO()):
                 m.run()
-            out.append(dict(rec, manager=True, run_s=now() - a, count=len(m.replay_buffer),
-                            deserialize_s=spent['deserialize_s']))
+            out.append(
+                dict(
+                    rec, manager=True, run_s=now() - a, count=len(m.replay_buffer), deserialize_s=spent['deserialize_s']
+                )
+            )
         elif rank in workers:
             containers = [gfn_container(env, rows, 1000 * rank + ph['id'] * 10 + k) for k in range(2)]
             rb = ReplayBuffer(env, capacity=cap, remote_manager_rank=mgr)
@@ -331,6 +369,7 @@ def rank_torchgfn(plan: Dict[str, Any], save) -> List[Dict[str, Any]]:
 # ---------------------------------------------------------------------------------------------- ray
 def ray_raw_body(sink: Any, ph: Dict[str, Any], seed: int) -> Dict[str, Any]:
     import ray
+
     payload = np.random.default_rng(seed).integers(0, 256, ph['bytes'], dtype=np.uint8)
     lat = []
     t0 = now()
@@ -347,6 +386,7 @@ def ray_raw_body(sink: Any, ph: Dict[str, Any], seed: int) -> Dict[str, Any]:
 def ray_e2e_body(cfg: Dict[str, Any], ph: Dict[str, Any], seed: int, mode: str, timeout: float) -> Dict[str, Any]:
     torch.set_num_threads(1)
     from ding_buffer import create_buffer
+
     return push_loop(create_buffer(cfg), ph, seed, mode, timeout)
 
 
@@ -355,16 +395,16 @@ def _sleep(seconds: float) -> None:
 
 
 class RawSink:
-
     def take(self, a: np.ndarray) -> int:
         return len(a)
 
 
 def ray_driver(plan: Dict[str, Any], save) -> List[Dict[str, Any]]:
     import ray
+
     from ding_buffer import create_buffer
-    ray.init(address='local', num_cpus=4, include_dashboard=False, log_to_driver=False,
-             namespace='ding_buffer_bench')
+
+    ray.init(address='local', num_cpus=4, include_dashboard=False, log_to_driver=False, namespace='ding_buffer_bench')
     raw_task = ray.remote(num_cpus=1)(ray_raw_body)
     e2e_task = ray.remote(num_cpus=1)(ray_e2e_body)
     sink = ray.remote(RawSink).options(max_concurrency=1).remote()
@@ -379,12 +419,22 @@ def ray_driver(plan: Dict[str, Any], save) -> List[Dict[str, Any]]:
         for mode in ph['modes']:
             cfg = ding_cfg(ph, plan, 'ray', mode, actor_name=f"bench_{ph['id']}_{mode}", num_workers=len(workers) + 1)
             drv = create_buffer(cfg)  # creates the manager actor; its EXIT (the last) ends it
-            res = ray.get([e2e_task.remote(cfg, ph, 1000 * w + ph['id'], mode, plan['timeout']) for w in workers],
-                          timeout=plan['timeout'])
+            res = ray.get(
+                [e2e_task.remote(cfg, ph, 1000 * w + ph['id'], mode, plan['timeout']) for w in workers],
+                timeout=plan['timeout'],
+            )
             out += [dict(r, phase=ph['id'], mode=mode, rank=w) for w, r in zip(workers, res)]
             stats = drv.stats()
-            out.append(dict(phase=ph['id'], mode=mode, rank='actor', manager=True, count=stats.get('count'),
-                            counters={k[8:]: v for k, v in stats.items() if k.startswith('manager/')}))
+            out.append(
+                dict(
+                    phase=ph['id'],
+                    mode=mode,
+                    rank='actor',
+                    manager=True,
+                    count=stats.get('count'),
+                    counters={k[8:]: v for k, v in stats.items() if k.startswith('manager/')},
+                )
+            )
             drv.close()
         save(out)
     ray.shutdown()
@@ -430,6 +480,7 @@ def availability() -> Dict[str, Optional[str]]:
     """None when the job can run, else why not."""
     why: Dict[str, Optional[str]] = {}
     import torch.distributed as dist
+
     why['torch'] = None if dist.is_available() and shutil.which('torchrun') else 'torch.distributed or torchrun missing'
     if importlib.util.find_spec('mpi4py') is None:
         why['mpi'] = 'mpi4py is not installed'
@@ -475,11 +526,36 @@ def run_job(name: str, cmd: List[str], timeout: float, logdir: str) -> Optional[
 def job_command(backend: str, plan_path: str, outdir: str) -> List[str]:
     me = [os.path.abspath(__file__), '--plan', plan_path, '--outdir', outdir]
     if backend in ('torch', 'torchgfn'):
-        return ['torchrun', '--nnodes', '1', '--nproc_per_node', str(WORLD), '--master_addr', '127.0.0.1',
-                '--master_port', str(free_port()), *me, '--role', 'rank', '--backend', backend]
+        return [
+            'torchrun',
+            '--nnodes',
+            '1',
+            '--nproc_per_node',
+            str(WORLD),
+            '--master_addr',
+            '127.0.0.1',
+            '--master_port',
+            str(free_port()),
+            *me,
+            '--role',
+            'rank',
+            '--backend',
+            backend,
+        ]
     if backend == 'mpi':
-        return ['mpirun', '--allow-run-as-root', '--oversubscribe', '-n', str(WORLD), sys.executable, *me,
-                '--role', 'rank', '--backend', 'mpi']
+        return [
+            'mpirun',
+            '--allow-run-as-root',
+            '--oversubscribe',
+            '-n',
+            str(WORLD),
+            sys.executable,
+            *me,
+            '--role',
+            'rank',
+            '--backend',
+            'mpi',
+        ]
     return [sys.executable, *me, '--role', 'ray-driver', '--backend', 'ray']
 
 
@@ -499,11 +575,16 @@ def aggregate(recs: List[Dict[str, Any]], phase: int, mode: str, workers: int) -
     span = max(r['t1'] for r in ws) - min(r['t0'] for r in ws)
     total = sum(r['n'] * r['bytes'] for r in ws)
     per = [r['n'] * r['bytes'] / (r['t1'] - r['t0']) / MB for r in ws]
-    out = dict(mbps=total / span / MB, mbps_per_worker=statistics.mean(per),
-               batches_per_s=sum(r['n'] for r in ws) / span,
-               n=ws[0]['n'], bytes=ws[0]['bytes'], span_s=span,
-               median_ms=1e3 * statistics.median(x for r in ws for x in r['lat']),
-               mean_ms=1e3 * statistics.mean(x for r in ws for x in r['lat']))
+    out = dict(
+        mbps=total / span / MB,
+        mbps_per_worker=statistics.mean(per),
+        batches_per_s=sum(r['n'] for r in ws) / span,
+        n=ws[0]['n'],
+        bytes=ws[0]['bytes'],
+        span_s=span,
+        median_ms=1e3 * statistics.median(x for r in ws for x in r['lat']),
+        mean_ms=1e3 * statistics.mean(x for r in ws for x in r['lat']),
+    )
     mgr = [r for r in recs if r['phase'] == phase and r['mode'] == mode and r.get('manager')]
     if mgr:
         m = mgr[0]
@@ -535,8 +616,21 @@ def make_plan(args) -> Dict[str, Any]:
             gfn_n = min(n, max(args.gfn_n_min, math.ceil(args.gfn_budget_mb * MB / (gfn_rows * GFN_ROW_BYTES))))
             for w in args.workers:
                 modes = ['sync'] + (['async'] if w == max(args.workers) and not args.no_async else [])
-                phases.append(dict(id=len(phases), round=rnd, size_mb=size, workers=w, rows=rows, bytes=nbytes, n=n,
-                                   modes=modes, gfn_rows=gfn_rows, gfn_bytes=gfn_rows * GFN_ROW_BYTES, gfn_n=gfn_n))
+                phases.append(
+                    dict(
+                        id=len(phases),
+                        round=rnd,
+                        size_mb=size,
+                        workers=w,
+                        rows=rows,
+                        bytes=nbytes,
+                        n=n,
+                        modes=modes,
+                        gfn_rows=gfn_rows,
+                        gfn_bytes=gfn_rows * GFN_ROW_BYTES,
+                        gfn_n=gfn_n,
+                    )
+                )
     return dict(phases=phases, timeout=args.rank_timeout)
 
 
@@ -555,14 +649,24 @@ def merge_rounds(rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
                 merged[mode] = None
                 continue
             m = dict(aggs[0])
-            for key in ('mbps', 'mbps_per_worker', 'batches_per_s', 'median_ms', 'mean_ms',
-                        'manager_handle_ms_per_batch', 'manager_deserialize_ms_per_batch'):
+            for key in (
+                'mbps',
+                'mbps_per_worker',
+                'batches_per_s',
+                'median_ms',
+                'mean_ms',
+                'manager_handle_ms_per_batch',
+                'manager_deserialize_ms_per_batch',
+            ):
                 if all(key in a for a in aggs):
                     m[key] = statistics.median(a[key] for a in aggs)
             merged[mode] = m
             if mode != 'raw':
-                merged['ratios'][mode] = [r[mode]['mbps'] / r['raw']['mbps'] for r in group
-                                          if r.get(mode) and r.get('raw') and r['raw']['mbps'] > 0]
+                merged['ratios'][mode] = [
+                    r[mode]['mbps'] / r['raw']['mbps']
+                    for r in group
+                    if r.get(mode) and r.get('raw') and r['raw']['mbps'] > 0
+                ]
         out.append(merged)
     return out
 
@@ -577,8 +681,9 @@ def run_backends(args, plan: Dict[str, Any], why: Dict[str, Optional[str]], tmp:
             continue
         jplan = plan
         if backend == 'torchgfn':  # 2 workers (the largest count) only, one round (it is slow)
-            jplan = dict(plan, phases=[p for p in plan['phases'] if p['workers'] == max(args.workers)
-                                       and p['round'] == 0])
+            jplan = dict(
+                plan, phases=[p for p in plan['phases'] if p['workers'] == max(args.workers) and p['round'] == 0]
+            )
         outdir = os.path.join(tmp, backend)
         os.makedirs(outdir)
         plan_path = os.path.join(tmp, f'plan_{backend}.json')
@@ -637,19 +742,41 @@ def gfn_row(results: Dict[str, Any], size: float) -> Optional[Dict[str, Any]]:
 
 def backend_table(backend: str, res: Dict[str, Any], results: Dict[str, Any]) -> str:
     from bench_naive import md_table
-    head = ['batch MB', 'workers', 'batches/worker', 'raw MB/s', 'ding_buffer MB/s', 'batches/s', 'e2e/raw',
-            'async MB/s', 'async/raw', 'torchgfn MB/s (batches/worker)', 'ours/torchgfn']
+
+    head = [
+        'batch MB',
+        'workers',
+        'batches/worker',
+        'raw MB/s',
+        'ding_buffer MB/s',
+        'batches/s',
+        'e2e/raw',
+        'async MB/s',
+        'async/raw',
+        'torchgfn MB/s (batches/worker)',
+        'ours/torchgfn',
+    ]
     lines = []
     for row in res['rows']:
         ph, raw, sync, asy = row['phase'], row['raw'], row['sync'], row.get('async')
         top = ph['workers'] == max(p['phase']['workers'] for p in res['rows'])
         g = gfn_row(results, ph['size_mb']) if top else None
         r3 = ratio(sync, g)
-        lines.append([f"{ph['size_mb']:g}", str(ph['workers']), str(ph['n']), f_pair(raw), f_pair(sync),
-                      f_rate(sync['batches_per_s']) if sync else 'n/a', f_share(row, 'sync'),
-                      f_pair(asy) if 'async' in ph['modes'] else '-',
-                      f_share(row, 'async') if 'async' in ph['modes'] else '-',
-                      f"{f_pair(g)} ({g['n']})" if g else '-', f'{r3:.1f}x' if r3 else '-'])
+        lines.append(
+            [
+                f"{ph['size_mb']:g}",
+                str(ph['workers']),
+                str(ph['n']),
+                f_pair(raw),
+                f_pair(sync),
+                f_rate(sync['batches_per_s']) if sync else 'n/a',
+                f_share(row, 'sync'),
+                f_pair(asy) if 'async' in ph['modes'] else '-',
+                f_share(row, 'async') if 'async' in ph['modes'] else '-',
+                f"{f_pair(g)} ({g['n']})" if g else '-',
+                f'{r3:.1f}x' if r3 else '-',
+            ]
+        )
     return md_table(head, lines)
 
 
@@ -661,19 +788,23 @@ def where_time_goes(results: Dict[str, Any], args) -> List[str]:
             if backend == 'torchgfn':
                 g = row['torchgfn']
                 if g:
-                    out.append(f"- torchgfn, {ph['size_mb']:g} MB: add() median {g['median_ms']:.1f} ms (mean "
-                               f"{g['mean_ms']:.1f}) per worker, of which serialize (dill + list of ints) "
-                               f"{g['worker_serialize_ms_per_batch']:.1f} ms; manager deserialize "
-                               f"{g.get('manager_deserialize_ms_per_batch', float('nan')):.1f} ms/batch; "
-                               f"{g['wire_bytes_per_batch'] / MB:.3f} MB on the wire per batch")
+                    out.append(
+                        f"- torchgfn, {ph['size_mb']:g} MB: add() median {g['median_ms']:.1f} ms (mean "
+                        f"{g['mean_ms']:.1f}) per worker, of which serialize (dill + list of ints) "
+                        f"{g['worker_serialize_ms_per_batch']:.1f} ms; manager deserialize "
+                        f"{g.get('manager_deserialize_ms_per_batch', float('nan')):.1f} ms/batch; "
+                        f"{g['wire_bytes_per_batch'] / MB:.3f} MB on the wire per batch"
+                    )
                 continue
             s, raw = row.get('sync'), row.get('raw')
             if s and raw and ph['workers'] == max(args.workers):
                 hm = s.get('manager_handle_ms_per_batch')
-                out.append(f"- {backend}, {ph['size_mb']:g} MB, {ph['workers']} workers: push median "
-                           f"{s['median_ms']:.2f} ms (mean {s['mean_ms']:.2f}) vs raw round trip median "
-                           f"{raw['median_ms']:.2f} ms (mean {raw['mean_ms']:.2f})"
-                           + (f"; manager handler (buffer write, serial) {hm:.2f} ms/batch" if hm is not None else ''))
+                out.append(
+                    f"- {backend}, {ph['size_mb']:g} MB, {ph['workers']} workers: push median "
+                    f"{s['median_ms']:.2f} ms (mean {s['mean_ms']:.2f}) vs raw round trip median "
+                    f"{raw['median_ms']:.2f} ms (mean {raw['mean_ms']:.2f})"
+                    + (f"; manager handler (buffer write, serial) {hm:.2f} ms/batch" if hm is not None else '')
+                )
     return out
 
 
@@ -686,15 +817,19 @@ def targets(results: Dict[str, Any], args) -> List[str]:
             ph = row['phase']
             if ph['size_mb'] >= 1:
                 r = raw_share(row, 'sync')
-                out.append(f"- {backend}, {ph['size_mb']:g} MB, {ph['workers']} worker(s): e2e/raw "
-                           f"{f_share(row, 'sync')} -> "
-                           f"{'n/a' if r is None else ('met' if r >= TARGET_RAW_SHARE else 'MISSED')} "
-                           f"(target >= {TARGET_RAW_SHARE:.0%})")
+                out.append(
+                    f"- {backend}, {ph['size_mb']:g} MB, {ph['workers']} worker(s): e2e/raw "
+                    f"{f_share(row, 'sync')} -> "
+                    f"{'n/a' if r is None else ('met' if r >= TARGET_RAW_SHARE else 'MISSED')} "
+                    f"(target >= {TARGET_RAW_SHARE:.0%})"
+                )
             if ph['workers'] == max(args.workers):
                 r = ratio(row['sync'], gfn_row(results, ph['size_mb']))
                 if r is not None:
-                    out.append(f"- {backend}, {ph['size_mb']:g} MB: ours/torchgfn {r:.1f}x -> "
-                               f"{'met' if r >= TARGET_GFN_RATIO else 'MISSED'} (target >= {TARGET_GFN_RATIO:g}x)")
+                    out.append(
+                        f"- {backend}, {ph['size_mb']:g} MB: ours/torchgfn {r:.1f}x -> "
+                        f"{'met' if r >= TARGET_GFN_RATIO else 'MISSED'} (target >= {TARGET_GFN_RATIO:g}x)"
+                    )
     return out
 
 
@@ -702,24 +837,31 @@ def print_report(env: Dict[str, Any], plan: Dict[str, Any], results: Dict[str, A
     v = env['versions']
     print('# ding_buffer distributed: workers push batches to one manager\n')
     print(f"- date: {env['date_utc']}")
-    print(f"- CPU: {env['cpu']}, {env['cores']} cores ({env['cores_usable']} usable); every process "
-          f"OMP_NUM_THREADS=1")
-    print('- ' + ', '.join(f'{k} {v[k]}' for k in ('python', ) + PACKAGES) + f", Open MPI: {env['openmpi']}")
-    print(f"- 1 manager + {'/'.join(map(str, args.workers))} workers on this machine; MB = 2^20 bytes of tensor "
-          f"payload; {args.rounds} round(s) of every cell, raw then end to end back to back in each; rates are "
-          f"medians over the rounds and e2e/raw the median of the rounds' ratios (lowest-highest in parentheses); "
-          f"per cell {WARMUP} warm-up + N timed pushes per worker, N = {args.budget_mb:g} MB / batch "
-          f"clamped to [{args.n_min}, {args.n_max}] (torchgfn: {args.gfn_budget_mb:g} MB / batch, >= "
-          f"{args.gfn_n_min}, capped at N){' -- QUICK smoke run, numbers are noise' if args.quick else ''}")
-    print('- ours: dict {obs: float32[rows, 128], log_reward: float32[rows]} pushed into a naive buffer on tensor '
-          f'storage ({CAPACITY_BATCHES} batches capacity); torchgfn: StatesContainer of HyperGrid(ndim=64) states '
-          '(int64[rows, 64] + bool + float32 log-reward) via ReplayBuffer.add -> ReplayBufferManager')
+    print(f"- CPU: {env['cpu']}, {env['cores']} cores ({env['cores_usable']} usable); every process OMP_NUM_THREADS=1")
+    print('- ' + ', '.join(f'{k} {v[k]}' for k in ('python',) + PACKAGES) + f", Open MPI: {env['openmpi']}")
+    print(
+        f"- 1 manager + {'/'.join(map(str, args.workers))} workers on this machine; MB = 2^20 bytes of tensor "
+        f"payload; {args.rounds} round(s) of every cell, raw then end to end back to back in each; rates are "
+        f"medians over the rounds and e2e/raw the median of the rounds' ratios (lowest-highest in parentheses); "
+        f"per cell {WARMUP} warm-up + N timed pushes per worker, N = {args.budget_mb:g} MB / batch "
+        f"clamped to [{args.n_min}, {args.n_max}] (torchgfn: {args.gfn_budget_mb:g} MB / batch, >= "
+        f"{args.gfn_n_min}, capped at N){' -- QUICK smoke run, numbers are noise' if args.quick else ''}"
+    )
+    print(
+        '- ours: dict {obs: float32[rows, 128], log_reward: float32[rows]} pushed into a naive buffer on tensor '
+        f'storage ({CAPACITY_BATCHES} batches capacity); torchgfn: StatesContainer of HyperGrid(ndim=64) states '
+        '(int64[rows, 64] + bool + float32 log-reward) via ReplayBuffer.add -> ReplayBufferManager'
+    )
     for p in plan['phases']:
         if p['workers'] == max(args.workers) and p['round'] == 0:
-            print(f"- batch {p['size_mb']:g} MB: ours {p['rows']} rows = {p['bytes']:,} bytes, N = {p['n']}; torchgfn "
-                  f"{p['gfn_rows']} rows = {p['gfn_bytes']:,} bytes, N = {p['gfn_n']}")
-    print('- rates: aggregate over workers (per worker in parentheses); e2e/raw and ours/torchgfn are aggregate '
-          'ratios; raw = one uint8 buffer of the batch size + 1-byte ack per round trip, same processes, same job')
+            print(
+                f"- batch {p['size_mb']:g} MB: ours {p['rows']} rows = {p['bytes']:,} bytes, N = {p['n']}; torchgfn "
+                f"{p['gfn_rows']} rows = {p['gfn_bytes']:,} bytes, N = {p['gfn_n']}"
+            )
+    print(
+        '- rates: aggregate over workers (per worker in parentheses); e2e/raw and ours/torchgfn are aggregate '
+        'ratios; raw = one uint8 buffer of the batch size + 1-byte ack per round trip, same processes, same job'
+    )
     for backend in args.backends:
         res = results.get(backend, {})
         print(f'\n## {backend}\n')
@@ -757,8 +899,9 @@ def parse_args(argv=None):
     p.add_argument('--budget-mb', type=float, default=None, help='payload per worker per cell (default 128, quick 4)')
     p.add_argument('--n-min', type=int, default=None, help='fewest timed pushes per worker (default 40, quick 3)')
     p.add_argument('--n-max', type=int, default=None, help='most timed pushes per worker (default 500, quick 40)')
-    p.add_argument('--gfn-budget-mb', type=float, default=None, help='torchgfn payload per worker per cell '
-                   '(default 24, quick 2)')
+    p.add_argument(
+        '--gfn-budget-mb', type=float, default=None, help='torchgfn payload per worker per cell (default 24, quick 2)'
+    )
     p.add_argument('--gfn-n-min', type=int, default=None, help='fewest torchgfn timed adds (default 3, quick 2)')
     p.add_argument('--job-timeout', type=float, default=None, help='seconds per backend job (default 150, quick 90)')
     p.add_argument('--rank-timeout', type=float, default=120.0, help='timeouts inside a job (gloo, manager)')
@@ -782,9 +925,15 @@ def parse_args(argv=None):
     if args.rounds is not None and args.rounds < 1:
         p.error(f'--rounds must be at least 1, got {args.rounds}')
     q = args.quick
-    for name, full, quick in (('budget_mb', 128.0, 4.0), ('n_min', 40, 3), ('n_max', 500, 40),
-                              ('gfn_budget_mb', 24.0, 2.0), ('gfn_n_min', 3, 2), ('job_timeout', 150.0, 90.0),
-                              ('rounds', 3, 1)):
+    for name, full, quick in (
+        ('budget_mb', 128.0, 4.0),
+        ('n_min', 40, 3),
+        ('n_max', 500, 40),
+        ('gfn_budget_mb', 24.0, 2.0),
+        ('gfn_n_min', 3, 2),
+        ('job_timeout', 150.0, 90.0),
+        ('rounds', 3, 1),
+    ):
         if getattr(args, name) is None:
             setattr(args, name, quick if q else full)
     return args
@@ -796,6 +945,7 @@ def main(argv=None) -> None:
         rank_main(args)
         return
     from bench_naive import machine
+
     t0 = time.perf_counter()
     env = machine(PACKAGES)
     env['openmpi'] = tool_version(['mpirun', '--version']) if shutil.which('mpirun') else 'not installed'
@@ -807,8 +957,16 @@ def main(argv=None) -> None:
     print_report(env, plan, results, args)
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, 'w') as f:
-        json.dump(dict(env=env, args={k: v for k, v in vars(args).items() if k not in ('plan', 'outdir')},
-                       plan=plan, results=results), f, indent=1)
+        json.dump(
+            dict(
+                env=env,
+                args={k: v for k, v in vars(args).items() if k not in ('plan', 'outdir')},
+                plan=plan,
+                results=results,
+            ),
+            f,
+            indent=1,
+        )
     log(f'wrote {args.out} ({env["wall_s"]:.0f}s)')
 
 

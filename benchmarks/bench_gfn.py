@@ -61,6 +61,7 @@ Run
     is taken (every torch op of both libraries is affected, torchgfn's most), so a run with a large share is
     noise; ``--torch-threads 1`` removes the stalls (then every contender runs on one core).
 """
+
 import argparse
 import cProfile
 import gc
@@ -76,8 +77,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
-
 from bench_naive import log, machine, md_table  # noqa: E402
+
 from ding_buffer import _numba, create_buffer  # noqa: E402
 
 DEFAULT_OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'results', 'bench_gfn.json')
@@ -168,16 +169,22 @@ class Batch(NamedTuple):
 
 
 def as_dict(b: Batch) -> Dict[str, torch.Tensor]:
-    return {'state': torch.from_numpy(b.states.astype(np.float32)),
-            'log_reward': torch.from_numpy(b.log_rewards.copy())}
+    return {
+        'state': torch.from_numpy(b.states.astype(np.float32)),
+        'log_reward': torch.from_numpy(b.log_rewards.copy()),
+    }
 
 
 def as_container(env: Any, b: Batch) -> Any:
     from gfn.containers import StatesContainer
+
     n = len(b.log_rewards)
-    return StatesContainer(env, states=env.States(torch.from_numpy(b.states.copy())),
-                           is_terminating=torch.ones(n, dtype=torch.bool),
-                           log_rewards=torch.from_numpy(b.log_rewards.copy()))
+    return StatesContainer(
+        env,
+        states=env.States(torch.from_numpy(b.states.copy())),
+        is_terminating=torch.ones(n, dtype=torch.bool),
+        log_rewards=torch.from_numpy(b.log_rewards.copy()),
+    )
 
 
 # ---------------------------------------------------------------------------------------------- contenders
@@ -191,9 +198,13 @@ class Contender(NamedTuple):
 
 def torchgfn_available() -> Optional[str]:
     import importlib
+
     try:
-        for module, name in (('gfn.containers', 'NormBasedDiversePrioritizedReplayBuffer'),
-                             ('gfn.containers', 'StatesContainer'), ('gfn.gym', 'HyperGrid')):
+        for module, name in (
+            ('gfn.containers', 'NormBasedDiversePrioritizedReplayBuffer'),
+            ('gfn.containers', 'StatesContainer'),
+            ('gfn.gym', 'HyperGrid'),
+        ):
             getattr(importlib.import_module(module), name)
     except Exception as e:  # any import failure: measure ours (dict) only
         return f'{type(e).__name__}: {e}'
@@ -202,12 +213,14 @@ def torchgfn_available() -> Optional[str]:
 
 def make_env(height: int) -> Any:
     from gfn.gym import HyperGrid
+
     return HyperGrid(ndim=DIM, height=height, validate_modes=False)
 
 
 def ours_buffer(row: Row) -> Any:
-    return create_buffer(dict(type='gfn_diverse', replay_buffer_size=CAPACITY, cutoff_distance=row.cutoff,
-                              p_norm_distance=row.p, seed=0))
+    return create_buffer(
+        dict(type='gfn_diverse', replay_buffer_size=CAPACITY, cutoff_distance=row.cutoff, p_norm_distance=row.p, seed=0)
+    )
 
 
 def ours_content_dict(buf: Any) -> Batch:
@@ -223,18 +236,40 @@ def ours_content_container(buf: Any) -> Batch:
 def build_contenders(row: Row, env: Any) -> List[Contender]:
     out = []
     b = ours_buffer(row)
-    out.append(Contender(OURS_DICT, b, lambda x, b=b: b.push(x['dict']), lambda b=b: b.sample(BATCH),
-                         lambda b=b: ours_content_dict(b)))
+    out.append(
+        Contender(
+            OURS_DICT,
+            b,
+            lambda x, b=b: b.push(x['dict']),
+            lambda b=b: b.sample(BATCH),
+            lambda b=b: ours_content_dict(b),
+        )
+    )
     if env is not None:
         from gfn.containers import NormBasedDiversePrioritizedReplayBuffer
+
         b2 = ours_buffer(row)
-        out.append(Contender(OURS_CONT, b2, lambda x, b=b2: b.push(x['ours_cont']), lambda b=b2: b.sample(BATCH),
-                             lambda b=b2: ours_content_container(b)))
-        t = NormBasedDiversePrioritizedReplayBuffer(env, capacity=CAPACITY, cutoff_distance=row.cutoff,
-                                                    p_norm_distance=row.p)
-        out.append(Contender(TGFN, t, lambda x, t=t: t.add(x['tgfn']), lambda t=t: t.sample(BATCH),
-                             lambda t=t: Batch(t.training_container.states.tensor.numpy(),
-                                               t.training_container.log_rewards.numpy())))
+        out.append(
+            Contender(
+                OURS_CONT,
+                b2,
+                lambda x, b=b2: b.push(x['ours_cont']),
+                lambda b=b2: b.sample(BATCH),
+                lambda b=b2: ours_content_container(b),
+            )
+        )
+        t = NormBasedDiversePrioritizedReplayBuffer(
+            env, capacity=CAPACITY, cutoff_distance=row.cutoff, p_norm_distance=row.p
+        )
+        out.append(
+            Contender(
+                TGFN,
+                t,
+                lambda x, t=t: t.add(x['tgfn']),
+                lambda t=t: t.sample(BATCH),
+                lambda t=t: Batch(t.training_container.states.tensor.numpy(), t.training_container.log_rewards.numpy()),
+            )
+        )
     return out
 
 
@@ -268,8 +303,10 @@ def same_multiset(a: Batch, b: Batch) -> bool:
     if len(a.log_rewards) != len(b.log_rewards):
         return False
     ia, ib = np.argsort(a.log_rewards, kind='stable'), np.argsort(b.log_rewards, kind='stable')
-    return bool(np.array_equal(a.log_rewards[ia], b.log_rewards[ib]) and
-                np.array_equal(a.states[ia].astype(np.int64), b.states[ib].astype(np.int64)))
+    return bool(
+        np.array_equal(a.log_rewards[ia], b.log_rewards[ib])
+        and np.array_equal(a.states[ia].astype(np.int64), b.states[ib].astype(np.int64))
+    )
 
 
 # ---------------------------------------------------------------------------------------------- one row
@@ -293,7 +330,7 @@ def prepare_row(row: Row, seed: int, env: Any, warmup: int):
     for k in range(warmup):
         b = next_batch(src, contenders[0].buf)
         x = inputs(b, env)
-        for c in contenders[k % len(contenders):] + contenders[:k % len(contenders)]:
+        for c in contenders[k % len(contenders) :] + contenders[: k % len(contenders)]:
             c.push(x)
     return src, contenders
 
@@ -336,8 +373,10 @@ def bench_row(row: Row, seed: int, env: Any, args) -> Dict[str, Any]:
     match = {}
     if TGFN in names:
         for n in (OURS_DICT, OURS_CONT):
-            match[n] = {'counts_equal': sum(a == t for a, t in zip(admitted[n], admitted[TGFN])),
-                        'stored_multiset_equal': same_multiset(contents[n], contents[TGFN])}
+            match[n] = {
+                'counts_equal': sum(a == t for a, t in zip(admitted[n], admitted[TGFN])),
+                'stored_multiset_equal': same_multiset(contents[n], contents[TGFN]),
+            }
     res = {
         'row': row._asdict(),
         'insert_ms': {n: summary(v) for n, v in insert.items()},
@@ -348,16 +387,25 @@ def bench_row(row: Row, seed: int, env: Any, args) -> Dict[str, Any]:
         'wall_s': time.perf_counter() - t_row,
     }
     res['other_cpu_share'] = other_cpu_share(cpu0, busy_cpu_s(), res['wall_s'])
-    log(f'  {row.name}: insert ' + ', '.join(f"{n} {res['insert_ms'][n]['median']:.2f}" for n in names) +
-        ' ms; sample ' + ', '.join(f"{n} {res['sample_ms'][n]['median']:.3f}" for n in names) +
-        f' ms ({res["wall_s"]:.1f} s)')
+    log(
+        f'  {row.name}: insert '
+        + ', '.join(f"{n} {res['insert_ms'][n]['median']:.2f}" for n in names)
+        + ' ms; sample '
+        + ', '.join(f"{n} {res['sample_ms'][n]['median']:.3f}" for n in names)
+        + f' ms ({res["wall_s"]:.1f} s)'
+    )
     return res
 
 
 def summary(seconds: List[float]) -> Dict[str, Any]:
     ms = [s * 1e3 for s in seconds]
-    return {'median': statistics.median(ms), 'mean': statistics.fmean(ms), 'min': min(ms), 'max': max(ms),
-            'samples': ms}
+    return {
+        'median': statistics.median(ms),
+        'mean': statistics.fmean(ms),
+        'min': min(ms),
+        'max': max(ms),
+        'samples': ms,
+    }
 
 
 def bench_fill(env: Any, args) -> Dict[str, Any]:
@@ -388,8 +436,9 @@ def bench_fill(env: Any, args) -> Dict[str, Any]:
 def profile_table(prof: cProfile.Profile, calls: int, top: int = 10) -> List[List[str]]:
     """The ``top`` functions by own time, per call of the profiled operation."""
     rows = []
-    for (file, line, func), (_, nc, tt, ct, _) in sorted(pstats.Stats(prof).stats.items(),
-                                                         key=lambda kv: -kv[1][2])[:top]:
+    for (file, line, func), (_, nc, tt, ct, _) in sorted(pstats.Stats(prof).stats.items(), key=lambda kv: -kv[1][2])[
+        :top
+    ]:
         where = f'{os.path.basename(file)}:{line}' if line else 'built-in'
         rows.append([f'`{func}` ({where})', f'{nc / calls:.1f}', f'{tt * 1e3 / calls:.3f}', f'{ct * 1e3 / calls:.3f}'])
     return rows
@@ -437,8 +486,9 @@ def run_profiles(verdicts: List[Dict[str, Any]], envs: Dict[str, Any], args) -> 
             sampled.update(slow)
             log(f'profiling sample of {", ".join(slow)} in {row.name}')
             for name, table in profile_row(row, 1000 + i, envs.get(row.data), args, 'sample', slow).items():
-                out.append({'what': 'sample(256)', 'row': row.name, 'contender': name, 'calls': 20 * args.reps,
-                            'table': table})
+                out.append(
+                    {'what': 'sample(256)', 'row': row.name, 'contender': name, 'calls': 20 * args.reps, 'table': table}
+                )
     return out
 
 
@@ -470,8 +520,9 @@ def time_table(results: List[Dict[str, Any]], key: str, names: List[str], digits
 
 
 def filter_table(results: List[Dict[str, Any]], names: List[str]) -> str:
-    header = ['row', 'passed reward filter / push', 'rejected by distance / push'] + \
-             [f'admitted / push: {n}' for n in names]
+    header = ['row', 'passed reward filter / push', 'rejected by distance / push'] + [
+        f'admitted / push: {n}' for n in names
+    ]
     if TGFN in names:
         header += ['admitted counts equal (ours dict, container)', 'stored multisets equal (dict, container)']
     rows = []
@@ -494,13 +545,36 @@ def target_table(results: List[Dict[str, Any]]) -> (str, List[Dict[str, Any]]):
         for n in (OURS_DICT, OURS_CONT):
             ins = ratio(r['insert_ms'][TGFN]['median'], r['insert_ms'][n]['median'])
             smp = ratio(r['sample_ms'][TGFN]['median'], r['sample_ms'][n]['median'])
-            v = {'row': r['row']['name'], 'contender': n, 'insert': ins, 'sample': smp,
-                 'insert_met': ins >= TARGET, 'sample_met': smp >= TARGET}
+            v = {
+                'row': r['row']['name'],
+                'contender': n,
+                'insert': ins,
+                'sample': smp,
+                'insert_met': ins >= TARGET,
+                'sample_met': smp >= TARGET,
+            }
             verdicts.append(v)
-            rows.append([v['row'], n, fr(ins), 'met' if v['insert_met'] else 'NOT met', fr(smp),
-                         'met' if v['sample_met'] else 'NOT met'])
-    return md_table(['row', 'ours', 'insert torchgfn/ours', f'insert >= {TARGET:g}x', 'sample torchgfn/ours',
-                     f'sample >= {TARGET:g}x'], rows), verdicts
+            rows.append(
+                [
+                    v['row'],
+                    n,
+                    fr(ins),
+                    'met' if v['insert_met'] else 'NOT met',
+                    fr(smp),
+                    'met' if v['sample_met'] else 'NOT met',
+                ]
+            )
+    return md_table(
+        [
+            'row',
+            'ours',
+            'insert torchgfn/ours',
+            f'insert >= {TARGET:g}x',
+            'sample torchgfn/ours',
+            f'sample >= {TARGET:g}x',
+        ],
+        rows,
+    ), verdicts
 
 
 def print_report(env_info: Dict[str, Any], results, fill, verdicts_table, profiles, skipped, args) -> None:
@@ -508,43 +582,62 @@ def print_report(env_info: Dict[str, Any], results, fill, verdicts_table, profil
     names = list(results[0]['insert_ms'])
     print('# ding_buffer gfn_diverse vs torchgfn NormBasedDiversePrioritizedReplayBuffer\n')
     print(f"- date: {env_info['date_utc']}")
-    print(f"- CPU: {env_info['cpu']}, {env_info['cores']} cores ({env_info['cores_usable']} usable), torch threads "
-          f"{env_info['torch_threads']}")
+    print(
+        f"- CPU: {env_info['cpu']}, {env_info['cores']} cores ({env_info['cores_usable']} usable), torch threads "
+        f"{env_info['torch_threads']}"
+    )
     print('- ' + ', '.join(f'{k} {v[k]}' for k in ('python',) + PACKAGES))
     other = env_info.get('other_cpu_share')
     if other is not None:
-        print(f'- CPU time used by other processes during the run: {100 * other:.0f}% of the machine'
-              + (' -- timings are noisy' if other > 0.1 else ''))
-    print(f'- capacity {CAPACITY:,}, states int grid [{BATCH}, {DIM}], batch {BATCH}; every buffer full before '
-          f'timing; {args.warmup} untimed warm-up pushes, then median of {args.reps} pushes (fresh batch each, '
-          f'same batch for all contenders, rotated order, GC paused) and of {args.reps} samples')
+        print(
+            f'- CPU time used by other processes during the run: {100 * other:.0f}% of the machine'
+            + (' -- timings are noisy' if other > 0.1 else '')
+        )
+    print(
+        f'- capacity {CAPACITY:,}, states int grid [{BATCH}, {DIM}], batch {BATCH}; every buffer full before '
+        f'timing; {args.warmup} untimed warm-up pushes, then median of {args.reps} pushes (fresh batch each, '
+        f'same batch for all contenders, rotated order, GC paused) and of {args.reps} samples'
+    )
     if skipped:
         print(f'- torchgfn not measured: {skipped}')
     print('\n## insert: one batch of 256 into a full buffer (median ms, lower is better; ratio > 1 = ours faster)\n')
     print(time_table(results, 'insert_ms', names, 2))
     print('\n## sample(256) from a full buffer (median ms; ratio > 1 = ours faster)\n')
     print(time_table(results, 'sample_ms', names, 3))
-    print('\n## filtering and admission (per timed push; "passed reward filter" and "rejected by distance" are '
-          'counted by ours (dict))\n')
+    print(
+        '\n## filtering and admission (per timed push; "passed reward filter" and "rejected by distance" are '
+        'counted by ours (dict))\n'
+    )
     print(filter_table(results, names))
-    print(f'\n## full fill: {FILL_BATCHES} batches of {BATCH} into an empty buffer (median of {args.fill_reps} fills, '
-          f'ms per fill; ms per push in parentheses)\n')
-    rows = [[n, f"{fill[n]['median']:.1f} ({fill[n]['median'] / FILL_BATCHES:.2f})"] +
-            ([fr(ratio(fill[TGFN]['median'], fill[n]['median']))] if TGFN in fill else []) for n in fill]
+    print(
+        f'\n## full fill: {FILL_BATCHES} batches of {BATCH} into an empty buffer (median of {args.fill_reps} fills, '
+        f'ms per fill; ms per push in parentheses)\n'
+    )
+    rows = [
+        [n, f"{fill[n]['median']:.1f} ({fill[n]['median'] / FILL_BATCHES:.2f})"]
+        + ([fr(ratio(fill[TGFN]['median'], fill[n]['median']))] if TGFN in fill else [])
+        for n in fill
+    ]
     print(md_table(['contender', 'fill ms'] + (['torchgfn / contender'] if TGFN in fill else []), rows))
     if verdicts_table:
         print(f'\n## target: >= {TARGET:g}x faster insert and sample than torchgfn, per row\n')
         print(verdicts_table)
     for pr in profiles:
-        print(f"\n## cProfile: {pr['contender']} {pr['what']}, {pr['row']} ({pr['calls']} calls; top functions by own "
-              f"time, per call; numba kernels are opaque to cProfile)\n")
+        print(
+            f"\n## cProfile: {pr['contender']} {pr['what']}, {pr['row']} ({pr['calls']} calls; top functions by own "
+            f"time, per call; numba kernels are opaque to cProfile)\n"
+        )
         print(md_table(['function', 'calls', 'own ms', 'cumulative ms'], pr['table']))
     print('\nNotes:\n')
-    print('- ours (StatesContainer) writes each container into a preallocated ring of per-field tensors, in '
-          'place (no copy of the stored items per push)')
-    print('- torchgfn computes distances in float32 with torch.cdist (p=2 via matrix products), ours in float64 '
-          'with an exact hash lookup for cutoff 0 and an early-exit scan otherwise; on these integer states both '
-          'are exact, so identical inputs must give identical stored sets')
+    print(
+        '- ours (StatesContainer) writes each container into a preallocated ring of per-field tensors, in '
+        'place (no copy of the stored items per push)'
+    )
+    print(
+        '- torchgfn computes distances in float32 with torch.cdist (p=2 via matrix products), ours in float64 '
+        'with an exact hash lookup for cutoff 0 and an early-exit scan otherwise; on these integer states both '
+        'are exact, so identical inputs must give identical stored sets'
+    )
     print(f"\ntotal wall time: {env_info['wall_s']:.1f} s")
 
 
@@ -571,17 +664,24 @@ def other_cpu_share(start, end, wall_s: float) -> Optional[float]:
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description="Benchmark of ding_buffer's gfn_diverse buffer against torchgfn's "
-                                            "NormBasedDiversePrioritizedReplayBuffer (see the module docstring)")
+    p = argparse.ArgumentParser(
+        description="Benchmark of ding_buffer's gfn_diverse buffer against torchgfn's "
+        "NormBasedDiversePrioritizedReplayBuffer (see the module docstring)"
+    )
     p.add_argument('--quick', action='store_true', help='smoke run: 5 timed pushes/samples per row, 2 fills')
     p.add_argument('--reps', type=int, default=None, help='timed pushes and samples per row (default 30)')
     p.add_argument('--warmup', type=int, default=None, help='untimed pushes per row before timing (default 3)')
     p.add_argument('--fill-reps', type=int, default=None, help='timed full fills per contender (default 20)')
-    p.add_argument('--torch-threads', type=int, default=None,
-                   help="torch.set_num_threads before anything runs (default: torch's own choice). 1 avoids "
-                        "intra-op thread stalls when other processes compete for the cores")
-    p.add_argument('--profile', action='store_true',
-                   help='cProfile our inserts / samples where they miss the 3x target')
+    p.add_argument(
+        '--torch-threads',
+        type=int,
+        default=None,
+        help="torch.set_num_threads before anything runs (default: torch's own choice). 1 avoids "
+        "intra-op thread stalls when other processes compete for the cores",
+    )
+    p.add_argument(
+        '--profile', action='store_true', help='cProfile our inserts / samples where they miss the 3x target'
+    )
     p.add_argument('--out', default=DEFAULT_OUT, help=f'JSON output (default {DEFAULT_OUT})')
     args = p.parse_args(argv)
     if args.reps is None:
@@ -628,8 +728,18 @@ def main(argv=None) -> None:
     print_report(info, results, fill, table, profiles, skipped, args)
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, 'w') as f:
-        json.dump({'environment': info, 'torchgfn_skipped': skipped, 'rows': results, 'fill_ms': fill,
-                   'targets': verdicts, 'profiles': profiles}, f, indent=1)
+        json.dump(
+            {
+                'environment': info,
+                'torchgfn_skipped': skipped,
+                'rows': results,
+                'fill_ms': fill,
+                'targets': verdicts,
+                'profiles': profiles,
+            },
+            f,
+            indent=1,
+        )
     log(f'wrote {args.out}; total wall time {info["wall_s"]:.1f} s')
 
 

@@ -36,6 +36,7 @@ Run
     intra-op threads can stall for milliseconds when a core is taken (both libraries are affected); compare runs
     on a quiet machine, repeat them and take medians, or pass ``--torch-threads 1``.
 """
+
 import argparse
 import cProfile
 import datetime
@@ -51,8 +52,8 @@ from typing import Any, Callable, Dict, List, NamedTuple
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import torch  # noqa: E402
-
 from bench_naive import cpu_model, log  # noqa: E402
+
 from ding_buffer import _numba, create_buffer  # noqa: E402
 
 NDIM, HEIGHT = 8, 8
@@ -81,14 +82,22 @@ def make_pool(env: Any, n_batches: int, batch: int, seed: int) -> Dict[str, List
     with torch.no_grad():
         for k in range(n_batches):
             tr = sampler.sample_trajectories(env, n=batch)
-            r = rewards[k * batch:(k + 1) * batch].clone()
-            tr = Trajectories(env=env, states=tr.states, actions=tr.actions, terminating_idx=tr.terminating_idx,
-                              is_backward=False, log_rewards=r)
+            r = rewards[k * batch : (k + 1) * batch].clone()
+            tr = Trajectories(
+                env=env,
+                states=tr.states,
+                actions=tr.actions,
+                terminating_idx=tr.terminating_idx,
+                is_backward=False,
+                log_rewards=r,
+            )
             out['Trajectories'].append(tr)
             term = tr.terminating_states
-            out['StatesContainer'].append(StatesContainer(env=env, states=term,
-                                                          is_terminating=torch.ones(batch, dtype=torch.bool),
-                                                          log_rewards=r.clone()))
+            out['StatesContainer'].append(
+                StatesContainer(
+                    env=env, states=term, is_terminating=torch.ones(batch, dtype=torch.bool), log_rewards=r.clone()
+                )
+            )
     return out
 
 
@@ -111,20 +120,37 @@ class Pair(NamedTuple):
 
 
 def pairs() -> List[Pair]:
-    from gfn.containers.replay_buffer import (NormBasedDiversePrioritizedReplayBuffer, ReplayBuffer,
-                                              TerminatingStateBuffer)
+    from gfn.containers.replay_buffer import (
+        NormBasedDiversePrioritizedReplayBuffer,
+        ReplayBuffer,
+        TerminatingStateBuffer,
+    )
+
     return [
-        Pair('gfn (FIFO)', 'ReplayBuffer', lambda cap: create_buffer(dict(type='gfn', replay_buffer_size=cap, seed=0)),
-             lambda env, cap: ReplayBuffer(env, capacity=cap)),
-        Pair('gfn (prioritized_capacity)', 'ReplayBuffer(prioritized_capacity=True)',
-             lambda cap: create_buffer(dict(type='gfn', replay_buffer_size=cap, prioritized_capacity=True, seed=0)),
-             lambda env, cap: ReplayBuffer(env, capacity=cap, prioritized_capacity=True)),
-        Pair('gfn_diverse', 'NormBasedDiversePrioritizedReplayBuffer',
-             lambda cap: create_buffer(dict(type='gfn_diverse', replay_buffer_size=cap, seed=0)),
-             lambda env, cap: NormBasedDiversePrioritizedReplayBuffer(env, capacity=cap)),
-        Pair('terminating_state', 'TerminatingStateBuffer',
-             lambda cap: create_buffer(dict(type='terminating_state', replay_buffer_size=cap, seed=0)),
-             lambda env, cap: TerminatingStateBuffer(env, capacity=cap)),
+        Pair(
+            'gfn (FIFO)',
+            'ReplayBuffer',
+            lambda cap: create_buffer(dict(type='gfn', replay_buffer_size=cap, seed=0)),
+            lambda env, cap: ReplayBuffer(env, capacity=cap),
+        ),
+        Pair(
+            'gfn (prioritized_capacity)',
+            'ReplayBuffer(prioritized_capacity=True)',
+            lambda cap: create_buffer(dict(type='gfn', replay_buffer_size=cap, prioritized_capacity=True, seed=0)),
+            lambda env, cap: ReplayBuffer(env, capacity=cap, prioritized_capacity=True),
+        ),
+        Pair(
+            'gfn_diverse',
+            'NormBasedDiversePrioritizedReplayBuffer',
+            lambda cap: create_buffer(dict(type='gfn_diverse', replay_buffer_size=cap, seed=0)),
+            lambda env, cap: NormBasedDiversePrioritizedReplayBuffer(env, capacity=cap),
+        ),
+        Pair(
+            'terminating_state',
+            'TerminatingStateBuffer',
+            lambda cap: create_buffer(dict(type='terminating_state', replay_buffer_size=cap, seed=0)),
+            lambda env, cap: TerminatingStateBuffer(env, capacity=cap),
+        ),
     ]
 
 
@@ -138,12 +164,21 @@ def timed(fn: Callable[[], Any]) -> float:
         gc.enable()
 
 
-def run_case(pair: Pair, env: Any, batches: List[Any], cap: int, args, times: Dict[str, Dict[str, List[float]]],
-             profile: bool = False) -> None:
+def run_case(
+    pair: Pair,
+    env: Any,
+    batches: List[Any],
+    cap: int,
+    args,
+    times: Dict[str, Dict[str, List[float]]],
+    profile: bool = False,
+) -> None:
     """One repeat of one (pair, kind, capacity): fill, push into full, sample; appends seconds to ``times``."""
     ours, theirs = pair.ours(cap), pair.theirs(env, cap)
-    contenders = [('ours', lambda x: ours.push(x), lambda: ours.sample(args.sample)),
-                  ('torchgfn', lambda x: theirs.add(x), lambda: theirs.sample(args.sample))]
+    contenders = [
+        ('ours', lambda x: ours.push(x), lambda: ours.sample(args.sample)),
+        ('torchgfn', lambda x: theirs.add(x), lambda: theirs.sample(args.sample)),
+    ]
     prof = cProfile.Profile() if profile else None
     it = iter(batches)
     k = 0
@@ -191,8 +226,12 @@ def main() -> None:
     ap.add_argument('--sample', type=int, default=64, help='items per sample')
     ap.add_argument('--full-pushes', type=int, default=None)
     ap.add_argument('--samples', type=int, default=None)
-    ap.add_argument('--torch-threads', type=int, default=None,
-                    help="torch's intra-op threads (default: torch's own); 1 avoids stalls on a busy machine")
+    ap.add_argument(
+        '--torch-threads',
+        type=int,
+        default=None,
+        help="torch's intra-op threads (default: torch's own); 1 avoids stalls on a busy machine",
+    )
     ap.add_argument('--profile', action='store_true')
     ap.add_argument('--only', default='', help='measure only the rows whose buffer or container contains this text')
     ap.add_argument('--capacities', default=','.join(map(str, CAPACITIES)), help='comma-separated capacities')
@@ -206,6 +245,7 @@ def main() -> None:
     _numba.load()  # steady state: the compiled kernels are loaded before anything is timed
 
     from gfn.gym import HyperGrid
+
     env = HyperGrid(ndim=NDIM, height=HEIGHT, validate_modes=False)
     capacities = [int(c) for c in args.capacities.split(',')]
     per_run = -(-max(capacities) // args.batch) + 3 + args.full_pushes + 1
@@ -236,10 +276,13 @@ def main() -> None:
     print(f'- date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M UTC}')
     print(f'- machine: {cpu_model()}, {os.cpu_count()} cores, torch threads {torch.get_num_threads()}')
     import importlib.metadata as md
+
     print(f"- versions: torch {torch.__version__}, torchgfn {md.version('torchgfn')}")
     print(f'- command: `{command}`')
-    print(f'- data: HyperGrid(ndim={NDIM}, height={HEIGHT}); pushes of {args.batch} items, samples of {args.sample}; '
-          f'{args.repeats} repeat(s); both libraries fed the same torchgfn containers')
+    print(
+        f'- data: HyperGrid(ndim={NDIM}, height={HEIGHT}); pushes of {args.batch} items, samples of {args.sample}; '
+        f'{args.repeats} repeat(s); both libraries fed the same torchgfn containers'
+    )
     print(f'- ratio = torchgfn / ours of median ms (> 1: ours faster); target >= {TARGET:g}x\n')
     print('| ours | torchgfn | container | capacity | op | calls | torchgfn ms | ours ms | ratio | target |')
     print('|---|---|---|---:|---|---:|---:|---:|---:|---|')
@@ -248,8 +291,10 @@ def main() -> None:
         ratio = t / o
         ok = ratio >= TARGET
         missed += not ok
-        print(f'| {pair.name} | {pair.peer} | {kind} | {cap:,} | {op} | {n} | {t * 1e3:.3f} | {o * 1e3:.3f} | '
-              f'{ratio:.2f}x | {"met" if ok else "**missed**"} |')
+        print(
+            f'| {pair.name} | {pair.peer} | {kind} | {cap:,} | {op} | {n} | {t * 1e3:.3f} | {o * 1e3:.3f} | '
+            f'{ratio:.2f}x | {"met" if ok else "**missed**"} |'
+        )
     print(f'\n{len(rows) - missed} of {len(rows)} rows meet the target.')
     log(f'total {time.perf_counter() - t0:.1f} s')
 

@@ -34,6 +34,7 @@ Run
     stdout as markdown, progress to stderr, all medians and raw samples to ``--out`` (JSON, default
     ``benchmarks/results/bench_naive.json``).
 """
+
 import argparse
 import datetime
 import gc
@@ -140,11 +141,11 @@ class DIEngineStyleNaive:
         with self._lock:
             n, tail = len(items), self._tail
             if tail + n <= self._size:
-                self._data[tail:tail + n] = items
+                self._data[tail : tail + n] = items
             else:
                 k = self._size - tail
                 self._data[tail:] = items[:k]
-                self._data[:n - k] = items[k:]
+                self._data[: n - k] = items[k:]
             self._tail = (tail + n) % self._size
             self._valid = min(self._valid + n, self._size)
 
@@ -202,9 +203,11 @@ def build_ours(capacity: int, chunks, inputs: PushInputs, storage: str) -> Conte
         notes = ['bytes: field data only (`nbytes_per_item()`); the ring adds 9 B/slot (valid flag + int64 id)']
     else:
         nbytes = lambda: _estimate_item_bytes(buf.sample(1000))
-        notes = ['bytes: estimate (getsizeof of dict + values + view data + list slot), ring adds 9 B/slot',
-                 'push 64 batch arrays = `extend`, which splits the batch into per-item dicts',
-                 'pushed dicts are stored by reference (no copy, no schema check); sample returns the stored dicts']
+        notes = [
+            'bytes: estimate (getsizeof of dict + values + view data + list slot), ring adds 9 B/slot',
+            'push 64 batch arrays = `extend`, which splits the batch into per-item dicts',
+            'pushed dicts are stored by reference (no copy, no schema check); sample returns the stored dicts',
+        ]
     return Contender(f'ding_buffer naive ({storage})', ops, nbytes, notes)
 
 
@@ -220,14 +223,17 @@ def build_diengine(capacity: int, chunks, inputs: PushInputs) -> Contender:
         'sample_noreplace': lambda: buf.sample(BATCH),
         'sample_replace': lambda: buf.sample(BATCH, replace=True),
     }
-    notes = ["DI-engine's algorithm, reimplemented (DI-engine is not installed); takes lists of dicts only",
-             'pushes store references (a list slice assignment), sample w/o replacement is O(capacity)',
-             'bytes: estimate (getsizeof of dict + values + view data + list slot)']
+    notes = [
+        "DI-engine's algorithm, reimplemented (DI-engine is not installed); takes lists of dicts only",
+        'pushes store references (a list slice assignment), sample w/o replacement is O(capacity)',
+        'bytes: estimate (getsizeof of dict + values + view data + list slot)',
+    ]
     return Contender('DI-engine-style naive', ops, lambda: _estimate_item_bytes(buf.sample(1000)), notes)
 
 
 def build_cpprb(capacity: int, chunks, inputs: PushInputs) -> Contender:
     import cpprb
+
     env_dict = {
         'obs': {'shape': 4, 'dtype': np.float32},
         'action': {'dtype': np.int64},
@@ -258,12 +264,14 @@ def build_cpprb(capacity: int, chunks, inputs: PushInputs) -> Contender:
 
 def _tensordict(chunk: Dict[str, np.ndarray]):
     from tensordict import TensorDict
+
     return TensorDict({k: torch.from_numpy(v) for k, v in chunk.items()}, batch_size=[len(chunk['obs'])])
 
 
 def build_torchrl(capacity: int, chunks, inputs: PushInputs, without_replacement: bool) -> Contender:
     from torchrl.data import LazyTensorStorage, ReplayBuffer
     from torchrl.data.replay_buffers.samplers import RandomSampler, SamplerWithoutReplacement
+
     sampler = SamplerWithoutReplacement() if without_replacement else RandomSampler()
     buf = ReplayBuffer(storage=LazyTensorStorage(capacity), sampler=sampler, batch_size=BATCH)
     for chunk in chunks:
@@ -277,9 +285,11 @@ def build_torchrl(capacity: int, chunks, inputs: PushInputs, without_replacement
     if without_replacement:
         ops = {op: '—' for op in PUSH_OPS}  # same storage and push path as the RandomSampler contender
         ops.update({'sample_noreplace': lambda: buf.sample(), 'sample_replace': 'n/a'})
-        notes = ['SamplerWithoutReplacement is epoch-style: no repeats across consecutive batches until the '
-                 'buffer is exhausted (one randperm(capacity) per epoch), unlike per-batch w/o replacement',
-                 'pushes not re-measured (—): same storage as the RandomSampler contender']
+        notes = [
+            'SamplerWithoutReplacement is epoch-style: no repeats across consecutive batches until the '
+            'buffer is exhausted (one randperm(capacity) per epoch), unlike per-batch w/o replacement',
+            'pushes not re-measured (—): same storage as the RandomSampler contender',
+        ]
         return Contender('TorchRL (SamplerWithoutReplacement)', ops, nbytes, notes)
     td_batches = [_tensordict(b) for b in inputs.batches]
     td_items = [td[i] for td in td_batches for i in range(PUSH_BATCH)]
@@ -430,8 +440,13 @@ def bench_indices(args) -> Dict[str, Any]:
             for name, f in methods.items():
                 m = time_calls(lambda: f(n), DEFAULT_MIN_CALLS, args.target_s / 2)
                 raw[name][n].append(dict(m, rate=m['calls'] / m['seconds']))
-    return {name: {str(n): {'median': statistics.median(s['rate'] for s in samples), 'samples': samples}
-                   for n, samples in per_n.items()} for name, per_n in raw.items()}
+    return {
+        name: {
+            str(n): {'median': statistics.median(s['rate'] for s in samples), 'samples': samples}
+            for n, samples in per_n.items()
+        }
+        for name, per_n in raw.items()
+    }
 
 
 # ---------------------------------------------------------------------------------------------- report
@@ -448,6 +463,7 @@ def cpu_model() -> str:
 
 def versions(pkgs=('torch', 'numpy', 'cpprb', 'torchrl', 'tensordict', 'ding_buffer')) -> Dict[str, str]:
     from importlib import metadata
+
     out = {'python': platform.python_version()}
     for pkg in pkgs:
         try:
@@ -527,10 +543,13 @@ def ratio_table(res: Dict[str, Any]) -> str:
     peers = [n for n in contenders if n != OURS]
     rows = []
     for op, (label, _) in OPS.items():
-        rows.append([label] + [fmt_ratio(ratio(ours['ops'][op]['median'], contenders[p]['ops'][op]['median']))
-                               for p in peers])
-    rows.append(['bytes / transition'] + [
-        fmt_ratio(ratio(ours['bytes_per_transition'], contenders[p]['bytes_per_transition'])) for p in peers])
+        rows.append(
+            [label] + [fmt_ratio(ratio(ours['ops'][op]['median'], contenders[p]['ops'][op]['median'])) for p in peers]
+        )
+    rows.append(
+        ['bytes / transition']
+        + [fmt_ratio(ratio(ours['bytes_per_transition'], contenders[p]['bytes_per_transition'])) for p in peers]
+    )
     return md_table([f'{OURS} / peer'] + peers, rows)
 
 
@@ -543,20 +562,28 @@ def print_report(env: Dict[str, Any], results: Dict[str, Any], indices: Dict[str
     v = env['versions']
     print('# ding_buffer naive replay buffer vs peers\n')
     print(f"- date: {env['date_utc']}")
-    print(f"- CPU: {env['cpu']}, {env['cores']} cores ({env['cores_usable']} usable), torch threads "
-          f"{env['torch_threads']}")
-    print(f"- python {v['python']}, torch {v['torch']}, numpy {v['numpy']}, cpprb {v['cpprb']}, "
-          f"torchrl {v['torchrl']} (tensordict {v['tensordict']}), ding_buffer {v['ding_buffer']}")
-    print(f"- median of {args.repeats} repeats, each >= {args.target_s} s per cell (GC paused), contenders "
-          f"round-robin; buffers filled to capacity first; transitions: obs f32[4], action i64, reward f32, "
-          f"next_obs f32[4], done bool")
+    print(
+        f"- CPU: {env['cpu']}, {env['cores']} cores ({env['cores_usable']} usable), torch threads "
+        f"{env['torch_threads']}"
+    )
+    print(
+        f"- python {v['python']}, torch {v['torch']}, numpy {v['numpy']}, cpprb {v['cpprb']}, "
+        f"torchrl {v['torchrl']} (tensordict {v['tensordict']}), ding_buffer {v['ding_buffer']}"
+    )
+    print(
+        f"- median of {args.repeats} repeats, each >= {args.target_s} s per cell (GC paused), contenders "
+        f"round-robin; buffers filled to capacity first; transitions: obs f32[4], action i64, reward f32, "
+        f"next_obs f32[4], done bool"
+    )
     for module, reason in failed.items():
         print(f'- skipped peer {module}: {reason}')
     for cap, res in results.items():
         print(f'\n## capacity {int(cap):,}: rates (higher is better)\n')
         print(rate_table(res))
-        print(f'\n## capacity {int(cap):,}: ratio {OURS} / peer (rates: > 1 = ding_buffer faster; '
-              f'bytes: < 1 = ding_buffer smaller)\n')
+        print(
+            f'\n## capacity {int(cap):,}: ratio {OURS} / peer (rates: > 1 = ding_buffer faster; '
+            f'bytes: < 1 = ding_buffer smaller)\n'
+        )
         print(ratio_table(res))
     print('\nNotes (n/a = the peer has no such operation/input form; — = not measured):\n')
     first = next(iter(results.values()))
@@ -600,8 +627,9 @@ def main(argv=None) -> None:
     print_report(env, results, indices, failed, args)
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, 'w') as f:
-        json.dump({'environment': env, 'skipped_peers': failed, 'capacities': results, 'index_draw': indices},
-                  f, indent=1)
+        json.dump(
+            {'environment': env, 'skipped_peers': failed, 'capacities': results, 'index_draw': indices}, f, indent=1
+        )
     log(f'wrote {args.out}; total wall time {env["wall_s"]:.1f} s')
 
 

@@ -52,6 +52,7 @@ Run
     smoke run. Tables go to stdout as markdown, progress to stderr (DI-engine also logs its sampled-data
     tables there), all medians and raw samples to ``--out`` (JSON, default ``benchmarks/results/bench_per.json``).
 """
+
 import argparse
 import ctypes
 import gc
@@ -66,11 +67,10 @@ from typing import Any, Dict, List, Optional
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+import _peers_per as P  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
-
-from bench_naive import fmt, machine, fmt_rate, fmt_ratio, log, md_table, ratio, time_calls  # noqa: E402
-import _peers_per as P  # noqa: E402
+from bench_naive import fmt, fmt_rate, fmt_ratio, log, machine, md_table, ratio, time_calls  # noqa: E402
 
 DEFAULT_OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'results', 'bench_per.json')
 OP_ORDER = ('sample', 'update', 'dqn', 'push64', 'push1')  # pushes last: they overwrite the oldest items
@@ -138,16 +138,29 @@ def mem_child(peer: str, capacity: int, budget_s: float) -> None:
     fill_s = time.perf_counter() - t0
     settle()
     after = rss_bytes()
-    out = {'rss_before': before, 'rss_after': after, 'capacity': capacity, 'filled': info['filled'],
-           'fill_s': fill_s, 'bytes_per_transition': (after - before) / info['filled']}
+    out = {
+        'rss_before': before,
+        'rss_after': after,
+        'capacity': capacity,
+        'filled': info['filled'],
+        'fill_s': fill_s,
+        'bytes_per_transition': (after - before) / info['filled'],
+    }
     print(json.dumps(out), flush=True)
     P.diengine_cleanup()
     os._exit(0)  # skip DI-engine's __del__ (clears item by item) and interpreter teardown
 
 
 def measure_memory(peer: str, capacity: int, budget_s: float) -> Dict[str, Any]:
-    cmd = [sys.executable, os.path.abspath(__file__), '--mem-child', peer, str(capacity), '--fill-budget-s',
-           str(budget_s)]
+    cmd = [
+        sys.executable,
+        os.path.abspath(__file__),
+        '--mem-child',
+        peer,
+        str(capacity),
+        '--fill-budget-s',
+        str(budget_s),
+    ]
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith('{')]
@@ -156,8 +169,10 @@ def measure_memory(peer: str, capacity: int, budget_s: float) -> Dict[str, Any]:
         log(f'  memory of {peer} at {capacity:,} failed: {err}')
         return {'error': err}
     res = json.loads(lines[-1])
-    log(f"  memory {peer} @ {capacity:,}: {res['bytes_per_transition']:.1f} B/transition "
-        f"(child {time.perf_counter() - t0:.1f} s)")
+    log(
+        f"  memory {peer} @ {capacity:,}: {res['bytes_per_transition']:.1f} B/transition "
+        f"(child {time.perf_counter() - t0:.1f} s)"
+    )
     return res
 
 
@@ -186,8 +201,11 @@ def summarize(contenders: List[P.Contender], raw: Dict[str, Dict[str, List[Dict[
         for op in P.OPS:
             samples = raw[c.name].get(op)
             if samples:
-                ops[op] = {'median': statistics.median(s['rate'] for s in samples), 'unit': P.OPS[op][0],
-                           'samples': samples}
+                ops[op] = {
+                    'median': statistics.median(s['rate'] for s in samples),
+                    'unit': P.OPS[op][0],
+                    'samples': samples,
+                }
             else:
                 ops[op] = {'median': None, 'shown_as': c.ops[op] if isinstance(c.ops[op], str) else 'n/a'}
         out[c.name] = {'notes': c.notes, 'info': c.info, 'ops': ops}
@@ -251,8 +269,10 @@ def image_capacity(args) -> (int, str):
                 avail = int(line.split()[1]) * 1024
     if avail >= 1.2 * need + 2 * 2**30:
         return want, f'MemAvailable {avail / 2**30:.1f} GiB >= 1.2 x {need / 2**30:.1f} GiB + 2 GiB'
-    return 20_000, (f'MemAvailable {avail / 2**30:.1f} GiB < 1.2 x {need / 2**30:.1f} GiB + 2 GiB needed for '
-                    f'one 1e5 image buffer: using 2e4')
+    return 20_000, (
+        f'MemAvailable {avail / 2**30:.1f} GiB < 1.2 x {need / 2**30:.1f} GiB + 2 GiB needed for '
+        f'one 1e5 image buffer: using 2e4'
+    )
 
 
 def bench_images(peers: List[str], args) -> Dict[str, Any]:
@@ -273,8 +293,9 @@ def bench_images(peers: List[str], args) -> Dict[str, Any]:
                 m = time_op(c, op, args.target_s)
                 if m is not None:
                     raw[name].setdefault(op, []).append(m)
-            last[name] = c._replace(ops={k: (v if isinstance(v, str) else None) for k, v in c.ops.items()},
-                                    refresh=None, release=None)
+            last[name] = c._replace(
+                ops={k: (v if isinstance(v, str) else None) for k, v in c.ops.items()}, refresh=None, release=None
+            )
             log(f"  repeat {rep + 1}/{repeats}: {name} (fill {c.info['fill_s']:.1f} s)")
             c.release()
             del c
@@ -317,12 +338,21 @@ def rate_table(contenders: Dict[str, Any], memory: Optional[Dict[str, Any]]) -> 
     names = list(contenders)
     rows = [[label] + [cell(contenders[n], op) for n in names] for op, (label, _) in P.OPS.items()]
     if memory is not None:
-        rows.append(['bytes / transition (RSS growth)'] + [fmt(bytes_of(memory, n), 1) if n in memory else '—'
-                                                          for n in names])
-    rows.append(['fill to capacity (s, not a rate)'] + [
-        f"{contenders[n]['info']['fill_s']:.2f}" + ('' if contenders[n]['info']['filled'] >= cap_of(contenders)
-                                                    else f" ({contenders[n]['info']['filled']:,} items)")
-        for n in names])
+        rows.append(
+            ['bytes / transition (RSS growth)'] + [fmt(bytes_of(memory, n), 1) if n in memory else '—' for n in names]
+        )
+    rows.append(
+        ['fill to capacity (s, not a rate)']
+        + [
+            f"{contenders[n]['info']['fill_s']:.2f}"
+            + (
+                ''
+                if contenders[n]['info']['filled'] >= cap_of(contenders)
+                else f" ({contenders[n]['info']['filled']:,} items)"
+            )
+            for n in names
+        ]
+    )
     return md_table(['operation'] + names, rows)
 
 
@@ -333,11 +363,14 @@ def cap_of(contenders: Dict[str, Any]) -> int:
 def ratio_table(contenders: Dict[str, Any], memory: Optional[Dict[str, Any]]) -> str:
     ours = contenders[P.OURS]
     peers = [n for n in contenders if n != P.OURS]
-    rows = [[label] + [fmt_ratio(ratio(ours['ops'][op]['median'], contenders[p]['ops'][op]['median'])) for p in peers]
-            for op, (label, _) in P.OPS.items()]
+    rows = [
+        [label] + [fmt_ratio(ratio(ours['ops'][op]['median'], contenders[p]['ops'][op]['median'])) for p in peers]
+        for op, (label, _) in P.OPS.items()
+    ]
     if memory is not None:
-        rows.append(['bytes / transition'] + [fmt(ratio(bytes_of(memory, P.OURS), bytes_of(memory, p)), 3)
-                                              for p in peers])
+        rows.append(
+            ['bytes / transition'] + [fmt(ratio(bytes_of(memory, P.OURS), bytes_of(memory, p)), 3) for p in peers]
+        )
     return md_table([f'{P.OURS} / peer'] + peers, rows)
 
 
@@ -360,8 +393,15 @@ def check_targets(cartpole, memory, images, args) -> List[Dict[str, Any]]:
     if images is not None:
         name, op, other, bound = IMAGE_TARGET
         v = target_value(images, {}, op, other)
-        out.append({'target': name, 'capacity': images['capacity'], 'value': v, 'bound': bound,
-                    'met': None if v is None else v >= bound})
+        out.append(
+            {
+                'target': name,
+                'capacity': images['capacity'],
+                'value': v,
+                'bound': bound,
+                'met': None if v is None else v >= bound,
+            }
+        )
     return out
 
 
@@ -369,32 +409,51 @@ def print_report(env, cartpole, memory, images, targets, skipped, args) -> None:
     v = env['versions']
     print('# ding_buffer prioritized replay buffer vs peers\n')
     print(f"- date: {env['date_utc']}")
-    print(f"- CPU: {env['cpu']}, {env['cores']} cores ({env['cores_usable']} usable), torch threads "
-          f"{env['torch_threads']}")
-    print(f"- python {v['python']} ({env['python_executable']}), torch {v['torch']}, numpy {v['numpy']}, numba "
-          f"{v['numba']}, cpprb {v['cpprb']}, torchrl {v['torchrl']} (tensordict {v['tensordict']}), DI-engine "
-          f"{v['DI-engine']}, ding_buffer {v['ding-buffer']}")
-    print(f"- alpha {P.ALPHA}, beta {P.BETA}, batch {P.BATCH}; median of {args.repeats} repeats (images "
-          f"{args.image_repeats}), each >= {args.target_s} s per cell (GC paused), contenders interleaved; "
-          f"buffers filled to capacity first")
+    print(
+        f"- CPU: {env['cpu']}, {env['cores']} cores ({env['cores_usable']} usable), torch threads "
+        f"{env['torch_threads']}"
+    )
+    print(
+        f"- python {v['python']} ({env['python_executable']}), torch {v['torch']}, numpy {v['numpy']}, numba "
+        f"{v['numba']}, cpprb {v['cpprb']}, torchrl {v['torchrl']} (tensordict {v['tensordict']}), DI-engine "
+        f"{v['DI-engine']}, ding_buffer {v['ding-buffer']}"
+    )
+    print(
+        f"- alpha {P.ALPHA}, beta {P.BETA}, batch {P.BATCH}; median of {args.repeats} repeats (images "
+        f"{args.image_repeats}), each >= {args.target_s} s per cell (GC paused), contenders interleaved; "
+        f"buffers filled to capacity first"
+    )
     for name, reason in skipped.items():
         print(f'- skipped {name}: {reason}')
     for cap, res in cartpole.items():
         mem = memory.get(cap)
         print(f'\n## CartPole, capacity {int(cap):,}: rates (higher is better)\n')
         print(rate_table(res['contenders'], mem if mem is not None else {}))
-        print(f'\n## CartPole, capacity {int(cap):,}: ratio ours / peer (rates: > 1 = ding_buffer faster; '
-              f'bytes: < 1 = ding_buffer smaller)\n')
+        print(
+            f'\n## CartPole, capacity {int(cap):,}: ratio ours / peer (rates: > 1 = ding_buffer faster; '
+            f'bytes: < 1 = ding_buffer smaller)\n'
+        )
         print(ratio_table(res['contenders'], mem))
     if images is not None:
         print(f"\n## images u8[4,84,84] x2, capacity {images['capacity']:,} ({images['why']}): rates\n")
         print(rate_table(images['contenders'], None))
         print(f"\n## images, capacity {images['capacity']:,}: ratio ours / peer\n")
         print(ratio_table(images['contenders'], None))
-    print('\n## targets (stated for capacity 1e6' + (', evaluated at the quick run\'s capacities' if args.quick
-                                                     else '') + ')\n')
-    rows = [[t['target'], f"{t['capacity']:,}", 'n/a' if t['value'] is None else f"{t['value']:.3f}", f"{t['bound']:g}",
-             {True: 'met', False: 'NOT met', None: 'n/a (peer or memory not measured)'}[t['met']]] for t in targets]
+    print(
+        '\n## targets (stated for capacity 1e6'
+        + (', evaluated at the quick run\'s capacities' if args.quick else '')
+        + ')\n'
+    )
+    rows = [
+        [
+            t['target'],
+            f"{t['capacity']:,}",
+            'n/a' if t['value'] is None else f"{t['value']:.3f}",
+            f"{t['bound']:g}",
+            {True: 'met', False: 'NOT met', None: 'n/a (peer or memory not measured)'}[t['met']],
+        ]
+        for t in targets
+    ]
     print(md_table(['target', 'capacity', 'ours / peer', 'bound', 'result'], rows))
     print('\nNotes (n/a = the peer has no such operation; — = not measured):\n')
     seen = set()
@@ -404,9 +463,11 @@ def print_report(env, cartpole, memory, images, targets, skipped, args) -> None:
                 if (name, note) not in seen:
                     seen.add((name, note))
                     print(f'- {name}: {note}')
-    print('- bytes / transition: RSS growth from before construction to after the fill, / capacity, one fresh '
-          'subprocess per peer and capacity (warm-up on a tiny buffer first; gc + malloc_trim before each '
-          'reading); DI-engine\'s count includes the stored dicts and their numpy arrays, which it keeps')
+    print(
+        '- bytes / transition: RSS growth from before construction to after the fill, / capacity, one fresh '
+        'subprocess per peer and capacity (warm-up on a tiny buffer first; gc + malloc_trim before each '
+        'reading); DI-engine\'s count includes the stored dicts and their numpy arrays, which it keeps'
+    )
     if memory:
         for cap, per in memory.items():
             for name, m in per.items():
@@ -424,14 +485,20 @@ def parse_args(argv=None):
     p.add_argument('--repeats', type=int, default=None, help='repeats per cell (default 5, 2 with --quick)')
     p.add_argument('--image-repeats', type=int, default=None, help='image rounds (default 3, 2 with --quick)')
     p.add_argument('--target-s', type=float, default=None, help='seconds per measurement (default 0.4)')
-    p.add_argument('--fill-budget-s', type=float, default=None,
-                   help="cap on DI-engine's fill time per buffer (default 240, 30 with --quick)")
-    p.add_argument('--capacities', default=None,
-                   help='comma-separated CartPole capacities (default 1e5,1e6; 1e4,1e5 with --quick)')
+    p.add_argument(
+        '--fill-budget-s',
+        type=float,
+        default=None,
+        help="cap on DI-engine's fill time per buffer (default 240, 30 with --quick)",
+    )
+    p.add_argument(
+        '--capacities', default=None, help='comma-separated CartPole capacities (default 1e5,1e6; 1e4,1e5 with --quick)'
+    )
     p.add_argument('--no-images', action='store_true', help='skip the image transitions')
     p.add_argument('--no-memory', action='store_true', help='skip the bytes-per-transition subprocesses')
-    p.add_argument('--peers', default=None,
-                   help='comma-separated subset of: ours,cpprb,torchrl,diengine (default: all importable)')
+    p.add_argument(
+        '--peers', default=None, help='comma-separated subset of: ours,cpprb,torchrl,diengine (default: all importable)'
+    )
     p.add_argument('--out', default=DEFAULT_OUT, help=f'JSON output (default {DEFAULT_OUT})')
     p.add_argument('--mem-child', nargs=2, metavar=('PEER', 'CAPACITY'), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -507,8 +574,18 @@ def main(argv=None) -> None:
     print_report(env, cartpole, memory, images, targets, skipped, args)
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, 'w') as f:
-        json.dump({'environment': env, 'skipped_peers': skipped, 'cartpole': cartpole, 'memory': memory,
-                   'images': images, 'targets': targets}, f, indent=1)
+        json.dump(
+            {
+                'environment': env,
+                'skipped_peers': skipped,
+                'cartpole': cartpole,
+                'memory': memory,
+                'images': images,
+                'targets': targets,
+            },
+            f,
+            indent=1,
+        )
     P.diengine_cleanup()
     log(f'wrote {args.out}; total wall time {env["wall_s"]:.1f} s')
     sys.stdout.flush()

@@ -17,6 +17,7 @@ Run
 
 The script re-runs itself in ``--role client`` mode in the client processes (they join the driver's Ray instance).
 """
+
 import argparse
 import json
 import os
@@ -35,16 +36,31 @@ if ROOT not in sys.path:
 
 
 def buffer_cfg(name: str, shards: int) -> Dict[str, Any]:
-    return dict(type='advanced', replay_buffer_size=100_000, seed=0, storage=dict(type='tensor'),
-                distributed=dict(backend='ray', actor_name=name, namespace='bench_shards', num_shards=shards,
-                                 timeout=60, startup_timeout=120, heartbeat_seconds=5.0, peer_timeout=None))
+    return dict(
+        type='advanced',
+        replay_buffer_size=100_000,
+        seed=0,
+        storage=dict(type='tensor'),
+        distributed=dict(
+            backend='ray',
+            actor_name=name,
+            namespace='bench_shards',
+            num_shards=shards,
+            timeout=60,
+            startup_timeout=120,
+            heartbeat_seconds=5.0,
+            peer_timeout=None,
+        ),
+    )
 
 
 # ---------------------------------------------------------------------------------------------- client process
 def client_main(args: argparse.Namespace) -> None:
     import ray
     import torch
+
     from ding_buffer import create_buffer
+
     ray.init(address=os.environ['RAY_ADDRESS'], namespace='bench_shards', log_to_driver=False, configure_logging=False)
     cfg = buffer_cfg(args.name, args.k)
     clients = [create_buffer(cfg) for _ in range(args.threads)]
@@ -69,7 +85,7 @@ def client_main(args: argparse.Namespace) -> None:
             n += 1
         results[i] = {'push': push_lat, 'sample': sample_lat}
 
-    threads = [threading.Thread(target=run, args=(i, )) for i in range(args.threads)]
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(args.threads)]
     for t in threads:
         t.start()
     for t in threads:
@@ -87,8 +103,11 @@ def actor_cpu_seconds(ray: Any, name: str, k: int) -> float:
     """CPU seconds (user + system) the K manager actor processes used so far."""
     total = 0.0
     for s in range(k):
-        pid = ray.get(ray.get_actor(f'{name}-shard{s}' if k > 1 else name, namespace='bench_shards').__ray_call__.remote(
-            lambda self: os.getpid()))
+        pid = ray.get(
+            ray.get_actor(f'{name}-shard{s}' if k > 1 else name, namespace='bench_shards').__ray_call__.remote(
+                lambda self: os.getpid()
+            )
+        )
         with open(f'/proc/{pid}/stat') as f:
             fields = f.read().rsplit(')', 1)[1].split()
         total += (int(fields[11]) + int(fields[12])) / os.sysconf('SC_CLK_TCK')
@@ -97,9 +116,16 @@ def actor_cpu_seconds(ray: Any, name: str, k: int) -> float:
 
 def run_k(args: argparse.Namespace, k: int) -> Dict[str, Any]:
     import ray
+
     from ding_buffer import create_buffer
-    ray.init(num_cpus=max(4, k + 2), include_dashboard=False, namespace='bench_shards', log_to_driver=False,
-             configure_logging=False)
+
+    ray.init(
+        num_cpus=max(4, k + 2),
+        include_dashboard=False,
+        namespace='bench_shards',
+        log_to_driver=False,
+        configure_logging=False,
+    )
     try:
         name = f'bench_{uuid.uuid4().hex[:8]}'
         owner = create_buffer(buffer_cfg(name, k))  # creates the K actors and holds them
@@ -111,9 +137,26 @@ def run_k(args: argparse.Namespace, k: int) -> Dict[str, Any]:
         for p in range(args.procs):
             out = os.path.join(args.tmp, f'k{k}_p{p}.json')
             files.append(out)
-            cmd = [sys.executable, os.path.abspath(__file__), '--role', 'client', '--name', name, '--k', str(k),
-                   '--threads', str(args.threads), '--seconds', str(args.seconds), '--sample-every',
-                   str(args.sample_every), '--start-at', str(start_at), '--result', out]
+            cmd = [
+                sys.executable,
+                os.path.abspath(__file__),
+                '--role',
+                'client',
+                '--name',
+                name,
+                '--k',
+                str(k),
+                '--threads',
+                str(args.threads),
+                '--seconds',
+                str(args.seconds),
+                '--sample-every',
+                str(args.sample_every),
+                '--start-at',
+                str(start_at),
+                '--result',
+                out,
+            ]
             env = dict(os.environ, RAY_ADDRESS=address, OMP_NUM_THREADS='1', PYTHONPATH=ROOT)
             procs.append(subprocess.Popen(cmd, env=env))
         for p in procs:
@@ -129,9 +172,13 @@ def run_k(args: argparse.Namespace, k: int) -> Dict[str, Any]:
         calls = len(push) + len(sample)
         requests = len(push) + len(sample) * (k + max(1, min(k, 2)))  # a sample: K stats + its draws
         return {
-            'shards': k, 'clients': args.procs * args.threads, 'seconds': args.seconds,
-            'calls_per_s': calls / args.seconds, 'pushes_per_s': len(push) / args.seconds,
-            'push_p50_ms': 1e3 * float(np.percentile(push, 50)), 'push_p99_ms': 1e3 * float(np.percentile(push, 99)),
+            'shards': k,
+            'clients': args.procs * args.threads,
+            'seconds': args.seconds,
+            'calls_per_s': calls / args.seconds,
+            'pushes_per_s': len(push) / args.seconds,
+            'push_p50_ms': 1e3 * float(np.percentile(push, 50)),
+            'push_p99_ms': 1e3 * float(np.percentile(push, 99)),
             'sample_p99_ms': 1e3 * float(np.percentile(sample, 99)) if sample else float('nan'),
             'manager_cpu_ms_per_1k_requests': 1e6 * (cpu1 - cpu0) / max(requests, 1),
         }
@@ -158,23 +205,31 @@ def main() -> None:
         client_main(args)
         return
     import tempfile
+
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         args.tmp = tmp
         for k in [int(x) for x in args.shards.split(',')]:
-            print(f'K={k}: {args.procs} processes x {args.threads} clients, {args.seconds:g} s ...', file=sys.stderr,
-                  flush=True)
+            print(
+                f'K={k}: {args.procs} processes x {args.threads} clients, {args.seconds:g} s ...',
+                file=sys.stderr,
+                flush=True,
+            )
             rows.append(run_k(args, k))
             print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
     with open(args.out, 'w') as f:
         json.dump(rows, f, indent=1)
-    print("\n| shards K | clients | calls/s | pushes/s | push p50 ms | push p99 ms | sample(32) p99 ms | manager CPU ms "
-          "per 1k requests |\n|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print(
+        "\n| shards K | clients | calls/s | pushes/s | push p50 ms | push p99 ms | sample(32) p99 ms | manager CPU ms "
+        "per 1k requests |\n|---:|---:|---:|---:|---:|---:|---:|---:|"
+    )
     for r in rows:
-        print(f"| {r['shards']} | {r['clients']} | {r['calls_per_s']:,.0f} | {r['pushes_per_s']:,.0f} | "
-              f"{r['push_p50_ms']:.1f} | {r['push_p99_ms']:.1f} | {r['sample_p99_ms']:.1f} | "
-              f"{r['manager_cpu_ms_per_1k_requests']:.0f} |")
+        print(
+            f"| {r['shards']} | {r['clients']} | {r['calls_per_s']:,.0f} | {r['pushes_per_s']:,.0f} | "
+            f"{r['push_p50_ms']:.1f} | {r['push_p99_ms']:.1f} | {r['sample_p99_ms']:.1f} | "
+            f"{r['manager_cpu_ms_per_1k_requests']:.0f} |"
+        )
 
 
 if __name__ == '__main__':

@@ -20,6 +20,7 @@ Run
 Output: a markdown table (medians over rounds) on stdout, every round's numbers in ``--out`` (JSON, default
 ``benchmarks/results/bench_startup.json``).
 """
+
 import argparse
 import json
 import os
@@ -44,7 +45,8 @@ out = {'import_ms': 1e3 * t_import, 'numba_on_import': 'numba' in sys.modules,
        'tensorboard_on_import': any(m.startswith('tensorboard') for m in sys.modules)}
 rng = np.random.default_rng(0)
 batch = {'obs': rng.standard_normal((1000, 4), dtype=np.float32), 'action': rng.integers(0, 2, 1000),
-         'reward': rng.standard_normal(1000, dtype=np.float32), 'next_obs': rng.standard_normal((1000, 4), dtype=np.float32),
+         'reward': rng.standard_normal(1000, dtype=np.float32),
+         'next_obs': rng.standard_normal((1000, 4), dtype=np.float32),
          'done': rng.random(1000) < 0.1}
 item = {k: v[0] for k, v in batch.items()}
 item['action'], item['done'] = int(item['action']), bool(item['done'])
@@ -80,22 +82,29 @@ print('RESULT ' + json.dumps(out))
 '''
 
 CASES = [('advanced', 'tensor'), ('naive', 'list')]
-COLUMNS = [('import_ms', 'import ding_buffer'), ('build_ms', 'create_buffer'),
-           ('first_batch_push_ms', 'first push of 1,000 (batch / list)'), ('first_push_ms', 'first single push'),
-           ('first_sample_ms', 'first sample(256)'), ('first_update_ms', 'first update(256)'),
-           ('kernels_ready_after_ms', 'kernels loaded (background), after the first push'),
-           ('sample_when_ready_ms', 'sample(256) once ready'), ('second_sample_ms', 'a later sample(256)')]
+COLUMNS = [
+    ('import_ms', 'import ding_buffer'),
+    ('build_ms', 'create_buffer'),
+    ('first_batch_push_ms', 'first push of 1,000 (batch / list)'),
+    ('first_push_ms', 'first single push'),
+    ('first_sample_ms', 'first sample(256)'),
+    ('first_update_ms', 'first update(256)'),
+    ('kernels_ready_after_ms', 'kernels loaded (background), after the first push'),
+    ('sample_when_ready_ms', 'sample(256) once ready'),
+    ('second_sample_ms', 'a later sample(256)'),
+]
 TARGET_MS = 50.0
 
 
 def run_child(kind: str, storage: str) -> dict:
     env = dict(os.environ, OMP_NUM_THREADS=os.environ.get('OMP_NUM_THREADS', '1'))
-    proc = subprocess.run([sys.executable, '-c', CHILD, kind, storage], capture_output=True, text=True, timeout=300,
-                          env=env)
+    proc = subprocess.run(
+        [sys.executable, '-c', CHILD, kind, storage], capture_output=True, text=True, timeout=300, env=env
+    )
     if proc.returncode != 0:
         raise RuntimeError(f'child failed ({kind}, {storage}):\n{proc.stderr[-3000:]}')
     line = next(x for x in proc.stdout.splitlines() if x.startswith('RESULT '))
-    return json.loads(line[len('RESULT '):])
+    return json.loads(line[len('RESULT ') :])
 
 
 def median(rows, key):
@@ -116,8 +125,11 @@ def main(argv=None) -> None:
     rows = {f'{k}/{s}': [run_child(k, s) for _ in range(args.rounds)] for k, s in CASES}
     print(f'## Start-up in a fresh process (`python benchmarks/bench_startup.py --rounds {args.rounds}`)\n')
     m = machine(['numpy', 'torch', 'numba'])
-    print(f'{m["date_utc"]}, {m["cpu"]}, {m["cores"]} cores, {", ".join(f"{k} {v}" for k, v in m["versions"].items())}; medians of {args.rounds} fresh '
-          f'processes each (milliseconds; numba cache warm).\n')
+    print(
+        f'{m["date_utc"]}, {m["cpu"]}, {m["cores"]} cores, '
+        f'{", ".join(f"{k} {v}" for k, v in m["versions"].items())}; medians of {args.rounds} fresh '
+        f'processes each (milliseconds; numba cache warm).\n'
+    )
     print('| step (ms) | ' + ' | '.join(f'`{c}`' for c in rows) + ' |')
     print('|---|' + '---:|' * len(rows))
     for key, label in COLUMNS:
@@ -130,10 +142,14 @@ def main(argv=None) -> None:
     first = median(adv, 'first_sample_ms')
     light = not any(r['numba_on_import'] or r['tensorboard_on_import'] for rs in rows.values() for r in rs)
     print('\n| target | measured | result |\n|---|---:|---|')
-    print(f'| first `sample` of a process < {TARGET_MS:.0f} ms (advanced, tensor) | {first:.1f} ms | '
-          f'{"met" if first < TARGET_MS else "missed"} |')
-    print(f'| `import ding_buffer` imports neither numba nor TensorBoard | '
-          f'{"neither" if light else "imported"} | {"met" if light else "missed"} |')
+    print(
+        f'| first `sample` of a process < {TARGET_MS:.0f} ms (advanced, tensor) | {first:.1f} ms | '
+        f'{"met" if first < TARGET_MS else "missed"} |'
+    )
+    print(
+        f'| `import ding_buffer` imports neither numba nor TensorBoard | '
+        f'{"neither" if light else "imported"} | {"met" if light else "missed"} |'
+    )
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, 'w') as f:
         json.dump({'rows': rows, 'wall_s': time.perf_counter() - t0}, f, indent=1)

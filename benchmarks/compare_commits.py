@@ -20,6 +20,7 @@ How
 Run
     python benchmarks/compare_commits.py --base 70d9a36 --head HEAD [--capacity 100000] [--rounds 5]
 """
+
 import argparse
 import gc
 import json
@@ -31,9 +32,19 @@ import sys
 import tempfile
 import time
 
-OPS = ('advanced push 64', 'advanced single push', 'advanced sample 256', 'advanced update 256',
-       'advanced DQN loop', 'naive/tensor single push', 'naive/tensor extend 64', 'naive/tensor sample 256',
-       'naive/list single push', 'naive/list push 64', 'naive/list sample 256')
+OPS = (
+    'advanced push 64',
+    'advanced single push',
+    'advanced sample 256',
+    'advanced update 256',
+    'advanced DQN loop',
+    'naive/tensor single push',
+    'naive/tensor extend 64',
+    'naive/tensor sample 256',
+    'naive/list single push',
+    'naive/list push 64',
+    'naive/list sample 256',
+)
 
 
 # ---------------------------------------------------------------------------------------------- child
@@ -56,11 +67,14 @@ def child(src: str, capacity: int, target_s: float) -> dict:
     sys.path.insert(0, src)
     import numpy as np
     import torch
+
     import ding_buffer
     from ding_buffer import create_buffer
+
     assert os.path.realpath(ding_buffer.__file__).startswith(os.path.realpath(src)), ding_buffer.__file__
     try:  # steady state: the compiled kernels are loaded (they load in the background since the hot-paths work)
         from ding_buffer import _numba
+
         _numba.load()
     except (ImportError, AttributeError):  # a commit from before lazy loading: they load on first use
         pass
@@ -68,16 +82,23 @@ def child(src: str, capacity: int, target_s: float) -> dict:
     pool = 4096
     obs = rng.standard_normal((pool, 4)).astype(np.float32)
     nxt = rng.standard_normal((pool, 4)).astype(np.float32)
-    singles = [dict(obs=obs[i], action=int(i % 2), reward=1.0, next_obs=nxt[i], done=bool(i % 50 == 0))
-               for i in range(pool)]
-    batch = {'obs': torch.from_numpy(obs[:64]), 'action': torch.zeros(64, dtype=torch.int64),
-             'reward': torch.ones(64), 'next_obs': torch.from_numpy(nxt[:64]), 'done': torch.zeros(64, dtype=torch.bool)}
+    singles = [
+        dict(obs=obs[i], action=int(i % 2), reward=1.0, next_obs=nxt[i], done=bool(i % 50 == 0)) for i in range(pool)
+    ]
+    batch = {
+        'obs': torch.from_numpy(obs[:64]),
+        'action': torch.zeros(64, dtype=torch.int64),
+        'reward': torch.ones(64),
+        'next_obs': torch.from_numpy(nxt[:64]),
+        'done': torch.zeros(64, dtype=torch.bool),
+    }
     out, k = {}, [0]
 
     def one(buf):
         def push():
             k[0] = (k[0] + 1) % pool
             buf.push(singles[k[0]])
+
         return push
 
     def fill(buf, tensor: bool) -> None:
@@ -85,19 +106,28 @@ def child(src: str, capacity: int, target_s: float) -> dict:
             n = min(1024, capacity - start)
             idx = np.arange(start, start + n) % pool
             if tensor:
-                buf.extend({'obs': torch.from_numpy(obs[idx]), 'action': torch.zeros(n, dtype=torch.int64),
-                            'reward': torch.ones(n), 'next_obs': torch.from_numpy(nxt[idx]),
-                            'done': torch.zeros(n, dtype=torch.bool)})
+                buf.extend(
+                    {
+                        'obs': torch.from_numpy(obs[idx]),
+                        'action': torch.zeros(n, dtype=torch.int64),
+                        'reward': torch.ones(n),
+                        'next_obs': torch.from_numpy(nxt[idx]),
+                        'done': torch.zeros(n, dtype=torch.bool),
+                    }
+                )
             else:
                 buf.push([singles[i] for i in idx])
 
-    per = create_buffer(dict(type='advanced', replay_buffer_size=capacity, alpha=0.6, beta=0.4, seed=0,
-                             storage=dict(type='tensor')))
+    per = create_buffer(
+        dict(type='advanced', replay_buffer_size=capacity, alpha=0.6, beta=0.4, seed=0, storage=dict(type='tensor'))
+    )
     fill(per, True)
     prios = torch.rand(256)
     drawn = [per.sample(256) for _ in range(32)]
-    upd = [{'replay_unique_id': b['replay_unique_id'], 'replay_buffer_idx': b['replay_buffer_idx'], 'priority': prios}
-           for b in drawn]
+    upd = [
+        {'replay_unique_id': b['replay_unique_id'], 'replay_buffer_idx': b['replay_buffer_idx'], 'priority': prios}
+        for b in drawn
+    ]
     j = [0]
 
     def update():
@@ -110,8 +140,9 @@ def child(src: str, capacity: int, target_s: float) -> dict:
         for _ in range(4):
             push1()
         b = per.sample(256)
-        per.update({'replay_unique_id': b['replay_unique_id'], 'replay_buffer_idx': b['replay_buffer_idx'],
-                    'priority': prios})
+        per.update(
+            {'replay_unique_id': b['replay_unique_id'], 'replay_buffer_idx': b['replay_buffer_idx'], 'priority': prios}
+        )
 
     out['advanced sample 256'] = _rate(lambda: per.sample(256), 256, target_s, 5)
     out['advanced update 256'] = _rate(update, 256, target_s, 5)
@@ -162,9 +193,13 @@ def main(argv=None) -> None:
         commits = [checkout(args.base, root), checkout(args.head, root)]
         rates = {sha: {op: [] for op in OPS} for sha, _ in commits}
         for r in range(args.rounds):
-            for sha, src in (commits if r % 2 == 0 else commits[::-1]):
-                res = subprocess.run([sys.executable, __file__, '--child', src, str(args.capacity), str(args.target_s)],
-                                     capture_output=True, text=True, env={**os.environ, 'PYTHONPATH': ''})
+            for sha, src in commits if r % 2 == 0 else commits[::-1]:
+                res = subprocess.run(
+                    [sys.executable, __file__, '--child', src, str(args.capacity), str(args.target_s)],
+                    capture_output=True,
+                    text=True,
+                    env={**os.environ, 'PYTHONPATH': ''},
+                )
                 if res.returncode:
                     raise SystemExit(f'{sha} failed:\n{res.stderr[-3000:]}')
                 for op, v in json.loads(res.stdout.strip().splitlines()[-1]).items():

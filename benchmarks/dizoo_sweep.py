@@ -17,6 +17,7 @@ module under ``dizoo/`` is compiled: a compiled config always has ``policy.other
 
 Run:  python benchmarks/dizoo_sweep.py [--verbose]
 """
+
 import argparse
 import ast
 import collections
@@ -36,12 +37,41 @@ from easydict import EasyDict
 from ding_buffer.config import deep_merge_dicts
 
 # The policy template of compile_config: every compiled policy config has these sections.
-POLICY_TEMPLATE = dict(model=dict(), learn=dict(learner=dict()), collect=dict(collector=dict()),
-                       eval=dict(evaluator=dict()), other=dict(replay_buffer=dict()))
-SAFE = {'dict': dict, 'list': list, 'tuple': tuple, 'int': int, 'float': float, 'str': str, 'bool': bool,
-        'EasyDict': EasyDict, 'edict': EasyDict, 'inf': math.inf, 'math': math, 'deepcopy': copy.deepcopy,
-        'copy': copy, 'True': True, 'False': False, 'None': None, 'range': range, 'len': len, 'abs': abs,
-        'min': min, 'max': max, 'round': round, 'sum': sum, 'zip': zip, 'enumerate': enumerate, 'os': os}
+POLICY_TEMPLATE = dict(
+    model=dict(),
+    learn=dict(learner=dict()),
+    collect=dict(collector=dict()),
+    eval=dict(evaluator=dict()),
+    other=dict(replay_buffer=dict()),
+)
+SAFE = {
+    'dict': dict,
+    'list': list,
+    'tuple': tuple,
+    'int': int,
+    'float': float,
+    'str': str,
+    'bool': bool,
+    'EasyDict': EasyDict,
+    'edict': EasyDict,
+    'inf': math.inf,
+    'math': math,
+    'deepcopy': copy.deepcopy,
+    'copy': copy,
+    'True': True,
+    'False': False,
+    'None': None,
+    'range': range,
+    'len': len,
+    'abs': abs,
+    'min': min,
+    'max': max,
+    'round': round,
+    'sum': sum,
+    'zip': zip,
+    'enumerate': enumerate,
+    'os': os,
+}
 
 
 def source_root(package: str) -> Optional[str]:
@@ -91,8 +121,14 @@ def _class_info(node: ast.ClassDef, path: str, env: Dict[str, Any]) -> ClassInfo
     bases = [b.id if isinstance(b, ast.Name) else getattr(b, 'attr', '') for b in node.bases]
     registered = []
     for dec in node.decorator_list:
-        if (isinstance(dec, ast.Call) and isinstance(dec.func, ast.Attribute) and dec.func.attr == 'register'
-                and isinstance(dec.func.value, ast.Name) and dec.args and isinstance(dec.args[0], ast.Constant)):
+        if (
+            isinstance(dec, ast.Call)
+            and isinstance(dec.func, ast.Attribute)
+            and dec.func.attr == 'register'
+            and isinstance(dec.func.value, ast.Name)
+            and dec.args
+            and isinstance(dec.args[0], ast.Constant)
+        ):
             registered.append((dec.func.value.id, dec.args[0].value))
     config: Any = None
     env = dict(env)  # class-level constants (e.g. ACER's unroll_len) are visible to its config
@@ -176,7 +212,6 @@ def config_pairs(env: Dict[str, Any]) -> List[Tuple[str, Any, Any]]:
 
 # ---------------------------------------------------------------------------------------------------- compile
 class Sweep:
-
     def __init__(self, ding_root: str, dizoo_root: str) -> None:
         self.ding_root, self.dizoo_root = ding_root, dizoo_root
         classes = scan_classes(ding_root) + scan_classes(dizoo_root)
@@ -268,6 +303,7 @@ def run_sweep(verbose: bool = False) -> Optional[Dict[str, Any]]:
     if ding_root is None or dizoo_root is None:
         return None
     import ding_buffer
+
     sweep = Sweep(ding_root, dizoo_root)
     built, failed, uncompiled = 0, collections.defaultdict(list), collections.defaultdict(list)
     warned: Dict[str, int] = collections.Counter()
@@ -306,8 +342,15 @@ def run_sweep(verbose: bool = False) -> Optional[Dict[str, Any]]:
             os.chdir(old_cwd)
             log.removeHandler(handler)
     total = built + sum(len(v) for v in failed.values())
-    return dict(total=total, built=built, failed=dict(failed), uncompiled=dict(uncompiled), warned=dict(warned),
-                types=dict(types), served=dict(served))
+    return dict(
+        total=total,
+        built=built,
+        failed=dict(failed),
+        uncompiled=dict(uncompiled),
+        warned=dict(warned),
+        types=dict(types),
+        served=dict(served),
+    )
 
 
 def exercise(buf: Any, buffer_type: str) -> str:
@@ -317,8 +360,10 @@ def exercise(buf: Any, buffer_type: str) -> str:
     refuse this early sample, e.g. a throughput controller) or 'skipped' (episode buffers store episodes)."""
     if buffer_type == 'episode':
         return 'skipped'
-    buf.push([{'obs': float(i), 'action': i % 2, 'reward': 1.0, 'done': False, 'collect_iter': 0} for i in range(8)],
-             cur_collector_envstep=8)
+    buf.push(
+        [{'obs': float(i), 'action': i % 2, 'reward': 1.0, 'done': False, 'collect_iter': 0} for i in range(8)],
+        cur_collector_envstep=8,
+    )
     batch = buf.sample(2, 2, 1) if buffer_type == 'sequence' else buf.sample(4, 1)
     if batch is None:
         return 'held back'
@@ -326,14 +371,16 @@ def exercise(buf: Any, buffer_type: str) -> str:
         assert len(batch) == 2 and all(len(run) == 2 for run in batch), batch
         return 'served'
     assert isinstance(batch, list) and len(batch) == 4, batch
-    info = {'priority': [0.5 + i for i in range(4)], 'replay_buffer_idx': [d.get('replay_buffer_idx') for d in batch],
-            'replay_unique_id': [d.get('replay_unique_id') for d in batch]}
+    info = {
+        'priority': [0.5 + i for i in range(4)],
+        'replay_buffer_idx': [d.get('replay_buffer_idx') for d in batch],
+        'replay_unique_id': [d.get('replay_unique_id') for d in batch],
+    }
     buf.update(info)
     return 'served'
 
 
 class _Collect(logging.Handler):
-
     def __init__(self) -> None:
         super().__init__(logging.INFO)
         self.records: List[logging.LogRecord] = []

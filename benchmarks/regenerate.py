@@ -13,7 +13,7 @@ fails or is skipped leaves its README section as it was and is reported; the exi
 
 | name | script | what | peers |
 |---|---|---|---|
-| per | bench_per.py | prioritized replay, CartPole 1e5 / 1e6 and images, bytes per transition, targets | cpprb, TorchRL, DI-engine |
+| per | bench_per.py | prioritized replay, 1e5 / 1e6, images, bytes per item | cpprb, TorchRL, DI-engine |
 | naive | bench_naive.py | uniform replay, 1e5 / 1e6 | cpprb, TorchRL, DI-engine style |
 | gfn | bench_gfn.py | ``gfn_diverse`` insert / sample / fill | torchgfn |
 | gfn_ops | bench_gfn_ops.py | every GFlowNet buffer's push / sample with real containers, 1k / 10k | torchgfn |
@@ -24,6 +24,7 @@ fails or is skipped leaves its README section as it was and is reported; the exi
 Benchmarks are noisy on a shared VM: run this on a quiet machine (nothing else running) and read ratios, which
 come from peers interleaved in one process.
 """
+
 import argparse
 import datetime
 import os
@@ -45,8 +46,12 @@ BENCHES: Dict[str, Tuple[str, List[str], List[str], str]] = {
     'gfn': ('bench_gfn.py', [], ['--quick'], ''),
     'gfn_ops': ('bench_gfn_ops.py', [], ['--quick'], ''),
     'startup': ('bench_startup.py', [], ['--rounds', '1'], ''),
-    'dingengine': ('bench_dingengine.py', ['--capacity', '100000', '--rounds', '3', '--target-s', '0.5'],
-                   ['--rounds', '1', '--capacity', '2000'], 'needs'),
+    'dingengine': (
+        'bench_dingengine.py',
+        ['--capacity', '100000', '--rounds', '3', '--target-s', '0.5'],
+        ['--rounds', '1', '--capacity', '2000'],
+        'needs',
+    ),
     'distributed': ('bench_distributed.py', [], ['--quick'], ''),
 }
 
@@ -68,7 +73,7 @@ def splice(readme: str, name: str, body: str) -> Optional[str]:
     i, j = readme.find(begin), readme.find(end)
     if i < 0 or j < i:
         return None
-    return readme[:i + len(begin)] + '\n' + body.rstrip() + '\n' + readme[j:]
+    return readme[: i + len(begin)] + '\n' + body.rstrip() + '\n' + readme[j:]
 
 
 def run(name: str, quick: bool, python: str, timeout: float) -> Tuple[bool, str, float]:
@@ -90,9 +95,12 @@ def main(argv=None) -> int:
     p.add_argument('--only', default=None, help=f'comma-separated subset of {",".join(BENCHES)}')
     p.add_argument('--skip', default='', help='comma-separated benchmarks to leave out')
     p.add_argument('--quick', action='store_true', help="every script's smoke run; the README is not changed")
-    p.add_argument('--diengine-python', default=None,
-                   help='a python where DI-engine imports with its dependencies (see bench_per.py); '
-                        'without it the dingengine benchmark is skipped')
+    p.add_argument(
+        '--diengine-python',
+        default=None,
+        help='a python where DI-engine imports with its dependencies (see bench_per.py); '
+        'without it the dingengine benchmark is skipped',
+    )
     p.add_argument('--timeout', type=float, default=3600.0, help='seconds per benchmark (default 3600)')
     args = p.parse_args(argv)
     names = list(BENCHES) if args.only is None else [n.strip() for n in args.only.split(',') if n.strip()]
@@ -106,8 +114,13 @@ def main(argv=None) -> int:
         if name in skip:
             continue
         wants = BENCHES[name][3]
-        python = args.diengine_python if wants == 'needs' else (args.diengine_python or sys.executable) \
-            if wants == 'prefers' else sys.executable
+        python = (
+            args.diengine_python
+            if wants == 'needs'
+            else (args.diengine_python or sys.executable)
+            if wants == 'prefers'
+            else sys.executable
+        )
         if python is None:
             print(f'[regenerate] {name}: skipped (needs --diengine-python)', file=sys.stderr)
             continue
@@ -128,12 +141,17 @@ def main(argv=None) -> int:
         stamp = datetime.datetime.now(datetime.timezone.utc).strftime('%Y-%m-%d %H:%M UTC')
         for name, out, wall in done:
             script = BENCHES[name][0]
-            head = (f'*Regenerated {stamp} by `python benchmarks/regenerate.py --only {name}` '
-                    f'(`{script}`, {wall:.0f} s).*\n\n')
+            head = (
+                f'*Regenerated {stamp} by `python benchmarks/regenerate.py --only {name}` '
+                f'(`{script}`, {wall:.0f} s).*\n\n'
+            )
             new = splice(readme, name, head + demote(out))
             if new is None:
-                print(f'[regenerate] {name}: README has no {marker(name)[0]} section; '
-                      f'report left in benchmarks/results/{name}.md', file=sys.stderr)
+                print(
+                    f'[regenerate] {name}: README has no {marker(name)[0]} section; '
+                    f'report left in benchmarks/results/{name}.md',
+                    file=sys.stderr,
+                )
                 continue
             readme = new
         tmp = README + '.tmp'

@@ -11,6 +11,7 @@ and a JSON of all summaries.
 The issue's target: with the PER config, >= 475 within 50,000 env steps for at least 4 of 5 seeds, each run
 under 5 minutes on this 2-core CPU machine.
 """
+
 import argparse
 import json
 import os
@@ -61,27 +62,37 @@ def write_configs(configs: List[str], out_dir: str) -> None:
     for name in configs:
         with open(os.path.join(ROOT, CONFIGS[name])) as f:
             text = f.read()
-        text += f"\nmain_config['log_dir'] = {os.path.join(out_dir, 'runs')!r}\nmain_config['checkpoint'] = " \
-                "dict(freq=None, keep=1)\n"
+        text += (
+            f"\nmain_config['log_dir'] = {os.path.join(out_dir, 'runs')!r}\nmain_config['checkpoint'] = "
+            "dict(freq=None, keep=1)\n"
+        )
         with open(os.path.join(out_dir, f'{name}.py'), 'w') as f:
             f.write(text)
 
 
 def table(name: str, rows: List[dict]) -> str:
-    lines = [f'**{name}**', '', '| seed | env steps to 475 | best eval return | final eval return | wall time (s) |',
-             '|---:|---:|---:|---:|---:|']
+    lines = [
+        f'**{name}**',
+        '',
+        '| seed | env steps to 475 | best eval return | final eval return | wall time (s) |',
+        '|---:|---:|---:|---:|---:|',
+    ]
     for r in sorted(rows, key=lambda r: r['seed']):
         if r.get('failed'):
             lines.append(f"| {r['seed']} | failed (exit {r['returncode']}) | | | |")
             continue
         solved = f"{r['solved_step']:,}" if r['solved_step'] is not None else 'not reached'
-        lines.append(f"| {r['seed']} | {solved} | {r['best_eval_return']:.1f} | {r['final_eval_return']:.1f} | "
-                     f"{r['wall_time_s']:.0f} |")
+        lines.append(
+            f"| {r['seed']} | {solved} | {r['best_eval_return']:.1f} | {r['final_eval_return']:.1f} | "
+            f"{r['wall_time_s']:.0f} |"
+        )
     ok = [r for r in rows if not r.get('failed')]
     solved = [r for r in ok if r['solved_step'] is not None]
     lines.append('')
-    lines.append(f"solved (>= 475 within the run) {len(solved)}/{len(rows)}; max wall time "
-                 f"{max((r['wall_time_s'] for r in ok), default=float('nan')):.0f} s")
+    lines.append(
+        f"solved (>= 475 within the run) {len(solved)}/{len(rows)}; max wall time "
+        f"{max((r['wall_time_s'] for r in ok), default=float('nan')):.0f} s"
+    )
     return '\n'.join(lines)
 
 
@@ -101,12 +112,15 @@ def main() -> int:
     write_configs(args.configs, out_dir)
     t0 = time.monotonic()
     results = run_all(args.configs, args.seeds, args.jobs, out_dir, args.timeout)
-    print(f"\n# CartPole-v1 DQN, {len(args.seeds)} seeds, {args.jobs} runs at a time "
-          f"({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, total {time.monotonic() - t0:.0f} s)\n")
+    print(
+        f"\n# CartPole-v1 DQN, {len(args.seeds)} seeds, {args.jobs} runs at a time "
+        f"({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, total {time.monotonic() - t0:.0f} s)\n"
+    )
     for name in args.configs:
         print(table(f'cartpole_dqn_{name}', results[name]) + '\n')
     sys.path.insert(0, ROOT)
     from ding_buffer.train.plot import plot_runs
+
     runs = [os.path.join(out_dir, 'runs', f'cartpole_dqn_{n}_seed{s}') for n in args.configs for s in args.seeds]
     runs = [r for r in runs if os.path.isfile(os.path.join(r, 'eval.csv'))]
     if runs:

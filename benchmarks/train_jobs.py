@@ -15,6 +15,7 @@ one (``--nproc``). Columns: final and best L1 distance to the exact target, mode
 Runs are sequential (a job uses every core it gets). Each run's summary.json and log stay under ``--out-dir``;
 the tables are printed as markdown with the date, the machine and this command.
 """
+
 import argparse
 import datetime
 import json
@@ -45,8 +46,12 @@ def config_copy(out_dir: str, name: str, base: str, backend: str = None) -> str:
     """A config file under ``out_dir`` that loads ``base`` and sends runs to ``out_dir/runs`` (and sets the
     distributed backend when given)."""
     path = os.path.join(out_dir, f'{name}.py')
-    lines = ["import runpy", f"main_config = runpy.run_path({os.path.join(ROOT, base)!r})['main_config']",
-             f"main_config['log_dir'] = {os.path.join(out_dir, 'runs')!r}", f"main_config['exp_name'] = {name!r}"]
+    lines = [
+        "import runpy",
+        f"main_config = runpy.run_path({os.path.join(ROOT, base)!r})['main_config']",
+        f"main_config['log_dir'] = {os.path.join(out_dir, 'runs')!r}",
+        f"main_config['exp_name'] = {name!r}",
+    ]
     if backend is not None:
         lines.append(f"main_config['policy']['other']['replay_buffer']['distributed']['backend'] = {backend!r}")
         if backend == 'ray':
@@ -88,24 +93,44 @@ def apex(args: argparse.Namespace) -> None:
         name = f'apex_{backend}'
         cfg = config_copy(args.out_dir, name, 'config/cartpole_apex.py', backend)
         for seed in args.seeds:
-            cmd = [sys.executable, '-m', 'ding_buffer', 'train', cfg, '--seed', str(seed), '--nproc', str(args.nproc),
-                   '--no-progress', '--env-steps', str(args.env_steps)]
+            cmd = [
+                sys.executable,
+                '-m',
+                'ding_buffer',
+                'train',
+                cfg,
+                '--seed',
+                str(seed),
+                '--nproc',
+                str(args.nproc),
+                '--no-progress',
+                '--env-steps',
+                str(args.env_steps),
+            ]
             r = run(cmd, os.path.join(args.out_dir, f'{name}_seed{seed}.log'), args.timeout)
             s = summary_of(args.out_dir, name, seed)
             rows.append((backend, seed, r, s))
-            print(f"{backend} seed {seed}: exit {r['returncode']}, {r['wall_s']:.0f} s, solved at {s.get('solved_step')}",
-                  flush=True)
-    print(f"\n*{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, {cpu()}; "
-          f"`{' '.join(['python', 'benchmarks/train_jobs.py'] + sys.argv[1:])}`*\n")
-    print('| backend | seed | transitions to 475 | best eval return | final eval return | gradient steps | '
-          'wall time (s) |')
+            print(
+                f"{backend} seed {seed}: exit {r['returncode']}, {r['wall_s']:.0f} s, solved at {s.get('solved_step')}",
+                flush=True,
+            )
+    print(
+        f"\n*{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, {cpu()}; "
+        f"`{' '.join(['python', 'benchmarks/train_jobs.py'] + sys.argv[1:])}`*\n"
+    )
+    print(
+        '| backend | seed | transitions to 475 | best eval return | final eval return | gradient steps | '
+        'wall time (s) |'
+    )
     print('|---|---:|---:|---:|---:|---:|---:|')
     for backend, seed, r, s in rows:
         if not s:
             print(f"| {backend} | {seed} | failed (exit {r['returncode']}) | | | | {r['wall_s']:.0f} |")
             continue
-        print(f"| {backend} | {seed} | {s['solved_step'] if s['solved_step'] is not None else 'not reached'} | "
-              f"{s['best_eval_return']:.0f} | {s['final_eval_return']:.0f} | {s['train_iters']:,} | {r['wall_s']:.0f} |")
+        print(
+            f"| {backend} | {seed} | {s['solved_step'] if s['solved_step'] is not None else 'not reached'} | "
+            f"{s['best_eval_return']:.0f} | {s['final_eval_return']:.0f} | {s['train_iters']:,} | {r['wall_s']:.0f} |"
+        )
 
 
 def hypergrid(args: argparse.Namespace) -> None:
@@ -115,27 +140,43 @@ def hypergrid(args: argparse.Namespace) -> None:
         run_name = f'hg_{name}'
         cfg = config_copy(args.out_dir, run_name, base)
         for seed in args.seeds:
-            cmd = [sys.executable, '-m', 'ding_buffer', 'train', cfg, '--seed', str(seed), '--no-progress',
-                   '--iterations', str(args.iterations)]
+            cmd = [
+                sys.executable,
+                '-m',
+                'ding_buffer',
+                'train',
+                cfg,
+                '--seed',
+                str(seed),
+                '--no-progress',
+                '--iterations',
+                str(args.iterations),
+            ]
             if name == 'distributed':
                 cmd += ['--nproc', str(args.nproc)]
             r = run(cmd, os.path.join(args.out_dir, f'{run_name}_seed{seed}.log'), args.timeout)
             s = summary_of(args.out_dir, run_name, seed)
             results.setdefault(name, []).append((seed, r, s))
-            print(f"{name} seed {seed}: exit {r['returncode']}, {r['wall_s']:.0f} s, final L1 {s.get('final_l1_dist')}",
-                  flush=True)
-    print(f"\n*{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, {cpu()}; "
-          f"`{' '.join(['python', 'benchmarks/train_jobs.py'] + sys.argv[1:])}`*\n")
+            print(
+                f"{name} seed {seed}: exit {r['returncode']}, {r['wall_s']:.0f} s, final L1 {s.get('final_l1_dist')}",
+                flush=True,
+            )
+    print(
+        f"\n*{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, {cpu()}; "
+        f"`{' '.join(['python', 'benchmarks/train_jobs.py'] + sys.argv[1:])}`*\n"
+    )
     print('| config | buffer | seeds | final L1 | best L1 | modes found | \\|log Z error\\| | wall time (s) |')
     print('|---|---|---:|---:|---:|---:|---:|---:|')
     for name, runs in results.items():
         ok = [s for _, r, s in runs if s]
         buf = ok[0]['buffer_type'] if ok else '-'
         modes = ', '.join(f"{s['modes_found']}/{s['n_modes']}" for s in ok)
-        print(f"| `hypergrid_tb_{name}` | {buf} | {len(ok)}/{len(runs)} | "
-              f"{fmt_mean([s['final_l1_dist'] for s in ok])} | {fmt_mean([s['best_l1_dist'] for s in ok])} | "
-              f"{modes} | {fmt_mean([abs(s['logZ'] - s['logZ_true']) for s in ok])} | "
-              f"{fmt_mean([r['wall_s'] for _, r, s in runs if s], '.0f')} |")
+        print(
+            f"| `hypergrid_tb_{name}` | {buf} | {len(ok)}/{len(runs)} | "
+            f"{fmt_mean([s['final_l1_dist'] for s in ok])} | {fmt_mean([s['best_l1_dist'] for s in ok])} | "
+            f"{modes} | {fmt_mean([abs(s['logZ'] - s['logZ_true']) for s in ok])} | "
+            f"{fmt_mean([r['wall_s'] for _, r, s in runs if s], '.0f')} |"
+        )
     floor = next((s['l1_exact_samples'] for runs in results.values() for _, _, s in runs if s), None)
     if floor is not None:
         print(f"\nL1 that exact samples of the target show at this evaluation size: {floor}")

@@ -1,11 +1,12 @@
 """Prioritized replay (PER) for DQN-style learners, DI-engine config layout.
 
-    from ding_buffer import create_buffer
-    buffer = create_buffer(main_config['policy']['other']['replay_buffer'], exp_name=main_config['exp_name'])
-    batch = buffer.sample(256, cur_learner_iter=it)          # adds 'IS', 'priority', 'use', 'staleness'
-    buffer.update({'replay_unique_id': batch['replay_unique_id'],
-                   'replay_buffer_idx': batch['replay_buffer_idx'], 'priority': td_error.abs()})
+from ding_buffer import create_buffer
+buffer = create_buffer(main_config['policy']['other']['replay_buffer'], exp_name=main_config['exp_name'])
+batch = buffer.sample(256, cur_learner_iter=it)          # adds 'IS', 'priority', 'use', 'staleness'
+buffer.update({'replay_unique_id': batch['replay_unique_id'],
+               'replay_buffer_idx': batch['replay_buffer_idx'], 'priority': td_error.abs()})
 """
+
 main_config = dict(
     exp_name='advanced_buffer_demo',
     policy=dict(

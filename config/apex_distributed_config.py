@@ -9,6 +9,7 @@ the learner samples and updates priorities. Same code on every rank; the backend
 
 Launch: torchrun --nproc_per_node 3 train.py | mpirun -n 3 python train.py | backend='ray' in any Ray job.
 """
+
 main_config = dict(
     exp_name='apex_distributed',
     policy=dict(

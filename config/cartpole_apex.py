@@ -7,6 +7,7 @@
 The backend is one key: policy.other.replay_buffer.distributed.backend = 'torch' | 'mpi' | 'ray'. Anything left
 out takes the default of ding_buffer.train.apex.APEX_DEFAULTS.
 """
+
 main_config = dict(
     job='apex',
     exp_name='cartpole_apex',

@@ -4,6 +4,7 @@
 
 Every knob a user tunes is here; anything left out takes the default of ding_buffer.train.config.TRAIN_DEFAULTS.
 """
+
 main_config = dict(
     exp_name='cartpole_dqn_per',
     # runs go to <log_dir>/<exp_name>_seed<seed>/ (None: the working directory)
@@ -44,7 +45,9 @@ main_config = dict(
                 max_use=float('inf'),
                 max_staleness=float('inf'),
                 storage=dict(type='tensor', device='cpu'),
-                monitor=dict(sampled_data_attr=dict(average_range=5, print_freq=500), periodic_thruput=dict(seconds=30)),
+                monitor=dict(
+                    sampled_data_attr=dict(average_range=5, print_freq=500), periodic_thruput=dict(seconds=30)
+                ),
             ),
         ),
     ),

@@ -4,6 +4,7 @@
 
 Every knob a user tunes is here; anything left out takes the default of ding_buffer.train.config.TRAIN_DEFAULTS.
 """
+
 main_config = dict(
     exp_name='cartpole_dqn_uniform',
     # runs go to <log_dir>/<exp_name>_seed<seed>/ (None: the working directory)

@@ -1,9 +1,10 @@
 """An episode buffer for recurrent learners (R2D2-style sequence sampling), DI-engine config layout.
 
-    buffer = create_buffer(main_config['policy']['other']['replay_buffer'])
-    buffer.push(episode)                      # dict of [T, ...] tensors, or [list_of_transition_dicts]
-    batch = buffer.sample(32, unroll_len=40)  # [32, 40, ...] windows plus 'mask'
+buffer = create_buffer(main_config['policy']['other']['replay_buffer'])
+buffer.push(episode)                      # dict of [T, ...] tensors, or [list_of_transition_dicts]
+batch = buffer.sample(32, unroll_len=40)  # [32, 40, ...] windows plus 'mask'
 """
+
 main_config = dict(
     exp_name='episode_buffer_demo',
     policy=dict(

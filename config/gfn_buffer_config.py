@@ -5,6 +5,7 @@ prioritized_capacity and prioritized_sampling), DI-engine config layout.
     buffer.push({'state': x_terminal, 'log_reward': log_r, 'actions': a})   # or buffer.add(trajectories)
     batch = buffer.sample(64)
 """
+
 main_config = dict(
     exp_name='gfn_buffer_demo',
     policy=dict(

@@ -6,6 +6,7 @@ NormBasedDiversePrioritizedReplayBuffer), DI-engine config layout.
     buffer.push({'state': x_terminal, 'log_reward': log_r})   # dict of [B, ...] tensors, or a torchgfn container
     batch = buffer.sample(64)                                 # same kind back; None while empty
 """
+
 main_config = dict(
     exp_name='gfn_diverse_buffer_demo',
     policy=dict(

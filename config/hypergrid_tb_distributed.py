@@ -9,6 +9,7 @@ replay from the manager and evaluates exactly as the local job.
 
 Anything left out takes the default of ding_buffer.train.hypergrid.HYPERGRID_DEFAULTS.
 """
+
 main_config = dict(
     job='hypergrid',
     exp_name='hypergrid_tb_distributed',

@@ -8,6 +8,7 @@ ding_buffer.train.hypergrid.HYPERGRID_DEFAULTS. Siblings: hypergrid_tb_nobuffer.
 hypergrid_tb_gfn_prioritized.py (keep-best + reward-proportional sampling), hypergrid_tb_gfn_diverse.py
 (keep-best + diversity filter), hypergrid_tb_torchgfn.py (torchgfn's own ReplayBuffer, for comparison).
 """
+
 main_config = dict(
     job='hypergrid',
     exp_name='hypergrid_tb_gfn',

@@ -4,6 +4,7 @@ NormBasedDiversePrioritizedReplayBuffer), DI-engine config layout.
 
     ding-buffer train config/hypergrid_tb_gfn_diverse.py [--seed N] [--iterations N] [--resume RUN_DIR]
 """
+
 main_config = dict(
     job='hypergrid',
     exp_name='hypergrid_tb_gfn_diverse',

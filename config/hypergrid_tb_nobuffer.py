@@ -6,6 +6,7 @@ hypergrid_tb_* configs, DI-engine config layout.
 Identical to hypergrid_tb_gfn.py except policy.other.replay_buffer=None; replay_batch_size and replay_warmup
 have no effect here.
 """
+
 main_config = dict(
     job='hypergrid',
     exp_name='hypergrid_tb_nobuffer',

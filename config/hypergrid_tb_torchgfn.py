@@ -8,6 +8,7 @@ type='torchgfn:<class>' builds gfn.containers.<class>(env, capacity=replay_buffe
 'torchgfn:NormBasedDiversePrioritizedReplayBuffer' (keys replay_buffer_size, cutoff_distance, p_norm_distance).
 torchgfn's buffers have no TensorBoard monitors.
 """
+
 main_config = dict(
     job='hypergrid',
     exp_name='hypergrid_tb_torchgfn',

@@ -4,6 +4,7 @@ p-norm; torchgfn's buffer samples uniformly, as that config does), DI-engine con
 
     ding-buffer train config/hypergrid_tb_torchgfn_diverse.py [--seed N] [--iterations N] [--resume RUN_DIR]
 """
+
 main_config = dict(
     job='hypergrid',
     exp_name='hypergrid_tb_torchgfn_diverse',

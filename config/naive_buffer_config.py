@@ -1,8 +1,9 @@
 """A uniform replay buffer for an off-policy learner (DQN/SAC style), DI-engine config layout.
 
-    from ding_buffer import create_buffer
-    buffer = create_buffer(main_config['policy']['other']['replay_buffer'], exp_name=main_config['exp_name'])
+from ding_buffer import create_buffer
+buffer = create_buffer(main_config['policy']['other']['replay_buffer'], exp_name=main_config['exp_name'])
 """
+
 main_config = dict(
     exp_name='naive_buffer_demo',
     policy=dict(

@@ -7,6 +7,7 @@ config layout.
     buffer.update({'replay_unique_id': batch['replay_unique_id'], 'replay_buffer_idx': batch['replay_buffer_idx'],
                    'priority': td_priority})              # [64] per window, or [64, 80] per step
 """
+
 main_config = dict(
     exp_name='r2d2_buffer_demo',
     policy=dict(
@@ -21,8 +22,7 @@ main_config = dict(
                 pad_short_episodes=True,
                 # window priority = eta * max + (1 - eta) * mean of its step priorities; drawn with
                 # probability priority ** alpha, importance weights (p / p_min) ** (-alpha * beta)
-                sampler=dict(type='prioritized', unroll_len=80, alpha=0.9, beta=0.6, eta=0.9, eps=1e-5,
-                             anneal_step=0),
+                sampler=dict(type='prioritized', unroll_len=80, alpha=0.9, beta=0.6, eta=0.9, eps=1e-5, anneal_step=0),
                 # optional parts compose too, e.g. drop an episode once its windows were drawn 8 times
                 max_use=float('inf'),
                 seed=None,

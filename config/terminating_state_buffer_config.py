@@ -5,6 +5,7 @@ then re-sample trajectories to them with the backward policy.
     buffer.add(trajectories)        # keeps trajectories.terminating_states and their log_rewards
     x = buffer.sample(64)           # a StatesContainer (torchgfn input) or {'state', 'log_reward'}
 """
+
 main_config = dict(
     exp_name='terminating_state_buffer_demo',
     policy=dict(

@@ -3,6 +3,7 @@
 The public names load on first use (PEP 562), so ``import ding_buffer`` -- and the ``ding-buffer`` command's first
 line -- does not wait for torch; ``from ding_buffer import create_buffer`` works as usual.
 """
+
 import importlib
 from typing import Any, List
 
@@ -12,23 +13,67 @@ __version__ = '0.1.0'
 
 # public name -> the submodule that defines it
 _EXPORTS = {
-    'IBuffer': 'base', 'BUFFER_REGISTRY': 'base', 'create_buffer': 'base', 'get_buffer_cls': 'base',
+    'IBuffer': 'base',
+    'BUFFER_REGISTRY': 'base',
+    'create_buffer': 'base',
+    'get_buffer_cls': 'base',
     'deep_merge_dicts': 'config',
-    'NaiveReplayBuffer': 'buffers', 'ElasticReplayBuffer': 'buffers', 'SequenceReplayBuffer': 'buffers',
-    'DequeReplayBuffer': 'buffers', 'EpisodeReplayBuffer': 'buffers', 'AdvancedReplayBuffer': 'buffers',
-    'GFlowNetReplayBuffer': 'buffers', 'DiverseGFlowNetReplayBuffer': 'buffers', 'TerminatingStateBuffer': 'buffers',
-    'SampleTimeoutError': 'errors', 'CodecError': 'errors', 'TransportError': 'errors', 'SendTimeout': 'errors',
-    'ManagerUnavailableError': 'errors', 'ManagerTimeoutError': 'errors', 'RemoteError': 'errors',
+    'NaiveReplayBuffer': 'buffers',
+    'ElasticReplayBuffer': 'buffers',
+    'SequenceReplayBuffer': 'buffers',
+    'DequeReplayBuffer': 'buffers',
+    'EpisodeReplayBuffer': 'buffers',
+    'AdvancedReplayBuffer': 'buffers',
+    'GFlowNetReplayBuffer': 'buffers',
+    'DiverseGFlowNetReplayBuffer': 'buffers',
+    'TerminatingStateBuffer': 'buffers',
+    'SampleTimeoutError': 'errors',
+    'CodecError': 'errors',
+    'TransportError': 'errors',
+    'SendTimeout': 'errors',
+    'ManagerUnavailableError': 'errors',
+    'ManagerTimeoutError': 'errors',
+    'RemoteError': 'errors',
 }
-_SUBPACKAGES = ('base', 'buffers', 'config', 'control', 'distributed', 'errors', 'monitor', 'persistence', 'sampling',
-                'segment_tree', 'storage', 'train', 'utils')
+_SUBPACKAGES = (
+    'base',
+    'buffers',
+    'config',
+    'control',
+    'distributed',
+    'errors',
+    'monitor',
+    'persistence',
+    'sampling',
+    'segment_tree',
+    'storage',
+    'train',
+    'utils',
+)
 
 __all__ = [
-    'IBuffer', 'BUFFER_REGISTRY', 'create_buffer', 'get_buffer_cls', 'deep_merge_dicts', 'NaiveReplayBuffer',
-    'ElasticReplayBuffer', 'SequenceReplayBuffer', 'DequeReplayBuffer', 'EpisodeReplayBuffer', 'AdvancedReplayBuffer',
-    'GFlowNetReplayBuffer', 'DiverseGFlowNetReplayBuffer', 'TerminatingStateBuffer', 'SampleTimeoutError',
-    'CodecError', 'TransportError', 'SendTimeout', 'ManagerUnavailableError', 'ManagerTimeoutError', 'RemoteError',
-    '__version__'
+    'IBuffer',
+    'BUFFER_REGISTRY',
+    'create_buffer',
+    'get_buffer_cls',
+    'deep_merge_dicts',
+    'NaiveReplayBuffer',
+    'ElasticReplayBuffer',
+    'SequenceReplayBuffer',
+    'DequeReplayBuffer',
+    'EpisodeReplayBuffer',
+    'AdvancedReplayBuffer',
+    'GFlowNetReplayBuffer',
+    'DiverseGFlowNetReplayBuffer',
+    'TerminatingStateBuffer',
+    'SampleTimeoutError',
+    'CodecError',
+    'TransportError',
+    'SendTimeout',
+    'ManagerUnavailableError',
+    'ManagerTimeoutError',
+    'RemoteError',
+    '__version__',
 ]
 
 

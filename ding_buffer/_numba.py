@@ -22,6 +22,7 @@ compiled code of earlier runs. A numba that is installed but fails to import lea
 
 ``DING_BUFFER_NO_NUMBA=1`` forces the pure-Python/numpy fallbacks (the tests run both backends).
 """
+
 import importlib.util
 import logging
 import os
@@ -102,8 +103,10 @@ def load() -> None:
     if not _PENDING:
         return
     if not _LOCK.acquire(timeout=LOAD_TIMEOUT_S):
-        raise TimeoutError(f"ding_buffer's numba kernels did not finish loading within {LOAD_TIMEOUT_S:.0f} s "
-                           f"(set DING_BUFFER_NO_NUMBA=1 to run without them)")
+        raise TimeoutError(
+            f"ding_buffer's numba kernels did not finish loading within {LOAD_TIMEOUT_S:.0f} s "
+            f"(set DING_BUFFER_NO_NUMBA=1 to run without them)"
+        )
     try:
         _load_locked()
     finally:
@@ -118,6 +121,7 @@ def _load_locked() -> None:
     if _numba is None:
         try:
             import numba
+
             _numba = numba
         except Exception:  # an installed but broken numba: the plain functions still give the right answers
             _numba = False
@@ -128,8 +132,11 @@ def _load_locked() -> None:
             swap = _compile(pending)
             _warm(pending, swap)
         except Exception as e:  # never retried: the plain functions serve from now on
-            _log.warning('ding_buffer: compiling the numba kernels failed (%r); using the numpy / Python '
-                         'versions (correct, slower)', e)
+            _log.warning(
+                'ding_buffer: compiling the numba kernels failed (%r); using the numpy / Python '
+                'versions (correct, slower)',
+                e,
+            )
             _numba = False
             for kernel in pending:
                 kernel.dispatcher = None
@@ -200,6 +207,7 @@ def set_fallback(kernel: Any, fallback: Any) -> None:
 def njit(*args: Any, fallback: Optional[Callable] = None, **options: Any) -> Any:
     """``@njit`` / ``@njit(cache=True, ..., fallback=f)``: numba's, compiled in the background; ``fallback`` (same
     results) serves calls until then. Without numba: ``fallback`` when given, else the function itself."""
+
     def decorate(func: Callable) -> Any:
         if not HAVE_NUMBA:
             return fallback or func

@@ -3,6 +3,7 @@
 A DI-engine pipeline builds its buffer with ``create_buffer(cfg.policy.other.replay_buffer, tb_logger=...,
 exp_name=...)`` and only talks to it through the methods of ``IBuffer``; every preset here keeps that surface.
 """
+
 import copy
 import importlib
 import logging
@@ -38,8 +39,9 @@ class Registry(dict):
         def decorator(cls: type) -> type:
             self._ensure()
             if dict.__contains__(self, name):
-                raise ValueError(f"{self.what} '{name}' is already registered (by "
-                                 f"{dict.__getitem__(self, name).__qualname__})")
+                raise ValueError(
+                    f"{self.what} '{name}' is already registered (by {dict.__getitem__(self, name).__qualname__})"
+                )
             self[name] = cls
             return cls
 
@@ -101,6 +103,7 @@ class IBuffer(ABC):
         ``save_data``, ``load_data``, ``start``, ``close``, ``default_config``; ``len(buffer)`` and
         ``with buffer: ...`` (which calls ``close`` on exit). ``iter(buffer)`` is a ``TypeError`` (sample instead).
     """
+
     config: Dict[str, Any] = {}
     # Why a distributed manager cannot serve this type (None: it can); create_buffer refuses 'distributed' then.
     not_distributable: Optional[str] = None
@@ -195,14 +198,19 @@ def _import_modules(cfg: Any) -> None:
     if names is None:
         names = []
     if not isinstance(names, (list, tuple)):
-        raise TypeError(f"config key 'import_names' must be a list of module names, got {type(names).__name__} "
-                        f"{names!r:.60}")
+        raise TypeError(
+            f"config key 'import_names' must be a list of module names, got {type(names).__name__} {names!r:.60}"
+        )
     for name in names:
         if not isinstance(name, str) or not name:
             raise TypeError(f"config key 'import_names' holds {name!r:.60}; expected module names (str)")
         if name == 'ding' or name.startswith('ding.'):
-            _LOG.info("import_names: skipped DI-engine module %r (ding_buffer provides type %r itself; DI-engine's "
-                      "modules register into DI-engine's registry)", name, cfg.get('type'))
+            _LOG.info(
+                "import_names: skipped DI-engine module %r (ding_buffer provides type %r itself; DI-engine's "
+                "modules register into DI-engine's registry)",
+                name,
+                cfg.get('type'),
+            )
             continue
         importlib.import_module(name)
 

@@ -5,6 +5,7 @@ at the top: ``train`` prints its first line before torch loads. SIGINT / SIGTERM
 the next step with a final checkpoint and the command that resumes it (exit 130 / 143); a second signal stops at
 once.
 """
+
 import argparse
 import os
 import re
@@ -19,15 +20,18 @@ from .ready_configs import list_configs, resolve_config
 LAUNCHED = 'DING_BUFFER_LAUNCHED'
 
 
-
 def demo(args: argparse.Namespace) -> int:
     from .demo import demo as run_demo
+
     return run_demo(args)
 
 
 def _missing_extra(e: ImportError) -> int:
-    print(f"ding-buffer: error: {e.name or e} is not installed; install the examples extra: "
-          "pip install -e \".[examples]\"", file=sys.stderr)
+    print(
+        f"ding-buffer: error: {e.name or e} is not installed; install the examples extra: "
+        "pip install -e \".[examples]\"",
+        file=sys.stderr,
+    )
     return 2
 
 
@@ -45,26 +49,32 @@ def train(args: argparse.Namespace) -> int:
     args.config_arg, args.config = args.config, resolve_config(args.config)
     ready = {c.path: c for c in list_configs()}.get(args.config)
     if ready is not None and ready.job == '-':
-        raise ValueError(f"{args.config_arg}: a buffer section for create_buffer(...), not a training config; "
-                         f"`ding-buffer configs` lists the training configs (job dqn / apex / hypergrid)")
+        raise ValueError(
+            f"{args.config_arg}: a buffer section for create_buffer(...), not a training config; "
+            f"`ding-buffer configs` lists the training configs (job dqn / apex / hypergrid)"
+        )
     what = f"--resume {args.resume}" if args.resume else 'a new run'
     if os.environ.get(LAUNCHED) != '1':
         print(f"ding-buffer train {args.config}: {what}, loading torch and the job ...", flush=True)
     from .train.config import load_config_file
+
     user = load_config_file(args.config)
     job = user.pop('job', 'dqn')
     if not isinstance(job, str) or job not in JOBS:
         raise ValueError(f"{args.config}: config key 'job' is {job!r}; expected one of {sorted(JOBS)}")
     if JOBS[job] is not None:
         import importlib
+
         module, func = JOBS[job]
         try:
             run = getattr(importlib.import_module(module, __package__), func)
         except ImportError as e:
             return _missing_extra(e)
         return run(user, args)
-    for flag, value, jobs in (('--nproc', args.nproc, "distributed jobs ('apex', 'hypergrid')"),
-                              ('--iterations', args.iterations, "GFlowNet jobs ('hypergrid')")):
+    for flag, value, jobs in (
+        ('--nproc', args.nproc, "distributed jobs ('apex', 'hypergrid')"),
+        ('--iterations', args.iterations, "GFlowNet jobs ('hypergrid')"),
+    ):
         if value is not None:
             raise ValueError(f"{args.config}: {flag} is for {jobs}; this config runs the single-process 'dqn' job")
     return _train_dqn(user, args)
@@ -76,8 +86,10 @@ def _train_dqn(user: dict, args: argparse.Namespace) -> int:
     except ImportError as e:
         return _missing_extra(e)
     import torch
+
     from .train.config import build_train_config, check_run_dir, run_dir_of
     from .train.signals import StopSignals
+
     if args.seed is not None:
         user['seed'] = args.seed
     if args.env_steps is not None:
@@ -90,26 +102,39 @@ def _train_dqn(user: dict, args: argparse.Namespace) -> int:
     learn = cfg.policy.learn
     if learn.warmup_steps >= cfg.env.max_env_step:  # learning starts at the env step warmup_steps
         steps = max(0, cfg.env.max_env_step - learn.warmup_steps + 1) * learn.updates_per_step
-        print(f"ding-buffer: warning: policy.learn.warmup_steps ({learn.warmup_steps}) >= env.max_env_step "
-              f"({cfg.env.max_env_step}): {'no' if not steps else f'only {steps}'} gradient step"
-              f"{'' if steps == 1 else 's'} will run; lower the warm-up or raise --env-steps",
-              file=sys.stderr, flush=True)
+        print(
+            f"ding-buffer: warning: policy.learn.warmup_steps ({learn.warmup_steps}) >= env.max_env_step "
+            f"({cfg.env.max_env_step}): {'no' if not steps else f'only {steps}'} gradient step"
+            f"{'' if steps == 1 else 's'} will run; lower the warm-up or raise --env-steps",
+            file=sys.stderr,
+            flush=True,
+        )
     torch.set_num_threads(args.threads)
     try:
         if args.resume is None:
             check_run_dir(run_dir, cfg.log_dir)
-        trainer = DQNTrainer(cfg, run_dir, resume=args.resume is not None, progress=not args.no_progress,
-                             started_at=args.started_at)
+        trainer = DQNTrainer(
+            cfg, run_dir, resume=args.resume is not None, progress=not args.no_progress, started_at=args.started_at
+        )
     except ValueError as e:
         raise ValueError(f"{args.config}: {e}") from e
     if trainer.resumed_from:
         print(f"resumed from {trainer.resumed_from} at env step {trainer.env_step}")
     with StopSignals() as stop:
         s = trainer.run(stop=stop)
-    solved = f"reached {s['stop_value']:g} at env step {s['solved_step']}" if s['solved_step'] is not None \
+    solved = (
+        f"reached {s['stop_value']:g} at env step {s['solved_step']}"
+        if s['solved_step'] is not None
         else f"did not reach {s['stop_value']:g}"
-    evals = (f"eval return: best {s['best_eval_return']:.1f} (step {s['best_eval_step']}), final "
-             f"{s['final_eval_return']:.1f}") if s['best_eval_return'] is not None else 'no evaluation yet'
+    )
+    evals = (
+        (
+            f"eval return: best {s['best_eval_return']:.1f} (step {s['best_eval_step']}), final "
+            f"{s['final_eval_return']:.1f}"
+        )
+        if s['best_eval_return'] is not None
+        else 'no evaluation yet'
+    )
     buf = ', '.join(f'{k} {v:.4g}' if isinstance(v, float) else f'{k} {v}' for k, v in s['buffer'].items())
     print(
         f"\n== {s['exp_name']} (seed {s['seed']}, {s['buffer_type']} buffer) ==\n"
@@ -134,8 +159,10 @@ def configs(args: argparse.Namespace) -> int:
     for c in found:
         job = c.job if c.job != '-' else 'buffer'
         print(f"{c.name:<{width}}  {job:<9}  {c.summary}")
-    print(f"\njob 'buffer': a buffer section for create_buffer(...), not a training job; train one with "
-          f"`ding-buffer train NAME`; copy one to edit it (files in {os.path.dirname(found[0].path)})")
+    print(
+        f"\njob 'buffer': a buffer section for create_buffer(...), not a training job; train one with "
+        f"`ding-buffer train NAME`; copy one to edit it (files in {os.path.dirname(found[0].path)})"
+    )
     return 0
 
 
@@ -152,6 +179,7 @@ def plot(args: argparse.Namespace) -> int:
 
 def _at_least_one(what: str):
     """An argparse type: an int >= 1 (anything else is a usage error naming ``what``, exit 2)."""
+
     def parse(text: str) -> int:
         try:
             n = int(text)
@@ -160,19 +188,22 @@ def _at_least_one(what: str):
         if n < 1:
             raise argparse.ArgumentTypeError(f"expected an int >= 1 ({what}), got {text!r}")
         return n
+
     return parse
 
 
 def _non_negative(what: str):
     """An argparse type: an int >= 0."""
+
     def parse(text: str) -> int:
         try:
             n = int(text)
         except ValueError:
             n = -1
-        if n < 0 or n >= 2 ** 63:
+        if n < 0 or n >= 2**63:
             raise argparse.ArgumentTypeError(f"expected an int >= 0 ({what}), got {text!r}")
         return n
+
     return parse
 
 
@@ -184,8 +215,10 @@ def _device(text: str) -> str:
 
 def _run_dir(text: str) -> str:
     if not os.path.isdir(text):
-        raise argparse.ArgumentTypeError(f"expected an existing run directory, got {text!r} "
-                                         f"({'a file' if os.path.exists(text) else 'no such directory'})")
+        raise argparse.ArgumentTypeError(
+            f"expected an existing run directory, got {text!r} "
+            f"({'a file' if os.path.exists(text) else 'no such directory'})"
+        )
     return text
 
 
@@ -212,8 +245,9 @@ MAX_THREADS = max(4, 4 * (os.cpu_count() or 1))  # torch crashes (SIGSEGV) on ab
 def _threads(text: str) -> int:
     n = _at_least_one('torch CPU threads')(text)
     if n > MAX_THREADS:
-        raise argparse.ArgumentTypeError(f"expected at most {MAX_THREADS} torch CPU threads (4 x the {os.cpu_count()} "
-                                         f"CPUs here), got {text!r}")
+        raise argparse.ArgumentTypeError(
+            f"expected at most {MAX_THREADS} torch CPU threads (4 x the {os.cpu_count()} CPUs here), got {text!r}"
+        )
     return n
 
 
@@ -229,25 +263,45 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest='command', required=True)
     p = sub.add_parser('demo', help='a tour of every buffer type: push, sample, save and reload, printing what happens')
     p.add_argument('--seed', type=_non_negative('seed'), default=0)
-    p.add_argument('--out', type=_out_dir, default=None,
-                   help='keep the saved buffers in this directory (default: a temp dir)')
+    p.add_argument(
+        '--out', type=_out_dir, default=None, help='keep the saved buffers in this directory (default: a temp dir)'
+    )
     p.set_defaults(func=demo)
-    p = sub.add_parser('train', help='run a training job from a DI-engine-style config (a ready config by name, e.g. '
-                                     "cartpole_dqn_per, or a file; main_config['job'] picks dqn / apex / hypergrid)")
-    p.add_argument('config', help='a ready config name (`ding-buffer configs` lists them) or a config file defining '
-                                  'main_config')
+    p = sub.add_parser(
+        'train',
+        help='run a training job from a DI-engine-style config (a ready config by name, e.g. '
+        "cartpole_dqn_per, or a file; main_config['job'] picks dqn / apex / hypergrid)",
+    )
+    p.add_argument(
+        'config', help='a ready config name (`ding-buffer configs` lists them) or a config file defining main_config'
+    )
     p.add_argument('--seed', type=_non_negative('seed'), default=None, help='override the config seed')
     p.add_argument('--env-steps', type=_at_least_one('env steps'), default=None, help='override env.max_env_step')
-    p.add_argument('--resume', type=_run_dir, default=None, metavar='RUN_DIR',
-                   help='continue the run in RUN_DIR from its latest complete checkpoint')
+    p.add_argument(
+        '--resume',
+        type=_run_dir,
+        default=None,
+        metavar='RUN_DIR',
+        help='continue the run in RUN_DIR from its latest complete checkpoint',
+    )
     p.add_argument('--device', type=_device, default=None, help="'cpu' or 'cuda' (overrides policy.device)")
     p.add_argument('--threads', type=_threads, default=1, help='torch CPU threads (1 is fastest for small networks)')
     p.add_argument('--no-progress', action='store_true', help='no progress bar')
-    p.add_argument('--nproc', type=_at_least_one('ranks to start'), default=None, metavar='N',
-                   help='distributed jobs: start N ranks on this machine (default: join the ranks torchrun / mpirun '
-                        'started, or run locally)')
-    p.add_argument('--iterations', type=_at_least_one('training iterations'), default=None, metavar='N',
-                   help='GFlowNet jobs: override the number of training iterations')
+    p.add_argument(
+        '--nproc',
+        type=_at_least_one('ranks to start'),
+        default=None,
+        metavar='N',
+        help='distributed jobs: start N ranks on this machine (default: join the ranks torchrun / mpirun '
+        'started, or run locally)',
+    )
+    p.add_argument(
+        '--iterations',
+        type=_at_least_one('training iterations'),
+        default=None,
+        metavar='N',
+        help='GFlowNet jobs: override the number of training iterations',
+    )
     p.set_defaults(func=train)
     p = sub.add_parser('configs', help='list the ready configs installed with the package')
     p.set_defaults(func=configs)

@@ -12,6 +12,7 @@ Validation rules (applied recursively to nested sections such as ``storage``):
 * per-key constraints (``checks``: key -> (predicate, 'what was expected')) are then applied to the merged
   config, so a wrong value names the key, the value and the expectation.
 """
+
 import copy
 import difflib
 import logging
@@ -20,7 +21,12 @@ from typing import Any, Callable, Dict, Mapping, Optional, Tuple
 from easydict import EasyDict
 
 # Keys that every buffer config may carry without being listed in its defaults.
-ALWAYS_ALLOWED = ('type', 'import_names', 'cfg_type', 'distributed')  # 'distributed': validated by ding_buffer.distributed
+ALWAYS_ALLOWED = (
+    'type',
+    'import_names',
+    'cfg_type',
+    'distributed',
+)  # 'distributed': validated by ding_buffer.distributed
 
 Check = Tuple[Callable[[Any], bool], str]
 
@@ -60,17 +66,30 @@ def _deep_update(original: dict, new: Mapping) -> None:
 # DI-engine preset here that does not read such a key accepts it with a warning, as DI-engine's own buffers
 # do (they read only their own keys): a compiled DI-engine config carries the keys of its class defaults.
 DI_ENGINE_KEYS = {
-    'replay_buffer_size': 'naive', 'deepcopy': 'naive', 'enable_track_used_data': 'naive',
-    'periodic_thruput_seconds': 'naive', 'set_buffer_size': 'elastic', 'max_use': 'advanced',
-    'max_staleness': 'advanced', 'alpha': 'advanced', 'beta': 'advanced', 'anneal_step': 'advanced',
-    'thruput_controller': 'advanced', 'monitor': 'advanced', 'train_iter_per_log': 'deque', 'priority': 'deque',
-    'priority_IS_weight': 'deque', 'priority_power_factor': 'deque', 'IS_weight_power_factor': 'deque',
-    'IS_weight_anneal_train_iter': 'deque', 'priority_max_limit': 'deque',
+    'replay_buffer_size': 'naive',
+    'deepcopy': 'naive',
+    'enable_track_used_data': 'naive',
+    'periodic_thruput_seconds': 'naive',
+    'set_buffer_size': 'elastic',
+    'max_use': 'advanced',
+    'max_staleness': 'advanced',
+    'alpha': 'advanced',
+    'beta': 'advanced',
+    'anneal_step': 'advanced',
+    'thruput_controller': 'advanced',
+    'monitor': 'advanced',
+    'train_iter_per_log': 'deque',
+    'priority': 'deque',
+    'priority_IS_weight': 'deque',
+    'priority_power_factor': 'deque',
+    'IS_weight_power_factor': 'deque',
+    'IS_weight_anneal_train_iter': 'deque',
+    'priority_max_limit': 'deque',
 }
 # Keys that DI-engine's policy defaults and dizoo configs put in a buffer section and no DI-engine buffer reads.
 DI_ENGINE_IGNORED = {
     'max_reuse': "set by DI-engine's collaq / madqn / qtran / wqmix policy defaults; no DI-engine buffer reads it "
-                 "(the manager's reuse limit is distributed.max_reuse)",
+    "(the manager's reuse limit is distributed.max_reuse)",
     'min_sample_ratio': 'no DI-engine buffer reads it (the minimum is thruput_controller.sample_min_limit_ratio)',
     'sliced': "DequeBuffer's constructor argument; DequeBufferWrapper never passes it from the config",
     'multi_buffer': "compile_config's switch for a section of several named buffers; a buffer does not read it",
@@ -84,8 +103,10 @@ def dingengine_ignored(defaults: Mapping, buffer_type: str) -> Dict[str, str]:
     out = {k: why for k, why in DI_ENGINE_IGNORED.items() if k not in defaults}
     for key, owner in DI_ENGINE_KEYS.items():
         if key not in defaults:
-            out[key] = f"a key of DI-engine's {owner!r} buffer, which type {buffer_type!r} does not read (DI-engine's " \
-                       f"{buffer_type!r} ignores it too)"
+            out[key] = (
+                f"a key of DI-engine's {owner!r} buffer, which type {buffer_type!r} does not read (DI-engine's "
+                f"{buffer_type!r} ignores it too)"
+            )
     return out
 
 
@@ -157,13 +178,13 @@ def apply_checks(cfg: Mapping, checks: Dict[str, Check], prefix: str = '') -> No
 
 
 def build_config(
-        defaults: Mapping,
-        user: Optional[Mapping],
-        checks: Optional[Dict[str, Check]] = None,
-        prefix: str = '',
-        ignored: Optional[Mapping[str, str]] = None,
-        warn: bool = True,
-        aliases: Optional[Mapping[str, str]] = None,
+    defaults: Mapping,
+    user: Optional[Mapping],
+    checks: Optional[Dict[str, Check]] = None,
+    prefix: str = '',
+    ignored: Optional[Mapping[str, str]] = None,
+    warn: bool = True,
+    aliases: Optional[Mapping[str, str]] = None,
 ) -> EasyDict:
     """
     Overview:
@@ -201,8 +222,15 @@ def check_section(cls: Any, section: Mapping, prefix: str = '') -> EasyDict:
     ``distributed`` are not the class's own keys and are left out. The one place a job or the distributed
     wrapper validates a buffer section."""
     own = {k: v for k, v in section.items() if k not in ('import_names', 'cfg_type', 'distributed')}
-    return build_config(cls.config, own, getattr(cls, 'checks', None), prefix=prefix,
-                        ignored=getattr(cls, 'ignored_keys', None), warn=False, aliases=getattr(cls, 'key_aliases', None))
+    return build_config(
+        cls.config,
+        own,
+        getattr(cls, 'checks', None),
+        prefix=prefix,
+        ignored=getattr(cls, 'ignored_keys', None),
+        warn=False,
+        aliases=getattr(cls, 'key_aliases', None),
+    )
 
 
 def resolve_aliases(user: Mapping, aliases: Mapping[str, str], prefix: str = '') -> Mapping:
@@ -215,8 +243,10 @@ def resolve_aliases(user: Mapping, aliases: Mapping[str, str], prefix: str = '')
         key = aliases[alias]
         value = out.pop(alias)
         if key in out and not _same_value(out[key], value):
-            raise ValueError(f"config keys '{prefix}{alias}' = {value!r:.60} and '{prefix}{key}' = {out[key]!r:.60} "
-                             f"disagree: '{alias}' is another name for '{key}'; give one of them")
+            raise ValueError(
+                f"config keys '{prefix}{alias}' = {value!r:.60} and '{prefix}{key}' = {out[key]!r:.60} "
+                f"disagree: '{alias}' is another name for '{key}'; give one of them"
+            )
         out[key] = value
     return out
 

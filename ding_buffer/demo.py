@@ -7,6 +7,7 @@ buffer and check the round trip. Nothing is written to the working directory unl
 One function per buffer type, driven by ``DEMOS``; the GFlowNet buffers are in ``demo_gfn``. The ``distributed``
 wrapper needs several processes and is shown by the training jobs instead.
 """
+
 import argparse
 import functools
 import logging
@@ -32,14 +33,18 @@ def _transitions(rng: np.random.Generator, n: int, start: int = 0) -> List[dict]
             next_obs=rng.standard_normal(4).astype(np.float32),
             done=bool(i % 50 == 49),
             step=start + i,
-        ) for i in range(n)
+        )
+        for i in range(n)
     ]
 
 
 def _episodes(buffer: Any, lengths: np.ndarray) -> None:
     for ep, length in enumerate(lengths):
-        buffer.push(dict(obs=torch.randn(int(length), 4), reward=torch.ones(int(length)),
-                         episode=torch.full((int(length), ), ep)))
+        buffer.push(
+            dict(
+                obs=torch.randn(int(length), 4), reward=torch.ones(int(length)), episode=torch.full((int(length),), ep)
+            )
+        )
 
 
 def _demo_naive(storage: str, out_dir: str, seed: int) -> None:
@@ -48,17 +53,24 @@ def _demo_naive(storage: str, out_dir: str, seed: int) -> None:
     with create_buffer(cfg, instance_name=f'demo_{storage}') as buffer:
         t0 = time.perf_counter()
         buffer.push(_transitions(rng, 1500))
-        print(f"[naive/{storage}] pushed 1500 transitions into capacity 1000: count={buffer.count()} "
-              f"push_count={buffer.push_count} ({time.perf_counter() - t0:.3f}s)")
+        print(
+            f"[naive/{storage}] pushed 1500 transitions into capacity 1000: count={buffer.count()} "
+            f"push_count={buffer.push_count} ({time.perf_counter() - t0:.3f}s)"
+        )
         batch = buffer.sample(256, cur_learner_iter=0)
         steps = batch['step'] if storage == 'tensor' else torch.tensor([t['step'] for t in batch])
-        print(f"[naive/{storage}] sampled 256: steps in [{int(steps.min())}, {int(steps.max())}] "
-              f"(only the newest 1000 of 1500 survive), {len(set(steps.tolist()))} distinct")
-        check(buffer.count() == 1000 and int(steps.min()) >= 500,
-              f"naive/{storage} kept items older than the newest 1000")
+        print(
+            f"[naive/{storage}] sampled 256: steps in [{int(steps.min())}, {int(steps.max())}] "
+            f"(only the newest 1000 of 1500 survive), {len(set(steps.tolist()))} distinct"
+        )
+        check(
+            buffer.count() == 1000 and int(steps.min()) >= 500, f"naive/{storage} kept items older than the newest 1000"
+        )
         if storage == 'tensor':
-            print(f"[naive/{storage}] batch fields: " +
-                  ', '.join(f"{k}{tuple(v.shape)}:{str(v.dtype).replace('torch.', '')}" for k, v in batch.items()))
+            print(
+                f"[naive/{storage}] batch fields: "
+                + ', '.join(f"{k}{tuple(v.shape)}:{str(v.dtype).replace('torch.', '')}" for k, v in batch.items())
+            )
         newest = buffer.sample(8, sample_range=slice(-10, None))
         newest_steps = newest['step'].tolist() if storage == 'tensor' else [t['step'] for t in newest]
         print(f"[naive/{storage}] sample_range=slice(-10, None) -> steps {sorted(newest_steps)}")
@@ -72,8 +84,10 @@ def _demo_naive(storage: str, out_dir: str, seed: int) -> None:
         reloaded.load_data(path, allow_pickle=(storage == 'list'))
         got = reloaded.sample(32)  # the file holds the RNG state from before `expected` was drawn
         same = _same(expected, got)
-        print(f"[naive/{storage}] reloaded: count={reloaded.count()} push_count={reloaded.push_count}; "
-              f"next sample identical to the original's: {same}")
+        print(
+            f"[naive/{storage}] reloaded: count={reloaded.count()} push_count={reloaded.push_count}; "
+            f"next sample identical to the original's: {same}"
+        )
         reloaded.close()
         if not same or reloaded.count() != buffer.count():
             raise SystemExit(f"demo failed: round trip mismatch for {storage} storage")
@@ -85,14 +99,18 @@ def _demo_episode(out_dir: str, seed: int) -> None:
     with create_buffer(cfg, instance_name='demo_episode') as buffer:
         lengths = rng.integers(5, 120, size=40)
         _episodes(buffer, lengths)
-        print(f"[episode/tensor] pushed 40 episodes ({int(lengths.sum())} transitions) into max_transitions=2000: "
-              f"{buffer.count()} episodes, {buffer.transition_count} transitions kept (oldest whole episodes evicted)")
+        print(
+            f"[episode/tensor] pushed 40 episodes ({int(lengths.sum())} transitions) into max_transitions=2000: "
+            f"{buffer.count()} episodes, {buffer.transition_count} transitions kept (oldest whole episodes evicted)"
+        )
         check(buffer.transition_count <= 2000, "episode buffer holds more than max_transitions")
         windows = buffer.sample(64, unroll_len=16, pad=True, replace=True)
         # padded steps (mask False) hold zeros, not the episode's number
         contiguous = bool(((windows['episode'] == windows['episode'][:, :1]) | ~windows['mask']).all())
-        print(f"[episode/tensor] sampled 64 windows of 16 steps: obs{tuple(windows['obs'].shape)}, "
-              f"padded steps={int((~windows['mask']).sum())}, each window within one episode: {contiguous}")
+        print(
+            f"[episode/tensor] sampled 64 windows of 16 steps: obs{tuple(windows['obs'].shape)}, "
+            f"padded steps={int((~windows['mask']).sum())}, each window within one episode: {contiguous}"
+        )
         check(contiguous, "an episode window crossed an episode boundary")
         path = os.path.join(out_dir, 'episode_tensor.pt')
         buffer.save_data(path)
@@ -107,15 +125,26 @@ def _demo_episode(out_dir: str, seed: int) -> None:
 
 def _demo_advanced(out_dir: str, seed: int) -> None:
     n, hot_p, alpha, beta, draws = 1000, 10.0, 0.6, 0.4, 100
-    cfg = dict(type='advanced', replay_buffer_size=n, alpha=alpha, beta=beta, anneal_step=0, seed=seed,
-               storage=dict(type='tensor'))
+    cfg = dict(
+        type='advanced',
+        replay_buffer_size=n,
+        alpha=alpha,
+        beta=beta,
+        anneal_step=0,
+        seed=seed,
+        storage=dict(type='tensor'),
+    )
     with create_buffer(cfg, instance_name='demo_advanced') as buffer:
         buffer.push(_transitions(np.random.default_rng(seed), n))
         first = buffer.sample(64)
         hot = torch.unique(first['replay_unique_id'])  # the items drawn get a high priority (like a large TD error)
-        result = buffer.update(dict(replay_unique_id=first['replay_unique_id'],
-                                    replay_buffer_idx=first['replay_buffer_idx'],
-                                    priority=torch.full((len(first['replay_unique_id']), ), hot_p)))
+        result = buffer.update(
+            dict(
+                replay_unique_id=first['replay_unique_id'],
+                replay_buffer_idx=first['replay_buffer_idx'],
+                priority=torch.full((len(first['replay_unique_id']),), hot_p),
+            )
+        )
         ids, weights = [], []
         for _ in range(draws):
             batch = buffer.sample(256)
@@ -124,16 +153,20 @@ def _demo_advanced(out_dir: str, seed: int) -> None:
         ids, weights = torch.cat(ids), torch.cat(weights).double()
         k = len(hot)
         share = float(torch.isin(ids, hot).double().mean())
-        expected = k * hot_p ** alpha / (k * hot_p ** alpha + (n - k))
+        expected = k * hot_p**alpha / (k * hot_p**alpha + (n - k))
         tol = 5 * (expected * (1 - expected) / len(ids)) ** 0.5
-        print(f"[advanced] {n} items at priority 1, update() set priority {hot_p:g} on {k} of them "
-              f"({result['updated']} updated, {result['stale']} stale); {len(ids)} draws hit those {k} "
-              f"{share:.1%} of the time (expected k*{hot_p:g}^{alpha} / sum = {expected:.1%}; uniform {k / n:.1%})")
+        print(
+            f"[advanced] {n} items at priority 1, update() set priority {hot_p:g} on {k} of them "
+            f"({result['updated']} updated, {result['stale']} stale); {len(ids)} draws hit those {k} "
+            f"{share:.1%} of the time (expected k*{hot_p:g}^{alpha} / sum = {expected:.1%}; uniform {k / n:.1%})"
+        )
         check(abs(share - expected) <= tol, f"advanced: high-priority share {share:.4f} != expected {expected:.4f}")
         is_hot = (hot_p / 1.0) ** (-alpha * beta)  # (leaf / min leaf) ** -beta with leaf = p ** alpha
         lo, hi = float(weights.min()), float(weights.max())
-        print(f"[advanced] IS weights in [{lo:.3f}, {hi:.3f}] (expected (p^alpha / min p^alpha)^-beta: "
-              f"{is_hot:.3f} for priority {hot_p:g}, 1.000 for priority 1; beta={beta})")
+        print(
+            f"[advanced] IS weights in [{lo:.3f}, {hi:.3f}] (expected (p^alpha / min p^alpha)^-beta: "
+            f"{is_hot:.3f} for priority {hot_p:g}, 1.000 for priority 1; beta={beta})"
+        )
         check(abs(lo - is_hot) < 1e-3 and abs(hi - 1.0) < 1e-3, f"advanced: IS weights [{lo}, {hi}] != [{is_hot}, 1]")
     cfg = dict(type='advanced', replay_buffer_size=100, max_use=2, seed=seed, storage=dict(type='tensor'))
     with create_buffer(cfg, instance_name='demo_advanced_max_use') as buffer:
@@ -142,15 +175,18 @@ def _demo_advanced(out_dir: str, seed: int) -> None:
         _, uses = torch.unique(drawn, return_counts=True)
         spent = int((uses >= 2).sum())
         removed = buffer.stats()['removed_by_use']
-        print(f"[advanced] max_use=2: 5 samples of 16 drew {len(uses)} distinct items, {spent} of them twice or more "
-              f"-> removed_by_use={removed}, count 100 -> {buffer.count()}")
+        print(
+            f"[advanced] max_use=2: 5 samples of 16 drew {len(uses)} distinct items, {spent} of them twice or more "
+            f"-> removed_by_use={removed}, count 100 -> {buffer.count()}"
+        )
         check(removed == spent and buffer.count() == 100 - spent, "advanced: max_use eviction miscounted")
 
 
 def _demo_elastic(out_dir: str, seed: int) -> None:
     schedule = lambda envstep: 100 if envstep < 10000 else 500  # noqa: E731 (the window size at each envstep)
-    cfg = dict(type='elastic', replay_buffer_size=1000, set_buffer_size=schedule, seed=seed,
-               storage=dict(type='tensor'))
+    cfg = dict(
+        type='elastic', replay_buffer_size=1000, set_buffer_size=schedule, seed=seed, storage=dict(type='tensor')
+    )
     with create_buffer(cfg, instance_name='demo_elastic') as buffer:
         buffer.push(_transitions(np.random.default_rng(seed), 1000))
         seen = []
@@ -158,8 +194,11 @@ def _demo_elastic(out_dir: str, seed: int) -> None:
             buffer.update(envstep)
             steps = buffer.sample(64)['step']
             seen.append((envstep, buffer.current_buffer_size, int(steps.min())))
-        print("[elastic] 1000 items stored, window from set_buffer_size(envstep): " + '; '.join(
-            f"envstep {e}: window {w}, sampled steps >= {m}" for e, w, m in seen) + f" (count stays {buffer.count()})")
+        print(
+            "[elastic] 1000 items stored, window from set_buffer_size(envstep): "
+            + '; '.join(f"envstep {e}: window {w}, sampled steps >= {m}" for e, w, m in seen)
+            + f" (count stays {buffer.count()})"
+        )
         windows_ok = [w for _, w, _ in seen] == [100, 500] and all(m >= 1000 - w for _, w, m in seen)
         check(windows_ok and buffer.count() == 1000, "elastic: sampling left the window of the newest items")
 
@@ -171,8 +210,10 @@ def _demo_sequence(out_dir: str, seed: int) -> None:
         runs = buffer.sample(8, 10)
         steps = runs['step']
         consecutive = bool((steps[:, 1:] - steps[:, :-1] == 1).all())
-        print(f"[sequence] 600 pushed into 500; sample(8, 10) -> obs{tuple(runs['obs'].shape)}, run starts "
-              f"{sorted(steps[:, 0].tolist())}, every run 10 consecutive steps: {consecutive}")
+        print(
+            f"[sequence] 600 pushed into 500; sample(8, 10) -> obs{tuple(runs['obs'].shape)}, run starts "
+            f"{sorted(steps[:, 0].tolist())}, every run 10 consecutive steps: {consecutive}"
+        )
         check(consecutive and int(steps.min()) >= 100, "sequence: a run is not consecutive or reaches evicted items")
 
 
@@ -185,38 +226,62 @@ def _demo_deque(out_dir: str, seed: int) -> None:
         batch = buffer.sample(32, train_iter=0)
         steps = [t['step'] for t in batch]
         left = buffer.count()
-        print(f"[deque] DI-engine's DequeBufferWrapper API: pushed 150 into 100 (FIFO: steps "
-              f"{min(steps)}..{max(steps)} drawn, the oldest 50 gone); sample(32, train_iter) -> {len(batch)} "
-              f"distinct pushed dicts with keys {sorted(batch[0])}; max_use=1: count {full} -> {left}")
-        check(full == 100 and min(steps) >= 50 and len(set(steps)) == 32 and sorted(batch[0]) == sorted(items[0])
-              and left == 68, "deque: FIFO, distinct draws or max_use eviction broken")
+        print(
+            f"[deque] DI-engine's DequeBufferWrapper API: pushed 150 into 100 (FIFO: steps "
+            f"{min(steps)}..{max(steps)} drawn, the oldest 50 gone); sample(32, train_iter) -> {len(batch)} "
+            f"distinct pushed dicts with keys {sorted(batch[0])}; max_use=1: count {full} -> {left}"
+        )
+        check(
+            full == 100
+            and min(steps) >= 50
+            and len(set(steps)) == 32
+            and sorted(batch[0]) == sorted(items[0])
+            and left == 68,
+            "deque: FIFO, distinct draws or max_use eviction broken",
+        )
 
 
 def _demo_prioritized_episode(out_dir: str, seed: int) -> None:
     t, alpha, eta, hot_p = 8, 0.9, 0.9, 10.0
-    cfg = dict(type='prioritized_episode', replay_buffer_size=100, max_transitions=2000, seed=seed,
-               sampler=dict(type='prioritized', unroll_len=t, alpha=alpha, beta=0.6, eta=eta, eps=0.0))
+    cfg = dict(
+        type='prioritized_episode',
+        replay_buffer_size=100,
+        max_transitions=2000,
+        seed=seed,
+        sampler=dict(type='prioritized', unroll_len=t, alpha=alpha, beta=0.6, eta=eta, eps=0.0),
+    )
     lengths = np.random.default_rng(seed).integers(t, 4 * t, size=20)
     with create_buffer(cfg, instance_name='demo_prioritized_episode') as buffer:
         _episodes(buffer, lengths)
         first = buffer.sample(64)
         # per-step priorities: hot_p on the steps of the drawn windows of episodes 0 and 1, 1 elsewhere
         hot_steps = (first['episode'] <= 1) & first['mask']
-        buffer.update(dict(replay_unique_id=first['replay_unique_id'], replay_buffer_idx=first['replay_buffer_idx'],
-                           priority=torch.where(hot_steps, hot_p, 1.0)))
+        buffer.update(
+            dict(
+                replay_unique_id=first['replay_unique_id'],
+                replay_buffer_idx=first['replay_buffer_idx'],
+                priority=torch.where(hot_steps, hot_p, 1.0),
+            )
+        )
         step_p = [np.ones(int(n)) for n in lengths]  # what we set, to predict the window priorities
         for ep, start in zip(first['episode'][:, 0].tolist(), first['start'].tolist()):
             if ep <= 1:
-                step_p[ep][start:start + t] = hot_p
-        leaf = [np.array([(eta * p[s:s + t].max() + (1 - eta) * p[s:s + t].mean()) ** alpha
-                          for s in range(len(p) - t + 1)]) for p in step_p]
+                step_p[ep][start : start + t] = hot_p
+        leaf = [
+            np.array(
+                [(eta * p[s : s + t].max() + (1 - eta) * p[s : s + t].mean()) ** alpha for s in range(len(p) - t + 1)]
+            )
+            for p in step_p
+        ]
         expected = (leaf[0].sum() + leaf[1].sum()) / sum(x.sum() for x in leaf)
         eps_of = torch.cat([buffer.sample(256)['episode'][:, 0] for _ in range(40)])
         share = float((eps_of <= 1).double().mean())
         tol = 5 * (expected * (1 - expected) / len(eps_of)) ** 0.5
-        print(f"[prioritized_episode] 20 episodes, windows of {t} steps; per-step priority {hot_p:g} set on the drawn "
-              f"windows of episodes 0-1 -> window p = eta*max + (1-eta)*mean; {len(eps_of)} draws: episodes 0-1 "
-              f"{share:.1%} (expected {expected:.1%}, by transitions {lengths[:2].sum() / lengths.sum():.1%})")
+        print(
+            f"[prioritized_episode] 20 episodes, windows of {t} steps; per-step priority {hot_p:g} set on the drawn "
+            f"windows of episodes 0-1 -> window p = eta*max + (1-eta)*mean; {len(eps_of)} draws: episodes 0-1 "
+            f"{share:.1%} (expected {expected:.1%}, by transitions {lengths[:2].sum() / lengths.sum():.1%})"
+        )
         check(abs(share - expected) <= tol, f"prioritized_episode: share {share:.4f} != expected {expected:.4f}")
 
 
@@ -226,24 +291,38 @@ def _demo_chunk(out_dir: str, seed: int) -> None:
     with create_buffer(cfg, instance_name='demo_chunk') as buffer:
         buffer.update_model_version(1)
         for fid in range(6):  # two workers (environments), each 6 fragments of 4 steps from model version 1
-            buffer.push([dict(worker=f'env{w}', fid=fid, model_version=1, data=dict(obs=torch.randn(4, 3)))
-                         for w in range(2)])
+            buffer.push(
+                [dict(worker=f'env{w}', fid=fid, model_version=1, data=dict(obs=torch.randn(4, 3))) for w in range(2)]
+            )
         made = buffer.count()
         buffer.push(dict(worker='env2', fid=0, model_version=-1, data=dict(obs=torch.randn(4, 3))))  # already stale
         dropped = buffer.stats()['fragments_dropped']
         batch = buffer.sample(2 * fpc)
-        runs = [[(x['worker'], x['fid']) for x in batch[i:i + fpc]] for i in range(0, len(batch), fpc)]
-        whole = all(len({w for w, _ in r}) == 1 and [f for _, f in r] == list(range(r[0][1], r[0][1] + fpc))
-                    for r in runs)
+        runs = [[(x['worker'], x['fid']) for x in batch[i : i + fpc]] for i in range(0, len(batch), fpc)]
+        whole = all(
+            len({w for w, _ in r}) == 1 and [f for _, f in r] == list(range(r[0][1], r[0][1] + fpc)) for r in runs
+        )
         left = buffer.count()
         drawn = ', '.join(f"{r[0][0]} fids {r[0][1]}..{r[-1][1]}" for r in runs)
-        print(f"[chunk] 2 workers x 6 fragments -> {made} chunks of {fpc}; a fragment 2 versions old dropped at its "
-              f"queue ({dropped}); sample({2 * fpc}) -> 2 whole chunks ({drawn}); max_reuse=1: {made} -> {left} chunks")
+        print(
+            f"[chunk] 2 workers x 6 fragments -> {made} chunks of {fpc}; a fragment 2 versions old dropped at its "
+            f"queue ({dropped}); sample({2 * fpc}) -> 2 whole chunks ({drawn}); max_reuse=1: {made} -> {left} chunks"
+        )
         moved = buffer.update_model_version(3)['chunks_dropped']
-        print(f"[chunk] model version 1 -> 3 with max_staleness=1: {moved} stale chunks leave, "
-              f"{buffer.stats()['payloads']} payloads kept (the last sample's, until the next one)")
-        check(made == 4 and dropped == 1 and whole and left == 2 and moved == 2 and buffer.count() == 0 and
-              buffer.stats()['payloads'] == 2 * fpc, "chunk: fragments, chunks or payloads miscounted")
+        print(
+            f"[chunk] model version 1 -> 3 with max_staleness=1: {moved} stale chunks leave, "
+            f"{buffer.stats()['payloads']} payloads kept (the last sample's, until the next one)"
+        )
+        check(
+            made == 4
+            and dropped == 1
+            and whole
+            and left == 2
+            and moved == 2
+            and buffer.count() == 0
+            and buffer.stats()['payloads'] == 2 * fpc,
+            "chunk: fragments, chunks or payloads miscounted",
+        )
 
 
 def _same(a, b) -> bool:
@@ -277,8 +356,10 @@ def demo(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.WARNING, format='%(levelname)s %(name)s: %(message)s')
     t0 = time.perf_counter()
     toured = list(dict.fromkeys(name for name, _ in DEMOS))
-    print(f"ding-buffer demo: a tour of {len(toured)} buffer types ({', '.join(toured)}); every claim printed is "
-          f"checked, a false one stops the demo")
+    print(
+        f"ding-buffer demo: a tour of {len(toured)} buffer types ({', '.join(toured)}); every claim printed is "
+        f"checked, a false one stops the demo"
+    )
     if args.out:
         os.makedirs(args.out, exist_ok=True)
         out_dir, tmp = args.out, None
@@ -292,9 +373,11 @@ def demo(args: argparse.Namespace) -> int:
         if tmp is not None:
             tmp.cleanup()
     missing = sorted(set(BUFFER_REGISTRY) - set(toured) - {'distributed'})
-    print(f"demo finished in {time.perf_counter() - t0:.1f}s: {len(toured)} buffer types toured"
-          + (f" (not toured: {', '.join(missing)})" if missing else " (every registered type)")
-          + "; push, sample, save and reload work on list and tensor storage; the 'distributed' wrapper (a manager "
-          "process serving workers over torch / MPI / Ray) is shown by the training jobs: ding-buffer train "
-          "config/cartpole_apex.py or config/hypergrid_tb_distributed.py --nproc 4")
+    print(
+        f"demo finished in {time.perf_counter() - t0:.1f}s: {len(toured)} buffer types toured"
+        + (f" (not toured: {', '.join(missing)})" if missing else " (every registered type)")
+        + "; push, sample, save and reload work on list and tensor storage; the 'distributed' wrapper (a manager "
+        "process serving workers over torch / MPI / Ray) is shown by the training jobs: ding-buffer train "
+        "config/cartpole_apex.py or config/hypergrid_tb_distributed.py --nproc 4"
+    )
     return 0

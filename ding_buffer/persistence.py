@@ -10,6 +10,7 @@ storage) load only with ``allow_pickle=True``.
 Every file is an envelope ``{'format', 'version', 'buffer', 'state'}`` so that foreign or future files are
 rejected with a clear message.
 """
+
 import json
 import os
 import pickle
@@ -83,7 +84,7 @@ def remove_stale_temps(path: str) -> int:
     except OSError:
         return 0
     for name in names:
-        parts = name[len(prefix):].split('.')
+        parts = name[len(prefix) :].split('.')
         if len(parts) < 3 or not parts[1].isdigit():
             continue  # not a name of ours
         full = os.path.join(directory, name)

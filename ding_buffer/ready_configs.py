@@ -4,6 +4,7 @@ They live in ``config/`` in a checkout and install as the package ``ding_buffer.
 cartpole_dqn_per`` works from a wheel as well as from a checkout. This module imports nothing heavy (no torch): the
 command resolves its config before the first line it prints. Files are read, not executed, to list them.
 """
+
 import ast
 import importlib.util
 import os
@@ -62,8 +63,10 @@ def resolve_config(arg: str) -> str:
             if cfg.name == name:
                 return cfg.path
     names = ', '.join(c.name for c in list_configs() if c.job != '-') or '(none found)'
-    raise FileNotFoundError(f"config file '{arg}' does not exist and is not the name of a ready config "
-                            f"(training configs: {names}; `ding-buffer configs` lists all)")
+    raise FileNotFoundError(
+        f"config file '{arg}' does not exist and is not the name of a ready config "
+        f"(training configs: {names}; `ding-buffer configs` lists all)"
+    )
 
 
 def _describe(path: str) -> tuple:
@@ -76,7 +79,9 @@ def _describe(path: str) -> tuple:
     doc = (ast.get_docstring(tree) or '').strip().splitlines()
     keys = {}
     for node in tree.body:
-        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == 'main_config' for t in node.targets):
+        if isinstance(node, ast.Assign) and any(
+            isinstance(t, ast.Name) and t.id == 'main_config' for t in node.targets
+        ):
             if isinstance(node.value, ast.Call):
                 keys = {k.arg: k.value for k in node.value.keywords if k.arg}
     if 'job' in keys and isinstance(keys['job'], ast.Constant):

@@ -7,6 +7,7 @@ path where it applies, and elsewhere draws with replacement keeping first occurr
 ordered k-subset (sequential sampling with rejection of repeats) -- switching to a partial permutation only
 when k is at least a quarter of n (then O(n) = O(k)).
 """
+
 import numpy as np
 
 from ._numba import njit, ready

@@ -14,6 +14,7 @@ so the leaves are stored once. A min tree over shared leaves ignores zero leaves
 
 Complexity: set / find / reduce O(8 * log8(capacity)) per element. Not thread-safe: the owner serialises calls.
 """
+
 from typing import Any, Dict, Optional, Union
 
 import numpy as np
@@ -46,11 +47,11 @@ class SegmentTree:
     """
 
     def __init__(
-            self,
-            capacity: int,
-            operation: str,
-            neutral_element: Optional[float] = None,
-            leaves: Optional[np.ndarray] = None,
+        self,
+        capacity: int,
+        operation: str,
+        neutral_element: Optional[float] = None,
+        leaves: Optional[np.ndarray] = None,
     ) -> None:
         if not isinstance(capacity, (int, np.integer)) or capacity <= 0 or capacity & (capacity - 1):
             raise ValueError(f"segment tree capacity must be a positive power of two, got {capacity!r}")
@@ -63,11 +64,13 @@ class SegmentTree:
         n_leaves, self._starts, n_nodes = _layout(self.capacity)
         if leaves is None:
             self._leaves = np.full(n_leaves, default, dtype=np.float64)  # padding past capacity: identity
-            self._leaves[:self.capacity] = self.neutral_element
+            self._leaves[: self.capacity] = self.neutral_element
             self._op = op
         else:
-            if leaves.shape != (n_leaves, ) or leaves.dtype != np.float64:
-                raise ValueError(f"shared leaves must be float64 of shape ({n_leaves},), got {leaves.dtype} {leaves.shape}")
+            if leaves.shape != (n_leaves,) or leaves.dtype != np.float64:
+                raise ValueError(
+                    f"shared leaves must be float64 of shape ({n_leaves},), got {leaves.dtype} {leaves.shape}"
+                )
             self._leaves = leaves
             self._op = kern.MIN_POS if op == kern.MIN else op
         self._nodes = np.full(n_nodes, default if self._op != kern.MIN_POS else np.inf, dtype=np.float64)
@@ -116,10 +119,10 @@ class SegmentTree:
         below = self._leaves
         if self._op == kern.MIN_POS:
             below = np.where(below > 0.0, below, np.inf)
-        for lvl, start in enumerate(self._starts):
+        for lvl in range(len(self._starts)):
             vals = kern._np_reduce_blocks(below.reshape(-1, K), self._op)
             level = kern._np_level(self._leaves, self._nodes, self._starts, lvl + 1)
-            level[:len(vals)] = vals
+            level[: len(vals)] = vals
             below = level
 
     def reduce(self, start: int = 0, end: Optional[int] = None) -> float:
@@ -131,7 +134,9 @@ class SegmentTree:
         if not 0 <= start < end <= self.capacity:
             raise ValueError(f"reduce needs 0 <= start < end <= {self.capacity}, got start={start} end={end}")
         neutral = np.inf if self._op == kern.MIN_POS else _OPS[self.operation][1]
-        return float(kern.reduce_range(self._leaves, self._nodes, self._starts, self._op, neutral, int(start), int(end)))
+        return float(
+            kern.reduce_range(self._leaves, self._nodes, self._starts, self._op, neutral, int(start), int(end))
+        )
 
     def root(self) -> float:
         """``reduce()`` over all leaves in O(1)."""
@@ -139,14 +144,14 @@ class SegmentTree:
 
     # ------------------------------------------------------------------ persistence
     def state_dict(self) -> Dict[str, Any]:
-        return {'capacity': self.capacity, 'operation': self.operation, 'leaves': self._leaves[:self.capacity].copy()}
+        return {'capacity': self.capacity, 'operation': self.operation, 'leaves': self._leaves[: self.capacity].copy()}
 
     def load_leaves(self, leaves: Any) -> None:
         """Replace every leaf (validated: float array of length ``capacity``) and rebuild. O(capacity)."""
         arr = np.asarray(leaves, dtype=np.float64)
-        if arr.shape != (self.capacity, ):
+        if arr.shape != (self.capacity,):
             raise ValueError(f"saved tree leaves have shape {arr.shape}, expected ({self.capacity},)")
-        self._leaves[:self.capacity] = arr
+        self._leaves[: self.capacity] = arr
         self.rebuild()
 
     def __repr__(self) -> str:
@@ -154,7 +159,6 @@ class SegmentTree:
 
 
 class SumSegmentTree(SegmentTree):
-
     def __init__(self, capacity: int, leaves: Optional[np.ndarray] = None) -> None:
         super().__init__(capacity, 'sum', leaves=leaves)
 
@@ -189,13 +193,11 @@ class SumSegmentTree(SegmentTree):
 
 
 class MinSegmentTree(SegmentTree):
-
     def __init__(self, capacity: int, leaves: Optional[np.ndarray] = None) -> None:
         super().__init__(capacity, 'min', leaves=leaves)
 
 
 class MaxSegmentTree(SegmentTree):
-
     def __init__(self, capacity: int, leaves: Optional[np.ndarray] = None) -> None:
         super().__init__(capacity, 'max', leaves=leaves)
 
@@ -232,7 +234,7 @@ class PriorityTree:
         # so a record that fills up is refreshed by rebuilding whole levels (streaming, ~1 ms per million leaves)
         # instead of one random path per entry; half a byte per leaf (int32 slots below 2**31 leaves)
         n_leaves = len(self._sum.leaves)
-        self._pending = np.empty(max(64, n_leaves // K), dtype=np.int32 if n_leaves < 2 ** 31 else np.int64)
+        self._pending = np.empty(max(64, n_leaves // K), dtype=np.int32 if n_leaves < 2**31 else np.int64)
         self._npending = np.zeros(1, dtype=np.int64)
         self._deferred = (self._pending, self._npending)
         self.has_max = with_max
@@ -274,8 +276,13 @@ class PriorityTree:
     def set(self, idx: np.ndarray, values: np.ndarray) -> None:
         """Write leaves ``idx`` (int64 array; the last write wins for repeats); the trees follow at the next read.
         Values must be finite and >= 0 (the caller validates)."""
-        kern.prio_set_lazy(*self._arrays, np.asarray(idx, dtype=np.int64), np.asarray(values, dtype=np.float64),
-                           self._pending, self._npending)
+        kern.prio_set_lazy(
+            *self._arrays,
+            np.asarray(idx, dtype=np.int64),
+            np.asarray(values, dtype=np.float64),
+            self._pending,
+            self._npending,
+        )
 
     def fill(self, idx: np.ndarray, value: float) -> None:
         """``set`` of one value at every leaf of ``idx``."""
@@ -307,12 +314,12 @@ class PriorityTree:
 
     def load_leaves(self, leaves: Any) -> None:
         arr = np.asarray(leaves, dtype=np.float64)
-        if arr.shape != (self.size, ):
+        if arr.shape != (self.size,):
             raise ValueError(f"saved priority leaves have shape {arr.shape}, expected ({self.size},)")
         if not np.isfinite(arr).all() or (arr < 0).any():
             raise ValueError("saved priority leaves must be finite and >= 0")
         full = np.zeros(self._sum.capacity)
-        full[:self.size] = arr
+        full[: self.size] = arr
         self._npending[0] = 0  # every node is rebuilt below
         self._sum.load_leaves(full)
         self._min.rebuild()

@@ -12,6 +12,7 @@ Without numba the batched operations run as numpy code that descends / refreshes
 level with the same floating-point operations in the same order, so both backends give identical trees and
 identical samples; the scalar operations then fall back to plain Python loops (correct, slower).
 """
+
 import numpy as np
 
 from ._numba import HAVE_NUMBA, njit, set_fallback
@@ -301,8 +302,26 @@ def prio_flush(leaves, snodes, mnodes, xnodes, has_max, starts, pending, npendin
 
 
 @njit(cache=True, nogil=True)
-def prio_update_by_id(leaves, snodes, mnodes, xnodes, has_max, starts, pending, npending, valid, next_uid, capacity,
-                      slots, ids, prios, eps, alpha, max_prio, out):
+def prio_update_by_id(
+    leaves,
+    snodes,
+    mnodes,
+    xnodes,
+    has_max,
+    starts,
+    pending,
+    npending,
+    valid,
+    next_uid,
+    capacity,
+    slots,
+    ids,
+    prios,
+    eps,
+    alpha,
+    max_prio,
+    out,
+):
     """A prioritized ``update`` in one compiled pass, all or nothing: check every entry first (slot in
     ``[0, capacity)``, priority in ``[0, max_prio]`` -- NaN fails), then keep the entries whose slot still holds
     their id (valid, and the slot's id -- the newest ``u < next_uid`` with ``u % capacity == slot`` -- equals it),
@@ -339,12 +358,29 @@ def prio_update_by_id(leaves, snodes, mnodes, xnodes, has_max, starts, pending, 
 
 
 @njit(cache=True, nogil=True)
-def prio_draw(leaves, snodes, mnodes, xnodes, has_max, starts, pending, npending, u, counts, next_uid, capacity,
-              slots, drawn, use, ids):
+def prio_draw(
+    leaves,
+    snodes,
+    mnodes,
+    xnodes,
+    has_max,
+    starts,
+    pending,
+    npending,
+    u,
+    counts,
+    next_uid,
+    capacity,
+    slots,
+    drawn,
+    use,
+    ids,
+):
     """A prioritized draw in one pass (``PriorityIndex.draw``): refresh what waits, then for ``n = len(u)``
     strata the leaf at ``(t + u[t]) / n * total`` (``find_many``'s descent), its value (``drawn``), its use
     count after this draw (``counts`` bumped in order, as ``bump_counts``) and the id of the item in its slot
-    (``ids``: the newest ``u < next_uid`` with ``u % capacity == slot``, as ``RingIndex.uids``). Returns the smallest positive leaf,
+    (``ids``: the newest ``u < next_uid`` with ``u % capacity == slot``, as ``RingIndex.uids``). Returns the smallest
+    positive leaf,
     0.0 when the total is not positive and -1.0 when a descent found only zero leaves (nothing counted in both
     cases). The powers of the leaves are left to numpy, which vectorises them (a scalar ``pow`` per item costs
     more than the whole descent)."""
@@ -411,7 +447,7 @@ def _np_level(leaves, nodes, starts, lvl):
     if lvl == 0:
         return leaves
     end = starts[lvl] if lvl < len(starts) else len(nodes)
-    return nodes[starts[lvl - 1]:end]
+    return nodes[starts[lvl - 1] : end]
 
 
 def _np_reduce_blocks(vals, op):
@@ -526,11 +562,18 @@ bump_counts = _bump_counts_loop if HAVE_NUMBA else np_bump_counts
 
 # Until the compiled kernels are loaded (in the background, see ``_numba``) calls go to these: the same results
 # (the numpy versions are bit-identical by construction and by test; the scalar ones run as plain Python).
-for _kernel, _fallback in ((refresh_many, np_refresh_many), (set_many, np_set_many), (find_many, np_find_many),
-                           (prio_set_many, np_prio_set_many), (prio_set_one, np_prio_set_one),
-                           (prio_set_lazy, np_prio_set_lazy), (prio_fill_lazy, np_prio_fill_lazy),
-                           (prio_flush, np_prio_flush),
-                           (_leaf_values_loop, _leaf_values_py), (_bump_counts_loop, np_bump_counts)):
+for _kernel, _fallback in (
+    (refresh_many, np_refresh_many),
+    (set_many, np_set_many),
+    (find_many, np_find_many),
+    (prio_set_many, np_prio_set_many),
+    (prio_set_one, np_prio_set_one),
+    (prio_set_lazy, np_prio_set_lazy),
+    (prio_fill_lazy, np_prio_fill_lazy),
+    (prio_flush, np_prio_flush),
+    (_leaf_values_loop, _leaf_values_py),
+    (_bump_counts_loop, np_bump_counts),
+):
     set_fallback(_kernel, _fallback)
 for _kernel in (_combine, _leaf, _refresh_path, set_one, reduce_range, _step, find_one):
     set_fallback(_kernel, 'python')

@@ -1,5 +1,6 @@
 """A user's module of buffer parts, loaded by config (``import_names=['composition_plugins']``): registering
 by name is all it takes for a config to use them."""
+
 import numpy as np
 
 from ding_buffer.control.limits import REMOVER_REGISTRY, Remover
@@ -17,6 +18,7 @@ class OldestFirst:
 @REMOVER_REGISTRY.register('plugin_drop_flagged')
 class DropFlagged(Remover):
     """Before each sample, the oldest items whose ``collect_iter`` equals ``flag`` leave."""
+
     name = 'flagged'
 
     def __init__(self, flag: int) -> None:

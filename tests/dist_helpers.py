@@ -1,6 +1,7 @@
 """Launching real multi-process jobs for the distributed tests: torchrun / env:// ranks for 'torch', mpirun for
 'mpi'. Every rank of a scenario script writes ``OUTDIR/rank{r}.json``; ``Launch.wait`` collects them. MPI
 launches are skipped when mpirun / mpi4py are missing, except under CI (env ``CI``) where they fail."""
+
 import importlib.util
 import json
 import os
@@ -43,8 +44,11 @@ def free_port() -> int:
 
 
 def child_env() -> dict:
-    env = {k: v for k, v in os.environ.items()
-           if k not in ('RANK', 'LOCAL_RANK', 'WORLD_SIZE', 'MASTER_ADDR', 'MASTER_PORT', 'LOCAL_WORLD_SIZE')}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ('RANK', 'LOCAL_RANK', 'WORLD_SIZE', 'MASTER_ADDR', 'MASTER_PORT', 'LOCAL_WORLD_SIZE')
+    }
     env['OMP_NUM_THREADS'] = '1'
     env['PYTHONUNBUFFERED'] = '1'
     return env
@@ -53,8 +57,16 @@ def child_env() -> dict:
 class Launch:
     """One scenario on one backend: the processes, their logs and (after ``wait``) the ranks' JSON reports."""
 
-    def __init__(self, scenario: str, backend: str, root: Path, script: Path = SCRIPT, nproc: int = 3,
-                 survive_deaths: bool = False, timeout: float = LAUNCH_TIMEOUT) -> None:
+    def __init__(
+        self,
+        scenario: str,
+        backend: str,
+        root: Path,
+        script: Path = SCRIPT,
+        nproc: int = 3,
+        survive_deaths: bool = False,
+        timeout: float = LAUNCH_TIMEOUT,
+    ) -> None:
         """``survive_deaths``: torch ranks start as plain env:// processes (as SLURM users do: torchrun would tear
         the job down when a rank dies) and mpirun runs with --enable-recovery."""
         self.scenario, self.backend, self.nproc, self.timeout = scenario, backend, nproc, timeout
@@ -68,13 +80,27 @@ class Launch:
             port = free_port()
             for r in range(nproc):
                 env = child_env()
-                env.update(RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE=str(nproc), LOCAL_WORLD_SIZE=str(nproc),
-                           MASTER_ADDR='127.0.0.1', MASTER_PORT=str(port))
+                env.update(
+                    RANK=str(r),
+                    LOCAL_RANK=str(r),
+                    WORLD_SIZE=str(nproc),
+                    LOCAL_WORLD_SIZE=str(nproc),
+                    MASTER_ADDR='127.0.0.1',
+                    MASTER_PORT=str(port),
+                )
                 self._start(f'rank{r}', [sys.executable] + args, env)
         elif backend == 'torch':
             # --standalone: torchrun binds a free port itself (no race with other jobs grabbing a port we picked)
-            cmd = [sys.executable, '-m', 'torch.distributed.run', '--standalone', '--nnodes', '1',
-                   '--nproc_per_node', str(nproc)] + args
+            cmd = [
+                sys.executable,
+                '-m',
+                'torch.distributed.run',
+                '--standalone',
+                '--nnodes',
+                '1',
+                '--nproc_per_node',
+                str(nproc),
+            ] + args
             self._start('torchrun', cmd, child_env())
         else:
             cmd = ['mpirun', '--allow-run-as-root', '--oversubscribe', '-n', str(nproc)]
@@ -86,8 +112,9 @@ class Launch:
     def _start(self, name, cmd, env) -> None:
         log = self.out / f'{name}.log'
         with open(log, 'wb') as f:
-            p = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env, cwd=str(self.out),
-                                 start_new_session=True)
+            p = subprocess.Popen(
+                cmd, stdout=f, stderr=subprocess.STDOUT, env=env, cwd=str(self.out), start_new_session=True
+            )
         self.procs.append((name, p, log))
 
     def wait(self) -> 'Launch':
@@ -117,8 +144,10 @@ class Launch:
         return {name: p.returncode for name, p, _ in self.procs}
 
     def logs(self) -> str:
-        parts = [f'== {self.scenario} / {self.backend}: return codes {self.returncodes}, '
-                 f'timed out {self.timed_out}, {self.seconds:.1f}s']
+        parts = [
+            f'== {self.scenario} / {self.backend}: return codes {self.returncodes}, '
+            f'timed out {self.timed_out}, {self.seconds:.1f}s'
+        ]
         for name, _, log in self.procs:
             text = log.read_text(errors='replace') if log.exists() else ''
             parts.append(f'-- {name} output (last 6000 chars):\n{text[-6000:]}')
@@ -138,8 +167,6 @@ class Launch:
             assert d.get('ok') is True, f'rank {r} did not finish\n{self.logs()}'
         if rc:
             assert all(c == 0 for c in self.returncodes.values()), f'non-zero exit\n{self.logs()}'
-
-
 
 
 def launcher(root: Path, registry: dict, **kinds):

@@ -1,4 +1,5 @@
 """Helpers shared by the test modules: exact state comparison, chi-square, waiting with a deadline."""
+
 import math
 import time
 
@@ -14,7 +15,7 @@ def assert_same(a, b, where='state'):
         for k in a:
             assert_same(a[k], b[k], f"{where}.{k}")
     elif isinstance(a, (list, tuple)):
-        assert type(a) == type(b) and len(a) == len(b), f"{where}: {a!r} != {b!r}"
+        assert type(a) is type(b) and len(a) == len(b), f"{where}: {a!r} != {b!r}"
         for i, (x, y) in enumerate(zip(a, b)):
             assert_same(x, y, f"{where}[{i}]")
     elif isinstance(a, torch.Tensor):
@@ -23,7 +24,7 @@ def assert_same(a, b, where='state'):
     elif isinstance(a, np.ndarray):
         assert isinstance(b, np.ndarray) and a.dtype == b.dtype and np.array_equal(a, b), f"{where}: {a} != {b}"
     else:
-        assert type(a) == type(b) and a == b, f"{where}: {a!r} != {b!r}"
+        assert type(a) is type(b) and a == b, f"{where}: {a!r} != {b!r}"
 
 
 def chi_square(counts, expected):

@@ -4,6 +4,7 @@ picklable custom class and an object whose unpickling creates a marker file.
 
 The Ray workers and the manager actor import this module by name: the test module puts this directory on
 their PYTHONPATH (``runtime_env``)."""
+
 import os
 import time
 
@@ -13,9 +14,12 @@ import torch
 def rows(wid, step, n):
     """A dict batch of ``n`` rows tagged with the worker id and the step: obs[j] = [wid, step, j]."""
     j = torch.arange(n, dtype=torch.float32)
-    obs = torch.stack([torch.full((n, ), float(wid)), torch.full((n, ), float(step)), j], dim=1)
-    return {'obs': obs, 'wid': torch.full((n, ), wid, dtype=torch.int64),
-            'step': torch.full((n, ), step, dtype=torch.int64)}
+    obs = torch.stack([torch.full((n,), float(wid)), torch.full((n,), float(step)), j], dim=1)
+    return {
+        'obs': obs,
+        'wid': torch.full((n,), wid, dtype=torch.int64),
+        'step': torch.full((n,), step, dtype=torch.int64),
+    }
 
 
 def stored_count(data, sender=None, buffer=None):
@@ -64,6 +68,7 @@ class Tag:
 def worker_push_sample_update(cfg, wid, steps, batch):
     """Attach to the manager, push ``steps`` batches, sample, update priorities, close."""
     from ding_buffer import create_buffer
+
     buf = create_buffer(cfg)
     kind = type(buf).__name__
     stored = []
@@ -71,8 +76,13 @@ def worker_push_sample_update(cfg, wid, steps, batch):
         buf.push(rows(wid, step, batch), batched=True)
         stored.append(buf.last_score['stored'])
     s = buf.sample(4, timeout=10)
-    upd = buf.update({'replay_unique_id': s['replay_unique_id'], 'replay_buffer_idx': s['replay_buffer_idx'],
-                      'priority': torch.full((4, ), float(wid + 2))})
+    upd = buf.update(
+        {
+            'replay_unique_id': s['replay_unique_id'],
+            'replay_buffer_idx': s['replay_buffer_idx'],
+            'priority': torch.full((4,), float(wid + 2)),
+        }
+    )
     buf.close()
     return {'kind': kind, 'stored': stored, 'sampled_obs': s['obs'], 'update': upd}
 
@@ -80,6 +90,7 @@ def worker_push_sample_update(cfg, wid, steps, batch):
 def worker_push_close(cfg, wid, steps, batch):
     """Attach, push ``steps`` batches, close (sends EXIT)."""
     from ding_buffer import create_buffer
+
     buf = create_buffer(cfg)
     for step in range(steps):
         buf.push(rows(wid, step, batch), batched=True)
@@ -90,6 +101,7 @@ def worker_push_close(cfg, wid, steps, batch):
 def worker_push_then_die(cfg, wid, steps, batch):
     """Attach, push ``steps`` batches (each acknowledged), then the process dies without closing."""
     from ding_buffer import create_buffer
+
     buf = create_buffer(cfg)
     for step in range(steps):
         buf.push(rows(wid, step, batch), batched=True)
@@ -100,6 +112,7 @@ def worker_push_then_die(cfg, wid, steps, batch):
 def worker_push_return(cfg, wid, steps, batch):
     """Attach, push ``steps`` batches (each acknowledged), return without closing (the RemoteBuffer is dropped)."""
     from ding_buffer import create_buffer
+
     buf = create_buffer(cfg)
     for step in range(steps):
         buf.push(rows(wid, step, batch), batched=True)
@@ -110,6 +123,7 @@ def worker_push_return(cfg, wid, steps, batch):
 def worker_push_until_unavailable(cfg, wid, max_seconds):
     """Push one row every 20 ms until a call fails; returns what failed, how, and how long that call took."""
     from ding_buffer import create_buffer
+
     buf = create_buffer(cfg)
     end = time.monotonic() + max_seconds
     step = 0

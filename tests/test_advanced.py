@@ -14,6 +14,7 @@ dicts, silent filtering of bad items, revival of retired items). Sections:
 7. concurrency (tree invariants after a threaded run)
 8. config validation and DI-engine defaults
 """
+
 import copy
 import math
 import queue
@@ -24,8 +25,9 @@ import numpy as np
 import pytest
 import torch
 from easydict import EasyDict
+from helpers import assert_same, chi_square, chi_threshold
+from helpers import wait_until as _wait_until
 
-from helpers import assert_same, chi_square, chi_threshold, wait_until as _wait_until
 from ding_buffer import AdvancedReplayBuffer, SampleTimeoutError, create_buffer, deep_merge_dicts
 from ding_buffer.control.thruput import ThruputController
 
@@ -80,7 +82,7 @@ def draw_at(buf, position, **kw):
     """The item at insertion ``position`` (0 = oldest), read through ``sample(1, sample_range=...)``."""
     batch = buf.sample(1, sample_range=slice(position, position + 1), **kw)
     assert batch is not None
-    (r, ) = rows(batch)
+    (r,) = rows(batch)
     return r
 
 
@@ -121,9 +123,6 @@ def info_from(batch, priorities):
         'replay_buffer_idx': batch['replay_buffer_idx'],
         'priority': torch.as_tensor(priorities, dtype=torch.float32),
     }
-
-
-
 
 
 def busy_buffer(storage, seed=0, **kw):
@@ -196,8 +195,10 @@ def test_missing_or_none_priority_gets_the_running_max(storage):
     assert view[0]['priority'] == view[1]['priority'] == 1.0
     assert buf.stats()['max_priority'] == 1.0
     # update raises the running max to the largest raw priority ever set (without eps)
-    assert buf.update({'replay_unique_id': [f'{NAME}_0'], 'replay_buffer_idx': [0], 'priority': [5.0]}) == \
-        {'updated': 1, 'stale': 0}
+    assert buf.update({'replay_unique_id': [f'{NAME}_0'], 'replay_buffer_idx': [0], 'priority': [5.0]}) == {
+        'updated': 1,
+        'stale': 0,
+    }
     assert buf.stats()['max_priority'] == 5.0
     buf.push(item(2))
     assert index_view(buf)[2]['priority'] == 5.0
@@ -222,7 +223,7 @@ def test_explicit_priorities_are_stored_and_leaf_is_priority_pow_alpha(storage, 
     view = index_view(buf)
     for i, p in enumerate(prios):
         assert view[i]['priority'] == p
-        assert view[i]['leaf'] == pytest.approx(p ** alpha, rel=1e-12)
+        assert view[i]['leaf'] == pytest.approx(p**alpha, rel=1e-12)
     st = buf.state_dict()['index']
     assert (st['leaves'][5:] == 0).all() and (st['priority'][5:] == 0).all()
 
@@ -302,7 +303,7 @@ def test_extend_with_and_without_priority(storage):
     view = index_view(buf)
     assert [view[u]['priority'] for u in range(8)] == [1.0, 1.0, 1.0, 0.5, 1.0, 2.0, 4.0, 3.0]
     assert [view[u]['leaf'] for u in range(8)] == pytest.approx(
-        [p ** 0.6 for p in [1.0, 1.0, 1.0, 0.5, 1.0, 2.0, 4.0, 3.0]], rel=1e-12
+        [p**0.6 for p in [1.0, 1.0, 1.0, 0.5, 1.0, 2.0, 4.0, 3.0]], rel=1e-12
     )
     assert stored_ids(buf) == list(range(8))
     before = buf.state_dict()
@@ -396,21 +397,27 @@ def test_list_storage_deepcopy_copies_on_push_and_on_sample():
     d = item(0)
     buf.push(d)
     d['obs'][:] = 99  # the caller reuses its object
-    (x, ) = buf.sample(1)
+    (x,) = buf.sample(1)
     assert x['obs'].tolist() == [0.0, 0.0]
     x['obs'][:] = 7  # the learner mutates the sample
     assert buf.sample(1)[0]['obs'].tolist() == [0.0, 0.0]
     shallow = make('list', size=8)
     d = item(0)
     shallow.push(d)
-    (x, ) = shallow.sample(1)
+    (x,) = shallow.sample(1)
     assert x is not d and x['obs'] is d['obs']  # deepcopy=False: a new dict around the stored leaves
 
 
 # ---------------------------------------------------------------- tensor storage: single-push fast path
 def _schema_item(**override):
-    d = {'obs': np.zeros(3, np.float32), 'act': 1, 'rew': 0.5, 'i32': np.int32(3), 'done': False,
-         'd64': np.float64(1.0)}
+    d = {
+        'obs': np.zeros(3, np.float32),
+        'act': 1,
+        'rew': 0.5,
+        'i32': np.int32(3),
+        'done': False,
+        'd64': np.float64(1.0),
+    }
     d.update(override)
     return d
 
@@ -426,18 +433,18 @@ FAST_CASES = [
     ('zero_dim_array', _schema_item(act=np.array(11)), True),
     ('int_into_float32', _schema_item(rew=3), True),
     ('int_into_float64', _schema_item(d64=-4), True),
-    ('int_2_24_plus_1_into_float32', _schema_item(rew=2 ** 24 + 1), True),
+    ('int_2_24_plus_1_into_float32', _schema_item(rew=2**24 + 1), True),
     ('with_priority', _schema_item(priority=3.0), True),
     ('with_meta_keys', _schema_item(replay_unique_id=123, replay_buffer_idx=5, IS=0.3, use=2, staleness=1), True),
-    ('int64_min', _schema_item(act=-2 ** 63), True),
+    ('int64_min', _schema_item(act=-(2**63)), True),
     ('float_overflowing_float32', _schema_item(rew=1e300), True),
     ('nested_dict', _schema_item(obs={'a': np.zeros(3, np.float32)}), False),
     ('wrong_dtype_array', _schema_item(obs=np.zeros(3, np.float64)), False),
     ('wrong_shape', _schema_item(obs=np.zeros((1, 3), np.float32)), False),
     ('float_into_int64', _schema_item(act=2.0), False),
     ('int_into_int32', _schema_item(i32=5), False),
-    ('int_too_big_for_int32', _schema_item(i32=2 ** 40), False),
-    ('int_too_big_for_int64', _schema_item(act=2 ** 70), False),
+    ('int_too_big_for_int32', _schema_item(i32=2**40), False),
+    ('int_too_big_for_int64', _schema_item(act=2**70), False),
     ('float_into_float64', _schema_item(d64=2.5), False),
     ('bool_into_float32', _schema_item(rew=True), False),
     ('bool_into_int64', _schema_item(act=False), False),
@@ -449,7 +456,7 @@ FAST_CASES = [
     ('swapped_key', {**{k: v for k, v in _schema_item().items() if k != 'rew'}, 'rwd': 0.5}, False),
     ('string_leaf', _schema_item(act='x'), False),
     ('list_leaf', _schema_item(obs=[0.0, 0.0, 0.0]), False),
-    ('dict_subclass', type('D', (dict, ), {})(_schema_item()), False),
+    ('dict_subclass', type('D', (dict,), {})(_schema_item()), False),
 ]
 
 
@@ -510,19 +517,20 @@ def test_tensor_storage_stores_bfloat16_fields(dtype):
     buf = make('tensor', size=4)
     before = buf.state_dict()
     try:
-        buf.push({'x': torch.full((3, ), 1.5).to(dtype), 'id': 0})
+        buf.push({'x': torch.full((3,), 1.5).to(dtype), 'id': 0})
     except Exception:
         assert_same(before, buf.state_dict())  # a refused first push must leave no schema behind
         raise
-    buf.push({'x': torch.full((3, ), 2.0).to(dtype), 'id': 1})
+    buf.push({'x': torch.full((3,), 2.0).to(dtype), 'id': 1})
     batch = buf.sample(2)
     assert batch['x'].dtype == dtype
     assert sorted(batch['x'].float()[:, 0].tolist()) == [1.5, 2.0]
 
 
 @pytest.mark.parametrize(
-    'field,value', [('rew', 2 ** 70), ('d64', 2 ** 70), ('rew', -2 ** 63 - 1), ('rew', 2 ** 200)],
-    ids=['2**70_into_float32', '2**70_into_float64', 'below_int64_into_float32', '2**200_into_float32']
+    'field,value',
+    [('rew', 2**70), ('d64', 2**70), ('rew', -(2**63) - 1), ('rew', 2**200)],
+    ids=['2**70_into_float32', '2**70_into_float64', 'below_int64_into_float32', '2**200_into_float32'],
 )
 def test_tensor_fast_path_huge_int_into_float_field_matches_generic_path(field, value):
     fast, generic, _ = _fast_and_generic_buffers()
@@ -540,7 +548,7 @@ def test_is_weights_follow_leaf_ratio_to_minus_beta(storage):
     buf = make(storage, size=16, alpha=alpha, beta=beta, anneal_step=0)
     prios = np.random.default_rng(3).uniform(0.05, 9.0, size=12)
     buf.push([item(i, priority=float(p)) for i, p in enumerate(prios)])
-    leaf_min = (prios ** alpha).min()
+    leaf_min = (prios**alpha).min()
     for _ in range(5):
         for r in rows(buf.sample(12)):
             expected = ((prios[r['uid']] ** alpha) / leaf_min) ** (-beta)
@@ -595,12 +603,12 @@ def test_sampling_frequencies_follow_priority_pow_alpha(storage, alpha):
     for _ in range(calls):
         counts += np.bincount(col(buf.sample(size), 'uid'), minlength=n_items)
     draws = size * calls
-    p = prios ** alpha / (prios ** alpha).sum()
+    p = prios**alpha / (prios**alpha).sum()
     df = n_items - 1
     assert chi_square(counts, draws * p) < chi_threshold(df)
     # the test has power: the frequencies are far from those of another exponent
     other = 1.0 if alpha < 1 else 0.5
-    q = prios ** other / (prios ** other).sum()
+    q = prios**other / (prios**other).sum()
     assert chi_square(counts, draws * q) > 10 * chi_threshold(df)
 
 
@@ -608,14 +616,14 @@ def test_sampling_frequencies_follow_priority_pow_alpha(storage, alpha):
 def test_beta_anneals_once_per_sample_call_and_caps_at_one(storage):
     buf = make(storage, size=8, beta=0.4, anneal_step=10)
     buf.push([item(0, priority=1.0), item(1, priority=4.0)])
-    leaf_ratio = 4.0 ** 0.6
+    leaf_ratio = 4.0**0.6
     b = buf.sample(2)
     assert buf.beta == pytest.approx(0.46)
     # IS uses the beta of *before* this call's annealing
-    assert max(col(b, 'uid')) == 1 and min(col(b, 'IS')) == pytest.approx(leaf_ratio ** -0.4, rel=1e-6)
+    assert max(col(b, 'uid')) == 1 and min(col(b, 'IS')) == pytest.approx(leaf_ratio**-0.4, rel=1e-6)
     b = buf.sample(2)
     assert buf.beta == pytest.approx(0.52)  # DI-engine probe: 0.4 -> 0.52 after 2 calls with anneal_step=10
-    assert min(col(b, 'IS')) == pytest.approx(leaf_ratio ** -0.46, rel=1e-6)
+    assert min(col(b, 'IS')) == pytest.approx(leaf_ratio**-0.46, rel=1e-6)
     assert buf.sample(3) is None  # a refused call does not anneal
     assert buf.beta == pytest.approx(0.52)
     assert buf.sample(1, sample_range=slice(5, 9)) is None  # nor does an empty range
@@ -652,7 +660,7 @@ def test_beta_setter_validates(storage):
     buf.push([item(0, priority=1.0), item(1, priority=4.0)])
     buf.beta = 0.7
     assert buf.beta == 0.7
-    assert min(col(buf.sample(2), 'IS')) == pytest.approx((4.0 ** 0.6) ** -0.7, rel=1e-6)
+    assert min(col(buf.sample(2), 'IS')) == pytest.approx((4.0**0.6) ** -0.7, rel=1e-6)
     for bad in (1.5, -0.1, float('nan'), float('inf')):
         with pytest.raises(ValueError, match='beta'):
             buf.beta = bad
@@ -718,9 +726,22 @@ def test_use_counts_every_draw_including_duplicates(storage):
 
 
 SLICES = [
-    slice(None, 5), slice(0, 5), slice(0, 1), slice(-4, None), slice(-1, None), slice(3, 9), slice(2, 11, 3),
-    slice(None, None, 2), slice(None, None, -1), slice(9, 2, -2), slice(-100, None), slice(None, 100),
-    slice(5, 5), slice(7, 3), slice(100, None), slice(-3, -6),
+    slice(None, 5),
+    slice(0, 5),
+    slice(0, 1),
+    slice(-4, None),
+    slice(-1, None),
+    slice(3, 9),
+    slice(2, 11, 3),
+    slice(None, None, 2),
+    slice(None, None, -1),
+    slice(9, 2, -2),
+    slice(-100, None),
+    slice(None, 100),
+    slice(5, 5),
+    slice(7, 3),
+    slice(100, None),
+    slice(-3, -6),
 ]
 
 
@@ -817,7 +838,7 @@ def test_update_stores_priority_plus_eps(storage):
     for u, p in by_uid.items():
         assert view[u]['priority'] == np.float32(p + EPS)
         assert view[u]['leaf'] == pytest.approx((p + EPS) ** 0.6, rel=1e-12)
-        assert view[u]['leaf'] != pytest.approx(p ** 0.6, rel=1e-9)
+        assert view[u]['leaf'] != pytest.approx(p**0.6, rel=1e-9)
     for pos in range(4):  # visible in the next sample's 'priority'
         r = draw_at(buf, pos)
         assert r['priority'] == pytest.approx(by_uid[r['uid']] + EPS, rel=1e-7)
@@ -831,10 +852,12 @@ def test_update_stores_priority_plus_eps(storage):
 def test_update_to_zero_keeps_the_item_sampleable_through_eps(storage):
     buf = make(storage, size=8, alpha=0.6)
     push_ids(buf, range(3))
-    assert buf.update({'replay_unique_id': [f'{NAME}_1'], 'replay_buffer_idx': [1], 'priority': [0.0]}) == \
-        {'updated': 1, 'stale': 0}
+    assert buf.update({'replay_unique_id': [f'{NAME}_1'], 'replay_buffer_idx': [1], 'priority': [0.0]}) == {
+        'updated': 1,
+        'stale': 0,
+    }
     view = index_view(buf)
-    assert view[1]['priority'] == np.float32(EPS) and view[1]['leaf'] == pytest.approx(EPS ** 0.6, rel=1e-12)
+    assert view[1]['priority'] == np.float32(EPS) and view[1]['leaf'] == pytest.approx(EPS**0.6, rel=1e-12)
     r = draw_at(buf, 1)
     assert r['uid'] == 1 and r['IS'] == 1.0  # the smallest leaf
     assert buf.stats()['max_priority'] == 1.0
@@ -850,10 +873,13 @@ def test_update_accepts_sampled_tensors_and_the_whole_batch():
     for u, p in zip(batch['replay_unique_id'].tolist(), [1.5, 2.5, 3.5, 4.5]):
         assert view[u]['priority'] == np.float32(p + EPS)
     # numpy arrays and python lists work as well
-    assert buf.update({'replay_unique_id': np.array([0, 1]), 'replay_buffer_idx': np.array([0, 1]),
-                       'priority': np.array([7.0, 8.0])}) == {'updated': 2, 'stale': 0}
-    assert buf.update({'replay_unique_id': [2], 'replay_buffer_idx': [2], 'priority': [9.0]}) == \
-        {'updated': 1, 'stale': 0}
+    assert buf.update(
+        {'replay_unique_id': np.array([0, 1]), 'replay_buffer_idx': np.array([0, 1]), 'priority': np.array([7.0, 8.0])}
+    ) == {'updated': 2, 'stale': 0}
+    assert buf.update({'replay_unique_id': [2], 'replay_buffer_idx': [2], 'priority': [9.0]}) == {
+        'updated': 1,
+        'stale': 0,
+    }
     assert buf.stats()['max_priority'] == 9.0
 
 
@@ -866,8 +892,10 @@ def test_update_accepts_list_storage_ids_as_strings_and_arrays():
     info['priority'] = np.array(info['priority'])
     assert buf.update(info) == {'updated': 4, 'stale': 0}
     # a scalar entry
-    assert buf.update({'replay_unique_id': f'{NAME}_1', 'replay_buffer_idx': 1, 'priority': 5.0}) == \
-        {'updated': 1, 'stale': 0}
+    assert buf.update({'replay_unique_id': f'{NAME}_1', 'replay_buffer_idx': 1, 'priority': 5.0}) == {
+        'updated': 1,
+        'stale': 0,
+    }
     assert index_view(buf)[1]['priority'] == np.float32(5.0 + EPS)
 
 
@@ -882,8 +910,13 @@ def test_update_reports_overwritten_and_foreign_entries_as_stale(storage):
     assert view[4]['priority'] == view[5]['priority'] == 1.0  # the new items keep their priority
     assert view[2]['priority'] == view[3]['priority'] == np.float32(3.0 + EPS)
     # another instance's ids, and this instance's id at the wrong slot, are stale
-    res = buf.update({'replay_unique_id': ['other_2', f'{NAME}_2', f'{NAME}x_3', 'demo_03x'],
-                      'replay_buffer_idx': [2, 3, 3, 3], 'priority': [9.0, 9.0, 9.0, 9.0]})
+    res = buf.update(
+        {
+            'replay_unique_id': ['other_2', f'{NAME}_2', f'{NAME}x_3', 'demo_03x'],
+            'replay_buffer_idx': [2, 3, 3, 3],
+            'priority': [9.0, 9.0, 9.0, 9.0],
+        }
+    )
     assert res == {'updated': 0, 'stale': 4}
     assert index_view(buf) == view
     assert buf.stats()['updated'] == 2 and buf.stats()['stale_updates'] == 6
@@ -893,8 +926,9 @@ def test_update_reports_overwritten_and_foreign_entries_as_stale(storage):
 def test_update_ids_of_a_buffer_whose_name_is_a_prefix_are_foreign():
     buf = make('list', size=4, name='my')
     buf.push(item(0))
-    assert buf.update({'replay_unique_id': ['my_buf_0', 'my_0'], 'replay_buffer_idx': [0, 0],
-                       'priority': [2.0, 3.0]}) == {'updated': 1, 'stale': 1}
+    assert buf.update(
+        {'replay_unique_id': ['my_buf_0', 'my_0'], 'replay_buffer_idx': [0, 0], 'priority': [2.0, 3.0]}
+    ) == {'updated': 1, 'stale': 1}
 
 
 @pytest.mark.parametrize('storage', STORAGES)
@@ -912,8 +946,9 @@ def test_update_of_removed_item_is_stale(storage):
 def test_update_repeated_entry_last_write_wins(storage):
     buf = make(storage, size=8)
     push_ids(buf, range(2))
-    res = buf.update({'replay_unique_id': [f'{NAME}_1', f'{NAME}_1'], 'replay_buffer_idx': [1, 1],
-                      'priority': [2.0, 5.0]})
+    res = buf.update(
+        {'replay_unique_id': [f'{NAME}_1', f'{NAME}_1'], 'replay_buffer_idx': [1, 1], 'priority': [2.0, 5.0]}
+    )
     assert res == {'updated': 2, 'stale': 0}
     assert index_view(buf)[1]['priority'] == np.float32(5.0 + EPS)
 
@@ -931,7 +966,7 @@ def _bad_updates(batch):
     short_idx = dict(good)
     short_idx['replay_buffer_idx'] = list(good['replay_buffer_idx'])[:2]
     out.append((short_idx, ValueError))
-    for slot in (-1, 16, 10 ** 6):
+    for slot in (-1, 16, 10**6):
         bad = dict(good)
         bad['replay_buffer_idx'] = [0, slot, 1]
         out.append((bad, ValueError))
@@ -1009,9 +1044,8 @@ def test_max_use_reached_inside_one_batch(storage):
 
 def _tracked_item(tmp_path, i):
     path = tmp_path / f'data_{i}.pt'
-    torch.save(torch.full((2, ), float(i)), path)
+    torch.save(torch.full((2,), float(i)), path)
     return {'data_id': str(path), 'id': i}
-
 
 
 def test_max_use_with_tracking_retires_item_and_update_cannot_revive_it(tmp_path):
@@ -1163,8 +1197,16 @@ class Model:
 @pytest.mark.parametrize('storage', STORAGES)
 def test_random_operations_match_a_reference_model(storage, seed):
     cap, alpha, beta, anneal_step, max_use, max_staleness = 16, 0.7, 0.4, 50, 4, 12
-    buf = make(storage, size=cap, seed=seed, alpha=alpha, beta=beta, anneal_step=anneal_step, max_use=max_use,
-               max_staleness=max_staleness)
+    buf = make(
+        storage,
+        size=cap,
+        seed=seed,
+        alpha=alpha,
+        beta=beta,
+        anneal_step=anneal_step,
+        max_use=max_use,
+        max_staleness=max_staleness,
+    )
     model = Model(cap, alpha, beta, anneal_step, max_use, max_staleness)
     rng = np.random.default_rng(seed)
     it, last = 0, None
@@ -1201,8 +1243,11 @@ def test_random_operations_match_a_reference_model(storage, seed):
                 model.apply_sample(last)
         elif last is not None:
             entries = [(r['uid'], float(rng.uniform(0.0, 6.0))) for r in last]
-            info = {'replay_unique_id': [f'{NAME}_{u}' for u, _ in entries],
-                    'replay_buffer_idx': [u % cap for u, _ in entries], 'priority': [p for _, p in entries]}
+            info = {
+                'replay_unique_id': [f'{NAME}_{u}' for u, _ in entries],
+                'replay_buffer_idx': [u % cap for u, _ in entries],
+                'priority': [p for _, p in entries],
+            }
             if len({u for u, _ in entries}) == len(entries):  # repeated ids: last write wins, checked elsewhere
                 res = buf.update(info)
                 assert res['updated'] == model.apply_update(entries)
@@ -1243,11 +1288,15 @@ def test_dingengine_thruput_arithmetic(storage):
     assert stats['thruput_push'] == 90 and stats['thruput_sample'] == 57
 
 
-@pytest.mark.parametrize('thruput', [
-    dict(push_sample_rate_limit=dict(max=2, min=0.5)),
-    dict(sample_min_limit_ratio=1.5),
-    dict(window_seconds=2.5),
-], ids=['min', 'sample_min_limit_ratio', 'window_seconds'])
+@pytest.mark.parametrize(
+    'thruput',
+    [
+        dict(push_sample_rate_limit=dict(max=2, min=0.5)),
+        dict(sample_min_limit_ratio=1.5),
+        dict(window_seconds=2.5),
+    ],
+    ids=['min', 'sample_min_limit_ratio', 'window_seconds'],
+)
 def test_thruput_config_accepts_float_values(thruput):
     """DI-engine configs use floats here (min=.5, ratio 1.5) although its defaults are ints (0, 1, 30)."""
     buf = make('list', size=8, thruput_controller=thruput)
@@ -1347,7 +1396,6 @@ def test_close_wakes_a_waiting_sampler(storage):
 
 
 class FakeClock:
-
     def __init__(self):
         self.t = 1000.0
 
@@ -1383,18 +1431,18 @@ def test_thruput_decay_is_in_whole_second_steps():
     clock.t += 0.001
     assert ctl.push_count == pytest.approx(100 * step, abs=1e-9)
     clock.t += 1.5  # 2.5 s since construction: two ticks
-    assert ctl.push_count == pytest.approx(100 * step ** 2, abs=1e-9)
+    assert ctl.push_count == pytest.approx(100 * step**2, abs=1e-9)
     ctl.on_push(10)  # counting after a decay
     clock.t += 0.4  # 2.9 s: still two ticks
-    assert ctl.push_count == pytest.approx(100 * step ** 2 + 10, abs=1e-9)
+    assert ctl.push_count == pytest.approx(100 * step**2 + 10, abs=1e-9)
     clock.t += 0.2  # 3.1 s: third tick applies to everything counted so far
-    assert ctl.push_count == pytest.approx((100 * step ** 2 + 10) * step, abs=1e-9)
+    assert ctl.push_count == pytest.approx((100 * step**2 + 10) * step, abs=1e-9)
 
 
 def test_thruput_rules_with_a_fake_clock():
     clock = FakeClock()
     ctl = _controller(clock=clock)
-    assert ctl.can_push(10 ** 6)[0]  # nothing sampled yet: pushes are always allowed
+    assert ctl.can_push(10**6)[0]  # nothing sampled yet: pushes are always allowed
     assert not ctl.can_sample(1)[0]  # 0 / 1 < .5
     ctl.on_push(30)
     assert [ctl.can_sample(n)[0] for n in (19, 60, 61)] == [True, True, False]
@@ -1407,23 +1455,28 @@ def test_thruput_rules_with_a_fake_clock():
     inactive = ThruputController(dict(push_sample_rate_limit=dict(max=float('inf'), min=0), window_seconds=30))
     inactive.on_push(5)
     inactive.on_sample(500)
-    assert not inactive.active and inactive.can_sample(10 ** 9)[0] and inactive.can_push(10 ** 9)[0]
+    assert not inactive.active and inactive.can_sample(10**9)[0] and inactive.can_push(10**9)[0]
     assert inactive.push_count == 0 and inactive.sample_count == 0
 
 
-@pytest.mark.parametrize('kwargs,key', [
-    (dict(max_rate=1.0, min_rate=2.0), 'thruput_controller.push_sample_rate_limit'),
-    (dict(min_rate=-1), 'thruput_controller.push_sample_rate_limit'),
-    (dict(max_rate=0.0, min_rate=0.0), 'thruput_controller.push_sample_rate_limit'),
-    (dict(max_rate=float('nan')), 'thruput_controller.push_sample_rate_limit'),
-    (dict(window=0), 'thruput_controller.window_seconds'),
-    (dict(window=-3), 'thruput_controller.window_seconds'),
-])
+@pytest.mark.parametrize(
+    'kwargs,key',
+    [
+        (dict(max_rate=1.0, min_rate=2.0), 'thruput_controller.push_sample_rate_limit'),
+        (dict(min_rate=-1), 'thruput_controller.push_sample_rate_limit'),
+        (dict(max_rate=0.0, min_rate=0.0), 'thruput_controller.push_sample_rate_limit'),
+        (dict(max_rate=float('nan')), 'thruput_controller.push_sample_rate_limit'),
+        (dict(window=0), 'thruput_controller.window_seconds'),
+        (dict(window=-3), 'thruput_controller.window_seconds'),
+    ],
+)
 def test_thruput_invalid_limits_raise_naming_the_key(kwargs, key):
     with pytest.raises(ValueError, match=key.replace('.', r'\.')):
         _controller(**kwargs)
-    cfg = dict(push_sample_rate_limit=dict(max=kwargs.get('max_rate', 2.0), min=kwargs.get('min_rate', 0)),
-               window_seconds=kwargs.get('window', 5))
+    cfg = dict(
+        push_sample_rate_limit=dict(max=kwargs.get('max_rate', 2.0), min=kwargs.get('min_rate', 0)),
+        window_seconds=kwargs.get('window', 5),
+    )
     with pytest.raises(ValueError, match=key.replace('.', r'\.')):
         make('list', size=8, thruput_controller=cfg)
 
@@ -1440,8 +1493,19 @@ def _compare_next_samples(a, b):
     assert_same(a.state_dict(), b.state_dict())
 
 
-STATE_STATS = ('count', 'push_count', 'max_priority', 'priority_mass', 'push_items', 'sample_calls',
-               'sampled_items', 'remove_count', 'removed_by_use', 'updated', 'stale_updates')
+STATE_STATS = (
+    'count',
+    'push_count',
+    'max_priority',
+    'priority_mass',
+    'push_items',
+    'sample_calls',
+    'sampled_items',
+    'remove_count',
+    'removed_by_use',
+    'updated',
+    'stale_updates',
+)
 
 
 @pytest.mark.parametrize('storage', STORAGES)
@@ -1502,8 +1566,7 @@ def test_save_and_load_data_round_trip(storage, tmp_path):
 
 def test_list_storage_of_tensors_loads_without_allow_pickle(tmp_path):
     a = make('list', size=8)
-    a.push([{'id': i, 'obs': torch.full((2, ), float(i)), 'tag': f't{i}', 'collect_iter': [i, i + 1]}
-            for i in range(5)])
+    a.push([{'id': i, 'obs': torch.full((2,), float(i)), 'tag': f't{i}', 'collect_iter': [i, i + 1]} for i in range(5)])
     a.update(info_from(a.sample(3), [2.0, 3.0, 4.0]))
     a.save_data(str(tmp_path / 'b.pt'))
     b = make('list', size=8, seed=3)
@@ -1585,9 +1648,27 @@ def _corrupt(kind):
 
 
 CORRUPTIONS = [
-    'neg_priority', 'nan_priority', 'leaf_at_empty', 'neg_leaf', 'nan_leaf', 'short_leaves', 'long_priority',
-    'short_use', 'neg_use', 'beta_2', 'beta_neg', 'max_priority_nan', 'no_index', 'no_counters', 'counter_missing',
-    'thruput_negative', 'wrong_type', 'bad_rng', 'ring_head', 'wrong_capacity', 'wrong_kind'
+    'neg_priority',
+    'nan_priority',
+    'leaf_at_empty',
+    'neg_leaf',
+    'nan_leaf',
+    'short_leaves',
+    'long_priority',
+    'short_use',
+    'neg_use',
+    'beta_2',
+    'beta_neg',
+    'max_priority_nan',
+    'no_index',
+    'no_counters',
+    'counter_missing',
+    'thruput_negative',
+    'wrong_type',
+    'bad_rng',
+    'ring_head',
+    'wrong_capacity',
+    'wrong_kind',
 ]
 
 
@@ -1614,7 +1695,7 @@ def test_truncated_file_raises_and_leaves_the_buffer_unchanged(storage, tmp_path
     path = tmp_path / 'buf.pt'
     src.save_data(str(path))
     data = path.read_bytes()
-    path.write_bytes(data[:len(data) // 2])
+    path.write_bytes(data[: len(data) // 2])
     target = busy_buffer(storage, seed=1)
     before = target.state_dict()
     with pytest.raises(ValueError):
@@ -1694,8 +1775,11 @@ def test_concurrent_push_sample_update_keep_tree_invariants(storage):
                     pushed[k] += buf.push([item(i + j, collect_iter=ci) for j in range(n)])
                     i += n
                 else:
-                    b = _batch(np.arange(i, i + n), collect_iter=np.full(n, ci, dtype=np.int64),
-                               priority=rng.uniform(0.1, 5.0, size=n))
+                    b = _batch(
+                        np.arange(i, i + n),
+                        collect_iter=np.full(n, ci, dtype=np.int64),
+                        priority=rng.uniform(0.1, 5.0, size=n),
+                    )
                     pushed[k] += buf.extend(b)
                     i += n
         except Exception as e:  # pragma: no cover - reported below
@@ -1708,8 +1792,12 @@ def test_concurrent_push_sample_update_keep_tree_invariants(storage):
                 size = int(rng.integers(1, 33))
                 rng_range = [None, slice(-100, None), slice(10, 300, 3), slice(None, 50)][rng.integers(4)]
                 try:
-                    batch = buf.sample(size, cur_learner_iter=now_ms(), sample_range=rng_range,
-                                       timeout=0.01 if rng.random() < 0.3 else None)
+                    batch = buf.sample(
+                        size,
+                        cur_learner_iter=now_ms(),
+                        sample_range=rng_range,
+                        timeout=0.01 if rng.random() < 0.3 else None,
+                    )
                 except SampleTimeoutError:
                     continue
                 if batch is None:
@@ -1737,8 +1825,8 @@ def test_concurrent_push_sample_update_keep_tree_invariants(storage):
         except Exception as e:  # pragma: no cover
             errors.append(e)
 
-    threads = [threading.Thread(target=pusher, args=(k, )) for k in range(2)]
-    threads += [threading.Thread(target=sampler, args=(k, )) for k in range(2)]
+    threads = [threading.Thread(target=pusher, args=(k,)) for k in range(2)]
+    threads += [threading.Thread(target=sampler, args=(k,)) for k in range(2)]
     threads += [threading.Thread(target=updater)]
     for t in threads:
         t.start()
@@ -1764,8 +1852,16 @@ def test_concurrent_push_sample_update_keep_tree_invariants(storage):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason='needs CUDA')
 def test_tensor_storage_on_cuda_matches_cpu():
     def run(device):
-        buf = create_buffer(dict(type='advanced', replay_buffer_size=8, seed=0, max_staleness=6,
-                                 storage=dict(type='tensor', device=device)), instance_name=NAME)
+        buf = create_buffer(
+            dict(
+                type='advanced',
+                replay_buffer_size=8,
+                seed=0,
+                max_staleness=6,
+                storage=dict(type='tensor', device=device),
+            ),
+            instance_name=NAME,
+        )
         buf.push([item(i, collect_iter=i, priority=float(i + 1)) for i in range(10)])
         batch = buf.sample(4, cur_learner_iter=9)
         assert batch['obs'].device.type == torch.device(device).type
@@ -1813,36 +1909,42 @@ def test_minimal_config_uses_the_defaults():
     assert full.replay_buffer_size == 4096
 
 
-@pytest.mark.parametrize('cfg,closest', [
-    (dict(replay_bufer_size=8), 'replay_buffer_size'),
-    (dict(alpah=0.5), 'alpha'),
-    (dict(max_uses=3), 'max_use'),
-    (dict(thruput_controller=dict(window_second=3)), 'thruput_controller.window_seconds'),
-    (dict(storage=dict(typ='tensor')), 'storage.type'),
-])
+@pytest.mark.parametrize(
+    'cfg,closest',
+    [
+        (dict(replay_bufer_size=8), 'replay_buffer_size'),
+        (dict(alpah=0.5), 'alpha'),
+        (dict(max_uses=3), 'max_use'),
+        (dict(thruput_controller=dict(window_second=3)), 'thruput_controller.window_seconds'),
+        (dict(storage=dict(typ='tensor')), 'storage.type'),
+    ],
+)
 def test_unknown_config_key_names_the_closest_key(cfg, closest):
     with pytest.raises(ValueError, match=f"did you mean '{closest}'"):
         create_buffer(dict(type='advanced', **cfg))
 
 
-@pytest.mark.parametrize('cfg,key', [
-    (dict(alpha=1.5), 'alpha'),
-    (dict(alpha=-0.1), 'alpha'),
-    (dict(beta=-0.1), 'beta'),
-    (dict(beta=1.01), 'beta'),
-    (dict(max_use=0), 'max_use'),
-    (dict(max_use=-2), 'max_use'),
-    (dict(max_staleness=0), 'max_staleness'),
-    (dict(replay_buffer_size=0), 'replay_buffer_size'),
-    (dict(anneal_step=-1), 'anneal_step'),
-    (dict(anneal_step=2.5), 'anneal_step'),
-    (dict(eps=-1e-3), 'eps'),
-    (dict(seed=-1), 'seed'),
-    (dict(thruput_controller=dict(sample_min_limit_ratio=0.5)), 'thruput_controller.sample_min_limit_ratio'),
-    (dict(storage=dict(type='deque')), 'storage.type'),
-    (dict(replay_buffer_size='8'), 'replay_buffer_size'),
-    (dict(enable_track_used_data=True, storage=dict(type='tensor')), 'enable_track_used_data'),
-])
+@pytest.mark.parametrize(
+    'cfg,key',
+    [
+        (dict(alpha=1.5), 'alpha'),
+        (dict(alpha=-0.1), 'alpha'),
+        (dict(beta=-0.1), 'beta'),
+        (dict(beta=1.01), 'beta'),
+        (dict(max_use=0), 'max_use'),
+        (dict(max_use=-2), 'max_use'),
+        (dict(max_staleness=0), 'max_staleness'),
+        (dict(replay_buffer_size=0), 'replay_buffer_size'),
+        (dict(anneal_step=-1), 'anneal_step'),
+        (dict(anneal_step=2.5), 'anneal_step'),
+        (dict(eps=-1e-3), 'eps'),
+        (dict(seed=-1), 'seed'),
+        (dict(thruput_controller=dict(sample_min_limit_ratio=0.5)), 'thruput_controller.sample_min_limit_ratio'),
+        (dict(storage=dict(type='deque')), 'storage.type'),
+        (dict(replay_buffer_size='8'), 'replay_buffer_size'),
+        (dict(enable_track_used_data=True, storage=dict(type='tensor')), 'enable_track_used_data'),
+    ],
+)
 def test_invalid_config_values_raise_naming_the_key(cfg, key):
     with pytest.raises(ValueError, match=f"'{key}'"):
         create_buffer(dict(type='advanced', **cfg))
@@ -1858,10 +1960,12 @@ def test_equal_priorities_give_identical_leaves_on_every_path(storage):
     """Single push, batched push and update must compute ``priority ** alpha`` the same way (numpy's SIMD
     ``np.power`` differs from the C ``pow`` by one ulp for some inputs): equal priorities -> IS exactly 1."""
     xs = np.random.default_rng(3).random(4096) * 10 + 0.1
-    differs = xs[np.power(xs, 0.6) != np.array([x ** 0.6 for x in xs.tolist()])]
+    differs = xs[np.power(xs, 0.6) != np.array([x**0.6 for x in xs.tolist()])]
     p = float(differs[0]) if len(differs) else 0.37  # a value where the two pows disagree, if this CPU has one
-    buf = create_buffer(dict(type='advanced', replay_buffer_size=128, alpha=0.6, eps=0.0, seed=0,
-                             storage=dict(type=storage)), instance_name='eq')
+    buf = create_buffer(
+        dict(type='advanced', replay_buffer_size=128, alpha=0.6, eps=0.0, seed=0, storage=dict(type=storage)),
+        instance_name='eq',
+    )
     buf.push({'x': np.ones(2, np.float32), 'priority': 5.0})  # the first item fixes the schema
     buf.push({'x': np.ones(2, np.float32), 'priority': p})  # single push (tensor: the fast path)
     if storage == 'tensor':  # a batch long enough for numpy's vectorised loops
@@ -1907,15 +2011,18 @@ print(json.dumps(out))
 
 def test_numba_and_numpy_backends_give_identical_buffers():
     import os
+
     """The compiled kernels and the numpy fallback must draw the same samples and build the same trees."""
     import json
     import subprocess
     import sys
+
     runs = {}
     for flag, first in (('0', '0'), ('0', '1'), ('1', '0')):  # numba (switching mid-run / from the start), numpy
         env = dict(os.environ, DING_BUFFER_NO_NUMBA=flag, LOAD_FIRST=first)
-        proc = subprocess.run([sys.executable, '-c', _BACKEND_SCRIPT], env=env, capture_output=True, text=True,
-                              timeout=240)
+        proc = subprocess.run(
+            [sys.executable, '-c', _BACKEND_SCRIPT], env=env, capture_output=True, text=True, timeout=240
+        )
         assert proc.returncode == 0, proc.stderr[-2000:]
         runs[flag + first] = json.loads(proc.stdout.strip().splitlines()[-1])
     assert runs['10']['numba'] is False
@@ -1963,26 +2070,41 @@ def test_update_fast_path_gives_exactly_the_state_of_the_checking_path():
         before = fast.state_dict()
         prio = torch.ones(16)
         prio[5] = bad
-        info = {'replay_unique_id': batch['replay_unique_id'], 'replay_buffer_idx': batch['replay_buffer_idx'],
-                'priority': prio}
+        info = {
+            'replay_unique_id': batch['replay_unique_id'],
+            'replay_buffer_idx': batch['replay_buffer_idx'],
+            'priority': prio,
+        }
         with pytest.raises(ValueError, match='priority'):
             fast.update(info)
         assert_same(fast.state_dict(), before)
     before = fast.state_dict()
-    swapped = {'replay_unique_id': batch['replay_unique_id'].numpy(), 'replay_buffer_idx': batch['replay_buffer_idx'],
-               'priority': np.full(16, 2.0, dtype='>f8')}  # non-native byte order: the checking path converts it
+    swapped = {
+        'replay_unique_id': batch['replay_unique_id'].numpy(),
+        'replay_buffer_idx': batch['replay_buffer_idx'],
+        'priority': np.full(16, 2.0, dtype='>f8'),
+    }  # non-native byte order: the checking path converts it
     assert fast.update(swapped) == slow.update({k: np.asarray(v).tolist() for k, v in swapped.items()})
     assert_same(fast.state_dict(), slow.state_dict())
     before = fast.state_dict()
     with pytest.raises(ValueError, match='replay_buffer_idx'):
-        fast.update({'replay_unique_id': batch['replay_unique_id'], 'replay_buffer_idx': batch['replay_buffer_idx'] + 64,
-                     'priority': torch.ones(16)})
+        fast.update(
+            {
+                'replay_unique_id': batch['replay_unique_id'],
+                'replay_buffer_idx': batch['replay_buffer_idx'] + 64,
+                'priority': torch.ones(16),
+            }
+        )
     assert_same(fast.state_dict(), before)
 
 
 def _cartpole_batch(rng, n, collect_iter=False, priority=False):
-    batch = {'obs': rng.standard_normal((n, 4), dtype=np.float32), 'action': rng.integers(0, 2, n),
-             'reward': rng.standard_normal(n, dtype=np.float32), 'done': rng.random(n) < 0.2}
+    batch = {
+        'obs': rng.standard_normal((n, 4), dtype=np.float32),
+        'action': rng.integers(0, 2, n),
+        'reward': rng.standard_normal(n, dtype=np.float32),
+        'done': rng.random(n) < 0.2,
+    }
     if collect_iter:
         batch['collect_iter'] = rng.integers(0, 50, n)
     if priority:
@@ -2023,8 +2145,13 @@ def test_batched_push_fast_path_gives_exactly_the_state_of_the_checking_path(typ
         if type_ == 'advanced':
             p = torch.from_numpy(rng.random(16) * 2)
             for buf, d in zip((fast, slow, tens), draws):
-                buf.update({'replay_unique_id': d['replay_unique_id'], 'replay_buffer_idx': d['replay_buffer_idx'],
-                            'priority': p})
+                buf.update(
+                    {
+                        'replay_unique_id': d['replay_unique_id'],
+                        'replay_buffer_idx': d['replay_buffer_idx'],
+                        'priority': p,
+                    }
+                )
     assert_same(fast.state_dict(), slow.state_dict())
     assert_same(fast.state_dict(), tens.state_dict())
     assert_same(fast.stats(), slow.stats(), 'stats')
@@ -2052,12 +2179,16 @@ def test_batched_push_refusals_change_nothing_on_the_fast_path(type_):
         (bad(action=rng.integers(0, 2, 7)), 'leading'),
         (bad(done=None), 'done'),
         (bad(extra=np.zeros(8, np.float32)), 'extra'),
-        (bad(collect_iter=np.full(8, 2 ** 62)), 'collect_iter'),
-        (bad(collect_iter=np.full(8, -2 ** 63)), 'collect_iter'),
+        (bad(collect_iter=np.full(8, 2**62)), 'collect_iter'),
+        (bad(collect_iter=np.full(8, -(2**63))), 'collect_iter'),
     ]
     if type_ == 'advanced':
-        cases += [(bad(priority=np.full(8, -1.0)), 'priority'), (bad(priority=np.full(8, np.nan)), 'priority'),
-                  (bad(priority=np.ones(9)), 'priority'), (bad(priority=np.full(8, np.inf, np.float32)), 'priority')]
+        cases += [
+            (bad(priority=np.full(8, -1.0)), 'priority'),
+            (bad(priority=np.full(8, np.nan)), 'priority'),
+            (bad(priority=np.ones(9)), 'priority'),
+            (bad(priority=np.full(8, np.inf, np.float32)), 'priority'),
+        ]
     for batch, word in cases:
         with pytest.raises((ValueError, TypeError), match=word):
             buf.extend(batch)

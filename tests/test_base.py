@@ -1,4 +1,5 @@
 """IBuffer contract, BUFFER_REGISTRY, create_buffer / get_buffer_cls, config merging and validation."""
+
 import logging
 import os
 import textwrap
@@ -93,18 +94,22 @@ def test_partial_config_is_merged_over_defaults():
 
 
 @pytest.mark.parametrize(
-    'cfg, pattern', [
+    'cfg, pattern',
+    [
         (dict(replay_bufer_size=10), r"unknown config key 'replay_bufer_size'.*did you mean 'replay_buffer_size'"),
         (dict(storage=dict(typ='tensor')), r"unknown config key 'storage.typ'.*did you mean 'storage.type'"),
         (dict(replay_buffer_size='10'), r"'replay_buffer_size' has value '10' of type str; expected int"),
         (dict(replay_buffer_size=0), r"'replay_buffer_size' has invalid value 0; expected a positive int"),
         (dict(replay_buffer_size=2.5), r"'replay_buffer_size'.*expected int"),
         (dict(deepcopy=1), r"'deepcopy' has value 1 of type int; expected bool"),
-        (dict(storage=dict(type='gpu')), r"'storage.type' has invalid value 'gpu'; expected one of \['list', 'tensor'\]"),
+        (
+            dict(storage=dict(type='gpu')),
+            r"'storage.type' has invalid value 'gpu'; expected one of \['list', 'tensor'\]",
+        ),
         (dict(storage=dict(device='tpu')), r"'storage.device' has invalid value 'tpu'"),
         (dict(storage='tensor'), r"'storage' has value 'tensor' of type str; expected dict"),
         (dict(seed=-1), r"'seed' has invalid value -1"),
-    ]
+    ],
 )
 def test_bad_config_names_key_value_and_expectation(cfg, pattern):
     with pytest.raises(ValueError, match=pattern):
@@ -129,8 +134,19 @@ def test_constructor_signature_and_contract():
     for cls in (NaiveReplayBuffer, EpisodeReplayBuffer):
         assert issubclass(cls, IBuffer)
         buf = cls(cls.default_config(), None, 'exp', 'inst')
-        for name in ('push', 'sample', 'update', 'clear', 'count', 'state_dict', 'load_state_dict', 'save_data',
-                     'load_data', 'start', 'close'):
+        for name in (
+            'push',
+            'sample',
+            'update',
+            'clear',
+            'count',
+            'state_dict',
+            'load_state_dict',
+            'save_data',
+            'load_data',
+            'start',
+            'close',
+        ):
             assert callable(getattr(buf, name))
         assert len(buf) == buf.count() == 0
         buf.close()
@@ -176,6 +192,7 @@ def test_import_loads_neither_numba_nor_tensorboard_and_kernels_load_in_the_back
     the dispatchers serve every module (no stand-in left in any ding_buffer module)."""
     import subprocess
     import sys
+
     script = (
         "import sys, time, ding_buffer\n"
         "print('numba' in sys.modules, any(m.startswith('tensorboard') for m in sys.modules))\n"
@@ -197,6 +214,7 @@ def test_import_loads_neither_numba_nor_tensorboard_and_kernels_load_in_the_back
     lines = out.stdout.split('\n')
     assert lines[0] == 'False False' and lines[1] == '4' and lines[4] == '4', lines
     from ding_buffer import _numba
+
     if _numba.HAVE_NUMBA:
         assert lines[2] == 'CPUDispatcher'  # the stand-in was replaced in its module
         assert lines[3] == '[]', lines[3]
@@ -244,6 +262,7 @@ def test_background_kernel_load_survives_fork_and_compiler_failure(mode):
     import json
     import subprocess
     import sys
+
     if mode == 'fork' and not hasattr(os, 'fork'):
         pytest.skip('no fork on this platform')
     runs = {}
@@ -264,6 +283,7 @@ def test_the_lazy_registry_loads_the_presets_before_any_read_or_register():
     in a fresh process sees them (so a user's type cannot take a built-in name and break every later build)."""
     import subprocess
     import sys
+
     code = (
         "from ding_buffer.base import BUFFER_REGISTRY, create_buffer\n"
         "assert 'advanced' in BUFFER_REGISTRY and 'naive' in sorted(BUFFER_REGISTRY)\n"
@@ -276,6 +296,7 @@ def test_the_lazy_registry_loads_the_presets_before_any_read_or_register():
         "BUFFER_REGISTRY.register('mine')(Mine)\n"
         "assert type(create_buffer({'type': 'naive'})).__name__ == 'NaiveReplayBuffer'\n"
         "assert BUFFER_REGISTRY['mine'] is Mine\n"
-        "print('ok')\n")
+        "print('ok')\n"
+    )
     proc = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0 and proc.stdout.strip() == 'ok', proc.stderr

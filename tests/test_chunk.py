@@ -1,5 +1,6 @@
 """The `chunk` buffer (MineStudio's online replay protocol) against a brute-force model of its rules, plus the
 blocking fetch, the payload store with reference-counted deletion, persistence, bad input and the manager."""
+
 import os
 import threading
 import time
@@ -99,8 +100,9 @@ class Model:
 
 def buffer_records(buf):
     rec = buf.records()
-    return [[tuple(r) for r in ch[2]] for ch in rec['chunks']], {w: [tuple(r) for r in q] for w, q in
-                                                               rec['queues'].items()}
+    return [[tuple(r) for r in ch[2]] for ch in rec['chunks']], {
+        w: [tuple(r) for r in q] for w, q in rec['queues'].items()
+    }
 
 
 CONFIGS = [
@@ -114,8 +116,9 @@ CONFIGS = [
 CASES = [(cfg, 'memory', seed) for cfg in CONFIGS for seed in (0, 1)] + [(cfg, 'disk', 0) for cfg in CONFIGS]
 
 
-@pytest.mark.parametrize('cfg, store, seed', CASES,
-                         ids=[f"{'-'.join(f'{k[:5]}{v}' for k, v in c.items())}-{st}-{sd}" for c, st, sd in CASES])
+@pytest.mark.parametrize(
+    'cfg, store, seed', CASES, ids=[f"{'-'.join(f'{k[:5]}{v}' for k, v in c.items())}-{st}-{sd}" for c, st, sd in CASES]
+)
 def test_random_calls_match_the_brute_force_model(tmp_path, cfg, store, seed):
     scfg = dict(type='disk', path=str(tmp_path / 'store')) if store == 'disk' else dict(type='memory')
     buf = create_buffer(dict(type='chunk', seed=seed, store=scfg, **cfg))
@@ -188,20 +191,23 @@ def test_a_gap_repeat_or_reorder_is_refused_and_changes_nothing():
     assert buf.count() == 1 and buf.records()['queues'] == {'w0': [('w0', 10, 0, '')]}
 
 
-@pytest.mark.parametrize('bad, match', [
-    ('not a dict', 'must be a dict'),
-    ({'worker': 'w', 'fid': 0, 'model_version': 0}, "exactly one of 'data'"),
-    ({'worker': 'w', 'fid': 0, 'model_version': 0, 'data': 1, 'fragment_id': 'a' * 32}, "exactly one of 'data'"),
-    ({'worker': '', 'fid': 0, 'model_version': 0, 'data': 1}, "'worker' must be"),
-    ({'worker': 'w\n', 'fid': 0, 'model_version': 0, 'data': 1}, "'worker' must be"),
-    ({'worker': 'w', 'fid': 1.0, 'model_version': 0, 'data': 1}, "'fid' must be an int"),
-    ({'worker': 'w', 'fid': True, 'model_version': 0, 'data': 1}, "'fid' must be an int"),
-    ({'worker': 'w', 'fid': 0, 'model_version': 2 ** 63, 'data': 1}, "'model_version' must be an int"),
-    ({'worker': 'w', 'fid': 0, 'model_version': 0, 'session_id': 5, 'data': 1}, "'session_id' must be"),
-    ({'worker': 'w', 'fid': 0, 'model_version': 0, 'fragment_id': '../../etc/passwd'}, '32 lowercase hex'),
-    ({'worker': 'w', 'fid': 0, 'model_version': 0, 'fragment_id': 'b' * 32}, 'not in the store'),
-    ({'worker': 'w', 'fid': 0, 'model_version': 0, 'data': 1, 'priority': 3}, 'unknown keys'),
-])
+@pytest.mark.parametrize(
+    'bad, match',
+    [
+        ('not a dict', 'must be a dict'),
+        ({'worker': 'w', 'fid': 0, 'model_version': 0}, "exactly one of 'data'"),
+        ({'worker': 'w', 'fid': 0, 'model_version': 0, 'data': 1, 'fragment_id': 'a' * 32}, "exactly one of 'data'"),
+        ({'worker': '', 'fid': 0, 'model_version': 0, 'data': 1}, "'worker' must be"),
+        ({'worker': 'w\n', 'fid': 0, 'model_version': 0, 'data': 1}, "'worker' must be"),
+        ({'worker': 'w', 'fid': 1.0, 'model_version': 0, 'data': 1}, "'fid' must be an int"),
+        ({'worker': 'w', 'fid': True, 'model_version': 0, 'data': 1}, "'fid' must be an int"),
+        ({'worker': 'w', 'fid': 0, 'model_version': 2**63, 'data': 1}, "'model_version' must be an int"),
+        ({'worker': 'w', 'fid': 0, 'model_version': 0, 'session_id': 5, 'data': 1}, "'session_id' must be"),
+        ({'worker': 'w', 'fid': 0, 'model_version': 0, 'fragment_id': '../../etc/passwd'}, '32 lowercase hex'),
+        ({'worker': 'w', 'fid': 0, 'model_version': 0, 'fragment_id': 'b' * 32}, 'not in the store'),
+        ({'worker': 'w', 'fid': 0, 'model_version': 0, 'data': 1, 'priority': 3}, 'unknown keys'),
+    ],
+)
 def test_bad_fragments_are_refused_with_their_key_and_change_nothing(bad, match):
     buf = create_buffer(dict(type='chunk', fragments_per_chunk=2, seed=0))
     buf.push(frag(0, 0, 0))
@@ -213,11 +219,18 @@ def test_bad_fragments_are_refused_with_their_key_and_change_nothing(bad, match)
     assert set(after['payloads']) == set(before['payloads']) and len(buf.store.ids()) == 1
 
 
-@pytest.mark.parametrize('key, value, match', [
-    ('fragments_per_chunk', 0, 'fragments_per_chunk'), ('max_reuse', 0, 'max_reuse'),
-    ('max_staleness', -1, 'max_staleness'), ('max_chunks', 1.5, 'max_chunks'), ('sample_payloads', 1, 'sample_payloads'),
-    ('store', dict(type='redis'), 'store.type'), ('store', dict(type='disk'), 'store.path'),
-])
+@pytest.mark.parametrize(
+    'key, value, match',
+    [
+        ('fragments_per_chunk', 0, 'fragments_per_chunk'),
+        ('max_reuse', 0, 'max_reuse'),
+        ('max_staleness', -1, 'max_staleness'),
+        ('max_chunks', 1.5, 'max_chunks'),
+        ('sample_payloads', 1, 'sample_payloads'),
+        ('store', dict(type='redis'), 'store.type'),
+        ('store', dict(type='disk'), 'store.path'),
+    ],
+)
 def test_bad_config_names_the_key(key, value, match):
     with pytest.raises(ValueError, match=match):
         create_buffer({'type': 'chunk', key: value})
@@ -279,8 +292,17 @@ def test_close_wakes_a_waiting_fetch():
 
 def test_disk_store_ids_on_the_wire_and_files_deleted_when_unreferenced(tmp_path):
     path = str(tmp_path / 'fragments')
-    buf = create_buffer(dict(type='chunk', fragments_per_chunk=2, max_reuse=1, max_chunks=2, sample_payloads=False,
-                             store=dict(type='disk', path=path), seed=0))
+    buf = create_buffer(
+        dict(
+            type='chunk',
+            fragments_per_chunk=2,
+            max_reuse=1,
+            max_chunks=2,
+            sample_payloads=False,
+            store=dict(type='disk', path=path),
+            seed=0,
+        )
+    )
     producer, learner = FragmentStore('disk', path), FragmentStore('disk', path)  # other processes' views
     ids = {}
     for w in range(3):
@@ -305,8 +327,15 @@ def test_disk_store_ids_on_the_wire_and_files_deleted_when_unreferenced(tmp_path
 
 
 def test_stale_and_other_session_fragments_are_dropped_at_the_queue_and_their_payloads_deleted(tmp_path):
-    buf = create_buffer(dict(type='chunk', fragments_per_chunk=2, max_staleness=1, seed=0,
-                             store=dict(type='disk', path=str(tmp_path / 's'))))
+    buf = create_buffer(
+        dict(
+            type='chunk',
+            fragments_per_chunk=2,
+            max_staleness=1,
+            seed=0,
+            store=dict(type='disk', path=str(tmp_path / 's')),
+        )
+    )
     buf.update_model_version(5, 'a')
     buf.push([frag(0, 0, 3, 'a'), frag(1, 0, 5, 'b'), frag(2, 0, 4, 'a')])  # too old, other session, fresh
     assert buf.records()['queues'] == {'w2': [('w2', 0, 4, 'a')]} and len(buf.store.ids()) == 1
@@ -355,8 +384,9 @@ def test_a_corrupt_state_is_refused_and_changes_nothing():
 
 
 def test_the_manager_serves_the_chunk_protocol_and_its_version_op_gates_the_buffer():
-    from ding_buffer.distributed.manager import ManagerCore
     from ding_buffer.distributed.config import build_distributed_config
+    from ding_buffer.distributed.manager import ManagerCore
+
     buf = create_buffer(dict(type='chunk', fragments_per_chunk=2, max_staleness=0, seed=0))
     core = ManagerCore(buf, build_distributed_config(dict(backend='torch')), 'log_reward')
 
@@ -377,6 +407,7 @@ def test_the_manager_serves_the_chunk_protocol_and_its_version_op_gates_the_buff
 
 def test_a_disk_store_refuses_payloads_it_could_not_read_back(tmp_path):
     import datetime
+
     buf = create_buffer(dict(type='chunk', store=dict(type='disk', path=str(tmp_path / 's'))))
     for bad in (datetime.date(2020, 1, 1), {'x': {1, 2}}, np.array([object()], dtype=object), {(1, 2): 3}):
         with pytest.raises(TypeError, match='disk store'):
@@ -391,7 +422,7 @@ def test_a_sample_whose_payload_cannot_be_read_changes_nothing(tmp_path):
     buf = create_buffer(dict(type='chunk', max_reuse=1, seed=0, store=dict(type='disk', path=path)))
     buf.push([frag(0, 0, 0), frag(0, 1, 0)])
     first = buf.sample(1)[0]['fragment_id']
-    (remaining, ) = [x for x in buf.store.ids() if x != first]
+    (remaining,) = [x for x in buf.store.ids() if x != first]
     os.remove(os.path.join(path, remaining + '.pt'))  # a peer sharing the directory deleted it
     before = buf.records(), buf.stats()
     with pytest.raises(KeyError, match='no fragment'):
@@ -399,20 +430,24 @@ def test_a_sample_whose_payload_cannot_be_read_changes_nothing(tmp_path):
     assert (buf.records(), buf.stats()) == before and first in buf.store.ids()  # the last fetch still held
 
 
-@pytest.mark.parametrize('corrupt, match', [
-    (lambda st: st['chunks'][0].update(records=st['chunks'][0]['records'][:1]), 'fragments_per_chunk'),
-    (lambda st: st['chunks'][0].update(use=5), 'max_reuse'),
-    (lambda st: st['chunks'].append(dict(st['chunks'][0])), 'repeated uid|two places'),
-    (lambda st: st['chunks'][0]['records'][1].__setitem__(0, 'w9'), 'consecutive'),
-    (lambda st: st['queues']['w1'][0].__setitem__(1, 7), 'last fid'),
-    (lambda st: st['last_fid'].__setitem__('w0', 0), 'last fid'),
-    (lambda st: st.update(model_version=2 ** 80), 'model_version'),
-    (lambda st: st['counters'].update(chunks_made=-1), 'counter'),
-    (lambda st: st.update(session_id=5), 'session_id'),
-    (lambda st: st['queues']['w1'][0].__setitem__(0, 'x' * 200), 'worker'),
-])
+@pytest.mark.parametrize(
+    'corrupt, match',
+    [
+        (lambda st: st['chunks'][0].update(records=st['chunks'][0]['records'][:1]), 'fragments_per_chunk'),
+        (lambda st: st['chunks'][0].update(use=5), 'max_reuse'),
+        (lambda st: st['chunks'].append(dict(st['chunks'][0])), 'repeated uid|two places'),
+        (lambda st: st['chunks'][0]['records'][1].__setitem__(0, 'w9'), 'consecutive'),
+        (lambda st: st['queues']['w1'][0].__setitem__(1, 7), 'last fid'),
+        (lambda st: st['last_fid'].__setitem__('w0', 0), 'last fid'),
+        (lambda st: st.update(model_version=2**80), 'model_version'),
+        (lambda st: st['counters'].update(chunks_made=-1), 'counter'),
+        (lambda st: st.update(session_id=5), 'session_id'),
+        (lambda st: st['queues']['w1'][0].__setitem__(0, 'x' * 200), 'worker'),
+    ],
+)
 def test_an_inconsistent_state_is_refused(corrupt, match):
     import copy
+
     buf = create_buffer(dict(type='chunk', fragments_per_chunk=2, max_reuse=2, seed=0))
     buf.push([frag(0, 0, 0), frag(0, 1, 0), frag(1, 0, 0)])
     state = copy.deepcopy(buf.state_dict())
@@ -425,6 +460,7 @@ def test_an_inconsistent_state_is_refused(corrupt, match):
 
 def test_the_order_of_the_least_recently_seen_workers_is_forgotten_at_the_cap(monkeypatch):
     from ding_buffer.buffers import chunk as chunk_module
+
     monkeypatch.setattr(chunk_module, 'MAX_WORKERS', 4)
     buf = create_buffer(dict(type='chunk', fragments_per_chunk=2))
     buf.push([frag(w, 0, 0) for w in range(4)])  # four workers, each with a chunk in assembly

@@ -1,5 +1,6 @@
 """The `ding-buffer` command: the README's demo runs end to end; user errors exit 2 with one line and no
 traceback; ready configs by name; a first line before torch loads; signals stop a run with a final checkpoint."""
+
 import json
 import os
 import shlex
@@ -19,7 +20,10 @@ REPO = Path(__file__).resolve().parents[1]
 def test_demo_runs_end_to_end_and_reports_round_trips(tmp_path):
     proc = subprocess.run(
         [sys.executable, '-m', 'ding_buffer', 'demo', '--out', str(tmp_path / 'out')],
-        capture_output=True, text=True, timeout=240, cwd=tmp_path
+        capture_output=True,
+        text=True,
+        timeout=240,
+        cwd=tmp_path,
     )
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
@@ -51,8 +55,13 @@ def test_train_threads_below_one_is_a_usage_error(tmp_path, capsys, threads):
 
 def test_train_threads_zero_in_a_subprocess_exits_2_without_traceback(tmp_path):
     (tmp_path / 'cfg.py').write_text("main_config = dict(policy=dict(other=dict(replay_buffer=dict(type='naive'))))\n")
-    proc = subprocess.run([sys.executable, '-m', 'ding_buffer', 'train', 'cfg.py', '--threads', '0'],
-                          capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    proc = subprocess.run(
+        [sys.executable, '-m', 'ding_buffer', 'train', 'cfg.py', '--threads', '0'],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
+    )
     assert proc.returncode == 2, proc.stderr
     assert 'Traceback' not in proc.stderr
     assert '--threads' in proc.stderr and '>= 1' in proc.stderr, proc.stderr
@@ -68,30 +77,33 @@ def _one_line_error(err: str, *needles: str) -> None:
         assert needle in lines[0], f"{needle!r} not in {lines[0]!r}"
 
 
-@pytest.mark.parametrize('argv, needles', [
-    (['train', 'CFG', '--seed', '-1'], ['--seed', '>= 0']),
-    (['train', 'CFG', '--seed', 'abc'], ['--seed']),
-    (['train', 'CFG', '--env-steps', '0'], ['--env-steps', '>= 1']),
-    (['train', 'CFG', '--env-steps', '1e3'], ['--env-steps']),
-    (['train', 'CFG', '--device', 'tpu'], ['--device', "'tpu'"]),
-    (['train', 'CFG', '--resume', 'no_such_run_dir'], ['--resume', 'no such directory']),
-    (['train', 'CFG', '--resume', 'CFG'], ['--resume', 'a file']),
-    (['train', 'CFG', '--nproc', '0'], ['--nproc']),
-    (['train', 'CFG', '--iterations', '-4'], ['--iterations']),
-    (['train', 'CFG', '--no-such-flag'], ['--no-such-flag']),
-    (['train'], ['config']),
-    (['train', 'no_such_config_name'], ["'no_such_config_name'", 'cartpole_dqn_per', 'ding-buffer configs']),
-    (['train', 'CFG', '--iterations', '5'], ['--iterations', "'dqn'"]),
-    (['demo', '--seed', '-3'], ['--seed']),
-    (['demo', '--out', 'CFG'], ['--out', 'an existing file']),
-    (['demo', '--out', 'CFG/sub'], ['--out', 'is a file']),
-    (['train', 'CFG', '--threads', '100000'], ['--threads', 'at most']),
-    (['train', 'advanced_buffer_config'], ['advanced_buffer_config', 'not a training config']),
-    (['train', 'apex_distributed_config'], ['not a training config']),
-    (['plot', '.', '--out', 'curves.txt'], ['--out', '.png']),
-    (['plot', '.', '--out', '.'], ['--out']),
-    (['no-such-command'], ['no-such-command']),
-])
+@pytest.mark.parametrize(
+    'argv, needles',
+    [
+        (['train', 'CFG', '--seed', '-1'], ['--seed', '>= 0']),
+        (['train', 'CFG', '--seed', 'abc'], ['--seed']),
+        (['train', 'CFG', '--env-steps', '0'], ['--env-steps', '>= 1']),
+        (['train', 'CFG', '--env-steps', '1e3'], ['--env-steps']),
+        (['train', 'CFG', '--device', 'tpu'], ['--device', "'tpu'"]),
+        (['train', 'CFG', '--resume', 'no_such_run_dir'], ['--resume', 'no such directory']),
+        (['train', 'CFG', '--resume', 'CFG'], ['--resume', 'a file']),
+        (['train', 'CFG', '--nproc', '0'], ['--nproc']),
+        (['train', 'CFG', '--iterations', '-4'], ['--iterations']),
+        (['train', 'CFG', '--no-such-flag'], ['--no-such-flag']),
+        (['train'], ['config']),
+        (['train', 'no_such_config_name'], ["'no_such_config_name'", 'cartpole_dqn_per', 'ding-buffer configs']),
+        (['train', 'CFG', '--iterations', '5'], ['--iterations', "'dqn'"]),
+        (['demo', '--seed', '-3'], ['--seed']),
+        (['demo', '--out', 'CFG'], ['--out', 'an existing file']),
+        (['demo', '--out', 'CFG/sub'], ['--out', 'is a file']),
+        (['train', 'CFG', '--threads', '100000'], ['--threads', 'at most']),
+        (['train', 'advanced_buffer_config'], ['advanced_buffer_config', 'not a training config']),
+        (['train', 'apex_distributed_config'], ['not a training config']),
+        (['plot', '.', '--out', 'curves.txt'], ['--out', '.png']),
+        (['plot', '.', '--out', '.'], ['--out']),
+        (['no-such-command'], ['no-such-command']),
+    ],
+)
 def test_every_bad_flag_exits_2_with_one_line_and_changes_nothing(tmp_path, capsys, argv, needles):
     cfg = tmp_path / 'cfg.py'
     cfg.write_text("main_config = dict(policy=dict(other=dict(replay_buffer=dict(type='naive'))))\n")
@@ -111,8 +123,13 @@ def test_every_bad_flag_exits_2_with_one_line_and_changes_nothing(tmp_path, caps
 
 
 def test_bad_flag_in_a_subprocess_is_one_line_without_usage_block(tmp_path):
-    proc = subprocess.run([sys.executable, '-m', 'ding_buffer', 'train', 'cartpole_dqn_per', '--device', 'gpu'],
-                          capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    proc = subprocess.run(
+        [sys.executable, '-m', 'ding_buffer', 'train', 'cartpole_dqn_per', '--device', 'gpu'],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
+    )
     assert proc.returncode == 2
     _one_line_error(proc.stderr, '--device', "'gpu'")
     assert proc.stdout == '' and os.listdir(tmp_path) == []
@@ -121,6 +138,7 @@ def test_bad_flag_in_a_subprocess_is_one_line_without_usage_block(tmp_path):
 # ------------------------------------------------------------------------------------------ ready configs by name
 def test_configs_lists_every_ready_config_with_its_job(capsys):
     from ding_buffer.ready_configs import list_configs
+
     assert main(['configs']) == 0
     out = capsys.readouterr().out
     found = {c.name: c for c in list_configs()}
@@ -128,14 +146,16 @@ def test_configs_lists_every_ready_config_with_its_job(capsys):
     assert sorted(found) == shipped
     assert found['cartpole_dqn_per'].job == 'dqn' and found['cartpole_apex'].job == 'apex'
     assert found['hypergrid_tb_gfn'].job == 'hypergrid' and found['naive_buffer_config'].job == '-'
-    rows = {line.split()[0]: line.split()[1] for line in out.splitlines()[1:] if line.strip() and
-            line.split()[0] in found}
+    rows = {
+        line.split()[0]: line.split()[1] for line in out.splitlines()[1:] if line.strip() and line.split()[0] in found
+    }
     assert rows == {name: (c.job if c.job != '-' else 'buffer') for name, c in found.items()}
 
 
 @pytest.mark.parametrize('arg', ['cartpole_dqn_per', 'cartpole_dqn_per.py', 'config/cartpole_dqn_per.py'])
 def test_a_ready_config_resolves_by_name_from_any_directory(tmp_path, arg):
     from ding_buffer.ready_configs import resolve_config
+
     cwd = os.getcwd()
     os.chdir(tmp_path)
     try:
@@ -147,6 +167,7 @@ def test_a_ready_config_resolves_by_name_from_any_directory(tmp_path, arg):
 
 def test_an_existing_file_wins_over_a_ready_config_of_the_same_name(tmp_path):
     from ding_buffer.ready_configs import resolve_config
+
     own = tmp_path / 'cartpole_dqn_per.py'
     own.write_text("main_config = dict()\n")
     assert resolve_config(str(own)) == str(own)
@@ -156,16 +177,20 @@ def test_an_existing_file_wins_over_a_ready_config_of_the_same_name(tmp_path):
 
 # ------------------------------------------------------------------------------------------ start-up, clock
 def test_the_cli_module_loads_without_torch_so_the_first_line_comes_first():
-    code = ("import sys, ding_buffer, ding_buffer.cli, ding_buffer.ready_configs\n"
-            "print(sorted(m for m in ('torch', 'numpy', 'gymnasium') if m in sys.modules))")
+    code = (
+        "import sys, ding_buffer, ding_buffer.cli, ding_buffer.ready_configs\n"
+        "print(sorted(m for m in ('torch', 'numpy', 'gymnasium') if m in sys.modules))"
+    )
     proc = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == '[]'
 
 
 def test_process_start_is_the_start_of_the_process_not_of_the_call():
-    code = ("import time\nt = time.monotonic()\nwhile time.monotonic() - t < 1.0: pass\n"
-            "from ding_buffer.cli import process_start\nprint(time.monotonic() - process_start())")
+    code = (
+        "import time\nt = time.monotonic()\nwhile time.monotonic() - t < 1.0: pass\n"
+        "from ding_buffer.cli import process_start\nprint(time.monotonic() - process_start())"
+    )
     proc = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     age = float(proc.stdout)
@@ -175,16 +200,22 @@ def test_process_start_is_the_start_of_the_process_not_of_the_call():
 # ------------------------------------------------------------------------------------------ signals, warm-up
 def _small_dqn_config(tmp_path, **overrides):
     base = REPO / 'config' / 'cartpole_dqn_per.py'
-    merged = dict(log_dir=str(tmp_path / 'runs'), env=dict(eval_freq=1000, eval_episodes=2),
-                  policy=dict(learn=dict(warmup_steps=200)), checkpoint=dict(freq=300))
+    merged = dict(
+        log_dir=str(tmp_path / 'runs'),
+        env=dict(eval_freq=1000, eval_episodes=2),
+        policy=dict(learn=dict(warmup_steps=200)),
+        checkpoint=dict(freq=300),
+    )
     for k, v in overrides.items():
         merged[k] = dict(merged.get(k, {}), **v) if isinstance(v, dict) else v
     path = tmp_path / 'small.py'
-    path.write_text(f"import runpy\nmain_config = runpy.run_path({str(base)!r})['main_config']\n"
-                    "def _merge(d, u):\n    for k, v in u.items():\n"
-                    "        if isinstance(v, dict) and isinstance(d.get(k), dict):\n            _merge(d[k], v)\n"
-                    "        else:\n            d[k] = v\n"
-                    f"_merge(main_config, {merged!r})\n")
+    path.write_text(
+        f"import runpy\nmain_config = runpy.run_path({str(base)!r})['main_config']\n"
+        "def _merge(d, u):\n    for k, v in u.items():\n"
+        "        if isinstance(v, dict) and isinstance(d.get(k), dict):\n            _merge(d[k], v)\n"
+        "        else:\n            d[k] = v\n"
+        f"_merge(main_config, {merged!r})\n"
+    )
     return path
 
 
@@ -202,9 +233,24 @@ def _wait_for_checkpoint(proc, ck_dir, timeout=90):
 def test_a_signal_stops_training_with_a_final_checkpoint_and_the_resume_command(tmp_path, sig, code):
     cfg = _small_dqn_config(tmp_path)
     run_dir = tmp_path / 'runs' / 'cartpole_dqn_per_seed3'
-    proc = subprocess.Popen([sys.executable, '-m', 'ding_buffer', 'train', str(cfg), '--seed', '3',
-                             '--env-steps', '200000', '--no-progress'], cwd=tmp_path, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            '-m',
+            'ding_buffer',
+            'train',
+            str(cfg),
+            '--seed',
+            '3',
+            '--env-steps',
+            '200000',
+            '--no-progress',
+        ],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         _wait_for_checkpoint(proc, run_dir / 'checkpoints')
         proc.send_signal(sig)
@@ -222,14 +268,19 @@ def test_a_signal_stops_training_with_a_final_checkpoint_and_the_resume_command(
     assert steps[-1] == stopped_at  # the final checkpoint is of the step it stopped at
     resume = [line for line in out.splitlines() if line.startswith('resume with: ')]
     assert len(resume) == 1, out
-    argv = shlex.split(resume[0][len('resume with: '):])
+    argv = shlex.split(resume[0][len('resume with: ') :])
     assert argv[:3] == ['ding-buffer', 'train', str(cfg)]
     assert argv[argv.index('--seed') + 1] == '3' and argv[argv.index('--env-steps') + 1] == '200000'
     assert os.path.samefile(argv[argv.index('--resume') + 1], run_dir)
     if sig == signal.SIGINT:  # the printed command continues the run (to a nearer end, for time)
         argv[argv.index('--env-steps') + 1] = str(stopped_at + 300)
-        proc = subprocess.run([sys.executable, '-m', 'ding_buffer', *argv[1:], '--no-progress'], cwd=tmp_path,
-                              capture_output=True, text=True, timeout=120)
+        proc = subprocess.run(
+            [sys.executable, '-m', 'ding_buffer', *argv[1:], '--no-progress'],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert proc.returncode == 0, proc.stderr
         assert 'resumed from' in proc.stdout and f'at env step {stopped_at}' in proc.stdout
         summary = json.loads((run_dir / 'summary.json').read_text())
@@ -238,8 +289,13 @@ def test_a_signal_stops_training_with_a_final_checkpoint_and_the_resume_command(
 
 def test_warmup_at_or_past_the_last_env_step_warns(tmp_path):
     cfg = _small_dqn_config(tmp_path, policy=dict(learn=dict(warmup_steps=1000)), checkpoint=dict(freq=None))
-    proc = subprocess.run([sys.executable, '-m', 'ding_buffer', 'train', str(cfg), '--env-steps', '400',
-                           '--no-progress'], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, '-m', 'ding_buffer', 'train', str(cfg), '--env-steps', '400', '--no-progress'],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr
     warning = [line for line in proc.stderr.splitlines() if 'warning' in line]
     assert len(warning) == 1 and 'warmup_steps (1000) >= env.max_env_step (400)' in warning[0], proc.stderr
@@ -251,9 +307,19 @@ def test_ctrl_c_of_a_distributed_job_names_its_newest_checkpoint_and_the_resume_
     """The launcher of `--nproc` jobs after Ctrl-C ended every rank (the ranks checkpoint every checkpoint.freq;
     the manager holding the buffer got the signal too, so no final one)."""
     import argparse
+
     from ding_buffer.train.launch import interrupted
-    args = argparse.Namespace(config='/cfg/cartpole_apex.py', config_arg='cartpole_apex', seed=2, env_steps=None,
-                              device=None, iterations=None, nproc=4, threads=1)
+
+    args = argparse.Namespace(
+        config='/cfg/cartpole_apex.py',
+        config_arg='cartpole_apex',
+        seed=2,
+        env_steps=None,
+        device=None,
+        iterations=None,
+        nproc=4,
+        threads=1,
+    )
     run_dir = tmp_path / 'cartpole_apex_seed2'
     interrupted(args, str(run_dir))
     assert 'before the first checkpoint' in capsys.readouterr().out
@@ -266,12 +332,22 @@ def test_ctrl_c_of_a_distributed_job_names_its_newest_checkpoint_and_the_resume_
     out = capsys.readouterr().out
     assert f"newest complete checkpoint is {run_dir / 'checkpoints' / 'step_000000200'}" in out
     resume = [line for line in out.splitlines() if line.startswith('resume with: ')]
-    assert shlex.split(resume[0][len('resume with: '):]) == [
-        'ding-buffer', 'train', 'cartpole_apex', '--seed', '2', '--nproc', '4', '--resume', str(run_dir)]
+    assert shlex.split(resume[0][len('resume with: ') :]) == [
+        'ding-buffer',
+        'train',
+        'cartpole_apex',
+        '--seed',
+        '2',
+        '--nproc',
+        '4',
+        '--resume',
+        str(run_dir),
+    ]
 
 
 def test_a_config_file_need_not_end_in_py(tmp_path):
     from ding_buffer.train.config import load_config_file
+
     path = tmp_path / 'my.cfg'
     path.write_text("main_config = dict(seed=3)\n")
     assert load_config_file(str(path)) == {'seed': 3}
@@ -281,6 +357,7 @@ def test_a_config_file_need_not_end_in_py(tmp_path):
 
 def test_a_second_signal_while_the_final_checkpoint_is_written_is_held():
     from ding_buffer.train.signals import StopSignals
+
     with StopSignals() as stop:
         os.kill(os.getpid(), signal.SIGTERM)
         time.sleep(0.05)

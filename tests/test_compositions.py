@@ -10,6 +10,7 @@
 Every item carries ``x`` (naive) or ``obs = [episode, step]`` (episodes), so any sampled element can be traced
 back to what was pushed. Every buffer is seeded.
 """
+
 import threading
 import time
 from collections import Counter
@@ -17,8 +18,8 @@ from collections import Counter
 import numpy as np
 import pytest
 import torch
-
 from helpers import assert_same
+
 from ding_buffer import create_buffer
 from ding_buffer.control.limits import REMOVER_REGISTRY, Remover
 from ding_buffer.control.samplers import SAMPLER_REGISTRY
@@ -48,6 +49,7 @@ class NewestFirst:
 @REMOVER_REGISTRY.register('compositions_odd')
 class OddRule(Remover):
     """Remove every drawn element whose ``collect_iter`` is odd."""
+
     name = 'odd'
 
     def after_sample(self, table, slots, use):
@@ -59,7 +61,7 @@ def test_registering_a_name_twice_raises():
     with pytest.raises(ValueError, match='already registered'):
         SAMPLER_REGISTRY.register('compositions_newest_first')(type('Other', (), {}))
     with pytest.raises(ValueError, match='already registered'):
-        REMOVER_REGISTRY.register('compositions_odd')(type('OtherRule', (Remover, ), {}))
+        REMOVER_REGISTRY.register('compositions_odd')(type('OtherRule', (Remover,), {}))
     assert SAMPLER_REGISTRY['compositions_newest_first'] is NewestFirst
     assert REMOVER_REGISTRY['compositions_odd'] is OddRule
 
@@ -267,6 +269,7 @@ def test_naive_timeout_waits_for_the_rate_limit(storage):
 
 def test_sample_timeout_error_is_public():
     import ding_buffer
+
     assert ding_buffer.SampleTimeoutError is SampleTimeoutError
     assert issubclass(SampleTimeoutError, TimeoutError)
 
@@ -378,7 +381,7 @@ def test_close_wakes_a_waiting_sampler(storage):
 def dict_ep(e, length, ci=None):
     """A dict episode of time-stacked tensors: obs [L, 2] = (episode, step), act [L]; optional collect_iter [L]."""
     steps = torch.arange(length)
-    ep = {'obs': torch.stack([torch.full((length, ), float(e)), steps.float()], dim=1), 'act': 100 * e + steps}
+    ep = {'obs': torch.stack([torch.full((length,), float(e)), steps.float()], dim=1), 'act': 100 * e + steps}
     if ci is not None:
         ep['collect_iter'] = torch.as_tensor(ci, dtype=torch.int64).expand(length).clone()
     return ep
@@ -503,7 +506,6 @@ def test_episode_use_counts_survive_save_and_load(storage, tmp_path):
     assert fresh.count() == 2 and fresh.stats()['removed_by_use'] == 1
 
 
-
 def test_episode_push_after_a_middle_removal_keeps_the_older_episodes():
     """List storage keeps episodes as objects: a hole left by a middle removal is simply free room."""
     buf = episode_buffer('list', max_transitions=12, max_use=1)
@@ -586,18 +588,18 @@ class Reference:
             L = len(p)
             starts = range(L - T + 1) if L >= T else ([0] if self.pad else [])
             for o in starts:
-                w = p[o:o + T]
+                w = p[o : o + T]
                 out[(e, o)] = ETA * w.max() + (1 - ETA) * w.mean()
         return out
 
     def probabilities(self):
         pw = self.windows()
-        mass = {k: v ** self.alpha for k, v in pw.items()}
+        mass = {k: v**self.alpha for k, v in pw.items()}
         total = sum(mass.values())
         return {k: v / total for k, v in mass.items()}
 
     def is_weights(self):
-        mass = {k: v ** self.alpha for k, v in self.windows().items()}
+        mass = {k: v**self.alpha for k, v in self.windows().items()}
         low = min(mass.values())
         return {k: (v / low) ** (-BETA) for k, v in mass.items()}
 
@@ -615,7 +617,7 @@ def check_batch(out, ref, size):
     pw, isw = ref.windows(), ref.is_weights()
     keys = prio_keys(out)
     assert len(keys) == size
-    assert out['priority'].dtype == torch.float32 and out['IS'].shape == (size, )
+    assert out['priority'].dtype == torch.float32 and out['IS'].shape == (size,)
     for b, k in enumerate(keys):
         assert k in pw, k
         e, start = k
@@ -661,8 +663,13 @@ def distinct_priorities(buf, ref, seed=1):
     rng = np.random.default_rng(seed)
     table = {e: rng.uniform(0.05, 6.0, size=len(p)) for e, p in ref.steps.items()}
     out = covering_batch(buf, ref)
-    res = buf.update({'replay_unique_id': out['replay_unique_id'], 'replay_buffer_idx': out['replay_buffer_idx'],
-                      'priority': step_priorities(out, table)})
+    res = buf.update(
+        {
+            'replay_unique_id': out['replay_unique_id'],
+            'replay_buffer_idx': out['replay_buffer_idx'],
+            'priority': step_priorities(out, table),
+        }
+    )
     assert res == {'updated': int(out['mask'].sum()), 'stale': 0}
     for e in table:
         ref.steps[e] = table[e] + EPS
@@ -701,8 +708,13 @@ def test_prioritized_frequencies_follow_a_later_update():
     table = distinct_priorities(buf, ref)
     reversed_table = {e: 6.1 - p for e, p in table.items()}
     out = covering_batch(buf, ref)
-    buf.update({'replay_unique_id': out['replay_unique_id'], 'replay_buffer_idx': out['replay_buffer_idx'],
-                'priority': step_priorities(out, reversed_table)})
+    buf.update(
+        {
+            'replay_unique_id': out['replay_unique_id'],
+            'replay_buffer_idx': out['replay_buffer_idx'],
+            'priority': step_priorities(out, reversed_table),
+        }
+    )
     for e in table:
         ref.steps[e] = reversed_table[e] + EPS
     assert_matches(frequencies(buf, batches=100), ref.probabilities())
@@ -725,8 +737,11 @@ def test_type_episode_with_prioritized_sampler_equals_the_preset():
         x, y = a.sample(16), b.sample(16)
         assert_same(x, y)
         p = torch.linspace(0.5, 3.0, 16)
-        info = lambda o: {'replay_unique_id': o['replay_unique_id'], 'replay_buffer_idx': o['replay_buffer_idx'],
-                          'priority': p}
+        info = lambda o: {
+            'replay_unique_id': o['replay_unique_id'],
+            'replay_buffer_idx': o['replay_buffer_idx'],
+            'priority': p,
+        }
         assert a.update(info(x)) == b.update(info(y))
 
 
@@ -742,8 +757,13 @@ def test_prioritized_per_window_update_later_window_wins():
     want = [(3, 0), (3, 1), (4, 4), (0, 0)]  # (3, 0) and (3, 1) overlap; (0, 0) is the padded window
     rows = [keys.index(k) for k in want]
     prio = [2.0, 0.5, 3.0, 0.25]
-    res = buf.update({'replay_unique_id': out['replay_unique_id'][rows],
-                      'replay_buffer_idx': out['replay_buffer_idx'][rows], 'priority': torch.tensor(prio)})
+    res = buf.update(
+        {
+            'replay_unique_id': out['replay_unique_id'][rows],
+            'replay_buffer_idx': out['replay_buffer_idx'][rows],
+            'priority': torch.tensor(prio),
+        }
+    )
     assert res == {'updated': 4, 'stale': 0}
     assert buf.stats()['updated'] == 4
     ref.steps[3][0:3] = 2.0 + EPS
@@ -766,8 +786,13 @@ def test_prioritized_per_step_update_skips_padding():
     table = {0: [0.3, 1.7], 2: [None, 0.2, 2.5, 0.9]}
     p = step_priorities({'obs': out['obs'][rows], 'mask': out['mask'][rows]}, table, fill_padding=1e6)
     assert p[0, 2] == 1e6  # padding: skipped
-    res = buf.update({'replay_unique_id': out['replay_unique_id'][rows],
-                      'replay_buffer_idx': out['replay_buffer_idx'][rows], 'priority': p})
+    res = buf.update(
+        {
+            'replay_unique_id': out['replay_unique_id'][rows],
+            'replay_buffer_idx': out['replay_buffer_idx'][rows],
+            'priority': p,
+        }
+    )
     assert res == {'updated': 5, 'stale': 0}
     ref.steps[0][:] = np.array([0.3, 1.7]) + EPS
     ref.steps[2][1:4] = np.array([0.2, 2.5, 0.9]) + EPS
@@ -794,13 +819,14 @@ def test_prioritized_stale_updates_after_eviction():
     assert evicted.any() and not evicted.all()
     # per window: the later window of the batch wins where windows overlap
     prio = torch.linspace(0.2, 0.9, len(keys), dtype=torch.float64)  # below 1: new steps keep getting 1.0
-    res = buf.update({'replay_unique_id': old['replay_unique_id'], 'replay_buffer_idx': old['replay_buffer_idx'],
-                      'priority': prio})
+    res = buf.update(
+        {'replay_unique_id': old['replay_unique_id'], 'replay_buffer_idx': old['replay_buffer_idx'], 'priority': prio}
+    )
     assert res == {'updated': int((~evicted).sum()), 'stale': int(evicted.sum())}
     assert buf.stats()['stale_updates'] == int(evicted.sum())
     for b, (e, s) in enumerate(keys):
         if e not in (0, 1):
-            ref.steps[e][s:s + T] = float(prio[b]) + EPS
+            ref.steps[e][s : s + T] = float(prio[b]) + EPS
     check_batch(covering_batch(buf, ref), ref, 256)  # episodes 4 and 5 still at 1.0
     # per step, after evicting episodes 2 and 3 as well
     old = covering_batch(buf, ref)
@@ -813,8 +839,13 @@ def test_prioritized_stale_updates_after_eviction():
     table = {e: np.linspace(0.1, 0.6, 6) + 0.05 * e for e in range(8)}
     stale_steps = sum(int(old['mask'][b].sum()) for b, (e, _) in enumerate(keys) if e in (2, 3))
     live_steps = int(old['mask'].sum()) - stale_steps
-    res = buf.update({'replay_unique_id': old['replay_unique_id'], 'replay_buffer_idx': old['replay_buffer_idx'],
-                      'priority': step_priorities(old, table)})
+    res = buf.update(
+        {
+            'replay_unique_id': old['replay_unique_id'],
+            'replay_buffer_idx': old['replay_buffer_idx'],
+            'priority': step_priorities(old, table),
+        }
+    )
     assert res == {'updated': live_steps, 'stale': stale_steps}
     assert buf.stats()['stale_updates'] == int(evicted.sum()) + stale_steps
     for e in (4, 5):
@@ -826,8 +857,13 @@ def test_prioritized_new_episodes_get_the_running_max_priority():
     buf, ref = filled()
     out = covering_batch(buf, ref)
     row = prio_keys(out).index((4, 2))
-    buf.update({'replay_unique_id': out['replay_unique_id'][[row]],
-                'replay_buffer_idx': out['replay_buffer_idx'][[row]], 'priority': torch.tensor([5.0])})
+    buf.update(
+        {
+            'replay_unique_id': out['replay_unique_id'][[row]],
+            'replay_buffer_idx': out['replay_buffer_idx'][[row]],
+            'priority': torch.tensor([5.0]),
+        }
+    )
     buf.push(dict_ep(5, 4))  # its 4 steps get the running max, 5 (eps aside)
     out = buf.sample(256)
     new = [b for b, (e, _) in enumerate(prio_keys(out)) if e == 5]
@@ -853,8 +889,13 @@ def test_prioritized_transition_ring_wraps_around():
         check_batch(covering_batch(buf, ref), ref, 256)
         table = {k: rng.uniform(0.05, 0.95, size=len(ref.steps[k])) for k in order}  # < 1: the max stays 1.0
         out = covering_batch(buf, ref)
-        res = buf.update({'replay_unique_id': out['replay_unique_id'], 'replay_buffer_idx': out['replay_buffer_idx'],
-                          'priority': step_priorities(out, table)})
+        res = buf.update(
+            {
+                'replay_unique_id': out['replay_unique_id'],
+                'replay_buffer_idx': out['replay_buffer_idx'],
+                'priority': step_priorities(out, table),
+            }
+        )
         assert res == {'updated': int(out['mask'].sum()), 'stale': 0}
         for k in order:
             ref.steps[k] = table[k] + EPS
@@ -891,14 +932,16 @@ def test_prioritized_bad_priorities_raise_and_change_nothing(bad, form):
     p = torch.ones(8, dtype=torch.float64) if form == 'window' else torch.ones(8, T, dtype=torch.float64)
     p.view(-1)[3] = bad
     with pytest.raises(ValueError):
-        buf.update({'replay_unique_id': out['replay_unique_id'], 'replay_buffer_idx': out['replay_buffer_idx'],
-                    'priority': p})
+        buf.update(
+            {'replay_unique_id': out['replay_unique_id'], 'replay_buffer_idx': out['replay_buffer_idx'], 'priority': p}
+        )
     assert_same(buf.state_dict(), before)
     check_batch(buf.sample(32), ref, 32)
 
 
-@pytest.mark.parametrize('kwargs', [dict(unroll_len=T + 1), dict(unroll_len=1), dict(replace=False),
-                                    dict(sample_range=slice(0, 2))])
+@pytest.mark.parametrize(
+    'kwargs', [dict(unroll_len=T + 1), dict(unroll_len=1), dict(replace=False), dict(sample_range=slice(0, 2))]
+)
 def test_prioritized_refuses_other_sample_arguments(kwargs):
     buf, ref = filled()
     before = buf.state_dict()
@@ -921,8 +964,11 @@ def test_prioritized_save_and_load_give_the_identical_next_sample(tmp_path):
         x, y = buf.sample(32), fresh.sample(32)
         assert_same(x, y)
         p = torch.linspace(0.1, 5.0, 32)
-        info = lambda o: {'replay_unique_id': o['replay_unique_id'], 'replay_buffer_idx': o['replay_buffer_idx'],
-                          'priority': p}
+        info = lambda o: {
+            'replay_unique_id': o['replay_unique_id'],
+            'replay_buffer_idx': o['replay_buffer_idx'],
+            'priority': p,
+        }
         assert buf.update(info(x)) == fresh.update(info(y))
     assert buf.stats() == fresh.stats()
     # the next pushed episode gets the same priority in both
@@ -957,7 +1003,7 @@ def test_prioritized_max_use_removes_drawn_episodes():
     buf, ref = filled(max_use=1)
     seen = []
     for _ in range(len(LENGTHS)):
-        (e, _), = check_batch(buf.sample(1), ref, 1)  # never a window of a removed episode
+        ((e, _),) = check_batch(buf.sample(1), ref, 1)  # never a window of a removed episode
         seen.append(e)
         ref.drop(e)
         assert buf.count() == len(ref.steps)
@@ -970,9 +1016,15 @@ def test_prioritized_max_use_removes_drawn_episodes():
 @pytest.mark.parametrize('storage_type', ['list', 'tensor'])
 def test_user_parts_load_through_import_names(storage_type):
     """A config names a module of its own in import_names; its sampler and remover are then usable by name."""
-    cfg = dict(type='naive', replay_buffer_size=8, seed=0, import_names=['composition_plugins'],
-               sampler=dict(type='plugin_oldest_first'), removers=[dict(type='plugin_drop_flagged', flag=7)],
-               storage=dict(type=storage_type))
+    cfg = dict(
+        type='naive',
+        replay_buffer_size=8,
+        seed=0,
+        import_names=['composition_plugins'],
+        sampler=dict(type='plugin_oldest_first'),
+        removers=[dict(type='plugin_drop_flagged', flag=7)],
+        storage=dict(type=storage_type),
+    )
     buf = create_buffer(cfg)
     buf.push([{'x': torch.tensor(float(i)), 'collect_iter': 7 if i % 3 == 0 else i} for i in range(6)])
     out = buf.sample(2)
@@ -985,6 +1037,7 @@ def test_user_parts_load_through_import_names(storage_type):
 
 def test_naive_periodic_thruput_seconds_drives_the_throughput_report():
     """periodic_thruput_seconds (DI-engine's key) reports pushes / samples / removals to a tb_logger passed in."""
+
     class Writer:
         def __init__(self):
             self.scalars = []
@@ -996,8 +1049,11 @@ def test_naive_periodic_thruput_seconds_drives_the_throughput_report():
             pass
 
     writer = Writer()
-    buf = create_buffer(dict(type='naive', replay_buffer_size=4, seed=0, periodic_thruput_seconds=0.1),
-                        tb_logger=writer, instance_name='demo')
+    buf = create_buffer(
+        dict(type='naive', replay_buffer_size=4, seed=0, periodic_thruput_seconds=0.1),
+        tb_logger=writer,
+        instance_name='demo',
+    )
     buf.push([{'x': i} for i in range(6)])
     buf.sample(2)
     deadline = time.monotonic() + 10
@@ -1005,5 +1061,9 @@ def test_naive_periodic_thruput_seconds_drives_the_throughput_report():
         time.sleep(0.05)
     buf.close()
     first = {t: v for t, v, s in writer.scalars if s == 0}
-    assert first == {'demo_sec/pushed_in': 6, 'demo_sec/sampled_out': 2, 'demo_sec/removed': 2,
-                     'demo_sec/current_have': 4}
+    assert first == {
+        'demo_sec/pushed_in': 6,
+        'demo_sec/sampled_out': 2,
+        'demo_sec/removed': 2,
+        'demo_sec/current_have': 4,
+    }

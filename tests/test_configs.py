@@ -1,4 +1,5 @@
 """Every ready config in config/ builds its buffer and works for a push/sample round."""
+
 import importlib.util
 import pathlib
 
@@ -35,8 +36,13 @@ def test_ready_config_builds_a_working_buffer(path):
         buffer.push([{'obs': torch.randn(t + 20, 4), 'reward': torch.ones(t + 20)} for _ in range(3)])
         batch = buffer.sample(16)
         assert batch['obs'].shape == (16, t, 4) and batch['mask'].all() and (batch['IS'] == 1).all()
-        result = buffer.update({'replay_unique_id': batch['replay_unique_id'],
-                                'replay_buffer_idx': batch['replay_buffer_idx'], 'priority': torch.rand(16)})
+        result = buffer.update(
+            {
+                'replay_unique_id': batch['replay_unique_id'],
+                'replay_buffer_idx': batch['replay_buffer_idx'],
+                'priority': torch.rand(16),
+            }
+        )
         assert result == {'updated': 16, 'stale': 0}
     elif cfg['policy']['other']['replay_buffer']['type'] == 'episode':
         buffer.push({'obs': torch.randn(50, 4), 'reward': torch.ones(50)})
@@ -48,8 +54,9 @@ def test_ready_config_builds_a_working_buffer(path):
         assert batch['obs'].shape == (256, 4)
         if cfg['policy']['other']['replay_buffer']['type'] == 'advanced':  # prioritized: with replacement
             assert (batch['IS'] == 1).all()  # equal priorities
-            result = buffer.update({**{k: batch[k] for k in ('replay_unique_id', 'replay_buffer_idx')},
-                                    'priority': torch.rand(256)})
+            result = buffer.update(
+                {**{k: batch[k] for k in ('replay_unique_id', 'replay_buffer_idx')}, 'priority': torch.rand(256)}
+            )
             assert result['updated'] + result['stale'] == 256 and result['stale'] == 0
         else:
             assert len(set(batch['replay_unique_id'].tolist())) == 256
@@ -66,6 +73,7 @@ def test_ready_config_builds_a_working_buffer(path):
 @pytest.mark.parametrize('path', sorted(CONFIG_DIR.glob('*_distributed_config.py')), ids=lambda p: p.stem)
 def test_ready_distributed_config_is_valid_and_runs_locally_without_its_section(path):
     from ding_buffer.distributed import build_distributed_config
+
     cfg = _load(path)['policy']['other']['replay_buffer']
     dcfg = build_distributed_config(cfg['distributed'])
     assert dcfg.backend in ('torch', 'mpi', 'ray')
@@ -80,6 +88,7 @@ def test_advanced_ready_config_lists_every_key_the_readme_says_it_does():
     """README: `config/advanced_buffer_config.py` lists every key of the `advanced` buffer (cfg_type, the class
     tag default_config() adds, is not a knob)."""
     from ding_buffer import get_buffer_cls
+
     cfg = _load(CONFIG_DIR / 'advanced_buffer_config.py')['policy']['other']['replay_buffer']
 
     def keys(d, prefix=''):

@@ -1,7 +1,8 @@
 """Contract tests of every preset x storage combination, through the public API only.
 
 Combinations (test ids): ``naive``, ``advanced`` and ``episode`` on ``list``, ``tensor`` and ``memmap`` (tensor
-storage with ``memmap_dir``) storage, ``elastic`` on ``list`` and ``tensor``, ``prioritized_episode`` on ``tensor`` and ``memmap`` (its windows need flat
+storage with ``memmap_dir``) storage, ``elastic`` on ``list`` and ``tensor``, ``prioritized_episode`` on ``tensor``
+and ``memmap`` (its windows need flat
 tensor storage), plus ``gfn``, ``gfn_diverse`` and ``terminating_state`` (dict batches of ``state`` [B, d] and
 ``log_reward`` [B]; no storage section).
 
@@ -19,6 +20,7 @@ Contracts:
 Known bugs are ``xfail(strict=True)`` with the reason; fixing one turns its test into an XPASS failure: remove the
 mark then.
 """
+
 import io
 import math
 import threading
@@ -58,8 +60,9 @@ def assert_state_equal(a, b, where='state'):
             assert_state_equal(x, y, f"{where}[{i}]")
     elif isinstance(a, torch.Tensor):
         assert isinstance(b, torch.Tensor), f"{where}: {type(b).__name__} is not a tensor"
-        assert a.dtype == b.dtype and a.shape == b.shape, \
+        assert a.dtype == b.dtype and a.shape == b.shape, (
             f"{where}: {a.dtype}{tuple(a.shape)} != {b.dtype}{tuple(b.shape)}"
+        )
         a_, b_ = a.detach().cpu(), b.detach().cpu()
         if a_.is_floating_point() or a_.is_complex():
             same = bool(((a_ == b_) | (torch.isnan(a_) & torch.isnan(b_))).all())
@@ -81,7 +84,6 @@ def refused(exc, label):
 
 
 class _Refused:
-
     def __init__(self, exc, label):
         self.exc, self.label = exc, label
 
@@ -93,7 +95,8 @@ class _Refused:
             pytest.fail(f"{self.label}: did not raise {self.exc}")
         if not issubclass(etype, self.exc):
             raise AssertionError(  # noqa: TRY004 (a test failure, not a type error)
-                f"{self.label}: raised {etype.__name__}: {value}, expected {self.exc}") from value
+                f"{self.label}: raised {etype.__name__}: {value}, expected {self.exc}"
+            ) from value
         return True
 
 
@@ -176,7 +179,7 @@ class Case:
     def episode(self, rng, e):
         """Episode number ``e``: length 2..5, a list of transitions (even e) or a dict of [T, ...] tensors."""
         length = int(rng.integers(2, 6))
-        obs = torch.stack([torch.full((length, ), float(e)), torch.arange(length, dtype=torch.float32)], dim=1)
+        obs = torch.stack([torch.full((length,), float(e)), torch.arange(length, dtype=torch.float32)], dim=1)
         act = 100 * e + torch.arange(length)
         if e % 2 == 0:
             return [{'obs': obs[t].clone(), 'act': act[t].clone()} for t in range(length)]
@@ -229,8 +232,9 @@ class Case:
         """Numbers of the items (episodes) a FIFO buffer keeps after pushes of these sizes (a reference)."""
         kept = []
         for number, size in enumerate(log):
-            while kept and (len(kept) >= CAP or (self.tensor and self.episodic and
-                                                 sum(n for _, n in kept) + size > MAX_TRANSITIONS)):
+            while kept and (
+                len(kept) >= CAP or (self.tensor and self.episodic and sum(n for _, n in kept) + size > MAX_TRANSITIONS)
+            ):
                 kept.pop(0)
             kept.append((number, size))
         return {number for number, _ in kept}
@@ -242,6 +246,7 @@ class Case:
         ok = self.data(rng, 2, start=1000)
         out = []
         if self.gfn:
+
             def batch(**fields):
                 b = self.gfn_batch(rng, 4)
                 b.update(fields)
@@ -251,71 +256,98 @@ class Case:
             r_inf = torch.tensor([0.0, 1.0, -1.0, INF])
             items = [{'state': torch.zeros(GFN_DIM), 'log_reward': torch.tensor(0.5)} for _ in range(3)]
             out += [
-                ('nan log_reward', (batch(log_reward=r_nan), ), {}, ValueError),
-                ('+inf log_reward', (batch(log_reward=r_inf), ), {}, ValueError),
-                ('2-d log_reward', (batch(log_reward=torch.zeros(4, 1)), ), {}, ValueError),
-                ('integer log_reward', (batch(log_reward=torch.zeros(4, dtype=torch.int64)), ), {}, ValueError),
-                ('ragged batch', (batch(state=torch.zeros(3, GFN_DIM)), ), {}, ValueError),
-                ('no log_reward', ({'state': torch.zeros(4, GFN_DIM)}, ), {}, ValueError),
-                ('item with wrong state dim', (items + [{'state': torch.zeros(GFN_DIM + 1),
-                                                         'log_reward': torch.tensor(0.5)}], ), {}, ValueError),
-                ('None item', (items + [None], ), {}, TypeError),
-                ('None', (None, ), {}, TypeError),
-                ('not a dict', (5, ), {}, TypeError),
+                ('nan log_reward', (batch(log_reward=r_nan),), {}, ValueError),
+                ('+inf log_reward', (batch(log_reward=r_inf),), {}, ValueError),
+                ('2-d log_reward', (batch(log_reward=torch.zeros(4, 1)),), {}, ValueError),
+                ('integer log_reward', (batch(log_reward=torch.zeros(4, dtype=torch.int64)),), {}, ValueError),
+                ('ragged batch', (batch(state=torch.zeros(3, GFN_DIM)),), {}, ValueError),
+                ('no log_reward', ({'state': torch.zeros(4, GFN_DIM)},), {}, ValueError),
+                (
+                    'item with wrong state dim',
+                    (items + [{'state': torch.zeros(GFN_DIM + 1), 'log_reward': torch.tensor(0.5)}],),
+                    {},
+                    ValueError,
+                ),
+                ('None item', (items + [None],), {}, TypeError),
+                ('None', (None,), {}, TypeError),
+                ('not a dict', (5,), {}, TypeError),
             ]
             if self.preset == 'gfn_diverse':
                 state = torch.zeros(4, GFN_DIM)
                 state[3, 0] = NAN
-                out.append(('nan state', (batch(state=state), ), {}, ValueError))
+                out.append(('nan state', (batch(state=state),), {}, ValueError))
             return out
-        out += [('None item', (ok + [None], ), {}, TypeError)]
+        out += [('None item', (ok + [None],), {}, TypeError)]
         if self.episodic:
             out += [
-                ('empty episode', (ok + [[]], ), {}, ValueError),
-                ('episode of the wrong type', (ok + [5], ), {}, TypeError),
-                ('dict episode with ragged fields', (ok + [{'obs': torch.zeros(3, 2), 'act': torch.zeros(2)}], ), {},
-                 ValueError),
-                ('batched push', (ok[1], ), {'batched': True}, TypeError),
+                ('empty episode', (ok + [[]],), {}, ValueError),
+                ('episode of the wrong type', (ok + [5],), {}, TypeError),
+                (
+                    'dict episode with ragged fields',
+                    (ok + [{'obs': torch.zeros(3, 2), 'act': torch.zeros(2)}],),
+                    {},
+                    ValueError,
+                ),
+                ('batched push', (ok[1],), {'batched': True}, TypeError),
             ]
             if self.tensor:
                 step = {'obs': torch.zeros(2), 'act': torch.tensor(1)}
                 bad_shape = [step, {'obs': torch.zeros(3), 'act': torch.tensor(2)}]
                 bad_dtype = [step, {'obs': torch.zeros(2), 'act': torch.tensor(1.5)}]
                 out += [
-                    ('transition with a wrong obs shape', (ok + [bad_shape], ), {}, ValueError),
-                    ('transition with a wrong dtype', (ok + [bad_dtype], ), {}, ValueError),
-                    ('episode longer than max_transitions', (ok + [[step] * (MAX_TRANSITIONS + 1)], ), {}, ValueError),
+                    ('transition with a wrong obs shape', (ok + [bad_shape],), {}, ValueError),
+                    ('transition with a wrong dtype', (ok + [bad_dtype],), {}, ValueError),
+                    ('episode longer than max_transitions', (ok + [[step] * (MAX_TRANSITIONS + 1)],), {}, ValueError),
                 ]
             return out
         if self.preset == 'advanced':
             valid = {'obs': torch.zeros(OBS_DIM), 'act': 3}
             out += [
-                ('item that is not a dict', (ok + [5], ), {}, TypeError),
-                ('nan priority', (ok + [{**valid, 'priority': NAN}], ), {}, ValueError),
-                ('negative priority', (ok + [{**valid, 'priority': -1.0}], ), {}, ValueError),
-                ('inf priority', (ok + [{**valid, 'priority': INF}], ), {}, ValueError),
-                ('single item with nan priority', ({**valid, 'priority': NAN}, ), {}, ValueError),
-                ('batched push with a nan priority', ({'obs': torch.zeros(3, OBS_DIM), 'act': torch.arange(3),
-                                                       'priority': torch.tensor([1.0, 1.0, NAN])}, ), {'batched': True},
-                 ValueError),
+                ('item that is not a dict', (ok + [5],), {}, TypeError),
+                ('nan priority', (ok + [{**valid, 'priority': NAN}],), {}, ValueError),
+                ('negative priority', (ok + [{**valid, 'priority': -1.0}],), {}, ValueError),
+                ('inf priority', (ok + [{**valid, 'priority': INF}],), {}, ValueError),
+                ('single item with nan priority', ({**valid, 'priority': NAN},), {}, ValueError),
+                (
+                    'batched push with a nan priority',
+                    (
+                        {
+                            'obs': torch.zeros(3, OBS_DIM),
+                            'act': torch.arange(3),
+                            'priority': torch.tensor([1.0, 1.0, NAN]),
+                        },
+                    ),
+                    {'batched': True},
+                    ValueError,
+                ),
             ]
         out += [
-            ('batched push with ragged fields', ({'obs': torch.zeros(3, OBS_DIM), 'act': torch.arange(2)}, ),
-             {'batched': True}, ValueError),
+            (
+                'batched push with ragged fields',
+                ({'obs': torch.zeros(3, OBS_DIM), 'act': torch.arange(2)},),
+                {'batched': True},
+                ValueError,
+            ),
         ]
         if self.tensor:
             out += [
-                ('item with a wrong obs shape', (ok + [{'obs': torch.zeros(OBS_DIM + 1), 'act': 1}], ), {}, ValueError),
-                ('single item with a wrong obs shape', ({'obs': torch.zeros(OBS_DIM + 1), 'act': 1}, ), {}, ValueError),
-                ('item with a wrong dtype', (ok + [{'obs': torch.zeros(OBS_DIM, dtype=torch.float64), 'act': 1}], ), {},
-                 ValueError),
-                ('item with a missing field', (ok + [{'obs': torch.zeros(OBS_DIM)}], ), {}, ValueError),
-                ('item with an extra field', (ok + [{'obs': torch.zeros(OBS_DIM), 'act': 1, 'x': 2}], ), {},
-                 ValueError),
-                ('item that is not a dict', (ok + [7], ), {}, TypeError),
-                ('invalid item among those dropped for space',
-                 ([{'obs': torch.zeros(OBS_DIM + 1), 'act': 1}] + self.data(rng, CAP + 2, start=3000), ), {},
-                 ValueError),
+                ('item with a wrong obs shape', (ok + [{'obs': torch.zeros(OBS_DIM + 1), 'act': 1}],), {}, ValueError),
+                ('single item with a wrong obs shape', ({'obs': torch.zeros(OBS_DIM + 1), 'act': 1},), {}, ValueError),
+                (
+                    'item with a wrong dtype',
+                    (ok + [{'obs': torch.zeros(OBS_DIM, dtype=torch.float64), 'act': 1}],),
+                    {},
+                    ValueError,
+                ),
+                ('item with a missing field', (ok + [{'obs': torch.zeros(OBS_DIM)}],), {}, ValueError),
+                ('item with an extra field', (ok + [{'obs': torch.zeros(OBS_DIM), 'act': 1, 'x': 2}],), {}, ValueError),
+                ('item that is not a dict', (ok + [7],), {}, TypeError),
+                (
+                    'invalid item among those dropped for space',
+                    ([{'obs': torch.zeros(OBS_DIM + 1), 'act': 1}] + self.data(rng, CAP + 2, start=3000),),
+                    {},
+                    ValueError,
+                ),
             ]
         return out
 
@@ -395,7 +427,7 @@ def garbage_updates(case, good):
     prio = np.asarray(good['priority'], dtype=np.float64)
     ids = good['replay_unique_id']
     idx = np.asarray(torch.as_tensor(good['replay_buffer_idx']))
-    last = (-1, ) + (0, ) * (idx.ndim - 1)  # the last item / the first step of the last window
+    last = (-1,) + (0,) * (idx.ndim - 1)  # the last item / the first step of the last window
 
     def with_prio(value):
         bad = prio.copy()
@@ -610,8 +642,8 @@ def _data_records(raw):
         for info in z.infolist():
             if '/data/' in info.filename and info.file_size:
                 h = info.header_offset
-                name_len = int.from_bytes(raw[h + 26:h + 28], 'little')
-                extra_len = int.from_bytes(raw[h + 28:h + 30], 'little')
+                name_len = int.from_bytes(raw[h + 26 : h + 28], 'little')
+                extra_len = int.from_bytes(raw[h + 28 : h + 30], 'little')
                 start = h + 30 + name_len + extra_len  # the local file header precedes the data
                 out.append((info.filename, start, info.file_size))
     return out
@@ -634,8 +666,10 @@ def test_load_data_bit_flip_in_tensor_data_raises_value_error(case, tmp_path):
         accepted.append(name)
         buf.load_state_dict(before)
     if accepted:
-        pytest.fail(f"load_data accepted {len(accepted)} of {len(records)} files with a flipped bit in a tensor "
-                    f"record: {accepted}")
+        pytest.fail(
+            f"load_data accepted {len(accepted)} of {len(records)} files with a flipped bit in a tensor "
+            f"record: {accepted}"
+        )
 
 
 # ================================================================================ 4. save -> load -> same samples
@@ -716,8 +750,13 @@ def _monitored(case, tmp_path, tracked_files):
     (list storage of naive / advanced)."""
     kwargs = {'exp_name': str(tmp_path / 'exp')}
     if case.preset == 'advanced':
-        over = {'monitor': {'tensorboard': True, 'periodic_thruput': {'seconds': 0.05},
-                            'sampled_data_attr': {'average_range': 2, 'print_freq': 1}}}
+        over = {
+            'monitor': {
+                'tensorboard': True,
+                'periodic_thruput': {'seconds': 0.05},
+                'sampled_data_attr': {'average_range': 2, 'print_freq': 1},
+            }
+        }
     elif case.gfn:
         over = {'monitor': {'tensorboard': True, 'log_every': 1}}
     else:
@@ -774,7 +813,7 @@ def test_concurrent_push_sample_update_keep_the_buffer_consistent(case, tmp_path
 
     def pusher(k):
         rng = np.random.default_rng(100 + k)
-        nxt = 10 ** 6 * (k + 1)
+        nxt = 10**6 * (k + 1)
         try:
             while not stop.is_set():
                 n = int(rng.integers(1, 4))
@@ -799,8 +838,8 @@ def test_concurrent_push_sample_update_keep_the_buffer_consistent(case, tmp_path
         except Exception as e:  # noqa: BLE001 (reported below)
             errors.append(e)
 
-    threads = [threading.Thread(target=pusher, args=(k, )) for k in range(3)]
-    threads += [threading.Thread(target=sampler, args=(k, )) for k in range(2)]
+    threads = [threading.Thread(target=pusher, args=(k,)) for k in range(3)]
+    threads += [threading.Thread(target=sampler, args=(k,)) for k in range(2)]
     for t in threads:
         t.start()
     time.sleep(STRESS_SECONDS)

@@ -2,6 +2,7 @@
 ``import_names``, ``load_state_dict(deepcopy=)``, the segment trees in ``ding_buffer.utils``, and serial-pipeline
 rounds on compiled dizoo sections (``tests/data/dizoo_compiled.json``, written by ``benchmarks/dizoo_sweep.py``).
 Everything through the public API."""
+
 import collections
 import json
 import logging
@@ -103,8 +104,10 @@ def test_elastic_bad_sizes_raise_and_change_nothing():
     buf.resize(4)
     with pytest.raises(TypeError, match='envstep'):
         buf.update('7')
-    assert buf.update({'priority': [1.0], 'replay_buffer_idx': [0], 'replay_unique_id': ['buffer_0']}) == \
-        {'updated': 0, 'stale': 0}  # a learner's priority_info: the naive no-op
+    assert buf.update({'priority': [1.0], 'replay_buffer_idx': [0], 'replay_unique_id': ['buffer_0']}) == {
+        'updated': 0,
+        'stale': 0,
+    }  # a learner's priority_info: the naive no-op
     assert same(buf.state_dict(), before)
     with pytest.raises(ValueError, match="config key 'set_buffer_size'"):
         create_buffer(dict(type='elastic', set_buffer_size=5))
@@ -134,7 +137,6 @@ def test_elastic_state_round_trip_keeps_the_window_and_the_next_samples(tmp_path
 def test_elastic_scheduler_is_the_callers_own_callable_not_a_copy():
 
     class WorldModel:  # DI-engine's MBPO sets set_buffer_size = world_model.buffer_size_scheduler
-
         def __init__(self):
             self.calls = []
 
@@ -190,9 +192,14 @@ def test_sequence_shortfalls_ranges_and_bad_arguments():
     runs = [buf.sample(2, 3, 0, sample_range=slice(-4, None)) for _ in range(20)]
     assert {run[0]['i'] for batch in runs for run in batch} <= {6, 7}
     before = buf.state_dict()
-    for args, kwargs, exc in [((2, 0, 0), {}, ValueError), ((2, 'x', 0), {}, ValueError), ((0, 2, 0), {}, ValueError),
-                              ((2, 2, 0), dict(sample_range=slice(0, 8, 2)), ValueError),
-                              ((2, 2, 0), dict(replace=1), TypeError), ((2, 2, 0), dict(sample_range=3), TypeError)]:
+    for args, kwargs, exc in [
+        ((2, 0, 0), {}, ValueError),
+        ((2, 'x', 0), {}, ValueError),
+        ((0, 2, 0), {}, ValueError),
+        ((2, 2, 0), dict(sample_range=slice(0, 8, 2)), ValueError),
+        ((2, 2, 0), dict(replace=1), TypeError),
+        ((2, 2, 0), dict(sample_range=3), TypeError),
+    ]:
         with pytest.raises(exc):
             buf.sample(*args, **kwargs)
         assert same(buf.state_dict(), before)
@@ -236,9 +243,18 @@ def test_deque_prioritized_distribution_follows_priority_power():
 
 
 def test_deque_is_weights_anneal_and_match_the_priorities():
-    buf = create_buffer(dict(type='deque', replay_buffer_size=16, priority=True, priority_IS_weight=True,
-                             priority_power_factor=1.0, IS_weight_power_factor=0.5, IS_weight_anneal_train_iter=10,
-                             seed=0))
+    buf = create_buffer(
+        dict(
+            type='deque',
+            replay_buffer_size=16,
+            priority=True,
+            priority_IS_weight=True,
+            priority_power_factor=1.0,
+            IS_weight_power_factor=0.5,
+            IS_weight_anneal_train_iter=10,
+            seed=0,
+        )
+    )
     buf.push([{'i': k, 'priority': p} for k, p in enumerate([1.0, 4.0])])
     beta = 0.5
     for it in range(3):
@@ -254,8 +270,12 @@ def test_deque_is_weights_anneal_and_match_the_priorities():
 
 def test_deque_update_applies_to_every_last_batch_with_clipping():
     tb = FakeTB()
-    buf = create_buffer(dict(type='deque', replay_buffer_size=32, priority=True, priority_max_limit=50.0,
-                             train_iter_per_log=100, seed=0), tb_logger=tb)
+    buf = create_buffer(
+        dict(
+            type='deque', replay_buffer_size=32, priority=True, priority_max_limit=50.0, train_iter_per_log=100, seed=0
+        ),
+        tb_logger=tb,
+    )
     buf.push([{'i': k} for k in range(20)])
     for it in range(1, 6):  # DI-engine remembers the batch only on logging iterations: here every time
         batch = buf.sample(4, it)
@@ -270,8 +290,12 @@ def test_deque_bad_updates_raise_change_nothing_and_keep_the_batch():
     buf.push([{'i': k} for k in range(8)])
     buf.sample(4, 0)
     before = buf.state_dict()
-    for bad, exc in [([1.0, 2.0, float('nan'), 1.0], ValueError), ([1.0, -2.0, 1.0, 1.0], ValueError),
-                     ([1.0, 2.0], ValueError), ('x', TypeError)]:
+    for bad, exc in [
+        ([1.0, 2.0, float('nan'), 1.0], ValueError),
+        ([1.0, -2.0, 1.0, 1.0], ValueError),
+        ([1.0, 2.0], ValueError),
+        ('x', TypeError),
+    ]:
         with pytest.raises(exc):
             buf.update({'priority': bad})
         assert same(buf.state_dict(), before)
@@ -298,15 +322,19 @@ def test_deque_max_use_with_priority_works():
 
 def test_deque_tensorboard_tags_follow_train_iter_per_log():
     tb = FakeTB()
-    buf = create_buffer(dict(type='deque', replay_buffer_size=64, priority=True, max_use=100, train_iter_per_log=10,
-                             seed=0), tb_logger=tb, instance_name='learner_buffer')
+    buf = create_buffer(
+        dict(type='deque', replay_buffer_size=64, priority=True, max_use=100, train_iter_per_log=10, seed=0),
+        tb_logger=tb,
+        instance_name='learner_buffer',
+    )
     buf.push([{'i': k} for k in range(32)])
     for it in range(25):
         buf.sample(4, it)
     steps = sorted({step for _, _, step in tb.rows})
     assert steps == [0, 10, 20]
-    assert tb.tags() == {f'learner_buffer_iter/{k}': 3 for k in ('use_count_avg', 'priority_avg', 'priority_max',
-                                                                 'buffer_data_count')}
+    assert tb.tags() == {
+        f'learner_buffer_iter/{k}': 3 for k in ('use_count_avg', 'priority_avg', 'priority_max', 'buffer_data_count')
+    }
     uniform = FakeTB()
     plain = create_buffer(dict(type='deque', seed=0), tb_logger=uniform)
     plain.push(items(8))
@@ -411,10 +439,10 @@ def test_load_state_dict_deepcopy_true_copies_the_items():
 
 def test_segment_trees_are_exported_from_utils_with_dingengine_semantics():
     tree = SumSegmentTree(8)
-    for i, v in enumerate([0, .1, .5, 0, 0, .2, .8, 0]):
+    for i, v in enumerate([0, 0.1, 0.5, 0, 0, 0.2, 0.8, 0]):
         tree[i] = v
-    assert [tree.find_prefixsum_idx(x) for x in (0, .09, .1, .59, .6, .799, .8)] == [1, 1, 2, 2, 5, 5, 6]
-    assert tree.reduce() == pytest.approx(1.6) and tree.reduce(1, 3) == pytest.approx(.6)
+    assert [tree.find_prefixsum_idx(x) for x in (0, 0.09, 0.1, 0.59, 0.6, 0.799, 0.8)] == [1, 1, 2, 2, 5, 5, 6]
+    assert tree.reduce() == pytest.approx(1.6) and tree.reduce(1, 3) == pytest.approx(0.6)
     low = MinSegmentTree(4)
     low[2] = 3.0
     low[1] = 5.0
@@ -438,9 +466,16 @@ def test_serial_pipeline_round_on_compiled_dizoo_sections(name):
     buf = create_buffer(section, tb_logger=tb, exp_name='serial', instance_name='buffer')
     envstep, updated = 0, 0
     for train_iter in range(30):
-        data = [{'obs': rng.standard_normal(4).astype(np.float32), 'action': int(rng.integers(2)),
-                 'reward': float(rng.standard_normal()), 'done': bool(rng.random() < 0.05), 'collect_iter': train_iter}
-                for _ in range(16)]
+        data = [
+            {
+                'obs': rng.standard_normal(4).astype(np.float32),
+                'action': int(rng.integers(2)),
+                'reward': float(rng.standard_normal()),
+                'done': bool(rng.random() < 0.05),
+                'collect_iter': train_iter,
+            }
+            for _ in range(16)
+        ]
         envstep += len(data)
         buf.push(data, cur_collector_envstep=envstep)
         batch = buf.sample(32, train_iter)
@@ -449,8 +484,11 @@ def test_serial_pipeline_round_on_compiled_dizoo_sections(name):
             continue
         assert isinstance(batch, list) and len(batch) == 32 and all('obs' in d for d in batch)
         priority = np.abs(rng.standard_normal(32)).tolist()
-        priority_info = {'priority': priority, 'replay_buffer_idx': [d.get('replay_buffer_idx') for d in batch],
-                         'replay_unique_id': [d.get('replay_unique_id') for d in batch]}
+        priority_info = {
+            'priority': priority,
+            'replay_buffer_idx': [d.get('replay_buffer_idx') for d in batch],
+            'replay_unique_id': [d.get('replay_unique_id') for d in batch],
+        }
         result = buf.update(priority_info)
         updated += (result or {}).get('updated', 0)
     assert buf.count() == min(30 * 16, section['replay_buffer_size'])
@@ -462,27 +500,41 @@ def test_serial_pipeline_round_on_compiled_dizoo_sections(name):
 # ================================================================================ the sweep itself
 def test_dizoo_sweep_builds_every_compiled_section():
     import importlib.util
+
     spec = importlib.util.spec_from_file_location(
-        'dizoo_sweep', os.path.join(os.path.dirname(__file__), '..', 'benchmarks', 'dizoo_sweep.py'))
+        'dizoo_sweep', os.path.join(os.path.dirname(__file__), '..', 'benchmarks', 'dizoo_sweep.py')
+    )
     sweep = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(sweep)
     result = sweep.run_sweep()
     if result is None:
-        pytest.skip('DI-engine source is not installed (pip install --no-deps di-engine==0.5.3): the sweep needs '
-                    'its dizoo/ configs')
+        pytest.skip(
+            'DI-engine source is not installed (pip install --no-deps di-engine==0.5.3): the sweep needs '
+            'its dizoo/ configs'
+        )
     assert result['total'] >= 300, result
     assert result['failed'] == {}, result['failed']
     assert result['built'] == result['total']
     assert set(result['served']) <= {'served', 'skipped'}, result['served']
-    assert set(result['warned']) <= {'max_reuse', 'min_sample_ratio', 'sliced', 'multi_buffer', 'name', 'alpha', 'beta',
-                                     'anneal_step', 'monitor', 'priority', 'priority_IS_weight'}, result['warned']
+    assert set(result['warned']) <= {
+        'max_reuse',
+        'min_sample_ratio',
+        'sliced',
+        'multi_buffer',
+        'name',
+        'alpha',
+        'beta',
+        'anneal_step',
+        'monitor',
+        'priority',
+        'priority_IS_weight',
+    }, result['warned']
 
 
 # ================================================================================ found by review
 def test_sequence_runs_never_jump_over_items_that_max_use_removed():
     for storage in ('list', 'tensor'):
-        buf = create_buffer(dict(type='sequence', replay_buffer_size=10, seed=0, max_use=1,
-                                 storage=dict(type=storage)))
+        buf = create_buffer(dict(type='sequence', replay_buffer_size=10, seed=0, max_use=1, storage=dict(type=storage)))
         for k in range(10):
             buf.push({'i': k})
         while True:
@@ -496,9 +548,15 @@ def test_sequence_runs_never_jump_over_items_that_max_use_removed():
 
 def test_types_that_a_trainer_or_manager_cannot_serve_are_refused_at_build():
     from ding_buffer.train.config import build_train_config
+
     with pytest.raises(ValueError, match="'sequence'.*DQN trainer cannot use"):
-        build_train_config(dict(policy=dict(learn=dict(batch_size=32), other=dict(replay_buffer=dict(
-            type='sequence', replay_buffer_size=64)))))
+        build_train_config(
+            dict(
+                policy=dict(
+                    learn=dict(batch_size=32), other=dict(replay_buffer=dict(type='sequence', replay_buffer_size=64))
+                )
+            )
+        )
     for buffer_type in ('deque', 'sequence'):
         with pytest.raises(ValueError, match=f"config key 'distributed' is set on type '{buffer_type}'"):
             create_buffer(dict(type=buffer_type, distributed=dict(backend='torch')))
@@ -516,8 +574,12 @@ def test_deque_state_keeps_the_batch_to_update_and_checks_it():
     assert buf.update({'priority': [1e3, 1e3]}) == other.update({'priority': [1e3, 1e3]}) == {'updated': 2, 'stale': 0}
     assert [numbers(buf.sample(4, 1)) for _ in range(3)] == [numbers(other.sample(4, 1)) for _ in range(3)]
     buf.sample(2, 2)
-    for bad in ({'ids': ['buffer_0'], 'slots': [99]}, {'ids': ['a', 'b'], 'slots': [1]}, [1, 2],
-                {'ids': [1.5], 'slots': [0]}):
+    for bad in (
+        {'ids': ['buffer_0'], 'slots': [99]},
+        {'ids': ['a', 'b'], 'slots': [1]},
+        [1, 2],
+        {'ids': [1.5], 'slots': [0]},
+    ):
         state = buf.state_dict()
         state['last_batch'] = bad
         before = other.state_dict()
@@ -525,7 +587,7 @@ def test_deque_state_keeps_the_batch_to_update_and_checks_it():
             other.load_state_dict(state)
         assert same(other.state_dict(), before)
     state = buf.state_dict()
-    state['last_log_train_iter'] = 2 ** 70
+    state['last_log_train_iter'] = 2**70
     with pytest.raises(ValueError, match='last_log_train_iter'):
         other.load_state_dict(state)
 
@@ -551,7 +613,7 @@ def test_elastic_scheduler_errors_and_huge_steps_name_the_problem():
     with pytest.raises(ValueError, match=r"config key 'set_buffer_size' raised at envstep 3: ZeroDivisionError"):
         buf.update(3)
     with pytest.raises(ValueError, match='envstep'):
-        buf.update(10 ** 30)
+        buf.update(10**30)
     assert same(buf.state_dict(), before)
 
 
@@ -601,13 +663,21 @@ def test_is_weights_and_annealing_match_dingengine_buffers(tmp_path):
     annealing). Needs DI-engine with its dependencies; skips, saying so, with the source-only install."""
     import subprocess
     import sys
-    proc = subprocess.run([sys.executable, '-c', DIFF_SCRIPT, str(tmp_path)], capture_output=True, text=True,
-                          timeout=240, cwd=str(tmp_path))
+
+    proc = subprocess.run(
+        [sys.executable, '-c', DIFF_SCRIPT, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        cwd=str(tmp_path),
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     if 'skip' in out:
-        pytest.skip(f"DI-engine's buffers do not import here ({out['skip']}); pip install di-engine==0.5.3 with its "
-                    f"dependencies to compare against them")
+        pytest.skip(
+            f"DI-engine's buffers do not import here ({out['skip']}); pip install di-engine==0.5.3 with its "
+            f"dependencies to compare against them"
+        )
     compared = 0
     for kind in ('deque', 'advanced'):
         for theirs, ours in out[kind]:

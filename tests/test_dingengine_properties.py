@@ -17,6 +17,7 @@ message and left ``state_dict()`` exactly as it was, and the buffer still works 
 a corrupted state that is accepted leaves a working buffer whose state round-trips; ``count() <=
 replay_buffer_size``; sequence runs are consecutive pushes.
 """
+
 import copy
 import os
 import tempfile
@@ -88,9 +89,9 @@ class Machine(RuleBasedStateMachine):
 
     def valid_push(self, rng):
         if rng.random() < 0.3:
-            return (self.item(rng), ), {}
+            return (self.item(rng),), {}
         items = [self.item(rng) for _ in range(int(rng.integers(1, CAP + 4)))]
-        return (items, ), ({'cur_collector_envstep': int(rng.integers(0, 100))} if rng.random() < 0.5 else {})
+        return (items,), ({'cur_collector_envstep': int(rng.integers(0, 100))} if rng.random() < 0.5 else {})
 
     def sample_call(self, rng):
         """A valid sample: (label, fn)."""
@@ -132,7 +133,7 @@ class Machine(RuleBasedStateMachine):
         return False, out
 
     def probe(self, after):
-        rng = np.random.default_rng(10 ** 6 + self.probe_seed)
+        rng = np.random.default_rng(10**6 + self.probe_seed)
         self.probe_seed += 1
         args, kwargs = self.valid_push(rng)
         try:
@@ -144,7 +145,7 @@ class Machine(RuleBasedStateMachine):
             raise AssertionError(f'after {after}: a valid push / sample raised {type(e).__name__}: {e}') from e
 
     # ------------------------------------------------------------------ rules
-    @rule(seed=st.integers(0, 2 ** 16))
+    @rule(seed=st.integers(0, 2**16))
     def push_valid(self, seed):
         args, kwargs = self.valid_push(np.random.default_rng(seed))
         raised, _ = self.attempt('valid push', lambda: self.buf.push(*args, **kwargs))
@@ -152,8 +153,10 @@ class Machine(RuleBasedStateMachine):
         if not raised:
             self.stored(args)
 
-    @rule(seed=st.integers(0, 2 ** 16), kind=st.sampled_from(['none', 'int', 'envstep', 'shape', 'dtype', 'nan_prio',
-                                                               'neg_prio', 'str_prio']))
+    @rule(
+        seed=st.integers(0, 2**16),
+        kind=st.sampled_from(['none', 'int', 'envstep', 'shape', 'dtype', 'nan_prio', 'neg_prio', 'str_prio']),
+    )
     def push_invalid(self, seed, kind):
         rng = np.random.default_rng(seed)
         ok = [self.item(rng) for _ in range(2)]
@@ -161,19 +164,22 @@ class Machine(RuleBasedStateMachine):
             kind = 'none'  # list storage takes any dict
         if kind.endswith('_prio') and self.buffer_type != 'deque_prio':
             kind = 'int' if self.buffer_type != 'deque' or self.storage == 'tensor' else 'none'
-        bad = {'none': ok + [None], 'int': ok + [5] if self.buffer_type == 'deque_prio' or self.storage == 'tensor'
-               else ok + [None], 'envstep': ok,
-               'shape': ok + [{'obs': torch.zeros(4), 'n': 1}], 'dtype': ok + [{'obs': torch.zeros(3, dtype=torch.float64),
-                                                                                  'n': 1}],
-               'nan_prio': ok + [{'obs': torch.zeros(3), 'n': 1, 'priority': NAN}],
-               'neg_prio': ok + [{'obs': torch.zeros(3), 'n': 1, 'priority': -1.0}],
-               'str_prio': ok + [{'obs': torch.zeros(3), 'n': 1, 'priority': '1'}]}[kind]
+        bad = {
+            'none': ok + [None],
+            'int': ok + [5] if self.buffer_type == 'deque_prio' or self.storage == 'tensor' else ok + [None],
+            'envstep': ok,
+            'shape': ok + [{'obs': torch.zeros(4), 'n': 1}],
+            'dtype': ok + [{'obs': torch.zeros(3, dtype=torch.float64), 'n': 1}],
+            'nan_prio': ok + [{'obs': torch.zeros(3), 'n': 1, 'priority': NAN}],
+            'neg_prio': ok + [{'obs': torch.zeros(3), 'n': 1, 'priority': -1.0}],
+            'str_prio': ok + [{'obs': torch.zeros(3), 'n': 1, 'priority': '1'}],
+        }[kind]
         envstep = 'x' if kind == 'envstep' else 0
         if kind in ('shape', 'dtype') and self.buf.count() == 0 and not self.buf.push_count:
             return  # the schema comes from the first push
         self.attempt(f'invalid push ({kind})', lambda: self.buf.push(bad, envstep), must_raise=True)
 
-    @rule(seed=st.integers(0, 2 ** 16))
+    @rule(seed=st.integers(0, 2**16))
     def sample_valid(self, seed):
         label, fn = self.sample_call(np.random.default_rng(seed))
         raised, out = self.attempt(label, fn)
@@ -184,20 +190,38 @@ class Machine(RuleBasedStateMachine):
     def sample_invalid(self, kind):
         t = self.buffer_type
         if t == 'sequence':
-            calls = [lambda: self.buf.sample(0, 2, 0), lambda: self.buf.sample(2, 0, 0), lambda: self.buf.sample(2, 'x'),
-                     lambda: self.buf.sample(2, 2, 'x'), lambda: self.buf.sample(2, 2, 0, sample_range=slice(0, 4, 2)),
-                     lambda: self.buf.sample(2, 2, 0, replace=2), lambda: self.buf.sample(2, 2, 0, timeout=-1)]
+            calls = [
+                lambda: self.buf.sample(0, 2, 0),
+                lambda: self.buf.sample(2, 0, 0),
+                lambda: self.buf.sample(2, 'x'),
+                lambda: self.buf.sample(2, 2, 'x'),
+                lambda: self.buf.sample(2, 2, 0, sample_range=slice(0, 4, 2)),
+                lambda: self.buf.sample(2, 2, 0, replace=2),
+                lambda: self.buf.sample(2, 2, 0, timeout=-1),
+            ]
         elif t == 'elastic':
-            calls = [lambda: self.buf.sample(0), lambda: self.buf.sample(-1), lambda: self.buf.sample(1.5),
-                     lambda: self.buf.sample(2, 'x'), lambda: self.buf.sample(2, 0, sample_range=3),
-                     lambda: self.buf.sample(2, 0, replace='yes'), lambda: self.buf.sample(2, 0, timeout=NAN)]
+            calls = [
+                lambda: self.buf.sample(0),
+                lambda: self.buf.sample(-1),
+                lambda: self.buf.sample(1.5),
+                lambda: self.buf.sample(2, 'x'),
+                lambda: self.buf.sample(2, 0, sample_range=3),
+                lambda: self.buf.sample(2, 0, replace='yes'),
+                lambda: self.buf.sample(2, 0, timeout=NAN),
+            ]
         else:
-            calls = [lambda: self.buf.sample(0), lambda: self.buf.sample(-1), lambda: self.buf.sample(1.5),
-                     lambda: self.buf.sample(2, 'x'), lambda: self.buf.sample(2, 2 ** 70),
-                     lambda: self.buf.sample(True), lambda: self.buf.sample(2, 0, timeout=-1)]
+            calls = [
+                lambda: self.buf.sample(0),
+                lambda: self.buf.sample(-1),
+                lambda: self.buf.sample(1.5),
+                lambda: self.buf.sample(2, 'x'),
+                lambda: self.buf.sample(2, 2**70),
+                lambda: self.buf.sample(True),
+                lambda: self.buf.sample(2, 0, timeout=-1),
+            ]
         self.attempt(f'invalid sample #{kind}', calls[kind], must_raise=True)
 
-    @rule(seed=st.integers(0, 2 ** 16))
+    @rule(seed=st.integers(0, 2**16))
     def update_valid(self, seed):
         rng = np.random.default_rng(seed)
         if self.buffer_type == 'elastic':
@@ -220,15 +244,26 @@ class Machine(RuleBasedStateMachine):
     @rule(kind=st.integers(0, 5))
     def update_garbage(self, kind):
         if self.buffer_type == 'elastic':
-            calls = [lambda: self.buf.update('x'), lambda: self.buf.update(1.5), lambda: self.buf.update(2 ** 70),
-                     lambda: self.buf.update(None), lambda: self.buf.update(True), lambda: self.buf.resize(0)]
+            calls = [
+                lambda: self.buf.update('x'),
+                lambda: self.buf.update(1.5),
+                lambda: self.buf.update(2**70),
+                lambda: self.buf.update(None),
+                lambda: self.buf.update(True),
+                lambda: self.buf.resize(0),
+            ]
             self.attempt(f'garbage update #{kind}', calls[kind], must_raise=True)
             return
         if self.buffer_type == 'sequence':
             return
-        calls = [lambda: self.buf.update([1.0]), lambda: self.buf.update({'priority': 'x'}),
-                 lambda: self.buf.update({'priority': [NAN] * 3}), lambda: self.buf.update({'priority': [-1.0] * 3}),
-                 lambda: self.buf.update({'priority': [[object()]]}), lambda: self.buf.update(None)]
+        calls = [
+            lambda: self.buf.update([1.0]),
+            lambda: self.buf.update({'priority': 'x'}),
+            lambda: self.buf.update({'priority': [NAN] * 3}),
+            lambda: self.buf.update({'priority': [-1.0] * 3}),
+            lambda: self.buf.update({'priority': [[object()]]}),
+            lambda: self.buf.update(None),
+        ]
         must = kind in (0, 1, 4, 5)  # the others are checked only against a remembered prioritized batch
         self.attempt(f'garbage update #{kind}', calls[kind], must_raise=must)
 
@@ -271,11 +306,12 @@ class Machine(RuleBasedStateMachine):
             return
         # accepted (harmless, or another consistent buffer -- say a renamed field, which valid pushes then lack):
         # a push is done or refused cleanly, a sample works, the state round-trips, the intact state loads back
-        rng = np.random.default_rng(10 ** 7 + self.probe_seed)
+        rng = np.random.default_rng(10**7 + self.probe_seed)
         self.probe_seed += 1
         args, kwargs = self.valid_push(rng)
-        raised, _ = self.attempt(f'{label} (accepted), then a valid push', lambda: self.buf.push(*args, **kwargs),
-                                 probe=False)
+        raised, _ = self.attempt(
+            f'{label} (accepted), then a valid push', lambda: self.buf.push(*args, **kwargs), probe=False
+        )
         if not raised:
             self.stored(args)
         _, fn = self.sample_call(rng)
@@ -317,5 +353,5 @@ class Machine(RuleBasedStateMachine):
 
 @pytest.mark.parametrize('buffer_type,storage', CASES, ids=[f'{t}-{s}' for t, s in CASES])
 def test_random_calls_keep_every_dingengine_type_consistent(buffer_type, storage):
-    machine = type(f'Machine_{buffer_type}_{storage}', (Machine, ), dict(buffer_type=buffer_type, storage=storage))
+    machine = type(f'Machine_{buffer_type}_{storage}', (Machine,), dict(buffer_type=buffer_type, storage=storage))
     run_state_machine_as_test(machine, settings=FEWER)

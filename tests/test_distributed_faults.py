@@ -12,6 +12,7 @@ Scenarios of ``tests/dist_scripts/rank_main.py`` (ranks 0 and 1 are workers, ran
 Transport-level scenarios (``transport_main.py``, two ranks): a receiver that posts late gets exactly the bytes
 sent by a sender whose deadline passed.
 """
+
 import subprocess
 import sys
 import time
@@ -29,9 +30,14 @@ _LAUNCHES = {}
 
 @pytest.fixture(scope='module')
 def launches(tmp_path_factory):
-    yield launcher(tmp_path_factory.mktemp('dist_faults'), _LAUNCHES, hostile=dict(timeout=150),
-                   freeze_manager=dict(timeout=150), freeze_worker=dict(timeout=150),
-                   freeze_worker_end=dict(timeout=150))
+    yield launcher(
+        tmp_path_factory.mktemp('dist_faults'),
+        _LAUNCHES,
+        hostile=dict(timeout=150),
+        freeze_manager=dict(timeout=150),
+        freeze_worker=dict(timeout=150),
+        freeze_worker_end=dict(timeout=150),
+    )
     for launch in list(_LAUNCHES.values()):
         launch.wait()
     _LAUNCHES.clear()
@@ -88,7 +94,9 @@ def test_frozen_manager_every_call_fails_within_the_timeout(launches, backend):
     assert failed, f'the freeze produced no failed call\n{run.logs()}'
     slow = [c for c in calls if c['seconds'] > FREEZE_TIMEOUT + 0.5]
     assert not slow, slow  # a call fails (or succeeds) within timeout + 0.5 s, always
-    assert all('within' in c['error'] or 'did not' in c['error'] for c in failed if 'error' in c and c['what'] != 'stats')
+    assert all(
+        'within' in c['error'] or 'did not' in c['error'] for c in failed if 'error' in c and c['what'] != 'stats'
+    )
 
 
 @pytest.mark.parametrize('backend', BACKENDS)
@@ -141,7 +149,7 @@ def test_late_receiver_gets_exactly_the_bytes_of_a_timed_out_send(tmp_path, back
     assert r['second'] == 'after', r
 
 
-# ---------------------------------------------------------------------------------------------- start-up and config traps
+# ---------------------------------------------------------------- start-up and config traps
 def _run(code: str, env: dict, timeout: float = 60):
     t = time.monotonic()
     p = subprocess.run([sys.executable, '-c', code], env=env, capture_output=True, text=True, timeout=timeout)
@@ -183,8 +191,15 @@ def test_startup_barrier_names_the_ranks_that_never_started(tmp_path):
     for r in (0, 1):
         env = child_env()
         env.update(MASTER_ADDR='127.0.0.1', MASTER_PORT=port, RANK=str(r), WORLD_SIZE='3')
-        procs.append(subprocess.Popen([sys.executable, '-c', START.format(backend='torch')], env=env,
-                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, '-c', START.format(backend='torch')],
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+        )
     outs = [p.communicate(timeout=60)[0] for p in procs]
     for out in outs:
         assert out.startswith('ERR TimeoutError') and float(out.split()[2]) < 3 + 4, outs
@@ -199,5 +214,6 @@ def test_a_world_of_one_rank_is_refused(backend):
     else:
         env.update(MASTER_ADDR='127.0.0.1', MASTER_PORT=str(free_port()), RANK='0', WORLD_SIZE='1')
     p, _ = _run(START.format(backend=backend), env)
-    assert p.stdout.startswith('ERR ValueError') and "distributed.backend" in p.stdout and '1 rank' in p.stdout, \
+    assert p.stdout.startswith('ERR ValueError') and "distributed.backend" in p.stdout and '1 rank' in p.stdout, (
         p.stdout + p.stderr
+    )

@@ -6,6 +6,7 @@ manager); every rank writes a JSON report that the tests below read. Normal scen
 --enable-recovery`` for MPI (``dist_helpers.Launch``). The torch and MPI launches of one scenario run
 concurrently to keep the module's wall time down. Attacks and faults are in ``test_distributed_faults.py``.
 """
+
 import os
 
 import pytest
@@ -60,8 +61,12 @@ def check_arrivals_match_pushes(launch: Launch, pushes) -> list:
     man = launch.rank(2)
     arrivals = man['arrivals']
     got = sorted((a['sender'], t, r) for a in arrivals for t, r in zip(a['tags'], a['log_rewards']))
-    want = sorted((rank, float(rank * 1000 + step * 10 + i), gfn_reward(rank, step, i))
-                  for rank, steps, n in pushes for step in range(steps) for i in range(n))
+    want = sorted(
+        (rank, float(rank * 1000 + step * 10 + i), gfn_reward(rank, step, i))
+        for rank, steps, n in pushes
+        for step in range(steps)
+        for i in range(n)
+    )
     assert got == want, man
     return arrivals
 
@@ -119,8 +124,14 @@ def test_chunk_protocol_over_the_wire(launches, backend):
     assert learner['moved']['chunks_dropped'] == 1, learner['moved']  # the third chunk of version 0
     assert learner['second'] == [['env1', 7, 1], ['env1', 8, 1]]
     st = man['chunk_stats']
-    assert (st['fragments_received'], st['fragments_dropped'], st['chunks_made'], st['chunks_retired'],
-            st['chunks_dropped_stale'], st['count']) == (9, 1, 4, 3, 1, 0), st
+    assert (
+        st['fragments_received'],
+        st['fragments_dropped'],
+        st['chunks_made'],
+        st['chunks_retired'],
+        st['chunks_dropped_stale'],
+        st['count'],
+    ) == (9, 1, 4, 3, 1, 0), st
 
 
 @pytest.mark.parametrize('backend', BACKENDS)
@@ -150,6 +161,7 @@ def test_roundtrip_checkpoint_loads(launches, backend):
     path = run.out / 'ckpt.buf'
     assert path.exists(), f'checkpoint_path not written\n{run.logs()}'
     from ding_buffer import create_buffer
+
     buf = create_buffer(dict(type='advanced', replay_buffer_size=1000, storage=dict(type='tensor')))
     buf.load_data(str(path))
     assert buf.count() == 43
@@ -202,6 +214,7 @@ def test_manager_serves_after_oversized_push(launches, backend):
 
 def test_max_message_mb_accepts_fraction():
     from ding_buffer.distributed import build_distributed_config
+
     assert build_distributed_config({'max_message_mb': 0.5}).max_message_mb == 0.5
 
 
@@ -233,7 +246,7 @@ def test_baseline_ema(launches, backend):
     run = launches('gfn_ema_async', backend)
     run.require_ok()
     arrivals = check_arrivals_match_pushes(run, [(0, 5, 3), (1, 6, 2)])
-    want = expected_baselines(arrivals, 'ema', capacity=10 ** 9, alpha=0.3)
+    want = expected_baselines(arrivals, 'ema', capacity=10**9, alpha=0.3)
     scores = [e['score'] for r in (0, 1) for e in run.rank(r)['events'] if e['score'] is not None]
     scores.append(run.rank(0)['drained'])
     seqs = set()
@@ -267,8 +280,9 @@ def test_remote_buffer_freq_halves_push_requests(launches, backend):
     assert c['push_requests'] == 5 + 3 and c['pushed_items'] == 15 + 12, c  # worker 1: 6 pushes -> 3 requests
     mine = [a for a in man['arrivals'] if a['sender'] == 1]
     assert [a['tags'] for a in mine] == [[1000 + 10 * s + i for s in (k, k + 1) for i in range(2)] for k in (0, 2, 4)]
-    assert [a['log_rewards'] for a in mine] == [[gfn_reward(1, s, i) for s in (k, k + 1) for i in range(2)]
-                                                for k in (0, 2, 4)]
+    assert [a['log_rewards'] for a in mine] == [
+        [gfn_reward(1, s, i) for s in (k, k + 1) for i in range(2)] for k in (0, 2, 4)
+    ]
     events = run.rank(1)['events']
     assert [e['pushed'] for e in events] == [2] * 6
     assert events[0]['score'] is None

@@ -6,6 +6,7 @@ The hardening tests at the end cover message limits and garbage, lost workers (k
 close) and the actor's own end, bounded start-up, torch.save of results, the manager's file and pickle
 safety, and retried pushes stored once.
 """
+
 import io
 import json
 import os
@@ -67,8 +68,13 @@ def actors():
     def make(**kw):
         # start-up (a new actor process importing torch) gets its own bound: tests with a short call timeout
         # must not fail while the actor starts on a busy machine
-        d = dict(backend='ray', actor_name=f'test_{uuid.uuid4().hex[:12]}', namespace='ding_buffer_test', timeout=20,
-                 startup_timeout=GET)
+        d = dict(
+            backend='ray',
+            actor_name=f'test_{uuid.uuid4().hex[:12]}',
+            namespace='ding_buffer_test',
+            timeout=20,
+            startup_timeout=GET,
+        )
         d.update(kw)
         made.append((d['actor_name'], d['namespace']))
         return d
@@ -121,7 +127,9 @@ def test_manager_actor_and_two_worker_tasks(actors):
 
     pushed = set()
     for w in range(2):
-        pushed |= row_set(rows(w, 0, batch)['obs']) | row_set(rows(w, 1, batch)['obs']) | row_set(rows(w, 2, batch)['obs'])
+        pushed |= (
+            row_set(rows(w, 0, batch)['obs']) | row_set(rows(w, 1, batch)['obs']) | row_set(rows(w, 2, batch)['obs'])
+        )
     assert len(pushed) == 2 * steps * batch
     for w, o in enumerate(out):
         assert o['kind'] == 'RemoteBuffer'
@@ -193,8 +201,13 @@ def test_async_score_is_one_push_stale(actors):
 def test_baseline_min_on_full_prioritized_gfn_buffer(actors):
     gen = torch.Generator().manual_seed(0)
     cap = 8
-    cfg = dict(type='gfn', replay_buffer_size=cap, prioritized_capacity=True, seed=0,
-               distributed=actors(baseline_strategy='min'))
+    cfg = dict(
+        type='gfn',
+        replay_buffer_size=cap,
+        prioritized_capacity=True,
+        seed=0,
+        distributed=actors(baseline_strategy='min'),
+    )
     buf = create_buffer(cfg)
     pushed = []
     batches = [torch.randn(5, generator=gen) for _ in range(3)]
@@ -281,8 +294,9 @@ def test_dead_worker_does_not_disturb_the_others(actors):
     drv.push(rows(7, 0, 2), batched=True)
     assert drv.count() == 14
     got = drv.sample(14)
-    expected = torch.cat([rows(5, 0, 3)['obs'], rows(5, 1, 3)['obs'], rows(6, 0, 3)['obs'], rows(6, 1, 3)['obs'],
-                          rows(7, 0, 2)['obs']])
+    expected = torch.cat(
+        [rows(5, 0, 3)['obs'], rows(5, 1, 3)['obs'], rows(6, 0, 3)['obs'], rows(6, 1, 3)['obs'], rows(7, 0, 2)['obs']]
+    )
     assert sorted(got['obs'].tolist()) == sorted(expected.tolist())
     st = drv.stats()
     assert st['manager/exited'] == 1 and st['manager/push_requests'] == 5 and st['manager/errors'] == 0
@@ -291,8 +305,10 @@ def test_dead_worker_does_not_disturb_the_others(actors):
 
 @pytest.mark.timeout(60)
 def test_allow_pickle_gates_python_objects(actors):
-    items = [{'k': frozenset({1, 2}), 'obj': Tag(3), 'x': torch.tensor([1.0])},
-             {'k': frozenset({4}), 'obj': Tag('a'), 'x': torch.tensor([2.0])}]
+    items = [
+        {'k': frozenset({1, 2}), 'obj': Tag(3), 'x': torch.tensor([1.0])},
+        {'k': frozenset({4}), 'obj': Tag('a'), 'x': torch.tensor([2.0])},
+    ]
     plain = create_buffer(dict(type='naive', replay_buffer_size=10, seed=0, distributed=actors()))
     pick = create_buffer(dict(type='naive', replay_buffer_size=10, seed=0, distributed=actors(allow_pickle=True)))
     with pytest.raises(TypeError, match='allow_pickle'):
@@ -474,11 +490,12 @@ def test_unreachable_ray_address_fails_within_startup_timeout():
         os._exit(0)  # a ray.init thread may still be waiting
     """)
     env = {k: v for k, v in os.environ.items() if k != 'RAY_ADDRESS'}
-    proc = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, timeout=50, env=env,
-                          cwd=os.path.dirname(HERE))
+    proc = subprocess.run(
+        [sys.executable, '-c', code], capture_output=True, text=True, timeout=50, env=env, cwd=os.path.dirname(HERE)
+    )
     line = [ln for ln in proc.stdout.splitlines() if ln.startswith('RESULT ')]
     assert line, proc.stdout[-2000:] + proc.stderr[-3000:]
-    for out in json.loads(line[0][len('RESULT '):]):
+    for out in json.loads(line[0][len('RESULT ') :]):
         assert out['error'] == 'TimeoutError', out
         assert out['address'] in out['message'] and 'distributed.startup_timeout' in out['message'], out
         assert out['seconds'] < 2.0 + 3, out
@@ -546,8 +563,9 @@ def test_worker_cannot_make_the_manager_unpickle_or_leave_file_root(actors, tmp_
 def test_push_retried_after_timeout_is_stored_once_and_idle_workers_stay_live(actors):
     timeout = 2.0
     assert ray_helpers.SLOW_FIRST_PUSH > timeout
-    d = actors(timeout=timeout, scoring_function='ray_helpers:slow_first_push', heartbeat_seconds=0.25,
-               peer_timeout=2.5)
+    d = actors(
+        timeout=timeout, scoring_function='ray_helpers:slow_first_push', heartbeat_seconds=0.25, peer_timeout=2.5
+    )
     cfg = naive_tensor(d)
     buf = create_buffer(cfg)
     idle = create_buffer(cfg)  # a live worker that sends nothing but heartbeats while the manager is busy
@@ -581,13 +599,14 @@ def test_chunk_protocol_behind_the_ray_actor(actors):
     learner, worker = create_buffer(cfg), create_buffer(cfg)
 
     def frag(fid, version):
-        return dict(worker='env0', fid=fid, model_version=version, data=dict(obs=torch.full((3, ), float(fid))))
+        return dict(worker='env0', fid=fid, model_version=version, data=dict(obs=torch.full((3,), float(fid))))
 
     worker.push([frag(f, 0) for f in range(4)])
     got = learner.sample(4, timeout=10)
     assert sorted(x['fid'] for x in got) == [0, 1, 2, 3] and all(x['use'] == 1 for x in got)
-    assert all(torch.equal(x['data']['obs'], torch.full((3, ), float(x['fid']))) for x in got)
+    assert all(torch.equal(x['data']['obs'], torch.full((3,), float(x['fid']))) for x in got)
     from ding_buffer.errors import SampleTimeoutError
+
     with pytest.raises(SampleTimeoutError):
         learner.sample(2, timeout=0.5)  # max_reuse=1 retired both chunks (a poll outliving 0.5 s is a timeout too)
     with pytest.raises(ValueError, match='arrive in order'):

@@ -10,6 +10,7 @@
    ``async_score``, ``scoring_only``, ``local_buffer``, sample timeouts, remote exceptions, ``close``;
 4. validation of the ``distributed`` config section through ``create_buffer``.
 """
+
 import copy
 import math
 import os
@@ -21,15 +22,15 @@ import numpy as np
 import pytest
 import torch
 from easydict import EasyDict
-
 from helpers import assert_same
+
 from ding_buffer import SampleTimeoutError, create_buffer
 from ding_buffer.base import BUFFER_REGISTRY, get_buffer_cls
 from ding_buffer.buffers import NaiveReplayBuffer
 from ding_buffer.distributed import ManagerCore, RemoteBuffer, build_manager_buffer, profile
+from ding_buffer.distributed import transport as _tr
 from ding_buffer.distributed.codec import _TORCH_DTYPES, CodecError, decode, encode
 from ding_buffer.distributed.config import resolve_callable
-from ding_buffer.distributed import transport as _tr
 from ding_buffer.distributed.remote import ManagerUnavailableError
 
 NINF = float('-inf')
@@ -51,6 +52,7 @@ def roundtrip(obj, allow_pickle=False):
 
 def header_of(body, n=()):
     import json
+
     return json.dumps({'v': 1, 'n': list(n), 'body': body}).encode()
 
 
@@ -73,7 +75,6 @@ def _mark_executed():
 
 
 class Hostile:
-
     def __reduce__(self):
         return (_mark_executed, ())
 
@@ -120,7 +121,7 @@ def ok(reply):
 
 
 def item(i):
-    return {'obs': torch.full((2, ), float(i)), 'log_reward': torch.tensor(float(i))}
+    return {'obs': torch.full((2,), float(i)), 'log_reward': torch.tensor(float(i))}
 
 
 def gfn_batch(log_rewards, offset=0.0):
@@ -194,8 +195,15 @@ def make_remote(type='advanced', size=16, storage='tensor', gfn_extra=None, **di
     local_cfg = EasyDict(copy.deepcopy({k: v for k, v in dict(cfg).items() if k != 'distributed'}))
     prof = profile(cls, local_cfg, dcfg)
     local = cls(copy.deepcopy(local_cfg)) if dcfg.local_buffer else None
-    rb = RemoteBuffer(local_cfg, dcfg, channel, local=local, dict_is_batch=prof['dict_is_batch'],
-                      scoring_keys=prof['scoring_keys'], log_reward_key=prof['log_reward_key'])
+    rb = RemoteBuffer(
+        local_cfg,
+        dcfg,
+        channel,
+        local=local,
+        dict_is_batch=prof['dict_is_batch'],
+        scoring_keys=prof['scoring_keys'],
+        log_reward_key=prof['log_reward_key'],
+    )
     return rb, core, channel
 
 
@@ -241,14 +249,28 @@ def test_codec_tensor_detached_and_values_exact():
     assert nan.dtype == torch.bfloat16 and torch.isnan(nan).all()
 
 
-NP_DTYPES = [np.bool_, np.int8, np.uint8, np.int16, np.uint16, np.int32, np.uint32, np.int64, np.uint64, np.float16,
-             np.float32, np.float64, np.complex64, np.complex128]
+NP_DTYPES = [
+    np.bool_,
+    np.int8,
+    np.uint8,
+    np.int16,
+    np.uint16,
+    np.int32,
+    np.uint32,
+    np.int64,
+    np.uint64,
+    np.float16,
+    np.float32,
+    np.float64,
+    np.complex64,
+    np.complex128,
+]
 
 
 @pytest.mark.parametrize('dtype', NP_DTYPES, ids=lambda d: np.dtype(d).name)
 def test_codec_numpy_arrays(dtype):
     rng = np.random.default_rng(1)
-    base = (rng.standard_normal((5, 6)) * 50)
+    base = rng.standard_normal((5, 6)) * 50
     if np.dtype(dtype).kind == 'c':
         base = base + 1j * rng.standard_normal((5, 6))
     elif np.dtype(dtype).kind in 'iu':
@@ -256,8 +278,14 @@ def test_codec_numpy_arrays(dtype):
     elif np.dtype(dtype).kind == 'b':
         base = base > 0
     a = base.astype(dtype)
-    for what, x in {'contiguous': a, 'transposed': a.T, 'strided': a[1::2, ::3], 'fortran': np.asfortranarray(a),
-                    'empty': a[:0], '3d': a.reshape(5, 3, 2)}.items():
+    for what, x in {
+        'contiguous': a,
+        'transposed': a.T,
+        'strided': a[1::2, ::3],
+        'fortran': np.asfortranarray(a),
+        'empty': a[:0],
+        '3d': a.reshape(5, 3, 2),
+    }.items():
         out = wire(x)
         assert isinstance(out, np.ndarray) and out.shape == x.shape, what
         assert_same(np.ascontiguousarray(x), out, f'{np.dtype(dtype).name}/{what}')
@@ -271,10 +299,22 @@ def test_codec_numpy_zero_dim_array_keeps_shape():
     assert out.shape == ()
 
 
-@pytest.mark.parametrize('scalar', [
-    np.bool_(True), np.int8(-5), np.uint8(200), np.int32(-70000), np.int64(-2**63), np.uint64(2**64 - 1),
-    np.float16(1.5), np.float32(0.1), np.complex64(1 + 2j), np.complex128(-0.5 + 1e-300j)
-], ids=lambda s: type(s).__name__)
+@pytest.mark.parametrize(
+    'scalar',
+    [
+        np.bool_(True),
+        np.int8(-5),
+        np.uint8(200),
+        np.int32(-70000),
+        np.int64(-(2**63)),
+        np.uint64(2**64 - 1),
+        np.float16(1.5),
+        np.float32(0.1),
+        np.complex64(1 + 2j),
+        np.complex128(-0.5 + 1e-300j),
+    ],
+    ids=lambda s: type(s).__name__,
+)
 def test_codec_numpy_scalars_keep_dtype(scalar):
     out = wire({'s': scalar})['s']
     assert type(out) is type(scalar) and out.dtype == scalar.dtype
@@ -296,15 +336,15 @@ def test_codec_longdouble_scalar():
 
 def test_codec_nested_structures():
     msg = {
-        'a': {'b': [1, 2.5, 'x', None, True, False], 'c': (1, (2, [3, (4, )]))},
+        'a': {'b': [1, 2.5, 'x', None, True, False], 'c': (1, (2, [3, (4,)]))},
         3: 'int key',
         '3': 'str key',
-        'ints': [0, -1, 2**63 - 1, -2**63, 2**64 - 1],
+        'ints': [0, -1, 2**63 - 1, -(2**63), 2**64 - 1],
         'floats': [0.1, -0.0, 1e308, 5e-324, float('inf'), float('-inf')],
         'sl': [slice(1, 10, 2), slice(None), slice(-3, None, None)],
         'bytes': b'\x00\xffabc',
         'empty': [b'', (), [], {}],
-        'mixed': [torch.arange(3), np.arange(2, dtype=np.int16), {'t': (torch.ones(1, 2), )}],
+        'mixed': [torch.arange(3), np.arange(2, dtype=np.int16), {'t': (torch.ones(1, 2),)}],
     }
     out = wire(msg)
     assert_same(msg, out)
@@ -437,8 +477,11 @@ def test_manager_push_sample_update():
     sample = ok(core.handle(W, req('sample', size=4)))
     got = sample['obs'][torch.argsort(sample['replay_unique_id'])]
     assert torch.equal(got, expected)  # equal priorities + stratified draw: every item exactly once
-    info = {'replay_unique_id': sample['replay_unique_id'], 'replay_buffer_idx': sample['replay_buffer_idx'],
-            'priority': torch.tensor([1.0, 2.0, 3.0, 4.0])}
+    info = {
+        'replay_unique_id': sample['replay_unique_id'],
+        'replay_buffer_idx': sample['replay_buffer_idx'],
+        'priority': torch.tensor([1.0, 2.0, 3.0, 4.0]),
+    }
     assert ok(core.handle(W, req('update', info=info))) == {'updated': 4, 'stale': 0}
     again = ok(core.handle(W, req('sample', size=4)))
     by_uid = dict(zip(again['replay_unique_id'].tolist(), again['priority'].tolist()))
@@ -463,8 +506,10 @@ BAD_REQUESTS = {
     'push of an int': (req('push', data=5), 'TypeError'),
     'sample size 0': (req('sample', size=0), 'ValueError'),
     'sample with timeout': (req('sample', size=1, kwargs={'timeout': 1.0}), 'ValueError'),
-    'update nan priority': (req('update', info={'replay_unique_id': [0], 'replay_buffer_idx': [0],
-                                                'priority': [float('nan')]}), 'ValueError'),
+    'update nan priority': (
+        req('update', info={'replay_unique_id': [0], 'replay_buffer_idx': [0], 'priority': [float('nan')]}),
+        'ValueError',
+    ),
     'model version not int': (req('model_version', version='3'), 'TypeError'),
     'baseline_sync nan': (req('baseline_sync', value=float('nan')), 'ValueError'),
 }
@@ -524,8 +569,15 @@ def test_manager_metadata_function():
     core = make_core(storage='list', metadata_function='test_distributed_unit:meta_hook')
     ok(core.handle(W, req('push', data=item(1))))
     md = ok(core.handle(W, req('metadata')))
-    assert md == {'model_version': -1, 'session_id': '', 'count': 1, 'buffer_type': 'AdvancedReplayBuffer',
-                  'shard': 0, 'n_modes_found': 7, 'seen': 1}
+    assert md == {
+        'model_version': -1,
+        'session_id': '',
+        'count': 1,
+        'buffer_type': 'AdvancedReplayBuffer',
+        'shard': 0,
+        'n_modes_found': 7,
+        'seen': 1,
+    }
     core = make_core(storage='list', metadata_function=lambda buffer: 'nope')
     reply = core.handle(W, req('metadata'))
     assert reply['ok'] is False and reply['error'] == 'TypeError'
@@ -596,7 +648,8 @@ def test_manager_no_baseline_without_rewards_or_strategy():
     core = make_core('advanced', storage='list', baseline_strategy='min')
     assert ok(core.handle(W, req('push', data={'obs': torch.zeros(2)})))['score'] == {}  # no log-reward yet
     assert ok(core.handle(W, req('push', data={'obs': torch.zeros(2), 'log_reward': -2.0})))['score'] == {
-        'baseline_log_reward': -2.0}  # an 'advanced' buffer keeps no log-rewards: EMA
+        'baseline_log_reward': -2.0
+    }  # an 'advanced' buffer keeps no log-rewards: EMA
     core = make_core('gfn', size=2)
     assert _gfn_push(core, [1.0, 2.0])['score'] == {}
     assert 'baseline_log_reward' not in ok(core.handle(W, req('metadata')))
@@ -616,8 +669,9 @@ def test_manager_version_gating():
     core = make_core(storage='list', max_version_lag=2)
     r = ok(core.handle('learner', req('model_version', version=5, session_id='s1')))
     assert r == {'model_version': 5, 'session_id': 's1', 'cleared': 0}
-    push = lambda v, s='s1', data=None: ok(core.handle(W, req('push', data=data or item(v), model_version=v,
-                                                             session_id=s)))
+    push = lambda v, s='s1', data=None: ok(
+        core.handle(W, req('push', data=data or item(v), model_version=v, session_id=s))
+    )
     assert push(3) == {'stored': 1, 'score': {}}  # lag 2: accepted
     assert push(5)['stored'] == 1
     assert push(2) == {'stored': 0, 'rejected_stale': 1, 'score': {}}  # lag 3
@@ -685,8 +739,12 @@ def test_manager_shutdown_checkpoint(tmp_path, type_):
     if type_ == 'gfn':
         _gfn_push(core, [0.5, 1.5, NINF])
     else:
-        ok(core.handle(W, req('push', data={'obs': torch.randn(3, 2, generator=torch.Generator().manual_seed(0))},
-                              batched=True)))
+        ok(
+            core.handle(
+                W,
+                req('push', data={'obs': torch.randn(3, 2, generator=torch.Generator().manual_seed(0))}, batched=True),
+            )
+        )
     assert core.shutdown() == path
     fresh = make_core(type_).buffer
     fresh.load_data(path)
@@ -728,8 +786,9 @@ def test_remote_freq_single_items_and_close_flushes():
 
 
 def test_remote_baseline_filtering_with_refresh():
-    rb, core, ch = make_remote('gfn', size=100, baseline_strategy='min', baseline_filtering=True,
-                               baseline_refresh_after=2)
+    rb, core, ch = make_remote(
+        'gfn', size=100, baseline_strategy='min', baseline_filtering=True, baseline_refresh_after=2
+    )
     rb.baseline_sync(2.0)
     assert rb.baseline_log_reward == NINF  # learned from push replies only
     rb.push(gfn_batch([0.0, 5.0]))  # no baseline yet: everything is sent
@@ -795,8 +854,9 @@ def test_remote_sync_score():
 
 @pytest.mark.parametrize('scoring_only', [True, False])
 def test_remote_scoring_only(scoring_only):
-    rb, core, ch = make_remote('gfn', size=10, scoring_only=scoring_only, local_buffer=True,
-                               gfn_extra=dict(condition_key='cond'))
+    rb, core, ch = make_remote(
+        'gfn', size=10, scoring_only=scoring_only, local_buffer=True, gfn_extra=dict(condition_key='cond')
+    )
     b = gfn_batch([1.0, 2.0])
     b['cond'] = torch.tensor([[0.0], [1.0]])
     b['traj'] = torch.arange(6.0).reshape(2, 3)
@@ -813,15 +873,23 @@ def test_remote_scoring_only(scoring_only):
 def test_remote_local_buffer_mode():
     rb, core, ch = make_remote(local_buffer=True)
     for i in range(3):
-        rb.push({'obs': torch.full((2, ), float(i))})
+        rb.push({'obs': torch.full((2,), float(i))})
     assert core.buffer.count() == 3 and rb.local.count() == 3
     core.buffer.clear()  # the manager is a write-only pool: sample / count come from the local copy
     n = len(ch.requests)
     assert rb.count() == 3
     s = rb.sample(3)
     assert s is not None and sorted(s['obs'][:, 0].tolist()) == [0.0, 1.0, 2.0]
-    assert rb.update({'replay_unique_id': s['replay_unique_id'], 'replay_buffer_idx': s['replay_buffer_idx'],
-                      'priority': torch.ones(3)})['updated'] == 3
+    assert (
+        rb.update(
+            {
+                'replay_unique_id': s['replay_unique_id'],
+                'replay_buffer_idx': s['replay_buffer_idx'],
+                'priority': torch.ones(3),
+            }
+        )['updated']
+        == 3
+    )
     assert len(ch.requests) == n  # nothing asked of the manager
 
 
@@ -830,8 +898,13 @@ def test_remote_sample_update_through_manager():
     rb.extend({'obs': torch.arange(6.0).reshape(3, 2)})
     s = rb.sample(3)
     assert torch.equal(s['obs'][torch.argsort(s['replay_unique_id'])], torch.arange(6.0).reshape(3, 2))
-    r = rb.update({'replay_unique_id': s['replay_unique_id'], 'replay_buffer_idx': s['replay_buffer_idx'],
-                   'priority': torch.tensor([5.0, 6.0, 7.0])})
+    r = rb.update(
+        {
+            'replay_unique_id': s['replay_unique_id'],
+            'replay_buffer_idx': s['replay_buffer_idx'],
+            'priority': torch.tensor([5.0, 6.0, 7.0]),
+        }
+    )
     assert r == {'updated': 3, 'stale': 0}
     assert rb.stats()['manager/sample_requests'] == 1
 
@@ -869,8 +942,15 @@ def test_remote_close():
     assert ch.ops() == ['push', 'exit'] and core.exited == {W} and ch.closed == 1
     rb.close()
     assert ch.ops() == ['push', 'exit'] and ch.closed == 1
-    for call in (lambda: rb.push({'obs': torch.zeros(2)}), lambda: rb.sample(1), rb.count, rb.stats,
-                 lambda: rb.update({}), rb.metadata, rb.clear):
+    for call in (
+        lambda: rb.push({'obs': torch.zeros(2)}),
+        lambda: rb.sample(1),
+        rb.count,
+        rb.stats,
+        lambda: rb.update({}),
+        rb.metadata,
+        rb.clear,
+    ):
         with pytest.raises(RuntimeError, match='closed'):
             call()
     assert len(ch.requests) == 2
@@ -888,17 +968,20 @@ def test_remote_model_version_stamps_pushes():
 
 
 # ================================================================================================ 4. config
-@pytest.mark.parametrize('dist, match', [
-    (dict(backend='torch', bogus=1), r"distributed\.bogus"),
-    (dict(backend=None, remote_bufer_freq=2), r"distributed\.remote_bufer_freq"),
-    (dict(backend='nccl'), r"distributed\.backend"),
-    (dict(backend='torch', baseline_filtering=True), r"baseline_strategy"),
-    (dict(backend='torch', baseline_strategy='median'), r"distributed\.baseline_strategy"),
-    (dict(backend='torch', baseline_percentile=1.5), r"distributed\.baseline_percentile"),
-    (dict(backend='torch', remote_buffer_freq=0), r"distributed\.remote_buffer_freq"),
-    (dict(backend='torch', scoring_function='nocolon'), r"distributed\.scoring_function"),
-    (dict(backend='torch', max_reuse=0), r"distributed\.max_reuse"),
-])
+@pytest.mark.parametrize(
+    'dist, match',
+    [
+        (dict(backend='torch', bogus=1), r"distributed\.bogus"),
+        (dict(backend=None, remote_bufer_freq=2), r"distributed\.remote_bufer_freq"),
+        (dict(backend='nccl'), r"distributed\.backend"),
+        (dict(backend='torch', baseline_filtering=True), r"baseline_strategy"),
+        (dict(backend='torch', baseline_strategy='median'), r"distributed\.baseline_strategy"),
+        (dict(backend='torch', baseline_percentile=1.5), r"distributed\.baseline_percentile"),
+        (dict(backend='torch', remote_buffer_freq=0), r"distributed\.remote_buffer_freq"),
+        (dict(backend='torch', scoring_function='nocolon'), r"distributed\.scoring_function"),
+        (dict(backend='torch', max_reuse=0), r"distributed\.max_reuse"),
+    ],
+)
 def test_config_validation(dist, match):
     with pytest.raises(ValueError, match=match):
         create_buffer(dict(type='advanced', replay_buffer_size=8, distributed=dist))
@@ -909,11 +992,14 @@ def test_config_distributed_must_be_a_dict():
         create_buffer(dict(type='advanced', distributed=['torch']))
 
 
-@pytest.mark.parametrize('spec, match', [
-    ('nomodule_xyz:fn', 'cannot be imported'),
-    ('test_distributed_unit:not_there', 'cannot be imported'),
-    ('test_distributed_unit:NOT_CALLABLE', 'not callable'),
-])
+@pytest.mark.parametrize(
+    'spec, match',
+    [
+        ('nomodule_xyz:fn', 'cannot be imported'),
+        ('test_distributed_unit:not_there', 'cannot be imported'),
+        ('test_distributed_unit:NOT_CALLABLE', 'not callable'),
+    ],
+)
 def test_config_scoring_function_resolved_at_manager(spec, match):
     buf, dcfg, key = build_manager_buffer(make_cfg(scoring_function=spec))
     with pytest.raises(ValueError, match=r"distributed\.scoring_function.*" + match):
@@ -924,8 +1010,15 @@ def test_config_scoring_function_resolved_at_manager(spec, match):
 
 
 def test_config_backend_none_is_a_local_buffer():
-    buf = create_buffer(dict(type='advanced', replay_buffer_size=8, seed=0, storage=dict(type='tensor'),
-                             distributed=dict(backend=None, remote_buffer_freq=3)))
+    buf = create_buffer(
+        dict(
+            type='advanced',
+            replay_buffer_size=8,
+            seed=0,
+            storage=dict(type='tensor'),
+            distributed=dict(backend=None, remote_buffer_freq=3),
+        )
+    )
     assert type(buf).__name__ == 'AdvancedReplayBuffer'
     buf.push({'obs': torch.ones(2)})
     assert buf.count() == 1 and torch.equal(buf.sample(1)['obs'], torch.ones(1, 2))
@@ -955,6 +1048,7 @@ class _Pipe:
 
     def __init__(self, max_bytes=1 << 30, exact=False):
         import queue as q
+
         from ding_buffer.distributed import transport as tr
 
         class PipeTransport(tr.ThreadedTransport):
@@ -974,7 +1068,7 @@ class _Pipe:
                         return self.pipe.wires[(peer, self.me)].get(timeout=0.05)
                     except q.Empty:
                         if self._abandon:
-                            raise tr.TransportError('closed')
+                            raise tr.TransportError('closed') from None
 
             def _recv_head(self, peer):
                 msg = self._next(peer)
@@ -982,7 +1076,7 @@ class _Pipe:
                     return msg, len(msg)
                 assert len(msg) <= tr.HEAD, f"gloo would abort: a {len(msg)}-byte message on a {tr.HEAD}-byte receive"
                 buf = np.zeros(tr.HEAD, np.uint8)
-                buf[:len(msg)] = msg
+                buf[: len(msg)] = msg
                 return buf, None
 
             def _recv_exact(self, peer, n, out=None):
@@ -992,7 +1086,7 @@ class _Pipe:
                     raise tr.ProtocolError(f'{len(msg)} bytes where {n} were announced')
                 assert len(msg) <= n, f"gloo would abort: a {len(msg)}-byte message on a {n}-byte receive"
                 buf = np.zeros(n, np.uint8) if out is None else out
-                buf[:len(msg)] = msg
+                buf[: len(msg)] = msg
                 return buf
 
         self.gate = threading.Event()
@@ -1018,14 +1112,16 @@ class _Pipe:
 
 def _ctrl(*fields):
     from ding_buffer.distributed import transport as tr
+
     c = np.zeros(8, np.int64)
-    c[:len(fields)] = fields
+    c[: len(fields)] = fields
     return np.concatenate([c.view(np.uint8), np.zeros(tr.CTRL - 64, np.uint8)])
 
 
 @pytest.mark.parametrize('exact', [False, True], ids=['gloo-like', 'mpi-like'])
 def test_framing_inline_overflow_and_large_parts(exact):
     from ding_buffer.distributed import transport as tr
+
     pipe = _Pipe(exact=exact)
     g = torch.Generator().manual_seed(0)
     msg = {
@@ -1035,7 +1131,7 @@ def test_framing_inline_overflow_and_large_parts(exact):
         'big': torch.randn(tr.INLINE // 4 + 1, generator=g),  # 4 bytes over INLINE: out of line
         'fill': [torch.ones(tr.INLINE // 4) for _ in range(tr.HEAD // tr.INLINE + 1)],  # inline until the head is full
         'empty': torch.zeros(0, 5),
-        'many': [torch.full((7, ), i, dtype=torch.int16) for i in range(40)],  # several inline parts
+        'many': [torch.full((7,), i, dtype=torch.int16) for i in range(40)],  # several inline parts
         'name': 'x' * (tr.HEAD * 2),  # header larger than the head: meta overflows into a second message
     }
     peer, kind, out = pipe.roundtrip(msg)
@@ -1060,10 +1156,15 @@ def test_framing_inline_overflow_and_large_parts(exact):
 
 def test_framing_decoded_tensors_own_their_memory_so_torch_save_works():
     import io
+
     pipe = _Pipe()
-    msg = {'a': torch.arange(5, dtype=torch.int64), 'b': torch.ones(3, dtype=torch.float32),  # both inline
-           'c': torch.zeros(3, 2, dtype=torch.float16), 'big': torch.arange(70000, dtype=torch.int32),
-           'arr': np.arange(4, dtype=np.float64)}
+    msg = {
+        'a': torch.arange(5, dtype=torch.int64),
+        'b': torch.ones(3, dtype=torch.float32),  # both inline
+        'c': torch.zeros(3, 2, dtype=torch.float16),
+        'big': torch.arange(70000, dtype=torch.int32),
+        'arr': np.arange(4, dtype=np.float64),
+    }
     out = pipe.roundtrip(msg)[2]
     assert_same(msg, out)
     f = io.BytesIO()
@@ -1075,9 +1176,11 @@ def test_framing_decoded_tensors_own_their_memory_so_torch_save_works():
 @pytest.mark.parametrize('exact', [False, True], ids=['gloo-like', 'mpi-like'])
 def test_framing_oversized_message_is_drained_and_answered_with_its_id(exact):
     from ding_buffer.distributed import transport as tr
+
     pipe = _Pipe(max_bytes=tr.HEAD + 1000, exact=exact)
-    pipe.a.send(1, {'op': 'push', 'args': {'data': torch.zeros(100_000)}, 'id': 41}, msg_id=41,
-                deadline=time.monotonic() + 10)
+    pipe.a.send(
+        1, {'op': 'push', 'args': {'data': torch.zeros(100_000)}, 'id': 41}, msg_id=41, deadline=time.monotonic() + 10
+    )
     peer, kind, (rid, err) = pipe.b.recv(10)
     assert kind == tr.ERROR and rid == 41 and 'max_message_mb' in str(err) and isinstance(err, ValueError)
     pipe.a.send(1, {'op': 'push', 'id': 42}, deadline=time.monotonic() + 10)  # still in sync after the drain
@@ -1088,14 +1191,17 @@ def test_framing_oversized_message_is_drained_and_answered_with_its_id(exact):
 @pytest.mark.parametrize('exact', [False, True], ids=['gloo-like', 'mpi-like'])
 def test_framing_garbage_is_answered_and_the_stream_resynchronises(exact):
     from ding_buffer.distributed import transport as tr
+
     pipe = _Pipe(exact=exact)
     rng = np.random.default_rng(0)
-    bad = [np.zeros(tr.HEAD, np.uint8),  # no magic
-           rng.integers(0, 256, 1000, dtype=np.uint8),  # random bytes
-           _ctrl(tr.MAGIC, 9, 5, tr.CTRL),  # unknown kind
-           _ctrl(tr.MAGIC, tr.DATA, 6, tr.CTRL + 10, 5, 0, 0, 10),  # head length that disagrees with what arrived
-           _ctrl(tr.MAGIC, tr.DATA, 7, tr.CTRL + 32, 3, 2, 0, 32)[:tr.CTRL],  # meta announced, never sent
-           np.frombuffer(b'\x67\x6e\x69\x64' + b'\x00' * 16, np.uint8)]  # 20 bytes: the magic and nothing else
+    bad = [
+        np.zeros(tr.HEAD, np.uint8),  # no magic
+        rng.integers(0, 256, 1000, dtype=np.uint8),  # random bytes
+        _ctrl(tr.MAGIC, 9, 5, tr.CTRL),  # unknown kind
+        _ctrl(tr.MAGIC, tr.DATA, 6, tr.CTRL + 10, 5, 0, 0, 10),  # head length that disagrees with what arrived
+        _ctrl(tr.MAGIC, tr.DATA, 7, tr.CTRL + 32, 3, 2, 0, 32)[: tr.CTRL],  # meta announced, never sent
+        np.frombuffer(b'\x67\x6e\x69\x64' + b'\x00' * 16, np.uint8),
+    ]  # 20 bytes: the magic and nothing else
     if exact:
         bad.append(np.zeros(3, np.uint8))  # shorter than a control block
     for b in bad:
@@ -1112,6 +1218,7 @@ def test_framing_garbage_is_answered_and_the_stream_resynchronises(exact):
 
 def test_framing_a_short_frame_never_reads_stale_bytes():
     from ding_buffer.distributed import transport as tr
+
     pipe = _Pipe()
     pipe.a.send(1, {'op': 'push', 'args': {'x': 'y' * 400}, 'id': 3}, msg_id=3, deadline=time.monotonic() + 10)
     assert pipe.b.recv(10)[1] == tr.MESSAGE
@@ -1124,11 +1231,12 @@ def test_framing_a_short_frame_never_reads_stale_bytes():
 @pytest.mark.parametrize('exact', [False, True], ids=['gloo-like', 'mpi-like'])
 def test_framing_a_lying_part_table_is_refused(exact):
     from ding_buffer.distributed import transport as tr
+
     pipe = _Pipe(exact=exact)
     header, parts = encode({'op': 'push', 'id': 5, 'x': torch.ones(50_000)})  # out of line, shorter than a head:
     head, extra, out, n = tr.frame(header, parts, 5)  # (a longer stray piece would abort gloo, see the transport)
     lied = head.copy()
-    lied[:tr.CTRL].view(np.int64)[6] += 8  # body bytes that the table does not add up to
+    lied[: tr.CTRL].view(np.int64)[6] += 8  # body bytes that the table does not add up to
     pipe.raw(lied)
     peer, kind, (rid, err) = pipe.b.recv(10)
     assert kind == tr.ERROR and rid == 5 and 'part table' in str(err)
@@ -1145,6 +1253,7 @@ def test_framing_a_lying_part_table_is_refused(exact):
 
 def test_framing_mpi_piece_of_the_wrong_size_is_consumed_and_refused():
     from ding_buffer.distributed import transport as tr
+
     pipe = _Pipe(exact=True)
     header, parts = encode({'op': 'push', 'id': 8, 'x': torch.ones(100_000)})
     head, extra, out, n = tr.frame(header, parts, 8)
@@ -1157,11 +1266,12 @@ def test_framing_mpi_piece_of_the_wrong_size_is_consumed_and_refused():
 
 def test_framing_allocates_a_piece_at_a_time_not_the_declared_size():
     from ding_buffer.distributed import transport as tr
+
     pipe = _Pipe(max_bytes=4 << 30)
     declared = 1536 << 20  # 1.5 GiB announced, below max_message_bytes
     header = encode({'op': 'push', 'id': 4, 'x': torch.zeros(0)})[0]
     fake = np.zeros(declared, np.uint8)[:0]  # nothing real behind it
-    head, extra, out, n = tr.frame(header, [np.lib.stride_tricks.as_strided(fake, (declared, ), (0, ))], 4)
+    head, extra, out, n = tr.frame(header, [np.lib.stride_tricks.as_strided(fake, (declared,), (0,))], 4)
     pipe.raw(head)
     pipe.raw(np.ones(1 << 20, np.uint8))  # one MiB of it arrives, then the sender goes quiet
     time.sleep(0.3)
@@ -1171,6 +1281,7 @@ def test_framing_allocates_a_piece_at_a_time_not_the_declared_size():
 
 def test_send_timeout_keeps_the_frame_whole_and_bounds_the_queue():
     from ding_buffer.distributed import transport as tr
+
     pipe = _Pipe()
     pipe.gate.clear()  # the peer stops reading
     payload = {'op': 'push', 'id': 1, 'x': torch.arange(200_000)}
@@ -1193,6 +1304,7 @@ def test_send_timeout_keeps_the_frame_whole_and_bounds_the_queue():
 
 def test_close_says_goodbye_and_both_sides_end_their_threads():
     from ding_buffer.distributed import transport as tr
+
     pipe = _Pipe()
     assert pipe.roundtrip({'op': 'count'})[1] == tr.MESSAGE
     assert pipe.a.close(5) == []  # a's goodbye is answered by b's
@@ -1225,6 +1337,7 @@ def test_manager_file_requests_stay_inside_file_root(tmp_path):
 
 def test_load_data_never_unpickles_on_a_request(tmp_path):
     import pickle
+
     EXECUTED.clear()
     with open(tmp_path / 'evil.buf', 'wb') as f:
         pickle.dump({'x': Hostile()}, f)
@@ -1258,7 +1371,7 @@ def test_push_sequence_numbers_are_applied_once():
     older = ok(core.handle(W, req('push', data=item(1), client='c1', seq=0)))
     assert older == {'stored': 0, 'score': {}, 'duplicate': True} and core.buffer.count() == 3
     assert core.counters['duplicate_pushes'] == 2
-    for client, seq in (('c1', -1), ('', 0), ('c' * 200, 0), ('c1', 2 ** 63), ('c1', '3'), (5, 0), ('c1', True)):
+    for client, seq in (('c1', -1), ('', 0), ('c' * 200, 0), ('c1', 2**63), ('c1', '3'), (5, 0), ('c1', True)):
         r = core.handle(W, req('push', data=item(9), client=client, seq=seq))
         assert r['error'] == 'ValueError' and "'seq'" in r['message'], (client, seq, r)
     assert core.buffer.count() == 3
@@ -1285,15 +1398,18 @@ def test_liveness_lose_silence_and_rejoin():
     assert core.summary()['rejoined'] == {'a': 1}
 
 
-@pytest.mark.parametrize('dist, key', [
-    (dict(heartbeat_seconds=10, peer_timeout=15), 'heartbeat_seconds'),
-    (dict(timeout=float('inf')), 'timeout'),
-    (dict(timeout=float('nan')), 'timeout'),
-    (dict(startup_timeout=0), 'startup_timeout'),
-    (dict(peer_timeout=float('inf')), 'peer_timeout'),
-    (dict(max_message_mb=float('nan')), 'max_message_mb'),
-    (dict(file_root=''), 'file_root'),
-])
+@pytest.mark.parametrize(
+    'dist, key',
+    [
+        (dict(heartbeat_seconds=10, peer_timeout=15), 'heartbeat_seconds'),
+        (dict(timeout=float('inf')), 'timeout'),
+        (dict(timeout=float('nan')), 'timeout'),
+        (dict(startup_timeout=0), 'startup_timeout'),
+        (dict(peer_timeout=float('inf')), 'peer_timeout'),
+        (dict(max_message_mb=float('nan')), 'max_message_mb'),
+        (dict(file_root=''), 'file_root'),
+    ],
+)
 def test_config_traps_are_refused(dist, key):
     with pytest.raises(ValueError, match=rf"distributed\.{key}"):
         create_buffer(dict(type='naive', replay_buffer_size=8, distributed=dict(backend='torch', **dist)))
@@ -1315,7 +1431,7 @@ def test_push_in_doubt_is_resent_with_its_sequence_number():
     ch.fail = None
     rb.push(item(3))  # new data: the push in doubt goes first, with its old sequence number
     assert core.buffer.count() == 4 and rb.unacknowledged == 0
-    assert torch.equal(stored_obs(core.buffer)[:4, 0], torch.tensor([0., 1., 2., 3.]))
+    assert torch.equal(stored_obs(core.buffer)[:4, 0], torch.tensor([0.0, 1.0, 2.0, 3.0]))
     assert [r['args']['seq'] for r in ch.requests if r['op'] == 'push'] == [0, 1, 1, 2, 3]
 
 
@@ -1358,6 +1474,7 @@ def test_failed_flush_of_earlier_items_does_not_take_the_new_data():
 
 def test_sync_request_while_an_async_push_is_in_flight_keeps_its_reply():
     import queue
+
     from ding_buffer.distributed.channel import PeerChannel
     from ding_buffer.distributed.transport import MESSAGE
 
@@ -1393,6 +1510,7 @@ def test_sync_request_while_an_async_push_is_in_flight_keeps_its_reply():
 @pytest.mark.parametrize('exact', [False, True], ids=['gloo-like', 'mpi-like'])
 def test_framing_part_tables_that_overflow_or_overlap_are_refused(exact):
     from ding_buffer.distributed import transport as tr
+
     pipe = _Pipe(max_bytes=1 << 20, exact=exact)
     header = encode({'op': 'push', 'id': 3})[0]
 
@@ -1417,6 +1535,7 @@ def test_framing_part_tables_that_overflow_or_overlap_are_refused(exact):
 
 def test_framing_header_cap_refuses_huge_headers_with_a_hint():
     from ding_buffer.distributed import transport as tr
+
     pipe = _Pipe(max_bytes=1 << 30)
     msg = {'op': 'push', 'id': 8, 'x': 'y' * (tr.MAX_HEADER + 10)}
     with pytest.raises(CodecError, match='header'):  # a sender refuses it before anything leaves
@@ -1432,6 +1551,7 @@ def test_framing_header_cap_refuses_huge_headers_with_a_hint():
 @pytest.mark.parametrize('exact', [False, True], ids=['gloo-like', 'mpi-like'])
 def test_framing_multi_piece_part_is_allocated_once_its_first_piece_arrived(monkeypatch, exact):
     from ding_buffer.distributed import framing
+
     monkeypatch.setattr(framing, 'PIECE', 4096)
     pipe = _Pipe(exact=exact)
     x = torch.arange(50_000, dtype=torch.int32)  # 200,000 bytes: 49 pieces
@@ -1440,17 +1560,23 @@ def test_framing_multi_piece_part_is_allocated_once_its_first_piece_arrived(monk
     assert pipe.b.asked[0] == 4096 and set(pipe.b.asked[1:]) == {0}  # later pieces land in the part itself
 
 
-
 def test_track_used_data_is_refused_with_a_distributed_backend():
     with pytest.raises(ValueError, match='enable_track_used_data'):  # a worker's data_id would name files to delete
-        create_buffer(dict(type='naive', replay_buffer_size=8, storage=dict(type='list'), enable_track_used_data=True,
-                           distributed=dict(backend='torch')))
+        create_buffer(
+            dict(
+                type='naive',
+                replay_buffer_size=8,
+                storage=dict(type='list'),
+                enable_track_used_data=True,
+                distributed=dict(backend='torch'),
+            )
+        )
 
 
 def test_sample_size_is_bounded_by_the_capacity():
     core = make_core(size=16)
     core.handle(W, req('push', data=item(1)))
-    r = core.handle(W, req('sample', size=10 ** 9, kwargs={}))
+    r = core.handle(W, req('sample', size=10**9, kwargs={}))
     assert r['error'] == 'ValueError' and 'capacity' in r['message']
     assert core.handle(W, req('sample', size='3'))['error'] == 'ValueError'
 
@@ -1492,7 +1618,7 @@ class _Net(_tr.ThreadedTransport):
                 return q.get(timeout=0.05)
             except queue.Empty:
                 if self._abandon:
-                    raise _tr.TransportError('closed')
+                    raise _tr.TransportError('closed') from None
 
     def _recv_head(self, peer):
         msg = self._next(peer)
@@ -1511,8 +1637,13 @@ def test_a_request_longer_than_peer_timeout_loses_nobody():
     from ding_buffer.distributed import ReplayBufferManager
     from ding_buffer.distributed.channel import PeerChannel
 
-    cfg = make_cfg(storage='list', timeout=10.0, peer_timeout=1.0, heartbeat_seconds=0.25,
-                   scoring_function='test_distributed_unit:slow_score_hook')
+    cfg = make_cfg(
+        storage='list',
+        timeout=10.0,
+        peer_timeout=1.0,
+        heartbeat_seconds=0.25,
+        scoring_function='test_distributed_unit:slow_score_hook',
+    )
     buf, dcfg, key = build_manager_buffer(cfg)
     wires = {}
     mgr = ReplayBufferManager(buf, _Net(0, [1, 2], wires, 10.0), dcfg, [1, 2], key)
@@ -1520,8 +1651,10 @@ def test_a_request_longer_than_peer_timeout_loses_nobody():
     th = threading.Thread(target=lambda: out.update(mgr.run(timeout=60)), daemon=True)
     th.start()
     local_cfg = EasyDict({k: v for k, v in dict(cfg).items() if k != 'distributed'})
-    a, b = (RemoteBuffer(local_cfg, dcfg, PeerChannel(_Net(r, [0], wires, 10.0), 0, 10.0, 0.25), log_reward_key=key)
-            for r in (1, 2))
+    a, b = (
+        RemoteBuffer(local_cfg, dcfg, PeerChannel(_Net(r, [0], wires, 10.0), 0, 10.0, 0.25), log_reward_key=key)
+        for r in (1, 2)
+    )
     a.push(item(0))
     b.push(item(0))
     slow = threading.Thread(target=lambda: a.push(item(9)))  # scoring sleeps 2.5 s > peer_timeout
@@ -1549,6 +1682,7 @@ def _in_process_job(cfg, n_workers=1):
     (manager, its run() summary dict (filled when run ends), run thread, workers)."""
     from ding_buffer.distributed import ReplayBufferManager
     from ding_buffer.distributed.channel import PeerChannel
+
     buf, dcfg, key = build_manager_buffer(cfg)
     wires = {}
     ranks = list(range(1, n_workers + 1))
@@ -1557,14 +1691,16 @@ def _in_process_job(cfg, n_workers=1):
     th = threading.Thread(target=lambda: out.update(mgr.run(timeout=60)), daemon=True)
     th.start()
     local_cfg = EasyDict({k: v for k, v in dict(cfg).items() if k != 'distributed'})
-    workers = [RemoteBuffer(local_cfg, dcfg, PeerChannel(_Net(r, [0], wires, 10.0), 0, 10.0, 5.0), log_reward_key=key)
-               for r in ranks]
+    workers = [
+        RemoteBuffer(local_cfg, dcfg, PeerChannel(_Net(r, [0], wires, 10.0), 0, 10.0, 5.0), log_reward_key=key)
+        for r in ranks
+    ]
     return mgr, out, th, workers
 
 
 def _big_batch(i, rows=320):  # 320 x 128 float32 = 160 KiB: sent out of line, kept by the receive pool
     g = torch.Generator().manual_seed(i)
-    return {'obs': torch.randn(rows, 128, generator=g), 'log_reward': torch.full((rows, ), float(i))}
+    return {'obs': torch.randn(rows, 128, generator=g), 'log_reward': torch.full((rows,), float(i))}
 
 
 @pytest.mark.parametrize('exact', [False, True], ids=['gloo-like', 'mpi-like'])
@@ -1590,6 +1726,7 @@ def test_receive_buffers_are_reused_only_once_nothing_holds_them(exact):
 def test_receive_pool_keeps_only_recurring_sizes_within_its_limits():
     """Parts whose sizes vary pin no memory; a size that recurs is kept and reused; limits hold."""
     from ding_buffer.distributed.recv_pool import MAX_BUFFERS, MAX_BYTES, RecvPool
+
     pool = RecvPool()
     for k in range(20):  # 20 different sizes: every one a miss, none kept
         n = (1 << 17) + 4096 * k
@@ -1616,7 +1753,7 @@ def test_pushed_data_survives_receive_buffer_recycling(storage):
     """Pushes of one size land in recycled receive buffers: every stored item still reads back exactly as pushed,
     whether the storage copies each push (tensor) or keeps Python objects (list)."""
     cfg = make_cfg(type='naive', size=320 * 4, storage=storage, timeout=10.0, heartbeat_seconds=5.0)
-    mgr, out, th, (w, ) = _in_process_job(cfg)
+    mgr, out, th, (w,) = _in_process_job(cfg)
     for i in range(8):
         w.push(_big_batch(i), batched=True)
     data = mgr.buffer.sample(320 * 4, replace=False)  # the whole buffer: the last 4 batches
@@ -1639,6 +1776,7 @@ def test_pushed_data_survives_receive_buffer_recycling(storage):
 
 def test_poll_returns_when_done_and_fails_at_the_deadline():
     from ding_buffer.distributed.poll_wait import poll, precise_sleeps
+
     precise_sleeps()  # Linux: the thread's timer slack; elsewhere nothing
     flag = threading.Event()
     kick = threading.Event()
@@ -1658,8 +1796,13 @@ def test_poll_returns_when_done_and_fails_at_the_deadline():
 def test_a_sample_poll_that_outlives_the_sample_timeout_is_a_sample_timeout():
     """sample(timeout=t) against a manager busy with another worker's slow push: the poll cannot be answered
     within t, and the call raises SampleTimeoutError (not ManagerUnavailableError) about t seconds later."""
-    cfg = make_cfg(type='naive', storage='list', timeout=10.0, heartbeat_seconds=5.0,
-                   scoring_function='test_distributed_unit:slow_score_hook')
+    cfg = make_cfg(
+        type='naive',
+        storage='list',
+        timeout=10.0,
+        heartbeat_seconds=5.0,
+        scoring_function='test_distributed_unit:slow_score_hook',
+    )
     mgr, out, th, (a, b) = _in_process_job(cfg, n_workers=2)
     b.push(item(1))
     slow = threading.Thread(target=lambda: a.push(item(9)))  # scoring sleeps 2.5 s holding the buffer
@@ -1682,7 +1825,7 @@ def test_remote_sample_refuses_a_bad_timeout_before_asking(bad):
     """sample(timeout=NaN) used to poll forever (NaN never runs out); every bad timeout is refused by name, as the
     local buffers refuse it, and the buffer and the channel are unchanged."""
     cfg = make_cfg(type='naive', storage='list', timeout=5.0, heartbeat_seconds=5.0)
-    mgr, out, th, (w, ) = _in_process_job(cfg)
+    mgr, out, th, (w,) = _in_process_job(cfg)
     w.push(item(1))
     before = w.state_dict()
     with pytest.raises(ValueError, match='timeout must be None or a number of seconds'):
@@ -1719,16 +1862,18 @@ def test_one_deadline_bounds_a_push_that_resends_first():
     assert core.buffer.count() == 2
 
 
-
 def test_buffer_types_declare_what_the_distributed_layer_needs():
     from ding_buffer.distributed.config import build_distributed_config
+
     dcfg = build_distributed_config({'backend': 'torch', 'log_reward_key': 'score'})
     naive = get_buffer_cls({'type': 'naive'})
     assert profile(naive, EasyDict(), dcfg) == {'dict_is_batch': False, 'log_reward_key': 'score', 'scoring_keys': None}
     gfn = get_buffer_cls({'type': 'gfn_diverse'})
     assert profile(gfn, EasyDict(log_reward_key='lr', condition_key='c'), dcfg) == {
-        'dict_is_batch': True, 'log_reward_key': 'lr', 'scoring_keys': ['state', 'lr', 'c']}
-
+        'dict_is_batch': True,
+        'log_reward_key': 'lr',
+        'scoring_keys': ['state', 'lr', 'c'],
+    }
 
 
 def test_file_root_is_resolved_once(tmp_path, monkeypatch):
@@ -1747,8 +1892,10 @@ def test_blob_put_get_keeps_only_newer_versions_through_the_wire():
     core = make_core()
     weights = {'net.0.weight': torch.randn(4, 3), 'net.0.bias': torch.randn(4)}
     assert ok(core.handle('w0', req('get_blob', name='weights'))) is None
-    assert ok(core.handle('w0', req('put_blob', name='weights', version=3, payload=weights))) == \
-        {'stored': True, 'version': 3}
+    assert ok(core.handle('w0', req('put_blob', name='weights', version=3, payload=weights))) == {
+        'stored': True,
+        'version': 3,
+    }
     wire = decode(*encode(req('put_blob', name='weights', version=2, payload={'x': torch.zeros(1)})))
     assert ok(core.handle('w1', wire)) == {'stored': False, 'version': 3}  # a delayed older put
     got = ok(core.handle('w1', decode(*encode(req('get_blob', name='weights', newer_than=-1)))))
@@ -1760,16 +1907,19 @@ def test_blob_put_get_keeps_only_newer_versions_through_the_wire():
     assert ok(core.handle('w1', req('stats')))['manager/blob_version/weights'] == 4
 
 
-@pytest.mark.parametrize('args,match', [
-    (dict(name='', version=0, payload=1), 'blob name'),
-    (dict(name='x' * 65, version=0, payload=1), 'blob name'),
-    (dict(name='a\nb', version=0, payload=1), 'blob name'),
-    (dict(name=7, version=0, payload=1), 'blob name'),
-    (dict(name='w', version=-1, payload=1), '>= 0'),
-    (dict(name='w', version=1.5, payload=1), 'blob version'),
-    (dict(name='w', version=True, payload=1), 'blob version'),
-    (dict(name='w', version=1 << 62, payload=1), 'blob version'),
-])
+@pytest.mark.parametrize(
+    'args,match',
+    [
+        (dict(name='', version=0, payload=1), 'blob name'),
+        (dict(name='x' * 65, version=0, payload=1), 'blob name'),
+        (dict(name='a\nb', version=0, payload=1), 'blob name'),
+        (dict(name=7, version=0, payload=1), 'blob name'),
+        (dict(name='w', version=-1, payload=1), '>= 0'),
+        (dict(name='w', version=1.5, payload=1), 'blob version'),
+        (dict(name='w', version=True, payload=1), 'blob version'),
+        (dict(name='w', version=1 << 62, payload=1), 'blob version'),
+    ],
+)
 def test_blob_bad_requests_are_answered_and_change_nothing(args, match):
     core = make_core()
     ok(core.handle('w0', req('put_blob', name='w', version=1, payload={'a': 1})))

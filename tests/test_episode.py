@@ -3,13 +3,14 @@
 Every stored transition carries ``obs = [episode number, step]`` (float) and ``act = 100 * episode + step``
 (int64), so any sampled window or episode can be traced back to the episode and steps it came from.
 """
+
 import collections
 
 import numpy as np
 import pytest
 import torch
-
 from helpers import assert_same
+
 from ding_buffer import create_buffer
 
 STORAGES = ['list', 'tensor']
@@ -27,7 +28,7 @@ def dict_ep(e, length):
     """A dict episode of time-stacked tensors."""
     steps = torch.arange(length)
     return {
-        'obs': torch.stack([torch.full((length, ), float(e)), steps.float()], dim=1),
+        'obs': torch.stack([torch.full((length,), float(e)), steps.float()], dim=1),
         'act': 100 * e + steps,
     }
 
@@ -72,7 +73,7 @@ def check_window(window, lengths_by_episode, unroll_len):
     assert len(window) == unroll_len
     valid = [x for x in window if x is not None]
     assert valid, window
-    assert window[:len(valid)] == valid, f"padding must be at the end: {window}"
+    assert window[: len(valid)] == valid, f"padding must be at the end: {window}"
     e, t0 = valid[0]
     assert e in lengths_by_episode, f"window from an episode not stored: {window}"
     assert valid == [(e, t0 + k) for k in range(len(valid))], f"not consecutive: {window}"
@@ -81,7 +82,6 @@ def check_window(window, lengths_by_episode, unroll_len):
     else:
         assert t0 + unroll_len <= lengths_by_episode[e]
     return e, t0
-
 
 
 def stored_episodes(buf):
@@ -116,17 +116,19 @@ def test_list_push_is_list_of_episodes(storage, kind):
     assert buf.transition_count == 10
     assert buf.push_count == 3
     assert sorted(stored_episodes(buf).values()) == [
-        [(0, t) for t in range(3)], [(1, t) for t in range(5)], [(2, t) for t in range(2)]
+        [(0, t) for t in range(3)],
+        [(1, t) for t in range(5)],
+        [(2, t) for t in range(2)],
     ]
 
 
 def test_list_episodes_are_stacked_on_tensor_storage():
     buf = make_buffer('tensor')
     buf.push([list_ep(0, 4)])
-    (ep, ) = buf.sample(1)
+    (ep,) = buf.sample(1)
     assert isinstance(ep, dict)
     assert ep['obs'].shape == (4, 2) and ep['obs'].dtype == torch.float32
-    assert ep['act'].shape == (4, ) and ep['act'].dtype == torch.int64
+    assert ep['act'].shape == (4,) and ep['act'].dtype == torch.int64
     assert ep['act'].tolist() == [0, 1, 2, 3]
 
 
@@ -282,7 +284,8 @@ SCHEMA_MISMATCHES = {
     'missing_field': lambda e: {'obs': torch.zeros(2, 2)},
     'extra_field': lambda e: {**dict_ep(e, 2), 'rew': torch.zeros(2)},
     'list_transition_mismatch': lambda e: [
-        {'obs': torch.zeros(2), 'act': torch.tensor(0)}, {'obs': torch.zeros(3), 'act': torch.tensor(0)}
+        {'obs': torch.zeros(2), 'act': torch.tensor(0)},
+        {'obs': torch.zeros(3), 'act': torch.tensor(0)},
     ],
     'list_transition_not_dict': lambda e: [{'obs': torch.zeros(2), 'act': torch.tensor(0)}, 3],
 }
@@ -347,7 +350,7 @@ def test_sample_range_selects_by_insertion_order(storage):
     for e in range(5):  # episodes 2, 3, 4 remain, 4 is newest
         buf.push(dict_ep(e, 3))
     for _ in range(10):
-        (ep, ) = buf.sample(1, sample_range=slice(-1, None))
+        (ep,) = buf.sample(1, sample_range=slice(-1, None))
         assert decode_episode(ep)[0][0] == 4
         out = buf.sample(2, sample_range=slice(0, 2))
         assert {decode_episode(ep)[0][0] for ep in out} == {2, 3}
@@ -369,7 +372,7 @@ def test_list_storage_deepcopy_returns_copies():
     d = dict_ep(0, 3)
     buf.push(d)
     d['obs'][0, 0] = 99.0  # the buffer copied the pushed episode
-    (out, ) = buf.sample(1)
+    (out,) = buf.sample(1)
     assert out is not d
     assert decode_episode(out) == [(0, 0), (0, 1), (0, 2)]
     out['obs'][0, 0] = 42.0  # nor does it hand out its own copy
@@ -386,8 +389,8 @@ def test_tensor_whole_episode_output():
         length = 3 if e == 0 else 5
         assert ep['obs'].shape == (length, 2)
         assert ep['act'].tolist() == [100 * e + t for t in range(length)]
-        assert ep['replay_buffer_idx'].shape == (length, )
-        assert ep['replay_unique_id'].shape == (length, )
+        assert ep['replay_buffer_idx'].shape == (length,)
+        assert ep['replay_unique_id'].shape == (length,)
 
 
 # ---------------------------------------------------------------------------------------------- 5. windows
@@ -510,7 +513,7 @@ def test_tensor_padding_zeroes_nonzero_fields():
 
 def test_list_storage_padding_of_list_episode_is_none():
     buf = window_buffer('list', kind='list', lengths=[2])
-    (window, ) = buf.sample(1, unroll_len=4, pad=True)
+    (window,) = buf.sample(1, unroll_len=4, pad=True)
     assert isinstance(window, list) and len(window) == 4
     assert window[2] is None and window[3] is None
     assert [pair(tr['obs']) for tr in window[:2]] == [(0, 0), (0, 1)]
@@ -518,7 +521,7 @@ def test_list_storage_padding_of_list_episode_is_none():
 
 def test_list_storage_padding_of_dict_episode_is_zero_with_mask():
     buf = window_buffer('list', kind='dict', lengths=[2])
-    (window, ) = buf.sample(1, unroll_len=4, pad=True)
+    (window,) = buf.sample(1, unroll_len=4, pad=True)
     assert isinstance(window, dict)
     assert window['mask'].dtype == torch.bool and window['mask'].tolist() == [True, True, False, False]
     assert torch.as_tensor(window['obs']).tolist() == [[0.0, 0.0], [0.0, 1.0], [0.0, 0.0], [0.0, 0.0]]
@@ -534,7 +537,7 @@ def test_tensor_window_output_shapes():
     for key in ('replay_buffer_idx', 'replay_unique_id'):
         assert out[key].shape == (5, 3)
     for key in ('episode_id', 'episode_idx', 'start'):
-        assert out[key].shape == (5, ), key
+        assert out[key].shape == (5,), key
     # the metadata agrees with the data: episode ids count pushed episodes, start is the first step
     assert out['episode_id'].tolist() == out['obs'][:, 0, 0].long().tolist()
     assert out['start'].tolist() == out['obs'][:, 0, 1].long().tolist()
@@ -610,7 +613,8 @@ def test_wrap_around_windows(storage):
     assert out is None  # 1 + 1 windows only
     out = buf.sample(2, unroll_len=4, pad=True)
     assert sorted(decode_windows(out), key=lambda w: w[0]) == [
-        [(2, 0), (2, 1), (2, 2), (2, 3)], [(3, 0), (3, 1), (3, 2), None]
+        [(2, 0), (2, 1), (2, 2), (2, 3)],
+        [(3, 0), (3, 1), (3, 2), None],
     ]
 
 
@@ -717,10 +721,11 @@ def test_tensor_load_with_different_max_transitions_raises(max_transitions, tmp_
 
 
 @pytest.mark.parametrize(
-    'storage_type', [
+    'storage_type',
+    [
         'list',
         'tensor',
-    ]
+    ],
 )
 def test_load_more_transitions_than_max_transitions_raises(storage_type):
     src = make_buffer(storage_type, replay_buffer_size=4, max_transitions=20)

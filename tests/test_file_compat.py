@@ -1,5 +1,6 @@
 """Files written by the version before the composable engine (``tests/data/v0``, made by commit 70d9a36 with
 the configs below) still load: contents, ids, counters and priorities come back, and the buffer works on."""
+
 import json
 import os
 import pathlib

@@ -9,6 +9,7 @@ numba kernel against the numpy fallback (subprocess with ``DING_BUFFER_NO_NUMBA=
 torchgfn containers themselves are tested elsewhere; a tiny fake container is used only to check that dict
 and container pushes do not mix.
 """
+
 import copy
 import importlib.util
 import itertools
@@ -21,8 +22,8 @@ import sys
 import numpy as np
 import pytest
 import torch
-
 from helpers import assert_same, chi_square, chi_threshold
+
 from ding_buffer import create_buffer
 from ding_buffer.control import diversity
 from ding_buffer.persistence import save_state
@@ -31,8 +32,16 @@ INF = float('inf')
 NINF = float('-inf')
 TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
 REPO_ROOT = os.path.dirname(TESTS_DIR)
-DEFAULT_SETTINGS = ('replay_buffer_size', 'prioritized_capacity', 'prioritized_sampling', 'sample_replacement',
-                    'lazy_sort', 'state_key', 'log_reward_key', 'condition_key')
+DEFAULT_SETTINGS = (
+    'replay_buffer_size',
+    'prioritized_capacity',
+    'prioritized_sampling',
+    'sample_replacement',
+    'lazy_sort',
+    'state_key',
+    'log_reward_key',
+    'condition_key',
+)
 DIVERSE_SETTINGS = DEFAULT_SETTINGS + ('cutoff_distance', 'p_norm_distance')
 
 
@@ -48,7 +57,7 @@ def ref_distance(a, b, p):
         return m
     s = 0.0
     for d in diffs:
-        s += d if p == 1 else d ** p
+        s += d if p == 1 else d**p
     if p == 1:
         return s
     if p == 2:
@@ -73,15 +82,14 @@ class RefBuffer:
         self.p = p
         self.items = []
         self.next_seq = 0
-        self.c = dict(pushed=0, admitted=0, evicted=0, filter_checked=0, rejected_by_reward=0,
-                      rejected_by_distance=0)
+        self.c = dict(pushed=0, admitted=0, evicted=0, filter_checked=0, rejected_by_reward=0, rejected_by_distance=0)
 
     def _rank(self, it):
-        return (it['r'], it['seq']) if self.prioritized else (it['seq'], )
+        return (it['r'], it['seq']) if self.prioritized else (it['seq'],)
 
     def _keep_best(self, items):
         """The ``capacity`` items with the largest key, in their original list order."""
-        best = sorted(items, key=self._rank, reverse=True)[:self.capacity]
+        best = sorted(items, key=self._rank, reverse=True)[: self.capacity]
         keep = {it['seq'] for it in best}
         return [it for it in items if it['seq'] in keep]
 
@@ -192,9 +200,15 @@ def snapshot(buf):
     rows = []
     for i in range(len(out['replay_unique_id'])):
         cond = tuple(float(x) for x in out['cond'][i].reshape(-1).tolist()) if 'cond' in out else None
-        rows.append((int(out['replay_unique_id'][i]), int(out['tag'][i]),
-                     tuple(float(x) for x in out['state'][i].reshape(-1).tolist()), cond,
-                     float(out['log_reward'][i])))
+        rows.append(
+            (
+                int(out['replay_unique_id'][i]),
+                int(out['tag'][i]),
+                tuple(float(x) for x in out['state'][i].reshape(-1).tolist()),
+                cond,
+                float(out['log_reward'][i]),
+            )
+        )
     return sorted(rows)
 
 
@@ -208,8 +222,17 @@ def assert_matches(buf, ref, exact_ids=True, where=''):
     else:  # same items, same relative insertion order
         assert [g[1:] for g in got] == [w[1:] for w in want], f"{where}:\n got  {got}\n want {want}"
     s, e = buf.stats(), ref.expected_stats()
-    for key in ('size', 'pushed', 'admitted', 'evicted', 'filter_checked', 'rejected_by_reward',
-                'rejected_by_distance', 'zero_reward_items', 'unique_terminating_states'):
+    for key in (
+        'size',
+        'pushed',
+        'admitted',
+        'evicted',
+        'filter_checked',
+        'rejected_by_reward',
+        'rejected_by_distance',
+        'zero_reward_items',
+        'unique_terminating_states',
+    ):
         assert s[key] == e[key], f"{where}: stats[{key!r}] = {s[key]}, expected {e[key]}"
     checked = max(e['filter_checked'], 1)
     assert s['reject_rate_reward'] == pytest.approx(e['rejected_by_reward'] / checked), where
@@ -257,9 +280,11 @@ def softmax(logits):
 def test_prioritized_keeps_the_best_and_evicts_the_oldest_among_ties():
     buf = make('gfn', 3, prioritized_capacity=True)
     ref = RefBuffer(3, prioritized=True)
-    for its in (items_of([[0], [1], [2]], [1, 1, 1], tags=[0, 1, 2]),
-                items_of([[3]], [1], tags=[3]),
-                items_of([[4], [5]], [1, 1], tags=[4, 5])):
+    for its in (
+        items_of([[0], [1], [2]], [1, 1, 1], tags=[0, 1, 2]),
+        items_of([[3]], [1], tags=[3]),
+        items_of([[4], [5]], [1, 1], tags=[4, 5]),
+    ):
         buf.push(to_batch(its))
         ref.push(its)
         assert_matches(buf, ref)
@@ -284,8 +309,10 @@ def test_prioritized_eager_batch_larger_than_capacity():
 def test_fifo_keeps_the_newest():
     buf = make('gfn', 3, prioritized_capacity=False)
     ref = RefBuffer(3, prioritized=False)
-    for its in (items_of([[100], [200], [300]], [5, 6, 7], tags=[100, 200, 300]),
-                items_of([[1], [2]], [-1, NINF], tags=[1, 2])):
+    for its in (
+        items_of([[100], [200], [300]], [5, 6, 7], tags=[100, 200, 300]),
+        items_of([[1], [2]], [-1, NINF], tags=[1, 2]),
+    ):
         buf.push(to_batch(its))
         ref.push(its)
         assert_matches(buf, ref)
@@ -319,10 +346,12 @@ def test_all_neg_inf_rewards_keep_the_newest():
 def test_lazy_sort_truncates_only_at_twice_the_capacity():
     buf = make('gfn', 4, prioritized_capacity=True, lazy_sort=True)
     ref = RefBuffer(4, prioritized=True, lazy=True)
-    pushes = [items_of([[i] for i in range(3)], [0, 5, 1], tags=[0, 1, 2]),
-              items_of([[i] for i in range(3, 7)], [2, 2, 0, 9], tags=[3, 4, 5, 6]),
-              items_of([[7]], [-3], tags=[7]),
-              items_of([[8], [9]], [2, 2], tags=[8, 9])]
+    pushes = [
+        items_of([[i] for i in range(3)], [0, 5, 1], tags=[0, 1, 2]),
+        items_of([[i] for i in range(3, 7)], [2, 2, 0, 9], tags=[3, 4, 5, 6]),
+        items_of([[7]], [-3], tags=[7]),
+        items_of([[8], [9]], [2, 2], tags=[8, 9]),
+    ]
     counts = []
     for its in pushes:
         buf.push(to_batch(its))
@@ -345,8 +374,10 @@ def test_lazy_fifo():
 
 
 @pytest.mark.parametrize('bad', [float('nan'), INF])
-@pytest.mark.parametrize('kind,kw', [('gfn', dict(prioritized_capacity=True)), ('gfn', dict()),
-                                     ('gfn_diverse', dict()), ('terminating_state', dict())])
+@pytest.mark.parametrize(
+    'kind,kw',
+    [('gfn', dict(prioritized_capacity=True)), ('gfn', dict()), ('gfn_diverse', dict()), ('terminating_state', dict())],
+)
 def test_nan_or_pos_inf_reward_raises_and_changes_nothing(kind, kw, bad):
     buf = make(kind, 4, **kw)
     buf.push(to_batch(items_of([[0], [1]], [0, 1])))
@@ -399,10 +430,16 @@ def test_gfn_random_pushes_match_reference(seed):
 def full_diverse(cap=3, **kw):
     """A full diverse buffer holding states (10,), (20,), ... with rewards 1, 2, ..."""
     buf = make('gfn_diverse', cap, **kw)
-    ref = RefBuffer(cap, diverse=True, lazy=kw.get('lazy_sort', False), cutoff=kw.get('cutoff_distance', 0.0),
-                    p=kw.get('p_norm_distance', 1.0))
-    its = items_of([[10 * (i + 1)] for i in range(cap)], [i + 1 for i in range(cap)],
-                   tags=[100 + i for i in range(cap)])
+    ref = RefBuffer(
+        cap,
+        diverse=True,
+        lazy=kw.get('lazy_sort', False),
+        cutoff=kw.get('cutoff_distance', 0.0),
+        p=kw.get('p_norm_distance', 1.0),
+    )
+    its = items_of(
+        [[10 * (i + 1)] for i in range(cap)], [i + 1 for i in range(cap)], tags=[100 + i for i in range(cap)]
+    )
     buf.push(to_batch(its))
     ref.push(its)
     return buf, ref
@@ -474,13 +511,16 @@ def test_diverse_negative_cutoff_disables_the_filter():
     assert s['unique_terminating_states'] == 1  # three copies of (30,)
 
 
-@pytest.mark.parametrize('p,cutoff,at,beyond', [
-    (1.0, 2.0, [1, 1], [1, 2]),
-    (2.0, 5.0, [3, 4], [3, 5]),
-    (INF, 2.0, [2, 1], [3, 0]),
-    (3.0, 2.0, [2, 0], [2, 1]),
-    (0.5, 4.0, [1, 1], [2, 1]),
-])
+@pytest.mark.parametrize(
+    'p,cutoff,at,beyond',
+    [
+        (1.0, 2.0, [1, 1], [1, 2]),
+        (2.0, 5.0, [3, 4], [3, 5]),
+        (INF, 2.0, [2, 1], [3, 0]),
+        (3.0, 2.0, [2, 0], [2, 1]),
+        (0.5, 4.0, [1, 1], [2, 1]),
+    ],
+)
 def test_diverse_distance_equal_to_cutoff_is_rejected(p, cutoff, at, beyond):
     assert ref_distance((0, 0), tuple(at), p) == cutoff and ref_distance((0, 0), tuple(beyond), p) > cutoff
     buf = make('gfn_diverse', 2, cutoff_distance=cutoff, p_norm_distance=p)
@@ -544,8 +584,9 @@ def test_diverse_lazy_truncates_before_filtering():
     assert sorted(row[1] for row in snapshot(buf)) == [1, 2, 4, 6]
 
 
-DIVERSE_CASES = ([(1.0, c, lazy) for c in (-1.0, 0.0) for lazy in (False, True)]
-                 + [(p, c, lazy) for p in (1.0, 2.0, INF, 3.0, 0.5) for c in (1.0, 2.0) for lazy in (False, True)])
+DIVERSE_CASES = [(1.0, c, lazy) for c in (-1.0, 0.0) for lazy in (False, True)] + [
+    (p, c, lazy) for p in (1.0, 2.0, INF, 3.0, 0.5) for c in (1.0, 2.0) for lazy in (False, True)
+]
 
 
 @pytest.mark.parametrize('p,cutoff,lazy', DIVERSE_CASES)
@@ -662,7 +703,7 @@ def test_terminating_state_without_condition_key_drops_the_condition():
 
 
 # ================================================================================ 4. sampling
-def filled(kind='gfn', rewards=(0.0, ), **kw):
+def filled(kind='gfn', rewards=(0.0,), **kw):
     buf = make(kind, len(rewards), prioritized_capacity=True, **kw)
     buf.push(to_batch(items_of([[i] for i in range(len(rewards))], list(rewards))))
     return buf
@@ -823,8 +864,11 @@ def test_sampling_is_reproducible_with_seed():
 
 # ================================================================================ 5. bad input
 def base_buffer(kind='gfn', **kw):
-    buf = make(kind, 4, prioritized_capacity=True, condition_key='cond', **kw) if kind != 'gfn_diverse' else \
-        make(kind, 4, condition_key='cond', **kw)
+    buf = (
+        make(kind, 4, prioritized_capacity=True, condition_key='cond', **kw)
+        if kind != 'gfn_diverse'
+        else make(kind, 4, condition_key='cond', **kw)
+    )
     buf.push(to_batch(items_of([[0, 0], [1, 1], [2, 2]], [0, 1, 2], conds=[0, 0, 1])))
     return buf
 
@@ -843,8 +887,10 @@ BAD_BATCHES = {
     'missing_condition': lambda: {k: v for k, v in good().items() if k != 'cond'},
     'state_dim': lambda: {**good(), 'state': torch.zeros(2, 3)},
     'lengths_differ': lambda: {**good(), 'log_reward': torch.zeros(3, dtype=torch.float64)},
-    'list_bad_item': lambda: to_batch(items_of([[5, 5]], [1], conds=[0]), as_list=True)
-    + [{**to_batch(items_of([[6, 6]], [1], conds=[0]), as_list=True)[0], 'state': torch.zeros(4)}],
+    'list_bad_item': lambda: (
+        to_batch(items_of([[5, 5]], [1], conds=[0]), as_list=True)
+        + [{**to_batch(items_of([[6, 6]], [1], conds=[0]), as_list=True)[0], 'state': torch.zeros(4)}]
+    ),
 }
 
 
@@ -945,23 +991,26 @@ def test_push_none_and_unknown_types_raise_type_error():
     assert_unchanged(buf, before)
 
 
-@pytest.mark.parametrize('kind,cfg,key', [
-    ('gfn', dict(replay_buffer_size=-1), 'replay_buffer_size'),
-    ('gfn', dict(replay_buffer_size=0), 'replay_buffer_size'),
-    ('gfn_diverse', dict(replay_buffer_size=-3), 'replay_buffer_size'),
-    ('gfn_diverse', dict(p_norm_distance=0), 'p_norm_distance'),
-    ('gfn_diverse', dict(p_norm_distance=-1.0), 'p_norm_distance'),
-    ('gfn_diverse', dict(p_norm_distance=float('nan')), 'p_norm_distance'),
-    ('gfn_diverse', dict(cutoff_distance=float('nan')), 'cutoff_distance'),
-    ('gfn_diverse', dict(cutoff_distance=INF), 'cutoff_distance'),
-    ('gfn_diverse', dict(prioritized_capacity=False), 'prioritized_capacity'),
-    ('gfn', dict(replay_buffer_sz=5), 'replay_buffer_sz'),
-    ('gfn_diverse', dict(cutof_distance=1.0), 'cutof_distance'),
-    ('terminating_state', dict(lazy_srt=True), 'lazy_srt'),
-    ('gfn', dict(sample_replacement='yes'), 'sample_replacement'),
-    ('gfn', dict(state_key=''), 'state_key'),
-    ('gfn', dict(monitor=dict(log_every=0)), 'monitor.log_every'),
-])
+@pytest.mark.parametrize(
+    'kind,cfg,key',
+    [
+        ('gfn', dict(replay_buffer_size=-1), 'replay_buffer_size'),
+        ('gfn', dict(replay_buffer_size=0), 'replay_buffer_size'),
+        ('gfn_diverse', dict(replay_buffer_size=-3), 'replay_buffer_size'),
+        ('gfn_diverse', dict(p_norm_distance=0), 'p_norm_distance'),
+        ('gfn_diverse', dict(p_norm_distance=-1.0), 'p_norm_distance'),
+        ('gfn_diverse', dict(p_norm_distance=float('nan')), 'p_norm_distance'),
+        ('gfn_diverse', dict(cutoff_distance=float('nan')), 'cutoff_distance'),
+        ('gfn_diverse', dict(cutoff_distance=INF), 'cutoff_distance'),
+        ('gfn_diverse', dict(prioritized_capacity=False), 'prioritized_capacity'),
+        ('gfn', dict(replay_buffer_sz=5), 'replay_buffer_sz'),
+        ('gfn_diverse', dict(cutof_distance=1.0), 'cutof_distance'),
+        ('terminating_state', dict(lazy_srt=True), 'lazy_srt'),
+        ('gfn', dict(sample_replacement='yes'), 'sample_replacement'),
+        ('gfn', dict(state_key=''), 'state_key'),
+        ('gfn', dict(monitor=dict(log_every=0)), 'monitor.log_every'),
+    ],
+)
 def test_bad_config_raises_naming_the_key(kind, cfg, key):
     with pytest.raises(ValueError, match=f"'{key}'"):
         create_buffer(dict(type=kind, **cfg))
@@ -997,11 +1046,23 @@ def assert_same_contents(a, b):
 
 
 SAVE_CASES = [
-    ('gfn', dict(prioritized_capacity=True, lazy_sort=True, prioritized_sampling=True, sample_replacement=True,
-                 condition_key='cond'), DEFAULT_SETTINGS),
+    (
+        'gfn',
+        dict(
+            prioritized_capacity=True,
+            lazy_sort=True,
+            prioritized_sampling=True,
+            sample_replacement=True,
+            condition_key='cond',
+        ),
+        DEFAULT_SETTINGS,
+    ),
     ('gfn', dict(prioritized_capacity=False, condition_key='cond'), DEFAULT_SETTINGS),
-    ('gfn_diverse', dict(lazy_sort=True, cutoff_distance=1.5, p_norm_distance=INF, condition_key='cond'),
-     DIVERSE_SETTINGS),
+    (
+        'gfn_diverse',
+        dict(lazy_sort=True, cutoff_distance=1.5, p_norm_distance=INF, condition_key='cond'),
+        DIVERSE_SETTINGS,
+    ),
     ('gfn_diverse', dict(cutoff_distance=0.0, p_norm_distance=0.5, condition_key='cond'), DIVERSE_SETTINGS),
     ('terminating_state', dict(prioritized_capacity=True, condition_key='cond'), DEFAULT_SETTINGS),
 ]
@@ -1039,8 +1100,11 @@ def test_save_load_empty_buffer(tmp_path):
 def corrupt_files(tmp_path, good_path):
     raw = open(good_path, 'rb').read()
     out = {}
-    for name, data in (('garbage', b'this is not a buffer file' * 10), ('truncated', raw[:len(raw) // 2]),
-                       ('empty', b'')):
+    for name, data in (
+        ('garbage', b'this is not a buffer file' * 10),
+        ('truncated', raw[: len(raw) // 2]),
+        ('empty', b''),
+    ):
         p = tmp_path / f'{name}.pt'
         p.write_bytes(data)
         out[name] = str(p)
@@ -1090,8 +1154,16 @@ def _corrupt_state(state, what):
     return s
 
 
-CORRUPT_STATES = ['duplicate_seq', 'seq_beyond_next', 'too_many_items', 'bad_setting', 'unknown_store', 'short_field',
-                  'missing_counters', 'missing_state_field']
+CORRUPT_STATES = [
+    'duplicate_seq',
+    'seq_beyond_next',
+    'too_many_items',
+    'bad_setting',
+    'unknown_store',
+    'short_field',
+    'missing_counters',
+    'missing_state_field',
+]
 
 
 @pytest.mark.parametrize('what', CORRUPT_STATES)
@@ -1116,8 +1188,15 @@ def test_loading_an_inconsistent_state_file_raises_and_changes_nothing(tmp_path,
 def numba_scenario():
     """A small randomised diverse run per (cutoff, p, condition); returns JSON-able contents and counters."""
     results = []
-    cases = [(1.0, 1.0, False), (2.0, 2.0, True), (1.0, INF, False), (2.0, 3.0, True), (4.0, 0.5, False),
-             (0.0, 1.0, True), (1.5, 2.0, False)]
+    cases = [
+        (1.0, 1.0, False),
+        (2.0, 2.0, True),
+        (1.0, INF, False),
+        (2.0, 3.0, True),
+        (4.0, 0.5, False),
+        (0.0, 1.0, True),
+        (1.5, 2.0, False),
+    ]
     for k, (cutoff, p, with_cond) in enumerate(cases):
         rng = np.random.default_rng(500 + k)
         kw = dict(cutoff_distance=cutoff, p_norm_distance=p, lazy_sort=bool(k % 2), seed=0)
@@ -1130,9 +1209,22 @@ def numba_scenario():
             tag += len(its)
             buf.push(to_batch(its))
         s = buf.stats()
-        results.append(dict(contents=[list(r[1:3]) + [r[4]] for r in snapshot(buf)],
-                            counters=[s[c] for c in ('filter_checked', 'rejected_by_reward', 'rejected_by_distance',
-                                                     'admitted', 'evicted', 'unique_terminating_states')]))
+        results.append(
+            dict(
+                contents=[list(r[1:3]) + [r[4]] for r in snapshot(buf)],
+                counters=[
+                    s[c]
+                    for c in (
+                        'filter_checked',
+                        'rejected_by_reward',
+                        'rejected_by_distance',
+                        'admitted',
+                        'evicted',
+                        'unique_terminating_states',
+                    )
+                ],
+            )
+        )
     return dict(have_numba=diversity.HAVE_NUMBA, results=results)
 
 
@@ -1140,11 +1232,12 @@ def test_numba_and_numpy_fallback_agree():
     env = dict(os.environ, DING_BUFFER_NO_NUMBA='1')
     env['PYTHONPATH'] = os.pathsep.join([TESTS_DIR, REPO_ROOT] + ([env['PYTHONPATH']] if env.get('PYTHONPATH') else []))
     code = 'import json, test_gflownet as t; print("JSON:" + json.dumps(t.numba_scenario()))'
-    proc = subprocess.run([sys.executable, '-c', code], env=env, cwd=TESTS_DIR, capture_output=True, text=True,
-                          timeout=180)
+    proc = subprocess.run(
+        [sys.executable, '-c', code], env=env, cwd=TESTS_DIR, capture_output=True, text=True, timeout=180
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     line = [ln for ln in proc.stdout.splitlines() if ln.startswith('JSON:')][-1]
-    fallback = json.loads(line[len('JSON:'):])
+    fallback = json.loads(line[len('JSON:') :])
     assert fallback['have_numba'] is False
     here = json.loads(json.dumps(numba_scenario()))
     if importlib.util.find_spec('numba') is not None and os.environ.get('DING_BUFFER_NO_NUMBA', '') in ('', '0'):
@@ -1161,8 +1254,9 @@ def test_far_mask_kernel_and_numpy_agree_with_reference(p):
     slots = np.arange(0, 30, 2, dtype=np.int64)
     for cutoff in (0.5, 1.0, 2.0, 3.0):
         want = np.array([all(ref_distance(tuple(x), tuple(refs[s]), p) > cutoff for s in slots) for x in q])
-        want_tri = np.array([all(ref_distance(tuple(q[i]), tuple(q[j]), p) > cutoff for j in range(i))
-                             for i in range(len(q))])
+        want_tri = np.array(
+            [all(ref_distance(tuple(q[i]), tuple(q[j]), p) > cutoff for j in range(i)) for i in range(len(q))]
+        )
         np.testing.assert_array_equal(diversity._far_numpy(q, refs, slots, cutoff, p, False), want)
         np.testing.assert_array_equal(diversity._far_numpy(q, q, np.arange(len(q)), cutoff, p, True), want_tri)
         np.testing.assert_array_equal(diversity.far_mask(q, refs, slots, cutoff, p), want)
@@ -1187,20 +1281,32 @@ class FakeWriter:
 
 def test_tensorboard_scalars():
     tb = FakeWriter()
-    buf = create_buffer(dict(type='gfn_diverse', replay_buffer_size=3, cutoff_distance=1.0, seed=0,
-                             monitor=dict(tensorboard=True, log_every=1)), tb, 'exp', 'gfnbuf')
+    buf = create_buffer(
+        dict(
+            type='gfn_diverse',
+            replay_buffer_size=3,
+            cutoff_distance=1.0,
+            seed=0,
+            monitor=dict(tensorboard=True, log_every=1),
+        ),
+        tb,
+        'exp',
+        'gfnbuf',
+    )
     ref = RefBuffer(3, diverse=True, cutoff=1.0)
-    pushes = [items_of([[0], [10]], [NINF, NINF]),
-              items_of([[20], [21]], [1, 2]),
-              items_of([[30], [31], [40], [0], [50]], [5, 5, 6, NINF, 7]),
-              items_of([[60], [61], [62]], [9, 8, 0])]
+    pushes = [
+        items_of([[0], [10]], [NINF, NINF]),
+        items_of([[20], [21]], [1, 2]),
+        items_of([[30], [31], [40], [0], [50]], [5, 5, 6, NINF, 7]),
+        items_of([[60], [61], [62]], [9, 8, 0]),
+    ]
     for step, its in enumerate(pushes, start=1):
         before = dict(ref.c)
         buf.push(to_batch(its))
         ref.push(its)
         got = {tag: v for tag, v, st in tb.calls if st == step}
         assert all(tag.startswith('gfnbuf_iter/') for tag in got)
-        got = {tag[len('gfnbuf_iter/'):]: v for tag, v in got.items()}
+        got = {tag[len('gfnbuf_iter/') :]: v for tag, v in got.items()}
         e = ref.expected_stats()
         assert got['size'] == e['size']
         assert got['unique_terminating_states'] == e['unique_terminating_states']
@@ -1231,8 +1337,9 @@ def test_tensorboard_scalars():
 
 def test_tensorboard_log_every():
     tb = FakeWriter()
-    buf = create_buffer(dict(type='gfn', replay_buffer_size=5, monitor=dict(tensorboard=True, log_every=2)), tb,
-                        'exp', 'b')
+    buf = create_buffer(
+        dict(type='gfn', replay_buffer_size=5, monitor=dict(tensorboard=True, log_every=2)), tb, 'exp', 'b'
+    )
     for k in range(5):
         buf.push(to_batch(items_of([[k]], [k])))
     assert sorted({st for _, _, st in tb.calls}) == [2, 4]
@@ -1255,18 +1362,26 @@ def test_unique_terminating_states_after_evictions():
     buf.push(to_batch(items_of([[1], [1], [2]], [0, 1, 2])))
     assert buf.stats()['unique_terminating_states'] == 2
     buf.push(to_batch(items_of([[3], [3]], [5, 6])))  # both (1,) leave, (2,) stays
-    assert {r[2] for r in snapshot(buf)} == {(2.0, ), (3.0, )}
+    assert {r[2] for r in snapshot(buf)} == {(2.0,), (3.0,)}
     assert buf.stats()['unique_terminating_states'] == 2
 
 
-@pytest.mark.parametrize('cfg', [dict(), dict(prioritized_capacity=True, prioritized_sampling=True),
-                                 dict(lazy_sort=True, prioritized_capacity=True)])
+@pytest.mark.parametrize(
+    'cfg',
+    [
+        dict(),
+        dict(prioritized_capacity=True, prioritized_sampling=True),
+        dict(lazy_sort=True, prioritized_capacity=True),
+    ],
+)
 def test_restored_buffer_places_and_samples_like_the_saved_one(tmp_path, cfg):
     """Saved with each item's slot and the free-slot stack: after load, further pushes land where they would
     have landed and every later sample matches, draw for draw."""
+
     def batch(k, n):
         g = torch.Generator().manual_seed(k)
         return {'state': torch.randn(n, 3, generator=g), 'log_reward': torch.randn(n, generator=g, dtype=torch.float64)}
+
     a = create_buffer(dict(type='gfn', replay_buffer_size=8, seed=5, **cfg))
     for k in range(5):
         a.push(batch(k, 5))  # evictions leave the free stack in a history-dependent order
@@ -1285,12 +1400,22 @@ def brute_unique(items):
     return len({(tuple(it['state']), it['cond']) for it in items})
 
 
-@pytest.mark.parametrize('kind,prioritized,lazy', [('gfn', False, False), ('gfn', False, True), ('gfn', True, False),
-                                                   ('gfn', True, True), ('gfn_diverse', True, False),
-                                                   ('gfn_diverse', True, True), ('terminating_state', False, False)])
+@pytest.mark.parametrize(
+    'kind,prioritized,lazy',
+    [
+        ('gfn', False, False),
+        ('gfn', False, True),
+        ('gfn', True, False),
+        ('gfn', True, True),
+        ('gfn_diverse', True, False),
+        ('gfn_diverse', True, True),
+        ('terminating_state', False, False),
+    ],
+)
 @pytest.mark.parametrize('seed', range(3))
-def test_evictions_and_unique_states_match_brute_force_over_many_wrapping_pushes(tmp_path, kind, prioritized, lazy,
-                                                                                 seed):
+def test_evictions_and_unique_states_match_brute_force_over_many_wrapping_pushes(
+    tmp_path, kind, prioritized, lazy, seed
+):
     """Hundreds of pushes that wrap the slots many times (FIFO and prioritized, rewards from a few levels, so many
     ties), items also leaving in the middle (``max_use``), clears and save/load round trips: after every step the
     stored ids are the brute-force model's and ``unique_terminating_states`` is a brute-force count."""

@@ -1,4 +1,5 @@
 """Tensor storage with memmap_dir: data lives in files, not in the process's memory."""
+
 import os
 
 import numpy as np
@@ -16,8 +17,9 @@ def _rss_bytes():
 @pytest.mark.skipif(not os.path.exists('/proc/self/statm'), reason='needs Linux /proc')
 def test_image_buffer_larger_than_its_resident_memory(tmp_path):
     capacity, shape = 100_000, (4, 84, 84)  # 2.8 GB per image field, 5.6 GB in all
-    cfg = dict(type='naive', replay_buffer_size=capacity, seed=0,
-               storage=dict(type='tensor', memmap_dir=str(tmp_path / 'mm')))
+    cfg = dict(
+        type='naive', replay_buffer_size=capacity, seed=0, storage=dict(type='tensor', memmap_dir=str(tmp_path / 'mm'))
+    )
     buffer = create_buffer(cfg)
     before = _rss_bytes()
     rng = np.random.default_rng(0)
@@ -28,7 +30,7 @@ def test_image_buffer_larger_than_its_resident_memory(tmp_path):
     assert len(files) == 3
     apparent = sum(os.path.getsize(tmp_path / 'mm' / f) for f in files)
     assert apparent >= 2 * capacity * int(np.prod(shape))  # the full-size fields exist on disk ...
-    assert _rss_bytes() - before < 600 * 2 ** 20  # ... but only touched pages are resident
+    assert _rss_bytes() - before < 600 * 2**20  # ... but only touched pages are resident
     batch = buffer.sample(64)
     assert batch['obs'].dtype == torch.uint8 and batch['obs'].shape == (64, *shape)
     rows = batch['action'].numpy() % 256

@@ -5,6 +5,7 @@ read back with TensorBoard's ``EventAccumulator``, ownership of the writer (borr
 and the threads a buffer starts and must stop on ``close()``.
 Every wait is bounded by a deadline; nothing here sleeps for long.
 """
+
 import glob
 import logging
 import math
@@ -18,11 +19,18 @@ import torch
 
 from ding_buffer import create_buffer
 from ding_buffer.monitor.periodic import PeriodicThruputMonitor
-from ding_buffer.monitor.tb import emit
 from ding_buffer.monitor.sampled_data import KEYS, SampledDataAttrMonitor
+from ding_buffer.monitor.tb import emit
 
 WINDOW_KEYS = (
-    'use_avg', 'use_max', 'priority_avg', 'priority_max', 'priority_min', 'staleness_avg', 'staleness_max', 'beta'
+    'use_avg',
+    'use_max',
+    'priority_avg',
+    'priority_max',
+    'priority_min',
+    'staleness_avg',
+    'staleness_max',
+    'beta',
 )
 # stats() reports the window's statistics but the buffer's *current* beta (checked separately)
 STATS_KEYS = tuple(k for k in WINDOW_KEYS if k != 'beta')
@@ -56,7 +64,6 @@ class FakeTB:
 
 
 class RaisingTB(FakeTB):
-
     def add_scalar(self, tag, value, step):
         super().add_scalar(tag, value, step)
         raise RuntimeError('writer broke')
@@ -83,9 +90,14 @@ def assert_no_new_threads(before, timeout=5.0):
 def row(use, priority, staleness, beta):
     use, priority, staleness = (np.asarray(x, dtype=np.float64) for x in (use, priority, staleness))
     return {
-        'use_avg': use.mean(), 'use_max': use.max(), 'priority_avg': priority.mean(), 'priority_max': priority.max(),
-        'priority_min': priority.min(), 'staleness_avg': staleness.mean(), 'staleness_max': staleness.max(),
-        'beta': beta
+        'use_avg': use.mean(),
+        'use_max': use.max(),
+        'priority_avg': priority.mean(),
+        'priority_max': priority.max(),
+        'priority_min': priority.min(),
+        'staleness_avg': staleness.mean(),
+        'staleness_max': staleness.max(),
+        'beta': beta,
     }
 
 
@@ -107,6 +119,7 @@ def window_of(rows):
 
 def read_scalars(logdir):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
     acc = EventAccumulator(str(logdir), size_guidance={'scalars': 0}, purge_orphaned_data=False)
     acc.Reload()
     return {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()['scalars']}
@@ -128,7 +141,8 @@ def items(n, start=0, collect_iter=None):
             'obs': torch.tensor([float(start + i)]),
             'collect_iter': (start + i) % 3 if collect_iter is None else collect_iter,
             'priority': 1.0 + (start + i) % 7,
-        } for i in range(n)
+        }
+        for i in range(n)
     ]
 
 
@@ -165,28 +179,58 @@ def test_sampled_monitor_window_and_write_schedule(caplog):
     expected = [
         # call 0: [B0]
         dict(
-            use_avg=1.5, use_max=2, priority_avg=2.0, priority_max=3.0, priority_min=1.0, staleness_avg=2.0,
-            staleness_max=4, beta=0.4
+            use_avg=1.5,
+            use_max=2,
+            priority_avg=2.0,
+            priority_max=3.0,
+            priority_min=1.0,
+            staleness_avg=2.0,
+            staleness_max=4,
+            beta=0.4,
         ),
         # call 1: [B0, B1]
         dict(
-            use_avg=1.75, use_max=4, priority_avg=1.5, priority_max=3.0, priority_min=0.5, staleness_avg=1.5,
-            staleness_max=4, beta=0.5
+            use_avg=1.75,
+            use_max=4,
+            priority_avg=1.5,
+            priority_max=3.0,
+            priority_min=0.5,
+            staleness_avg=1.5,
+            staleness_max=4,
+            beta=0.5,
         ),
         # call 2: [B0, B1, B2]
         dict(
-            use_avg=6.5 / 3, use_max=4, priority_avg=3.0, priority_max=6.0, priority_min=0.5, staleness_avg=2 / 3,
-            staleness_max=4, beta=0.6
+            use_avg=6.5 / 3,
+            use_max=4,
+            priority_avg=3.0,
+            priority_max=6.0,
+            priority_min=0.5,
+            staleness_avg=2 / 3,
+            staleness_max=4,
+            beta=0.6,
         ),
         # call 3: [B1, B2, B3]  (B0 fell out of the window)
         dict(
-            use_avg=7 / 3, use_max=4, priority_avg=2.5, priority_max=6.0, priority_min=0.25, staleness_avg=5 / 3,
-            staleness_max=10, beta=0.7
+            use_avg=7 / 3,
+            use_max=4,
+            priority_avg=2.5,
+            priority_max=6.0,
+            priority_min=0.25,
+            staleness_avg=5 / 3,
+            staleness_max=10,
+            beta=0.7,
         ),
         # call 4: [B2, B3, B0]
         dict(
-            use_avg=6.5 / 3, use_max=3, priority_avg=8.5 / 3, priority_max=6.0, priority_min=0.25, staleness_avg=2.0,
-            staleness_max=10, beta=0.4
+            use_avg=6.5 / 3,
+            use_max=3,
+            priority_avg=8.5 / 3,
+            priority_max=6.0,
+            priority_min=0.25,
+            staleness_avg=2.0,
+            staleness_max=10,
+            beta=0.4,
         ),
     ]
     calls = [(B0, 10, 100), (B1, 11, 200), (B2, -1, 300), (B3, 13, 400), (B0, 40, -1)]
@@ -200,7 +244,7 @@ def test_sampled_monitor_window_and_write_schedule(caplog):
                 assert avg[k] == pytest.approx(expected[i][k], abs=1e-12), (i, k)
             # cross-check the hand values with the reference aggregation
             lo = max(0, i - 2)
-            ref = window_of([row(*b) for b, _, _ in calls[lo:i + 1]])
+            ref = window_of([row(*b) for b, _, _ in calls[lo : i + 1]])
             for k in WINDOW_KEYS:
                 assert ref[k] == pytest.approx(expected[i][k], abs=1e-12)
             written = tb.calls[n_before:]
@@ -253,7 +297,6 @@ def test_sampled_monitor_without_writer_still_logs(caplog):
 
 # ------------------------------------------------------------------------------------------ 2. PeriodicThruputMonitor
 class Counters:
-
     def __init__(self, **kw):
         self.lock = threading.Lock()
         self.values = dict(push_items=0, sampled_items=0, remove_count=0, count=0, sample_calls=0)
@@ -382,6 +425,7 @@ def test_periodic_thread_survives_a_failing_writer(caplog):
 # ------------------------------------------------------------------------------------------ 3. end to end, real writer
 def test_end_to_end_real_summary_writer(tmp_path):
     from torch.utils.tensorboard import SummaryWriter
+
     logdir = tmp_path / 'tb'
     writer = SummaryWriter(str(logdir))
     before = {t.ident for t in threading.enumerate()}
@@ -389,10 +433,10 @@ def test_end_to_end_real_summary_writer(tmp_path):
         tensor_cfg(
             anneal_step=10,
             # seconds=0.2 is refused by the config (see test_fractional_numeric_config_is_accepted): use 1
-            monitor=dict(sampled_data_attr=dict(average_range=2, print_freq=1), periodic_thruput=dict(seconds=1))
+            monitor=dict(sampled_data_attr=dict(average_range=2, print_freq=1), periodic_thruput=dict(seconds=1)),
         ),
         tb_logger=writer,
-        instance_name='demo'
+        instance_name='demo',
     )
     try:
         buf.start()
@@ -473,13 +517,14 @@ def test_periodic_counts_the_first_push_without_explicit_start():
 
 
 @pytest.mark.parametrize(
-    'extra', [
+    'extra',
+    [
         dict(monitor=dict(periodic_thruput=dict(seconds=0.2))),
         dict(thruput_controller=dict(window_seconds=2.5)),
         dict(thruput_controller=dict(sample_min_limit_ratio=1.5)),
         dict(thruput_controller=dict(push_sample_rate_limit=dict(max=4, min=0.5))),
     ],
-    ids=['periodic_thruput.seconds', 'window_seconds', 'sample_min_limit_ratio', 'push_sample_rate_limit.min']
+    ids=['periodic_thruput.seconds', 'window_seconds', 'sample_min_limit_ratio', 'push_sample_rate_limit.min'],
 )
 def test_fractional_numeric_config_is_accepted(extra):
     buf = create_buffer(tensor_cfg(**extra), tb_logger=FakeTB(), instance_name='frac')
@@ -494,11 +539,11 @@ def test_owned_writer_created_under_dingengine_path_and_closed(tmp_path, monkeyp
             monitor=dict(
                 tensorboard=True,
                 sampled_data_attr=dict(average_range=2, print_freq=1),
-                periodic_thruput=dict(seconds=1)  # int: see the float-config bug
+                periodic_thruput=dict(seconds=1),  # int: see the float-config bug
             )
         ),
         exp_name='myexp',
-        instance_name='own'
+        instance_name='own',
     )
     try:
         buf.start()
@@ -571,13 +616,23 @@ def test_stats_flat_numbers_and_window_keys():
             monitor=dict(sampled_data_attr=dict(average_range=3, print_freq=100)),
         ),
         tb_logger=FakeTB(),
-        instance_name='st'
+        instance_name='st',
     )
     try:
         assert buf.sample(2) is None  # empty: refused
         s = buf.stats()
-        for k in ('count', 'push_items', 'sample_calls', 'sampled_items', 'remove_count', 'refused_push',
-                  'refused_push_items', 'refused_sample', 'beta', 'max_priority'):
+        for k in (
+            'count',
+            'push_items',
+            'sample_calls',
+            'sampled_items',
+            'remove_count',
+            'refused_push',
+            'refused_push_items',
+            'refused_sample',
+            'beta',
+            'max_priority',
+        ):
             assert k in s, k
         assert not (set(WINDOW_KEYS) - {'beta'}) & set(s)  # no window before the first sample
         assert s['refused_sample'] == 1 and s['count'] == 0 and s['beta'] == pytest.approx(0.4)
@@ -596,8 +651,13 @@ def test_stats_flat_numbers_and_window_keys():
         assert s['refused_push'] == 1 and s['refused_push_items'] == 3
         assert buf.beta == pytest.approx(0.46)  # annealed once: the next call's beta
         assert s['max_priority'] == 1.0  # DI-engine: pushed priorities do not raise it, only update() does
-        buf.update({'replay_unique_id': b['replay_unique_id'], 'replay_buffer_idx': b['replay_buffer_idx'],
-                    'priority': torch.full((10, ), 9.0)})
+        buf.update(
+            {
+                'replay_unique_id': b['replay_unique_id'],
+                'replay_buffer_idx': b['replay_buffer_idx'],
+                'priority': torch.full((10,), 9.0),
+            }
+        )
         assert buf.stats()['max_priority'] == pytest.approx(9.0)
         expected = row_of_batch(b, beta0)
         assert set(WINDOW_KEYS) <= set(s)
@@ -625,7 +685,7 @@ def test_window_is_not_changed_by_later_updates_and_samples():
     buf = create_buffer(
         tensor_cfg(monitor=dict(sampled_data_attr=dict(average_range=2, print_freq=1))),
         tb_logger=FakeTB(),
-        instance_name='snap'
+        instance_name='snap',
     )
     try:
         buf.push(items(16), cur_collector_envstep=1)
@@ -639,7 +699,7 @@ def test_window_is_not_changed_by_later_updates_and_samples():
             {
                 'replay_unique_id': b1['replay_unique_id'],
                 'replay_buffer_idx': b1['replay_buffer_idx'],
-                'priority': torch.full((16, ), 100.0)
+                'priority': torch.full((16,), 100.0),
             }
         )
         assert res['updated'] == 16
@@ -670,10 +730,10 @@ def test_close_idempotent_and_stops_every_thread(tmp_path):
             seed=0,
             enable_track_used_data=True,
             storage=dict(type='list'),
-            monitor=dict(periodic_thruput=dict(seconds=1))
+            monitor=dict(periodic_thruput=dict(seconds=1)),
         ),
         tb_logger=FakeTB(),
-        instance_name='thr'
+        instance_name='thr',
     )
     buf.start()
     buf.start()
@@ -708,14 +768,15 @@ def test_close_without_start_or_push_starts_and_leaves_nothing():
 
 def test_context_manager_closes_threads():
     before = {t.ident for t in threading.enumerate()}
-    with create_buffer(tensor_cfg(monitor=dict(periodic_thruput=dict(seconds=1))), tb_logger=FakeTB(),
-                       instance_name='ctx') as buf:
+    with create_buffer(
+        tensor_cfg(monitor=dict(periodic_thruput=dict(seconds=1))), tb_logger=FakeTB(), instance_name='ctx'
+    ) as buf:
         buf.push(items(4))
         assert [t.name for t in new_threads(before)] == ['ctx_thruput']
     assert_no_new_threads(before, timeout=2.0)
 
 
-# ------------------------------------------------------------------------------------------ TensorBoard outside the lock
+# -------------------------------------------------------------------------------- TensorBoard outside the lock
 class BlockingTB:
     """A writer whose first add_scalar blocks until released: shows whether the buffer holds its lock meanwhile."""
 
@@ -734,7 +795,9 @@ class BlockingTB:
 @pytest.mark.parametrize('kind', ['advanced', 'gfn'])
 def test_tensorboard_is_written_outside_the_buffer_lock(kind):
     import torch
+
     from ding_buffer import create_buffer
+
     tb = BlockingTB()
     if kind == 'advanced':
         buf = create_buffer(dict(type='advanced', replay_buffer_size=8, storage=dict(type='tensor')), tb_logger=tb)
@@ -761,6 +824,7 @@ def test_a_run_shorter_than_one_period_still_writes_its_sec_scalars_on_close(tmp
     """close() writes the last partial period (and flushes the writer), so a short run is not left without
     `{instance}_sec/*`; a buffer that saw nothing since the last report writes nothing more."""
     from torch.utils.tensorboard import SummaryWriter
+
     logdir = tmp_path / 'tb'
     writer = SummaryWriter(str(logdir))
     cfg = dict(type=preset, replay_buffer_size=64, seed=0, storage=dict(type='tensor'))

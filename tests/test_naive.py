@@ -4,13 +4,14 @@ Covers DI-engine push/clear semantics, sampling (ranges, copies, batched tensor 
 ``ding_buffer.sampling.uniform_indices``, seeding, persistence (save/load, state_dict) and the O(batch)
 cost of sampling without replacement.
 """
+
 import os
 
 import numpy as np
 import pytest
 import torch
-
 from helpers import assert_same, chi_square
+
 from ding_buffer import create_buffer
 from ding_buffer.sampling import uniform_indices
 
@@ -33,6 +34,7 @@ class Payload:
 
 class NoPermutationGenerator(np.random.Generator):
     """A numpy Generator whose O(n) whole-population methods fail loudly (and count calls)."""
+
     permutation_calls = 0
 
     def permutation(self, *args, **kwargs):
@@ -58,7 +60,7 @@ def make(storage='list', size=64, seed=0, **kw):
 
 def item(i):
     """An item both storages accept: an int id and a small float tensor derived from it."""
-    return {'id': i, 'obs': torch.full((3, ), float(i))}
+    return {'id': i, 'obs': torch.full((3,), float(i))}
 
 
 def push_range(buf, start, stop, one_by_one=False):
@@ -81,8 +83,6 @@ def stored_ids(buf):
     if buf.count() == 0:
         return []
     return sorted(ids_of(buf.sample(buf.count())))
-
-
 
 
 @pytest.mark.parametrize('storage', STORAGES)
@@ -314,7 +314,7 @@ def test_list_storage_deepcopy_push_copies_the_items():
         p['obs'].zero_()
     for x in buf.sample(5):
         assert x['id'] >= 0
-        assert torch.equal(x['obs'], torch.full((3, ), float(x['id'])))
+        assert torch.equal(x['obs'], torch.full((3,), float(x['id'])))
 
 
 def test_list_storage_deepcopy_sample_copies_the_items():
@@ -328,22 +328,22 @@ def test_list_storage_deepcopy_sample_copies_the_items():
     assert sorted(ids_of(second)) == [0, 1, 2, 3, 4]
     assert all(not any(x is y for y in first) for x in second)
     for x in second:
-        assert torch.equal(x['obs'], torch.full((3, ), float(x['id'])))
+        assert torch.equal(x['obs'], torch.full((3,), float(x['id'])))
 
 
 def test_tensor_storage_sample_is_one_dict_of_batched_tensors():
     buf = make('tensor', size=16)
-    buf.push([{'id': i, 'obs': torch.full((3, ), float(i)), 'nested': {'a': np.arange(2) + i}} for i in range(10)])
+    buf.push([{'id': i, 'obs': torch.full((3,), float(i)), 'nested': {'a': np.arange(2) + i}} for i in range(10)])
     out = buf.sample(4)
     assert isinstance(out, dict)
     assert set(out) == {'id', 'obs', 'nested', 'replay_buffer_idx', 'replay_unique_id'}
-    assert out['id'].shape == (4, ) and out['id'].dtype == torch.int64
+    assert out['id'].shape == (4,) and out['id'].dtype == torch.int64
     assert out['obs'].shape == (4, 3) and out['obs'].dtype == torch.float32
     assert out['nested']['a'].shape == (4, 2)
     assert out['replay_buffer_idx'].dtype == torch.int64 and out['replay_unique_id'].dtype == torch.int64
     for k in range(4):
         i = int(out['id'][k])
-        assert torch.equal(out['obs'][k], torch.full((3, ), float(i)))
+        assert torch.equal(out['obs'][k], torch.full((3,), float(i)))
         assert out['nested']['a'][k].tolist() == [i, i + 1]
 
 
@@ -376,7 +376,7 @@ def test_extend_pushes_a_batch_dict(storage, via):
     assert sorted(ids_of(out)) == list(range(10))
     rows = out if isinstance(out, list) else [{'id': out['id'][k], 'obs': out['obs'][k]} for k in range(10)]
     for r in rows:
-        assert torch.equal(r['obs'], torch.full((3, ), float(r['id'])))
+        assert torch.equal(r['obs'], torch.full((3,), float(r['id'])))
 
 
 @pytest.mark.parametrize('storage', STORAGES)
@@ -396,7 +396,7 @@ def test_update_is_a_noop(storage):
     before = buf.state_dict()
     assert buf.update({'priority': [1.0], 'replay_unique_id': [0], 'replay_buffer_idx': [0]}) == {
         'updated': 0,
-        'stale': 0
+        'stale': 0,
     }
     assert_same(before, buf.state_dict())
 
@@ -419,7 +419,7 @@ def test_uniform_indices_distinct_in_range(n, size):
     rng = np.random.default_rng(0)
     for _ in range(200):
         idx = uniform_indices(rng, n, size)
-        assert idx.dtype == np.int64 and idx.shape == (size, )
+        assert idx.dtype == np.int64 and idx.shape == (size,)
         assert len(np.unique(idx)) == size
         assert idx.min() >= 0 and idx.max() < n
 
@@ -452,7 +452,7 @@ def test_uniform_indices_permutation_path_is_used_for_large_fractions():
 def test_uniform_indices_with_replacement():
     rng = np.random.default_rng(0)
     idx = uniform_indices(rng, 3, 1000, replace=True)
-    assert idx.shape == (1000, ) and idx.dtype == np.int64
+    assert idx.shape == (1000,) and idx.dtype == np.int64
     assert set(idx.tolist()) == {0, 1, 2}
     counts = np.bincount(uniform_indices(rng, 50, 10000, replace=True), minlength=50)
     assert chi_square(counts, 10000 / 50) < CHI2_49_Q999
@@ -567,7 +567,7 @@ def test_failed_save_keeps_the_old_file_and_leaves_no_temporary(tmp_path):
     old_bytes = path.read_bytes()
     bad = make('list', size=8)
     bad.push({'id': 0, 'fn': lambda x: x})  # a lambda cannot be pickled: torch.save fails half-way
-    with pytest.raises(Exception):
+    with pytest.raises(Exception):  # noqa: B017 -- whatever pickle raises, the old file must survive
         bad.save_data(str(path))
     assert os.listdir(tmp_path) == ['buf.pt']
     assert path.read_bytes() == old_bytes
@@ -592,7 +592,7 @@ def test_list_storage_with_python_objects_needs_allow_pickle(tmp_path):
 def _corrupt_file(kind, good_path, bad_path):
     data = open(good_path, 'rb').read()
     if kind == 'truncated':
-        bad_path.write_bytes(data[:len(data) // 2])
+        bad_path.write_bytes(data[: len(data) // 2])
     elif kind == 'random':
         bad_path.write_bytes(np.random.default_rng(0).bytes(len(data)))
     elif kind == 'empty':
@@ -735,9 +735,22 @@ def _tamper(state, how):
 
 
 TAMPERS = [
-    'wrong_type', 'missing_type', 'missing_storage', 'missing_rng', 'bad_rng', 'storage_not_a_dict', 'wrong_kind',
-    'ring_capacity', 'ring_head_out_of_range', 'ring_span_too_large', 'ring_span_below_count',
-    'ring_uid_out_of_range', 'ring_array_shape', 'ring_missing_key', 'slots_mismatch', 'data_length_mismatch'
+    'wrong_type',
+    'missing_type',
+    'missing_storage',
+    'missing_rng',
+    'bad_rng',
+    'storage_not_a_dict',
+    'wrong_kind',
+    'ring_capacity',
+    'ring_head_out_of_range',
+    'ring_span_too_large',
+    'ring_span_below_count',
+    'ring_uid_out_of_range',
+    'ring_array_shape',
+    'ring_missing_key',
+    'slots_mismatch',
+    'data_length_mismatch',
 ]
 
 
@@ -821,12 +834,12 @@ def test_sampling_without_replacement_does_no_population_sized_work(monkeypatch)
     assert buf.count() == n
     for _ in range(3):
         out = buf.sample(256)
-        assert out['x'].shape == (256, )
+        assert out['x'].shape == (256,)
         assert len(set(out['x'].tolist())) == 256
         assert torch.equal(out['x'].long(), out['replay_unique_id'])
     out = buf.sample(256, sample_range=slice(-100_000, None))
     assert out["x"].min() >= n - 100_000
-    assert buf.sample(256, replace=True)['x'].shape == (256, )
+    assert buf.sample(256, replace=True)['x'].shape == (256,)
 
 
 @pytest.mark.parametrize('storage', STORAGES)

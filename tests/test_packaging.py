@@ -1,5 +1,6 @@
 """The package as a user installs it: a wheel with the ready configs, py.typed and the licence; installed into a
 fresh venv outside the checkout it lists and resolves its configs; the declared minimum Python is honoured."""
+
 import ast
 import email
 import os
@@ -18,10 +19,14 @@ PYENV = Path(os.environ.get('PYENV_ROOT', '/root/.pyenv')) / 'versions'
 @pytest.fixture(scope='module')
 def wheel(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp('wheel')
-    proc = subprocess.run([sys.executable, '-m', 'pip', 'wheel', '-q', '--no-deps', '--no-build-isolation', '-w',
-                           str(out), str(REPO)], capture_output=True, text=True, timeout=240)
+    proc = subprocess.run(
+        [sys.executable, '-m', 'pip', 'wheel', '-q', '--no-deps', '--no-build-isolation', '-w', str(out), str(REPO)],
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     assert proc.returncode == 0, proc.stderr
-    (path, ) = out.glob('ding_buffer-*.whl')
+    (path,) = out.glob('ding_buffer-*.whl')
     return path
 
 
@@ -62,8 +67,9 @@ def test_wheel_installed_in_a_fresh_venv_runs_its_configs_outside_the_checkout(w
     # itself comes from the wheel: the venv's site-packages come before the system's
     subprocess.run([sys.executable, '-m', 'venv', '--system-site-packages', str(venv)], check=True, timeout=120)
     py = venv / 'bin' / 'python'
-    proc = subprocess.run([str(py), '-m', 'pip', 'install', '-q', '--no-deps', str(wheel)], capture_output=True,
-                          text=True, timeout=240)
+    proc = subprocess.run(
+        [str(py), '-m', 'pip', 'install', '-q', '--no-deps', str(wheel)], capture_output=True, text=True, timeout=240
+    )
     assert proc.returncode == 0, proc.stderr
     work = tmp_path / 'elsewhere'
     work.mkdir()
@@ -73,17 +79,26 @@ def test_wheel_installed_in_a_fresh_venv_runs_its_configs_outside_the_checkout(w
     def run(*argv, timeout=120):
         return subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout, cwd=work, env=env)
 
-    where = run(str(py), '-c', 'import ding_buffer, ding_buffer.configs as c; print(ding_buffer.__file__); '
-                               'print(c.__file__)')
+    where = run(
+        str(py), '-c', 'import ding_buffer, ding_buffer.configs as c; print(ding_buffer.__file__); print(c.__file__)'
+    )
     assert where.returncode == 0, where.stderr
     for line in where.stdout.split():
         assert Path(line).is_relative_to(venv) and not Path(line).is_relative_to(REPO), where.stdout
     listed = run(str(venv / 'bin' / 'ding-buffer'), 'configs')
     assert listed.returncode == 0, listed.stderr
-    assert {p.stem for p in (REPO / 'config').glob('*.py') if not p.stem.startswith('_')} <= \
-        {line.split()[0] for line in listed.stdout.splitlines() if line.strip()}
-    trained = run(str(venv / 'bin' / 'ding-buffer'), 'train', 'cartpole_dqn_per', '--env-steps', '300',
-                  '--no-progress', timeout=180)
+    assert {p.stem for p in (REPO / 'config').glob('*.py') if not p.stem.startswith('_')} <= {
+        line.split()[0] for line in listed.stdout.splitlines() if line.strip()
+    }
+    trained = run(
+        str(venv / 'bin' / 'ding-buffer'),
+        'train',
+        'cartpole_dqn_per',
+        '--env-steps',
+        '300',
+        '--no-progress',
+        timeout=180,
+    )
     assert trained.returncode == 0, trained.stderr
     assert str(venv) in trained.stdout.splitlines()[0]  # the packaged config file ran
     assert (work / 'cartpole_dqn_per_seed0' / 'summary.json').is_file()
@@ -103,10 +118,11 @@ def _sources():
 
 def _interpreters(minimum: tuple):
     found = {}
-    for exe in sorted(PYENV.glob('3.*/bin/python3')) + [Path(p) for p in ('/usr/bin/python3', )]:
+    for exe in sorted(PYENV.glob('3.*/bin/python3')) + [Path(p) for p in ('/usr/bin/python3',)]:
         try:
-            out = subprocess.run([str(exe), '-c', 'import sys; print(*sys.version_info[:2])'], capture_output=True,
-                                 text=True, timeout=30).stdout.split()
+            out = subprocess.run(
+                [str(exe), '-c', 'import sys; print(*sys.version_info[:2])'], capture_output=True, text=True, timeout=30
+            ).stdout.split()
         except (OSError, subprocess.TimeoutExpired):
             continue
         if len(out) == 2 and tuple(map(int, out)) >= minimum:
@@ -121,11 +137,14 @@ def test_every_source_compiles_on_every_supported_python_found_here():
     found = _interpreters(minimum)
     if minimum not in found:
         pytest.skip(f'no Python {minimum[0]}.{minimum[1]} on this machine')
-    code = ("import sys\nbad = []\nfor f in sys.argv[1:]:\n    try:\n        compile(open(f).read(), f, 'exec')\n"
-            "    except SyntaxError as e:\n        bad.append(f'{f}:{e.lineno}: {e.msg}')\nprint('\\n'.join(bad))")
+    code = (
+        "import sys\nbad = []\nfor f in sys.argv[1:]:\n    try:\n        compile(open(f).read(), f, 'exec')\n"
+        "    except SyntaxError as e:\n        bad.append(f'{f}:{e.lineno}: {e.msg}')\nprint('\\n'.join(bad))"
+    )
     for version, exe in sorted(found.items()):
-        proc = subprocess.run([str(exe), '-c', code, *map(str, _sources())], capture_output=True, text=True,
-                              timeout=120)
+        proc = subprocess.run(
+            [str(exe), '-c', code, *map(str, _sources())], capture_output=True, text=True, timeout=120
+        )
         assert proc.returncode == 0 and not proc.stdout.strip(), f'Python {version}: {proc.stdout}{proc.stderr}'
 
 
@@ -138,21 +157,30 @@ def test_no_runtime_evaluated_syntax_newer_than_python_requires():
     problems = []
     for path in _sources():
         tree = ast.parse(path.read_text(), str(path))
-        deferred = any(isinstance(n, ast.ImportFrom) and n.module == '__future__' and
-                       any(a.name == 'annotations' for a in n.names) for n in tree.body)
+        deferred = any(
+            isinstance(n, ast.ImportFrom) and n.module == '__future__' and any(a.name == 'annotations' for a in n.names)
+            for n in tree.body
+        )
         for node in ast.walk(tree):
             anns = []
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 a = node.args
-                anns = [x.annotation for x in a.posonlyargs + a.args + a.kwonlyargs + [a.vararg, a.kwarg]
-                        if x is not None] + [node.returns]
+                anns = [
+                    x.annotation for x in a.posonlyargs + a.args + a.kwonlyargs + [a.vararg, a.kwarg] if x is not None
+                ] + [node.returns]
             elif isinstance(node, ast.AnnAssign):
                 anns = [node.annotation]
             for ann in anns:
-                if ann is not None and not deferred and any(
-                        isinstance(n, ast.BinOp) and isinstance(n.op, ast.BitOr) for n in ast.walk(ann)):
+                if (
+                    ann is not None
+                    and not deferred
+                    and any(isinstance(n, ast.BinOp) and isinstance(n.op, ast.BitOr) for n in ast.walk(ann))
+                ):
                     problems.append(f'{path.relative_to(REPO)}:{node.lineno}: {ast.unparse(ann)}')
-            if isinstance(node, ast.Call) and getattr(node.func, 'id', None) == 'zip' and \
-                    any(k.arg == 'strict' for k in node.keywords):
+            if (
+                isinstance(node, ast.Call)
+                and getattr(node.func, 'id', None) == 'zip'
+                and any(k.arg == 'strict' for k in node.keywords)
+            ):
                 problems.append(f'{path.relative_to(REPO)}:{node.lineno}: zip(strict=)')
     assert not problems, '\n'.join(problems)

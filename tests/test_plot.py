@@ -1,6 +1,7 @@
 """`ding_buffer.train.plot` / `ding-buffer plot`: runs grouped by config, seeds averaged on the steps they all cover,
 stop values from the runs, markers on every curve, the legend outside the axes. Fake run directories: ``eval.csv``
 from ``write_eval_csv`` plus the ``run.json`` the jobs write at start."""
+
 import json
 import os
 
@@ -9,8 +10,7 @@ import pytest
 
 from ding_buffer.cli import main
 from ding_buffer.train.evals import write_eval_csv
-from ding_buffer.train.plot import config_id, draw_runs, group_runs, mean_band, plot_runs, read_run_info, \
-    write_run_info
+from ding_buffer.train.plot import config_id, draw_runs, group_runs, mean_band, plot_runs, read_run_info, write_run_info
 
 matplotlib = pytest.importorskip('matplotlib')
 
@@ -18,9 +18,13 @@ PNG_MAGIC = b'\x89PNG\r\n\x1a\n'
 
 
 def cfg_of(exp_name, seed, stop_value=475.0, env_id='CartPole-v1', lr=1e-3, log_dir=None):
-    return {'exp_name': exp_name, 'seed': seed, 'log_dir': log_dir,
-            'env': {'env_id': env_id, 'stop_value': stop_value, 'max_env_step': 1000},
-            'policy': {'learn': {'learning_rate': lr}, 'other': {'replay_buffer': {'type': 'advanced'}}}}
+    return {
+        'exp_name': exp_name,
+        'seed': seed,
+        'log_dir': log_dir,
+        'env': {'env_id': env_id, 'stop_value': stop_value, 'max_env_step': 1000},
+        'policy': {'learn': {'learning_rate': lr}, 'other': {'replay_buffer': {'type': 'advanced'}}},
+    }
 
 
 def fake_run(root, exp_name, seed, steps, returns, stds=None, info=True, **cfg):
@@ -28,8 +32,13 @@ def fake_run(root, exp_name, seed, steps, returns, stds=None, info=True, **cfg):
     d = os.path.join(str(root), f'{exp_name}_seed{seed}')
     os.makedirs(d, exist_ok=True)
     stds = [1.0] * len(steps) if stds is None else stds
-    write_eval_csv(d, [{'env_step': s, 'train_iter': s, 'return_mean': r, 'return_std': sd, 'wall_time': 0.1}
-                       for s, r, sd in zip(steps, returns, stds)])
+    write_eval_csv(
+        d,
+        [
+            {'env_step': s, 'train_iter': s, 'return_mean': r, 'return_std': sd, 'wall_time': 0.1}
+            for s, r, sd in zip(steps, returns, stds)
+        ],
+    )
     if info:
         write_run_info(d, cfg_of(exp_name, seed, **cfg), 'dqn')
     return d
@@ -39,6 +48,7 @@ def drawn(run_dirs, **kw):
     """``draw_runs`` on a fresh axes: (groups, the axes' lines, its shaded bands / error bars)."""
     matplotlib.use('Agg')
     import matplotlib.pyplot as plt
+
     fig, ax = plt.subplots()
     try:
         groups = draw_runs(ax, run_dirs, **kw)
@@ -79,8 +89,10 @@ def test_seeds_of_one_config_form_one_group(tmp_path):
     runs = [fake_run(tmp_path, 'cartpole_dqn_per', s, [10, 20], [1.0, 2.0]) for s in range(5)]
     other = fake_run(tmp_path, 'cartpole_dqn_uniform', 0, [10, 20], [1.0, 2.0])
     groups = group_runs(runs + [other])
-    assert [(g.label, g.run_dirs) for g in groups] == [('cartpole_dqn_per (5 seeds)', runs),
-                                                       ('cartpole_dqn_uniform (seed 0)', [other])]
+    assert [(g.label, g.run_dirs) for g in groups] == [
+        ('cartpole_dqn_per (5 seeds)', runs),
+        ('cartpole_dqn_uniform (seed 0)', [other]),
+    ]
 
 
 def test_same_run_name_in_two_folders_makes_two_groups_with_distinct_labels(tmp_path):
@@ -88,8 +100,10 @@ def test_same_run_name_in_two_folders_makes_two_groups_with_distinct_labels(tmp_
     b = [fake_run(tmp_path / 'exp_b' / 'runs', 'per', s, [10], [1.0]) for s in (0, 1)]
     groups = group_runs(a + b)
     assert [g.run_dirs for g in groups] == [a, b]
-    assert [g.label for g in groups] == [os.path.join('exp_a', 'runs', 'per (2 seeds)'),
-                                         os.path.join('exp_b', 'runs', 'per (2 seeds)')]
+    assert [g.label for g in groups] == [
+        os.path.join('exp_a', 'runs', 'per (2 seeds)'),
+        os.path.join('exp_b', 'runs', 'per (2 seeds)'),
+    ]
 
 
 def test_different_configs_never_merge_even_in_one_folder(tmp_path):
@@ -108,9 +122,13 @@ def test_fallback_grouping_by_folder_and_name_without_seed(tmp_path):
 
 # ---------------------------------------------------------------------------------------------------- alignment
 def test_mean_band_interpolates_each_seed_only_inside_its_own_range():
-    band = mean_band([([0, 10, 20, 30], [0.0, 10.0, 20.0, 30.0]),  # longer run: only it reaches 30
-                      ([0, 5, 10, 20], [2.0, 4.0, 6.0, 8.0]),
-                      ([10, 20], [9.0, 9.0])])  # starts later: absent (not extrapolated) at 0 and 5
+    band = mean_band(
+        [
+            ([0, 10, 20, 30], [0.0, 10.0, 20.0, 30.0]),  # longer run: only it reaches 30
+            ([0, 5, 10, 20], [2.0, 4.0, 6.0, 8.0]),
+            ([10, 20], [9.0, 9.0]),
+        ]
+    )  # starts later: absent (not extrapolated) at 0 and 5
     assert band.steps.tolist() == [0, 5, 10, 20, 30] and band.n.tolist() == [2, 2, 3, 3, 1]
     np.testing.assert_allclose(band.mean, [1.0, 4.5, 25 / 3, 37 / 3, 30.0])  # seed 0 interpolated at 5 -> 5
     np.testing.assert_allclose(band.std[:2], [1.0, 0.5])
@@ -201,8 +219,8 @@ def test_run_not_evaluated_yet_plots_without_error(tmp_path):
 def test_the_band_of_several_seeds_is_the_standard_error_of_their_mean(tmp_path):
     returns = [[10.0, 100.0], [20.0, 300.0], [60.0, 200.0]]
     runs = [fake_run(tmp_path, 'per', s, [10, 20], r) for s, r in enumerate(returns)]
-    _, _, (band, ) = drawn(runs)
-    (path, ) = band.get_paths()
+    _, _, (band,) = drawn(runs)
+    (path,) = band.get_paths()
     ys = path.vertices[:, 1]
     for k in range(2):
         col = np.array([r[k] for r in returns])

@@ -42,6 +42,7 @@ Bugs the machine found have tests of their own at the end: open ones ``test_know
 with the reason; the machine leaves out the inputs that hit them, each exclusion naming its test -- a fix turns
 the test into an XPASS failure: remove the mark then, and the exclusion), fixed ones ``test_regression_*``.
 """
+
 import copy
 import os
 import shutil
@@ -55,8 +56,8 @@ import torch
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule, run_state_machine_as_test
-
 from test_contract import assert_state_equal
+
 from ding_buffer import create_buffer
 from ding_buffer.errors import SampleTimeoutError
 
@@ -99,17 +100,29 @@ def paths_of(state, prefix=(), depth=0):
         return out
     if isinstance(state, Mapping):
         for k in state:
-            out.append(prefix + (k, ))
-            out += paths_of(state[k], prefix + (k, ), depth + 1)
+            out.append(prefix + (k,))
+            out += paths_of(state[k], prefix + (k,), depth + 1)
     elif isinstance(state, list):
         for i in range(min(len(state), 2)):
-            out.append(prefix + (i, ))
-            out += paths_of(state[i], prefix + (i, ), depth + 1)
+            out.append(prefix + (i,))
+            out += paths_of(state[i], prefix + (i,), depth + 1)
     return out
 
 
-GARBAGE = ('drop', 'str', 'none', 'neg', 'huge', 'nan', 'empty_list', 'tensor_nan', 'tensor_short', 'tensor_dtype',
-           'tensor_neg', 'tensor_big')
+GARBAGE = (
+    'drop',
+    'str',
+    'none',
+    'neg',
+    'huge',
+    'nan',
+    'empty_list',
+    'tensor_nan',
+    'tensor_short',
+    'tensor_dtype',
+    'tensor_neg',
+    'tensor_big',
+)
 
 
 def garbage_for(value, kind):
@@ -128,7 +141,7 @@ def garbage_for(value, kind):
         if kind == 'tensor_neg':
             return -v - 1 if v.dtype != torch.bool else ~v
         return v + 1000 if v.dtype != torch.bool else v
-    replacements = {'str': 'garbage', 'none': None, 'neg': -1, 'huge': 2 ** 70, 'nan': NAN, 'empty_list': []}
+    replacements = {'str': 'garbage', 'none': None, 'neg': -1, 'huge': 2**70, 'nan': NAN, 'empty_list': []}
     return replacements.get(kind, 'garbage')
 
 
@@ -147,7 +160,6 @@ def corrupted(state, path, kind):
 
 # ================================================================================ the combinations
 class Case:
-
     def __init__(self, preset, storage=None):
         self.preset = preset
         self.storage = storage  # 'list' / 'tensor'; None for the GFlowNet buffers
@@ -283,17 +295,17 @@ class BufferMachine(RuleBasedStateMachine):
         envstep = {} if rng.random() < 0.5 else {'cur_collector_envstep': int(rng.integers(0, 1000))}
         if case.gfn:
             n = int(rng.integers(1, 11))
-            return (self.gfn_items(rng, n, as_list=form == 0), ), envstep
+            return (self.gfn_items(rng, n, as_list=form == 0),), envstep
         if case.episodic:
             if form == 0:
                 ep = self.episode(rng, 0)
-                return ((ep if isinstance(ep, dict) else [ep]), ), envstep
-            return ([self.episode(rng, k) for k in range(int(rng.integers(1, 5)))], ), envstep
+                return ((ep if isinstance(ep, dict) else [ep]),), envstep
+            return ([self.episode(rng, k) for k in range(int(rng.integers(1, 5)))],), envstep
         if form == 0:
-            return (self.item(rng, 0), ), envstep
+            return (self.item(rng, 0),), envstep
         if form == 1:
-            return (self.item_batch(rng, int(rng.integers(1, 11))), ), dict(envstep, batched=True)
-        return ([self.item(rng, k) for k in range(int(rng.integers(1, 11)))], ), envstep
+            return (self.item_batch(rng, int(rng.integers(1, 11))),), dict(envstep, batched=True)
+        return ([self.item(rng, k) for k in range(int(rng.integers(1, 11)))],), envstep
 
     def ok_list(self, rng, n=2):
         """Valid elements to put before an invalid one in a list push (a partial write would show)."""
@@ -308,24 +320,35 @@ class BufferMachine(RuleBasedStateMachine):
         """``(label, args, kwargs, must_raise)`` of an invalid push of the given kind."""
         case, ok = self.case, self.ok_list(rng)
         if kind == 'none':
-            return 'push(None)', (None, ), {}, True
+            return 'push(None)', (None,), {}, True
         if kind == 'none_in_list':
-            return 'push([valid, valid, None])', (ok + [None], ), {}, True
+            return 'push([valid, valid, None])', (ok + [None],), {}, True
         # list storage of naive keeps any object (DI-engine); every other preset stores dicts / episodes
         if kind == 'int':
-            return 'push(5)', (5, ), {}, case.id != 'naive-list'
+            return 'push(5)', (5,), {}, case.id != 'naive-list'
         if kind == 'str':
-            return "push('abc')", ('abc', ), {}, case.id != 'naive-list'
+            return "push('abc')", ('abc',), {}, case.id != 'naive-list'
         if kind.startswith('envstep'):
-            value = {'envstep_str': 'abc', 'envstep_none': None, 'envstep_float': 1.5, 'envstep_nan': NAN,
-                     'envstep_huge': 2 ** 70}[kind]
+            value = {
+                'envstep_str': 'abc',
+                'envstep_none': None,
+                'envstep_float': 1.5,
+                'envstep_nan': NAN,
+                'envstep_huge': 2**70,
+            }[kind]
             args, kw = self.valid_push(rng)
             return f'push(valid, cur_collector_envstep={value!r})', args, dict(kw, cur_collector_envstep=value), True
         if kind == 'ci_dict_subclass':
             return self.bad_collect_iter(rng, 'abc', ok, wrap=OrderedDict)
         if kind.startswith('ci_'):
-            value = {'ci_str': 'abc', 'ci_huge': 2 ** 70, 'ci_nan': NAN, 'ci_bool': True, 'ci_list': [1, 'x'],
-                     'ci_inf': INF}[kind]
+            value = {
+                'ci_str': 'abc',
+                'ci_huge': 2**70,
+                'ci_nan': NAN,
+                'ci_bool': True,
+                'ci_list': [1, 'x'],
+                'ci_inf': INF,
+            }[kind]
             return self.bad_collect_iter(rng, value, ok)
         if case.gfn:
             return self.invalid_gfn_push(rng, kind, ok)
@@ -346,7 +369,7 @@ class BufferMachine(RuleBasedStateMachine):
         if case.gfn:
             items = [dict(x) for x in ok]
             items[-1]['collect_iter'] = value
-            return f'push([items..., item with collect_iter={value!r}])', (items, ), {}, must
+            return f'push([items..., item with collect_iter={value!r}])', (items,), {}, must
         if case.episodic:
             ep = self.episode(rng, 7)
             if isinstance(ep, list):
@@ -355,12 +378,14 @@ class BufferMachine(RuleBasedStateMachine):
             else:
                 ep = wrap(ep, collect_iter=[value] * len(ep['act']))
             data = ep if single and isinstance(ep, Mapping) else ok + [ep]
-            return f'push(episode with collect_iter {value!r} ({wrap.__name__}))', (data, ), {}, must
+            return f'push(episode with collect_iter {value!r} ({wrap.__name__}))', (data,), {}, must
         bad = wrap(self.item(rng, 9), collect_iter=value)
         data = bad if single else ok + [bad]
-        label = f'push({"" if single else "[valid, valid, "}item with collect_iter={value!r} ({wrap.__name__})' \
-                f'{"" if single else "]"})'
-        return label, (data, ), {}, must
+        label = (
+            f'push({"" if single else "[valid, valid, "}item with collect_iter={value!r} ({wrap.__name__})'
+            f'{"" if single else "]"})'
+        )
+        return label, (data,), {}, must
 
     def engine_rules(self):
         return [k for k in ('max_use', 'staleness') if self.opts[k]]
@@ -372,24 +397,37 @@ class BufferMachine(RuleBasedStateMachine):
             valid['collect_iter'] = 1
         single = bool(rng.random() < 0.5)
         if kind.startswith('prio_') and kind != 'prio_batched' and case.preset == 'advanced':
-            value = {'prio_nan': NAN, 'prio_neg': -1.0, 'prio_inf': INF, 'prio_huge': 1e300, 'prio_str': 'high',
-                     'prio_bool': True, 'prio_pair': [1.0, 2.0], 'prio_int_huge': 10 ** 400}[kind]
+            value = {
+                'prio_nan': NAN,
+                'prio_neg': -1.0,
+                'prio_inf': INF,
+                'prio_huge': 1e300,
+                'prio_str': 'high',
+                'prio_bool': True,
+                'prio_pair': [1.0, 2.0],
+                'prio_int_huge': 10**400,
+            }[kind]
             bad = dict(valid, priority=value)
-            label = f'push({"" if single else "[valid, valid, "}item with priority={value!r:.20}' \
-                    f'{"" if single else "]"})'
-            return label, ((bad if single else ok + [bad]), ), {}, True
+            label = (
+                f'push({"" if single else "[valid, valid, "}item with priority={value!r:.20}{"" if single else "]"})'
+            )
+            return label, ((bad if single else ok + [bad]),), {}, True
         if kind == 'prio_batched' and case.preset == 'advanced':
             batch = {'obs': torch.zeros(3, OBS), 'act': torch.arange(3), 'priority': torch.tensor([1.0, 1.0, NAN])}
             if 'collect_iter' in valid:
                 batch['collect_iter'] = torch.ones(3, dtype=torch.int64)
-            return 'push(batch with a nan priority, batched=True)', (batch, ), {'batched': True}, True
+            return 'push(batch with a nan priority, batched=True)', (batch,), {'batched': True}, True
         if kind == 'batched_ragged':
-            return 'push(ragged batch, batched=True)', ({'obs': torch.zeros(3, OBS), 'act': torch.arange(2)}, ), \
-                {'batched': True}, True
+            return (
+                'push(ragged batch, batched=True)',
+                ({'obs': torch.zeros(3, OBS), 'act': torch.arange(2)},),
+                {'batched': True},
+                True,
+            )
         if kind == 'batched_not_dict':
-            return 'push(5, batched=True)', (5, ), {'batched': True}, True
+            return 'push(5, batched=True)', (5,), {'batched': True}, True
         if kind == 'list_not_dict' and (case.tensor or case.preset == 'advanced'):
-            return 'push([valid, valid, 7])', (ok + [7], ), {}, True
+            return 'push([valid, valid, 7])', (ok + [7],), {}, True
         if case.tensor:
             bad = {
                 'shape': dict(valid, obs=torch.zeros(OBS + 1)),
@@ -398,20 +436,24 @@ class BufferMachine(RuleBasedStateMachine):
                 'extra': dict(valid, x=2),
             }.get(kind)
             if bad is not None:
-                return f'push([valid, valid, item with a {kind} mismatch])', (ok + [bad], ), {}, True
-        return 'push(None)', (None, ), {}, True
+                return f'push([valid, valid, item with a {kind} mismatch])', (ok + [bad],), {}, True
+        return 'push(None)', (None,), {}, True
 
     def invalid_episode_push(self, rng, kind, ok):
         case = self.case
         if kind == 'empty_episode':
-            return 'push([episodes..., []])', (ok + [[]], ), {}, True
+            return 'push([episodes..., []])', (ok + [[]],), {}, True
         if kind == 'episode_int':
-            return 'push([episodes..., 5])', (ok + [5], ), {}, True
+            return 'push([episodes..., 5])', (ok + [5],), {}, True
         if kind == 'ragged_dict':
-            return 'push([episodes..., ragged dict episode])', \
-                (ok + [{'obs': torch.zeros(3, 2), 'act': torch.zeros(2, dtype=torch.int64)}], ), {}, True
+            return (
+                'push([episodes..., ragged dict episode])',
+                (ok + [{'obs': torch.zeros(3, 2), 'act': torch.zeros(2, dtype=torch.int64)}],),
+                {},
+                True,
+            )
         if kind == 'batched_ragged' or kind == 'batched_not_dict':
-            return 'push(episode, batched=True)', (self.episode(rng, 1), ), {'batched': True}, True
+            return 'push(episode, batched=True)', (self.episode(rng, 1),), {'batched': True}, True
         if kind.startswith('reserved'):
             names = ['mask']
             if case.tensor:
@@ -427,8 +469,12 @@ class BufferMachine(RuleBasedStateMachine):
             single = bool(rng.random() < 0.5) and isinstance(ep, dict)
             # windows of list episodes (list storage) are lists of the stored transitions: no field is added
             must = case.tensor or isinstance(ep, dict)
-            return f'push({"list" if isinstance(ep, list) else "dict"} episode with reserved field {name!r})', \
-                ((ep if single else ok + [ep]), ), {}, must
+            return (
+                f'push({"list" if isinstance(ep, list) else "dict"} episode with reserved field {name!r})',
+                ((ep if single else ok + [ep]),),
+                {},
+                must,
+            )
         if case.tensor:
             step = {'obs': torch.zeros(2), 'act': torch.tensor(1)}
             if self.opts['staleness']:
@@ -439,46 +485,86 @@ class BufferMachine(RuleBasedStateMachine):
                 'too_long': [step] * (MAX_T + 1),
             }.get(kind)
             if bad is not None:
-                return f'push([episodes..., episode with a {kind} problem])', (ok + [bad], ), {}, True
-        return 'push([episodes..., None])', (ok + [None], ), {}, True
+                return f'push([episodes..., episode with a {kind} problem])', (ok + [bad],), {}, True
+        return 'push([episodes..., None])', (ok + [None],), {}, True
 
     def invalid_gfn_push(self, rng, kind, ok):
         batch = self.gfn_items(rng, 4, as_list=False)
         if kind == 'r_nan':
             batch['log_reward'] = torch.tensor([0.0, 1.0, -1.0, NAN])
-            return 'push(batch with a nan log_reward)', (batch, ), {}, True
+            return 'push(batch with a nan log_reward)', (batch,), {}, True
         if kind == 'r_inf':
             batch['log_reward'] = torch.tensor([0.0, 1.0, -1.0, INF])
-            return 'push(batch with a +inf log_reward)', (batch, ), {}, True
+            return 'push(batch with a +inf log_reward)', (batch,), {}, True
         if kind == 'r_2d':
             batch['log_reward'] = torch.zeros(4, 1)
-            return 'push(batch with 2-d log_reward)', (batch, ), {}, True
+            return 'push(batch with 2-d log_reward)', (batch,), {}, True
         if kind == 'r_int':
             batch['log_reward'] = torch.zeros(4, dtype=torch.int64)
-            return 'push(batch with integer log_reward)', (batch, ), {}, True
+            return 'push(batch with integer log_reward)', (batch,), {}, True
         if kind == 'ragged':
             batch['state'] = torch.zeros(3, GFN_DIM)
-            return 'push(ragged batch)', (batch, ), {}, True
+            return 'push(ragged batch)', (batch,), {}, True
         if kind == 'no_reward':
             del batch['log_reward']
-            return 'push(batch without log_reward)', (batch, ), {}, True
+            return 'push(batch without log_reward)', (batch,), {}, True
         if kind == 'shape':
             bad = dict(ok[0], state=torch.zeros(GFN_DIM + 1))
-            return 'push([items..., item with a wrong state dim])', (ok + [bad], ), {}, True
+            return 'push([items..., item with a wrong state dim])', (ok + [bad],), {}, True
         if kind == 'state_nan' and self.case.preset == 'gfn_diverse':
             batch['state'] = batch['state'].clone()
             batch['state'][3, 0] = NAN
-            return 'push(batch with a nan state)', (batch, ), {}, True
+            return 'push(batch with a nan state)', (batch,), {}, True
         if kind == 'list_not_dict':
-            return 'push([items..., 7])', (ok + [7], ), {}, True
-        return 'push([items..., None])', (ok + [None], ), {}, True
+            return 'push([items..., 7])', (ok + [7],), {}, True
+        return 'push([items..., None])', (ok + [None],), {}, True
 
-    PUSH_KINDS = ('none', 'none_in_list', 'int', 'str', 'envstep_str', 'envstep_none', 'envstep_float', 'envstep_nan',
-                  'envstep_huge', 'ci_str', 'ci_huge', 'ci_nan', 'ci_bool', 'ci_list', 'ci_inf', 'ci_dict_subclass',
-                  'prio_nan', 'prio_neg', 'prio_inf', 'prio_huge', 'prio_str', 'prio_bool', 'prio_pair',
-                  'prio_int_huge', 'prio_batched', 'batched_ragged', 'batched_not_dict', 'list_not_dict', 'shape',
-                  'dtype', 'missing', 'extra', 'empty_episode', 'episode_int', 'ragged_dict', 'reserved', 'too_long',
-                  'r_nan', 'r_inf', 'r_2d', 'r_int', 'ragged', 'no_reward', 'state_nan')
+    PUSH_KINDS = (
+        'none',
+        'none_in_list',
+        'int',
+        'str',
+        'envstep_str',
+        'envstep_none',
+        'envstep_float',
+        'envstep_nan',
+        'envstep_huge',
+        'ci_str',
+        'ci_huge',
+        'ci_nan',
+        'ci_bool',
+        'ci_list',
+        'ci_inf',
+        'ci_dict_subclass',
+        'prio_nan',
+        'prio_neg',
+        'prio_inf',
+        'prio_huge',
+        'prio_str',
+        'prio_bool',
+        'prio_pair',
+        'prio_int_huge',
+        'prio_batched',
+        'batched_ragged',
+        'batched_not_dict',
+        'list_not_dict',
+        'shape',
+        'dtype',
+        'missing',
+        'extra',
+        'empty_episode',
+        'episode_int',
+        'ragged_dict',
+        'reserved',
+        'too_long',
+        'r_nan',
+        'r_inf',
+        'r_2d',
+        'r_int',
+        'ragged',
+        'no_reward',
+        'state_nan',
+    )
 
     # ------------------------------------------------------------------ samples
     def valid_sample_kwargs(self, rng):
@@ -523,34 +609,43 @@ class BufferMachine(RuleBasedStateMachine):
         kw.pop('timeout', None)  # a refusal must not depend on a wait
         if kind == 'size':
             value = [0, -1, 1.5, True, '3', None, np.float64(2.0)][int(rng.integers(0, 7))]
-            return f'sample(size={value!r})', (value, ), kw, True
+            return f'sample(size={value!r})', (value,), kw, True
         if kind == 'cur_learner_iter':
-            value = [None, 'x', 2 ** 70, 1.5, NAN, True, -2 ** 70][int(rng.integers(0, 7))]
-            return f'sample(cur_learner_iter={value!r})', (size, ), dict(kw, cur_learner_iter=value), True
+            value = [None, 'x', 2**70, 1.5, NAN, True, -(2**70)][int(rng.integers(0, 7))]
+            return f'sample(cur_learner_iter={value!r})', (size,), dict(kw, cur_learner_iter=value), True
         if kind == 'timeout':
             value = ['1', -1, NAN, INF, True, -0.5][int(rng.integers(0, 6))]
-            return f'sample(timeout={value!r})', (size, ), dict(kw, timeout=value), True
+            return f'sample(timeout={value!r})', (size,), dict(kw, timeout=value), True
         if kind == 'replace':
-            return "sample(replace='no')", (size, ), dict(kw, replace='no'), True
+            return "sample(replace='no')", (size,), dict(kw, replace='no'), True
         if kind == 'unknown_kwarg':
-            return 'sample(foo=1)', (size, ), dict(kw, foo=1), True
+            return 'sample(foo=1)', (size,), dict(kw, foo=1), True
         if kind == 'sample_range' and case.preset in ('naive', 'advanced', 'episode'):
             value = ['abc', 5, (0, 2), slice(0, 2, 0), slice('a', None)][int(rng.integers(0, 5))]
-            return f'sample(sample_range={value!r})', (size, ), dict(kw, sample_range=value), True
+            return f'sample(sample_range={value!r})', (size,), dict(kw, sample_range=value), True
         if kind == 'unroll_len' and case.preset == 'episode':
             value = [0, -1, 'a', True, 1.5][int(rng.integers(0, 5))]
-            return f'sample(unroll_len={value!r})', (size, ), dict(kw, unroll_len=value), True
+            return f'sample(unroll_len={value!r})', (size,), dict(kw, unroll_len=value), True
         if kind == 'pad' and case.preset == 'episode':
-            return "sample(pad='yes')", (size, ), dict(kw, pad='yes'), True
+            return "sample(pad='yes')", (size,), dict(kw, pad='yes'), True
         if case.preset == 'prioritized_episode' and kind in ('sample_range', 'unroll_len', 'pad'):
             value = {'sample_range': slice(0, 2), 'unroll_len': 2, 'pad': True}[kind]
-            return f'sample({kind}={value!r}) (prioritized windows)', (size, ), {kind: value}, True
+            return f'sample({kind}={value!r}) (prioritized windows)', (size,), {kind: value}, True
         if case.preset == 'prioritized_episode' and kind == 'no_replace':
-            return 'sample(replace=False) (prioritized windows)', (size, ), {'replace': False}, True
-        return 'sample(size=0)', (0, ), kw, True
+            return 'sample(replace=False) (prioritized windows)', (size,), {'replace': False}, True
+        return 'sample(size=0)', (0,), kw, True
 
-    SAMPLE_KINDS = ('size', 'cur_learner_iter', 'timeout', 'replace', 'unknown_kwarg', 'sample_range', 'unroll_len',
-                    'pad', 'no_replace')
+    SAMPLE_KINDS = (
+        'size',
+        'cur_learner_iter',
+        'timeout',
+        'replace',
+        'unknown_kwarg',
+        'sample_range',
+        'unroll_len',
+        'pad',
+        'no_replace',
+    )
 
     # ------------------------------------------------------------------ updates
     def update_info(self, batch, rng):
@@ -586,7 +681,7 @@ class BufferMachine(RuleBasedStateMachine):
         idx = np.asarray(as_array(good['replay_buffer_idx']))
         ids = good['replay_unique_id']
         must = self.case.prioritized
-        last = (-1, ) + (0, ) * (idx.ndim - 1)
+        last = (-1,) + (0,) * (idx.ndim - 1)
 
         def with_prio(value):
             bad = prio.astype(object).copy()
@@ -607,7 +702,7 @@ class BufferMachine(RuleBasedStateMachine):
             ('priority list too short', dict(good, priority=prio.reshape(-1)[:-1].tolist()), must),
             ('replay_buffer_idx past the last slot', with_idx(self.case.slots), must),
             ('negative replay_buffer_idx', with_idx(-7), must),
-            ('huge replay_buffer_idx', with_idx(2 ** 40), must),
+            ('huge replay_buffer_idx', with_idx(2**40), must),
             ('float replay_buffer_idx', dict(good, replay_buffer_idx=idx.astype(np.float64)), must),
             ('no replay_buffer_idx', {'replay_unique_id': ids, 'priority': prio.tolist()}, must),
             ('no replay_unique_id', {'replay_buffer_idx': idx, 'priority': prio.tolist()}, must),
@@ -649,15 +744,17 @@ class BufferMachine(RuleBasedStateMachine):
             twin.load_state_dict(before)
             assert no_wait(twin) is None, f'{label} timed out, but the same sample without a wait gave a batch'
             ignore = {'refused_sample'}
-            assert_same(without_keys(self.buf.state_dict(), ignore),
-                        without_keys(twin.state_dict(), ignore),
-                        f'state after {label} timed out (vs. the same sample without a wait)')
+            assert_same(
+                without_keys(self.buf.state_dict(), ignore),
+                without_keys(twin.state_dict(), ignore),
+                f'state after {label} timed out (vs. the same sample without a wait)',
+            )
         finally:
             twin.close()
 
     def probe(self, after):
         """The buffer still works after ``after``: a valid push, then a sample when it holds something."""
-        rng = np.random.default_rng(10 ** 6 + self.probe_seed)
+        rng = np.random.default_rng(10**6 + self.probe_seed)
         self.probe_seed += 1
         args, kwargs = self.valid_push(rng)
         try:
@@ -675,14 +772,14 @@ class BufferMachine(RuleBasedStateMachine):
             self.last_batch = out
 
     # ------------------------------------------------------------------ rules: push
-    @rule(seed=st.integers(0, 2 ** 16))
+    @rule(seed=st.integers(0, 2**16))
     def push_valid(self, seed):
         args, kwargs = self.valid_push(np.random.default_rng(seed))
         raised, n = self.attempt('valid push', lambda: self.buf.push(*args, **kwargs))
         assert not raised, 'a valid push raised'
         assert isinstance(n, int) and n >= 0
 
-    @rule(seed=st.integers(0, 2 ** 16), pushes=st.integers(2, 4))
+    @rule(seed=st.integers(0, 2**16), pushes=st.integers(2, 4))
     def push_valid_several(self, seed, pushes):
         """Several valid pushes in a row (fills the buffer past its capacity more often than single pushes)."""
         rng = np.random.default_rng(seed)
@@ -691,30 +788,33 @@ class BufferMachine(RuleBasedStateMachine):
             raised, n = self.attempt('valid push', lambda a=args, k=kwargs: self.buf.push(*a, **k))
             assert not raised and isinstance(n, int) and n >= 0
 
-    @rule(seed=st.integers(0, 2 ** 16), kind=st.sampled_from(PUSH_KINDS))
+    @rule(seed=st.integers(0, 2**16), kind=st.sampled_from(PUSH_KINDS))
     def push_invalid(self, seed, kind):
         label, args, kwargs, must = self.invalid_push(np.random.default_rng(seed), kind)
         self.attempt(label, lambda: self.buf.push(*args, **kwargs), must_raise=must)
 
     # ------------------------------------------------------------------ rules: sample / update
-    @rule(seed=st.integers(0, 2 ** 16))
+    @rule(seed=st.integers(0, 2**16))
     def sample_valid(self, seed):
         size, kw, must_give = self.valid_sample_kwargs(np.random.default_rng(seed))
         label = f'sample({size}, **{kw}) of {self.buf.count()}'
         plain = {k: v for k, v in kw.items() if k != 'timeout'}
-        raised, out = self.attempt(label, lambda: self.buf.sample(size, **kw),
-                                   no_wait=(lambda b: b.sample(size, **plain)) if 'timeout' in kw else None)
+        raised, out = self.attempt(
+            label,
+            lambda: self.buf.sample(size, **kw),
+            no_wait=(lambda b: b.sample(size, **plain)) if 'timeout' in kw else None,
+        )
         assert not (raised and must_give), f'{label} raised'
         assert out is not None or raised or not must_give, f'{label} returned None'
         if out is not None:
             self.last_batch = out
 
-    @rule(seed=st.integers(0, 2 ** 16), kind=st.sampled_from(SAMPLE_KINDS))
+    @rule(seed=st.integers(0, 2**16), kind=st.sampled_from(SAMPLE_KINDS))
     def sample_invalid(self, seed, kind):
         label, args, kwargs, must = self.invalid_sample(np.random.default_rng(seed), kind)
         self.attempt(label, lambda: self.buf.sample(*args, **kwargs), must_raise=must)
 
-    @rule(seed=st.integers(0, 2 ** 16))
+    @rule(seed=st.integers(0, 2**16))
     def update_valid(self, seed):
         if self.last_batch is None:
             return
@@ -729,7 +829,7 @@ class BufferMachine(RuleBasedStateMachine):
         else:
             assert out['updated'] == 0 and out['stale'] == 0
 
-    @rule(seed=st.integers(0, 2 ** 16), which=st.integers(0, 14))
+    @rule(seed=st.integers(0, 2**16), which=st.integers(0, 14))
     def update_garbage(self, seed, which):
         label, info, must = self.garbage_updates(np.random.default_rng(seed))[which]
         self.attempt(f'update({label})', lambda: self.buf.update(info), must_raise=must)
@@ -748,19 +848,16 @@ class BufferMachine(RuleBasedStateMachine):
         reference = copy.deepcopy(state)
         raised, _ = self.attempt('load_state_dict(own state)', lambda: self.buf.load_state_dict(state))
         assert not raised, 'loading its own state raised'
-        assert_same(self.buf.state_dict(), reference,
-                    'state after loading its own state')
+        assert_same(self.buf.state_dict(), reference, 'state after loading its own state')
         # the state handed in is not aliased: changing it afterwards changes nothing in the buffer
         for value in _leaves(state):
             if isinstance(value, torch.Tensor) and value.numel():
                 value.fill_(True if value.dtype == torch.bool else 7.5 if value.is_floating_point() else 7)
-        assert_same(self.buf.state_dict(), reference,
-                    'state after changing the dict it was loaded from')
+        assert_same(self.buf.state_dict(), reference, 'state after changing the dict it was loaded from')
         fresh = self.new_buffer()
         try:
             fresh.load_state_dict(copy.deepcopy(reference))
-            assert_same(fresh.state_dict(), reference,
-                        'state of a fresh buffer loaded with it')
+            assert_same(fresh.state_dict(), reference, 'state of a fresh buffer loaded with it')
         finally:
             fresh.close()
 
@@ -776,7 +873,7 @@ class BufferMachine(RuleBasedStateMachine):
             path = paths[data.draw(st.integers(0, len(paths) - 1), label='path')]
             kind = data.draw(st.sampled_from(GARBAGE), label='garbage')
             if known_bad_corruption(self.case, path, kind):
-                path, kind = ('type', ), 'str'
+                path, kind = ('type',), 'str'
             corrupt = corrupted(state, path, kind)
             label = f'load_state_dict(state with {".".join(map(str, path))} -> {kind})'
         raised, _ = self.attempt(label, lambda: self.buf.load_state_dict(corrupt))
@@ -785,7 +882,7 @@ class BufferMachine(RuleBasedStateMachine):
         # accepted (the change was harmless, repaired, or made another consistent buffer -- say a renamed field,
         # which valid pushes then lack): a push is done or refused cleanly, a sample works, the state round-trips,
         # and the intact state loads back
-        rng = np.random.default_rng(10 ** 7 + self.probe_seed)
+        rng = np.random.default_rng(10**7 + self.probe_seed)
         self.probe_seed += 1
         args, kwargs = self.valid_push(rng)
         self.attempt(f'{label} (accepted), then a valid push', lambda: self.buf.push(*args, **kwargs), probe=False)
@@ -798,15 +895,13 @@ class BufferMachine(RuleBasedStateMachine):
         fresh = self.new_buffer()
         try:
             fresh.load_state_dict(again)
-            assert_same(fresh.state_dict(), again,
-                        f'round trip of the state accepted by {label}')
+            assert_same(fresh.state_dict(), again, f'round trip of the state accepted by {label}')
         except REFUSALS as e:
             raise AssertionError(f'{label} was accepted, but its state_dict() is refused: {e}') from e
         finally:
             fresh.close()
         self.buf.load_state_dict(state)
-        assert_same(self.buf.state_dict(), state,
-                    f'state after reloading the intact state following {label}')
+        assert_same(self.buf.state_dict(), state, f'state after reloading the intact state following {label}')
 
     @rule()
     def save_and_load(self):
@@ -819,14 +914,12 @@ class BufferMachine(RuleBasedStateMachine):
         fresh = self.new_buffer()
         try:
             fresh.load_data(path, allow_pickle=pickle)
-            assert_same(fresh.state_dict(), before,
-                        'state of a fresh buffer after load_data')
+            assert_same(fresh.state_dict(), before, 'state of a fresh buffer after load_data')
         finally:
             fresh.close()
         raised, _ = self.attempt('load_data (own file)', lambda: self.buf.load_data(path, allow_pickle=pickle))
         assert not raised, 'load_data of its own file raised'
-        assert_same(self.buf.state_dict(), before,
-                    'state after load_data of its own file')
+        assert_same(self.buf.state_dict(), before, 'state after load_data of its own file')
 
     @rule(cut=st.floats(0.0, 0.999))
     def load_damaged_file(self, cut):
@@ -835,9 +928,12 @@ class BufferMachine(RuleBasedStateMachine):
         with open(path, 'rb') as f:
             raw = f.read()
         with open(path, 'wb') as f:
-            f.write(raw[:int(cut * len(raw))])
-        self.attempt(f'load_data(file truncated to {int(cut * len(raw))} of {len(raw)} bytes)',
-                     lambda: self.buf.load_data(path, allow_pickle=self.case.storage == 'list'), must_raise=True)
+            f.write(raw[: int(cut * len(raw))])
+        self.attempt(
+            f'load_data(file truncated to {int(cut * len(raw))} of {len(raw)} bytes)',
+            lambda: self.buf.load_data(path, allow_pickle=self.case.storage == 'list'),
+            must_raise=True,
+        )
 
     @rule()
     def load_missing_file(self):
@@ -892,16 +988,17 @@ def _leaves(value):
 
 
 def machine_for(case):
-    return type(f'Machine_{case.id.replace("-", "_")}', (BufferMachine, ), {'case': case})
+    return type(f'Machine_{case.id.replace("-", "_")}', (BufferMachine,), {'case': case})
 
 
 @pytest.fixture
 def frozen_thruput_clock(monkeypatch):
     """Freeze the thruput controller's decay clock (see the module docstring)."""
     from ding_buffer.control.thruput import ThruputController
+
     defaults = ThruputController.__init__.__defaults__
     if defaults and len(defaults) == 1 and callable(defaults[0]):
-        monkeypatch.setattr(ThruputController.__init__, '__defaults__', (lambda: 0.0, ))
+        monkeypatch.setattr(ThruputController.__init__, '__defaults__', (lambda: 0.0,))
 
 
 @pytest.mark.parametrize('case', CASES, ids=lambda c: c.id)
@@ -944,8 +1041,9 @@ def test_regression_episode_push_after_max_use_removal_stays_consistent(case_id)
     for k in range(30):  # push one episode of 3 steps, sample one (episode / window), 30 times
         buf.push(_episode(k, length=3))
         assert buf.sample(1) is not None
-        assert buf.transition_count == sum(buf.episode_len), f'after push {k}: {buf.transition_count} transitions, ' \
-            f'episode lengths {buf.episode_len}'
+        assert buf.transition_count == sum(buf.episode_len), (
+            f'after push {k}: {buf.transition_count} transitions, episode lengths {buf.episode_len}'
+        )
     _make(case_id, **cfg).load_state_dict(buf.state_dict())
     if case_id != 'prioritized_episode-tensor':  # sample_range: whole episodes by insertion order
         buf = _make(case_id, **cfg)
@@ -970,14 +1068,15 @@ def test_regression_tensor_push_is_validated_before_the_rate_limiter(case_id):
     assert_same(buf.state_dict(), before)
 
 
-@pytest.mark.parametrize('case_id', ['naive-list', 'naive-tensor', 'advanced-list', 'advanced-tensor',
-                                     'episode-list', 'episode-tensor'])
+@pytest.mark.parametrize(
+    'case_id', ['naive-list', 'naive-tensor', 'advanced-list', 'advanced-tensor', 'episode-list', 'episode-tensor']
+)
 def test_regression_sample_range_is_checked_before_anything_changes(case_id):
     """Was: ``sample_range`` was checked only when the draw ran: after ``max_staleness`` had removed stale items
     (the ``TypeError`` left the buffer changed), and not at all when the buffer could not serve the batch."""
     buf = _make(case_id, max_staleness=5)
     if case_id.startswith('episode'):
-        buf.push([dict(_episode(k), collect_iter=torch.full((2, ), ci)) for k, ci in enumerate((0, 9))])
+        buf.push([dict(_episode(k), collect_iter=torch.full((2,), ci)) for k, ci in enumerate((0, 9))])
     else:
         buf.push([{'obs': torch.zeros(OBS), 'collect_iter': ci} for ci in (0, 9)])
     before = buf.state_dict()
@@ -1010,8 +1109,11 @@ def test_regression_tensor_storage_refuses_nan_collect_iter(case_id):
     if case_id.startswith('episode'):
         data = dict(_episode(0), collect_iter=torch.tensor([1.0, NAN]))
     elif case_id.startswith('gfn'):
-        data = {'state': torch.randn(2, GFN_DIM), 'log_reward': torch.zeros(2),
-                'collect_iter': torch.tensor([1.0, NAN])}
+        data = {
+            'state': torch.randn(2, GFN_DIM),
+            'log_reward': torch.zeros(2),
+            'collect_iter': torch.tensor([1.0, NAN]),
+        }
     else:
         data = {'obs': torch.zeros(OBS), 'collect_iter': NAN}
     with pytest.raises(ValueError):
@@ -1043,7 +1145,7 @@ def test_regression_gfn_track_states_none_with_items(case_id):
     except (ValueError, TypeError):
         return  # refused: fine
     buf.push({'state': torch.randn(2, GFN_DIM), 'log_reward': torch.ones(2)})
-    buf.push({'state': torch.randn(2, GFN_DIM), 'log_reward': torch.full((2, ), 2.0)})  # evicts the loaded items
+    buf.push({'state': torch.randn(2, GFN_DIM), 'log_reward': torch.full((2,), 2.0)})  # evicts the loaded items
 
 
 @pytest.mark.parametrize('case_id', [c.id for c in CASES])
@@ -1128,8 +1230,13 @@ def test_regression_prioritized_episode_update_refuses_bools_in_a_list():
     out = buf.sample(2)
     before = buf.state_dict()
     with pytest.raises(TypeError):
-        buf.update({'replay_unique_id': out['replay_unique_id'], 'replay_buffer_idx': out['replay_buffer_idx'],
-                    'priority': [1.0, True]})
+        buf.update(
+            {
+                'replay_unique_id': out['replay_unique_id'],
+                'replay_buffer_idx': out['replay_buffer_idx'],
+                'priority': [1.0, True],
+            }
+        )
     assert_same(buf.state_dict(), before)
 
 

@@ -1,5 +1,6 @@
 """Regression tests of issue 14: nothing accepted may break a later call, a failing call changes nothing and
 names what was wrong. One test (or parametrized group) per defect, through the public API."""
+
 import copy
 import gc
 import os
@@ -10,10 +11,10 @@ import time
 import numpy as np
 import pytest
 import torch
-
-from ding_buffer import SampleTimeoutError, create_buffer
 from helpers import assert_same
 from test_contract import assert_state_equal
+
+from ding_buffer import SampleTimeoutError, create_buffer
 
 
 def advanced(storage='list', **kw):
@@ -25,7 +26,7 @@ def item(i, **extra):
 
 
 # ------------------------------------------------------------------------------------------ 1. collect_iter
-@pytest.mark.parametrize('bad', ['abc', 2 ** 70, float('nan'), True, b'x', {'a': 1}, float('inf')])
+@pytest.mark.parametrize('bad', ['abc', 2**70, float('nan'), True, b'x', {'a': 1}, float('inf')])
 @pytest.mark.parametrize('batched', [False, True])
 def test_bad_collect_iter_is_refused_at_push_and_later_samples_work(bad, batched):
     buf = advanced()
@@ -49,7 +50,7 @@ def test_sequence_collect_iter_counts_its_oldest_step(fine):
 
 # ------------------------------------------------------------------------------------------ 2. priorities
 @pytest.mark.parametrize('storage', ['list', 'tensor'])
-@pytest.mark.parametrize('bad', [1e39, float('inf'), 10 ** 400, '1.5', True, 1 + 2j, -1.0, float('nan')])
+@pytest.mark.parametrize('bad', [1e39, float('inf'), 10**400, '1.5', True, 1 + 2j, -1.0, float('nan')])
 def test_priority_outside_float32_or_not_a_real_number_is_refused(storage, bad):
     buf = advanced(storage)
     buf.push([item(i) for i in range(4)])
@@ -71,8 +72,13 @@ def test_bool_and_complex_priority_tensors_are_refused():
     out = buf.sample(2)
     for bad in (torch.tensor([True, False]), torch.tensor([1 + 1j, 2 + 0j])):
         with pytest.raises(TypeError, match='priority'):
-            buf.update({'replay_unique_id': out['replay_unique_id'], 'replay_buffer_idx': out['replay_buffer_idx'],
-                        'priority': bad})
+            buf.update(
+                {
+                    'replay_unique_id': out['replay_unique_id'],
+                    'replay_buffer_idx': out['replay_buffer_idx'],
+                    'priority': bad,
+                }
+            )
 
 
 def test_largest_float32_priority_survives_save_and_load(tmp_path):
@@ -86,9 +92,9 @@ def test_largest_float32_priority_survives_save_and_load(tmp_path):
 
 # ------------------------------------------------------------------------------------------ 3. iteration args
 @pytest.mark.parametrize('btype', ['naive', 'advanced', 'episode', 'gfn'])
-@pytest.mark.parametrize('bad', [None, 'x', 1.5, True, 2 ** 70])
+@pytest.mark.parametrize('bad', [None, 'x', 1.5, True, 2**70])
 def test_bad_learner_iter_or_envstep_is_refused_before_anything_changes(btype, bad):
-    if btype in ('gfn', ):
+    if btype in ('gfn',):
         buf = create_buffer(dict(type=btype, replay_buffer_size=8, seed=0))
         data = {'state': torch.randn(4, 3), 'log_reward': torch.zeros(4)}
     elif btype == 'episode':
@@ -107,9 +113,16 @@ def test_bad_learner_iter_or_envstep_is_refused_before_anything_changes(btype, b
     assert buf.sample(2, cur_learner_iter=np.int64(3)) is not None  # numpy ints are ints
 
 
-@pytest.mark.parametrize('kwargs, key', [(dict(timeout='1'), 'timeout'), (dict(timeout=-1), 'timeout'),
-                                         (dict(timeout=float('nan')), 'timeout'), (dict(timeout=True), 'timeout'),
-                                         (dict(replace='no'), 'replace')])
+@pytest.mark.parametrize(
+    'kwargs, key',
+    [
+        (dict(timeout='1'), 'timeout'),
+        (dict(timeout=-1), 'timeout'),
+        (dict(timeout=float('nan')), 'timeout'),
+        (dict(timeout=True), 'timeout'),
+        (dict(replace='no'), 'replace'),
+    ],
+)
 def test_bad_sample_arguments_name_the_argument(kwargs, key):
     buf = create_buffer(dict(type='naive', replay_buffer_size=8, seed=0))
     buf.push([item(i) for i in range(4)])
@@ -119,8 +132,10 @@ def test_bad_sample_arguments_name_the_argument(kwargs, key):
     assert_state_equal(buf.state_dict(), before)
 
 
-@pytest.mark.parametrize('kwargs, key', [(dict(unroll_len=True), 'unroll_len'), (dict(replace='no'), 'replace'),
-                                         (dict(unroll_len=2, pad='yes'), 'pad')])
+@pytest.mark.parametrize(
+    'kwargs, key',
+    [(dict(unroll_len=True), 'unroll_len'), (dict(replace='no'), 'replace'), (dict(unroll_len=2, pad='yes'), 'pad')],
+)
 def test_bad_episode_sample_arguments_name_the_argument(kwargs, key):
     buf = create_buffer(dict(type='episode', replay_buffer_size=8, seed=0))
     buf.push([[{'x': i} for i in range(3)] for _ in range(4)])
@@ -131,9 +146,17 @@ def test_bad_episode_sample_arguments_name_the_argument(kwargs, key):
 # ------------------------------------------------------------------------------------------ 4. rate limiter
 def _stalls(rng, lo, hi, push_n, sample_n, storage, rounds=300):
     """Alternate pushes and samples; a stall is a round where both are refused."""
-    buf = create_buffer(dict(type='naive', replay_buffer_size=64, seed=0, storage=dict(type=storage),
-                             thruput_controller=dict(push_sample_rate_limit=dict(min=lo, max=hi),
-                                                     window_seconds=3600.0, sample_min_limit_ratio=1.0)))
+    buf = create_buffer(
+        dict(
+            type='naive',
+            replay_buffer_size=64,
+            seed=0,
+            storage=dict(type=storage),
+            thruput_controller=dict(
+                push_sample_rate_limit=dict(min=lo, max=hi), window_seconds=3600.0, sample_min_limit_ratio=1.0
+            ),
+        )
+    )
     stalls, progress = 0, 0
     for k in range(rounds):
         pushed = buf.push([item(i) for i in range(push_n)])
@@ -150,8 +173,9 @@ def test_rate_limiter_never_stalls_over_many_settings(seed):
     cases = [(1.0, 1.0, 8, 32), (0.9, 1.1, 8, 32)] if seed == 0 else []
     for _ in range(8):
         lo = float(rng.uniform(0, 3))
-        cases.append((lo, lo + float(rng.choice([0.0, 0.05, 0.5, 2.0])), int(rng.integers(1, 33)),
-                      int(rng.integers(1, 33))))
+        cases.append(
+            (lo, lo + float(rng.choice([0.0, 0.05, 0.5, 2.0])), int(rng.integers(1, 33)), int(rng.integers(1, 33)))
+        )
     for lo, hi, push_n, sample_n in cases:
         stalls, progress = _stalls(rng, lo, hi, push_n, sample_n, 'tensor' if seed % 2 else 'list')
         assert stalls == 0, (lo, hi, push_n, sample_n)
@@ -159,9 +183,17 @@ def test_rate_limiter_never_stalls_over_many_settings(seed):
 
 
 def test_rate_limiter_still_bounds_the_ratio_when_it_can():
-    buf = create_buffer(dict(type='naive', replay_buffer_size=64, seed=0, storage=dict(type='tensor'),
-                             thruput_controller=dict(push_sample_rate_limit=dict(min=0.0, max=2.0),
-                                                     window_seconds=3600.0, sample_min_limit_ratio=1.0)))
+    buf = create_buffer(
+        dict(
+            type='naive',
+            replay_buffer_size=64,
+            seed=0,
+            storage=dict(type='tensor'),
+            thruput_controller=dict(
+                push_sample_rate_limit=dict(min=0.0, max=2.0), window_seconds=3600.0, sample_min_limit_ratio=1.0
+            ),
+        )
+    )
     buf.push([item(i) for i in range(8)])
     assert buf.sample(8) is not None  # pushed 8, sampled 8
     assert buf.push([item(i) for i in range(8)]) == 8  # (8 + 8) / 8 = 2 <= 2
@@ -170,11 +202,14 @@ def test_rate_limiter_still_bounds_the_ratio_when_it_can():
 
 
 # ------------------------------------------------------------------------------------------ 5. episode fields
-@pytest.mark.parametrize('storage, field', [('tensor', 'mask'), ('tensor', 'start'), ('tensor', 'episode_id'),
-                                            ('tensor', 'episode_idx'), ('list', 'mask')])
+@pytest.mark.parametrize(
+    'storage, field',
+    [('tensor', 'mask'), ('tensor', 'start'), ('tensor', 'episode_id'), ('tensor', 'episode_idx'), ('list', 'mask')],
+)
 def test_episode_fields_that_windows_add_are_refused(storage, field):
-    buf = create_buffer(dict(type='episode', replay_buffer_size=4, max_transitions=40, seed=0,
-                             storage=dict(type=storage)))
+    buf = create_buffer(
+        dict(type='episode', replay_buffer_size=4, max_transitions=40, seed=0, storage=dict(type=storage))
+    )
     with pytest.raises(ValueError, match=field):
         buf.push({'obs': torch.zeros(5, 2), field: torch.zeros(5)})
     assert buf.count() == 0
@@ -183,8 +218,9 @@ def test_episode_fields_that_windows_add_are_refused(storage, field):
 
 
 def test_prioritized_windows_also_reserve_priority_and_is():
-    buf = create_buffer(dict(type='prioritized_episode', replay_buffer_size=4, max_transitions=40,
-                             sampler=dict(unroll_len=3)))
+    buf = create_buffer(
+        dict(type='prioritized_episode', replay_buffer_size=4, max_transitions=40, sampler=dict(unroll_len=3))
+    )
     for field in ('priority', 'IS'):
         with pytest.raises(ValueError, match=field):
             buf.push({'obs': torch.zeros(5, 2), field: torch.zeros(5)})
@@ -198,8 +234,9 @@ def test_no_single_bit_flip_of_a_save_loads_other_data(btype, tmp_path):
         buf = create_buffer(dict(type=btype, replay_buffer_size=8, seed=0))
         buf.push({'state': torch.randn(6, 3, generator=torch.Generator().manual_seed(1)), 'log_reward': torch.randn(6)})
     elif btype == 'episode':
-        buf = create_buffer(dict(type=btype, replay_buffer_size=4, max_transitions=30, seed=0,
-                                 storage=dict(type='tensor')))
+        buf = create_buffer(
+            dict(type=btype, replay_buffer_size=4, max_transitions=30, seed=0, storage=dict(type='tensor'))
+        )
         buf.push([{'obs': torch.randn(5, 2)} for _ in range(3)])
     else:
         buf = create_buffer(dict(type=btype, replay_buffer_size=8, seed=0, storage=dict(type='tensor')))
@@ -270,8 +307,11 @@ def test_dropped_buffers_do_not_keep_their_tensorboard_writers(tmp_path, monkeyp
     monkeypatch.chdir(tmp_path)
     before = threading.active_count()
     for k in range(20):
-        buf = create_buffer(dict(type='advanced', replay_buffer_size=8, monitor=dict(tensorboard=True),
-                                 storage=dict(type='tensor')), exp_name='leak', instance_name=f'b{k}')
+        buf = create_buffer(
+            dict(type='advanced', replay_buffer_size=8, monitor=dict(tensorboard=True), storage=dict(type='tensor')),
+            exp_name='leak',
+            instance_name=f'b{k}',
+        )
         buf.push(item(0))
         del buf
         gc.collect()
@@ -282,8 +322,9 @@ def test_dropped_buffers_do_not_keep_their_tensorboard_writers(tmp_path, monkeyp
 
 
 # ------------------------------------------------------------------------------------------ 11. errors name the input
-@pytest.mark.parametrize('leaf', [[[1.0, 2.0], [3.0]], [None, 1.0], ['a', 'b'], [2 ** 70, 1],
-                                  [torch.zeros(2), torch.zeros(2)]])
+@pytest.mark.parametrize(
+    'leaf', [[[1.0, 2.0], [3.0]], [None, 1.0], ['a', 'b'], [2**70, 1], [torch.zeros(2), torch.zeros(2)]]
+)
 @pytest.mark.parametrize('storage', ['list', 'tensor'])
 def test_batched_python_lists_that_are_no_array_are_refused_naming_the_field(leaf, storage):
     buf = create_buffer(dict(type='naive', replay_buffer_size=8, seed=0, storage=dict(type=storage)))
@@ -313,8 +354,9 @@ def test_bad_device_names_the_key(device):
 
 
 def test_saved_envelope_without_a_state_dict_is_a_value_error(tmp_path):
-    torch.save({'format': 'ding_buffer', 'version': 1, 'buffer': 'NaiveReplayBuffer', 'state': [1, 2]},
-               str(tmp_path / 'x.pt'))
+    torch.save(
+        {'format': 'ding_buffer', 'version': 1, 'buffer': 'NaiveReplayBuffer', 'state': [1, 2]}, str(tmp_path / 'x.pt')
+    )
     torch.save({'format': 'ding_buffer', 'version': 1, 'buffer': 'NaiveReplayBuffer'}, str(tmp_path / 'y.pt'))
     buf = create_buffer(dict(type='naive', replay_buffer_size=8))
     for name in ('x.pt', 'y.pt'):
@@ -358,13 +400,23 @@ def test_memmap_dir_that_is_a_file_is_refused_at_construction(tmp_path):
 
 def test_prioritized_windows_with_zero_priorities_reload_their_own_state():
     """With eps=0 an update may set step priorities to 0 (allowed); the buffer's own state must still load."""
-    cfg = dict(type='prioritized_episode', replay_buffer_size=4, max_transitions=40, seed=0,
-               sampler=dict(unroll_len=3, eps=0.0))
+    cfg = dict(
+        type='prioritized_episode',
+        replay_buffer_size=4,
+        max_transitions=40,
+        seed=0,
+        sampler=dict(unroll_len=3, eps=0.0),
+    )
     buf = create_buffer(cfg)
     buf.push([{'obs': torch.zeros(5, 2)}, {'obs': torch.ones(4, 2)}])
     out = buf.sample(2)
-    buf.update({'replay_unique_id': out['replay_unique_id'], 'replay_buffer_idx': out['replay_buffer_idx'],
-                'priority': torch.zeros(2, 3)})
+    buf.update(
+        {
+            'replay_unique_id': out['replay_unique_id'],
+            'replay_buffer_idx': out['replay_buffer_idx'],
+            'priority': torch.zeros(2, 3),
+        }
+    )
     other = create_buffer(cfg)
     other.load_state_dict(buf.state_dict())
     assert_state_equal(other.state_dict(), buf.state_dict())
@@ -384,13 +436,17 @@ def test_a_meta_tensor_is_refused_before_anything_is_stored(preset, batched):
     if preset == 'episode':
         cfg['max_transitions'] = 100
     buf = create_buffer(cfg)
-    buf.push({'obs': torch.zeros(4, 3)} if preset == 'episode' or batched else {'obs': torch.zeros(3)},
-             batched=batched and preset != 'episode')
+    buf.push(
+        {'obs': torch.zeros(4, 3)} if preset == 'episode' or batched else {'obs': torch.zeros(3)},
+        batched=batched and preset != 'episode',
+    )
     before, n = buf.state_dict(), buf.count()
-    bad = {'obs': torch.zeros(4, 3, device='meta')} if preset == 'episode' or batched else \
-        {'obs': torch.zeros(3, device='meta')}
+    bad = (
+        {'obs': torch.zeros(4, 3, device='meta')}
+        if preset == 'episode' or batched
+        else {'obs': torch.zeros(3, device='meta')}
+    )
     with pytest.raises(TypeError, match="field 'obs' is a meta tensor"):
         buf.push(bad, batched=batched and preset != 'episode')
     assert buf.count() == n
     assert_same(buf.state_dict(), before)
-

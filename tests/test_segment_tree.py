@@ -8,6 +8,7 @@ error handling, bit-identical numba / numpy backends (also with ``DING_BUFFER_NO
 Sums over dyadic leaves (multiples of 1/8) are exact in float64 whatever the summation order, so those tests
 compare sums and ``find_prefixsum_idx`` results exactly against ``np.cumsum`` / ``np.searchsorted``.
 """
+
 import json
 import os
 import subprocess
@@ -20,7 +21,12 @@ import pytest
 
 from ding_buffer import tree_kernels as kern
 from ding_buffer.segment_tree import (
-    MaxSegmentTree, MinSegmentTree, PriorityTree, SegmentTree, SumSegmentTree, next_power_of_two
+    MaxSegmentTree,
+    MinSegmentTree,
+    PriorityTree,
+    SegmentTree,
+    SumSegmentTree,
+    next_power_of_two,
 )
 
 CAPACITIES = [1, 2, 4, 8, 16, 64, 512, 4096, 2**16]
@@ -51,7 +57,7 @@ def dyadic(rng, n, zero_frac=0.3):
 
 def messy(rng, n, negative=False, zero_frac=0.2):
     """``n`` floats over many magnitudes (rounding differs with the summation order), some zeros."""
-    vals = rng.random(n) * 10.0**rng.integers(-6, 7, n)
+    vals = rng.random(n) * 10.0 ** rng.integers(-6, 7, n)
     if negative:
         vals *= rng.choice([-1.0, 1.0], n)
     vals[rng.random(n) < zero_frac] = 0.0
@@ -179,8 +185,8 @@ def test_sum_tree_random_workload_matches_bruteforce(cap):
         for lo, hi in random_ranges(rng, cap, 100):
             assert tree.reduce(lo, hi) == ref[lo:hi].sum(), (lo, hi)
         if cap > 2:
-            assert tree.reduce(1, -1) == ref[1:cap - 1].sum()  # negative end counts from capacity
-            assert tree.reduce(end=-1) == ref[:cap - 1].sum()
+            assert tree.reduce(1, -1) == ref[1 : cap - 1].sum()  # negative end counts from capacity
+            assert tree.reduce(end=-1) == ref[: cap - 1].sum()
 
         if total == 0.0:
             with pytest.raises(ValueError):
@@ -270,7 +276,7 @@ def test_empty_int_batch_is_a_noop():
     t[np.array([2])] = 1.0
     before = t._nodes.copy()
     t[np.array([], dtype=np.int64)] = np.array([])
-    assert t.find_prefixsum_idx(np.array([])).shape == (0, )
+    assert t.find_prefixsum_idx(np.array([])).shape == (0,)
     np.testing.assert_array_equal(t._nodes, before)
 
 
@@ -306,8 +312,9 @@ def test_out_of_range_indices_raise_index_error(cap):
     assert tree.root() == 0.0 and (tree.leaves == 0).all()  # nothing was written
 
 
-@pytest.mark.parametrize('bad', [np.array([0.0, 1.0]), np.array([True, False]), 1.0, np.float64(2.0),
-                                 np.array([[0, 1]]), np.array(['a'])])
+@pytest.mark.parametrize(
+    'bad', [np.array([0.0, 1.0]), np.array([True, False]), 1.0, np.float64(2.0), np.array([[0, 1]]), np.array(['a'])]
+)
 def test_non_integer_indices_raise_type_error(bad):
     tree = SumSegmentTree(8)
     with pytest.raises(TypeError):
@@ -402,8 +409,13 @@ def test_numpy_fallback_is_bit_identical_on_standalone_trees(op, cap):
         if op != 'sum' or a.root() <= 0:
             continue
         total = a.root()
-        xs = np.concatenate([rng.uniform(0, total * 1.05, 3000), np.cumsum(a._leaves[:cap])[::max(1, cap // 512)],
-                             [0.0, total, np.inf, np.nan]])
+        xs = np.concatenate(
+            [
+                rng.uniform(0, total * 1.05, 3000),
+                np.cumsum(a._leaves[:cap])[:: max(1, cap // 512)],
+                [0.0, total, np.inf, np.nan],
+            ]
+        )
         out_a, out_b = np.empty(len(xs), np.int64), np.empty(len(xs), np.int64)
         kern.find_many(a._leaves, a._nodes, a._starts, xs, out_a)
         kern.np_find_many(b._leaves, b._nodes, b._starts, xs, out_b)
@@ -468,11 +480,9 @@ def test_fused_priority_updates_are_bit_identical_to_separate_kernels(size, with
             v = float(messy(rng, 1, zero_frac=0.3)[0])
             fused.set_one(i, v)
             kern.set_one(separate.leaves, separate.sum._nodes, separate.sum._starts, kern.SUM, i, v)
-            kern.refresh_many(separate.leaves, separate.min._nodes, separate.min._starts, kern.MIN_POS,
-                              np.array([i]))
+            kern.refresh_many(separate.leaves, separate.min._nodes, separate.min._starts, kern.MIN_POS, np.array([i]))
             if with_max:
-                kern.refresh_many(separate.leaves, separate.max._nodes, separate.max._starts, kern.MAX,
-                                  np.array([i]))
+                kern.refresh_many(separate.leaves, separate.max._nodes, separate.max._starts, kern.MAX, np.array([i]))
             kern.np_prio_set_one(*fallback._arrays, i, v)
         for other in (separate, fallback):
             assert np.array_equal(fused.leaves, other.leaves)
@@ -560,8 +570,9 @@ def test_numpy_fallback_in_a_subprocess_without_numba():
     )
     env = dict(os.environ, DING_BUFFER_NO_NUMBA='1')
     env['PYTHONPATH'] = REPO_ROOT + os.pathsep + env.get('PYTHONPATH', '')
-    proc = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, env=env, cwd=REPO_ROOT,
-                          timeout=120)
+    proc = subprocess.run(
+        [sys.executable, '-c', code], capture_output=True, text=True, env=env, cwd=REPO_ROOT, timeout=120
+    )
     assert proc.returncode == 0, proc.stderr
     res = json.loads(proc.stdout.strip().splitlines()[-1])
     assert res['have_numba'] is False
@@ -652,11 +663,11 @@ def test_priority_tree_sampling_frequencies_chi_square():
     threshold = df + 5 * np.sqrt(2 * df)  # chi-square mean + 5 standard deviations
     expected = n * leaves[pos] / leaves[pos].sum()
     assert expected.min() > 50
-    chi2 = float(np.sum((counts[:size][pos] - expected)**2 / expected))
+    chi2 = float(np.sum((counts[:size][pos] - expected) ** 2 / expected))
     assert chi2 < threshold, (chi2, threshold)
     # the statistic has power: the same counts against uniform priorities fail badly
     uniform = np.full(df + 1, n / (df + 1))
-    assert float(np.sum((counts[:size][pos] - uniform)**2 / uniform)) > 10 * threshold
+    assert float(np.sum((counts[:size][pos] - uniform) ** 2 / uniform)) > 10 * threshold
 
 
 # ====================================================================== 6. persistence
@@ -671,7 +682,7 @@ def test_state_dict_round_trip_is_bit_identical(op, cap):
         idx = batch_indices(rng, cap, min(2 * cap, 3000))
         tree[idx] = messy(rng, len(idx), negative=(op != 'sum'))
     state = tree.state_dict()
-    assert state['capacity'] == cap and state['operation'] == op and state['leaves'].shape == (cap, )
+    assert state['capacity'] == cap and state['operation'] == op and state['leaves'].shape == (cap,)
     leaves_before = tree.leaves.copy()
     saved = state['leaves'].copy()
     state['leaves'][:] = 12345.0  # a copy, not a view

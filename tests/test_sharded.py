@@ -1,6 +1,7 @@
 """Sharded buffers (``distributed.num_shards``): sampling across shards equals one buffer holding every item (chi-square
 against the exact probabilities), IS weights against the global minimum, update routing, hash routing, state round
 trips that are all or nothing, and K Ray actors with one of them killed."""
+
 import os
 import sys
 import time
@@ -9,19 +10,27 @@ import uuid
 import numpy as np
 import pytest
 import torch
+from helpers import assert_same
 from scipy import stats as sstats
 
 from ding_buffer import create_buffer
 from ding_buffer.distributed.sharded import ShardedBuffer
 from ding_buffer.errors import ManagerUnavailableError
-from helpers import assert_same
 
 ALPHA, BETA = 0.6, 0.4
 
 
 def adv_cfg(seed=0, **kw):
-    return dict(type='advanced', replay_buffer_size=200, alpha=ALPHA, beta=BETA, anneal_step=1000, seed=seed,
-                storage=dict(type='tensor'), **kw)
+    return dict(
+        type='advanced',
+        replay_buffer_size=200,
+        alpha=ALPHA,
+        beta=BETA,
+        anneal_step=1000,
+        seed=seed,
+        storage=dict(type='tensor'),
+        **kw,
+    )
 
 
 def local_sharded(kind, k=3, seed=0, **route):
@@ -53,7 +62,7 @@ def test_prioritized_sampling_across_shards_matches_one_buffer_by_chi_square():
         buf.push(item(i, prio[i]))
     assert [s.count() for s in buf.shards] == [20, 20, 20]
     seen = frequencies(buf, n, 600, 32)
-    expected = prio ** ALPHA / (prio ** ALPHA).sum() * seen.sum()
+    expected = prio**ALPHA / (prio**ALPHA).sum() * seen.sum()
     assert sstats.chisquare(seen, expected).pvalue > 1e-3
     # one buffer with the same items: its empirical distribution agrees with the sharded one (two-sample test)
     single = create_buffer(adv_cfg(seed=7))
@@ -79,7 +88,7 @@ def test_is_weights_use_the_global_minimum_and_one_buffers_beta_schedule():
         leaf = torch.tensor([prio[int(x)] for x in b['obs'][:, 0]], dtype=torch.float64) ** ALPHA
         torch.testing.assert_close(b['IS'].double(), (leaf / 1.0) ** -beta, rtol=1e-5, atol=0)
         ref_leaf = torch.tensor([prio[int(x)] for x in ref['obs'][:, 0]], dtype=torch.float64) ** ALPHA
-        torch.testing.assert_close(ref['IS'].double(), ref_leaf ** -beta, rtol=1e-5, atol=0)  # the same rule
+        torch.testing.assert_close(ref['IS'].double(), ref_leaf**-beta, rtol=1e-5, atol=0)  # the same rule
     assert buf.beta == pytest.approx(single.beta)
 
 
@@ -89,9 +98,14 @@ def test_update_goes_to_the_owning_shard_and_moves_the_distribution():
         buf.push(item(i, 1.0))
     b = buf.sample(30)
     hot = b['obs'][:, 0] == b['obs'][0, 0]  # make one item (on whatever shard) 50x more likely
-    res = buf.update({'shard': b['shard'], 'replay_unique_id': b['replay_unique_id'],
-                      'replay_buffer_idx': b['replay_buffer_idx'],
-                      'priority': torch.where(hot, 50.0 ** (1 / ALPHA), 1.0)})
+    res = buf.update(
+        {
+            'shard': b['shard'],
+            'replay_unique_id': b['replay_unique_id'],
+            'replay_buffer_idx': b['replay_buffer_idx'],
+            'priority': torch.where(hot, 50.0 ** (1 / ALPHA), 1.0),
+        }
+    )
     assert res == {'updated': 30, 'stale': 0}
     seen = frequencies(buf, 30, 400, 30)
     target = int(b['obs'][0, 0])
@@ -132,8 +146,12 @@ def test_gfn_softmax_sampling_across_shards_matches_one_buffer_by_chi_square():
     n = 45
     log_r = rng.normal(0, 1, n)
     for start in range(0, n, 5):  # batches of 5, round-robin: three shards of 15 with different reward masses
-        buf.push({'state': torch.arange(start, start + 5).float().unsqueeze(1),
-                  'log_reward': torch.tensor(log_r[start:start + 5])})
+        buf.push(
+            {
+                'state': torch.arange(start, start + 5).float().unsqueeze(1),
+                'log_reward': torch.tensor(log_r[start : start + 5]),
+            }
+        )
     seen = np.zeros(n)
     for _ in range(300):
         b = buf.sample(64)
@@ -165,6 +183,7 @@ def test_hash_routing_keeps_a_key_on_one_shard():
     buf.push([item(i) for i in range(40)])
     buf.extend({'obs': torch.arange(40, 60).float().unsqueeze(1), 'env': torch.arange(40, 60) % 5})
     import zlib
+
     want = [0] * 3
     for i in range(60):
         want[zlib.crc32(repr(i % 5).encode()) % 3] += 1
@@ -225,8 +244,17 @@ def ray_session():
 def test_two_ray_managers_serve_one_buffer_and_a_killed_shard_fails_only_what_needs_it(ray_session, tmp_path):
     ray = ray_session
     name = f'test_sharded_{uuid.uuid4().hex[:10]}'
-    dist = dict(backend='ray', actor_name=name, namespace='ding_buffer_test', num_shards=2, timeout=10,
-                startup_timeout=60, file_root=str(tmp_path), checkpoint_path=str(tmp_path / 'end.pt'), num_workers=2)
+    dist = dict(
+        backend='ray',
+        actor_name=name,
+        namespace='ding_buffer_test',
+        num_shards=2,
+        timeout=10,
+        startup_timeout=60,
+        file_root=str(tmp_path),
+        checkpoint_path=str(tmp_path / 'end.pt'),
+        num_workers=2,
+    )
     cfg = adv_cfg(distributed=dist)
     learner, actor = create_buffer(cfg), create_buffer(cfg)
     try:
@@ -235,8 +263,17 @@ def test_two_ray_managers_serve_one_buffer_and_a_killed_shard_fails_only_what_ne
         assert learner.count() == 20 and [s.count() for s in learner.shards] == [10, 10]
         b = learner.sample(16)
         assert set(b['shard'].tolist()) <= {0, 1} and b['obs'].shape == (16, 1)
-        assert learner.update({'shard': b['shard'], 'replay_unique_id': b['replay_unique_id'],
-                               'replay_buffer_idx': b['replay_buffer_idx'], 'priority': torch.ones(16)})['updated'] == 16
+        assert (
+            learner.update(
+                {
+                    'shard': b['shard'],
+                    'replay_unique_id': b['replay_unique_id'],
+                    'replay_buffer_idx': b['replay_buffer_idx'],
+                    'priority': torch.ones(16),
+                }
+            )['updated']
+            == 16
+        )
         written = learner.save_data('ckpt.pt')
         assert [os.path.basename(p) for p in written] == ['ckpt.pt.shard0', 'ckpt.pt.shard1']
         for i in range(6):
@@ -299,8 +336,11 @@ def test_a_shard_reporting_nonsense_is_named_and_nothing_is_drawn():
 
     good = create_buffer(adv_cfg(seed=1))
     good.push(item(0, 1.0))
-    for lie in ({'count': 3, 'priority_mass': float('nan')}, {'count': -2, 'priority_mass': 1.0},
-                {'count': 3, 'priority_mass': float('inf')}):
+    for lie in (
+        {'count': 3, 'priority_mass': float('nan')},
+        {'count': -2, 'priority_mass': 1.0},
+        {'count': 3, 'priority_mass': float('inf')},
+    ):
         buf = ShardedBuffer([good, Lying(lie)], adv_cfg(), seed=0)
         with pytest.raises(ValueError, match='shard 1 of 2 reports'):
             buf.sample(2)

@@ -1,13 +1,12 @@
 """Tests for ``ding_buffer.storage``: the slot ring, the write protocol, list and tensor storages, builders."""
+
 import os
 
 import numpy as np
 import pytest
 import torch
 
-from ding_buffer.storage import (
-    ListStorage, RingIndex, TensorStorage, build_storage, storage_from_state
-)
+from ding_buffer.storage import ListStorage, RingIndex, TensorStorage, build_storage, storage_from_state
 from ding_buffer.storage.tree import path_name
 
 # ====================================================================== helpers
@@ -41,7 +40,7 @@ def transition(i, obs_dim=3):
     """A deterministic tensor-storage item whose values encode ``i``."""
     return {
         'obs': {
-            'vec': torch.full((obs_dim, ), float(i)),
+            'vec': torch.full((obs_dim,), float(i)),
             'img': np.full((2, 2), i % 256, dtype=np.uint8),
         },
         'action': i,
@@ -496,9 +495,18 @@ def test_list_storage_from_state_rejects_items_not_a_list():
         ListStorage.from_state(state, 3)
 
 
-@pytest.mark.parametrize('cls, key', [(ListStorage, 'ring'), (ListStorage, 'slots'), (ListStorage, 'items'),
-                                      (TensorStorage, 'ring'), (TensorStorage, 'slots'), (TensorStorage, 'schema'),
-                                      (TensorStorage, 'fields')])
+@pytest.mark.parametrize(
+    'cls, key',
+    [
+        (ListStorage, 'ring'),
+        (ListStorage, 'slots'),
+        (ListStorage, 'items'),
+        (TensorStorage, 'ring'),
+        (TensorStorage, 'slots'),
+        (TensorStorage, 'schema'),
+        (TensorStorage, 'fields'),
+    ],
+)
 def test_storage_from_state_rejects_missing_key(cls, key):
     storage = cls(3)
     fill(storage, [{'a': 1.0}])
@@ -533,14 +541,14 @@ def test_tensor_schema_inferred_from_first_item():
     assert storage.schema is None
     fill(storage, [item])
     assert storage.schema == {
-        ('obs', 'vec'): ((3, ), torch.float64),
+        ('obs', 'vec'): ((3,), torch.float64),
         ('obs', 'img'): ((2, 2), torch.uint8),
-        ('mask', ): ((2, ), torch.bool),
-        ('np_scalar', ): ((), torch.float32),
-        ('np_int', ): ((), torch.int16),
-        ('flag', ): ((), torch.bool),
-        ('action', ): ((), torch.int64),
-        ('reward', ): ((), torch.float32),
+        ('mask',): ((2,), torch.bool),
+        ('np_scalar',): ((), torch.float32),
+        ('np_int',): ((), torch.int16),
+        ('flag',): ((), torch.bool),
+        ('action',): ((), torch.int64),
+        ('reward',): ((), torch.float32),
     }
     for path, (shape, dtype) in storage.schema.items():
         assert storage.fields[path].shape == (4, *shape) and storage.fields[path].dtype == dtype
@@ -568,7 +576,8 @@ def _filled_tensor_storage():
 
 
 @pytest.mark.parametrize(
-    'mutate, field', [
+    'mutate, field',
+    [
         (lambda it: it['obs'].pop('img'), 'obs.img'),
         (lambda it: it.update(extra=torch.zeros(1)), 'extra'),
         (lambda it: it['obs'].update(vec=torch.zeros(4)), 'obs.vec'),
@@ -578,7 +587,7 @@ def _filled_tensor_storage():
         (lambda it: it.update(action=1.5), 'action'),
         (lambda it: it.update(done=1), 'done'),
     ],
-    ids=['missing', 'extra', 'shape', 'dtype', 'uint8-vs-int8', 'np-float64', 'float-into-int', 'int-into-bool']
+    ids=['missing', 'extra', 'shape', 'dtype', 'uint8-vs-int8', 'np-float64', 'float-into-int', 'int-into-bool'],
 )
 def test_tensor_mismatched_item_raises_and_writes_nothing(mutate, field):
     storage = _filled_tensor_storage()
@@ -602,7 +611,7 @@ def test_tensor_bad_batch_in_first_push_leaves_schema_unset():
         storage.prepare([transition(0), bad])
     assert storage.schema is None and storage.fields == {} and len(storage) == 0
     fill(storage, [bad])  # a fresh first item defines the schema
-    assert storage.schema[('obs', 'vec')] == ((5, ), torch.float32)
+    assert storage.schema[('obs', 'vec')] == ((5,), torch.float32)
 
 
 def test_tensor_python_int_into_float_field_is_accepted():
@@ -625,8 +634,9 @@ def test_tensor_non_dict_item_raises_type_error():
 
 
 @pytest.mark.parametrize(
-    'value', ['text', np.array([object(), object()], dtype=object), [1, 2], np.array(['a', 'b']), None],
-    ids=['str', 'object-array', 'list', 'str-array', 'None']
+    'value',
+    ['text', np.array([object(), object()], dtype=object), [1, 2], np.array(['a', 'b']), None],
+    ids=['str', 'object-array', 'list', 'str-array', 'None'],
 )
 def test_tensor_unsupported_leaf_raises_type_error_naming_field(value):
     first = TensorStorage(3)
@@ -680,16 +690,13 @@ def test_tensor_meta_keys_ignored_so_sampled_item_can_be_pushed_back():
     storage = TensorStorage(4)
     fill(storage, [transition(i) for i in range(2)])
     sampled = storage.gather([1])
-    item = {
-        'obs': {k: v[0] for k, v in sampled['obs'].items()},
-        **{k: v[0] for k, v in sampled.items() if k != 'obs'}
-    }
+    item = {'obs': {k: v[0] for k, v in sampled['obs'].items()}, **{k: v[0] for k, v in sampled.items() if k != 'obs'}}
     assert 'replay_buffer_idx' in item and 'replay_unique_id' in item
     result = fill(storage, [item])
     assert result.slots.tolist() == [2] and result.uids.tolist() == [2]
     again = storage.gather([2])
     assert again['action'].tolist() == [1] and again['replay_unique_id'].tolist() == [2]
-    assert set(storage.schema) == {('obs', 'vec'), ('obs', 'img'), ('action', ), ('reward', ), ('done', )}
+    assert set(storage.schema) == {('obs', 'vec'), ('obs', 'img'), ('action',), ('reward',), ('done',)}
     # the whole sampled batch can be pushed back as a batch too
     result = storage.write(storage.prepare_batch(storage.gather([0, 1])))
     assert result.slots.tolist() == [3, 0]
@@ -699,7 +706,7 @@ def test_tensor_meta_keys_ignored_so_sampled_item_can_be_pushed_back():
 def test_tensor_meta_keys_in_first_item_do_not_enter_schema():
     storage = TensorStorage(2)
     fill(storage, [{'x': 1.0, 'replay_buffer_idx': 7, 'replay_unique_id': 9}])
-    assert set(storage.schema) == {('x', )}
+    assert set(storage.schema) == {('x',)}
 
 
 # ====================================================================== TensorStorage: batched push
@@ -710,7 +717,7 @@ def test_tensor_prepare_batch_writes_rows():
     result = storage.write(storage.prepare_batch(batch_of([10, 11, 12])))
     assert result.slots.tolist() == [0, 1, 2]
     assert storage.schema[('obs', 'img')] == ((2, 2), torch.uint8)
-    assert storage.schema[('done', )] == ((), torch.bool)
+    assert storage.schema[('done',)] == ((), torch.bool)
     out = storage.gather(result.slots)
     assert out['obs']['vec'].tolist() == [[10.0] * 3, [11.0] * 3, [12.0] * 3]
     assert out['obs']['img'][:, 1, 1].tolist() == [10, 11, 12]
@@ -793,7 +800,7 @@ def test_tensor_memmap_one_file_per_field_readable_from_fresh_mapping(tmp_path):
     assert len(set(files.values())) == 5
     expected = storage.gather(np.arange(5))
     for name, shape, dtype, want in (
-        ('obs.vec', (3, ), torch.float32, expected['obs']['vec']),
+        ('obs.vec', (3,), torch.float32, expected['obs']['vec']),
         ('obs.img', (2, 2), torch.uint8, expected['obs']['img']),
         ('action', (), torch.int64, expected['action']),
         ('reward', (), torch.float32, expected['reward']),
@@ -804,8 +811,7 @@ def test_tensor_memmap_one_file_per_field_readable_from_fresh_mapping(tmp_path):
         assert os.path.getsize(path) == numel * torch.empty(0, dtype=dtype).element_size()
         mapped = torch.from_file(path, shared=True, size=numel, dtype=dtype).view(5, *shape)
         assert torch.equal(mapped, want)
-    assert torch.from_file(files['action'], shared=True, size=5,
-                           dtype=torch.int64).tolist() == [5, 6, 2, 3, 4]
+    assert torch.from_file(files['action'], shared=True, size=5, dtype=torch.int64).tolist() == [5, 6, 2, 3, 4]
 
 
 def test_tensor_memmap_failed_allocation_leaves_storage_untouched(tmp_path):
@@ -961,10 +967,10 @@ def test_tensor_from_state_rejects_wrong_capacity():
 def test_build_storage_kinds():
     assert isinstance(build_storage({'type': 'list'}, 3), ListStorage)
     assert isinstance(build_storage({}, 3), ListStorage)
-    tensor = build_storage({'type': 'tensor', 'device': 'cpu', 'memmap_dir': None}, 3, reserved_keys=('prio', ))
+    tensor = build_storage({'type': 'tensor', 'device': 'cpu', 'memmap_dir': None}, 3, reserved_keys=('prio',))
     assert isinstance(tensor, TensorStorage) and tensor.capacity == 3
     fill(tensor, [{'x': 1.0, 'prio': 2.0}])
-    assert set(tensor.schema) == {('x', )}
+    assert set(tensor.schema) == {('x',)}
 
 
 def test_build_storage_list_with_memmap_raises(tmp_path):
@@ -992,10 +998,12 @@ def test_large_cpu_fields_ask_for_huge_pages_and_start_zeroed():
     """Fields of a large CPU tensor storage are allocated, advised to use transparent huge pages (Linux) before
     their pages are touched, and zeroed: an untouched row reads as zeros, written rows round-trip."""
     import sys
+
     from ding_buffer.storage.tensor_fields import advise_huge_pages
+
     small = torch.empty(16)
     assert advise_huge_pages(small) is False  # below two huge pages: nothing to ask for
-    big = torch.empty(2 ** 21)  # 8 MiB of float32
+    big = torch.empty(2**21)  # 8 MiB of float32
     thp = '/sys/kernel/mm/transparent_hugepage/enabled'
     thp_on = sys.platform.startswith('linux') and os.path.exists(thp) and '[never]' not in open(thp).read()
     assert advise_huge_pages(big) is thp_on

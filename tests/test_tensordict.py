@@ -6,6 +6,7 @@ step id) on naive, elastic, advanced, sequence, deque and the episode buffers; t
 stored decides; kept by ``clear``, ``state_dict`` and ``save_data``); ``update`` with a sampled TensorDict; list
 storage; bad input (same message as the dict, nothing changes); ``iter(buffer)``; importing without tensordict.
 """
+
 import os
 import subprocess
 import sys
@@ -13,8 +14,8 @@ import sys
 import numpy as np
 import pytest
 import torch
-
 from helpers import assert_same
+
 from ding_buffer import create_buffer
 
 tensordict = pytest.importorskip('tensordict')
@@ -27,8 +28,10 @@ def item(i, nested=True):
     """One transition (batch_size []) whose every leaf is a function of its step id ``i``."""
     data = {'step': torch.tensor(i), 'obs': torch.arange(3, dtype=torch.float32) + i}
     if nested:
-        data['next'] = {'obs': torch.arange(3, dtype=torch.float32) + i + 0.5,
-                        'deep': {'done': torch.tensor([i % 2 == 0])}}
+        data['next'] = {
+            'obs': torch.arange(3, dtype=torch.float32) + i + 0.5,
+            'deep': {'done': torch.tensor([i % 2 == 0])},
+        }
     return TensorDict(data, batch_size=[])
 
 
@@ -76,7 +79,7 @@ def test_single_items_sample_tensordict(kind, nested):
     check_rows(out, nested)
     if kind == 'advanced':
         for key in ('priority', 'IS', 'staleness', 'use'):
-            assert out[key].shape == (6, )
+            assert out[key].shape == (6,)
 
 
 @pytest.mark.parametrize('kind', SLOT_TYPES)
@@ -99,7 +102,7 @@ def test_naive_values_round_trip_exactly():
     check_rows(out)
     pushed = batch(4, 8)
     order = torch.argsort(out['step'])
-    for key in [('obs', ), ('next', 'obs'), ('next', 'deep', 'done')]:
+    for key in [('obs',), ('next', 'obs'), ('next', 'deep', 'done')]:
         assert torch.equal(out[key][order], pushed[key])
 
 
@@ -133,7 +136,7 @@ def test_deque_drops_inner_keys():
     assert isinstance(out, TensorDict) and out.batch_size == torch.Size([4])
     assert not {'replay_unique_id', 'priority', 'IS'} & set(out.keys())
     check_rows(out)
-    assert buf.update({'priority': torch.full((4, ), 2.0)}) == {'updated': 4, 'stale': 0}
+    assert buf.update({'priority': torch.full((4,), 2.0)}) == {'updated': 4, 'stale': 0}
 
 
 # ---------------------------------------------------------------------------------------------- episodes
@@ -144,8 +147,11 @@ def test_episode_buffer_takes_trajectories():
     assert buf.episode_len == [6, 5, 4]
     episodes = buf.sample(3)
     assert all(isinstance(e, TensorDict) and e.batch_size == torch.Size([len(e['step'])]) for e in episodes)
-    assert sorted(tuple(e['step'].tolist()) for e in episodes) == [(0, 1, 2, 3, 4, 5), (10, 11, 12, 13, 14),
-                                                                     (20, 21, 22, 23)]
+    assert sorted(tuple(e['step'].tolist()) for e in episodes) == [
+        (0, 1, 2, 3, 4, 5),
+        (10, 11, 12, 13, 14),
+        (20, 21, 22, 23),
+    ]
     windows = buf.sample(5, unroll_len=3)
     assert isinstance(windows, TensorDict) and windows.batch_size == torch.Size([5])
     assert windows['obs'].shape == (5, 3, 3) and windows['mask'].all()
@@ -154,12 +160,19 @@ def test_episode_buffer_takes_trajectories():
 
 
 def test_prioritized_episode_update_with_sampled_tensordict():
-    buf = create_buffer(dict(type='prioritized_episode', replay_buffer_size=10, max_transitions=100, seed=0,
-                             sampler=dict(type='prioritized', unroll_len=3, alpha=1.0)))
+    buf = create_buffer(
+        dict(
+            type='prioritized_episode',
+            replay_buffer_size=10,
+            max_transitions=100,
+            seed=0,
+            sampler=dict(type='prioritized', unroll_len=3, alpha=1.0),
+        )
+    )
     buf.push([batch(0, 6), batch(10, 8)])
     out = buf.sample(4)
     assert isinstance(out, TensorDict) and out.batch_size == torch.Size([4])
-    out['priority'] = torch.full((4, ), 7.0)
+    out['priority'] = torch.full((4,), 7.0)
     assert buf.update(out) == {'updated': 4, 'stale': 0}
     assert buf.stats()['max_priority'] == pytest.approx(7.0, rel=1e-3)
 
@@ -178,8 +191,11 @@ def test_advanced_update_with_sampled_tensordict_moves_priorities():
     # the dict form with the TensorDict's columns does the same (``out`` covered every item: with equal
     # priorities the stratified draw takes each of the 10 once)
     assert sorted(out['step'].tolist()) == list(range(10))
-    info = {'replay_unique_id': out['replay_unique_id'], 'replay_buffer_idx': out['replay_buffer_idx'],
-            'priority': torch.ones(10)}
+    info = {
+        'replay_unique_id': out['replay_unique_id'],
+        'replay_buffer_idx': out['replay_buffer_idx'],
+        'priority': torch.ones(10),
+    }
     assert buf.update(info) == {'updated': 10, 'stale': 0}
     assert share(buf, target) < 0.3  # uniform again: 0.1
 
@@ -256,8 +272,11 @@ def test_list_storage_keeps_the_objects():
     out = prio.sample(3)
     assert all(isinstance(x, TensorDict) for x in out)
     assert out[0]['replay_unique_id'].startswith('buffer_')  # the id is a NonTensorData string
-    info = {'replay_unique_id': [x['replay_unique_id'] for x in out],
-            'replay_buffer_idx': [x['replay_buffer_idx'] for x in out], 'priority': [5.0] * 3}
+    info = {
+        'replay_unique_id': [x['replay_unique_id'] for x in out],
+        'replay_buffer_idx': [x['replay_buffer_idx'] for x in out],
+        'priority': [5.0] * 3,
+    }
     assert prio.update(info) == {'updated': 3, 'stale': 0}
 
 
@@ -296,10 +315,16 @@ def test_bad_input_same_error_nothing_changes(kind):
 
 
 # ---------------------------------------------------------------------------------------------- iter / import
-@pytest.mark.parametrize('cfg', [
-    dict(type='naive'), dict(type='advanced', storage=dict(type='tensor')), dict(type='deque'),
-    dict(type='episode'), dict(type='gfn'),
-])
+@pytest.mark.parametrize(
+    'cfg',
+    [
+        dict(type='naive'),
+        dict(type='advanced', storage=dict(type='tensor')),
+        dict(type='deque'),
+        dict(type='episode'),
+        dict(type='gfn'),
+    ],
+)
 def test_iter_is_a_clear_type_error(cfg):
     buf = create_buffer(cfg)
     with pytest.raises(TypeError, match=r'not iterable.*buffer\.sample\(batch_size\)'):
@@ -320,8 +345,10 @@ def test_works_without_tensordict():
         "out = b.sample(4); assert type(out) is dict, type(out)\n"
         "print(b.update(out))\n"
     )
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.dirname(os.path.dirname(__file__)),
-                                                      os.environ.get('PYTHONPATH', '')]))
+    env = dict(
+        os.environ,
+        PYTHONPATH=os.pathsep.join([os.path.dirname(os.path.dirname(__file__)), os.environ.get('PYTHONPATH', '')]),
+    )
     res = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, timeout=120, env=env)
     assert res.returncode == 0, res.stderr[-2000:]
     assert "'updated': 4" in res.stdout

@@ -1,4 +1,5 @@
 """Thread safety of the one-lock buffers, and the used-data remover (enable_track_used_data)."""
+
 import os
 import threading
 import time
@@ -6,10 +7,9 @@ import time
 import numpy as np
 import pytest
 import torch
-
 from helpers import wait_until as _wait_until
-from ding_buffer import create_buffer
 
+from ding_buffer import create_buffer
 
 
 @pytest.mark.parametrize('storage', ['list', 'tensor'])
@@ -25,7 +25,7 @@ def test_concurrent_push_sample_clear_keep_invariants(storage):
         try:
             while not stop.is_set():
                 n = int(rng.integers(1, 20))
-                ids = [k * 10 ** 9 + seq + i for i in range(n)]
+                ids = [k * 10**9 + seq + i for i in range(n)]
                 seq += n
                 buf.push([{'id': i, 'obs': np.full(3, i % 1000, dtype=np.float32)} for i in ids])
                 pushed[k] += n
@@ -53,7 +53,7 @@ def test_concurrent_push_sample_clear_keep_invariants(storage):
         except Exception as e:  # pragma: no cover
             errors.append(e)
 
-    threads = [threading.Thread(target=pusher, args=(k, )) for k in range(n_pushers)]
+    threads = [threading.Thread(target=pusher, args=(k,)) for k in range(n_pushers)]
     threads += [threading.Thread(target=sampler) for _ in range(2)] + [threading.Thread(target=clearer)]
     for t in threads:
         t.start()
@@ -67,7 +67,7 @@ def test_concurrent_push_sample_clear_keep_invariants(storage):
     assert 0 <= buf.count() <= capacity
     # every sampled item was pushed by some pusher
     for i in set(sampled_ids):
-        k, seq = divmod(i, 10 ** 9)
+        k, seq = divmod(i, 10**9)
         assert 0 <= k < n_pushers and seq < pushed[k]
     # push_count counts what was pushed since the last clear; after a final clear + known pushes it is exact
     buf.clear()
@@ -101,7 +101,7 @@ def _tracked_items(tmp_path, start, n):
     items = []
     for i in range(start, start + n):
         path = tmp_path / f'data_{i}.pt'
-        torch.save(torch.full((2, ), float(i)), path)
+        torch.save(torch.full((2,), float(i)), path)
         items.append({'data_id': str(path), 'i': i})
     return items
 

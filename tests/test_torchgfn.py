@@ -8,6 +8,7 @@ Rewards are made distinct on purpose wherever the two implementations are compar
 with an unstable ``torch.argsort``, so on equal rewards which item it keeps is unspecified (ours keeps the newest).
 Distinct values are multiples of 1/1024, exact in float32 and float64, so every comparison below is exact.
 """
+
 import copy
 from collections import Counter
 
@@ -19,15 +20,18 @@ gfn = pytest.importorskip('gfn')  # CI installs torchgfn; this only protects a b
 
 from gfn.containers import StatesContainer, Trajectories, Transitions  # noqa: E402
 from gfn.containers.replay_buffer import (  # noqa: E402
-    NormBasedDiversePrioritizedReplayBuffer, ReplayBuffer, TerminatingStateBuffer)
+    NormBasedDiversePrioritizedReplayBuffer,
+    ReplayBuffer,
+    TerminatingStateBuffer,
+)
 from gfn.estimators import DiscretePolicyEstimator  # noqa: E402
 from gfn.gym import HyperGrid  # noqa: E402
 from gfn.preprocessors import KHotPreprocessor  # noqa: E402
 from gfn.samplers import Sampler  # noqa: E402
 from gfn.utils.modules import MLP  # noqa: E402
+from helpers import assert_same  # noqa: E402
 
 from ding_buffer import create_buffer  # noqa: E402
-from helpers import assert_same  # noqa: E402
 
 HEIGHT, NDIM = 8, 2
 
@@ -49,8 +53,9 @@ def samplers(env):
     torch.manual_seed(1234)
     pre = KHotPreprocessor(env.height, env.ndim)
     pf = DiscretePolicyEstimator(MLP(pre.output_dim, env.n_actions), env.n_actions, preprocessor=pre)
-    pb = DiscretePolicyEstimator(MLP(pre.output_dim, env.n_actions - 1), env.n_actions, preprocessor=pre,
-                                 is_backward=True)
+    pb = DiscretePolicyEstimator(
+        MLP(pre.output_dim, env.n_actions - 1), env.n_actions, preprocessor=pre, is_backward=True
+    )
     return Sampler(pf), Sampler(pb)
 
 
@@ -63,7 +68,7 @@ class RewardPool:
         self.pos = 0
 
     def take(self, n):
-        out = self.values[self.pos:self.pos + n].clone()
+        out = self.values[self.pos : self.pos + n].clone()
         assert len(out) == n, 'reward pool exhausted'
         self.pos += n
         return out
@@ -80,16 +85,24 @@ def trajectories(samplers, env, n, rewards=None):
     assert tr.log_probs is not None and tr.estimator_outputs is not None
     if rewards is None:
         return tr
-    return Trajectories(env=env, states=tr.states, actions=tr.actions, terminating_idx=tr.terminating_idx,
-                        is_backward=False, log_rewards=rewards, log_probs=tr.log_probs,
-                        estimator_outputs=tr.estimator_outputs)
+    return Trajectories(
+        env=env,
+        states=tr.states,
+        actions=tr.actions,
+        terminating_idx=tr.terminating_idx,
+        is_backward=False,
+        log_rewards=rewards,
+        log_probs=tr.log_probs,
+        estimator_outputs=tr.estimator_outputs,
+    )
 
 
 def terminal_states(env, tensor, rewards, conditions=None):
     """A StatesContainer whose every row is a terminating state."""
     states = env.states_from_tensor(tensor.long(), conditions=conditions)
-    return StatesContainer(env=env, states=states, is_terminating=torch.ones(len(tensor), dtype=torch.bool),
-                           log_rewards=rewards)
+    return StatesContainer(
+        env=env, states=states, is_terminating=torch.ones(len(tensor), dtype=torch.bool), log_rewards=rewards
+    )
 
 
 def random_terminal_states(env, pool, n):
@@ -121,21 +134,33 @@ def term_pairs(c):
     cond = ts.conditions
     assert len(r) == len(ts)
     return Counter(
-        (_row(ts.tensor[i]), ) + ((_row(cond[i]), ) if cond is not None else ()) + (float(r[i]), )
-        for i in range(len(ts)))
+        (_row(ts.tensor[i]),) + ((_row(cond[i]),) if cond is not None else ()) + (float(r[i]),) for i in range(len(ts))
+    )
 
 
 def item_keys(c):
     """One hashable key per item of the container (the whole item, not just its terminating state)."""
     if isinstance(c, Trajectories):
         s, a, t, r = c.states.tensor, c.actions.tensor, c.terminating_idx, c.log_rewards
-        return [(_row(s[:int(t[i]) + 1, i]), _row(a[:int(t[i]), i]), float(r[i])) for i in range(len(c))]
+        return [(_row(s[: int(t[i]) + 1, i]), _row(a[: int(t[i]), i]), float(r[i])) for i in range(len(c))]
     if isinstance(c, Transitions):
-        return [(_row(c.states.tensor[i]), _row(c.next_states.tensor[i]), _row(c.actions.tensor[i]),
-                 bool(c.is_terminating[i]), float(c.log_rewards[i])) for i in range(len(c))]
+        return [
+            (
+                _row(c.states.tensor[i]),
+                _row(c.next_states.tensor[i]),
+                _row(c.actions.tensor[i]),
+                bool(c.is_terminating[i]),
+                float(c.log_rewards[i]),
+            )
+            for i in range(len(c))
+        ]
     cond = c.states.conditions
-    return [(_row(c.states.tensor[i]), ) + ((_row(cond[i]), ) if cond is not None else ()) +
-            (bool(c.is_terminating[i]), float(c.log_rewards[i])) for i in range(len(c))]
+    return [
+        (_row(c.states.tensor[i]),)
+        + ((_row(cond[i]),) if cond is not None else ())
+        + (bool(c.is_terminating[i]), float(c.log_rewards[i]))
+        for i in range(len(c))
+    ]
 
 
 def contents(buf):
@@ -181,8 +206,12 @@ def make_kind(kind, samplers, env, pool, n):
             return c
 
 
-CLASSES = {'trajectories': Trajectories, 'transitions': Transitions, 'states': StatesContainer,
-           'states_all_terminating': StatesContainer}
+CLASSES = {
+    'trajectories': Trajectories,
+    'transitions': Transitions,
+    'states': StatesContainer,
+    'states_all_terminating': StatesContainer,
+}
 
 # Regression tests for bugs found while writing these tests are the test_untracked_* ones below.
 
@@ -247,8 +276,9 @@ def test_push_and_sample_each_container_kind(samplers, env, pool, kind, prioriti
 
 @pytest.mark.parametrize('kind', ['trajectories', 'transitions', 'states'])
 def test_all_sampled_items_exist_in_buffer_with_prioritized_sampling(samplers, env, pool, kind):
-    buf = create_buffer(dict(type='gfn', replay_buffer_size=500, prioritized_capacity=True, prioritized_sampling=True,
-                             seed=3))
+    buf = create_buffer(
+        dict(type='gfn', replay_buffer_size=500, prioritized_capacity=True, prioritized_sampling=True, seed=3)
+    )
     for _ in range(4):
         buf.push(make_kind(kind, samplers, env, pool, 6))
     stored = stored_keys(buf)
@@ -281,11 +311,14 @@ def test_prioritized_capacity_keeps_top_rewards_through_compaction(samplers, env
     assert Counter(item_keys(tg.training_container)) == Counter(best)  # torchgfn agrees
 
 
-@pytest.mark.parametrize('kind', [
-    'trajectories',
-    'transitions',
-    'states',
-])
+@pytest.mark.parametrize(
+    'kind',
+    [
+        'trajectories',
+        'transitions',
+        'states',
+    ],
+)
 def test_fifo_keeps_newest_items(samplers, env, pool, kind):
     # batches smaller than the capacity (5 trajectories: about 15 transitions), so that evictions leave older
     # items behind and the container is compacted with items kept
@@ -303,14 +336,16 @@ def test_fifo_keeps_newest_items(samplers, env, pool, kind):
         assert Counter(item_keys(out)) == newest
         assert Counter(item_keys(tg.training_container)) == newest
         assert buf.stats()['unique_terminating_states'] == (
-            len({_row(x) for x in out.terminating_states.tensor}) if kind == 'trajectories' else -1)
+            len({_row(x) for x in out.terminating_states.tensor}) if kind == 'trajectories' else -1
+        )
     assert len(buf.storage) <= 2 * (cap + 5 * 15)
 
 
 # ---------------------------------------------------------------------------------- 3. diverse
 def _compare_diverse(env, batches, cap, cutoff, p):
-    ours = create_buffer(dict(type='gfn_diverse', replay_buffer_size=cap, cutoff_distance=cutoff, p_norm_distance=p,
-                              seed=0))
+    ours = create_buffer(
+        dict(type='gfn_diverse', replay_buffer_size=cap, cutoff_distance=cutoff, p_norm_distance=p, seed=0)
+    )
     tg = NormBasedDiversePrioritizedReplayBuffer(env, capacity=cap, cutoff_distance=cutoff, p_norm_distance=p)
     for step, c in enumerate(batches):
         ours.push(copy_of(c))
@@ -348,21 +383,24 @@ def test_diverse_rejects_duplicate_of_stored_state_even_with_higher_reward(env, 
     cap = 4
     buf = create_buffer(dict(type='gfn_diverse', replay_buffer_size=cap))
     grid = torch.tensor([[0, 0], [3, 3], [5, 5], [7, 7]])
-    buf.push(terminal_states(env, grid, torch.tensor([0., 1., 2., 3.])))
+    buf.push(terminal_states(env, grid, torch.tensor([0.0, 1.0, 2.0, 3.0])))
     # full: duplicates (cutoff 0) are refused whatever their reward; a new cell enters, evicting the lowest
-    assert buf.push(terminal_states(env, torch.tensor([[3, 3], [1, 6]]), torch.tensor([10., 9.]))) == 1
-    assert stored_pairs(buf) == Counter({((3, 3), 1.): 1, ((5, 5), 2.): 1, ((7, 7), 3.): 1, ((1, 6), 9.): 1})
+    assert buf.push(terminal_states(env, torch.tensor([[3, 3], [1, 6]]), torch.tensor([10.0, 9.0]))) == 1
+    assert stored_pairs(buf) == Counter({((3, 3), 1.0): 1, ((5, 5), 2.0): 1, ((7, 7), 3.0): 1, ((1, 6), 9.0): 1})
     s = buf.stats()
     assert (s['rejected_by_distance'], s['rejected_by_reward'], s['filter_checked']) == (1, 0, 2)
 
 
 # ---------------------------------------------------------------------------------- 4. vs ReplayBuffer
-@pytest.mark.parametrize('kind', [
-    'trajectories',
-    'transitions',
-    'states',
-    'states_all_terminating',
-])
+@pytest.mark.parametrize(
+    'kind',
+    [
+        'trajectories',
+        'transitions',
+        'states',
+        'states_all_terminating',
+    ],
+)
 def test_prioritized_capacity_matches_torchgfn_replay_buffer(samplers, env, pool, kind):
     cap = 10
     ours = create_buffer(dict(type='gfn', replay_buffer_size=cap, prioritized_capacity=True, seed=0))
@@ -379,7 +417,8 @@ def test_prioritized_capacity_matches_torchgfn_replay_buffer(samplers, env, pool
         if kind in ('trajectories', 'states_all_terminating'):
             assert Counter(item_keys(out)) == Counter(item_keys(tg.training_container)), step
         assert ours.stats()['unique_terminating_states'] == (
-            -1 if kind in ('transitions', 'states') else len({_row(x) for x in out.terminating_states.tensor})), step
+            -1 if kind in ('transitions', 'states') else len({_row(x) for x in out.terminating_states.tensor})
+        ), step
     ours.close()
 
 
@@ -401,8 +440,7 @@ def test_terminating_state_buffer_from_trajectories(samplers, env, pool):
     buf2 = create_buffer(dict(type='terminating_state', replay_buffer_size=50))
     buf2.push(tr)
     assert stored_pairs(buf2) == term_pairs(tr)
-    assert torch.equal(contents(buf2).log_rewards.sort().values,
-                       env.log_reward(tr.terminating_states).sort().values)
+    assert torch.equal(contents(buf2).log_rewards.sort().values, env.log_reward(tr.terminating_states).sort().values)
 
 
 @pytest.mark.parametrize('kind', ['transitions', 'states'])
@@ -445,6 +483,7 @@ def test_terminating_state_prioritized_matches_torchgfn(samplers, env, pool):
 # ---------------------------------------------------------------------------------- 6. conditions
 def _conditions_supported():
     from gfn.states import States
+
     prop = getattr(States, 'conditions', None)
     return isinstance(prop, property) and prop.fset is not None
 
@@ -454,23 +493,28 @@ def test_diverse_same_state_different_condition_is_distinct(env):
         pytest.skip('this torchgfn version cannot attach conditions to States (no States.conditions setter)')
 
     def batch(cells, conds, rewards):
-        return terminal_states(env, torch.tensor(cells), torch.tensor(rewards, dtype=torch.float32),
-                               conditions=torch.tensor(conds, dtype=torch.get_default_dtype()))
+        return terminal_states(
+            env,
+            torch.tensor(cells),
+            torch.tensor(rewards, dtype=torch.float32),
+            conditions=torch.tensor(conds, dtype=torch.get_default_dtype()),
+        )
 
     cap = 4
     ours = create_buffer(dict(type='gfn_diverse', replay_buffer_size=cap))
     tg = NormBasedDiversePrioritizedReplayBuffer(env, capacity=cap)
     batches = [
         # fill: one cell under four conditions (below capacity everything is stored)
-        batch([[2, 2]] * 4, [[0.], [1.], [2.], [3.]], [0., 1., 2., 3.]),
+        batch([[2, 2]] * 4, [[0.0], [1.0], [2.0], [3.0]], [0.0, 1.0, 2.0, 3.0]),
         # full: (2,2)|4 is new; (2,2)|1 is a stored pair; (2,2)|5 twice in the batch: only the better one
-        batch([[2, 2], [2, 2], [2, 2], [2, 2]], [[4.], [1.], [5.], [5.]], [10., 11., 9., 8.]),
+        batch([[2, 2], [2, 2], [2, 2], [2, 2]], [[4.0], [1.0], [5.0], [5.0]], [10.0, 11.0, 9.0, 8.0]),
     ]
     for b, admitted in zip(batches, (4, 2)):
         assert ours.push(copy_of(b)) == admitted
         tg.add(copy_of(b))
-    expected = Counter({((2, 2), (2., ), 2.): 1, ((2, 2), (3., ), 3.): 1, ((2, 2), (4., ), 10.): 1,
-                        ((2, 2), (5., ), 9.): 1})
+    expected = Counter(
+        {((2, 2), (2.0,), 2.0): 1, ((2, 2), (3.0,), 3.0): 1, ((2, 2), (4.0,), 10.0): 1, ((2, 2), (5.0,), 9.0): 1}
+    )
     assert stored_pairs(ours) == expected
     assert term_pairs(tg.training_container) == expected  # torchgfn concatenates conditions the same way
     s = ours.stats()
@@ -518,7 +562,7 @@ def test_save_load_round_trip(tmp_path, samplers, env, pool, btype, kind, extra)
     path = str(tmp_path / 'buffer.pt')
     buf.save_data(path)
     # unique_terminating_states of Transitions / mixed StatesContainers: see test_bug_round_trip_unique_states
-    skip = ('unique_terminating_states', ) if btype == 'gfn' and kind in ('transitions', 'states') else ()
+    skip = ('unique_terminating_states',) if btype == 'gfn' and kind in ('transitions', 'states') else ()
     keys_before, count_before, stats_before = stored_keys(buf), buf.count(), stats_without_sampled(buf, *skip)
     settings_before = buf.state_dict()['settings']
 
@@ -565,8 +609,9 @@ def test_save_load_round_trip(tmp_path, samplers, env, pool, btype, kind, extra)
 
 def _with_rewards_kwargs(c, rewards):
     if isinstance(c, Trajectories):
-        return dict(env=c.env, states=c.states, actions=c.actions, terminating_idx=c.terminating_idx,
-                    log_rewards=rewards)
+        return dict(
+            env=c.env, states=c.states, actions=c.actions, terminating_idx=c.terminating_idx, log_rewards=rewards
+        )
     return dict(env=c.env, states=c.states, is_terminating=c.is_terminating, log_rewards=rewards)
 
 
@@ -583,7 +628,7 @@ def test_mixing_container_kinds_raises_and_changes_nothing(samplers, env, pool, 
         tr.to_states_container(),
         random_terminal_states(env, pool, 4),
         {'state': torch.zeros(3, NDIM), 'log_reward': torch.zeros(3)},
-        [{'state': torch.zeros(NDIM), 'log_reward': torch.tensor(0.)}],
+        [{'state': torch.zeros(NDIM), 'log_reward': torch.tensor(0.0)}],
     ]
     for data in bad:
         with pytest.raises(TypeError):
@@ -621,11 +666,15 @@ def test_diverse_refuses_containers_without_one_terminating_state_per_item(sampl
 
 
 # ---------------------------------------------------------------------------------- 9. no log_rewards
-@pytest.mark.parametrize('cfg', [
-    dict(type='gfn', prioritized_capacity=True),
-    dict(type='gfn', prioritized_sampling=True),
-    dict(type='gfn_diverse'),
-], ids=['prioritized_capacity', 'prioritized_sampling', 'diverse'])
+@pytest.mark.parametrize(
+    'cfg',
+    [
+        dict(type='gfn', prioritized_capacity=True),
+        dict(type='gfn', prioritized_sampling=True),
+        dict(type='gfn_diverse'),
+    ],
+    ids=['prioritized_capacity', 'prioritized_sampling', 'diverse'],
+)
 def test_backward_trajectories_without_log_rewards_are_refused(samplers, env, pool, cfg):
     fwd = trajectories(samplers, env, 6, pool.take(6))
     bwd = samplers[1].sample_trajectories(env, states=fwd.terminating_states)
@@ -786,7 +835,7 @@ def _long_pool(samplers, env, n, seed):
     rewards = RewardPool(seed)
     while sum(len(b) for b in out) < n:
         tr = trajectories(samplers, env, 8, rewards.take(8))
-        extra = int(torch.randint(0, 4, (1, ), generator=g))
+        extra = int(torch.randint(0, 4, (1,), generator=g))
         s = torch.cat([tr.states.tensor, torch.full((extra, 8, NDIM), -1)])
         a = torch.cat([tr.actions.tensor, torch.full((extra, 8, 1), -1)])
         t = tr.terminating_idx
@@ -794,8 +843,15 @@ def _long_pool(samplers, env, n, seed):
         s[pad_s] = torch.randint(0, HEIGHT, (int(pad_s.sum()), NDIM), generator=g)
         pad_a = torch.arange(a.shape[0])[:, None] >= t[None, :]
         a[pad_a] = torch.randint(0, NDIM + 1, (int(pad_a.sum()), 1), generator=g)
-        out.append(Trajectories(env=env, states=env.states_from_tensor(s), actions=env.actions_from_tensor(a),
-                                terminating_idx=t.clone(), log_rewards=tr.log_rewards.clone()))
+        out.append(
+            Trajectories(
+                env=env,
+                states=env.states_from_tensor(s),
+                actions=env.actions_from_tensor(a),
+                terminating_idx=t.clone(),
+                log_rewards=tr.log_rewards.clone(),
+            )
+        )
     return out
 
 
@@ -805,7 +861,7 @@ def _split_by_length(batches, size):
     for b in batches[1:]:
         everything.extend(b[torch.arange(len(b))])
     order = torch.argsort(everything.terminating_idx, stable=True)
-    return [everything[order[i:i + size]] for i in range(0, len(order), size)]
+    return [everything[order[i : i + size]] for i in range(0, len(order), size)]
 
 
 class TrajectoryModel:
@@ -820,7 +876,7 @@ class TrajectoryModel:
     def push(self, tr):
         r = tr.log_rewards.tolist()
         if self.prioritized:  # the batch items that make the top ``cap`` of stored + batch
-            best = set(sorted(self.order + r)[-self.cap:])
+            best = set(sorted(self.order + r)[-self.cap :])
             rows = [i for i, x in enumerate(r) if x in best]
         else:
             rows = list(range(len(r)))
@@ -828,14 +884,14 @@ class TrajectoryModel:
         for i, x in enumerate(part.log_rewards.tolist()):
             self.items[x] = (part.states.tensor[:, i], part.actions.tensor[:, i], int(part.terminating_idx[i]))
             self.order.append(x)
-        keep = sorted(self.order)[-self.cap:] if self.prioritized else self.order[-self.cap:]
+        keep = sorted(self.order)[-self.cap :] if self.prioritized else self.order[-self.cap :]
         self.order = [x for x in self.order if x in set(keep)]
 
     def expected(self, r, steps):
         """Item ``r`` padded (sink state / dummy action) or trimmed to ``steps`` actions."""
         s, a, t = self.items[r]
         sf, dummy = self.env.States.sf, self.env.Actions.dummy_action
-        s = torch.cat([s, sf.expand(max(0, steps + 1 - len(s)), NDIM)])[:steps + 1]
+        s = torch.cat([s, sf.expand(max(0, steps + 1 - len(s)), NDIM)])[: steps + 1]
         a = torch.cat([a, dummy.expand(max(0, steps - len(a)), 1)])[:steps]
         return s, a, t
 
@@ -872,7 +928,7 @@ def test_trajectories_after_wrapping_equal_brute_force_model(samplers, env, prio
     out = buf.sample(5)
     out.states.tensor.fill_(3)
     out.actions.tensor.fill_(0)
-    out.log_rewards.fill_(0.)
+    out.log_rewards.fill_(0.0)
     assert_trajectories_match(buf, model)
 
 
@@ -880,12 +936,14 @@ def _states_batch(env, g, rewards, n, conditions):
     """A StatesContainer with random cells, a random terminating mask and distinct log-rewards on every row."""
     cond = torch.randint(0, 3, (n, 2), generator=g).to(torch.get_default_dtype()) if conditions else None
     states = env.states_from_tensor(torch.randint(0, HEIGHT, (n, NDIM), generator=g), conditions=cond)
-    return StatesContainer(env=env, states=states, is_terminating=torch.rand(n, generator=g) < 0.7,
-                           log_rewards=rewards.take(n))
+    return StatesContainer(
+        env=env, states=states, is_terminating=torch.rand(n, generator=g) < 0.7, log_rewards=rewards.take(n)
+    )
 
 
-@pytest.mark.parametrize('conditions,lazy', [(False, False), (True, False), (False, True)],
-                         ids=['plain', 'conditions', 'lazy'])
+@pytest.mark.parametrize(
+    'conditions,lazy', [(False, False), (True, False), (False, True)], ids=['plain', 'conditions', 'lazy']
+)
 def test_states_container_fifo_after_wrapping_equals_last_items(env, conditions, lazy):
     if conditions and not _conditions_supported():
         pytest.skip('this torchgfn version cannot attach conditions to States')
@@ -895,7 +953,7 @@ def test_states_container_fifo_after_wrapping_equals_last_items(env, conditions,
     tg = ReplayBuffer(env, capacity=cap)
     order, stored = [], []
     for step in range(50):
-        c = _states_batch(env, g, rewards, int(torch.randint(1, 12, (1, ), generator=g)), conditions)
+        c = _states_batch(env, g, rewards, int(torch.randint(1, 12, (1,), generator=g)), conditions)
         order.extend(item_keys(c))
         stored.extend(item_keys(c))
         if not lazy or len(stored) >= 2 * cap:  # lazy: truncated once stored + incoming reach 2 x capacity
@@ -971,7 +1029,7 @@ def test_failed_pushes_leave_state_dict_unchanged(samplers, env, pool):
     bad = [
         (ValueError, terminal_states(other_env, torch.zeros(4, NDIM + 1), pool.take(4))),  # another state shape
         (TypeError, trajectories(samplers, env, 4, pool.take(4))),  # another class
-        (ValueError, terminal_states(env, torch.zeros(3, NDIM), torch.tensor([0., float('nan'), 1.]))),
+        (ValueError, terminal_states(env, torch.zeros(3, NDIM), torch.tensor([0.0, float('nan'), 1.0]))),
     ]
     for err, c in bad:
         with pytest.raises(err):
@@ -980,8 +1038,13 @@ def test_failed_pushes_leave_state_dict_unchanged(samplers, env, pool):
     tbuf = create_buffer(dict(type='gfn', replay_buffer_size=10, seed=0))
     tbuf.push(trajectories(samplers, env, 6, pool.take(6)))
     before = copy.deepcopy(tbuf.state_dict())
-    other = Sampler(DiscretePolicyEstimator(MLP(KHotPreprocessor(HEIGHT, NDIM + 1).output_dim, other_env.n_actions),
-                                            other_env.n_actions, preprocessor=KHotPreprocessor(HEIGHT, NDIM + 1)))
+    other = Sampler(
+        DiscretePolicyEstimator(
+            MLP(KHotPreprocessor(HEIGHT, NDIM + 1).output_dim, other_env.n_actions),
+            other_env.n_actions,
+            preprocessor=KHotPreprocessor(HEIGHT, NDIM + 1),
+        )
+    )
     with pytest.raises(ValueError, match='states'):
         tbuf.push(other.sample_trajectories(other_env, n=3))
     assert_same(tbuf.state_dict(), before)
@@ -997,8 +1060,12 @@ def test_fields_follow_torchgfn_extend_rules(env):
     tg = ReplayBuffer(env, capacity=50)
     first = _states_batch(env, g, rewards, 5, conditions=True)
     plain = _states_batch(env, g, rewards, 4, conditions=False)
-    wide = StatesContainer(env=env, states=env.states_from_tensor(torch.randint(0, HEIGHT, (3, NDIM))),
-                           is_terminating=torch.ones(3, dtype=torch.bool), log_rewards=rewards.take(3).double())
+    wide = StatesContainer(
+        env=env,
+        states=env.states_from_tensor(torch.randint(0, HEIGHT, (3, NDIM))),
+        is_terminating=torch.ones(3, dtype=torch.bool),
+        log_rewards=rewards.take(3).double(),
+    )
     for c in (first, plain, wide):
         buf.push(copy_of(c))
         tg.add(copy_of(c))
@@ -1049,9 +1116,14 @@ def test_ring_over_many_wrapping_pushes_matches_brute_force(tmp_path, env, pool,
 
 # ---------------------------------------------------------------------------------- torchgfn drop-in surface
 # What torchgfn's own training loops and examples do with a buffer: found by putting ours into them.
-DROP_IN = [('gfn', 'trajectories'), ('gfn', 'states_all_terminating'), ('gfn_diverse', 'trajectories'),
-           ('gfn_diverse', 'states_all_terminating'), ('terminating_state', 'trajectories'),
-           ('terminating_state', 'states_all_terminating')]
+DROP_IN = [
+    ('gfn', 'trajectories'),
+    ('gfn', 'states_all_terminating'),
+    ('gfn_diverse', 'trajectories'),
+    ('gfn_diverse', 'states_all_terminating'),
+    ('terminating_state', 'trajectories'),
+    ('terminating_state', 'states_all_terminating'),
+]
 
 
 def _empty(c):
@@ -1095,6 +1167,7 @@ def test_torchgfn_sample_keyword_and_capacity_key(samplers, env, pool, btype):
 
     from ding_buffer.base import get_buffer_cls
     from ding_buffer.config import check_section
+
     section = EasyDict(type=btype, capacity=30, distributed=dict(backend='torch'))
     assert check_section(get_buffer_cls(section), section).replay_buffer_size == 30
     with pytest.raises(ValueError, match="'capacity' = 30 and 'replay_buffer_size' = 20 disagree"):
@@ -1108,9 +1181,11 @@ def test_torchgfn_attributes(samplers, env, pool, btype, kind):
     ``prioritized_capacity``, ``prioritized_sampling``."""
     prioritized = btype == 'gfn_diverse'
     buf = create_buffer(dict(type=btype, replay_buffer_size=1000, seed=0, prioritized_sampling=prioritized))
-    theirs = {'gfn': lambda: ReplayBuffer(env, capacity=1000),
-              'gfn_diverse': lambda: NormBasedDiversePrioritizedReplayBuffer(env, capacity=1000),
-              'terminating_state': lambda: TerminatingStateBuffer(env, capacity=1000)}[btype]()
+    theirs = {
+        'gfn': lambda: ReplayBuffer(env, capacity=1000),
+        'gfn_diverse': lambda: NormBasedDiversePrioritizedReplayBuffer(env, capacity=1000),
+        'terminating_state': lambda: TerminatingStateBuffer(env, capacity=1000),
+    }[btype]()
     assert buf.training_container is None and buf.env is None
     assert buf.device == torch.device('cpu')
     assert buf.prioritized_capacity is prioritized and buf.prioritized_sampling is prioritized

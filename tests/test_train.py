@@ -6,6 +6,7 @@ n-step / checkpoint building blocks behave as documented.
 Every run lives in ``tmp_path``: the config files written here load a shipped config and override a few keys
 (``log_dir``, small budgets), so the shipped files are what is exercised.
 """
+
 import csv
 import json
 import os
@@ -31,8 +32,7 @@ PNG_MAGIC = b'\x89PNG\r\n\x1a\n'
 # episodes); a 10-episode mean above this is far out of a random policy's reach.
 LEARNED_RETURN = 100.0
 
-ENV = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get('PYTHONPATH', '')]),
-           PYTHONUNBUFFERED='1')
+ENV = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get('PYTHONPATH', '')]), PYTHONUNBUFFERED='1')
 
 
 # ---------------------------------------------------------------------------------------------------- helpers
@@ -90,12 +90,22 @@ E2E_STEPS, E2E_EVAL_FREQ, E2E_WARMUP, E2E_CKPT_FREQ = 4000, 1000, 500, 2000
 def e2e_runs(tmp_path_factory):
     """Two short PER runs (seeds 0 and 1, run side by side): {seed: (run_dir, CompletedProcess-like)}."""
     root = tmp_path_factory.mktemp('e2e')
-    cfg = write_config(root / 'per.py', log_dir=str(root / 'runs'),
-                       env=dict(max_env_step=E2E_STEPS, eval_freq=E2E_EVAL_FREQ),
-                       policy=dict(learn=dict(warmup_steps=E2E_WARMUP)), checkpoint=dict(freq=E2E_CKPT_FREQ))
+    cfg = write_config(
+        root / 'per.py',
+        log_dir=str(root / 'runs'),
+        env=dict(max_env_step=E2E_STEPS, eval_freq=E2E_EVAL_FREQ),
+        policy=dict(learn=dict(warmup_steps=E2E_WARMUP)),
+        checkpoint=dict(freq=E2E_CKPT_FREQ),
+    )
     procs = {
-        seed: subprocess.Popen(cli_cmd('train', cfg, '--seed', seed, '--no-progress'), cwd=root, env=ENV,
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        seed: subprocess.Popen(
+            cli_cmd('train', cfg, '--seed', seed, '--no-progress'),
+            cwd=root,
+            env=ENV,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         for seed in (0, 1)
     }
     out = {}
@@ -121,7 +131,14 @@ def test_short_run_learns_and_writes_its_artefacts(e2e_runs, seed):
     assert f"== cartpole_dqn_per (seed {seed}, advanced buffer) ==" in out
     assert f"env steps {E2E_STEPS}, gradient steps {E2E_STEPS - E2E_WARMUP + 1}" in out
     assert 'eval return: best' in out and f"run dir: {run_dir} (TensorBoard" in out
-    assert sorted(os.listdir(run_dir)) == ['checkpoints', 'eval.csv', 'learning_curve.png', 'log', 'run.json', 'summary.json']
+    assert sorted(os.listdir(run_dir)) == [
+        'checkpoints',
+        'eval.csv',
+        'learning_curve.png',
+        'log',
+        'run.json',
+        'summary.json',
+    ]
 
     summary = json.loads((run_dir / 'summary.json').read_text())
     assert summary['exp_name'] == 'cartpole_dqn_per' and summary['seed'] == seed
@@ -148,11 +165,20 @@ def test_short_run_learns_and_writes_its_artefacts(e2e_runs, seed):
     events = list((run_dir / 'log').glob('events.out.tfevents.*'))
     assert len(events) == 1 and events[0].stat().st_size > 0
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
     acc = EventAccumulator(str(run_dir / 'log'), size_guidance={'scalars': 0})
     acc.Reload()
     tags = set(acc.Tags()['scalars'])
-    for tag in ('eval/return_mean', 'train/loss', 'train/epsilon', 'train/episode_return',
-                'buffer_iter/priority_avg', 'buffer_iter/beta', 'buffer_step/use_avg', 'buffer_step/staleness_max'):
+    for tag in (
+        'eval/return_mean',
+        'train/loss',
+        'train/epsilon',
+        'train/episode_return',
+        'buffer_iter/priority_avg',
+        'buffer_iter/beta',
+        'buffer_step/use_avg',
+        'buffer_step/staleness_max',
+    ):
         assert tag in tags, sorted(tags)
     evals = acc.Scalars('eval/return_mean')
     assert [e.step for e in evals] == steps
@@ -178,9 +204,13 @@ def test_seeded_runs_differ(e2e_runs):
 
 # ---------------------------------------------------------------------------------------------------- resume
 def test_resume_continues_from_the_checkpoint_with_identical_counters(tmp_path, capsys):
-    cfg = write_config(tmp_path / 'per.py', log_dir=str(tmp_path / 'runs'),
-                       env=dict(max_env_step=2000, eval_freq=500, eval_episodes=3),
-                       policy=dict(learn=dict(warmup_steps=500)), checkpoint=dict(freq=1000, keep=2))
+    cfg = write_config(
+        tmp_path / 'per.py',
+        log_dir=str(tmp_path / 'runs'),
+        env=dict(max_env_step=2000, eval_freq=500, eval_episodes=3),
+        policy=dict(learn=dict(warmup_steps=500)),
+        checkpoint=dict(freq=1000, keep=2),
+    )
     run_dir = tmp_path / 'runs' / 'cartpole_dqn_per_seed0'
     first = cli('train', cfg, '--no-progress', cwd=tmp_path)
     assert first.returncode == 0, first.stderr
@@ -189,21 +219,29 @@ def test_resume_continues_from_the_checkpoint_with_identical_counters(tmp_path, 
     state = torch.load(ck / 'step_000002000' / 'trainer.pt', weights_only=True)
     c = state['counters']
     first_summary = json.loads((run_dir / 'summary.json').read_text())
-    assert (c['env_step'], c['train_iter'], c['episodes']) == \
-        (2000, first_summary['train_iters'], first_summary['episodes'])
+    assert (c['env_step'], c['train_iter'], c['episodes']) == (
+        2000,
+        first_summary['train_iters'],
+        first_summary['episodes'],
+    )
     rows_before = read_csv(run_dir / 'eval.csv')
     assert [r['env_step'] for r in rows_before] == ['500', '1000', '1500', '2000']
 
     # in process: a resumed trainer holds exactly the checkpoint's counters, weights, evals and buffer
     from ding_buffer.train.config import build_train_config, load_config_file
     from ding_buffer.train.dqn import DQNTrainer
+
     rng_state = torch.get_rng_state()
-    trainer = DQNTrainer(build_train_config(load_config_file(str(cfg)), source=str(cfg)), str(run_dir),
-                         resume=True, progress=False)
+    trainer = DQNTrainer(
+        build_train_config(load_config_file(str(cfg)), source=str(cfg)), str(run_dir), resume=True, progress=False
+    )
     try:
         assert trainer.resumed_from == str(ck / 'step_000002000')
-        assert (trainer.env_step, trainer.train_iter, trainer.episodes) == \
-            (c['env_step'], c['train_iter'], c['episodes'])
+        assert (trainer.env_step, trainer.train_iter, trainer.episodes) == (
+            c['env_step'],
+            c['train_iter'],
+            c['episodes'],
+        )
         assert trainer.evals == state['evals']
         assert list(trainer.recent_returns) == state['recent_returns']
         for k, v in trainer.net.state_dict().items():
@@ -250,7 +288,7 @@ def test_resume_of_a_missing_directory_leaves_nothing_behind(tmp_path):
     typo = tmp_path / 'no_such_run'
     proc = cli('train', cfg, '--resume', typo, '--no-progress', cwd=tmp_path)
     assert proc.returncode == 2 and 'Traceback' not in proc.stderr, proc.stderr
-    (line, ) = proc.stderr.strip().splitlines()  # a flag error: one line, before anything is loaded
+    (line,) = proc.stderr.strip().splitlines()  # a flag error: one line, before anything is loaded
     assert line.startswith('ding-buffer train: error: argument --resume:') and str(typo) in line
     assert 'no such directory' in line
     assert not typo.exists(), sorted(str(p.relative_to(tmp_path)) for p in typo.rglob('*'))
@@ -276,7 +314,7 @@ def _kill_during_checkpoint(proc, ck_dir: Path, after_step: int, phase: str, tim
         for n in names:
             if not (n.startswith('.tmp-step_') and n.endswith(f'-{proc.pid}')):  # not a leftover of a killed run
                 continue
-            s = int(n[len('.tmp-step_'):].split('-')[0])
+            s = int(n[len('.tmp-step_') :].split('-')[0])
             if s <= after_step:
                 continue
             if phase == 'buffer':
@@ -296,18 +334,23 @@ def _kill_during_checkpoint(proc, ck_dir: Path, after_step: int, phase: str, tim
 
 
 def test_sigkill_while_checkpointing_then_resume(tmp_path):
-    cfg = write_config(tmp_path / 'per.py', log_dir=str(tmp_path / 'runs'),
-                       env=dict(max_env_step=10**6, eval_freq=10**6, eval_episodes=2),
-                       policy=dict(learn=dict(warmup_steps=KILL_WARMUP),
-                                   other=dict(replay_buffer=dict(replay_buffer_size=100_000))),
-                       checkpoint=dict(freq=500, keep=2))
+    cfg = write_config(
+        tmp_path / 'per.py',
+        log_dir=str(tmp_path / 'runs'),
+        env=dict(max_env_step=10**6, eval_freq=10**6, eval_episodes=2),
+        policy=dict(learn=dict(warmup_steps=KILL_WARMUP), other=dict(replay_buffer=dict(replay_buffer_size=100_000))),
+        checkpoint=dict(freq=500, keep=2),
+    )
     run_dir = tmp_path / 'runs' / 'cartpole_dqn_per_seed0'
     ck = run_dir / 'checkpoints'
     caught, log = set(), []
     latest = 500  # the first kill waits for a checkpoint after step 500, so one complete checkpoint exists
     for attempt, phase in enumerate(['any', 'buffer', 'buffer', 'any', 'buffer']):
-        cmd = cli_cmd('train', cfg, '--no-progress') if attempt == 0 else \
-            cli_cmd('train', cfg, '--resume', run_dir, '--no-progress')
+        cmd = (
+            cli_cmd('train', cfg, '--no-progress')
+            if attempt == 0
+            else cli_cmd('train', cfg, '--resume', run_dir, '--no-progress')
+        )
         with open(tmp_path / f'out{attempt}.txt', 'w') as out:
             proc = subprocess.Popen(cmd, cwd=tmp_path, env=ENV, stdout=out, stderr=subprocess.STDOUT)
             try:
@@ -356,8 +399,7 @@ def test_resume_falls_back_when_the_newest_buffer_file_is_truncated(e2e_runs, tm
         f.truncate(size // 2)
     rows_before = read_csv(run_dir / 'eval.csv')
     c2 = trainer_counters(run_dir / 'checkpoints' / 'step_000002000')
-    proc = cli('train', e2e_runs['config'], '--resume', run_dir, '--env-steps', 2500, '--no-progress',
-               cwd=tmp_path)
+    proc = cli('train', e2e_runs['config'], '--resume', run_dir, '--env-steps', 2500, '--no-progress', cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert f"resumed from {run_dir / 'checkpoints' / 'step_000002000'} at env step 2000" in proc.stdout
     s = json.loads((run_dir / 'summary.json').read_text())
@@ -371,8 +413,7 @@ def test_resume_falls_back_when_the_newest_trainer_file_is_empty(e2e_runs, tmp_p
     run_dir = tmp_path / e2e_runs[0][0].name
     shutil.copytree(e2e_runs[0][0], run_dir)
     (run_dir / 'checkpoints' / 'step_000004000' / 'trainer.pt').write_bytes(b'')
-    proc = cli('train', e2e_runs['config'], '--resume', run_dir, '--env-steps', 2500, '--no-progress',
-               cwd=tmp_path)
+    proc = cli('train', e2e_runs['config'], '--resume', run_dir, '--env-steps', 2500, '--no-progress', cwd=tmp_path)
     assert 'Traceback' not in proc.stderr, proc.stderr[-2000:]
     assert proc.returncode == 0, proc.stderr
     assert f"resumed from {run_dir / 'checkpoints' / 'step_000002000'} at env step 2000" in proc.stdout
@@ -382,21 +423,36 @@ def test_resume_falls_back_when_the_newest_trainer_file_is_empty(e2e_runs, tmp_p
 GOOD_BUFFER = "policy=dict(other=dict(replay_buffer=dict(type='naive')))"
 
 
-@pytest.mark.parametrize('name, text, extra, needles', [
-    ('syntax', "main_config = dict(env=dict(\n", [], ['SyntaxError']),
-    ('no_main', "x = 1\n", [], ['main_config']),
-    ('not_a_dict', "main_config = [1, 2]\n", [], ['main_config', 'list']),
-    ('crash', "raise RuntimeError('boom in config')\n", [], ['RuntimeError', 'boom in config']),
-    ('unknown_key', f"main_config = dict(env=dict(max_env_stp=10), {GOOD_BUFFER})\n", [],
-     ["'env.max_env_stp'", "'env.max_env_step'"]),
-    ('unknown_section', f"main_config = dict(polcy=dict(), {GOOD_BUFFER})\n", [], ["'polcy'", "'policy'"]),
-    ('bad_value', "main_config = dict(policy=dict(learn=dict(batch_size=0), other=dict(replay_buffer=dict("
-     "type='naive'))))\n", [], ["'policy.learn.batch_size'", 'invalid value 0']),
-    ('bad_type', f"main_config = dict(seed='zero', {GOOD_BUFFER})\n", [], ["'seed'", "'zero'"]),
-    ('no_buffer_type', "main_config = dict(policy=dict(other=dict(replay_buffer=dict(replay_buffer_size=10))))\n",
-     [], ['policy.other.replay_buffer.type']),
-    # --device tpu and --env-steps 0 are flag errors now, refused by the parser (test_cli.py)
-])
+@pytest.mark.parametrize(
+    'name, text, extra, needles',
+    [
+        ('syntax', "main_config = dict(env=dict(\n", [], ['SyntaxError']),
+        ('no_main', "x = 1\n", [], ['main_config']),
+        ('not_a_dict', "main_config = [1, 2]\n", [], ['main_config', 'list']),
+        ('crash', "raise RuntimeError('boom in config')\n", [], ['RuntimeError', 'boom in config']),
+        (
+            'unknown_key',
+            f"main_config = dict(env=dict(max_env_stp=10), {GOOD_BUFFER})\n",
+            [],
+            ["'env.max_env_stp'", "'env.max_env_step'"],
+        ),
+        ('unknown_section', f"main_config = dict(polcy=dict(), {GOOD_BUFFER})\n", [], ["'polcy'", "'policy'"]),
+        (
+            'bad_value',
+            "main_config = dict(policy=dict(learn=dict(batch_size=0), other=dict(replay_buffer=dict(type='naive'))))\n",
+            [],
+            ["'policy.learn.batch_size'", 'invalid value 0'],
+        ),
+        ('bad_type', f"main_config = dict(seed='zero', {GOOD_BUFFER})\n", [], ["'seed'", "'zero'"]),
+        (
+            'no_buffer_type',
+            "main_config = dict(policy=dict(other=dict(replay_buffer=dict(replay_buffer_size=10))))\n",
+            [],
+            ['policy.other.replay_buffer.type'],
+        ),
+        # --device tpu and --env-steps 0 are flag errors now, refused by the parser (test_cli.py)
+    ],
+)
 def test_config_errors_exit_2_naming_file_and_key(tmp_path, capsys, name, text, extra, needles):
     path = tmp_path / f'{name}.py'
     path.write_text(text)
@@ -433,13 +489,28 @@ def bad_buffer_runs(tmp_path_factory):
     """`train` with an unknown buffer type and with an unknown buffer key, run side by side."""
     root = tmp_path_factory.mktemp('bad_buffer')
     cases = {
-        'type': write_config(root / 'bad_type.py', log_dir=str(root / 'runs_type'),
-                             policy=dict(other=dict(replay_buffer=dict(type='advanced_typo')))),
-        'key': write_config(root / 'bad_key.py', log_dir=str(root / 'runs_key'),
-                            policy=dict(other=dict(replay_buffer=dict(replay_bufer_size=10)))),
+        'type': write_config(
+            root / 'bad_type.py',
+            log_dir=str(root / 'runs_type'),
+            policy=dict(other=dict(replay_buffer=dict(type='advanced_typo'))),
+        ),
+        'key': write_config(
+            root / 'bad_key.py',
+            log_dir=str(root / 'runs_key'),
+            policy=dict(other=dict(replay_buffer=dict(replay_bufer_size=10))),
+        ),
     }
-    procs = {k: subprocess.Popen(cli_cmd('train', p, '--no-progress'), cwd=root, env=ENV, stdout=subprocess.PIPE,
-                                 stderr=subprocess.PIPE, text=True) for k, p in cases.items()}
+    procs = {
+        k: subprocess.Popen(
+            cli_cmd('train', p, '--no-progress'),
+            cwd=root,
+            env=ENV,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for k, p in cases.items()
+    }
     out = {}
     try:
         for k, p in procs.items():
@@ -453,17 +524,21 @@ def bad_buffer_runs(tmp_path_factory):
     return out
 
 
-@pytest.mark.parametrize('case, needles', [
-    ('type', ["'advanced_typo'", 'advanced', 'naive', 'episode']),
-    ('key', ['replay_bufer_size', 'replay_buffer_size']),
-])
+@pytest.mark.parametrize(
+    'case, needles',
+    [
+        ('type', ["'advanced_typo'", 'advanced', 'naive', 'episode']),
+        ('key', ['replay_bufer_size', 'replay_buffer_size']),
+    ],
+)
 def test_buffer_config_errors_exit_2_with_a_message(bad_buffer_runs, case, needles):
     _, rc, err, _ = bad_buffer_runs[case]
     assert_user_error(rc, err, *needles)
 
 
-@pytest.mark.parametrize('case, key', [('type', 'policy.other.replay_buffer.type'),
-                                       ('key', 'policy.other.replay_buffer.replay_bufer_size')])
+@pytest.mark.parametrize(
+    'case, key', [('type', 'policy.other.replay_buffer.type'), ('key', 'policy.other.replay_buffer.replay_bufer_size')]
+)
 def test_buffer_config_errors_name_the_file_and_key(bad_buffer_runs, case, key):
     path, rc, err, _ = bad_buffer_runs[case]
     assert_user_error(rc, err, str(path), key)
@@ -508,23 +583,29 @@ def test_run_directory_blocked_by_a_file_exits_2_naming_the_path(tmp_path, capsy
 def test_buffer_types_the_trainer_cannot_use_are_refused_at_validation(tmp_path, capsys, buffer_type):
     # only the type is set: the refusal must name it, not a key the trainer or the buffer adds
     cfg = tmp_path / 'cfg.py'
-    cfg.write_text(f"main_config = dict(log_dir={str(tmp_path / 'runs')!r}, "
-                   f"policy=dict(other=dict(replay_buffer=dict(type={buffer_type!r}))))\n")
+    cfg.write_text(
+        f"main_config = dict(log_dir={str(tmp_path / 'runs')!r}, "
+        f"policy=dict(other=dict(replay_buffer=dict(type={buffer_type!r}))))\n"
+    )
     assert main(['train', str(cfg), '--no-progress']) == 2
     err = capsys.readouterr().err
-    assert_user_error(2, err, str(cfg), "'policy.other.replay_buffer.type'", repr(buffer_type), "'advanced'",
-                      "'naive'")
+    assert_user_error(2, err, str(cfg), "'policy.other.replay_buffer.type'", repr(buffer_type), "'advanced'", "'naive'")
     assert 'storage' not in err, err
     assert tree(tmp_path) == ['cfg.py']  # no run directory
 
 
 def test_unusable_buffer_type_in_a_shipped_config_is_refused_before_its_other_keys(tmp_path):
     # the uniform config sets storage=..., which a gfn buffer does not know: the type is what is wrong
-    cfg = write_config(tmp_path / 'gfn.py', UNIFORM_CONFIG, log_dir=str(tmp_path / 'runs'),
-                       policy=dict(other=dict(replay_buffer=dict(type='gfn'))))
+    cfg = write_config(
+        tmp_path / 'gfn.py',
+        UNIFORM_CONFIG,
+        log_dir=str(tmp_path / 'runs'),
+        policy=dict(other=dict(replay_buffer=dict(type='gfn'))),
+    )
     proc = cli('train', cfg, '--no-progress', cwd=tmp_path, timeout=60)
-    assert_user_error(proc.returncode, proc.stderr, str(cfg), "'policy.other.replay_buffer.type'", "'gfn'",
-                      "'advanced' or 'naive'")
+    assert_user_error(
+        proc.returncode, proc.stderr, str(cfg), "'policy.other.replay_buffer.type'", "'gfn'", "'advanced' or 'naive'"
+    )
     assert proc.stdout.splitlines() == [f'ding-buffer train {cfg}: a new run, loading torch and the job ...']
     assert tree(tmp_path) == ['gfn.py']
 
@@ -538,21 +619,36 @@ def test_a_registered_subclass_of_a_supported_buffer_trains(tmp_path, capsys, mo
         "    pass\n"
     )
     monkeypatch.syspath_prepend(str(tmp_path))
-    cfg = write_config(tmp_path / 'mine.py', UNIFORM_CONFIG, log_dir=str(tmp_path / 'runs'),
-                       env=dict(max_env_step=200, eval_freq=200, eval_episodes=1),
-                       policy=dict(learn=dict(warmup_steps=100, batch_size=16), other=dict(replay_buffer=dict(
-                           type='my_naive_for_train_test', import_names=['my_buffers'], replay_buffer_size=500))))
+    cfg = write_config(
+        tmp_path / 'mine.py',
+        UNIFORM_CONFIG,
+        log_dir=str(tmp_path / 'runs'),
+        env=dict(max_env_step=200, eval_freq=200, eval_episodes=1),
+        policy=dict(
+            learn=dict(warmup_steps=100, batch_size=16),
+            other=dict(
+                replay_buffer=dict(type='my_naive_for_train_test', import_names=['my_buffers'], replay_buffer_size=500)
+            ),
+        ),
+    )
     assert main(['train', str(cfg), '--no-progress']) == 0, capsys.readouterr().err
     assert 'gradient steps 101' in capsys.readouterr().out
 
 
-@pytest.mark.parametrize('overrides, needles', [
-    (dict(learn=dict(batch_size=64), other=dict(replay_buffer=dict(type='naive', replay_buffer_size=32))),
-     ["'policy.learn.batch_size' = 64", "'policy.other.replay_buffer.replay_buffer_size' = 32"]),
-    # the advanced buffer's default replay_buffer_size (4096) when the config leaves it out
-    (dict(learn=dict(batch_size=5000), other=dict(replay_buffer=dict(type='advanced'))),
-     ["'policy.learn.batch_size' = 5000", "'policy.other.replay_buffer.replay_buffer_size' = 4096", 'default']),
-])
+@pytest.mark.parametrize(
+    'overrides, needles',
+    [
+        (
+            dict(learn=dict(batch_size=64), other=dict(replay_buffer=dict(type='naive', replay_buffer_size=32))),
+            ["'policy.learn.batch_size' = 64", "'policy.other.replay_buffer.replay_buffer_size' = 32"],
+        ),
+        # the advanced buffer's default replay_buffer_size (4096) when the config leaves it out
+        (
+            dict(learn=dict(batch_size=5000), other=dict(replay_buffer=dict(type='advanced'))),
+            ["'policy.learn.batch_size' = 5000", "'policy.other.replay_buffer.replay_buffer_size' = 4096", 'default'],
+        ),
+    ],
+)
 def test_batch_size_larger_than_the_buffer_is_refused(tmp_path, capsys, overrides, needles):
     cfg = tmp_path / 'cfg.py'
     cfg.write_text(f"main_config = dict(log_dir={str(tmp_path / 'runs')!r}, policy={overrides!r})\n")
@@ -563,8 +659,12 @@ def test_batch_size_larger_than_the_buffer_is_refused(tmp_path, capsys, override
 
 def test_batch_size_equal_to_the_buffer_is_accepted():
     from ding_buffer.train.config import build_train_config
-    cfg = build_train_config(dict(policy=dict(learn=dict(batch_size=32), other=dict(replay_buffer=dict(
-        type='naive', replay_buffer_size=32)))))
+
+    cfg = build_train_config(
+        dict(
+            policy=dict(learn=dict(batch_size=32), other=dict(replay_buffer=dict(type='naive', replay_buffer_size=32)))
+        )
+    )
     assert cfg.policy.learn.batch_size == 32 and cfg.policy.other.replay_buffer.replay_buffer_size == 32
 
 
@@ -576,6 +676,7 @@ def test_a_trainer_that_fails_to_build_leaves_no_run_directory(tmp_path, capsys,
 
     def failing_create_buffer(*args, **kwargs):
         raise ValueError("config key 'storage.device' is broken on purpose")
+
     monkeypatch.setattr(dqn, 'create_buffer', failing_create_buffer)
     runs = tmp_path / 'runs'
     if sibling:
@@ -588,8 +689,11 @@ def test_a_trainer_that_fails_to_build_leaves_no_run_directory(tmp_path, capsys,
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason='CUDA is available here')
 def test_buffer_on_cuda_without_cuda_leaves_no_run_directory(tmp_path):
-    cfg = write_config(tmp_path / 'per.py', log_dir=str(tmp_path / 'runs' / 'nested'),
-                       policy=dict(other=dict(replay_buffer=dict(storage=dict(type='tensor', device='cuda')))))
+    cfg = write_config(
+        tmp_path / 'per.py',
+        log_dir=str(tmp_path / 'runs' / 'nested'),
+        policy=dict(other=dict(replay_buffer=dict(storage=dict(type='tensor', device='cuda')))),
+    )
     proc = cli('train', cfg, '--no-progress', cwd=tmp_path, timeout=60)
     assert_user_error(proc.returncode, proc.stderr, str(cfg), "'policy.other.replay_buffer.storage.device'", 'CUDA')
     assert tree(tmp_path) == ['per.py']
@@ -604,6 +708,7 @@ def test_plot_overlays_run_directories(e2e_runs, tmp_path, capsys):
     assert data[:8] == PNG_MAGIC and len(data) > 10_000
     assert sorted(os.listdir(out.parent)) == ['curves.png']  # no temporary left
     import matplotlib.image
+
     img = matplotlib.image.imread(str(out))
     assert img.shape[0] > 200 and img.shape[1] > 300 and img.std() > 0
 
@@ -619,8 +724,14 @@ def test_plot_of_a_non_run_directory_exits_2(e2e_runs, tmp_path):
 
 # ---------------------------------------------------------------------------------------------------- units: NStep
 def _t(i, reward, done=False):
-    return {'obs': f'o{i}', 'action': i % 2, 'reward': float(reward), 'next_obs': f'o{i + 1}', 'done': done,
-            'collect_iter': i}
+    return {
+        'obs': f'o{i}',
+        'action': i % 2,
+        'reward': float(reward),
+        'next_obs': f'o{i + 1}',
+        'done': done,
+        'collect_iter': i,
+    }
 
 
 def _feed(nstep, ts, over_at):
@@ -656,8 +767,12 @@ def test_nstep_truncation_bootstraps_and_episodes_do_not_mix():
     ns = NStep(3, g)
     # a truncated (time-limit) episode of 4 steps: tail transitions are not 'done', they bootstrap from o4
     emitted = [x for e in _feed(ns, [_t(i, 1.0) for i in range(4)], over_at=3) for x in e]
-    assert [(x['obs'], x['next_obs'], x['done']) for x in emitted] == \
-        [('o0', 'o3', False), ('o1', 'o4', False), ('o2', 'o4', False), ('o3', 'o4', False)]
+    assert [(x['obs'], x['next_obs'], x['done']) for x in emitted] == [
+        ('o0', 'o3', False),
+        ('o1', 'o4', False),
+        ('o2', 'o4', False),
+        ('o3', 'o4', False),
+    ]
     assert [x['reward'] for x in emitted] == pytest.approx([1.75, 1.75, 1.5, 1.0])
     assert [x['discount'] for x in emitted] == pytest.approx([g**3, g**3, g**2, g])
     assert len(ns.window) == 0
@@ -672,7 +787,7 @@ def test_nstep_one_is_plain_one_step():
     ns = NStep(1, 0.99)
     ts = [_t(0, 1.0), _t(1, 2.0), _t(2, 3.0, done=True)]
     for i, t in enumerate(ts):
-        (x, ) = ns.add(t, episode_over=(i == 2))
+        (x,) = ns.add(t, episode_over=(i == 2))
         assert x == dict(t, discount=pytest.approx(0.99))
     assert len(ns.window) == 0
 
@@ -681,8 +796,10 @@ def test_nstep_one_is_plain_one_step():
 def _save(root, step, keep, payload=None):
     def save_buffer(path):
         torch.save({'buffer_of_step': step}, path)
-    return ckpt.save_checkpoint(str(root), step, {'step': step, 'payload': payload or torch.arange(3)},
-                                save_buffer, keep=keep)
+
+    return ckpt.save_checkpoint(
+        str(root), step, {'step': step, 'payload': payload or torch.arange(3)}, save_buffer, keep=keep
+    )
 
 
 def _loader(path):
@@ -697,8 +814,10 @@ def test_save_checkpoint_publishes_complete_directories_and_keeps_the_newest(tmp
         assert sorted(os.listdir(path)) == ['COMPLETE', 'buffer.pt', 'trainer.pt']
         assert json.loads((Path(path) / 'COMPLETE').read_text()) == {'step': step}
     assert sorted(os.listdir(root)) == ['step_000000400', 'step_000000500']
-    assert ckpt.complete_checkpoints(str(root)) == [(400, str(root / 'step_000000400')),
-                                                    (500, str(root / 'step_000000500'))]
+    assert ckpt.complete_checkpoints(str(root)) == [
+        (400, str(root / 'step_000000400')),
+        (500, str(root / 'step_000000500')),
+    ]
     assert torch.load(root / 'step_000000500' / 'buffer.pt', weights_only=True) == {'buffer_of_step': 500}
     _save(root, 600, keep=1)
     assert sorted(os.listdir(root)) == ['step_000000600']
@@ -724,11 +843,13 @@ def test_load_latest_skips_incomplete_and_damaged_checkpoints(tmp_path):
         if path.endswith('200'):
             raise ValueError('damaged')
         return _loader(path)
+
     assert ckpt.load_latest(str(root), picky) == (str(root / 'step_000000100'), 100)
 
     # none loads -> ValueError naming every failure
     def broken(path):
         raise RuntimeError(f'bad {os.path.basename(path)}')
+
     with pytest.raises(ValueError, match='no loadable checkpoint') as e:
         ckpt.load_latest(str(root), broken)
     assert 'bad step_000000100' in str(e.value) and 'bad step_000000200' in str(e.value)
@@ -750,6 +871,7 @@ def test_resaving_the_same_step_is_crash_safe(tmp_path, monkeypatch):
 
     def killed_at_rename(src, dst):  # a SIGKILL at the moment a replacement would be published
         raise Killed()
+
     monkeypatch.setattr(ckpt.os, 'rename', killed_at_rename)
     # the step is already complete: the save keeps it (nothing is deleted, nothing renamed)
     assert _save(root, 100, keep=1) == str(root / 'step_000000100')

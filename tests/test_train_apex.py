@@ -7,6 +7,7 @@ learns something (a greedy evaluation return far above a random policy's ~22), T
 and the buffer's tags, the artefacts exist, a killed actor does not stop the run, a killed manager ends every
 rank with a clear error, ``--resume`` continues the counters, and config errors exit 2 naming the key.
 """
+
 import json
 import os
 import signal
@@ -16,27 +17,42 @@ import time
 from pathlib import Path
 
 import pytest
-
 from dist_helpers import need_mpi
 from test_train import ENV, assert_user_error, cli, cli_cmd, read_csv, write_config
 
 REPO = Path(__file__).resolve().parents[1]
 APEX_CONFIG = REPO / 'config' / 'cartpole_apex.py'
 LEARNED_RETURN = 100.0  # greedy CartPole return a random policy does not reach (see test_train)
-SHORT = dict(env=dict(max_env_step=4500, eval_freq=1000, eval_episodes=5), checkpoint=dict(freq=2000, keep=2),
-             policy=dict(learn=dict(warmup_steps=500, updates_per_step=1.0)))
+SHORT = dict(
+    env=dict(max_env_step=4500, eval_freq=1000, eval_episodes=5),
+    checkpoint=dict(freq=2000, keep=2),
+    policy=dict(learn=dict(warmup_steps=500, updates_per_step=1.0)),
+)
 
 
 def _config(root: Path, backend: str, name: str, **dist) -> Path:
     d = dict(dict(backend=backend, timeout=20.0, heartbeat_seconds=1.0, peer_timeout=6.0), **dist)
     policy = dict(SHORT['policy'], other=dict(replay_buffer=dict(distributed=d)))
-    return write_config(root / name, APEX_CONFIG, log_dir=str(root / 'runs'), env=SHORT['env'],
-                        checkpoint=SHORT['checkpoint'], policy=policy)
+    return write_config(
+        root / name,
+        APEX_CONFIG,
+        log_dir=str(root / 'runs'),
+        env=SHORT['env'],
+        checkpoint=SHORT['checkpoint'],
+        policy=policy,
+    )
 
 
 def start(cfg: Path, root: Path, *extra) -> subprocess.Popen:
-    return subprocess.Popen(cli_cmd('train', cfg, '--no-progress', *extra), cwd=root, env=ENV,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    return subprocess.Popen(
+        cli_cmd('train', cfg, '--no-progress', *extra),
+        cwd=root,
+        env=ENV,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
 
 
 def finish(p: subprocess.Popen, timeout: float = 240):
@@ -74,6 +90,7 @@ def ranks_of(p: subprocess.Popen, deadline: float = 60.0, count: int = 4) -> dic
 
 def tb_tags(log_dir: Path) -> set:
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
     tags = set()
     for root, _, files in os.walk(log_dir):
         if any(f.startswith('events.') for f in files):
@@ -118,8 +135,17 @@ def test_torch_run_learns_survives_a_killed_actor_and_logs(tmp_path):
     run_dir = tmp_path / 'runs' / 'cartpole_apex_seed0'
     check_learned(run_dir, 'torch')
     tags = tb_tags(run_dir / 'log')
-    for tag in ('train/loss', 'eval/return_mean', 'buffer/push_items', 'buffer/updated', 'buffer/sample_calls',
-                'buffer/priority_avg', 'buffer/use_avg', 'buffer/staleness_avg', 'buffer/manager/pushed_items'):
+    for tag in (
+        'train/loss',
+        'eval/return_mean',
+        'buffer/push_items',
+        'buffer/updated',
+        'buffer/sample_calls',
+        'buffer/priority_avg',
+        'buffer/use_avg',
+        'buffer/staleness_avg',
+        'buffer/manager/pushed_items',
+    ):
         assert tag in tags, sorted(tags)
 
 
@@ -146,10 +172,28 @@ def test_resume_under_torchrun_continues_counters_and_buffer(tmp_path):
     assert rc == 0, err[-3000:]
     run_dir = tmp_path / 'runs' / 'cartpole_apex_seed0'
     first = json.loads((run_dir / 'summary.json').read_text())
-    cmd = [sys.executable, '-m', 'torch.distributed.run', '--standalone', '--nnodes', '1', '--nproc_per_node', '3',
-           '-m', 'ding_buffer', 'train', str(cfg), '--no-progress', '--env-steps', '4500', '--resume', str(run_dir)]
-    p = subprocess.Popen(cmd, cwd=tmp_path, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                         start_new_session=True)
+    cmd = [
+        sys.executable,
+        '-m',
+        'torch.distributed.run',
+        '--standalone',
+        '--nnodes',
+        '1',
+        '--nproc_per_node',
+        '3',
+        '-m',
+        'ding_buffer',
+        'train',
+        str(cfg),
+        '--no-progress',
+        '--env-steps',
+        '4500',
+        '--resume',
+        str(run_dir),
+    ]
+    p = subprocess.Popen(
+        cmd, cwd=tmp_path, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
     rc, out, err = finish(p)
     assert rc == 0, out[-3000:] + err[-3000:]
     second = json.loads((run_dir / 'summary.json').read_text())
@@ -179,14 +223,22 @@ def test_ray_run_learns(tmp_path):
 
 
 # ---------------------------------------------------------------------------------------------------- errors
-@pytest.mark.parametrize('overrides,needles', [
-    (dict(apex=dict(eps_base=2.0)), ["apex.eps_base", "2.0"]),
-    (dict(apex=dict(push_batchh=5)), ["apex.push_batchh", "push_batch"]),
-    (dict(policy=dict(other=dict(replay_buffer=dict(type='naive')))), ["policy.other.replay_buffer.type", "'naive'"]),
-    (dict(policy=dict(other=dict(replay_buffer=dict(distributed=dict(backend=None))))),
-     ["distributed.backend", "None", "'torch'"]),
-    (dict(policy=dict(other=dict(replay_buffer=dict(alpha=-1)))), ["alpha"]),
-])
+@pytest.mark.parametrize(
+    'overrides,needles',
+    [
+        (dict(apex=dict(eps_base=2.0)), ["apex.eps_base", "2.0"]),
+        (dict(apex=dict(push_batchh=5)), ["apex.push_batchh", "push_batch"]),
+        (
+            dict(policy=dict(other=dict(replay_buffer=dict(type='naive')))),
+            ["policy.other.replay_buffer.type", "'naive'"],
+        ),
+        (
+            dict(policy=dict(other=dict(replay_buffer=dict(distributed=dict(backend=None))))),
+            ["distributed.backend", "None", "'torch'"],
+        ),
+        (dict(policy=dict(other=dict(replay_buffer=dict(alpha=-1)))), ["alpha"]),
+    ],
+)
 def test_config_errors_exit_2_naming_the_key(tmp_path, overrides, needles):
     cfg = write_config(tmp_path / 'bad.py', APEX_CONFIG, log_dir=str(tmp_path / 'runs'), **overrides)
     r = cli('train', cfg, '--nproc', '3', cwd=tmp_path)
@@ -204,8 +256,9 @@ def test_without_nproc_or_a_launcher_it_says_how_to_launch(tmp_path):
 
 def test_epsilon_ladder():
     from ding_buffer.train.apex import epsilon_ladder
+
     eps = [epsilon_ladder(i, 4, 0.4, 7.0) for i in range(4)]
-    assert eps[0] == pytest.approx(0.4) and eps[-1] == pytest.approx(0.4 ** 8)
+    assert eps[0] == pytest.approx(0.4) and eps[-1] == pytest.approx(0.4**8)
     assert eps == sorted(eps, reverse=True)
     assert epsilon_ladder(0, 1, 0.4, 7.0) == pytest.approx(0.4)
 

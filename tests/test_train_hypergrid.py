@@ -7,6 +7,7 @@ torchgfn's own enumeration.
 Every run lives in ``tmp_path``; config files load a shipped config and override a few keys (a tiny 8x8 grid,
 small networks, few iterations), so the shipped files are what is exercised.
 """
+
 import csv
 import json
 import os
@@ -22,8 +23,10 @@ from ding_buffer.cli import main
 from ding_buffer.train.hypergrid_metrics import GridTruth
 
 REPO = Path(__file__).resolve().parents[1]
-CONFIGS = {name: REPO / 'config' / f'hypergrid_tb_{name}.py'
-           for name in ('nobuffer', 'gfn', 'gfn_prioritized', 'gfn_diverse', 'torchgfn', 'torchgfn_diverse')}
+CONFIGS = {
+    name: REPO / 'config' / f'hypergrid_tb_{name}.py'
+    for name in ('nobuffer', 'gfn', 'gfn_prioritized', 'gfn_diverse', 'torchgfn', 'torchgfn_diverse')
+}
 PNG_MAGIC = b'\x89PNG\r\n\x1a\n'
 # A tiny, fast problem: 64 states, 4 modes (one mode state per corner).
 TINY = {
@@ -51,10 +54,12 @@ def write_config(path: Path, base: Path, *overrides: dict, buffer: dict | None =
     return path
 
 
-def train(tmp_path: Path, name: str, *args, overrides: tuple = (), config_name: str = 'cfg.py',
-          buffer: dict | None = None) -> int:
-    cfg = write_config(tmp_path / config_name, CONFIGS[name], TINY, {'log_dir': str(tmp_path / 'runs')}, *overrides,
-                       buffer=buffer)
+def train(
+    tmp_path: Path, name: str, *args, overrides: tuple = (), config_name: str = 'cfg.py', buffer: dict | None = None
+) -> int:
+    cfg = write_config(
+        tmp_path / config_name, CONFIGS[name], TINY, {'log_dir': str(tmp_path / 'runs')}, *overrides, buffer=buffer
+    )
     return main(['train', str(cfg), '--no-progress', *[str(a) for a in args]])
 
 
@@ -77,15 +82,16 @@ def scalars(log_dir: Path) -> dict:
 @pytest.mark.parametrize('ndim,height', [(2, 8), (3, 7)])
 def test_grid_truth_matches_torchgfn(ndim, height):
     from gfn.gym import HyperGrid
+
     env = HyperGrid(ndim=ndim, height=height, store_all_states=True)
     truth = GridTruth(ndim, height, 0.1, 0.5, 2.0)
     assert torch.allclose(truth.true_dist.float(), env.true_dist().float(), atol=1e-6)
     assert truth.log_z == pytest.approx(env.log_partition(), abs=1e-5)
     assert truth.n_mode_states == int(env.mode_mask(env.all_states).sum())
-    assert torch.equal(truth.indices(env.all_states.tensor), torch.arange(height ** ndim))
+    assert torch.equal(truth.indices(env.all_states.tensor), torch.arange(height**ndim))
     # every corner holds mode states, and only mode states count towards modes
     mode_idx = torch.nonzero(truth.is_mode).flatten()
-    assert truth.modes_of(mode_idx.tolist()) == set(range(2 ** ndim))
+    assert truth.modes_of(mode_idx.tolist()) == set(range(2**ndim))
     assert truth.mode_states_in(torch.nonzero(~truth.is_mode).flatten()) == set()
     # L1 of the exact distribution's own samples shrinks towards 0; a point mass is far away
     g = torch.Generator().manual_seed(0)
@@ -114,8 +120,16 @@ def test_learns_and_writes_artifacts(tmp_path, capsys):
     assert losses[-1] < losses[0], losses  # the TB loss decreases
     assert (d / 'learning_curve.png').read_bytes()[:8] == PNG_MAGIC
     tags = scalars(d / 'log')
-    for tag in ('train/loss', 'train/logZ', 'train/replay_size', 'eval/l1_dist', 'eval/modes_found',
-                'eval/logZ_error', 'buffer_iter/size', 'buffer_iter/log_reward_mean'):
+    for tag in (
+        'train/loss',
+        'train/logZ',
+        'train/replay_size',
+        'eval/l1_dist',
+        'eval/modes_found',
+        'eval/logZ_error',
+        'buffer_iter/size',
+        'buffer_iter/log_reward_mean',
+    ):
         assert tag in tags, sorted(tags)
     l1 = tags['eval/l1_dist']
     assert [step for step, _ in l1] == list(range(0, 301, 50))
@@ -143,14 +157,22 @@ def test_resume_continues_with_counters_intact(tmp_path, capsys):
     s = json.loads((d / 'summary.json').read_text())
     ref = json.loads((run_dir(tmp_path, 'ref') / 'summary.json').read_text())
     assert s['iterations'] == ref['iterations'] == 150 and s['resumed_from'].endswith('step_000000100')
-    for key in ('logZ', 'final_l1_dist', 'modes_found', 'mode_states_found', 'buffer_count', 'replayed_trajectories',
-                'first_mode_iteration'):
+    for key in (
+        'logZ',
+        'final_l1_dist',
+        'modes_found',
+        'mode_states_found',
+        'buffer_count',
+        'replayed_trajectories',
+        'first_mode_iteration',
+    ):
         assert s[key] == pytest.approx(ref[key], rel=1e-6, abs=1e-9), key
     rows, ref_rows = read_csv(d / 'eval.csv'), read_csv(run_dir(tmp_path, 'ref') / 'eval.csv')
     assert [r['iteration'] for r in rows] == ['0', '50', '100', '150']
     drop = ('wall_time',)
-    assert [{k: v for k, v in r.items() if k not in drop} for r in rows] == \
-        [{k: v for k, v in r.items() if k not in drop} for r in ref_rows]
+    assert [{k: v for k, v in r.items() if k not in drop} for r in rows] == [
+        {k: v for k, v in r.items() if k not in drop} for r in ref_rows
+    ]
 
 
 def test_resume_needs_a_checkpoint(tmp_path, capsys):
@@ -161,15 +183,22 @@ def test_resume_needs_a_checkpoint(tmp_path, capsys):
 
 
 # ---------------------------------------------------------------------------------------------------- buffer types
-@pytest.mark.parametrize('name,overrides,buffer,expected_type', [
-    ('nobuffer', (), None, 'none'),
-    ('gfn', (), None, 'gfn'),
-    ('gfn_prioritized', (), None, 'gfn'),
-    ('gfn_diverse', ({'policy': {'other': {'replay_buffer': {'replay_buffer_size': 40}}}},), None, 'gfn_diverse'),
-    ('torchgfn', (), None, 'torchgfn:ReplayBuffer'),
-    ('torchgfn_diverse', ({'policy': {'other': {'replay_buffer': {'replay_buffer_size': 40}}}},), None,
-     'torchgfn:NormBasedDiversePrioritizedReplayBuffer'),
-])
+@pytest.mark.parametrize(
+    'name,overrides,buffer,expected_type',
+    [
+        ('nobuffer', (), None, 'none'),
+        ('gfn', (), None, 'gfn'),
+        ('gfn_prioritized', (), None, 'gfn'),
+        ('gfn_diverse', ({'policy': {'other': {'replay_buffer': {'replay_buffer_size': 40}}}},), None, 'gfn_diverse'),
+        ('torchgfn', (), None, 'torchgfn:ReplayBuffer'),
+        (
+            'torchgfn_diverse',
+            ({'policy': {'other': {'replay_buffer': {'replay_buffer_size': 40}}}},),
+            None,
+            'torchgfn:NormBasedDiversePrioritizedReplayBuffer',
+        ),
+    ],
+)
 def test_each_buffer_type_trains(tmp_path, name, overrides, buffer, expected_type):
     over = ({'env': {'eval_freq': 10, 'eval_samples': 500}, 'checkpoint': {'freq': 10}},) + overrides
     assert train(tmp_path, name, '--iterations', 12, overrides=over, buffer=buffer) == 0
@@ -208,29 +237,53 @@ def test_visited_eval_source(tmp_path):
 
 
 # ---------------------------------------------------------------------------------------------------- user errors
-@pytest.mark.parametrize('override,needles,buffer', [
-    ({}, ["'policy.other.replay_buffer.cutoff_distance'", 'valid keys'],
-     {'type': 'torchgfn:ReplayBuffer', 'cutoff_distance': 1.0}),
-    ({}, ["'policy.other.replay_buffer'", 'expected None'], 'gfn'),
-    ({}, ["'policy.other.replay_buffer.type'", "'gfn'"], {'replay_buffer_size': 10}),
-    ({'policy': {'learn': {'batch_sise': 16}}},
-     ["'policy.learn.batch_sise'", "did you mean 'policy.learn.batch_size'"], None),
-    ({'env': {'height': 1}}, ["'env.height'", 'an int >= 2'], None),
-    ({'env': {'height': 4}}, ["'env.height' = 4", 'no mode state'], None),
-    ({'env': {'ndim': 9, 'height': 8}}, ["'env.height' = 8, 'env.ndim' = 9", 'height ** ndim <= 16777216'], None),
-    ({'env': {'eval_source': 'both'}}, ["'env.eval_source'", "'fresh' or 'visited'"], None),
-    ({'policy': {'other': {'replay_buffer': {'type': 'terminating_state'}}}},
-     ["'policy.other.replay_buffer.type'", "'terminating_state'", 'StatesContainer'], None),
-    ({'policy': {'other': {'replay_buffer': {'type': 'advanced'}}}},
-     ["'policy.other.replay_buffer.type'", "'gfn'"], None),
-    ({'policy': {'other': {'replay_buffer': {'replay_buffer_sise': 10}}}},
-     ["'policy.other.replay_buffer.replay_buffer_sise'", 'replay_buffer_size'], None),
-    ({'policy': {'other': {'replay_buffer': {'type': 'torchgfn:Bogus'}}}},
-     ["'policy.other.replay_buffer.type'", "'torchgfn:ReplayBuffer'"], None),
-    ({'policy': {'learn': {'replay_warmup': 5000}}},
-     ["'policy.learn.replay_warmup' = 5000", 'replay_buffer_size'], None),
-    ({'policy': {'other': {'extra': 1}}}, ["'policy.other.extra'"], None),
-])
+@pytest.mark.parametrize(
+    'override,needles,buffer',
+    [
+        (
+            {},
+            ["'policy.other.replay_buffer.cutoff_distance'", 'valid keys'],
+            {'type': 'torchgfn:ReplayBuffer', 'cutoff_distance': 1.0},
+        ),
+        ({}, ["'policy.other.replay_buffer'", 'expected None'], 'gfn'),
+        ({}, ["'policy.other.replay_buffer.type'", "'gfn'"], {'replay_buffer_size': 10}),
+        (
+            {'policy': {'learn': {'batch_sise': 16}}},
+            ["'policy.learn.batch_sise'", "did you mean 'policy.learn.batch_size'"],
+            None,
+        ),
+        ({'env': {'height': 1}}, ["'env.height'", 'an int >= 2'], None),
+        ({'env': {'height': 4}}, ["'env.height' = 4", 'no mode state'], None),
+        ({'env': {'ndim': 9, 'height': 8}}, ["'env.height' = 8, 'env.ndim' = 9", 'height ** ndim <= 16777216'], None),
+        ({'env': {'eval_source': 'both'}}, ["'env.eval_source'", "'fresh' or 'visited'"], None),
+        (
+            {'policy': {'other': {'replay_buffer': {'type': 'terminating_state'}}}},
+            ["'policy.other.replay_buffer.type'", "'terminating_state'", 'StatesContainer'],
+            None,
+        ),
+        (
+            {'policy': {'other': {'replay_buffer': {'type': 'advanced'}}}},
+            ["'policy.other.replay_buffer.type'", "'gfn'"],
+            None,
+        ),
+        (
+            {'policy': {'other': {'replay_buffer': {'replay_buffer_sise': 10}}}},
+            ["'policy.other.replay_buffer.replay_buffer_sise'", 'replay_buffer_size'],
+            None,
+        ),
+        (
+            {'policy': {'other': {'replay_buffer': {'type': 'torchgfn:Bogus'}}}},
+            ["'policy.other.replay_buffer.type'", "'torchgfn:ReplayBuffer'"],
+            None,
+        ),
+        (
+            {'policy': {'learn': {'replay_warmup': 5000}}},
+            ["'policy.learn.replay_warmup' = 5000", 'replay_buffer_size'],
+            None,
+        ),
+        ({'policy': {'other': {'extra': 1}}}, ["'policy.other.extra'"], None),
+    ],
+)
 def test_bad_config_exits_2_naming_the_key(tmp_path, capsys, override, needles, buffer):
     assert train(tmp_path, 'gfn', '--iterations', 5, overrides=(override,), buffer=buffer) == 2
     err = capsys.readouterr().err
@@ -241,10 +294,13 @@ def test_bad_config_exits_2_naming_the_key(tmp_path, capsys, override, needles, 
     assert not (tmp_path / 'runs').exists()  # nothing created on bad input
 
 
-@pytest.mark.parametrize('args,needle', [
-    (('--nproc', 2), 'distributed.backend'),
-    (('--env-steps', 100), '--iterations'),
-])
+@pytest.mark.parametrize(
+    'args,needle',
+    [
+        (('--nproc', 2), 'distributed.backend'),
+        (('--env-steps', 100), '--iterations'),
+    ],
+)
 def test_unsupported_arguments_exit_2(tmp_path, capsys, args, needle):
     assert train(tmp_path, 'gfn', *args) == 2
     assert needle in capsys.readouterr().err

@@ -4,6 +4,7 @@ latest published policy, and the learner training on its own batches plus the ma
 
 The wire format (trajectories as dicts of padded tensors, no pickle) is checked against torchgfn itself: the
 trajectory-balance loss of a rebuilt batch equals the original's."""
+
 import json
 import os
 import signal
@@ -28,14 +29,27 @@ ITERS = 150
 
 def config(tmp_path: Path, backend: str, **dist) -> Path:
     d = dict(dict(backend=backend, timeout=20.0, heartbeat_seconds=1.0, peer_timeout=6.0), **dist)
-    return write_config(tmp_path / 'cfg.py', DIST_CONFIG,
-                        {'log_dir': str(tmp_path / 'runs'), 'env': {'eval_freq': 50, 'eval_samples': 4000},
-                         'policy': {'learn': {'iterations': ITERS}, 'other': {'replay_buffer': {'distributed': d}}}})
+    return write_config(
+        tmp_path / 'cfg.py',
+        DIST_CONFIG,
+        {
+            'log_dir': str(tmp_path / 'runs'),
+            'env': {'eval_freq': 50, 'eval_samples': 4000},
+            'policy': {'learn': {'iterations': ITERS}, 'other': {'replay_buffer': {'distributed': d}}},
+        },
+    )
 
 
 def start(cfg: Path, root: Path, *extra) -> subprocess.Popen:
-    return subprocess.Popen(cli_cmd('train', cfg, '--no-progress', *extra), cwd=root, env=ENV,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    return subprocess.Popen(
+        cli_cmd('train', cfg, '--no-progress', *extra),
+        cwd=root,
+        env=ENV,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
 
 
 def check_run(run_dir: Path) -> dict:
@@ -60,12 +74,14 @@ def test_wire_format_round_trip_keeps_the_tb_loss():
     from gfn.utils.modules import MLP
 
     from ding_buffer.train.hypergrid_dist import batch_to_trajectories, max_actions, trajectories_to_batch
+
     torch.manual_seed(0)
     env = HyperGrid(ndim=2, height=8, validate_modes=False)
     pre = KHotPreprocessor(height=8, ndim=2)
     pf = DiscretePolicyEstimator(MLP(pre.output_dim, env.n_actions), env.n_actions, preprocessor=pre)
-    pb = DiscretePolicyEstimator(MLP(pre.output_dim, env.n_actions - 1), env.n_actions, preprocessor=pre,
-                                 is_backward=True)
+    pb = DiscretePolicyEstimator(
+        MLP(pre.output_dim, env.n_actions - 1), env.n_actions, preprocessor=pre, is_backward=True
+    )
     net = TBGFlowNet(pf=pf, pb=pb)
     tr = Sampler(pf).sample_trajectories(env, n=32)
     batch = trajectories_to_batch(tr, max_actions(2, 8))
@@ -133,9 +149,18 @@ def test_ray_run_learns(tmp_path):
 
 def test_distributed_section_on_a_torchgfn_buffer_is_refused(tmp_path):
     from test_train import assert_user_error, cli
-    cfg = write_config(tmp_path / 'bad.py', DIST_CONFIG, {'log_dir': str(tmp_path / 'runs')},
-                       buffer=dict(type='torchgfn:ReplayBuffer', prioritized_capacity=False,
-                                   prioritized_sampling=False, distributed=dict(backend='torch')))
+
+    cfg = write_config(
+        tmp_path / 'bad.py',
+        DIST_CONFIG,
+        {'log_dir': str(tmp_path / 'runs')},
+        buffer=dict(
+            type='torchgfn:ReplayBuffer',
+            prioritized_capacity=False,
+            prioritized_sampling=False,
+            distributed=dict(backend='torch'),
+        ),
+    )
     r = cli('train', cfg, '--nproc', '3', cwd=tmp_path)
     assert_user_error(r.returncode, r.stderr, 'policy.other.replay_buffer.distributed')
     assert not (tmp_path / 'runs').exists()

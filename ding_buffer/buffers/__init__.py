@@ -1,18 +1,29 @@
 """Buffer presets, each registered in ``BUFFER_REGISTRY`` by name."""
+
+from .advanced import AdvancedReplayBuffer
+from .chunk import ChunkReplayBuffer
 from .common import BufferCore
+from .deque import DequeReplayBuffer
+from .elastic import ElasticReplayBuffer
 from .engine import Engine
 from .episode import EpisodeReplayBuffer, PrioritizedEpisodeReplayBuffer
-from .naive import NaiveReplayBuffer
-from .elastic import ElasticReplayBuffer
-from .sequence import SequenceReplayBuffer
-from .advanced import AdvancedReplayBuffer
-from .deque import DequeReplayBuffer
 from .gflownet import GFlowNetReplayBuffer
 from .gfn_variants import DiverseGFlowNetReplayBuffer, TerminatingStateBuffer
-from .chunk import ChunkReplayBuffer
+from .naive import NaiveReplayBuffer
+from .sequence import SequenceReplayBuffer
 
 __all__ = [
-    "BufferCore", "Engine", "NaiveReplayBuffer", "ElasticReplayBuffer", "SequenceReplayBuffer", "EpisodeReplayBuffer",
-    "PrioritizedEpisodeReplayBuffer", "AdvancedReplayBuffer", "DequeReplayBuffer", "GFlowNetReplayBuffer",
-    "DiverseGFlowNetReplayBuffer", "TerminatingStateBuffer", "ChunkReplayBuffer"
+    "BufferCore",
+    "Engine",
+    "NaiveReplayBuffer",
+    "ElasticReplayBuffer",
+    "SequenceReplayBuffer",
+    "EpisodeReplayBuffer",
+    "PrioritizedEpisodeReplayBuffer",
+    "AdvancedReplayBuffer",
+    "DequeReplayBuffer",
+    "GFlowNetReplayBuffer",
+    "DiverseGFlowNetReplayBuffer",
+    "TerminatingStateBuffer",
+    "ChunkReplayBuffer",
 ]

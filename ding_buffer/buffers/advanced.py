@@ -6,6 +6,7 @@ by use count and staleness + ``ThruputController`` + monitors. Differences from 
 non-finite or negative priorities are ``ValueError`` (all or nothing), ``update`` reports stale entries and
 never revives retired items, pushed and stored dicts are never mutated, refusals are counted in ``stats()``.
 """
+
 from typing import Any, Dict, List, Mapping, Optional
 
 import numpy as np
@@ -13,7 +14,14 @@ import torch
 
 from ..base import BUFFER_REGISTRY
 from ..config import dingengine_ignored, positive_int
-from ..control.priority import MAX_PRIORITY, BetaSchedule, PriorityIndex, batch_priorities, item_priorities, parse_update
+from ..control.priority import (
+    MAX_PRIORITY,
+    BetaSchedule,
+    PriorityIndex,
+    batch_priorities,
+    item_priorities,
+    parse_update,
+)
 from ..errors import SampleTimeoutError  # noqa: F401 (re-exported: raised by sample(timeout=...))
 from ..monitor.sampled_data import SampledDataAttrMonitor
 from ..monitor.tb import emit, rank
@@ -118,6 +126,7 @@ class AdvancedReplayBuffer(SlotEngine):
     Complexity: push O(n log8 C), sample O(B log8 C) (O(m) with ``sample_range`` selecting m items),
         update O(B log8 C), stats O(1).
     """
+
     config = ADVANCED_CONFIG
     checks = ADVANCED_CHECKS
     ignored_keys = dingengine_ignored(ADVANCED_CONFIG, 'advanced')
@@ -176,7 +185,7 @@ class AdvancedReplayBuffer(SlotEngine):
         prepared = self._storage.prepare(items)  # validated before the limiter decides (a bad push is an error)
         if not self._admit(len(items)):
             return 0
-        return self._write(prepared, priorities[prepared.dropped:])
+        return self._write(prepared, priorities[prepared.dropped :])
 
     def _push_one_fast(self, item: Any) -> bool:
         """The single-push hot path (O(fields) + one compiled tree update). False -- with nothing changed --
@@ -202,8 +211,14 @@ class AdvancedReplayBuffer(SlotEngine):
                     self._index.fill_new(slots, self._index.default_priority())
                     return len(slots)
                 p = _flat_array(p)
-                if p is not None and p.dtype in _KERNEL_FLOATS and len(p) == checked[1] and len(p) \
-                        and p.min() >= 0 and p.max() <= MAX_PRIORITY:  # NaN fails; else the checking path reports
+                if (
+                    p is not None
+                    and p.dtype in _KERNEL_FLOATS
+                    and len(p) == checked[1]
+                    and len(p)
+                    and p.min() >= 0
+                    and p.max() <= MAX_PRIORITY
+                ):  # NaN fails; else the checking path reports
                     slots = self._write_batch_fast(checked)
                     self._index.set_new(slots, p)
                     return len(slots)
@@ -218,11 +233,11 @@ class AdvancedReplayBuffer(SlotEngine):
 
     # ------------------------------------------------------------------ sample
     def sample(
-            self,
-            size: int,
-            cur_learner_iter: int = -1,
-            sample_range: Optional[slice] = None,
-            timeout: Optional[float] = None,
+        self,
+        size: int,
+        cur_learner_iter: int = -1,
+        sample_range: Optional[slice] = None,
+        timeout: Optional[float] = None,
     ) -> Optional[Any]:
         """
         Overview:
@@ -239,7 +254,9 @@ class AdvancedReplayBuffer(SlotEngine):
             - batch: list of dicts (list storage) or one dict of batched tensors (tensor storage), or ``None``.
         """
         self._check_range(sample_range)
-        return self._sample_flow(size, cur_learner_iter, timeout, lambda: self._draw(size, cur_learner_iter, sample_range))
+        return self._sample_flow(
+            size, cur_learner_iter, timeout, lambda: self._draw(size, cur_learner_iter, sample_range)
+        )
 
     def _draw(self, size: int, cur_learner_iter: int, sample_range: Optional[slice]) -> Optional[Any]:
         index = self._index
@@ -255,7 +272,9 @@ class AdvancedReplayBuffer(SlotEngine):
             positions = self._candidates(sample_range)
             if not len(positions):
                 return self._refused(f'{sample_range} selects nothing')
-            candidates = self._storage.ring.slots_of_positions(positions.start + np.arange(len(positions)) * positions.step)
+            candidates = self._storage.ring.slots_of_positions(
+                positions.start + np.arange(len(positions)) * positions.step
+            )
         slots = index.sample(self._rng, size, candidates)
         if slots is None:
             return self._refused('every candidate item has priority 0')
@@ -265,8 +284,17 @@ class AdvancedReplayBuffer(SlotEngine):
         use = self._uses.bump(slots)
         return self._drawn_batch(slots, size, weights, priority, use, cur_learner_iter, beta)
 
-    def _drawn_batch(self, slots: np.ndarray, size: int, weights: np.ndarray, priority: np.ndarray, use: np.ndarray,
-                     cur_learner_iter: int, beta: float, ids: Optional[np.ndarray] = None) -> Any:
+    def _drawn_batch(
+        self,
+        slots: np.ndarray,
+        size: int,
+        weights: np.ndarray,
+        priority: np.ndarray,
+        use: np.ndarray,
+        cur_learner_iter: int,
+        beta: float,
+        ids: Optional[np.ndarray] = None,
+    ) -> Any:
         """The batch of a draw (use counts already bumped; ``ids`` of the slots when known): staleness, output,
         monitor, removal rules."""
         staleness = self._storage.staleness(slots, cur_learner_iter)
@@ -318,17 +346,26 @@ class AdvancedReplayBuffer(SlotEngine):
 
     def _update_fast(self, info: Any) -> Optional[Dict[str, int]]:
         """The hot path of ``update``: what a tensor-storage sample returned (1-d CPU tensors or arrays: int ids,
-        int slots, float32 / float64 priorities) goes to one compiled kernel. ``None`` for anything else, or for an entry the
+        int slots, float32 / float64 priorities) goes to one compiled kernel. ``None`` for anything else, or for an
+        entry the
         kernel finds invalid (nothing changed): the checking path then applies or reports it."""
         if type(info) is not dict:
             return None
         p, ids, slots = (_flat_array(info.get(k)) for k in ('priority', 'replay_unique_id', 'replay_buffer_idx'))
-        if p is None or ids is None or slots is None or p.dtype not in _KERNEL_FLOATS or ids.dtype.kind not in 'iu' \
-                or slots.dtype.kind not in 'iu' or not len(p) == len(ids) == len(slots):
+        if (
+            p is None
+            or ids is None
+            or slots is None
+            or p.dtype not in _KERNEL_FLOATS
+            or ids.dtype.kind not in 'iu'
+            or slots.dtype.kind not in 'iu'
+            or not len(p) == len(ids) == len(slots)
+        ):
             return None
         with self._lock:
-            n = self._index.update_by_ids(self._storage.ring, slots.astype(np.int64, copy=False),
-                                          ids.astype(np.int64, copy=False), p)
+            n = self._index.update_by_ids(
+                self._storage.ring, slots.astype(np.int64, copy=False), ids.astype(np.int64, copy=False), p
+            )
             return None if n is None else self._count_update(n, len(slots))
 
     # ------------------------------------------------------------------ stats / clear / state
@@ -336,8 +373,13 @@ class AdvancedReplayBuffer(SlotEngine):
         """A flat dict of numbers, O(1): counters, refusals, beta, priorities and the sampled-data window."""
         with self._lock:
             out = super().stats()
-            out.update(push_count=self.push_count, beta=self.beta, max_priority=self._index.max_priority,
-                       priority_mass=self._index.tree.total(), priority_min_leaf=self._index.tree.min_leaf())
+            out.update(
+                push_count=self.push_count,
+                beta=self.beta,
+                max_priority=self._index.max_priority,
+                priority_mass=self._index.tree.total(),
+                priority_min_leaf=self._index.tree.min_leaf(),
+            )
             out.update(self._sampled_monitor.averages())
             out['beta'] = self.beta  # the current beta, not the last sampled batch's
             return out

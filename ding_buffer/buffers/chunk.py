@@ -33,6 +33,7 @@ A sampled fragment is a dict: ``worker``, ``fid``, ``model_version``, ``session_
 payload; with a shared disk store and ``sample_payloads=False`` only ids travel, and learners read
 ``FragmentStore('disk', path).get(fragment_id)`` themselves).
 """
+
 import threading
 import time
 from collections import OrderedDict
@@ -70,8 +71,10 @@ def check_plain(obj: Any, what: str, depth: int = 0) -> None:
         for i, v in enumerate(obj):
             check_plain(v, f'{what}[{i}]', depth + 1)
     elif not isinstance(obj, PLAIN_LEAVES) or (isinstance(obj, np.ndarray) and obj.dtype == object):
-        raise TypeError(f"{what} holds a {type(obj).__name__}; a disk store keeps tensors, arrays, numbers, strings "
-                        f"and None in dicts / lists / tuples (read back without running code)")
+        raise TypeError(
+            f"{what} holds a {type(obj).__name__}; a disk store keeps tensors, arrays, numbers, strings "
+            f"and None in dicts / lists / tuples (read back without running code)"
+        )
 
 
 def _int(x: Any) -> bool:
@@ -129,9 +132,18 @@ class ChunkReplayBuffer(BufferCore):
         self._sizes: Dict[str, int] = {}  # on-disk bytes of each referenced payload, and their total
         self._bytes = 0
         self._next_uid = 0
-        self._counters = dict(fragments_received=0, fragments_dropped=0, chunks_made=0, chunks_evicted=0,
-                              chunks_retired=0, chunks_dropped_stale=0, sample_calls=0, sampled_fragments=0,
-                              reuse_sum=0, chunks_left=0)
+        self._counters = dict(
+            fragments_received=0,
+            fragments_dropped=0,
+            chunks_made=0,
+            chunks_evicted=0,
+            chunks_retired=0,
+            chunks_dropped_stale=0,
+            sample_calls=0,
+            sampled_fragments=0,
+            reuse_sum=0,
+            chunks_left=0,
+        )
 
     @property
     def replay_buffer_size(self) -> int:
@@ -165,38 +177,52 @@ class ChunkReplayBuffer(BufferCore):
 
     # ------------------------------------------------------------------ push
     def _push_batch(self, batch: Any) -> int:
-        raise ValueError("the chunk buffer takes fragments: push one fragment dict or a list of them "
-                         "(batched=True / extend have no meaning here)")
+        raise ValueError(
+            "the chunk buffer takes fragments: push one fragment dict or a list of them "
+            "(batched=True / extend have no meaning here)"
+        )
 
     def _check_fragment(self, f: Any, i: int) -> Tuple[str, int, int, str]:
         if not isinstance(f, dict):
-            raise TypeError(f"fragment {i} must be a dict with 'worker', 'fid', 'model_version' and 'data' or "
-                            f"'fragment_id', got {type(f).__name__}")
-        extra = sorted(str(k) for k in f if k not in ('worker', 'fid', 'model_version', 'session_id', 'data',
-                                                          'fragment_id'))
+            raise TypeError(
+                f"fragment {i} must be a dict with 'worker', 'fid', 'model_version' and 'data' or "
+                f"'fragment_id', got {type(f).__name__}"
+            )
+        extra = sorted(
+            str(k) for k in f if k not in ('worker', 'fid', 'model_version', 'session_id', 'data', 'fragment_id')
+        )
         if extra:
-            raise ValueError(f"fragment {i} has unknown keys {extra[:5]}; expected 'worker', 'fid', 'model_version', "
-                             f"'session_id', and 'data' or 'fragment_id'")
+            raise ValueError(
+                f"fragment {i} has unknown keys {extra[:5]}; expected 'worker', 'fid', 'model_version', "
+                f"'session_id', and 'data' or 'fragment_id'"
+            )
         worker, fid, version, session = f.get('worker'), f.get('fid'), f.get('model_version'), f.get('session_id', '')
         if not isinstance(worker, str) or not 0 < len(worker) <= MAX_NAME or not worker.isprintable():
-            raise ValueError(f"fragment {i}: 'worker' must be a printable str of 1..{MAX_NAME} characters, "
-                             f"got {worker!r:.60}")
+            raise ValueError(
+                f"fragment {i}: 'worker' must be a printable str of 1..{MAX_NAME} characters, got {worker!r:.60}"
+            )
         for key, value in (('fid', fid), ('model_version', version)):
             if not _int(value) or not -1 <= value < INT_LIMIT:
                 raise ValueError(f"fragment {i}: {key!r} must be an int in [-1, 2**62), got {value!r:.40}")
         if not isinstance(session, str) or len(session) > MAX_NAME or not session.isprintable():
-            raise ValueError(f"fragment {i}: 'session_id' must be a printable str of at most {MAX_NAME} characters, "
-                             f"got {session!r:.60}")
+            raise ValueError(
+                f"fragment {i}: 'session_id' must be a printable str of at most {MAX_NAME} characters, "
+                f"got {session!r:.60}"
+            )
         if ('data' in f) == ('fragment_id' in f):
-            raise ValueError(f"fragment {i} must carry exactly one of 'data' (the payload) and 'fragment_id' (a "
-                             f"payload already in the store)")
+            raise ValueError(
+                f"fragment {i} must carry exactly one of 'data' (the payload) and 'fragment_id' (a "
+                f"payload already in the store)"
+            )
         if 'fragment_id' in f:
             check_id(f['fragment_id'])
             if f['fragment_id'] in self._refs:
                 raise ValueError(f"fragment {i}: fragment_id {f['fragment_id']} is already in the buffer")
             if f['fragment_id'] not in self.store:
-                raise ValueError(f"fragment {i}: fragment_id {f['fragment_id']} is not in the store "
-                                 f"({self.store.kind}{': ' + self.store.path if self.store.path else ''})")
+                raise ValueError(
+                    f"fragment {i}: fragment_id {f['fragment_id']} is not in the store "
+                    f"({self.store.kind}{': ' + self.store.path if self.store.path else ''})"
+                )
         return worker, int(fid), int(version), session
 
     def _push_items(self, items: List[Any]) -> int:
@@ -210,8 +236,10 @@ class ChunkReplayBuffer(BufferCore):
             queued = pending.get(worker, len(self._queues.get(worker, ())))
             if prev is not None and (fid != prev + 1 if queued else fid <= prev):
                 want = f"exactly {prev + 1} (a chunk is being assembled)" if queued else f"more than {prev}"
-                raise ValueError(f"fragment {i}: worker {worker!r} sent fid {fid} after {prev}; expected {want}. "
-                                 f"Fragments of one worker arrive in order")
+                raise ValueError(
+                    f"fragment {i}: worker {worker!r} sent fid {fid} after {prev}; expected {want}. "
+                    f"Fragments of one worker arrive in order"
+                )
             last[worker] = fid
             pending[worker] = (queued + 1) % self._fpc
             fragment_id = items[i].get('fragment_id')
@@ -225,7 +253,7 @@ class ChunkReplayBuffer(BufferCore):
         # the order of at most MAX_WORKERS workers is remembered: the least recently seen ones without a chunk in
         # assembly are forgotten first (a forgotten worker may start again at any fid)
         excess = len(self._last_fid) + new_workers - MAX_WORKERS
-        forget = [w for w in self._last_fid if w not in self._queues and w not in last][:max(excess, 0)]
+        forget = [w for w in self._last_fid if w not in self._queues and w not in last][: max(excess, 0)]
         if len(forget) < excess:
             raise ValueError(f"{MAX_WORKERS} workers have chunks in assembly; this push names {new_workers} more")
         if self.store.kind == 'disk':
@@ -274,8 +302,9 @@ class ChunkReplayBuffer(BufferCore):
         while len(self._chunks) >= self._cfg.max_chunks:  # rule 4: only for a chunk that is accepted
             self._counters['chunks_evicted'] += 1
             self._leave(self._chunks.pop(0))
-        self._chunks.append({'uid': self._next_uid, 'use': 0, 'version': version, 'session': session,
-                             'records': records})
+        self._chunks.append(
+            {'uid': self._next_uid, 'use': 0, 'version': version, 'session': session, 'records': records}
+        )
         self._next_uid += 1
         self._counters['chunks_made'] += 1
 
@@ -294,10 +323,12 @@ class ChunkReplayBuffer(BufferCore):
         """
         if not _int(version) or not -1 <= version < INT_LIMIT:
             raise ValueError(f"model version must be an int in [-1, 2**62), got {version!r:.40}")
-        if session_id is not None and (not isinstance(session_id, str) or len(session_id) > MAX_NAME or
-                                       not session_id.isprintable()):
-            raise ValueError(f"session_id must be a printable str of at most {MAX_NAME} characters, got "
-                             f"{session_id!r:.60}")
+        if session_id is not None and (
+            not isinstance(session_id, str) or len(session_id) > MAX_NAME or not session_id.isprintable()
+        ):
+            raise ValueError(
+                f"session_id must be a printable str of at most {MAX_NAME} characters, got {session_id!r:.60}"
+            )
         with self._lock:
             self._check_open()
             self.model_version = int(version)
@@ -324,12 +355,17 @@ class ChunkReplayBuffer(BufferCore):
                 else:
                     del self._queues[worker]
             self._counters['fragments_dropped'] += fragments_left
-            return {'model_version': self.model_version, 'session_id': self.session_id, 'chunks_dropped': chunks_left,
-                    'fragments_dropped': fragments_left}
+            return {
+                'model_version': self.model_version,
+                'session_id': self.session_id,
+                'chunks_dropped': chunks_left,
+                'fragments_dropped': fragments_left,
+            }
 
     # ------------------------------------------------------------------ sample
-    def sample(self, size: int, cur_learner_iter: int = -1, timeout: Optional[float] = None,
-               **kwargs: Any) -> Optional[List[Dict[str, Any]]]:
+    def sample(
+        self, size: int, cur_learner_iter: int = -1, timeout: Optional[float] = None, **kwargs: Any
+    ) -> Optional[List[Dict[str, Any]]]:
         """
         Overview:
             ``size`` fragments: ``size / fragments_per_chunk`` distinct chunks, uniformly, their fragments in order
@@ -337,8 +373,9 @@ class ChunkReplayBuffer(BufferCore):
             ``SampleTimeoutError`` when they do not come.
         """
         if kwargs:
-            raise TypeError(f"the chunk buffer's sample takes no {sorted(kwargs)[:4]} (it draws whole chunks without "
-                            f"replacement)")
+            raise TypeError(
+                f"the chunk buffer's sample takes no {sorted(kwargs)[:4]} (it draws whole chunks without replacement)"
+            )
         self._check_size(size)
         if size % self._fpc:
             raise ValueError(f"sample size {size} must be a multiple of fragments_per_chunk={self._fpc} (whole chunks)")
@@ -355,7 +392,9 @@ class ChunkReplayBuffer(BufferCore):
                 while len(self._chunks) < k:
                     left = deadline - time.monotonic()
                     if left <= 0:
-                        raise SampleTimeoutError(f"{len(self._chunks)} of the {k} chunks needed after waiting {timeout} s")
+                        raise SampleTimeoutError(
+                            f"{len(self._chunks)} of the {k} chunks needed after waiting {timeout} s"
+                        )
                     self._cond.wait(left)
                     self._check_open()
             rng_state = self._rng.bit_generator.state
@@ -373,8 +412,15 @@ class ChunkReplayBuffer(BufferCore):
                 chunk = self._chunks[j]
                 chunk['use'] += 1
                 for worker, fid, version, session, fragment_id in chunk['records']:
-                    item = {'worker': worker, 'fid': fid, 'model_version': version, 'session_id': session,
-                            'fragment_id': fragment_id, 'chunk': chunk['uid'], 'use': chunk['use']}
+                    item = {
+                        'worker': worker,
+                        'fid': fid,
+                        'model_version': version,
+                        'session_id': session,
+                        'fragment_id': fragment_id,
+                        'chunk': chunk['uid'],
+                        'use': chunk['use'],
+                    }
                     if self._cfg.sample_payloads:
                         item['data'] = payloads[fragment_id]
                     out.append(item)
@@ -406,36 +452,53 @@ class ChunkReplayBuffer(BufferCore):
         with self._lock:
             c = self._counters
             return {
-                'count': len(self._chunks), 'chunks': len(self._chunks),
+                'count': len(self._chunks),
+                'chunks': len(self._chunks),
                 'fragments': sum(len(ch['records']) for ch in self._chunks),
-                'queued_fragments': sum(len(q) for q in self._queues.values()), 'workers': len(self._last_fid),
-                'payloads': len(self._refs), 'model_version': self.model_version,
+                'queued_fragments': sum(len(q) for q in self._queues.values()),
+                'workers': len(self._last_fid),
+                'payloads': len(self._refs),
+                'model_version': self.model_version,
                 'avg_reuse': c['reuse_sum'] / c['chunks_left'] if c['chunks_left'] else 0.0,  # of chunks that left
-                **{k: v for k, v in c.items() if k not in ('reuse_sum', )},
+                **{k: v for k, v in c.items() if k not in ('reuse_sum',)},
                 'store_bytes': self._bytes,  # of the payloads this buffer refers to
             }
 
     def records(self) -> Dict[str, Any]:
         """The chunks (oldest first: uid, use count, records) and the per-worker queues, as plain data."""
         with self._lock:
-            return {'chunks': [(ch['uid'], ch['use'], [r[:4] for r in ch['records']]) for ch in self._chunks],
-                    'queues': {w: [r[:4] for r in q] for w, q in self._queues.items()}}
+            return {
+                'chunks': [(ch['uid'], ch['use'], [r[:4] for r in ch['records']]) for ch in self._chunks],
+                'queues': {w: [r[:4] for r in q] for w, q in self._queues.items()},
+            }
 
     # ------------------------------------------------------------------ state
     def _state(self) -> Dict[str, Any]:
         referenced = list(self._refs)
         return {
-            'model_version': self.model_version, 'session_id': self.session_id, 'next_uid': self._next_uid,
-            'chunks': [{'uid': ch['uid'], 'use': ch['use'], 'version': ch['version'], 'session': ch['session'],
-                        'records': [list(r) for r in ch['records']]} for ch in self._chunks],
+            'model_version': self.model_version,
+            'session_id': self.session_id,
+            'next_uid': self._next_uid,
+            'chunks': [
+                {
+                    'uid': ch['uid'],
+                    'use': ch['use'],
+                    'version': ch['version'],
+                    'session': ch['session'],
+                    'records': [list(r) for r in ch['records']],
+                }
+                for ch in self._chunks
+            ],
             'queues': {w: [list(r) for r in q] for w, q in self._queues.items()},
-            'last_fid': dict(self._last_fid), 'last_fetch': list(self._last_fetch),
+            'last_fid': dict(self._last_fid),
+            'last_fetch': list(self._last_fetch),
             'counters': dict(self._counters),
             'payloads': {fragment_id: self.store.get(fragment_id) for fragment_id in referenced},
         }
 
     def _restore(self, state: Dict[str, Any]) -> None:
         """Validate ``state`` against the rules (a state this buffer could have reached), then swap it in."""
+
         def name(x: Any, what: str, empty: bool = False) -> str:
             if not isinstance(x, str) or len(x) > MAX_NAME or not x.isprintable() or (not x and not empty):
                 raise ValueError(f"invalid {what} {x!r:.60} in state")
@@ -448,8 +511,13 @@ class ChunkReplayBuffer(BufferCore):
 
         def rec(r: Any) -> Record:
             worker, fid, version, session, fragment_id = r
-            return (name(worker, 'worker'), number(fid, 'fid'), number(version, 'model_version'),
-                    name(session, 'session_id', empty=True), check_id(fragment_id))
+            return (
+                name(worker, 'worker'),
+                number(fid, 'fid'),
+                number(version, 'model_version'),
+                name(session, 'session_id', empty=True),
+                check_id(fragment_id),
+            )
 
         def run(records: List[Record], what: str) -> None:  # one worker's consecutive fids (rule 1)
             if any(r[0] != records[0][0] or r[1] != records[0][1] + i for i, r in enumerate(records)):
@@ -464,15 +532,18 @@ class ChunkReplayBuffer(BufferCore):
             run(records, 'a chunk')
             uid, use = number(ch['uid'], 'chunk uid', 0), number(ch['use'], 'use count', 0)
             if len(records) != self._fpc or uid in uids:
-                raise ValueError(f"chunk {uid} in state has {len(records)} fragments (fragments_per_chunk="
-                                 f"{self._fpc}) or a repeated uid")
+                raise ValueError(
+                    f"chunk {uid} in state has {len(records)} fragments (fragments_per_chunk="
+                    f"{self._fpc}) or a repeated uid"
+                )
             if self._cfg.max_reuse is not None and use >= self._cfg.max_reuse:
                 raise ValueError(f"chunk {uid} in state was used {use} times; max_reuse is {self._cfg.max_reuse}")
             if records[-1][1] > last_fid.get(records[0][0], -2) and records[0][0] in last_fid:
                 raise ValueError(f"chunk {uid} in state is newer than its worker's last fid")
             uids.add(uid)
-            chunks.append({'uid': uid, 'use': use, 'version': records[0][2], 'session': records[0][3],
-                           'records': records})
+            chunks.append(
+                {'uid': uid, 'use': use, 'version': records[0][2], 'session': records[0][3], 'records': records}
+            )
         if len(chunks) > self._cfg.max_chunks:
             raise ValueError(f"state holds {len(chunks)} chunks, more than max_chunks={self._cfg.max_chunks}")
         queues = {}
@@ -480,8 +551,9 @@ class ChunkReplayBuffer(BufferCore):
             records = [rec(r) for r in q]
             run(records, f"worker {w!r:.40}'s queue")
             if not 0 < len(records) < self._fpc or records[0][0] != w or last_fid.get(w) != records[-1][1]:
-                raise ValueError(f"worker {w!r:.40}'s queue in state does not fit fragments_per_chunk={self._fpc} or "
-                                 f"its last fid")
+                raise ValueError(
+                    f"worker {w!r:.40}'s queue in state does not fit fragments_per_chunk={self._fpc} or its last fid"
+                )
             queues[w] = records
         held = [r[4] for ch in chunks for r in ch['records']] + [r[4] for q in queues.values() for r in q]
         if len(set(held)) != len(held):
@@ -498,8 +570,10 @@ class ChunkReplayBuffer(BufferCore):
             for fragment_id in refs:
                 check_plain(payloads[fragment_id], f'the payload of fragment {fragment_id}')
         counters = {k: number(state['counters'][k], f'counter {k}', 0) for k in self._counters}
-        version, session = number(state['model_version'], 'model_version'), name(state['session_id'], 'session_id',
-                                                                                  empty=True)
+        version, session = (
+            number(state['model_version'], 'model_version'),
+            name(state['session_id'], 'session_id', empty=True),
+        )
         next_uid = max(number(state['next_uid'], 'next_uid', 0), max(uids, default=-1) + 1)
         # swap: payloads this buffer referenced and the new state does not are deleted; the new ones written
         old, added = set(self._refs), []

@@ -5,10 +5,11 @@ Presets subclass it once and implement ``_push_items``, ``_push_batch``, ``_samp
 and ``_clear``; they never copy this logic. Public methods take ``self._lock`` (an ``RLock``), so push /
 sample / update / clear / state_dict are mutually exclusive; the parts below assume single-threaded calls.
 """
+
 import copy
 import itertools
-import operator
 import logging
+import operator
 import threading
 from typing import Any, Dict, List, Mapping, Optional
 
@@ -24,20 +25,23 @@ from ..storage.tensordict_io import check_batched, is_tensordict
 
 class BufferCore(IBuffer):
     checks: Dict[str, Any] = {}
-    ignored_keys: Dict[str, str] = {}  # key -> why it has no effect: accepted with a warning (config.dingengine_ignored)
+    ignored_keys: Dict[
+        str, str
+    ] = {}  # key -> why it has no effect: accepted with a warning (config.dingengine_ignored)
     key_aliases: Dict[str, str] = {}  # another library's key name -> ours (config.resolve_aliases)
     # push(td) of a TensorDict with batch_size [B, ...] is a batch of B items (False: one element, e.g. an episode)
     tensordict_batch_is_items = True
 
     def __init__(
-            self,
-            cfg: Optional[Mapping] = None,
-            tb_logger: Any = None,
-            exp_name: str = 'default_experiment',
-            instance_name: str = 'buffer',
+        self,
+        cfg: Optional[Mapping] = None,
+        tb_logger: Any = None,
+        exp_name: str = 'default_experiment',
+        instance_name: str = 'buffer',
     ) -> None:
-        self._cfg: EasyDict = build_config(self.config, cfg, self.checks, ignored=self.ignored_keys,
-                                           aliases=self.key_aliases)
+        self._cfg: EasyDict = build_config(
+            self.config, cfg, self.checks, ignored=self.ignored_keys, aliases=self.key_aliases
+        )
         if not isinstance(instance_name, str) or not instance_name:
             raise ValueError(f"instance_name must be a non-empty str, got {instance_name!r}")
         self._exp_name = exp_name
@@ -47,11 +51,13 @@ class BufferCore(IBuffer):
         self._lock = threading.RLock()
         seed = self._cfg.get('seed')
         # seed=None draws the seed from numpy's global RNG, so np.random.seed(...) still reproduces runs.
-        self._rng = np.random.default_rng(np.random.randint(0, 2 ** 63 - 1) if seed is None else seed)
+        self._rng = np.random.default_rng(np.random.randint(0, 2**63 - 1) if seed is None else seed)
         self._remover: Optional[UsedDataRemover] = None
         if self._cfg.get('enable_track_used_data', False):
             if self._cfg.storage.type != 'list':
-                raise ValueError("config key 'enable_track_used_data' needs storage.type='list' (items carry 'data_id')")
+                raise ValueError(
+                    "config key 'enable_track_used_data' needs storage.type='list' (items carry 'data_id')"
+                )
             self._remover = UsedDataRemover(self._logger)
         self._closed = False
         self._last_envstep = -1
@@ -174,7 +180,9 @@ class BufferCore(IBuffer):
         try:
             range(0)[sample_range]
         except (TypeError, ValueError) as e:
-            raise type(e)(f"sample_range {sample_range!r:.60} is not a slice of ints with a non-zero step: {e}") from None
+            raise type(e)(
+                f"sample_range {sample_range!r:.60} is not a slice of ints with a non-zero step: {e}"
+            ) from None
 
     @staticmethod
     def _range_positions(n: int, sample_range: Optional[slice]) -> range:
@@ -203,7 +211,11 @@ class BufferCore(IBuffer):
     def state_dict(self) -> Dict[str, Any]:
         """A deep copy of the full state (data, counters, ids, RNG); never live references."""
         with self._lock:
-            return {'type': self.__class__.__name__, **self._state(), 'rng': copy.deepcopy(self._rng.bit_generator.state)}
+            return {
+                'type': self.__class__.__name__,
+                **self._state(),
+                'rng': copy.deepcopy(self._rng.bit_generator.state),
+            }
 
     def load_state_dict(self, state: Dict[str, Any], deepcopy: bool = False) -> None:
         """
@@ -277,7 +289,7 @@ class BufferCore(IBuffer):
             pass
 
 
-STEP_LIMIT = 2 ** 60  # learner iterations / env steps beyond this are not counters (and overflow int64 math)
+STEP_LIMIT = 2**60  # learner iterations / env steps beyond this are not counters (and overflow int64 math)
 
 
 def check_step(value: Any, name: str) -> int:
@@ -293,10 +305,14 @@ def check_step(value: Any, name: str) -> int:
 def check_wait_timeout(timeout: Any) -> Optional[float]:
     """A ``sample(timeout=...)`` argument: None, or a number of seconds in [0, ``threading.TIMEOUT_MAX``]
     (NaN and inf would wait forever); ``ValueError`` otherwise."""
-    if timeout is not None and (isinstance(timeout, (bool, np.bool_)) or not isinstance(timeout, (int, float))
-                                or not 0 <= timeout <= threading.TIMEOUT_MAX):
-        raise ValueError(f"timeout must be None or a number of seconds in [0, {threading.TIMEOUT_MAX:g}], got "
-                         f"{timeout!r:.40}")
+    if timeout is not None and (
+        isinstance(timeout, (bool, np.bool_))
+        or not isinstance(timeout, (int, float))
+        or not 0 <= timeout <= threading.TIMEOUT_MAX
+    ):
+        raise ValueError(
+            f"timeout must be None or a number of seconds in [0, {threading.TIMEOUT_MAX:g}], got {timeout!r:.40}"
+        )
     return timeout
 
 

@@ -19,6 +19,7 @@ logging iterations, so most updates are dropped -- here every sample is remember
 left the buffer is skipped (the advanced buffer's identity check); ``max_use`` together with ``priority`` works
 (DI-engine raises ``TypeError`` there); pushed dicts are never mutated.
 """
+
 import copy
 import math
 import threading
@@ -88,12 +89,21 @@ def numbers(priority: Any) -> np.ndarray:
 
 def inner_config(cfg: Mapping) -> Dict[str, Any]:
     """The naive / advanced config that realises a deque config."""
-    common = dict(replay_buffer_size=cfg.replay_buffer_size, max_use=cfg.max_use, seed=cfg.seed,
-                  storage=copy.deepcopy(dict(cfg.storage)))
+    common = dict(
+        replay_buffer_size=cfg.replay_buffer_size,
+        max_use=cfg.max_use,
+        seed=cfg.seed,
+        storage=copy.deepcopy(dict(cfg.storage)),
+    )
     if not cfg.priority:
         return dict(type='naive', **common)
-    return dict(type='advanced', alpha=cfg.priority_power_factor, beta=cfg.IS_weight_power_factor,
-                anneal_step=int(cfg.IS_weight_anneal_train_iter), **common)
+    return dict(
+        type='advanced',
+        alpha=cfg.priority_power_factor,
+        beta=cfg.IS_weight_power_factor,
+        anneal_step=int(cfg.IS_weight_anneal_train_iter),
+        **common,
+    )
 
 
 @BUFFER_REGISTRY.register('deque')
@@ -109,18 +119,27 @@ class DequeReplayBuffer(IBuffer):
     Thread-safety: the inner buffer's lock guards the data; this wrapper's lock makes a sample and the batch it
         remembers (and an update and the batch it consumes) one step. Pushes take only the inner lock.
     """
+
     config = DEQUE_CONFIG
     checks = DEQUE_CHECKS
     ignored_keys = dingengine_ignored(DEQUE_CONFIG, 'deque')
-    not_distributable = "update() applies to the last sampled batch, which many workers would share; use type " \
-                        "'advanced' (updates by id) with a manager"
+    not_distributable = (
+        "update() applies to the last sampled batch, which many workers would share; use type "
+        "'advanced' (updates by id) with a manager"
+    )
 
-    def __init__(self, cfg: Optional[Mapping] = None, tb_logger: Any = None, exp_name: str = 'default_experiment',
-                 instance_name: str = 'buffer') -> None:
+    def __init__(
+        self,
+        cfg: Optional[Mapping] = None,
+        tb_logger: Any = None,
+        exp_name: str = 'default_experiment',
+        instance_name: str = 'buffer',
+    ) -> None:
         self._cfg = build_config(self.config, cfg, self.checks, ignored=self.ignored_keys)
         if self._cfg.priority_IS_weight and not self._cfg.priority:
-            raise ValueError("config key 'priority_IS_weight' = True needs 'priority' = True (IS weights come from "
-                             "priorities)")
+            raise ValueError(
+                "config key 'priority_IS_weight' = True needs 'priority' = True (IS weights come from priorities)"
+            )
         inner_cls = AdvancedReplayBuffer if self._cfg.priority else NaiveReplayBuffer
         self._inner = inner_cls(inner_config(self._cfg), None, exp_name, instance_name)
         self._instance_name = instance_name
@@ -228,11 +247,13 @@ class DequeReplayBuffer(IBuffer):
             if not self._cfg.priority or batch is None:
                 return {'updated': 0, 'stale': 0}
             if len(priority) != len(batch[0]):
-                raise ValueError(f"update: {len(priority)} priorities for the last sampled batch of {len(batch[0])} "
-                                 f"items")
+                raise ValueError(
+                    f"update: {len(priority)} priorities for the last sampled batch of {len(batch[0])} items"
+                )
             clipped = np.minimum(priority, float(self._cfg.priority_max_limit))  # NaN stays NaN: the inner refuses it
-            result = self._inner.update({'replay_unique_id': batch[0], 'replay_buffer_idx': batch[1],
-                                         'priority': clipped})
+            result = self._inner.update(
+                {'replay_unique_id': batch[0], 'replay_buffer_idx': batch[1], 'priority': clipped}
+            )
             self._last_batch = None
             return result
 
@@ -250,10 +271,17 @@ class DequeReplayBuffer(IBuffer):
 
     def state_dict(self) -> Dict[str, Any]:
         with self._lock:
-            batch = None if self._last_batch is None else {'ids': list(self._last_batch[0]),
-                                                           'slots': list(self._last_batch[1])}
-            return {'type': type(self).__name__, 'inner': self._inner.state_dict(), 'last_log_train_iter': self._last_log,
-                    'last_batch': batch}
+            batch = (
+                None
+                if self._last_batch is None
+                else {'ids': list(self._last_batch[0]), 'slots': list(self._last_batch[1])}
+            )
+            return {
+                'type': type(self).__name__,
+                'inner': self._inner.state_dict(),
+                'last_log_train_iter': self._last_log,
+                'last_batch': batch,
+            }
 
     def load_state_dict(self, state: Dict[str, Any], deepcopy: bool = False) -> None:
         """Restore a ``state_dict()`` (all or nothing); ``{'data': [...]}`` alone pushes the items."""
@@ -266,8 +294,9 @@ class DequeReplayBuffer(IBuffer):
             raise ValueError(f"state was made by {state.get('type')!r}, this buffer is {type(self).__name__}")
         last = state.get('last_log_train_iter')
         if type(last) is not int or not -1 <= last < STEP_LIMIT:
-            raise ValueError(f"state has an invalid 'last_log_train_iter' entry {last!r:.40}; expected an int in "
-                             f"[-1, 2**60)")
+            raise ValueError(
+                f"state has an invalid 'last_log_train_iter' entry {last!r:.40}; expected an int in [-1, 2**60)"
+            )
         if not isinstance(state.get('inner'), Mapping):
             raise ValueError("state has no 'inner' entry (the state of the buffer doing the work)")
         batch = self._checked_batch(state.get('last_batch'))
@@ -280,12 +309,18 @@ class DequeReplayBuffer(IBuffer):
         if batch is None:
             return None
         ids, slots = (batch.get('ids'), batch.get('slots')) if isinstance(batch, Mapping) else (None, None)
-        ok = isinstance(ids, list) and isinstance(slots, list) and len(ids) == len(slots) and \
-            all(type(i) in (str, int) for i in ids) and \
-            all(type(k) is int and 0 <= k < self.replay_buffer_size for k in slots)
+        ok = (
+            isinstance(ids, list)
+            and isinstance(slots, list)
+            and len(ids) == len(slots)
+            and all(type(i) in (str, int) for i in ids)
+            and all(type(k) is int and 0 <= k < self.replay_buffer_size for k in slots)
+        )
         if not ok:
-            raise ValueError(f"state has an invalid 'last_batch' entry {batch!r:.80}; expected None or "
-                             f"{{'ids': [...], 'slots': [slot ints]}} of equal length")
+            raise ValueError(
+                f"state has an invalid 'last_batch' entry {batch!r:.80}; expected None or "
+                f"{{'ids': [...], 'slots': [slot ints]}} of equal length"
+            )
         return list(ids), list(slots)
 
     def save_data(self, path: str) -> None:
@@ -301,5 +336,7 @@ class DequeReplayBuffer(IBuffer):
         self._inner.close()
 
     def __repr__(self) -> str:
-        return f"DequeReplayBuffer(instance_name={self._instance_name!r}, priority={self._cfg.priority}, " \
-               f"inner={self._inner!r})"
+        return (
+            f"DequeReplayBuffer(instance_name={self._instance_name!r}, priority={self._cfg.priority}, "
+            f"inner={self._inner!r})"
+        )

@@ -12,6 +12,7 @@ the newest ``set_buffer_size(envstep)`` of them; ``update(envstep)`` moves that 
 
 Everything else (storage, ``max_use``, ``max_staleness``, the limiter, monitors) is the naive buffer's.
 """
+
 import math
 from typing import Any, Callable, Dict, Optional
 
@@ -57,6 +58,7 @@ class ElasticReplayBuffer(NaiveReplayBuffer):
     Property:
         ``current_buffer_size``
     """
+
     config = ELASTIC_CONFIG
     checks = ELASTIC_CHECKS
     ignored_keys = dingengine_ignored(ELASTIC_CONFIG, 'elastic')
@@ -71,7 +73,9 @@ class ElasticReplayBuffer(NaiveReplayBuffer):
         try:
             size = self._size_fn(envstep)
         except Exception as e:
-            raise ValueError(f"config key 'set_buffer_size' raised at envstep {envstep}: {type(e).__name__}: {e}") from e
+            raise ValueError(
+                f"config key 'set_buffer_size' raised at envstep {envstep}: {type(e).__name__}: {e}"
+            ) from e
         return checked_size(size, f'set_buffer_size({envstep})')
 
     @property
@@ -97,8 +101,10 @@ class ElasticReplayBuffer(NaiveReplayBuffer):
             raise TypeError(f"update takes an envstep (int) or a dict, got {type(info).__name__} {info!r:.40}")
         info = check_step(info, 'envstep')
         if self._size_fn is None:
-            raise ValueError("update(envstep) needs config key 'set_buffer_size' (a callable envstep -> size); "
-                             "without it, call resize(n)")
+            raise ValueError(
+                "update(envstep) needs config key 'set_buffer_size' (a callable envstep -> size); "
+                "without it, call resize(n)"
+            )
         size = self._ask(int(info))  # checked before anything changes
         with self._lock:
             self._current = size

@@ -14,6 +14,7 @@ Presets implement the table verbs ``oldest``, ``collect_iter`` and ``_drop(slots
 left, for the used-data remover) and call ``_sample_flow`` / ``_admit`` / ``_pushed`` / ``_drawn``. Nothing
 outside a part assigns the part's fields.
 """
+
 import weakref
 from typing import Any, Callable, Dict, List, Optional
 
@@ -28,10 +29,18 @@ from .common import STEP_LIMIT, BufferCore, check_step, check_wait_timeout
 
 # Counters every engine keeps (``stats()``); each remover adds ``removed_by_<name>``.
 COUNTERS = (
-    'push_items', 'sample_calls', 'sampled_items', 'remove_count', 'removed_by_use', 'removed_by_staleness',
-    'refused_push', 'refused_push_items', 'refused_sample', 'updated', 'stale_updates'
+    'push_items',
+    'sample_calls',
+    'sampled_items',
+    'remove_count',
+    'removed_by_use',
+    'removed_by_staleness',
+    'refused_push',
+    'refused_push_items',
+    'refused_sample',
+    'updated',
+    'stale_updates',
 )
-
 
 
 def parts_config(min_ratio: float) -> Dict[str, Any]:
@@ -207,8 +216,14 @@ class Engine(BufferCore):
         """What ``sample_min_limit_ratio`` compares with the batch size: the stored elements."""
         return self.count()
 
-    def _sample_flow(self, size: Any, cur_learner_iter: int, timeout: Optional[float], draw: Callable[[], Any],
-                     shortfall: Optional[Callable[[], str]] = None) -> Optional[Any]:
+    def _sample_flow(
+        self,
+        size: Any,
+        cur_learner_iter: int,
+        timeout: Optional[float],
+        draw: Callable[[], Any],
+        shortfall: Optional[Callable[[], str]] = None,
+    ) -> Optional[Any]:
         """Run a ``sample`` call: rules, limits and ``shortfall`` (waiting up to ``timeout``), then ``draw()`` under
         the lock. Without rules, limits or a timeout only ``draw()`` runs: it must refuse by itself (``_refused``)
         when ``shortfall()`` would say why not."""
@@ -219,12 +234,17 @@ class Engine(BufferCore):
         self._check_open()
         with self._lock:
             # Rules, limits or a wait to run first? Otherwise ``draw`` refuses by itself (the hot path).
-            why = self._why_not(size, cur_learner_iter, shortfall) \
-                if self._rules or self._limiter.checks or timeout is not None else ''
+            why = (
+                self._why_not(size, cur_learner_iter, shortfall)
+                if self._rules or self._limiter.checks or timeout is not None
+                else ''
+            )
             if why and timeout is not None:
                 why = self._limiter.wait(
-                    lambda: self._why_not(size, cur_learner_iter, shortfall), timeout,
-                    f"buffer '{self._instance_name}' could not sample {size} items", self._check_open
+                    lambda: self._why_not(size, cur_learner_iter, shortfall),
+                    timeout,
+                    f"buffer '{self._instance_name}' could not sample {size} items",
+                    self._check_open,
                 )
             if why:
                 self._counters['refused_sample'] += 1
@@ -301,8 +321,11 @@ class Engine(BufferCore):
         """A flat dict of numbers, O(1): ``count``, ``replay_buffer_size``, counters and the limiter's counts."""
         with self._lock:
             return {
-                'count': self.count(), 'replay_buffer_size': self.replay_buffer_size, **self._all_counters(),
-                'thruput_push': self._limiter.thruput.push_count, 'thruput_sample': self._limiter.thruput.sample_count,
+                'count': self.count(),
+                'replay_buffer_size': self.replay_buffer_size,
+                **self._all_counters(),
+                'thruput_push': self._limiter.thruput.push_count,
+                'thruput_sample': self._limiter.thruput.sample_count,
             }
 
     def _engine_state(self) -> Dict[str, Any]:
@@ -311,7 +334,9 @@ class Engine(BufferCore):
             out['use'] = self._uses.state_dict()
         return out
 
-    def _engine_restored(self, state: Dict[str, Any], valid: Optional[np.ndarray], required: bool) -> Callable[[], None]:
+    def _engine_restored(
+        self, state: Dict[str, Any], valid: Optional[np.ndarray], required: bool
+    ) -> Callable[[], None]:
         """Validate the engine's part of ``state``; return the function that swaps it in. Old files (written
         before a preset had counters) load with ``required=False``: counters start at 0."""
         for key in ('counters', 'thruput'):

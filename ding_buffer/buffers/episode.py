@@ -2,6 +2,7 @@
 uniformly, or (``sampler=dict(type='prioritized', unroll_len=T, ...)``, registered as ``prioritized_episode``)
 prioritized sequence replay. Any of the engine's parts compose by config: ``max_use`` and ``max_staleness``
 (per episode), ``thruput_controller``, ``removers``."""
+
 from typing import Any, Dict, List, Optional
 
 import numpy as np
@@ -71,6 +72,7 @@ class EpisodeReplayBuffer(Engine):
     Thread-safety: every public method holds the buffer's lock.
     Complexity: push O(L); sample O(episodes + batch * T) (a cumulative sum over episode window counts).
     """
+
     config = EPISODE_CONFIG
     checks = EPISODE_CHECKS
     ignored_keys = dingengine_ignored(EPISODE_CONFIG, 'episode')
@@ -166,14 +168,14 @@ class EpisodeReplayBuffer(Engine):
 
     # ------------------------------------------------------------------ sample
     def sample(
-            self,
-            size: int,
-            cur_learner_iter: int = -1,
-            sample_range: Optional[slice] = None,
-            replace: Optional[bool] = None,
-            unroll_len: Optional[int] = None,
-            pad: Optional[bool] = None,
-            timeout: Optional[float] = None,
+        self,
+        size: int,
+        cur_learner_iter: int = -1,
+        sample_range: Optional[slice] = None,
+        replace: Optional[bool] = None,
+        unroll_len: Optional[int] = None,
+        pad: Optional[bool] = None,
+        timeout: Optional[float] = None,
     ) -> Optional[Any]:
         """
         Overview:
@@ -187,8 +189,9 @@ class EpisodeReplayBuffer(Engine):
             ``unroll_len``), drawn with replacement by window priority, plus ``priority`` and ``IS`` [B];
             ``sample_range``, ``pad`` and ``replace=False`` are refused.
         """
-        if unroll_len is not None and (not isinstance(unroll_len, (int, np.integer)) or isinstance(unroll_len, bool)
-                                       or unroll_len <= 0):
+        if unroll_len is not None and (
+            not isinstance(unroll_len, (int, np.integer)) or isinstance(unroll_len, bool) or unroll_len <= 0
+        ):
             raise ValueError(f"unroll_len must be a positive int, got {unroll_len!r}")
         self._check_range(sample_range)
         for name, flag in (('replace', replace), ('pad', pad)):
@@ -196,13 +199,18 @@ class EpisodeReplayBuffer(Engine):
                 raise TypeError(f"{name} must be None or a bool, got {type(flag).__name__} {flag!r:.40}")
         if self._prio is not None:
             self._prio.check_args(sample_range, replace, unroll_len, pad)
-            return self._sample_flow(size, cur_learner_iter, timeout, lambda: self._draw_prioritized(size),
-                                     self._prio.shortfall)
+            return self._sample_flow(
+                size, cur_learner_iter, timeout, lambda: self._draw_prioritized(size), self._prio.shortfall
+            )
         pad = self._cfg.pad_short_episodes if pad is None else bool(pad)
         replace = bool(replace)
-        return self._sample_flow(size, cur_learner_iter, timeout,
-                                 lambda: self._draw(size, sample_range, replace, unroll_len, pad),
-                                 lambda: self._candidates(size, sample_range, replace, unroll_len, pad)[0])
+        return self._sample_flow(
+            size,
+            cur_learner_iter,
+            timeout,
+            lambda: self._draw(size, sample_range, replace, unroll_len, pad),
+            lambda: self._candidates(size, sample_range, replace, unroll_len, pad)[0],
+        )
 
     def _candidates(self, size, sample_range, replace, unroll_len, pad):
         """(shortfall reason or '', episode slots, window counts per episode or None)."""
@@ -211,7 +219,11 @@ class EpisodeReplayBuffer(Engine):
         if len(slots) == 0:
             return ('buffer is empty' if len(ordered) == 0 else f'{sample_range} selects nothing'), slots, None
         if unroll_len is None:
-            short = f'{len(slots)} episodes < batch size {size} and replace=False' if not replace and len(slots) < size else ''
+            short = (
+                f'{len(slots)} episodes < batch size {size} and replace=False'
+                if not replace and len(slots) < size
+                else ''
+            )
             return short, slots, None
         windows = self._store.window_counts(slots, unroll_len, pad)
         total = int(windows.sum())
@@ -271,8 +283,11 @@ class EpisodeReplayBuffer(Engine):
             out = super().stats()
             out.update(transitions=self._store.transitions, push_count=self.push_count)
             if self._prio is not None:
-                out.update(beta=self._prio.beta.value, max_priority=self._prio.windows.max_priority,
-                           priority_mass=self._prio.windows.index.tree.total())
+                out.update(
+                    beta=self._prio.beta.value,
+                    max_priority=self._prio.windows.max_priority,
+                    priority_mass=self._prio.windows.index.tree.total(),
+                )
             return out
 
     # ------------------------------------------------------------------ clear / state
@@ -317,6 +332,7 @@ class PrioritizedEpisodeReplayBuffer(EpisodeReplayBuffer):
         exponent 0.6, eta 0.9, sequences of 80 steps). ``sample(B)`` returns ``[B, T, ...]`` windows with ``mask``,
         ``priority`` and ``IS``; ``update`` takes per-window or per-step priorities back by id.
     """
+
     config = dict(
         EpisodeReplayBuffer.config,
         type='prioritized_episode',

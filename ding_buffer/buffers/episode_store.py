@@ -12,6 +12,7 @@ transition ring never overwrites live data and stays hole-free. Per episode slot
 A ``listener`` (e.g. ``WindowPriorities``) hears ``episode_added`` / ``episode_removed`` with the episode's first
 transition slot (``FlatEpisodes``; -1 for ``ObjectEpisodes``) and length. Not thread-safe (the buffer's lock).
 """
+
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 import numpy as np
@@ -48,26 +49,30 @@ def object_collect_iter(episode: Any) -> int:
     """The min ``collect_iter`` of a list episode's transitions or of a dict episode's leaf; ``NO_ITER`` if none."""
     if isinstance(episode, list):
         return collect_iter_of([t.get('collect_iter') if isinstance(t, Mapping) else None for t in episode])
-    return collect_iter_of(flatten(episode).get(('collect_iter', )))
+    return collect_iter_of(flatten(episode).get(('collect_iter',)))
 
 
 # Keys a window batch adds (tensor storage) or a padded dict window adds (list storage): an episode carrying a
 # field of that name would be overwritten in the output, so it is refused at push.
 FLAT_WINDOW_KEYS = ('mask', 'episode_id', 'episode_idx', 'start')
-PADDED_WINDOW_KEYS = ('mask', )
+PADDED_WINDOW_KEYS = ('mask',)
 
 
 def check_reserved(episode: Any, i: int, reserved: Tuple[str, ...]) -> None:
     """Refuse an episode with a top-level field the window output would overwrite."""
-    fields = episode if isinstance(episode, Mapping) else (episode[0] if episode and isinstance(episode[0], Mapping) else {})
+    fields = (
+        episode if isinstance(episode, Mapping) else (episode[0] if episode and isinstance(episode[0], Mapping) else {})
+    )
     clash = sorted(k for k in reserved if k in fields)
     if clash:
-        raise ValueError(f"episode {i} has field(s) {clash}, which sampled windows add; rename them "
-                         f"(reserved: {list(reserved)})")
+        raise ValueError(
+            f"episode {i} has field(s) {clash}, which sampled windows add; rename them (reserved: {list(reserved)})"
+        )
 
 
 class _EpisodeStore:
     """Shared eviction logic; subclasses provide the ring, the lengths and the data access."""
+
     ring: RingIndex
     length: np.ndarray
 
@@ -139,8 +144,11 @@ class _EpisodeStore:
         # the ring writes at its tail: an episode removed from the middle (max_use, a rule) leaves a hole the
         # ring does not fill, so the slot at the tail may still hold a live episode
         ring = self.ring
-        return ring.count >= self.max_episodes or bool(ring.valid[ring.tail]) or (
-            self.max_transitions is not None and self.transitions + n > self.max_transitions)
+        return (
+            ring.count >= self.max_episodes
+            or bool(ring.valid[ring.tail])
+            or (self.max_transitions is not None and self.transitions + n > self.max_transitions)
+        )
 
     def lengths(self, slots: np.ndarray) -> np.ndarray:
         return self.length[slots]
@@ -156,7 +164,6 @@ class _EpisodeStore:
 
 
 class ObjectEpisodes(_EpisodeStore):
-
     def __init__(self, max_episodes: int, max_transitions: Optional[int]) -> None:
         super().__init__(max_episodes, max_transitions)
         self.storage = ListStorage(max_episodes)
@@ -209,10 +216,10 @@ class ObjectEpisodes(_EpisodeStore):
         out = []
         for ep, s in zip(self.storage.gather(slots), starts.tolist()):
             if isinstance(ep, list):
-                window = ep[s:s + unroll_len]
+                window = ep[s : s + unroll_len]
                 out.append(window + [None] * (unroll_len - len(window)) if pad else window)
                 continue
-            flat = {p: v[s:s + unroll_len] for p, v in flatten(ep).items()}
+            flat = {p: v[s : s + unroll_len] for p, v in flatten(ep).items()}
             valid = batch_len(next(iter(flat.values())), ())
             if pad:
                 flat = {p: _pad_time(torch.as_tensor(v), unroll_len) for p, v in flat.items()}
@@ -245,7 +252,6 @@ class ObjectEpisodes(_EpisodeStore):
 
 
 class FlatEpisodes(_EpisodeStore):
-
     def __init__(self, max_episodes: int, max_transitions: int, storage_kwargs: Dict[str, Any]) -> None:
         super().__init__(max_episodes, max_transitions)
         self.storage = TensorStorage(max_transitions, **storage_kwargs)
@@ -259,8 +265,9 @@ class FlatEpisodes(_EpisodeStore):
             self.check_fits(n, i)
             check_reserved(ep, i, FLAT_WINDOW_KEYS + self.reserved)
             try:
-                prepared = self.storage.prepare(ep, schema) if isinstance(ep, list) \
-                    else self.storage.prepare_batch(ep, schema)
+                prepared = (
+                    self.storage.prepare(ep, schema) if isinstance(ep, list) else self.storage.prepare_batch(ep, schema)
+                )
             except (TypeError, ValueError) as e:
                 raise type(e)(f"episode {i}: {e}") from None
             schema = prepared.payload[0]
@@ -352,7 +359,7 @@ class FlatEpisodes(_EpisodeStore):
         new.ring = RingIndex.from_state(state['ring'], self.max_episodes)
         new.length = _restore_lengths(state, new.ring, self.max_episodes)
         new.start = np.asarray(state['start'], dtype=np.int64).copy()
-        if new.start.shape != (self.max_episodes, ):
+        if new.start.shape != (self.max_episodes,):
             raise ValueError("saved episode starts have the wrong shape")
         covered = np.zeros(self.max_transitions, dtype=np.int64)
         for slot in new.ring.ordered_slots().tolist():
@@ -366,7 +373,7 @@ class FlatEpisodes(_EpisodeStore):
 
 def _restore_lengths(state: Mapping, ring: RingIndex, max_episodes: int) -> np.ndarray:
     length = np.asarray(state['length'], dtype=np.int64).copy()
-    if length.shape != (max_episodes, ):
+    if length.shape != (max_episodes,):
         raise ValueError(f"saved episode lengths have shape {length.shape}, expected ({max_episodes},)")
     if (length[ring.valid] <= 0).any() or (length[~ring.valid] != 0).any():
         raise ValueError("saved episode lengths do not match the stored episodes")

@@ -15,6 +15,7 @@ unstable sort; the diverse filter compares a batch with the *stored* items only 
 of raising or silently returning fewer items; ``save_data``/``load_data`` round-trip contents, counters and
 settings (torchgfn's save is skipped as broken upstream).
 """
+
 from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
@@ -22,16 +23,15 @@ import torch
 
 from ..base import BUFFER_REGISTRY
 from ..config import positive_int
-from .common import check_step
-from .engine import Engine, parts_checks, parts_config
 from ..control.diversity import StateSet  # noqa: F401 (annotations)
 from ..control.keep_best import RewardIndex
 from ..storage import device_ok
+from .common import check_step
+from .engine import Engine, parts_checks, parts_config
 from .gfn_data import GFNBatch
 from .gfn_parts import check_kind, make_parts, make_store
 from .gfn_state import GFlowNetState
 from .gfn_stats import GFlowNetStats
-
 
 
 def _key(x: Any) -> bool:
@@ -101,6 +101,7 @@ class GFlowNetReplayBuffer(GFlowNetStats, GFlowNetState, Engine):
     (O(1) amortised per item); sample O(capacity + size log size) index work plus O(size) data (uniform from a full
     buffer: O(size)).
     """
+
     diverse = False
     config = GFN_CONFIG
     checks = GFN_CHECKS
@@ -122,8 +123,16 @@ class GFlowNetReplayBuffer(GFlowNetStats, GFlowNetState, Engine):
         self._index: Optional[RewardIndex] = None
         self._states: Optional[StateSet] = None
         # GFlowNet counters (saved as 'counters'); the engine's own are in stats() too
-        self._tally = dict(pushed=0, admitted=0, evicted=0, sampled=0, filter_checked=0, rejected_by_reward=0,
-                           rejected_by_distance=0, push_calls=0)
+        self._tally = dict(
+            pushed=0,
+            admitted=0,
+            evicted=0,
+            sampled=0,
+            filter_checked=0,
+            rejected_by_reward=0,
+            rejected_by_distance=0,
+            push_calls=0,
+        )
         self._build_engine(0)  # use counts are sized with the store (physical slots)
         self._build_monitors(cfg.monitor.tensorboard, None)
         self._last_logged: Dict[str, int] = dict(self._tally)
@@ -319,8 +328,14 @@ class GFlowNetReplayBuffer(GFlowNetStats, GFlowNetState, Engine):
         return slots
 
     # ------------------------------------------------------------------ sample
-    def sample(self, size: Optional[int] = None, cur_learner_iter: int = -1, replace: Optional[bool] = None,
-               timeout: Optional[float] = None, n_samples: Optional[int] = None) -> Optional[Any]:
+    def sample(
+        self,
+        size: Optional[int] = None,
+        cur_learner_iter: int = -1,
+        replace: Optional[bool] = None,
+        timeout: Optional[float] = None,
+        n_samples: Optional[int] = None,
+    ) -> Optional[Any]:
         """
         Overview:
             Draw ``size`` items: uniformly, or with probability ``softmax(log_reward)`` when
@@ -340,8 +355,13 @@ class GFlowNetReplayBuffer(GFlowNetStats, GFlowNetState, Engine):
             raise TypeError("sample() needs the number of items: size (or torchgfn's n_samples)")
         if replace is not None and not isinstance(replace, bool):
             raise TypeError(f"replace must be None or a bool, got {replace!r}")
-        return self._sample_flow(size, cur_learner_iter, timeout, lambda: self._draw(int(size), replace),
-                                 lambda: self._shortfall(int(size), replace))
+        return self._sample_flow(
+            size,
+            cur_learner_iter,
+            timeout,
+            lambda: self._draw(int(size), replace),
+            lambda: self._shortfall(int(size), replace),
+        )
 
     def _replace(self, size: int, replace: Optional[bool]) -> bool:
         rep = self._cfg.sample_replacement if replace is None else replace

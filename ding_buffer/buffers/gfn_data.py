@@ -15,6 +15,7 @@ A push is one of
 ``GFNBatch`` carries what the buffer decides on: the log-rewards (float64) and, where an item has one
 terminating state, its representation row (state flattened, condition concatenated; float64).
 """
+
 from typing import Any, Dict, NamedTuple, Optional
 
 import numpy as np
@@ -37,9 +38,7 @@ def check_log_reward(r: np.ndarray, key: str) -> None:
         return
     bad = np.flatnonzero(np.isnan(r) | (r == np.inf))
     if len(bad):
-        raise ValueError(
-            f"'{key}' must be finite or -inf; item {int(bad[0])} is {r[bad[0]]} ({len(bad)} bad value(s))"
-        )
+        raise ValueError(f"'{key}' must be finite or -inf; item {int(bad[0])} is {r[bad[0]]} ({len(bad)} bad value(s))")
 
 
 def float64_numpy(t: torch.Tensor) -> np.ndarray:
@@ -76,11 +75,13 @@ def is_container(data: Any) -> bool:
 
 class ColumnStore:
     """Dicts of tensors in a ``TensorStorage`` whose slots the buffer assigns (``write_at`` / ``read_at``)."""
+
     reuses_slots = True
     kind = 'columns'
 
-    def __init__(self, physical: int, device: str, state_key: str, log_reward_key: str,
-                 condition_key: Optional[str]) -> None:
+    def __init__(
+        self, physical: int, device: str, state_key: str, log_reward_key: str, condition_key: Optional[str]
+    ) -> None:
         self.storage = TensorStorage(physical, device=device)
         self.state_key, self.log_reward_key, self.condition_key = state_key, log_reward_key, condition_key
 
@@ -92,10 +93,10 @@ class ColumnStore:
         _, columns = prepared.payload
         n = prepared.n
         for key in (self.state_key, self.log_reward_key, self.condition_key):
-            if key is not None and (key, ) not in columns:
+            if key is not None and (key,) not in columns:
                 found = sorted('.'.join(p) for p in columns)
                 raise ValueError(f"GFlowNet batch has no field '{key}' (config key naming it); fields: {found}")
-        r_t = columns[(self.log_reward_key, )]
+        r_t = columns[(self.log_reward_key,)]
         if r_t.dim() != 1 or not r_t.dtype.is_floating_point:
             raise ValueError(
                 f"field '{self.log_reward_key}' must hold one float log-reward per item, got shape "
@@ -105,8 +106,8 @@ class ColumnStore:
         check_log_reward(r, self.log_reward_key)
         rows = None
         if need_rows:
-            cond = columns[(self.condition_key, )] if self.condition_key is not None else None
-            rows = representation(columns[(self.state_key, )], cond, n)
+            cond = columns[(self.condition_key,)] if self.condition_key is not None else None
+            rows = representation(columns[(self.state_key,)], cond, n)
         return GFNBatch(prepared, n, r, rows)
 
     def write(self, slots: np.ndarray, batch: GFNBatch, rows: Optional[np.ndarray]) -> None:
@@ -133,8 +134,9 @@ class ColumnStore:
         """A new store with the saved ``n`` items at ``slots`` (default ``0..n-1``; validated by the index)."""
         if state.get('kind') != self.kind:
             raise ValueError(f"saved GFlowNet store is {state.get('kind')!r}, this buffer stores {self.kind!r}")
-        new = ColumnStore(self.storage.capacity, str(self.storage.device), self.state_key, self.log_reward_key,
-                          self.condition_key)
+        new = ColumnStore(
+            self.storage.capacity, str(self.storage.device), self.state_key, self.log_reward_key, self.condition_key
+        )
         schema, fields = import_fields(state['schema'], state['fields'], n)
         if schema:
             new.storage.allocate(schema)
@@ -151,6 +153,7 @@ _CACHED_FIELDS = ('log_probs', 'estimator_outputs')
 class ContainerStoreBase:
     """What both container stores share: the Container protocol's log-rewards and terminating-state rows, no
     ``collect_iter``, and persistence (torchgfn containers as plain tensors, other objects pickled)."""
+
     kind = 'container'
     cls: Optional[type] = None
 
@@ -188,13 +191,18 @@ class ContainerStoreBase:
         live = self.read(slots, slots)
         if type(live).__module__.startswith('gfn.') and hasattr(live, 'to_tensordict'):
             # torchgfn: plain tensors only, loadable with weights_only=True (rebuilt with the env on load)
-            return {'kind': self.kind, 'format': 'torchgfn', 'class': _qualified(type(live)),
-                    'tensors': live.to_tensordict().to_dict()}
+            return {
+                'kind': self.kind,
+                'format': 'torchgfn',
+                'class': _qualified(type(live)),
+                'tensors': live.to_tensordict().to_dict(),
+            }
         return {'kind': self.kind, 'format': 'object', 'container': live}  # needs allow_pickle on load
 
 
 class ContainerStore(ContainerStoreBase):
     """One container of the first pushed type. Slots are positions in it (append-only until ``compact``)."""
+
     reuses_slots = False
 
     def __init__(self) -> None:
@@ -251,8 +259,9 @@ def rebuild_container(state: Dict[str, Any], n: int, env: Any) -> Any:
     """The container a container store saved (``n`` items; torchgfn containers are rebuilt with ``env``), or None
     for a store that never held one."""
     if state.get('kind') != ContainerStoreBase.kind:
-        raise ValueError(f"saved GFlowNet store is {state.get('kind')!r}, this buffer stores "
-                         f"{ContainerStoreBase.kind!r}")
+        raise ValueError(
+            f"saved GFlowNet store is {state.get('kind')!r}, this buffer stores {ContainerStoreBase.kind!r}"
+        )
     fmt = state.get('format')
     if fmt == 'empty':
         return None
@@ -263,6 +272,7 @@ def rebuild_container(state: Dict[str, Any], n: int, env: Any) -> Any:
         if env is None:
             raise ValueError(f"rebuilding torchgfn {cls.__name__} needs its environment: pass env=... to load_data")
         from tensordict import TensorDict
+
         container = cls.from_tensordict(env, TensorDict(state['tensors']))
     else:
         raise ValueError(f"unknown saved container format {fmt!r}")
@@ -278,6 +288,7 @@ def _qualified(cls: type) -> str:
 def _torchgfn_class(name: str) -> type:
     """Only torchgfn's own container classes are rebuilt by name (nothing else is imported from a file)."""
     import importlib
+
     module, _, qual = str(name).partition(':')
     if not module.startswith('gfn.containers') or '.' in qual:
         raise ValueError(f"refusing to rebuild container class {name!r}: only gfn.containers classes load")

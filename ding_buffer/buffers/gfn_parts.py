@@ -2,6 +2,7 @@
 dict batches / item lists, ``ContainerRing`` for torchgfn's tensor containers, ``ContainerStore`` for other
 Container objects), the ``RewardIndex`` (capacity and sampling by log-reward) and the ``StateSet`` (unique
 terminating states; the diversity filter's rows)."""
+
 from typing import Any, Mapping, Tuple
 
 from ..control.diversity import StateSet
@@ -22,8 +23,13 @@ def make_store(cfg: Mapping, data: Any) -> Any:
     if is_container(data):
         return container_store(data, physical_slots(cfg, True))
     if isinstance(data, (dict, list)):
-        return ColumnStore(physical_slots(cfg, ColumnStore.reuses_slots), cfg['device'], cfg['state_key'],
-                           cfg['log_reward_key'], cfg['condition_key'])
+        return ColumnStore(
+            physical_slots(cfg, ColumnStore.reuses_slots),
+            cfg['device'],
+            cfg['state_key'],
+            cfg['log_reward_key'],
+            cfg['condition_key'],
+        )
     raise TypeError(
         f"a GFlowNet buffer takes a dict of batched tensors, a list of item dicts or a Container "
         f"(__len__, __getitem__, extend, log_rewards, terminating_states); got {type(data).__name__}"

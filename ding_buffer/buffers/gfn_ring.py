@@ -2,6 +2,7 @@
 preallocated tensor per per-item field, written in place at the items' slots (a push costs O(batch), no copy of the
 stored items; a sample gathers only the drawn items). ``container_store`` picks it, or the append-only
 ``ContainerStore`` for any other Container."""
+
 from typing import Any, Callable, Dict, NamedTuple, Optional, Tuple
 
 import numpy as np
@@ -16,6 +17,7 @@ class _Col(NamedTuple):
     batch-major tensor ``[n, ...]`` and ``k >= 0`` for a time-major one ``[t + k, n, ...]`` (Trajectories: states
     have ``t + 1`` rows and actions ``t`` for a longest item of ``t`` steps), padded past an item's end with
     ``pad(container)`` (the sink state, the dummy action, -inf conditions: what torchgfn's ``extend`` pads with)."""
+
     name: str
     get: Callable[[Any], Any]
     optional: bool  # may be None (log-rewards, conditions): kept while every push has it, as torchgfn's extend does
@@ -26,19 +28,26 @@ class _Col(NamedTuple):
 def _states_cols(attr: str, time: int = -1) -> Tuple[_Col, ...]:
     sf = (lambda c: type(getattr(c, attr)).sf) if time >= 0 else None
     inf = (lambda c: float('-inf')) if time >= 0 else None
-    return (_Col(attr, lambda c: getattr(c, attr).tensor, False, time, sf),
-            _Col(attr + '.conditions', lambda c: getattr(c, attr).conditions, True, time, inf))
+    return (
+        _Col(attr, lambda c: getattr(c, attr).tensor, False, time, sf),
+        _Col(attr + '.conditions', lambda c: getattr(c, attr).conditions, True, time, inf),
+    )
 
 
 _LOG_REWARDS = _Col('log_rewards', lambda c: c._log_rewards, True)  # what torchgfn's to_tensordict saves
 _TERMINATING = _Col('is_terminating', lambda c: c.is_terminating, False)
 _LAYOUTS: Dict[str, Tuple[_Col, ...]] = {
     'StatesContainer': _states_cols('states') + (_TERMINATING, _LOG_REWARDS),
-    'Transitions': _states_cols('states') + (_Col('actions', lambda c: c.actions.tensor, False), _TERMINATING)
-    + _states_cols('next_states') + (_LOG_REWARDS, ),
-    'Trajectories': _states_cols('states', 1) + (
+    'Transitions': _states_cols('states')
+    + (_Col('actions', lambda c: c.actions.tensor, False), _TERMINATING)
+    + _states_cols('next_states')
+    + (_LOG_REWARDS,),
+    'Trajectories': _states_cols('states', 1)
+    + (
         _Col('actions', lambda c: c.actions.tensor, False, 0, lambda c: type(c.actions).dummy_action),
-        _Col('terminating_idx', lambda c: c.terminating_idx, False), _LOG_REWARDS),
+        _Col('terminating_idx', lambda c: c.terminating_idx, False),
+        _LOG_REWARDS,
+    ),
 }
 _MODULES = ('gfn.containers.states_container', 'gfn.containers.transitions', 'gfn.containers.trajectories')
 
@@ -56,6 +65,7 @@ class ContainerRing(ContainerStoreBase):
         stored one) by at least 1.25x, so growth is O(1) amortised per stored item. ``read`` O(drawn items).
     Not thread-safe (the buffer's lock serialises calls).
     """
+
     reuses_slots = True
 
     def __init__(self, physical: int) -> None:
@@ -79,8 +89,11 @@ class ContainerRing(ContainerStoreBase):
         cls = type(data)
         if cls.__module__ not in _MODULES or cls.__name__ not in _LAYOUTS:
             return False
-        return all(isinstance(getattr(getattr(data, a), 'tensor', None), torch.Tensor)
-                   for a in ('states', 'next_states', 'actions') if hasattr(data, a))
+        return all(
+            isinstance(getattr(getattr(data, a), 'tensor', None), torch.Tensor)
+            for a in ('states', 'next_states', 'actions')
+            if hasattr(data, a)
+        )
 
     def __len__(self) -> int:
         return self.end
@@ -126,10 +139,11 @@ class ContainerRing(ContainerStoreBase):
             if x.dim() <= b or x.shape[b] != n:
                 raise ValueError(f"{name}.{col.name} has shape {tuple(x.shape)}: not {n} items on dim {b}")
             ring = self.cols.get(col.name)
-            if ring is not None and (x.shape[b + 1:] != ring.shape[b + 1:] or x.device != ring.device):
+            if ring is not None and (x.shape[b + 1 :] != ring.shape[b + 1 :] or x.device != ring.device):
                 raise ValueError(
-                    f"{name}.{col.name} holds items of shape {tuple(x.shape[b + 1:])} on {x.device}; the stored "
-                    f"ones are {tuple(ring.shape[b + 1:])} on {ring.device}")
+                    f"{name}.{col.name} holds items of shape {tuple(x.shape[b + 1 :])} on {x.device}; the stored "
+                    f"ones are {tuple(ring.shape[b + 1 :])} on {ring.device}"
+                )
 
     def write(self, slots: np.ndarray, batch: GFNBatch, rows: Optional[np.ndarray]) -> None:
         """Items ``rows`` of the (prepared) batch (None: all of them) go to ``slots``: one ``index_copy_`` per field;
@@ -175,7 +189,7 @@ class ContainerRing(ContainerStoreBase):
                 # touches m blocks (time-major storage would touch steps x m scattered rows)
                 k = min(t + col.time, x.shape[0])
                 src = x[:k] if sel is None else x[:k].index_select(1, sel)
-                block = ring.new_empty((m, ) + tuple(ring.shape[1:]))
+                block = ring.new_empty((m,) + tuple(ring.shape[1:]))
                 block[:, :k] = src.transpose(0, 1)
                 block[:, k:] = self.pads[col.name]
                 ring.index_copy_(0, idx, block)
@@ -186,8 +200,11 @@ class ContainerRing(ContainerStoreBase):
         self.cls, self.env = type(data), data.env
         self.is_backward = bool(getattr(data, 'is_backward', False))
         self.layout = _LAYOUTS[self.cls.__name__]
-        self.types = {a: (type(getattr(data, a)), bool(getattr(getattr(data, a), 'debug', False)))
-                      for a in ('states', 'next_states', 'actions') if hasattr(data, a)}
+        self.types = {
+            a: (type(getattr(data, a)), bool(getattr(getattr(data, a), 'debug', False)))
+            for a in ('states', 'next_states', 'actions')
+            if hasattr(data, a)
+        }
         self.size = min(self.physical, max(64, len(data)))
         self.steps = 0
         for col in self.layout:
@@ -197,7 +214,7 @@ class ContainerRing(ContainerStoreBase):
                 continue
             self.device = x.device
             if col.time < 0:
-                shape = (self.size, ) + tuple(x.shape[1:])
+                shape = (self.size,) + tuple(x.shape[1:])
             else:  # item-major: [slot, step, ...]
                 shape = (self.size, self.steps + col.time) + tuple(x.shape[2:])
                 self.pads[col.name] = torch.as_tensor(col.pad(data), dtype=x.dtype).to(x.device)
@@ -224,8 +241,8 @@ class ContainerRing(ContainerStoreBase):
             ring = self.cols[col.name]
             if ring is None:
                 continue
-            new = ring.new_empty((size, ) + tuple(ring.shape[1:]))
-            new[:self.size] = ring
+            new = ring.new_empty((size,) + tuple(ring.shape[1:]))
+            new[: self.size] = ring
             self.cols[col.name] = new
         if self.tidx is not None:
             self.tidx = np.concatenate([self.tidx, np.zeros(size - self.size, dtype=np.int64)])
@@ -241,8 +258,8 @@ class ContainerRing(ContainerStoreBase):
             if ring is None or col.time < 0:
                 continue
             new = ring.new_empty((ring.shape[0], steps + col.time) + tuple(ring.shape[2:]))
-            new[:, :ring.shape[1]] = ring
-            new[:, ring.shape[1]:] = self.pads[col.name]
+            new[:, : ring.shape[1]] = ring
+            new[:, ring.shape[1] :] = self.pads[col.name]
             self.cols[col.name] = new
         self.steps = steps
 
@@ -257,8 +274,11 @@ class ContainerRing(ContainerStoreBase):
         for col in self.layout:
             ring = self.cols[col.name]
             if ring is not None:
-                out[col.name] = ring.index_select(0, idx) if col.time < 0 else \
-                    ring[:, :t + col.time].index_select(0, idx).transpose(0, 1).contiguous()
+                out[col.name] = (
+                    ring.index_select(0, idx)
+                    if col.time < 0
+                    else ring[:, : t + col.time].index_select(0, idx).transpose(0, 1).contiguous()
+                )
         return self._build(out)
 
     def _build(self, t: Dict[str, torch.Tensor]) -> Any:
@@ -272,10 +292,23 @@ class ContainerRing(ContainerStoreBase):
         acls, adebug = self.types['actions']
         actions = acls(t['actions'], debug=adebug)
         if name == 'Transitions':
-            return self.cls(env=self.env, states=states('states'), actions=actions, is_terminating=t['is_terminating'],
-                            next_states=states('next_states'), is_backward=self.is_backward, log_rewards=r)
-        return self.cls(env=self.env, states=states('states'), actions=actions, terminating_idx=t['terminating_idx'],
-                        is_backward=self.is_backward, log_rewards=r)
+            return self.cls(
+                env=self.env,
+                states=states('states'),
+                actions=actions,
+                is_terminating=t['is_terminating'],
+                next_states=states('next_states'),
+                is_backward=self.is_backward,
+                log_rewards=r,
+            )
+        return self.cls(
+            env=self.env,
+            states=states('states'),
+            actions=actions,
+            terminating_idx=t['terminating_idx'],
+            is_backward=self.is_backward,
+            log_rewards=r,
+        )
 
     def clear(self) -> None:
         self.end = 0  # the tensors stay; slots are simply overwritten later
@@ -284,8 +317,11 @@ class ContainerRing(ContainerStoreBase):
         """Hold a restored ``container``: its item ``i`` at ``slots[i]``."""
         n = len(container)
         if n:
-            self.write(np.asarray(slots, dtype=np.int64), GFNBatch(container, n, np.empty(0), None),
-                       np.arange(n, dtype=np.int64))
+            self.write(
+                np.asarray(slots, dtype=np.int64),
+                GFNBatch(container, n, np.empty(0), None),
+                np.arange(n, dtype=np.int64),
+            )
         else:
             self._adopt(container)
 

@@ -1,6 +1,7 @@
 """``GFlowNetState``: how a GFlowNet buffer saves and restores itself (contents in insertion order, settings,
 counters, the engine's counters and limiter, use counts), all or nothing: every part is rebuilt and validated
 before anything is swapped in. A mixin of ``GFlowNetReplayBuffer`` (it reads the buffer's parts)."""
+
 import copy
 from typing import Any, Dict, Optional
 
@@ -18,12 +19,21 @@ from .gfn_ring import container_store
 # batches, torchgfn containers; files of layout 1 hold items at slots 0..n-1).
 LAYOUT = 2
 # Keys that describe what is stored; they travel with a save and are restored by ``load_data``.
-SETTINGS = ('replay_buffer_size', 'prioritized_capacity', 'prioritized_sampling', 'sample_replacement', 'lazy_sort',
-            'state_key', 'log_reward_key', 'condition_key', 'cutoff_distance', 'p_norm_distance')
+SETTINGS = (
+    'replay_buffer_size',
+    'prioritized_capacity',
+    'prioritized_sampling',
+    'sample_replacement',
+    'lazy_sort',
+    'state_key',
+    'log_reward_key',
+    'condition_key',
+    'cutoff_distance',
+    'p_norm_distance',
+)
 
 
 class GFlowNetState:
-
     def _state(self) -> Dict[str, Any]:
         settings = {k: copy.deepcopy(self._cfg[k]) for k in SETTINGS if k in self._cfg}
         engine = self._engine_state()
@@ -86,7 +96,7 @@ class GFlowNetState:
         if state.get('use') is None:
             return UseCounts(physical)
         saved = np.asarray(state['use'])
-        if saved.shape != (n, ) or (n and (saved.dtype.kind not in 'iu' or saved.min() < 0)):
+        if saved.shape != (n,) or (n and (saved.dtype.kind not in 'iu' or saved.min() < 0)):
             raise ValueError(f"saved 'use' must be {n} ints >= 0, got shape {saved.shape}")
         return UseCounts.placed(physical, self._restored_slots(state, n), saved)
 
@@ -102,7 +112,7 @@ class GFlowNetState:
         n = len(r)
         if len(seq) != n or n > (2 if self._cfg.lazy_sort else 1) * self.capacity:
             raise ValueError(f"saved index holds {n} items for capacity {self.capacity}")
-        if not 0 <= int(saved['next_seq']) < 2 ** 62:
+        if not 0 <= int(saved['next_seq']) < 2**62:
             raise ValueError(f"saved next_seq {saved['next_seq']!r:.30} is not an id counter (0 <= next_seq < 2**62)")
         if len(np.unique(seq)) != n or (n and (seq.min() < 0 or seq.max() >= int(saved['next_seq']))):
             raise ValueError("saved sequence numbers are not unique ids below next_seq")
@@ -126,8 +136,13 @@ class GFlowNetState:
             raise ValueError(f"unknown saved store kind {kind!r}")
         index, states = self._parts_for(store)  # swapped in by the caller only when everything succeeded
         # validates the saved layout before any data is written
-        index, slots = index.restored(r, seq, int(saved['next_seq']), state.get('slots') if store.reuses_slots else None,
-                                      state.get('free') if store.reuses_slots else None)
+        index, slots = index.restored(
+            r,
+            seq,
+            int(saved['next_seq']),
+            state.get('slots') if store.reuses_slots else None,
+            state.get('free') if store.reuses_slots else None,
+        )
         if kind == ColumnStore.kind:
             store = store.restored(state['store'], n, slots)
         elif container is not None:

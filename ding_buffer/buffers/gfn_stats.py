@@ -1,6 +1,7 @@
 """``GFlowNetStats``: the numbers a GFlowNet buffer reports -- ``stats()`` (log-reward summary, unique terminating
 states, the filter's rejection rates, counters) and, every ``monitor.log_every`` pushes, the TensorBoard scalars
 computed under the lock and written after it. A mixin of ``GFlowNetReplayBuffer`` (it reads the buffer's parts)."""
+
 from typing import Dict
 
 import numpy as np
@@ -13,7 +14,6 @@ _STAT_TAGS = ('size', 'log_reward_min', 'log_reward_mean', 'log_reward_max', 'un
 
 
 class GFlowNetStats:
-
     def stats(self) -> Dict[str, float]:
         """
         Overview:
@@ -74,7 +74,12 @@ class GFlowNetStats:
     # ------------------------------------------------------------------ stats / monitoring
 
     def __repr__(self) -> str:
-        kind = 'empty' if self._store is None else (
-            self._store.cls.__name__ if isinstance(self._store, ContainerStoreBase) else 'dict batches')
-        return (f"{self.__class__.__name__}(instance_name={self._instance_name!r}, count={self.count()}, "
-                f"replay_buffer_size={self.capacity}, holding {kind})")
+        kind = (
+            'empty'
+            if self._store is None
+            else (self._store.cls.__name__ if isinstance(self._store, ContainerStoreBase) else 'dict batches')
+        )
+        return (
+            f"{self.__class__.__name__}(instance_name={self._instance_name!r}, count={self.count()}, "
+            f"replay_buffer_size={self.capacity}, holding {kind})"
+        )

@@ -1,5 +1,6 @@
 """The GFlowNet buffers built on ``GFlowNetReplayBuffer``: ``gfn_diverse`` (keep-best plus the diversity filter
 as an admission rule) and ``terminating_state`` (only terminating states and their log-rewards)."""
+
 from typing import Any, Optional, Tuple
 
 import numpy as np
@@ -22,6 +23,7 @@ class DiverseGFlowNetReplayBuffer(GFlowNetReplayBuffer):
         (state and condition concatenated; ``cutoff_distance = 0`` rejects exact duplicates). Survivors displace
         the lowest rewards. Capacity is always reward-prioritized.
     """
+
     diverse = True
     config = dict(
         GFlowNetReplayBuffer.config,
@@ -60,8 +62,14 @@ class DiverseGFlowNetReplayBuffer(GFlowNetReplayBuffer):
         c['rejected_by_reward'] += int((~ok).sum())
         order = order[ok]
         if self._cfg.cutoff_distance >= 0 and len(order):
-            keep = diverse_mask(batch.rows[order], None if hashes is None else hashes[order], self._states, live,
-                                float(self._cfg.cutoff_distance), float(self._cfg.p_norm_distance))
+            keep = diverse_mask(
+                batch.rows[order],
+                None if hashes is None else hashes[order],
+                self._states,
+                live,
+                float(self._cfg.cutoff_distance),
+                float(self._cfg.p_norm_distance),
+            )
             c['rejected_by_distance'] += int((~keep).sum())
             order = order[keep]
         return order, hashes
@@ -77,6 +85,7 @@ class TerminatingStateBuffer(GFlowNetReplayBuffer):
         ``StatesContainer`` input only the terminating rows' rewards are kept, where torchgfn mismatches them);
         another Container becomes a dict batch. Sampling returns that kind.
     """
+
     config = dict(GFlowNetReplayBuffer.config, type='terminating_state')
 
     def _convert(self, data: Any) -> Any:
@@ -90,8 +99,13 @@ class TerminatingStateBuffer(GFlowNetReplayBuffer):
             return data  # rejected with a clear message by push
         mask = getattr(data, 'is_terminating', None)
         torchgfn = type(data).__module__.startswith('gfn.')
-        if torchgfn and type(data).__name__ == 'StatesContainer' and isinstance(mask, torch.Tensor) and \
-                mask.dtype == torch.bool and bool(mask.all()):
+        if (
+            torchgfn
+            and type(data).__name__ == 'StatesContainer'
+            and isinstance(mask, torch.Tensor)
+            and mask.dtype == torch.bool
+            and bool(mask.all())
+        ):
             r = data.log_rewards
             if hasattr(data, 'env') and (r is None or len(r) == len(mask)):
                 return data  # already what is stored: every row terminating, one reward per row (no new container)
@@ -106,10 +120,14 @@ class TerminatingStateBuffer(GFlowNetReplayBuffer):
             r = r[mask]
         if torchgfn and hasattr(data, 'env'):
             from gfn.containers import StatesContainer
+
             env = data.env
-            return StatesContainer(env=env, states=states,
-                                   is_terminating=torch.ones(n, dtype=torch.bool, device=states.device),
-                                   log_rewards=r)
+            return StatesContainer(
+                env=env,
+                states=states,
+                is_terminating=torch.ones(n, dtype=torch.bool, device=states.device),
+                log_rewards=r,
+            )
         if r is None:
             raise ValueError("terminating_state needs log_rewards on the container")
         tensor = states if isinstance(states, torch.Tensor) else getattr(states, 'tensor', None)

@@ -1,6 +1,7 @@
 """``NaiveReplayBuffer`` (``type='naive'``): FIFO ring, uniform sampling, DI-engine semantics -- plus any of the
 engine's parts by config: ``max_use`` (DI-engine's impala configs set it on a naive buffer), ``max_staleness``,
 ``thruput_controller``, a ``sampler`` of your own and ``removers``."""
+
 from typing import Any, Dict, List, Optional
 
 from ..base import BUFFER_REGISTRY
@@ -56,6 +57,7 @@ class NaiveReplayBuffer(SlotEngine):
     Thread-safety: every public method holds the buffer's lock.
     Complexity: push O(n), sample O(batch) (with or without replacement), clear O(capacity).
     """
+
     config = NAIVE_CONFIG
     checks = NAIVE_CHECKS
     ignored_keys = dingengine_ignored(NAIVE_CONFIG, 'naive')
@@ -69,7 +71,9 @@ class NaiveReplayBuffer(SlotEngine):
         self._build_engine(cfg.replay_buffer_size)
         self._build_monitors(False, cfg.periodic_thruput_seconds)
         # No part to tell about a single push (no rate limit, use counts or report): the storage's fast path alone
-        self._lean = not self._limiter.active and self._uses is None and self._periodic is None and self._remover is None
+        self._lean = (
+            not self._limiter.active and self._uses is None and self._periodic is None and self._remover is None
+        )
         self._own_sampler = type(self._sampler) is not UniformSampler  # its answers are checked
 
     # ------------------------------------------------------------------ push
@@ -101,12 +105,12 @@ class NaiveReplayBuffer(SlotEngine):
 
     # ------------------------------------------------------------------ sample
     def sample(
-            self,
-            size: int,
-            cur_learner_iter: int = -1,
-            sample_range: Optional[slice] = None,
-            replace: bool = False,
-            timeout: Optional[float] = None,
+        self,
+        size: int,
+        cur_learner_iter: int = -1,
+        sample_range: Optional[slice] = None,
+        replace: bool = False,
+        timeout: Optional[float] = None,
     ) -> Optional[Any]:
         """
         Overview:
@@ -127,8 +131,13 @@ class NaiveReplayBuffer(SlotEngine):
         self._check_range(sample_range)
         if type(replace) is not bool:
             raise TypeError(f"replace must be a bool, got {type(replace).__name__} {replace!r:.40}")
-        return self._sample_flow(size, cur_learner_iter, timeout, lambda: self._draw(size, sample_range, replace),
-                                 lambda: self._shortfall(size, sample_range, replace)[0])
+        return self._sample_flow(
+            size,
+            cur_learner_iter,
+            timeout,
+            lambda: self._draw(size, sample_range, replace),
+            lambda: self._shortfall(size, sample_range, replace)[0],
+        )
 
     def _shortfall(self, size: int, sample_range: Optional[slice], replace: bool):
         """(why ``size`` items cannot be drawn now or '', the candidate insertion positions)."""

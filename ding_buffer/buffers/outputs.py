@@ -2,6 +2,7 @@
 DI-engine keys ``replay_unique_id`` (``f"{instance_name}_{id}"``) and ``replay_buffer_idx`` plus per-item extras
 (``priority``, ``IS``, ``staleness``, ``use``, ...). A stored TensorDict leaves as a TensorDict copy (numbers
 as 0-d tensors, the id as ``NonTensorData``)."""
+
 import copy
 from typing import Any, Dict, List, Optional
 
@@ -11,8 +12,14 @@ import torch
 from ..storage.tensordict_io import is_tensordict
 
 
-def with_extras(storage: Any, slots: np.ndarray, extras: Dict[str, np.ndarray], instance_name: str, deep: bool,
-                ids: Optional[np.ndarray] = None) -> Any:
+def with_extras(
+    storage: Any,
+    slots: np.ndarray,
+    extras: Dict[str, np.ndarray],
+    instance_name: str,
+    deep: bool,
+    ids: Optional[np.ndarray] = None,
+) -> Any:
     """The drawn items of a slot storage plus per-item ``extras``: one dict of batched tensors on tensor storage
     (extras as float32 for float arrays, else as they are), new dicts with Python numbers on list storage.
     ``ids``: the items' unique ids when the caller has them (else read from the ring)."""
@@ -26,12 +33,14 @@ def with_extras(storage: Any, slots: np.ndarray, extras: Dict[str, np.ndarray], 
             t = torch.from_numpy(col)
             out[key] = t if on_cpu else t.to(dev)
         return out
-    return prioritized_items(storage.gather(slots), instance_name, storage.ring.uids(slots) if ids is None else ids,
-                             slots, extras, deep)
+    return prioritized_items(
+        storage.gather(slots), instance_name, storage.ring.uids(slots) if ids is None else ids, slots, extras, deep
+    )
 
 
-def prioritized_items(items: List[Any], instance_name: str, ids: np.ndarray, slots: np.ndarray,
-                      extras: Dict[str, np.ndarray], deep: bool) -> List[Dict[str, Any]]:
+def prioritized_items(
+    items: List[Any], instance_name: str, ids: np.ndarray, slots: np.ndarray, extras: Dict[str, np.ndarray], deep: bool
+) -> List[Dict[str, Any]]:
     """One new dict per drawn item (a deep copy when ``deep``); ``extras`` arrays become Python numbers."""
     ids_l, slots_l = ids.tolist(), np.asarray(slots).tolist()
     cols = {k: v.tolist() for k, v in extras.items()}

@@ -15,6 +15,7 @@ first steps) with either
 An entry applies only where its transition still holds that id (the identity check of ``advanced``); the
 others are counted as stale -- per window in the first form, per step in the second. All or nothing.
 """
+
 from typing import Any, Dict, Mapping, Optional
 
 import numpy as np
@@ -30,8 +31,10 @@ class PrioritizedWindows:
 
     def __init__(self, spec: PrioritizedSpec, store: Any, pad: bool, instance_name: str) -> None:
         if spec.unroll_len is None:
-            raise ValueError("config key 'sampler.unroll_len' must be set for sampler.type='prioritized' on the "
-                             "episode buffer (the window length priorities are kept for)")
+            raise ValueError(
+                "config key 'sampler.unroll_len' must be set for sampler.type='prioritized' on the "
+                "episode buffer (the window length priorities are kept for)"
+            )
         self.spec = spec
         self.unroll_len = spec.unroll_len
         self.beta = BetaSchedule(spec.beta, spec.anneal_step)
@@ -49,8 +52,10 @@ class PrioritizedWindows:
         if not self.store.transitions:
             return 'buffer is empty'
         if not self.windows.index.tree.total() > 0:
-            return (f'no window of {self.unroll_len} steps has a priority > 0 (shorter episodes give none unless '
-                    f"'pad_short_episodes')")
+            return (
+                f'no window of {self.unroll_len} steps has a priority > 0 (shorter episodes give none unless '
+                f"'pad_short_episodes')"
+            )
         return ''
 
     def draw(self, rng: np.random.Generator, size: int) -> Optional[Dict[str, Any]]:
@@ -70,11 +75,17 @@ class PrioritizedWindows:
     def check_args(self, sample_range: Any, replace: Any, unroll_len: Any, pad: Any) -> None:
         """``sample`` arguments prioritized windows cannot honour are refused (``ValueError``)."""
         t = self.unroll_len
-        for name, value, ok in (('sample_range', sample_range, sample_range is None), ('replace', replace, replace in (None, True)),
-                                ('unroll_len', unroll_len, unroll_len in (None, t)), ('pad', pad, pad is None)):
+        for name, value, ok in (
+            ('sample_range', sample_range, sample_range is None),
+            ('replace', replace, replace in (None, True)),
+            ('unroll_len', unroll_len, unroll_len in (None, t)),
+            ('pad', pad, pad is None),
+        ):
             if not ok:
-                raise ValueError(f"{name}={value!r} is not supported by prioritized windows (sampler.unroll_len={t}, "
-                                 f"drawn with replacement; pad comes from 'pad_short_episodes')")
+                raise ValueError(
+                    f"{name}={value!r} is not supported by prioritized windows (sampler.unroll_len={t}, "
+                    f"drawn with replacement; pad comes from 'pad_short_episodes')"
+                )
 
     def episodes_of(self, out: Dict[str, Any]) -> np.ndarray:
         return out['episode_idx'].cpu().numpy()
@@ -99,8 +110,11 @@ class PrioritizedWindows:
                 raise ValueError(f"per-step 'priority' has shape {prio.shape}, 'replay_buffer_idx' {idx.shape}")
             keep = idx.reshape(-1) != -1  # padding
             prio, idx, ids_arr = prio.reshape(-1)[keep], idx.reshape(-1)[keep], ids_arr.reshape(-1)[keep]
-        parsed = parse_update({'priority': prio, 'replay_buffer_idx': idx, 'replay_unique_id': ids_arr},
-                              self.instance_name, self.store.max_transitions)
+        parsed = parse_update(
+            {'priority': prio, 'replay_buffer_idx': idx, 'replay_unique_id': ids_arr},
+            self.instance_name,
+            self.store.max_transitions,
+        )
         return {'parsed': parsed, 'per_window': per_window}
 
     def apply(self, plan: Dict[str, Any]) -> Dict[str, int]:

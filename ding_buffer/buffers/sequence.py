@@ -12,6 +12,7 @@ Output: list storage -> a list of ``batch`` lists of ``sequence`` items; tensor 
 ``[batch, sequence, ...]`` tensors (with ``replay_buffer_idx`` / ``replay_unique_id`` of shape ``[B, T]``).
 Use counts, ``max_use`` and the sampled-item counters count every item of every run.
 """
+
 from typing import Any, Optional
 
 import numpy as np
@@ -34,19 +35,20 @@ class SequenceReplayBuffer(NaiveReplayBuffer):
         the naive buffer's, with ``sample(batch, sequence, cur_learner_iter=-1, sample_range=None,
         replace=False, timeout=None)``.
     """
+
     config = SEQUENCE_CONFIG
     checks = NAIVE_CHECKS
     ignored_keys = dingengine_ignored(SEQUENCE_CONFIG, 'sequence')
     not_distributable = "a remote sample has no 'sequence' argument; use type 'episode' (windows) with a manager"
 
     def sample(  # type: ignore[override]
-            self,
-            batch: int,
-            sequence: int,
-            cur_learner_iter: int = -1,
-            sample_range: Optional[slice] = None,
-            replace: bool = False,
-            timeout: Optional[float] = None,
+        self,
+        batch: int,
+        sequence: int,
+        cur_learner_iter: int = -1,
+        sample_range: Optional[slice] = None,
+        replace: bool = False,
+        timeout: Optional[float] = None,
     ) -> Optional[Any]:
         """
         Overview:
@@ -71,9 +73,13 @@ class SequenceReplayBuffer(NaiveReplayBuffer):
         if type(replace) is not bool:
             raise TypeError(f"replace must be a bool, got {type(replace).__name__} {replace!r:.40}")
         batch, sequence = int(batch), int(sequence)
-        return self._sample_flow(batch * sequence, cur_learner_iter, timeout,
-                                 lambda: self._draw_runs(batch, sequence, sample_range, replace),
-                                 lambda: self._run_shortfall(batch, sequence, sample_range, replace)[0])
+        return self._sample_flow(
+            batch * sequence,
+            cur_learner_iter,
+            timeout,
+            lambda: self._draw_runs(batch, sequence, sample_range, replace),
+            lambda: self._run_shortfall(batch, sequence, sample_range, replace)[0],
+        )
 
     def _run_shortfall(self, batch: int, sequence: int, sample_range: Optional[slice], replace: bool):
         """(why the runs cannot be drawn now or '', the insertion positions where a run may start)."""
@@ -99,8 +105,8 @@ class SequenceReplayBuffer(NaiveReplayBuffer):
             return np.arange(positions.start, last + 1, dtype=np.int64)
         pos = np.arange(positions.start, positions.start + len(positions), dtype=np.int64)
         uids = np.asarray(self._storage.ring.uids(self._storage.ring.slots_of_positions(pos)), dtype=np.int64)
-        ok = uids[sequence - 1:] - uids[:len(uids) - sequence + 1] == sequence - 1
-        return pos[:len(ok)][ok]
+        ok = uids[sequence - 1 :] - uids[: len(uids) - sequence + 1] == sequence - 1
+        return pos[: len(ok)][ok]
 
     def _draw_runs(self, batch: int, sequence: int, sample_range: Optional[slice], replace: bool) -> Optional[Any]:
         why, candidates = self._run_shortfall(batch, sequence, sample_range, replace)
@@ -117,7 +123,7 @@ class SequenceReplayBuffer(NaiveReplayBuffer):
         slots = self._storage.ring.slots_of_positions(runs.reshape(-1))
         if self._storage.kind == 'list':
             items = self._copy_out(self._storage.gather(slots))
-            out = [items[i * sequence:(i + 1) * sequence] for i in range(batch)]
+            out = [items[i * sequence : (i + 1) * sequence] for i in range(batch)]
         else:
             out = self._storage.gather(slots.reshape(batch, sequence))
         self._drawn(slots, batch * sequence)  # after the gather: max_use may remove what was drawn

@@ -2,6 +2,7 @@
 ``advanced``. It owns the table verbs the parts read (``oldest``, ``collect_iter``, ``count``), writing a batch or
 one item (the single-push hot path) and removing slots; a prioritized preset adds its priority index through two
 hooks, ``_on_written`` and ``_on_removed``, instead of copying the write path."""
+
 from typing import Any, Dict, List, Optional
 
 import numpy as np

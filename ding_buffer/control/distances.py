@@ -11,6 +11,7 @@ are scanned with an early exit: the partial sum only grows, so a pair is known t
 ``cutoff ** p`` (usually after a few columns), and a query stops at its first close neighbour. Compiled with
 numba when installed; the numpy fallback makes the same decisions.
 """
+
 from typing import Optional
 
 import numpy as np
@@ -35,7 +36,7 @@ def _close(q, i, refs, r, cutoff, p, exit_sum):
             if diff > s:
                 s = diff
         else:
-            s += diff ** p
+            s += diff**p
         if s > exit_sum:  # the partial sum only grows: certainly far
             return False
     if p == 1.0 or p == _INF_P:
@@ -112,7 +113,7 @@ def pnorm_distances(a: np.ndarray, b: np.ndarray, p: float) -> np.ndarray:
     diff = np.abs(a[:, None, :] - b[None, :, :])
     if np.isinf(p):
         return diff.max(axis=2) if diff.shape[2] else np.zeros(diff.shape[:2])
-    return (diff ** p).sum(axis=2) ** (1.0 / p)
+    return (diff**p).sum(axis=2) ** (1.0 / p)
 
 
 def choose_pivots(rows: np.ndarray, p: float, k: int = N_PIVOTS) -> np.ndarray:
@@ -131,10 +132,10 @@ def _exit_sum(cutoff: float, p: float) -> float:
     if p == 1.0 or np.isinf(p):
         return cutoff
     if p == 2.0:
-        return cutoff * cutoff * (1.0 + 2.0 ** -50)
+        return cutoff * cutoff * (1.0 + 2.0**-50)
     if p < 1.0:
         return float('inf')  # s ** (1/p) can underflow for tiny s: always finish the sum
-    return cutoff ** p * (1.0 + 1e-12)
+    return cutoff**p * (1.0 + 1e-12)
 
 
 def _far_numpy(q, refs, ref_slots, cutoff, p, triangular):
@@ -143,7 +144,7 @@ def _far_numpy(q, refs, ref_slots, cutoff, p, triangular):
     chunk = max(1, (1 << 21) // max(1, len(q)))
     n_refs = len(ref_slots)
     for start in range(0, n_refs, chunk):
-        sl = ref_slots[start:start + chunk]
+        sl = ref_slots[start : start + chunk]
         block = refs[sl]
         s = np.zeros((len(q), len(sl)))
         for j in range(q.shape[1]):
@@ -155,7 +156,7 @@ def _far_numpy(q, refs, ref_slots, cutoff, p, triangular):
             elif np.isinf(p):
                 np.maximum(s, diff, out=s)
             else:
-                s += diff ** p
+                s += diff**p
         if p == 1.0 or np.isinf(p):
             dist = s
         elif p == 2.0:
@@ -164,7 +165,7 @@ def _far_numpy(q, refs, ref_slots, cutoff, p, triangular):
             dist = s ** (1.0 / p)
         close = ~(dist > cutoff)
         if triangular:
-            close &= (np.arange(start, start + len(sl))[None, :] < np.arange(len(q))[:, None])
+            close &= np.arange(start, start + len(sl))[None, :] < np.arange(len(q))[:, None]
         out &= ~close.any(axis=1)
     return out
 
@@ -175,9 +176,17 @@ def _lb_cut(cutoff: float, *dists: np.ndarray) -> float:
     return cutoff + 1e-9 * scale
 
 
-def far_mask(queries: np.ndarray, refs: np.ndarray, ref_slots: Optional[np.ndarray], cutoff: float, p: float,
-             triangular: bool = False, q_pivot: Optional[np.ndarray] = None,
-             ref_pivot: Optional[np.ndarray] = None, ref_sqnorm: Optional[np.ndarray] = None) -> np.ndarray:
+def far_mask(
+    queries: np.ndarray,
+    refs: np.ndarray,
+    ref_slots: Optional[np.ndarray],
+    cutoff: float,
+    p: float,
+    triangular: bool = False,
+    q_pivot: Optional[np.ndarray] = None,
+    ref_pivot: Optional[np.ndarray] = None,
+    ref_sqnorm: Optional[np.ndarray] = None,
+) -> np.ndarray:
     """
     Overview:
         ``mask[i]`` is True iff every reference is at p-norm distance ``> cutoff`` from ``queries[i]``.
@@ -212,8 +221,20 @@ def far_mask(queries: np.ndarray, refs: np.ndarray, ref_slots: Optional[np.ndarr
         gram = queries @ refs64.T
         qn = np.einsum('ij,ij->i', queries, queries)
         tol = (queries.shape[1] + 8) * 4.0 * np.finfo(np.float64).eps
-        _far_gram_kernel(queries, refs64, ref_slots, gram, qn, np.ascontiguousarray(ref_sqnorm), cutoff,
-                         cutoff * cutoff, tol, code, _exit_sum(cutoff, p), out)
+        _far_gram_kernel(
+            queries,
+            refs64,
+            ref_slots,
+            gram,
+            qn,
+            np.ascontiguousarray(ref_sqnorm),
+            cutoff,
+            cutoff * cutoff,
+            tol,
+            code,
+            _exit_sum(cutoff, p),
+            out,
+        )
         return out
     if pivots:
         keys_all = ref_pivot[ref_slots, 0]
@@ -223,6 +244,18 @@ def far_mask(queries: np.ndarray, refs: np.ndarray, ref_slots: Optional[np.ndarr
         lb_cut = _lb_cut(cutoff, dq, keys)
     else:
         order, keys, drefs, lb_cut = ref_slots, np.zeros(0), np.zeros((1, 1)), np.inf
-    _far_kernel(queries, dq, np.ascontiguousarray(refs, dtype=np.float64), drefs, order, keys, cutoff, lb_cut, code,
-                _exit_sum(cutoff, p), pivots, out)
+    _far_kernel(
+        queries,
+        dq,
+        np.ascontiguousarray(refs, dtype=np.float64),
+        drefs,
+        order,
+        keys,
+        cutoff,
+        lb_cut,
+        code,
+        _exit_sum(cutoff, p),
+        pivots,
+        out,
+    )
     return out

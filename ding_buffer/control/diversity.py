@@ -11,6 +11,7 @@ Speed: torchgfn builds the full ``batch x buffer`` distance matrix (``torch.cdis
   comparison on every hash hit, so a 64-bit collision can never reject a new state;
 * ``cutoff > 0`` scans pairs with an early exit and pivot pruning (``distances.far_mask``).
 """
+
 from typing import Dict, List, Optional, Tuple
 
 import numpy as np
@@ -18,11 +19,10 @@ import numpy as np
 from .._numba import HAVE_NUMBA  # noqa: F401 (re-exported)
 from .distances import N_PIVOTS, _far_numpy, choose_pivots, far_mask, pnorm_distances  # noqa: F401 (re-exported)
 
-
 # ---------------------------------------------------------------------------------------------------- hashing
-_M1 = np.uint64(0xbf58476d1ce4e5b9)
-_M2 = np.uint64(0x94d049bb133111eb)
-_GOLDEN = np.uint64(0x9e3779b97f4a7c15)
+_M1 = np.uint64(0xBF58476D1CE4E5B9)
+_M2 = np.uint64(0x94D049BB133111EB)
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 
 
 def _mix(z: np.ndarray) -> np.ndarray:
@@ -62,6 +62,7 @@ class StateSet:
         hash -> slots index is kept: O(n) dict operations per add / remove, and ``unique`` is its size.
     Not thread-safe (the buffer's lock serialises calls).
     """
+
     PENDING = 4096  # rows waiting to be hashed, at most (bounds their memory)
 
     def __init__(self, physical: int, keep_rows: bool, p: float = 1.0) -> None:
@@ -248,8 +249,9 @@ def first_occurrences(rows: np.ndarray, hashes: np.ndarray) -> np.ndarray:
     return out
 
 
-def diverse_mask(rows: np.ndarray, hashes: np.ndarray, stored: StateSet, stored_slots: np.ndarray, cutoff: float,
-                 p: float):
+def diverse_mask(
+    rows: np.ndarray, hashes: np.ndarray, stored: StateSet, stored_slots: np.ndarray, cutoff: float, p: float
+):
     """
     Overview:
         torchgfn's two-stage filter on a batch already sorted by reward (descending). Stage 1 keeps item ``i``
@@ -268,7 +270,15 @@ def diverse_mask(rows: np.ndarray, hashes: np.ndarray, stored: StateSet, stored_
     keep = far_mask(rows, rows, None, cutoff, p, triangular=True, q_pivot=dq)
     idx = np.flatnonzero(keep)
     if len(idx) and len(stored_slots):
-        far = far_mask(rows[idx], stored.rows, stored_slots, cutoff, p, q_pivot=None if dq is None else dq[idx],
-                       ref_pivot=stored.pdist, ref_sqnorm=stored.sqnorm)
+        far = far_mask(
+            rows[idx],
+            stored.rows,
+            stored_slots,
+            cutoff,
+            p,
+            q_pivot=None if dq is None else dq[idx],
+            ref_pivot=stored.pdist,
+            ref_sqnorm=stored.sqnorm,
+        )
         keep[idx[~far]] = False
     return keep

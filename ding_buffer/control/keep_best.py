@@ -21,6 +21,7 @@ Complexity: a prioritized push that truncates costs O(slots) (one ``np.partition
 per ``capacity`` items; a FIFO one O(evicted) (an insertion-order queue: ``_fifo_truncate``); sampling
 O(slots + n log n), uniform sampling of a full eager buffer O(n). Not thread-safe: the buffer's lock serialises calls.
 """
+
 from typing import Any, Optional, Tuple
 
 import numpy as np
@@ -29,7 +30,6 @@ from ..sampling import uniform_indices
 
 
 class RewardIndex:
-
     def __init__(self, capacity: int, physical: int, prioritized: bool, lazy: bool, reuse_slots: bool) -> None:
         self.capacity = capacity
         self.reuse_slots = reuse_slots  # True: evicted slots are reused; False: append-only, compacted by the owner
@@ -90,7 +90,7 @@ class RewardIndex:
         else:
             drop = np.zeros(len(seq), dtype=bool)
             drop[np.argpartition(seq, k - 1)[:k]] = True
-        return ~drop[len(slots):], slots[drop[:len(slots)]]
+        return ~drop[len(slots) :], slots[drop[: len(slots)]]
 
     def _fifo_truncate(self, n: int, k: int) -> Tuple[np.ndarray, np.ndarray]:
         """FIFO: ``_truncate`` from insertion order, O(k): incoming items are newer than every stored one, so the
@@ -98,7 +98,7 @@ class RewardIndex:
         gone = min(k, self.count)
         keep_new = np.ones(n, dtype=bool)
         if k > gone:
-            keep_new[:k - gone] = False
+            keep_new[: k - gone] = False
         out = self._oldest_live(gone)
         out.sort()
         return keep_new, out
@@ -130,8 +130,8 @@ class RewardIndex:
                 self._q_seq = np.empty(size, dtype=np.int64)
             self._q_slot[:m], self._q_seq[:m] = qs, qq
             self._head, self._tail = 0, m
-        self._q_slot[self._tail:self._tail + n] = slots
-        self._q_seq[self._tail:self._tail + n] = seq
+        self._q_slot[self._tail : self._tail + n] = slots
+        self._q_seq[self._tail : self._tail + n] = seq
         self._tail += n
 
     def _purge(self, m: int) -> None:
@@ -140,7 +140,7 @@ class RewardIndex:
         h = self._head
         if m <= 0 or h >= self._tail:
             return
-        live = self.seq[self._q_slot[h:h + m]] == self._q_seq[h:h + m]
+        live = self.seq[self._q_slot[h : h + m]] == self._q_seq[h : h + m]
         self._head = h + (int(np.argmax(live)) if live.any() else len(live))
 
     def _oldest_live(self, k: int) -> np.ndarray:
@@ -149,8 +149,8 @@ class RewardIndex:
         if k <= 0:
             return np.empty(0, dtype=np.int64)
         h = self._head
-        qs = self._q_slot[h:h + k]
-        if len(qs) == k and (self.seq[qs] == self._q_seq[h:h + k]).all():  # the common case: no dead entries
+        qs = self._q_slot[h : h + k]
+        if len(qs) == k and (self.seq[qs] == self._q_seq[h : h + k]).all():  # the common case: no dead entries
             return qs.copy()
         out = []
         got, pos, width = 0, self._head, k
@@ -161,7 +161,7 @@ class RewardIndex:
             if pos == self._head and not live[0]:  # purge the dead prefix (it never becomes live again)
                 first = int(np.argmax(live)) if live.any() else len(live)
                 self._head += first
-            take = qs[live][:k - got]
+            take = qs[live][: k - got]
             out.append(take)
             got += len(take)
             pos, width = end, 2 * width
@@ -192,7 +192,7 @@ class RewardIndex:
         """Reuse mode: ``n`` free slots (the caller commits them with ``store``)."""
         if n > self._n_free:
             raise RuntimeError(f"no room for {n} items ({self._n_free} free slots)")
-        return self._free[self._n_free - n:self._n_free][::-1].copy()
+        return self._free[self._n_free - n : self._n_free][::-1].copy()
 
     def append_slots(self, n: int) -> np.ndarray:
         """Append mode: the next ``n`` never-used slots, growing the arrays when needed."""
@@ -210,7 +210,7 @@ class RewardIndex:
             for name in ('_q_slot', '_q_seq'):
                 q = getattr(self, name)
                 new = np.empty(max(2 * physical, 2 * m), dtype=np.int64)
-                new[:m] = q[self._head:self._tail]
+                new[:m] = q[self._head : self._tail]
                 setattr(self, name, new)
             self._head, self._tail = 0, m
 
@@ -233,7 +233,7 @@ class RewardIndex:
         self.count -= len(slots)
         self._purge(len(slots))
         if self.reuse_slots:
-            self._free[self._n_free:self._n_free + len(slots)] = slots
+            self._free[self._n_free : self._n_free + len(slots)] = slots
             self._n_free += len(slots)
 
     def compact(self, keep: np.ndarray) -> None:
@@ -268,8 +268,14 @@ class RewardIndex:
         self._free = np.arange(self.physical - 1, -1, -1, dtype=np.int64)
         self._n_free = self.physical - used
 
-    def restored(self, log_reward: np.ndarray, seq: np.ndarray, next_seq: int, slots: Optional[np.ndarray] = None,
-                 free: Optional[np.ndarray] = None) -> Tuple['RewardIndex', np.ndarray]:
+    def restored(
+        self,
+        log_reward: np.ndarray,
+        seq: np.ndarray,
+        next_seq: int,
+        slots: Optional[np.ndarray] = None,
+        free: Optional[np.ndarray] = None,
+    ) -> Tuple['RewardIndex', np.ndarray]:
         """
         Overview:
             A new index like this one holding these items (a restored save) at ``slots`` (default ``0..n-1``)
@@ -285,8 +291,11 @@ class RewardIndex:
             free = _slot_array(free, 'free')
             taken = np.zeros(self.physical, dtype=bool)
             taken[slots] = True
-            if len(free) != self.physical - n or len(np.unique(free)) != len(free) or \
-                    (len(free) and (free.min() < 0 or free.max() >= self.physical or taken[free].any())):
+            if (
+                len(free) != self.physical - n
+                or len(np.unique(free)) != len(free)
+                or (len(free) and (free.min() < 0 or free.max() >= self.physical or taken[free].any()))
+            ):
                 raise ValueError("saved free slots must be exactly the slots no item holds")
         new = RewardIndex(self.capacity, self.physical, self.prioritized, self.lazy, self.reuse_slots)
         new.log_reward[slots], new.seq[slots], new.alive[slots] = log_reward, seq, True
@@ -295,14 +304,14 @@ class RewardIndex:
         if new.reuse_slots:
             if free is None:
                 free = np.flatnonzero(~new.alive)[::-1]
-            new._free[:len(free)] = free
+            new._free[: len(free)] = free
             new._n_free = len(free)
         new._rebuild_order()
         return new, slots
 
     def free_state(self) -> np.ndarray:
         """The free-slot stack (reuse mode), bottom first: what ``load(..., free=)`` restores."""
-        return self._free[:self._n_free].copy()
+        return self._free[: self._n_free].copy()
 
     # ------------------------------------------------------------------ sampling
     def sample(self, rng: np.random.Generator, n: int, prioritized: bool, replace: bool) -> np.ndarray:
@@ -325,8 +334,7 @@ class RewardIndex:
             return slots[pos]
         # Gumbel-top-k: the order of r_i + Gumbel noise is successive sampling without replacement
         idx_f = np.flatnonzero(finite)
-        keys = r[idx_f] - np.log(-np.log(rng.random(len(idx_f)) + np.finfo(float).tiny)
-                                 + np.finfo(float).tiny)
+        keys = r[idx_f] - np.log(-np.log(rng.random(len(idx_f)) + np.finfo(float).tiny) + np.finfo(float).tiny)
         take = min(n, len(idx_f))
         top = np.argpartition(-keys, take - 1)[:take] if take < len(idx_f) else np.arange(len(idx_f))
         order = idx_f[top[np.argsort(-keys[top], kind='stable')]]
@@ -339,10 +347,11 @@ class RewardIndex:
     def state_dict(self, slots: np.ndarray) -> dict:
         """Rewards and ids of ``slots`` as tensors (loadable with ``weights_only=True``)."""
         import torch
+
         return {
             'log_reward': torch.from_numpy(self.log_reward[slots].copy()),
             'seq': torch.from_numpy(self.seq[slots].copy()),
-            'next_seq': int(self.next_seq)
+            'next_seq': int(self.next_seq),
         }
 
 

@@ -20,6 +20,7 @@ Pushes are never refused while the buffer holds too little to sample.
 
 Not thread-safe on its own: every verb runs under the buffer's lock (``wait`` releases it while waiting).
 """
+
 import threading
 import time
 from typing import Any, Callable, Dict, Mapping, Optional, Tuple
@@ -50,7 +51,6 @@ def limiter_checks(least: float) -> Dict[str, Tuple[Callable[[Any], bool], str]]
 
 
 class RateLimiter:
-
     def __init__(self, cfg: Mapping, lock: threading.RLock) -> None:
         self.min_ratio = float(cfg['sample_min_limit_ratio'])
         self._cfg = cfg
@@ -102,8 +102,9 @@ class RateLimiter:
         if self.active:
             self.thruput.on_sample(n)
 
-    def wait(self, why_not: Callable[[], str], timeout: Optional[float], what: str,
-             check_open: Callable[[], None]) -> str:
+    def wait(
+        self, why_not: Callable[[], str], timeout: Optional[float], what: str, check_open: Callable[[], None]
+    ) -> str:
         """
         Overview:
             Re-evaluate ``why_not()`` until it is '' or ``timeout`` seconds pass (then ``SampleTimeoutError``

@@ -16,6 +16,7 @@ oldest slots, oldest first), ``collect_iter(slots)`` (int64, ``NO_ITER`` where a
 ``UseCounts`` is the per-slot column the use rule reads (times each element was drawn).
 Not thread-safe: the buffer's lock serialises every call.
 """
+
 from typing import Any, List, Mapping, Optional
 
 import numpy as np
@@ -38,6 +39,7 @@ def limit_ok(x: Any) -> bool:
 
 class Remover:
     """The interface (every verb optional). ``name`` is the counter suffix: ``removed_by_<name>``."""
+
     name = 'rule'
 
     def before_sample(self, table: Any, cur_learner_iter: int) -> np.ndarray:
@@ -50,6 +52,7 @@ class Remover:
 @REMOVER_REGISTRY.register('max_use')
 class UseLimit(Remover):
     """Remove an element once it has been drawn ``max_use`` times (within one batch too)."""
+
     name = 'use'
 
     def __init__(self, max_use: float) -> None:
@@ -66,6 +69,7 @@ class UseLimit(Remover):
 @REMOVER_REGISTRY.register('max_staleness')
 class StalenessLimit(Remover):
     """Remove the oldest elements while ``cur_learner_iter - collect_iter >= max_staleness``."""
+
     name = 'staleness'
 
     def __init__(self, max_staleness: float) -> None:
@@ -135,7 +139,7 @@ class UseCounts:
         """Slot ``keep[i]`` becomes slot ``i``; the rest are zero."""
         moved = self.counts[keep]
         self.counts[:] = 0
-        self.counts[:len(keep)] = moved
+        self.counts[: len(keep)] = moved
 
     @classmethod
     def placed(cls, n: int, slots: np.ndarray, values: np.ndarray) -> 'UseCounts':
@@ -159,4 +163,3 @@ class UseCounts:
         new = UseCounts(len(arr))
         new.counts[:] = arr
         return new
-

@@ -1,7 +1,8 @@
 """``PriorityIndex``: per-slot priorities and the priority tree of a prioritized sampler.
 
 Per slot: the tree leaf ``priority ** alpha`` (float64; 0 for an empty or retired slot, so it is never drawn);
-use counts live in the engine's ``UseCounts`` column. The reported priority is recovered as ``leaf ** (1 / alpha)`` rounded to
+use counts live in the engine's ``UseCounts`` column. The reported priority is recovered as ``leaf ** (1 / alpha)``
+rounded to
 float32 (what a stored float32 would give; the rounding removes the last-bit error of the round trip, so
 5.0 comes back as 5.0); only ``alpha == 0`` (every leaf 1) keeps a float32 priority array.
 Memory: ~10.4 bytes per slot with the 8-ary trees (leaves 8, sum and min nodes 2 x 1.2).
@@ -11,6 +12,7 @@ tree in one compiled call. Importance weights are ``(leaf_i / leaf_min) ** (-bet
 ``w_i / w_max`` -- so equal priorities give exactly 1.0.
 Not thread-safe: the owning buffer's lock serialises every call.
 """
+
 import math
 from typing import Any, Dict, Mapping, Optional, Tuple
 
@@ -54,24 +56,29 @@ def as_priorities(values: Any, key: str = 'priority') -> np.ndarray:
             if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)):
                 raise TypeError(f"'{key}' must be real numbers; entry {i} is {type(v).__name__} {v!r:.40}")
             if isinstance(v, int) and abs(v) > MAX_PRIORITY:
-                raise ValueError(f"'{key}' must be finite in float32 (<= {MAX_PRIORITY:.4g}); entry {i} is an int "
-                                 f"of {len(str(abs(v)))} digits")
+                raise ValueError(
+                    f"'{key}' must be finite in float32 (<= {MAX_PRIORITY:.4g}); entry {i} is an int "
+                    f"of {len(str(abs(v)))} digits"
+                )
     arr = raw if type(raw) is np.ndarray else np.asarray(raw)
     if arr.dtype.kind not in 'iuf':
-        raise TypeError(f"'{key}' must be real numbers (ints / floats), got dtype {arr.dtype} ({type(values).__name__})")
+        raise TypeError(
+            f"'{key}' must be real numbers (ints / floats), got dtype {arr.dtype} ({type(values).__name__})"
+        )
     arr = arr.astype(np.float64, copy=False).reshape(-1)
     if len(arr) and arr.min() >= 0 and arr.max() <= MAX_PRIORITY:  # NaN fails the first test: two reductions
         return arr
     bad = ~(np.abs(arr) <= MAX_PRIORITY) | (arr < 0)
     if bad.any():
         i = int(np.flatnonzero(bad)[0])
-        raise ValueError(f"'{key}' must be finite in float32 (<= {MAX_PRIORITY:.4g}) and >= 0; entry {i} is {arr[i]} "
-                         f"(nothing was changed)")
+        raise ValueError(
+            f"'{key}' must be finite in float32 (<= {MAX_PRIORITY:.4g}) and >= 0; entry {i} is {arr[i]} "
+            f"(nothing was changed)"
+        )
     return arr
 
 
 class PriorityIndex:
-
     def __init__(self, capacity: int, alpha: float, eps: float = 1e-5, with_max: bool = False) -> None:
         self.capacity = capacity
         self.alpha = float(alpha)
@@ -105,12 +112,12 @@ class PriorityIndex:
         """Fresh items at ``slots``, all with ``priority`` (a batched push without priorities)."""
         if self._priority is not None:
             self._priority[slots] = priority
-        self.tree.fill(slots, priority ** self.alpha)
+        self.tree.fill(slots, priority**self.alpha)
 
     def set_new_one(self, slot: int, priority: float) -> None:
         if self._priority is not None:
             self._priority[slot] = priority
-        self.tree.set_one(slot, priority ** self.alpha)
+        self.tree.set_one(slot, priority**self.alpha)
 
     def clear_slots(self, slots: np.ndarray) -> None:
         """Removed items: zero leaf (never drawn)."""
@@ -156,8 +163,20 @@ class PriorityIndex:
         if self._priority is not None or not ready():
             return None
         out = np.empty(4)
-        kern.prio_update_by_id(*self.tree.arrays, *self.tree.deferred, ring.valid, ring.next_uid, ring.capacity, slots,
-                               ids, priorities, self.eps, self.alpha, MAX_PRIORITY, out)
+        kern.prio_update_by_id(
+            *self.tree.arrays,
+            *self.tree.deferred,
+            ring.valid,
+            ring.next_uid,
+            ring.capacity,
+            slots,
+            ids,
+            priorities,
+            self.eps,
+            self.alpha,
+            MAX_PRIORITY,
+            out,
+        )
         if out[3]:
             return None
         if out[0]:
@@ -165,7 +184,9 @@ class PriorityIndex:
         return int(out[0])
 
     # ------------------------------------------------------------------ sampling
-    def sample(self, rng: np.random.Generator, size: int, candidates: Optional[np.ndarray] = None) -> Optional[np.ndarray]:
+    def sample(
+        self, rng: np.random.Generator, size: int, candidates: Optional[np.ndarray] = None
+    ) -> Optional[np.ndarray]:
         """
         Overview:
             Stratified prioritized draw of ``size`` slots (with replacement), over all slots or over the slots
@@ -205,8 +226,9 @@ class PriorityIndex:
         """
         n = len(u)
         slots, leaf, use, ids = np.empty(n, np.int64), np.empty(n), np.empty(n, np.int64), np.empty(n, np.int64)
-        low = kern.prio_draw(*self.tree.arrays, *self.tree.deferred, u, counts, ring.next_uid, ring.capacity, slots,
-                             leaf, use, ids)
+        low = kern.prio_draw(
+            *self.tree.arrays, *self.tree.deferred, u, counts, ring.next_uid, ring.capacity, slots, leaf, use, ids
+        )
         if low < 0:
             raise ValueError("priority tree is inconsistent: a positive total over zero leaves")
         if not low > 0:
@@ -223,7 +245,7 @@ class PriorityIndex:
     # ------------------------------------------------------------------ persistence
     def state_dict(self) -> Dict[str, Any]:
         return {
-            'leaves': torch.from_numpy(self.tree.leaves[:self.capacity].copy()),
+            'leaves': torch.from_numpy(self.tree.leaves[: self.capacity].copy()),
             'priority': torch.from_numpy(self.priorities(np.arange(self.capacity)).astype(np.float32)),
             'max_priority': self.max_priority,
             'alpha': self.alpha,
@@ -237,7 +259,7 @@ class PriorityIndex:
         leaves = np.asarray(state['leaves'], dtype=np.float64)
         priority = np.asarray(state['priority'], dtype=np.float32)
         for name, arr in (('leaves', leaves), ('priority', priority)):
-            if arr.shape != (self.capacity, ):
+            if arr.shape != (self.capacity,):
                 raise ValueError(f"saved '{name}' has shape {arr.shape}, expected ({self.capacity},)")
         if not np.isfinite(priority).all() or (priority < 0).any():
             raise ValueError("saved priorities must be finite and >= 0")
@@ -271,8 +293,8 @@ def split_ids(ids: Any, instance_name: str) -> Tuple[np.ndarray, Optional[np.nda
             out.append(int(x))
             mine.append(True)
         elif isinstance(x, str):
-            ok = x.startswith(prefix) and x[len(prefix):].isdigit()
-            out.append(int(x[len(prefix):]) if ok else -1)
+            ok = x.startswith(prefix) and x[len(prefix) :].isdigit()
+            out.append(int(x[len(prefix) :]) if ok else -1)
             mine.append(ok)
         else:
             raise TypeError(f"'replay_unique_id' entry {i} is {type(x).__name__} {x!r}; expected an int or a str id")
@@ -292,7 +314,9 @@ def has_priorities(info: Any) -> bool:
     return True
 
 
-def parse_update(info: Any, instance_name: str, capacity: int) -> Optional[Tuple[np.ndarray, np.ndarray, np.ndarray, Optional[np.ndarray]]]:
+def parse_update(
+    info: Any, instance_name: str, capacity: int
+) -> Optional[Tuple[np.ndarray, np.ndarray, np.ndarray, Optional[np.ndarray]]]:
     """
     Overview:
         Validate a prioritized ``update`` (all or nothing; nothing is changed here): ``info`` holds
@@ -334,7 +358,7 @@ def item_priorities(items: Any, default: float) -> np.ndarray:
             out[i] = p
         else:
             arr = as_priorities(p, f'item {i} priority')
-            if arr.shape != (1, ):
+            if arr.shape != (1,):
                 raise ValueError(f"item {i} 'priority' must be one number, got shape {tuple(np.shape(p))}")
             out[i] = arr[0]
     return as_priorities(out, 'priority')
@@ -349,7 +373,7 @@ def batch_priorities(p: Any, prepared: Any, default: float) -> np.ndarray:
     priorities = as_priorities(p, 'priority')
     if len(priorities) != n:
         raise ValueError(f"batched 'priority' has {len(priorities)} entries, the batch has {n} items")
-    return priorities[prepared.dropped:]
+    return priorities[prepared.dropped :]
 
 
 class BetaSchedule:

@@ -11,6 +11,7 @@
   positions in ``[0, m)``, 0 = the oldest candidate; or ``None`` to refuse); list its module in
   ``import_names``. Such samplers pick among a preset's candidates; they keep no per-element state.
 """
+
 from typing import Any, Mapping, Optional, Tuple
 
 import numpy as np
@@ -24,6 +25,7 @@ SAMPLER_REGISTRY = Registry(what='sampler type', key='sampler.type')
 @SAMPLER_REGISTRY.register('uniform')
 class UniformSampler:
     """Every candidate equally likely; without replacement a uniformly random ordered subset."""
+
     needs_priority = False
 
     def draw(self, rng: np.random.Generator, m: int, size: int, replace: bool) -> np.ndarray:
@@ -33,21 +35,26 @@ class UniformSampler:
 @SAMPLER_REGISTRY.register('prioritized')
 class PrioritizedSpec:
     """Arguments of a prioritized sampler; the preset builds the sampler that realises them."""
+
     needs_priority = True
     defaults = dict(alpha=0.6, beta=0.4, anneal_step=0, eps=1e-5, eta=0.9, unroll_len=None)
 
     def __init__(self, **kwargs: Any) -> None:
         unknown = sorted(set(kwargs) - set(self.defaults))
         if unknown:
-            raise ValueError(f"unknown config key(s) 'sampler.{unknown[0]}' for sampler.type='prioritized'; "
-                             f"known: {sorted(self.defaults)}")
+            raise ValueError(
+                f"unknown config key(s) 'sampler.{unknown[0]}' for sampler.type='prioritized'; "
+                f"known: {sorted(self.defaults)}"
+            )
         args = {**self.defaults, **kwargs}
         for key in ('alpha', 'beta', 'eta'):
             v = args[key]
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= 1:
                 raise ValueError(f"config key 'sampler.{key}' has invalid value {v!r}; expected a number in [0, 1]")
         if isinstance(args['eps'], bool) or not isinstance(args['eps'], (int, float)) or not 0 <= args['eps'] < np.inf:
-            raise ValueError(f"config key 'sampler.eps' has invalid value {args['eps']!r}; expected a finite number >= 0")
+            raise ValueError(
+                f"config key 'sampler.eps' has invalid value {args['eps']!r}; expected a finite number >= 0"
+            )
         step = args['anneal_step']
         if isinstance(step, bool) or not isinstance(step, (int, float)) or step < 0 or step != int(step):
             raise ValueError(f"config key 'sampler.anneal_step' has invalid value {step!r}; expected an int >= 0")
@@ -82,9 +89,8 @@ def build_sampler(section: Optional[Mapping], default: str, allowed_priority: Tu
 def check_positions(positions: Any, m: int, size: int, name: str) -> np.ndarray:
     """A user sampler's answer, validated: ``size`` int positions in ``[0, m)``."""
     arr = np.asarray(positions)
-    if arr.shape != (size, ) or arr.dtype.kind not in 'iu' or (size and (arr.min() < 0 or arr.max() >= m)):
+    if arr.shape != (size,) or arr.dtype.kind not in 'iu' or (size and (arr.min() < 0 or arr.max() >= m)):
         raise RuntimeError(
             f"sampler {name!r} returned {arr.dtype} shape {arr.shape}; expected {size} int positions in [0, {m})"
         )
     return arr.astype(np.int64, copy=False)
-

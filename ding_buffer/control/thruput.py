@@ -10,14 +10,15 @@ Rules (DI-engine's): ``can_push(n)`` is refused when ``sample > 1e-5`` and ``(pu
 allowed, O(1)) with the defaults ``max=inf, min=0``.
 Not thread-safe on its own: the buffer's lock serialises calls.
 """
+
 import math
 import time
 from typing import Callable, Dict, Mapping, Tuple
+
 from ..errors import SampleTimeoutError  # noqa: F401 (raised here, re-exported)
 
 
 class ThruputController:
-
     def __init__(self, cfg: Mapping, clock: Callable[[], float] = time.monotonic) -> None:
         limit = cfg['push_sample_rate_limit']
         self.max_rate = float(limit['max'])

@@ -16,6 +16,7 @@ windows that overlap them (at most ``2 * unroll_len - 1`` per window, vectorised
 New steps get the largest step priority ever set (1.0 at first), as DI-engine's and TorchRL's samplers do.
 Not thread-safe: the buffer's lock serialises every call.
 """
+
 from typing import Any, Dict, Optional
 
 import numpy as np
@@ -25,7 +26,6 @@ from .priority import PriorityIndex
 
 
 class WindowPriorities:
-
     def __init__(self, n_slots: int, unroll_len: int, alpha: float, eta: float, eps: float, pad: bool) -> None:
         self.n_slots = n_slots
         self.unroll_len = int(unroll_len)
@@ -122,7 +122,7 @@ class WindowPriorities:
         first slot, length) triples; the window tree is rebuilt from them. Nothing changes here."""
         step = np.asarray(state['step'], dtype=np.float64)
         max_p = float(state['max_priority'])
-        if step.shape != (self.n_slots, ) or not np.isfinite(step).all() or (step < 0).any():
+        if step.shape != (self.n_slots,) or not np.isfinite(step).all() or (step < 0).any():
             raise ValueError(f"saved step priorities must be {self.n_slots} finite numbers >= 0")
         if not (np.isfinite(max_p) and max_p > 0):
             raise ValueError(f"saved max_priority must be finite and > 0, got {max_p}")

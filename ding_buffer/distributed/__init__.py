@@ -6,6 +6,7 @@ Ray a ``RemoteBuffer``. The transports, the codec and the manager logic are sepa
 ``codec`` (wire format), ``transport`` (torch / MPI framing and receive threads), ``ray_backend``,
 ``manager`` (``ManagerCore`` + the rank loop), ``remote`` (worker side), ``baseline``, ``batching``.
 """
+
 import copy
 from typing import Any, Dict
 
@@ -18,6 +19,7 @@ from .manager import ManagerCore
 from .rank_manager import ReplayBufferManager
 from .remote import ManagerTimeoutError, ManagerUnavailableError, RemoteBuffer, RemoteError
 from .transport import SendTimeout, TransportError
+
 
 def create_distributed(cls: type, cfg: Any, *args, **kwargs) -> Any:
     """``create_buffer`` for configs with ``distributed.backend``: a ReplayBufferManager or a RemoteBuffer."""
@@ -36,26 +38,34 @@ def create_distributed(cls: type, cfg: Any, *args, **kwargs) -> Any:
     if dcfg.backend == 'ray':
         from .ray_backend import RayChannel, get_or_create_actor
         from .remote import new_client_id
+
         plain = _plain(cfg)
         actor = get_or_create_actor(plain, dcfg)
         channel = RayChannel(actor, dcfg, new_client_id())
     else:
         from .peer_transports import MPITransport, TorchTransport
         from .startup import init_mpi, init_torch
+
         if dcfg.backend == 'torch':
             rank, world = init_torch(startup_seconds(dcfg))
         else:
             rank, world = init_mpi()
         if world < 2:
             launcher = 'torchrun --nproc_per_node N' if dcfg.backend == 'torch' else 'mpirun -n N'
-            raise ValueError(f"config key 'distributed.backend' is {dcfg.backend!r} but this job has {world} rank: a "
-                             f"distributed buffer needs a manager and at least one worker; launch with {launcher} "
-                             f"(N >= 2), or set distributed.backend=None for a local buffer")
+            raise ValueError(
+                f"config key 'distributed.backend' is {dcfg.backend!r} but this job has {world} rank: a "
+                f"distributed buffer needs a manager and at least one worker; launch with {launcher} "
+                f"(N >= 2), or set distributed.backend=None for a local buffer"
+            )
         managers = _manager_ranks(dcfg, world)
-        workers = [r for r in range(world) if r not in managers] if dcfg.worker_ranks is None else list(dcfg.worker_ranks)
+        workers = (
+            [r for r in range(world) if r not in managers] if dcfg.worker_ranks is None else list(dcfg.worker_ranks)
+        )
         if not workers or set(managers) & set(workers) or any(r >= world for r in workers):
-            raise ValueError(f"config key 'distributed.worker_ranks' {workers} must name ranks < {world} other than "
-                             f"the manager{'s' if len(managers) > 1 else ''} {managers if len(managers) > 1 else managers[0]}")
+            raise ValueError(
+                f"config key 'distributed.worker_ranks' {workers} must name ranks < {world} other than "
+                f"the manager{'s' if len(managers) > 1 else ''} {managers if len(managers) > 1 else managers[0]}"
+            )
         cls_t = TorchTransport if dcfg.backend == 'torch' else MPITransport
         if rank in managers:
             transport = cls_t(workers, dcfg.allow_pickle, max_bytes, grace=dcfg.timeout)
@@ -67,8 +77,10 @@ def create_distributed(cls: type, cfg: Any, *args, **kwargs) -> Any:
         if rank not in workers:
             raise ValueError(f"rank {rank} is neither a manager ({managers}) nor in distributed.worker_ranks {workers}")
         from .channel import PeerChannel
+
         if len(managers) > 1:  # one transport, channel and RemoteBuffer per shard, used as one buffer
             from .sharded import ShardedBuffer
+
             ShardedBuffer.check(local_cfg, dcfg.shard_route, dcfg.shard_key)  # before any transport starts
             shards = []
             for k, manager in enumerate(managers):
@@ -76,20 +88,36 @@ def create_distributed(cls: type, cfg: Any, *args, **kwargs) -> Any:
                 channel = PeerChannel(transport, manager, dcfg.timeout, dcfg.heartbeat_seconds)
                 sub_dcfg = copy.deepcopy(dcfg)
                 sub_dcfg.shard = k
-                shards.append(RemoteBuffer(local_cfg, sub_dcfg, channel, dict_is_batch=prof['dict_is_batch'],
-                                           scoring_keys=prof['scoring_keys'], log_reward_key=prof['log_reward_key']))
+                shards.append(
+                    RemoteBuffer(
+                        local_cfg,
+                        sub_dcfg,
+                        channel,
+                        dict_is_batch=prof['dict_is_batch'],
+                        scoring_keys=prof['scoring_keys'],
+                        log_reward_key=prof['log_reward_key'],
+                    )
+                )
             return ShardedBuffer(shards, local_cfg, dcfg.shard_route, dcfg.shard_key, seed=local_cfg.get('seed'))
         transport = cls_t([managers[0]], dcfg.allow_pickle, max_bytes, grace=dcfg.timeout)
         channel = PeerChannel(transport, managers[0], dcfg.timeout, dcfg.heartbeat_seconds)
     local = cls(copy.deepcopy(local_cfg), *args, **kwargs) if dcfg.local_buffer else None
-    return RemoteBuffer(local_cfg, dcfg, channel, local=local, dict_is_batch=prof['dict_is_batch'],
-                        scoring_keys=prof['scoring_keys'], log_reward_key=prof['log_reward_key'])
+    return RemoteBuffer(
+        local_cfg,
+        dcfg,
+        channel,
+        local=local,
+        dict_is_batch=prof['dict_is_batch'],
+        scoring_keys=prof['scoring_keys'],
+        log_reward_key=prof['log_reward_key'],
+    )
 
 
 def _shard_cfg(cfg: Any, dcfg: Any, k: int, **extra: Any) -> Any:
     """The buffer config of shard ``k``: its requests carry shard ``k``, and its shutdown checkpoint is
     ``checkpoint_path.shard<k>`` (the shards must not overwrite one file)."""
     from .sharded import shard_path
+
     sub = copy.deepcopy(cfg)
     section = dict(sub['distributed'], shard=k, **extra)
     if dcfg.checkpoint_path:
@@ -103,11 +131,15 @@ def _manager_ranks(dcfg: Any, world: int) -> list:
     k = dcfg.num_shards
     if k > 1:
         if dcfg.manager_rank >= 0:
-            raise ValueError(f"config key 'distributed.manager_rank' is {dcfg.manager_rank}: with num_shards {k} the "
-                             f"managers are the last {k} ranks (leave manager_rank at -1)")
+            raise ValueError(
+                f"config key 'distributed.manager_rank' is {dcfg.manager_rank}: with num_shards {k} the "
+                f"managers are the last {k} ranks (leave manager_rank at -1)"
+            )
         if k >= world:
-            raise ValueError(f"config key 'distributed.num_shards' is {k}: the job has {world} ranks, and at least one "
-                             f"must be a worker")
+            raise ValueError(
+                f"config key 'distributed.num_shards' is {k}: the job has {world} ranks, and at least one "
+                f"must be a worker"
+            )
         return list(range(world - k, world))
     manager = dcfg.manager_rank if dcfg.manager_rank >= 0 else world - 1
     if manager >= world:
@@ -118,6 +150,7 @@ def _manager_ranks(dcfg: Any, world: int) -> list:
 def _create_sharded(cls: type, cfg: Any, dcfg: Any, local_cfg: Any, *args, **kwargs) -> Any:
     """Ray: ``distributed.num_shards`` manager actors (``<actor_name>-shard<k>``) used as one buffer."""
     from .sharded import ShardedBuffer
+
     # fail before any actor starts on what the client refuses (type, route, key)
     ShardedBuffer.check(local_cfg, dcfg.shard_route, dcfg.shard_key)
     shards = []
@@ -153,7 +186,20 @@ def _plain(cfg: Any) -> Dict[str, Any]:
 
 
 __all__ = [
-    'create_distributed', 'build_manager_buffer', 'RemoteBuffer', 'ReplayBufferManager', 'ManagerCore',
-    'ManagerUnavailableError', 'ManagerTimeoutError', 'RemoteError', 'TransportError', 'SendTimeout', 'CodecError',
-    'encode', 'decode', 'DISTRIBUTED_CONFIG', 'build_distributed_config', 'profile'
+    'create_distributed',
+    'build_manager_buffer',
+    'RemoteBuffer',
+    'ReplayBufferManager',
+    'ManagerCore',
+    'ManagerUnavailableError',
+    'ManagerTimeoutError',
+    'RemoteError',
+    'TransportError',
+    'SendTimeout',
+    'CodecError',
+    'encode',
+    'decode',
+    'DISTRIBUTED_CONFIG',
+    'build_distributed_config',
+    'profile',
 ]

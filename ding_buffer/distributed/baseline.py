@@ -6,13 +6,13 @@ with strategy ``min`` / ``percentile`` and a *full* buffer that keeps log-reward
 incoming batches (``ema = alpha * m + (1 - alpha) * ema``, first value ``m``; non-finite values ignored);
 else no baseline.
 """
+
 from typing import Optional
 
 import numpy as np
 
 
 class BaselineTracker:
-
     def __init__(self, strategy: Optional[str], percentile: float, alpha: float) -> None:
         self.strategy = strategy
         self.percentile = float(percentile)

@@ -3,6 +3,7 @@
 A push is either a *batch* (a dict whose tensor / ndarray leaves share a leading dimension) or a list of
 *items* (each a dict). Containers (objects with ``log_rewards``) pass through untouched except for counting.
 """
+
 from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
@@ -21,7 +22,9 @@ def batch_len(batch: Dict[str, Any]) -> int:
     """Leading dimension shared by the leaves of a dict batch (ValueError if they disagree)."""
     lens = {int(x.shape[0]) for x in _leaves(batch) if x.ndim}
     if len(lens) != 1:
-        raise ValueError(f"a batch dict needs tensor / array leaves with one shared leading dimension, got {sorted(lens)}")
+        raise ValueError(
+            f"a batch dict needs tensor / array leaves with one shared leading dimension, got {sorted(lens)}"
+        )
     return lens.pop()
 
 

@@ -8,6 +8,7 @@ transport's message limit (plain data and arrays/tensors: no pickle unless the m
 holds at most ``MAX_NAMES`` payloads, of at most ``distributed.max_blob_mb`` together (the bytes of their arrays,
 tensors, strings and bytes).
 """
+
 from typing import Any, Dict, Optional
 
 import numpy as np
@@ -69,8 +70,10 @@ class BlobStore:
         size = payload_bytes(payload)
         total = sum(self._sizes.values()) - self._sizes.get(name, 0) + size
         if total > self.max_bytes:
-            raise ValueError(f"blob {name!r} of {size} bytes would make the manager's blobs {total} bytes, over "
-                             f"distributed.max_blob_mb ({self.max_bytes / (1 << 20):g} MiB)")
+            raise ValueError(
+                f"blob {name!r} of {size} bytes would make the manager's blobs {total} bytes, over "
+                f"distributed.max_blob_mb ({self.max_bytes / (1 << 20):g} MiB)"
+            )
         self._slots[name] = (version, payload)
         self._sizes[name] = size
         return {'stored': True, 'version': version}

@@ -1,5 +1,6 @@
 """``PeerChannel``: a worker's requests to the manager over a ``ThreadedTransport`` (torch / MPI), each bounded
 by a deadline, with the heartbeat that keeps the worker counted as alive."""
+
 import threading
 import time
 import weakref
@@ -48,8 +49,12 @@ class PeerChannel:
         self._stop = threading.Event()
         self._beat_lock = threading.Lock()
         transport.start()
-        self._beat_thread = threading.Thread(target=heartbeat_loop, args=(weakref.ref(self), self._stop, heartbeat),
-                                      daemon=True, name='ding_buffer-heartbeat')
+        self._beat_thread = threading.Thread(
+            target=heartbeat_loop,
+            args=(weakref.ref(self), self._stop, heartbeat),
+            daemon=True,
+            name='ding_buffer-heartbeat',
+        )
         self._beat_thread.start()
 
     def _beat(self) -> bool:
@@ -80,12 +85,17 @@ class PeerChannel:
         try:
             self.transport.send(self.manager, request, msg_id=rid, deadline=deadline, wait=True, limit=1)
         except SendTimeout as e:
-            raise ManagerTimeoutError(f"{self.where} did not take {request.get('op')!r} within "
-                                      f"{self.timeout}s (distributed.timeout); it may be frozen, dead or "
-                                      f"overloaded: {e}") from e
+            raise ManagerTimeoutError(
+                f"{self.where} did not take {request.get('op')!r} within "
+                f"{self.timeout}s (distributed.timeout); it may be frozen, dead or "
+                f"overloaded: {e}"
+            ) from e
         except TransportError as e:
-            self._dead = (f"{self.where} has shut down (it said goodbye)" if self.transport.goodbye_received(self.manager)
-                          else f"{self.where} is unreachable: {e}")
+            self._dead = (
+                f"{self.where} has shut down (it said goodbye)"
+                if self.transport.goodbye_received(self.manager)
+                else f"{self.where} is unreachable: {e}"
+            )
             raise ManagerUnavailableError(self._dead) from e
         return rid
 
@@ -108,7 +118,8 @@ class PeerChannel:
             if item is None:
                 raise ManagerTimeoutError(
                     f"{self.where} did not answer {op!r} within {self.timeout}s (distributed.timeout); it may "
-                    f"have died or be frozen or overloaded")
+                    f"have died or be frozen or overloaded"
+                )
             _, kind, obj = item
             if kind == LOST:
                 self._dead = f"{self.where} is gone (connection lost: {obj})"

@@ -12,6 +12,7 @@ A malformed header or part list raises ``CodecError`` (a ``ValueError``) and nev
 size is checked with Python integers (no overflow) before a view is made, and each part may be used by one
 leaf only, so every decoded tensor owns its memory (``torch.save`` of a decoded result works).
 """
+
 import json
 import math
 import pickle
@@ -27,8 +28,20 @@ MAX_DEPTH = 64  # nesting levels a decoded message may have
 
 _TORCH_DTYPES = {
     str(d).replace('torch.', ''): d
-    for d in (torch.float64, torch.float32, torch.float16, torch.bfloat16, torch.int64, torch.int32, torch.int16,
-              torch.int8, torch.uint8, torch.bool, torch.complex64, torch.complex128)
+    for d in (
+        torch.float64,
+        torch.float32,
+        torch.float16,
+        torch.bfloat16,
+        torch.int64,
+        torch.int32,
+        torch.int16,
+        torch.int8,
+        torch.uint8,
+        torch.bool,
+        torch.complex64,
+        torch.complex128,
+    )
 }
 _NP_KINDS = set('biufc')  # numpy dtypes sent raw: bool, ints, uints, floats, complex
 
@@ -38,7 +51,6 @@ def _as_bytes_view(a: np.ndarray) -> np.ndarray:
 
 
 class _Encoder:
-
     def __init__(self, allow_pickle: bool) -> None:
         self.allow_pickle = allow_pickle
         self.parts: List[np.ndarray] = []
@@ -105,8 +117,9 @@ def encode(obj: Any, allow_pickle: bool = False) -> Tuple[bytes, List[np.ndarray
     """Return ``(header, parts)``; ``parts`` are uint8 arrays viewing the leaves' memory."""
     enc = _Encoder(allow_pickle)
     body = enc.walk(obj, 'message')
-    header = json.dumps({'v': VERSION, 'n': [int(p.nbytes) for p in enc.parts], 'body': body},
-                        separators=(',', ':')).encode()
+    header = json.dumps(
+        {'v': VERSION, 'n': [int(p.nbytes) for p in enc.parts], 'body': body}, separators=(',', ':')
+    ).encode()
     return header, enc.parts
 
 
@@ -129,7 +142,6 @@ def _numeric_dtype(spec: Any, what: str) -> np.dtype:
 
 
 class _Decoder:
-
     def __init__(self, parts: Sequence[Any], allow_pickle: bool) -> None:
         self.parts = parts
         self.allow_pickle = allow_pickle
@@ -144,9 +156,14 @@ class _Decoder:
         return self.parts[i]
 
     def array(self, spec: Any, torch_out: bool) -> Any:
-        if not (isinstance(spec, list) and len(spec) == 3 and isinstance(spec[1], str) and isinstance(spec[2], list)
-                and len(spec[2]) <= 64
-                and all(isinstance(s, int) and not isinstance(s, bool) and 0 <= s < (1 << 62) for s in spec[2])):
+        if not (
+            isinstance(spec, list)
+            and len(spec) == 3
+            and isinstance(spec[1], str)
+            and isinstance(spec[2], list)
+            and len(spec[2]) <= 64
+            and all(isinstance(s, int) and not isinstance(s, bool) and 0 <= s < (1 << 62) for s in spec[2])
+        ):
             raise CodecError(f"bad array descriptor {str(spec)[:120]!r}")
         raw = self.part(spec[0])
         shape = tuple(spec[2])
@@ -159,11 +176,15 @@ class _Decoder:
             dtype = _numeric_dtype(spec[1], 'array')
             itemsize = dtype.itemsize
         n = math.prod(shape)  # Python ints: a hostile shape cannot overflow into a matching size
-        nbytes = len(raw) if isinstance(raw, (bytes, bytearray)) else int(raw.nbytes if not isinstance(raw, torch.Tensor)
-                                                                           else raw.numel())
+        nbytes = (
+            len(raw)
+            if isinstance(raw, (bytes, bytearray))
+            else int(raw.nbytes if not isinstance(raw, torch.Tensor) else raw.numel())
+        )
         if n * itemsize != nbytes:
-            raise CodecError(f"array part {spec[0]} has {nbytes} bytes, shape {list(shape)} of {spec[1]} needs "
-                             f"{n * itemsize}")
+            raise CodecError(
+                f"array part {spec[0]} has {nbytes} bytes, shape {list(shape)} of {spec[1]} needs {n * itemsize}"
+            )
         if torch_out:
             if isinstance(raw, torch.Tensor):
                 t = raw
@@ -192,7 +213,7 @@ class _Decoder:
             return [self.walk(v, depth) for v in x]
         if not isinstance(x, dict) or len(x) != 1:
             raise CodecError(f"bad node {str(x)[:80]!r}")
-        (tag, v), = x.items()
+        ((tag, v),) = x.items()
         if tag == '$d':
             if not isinstance(v, list) or not all(isinstance(kv, list) and len(kv) == 2 for kv in v):
                 raise CodecError("bad dict node")

@@ -1,4 +1,5 @@
 """The ``distributed`` config section (accepted on every buffer type) and its validation."""
+
 import math
 from typing import Any, Mapping
 
@@ -104,8 +105,10 @@ DISTRIBUTED_CONFIG = dict(
 DISTRIBUTED_CHECKS = dict(
     backend=(lambda x: x is None or x in BACKENDS, f"None or one of {BACKENDS}"),
     manager_rank=(lambda x: isinstance(x, int) and x >= -1, 'an int >= -1'),
-    worker_ranks=(lambda x: x is None or (isinstance(x, (list, tuple)) and all(isinstance(r, int) and r >= 0 for r in x)),
-                  'None or a list of ranks'),
+    worker_ranks=(
+        lambda x: x is None or (isinstance(x, (list, tuple)) and all(isinstance(r, int) and r >= 0 for r in x)),
+        'None or a list of ranks',
+    ),
     actor_name=(lambda x: isinstance(x, str) and x, 'a non-empty str'),
     num_workers=(optional_positive_int, 'None or a positive int'),
     timeout=(_seconds, 'a finite positive number of seconds'),
@@ -117,10 +120,14 @@ DISTRIBUTED_CHECKS = dict(
     file_root=(lambda x: x is None or (isinstance(x, str) and x and '\0' not in x), 'None or a directory path'),
     remote_buffer_freq=(positive_int, 'a positive int'),
     baseline_refresh_after=(optional_positive_int, 'None or a positive int'),
-    scoring_function=(lambda x: x is None or callable(x) or (isinstance(x, str) and ':' in x),
-                      "None, a callable or 'module:function'"),
-    metadata_function=(lambda x: x is None or callable(x) or (isinstance(x, str) and ':' in x),
-                       "None, a callable or 'module:function'"),
+    scoring_function=(
+        lambda x: x is None or callable(x) or (isinstance(x, str) and ':' in x),
+        "None, a callable or 'module:function'",
+    ),
+    metadata_function=(
+        lambda x: x is None or callable(x) or (isinstance(x, str) and ':' in x),
+        "None, a callable or 'module:function'",
+    ),
     baseline_strategy=(lambda x: x is None or x in BASELINES, f"None or one of {BASELINES}"),
     baseline_percentile=(lambda x: 0 <= x <= 1, 'a number in [0, 1]'),
     baseline_ema_alpha=(lambda x: 0 < x <= 1, 'a number in (0, 1]'),
@@ -143,12 +150,16 @@ def build_distributed_config(user: Any) -> EasyDict:
     cfg = build_config(DISTRIBUTED_CONFIG, user, DISTRIBUTED_CHECKS, prefix='distributed.')
     cfg.update(fns)
     if cfg.peer_timeout is not None and cfg.heartbeat_seconds > cfg.peer_timeout / 2:
-        raise ValueError(f"config key 'distributed.heartbeat_seconds' is {cfg.heartbeat_seconds}, more than half of "
-                         f"'distributed.peer_timeout' ({cfg.peer_timeout}): the manager would count live idle workers "
-                         f"as lost between two heartbeats; use heartbeat_seconds <= peer_timeout / 2")
+        raise ValueError(
+            f"config key 'distributed.heartbeat_seconds' is {cfg.heartbeat_seconds}, more than half of "
+            f"'distributed.peer_timeout' ({cfg.peer_timeout}): the manager would count live idle workers "
+            f"as lost between two heartbeats; use heartbeat_seconds <= peer_timeout / 2"
+        )
     if cfg.baseline_filtering and cfg.baseline_strategy is None:
-        raise ValueError("config key 'distributed.baseline_filtering' is True but 'distributed.baseline_strategy' "
-                         "is None: the manager would never send a baseline; set it to 'min', 'percentile' or 'ema'")
+        raise ValueError(
+            "config key 'distributed.baseline_filtering' is True but 'distributed.baseline_strategy' "
+            "is None: the manager would never send a baseline; set it to 'min', 'percentile' or 'ema'"
+        )
     return cfg
 
 
@@ -161,6 +172,7 @@ def resolve_callable(spec: Any, key: str) -> Any:
     if spec is None or callable(spec):
         return spec
     import importlib
+
     module, _, name = spec.partition(':')
     try:
         fn = getattr(importlib.import_module(module), name)

@@ -8,6 +8,8 @@ helper's ``seen``, for reading and for writing.
 
 def delegated(holder: str, name: str) -> property:
     """A property reading and writing ``self.<holder>.<name>``."""
-    return property(lambda self: getattr(getattr(self, holder), name),
-                    lambda self, value: setattr(getattr(self, holder), name, value),
-                    doc=f"``self.{holder}.{name}`` (moved there; the name stays for its callers)")
+    return property(
+        lambda self: getattr(getattr(self, holder), name),
+        lambda self, value: setattr(getattr(self, holder), name, value),
+        doc=f"``self.{holder}.{name}`` (moved there; the name stays for its callers)",
+    )

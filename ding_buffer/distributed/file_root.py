@@ -5,6 +5,7 @@ it (``..``, a link) or names the directory itself is refused with ``PermissionEr
 when the manager's config sets ``file_root=None``. The root is resolved once, when the manager starts: a
 later ``chdir`` of the manager must not move the directory workers may use.
 """
+
 import os
 from typing import Any, Optional
 
@@ -12,20 +13,26 @@ from typing import Any, Optional
 def resolve_file_root(file_root: Optional[str]) -> Optional[str]:
     """``distributed.file_root`` as a real path (None stays None); ``ValueError`` if it is not a directory."""
     if file_root is not None and not os.path.isdir(file_root):
-        raise ValueError(f"config key 'distributed.file_root' is {file_root!r}, which is not a directory; "
-                         f"create it, or set None to refuse workers' save_data / load_data")
+        raise ValueError(
+            f"config key 'distributed.file_root' is {file_root!r}, which is not a directory; "
+            f"create it, or set None to refuse workers' save_data / load_data"
+        )
     return os.path.realpath(file_root) if file_root is not None else None
 
 
 def confine(base: Optional[str], path: Any) -> str:
     """A worker's file path as a path inside ``base`` (a resolved file root); ``PermissionError`` otherwise."""
     if base is None:
-        raise PermissionError("workers may not read or write files on the manager: its config has "
-                              "distributed.file_root=None (set it to a directory to allow save_data / load_data)")
+        raise PermissionError(
+            "workers may not read or write files on the manager: its config has "
+            "distributed.file_root=None (set it to a directory to allow save_data / load_data)"
+        )
     if not isinstance(path, str) or not path or '\0' in path or len(path) > 4096:
         raise ValueError(f"path must be a non-empty str without NUL bytes, got {str(path)[:80]!r}")
     where = os.path.realpath(os.path.join(base, path))
     if os.path.isabs(path) or os.path.commonpath([base, where]) != base or where == base:
-        raise PermissionError(f"path {path!r} resolves to {where!r}, outside distributed.file_root {base!r}; "
-                              f"workers may name relative paths inside it only")
+        raise PermissionError(
+            f"path {path!r} resolves to {where!r}, outside distributed.file_root {base!r}; "
+            f"workers may name relative paths inside it only"
+        )
     return where

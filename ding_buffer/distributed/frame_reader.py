@@ -7,20 +7,22 @@ receives are sized by a matched probe, so only the bytes that arrived are used a
 is consumed and refused; gloo receives land in zeroed buffers, or in a recycled buffer of the same peer's
 earlier message (``recv_pool``), so a short message can only ever be read together with zeros or with bytes
 that peer sent before, never another peer's. A message that breaks the framing raises ``ProtocolError``
-(answered with an error by the transport) and the next message is read as a new head (the stream resynchronises on message boundaries). The
+(answered with an error by the transport) and the next message is read as a new head (the stream resynchronises on
+message boundaries). The
 one thing no receiver can survive is gloo's own check: a single gloo message longer than the receive posted
 for it (a head over ``HEAD`` bytes, or a piece longer than its head declared) aborts the receiving process
 inside gloo. ding_buffer's senders never produce one; a peer that bypasses them can, which is why the torch
 backend, like gloo, assumes the ranks of the job trust each other.
 """
+
 from typing import Any, Optional, Tuple
 
 import numpy as np
 
 from ..errors import CodecError, ProtocolError
 from .codec import decode
-from .recv_pool import RecvPool
 from .framing import CTRL, DATA, GOODBYE, HEAD, MAGIC, MAX_HEADER, MAX_META, MAX_PARTS, pieces, table_ok
+from .recv_pool import RecvPool
 
 # the kinds a transport's receive side reports, in its inbox and to ``on_item``
 MESSAGE, ERROR, LOST, BYE = 'message', 'error', 'lost', 'bye'
@@ -39,6 +41,7 @@ class FrameReader:
     Thread-safety:
         ``_recv_message`` runs on the peer's own receive thread, one message at a time.
     """
+
     allow_pickle: bool
     max_message_bytes: int
     bytes_received: int
@@ -74,11 +77,20 @@ class FrameReader:
         if kind == GOODBYE:
             return BYE, None
         in_head = min(mlen, HEAD - CTRL)
-        if not (kind == DATA and 0 < hlen and 0 <= nparts <= MAX_PARTS and 0 <= body
-                and 16 * nparts + hlen <= mlen <= MAX_META and hbytes == CTRL + in_head
-                and (count is None or count == hbytes)):
-            raise ProtocolError(f"rank {peer} sent a bad control block {[kind, hbytes, hlen, nparts, body, mlen]} "
-                                f"({count} bytes arrived)", mid)
+        if not (
+            kind == DATA
+            and 0 < hlen
+            and 0 <= nparts <= MAX_PARTS
+            and 0 <= body
+            and 16 * nparts + hlen <= mlen <= MAX_META
+            and hbytes == CTRL + in_head
+            and (count is None or count == hbytes)
+        ):
+            raise ProtocolError(
+                f"rank {peer} sent a bad control block {[kind, hbytes, hlen, nparts, body, mlen]} "
+                f"({count} bytes arrived)",
+                mid,
+            )
         self.bytes_received += hbytes
         try:
             return self._recv_body(peer, h, mid, hlen, nparts, body, mlen, in_head)
@@ -86,36 +98,40 @@ class FrameReader:
             e.msg_id = mid if e.msg_id is None else e.msg_id
             raise
 
-    def _recv_body(self, peer: int, h: np.ndarray, mid: Optional[int], hlen: int, nparts: int, body: int, mlen: int,
-                   in_head: int) -> Tuple[str, Any]:
+    def _recv_body(
+        self, peer: int, h: np.ndarray, mid: Optional[int], hlen: int, nparts: int, body: int, mlen: int, in_head: int
+    ) -> Tuple[str, Any]:
         if mlen <= in_head:
-            meta = h[CTRL:CTRL + mlen]
+            meta = h[CTRL : CTRL + mlen]
         else:  # the rest of the meta block is one message (at most MAX_META bytes)
             meta = np.zeros(mlen, dtype=np.uint8)
-            meta[:in_head] = h[CTRL:CTRL + in_head]
+            meta[:in_head] = h[CTRL : CTRL + in_head]
             self._recv_exact(peer, mlen - in_head, out=meta[in_head:])
             self.bytes_received += mlen - in_head
         first = 16 * nparts + hlen
-        table = meta[:16 * nparts].copy().view(np.int64).reshape(-1, 2).tolist()  # Python ints: no overflow
+        table = meta[: 16 * nparts].copy().view(np.int64).reshape(-1, 2).tolist()  # Python ints: no overflow
         if not table_ok(table, first, mlen, body):
             # the pieces it announces cannot be trusted either: the next message is read as a new head
             raise ProtocolError(f"rank {peer} sent a part table that does not match its sizes", mid)
-        header = meta[16 * nparts:first].tobytes()
+        header = meta[16 * nparts : first].tobytes()
         if CTRL + mlen + body > self.max_message_bytes or hlen > MAX_HEADER:
             for s, o in table:  # drain: the bytes are on the wire already
                 for a, b in pieces(s if o < 0 else 0):
                     self._recv_exact(peer, b - a)
                     self.bytes_received += b - a
-            what = (f"message of {CTRL + mlen + body} bytes exceeds distributed.max_message_mb "
-                    f"({self.max_message_bytes} bytes)" if hlen <= MAX_HEADER else
-                    f"message header of {hlen} bytes exceeds {MAX_HEADER} bytes (many small leaves: send one "
-                    f"batched dict of tensors instead of a list of items)")
+            what = (
+                f"message of {CTRL + mlen + body} bytes exceeds distributed.max_message_mb "
+                f"({self.max_message_bytes} bytes)"
+                if hlen <= MAX_HEADER
+                else f"message header of {hlen} bytes exceeds {MAX_HEADER} bytes (many small leaves: send one "
+                f"batched dict of tensors instead of a list of items)"
+            )
             return ERROR, (mid, CodecError(what))
         parts = []
         pool = self._pool(peer)
         for s, o in table:
             if o >= 0:
-                parts.append(meta[o:o + s].copy())  # owned: decoded tensors never share one buffer
+                parts.append(meta[o : o + s].copy())  # owned: decoded tensors never share one buffer
                 continue
             part = pool.take(s)  # warm memory of an earlier part of this size that nothing holds any more
             for a, b in pieces(s):

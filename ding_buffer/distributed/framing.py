@@ -1,6 +1,7 @@
 """The frame layout of the torch / MPI transports: a 64-byte control block, the meta block (part table, JSON
 header, small parts inline) and out-of-line parts cut into pieces; ``frame`` builds one, ``table_ok`` checks a
 received part table with Python integers."""
+
 from typing import List, Optional, Tuple
 
 import numpy as np
@@ -16,6 +17,7 @@ MAX_PARTS = 1 << 20
 MAX_QUEUED = 8  # undelivered replies the manager keeps for one worker before counting it lost
 TAG = 7
 DATA, GOODBYE = 1, 2  # control-block kinds
+
 
 def pieces(n: int):
     """``(start, end)`` of each piece of an ``n``-byte part (a generator: ``n`` may be a hostile 2**62)."""
@@ -42,8 +44,9 @@ def pad16(n: int) -> int:
     return (n + 15) & ~15
 
 
-def frame(header: bytes, parts: List[np.ndarray], msg_id: int = -1,
-          kind: int = DATA) -> Tuple[np.ndarray, Optional[np.ndarray], List[np.ndarray], int]:
+def frame(
+    header: bytes, parts: List[np.ndarray], msg_id: int = -1, kind: int = DATA
+) -> Tuple[np.ndarray, Optional[np.ndarray], List[np.ndarray], int]:
     """``(head, extra meta or None, out-of-line parts, total bytes)`` for one message."""
     n = len(parts)
     table = np.empty(2 * n, dtype=np.int64)
@@ -64,10 +67,10 @@ def frame(header: bytes, parts: List[np.ndarray], msg_id: int = -1,
     buf = np.zeros(CTRL + off, dtype=np.uint8)
     buf[:CTRL].view(np.int64)[:] = (MAGIC, kind, msg_id, CTRL + in_head, len(header), n, body, off)
     meta = buf[CTRL:]
-    meta[:16 * n] = table.view(np.uint8)
-    meta[16 * n:16 * n + len(header)] = np.frombuffer(header, dtype=np.uint8)
+    meta[: 16 * n] = table.view(np.uint8)
+    meta[16 * n : 16 * n + len(header)] = np.frombuffer(header, dtype=np.uint8)
     for o, p in inline:
-        meta[o:o + p.nbytes] = p
-    head = buf[:CTRL + in_head]
-    extra = buf[CTRL + in_head:] if off > in_head else None
+        meta[o : o + p.nbytes] = p
+    head = buf[: CTRL + in_head]
+    extra = buf[CTRL + in_head :] if off > in_head else None
     return head, extra, out, len(buf) + body

@@ -5,6 +5,7 @@ Every message of a sender (request or heartbeat) stamps it as seen; a sender sil
 lost sender that speaks again rejoins. A sender that sent EXIT is never lost afterwards. Single-threaded like
 ``ManagerCore``, which holds one and serves its calls.
 """
+
 import logging
 import time
 from typing import Any, Dict, Optional
@@ -77,5 +78,8 @@ class Liveness:
 
     def summary(self) -> Dict[str, Any]:
         """The ``exited`` / ``lost`` / ``rejoined`` part of the manager's summary (senders as strings)."""
-        return {'exited': sorted(str(s) for s in self.exited), 'lost': {str(k): v for k, v in self.lost.items()},
-                'rejoined': {str(k): v for k, v in self.rejoined.items()}}
+        return {
+            'exited': sorted(str(s) for s in self.exited),
+            'lost': {str(k): v for k, v in self.lost.items()},
+            'rejoined': {str(k): v for k, v in self.rejoined.items()},
+        }

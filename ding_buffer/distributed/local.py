@@ -1,6 +1,7 @@
 """The manager's local buffer: the buffer section of a distributed config without its ``distributed`` part (and
 with ``max_reuse`` as the buffer's ``max_use``), and what the manager needs to know of the type (``profile``).
 Imported by the package and by the Ray actor alike (one home; neither imports the other for it)."""
+
 import copy
 from typing import Any, Dict, Tuple
 
@@ -13,8 +14,10 @@ from .config import build_distributed_config
 def _local_cfg(cfg: Any) -> EasyDict:
     local = EasyDict(copy.deepcopy({k: v for k, v in dict(cfg).items() if k != 'distributed'}))
     if local.get('enable_track_used_data'):  # the manager would delete whatever path a worker's data_id names
-        raise ValueError("config key 'enable_track_used_data' cannot be combined with distributed.backend: a worker's "
-                         "'data_id' would name files the manager deletes; delete used data on the worker side")
+        raise ValueError(
+            "config key 'enable_track_used_data' cannot be combined with distributed.backend: a worker's "
+            "'data_id' would name files the manager deletes; delete used data on the worker side"
+        )
     return local
 
 
@@ -33,7 +36,9 @@ def build_manager_buffer(cfg: Any, *args, **kwargs) -> Tuple[Any, EasyDict, str]
     local = _local_cfg(cfg)
     if dcfg.max_reuse is not None:
         if 'max_use' not in cls.config:
-            raise ValueError(f"config key 'distributed.max_reuse' needs a buffer type with a 'max_use' key (every "
-                             f"built-in preset has one), got type {cfg.get('type')!r}")
+            raise ValueError(
+                f"config key 'distributed.max_reuse' needs a buffer type with a 'max_use' key (every "
+                f"built-in preset has one), got type {cfg.get('type')!r}"
+            )
         local.max_use = dcfg.max_reuse
     return cls(local, *args, **kwargs), dcfg, profile(cls, local, dcfg)['log_reward_key']

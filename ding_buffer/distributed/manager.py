@@ -17,14 +17,15 @@ never, so a retry after a timeout is safe.
 Neighbours: ``liveness`` (who is alive, lost, back, exited), ``push_dedup`` (each push applied once),
 ``file_root`` (workers' paths confined to ``distributed.file_root``).
 """
+
 import logging
 from typing import Any, Callable, Dict, Optional
 
 from ..control.thruput import SampleTimeoutError
 from ..errors import RemoteError
 from .baseline import BaselineTracker
-from .blobs import BlobStore
 from .batching import count_items, log_rewards_of
+from .blobs import BlobStore
 from .codec import CodecError
 from .config import resolve_callable
 from .delegate import delegated
@@ -35,8 +36,19 @@ from .push_dedup import MAX_CLIENTS, PushDedup, StoredThenFailed  # noqa: F401 (
 logger = logging.getLogger('ding_buffer.distributed')
 
 # exception types a worker re-raises as themselves; anything else arrives as RemoteError
-REMOTE_EXCEPTIONS = {e.__name__: e for e in (ValueError, TypeError, KeyError, IndexError, RuntimeError,
-                                             NotImplementedError, SampleTimeoutError, FileNotFoundError)}
+REMOTE_EXCEPTIONS = {
+    e.__name__: e
+    for e in (
+        ValueError,
+        TypeError,
+        KeyError,
+        IndexError,
+        RuntimeError,
+        NotImplementedError,
+        SampleTimeoutError,
+        FileNotFoundError,
+    )
+}
 REMOTE_EXCEPTIONS['CodecError'] = CodecError
 REMOTE_EXCEPTIONS['PermissionError'] = PermissionError
 
@@ -59,8 +71,11 @@ def result_of(reply: Dict[str, Any], op: str) -> Any:
     if reply.get('ok'):
         return reply.get('result')
     exc = REMOTE_EXCEPTIONS.get(reply.get('error'), RemoteError)
-    raise exc(f"manager: {reply.get('message')}" if exc is not RemoteError else
-              f"manager raised {reply.get('error')} for {op!r}: {reply.get('message')}")
+    raise exc(
+        f"manager: {reply.get('message')}"
+        if exc is not RemoteError
+        else f"manager raised {reply.get('error')} for {op!r}: {reply.get('message')}"
+    )
 
 
 class ManagerCore:
@@ -85,15 +100,27 @@ class ManagerCore:
         self.session_id = ''
         self.liveness = Liveness(dcfg)
         self.per_sender: Dict[Any, Dict[str, int]] = {}
-        self.counters = dict(push_requests=0, pushed_items=0, rejected_stale=0, sample_requests=0, errors=0,
-                             duplicate_pushes=0)
+        self.counters = dict(
+            push_requests=0, pushed_items=0, rejected_stale=0, sample_requests=0, errors=0, duplicate_pushes=0
+        )
         self.push_dedup = PushDedup(self.counters)
         self._ops = {
-            'push': self._push, 'sample': self._sample, 'update': self._update, 'count': self._count,
-            'stats': self._stats, 'metadata': self._metadata, 'state_dict': self._state_dict,
-            'load_state_dict': self._load_state_dict, 'save_data': self._save_data, 'load_data': self._load_data,
-            'clear': self._clear, 'model_version': self._model_version, 'baseline_sync': self._baseline_sync,
-            'exit': self._exit, 'put_blob': self._put_blob, 'get_blob': self._get_blob,
+            'push': self._push,
+            'sample': self._sample,
+            'update': self._update,
+            'count': self._count,
+            'stats': self._stats,
+            'metadata': self._metadata,
+            'state_dict': self._state_dict,
+            'load_state_dict': self._load_state_dict,
+            'save_data': self._save_data,
+            'load_data': self._load_data,
+            'clear': self._clear,
+            'model_version': self._model_version,
+            'baseline_sync': self._baseline_sync,
+            'exit': self._exit,
+            'put_blob': self._put_blob,
+            'get_blob': self._get_blob,
         }
         self.blobs = BlobStore(dcfg.max_blob_mb * (1 << 20))
 
@@ -111,7 +138,9 @@ class ManagerCore:
             if op == 'ping':
                 return None
             if request.get('shard', 0) != self.cfg.shard:
-                raise ValueError(f"request for shard {request.get('shard')!r} reached the manager of shard {self.cfg.shard}")
+                raise ValueError(
+                    f"request for shard {request.get('shard')!r} reached the manager of shard {self.cfg.shard}"
+                )
             fn = self._ops.get(op)
             if fn is None:
                 raise ValueError(f"unknown op {op!r}; expected one of {sorted(self._ops) + ['ping']}")
@@ -129,10 +158,12 @@ class ManagerCore:
             return error_reply(rid, e)
 
     # ------------------------------------------------------------------ ops
-    def _push(self, sender, data, batched=False, envstep=-1, model_version=None, session_id=None, client=None,
-              seq=None) -> Dict[str, Any]:
-        return self.push_dedup.once(client, seq,
-                                    lambda: self._apply_push(sender, data, batched, envstep, model_version, session_id))
+    def _push(
+        self, sender, data, batched=False, envstep=-1, model_version=None, session_id=None, client=None, seq=None
+    ) -> Dict[str, Any]:
+        return self.push_dedup.once(
+            client, seq, lambda: self._apply_push(sender, data, batched, envstep, model_version, session_id)
+        )
 
     def _apply_push(self, sender, data, batched, envstep, model_version, session_id) -> Dict[str, Any]:
         self.counters['push_requests'] += 1
@@ -151,11 +182,19 @@ class ManagerCore:
             try:
                 out = self.scoring_function(data, sender=sender, buffer=self.buffer)
             except Exception as e:
-                raise StoredThenFailed(type(e)(f"distributed.scoring_function raised {type(e).__name__}: {e} (the "
-                                                f"{stored} pushed items were stored)")) from e
+                raise StoredThenFailed(
+                    type(e)(
+                        f"distributed.scoring_function raised {type(e).__name__}: {e} (the "
+                        f"{stored} pushed items were stored)"
+                    )
+                ) from e
             if not isinstance(out, dict):
-                raise StoredThenFailed(TypeError(f"distributed.scoring_function must return a dict, got "
-                                                  f"{type(out).__name__} (the {stored} pushed items were stored)"))
+                raise StoredThenFailed(
+                    TypeError(
+                        f"distributed.scoring_function must return a dict, got "
+                        f"{type(out).__name__} (the {stored} pushed items were stored)"
+                    )
+                )
             score.update(out)
         base = self.baseline.value(*self._stored_log_rewards())
         if base is not None:
@@ -184,7 +223,9 @@ class ManagerCore:
         cap = self._capacity()
         if not isinstance(size, int) or isinstance(size, bool) or (cap is not None and size > cap):
             # never more rows than the buffer holds: a reply is at most the size of the buffer itself
-            raise ValueError(f"sample size must be an int of at most {cap} (the buffer's capacity), got {str(size)[:40]}")
+            raise ValueError(
+                f"sample size must be an int of at most {cap} (the buffer's capacity), got {str(size)[:40]}"
+            )
         if kwargs is not None and not isinstance(kwargs, dict):
             raise TypeError(f"sample 'kwargs' must be a dict, got {type(kwargs).__name__}")
         kwargs = dict(kwargs or {})
@@ -193,7 +234,11 @@ class ManagerCore:
         bad = sorted(str(k) for k in kwargs if k not in SAMPLE_KWARGS)
         if bad:
             raise ValueError(f"sample got unexpected keyword arguments {bad}; a worker may pass {list(SAMPLE_KWARGS)}")
-        if self.cfg.max_version_lag is not None and kwargs.get('cur_learner_iter', -1) == -1 and self.model_version >= 0:
+        if (
+            self.cfg.max_version_lag is not None
+            and kwargs.get('cur_learner_iter', -1) == -1
+            and self.model_version >= 0
+        ):
             kwargs['cur_learner_iter'] = self.model_version
         return self.buffer.sample(size, **kwargs)
 
@@ -213,8 +258,13 @@ class ManagerCore:
         return out
 
     def _metadata(self, sender) -> Dict[str, Any]:
-        out = {'model_version': self.model_version, 'session_id': self.session_id, 'count': self.buffer.count(),
-               'buffer_type': type(self.buffer).__name__, 'shard': self.cfg.shard}
+        out = {
+            'model_version': self.model_version,
+            'session_id': self.session_id,
+            'count': self.buffer.count(),
+            'buffer_type': type(self.buffer).__name__,
+            'shard': self.cfg.shard,
+        }
         base = self.baseline.value(*self._stored_log_rewards())
         if base is not None:
             out['baseline_log_reward'] = base
@@ -297,5 +347,8 @@ class ManagerCore:
         return path
 
     def summary(self) -> Dict[str, Any]:
-        return {'counters': dict(self.counters), 'per_sender': {str(k): dict(v) for k, v in self.per_sender.items()},
-                **self.liveness.summary()}
+        return {
+            'counters': dict(self.counters),
+            'per_sender': {str(k): dict(v) for k, v in self.per_sender.items()},
+            **self.liveness.summary(),
+        }

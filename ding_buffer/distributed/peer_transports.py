@@ -1,4 +1,5 @@
 """The two point-to-point backends of ``ThreadedTransport``: torch.distributed (gloo) and MPI (mpi4py)."""
+
 import threading
 import time
 from typing import Any, List, Optional, Tuple
@@ -17,6 +18,7 @@ class TorchTransport(ThreadedTransport):
 
     def __init__(self, peers, allow_pickle, max_message_bytes, grace: float = 5.0, group=None) -> None:
         import torch.distributed as dist
+
         self._pg = group if group is not None else dist.distributed_c10d._get_default_group()
         super().__init__(peers, allow_pickle, max_message_bytes, grace)
 
@@ -62,6 +64,7 @@ class MPITransport(ThreadedTransport):
 
     def __init__(self, peers, allow_pickle, max_message_bytes, grace: float = 5.0, comm=None) -> None:
         from mpi4py import MPI
+
         self._MPI = MPI
         self._comm = comm if comm is not None else MPI.COMM_WORLD
         # per peer: until when its receive thread polls closely (a message is expected soon: the peer sent one
@@ -114,8 +117,13 @@ class MPITransport(ThreadedTransport):
 
         self._probing.add(peer)
         try:
-            poll(probe, float('inf'), busy_until=lambda: self._expect[peer], kick=self._kick[peer],
-                 pollers=len(self._probing))
+            poll(
+                probe,
+                float('inf'),
+                busy_until=lambda: self._expect[peer],
+                kick=self._kick[peer],
+                pollers=len(self._probing),
+            )
         finally:
             self._probing.discard(peer)
         if not found:

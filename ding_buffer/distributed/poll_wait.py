@@ -8,6 +8,7 @@ an event ends such a pause at once when this side sends. ``time.sleep(0)`` is ne
 50 us timer slack it sleeps 50-80 us; the polling threads set their own timer slack to 1 us
 (``precise_sleeps``), so a 10 us sleep costs ~30 us instead of ~100 us.
 """
+
 import ctypes
 import os
 import sys
@@ -37,8 +38,14 @@ def precise_sleeps() -> None:
         pass
 
 
-def poll(done: Callable[[], bool], deadline: float, busy_until: Optional[Callable[[], float]] = None,
-         kick: Optional[threading.Event] = None, spin: float = SPIN, pollers: int = 1) -> bool:
+def poll(
+    done: Callable[[], bool],
+    deadline: float,
+    busy_until: Optional[Callable[[], float]] = None,
+    kick: Optional[threading.Event] = None,
+    spin: float = SPIN,
+    pollers: int = 1,
+) -> bool:
     """
     Overview:
         Call ``done()`` until it returns True (then True) or ``deadline`` (a ``time.monotonic()`` value) passes

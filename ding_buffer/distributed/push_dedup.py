@@ -6,6 +6,7 @@ after a timeout is safe. A push that stored its data and then failed (``StoredTh
 its error: every retry gets the same error, and the data is not stored twice. One record per client, the
 oldest dropped first beyond ``MAX_CLIENTS``.
 """
+
 from typing import Any, Callable, Dict, Tuple
 
 MAX_CLIENTS = 1 << 16  # push-dedup records kept (oldest dropped first)
@@ -21,10 +22,17 @@ class StoredThenFailed(Exception):
 
 def check_client_seq(client: Any, seq: Any) -> None:
     """``ValueError`` unless ``client`` is a str of 1..128 chars and ``seq`` an int in [0, 2**63)."""
-    if not (isinstance(client, str) and 0 < len(client) <= 128 and isinstance(seq, int)
-            and not isinstance(seq, bool) and 0 <= seq < (1 << 63)):
-        raise ValueError(f"push 'client' must be a str of 1..128 chars and 'seq' an int in [0, 2**63), got "
-                         f"{str(client)[:40]!r} and {str(seq)[:40]!r}")
+    if not (
+        isinstance(client, str)
+        and 0 < len(client) <= 128
+        and isinstance(seq, int)
+        and not isinstance(seq, bool)
+        and 0 <= seq < (1 << 63)
+    ):
+        raise ValueError(
+            f"push 'client' must be a str of 1..128 chars and 'seq' an int in [0, 2**63), got "
+            f"{str(client)[:40]!r} and {str(seq)[:40]!r}"
+        )
 
 
 class PushDedup:

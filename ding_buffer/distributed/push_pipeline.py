@@ -11,6 +11,7 @@ request that raised ``ManagerUnavailableError`` stays in ``unacked`` and is rese
 number before anything else is sent; the content digest of the push call that raised is remembered, so that
 the caller's retry of that call sends what is owed instead of adding the data a second time.
 """
+
 import hashlib
 import uuid
 from typing import Any, Dict, List, Optional
@@ -51,8 +52,15 @@ class PushPipeline:
         ``resent_pushes``, ``unacknowledged``; ``model_version`` / ``session_id`` stamp the requests.
     """
 
-    def __init__(self, dcfg: Any, channel: Any, local: Optional[IBuffer] = None, dict_is_batch: bool = False,
-                 scoring_keys: Optional[List[str]] = None, log_reward_key: str = 'log_reward') -> None:
+    def __init__(
+        self,
+        dcfg: Any,
+        channel: Any,
+        local: Optional[IBuffer] = None,
+        dict_is_batch: bool = False,
+        scoring_keys: Optional[List[str]] = None,
+        log_reward_key: str = 'log_reward',
+    ) -> None:
         self._dcfg = dcfg
         self._channel = channel
         self._local = local
@@ -148,8 +156,9 @@ class PushPipeline:
             return items, False
         cat = getattr(type(pending[0]), 'extend', None)
         if cat is None:
-            raise TypeError(f"cannot merge pending pushes of type {type(pending[0]).__name__}; "
-                            f"use remote_buffer_freq=1")
+            raise TypeError(
+                f"cannot merge pending pushes of type {type(pending[0]).__name__}; use remote_buffer_freq=1"
+            )
         merged = pending[0]
         for p in pending[1:]:
             merged.extend(p)
@@ -164,8 +173,15 @@ class PushPipeline:
         data = self._baseline_filter(data)
         if data is None:
             return
-        args = dict(data=data, batched=batched, envstep=envstep, model_version=self.model_version,
-                    session_id=self.session_id, client=self._client, seq=self._seq)
+        args = dict(
+            data=data,
+            batched=batched,
+            envstep=envstep,
+            model_version=self.model_version,
+            session_id=self.session_id,
+            client=self._client,
+            seq=self._seq,
+        )
         self._seq += 1
         self.filter_stats['sends'] += 1
         if not self._dcfg.async_score:

@@ -1,6 +1,7 @@
 """``ReplayBufferManager``: the manager rank of the torch / MPI backends. Serves ``ManagerCore`` on the
 transport's receive threads under one lock, watches exits, goodbyes, lost connections and silence, and ends
 with a goodbye to every connected worker and the checkpoint."""
+
 import threading
 import time
 from typing import Any, Dict, Optional
@@ -59,8 +60,9 @@ class ReplayBufferManager:
         try:
             while self._waiting_for():
                 if timeout is not None and time.monotonic() - start > timeout:
-                    raise TimeoutError(f"manager run() exceeded {timeout}s; still waiting for ranks "
-                                       f"{sorted(self._waiting_for())}")
+                    raise TimeoutError(
+                        f"manager run() exceeded {timeout}s; still waiting for ranks {sorted(self._waiting_for())}"
+                    )
                 item = self.transport.recv(timeout=poll)  # lost peers, goodbyes, wake-ups after an EXIT
                 with self._lock:
                     # arrivals first: a goodbye or a broken connection comes after the peer's last message

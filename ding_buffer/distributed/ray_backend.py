@@ -18,6 +18,7 @@ Start-up is bounded by ``distributed.startup_timeout``: an explicit ``host:port`
 connection and ``ray.init`` must finish within it, and the actor must answer a readiness check within it (a
 cluster without a free CPU to place it fails with ``TimeoutError`` instead of waiting forever).
 """
+
 import logging
 import os
 import threading
@@ -27,12 +28,12 @@ from typing import Any, Dict, Optional, Tuple
 
 import numpy as np
 
-from .codec import CodecError, decode, encode, peek_id
 from .channel import heartbeat_loop
+from .codec import CodecError, decode, encode, peek_id
 from .config import startup_seconds
-from .startup import connect_ray
 from .manager import ManagerCore, error_reply
 from .remote import ManagerTimeoutError, ManagerUnavailableError
+from .startup import connect_ray
 
 logger = logging.getLogger('ding_buffer.distributed')
 
@@ -84,6 +85,7 @@ class _ManagerActorImpl:
 
     def __init__(self, cfg: Dict[str, Any]) -> None:
         from .local import build_manager_buffer
+
         buffer, dcfg, key = build_manager_buffer(cfg)
         self.core = ManagerCore(buffer, dcfg, key)
         self.cfg = dcfg
@@ -116,12 +118,12 @@ class _ManagerActorImpl:
     def _call(self, client: Any, msg: Tuple[Any, ...]) -> list:
         try:
             if not _is_client(client):
-                raise CodecError(f"the sender id must be a str of 1..{MAX_CLIENT_CHARS} chars, got "
-                                 f"{type(client).__name__}")
+                raise CodecError(
+                    f"the sender id must be a str of 1..{MAX_CLIENT_CHARS} chars, got {type(client).__name__}"
+                )
             size = _message_bytes(msg)
             if size > self.max_bytes:
-                raise CodecError(f"message of {size} bytes exceeds distributed.max_message_mb "
-                                 f"({self.max_bytes} bytes)")
+                raise CodecError(f"message of {size} bytes exceeds distributed.max_message_mb ({self.max_bytes} bytes)")
             request = decode(bytes(msg[0]), msg[1:], self.allow_pickle)
         except Exception as e:  # noqa: BLE001 - refused before decoding, or undecodable: answered
             rid = peek_id(msg[0]) if msg and isinstance(msg[0], (np.ndarray, bytes, bytearray)) else None
@@ -134,8 +136,15 @@ class _ManagerActorImpl:
         with self._lock:
             if self._ended and op != 'ping':
                 rid = request.get('id') if isinstance(request, dict) else None
-                return _wire(error_reply(rid, ManagerUnavailableError(
-                    "the manager has shut down (every worker exited or was lost) and is ending")), False)
+                return _wire(
+                    error_reply(
+                        rid,
+                        ManagerUnavailableError(
+                            "the manager has shut down (every worker exited or was lost) and is ending"
+                        ),
+                    ),
+                    False,
+                )
             reply = self.core.handle(client, request)
             if reply is None:
                 return []
@@ -187,8 +196,12 @@ class _ManagerActorImpl:
                     end = False
                     if not self._ended and self._all_done():
                         self._ended, end = True, True
-                        logger.warning("manager actor: every one of the %d workers exited or was lost (lost: %s); "
-                                       "checkpointing and ending", self.num_workers, sorted(self.core.lost))
+                        logger.warning(
+                            "manager actor: every one of the %d workers exited or was lost (lost: %s); "
+                            "checkpointing and ending",
+                            self.num_workers,
+                            sorted(self.core.lost),
+                        )
                         try:
                             self.core.shutdown()
                         except Exception:  # noqa: BLE001 - nobody to report to: log it and end anyway
@@ -229,18 +242,20 @@ def get_or_create_actor(cfg: Dict[str, Any], dcfg: Any):
     deadline = time.monotonic() + seconds
     if not ray.is_initialized():
         connect_ray(ray, dcfg, deadline, seconds)
-    opts = dict(name=dcfg.actor_name, namespace=dcfg.namespace, get_if_exists=True, max_concurrency=1,
-                max_restarts=0)
+    opts = dict(name=dcfg.actor_name, namespace=dcfg.namespace, get_if_exists=True, max_concurrency=1, max_restarts=0)
     if dcfg.detached:
         opts['lifetime'] = 'detached'
     actor = actor_class().options(**opts).remote(cfg)
     where = f"manager actor {dcfg.namespace}/{dcfg.actor_name}"
     try:
-        ray.get(actor.ready.options(concurrency_group=BEAT_GROUP).remote(),
-                timeout=max(deadline - time.monotonic(), 0.0))
+        ray.get(
+            actor.ready.options(concurrency_group=BEAT_GROUP).remote(), timeout=max(deadline - time.monotonic(), 0.0)
+        )
     except ray.exceptions.GetTimeoutError as e:
-        raise TimeoutError(f"{where} did not start within {seconds}s (distributed.startup_timeout): the cluster may "
-                           f"have no free CPU to place it (see `ray status`), or building its buffer is slow") from e
+        raise TimeoutError(
+            f"{where} did not start within {seconds}s (distributed.startup_timeout): the cluster may "
+            f"have no free CPU to place it (see `ray status`), or building its buffer is slow"
+        ) from e
     except ray.exceptions.RayActorError as e:
         raise ManagerUnavailableError(f"{where} could not start: {e}") from e
     return actor
@@ -267,9 +282,12 @@ class RayChannel:
             self._beat()
         except Exception:  # noqa: BLE001 - an unreachable manager fails the first request instead
             pass
-        self._beat_thread = threading.Thread(target=heartbeat_loop, args=(weakref.ref(self), self._stop,
-                                                                      dcfg.heartbeat_seconds),
-                                             daemon=True, name='ding_buffer-ray-heartbeat')
+        self._beat_thread = threading.Thread(
+            target=heartbeat_loop,
+            args=(weakref.ref(self), self._stop, dcfg.heartbeat_seconds),
+            daemon=True,
+            name='ding_buffer-ray-heartbeat',
+        )
         self._beat_thread.start()
 
     def _beat(self) -> bool:
@@ -309,8 +327,9 @@ class RayChannel:
         if self._dead:
             raise ManagerUnavailableError(self._dead)
         if not ray.is_initialized():
-            raise self._unavailable(f"{self.where} is unreachable: Ray is not initialised in this process (shut "
-                                    f"down?)", dead=True)
+            raise self._unavailable(
+                f"{self.where} is unreachable: Ray is not initialised in this process (shut down?)", dead=True
+            )
         request['id'] = self._next
         self._next += 1
         wire = _wire(request, self.allow_pickle)  # TypeError (no pickle) before anything is sent
@@ -330,8 +349,10 @@ class RayChannel:
         try:
             msg = ray.get(ref, timeout=max(deadline - time.monotonic(), 0.0))
         except ray.exceptions.GetTimeoutError as e:
-            raise ManagerTimeoutError(f"{self.where} did not answer {op!r} within {self.timeout}s "
-                                      f"(distributed.timeout); it may be overloaded, frozen or gone") from e
+            raise ManagerTimeoutError(
+                f"{self.where} did not answer {op!r} within {self.timeout}s "
+                f"(distributed.timeout); it may be overloaded, frozen or gone"
+            ) from e
         except ray.exceptions.RayActorError as e:  # ActorDiedError and friends derive from it
             raise self._unavailable(f"{self.where} is gone: {type(e).__name__}", dead=True) from e
         except ray.exceptions.RayError as e:  # the object was lost, the task failed in Ray itself

@@ -10,6 +10,7 @@ numpy view and every tensor made over it keeps raised. Bytes a short gloo messag
 from the same peer's earlier message (one pool per peer), never from another peer's. Only sizes that recur are
 kept (a size missed twice among the last ``RECENT`` misses), so a peer whose parts vary in size pins nothing.
 """
+
 import sys
 from collections import deque
 from typing import List, Optional

@@ -16,17 +16,18 @@ Not thread-safe: use one RemoteBuffer per thread.
 
 Neighbour: ``push_pipeline`` (``PushPipeline``: the pushes' stages and their delivery bookkeeping).
 """
+
 import time
 from typing import Any, Dict, List, Optional
 
 from ..base import IBuffer
 from ..buffers.common import check_wait_timeout
 from ..control.thruput import SampleTimeoutError
-from .manager import REMOTE_EXCEPTIONS, request_msg, result_of  # noqa: F401 (REMOTE_EXCEPTIONS re-exported)
 from ..errors import ManagerTimeoutError, ManagerUnavailableError, RemoteError  # noqa: F401 (re-exported)
-from .channel import PeerChannel, deadline_in  # noqa: F401 (PeerChannel re-exported)
 from .blobs import check_name, check_version
+from .channel import PeerChannel, deadline_in  # noqa: F401 (PeerChannel re-exported)
 from .delegate import delegated
+from .manager import REMOTE_EXCEPTIONS, request_msg, result_of  # noqa: F401 (REMOTE_EXCEPTIONS re-exported)
 from .push_pipeline import PushPipeline, new_client_id  # noqa: F401 (new_client_id re-exported)
 
 
@@ -43,15 +44,28 @@ class RemoteBuffer(IBuffer):
         ``unacknowledged`` (pushes in doubt, sent again by the next call).
     """
 
-    def __init__(self, cfg: Any, dcfg: Any, channel: Any, local: Optional[IBuffer] = None,
-                 dict_is_batch: bool = False, scoring_keys: Optional[List[str]] = None,
-                 log_reward_key: str = 'log_reward') -> None:
+    def __init__(
+        self,
+        cfg: Any,
+        dcfg: Any,
+        channel: Any,
+        local: Optional[IBuffer] = None,
+        dict_is_batch: bool = False,
+        scoring_keys: Optional[List[str]] = None,
+        log_reward_key: str = 'log_reward',
+    ) -> None:
         self._cfg = cfg
         self._dcfg = dcfg
         self._channel = channel
         self._local = local
-        self._pushes = PushPipeline(dcfg, channel, local=local, dict_is_batch=dict_is_batch,
-                                    scoring_keys=scoring_keys, log_reward_key=log_reward_key)
+        self._pushes = PushPipeline(
+            dcfg,
+            channel,
+            local=local,
+            dict_is_batch=dict_is_batch,
+            scoring_keys=scoring_keys,
+            log_reward_key=log_reward_key,
+        )
         self._closed = False
 
     # ------------------------------------------------------------------ requests
@@ -119,8 +133,11 @@ class RemoteBuffer(IBuffer):
             ``ManagerUnavailableError``.
         """
         if self._local is not None:
-            return self._local.sample(size, cur_learner_iter, **kwargs) if timeout is None else \
-                self._local.sample(size, cur_learner_iter, timeout=timeout, **kwargs)
+            return (
+                self._local.sample(size, cur_learner_iter, **kwargs)
+                if timeout is None
+                else self._local.sample(size, cur_learner_iter, timeout=timeout, **kwargs)
+            )
         kwargs['cur_learner_iter'] = cur_learner_iter
         check_wait_timeout(timeout)  # before anything is asked: NaN or inf would poll forever
         if timeout is None:
@@ -137,8 +154,10 @@ class RemoteBuffer(IBuffer):
                 # a poll bounded by this call's own deadline ran out: the sample timed out (a lost connection,
                 # or a poll bounded by distributed.timeout, is the manager being unavailable)
                 if left < self._dcfg.timeout:
-                    raise SampleTimeoutError(f"remote buffer could not sample {size} items within {timeout}s (the "
-                                             f"manager did not answer the last poll in time)") from e
+                    raise SampleTimeoutError(
+                        f"remote buffer could not sample {size} items within {timeout}s (the "
+                        f"manager did not answer the last poll in time)"
+                    ) from e
                 raise
             if out is not None:
                 return out
@@ -187,9 +206,11 @@ class RemoteBuffer(IBuffer):
         """Ask the manager to load ``path`` (relative to its ``distributed.file_root``). Whether a pickled file
         may be loaded is the manager's own ``distributed.allow_pickle``: a request never carries that flag."""
         if allow_pickle and not self._dcfg.allow_pickle:
-            raise ValueError("load_data(allow_pickle=True) on a remote buffer: unpickling runs code on the manager, "
-                             "so it is allowed only by the manager's own config (distributed.allow_pickle=True), "
-                             "never by a request")
+            raise ValueError(
+                "load_data(allow_pickle=True) on a remote buffer: unpickling runs code on the manager, "
+                "so it is allowed only by the manager's own config (distributed.allow_pickle=True), "
+                "never by a request"
+            )
         return self._request('load_data', path=path)
 
     def set_model_version(self, version: int, session_id: Optional[str] = None) -> None:

@@ -31,6 +31,7 @@ elsewhere and the other shards' ``stats`` keep working; a sample needs every sha
 ``state_dict`` / ``save_data`` keep one state (file) per shard (``path.shard<k>``) plus this client's beta and
 routing position; ``load_state_dict`` is all or nothing (the shards loaded before a failing one are restored).
 """
+
 import copy
 import zlib
 from typing import Any, Dict, List, Optional, Sequence
@@ -66,16 +67,25 @@ class ShardedBuffer:
         before any manager starts)."""
         kind = cfg.get('type')
         if kind not in SHARDABLE:
-            raise ValueError(f"config key 'distributed.num_shards' > 1 works with types {list(SHARDABLE)}, got "
-                             f"{kind!r}")
+            raise ValueError(
+                f"config key 'distributed.num_shards' > 1 works with types {list(SHARDABLE)}, got {kind!r}"
+            )
         if route not in ROUTES:
             raise ValueError(f"config key 'distributed.shard_route' must be one of {list(ROUTES)}, got {route!r:.40}")
         if route == 'hash' and not (isinstance(shard_key, str) and shard_key):
-            raise ValueError("config key 'distributed.shard_key' must name an item field for shard_route='hash', got "
-                             f"{shard_key!r:.40}")
+            raise ValueError(
+                "config key 'distributed.shard_key' must name an item field for shard_route='hash', got "
+                f"{shard_key!r:.40}"
+            )
 
-    def __init__(self, shards: Sequence[Any], cfg: Any, route: str = 'round_robin', shard_key: Optional[str] = None,
-                 seed: Optional[int] = None) -> None:
+    def __init__(
+        self,
+        shards: Sequence[Any],
+        cfg: Any,
+        route: str = 'round_robin',
+        shard_key: Optional[str] = None,
+        seed: Optional[int] = None,
+    ) -> None:
         self.check(cfg, route, shard_key)
         if len(shards) < 1:
             raise ValueError("a sharded buffer needs at least one shard")
@@ -148,8 +158,9 @@ class ShardedBuffer:
         return self.push(batch, cur_collector_envstep, batched=True)
 
     # ------------------------------------------------------------------ sample
-    def sample(self, size: int, cur_learner_iter: int = -1, replace: Optional[bool] = None,
-               **kwargs: Any) -> Optional[Any]:
+    def sample(
+        self, size: int, cur_learner_iter: int = -1, replace: Optional[bool] = None, **kwargs: Any
+    ) -> Optional[Any]:
         """``size`` items drawn as one buffer holding every shard's items would draw them (module docstring);
         ``None`` while the shards hold too few items."""
         self._check_open()
@@ -165,8 +176,10 @@ class ShardedBuffer:
         for k, s in enumerate(stats):  # a shard that reports nonsense is named, not fed to numpy
             mass = s.get('priority_mass', 0.0)
             if counts[k] < 0 or not (isinstance(mass, (int, float)) and 0 <= mass < float('inf')):
-                raise ValueError(f"shard {k} of {self.num_shards} reports count {counts[k]} and priority mass "
-                                 f"{mass!r:.40}; expected a count >= 0 and a finite mass >= 0")
+                raise ValueError(
+                    f"shard {k} of {self.num_shards} reports count {counts[k]} and priority mass "
+                    f"{mass!r:.40}; expected a count >= 0 and a finite mass >= 0"
+                )
         total = int(counts.sum())
         if total == 0 or total < self.min_ratio * size:
             return None
@@ -178,9 +191,11 @@ class ShardedBuffer:
         elif self.softmax:
             rep = self.gfn_replacement if replace is None else replace
             if rep is False or (rep is None and size <= total):
-                raise ValueError("a sharded gfn buffer with prioritized_sampling draws with replacement: pass "
-                                 "replace=True or set sample_replacement=True (softmax sampling without replacement "
-                                 "does not split into per-shard draws)")
+                raise ValueError(
+                    "a sharded gfn buffer with prioritized_sampling draws with replacement: pass "
+                    "replace=True or set sample_replacement=True (softmax sampling without replacement "
+                    "does not split into per-shard draws)"
+                )
             lse = np.array([float(s.get('log_reward_logsumexp', float('-inf'))) for s in stats])
             if not np.isfinite(lse).any():  # every reward is 0: the limit of equal rewards, uniform
                 draws = self._rng.multinomial(size, counts / total)
@@ -188,8 +203,11 @@ class ShardedBuffer:
                 w = np.exp(lse - lse[np.isfinite(lse)].max())
                 draws = self._rng.multinomial(size, w / w.sum())
             replace = True
-        elif replace or (self.kind == 'gfn' and replace is None and (
-                self.gfn_replacement or (self.gfn_replacement is None and size > total))):
+        elif replace or (
+            self.kind == 'gfn'
+            and replace is None
+            and (self.gfn_replacement or (self.gfn_replacement is None and size > total))
+        ):
             draws = self._rng.multinomial(size, counts / total)
             replace = True
         else:
@@ -232,11 +250,15 @@ class ShardedBuffer:
         """Send each row of ``info`` to the shard that owns it (its ``shard`` column, from ``sample``)."""
         self._check_open()
         if not isinstance(info, dict) or 'shard' not in info:
-            raise ValueError("update of a sharded buffer needs the 'shard' column of the sampled batch (with "
-                             "'replay_unique_id', 'replay_buffer_idx' and 'priority')")
+            raise ValueError(
+                "update of a sharded buffer needs the 'shard' column of the sampled batch (with "
+                "'replay_unique_id', 'replay_buffer_idx' and 'priority')"
+            )
         shard = np.asarray(torch.as_tensor(info['shard']).cpu(), dtype=np.int64).reshape(-1)
         if shard.size and (shard.min() < 0 or shard.max() >= self.num_shards):
-            raise ValueError(f"'shard' holds {int(shard.min())}..{int(shard.max())}; there are {self.num_shards} shards")
+            raise ValueError(
+                f"'shard' holds {int(shard.min())}..{int(shard.max())}; there are {self.num_shards} shards"
+            )
         total = {'updated': 0, 'stale': 0}
         for k in np.unique(shard):
             idx = np.flatnonzero(shard == k)
@@ -271,9 +293,14 @@ class ShardedBuffer:
             self._call(k, 'clear')
 
     def state_dict(self) -> Dict[str, Any]:
-        return {'type': 'ShardedBuffer', 'num_shards': self.num_shards, 'beta': self.beta, 'next': self._next,
-                'rng': copy.deepcopy(self._rng.bit_generator.state),
-                'shards': [self._call(k, 'state_dict') for k in range(self.num_shards)]}
+        return {
+            'type': 'ShardedBuffer',
+            'num_shards': self.num_shards,
+            'beta': self.beta,
+            'next': self._next,
+            'rng': copy.deepcopy(self._rng.bit_generator.state),
+            'shards': [self._call(k, 'state_dict') for k in range(self.num_shards)],
+        }
 
     def load_state_dict(self, state: Dict[str, Any], deepcopy: bool = False) -> None:
         """All or nothing: a shard that refuses its state puts the shards loaded before it back."""
@@ -305,8 +332,9 @@ class ShardedBuffer:
 
     def load_data(self, path: str, allow_pickle: bool = False) -> List[Any]:
         """Each shard loads ``path.shard<k>`` (a remote shard's manager decides on pickle itself)."""
-        return [self._call(k, 'load_data', shard_path(path, k), allow_pickle=allow_pickle)
-                for k in range(self.num_shards)]
+        return [
+            self._call(k, 'load_data', shard_path(path, k), allow_pickle=allow_pickle) for k in range(self.num_shards)
+        ]
 
     def update_model_version(self, version: int, session_id: Optional[str] = None) -> List[Any]:
         return [self._call(k, 'update_model_version', version, session_id) for k in range(self.num_shards)]
@@ -340,7 +368,8 @@ class ShardedBuffer:
             where = ', '.join(str(i) for i, _ in failed)
             raise (ManagerUnavailableError if isinstance(e, ManagerUnavailableError) else RuntimeError)(
                 f"closing shard{'s' if len(failed) > 1 else ''} {where} of {self.num_shards} failed (the others "
-                f"closed): {e}") from e
+                f"closed): {e}"
+            ) from e
 
     def __enter__(self) -> 'ShardedBuffer':
         return self
@@ -377,7 +406,7 @@ def _concat(parts: List[Any]) -> Any:
     if isinstance(first, list):
         return [dict(item, shard=k) for k, part in parts for item in part]
     out = _cat([p for _, p in parts])
-    out['shard'] = torch.cat([torch.full((_batch_len(p), ), k, dtype=torch.int64) for k, p in parts])
+    out['shard'] = torch.cat([torch.full((_batch_len(p),), k, dtype=torch.int64) for k, p in parts])
     return out
 
 
@@ -401,8 +430,10 @@ def _shuffle(out: Any, perm: np.ndarray) -> Any:
     if isinstance(out, list):
         return [out[i] for i in perm]
     index = torch.from_numpy(perm)
-    return {k: _shuffle(v, perm) if isinstance(v, dict) else (v[index] if isinstance(v, torch.Tensor) else
-                                                             _rows(v, perm)) for k, v in out.items()}
+    return {
+        k: _shuffle(v, perm) if isinstance(v, dict) else (v[index] if isinstance(v, torch.Tensor) else _rows(v, perm))
+        for k, v in out.items()
+    }
 
 
 __all__ = ['ShardedBuffer', 'shard_path', 'SHARDABLE', 'ROUTES']

@@ -2,6 +2,7 @@
 torch.distributed job (reaching the master's store, then a presence barrier that names the ranks that never
 came), MPI's thread level, and reaching a Ray cluster (a TCP probe first, then ``ray.init`` on a bounded thread).
 """
+
 import logging
 import os
 import signal
@@ -19,8 +20,9 @@ def wait_listening(host: str, port: int, deadline: float) -> None:
     while True:
         left = deadline - time.monotonic()
         if left <= 0:
-            raise TimeoutError(f"nothing listens at {host}:{port} ({type(last).__name__ if last else 'no attempt'}: "
-                               f"{last})")
+            raise TimeoutError(
+                f"nothing listens at {host}:{port} ({type(last).__name__ if last else 'no attempt'}: {last})"
+            )
         try:
             socket.create_connection((host, port), timeout=min(left, 2.0)).close()
             return
@@ -30,8 +32,9 @@ def wait_listening(host: str, port: int, deadline: float) -> None:
             pause = min(pause * 2, 0.5)
 
 
-def _presence_barrier(store: Any, rank: int, world: int, timeout_s: float, prefix: str,
-                      configured: Optional[float] = None) -> None:
+def _presence_barrier(
+    store: Any, rank: int, world: int, timeout_s: float, prefix: str, configured: Optional[float] = None
+) -> None:
     """Every rank marks itself present in the store and waits (at most ``timeout_s``, what is left of the
     configured start-up time) for the others."""
     keys = [f'{prefix}/{r}' for r in range(world)]
@@ -42,14 +45,18 @@ def _presence_barrier(store: Any, rank: int, world: int, timeout_s: float, prefi
             store.set(keys[rank], '1')
             missing = [r for r, k in enumerate(keys) if not store.check([k])]
         except Exception as e:  # the store's host went away (it gave up waiting, or died)
-            raise TimeoutError(f"distributed start-up: lost the store while waiting for the other ranks "
-                               f"({type(e).__name__}: {e}); did every rank start?") from e
+            raise TimeoutError(
+                f"distributed start-up: lost the store while waiting for the other ranks "
+                f"({type(e).__name__}: {e}); did every rank start?"
+            ) from e
         if not missing:
             return
         if time.monotonic() > deadline:
-            raise TimeoutError(f"distributed start-up: ranks {missing} of {world} did not join within "
-                               f"{configured if configured is not None else timeout_s}s "
-                               f"(distributed.startup_timeout); were they started, with the same MASTER_ADDR/PORT?")
+            raise TimeoutError(
+                f"distributed start-up: ranks {missing} of {world} did not join within "
+                f"{configured if configured is not None else timeout_s}s "
+                f"(distributed.startup_timeout); were they started, with the same MASTER_ADDR/PORT?"
+            )
         time.sleep(pause)
         pause = min(pause * 2, 0.2)
 
@@ -65,18 +72,24 @@ def init_torch(startup_s: float) -> Tuple[int, int]:
     """
     import datetime
     import os
+
     import torch.distributed as dist
+
     if not dist.is_available():
         raise RuntimeError("distributed.backend='torch' needs torch.distributed, which this torch build lacks")
     if dist.is_initialized():
         if dist.get_backend() != 'gloo':
-            raise ValueError(f"distributed.backend='torch' needs a gloo process group, the default group uses "
-                             f"{dist.get_backend()!r}; create a gloo group for the buffer")
+            raise ValueError(
+                f"distributed.backend='torch' needs a gloo process group, the default group uses "
+                f"{dist.get_backend()!r}; create a gloo group for the buffer"
+            )
         return dist.get_rank(), dist.get_world_size()
     missing = [k for k in ('MASTER_ADDR', 'MASTER_PORT', 'RANK', 'WORLD_SIZE') if k not in os.environ]
     if missing:
-        raise RuntimeError(f"distributed.backend='torch' needs the env variables {missing} (set by torchrun, or by "
-                           f"you for env:// launches); run the job under torchrun --nproc_per_node N")
+        raise RuntimeError(
+            f"distributed.backend='torch' needs the env variables {missing} (set by torchrun, or by "
+            f"you for env:// launches); run the job under torchrun --nproc_per_node N"
+        )
     host, port = os.environ['MASTER_ADDR'], int(os.environ['MASTER_PORT'])
     rank, world = int(os.environ['RANK']), int(os.environ['WORLD_SIZE'])
     where = f"{host}:{port}"
@@ -88,15 +101,24 @@ def init_torch(startup_s: float) -> Tuple[int, int]:
     try:
         if not master:  # the store's own client retries with random back-off past its timeout: probe first
             wait_listening(host, port, deadline)
-        store = dist.TCPStore(host, port, world, is_master=master, wait_for_workers=False,
-                              timeout=datetime.timedelta(seconds=max(deadline - time.monotonic(), 0.5)))
+        store = dist.TCPStore(
+            host,
+            port,
+            world,
+            is_master=master,
+            wait_for_workers=False,
+            timeout=datetime.timedelta(seconds=max(deadline - time.monotonic(), 0.5)),
+        )
     except Exception as e:
-        raise TimeoutError(f"distributed start-up (rank {rank} of {world}): could not reach the torch.distributed "
-                           f"master at {where} within {startup_s}s (distributed.startup_timeout): "
-                           f"{type(e).__name__}: {e}") from e
+        raise TimeoutError(
+            f"distributed start-up (rank {rank} of {world}): could not reach the torch.distributed "
+            f"master at {where} within {startup_s}s (distributed.startup_timeout): "
+            f"{type(e).__name__}: {e}"
+        ) from e
     restart = os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')
-    _presence_barrier(store, rank, world, max(deadline - time.monotonic(), 0.0), f'ding_buffer/present/{restart}',
-                      startup_s)
+    _presence_barrier(
+        store, rank, world, max(deadline - time.monotonic(), 0.0), f'ding_buffer/present/{restart}', startup_s
+    )
     long = datetime.timedelta(seconds=max(startup_s, 7 * 24 * 3600))
     store.set_timeout(long)
     dist.init_process_group('gloo', store=store, rank=rank, world_size=world, timeout=long)
@@ -107,8 +129,10 @@ def init_mpi() -> Tuple[int, int]:
     try:
         from mpi4py import MPI
     except ImportError as e:
-        raise ImportError("distributed.backend='mpi' needs mpi4py (pip install 'ding_buffer[mpi]', and Open MPI: "
-                          "apt-get install openmpi-bin libopenmpi-dev)") from e
+        raise ImportError(
+            "distributed.backend='mpi' needs mpi4py (pip install 'ding_buffer[mpi]', and Open MPI: "
+            "apt-get install openmpi-bin libopenmpi-dev)"
+        ) from e
     if MPI.Query_thread() < MPI.THREAD_MULTIPLE:
         raise RuntimeError("distributed.backend='mpi' needs MPI_THREAD_MULTIPLE (mpi4py's default thread level)")
     return MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size()
@@ -128,7 +152,6 @@ def _tcp_target(address: Optional[str]) -> Optional[Tuple[str, int]]:
 
 
 class _DropThreadWarning(logging.Filter):
-
     def filter(self, record: logging.LogRecord) -> bool:
         return 'SIGTERM handler is not set' not in record.getMessage()
 
@@ -160,9 +183,11 @@ def _init_bounded(ray: Any, address: str, namespace: str, deadline: float, secon
     finally:
         ray_logger.removeFilter(quiet)
     if t.is_alive():
-        raise TimeoutError(f"the Ray cluster at {address!r} (distributed.ray_address) accepts connections but "
-                           f"ray.init did not finish within {seconds}s (distributed.startup_timeout); is it a Ray "
-                           f"head node (GCS port) and reachable with this Ray version?")
+        raise TimeoutError(
+            f"the Ray cluster at {address!r} (distributed.ray_address) accepts connections but "
+            f"ray.init did not finish within {seconds}s (distributed.startup_timeout); is it a Ray "
+            f"head node (GCS port) and reachable with this Ray version?"
+        )
     if errors:
         raise errors[0]
 
@@ -178,6 +203,8 @@ def connect_ray(ray: Any, dcfg: Any, deadline: float, seconds: float) -> None:
     try:
         wait_listening(*target, deadline)
     except TimeoutError as e:
-        raise TimeoutError(f"could not reach the Ray cluster at {shown!r} (distributed.ray_address) within {seconds}s "
-                           f"(distributed.startup_timeout): {e}") from e
+        raise TimeoutError(
+            f"could not reach the Ray cluster at {shown!r} (distributed.ray_address) within {seconds}s "
+            f"(distributed.startup_timeout): {e}"
+        ) from e
     _init_bounded(ray, address, dcfg.namespace, deadline, seconds)

@@ -15,7 +15,8 @@ queued (its memory alive) and reaches the peer whenever the peer reads again. Th
 message of a frame as it is queued (``Isend`` returns at once), so the data moves while the sender thread wakes
 up to poll for the completions; the torch backend issues and waits for its gloo sends on the sender thread
 (issuing them on the caller's thread measured slower). A worker queues a new frame only once the previous one
-left (bounded memory); the manager keeps at most ``MAX_QUEUED`` replies per worker. A broken connection fails every queued frame with ``TransportError``.
+left (bounded memory); the manager keeps at most ``MAX_QUEUED`` replies per worker. A broken connection fails every
+queued frame with ``TransportError``.
 
 Receiving. One thread per peer reads whole messages and decodes them (so every ``recv`` has a timeout: gloo's
 own timed wait closes the connection when it expires). Large parts land in recycled buffers when nothing holds
@@ -28,6 +29,7 @@ thread ends only when the peer's BYE arrives or the connection breaks. ``close(g
 the threads, so no thread is left inside gloo when the interpreter exits (a gloo wait that returns during
 interpreter shutdown aborts the process).
 """
+
 import atexit
 import logging
 import queue
@@ -42,8 +44,25 @@ import numpy as np
 from ..errors import CodecError, ProtocolError, SendTimeout, TransportError  # noqa: F401 (re-exported)
 from .codec import encode
 from .frame_reader import BYE, ERROR, LOST, MESSAGE, FrameReader
-from .framing import (CTRL, DATA, GOODBYE, HEAD, INLINE, MAGIC, MAX_HEADER, MAX_META, MAX_PARTS, MAX_QUEUED,  # noqa: F401
-                      PIECE, TAG, frame, pieces, table_ok)
+
+# the framing constants; the backends and the tests read some of them from here (re-exported)
+from .framing import (  # noqa: F401
+    CTRL,
+    DATA,
+    GOODBYE,
+    HEAD,
+    INLINE,
+    MAGIC,
+    MAX_HEADER,
+    MAX_META,
+    MAX_PARTS,
+    MAX_QUEUED,
+    PIECE,
+    TAG,
+    frame,
+    pieces,
+    table_ok,
+)
 
 logger = logging.getLogger('ding_buffer.distributed')
 
@@ -60,7 +79,6 @@ class _Frame:
 
 
 class _Outbox:
-
     def __init__(self) -> None:
         self.frames: 'deque[_Frame]' = deque()
         self.cond = threading.Condition()
@@ -98,8 +116,7 @@ class ThreadedTransport(FrameReader):
         ``send`` may be called from any thread; frames to one peer leave in the order they were queued.
     """
 
-    def __init__(self, peers: Sequence[int], allow_pickle: bool, max_message_bytes: int,
-                 grace: float = 5.0) -> None:
+    def __init__(self, peers: Sequence[int], allow_pickle: bool, max_message_bytes: int, grace: float = 5.0) -> None:
         self.peers = list(peers)
         self.allow_pickle = allow_pickle
         self.max_message_bytes = int(max_message_bytes)
@@ -138,8 +155,9 @@ class ThreadedTransport(FrameReader):
         """Run first on each sender and receive thread of this transport (a backend's per-thread setup)."""
 
     # ------------------------------------------------------------------ sending
-    def send(self, peer: int, obj: Any, msg_id: int = -1, deadline: Optional[float] = None, wait: bool = True,
-             limit: int = 1) -> int:
+    def send(
+        self, peer: int, obj: Any, msg_id: int = -1, deadline: Optional[float] = None, wait: bool = True, limit: int = 1
+    ) -> int:
         """
         Overview:
             Encode ``obj`` and queue it for ``peer``. With ``wait`` block until it left (or ``deadline``, a
@@ -150,12 +168,23 @@ class ThreadedTransport(FrameReader):
         header, parts = encode(obj, self.allow_pickle)
         return self.send_encoded(peer, header, parts, msg_id, deadline, wait, limit)
 
-    def send_encoded(self, peer: int, header: bytes, parts: List[np.ndarray], msg_id: int = -1,
-                     deadline: Optional[float] = None, wait: bool = True, limit: int = 1, kind: int = DATA) -> int:
+    def send_encoded(
+        self,
+        peer: int,
+        header: bytes,
+        parts: List[np.ndarray],
+        msg_id: int = -1,
+        deadline: Optional[float] = None,
+        wait: bool = True,
+        limit: int = 1,
+        kind: int = DATA,
+    ) -> int:
         head, extra, out, n = frame(header, parts, msg_id if isinstance(msg_id, int) and msg_id >= 0 else -1, kind)
         if n > self.max_message_bytes or len(header) > MAX_HEADER:  # the peer would only drain and refuse it
-            raise CodecError(f"message of {n} bytes (header {len(header)}) exceeds distributed.max_message_mb "
-                             f"({self.max_message_bytes} bytes) or the {MAX_HEADER}-byte header limit; nothing was sent")
+            raise CodecError(
+                f"message of {n} bytes (header {len(header)}) exceeds distributed.max_message_mb "
+                f"({self.max_message_bytes} bytes) or the {MAX_HEADER}-byte header limit; nothing was sent"
+            )
         bufs = [head] + ([extra] if extra is not None else [])
         for p in out:
             if not p.flags.writeable:  # torch.from_numpy needs writable memory; only bytes leaves are not
@@ -166,8 +195,10 @@ class ThreadedTransport(FrameReader):
         if wait:
             left = None if deadline is None else deadline - time.monotonic()
             if not fr.done.wait(left):
-                raise SendTimeout(f"rank {peer} did not take a message within the deadline; it stays queued "
-                                  f"and is delivered if the peer reads again")
+                raise SendTimeout(
+                    f"rank {peer} did not take a message within the deadline; it stays queued "
+                    f"and is delivered if the peer reads again"
+                )
             if fr.error is not None:
                 raise TransportError(fr.error)
         return n
@@ -186,8 +217,10 @@ class ThreadedTransport(FrameReader):
                     break
                 left = 0.0 if deadline is None else deadline - time.monotonic()
                 if left <= 0:
-                    raise SendTimeout(f"rank {peer} has not taken the previous {len(ob.frames)} message(s); "
-                                      f"nothing more is queued for it")
+                    raise SendTimeout(
+                        f"rank {peer} has not taken the previous {len(ob.frames)} message(s); "
+                        f"nothing more is queued for it"
+                    )
                 ob.cond.wait(left)
             if self.starts_sends:  # in queue order, under the lock: frames never interleave on the wire
                 handles: List[Any] = []
@@ -204,8 +237,9 @@ class ThreadedTransport(FrameReader):
                 ob.bye_sent = True
             ob.frames.append(fr)
             if ob.thread is None:  # (also after a sender thread ended: a late goodbye still leaves)
-                ob.thread = threading.Thread(target=self._send_loop, args=(peer, ob), daemon=True,
-                                             name=f'ding_buffer-send-{peer}')
+                ob.thread = threading.Thread(
+                    target=self._send_loop, args=(peer, ob), daemon=True, name=f'ding_buffer-send-{peer}'
+                )
                 ob.thread.start()
             ob.cond.notify_all()
 
@@ -255,7 +289,7 @@ class ThreadedTransport(FrameReader):
     def start(self) -> None:
         _OPEN.add(self)
         for p in self.peers:
-            t = threading.Thread(target=self._recv_loop, args=(p, ), name=f'ding_buffer-recv-{p}', daemon=True)
+            t = threading.Thread(target=self._recv_loop, args=(p,), name=f'ding_buffer-recv-{p}', daemon=True)
             self._recv_threads[p] = t
             t.start()
 
@@ -346,8 +380,10 @@ class ThreadedTransport(FrameReader):
         for ob in self._out.values():
             if ob.thread is not None:
                 ob.thread.join(max(deadline - time.monotonic(), 0))
-        stuck = sorted({p for p, t in self._recv_threads.items() if t.is_alive()}
-                       | {p for p, ob in self._out.items() if ob.thread is not None and ob.thread.is_alive()})
+        stuck = sorted(
+            {p for p, t in self._recv_threads.items() if t.is_alive()}
+            | {p for p, ob in self._out.items() if ob.thread is not None and ob.thread.is_alive()}
+        )
         if not stuck or final:
             self._abandon = True
             _OPEN.discard(self)

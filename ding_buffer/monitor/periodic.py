@@ -8,6 +8,7 @@ The thread starts with ``start()`` (idempotent), wakes up promptly on ``close()`
 then writes the last, partial period (so a run shorter than one period still gets its ``_sec`` scalars) and
 flushes the writer.
 """
+
 import logging
 import threading
 import time
@@ -17,14 +18,13 @@ TAGS = (('pushed_in', 'push_items'), ('sampled_out', 'sampled_items'), ('removed
 
 
 class PeriodicThruputMonitor:
-
     def __init__(
-            self,
-            instance_name: str,
-            seconds: float,
-            read: Callable[[], Dict[str, float]],
-            logger: logging.Logger,
-            tb_logger: Any,
+        self,
+        instance_name: str,
+        seconds: float,
+        read: Callable[[], Dict[str, float]],
+        logger: logging.Logger,
+        tb_logger: Any,
     ) -> None:
         self.instance_name = instance_name
         self.seconds = float(seconds)
@@ -63,9 +63,10 @@ class PeriodicThruputMonitor:
         self._last, elapsed = now, (time.monotonic() - self._last_at if self._last_at else self.seconds)
         self._last_at = time.monotonic()
         self.logger.info(
-            "[%s] In the past %.1f seconds, buffer statistics is as follows: %s", self.instance_name,
+            "[%s] In the past %.1f seconds, buffer statistics is as follows: %s",
+            self.instance_name,
             min(elapsed, self.seconds),
-            ', '.join(f'{k}={v:g}' for k, v in values.items())
+            ', '.join(f'{k}={v:g}' for k, v in values.items()),
         )
         if self.tb_logger is not None:
             for tag, v in values.items():
@@ -87,8 +88,11 @@ class PeriodicThruputMonitor:
         self._closed = True
         self._thread.join(timeout)
         if self._thread.is_alive():  # still inside a slow report: a final one now would race it for the same step
-            self.logger.warning("[%s] periodic thruput monitor still reporting after %.1fs; no final report",
-                                self.instance_name, timeout)
+            self.logger.warning(
+                "[%s] periodic thruput monitor still reporting after %.1fs; no final report",
+                self.instance_name,
+                timeout,
+            )
             return
         try:
             now, last = self.read(), self._last

@@ -10,6 +10,7 @@ when -1) and ``{instance}_step/<key>`` (step: last collector env step, skipped w
 buffer writes with ``monitor.tb.emit`` after releasing its lock.
 Not thread-safe on its own: the buffer calls ``record`` under its lock.
 """
+
 import collections
 import logging
 from typing import Any, Dict
@@ -20,9 +21,8 @@ KEYS = ('use_avg', 'use_max', 'priority_avg', 'priority_max', 'priority_min', 's
 
 
 class SampledDataAttrMonitor:
-
     def __init__(
-            self, instance_name: str, average_range: int, print_freq: int, logger: logging.Logger, tb_logger: Any
+        self, instance_name: str, average_range: int, print_freq: int, logger: logging.Logger, tb_logger: Any
     ) -> None:
         self.instance_name = instance_name
         self.print_freq = print_freq
@@ -34,9 +34,14 @@ class SampledDataAttrMonitor:
     @staticmethod
     def _row(use, priority, staleness, beta) -> Dict[str, float]:
         return {
-            'use_avg': float(use.mean()), 'use_max': float(use.max()), 'priority_avg': float(priority.mean()),
-            'priority_max': float(priority.max()), 'priority_min': float(priority.min()),
-            'staleness_avg': float(staleness.mean()), 'staleness_max': float(staleness.max()), 'beta': float(beta)
+            'use_avg': float(use.mean()),
+            'use_max': float(use.max()),
+            'priority_avg': float(priority.mean()),
+            'priority_max': float(priority.max()),
+            'priority_min': float(priority.min()),
+            'staleness_avg': float(staleness.mean()),
+            'staleness_max': float(staleness.max()),
+            'beta': float(beta),
         }
 
     def averages(self) -> Dict[str, float]:

@@ -1,4 +1,5 @@
 """TensorBoard writer of a buffer: borrowed when passed in, else optionally owned under DI-engine's path."""
+
 import logging
 import os
 from typing import Any, List, Optional, Tuple
@@ -24,6 +25,7 @@ def rank() -> int:
     """torch.distributed rank, 0 when not initialised (only rank 0 writes TensorBoard, as in DI-engine)."""
     try:
         import torch.distributed as dist
+
         return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
     except Exception:
         return 0
@@ -41,5 +43,6 @@ def build_tb_logger(tb_logger: Any, enabled: bool, exp_name: str, instance_name:
     if not enabled or rank() != 0:
         return None, False
     from torch.utils.tensorboard import SummaryWriter
+
     path = os.path.join('.', exp_name, 'log', instance_name, f'{instance_name}_tb_logger')
     return SummaryWriter(path), True

@@ -6,6 +6,7 @@ evicts such an item it hands it here; a background thread deletes the path with 
 ``close()`` returns every handed-over file is gone. Thread-safe (a ``queue.Queue`` between producers and the
 worker).
 """
+
 import logging
 import os
 import queue
@@ -23,7 +24,6 @@ def check_trackable(item: Any, i: int) -> None:
 
 
 class UsedDataRemover:
-
     def __init__(self, logger: Optional[logging.Logger] = None, poll_seconds: float = 0.05) -> None:
         self._queue: 'queue.Queue[str]' = queue.Queue()
         self._logger = logger or logging.getLogger(__name__)

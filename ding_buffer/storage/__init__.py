@@ -1,4 +1,5 @@
 """Storages: where items live (``list``: any Python object; ``tensor``: columnar preallocated tensors)."""
+
 import re
 from typing import Any, Dict, Mapping, Tuple
 
@@ -20,6 +21,7 @@ STORAGE_CONFIG = dict(
     # (tensor) keep every field in a memory-mapped file in this directory (CPU only); None = in memory.
     memmap_dir=None,
 )
+
 
 def device_ok(x: Any) -> bool:
     """A device config value torch will take: 'cpu', 'cuda' or 'cuda:N'."""
@@ -47,7 +49,9 @@ def build_storage(cfg: Mapping, capacity: int, reserved_keys: Tuple[str, ...] = 
     return TensorStorage(capacity, **_tensor_kwargs(cfg, reserved_keys))
 
 
-def storage_from_state(cfg: Mapping, capacity: int, state: Dict[str, Any], reserved_keys: Tuple[str, ...] = ()) -> Storage:
+def storage_from_state(
+    cfg: Mapping, capacity: int, state: Dict[str, Any], reserved_keys: Tuple[str, ...] = ()
+) -> Storage:
     """Build a new storage of the configured kind from ``state`` (validated)."""
     if not isinstance(state, Mapping):
         raise ValueError(f"storage state must be a dict, got {type(state).__name__}")
@@ -58,6 +62,16 @@ def storage_from_state(cfg: Mapping, capacity: int, state: Dict[str, Any], reser
 
 
 __all__ = [
-    'Storage', 'Prepared', 'WriteResult', 'RingIndex', 'ListStorage', 'TensorStorage', 'META_KEYS',
-    'STORAGE_CONFIG', 'STORAGE_CHECKS', 'build_storage', 'storage_from_state', 'device_ok'
+    'Storage',
+    'Prepared',
+    'WriteResult',
+    'RingIndex',
+    'ListStorage',
+    'TensorStorage',
+    'META_KEYS',
+    'STORAGE_CONFIG',
+    'STORAGE_CHECKS',
+    'build_storage',
+    'storage_from_state',
+    'device_ok',
 ]

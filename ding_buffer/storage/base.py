@@ -4,8 +4,9 @@ Every write goes through two steps so that a rejected batch leaves the storage u
 ``prepare`` validates and converts (no side effects, may raise), then ``write`` commits the ring and stores.
 Not thread-safe: the owning buffer's lock serialises every call.
 """
-from abc import ABC, abstractmethod
+
 import math
+from abc import ABC, abstractmethod
 from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Tuple
 
 import numpy as np
@@ -20,6 +21,7 @@ class Prepared(NamedTuple):
     """A validated batch ready to be written: ``n`` items kept (the newest), ``dropped`` older ones skipped
     (``skipped`` holds those items for list storage, so the used-data remover sees them leave; ``tensordict``: the
     items came as TensorDicts, which a tensor storage's first write remembers -- see ``tensordict_io``)."""
+
     payload: Any
     n: int
     dropped: int
@@ -39,6 +41,7 @@ class Storage(ABC):
         Fixed-capacity slot store. ``prepare``/``prepare_batch`` validate, ``write`` commits, ``gather`` reads
         slots, ``remove``/``clear`` invalidate. ``state_dict``/``from_state`` copy the full contents.
     """
+
     kind = 'base'
     # Whether samples are TensorDicts (tensor storage whose first item was one; ``tensordict_io``).
     tensordict_out = False
@@ -206,7 +209,7 @@ def collect_iter_of(value: Any) -> int:
     return int(out)
 
 
-_ITER_LIMIT = float(2 ** 60)
+_ITER_LIMIT = float(2**60)
 
 
 def check_collect_iters(items: List[Any]) -> None:

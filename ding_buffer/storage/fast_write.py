@@ -9,6 +9,7 @@ stored dtypes and per-item shapes in O(fields) (a ``collect_iter`` field also ge
 is not a plain match returns ``None`` with nothing changed; the storage's generic path (``prepare`` /
 ``prepare_batch`` + ``write``) then takes the data and reports any error.
 """
+
 from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
@@ -21,15 +22,21 @@ from .tree import Path
 _MISSING = object()
 # collect_iter values the batch path takes without asking the generic path (which accepts |x| < 2**60 in float64:
 # a margin keeps the fast path from taking a value the generic one would round up and refuse)
-COLLECT_ITER_SAFE = 2 ** 59
+COLLECT_ITER_SAFE = 2**59
 # per field: top-level key, numpy view of the field, shape, numpy dtype, torch dtype, accepted Python scalars
 FieldSpec = Tuple[str, np.ndarray, tuple, np.dtype, torch.dtype, tuple]
 
 
 def _tensor_view(v: torch.Tensor, dtype: torch.dtype) -> Optional[np.ndarray]:
     """A numpy view of ``v`` when it is a plain dense CPU tensor of ``dtype`` (no conj / neg bits), else None."""
-    if v.dtype != dtype or v.device.type != 'cpu' or v.layout is not torch.strided or v.is_nested or v.is_conj() \
-            or v.is_neg():
+    if (
+        v.dtype != dtype
+        or v.device.type != 'cpu'
+        or v.layout is not torch.strided
+        or v.is_nested
+        or v.is_conj()
+        or v.is_neg()
+    ):
         return None
     return v.detach().numpy()
 
@@ -44,14 +51,14 @@ def _skipped(mapping: dict, skip_keys: Tuple[str, ...]) -> int:
 
 
 class FastWriter:
-
     def __init__(self, spec: List[FieldSpec], skip_keys: Tuple[str, ...]) -> None:
         self.spec = spec
         self.skip_keys = skip_keys
 
     @classmethod
-    def build(cls, schema: Schema, views: Dict[Path, np.ndarray], device: torch.device,
-              skip_keys: Tuple[str, ...]) -> Optional['FastWriter']:
+    def build(
+        cls, schema: Schema, views: Dict[Path, np.ndarray], device: torch.device, skip_keys: Tuple[str, ...]
+    ) -> Optional['FastWriter']:
         """Per-field facts for ``write`` (flat schemas on CPU only): numpy view of the field, shape, dtypes and
         the Python scalar types the generic path would accept for it."""
         if device.type != 'cpu' or any(len(p) != 1 for p in schema) or len(views) != len(schema):
@@ -59,13 +66,13 @@ class FastWriter:
         spec = []
         for path, (shape, dtype) in schema.items():
             if dtype == torch.bool:
-                scalars = (bool, )
+                scalars = (bool,)
             elif dtype == torch.int64:
-                scalars = (int, )
+                scalars = (int,)
             elif dtype == torch.float32:
                 scalars = (int, float)
             elif dtype.is_floating_point:
-                scalars = (int, )
+                scalars = (int,)
             else:
                 scalars = ()
             if shape:
@@ -84,7 +91,7 @@ class FastWriter:
         if type(item) is not dict or len(item) - _skipped(item, self.skip_keys) != len(spec):
             return None
         values = []
-        for key, view, shape, np_dtype, dtype, scalars in spec:
+        for key, _view, shape, np_dtype, dtype, scalars in spec:
             v = item.get(key, _MISSING)
             t = type(v)
             if t is np.ndarray:
@@ -96,7 +103,7 @@ class FastWriter:
                     return None
             elif t in scalars:
                 # ints go only to int64 and float fields (``build``): within int64 they always fit
-                if t is int and not -2 ** 63 <= v < 2 ** 63:  # the generic path reports it
+                if t is int and not -(2**63) <= v < 2**63:  # the generic path reports it
                     return None
             elif not (isinstance(v, np.generic) and v.dtype == np_dtype and shape == ()):
                 return None
@@ -119,7 +126,7 @@ class FastWriter:
             return None
         cols = []
         n = -1
-        for key, view, shape, np_dtype, dtype, _ in spec:
+        for key, _view, shape, np_dtype, dtype, _ in spec:
             v = batch.get(key, _MISSING)
             t = type(v)
             if t is torch.Tensor:
@@ -138,7 +145,7 @@ class FastWriter:
             if key == 'collect_iter' and n > 0 and not (-COLLECT_ITER_SAFE < v.min() and v.max() < COLLECT_ITER_SAFE):
                 return None  # NaN fails too
             cols.append(v)
-        if not 0 < n <= view.shape[0]:
+        if not 0 < n <= spec[0][1].shape[0]:  # every field's view has the capacity as its first dimension
             return None
         return cols, n
 
@@ -149,10 +156,10 @@ class FastWriter:
         cap = ring.capacity
         if first + n <= cap:
             for (_, view, _, _, _, _), v in zip(self.spec, cols):
-                view[first:first + n] = v
+                view[first : first + n] = v
         else:
             k = cap - first
             for (_, view, _, _, _, _), v in zip(self.spec, cols):
                 view[first:] = v[:k]
-                view[:n - k] = v[k:]
+                view[: n - k] = v[k:]
         return slots

@@ -15,6 +15,7 @@ path: the directory is the owner's ``path``, from its config. The buffer deletes
 chunk or last fetch refers to it any more (reference counting in ``buffers/chunk.py``); the store itself keeps
 everything it is given until then.
 """
+
 import os
 import re
 import uuid
@@ -45,7 +46,9 @@ class FragmentStore:
             raise ValueError(f"config key 'store.type' must be one of {list(KINDS)}, got {kind!r:.40}")
         if kind == 'disk':
             if not isinstance(path, str) or not path:
-                raise ValueError(f"config key 'store.path' must name a directory for store.type='disk', got {path!r:.60}")
+                raise ValueError(
+                    f"config key 'store.path' must name a directory for store.type='disk', got {path!r:.60}"
+                )
             path = os.path.abspath(path)
             os.makedirs(path, exist_ok=True)
         elif path is not None:

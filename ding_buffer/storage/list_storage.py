@@ -4,6 +4,7 @@ Output of ``gather``: a ``list`` of the stored objects themselves, in the order 
 (the buffer copies them when its ``deepcopy`` flag is set). Persistence keeps the objects as they are, so
 loading a file that holds anything but tensors, numbers, strings and containers needs ``allow_pickle=True``.
 """
+
 import copy
 from typing import Any, Dict, List, Mapping, Optional
 
@@ -48,7 +49,7 @@ class ListStorage(Storage):
         data = self._data
         first, n = int(slots[0]), len(payload)
         if first + n <= len(data):  # no wrap: one slice assignment
-            data[first:first + n] = payload
+            data[first : first + n] = payload
             return
         for slot, item in zip(slots.tolist(), payload):
             data[slot] = item
@@ -69,8 +70,13 @@ class ListStorage(Storage):
 
     def collect_iter(self, slots: np.ndarray) -> np.ndarray:
         data = self._data
-        return np.array([collect_iter_of(data[s].get('collect_iter') if isinstance(data[s], Mapping) else None)
-                         for s in np.asarray(slots).tolist()], dtype=np.int64)
+        return np.array(
+            [
+                collect_iter_of(data[s].get('collect_iter') if isinstance(data[s], Mapping) else None)
+                for s in np.asarray(slots).tolist()
+            ],
+            dtype=np.int64,
+        )
 
     def __repr__(self) -> str:
         return f"ListStorage(capacity={self.capacity}, count={len(self)})"

@@ -11,6 +11,7 @@ lives at slot ``(head + p) % capacity`` -- O(1) per lookup.
 
 Not thread-safe: the owning buffer's lock serialises every call.
 """
+
 from typing import Any, Dict, Tuple
 
 import numpy as np
@@ -18,7 +19,6 @@ import torch
 
 
 class RingIndex:
-
     def __init__(self, capacity: int) -> None:
         if not isinstance(capacity, int) or isinstance(capacity, bool) or capacity <= 0:
             raise ValueError(f"capacity must be a positive int, got {capacity!r}")
@@ -69,7 +69,7 @@ class RingIndex:
         first = (self.head + self.span) % self.capacity
         if first + n <= self.capacity:  # no wrap: slices instead of fancy indexing
             slots = np.arange(first, first + n)
-            seg = self.valid[first:first + n]
+            seg = self.valid[first : first + n]
             hit = np.count_nonzero(seg)  # a full ring overwrites all, a filling one none: no mask indexing then
             overwritten = slots if hit == n else slots[seg] if hit else slots[:0]
             seg[:] = True
@@ -146,7 +146,9 @@ class RingIndex:
         """Map insertion positions (0 = oldest valid item) to slots. O(len) without holes."""
         positions = np.asarray(positions, dtype=np.int64)
         if len(positions) and (positions.min() < 0 or positions.max() >= self.count):
-            raise IndexError(f"insertion positions must be in [0, {self.count}), got {positions.min()}..{positions.max()}")
+            raise IndexError(
+                f"insertion positions must be in [0, {self.count}), got {positions.min()}..{positions.max()}"
+            )
         if self.count == self.span:
             return (self.head + positions) % self.capacity
         return self.ordered_slots()[positions]
@@ -185,7 +187,7 @@ class RingIndex:
         ring = cls(capacity)
         valid = np.asarray(state['valid'], dtype=bool)
         uid = np.asarray(state['uid'], dtype=np.int64)
-        if valid.shape != (capacity, ) or uid.shape != (capacity, ):
+        if valid.shape != (capacity,) or uid.shape != (capacity,):
             raise ValueError(f"ring arrays must have shape ({capacity},), got {valid.shape} and {uid.shape}")
         ring.valid = valid.copy()
         ring.head, ring.span = int(state['head']), int(state['span'])

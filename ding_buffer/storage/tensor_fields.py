@@ -10,6 +10,7 @@ the files are removed with the storage that mapped them (``close()``, a rejected
 Files that a killed process left behind (this host, pid gone) are removed by the next allocation in that
 directory.
 """
+
 import ctypes
 import itertools
 import os
@@ -22,7 +23,6 @@ import torch
 
 from .tensor_schema import Schema
 from .tree import Path, path_name
-
 
 _GENERATION = itertools.count()
 _OURS = re.compile(r'^\d{3}_.*\.(\d+)-\d+\.bin$')
@@ -39,8 +39,9 @@ def memmap_file(memmap_dir: str, index: int, path: Path, token: str) -> str:
     return os.path.join(memmap_dir, f'{index:03d}_{safe}.{token}.bin')
 
 
-def allocate_fields(schema: Schema, capacity: int, device: torch.device,
-                    memmap_dir: Optional[str], token: str = '') -> Dict[Path, torch.Tensor]:
+def allocate_fields(
+    schema: Schema, capacity: int, device: torch.device, memmap_dir: Optional[str], token: str = ''
+) -> Dict[Path, torch.Tensor]:
     """A new zeroed (in memory) or freshly mapped (``memmap_dir``, files named with ``token``) tensor for every
     field of ``schema``. A failed allocation removes the files it created."""
     fields: Dict[Path, torch.Tensor] = {}
@@ -69,7 +70,7 @@ def allocate_fields(schema: Schema, capacity: int, device: torch.device,
     return fields
 
 
-_HUGE = 2 ** 21  # a transparent huge page on x86-64 and arm64
+_HUGE = 2**21  # a transparent huge page on x86-64 and arm64
 _MADV_HUGEPAGE = 14
 _libc: Any = None
 

@@ -6,6 +6,7 @@ mismatch is a ``ValueError`` naming the field. For persistence the schema is exp
 (``export_schema``) and imported again together with the saved field tensors (``import_fields``), both
 loadable with ``weights_only=True``.
 """
+
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 import torch
@@ -30,11 +31,15 @@ def batched_tensor(leaf: Any, path: Path) -> torch.Tensor:
     try:
         out = torch.as_tensor(leaf)
     except (TypeError, ValueError, RuntimeError, OverflowError) as e:
-        raise ValueError(f"batched field '{path_name(path)}' is a list that is not a numeric array of one shape "
-                         f"(ragged, None, strings, tensors or ints beyond int64?): {e}") from None
+        raise ValueError(
+            f"batched field '{path_name(path)}' is a list that is not a numeric array of one shape "
+            f"(ragged, None, strings, tensors or ints beyond int64?): {e}"
+        ) from None
     if out.dtype not in (torch.bool, torch.int64, torch.float32, torch.float64) or out.dim() == 0:
-        raise TypeError(f"batched field '{path_name(path)}' must be a list of numbers with a leading batch "
-                        f"dimension, got dtype {out.dtype} shape {tuple(out.shape)}")
+        raise TypeError(
+            f"batched field '{path_name(path)}' must be a list of numbers with a leading batch "
+            f"dimension, got dtype {out.dtype} shape {tuple(out.shape)}"
+        )
     return out
 
 
@@ -49,9 +54,7 @@ def field_names(schema: Schema) -> List[str]:
 def item_flat(item: Any, i: int, skip_keys: Tuple[str, ...]) -> Dict[Path, Any]:
     """Item ``i`` flattened to ``{path: leaf}`` without the top-level ``skip_keys``; it must be a non-empty dict."""
     if type(item) is not dict and not isinstance(item, Mapping):
-        raise TypeError(
-            f"tensor storage stores dicts of tensors/arrays/scalars; item {i} is {type(item).__name__}"
-        )
+        raise TypeError(f"tensor storage stores dicts of tensors/arrays/scalars; item {i} is {type(item).__name__}")
     flat = flatten(item, skip_top=skip_keys)
     if not flat:
         raise ValueError(f"item {i} has no fields")
@@ -66,9 +69,7 @@ def check_leaves(flat: Dict[Path, Any], schema: Schema, where: str, batched: boo
     out = {}
     for path, leaf in flat.items():
         if path not in schema:
-            raise ValueError(
-                f"{where} has unexpected field '{path_name(path)}'; schema fields: {field_names(schema)}"
-            )
+            raise ValueError(f"{where} has unexpected field '{path_name(path)}'; schema fields: {field_names(schema)}")
         shape, dtype = schema[path]
         is_py_int = type(leaf) is int or (batched and isinstance(leaf, (list, tuple)))
         tensor = batched_tensor(leaf, path) if batched else to_tensor(leaf, path)
@@ -76,12 +77,14 @@ def check_leaves(flat: Dict[Path, Any], schema: Schema, where: str, batched: boo
         if got_shape != shape:
             raise ValueError(f"{where}: field '{path_name(path)}' has shape {got_shape}, expected {shape}")
         if tensor.dtype != dtype:
-            lossless_int = is_py_int and dtype.is_floating_point and not tensor.dtype.is_floating_point \
+            lossless_int = (
+                is_py_int
+                and dtype.is_floating_point
+                and not tensor.dtype.is_floating_point
                 and tensor.dtype != torch.bool
+            )
             if not lossless_int:
-                raise ValueError(
-                    f"{where}: field '{path_name(path)}' has dtype {tensor.dtype}, expected {dtype}"
-                )
+                raise ValueError(f"{where}: field '{path_name(path)}' has dtype {tensor.dtype}, expected {dtype}")
             tensor = tensor.to(dtype)
         out[path] = tensor
     return out
@@ -89,8 +92,11 @@ def check_leaves(flat: Dict[Path, Any], schema: Schema, where: str, batched: boo
 
 def export_schema(schema: Optional[Schema]) -> List[list]:
     """``[[path, shape, dtype name], ...]``: plain lists, loadable with ``weights_only=True``."""
-    return [] if schema is None else [[list(p), list(shape), str(dtype).replace('torch.', '')]
-                                      for p, (shape, dtype) in schema.items()]
+    return (
+        []
+        if schema is None
+        else [[list(p), list(shape), str(dtype).replace('torch.', '')] for p, (shape, dtype) in schema.items()]
+    )
 
 
 def import_fields(schema_list: Any, fields: Any, n: int) -> Tuple[Schema, List[torch.Tensor]]:
@@ -101,7 +107,7 @@ def import_fields(schema_list: Any, fields: Any, n: int) -> Tuple[Schema, List[t
         if not isinstance(path, (list, tuple)) or not path or not all(isinstance(k, str) and k for k in path):
             raise ValueError(f"saved field path {path!r:.60} must be a non-empty list of non-empty names")
         shape = tuple(int(s) for s in shape)
-        if any(s < 0 or s > 2 ** 40 for s in shape):
+        if any(s < 0 or s > 2**40 for s in shape):
             raise ValueError(f"saved field '{path_name(tuple(path))}' has an impossible shape {shape}")
         key = tuple(path)
         if key in schema:

@@ -17,6 +17,7 @@ two slice assignments per field (two when it wraps around the ring); ``gather`` 
 Neighbours: ``tensor_schema`` (inferring and checking the schema, its export / import), ``tensor_fields``
 (allocating the field tensors and memmap files), ``fast_write`` (the single-item fast path).
 """
+
 import os
 import weakref
 from typing import Any, Dict, List, Optional, Tuple
@@ -28,9 +29,18 @@ from .base import NO_ITER, Prepared, Storage, check_state, trim_newest
 from .fast_write import FastWriter
 from .ring import RingIndex
 from .tensor_fields import allocate_fields, memmap_file, new_token, numpy_views, remove_files
+
 # buffers.gfn_data imports export_schema / import_fields from here (they stay importable where they were)
-from .tensor_schema import Schema, batched_tensor, check_leaves, export_schema, field_names, import_fields, \
-    infer_schema, item_flat
+from .tensor_schema import (
+    Schema,
+    batched_tensor,
+    check_leaves,
+    export_schema,
+    field_names,
+    import_fields,
+    infer_schema,
+    item_flat,
+)
 from .tensordict_io import check_item, is_tensordict
 from .tree import Path, batch_len, path_name, to_tensor, unflatten
 
@@ -41,11 +51,11 @@ class TensorStorage(Storage):
     kind = 'tensor'
 
     def __init__(
-            self,
-            capacity: int,
-            device: str = 'cpu',
-            memmap_dir: Optional[str] = None,
-            reserved_keys: Tuple[str, ...] = (),
+        self,
+        capacity: int,
+        device: str = 'cpu',
+        memmap_dir: Optional[str] = None,
+        reserved_keys: Tuple[str, ...] = (),
     ) -> None:
         super().__init__(capacity)
         self.device = torch.device(device)
@@ -164,11 +174,11 @@ class TensorStorage(Storage):
             else:
                 dst, src = self.fields[path], column.to(self.device, non_blocking=True)
             if first + n <= self.capacity:  # contiguous: one slice assignment per field
-                dst[first:first + n] = src
+                dst[first : first + n] = src
             else:  # wraps around the ring: two slices
                 k = self.capacity - first
                 dst[first:] = src[:k]
-                dst[:n - k] = src[k:]
+                dst[: n - k] = src[k:]
 
     def write_at(self, slots: np.ndarray, prepared: Prepared, rows: Optional[np.ndarray] = None) -> None:
         """Scatter rows ``rows`` (default: all) of ``prepared`` to arbitrary ``slots``, bypassing the ring (for
@@ -200,8 +210,11 @@ class TensorStorage(Storage):
         flat = {}
         for p, field in self.fields.items():
             view = self._views.get(p)
-            flat[p] = torch.from_numpy(view.take(slots, axis=0)) if view is not None else \
-                torch.index_select(field, 0, torch.from_numpy(slots).to(self.device))
+            flat[p] = (
+                torch.from_numpy(view.take(slots, axis=0))
+                if view is not None
+                else torch.index_select(field, 0, torch.from_numpy(slots).to(self.device))
+            )
         return unflatten(flat)
 
     # ------------------------------------------------------------------ reading
@@ -224,7 +237,7 @@ class TensorStorage(Storage):
         return out
 
     def collect_iter(self, slots: np.ndarray) -> np.ndarray:
-        field = self.fields.get(('collect_iter', ))
+        field = self.fields.get(('collect_iter',))
         if field is None:
             return np.full(len(slots), NO_ITER, dtype=np.int64)
         vals = field[torch.as_tensor(slots, device=field.device)]
@@ -233,7 +246,7 @@ class TensorStorage(Storage):
         return vals.to(torch.int64).cpu().numpy()
 
     def staleness(self, slots: np.ndarray, cur_learner_iter: int) -> np.ndarray:
-        if ('collect_iter', ) not in self.fields:
+        if ('collect_iter',) not in self.fields:
             return np.full(len(slots), -1, dtype=np.int64)  # no element has one: skip the column of NO_ITER
         return super().staleness(slots, cur_learner_iter)
 
@@ -251,7 +264,9 @@ class TensorStorage(Storage):
             )
             fields = '{' + fields + '}'
         where = f", memmap_dir={self.memmap_dir!r}" if self.memmap_dir else ''
-        return f"TensorStorage(capacity={self.capacity}, count={len(self)}, device={self.device}{where}, fields={fields})"
+        return (
+            f"TensorStorage(capacity={self.capacity}, count={len(self)}, device={self.device}{where}, fields={fields})"
+        )
 
     # ------------------------------------------------------------------ persistence
     def allocate(self, schema: Schema) -> None:
@@ -273,8 +288,11 @@ class TensorStorage(Storage):
         slots = self.ring.ordered_slots()
         fields = [] if self.schema is None else [t.cpu() for t in self.read_fields(slots)]
         out = {
-            'kind': self.kind, 'ring': self.ring.state_dict(), 'slots': torch.from_numpy(slots.astype(np.int64)),
-            'schema': export_schema(self.schema), 'fields': fields
+            'kind': self.kind,
+            'ring': self.ring.state_dict(),
+            'slots': torch.from_numpy(slots.astype(np.int64)),
+            'schema': export_schema(self.schema),
+            'fields': fields,
         }
         if self.tensordict_out:  # only then: files of dict buffers stay as they were
             out['container'] = 'tensordict'
@@ -282,12 +300,12 @@ class TensorStorage(Storage):
 
     @classmethod
     def from_state(
-            cls,
-            state: Dict[str, Any],
-            capacity: int,
-            device: str = 'cpu',
-            memmap_dir: Optional[str] = None,
-            reserved_keys: Tuple[str, ...] = ()
+        cls,
+        state: Dict[str, Any],
+        capacity: int,
+        device: str = 'cpu',
+        memmap_dir: Optional[str] = None,
+        reserved_keys: Tuple[str, ...] = (),
     ) -> 'TensorStorage':
         check_state(state, cls.kind, ('ring', 'slots', 'schema', 'fields'))
         ring = RingIndex.from_state(state['ring'], capacity)
@@ -299,8 +317,9 @@ class TensorStorage(Storage):
             raise ValueError("saved storage holds items but no schema")
         container = state.get('container', 'dict')
         if container not in ('dict', 'tensordict') or (container == 'tensordict' and not schema):
-            raise ValueError(f"saved storage has container {container!r:.40}; expected 'dict' or 'tensordict' "
-                             f"(with a schema)")
+            raise ValueError(
+                f"saved storage has container {container!r:.40}; expected 'dict' or 'tensordict' (with a schema)"
+            )
         storage = cls(capacity, device=device, memmap_dir=memmap_dir, reserved_keys=reserved_keys)
         if schema:
             storage._allocate(schema)
@@ -312,10 +331,10 @@ class TensorStorage(Storage):
 
 def _check_collect_iter(columns: Dict[Path, torch.Tensor]) -> None:
     """A ``collect_iter`` field holds finite real numbers within +-2**60 (staleness reads it later)."""
-    t = columns.get(('collect_iter', ))
+    t = columns.get(('collect_iter',))
     if t is None:
         return
     if t.dtype == torch.bool or t.is_complex():
         raise ValueError(f"field 'collect_iter' must be ints, got dtype {t.dtype}")
-    if t.numel() and not bool((t.double().abs() < 2.0 ** 60).all()):  # NaN fails too
+    if t.numel() and not bool((t.double().abs() < 2.0**60).all()):  # NaN fails too
         raise ValueError("field 'collect_iter' must be finite ints within +-2**60 (got NaN, inf or a huge value)")

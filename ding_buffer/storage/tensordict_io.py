@@ -19,6 +19,7 @@ The mapping onto the buffer API (TorchRL: ``rb.add(td)`` stores one element, ``r
   Otherwise dicts. The choice lives with the schema: ``clear`` keeps it, ``state_dict`` / ``save_data`` carry it.
   List storage keeps the pushed objects (a TensorDict comes back as that TensorDict).
 """
+
 import sys
 from typing import Any, Dict, List, Optional
 
@@ -69,8 +70,10 @@ def _module() -> Any:
     try:
         import tensordict
     except ImportError as e:
-        raise ImportError("this buffer's items were pushed as TensorDicts and it samples TensorDicts, but the "
-                          "'tensordict' package cannot be imported here (pip install tensordict)") from e
+        raise ImportError(
+            "this buffer's items were pushed as TensorDicts and it samples TensorDicts, but the "
+            "'tensordict' package cannot be imported here (pip install tensordict)"
+        ) from e
     return tensordict
 
 

@@ -3,6 +3,7 @@
 A path is a tuple of string keys (``('obs', 'image')``). Leaves are torch tensors, numpy arrays, numpy
 scalars and Python ``bool``/``int``/``float``; anything else is a ``TypeError`` naming the field.
 """
+
 from typing import Any, Dict, List, Mapping, Tuple
 
 import numpy as np
@@ -33,7 +34,7 @@ def flatten(item: Mapping, prefix: Path = (), skip_top: Tuple[str, ...] = ()) ->
             raise TypeError(f"field names must be str, got {key!r} under '{path_name(prefix) or '<root>'}'")
         if not prefix and key in skip_top:
             continue
-        path = prefix + (key, )
+        path = prefix + (key,)
         if type(value) is dict or (type(value) not in _LEAF_TYPES and isinstance(value, Mapping)):
             sub = flatten(value, path)
             if not sub:
@@ -59,11 +60,14 @@ def to_tensor(value: Any, path: Path) -> torch.Tensor:
     """Convert one leaf to a CPU/device tensor without copying where possible."""
     if isinstance(value, torch.Tensor):
         if value.is_meta:
-            raise TypeError(f"field '{path_name(path)}' is a meta tensor (shape only, no data); push tensors with "
-                            "their values")
+            raise TypeError(
+                f"field '{path_name(path)}' is a meta tensor (shape only, no data); push tensors with their values"
+            )
         if value.layout is not torch.strided or value.is_nested:
-            raise TypeError(f"field '{path_name(path)}' is a {'nested' if value.is_nested else value.layout} tensor; "
-                            f"tensor storage stores dense tensors (call .to_dense() first)")
+            raise TypeError(
+                f"field '{path_name(path)}' is a {'nested' if value.is_nested else value.layout} tensor; "
+                f"tensor storage stores dense tensors (call .to_dense() first)"
+            )
         return value.detach()
     if isinstance(value, np.ndarray) or isinstance(value, np.generic):
         arr = np.asarray(value)

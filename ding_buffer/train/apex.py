@@ -23,10 +23,12 @@ with that message (exit status 3). Actors also stop (status 3) when the learner 
 
 The learner writes what the single-process job writes in ``<log_dir>/<exp_name>_seed<seed>/``: TensorBoard
 (``log/``: learner curves, and the buffer's ``stats()`` under ``buffer/`` -- counters, the sampled window's
-priority / use / staleness, the manager's ``manager/*`` counters), ``eval.csv``, ``learning_curve.png``, ``checkpoints/`` (learner state plus the buffer, written by the
+priority / use / staleness, the manager's ``manager/*`` counters), ``eval.csv``, ``learning_curve.png``,
+``checkpoints/`` (learner state plus the buffer, written by the
 manager into the run directory, its ``distributed.file_root``) and ``summary.json``. ``--resume RUN_DIR`` loads
 the latest complete checkpoint on the learner and the buffer on the manager.
 """
+
 import argparse
 import copy
 import os
@@ -72,18 +74,20 @@ APEX_DEFAULTS['apex'] = dict(
 )
 
 APEX_CHECKS = {k: v for k, v in TRAIN_CHECKS.items() if not k.startswith('policy.collect.')}
-APEX_CHECKS.update({
-    'policy.learn.updates_per_step': (lambda x: x > 0, 'a positive number (gradient steps per stored transition)'),
-    'apex.eps_base': (lambda x: 0 <= x <= 1, 'a number in [0, 1]'),
-    'apex.eps_alpha': (lambda x: x >= 0, 'a number >= 0'),
-    'apex.push_batch': (positive_int, 'a positive int'),
-    'apex.weight_sync_steps': (positive_int, 'a positive int'),
-    'apex.publish_freq': (positive_int, 'a positive int'),
-    'apex.buffer_log_freq': (positive_int, 'a positive int'),
-    'apex.throttle_actors': (lambda x: isinstance(x, bool), 'True or False'),
-    'apex.learner_silence': (lambda x: x > 0, 'a positive number of seconds'),
-    'apex.sample_timeout': (lambda x: x > 0, 'a positive number of seconds'),
-})
+APEX_CHECKS.update(
+    {
+        'policy.learn.updates_per_step': (lambda x: x > 0, 'a positive number (gradient steps per stored transition)'),
+        'apex.eps_base': (lambda x: 0 <= x <= 1, 'a number in [0, 1]'),
+        'apex.eps_alpha': (lambda x: x >= 0, 'a number >= 0'),
+        'apex.push_batch': (positive_int, 'a positive int'),
+        'apex.weight_sync_steps': (positive_int, 'a positive int'),
+        'apex.publish_freq': (positive_int, 'a positive int'),
+        'apex.buffer_log_freq': (positive_int, 'a positive int'),
+        'apex.throttle_actors': (lambda x: isinstance(x, bool), 'True or False'),
+        'apex.learner_silence': (lambda x: x > 0, 'a positive number of seconds'),
+        'apex.sample_timeout': (lambda x: x > 0, 'a positive number of seconds'),
+    }
+)
 
 
 # ---------------------------------------------------------------------------------------------- config
@@ -97,27 +101,36 @@ def build_apex_config(user: Dict[str, Any], source: str) -> EasyDict:
         raise type(e)(f"{source}: {e}") from e
     if not isinstance(buffer_cfg, dict) or buffer_cfg.get('type') != 'advanced':
         got = buffer_cfg.get('type') if isinstance(buffer_cfg, dict) else buffer_cfg
-        raise ValueError(f"{source}: config key '{BUFFER_SECTION}type' is {got!r}; the Ape-X job needs 'advanced' "
-                         f"(prioritized replay)")
+        raise ValueError(
+            f"{source}: config key '{BUFFER_SECTION}type' is {got!r}; the Ape-X job needs 'advanced' "
+            f"(prioritized replay)"
+        )
     dist = dict(buffer_cfg.get('distributed') or {})
     if dist.get('backend') not in BACKENDS:
-        raise ValueError(f"{source}: config key '{BUFFER_SECTION}distributed.backend' is {dist.get('backend')!r}; "
-                         f"expected one of {list(BACKENDS)}")
+        raise ValueError(
+            f"{source}: config key '{BUFFER_SECTION}distributed.backend' is {dist.get('backend')!r}; "
+            f"expected one of {list(BACKENDS)}"
+        )
     storage = dict(buffer_cfg.get('storage') or {})
     if storage.get('type', 'tensor') != 'tensor':
-        raise ValueError(f"{source}: config key '{BUFFER_SECTION}storage.type' must be 'tensor' (the learner needs "
-                         f"batched tensors), got {storage.get('type')!r}")
+        raise ValueError(
+            f"{source}: config key '{BUFFER_SECTION}storage.type' must be 'tensor' (the learner needs "
+            f"batched tensors), got {storage.get('type')!r}"
+        )
     storage['type'] = 'tensor'
     buffer_cfg = dict(buffer_cfg, storage=storage, distributed=dist)
     buffer_cfg.setdefault('seed', cfg.seed)
     try:  # every key of the buffer section is checked before any process starts
         from ..base import get_buffer_cls
         from ..distributed.config import build_distributed_config
+
         cls = get_buffer_cls(EasyDict(buffer_cfg))
         check_section(cls, buffer_cfg, BUFFER_SECTION)
         build_distributed_config(dist)
     except (ValueError, TypeError) as e:
-        raise type(e)(f"{source}: {str(e).replace(chr(39) + 'distributed.', chr(39) + BUFFER_SECTION + 'distributed.')}") from e
+        raise type(e)(
+            f"{source}: {str(e).replace(chr(39) + 'distributed.', chr(39) + BUFFER_SECTION + 'distributed.')}"
+        ) from e
     cfg.policy.other.replay_buffer = EasyDict(buffer_cfg)
     return cfg
 
@@ -133,7 +146,9 @@ class Actor:
 
     def __init__(self, cfg: EasyDict, buffer: Any, index: int, n_actors: int) -> None:
         import gymnasium as gym
+
         from .dqn import NStep, QNet
+
         self.cfg, self.buffer, self.index = cfg, buffer, index
         self.env = gym.make(cfg.env.env_id)
         obs_dim = int(np.prod(self.env.observation_space.shape))
@@ -167,12 +182,14 @@ class Actor:
                 if now - self._last_news > self.cfg.apex.learner_silence:
                     raise ManagerUnavailableError(
                         f"actor {self.index}: the learner published no weights for {self.cfg.apex.learner_silence:g}s "
-                        "(config key 'apex.learner_silence'); it is gone or stuck")
+                        "(config key 'apex.learner_silence'); it is gone or stuck"
+                    )
                 return
             if now > deadline:
                 raise ManagerUnavailableError(
                     f"actor {self.index}: no weights from the learner within {self.cfg.apex.learner_silence:g}s "
-                    "(config key 'apex.learner_silence')")
+                    "(config key 'apex.learner_silence')"
+                )
             time.sleep(0.2)
 
     def ahead(self) -> bool:
@@ -192,14 +209,17 @@ class Actor:
         """Initial priorities: ``|TD error|`` of each transition under this actor's network (no target network)."""
         q = self.net(torch.from_numpy(batch['obs'])).gather(1, torch.from_numpy(batch['action'])[:, None])[:, 0]
         nxt = self.net(torch.from_numpy(batch['next_obs'])).max(1).values
-        target = torch.from_numpy(batch['reward']) + torch.from_numpy(batch['discount']) * \
-            (1.0 - torch.from_numpy(batch['done']).float()) * nxt
+        target = (
+            torch.from_numpy(batch['reward'])
+            + torch.from_numpy(batch['discount']) * (1.0 - torch.from_numpy(batch['done']).float()) * nxt
+        )
         return (target - q).abs().numpy().astype(np.float32)
 
     def _push(self) -> None:
         items, self.pending = self.pending, []
         batch = {
-            'obs': np.stack([t['obs'] for t in items]), 'next_obs': np.stack([t['next_obs'] for t in items]),
+            'obs': np.stack([t['obs'] for t in items]),
+            'next_obs': np.stack([t['next_obs'] for t in items]),
             'action': np.array([t['action'] for t in items], dtype=np.int64),
             'reward': np.array([t['reward'] for t in items], dtype=np.float32),
             'done': np.array([t['done'] for t in items], dtype=bool),
@@ -222,9 +242,14 @@ class Actor:
                 with torch.no_grad():
                     action = int(self.net(torch.as_tensor(obs, dtype=torch.float32)[None]).argmax(1).item())
             next_obs, r, term, trunc, _ = self.env.step(action)
-            t = {'obs': np.asarray(obs, np.float32), 'action': action, 'reward': float(r),
-                 'next_obs': np.asarray(next_obs, np.float32), 'done': bool(term),
-                 'discount': float(cfg.policy.discount_factor)}
+            t = {
+                'obs': np.asarray(obs, np.float32),
+                'action': action,
+                'reward': float(r),
+                'next_obs': np.asarray(next_obs, np.float32),
+                'done': bool(term),
+                'discount': float(cfg.policy.discount_factor),
+            }
             self.pending += self.nstep.add(t, term or trunc)
             self.steps += 1
             ret += float(r)
@@ -242,9 +267,15 @@ class Actor:
                 self.sync(wait=False)
         if self.pending:
             self._push()
-        return {'role': 'actor', 'index': self.index, 'epsilon': self.eps, 'env_steps': self.steps,
-                'episodes': episodes, 'last_version': self.version,
-                'mean_return_last_20': float(np.mean(returns[-20:])) if returns else None}
+        return {
+            'role': 'actor',
+            'index': self.index,
+            'epsilon': self.eps,
+            'env_steps': self.steps,
+            'episodes': episodes,
+            'last_version': self.version,
+            'mean_return_last_20': float(np.mean(returns[-20:])) if returns else None,
+        }
 
 
 class Learner:
@@ -253,7 +284,9 @@ class Learner:
     def __init__(self, cfg: EasyDict, buffer: Any, run_dir: str, resume: bool, progress: bool) -> None:
         import gymnasium as gym
         from torch.utils.tensorboard import SummaryWriter
+
         from .dqn import QNet
+
         self.cfg, self.buffer, self.run_dir, self.progress = cfg, buffer, run_dir, progress
         self.device = torch.device(cfg.policy.device)
         self.eval_env = gym.make(cfg.env.env_id)
@@ -280,6 +313,7 @@ class Learner:
         self.next_ckpt = cfg.checkpoint.freq or 0
         if resume:
             from .checkpoint import load_latest
+
             self.resumed_from, _ = load_latest(self.ckpt_dir, self._load)
             if self.resumed_from is None:
                 raise ValueError(f"--resume {run_dir}: no complete checkpoint in {self.ckpt_dir}")
@@ -306,14 +340,24 @@ class Learner:
     def publish(self, stop: bool = False) -> None:
         self.version += 1
         state = {k: v.detach().cpu() for k, v in self.net.state_dict().items()}
-        publish_weights(self.buffer, self.version, {'net': state, 'stop': stop, 'train_iter': self.train_iter,
-                                                    'env_step': self.env_step, 'allowed_env': self.allowed_env()})
+        publish_weights(
+            self.buffer,
+            self.version,
+            {
+                'net': state,
+                'stop': stop,
+                'train_iter': self.train_iter,
+                'env_step': self.env_step,
+                'allowed_env': self.allowed_env(),
+            },
+        )
 
     def wall_time(self) -> float:
         return self.wall_offset + time.monotonic() - self._t0
 
     def evaluate(self) -> None:
         from .dqn import evaluate_greedy
+
         evaluate_greedy(self)
 
     def log_buffer(self) -> None:
@@ -325,16 +369,25 @@ class Learner:
     # ------------------------------------------------------------------ main loop
     def run(self) -> Dict[str, Any]:
         from tqdm import tqdm
+
         from .dqn import learn_step
         from .plot import write_run_info
+
         cfg = self.cfg
         learn = cfg.policy.learn
         write_run_info(self.run_dir, cfg, 'apex')  # run.json: what the plot groups the run by, before summary.json
         self._t0 = time.monotonic()
         self._refresh_env_step()
         self.publish()
-        bar = tqdm(total=cfg.env.max_env_step, initial=min(self.env_step, cfg.env.max_env_step), unit='step',
-                   dynamic_ncols=True, disable=not self.progress, desc=cfg.exp_name, mininterval=0.5)
+        bar = tqdm(
+            total=cfg.env.max_env_step,
+            initial=min(self.env_step, cfg.env.max_env_step),
+            unit='step',
+            dynamic_ncols=True,
+            disable=not self.progress,
+            desc=cfg.exp_name,
+            mininterval=0.5,
+        )
         last_poll = 0.0
         seen, seen_at = self.env_step, time.monotonic()
         while self.env_step < cfg.env.max_env_step:
@@ -348,16 +401,24 @@ class Learner:
             allowed = learn.updates_per_step * max(self.env_step - learn.warmup_steps, 0)
             if self.env_step < learn.warmup_steps or self.train_iter >= allowed:
                 if now - seen_at > cfg.apex.learner_silence:
-                    raise RuntimeError(f"no transition arrived for {cfg.apex.learner_silence:g}s (config key "
-                                       f"'apex.learner_silence') while the learner waits for them: every actor is "
-                                       f"gone or stuck ({self.env_step} of {cfg.env.max_env_step} stored)")
+                    raise RuntimeError(
+                        f"no transition arrived for {cfg.apex.learner_silence:g}s (config key "
+                        f"'apex.learner_silence') while the learner waits for them: every actor is "
+                        f"gone or stuck ({self.env_step} of {cfg.env.max_env_step} stored)"
+                    )
                 time.sleep(0.01)  # wait for the actors: warm-up, or the replay ratio reached
                 continue
-            batch = self.buffer.sample(learn.batch_size, cur_learner_iter=self.train_iter,
-                                       timeout=cfg.apex.sample_timeout)
+            batch = self.buffer.sample(
+                learn.batch_size, cur_learner_iter=self.train_iter, timeout=cfg.apex.sample_timeout
+            )
             loss, td = learn_step(self.net, self.target, self.optim, batch, learn, self.device)
-            self.buffer.update({'replay_unique_id': batch['replay_unique_id'],
-                                'replay_buffer_idx': batch['replay_buffer_idx'], 'priority': td.abs()})
+            self.buffer.update(
+                {
+                    'replay_unique_id': batch['replay_unique_id'],
+                    'replay_buffer_idx': batch['replay_buffer_idx'],
+                    'priority': td.abs(),
+                }
+            )
             self.train_iter += 1
             if self.train_iter % learn.target_update_freq == 0:
                 self.target.load_state_dict(self.net.state_dict())
@@ -367,8 +428,12 @@ class Learner:
                 self.last_loss = float(loss)
                 self.tb.add_scalar('train/loss', self.last_loss, self.env_step)
                 self.tb.add_scalar('train/td_error_abs_mean', float(td.abs().mean()), self.env_step)
-                bar.set_postfix(eval=f"{self.evals[-1]['return_mean']:.0f}" if self.evals else '-',
-                                loss=f"{self.last_loss:.3f}", it=self.train_iter, refresh=False)
+                bar.set_postfix(
+                    eval=f"{self.evals[-1]['return_mean']:.0f}" if self.evals else '-',
+                    loss=f"{self.last_loss:.3f}",
+                    it=self.train_iter,
+                    refresh=False,
+                )
             if self.train_iter % cfg.apex.buffer_log_freq == 0:
                 self.log_buffer()
             if self.env_step >= self.next_eval:
@@ -389,20 +454,31 @@ class Learner:
     def finish(self) -> Dict[str, Any]:
         from ..persistence import atomic_json
         from .plot import plot_runs
+
         best = max(self.evals, key=lambda r: r['return_mean']) if self.evals else None
         stats = self.buffer.stats()
         summary = {
-            'exp_name': self.cfg.exp_name, 'seed': self.cfg.seed, 'run_dir': self.run_dir, 'job': 'apex',
+            'exp_name': self.cfg.exp_name,
+            'seed': self.cfg.seed,
+            'run_dir': self.run_dir,
+            'job': 'apex',
             'backend': self.cfg.policy.other.replay_buffer.distributed.backend,
-            'buffer_type': 'advanced', 'env_steps': self.env_step, 'train_iters': self.train_iter,
+            'buffer_type': 'advanced',
+            'env_steps': self.env_step,
+            'train_iters': self.train_iter,
             'weight_versions': self.version,
             'best_eval_return': best['return_mean'] if best else None,
             'best_eval_step': best['env_step'] if best else None,
             'final_eval_return': self.evals[-1]['return_mean'] if self.evals else None,
-            'solved_step': self.solved_step, 'stop_value': self.cfg.env.stop_value,
-            'wall_time_s': round(self.wall_time(), 1), 'resumed_from': self.resumed_from,
-            'buffer': {k: stats[k] for k in ('count', 'push_items', 'sample_calls', 'updated', 'stale_updates',
-                                             'max_priority', 'beta') if k in stats},
+            'solved_step': self.solved_step,
+            'stop_value': self.cfg.env.stop_value,
+            'wall_time_s': round(self.wall_time(), 1),
+            'resumed_from': self.resumed_from,
+            'buffer': {
+                k: stats[k]
+                for k in ('count', 'push_items', 'sample_calls', 'updated', 'stale_updates', 'max_priority', 'beta')
+                if k in stats
+            },
         }
         atomic_json(summary, os.path.join(self.run_dir, 'summary.json'))
         if self.evals:  # a run stopped before its first evaluation has no curve yet
@@ -414,18 +490,29 @@ class Learner:
     # ------------------------------------------------------------------ persistence
     def checkpoint(self) -> str:
         from .checkpoint import save_checkpoint
+
         state = {
-            'net': self.net.state_dict(), 'target': self.target.state_dict(), 'optim': self.optim.state_dict(),
-            'counters': {'env_step': self.env_step, 'train_iter': self.train_iter, 'version': self.version,
-                         'solved_step': -1 if self.solved_step is None else self.solved_step,
-                         'wall_time': self.wall_time()},
+            'net': self.net.state_dict(),
+            'target': self.target.state_dict(),
+            'optim': self.optim.state_dict(),
+            'counters': {
+                'env_step': self.env_step,
+                'train_iter': self.train_iter,
+                'version': self.version,
+                'solved_step': -1 if self.solved_step is None else self.solved_step,
+                'wall_time': self.wall_time(),
+            },
             'evals': [dict(r) for r in self.evals],
             'rng': {'torch': torch.get_rng_state()},
         }
         root = os.path.realpath(self.run_dir)
-        return save_checkpoint(self.ckpt_dir, self.env_step, state,
-                               lambda path: self.buffer.save_data(os.path.relpath(os.path.realpath(path), root)),
-                               self.cfg.checkpoint.keep)
+        return save_checkpoint(
+            self.ckpt_dir,
+            self.env_step,
+            state,
+            lambda path: self.buffer.save_data(os.path.relpath(os.path.realpath(path), root)),
+            self.cfg.checkpoint.keep,
+        )
 
     def _load(self, path: str) -> Dict[str, Any]:
         state = torch.load(os.path.join(path, 'trainer.pt'), weights_only=True)
@@ -445,13 +532,15 @@ class Learner:
         if self.cfg.checkpoint.freq:
             self.next_ckpt = (self.env_step // self.cfg.checkpoint.freq + 1) * self.cfg.checkpoint.freq
         from .evals import write_eval_csv
+
         write_eval_csv(self.run_dir, self.evals)
         return state
 
 
 # ---------------------------------------------------------------------------------------------- one process
-def _role_main(cfg: EasyDict, run_dir: str, role: str, index: int, n_workers: int, resume: bool, progress: bool,
-               remote: Any = None) -> Dict[str, Any]:
+def _role_main(
+    cfg: EasyDict, run_dir: str, role: str, index: int, n_workers: int, resume: bool, progress: bool, remote: Any = None
+) -> Dict[str, Any]:
     """Run ``role`` ('learner' / 'actor' ``index`` of ``n_workers - 1``) with ``remote`` (a RemoteBuffer; built
     here when None, e.g. in a Ray task). Closes it; raises ``ManagerUnavailableError`` when the manager is gone."""
     torch.set_num_threads(1)
@@ -461,22 +550,29 @@ def _role_main(cfg: EasyDict, run_dir: str, role: str, index: int, n_workers: in
 
 
 def _print_summary(s: Dict[str, Any]) -> None:
-    solved = f"reached {s['stop_value']:g} at env step {s['solved_step']}" if s['solved_step'] is not None \
+    solved = (
+        f"reached {s['stop_value']:g} at env step {s['solved_step']}"
+        if s['solved_step'] is not None
         else f"did not reach {s['stop_value']:g}"
-    print(f"\n== {s['exp_name']} (Ape-X, {s['backend']} backend, seed {s['seed']}) ==\n"
-          f"  transitions stored {s['env_steps']}, gradient steps {s['train_iters']}, weight versions "
-          f"{s['weight_versions']}, wall time {s['wall_time_s']:.0f} s\n"
-          f"  eval return: best {s['best_eval_return']:.1f} (step {s['best_eval_step']}), final "
-          f"{s['final_eval_return']:.1f}; {solved}\n"
-          f"  run dir: {s['run_dir']} (TensorBoard: tensorboard --logdir {os.path.join(s['run_dir'], 'log')})",
-          flush=True)
+    )
+    print(
+        f"\n== {s['exp_name']} (Ape-X, {s['backend']} backend, seed {s['seed']}) ==\n"
+        f"  transitions stored {s['env_steps']}, gradient steps {s['train_iters']}, weight versions "
+        f"{s['weight_versions']}, wall time {s['wall_time_s']:.0f} s\n"
+        f"  eval return: best {s['best_eval_return']:.1f} (step {s['best_eval_step']}), final "
+        f"{s['final_eval_return']:.1f}; {solved}\n"
+        f"  run dir: {s['run_dir']} (TensorBoard: tensorboard --logdir {os.path.join(s['run_dir'], 'log')})",
+        flush=True,
+    )
 
 
 def run(user: Dict[str, Any], args: argparse.Namespace) -> int:
     """``ding-buffer train`` for ``job='apex'``."""
     if args.iterations is not None:
-        raise ValueError(f"{args.config}: --iterations is for GFlowNet jobs; the Ape-X job runs env.max_env_step "
-                         f"transitions (--env-steps)")
+        raise ValueError(
+            f"{args.config}: --iterations is for GFlowNet jobs; the Ape-X job runs env.max_env_step "
+            f"transitions (--env-steps)"
+        )
     if args.seed is not None:
         user['seed'] = args.seed
     if args.env_steps is not None:

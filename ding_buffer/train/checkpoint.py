@@ -5,6 +5,7 @@ the previous checkpoints or the new one -- never an unloadable "latest".
 Layout: ``<dir>/step_000010000/{trainer.pt, buffer.pt, COMPLETE}``; temporaries are ``<dir>/.tmp-...`` and are
 ignored (and removed) by the next save or load.
 """
+
 import json
 import os
 import shutil
@@ -16,11 +17,11 @@ MARKER = 'COMPLETE'
 
 
 def save_checkpoint(
-        root: str,
-        step: int,
-        trainer_state: Dict[str, Any],
-        save_buffer: Callable[[str], None],
-        keep: int,
+    root: str,
+    step: int,
+    trainer_state: Dict[str, Any],
+    save_buffer: Callable[[str], None],
+    keep: int,
 ) -> str:
     """
     Overview:
@@ -64,7 +65,7 @@ def complete_checkpoints(root: str) -> List[Tuple[int, str]]:
         path = os.path.join(root, name)
         if name.startswith('step_') and os.path.isfile(os.path.join(path, MARKER)):
             try:
-                out.append((int(name[len('step_'):]), path))
+                out.append((int(name[len('step_') :]), path))
             except ValueError:
                 continue
     return sorted(out)

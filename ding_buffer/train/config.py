@@ -5,6 +5,7 @@ naming the file, the key and the closest valid key); the replay buffer section i
 class itself, after checking that the DQN trainer can use that buffer type at all, and ``policy.learn.batch_size``
 must fit in the buffer. ``check_run_dir`` checks that the run directory can be made, before anything is made.
 """
+
 import importlib.machinery
 import importlib.util
 import os
@@ -96,7 +97,10 @@ TRAIN_CHECKS = {
     'policy.collect.eps_start': (lambda x: 0 <= x <= 1, 'a number in [0, 1]'),
     'policy.collect.eps_end': (lambda x: 0 <= x <= 1, 'a number in [0, 1]'),
     'policy.collect.eps_decay_steps': (positive_int, 'a positive int'),
-    'policy.model.hidden_sizes': (lambda x: len(x) > 0 and all(positive_int(h) for h in x), 'a non-empty list of positive ints'),
+    'policy.model.hidden_sizes': (
+        lambda x: len(x) > 0 and all(positive_int(h) for h in x),
+        'a non-empty list of positive ints',
+    ),
     'checkpoint.freq': (optional_positive_int, 'None or a positive int'),
     'checkpoint.keep': (positive_int, 'a positive int'),
 }
@@ -180,8 +184,11 @@ def check_run_dir(run_dir: str, log_dir: Optional[str]) -> None:
     while not os.path.lexists(path) and os.path.dirname(path) != path:
         path = os.path.dirname(path)
     inside_log_dir = path == os.path.abspath(run_dir)
-    key = "the run directory (config keys 'log_dir', 'exp_name', 'seed')" if inside_log_dir \
+    key = (
+        "the run directory (config keys 'log_dir', 'exp_name', 'seed')"
+        if inside_log_dir
         else f"config key 'log_dir' ({log_dir!r})"
+    )
     if not os.path.isdir(path):
         raise ValueError(f"{key}: cannot create run directory '{run_dir}': '{path}' exists and is not a directory")
     if not os.access(path, os.W_OK | os.X_OK):
@@ -192,10 +199,13 @@ def check_new_run_dir(run_dir: str, log_dir: Optional[str]) -> None:
     """``check_run_dir``, and ``ValueError`` when ``run_dir`` already holds checkpoints (a new run must not mix
     with an old one: ``--resume`` continues it)."""
     from .checkpoint import complete_checkpoints
+
     check_run_dir(run_dir, log_dir)
     if complete_checkpoints(os.path.join(run_dir, 'checkpoints')):
-        raise ValueError(f"run directory '{run_dir}' already holds checkpoints: continue it with --resume {run_dir}, "
-                         "or pick another exp_name / seed / log_dir")
+        raise ValueError(
+            f"run directory '{run_dir}' already holds checkpoints: continue it with --resume {run_dir}, "
+            "or pick another exp_name / seed / log_dir"
+        )
 
 
 def split_buffer_section(user: Mapping) -> Tuple[Dict[str, Any], Any]:

@@ -7,6 +7,7 @@ sampled ``IS`` and sends ``|TD error|`` back through ``buffer.update``; with a u
 Run directory ``<log_dir>/<exp_name>_seed<seed>/``: ``log/`` (TensorBoard: buffer monitors + training curves),
 ``eval.csv``, ``learning_curve.png``, ``checkpoints/`` (see ``checkpoint.py``), ``summary.json``.
 """
+
 import collections
 import contextlib
 import os
@@ -28,7 +29,6 @@ from .run_dir import discard_run_dir, first_missing_dir
 
 
 class QNet(nn.Module):
-
     def __init__(self, obs_dim: int, n_actions: int, hidden_sizes: List[int]) -> None:
         super().__init__()
         layers, last = [], obs_dim
@@ -66,17 +66,22 @@ class NStep:
         first, reward, done, m = self.window[0], 0.0, False, 0
         last = first
         for k, t in enumerate(self.window):
-            reward += (self.gamma ** k) * t['reward']
+            reward += (self.gamma**k) * t['reward']
             last, m = t, k + 1
             if t['done']:
                 done = True
                 break
-        return dict(first, reward=float(reward), next_obs=last['next_obs'], done=done,
-                    discount=float(self.gamma ** m))
+        return dict(first, reward=float(reward), next_obs=last['next_obs'], done=done, discount=float(self.gamma**m))
 
 
-def learn_step(net: nn.Module, target_net: nn.Module, optim: torch.optim.Optimizer, batch: Dict[str, torch.Tensor],
-               learn: EasyDict, device: torch.device) -> Tuple[torch.Tensor, torch.Tensor]:
+def learn_step(
+    net: nn.Module,
+    target_net: nn.Module,
+    optim: torch.optim.Optimizer,
+    batch: Dict[str, torch.Tensor],
+    learn: EasyDict,
+    device: torch.device,
+) -> Tuple[torch.Tensor, torch.Tensor]:
     """One gradient step of (double) DQN on a sampled batch (``obs``, ``action``, ``reward``, ``next_obs``,
     ``done``, ``discount``; ``IS`` weights the Huber loss when present). Returns the loss and the TD errors
     (detached, on the CPU: what ``buffer.update`` takes as priorities once made absolute)."""
@@ -128,8 +133,13 @@ def evaluate_greedy(job: Any) -> Dict[str, float]:
     cfg = job.cfg
     base = cfg.seed * 1_000_003 + 10_000 + len(job.evals) * cfg.env.eval_episodes
     returns = greedy_returns(job.net, job.eval_env, cfg.env.eval_episodes, base, job.device)
-    row = {'env_step': job.env_step, 'train_iter': job.train_iter, 'return_mean': float(np.mean(returns)),
-           'return_std': float(np.std(returns)), 'wall_time': job.wall_time()}
+    row = {
+        'env_step': job.env_step,
+        'train_iter': job.train_iter,
+        'return_mean': float(np.mean(returns)),
+        'return_std': float(np.std(returns)),
+        'wall_time': job.wall_time(),
+    }
     job.evals.append(row)
     job.tb.add_scalar('eval/return_mean', row['return_mean'], job.env_step)
     if job.solved_step is None and row['return_mean'] >= cfg.env.stop_value:
@@ -146,9 +156,16 @@ class DQNTrainer:
         complete checkpoint of ``run_dir``.
     """
 
-    def __init__(self, cfg: EasyDict, run_dir: str, resume: bool = False, progress: bool = True,
-                 started_at: Optional[float] = None) -> None:
+    def __init__(
+        self,
+        cfg: EasyDict,
+        run_dir: str,
+        resume: bool = False,
+        progress: bool = True,
+        started_at: Optional[float] = None,
+    ) -> None:
         import gymnasium as gym
+
         self.cfg, self.run_dir, self.progress = cfg, run_dir, progress
         self.started_at = started_at  # time.monotonic() the wall time counts from (the CLI: process start)
         self.device = torch.device(cfg.policy.device)
@@ -168,15 +185,19 @@ class DQNTrainer:
         except gym.error.Error as e:
             raise ValueError(f"config key 'env.env_id': cannot make {cfg.env.env_id!r}: {e}") from e
         if not isinstance(self.env.action_space, gym.spaces.Discrete):
-            raise ValueError(f"config key 'env.env_id': DQN needs a discrete action space, {cfg.env.env_id} has "
-                             f"{self.env.action_space}")
+            raise ValueError(
+                f"config key 'env.env_id': DQN needs a discrete action space, {cfg.env.env_id} has "
+                f"{self.env.action_space}"
+            )
         buffer_cfg = EasyDict(dict(cfg.policy.other.replay_buffer))
         buffer_cfg.setdefault('storage', {})
         buffer_cfg.storage = EasyDict(dict(buffer_cfg.storage))
         buffer_cfg.storage.setdefault('type', 'tensor')
         if buffer_cfg.storage.type != 'tensor':
-            raise ValueError("config key 'policy.other.replay_buffer.storage.type' must be 'tensor' for training "
-                             f"(the learner needs batched tensors), got {buffer_cfg.storage.type!r}")
+            raise ValueError(
+                "config key 'policy.other.replay_buffer.storage.type' must be 'tensor' for training "
+                f"(the learner needs batched tensors), got {buffer_cfg.storage.type!r}"
+            )
         buffer_cfg.setdefault('seed', cfg.seed)
         created, self.tb, self.buffer = first_missing_dir(run_dir), None, None
         try:
@@ -203,6 +224,7 @@ class DQNTrainer:
         self.rng = np.random.default_rng(cfg.seed)
         self.n_actions = n_actions
         from torch.utils.tensorboard import SummaryWriter
+
         self.tb = SummaryWriter(os.path.join(run_dir, 'log'))
         try:
             self.buffer = create_buffer(buffer_cfg, tb_logger=self.tb, exp_name=cfg.exp_name, instance_name='buffer')
@@ -240,11 +262,13 @@ class DQNTrainer:
         if batch is None:
             return
         loss, td = learn_step(self.net, self.target, self.optim, batch, cfg.learn, self.device)
-        self.buffer.update({
-            'replay_unique_id': batch['replay_unique_id'],
-            'replay_buffer_idx': batch['replay_buffer_idx'],
-            'priority': td.abs(),
-        })
+        self.buffer.update(
+            {
+                'replay_unique_id': batch['replay_unique_id'],
+                'replay_buffer_idx': batch['replay_buffer_idx'],
+                'priority': td.abs(),
+            }
+        )
         self.train_iter += 1
         if self.train_iter % cfg.learn.target_update_freq == 0:
             self.target.load_state_dict(self.net.state_dict())
@@ -264,20 +288,35 @@ class DQNTrainer:
         """Train until ``env.max_env_step`` or until ``stop.requested`` (a ``StopSignals``) turns true; either
         way the last step is checkpointed and the summary written (``summary['stopped_early']``)."""
         from tqdm import tqdm
+
         from .plot import write_run_info
+
         cfg = self.cfg
         write_run_info(self.run_dir, cfg, 'dqn')  # run.json: what the plot groups the run by, before summary.json
         self._t0 = time.monotonic() if self.started_at is None else self.started_at
         ep_return = 0.0
-        bar = tqdm(total=cfg.env.max_env_step, initial=self.env_step, unit='step', dynamic_ncols=True,
-                   disable=not self.progress, desc=cfg.exp_name, mininterval=0.5)
+        bar = tqdm(
+            total=cfg.env.max_env_step,
+            initial=self.env_step,
+            unit='step',
+            dynamic_ncols=True,
+            disable=not self.progress,
+            desc=cfg.exp_name,
+            mininterval=0.5,
+        )
         while self.env_step < cfg.env.max_env_step and not (stop is not None and stop.requested):
             eps = self.epsilon()
             action = int(self.rng.integers(self.n_actions)) if self.rng.random() < eps else self.greedy(self.obs)
             next_obs, r, term, trunc, _ = self.env.step(action)
-            t = {'obs': np.asarray(self.obs, np.float32), 'action': action, 'reward': float(r),
-                 'next_obs': np.asarray(next_obs, np.float32), 'done': bool(term), 'collect_iter': self.train_iter,
-                 'discount': float(cfg.policy.discount_factor)}
+            t = {
+                'obs': np.asarray(self.obs, np.float32),
+                'action': action,
+                'reward': float(r),
+                'next_obs': np.asarray(next_obs, np.float32),
+                'done': bool(term),
+                'collect_iter': self.train_iter,
+                'discount': float(cfg.policy.discount_factor),
+            }
             for item in self.nstep.add(t, term or trunc):
                 self.buffer.push(item, cur_collector_envstep=self.env_step)
             self.env_step += 1
@@ -301,7 +340,9 @@ class DQNTrainer:
                 bar.set_postfix(
                     ret=f"{np.mean(self.recent_returns):.0f}" if self.recent_returns else '-',
                     eval=f"{self.evals[-1]['return_mean']:.0f}" if self.evals else '-',
-                    loss=f"{self.last_loss:.3f}", buf=str(self.buffer.count()), refresh=False
+                    loss=f"{self.last_loss:.3f}",
+                    buf=str(self.buffer.count()),
+                    refresh=False,
                 )
                 bar.update(self.env_step - bar.n)
             freq = cfg.checkpoint.freq
@@ -315,6 +356,7 @@ class DQNTrainer:
 
     def finish(self) -> Dict[str, Any]:
         from .plot import plot_runs
+
         summary = self.summary()
         atomic_json(summary, os.path.join(self.run_dir, 'summary.json'))
         if self.evals:  # a run stopped before its first evaluation has no curve yet
@@ -328,30 +370,48 @@ class DQNTrainer:
         best = max(self.evals, key=lambda r: r['return_mean']) if self.evals else None
         stats = self.buffer.stats() if hasattr(self.buffer, 'stats') else {'count': self.buffer.count()}
         return {
-            'exp_name': self.cfg.exp_name, 'seed': self.cfg.seed, 'run_dir': self.run_dir,
-            'buffer_type': self.cfg.policy.other.replay_buffer.type, 'env_steps': self.env_step,
-            'train_iters': self.train_iter, 'episodes': self.episodes,
+            'exp_name': self.cfg.exp_name,
+            'seed': self.cfg.seed,
+            'run_dir': self.run_dir,
+            'buffer_type': self.cfg.policy.other.replay_buffer.type,
+            'env_steps': self.env_step,
+            'train_iters': self.train_iter,
+            'episodes': self.episodes,
             'best_eval_return': best['return_mean'] if best else None,
             'best_eval_step': best['env_step'] if best else None,
             'final_eval_return': self.evals[-1]['return_mean'] if self.evals else None,
-            'solved_step': self.solved_step, 'stop_value': self.cfg.env.stop_value,
-            'wall_time_s': round(self.wall_time(), 1), 'resumed_from': self.resumed_from,
+            'solved_step': self.solved_step,
+            'stop_value': self.cfg.env.stop_value,
+            'wall_time_s': round(self.wall_time(), 1),
+            'resumed_from': self.resumed_from,
             'stopped_early': self.env_step < self.cfg.env.max_env_step,
-            'buffer': {k: stats[k] for k in ('count', 'push_items', 'sample_calls', 'updated', 'stale_updates',
-                                             'max_priority', 'beta') if k in stats},
+            'buffer': {
+                k: stats[k]
+                for k in ('count', 'push_items', 'sample_calls', 'updated', 'stale_updates', 'max_priority', 'beta')
+                if k in stats
+            },
         }
 
     # ------------------------------------------------------------------ persistence
     def checkpoint(self) -> str:
         state = {
-            'net': self.net.state_dict(), 'target': self.target.state_dict(), 'optim': self.optim.state_dict(),
-            'counters': {'env_step': self.env_step, 'train_iter': self.train_iter, 'episodes': self.episodes,
-                         'solved_step': -1 if self.solved_step is None else self.solved_step,
-                         'wall_time': self.wall_time()},
+            'net': self.net.state_dict(),
+            'target': self.target.state_dict(),
+            'optim': self.optim.state_dict(),
+            'counters': {
+                'env_step': self.env_step,
+                'train_iter': self.train_iter,
+                'episodes': self.episodes,
+                'solved_step': -1 if self.solved_step is None else self.solved_step,
+                'wall_time': self.wall_time(),
+            },
             'evals': [dict(r) for r in self.evals],
             'recent_returns': [float(x) for x in self.recent_returns],
-            'rng': {'torch': torch.get_rng_state(), 'numpy': self.rng.bit_generator.state,
-                    'env': self.env.unwrapped.np_random.bit_generator.state},
+            'rng': {
+                'torch': torch.get_rng_state(),
+                'numpy': self.rng.bit_generator.state,
+                'env': self.env.unwrapped.np_random.bit_generator.state,
+            },
         }
         return save_checkpoint(self.ckpt_dir, self.env_step, state, self.buffer.save_data, self.cfg.checkpoint.keep)
 

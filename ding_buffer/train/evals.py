@@ -1,4 +1,5 @@
 """``eval.csv`` of a training run: one row per evaluation, written atomically by the trainer, read by the plots."""
+
 import csv
 import io
 import os
@@ -22,8 +23,10 @@ def read_eval_csv(run_dir: str) -> List[Dict[str, float]]:
     path = os.path.join(run_dir, 'eval.csv')
     if not os.path.isfile(path):
         if os.path.isfile(os.path.join(run_dir, 'run.json')):
-            raise FileNotFoundError(f"'{run_dir}' has no evaluation yet (no eval.csv): the run stopped or is still "
-                                    "before its first evaluation (env.eval_freq)")
+            raise FileNotFoundError(
+                f"'{run_dir}' has no evaluation yet (no eval.csv): the run stopped or is still "
+                "before its first evaluation (env.eval_freq)"
+            )
         raise FileNotFoundError(f"'{run_dir}' is not a training run directory (no eval.csv)")
     with open(path) as f:
         return [{k: float(v) for k, v in row.items()} for row in csv.DictReader(f)]

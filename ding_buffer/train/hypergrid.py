@@ -20,6 +20,7 @@ monitors), ``eval.csv`` and ``learning_curve.png``.
 Run directory ``<log_dir>/<exp_name>_seed<seed>/``: ``log/``, ``eval.csv``, ``learning_curve.png``,
 ``checkpoints/`` (``checkpoint.py``: model, optimizer, counters, RNG state, buffer), ``summary.json``.
 """
+
 import argparse
 import collections
 import contextlib
@@ -37,10 +38,10 @@ from ..config import build_config, check_section, optional_positive_int, positiv
 from ..persistence import atomic_json, atomic_save
 from .checkpoint import complete_checkpoints, load_latest, save_checkpoint
 from .config import BUFFER_SECTION, check_new_run_dir, check_run_dir, run_dir_of, split_buffer_section
+from .hypergrid_metrics import GridTruth, plot_curve, write_eval_csv
 from .launch import LAUNCHED
 from .run_dir import discard_run_dir, first_missing_dir
 from .signals import StopSignals
-from .hypergrid_metrics import GridTruth, plot_curve, write_eval_csv
 
 HYPERGRID_DEFAULTS = {
     'exp_name': 'hypergrid_tb',
@@ -140,12 +141,11 @@ TORCHGFN_BUFFERS = {
     ),
     'NormBasedDiversePrioritizedReplayBuffer': (
         dict(_TORCHGFN_COMMON, cutoff_distance=0.0, p_norm_distance=1.0),
-        {'replay_buffer_size': (positive_int, 'a positive int'),
-         'p_norm_distance': (lambda x: x > 0, 'a number > 0')},
+        {'replay_buffer_size': (positive_int, 'a positive int'), 'p_norm_distance': (lambda x: x > 0, 'a number > 0')},
     ),
 }
 # Largest grid the exact metrics enumerate (true distribution, log Z, modes): 2**24 states, ~1 GB at ndim 4.
-MAX_STATES = 2 ** 24
+MAX_STATES = 2**24
 # Cap on the visited-state window kept for env.eval_source='visited' (states are stored as int64 indices).
 MAX_VISITED = 1_000_000
 
@@ -172,36 +172,48 @@ def _check_buffer_section(buffer_cfg: Any, cfg: EasyDict) -> Optional[EasyDict]:
     if buffer_cfg is None:
         return None
     if not isinstance(buffer_cfg, Mapping):
-        raise TypeError(f"config key '{BUFFER_SECTION[:-1]}' is {buffer_cfg!r:.60}; expected None (on-policy only) "
-                         "or a dict with a 'type'")
+        raise TypeError(
+            f"config key '{BUFFER_SECTION[:-1]}' is {buffer_cfg!r:.60}; expected None (on-policy only) "
+            "or a dict with a 'type'"
+        )
     buffer_cfg = dict(buffer_cfg)
     name = buffer_cfg.get('type')
     if not name or not isinstance(name, str):
-        raise ValueError(f"config key '{BUFFER_SECTION}type' is {name!r}; expected 'gfn', 'gfn_diverse', "
-                         f"'{TORCHGFN_PREFIX}<class>' or the whole section None")
+        raise ValueError(
+            f"config key '{BUFFER_SECTION}type' is {name!r}; expected 'gfn', 'gfn_diverse', "
+            f"'{TORCHGFN_PREFIX}<class>' or the whole section None"
+        )
     dist = buffer_cfg.pop('distributed', None)
     if dist is not None and name.startswith(TORCHGFN_PREFIX):
-        raise ValueError(f"config key '{BUFFER_SECTION}distributed' is set on {name!r}: the distributed job serves one "
-                         "of our buffers ('gfn', 'gfn_diverse') from the manager")
+        raise ValueError(
+            f"config key '{BUFFER_SECTION}distributed' is set on {name!r}: the distributed job serves one "
+            "of our buffers ('gfn', 'gfn_diverse') from the manager"
+        )
     if dist is not None:
         from ..distributed.config import build_distributed_config
+
         try:
             build_distributed_config(dist)
         except (ValueError, TypeError) as e:
-            raise type(e)(str(e).replace("config key 'distributed.", f"config key '{BUFFER_SECTION}distributed.")) \
-                from e
+            raise type(e)(
+                str(e).replace("config key 'distributed.", f"config key '{BUFFER_SECTION}distributed.")
+            ) from e
     if name.startswith(TORCHGFN_PREFIX):
-        cls_name = name[len(TORCHGFN_PREFIX):]
+        cls_name = name[len(TORCHGFN_PREFIX) :]
         if cls_name not in TORCHGFN_BUFFERS:
-            raise ValueError(f"config key '{BUFFER_SECTION}type' is {name!r}; expected one of "
-                             + ', '.join(repr(TORCHGFN_PREFIX + k) for k in TORCHGFN_BUFFERS))
+            raise ValueError(
+                f"config key '{BUFFER_SECTION}type' is {name!r}; expected one of "
+                + ', '.join(repr(TORCHGFN_PREFIX + k) for k in TORCHGFN_BUFFERS)
+            )
         defaults, checks = TORCHGFN_BUFFERS[cls_name]
-        full = build_config(defaults, {k: v for k, v in buffer_cfg.items() if k != 'type'}, checks,
-                            prefix=BUFFER_SECTION)
+        full = build_config(
+            defaults, {k: v for k, v in buffer_cfg.items() if k != 'type'}, checks, prefix=BUFFER_SECTION
+        )
         full.type = name
     else:
         from ..buffers.gflownet import GFlowNetReplayBuffer
         from ..buffers.gfn_variants import TerminatingStateBuffer
+
         cls = get_buffer_cls(EasyDict(buffer_cfg))
         if issubclass(cls, TerminatingStateBuffer):
             raise ValueError(
@@ -246,24 +258,31 @@ class HyperGridTrainer:
         if resume and not complete_checkpoints(self.ckpt_dir):
             raise ValueError(f"--resume {run_dir}: no complete checkpoint in {self.ckpt_dir}")
         if not resume and complete_checkpoints(self.ckpt_dir):
-            raise ValueError(f"run directory '{run_dir}' already holds checkpoints: continue it with --resume "
-                             f"{run_dir}, or pick another exp_name / seed / log_dir")
+            raise ValueError(
+                f"run directory '{run_dir}' already holds checkpoints: continue it with --resume "
+                f"{run_dir}, or pick another exp_name / seed / log_dir"
+            )
         e = cfg.env
-        if e.height ** e.ndim > MAX_STATES:
-            raise ValueError(f"config keys 'env.height' = {e.height}, 'env.ndim' = {e.ndim}: "
-                             f"{e.height ** e.ndim} states; expected height ** ndim <= {MAX_STATES} (the exact "
-                             "metrics enumerate every state)")
+        if e.height**e.ndim > MAX_STATES:
+            raise ValueError(
+                f"config keys 'env.height' = {e.height}, 'env.ndim' = {e.ndim}: "
+                f"{e.height**e.ndim} states; expected height ** ndim <= {MAX_STATES} (the exact "
+                "metrics enumerate every state)"
+            )
         self.truth = GridTruth(e.ndim, e.height, e.R0, e.R1, e.R2)
         if self.truth.n_mode_states == 0:
-            raise ValueError(f"config key 'env.height' = {e.height}: this grid has no mode state (no coordinate with "
-                             "0.3 < |i/(height-1) - 0.5| < 0.4); expected height >= 5")
+            raise ValueError(
+                f"config key 'env.height' = {e.height}: this grid has no mode state (no coordinate with "
+                "0.3 < |i/(height-1) - 0.5| < 0.4); expected height >= 5"
+            )
         created, self.tb, self.buffer = first_missing_dir(run_dir), None, None
         try:
             os.makedirs(run_dir, exist_ok=True)  # only now: invalid input must leave nothing on disk
         except OSError as err:
             self._discard(created)
-            raise ValueError(f"config key 'log_dir': cannot create run directory '{run_dir}': "
-                             f"{err.strerror or err}") from err
+            raise ValueError(
+                f"config key 'log_dir': cannot create run directory '{run_dir}': {err.strerror or err}"
+            ) from err
         try:
             self._build(resume)
         except BaseException:
@@ -278,16 +297,25 @@ class HyperGridTrainer:
         from gfn.samplers import Sampler
         from gfn.utils.modules import MLP, DiscreteUniform
         from torch.utils.tensorboard import SummaryWriter
+
         cfg, e, m = self.cfg, self.cfg.env, self.cfg.policy.model
         torch.manual_seed(cfg.seed)
-        self.env = HyperGrid(ndim=e.ndim, height=e.height, reward_fn_str='original',
-                             reward_fn_kwargs={'R0': e.R0, 'R1': e.R1, 'R2': e.R2}, device=self.device,
-                             validate_modes=False)
+        self.env = HyperGrid(
+            ndim=e.ndim,
+            height=e.height,
+            reward_fn_str='original',
+            reward_fn_kwargs={'R0': e.R0, 'R1': e.R1, 'R2': e.R2},
+            device=self.device,
+            validate_modes=False,
+        )
         pre = KHotPreprocessor(height=e.height, ndim=e.ndim)
         n_actions = self.env.n_actions
         pf = MLP(pre.output_dim, n_actions, hidden_dim=m.hidden_dim, n_hidden_layers=m.n_hidden_layers)
-        pb = DiscreteUniform(n_actions - 1) if m.uniform_pb else \
-            MLP(pre.output_dim, n_actions - 1, hidden_dim=m.hidden_dim, trunk=pf.trunk)
+        pb = (
+            DiscreteUniform(n_actions - 1)
+            if m.uniform_pb
+            else MLP(pre.output_dim, n_actions - 1, hidden_dim=m.hidden_dim, trunk=pf.trunk)
+        )
         self.pf = DiscretePolicyEstimator(pf, n_actions, preprocessor=pre, is_backward=False)
         self.pb = DiscretePolicyEstimator(pb, n_actions, preprocessor=pre, is_backward=True)
         self.gfn = TBGFlowNet(pf=self.pf, pb=self.pb, init_logZ=float(cfg.policy.learn.init_logZ)).to(self.device)
@@ -317,7 +345,8 @@ class HyperGridTrainer:
         self.buffer_type = bcfg.type
         if bcfg.type.startswith(TORCHGFN_PREFIX):
             from gfn.containers import replay_buffer as tgfn
-            cls = getattr(tgfn, bcfg.type[len(TORCHGFN_PREFIX):])
+
+            cls = getattr(tgfn, bcfg.type[len(TORCHGFN_PREFIX) :])
             kwargs = {k: v for k, v in bcfg.items() if k not in ('type', 'replay_buffer_size')}
             return cls(self.env, capacity=bcfg.replay_buffer_size, **kwargs)
         try:
@@ -351,8 +380,11 @@ class HyperGridTrainer:
                 self.buffer.push(on, cur_collector_envstep=self.iteration)
             n = learn.replay_batch_size
             if n and self.buffer_count() >= max(learn.replay_warmup, 1):
-                replay = self.buffer.sample(n) if self.torchgfn_buffer else \
-                    self.buffer.sample(n, cur_learner_iter=self.iteration)
+                replay = (
+                    self.buffer.sample(n)
+                    if self.torchgfn_buffer
+                    else self.buffer.sample(n, cur_learner_iter=self.iteration)
+                )
         # mean TB loss over on-policy + replayed trajectories; replayed log-probs come from the current policy
         total = self.gfn.loss(self.env, on, recalculate_all_logprobs=eps > 0, reduction='sum')
         count = len(on)
@@ -401,13 +433,20 @@ class HyperGridTrainer:
             torch.set_rng_state(rng)
             idx = torch.cat(chunks)
         else:
-            idx = torch.cat(list(self.visited))[-e.eval_samples:] if self.visited else torch.empty(0, dtype=torch.long)
+            idx = torch.cat(list(self.visited))[-e.eval_samples :] if self.visited else torch.empty(0, dtype=torch.long)
         loss = self.loss_sum / self.loss_n if self.loss_n else self.last_loss
         self.loss_sum, self.loss_n = 0.0, 0
-        row = {'iteration': self.iteration, 'trajectories': self.iteration * self.cfg.policy.learn.batch_size,
-               'l1_dist': self.truth.l1(idx), 'modes_found': self.modes_found(),
-               'mode_states_found': len(self.mode_states), 'loss': loss, 'logZ': float(self.gfn.logZ.item()),
-               'logZ_true': self.truth.log_z, 'wall_time': round(self.wall_time(), 3)}
+        row = {
+            'iteration': self.iteration,
+            'trajectories': self.iteration * self.cfg.policy.learn.batch_size,
+            'l1_dist': self.truth.l1(idx),
+            'modes_found': self.modes_found(),
+            'mode_states_found': len(self.mode_states),
+            'loss': loss,
+            'logZ': float(self.gfn.logZ.item()),
+            'logZ_true': self.truth.log_z,
+            'wall_time': round(self.wall_time(), 3),
+        }
         self.evals.append(row)
         t = self.iteration
         self.tb.add_scalar('eval/l1_dist', row['l1_dist'], t)
@@ -426,13 +465,21 @@ class HyperGridTrainer:
         """Train until ``policy.learn.iterations`` or ``stop.requested`` (a ``StopSignals``); either way the last
         iteration is checkpointed. ``started_at``: the ``time.monotonic()`` the wall time counts from."""
         from tqdm import tqdm
+
         cfg = self.cfg
         total = cfg.policy.learn.iterations
         self._t0 = time.monotonic() if started_at is None else started_at
         if not self.evals and cfg.env.eval_source == 'fresh':
             self.evaluate()  # the untrained policy: the curve's starting point ('visited': nothing visited yet)
-        bar = tqdm(total=total, initial=min(self.iteration, total), unit='it', dynamic_ncols=True,
-                   disable=not self.progress, desc=cfg.exp_name, mininterval=0.5)
+        bar = tqdm(
+            total=total,
+            initial=min(self.iteration, total),
+            unit='it',
+            dynamic_ncols=True,
+            disable=not self.progress,
+            desc=cfg.exp_name,
+            mininterval=0.5,
+        )
         while self.iteration < total and not (stop is not None and stop.requested):
             loss = self.step()
             self.last_loss = loss
@@ -445,8 +492,14 @@ class HyperGridTrainer:
                 self.tb.add_scalar('train/replay_size', self.buffer_count(), t)
             if t % cfg.env.eval_freq == 0 or t == total:
                 row = self.evaluate()
-                bar.set_postfix(loss=f'{loss:.3f}', l1=f"{row['l1_dist']:.3f}", modes=row['modes_found'],
-                                logZ=f"{row['logZ']:.2f}", buf=str(self.buffer_count()), refresh=False)
+                bar.set_postfix(
+                    loss=f'{loss:.3f}',
+                    l1=f"{row['l1_dist']:.3f}",
+                    modes=row['modes_found'],
+                    logZ=f"{row['logZ']:.2f}",
+                    buf=str(self.buffer_count()),
+                    refresh=False,
+                )
             bar.update(t - bar.n)
             freq = cfg.checkpoint.freq
             if freq and t % freq == 0 and t < total:
@@ -459,8 +512,13 @@ class HyperGridTrainer:
     def finish(self) -> dict[str, Any]:
         summary = self.summary()
         atomic_json(summary, os.path.join(self.run_dir, 'summary.json'))
-        plot_curve(self.evals, os.path.join(self.run_dir, 'learning_curve.png'), self.cfg.exp_name,
-                   self.truth.n_modes, self.truth.l1_floor(self.cfg.env.eval_samples))
+        plot_curve(
+            self.evals,
+            os.path.join(self.run_dir, 'learning_curve.png'),
+            self.cfg.exp_name,
+            self.truth.n_modes,
+            self.truth.l1_floor(self.cfg.env.eval_samples),
+        )
         self.tb.flush()
         self.close()
         return summary
@@ -476,17 +534,28 @@ class HyperGridTrainer:
         best = min(self.evals, key=lambda r: r['l1_dist']) if self.evals else {}
         e = self.cfg.env
         return {
-            'exp_name': self.cfg.exp_name, 'seed': self.cfg.seed, 'run_dir': self.run_dir,
-            'buffer_type': self.buffer_type, 'grid': f'{e.height}^{e.ndim}', 'iterations': self.iteration,
+            'exp_name': self.cfg.exp_name,
+            'seed': self.cfg.seed,
+            'run_dir': self.run_dir,
+            'buffer_type': self.buffer_type,
+            'grid': f'{e.height}^{e.ndim}',
+            'iterations': self.iteration,
             'trajectories': self.iteration * self.cfg.policy.learn.batch_size,
-            'initial_l1_dist': first.get('l1_dist'), 'final_l1_dist': last.get('l1_dist'),
-            'best_l1_dist': best.get('l1_dist'), 'best_l1_iteration': best.get('iteration'),
+            'initial_l1_dist': first.get('l1_dist'),
+            'final_l1_dist': last.get('l1_dist'),
+            'best_l1_dist': best.get('l1_dist'),
+            'best_l1_iteration': best.get('iteration'),
             'l1_exact_samples': round(self.truth.l1_floor(e.eval_samples), 4),
-            'modes_found': self.modes_found(), 'n_modes': self.truth.n_modes,
-            'mode_states_found': len(self.mode_states), 'n_mode_states': self.truth.n_mode_states,
+            'modes_found': self.modes_found(),
+            'n_modes': self.truth.n_modes,
+            'mode_states_found': len(self.mode_states),
+            'n_mode_states': self.truth.n_mode_states,
             'first_mode_iteration': self.first_mode_iter,
-            'final_loss': last.get('loss'), 'logZ': float(self.gfn.logZ.item()), 'logZ_true': self.truth.log_z,
-            'buffer_count': self.buffer_count(), 'replayed_trajectories': self.replayed,
+            'final_loss': last.get('loss'),
+            'logZ': float(self.gfn.logZ.item()),
+            'logZ_true': self.truth.log_z,
+            'buffer_count': self.buffer_count(),
+            'replayed_trajectories': self.replayed,
             'wall_time_s': round(self.wall_time(), 1),
             'resumed_from': self.resumed_from,
         }
@@ -494,10 +563,17 @@ class HyperGridTrainer:
     # ------------------------------------------------------------------ persistence
     def checkpoint(self) -> str:
         state = {
-            'gflownet': self.gfn.state_dict(), 'optim': self.optim.state_dict(),
-            'counters': {'iteration': self.iteration, 'replayed': self.replayed, 'wall_time': self.wall_time(),
-                         'first_mode_iter': -1 if self.first_mode_iter is None else self.first_mode_iter,
-                         'loss_sum': self.loss_sum, 'loss_n': self.loss_n, 'last_loss': self.last_loss},
+            'gflownet': self.gfn.state_dict(),
+            'optim': self.optim.state_dict(),
+            'counters': {
+                'iteration': self.iteration,
+                'replayed': self.replayed,
+                'wall_time': self.wall_time(),
+                'first_mode_iter': -1 if self.first_mode_iter is None else self.first_mode_iter,
+                'loss_sum': self.loss_sum,
+                'loss_n': self.loss_n,
+                'last_loss': self.last_loss,
+            },
             'evals': [dict(r) for r in self.evals],
             'mode_states': sorted(self.mode_states),
             'visited': torch.cat(list(self.visited)) if self.visited else torch.empty(0, dtype=torch.long),
@@ -521,6 +597,7 @@ class HyperGridTrainer:
         if self.buffer is not None and os.path.isfile(buffer_file):
             if self.torchgfn_buffer:
                 from gfn.containers import Trajectories
+
                 self.buffer.training_container = Trajectories.load(self.env, buffer_file)
             else:
                 self.buffer.load_data(buffer_file, env=self.env)
@@ -548,8 +625,10 @@ class HyperGridTrainer:
 def run(user: dict, args: argparse.Namespace) -> int:
     """``ding-buffer train`` for ``main_config['job'] = 'hypergrid'``: build, train (or resume), print a summary."""
     if args.env_steps is not None:
-        raise ValueError(f"{args.config}: --env-steps is for the DQN job; the 'hypergrid' job counts training "
-                         "iterations: use --iterations (config key 'policy.learn.iterations')")
+        raise ValueError(
+            f"{args.config}: --env-steps is for the DQN job; the 'hypergrid' job counts training "
+            "iterations: use --iterations (config key 'policy.learn.iterations')"
+        )
     user = dict(user)
     if args.seed is not None:
         user['seed'] = args.seed
@@ -566,11 +645,14 @@ def run(user: dict, args: argparse.Namespace) -> int:
         if args.resume is None and os.environ.get(LAUNCHED) != '1':  # the launcher checked it for its ranks
             check_new_run_dir(run_dir_of(cfg), cfg.log_dir)
         from .hypergrid_dist import run_distributed
+
         return run_distributed(cfg, args)
     if args.nproc is not None:
-        raise ValueError(f"{args.config}: --nproc {args.nproc} needs a distributed buffer (config key "
-                         f"'{BUFFER_SECTION}distributed.backend': 'torch', 'mpi' or 'ray'); this config trains in "
-                         "one process")
+        raise ValueError(
+            f"{args.config}: --nproc {args.nproc} needs a distributed buffer (config key "
+            f"'{BUFFER_SECTION}distributed.backend': 'torch', 'mpi' or 'ray'); this config trains in "
+            "one process"
+        )
     run_dir = args.resume or run_dir_of(cfg)
     torch.set_num_threads(args.threads)
     try:

@@ -23,6 +23,7 @@ A killed sampler is counted as lost by the manager and the run goes on; a killed
 ``ManagerUnavailableError`` (exit status 3). Checkpoints hold the learner's state and, written by the manager
 into the run directory (its ``distributed.file_root``), the buffer.
 """
+
 import argparse
 import os
 import time
@@ -55,9 +56,14 @@ def trajectories_to_batch(tr: Any, length: int) -> Dict[str, torch.Tensor]:
     out_s[:, :t1] = states.transpose(0, 1)
     dummy = tr.env.Actions.dummy_action.to(actions.dtype)
     out_a = dummy.reshape(1, 1).expand(b, length).clone()
-    out_a[:, :t1 - 1] = actions.transpose(0, 1)
-    return {'state': tr.terminating_states.tensor.clone(), 'log_reward': tr.log_rewards.detach().float().clone(),
-            'traj_states': out_s, 'traj_actions': out_a, 'length': tr.terminating_idx.long().clone()}
+    out_a[:, : t1 - 1] = actions.transpose(0, 1)
+    return {
+        'state': tr.terminating_states.tensor.clone(),
+        'log_reward': tr.log_rewards.detach().float().clone(),
+        'traj_states': out_s,
+        'traj_actions': out_a,
+        'length': tr.terminating_idx.long().clone(),
+    }
 
 
 def batch_to_trajectories(batch: Dict[str, torch.Tensor], env: Any) -> Optional[Any]:
@@ -65,6 +71,7 @@ def batch_to_trajectories(batch: Dict[str, torch.Tensor], env: Any) -> Optional[
     whose ``length`` is not in ``[1, padded length]`` -- only a broken or lying sampler pushes them -- are left out
     (None when none is left): the TB loss of such an item would index past its own trajectory."""
     from gfn.containers import Trajectories
+
     length = batch['length'].long()
     ok = (length >= 1) & (length <= batch['traj_actions'].shape[1])
     if not bool(ok.all()):
@@ -73,10 +80,16 @@ def batch_to_trajectories(batch: Dict[str, torch.Tensor], env: Any) -> Optional[
         batch = {k: v[ok] for k, v in batch.items()}
         length = batch['length'].long()
     t = int(length.max()) if len(length) else 0
-    states = batch['traj_states'][:, :t + 1].transpose(0, 1).contiguous()
+    states = batch['traj_states'][:, : t + 1].transpose(0, 1).contiguous()
     actions = batch['traj_actions'][:, :t].transpose(0, 1).unsqueeze(-1).contiguous()
-    return Trajectories(env=env, states=env.states_from_tensor(states), actions=env.actions_from_tensor(actions),
-                        terminating_idx=length, is_backward=False, log_rewards=batch['log_reward'].float())
+    return Trajectories(
+        env=env,
+        states=env.states_from_tensor(states),
+        actions=env.actions_from_tensor(actions),
+        terminating_idx=length,
+        is_backward=False,
+        log_rewards=batch['log_reward'].float(),
+    )
 
 
 class ManagerReplay:
@@ -114,6 +127,7 @@ class ManagerReplay:
 # ---------------------------------------------------------------------------------------------- roles
 def _learner(cfg: EasyDict, run_dir: str, remote: Any, resume: bool, progress: bool) -> Dict[str, Any]:
     from .hypergrid import HyperGridTrainer
+
     e = cfg.env
     length = max_actions(e.ndim, e.height)
     job = cfg.distributed_job
@@ -147,8 +161,18 @@ def _learner(cfg: EasyDict, run_dir: str, remote: Any, resume: bool, progress: b
         def summary(self) -> Dict[str, Any]:
             out = super().summary()
             stats = remote.stats()
-            out['manager'] = {k: stats[k] for k in ('count', 'push_items', 'sample_calls', 'manager/push_requests',
-                                                    'manager/pushed_items', 'manager/exited') if k in stats}
+            out['manager'] = {
+                k: stats[k]
+                for k in (
+                    'count',
+                    'push_items',
+                    'sample_calls',
+                    'manager/push_requests',
+                    'manager/pushed_items',
+                    'manager/exited',
+                )
+                if k in stats
+            }
             out['own_pushed_items'] = self.iteration * cfg.policy.learn.batch_size
             return out
 
@@ -167,13 +191,22 @@ def _sampler(cfg: EasyDict, remote: Any, index: int) -> Dict[str, Any]:
     from gfn.preprocessors import KHotPreprocessor
     from gfn.samplers import Sampler
     from gfn.utils.modules import MLP
+
     e, m, job = cfg.env, cfg.policy.model, cfg.distributed_job
     torch.manual_seed(cfg.seed * 1_000_003 + 7919 * (index + 1))
-    env = HyperGrid(ndim=e.ndim, height=e.height, reward_fn_str='original',
-                    reward_fn_kwargs={'R0': e.R0, 'R1': e.R1, 'R2': e.R2}, validate_modes=False)
+    env = HyperGrid(
+        ndim=e.ndim,
+        height=e.height,
+        reward_fn_str='original',
+        reward_fn_kwargs={'R0': e.R0, 'R1': e.R1, 'R2': e.R2},
+        validate_modes=False,
+    )
     pre = KHotPreprocessor(height=e.height, ndim=e.ndim)
-    pf = DiscretePolicyEstimator(MLP(pre.output_dim, env.n_actions, hidden_dim=m.hidden_dim,
-                                     n_hidden_layers=m.n_hidden_layers), env.n_actions, preprocessor=pre)
+    pf = DiscretePolicyEstimator(
+        MLP(pre.output_dim, env.n_actions, hidden_dim=m.hidden_dim, n_hidden_layers=m.n_hidden_layers),
+        env.n_actions,
+        preprocessor=pre,
+    )
     sampler = Sampler(estimator=pf)
     length = max_actions(e.ndim, e.height)
     version, stop, batches, pushed, since = -1, False, 0, 0, 0
@@ -186,23 +219,33 @@ def _sampler(cfg: EasyDict, remote: Any, index: int) -> Dict[str, Any]:
             last_news = time.monotonic()
             continue
         if time.monotonic() - last_news > job.learner_silence:
-            raise ManagerUnavailableError(f"sampler {index}: no news from the learner for {job.learner_silence:g}s "
-                                          "(config key 'distributed_job.learner_silence')")
+            raise ManagerUnavailableError(
+                f"sampler {index}: no news from the learner for {job.learner_silence:g}s "
+                "(config key 'distributed_job.learner_silence')"
+            )
         if version < 0 or since >= job.publish_freq:
             time.sleep(0.05)  # wait for the first / a newer policy
             continue
         with torch.no_grad():
-            tr = sampler.sample_trajectories(env, n=cfg.policy.learn.batch_size,
-                                             epsilon=float(cfg.policy.collect.epsilon))
+            tr = sampler.sample_trajectories(
+                env, n=cfg.policy.learn.batch_size, epsilon=float(cfg.policy.collect.epsilon)
+            )
         pushed += remote.extend(trajectories_to_batch(tr, length))
         batches += 1
         since += 1
-    return {'role': 'sampler', 'index': index, 'batches': batches, 'pushed_items': pushed, 'last_version': version,
-            'filtered': dict(remote.filter_stats) if isinstance(getattr(remote, 'filter_stats', None), dict) else None}
+    return {
+        'role': 'sampler',
+        'index': index,
+        'batches': batches,
+        'pushed_items': pushed,
+        'last_version': version,
+        'filtered': dict(remote.filter_stats) if isinstance(getattr(remote, 'filter_stats', None), dict) else None,
+    }
 
 
-def _role_main(cfg: EasyDict, run_dir: str, role: str, index: int, n_workers: int, resume: bool, progress: bool,
-               remote: Any = None) -> Dict[str, Any]:
+def _role_main(
+    cfg: EasyDict, run_dir: str, role: str, index: int, n_workers: int, resume: bool, progress: bool, remote: Any = None
+) -> Dict[str, Any]:
     torch.set_num_threads(1)
     if role == 'learner':
         return with_remote(cfg, run_dir, n_workers, remote, lambda r: _learner(cfg, run_dir, r, resume, progress))
@@ -210,11 +253,14 @@ def _role_main(cfg: EasyDict, run_dir: str, role: str, index: int, n_workers: in
 
 
 def _print(s: Dict[str, Any]) -> None:
-    print(f"\n== {s['exp_name']} (distributed HyperGrid, seed {s['seed']}, {s['buffer_type']}) ==\n"
-          f"  iterations {s['iterations']}, wall time {s['wall_time_s']:.0f} s\n"
-          f"  L1 distance to R/Z: {s['initial_l1_dist']:.3f} -> {s['final_l1_dist']:.3f} (best {s['best_l1_dist']:.3f});"
-          f" modes found {s['modes_found']}/{s['n_modes']}; logZ {s['logZ']:.3f} (true {s['logZ_true']:.3f})\n"
-          f"  run dir: {s['run_dir']}", flush=True)
+    print(
+        f"\n== {s['exp_name']} (distributed HyperGrid, seed {s['seed']}, {s['buffer_type']}) ==\n"
+        f"  iterations {s['iterations']}, wall time {s['wall_time_s']:.0f} s\n"
+        f"  L1 distance to R/Z: {s['initial_l1_dist']:.3f} -> {s['final_l1_dist']:.3f} (best {s['best_l1_dist']:.3f});"
+        f" modes found {s['modes_found']}/{s['n_modes']}; logZ {s['logZ']:.3f} (true {s['logZ_true']:.3f})\n"
+        f"  run dir: {s['run_dir']}",
+        flush=True,
+    )
 
 
 def run_distributed(cfg: EasyDict, args: argparse.Namespace) -> int:

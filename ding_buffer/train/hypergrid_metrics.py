@@ -18,6 +18,7 @@ been sampled (out of ``2^D``), and ``mode_states_found`` the distinct mode state
 >>> truth.l1(torch.arange(64)) > 0   # uniform samples are far from the reward distribution
 True
 """
+
 import math
 import os
 from collections.abc import Iterable
@@ -53,7 +54,7 @@ class GridTruth:
 
     def __init__(self, ndim: int, height: int, R0: float, R1: float, R2: float) -> None:
         self.ndim, self.height = ndim, height
-        self.n_states = height ** ndim
+        self.n_states = height**ndim
         coords = grid_coords(torch.arange(self.n_states), ndim, height)
         reward = original_reward(coords, height, R0, R1, R2)
         self.log_z = math.log(float(reward.sum()))
@@ -63,7 +64,7 @@ class GridTruth:
         # corner of each state: bit d set when coordinate d is in the upper half
         corner_bits = (coords * 2 > height - 1).long() << torch.arange(ndim)
         self.corner = corner_bits.sum(-1)
-        self.n_modes = 2 ** ndim
+        self.n_modes = 2**ndim
         self.n_mode_states = int(self.is_mode.sum())
 
     def indices(self, states: torch.Tensor) -> torch.Tensor:
@@ -95,8 +96,17 @@ class GridTruth:
         return set(self.corner[torch.as_tensor(states, dtype=torch.long)].tolist()) if states else set()
 
 
-EVAL_FIELDS = ('iteration', 'trajectories', 'l1_dist', 'modes_found', 'mode_states_found', 'loss', 'logZ',
-               'logZ_true', 'wall_time')
+EVAL_FIELDS = (
+    'iteration',
+    'trajectories',
+    'l1_dist',
+    'modes_found',
+    'mode_states_found',
+    'loss',
+    'logZ',
+    'logZ_true',
+    'wall_time',
+)
 
 
 def write_eval_csv(run_dir: str, rows: Iterable[dict[str, float]]) -> None:
@@ -108,9 +118,11 @@ def plot_curve(rows: list[dict[str, float]], out: str, title: str, n_modes: int,
     """L1 distance (left axis, log scale; dashed: ``l1_floor``, what exact samples would show) and modes found
     (right axis) over training iterations, one PNG written atomically."""
     import matplotlib
+
     matplotlib.use('Agg')
     import matplotlib.pyplot as plt
     import matplotlib.ticker
+
     fig, ax = plt.subplots(figsize=(7, 4.6), dpi=110, layout='constrained')
     x = [r['iteration'] for r in rows]
     ax.plot(x, [r['l1_dist'] for r in rows], color='tab:blue', lw=1.5, marker='o', ms=3, label='L1 distance')
@@ -120,8 +132,16 @@ def plot_curve(rows: list[dict[str, float]], out: str, title: str, n_modes: int,
     ax.set_ylabel('L1(empirical, R/Z)', color='tab:blue')
     ax.grid(alpha=0.3)
     ax2 = ax.twinx()
-    ax2.step(x, [r['modes_found'] for r in rows], where='post', color='tab:red', lw=1.5, marker='s', ms=3,
-             label='modes found')
+    ax2.step(
+        x,
+        [r['modes_found'] for r in rows],
+        where='post',
+        color='tab:red',
+        lw=1.5,
+        marker='s',
+        ms=3,
+        label='modes found',
+    )
     ax2.set_ylim(0, n_modes + 0.5)
     ax2.yaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
     ax2.set_ylabel(f'modes found (of {n_modes})', color='tab:red')

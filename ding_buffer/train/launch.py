@@ -9,6 +9,7 @@ Ray: ``ray_init`` starts a local cluster of N CPUs, or joins ``distributed.addre
 runs the job's learner / worker function, or drives Ray tasks. A worker whose manager is gone prints
 ``ding-buffer: error: <role> rank <r>: ...`` and exits with ``EXIT_MANAGER_GONE``.
 """
+
 import argparse
 import copy
 import os
@@ -30,6 +31,7 @@ def rank_world(backend: str) -> Optional[Tuple[int, int]]:
         return int(os.environ['RANK']), int(os.environ['WORLD_SIZE'])
     if 'OMPI_COMM_WORLD_RANK' in os.environ or 'PMI_RANK' in os.environ or 'PMIX_RANK' in os.environ:
         from mpi4py import MPI
+
         return MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size()
     return None
 
@@ -37,8 +39,12 @@ def rank_world(backend: str) -> Optional[Tuple[int, int]]:
 def child_argv(args: argparse.Namespace) -> List[str]:
     """The command line of a rank this process starts: the same job, without ``--nproc``."""
     argv = [sys.executable, '-m', 'ding_buffer', 'train', os.path.abspath(args.config), '--threads', '1']
-    for flag, value in (('--seed', args.seed), ('--env-steps', args.env_steps), ('--device', args.device),
-                        ('--iterations', args.iterations)):
+    for flag, value in (
+        ('--seed', args.seed),
+        ('--env-steps', args.env_steps),
+        ('--device', args.device),
+        ('--iterations', args.iterations),
+    ):
         if value is not None:
             argv += [flag, str(value)]
     if args.resume is not None:
@@ -50,19 +56,30 @@ def child_argv(args: argparse.Namespace) -> List[str]:
 
 def launch_torch(args: argparse.Namespace, nproc: int) -> int:
     import socket
+
     with socket.socket() as s:
         s.bind(('127.0.0.1', 0))
         port = s.getsockname()[1]
     procs = []
     for r in range(nproc):  # plain env:// ranks (not torchrun): a rank that dies must not take the others down
-        env = dict(os.environ, RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE=str(nproc), LOCAL_WORLD_SIZE=str(nproc),
-                   MASTER_ADDR='127.0.0.1', MASTER_PORT=str(port), OMP_NUM_THREADS='1', **{LAUNCHED: '1'})
+        env = dict(
+            os.environ,
+            RANK=str(r),
+            LOCAL_RANK=str(r),
+            WORLD_SIZE=str(nproc),
+            LOCAL_WORLD_SIZE=str(nproc),
+            MASTER_ADDR='127.0.0.1',
+            MASTER_PORT=str(port),
+            OMP_NUM_THREADS='1',
+            **{LAUNCHED: '1'},
+        )
         procs.append(subprocess.Popen(child_argv(args), env=env))
     return wait_all(procs, learner=0)
 
 
 def launch_mpi(args: argparse.Namespace, nproc: int) -> int:
     import shutil
+
     if shutil.which('mpirun') is None:
         raise ValueError("distributed.backend='mpi' needs mpirun (Open MPI) on PATH")
     cmd = ['mpirun', '--oversubscribe', '--enable-recovery', '-n', str(nproc)]
@@ -88,27 +105,33 @@ def wait_all(procs: List[subprocess.Popen], learner: int) -> int:
     return codes[learner]
 
 
-
-
 def interrupted(args: argparse.Namespace, run_dir: str) -> None:
     """After Ctrl-C ended every rank of a distributed job: where its newest complete checkpoint is and the command
     that resumes from it (the job checkpoints every ``checkpoint.freq``; the ranks do not write one on the way out:
     the manager holding the buffer got the signal too)."""
     from .checkpoint import complete_checkpoints
     from .signals import resume_command
+
     done = complete_checkpoints(os.path.join(run_dir, 'checkpoints'))
     if done:
-        print(f"\nstopped by Ctrl-C: every rank ended; the newest complete checkpoint is {done[-1][1]}\nresume with: "
-              f"{resume_command(args, run_dir)}", flush=True)
+        print(
+            f"\nstopped by Ctrl-C: every rank ended; the newest complete checkpoint is {done[-1][1]}\nresume with: "
+            f"{resume_command(args, run_dir)}",
+            flush=True,
+        )
     else:
-        print(f"\nstopped by Ctrl-C before the first checkpoint (written every checkpoint.freq) in {run_dir}: "
-              "nothing to resume", flush=True)
+        print(
+            f"\nstopped by Ctrl-C before the first checkpoint (written every checkpoint.freq) in {run_dir}: "
+            "nothing to resume",
+            flush=True,
+        )
 
 
 def ray_init(dist: Any, nproc: int) -> None:
     """Join the Ray cluster at ``distributed.address`` (or ``RAY_ADDRESS``), else start a local one of ``nproc``
     CPUs (the manager actor and one task per other rank)."""
     import ray
+
     if ray.is_initialized():
         return
     address = dist.get('address') or os.environ.get('RAY_ADDRESS')
@@ -133,6 +156,7 @@ def with_remote(cfg: Any, run_dir: str, n_workers: int, remote: Any, body: Calla
     afterwards -- within 5 s when ``body`` failed, so a dead manager does not hold up the error."""
     if remote is None:
         from ..base import create_buffer
+
         remote = create_buffer(job_buffer_cfg(cfg, run_dir, n_workers))
     try:
         out = body(remote)
@@ -151,16 +175,25 @@ def publish_weights(remote: Any, version: int, payload: Dict[str, Any]) -> None:
     version: another client published weights on this manager, and the workers would follow it, not us."""
     got = remote.put_blob('weights', version, payload)
     if not got['stored']:
-        raise RuntimeError(f"the manager keeps version {got['version']} of 'weights', not older than this learner's "
-                           f"{version}: another client publishes weights on this manager (two learners, or a stale "
-                           "run with the same Ray namespace?)")
+        raise RuntimeError(
+            f"the manager keeps version {got['version']} of 'weights', not older than this learner's "
+            f"{version}: another client publishes weights on this manager (two learners, or a stale "
+            "run with the same Ray namespace?)"
+        )
 
 
 RoleMain = Callable[..., Dict[str, Any]]  # (cfg, run_dir, role, index, n_workers, resume, progress, remote=None)
 
 
-def run_roles(role_main: RoleMain, cfg: Any, run_dir: str, args: argparse.Namespace, job: str, worker: str,
-              report: Callable[[Dict[str, Any]], None]) -> int:
+def run_roles(
+    role_main: RoleMain,
+    cfg: Any,
+    run_dir: str,
+    args: argparse.Namespace,
+    job: str,
+    worker: str,
+    report: Callable[[Dict[str, Any]], None],
+) -> int:
     """
     Overview:
         Run a manager / learner / workers job. ``role_main(cfg, run_dir, role, index, n_workers, resume,
@@ -170,6 +203,7 @@ def run_roles(role_main: RoleMain, cfg: Any, run_dir: str, args: argparse.Namesp
     """
     from ..base import create_buffer
     from ..errors import ManagerUnavailableError
+
     backend = cfg.policy.other.replay_buffer.distributed.backend
     roles = f"a manager, a learner, {'an' if worker[0] in 'aeiou' else 'a'} {worker}"
     if backend == 'ray':
@@ -177,10 +211,15 @@ def run_roles(role_main: RoleMain, cfg: Any, run_dir: str, args: argparse.Namesp
     where = rank_world(backend)
     if where is None:
         if args.nproc is None:
-            launcher = 'torchrun --nproc_per_node N -m ding_buffer train ...' if backend == 'torch' else \
-                'mpirun -n N python -m ding_buffer train ...'
-            raise ValueError(f"{args.config}: the {job} job runs on several processes: give --nproc N (N >= 3) to "
-                             f"start them here, or launch with {launcher}")
+            launcher = (
+                'torchrun --nproc_per_node N -m ding_buffer train ...'
+                if backend == 'torch'
+                else 'mpirun -n N python -m ding_buffer train ...'
+            )
+            raise ValueError(
+                f"{args.config}: the {job} job runs on several processes: give --nproc N (N >= 3) to "
+                f"start them here, or launch with {launcher}"
+            )
         if args.nproc < 3:
             raise ValueError(f"--nproc {args.nproc}: the {job} job needs at least 3 ({roles})")
         os.makedirs(run_dir, exist_ok=True)
@@ -189,8 +228,10 @@ def run_roles(role_main: RoleMain, cfg: Any, run_dir: str, args: argparse.Namesp
             interrupted(args, run_dir)
         return code
     if args.nproc is not None and os.environ.get(LAUNCHED) != '1':
-        raise ValueError(f"--nproc {args.nproc} inside a {'torchrun' if backend == 'torch' else 'mpirun'} job: the "
-                         f"launcher already started the ranks; drop --nproc")
+        raise ValueError(
+            f"--nproc {args.nproc} inside a {'torchrun' if backend == 'torch' else 'mpirun'} job: the "
+            f"launcher already started the ranks; drop --nproc"
+        )
     rank, world = where
     if world < 3:
         raise ValueError(f"the {job} job needs at least 3 ranks ({roles}), this job has {world}")
@@ -204,14 +245,21 @@ def run_roles(role_main: RoleMain, cfg: Any, run_dir: str, args: argparse.Namesp
         # stats() (counters, the sampled window, the manager's counters)
         summary = create_buffer(bcfg, exp_name=cfg.exp_name, instance_name='buffer').run()
         lost = summary.get('lost') if isinstance(summary, dict) else None
-        print(f"[manager rank {rank}] served until every worker left" + (f"; lost: {lost}" if lost else ''),
-              flush=True)
+        print(f"[manager rank {rank}] served until every worker left" + (f"; lost: {lost}" if lost else ''), flush=True)
         return 0
     role = 'learner' if rank == others[0] else worker
     remote = create_buffer(bcfg)
     try:
-        out = role_main(cfg, run_dir, role, others.index(rank) - 1, len(others), args.resume is not None,
-                        not args.no_progress and role == 'learner', remote=remote)
+        out = role_main(
+            cfg,
+            run_dir,
+            role,
+            others.index(rank) - 1,
+            len(others),
+            args.resume is not None,
+            not args.no_progress and role == 'learner',
+            remote=remote,
+        )
     except ManagerUnavailableError as e:
         print(f"ding-buffer: error: {role} rank {rank}: {e}", file=sys.stderr, flush=True)
         return EXIT_MANAGER_GONE
@@ -220,8 +268,15 @@ def run_roles(role_main: RoleMain, cfg: Any, run_dir: str, args: argparse.Namesp
     return 0
 
 
-def _ray_driver(role_main: RoleMain, cfg: Any, run_dir: str, args: argparse.Namespace, job: str, worker: str,
-                report: Callable[[Dict[str, Any]], None]) -> int:
+def _ray_driver(
+    role_main: RoleMain,
+    cfg: Any,
+    run_dir: str,
+    args: argparse.Namespace,
+    job: str,
+    worker: str,
+    report: Callable[[Dict[str, Any]], None],
+) -> int:
     """Ray: this process drives. It creates the manager actor and holds it for the whole run (a non-detached
     actor dies with the last reference of its owner, which must not be a task that may end first), then runs the
     learner and ``nproc - 2`` workers as tasks. A worker that dies is reported, not fatal."""
@@ -230,10 +285,12 @@ def _ray_driver(role_main: RoleMain, cfg: Any, run_dir: str, args: argparse.Name
     from ..distributed import _plain, build_distributed_config
     from ..distributed.ray_backend import get_or_create_actor
     from ..errors import ManagerUnavailableError
+
     nproc = args.nproc
     if nproc is None or nproc < 3:
-        raise ValueError(f"distributed.backend='ray': give --nproc N >= 3 (the manager actor, the learner and N - 2 "
-                         f"{worker}s)")
+        raise ValueError(
+            f"distributed.backend='ray': give --nproc N >= 3 (the manager actor, the learner and N - 2 {worker}s)"
+        )
     dist = cfg.policy.other.replay_buffer.distributed
     ray_init(dist, nproc)
     os.makedirs(run_dir, exist_ok=True)
@@ -264,7 +321,18 @@ def _ray_driver(role_main: RoleMain, cfg: Any, run_dir: str, args: argparse.Name
     return 0
 
 
-__all__ = ['LAUNCHED', 'EXIT_MANAGER_GONE', 'rank_world', 'child_argv', 'launch_torch', 'launch_mpi', 'wait_all',
-           'interrupted',
-           'ray_init', 'job_buffer_cfg', 'run_roles', 'with_remote',
-           'publish_weights']
+__all__ = [
+    'LAUNCHED',
+    'EXIT_MANAGER_GONE',
+    'rank_world',
+    'child_argv',
+    'launch_torch',
+    'launch_mpi',
+    'wait_all',
+    'interrupted',
+    'ray_init',
+    'job_buffer_cfg',
+    'run_roles',
+    'with_remote',
+    'publish_weights',
+]

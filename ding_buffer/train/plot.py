@@ -15,7 +15,8 @@ Rules of the figure (``plot_runs``):
   ``b/runs/x``), and by their config id when they share the folder too.
 * **Curves**: a single run draws the mean evaluation return with a band of +- the std of its evaluation episodes.
   A group of several seeds draws the mean over seeds with a band of +- its standard error (the sample std over
-  seeds / sqrt(seeds); ``mean_band`` returns the population std and the seed count) on the union of the group's evaluation steps: each seed is linearly interpolated between its own
+  seeds / sqrt(seeds); ``mean_band`` returns the population std and the seed count) on the union of the group's
+  evaluation steps: each seed is linearly interpolated between its own
   evaluations and counts only inside its own evaluated range (never extrapolated). Where every seed counts the
   mean is a solid line; where some seed has not got that far (a run killed or still running, an Ape-X run whose
   evaluations fall at other steps) it is dashed -- the mean of the seeds that did. Every curve has markers, so a
@@ -24,6 +25,7 @@ Rules of the figure (``plot_runs``):
   agrees, else one dashed line per group in the group's colour; an explicit ``stop_value`` overrides them all.
 * The legend sits below the axes (the figure grows with it), so it never covers data.
 """
+
 import hashlib
 import json
 import os
@@ -59,12 +61,15 @@ def config_id(cfg: Mapping, run_dir: str) -> str:
 
     def strip(x: Any, top: bool) -> Any:
         if isinstance(x, Mapping):
-            return {k: strip(v, False) for k, v in x.items()
-                    if not (k == 'seed' and (top or v == seed)) and not (top and k == 'log_dir')}
+            return {
+                k: strip(v, False)
+                for k, v in x.items()
+                if not (k == 'seed' and (top or v == seed)) and not (top and k == 'log_dir')
+            }
         if isinstance(x, (list, tuple)):
             return [strip(v, False) for v in x]
         if isinstance(x, str) and (x == root or x.startswith(root + os.sep)):
-            return '<run_dir>' + x[len(root):]
+            return '<run_dir>' + x[len(root) :]
         return x
 
     text = json.dumps(strip(cfg, True), sort_keys=True, default=_plain)
@@ -78,10 +83,17 @@ def write_run_info(run_dir: str, cfg: Mapping, job: str) -> Dict[str, Any]:
         run and draw its stop value before ``summary.json`` exists. Returns what it wrote.
     """
     from ..persistence import atomic_json
+
     env = cfg.get('env') or {}
-    info = {'job': job, 'exp_name': cfg.get('exp_name'), 'seed': cfg.get('seed'), 'env_id': env.get('env_id'),
-            'stop_value': env.get('stop_value'), 'config_id': config_id(cfg, run_dir),
-            'config': json.loads(json.dumps(cfg, default=_plain))}
+    info = {
+        'job': job,
+        'exp_name': cfg.get('exp_name'),
+        'seed': cfg.get('seed'),
+        'env_id': env.get('env_id'),
+        'stop_value': env.get('stop_value'),
+        'config_id': config_id(cfg, run_dir),
+        'config': json.loads(json.dumps(cfg, default=_plain)),
+    }
     atomic_json(info, os.path.join(run_dir, RUN_INFO))
     return info
 
@@ -111,7 +123,7 @@ def read_run_info(run_dir: str) -> Dict[str, Any]:
     base = os.path.basename(os.path.normpath(os.path.abspath(run_dir)))
     m = _SEED_SUFFIX.search(base)
     if info['exp_name'] is None:
-        info['exp_name'] = base[:m.start()] if m else base
+        info['exp_name'] = base[: m.start()] if m else base
     if info['seed'] is None and m:
         info['seed'] = int(m.group(1))
     return info
@@ -121,6 +133,7 @@ def read_run_info(run_dir: str) -> Dict[str, Any]:
 @dataclass
 class RunGroup:
     """Runs of one config (its seeds): ``label`` for the legend, ``run_dirs`` in the order given, their ``infos``."""
+
     key: Tuple[str, str, Optional[str]]
     label: str = ''
     run_dirs: List[str] = field(default_factory=list)
@@ -194,6 +207,7 @@ def group_runs(run_dirs: Sequence[str]) -> List[RunGroup]:
 class Band(NamedTuple):
     """Mean over seeds at ``steps``, the (population) ``std`` over seeds, and ``n``: how many seeds each point
     averages (a seed counts only inside its own evaluated range)."""
+
     steps: np.ndarray
     mean: np.ndarray
     std: np.ndarray
@@ -204,7 +218,7 @@ def _sorted_curve(steps: Sequence[float], values: Sequence[float]) -> Tuple[np.n
     x, y = np.asarray(steps, float), np.asarray(values, float)
     order = np.argsort(x, kind='stable')
     x, y = x[order], y[order]
-    keep = np.append(x[1:] != x[:-1], True)[:len(x)]  # a step evaluated twice: its last value
+    keep = np.append(x[1:] != x[:-1], True)[: len(x)]  # a step evaluated twice: its last value
     return x[keep], y[keep]
 
 
@@ -236,9 +250,11 @@ def mean_band(curves: Sequence[Tuple[Sequence[float], Sequence[float]]]) -> Band
 def _read_returns(run: str) -> List[Dict[str, float]]:
     rows = read_eval_csv(run)
     if rows and not {'env_step', 'return_mean', 'return_std'} <= rows[0].keys():
-        raise ValueError(f"'{run}' is not a DQN / Ape-X run (its eval.csv has columns {sorted(rows[0])}); "
-                         f"this plot draws evaluation returns -- a HyperGrid run draws its own "
-                         f"learning_curve.png in its directory")
+        raise ValueError(
+            f"'{run}' is not a DQN / Ape-X run (its eval.csv has columns {sorted(rows[0])}); "
+            f"this plot draws evaluation returns -- a HyperGrid run draws its own "
+            f"learning_curve.png in its directory"
+        )
     return rows
 
 
@@ -257,32 +273,45 @@ def draw_runs(ax: Any, run_dirs: Sequence[str], stop_value: Optional[float] = No
         legend labels set on the artists) and return their groups. ``stop_value``: None draws the runs' own.
     """
     import matplotlib.pyplot as plt
+
     rows = {run: _read_returns(run) for run in run_dirs}  # every run checked before anything is drawn
     groups = group_runs(run_dirs)
     colors = plt.rcParams['axes.prop_cycle'].by_key()['color']
     for k, group in enumerate(groups):
         color = colors[k % len(colors)]
-        curves = [_sorted_curve([r['env_step'] for r in rows[run]], [r['return_mean'] for r in rows[run]])
-                  for run in group.run_dirs]
+        curves = [
+            _sorted_curve([r['env_step'] for r in rows[run]], [r['return_mean'] for r in rows[run]])
+            for run in group.run_dirs
+        ]
         if len(curves) == 1:
             x, y = curves[0]
-            std = _sorted_curve([r['env_step'] for r in rows[group.run_dirs[0]]],
-                                [r['return_std'] for r in rows[group.run_dirs[0]]])[1]
+            std = _sorted_curve(
+                [r['env_step'] for r in rows[group.run_dirs[0]]], [r['return_std'] for r in rows[group.run_dirs[0]]]
+            )[1]
             ax.plot(x, y, color=color, lw=1.5, marker='o', ms=4, label=group.label)
             _band(ax, x, y - std, y + std, color)
             continue
         band = mean_band(curves)
         full = band.n == sum(len(x) > 0 for x, _ in curves)  # a run not evaluated yet has nothing to add
         if np.any(full):
-            ax.plot(np.where(full, band.steps, np.nan), band.mean, color=color, lw=1.8, marker='o', ms=4,
-                    label=group.label)
+            ax.plot(
+                np.where(full, band.steps, np.nan), band.mean, color=color, lw=1.8, marker='o', ms=4, label=group.label
+            )
         group.partial = bool(np.any(~full))
         if group.partial:  # steps not every seed reaches: the mean of those that do, dashed
             partial = ~full
             partial[1:] |= ~full[:-1]  # with the neighbouring full points: the dashed part joins the solid one
             partial[:-1] |= ~full[1:]
-            ax.plot(np.where(partial, band.steps, np.nan), band.mean, color=color, lw=1.2, ls='--', marker='o',
-                    ms=3, label=None if np.any(full) else group.label)
+            ax.plot(
+                np.where(partial, band.steps, np.nan),
+                band.mean,
+                color=color,
+                lw=1.2,
+                ls='--',
+                marker='o',
+                ms=3,
+                label=None if np.any(full) else group.label,
+            )
         # standard error of the mean over seeds: sample std / sqrt(n) = population std / sqrt(n - 1)
         sem = np.where(band.n > 1, band.std / np.sqrt(np.maximum(band.n - 1, 1)), 0.0)
         _band(ax, band.steps, band.mean - sem, band.mean + sem, color)
@@ -307,8 +336,10 @@ def plot_runs(run_dirs: List[str], out: str, title: Optional[str] = None, stop_v
         record (or ``stop_value``), the legend below the axes. See the module docstring for the rules.
     """
     import matplotlib
+
     matplotlib.use('Agg')
     import matplotlib.pyplot as plt
+
     fig = plt.figure(figsize=(8, 4.6), dpi=110, layout='constrained')
     ax = fig.add_subplot()
     try:
@@ -322,13 +353,23 @@ def plot_runs(run_dirs: List[str], out: str, title: Optional[str] = None, stop_v
         if any(len(g.run_dirs) == 1 for g in groups):
             notes.append('single run: mean ± std of its evaluation episodes')
         if any(len(g.run_dirs) > 1 for g in groups):
-            notes.append('several seeds: mean ± standard error over seeds' +
-                         (' (dashed: not every seed reached those steps)' if any(g.partial for g in groups) else ''))
+            notes.append(
+                'several seeds: mean ± standard error over seeds'
+                + (' (dashed: not every seed reached those steps)' if any(g.partial for g in groups) else '')
+            )
         ncols = 1 if max((len(s) for s in labels), default=0) > 45 else min(len(labels), 3)
         rows = -(-len(labels) // max(ncols, 1))
         fig.set_size_inches(8, 4.6 + 0.22 * (rows + len(notes)))
-        fig.legend(handles, labels, loc='outside lower center', ncols=max(ncols, 1), fontsize=8, frameon=False,
-                   title='\n'.join(notes), title_fontsize=8)
+        fig.legend(
+            handles,
+            labels,
+            loc='outside lower center',
+            ncols=max(ncols, 1),
+            fontsize=8,
+            frameon=False,
+            title='\n'.join(notes),
+            title_fontsize=8,
+        )
         out = os.path.abspath(out)
         os.makedirs(os.path.dirname(out), exist_ok=True)
         tmp = f'{out}.tmp-{os.getpid()}.png'
@@ -343,5 +384,14 @@ def plot_runs(run_dirs: List[str], out: str, title: Optional[str] = None, stop_v
     return out
 
 
-__all__ = ['plot_runs', 'draw_runs', 'group_runs', 'mean_band', 'Band', 'RunGroup', 'read_run_info',
-           'write_run_info', 'config_id']
+__all__ = [
+    'plot_runs',
+    'draw_runs',
+    'group_runs',
+    'mean_band',
+    'Band',
+    'RunGroup',
+    'read_run_info',
+    'write_run_info',
+    'config_id',
+]

@@ -1,5 +1,6 @@
 """Run directories of the training jobs: made only once the input is known good, and removed again -- with
 every parent the job created -- when the job fails to start, so a rejected run leaves nothing on disk."""
+
 import logging
 import os
 import shutil

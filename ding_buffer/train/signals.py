@@ -9,6 +9,7 @@ A second signal while the first is being honoured raises ``KeyboardInterrupt`` a
 twice means it). Outside the main thread (signals cannot be caught there) it installs nothing and never requests.
 The previous handlers come back on exit.
 """
+
 import contextlib
 import os
 import shlex
@@ -20,7 +21,6 @@ _SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
 class StopSignals:
-
     def __init__(self) -> None:
         self.signum: Optional[int] = None
         self._previous: Dict[int, Any] = {}
@@ -70,8 +70,11 @@ class StopSignals:
         overrides, ``--resume run_dir``); return the exit code (0 when no signal came)."""
         if self.signum is None:
             return 0
-        print(f"\nstopped by {self.signame} at {where}; a checkpoint of that point is in "
-              f"{os.path.join(run_dir, 'checkpoints')}\nresume with: {resume_command(args, run_dir)}", flush=True)
+        print(
+            f"\nstopped by {self.signame} at {where}; a checkpoint of that point is in "
+            f"{os.path.join(run_dir, 'checkpoints')}\nresume with: {resume_command(args, run_dir)}",
+            flush=True,
+        )
         return self.exit_code
 
 
@@ -79,8 +82,13 @@ def resume_command(args: Any, run_dir: str) -> str:
     """``ding-buffer train ...`` continuing ``run_dir`` with the config and overrides of ``args`` (parsed
     ``ding-buffer train`` arguments)."""
     parts = ['ding-buffer', 'train', getattr(args, 'config_arg', None) or args.config]
-    for flag, value in (('--seed', args.seed), ('--env-steps', args.env_steps), ('--device', args.device),
-                        ('--iterations', args.iterations), ('--nproc', args.nproc)):
+    for flag, value in (
+        ('--seed', args.seed),
+        ('--env-steps', args.env_steps),
+        ('--device', args.device),
+        ('--iterations', args.iterations),
+        ('--nproc', args.nproc),
+    ):
         if value is not None:
             parts += [flag, str(value)]
     if args.threads != 1:

@@ -12,6 +12,7 @@ itself), hostile (rank 0 sends crafted and random bytes to the manager while ran
 (rank 1 freezes rank 0 past peer_timeout; rank 0 rejoins), freeze_worker_end (the same, but rank 1 exits while
 rank 0 is frozen, so the manager ends first).
 """
+
 import json
 import os
 import signal
@@ -29,7 +30,7 @@ T0 = time.monotonic()
 
 
 def env_rank() -> int:
-    keys = ('RANK', ) if BACKEND == 'torch' else ('OMPI_COMM_WORLD_RANK', 'PMIX_RANK', 'PMI_RANK')
+    keys = ('RANK',) if BACKEND == 'torch' else ('OMPI_COMM_WORLD_RANK', 'PMIX_RANK', 'PMI_RANK')
     for key in keys:
         if key in os.environ:
             return int(os.environ[key])
@@ -61,6 +62,7 @@ def jsonable(x):
 
 def make_buffer(cfg):
     from ding_buffer import create_buffer
+
     return create_buffer(cfg)
 
 
@@ -102,7 +104,9 @@ def config():
         cfg = dict(type='advanced', replay_buffer_size=1000, storage=dict(type='tensor'))
         if RANK == MANAGER:
             os.makedirs(os.path.join(OUT, 'files'), exist_ok=True)
-            d.update(checkpoint_path=os.path.join(OUT, 'ckpt.buf'), max_message_mb=1, file_root=os.path.join(OUT, 'files'))
+            d.update(
+                checkpoint_path=os.path.join(OUT, 'ckpt.buf'), max_message_mb=1, file_root=os.path.join(OUT, 'files')
+            )
         elif RANK == 0:
             d.update(timeout=OVERSIZE_TIMEOUT)  # bounds the wait if the manager's error reply never matches
     elif SCENARIO == 'gfn_min':
@@ -146,6 +150,7 @@ def config():
 # ---------------------------------------------------------------------------------------------- manager
 def rss_mb() -> float:
     import resource
+
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
@@ -164,6 +169,7 @@ def wait_flag(name: str, seconds: float = 60.0) -> bool:
 
 def manager(buf):
     from ding_buffer.distributed import ReplayBufferManager
+
     assert isinstance(buf, ReplayBufferManager), type(buf)
     with open(os.path.join(OUT, 'manager.pid'), 'w') as f:
         f.write(str(os.getpid()))
@@ -221,11 +227,17 @@ def worker_roundtrip(buf):
     RESULT['sample_tags'] = s['tag'].tolist()
     RESULT['sample_obs_ok'] = bool((s['obs'] == s['tag'].float().unsqueeze(1)).all())
     RESULT['sample_keys'] = sorted(s)
-    RESULT['update'] = buf.update({'replay_unique_id': s['replay_unique_id'], 'replay_buffer_idx': s['replay_buffer_idx'],
-                                   'priority': torch.full((4, ), 2.0)})
+    RESULT['update'] = buf.update(
+        {
+            'replay_unique_id': s['replay_unique_id'],
+            'replay_buffer_idx': s['replay_buffer_idx'],
+            'priority': torch.full((4,), 2.0),
+        }
+    )
     st = wait_pushes(buf, 10)
     RESULT['stats'] = {k: v for k, v in st.items() if k.startswith('manager/') or k in ('count', 'push_count')}
     import io
+
     for name, obj in (('sample', buf.sample(8)), ('state_dict', buf.state_dict())):
         f = io.BytesIO()
         torch.save(obj, f)  # results must be ordinary tensors
@@ -238,8 +250,11 @@ def worker_roundtrip(buf):
     if RANK == 0:  # requests the manager refuses, once rank 1 has read its stats (they count errors)
         wait_flag('stats_read_1', 60)
         RESULT['file_errors'] = {}
-        for name, call in (('escape', lambda: buf.save_data('../outside.buf')), ('absolute', lambda: buf.load_data('/etc/passwd')),
-                           ('pickle_flag', lambda: buf.load_data('x.buf', allow_pickle=True))):
+        for name, call in (
+            ('escape', lambda: buf.save_data('../outside.buf')),
+            ('absolute', lambda: buf.load_data('/etc/passwd')),
+            ('pickle_flag', lambda: buf.load_data('x.buf', allow_pickle=True)),
+        ):
             try:
                 call()
                 RESULT['file_errors'][name] = None
@@ -252,8 +267,12 @@ def worker_roundtrip(buf):
             buf.push(big, batched=True)
             RESULT['oversized'] = {'error': None}
         except Exception as e:
-            RESULT['oversized'] = {'error': type(e).__name__, 'mro': [c.__name__ for c in type(e).__mro__],
-                                   'message': str(e), 'elapsed': time.monotonic() - t}
+            RESULT['oversized'] = {
+                'error': type(e).__name__,
+                'mro': [c.__name__ for c in type(e).__mro__],
+                'message': str(e),
+                'elapsed': time.monotonic() - t,
+            }
         write()
         push_record(buf, adv_batch(0, 60, n=3), batched=True)
         RESULT['count_after_small'] = buf.count()
@@ -262,7 +281,7 @@ def worker_roundtrip(buf):
 
 
 def fragment(fid: int, version: int) -> dict:
-    return dict(worker='env1', fid=fid, model_version=version, data=dict(obs=torch.full((3, ), float(fid))))
+    return dict(worker='env1', fid=fid, model_version=version, data=dict(obs=torch.full((3,), float(fid))))
 
 
 def worker_chunk(buf):
@@ -278,7 +297,7 @@ def worker_chunk(buf):
     else:
         first = buf.sample(4, timeout=30)  # waits for 2 chunks
         RESULT['first'] = [[x['worker'], x['fid'], x['use']] for x in first]
-        RESULT['payloads_ok'] = all(torch.equal(x['data']['obs'], torch.full((3, ), float(x['fid']))) for x in first)
+        RESULT['payloads_ok'] = all(torch.equal(x['data']['obs'], torch.full((3,), float(x['fid']))) for x in first)
         wait_flag('pushed_6', 60)
         RESULT['moved'] = jsonable(buf.update_model_version(1))
         flag('version_moved')
@@ -292,6 +311,7 @@ def worker_sharded(buf):
     """Two managers used as one buffer: pushes alternate between the shards, samples draw from both, updates
     go back to the shard that owns each row."""
     from ding_buffer.distributed.sharded import ShardedBuffer
+
     assert isinstance(buf, ShardedBuffer), type(buf)
     for step in range(5):
         buf.push(adv_batch(RANK, step), batched=True)
@@ -302,8 +322,14 @@ def worker_sharded(buf):
     RESULT['sample_tags'] = s['tag'].tolist()
     RESULT['sample_obs_ok'] = bool((s['obs'] == s['tag'].float().unsqueeze(1)).all())
     RESULT['sample_shards'] = s['shard'].tolist()
-    RESULT['update'] = buf.update({'shard': s['shard'], 'replay_unique_id': s['replay_unique_id'],
-                                   'replay_buffer_idx': s['replay_buffer_idx'], 'priority': torch.full((16, ), 2.0)})
+    RESULT['update'] = buf.update(
+        {
+            'shard': s['shard'],
+            'replay_unique_id': s['replay_unique_id'],
+            'replay_buffer_idx': s['replay_buffer_idx'],
+            'priority': torch.full((16,), 2.0),
+        }
+    )
     st = buf.stats()
     RESULT['shard_counts'] = [st['shard0/count'], st['shard1/count']]
     flag(f'sampled_{RANK}')
@@ -360,8 +386,12 @@ def worker_kill_manager(buf):
             time.sleep(0.1)
         RESULT['error'] = None
     except Exception as e:
-        RESULT['error'] = {'type': type(e).__name__, 'mro': [c.__name__ for c in type(e).__mro__], 'message': str(e),
-                           'elapsed': time.monotonic() - last_ok}
+        RESULT['error'] = {
+            'type': type(e).__name__,
+            'mro': [c.__name__ for c in type(e).__mro__],
+            'message': str(e),
+            'elapsed': time.monotonic() - last_ok,
+        }
     RESULT['steps'] = step
     write()
     sys.stdout.flush()
@@ -377,6 +407,7 @@ def hostile_cases():
     """(name, header bytes, parts) sent with valid framing: every one must get an error reply with its id (the
     JSON id is ``ID``, replaced by the request's id when sent)."""
     import pickle
+
     import numpy as np
 
     class Boom:  # unpickling it would create a marker file on the manager
@@ -399,9 +430,19 @@ def hostile_cases():
         ('not json', b'{not json', []),
         ('5000-digit int', b'{"v":1,"n":[],"body":' + b'9' * 5000 + b'}', []),
         ('deep nesting', b'{"v":1,"n":[],"body":' + b'[' * 100000 + b']' * 100000 + b'}', []),
-        ('shape overflow', j(req('push', {'data': {'$t': [0, 'float32', [2 ** 62, 2 ** 62, 4]]}}), [4]), [np.zeros(4, np.uint8)]),
-        ('part used twice', j(req('push', {'data': {'$d': [['a', {'$t': [0, 'int64', [1]]}], ['b', {'$t': [0, 'float64', [1]]}]]}}), [8]),
-         [np.zeros(8, np.uint8)]),
+        (
+            'shape overflow',
+            j(req('push', {'data': {'$t': [0, 'float32', [2**62, 2**62, 4]]}}), [4]),
+            [np.zeros(4, np.uint8)],
+        ),
+        (
+            'part used twice',
+            j(
+                req('push', {'data': {'$d': [['a', {'$t': [0, 'int64', [1]]}], ['b', {'$t': [0, 'float64', [1]]}]]}}),
+                [8],
+            ),
+            [np.zeros(8, np.uint8)],
+        ),
         ('pickled leaf', j(req('push', {'data': {'$p': 0}}), [len(evil)]), [evil]),
         ('unknown tag', j(req('push', {'data': {'$q': 1}})), []),
         ('parts missing', j(req('count'), [5, 5]), [np.zeros(5, np.uint8)]),
@@ -410,7 +451,7 @@ def hostile_cases():
         ('args not a dict', j(req('count', None, args=[1, 2])), []),
         ('sample timeout', j(req('sample', {'size': 2, 'kwargs': {'$d': [['timeout', 100]]}})), []),
         ('sample unknown kwarg', j(req('sample', {'size': 2, 'kwargs': {'$d': [['evil', 1]]}})), []),
-        ('sample huge', j(req('sample', {'size': 10 ** 30})), []),
+        ('sample huge', j(req('sample', {'size': 10**30})), []),
         ('load_data allow_pickle', j(req('load_data', {'path': 'evil.buf', 'allow_pickle': True})), []),
         ('load_data pickle file', j(req('load_data', {'path': 'evil.buf'})), []),
         ('save_data escape', j(req('save_data', {'path': '../../escaped.buf'})), []),
@@ -428,14 +469,16 @@ def hostile_raw_messages():
     """Byte sequences sent as raw point-to-point messages (no framing), each at most a head long (a longer one
     would abort the manager inside gloo, see the README's security notes)."""
     import numpy as np
+
     from ding_buffer.distributed import transport as tr
+
     rng = np.random.default_rng(1234)
     msgs = [rng.integers(0, 256, int(rng.integers(1, tr.HEAD)), dtype=np.uint8) for _ in range(40)]
     msgs.append(np.zeros(tr.HEAD, np.uint8))
 
     def ctrl(*fields, extra=b''):
         c = np.zeros(8, np.int64)
-        c[:len(fields)] = fields
+        c[: len(fields)] = fields
         return np.concatenate([c.view(np.uint8), np.frombuffer(extra, np.uint8)])
 
     m = tr.MAGIC
@@ -443,9 +486,11 @@ def hostile_raw_messages():
         ctrl(m, 9, 11, 64),  # unknown kind
         ctrl(m, tr.DATA, 12, 64 + 10, 5, 0, 0, 10),  # head length disagreeing with what arrived
         ctrl(m, tr.DATA, 13, 64 + 32, 3, 1, 0, 32, extra=b'\0' * 32),  # meta shorter than its table + header
-        ctrl(m, tr.DATA, 14, 64 + 32, 3, 2 ** 40, 0, 32, extra=b'\0' * 32),  # absurd part count
+        ctrl(m, tr.DATA, 14, 64 + 32, 3, 2**40, 0, 32, extra=b'\0' * 32),  # absurd part count
         ctrl(m, tr.DATA, 15, 64 + 16, 1, 0, -5, 16, extra=b'\0' * 16),  # negative body
-        ctrl(m, tr.DATA, 16, 64 + 32, 16, 1, 100, 32, extra=np.array([50, -1], np.int64).tobytes() + b'{' * 16),  # table != body
+        ctrl(
+            m, tr.DATA, 16, 64 + 32, 16, 1, 100, 32, extra=np.array([50, -1], np.int64).tobytes() + b'{' * 16
+        ),  # table != body
         np.array([m, tr.DATA, 69], np.int64).view(np.uint8)[:20],  # a 20-byte frame after longer ones
     ]
     return msgs
@@ -454,13 +499,19 @@ def hostile_raw_messages():
 def worker_hostile(buf):
     """Rank 0: a peer that speaks our transport but lies; rank 1: a well-behaved worker."""
     import numpy as np
+
     if RANK == 1:
         events = []
         for step in range(40):
             push_record(buf, adv_batch(RANK, step), batched=True)
             s = buf.sample(4, timeout=10)  # list storage: a list of item dicts
-            buf.update({'replay_unique_id': [d['replay_unique_id'] for d in s],
-                        'replay_buffer_idx': [d['replay_buffer_idx'] for d in s], 'priority': [1.5] * 4})
+            buf.update(
+                {
+                    'replay_unique_id': [d['replay_unique_id'] for d in s],
+                    'replay_buffer_idx': [d['replay_buffer_idx'] for d in s],
+                    'priority': [1.5] * 4,
+                }
+            )
             events.append(buf.count())
             time.sleep(0.05)
         wait_flag('hostile_done', 120)
@@ -472,6 +523,7 @@ def worker_hostile(buf):
     from ding_buffer.distributed import transport as tr
     from ding_buffer.distributed.codec import encode
     from ding_buffer.distributed.peer_transports import MPITransport, TorchTransport
+
     T = TorchTransport if BACKEND == 'torch' else MPITransport
     t = T([MANAGER], False, 1 << 30, grace=10.0)
     t.start()
@@ -489,8 +541,13 @@ def worker_hostile(buf):
     rid = 1000
     for name, header, parts in hostile_cases():
         rid += 1
-        t.send_encoded(MANAGER, header.replace(str(ID).encode(), str(rid).encode()), parts, msg_id=rid,
-                       deadline=time.monotonic() + 10)
+        t.send_encoded(
+            MANAGER,
+            header.replace(str(ID).encode(), str(rid).encode()),
+            parts,
+            msg_id=rid,
+            deadline=time.monotonic() + 10,
+        )
         r = collect(rid)
         replies[name] = None if r is None else [r.get('ok'), r.get('error'), str(r.get('message'))[:200]]
     # a random mutation fuzz of a valid request header
@@ -512,9 +569,11 @@ def worker_hostile(buf):
     # raw bytes, no framing at all
     if BACKEND == 'torch':
         import torch.distributed as dist
+
         send_raw = lambda a: dist.send(torch.from_numpy(np.ascontiguousarray(a)), MANAGER, tag=tr.TAG)  # noqa: E731
     else:
         from mpi4py import MPI
+
         send_raw = lambda a: MPI.COMM_WORLD.Send([np.ascontiguousarray(a), MPI.BYTE], dest=MANAGER, tag=tr.TAG)  # noqa: E731
     raw = hostile_raw_messages()
     raw_answers = 0
@@ -544,6 +603,7 @@ def worker_hostile(buf):
 def retrying(buf, call, what, log):
     """Call until it succeeds, recording the duration and outcome of every attempt."""
     from ding_buffer.distributed import ManagerUnavailableError
+
     while True:
         t, wall = time.monotonic(), time.time()
         try:
@@ -551,8 +611,9 @@ def retrying(buf, call, what, log):
             log.append({'what': what, 'ok': True, 'seconds': time.monotonic() - t, 'start': wall})
             return out
         except ManagerUnavailableError as e:
-            log.append({'what': what, 'ok': False, 'seconds': time.monotonic() - t, 'start': wall,
-                        'error': str(e)[:300]})
+            log.append(
+                {'what': what, 'ok': False, 'seconds': time.monotonic() - t, 'start': wall, 'error': str(e)[:300]}
+            )
             if 'shut down' in str(e) or 'unreachable' in str(e) or time.monotonic() - T0 > 150:  # final: no retry
                 raise
 
@@ -597,6 +658,7 @@ def worker_freeze_manager(buf):
 def worker_freeze_worker(buf):
     """Rank 1 freezes rank 0 for longer than the manager's peer_timeout, then thaws it."""
     from ding_buffer.distributed import ManagerUnavailableError
+
     log = RESULT.setdefault('calls', [])
     if RANK == 0:
         with open(os.path.join(OUT, 'w0.pid'), 'w') as f:
@@ -650,10 +712,12 @@ worker_freeze_worker_end = worker_freeze_worker
 
 def main() -> None:
     import faulthandler
+
     faulthandler.dump_traceback_later(float(os.environ.get('DING_BUFFER_TEST_STACKS_AFTER', '75')), exit=False)
     try:
         if SCENARIO == 'hostile' and RANK == 0:  # no RemoteBuffer: a raw transport of its own (worker_hostile)
             from ding_buffer.distributed.startup import init_mpi, init_torch
+
             buf = init_torch(30.0) if BACKEND == 'torch' else init_mpi()
         else:
             buf = make_buffer(config())

@@ -5,6 +5,7 @@ MPI's shared-memory eager limit and gloo's rendezvous, so the send cannot comple
 ``SendTimeout`` and keep the frame alive. Rank 0 then scribbles 0xCD over fresh memory and queues a second
 message. Rank 1 starts reading after 3 s and must get exactly the 0xAB bytes, then the second message.
 """
+
 import json
 import os
 import sys
@@ -22,13 +23,14 @@ def main() -> None:
     from ding_buffer.distributed import transport as tr
     from ding_buffer.distributed.peer_transports import MPITransport, TorchTransport
     from ding_buffer.distributed.startup import init_mpi, init_torch
+
     rank, _ = init_torch(60.0) if BACKEND == 'torch' else init_mpi()
     RESULT['rank'] = rank
     T = TorchTransport if BACKEND == 'torch' else MPITransport
     t = T([1 - rank], False, 1 << 30, grace=20.0)
     if rank == 0:
         t.start()
-        payload = {'x': torch.full((256 << 10, ), 0xAB, dtype=torch.uint8)}
+        payload = {'x': torch.full((256 << 10,), 0xAB, dtype=torch.uint8)}
         start = time.monotonic()
         try:
             t.send(1, payload, deadline=time.monotonic() + 1.0)
