@@ -25,8 +25,7 @@ import numpy as np
 import pytest
 import torch
 from easydict import EasyDict
-from helpers import assert_same, chi_square, chi_threshold
-from helpers import wait_until as _wait_until
+from helpers import assert_same, chi_square, chi_threshold, run_threads, wait_until
 
 from ding_buffer import AdvancedReplayBuffer, SampleTimeoutError, create_buffer, deep_merge_dicts
 from ding_buffer.control.thruput import ThruputController
@@ -1069,7 +1068,7 @@ def test_max_use_with_tracking_retires_item_and_update_cannot_revive_it(tmp_path
             assert b is None or col(b, 'uid') != [0]
         # the file goes when the slot is overwritten
         buf.push([_tracked_item(tmp_path, 3), _tracked_item(tmp_path, 4)])
-        assert _wait_until(lambda: not (tmp_path / 'data_0.pt').exists())
+        assert wait_until(lambda: not (tmp_path / 'data_0.pt').exists())
         assert (tmp_path / 'data_3.pt').exists() and (tmp_path / 'data_4.pt').exists()
     finally:
         buf.close()
@@ -1108,7 +1107,7 @@ def test_max_staleness_with_tracking_deletes_the_files(tmp_path):
         buf.push(items)
         buf.sample(1, cur_learner_iter=6)  # ids 0 and 1 are stale; id 2 stops the walk
         assert stored_ids(buf) == [2, 3]
-        assert _wait_until(lambda: not (tmp_path / 'data_0.pt').exists() and not (tmp_path / 'data_1.pt').exists())
+        assert wait_until(lambda: not (tmp_path / 'data_0.pt').exists() and not (tmp_path / 'data_1.pt').exists())
         assert (tmp_path / 'data_2.pt').exists() and (tmp_path / 'data_3.pt').exists()
     finally:
         buf.close()
@@ -1751,8 +1750,7 @@ def _check_tree_invariants(buf):
 def test_concurrent_push_sample_update_keep_tree_invariants(storage):
     cap, seconds = 512, 2.0
     buf = make(storage, size=cap, max_use=10, max_staleness=100, alpha=0.6)
-    stop = threading.Event()
-    errors, pushed, sampled, updated = [], [0, 0], [0, 0], [0]
+    pushed, sampled, updated = [0, 0], [0, 0], [0]
     infos = queue.Queue(maxsize=64)
     t_start = time.monotonic()
 
@@ -1760,9 +1758,9 @@ def test_concurrent_push_sample_update_keep_tree_invariants(storage):
         return int((time.monotonic() - t_start) * 1000)
 
     def pusher(k):
-        rng = np.random.default_rng(100 + k)
-        i = 0
-        try:
+        def work(stop):
+            rng = np.random.default_rng(100 + k)
+            i = 0
             while not stop.is_set():
                 mode = rng.integers(3)
                 n = int(rng.integers(1, 17))
@@ -1782,12 +1780,12 @@ def test_concurrent_push_sample_update_keep_tree_invariants(storage):
                     )
                     pushed[k] += buf.extend(b)
                     i += n
-        except Exception as e:  # pragma: no cover - reported below
-            errors.append(e)
+
+        return work
 
     def sampler(k):
-        rng = np.random.default_rng(200 + k)
-        try:
+        def work(stop):
+            rng = np.random.default_rng(200 + k)
             while not stop.is_set():
                 size = int(rng.integers(1, 33))
                 rng_range = [None, slice(-100, None), slice(10, 300, 3), slice(None, 50)][rng.integers(4)]
@@ -1809,33 +1807,20 @@ def test_concurrent_push_sample_update_keep_tree_invariants(storage):
                     pass
                 if rng.random() < 0.05:
                     buf.stats()
-        except Exception as e:  # pragma: no cover
-            errors.append(e)
 
-    def updater():
-        try:
-            while not stop.is_set() or not infos.empty():
-                try:
-                    info = infos.get(timeout=0.05)
-                except queue.Empty:
-                    continue
-                res = buf.update(info)
-                assert res['updated'] + res['stale'] == len(info['priority'])
-                updated[0] += res['updated']
-        except Exception as e:  # pragma: no cover
-            errors.append(e)
+        return work
 
-    threads = [threading.Thread(target=pusher, args=(k,)) for k in range(2)]
-    threads += [threading.Thread(target=sampler, args=(k,)) for k in range(2)]
-    threads += [threading.Thread(target=updater)]
-    for t in threads:
-        t.start()
-    time.sleep(seconds)
-    stop.set()
-    for t in threads:
-        t.join(timeout=10)
-    assert not any(t.is_alive() for t in threads), 'a thread did not finish'
-    assert errors == []
+    def updater(stop):
+        while not stop.is_set() or not infos.empty():
+            try:
+                info = infos.get(timeout=0.05)
+            except queue.Empty:
+                continue
+            res = buf.update(info)
+            assert res['updated'] + res['stale'] == len(info['priority'])
+            updated[0] += res['updated']
+
+    run_threads([pusher(k) for k in range(2)] + [sampler(k) for k in range(2)] + [updater], seconds)
     assert sum(pushed) > cap and all(sampled) and updated[0] > 0
     _check_tree_invariants(buf)
     stats = buf.stats()

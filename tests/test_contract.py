@@ -22,7 +22,6 @@ mark then.
 """
 
 import io
-import math
 import threading
 import time
 import zipfile
@@ -30,52 +29,12 @@ import zipfile
 import numpy as np
 import pytest
 import torch
-from helpers import wait_until
+from helpers import Case, assert_same, run_threads, states_equal, wait_until
 
 from ding_buffer import create_buffer
 
-CAP = 16  # items (episodes for the episode buffer)
-OBS_DIM = 4
-GFN_DIM = 3
-MAX_TRANSITIONS = 40  # episode buffer on tensor storage
 NAN = float('nan')
-INF = float('inf')
-UNROLL = 2  # window length (episode buffers)
 STRESS_SECONDS = 0.8
-FAILED = pytest.fail.Exception  # what refused() raises when nothing was raised
-
-
-# ================================================================================ state comparison
-def assert_state_equal(a, b, where='state'):
-    """Exact recursive equality of states / samples: dicts (same keys), lists and tuples (same type and length),
-    tensors and arrays (same dtype, shape and values; NaN equals NaN), scalars (same type; NaN equals NaN)."""
-    if isinstance(a, dict):
-        assert isinstance(b, dict), f"{where}: {type(b).__name__} is not a dict"
-        assert set(a) == set(b), f"{where}: keys {sorted(map(str, a))} != {sorted(map(str, b))}"
-        for k in a:
-            assert_state_equal(a[k], b[k], f"{where}.{k}")
-    elif isinstance(a, (list, tuple)):
-        assert type(a) is type(b) and len(a) == len(b), f"{where}: {a!r} != {b!r}"
-        for i, (x, y) in enumerate(zip(a, b)):
-            assert_state_equal(x, y, f"{where}[{i}]")
-    elif isinstance(a, torch.Tensor):
-        assert isinstance(b, torch.Tensor), f"{where}: {type(b).__name__} is not a tensor"
-        assert a.dtype == b.dtype and a.shape == b.shape, (
-            f"{where}: {a.dtype}{tuple(a.shape)} != {b.dtype}{tuple(b.shape)}"
-        )
-        a_, b_ = a.detach().cpu(), b.detach().cpu()
-        if a_.is_floating_point() or a_.is_complex():
-            same = bool(((a_ == b_) | (torch.isnan(a_) & torch.isnan(b_))).all())
-        else:
-            same = torch.equal(a_, b_)
-        assert same, f"{where}: {a} != {b}"
-    elif isinstance(a, np.ndarray):
-        assert isinstance(b, np.ndarray) and a.dtype == b.dtype and a.shape == b.shape, f"{where}: {a!r} != {b!r}"
-        assert np.array_equal(a, b, equal_nan=a.dtype.kind in 'fc'), f"{where}: {a} != {b}"
-    elif isinstance(a, float) and math.isnan(a):
-        assert isinstance(b, float) and math.isnan(b), f"{where}: nan != {b!r}"
-    else:
-        assert type(a) is type(b) and a == b, f"{where}: {a!r} != {b!r}"
 
 
 def refused(exc, label):
@@ -100,282 +59,8 @@ class _Refused:
         return True
 
 
-def without(state, *keys):
-    return {k: v for k, v in state.items() if k not in keys}
-
-
-def states_equal(a, b):
-    try:
-        assert_state_equal(a, b)
-    except AssertionError:
-        return False
-    return True
-
-
-# ================================================================================ the combinations
-class Case:
-    """One preset x storage combination: how to configure it, what it stores, what it must refuse."""
-
-    def __init__(self, preset, storage=None):
-        self.preset = preset
-        self.storage = storage  # 'list', 'tensor', 'memmap' or None (GFlowNet buffers)
-        self.id = preset if storage is None else f'{preset}-{storage}'
-
-    def __repr__(self):
-        return self.id
-
-    @property
-    def gfn(self):
-        return self.storage is None
-
-    @property
-    def tensor(self):
-        return self.storage in ('tensor', 'memmap')
-
-    @property
-    def episodic(self):
-        return self.preset in ('episode', 'prioritized_episode')
-
-    @property
-    def prioritized(self):
-        """``update`` takes priorities back (the others' ``update`` is a no-op)."""
-        return self.preset in ('advanced', 'prioritized_episode')
-
-    @property
-    def slots(self):
-        """Range of ``replay_buffer_idx``: item slots, or transition slots of the prioritized episode buffer."""
-        return MAX_TRANSITIONS if self.preset == 'prioritized_episode' else CAP
-
-    @property
-    def allow_pickle(self):
-        return self.storage == 'list'
-
-    # ------------------------------------------------------------------ construction
-    def cfg(self, tmp_path, name='a', **overrides):
-        cfg = {'type': self.preset, 'replay_buffer_size': CAP, 'seed': 0}
-        if self.storage == 'memmap':
-            cfg['storage'] = {'type': 'tensor', 'memmap_dir': str(tmp_path / f'memmap_{name}')}
-        elif self.storage is not None:
-            cfg['storage'] = {'type': self.storage}
-        if self.episodic and self.tensor:
-            cfg['max_transitions'] = MAX_TRANSITIONS
-        if self.preset == 'prioritized_episode':
-            cfg['sampler'] = {'unroll_len': UNROLL}
-        cfg.update(overrides)
-        return cfg
-
-    def make(self, tmp_path, name='a', *args, **overrides):
-        """A buffer; ``name`` keeps memmap directories of several buffers of one test apart."""
-        return create_buffer(self.cfg(tmp_path, name, **overrides), *args, instance_name='buffer')
-
-    # ------------------------------------------------------------------ data
-    def item(self, rng, i):
-        """Item number ``i`` (naive / advanced): its obs is random, its ``act`` is ``i`` (traceable)."""
-        item = {'obs': torch.from_numpy(rng.standard_normal(OBS_DIM).astype(np.float32)), 'act': i}
-        if self.preset == 'advanced' and i % 2:
-            item['priority'] = float(rng.uniform(0.1, 2.0))
-        return item
-
-    def episode(self, rng, e):
-        """Episode number ``e``: length 2..5, a list of transitions (even e) or a dict of [T, ...] tensors."""
-        length = int(rng.integers(2, 6))
-        obs = torch.stack([torch.full((length,), float(e)), torch.arange(length, dtype=torch.float32)], dim=1)
-        act = 100 * e + torch.arange(length)
-        if e % 2 == 0:
-            return [{'obs': obs[t].clone(), 'act': act[t].clone()} for t in range(length)]
-        return {'obs': obs, 'act': act}
-
-    def gfn_batch(self, rng, n):
-        return {
-            'state': torch.from_numpy(rng.standard_normal((n, GFN_DIM)).astype(np.float32)),
-            'log_reward': torch.from_numpy(rng.standard_normal(n).astype(np.float32)),
-        }
-
-    def data(self, rng, n, start=0):
-        """What one push of ``n`` items takes: a list of items / episodes, or a dict batch (GFlowNet)."""
-        if self.gfn:
-            return self.gfn_batch(rng, n)
-        if self.episodic:
-            return [self.episode(rng, start + k) for k in range(n)]
-        return [self.item(rng, start + k) for k in range(n)]
-
-    def fill(self, buf, rng, n, start=0, log=None):
-        """Push ``n`` items in chunks of at most 5; returns the next item number. ``log`` collects the size of
-        every item pushed (episode lengths; 1 for items)."""
-        done = 0
-        while done < n:
-            k = min(5, n - done)
-            data = self.data(rng, k, start + done)
-            if log is not None and self.episodic:
-                log += [len(ep) if isinstance(ep, list) else len(ep['act']) for ep in data]
-            elif log is not None:
-                log += [1] * k
-            buf.push(data)
-            done += k
-        return start + n
-
-    def sample(self, buf, size, second=False):
-        if self.preset == 'episode' and second:
-            return buf.sample(size, unroll_len=UNROLL)
-        return buf.sample(size)
-
-    def exercise(self, buf, rng):
-        """Fill past capacity (the ring wraps / items are evicted), sample, and update priorities."""
-        nxt = self.fill(buf, rng, CAP + 7)
-        batch = buf.sample(4)
-        assert batch is not None
-        if self.prioritized:
-            buf.update(update_info(self, batch, rng.uniform(0.5, 3.0, size=4)))
-        return nxt
-
-    def stored_numbers(self, log):
-        """Numbers of the items (episodes) a FIFO buffer keeps after pushes of these sizes (a reference)."""
-        kept = []
-        for number, size in enumerate(log):
-            while kept and (
-                len(kept) >= CAP or (self.tensor and self.episodic and sum(n for _, n in kept) + size > MAX_TRANSITIONS)
-            ):
-                kept.pop(0)
-            kept.append((number, size))
-        return {number for number, _ in kept}
-
-    # ------------------------------------------------------------------ invalid pushes
-    def invalid_pushes(self, rng):
-        """``(label, args, kwargs, exceptions)`` of pushes that must be refused as a whole. Each batch holds
-        valid items before the invalid one, so a partial write would show in the state."""
-        ok = self.data(rng, 2, start=1000)
-        out = []
-        if self.gfn:
-
-            def batch(**fields):
-                b = self.gfn_batch(rng, 4)
-                b.update(fields)
-                return b
-
-            r_nan = torch.tensor([0.0, 1.0, -1.0, NAN])
-            r_inf = torch.tensor([0.0, 1.0, -1.0, INF])
-            items = [{'state': torch.zeros(GFN_DIM), 'log_reward': torch.tensor(0.5)} for _ in range(3)]
-            out += [
-                ('nan log_reward', (batch(log_reward=r_nan),), {}, ValueError),
-                ('+inf log_reward', (batch(log_reward=r_inf),), {}, ValueError),
-                ('2-d log_reward', (batch(log_reward=torch.zeros(4, 1)),), {}, ValueError),
-                ('integer log_reward', (batch(log_reward=torch.zeros(4, dtype=torch.int64)),), {}, ValueError),
-                ('ragged batch', (batch(state=torch.zeros(3, GFN_DIM)),), {}, ValueError),
-                ('no log_reward', ({'state': torch.zeros(4, GFN_DIM)},), {}, ValueError),
-                (
-                    'item with wrong state dim',
-                    (items + [{'state': torch.zeros(GFN_DIM + 1), 'log_reward': torch.tensor(0.5)}],),
-                    {},
-                    ValueError,
-                ),
-                ('None item', (items + [None],), {}, TypeError),
-                ('None', (None,), {}, TypeError),
-                ('not a dict', (5,), {}, TypeError),
-            ]
-            if self.preset == 'gfn_diverse':
-                state = torch.zeros(4, GFN_DIM)
-                state[3, 0] = NAN
-                out.append(('nan state', (batch(state=state),), {}, ValueError))
-            return out
-        out += [('None item', (ok + [None],), {}, TypeError)]
-        if self.episodic:
-            out += [
-                ('empty episode', (ok + [[]],), {}, ValueError),
-                ('episode of the wrong type', (ok + [5],), {}, TypeError),
-                (
-                    'dict episode with ragged fields',
-                    (ok + [{'obs': torch.zeros(3, 2), 'act': torch.zeros(2)}],),
-                    {},
-                    ValueError,
-                ),
-                ('batched push', (ok[1],), {'batched': True}, TypeError),
-            ]
-            if self.tensor:
-                step = {'obs': torch.zeros(2), 'act': torch.tensor(1)}
-                bad_shape = [step, {'obs': torch.zeros(3), 'act': torch.tensor(2)}]
-                bad_dtype = [step, {'obs': torch.zeros(2), 'act': torch.tensor(1.5)}]
-                out += [
-                    ('transition with a wrong obs shape', (ok + [bad_shape],), {}, ValueError),
-                    ('transition with a wrong dtype', (ok + [bad_dtype],), {}, ValueError),
-                    ('episode longer than max_transitions', (ok + [[step] * (MAX_TRANSITIONS + 1)],), {}, ValueError),
-                ]
-            return out
-        if self.preset == 'advanced':
-            valid = {'obs': torch.zeros(OBS_DIM), 'act': 3}
-            out += [
-                ('item that is not a dict', (ok + [5],), {}, TypeError),
-                ('nan priority', (ok + [{**valid, 'priority': NAN}],), {}, ValueError),
-                ('negative priority', (ok + [{**valid, 'priority': -1.0}],), {}, ValueError),
-                ('inf priority', (ok + [{**valid, 'priority': INF}],), {}, ValueError),
-                ('single item with nan priority', ({**valid, 'priority': NAN},), {}, ValueError),
-                (
-                    'batched push with a nan priority',
-                    (
-                        {
-                            'obs': torch.zeros(3, OBS_DIM),
-                            'act': torch.arange(3),
-                            'priority': torch.tensor([1.0, 1.0, NAN]),
-                        },
-                    ),
-                    {'batched': True},
-                    ValueError,
-                ),
-            ]
-        out += [
-            (
-                'batched push with ragged fields',
-                ({'obs': torch.zeros(3, OBS_DIM), 'act': torch.arange(2)},),
-                {'batched': True},
-                ValueError,
-            ),
-        ]
-        if self.tensor:
-            out += [
-                ('item with a wrong obs shape', (ok + [{'obs': torch.zeros(OBS_DIM + 1), 'act': 1}],), {}, ValueError),
-                ('single item with a wrong obs shape', ({'obs': torch.zeros(OBS_DIM + 1), 'act': 1},), {}, ValueError),
-                (
-                    'item with a wrong dtype',
-                    (ok + [{'obs': torch.zeros(OBS_DIM, dtype=torch.float64), 'act': 1}],),
-                    {},
-                    ValueError,
-                ),
-                ('item with a missing field', (ok + [{'obs': torch.zeros(OBS_DIM)}],), {}, ValueError),
-                ('item with an extra field', (ok + [{'obs': torch.zeros(OBS_DIM), 'act': 1, 'x': 2}],), {}, ValueError),
-                ('item that is not a dict', (ok + [7],), {}, TypeError),
-                (
-                    'invalid item among those dropped for space',
-                    ([{'obs': torch.zeros(OBS_DIM + 1), 'act': 1}] + self.data(rng, CAP + 2, start=3000),),
-                    {},
-                    ValueError,
-                ),
-            ]
-        return out
-
-
 # invalid only against the schema fixed by earlier pushes (a valid first push)
 SCHEMA_ONLY = {'single item with a wrong obs shape'}
-
-
-def update_info(case, batch, priorities):
-    """An ``update`` dict for a sampled batch (list of item dicts or dict of batched tensors)."""
-    if isinstance(batch, list):
-        ids = [d['replay_unique_id'] for d in batch]
-        idx = [d['replay_buffer_idx'] for d in batch]
-    else:
-        ids, idx = batch['replay_unique_id'], batch['replay_buffer_idx']
-    return {'replay_unique_id': ids, 'replay_buffer_idx': idx, 'priority': list(map(float, priorities))}
-
-
-def batch_size(batch):
-    return len(batch) if isinstance(batch, list) else int(batch['replay_buffer_idx'].shape[0])
-
-
-def numbers_of(batch):
-    """The item number (``act``; the episode number for windows) of every sampled item / window."""
-    if isinstance(batch, list):
-        return [int(d['act']) for d in batch]
-    act = batch['act']
-    return (act[:, 0] // 100).tolist() if act.dim() == 2 else act.tolist()
 
 
 CASES = [Case(p, s) for p in ('naive', 'advanced', 'episode') for s in ('list', 'tensor', 'memmap')]
@@ -401,16 +86,16 @@ def test_push_is_all_or_nothing(case, tmp_path):
         before = buf.state_dict()
         with refused(exc, f'push ({label}) on an empty buffer'):
             buf.push(*args, **kwargs)
-        assert_state_equal(buf.state_dict(), before, f'state after refused push ({label}) on an empty buffer')
+        assert_same(buf.state_dict(), before, f'state after refused push ({label}) on an empty buffer')
     assert buf.count() == 0
     case.fill(buf, rng, 6)
     assert buf.count() == 6
-    buf.sample(2)  # advances the RNG and (advanced) use counts: part of the compared state
+    case.sample(buf, 2)  # advances the RNG and (advanced) use counts: part of the compared state
     for label, args, kwargs, exc in invalid:
         before = buf.state_dict()
         with refused(exc, f'push ({label})'):
             buf.push(*args, **kwargs)
-        assert_state_equal(buf.state_dict(), before, f'state after refused push ({label})')
+        assert_same(buf.state_dict(), before, f'state after refused push ({label})')
     assert buf.count() == 6
     # the buffer still works, and a valid push does change the state
     before = buf.state_dict()
@@ -421,54 +106,22 @@ def test_push_is_all_or_nothing(case, tmp_path):
 
 
 # ================================================================================ 2. update: all or nothing
-def garbage_updates(case, good):
-    """``(label, info, exception)``: updates that must be refused as a whole. The bad entry is the last one, after
-    valid entries, so a partial update would show in the state."""
-    prio = np.asarray(good['priority'], dtype=np.float64)
-    ids = good['replay_unique_id']
-    idx = np.asarray(torch.as_tensor(good['replay_buffer_idx']))
-    last = (-1,) + (0,) * (idx.ndim - 1)  # the last item / the first step of the last window
-
-    def with_prio(value):
-        bad = prio.copy()
-        bad[-1] = value
-        return dict(good, priority=bad.tolist())
-
-    def with_idx(value):
-        bad = idx.copy()
-        bad[last] = value
-        return dict(good, replay_buffer_idx=bad)
-
-    return [
-        ('nan priority', with_prio(NAN), ValueError),
-        ('inf priority', with_prio(INF), ValueError),
-        ('negative priority', with_prio(-0.5), ValueError),
-        ('priority list too short', dict(good, priority=prio[:-1].tolist()), ValueError),
-        ('replay_buffer_idx past the last slot', with_idx(case.slots), ValueError),
-        ('negative replay_buffer_idx', with_idx(-7), ValueError),
-        ('float replay_buffer_idx', dict(good, replay_buffer_idx=idx.astype(np.float64)), TypeError),
-        ('no replay_buffer_idx', {'replay_unique_id': ids, 'priority': prio.tolist()}, ValueError),
-        ('no replay_unique_id', {'replay_buffer_idx': idx, 'priority': prio.tolist()}, ValueError),
-        ('not a dict', prio.tolist(), TypeError),
-    ]
-
-
 @pytest.mark.parametrize('case', PRIORITIZED, ids=lambda c: c.id)
 def test_update_garbage_is_all_or_nothing(case, tmp_path):
     rng = np.random.default_rng(2)
     buf = case.make(tmp_path)
-    case.fill(buf, rng, CAP)
-    batch = buf.sample(6)
-    good = update_info(case, batch, [2.5] * 6)
-    for label, info, exc in garbage_updates(case, good):
+    case.fill(buf, rng, case.cap)
+    batch = case.sample(buf, 6)
+    good = case.update_info(batch, [2.5] * 6)
+    for label, info, exc in case.garbage_updates(good):
         before = buf.state_dict()
         with refused(exc, f'update ({label})'):
             buf.update(info)
-        assert_state_equal(buf.state_dict(), before, f'state after refused update ({label})')
+        assert_same(buf.state_dict(), before, f'state after refused update ({label})')
     # the well-formed update is applied (so the comparisons above could have seen a partial one)
     before = buf.state_dict()
     assert buf.update(good) == {'updated': 6, 'stale': 0}
-    assert not states_equal(without(buf.state_dict(), 'counters'), without(before, 'counters'))
+    assert not states_equal(case.without_counters(buf.state_dict()), case.without_counters(before))
     buf.close()
 
 
@@ -477,11 +130,11 @@ def test_update_is_a_no_op_without_priorities(case, tmp_path):
     rng = np.random.default_rng(2)
     buf = case.make(tmp_path)
     case.fill(buf, rng, 8)
-    assert buf.sample(3) is not None
+    assert case.sample(buf, 3) is not None
     before = buf.state_dict()
     info = {'replay_unique_id': [0, 1, 2], 'replay_buffer_idx': [0, 1, 2], 'priority': [0.5, 1.0, 2.0]}
     assert buf.update(info) == {'updated': 0, 'stale': 0}
-    assert_state_equal(buf.state_dict(), before, 'state after update')
+    assert_same(buf.state_dict(), before, 'state after update')
     buf.close()
 
 
@@ -525,15 +178,15 @@ def test_load_state_dict_corrupted_is_all_or_nothing(case, tmp_path):
     state = src.state_dict()
     buf = case.make(tmp_path, 'dst')
     case.fill(buf, np.random.default_rng(4), 5)
-    buf.sample(2)
+    case.sample(buf, 2)
     for label, bad in corruptions(state):
         before = buf.state_dict()
         with refused((ValueError, TypeError), f'load_state_dict ({label})'):
             buf.load_state_dict(bad)
-        assert_state_equal(buf.state_dict(), before, f'state after refused load_state_dict ({label})')
+        assert_same(buf.state_dict(), before, f'state after refused load_state_dict ({label})')
     # the intact state loads (so the refusals above were about the corruption)
     buf.load_state_dict(state)
-    assert_state_equal(buf.state_dict(), state)
+    assert_same(buf.state_dict(), state)
     src.close()
     buf.close()
 
@@ -579,9 +232,9 @@ def test_load_state_dict_inconsistent_gfn_state_is_refused_or_repaired(case, cor
     try:
         buf.load_state_dict(corrupt(state))
     except (ValueError, TypeError):
-        assert_state_equal(buf.state_dict(), before, 'state after refused load_state_dict')
+        assert_same(buf.state_dict(), before, 'state after refused load_state_dict')
     else:
-        assert_state_equal(buf.state_dict(), state, 'state loaded from an inconsistent state (not refused)')
+        assert_same(buf.state_dict(), state, 'state loaded from an inconsistent state (not refused)')
 
 
 # --------------------------------------------------------------------- damaged files
@@ -594,7 +247,7 @@ def _saved(case, tmp_path):
     src.close()
     buf = case.make(tmp_path, 'dst')
     case.fill(buf, np.random.default_rng(6), 5)
-    buf.sample(2)
+    case.sample(buf, 2)
     return buf, buf.state_dict(), path.read_bytes()
 
 
@@ -602,7 +255,7 @@ def _check_refused_file(case, buf, before, raw, path, label):
     path.write_bytes(bytes(raw))
     with refused(ValueError, f'load_data ({label})'):
         buf.load_data(str(path), allow_pickle=case.allow_pickle)
-    assert_state_equal(buf.state_dict(), before, f'state after refused load_data ({label})')
+    assert_same(buf.state_dict(), before, f'state after refused load_data ({label})')
 
 
 def _flip(raw, pos, bit=0):
@@ -661,7 +314,7 @@ def test_load_data_bit_flip_in_tensor_data_raises_value_error(case, tmp_path):
         try:
             buf.load_data(str(path), allow_pickle=case.allow_pickle)
         except ValueError:
-            assert_state_equal(buf.state_dict(), before, f'state after refused load_data (flipped bit in {name})')
+            assert_same(buf.state_dict(), before, f'state after refused load_data (flipped bit in {name})')
             continue
         accepted.append(name)
         buf.load_state_dict(before)
@@ -682,12 +335,12 @@ def test_save_load_gives_identical_next_samples(case, tmp_path):
     b = case.make(tmp_path, 'b')
     b.load_data(str(path), allow_pickle=case.allow_pickle)
     assert b.count() == a.count() > 0
-    assert_state_equal(b.state_dict(), a.state_dict())
+    assert_same(b.state_dict(), a.state_dict())
     for second in (False, True):  # episode: whole episodes, then windows
         sa, sb = case.sample(a, 5, second), case.sample(b, 5, second)
         assert sa is not None
-        assert_state_equal(sb, sa, f'sample {int(second) + 1}')
-    assert_state_equal(b.state_dict(), a.state_dict())  # the RNGs advanced identically
+        assert_same(sb, sa, f'sample {int(second) + 1}')
+    assert_same(b.state_dict(), a.state_dict())  # the RNGs advanced identically
     a.close()
     b.close()
 
@@ -698,29 +351,29 @@ def test_updates_of_overwritten_items_are_stale(case, tmp_path):
     rng = np.random.default_rng(8)
     buf = case.make(tmp_path)
     log = []  # sizes of everything pushed, for the reference of what the buffer still holds
-    pushed = case.fill(buf, rng, CAP, log=log)
-    old = buf.sample(8)
-    pushed = case.fill(buf, rng, CAP, start=pushed, log=log)  # replaces every stored item / episode
-    assert not set(numbers_of(old)) & case.stored_numbers(log)
+    pushed = case.fill(buf, rng, case.cap, log=log)
+    old = case.sample(buf, 8)
+    pushed = case.fill(buf, rng, case.cap, start=pushed, log=log)  # replaces every stored item / episode
+    assert not set(case.numbers_of(old)) & case.stored_numbers(log)
     stats = buf.stats()
-    before = without(buf.state_dict(), 'counters')
-    assert buf.update(update_info(case, old, [5.0] * 8)) == {'updated': 0, 'stale': 8}
+    before = case.without_counters(buf.state_dict())
+    assert buf.update(case.update_info(old, [5.0] * 8)) == {'updated': 0, 'stale': 8}
     assert buf.stats()['stale_updates'] == stats['stale_updates'] + 8
     assert buf.stats()['updated'] == stats['updated']
-    assert_state_equal(without(buf.state_dict(), 'counters'), before, 'state after a stale update')
+    assert_same(case.without_counters(buf.state_dict()), before, 'state after a stale update')
     # partly stale: the items pushed after the sample replaced some of the sampled ones
-    batch = buf.sample(8)
+    batch = case.sample(buf, 8)
     pushed = case.fill(buf, rng, 5, start=pushed, log=log)
     kept = case.stored_numbers(log)
-    expect_stale = sum(n not in kept for n in numbers_of(batch))
+    expect_stale = sum(n not in kept for n in case.numbers_of(batch))
     assert 0 < expect_stale < 8  # (fixed seeds: the partial case is exercised)
     stats = buf.stats()
-    assert buf.update(update_info(case, batch, [5.0] * 8)) == {'updated': 8 - expect_stale, 'stale': expect_stale}
+    assert buf.update(case.update_info(batch, [5.0] * 8)) == {'updated': 8 - expect_stale, 'stale': expect_stale}
     assert buf.stats()['stale_updates'] == stats['stale_updates'] + expect_stale
     # a fresh sample's update applies to every item
-    fresh = buf.sample(8)
+    fresh = case.sample(buf, 8)
     stats = buf.stats()
-    assert buf.update(update_info(case, fresh, [5.0] * 8)) == {'updated': 8, 'stale': 0}
+    assert buf.update(case.update_info(fresh, [5.0] * 8)) == {'updated': 8, 'stale': 0}
     assert buf.stats()['updated'] == stats['updated'] + 8
     assert buf.stats()['stale_updates'] == stats['stale_updates']
     buf.close()
@@ -775,18 +428,18 @@ def test_close_is_idempotent_and_joins_every_thread(case, tmp_path):
     tracked = [] if case.preset in ('naive', 'advanced') and case.storage == 'list' else None
     buf = _monitored(case, tmp_path, tracked)
     if tracked is not None:
-        for i in range(CAP + 4):
+        for i in range(case.cap + 4):
             f = tmp_path / f'item{i}.bin'
             f.write_bytes(b'x')
             tracked.append(f)
             buf.push(dict(case.item(rng, i), data_id=str(f)))
     else:
-        case.fill(buf, rng, CAP + 4)
+        case.fill(buf, rng, case.cap + 4)
     for _ in range(3):
-        batch = buf.sample(4)
+        batch = case.sample(buf, 4)
         assert batch is not None
         if case.prioritized:
-            buf.update(update_info(case, batch, [1.0] * 4))
+            buf.update(case.update_info(batch, [1.0] * 4))
     time.sleep(0.12)  # let periodic monitors run a period
     assert threading.active_count() > baseline, 'the monitors (and remover) should run in threads'
     count = buf.count()
@@ -796,7 +449,7 @@ def test_close_is_idempotent_and_joins_every_thread(case, tmp_path):
     left = [t.name for t in threading.enumerate() if t not in baseline_threads and t.is_alive()]
     assert ok and not left, f'threads still alive after close(): {left}'
     if tracked is not None:  # the evicted items' files are deleted by the time close() returns
-        assert [f.exists() for f in tracked] == [False] * 4 + [True] * CAP
+        assert [f.exists() for f in tracked] == [False] * 4 + [True] * case.cap
     with pytest.raises(RuntimeError):
         buf.push(case.data(rng, 1, start=999))
     assert buf.count() == count  # data stays readable
@@ -808,53 +461,45 @@ def test_close_is_idempotent_and_joins_every_thread(case, tmp_path):
 def test_concurrent_push_sample_update_keep_the_buffer_consistent(case, tmp_path):
     buf = case.make(tmp_path, 'a')
     case.fill(buf, np.random.default_rng(10), 6)
-    stop = threading.Event()
-    errors, pushes, samples = [], [0] * 3, [0] * 2
+    pushes, samples = [0] * 3, [0] * 2
+    # the deque's update applies to the last sampled batch, which the other sampler's update may have consumed
+    answers = (0, 3) if case.updates_last_batch else (3,)
 
     def pusher(k):
-        rng = np.random.default_rng(100 + k)
-        nxt = 10**6 * (k + 1)
-        try:
+        def work(stop):
+            rng = np.random.default_rng(100 + k)
+            nxt = 10**6 * (k + 1)  # (the chunk buffer: worker k + 1)
             while not stop.is_set():
                 n = int(rng.integers(1, 4))
                 buf.push(case.data(rng, n, start=nxt))
                 nxt += n
                 pushes[k] += 1
-                assert buf.count() <= CAP
-        except Exception as e:  # noqa: BLE001 (reported below)
-            errors.append(e)
+                assert buf.count() <= case.cap
+
+        return work
 
     def sampler(k):
-        rng = np.random.default_rng(200 + k)
-        try:
+        def work(stop):
+            rng = np.random.default_rng(200 + k)
             while not stop.is_set():
                 batch = case.sample(buf, 3, second=bool(k))
                 if batch is None:
                     continue
                 samples[k] += 1
                 if case.prioritized:
-                    result = buf.update(update_info(case, batch, rng.uniform(0.1, 2.0, size=3)))
-                    assert result['updated'] + result['stale'] == 3
-        except Exception as e:  # noqa: BLE001 (reported below)
-            errors.append(e)
+                    result = buf.update(case.update_info(batch, rng.uniform(0.1, 2.0, size=3)))
+                    assert result['updated'] + result['stale'] in answers, result
 
-    threads = [threading.Thread(target=pusher, args=(k,)) for k in range(3)]
-    threads += [threading.Thread(target=sampler, args=(k,)) for k in range(2)]
-    for t in threads:
-        t.start()
-    time.sleep(STRESS_SECONDS)
-    stop.set()
-    for t in threads:
-        t.join(timeout=10)
-    assert not any(t.is_alive() for t in threads)
-    assert errors == []
+        return work
+
+    run_threads([pusher(k) for k in range(3)] + [sampler(k) for k in range(2)], seconds=STRESS_SECONDS)
     assert min(pushes) > 0 and min(samples) > 0
-    assert 0 < buf.count() <= CAP
+    assert 0 < buf.count() <= case.cap
     state = buf.state_dict()
     other = case.make(tmp_path, 'b')
     other.load_state_dict(state)
     assert other.count() == buf.count()
-    assert_state_equal(other.state_dict(), state)
+    assert_same(other.state_dict(), state)
     assert case.sample(other, 3) is not None
     buf.close()
     other.close()

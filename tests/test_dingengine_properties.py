@@ -25,22 +25,30 @@ import tempfile
 import numpy as np
 import pytest
 import torch
+from helpers import GARBAGE, REFUSALS, SETTINGS, Case, assert_same, corrupted, paths_of
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule, run_state_machine_as_test
-from test_properties import GARBAGE, REFUSALS, SETTINGS, assert_same, corrupted, paths_of
 
 from ding_buffer import create_buffer
 
 CAP = 8
 NAN = float('nan')
-CASES = [(t, s) for t in ('elastic', 'sequence', 'deque', 'deque_prio') for s in ('list', 'tensor')]
+CASES = [Case(t, s, cap=CAP) for t in ('elastic', 'sequence', 'deque') for s in ('list', 'tensor')]
+CASES += [Case('deque', s, variant='prio', cap=CAP) for s in ('list', 'tensor')]
 FEWER = settings(SETTINGS, max_examples=30, stateful_step_count=40)  # 8 combinations: the suite stays short
 
 
 class Machine(RuleBasedStateMachine):
-    buffer_type = 'elastic'
-    storage = 'list'
+    case: Case = None  # set by the subclass made for each combination
+
+    @property
+    def buffer_type(self):
+        return self.case.name  # 'deque_prio': the deque with priority=True
+
+    @property
+    def storage(self):
+        return self.case.storage
 
     def __init__(self):
         super().__init__()
@@ -55,10 +63,9 @@ class Machine(RuleBasedStateMachine):
 
     # ------------------------------------------------------------------ construction
     def cfg(self):
-        t = 'deque' if self.buffer_type == 'deque_prio' else self.buffer_type
-        cfg = dict(type=t, replay_buffer_size=CAP, seed=0, storage=dict(type=self.storage))
+        cfg = self.case.cfg()
         if self.buffer_type == 'deque_prio':
-            cfg.update(priority=True, priority_IS_weight=True, IS_weight_anneal_train_iter=20, priority_max_limit=50.0)
+            cfg['priority_max_limit'] = 50.0
         if self.buffer_type == 'elastic':
             cfg['set_buffer_size'] = lambda envstep: 2 + envstep % 7
         if self.max_use is not None:
@@ -351,7 +358,7 @@ class Machine(RuleBasedStateMachine):
             assert 0 <= self.buf.count() <= CAP and len(self.buf) == self.buf.count()
 
 
-@pytest.mark.parametrize('buffer_type,storage', CASES, ids=[f'{t}-{s}' for t, s in CASES])
-def test_random_calls_keep_every_dingengine_type_consistent(buffer_type, storage):
-    machine = type(f'Machine_{buffer_type}_{storage}', (Machine,), dict(buffer_type=buffer_type, storage=storage))
+@pytest.mark.parametrize('case', CASES, ids=lambda c: c.id)
+def test_random_calls_keep_every_dingengine_type_consistent(case):
+    machine = type(f'Machine_{case.id.replace("-", "_")}', (Machine,), dict(case=case))
     run_state_machine_as_test(machine, settings=FEWER)

@@ -53,10 +53,9 @@ from collections.abc import Mapping
 import numpy as np
 import pytest
 import torch
-from hypothesis import HealthCheck, settings
+from helpers import GARBAGE, REFUSALS, SETTINGS, Case, assert_same, corrupted, paths_of
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule, run_state_machine_as_test
-from test_contract import assert_state_equal
 
 from ding_buffer import create_buffer
 from ding_buffer.errors import SampleTimeoutError
@@ -70,148 +69,31 @@ NAN = float('nan')
 INF = float('inf')
 THRUPUT = {'push_sample_rate_limit': {'min': 0.5, 'max': 2.0}, 'window_seconds': 30.0, 'sample_min_limit_ratio': 1.0}
 
-# What a refused call may raise. Anything else (IndexError, KeyError, AttributeError, MemoryError, ...) is a crash.
-REFUSALS = (TypeError, ValueError, RuntimeError)
-
-SETTINGS = settings(
-    max_examples=50,
-    stateful_step_count=50,
-    deadline=None,
-    derandomize=True,
-    database=None,
-    print_blob=False,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much],
-)
-
-
-# ================================================================================ state comparison
-assert_same = assert_state_equal  # exact recursive equality (NaN equals NaN), shared with the contract suite
-
 
 def is_number(v):
     return isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, (bool, np.bool_))
 
 
-# ================================================================================ state corruption
-def paths_of(state, prefix=(), depth=0):
-    """Every path (tuple of keys / list positions) into ``state``: dict entries and the first entries of lists."""
-    out = []
-    if depth > 6:
-        return out
-    if isinstance(state, Mapping):
-        for k in state:
-            out.append(prefix + (k,))
-            out += paths_of(state[k], prefix + (k,), depth + 1)
-    elif isinstance(state, list):
-        for i in range(min(len(state), 2)):
-            out.append(prefix + (i,))
-            out += paths_of(state[i], prefix + (i,), depth + 1)
-    return out
-
-
-GARBAGE = (
-    'drop',
-    'str',
-    'none',
-    'neg',
-    'huge',
-    'nan',
-    'empty_list',
-    'tensor_nan',
-    'tensor_short',
-    'tensor_dtype',
-    'tensor_neg',
-    'tensor_big',
-)
-
-
-def garbage_for(value, kind):
-    """A replacement of ``value`` (a new object; ``value`` is never modified)."""
-    if isinstance(value, torch.Tensor) and kind.startswith('tensor_'):
-        v = value.detach().clone()
-        if kind == 'tensor_nan':
-            v = v.to(torch.float32) if not v.is_floating_point() else v
-            if v.numel():
-                v.view(-1)[0] = NAN
-            return v
-        if kind == 'tensor_short':
-            return v.reshape(-1)[:-1] if v.numel() else torch.zeros(1)
-        if kind == 'tensor_dtype':
-            return v.to(torch.int64) if v.is_floating_point() else v.to(torch.float64)
-        if kind == 'tensor_neg':
-            return -v - 1 if v.dtype != torch.bool else ~v
-        return v + 1000 if v.dtype != torch.bool else v
-    replacements = {'str': 'garbage', 'none': None, 'neg': -1, 'huge': 2**70, 'nan': NAN, 'empty_list': []}
-    return replacements.get(kind, 'garbage')
-
-
-def corrupted(state, path, kind):
-    """A copy of ``state`` with the entry at ``path`` dropped or replaced (containers on the path are copied)."""
-    if not path:
-        return garbage_for(state, kind)
-    head, rest = path[0], path[1:]
-    out = dict(state) if isinstance(state, Mapping) else list(state)
-    if not rest and kind == 'drop':
-        del out[head]
-        return out
-    out[head] = corrupted(state[head], rest, kind)
-    return out
-
-
 # ================================================================================ the combinations
-class Case:
-    def __init__(self, preset, storage=None):
-        self.preset = preset
-        self.storage = storage  # 'list' / 'tensor'; None for the GFlowNet buffers
-        self.id = preset if storage is None else f'{preset}-{storage}'
-
-    def __repr__(self):
-        return self.id
-
-    @property
-    def gfn(self):
-        return self.storage is None
-
-    @property
-    def tensor(self):
-        """A schema fixed by the first push (tensor storage, GFlowNet column stores)."""
-        return self.storage != 'list'
-
-    @property
-    def episodic(self):
-        return self.preset in ('episode', 'prioritized_episode')
-
-    @property
-    def prioritized(self):
-        """``update`` takes priorities (the others' ``update`` is a no-op)."""
-        return self.preset in ('advanced', 'prioritized_episode')
-
-    @property
-    def slots(self):
-        return MAX_T if self.preset == 'prioritized_episode' else CAP
-
-    def cfg(self, opts):
-        cfg = {'type': self.preset, 'replay_buffer_size': CAP, 'seed': 0}
-        if self.storage is not None:
-            cfg['storage'] = {'type': self.storage}
-        if self.episodic and self.tensor:
-            cfg['max_transitions'] = MAX_T
-        if self.preset == 'prioritized_episode':
-            cfg['sampler'] = {'unroll_len': UNROLL}
-        if opts['max_use']:
-            cfg['max_use'] = 2
-        if opts['staleness']:
-            cfg['max_staleness'] = 5
-        if opts['thruput']:
-            cfg['thruput_controller'] = copy.deepcopy(THRUPUT)
-        if self.preset == 'gfn':
-            cfg['prioritized_capacity'] = opts['gfn_prio']
-            cfg['prioritized_sampling'] = opts['gfn_prio']
-        return cfg
+def config(case, opts):
+    """``case``'s config with the optional parts this run drew (``opts``)."""
+    cfg = case.cfg()
+    if opts['max_use']:
+        cfg['max_use'] = 2
+    if opts['staleness']:
+        cfg['max_staleness'] = 5
+    if opts['thruput']:
+        cfg['thruput_controller'] = copy.deepcopy(THRUPUT)
+    if case.preset == 'gfn':
+        cfg['prioritized_capacity'] = opts['gfn_prio']
+        cfg['prioritized_sampling'] = opts['gfn_prio']
+    return cfg
 
 
-CASES = [Case(p, s) for p in ('naive', 'advanced', 'episode') for s in ('list', 'tensor')]
-CASES += [Case('prioritized_episode', 'tensor'), Case('gfn'), Case('gfn_diverse'), Case('terminating_state')]
+SIZES = dict(cap=CAP, max_transitions=MAX_T, unroll=UNROLL)
+CASES = [Case(p, s, **SIZES) for p in ('naive', 'advanced', 'episode') for s in ('list', 'tensor')]
+CASES += [Case('prioritized_episode', 'tensor', **SIZES)] + [Case(p, **SIZES) for p in ('gfn', 'gfn_diverse')]
+CASES += [Case('terminating_state', **SIZES)]
 
 
 # ================================================================================ the state machine
@@ -237,13 +119,13 @@ class BufferMachine(RuleBasedStateMachine):
         self.buf = self.new_buffer()
 
     def new_buffer(self):
-        return create_buffer(self.case.cfg(self.opts), instance_name='buffer')
+        return create_buffer(config(self.case, self.opts), instance_name='buffer')
 
     # ------------------------------------------------------------------ valid data
     def with_ci(self, rng):
         """Whether a valid item carries ``collect_iter``: always / never where a schema is fixed (present with
         ``max_staleness``), at random on list storage."""
-        if self.case.tensor:
+        if self.case.fixed_schema:
             return self.opts['staleness']
         return bool(rng.random() < 0.5)
 
@@ -363,9 +245,9 @@ class BufferMachine(RuleBasedStateMachine):
         case = self.case
         # list storage validates collect_iter where it is read later: episodes always, advanced always (its
         # samples report staleness), naive only with a removal rule; terminating_state does not store the field
-        must = case.tensor or case.episodic or case.preset == 'advanced' or bool(self.engine_rules())
+        must = case.fixed_schema or case.episodic or case.preset == 'advanced' or bool(self.engine_rules())
         must = must and case.preset != 'terminating_state'
-        single = bool(rng.random() < 0.5) and not case.tensor
+        single = bool(rng.random() < 0.5) and not case.fixed_schema
         if case.gfn:
             items = [dict(x) for x in ok]
             items[-1]['collect_iter'] = value
@@ -393,7 +275,7 @@ class BufferMachine(RuleBasedStateMachine):
     def invalid_item_push(self, rng, kind, ok):
         case = self.case
         valid = {'obs': torch.zeros(OBS), 'act': 3}
-        if self.with_ci(rng) and case.tensor:
+        if self.with_ci(rng) and case.fixed_schema:
             valid['collect_iter'] = 1
         single = bool(rng.random() < 0.5)
         if kind.startswith('prio_') and kind != 'prio_batched' and case.preset == 'advanced':
@@ -426,9 +308,9 @@ class BufferMachine(RuleBasedStateMachine):
             )
         if kind == 'batched_not_dict':
             return 'push(5, batched=True)', (5,), {'batched': True}, True
-        if kind == 'list_not_dict' and (case.tensor or case.preset == 'advanced'):
+        if kind == 'list_not_dict' and (case.fixed_schema or case.preset == 'advanced'):
             return 'push([valid, valid, 7])', (ok + [7],), {}, True
-        if case.tensor:
+        if case.fixed_schema:
             bad = {
                 'shape': dict(valid, obs=torch.zeros(OBS + 1)),
                 'dtype': dict(valid, obs=torch.zeros(OBS, dtype=torch.float64)),
@@ -456,7 +338,7 @@ class BufferMachine(RuleBasedStateMachine):
             return 'push(episode, batched=True)', (self.episode(rng, 1),), {'batched': True}, True
         if kind.startswith('reserved'):
             names = ['mask']
-            if case.tensor:
+            if case.fixed_schema:
                 names += ['start', 'episode_id', 'episode_idx']
             if case.preset == 'prioritized_episode':
                 names += ['priority', 'IS']
@@ -468,14 +350,14 @@ class BufferMachine(RuleBasedStateMachine):
                 ep = dict(ep, **{name: torch.ones(len(ep['act']))})
             single = bool(rng.random() < 0.5) and isinstance(ep, dict)
             # windows of list episodes (list storage) are lists of the stored transitions: no field is added
-            must = case.tensor or isinstance(ep, dict)
+            must = case.fixed_schema or isinstance(ep, dict)
             return (
                 f'push({"list" if isinstance(ep, list) else "dict"} episode with reserved field {name!r})',
                 ((ep if single else ok + [ep]),),
                 {},
                 must,
             )
-        if case.tensor:
+        if case.fixed_schema:
             step = {'obs': torch.zeros(2), 'act': torch.tensor(1)}
             if self.opts['staleness']:
                 step['collect_iter'] = 1
@@ -1021,9 +903,7 @@ def bug_param(case_id, reason):
 
 def _make(case_id, **over):
     case = next(c for c in CASES if c.id == case_id)
-    cfg = case.cfg({'max_use': False, 'staleness': False, 'thruput': False, 'gfn_prio': False})
-    cfg.update(over)
-    return create_buffer(cfg)
+    return create_buffer(case.cfg(**over))
 
 
 def _episode(k, length=2):

@@ -12,7 +12,6 @@ import numpy as np
 import pytest
 import torch
 from helpers import assert_same
-from test_contract import assert_state_equal
 
 from ding_buffer import SampleTimeoutError, create_buffer
 
@@ -37,7 +36,7 @@ def test_bad_collect_iter_is_refused_at_push_and_later_samples_work(bad, batched
             buf.push({'obs': torch.zeros(2, 2), 'collect_iter': [1, bad]}, batched=True)
         else:
             buf.push([item(9, collect_iter=3), item(10, collect_iter=bad)])
-    assert_state_equal(buf.state_dict(), before)
+    assert_same(buf.state_dict(), before)
     assert len(buf.sample(4, cur_learner_iter=5)) == 4
 
 
@@ -63,7 +62,7 @@ def test_priority_outside_float32_or_not_a_real_number_is_refused(storage, bad):
     before = buf.state_dict()
     with pytest.raises((TypeError, ValueError), match='priority'):
         buf.update({'replay_unique_id': ids, 'replay_buffer_idx': idx, 'priority': [1.0, 1.0, 1.0, bad]})
-    assert_state_equal(buf.state_dict(), before)
+    assert_same(buf.state_dict(), before)
 
 
 def test_bool_and_complex_priority_tensors_are_refused():
@@ -109,7 +108,7 @@ def test_bad_learner_iter_or_envstep_is_refused_before_anything_changes(btype, b
         buf.sample(2, cur_learner_iter=bad)
     with pytest.raises((TypeError, ValueError), match='cur_collector_envstep'):
         buf.push(data, cur_collector_envstep=bad)
-    assert_state_equal(buf.state_dict(), before)
+    assert_same(buf.state_dict(), before)
     assert buf.sample(2, cur_learner_iter=np.int64(3)) is not None  # numpy ints are ints
 
 
@@ -129,7 +128,7 @@ def test_bad_sample_arguments_name_the_argument(kwargs, key):
     before = buf.state_dict()
     with pytest.raises((TypeError, ValueError), match=key):
         buf.sample(2, **kwargs)
-    assert_state_equal(buf.state_dict(), before)
+    assert_same(buf.state_dict(), before)
 
 
 @pytest.mark.parametrize(
@@ -257,7 +256,7 @@ def test_no_single_bit_flip_of_a_save_loads_other_data(btype, tmp_path):
             fresh.load_data(str(damaged))
         except ValueError:
             continue
-        assert_state_equal(fresh.state_dict(), want, f'flip at byte {pos} loaded other data')
+        assert_same(fresh.state_dict(), want, f'flip at byte {pos} loaded other data')
 
 
 # ------------------------------------------------------------------------------------------ 7. killed saves
@@ -334,7 +333,7 @@ def test_batched_python_lists_that_are_no_array_are_refused_naming_the_field(lea
     before = buf.state_dict()
     with pytest.raises((TypeError, ValueError), match='field_x'):
         buf.push({'field_x': leaf}, batched=True)
-    assert_state_equal(buf.state_dict(), before)
+    assert_same(buf.state_dict(), before)
 
 
 @pytest.mark.parametrize('storage', ['list', 'tensor'])
@@ -373,7 +372,7 @@ def test_negative_counters_in_a_state_are_refused(btype):
     before = buf.state_dict()
     with pytest.raises(ValueError, match='counters'):
         buf.load_state_dict(state)
-    assert_state_equal(buf.state_dict(), before)
+    assert_same(buf.state_dict(), before)
 
 
 # ------------------------------------------------------------------------------------------ 13. GFlowNet settings
@@ -419,7 +418,7 @@ def test_prioritized_windows_with_zero_priorities_reload_their_own_state():
     )
     other = create_buffer(cfg)
     other.load_state_dict(buf.state_dict())
-    assert_state_equal(other.state_dict(), buf.state_dict())
+    assert_same(other.state_dict(), buf.state_dict())
     state = buf.state_dict()
     state['windows']['step'] = state['windows']['step'].clone()
     state['windows']['step'][-1] = 1.0  # a priority on a slot no episode owns: refused

@@ -5,6 +5,7 @@ import os
 import numpy as np
 import pytest
 import torch
+from helpers import assert_same
 
 from ding_buffer.storage import ListStorage, RingIndex, TensorStorage, build_storage, storage_from_state
 from ding_buffer.storage.tree import path_name
@@ -15,25 +16,6 @@ from ding_buffer.storage.tree import path_name
 def fill(storage, items):
     """prepare + write a list of items, returning the WriteResult."""
     return storage.write(storage.prepare(items))
-
-
-def assert_state_equal(a, b):
-    """Deep equality of state dicts holding tensors, arrays, lists and plain values."""
-    if isinstance(a, dict):
-        assert isinstance(b, dict) and a.keys() == b.keys()
-        for k in a:
-            assert_state_equal(a[k], b[k])
-    elif isinstance(a, (list, tuple)):
-        assert isinstance(b, (list, tuple)) and len(a) == len(b)
-        for x, y in zip(a, b):
-            assert_state_equal(x, y)
-    elif isinstance(a, torch.Tensor):
-        assert isinstance(b, torch.Tensor)
-        assert a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
-    elif isinstance(a, np.ndarray):
-        np.testing.assert_array_equal(a, b)
-    else:
-        assert a == b
 
 
 def transition(i, obs_dim=3):
@@ -192,7 +174,7 @@ def test_ring_next_slots_does_not_change_state():
     ring.commit(3)
     before = ring.state_dict()
     assert ring.next_slots(3).tolist() == [3, 0, 1]
-    assert_state_equal(ring.state_dict(), before)
+    assert_same(ring.state_dict(), before)
 
 
 def test_ring_remove_middle_makes_holes_and_head_is_trimmed():
@@ -449,7 +431,7 @@ def test_list_storage_from_state_round_trip():
     storage.remove([storage.ring.ordered_slots()[1]])
     state = storage.state_dict()
     back = ListStorage.from_state(state, 4)
-    assert_state_equal(back.state_dict(), storage.state_dict())
+    assert_same(back.state_dict(), storage.state_dict())
     order = storage.ring.ordered_slots()
     assert back.ring.ordered_slots().tolist() == order.tolist()
     assert back.gather(order) == storage.gather(order)
@@ -598,7 +580,7 @@ def test_tensor_mismatched_item_raises_and_writes_nothing(mutate, field):
     with pytest.raises(ValueError, match=field.replace('.', r'\.')):
         storage.prepare([transition(5), bad])  # the good item before it is not written either
     assert len(storage) == 3
-    assert_state_equal(storage.state_dict(), before)
+    assert_same(storage.state_dict(), before)
     for p, f in storage.fields.items():
         assert torch.equal(f, fields_before[p])
 
@@ -647,7 +629,7 @@ def test_tensor_unsupported_leaf_raises_type_error_naming_field(value):
     before = later.state_dict()
     with pytest.raises(TypeError, match=r"'obs\.bad'"):
         later.prepare([{'obs': {'bad': value}, 'ok': 1}])
-    assert_state_equal(later.state_dict(), before)
+    assert_same(later.state_dict(), before)
 
 
 def test_tensor_non_contiguous_array_is_stored_correctly():
@@ -772,7 +754,7 @@ def test_tensor_prepare_batch_checks_schema():
     batch['reward'] = torch.zeros(2, dtype=torch.float64)
     with pytest.raises(ValueError, match='reward'):
         storage.prepare_batch(batch)
-    assert_state_equal(storage.state_dict(), before)
+    assert_same(storage.state_dict(), before)
     # Python int lists go into a float field
     batch = batch_of([2, 3])
     batch['reward'] = [1, 2]
@@ -870,12 +852,12 @@ def test_tensor_state_dict_round_trip():
         assert getattr(back.ring, attr) == getattr(storage.ring, attr)
     np.testing.assert_array_equal(back.ring.uid, storage.ring.uid)
     order = storage.ring.ordered_slots()
-    assert_state_equal(back.gather(order), storage.gather(order))
-    assert_state_equal(back.state_dict(), state)
+    assert_same(back.gather(order), storage.gather(order))
+    assert_same(back.state_dict(), state)
     # the restored storage keeps working like the original
     fill(back, [transition(9)])
     fill(storage, [transition(9)])
-    assert_state_equal(back.state_dict(), storage.state_dict())
+    assert_same(back.state_dict(), storage.state_dict())
 
 
 def test_tensor_state_dict_is_a_copy():
@@ -890,7 +872,7 @@ def test_tensor_state_round_trip_into_memmap(tmp_path):
     storage = _tensor_storage_with_holes()
     back = TensorStorage.from_state(storage.state_dict(), 5, memmap_dir=str(tmp_path))
     assert len(os.listdir(tmp_path)) == 5
-    assert_state_equal(back.state_dict(), storage.state_dict())
+    assert_same(back.state_dict(), storage.state_dict())
 
 
 def test_tensor_state_round_trip_empty():

@@ -2,12 +2,11 @@
 
 import os
 import threading
-import time
 
 import numpy as np
 import pytest
 import torch
-from helpers import wait_until as _wait_until
+from helpers import run_threads, wait_until
 
 from ding_buffer import create_buffer
 
@@ -16,13 +15,12 @@ from ding_buffer import create_buffer
 def test_concurrent_push_sample_clear_keep_invariants(storage):
     capacity, n_pushers, seconds = 256, 3, 2.0
     buf = create_buffer(dict(type='naive', replay_buffer_size=capacity, seed=0, storage=dict(type=storage)))
-    stop = threading.Event()
-    errors, pushed, sampled_ids, clears = [], [0] * n_pushers, [], [0]
+    pushed, sampled_ids, clears = [0] * n_pushers, [], [0]
 
     def pusher(k):
-        rng = np.random.default_rng(k)
-        seq = 0
-        try:
+        def work(stop):
+            rng = np.random.default_rng(k)
+            seq = 0
             while not stop.is_set():
                 n = int(rng.integers(1, 20))
                 ids = [k * 10**9 + seq + i for i in range(n)]
@@ -30,39 +28,27 @@ def test_concurrent_push_sample_clear_keep_invariants(storage):
                 buf.push([{'id': i, 'obs': np.full(3, i % 1000, dtype=np.float32)} for i in ids])
                 pushed[k] += n
                 assert buf.count() <= capacity
-        except Exception as e:  # pragma: no cover - reported below
-            errors.append(e)
 
-    def sampler():
-        try:
+        return work
+
+    def sampler(k):
+        def work(stop):
+            rng = np.random.default_rng(100 + k)
             while not stop.is_set():
-                batch = buf.sample(16, replace=bool(np.random.rand() < 0.5))
+                batch = buf.sample(16, replace=bool(rng.random() < 0.5))
                 if batch is None:
                     continue
                 ids = batch['id'].tolist() if storage == 'tensor' else [item['id'] for item in batch]
                 sampled_ids.extend(ids)
-        except Exception as e:  # pragma: no cover
-            errors.append(e)
 
-    def clearer():
-        try:
-            while not stop.is_set():
-                time.sleep(0.05)
-                buf.clear()
-                clears[0] += 1
-        except Exception as e:  # pragma: no cover
-            errors.append(e)
+        return work
 
-    threads = [threading.Thread(target=pusher, args=(k,)) for k in range(n_pushers)]
-    threads += [threading.Thread(target=sampler) for _ in range(2)] + [threading.Thread(target=clearer)]
-    for t in threads:
-        t.start()
-    time.sleep(seconds)
-    stop.set()
-    for t in threads:
-        t.join(timeout=10)
-        assert not t.is_alive()
-    assert errors == []
+    def clearer(stop):
+        while not stop.wait(0.05):
+            buf.clear()
+            clears[0] += 1
+
+    run_threads([pusher(k) for k in range(n_pushers)] + [sampler(k) for k in range(2)] + [clearer], seconds)
     assert clears[0] > 0 and sampled_ids
     assert 0 <= buf.count() <= capacity
     # every sampled item was pushed by some pusher
@@ -82,15 +68,11 @@ def test_concurrent_pushers_push_count_is_exact():
     buf = create_buffer(dict(type='naive', replay_buffer_size=1000, storage=dict(type='tensor')))
     per_thread = 2000
 
-    def pusher():
+    def pusher(stop):
         for i in range(per_thread // 4):
             buf.push([{'x': float(i)}] * 4)
 
-    threads = [threading.Thread(target=pusher) for _ in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=30)
+    run_threads([pusher] * 4)
     assert buf.push_count == 4 * per_thread
     assert buf.count() == 1000
     ids = buf.sample(1000)['replay_unique_id']
@@ -110,10 +92,10 @@ def test_used_data_files_are_deleted_on_overwrite_and_clear(tmp_path):
     buf = create_buffer(dict(type='naive', replay_buffer_size=4, enable_track_used_data=True))
     buf.start()
     buf.push(_tracked_items(tmp_path, 0, 6))  # items 0 and 1 are overwritten
-    assert _wait_until(lambda: not (tmp_path / 'data_0.pt').exists() and not (tmp_path / 'data_1.pt').exists())
+    assert wait_until(lambda: not (tmp_path / 'data_0.pt').exists() and not (tmp_path / 'data_1.pt').exists())
     assert all((tmp_path / f'data_{i}.pt').exists() for i in range(2, 6))
     buf.clear()
-    assert _wait_until(lambda: not any(tmp_path.iterdir()))
+    assert wait_until(lambda: not any(tmp_path.iterdir()))
     buf.close()
 
 
@@ -126,7 +108,7 @@ def test_used_data_directories_are_removed_without_a_shell(tmp_path):
     sentinel.write_text('must survive')
     buf.push({'data_id': str(weird)})
     buf.push({'data_id': str(tmp_path / 'missing_file_is_fine')})  # evicts `weird`
-    assert _wait_until(lambda: not weird.exists())
+    assert wait_until(lambda: not weird.exists())
     assert sentinel.read_text() == 'must survive'
     buf.close()
 
