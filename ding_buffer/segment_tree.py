@@ -44,6 +44,11 @@ class SegmentTree:
         A segment tree over ``capacity`` leaves (a power of two, as in DI-engine) for ``operation`` in
         ``'sum'``, ``'min'``, ``'max'``. ``leaves=`` shares another tree's leaf array (then zero leaves count as
         empty for ``'min'``); call ``refresh(idx)`` after the owner writes them.
+    Examples:
+        >>> tree = SegmentTree(8, 'max')
+        >>> tree[np.array([0, 5])] = [2.0, 7.0]  # a batched write; the other leaves hold -inf
+        >>> tree.root(), tree.reduce(0, 5), tree
+        (7.0, 2.0, SegmentTree(capacity=8, root=7.0))
     """
 
     def __init__(
@@ -159,6 +164,19 @@ class SegmentTree:
 
 
 class SumSegmentTree(SegmentTree):
+    """
+    Overview:
+        Sums of leaves, and ``find_prefixsum_idx``: the leaf a prefix sum falls in (the prioritized draw).
+    Examples:
+        >>> tree = SumSegmentTree(4)
+        >>> tree[0] = 1.0
+        >>> tree[np.array([1, 2, 3])] = [2.0, 0.0, 3.0]
+        >>> tree.reduce(), tree.reduce(1, 3)  # [start, end)
+        (6.0, 2.0)
+        >>> tree.find_prefixsum_idx(2.5), tree.find_prefixsum_idx(np.array([0.0, 1.0, 3.0, 5.9])).tolist()
+        (1, [0, 1, 3, 3])
+    """
+
     def __init__(self, capacity: int, leaves: Optional[np.ndarray] = None) -> None:
         super().__init__(capacity, 'sum', leaves=leaves)
 
@@ -193,11 +211,31 @@ class SumSegmentTree(SegmentTree):
 
 
 class MinSegmentTree(SegmentTree):
+    """
+    Overview:
+        Minima of leaves (``inf`` where none is set).
+    Examples:
+        >>> tree = MinSegmentTree(4)
+        >>> tree[np.arange(4)] = [3.0, 1.0, 2.0, 5.0]
+        >>> tree.reduce(), tree.reduce(2, 4), tree[1]
+        (1.0, 2.0, 1.0)
+    """
+
     def __init__(self, capacity: int, leaves: Optional[np.ndarray] = None) -> None:
         super().__init__(capacity, 'min', leaves=leaves)
 
 
 class MaxSegmentTree(SegmentTree):
+    """
+    Overview:
+        Maxima of leaves (``-inf`` where none is set).
+    Examples:
+        >>> tree = MaxSegmentTree(4)
+        >>> tree[np.arange(4)] = [3.0, 1.0, 2.0, 5.0]
+        >>> tree.reduce(), tree.reduce(0, 3), tree[3]
+        (5.0, 3.0, 5.0)
+    """
+
     def __init__(self, capacity: int, leaves: Optional[np.ndarray] = None) -> None:
         super().__init__(capacity, 'max', leaves=leaves)
 
@@ -221,6 +259,13 @@ class PriorityTree:
         at once, by rebuilding whole levels. ``set_one`` refreshes its path at once. ``leaves`` is always
         current; the nodes a read sees are bit-identical to refreshing after every write. Not thread-safe (the
         owning buffer's lock serialises).
+    Examples:
+        >>> tree = PriorityTree(5, with_max=True)
+        >>> tree.set(np.array([0, 1, 4]), np.array([1.0, 3.0, 2.0]))  # slots 2 and 3 stay empty (0)
+        >>> tree.total(), tree.min_leaf(), tree.max_leaf()  # the min ignores empty slots
+        (6.0, 1.0, 3.0)
+        >>> tree.find(np.array([0.5, 1.5, 4.5])).tolist()  # prefix sums -> slots
+        [0, 1, 4]
     """
 
     def __init__(self, size: int, with_max: bool = False) -> None:

@@ -125,6 +125,20 @@ class AdvancedReplayBuffer(SlotEngine):
         of that lock, so pushes proceed while a sampler waits.
     Complexity: push O(n log8 C), sample O(B log8 C) (O(m) with ``sample_range`` selecting m items),
         update O(B log8 C), stats O(1).
+    Examples:
+        >>> from ding_buffer import create_buffer
+        >>> buf = create_buffer(dict(type='advanced', replay_buffer_size=8, seed=0))
+        >>> buf.push([{'obs': i} for i in range(8)])
+        8
+        >>> batch = buf.sample(4)
+        >>> len(batch), sorted(batch[0])
+        (4, ['IS', 'obs', 'priority', 'replay_buffer_idx', 'replay_unique_id', 'staleness', 'use'])
+        >>> [item['IS'] for item in batch]  # new items get the running max priority (1.0): equal weights
+        [1.0, 1.0, 1.0, 1.0]
+        >>> ids, idx = [item['replay_unique_id'] for item in batch], [item['replay_buffer_idx'] for item in batch]
+        >>> buf.update({'replay_unique_id': ids, 'replay_buffer_idx': idx, 'priority': [2.0, 2.0, 2.0, 2.0]})
+        {'updated': 4, 'stale': 0}
+        >>> buf.close()
     """
 
     config = ADVANCED_CONFIG

@@ -82,6 +82,23 @@ def _int(x: Any) -> bool:
 
 
 class ChunkReplayBuffer(BufferCore):
+    """
+    Overview:
+        MineStudio's online replay (see the module docstring): fragments in, whole chunks of
+        ``fragments_per_chunk`` consecutive fragments of one worker out. ``count()`` is the number of chunks.
+    Examples:
+        >>> from ding_buffer import create_buffer
+        >>> buf = create_buffer(dict(type='chunk', fragments_per_chunk=2, max_reuse=1, seed=0))
+        >>> frag = lambda worker, fid: dict(worker=worker, fid=fid, model_version=0, data={'obs': torch.zeros(3)})
+        >>> buf.push([frag('w0', 0), frag('w0', 1), frag('w1', 0)]), buf.count()  # w1's chunk waits for fid 1
+        (3, 1)
+        >>> [(f['worker'], f['fid'], f['use'], tuple(f['data']['obs'].shape)) for f in buf.sample(2)]  # 1 chunk
+        [('w0', 0, 1, (3,)), ('w0', 1, 1, (3,))]
+        >>> buf.sample(2), buf.count()  # max_reuse=1: the chunk left
+        (None, 0)
+        >>> buf.close()
+    """
+
     config = dict(
         type='chunk',
         # capacity in chunks; the oldest chunk leaves first

@@ -118,6 +118,18 @@ class DequeReplayBuffer(IBuffer):
         ``replay_buffer_size``, ``push_count``, ``cfg``, ``instance_name``, ``inner`` (the buffer doing the work)
     Thread-safety: the inner buffer's lock guards the data; this wrapper's lock makes a sample and the batch it
         remembers (and an update and the batch it consumes) one step. Pushes take only the inner lock.
+    Examples:
+        >>> from ding_buffer import create_buffer
+        >>> buf = create_buffer(dict(type='deque', priority=True, priority_IS_weight=True, seed=0))
+        >>> type(buf.inner).__name__
+        'AdvancedReplayBuffer'
+        >>> buf.push([{'obs': i} for i in range(4)], 0)
+        4
+        >>> [sorted(item) for item in buf.sample(2, 0)]  # the pushed dicts, with 'IS'
+        [['IS', 'obs'], ['IS', 'obs']]
+        >>> buf.update({'priority': [5.0, 0.5]})  # the priorities of the last sampled batch
+        {'updated': 2, 'stale': 0}
+        >>> buf.close()
     """
 
     config = DEQUE_CONFIG

@@ -57,6 +57,20 @@ class ElasticReplayBuffer(NaiveReplayBuffer):
         the naive buffer's, plus ``update(envstep)``, ``resize``.
     Property:
         ``current_buffer_size``
+    Examples:
+        >>> from ding_buffer import create_buffer
+        >>> buf = create_buffer(dict(type='elastic', replay_buffer_size=10, seed=0))
+        >>> buf.push([{'obs': i} for i in range(10)])
+        10
+        >>> buf.resize(3)  # sample among the newest 3 only
+        >>> buf.current_buffer_size, sorted(item['obs'] for item in buf.sample(3)), buf.sample(4)
+        (3, [7, 8, 9], None)
+        >>> buf.close()
+        >>> buf = create_buffer(dict(type='elastic', set_buffer_size=lambda envstep: 2 + envstep // 100))
+        >>> buf.update(300)  # asks set_buffer_size(300)
+        >>> buf.current_buffer_size
+        5
+        >>> buf.close()
     """
 
     config = ELASTIC_CONFIG

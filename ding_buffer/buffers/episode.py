@@ -71,6 +71,19 @@ class EpisodeReplayBuffer(Engine):
         ``replay_buffer_idx``/``replay_unique_id`` [B, T].
     Thread-safety: every public method holds the buffer's lock.
     Complexity: push O(L); sample O(episodes + batch * T) (a cumulative sum over episode window counts).
+    Examples:
+        >>> from ding_buffer import create_buffer
+        >>> buf = create_buffer(dict(type='episode', replay_buffer_size=4, seed=0))
+        >>> buf.push([[{'ep': e, 't': t} for t in range(n)] for e, n in ((0, 3), (1, 5))])  # two list episodes
+        2
+        >>> buf.count(), buf.transition_count, buf.episode_len
+        (2, 8, [3, 5])
+        >>> sorted(len(episode) for episode in buf.sample(2))  # whole episodes
+        [3, 5]
+        >>> windows = buf.sample(3, unroll_len=2)  # windows of 2 consecutive steps of one episode
+        >>> [len(w) for w in windows], {(w[1]['ep'] - w[0]['ep'], w[1]['t'] - w[0]['t']) for w in windows}
+        ([2, 2, 2], {(0, 1)})
+        >>> buf.close()
     """
 
     config = EPISODE_CONFIG
@@ -331,6 +344,20 @@ class PrioritizedEpisodeReplayBuffer(EpisodeReplayBuffer):
         ``sampler=dict(type='prioritized', ...)`` and the paper's defaults (priority exponent 0.9, importance
         exponent 0.6, eta 0.9, sequences of 80 steps). ``sample(B)`` returns ``[B, T, ...]`` windows with ``mask``,
         ``priority`` and ``IS``; ``update`` takes per-window or per-step priorities back by id.
+    Examples:
+        >>> import torch
+        >>> from ding_buffer import create_buffer
+        >>> buf = create_buffer(dict(type='prioritized_episode', replay_buffer_size=4, max_transitions=32, seed=0,
+        ...                          sampler=dict(unroll_len=4)))  # the other sampler keys keep the defaults
+        >>> buf.push([{'obs': torch.zeros(n, 3), 'act': torch.arange(n)} for n in (6, 8)])  # dicts of [L, ...]
+        2
+        >>> out = buf.sample(3)  # 3 windows of 4 steps
+        >>> tuple(out['obs'].shape), tuple(out['mask'].shape), out['act'].diff(dim=1).tolist()[0], out['IS'].tolist()
+        ((3, 4, 3), (3, 4), [1, 1, 1], [1.0, 1.0, 1.0])
+        >>> buf.update({'replay_unique_id': out['replay_unique_id'], 'replay_buffer_idx': out['replay_buffer_idx'],
+        ...             'priority': torch.tensor([2.0, 0.5, 1.0])})  # one priority per window
+        {'updated': 3, 'stale': 0}
+        >>> buf.close()
     """
 
     config = dict(

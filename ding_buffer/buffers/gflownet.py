@@ -100,6 +100,15 @@ class GFlowNetReplayBuffer(GFlowNetStats, GFlowNetState, Engine):
     copy (``lazy_sort``: once per ``capacity`` items); unique states are hashed in bulk when ``stats()`` reads them
     (O(1) amortised per item); sample O(capacity + size log size) index work plus O(size) data (uniform from a full
     buffer: O(size)).
+    Examples:
+        >>> from ding_buffer import create_buffer
+        >>> buf = create_buffer(dict(type='gfn', replay_buffer_size=3, prioritized_capacity=True, seed=0))
+        >>> buf.push({'state': torch.arange(10).reshape(5, 2), 'log_reward': torch.tensor([0.0, 4.0, 1.0, 3.0, 2.0])})
+        3
+        >>> batch = buf.sample(3)  # the 3 best rewards were kept
+        >>> sorted(batch), tuple(batch['state'].shape), sorted(batch['log_reward'].tolist())
+        (['log_reward', 'replay_buffer_idx', 'replay_unique_id', 'state'], (3, 2), [2.0, 3.0, 4.0])
+        >>> buf.close()
     """
 
     diverse = False

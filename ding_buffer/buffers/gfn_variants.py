@@ -22,6 +22,19 @@ class DiverseGFlowNetReplayBuffer(GFlowNetReplayBuffer):
         p-norm distance to every earlier item of the batch and to every stored item exceeds ``cutoff_distance``
         (state and condition concatenated; ``cutoff_distance = 0`` rejects exact duplicates). Survivors displace
         the lowest rewards. Capacity is always reward-prioritized.
+    Examples:
+        >>> from ding_buffer import create_buffer
+        >>> buf = create_buffer(dict(type='gfn_diverse', replay_buffer_size=3, seed=0))
+        >>> buf.push({'state': torch.tensor([[0, 0], [1, 1], [2, 2]]), 'log_reward': torch.tensor([1.0, 2.0, 3.0])})
+        3
+        >>> buf.push({'state': torch.tensor([[2, 2], [3, 3]]), 'log_reward': torch.tensor([5.0, 4.0])})  # full
+        1
+        >>> batch = buf.sample(3)  # [2, 2] was stored already: only [3, 3] came in, displacing [0, 0]
+        >>> sorted(batch['state'][:, 0].tolist()), sorted(batch['log_reward'].tolist())
+        ([1, 2, 3], [2.0, 3.0, 4.0])
+        >>> buf.stats()['rejected_by_distance']
+        1
+        >>> buf.close()
     """
 
     diverse = True
@@ -84,6 +97,15 @@ class TerminatingStateBuffer(GFlowNetReplayBuffer):
         terminating states (as torchgfn's ``TerminatingStateBuffer``; for ``Transitions`` and
         ``StatesContainer`` input only the terminating rows' rewards are kept, where torchgfn mismatches them);
         another Container becomes a dict batch. Sampling returns that kind.
+    Examples:
+        >>> from ding_buffer import create_buffer
+        >>> buf = create_buffer(dict(type='terminating_state', replay_buffer_size=4, seed=0))
+        >>> buf.push({'state': torch.ones(3, 2), 'log_reward': torch.zeros(3), 'log_probs': torch.zeros(3, 7)})
+        3
+        >>> batch = buf.sample(2)  # the state and its log-reward only
+        >>> sorted(batch), tuple(batch['state'].shape)
+        (['log_reward', 'replay_buffer_idx', 'replay_unique_id', 'state'], (2, 2))
+        >>> buf.close()
     """
 
     config = dict(GFlowNetReplayBuffer.config, type='terminating_state')

@@ -56,6 +56,21 @@ class NaiveReplayBuffer(SlotEngine):
         ``replay_buffer_size``, ``push_count``, ``storage``
     Thread-safety: every public method holds the buffer's lock.
     Complexity: push O(n), sample O(batch) (with or without replacement), clear O(capacity).
+    Examples:
+        >>> import torch
+        >>> from ding_buffer import create_buffer
+        >>> buf = create_buffer(dict(type='naive', replay_buffer_size=4, seed=0))
+        >>> buf.push([{'obs': i} for i in range(6)])  # the 2 oldest are overwritten
+        6
+        >>> sorted(item['obs'] for item in buf.sample(4)), buf.sample(5)  # 5 of 4 without replacement: None
+        ([2, 3, 4, 5], None)
+        >>> buf.close()
+        >>> buf = create_buffer(dict(type='naive', storage=dict(type='tensor')))
+        >>> buf.push([{'obs': torch.zeros(3), 'act': 1} for _ in range(5)])
+        5
+        >>> {key: tuple(value.shape) for key, value in buf.sample(2).items()}  # one dict of batched tensors
+        {'obs': (2, 3), 'act': (2,), 'replay_buffer_idx': (2,), 'replay_unique_id': (2,)}
+        >>> buf.close()
     """
 
     config = NAIVE_CONFIG

@@ -34,6 +34,22 @@ class SequenceReplayBuffer(NaiveReplayBuffer):
     Interfaces:
         the naive buffer's, with ``sample(batch, sequence, cur_learner_iter=-1, sample_range=None,
         replace=False, timeout=None)``.
+    Examples:
+        >>> import torch
+        >>> from ding_buffer import create_buffer
+        >>> buf = create_buffer(dict(type='sequence', replay_buffer_size=10, seed=0))
+        >>> buf.push([{'t': i} for i in range(10)])
+        10
+        >>> runs = buf.sample(4, 3)  # 4 runs of 3 consecutive items
+        >>> [len(run) for run in runs], {b['t'] - a['t'] for run in runs for a, b in zip(run, run[1:])}
+        ([3, 3, 3, 3], {1})
+        >>> buf.close()
+        >>> buf = create_buffer(dict(type='sequence', seed=0, storage=dict(type='tensor')))
+        >>> _ = buf.push([{'obs': torch.zeros(4), 't': i} for i in range(10)])
+        >>> out = buf.sample(2, 3)
+        >>> tuple(out['obs'].shape), tuple(out['replay_unique_id'].shape), out['t'].diff(dim=1).tolist()
+        ((2, 3, 4), (2, 3), [[1, 1], [1, 1]])
+        >>> buf.close()
     """
 
     config = SEQUENCE_CONFIG

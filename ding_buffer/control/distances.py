@@ -197,6 +197,12 @@ def far_mask(
         around each query. Decisions are exact either way.
     Complexity: O(queries * candidates * columns) worst case; the pivot window and early exits make
     candidates a small fraction of the references when the cutoff is small next to the spread of the data.
+    Examples:
+        >>> queries, refs = np.array([[0.0, 0.0], [5.0, 5.0]]), np.array([[0.0, 1.0], [9.0, 9.0]])
+        >>> far_mask(queries, refs, None, cutoff=1.0, p=2.0).tolist()  # [0, 0] is at distance 1 (not > 1) of [0, 1]
+        [False, True]
+        >>> far_mask(queries, refs, None, cutoff=0.5, p=2.0).tolist()
+        [True, True]
     """
     queries = np.ascontiguousarray(queries, dtype=np.float64)
     if ref_slots is None:

@@ -61,6 +61,14 @@ class StateSet:
         after a change. Once ``duplicates_of`` was asked (the diverse filter, only once the buffer is full) a
         hash -> slots index is kept: O(n) dict operations per add / remove, and ``unique`` is its size.
     Not thread-safe (the buffer's lock serialises calls).
+    Examples:
+        >>> states = StateSet(physical=4, keep_rows=True)
+        >>> states.add(np.array([0, 1, 2]), np.array([[0.0, 0.0], [1.0, 1.0], [1.0, 1.0]]))
+        >>> states.unique  # distinct states stored
+        2
+        >>> rows = np.array([[1.0, 1.0], [2.0, 2.0]])
+        >>> states.duplicates_of(rows, row_hashes(rows)).tolist()
+        [True, False]
     """
 
     PENDING = 4096  # rows waiting to be hashed, at most (bounds their memory)
@@ -260,6 +268,14 @@ def diverse_mask(
         duplicates and runs on hashes.
     Returns:
         - keep (:obj:`np.ndarray`): bool mask over the batch.
+    Examples:
+        >>> stored = StateSet(physical=4, keep_rows=True)
+        >>> stored.add(np.array([0, 1]), np.array([[0.0, 0.0], [1.0, 1.0]]))
+        >>> batch = np.array([[1.0, 1.0], [2.0, 2.0], [2.0, 2.0]])  # best reward first
+        >>> diverse_mask(batch, row_hashes(batch), stored, np.array([0, 1]), cutoff=0.0, p=1.0).tolist()
+        [False, True, False]
+        >>> diverse_mask(batch, None, stored, np.array([0, 1]), cutoff=2.0, p=1.0).tolist()  # L1 2 is not > 2
+        [False, False, False]
     """
     if cutoff == 0.0:
         keep = first_occurrences(rows, hashes)

@@ -30,6 +30,21 @@ from ..sampling import uniform_indices
 
 
 class RewardIndex:
+    """
+    Overview:
+        Which items stay and which are drawn, by log-reward (see the module docstring). The owner asks
+        ``admit`` before a push, then commits with ``store`` / ``evict``.
+    Examples:
+        >>> ri = RewardIndex(capacity=3, physical=3, prioritized=True, lazy=False, reuse_slots=True)
+        >>> slots = ri.free_slots(3)
+        >>> ri.store(slots, np.array([1.0, 5.0, -np.inf]), ri.claim_seqs(3))
+        >>> sorted(ri.sample(np.random.default_rng(0), 2, prioritized=True, replace=False).tolist())  # -inf: never
+        [0, 1]
+        >>> keep_new, evict = ri.admit(np.array([4.0, 0.5]))  # full: the 2 lowest of the 5 rewards go
+        >>> keep_new.tolist(), evict.tolist(), ri.count  # admit decides, nothing changed yet
+        ([True, False], [2], 3)
+    """
+
     def __init__(self, capacity: int, physical: int, prioritized: bool, lazy: bool, reuse_slots: bool) -> None:
         self.capacity = capacity
         self.reuse_slots = reuse_slots  # True: evicted slots are reused; False: append-only, compacted by the owner

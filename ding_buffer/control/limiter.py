@@ -51,6 +51,18 @@ def limiter_checks(least: float) -> Dict[str, Tuple[Callable[[Any], bool], str]]
 
 
 class RateLimiter:
+    """
+    Overview:
+        The push / sample gate of a buffer (see the module docstring); ``cfg`` is a ``thruput_controller``
+        section, ``lock`` the buffer's lock.
+    Examples:
+        >>> lim = RateLimiter(limiter_config(min_ratio=1.0), threading.RLock())  # advanced's minimum-size rule
+        >>> lim.why_not(count=3, size=4)
+        '3 items < sample_min_limit_ratio 1 x batch 4'
+        >>> lim.why_not(count=4, size=4), lim.can_push(8, count=4)  # '': allowed; the ratio is unlimited
+        ('', (True, ''))
+    """
+
     def __init__(self, cfg: Mapping, lock: threading.RLock) -> None:
         self.min_ratio = float(cfg['sample_min_limit_ratio'])
         self._cfg = cfg

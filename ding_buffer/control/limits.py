@@ -15,6 +15,21 @@ oldest slots, oldest first), ``collect_iter(slots)`` (int64, ``NO_ITER`` where a
 
 ``UseCounts`` is the per-slot column the use rule reads (times each element was drawn).
 Not thread-safe: the buffer's lock serialises every call.
+
+A rule of your own, registered and configured (keep only the 2 newest elements):
+
+>>> from ding_buffer import create_buffer
+>>> @REMOVER_REGISTRY.register('doc_keep_newest')
+... class KeepNewest(Remover):
+...     name = 'newest'
+...     def before_sample(self, table, cur_learner_iter):
+...         return table.oldest(max(table.count() - 2, 0))
+>>> buf = create_buffer(dict(type='naive', removers=[dict(type='doc_keep_newest')]))
+>>> buf.push([{'obs': i} for i in range(5)])
+5
+>>> sorted(d['obs'] for d in buf.sample(2)), buf.count(), buf.stats()['removed_by_newest']
+([3, 4], 2, 3)
+>>> buf.close(); del REMOVER_REGISTRY['doc_keep_newest']  # (a doctest: leave the registry as it was)
 """
 
 from typing import Any, List, Mapping, Optional
@@ -38,7 +53,22 @@ def limit_ok(x: Any) -> bool:
 
 
 class Remover:
-    """The interface (every verb optional). ``name`` is the counter suffix: ``removed_by_<name>``."""
+    """The interface (every verb optional). ``name`` is the counter suffix: ``removed_by_<name>``.
+
+    Examples:
+        >>> class DropEarly(Remover):  # register it with REMOVER_REGISTRY to use it (see the module docstring)
+        ...     name = 'early'
+        ...     def before_sample(self, table, cur_learner_iter):  # table: a buffer, read-only
+        ...         slots = table.oldest(table.count())
+        ...         return slots[table.collect_iter(slots) < 2]
+        >>> from ding_buffer import create_buffer
+        >>> buf = create_buffer(dict(type='naive'))
+        >>> buf.push([{'obs': i, 'collect_iter': i} for i in range(4)])
+        4
+        >>> DropEarly().before_sample(buf, 0).tolist(), Remover().before_sample(buf, 0).tolist()  # the base: none
+        ([0, 1], [])
+        >>> buf.close()
+    """
 
     name = 'rule'
 
@@ -51,7 +81,19 @@ class Remover:
 
 @REMOVER_REGISTRY.register('max_use')
 class UseLimit(Remover):
-    """Remove an element once it has been drawn ``max_use`` times (within one batch too)."""
+    """Remove an element once it has been drawn ``max_use`` times (within one batch too).
+
+    Examples:
+        >>> UseLimit(max_use=2).after_sample(None, slots=np.array([5, 7, 7]), use=np.array([2, 1, 2])).tolist()
+        [5, 7]
+        >>> from ding_buffer import create_buffer
+        >>> buf = create_buffer(dict(type='naive', max_use=1))  # the config key builds this rule
+        >>> buf.push([{'obs': i} for i in range(3)])
+        3
+        >>> len(buf.sample(2)), buf.count(), buf.stats()['removed_by_use']
+        (2, 1, 2)
+        >>> buf.close()
+    """
 
     name = 'use'
 
@@ -68,7 +110,19 @@ class UseLimit(Remover):
 
 @REMOVER_REGISTRY.register('max_staleness')
 class StalenessLimit(Remover):
-    """Remove the oldest elements while ``cur_learner_iter - collect_iter >= max_staleness``."""
+    """Remove the oldest elements while ``cur_learner_iter - collect_iter >= max_staleness``.
+
+    Examples:
+        >>> from ding_buffer import create_buffer
+        >>> buf = create_buffer(dict(type='naive', max_staleness=3))  # the config key builds this rule
+        >>> buf.push([{'obs': i, 'collect_iter': i} for i in range(5)])
+        5
+        >>> StalenessLimit(3).before_sample(buf, cur_learner_iter=5).tolist()  # staleness 5, 4, 3 (2, 1 stay)
+        [0, 1, 2]
+        >>> sorted(d['obs'] for d in buf.sample(2, cur_learner_iter=5)), buf.stats()['removed_by_staleness']
+        ([3, 4], 3)
+        >>> buf.close()
+    """
 
     name = 'staleness'
 
@@ -113,7 +167,13 @@ def find_rule(rules: List[Remover], kind: type) -> Optional[Remover]:
 
 
 class UseCounts:
-    """Times each slot's element was drawn (int32 per slot; reset when a slot is written or emptied)."""
+    """Times each slot's element was drawn (int32 per slot; reset when a slot is written or emptied).
+
+    Examples:
+        >>> use = UseCounts(4)
+        >>> use.bump(np.array([1, 1, 3])).tolist(), use[np.arange(4)].tolist()
+        ([1, 2, 1], [0, 2, 0, 1])
+    """
 
     def __init__(self, capacity: int) -> None:
         self.counts = np.zeros(capacity, dtype=np.int32)

@@ -79,6 +79,21 @@ def as_priorities(values: Any, key: str = 'priority') -> np.ndarray:
 
 
 class PriorityIndex:
+    """
+    Overview:
+        Priorities of ``capacity`` slots as tree leaves ``priority ** alpha`` (see the module docstring).
+    Examples:
+        >>> idx = PriorityIndex(capacity=4, alpha=1.0, eps=0.0)
+        >>> idx.set_new(np.arange(4), np.array([1.0, 1.0, 2.0, 0.0]))  # slot 3: priority 0, never drawn
+        >>> idx.sample(np.random.default_rng(0), 4).tolist()  # stratified: slot 2 holds half the mass
+        [0, 1, 2, 2]
+        >>> idx.is_weights(np.array([0, 2]), beta=1.0).tolist()  # (leaf / min leaf) ** -beta
+        [1.0, 0.5]
+        >>> idx.update(np.array([3]), np.array([4.0]))
+        >>> idx.priorities(np.arange(4)).tolist(), idx.max_priority
+        ([1.0, 1.0, 2.0, 4.0], 4.0)
+    """
+
     def __init__(self, capacity: int, alpha: float, eps: float = 1e-5, with_max: bool = False) -> None:
         self.capacity = capacity
         self.alpha = float(alpha)
@@ -378,7 +393,13 @@ def batch_priorities(p: Any, prepared: Any, default: float) -> np.ndarray:
 
 class BetaSchedule:
     """The importance-sampling exponent: starts at ``beta``, grows linearly to 1 over ``anneal_step`` draws
-    (0: constant). One home for the advanced buffer and prioritized windows."""
+    (0: constant). One home for the advanced buffer and prioritized windows.
+
+    Examples:
+        >>> beta = BetaSchedule(0.4, anneal_step=3)
+        >>> [round(beta.draw(), 6) for _ in range(5)]  # + (1 - 0.4) / 3 per draw, up to 1
+        [0.4, 0.6, 0.8, 1.0, 1.0]
+    """
 
     def __init__(self, beta: float, anneal_step: int) -> None:
         self.value = self.checked(beta, 'beta')

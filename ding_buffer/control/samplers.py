@@ -24,7 +24,16 @@ SAMPLER_REGISTRY = Registry(what='sampler type', key='sampler.type')
 
 @SAMPLER_REGISTRY.register('uniform')
 class UniformSampler:
-    """Every candidate equally likely; without replacement a uniformly random ordered subset."""
+    """Every candidate equally likely; without replacement a uniformly random ordered subset.
+
+    Examples:
+        >>> rng = np.random.default_rng(0)
+        >>> pos = UniformSampler().draw(rng, m=5, size=5, replace=False)  # all 5 candidates: a permutation
+        >>> sorted(pos.tolist()), pos.dtype
+        ([0, 1, 2, 3, 4], dtype('int64'))
+        >>> UniformSampler().draw(rng, m=3, size=4, replace=True).shape  # more than m needs replace
+        (4,)
+    """
 
     needs_priority = False
 
@@ -34,7 +43,16 @@ class UniformSampler:
 
 @SAMPLER_REGISTRY.register('prioritized')
 class PrioritizedSpec:
-    """Arguments of a prioritized sampler; the preset builds the sampler that realises them."""
+    """Arguments of a prioritized sampler; the preset builds the sampler that realises them.
+
+    Examples:
+        >>> spec = PrioritizedSpec(unroll_len=8)  # the other arguments take the defaults
+        >>> spec.alpha, spec.beta, spec.eta, spec.eps, spec.anneal_step, spec.unroll_len
+        (0.6, 0.4, 0.9, 1e-05, 0, 8)
+        >>> PrioritizedSpec(alpah=0.5)  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ValueError: unknown config key(s) 'sampler.alpah' for sampler.type='prioritized'; known: ['alpha', ...]
+    """
 
     needs_priority = True
     defaults = dict(alpha=0.6, beta=0.4, anneal_step=0, eps=1e-5, eta=0.9, unroll_len=None)

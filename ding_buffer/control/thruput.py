@@ -19,6 +19,22 @@ from ..errors import SampleTimeoutError  # noqa: F401 (raised here, re-exported)
 
 
 class ThruputController:
+    """
+    Overview:
+        The decayed ``push`` / ``sample`` counters and DI-engine's two ratio rules (see the module docstring).
+        ``clock`` (seconds) is ``time.monotonic`` unless a test passes its own.
+    Examples:
+        >>> now = [0.0]  # a fake clock
+        >>> cfg = dict(push_sample_rate_limit=dict(max=2.0, min=0.0), window_seconds=30.0)
+        >>> tc = ThruputController(cfg, clock=lambda: now[0])
+        >>> tc.on_push(4); tc.on_sample(2)
+        >>> tc.can_push(1)  # (4 + 1) / 2 > max
+        (False, 'push/sample rate 2.500 would exceed max 2.0')
+        >>> now[0] = 30.0  # one window later both counters are x0.01: the ratio stays
+        >>> round(tc.push_count, 9), round(tc.sample_count, 9), tc.can_push(1)[0]
+        (0.04, 0.02, False)
+    """
+
     def __init__(self, cfg: Mapping, clock: Callable[[], float] = time.monotonic) -> None:
         limit = cfg['push_sample_rate_limit']
         self.max_rate = float(limit['max'])

@@ -26,6 +26,21 @@ from .priority import PriorityIndex
 
 
 class WindowPriorities:
+    """
+    Overview:
+        The window priorities of the module docstring over ``n_slots`` transition slots: ``episode_added`` /
+        ``episode_removed`` keep the windows of each episode, ``sample`` draws window starts, ``update`` sets
+        step priorities and refreshes the windows that cover them.
+    Examples:
+        >>> wp = WindowPriorities(n_slots=8, unroll_len=3, alpha=1.0, eta=0.9, eps=0.0, pad=False)
+        >>> wp.episode_added(episode=0, first=0, length=5)  # 5 steps: windows start at slots 0, 1 and 2
+        >>> wp.sample(np.random.default_rng(0), 6).tolist()  # stratified: equal windows get equal shares
+        [0, 0, 1, 1, 2, 2]
+        >>> wp.update(np.array([4]), np.array([3.0]), first_of=np.array([0]), length_of=np.array([5]))
+        >>> wp.window_priorities(np.arange(3)).round(3).tolist()  # only window 2 covers step 4: 0.9 * 3 + 0.1 * 5 / 3
+        [1.0, 1.0, 2.867]
+    """
+
     def __init__(self, n_slots: int, unroll_len: int, alpha: float, eta: float, eps: float, pad: bool) -> None:
         self.n_slots = n_slots
         self.unroll_len = int(unroll_len)

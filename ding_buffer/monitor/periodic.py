@@ -18,6 +18,25 @@ TAGS = (('pushed_in', 'push_items'), ('sampled_out', 'sampled_items'), ('removed
 
 
 class PeriodicThruputMonitor:
+    """
+    Overview:
+        The thread of the module docstring: ``read()`` gives the cumulative counters ``push_items``,
+        ``sampled_items``, ``remove_count`` and ``count``; ``tb_logger`` is anything with ``add_scalar``.
+    Examples:
+        >>> class Writer:  # a stand-in for a SummaryWriter
+        ...     def add_scalar(self, tag, value, step):
+        ...         print(tag, value, step)
+        >>> counters = dict(push_items=0, sampled_items=0, remove_count=0, count=0)
+        >>> monitor = PeriodicThruputMonitor('buffer', 60.0, lambda: dict(counters), logging.getLogger(), Writer())
+        >>> monitor.start()
+        >>> counters.update(push_items=10, sampled_items=4, count=10)
+        >>> monitor.close()  # joins the thread and writes the partial period
+        buffer_sec/pushed_in 10 0
+        buffer_sec/sampled_out 4 0
+        buffer_sec/removed 0 0
+        buffer_sec/current_have 10 0
+    """
+
     def __init__(
         self,
         instance_name: str,

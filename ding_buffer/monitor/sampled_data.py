@@ -21,6 +21,22 @@ KEYS = ('use_avg', 'use_max', 'priority_avg', 'priority_max', 'priority_min', 's
 
 
 class SampledDataAttrMonitor:
+    """
+    Overview:
+        The moving window of sampled-batch statistics (see the module docstring).
+    Examples:
+        >>> import numpy as np
+        >>> monitor = SampledDataAttrMonitor('buffer', average_range=2, print_freq=100, logger=None, tb_logger=None)
+        >>> text, scalars = monitor.record(np.array([1, 2]), np.array([1.0, 3.0]), np.array([0, 4]), 0.4, 0, -1)
+        >>> text.splitlines()[0], scalars  # the first call is due; no tb_logger: no scalars
+        ('=== Sample data 0 Times ===', [])
+        >>> monitor.record(np.array([3, 3]), np.array([2.0, 2.0]), np.array([1, 1]), 0.5, 1, -1) is None
+        True
+        >>> avg = monitor.averages()  # mean of the averages, max of the maxima, the latest beta
+        >>> avg['use_avg'], avg['use_max'], avg['priority_min'], avg['staleness_max'], avg['beta']
+        (2.25, 3.0, 1.0, 4.0, 0.5)
+    """
+
     def __init__(
         self, instance_name: str, average_range: int, print_freq: int, logger: logging.Logger, tb_logger: Any
     ) -> None:

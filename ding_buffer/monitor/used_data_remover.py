@@ -24,6 +24,23 @@ def check_trackable(item: Any, i: int) -> None:
 
 
 class UsedDataRemover:
+    """
+    Overview:
+        The deleting thread of the module docstring; buffers with ``enable_track_used_data=True`` own one.
+    Examples:
+        >>> import tempfile
+        >>> from ding_buffer import create_buffer
+        >>> with tempfile.TemporaryDirectory() as tmp:
+        ...     paths = [os.path.join(tmp, f'{i}.pt') for i in range(3)]
+        ...     for path in paths:
+        ...         open(path, 'w').close()
+        ...     buf = create_buffer(dict(type='naive', replay_buffer_size=2, enable_track_used_data=True))
+        ...     n = buf.push([{'data_id': path} for path in paths])  # the first item is overwritten
+        ...     buf.close()  # after close() every file handed over is gone
+        ...     print(n, [os.path.exists(path) for path in paths])
+        3 [False, True, True]
+    """
+
     def __init__(self, logger: Optional[logging.Logger] = None, poll_seconds: float = 0.05) -> None:
         self._queue: 'queue.Queue[str]' = queue.Queue()
         self._logger = logger or logging.getLogger(__name__)

@@ -39,6 +39,16 @@ class FragmentStore:
     Overview:
         Payloads by id. ``put(payload) -> id``, ``get(id)``, ``delete(id)``, ``id in store``, ``ids()``,
         ``nbytes()``, ``clear()``. ``KeyError`` for an id it does not hold.
+    Examples:
+        >>> import tempfile
+        >>> with tempfile.TemporaryDirectory() as tmp:
+        ...     fid = FragmentStore('disk', tmp).put({'obs': torch.ones(2)})  # a producer
+        ...     reader = FragmentStore('disk', tmp)  # a learner opening the same directory
+        ...     print(len(fid), fid in reader, reader.get(fid)['obs'].tolist())
+        ...     reader.delete(fid)
+        ...     print(fid in reader, os.listdir(tmp))
+        32 True [1.0, 1.0]
+        False []
     """
 
     def __init__(self, kind: str = 'memory', path: Optional[str] = None) -> None:

@@ -18,6 +18,18 @@ from .tree import unbatch
 
 
 class ListStorage(Storage):
+    """
+    Overview:
+        ``capacity`` slots of any Python objects; ``gather`` returns the stored objects themselves.
+    Examples:
+        >>> storage = ListStorage(3)
+        >>> res = storage.write(storage.prepare([{'a': i} for i in range(4)]))  # 4 items, 3 slots: the newest stay
+        >>> res.slots.tolist(), res.uids.tolist(), len(storage)  # the item with id u lives at slot u % 3
+        ([1, 2, 0], [1, 2, 3], 3)
+        >>> storage.gather(storage.ring.ordered_slots())  # oldest first
+        [{'a': 1}, {'a': 2}, {'a': 3}]
+    """
+
     kind = 'list'
 
     def __init__(self, capacity: int) -> None:

@@ -19,6 +19,19 @@ import torch
 
 
 class RingIndex:
+    """
+    Overview:
+        Slot bookkeeping of ``capacity`` slots (see the module docstring).
+    Examples:
+        >>> ring = RingIndex(3)
+        >>> _ = ring.commit(2)
+        >>> slots, uids, overwritten = ring.commit(2)  # full: the oldest item (slot 0) is overwritten
+        >>> slots.tolist(), uids.tolist(), overwritten.tolist()
+        ([2, 0], [2, 3], [0])
+        >>> ring.ordered_slots().tolist(), ring.uids(ring.ordered_slots()).tolist(), ring.count  # oldest first
+        ([1, 2, 0], [1, 2, 3], 3)
+    """
+
     def __init__(self, capacity: int) -> None:
         if not isinstance(capacity, int) or isinstance(capacity, bool) or capacity <= 0:
             raise ValueError(f"capacity must be a positive int, got {capacity!r}")

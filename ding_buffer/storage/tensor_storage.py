@@ -48,6 +48,32 @@ META_KEYS = ('replay_buffer_idx', 'replay_unique_id')
 
 
 class TensorStorage(Storage):
+    """
+    Overview:
+        One preallocated tensor per field, shaped by the first item (see the module docstring).
+    Examples:
+        >>> storage = TensorStorage(4)
+        >>> res = storage.write(storage.prepare([{'obs': torch.zeros(3), 'rew': 1.0} for _ in range(2)]))
+        >>> batch = storage.gather(res.slots)  # one dict of batched tensors, plus the slots and ids
+        >>> sorted(batch), tuple(batch['obs'].shape), batch['rew'].dtype, batch['replay_unique_id'].tolist()
+        (['obs', 'replay_buffer_idx', 'replay_unique_id', 'rew'], (2, 3), torch.float32, [0, 1])
+        >>> storage.prepare([{'obs': torch.zeros(4), 'rew': 1.0}])
+        Traceback (most recent call last):
+        ValueError: item 0: field 'obs' has shape (4,), expected (3,)
+
+        With ``memmap_dir`` each field is a file in that directory:
+
+        >>> import tempfile
+        >>> with tempfile.TemporaryDirectory() as tmp:
+        ...     storage = TensorStorage(8, memmap_dir=tmp)
+        ...     res = storage.write(storage.prepare_batch({'obs': torch.ones(5, 2)}))  # a batch of 5
+        ...     print(len(storage), len(os.listdir(tmp)), storage.gather(np.array([4]))['obs'].tolist())
+        ...     storage.release()  # removes the files (a buffer's close() does)
+        ...     print(os.listdir(tmp))
+        5 1 [[1.0, 1.0]]
+        []
+    """
+
     kind = 'tensor'
 
     def __init__(
