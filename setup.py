@@ -41,11 +41,15 @@ setup(
         # numba compiles the segment-tree kernels (prioritized replay); without it a numpy fallback runs.
         'fast': ['numba>=0.59'],
         'gfn': TORCHGFN_DEPS,
-        # the distributed tests start real mpirun / Ray jobs: mpi4py (needs Open MPI from the OS) and ray
+        # everything the suite imports (a fresh venv with this extra runs it all): the distributed tests start real
+        # mpirun / Ray jobs (mpi4py needs Open MPI from the OS), scipy computes the chi-square tests' p-values,
+        # ruff checks the lint and format (pinned: its formatting changes between minor versions)
         'test': [
             'pytest>=7',
             'pytest-timeout>=2.1',
             'hypothesis>=6',
+            'scipy>=1.9',
+            'ruff>=0.17,<0.18',
             'numba>=0.59',
             'gymnasium>=0.29',
             'matplotlib>=3.5',

@@ -5,6 +5,7 @@ import ast
 import email
 import os
 import re
+import site
 import subprocess
 import sys
 import zipfile
@@ -61,12 +62,26 @@ def test_wheel_metadata_names_licence_author_python_and_entry_point(wheel):
     assert (REPO / 'LICENSE').read_text().lstrip().startswith('Apache License')
 
 
+def _venv_seeing_this_interpreters_packages(venv: Path) -> Path:
+    """A fresh venv (no ``--system-site-packages``: from inside a venv that would expose the *base* interpreter's
+    packages, not the running one's) whose ``sys.path`` ends with the running interpreter's site-packages, so torch,
+    numpy and gymnasium need no second install; its own site-packages come first, so what is installed into it
+    wins. The added folders are plain path entries: their ``.pth`` files (an editable install of this checkout
+    among them) are not processed."""
+    subprocess.run([sys.executable, '-m', 'venv', str(venv)], check=True, timeout=120)
+    py = venv / 'bin' / 'python'
+    own = subprocess.run(
+        [str(py), '-c', 'import site; print(site.getsitepackages()[0])'], capture_output=True, text=True, timeout=60
+    )
+    assert own.returncode == 0, own.stderr
+    outer = [p for p in site.getsitepackages() if Path(p).is_dir()]
+    (Path(own.stdout.strip()) / '_outer_site_packages.pth').write_text(''.join(f'{p}\n' for p in outer))
+    return py
+
+
 def test_wheel_installed_in_a_fresh_venv_runs_its_configs_outside_the_checkout(wheel, tmp_path):
     venv = tmp_path / 'venv'
-    # the system's torch / numpy / gymnasium are visible (installing them again would take minutes); ding_buffer
-    # itself comes from the wheel: the venv's site-packages come before the system's
-    subprocess.run([sys.executable, '-m', 'venv', '--system-site-packages', str(venv)], check=True, timeout=120)
-    py = venv / 'bin' / 'python'
+    py = _venv_seeing_this_interpreters_packages(venv)
     proc = subprocess.run(
         [str(py), '-m', 'pip', 'install', '-q', '--no-deps', str(wheel)], capture_output=True, text=True, timeout=240
     )
