@@ -7,14 +7,13 @@ import os
 
 import numpy as np
 import pytest
+from train_helpers import PNG_MAGIC
 
 from ding_buffer.cli import main
 from ding_buffer.train.evals import write_eval_csv
 from ding_buffer.train.plot import config_id, draw_runs, group_runs, mean_band, plot_runs, read_run_info, write_run_info
 
 matplotlib = pytest.importorskip('matplotlib')
-
-PNG_MAGIC = b'\x89PNG\r\n\x1a\n'
 
 
 def cfg_of(exp_name, seed, stop_value=475.0, env_id='CartPole-v1', lr=1e-3, log_dir=None):

@@ -14,7 +14,7 @@ import sys
 import numpy as np
 import pytest
 import torch
-from helpers import assert_same
+from helpers import assert_same, subprocess_env
 
 from ding_buffer import create_buffer
 
@@ -345,10 +345,7 @@ def test_works_without_tensordict():
         "out = b.sample(4); assert type(out) is dict, type(out)\n"
         "print(b.update(out))\n"
     )
-    env = dict(
-        os.environ,
-        PYTHONPATH=os.pathsep.join([os.path.dirname(os.path.dirname(__file__)), os.environ.get('PYTHONPATH', '')]),
-    )
+    env = subprocess_env()
     res = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, timeout=120, env=env)
     assert res.returncode == 0, res.stderr[-2000:]
     assert "'updated': 4" in res.stdout

@@ -7,79 +7,42 @@ Every run lives in ``tmp_path``: the config files written here load a shipped co
 (``log_dir``, small budgets), so the shipped files are what is exercised.
 """
 
-import csv
 import json
 import os
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 import torch
+from train_helpers import (
+    CONFIG_DIR,
+    ENV,
+    LEARNED_RETURN,
+    PNG_MAGIC,
+    assert_user_error,
+    cli,
+    cli_cmd,
+    read_csv,
+    write_config,
+)
 
 from ding_buffer.cli import main
 from ding_buffer.train import checkpoint as ckpt
 from ding_buffer.train.dqn import NStep
 
-REPO = Path(__file__).resolve().parents[1]
-PER_CONFIG = REPO / 'config' / 'cartpole_dqn_per.py'
-UNIFORM_CONFIG = REPO / 'config' / 'cartpole_dqn_uniform.py'
-PNG_MAGIC = b'\x89PNG\r\n\x1a\n'
-# Greedy evaluation return of a uniformly random policy on CartPole-v1 is ~22 (std ~11, max ~60 over 200
-# episodes); a 10-episode mean above this is far out of a random policy's reach.
-LEARNED_RETURN = 100.0
-
-ENV = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get('PYTHONPATH', '')]), PYTHONUNBUFFERED='1')
+UNIFORM_CONFIG = CONFIG_DIR / 'cartpole_dqn_uniform.py'
 
 
 # ---------------------------------------------------------------------------------------------------- helpers
-def write_config(path: Path, base: Path = PER_CONFIG, **overrides) -> Path:
-    """A config file that loads the shipped ``base`` config and deep-merges ``overrides`` (plain literals) into
-    its ``main_config``."""
-    path.write_text(
-        "import runpy\n"
-        f"main_config = runpy.run_path({str(base)!r})['main_config']\n"
-        "def _merge(d, u):\n"
-        "    for k, v in u.items():\n"
-        "        if isinstance(v, dict) and isinstance(d.get(k), dict):\n"
-        "            _merge(d[k], v)\n"
-        "        else:\n"
-        "            d[k] = v\n"
-        f"_merge(main_config, {overrides!r})\n"
-    )
-    return path
-
-
-def cli_cmd(*args):
-    return [sys.executable, '-m', 'ding_buffer', *[str(a) for a in args]]
-
-
-def cli(*args, cwd, timeout=120):
-    return subprocess.run(cli_cmd(*args), capture_output=True, text=True, timeout=timeout, cwd=cwd, env=ENV)
-
-
-def read_csv(path: Path):
-    with open(path) as f:
-        return list(csv.DictReader(f))
-
-
 def trainer_counters(step_dir) -> dict:
     return torch.load(os.path.join(step_dir, 'trainer.pt'), weights_only=True)['counters']
 
 
 def temporaries(ck_dir: Path):
     return sorted(n for n in os.listdir(ck_dir) if n.startswith('.tmp-')) if ck_dir.is_dir() else []
-
-
-def assert_user_error(rc: int, err: str, *needles: str) -> None:
-    assert rc == 2, err
-    assert 'Traceback' not in err, err
-    assert err.startswith('ding-buffer: error: '), err
-    for needle in needles:
-        assert needle in err, f"{needle!r} not in {err!r}"
 
 
 # ---------------------------------------------------------------------------------------------------- end to end

@@ -25,7 +25,7 @@ import numpy as np
 import pytest
 import torch
 from easydict import EasyDict
-from helpers import assert_same, chi_square, chi_threshold, run_threads, wait_until
+from helpers import assert_same, chi_square, chi_threshold, run_threads, subprocess_env, wait_until
 
 from ding_buffer import AdvancedReplayBuffer, SampleTimeoutError, create_buffer, deep_merge_dicts
 from ding_buffer.control.thruput import ThruputController
@@ -1995,8 +1995,6 @@ print(json.dumps(out))
 
 
 def test_numba_and_numpy_backends_give_identical_buffers():
-    import os
-
     """The compiled kernels and the numpy fallback must draw the same samples and build the same trees."""
     import json
     import subprocess
@@ -2004,7 +2002,7 @@ def test_numba_and_numpy_backends_give_identical_buffers():
 
     runs = {}
     for flag, first in (('0', '0'), ('0', '1'), ('1', '0')):  # numba (switching mid-run / from the start), numpy
-        env = dict(os.environ, DING_BUFFER_NO_NUMBA=flag, LOAD_FIRST=first)
+        env = subprocess_env(DING_BUFFER_NO_NUMBA=flag, LOAD_FIRST=first)
         proc = subprocess.run(
             [sys.executable, '-c', _BACKEND_SCRIPT], env=env, capture_output=True, text=True, timeout=240
         )

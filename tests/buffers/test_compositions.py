@@ -11,6 +11,7 @@ Every item carries ``x`` (naive) or ``obs = [episode, step]`` (episodes), so any
 back to what was pushed. Every buffer is seeded.
 """
 
+import os
 import threading
 import time
 from collections import Counter
@@ -1014,8 +1015,10 @@ def test_prioritized_max_use_removes_drawn_episodes():
 
 # ---------------------------------------------------------------------------------------------- parts by config
 @pytest.mark.parametrize('storage_type', ['list', 'tensor'])
-def test_user_parts_load_through_import_names(storage_type):
-    """A config names a module of its own in import_names; its sampler and remover are then usable by name."""
+def test_user_parts_load_through_import_names(storage_type, monkeypatch):
+    """A config names a module of its own in import_names (tests/buffers/composition_plugins.py, found on the path
+    like a user's module); its sampler and remover are then usable by name."""
+    monkeypatch.syspath_prepend(os.path.dirname(os.path.abspath(__file__)))
     cfg = dict(
         type='naive',
         replay_buffer_size=8,

@@ -1,6 +1,6 @@
 """The distributed manager under attack and faults, with real processes (torchrun / env:// ranks and mpirun).
 
-Scenarios of ``tests/dist_scripts/rank_main.py`` (ranks 0 and 1 are workers, rank 2 the manager):
+Scenarios of ``tests/distributed/dist_scripts/rank_main.py`` (ranks 0 and 1 are workers, rank 2 the manager):
 - hostile: rank 0 speaks the transport but lies (crafted headers, a pickle that would run code, paths outside
   the manager's file root, random bytes, lying control blocks, a short frame after long ones, an oversized
   frame) while rank 1 is served; the manager answers every framed request with an error, never runs code,
@@ -18,7 +18,8 @@ import sys
 import time
 
 import pytest
-from dist_helpers import BACKENDS, SCRIPTS, Launch, child_env, free_port, launcher, need_mpi
+from dist_helpers import BACKENDS, SCRIPTS, Launch, child_env, free_port, launcher
+from helpers import need_mpi
 
 pytestmark = pytest.mark.timeout(300)
 

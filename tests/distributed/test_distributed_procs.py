@@ -1,8 +1,8 @@
 """Real multi-process tests of the distributed buffer (torch.distributed gloo and MPI backends).
 
-Each scenario launches three ranks of ``tests/dist_scripts/rank_main.py`` (ranks 0 and 1 are workers, rank 2 the
-manager); every rank writes a JSON report that the tests below read. Normal scenarios run under ``torchrun`` /
-``mpirun``; the kill scenarios start the torch ranks as plain env:// processes and use ``mpirun
+Each scenario launches three ranks of ``tests/distributed/dist_scripts/rank_main.py`` (ranks 0 and 1 are workers,
+rank 2 the manager); every rank writes a JSON report that the tests below read. Normal scenarios run under
+``torchrun`` / ``mpirun``; the kill scenarios start the torch ranks as plain env:// processes and use ``mpirun
 --enable-recovery`` for MPI (``dist_helpers.Launch``). The torch and MPI launches of one scenario run
 concurrently to keep the module's wall time down. Attacks and faults are in ``test_distributed_faults.py``.
 """

@@ -8,7 +8,6 @@ trajectory-balance loss of a rebuilt batch equals the original's."""
 import json
 import os
 import signal
-import subprocess
 import time
 from pathlib import Path
 
@@ -17,13 +16,10 @@ import torch
 
 gfn = pytest.importorskip('gfn')
 
-from dist_helpers import need_mpi  # noqa: E402
-from test_train import ENV, cli_cmd  # noqa: E402
-from test_train_apex import finish, ranks_of, wait_for  # noqa: E402
-from test_train_hypergrid import write_config  # noqa: E402
+from helpers import need_mpi  # noqa: E402
+from train_helpers import CONFIG_DIR, assert_user_error, cli, finish, ranks_of, start, wait_for, write_config  # noqa: E402
 
-REPO = Path(__file__).resolve().parents[1]
-DIST_CONFIG = REPO / 'config' / 'hypergrid_tb_distributed.py'
+DIST_CONFIG = CONFIG_DIR / 'hypergrid_tb_distributed.py'
 ITERS = 150
 
 
@@ -37,18 +33,6 @@ def config(tmp_path: Path, backend: str, **dist) -> Path:
             'env': {'eval_freq': 50, 'eval_samples': 4000},
             'policy': {'learn': {'iterations': ITERS}, 'other': {'replay_buffer': {'distributed': d}}},
         },
-    )
-
-
-def start(cfg: Path, root: Path, *extra) -> subprocess.Popen:
-    return subprocess.Popen(
-        cli_cmd('train', cfg, '--no-progress', *extra),
-        cwd=root,
-        env=ENV,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
     )
 
 
@@ -148,8 +132,6 @@ def test_ray_run_learns(tmp_path):
 
 
 def test_distributed_section_on_a_torchgfn_buffer_is_refused(tmp_path):
-    from test_train import assert_user_error, cli
-
     cfg = write_config(
         tmp_path / 'bad.py',
         DIST_CONFIG,

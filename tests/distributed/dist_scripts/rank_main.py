@@ -1,4 +1,4 @@
-"""One rank of a multi-process test of the distributed buffer (launched by tests/test_distributed_procs.py).
+"""One rank of a multi-process test of the distributed buffer (launched by tests/distributed/test_distributed_procs.py).
 
 Usage: ``python rank_main.py SCENARIO BACKEND OUTDIR`` on every rank (torchrun / env:// ranks for 'torch',
 mpirun for 'mpi'). Ranks 0 and 1 are workers, rank 2 (the last) the manager. Every rank writes

@@ -1,4 +1,4 @@
-"""Two-rank transport scenarios (launched by tests/test_distributed_faults.py).
+"""Two-rank transport scenarios (launched by tests/distributed/test_distributed_faults.py).
 
 late_receiver: rank 0 sends 256 KiB of 0xAB with a 1 s deadline while rank 1 does not read yet (above Open
 MPI's shared-memory eager limit and gloo's rendezvous, so the send cannot complete); the send must raise

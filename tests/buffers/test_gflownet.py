@@ -22,7 +22,7 @@ import sys
 import numpy as np
 import pytest
 import torch
-from helpers import assert_same, chi_square, chi_threshold
+from helpers import assert_same, chi_square, chi_threshold, subprocess_env
 
 from ding_buffer import create_buffer
 from ding_buffer.control import diversity
@@ -30,8 +30,7 @@ from ding_buffer.persistence import save_state
 
 INF = float('inf')
 NINF = float('-inf')
-TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
-REPO_ROOT = os.path.dirname(TESTS_DIR)
+HERE = os.path.dirname(os.path.abspath(__file__))
 DEFAULT_SETTINGS = (
     'replay_buffer_size',
     'prioritized_capacity',
@@ -1229,12 +1228,9 @@ def numba_scenario():
 
 
 def test_numba_and_numpy_fallback_agree():
-    env = dict(os.environ, DING_BUFFER_NO_NUMBA='1')
-    env['PYTHONPATH'] = os.pathsep.join([TESTS_DIR, REPO_ROOT] + ([env['PYTHONPATH']] if env.get('PYTHONPATH') else []))
+    env = subprocess_env(HERE, DING_BUFFER_NO_NUMBA='1')  # this module and the shared helpers it imports
     code = 'import json, test_gflownet as t; print("JSON:" + json.dumps(t.numba_scenario()))'
-    proc = subprocess.run(
-        [sys.executable, '-c', code], env=env, cwd=TESTS_DIR, capture_output=True, text=True, timeout=180
-    )
+    proc = subprocess.run([sys.executable, '-c', code], env=env, cwd=HERE, capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0, proc.stderr[-3000:]
     line = [ln for ln in proc.stdout.splitlines() if ln.startswith('JSON:')][-1]
     fallback = json.loads(line[len('JSON:') :])

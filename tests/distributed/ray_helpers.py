@@ -1,6 +1,6 @@
-"""Importable functions for tests/test_distributed_ray.py: Ray task bodies (wrapped with ``ray.remote`` there),
-manager-side scoring functions given as ``'ray_helpers:stored_count'`` / ``'ray_helpers:slow_first_push'``, a
-picklable custom class and an object whose unpickling creates a marker file.
+"""Importable functions for tests/distributed/test_distributed_ray.py: Ray task bodies (wrapped with ``ray.remote``
+there), manager-side scoring functions given as ``'ray_helpers:stored_count'`` / ``'ray_helpers:slow_first_push'``,
+a picklable custom class and an object whose unpickling creates a marker file.
 
 The Ray workers and the manager actor import this module by name: the test module puts this directory on
 their PYTHONPATH (``runtime_env``)."""

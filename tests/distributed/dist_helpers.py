@@ -2,10 +2,8 @@
 'mpi'. Every rank of a scenario script writes ``OUTDIR/rank{r}.json``; ``Launch.wait`` collects them. MPI
 launches are skipped when mpirun / mpi4py are missing, except under CI (env ``CI``) where they fail."""
 
-import importlib.util
 import json
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -13,28 +11,12 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
+from helpers import mpi_missing, need_mpi, pythonpath
 
 SCRIPTS = Path(__file__).parent / 'dist_scripts'
 SCRIPT = SCRIPTS / 'rank_main.py'
 BACKENDS = ['torch', 'mpi']
 LAUNCH_TIMEOUT = 90.0
-
-
-def mpi_missing() -> str:
-    if shutil.which('mpirun') is None:
-        return 'mpirun not found'
-    if importlib.util.find_spec('mpi4py') is None:
-        return 'mpi4py not installed'
-    return ''
-
-
-def need_mpi() -> None:
-    why = mpi_missing()
-    if why:
-        if os.environ.get('CI'):
-            pytest.fail(f'MPI tests need Open MPI and mpi4py in CI: {why}')
-        pytest.skip(why)
 
 
 def free_port() -> int:
@@ -49,6 +31,7 @@ def child_env() -> dict:
         for k, v in os.environ.items()
         if k not in ('RANK', 'LOCAL_RANK', 'WORLD_SIZE', 'MASTER_ADDR', 'MASTER_PORT', 'LOCAL_WORLD_SIZE')
     }
+    env['PYTHONPATH'] = pythonpath()  # the checkout's ding_buffer (the ranks run with cwd in a temporary folder)
     env['OMP_NUM_THREADS'] = '1'
     env['PYTHONUNBUFFERED'] = '1'
     return env

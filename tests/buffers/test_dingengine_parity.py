@@ -12,11 +12,12 @@ import os
 import numpy as np
 import pytest
 import torch
+from helpers import REPO_ROOT, TESTS_DIR, subprocess_env
 
 from ding_buffer import create_buffer
 from ding_buffer.utils import MinSegmentTree, SegmentTree, SumSegmentTree
 
-DATA = os.path.join(os.path.dirname(__file__), 'data')
+DATA = str(TESTS_DIR / 'data')
 
 
 def items(n, start=0):
@@ -501,9 +502,7 @@ def test_serial_pipeline_round_on_compiled_dizoo_sections(name):
 def test_dizoo_sweep_builds_every_compiled_section():
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location(
-        'dizoo_sweep', os.path.join(os.path.dirname(__file__), '..', 'benchmarks', 'dizoo_sweep.py')
-    )
+    spec = importlib.util.spec_from_file_location('dizoo_sweep', str(REPO_ROOT / 'benchmarks' / 'dizoo_sweep.py'))
     sweep = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(sweep)
     result = sweep.run_sweep()
@@ -670,6 +669,7 @@ def test_is_weights_and_annealing_match_dingengine_buffers(tmp_path):
         text=True,
         timeout=240,
         cwd=str(tmp_path),
+        env=subprocess_env(),  # the checkout's ding_buffer
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])

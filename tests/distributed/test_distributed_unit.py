@@ -80,7 +80,7 @@ class Hostile:
 
 
 # scoring / metadata hooks referenced by 'module:function' strings (pytest imports this file as
-# 'test_distributed_unit': tests/ is put on sys.path)
+# 'test_distributed_unit': its folder is put on sys.path)
 def score_hook(batch, sender=None, buffer=None):
     n = len(batch) if isinstance(batch, list) else 1
     return {'n_in': n, 'sender': sender, 'count_after': buffer.count()}

@@ -17,12 +17,22 @@ import time
 from pathlib import Path
 
 import pytest
-from dist_helpers import need_mpi
-from test_train import ENV, assert_user_error, cli, cli_cmd, read_csv, write_config
+from helpers import need_mpi
+from train_helpers import (
+    CONFIG_DIR,
+    ENV,
+    LEARNED_RETURN,
+    assert_user_error,
+    cli,
+    finish,
+    ranks_of,
+    read_csv,
+    start,
+    wait_for,
+    write_config,
+)
 
-REPO = Path(__file__).resolve().parents[1]
-APEX_CONFIG = REPO / 'config' / 'cartpole_apex.py'
-LEARNED_RETURN = 100.0  # greedy CartPole return a random policy does not reach (see test_train)
+APEX_CONFIG = CONFIG_DIR / 'cartpole_apex.py'
 SHORT = dict(
     env=dict(max_env_step=4500, eval_freq=1000, eval_episodes=5),
     checkpoint=dict(freq=2000, keep=2),
@@ -43,51 +53,6 @@ def _config(root: Path, backend: str, name: str, **dist) -> Path:
     )
 
 
-def start(cfg: Path, root: Path, *extra) -> subprocess.Popen:
-    return subprocess.Popen(
-        cli_cmd('train', cfg, '--no-progress', *extra),
-        cwd=root,
-        env=ENV,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
-
-
-def finish(p: subprocess.Popen, timeout: float = 240):
-    try:
-        out, err = p.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(p.pid, signal.SIGKILL)
-        out, err = p.communicate()
-        pytest.fail(f'run did not finish within {timeout}s\n{out[-3000:]}\n{err[-3000:]}')
-    return p.returncode, out, err
-
-
-def ranks_of(p: subprocess.Popen, deadline: float = 60.0, count: int = 4) -> dict:
-    """{RANK: pid} of the ``count`` env:// ranks the torch launcher started (read from /proc)."""
-    end = time.monotonic() + deadline
-    while time.monotonic() < end:
-        found = {}
-        try:
-            children = Path(f'/proc/{p.pid}/task/{p.pid}/children').read_text().split()
-        except OSError:
-            children = []
-        for pid in children:
-            try:
-                env = Path(f'/proc/{pid}/environ').read_bytes().split(b'\0')
-            except OSError:
-                continue
-            for kv in env:
-                if kv.startswith(b'RANK='):
-                    found[int(kv[5:])] = int(pid)
-        if len(found) >= count:
-            return found
-        time.sleep(0.2)
-    raise AssertionError(f'ranks of {p.pid} not found')
-
-
 def tb_tags(log_dir: Path) -> set:
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -98,14 +63,6 @@ def tb_tags(log_dir: Path) -> set:
             acc.Reload()
             tags |= set(acc.Tags()['scalars'])
     return tags
-
-
-def wait_for(path: Path, timeout: float) -> None:
-    end = time.monotonic() + timeout
-    while not path.exists():
-        if time.monotonic() > end:
-            raise AssertionError(f'{path} did not appear within {timeout}s')
-        time.sleep(0.2)
 
 
 def check_learned(run_dir: Path, backend: str, min_steps: int = 4500) -> dict:

@@ -8,7 +8,6 @@ Every run lives in ``tmp_path``; config files load a shipped config and override
 small networks, few iterations), so the shipped files are what is exercised.
 """
 
-import csv
 import json
 import os
 from pathlib import Path
@@ -18,40 +17,21 @@ import torch
 
 pytest.importorskip('gfn')
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from train_helpers import CONFIG_DIR, PNG_MAGIC, read_csv, write_config
 
 from ding_buffer.cli import main
 from ding_buffer.train.hypergrid_metrics import GridTruth
 
-REPO = Path(__file__).resolve().parents[1]
 CONFIGS = {
-    name: REPO / 'config' / f'hypergrid_tb_{name}.py'
+    name: CONFIG_DIR / f'hypergrid_tb_{name}.py'
     for name in ('nobuffer', 'gfn', 'gfn_prioritized', 'gfn_diverse', 'torchgfn', 'torchgfn_diverse')
 }
-PNG_MAGIC = b'\x89PNG\r\n\x1a\n'
 # A tiny, fast problem: 64 states, 4 modes (one mode state per corner).
 TINY = {
     'env': {'height': 8, 'eval_freq': 50, 'eval_samples': 4000},
     'policy': {'model': {'hidden_dim': 64}, 'learn': {'replay_warmup': 32}},
     'checkpoint': {'freq': 50},
 }
-
-
-def write_config(path: Path, base: Path, *overrides: dict, buffer: dict | None = None) -> Path:
-    """A config file that loads the shipped ``base`` and deep-merges each of ``overrides`` into its main_config;
-    ``buffer`` replaces the whole replay buffer section."""
-    path.write_text(
-        "import runpy\n"
-        f"main_config = runpy.run_path({str(base)!r})['main_config']\n"
-        "def _merge(d, u):\n"
-        "    for k, v in u.items():\n"
-        "        if isinstance(v, dict) and isinstance(d.get(k), dict):\n"
-        "            _merge(d[k], v)\n"
-        "        else:\n"
-        "            d[k] = v\n"
-        + ''.join(f"_merge(main_config, {o!r})\n" for o in overrides)
-        + (f"main_config['policy']['other']['replay_buffer'] = {buffer!r}\n" if buffer is not None else '')
-    )
-    return path
 
 
 def train(
@@ -65,11 +45,6 @@ def train(
 
 def run_dir(tmp_path: Path, exp_name: str, seed: int = 0) -> Path:
     return tmp_path / 'runs' / f'{exp_name}_seed{seed}'
-
-
-def read_csv(path: Path):
-    with open(path) as f:
-        return list(csv.DictReader(f))
 
 
 def scalars(log_dir: Path) -> dict:

@@ -10,7 +10,6 @@ compare sums and ``find_prefixsum_idx`` results exactly against ``np.cumsum`` / 
 """
 
 import json
-import os
 import subprocess
 import sys
 import textwrap
@@ -18,6 +17,7 @@ import zlib
 
 import numpy as np
 import pytest
+from helpers import REPO_ROOT, subprocess_env
 
 from ding_buffer import tree_kernels as kern
 from ding_buffer.segment_tree import (
@@ -30,7 +30,6 @@ from ding_buffer.segment_tree import (
 )
 
 CAPACITIES = [1, 2, 4, 8, 16, 64, 512, 4096, 2**16]
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # DI-engine's test vector (ding/utils/tests/test_segment_tree.py): leaves and (prefixsum -> index) pairs.
 DI_LEAVES = [0.0, 0.1, 0.5, 0.0, 0.0, 0.2, 0.8, 0.0]
@@ -568,10 +567,9 @@ def test_numpy_fallback_in_a_subprocess_without_numba():
         print(json.dumps(res))
         """
     )
-    env = dict(os.environ, DING_BUFFER_NO_NUMBA='1')
-    env['PYTHONPATH'] = REPO_ROOT + os.pathsep + env.get('PYTHONPATH', '')
+    env = subprocess_env(DING_BUFFER_NO_NUMBA='1')
     proc = subprocess.run(
-        [sys.executable, '-c', code], capture_output=True, text=True, env=env, cwd=REPO_ROOT, timeout=120
+        [sys.executable, '-c', code], capture_output=True, text=True, env=env, cwd=str(REPO_ROOT), timeout=120
     )
     assert proc.returncode == 0, proc.stderr
     res = json.loads(proc.stdout.strip().splitlines()[-1])

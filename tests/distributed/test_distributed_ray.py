@@ -33,6 +33,7 @@ if HERE not in sys.path:  # e.g. --import-mode=importlib
     sys.path.insert(0, HERE)
 
 import ray_helpers  # noqa: E402
+from helpers import REPO_ROOT, pythonpath  # noqa: E402
 from ray_helpers import Tag, rows  # noqa: E402
 
 from ding_buffer import create_buffer  # noqa: E402
@@ -45,10 +46,10 @@ GET = 60  # seconds: upper bound of every ray.get
 def ray_session():
     if ray.is_initialized():
         ray.shutdown()
-    # the Ray processes inherit the environment of the raylet started here: put ray_helpers on their path
-    # (cheaper than a runtime_env per worker), then restore the driver's environment
+    # the Ray processes inherit the environment of the raylet started here: put ray_helpers (and the checkout's
+    # ding_buffer) on their path (cheaper than a runtime_env per worker), then restore the driver's environment
     old = os.environ.get('PYTHONPATH')
-    os.environ['PYTHONPATH'] = os.pathsep.join(p for p in (HERE, old) if p)
+    os.environ['PYTHONPATH'] = pythonpath(HERE)
     try:
         ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
     finally:
@@ -490,8 +491,9 @@ def test_unreachable_ray_address_fails_within_startup_timeout():
         os._exit(0)  # a ray.init thread may still be waiting
     """)
     env = {k: v for k, v in os.environ.items() if k != 'RAY_ADDRESS'}
+    env['PYTHONPATH'] = pythonpath()
     proc = subprocess.run(
-        [sys.executable, '-c', code], capture_output=True, text=True, timeout=50, env=env, cwd=os.path.dirname(HERE)
+        [sys.executable, '-c', code], capture_output=True, text=True, timeout=50, env=env, cwd=str(REPO_ROOT)
     )
     line = [ln for ln in proc.stdout.splitlines() if ln.startswith('RESULT ')]
     assert line, proc.stdout[-2000:] + proc.stderr[-3000:]
