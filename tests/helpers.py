@@ -1,5 +1,6 @@
 """Code shared by the test modules of every folder (tests/conftest.py puts this folder on ``sys.path``): exact
-state comparison, chi-square, waiting with a deadline, the thread-stress runner, MPI availability, the
+state comparison, chi-square, references for the sampling and distance parts (a numpy Generator that refuses
+population-sized work, the brute-force p-norm distance), waiting with a deadline, the thread-stress runner, MPI availability, the
 environment of test subprocesses, the state-corruption tools of the property suites, and ``Case``: one buffer
 type x storage combination, as the contract suite (tests/buffers/test_contract.py) and the property suites
 (tests/test_properties.py, tests/buffers/test_dingengine_properties.py) configure, feed and probe it."""
@@ -83,6 +84,44 @@ def chi_square(counts, expected):
 def chi_threshold(df):
     """A generous bound on a chi-square statistic with ``df`` degrees of freedom: mean + 5 standard deviations."""
     return df + 5 * math.sqrt(2 * df)
+
+
+class NoPermutationGenerator(np.random.Generator):
+    """A numpy Generator whose O(n) whole-population methods fail loudly (and count calls)."""
+
+    permutation_calls = 0
+
+    def permutation(self, *args, **kwargs):
+        NoPermutationGenerator.permutation_calls += 1
+        raise AssertionError('permutation() called: O(population) work')
+
+    def choice(self, a, size=None, replace=True, **kwargs):
+        # numpy runs Floyd's O(size) algorithm only for a > 10000 and size <= a // 50; anything else shuffles a.
+        if replace or not (isinstance(a, (int, np.integer)) and a > 10000 and size * 50 <= a):
+            raise AssertionError('choice() called: O(population) work without replacement')
+        return super().choice(a, size, replace=False, **kwargs)
+
+    def shuffle(self, *args, **kwargs):
+        raise AssertionError('shuffle() called: O(population) work')
+
+
+def ref_distance(a, b, p):
+    """p-norm distance between two representation tuples, in float64, one column at a time."""
+    diffs = [abs(float(x) - float(y)) for x, y in zip(a, b)]
+    if p == INF:
+        m = 0.0
+        for d in diffs:
+            if d > m:
+                m = d
+        return m
+    s = 0.0
+    for d in diffs:
+        s += d if p == 1 else d**p
+    if p == 1:
+        return s
+    if p == 2:
+        return math.sqrt(s)
+    return s ** (1.0 / p)
 
 
 # ================================================================================ time and threads

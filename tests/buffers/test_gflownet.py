@@ -22,7 +22,7 @@ import sys
 import numpy as np
 import pytest
 import torch
-from helpers import assert_same, chi_square, chi_threshold, subprocess_env
+from helpers import assert_same, chi_square, chi_threshold, ref_distance, subprocess_env
 
 from ding_buffer import create_buffer
 from ding_buffer.control import diversity
@@ -45,25 +45,6 @@ DIVERSE_SETTINGS = DEFAULT_SETTINGS + ('cutoff_distance', 'p_norm_distance')
 
 
 # ================================================================================ brute-force reference
-def ref_distance(a, b, p):
-    """p-norm distance between two representation tuples, in float64, one column at a time."""
-    diffs = [abs(float(x) - float(y)) for x, y in zip(a, b)]
-    if p == INF:
-        m = 0.0
-        for d in diffs:
-            if d > m:
-                m = d
-        return m
-    s = 0.0
-    for d in diffs:
-        s += d if p == 1 else d**p
-    if p == 1:
-        return s
-    if p == 2:
-        return math.sqrt(s)
-    return s ** (1.0 / p)
-
-
 def rep(item):
     """What the diversity filter sees: the state flattened, then the condition (if any)."""
     return tuple(item['state']) + (tuple(item['cond']) if item['cond'] is not None else ())
@@ -1240,23 +1221,6 @@ def test_numba_and_numpy_fallback_agree():
         assert here['have_numba'] is True  # so the comparison really is kernel vs fallback
     assert here['results'] == fallback['results']
     assert sum(r['counters'][2] for r in here['results']) > 0  # the distance filter did reject items
-
-
-@pytest.mark.parametrize('p', [1.0, 2.0, INF, 3.0, 0.5])
-def test_far_mask_kernel_and_numpy_agree_with_reference(p):
-    rng = np.random.default_rng(7)
-    q = rng.integers(0, 4, size=(40, 3)).astype(np.float64)
-    refs = rng.integers(0, 4, size=(30, 3)).astype(np.float64)
-    slots = np.arange(0, 30, 2, dtype=np.int64)
-    for cutoff in (0.5, 1.0, 2.0, 3.0):
-        want = np.array([all(ref_distance(tuple(x), tuple(refs[s]), p) > cutoff for s in slots) for x in q])
-        want_tri = np.array(
-            [all(ref_distance(tuple(q[i]), tuple(q[j]), p) > cutoff for j in range(i)) for i in range(len(q))]
-        )
-        np.testing.assert_array_equal(diversity._far_numpy(q, refs, slots, cutoff, p, False), want)
-        np.testing.assert_array_equal(diversity._far_numpy(q, q, np.arange(len(q)), cutoff, p, True), want_tri)
-        np.testing.assert_array_equal(diversity.far_mask(q, refs, slots, cutoff, p), want)
-        np.testing.assert_array_equal(diversity.far_mask(q, q, None, cutoff, p, triangular=True), want_tri)
 
 
 # ================================================================================ 8. TensorBoard

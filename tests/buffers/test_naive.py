@@ -1,8 +1,8 @@
 """Tests of ``NaiveReplayBuffer`` (``type='naive'``) on list and tensor storage.
 
-Covers DI-engine push/clear semantics, sampling (ranges, copies, batched tensor output), uniformity of
-``ding_buffer.sampling.uniform_indices``, seeding, persistence (save/load, state_dict) and the O(batch)
-cost of sampling without replacement.
+Covers DI-engine push/clear semantics, sampling (ranges, copies, batched tensor output, uniformity), seeding,
+persistence (save/load, state_dict) and the O(batch) cost of sampling without replacement. The uniform index
+draw itself (``ding_buffer.sampling.uniform_indices``) is tested in tests/control/test_samplers.py.
 """
 
 import os
@@ -10,10 +10,9 @@ import os
 import numpy as np
 import pytest
 import torch
-from helpers import assert_same, chi_square
+from helpers import NoPermutationGenerator, assert_same, chi_square
 
 from ding_buffer import create_buffer
-from ding_buffer.sampling import uniform_indices
 
 STORAGES = ['list', 'tensor']
 
@@ -30,25 +29,6 @@ class Payload:
 
     def __eq__(self, other):
         return isinstance(other, Payload) and other.value == self.value
-
-
-class NoPermutationGenerator(np.random.Generator):
-    """A numpy Generator whose O(n) whole-population methods fail loudly (and count calls)."""
-
-    permutation_calls = 0
-
-    def permutation(self, *args, **kwargs):
-        NoPermutationGenerator.permutation_calls += 1
-        raise AssertionError('permutation() called: O(population) work')
-
-    def choice(self, a, size=None, replace=True, **kwargs):
-        # numpy runs Floyd's O(size) algorithm only for a > 10000 and size <= a // 50; anything else shuffles a.
-        if replace or not (isinstance(a, (int, np.integer)) and a > 10000 and size * 50 <= a):
-            raise AssertionError('choice() called: O(population) work without replacement')
-        return super().choice(a, size, replace=False, **kwargs)
-
-    def shuffle(self, *args, **kwargs):
-        raise AssertionError('shuffle() called: O(population) work')
 
 
 def make(storage='list', size=64, seed=0, **kw):
@@ -412,55 +392,6 @@ def test_sample_without_replacement_is_uniform_over_items(storage):
         counts[ids_of(buf.sample(10))] += 1
     assert counts.sum() == rounds * 10
     assert chi_square(counts, rounds * 10 / 50) < CHI2_49_Q999
-
-
-@pytest.mark.parametrize('n,size', [(1000, 7), (50, 10), (50, 13), (50, 50), (1, 1), (7, 1)])
-def test_uniform_indices_distinct_in_range(n, size):
-    rng = np.random.default_rng(0)
-    for _ in range(200):
-        idx = uniform_indices(rng, n, size)
-        assert idx.dtype == np.int64 and idx.shape == (size,)
-        assert len(np.unique(idx)) == size
-        assert idx.min() >= 0 and idx.max() < n
-
-
-@pytest.mark.parametrize('size', [5, 40])  # 5 < 50/4: rejection path; 40 >= 50/4: permutation path
-@pytest.mark.parametrize('position', [0, -1])
-def test_uniform_indices_is_uniform_per_position(size, position):
-    rng = np.random.default_rng(size)
-    counts = np.zeros(50)
-    rounds = 10000
-    for _ in range(rounds):
-        counts[uniform_indices(rng, 50, size)[position]] += 1
-    assert chi_square(counts, rounds / 50) < CHI2_49_Q999
-
-
-def test_uniform_indices_rejection_path_avoids_permutation():
-    rng = NoPermutationGenerator(np.random.PCG64(0))
-    idx = uniform_indices(rng, 1000, 249)  # just below n / 4
-    assert len(np.unique(idx)) == 249
-
-
-def test_uniform_indices_permutation_path_is_used_for_large_fractions():
-    NoPermutationGenerator.permutation_calls = 0
-    rng = NoPermutationGenerator(np.random.PCG64(0))
-    with pytest.raises(AssertionError, match='permutation'):
-        uniform_indices(rng, 1000, 250)
-    assert NoPermutationGenerator.permutation_calls == 1
-
-
-def test_uniform_indices_with_replacement():
-    rng = np.random.default_rng(0)
-    idx = uniform_indices(rng, 3, 1000, replace=True)
-    assert idx.shape == (1000,) and idx.dtype == np.int64
-    assert set(idx.tolist()) == {0, 1, 2}
-    counts = np.bincount(uniform_indices(rng, 50, 10000, replace=True), minlength=50)
-    assert chi_square(counts, 10000 / 50) < CHI2_49_Q999
-
-
-def test_uniform_indices_more_than_population_without_replacement_raises():
-    with pytest.raises(ValueError):
-        uniform_indices(np.random.default_rng(0), 5, 6)
 
 
 # ================================================================================ 4. seeds
@@ -854,18 +785,3 @@ def test_batched_push_does_not_alias_the_callers_batch(storage):
     xs = out['x'] if storage == 'tensor' else torch.stack([item['x'] for item in out])
     ys = out['y'] if storage == 'tensor' else torch.as_tensor(np.stack([item['y'] for item in out]))
     assert (xs == 0).all() and (ys == 0).all()
-
-
-def test_uniform_indices_floyd_branch_is_distinct_and_uniform():
-    """n > 10000 and size <= n/50 takes numpy's O(size) Floyd path: still distinct, in range, uniform."""
-    rng = np.random.default_rng(7)
-    n, size, rounds = 20_000, 100, 2_000
-    counts = np.zeros(10, dtype=np.int64)  # per decile of the population
-    for _ in range(rounds):
-        idx = uniform_indices(rng, n, size)
-        assert idx.dtype == np.int64 and len(np.unique(idx)) == size
-        assert idx.min() >= 0 and idx.max() < n
-        counts += np.bincount(idx * 10 // n, minlength=10)
-    expected = rounds * size / 10
-    chi2 = float(((counts - expected) ** 2 / expected).sum())
-    assert chi2 < 27.9  # 0.999 quantile, 9 dof

@@ -1,0 +1,76 @@
+"""The uniform draw behind every uniform sampler (``ding_buffer.sampling.uniform_indices``): distinct indices in
+range, uniform at every position (chi-square), with and without replacement, and O(size) work -- no
+population-sized permutation -- where the sample is small next to the population."""
+
+import numpy as np
+import pytest
+from helpers import NoPermutationGenerator, chi_square
+
+from ding_buffer.sampling import uniform_indices
+
+# 0.999 quantile of the chi-square distribution with 49 degrees of freedom.
+CHI2_49_Q999 = 85.35
+
+
+@pytest.mark.parametrize('n,size', [(1000, 7), (50, 10), (50, 13), (50, 50), (1, 1), (7, 1)])
+def test_uniform_indices_distinct_in_range(n, size):
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        idx = uniform_indices(rng, n, size)
+        assert idx.dtype == np.int64 and idx.shape == (size,)
+        assert len(np.unique(idx)) == size
+        assert idx.min() >= 0 and idx.max() < n
+
+
+@pytest.mark.parametrize('size', [5, 40])  # 5 < 50/4: rejection path; 40 >= 50/4: permutation path
+@pytest.mark.parametrize('position', [0, -1])
+def test_uniform_indices_is_uniform_per_position(size, position):
+    rng = np.random.default_rng(size)
+    counts = np.zeros(50)
+    rounds = 10000
+    for _ in range(rounds):
+        counts[uniform_indices(rng, 50, size)[position]] += 1
+    assert chi_square(counts, rounds / 50) < CHI2_49_Q999
+
+
+def test_uniform_indices_rejection_path_avoids_permutation():
+    rng = NoPermutationGenerator(np.random.PCG64(0))
+    idx = uniform_indices(rng, 1000, 249)  # just below n / 4
+    assert len(np.unique(idx)) == 249
+
+
+def test_uniform_indices_permutation_path_is_used_for_large_fractions():
+    NoPermutationGenerator.permutation_calls = 0
+    rng = NoPermutationGenerator(np.random.PCG64(0))
+    with pytest.raises(AssertionError, match='permutation'):
+        uniform_indices(rng, 1000, 250)
+    assert NoPermutationGenerator.permutation_calls == 1
+
+
+def test_uniform_indices_with_replacement():
+    rng = np.random.default_rng(0)
+    idx = uniform_indices(rng, 3, 1000, replace=True)
+    assert idx.shape == (1000,) and idx.dtype == np.int64
+    assert set(idx.tolist()) == {0, 1, 2}
+    counts = np.bincount(uniform_indices(rng, 50, 10000, replace=True), minlength=50)
+    assert chi_square(counts, 10000 / 50) < CHI2_49_Q999
+
+
+def test_uniform_indices_more_than_population_without_replacement_raises():
+    with pytest.raises(ValueError):
+        uniform_indices(np.random.default_rng(0), 5, 6)
+
+
+def test_uniform_indices_floyd_branch_is_distinct_and_uniform():
+    """n > 10000 and size <= n/50 takes numpy's O(size) Floyd path: still distinct, in range, uniform."""
+    rng = np.random.default_rng(7)
+    n, size, rounds = 20_000, 100, 2_000
+    counts = np.zeros(10, dtype=np.int64)  # per decile of the population
+    for _ in range(rounds):
+        idx = uniform_indices(rng, n, size)
+        assert idx.dtype == np.int64 and len(np.unique(idx)) == size
+        assert idx.min() >= 0 and idx.max() < n
+        counts += np.bincount(idx * 10 // n, minlength=10)
+    expected = rounds * size / 10
+    chi2 = float(((counts - expected) ** 2 / expected).sum())
+    assert chi2 < 27.9  # 0.999 quantile, 9 dof
