@@ -3,7 +3,7 @@ when torchrun / mpirun started it. Used by the Ape-X and the distributed HyperGr
 
 torch: N plain ``env://`` processes (not torchrun, which tears every rank down when one dies: a killed actor must
 not end the run); MPI: ``mpirun --oversubscribe --enable-recovery -n N`` (the other ranks survive a dead one);
-Ray: ``ray_init`` starts a local cluster of N CPUs, or joins ``distributed.address`` / ``RAY_ADDRESS``.
+Ray: ``ray_init`` starts a local cluster of N CPUs, or joins ``distributed.ray_address`` / ``RAY_ADDRESS``.
 
 ``run_roles`` is what both jobs run: it starts the ranks (``--nproc``), or, in a rank, serves (the manager) or
 runs the job's learner / worker function, or drives Ray tasks. A worker whose manager is gone prints
@@ -128,15 +128,26 @@ def interrupted(args: argparse.Namespace, run_dir: str) -> None:
 
 
 def ray_init(dist: Any, nproc: int) -> None:
-    """Join the Ray cluster at ``distributed.address`` (or ``RAY_ADDRESS``), else start a local one of ``nproc``
-    CPUs (the manager actor and one task per other rank)."""
+    """Join the Ray cluster at ``distributed.ray_address`` (or ``RAY_ADDRESS``), bounded by the distributed
+    start-up timeout (an address nobody answers raises ``TimeoutError`` naming the key instead of waiting
+    forever), else start a local one of ``nproc`` CPUs (the manager actor and one task per other rank)."""
+    import time
+
     import ray
+
+    from ..distributed import build_distributed_config
+    from ..distributed.config import startup_seconds
+    from ..distributed.startup import connect_ray
 
     if ray.is_initialized():
         return
-    address = dist.get('address') or os.environ.get('RAY_ADDRESS')
-    if address:
-        ray.init(address=address, namespace=dist.get('namespace'), log_to_driver=True)
+    if dist.get('ray_address') or os.environ.get('RAY_ADDRESS'):
+        dcfg = build_distributed_config(dist)
+        seconds = startup_seconds(dcfg)
+        try:
+            connect_ray(ray, dcfg, time.monotonic() + seconds, seconds)
+        except TimeoutError as e:  # the config names a cluster that is not there: a one-line error (exit 2)
+            raise ValueError(str(e)) from e
     else:
         ray.init(num_cpus=nproc, include_dashboard=False, namespace=dist.get('namespace'), configure_logging=False)
 
