@@ -1,9 +1,10 @@
 """Code shared by the test modules of every folder (tests/conftest.py puts this folder on ``sys.path``): exact
 state comparison, chi-square, references for the sampling and distance parts (a numpy Generator that refuses
-population-sized work, the brute-force p-norm distance), waiting with a deadline, the thread-stress runner, MPI availability, the
-environment of test subprocesses, the state-corruption tools of the property suites, and ``Case``: one buffer
-type x storage combination, as the contract suite (tests/buffers/test_contract.py) and the property suites
-(tests/test_properties.py, tests/buffers/test_dingengine_properties.py) configure, feed and probe it."""
+population-sized work, the brute-force p-norm distance), waiting with a deadline, the thread-stress runner, MPI
+availability, the environment of test subprocesses, the state-corruption tools of the property suites, and
+``Case``: one buffer type x storage combination, as the contract suite (tests/buffers/test_contract.py) and the
+property suites (tests/test_properties.py, tests/buffers/test_dingengine_properties.py) configure, feed and probe
+it."""
 
 import importlib.util
 import math

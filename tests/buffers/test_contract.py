@@ -1,20 +1,24 @@
-"""Contract tests of every preset x storage combination, through the public API only.
+"""Contract tests of every registered buffer type x storage combination, through the public API only
+(push / sample / update / state_dict / load_state_dict / save_data / load_data / close).
 
-Combinations (test ids): ``naive``, ``advanced`` and ``episode`` on ``list``, ``tensor`` and ``memmap`` (tensor
-storage with ``memmap_dir``) storage, ``elastic`` on ``list`` and ``tensor``, ``prioritized_episode`` on ``tensor``
-and ``memmap`` (its windows need flat
-tensor storage), plus ``gfn``, ``gfn_diverse`` and ``terminating_state`` (dict batches of ``state`` [B, d] and
-``log_reward`` [B]; no storage section).
+Combinations (test ids; ``helpers.Case`` configures, feeds and samples each): ``naive``, ``advanced``,
+``episode``, ``sequence`` and ``deque`` on ``list``, ``tensor`` and ``memmap`` (tensor storage with
+``memmap_dir``) storage; ``deque_prio`` (the deque with ``priority=True``) and ``elastic`` on ``list`` and
+``tensor``; ``prioritized_episode`` on ``tensor`` and ``memmap`` (its windows need flat tensor storage);
+``gfn``, ``gfn_diverse`` and ``terminating_state`` (dict batches of ``state`` [B, d] and ``log_reward`` [B]; no
+storage section); ``chunk`` with its payload store in ``memory`` or on ``disk`` (an item is one chunk of two
+fragments of one worker; a sample of n items is n chunks).
 
 Contracts:
 1. push is all or nothing: a batch with one invalid item raises and leaves ``state_dict()`` unchanged;
-2. update is all or nothing where it takes priorities (``advanced``, ``prioritized_episode``: garbage raises,
-   state unchanged); elsewhere a well-formed update is a no-op;
+2. update is all or nothing where it takes priorities (``advanced``, ``prioritized_episode``, ``deque_prio``:
+   garbage raises, state unchanged); elsewhere a well-formed update is a no-op;
 3. load is all or nothing: a corrupted state for ``load_state_dict``, a truncated / damaged file for ``load_data``
    raise ``ValueError``/``TypeError`` and leave the buffer unchanged;
 4. save -> load gives a buffer whose next samples (and RNG) are identical;
-5. (prioritized presets) updates of replaced items are counted as stale and applied to nothing;
-6. ``close()`` is idempotent, joins every helper thread, and a closed buffer refuses pushes;
+5. (prioritized types) updates of replaced items are counted as stale and applied to nothing;
+6. ``close()`` is idempotent, keeps the data, and a closed buffer refuses pushes; it joins every helper thread
+   (skipped, with the reason, for the deque and the chunk buffer, which start none);
 7. concurrent push / sample (/ update) keep the buffer consistent (its state round-trips).
 
 Known bugs are ``xfail(strict=True)`` with the reason; fixing one turns its test into an XPASS failure: remove the
@@ -67,6 +71,10 @@ CASES = [Case(p, s) for p in ('naive', 'advanced', 'episode') for s in ('list', 
 CASES += [Case('elastic', s) for s in ('list', 'tensor')]  # the naive ring with a sampling window
 CASES += [Case('prioritized_episode', s) for s in ('tensor', 'memmap')]  # windows need flat (tensor) storage
 CASES += [Case(p) for p in ('gfn', 'gfn_diverse', 'terminating_state')]
+CASES += [Case('sequence', s) for s in ('list', 'tensor', 'memmap')]  # the naive ring sampled as runs
+CASES += [Case('deque', s) for s in ('list', 'tensor', 'memmap')]  # DI-engine's wrapper over naive ...
+CASES += [Case('deque', s, variant='prio') for s in ('list', 'tensor')]  # ... and advanced (priority=True)
+CASES += [Case('chunk', s) for s in ('memory', 'disk')]  # fragments in, chunks out; payloads in memory / on disk
 PRIORITIZED = [c for c in CASES if c.prioritized]
 UNPRIORITIZED = [c for c in CASES if not c.prioritized]
 
@@ -151,22 +159,28 @@ def _holds_tensors(value):
 
 def corruptions(state):
     """``(label, corrupted state)``: a state that is not a dict, a wrong buffer type, every top-level entry of a
-    wrong type (a str), the RNG and every entry holding data (tensors) missing, and every entry of the storage /
-    store / index sections missing. (Counters and the like may be optional: states saved before a preset had them
-    load with zeros.)"""
+    wrong type (a str; an int for a str entry), the RNG and every entry holding data (tensors) missing, every
+    entry of the storage / store / index sections and every payload (chunk buffer) missing, and all of these in
+    the state of the buffer a wrapper holds (the deque's ``inner``). (Counters and the like may be optional:
+    states saved before a preset had them load with zeros.)"""
     out = [('not a dict', [state]), ('wrong type', dict(state, type='SomeOtherBuffer'))]
     for key in state:
         if key == 'type' or key == 'track_states':  # GFlowNet: see test_load_state_dict_inconsistent_gfn_state
             continue
         if key == 'rng' or _holds_tensors(state[key]):
             out.append((f'no {key!r}', {k: v for k, v in state.items() if k != key}))
-        out.append((f'{key!r} is a str', dict(state, **{key: 'garbage'})))
-    for section in ('storage', 'episodes', 'store', 'index'):
+        if isinstance(state[key], str):  # (the chunk buffer's session_id): a str of another type
+            out.append((f'{key!r} is an int', dict(state, **{key: 5})))
+        else:
+            out.append((f'{key!r} is a str', dict(state, **{key: 'garbage'})))
+    for section in ('storage', 'episodes', 'store', 'index', 'payloads'):
         sub = state.get(section)
         if not isinstance(sub, dict):
             continue
         for key in sub:
             out.append((f'no {section}.{key}', dict(state, **{section: {k: v for k, v in sub.items() if k != key}})))
+    if isinstance(state.get('inner'), dict):
+        out += [(f'inner: {label}', dict(state, inner=bad)) for label, bad in corruptions(state['inner'])]
     return out
 
 
@@ -398,9 +412,10 @@ class FakeWriter:
 
 
 def _monitored(case, tmp_path, tracked_files):
-    """A buffer with every helper thread its preset has: an owned TensorBoard writer (advanced, GFlowNet), the
-    periodic thruput report (advanced; naive and episode report to a borrowed writer) and the used-data remover
-    (list storage of naive / advanced)."""
+    """A buffer with every helper thread its type has: an owned TensorBoard writer (advanced, GFlowNet), the
+    periodic thruput report (advanced; naive, sequence, elastic and episode report to a borrowed writer) and the
+    used-data remover (list storage of naive / advanced / sequence). The deque (which writes to its borrowed
+    writer inside sample) and the chunk buffer start no thread."""
     kwargs = {'exp_name': str(tmp_path / 'exp')}
     if case.preset == 'advanced':
         over = {
@@ -412,8 +427,11 @@ def _monitored(case, tmp_path, tracked_files):
         }
     elif case.gfn:
         over = {'monitor': {'tensorboard': True, 'log_every': 1}}
+    elif case.preset in ('deque', 'chunk'):
+        over = {}
+        kwargs['tb_logger'] = FakeWriter()
     else:
-        over = {'periodic_thruput_seconds': 0.05 if case.preset == 'naive' else 1}  # episode: an int key
+        over = {'periodic_thruput_seconds': 0.05 if case.preset in ('naive', 'sequence') else 1}  # episode: an int
         kwargs['tb_logger'] = FakeWriter()
     if tracked_files is not None:
         over['enable_track_used_data'] = True
@@ -421,11 +439,27 @@ def _monitored(case, tmp_path, tracked_files):
 
 
 @all_cases
-def test_close_is_idempotent_and_joins_every_thread(case, tmp_path):
+def test_close_is_idempotent_and_a_closed_buffer_refuses_pushes(case, tmp_path):
+    rng = np.random.default_rng(9)
+    buf = _monitored(case, tmp_path, None)
+    case.fill(buf, rng, case.cap + 4)
+    assert case.sample(buf, 4) is not None
+    count, state = buf.count(), buf.state_dict()
+    buf.close()
+    buf.close()  # idempotent
+    with pytest.raises(RuntimeError):
+        buf.push(case.data(rng, 1, start=999))
+    assert buf.count() == count  # data stays readable, unchanged
+    assert_same(buf.state_dict(), state)
+
+
+@all_cases
+def test_close_joins_every_helper_thread(case, tmp_path):
+    case.require('helper threads')
     baseline_threads = set(threading.enumerate())
     baseline = threading.active_count()
     rng = np.random.default_rng(9)
-    tracked = [] if case.preset in ('naive', 'advanced') and case.storage == 'list' else None
+    tracked = [] if case.preset in ('naive', 'advanced', 'sequence') and case.storage == 'list' else None
     buf = _monitored(case, tmp_path, tracked)
     if tracked is not None:
         for i in range(case.cap + 4):
