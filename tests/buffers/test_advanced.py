@@ -249,39 +249,10 @@ def test_pushed_and_stored_dicts_are_not_mutated(storage):
         assert all('IS' not in y and 'replay_unique_id' not in y for y in (d, *batch_items))
 
 
-BAD_ITEMS = [
-    (5, TypeError),
-    ('not a dict', TypeError),
-    ([1, 2], TypeError),
-    (None, TypeError),
-    (item(99, priority=float('nan')), ValueError),
-    (item(99, priority=-1.0), ValueError),
-    (item(99, priority=float('inf')), ValueError),
-    (item(99, priority=np.array([1.0, 2.0])), ValueError),
-    (item(99, priority='high'), TypeError),
-]
-
-
-@pytest.mark.parametrize('bad,exc', BAD_ITEMS, ids=[f'bad{i}' for i in range(len(BAD_ITEMS))])
-@pytest.mark.parametrize('storage', STORAGES)
-def test_invalid_item_in_a_list_raises_and_changes_nothing(storage, bad, exc):
-    buf = busy_buffer(storage)
-    before = buf.state_dict()
-    with pytest.raises(exc):
-        buf.push([item(50, collect_iter=1), bad, item(51, collect_iter=1)])
-    assert_same(before, buf.state_dict())
-    if bad is not None and not isinstance(bad, list):
-        with pytest.raises(exc):
-            buf.push(bad)
-        assert_same(before, buf.state_dict())
-
-
-def test_tensor_storage_schema_mismatch_in_a_list_changes_nothing():
-    buf = busy_buffer('tensor')
-    before = buf.state_dict()
+def test_tensor_storage_schema_mismatch_names_the_field():
+    buf = busy_buffer('tensor')  # (that the refusal changes nothing: tests/buffers/test_contract.py)
     with pytest.raises(ValueError, match='obs'):
         buf.push([item(50, collect_iter=1), {'id': 51, 'obs': np.zeros(3, np.float32), 'collect_iter': 1}])
-    assert_same(before, buf.state_dict())
 
 
 def _batch(ids, **extra):
@@ -304,18 +275,7 @@ def test_extend_with_and_without_priority(storage):
         [p**0.6 for p in [1.0, 1.0, 1.0, 0.5, 1.0, 2.0, 4.0, 3.0]], rel=1e-12
     )
     assert stored_ids(buf) == list(range(8))
-    before = buf.state_dict()
-    with pytest.raises(ValueError):
-        buf.extend(_batch([8, 9, 10], priority=np.array([1.0, 2.0])))  # wrong length
-    with pytest.raises(ValueError):
-        buf.extend(_batch([8, 9], priority=np.array([1.0, float('nan')])))
-    with pytest.raises(ValueError):
-        buf.extend(_batch([8, 9], priority=np.array([1.0, -2.0])))
-    with pytest.raises(TypeError):
-        buf.extend([item(8)])
-    assert_same(before, buf.state_dict())
-    # ids keep counting after the refused batches
-    buf.extend(_batch([8, 9]))
+    buf.extend(_batch([8, 9]))  # the next ids
     assert sorted(index_view(buf)) == list(range(10))
 
 
@@ -951,50 +911,6 @@ def test_update_repeated_entry_last_write_wins(storage):
     assert index_view(buf)[1]['priority'] == np.float32(5.0 + EPS)
 
 
-def _bad_updates(batch):
-    good = info_from(batch, [2.0, 2.0, 2.0])
-    out = []
-    for p in (float('nan'), float('inf'), -1.0):
-        bad = dict(good)
-        bad['priority'] = [2.0, p, 2.0]
-        out.append((bad, ValueError))
-    short = dict(good)
-    short['priority'] = [2.0, 2.0]
-    out.append((short, ValueError))
-    short_idx = dict(good)
-    short_idx['replay_buffer_idx'] = list(good['replay_buffer_idx'])[:2]
-    out.append((short_idx, ValueError))
-    for slot in (-1, 16, 10**6):
-        bad = dict(good)
-        bad['replay_buffer_idx'] = [0, slot, 1]
-        out.append((bad, ValueError))
-    bad = dict(good)
-    bad['replay_buffer_idx'] = [0.0, 1.0, 2.0]
-    out.append((bad, TypeError))
-    bad = dict(good)
-    del bad['replay_buffer_idx']
-    out.append((bad, ValueError))
-    bad = dict(good)
-    del bad['replay_unique_id']
-    out.append((bad, ValueError))
-    bad = dict(good)
-    bad['replay_unique_id'] = [object(), object(), object()]
-    out.append((bad, TypeError))
-    out.append(([good], TypeError))
-    return out
-
-
-@pytest.mark.parametrize('storage', STORAGES)
-def test_invalid_update_raises_and_changes_nothing(storage):
-    buf = busy_buffer(storage, max_use=float('inf'))
-    batch = buf.sample(3)
-    before = buf.state_dict()
-    for bad, exc in _bad_updates(batch):
-        with pytest.raises(exc):
-            buf.update(bad)
-        assert_same(before, buf.state_dict())
-
-
 @pytest.mark.parametrize('storage', STORAGES)
 def test_update_without_priority_is_a_noop(storage):
     buf = busy_buffer(storage)
@@ -1464,14 +1380,8 @@ def test_save_and_load_data_round_trip(storage, tmp_path):
     path = tmp_path / 'sub' / 'buf.pt'
     a.save_data(str(path))
     b = make(storage, size=16, seed=42, max_use=3, anneal_step=20, alpha=0.7, beta=0.3)
-    if storage == 'list':  # the items hold numpy arrays: loading them needs allow_pickle
-        before = b.state_dict()
-        with pytest.raises(ValueError, match='allow_pickle'):
-            b.load_data(str(path))
-        assert_same(before, b.state_dict())
-        b.load_data(str(path), allow_pickle=True)
-    else:
-        b.load_data(str(path))
+    # the list items hold numpy arrays: loading them needs allow_pickle (refused without: test_contract.py)
+    b.load_data(str(path), allow_pickle=storage == 'list')
     assert_same(a.state_dict(), b.state_dict())
     _compare_next_samples(a, b)
 
@@ -1485,134 +1395,6 @@ def test_list_storage_of_tensors_loads_without_allow_pickle(tmp_path):
     b.load_data(str(tmp_path / 'b.pt'))
     assert_same(a.state_dict(), b.state_dict())
     assert_same(a.sample(4, cur_learner_iter=9), b.sample(4, cur_learner_iter=9))
-
-
-def _corrupt(kind):
-
-    def neg_priority(s):
-        valid = s['storage']['ring']['valid'].numpy()
-        s['index']['priority'][int(np.flatnonzero(valid)[0])] = -1.0
-
-    def nan_priority(s):
-        s['index']['priority'][int(np.flatnonzero(s['storage']['ring']['valid'].numpy())[0])] = float('nan')
-
-    def leaf_at_empty(s):
-        valid = s['storage']['ring']['valid'].numpy()
-        s['index']['leaves'][int(np.flatnonzero(~valid)[0])] = 0.5
-
-    def neg_leaf(s):
-        valid = s['storage']['ring']['valid'].numpy()
-        s['index']['leaves'][int(np.flatnonzero(valid)[0])] = -0.5
-
-    def nan_leaf(s):
-        valid = s['storage']['ring']['valid'].numpy()
-        s['index']['leaves'][int(np.flatnonzero(valid)[0])] = float('nan')
-
-    def short_leaves(s):
-        s['index']['leaves'] = s['index']['leaves'][:-1]
-
-    def long_priority(s):
-        s['index']['priority'] = torch.cat([s['index']['priority'], torch.zeros(1)])
-
-    def short_use(s):
-        s['index']['use'] = s['index']['use'][:3]
-
-    def neg_use(s):
-        s['index']['use'][0] = -1
-
-    def beta_2(s):
-        s['beta'] = 2.0
-
-    def beta_neg(s):
-        s['beta'] = -0.5
-
-    def max_priority_nan(s):
-        s['index']['max_priority'] = float('nan')
-
-    def no_index(s):
-        del s['index']
-
-    def no_counters(s):
-        del s['counters']
-
-    def counter_missing(s):
-        del s['counters']['removed_by_use']
-
-    def thruput_negative(s):
-        s['thruput']['push'] = -1.0
-
-    def wrong_type(s):
-        s['type'] = 'NaiveReplayBuffer'
-
-    def bad_rng(s):
-        s['rng'] = {'bit_generator': 'nonsense'}
-
-    def ring_head(s):
-        s['storage']['ring']['head'] = (s['storage']['ring']['head'] + 1) % 16
-
-    def wrong_capacity(s):
-        s['storage']['ring']['capacity'] = 32
-
-    def wrong_kind(s):
-        s['storage']['kind'] = 'tensor' if s['storage']['kind'] == 'list' else 'list'
-
-    return locals()[kind]
-
-
-CORRUPTIONS = [
-    'neg_priority',
-    'nan_priority',
-    'leaf_at_empty',
-    'neg_leaf',
-    'nan_leaf',
-    'short_leaves',
-    'long_priority',
-    'short_use',
-    'neg_use',
-    'beta_2',
-    'beta_neg',
-    'max_priority_nan',
-    'no_index',
-    'no_counters',
-    'counter_missing',
-    'thruput_negative',
-    'wrong_type',
-    'bad_rng',
-    'ring_head',
-    'wrong_capacity',
-    'wrong_kind',
-]
-
-
-@pytest.mark.parametrize('kind', CORRUPTIONS)
-@pytest.mark.parametrize('storage', STORAGES)
-def test_corrupted_state_raises_and_leaves_the_buffer_unchanged(storage, kind):
-    src = busy_buffer(storage)
-    assert not src.state_dict()['storage']['ring']['valid'].all()  # there are empty slots (holes)
-    state = src.state_dict()
-    _corrupt(kind)(state)
-    target = busy_buffer(storage, seed=1)
-    target.push(item(77, collect_iter=0))
-    before = target.state_dict()
-    with pytest.raises(ValueError):
-        target.load_state_dict(state)
-    assert_same(before, target.state_dict())
-    # still fully usable
-    assert target.sample(2) is not None
-
-
-@pytest.mark.parametrize('storage', STORAGES)
-def test_truncated_file_raises_and_leaves_the_buffer_unchanged(storage, tmp_path):
-    src = busy_buffer(storage)
-    path = tmp_path / 'buf.pt'
-    src.save_data(str(path))
-    data = path.read_bytes()
-    path.write_bytes(data[: len(data) // 2])
-    target = busy_buffer(storage, seed=1)
-    before = target.state_dict()
-    with pytest.raises(ValueError):
-        target.load_data(str(path), allow_pickle=True)
-    assert_same(before, target.state_dict())
 
 
 @pytest.mark.parametrize('storage', STORAGES)
@@ -1933,8 +1715,8 @@ def test_numba_and_numpy_backends_give_identical_buffers():
 def test_update_fast_path_gives_exactly_the_state_of_the_checking_path():
     """Tensors from a tensor-storage sample take one compiled pass (``_update_fast``); lists take the checking
     path. Same buffers, same updates -- fresh, stale (overwritten), repeated slots, foreign ids, float32 and
-    float64 priorities -- must give identical states and results; a bad entry is refused by both with nothing
-    changed."""
+    float64 priorities -- must give identical states and results. (A bad entry is refused by both paths with
+    nothing changed: the list and tensor forms of the contract suite's garbage updates.)"""
     rng = np.random.default_rng(0)
 
     def make():
@@ -1962,19 +1744,6 @@ def test_update_fast_path_gives_exactly_the_state_of_the_checking_path():
             more = {'obs': torch.zeros(5, 2), 'act': torch.arange(5)}
             fast.extend(more)
             slow.extend(more)
-    for bad in (float('nan'), -1.0, float('inf')):
-        before = fast.state_dict()
-        prio = torch.ones(16)
-        prio[5] = bad
-        info = {
-            'replay_unique_id': batch['replay_unique_id'],
-            'replay_buffer_idx': batch['replay_buffer_idx'],
-            'priority': prio,
-        }
-        with pytest.raises(ValueError, match='priority'):
-            fast.update(info)
-        assert_same(fast.state_dict(), before)
-    before = fast.state_dict()
     swapped = {
         'replay_unique_id': batch['replay_unique_id'].numpy(),
         'replay_buffer_idx': batch['replay_buffer_idx'],
@@ -1982,16 +1751,6 @@ def test_update_fast_path_gives_exactly_the_state_of_the_checking_path():
     }  # non-native byte order: the checking path converts it
     assert fast.update(swapped) == slow.update({k: np.asarray(v).tolist() for k, v in swapped.items()})
     assert_same(fast.state_dict(), slow.state_dict())
-    before = fast.state_dict()
-    with pytest.raises(ValueError, match='replay_buffer_idx'):
-        fast.update(
-            {
-                'replay_unique_id': batch['replay_unique_id'],
-                'replay_buffer_idx': batch['replay_buffer_idx'] + 64,
-                'priority': torch.ones(16),
-            }
-        )
-    assert_same(fast.state_dict(), before)
 
 
 def _cartpole_batch(rng, n, collect_iter=False, priority=False):

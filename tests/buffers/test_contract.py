@@ -26,6 +26,7 @@ mark then.
 """
 
 import io
+import re
 import threading
 import time
 import zipfile
@@ -33,7 +34,7 @@ import zipfile
 import numpy as np
 import pytest
 import torch
-from helpers import Case, assert_same, run_threads, states_equal, wait_until
+from helpers import Case, Payload, assert_same, run_threads, states_equal, wait_until
 
 from ding_buffer import create_buffer
 
@@ -41,14 +42,14 @@ NAN = float('nan')
 STRESS_SECONDS = 0.8
 
 
-def refused(exc, label):
-    """Like ``pytest.raises(exc)``, but a failure names the case (``label``)."""
-    return _Refused(exc, label)
+def refused(exc, label, match=None):
+    """Like ``pytest.raises(exc, match=match)``, but a failure names the case (``label``)."""
+    return _Refused(exc, label, match)
 
 
 class _Refused:
-    def __init__(self, exc, label):
-        self.exc, self.label = exc, label
+    def __init__(self, exc, label, match):
+        self.exc, self.label, self.match = exc, label, match
 
     def __enter__(self):
         return self
@@ -60,6 +61,8 @@ class _Refused:
             raise AssertionError(  # noqa: TRY004 (a test failure, not a type error)
                 f"{self.label}: raised {etype.__name__}: {value}, expected {self.exc}"
             ) from value
+        if self.match is not None and not re.search(self.match, str(value)):
+            raise AssertionError(f"{self.label}: the message {str(value)!r} does not match {self.match!r}") from value
         return True
 
 
@@ -67,7 +70,8 @@ class _Refused:
 SCHEMA_ONLY = {'single item with a wrong obs shape'}
 
 
-CASES = [Case(p, s) for p in ('naive', 'advanced', 'episode') for s in ('list', 'tensor', 'memmap')]
+CASES = [Case(p, s) for p in ('naive', 'advanced') for s in ('list', 'tensor', 'memmap')]
+CASES += [Case('episode', 'list', limit_list=True)] + [Case('episode', s) for s in ('tensor', 'memmap')]
 CASES += [Case('elastic', s) for s in ('list', 'tensor')]  # the naive ring with a sampling window
 CASES += [Case('prioritized_episode', s) for s in ('tensor', 'memmap')]  # windows need flat (tensor) storage
 CASES += [Case(p) for p in ('gfn', 'gfn_diverse', 'terminating_state')]
@@ -88,20 +92,20 @@ def test_push_is_all_or_nothing(case, tmp_path):
     buf = case.make(tmp_path)
     invalid = case.invalid_pushes(rng)
     # on an empty buffer: no schema / store may be committed by a refused first push
-    for label, args, kwargs, exc in invalid:
+    for label, args, kwargs, exc, *match in invalid:
         if label in SCHEMA_ONLY:
             continue  # a valid first push: it defines the schema
         before = buf.state_dict()
-        with refused(exc, f'push ({label}) on an empty buffer'):
+        with refused(exc, f'push ({label}) on an empty buffer', *match):
             buf.push(*args, **kwargs)
         assert_same(buf.state_dict(), before, f'state after refused push ({label}) on an empty buffer')
     assert buf.count() == 0
     case.fill(buf, rng, 6)
     assert buf.count() == 6
     case.sample(buf, 2)  # advances the RNG and (advanced) use counts: part of the compared state
-    for label, args, kwargs, exc in invalid:
+    for label, args, kwargs, exc, *match in invalid:
         before = buf.state_dict()
-        with refused(exc, f'push ({label})'):
+        with refused(exc, f'push ({label})', *match):
             buf.push(*args, **kwargs)
         assert_same(buf.state_dict(), before, f'state after refused push ({label})')
     assert buf.count() == 6
@@ -114,21 +118,21 @@ def test_push_is_all_or_nothing(case, tmp_path):
 
 
 # ================================================================================ 2. update: all or nothing
-@pytest.mark.parametrize('case', PRIORITIZED, ids=lambda c: c.id)
+@pytest.mark.parametrize('case', [c for c in CASES if c.takes_garbage_updates], ids=lambda c: c.id)
 def test_update_garbage_is_all_or_nothing(case, tmp_path):
     rng = np.random.default_rng(2)
     buf = case.make(tmp_path)
     case.fill(buf, rng, case.cap)
     batch = case.sample(buf, 6)
-    good = case.update_info(batch, [2.5] * 6)
-    for label, info, exc in case.garbage_updates(good):
+    good, answer = case.good_update(batch)
+    for label, info, exc, *match in case.garbage_updates(good):
         before = buf.state_dict()
-        with refused(exc, f'update ({label})'):
+        with refused(exc, f'update ({label})', *match):
             buf.update(info)
         assert_same(buf.state_dict(), before, f'state after refused update ({label})')
     # the well-formed update is applied (so the comparisons above could have seen a partial one)
     before = buf.state_dict()
-    assert buf.update(good) == {'updated': 6, 'stale': 0}
+    assert buf.update(good) == answer
     assert not states_equal(case.without_counters(buf.state_dict()), case.without_counters(before))
     buf.close()
 
@@ -147,53 +151,22 @@ def test_update_is_a_no_op_without_priorities(case, tmp_path):
 
 
 # ================================================================================ 3. load: all or nothing
-def _holds_tensors(value):
-    if isinstance(value, torch.Tensor):
-        return True
-    if isinstance(value, dict):
-        return any(_holds_tensors(v) for v in value.values())
-    if isinstance(value, (list, tuple)):
-        return any(_holds_tensors(v) for v in value)
-    return False
-
-
-def corruptions(state):
-    """``(label, corrupted state)``: a state that is not a dict, a wrong buffer type, every top-level entry of a
-    wrong type (a str; an int for a str entry), the RNG and every entry holding data (tensors) missing, every
-    entry of the storage / store / index sections and every payload (chunk buffer) missing, and all of these in
-    the state of the buffer a wrapper holds (the deque's ``inner``). (Counters and the like may be optional:
-    states saved before a preset had them load with zeros.)"""
-    out = [('not a dict', [state]), ('wrong type', dict(state, type='SomeOtherBuffer'))]
-    for key in state:
-        if key == 'type' or key == 'track_states':  # GFlowNet: see test_load_state_dict_inconsistent_gfn_state
-            continue
-        if key == 'rng' or _holds_tensors(state[key]):
-            out.append((f'no {key!r}', {k: v for k, v in state.items() if k != key}))
-        if isinstance(state[key], str):  # (the chunk buffer's session_id): a str of another type
-            out.append((f'{key!r} is an int', dict(state, **{key: 5})))
-        else:
-            out.append((f'{key!r} is a str', dict(state, **{key: 'garbage'})))
-    for section in ('storage', 'episodes', 'store', 'index', 'payloads'):
-        sub = state.get(section)
-        if not isinstance(sub, dict):
-            continue
-        for key in sub:
-            out.append((f'no {section}.{key}', dict(state, **{section: {k: v for k, v in sub.items() if k != key}})))
-    if isinstance(state.get('inner'), dict):
-        out += [(f'inner: {label}', dict(state, inner=bad)) for label, bad in corruptions(state['inner'])]
-    return out
-
-
 @all_cases
-def test_load_state_dict_corrupted_is_all_or_nothing(case, tmp_path):
+@pytest.mark.parametrize('fill', ['wrapped', 'partly filled'])
+def test_load_state_dict_corrupted_is_all_or_nothing(case, fill, tmp_path):
+    """Every corruption of ``Case.corruptions`` of a source state -- one that wrapped around its ring, and one
+    partly filled (empty slots) -- is refused with the buffer unchanged."""
     rng = np.random.default_rng(3)
     src = case.make(tmp_path, 'src')
-    case.exercise(src, rng)
+    if fill == 'wrapped':
+        case.exercise(src, rng)
+    else:
+        case.fill(src, rng, 5)
     state = src.state_dict()
     buf = case.make(tmp_path, 'dst')
     case.fill(buf, np.random.default_rng(4), 5)
     case.sample(buf, 2)
-    for label, bad in corruptions(state):
+    for label, bad in case.corruptions(state):
         before = buf.state_dict()
         with refused((ValueError, TypeError), f'load_state_dict ({label})'):
             buf.load_state_dict(bad)
@@ -203,6 +176,17 @@ def test_load_state_dict_corrupted_is_all_or_nothing(case, tmp_path):
     assert_same(buf.state_dict(), state)
     src.close()
     buf.close()
+
+
+@pytest.mark.xfail(strict=True, reason='GFlowNet buffers load a state with negative counters (the others refuse it)')
+@pytest.mark.parametrize('case', [c for c in CASES if c.gfn], ids=lambda c: c.id)
+def test_known_bug_gfn_load_accepts_negative_counters(case, tmp_path):
+    src = case.make(tmp_path, 'src')
+    case.exercise(src, np.random.default_rng(3))
+    state = src.state_dict()
+    buf = case.make(tmp_path, 'dst')
+    with pytest.raises((ValueError, TypeError)):
+        buf.load_state_dict(dict(state, counters=dict(state['counters'], pushed=-1)))
 
 
 # --------------------------------------------------------------------- GFlowNet states that are inconsistent
@@ -265,10 +249,12 @@ def _saved(case, tmp_path):
     return buf, buf.state_dict(), path.read_bytes()
 
 
-def _check_refused_file(case, buf, before, raw, path, label):
-    path.write_bytes(bytes(raw))
-    with refused(ValueError, f'load_data ({label})'):
-        buf.load_data(str(path), allow_pickle=case.allow_pickle)
+def _check_refused_file(case, buf, before, raw, path, label, allow_pickle=None):
+    if raw is not None:
+        path.write_bytes(bytes(raw))
+    allow_pickle = case.allow_pickle if allow_pickle is None else allow_pickle
+    with refused(ValueError, f'load_data ({label}, allow_pickle={allow_pickle})'):
+        buf.load_data(str(path), allow_pickle=allow_pickle)
     assert_same(buf.state_dict(), before, f'state after refused load_data ({label})')
 
 
@@ -289,6 +275,12 @@ def test_load_data_truncated_or_broken_file_is_all_or_nothing(case, tmp_path):
     eocd = raw.rfind(b'PK\x05\x06')
     assert eocd > 0
     _check_refused_file(case, buf, before, _flip(raw, eocd + 1), path, 'flipped bit in the end-of-directory record')
+    for allow_pickle in (False, True):
+        torch.save({'weights': torch.ones(3), 'step': 10}, str(path))
+        _check_refused_file(case, buf, before, None, path, 'a file of something else', allow_pickle)
+        future = {'format': 'ding_buffer', 'version': 999, 'buffer': before['type'], 'state': {}}
+        torch.save(future, str(path))
+        _check_refused_file(case, buf, before, None, path, 'a file of a future format version', allow_pickle)
     # the intact file loads (so the refusals above were about the damage)
     path.write_bytes(raw)
     buf.load_data(str(path), allow_pickle=case.allow_pickle)
@@ -337,6 +329,50 @@ def test_load_data_bit_flip_in_tensor_data_raises_value_error(case, tmp_path):
             f"load_data accepted {len(accepted)} of {len(records)} files with a flipped bit in a tensor "
             f"record: {accepted}"
         )
+
+
+@all_cases
+def test_load_of_a_buffer_configured_otherwise_is_all_or_nothing(case, tmp_path):
+    """States and files of the same type configured otherwise (capacity, storage kind, transition limit) are
+    refused, by load_state_dict and by load_data."""
+    case.require('another configuration')
+    buf = case.make(tmp_path, 'dst')
+    case.fill(buf, np.random.default_rng(6), 5)
+    case.sample(buf, 2)
+    before = buf.state_dict()
+    for k, (label, overrides) in enumerate(case.other_configs()):
+        src = case.make(tmp_path, f'src{k}', **overrides)
+        case.exercise(src, np.random.default_rng(5))
+        state, path = src.state_dict(), tmp_path / f'src{k}.pt'
+        src.save_data(str(path))
+        src.close()
+        with refused((ValueError, TypeError), f'load_state_dict (the state of a buffer with {label})'):
+            buf.load_state_dict(state)
+        assert_same(buf.state_dict(), before, f'state after refused load_state_dict ({label})')
+        with refused(ValueError, f'load_data (the file of a buffer with {label})'):
+            buf.load_data(str(path), allow_pickle=True)
+        assert_same(buf.state_dict(), before, f'state after refused load_data ({label})')
+    buf.close()
+
+
+@all_cases
+@pytest.mark.parametrize('obj', [Payload(7), np.zeros(2, dtype=np.float32)], ids=['object', 'numpy-array'])
+def test_load_data_of_python_objects_needs_allow_pickle(case, obj, tmp_path):
+    case.require('python objects')
+    src = case.make(tmp_path, 'src')
+    src.push(case.object_data(np.random.default_rng(11), obj))
+    path = tmp_path / 'objects.pt'
+    src.save_data(str(path))
+    buf = case.make(tmp_path, 'dst')
+    case.fill(buf, np.random.default_rng(6), 5)
+    before = buf.state_dict()
+    with refused(ValueError, 'load_data of Python objects without allow_pickle', 'allow_pickle'):
+        buf.load_data(str(path))
+    assert_same(buf.state_dict(), before, 'state after refused load_data')
+    buf.load_data(str(path), allow_pickle=True)  # trusted: loads
+    assert_same(buf.state_dict(), src.state_dict())
+    src.close()
+    buf.close()
 
 
 # ================================================================================ 4. save -> load -> same samples

@@ -6,13 +6,12 @@ Everything through the public API."""
 import collections
 import json
 import logging
-import math
 import os
 
 import numpy as np
 import pytest
 import torch
-from helpers import REPO_ROOT, TESTS_DIR, subprocess_env
+from helpers import REPO_ROOT, TESTS_DIR, assert_same, subprocess_env
 
 from ding_buffer import create_buffer
 from ding_buffer.utils import MinSegmentTree, SegmentTree, SumSegmentTree
@@ -26,21 +25,6 @@ def items(n, start=0):
 
 def numbers(batch):
     return [d['i'] for d in batch]
-
-
-def same(a, b):
-    """Deep equality of states (tensors, arrays, dicts, lists)."""
-    if isinstance(a, dict):
-        return isinstance(b, dict) and set(a) == set(b) and all(same(a[k], b[k]) for k in a)
-    if isinstance(a, (list, tuple)):
-        return type(a) is type(b) and len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
-    if isinstance(a, torch.Tensor):
-        return isinstance(b, torch.Tensor) and a.shape == b.shape and bool(torch.equal(a, b))
-    if isinstance(a, np.ndarray):
-        return isinstance(b, np.ndarray) and np.array_equal(a, b, equal_nan=a.dtype.kind == 'f')
-    if isinstance(a, float) and math.isnan(a):
-        return isinstance(b, float) and math.isnan(b)
-    return a == b
 
 
 class FakeTB:
@@ -86,16 +70,12 @@ def test_elastic_sample_range_selects_within_the_window_and_push_evicts_fifo():
     assert buf.sample(1, 0, sample_range=slice(10, None)) is None
 
 
-def test_elastic_bad_sizes_raise_and_change_nothing():
+def test_elastic_bad_sizes_raise_naming_the_problem():
+    # (bad sizes from set_buffer_size are refused, changing nothing: tests/buffers/test_contract.py)
     sizes = {'n': 4}
     buf = create_buffer(dict(type='elastic', replay_buffer_size=10, seed=0, set_buffer_size=lambda s: sizes['n']))
     buf.push(items(6))
     before = buf.state_dict()
-    for bad in (0, -3, 2.5, float('nan'), float('inf'), 'x', None, True):
-        sizes['n'] = bad
-        with pytest.raises(ValueError, match=r'set_buffer_size\(7\)'):
-            buf.update(7)
-        assert same(buf.state_dict(), before) and buf.current_buffer_size == 4
     for bad in (0, 1.5, '3'):
         with pytest.raises(ValueError, match=r'size must be an int in \[1, 2\*\*60\)'):
             buf.resize(bad)
@@ -109,7 +89,7 @@ def test_elastic_bad_sizes_raise_and_change_nothing():
         'updated': 0,
         'stale': 0,
     }  # a learner's priority_info: the naive no-op
-    assert same(buf.state_dict(), before)
+    assert_same(buf.state_dict(), before)
     with pytest.raises(ValueError, match="config key 'set_buffer_size'"):
         create_buffer(dict(type='elastic', set_buffer_size=5))
     plain = create_buffer(dict(type='elastic', replay_buffer_size=10))
@@ -129,10 +109,8 @@ def test_elastic_state_round_trip_keeps_the_window_and_the_next_samples(tmp_path
     assert [numbers(buf.sample(3, 0)) for _ in range(5)] == [numbers(other.sample(3, 0)) for _ in range(5)]
     bad = buf.state_dict()
     bad['current_buffer_size'] = 0
-    before = other.state_dict()
-    with pytest.raises(ValueError, match='current_buffer_size'):
+    with pytest.raises(ValueError, match='current_buffer_size'):  # (all or nothing: test_contract.py)
         other.load_state_dict(bad)
-    assert same(other.state_dict(), before)
 
 
 def test_elastic_scheduler_is_the_callers_own_callable_not_a_copy():
@@ -203,7 +181,7 @@ def test_sequence_shortfalls_ranges_and_bad_arguments():
     ]:
         with pytest.raises(exc):
             buf.sample(*args, **kwargs)
-        assert same(buf.state_dict(), before)
+        assert_same(buf.state_dict(), before)
 
 
 def test_sequence_counts_every_item_of_a_run_for_max_use():
@@ -286,20 +264,11 @@ def test_deque_update_applies_to_every_last_batch_with_clipping():
     assert buf.stats()['max_priority'] == 50.0  # clipped at priority_max_limit
 
 
-def test_deque_bad_updates_raise_change_nothing_and_keep_the_batch():
+def test_deque_update_takes_a_dict_of_numpy_priorities():
+    # (bad priorities are refused, changing nothing and keeping the batch: tests/buffers/test_contract.py)
     buf = create_buffer(dict(type='deque', replay_buffer_size=32, priority=True, seed=0))
     buf.push([{'i': k} for k in range(8)])
     buf.sample(4, 0)
-    before = buf.state_dict()
-    for bad, exc in [
-        ([1.0, 2.0, float('nan'), 1.0], ValueError),
-        ([1.0, -2.0, 1.0, 1.0], ValueError),
-        ([1.0, 2.0], ValueError),
-        ('x', TypeError),
-    ]:
-        with pytest.raises(exc):
-            buf.update({'priority': bad})
-        assert same(buf.state_dict(), before)
     with pytest.raises(TypeError):
         buf.update([1.0, 2.0])
     assert buf.update({'priority': np.float32([1, 2, 3, 4])}) == {'updated': 4, 'stale': 0}
@@ -354,10 +323,8 @@ def test_deque_state_round_trip_and_config_errors(tmp_path):
     assert [numbers(buf.sample(3, 1)) for _ in range(4)] == [numbers(other.sample(3, 1)) for _ in range(4)]
     bad = buf.state_dict()
     bad['last_log_train_iter'] = 'x'
-    before = other.state_dict()
-    with pytest.raises(ValueError, match='last_log_train_iter'):
+    with pytest.raises(ValueError, match='last_log_train_iter'):  # (all or nothing: test_contract.py)
         other.load_state_dict(bad)
-    assert same(other.state_dict(), before)
     with pytest.raises(ValueError, match="'priority_IS_weight'"):
         create_buffer(dict(type='deque', priority_IS_weight=True))
     with pytest.raises(ValueError, match="config key 'priority_max_limit'"):
@@ -387,7 +354,7 @@ def test_keys_dingengine_ignores_warn_once_and_change_nothing(buffer_type, caplo
             assert numbers(buf.sample(2, 3, 0)[0]) == numbers(plain.sample(2, 3, 0)[0])
         else:
             assert numbers(buf.sample(4, 0)) == numbers(plain.sample(4, 0))
-    assert same(buf.state_dict(), plain.state_dict())
+    assert_same(buf.state_dict(), plain.state_dict())
 
 
 def test_keys_of_other_dingengine_types_warn_on_naive_and_misspellings_still_raise(caplog):
@@ -581,10 +548,8 @@ def test_deque_state_keeps_the_batch_to_update_and_checks_it():
     ):
         state = buf.state_dict()
         state['last_batch'] = bad
-        before = other.state_dict()
-        with pytest.raises(ValueError, match='last_batch'):
+        with pytest.raises(ValueError, match='last_batch'):  # (all or nothing: test_contract.py)
             other.load_state_dict(state)
-        assert same(other.state_dict(), before)
     state = buf.state_dict()
     state['last_log_train_iter'] = 2**70
     with pytest.raises(ValueError, match='last_log_train_iter'):
@@ -601,19 +566,6 @@ def test_deque_update_checks_priorities_even_with_nothing_to_update():
     assert set(plain.sample(1, 0)) == {'obs', 'priority'}  # a field of the user's, kept as on list storage
     with pytest.raises(ValueError, match="config key 'seed'"):
         create_buffer(dict(type='deque', seed=True))
-
-
-def test_elastic_scheduler_errors_and_huge_steps_name_the_problem():
-    def broken(envstep):
-        return 10 // (envstep - 3) + 5  # 1 at envstep 0, ZeroDivisionError at 3
-
-    buf = create_buffer(dict(type='elastic', replay_buffer_size=10, set_buffer_size=broken))
-    before = buf.state_dict()
-    with pytest.raises(ValueError, match=r"config key 'set_buffer_size' raised at envstep 3: ZeroDivisionError"):
-        buf.update(3)
-    with pytest.raises(ValueError, match='envstep'):
-        buf.update(10**30)
-    assert same(buf.state_dict(), before)
 
 
 # ================================================================================ against DI-engine itself

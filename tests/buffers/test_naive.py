@@ -10,7 +10,7 @@ import os
 import numpy as np
 import pytest
 import torch
-from helpers import NoPermutationGenerator, assert_same, chi_square
+from helpers import NoPermutationGenerator, Payload, assert_same, chi_square
 
 from ding_buffer import create_buffer
 
@@ -21,16 +21,6 @@ CHI2_49_Q999 = 85.35
 
 
 # ---------------------------------------------------------------------------------------------- helpers
-class Payload:
-    """An arbitrary Python object (not a tensor/container): list storage must pickle it to save it."""
-
-    def __init__(self, value):
-        self.value = value
-
-    def __eq__(self, other):
-        return isinstance(other, Payload) and other.value == self.value
-
-
 def make(storage='list', size=64, seed=0, **kw):
     cfg = dict(type='naive', replay_buffer_size=size, seed=seed, **kw)
     if storage != 'list':
@@ -116,18 +106,6 @@ def test_push_empty_list_is_a_noop(storage):
 
 
 @pytest.mark.parametrize('storage', STORAGES)
-def test_push_none_raises_type_error_and_stores_nothing(storage):
-    buf = make(storage, size=8)
-    push_range(buf, 0, 3)
-    before = buf.state_dict()
-    with pytest.raises(TypeError):
-        buf.push(None)
-    with pytest.raises(TypeError):
-        buf.push([item(10), None, item(11)])
-    assert_same(before, buf.state_dict())
-
-
-@pytest.mark.parametrize('storage', STORAGES)
 def test_clear_empties_and_resets_push_count(storage):
     buf = make(storage, size=8)
     push_range(buf, 0, 12)
@@ -150,19 +128,6 @@ def test_unique_ids_keep_increasing_after_clear():
     push_range(buf, 0, 3)
     after = buf.sample(3)['replay_unique_id']
     assert sorted(after.tolist()) == [12, 13, 14]
-
-
-def test_tensor_storage_push_is_all_or_nothing():
-    buf = make('tensor', size=8)
-    push_range(buf, 0, 3)
-    before = buf.state_dict()
-    with pytest.raises(TypeError):
-        buf.push([item(3), {'id': 'not a number', 'obs': torch.zeros(3)}])
-    with pytest.raises(ValueError):
-        buf.push([item(3), {'id': 4, 'obs': torch.zeros(4)}])  # wrong shape
-    with pytest.raises(ValueError):
-        buf.push([item(3), {'id': 4}])  # missing field
-    assert_same(before, buf.state_dict())
 
 
 # ================================================================================ 2. sample
@@ -504,53 +469,16 @@ def test_failed_save_keeps_the_old_file_and_leaves_no_temporary(tmp_path):
     assert path.read_bytes() == old_bytes
 
 
-def test_list_storage_with_python_objects_needs_allow_pickle(tmp_path):
+def test_list_storage_loads_python_objects_with_allow_pickle(tmp_path):
     src = make('list', size=8)
     src.push([{'id': i, 'payload': Payload(i)} for i in range(4)])
     path = str(tmp_path / 'objects.pt')
     src.save_data(path)
     dst = make('list', size=8)
     push_range(dst, 100, 102)
-    before = dst.state_dict()
-    with pytest.raises(ValueError):
-        dst.load_data(path)
-    assert_same(before, dst.state_dict())
-    dst.load_data(path, allow_pickle=True)
+    dst.load_data(path, allow_pickle=True)  # (without allow_pickle: refused, tests/buffers/test_contract.py)
     assert dst.count() == 4
     assert sorted(x['payload'].value for x in dst.sample(4)) == [0, 1, 2, 3]
-
-
-def _corrupt_file(kind, good_path, bad_path):
-    data = open(good_path, 'rb').read()
-    if kind == 'truncated':
-        bad_path.write_bytes(data[: len(data) // 2])
-    elif kind == 'random':
-        bad_path.write_bytes(np.random.default_rng(0).bytes(len(data)))
-    elif kind == 'empty':
-        bad_path.write_bytes(b'')
-    elif kind == 'foreign':
-        torch.save({'weights': torch.ones(3), 'step': 10}, str(bad_path))
-    elif kind == 'future_version':
-        torch.save({'format': 'ding_buffer', 'version': 999, 'buffer': 'NaiveReplayBuffer', 'state': {}}, str(bad_path))
-    else:
-        raise AssertionError(kind)
-
-
-@pytest.mark.parametrize('allow_pickle', [False, True])
-@pytest.mark.parametrize('kind', ['truncated', 'random', 'empty', 'foreign', 'future_version'])
-@pytest.mark.parametrize('storage', STORAGES)
-def test_bad_file_raises_value_error_and_leaves_buffer_unchanged(storage, kind, allow_pickle, tmp_path):
-    good = _filled(storage)
-    good_path = tmp_path / 'good.pt'
-    good.save_data(str(good_path))
-    bad_path = tmp_path / 'bad.pt'
-    _corrupt_file(kind, good_path, bad_path)
-    target = make(storage, size=16, seed=1)
-    push_range(target, 100, 105)
-    before = target.state_dict()
-    with pytest.raises(ValueError):
-        target.load_data(str(bad_path), allow_pickle=allow_pickle)
-    assert_same(before, target.state_dict())
 
 
 @pytest.mark.parametrize('storage', STORAGES)
@@ -558,30 +486,6 @@ def test_missing_file_raises_file_not_found(storage, tmp_path):
     buf = make(storage)
     with pytest.raises(FileNotFoundError):
         buf.load_data(str(tmp_path / 'nope.pt'))
-
-
-@pytest.mark.parametrize('storage', STORAGES)
-def test_load_file_of_another_capacity_raises(storage, tmp_path):
-    path = str(tmp_path / 'buf.pt')
-    _filled(storage, size=16).save_data(path)
-    target = make(storage, size=32)
-    push_range(target, 100, 105)
-    before = target.state_dict()
-    with pytest.raises(ValueError):
-        target.load_data(path)
-    assert_same(before, target.state_dict())
-
-
-@pytest.mark.parametrize('src_storage,dst_storage', [('list', 'tensor'), ('tensor', 'list')])
-def test_load_file_of_another_storage_type_raises(src_storage, dst_storage, tmp_path):
-    path = str(tmp_path / 'buf.pt')
-    _filled(src_storage, size=16).save_data(path)
-    target = make(dst_storage, size=16)
-    push_range(target, 100, 105)
-    before = target.state_dict()
-    with pytest.raises(ValueError):
-        target.load_data(path, allow_pickle=True)
-    assert_same(before, target.state_dict())
 
 
 @pytest.mark.parametrize('storage', STORAGES)
@@ -620,105 +524,6 @@ def test_state_dict_returns_copies(storage):
     state['type'] = 'tampered'
     assert_same(reference, buf.state_dict())
     assert stored_ids(buf) == list(range(24, 40))
-
-
-def _tamper(state, how):
-    st = state['storage']
-    ring = st['ring']
-    if how == 'wrong_type':
-        state['type'] = 'EpisodeReplayBuffer'
-    elif how == 'missing_type':
-        del state['type']
-    elif how == 'missing_storage':
-        del state['storage']
-    elif how == 'missing_rng':
-        del state['rng']
-    elif how == 'bad_rng':
-        state['rng'] = {'bit_generator': 'NoSuchBitGenerator', 'state': {}}
-    elif how == 'storage_not_a_dict':
-        state['storage'] = [1, 2, 3]
-    elif how == 'wrong_kind':
-        st['kind'] = 'tensor' if st['kind'] == 'list' else 'list'
-    elif how == 'ring_capacity':
-        ring['capacity'] = 17
-    elif how == 'ring_head_out_of_range':
-        ring['head'] = 100
-    elif how == 'ring_span_too_large':
-        ring['span'] = 17
-    elif how == 'ring_span_below_count':
-        ring['span'] = 8
-    elif how == 'ring_uid_out_of_range':
-        ring['uid'][ring['valid']] = ring['next_uid'] + 1
-    elif how == 'ring_array_shape':
-        ring['valid'] = ring['valid'][:8]
-    elif how == 'ring_missing_key':
-        del ring['next_uid']
-    elif how == 'slots_mismatch':
-        st['slots'] = st['slots'][:-1]
-    elif how == 'data_length_mismatch':
-        if st['kind'] == 'list':
-            st['items'] = st['items'][:-1]
-        else:
-            st['fields'] = [t[:-1] for t in st['fields']]
-    else:
-        raise AssertionError(how)
-    return state
-
-
-TAMPERS = [
-    'wrong_type',
-    'missing_type',
-    'missing_storage',
-    'missing_rng',
-    'bad_rng',
-    'storage_not_a_dict',
-    'wrong_kind',
-    'ring_capacity',
-    'ring_head_out_of_range',
-    'ring_span_too_large',
-    'ring_span_below_count',
-    'ring_uid_out_of_range',
-    'ring_array_shape',
-    'ring_missing_key',
-    'slots_mismatch',
-    'data_length_mismatch',
-]
-
-
-@pytest.mark.parametrize('how', TAMPERS)
-@pytest.mark.parametrize('storage', STORAGES)
-def test_load_state_dict_of_tampered_state_raises_and_changes_nothing(storage, how):
-    source = _filled(storage)
-    state = _tamper(source.state_dict(), how)
-    target = make(storage, size=16, seed=1)
-    push_range(target, 100, 105)
-    before = target.state_dict()
-    with pytest.raises(ValueError):
-        target.load_state_dict(state)
-    assert_same(before, target.state_dict())
-
-
-@pytest.mark.parametrize('how', ['missing_ring', 'missing_slots', 'missing_data', 'ring_is_none'])
-@pytest.mark.parametrize('storage', STORAGES)
-def test_load_state_dict_with_missing_storage_entries_raises_value_error(storage, how):
-    state = _filled(storage).state_dict()
-    st = state['storage']
-    if how == 'missing_ring':
-        del st['ring']
-    elif how == 'missing_slots':
-        del st['slots']
-    elif how == 'missing_data':
-        del st['items' if storage == 'list' else 'fields']
-    else:
-        st['ring'] = None
-    target = make(storage, size=16, seed=1)
-    push_range(target, 100, 105)
-    before = target.state_dict()
-    try:
-        with pytest.raises(ValueError):
-            target.load_state_dict(state)
-    finally:
-        assert_same(before, target.state_dict())
 
 
 @pytest.mark.parametrize('storage', STORAGES)

@@ -107,13 +107,9 @@ def test_naive_values_round_trip_exactly():
 
 
 def test_batch_size_rules():
+    # (a TensorDict of batch_size [] pushed with batched=True, and a TensorDict batch inside a list, are refused
+    # naming the problem and changing nothing: tests/buffers/test_contract.py)
     buf = make('naive')
-    before = buf.state_dict()
-    with pytest.raises(ValueError, match=r'batch_size \[\]'):
-        buf.push(item(0), batched=True)
-    with pytest.raises(ValueError, match=r'item 1 is a TensorDict with batch_size \[2\]'):
-        buf.push([item(0), batch(1, 2)])
-    assert_same(before, buf.state_dict())
     buf.push(batch(0, 6).reshape(2, 3))  # batch_size [2, 3]: 2 items of 3 steps
     out = buf.sample(2)
     assert out.batch_size == torch.Size([2]) and out['obs'].shape == (2, 3, 3)
