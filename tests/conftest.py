@@ -10,6 +10,23 @@ The ``slow`` marker: tests that start processes (torchrun, mpirun, Ray, python s
 run a training job, or take more than about 5 s. ``pytest -m "not slow" tests`` is the quick set.
 """
 
+import pytest
+
+# the rank scripts are programs the distributed tests start (they read their rank from the environment at import):
+# never imported by collection (e.g. --doctest-modules)
+collect_ignore_glob = ['distributed/dist_scripts/*']
+
+# test_packaging.py goes with the packaging files (setup.py, .ci/) and is edited with them: its tests that start
+# processes (pip wheel, fresh venvs, other interpreters) are marked slow here
+SLOW_ELSEWHERE = {
+    'test_packaging.py': {
+        'test_wheel_holds_every_ready_config_py_typed_and_the_licence',
+        'test_wheel_metadata_names_licence_author_python_and_entry_point',
+        'test_wheel_installed_in_a_fresh_venv_runs_its_configs_outside_the_checkout',
+        'test_every_source_compiles_on_every_supported_python_found_here',
+    }
+}
+
 
 def pytest_configure(config):
     config.addinivalue_line(
@@ -19,6 +36,7 @@ def pytest_configure(config):
     )
 
 
-# the rank scripts are programs the distributed tests start (they read their rank from the environment at import):
-# never imported by collection (e.g. --doctest-modules)
-collect_ignore_glob = ['distributed/dist_scripts/*']
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.originalname in SLOW_ELSEWHERE.get(item.path.name, ()):
+            item.add_marker(pytest.mark.slow)

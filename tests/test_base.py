@@ -186,6 +186,7 @@ def test_package_exports():
         assert hasattr(ding_buffer, name)
 
 
+@pytest.mark.slow
 def test_import_loads_neither_numba_nor_tensorboard_and_kernels_load_in_the_background():
     """``import ding_buffer`` stays light (issue: 2.9 s with numba); the first prioritized operation starts loading
     the compiled kernels in a background thread and is served by the numpy fallbacks meanwhile; once loaded,
@@ -254,6 +255,7 @@ print('RESULT ' + json.dumps(out))
 '''
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('mode', ['fork', 'broken', 'plain'])
 def test_background_kernel_load_survives_fork_and_compiler_failure(mode):
     """A fork while the kernels load in the background gives a child that samples and updates (no lock
@@ -278,6 +280,7 @@ def test_background_kernel_load_survives_fork_and_compiler_failure(mode):
         assert runs['fork']['child'] == runs['plain']['parent']
 
 
+@pytest.mark.slow
 def test_the_lazy_registry_loads_the_presets_before_any_read_or_register():
     """`import ding_buffer` registers the built-in types on first use; a read of the registry, or a register,
     in a fresh process sees them (so a user's type cannot take a built-in name and break every later build)."""

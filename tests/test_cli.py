@@ -17,6 +17,7 @@ from ding_buffer.cli import main
 REPO = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.slow
 def test_demo_runs_end_to_end_and_reports_round_trips(tmp_path):
     proc = subprocess.run(
         [sys.executable, '-m', 'ding_buffer', 'demo', '--out', str(tmp_path / 'out')],
@@ -53,6 +54,7 @@ def test_train_threads_below_one_is_a_usage_error(tmp_path, capsys, threads):
     assert os.listdir(tmp_path) == ['cfg.py']
 
 
+@pytest.mark.slow
 def test_train_threads_zero_in_a_subprocess_exits_2_without_traceback(tmp_path):
     (tmp_path / 'cfg.py').write_text("main_config = dict(policy=dict(other=dict(replay_buffer=dict(type='naive'))))\n")
     proc = subprocess.run(
@@ -122,6 +124,7 @@ def test_every_bad_flag_exits_2_with_one_line_and_changes_nothing(tmp_path, caps
     assert os.listdir(tmp_path) == ['cfg.py']
 
 
+@pytest.mark.slow
 def test_bad_flag_in_a_subprocess_is_one_line_without_usage_block(tmp_path):
     proc = subprocess.run(
         [sys.executable, '-m', 'ding_buffer', 'train', 'cartpole_dqn_per', '--device', 'gpu'],
@@ -176,6 +179,7 @@ def test_an_existing_file_wins_over_a_ready_config_of_the_same_name(tmp_path):
 
 
 # ------------------------------------------------------------------------------------------ start-up, clock
+@pytest.mark.slow
 def test_the_cli_module_loads_without_torch_so_the_first_line_comes_first():
     code = (
         "import sys, ding_buffer, ding_buffer.cli, ding_buffer.ready_configs\n"
@@ -186,6 +190,7 @@ def test_the_cli_module_loads_without_torch_so_the_first_line_comes_first():
     assert proc.stdout.strip() == '[]'
 
 
+@pytest.mark.slow
 def test_process_start_is_the_start_of_the_process_not_of_the_call():
     code = (
         "import time\nt = time.monotonic()\nwhile time.monotonic() - t < 1.0: pass\n"
@@ -229,6 +234,7 @@ def _wait_for_checkpoint(proc, ck_dir, timeout=90):
     raise AssertionError(f"no checkpoint appeared in {ck_dir} (exit {proc.poll()})")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('sig, code', [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
 def test_a_signal_stops_training_with_a_final_checkpoint_and_the_resume_command(tmp_path, sig, code):
     cfg = _small_dqn_config(tmp_path)
@@ -287,6 +293,7 @@ def test_a_signal_stops_training_with_a_final_checkpoint_and_the_resume_command(
         assert summary['env_steps'] == stopped_at + 300 and not summary['stopped_early']
 
 
+@pytest.mark.slow
 def test_warmup_at_or_past_the_last_env_step_warns(tmp_path):
     cfg = _small_dqn_config(tmp_path, policy=dict(learn=dict(warmup_steps=1000)), checkpoint=dict(freq=None))
     proc = subprocess.run(

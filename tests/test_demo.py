@@ -41,6 +41,7 @@ def numbers(pattern, text):
     return [float(x) for x in m.groups()]
 
 
+@pytest.mark.slow
 def test_demo_exits_0_and_writes_only_to_out(demo_run):
     proc, cwd = demo_run
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -50,6 +51,7 @@ def test_demo_exits_0_and_writes_only_to_out(demo_run):
     assert sorted(os.listdir(cwd / 'out')) == FILES
 
 
+@pytest.mark.slow
 def test_every_registered_type_is_toured(demo_run):
     out = demo_run[0].stdout
     # the built-in types (other tests in the same process may register their own)
@@ -63,6 +65,7 @@ def test_every_registered_type_is_toured(demo_run):
     assert '(every registered type)' in last and "'distributed'" in last
 
 
+@pytest.mark.slow
 def test_naive_and_episode_round_trips(demo_run):
     out = demo_run[0].stdout
     assert out.count("next sample identical to the original's: True") == 2
@@ -70,6 +73,7 @@ def test_naive_and_episode_round_trips(demo_run):
     assert 'episode lengths equal: True' in out
 
 
+@pytest.mark.slow
 def test_advanced_draws_follow_priorities_and_max_use_evicts(demo_run):
     text = '\n'.join(lines_of(demo_run[0].stdout, 'advanced'))
     share, expected, uniform = numbers(
@@ -84,6 +88,7 @@ def test_advanced_draws_follow_priorities_and_max_use_evicts(demo_run):
     assert spent == removed > 0 and after == before - removed
 
 
+@pytest.mark.slow
 def test_window_and_fifo_buffers(demo_run):
     out = demo_run[0].stdout
     elastic = '\n'.join(lines_of(out, 'elastic'))
@@ -102,6 +107,7 @@ def test_window_and_fifo_buffers(demo_run):
     assert abs(share - expected) < 2.0 and expected > 2 * by_transitions
 
 
+@pytest.mark.slow
 def test_gflownet_buffers(demo_run):
     out = demo_run[0].stdout
     gfn = '\n'.join(lines_of(out, 'gfn'))

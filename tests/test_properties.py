@@ -883,6 +883,7 @@ def frozen_thruput_clock(monkeypatch):
         monkeypatch.setattr(ThruputController.__init__, '__defaults__', (lambda: 0.0,))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('case', CASES, ids=lambda c: c.id)
 def test_random_call_sequences(case, frozen_thruput_clock):
     run_state_machine_as_test(machine_for(case), settings=SETTINGS)

@@ -302,6 +302,7 @@ def test_memmap_files_go_with_their_storage_and_a_rejected_load_leaves_the_live_
 
 
 # ------------------------------------------------------------------------------------------ 10. writer threads
+@pytest.mark.slow  # 20 TensorBoard writers created and joined: 2.5-6 s on two busy cores
 def test_dropped_buffers_do_not_keep_their_tensorboard_writers(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     before = threading.active_count()

@@ -1689,6 +1689,7 @@ print(json.dumps(out))
 '''
 
 
+@pytest.mark.slow
 def test_numba_and_numpy_backends_give_identical_buffers():
     """The compiled kernels and the numpy fallback must draw the same samples and build the same trees."""
     import json

@@ -466,6 +466,7 @@ def test_serial_pipeline_round_on_compiled_dizoo_sections(name):
 
 
 # ================================================================================ the sweep itself
+@pytest.mark.slow
 def test_dizoo_sweep_builds_every_compiled_section():
     import importlib.util
 
@@ -608,6 +609,7 @@ print(json.dumps(out))
 '''
 
 
+@pytest.mark.slow
 def test_is_weights_and_annealing_match_dingengine_buffers(tmp_path):
     """Run DI-engine's own DequeBufferWrapper and AdvancedReplayBuffer next to ours (in a subprocess: importing
     DI-engine touches global logging). Items both draw must get the same IS weight, call after call (beta

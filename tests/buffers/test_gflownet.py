@@ -1208,6 +1208,7 @@ def numba_scenario():
     return dict(have_numba=diversity.HAVE_NUMBA, results=results)
 
 
+@pytest.mark.slow
 def test_numba_and_numpy_fallback_agree():
     env = subprocess_env(HERE, DING_BUFFER_NO_NUMBA='1')  # this module and the shared helpers it imports
     code = 'import json, test_gflownet as t; print("JSON:" + json.dumps(t.numba_scenario()))'

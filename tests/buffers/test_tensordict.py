@@ -330,6 +330,7 @@ def test_iter_is_a_clear_type_error(cfg):
             pass
 
 
+@pytest.mark.slow
 def test_works_without_tensordict():
     code = (
         "import sys; sys.modules['tensordict'] = None\n"  # import tensordict fails from here on

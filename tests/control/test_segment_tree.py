@@ -542,6 +542,7 @@ def test_numpy_find_on_an_all_zero_tree_returns_minus_one_like_the_kernel(cap):
     assert out_n.tolist() == [-1, -1]
 
 
+@pytest.mark.slow
 def test_numpy_fallback_in_a_subprocess_without_numba():
     code = textwrap.dedent(
         f"""

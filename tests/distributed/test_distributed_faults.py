@@ -21,7 +21,8 @@ import pytest
 from dist_helpers import BACKENDS, SCRIPTS, Launch, child_env, free_port, launcher
 from helpers import need_mpi
 
-pytestmark = pytest.mark.timeout(300)
+# every test launches processes (torchrun / env:// ranks, mpirun, python): slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 FREEZE_TIMEOUT = 3.0  # rank_main.FREEZE_TIMEOUT
 ADV_TAGS = lambda rank, steps: sorted(rank * 10000 + s * 100 + i for s in steps for i in range(4))  # noqa: E731

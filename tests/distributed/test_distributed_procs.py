@@ -72,6 +72,7 @@ def check_arrivals_match_pushes(launch: Launch, pushes) -> list:
 
 
 # ---------------------------------------------------------------------------------------------- 1. round trip
+@pytest.mark.slow
 @pytest.mark.parametrize('backend', BACKENDS)
 def test_roundtrip_rows_reach_manager(launches, backend):
     run = launches('roundtrip', backend)
@@ -89,6 +90,7 @@ def test_roundtrip_rows_reach_manager(launches, backend):
         assert w['closed'] is True
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('backend', BACKENDS)
 def test_two_sharded_managers_serve_two_workers_as_one_buffer(tmp_path, backend):
     """distributed.num_shards=2 under torchrun / mpirun with 4 ranks: ranks 2 and 3 each own one shard; each
@@ -109,6 +111,7 @@ def test_two_sharded_managers_serve_two_workers_as_one_buffer(tmp_path, backend)
         assert w['shard_counts'] == [24, 16] and w['closed'] is True
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('backend', BACKENDS)
 def test_chunk_protocol_over_the_wire(launches, backend):
     """MineStudio's protocol served by the manager: a learner's blocking fetch waits for whole chunks from another
@@ -134,6 +137,7 @@ def test_chunk_protocol_over_the_wire(launches, backend):
     ) == (9, 1, 4, 3, 1, 0), st
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('backend', BACKENDS)
 def test_roundtrip_sample_update_stats(launches, backend):
     run = launches('roundtrip', backend)
@@ -154,6 +158,7 @@ def test_roundtrip_sample_update_stats(launches, backend):
     assert (st1['manager/push_requests'], st1['manager/pushed_items']) in ((10, 40), (11, 43)), st1
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('backend', BACKENDS)
 def test_roundtrip_checkpoint_loads(launches, backend):
     run = launches('roundtrip', backend)
@@ -170,6 +175,7 @@ def test_roundtrip_checkpoint_loads(launches, backend):
     buf.close()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('backend', BACKENDS)
 def test_roundtrip_results_are_saveable_and_files_stay_in_the_file_root(launches, backend):
     run = launches('roundtrip', backend)
@@ -186,6 +192,7 @@ def test_roundtrip_results_are_saveable_and_files_stay_in_the_file_root(launches
 
 
 # ---------------------------------------------------------------------------------------------- 4. oversized push
+@pytest.mark.slow
 @pytest.mark.parametrize('backend', BACKENDS)
 def test_oversized_push_gets_error_reply(launches, backend):
     run = launches('roundtrip', backend)
@@ -197,6 +204,7 @@ def test_oversized_push_gets_error_reply(launches, backend):
     assert o['elapsed'] < OVERSIZE_TIMEOUT - 1, o  # an answer, not a timeout
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('backend', BACKENDS)
 def test_manager_serves_after_oversized_push(launches, backend):
     run = launches('roundtrip', backend)
@@ -219,6 +227,7 @@ def test_max_message_mb_accepts_fraction():
 
 
 # ---------------------------------------------------------------------------------------------- 2. baselines
+@pytest.mark.slow
 @pytest.mark.parametrize('backend', BACKENDS)
 def test_baseline_min_on_full_prioritized_gfn(launches, backend):
     run = launches('gfn_min', backend)
@@ -241,6 +250,7 @@ def test_baseline_min_on_full_prioritized_gfn(launches, backend):
     assert want[-1] == min(man['log_rewards'])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('backend', BACKENDS)
 def test_baseline_ema(launches, backend):
     run = launches('gfn_ema_async', backend)
@@ -257,6 +267,7 @@ def test_baseline_ema(launches, backend):
 
 
 # ---------------------------------------------------------------------------------------------- 3. async / freq
+@pytest.mark.slow
 @pytest.mark.parametrize('backend', BACKENDS)
 def test_async_score_is_one_push_stale(launches, backend):
     run = launches('gfn_ema_async', backend)
@@ -271,6 +282,7 @@ def test_async_score_is_one_push_stale(launches, backend):
     assert w['drained_again'] is None
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('backend', BACKENDS)
 def test_remote_buffer_freq_halves_push_requests(launches, backend):
     run = launches('gfn_ema_async', backend)
@@ -294,6 +306,7 @@ def test_remote_buffer_freq_halves_push_requests(launches, backend):
 
 
 # ---------------------------------------------------------------------------------------------- 5. kill a worker
+@pytest.mark.slow
 @pytest.mark.parametrize('backend', BACKENDS)
 def test_killed_worker_is_lost_others_served(launches, backend):
     run = launches('kill_worker', backend)
@@ -313,6 +326,7 @@ def test_killed_worker_is_lost_others_served(launches, backend):
 
 
 # ---------------------------------------------------------------------------------------------- 6. kill the manager
+@pytest.mark.slow
 @pytest.mark.parametrize('backend', BACKENDS)
 def test_killed_manager_raises_manager_unavailable(launches, backend):
     run = launches('kill_manager', backend)

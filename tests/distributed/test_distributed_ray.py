@@ -39,6 +39,7 @@ from ray_helpers import Tag, rows  # noqa: E402
 from ding_buffer import create_buffer  # noqa: E402
 from ding_buffer.distributed import CodecError, ManagerUnavailableError, decode, encode  # noqa: E402
 
+pytestmark = pytest.mark.slow  # every test runs on a local Ray cluster (its processes), started per module
 GET = 60  # seconds: upper bound of every ray.get
 
 

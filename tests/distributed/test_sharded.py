@@ -240,6 +240,7 @@ def ray_session():
     ray.shutdown()
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_two_ray_managers_serve_one_buffer_and_a_killed_shard_fails_only_what_needs_it(ray_session, tmp_path):
     ray = ray_session

@@ -85,6 +85,7 @@ def e2e_runs(tmp_path_factory):
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('seed', [0, 1])
 def test_short_run_learns_and_writes_its_artefacts(e2e_runs, seed):
     run_dir, rc, out, err = e2e_runs[seed]
@@ -159,6 +160,7 @@ def test_short_run_learns_and_writes_its_artefacts(e2e_runs, seed):
     assert c['episodes'] == summary['episodes']
 
 
+@pytest.mark.slow
 def test_seeded_runs_differ(e2e_runs):
     """--seed reaches the run: seeds 0 and 1 go to their own directories and produce different curves."""
     a, b = (read_csv(e2e_runs[s][0] / 'eval.csv') for s in (0, 1))
@@ -166,6 +168,7 @@ def test_seeded_runs_differ(e2e_runs):
 
 
 # ---------------------------------------------------------------------------------------------------- resume
+@pytest.mark.slow
 def test_resume_continues_from_the_checkpoint_with_identical_counters(tmp_path, capsys):
     cfg = write_config(
         tmp_path / 'per.py',
@@ -237,6 +240,7 @@ def test_resume_continues_from_the_checkpoint_with_identical_counters(tmp_path, 
     assert read_csv(run_dir / 'eval.csv') == rows
 
 
+@pytest.mark.slow
 def test_resume_of_a_directory_without_checkpoints_exits_2(tmp_path):
     cfg = write_config(tmp_path / 'per.py', log_dir=str(tmp_path / 'runs'))
     empty = tmp_path / 'empty_run'
@@ -246,6 +250,7 @@ def test_resume_of_a_directory_without_checkpoints_exits_2(tmp_path):
     assert not (empty / 'checkpoints').exists()
 
 
+@pytest.mark.slow
 def test_resume_of_a_missing_directory_leaves_nothing_behind(tmp_path):
     cfg = write_config(tmp_path / 'per.py', log_dir=str(tmp_path / 'runs'))
     typo = tmp_path / 'no_such_run'
@@ -296,6 +301,7 @@ def _kill_during_checkpoint(proc, ck_dir: Path, after_step: int, phase: str, tim
     return step, {t: sorted(os.listdir(ck_dir / t)) for t in temporaries(ck_dir) if t.endswith(f'-{proc.pid}')}
 
 
+@pytest.mark.slow
 def test_sigkill_while_checkpointing_then_resume(tmp_path):
     cfg = write_config(
         tmp_path / 'per.py',
@@ -352,6 +358,7 @@ def test_sigkill_while_checkpointing_then_resume(tmp_path):
     assert (c['env_step'], c['train_iter'], c['episodes']) == (s['env_steps'], s['train_iters'], s['episodes'])
 
 
+@pytest.mark.slow
 def test_resume_falls_back_when_the_newest_buffer_file_is_truncated(e2e_runs, tmp_path):
     src = e2e_runs[0][0]
     run_dir = tmp_path / src.name
@@ -372,6 +379,7 @@ def test_resume_falls_back_when_the_newest_buffer_file_is_truncated(e2e_runs, tm
     assert [r['env_step'] for r in rows] == ['1000', '2000', '2500']
 
 
+@pytest.mark.slow
 def test_resume_falls_back_when_the_newest_trainer_file_is_empty(e2e_runs, tmp_path):
     run_dir = tmp_path / e2e_runs[0][0].name
     shutil.copytree(e2e_runs[0][0], run_dir)
@@ -431,6 +439,7 @@ def test_missing_config_file_exits_2(tmp_path, capsys):
     assert_user_error(2, capsys.readouterr().err, str(path), 'does not exist')
 
 
+@pytest.mark.slow
 def test_config_error_in_a_subprocess_has_no_traceback(tmp_path):
     path = tmp_path / 'bad.py'
     path.write_text(f"main_config = dict(env=dict(max_env_stp=10), {GOOD_BUFFER})\n")
@@ -439,6 +448,7 @@ def test_config_error_in_a_subprocess_has_no_traceback(tmp_path):
     assert proc.stdout == f'ding-buffer train {path}: a new run, loading torch and the job ...\n'  # the first line only
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(torch.cuda.is_available(), reason='CUDA is available here')
 def test_device_cuda_without_cuda_exits_2(tmp_path):
     path = write_config(tmp_path / 'per.py', log_dir=str(tmp_path / 'runs'))
@@ -487,6 +497,7 @@ def bad_buffer_runs(tmp_path_factory):
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     'case, needles',
     [
@@ -499,6 +510,7 @@ def test_buffer_config_errors_exit_2_with_a_message(bad_buffer_runs, case, needl
     assert_user_error(rc, err, *needles)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     'case, key', [('type', 'policy.other.replay_buffer.type'), ('key', 'policy.other.replay_buffer.replay_bufer_size')]
 )
@@ -507,6 +519,7 @@ def test_buffer_config_errors_name_the_file_and_key(bad_buffer_runs, case, key):
     assert_user_error(rc, err, str(path), key)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('case', ['type', 'key'])
 def test_rejected_buffer_config_leaves_no_run_directory(bad_buffer_runs, case):
     _, rc, err, runs = bad_buffer_runs[case]
@@ -519,6 +532,7 @@ def tree(root: Path):
     return sorted(str(q.relative_to(root)) for q in root.rglob('*'))
 
 
+@pytest.mark.slow
 def test_log_dir_that_is_a_file_exits_2_with_one_line_naming_key_and_path(tmp_path):
     a_file = tmp_path / 'a_file'
     a_file.write_text('not a directory')
@@ -557,6 +571,7 @@ def test_buffer_types_the_trainer_cannot_use_are_refused_at_validation(tmp_path,
     assert tree(tmp_path) == ['cfg.py']  # no run directory
 
 
+@pytest.mark.slow
 def test_unusable_buffer_type_in_a_shipped_config_is_refused_before_its_other_keys(tmp_path):
     # the uniform config sets storage=..., which a gfn buffer does not know: the type is what is wrong
     cfg = write_config(
@@ -573,6 +588,7 @@ def test_unusable_buffer_type_in_a_shipped_config_is_refused_before_its_other_ke
     assert tree(tmp_path) == ['gfn.py']
 
 
+@pytest.mark.slow
 def test_a_registered_subclass_of_a_supported_buffer_trains(tmp_path, capsys, monkeypatch):
     (tmp_path / 'my_buffers.py').write_text(
         "from ding_buffer import BUFFER_REGISTRY\n"
@@ -650,6 +666,7 @@ def test_a_trainer_that_fails_to_build_leaves_no_run_directory(tmp_path, capsys,
     assert tree(tmp_path) == (['per.py', 'runs', 'runs/other_run_seed0'] if sibling else ['per.py'])
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(torch.cuda.is_available(), reason='CUDA is available here')
 def test_buffer_on_cuda_without_cuda_leaves_no_run_directory(tmp_path):
     cfg = write_config(
@@ -663,6 +680,7 @@ def test_buffer_on_cuda_without_cuda_leaves_no_run_directory(tmp_path):
 
 
 # ---------------------------------------------------------------------------------------------------- plot
+@pytest.mark.slow
 def test_plot_overlays_run_directories(e2e_runs, tmp_path, capsys):
     out = tmp_path / 'figs' / 'curves.png'
     assert main(['plot', str(e2e_runs[0][0]), str(e2e_runs[1][0]), '--out', str(out), '--title', 'PER']) == 0
@@ -676,6 +694,7 @@ def test_plot_overlays_run_directories(e2e_runs, tmp_path, capsys):
     assert img.shape[0] > 200 and img.shape[1] > 300 and img.std() > 0
 
 
+@pytest.mark.slow
 def test_plot_of_a_non_run_directory_exits_2(e2e_runs, tmp_path):
     not_a_run = tmp_path / 'not_a_run'
     not_a_run.mkdir()

@@ -79,6 +79,7 @@ def check_learned(run_dir: Path, backend: str, min_steps: int = 4500) -> dict:
 
 
 # ---------------------------------------------------------------------------------------------------- torch
+@pytest.mark.slow
 def test_torch_run_learns_survives_a_killed_actor_and_logs(tmp_path):
     """4 ranks (manager, learner, 2 actors); one actor is SIGKILLed once the learner has published weights: the
     run still finishes its budget, learns, and TensorBoard holds the learner's and the buffer's tags."""
@@ -106,6 +107,7 @@ def test_torch_run_learns_survives_a_killed_actor_and_logs(tmp_path):
         assert tag in tags, sorted(tags)
 
 
+@pytest.mark.slow
 def test_killed_manager_ends_every_rank_with_a_clear_error(tmp_path):
     p = start(_config(tmp_path, 'torch', 'apex.py', timeout=5.0), tmp_path, '--nproc', '4')
     ranks = ranks_of(p)
@@ -121,6 +123,7 @@ def test_killed_manager_ends_every_rank_with_a_clear_error(tmp_path):
         assert not Path(f'/proc/{pid}').exists() or 'zombie' in Path(f'/proc/{pid}/status').read_text().lower()
 
 
+@pytest.mark.slow
 def test_resume_under_torchrun_continues_counters_and_buffer(tmp_path):
     """A run started with --nproc, resumed by the ranks torchrun starts (RANK / WORLD_SIZE set, no --nproc):
     each rank finds its role, and the counters and the buffer continue."""
@@ -164,6 +167,7 @@ def test_resume_under_torchrun_continues_counters_and_buffer(tmp_path):
 
 
 # ---------------------------------------------------------------------------------------------------- mpi / ray
+@pytest.mark.slow
 def test_mpi_run_learns(tmp_path):
     need_mpi()
     rc, out, err = finish(start(_config(tmp_path, 'mpi', 'apex.py'), tmp_path, '--nproc', '3'))
@@ -171,6 +175,7 @@ def test_mpi_run_learns(tmp_path):
     check_learned(tmp_path / 'runs' / 'cartpole_apex_seed0', 'mpi')
 
 
+@pytest.mark.slow
 def test_ray_run_learns(tmp_path):
     pytest.importorskip('ray')
     cfg = _config(tmp_path, 'ray', 'apex.py', namespace=f'apex_test_{os.getpid()}', startup_timeout=120.0)
@@ -180,6 +185,7 @@ def test_ray_run_learns(tmp_path):
 
 
 # ---------------------------------------------------------------------------------------------------- errors
+@pytest.mark.slow
 @pytest.mark.parametrize(
     'overrides,needles',
     [
@@ -203,6 +209,7 @@ def test_config_errors_exit_2_naming_the_key(tmp_path, overrides, needles):
     assert not (tmp_path / 'runs').exists()
 
 
+@pytest.mark.slow
 def test_without_nproc_or_a_launcher_it_says_how_to_launch(tmp_path):
     cfg = write_config(tmp_path / 'a.py', APEX_CONFIG, log_dir=str(tmp_path / 'runs'))
     r = cli('train', cfg, cwd=tmp_path)

@@ -76,6 +76,7 @@ def test_grid_truth_matches_torchgfn(ndim, height):
 
 
 # ---------------------------------------------------------------------------------------------------- learning
+@pytest.mark.slow
 def test_learns_and_writes_artifacts(tmp_path, capsys):
     assert train(tmp_path, 'gfn', '--iterations', 300, '--seed', 3) == 0
     out = capsys.readouterr().out
@@ -116,6 +117,7 @@ def test_learns_and_writes_artifacts(tmp_path, capsys):
     assert 'not a DQN / Ape-X run' in err and 'learning_curve.png' in err and not (tmp_path / 'p.png').exists()
 
 
+@pytest.mark.slow
 def test_resume_continues_with_counters_intact(tmp_path, capsys):
     """An interrupted run (stopped at 100 of 150) resumed with --resume ends exactly where an uninterrupted run does:
     same counters, same eval rows, same logZ (model, optimizer, RNG and buffer all restored)."""
@@ -158,6 +160,7 @@ def test_resume_needs_a_checkpoint(tmp_path, capsys):
 
 
 # ---------------------------------------------------------------------------------------------------- buffer types
+@pytest.mark.slow
 @pytest.mark.parametrize(
     'name,overrides,buffer,expected_type',
     [
@@ -192,6 +195,7 @@ def test_each_buffer_type_trains(tmp_path, name, overrides, buffer, expected_typ
         assert (ck / 'buffer.pt').is_file()
 
 
+@pytest.mark.slow
 def test_torchgfn_buffer_resumes_with_its_contents(tmp_path, capsys):
     assert train(tmp_path, 'torchgfn', '--iterations', 50) == 0
     d = run_dir(tmp_path, 'hypergrid_tb_torchgfn')
@@ -201,6 +205,7 @@ def test_torchgfn_buffer_resumes_with_its_contents(tmp_path, capsys):
     assert json.loads((d / 'summary.json').read_text())['buffer_count'] == 52 * 16
 
 
+@pytest.mark.slow
 def test_visited_eval_source(tmp_path):
     over = ({'env': {'eval_source': 'visited', 'eval_samples': 800}},)
     assert train(tmp_path, 'nobuffer', '--iterations', 100, overrides=over) == 0
@@ -282,6 +287,7 @@ def test_unsupported_arguments_exit_2(tmp_path, capsys, args, needle):
     assert not (tmp_path / 'runs').exists()
 
 
+@pytest.mark.slow
 def test_existing_run_is_not_overwritten(tmp_path, capsys):
     assert train(tmp_path, 'nobuffer', '--iterations', 3) == 0
     capsys.readouterr()

@@ -89,6 +89,7 @@ def test_wire_format_round_trip_keeps_the_tb_loss():
     assert len(part) == 5 and part.actions.tensor.shape[0] == int(sub['length'].max())
 
 
+@pytest.mark.slow
 def test_torch_run_learns_with_samplers_and_survives_a_killed_sampler(tmp_path):
     p = start(config(tmp_path, 'torch'), tmp_path, '--nproc', '4')
     ranks = ranks_of(p)
@@ -102,6 +103,7 @@ def test_torch_run_learns_with_samplers_and_survives_a_killed_sampler(tmp_path):
     check_run(run_dir)
 
 
+@pytest.mark.slow
 def test_killed_manager_ends_every_rank_with_a_clear_error(tmp_path):
     p = start(config(tmp_path, 'torch', timeout=5.0), tmp_path, '--nproc', '3', '--iterations', '100000')
     ranks = ranks_of(p, count=3)
@@ -116,6 +118,7 @@ def test_killed_manager_ends_every_rank_with_a_clear_error(tmp_path):
         assert not Path(f'/proc/{pid}').exists() or 'zombie' in Path(f'/proc/{pid}/status').read_text().lower()
 
 
+@pytest.mark.slow
 def test_mpi_run_learns(tmp_path):
     need_mpi()
     rc, out, err = finish(start(config(tmp_path, 'mpi'), tmp_path, '--nproc', '3'))
@@ -123,6 +126,7 @@ def test_mpi_run_learns(tmp_path):
     check_run(tmp_path / 'runs' / 'hypergrid_tb_distributed_seed0')
 
 
+@pytest.mark.slow
 def test_ray_run_learns(tmp_path):
     pytest.importorskip('ray')
     cfg = config(tmp_path, 'ray', namespace=f'hg_test_{os.getpid()}', startup_timeout=120.0)
@@ -131,6 +135,7 @@ def test_ray_run_learns(tmp_path):
     check_run(tmp_path / 'runs' / 'hypergrid_tb_distributed_seed0')
 
 
+@pytest.mark.slow
 def test_distributed_section_on_a_torchgfn_buffer_is_refused(tmp_path):
     cfg = write_config(
         tmp_path / 'bad.py',
