@@ -38,5 +38,5 @@ def pytest_configure(config):
 
 def pytest_collection_modifyitems(config, items):
     for item in items:
-        if item.originalname in SLOW_ELSEWHERE.get(item.path.name, ()):
+        if getattr(item, 'originalname', None) in SLOW_ELSEWHERE.get(item.path.name, ()):  # doctests have none
             item.add_marker(pytest.mark.slow)
