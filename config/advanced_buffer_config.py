@@ -48,7 +48,8 @@ main_config = dict(
                     tensorboard=False,
                 ),
                 # 'tensor': one preallocated tensor per field, batches come back as one dict of tensors
-                storage=dict(type='tensor', device='cpu', memmap_dir=None),
+                # (output='items': as per-item dicts, the layout DI-engine's policies collate)
+                storage=dict(type='tensor', device='cpu', memmap_dir=None, output=None),
             ),
         ),
     ),

@@ -26,6 +26,7 @@ from ..monitor.periodic import PeriodicThruputMonitor
 from ..monitor.tb import build_tb_logger, emit, rank
 from ..storage.tensordict_io import to_tensordict
 from .common import STEP_LIMIT, BufferCore, check_step, check_wait_timeout
+from .outputs import as_items
 
 # Counters every engine keeps (``stats()``); each remover adds ``removed_by_<name>``.
 COUNTERS = (
@@ -250,8 +251,11 @@ class Engine(BufferCore):
                 self._counters['refused_sample'] += 1
                 return self._refuse(why)
             out = draw()
-            if out is not None and self._tensordict_out():
-                out = to_tensordict(out, self._table_device())
+            if out is not None:
+                if self._tensordict_out():
+                    out = to_tensordict(out, self._table_device())
+                elif self._items_out():
+                    out = as_items(out, self._instance_name)
             due, self._due = self._due, None
         if due is not None:
             self._emit(due)  # outside the lock
@@ -264,6 +268,10 @@ class Engine(BufferCore):
     def _table_device(self) -> Any:
         """The device of sampled tensors (the TensorDict's ``device``)."""
         return None
+
+    def _items_out(self) -> bool:
+        """Whether a batched sample leaves as per-item dicts (``storage.output='items'`` on tensor storage)."""
+        return False
 
     def _emit(self, due: Any) -> None:
         emit(due, self._logger, self._tb)

@@ -10,7 +10,7 @@ import numpy as np
 from ..base import BUFFER_REGISTRY
 from ..config import dingengine_ignored, optional_positive_int, positive_int
 from ..control.samplers import PrioritizedSpec, build_sampler
-from ..storage import STORAGE_CHECKS, STORAGE_CONFIG
+from ..storage import STORAGE_CHECKS, STORAGE_CONFIG, refuse_items_output
 from ..storage.tensordict_io import is_tensordict, update_info
 from .engine import Engine, parts_checks, parts_config
 from .episode_store import FlatEpisodes, ObjectEpisodes
@@ -93,6 +93,7 @@ class EpisodeReplayBuffer(Engine):
 
     def _build(self) -> None:
         cfg = self._cfg
+        refuse_items_output(cfg.storage, cfg.type, 'whole episodes or windows of them')
         spec = build_sampler(cfg.sampler, 'uniform', (cfg.storage.type == 'tensor', NO_FLAT))
         self._store = self._new_store()
         self._store.listen(self)

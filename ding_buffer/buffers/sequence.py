@@ -20,6 +20,7 @@ import numpy as np
 from ..base import BUFFER_REGISTRY
 from ..config import dingengine_ignored, positive_int
 from ..control.samplers import check_positions
+from ..storage import refuse_items_output
 from .naive import NAIVE_CHECKS, NAIVE_CONFIG, NaiveReplayBuffer
 
 SEQUENCE_CONFIG = dict(NAIVE_CONFIG, type='sequence')
@@ -56,6 +57,10 @@ class SequenceReplayBuffer(NaiveReplayBuffer):
     checks = NAIVE_CHECKS
     ignored_keys = dingengine_ignored(SEQUENCE_CONFIG, 'sequence')
     not_distributable = "a remote sample has no 'sequence' argument; use type 'episode' (windows) with a manager"
+
+    def _build(self) -> None:
+        refuse_items_output(self._cfg.storage, 'sequence', '[batch][sequence] runs')
+        super()._build()
 
     def sample(  # type: ignore[override]
         self,

@@ -36,6 +36,9 @@ class SlotEngine(Engine):
     def _table_device(self) -> Any:
         return self._storage.device
 
+    def _items_out(self) -> bool:
+        return self._storage.kind == 'tensor' and self._cfg.storage.get('output') == 'items'
+
     def _derived(self) -> Dict[str, int]:
         """The ring counts every write (its ids, never reused, dropped items included): what was pushed is
         ``next_uid`` and what left is everything pushed that is no longer stored."""

@@ -20,7 +20,24 @@ STORAGE_CONFIG = dict(
     device='cpu',
     # (tensor) keep every field in a memory-mapped file in this directory (CPU only); None = in memory.
     memmap_dir=None,
+    # What sample returns: None = the storage's own layout (list: per-item dicts; tensor: one dict of batched
+    # tensors); 'items' = per-item dicts on tensor storage too (rows of the gathered batch: what DI-engine's
+    # policies collate); 'batch' = one dict of batched tensors (tensor storage only).
+    output=None,
 )
+
+
+OUTPUTS = (None, 'batch', 'items')
+
+
+def refuse_items_output(cfg: Mapping, buffer_type: str, layout: str) -> None:
+    """For a preset whose samples are not a flat batch of items (runs, episodes, windows): ``storage.output=
+    'items'`` is refused by name (``layout`` says what its samples are)."""
+    if cfg.get('output') == 'items':
+        raise ValueError(
+            f"config key 'storage.output'='items' is not supported by type {buffer_type!r}: its samples are "
+            f"{layout}; use None (the storage's own layout) or list storage"
+        )
 
 
 def device_ok(x: Any) -> bool:
@@ -32,6 +49,7 @@ STORAGE_CHECKS = {
     'storage.type': (lambda x: x in STORAGE_TYPES, f"one of {sorted(STORAGE_TYPES)}"),
     'storage.device': (lambda x: device_ok(x), "'cpu', 'cuda' or 'cuda:N'"),
     'storage.memmap_dir': (lambda x: x is None or (isinstance(x, str) and x), 'None or a directory path'),
+    'storage.output': (lambda x: x is None or (isinstance(x, str) and x in OUTPUTS), f"one of {OUTPUTS}"),
 }
 
 
@@ -45,6 +63,11 @@ def build_storage(cfg: Mapping, capacity: int, reserved_keys: Tuple[str, ...] = 
     if kind == 'list':
         if cfg.get('memmap_dir') is not None:
             raise ValueError("config key 'storage.memmap_dir' needs storage.type='tensor', got 'list'")
+        if cfg.get('output') == 'batch':
+            raise ValueError(
+                "config key 'storage.output'='batch' needs storage.type='tensor' (list storage keeps any Python "
+                "object and samples the items themselves); use None or 'items'"
+            )
         return ListStorage(capacity)
     return TensorStorage(capacity, **_tensor_kwargs(cfg, reserved_keys))
 
@@ -72,6 +95,7 @@ __all__ = [
     'STORAGE_CONFIG',
     'STORAGE_CHECKS',
     'build_storage',
+    'refuse_items_output',
     'storage_from_state',
     'device_ok',
 ]

@@ -1,0 +1,173 @@
+"""What ``sample`` returns: ``storage.output`` ('items': per-item dicts on tensor storage, the layout DI-engine's
+policies collate) and the ``deque`` preset's draws, which follow Python's ``random`` as DI-engine's
+``DequeBuffer`` does."""
+
+import random
+
+import numpy as np
+import pytest
+import torch
+from helpers import assert_same
+
+from ding_buffer import create_buffer
+
+
+def transitions(n, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [
+        {
+            'obs': torch.randn(4, generator=g),
+            'action': torch.tensor([i % 2]),
+            'reward': float(i),
+            'done': i % 5 == 4,
+            'nested': {'h': torch.full((2, 3), float(i))},
+        }
+        for i in range(n)
+    ]
+
+
+def make(kind, output, **cfg):
+    return create_buffer(
+        dict(type=kind, replay_buffer_size=64, seed=3, storage=dict(type='tensor', output=output), **cfg)
+    )
+
+
+@pytest.mark.parametrize('kind', ['naive', 'advanced', 'elastic'])
+def test_items_are_the_rows_of_the_batch_the_same_seed_draws(kind):
+    batch_buf, items_buf = make(kind, 'batch'), make(kind, 'items')
+    for buf in (batch_buf, items_buf):
+        buf.push(transitions(20))
+    batch, items = batch_buf.sample(8, 0), items_buf.sample(8, 0)
+    assert isinstance(items, list) and len(items) == 8
+    for i, item in enumerate(items):
+        assert torch.equal(item['obs'], batch['obs'][i]) and item['obs'].shape == (4,)
+        assert torch.equal(item['action'], batch['action'][i]) and item['action'].dtype == torch.int64
+        assert torch.equal(item['nested']['h'], batch['nested']['h'][i])
+        assert item['reward'] == batch['reward'][i].item() and type(item['reward']) is float
+        assert item['done'] is bool(batch['done'][i])
+        assert item['replay_unique_id'] == f"buffer_{int(batch['replay_unique_id'][i])}"
+        assert item['replay_buffer_idx'] == int(batch['replay_buffer_idx'][i])
+        if kind == 'advanced':
+            for key in ('priority', 'IS', 'use', 'staleness'):
+                assert item[key] == batch[key][i].item()
+    for buf in (batch_buf, items_buf):
+        buf.close()
+
+
+def test_items_hold_copies_writing_one_changes_nothing_stored():
+    buf = make('naive', 'items')
+    buf.push(transitions(10))
+    items = buf.sample(10, 0)
+    before = buf.state_dict()
+    for item in items:
+        item['obs'].fill_(-1.0)
+        item['nested']['h'].zero_()
+    assert_same(buf.state_dict(), before)
+    buf.close()
+
+
+def test_items_ids_feed_update_as_a_dingengine_learner_sends_them():
+    """DI-engine's learner builds priority_info from per-item ``replay_unique_id`` / ``replay_buffer_idx``."""
+    buf = make('advanced', 'items', alpha=1.0)
+    buf.push(transitions(16))
+    items = buf.sample(16, 0)
+    info = {
+        'replay_unique_id': [d['replay_unique_id'] for d in items],
+        'replay_buffer_idx': [d['replay_buffer_idx'] for d in items],
+        'priority': [100.0 if d['reward'] == 3.0 else 1e-3 for d in items],
+    }
+    assert buf.update(info)['updated'] == 16
+    drawn = [d['reward'] for _ in range(4) for d in buf.sample(16, 0)]
+    assert drawn.count(3.0) > 56  # 64 draws; the item's share of the priority mass: 100 / (100 + 15e-3)
+    before = buf.state_dict()
+    bad = dict(info, priority=[float('nan')] + info['priority'][1:])
+    with pytest.raises(ValueError, match='priority'):
+        buf.update(bad)
+    assert_same(buf.state_dict(), before)
+    buf.close()
+
+
+def test_deque_on_items_keeps_its_api():
+    buf = create_buffer(
+        dict(type='deque', priority=True, priority_IS_weight=True, seed=0, storage=dict(type='tensor', output='items'))
+    )
+    buf.push(transitions(10))
+    out = buf.sample(4, 0)
+    assert [sorted(d) for d in out] == [['IS', 'action', 'done', 'nested', 'obs', 'reward']] * 4
+    assert buf.update({'priority': [1.0, 2.0, 3.0, 4.0]}) == {'updated': 4, 'stale': 0}
+    buf.close()
+
+
+@pytest.mark.parametrize(
+    'cfg, needle',
+    [
+        (dict(type='naive', storage=dict(type='list', output='batch')), "'storage.output'='batch' needs"),
+        (dict(type='naive', storage=dict(type='tensor', output='item')), "'storage.output' has invalid value"),
+        (dict(type='naive', storage=dict(type='tensor', output=['items'])), "'storage.output'"),
+        (dict(type='sequence', storage=dict(type='tensor', output='items')), "not supported by type 'sequence'"),
+        (dict(type='episode', storage=dict(type='tensor', output='items')), "not supported by type 'episode'"),
+        (
+            dict(type='prioritized_episode', storage=dict(type='tensor', output='items')),
+            "not supported by type 'prioritized_episode'",
+        ),
+    ],
+)
+def test_output_settings_that_cannot_work_are_refused_by_name(cfg, needle):
+    with pytest.raises(ValueError, match=needle.replace('(', r'\(').replace('[', r'\[')):
+        create_buffer(cfg)
+
+
+def test_list_storage_samples_items_whatever_output_says():
+    for output in (None, 'items'):
+        buf = create_buffer(dict(type='naive', seed=0, storage=dict(type='list', output=output)))
+        buf.push([{'x': i} for i in range(5)])
+        assert sorted(d['x'] for d in buf.sample(5, 0)) == [0, 1, 2, 3, 4]
+        buf.close()
+
+
+# ---------------------------------------------------------------------------------------------- deque draws
+def dingengine_deque_draw(stored, size):
+    """What DI-engine's DequeBuffer.sample(size) returns from ``stored`` (oldest first): random.sample."""
+    return random.sample(stored, k=size)
+
+
+@pytest.mark.parametrize('storage', ['list', 'tensor'])
+def test_unseeded_deque_draws_what_dingengines_deque_buffer_draws(storage):
+    buf = create_buffer(dict(type='deque', replay_buffer_size=50, storage=dict(type=storage, output='items')))
+    stored = []
+    for step in range(6):
+        new = [{'x': 100 * step + i} for i in range(13)]
+        buf.push(new)
+        stored = (stored + [d['x'] for d in new])[-50:]  # a deque of maxlen 50
+        random.seed(step)
+        ours = [d['x'] for d in buf.sample(9, step)]
+        random.seed(step)
+        assert ours == dingengine_deque_draw(stored, 9)
+    buf.close()
+
+
+def test_unseeded_deque_leaves_numpys_global_stream_alone():
+    """DI-engine's exploration draws from numpy's global RNG: building and sampling the buffer must not shift it."""
+    np.random.seed(5)
+    expected = np.random.random(3)
+    np.random.seed(5)
+    buf = create_buffer(dict(type='deque'))
+    buf.push([{'x': i} for i in range(10)])
+    buf.sample(4, 0)
+    assert np.array_equal(np.random.random(3), expected)
+    buf.close()
+
+
+def test_seeded_deque_draws_from_its_own_rng_reproducibly():
+    def draws():
+        buf = create_buffer(dict(type='deque', seed=7))
+        buf.push([{'x': i} for i in range(30)])
+        random.seed(0)
+        a = [d['x'] for d in buf.sample(10, 0)]
+        random.seed(1)  # Python's stream does not matter with a seed
+        b = [d['x'] for d in buf.sample(10, 0)]
+        buf.close()
+        return a, b
+
+    first, second = draws(), draws()
+    assert first == second and first[0] != first[1]
