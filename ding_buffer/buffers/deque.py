@@ -3,7 +3,10 @@
 DI-engine's DQN / acrobot / pendulum configs name ``type='deque'``: the new-generation ``DequeBuffer`` with its
 ``use_time_check`` and ``PriorityExperienceReplay`` middleware behind the old API. Here the same config builds:
 
-* ``priority=False``: a naive ring (uniform draws without replacement), with ``max_use`` as its remover;
+* ``priority=False``: a naive ring (uniform draws without replacement), with ``max_use`` as its remover; without
+  a ``seed`` it draws with Python's global ``random`` exactly as DI-engine's ``DequeBuffer`` does
+  (``random.sample`` over the items, oldest first), so a pipeline seeded by ``set_pkg_seed`` samples the same
+  batches as with DI-engine's own buffer; with a ``seed`` it draws from its own RNG;
 * ``priority=True``: a prioritized (advanced) ring with ``alpha = priority_power_factor``, ``beta =
   IS_weight_power_factor`` annealed to 1 over ``IS_weight_anneal_train_iter`` sample calls, and ``max_use``.
 
@@ -96,6 +99,11 @@ def inner_config(cfg: Mapping) -> Dict[str, Any]:
         storage=copy.deepcopy(dict(cfg.storage)),
     )
     if not cfg.priority:
+        if cfg.seed is None:
+            # DI-engine's DequeBuffer draws with Python's global `random`: the same batches under the same seed
+            # (set_pkg_seed). The inner buffer's own RNG is then unused: a fixed seed keeps numpy's global
+            # stream, which DI-engine's exploration draws from, untouched.
+            common.update(seed=0, sampler=dict(type='python_random'))
         return dict(type='naive', **common)
     return dict(
         type='advanced',

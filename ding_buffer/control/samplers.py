@@ -3,6 +3,8 @@
 ``sampler=dict(type=NAME, **arguments)``; an empty section (the default) keeps the preset's own sampler.
 
 * ``uniform`` -- ``UniformSampler``: positions drawn uniformly (with / without replacement, O(batch)).
+* ``python_random`` -- ``PythonRandomSampler``: uniform positions from Python's global ``random``, as DI-engine's
+  ``DequeBuffer`` draws them (the same batches under the same ``random.seed``).
 * ``prioritized`` -- ``PrioritizedSpec``: prioritized draws. Only presets whose elements carry priorities take
   it: the episode buffer (prioritized windows, R2D2's ``eta * max + (1 - eta) * mean``); on ``naive`` it is
   refused naming the keys (``type='advanced'`` is prioritized replay of single transitions).
@@ -12,6 +14,7 @@
   ``import_names``. Such samplers pick among a preset's candidates; they keep no per-element state.
 """
 
+import random
 from typing import Any, Mapping, Optional, Tuple
 
 import numpy as np
@@ -39,6 +42,30 @@ class UniformSampler:
 
     def draw(self, rng: np.random.Generator, m: int, size: int, replace: bool) -> np.ndarray:
         return uniform_indices(rng, m, size, replace)
+
+
+@SAMPLER_REGISTRY.register('python_random')
+class PythonRandomSampler:
+    """Positions drawn by Python's global ``random`` module, exactly as DI-engine's ``DequeBuffer`` draws its
+    items (``random.sample`` without replacement, ``random.choices`` with): a pipeline seeded by ``random.seed``
+    (DI-engine's ``set_pkg_seed``) draws the same batches, in the same order, as DI-engine's deque buffer. The
+    buffer's own RNG is not used. The ``deque`` preset samples with it when it has no ``seed``.
+
+    Examples:
+        >>> import random
+        >>> random.seed(0)
+        >>> PythonRandomSampler().draw(None, m=10, size=3, replace=False).tolist()
+        [6, 9, 0]
+        >>> random.seed(0)
+        >>> random.sample(range(10), 3)  # what DI-engine's DequeBuffer picks from 10 items
+        [6, 9, 0]
+    """
+
+    needs_priority = False
+
+    def draw(self, rng: Any, m: int, size: int, replace: bool) -> np.ndarray:
+        picked = random.choices(range(m), k=size) if replace else random.sample(range(m), size)
+        return np.fromiter(picked, dtype=np.int64, count=size)
 
 
 @SAMPLER_REGISTRY.register('prioritized')
