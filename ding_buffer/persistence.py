@@ -156,8 +156,8 @@ def safe_load(path: str, allow_pickle: bool = False) -> Any:
             raise ValueError(f"{path!r} is not a readable buffer file (corrupt or truncated?): {e}") from e
         if not allow_pickle:
             raise ValueError(
-                f"{path!r} holds arbitrary Python objects (list storage); loading it can execute code. "
-                "Pass allow_pickle=True only if you trust the file."
+                f"{path!r} holds arbitrary Python objects (list storage or a chunk memory store); loading it can "
+                "execute code. Pass allow_pickle=True only if you trust the file."
             ) from None
     except Exception as e:  # zip/stream errors on truncated or foreign files
         raise ValueError(f"{path!r} is not a readable buffer file (corrupt or truncated?): {e}") from e

@@ -404,9 +404,6 @@ def _index_tampers(state):
 
 # types whose state must carry its counters (the others load a state without them with zeros)
 COUNTERS_REQUIRED = ('AdvancedReplayBuffer', 'ChunkReplayBuffer')
-# a known bug (tests/buffers/test_contract.py::test_known_bug_gfn_load_accepts_negative_counters): the GFlowNet
-# buffers load negative counters; their states are left without that corruption until it is fixed
-NEGATIVE_COUNTERS_ACCEPTED = ('GFlowNetReplayBuffer', 'DiverseGFlowNetReplayBuffer', 'TerminatingStateBuffer')
 
 
 def _counter_tampers(state):
@@ -415,8 +412,7 @@ def _counter_tampers(state):
     out = [('no counters', without(state, 'counters'))] if state.get('type') in COUNTERS_REQUIRED else []
     for key in counters:
         out.append((f'no counters.{key}', dict(state, counters=without(counters, key))))
-        if state.get('type') not in NEGATIVE_COUNTERS_ACCEPTED:
-            out.append((f'negative counters.{key}', dict(state, counters=dict(counters, **{key: -1}))))
+        out.append((f'negative counters.{key}', dict(state, counters=dict(counters, **{key: -1}))))
     return out
 
 

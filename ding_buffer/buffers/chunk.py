@@ -7,7 +7,7 @@ keeps at most ``max_chunks`` chunks, and a learner samples whole chunks, each at
 live in a ``FragmentStore`` (memory, or files on disk that producers and learners share, ids on the wire); the
 buffer holds ids and deletes a payload once nothing refers to it.
 
-The rules, in order (``tests/test_chunk.py`` checks every call against a brute-force model of them):
+The rules, in order (``tests/buffers/test_chunk.py`` checks every call against a brute-force model of them):
 
 1. **Order per worker.** A worker's ``fid`` must exceed every ``fid`` it sent before, and be exactly the previous
    one + 1 while a chunk is being assembled. A gap, repeat or reordering is a ``ValueError`` naming the worker and

@@ -65,6 +65,9 @@ class GFlowNetState:
         user.update(state['settings'])
         cfg = build_config(self.config, user, self.checks)
         counters = {k: int(state['counters'][k]) for k in self._tally}
+        negative = sorted(k for k, v in counters.items() if v < 0)
+        if negative:
+            raise ValueError(f"saved counters must be >= 0; {negative} are negative")
         engine = state.get('engine') or {}
         if not isinstance(engine, dict):
             raise ValueError(f"saved 'engine' must be a dict, got {type(engine).__name__}")

@@ -178,17 +178,6 @@ def test_load_state_dict_corrupted_is_all_or_nothing(case, fill, tmp_path):
     buf.close()
 
 
-@pytest.mark.xfail(strict=True, reason='GFlowNet buffers load a state with negative counters (the others refuse it)')
-@pytest.mark.parametrize('case', [c for c in CASES if c.gfn], ids=lambda c: c.id)
-def test_known_bug_gfn_load_accepts_negative_counters(case, tmp_path):
-    src = case.make(tmp_path, 'src')
-    case.exercise(src, np.random.default_rng(3))
-    state = src.state_dict()
-    buf = case.make(tmp_path, 'dst')
-    with pytest.raises((ValueError, TypeError)):
-        buf.load_state_dict(dict(state, counters=dict(state['counters'], pushed=-1)))
-
-
 # --------------------------------------------------------------------- GFlowNet states that are inconsistent
 def _gfn_no_track_states(state):
     return {k: v for k, v in state.items() if k != 'track_states'}
