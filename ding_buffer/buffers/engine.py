@@ -23,7 +23,7 @@ import numpy as np
 from ..control.limiter import RateLimiter, limiter_checks, limiter_config
 from ..control.limits import INF, UseCounts, UseLimit, build_removers, find_rule, limit_ok
 from ..monitor.periodic import PeriodicThruputMonitor
-from ..monitor.tb import build_tb_logger, emit, rank
+from ..monitor.tb import TBSink, build_tb_logger, emit, rank
 from ..storage.tensordict_io import to_tensordict
 from .common import STEP_LIMIT, BufferCore, check_step, check_wait_timeout
 from .outputs import as_items
@@ -67,14 +67,6 @@ def parts_checks(min_ratio: float) -> Dict[str, Any]:
     )
 
 
-def _close_writer(tb: Any) -> None:
-    try:
-        tb.flush()
-        tb.close()
-    except Exception:
-        pass
-
-
 class Engine(BufferCore):
     uses_counted = False  # whether every element has a use count even without max_use (advanced reports it)
 
@@ -88,8 +80,7 @@ class Engine(BufferCore):
         names = [f'removed_by_{r.name}' for r in self._rules]
         self._counters: Dict[str, int] = dict.fromkeys(list(COUNTERS) + [n for n in names if n not in COUNTERS], 0)
         self._due: Any = None  # monitor output computed under the lock, written after it
-        self._tb: Any = None
-        self._owns_tb = False
+        self._tb: Optional[TBSink] = None
         self._periodic: Optional[PeriodicThruputMonitor] = None
         self._last_use: Optional[np.ndarray] = None  # use counts after the last draw (last_sample_use)
 
@@ -97,9 +88,10 @@ class Engine(BufferCore):
         """The TensorBoard writer (borrowed, or owned when ``tensorboard``) and, with a writer on rank 0, the
         periodic push / sample / remove report every ``period`` seconds (DI-engine's ``{instance}_sec/`` tags;
         ``None``: no periodic report)."""
-        self._tb, self._owns_tb = build_tb_logger(self._tb_logger, tensorboard, self._exp_name, self._instance_name)
-        if self._owns_tb:  # closed by close(), or when the buffer is dropped without it (its writer thread too)
-            self._tb_close = weakref.finalize(self, _close_writer, self._tb)
+        writer, owned = build_tb_logger(self._tb_logger, tensorboard, self._exp_name, self._instance_name)
+        self._tb = None if writer is None else TBSink(writer, owned)
+        if owned:  # closed by close(), or when the buffer is dropped without it (its writer thread too)
+            weakref.finalize(self, self._tb.close)
         if self._tb is None or rank() != 0 or period is None:
             return
         me = weakref.ref(self)  # the monitor thread must not keep an unclosed, unreachable buffer alive
@@ -390,10 +382,8 @@ class Engine(BufferCore):
         self._wake()
         if self._periodic is not None:
             self._periodic.close()
-        if self._owns_tb:
-            self._tb_close()
-        elif self._tb is not None:
-            self._tb.flush()
+        if self._tb is not None:
+            self._tb.close()  # flushes; closes the writer only if the buffer created it
         self._release_table()
 
     def _release_table(self) -> None:

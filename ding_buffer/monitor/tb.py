@@ -2,6 +2,7 @@
 
 import logging
 import os
+import threading
 from typing import Any, List, Optional, Tuple
 
 # What a monitor computed under the buffer's lock and the buffer writes after releasing it:
@@ -46,3 +47,82 @@ def build_tb_logger(tb_logger: Any, enabled: bool, exp_name: str, instance_name:
 
     path = os.path.join('.', exp_name, 'log', instance_name, f'{instance_name}_tb_logger')
     return SummaryWriter(path), True
+
+
+def writer_closed(tb: Any) -> bool:
+    """Whether a ``SummaryWriter`` (torch's or tensorboardX's) has been closed: both drop their file writers on
+    ``close()`` (``all_writers = None``) and would open a second event file on the next write. Other writers
+    are taken as open."""
+    return getattr(tb, 'all_writers', 0) is None
+
+
+class TBSink:
+    """
+    Overview:
+        The one way a buffer writes TensorBoard: ``add_scalar`` / ``flush`` / ``close`` under a lock of its own
+        (never the buffer's), so a write racing the buffer's ``close()`` in another thread either happens before
+        the writer closes or not at all -- no ``OSError('Writer is closed')``. A borrowed writer (``owned``
+        False) is never closed here, and a write after its owner closed it -- or that its owner's ``close()``
+        overtook -- is dropped (logged at DEBUG) instead of opening a second event file or raising.
+    Examples:
+        >>> class Writer:
+        ...     all_writers = {}
+        ...     def add_scalar(self, tag, value, step):
+        ...         print(tag, value, step)
+        ...     def flush(self):
+        ...         pass
+        ...     def close(self):
+        ...         self.all_writers = None
+        >>> borrowed = Writer()
+        >>> sink = TBSink(borrowed, owned=False)
+        >>> sink.add_scalar('buffer_sec/pushed_in', 8, 0)
+        buffer_sec/pushed_in 8 0
+        >>> borrowed.close()  # the pipeline closed its writer
+        >>> sink.add_scalar('buffer_sec/pushed_in', 3, 1)  # dropped: no stray event file
+    """
+
+    def __init__(self, writer: Any, owned: bool) -> None:
+        self.writer = writer
+        self.owned = owned
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def _usable(self) -> bool:
+        if self._closed or (not self.owned and writer_closed(self.writer)):
+            logging.getLogger('ding_buffer').debug('TensorBoard write after the writer was closed: dropped')
+            return False
+        return True
+
+    def add_scalar(self, tag: str, value: float, step: int) -> None:
+        with self._lock:
+            if not self._usable():
+                return
+            try:
+                self.writer.add_scalar(tag, value, step)
+            except OSError:
+                # the owner closed a borrowed writer under this write (its close is not ours to lock out)
+                if self.owned or not writer_closed(self.writer):
+                    raise
+                logging.getLogger('ding_buffer').debug('TensorBoard writer closed by its owner during a write')
+
+    def flush(self) -> None:
+        with self._lock:
+            if self._usable() and hasattr(self.writer, 'flush'):
+                self.writer.flush()
+
+    def close(self) -> None:
+        """Idempotent: flush; close the writer only when owned. Later writes are dropped."""
+        with self._lock:
+            if self._closed:
+                return
+            usable = self._usable()
+            self._closed = True
+            if not usable:
+                return
+            try:
+                if hasattr(self.writer, 'flush'):
+                    self.writer.flush()
+                if self.owned:
+                    self.writer.close()
+            except Exception:  # a writer failing at the end must not fail the buffer's close
+                logging.getLogger('ding_buffer').warning('closing the TensorBoard writer failed', exc_info=True)

@@ -1,0 +1,134 @@
+"""TensorBoard in a pipeline's life: the periodic ``{instance}_sec/*`` report reaches a borrowed writer while the
+run goes on, a ``close()`` after the pipeline closed its writer opens no second event file, and a sample racing
+``close()`` in another thread never meets a closed writer."""
+
+import glob
+import os
+import threading
+
+import pytest
+import torch
+from helpers import wait_until
+
+from ding_buffer import create_buffer
+
+SummaryWriter = pytest.importorskip('torch.utils.tensorboard').SummaryWriter
+
+
+def event_files(logdir):
+    return sorted(glob.glob(os.path.join(str(logdir), '**', 'events.out.tfevents.*'), recursive=True))
+
+
+def scalars(logdir):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(logdir), size_guidance={'scalars': 0}, purge_orphaned_data=False)
+    acc.Reload()
+    return {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()['scalars']}
+
+
+def items(n):
+    return [{'obs': torch.tensor([float(i)]), 'priority': 1.0 + i % 3} for i in range(n)]
+
+
+@pytest.mark.parametrize(
+    'cfg',
+    [
+        dict(type='naive', periodic_thruput_seconds=0.2),
+        dict(type='advanced', monitor=dict(periodic_thruput=dict(seconds=0.2))),
+    ],
+    ids=['naive', 'advanced'],
+)
+def test_periodic_report_reaches_a_borrowed_writer_while_the_run_goes_on(tmp_path, cfg):
+    writer = SummaryWriter(str(tmp_path / 'tb'))
+    buf = create_buffer(dict(cfg, replay_buffer_size=64, seed=0, storage=dict(type='tensor')), tb_logger=writer)
+    try:
+        buf.push(items(10))
+
+        def written():
+            writer.flush()
+            return 'buffer_sec/current_have' in scalars(tmp_path / 'tb')
+
+        assert wait_until(written, timeout=10)  # no close() needed
+        first = scalars(tmp_path / 'tb')
+        assert first['buffer_sec/pushed_in'][0] == (0, 10.0)
+        assert first['buffer_sec/current_have'][0] == (0, 10.0)
+    finally:
+        buf.close()
+        writer.close()
+
+
+def test_close_after_the_pipeline_closed_its_writer_opens_no_second_event_file(tmp_path):
+    writer = SummaryWriter(str(tmp_path / 'tb'))
+    buf = create_buffer(
+        dict(type='naive', replay_buffer_size=64, seed=0, storage=dict(type='tensor')), tb_logger=writer
+    )
+    buf.push(items(10))
+    buf.sample(4, 0)
+    writer.close()  # the pipeline ends and closes its writer; the buffer is closed later
+    files = event_files(tmp_path / 'tb')
+    assert len(files) == 1
+    buf.close()  # would write the partial period: dropped, the writer is closed
+    assert event_files(tmp_path / 'tb') == files
+
+
+def test_close_before_the_writer_writes_the_partial_period_into_the_same_file(tmp_path):
+    writer = SummaryWriter(str(tmp_path / 'tb'))
+    buf = create_buffer(
+        dict(type='naive', replay_buffer_size=64, seed=0, storage=dict(type='tensor')), tb_logger=writer
+    )
+    buf.push(items(7))
+    buf.close()
+    writer.flush()
+    assert scalars(tmp_path / 'tb')['buffer_sec/pushed_in'] == [(0, 7.0)]
+    writer.close()
+    assert len(event_files(tmp_path / 'tb')) == 1
+
+
+@pytest.mark.parametrize('owned', [True, False], ids=['owned writer', 'borrowed writer'])
+def test_a_sample_racing_close_never_meets_a_closed_writer(tmp_path, monkeypatch, owned):
+    """Every sample writes its sampled-data scalars after the buffer's lock is released (print_freq=1): a close()
+    in another thread must not close the writer under such a write."""
+    monkeypatch.chdir(tmp_path)
+    for round_ in range(20):
+        writer = None if owned else SummaryWriter(str(tmp_path / f'tb{round_}'))
+        buf = create_buffer(
+            dict(
+                type='advanced',
+                replay_buffer_size=64,
+                seed=round_,
+                storage=dict(type='tensor'),
+                monitor=dict(sampled_data_attr=dict(print_freq=1), tensorboard=owned),
+            ),
+            tb_logger=writer,
+            exp_name=f'race{round_}',
+        )
+        buf.push(items(32))
+        errors, started = [], threading.Event()
+
+        def sampler(buf=buf, errors=errors, started=started):
+            started.set()
+            while True:
+                try:
+                    buf.sample(8, 1)
+                except RuntimeError as e:
+                    if 'is closed' in str(e):
+                        return
+                    errors.append(e)
+                    return
+                except Exception as e:  # e.g. OSError('Writer is closed')
+                    errors.append(e)
+                    return
+
+        threads = [threading.Thread(target=sampler) for _ in range(2)]
+        for t in threads:
+            t.start()
+        started.wait(5)
+        if owned:  # the owner closes its writer under running samplers
+            buf.close()
+        else:  # the pipeline closes its writer first, then the buffer
+            writer.close()
+            buf.close()
+        for t in threads:
+            t.join(10)
+        assert not errors, errors
