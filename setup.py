@@ -43,10 +43,12 @@ setup(
         'gfn': TORCHGFN_DEPS,
         # everything the suite imports (a fresh venv with this extra runs it all): the distributed tests start real
         # mpirun / Ray jobs (mpi4py needs Open MPI from the OS), scipy computes the chi-square tests' p-values,
-        # ruff checks the lint and format (pinned: its formatting changes between minor versions)
+        # pytest-xdist runs the suite in two processes, ruff checks the lint and format (pinned: its formatting
+        # changes between minor versions)
         'test': [
             'pytest>=7',
             'pytest-timeout>=2.1',
+            'pytest-xdist>=3.5',
             'hypothesis>=6',
             'scipy>=1.9',
             'ruff>=0.17,<0.18',
