@@ -1,0 +1,344 @@
+"""Driver of tests/integrations/test_dingengine_pipelines.py: runs inside a venv with DI-engine 0.5.3 (the test
+builds it), never imported by the suite (``collect_ignore`` in this folder's conftest.py). Each subcommand does one
+run in the current directory and writes what it saw as JSON to the file given by ``--out``; the test reads that file
+and the run's own artefacts (exp folder, TensorBoard event files).
+
+* ``serial``: ``ding.entry.serial_pipeline`` on dizoo's CartPole DQN config, with the create config's
+  ``replay_buffer`` replaced by ``--buffer`` (a JSON dict, the one line a user writes) and PER switched on in the
+  policy. DI-engine's ``serial_pipeline`` does not return its buffer or learner: this driver (test code, not user
+  code) wraps the names ``serial_pipeline`` calls to keep references to what it built.
+* ``task``: the task pipeline in the shape of ``ding/example/dqn_per.py``, with ``TaskBuffer`` plus
+  ``PriorityExperienceReplay``.
+* ``badinput``: what DI-engine's side can hand a buffer that it must refuse, whole, naming the field.
+"""
+
+import argparse
+import copy
+import json
+import math
+import sys
+import time
+import traceback
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument('mode', choices=['serial', 'task', 'badinput'])
+    parser.add_argument('--out', required=True)
+    parser.add_argument('--buffer', help='serial: the create config replay_buffer section (JSON)')
+    parser.add_argument('--exp-name', default='exp')
+    parser.add_argument('--max-env-step', type=int, default=300)
+    parser.add_argument('--max-step', type=int, default=40)
+    parser.add_argument('--seed', type=int, default=0)
+    args = parser.parse_args()
+    t0 = time.time()
+    result = {'serial': run_serial, 'task': run_task, 'badinput': run_badinput}[args.mode](args)
+    result['seconds'] = time.time() - t0
+    with open(args.out, 'w') as f:
+        json.dump(result, f, indent=1, default=repr)
+
+
+def buffer_info(buffer) -> dict:
+    from ding_buffer.base import IBuffer
+
+    cls = type(buffer)
+    return {
+        'class': f'{cls.__module__}.{cls.__qualname__}',
+        'mro': [f'{c.__module__}.{c.__qualname__}' for c in cls.__mro__],
+        'is_ding_buffer': isinstance(buffer, IBuffer),
+        'stats': dict(buffer.stats()),
+    }
+
+
+# ---------------------------------------------------------------------------------------------- serial pipeline
+def run_serial(args) -> dict:
+    import ding.entry.serial_entry as serial_entry
+    from dizoo.classic_control.cartpole.config.cartpole_dqn_config import create_config, main_config
+    from easydict import EasyDict
+
+    main = copy.deepcopy(main_config)
+    create = copy.deepcopy(create_config)
+    main.exp_name = args.exp_name
+    main.policy.priority = True  # PER: the learner sends priority_info to the buffer after every train step
+    main.policy.priority_IS_weight = True
+    main.policy.eval.evaluator.eval_freq = 50
+    create.replay_buffer = EasyDict(json.loads(args.buffer))
+
+    built = {}
+    real_create_buffer, real_learner = serial_entry.create_buffer, serial_entry.BaseLearner
+
+    def create_buffer(cfg, *a, **kw):
+        built['buffer'] = real_create_buffer(cfg, *a, **kw)
+        built['tb_logger'] = kw.get('tb_logger')
+        built['exp_name'] = kw.get('exp_name')
+        return built['buffer']
+
+    class Learner(real_learner):
+        def __init__(self, *a, **kw):
+            super().__init__(*a, **kw)
+            built['learner'] = self
+
+    serial_entry.create_buffer, serial_entry.BaseLearner = create_buffer, Learner
+    serial_entry.serial_pipeline((main, create), seed=args.seed, max_env_step=args.max_env_step)
+    buffer = built['buffer']
+    out = buffer_info(buffer)
+    out['train_iter'] = built['learner'].train_iter
+    out['exp_name'] = built['exp_name']  # DI-engine adds a timestamp where the folder exists
+    # the pipeline's owner closes its writer; the buffer closes after it (a late periodic report is dropped, not
+    # written into a second event file)
+    if built['tb_logger'] is not None:
+        built['tb_logger'].close()
+    buffer.close()
+    return out
+
+
+# ---------------------------------------------------------------------------------------------- task pipeline
+def run_task(args) -> dict:
+    import gym
+    from ding.config import compile_config
+    from ding.data.buffer.middleware import PriorityExperienceReplay
+    from ding.envs import BaseEnvManagerV2, DingEnvWrapper
+    from ding.framework import task
+    from ding.framework.context import OnlineRLContext
+    from ding.framework.middleware import (
+        OffPolicyLearner,
+        StepCollector,
+        data_pusher,
+        eps_greedy_handler,
+        interaction_evaluator,
+    )
+    from ding.model import DQN
+    from ding.policy import DQNPolicy
+    from ding.utils import set_pkg_seed
+    from dizoo.classic_control.cartpole.config.cartpole_dqn_config import create_config, main_config
+
+    from ding_buffer.base import IBuffer
+    from ding_buffer.integrations.dingengine import TaskBuffer
+
+    main = copy.deepcopy(main_config)
+    main.exp_name = args.exp_name
+    main.policy.priority = True
+    main.policy.priority_IS_weight = True
+    main.policy.eval.evaluator.eval_freq = 100
+    cfg = compile_config(main, create_cfg=copy.deepcopy(create_config), auto=True, seed=args.seed)
+    seen = {'env_step': [], 'train_iter': []}
+
+    def recorder(ctx):
+        seen['env_step'].append(int(ctx.env_step))
+        seen['train_iter'].append(int(ctx.train_iter))
+
+    with task.start(async_mode=False, ctx=OnlineRLContext()):
+        collector_env = BaseEnvManagerV2(
+            env_fn=[lambda: DingEnvWrapper(gym.make('CartPole-v0')) for _ in range(cfg.env.collector_env_num)],
+            cfg=cfg.env.manager,
+        )
+        evaluator_env = BaseEnvManagerV2(
+            env_fn=[lambda: DingEnvWrapper(gym.make('CartPole-v0')) for _ in range(cfg.env.evaluator_env_num)],
+            cfg=cfg.env.manager,
+        )
+        set_pkg_seed(cfg.seed, use_cuda=cfg.policy.cuda)
+        model = DQN(**cfg.policy.model)
+        size = cfg.policy.other.replay_buffer.replay_buffer_size
+        buffer_ = TaskBuffer(dict(type='naive', storage=dict(type='tensor')), size=size)
+        before = {'prioritized': buffer_.prioritized, 'inner': type(buffer_.inner).__name__}
+        buffer_.use(PriorityExperienceReplay(buffer_, IS_weight=True))
+        policy = DQNPolicy(cfg.policy, model=model)
+        task.use(interaction_evaluator(cfg, policy.eval_mode, evaluator_env))
+        task.use(eps_greedy_handler(cfg))
+        task.use(StepCollector(cfg, policy.collect_mode, collector_env))
+        task.use(data_pusher(cfg, buffer_))
+        task.use(OffPolicyLearner(cfg, policy.learn_mode, buffer_))
+        task.use(recorder)
+        task.run(max_step=args.max_step)
+    out = buffer_info(buffer_)
+    out.update(
+        before=before,
+        prioritized=buffer_.prioritized,
+        inner=type(buffer_.inner).__name__,
+        inner_is_ding_buffer=isinstance(buffer_.inner, IBuffer),
+        middleware=[type(m).__name__ for m in buffer_._middleware],
+        **seen,
+    )
+    buffer_.close()
+    return out
+
+
+# ---------------------------------------------------------------------------------------------- bad input
+def snapshot(state):
+    """A deep copy of a state: what state_dict returned must not change under a refused call."""
+    return copy.deepcopy(state)
+
+
+def differences(a, b, where='state'):
+    """Where ``a`` and ``b`` differ (exact: same types, dtypes, shapes and values; NaN equals NaN)."""
+    import numpy as np
+    import torch
+
+    if isinstance(a, dict):
+        if not isinstance(b, dict) or set(a) != set(b):
+            return [f'{where}: keys differ']
+        return [d for k in a for d in differences(a[k], b[k], f'{where}.{k}')]
+    if isinstance(a, (list, tuple)):
+        if type(a) is not type(b) or len(a) != len(b):
+            return [f'{where}: {a!r:.80} != {b!r:.80}']
+        return [d for i, (x, y) in enumerate(zip(a, b)) for d in differences(x, y, f'{where}[{i}]')]
+    if isinstance(a, torch.Tensor):
+        if not isinstance(b, torch.Tensor) or a.dtype != b.dtype or a.shape != b.shape:
+            return [f'{where}: tensor type or shape differs']
+        if a.is_floating_point():
+            same = bool(((a == b) | (torch.isnan(a) & torch.isnan(b))).all())
+        else:
+            same = torch.equal(a, b)
+        return [] if same else [f'{where}: tensor values differ']
+    if isinstance(a, np.ndarray):
+        if not isinstance(b, np.ndarray) or a.dtype != b.dtype or a.shape != b.shape:
+            return [f'{where}: array type or shape differs']
+        return [] if np.array_equal(a, b, equal_nan=a.dtype.kind in 'fc') else [f'{where}: array values differ']
+    if isinstance(a, float) and math.isnan(a):
+        return [] if isinstance(b, float) and math.isnan(b) else [f'{where}: nan != {b!r}']
+    return [] if type(a) is type(b) and a == b else [f'{where}: {a!r:.80} != {b!r:.80}']
+
+
+def refusal(buffer, call, field) -> dict:
+    """Run ``call``; report what it raised, whether the message names ``field`` and whether ``state_dict()`` stayed
+    exactly the same."""
+    before = snapshot(buffer.state_dict())
+    out = {'field': field, 'raised': None, 'message': None}
+    try:
+        returned = call()
+        out['returned'] = repr(returned)
+    except Exception as e:  # noqa: BLE001 - the test judges which exception
+        out['raised'], out['message'] = type(e).__name__, str(e)
+        out['traceback'] = traceback.format_exc(limit=-3)
+    out['names_field'] = out['message'] is not None and field in out['message']
+    out['state_changes'] = differences(before, buffer.state_dict())
+    return out
+
+
+def run_badinput(args) -> dict:
+    import torch
+    from ding.worker import create_buffer
+    from easydict import EasyDict
+
+    from ding_buffer.integrations.dingengine import TaskBuffer
+
+    nan = float('nan')
+    cases = {}
+
+    def transition(i):
+        return {'obs': torch.full((4,), float(i)), 'action': i % 2, 'reward': float(i), 'done': False}
+
+    # the serial pipeline's buffers, built by DI-engine's create_buffer from the one config line
+    for storage in ('tensor', 'list'):
+        cfg = EasyDict(
+            type='advanced',
+            import_names=['ding_buffer.integrations.dingengine'],
+            replay_buffer_size=32,
+            storage=dict(type=storage),
+        )
+        buffer = create_buffer(cfg, exp_name='badinput', instance_name=f'buffer_{storage}')
+        buffer.push([transition(i) for i in range(20)], cur_collector_envstep=0)
+        batch = buffer.sample(8, 0)
+        ids = [d['replay_unique_id'] for d in batch]
+        idx = [d['replay_buffer_idx'] for d in batch]
+        good = [1.0 + i for i in range(8)]
+        cases[f'{storage}: sampled types'] = {
+            'ids': [type(i).__name__ for i in ids],
+            'idx': [type(i).__name__ for i in idx],
+        }
+        bad = {
+            'priority with a NaN': (
+                {'replay_unique_id': ids, 'replay_buffer_idx': idx, 'priority': good[:3] + [nan] + good[4:]},
+                'priority',
+            ),
+            'priority with a negative': (
+                {'replay_unique_id': ids, 'replay_buffer_idx': idx, 'priority': good[:3] + [-1.0] + good[4:]},
+                'priority',
+            ),
+            'no replay_unique_id': ({'replay_buffer_idx': idx, 'priority': good}, 'replay_unique_id'),
+            'no replay_buffer_idx': ({'replay_unique_id': ids, 'priority': good}, 'replay_buffer_idx'),
+            # tensors where ints were sampled: integer tensors name the same slots (accepted below, checked to
+            # act exactly as the ints); float, bool or several-element ones are refused
+            'replay_buffer_idx as float tensors': (
+                {'replay_unique_id': ids, 'replay_buffer_idx': [torch.tensor(float(i)) for i in idx], 'priority': good},
+                'replay_buffer_idx',
+            ),
+            'replay_buffer_idx as bool tensors': (
+                {'replay_unique_id': ids, 'replay_buffer_idx': [torch.tensor(True) for i in idx], 'priority': good},
+                'replay_buffer_idx',
+            ),
+            'replay_buffer_idx as 2-element tensors': (
+                {'replay_unique_id': ids, 'replay_buffer_idx': [torch.tensor([i, i]) for i in idx], 'priority': good},
+                'replay_buffer_idx',
+            ),
+            'replay_unique_id as float tensors': (
+                {
+                    'replay_unique_id': [torch.tensor(float(i.rsplit('_', 1)[1])) for i in ids],
+                    'replay_buffer_idx': idx,
+                    'priority': good,
+                },
+                'replay_unique_id',
+            ),
+        }
+        for name, (info, field) in bad.items():
+            cases[f'{storage}: {name}'] = refusal(buffer, lambda info=info: buffer.update(info), field)
+        # the buffer still takes good updates after the refusals; integer tensors act exactly as the ints
+        before = snapshot(buffer.state_dict())
+        applied = buffer.update({'replay_unique_id': ids, 'replay_buffer_idx': idx, 'priority': good})
+        with_ints = snapshot(buffer.state_dict())
+        cases[f'{storage}: good update after'] = {'returned': repr(applied), 'updated': buffer.stats()['updated']}
+        for name, as_tensor in (('0-d', torch.tensor), ('1-element', lambda i: torch.tensor([i]))):
+            buffer.load_state_dict(snapshot(before))
+            returned = buffer.update(
+                {'replay_unique_id': ids, 'replay_buffer_idx': [as_tensor(i) for i in idx], 'priority': good}
+            )
+            cases[f'{storage}: replay_buffer_idx as {name} int tensors'] = {
+                'returned': repr(returned),
+                'differences_from_ints': differences(with_ints, buffer.state_dict()),
+            }
+        buffer.close()
+
+    # DI-engine's dizoo default type='deque' with PER: update sets the last sampled batch's priorities
+    cfg = EasyDict(
+        type='deque',
+        import_names=['ding_buffer.integrations.dingengine'],
+        replay_buffer_size=32,
+        priority=True,
+        priority_IS_weight=True,
+        storage=dict(type='tensor'),
+    )
+    deque = create_buffer(cfg, exp_name='badinput', instance_name='buffer_deque')
+    deque.push([transition(i) for i in range(20)], cur_collector_envstep=0)
+    deque.sample(8, 0)
+    for name, priority in (('NaN', [1.0] * 7 + [nan]), ('negative', [1.0] * 7 + [-2.0])):
+        cases[f'deque: priority with a {name}'] = refusal(
+            deque, lambda p=priority: deque.update({'priority': p}), 'priority'
+        )
+    deque.close()
+
+    # the task pipeline's buffer: the fetcher calls update(index, data=None, meta) per sampled item
+    task_buffer = TaskBuffer(dict(type='advanced', storage=dict(type='tensor')), size=32)
+    for i in range(20):
+        task_buffer.push(transition(i))
+    sampled = task_buffer.sample(4)
+    first = sampled[0]
+    slot = first.meta['replay_buffer_idx']
+    bad_meta = {
+        'NaN priority': ({'priority': nan, 'replay_buffer_idx': slot}, 'priority'),
+        'negative priority': ({'priority': -1.0, 'replay_buffer_idx': slot}, 'priority'),
+        'no replay_buffer_idx': ({'priority': 1.0}, 'replay_buffer_idx'),
+        'NaN replay_buffer_idx': ({'priority': 1.0, 'replay_buffer_idx': nan}, 'replay_buffer_idx'),
+        'negative replay_buffer_idx': ({'priority': 1.0, 'replay_buffer_idx': -1}, 'replay_buffer_idx'),
+    }
+    for name, (meta, field) in bad_meta.items():
+        cases[f'TaskBuffer: {name}'] = refusal(
+            task_buffer, lambda meta=meta: task_buffer.update(first.index, None, dict(meta)), field
+        )
+    ok = task_buffer.update(first.index, None, dict(first.meta, priority=3.0))
+    cases['TaskBuffer: good update after'] = {'returned': repr(ok), 'updated': task_buffer.stats()['updated']}
+    task_buffer.close()
+    return {'cases': cases}
+
+
+if __name__ == '__main__':
+    sys.exit(main())
