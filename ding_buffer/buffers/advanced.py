@@ -156,7 +156,7 @@ class AdvancedReplayBuffer(SlotEngine):
         self.alpha = float(cfg.alpha)
         self._beta = BetaSchedule(cfg.beta, int(cfg.anneal_step))
         self._build_engine(cfg.replay_buffer_size)
-        self._build_monitors(cfg.monitor.tensorboard, cfg.monitor.periodic_thruput.seconds)
+        self._build_monitors(cfg.monitor.get('tensorboard', False), cfg.monitor.periodic_thruput.seconds)
         attr = cfg.monitor.sampled_data_attr
         self._sampled_monitor = SampledDataAttrMonitor(
             self._instance_name, attr.average_range, attr.print_freq, self._logger, self._tb if rank() == 0 else None

@@ -143,7 +143,7 @@ class GFlowNetReplayBuffer(GFlowNetStats, GFlowNetState, Engine):
             push_calls=0,
         )
         self._build_engine(0)  # use counts are sized with the store (physical slots)
-        self._build_monitors(cfg.monitor.tensorboard, None)
+        self._build_monitors(cfg.monitor.get('tensorboard', False), None)
         self._last_logged: Dict[str, int] = dict(self._tally)
         self._load_env: Any = None
 

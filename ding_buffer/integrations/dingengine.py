@@ -13,8 +13,8 @@ DI-engine imports a buffer section's ``import_names`` in ``compile_config`` (for
 
 * DI-engine's six names (``naive``, ``advanced``, ``elastic``, ``episode``, ``sequence``, ``deque``) for
   ding_buffer's presets of those names, replacing DI-engine's own classes (``force_overwrite``);
-* ``ding_buffer_<type>`` for every ding_buffer type (``ding_buffer_gfn``, ``ding_buffer_prioritized_episode``,
-  ...), which DI-engine has no name for.
+* ``ding_buffer_<type>`` for every other ding_buffer type but the GFlowNet ones
+  (``ding_buffer_prioritized_episode``, ``ding_buffer_chunk``, ...), which DI-engine has no name for.
 
 The registered presets sample per-item dicts on tensor storage too (``storage.output='items'``): DI-engine's
 policies collate a list of dicts (``default_preprocess_learn``) and its learner reads ``replay_unique_id`` /
@@ -46,15 +46,22 @@ DINGENGINE_NAMES = ('naive', 'advanced', 'elastic', 'episode', 'sequence', 'dequ
 # presets whose samples are a flat batch of items (the others refuse storage.output='items')
 ITEM_PRESETS = ('naive', 'advanced', 'elastic', 'deque')
 PREFIX = 'ding_buffer_'
+# the GFlowNet buffers are not DI-engine buffers: its RL pipelines have no use for them, and its compile_config
+# cannot write their config (it writes every entry of a 'monitor' section as a dict; theirs holds log_every)
+NOT_REGISTERED = ('gfn', 'gfn_diverse', 'terminating_state')
 
 
 def pipeline_class(buffer_type: str) -> type:
-    """The class DI-engine's registry builds for ``buffer_type``: the preset, with ``storage.output='items'`` as
-    its default where its samples are a batch of items (a subclass that changes only that default)."""
+    """The class DI-engine's registry builds for ``buffer_type``: a subclass of the preset that changes only its
+    defaults -- ``storage.output='items'`` where its samples are a batch of items, and no ``monitor.tensorboard``
+    flag (a pipeline passes its own writer; and DI-engine's ``compile_config`` writes every ``monitor`` entry as a
+    dict, so a bool there makes it fail)."""
     cls = get_buffer_cls({'type': buffer_type})
-    if buffer_type not in ITEM_PRESETS:
-        return cls
-    config = deep_merge_dicts(cls.config, {'storage': {'output': 'items'}})
+    config = deep_merge_dicts(cls.config, {})
+    if isinstance(config.get('monitor'), dict):
+        config.monitor.pop('tensorboard', None)
+    if buffer_type in ITEM_PRESETS:
+        config.storage.output = 'items'
     doc = (
         f"ding_buffer's ``{buffer_type}`` preset as DI-engine's registry builds it: per-item samples on every storage."
     )
@@ -70,8 +77,15 @@ def register(replace_dingengine: bool = True) -> Dict[str, type]:
     Returns:
         - registered (:obj:`dict`): DI-engine name -> class.
     """
+    # DI-engine registers its own buffers when these modules are first imported, refusing names already taken:
+    # import them first, so ours replace theirs whatever the user's code imports later
+    import ding.data.buffer.deque_buffer_wrapper  # noqa: F401
+    import ding.worker.replay_buffer  # noqa: F401
+
     out = {}
     for name in sorted(BUFFER_REGISTRY.keys()):
+        if name in NOT_REGISTERED:
+            continue
         cls = pipeline_class(name)
         out[PREFIX + name] = cls
         if replace_dingengine and name in DINGENGINE_NAMES:
@@ -352,4 +366,4 @@ class TaskBuffer(Buffer):
         self._next_uid = int(inner.stats()['push_items'])
 
 
-__all__ = ['DINGENGINE_NAMES', 'REGISTERED', 'TaskBuffer', 'pipeline_class', 'register']
+__all__ = ['DINGENGINE_NAMES', 'NOT_REGISTERED', 'REGISTERED', 'TaskBuffer', 'pipeline_class', 'register']

@@ -33,9 +33,6 @@ MODULE = 'ding_buffer.integrations.dingengine'
 RUN_TIMEOUT = 300  # seconds, each pipeline run (about 10-20 s here)
 MAX_ENV_STEP = 400  # serial: ~210 train iterations (batch 64, 5 per collect of 8)
 MAX_STEP = 50  # task: 50 iterations of the middleware loop, 8 env steps each
-# DI-engine's save_config_formatted writes every entry of a buffer's 'monitor' section other than 'log_path' as a
-# dict; the advanced preset's 'monitor.tensorboard' is a bool (reported; see test_serial_pipeline)
-FORMATTER_BUG = "AttributeError: 'bool' object has no attribute 'items'"
 
 
 @pytest.fixture(scope='module')
@@ -77,12 +74,6 @@ def drive(python: Path, env: dict, cwd: Path, label: str, *args: str) -> dict:
         pytest.fail(f'{label}: the run timed out after {RUN_TIMEOUT} s:\n{(e.stdout or b"")[-3000:]!r}')
     wall = time.monotonic() - t0
     output = proc.stdout[-4000:] + '\n' + proc.stderr[-8000:]
-    if proc.returncode != 0 and FORMATTER_BUG in proc.stderr and 'save_config_formatted' in proc.stderr:
-        pytest.xfail(
-            "ding_buffer bug: DI-engine's compile_config(save_cfg=True) cannot write the advanced preset's "
-            "config (its 'monitor.tensorboard' is a bool; DI-engine's formatter takes every monitor entry but "
-            "'log_path' for a dict), so serial_pipeline with type='advanced' crashes before it starts"
-        )
     assert proc.returncode == 0, f'{label}: the run failed (exit {proc.returncode}):\n{output}'
     result = json.loads(out.read_text())
     result['wall'] = wall
@@ -262,9 +253,4 @@ def test_the_integration_imported_before_dingengine_registers_its_own_buffers(di
     proc = subprocess.run(
         [str(dingengine_python), '-c', code], cwd=tmp_path, env=run_env, capture_output=True, text=True, timeout=120
     )
-    if proc.returncode and 'AssertionError: naive' in proc.stderr and '_register_generic' in proc.stderr:
-        pytest.xfail(
-            "ding_buffer bug: importing the integration before ding.worker registers ding_buffer's presets under "
-            "'naive', 'advanced', ...; DI-engine's own buffers then register without force_overwrite and assert"
-        )
     assert proc.returncode == 0 and proc.stdout.split()[-1:] == ['ok'], proc.stdout[-2000:] + proc.stderr[-4000:]
