@@ -50,6 +50,8 @@ def as_priorities(values: Any, key: str = 'priority') -> np.ndarray:
     """``values`` as a float64 array: real numbers (ints or floats; not bools, strings or complex), each finite in
     float32 and >= 0 -- else ``TypeError`` / ``ValueError`` naming the key and the entry."""
     raw = as_numpy(values)
+    if type(raw) is list and all(type(v) is float for v in raw):  # a learner's ``tolist()``: no entry to check
+        raw = np.array(raw, dtype=np.float64)
     entries = raw if isinstance(raw, (list, tuple)) else [raw] if isinstance(raw, int) else None
     if entries is not None:  # numpy would turn True or '1.5' into numbers, and fail on 10 ** 400: check entries
         for i, v in enumerate(_flat(entries)):
@@ -301,14 +303,19 @@ def split_ids(ids: Any, instance_name: str) -> Tuple[np.ndarray, Optional[np.nda
     ids = as_numpy(ids)
     if isinstance(ids, np.ndarray) and ids.dtype.kind in 'iu':
         return ids.reshape(-1).astype(np.int64, copy=False), None
-    out, mine = [], []
     prefix = instance_name + '_'
+    if type(ids) is list and all(type(x) is str for x in ids):  # what a DI-engine learner sends: one pass
+        n = len(prefix)
+        tails = [x[n:] if x.startswith(prefix) else '' for x in ids]
+        out = np.fromiter((int(t) if t.isdecimal() else -1 for t in tails), dtype=np.int64, count=len(tails))
+        return out, out >= 0
+    out, mine = [], []
     for i, x in enumerate(list(np.asarray(ids, dtype=object).reshape(-1))):
         if isinstance(x, (int, np.integer)) and not isinstance(x, bool):
             out.append(int(x))
             mine.append(True)
         elif isinstance(x, str):
-            ok = x.startswith(prefix) and x[len(prefix) :].isdigit()
+            ok = x.startswith(prefix) and x[len(prefix) :].isdecimal()
             out.append(int(x[len(prefix) :]) if ok else -1)
             mine.append(ok)
         else:

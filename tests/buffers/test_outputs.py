@@ -171,3 +171,24 @@ def test_seeded_deque_draws_from_its_own_rng_reproducibly():
 
     first, second = draws(), draws()
     assert first == second and first[0] != first[1]
+
+
+def test_string_ids_of_other_buffers_or_malformed_count_as_stale():
+    """A DI-engine learner sends ``f"{instance_name}_{id}"`` strings; another buffer's, or one that is not a
+    decimal number after the prefix (``'²'`` is a digit int() refuses), is stale, never a crash or a wrong slot."""
+    buf = make('advanced', 'items')
+    buf.push(transitions(4))
+    items = buf.sample(4, 0)
+    ids = [d['replay_unique_id'] for d in items]
+    slots = [d['replay_buffer_idx'] for d in items]
+    n = len('buffer_')
+    forged = [ids[0], 'other_' + ids[1][n:], 'buffer_\u00b2', 'buffer_ ' + ids[3][n:]]
+    assert buf.update({'replay_unique_id': forged, 'replay_buffer_idx': slots, 'priority': [2.0] * 4}) == {
+        'updated': 1,
+        'stale': 3,
+    }
+    assert buf.update({'replay_unique_id': ids, 'replay_buffer_idx': slots, 'priority': [3.0] * 4}) == {
+        'updated': 4,
+        'stale': 0,
+    }
+    buf.close()
