@@ -11,6 +11,7 @@ rank with a clear error, ``--resume`` continues the counters, and config errors 
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -182,6 +183,20 @@ def test_ray_run_learns(tmp_path):
     rc, out, err = finish(start(cfg, tmp_path, '--nproc', '3'))
     assert rc == 0, out[-3000:] + err[-3000:]
     check_learned(tmp_path / 'runs' / 'cartpole_apex_seed0', 'ray')
+
+
+def test_ray_address_nobody_answers_is_a_one_line_error_within_the_startup_timeout(tmp_path):
+    """``distributed.ray_address`` names the cluster to join; an address where nothing listens fails within
+    ``startup_timeout`` naming the key (exit 2), not an endless ray.init."""
+    pytest.importorskip('ray')
+    with socket.socket() as s:  # a port nothing listens on once this closes
+        s.bind(('127.0.0.1', 0))
+        port = s.getsockname()[1]
+    cfg = _config(tmp_path, 'ray', 'apex.py', ray_address=f'127.0.0.1:{port}', startup_timeout=3.0)
+    t0 = time.monotonic()
+    r = cli('train', cfg, '--nproc', '3', cwd=tmp_path, timeout=60)
+    assert_user_error(r.returncode, r.stderr, 'distributed.ray_address', f'127.0.0.1:{port}', 'startup_timeout')
+    assert time.monotonic() - t0 < 40
 
 
 # ---------------------------------------------------------------------------------------------------- errors
