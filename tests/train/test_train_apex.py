@@ -185,6 +185,7 @@ def test_ray_run_learns(tmp_path):
     check_learned(tmp_path / 'runs' / 'cartpole_apex_seed0', 'ray')
 
 
+@pytest.mark.slow
 def test_ray_address_nobody_answers_is_a_one_line_error_within_the_startup_timeout(tmp_path):
     """``distributed.ray_address`` names the cluster to join; an address where nothing listens fails within
     ``startup_timeout`` naming the key (exit 2), not an endless ray.init."""
