@@ -38,6 +38,7 @@ from ..storage import STORAGE_CHECKS, STORAGE_CONFIG
 from .advanced import AdvancedReplayBuffer
 from .common import STEP_LIMIT, check_step
 from .naive import NaiveReplayBuffer
+from .outputs import as_items
 
 INF = math.inf
 # Keys the inner buffer adds to a sampled item; the wrapper returns the pushed data (and 'IS').
@@ -90,13 +91,21 @@ def numbers(priority: Any) -> np.ndarray:
     return arr.astype(np.float64).reshape(-1)
 
 
+def items_out(cfg: Mapping) -> bool:
+    """Whether samples leave as per-item dicts from tensor storage (``storage.output='items'``)."""
+    return cfg.storage.get('type') == 'tensor' and cfg.storage.get('output') == 'items'
+
+
 def inner_config(cfg: Mapping) -> Dict[str, Any]:
     """The naive / advanced config that realises a deque config."""
+    storage = copy.deepcopy(dict(cfg.storage))
+    if items_out(cfg):  # the wrapper drops its keys from the batch first, then splits it (one pass less)
+        storage['output'] = None
     common = dict(
         replay_buffer_size=cfg.replay_buffer_size,
         max_use=cfg.max_use,
         seed=cfg.seed,
-        storage=copy.deepcopy(dict(cfg.storage)),
+        storage=storage,
     )
     if not cfg.priority:
         if cfg.seed is None:
@@ -160,6 +169,7 @@ class DequeReplayBuffer(IBuffer):
             raise ValueError(
                 "config key 'priority_IS_weight' = True needs 'priority' = True (IS weights come from priorities)"
             )
+        self._items = items_out(self._cfg)
         inner_cls = AdvancedReplayBuffer if self._cfg.priority else NaiveReplayBuffer
         self._inner = inner_cls(inner_config(self._cfg), None, exp_name, instance_name)
         self._instance_name = instance_name
@@ -230,7 +240,8 @@ class DequeReplayBuffer(IBuffer):
         if tensor:
             if type(out) is not dict:  # a TensorDict (tensordict_io)
                 return out.exclude(*drop)
-            return {k: v for k, v in out.items() if k not in drop}
+            out = {k: v for k, v in out.items() if k not in drop}
+            return as_items(out, self._instance_name) if self._items else out
         return [{k: v for k, v in d.items() if k not in drop} for d in out]
 
     def _log(self, train_iter: int, priority: Optional[np.ndarray]) -> None:
