@@ -11,10 +11,19 @@ from typing import Any, Dict, List, Mapping, Optional
 import numpy as np
 import torch
 
-from .base import Prepared, Storage, check_state, collect_iter_of, trim_newest
+from .base import NO_ITER, Prepared, Storage, check_state, collect_iter_of, trim_newest
 from .ring import RingIndex
 from .tensordict_io import is_tensordict, rows
 from .tree import unbatch
+
+
+def collect_iters(items: List[Any]) -> np.ndarray:
+    """Each item's ``collect_iter`` as one int64 (``collect_iter_of``; ``NO_ITER`` for a non-dict or none)."""
+    return np.fromiter(
+        (collect_iter_of(x.get('collect_iter')) if isinstance(x, Mapping) else NO_ITER for x in items),
+        dtype=np.int64,
+        count=len(items),
+    )
 
 
 class ListStorage(Storage):
@@ -35,6 +44,10 @@ class ListStorage(Storage):
     def __init__(self, capacity: int) -> None:
         super().__init__(capacity)
         self._data: List[Any] = [None] * capacity
+        # each slot's collect_iter, read once when its item is stored (a sequence's min; NO_ITER without one):
+        # staleness then costs one index per sample, whatever the items hold (R2D2 keeps one per step)
+        self._ci = np.full(capacity, NO_ITER, dtype=np.int64)
+        self._pending_ci: Optional[np.ndarray] = None
 
     def prepare(self, items: List[Any]) -> Prepared:
         kept, dropped = trim_newest(len(items), self.capacity)
@@ -54,10 +67,18 @@ class ListStorage(Storage):
             return None  # the generic path checks it (and reports a bad one)
         slot, _ = self.ring.commit_one()
         self._data[slot] = item
+        self._ci[slot] = NO_ITER
         return slot
+
+    def _reserve(self, prepared: Prepared) -> None:
+        self._pending_ci = collect_iters(prepared.payload)  # a bad value raises here, before anything changed
 
     def _write(self, slots: np.ndarray, payload: List[Any]) -> None:
         """``payload`` at ``slots``, the consecutive run (modulo capacity) the ring committed."""
+        ci, self._pending_ci = self._pending_ci, None
+        if ci is None or len(ci) != len(payload):
+            ci = collect_iters(payload)
+        self._ci[slots] = ci
         data = self._data
         first, n = int(slots[0]), len(payload)
         if first + n <= len(data):  # no wrap: one slice assignment
@@ -70,8 +91,10 @@ class ListStorage(Storage):
         return [self._data[s] for s in np.asarray(slots).tolist()]
 
     def _erase(self, slots: np.ndarray) -> None:
-        for s in np.asarray(slots).tolist():
+        slots = np.asarray(slots, dtype=np.int64)
+        for s in slots.tolist():
             self._data[s] = None
+        self._ci[slots] = NO_ITER
 
     def gather(self, slots: np.ndarray, uids: Optional[np.ndarray] = None) -> List[Any]:
         data = self._data
@@ -81,14 +104,7 @@ class ListStorage(Storage):
         return self._data[slot]
 
     def collect_iter(self, slots: np.ndarray) -> np.ndarray:
-        data = self._data
-        return np.array(
-            [
-                collect_iter_of(data[s].get('collect_iter') if isinstance(data[s], Mapping) else None)
-                for s in np.asarray(slots).tolist()
-            ],
-            dtype=np.int64,
-        )
+        return self._ci[np.asarray(slots, dtype=np.int64)]
 
     def __repr__(self) -> str:
         return f"ListStorage(capacity={self.capacity}, count={len(self)})"
@@ -114,6 +130,8 @@ class ListStorage(Storage):
             raise ValueError(f"saved storage has {len(slots)} slots but {got}")
         if not np.array_equal(np.sort(slots), np.flatnonzero(storage.ring.valid)):
             raise ValueError("saved storage slots do not match the ring's valid slots")
-        for slot, item in zip(slots.tolist(), copy.deepcopy(items)):
+        items = copy.deepcopy(items)
+        storage._ci[slots] = collect_iters(items)  # a bad collect_iter refuses the state
+        for slot, item in zip(slots.tolist(), items):
             storage._data[slot] = item
         return storage

@@ -994,3 +994,31 @@ def test_large_cpu_fields_ask_for_huge_pages_and_start_zeroed():
     out = storage.read_at(np.array([0, 4, 5, 299_999]))
     assert out['obs'].tolist() == [[1.0] * 4, [1.0] * 4, [0.0] * 4, [0.0] * 4]
     assert out['a'].tolist() == [0, 4, 0, 0]
+
+
+def test_list_storage_reads_collect_iter_once_when_an_item_is_stored():
+    """Staleness is one index per sample whatever the items hold (R2D2 keeps a collect_iter per step): the value
+    (a sequence's min) is read when the item is written, reset when it leaves, rebuilt from a saved state; a bad
+    one is refused before anything changes."""
+    from ding_buffer.storage import ListStorage
+    from ding_buffer.storage.base import NO_ITER
+
+    st = ListStorage(4)
+    items = [{'collect_iter': [5, 3, 9]}, {'collect_iter': 7}, {'x': 1}, 'not a dict']
+    res = st.write(st.prepare(items))
+    assert st.collect_iter(res.slots).tolist() == [3, 7, NO_ITER, NO_ITER]
+    assert st.staleness(res.slots, 10).tolist() == [7, 3, -1, -1]
+    restored = ListStorage.from_state(st.state_dict(), 4)
+    assert restored.collect_iter(res.slots).tolist() == [3, 7, NO_ITER, NO_ITER]
+    before = st.state_dict()
+    with pytest.raises(ValueError, match='collect_iter'):
+        st.write(st.prepare([{'collect_iter': 'soon'}]))
+    assert_same(st.state_dict(), before)
+    assert st.collect_iter(res.slots).tolist() == [3, 7, NO_ITER, NO_ITER]
+    slot = st.write(st.prepare([{'collect_iter': 11}])).slots  # overwrites the oldest ({'collect_iter': [5, 3, 9]})
+    assert st.collect_iter(slot).tolist() == [11]
+    st.remove(res.slots[1:2])
+    st.write(st.prepare([{'y': 0}]))
+    assert sorted(st.collect_iter(st.ring.ordered_slots()).tolist()) == sorted([11, NO_ITER, NO_ITER, NO_ITER])
+    st.clear()
+    assert (st.collect_iter(np.arange(4)) == NO_ITER).all()
