@@ -76,11 +76,8 @@ class Storage(ABC):
             # but counters and ids advance as if they had been (DI-engine's tail arithmetic).
             if report_evicted:
                 evicted = self._take(ring.ordered_slots()) + list(prepared.skipped)
-            start = (ring.tail + prepared.dropped) % ring.capacity
-            ring.clear()
-            ring.head = start
-            ring.next_uid += prepared.dropped
-            ring.push_count += prepared.dropped
+            self._erase(ring.ordered_slots())
+            ring.skip(prepared.dropped)
         slots, uids, overwritten = ring.commit(prepared.n)
         if report_evicted and len(overwritten):
             evicted += self._take(overwritten)

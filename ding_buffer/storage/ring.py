@@ -32,6 +32,8 @@ class RingIndex:
         ([1, 2, 0], [1, 2, 3], 3)
     """
 
+    derived_ids = True  # the id of slot s is derived, not stored (the compiled fast paths compute it the same way)
+
     def __init__(self, capacity: int) -> None:
         if not isinstance(capacity, int) or isinstance(capacity, bool) or capacity <= 0:
             raise ValueError(f"capacity must be a positive int, got {capacity!r}")
@@ -118,6 +120,16 @@ class RingIndex:
         if not self.valid[self.head]:
             self._trim_head()
         return slot, overwrote
+
+    def skip(self, dropped: int) -> None:
+        """A push larger than the capacity: every stored item leaves and the ``dropped`` oldest pushed items are
+        never stored, but ids and counters advance as if they had been (DI-engine's tail arithmetic); the next
+        write lands where ``next_uid`` says (the id/slot invariant)."""
+        start = (self.tail + dropped) % self.capacity
+        self.clear()
+        self.head = start
+        self.next_uid += dropped
+        self.push_count += dropped
 
     def remove(self, slots: np.ndarray) -> np.ndarray:
         """Invalidate ``slots``; returns the slots that were actually valid. O(len(slots)) amortised."""

@@ -1,0 +1,193 @@
+"""``FreeListIndex``: slot bookkeeping where any slot may be reused -- the index of a table whose capacity rule
+chooses what leaves (the lowest priority, the worst of a column) instead of the oldest.
+
+Same interface as ``RingIndex`` (``storage.ring`` is one or the other), different layout: every slot stores the
+id of its item (8 bytes per slot; ``RingIndex`` derives it from the slot), and free slots sit on a stack, so a
+write goes to any free slot -- the one a capacity rule just emptied. Ids count every item ever written and are
+never reused (also across ``clear``). Insertion order is the order of the ids: ``oldest`` / ``ordered_slots`` /
+``slots_of_positions`` sort them (O(count log count), cached until the next change), so a table that needs them
+on every call (``max_staleness``, ``sample_range``) pays that; draws by slot (priority trees) do not.
+
+A write beyond the free slots overwrites the oldest items, as the ring does: a table without a capacity rule
+behaves like a FIFO ring (the engine asks its capacity rule to free slots first).
+
+Not thread-safe: the owning buffer's lock serialises every call.
+"""
+
+from typing import Any, Dict, Optional, Tuple
+
+import numpy as np
+import torch
+
+
+class FreeListIndex:
+    """
+    Overview:
+        Slot bookkeeping of ``capacity`` slots with free-slot reuse (see the module docstring).
+    Examples:
+        >>> index = FreeListIndex(3)
+        >>> _ = index.commit(3)
+        >>> index.remove(np.array([1])).tolist()  # a capacity rule chose slot 1 (not the oldest, slot 0)
+        [1]
+        >>> slots, uids, overwritten = index.commit(1)  # the new item takes the freed slot
+        >>> slots.tolist(), uids.tolist(), overwritten.tolist()
+        ([1], [3], [])
+        >>> index.ordered_slots().tolist(), index.uids(index.ordered_slots()).tolist()  # oldest first
+        ([0, 2, 1], [0, 2, 3])
+    """
+
+    derived_ids = False  # ids are stored per slot (RingIndex derives them: its compiled fast paths rely on that)
+
+    def __init__(self, capacity: int) -> None:
+        if not isinstance(capacity, int) or isinstance(capacity, bool) or capacity <= 0:
+            raise ValueError(f"capacity must be a positive int, got {capacity!r}")
+        self.capacity = capacity
+        self.valid = np.zeros(capacity, dtype=bool)
+        self._uid = np.full(capacity, -1, dtype=np.int64)
+        self._free = list(range(capacity - 1, -1, -1))  # a stack: the next write takes the lowest free slot first
+        self.count = 0
+        self.next_uid = 0
+        self.push_count = 0
+        self._order: Optional[np.ndarray] = None  # valid slots by id, until the next change
+
+    # ------------------------------------------------------------------ ids
+    def uids(self, slots: Any) -> Any:
+        """Ids of the items at ``slots`` (which must be valid). O(len(slots)); ints and int arrays."""
+        if isinstance(slots, (int, np.integer)):
+            return int(self._uid[slots])
+        return self._uid[slots]
+
+    def holds(self, slots: np.ndarray, ids: np.ndarray, mine: Any = None) -> np.ndarray:
+        """Mask: slot ``slots[i]`` still holds the item with id ``ids[i]`` (and ``mine[i]``, when given)."""
+        match = self.valid[slots] & (self._uid[slots] == ids)
+        return match if mine is None else match & mine
+
+    @property
+    def uid(self) -> np.ndarray:
+        """Id of every slot, -1 where empty (a copy)."""
+        return np.where(self.valid, self._uid, -1)
+
+    # ------------------------------------------------------------------ writing
+    def next_slots(self, n: int) -> np.ndarray:
+        """Slots the next ``n`` (<= capacity) writes will use, without changing anything."""
+        free = self._free[::-1][:n]
+        if len(free) < n:
+            free = free + self.oldest(n - len(free)).tolist()
+        return np.asarray(free, dtype=np.int64)
+
+    def commit(self, n: int) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """
+        Overview:
+            Claim ``n`` (<= capacity) slots: free ones first, then the oldest items' (overwritten). O(n) plus a
+            sort when anything is overwritten.
+        Returns:
+            - slots, uids (the new items' ids), overwritten (slots whose valid item was overwritten).
+        """
+        assert 0 < n <= self.capacity, n
+        take = min(n, len(self._free))
+        free = [self._free.pop() for _ in range(take)]
+        overwritten = self.oldest(n - take) if n > take else np.zeros(0, dtype=np.int64)
+        slots = np.asarray(free + overwritten.tolist(), dtype=np.int64)
+        uids = np.arange(self.next_uid, self.next_uid + n, dtype=np.int64)
+        self.valid[slots] = True
+        self._uid[slots] = uids
+        self.count += take
+        self.next_uid += n
+        self.push_count += n
+        self._order = None
+        return slots, uids, overwritten
+
+    def commit_one(self) -> Tuple[int, bool]:
+        """``commit(1)``: returns (slot, overwrote)."""
+        slots, _, overwritten = self.commit(1)
+        return int(slots[0]), bool(len(overwritten))
+
+    def skip(self, dropped: int) -> None:
+        """A push larger than the capacity: every stored item leaves and the ``dropped`` oldest pushed items are
+        never stored, but ids and counters advance as if they had been (the ring's tail arithmetic)."""
+        self.clear()
+        self.next_uid += dropped
+        self.push_count += dropped
+
+    def remove(self, slots: np.ndarray) -> np.ndarray:
+        """Invalidate ``slots``; returns the slots that were actually valid (their slots become free)."""
+        slots = np.unique(np.asarray(slots, dtype=np.int64))
+        slots = slots[self.valid[slots]]
+        if len(slots):
+            self.valid[slots] = False
+            self._uid[slots] = -1
+            self.count -= len(slots)
+            self._free.extend(slots[::-1].tolist())  # the lowest freed slot is taken first
+            self._order = None
+        return slots
+
+    def clear(self, reset_push_count: bool = False) -> None:
+        """Invalidate everything; ``next_uid`` is kept, ``push_count`` unless ``reset_push_count``."""
+        if reset_push_count:
+            self.push_count = 0
+        self.valid[:] = False
+        self._uid[:] = -1
+        self._free = list(range(self.capacity - 1, -1, -1))
+        self.count = 0
+        self._order = None
+
+    # ------------------------------------------------------------------ order
+    def ordered_slots(self) -> np.ndarray:
+        """Every valid slot in insertion order (oldest first): sorted by id, cached until the next change."""
+        if self._order is None:
+            live = np.flatnonzero(self.valid)
+            self._order = live[np.argsort(self._uid[live], kind='stable')]
+        return self._order
+
+    def oldest(self, k: int) -> np.ndarray:
+        """The ``k`` oldest valid slots, oldest first."""
+        return self.ordered_slots()[: max(int(k), 0)].copy()
+
+    def slots_of_positions(self, positions: np.ndarray) -> np.ndarray:
+        """Map insertion positions (0 = oldest valid item) to slots."""
+        positions = np.asarray(positions, dtype=np.int64)
+        if len(positions) and (positions.min() < 0 or positions.max() >= self.count):
+            raise IndexError(
+                f"insertion positions must be in [0, {self.count}), got {positions.min()}..{positions.max()}"
+            )
+        return self.ordered_slots()[positions]
+
+    # ------------------------------------------------------------------ persistence
+    def state_dict(self) -> Dict[str, Any]:
+        return {
+            'capacity': self.capacity,
+            'layout': 'free_list',
+            'valid': torch.from_numpy(self.valid.copy()),
+            'uid': torch.from_numpy(self.uid.copy()),
+            'next_uid': self.next_uid,
+            'push_count': self.push_count,
+        }
+
+    @classmethod
+    def from_state(cls, state: Dict[str, Any], capacity: int) -> 'FreeListIndex':
+        """Build an index from ``state`` (its own, or a ``RingIndex`` state: a ring's items keep their ids),
+        checking every invariant; raises ``ValueError`` on inconsistency."""
+        need = ('capacity', 'valid', 'uid', 'next_uid', 'push_count')
+        missing = [k for k in need if k not in state]
+        if missing:
+            raise ValueError(f"index state is missing keys {missing}")
+        if state['capacity'] != capacity:
+            raise ValueError(f"saved storage has capacity {state['capacity']}, this buffer's capacity is {capacity}")
+        valid = np.asarray(state['valid'], dtype=bool)
+        uid = np.asarray(state['uid'], dtype=np.int64)
+        if valid.shape != (capacity,) or uid.shape != (capacity,):
+            raise ValueError(f"index arrays must have shape ({capacity},), got {valid.shape} and {uid.shape}")
+        index = cls(capacity)
+        index.next_uid, index.push_count = int(state['next_uid']), int(state['push_count'])
+        if index.push_count < 0 or index.next_uid < 0:
+            raise ValueError(f"inconsistent index state: negative counters ({index.push_count}, {index.next_uid})")
+        ids = uid[valid]
+        if len(ids) and (ids.min() < 0 or ids.max() >= index.next_uid or len(np.unique(ids)) != len(ids)):
+            raise ValueError("inconsistent index state: the items' ids must be distinct and in [0, next_uid)")
+        if (uid[~valid] != -1).any():
+            raise ValueError("inconsistent index state: an empty slot has an id")
+        index.valid = valid.copy()
+        index._uid = np.where(valid, uid, -1)
+        index.count = int(valid.sum())
+        index._free = np.flatnonzero(~valid)[::-1].tolist()
+        return index
