@@ -9,7 +9,7 @@ import numpy as np
 
 from ..base import BUFFER_REGISTRY
 from ..config import dingengine_ignored, optional_positive_int, positive_int
-from ..control.samplers import PrioritizedSpec, build_sampler
+from ..control.samplers import PrioritizedSpec, UniformSampler, build_sampler, check_positions
 from ..storage import STORAGE_CHECKS, STORAGE_CONFIG, refuse_items_output
 from ..storage.tensordict_io import is_tensordict, update_info
 from .engine import Engine, parts_checks, parts_config
@@ -104,6 +104,7 @@ class EpisodeReplayBuffer(Engine):
         elif not hasattr(spec, 'draw'):
             raise ValueError(f"config key 'sampler.type' is {cfg.sampler.get('type')!r}: not an episode sampler")
         self._sampler = spec
+        self._own_sampler = self._prio is None and type(spec) is not UniformSampler  # its answers are checked
         self._build_engine(cfg.replay_buffer_size)
         self._build_monitors(False, cfg.periodic_thruput_seconds)
 
@@ -252,17 +253,30 @@ class EpisodeReplayBuffer(Engine):
         if why:
             return self._refused(why)
         if windows is None:
-            chosen = slots[self._sampler.draw(self._rng, len(slots), int(size), replace)]
+            picked = self._positions(len(slots), int(size), replace)
+            if picked is None:
+                return self._refused(f'sampler {self._cfg.sampler.get("type")!r} refused')
+            chosen = slots[picked]
             out = self._copy_out(self._store.episodes(chosen))
             self._drawn(chosen, int(size))
             return out
         cum = np.cumsum(windows)
-        u = self._sampler.draw(self._rng, int(cum[-1]), int(size), replace)
+        u = self._positions(int(cum[-1]), int(size), replace)
+        if u is None:
+            return self._refused(f'sampler {self._cfg.sampler.get("type")!r} refused')
         which = np.searchsorted(cum, u, side='right')
         starts = u - (cum[which] - windows[which])
         out = self._store.windows(slots[which], starts, int(unroll_len), pad)
         self._drawn(slots[which], int(size))
         return self._copy_out(out) if isinstance(out, list) else out
+
+    def _positions(self, m: int, size: int, replace: bool) -> Optional[np.ndarray]:
+        """``size`` positions in ``[0, m)`` from the sampler; ``None`` when it refuses. A user sampler's answer is
+        checked before anything reads it (``check_positions``: a ``RuntimeError`` naming it, nothing changed)."""
+        idx = self._sampler.draw(self._rng, m, size, replace)
+        if self._own_sampler and idx is not None:
+            idx = check_positions(idx, m, size, self._cfg.sampler.get('type'))
+        return idx
 
     def _draw_prioritized(self, size: int) -> Optional[Any]:
         out = self._prio.draw(self._rng, int(size))

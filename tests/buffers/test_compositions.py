@@ -47,6 +47,24 @@ class NewestFirst:
         return np.arange(top - 1, top - 1 - size, -1, dtype=np.int64)
 
 
+@SAMPLER_REGISTRY.register('compositions_fixed_answer')
+class FixedAnswer:
+    """Answers every draw with the same kind of reply: ``'none'`` refuses; the others are answers no preset may
+    act on (a negative position, one past the end, floats, too few positions)."""
+
+    def __init__(self, answer):
+        self.answer = answer
+
+    def draw(self, rng, m, size, replace):
+        return {
+            'none': lambda: None,
+            'negative': lambda: np.full(size, -1, dtype=np.int64),
+            'past_end': lambda: np.full(size, m, dtype=np.int64),
+            'floats': lambda: np.zeros(size, dtype=np.float64),
+            'too_few': lambda: np.zeros(size - 1, dtype=np.int64),
+        }[self.answer]()
+
+
 @REMOVER_REGISTRY.register('compositions_odd')
 class OddRule(Remover):
     """Remove every drawn element whose ``collect_iter`` is odd."""
@@ -553,6 +571,42 @@ def test_episode_user_sampler_draws_the_newest_windows_and_episodes(storage):
     buf.push([make_ep(storage, k, 4) for k in range(3)])
     assert window_keys(buf.sample(4, unroll_len=2)) == [(2, 2), (2, 1), (2, 0), (1, 2)]
     assert episode_keys(buf.sample(2)) == [2, 1]
+
+
+def _episode_draws(buf):
+    """A whole-episode draw and a window draw."""
+    return [lambda: buf.sample(2), lambda: buf.sample(2, unroll_len=2)]
+
+
+@pytest.mark.parametrize('kind', ['whole', 'windows'])
+def test_episode_user_sampler_refusal_is_a_refused_sample(storage, kind):
+    """A user sampler answering ``None`` refuses the sample (as on naive and sequence): ``None`` comes back, one
+    refused sample is counted, and nothing else changes (no use counted, no episode removed by max_use)."""
+    buf = episode_buffer(storage, max_use=1, sampler=dict(type='compositions_fixed_answer', answer='none'))
+    buf.push([make_ep(storage, k, 4) for k in range(3)])
+    before = buf.state_dict()
+    draw = _episode_draws(buf)[kind == 'windows']
+    assert draw() is None
+    assert buf.stats()['refused_sample'] == 1 and buf.stats()['sampled_items'] == 0
+    assert buf.count() == 3 and buf.stats()['removed_by_use'] == 0
+    before['counters']['refused_sample'] += 1  # the one thing a refusal changes
+    assert_same(before, buf.state_dict())
+
+
+@pytest.mark.parametrize('answer', ['negative', 'past_end', 'floats', 'too_few'])
+@pytest.mark.parametrize('kind', ['whole', 'windows'])
+def test_episode_user_sampler_bad_answer_raises_and_changes_nothing(storage, kind, answer):
+    """A user sampler's answer is checked before it is used: a negative position (which numpy would read as the
+    newest episode, or as a window starting before its episode), a position past the end, floats or too few
+    positions raise a RuntimeError naming the sampler; no use is counted and the state is unchanged."""
+    buf = episode_buffer(storage, max_use=1, sampler=dict(type='compositions_fixed_answer', answer=answer))
+    buf.push([make_ep(storage, k, 4) for k in range(3)])
+    before = buf.state_dict()
+    draw = _episode_draws(buf)[kind == 'windows']
+    with pytest.raises(RuntimeError, match="sampler 'compositions_fixed_answer' returned"):
+        draw()
+    assert buf.count() == 3 and buf.stats()['removed_by_use'] == 0 and buf.stats()['sampled_items'] == 0
+    assert_same(before, buf.state_dict())
 
 
 # ---------------------------------------------------------------------------------------------- 3. prioritized windows
