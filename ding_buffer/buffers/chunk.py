@@ -19,8 +19,11 @@ The rules, in order (``tests/buffers/test_chunk.py`` checks every call against a
    its first fragment.
 4. **Capacity.** FIFO in chunks: the oldest chunk leaves to make room -- only when the new chunk is accepted
    (MineStudio also evicts for a chunk it then rejects).
-5. **New model version** (``update_model_version(version, session_id)``): every stale or other-session chunk and
-   queued fragment leaves, wherever it is (MineStudio looks only at the oldest chunk).
+5. **New model version** (``update_model_version(version, session_id)``): every stale or other-session chunk
+   leaves, wherever it is (MineStudio looks only at the oldest chunk). A worker's queue loses only a prefix, as
+   MineStudio's (which pops from the front): every fragment up to its newest stale or other-session one, fresh
+   ones before it included (they could no longer form a chunk of consecutive fragments); all are counted in
+   ``fragments_dropped``. So a queue always holds consecutive fids ending at the worker's last one.
 6. **Sampling** (``sample(n)``, ``n`` fragments = ``n / fragments_per_chunk`` chunks): distinct chunks drawn
    uniformly without replacement, each chunk's fragments in order. A drawn chunk's use count goes up by one; a
    chunk used ``max_reuse`` times leaves. With fewer chunks than needed: ``None``, or with ``timeout=`` seconds
@@ -336,7 +339,8 @@ class ChunkReplayBuffer(BufferCore):
         """
         Overview:
             The learner's policy moved to ``version`` (and ``session_id``, when given): stale and other-session
-            chunks and queued fragments leave (rule 5). Returns how many of each left.
+            chunks leave, and each worker's queue loses the prefix up to its newest stale or other-session
+            fragment (rule 5). Returns how many chunks and queued fragments left.
         """
         if not _int(version) or not -1 <= version < INT_LIMIT:
             raise ValueError(f"model version must be an int in [-1, 2**62), got {version!r:.40}")
@@ -362,13 +366,18 @@ class ChunkReplayBuffer(BufferCore):
             self._chunks = keep
             fragments_left = 0
             for worker in list(self._queues):
-                queue = [r for r in self._queues[worker] if not self._stale(r[2], r[3])]
-                for r in self._queues[worker]:
-                    if self._stale(r[2], r[3]):
-                        fragments_left += 1
-                        self._unref(r[4])
-                if queue:
-                    self._queues[worker] = queue
+                # a queue only loses a prefix: its fragments up to the newest stale one (the fresh ones before it
+                # could no longer join the ones after it in a chunk of consecutive fids), so what stays is still
+                # consecutive and ends at the worker's last fid -- as MineStudio, which pops from the front only
+                queue = self._queues[worker]
+                cut = max((i + 1 for i, r in enumerate(queue) if self._stale(r[2], r[3])), default=0)
+                if not cut:
+                    continue
+                fragments_left += cut
+                for r in queue[:cut]:
+                    self._unref(r[4])
+                if cut < len(queue):
+                    self._queues[worker] = queue[cut:]
                 else:
                     del self._queues[worker]
             self._counters['fragments_dropped'] += fragments_left

@@ -71,9 +71,11 @@ class Model:
         if session is not None:
             self.session = session
         self.chunks = [c for c in self.chunks if not self.stale(c[1][0][2], c[1][0][3])]
-        for w in list(self.queues):
-            self.queues[w] = [r for r in self.queues[w] if not self.stale(r[2], r[3])]
-            if not self.queues[w]:
+        for w in list(self.queues):  # a queue loses the prefix up to its newest stale fragment
+            q = self.queues[w]
+            while any(self.stale(r[2], r[3]) for r in q):
+                q.pop(0)
+            if not q:
                 del self.queues[w]
 
     def sample(self, n):
@@ -492,3 +494,101 @@ def test_bad_timeouts_are_refused(timeout):
     buf = create_buffer(dict(type='chunk'))
     with pytest.raises(ValueError, match='timeout'):
         buf.sample(1, timeout=timeout)
+
+
+def test_a_version_update_removes_only_a_prefix_of_a_queue_and_the_state_still_loads(tmp_path):
+    cfg = dict(type='chunk', fragments_per_chunk=4, max_staleness=1, seed=0)
+    buf = create_buffer(cfg)
+    buf.update_model_version(5)
+    buf.push([frag(0, 0, 5, 'b'), frag(0, 1, 4, 'b'), frag(0, 2, 5, 'b')])  # fresh, stale-to-be, fresh
+    buf.push([frag(1, 0, 5, 'b'), frag(1, 1, 5, 'a')])  # another worker's queue in two sessions
+    out = buf.update_model_version(6)
+    # fid 1 of w0 is stale: fid 0 before it can no longer be in a chunk with fid 2, so it goes too (counted)
+    assert out['fragments_dropped'] == 2 and buf.records()['queues']['w0'] == [('w0', 2, 5, 'b')]
+    out = buf.update_model_version(6, 'b')  # w1's newest fragment is of another session: its whole queue goes
+    assert out['fragments_dropped'] == 2 and 'w1' not in buf.records()['queues']
+    assert buf.stats()['fragments_dropped'] == 4
+    buf.push([frag(0, 3, 6, 'b'), frag(1, 2, 6, 'b')])  # w0: 2, 3 queued; w1 starts over at 2
+    buf.push([frag(0, 4, 6, 'b'), frag(0, 5, 6, 'b')])
+    assert buf.records()['chunks'][0][2] == [('w0', fid, 5 if fid == 2 else 6, 'b') for fid in range(2, 6)]
+    other = create_buffer(cfg)
+    other.load_state_dict(buf.state_dict())
+    assert other.records() == buf.records() and len(buf.store.ids()) == len(other.store.ids()) == 5
+    buf.save_data(str(tmp_path / 'c.pt'))
+    third = create_buffer(cfg)
+    third.load_data(str(tmp_path / 'c.pt'))
+    assert third.records() == buf.records()
+
+
+def _outcome(call):
+    """A call's result as comparable data (an error as its type and message)."""
+    try:
+        result = call()
+    except (ValueError, TypeError) as e:
+        return ('error', type(e).__name__, str(e))
+    if isinstance(result, list):  # a sample: every field, payloads as lists
+        return [
+            {k: ({n: t.tolist() for n, t in v.items()} if k == 'data' else v) for k, v in x.items()} for x in result
+        ]
+    return result
+
+
+ROUND_TRIP_CONFIGS = [
+    dict(max_chunks=5, fragments_per_chunk=3, max_reuse=2, max_staleness=1),
+    dict(max_chunks=8, fragments_per_chunk=4, max_reuse=None, max_staleness=0),
+    dict(max_chunks=20, fragments_per_chunk=1, max_reuse=3, max_staleness=2),
+]
+ROUND_TRIP_CASES = [(i, store) for i in range(len(ROUND_TRIP_CONFIGS)) for store in ('memory', 'disk')]
+
+
+@pytest.mark.parametrize('case, store', ROUND_TRIP_CASES, ids=[f'cfg{i}-{st}' for i, st in ROUND_TRIP_CASES])
+def test_every_reached_state_round_trips_and_the_next_call_is_identical(tmp_path, case, store):
+    """Random pushes (several workers, sessions and model versions, fids mostly in order), version updates, samples
+    and clears; after each call the buffer's own state (state_dict, or save_data every 4th call) loads into a fresh
+    buffer, and the next call gives the same result on both."""
+    cfg = ROUND_TRIP_CONFIGS[case]
+    fpc = cfg['fragments_per_chunk']
+
+    def make(name):
+        scfg = dict(type='disk', path=str(tmp_path / name)) if store == 'disk' else dict(type='memory')
+        return create_buffer(dict(type='chunk', seed=case, store=scfg, **cfg))
+
+    buf = make('main')
+    rng = np.random.default_rng(7 + case)
+    next_fid, version, current, sessions = [0, 0, 0], -1, '', ['', 's1', 's2']
+    for step in range(150):
+        twin = make('twin')
+        if step % 4 == 3:
+            buf.save_data(str(tmp_path / 'state.pt'))
+            twin.load_data(str(tmp_path / 'state.pt'))
+        else:
+            twin.load_state_dict(buf.state_dict())
+        assert twin.records() == buf.records() and twin.stats() == buf.stats(), step
+        op = rng.random()
+        if op < 0.55:
+            frags = []
+            for _ in range(int(rng.integers(1, 5))):
+                w = int(rng.integers(3))
+                fid = next_fid[w] + (5 if rng.random() < 0.05 else 0)  # now and then a restart that skips ahead
+                next_fid[w] = fid + 1
+                v = max(-1, version + int(rng.integers(-2, 2)))
+                frags.append(frag(w, fid, v, str(rng.choice(sessions)) if rng.random() < 0.15 else current))
+            outcomes = [_outcome(lambda b=b: b.push(frags)) for b in (buf, twin)]
+            if isinstance(outcomes[0], tuple):  # refused (a skip inside a chunk): go on from the buffer's last fids
+                last = buf.state_dict()['last_fid']
+                next_fid = [last.get(f'w{w}', -1) + 1 for w in range(3)]
+        elif op < 0.75:
+            version += int(rng.integers(0, 2))
+            session = None if rng.random() < 0.7 else str(rng.choice(sessions[1:]))
+            current = current if session is None else session
+            outcomes = [_outcome(lambda b=b: b.update_model_version(version, session)) for b in (buf, twin)]
+        elif op < 0.97:
+            n = fpc * int(rng.integers(1, 4))
+            outcomes = [_outcome(lambda b=b: b.sample(n)) for b in (buf, twin)]
+        else:
+            outcomes = [_outcome(b.clear) for b in (buf, twin)]
+        assert outcomes[0] == outcomes[1], step
+        assert twin.records() == buf.records() and twin.stats() == buf.stats(), step
+        twin.close()
+    assert buf.stats()['chunks_made'] > 10 and buf.stats()['fragments_dropped'] > 0
+    buf.close()
