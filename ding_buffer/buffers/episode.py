@@ -322,6 +322,8 @@ class EpisodeReplayBuffer(Engine):
     def _clear(self) -> List[Any]:
         for slot in self._store.ring.ordered_slots().tolist():
             self.episode_removed(slot, self._store.first(slot), int(self._store.length[slot]))
+        if self._prio is not None:
+            self._prio.clear()  # the running max priority restarts at 1.0, as on advanced and in DI-engine
         return self._store.clear(reset_push_count=True)
 
     def _state(self) -> Dict[str, Any]:

@@ -134,6 +134,10 @@ class PrioritizedWindows:
         self.windows.update(slots, priorities, self.store.start, self.store.length)
         return {'updated': n, 'stale': len(match) - n}
 
+    def clear(self) -> None:
+        """Every window gone and the running max priority back to 1.0 (``clear``; beta keeps its schedule)."""
+        self.windows.clear()
+
     # ------------------------------------------------------------------ state
     def state_dict(self) -> Dict[str, Any]:
         return {**self.windows.state_dict(), 'beta': self.beta.value}

@@ -13,7 +13,8 @@ stratified descent of the sum tree for the whole batch and the importance weight
 ``(leaf_w / min leaf) ** -beta`` (equal priorities give 1.0). Updating the steps of a window recomputes the
 windows that overlap them (at most ``2 * unroll_len - 1`` per window, vectorised).
 
-New steps get the largest step priority ever set (1.0 at first), as DI-engine's and TorchRL's samplers do.
+New steps get the largest step priority ever set (1.0 at first, and again after ``clear``), as DI-engine's and
+TorchRL's samplers do.
 Not thread-safe: the buffer's lock serialises every call.
 """
 
@@ -68,6 +69,7 @@ class WindowPriorities:
         self.index.clear_slots(slots)
 
     def clear(self) -> None:
+        """Every slot empty and the running max priority back to 1.0."""
         self.step[:] = 0.0
         self.owner[:] = -1
         self.index.reset()

@@ -926,6 +926,54 @@ def test_prioritized_new_episodes_get_the_running_max_priority():
     np.testing.assert_allclose(out['priority'][new].numpy(), 5.0, rtol=1e-3)
 
 
+def _raise_max_to(buf, ref, priority):
+    """One window update to ``priority``: the running max becomes ``priority``."""
+    out = covering_batch(buf, ref)
+    row = prio_keys(out).index((4, 2))
+    buf.update(
+        {
+            'replay_unique_id': out['replay_unique_id'][[row]],
+            'replay_buffer_idx': out['replay_buffer_idx'][[row]],
+            'priority': torch.tensor([priority]),
+        }
+    )
+    assert buf.stats()['max_priority'] == priority
+
+
+def _new_episode_priorities(buf, e):
+    """Window priorities of episode ``e`` (pushed alone after a clear) in a large batch."""
+    out = buf.sample(64)
+    assert set(out['obs'][:, 0, 0].tolist()) == {float(e)}
+    return out['priority'].numpy()
+
+
+@pytest.mark.parametrize('via', ['preset', 'config'])
+def test_prioritized_clear_resets_the_running_max_priority(via):
+    """``clear`` forgets the running max priority (as ``advanced`` and DI-engine do): episodes pushed after it
+    enter at 1.0, not at the max of the priorities cleared away -- and a saved state carries the max it had."""
+    buf, ref = filled(via=via)
+    _raise_max_to(buf, ref, 5.0)
+    saved = buf.state_dict()
+    buf.clear()
+    assert buf.stats()['max_priority'] == 1.0
+    assert buf.state_dict()['windows']['max_priority'] == 1.0
+    buf.push(dict_ep(7, 4))
+    np.testing.assert_allclose(_new_episode_priorities(buf, 7), 1.0, rtol=1e-6)
+    cleared = buf.state_dict()
+    # save / load: the max travels with the state, and a clear after a load resets it too
+    other = prio_buffer(via=via)
+    other.load_state_dict(saved)
+    assert other.stats()['max_priority'] == 5.0
+    other.clear()
+    assert other.stats()['max_priority'] == 1.0
+    other.push(dict_ep(7, 4))
+    np.testing.assert_allclose(_new_episode_priorities(other, 7), 1.0, rtol=1e-6)
+    third = prio_buffer(via=via)
+    third.load_state_dict(cleared)
+    assert third.stats()['max_priority'] == 1.0
+    assert_same(cleared['windows'], third.state_dict()['windows'])
+
+
 def test_prioritized_transition_ring_wraps_around():
     """20 transition slots, episodes of 3..7 steps pushed one by one: the oldest episodes are evicted, new ones
     wrap around the end of the ring; after every push the windows, their priorities and IS weights still match
