@@ -34,7 +34,9 @@ The rules, in order (``tests/buffers/test_chunk.py`` checks every call against a
 A sampled fragment is a dict: ``worker``, ``fid``, ``model_version``, ``session_id``, ``fragment_id``, ``chunk``
 (the chunk's id), ``use`` (its use count after this draw) and, unless ``sample_payloads=False``, ``data`` (the
 payload; with a shared disk store and ``sample_payloads=False`` only ids travel, and learners read
-``FragmentStore('disk', path).get(fragment_id)`` themselves).
+``FragmentStore('disk', path).get(fragment_id)`` themselves). ``data`` is a fresh copy with either store (the memory
+store keeps a deep copy of what was pushed and hands out deep copies): a learner may edit a sample in place, and a
+producer may reuse its tensors after a push, without changing what a later sample of the same chunk returns.
 """
 
 import threading

@@ -3,7 +3,11 @@
 MineStudio's replay actor keeps metadata only and leaves payloads in a separate store that producers write to and
 consumers read from by id; ours does the same with two kinds:
 
-* ``memory``: a dict in the buffer's process (the default; payloads are any objects).
+* ``memory``: a dict in the buffer's process (the default; payloads are any objects ``copy.deepcopy`` can copy).
+  It keeps a deep copy of what it is given and hands out a deep copy on every ``get``, as the disk store does by
+  construction: a producer reusing its tensors after a push, or a learner editing a sample in place, never changes
+  what the store holds, so a later sample of the same fragment is what was pushed. (Read-only views are not an
+  option: a torch tensor cannot be made unwritable.)
 * ``disk``: one file per fragment under ``path`` (``<id>.pt``, written with ``torch.save`` to a temporary name and
   renamed, read back with ``weights_only=True``: tensors, arrays, numbers, strings and containers of them, never
   code). Several processes may open the same ``path``: a producer ``put``s a payload and pushes only its id, a
@@ -16,6 +20,7 @@ chunk or last fetch refers to it any more (reference counting in ``buffers/chunk
 everything it is given until then.
 """
 
+import copy
 import os
 import re
 import uuid
@@ -38,7 +43,8 @@ class FragmentStore:
     """
     Overview:
         Payloads by id. ``put(payload) -> id``, ``get(id)``, ``delete(id)``, ``id in store``, ``ids()``,
-        ``nbytes()``, ``clear()``. ``KeyError`` for an id it does not hold.
+        ``nbytes()``, ``clear()``. ``KeyError`` for an id it does not hold. Both kinds copy: ``put`` keeps the
+        payload as it is at the call and ``get`` returns a fresh copy each time (edit it freely).
     Examples:
         >>> import tempfile
         >>> with tempfile.TemporaryDirectory() as tmp:
@@ -74,10 +80,10 @@ class FragmentStore:
         return self.put_as(uuid.uuid4().hex, payload)
 
     def put_as(self, fragment_id: str, payload: Any) -> str:
-        """Store ``payload`` under ``fragment_id`` (a restore writes saved payloads back under their ids)."""
+        """Store a copy of ``payload`` under ``fragment_id`` (a restore writes saved payloads back under their ids)."""
         check_id(fragment_id)
         if self.kind == 'memory':
-            self._mem[fragment_id] = payload
+            self._mem[fragment_id] = copy.deepcopy(payload)
             return fragment_id
         final = self._file(fragment_id)
         tmp = os.path.join(self.path, f'.{fragment_id}.{os.getpid()}.tmp')
@@ -91,11 +97,13 @@ class FragmentStore:
         return fragment_id
 
     def get(self, fragment_id: str) -> Any:
+        """A fresh copy of the payload (``memory``: a deep copy; ``disk``: read from its file)."""
         if self.kind == 'memory':
             try:
-                return self._mem[check_id(fragment_id)]
+                payload = self._mem[check_id(fragment_id)]
             except KeyError:
                 raise KeyError(f"no fragment {fragment_id!r} in the store (deleted, or never put)") from None
+            return copy.deepcopy(payload)
         path = self._file(fragment_id)
         try:
             return torch.load(path, map_location='cpu', weights_only=True)
@@ -136,7 +144,7 @@ class FragmentStore:
         return {n[:-3] for n in os.listdir(self.path) if n.endswith('.pt') and _ID.fullmatch(n[:-3])}
 
     def nbytes(self) -> int:
-        """Bytes on disk (``disk``); 0 for ``memory`` (its payloads are the caller's objects)."""
+        """Bytes on disk (``disk``); 0 for ``memory`` (not measured)."""
         if self.kind == 'memory':
             return 0
         total = 0

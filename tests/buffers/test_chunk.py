@@ -592,3 +592,26 @@ def test_every_reached_state_round_trips_and_the_next_call_is_identical(tmp_path
         twin.close()
     assert buf.stats()['chunks_made'] > 10 and buf.stats()['fragments_dropped'] > 0
     buf.close()
+
+
+@pytest.mark.parametrize('store', ['memory', 'disk'])
+def test_editing_a_sample_in_place_does_not_change_later_samples(tmp_path, store):
+    scfg = dict(type='disk', path=str(tmp_path / 's')) if store == 'disk' else dict(type='memory')
+    buf = create_buffer(dict(type='chunk', fragments_per_chunk=2, max_reuse=4, seed=0, store=scfg))
+    pushed = [frag(0, 0, 0), frag(0, 1, 0)]
+    buf.push(pushed)
+    for f in pushed:  # the producer reuses its tensors after the push
+        f['data']['obs'].fill_(-1.0)
+    first = buf.sample(2)
+    for x in first:  # a learner edits its sample in place (normalising observations, say)
+        x['data']['obs'].mul_(100.0)
+        x['data']['step'].zero_()
+        x['data']['extra'] = 'added'
+    buf.state_dict()['payloads'][first[0]['fragment_id']]['step'].add_(7)  # and a checkpoint's copy
+    second = buf.sample(2)
+    assert [x['chunk'] for x in second] == [x['chunk'] for x in first]  # the same chunk again
+    for x in second:
+        w, fid = int(x['worker'][1:]), x['fid']
+        assert torch.equal(x['data']['obs'], payload(w, fid)['obs'])
+        assert torch.equal(x['data']['step'], payload(w, fid)['step']) and 'extra' not in x['data']
+        assert x['data']['obs'].data_ptr() not in {y['data']['obs'].data_ptr() for y in first}
