@@ -65,7 +65,8 @@ class EpisodeReplayBuffer(Engine):
         consecutive transitions drawn uniformly among all valid windows of all stored episodes.
     Output:
         list storage -- whole episodes: a list of the stored episodes; windows: a list of windows of the
-        episode's own type (list episodes padded with ``None``; dict episodes zero-padded plus ``mask``).
+        episode's own type (list episodes padded with ``None``; dict episodes zero-padded plus ``mask``;
+        TensorDict episodes as TensorDicts of ``batch_size=[T]``, zero-padded plus ``mask``).
         tensor storage -- whole episodes: a list of dicts of ``[L, ...]`` tensors; windows: one dict of
         ``[B, T, ...]`` tensors with ``mask`` [B, T], ``episode_id``, ``episode_idx``, ``start`` [B] and
         ``replay_buffer_idx``/``replay_unique_id`` [B, T].

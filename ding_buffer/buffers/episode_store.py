@@ -13,6 +13,7 @@ A ``listener`` (e.g. ``WindowPriorities``) hears ``episode_added`` / ``episode_r
 transition slot (``FlatEpisodes``; -1 for ``ObjectEpisodes``) and length. Not thread-safe (the buffer's lock).
 """
 
+import sys
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 import numpy as np
@@ -20,6 +21,7 @@ import torch
 
 from ..storage import ListStorage, RingIndex, TensorStorage, storage_from_state
 from ..storage.base import NO_ITER, collect_iter_of
+from ..storage.tensordict_io import is_tensordict
 from ..storage.tree import batch_len, flatten, path_name, unflatten
 
 
@@ -212,7 +214,8 @@ class ObjectEpisodes(_EpisodeStore):
 
     def windows(self, slots: np.ndarray, starts: np.ndarray, unroll_len: int, pad: bool) -> List[Any]:
         """List episodes give lists (padded with ``None``); dict episodes give dicts of ``[T, ...]`` slices
-        (zero-padded) with a ``mask`` bool tensor when ``pad``."""
+        (zero-padded) with a ``mask`` bool tensor when ``pad``; TensorDict episodes give the same fields as a
+        TensorDict with ``batch_size=[T]`` (the episode's own type, as whole episodes come back)."""
         out = []
         for ep, s in zip(self.storage.gather(slots), starts.tolist()):
             if isinstance(ep, list):
@@ -227,7 +230,7 @@ class ObjectEpisodes(_EpisodeStore):
                 window['mask'] = torch.arange(unroll_len) < valid
             else:
                 window = unflatten(flat)
-            out.append(window)
+            out.append(_tensordict_window(window, ep, unroll_len) if is_tensordict(ep) else window)
         return out
 
     def state_dict(self) -> Dict[str, Any]:
@@ -378,6 +381,12 @@ def _restore_lengths(state: Mapping, ring: RingIndex, max_episodes: int) -> np.n
     if (length[ring.valid] <= 0).any() or (length[~ring.valid] != 0).any():
         raise ValueError("saved episode lengths do not match the stored episodes")
     return length
+
+
+def _tensordict_window(window: Dict[str, Any], episode: Any, unroll_len: int) -> Any:
+    """A window of a TensorDict episode as a TensorDict of ``batch_size=[unroll_len]`` on the episode's device (the
+    leaves are the window's slices; ``tensordict`` is loaded, since ``episode`` is one)."""
+    return sys.modules['tensordict'].TensorDict(window, batch_size=[unroll_len], device=episode.device)
 
 
 def _pad_time(t: torch.Tensor, unroll_len: int) -> torch.Tensor:

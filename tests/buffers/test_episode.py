@@ -464,6 +464,47 @@ def test_list_storage_padding_of_dict_episode_is_zero_with_mask():
     assert torch.as_tensor(window['act']).tolist() == [0, 1, 0, 0]
 
 
+def td_ep(e, length):
+    """The dict episode of ``dict_ep`` as a TensorDict with batch_size [length], plus a nested field."""
+    tensordict = pytest.importorskip('tensordict')
+    ep = dict_ep(e, length)
+    ep['next'] = {'obs': ep['obs'] + 0.5}
+    return tensordict.TensorDict(ep, batch_size=[length])
+
+
+@pytest.mark.parametrize('pad', [False, True])
+def test_list_storage_windows_of_a_tensordict_episode_are_tensordicts(pad):
+    """Windows come back in the episode's own type: a TensorDict episode gives TensorDict windows (batch_size =
+    the window length, the episode's fields, nesting kept, plus ``mask`` when padded), as whole episodes come
+    back as the stored TensorDicts; plain-dict episodes keep giving dicts."""
+    tensordict = pytest.importorskip('tensordict')
+    buf = make_buffer('list', max_transitions=None, pad_short_episodes=pad)
+    buf.push([td_ep(0, 2), td_ep(1, 5), dict_ep(2, 5)])
+    lengths = {0: 2, 1: 5, 2: 5}
+    out = buf.sample(60, unroll_len=3, replace=True)
+    seen = set()
+    for window in out:
+        e, t0 = check_window(decode_windows([window])[0], lengths, 3)
+        seen.add(e)
+        if e == 2:
+            assert type(window) is dict
+            continue
+        assert isinstance(window, tensordict.TensorDictBase), type(window)
+        assert window.batch_size == torch.Size([3])
+        assert set(window.keys()) == {'obs', 'act', 'next'} | ({'mask'} if pad else set())
+        assert set(window['next'].keys()) == {'obs'}
+        valid = min(3, lengths[e] - t0)
+        steps = torch.arange(t0, t0 + valid)
+        assert window['act'][:valid].tolist() == (100 * e + steps).tolist()
+        assert window['obs'].dtype == torch.float32 and window['act'].dtype == torch.int64
+        torch.testing.assert_close(window['next', 'obs'][:valid], window['obs'][:valid] + 0.5)
+        if pad:
+            assert window['mask'].tolist() == [k < valid for k in range(3)]
+            assert window['obs'][valid:].eq(0).all() and window['act'][valid:].eq(0).all()
+    assert seen == ({0, 1, 2} if pad else {1, 2})
+    assert all(isinstance(ep, tensordict.TensorDictBase) for ep in buf.sample(2, sample_range=slice(0, 2)))
+
+
 def test_tensor_window_output_shapes():
     buf = window_buffer('tensor')
     out = buf.sample(5, unroll_len=3)
