@@ -11,7 +11,9 @@ The rules, in order (``tests/buffers/test_chunk.py`` checks every call against a
 
 1. **Order per worker.** A worker's ``fid`` must exceed every ``fid`` it sent before, and be exactly the previous
    one + 1 while a chunk is being assembled. A gap, repeat or reordering is a ``ValueError`` naming the worker and
-   both numbers; nothing changes. (MineStudio asserts inside its actor, killing the call.)
+   both numbers; nothing changes. (MineStudio asserts inside its actor, killing the call.) A list push is the same
+   fragments pushed one by one (a stale fragment dropped on arrival leaves no chunk in assembly, so the next one
+   may skip ahead), all or nothing: if any one of them would be refused, none is stored.
 2. **Gating at the worker's queue.** After a fragment is appended, fragments at the front of its worker's queue
    that are stale (``model_version - version > max_staleness``) or from another session (once a session is set)
    are dropped.
@@ -39,6 +41,7 @@ store keeps a deep copy of what was pushed and hands out deep copies): a learner
 producer may reuse its tensors after a push, without changing what a later sample of the same chunk returns.
 """
 
+import itertools
 import threading
 import time
 from collections import OrderedDict
@@ -247,37 +250,67 @@ class ChunkReplayBuffer(BufferCore):
                 )
         return worker, int(fid), int(version), session
 
-    def _push_items(self, items: List[Any]) -> int:
-        checked = [self._check_fragment(f, i) for i, f in enumerate(items)]
-        # rule 1 over the whole call first, so a bad fragment anywhere changes nothing
-        last = {}
-        pending = {}
-        ids = set()
-        for i, (worker, fid, _, _) in enumerate(checked):
-            prev = last.get(worker, self._last_fid.get(worker))
-            queued = pending.get(worker, len(self._queues.get(worker, ())))
-            if prev is not None and (fid != prev + 1 if queued else fid <= prev):
-                want = f"exactly {prev + 1} (a chunk is being assembled)" if queued else f"more than {prev}"
+    def _plan(self, checked: List[Tuple[str, int, int, str]]) -> List[List[str]]:
+        """
+        Overview:
+            Rules 1-3 and the worker cap run over the whole call on shadows first, exactly as for the same fragments
+            pushed one by one (a stale fragment dropped on arrival leaves no chunk in assembly, so the next one may
+            skip ahead; a worker whose chunk completes earlier in the call may be forgotten for a later new one).
+            Raises the ``ValueError`` the first refused single push would raise, before anything changes; else
+            returns, per fragment, the workers to forget before it is received.
+        """
+        # workers this call touched, least recently first (None: forgotten in this call), and their queues as the
+        # stale flags of the fragments in them (the model version cannot move during a push)
+        last: 'OrderedDict[str, Optional[int]]' = OrderedDict()
+        queues: Dict[str, List[bool]] = {}
+        known, plan = len(self._last_fid), []
+        for i, (worker, fid, version, session) in enumerate(checked):
+            if worker not in last:
+                last[worker] = self._last_fid.get(worker)
+                queues[worker] = [self._stale(r[2], r[3]) for r in self._queues.get(worker, ())]
+            prev, queue = last[worker], queues[worker]
+            if prev is not None and (fid != prev + 1 if queue else fid <= prev):
+                want = f"exactly {prev + 1} (a chunk is being assembled)" if queue else f"more than {prev}"
                 raise ValueError(
                     f"fragment {i}: worker {worker!r} sent fid {fid} after {prev}; expected {want}. "
                     f"Fragments of one worker arrive in order"
                 )
+            forget: List[str] = []
+            if prev is None:  # a new worker: the order of at most MAX_WORKERS workers is remembered, the least
+                excess = known + 1 - MAX_WORKERS  # recently seen ones without a chunk in assembly are forgotten first
+                if excess > 0:  # (a forgotten worker may start again at any fid)
+                    idle = (w for w in self._last_fid if w not in last and w not in self._queues)
+                    idle_here = (w for w, f in last.items() if f is not None and not queues[w] and w != worker)
+                    forget = list(itertools.islice(itertools.chain(idle, idle_here), excess))
+                    if len(forget) < excess:
+                        raise ValueError(
+                            f"fragment {i}: {MAX_WORKERS} workers have chunks in assembly; worker {worker!r:.40} "
+                            f"is one more"
+                        )
+                    for w in forget:
+                        last[w], queues[w] = None, []
+                    known -= len(forget)
+                known += 1
             last[worker] = fid
-            pending[worker] = (queued + 1) % self._fpc
-            fragment_id = items[i].get('fragment_id')
+            last.move_to_end(worker)
+            queue.append(self._stale(version, session))
+            while queue and queue[0]:  # rule 2
+                queue.pop(0)
+            if len(queue) >= self._fpc:  # rule 3
+                queue.clear()
+            plan.append(forget)
+        return plan
+
+    def _push_items(self, items: List[Any]) -> int:
+        checked = [self._check_fragment(f, i) for i, f in enumerate(items)]
+        plan = self._plan(checked)  # the whole call first, so a bad fragment anywhere changes nothing
+        ids = set()
+        for i, f in enumerate(items):
+            fragment_id = f.get('fragment_id')
             if fragment_id is not None:
                 if fragment_id in ids:
                     raise ValueError(f"fragment {i}: fragment_id {fragment_id} appears twice in this push")
                 ids.add(fragment_id)
-        new_workers = len(set(last) - set(self._last_fid))
-        if new_workers > MAX_WORKERS:
-            raise ValueError(f"one push names {new_workers} new workers; at most {MAX_WORKERS} are tracked")
-        # the order of at most MAX_WORKERS workers is remembered: the least recently seen ones without a chunk in
-        # assembly are forgotten first (a forgotten worker may start again at any fid)
-        excess = len(self._last_fid) + new_workers - MAX_WORKERS
-        forget = [w for w in self._last_fid if w not in self._queues and w not in last][: max(excess, 0)]
-        if len(forget) < excess:
-            raise ValueError(f"{MAX_WORKERS} workers have chunks in assembly; this push names {new_workers} more")
         if self.store.kind == 'disk':
             for i, f in enumerate(items):
                 if 'data' in f:
@@ -289,9 +322,9 @@ class ChunkReplayBuffer(BufferCore):
         except BaseException:
             self.store.delete_all(fid for f, fid in zip(items, put) if 'fragment_id' not in f)
             raise
-        for worker in forget:
-            del self._last_fid[worker]
-        for (worker, fid, version, session), fragment_id in zip(checked, put):
+        for (worker, fid, version, session), fragment_id, forget in zip(checked, put, plan):
+            for w in forget:
+                del self._last_fid[w]
             self._receive((worker, fid, version, session, fragment_id))
         if self._chunks:
             self._cond.notify_all()

@@ -1,6 +1,7 @@
 """The `chunk` buffer (MineStudio's online replay protocol) against a brute-force model of its rules, plus the
 blocking fetch, the payload store with reference-counted deletion, persistence, bad input and the manager."""
 
+import copy
 import os
 import threading
 import time
@@ -42,29 +43,32 @@ class Model:
         return self.lag is not None and self.version - version > self.lag
 
     def push(self, frags):
-        last, pending = dict(self.last), {w: len(q) for w, q in self.queues.items()}
-        for f in frags:  # order, over the whole call first
-            w, fid = f['worker'], f['fid']
-            if w in last:
-                if (pending.get(w, 0) and fid != last[w] + 1) or (not pending.get(w, 0) and fid <= last[w]):
-                    raise ValueError('order')
-            last[w] = fid
-            pending[w] = (pending.get(w, 0) + 1) % self.fpc
-        for f in frags:
-            w, rec = f['worker'], (f['worker'], f['fid'], f['model_version'], f['session_id'])
-            self.last[w] = f['fid']
-            q = self.queues.setdefault(w, [])
-            q.append(rec)
-            while q and self.stale(q[0][2], q[0][3]):
-                q.pop(0)
-            if not q:
-                del self.queues[w]
-            elif len(q) == self.fpc:
-                del self.queues[w]
-                if not self.stale(q[0][2], q[0][3]):
-                    while len(self.chunks) >= self.max_chunks:
-                        self.chunks.pop(0)
-                    self.chunks.append([0, q])
+        """The fragments one by one; all or nothing."""
+        saved = copy.deepcopy((self.last, self.queues, self.chunks))
+        try:
+            for f in frags:
+                self.push_one(f)
+        except ValueError:
+            self.last, self.queues, self.chunks = saved
+            raise
+
+    def push_one(self, f):
+        w, fid = f['worker'], f['fid']
+        q = self.queues.setdefault(w, [])
+        if w in self.last and (fid != self.last[w] + 1 if q else fid <= self.last[w]):
+            raise ValueError('order')
+        self.last[w] = fid
+        q.append((w, fid, f['model_version'], f['session_id']))
+        while q and self.stale(q[0][2], q[0][3]):
+            q.pop(0)
+        if not q:
+            del self.queues[w]
+        elif len(q) == self.fpc:
+            del self.queues[w]
+            if not self.stale(q[0][2], q[0][3]):
+                while len(self.chunks) >= self.max_chunks:
+                    self.chunks.pop(0)
+                self.chunks.append([0, q])
 
     def update_model_version(self, version, session=None):
         self.version = version
@@ -615,3 +619,113 @@ def test_editing_a_sample_in_place_does_not_change_later_samples(tmp_path, store
         assert torch.equal(x['data']['obs'], payload(w, fid)['obs'])
         assert torch.equal(x['data']['step'], payload(w, fid)['step']) and 'extra' not in x['data']
         assert x['data']['obs'].data_ptr() not in {y['data']['obs'].data_ptr() for y in first}
+
+
+def _comparable(state):
+    """A state with each fragment id replaced by its payload (two buffers give the same payloads other ids)."""
+    data = {i: tuple(v.tolist() for v in p.values()) for i, p in state['payloads'].items()}
+    records = lambda rs: [tuple(r[:4]) + (data[r[4]],) for r in rs]  # noqa: E731
+    return dict(
+        {k: v for k, v in state.items() if k not in ('payloads', 'chunks', 'queues', 'last_fetch')},
+        chunks=[dict(ch, records=records(ch['records'])) for ch in state['chunks']],
+        queues={w: records(q) for w, q in state['queues'].items()},
+        last_fetch=[data[i] for i in state['last_fetch']],
+    )
+
+
+def test_a_list_push_of_a_stale_fragment_then_the_next_is_accepted_as_one_by_one():
+    cfg = dict(type='chunk', fragments_per_chunk=2, max_staleness=0, seed=0)
+    one, many = create_buffer(cfg), create_buffer(cfg)
+    for buf in (one, many):
+        buf.update_model_version(3)
+    one.push(frag(0, 0, 1))  # stale on arrival: dropped, no chunk in assembly
+    one.push(frag(0, 5, 3))  # so the worker may go on at any later fid
+    many.push([frag(0, 0, 1), frag(0, 5, 3)])  # was refused: 'expected exactly 1'
+    assert _comparable(many.state_dict()) == _comparable(one.state_dict())
+    assert many.records()['queues'] == {'w0': [('w0', 5, 3, '')]} and many.stats()['fragments_dropped'] == 1
+    with pytest.raises(ValueError, match='expected exactly 6'):  # all or nothing still
+        many.push([frag(1, 0, 3), frag(0, 7, 3)])
+    assert _comparable(many.state_dict()) == _comparable(one.state_dict())
+
+
+def test_a_list_push_forgets_workers_at_the_cap_as_one_by_one(monkeypatch):
+    from ding_buffer.buffers import chunk as chunk_module
+
+    monkeypatch.setattr(chunk_module, 'MAX_WORKERS', 2)
+    cfg = dict(type='chunk', fragments_per_chunk=2, seed=0)
+    one, many = create_buffer(cfg), create_buffer(cfg)
+    for buf in (one, many):
+        buf.push([frag(0, 0, 0), frag(1, 0, 0)])  # two workers, both with a chunk in assembly
+    one.push(frag(0, 1, 0))  # w0's chunk is done: it may be forgotten
+    one.push(frag(2, 0, 0))  # and is, for w2
+    many.push([frag(0, 1, 0), frag(2, 0, 0)])  # was refused: '2 workers have chunks in assembly'
+    assert _comparable(many.state_dict()) == _comparable(one.state_dict())
+    assert list(many.state_dict()['last_fid']) == ['w1', 'w2']
+
+
+@pytest.mark.parametrize('store', ['memory', 'disk'])
+@pytest.mark.parametrize('fpc, lag', [(1, 0), (2, 0), (3, 1)])
+def test_a_list_push_is_the_same_fragments_pushed_one_by_one(tmp_path, store, fpc, lag):
+    """Random lists (stale and other-session fragments, restarts that skip ahead, now and then a bad fid) pushed
+    whole into one buffer and one by one into another: the list is refused exactly when one of the single pushes
+    is, a refused list changes nothing, and otherwise the two states are identical."""
+
+    def make(name):
+        scfg = dict(type='disk', path=str(tmp_path / name)) if store == 'disk' else dict(type='memory')
+        return create_buffer(
+            dict(
+                type='chunk', max_chunks=6, fragments_per_chunk=fpc, max_staleness=lag, seed=1, max_reuse=2, store=scfg
+            )
+        )
+
+    many, one = make('many'), make('one')
+    rng = np.random.default_rng(fpc * 10 + lag)
+    next_fid, version, session = [0, 0, 0], 0, 's'
+    for buf in (many, one):
+        buf.update_model_version(version, session)
+    refused = accepted = 0
+    for step in range(200):
+        op = rng.random()
+        if op < 0.7:
+            frags = []
+            for _ in range(int(rng.integers(1, 6))):
+                w = int(rng.integers(3))
+                fid = next_fid[w] + int(rng.choice([0, 0, 0, 0, 0, 0, 3, -1]))
+                next_fid[w] = max(next_fid[w], fid + 1)
+                v = version - int(rng.choice([0, 0, 0, lag + 1]))
+                frags.append(frag(w, fid, v, session if rng.random() < 0.9 else 'other'))
+            before = _comparable(many.state_dict())
+            try:
+                many.push(frags)
+                whole = True
+            except ValueError:
+                whole = False
+                assert _comparable(many.state_dict()) == before
+            single = True
+            for f in frags:
+                try:
+                    one.push(f)
+                except ValueError:
+                    single = False
+                    break
+            assert whole == single, step
+            if whole:
+                accepted += 1
+                assert _comparable(many.state_dict()) == _comparable(one.state_dict()), step
+            else:  # the single pushes before the refused one went in: start both again from the list's buffer
+                refused += 1
+                one.load_state_dict(many.state_dict())
+                last = many.state_dict()['last_fid']
+                next_fid = [last.get(f'w{w}', -1) + 1 for w in range(3)]
+        elif op < 0.85:
+            version += 1
+            for buf in (many, one):
+                buf.update_model_version(version, session)
+        else:
+            n = fpc * int(rng.integers(1, 3))
+            a, b = many.sample(n), one.sample(n)
+            assert (a is None) == (b is None)
+            if a is not None:
+                assert [(x['worker'], x['fid'], x['use']) for x in a] == [(x['worker'], x['fid'], x['use']) for x in b]
+        assert _comparable(many.state_dict()) == _comparable(one.state_dict()), step
+    assert refused > 5 and accepted > 50 and many.stats()['fragments_dropped'] > 10
