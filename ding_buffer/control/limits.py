@@ -11,7 +11,9 @@ A remover is asked twice per ``sample`` call, under the buffer's lock, and answe
 oldest slots, oldest first), ``collect_iter(slots)`` (int64, ``NO_ITER`` where an element has none) and
 ``count``. Removers never change the table: the engine removes what they return and counts it under
 ``removed_by_<name>``. Users add their own rules with ``REMOVER_REGISTRY.register('name')`` and the config key
-``removers=[dict(type='name', ...)]`` (their module listed in ``import_names``).
+``removers=[dict(type='name', ...)]`` (their module listed in ``import_names``). A rule's class may declare
+``checks`` (argument -> (predicate, what was expected)): its arguments are checked when the buffer is built, as the
+top-level keys are (the built-in ``max_use`` / ``max_staleness`` reached by name take the same values as the keys).
 
 ``UseCounts`` is the per-slot column the use rule reads (times each element was drawn).
 Not thread-safe: the buffer's lock serialises every call.
@@ -39,6 +41,7 @@ import torch
 
 from .. import tree_kernels as kern
 from ..base import Registry
+from ..config import closest_key
 from ..storage.base import NO_ITER, collect_iter_of  # noqa: F401 (re-exported)
 
 INF = float('inf')
@@ -71,6 +74,8 @@ class Remover:
     """
 
     name = 'rule'
+    # Argument checks applied when a config builds the rule: argument -> (predicate, what was expected).
+    checks: Mapping[str, Any] = {}
 
     def before_sample(self, table: Any, cur_learner_iter: int) -> np.ndarray:
         return _EMPTY
@@ -96,6 +101,7 @@ class UseLimit(Remover):
     """
 
     name = 'use'
+    checks = {'max_use': (limit_ok, 'a number > 0 or inf')}
 
     def __init__(self, max_use: float) -> None:
         self.max_use = max_use
@@ -125,6 +131,7 @@ class StalenessLimit(Remover):
     """
 
     name = 'staleness'
+    checks = {'max_staleness': (limit_ok, 'a number > 0 or inf')}
 
     def __init__(self, max_staleness: float) -> None:
         self.max_staleness = max_staleness
@@ -144,22 +151,52 @@ class StalenessLimit(Remover):
 
 
 def build_removers(cfg: Mapping) -> List[Remover]:
-    """The rules of a preset config: ``max_staleness`` and ``max_use`` where finite, then ``removers`` entries."""
+    """The rules of a preset config: ``max_staleness`` and ``max_use`` where finite, then ``removers`` entries --
+    each entry's type looked up (an unknown name: ``ValueError`` with the registered name it is closest to) and its
+    arguments checked with the class's ``checks`` (``ValueError`` naming ``removers[i].<argument>``, the value and
+    what was expected) before the rule is built."""
     out: List[Remover] = []
     if cfg.get('max_staleness', INF) != INF:
         out.append(StalenessLimit(cfg.max_staleness))
     if cfg.get('max_use', INF) != INF:
         out.append(UseLimit(cfg.max_use))
     for i, entry in enumerate(cfg.get('removers') or []):
-        if not isinstance(entry, Mapping) or not isinstance(entry.get('type'), str):
-            raise ValueError(f"config key 'removers[{i}]' must be a dict with a 'type', got {entry!r}")
-        kwargs = {k: v for k, v in entry.items() if k != 'type'}
-        try:
-            rule = REMOVER_REGISTRY.get(entry['type'])(**kwargs)
-        except TypeError as e:
-            raise ValueError(f"config key 'removers[{i}]' ({entry['type']!r}) has bad arguments {kwargs}: {e}") from e
-        out.append(rule)
+        out.append(build_remover(entry, f'removers[{i}]'))
     return out
+
+
+def build_remover(entry: Any, where: str) -> Remover:
+    """One ``removers`` entry (``where``: its config key, e.g. ``'removers[0]'``) as a rule, arguments checked.
+
+    Examples:
+        >>> build_remover(dict(type='max_use', max_use=3), 'removers[0]').max_use
+        3
+        >>> build_remover(dict(type='max_staleness', max_staleness=-5), 'removers[0]')
+        Traceback (most recent call last):
+        ValueError: config key 'removers[0].max_staleness' has invalid value -5; expected a number > 0 or inf
+        >>> build_remover(dict(type='max_uses', max_use=3), 'removers[1]')  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ValueError: unknown remover type 'max_uses' (config key 'removers[1].type'); did you mean 'max_use'? ...
+    """
+    if not isinstance(entry, Mapping) or not isinstance(entry.get('type'), str):
+        raise ValueError(f"config key '{where}' must be a dict with a 'type', got {entry!r}")
+    name = entry['type']
+    if name not in REMOVER_REGISTRY:
+        near = closest_key(name, REMOVER_REGISTRY.keys())
+        hint = f"did you mean {near!r}? " if near else ''
+        raise ValueError(
+            f"unknown remover type {name!r} (config key '{where}.type'); {hint}registered: "
+            f"{', '.join(sorted(REMOVER_REGISTRY))} (a module of your own registering it goes in 'import_names')"
+        )
+    cls = REMOVER_REGISTRY[name]
+    kwargs = {k: v for k, v in entry.items() if k != 'type'}
+    for arg, (predicate, expected) in (getattr(cls, 'checks', None) or {}).items():
+        if arg in kwargs and not predicate(kwargs[arg]):
+            raise ValueError(f"config key '{where}.{arg}' has invalid value {kwargs[arg]!r}; expected {expected}")
+    try:
+        return cls(**kwargs)
+    except TypeError as e:
+        raise ValueError(f"config key '{where}' ({name!r}) has bad arguments {kwargs}: {e}") from e
 
 
 def find_rule(rules: List[Remover], kind: type) -> Optional[Remover]:

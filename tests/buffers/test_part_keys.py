@@ -1,0 +1,95 @@
+"""The engine's part keys (``max_use``, ``max_staleness``, ``thruput_controller``, ``removers``, ``sampler``) on every
+type that promises them, through the public API only -- regressions of keys that were accepted and then ignored,
+half checked, or half applied:
+
+1. built-in removers reached by name (``removers=[dict(type='max_staleness', ...)]``) take the same values as the
+   top-level keys, checked when the buffer is built; an unknown remover name gets a "did you mean".
+
+A failing call must change nothing: ``state_dict()`` is compared before and after (``helpers.assert_same``).
+"""
+
+import numpy as np
+import pytest
+from helpers import assert_same
+
+from ding_buffer import create_buffer
+
+NAN = float('nan')
+INF = float('inf')
+
+
+def items(n, start=0, **extra):
+    return [{'obs': np.float32(start + i), **extra} for i in range(n)]
+
+
+def build_error(cfg):
+    with pytest.raises(ValueError) as e:
+        create_buffer(cfg)
+    return str(e.value)
+
+
+# ================================================================================ 1. removers by name
+BAD_LIMITS = ['x', -5, 0, 0.0, NAN, -INF, True, None, [3]]
+
+
+@pytest.mark.parametrize('buffer_type', ['naive', 'advanced', 'episode', 'gfn'])
+@pytest.mark.parametrize('key', ['max_use', 'max_staleness'])
+@pytest.mark.parametrize('value', BAD_LIMITS, ids=repr)
+def test_builtin_remover_by_name_checks_its_argument_like_the_top_level_key(buffer_type, key, value):
+    """Was: ``removers=[dict(type='max_staleness', max_staleness='x')]`` built, then failed on every sample; -5
+    emptied the buffer; NaN was never applied; ``max_use=0`` was accepted. Now refused when the buffer is built, with
+    the top-level key's message naming ``removers[i].<key>``."""
+    good = dict(type='max_use', max_use=4)
+    msg = build_error(dict(type=buffer_type, removers=[good, dict(type=key, **{key: value})]))
+    assert msg == f"config key 'removers[1].{key}' has invalid value {value!r}; expected a number > 0 or inf"
+    if isinstance(value, (int, float)) and not isinstance(value, bool):  # (others: the key's type check first)
+        top = build_error(dict(type=buffer_type, **{key: value}))
+        assert msg == top.replace(f"'{key}'", f"'removers[1].{key}'")
+
+
+@pytest.mark.parametrize('storage', ['list', 'tensor'])
+def test_builtin_removers_by_name_work_as_the_top_level_keys(storage):
+    by_name = create_buffer(
+        dict(
+            type='naive',
+            seed=0,
+            storage=dict(type=storage),
+            removers=[dict(type='max_staleness', max_staleness=3), dict(type='max_use', max_use=2)],
+        )
+    )
+    by_key = create_buffer(dict(type='naive', seed=0, storage=dict(type=storage), max_staleness=3, max_use=2))
+    for buf in (by_name, by_key):
+        buf.push([{'obs': np.float32(i), 'collect_iter': i} for i in range(8)])
+        for _ in range(3):
+            buf.sample(2, cur_learner_iter=6)
+    assert by_name.stats()['removed_by_staleness'] == by_key.stats()['removed_by_staleness'] == 4
+    assert by_name.stats()['removed_by_use'] == by_key.stats()['removed_by_use'] > 0
+    assert_same(by_name.state_dict(), by_key.state_dict())
+    inf = create_buffer(dict(type='naive', removers=[dict(type='max_use', max_use=INF)]))  # inf: no limit, as the key
+    inf.push(items(2))
+    for _ in range(5):
+        assert inf.sample(2) is not None
+
+
+@pytest.mark.parametrize(
+    'name, near', [('max_stalenes', 'max_staleness'), ('max_uses', 'max_use'), ('MaxUse', ''), ('zzzqqq', '')]
+)
+def test_unknown_remover_type_suggests_the_closest_registered_name(name, near):
+    msg = build_error(dict(type='naive', removers=[dict(type='max_use', max_use=2), dict(type=name)]))
+    assert f"unknown remover type {name!r} (config key 'removers[1].type')" in msg
+    registered = msg.split('registered: ')[1]  # (other test modules register rules of their own)
+    assert 'max_staleness, max_use' in registered and 'import_names' in registered
+    if near:
+        assert f"did you mean {near!r}?" in msg
+    else:
+        assert 'did you mean' not in msg  # nothing close: no guess
+
+
+def test_remover_entry_that_is_not_a_named_dict_is_refused():
+    for entry in ('max_use', dict(max_use=2), dict(type=3)):
+        assert "config key 'removers[0]' must be a dict with a 'type'" in build_error(
+            dict(type='naive', removers=[entry])
+        )
+    assert "'removers[0]' ('max_use') has bad arguments" in build_error(
+        dict(type='naive', removers=[dict(type='max_use', max_uses=2)])
+    )
