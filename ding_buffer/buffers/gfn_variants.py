@@ -93,7 +93,8 @@ class TerminatingStateBuffer(GFlowNetReplayBuffer):
     """
     Overview:
         Stores only terminating states and their log-rewards. Dict batches keep the fields ``state_key``,
-        ``log_reward_key`` (and ``condition_key``); a torchgfn container becomes a ``StatesContainer`` of its
+        ``log_reward_key`` (and ``condition_key``), and ``collect_iter`` where an item has one -- what
+        ``max_staleness`` (and rules of your own) read; a torchgfn container becomes a ``StatesContainer`` of its
         terminating states (as torchgfn's ``TerminatingStateBuffer``; for ``Transitions`` and
         ``StatesContainer`` input only the terminating rows' rewards are kept, where torchgfn mismatches them);
         another Container becomes a dict batch. Sampling returns that kind.
@@ -113,10 +114,11 @@ class TerminatingStateBuffer(GFlowNetReplayBuffer):
     def _convert(self, data: Any) -> Any:
         cfg = self._cfg
         keys = [k for k in (cfg.state_key, cfg.log_reward_key, cfg.condition_key) if k is not None]
+        kept = keys + ['collect_iter']  # the item's collect time: staleness removal reads it
         if isinstance(data, dict):
-            return {k: data[k] for k in keys if k in data} if all(k in data for k in keys) else data
+            return {k: data[k] for k in kept if k in data} if all(k in data for k in keys) else data
         if isinstance(data, list):
-            return [{k: item[k] for k in keys if k in item} if isinstance(item, dict) else item for item in data]
+            return [{k: item[k] for k in kept if k in item} if isinstance(item, dict) else item for item in data]
         if not is_container(data):
             return data  # rejected with a clear message by push
         mask = getattr(data, 'is_terminating', None)

@@ -3,13 +3,15 @@ type that promises them, through the public API only -- regressions of keys that
 half checked, or half applied:
 
 1. built-in removers reached by name (``removers=[dict(type='max_staleness', ...)]``) take the same values as the
-   top-level keys, checked when the buffer is built; an unknown remover name gets a "did you mean".
+   top-level keys, checked when the buffer is built; an unknown remover name gets a "did you mean";
+2. ``terminating_state`` keeps each item's ``collect_iter``, so ``max_staleness`` removes stale items.
 
 A failing call must change nothing: ``state_dict()`` is compared before and after (``helpers.assert_same``).
 """
 
 import numpy as np
 import pytest
+import torch
 from helpers import assert_same
 
 from ding_buffer import create_buffer
@@ -93,3 +95,54 @@ def test_remover_entry_that_is_not_a_named_dict_is_refused():
     assert "'removers[0]' ('max_use') has bad arguments" in build_error(
         dict(type='naive', removers=[dict(type='max_use', max_uses=2)])
     )
+
+
+# ================================================================================ 2. terminating_state staleness
+def gfn_batch(n, start=0, **extra):
+    return {
+        'state': torch.arange(start, start + n, dtype=torch.float32)[:, None].repeat(1, 2),
+        'log_reward': torch.zeros(n),
+        **extra,
+    }
+
+
+@pytest.mark.parametrize('as_list', [False, True])
+def test_terminating_state_max_staleness_removes_stale_items(as_list):
+    """Was: the conversion to terminating states dropped ``collect_iter``, so ``max_staleness`` never removed
+    anything. Now the field is kept (dict batches and lists of item dicts) and staleness applies as on ``gfn``."""
+    buf = create_buffer(dict(type='terminating_state', max_staleness=3, seed=0))
+    data = gfn_batch(5, collect_iter=torch.arange(5), log_probs=torch.zeros(5, 7))
+    if as_list:
+        data = [{k: v[i] for k, v in data.items()} for i in range(5)]
+    assert buf.push(data) == 5
+    batch = buf.sample(2, cur_learner_iter=5)  # staleness 5, 4, 3 leave; 2, 1 stay
+    assert buf.count() == 2 and buf.stats()['removed_by_staleness'] == 3
+    assert sorted(batch['state'][:, 0].tolist()) == [3.0, 4.0] and sorted(batch['collect_iter'].tolist()) == [3, 4]
+    assert 'log_probs' not in batch  # still only the terminating state, its reward (and its collect time)
+    plain = create_buffer(dict(type='gfn', max_staleness=3, seed=0))
+    plain.push(gfn_batch(5, collect_iter=torch.arange(5)))
+    plain.sample(2, cur_learner_iter=5)
+    assert plain.stats()['removed_by_staleness'] == 3  # what the same data does on gfn
+
+
+def test_terminating_state_staleness_survives_a_state_round_trip_and_skips_items_without_collect_iter():
+    buf = create_buffer(dict(type='terminating_state', max_staleness=2, seed=0))
+    buf.push(gfn_batch(4, collect_iter=torch.tensor([0, 1, 8, 9])))
+    other = create_buffer(dict(type='terminating_state', max_staleness=2, seed=0))
+    other.load_state_dict(buf.state_dict())
+    other.sample(1, cur_learner_iter=9)
+    assert other.count() == 2 and other.stats()['removed_by_staleness'] == 2
+    fresh = create_buffer(dict(type='terminating_state', max_staleness=2, seed=0))
+    fresh.push(gfn_batch(4))  # no collect_iter: never stale
+    fresh.sample(1, cur_learner_iter=100)
+    assert fresh.count() == 4 and fresh.stats()['removed_by_staleness'] == 0
+
+
+def test_terminating_state_bad_collect_iter_changes_nothing():
+    buf = create_buffer(dict(type='terminating_state', max_staleness=2, seed=0))
+    buf.push(gfn_batch(2, collect_iter=torch.tensor([1, 2])))
+    before = buf.state_dict()
+    for bad in (torch.tensor([1.0, NAN]), torch.tensor([True, False]), torch.tensor([1, 2**62])):
+        with pytest.raises(ValueError, match='collect_iter'):
+            buf.push(gfn_batch(2, 5, collect_iter=bad))
+        assert_same(buf.state_dict(), before)
