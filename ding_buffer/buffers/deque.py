@@ -10,6 +10,11 @@ DI-engine's DQN / acrobot / pendulum configs name ``type='deque'``: the new-gene
 * ``priority=True``: a prioritized (advanced) ring with ``alpha = priority_power_factor``, ``beta =
   IS_weight_power_factor`` annealed to 1 over ``IS_weight_anneal_train_iter`` sample calls, and ``max_use``.
 
+The engine's part keys go to that buffer as they are, with the semantics they have there: ``max_use``,
+``max_staleness`` (``train_iter`` is the learner iteration staleness is measured at), ``thruput_controller``
+(``sample_min_limit_ratio`` >= 1, default 1: DI-engine's deque refuses a sample while fewer than ``size`` items are
+stored; ``sample(..., timeout=s)`` waits for it) and ``removers``.
+
 The wrapper's API: ``push(list, cur_collector_envstep)`` (a pushed item's ``'priority'`` is its initial
 priority and is not part of the returned data), ``sample(size, train_iter)`` -> a list of the pushed dicts (with
 ``'IS'`` when ``priority_IS_weight``) or ``None``, and ``update({'priority': [...]})``, which sets the priorities
@@ -32,11 +37,11 @@ import numpy as np
 
 from ..base import BUFFER_REGISTRY, IBuffer
 from ..config import build_config, dingengine_ignored, positive_int
-from ..control.limits import limit_ok
 from ..persistence import load_state, save_state
 from ..storage import STORAGE_CHECKS, STORAGE_CONFIG
 from .advanced import AdvancedReplayBuffer
 from .common import STEP_LIMIT, check_step
+from .engine import parts_checks, parts_config
 from .naive import NaiveReplayBuffer
 from .outputs import as_items
 
@@ -48,8 +53,6 @@ DEQUE_CONFIG = dict(
     type='deque',
     # Maximum number of items; the oldest is overwritten when full.
     replay_buffer_size=10000,
-    # An item leaves after this many draws (inf: never).
-    max_use=INF,
     # Learner iterations between two TensorBoard writes (and the first sample writes).
     train_iter_per_log=100,
     # Prioritized replay (otherwise uniform without replacement).
@@ -66,17 +69,20 @@ DEQUE_CONFIG = dict(
     priority_max_limit=1000.0,
     # Seed of the buffer's own RNG; None draws it from numpy's global RNG.
     seed=None,
+    # max_use (an item leaves after this many draws), max_staleness, removers, thruput_controller: the engine's
+    # parts, passed to the naive / advanced buffer doing the work (engine.parts_config).
+    **parts_config(1.0),
     storage=STORAGE_CONFIG,
 )
 DEQUE_CHECKS = dict(
     replay_buffer_size=(positive_int, 'a positive int'),
-    max_use=(limit_ok, 'a number > 0 or inf'),
     train_iter_per_log=(positive_int, 'a positive int'),
     priority_power_factor=(lambda x: 0 <= x <= 1, 'a number in [0, 1]'),
     IS_weight_power_factor=(lambda x: 0 <= x <= 1, 'a number in [0, 1]'),
     IS_weight_anneal_train_iter=(lambda x: x >= 0 and x == int(x), 'an int >= 0'),
     priority_max_limit=(lambda x: x > 0, 'a number > 0 (inf: no clipping)'),
     seed=(lambda x: x is None or (type(x) is int and x >= 0), 'None or an int >= 0'),
+    **parts_checks(1.0),
     **STORAGE_CHECKS,
 )
 
@@ -104,6 +110,9 @@ def inner_config(cfg: Mapping) -> Dict[str, Any]:
     common = dict(
         replay_buffer_size=cfg.replay_buffer_size,
         max_use=cfg.max_use,
+        max_staleness=cfg.max_staleness,
+        removers=copy.deepcopy(list(cfg.removers)),
+        thruput_controller=copy.deepcopy(dict(cfg.thruput_controller)),
         seed=cfg.seed,
         storage=storage,
     )

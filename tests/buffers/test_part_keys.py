@@ -4,10 +4,14 @@ half checked, or half applied:
 
 1. built-in removers reached by name (``removers=[dict(type='max_staleness', ...)]``) take the same values as the
    top-level keys, checked when the buffer is built; an unknown remover name gets a "did you mean";
-2. ``terminating_state`` keeps each item's ``collect_iter``, so ``max_staleness`` removes stale items.
+2. ``terminating_state`` keeps each item's ``collect_iter``, so ``max_staleness`` removes stale items;
+3. ``deque`` takes ``max_staleness``, ``thruput_controller`` and ``removers`` and passes them to the buffer doing
+   the work.
 
 A failing call must change nothing: ``state_dict()`` is compared before and after (``helpers.assert_same``).
 """
+
+import logging
 
 import numpy as np
 import pytest
@@ -15,6 +19,7 @@ import torch
 from helpers import assert_same
 
 from ding_buffer import create_buffer
+from ding_buffer.control.limits import REMOVER_REGISTRY, Remover
 
 NAN = float('nan')
 INF = float('inf')
@@ -34,7 +39,7 @@ def build_error(cfg):
 BAD_LIMITS = ['x', -5, 0, 0.0, NAN, -INF, True, None, [3]]
 
 
-@pytest.mark.parametrize('buffer_type', ['naive', 'advanced', 'episode', 'gfn'])
+@pytest.mark.parametrize('buffer_type', ['naive', 'advanced', 'episode', 'gfn', 'deque'])
 @pytest.mark.parametrize('key', ['max_use', 'max_staleness'])
 @pytest.mark.parametrize('value', BAD_LIMITS, ids=repr)
 def test_builtin_remover_by_name_checks_its_argument_like_the_top_level_key(buffer_type, key, value):
@@ -146,3 +151,85 @@ def test_terminating_state_bad_collect_iter_changes_nothing():
         with pytest.raises(ValueError, match='collect_iter'):
             buf.push(gfn_batch(2, 5, collect_iter=bad))
         assert_same(buf.state_dict(), before)
+
+
+# ================================================================================ 3. deque
+@pytest.mark.parametrize('priority', [False, True])
+def test_deque_max_staleness_removes_stale_items(priority, caplog):
+    """Was: ``deque`` warned that ``max_staleness`` has no effect. Now the inner buffer applies it, measured at
+    ``sample``'s ``train_iter``."""
+    with caplog.at_level(logging.WARNING, logger='ding_buffer'):
+        buf = create_buffer(dict(type='deque', priority=priority, max_staleness=3, seed=0))
+    assert not [r for r in caplog.records if 'no effect' in r.getMessage()]
+    buf.push([{'obs': i, 'collect_iter': i} for i in range(6)])
+    out = buf.sample(2, train_iter=5)  # staleness 5, 4, 3 leave
+    assert buf.count() == 3 and buf.stats()['removed_by_staleness'] == 3
+    assert all(d['obs'] >= 3 for d in out) and all(sorted(d) == ['collect_iter', 'obs'] for d in out)
+    assert buf.inner.cfg.max_staleness == 3
+
+
+@pytest.mark.parametrize('priority', [False, True])
+def test_deque_thruput_controller_limits_pushes_and_samples(priority):
+    ratio = create_buffer(dict(type='deque', priority=priority, thruput_controller=dict(sample_min_limit_ratio=2)))
+    ratio.push([{'obs': i} for i in range(6)])
+    assert ratio.sample(4) is None  # 6 < 2 x 4
+    assert ratio.stats()['refused_sample'] == 1
+    assert len(ratio.sample(3)) == 3
+    rate = create_buffer(
+        dict(type='deque', priority=priority, thruput_controller=dict(push_sample_rate_limit=dict(max=1.0, min=0)))
+    )
+    assert rate.push([{'obs': i} for i in range(6)]) == 6
+    assert rate.sample(2) is not None
+    assert rate.push([{'obs': i} for i in range(6)]) == 0  # pushed / sampled = 12 / 2 > 1: refused
+    assert rate.stats()['refused_push'] == 1 and rate.count() == 6
+
+
+@pytest.mark.parametrize('priority', [False, True])
+def test_deque_sample_timeout_waits_for_the_minimum_size(priority):
+    from ding_buffer.errors import SampleTimeoutError
+
+    buf = create_buffer(dict(type='deque', priority=priority, thruput_controller=dict(sample_min_limit_ratio=2)))
+    buf.push([{'obs': i} for i in range(3)])
+    with pytest.raises(SampleTimeoutError, match='sample_min_limit_ratio'):
+        buf.sample(2, timeout=0.05)
+
+
+@pytest.fixture
+def drop_oldest():
+    """A user rule, registered for one test and deleted afterwards."""
+
+    class DropOldest(Remover):
+        name = 'oldest'
+
+        def before_sample(self, table, cur_learner_iter):
+            slots = table.oldest(table.count())
+            return slots[:1]  # the oldest element, every sample
+
+    REMOVER_REGISTRY.register('test_part_keys_drop_oldest')(DropOldest)
+    try:
+        yield 'test_part_keys_drop_oldest'
+    finally:
+        del REMOVER_REGISTRY['test_part_keys_drop_oldest']
+
+
+@pytest.mark.parametrize('priority', [False, True])
+def test_deque_removers_are_applied(priority, drop_oldest):
+    """Was: ``removers`` was an unknown config key on ``deque``."""
+    buf = create_buffer(dict(type='deque', priority=priority, seed=0, removers=[dict(type=drop_oldest)]))
+    buf.push([{'obs': i} for i in range(5)])
+    buf.sample(1)
+    buf.sample(1)
+    assert buf.count() == 3 and buf.stats()['removed_by_oldest'] == 2
+    assert 'removed_by_oldest' in buf.inner.stats()
+
+
+@pytest.mark.parametrize(
+    'cfg, key',
+    [
+        (dict(max_staleness=-1), 'max_staleness'),
+        (dict(thruput_controller=dict(sample_min_limit_ratio=0.5)), 'thruput_controller.sample_min_limit_ratio'),
+        (dict(removers=[dict(type='max_staleness', max_staleness=0)]), 'removers[0].max_staleness'),
+    ],
+)
+def test_deque_part_keys_are_checked(cfg, key):
+    assert f"config key '{key}'" in build_error(dict(type='deque', **cfg))
