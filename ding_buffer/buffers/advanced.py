@@ -310,12 +310,19 @@ class AdvancedReplayBuffer(SlotEngine):
         ids: Optional[np.ndarray] = None,
     ) -> Any:
         """The batch of a draw (use counts already bumped; ``ids`` of the slots when known): staleness, output,
-        monitor, removal rules."""
+        removal rules, monitor."""
         staleness = self._storage.staleness(slots, cur_learner_iter)
         out = self._output(slots, weights, use, priority, staleness, ids)
+        self._drawn(slots, size, use)  # first: a broken rule of the user's fails the call before the monitor counts
         self._due = self._sampled_monitor.record(use, priority, staleness, beta, cur_learner_iter, self._last_envstep)
-        self._drawn(slots, size, use)
         return out
+
+    def _sample_snapshot(self) -> Any:
+        return super()._sample_snapshot(), self._beta.value
+
+    def _sample_restore(self, snapshot: Any) -> None:
+        super()._sample_restore(snapshot[0])
+        self._beta.set(snapshot[1])
 
     def _output(self, slots, weights, use, priority, staleness, ids=None) -> Any:
         extras = dict(priority=priority, staleness=staleness, use=use, IS=weights)

@@ -10,6 +10,12 @@ runs every call in the same order, so a rule configured on one preset behaves th
              -> sampler draw -> use counts -> removers.after_sample -> counters -> limiter.on_sample
              -> monitors (written after the lock is released)
 
+A sample is all or nothing: every rule answers before the engine removes anything (``before_sample`` and
+``after_sample`` each ask all rules first), so a rule of your own that raises or answers garbage fails the call
+with nothing changed -- the draw's use counts are taken back and, with such a rule configured, the RNG and what the
+preset's ``_sample_snapshot`` names (advanced: beta) are restored. (Elements the ``before_sample`` answers removed
+stay removed when an ``after_sample`` answer fails later in the same call: they were due before the draw.)
+
 Presets implement the table verbs ``oldest``, ``collect_iter`` and ``_drop(slots)`` (remove and return what
 left, for the used-data remover) and call ``_sample_flow`` / ``_admit`` / ``_pushed`` / ``_drawn``. Nothing
 outside a part assigns the part's fields.
@@ -21,7 +27,7 @@ from typing import Any, Callable, Dict, List, Optional
 import numpy as np
 
 from ..control.limiter import RateLimiter, limiter_checks, limiter_config
-from ..control.limits import INF, UseCounts, UseLimit, build_removers, find_rule, limit_ok
+from ..control.limits import INF, StalenessLimit, UseCounts, UseLimit, build_removers, find_rule, limit_ok
 from ..monitor.periodic import PeriodicThruputMonitor
 from ..monitor.tb import TBSink, build_tb_logger, emit, rank
 from ..storage.tensordict_io import to_tensordict
@@ -75,6 +81,8 @@ class Engine(BufferCore):
         cfg = self._cfg
         self._rules = build_removers(cfg)
         self._use_limit = find_rule(self._rules, UseLimit)
+        # a rule of the user's may raise or answer garbage mid-sample: the sample then snapshots what the draw moves
+        self._fallible = any(type(r) not in (UseLimit, StalenessLimit) for r in self._rules)
         self._uses: Optional[UseCounts] = UseCounts(slots) if (self._use_limit or self.uses_counted) else None
         self._limiter = RateLimiter(cfg.thruput_controller, self._lock)
         names = [f'removed_by_{r.name}' for r in self._rules]
@@ -147,6 +155,20 @@ class Engine(BufferCore):
         except IndexError:
             raise RuntimeError(f"remover {rule.name!r} returned slot {int(arr[-1])}, past the table's end") from None
 
+    def _remove_answers(self, answers: List[np.ndarray]) -> None:
+        """Remove what each rule answered (``_rule_slots``, in rule order), each slot once: counted under the first
+        rule that named it."""
+        done = None  # slots an earlier rule removed in this call: a later rule cannot remove them again
+        for rule, gone in zip(self._rules, answers):
+            if done is not None and len(gone):
+                gone = np.setdiff1d(gone, done)
+            if len(gone):
+                if rule is self._use_limit:
+                    self._drop_used(gone)
+                else:
+                    self._remove(gone, f'removed_by_{rule.name}')
+                done = gone if done is None else np.union1d(done, gone)
+
     def _drop_used(self, slots: np.ndarray) -> None:
         """Elements that reached ``max_use``: removed (advanced with used-data tracking retires them instead)."""
         self._remove(slots, 'removed_by_use')
@@ -194,10 +216,9 @@ class Engine(BufferCore):
 
     # ------------------------------------------------------------------ sample
     def _why_not(self, size: int, cur_learner_iter: int, shortfall: Optional[Callable[[], str]]) -> str:
-        for rule in self._rules:
-            stale = self._rule_slots(rule, rule.before_sample(self, cur_learner_iter))
-            if len(stale):
-                self._remove(stale, f'removed_by_{rule.name}')
+        if self._rules:  # every rule answers (on the same table) before anything is removed: all or nothing
+            answers = [self._rule_slots(rule, rule.before_sample(self, cur_learner_iter)) for rule in self._rules]
+            self._remove_answers(answers)
         short = shortfall() if shortfall is not None else ''
         units = self._units()
         limit = self._limiter.why_not(units, size)
@@ -242,7 +263,15 @@ class Engine(BufferCore):
             if why:
                 self._counters['refused_sample'] += 1
                 return self._refuse(why)
-            out = draw()
+            if self._fallible:  # a rule of the user's answers inside draw(): restore what the draw moved if it fails
+                snapshot = self._sample_snapshot()
+                try:
+                    out = draw()
+                except BaseException:
+                    self._sample_restore(snapshot)
+                    raise
+            else:
+                out = draw()
             if out is not None:
                 if self._tensordict_out():
                     out = to_tensordict(out, self._table_device())
@@ -252,6 +281,14 @@ class Engine(BufferCore):
         if due is not None:
             self._emit(due)  # outside the lock
         return out
+
+    def _sample_snapshot(self) -> Any:
+        """What a draw changes besides use counts (``_drawn`` takes those back): the RNG's state; presets add theirs."""
+        return self._rng.bit_generator.state
+
+    def _sample_restore(self, snapshot: Any) -> None:
+        """Undo a failed draw (``_sample_snapshot``'s answer from before it)."""
+        self._rng.bit_generator.state = snapshot
 
     def _tensordict_out(self) -> bool:
         """Whether samples leave as TensorDicts (the table's tensor storage first stored one; ``tensordict_io``)."""
@@ -279,18 +316,15 @@ class Engine(BufferCore):
         (None when the preset keeps none)."""
         if use is None and self._uses is not None:
             use = self._uses.bump(slots)
+        if self._rules:  # usually none or one
+            try:  # every rule answers before anything is removed: a broken rule fails the call with nothing changed
+                answers = [self._rule_slots(rule, rule.after_sample(self, slots, use)) for rule in self._rules]
+            except BaseException:
+                if self._uses is not None:
+                    self._uses.unbump(slots)  # this draw's use counts (bumped here or by the preset's draw)
+                raise
+            self._remove_answers(answers)
         self._last_use = use
-        done = None  # slots an earlier rule removed in this call: a later rule cannot remove them again
-        for rule in self._rules:  # usually none or one
-            gone = self._rule_slots(rule, rule.after_sample(self, slots, use))
-            if done is not None and len(gone):
-                gone = np.setdiff1d(gone, done)
-            if len(gone):
-                if rule is self._use_limit:
-                    self._drop_used(gone)
-                else:
-                    self._remove(gone, f'removed_by_{rule.name}')
-                done = gone if done is None else np.union1d(done, gone)
         c = self._counters
         c['sample_calls'] += 1
         c['sampled_items'] += size

@@ -389,9 +389,9 @@ class GFlowNetReplayBuffer(GFlowNetStats, GFlowNetState, Engine):
         if why:
             return self._refused(why)
         slots = self._index.sample(self._rng, size, bool(self._cfg.prioritized_sampling), self._replace(size, replace))
-        self._tally['sampled'] += size
         out = self._store.read(slots, self._index.seq[slots])
-        self._drawn(slots, size)
+        self._drawn(slots, size)  # first: a broken rule of the user's fails the sample with nothing counted
+        self._tally['sampled'] += size
         return out
 
     # ------------------------------------------------------------------ clear / state

@@ -224,6 +224,10 @@ class UseCounts:
         kern.bump_counts(self.counts, np.asarray(slots, dtype=np.int64), out)
         return out
 
+    def unbump(self, slots: np.ndarray) -> None:
+        """Take back one draw per entry of ``slots`` (what ``bump`` of the same slots added): a sample that failed."""
+        np.subtract.at(self.counts, np.asarray(slots, dtype=np.int64), 1)
+
     def reset(self, slots: Any) -> None:
         self.counts[slots] = 0
 

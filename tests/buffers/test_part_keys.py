@@ -6,7 +6,8 @@ half checked, or half applied:
    top-level keys, checked when the buffer is built; an unknown remover name gets a "did you mean";
 2. ``terminating_state`` keeps each item's ``collect_iter``, so ``max_staleness`` removes stale items;
 3. ``deque`` takes ``max_staleness``, ``thruput_controller`` and ``removers`` and passes them to the buffer doing
-   the work.
+   the work;
+4. a sample that fails on a broken remover of the user's changes nothing (use counts, RNG, beta, counters).
 
 A failing call must change nothing: ``state_dict()`` is compared before and after (``helpers.assert_same``).
 """
@@ -233,3 +234,98 @@ def test_deque_removers_are_applied(priority, drop_oldest):
 )
 def test_deque_part_keys_are_checked(cfg, key):
     assert f"config key '{key}'" in build_error(dict(type='deque', **cfg))
+
+
+# ================================================================================ 4. a failed sample changes nothing
+class Broken(Remover):
+    """Answers garbage, or raises, before or after the draw (``mode``)."""
+
+    name = 'broken'
+
+    def __init__(self, mode, when='after'):
+        self.mode, self.when = mode, when
+
+    def _answer(self, slots):
+        if self.mode == 'raise':
+            raise KeyError('the rule broke')
+        return {'strings': np.array(['a']), 'floats': np.array([0.5]), 'negative': np.array([-1]),
+                'past_end': np.array([10**6]), 'none': None}[self.mode]  # fmt: skip
+
+    def before_sample(self, table, cur_learner_iter):
+        return self._answer(None) if self.when == 'before' else super().before_sample(table, cur_learner_iter)
+
+    def after_sample(self, table, slots, use):
+        return self._answer(slots) if self.when == 'after' else super().after_sample(table, slots, use)
+
+
+@pytest.fixture
+def broken_rule():
+    REMOVER_REGISTRY.register('test_part_keys_broken')(Broken)
+    try:
+        yield 'test_part_keys_broken'
+    finally:
+        del REMOVER_REGISTRY['test_part_keys_broken']
+
+
+@pytest.mark.parametrize('buffer_type', ['naive', 'advanced'])
+@pytest.mark.parametrize('storage', ['list', 'tensor'])
+@pytest.mark.parametrize('mode', ['raise', 'strings', 'floats', 'negative', 'past_end', 'none'])
+@pytest.mark.parametrize('when', ['after', 'before'])
+def test_sample_failing_on_a_broken_user_remover_changes_nothing(buffer_type, storage, mode, when, broken_rule):
+    """Was: the draw's use counts (and the RNG, advanced's beta and sampled-data window) stayed moved when a rule of
+    the user's raised or answered garbage after the draw. Now the sample is all or nothing. ``max_staleness`` and
+    ``max_use=1`` are configured too: there are use counts, and a rule that answered before the broken one would
+    have removed something (stale items before the draw, every drawn item after it)."""
+    rule = dict(type=broken_rule, mode=mode, when=when)
+    it = 6 if when == 'before' else 2  # 'after': nothing stale, so nothing is removed before the draw
+    buf = create_buffer(
+        dict(
+            type=buffer_type,
+            seed=0,
+            max_use=1,
+            max_staleness=3,
+            storage=dict(type=storage),
+            removers=[rule],
+            **({'anneal_step': 10} if buffer_type == 'advanced' else {}),
+        )
+    )
+    buf.push([{'obs': np.float32(i), 'collect_iter': i} for i in range(8)])
+    buf.update({})  # a no-op
+    before, stats = buf.state_dict(), buf.stats()
+    for kwargs in (dict(cur_learner_iter=it), dict(cur_learner_iter=it, sample_range=slice(-6, None))):
+        with pytest.raises((KeyError, RuntimeError)):
+            buf.sample(4, **kwargs)
+        assert_same(buf.state_dict(), before)
+        assert buf.stats() == stats
+    if buffer_type == 'advanced':
+        assert buf.beta == pytest.approx(0.4)
+
+
+@pytest.mark.parametrize('buffer_type', ['naive', 'advanced'])
+def test_sample_after_a_failed_one_draws_what_a_fresh_buffer_draws(buffer_type, broken_rule):
+    """The failed call left no trace: the next sample (the rule fixed by loading the state into a buffer without it)
+    is the one an untouched buffer draws."""
+    cfg = dict(type=buffer_type, seed=3, max_use=2)
+    failing = create_buffer(dict(cfg, removers=[dict(type=broken_rule, mode='raise')]))
+    plain = create_buffer(cfg)
+    for buf in (failing, plain):
+        buf.push(items(8))
+    with pytest.raises(KeyError):
+        failing.sample(4)
+    healed = create_buffer(cfg)
+    healed.load_state_dict(failing.state_dict())
+    assert_same(healed.sample(4), plain.sample(4))
+    assert_same(healed.state_dict(), plain.state_dict())
+
+
+def test_all_rules_answer_before_any_removes(broken_rule):
+    """A before-sample rule that breaks after ``max_staleness`` answered: the stale items stay (nothing removed)."""
+    buf = create_buffer(
+        dict(type='naive', seed=0, max_staleness=2, removers=[dict(type=broken_rule, mode='raise', when='before')])
+    )
+    buf.push([{'obs': i, 'collect_iter': i} for i in range(5)])
+    before = buf.state_dict()
+    with pytest.raises(KeyError):
+        buf.sample(1, cur_learner_iter=4)
+    assert_same(buf.state_dict(), before)
+    assert buf.count() == 5 and buf.stats()['removed_by_staleness'] == 0
