@@ -28,6 +28,8 @@ main_config = dict(
                 # new items get the max priority stored now (True) or ever set (False, DI-engine)
                 max_priority_within_buffer=False,
                 seed=None,
+                # which items a sample draws: {} or dict(type='prioritized'), by priority with the keys above
+                sampler={},
                 # copy items on push/sample (only needed when the caller mutates them afterwards)
                 deepcopy=False,
                 # items are dicts whose payload is a file at item['data_id'], deleted when the item leaves

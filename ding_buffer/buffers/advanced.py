@@ -22,6 +22,7 @@ from ..control.priority import (
     item_priorities,
     parse_update,
 )
+from ..control.samplers import SAMPLER_REGISTRY
 from ..errors import SampleTimeoutError  # noqa: F401 (re-exported: raised by sample(timeout=...))
 from ..monitor.sampled_data import SampledDataAttrMonitor
 from ..monitor.tb import emit, rank
@@ -57,6 +58,9 @@ ADVANCED_CONFIG = dict(
     deepcopy=False,
     # Seed of the buffer's own RNG; None draws it from numpy's global RNG (np.random.seed reproduces).
     seed=None,
+    # Which items a sample draws: {} or dict(type='prioritized') -- by priority, with the keys above (the only
+    # sampler of this type; a uniform or a sampler of your own goes on type='naive').
+    sampler={},
     # max_use, max_staleness, removers, thruput_controller: the engine's parts (engine.parts_config).
     **parts_config(1.0),
     monitor=dict(
@@ -108,6 +112,34 @@ def _flat_array(x: Any) -> Optional[np.ndarray]:
     return x if x.ndim == 1 else None
 
 
+def check_sampler(section: Mapping) -> None:
+    """The ``sampler`` section of ``advanced``: ``{}`` or ``dict(type='prioritized')`` (what it does anyway); anything
+    else is a ``ValueError`` saying why.
+
+    Examples:
+        >>> check_sampler({}), check_sampler(dict(type='prioritized'))
+        (None, None)
+        >>> check_sampler(dict(type='uniform'))  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ValueError: config key 'sampler.type' is 'uniform', but type 'advanced' draws by priority ...
+    """
+    section = dict(section)
+    name = section.pop('type', 'prioritized')
+    if not isinstance(name, str):
+        raise ValueError(f"config key 'sampler.type' must be a str, got {name!r}")
+    SAMPLER_REGISTRY.get(name)  # an unknown name: the registry's message (registered names, import_names)
+    if name != 'prioritized':
+        raise ValueError(
+            f"config key 'sampler.type' is {name!r}, but type 'advanced' draws by priority (its sum tree, IS weights "
+            f"and update() are that sampler); for {name!r} draws use type='naive' with sampler=dict(type={name!r})"
+        )
+    if section:
+        raise ValueError(
+            f"config key 'sampler.{sorted(section)[0]}': type 'advanced' takes its prioritized sampler's arguments "
+            "as top-level keys (alpha, beta, anneal_step, eps); leave sampler={} or dict(type='prioritized')"
+        )
+
+
 @BUFFER_REGISTRY.register('advanced')
 class AdvancedReplayBuffer(SlotEngine):
     """
@@ -151,6 +183,7 @@ class AdvancedReplayBuffer(SlotEngine):
     # ------------------------------------------------------------------ construction
     def _build(self) -> None:
         cfg = self._cfg
+        check_sampler(cfg.sampler)
         self._storage = build_storage(cfg.storage, cfg.replay_buffer_size, reserved_keys=SAMPLE_KEYS)
         self._index = self._new_index()
         self.alpha = float(cfg.alpha)

@@ -7,7 +7,8 @@ half checked, or half applied:
 2. ``terminating_state`` keeps each item's ``collect_iter``, so ``max_staleness`` removes stale items;
 3. ``deque`` takes ``max_staleness``, ``thruput_controller`` and ``removers`` and passes them to the buffer doing
    the work;
-4. a sample that fails on a broken remover of the user's changes nothing (use counts, RNG, beta, counters).
+4. a sample that fails on a broken remover of the user's changes nothing (use counts, RNG, beta, counters);
+5. ``advanced`` takes a ``sampler`` section: its own (prioritized), anything else refused saying why.
 
 A failing call must change nothing: ``state_dict()`` is compared before and after (``helpers.assert_same``).
 """
@@ -329,3 +330,33 @@ def test_all_rules_answer_before_any_removes(broken_rule):
         buf.sample(1, cur_learner_iter=4)
     assert_same(buf.state_dict(), before)
     assert buf.count() == 5 and buf.stats()['removed_by_staleness'] == 0
+
+
+# ================================================================================ 5. advanced's sampler section
+@pytest.mark.parametrize('sampler', [{}, dict(type='prioritized')])
+def test_advanced_takes_its_own_sampler_section(sampler):
+    """Was: ``sampler`` was an "unknown config key" on ``advanced``."""
+    with_section = create_buffer(dict(type='advanced', seed=0, sampler=sampler))
+    without = create_buffer(dict(type='advanced', seed=0))
+    for buf in (with_section, without):
+        buf.push([{'obs': i, 'priority': float(i + 1)} for i in range(8)])
+        batch = buf.sample(4)
+        buf.update({'replay_unique_id': [d['replay_unique_id'] for d in batch],
+                    'replay_buffer_idx': [d['replay_buffer_idx'] for d in batch], 'priority': [3.0] * 4})  # fmt: skip
+    assert_same(with_section.state_dict(), without.state_dict())
+    assert with_section.cfg.sampler == sampler
+
+
+@pytest.mark.parametrize('name', ['uniform', 'python_random'])
+def test_advanced_refuses_another_sampler_saying_why(name):
+    msg = build_error(dict(type='advanced', sampler=dict(type=name)))
+    assert f"config key 'sampler.type' is {name!r}" in msg
+    assert 'draws by priority' in msg and f"type='naive' with sampler=dict(type={name!r})" in msg
+
+
+def test_advanced_sampler_section_refuses_arguments_and_unknown_names():
+    msg = build_error(dict(type='advanced', sampler=dict(type='prioritized', alpha=0.9)))
+    assert "'sampler.alpha'" in msg and 'top-level keys' in msg
+    assert "unknown sampler type 'prioritised'" in build_error(dict(type='advanced', sampler=dict(type='prioritised')))
+    assert "'sampler.type' must be a str" in build_error(dict(type='advanced', sampler=dict(type=3)))
+    assert "config key 'sampler'" in build_error(dict(type='advanced', sampler='prioritized'))
