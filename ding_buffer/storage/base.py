@@ -181,28 +181,51 @@ def trim_newest(n: int, capacity: int) -> Tuple[int, int]:
 
 
 def collect_iter_of(value: Any) -> int:
-    """A ``collect_iter`` value as one int: the min of a sequence / tensor / array; ``NO_ITER`` when absent."""
+    """A ``collect_iter`` value as one int: the min of a sequence / tensor / array; ``NO_ITER`` when absent.
+
+    A learner iteration is a whole number: a fractional value (1.5), NaN or inf is a ``ValueError``, as a tensor
+    storage whose ``collect_iter`` field is an int refuses it. A float that is a whole number (2.0, a float array of
+    whole numbers) is read as that int: the rule is on the value, not its dtype, because a list storage has no
+    schema to fix one (a tensor storage keeps the dtype its first item gave the field).
+
+    Examples:
+        >>> collect_iter_of(3), collect_iter_of([5, 2.0, None]), collect_iter_of(None) == NO_ITER
+        (3, 2, True)
+        >>> collect_iter_of(1.5)
+        Traceback (most recent call last):
+        ValueError: 'collect_iter' must be a whole number (a learner iteration), got 1.5
+    """
     if value is None:
         return NO_ITER
     if isinstance(value, torch.Tensor):
         if value.dtype == torch.bool or value.is_complex():
             raise ValueError(f"'collect_iter' must be ints, got a {value.dtype} tensor")
+        if value.is_floating_point() and value.numel() and not bool((value == value.trunc()).all()):
+            raise ValueError(f"'collect_iter' must be whole numbers (learner iterations), got {value!r:.60}")
         return collect_iter_of(value.min().item()) if value.numel() else NO_ITER
     if isinstance(value, np.ndarray):
         if value.dtype.kind not in 'iuf':
             raise ValueError(f"'collect_iter' must be ints, got an array of {value.dtype}")
+        if value.dtype.kind == 'f' and value.size and not bool((value == np.trunc(value)).all()):
+            raise ValueError(f"'collect_iter' must be whole numbers (learner iterations), got {value!r:.60}")
         return collect_iter_of(value.min().item()) if value.size else NO_ITER
     if isinstance(value, (list, tuple)):
         vals = [v for v in (collect_iter_of(x) for x in value) if v != NO_ITER]
         return min(vals) if vals else NO_ITER
     if isinstance(value, (bool, str, bytes)):
         raise ValueError(f"'collect_iter' must be an int (or ints), got {type(value).__name__} {value!r:.40}")
+    if isinstance(value, (int, np.integer)):
+        if not -_ITER_LIMIT < value < _ITER_LIMIT:
+            raise ValueError(f"'collect_iter' must be a finite int within +-2**60, got {value!r:.40}")
+        return int(value)
     try:
         out = float(value)
     except (TypeError, ValueError, OverflowError):
         raise ValueError(f"'collect_iter' must be an int (or ints), got {type(value).__name__} {value!r}") from None
     if not math.isfinite(out) or not -_ITER_LIMIT < out < _ITER_LIMIT:
         raise ValueError(f"'collect_iter' must be a finite int within +-2**60, got {value!r:.40}")
+    if out != math.trunc(out):
+        raise ValueError(f"'collect_iter' must be a whole number (a learner iteration), got {value!r:.40}")
     return int(out)
 
 

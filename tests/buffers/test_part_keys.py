@@ -8,7 +8,8 @@ half checked, or half applied:
 3. ``deque`` takes ``max_staleness``, ``thruput_controller`` and ``removers`` and passes them to the buffer doing
    the work;
 4. a sample that fails on a broken remover of the user's changes nothing (use counts, RNG, beta, counters);
-5. ``advanced`` takes a ``sampler`` section: its own (prioritized), anything else refused saying why.
+5. ``advanced`` takes a ``sampler`` section: its own (prioritized), anything else refused saying why;
+6. a fractional ``collect_iter`` is refused on list storage too, all or nothing.
 
 A failing call must change nothing: ``state_dict()`` is compared before and after (``helpers.assert_same``).
 """
@@ -360,3 +361,55 @@ def test_advanced_sampler_section_refuses_arguments_and_unknown_names():
     assert "unknown sampler type 'prioritised'" in build_error(dict(type='advanced', sampler=dict(type='prioritised')))
     assert "'sampler.type' must be a str" in build_error(dict(type='advanced', sampler=dict(type=3)))
     assert "config key 'sampler'" in build_error(dict(type='advanced', sampler='prioritized'))
+
+
+# ================================================================================ 6. fractional collect_iter
+LIST_STORAGE = ['naive', 'naive_stale', 'advanced', 'episode']
+FRACTIONAL = [1.5, np.float64(2.5), [1, 1.5], np.array([1.0, 2.5]), torch.tensor([0.5, 1.0]), NAN, INF]
+
+
+def list_buffer(kind):
+    if kind == 'naive_stale':
+        return create_buffer(dict(type='naive', max_staleness=3, seed=0))
+    return create_buffer(dict(type=kind, seed=0))
+
+
+def one(kind, ci, obs=0):
+    """One element with ``collect_iter`` ``ci``: an item, or (episode) a 2-step list episode ending in it."""
+    if kind == 'episode':
+        return [{'obs': obs, 'collect_iter': 1}, {'obs': obs, 'collect_iter': ci}]
+    return {'obs': obs, 'collect_iter': ci}
+
+
+@pytest.mark.parametrize('kind', LIST_STORAGE)
+@pytest.mark.parametrize('value', FRACTIONAL, ids=repr)
+def test_fractional_collect_iter_is_refused_on_list_storage_all_or_nothing(kind, value):
+    """Was: 1.5 was accepted (and read as 1) on list storage; tensor storage with an int field refuses it."""
+    buf = list_buffer(kind)
+    buf.push([one(kind, 1)])
+    before = buf.state_dict()
+    with pytest.raises(ValueError, match='collect_iter'):
+        buf.push([one(kind, 2, obs=1), one(kind, value, obs=2)])  # the valid element before it is not stored either
+    assert_same(buf.state_dict(), before)
+
+
+@pytest.mark.parametrize('kind', LIST_STORAGE)
+def test_whole_number_floats_are_read_as_ints(kind):
+    """The rule is on the value: 2.0 (and float arrays of whole numbers) is learner iteration 2."""
+    buf = list_buffer(kind)
+    assert buf.push([one(kind, 2.0), one(kind, np.array([3.0, 4.0]), obs=1), one(kind, torch.tensor([5.0]), 2)]) == 3
+    if kind == 'advanced':
+        batch = buf.sample(3, cur_learner_iter=10)
+        assert all(d['staleness'] == {0: 8, 1: 7, 2: 5}[d['obs']] for d in batch)
+    if kind == 'naive_stale':
+        buf.sample(1, cur_learner_iter=6)  # staleness 4 and 3 leave; 1 stays
+        assert buf.count() == 1 and buf.stats()['removed_by_staleness'] == 2
+
+
+def test_tensor_storage_with_an_int_field_refuses_fractional_collect_iter_too():
+    buf = create_buffer(dict(type='naive', storage=dict(type='tensor')))
+    buf.push({'obs': np.float32(0), 'collect_iter': 1})
+    before = buf.state_dict()
+    with pytest.raises(ValueError, match='collect_iter'):
+        buf.push({'obs': np.float32(1), 'collect_iter': 1.5})
+    assert_same(buf.state_dict(), before)
