@@ -12,6 +12,8 @@ from typing import Any, Callable, Dict, List, Optional, Type
 
 from easydict import EasyDict
 
+from .config import closest_key
+
 
 class Registry(dict):
     """
@@ -32,16 +34,22 @@ class Registry(dict):
         if self._presets:
             _load_presets()
 
-    def register(self, name: str) -> Callable[[type], type]:
+    def register(self, name: str, replace: bool = False) -> Callable[[type], type]:
+        """Register a class under ``name``. A name already taken is refused, unless the new class is a new
+        definition of the same class (same module and qualified name: a notebook cell or a module run again) or
+        ``replace=True`` -- never over one of ding_buffer's own classes."""
         if not isinstance(name, str) or not name:
             raise TypeError(f"registry name must be a non-empty str, got {name!r}")
 
         def decorator(cls: type) -> type:
             self._ensure()
             if dict.__contains__(self, name):
-                raise ValueError(
-                    f"{self.what} '{name}' is already registered (by {dict.__getitem__(self, name).__qualname__})"
-                )
+                old = dict.__getitem__(self, name)
+                same = (old.__module__, old.__qualname__) == (cls.__module__, cls.__qualname__)
+                builtin = old.__module__.startswith('ding_buffer.') and old is not cls
+                if builtin or not (same or replace):
+                    how = "" if builtin else "; pass replace=True to replace it"
+                    raise ValueError(f"{self.what} '{name}' is already registered (by {old.__qualname__}){how}")
             self[name] = cls
             return cls
 
@@ -78,9 +86,11 @@ class Registry(dict):
     def get(self, name: str) -> type:  # type: ignore[override]
         if name not in self:
             known = ', '.join(sorted(self)) or '(none)'
+            near = closest_key(name, self.keys()) if isinstance(name, str) else ''
+            hint = f"did you mean {near!r}? " if near else ''
             raise ValueError(
-                f"unknown {self.what} {name!r} (config key '{self.key}'); registered: {known} (a module of your own "
-                f"registering it goes in 'import_names')"
+                f"unknown {self.what} {name!r} (config key '{self.key}'); {hint}registered: {known} (a module of your "
+                f"own registering it goes in 'import_names')"
             )
         return self[name]
 

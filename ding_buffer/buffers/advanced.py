@@ -14,6 +14,7 @@ import torch
 
 from ..base import BUFFER_REGISTRY
 from ..config import dingengine_ignored, positive_int
+from ..control.capacity import index_for
 from ..control.priority import (
     MAX_PRIORITY,
     BetaSchedule,
@@ -184,7 +185,9 @@ class AdvancedReplayBuffer(SlotEngine):
     def _build(self) -> None:
         cfg = self._cfg
         check_sampler(cfg.sampler)
-        self._storage = build_storage(cfg.storage, cfg.replay_buffer_size, reserved_keys=SAMPLE_KEYS)
+        self._storage = build_storage(
+            cfg.storage, cfg.replay_buffer_size, reserved_keys=SAMPLE_KEYS, index_cls=index_for(cfg)
+        )
         self._index = self._new_index()
         self.alpha = float(cfg.alpha)
         self._beta = BetaSchedule(cfg.beta, int(cfg.anneal_step))
@@ -220,8 +223,24 @@ class AdvancedReplayBuffer(SlotEngine):
     def _drop_used(self, slots: np.ndarray) -> None:
         if self._remover is not None:  # DI-engine: keep the item (its file), just never sample it again
             self._index.retire(slots)
+            self._priorities_changed(slots)
         else:
             self._remove(slots, 'removed_by_use')
+
+    # ------------------------------------------------------------------ columns (capacity rules read them)
+    admission_columns = ('priority',)
+
+    def _columns(self) -> Dict[str, Any]:
+        return {**super()._columns(), 'priority': lambda slots: self._index.priorities(slots)}
+
+    def _new_values(self, column: str, priorities: Optional[np.ndarray], n: int) -> np.ndarray:
+        """The priorities of ``n`` items about to be written, as ``priority`` will report them."""
+        p = np.full(n, self._index.default_priority()) if priorities is None else priorities
+        return self._index.as_stored(p)
+
+    def _priorities_changed(self, slots: np.ndarray) -> None:
+        if self._capacity is not None and self._capacity.column == 'priority':
+            self._capacity.on_changed(self.view, slots)
 
     # ------------------------------------------------------------------ push
     def _push_items(self, items: List[Any]) -> int:
@@ -380,7 +399,8 @@ class AdvancedReplayBuffer(SlotEngine):
         """
         if type(info) is not dict and is_tensordict(info):
             info = update_info(info)
-        fast = self._update_fast(info) if self._use_limit is None else None
+        # the compiled path applies without naming the slots; a capacity rule reading priorities must hear of them
+        fast = self._update_fast(info) if self._use_limit is None and self._capacity is None else None
         if fast is not None:
             return fast
         parsed = parse_update(info, self._instance_name, self.replay_buffer_size)
@@ -394,8 +414,10 @@ class AdvancedReplayBuffer(SlotEngine):
             n = int(np.count_nonzero(match))
             if n == len(slots):
                 self._index.update(slots, priorities)
+                self._priorities_changed(slots)
             elif n:
                 self._index.update(slots[match], priorities[match])
+                self._priorities_changed(slots[match])
             return self._count_update(n, len(slots))
 
     def _update_fast(self, info: Any) -> Optional[Dict[str, int]]:
@@ -450,7 +472,9 @@ class AdvancedReplayBuffer(SlotEngine):
         for key in ('storage', 'index', 'beta'):
             if key not in state:
                 raise ValueError(f"state has no '{key}' entry")
-        storage = storage_from_state(self._cfg.storage, self.replay_buffer_size, state['storage'], SAMPLE_KEYS)
+        storage = storage_from_state(
+            self._cfg.storage, self.replay_buffer_size, state['storage'], SAMPLE_KEYS, index_for(self._cfg)
+        )
         if storage.kind == 'list':  # what push refuses is refused in a state too
             items = storage.gather(storage.ring.ordered_slots())
             bad = next((i for i, x in enumerate(items) if not isinstance(x, Mapping)), None)
@@ -463,6 +487,7 @@ class AdvancedReplayBuffer(SlotEngine):
         self._storage, self._index = storage, index
         self._beta.set(beta)
         swap()
+        self._capacity_rebuilt()
 
     def __repr__(self) -> str:
         return (

@@ -22,10 +22,11 @@ outside a part assigns the part's fields.
 """
 
 import weakref
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
+from ..control.capacity import CapacityRule, find_capacity_rule
 from ..control.limiter import RateLimiter, limiter_checks, limiter_config
 from ..control.limits import INF, StalenessLimit, UseCounts, UseLimit, build_removers, find_rule, limit_ok
 from ..monitor.periodic import PeriodicThruputMonitor
@@ -33,6 +34,7 @@ from ..monitor.tb import TBSink, build_tb_logger, emit, rank
 from ..storage.tensordict_io import to_tensordict
 from .common import STEP_LIMIT, BufferCore, check_step, check_wait_timeout
 from .outputs import as_items
+from .view import TableView
 
 # Counters every engine keeps (``stats()``); each remover adds ``removed_by_<name>``.
 COUNTERS = (
@@ -75,18 +77,28 @@ def parts_checks(min_ratio: float) -> Dict[str, Any]:
 
 class Engine(BufferCore):
     uses_counted = False  # whether every element has a use count even without max_use (advanced reports it)
+    capacity_rules = False  # whether the preset's table takes a capacity rule (``control.capacity``)
+    admission_columns: Tuple[str, ...] = ()  # columns whose values the preset knows for elements not yet written
 
     def _build_engine(self, slots: int) -> None:
         """Build the parts every preset shares; ``slots`` sizes the use-count column."""
         cfg = self._cfg
         self._rules = build_removers(cfg)
         self._use_limit = find_rule(self._rules, UseLimit)
+        self._capacity: Optional[CapacityRule] = find_capacity_rule(self._rules)
         # a rule of the user's may raise or answer garbage mid-sample: the sample then snapshots what the draw moves
-        self._fallible = any(type(r) not in (UseLimit, StalenessLimit) for r in self._rules)
+        self._fallible = any(
+            type(r) not in (UseLimit, StalenessLimit) and not isinstance(r, CapacityRule) for r in self._rules
+        )
+        self._view: Optional[TableView] = None
         self._uses: Optional[UseCounts] = UseCounts(slots) if (self._use_limit or self.uses_counted) else None
         self._limiter = RateLimiter(cfg.thruput_controller, self._lock)
         names = [f'removed_by_{r.name}' for r in self._rules]
+        if self._capacity is not None and self._capacity.admission:
+            names.append(f'refused_by_{self._capacity.name}')
         self._counters: Dict[str, int] = dict.fromkeys(list(COUNTERS) + [n for n in names if n not in COUNTERS], 0)
+        if self._capacity is not None:
+            self._check_capacity_rule()
         self._due: Any = None  # monitor output computed under the lock, written after it
         self._tb: Optional[TBSink] = None
         self._periodic: Optional[PeriodicThruputMonitor] = None
@@ -114,6 +126,68 @@ class Engine(BufferCore):
     def _counter_snapshot(self) -> Dict[str, float]:
         with self._lock:
             return {**self._all_counters(), 'count': self.count()}
+
+    # ------------------------------------------------------------------ the table's read-only view
+    @property
+    def view(self) -> TableView:
+        """The read-only view of this buffer's table that its parts read (counts, order, named columns)."""
+        if self._view is None:
+            self._view = TableView(self, self._columns())
+        return self._view
+
+    def _columns(self) -> Dict[str, Callable[[np.ndarray], np.ndarray]]:
+        """The table's named per-slot columns (a preset adds its own)."""
+        out = {'collect_iter': lambda slots: self.collect_iter(slots)}
+        if self._uses is not None:
+            out['use'] = lambda slots: self._uses[slots]
+        if self._has_ring():
+            out['id'] = lambda slots: self._table.ring.uids(slots)
+        return out
+
+    def _has_ring(self) -> bool:
+        """Whether the table keeps its elements in a slot index (``ring``) that names ids and insertion order."""
+        try:
+            return hasattr(self._table, 'ring')
+        except NotImplementedError:
+            return False
+
+    def _ordered_slots(self) -> np.ndarray:
+        """Every stored element's slot, oldest first."""
+        return self._table.ring.ordered_slots()
+
+    def _next_id(self) -> int:
+        return self._table.ring.next_uid
+
+    def _check_capacity_rule(self) -> None:
+        """A capacity rule fits this table: the preset takes one, and the column it reads exists (and, for a rule
+        that may refuse new elements, is known before they are written)."""
+        rule, kind = self._capacity, self._cfg.get('type')
+        if not self.capacity_rules:
+            raise ValueError(
+                f"config key 'removers' names the capacity rule {rule.name!r}, which type {kind!r} does not take "
+                f"(capacity rules choose what leaves a full table of items: types 'naive', 'elastic', 'advanced')"
+            )
+        column = rule.column
+        if column is not None and column not in self.view.columns:
+            raise ValueError(
+                f"config key 'removers' names the capacity rule {rule.name!r}, which reads column {column!r}; a "
+                f"{kind!r} table has the columns {', '.join(self.view.columns)} (priorities: type 'advanced')"
+            )
+        if rule.admission and column not in self.admission_columns:
+            known = ', '.join(self.admission_columns) or 'none'
+            raise ValueError(
+                f"config key 'removers' names {rule.name!r} with column {column!r}: it compares new elements' values "
+                f"before they are stored, which a {kind!r} table knows for: {known}"
+            )
+
+    def _new_values(self, column: str, priorities: Optional[np.ndarray], n: int) -> np.ndarray:
+        """Column ``column`` of ``n`` elements about to be written (``admission_columns``)."""
+        raise NotImplementedError
+
+    def _capacity_rebuilt(self) -> None:
+        """The table was replaced or emptied (restore, load, clear): the capacity rule rebuilds from it."""
+        if self._capacity is not None:
+            self._capacity.rebuild(self.view)
 
     # ------------------------------------------------------------------ table verbs (preset)
     @property
@@ -217,7 +291,7 @@ class Engine(BufferCore):
     # ------------------------------------------------------------------ sample
     def _why_not(self, size: int, cur_learner_iter: int, shortfall: Optional[Callable[[], str]]) -> str:
         if self._rules:  # every rule answers (on the same table) before anything is removed: all or nothing
-            answers = [self._rule_slots(rule, rule.before_sample(self, cur_learner_iter)) for rule in self._rules]
+            answers = [self._rule_slots(rule, rule.before_sample(self.view, cur_learner_iter)) for rule in self._rules]
             self._remove_answers(answers)
         short = shortfall() if shortfall is not None else ''
         units = self._units()
@@ -318,7 +392,7 @@ class Engine(BufferCore):
             use = self._uses.bump(slots)
         if self._rules:  # usually none or one
             try:  # every rule answers before anything is removed: a broken rule fails the call with nothing changed
-                answers = [self._rule_slots(rule, rule.after_sample(self, slots, use)) for rule in self._rules]
+                answers = [self._rule_slots(rule, rule.after_sample(self.view, slots, use)) for rule in self._rules]
             except BaseException:
                 if self._uses is not None:
                     self._uses.unbump(slots)  # this draw's use counts (bumped here or by the preset's draw)

@@ -6,6 +6,7 @@ from typing import Any, Dict, List, Optional
 
 from ..base import BUFFER_REGISTRY
 from ..config import dingengine_ignored, positive_int
+from ..control.capacity import index_for
 from ..control.samplers import UniformSampler, build_sampler, check_positions
 from ..storage import STORAGE_CHECKS, STORAGE_CONFIG, build_storage, storage_from_state
 from .engine import parts_checks, parts_config
@@ -82,12 +83,16 @@ class NaiveReplayBuffer(SlotEngine):
     def _build(self) -> None:
         cfg = self._cfg
         self._sampler = build_sampler(cfg.sampler, 'uniform', (False, NO_PRIORITY))
-        self._storage = build_storage(cfg.storage, cfg.replay_buffer_size)
+        self._storage = build_storage(cfg.storage, cfg.replay_buffer_size, index_cls=index_for(cfg))
         self._build_engine(cfg.replay_buffer_size)
         self._build_monitors(False, cfg.periodic_thruput_seconds)
         # No part to tell about a single push (no rate limit, use counts or report): the storage's fast path alone
         self._lean = (
-            not self._limiter.active and self._uses is None and self._periodic is None and self._remover is None
+            not self._limiter.active
+            and self._uses is None
+            and self._periodic is None
+            and self._remover is None
+            and self._capacity is None
         )
         self._own_sampler = type(self._sampler) is not UniformSampler  # its answers are checked
 
@@ -188,11 +193,14 @@ class NaiveReplayBuffer(SlotEngine):
     def _restore(self, state: Dict[str, Any]) -> None:
         if 'storage' not in state:
             raise ValueError("state has no 'storage' entry")
-        storage = storage_from_state(self._cfg.storage, self._cfg.replay_buffer_size, state['storage'])
+        storage = storage_from_state(
+            self._cfg.storage, self._cfg.replay_buffer_size, state['storage'], index_cls=index_for(self._cfg)
+        )
         self._check_items(storage.gather(storage.ring.ordered_slots()) if storage.kind == 'list' else [])
         swap = self._engine_restored(state, storage.ring.valid, required=False)  # files of 0.1 have no counters
         self._storage = storage
         swap()
+        self._capacity_rebuilt()
 
     def __repr__(self) -> str:
         return (

@@ -58,6 +58,8 @@ class SequenceReplayBuffer(NaiveReplayBuffer):
     ignored_keys = dingengine_ignored(SEQUENCE_CONFIG, 'sequence')
     not_distributable = "a remote sample has no 'sequence' argument; use type 'episode' (windows) with a manager"
 
+    capacity_rules = False  # runs are consecutive items: a capacity rule evicting from the middle would break them
+
     def _build(self) -> None:
         refuse_items_output(self._cfg.storage, 'sequence', '[batch][sequence] runs')
         super()._build()

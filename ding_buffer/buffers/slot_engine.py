@@ -3,7 +3,7 @@
 one item (the single-push hot path) and removing slots; a prioritized preset adds its priority index through two
 hooks, ``_on_written`` and ``_on_removed``, instead of copying the write path."""
 
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
@@ -60,7 +60,9 @@ class SlotEngine(Engine):
         if self._uses is not None:
             self._uses.reset(slots)
         self._on_cleared(slots)
-        return self._storage.clear(reset_push_count=self.resets_push_count)
+        removed = self._storage.clear(reset_push_count=self.resets_push_count)
+        self._capacity_rebuilt()
+        return removed
 
     def _on_written(self, slots: np.ndarray, priorities: Optional[np.ndarray]) -> None:
         """Hook: fresh items at ``slots`` (a prioritized preset sets their priorities)."""
@@ -75,8 +77,43 @@ class SlotEngine(Engine):
         if (self.indexed or self._rules) and self._storage.kind == 'list':
             check_collect_iters(items)
 
+    capacity_rules = True
+
+    def _make_room(self, prepared: Any, priorities: Optional[np.ndarray]) -> Tuple[Any, Optional[np.ndarray]]:
+        """With a capacity rule: before a write that does not fit, the rule names the stored items that leave
+        (counted ``removed_by_<rule>``) and, if it may refuse new ones, which new items enter (the others are
+        counted ``refused_by_<rule>``). Returns what is written. Nothing changes if the rule answers garbage."""
+        rule = self._capacity
+        need = prepared.n - (self.replay_buffer_size - self._storage.ring.count)
+        if rule is None or prepared.dropped or need <= 0:
+            return prepared, priorities
+        values = self._new_values(rule.column, priorities, prepared.n) if rule.admission else None
+        try:
+            victims, admitted = rule.plan(self.view, values, need)
+            victims = self._rule_slots(rule, victims)
+            refused = 0 if admitted is None else int(len(admitted) - np.count_nonzero(admitted))
+            if len(victims) + refused < need:
+                raise RuntimeError(
+                    f"capacity rule {rule.name!r} freed {len(victims)} slots and refused {refused} new items; the "
+                    f"write needs {need} more slots"
+                )
+        except BaseException:
+            self._capacity_rebuilt()  # its own structure may have moved: rebuilt from the unchanged table
+            raise
+        self._remove(victims, f'removed_by_{rule.name}')
+        if refused:
+            self._counters[f'refused_by_{rule.name}'] += refused
+            prepared = self._storage.select(prepared, admitted) if refused < len(admitted) else None
+            if priorities is not None and prepared is not None:
+                priorities = np.asarray(priorities)[admitted]
+        return prepared, priorities
+
     def _write(self, prepared: Any, priorities: Optional[np.ndarray] = None) -> int:
         """Commit a validated batch (``priorities`` for the items kept); returns the items accepted."""
+        if self._capacity is not None:
+            prepared, priorities = self._make_room(prepared, priorities)
+            if prepared is None:  # every new item refused
+                return 0
         n = prepared.n + prepared.dropped
         if self._periodic is not None:
             self._periodic.start()  # first: its baseline must not include this push
@@ -87,6 +124,11 @@ class SlotEngine(Engine):
             self._uses.reset(result.slots)
         if result.evicted:
             self._evicted(result.evicted)
+        if self._capacity is not None:
+            if prepared.dropped:  # a push larger than the table replaced everything
+                self._capacity_rebuilt()
+            else:
+                self._capacity.on_written(self.view, result.slots)
         limiter = self._limiter
         if limiter.active or limiter.waiting:
             limiter.on_push(n)
@@ -96,7 +138,7 @@ class SlotEngine(Engine):
         """The single-push hot path: True when the storage took ``item`` directly, False -- nothing changed --
         when the generic path must handle (and report on) it, or must see the overwritten item leave (the
         used-data remover)."""
-        if self._remover is not None:
+        if self._remover is not None or self._capacity is not None:
             return False
         if self._periodic is not None:
             self._periodic.start()  # first: its baseline must not include this push
@@ -127,7 +169,7 @@ class SlotEngine(Engine):
 
     def _batch_fast_ok(self) -> bool:
         """Whether a batch may take the hot path: no remover must see overwritten items, no limiter decides."""
-        return self._remover is None and not self._limiter.active
+        return self._remover is None and not self._limiter.active and self._capacity is None
 
     def _candidates(self, sample_range: Optional[slice]) -> range:
         """Insertion positions (0 = oldest) a ``sample_range`` selects among the stored items."""

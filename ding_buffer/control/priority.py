@@ -110,6 +110,15 @@ class PriorityIndex:
             return self._priority[slots].astype(np.float64)
         return np.power(self.tree.leaves[slots], 1.0 / self.alpha).astype(np.float32).astype(np.float64)
 
+    def as_stored(self, priorities: np.ndarray) -> np.ndarray:
+        """What ``priorities`` reports for new items pushed with ``priorities`` (``set_new``): the same rounding,
+        so a new item's value compares exactly with the stored ones (a capacity rule's admission)."""
+        priorities = np.asarray(priorities, dtype=np.float64)
+        if self._priority is not None:
+            return priorities.astype(np.float32).astype(np.float64)
+        leaf = kern.leaf_values(priorities, 0.0, self.alpha)
+        return np.power(leaf, 1.0 / self.alpha).astype(np.float32).astype(np.float64)
+
     # ------------------------------------------------------------------ writes
     def default_priority(self) -> float:
         """Priority of a pushed item that brings none: the running max, or with a max tree the max stored."""
@@ -177,8 +186,8 @@ class PriorityIndex:
             then reports it) or this index cannot take the fused path (no numba, or alpha 0 and its column).
             ``slots`` / ``ids`` are int64 arrays, ``priorities`` a float array, all of one length.
         """
-        if self._priority is not None or not ready():
-            return None
+        if self._priority is not None or not ready() or not ring.derived_ids:
+            return None  # the kernel derives ids from slots (a free-list index stores them)
         out = np.empty(4)
         kern.prio_update_by_id(
             *self.tree.arrays,
@@ -250,6 +259,8 @@ class PriorityIndex:
             raise ValueError("priority tree is inconsistent: a positive total over zero leaves")
         if not low > 0:
             return None
+        if not ring.derived_ids:  # the kernel derived the ids from the slots; a free-list index stores them
+            ids = ring.uids(slots)
         weights = leaf / low
         np.power(weights, -beta, out=weights)
         priorities = np.power(leaf, 1.0 / self.alpha, out=leaf).astype(np.float32).astype(np.float64)

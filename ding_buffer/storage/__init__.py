@@ -4,6 +4,7 @@ import re
 from typing import Any, Dict, Mapping, Tuple
 
 from .base import Prepared, Storage, WriteResult
+from .free_list import FreeListIndex
 from .list_storage import ListStorage
 from .ring import RingIndex
 from .tensor_storage import META_KEYS, TensorStorage
@@ -53,12 +54,20 @@ STORAGE_CHECKS = {
 }
 
 
-def _tensor_kwargs(cfg: Mapping, reserved_keys: Tuple[str, ...]) -> Dict[str, Any]:
-    return dict(device=cfg.get('device', 'cpu'), memmap_dir=cfg.get('memmap_dir'), reserved_keys=reserved_keys)
+def _tensor_kwargs(cfg: Mapping, reserved_keys: Tuple[str, ...], index_cls: type) -> Dict[str, Any]:
+    return dict(
+        device=cfg.get('device', 'cpu'),
+        memmap_dir=cfg.get('memmap_dir'),
+        reserved_keys=reserved_keys,
+        index_cls=index_cls,
+    )
 
 
-def build_storage(cfg: Mapping, capacity: int, reserved_keys: Tuple[str, ...] = ()) -> Storage:
-    """Build the storage described by a buffer's ``storage`` config section."""
+def build_storage(
+    cfg: Mapping, capacity: int, reserved_keys: Tuple[str, ...] = (), index_cls: type = RingIndex
+) -> Storage:
+    """Build the storage described by a buffer's ``storage`` config section (``index_cls``: its slot index,
+    ``RingIndex`` or, for a table with a capacity rule, ``FreeListIndex``)."""
     kind = cfg.get('type', 'list')
     if kind == 'list':
         if cfg.get('memmap_dir') is not None:
@@ -68,20 +77,20 @@ def build_storage(cfg: Mapping, capacity: int, reserved_keys: Tuple[str, ...] = 
                 "config key 'storage.output'='batch' needs storage.type='tensor' (list storage keeps any Python "
                 "object and samples the items themselves); use None or 'items'"
             )
-        return ListStorage(capacity)
-    return TensorStorage(capacity, **_tensor_kwargs(cfg, reserved_keys))
+        return ListStorage(capacity, index_cls)
+    return TensorStorage(capacity, **_tensor_kwargs(cfg, reserved_keys, index_cls))
 
 
 def storage_from_state(
-    cfg: Mapping, capacity: int, state: Dict[str, Any], reserved_keys: Tuple[str, ...] = ()
+    cfg: Mapping, capacity: int, state: Dict[str, Any], reserved_keys: Tuple[str, ...] = (), index_cls: type = RingIndex
 ) -> Storage:
     """Build a new storage of the configured kind from ``state`` (validated)."""
     if not isinstance(state, Mapping):
         raise ValueError(f"storage state must be a dict, got {type(state).__name__}")
     kind = cfg.get('type', 'list')
     if kind == 'list':
-        return ListStorage.from_state(dict(state), capacity)
-    return TensorStorage.from_state(dict(state), capacity, **_tensor_kwargs(cfg, reserved_keys))
+        return ListStorage.from_state(dict(state), capacity, index_cls)
+    return TensorStorage.from_state(dict(state), capacity, **_tensor_kwargs(cfg, reserved_keys, index_cls))
 
 
 __all__ = [
@@ -89,6 +98,8 @@ __all__ = [
     'Prepared',
     'WriteResult',
     'RingIndex',
+    'FreeListIndex',
+    'FreeListIndex',
     'ListStorage',
     'TensorStorage',
     'META_KEYS',

@@ -46,8 +46,9 @@ class Storage(ABC):
     # Whether samples are TensorDicts (tensor storage whose first item was one; ``tensordict_io``).
     tensordict_out = False
 
-    def __init__(self, capacity: int) -> None:
-        self.ring = RingIndex(capacity)
+    def __init__(self, capacity: int, index_cls: type = RingIndex) -> None:
+        # RingIndex (FIFO, ids derived from slots) or FreeListIndex (any freed slot reused: capacity rules)
+        self.ring = index_cls(capacity)
 
     @property
     def capacity(self) -> int:

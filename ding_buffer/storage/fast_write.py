@@ -154,7 +154,10 @@ class FastWriter:
         slots, _, _ = ring.commit(n)
         first = int(slots[0])
         cap = ring.capacity
-        if first + n <= cap:
+        if not ring.derived_ids:  # a free-list index hands out any free slots
+            for (_, view, _, _, _, _), v in zip(self.spec, cols):
+                view[slots] = v
+        elif first + n <= cap:
             for (_, view, _, _, _, _), v in zip(self.spec, cols):
                 view[first : first + n] = v
         else:

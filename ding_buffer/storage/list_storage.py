@@ -41,8 +41,8 @@ class ListStorage(Storage):
 
     kind = 'list'
 
-    def __init__(self, capacity: int) -> None:
-        super().__init__(capacity)
+    def __init__(self, capacity: int, index_cls: type = RingIndex) -> None:
+        super().__init__(capacity, index_cls)
         self._data: List[Any] = [None] * capacity
         # each slot's collect_iter, read once when its item is stored (a sequence's min; NO_ITER without one):
         # staleness then costs one index per sample, whatever the items hold (R2D2 keeps one per step)
@@ -59,6 +59,11 @@ class ListStorage(Storage):
         if not items:
             raise ValueError("a batched push got a batch of size 0")  # as tensor storage says
         return self.prepare(items)
+
+    def select(self, prepared: Prepared, keep: np.ndarray) -> Prepared:
+        """The items of ``prepared`` where ``keep`` (a mask over its kept items) holds, as a new ``Prepared``."""
+        payload = [item for item, k in zip(prepared.payload, np.asarray(keep).tolist()) if k]
+        return Prepared(payload, len(payload), 0, [], prepared.tensordict)
 
     def write_one(self, item: Any) -> Optional[int]:
         """One item in O(1) scalar work (the single-push hot path). The overwritten item is not reported:
@@ -81,7 +86,7 @@ class ListStorage(Storage):
         self._ci[slots] = ci
         data = self._data
         first, n = int(slots[0]), len(payload)
-        if first + n <= len(data):  # no wrap: one slice assignment
+        if self.ring.derived_ids and first + n <= len(data):  # a ring's run, no wrap: one slice assignment
             data[first : first + n] = payload
             return
         for slot, item in zip(slots.tolist(), payload):
@@ -119,10 +124,10 @@ class ListStorage(Storage):
         }
 
     @classmethod
-    def from_state(cls, state: Dict[str, Any], capacity: int, **kwargs) -> 'ListStorage':
+    def from_state(cls, state: Dict[str, Any], capacity: int, index_cls: type = RingIndex, **kwargs) -> 'ListStorage':
         check_state(state, cls.kind, ('ring', 'slots', 'items'))
-        storage = cls(capacity)
-        storage.ring = RingIndex.from_state(state['ring'], capacity)
+        storage = cls(capacity, index_cls)
+        storage.ring = index_cls.from_state(state['ring'], capacity)
         slots = np.asarray(state['slots'], dtype=np.int64)
         items = state['items']
         if not isinstance(items, list) or len(items) != len(slots):

@@ -203,6 +203,11 @@ class RingIndex:
     @classmethod
     def from_state(cls, state: Dict[str, Any], capacity: int) -> 'RingIndex':
         """Build a ring from ``state``, checking every invariant; raises ``ValueError`` on inconsistency."""
+        if state.get('layout') == 'free_list':
+            raise ValueError(
+                "the state was saved by a buffer with a capacity rule (a 'removers' entry such as 'min_priority' "
+                "or 'keep_best'), whose slots are reused in any order; load it into a buffer configured with one"
+            )
         need = ('capacity', 'head', 'span', 'valid', 'uid', 'next_uid', 'push_count')
         missing = [k for k in need if k not in state]
         if missing:

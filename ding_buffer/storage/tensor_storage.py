@@ -82,8 +82,9 @@ class TensorStorage(Storage):
         device: str = 'cpu',
         memmap_dir: Optional[str] = None,
         reserved_keys: Tuple[str, ...] = (),
+        index_cls: type = RingIndex,
     ) -> None:
-        super().__init__(capacity)
+        super().__init__(capacity, index_cls)
         self.device = torch.device(device)
         if self.device.type == 'cuda' and not torch.cuda.is_available():
             raise ValueError(f"config key 'storage.device' is {device!r} but CUDA is not available here")
@@ -192,6 +193,9 @@ class TensorStorage(Storage):
         _, columns = payload
         n = len(slots)
         first = int(slots[0])
+        if not self.ring.derived_ids:  # a free-list index writes to any free slots: scatter them
+            self._scatter(slots, columns)
+            return
         for path, column in columns.items():
             # CPU: numpy slice assignment (a third of torch's per-call overhead); else torch on the device
             dst = self._views.get(path)
@@ -205,6 +209,24 @@ class TensorStorage(Storage):
                 k = self.capacity - first
                 dst[first:] = src[:k]
                 dst[: n - k] = src[k:]
+
+    def _scatter(self, slots: np.ndarray, columns: Dict[Path, torch.Tensor]) -> None:
+        idx = None
+        for path, column in columns.items():
+            dst = self._views.get(path)
+            if dst is not None:
+                dst[slots] = column.numpy()
+            else:
+                if idx is None:
+                    idx = torch.from_numpy(np.asarray(slots, dtype=np.int64)).to(self.device)
+                self.fields[path][idx] = column.to(self.device)
+
+    def select(self, prepared: Prepared, keep: np.ndarray) -> Prepared:
+        """The items of ``prepared`` where ``keep`` (a mask over its kept items) holds, as a new ``Prepared``."""
+        schema, columns = prepared.payload
+        rows = torch.from_numpy(np.flatnonzero(keep))
+        payload = {p: t.index_select(0, rows) for p, t in columns.items()}
+        return Prepared((schema, payload), len(rows), 0, [], prepared.tensordict)
 
     def write_at(self, slots: np.ndarray, prepared: Prepared, rows: Optional[np.ndarray] = None) -> None:
         """Scatter rows ``rows`` (default: all) of ``prepared`` to arbitrary ``slots``, bypassing the ring (for
@@ -332,9 +354,10 @@ class TensorStorage(Storage):
         device: str = 'cpu',
         memmap_dir: Optional[str] = None,
         reserved_keys: Tuple[str, ...] = (),
+        index_cls: type = RingIndex,
     ) -> 'TensorStorage':
         check_state(state, cls.kind, ('ring', 'slots', 'schema', 'fields'))
-        ring = RingIndex.from_state(state['ring'], capacity)
+        ring = index_cls.from_state(state['ring'], capacity)
         slots = np.asarray(state['slots'], dtype=np.int64)
         if not np.array_equal(np.sort(slots), np.flatnonzero(ring.valid)):
             raise ValueError("saved storage slots do not match the ring's valid slots")
@@ -346,7 +369,7 @@ class TensorStorage(Storage):
             raise ValueError(
                 f"saved storage has container {container!r:.40}; expected 'dict' or 'tensordict' (with a schema)"
             )
-        storage = cls(capacity, device=device, memmap_dir=memmap_dir, reserved_keys=reserved_keys)
+        storage = cls(capacity, device=device, memmap_dir=memmap_dir, reserved_keys=reserved_keys, index_cls=index_cls)
         if schema:
             storage._allocate(schema)
             storage.write_fields(slots, fields)

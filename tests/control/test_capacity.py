@@ -1,0 +1,231 @@
+"""Capacity rules (``removers=[dict(type='min_priority')]``, ``keep_best``, ``fifo``, ``lifo``): what leaves a full
+table, checked call by call against a brute-force model for random pushes, priority updates and samples, on list
+and tensor storage; state round trips; configurations that cannot work are refused by name."""
+
+import numpy as np
+import pytest
+import torch
+from helpers import assert_same
+
+from ding_buffer import create_buffer
+
+CAPACITY = 12
+
+
+class Model:
+    """Every stored item: id -> priority (what ``priority`` reports). ``rule`` decides what leaves a full table."""
+
+    def __init__(self, rule):
+        self.rule = rule
+        self.items = {}
+        self.next_id = 0
+
+    def _order(self, ids):
+        return sorted(ids, key=lambda u: (self.items[u], u))
+
+    def push(self, priorities):
+        k = len(priorities)
+        if k > CAPACITY:  # a push larger than the table: its newest items only, nothing stored stays
+            self.items = {self.next_id + k - CAPACITY + i: p for i, p in enumerate(priorities[-CAPACITY:])}
+            self.next_id += k
+            return k  # push counts every item it took, the dropped oldest too
+        need = len(self.items) + k - CAPACITY
+        admitted = list(range(k))
+        if need > 0:
+            if self.rule == 'keep_best':  # the need lowest of stored + new (new ones newest) do not stay
+                cands = [(p, u, True) for u, p in self.items.items()]
+                cands += [(p, self.next_id + i, False) for i, p in enumerate(priorities)]
+                out = sorted(cands, key=lambda c: (c[0], c[1]))[:need]
+                for p, u, stored in out:
+                    if stored:
+                        del self.items[u]
+                    else:
+                        admitted.remove(u - self.next_id)
+            else:
+                if self.rule == 'min_priority':
+                    gone = self._order(self.items)[:need]
+                elif self.rule == 'fifo':
+                    gone = sorted(self.items)[:need]
+                else:  # lifo
+                    gone = sorted(self.items)[::-1][:need]
+                for u in gone:
+                    del self.items[u]
+        for i in admitted:
+            self.items[self.next_id] = priorities[i]
+            self.next_id += 1
+        return len(admitted)
+
+    def update(self, ids, priorities):
+        for u, p in zip(ids, priorities):
+            if u in self.items:
+                self.items[u] = p
+
+
+def stored(buf):
+    view = buf.view
+    slots = view.ordered_slots()
+    ids = view.column('id', slots).tolist()
+    prios = view.column('priority', slots).tolist() if view.has_column('priority') else [0.0] * len(ids)
+    return dict(zip(ids, prios))
+
+
+def make(rule, storage, **cfg):
+    base = dict(
+        type='advanced' if rule in ('min_priority', 'keep_best') else 'naive',
+        replay_buffer_size=CAPACITY,
+        seed=0,
+        storage=dict(type=storage, output='items'),
+        removers=[dict(type=rule)],
+    )
+    if base['type'] == 'advanced':
+        base.update(eps=0.0, alpha=0.6)
+    base.update(cfg)
+    return create_buffer(base)
+
+
+def items(n, prios, start):
+    return [{'obs': torch.tensor([float(start + i)]), 'priority': float(p)} for i, p in enumerate(prios[:n])]
+
+
+@pytest.mark.parametrize('storage', ['list', 'tensor'])
+@pytest.mark.parametrize('rule', ['min_priority', 'keep_best', 'fifo', 'lifo'])
+def test_random_calls_match_the_brute_force_model(rule, storage):
+    rng = np.random.default_rng(hash((rule, storage)) % 2**32)
+    buf, model = make(rule, storage), Model(rule)
+    prioritized = buf.view.has_column('priority')
+    pushed = 0
+    for step in range(300):
+        op = rng.random()
+        if op < 0.5 or not model.items:
+            k = int(rng.choice([1, 1, 1, 2, 3, 5, CAPACITY, CAPACITY + 3]))
+            prios = rng.integers(1, 10, size=k).astype(float).tolist()  # small ints: ties, exact float32
+            n = buf.push(items(k, prios, pushed)) if prioritized else buf.push([{'obs': pushed + i} for i in range(k)])
+            assert n == model.push(prios if prioritized else [0.0] * k), step
+            pushed += k
+        elif op < 0.8 and prioritized:
+            batch = buf.sample(min(4, buf.count()), step)
+            ids = [int(d['replay_unique_id'].split('_')[-1]) for d in batch]
+            new = rng.integers(1, 10, size=len(batch)).astype(float).tolist()
+            info = {
+                'replay_unique_id': [d['replay_unique_id'] for d in batch],
+                'replay_buffer_idx': [d['replay_buffer_idx'] for d in batch],
+                'priority': new,
+            }
+            buf.update(info)
+            last = {}
+            for u, p in zip(ids, new):  # a repeated id in one update: its last priority stays
+                last[u] = p
+            model.update(list(last), list(last.values()))
+        else:
+            assert buf.sample(min(3, buf.count()), step) is not None
+        assert stored(buf) == model.items, (step, rule)
+        assert buf.count() == len(model.items)
+    if rule in ('min_priority', 'keep_best', 'fifo', 'lifo'):
+        assert buf.stats()[f'removed_by_{rule}'] > 0
+    buf.close()
+
+
+def test_a_state_round_trip_keeps_the_rule_working_identically(tmp_path):
+    a = make('min_priority', 'tensor')
+    a.push(items(CAPACITY, list(range(CAPACITY, 0, -1)), 0))
+    a.push(items(3, [20.0, 0.5, 7.0], 100))
+    a.save_data(str(tmp_path / 'a.pt'))
+    b = make('min_priority', 'tensor')
+    b.load_data(str(tmp_path / 'a.pt'))
+    assert_same(b.state_dict(), a.state_dict())
+    for buf in (a, b):
+        buf.push(items(4, [3.0, 3.0, 9.0, 1.0], 200))
+    assert stored(a) == stored(b)
+    assert_same(a.sample(6, 1), b.sample(6, 1))
+    for buf in (a, b):
+        buf.close()
+
+
+def test_a_state_saved_with_a_capacity_rule_does_not_load_into_a_ring_buffer():
+    a = make('min_priority', 'list')
+    a.push(items(CAPACITY, [1.0] * CAPACITY, 0))
+    a.push(items(1, [5.0], 50))
+    plain = create_buffer(dict(type='advanced', replay_buffer_size=CAPACITY, eps=0.0))
+    before = plain.state_dict()
+    with pytest.raises(ValueError, match='capacity rule'):
+        plain.load_state_dict(a.state_dict())
+    assert_same(plain.state_dict(), before)
+    for buf in (a, plain):
+        buf.close()
+
+
+def test_lowest_priority_leaves_first_and_the_oldest_among_equals():
+    """The buffer of the README's extension point: 'evict lowest priority first' as one config line. With every
+    item at the same priority it evicts the oldest first (a FIFO), not the same slot over and over."""
+    buf = make('min_priority', 'list')
+    buf.push(items(CAPACITY, [2.0] * CAPACITY, 0))
+    for i in range(CAPACITY):
+        buf.push(items(1, [2.0], 100 + i))
+        assert sorted(stored(buf)) == list(range(i + 1, CAPACITY + i + 1))
+    buf.push(items(1, [0.5], 500))  # the lowest: the next to go
+    buf.push(items(1, [9.0], 501))
+    assert 2 * CAPACITY not in stored(buf) and 2 * CAPACITY + 1 in stored(buf)
+    buf.close()
+
+
+def test_keep_best_refuses_an_item_below_every_stored_one_and_counts_it():
+    buf = make('keep_best', 'tensor')
+    buf.push(items(CAPACITY, [5.0] * CAPACITY, 0))
+    before = buf.state_dict()
+    assert buf.push(items(1, [4.0], 50)) == 0
+    assert buf.stats()['refused_by_keep_best'] == 1
+    after = buf.state_dict()
+    after['counters']['refused_by_keep_best'] = before['counters']['refused_by_keep_best']
+    assert_same(after, before)  # nothing stored changed
+    assert buf.push(items(1, [5.0], 51)) == 1  # as high as the lowest: enters, the oldest of the lowest leaves
+    assert 0 not in stored(buf) and CAPACITY in stored(buf)
+    buf.close()
+
+
+@pytest.mark.parametrize(
+    'cfg, needle',
+    [
+        (dict(type='naive', removers=[dict(type='min_priority')]), "reads column 'priority'"),
+        (dict(type='naive', removers=[dict(type='keep_best', column='priority')]), "reads column 'priority'"),
+        (dict(type='advanced', removers=[dict(type='keep_best', column='use')]), "knows for: priority"),
+        (dict(type='advanced', removers=[dict(type='keep_best', column=3)]), "removers\\[0\\].column"),
+        (dict(type='advanced', removers=[dict(type='min_priority'), dict(type='fifo')]), 'at most one'),
+        (dict(type='episode', removers=[dict(type='fifo')]), "type 'episode' does not take"),
+        (dict(type='sequence', removers=[dict(type='lifo')]), "type 'sequence' does not take"),
+        (dict(type='gfn', removers=[dict(type='fifo')]), "type 'gfn' does not take"),
+        (dict(type='advanced', removers=[dict(type='min_priorty')]), "did you mean 'min_priority'"),
+    ],
+)
+def test_capacity_rules_that_cannot_work_are_refused_by_name(cfg, needle):
+    with pytest.raises(ValueError, match=needle):
+        create_buffer(cfg)
+
+
+def test_a_capacity_rule_answering_garbage_changes_nothing():
+    from ding_buffer.control.capacity import CapacityRule
+    from ding_buffer.control.limits import REMOVER_REGISTRY
+
+    @REMOVER_REGISTRY.register('test_capacity_garbage')
+    class Garbage(CapacityRule):
+        name = 'garbage'
+
+        def evict(self, view, n):
+            return np.array([-3])
+
+    try:
+        buf = create_buffer(
+            dict(
+                type='naive',
+                replay_buffer_size=4,
+                storage=dict(type='tensor'),
+                removers=[dict(type='test_capacity_garbage')],
+            )
+        )
+        buf.push([{'obs': float(i)} for i in range(4)])
+        before = buf.state_dict()
+        with pytest.raises(RuntimeError, match="'garbage'"):
+            buf.push({'obs': 9.0})
+        assert_same(buf.state_dict(), before)
+        buf.close()
+    finally:
+        del REMOVER_REGISTRY['test_capacity_garbage']
