@@ -30,6 +30,37 @@ def test_registry_has_presets_and_refuses_duplicates():
     assert isinstance(reg.build('x'), X)
 
 
+def test_registry_takes_a_redefinition_of_the_same_class_or_replace_but_never_over_a_builtin():
+    """A notebook cell run twice defines the same class again: registered again without a flag; another class
+    under a taken name needs replace=True; ding_buffer's own classes are never replaced."""
+    reg = Registry()
+
+    def define(body):
+        return type('Parts', (), {'__module__': 'notebook', 'body': body})
+
+    first, again = define(1), define(2)
+    reg.register('p')(first)
+    reg.register('p')(again)  # same module and name: the cell ran again
+    assert reg.get('p') is again
+    other = type('Other', (), {'__module__': 'notebook'})
+    with pytest.raises(ValueError, match="pass replace=True"):
+        reg.register('p')(other)
+    reg.register('p', replace=True)(other)
+    assert reg.get('p') is other
+    mine = type('NaiveReplayBuffer', (), {'__module__': 'notebook'})
+    with pytest.raises(ValueError, match="'naive' is already registered"):
+        BUFFER_REGISTRY.register('naive', replace=True)(mine)
+    assert BUFFER_REGISTRY.get('naive') is NaiveReplayBuffer
+
+
+def test_unknown_names_suggest_the_closest_registered_one():
+    with pytest.raises(ValueError, match="did you mean 'advanced'"):
+        create_buffer(dict(type='advnced'))
+    with pytest.raises(ValueError) as e:
+        create_buffer(dict(type='zzz'))
+    assert 'did you mean' not in str(e.value)  # nothing close: no guess
+
+
 def test_unknown_type_names_the_known_ones():
     with pytest.raises(ValueError, match=r"unknown buffer type 'nave'.*naive"):
         create_buffer(dict(type='nave'))
