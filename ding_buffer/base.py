@@ -109,8 +109,8 @@ class IBuffer(ABC):
         Constructor signature of every buffer: ``(cfg, tb_logger=None, exp_name='default_experiment',
         instance_name='buffer')``.
     Interfaces:
-        ``push``, ``sample``, ``update``, ``clear``, ``count``, ``state_dict``, ``load_state_dict``,
-        ``save_data``, ``load_data``, ``start``, ``close``, ``default_config``; ``len(buffer)`` and
+        ``push``, ``extend``, ``sample``, ``update``, ``clear``, ``count``, ``stats``, ``state_dict``,
+        ``load_state_dict``, ``save_data``, ``load_data``, ``start``, ``close``, ``default_config``; ``len(buffer)`` and
         ``with buffer: ...`` (which calls ``close`` on exit). ``iter(buffer)`` is a ``TypeError`` (sample instead).
     """
 
@@ -130,6 +130,11 @@ class IBuffer(ABC):
         """Store one item or a list of items; return how many were stored."""
 
     @abstractmethod
+    def extend(self, batch: Any, cur_collector_envstep: int = -1) -> int:
+        """Store a batch -- a dict whose leaves share a leading dimension (vectorised collectors) or a TensorDict
+        of batch size ``[B]`` -- as its ``B`` items; return how many were stored."""
+
+    @abstractmethod
     def sample(self, size: int, cur_learner_iter: int = -1, **kwargs) -> Optional[Any]:
         """Return a batch of ``size`` items, or ``None`` when sampling is not possible yet."""
 
@@ -144,6 +149,10 @@ class IBuffer(ABC):
     @abstractmethod
     def count(self) -> int:
         """Number of items currently stored."""
+
+    @abstractmethod
+    def stats(self) -> Dict[str, Any]:
+        """A flat dict of numbers (``count`` and the counters), cheap to read: what monitors and TensorBoard poll."""
 
     @abstractmethod
     def state_dict(self) -> Dict[str, Any]:

@@ -214,6 +214,10 @@ class DequeReplayBuffer(IBuffer):
         """Store a list of dicts (or one dict); an item's ``'priority'`` is its initial priority."""
         return self._inner.push(data, cur_collector_envstep)
 
+    def extend(self, batch: Any, cur_collector_envstep: int = -1) -> int:
+        """Store a batch (a dict of ``[B, ...]`` leaves or a TensorDict) as its ``B`` items."""
+        return self._inner.extend(batch, cur_collector_envstep)
+
     def sample(self, size: int, train_iter: int = 0, timeout: Optional[float] = None) -> Optional[List[Any]]:
         """
         Overview:
