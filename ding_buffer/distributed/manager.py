@@ -1,9 +1,8 @@
 """The manager: one process (or Ray actor) owns the real buffer and answers workers' requests.
 
-``ManagerCore`` is transport-free: ``handle(sender, request) -> reply`` for one decoded request. Requests are
-``{'op', 'id', 'shard', 'args'}``; replies ``{'id', 'ok': True, 'result'}`` or ``{'id', 'ok': False, 'error',
-'message'}`` (the worker re-raises the same exception type). ``ReplayBufferManager`` runs it over the torch /
-MPI transports; ``ray_backend`` runs it inside an actor.
+``ManagerCore`` is transport-free: ``handle(sender, request) -> reply`` for one decoded request (the messages are
+``protocol``'s; the worker re-raises an error reply as the same exception type). ``ReplayBufferManager`` runs it
+over the torch / MPI transports; ``ray_backend`` runs it inside an actor.
 
 Ops: push, sample, update, count, stats, metadata, state_dict, load_state_dict, save_data, load_data, clear,
 model_version, baseline_sync, ping (heartbeat, no reply), exit (reply marked final).
@@ -21,61 +20,20 @@ Neighbours: ``liveness`` (who is alive, lost, back, exited), ``push_dedup`` (eac
 import logging
 from typing import Any, Callable, Dict, Optional
 
-from ..control.thruput import SampleTimeoutError
-from ..errors import RemoteError
 from .baseline import BaselineTracker
 from .batching import count_items, log_rewards_of
 from .blobs import BlobStore
-from .codec import CodecError
 from .config import resolve_callable
 from .delegate import delegated
 from .file_root import confine, resolve_file_root
 from .liveness import Liveness
+from .protocol import error_reply, ok_reply
 from .push_dedup import MAX_CLIENTS, PushDedup, StoredThenFailed  # noqa: F401 (MAX_CLIENTS re-exported)
 
 logger = logging.getLogger('ding_buffer.distributed')
 
-# exception types a worker re-raises as themselves; anything else arrives as RemoteError
-REMOTE_EXCEPTIONS = {
-    e.__name__: e
-    for e in (
-        ValueError,
-        TypeError,
-        KeyError,
-        IndexError,
-        RuntimeError,
-        NotImplementedError,
-        SampleTimeoutError,
-        FileNotFoundError,
-    )
-}
-REMOTE_EXCEPTIONS['CodecError'] = CodecError
-REMOTE_EXCEPTIONS['PermissionError'] = PermissionError
-
 # the keyword arguments of the buffers' sample() a worker may pass; anything else is refused by name
 SAMPLE_KWARGS = ('cur_learner_iter', 'sample_range', 'replace', 'unroll_len', 'pad')
-
-
-def error_reply(rid: Any, e: BaseException) -> Dict[str, Any]:
-    return {'id': rid, 'ok': False, 'error': type(e).__name__, 'message': str(e)}
-
-
-def request_msg(op: str, shard: int, args: Dict[str, Any]) -> Dict[str, Any]:
-    """A worker's request (the channel adds its ``id``)."""
-    return {'op': op, 'shard': shard, 'args': args}
-
-
-def result_of(reply: Dict[str, Any], op: str) -> Any:
-    """Worker side: the result of a reply to ``op``; an error reply is raised as its type (``RemoteError`` for a
-    type not in ``REMOTE_EXCEPTIONS``)."""
-    if reply.get('ok'):
-        return reply.get('result')
-    exc = REMOTE_EXCEPTIONS.get(reply.get('error'), RemoteError)
-    raise exc(
-        f"manager: {reply.get('message')}"
-        if exc is not RemoteError
-        else f"manager raised {reply.get('error')} for {op!r}: {reply.get('message')}"
-    )
 
 
 class ManagerCore:
@@ -148,7 +106,7 @@ class ManagerCore:
             if not isinstance(args, dict):
                 raise TypeError(f"'args' of op {op!r} must be a dict, got {type(args).__name__}")
             result = fn(sender, **args)
-            reply = {'id': rid, 'ok': True, 'result': result}
+            reply = ok_reply(rid, result)
             if op == 'exit':
                 reply['final'] = True
             return reply

@@ -23,7 +23,7 @@ from ..errors import ManagerUnavailableError
 from .batching import concat_batches, count_items, filter_items, log_rewards_of, select_fields
 from .channel import deadline_in
 from .codec import encode
-from .manager import request_msg, result_of
+from .protocol import request_msg, result_of
 
 
 def new_client_id() -> str:

@@ -7,7 +7,8 @@ import time
 from typing import Any, Dict, Optional
 
 from ..errors import TransportError
-from .manager import ManagerCore, error_reply
+from .manager import ManagerCore
+from .protocol import error_reply
 from .transport import BYE, ERROR, LOST, MAX_QUEUED
 
 

@@ -31,7 +31,8 @@ import numpy as np
 from .channel import heartbeat_loop
 from .codec import CodecError, decode, encode, peek_id
 from .config import startup_seconds
-from .manager import ManagerCore, error_reply
+from .manager import ManagerCore
+from .protocol import error_reply
 from .remote import ManagerTimeoutError, ManagerUnavailableError
 from .startup import connect_ray
 

@@ -27,7 +27,7 @@ from ..errors import ManagerTimeoutError, ManagerUnavailableError, RemoteError  
 from .blobs import check_name, check_version
 from .channel import PeerChannel, deadline_in  # noqa: F401 (PeerChannel re-exported)
 from .delegate import delegated
-from .manager import REMOTE_EXCEPTIONS, request_msg, result_of  # noqa: F401 (REMOTE_EXCEPTIONS re-exported)
+from .protocol import request_msg, result_of
 from .push_pipeline import PushPipeline, new_client_id  # noqa: F401 (new_client_id re-exported)
 
 
