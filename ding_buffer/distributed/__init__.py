@@ -1,189 +1,24 @@
 """Distributed buffers: one manager owns the buffer, workers reach it over torch.distributed, MPI or Ray.
 
-``create_buffer(cfg)`` with ``cfg.distributed.backend`` set calls ``create_distributed``: on the manager rank
-(torch / MPI) it returns a ``ReplayBufferManager`` (call ``run()``), on the other ranks and everywhere with
-Ray a ``RemoteBuffer``. The transports, the codec and the manager logic are separate modules:
-``codec`` (wire format), ``transport`` (torch / MPI framing and receive threads), ``ray_backend``,
-``manager`` (``ManagerCore`` + the rank loop), ``remote`` (worker side), ``baseline``, ``batching``.
+``create_buffer(cfg)`` with ``cfg.distributed.backend`` set calls ``create_distributed`` (``factory``): on the manager
+rank (torch / MPI) it returns a ``ReplayBufferManager`` (call ``run()``), on the other ranks and everywhere with Ray a
+``RemoteBuffer``. The modules: ``protocol`` (the request / reply messages both sides use), ``codec`` (wire format),
+``transport`` (torch / MPI framing and receive threads), ``manager`` (``ManagerCore``), ``rank_manager`` (the rank
+loop), ``ray_backend`` (the manager actor), ``remote`` (worker side), ``baseline``, ``batching``. This package
+registers the factory with ``base`` and exports the public names.
 """
 
-import copy
-from typing import Any, Dict
-
 from ..base import register_distributed
-from ..config import check_section
-from .codec import CodecError, decode, encode
-from .config import DISTRIBUTED_CONFIG, build_distributed_config, startup_seconds
-from .local import _local_cfg, build_manager_buffer, profile
+from ..errors import CodecError, ManagerTimeoutError, ManagerUnavailableError, RemoteError, SendTimeout, TransportError
+from .codec import decode, encode
+from .config import DISTRIBUTED_CONFIG, build_distributed_config
+from .factory import create_distributed, create_if_distributed
+from .local import build_manager_buffer, profile
 from .manager import ManagerCore
 from .rank_manager import ReplayBufferManager
-from .remote import ManagerTimeoutError, ManagerUnavailableError, RemoteBuffer, RemoteError
-from .transport import SendTimeout, TransportError
+from .remote import RemoteBuffer
 
-
-def create_distributed(cls: type, cfg: Any, *args, **kwargs) -> Any:
-    """``create_buffer`` for configs with ``distributed.backend``: a ReplayBufferManager or a RemoteBuffer."""
-    dcfg = build_distributed_config(cfg.get('distributed'))
-    if dcfg.backend and getattr(cls, 'not_distributable', None):
-        raise ValueError(f"config key 'distributed' is set on type {cfg.get('type')!r}: {cls.not_distributable}")
-    local_cfg = _local_cfg(cfg)
-    # every rank fails fast on a bad buffer section
-    check_section(cls, local_cfg)
-    prof = profile(cls, local_cfg, dcfg)
-    max_bytes = int(dcfg.max_message_mb * (1 << 20))
-    if dcfg.num_shards > 1 and dcfg.local_buffer:
-        raise ValueError("config keys 'distributed.num_shards' > 1 and 'distributed.local_buffer' do not combine")
-    if dcfg.num_shards > 1 and dcfg.backend == 'ray':
-        return _create_sharded(cls, cfg, dcfg, local_cfg, *args, **kwargs)
-    if dcfg.backend == 'ray':
-        from .ray_backend import RayChannel, get_or_create_actor
-        from .remote import new_client_id
-
-        plain = _plain(cfg)
-        actor = get_or_create_actor(plain, dcfg)
-        channel = RayChannel(actor, dcfg, new_client_id())
-    else:
-        from .peer_transports import MPITransport, TorchTransport
-        from .startup import init_mpi, init_torch
-
-        if dcfg.backend == 'torch':
-            rank, world = init_torch(startup_seconds(dcfg))
-        else:
-            rank, world = init_mpi()
-        if world < 2:
-            launcher = 'torchrun --nproc_per_node N' if dcfg.backend == 'torch' else 'mpirun -n N'
-            raise ValueError(
-                f"config key 'distributed.backend' is {dcfg.backend!r} but this job has {world} rank: a "
-                f"distributed buffer needs a manager and at least one worker; launch with {launcher} "
-                f"(N >= 2), or set distributed.backend=None for a local buffer"
-            )
-        managers = _manager_ranks(dcfg, world)
-        workers = (
-            [r for r in range(world) if r not in managers] if dcfg.worker_ranks is None else list(dcfg.worker_ranks)
-        )
-        if not workers or set(managers) & set(workers) or any(r >= world for r in workers):
-            raise ValueError(
-                f"config key 'distributed.worker_ranks' {workers} must name ranks < {world} other than "
-                f"the manager{'s' if len(managers) > 1 else ''} {managers if len(managers) > 1 else managers[0]}"
-            )
-        cls_t = TorchTransport if dcfg.backend == 'torch' else MPITransport
-        if rank in managers:
-            transport = cls_t(workers, dcfg.allow_pickle, max_bytes, grace=dcfg.timeout)
-            sub = cfg
-            if len(managers) > 1:  # shard k of K: its requests carry shard k
-                sub = _shard_cfg(cfg, dcfg, managers.index(rank))
-            buffer, mdcfg, key = build_manager_buffer(sub, *args, **kwargs)
-            return ReplayBufferManager(buffer, transport, mdcfg, workers, key)
-        if rank not in workers:
-            raise ValueError(f"rank {rank} is neither a manager ({managers}) nor in distributed.worker_ranks {workers}")
-        from .channel import PeerChannel
-
-        if len(managers) > 1:  # one transport, channel and RemoteBuffer per shard, used as one buffer
-            from .sharded import ShardedBuffer
-
-            ShardedBuffer.check(local_cfg, dcfg.shard_route, dcfg.shard_key)  # before any transport starts
-            shards = []
-            for k, manager in enumerate(managers):
-                transport = cls_t([manager], dcfg.allow_pickle, max_bytes, grace=dcfg.timeout)
-                channel = PeerChannel(transport, manager, dcfg.timeout, dcfg.heartbeat_seconds)
-                sub_dcfg = copy.deepcopy(dcfg)
-                sub_dcfg.shard = k
-                shards.append(
-                    RemoteBuffer(
-                        local_cfg,
-                        sub_dcfg,
-                        channel,
-                        dict_is_batch=prof['dict_is_batch'],
-                        scoring_keys=prof['scoring_keys'],
-                        log_reward_key=prof['log_reward_key'],
-                    )
-                )
-            return ShardedBuffer(shards, local_cfg, dcfg.shard_route, dcfg.shard_key, seed=local_cfg.get('seed'))
-        transport = cls_t([managers[0]], dcfg.allow_pickle, max_bytes, grace=dcfg.timeout)
-        channel = PeerChannel(transport, managers[0], dcfg.timeout, dcfg.heartbeat_seconds)
-    local = cls(copy.deepcopy(local_cfg), *args, **kwargs) if dcfg.local_buffer else None
-    return RemoteBuffer(
-        local_cfg,
-        dcfg,
-        channel,
-        local=local,
-        dict_is_batch=prof['dict_is_batch'],
-        scoring_keys=prof['scoring_keys'],
-        log_reward_key=prof['log_reward_key'],
-    )
-
-
-def _shard_cfg(cfg: Any, dcfg: Any, k: int, **extra: Any) -> Any:
-    """The buffer config of shard ``k``: its requests carry shard ``k``, and its shutdown checkpoint is
-    ``checkpoint_path.shard<k>`` (the shards must not overwrite one file)."""
-    from .sharded import shard_path
-
-    sub = copy.deepcopy(cfg)
-    section = dict(sub['distributed'], shard=k, **extra)
-    if dcfg.checkpoint_path:
-        section['checkpoint_path'] = shard_path(dcfg.checkpoint_path, k)
-    sub['distributed'] = section
-    return sub
-
-
-def _manager_ranks(dcfg: Any, world: int) -> list:
-    """The manager rank(s): ``manager_rank`` (default the last rank); with ``num_shards`` K > 1 the last K ranks."""
-    k = dcfg.num_shards
-    if k > 1:
-        if dcfg.manager_rank >= 0:
-            raise ValueError(
-                f"config key 'distributed.manager_rank' is {dcfg.manager_rank}: with num_shards {k} the "
-                f"managers are the last {k} ranks (leave manager_rank at -1)"
-            )
-        if k >= world:
-            raise ValueError(
-                f"config key 'distributed.num_shards' is {k}: the job has {world} ranks, and at least one "
-                f"must be a worker"
-            )
-        return list(range(world - k, world))
-    manager = dcfg.manager_rank if dcfg.manager_rank >= 0 else world - 1
-    if manager >= world:
-        raise ValueError(f"config key 'distributed.manager_rank' is {manager}, the world has {world} ranks")
-    return [manager]
-
-
-def _create_sharded(cls: type, cfg: Any, dcfg: Any, local_cfg: Any, *args, **kwargs) -> Any:
-    """Ray: ``distributed.num_shards`` manager actors (``<actor_name>-shard<k>``) used as one buffer."""
-    from .sharded import ShardedBuffer
-
-    # fail before any actor starts on what the client refuses (type, route, key)
-    ShardedBuffer.check(local_cfg, dcfg.shard_route, dcfg.shard_key)
-    shards = []
-    try:
-        for k in range(dcfg.num_shards):
-            sub = _shard_cfg(cfg, dcfg, k, num_shards=1, actor_name=f"{dcfg.actor_name}-shard{k}")
-            shards.append(create_distributed(cls, sub, *args, **kwargs))
-    except BaseException:
-        for shard in shards:
-            shard.close(timeout=5.0)
-        raise
-    return ShardedBuffer(shards, local_cfg, dcfg.shard_route, dcfg.shard_key, seed=local_cfg.get('seed'))
-
-
-def _create_if_distributed(cls: type, cfg: Any, *args, **kwargs) -> Any:
-    """The factory ``create_buffer`` calls for a config with a ``distributed`` section (validated even when its
-    backend is None, which means a local buffer: returns None)."""
-    if build_distributed_config(cfg.get('distributed')).backend is None:
-        return None
-    return create_distributed(cls, cfg, *args, **kwargs)
-
-
-register_distributed(_create_if_distributed)
-
-
-def _plain(cfg: Any) -> Dict[str, Any]:
-    """The config as plain dicts (what the Ray actor receives)."""
-    if isinstance(cfg, dict):
-        return {k: _plain(v) for k, v in cfg.items()}
-    if isinstance(cfg, (list, tuple)):
-        return type(cfg)(_plain(v) for v in cfg)
-    return cfg
-
+register_distributed(create_if_distributed)
 
 __all__ = [
     'create_distributed',

@@ -235,9 +235,19 @@ def actor_class():
     return _ACTOR
 
 
-def get_or_create_actor(cfg: Dict[str, Any], dcfg: Any):
-    """Connect to (or start) Ray and return the manager actor named ``actor_name`` in ``namespace``, once it
-    answers; all of it within ``startup_timeout`` seconds (``TimeoutError`` naming what was waited for)."""
+def _plain(cfg: Any) -> Any:
+    """The config as plain dicts (what the Ray actor receives)."""
+    if isinstance(cfg, dict):
+        return {k: _plain(v) for k, v in cfg.items()}
+    if isinstance(cfg, (list, tuple)):
+        return type(cfg)(_plain(v) for v in cfg)
+    return cfg
+
+
+def get_or_create_actor(cfg: Any, dcfg: Any):
+    """Connect to (or start) Ray and return the manager actor named ``actor_name`` in ``namespace`` serving the
+    buffer config ``cfg`` (sent as plain dicts), once it answers; all of it within ``startup_timeout`` seconds
+    (``TimeoutError`` naming what was waited for)."""
     ray = _ray()
     seconds = startup_seconds(dcfg)
     deadline = time.monotonic() + seconds
@@ -246,7 +256,7 @@ def get_or_create_actor(cfg: Dict[str, Any], dcfg: Any):
     opts = dict(name=dcfg.actor_name, namespace=dcfg.namespace, get_if_exists=True, max_concurrency=1, max_restarts=0)
     if dcfg.detached:
         opts['lifetime'] = 'detached'
-    actor = actor_class().options(**opts).remote(cfg)
+    actor = actor_class().options(**opts).remote(_plain(cfg))
     where = f"manager actor {dcfg.namespace}/{dcfg.actor_name}"
     try:
         ray.get(

@@ -135,8 +135,7 @@ def ray_init(dist: Any, nproc: int) -> None:
 
     import ray
 
-    from ..distributed import build_distributed_config
-    from ..distributed.config import startup_seconds
+    from ..distributed.config import build_distributed_config, startup_seconds
     from ..distributed.startup import connect_ray
 
     if ray.is_initialized():
@@ -293,7 +292,7 @@ def _ray_driver(
     learner and ``nproc - 2`` workers as tasks. A worker that dies is reported, not fatal."""
     import ray
 
-    from ..distributed import _plain, build_distributed_config
+    from ..distributed.config import build_distributed_config
     from ..distributed.ray_backend import get_or_create_actor
     from ..errors import ManagerUnavailableError
 
@@ -306,7 +305,7 @@ def _ray_driver(
     ray_init(dist, nproc)
     os.makedirs(run_dir, exist_ok=True)
     bcfg = job_buffer_cfg(cfg, run_dir, nproc - 1)
-    manager = get_or_create_actor(_plain(bcfg), build_distributed_config(bcfg.distributed))  # noqa: F841 (held)
+    manager = get_or_create_actor(bcfg, build_distributed_config(bcfg.distributed))  # noqa: F841 (held)
     task = ray.remote(num_cpus=1, max_retries=0)(role_main)
     learner = task.remote(cfg, run_dir, 'learner', 0, nproc - 1, args.resume is not None, not args.no_progress)
     workers = [task.remote(cfg, run_dir, worker, i, nproc - 1, False, False) for i in range(nproc - 2)]
