@@ -32,7 +32,8 @@ def create_distributed(cls: type, cfg: Any, *args, **kwargs) -> Any:
         return _create_sharded(cls, cfg, dcfg, local_cfg, *args, **kwargs)
     if dcfg.backend == 'ray':
         from .push_pipeline import new_client_id
-        from .ray_backend import RayChannel, get_or_create_actor
+        from .ray_backend import get_or_create_actor
+        from .ray_channel import RayChannel
 
         actor = get_or_create_actor(cfg, dcfg)
         channel = RayChannel(actor, dcfg, new_client_id())

@@ -1,6 +1,7 @@
-"""Ray backend: the manager is a named actor (get-or-create); any driver, task or actor can be a worker.
+"""Ray backend: the manager is a named actor (get-or-create); any driver, task or actor can be a worker, whose
+requests go through a ``ray_channel.RayChannel``.
 
-Requests travel as the codec's ``(header, parts)``: the header bytes plus one uint8 ndarray per tensor, which
+Requests travel in ``ray_channel``'s wire format: the codec's header bytes plus one uint8 ndarray per tensor, which
 Ray moves through its object store without pickling the data. The actor serves requests one at a time
 (``call``, ``max_concurrency=1``); it never blocks (sampling with a timeout waits on the worker side). A message
 larger than ``distributed.max_message_mb`` or one that is not a request is answered with an error reply.
@@ -23,43 +24,22 @@ import logging
 import os
 import threading
 import time
-import weakref
 from typing import Any, Dict, Optional, Tuple
 
 import numpy as np
 
-from .channel import heartbeat_loop
-from .codec import CodecError, decode, encode, peek_id
+from ..errors import CodecError, ManagerUnavailableError
+from .codec import decode, peek_id
 from .config import startup_seconds
 from .manager import ManagerCore
 from .protocol import error_reply
-from .remote import ManagerTimeoutError, ManagerUnavailableError
+from .ray_channel import BEAT_GROUP, import_ray, to_wire
 from .startup import connect_ray
 
 logger = logging.getLogger('ding_buffer.distributed')
 
 _ACTOR = None
-BEAT_GROUP = 'beat'  # the actor's concurrency group for pings and readiness checks
 MAX_CLIENT_CHARS = 128
-
-
-def _ray():
-    try:
-        import ray
-    except ImportError as e:
-        raise ImportError("distributed.backend='ray' needs ray (pip install 'ding_buffer[ray]')") from e
-    return ray
-
-
-def _wire(obj: Any, allow_pickle: bool):
-    header, parts = encode(obj, allow_pickle)
-    return [np.frombuffer(header, dtype=np.uint8)] + list(parts)
-
-
-def _unwire(msg, allow_pickle: bool) -> Any:
-    if not isinstance(msg, (list, tuple)) or not msg:
-        raise CodecError(f"a message must be a non-empty list of byte arrays, got {type(msg).__name__}")
-    return decode(bytes(msg[0]), msg[1:], allow_pickle)
 
 
 def _message_bytes(msg: Tuple[Any, ...]) -> int:
@@ -112,7 +92,7 @@ class _ManagerActorImpl:
         except Exception as e:  # noqa: BLE001 - a request must never break the actor
             logger.exception("manager actor: request of %r failed unexpectedly", str(client)[:40])
             try:
-                return _wire(error_reply(None, RuntimeError(f"{type(e).__name__}: {e}")), False)
+                return to_wire(error_reply(None, RuntimeError(f"{type(e).__name__}: {e}")), False)
             except Exception:  # noqa: BLE001
                 return []
 
@@ -132,12 +112,12 @@ class _ManagerActorImpl:
                 if _is_client(client):
                     self.core.seen(client)
                 self.core.counters['errors'] += 1
-            return _wire(error_reply(rid, e if isinstance(e, CodecError) else CodecError(str(e))), False)
+            return to_wire(error_reply(rid, e if isinstance(e, CodecError) else CodecError(str(e))), False)
         op = request.get('op') if isinstance(request, dict) else None
         with self._lock:
             if self._ended and op != 'ping':
                 rid = request.get('id') if isinstance(request, dict) else None
-                return _wire(
+                return to_wire(
                     error_reply(
                         rid,
                         ManagerUnavailableError(
@@ -155,12 +135,12 @@ class _ManagerActorImpl:
                     self.core.shutdown()
                 except Exception as e:  # noqa: BLE001 - the EXIT is acknowledged either way; the error goes back
                     logger.exception("manager actor: checkpoint failed")
-                    return _wire(dict(error_reply(reply.get('id'), e), shutdown=True), False)
+                    return to_wire(dict(error_reply(reply.get('id'), e), shutdown=True), False)
                 reply['shutdown'] = True  # the worker that sent the last EXIT ends the actor
         try:
-            return _wire(reply, self.allow_pickle)
+            return to_wire(reply, self.allow_pickle)
         except TypeError as e:  # a result the codec cannot carry (e.g. arbitrary objects)
-            return _wire(error_reply(reply.get('id'), e), False)
+            return to_wire(error_reply(reply.get('id'), e), False)
 
     def summary(self) -> Dict[str, Any]:
         with self._lock:
@@ -217,7 +197,7 @@ class _ManagerActorImpl:
 
     @staticmethod
     def _end_self() -> None:
-        ray = _ray()
+        ray = import_ray()
         try:
             ctx = ray.get_runtime_context()
             if ctx.get_actor_id() is None:
@@ -231,7 +211,7 @@ class _ManagerActorImpl:
 def actor_class():
     global _ACTOR
     if _ACTOR is None:
-        _ACTOR = _ray().remote(concurrency_groups={BEAT_GROUP: 1})(_ManagerActorImpl)
+        _ACTOR = import_ray().remote(concurrency_groups={BEAT_GROUP: 1})(_ManagerActorImpl)
     return _ACTOR
 
 
@@ -248,7 +228,7 @@ def get_or_create_actor(cfg: Any, dcfg: Any):
     """Connect to (or start) Ray and return the manager actor named ``actor_name`` in ``namespace`` serving the
     buffer config ``cfg`` (sent as plain dicts), once it answers; all of it within ``startup_timeout`` seconds
     (``TimeoutError`` naming what was waited for)."""
-    ray = _ray()
+    ray = import_ray()
     seconds = startup_seconds(dcfg)
     deadline = time.monotonic() + seconds
     if not ray.is_initialized():
@@ -270,120 +250,3 @@ def get_or_create_actor(cfg: Any, dcfg: Any):
     except ray.exceptions.RayActorError as e:
         raise ManagerUnavailableError(f"{where} could not start: {e}") from e
     return actor
-
-
-# ---------------------------------------------------------------------------------------------------------- worker
-class RayChannel:
-    """Requests to the manager actor; a ticket is the ObjectRef of the call."""
-
-    def __init__(self, actor: Any, dcfg: Any, client_id: str) -> None:
-        self.actor = actor
-        self.timeout = dcfg.timeout
-        self.allow_pickle = bool(dcfg.allow_pickle)
-        self.client = client_id
-        self.where = f"manager actor {dcfg.namespace}/{dcfg.actor_name}"
-        self._next = 0
-        self._shutdown = False
-        self._dead: Optional[str] = None
-        self._ping_ref: Any = None
-        self._stop = threading.Event()
-        self._beat_lock = threading.Lock()
-        self._finalizer = weakref.finalize(self, self._stop.set)  # a dropped channel stops its heartbeat thread
-        try:  # the manager knows this worker from now on, even if it dies before its first request
-            self._beat()
-        except Exception:  # noqa: BLE001 - an unreachable manager fails the first request instead
-            pass
-        self._beat_thread = threading.Thread(
-            target=heartbeat_loop,
-            args=(weakref.ref(self), self._stop, dcfg.heartbeat_seconds),
-            daemon=True,
-            name='ding_buffer-ray-heartbeat',
-        )
-        self._beat_thread.start()
-
-    def _beat(self) -> bool:
-        """One fire-and-forget ping (skipped while the previous one is unanswered); False: stop beating."""
-        ray = _ray()
-        with self._beat_lock:  # never a ping after stop_heartbeat(): nobody would receive it after EXIT
-            if self._stop.is_set() or self._dead or not ray.is_initialized():  # no ray call may auto-start Ray
-                return False
-            prev = self._ping_ref
-            if prev is not None:
-                ready, _ = ray.wait([prev], timeout=0)
-                if not ready:
-                    return True  # the beat lane is busy: one ping waits at most
-                self._ping_ref = None
-                try:
-                    ray.get(prev, timeout=0)
-                except ray.exceptions.RayActorError:
-                    return False  # the manager is gone
-                except ray.exceptions.RayError:
-                    pass
-            self._ping_ref = self.actor.ping.options(concurrency_group=BEAT_GROUP).remote(self.client)
-            return True
-
-    def stop_heartbeat(self) -> None:
-        with self._beat_lock:
-            self._stop.set()
-
-    def _unavailable(self, why: str, dead: bool = False) -> ManagerUnavailableError:
-        if dead:
-            self._dead = why
-            self._stop.set()
-        return ManagerUnavailableError(why)
-
-    def submit(self, request: Dict[str, Any], deadline: Optional[float] = None):
-        """Hand ``request`` to Ray (it does not wait for the actor); returns the ObjectRef of its reply."""
-        ray = _ray()
-        if self._dead:
-            raise ManagerUnavailableError(self._dead)
-        if not ray.is_initialized():
-            raise self._unavailable(
-                f"{self.where} is unreachable: Ray is not initialised in this process (shut down?)", dead=True
-            )
-        request['id'] = self._next
-        self._next += 1
-        wire = _wire(request, self.allow_pickle)  # TypeError (no pickle) before anything is sent
-        try:
-            return self.actor.call.remote(self.client, *wire)
-        except ray.exceptions.RayError as e:
-            raise self._unavailable(f"{self.where} is unreachable: {type(e).__name__}: {e}") from e
-
-    def result(self, ref: Any, op: str, deadline: Optional[float] = None) -> Dict[str, Any]:
-        """The reply to ``ref``; ``ManagerUnavailableError`` when it does not arrive before ``deadline``."""
-        ray = _ray()
-        if self._dead:
-            raise ManagerUnavailableError(self._dead)
-        if not ray.is_initialized():
-            raise self._unavailable(f"{self.where} is unreachable: Ray is not initialised in this process", dead=True)
-        deadline = time.monotonic() + self.timeout if deadline is None else deadline
-        try:
-            msg = ray.get(ref, timeout=max(deadline - time.monotonic(), 0.0))
-        except ray.exceptions.GetTimeoutError as e:
-            raise ManagerTimeoutError(
-                f"{self.where} did not answer {op!r} within {self.timeout}s "
-                f"(distributed.timeout); it may be overloaded, frozen or gone"
-            ) from e
-        except ray.exceptions.RayActorError as e:  # ActorDiedError and friends derive from it
-            raise self._unavailable(f"{self.where} is gone: {type(e).__name__}", dead=True) from e
-        except ray.exceptions.RayError as e:  # the object was lost, the task failed in Ray itself
-            raise ManagerUnavailableError(f"{self.where} did not answer {op!r}: {type(e).__name__}: {e}") from e
-        reply = _unwire(msg, self.allow_pickle)
-        if not isinstance(reply, dict):
-            raise CodecError(f"the reply of {self.where} to {op!r} is a {type(reply).__name__}, not a reply")
-        if reply.get('shutdown'):
-            self._shutdown = True
-        if reply.get('ok') is False and reply.get('error') == 'ManagerUnavailableError':
-            raise self._unavailable(f"{self.where}: {reply.get('message')}", dead=True)
-        return reply
-
-    def close(self, grace: Optional[float] = None) -> None:
-        """Stop the heartbeat; the worker whose EXIT was the last one ends the actor."""
-        self.stop_heartbeat()
-        if self._shutdown:
-            ray = _ray()
-            if ray.is_initialized():
-                try:
-                    ray.kill(self.actor, no_restart=True)
-                except Exception:  # noqa: BLE001 - it ended already
-                    pass
