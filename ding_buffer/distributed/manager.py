@@ -24,7 +24,6 @@ from .baseline import BaselineTracker
 from .batching import count_items, log_rewards_of
 from .blobs import BlobStore
 from .config import resolve_callable
-from .delegate import delegated
 from .file_root import confine, resolve_file_root
 from .liveness import Liveness
 from .protocol import error_reply, ok_reply
@@ -41,8 +40,8 @@ class ManagerCore:
     Overview:
         Serves one buffer to many senders. Single-threaded: the caller serialises ``handle`` calls.
     Interfaces:
-        ``handle``, ``summary``, ``shutdown``; attributes ``buffer``, ``exited``, ``per_sender``. Liveness
-        (``seen``, ``lose``, ``check_silent``, ``merge_heard``, ``lost``, ...) is ``self.liveness``'s.
+        ``handle``, ``summary``, ``shutdown``; attributes ``buffer``, ``per_sender`` and ``liveness`` (a
+        ``Liveness``: ``seen``, ``lose``, ``check_silent``, ``merge_heard``, ``exited``, ``lost``, ...).
     """
 
     def __init__(self, buffer: Any, dcfg: Any, log_reward_key: str) -> None:
@@ -211,7 +210,7 @@ class ManagerCore:
         out = dict(fn()) if fn is not None else {'count': self.buffer.count()}
         out.update({f'manager/{k}': v for k, v in self.counters.items()})
         out['manager/model_version'] = self.model_version
-        out['manager/exited'] = len(self.exited)
+        out['manager/exited'] = len(self.liveness.exited)
         out.update({f'manager/blob_version/{k}': v for k, v in self.blobs.versions().items()})
         return out
 
@@ -284,16 +283,6 @@ class ManagerCore:
 
     def _exit(self, sender) -> Dict[str, Any]:
         return {'exited': self.liveness.exit(sender)}
-
-    # ------------------------------------------------------------------ liveness (used by every backend)
-    exited = delegated('liveness', 'exited')
-    lost = delegated('liveness', 'lost')
-    rejoined = delegated('liveness', 'rejoined')
-    last_seen = delegated('liveness', 'last_seen')
-    seen = delegated('liveness', 'seen')
-    merge_heard = delegated('liveness', 'merge_heard')
-    lose = delegated('liveness', 'lose')
-    check_silent = delegated('liveness', 'check_silent')
 
     # ------------------------------------------------------------------ shutdown
     def shutdown(self) -> Optional[str]:

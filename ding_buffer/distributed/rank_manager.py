@@ -35,13 +35,9 @@ class ReplayBufferManager:
         self._heard: Dict[Any, float] = {}  # peer -> last arrival, stamped before waiting for the lock
         self._busy: Dict[Any, int] = {}  # peer -> its requests waiting for / holding the lock
 
-    @property
-    def lost(self) -> Dict[Any, str]:
-        return self.core.lost
-
     def _waiting_for(self) -> set:
         with self._lock:
-            return self.workers - self.core.exited - set(self.core.lost)
+            return self.workers - self.core.liveness.exited - set(self.core.liveness.lost)
 
     def run(self, timeout: Optional[float] = None, poll: float = 0.5) -> Dict[str, Any]:
         """
@@ -54,7 +50,7 @@ class ReplayBufferManager:
         """
         start = time.monotonic()
         for w in self.workers:
-            self.core.last_seen[w] = start
+            self.core.liveness.last_seen[w] = start
         self.transport.on_item = self._serve
         self.transport.start()
         stuck: list = []
@@ -67,12 +63,12 @@ class ReplayBufferManager:
                 item = self.transport.recv(timeout=poll)  # lost peers, goodbyes, wake-ups after an EXIT
                 with self._lock:
                     # arrivals first: a goodbye or a broken connection comes after the peer's last message
-                    self.core.merge_heard(self._heard)
+                    self.core.liveness.merge_heard(self._heard)
                     if item is not None and item[1] == LOST:
-                        self.core.lose(item[0], item[2])
-                    elif item is not None and item[1] == BYE and item[0] not in self.core.exited:
-                        self.core.lose(item[0], "it closed its connection without EXIT")
-                    self.core.check_silent(busy=[p for p, n in list(self._busy.items()) if n])
+                        self.core.liveness.lose(item[0], item[2])
+                    elif item is not None and item[1] == BYE and item[0] not in self.core.liveness.exited:
+                        self.core.liveness.lose(item[0], "it closed its connection without EXIT")
+                    self.core.liveness.check_silent(busy=[p for p, n in list(self._busy.items()) if n])
         finally:
             with self._lock:
                 self._stopping = True
@@ -97,7 +93,7 @@ class ReplayBufferManager:
             if kind == ERROR:  # undecodable / oversized / broken framing: answered, the peer stays served
                 rid, err = obj
                 with self._lock:
-                    self.core.seen(peer)
+                    self.core.liveness.seen(peer)
                     self.core.counters['errors'] += 1
                 reply: Optional[Dict[str, Any]] = error_reply(rid, err)
             else:
@@ -124,7 +120,7 @@ class ReplayBufferManager:
         except TransportError as e:
             if rid >= 0:
                 with self._lock:
-                    self.core.lose(peer, f"its replies are not taken: {e}")
+                    self.core.liveness.lose(peer, f"its replies are not taken: {e}")
         if reply.get('final'):
             self.transport.inbox.put((peer, 'exited', None))  # wake run() to re-check the exit condition
 

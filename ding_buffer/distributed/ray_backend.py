@@ -110,7 +110,7 @@ class _ManagerActorImpl:
             rid = peek_id(msg[0]) if msg and isinstance(msg[0], (np.ndarray, bytes, bytearray)) else None
             with self._lock:
                 if _is_client(client):
-                    self.core.seen(client)
+                    self.core.liveness.seen(client)
                 self.core.counters['errors'] += 1
             return to_wire(error_reply(rid, e if isinstance(e, CodecError) else CodecError(str(e))), False)
         op = request.get('op') if isinstance(request, dict) else None
@@ -160,12 +160,13 @@ class _ManagerActorImpl:
 
     # ------------------------------------------------------------------ liveness
     def _all_done(self) -> bool:
-        return self.num_workers is not None and len(self.core.exited) + len(self.core.lost) >= self.num_workers
+        live = self.core.liveness
+        return self.num_workers is not None and len(live.exited) + len(live.lost) >= self.num_workers
 
     def _merge_beats(self) -> None:
         with self._beats_lock:
             beats, self._beats = self._beats, {}
-        self.core.merge_heard(beats)
+        self.core.liveness.merge_heard(beats)
 
     def _watch(self) -> None:
         while True:
@@ -173,7 +174,7 @@ class _ManagerActorImpl:
             try:
                 with self._lock:
                     self._merge_beats()
-                    self.core.check_silent()
+                    self.core.liveness.check_silent()
                     end = False
                     if not self._ended and self._all_done():
                         self._ended, end = True, True
@@ -181,7 +182,7 @@ class _ManagerActorImpl:
                             "manager actor: every one of the %d workers exited or was lost (lost: %s); "
                             "checkpointing and ending",
                             self.num_workers,
-                            sorted(self.core.lost),
+                            sorted(self.core.liveness.lost),
                         )
                         try:
                             self.core.shutdown()

@@ -26,7 +26,6 @@ from ..control.thruput import SampleTimeoutError
 from ..errors import ManagerTimeoutError, ManagerUnavailableError, RemoteError  # noqa: F401 (re-exported)
 from .blobs import check_name, check_version
 from .channel import PeerChannel, deadline_in  # noqa: F401 (PeerChannel re-exported)
-from .delegate import delegated
 from .protocol import request_msg, result_of
 from .push_pipeline import PushPipeline, new_client_id  # noqa: F401 (new_client_id re-exported)
 
@@ -38,10 +37,11 @@ class RemoteBuffer(IBuffer):
         buffer: ``push``/``extend``, ``sample`` (``timeout=`` waits on the worker side), ``update``, ``count``,
         ``stats``, ``state_dict``/``load_state_dict``, ``save_data``/``load_data`` (paths inside the manager's
         ``distributed.file_root``), ``clear``, ``close`` (sends EXIT after draining). Distributed extras:
-        ``last_score``, ``drain_pending_score``, ``metadata``, ``set_model_version`` (stamps pushes),
-        ``update_model_version`` (moves the manager's version), ``put_blob`` / ``get_blob`` (versioned blobs such as
-        the learner's weights), ``baseline_sync``, ``baseline_log_reward``,
-        ``unacknowledged`` (pushes in doubt, sent again by the next call).
+        ``drain_pending_score``, ``metadata``, ``set_model_version`` (stamps pushes), ``update_model_version``
+        (moves the manager's version), ``put_blob`` / ``get_blob`` (versioned blobs such as the learner's
+        weights), ``baseline_sync``; ``pushes``, the push pipeline, holds what the pushes learned:
+        ``pushes.last_score`` and ``pushes.baseline_log_reward`` (from the manager's replies),
+        ``pushes.filter_stats``, ``pushes.unacknowledged`` (pushes in doubt, sent again by the next call).
     """
 
     def __init__(
@@ -58,7 +58,7 @@ class RemoteBuffer(IBuffer):
         self._dcfg = dcfg
         self._channel = channel
         self._local = local
-        self._pushes = PushPipeline(
+        self.pushes = PushPipeline(
             dcfg,
             channel,
             local=local,
@@ -86,12 +86,12 @@ class RemoteBuffer(IBuffer):
         """
         Overview:
             Queue ``data`` for the manager; every ``remote_buffer_freq``-th push sends the accumulated batch.
-            Returns how many items were handed over (the manager's ``stored`` count is in ``last_score``).
+            Returns how many items were handed over (the manager's ``stored`` count is in ``pushes.last_score``).
             Pushes in doubt (an earlier ``ManagerUnavailableError``) are sent again first; a push of the same
             data as the call that raised is taken as its retry and adds nothing new.
         """
         self._check_open()
-        return self._pushes.push(data, cur_collector_envstep, batched)
+        return self.pushes.push(data, cur_collector_envstep, batched)
 
     def extend(self, batch: Any, cur_collector_envstep: int = -1) -> int:
         return self.push(batch, cur_collector_envstep, batched=True)
@@ -103,7 +103,7 @@ class RemoteBuffer(IBuffer):
     def flush(self) -> None:
         """Send what is pending now, pushes in doubt first (``close`` does it too)."""
         self._check_open()
-        self._pushes.send_owed(-1, deadline_in(self._dcfg.timeout))
+        self.pushes.send_owed(-1, deadline_in(self._dcfg.timeout))
 
     def drain_pending_score(self, timeout: float = 30.0) -> Optional[Dict[str, Any]]:
         """
@@ -112,15 +112,7 @@ class RemoteBuffer(IBuffer):
             nothing was outstanding). Raises ``ManagerUnavailableError`` if it does not arrive in time (the push
             is then in doubt and sent again by the next call).
         """
-        return self._pushes.drain(timeout)
-
-    # the push pipeline's state, under the names callers read (``unacknowledged``: pushes in doubt plus an
-    # uncollected async push; ``last_score``, ``baseline_log_reward``: learned from push replies)
-    unacknowledged = delegated('_pushes', 'unacknowledged')
-    last_score = delegated('_pushes', 'last_score')
-    baseline_log_reward = delegated('_pushes', 'baseline_log_reward')
-    filter_stats = delegated('_pushes', 'filter_stats')
-    resent_pushes = delegated('_pushes', 'resent_pushes')
+        return self.pushes.drain(timeout)
 
     # ------------------------------------------------------------------ the rest of IBuffer
     def sample(self, size: int, cur_learner_iter: int = -1, timeout: Optional[float] = None, **kwargs) -> Optional[Any]:
@@ -215,8 +207,8 @@ class RemoteBuffer(IBuffer):
 
     def set_model_version(self, version: int, session_id: Optional[str] = None) -> None:
         """Stamp later pushes with the model version (and session) that produced them."""
-        self._pushes.model_version = int(version)
-        self._pushes.session_id = session_id
+        self.pushes.model_version = int(version)
+        self.pushes.session_id = session_id
 
     def update_model_version(self, version: int, session_id: Optional[str] = None) -> Dict[str, Any]:
         """Learner: move the manager to ``version`` (a new session clears data of the old one when gating)."""
@@ -251,8 +243,8 @@ class RemoteBuffer(IBuffer):
         deadline = deadline_in(self._dcfg.timeout if timeout is None else timeout)
         left = lambda: max(deadline - time.monotonic(), 0.0)  # noqa: E731
         try:
-            self._pushes.send_owed(-1, deadline)
-            if self._pushes.inflight is not None:
+            self.pushes.send_owed(-1, deadline)
+            if self.pushes.inflight is not None:
                 self.drain_pending_score(left())
             stop = getattr(self._channel, 'stop_heartbeat', None)
             if stop is not None:

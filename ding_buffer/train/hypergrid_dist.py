@@ -233,13 +233,14 @@ def _sampler(cfg: EasyDict, remote: Any, index: int) -> Dict[str, Any]:
         pushed += remote.extend(trajectories_to_batch(tr, length))
         batches += 1
         since += 1
+    pushes = getattr(remote, 'pushes', None)  # a RemoteBuffer's push pipeline (a ShardedBuffer has none)
     return {
         'role': 'sampler',
         'index': index,
         'batches': batches,
         'pushed_items': pushed,
         'last_version': version,
-        'filtered': dict(remote.filter_stats) if isinstance(getattr(remote, 'filter_stats', None), dict) else None,
+        'filtered': dict(pushes.filter_stats) if pushes is not None else None,
     }
 
 

@@ -74,7 +74,7 @@ def worker_push_sample_update(cfg, wid, steps, batch):
     stored = []
     for step in range(steps):
         buf.push(rows(wid, step, batch), batched=True)
-        stored.append(buf.last_score['stored'])
+        stored.append(buf.pushes.last_score['stored'])
     s = buf.sample(4, timeout=10)
     upd = buf.update(
         {
@@ -105,7 +105,7 @@ def worker_push_then_die(cfg, wid, steps, batch):
     buf = create_buffer(cfg)
     for step in range(steps):
         buf.push(rows(wid, step, batch), batched=True)
-        assert buf.last_score['stored'] == batch
+        assert buf.pushes.last_score['stored'] == batch
     os._exit(1)
 
 
@@ -116,7 +116,7 @@ def worker_push_return(cfg, wid, steps, batch):
     buf = create_buffer(cfg)
     for step in range(steps):
         buf.push(rows(wid, step, batch), batched=True)
-        assert buf.last_score['stored'] == batch
+        assert buf.pushes.last_score['stored'] == batch
     return wid
 
 

@@ -187,13 +187,13 @@ def test_async_score_is_one_push_stale(actors):
     cfg = naive_tensor(actors(async_score=True, scoring_function='ray_helpers:stored_count'))
     buf = create_buffer(cfg)
     assert buf.push(rows(0, 0, 3), batched=True) == 3
-    assert buf.last_score is None  # nothing answered yet
+    assert buf.pushes.last_score is None  # nothing answered yet
     buf.push(rows(0, 1, 3), batched=True)
-    assert buf.last_score == {'n_stored': 3, 'stored': 3}  # the score of push 1
+    assert buf.pushes.last_score == {'n_stored': 3, 'stored': 3}  # the score of push 1
     buf.push(rows(0, 2, 3), batched=True)
-    assert buf.last_score == {'n_stored': 6, 'stored': 3}  # the score of push 2
+    assert buf.pushes.last_score == {'n_stored': 6, 'stored': 3}  # the score of push 2
     assert buf.drain_pending_score(timeout=10) == {'n_stored': 9, 'stored': 3}
-    assert buf.last_score == {'n_stored': 9, 'stored': 3}
+    assert buf.pushes.last_score == {'n_stored': 9, 'stored': 3}
     assert buf.drain_pending_score(timeout=10) is None  # nothing outstanding
     assert buf.count() == 9
     buf.close()
@@ -219,11 +219,11 @@ def test_baseline_min_on_full_prioritized_gfn_buffer(actors):
         allr = torch.cat(pushed)
         if i == 0:  # not full yet: the EMA of the incoming minima, whose first value is the minimum
             assert len(allr) < cap
-            assert buf.last_score['baseline_log_reward'] == pytest.approx(float(lr.min()), abs=1e-6)
+            assert buf.pushes.last_score['baseline_log_reward'] == pytest.approx(float(lr.min()), abs=1e-6)
         else:  # full: the minimum of the top-capacity log-rewards
             expected = float(torch.topk(allr, cap).values.min())
-            assert buf.last_score['baseline_log_reward'] == pytest.approx(expected, abs=1e-6)
-            assert buf.baseline_log_reward == pytest.approx(expected, abs=1e-6)
+            assert buf.pushes.last_score['baseline_log_reward'] == pytest.approx(expected, abs=1e-6)
+            assert buf.pushes.baseline_log_reward == pytest.approx(expected, abs=1e-6)
     assert buf.count() == cap
     assert buf.metadata()['baseline_log_reward'] == pytest.approx(float(torch.topk(allr, cap).values.min()), abs=1e-6)
     buf.close()
@@ -321,7 +321,7 @@ def test_allow_pickle_gates_python_objects(actors):
     plain.close()
 
     assert pick.push(items) == 2
-    assert pick.last_score['stored'] == 2
+    assert pick.pushes.last_score['stored'] == 2
     got = pick.sample(2)
     assert isinstance(got, list) and len(got) == 2
     got = sorted(got, key=lambda it: float(it['x']))
@@ -340,15 +340,15 @@ def test_model_version_gating_rejects_stale_pushes(actors):
 
     worker.set_model_version(3, session_id='s1')  # lag 2 > 1: refused
     worker.push(rows(1, 0, 4), batched=True)
-    assert worker.last_score['rejected_stale'] == 4 and worker.last_score['stored'] == 0
+    assert worker.pushes.last_score['rejected_stale'] == 4 and worker.pushes.last_score['stored'] == 0
     assert learner.count() == 0
 
     worker.set_model_version(4, session_id='s1')  # lag 1: accepted
     worker.push(rows(1, 1, 4), batched=True)
-    assert worker.last_score['stored'] == 4 and 'rejected_stale' not in worker.last_score
+    assert worker.pushes.last_score['stored'] == 4 and 'rejected_stale' not in worker.pushes.last_score
     worker.set_model_version(5, session_id='other')  # another session: refused
     worker.push(rows(1, 2, 2), batched=True)
-    assert worker.last_score['rejected_stale'] == 2
+    assert worker.pushes.last_score['rejected_stale'] == 2
     assert learner.count() == 4
     assert row_set(learner.sample(4)['obs']) == row_set(rows(1, 1, 4)['obs'])
     st = learner.stats()
@@ -577,11 +577,11 @@ def test_push_retried_after_timeout_is_stored_once_and_idle_workers_stay_live(ac
     with pytest.raises(ManagerUnavailableError, match='distributed.timeout'):
         buf.push(data, batched=True)  # stored, then scored for SLOW_FIRST_PUSH > timeout seconds
     assert time.monotonic() - t0 < timeout + 0.5
-    assert buf.unacknowledged == 1
+    assert buf.pushes.unacknowledged == 1
     buf.push(data, batched=True)  # the caller's retry: the push in doubt is resent with its sequence number
-    assert buf.unacknowledged == 0 and buf.last_score['duplicate'] is True
+    assert buf.pushes.unacknowledged == 0 and buf.pushes.last_score['duplicate'] is True
     buf.push(rows(4, 1, 5), batched=True)
-    assert buf.last_score['stored'] == 5 and 'duplicate' not in buf.last_score
+    assert buf.pushes.last_score['stored'] == 5 and 'duplicate' not in buf.pushes.last_score
     assert buf.count() == 10
     expected = torch.cat([rows(4, 0, 5)['obs'], rows(4, 1, 5)['obs']])
     assert sorted(buf.sample(10)['obs'].tolist()) == sorted(expected.tolist())  # naive: without replacement

@@ -541,7 +541,7 @@ def test_manager_ping_and_exit():
     assert r == {'id': 4, 'ok': True, 'result': {'exited': 1}, 'final': True}
     assert core.handle(W, req('exit'))['result'] == {'exited': 1}  # a set: the same sender once
     assert core.handle('worker-1', req('exit'))['result'] == {'exited': 2}
-    assert core.exited == {W, 'worker-1'}
+    assert core.liveness.exited == {W, 'worker-1'}
     assert 'final' not in core.handle(W, req('count'))
     assert core.summary()['exited'] == sorted([W, 'worker-1'])
 
@@ -765,7 +765,7 @@ def test_remote_freq_batches_concatenated_in_order():
     assert ch.ops() == ['push'] and core.counters['push_requests'] == 1
     assert torch.equal(stored_obs(core.buffer), torch.cat([b['obs'] for b in batches[:3]]))
     assert ch.requests[0]['args']['batched'] is True
-    assert rb.last_score == {'stored': 6}
+    assert rb.pushes.last_score == {'stored': 6}
     rb.extend(batches[3])
     assert core.counters['push_requests'] == 1
     rb.flush()
@@ -790,10 +790,10 @@ def test_remote_baseline_filtering_with_refresh():
         'gfn', size=100, baseline_strategy='min', baseline_filtering=True, baseline_refresh_after=2
     )
     rb.baseline_sync(2.0)
-    assert rb.baseline_log_reward == NINF  # learned from push replies only
+    assert rb.pushes.baseline_log_reward == NINF  # learned from push replies only
     rb.push(gfn_batch([0.0, 5.0]))  # no baseline yet: everything is sent
-    assert core.buffer.count() == 2 and rb.baseline_log_reward == 2.0
-    assert rb.filter_stats == dict(total=0, kept=0, skipped_sends=0, sends=1)
+    assert core.buffer.count() == 2 and rb.pushes.baseline_log_reward == 2.0
+    assert rb.pushes.filter_stats == dict(total=0, kept=0, skipped_sends=0, sends=1)
 
     b = gfn_batch([1.0, 3.0, 0.5, 4.0], offset=100)  # partial: only rows 1 and 3 go
     rb.push(b)
@@ -801,54 +801,55 @@ def test_remote_baseline_filtering_with_refresh():
     assert torch.equal(sent['log_reward'], torch.tensor([3.0, 4.0]))
     assert torch.equal(sent['state'], b['state'][[1, 3]])
     assert core.buffer.count() == 4
-    assert rb.filter_stats == dict(total=4, kept=2, skipped_sends=0, sends=2)
+    assert rb.pushes.filter_stats == dict(total=4, kept=2, skipped_sends=0, sends=2)
 
     n_requests = len(ch.requests)
     rb.push(gfn_batch([0.0, 1.0], offset=200))  # fully filtered: skipped
     assert len(ch.requests) == n_requests and core.buffer.count() == 4
-    assert rb.filter_stats == dict(total=6, kept=2, skipped_sends=1, sends=2)
+    assert rb.pushes.filter_stats == dict(total=6, kept=2, skipped_sends=1, sends=2)
     rb.push(gfn_batch([1.5, 0.1], offset=300))  # 2nd in a row: refresh, sent whole
     assert len(ch.requests) == n_requests + 1 and core.buffer.count() == 6
     assert torch.equal(ch.requests[-1]['args']['data']['log_reward'], torch.tensor([1.5, 0.1]))
-    assert rb.filter_stats == dict(total=8, kept=2, skipped_sends=2, sends=3)
+    assert rb.pushes.filter_stats == dict(total=8, kept=2, skipped_sends=2, sends=3)
 
     rb.push(gfn_batch([0.0], offset=400))  # the counter restarted: skipped again
-    assert core.buffer.count() == 6 and rb.filter_stats['skipped_sends'] == 3
+    assert core.buffer.count() == 6 and rb.pushes.filter_stats['skipped_sends'] == 3
     rb.push(gfn_batch([9.0, 1.0], offset=500))  # partial resets the counter
     rb.push(gfn_batch([0.0], offset=600))
-    assert core.buffer.count() == 7 and rb.filter_stats == dict(total=12, kept=3, skipped_sends=4, sends=4)
+    assert core.buffer.count() == 7 and rb.pushes.filter_stats == dict(total=12, kept=3, skipped_sends=4, sends=4)
     assert core.counters['push_requests'] == 4
 
 
 def test_remote_baseline_filtering_without_refresh_never_sends_filtered():
     rb, core, ch = make_remote('gfn', size=100, baseline_strategy='ema', baseline_filtering=True)
     rb.push(gfn_batch([3.0, 4.0]))
-    assert rb.baseline_log_reward == 3.0
+    assert rb.pushes.baseline_log_reward == 3.0
     for i in range(4):
         rb.push(gfn_batch([1.0], offset=10 * i))
-    assert core.buffer.count() == 2 and rb.filter_stats['skipped_sends'] == 4 and rb.filter_stats['sends'] == 1
+    stats = rb.pushes.filter_stats
+    assert core.buffer.count() == 2 and stats['skipped_sends'] == 4 and stats['sends'] == 1
 
 
 def test_remote_async_score():
     rb, core, ch = make_remote(storage='list', async_score=True, scoring_function=score_hook)
     rb.push(item(1))
-    assert rb.last_score is None
+    assert rb.pushes.last_score is None
     assert core.buffer.count() == 1  # the loopback served it; the reply waits
     rb.push([item(2), item(3)])
-    assert rb.last_score == {'n_in': 1, 'sender': W, 'count_after': 1, 'stored': 1}
+    assert rb.pushes.last_score == {'n_in': 1, 'sender': W, 'count_after': 1, 'stored': 1}
     assert rb.drain_pending_score(timeout=1.0) == {'n_in': 2, 'sender': W, 'count_after': 3, 'stored': 2}
-    assert rb.last_score['count_after'] == 3
+    assert rb.pushes.last_score['count_after'] == 3
     assert rb.drain_pending_score(timeout=1.0) is None
     rb.push(item(4))
-    assert rb.last_score['count_after'] == 3
+    assert rb.pushes.last_score['count_after'] == 3
     rb.close()  # collects the outstanding score before EXIT
-    assert rb.last_score['count_after'] == 4 and ch.ops()[-1] == 'exit'
+    assert rb.pushes.last_score['count_after'] == 4 and ch.ops()[-1] == 'exit'
 
 
 def test_remote_sync_score():
     rb, core, ch = make_remote(storage='list', scoring_function=score_hook)
     rb.push(item(1))
-    assert rb.last_score == {'n_in': 1, 'sender': W, 'count_after': 1, 'stored': 1}
+    assert rb.pushes.last_score == {'n_in': 1, 'sender': W, 'count_after': 1, 'stored': 1}
     assert rb.drain_pending_score(timeout=1.0) is None
 
 
@@ -939,7 +940,7 @@ def test_remote_close():
     rb, core, ch = make_remote()
     rb.push({'obs': torch.zeros(2)})
     rb.close()
-    assert ch.ops() == ['push', 'exit'] and core.exited == {W} and ch.closed == 1
+    assert ch.ops() == ['push', 'exit'] and core.liveness.exited == {W} and ch.closed == 1
     rb.close()
     assert ch.ops() == ['push', 'exit'] and ch.closed == 1
     for call in (
@@ -960,10 +961,10 @@ def test_remote_model_version_stamps_pushes():
     rb, core, ch = make_remote(storage='list', max_version_lag=1)
     assert rb.update_model_version(4, session_id='s') == {'model_version': 4, 'session_id': 's', 'cleared': 0}
     rb.push(item(0))
-    assert ch.requests[-1]['args']['model_version'] == 4 and rb.last_score['stored'] == 1
+    assert ch.requests[-1]['args']['model_version'] == 4 and rb.pushes.last_score['stored'] == 1
     rb.set_model_version(2, 's')
     rb.push(item(1))
-    assert rb.last_score == {'stored': 0, 'rejected_stale': 1}
+    assert rb.pushes.last_score == {'stored': 0, 'rejected_stale': 1}
     assert rb.metadata()['model_version'] == 4 and core.buffer.count() == 1
 
 
@@ -1379,22 +1380,23 @@ def test_push_sequence_numbers_are_applied_once():
 
 def test_liveness_lose_silence_and_rejoin():
     core = make_core(peer_timeout=2.0, heartbeat_seconds=1.0)
-    core.seen('a', now=0.0)
-    core.seen('b', now=0.0)
-    core.seen('c', now=0.0)
+    core.liveness.seen('a', now=0.0)
+    core.liveness.seen('b', now=0.0)
+    core.liveness.seen('c', now=0.0)
     for now in (0.5, 1.0, 1.5):
-        core.check_silent(now=now)
-    assert core.lost == {}
+        core.liveness.check_silent(now=now)
+    assert core.liveness.lost == {}
     core.handle('b', req('exit'))
     for now in (2.0, 2.5, 3.0):
-        core.check_silent(now=now, busy=['c'])  # c's request waits for the buffer: not silent
-    assert list(core.lost) == ['a'] and 'peer_timeout' in core.lost['a']  # an exited sender is never lost
-    core.seen('a', now=3.0)
-    core.seen('c', now=3.0)  # c's request was served
-    core.check_silent(now=13.0)  # this process did not run for 10 s (frozen): that is held against nobody
-    assert core.lost == {}
+        core.liveness.check_silent(now=now, busy=['c'])  # c's request waits for the buffer: not silent
+    lost = core.liveness.lost
+    assert list(lost) == ['a'] and 'peer_timeout' in lost['a']  # an exited sender is never lost
+    core.liveness.seen('a', now=3.0)
+    core.liveness.seen('c', now=3.0)  # c's request was served
+    core.liveness.check_silent(now=13.0)  # this process did not run for 10 s (frozen): that is held against nobody
+    assert core.liveness.lost == {}
     core.handle('a', {'op': 'ping'})  # it speaks again: rejoined
-    assert core.lost == {} and core.rejoined == {'a': 1}
+    assert core.liveness.lost == {} and core.liveness.rejoined == {'a': 1}
     assert core.summary()['rejoined'] == {'a': 1}
 
 
@@ -1421,16 +1423,16 @@ def test_push_in_doubt_is_resent_with_its_sequence_number():
     ch.fail = 'late'  # applied, but no reply in time
     with pytest.raises(ManagerUnavailableError):
         rb.push(item(1))
-    assert rb.unacknowledged == 1 and core.buffer.count() == 2
+    assert rb.pushes.unacknowledged == 1 and core.buffer.count() == 2
     ch.fail = None
     rb.push(item(1))  # the caller's retry: recognised, nothing new is added
-    assert core.buffer.count() == 2 and rb.last_score['duplicate'] is True and rb.unacknowledged == 0
+    assert core.buffer.count() == 2 and rb.pushes.last_score['duplicate'] is True and rb.pushes.unacknowledged == 0
     ch.fail = 'lost'  # never reached the manager
     with pytest.raises(ManagerUnavailableError):
         rb.push(item(2))
     ch.fail = None
     rb.push(item(3))  # new data: the push in doubt goes first, with its old sequence number
-    assert core.buffer.count() == 4 and rb.unacknowledged == 0
+    assert core.buffer.count() == 4 and rb.pushes.unacknowledged == 0
     assert torch.equal(stored_obs(core.buffer)[:4, 0], torch.tensor([0.0, 1.0, 2.0, 3.0]))
     assert [r['args']['seq'] for r in ch.requests if r['op'] == 'push'] == [0, 1, 1, 2, 3]
 
@@ -1456,7 +1458,7 @@ def test_async_push_in_doubt_and_close_resend():
         rb.push(item(1))  # never sent
     ch.fail = None
     rb.close()  # sends what is owed, then EXIT
-    assert core.buffer.count() == 2 and core.exited == {W}
+    assert core.buffer.count() == 2 and core.liveness.exited == {W}
 
 
 def test_failed_flush_of_earlier_items_does_not_take_the_new_data():
@@ -1469,7 +1471,7 @@ def test_failed_flush_of_earlier_items_does_not_take_the_new_data():
     ch.fail = None
     rb.push(batch, batched=True)  # not a retry: this data was never taken
     rb.flush()
-    assert core.buffer.count() == 3 and rb.unacknowledged == 0
+    assert core.buffer.count() == 3 and rb.pushes.unacknowledged == 0
 
 
 def test_sync_request_while_an_async_push_is_in_flight_keeps_its_reply():
@@ -1663,7 +1665,7 @@ def test_a_request_longer_than_peer_timeout_loses_nobody():
     b.push(item(1))  # waits for the buffer behind the slow push
     slow.join()
     time.sleep(0.6)
-    assert mgr.core.lost == {}, mgr.core.lost
+    assert mgr.core.liveness.lost == {}, mgr.core.liveness.lost
     a.close()
     b.close()
     th.join(20)

@@ -207,7 +207,7 @@ def manager(buf):
 # ---------------------------------------------------------------------------------------------- workers
 def push_record(buf, data, **kw):
     n = buf.push(data, **kw)
-    RESULT['events'].append({'pushed': n, 'score': jsonable(buf.last_score)})
+    RESULT['events'].append({'pushed': n, 'score': jsonable(buf.pushes.last_score)})
     return n
 
 
@@ -628,8 +628,8 @@ def worker_freeze_manager(buf):
             if step % 5 == 4:
                 retrying(buf, buf.count, 'count', log)
             time.sleep(0.1)
-        RESULT['duplicate_seen'] = buf.last_score
-        RESULT['unacknowledged'] = buf.unacknowledged
+        RESULT['duplicate_seen'] = buf.pushes.last_score
+        RESULT['unacknowledged'] = buf.pushes.unacknowledged
         flag('w0_done')
         buf.close()
         RESULT['closed'] = True
