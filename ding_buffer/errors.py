@@ -1,5 +1,5 @@
-"""Every public exception of ding_buffer in one place; the modules that raise them import them from here (and
-re-export them, so ``ding_buffer.distributed.codec.CodecError`` and friends keep working)."""
+"""Every public exception of ding_buffer in one place: the modules that raise or catch them import them from here,
+and the packages export them as public names (``ding_buffer.CodecError``, ``ding_buffer.distributed.CodecError``)."""
 
 
 class SampleTimeoutError(TimeoutError):

@@ -7,7 +7,7 @@ import weakref
 from typing import Any, Dict, Optional
 
 from ..errors import CodecError, ManagerTimeoutError, ManagerUnavailableError, SendTimeout, TransportError
-from .transport import BYE, ERROR, LOST
+from .frame_reader import BYE, ERROR, LOST
 
 MAX_EARLY = 64  # replies kept for requests other than the one awaited
 

@@ -27,7 +27,7 @@ from .config import resolve_callable
 from .file_root import confine, resolve_file_root
 from .liveness import Liveness
 from .protocol import error_reply, ok_reply
-from .push_dedup import MAX_CLIENTS, PushDedup, StoredThenFailed  # noqa: F401 (MAX_CLIENTS re-exported)
+from .push_dedup import PushDedup, StoredThenFailed
 
 logger = logging.getLogger('ding_buffer.distributed')
 

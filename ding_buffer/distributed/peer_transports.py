@@ -7,8 +7,10 @@ from typing import Any, List, Optional, Tuple
 import numpy as np
 import torch
 
+from ..errors import ProtocolError, TransportError
+from .framing import CTRL, HEAD, TAG
 from .poll_wait import poll, precise_sleeps
-from .transport import CTRL, HEAD, TAG, ProtocolError, ThreadedTransport, TransportError
+from .transport import ThreadedTransport
 
 
 class TorchTransport(ThreadedTransport):

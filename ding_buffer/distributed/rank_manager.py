@@ -7,9 +7,10 @@ import time
 from typing import Any, Dict, Optional
 
 from ..errors import TransportError
+from .frame_reader import BYE, ERROR, LOST
+from .framing import MAX_QUEUED
 from .manager import ManagerCore
 from .protocol import error_reply
-from .transport import BYE, ERROR, LOST, MAX_QUEUED
 
 
 class ReplayBufferManager:

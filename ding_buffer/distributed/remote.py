@@ -22,12 +22,11 @@ from typing import Any, Dict, List, Optional
 
 from ..base import IBuffer
 from ..buffers.common import check_wait_timeout
-from ..control.thruput import SampleTimeoutError
-from ..errors import ManagerTimeoutError, ManagerUnavailableError, RemoteError  # noqa: F401 (re-exported)
+from ..errors import ManagerTimeoutError, SampleTimeoutError
 from .blobs import check_name, check_version
-from .channel import PeerChannel, deadline_in  # noqa: F401 (PeerChannel re-exported)
+from .channel import deadline_in
 from .protocol import request_msg, result_of
-from .push_pipeline import PushPipeline, new_client_id  # noqa: F401 (new_client_id re-exported)
+from .push_pipeline import PushPipeline
 
 
 class RemoteBuffer(IBuffer):

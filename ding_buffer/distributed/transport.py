@@ -41,28 +41,10 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from ..errors import CodecError, ProtocolError, SendTimeout, TransportError  # noqa: F401 (re-exported)
+from ..errors import CodecError, ProtocolError, SendTimeout, TransportError
 from .codec import encode
 from .frame_reader import BYE, ERROR, LOST, MESSAGE, FrameReader
-
-# the framing constants; the backends and the tests read some of them from here (re-exported)
-from .framing import (  # noqa: F401
-    CTRL,
-    DATA,
-    GOODBYE,
-    HEAD,
-    INLINE,
-    MAGIC,
-    MAX_HEADER,
-    MAX_META,
-    MAX_PARTS,
-    MAX_QUEUED,
-    PIECE,
-    TAG,
-    frame,
-    pieces,
-    table_ok,
-)
+from .framing import DATA, GOODBYE, MAX_HEADER, frame, pieces
 
 logger = logging.getLogger('ding_buffer.distributed')
 

@@ -28,10 +28,10 @@ from ding_buffer import SampleTimeoutError, create_buffer
 from ding_buffer.base import BUFFER_REGISTRY, get_buffer_cls
 from ding_buffer.buffers import NaiveReplayBuffer
 from ding_buffer.distributed import ManagerCore, RemoteBuffer, build_manager_buffer, profile
-from ding_buffer.distributed import transport as _tr
-from ding_buffer.distributed.codec import _TORCH_DTYPES, CodecError, decode, encode
+from ding_buffer.distributed.codec import _TORCH_DTYPES, decode, encode
 from ding_buffer.distributed.config import resolve_callable
-from ding_buffer.distributed.remote import ManagerUnavailableError
+from ding_buffer.distributed.transport import ThreadedTransport
+from ding_buffer.errors import CodecError, ManagerUnavailableError, ProtocolError, SendTimeout, TransportError
 
 NINF = float('-inf')
 W = 'worker-0'
@@ -1050,9 +1050,9 @@ class _Pipe:
     def __init__(self, max_bytes=1 << 30, exact=False):
         import queue as q
 
-        from ding_buffer.distributed import transport as tr
+        from ding_buffer.distributed import framing as fr
 
-        class PipeTransport(tr.ThreadedTransport):
+        class PipeTransport(ThreadedTransport):
             def __init__(self, me, pipe):  # a sends anything (a peer with another limit); b enforces max_bytes
                 super().__init__([1 - me], False, max_bytes if me == 1 else 1 << 40, grace=5.0)
                 self.me, self.pipe = me, pipe
@@ -1069,14 +1069,14 @@ class _Pipe:
                         return self.pipe.wires[(peer, self.me)].get(timeout=0.05)
                     except q.Empty:
                         if self._abandon:
-                            raise tr.TransportError('closed') from None
+                            raise TransportError('closed') from None
 
             def _recv_head(self, peer):
                 msg = self._next(peer)
                 if exact:
                     return msg, len(msg)
-                assert len(msg) <= tr.HEAD, f"gloo would abort: a {len(msg)}-byte message on a {tr.HEAD}-byte receive"
-                buf = np.zeros(tr.HEAD, np.uint8)
+                assert len(msg) <= fr.HEAD, f"gloo would abort: a {len(msg)}-byte message on a {fr.HEAD}-byte receive"
+                buf = np.zeros(fr.HEAD, np.uint8)
                 buf[: len(msg)] = msg
                 return buf, None
 
@@ -1084,7 +1084,7 @@ class _Pipe:
                 self.asked.append(n if out is None else 0)  # bytes allocated for the receive
                 msg = self._next(peer)
                 if exact and len(msg) != n:
-                    raise tr.ProtocolError(f'{len(msg)} bytes where {n} were announced')
+                    raise ProtocolError(f'{len(msg)} bytes where {n} were announced')
                 assert len(msg) <= n, f"gloo would abort: a {len(msg)}-byte message on a {n}-byte receive"
                 buf = np.zeros(n, np.uint8) if out is None else out
                 buf[: len(msg)] = msg
@@ -1112,41 +1112,42 @@ class _Pipe:
 
 
 def _ctrl(*fields):
-    from ding_buffer.distributed import transport as tr
+    from ding_buffer.distributed import framing as fr
 
     c = np.zeros(8, np.int64)
     c[: len(fields)] = fields
-    return np.concatenate([c.view(np.uint8), np.zeros(tr.CTRL - 64, np.uint8)])
+    return np.concatenate([c.view(np.uint8), np.zeros(fr.CTRL - 64, np.uint8)])
 
 
 @pytest.mark.parametrize('exact', [False, True], ids=['gloo-like', 'mpi-like'])
 def test_framing_inline_overflow_and_large_parts(exact):
-    from ding_buffer.distributed import transport as tr
+    from ding_buffer.distributed import framing as fr
+    from ding_buffer.distributed.frame_reader import MESSAGE
 
     pipe = _Pipe(exact=exact)
     g = torch.Generator().manual_seed(0)
     msg = {
         'id': 7,
         'tiny': torch.arange(3),  # inline
-        'edge': torch.zeros(tr.INLINE, dtype=torch.uint8),  # exactly INLINE: inline
-        'big': torch.randn(tr.INLINE // 4 + 1, generator=g),  # 4 bytes over INLINE: out of line
-        'fill': [torch.ones(tr.INLINE // 4) for _ in range(tr.HEAD // tr.INLINE + 1)],  # inline until the head is full
+        'edge': torch.zeros(fr.INLINE, dtype=torch.uint8),  # exactly INLINE: inline
+        'big': torch.randn(fr.INLINE // 4 + 1, generator=g),  # 4 bytes over INLINE: out of line
+        'fill': [torch.ones(fr.INLINE // 4) for _ in range(fr.HEAD // fr.INLINE + 1)],  # inline until the head is full
         'empty': torch.zeros(0, 5),
         'many': [torch.full((7,), i, dtype=torch.int16) for i in range(40)],  # several inline parts
-        'name': 'x' * (tr.HEAD * 2),  # header larger than the head: meta overflows into a second message
+        'name': 'x' * (fr.HEAD * 2),  # header larger than the head: meta overflows into a second message
     }
     peer, kind, out = pipe.roundtrip(msg)
-    assert (peer, kind) == (0, tr.MESSAGE)
+    assert (peer, kind) == (0, MESSAGE)
     assert_same(msg, out)
-    head, extra, outline, n = tr.frame(*encode(msg))
-    assert extra is not None and len(head) == tr.HEAD  # the header alone overflows: every part out of line
+    head, extra, outline, n = fr.frame(*encode(msg))
+    assert extra is not None and len(head) == fr.HEAD  # the header alone overflows: every part out of line
     assert len(outline) == len(encode(msg)[1])
     fill = {k: msg[k] for k in ('big', 'fill', 'tiny')}
-    head, extra, outline, n = tr.frame(*encode(fill))
-    assert extra is None and len(head) <= tr.HEAD
-    assert sorted(p.nbytes for p in outline) == [tr.INLINE] * 2 + [tr.INLINE + 4]  # big + fills past the head
+    head, extra, outline, n = fr.frame(*encode(fill))
+    assert extra is None and len(head) <= fr.HEAD
+    assert sorted(p.nbytes for p in outline) == [fr.INLINE] * 2 + [fr.INLINE + 4]  # big + fills past the head
     assert_same(fill, pipe.roundtrip(fill)[2])
-    head, extra, outline, n = tr.frame(*encode({'x': torch.ones(10)}))
+    head, extra, outline, n = fr.frame(*encode({'x': torch.ones(10)}))
     assert extra is None and not outline and len(head) < 200  # a small message is short, not HEAD bytes
     before = pipe.wires[(0, 1)].qsize()
     pipe.a.send(1, {'op': 'ping', 'x': torch.ones(4)}, deadline=time.monotonic() + 10)
@@ -1176,14 +1177,15 @@ def test_framing_decoded_tensors_own_their_memory_so_torch_save_works():
 
 @pytest.mark.parametrize('exact', [False, True], ids=['gloo-like', 'mpi-like'])
 def test_framing_oversized_message_is_drained_and_answered_with_its_id(exact):
-    from ding_buffer.distributed import transport as tr
+    from ding_buffer.distributed import framing as fr
+    from ding_buffer.distributed.frame_reader import ERROR
 
-    pipe = _Pipe(max_bytes=tr.HEAD + 1000, exact=exact)
+    pipe = _Pipe(max_bytes=fr.HEAD + 1000, exact=exact)
     pipe.a.send(
         1, {'op': 'push', 'args': {'data': torch.zeros(100_000)}, 'id': 41}, msg_id=41, deadline=time.monotonic() + 10
     )
     peer, kind, (rid, err) = pipe.b.recv(10)
-    assert kind == tr.ERROR and rid == 41 and 'max_message_mb' in str(err) and isinstance(err, ValueError)
+    assert kind == ERROR and rid == 41 and 'max_message_mb' in str(err) and isinstance(err, ValueError)
     pipe.a.send(1, {'op': 'push', 'id': 42}, deadline=time.monotonic() + 10)  # still in sync after the drain
     assert pipe.b.recv(10)[2] == {'op': 'push', 'id': 42}
     assert pipe.wires[(0, 1)].empty()
@@ -1191,16 +1193,17 @@ def test_framing_oversized_message_is_drained_and_answered_with_its_id(exact):
 
 @pytest.mark.parametrize('exact', [False, True], ids=['gloo-like', 'mpi-like'])
 def test_framing_garbage_is_answered_and_the_stream_resynchronises(exact):
-    from ding_buffer.distributed import transport as tr
+    from ding_buffer.distributed import framing as fr
+    from ding_buffer.distributed.frame_reader import ERROR, MESSAGE
 
     pipe = _Pipe(exact=exact)
     rng = np.random.default_rng(0)
     bad = [
-        np.zeros(tr.HEAD, np.uint8),  # no magic
+        np.zeros(fr.HEAD, np.uint8),  # no magic
         rng.integers(0, 256, 1000, dtype=np.uint8),  # random bytes
-        _ctrl(tr.MAGIC, 9, 5, tr.CTRL),  # unknown kind
-        _ctrl(tr.MAGIC, tr.DATA, 6, tr.CTRL + 10, 5, 0, 0, 10),  # head length that disagrees with what arrived
-        _ctrl(tr.MAGIC, tr.DATA, 7, tr.CTRL + 32, 3, 2, 0, 32)[: tr.CTRL],  # meta announced, never sent
+        _ctrl(fr.MAGIC, 9, 5, fr.CTRL),  # unknown kind
+        _ctrl(fr.MAGIC, fr.DATA, 6, fr.CTRL + 10, 5, 0, 0, 10),  # head length that disagrees with what arrived
+        _ctrl(fr.MAGIC, fr.DATA, 7, fr.CTRL + 32, 3, 2, 0, 32)[: fr.CTRL],  # meta announced, never sent
         np.frombuffer(b'\x67\x6e\x69\x64' + b'\x00' * 16, np.uint8),
     ]  # 20 bytes: the magic and nothing else
     if exact:
@@ -1209,109 +1212,112 @@ def test_framing_garbage_is_answered_and_the_stream_resynchronises(exact):
         pipe.raw(b)
         pipe.a.send(1, {'op': 'count', 'id': 1}, msg_id=1, deadline=time.monotonic() + 10)
         got = []
-        while not (got and got[-1][1] == tr.MESSAGE):
+        while not (got and got[-1][1] == MESSAGE):
             got.append(pipe.b.recv(10))
             assert got[-1] is not None, f'nothing arrived after {b[:24].tolist()}'
         assert got[-1][2] == {'op': 'count', 'id': 1}, got  # the next well-formed message is read whole
-        assert all(k == tr.ERROR for _, k, _ in got[:-1]), got  # garbage is reported, never parsed
+        assert all(k == ERROR for _, k, _ in got[:-1]), got  # garbage is reported, never parsed
     assert pipe.b.protocol_errors >= len(bad) - 1
 
 
 def test_framing_a_short_frame_never_reads_stale_bytes():
-    from ding_buffer.distributed import transport as tr
+    from ding_buffer.distributed import framing as fr
+    from ding_buffer.distributed.frame_reader import ERROR, MESSAGE
 
     pipe = _Pipe()
     pipe.a.send(1, {'op': 'push', 'args': {'x': 'y' * 400}, 'id': 3}, msg_id=3, deadline=time.monotonic() + 10)
-    assert pipe.b.recv(10)[1] == tr.MESSAGE
+    assert pipe.b.recv(10)[1] == MESSAGE
     # 20 bytes: magic, kind DATA, id 69 -- a receive that reused the previous buffer would find its lengths
-    pipe.raw(np.array([tr.MAGIC, tr.DATA, 69], np.int64).view(np.uint8)[:20])
+    pipe.raw(np.array([fr.MAGIC, fr.DATA, 69], np.int64).view(np.uint8)[:20])
     peer, kind, (rid, err) = pipe.b.recv(10)
-    assert kind == tr.ERROR and 'control block' in str(err)
+    assert kind == ERROR and 'control block' in str(err)
 
 
 @pytest.mark.parametrize('exact', [False, True], ids=['gloo-like', 'mpi-like'])
 def test_framing_a_lying_part_table_is_refused(exact):
-    from ding_buffer.distributed import transport as tr
+    from ding_buffer.distributed import framing as fr
+    from ding_buffer.distributed.frame_reader import ERROR, MESSAGE
 
     pipe = _Pipe(exact=exact)
     header, parts = encode({'op': 'push', 'id': 5, 'x': torch.ones(50_000)})  # out of line, shorter than a head:
-    head, extra, out, n = tr.frame(header, parts, 5)  # (a longer stray piece would abort gloo, see the transport)
+    head, extra, out, n = fr.frame(header, parts, 5)  # (a longer stray piece would abort gloo, see the transport)
     lied = head.copy()
-    lied[: tr.CTRL].view(np.int64)[6] += 8  # body bytes that the table does not add up to
+    lied[: fr.CTRL].view(np.int64)[6] += 8  # body bytes that the table does not add up to
     pipe.raw(lied)
     peer, kind, (rid, err) = pipe.b.recv(10)
-    assert kind == tr.ERROR and rid == 5 and 'part table' in str(err)
+    assert kind == ERROR and rid == 5 and 'part table' in str(err)
     for p in out:  # the announced pieces arrive anyway: refused as heads, then the stream is in sync
         pipe.raw(p)
     pipe.a.send(1, {'op': 'count', 'id': 6}, msg_id=6, deadline=time.monotonic() + 10)
     while True:
         item = pipe.b.recv(10)
         assert item is not None
-        if item[1] == tr.MESSAGE:
+        if item[1] == MESSAGE:
             assert item[2] == {'op': 'count', 'id': 6}
             break
 
 
 def test_framing_mpi_piece_of_the_wrong_size_is_consumed_and_refused():
-    from ding_buffer.distributed import transport as tr
+    from ding_buffer.distributed import framing as fr
+    from ding_buffer.distributed.frame_reader import ERROR
 
     pipe = _Pipe(exact=True)
     header, parts = encode({'op': 'push', 'id': 8, 'x': torch.ones(100_000)})
-    head, extra, out, n = tr.frame(header, parts, 8)
+    head, extra, out, n = fr.frame(header, parts, 8)
     pipe.raw(head)
     pipe.raw(np.zeros(out[0].nbytes + 16, np.uint8))  # longer than announced
     peer, kind, (rid, err) = pipe.b.recv(10)
-    assert kind == tr.ERROR and rid == 8 and 'announced' in str(err)
+    assert kind == ERROR and rid == 8 and 'announced' in str(err)
     assert pipe.roundtrip({'op': 'count', 'id': 9})[2] == {'op': 'count', 'id': 9}
 
 
 def test_framing_allocates_a_piece_at_a_time_not_the_declared_size():
-    from ding_buffer.distributed import transport as tr
+    from ding_buffer.distributed import framing as fr
 
     pipe = _Pipe(max_bytes=4 << 30)
     declared = 1536 << 20  # 1.5 GiB announced, below max_message_bytes
     header = encode({'op': 'push', 'id': 4, 'x': torch.zeros(0)})[0]
     fake = np.zeros(declared, np.uint8)[:0]  # nothing real behind it
-    head, extra, out, n = tr.frame(header, [np.lib.stride_tricks.as_strided(fake, (declared,), (0,))], 4)
+    head, extra, out, n = fr.frame(header, [np.lib.stride_tricks.as_strided(fake, (declared,), (0,))], 4)
     pipe.raw(head)
     pipe.raw(np.ones(1 << 20, np.uint8))  # one MiB of it arrives, then the sender goes quiet
     time.sleep(0.3)
-    assert pipe.b.asked and max(pipe.b.asked) <= tr.PIECE, pipe.b.asked  # never the whole 1.5 GiB up front
+    assert pipe.b.asked and max(pipe.b.asked) <= fr.PIECE, pipe.b.asked  # never the whole 1.5 GiB up front
     assert pipe.b.recv(0.1) is None
 
 
 def test_send_timeout_keeps_the_frame_whole_and_bounds_the_queue():
-    from ding_buffer.distributed import transport as tr
+    from ding_buffer.distributed.frame_reader import MESSAGE
 
     pipe = _Pipe()
     pipe.gate.clear()  # the peer stops reading
     payload = {'op': 'push', 'id': 1, 'x': torch.arange(200_000)}
     t = time.monotonic()
-    with pytest.raises(tr.SendTimeout):
+    with pytest.raises(SendTimeout):
         pipe.a.send(1, payload, msg_id=1, deadline=time.monotonic() + 0.3)
     assert time.monotonic() - t < 0.3 + 0.2
     t = time.monotonic()
-    with pytest.raises(tr.SendTimeout, match='previous'):  # nothing more is queued behind it
+    with pytest.raises(SendTimeout, match='previous'):  # nothing more is queued behind it
         pipe.a.send(1, {'op': 'count', 'id': 2}, msg_id=2, deadline=time.monotonic() + 0.3)
     assert time.monotonic() - t < 0.3 + 0.2
     assert pipe.a.queued(1) == 1
     pipe.gate.set()  # the peer reads again: the frame that timed out arrives whole, in order
     peer, kind, got = pipe.b.recv(10)
-    assert kind == tr.MESSAGE
+    assert kind == MESSAGE
     assert_same(got, payload)
     assert pipe.roundtrip({'op': 'count', 'id': 3})[2] == {'op': 'count', 'id': 3}
     assert pipe.close() == ([], [])
 
 
 def test_close_says_goodbye_and_both_sides_end_their_threads():
-    from ding_buffer.distributed import transport as tr
+    from ding_buffer.distributed.frame_reader import BYE, MESSAGE
 
     pipe = _Pipe()
-    assert pipe.roundtrip({'op': 'count'})[1] == tr.MESSAGE
+    assert pipe.roundtrip({'op': 'count'})[1] == MESSAGE
     assert pipe.a.close(5) == []  # a's goodbye is answered by b's
-    assert pipe.b.recv(5) == (0, tr.BYE, None)
+    assert pipe.b.recv(5) == (0, BYE, None)
     assert not pipe.a.alive(1) and not pipe.b.alive(0)
-    with pytest.raises(tr.TransportError, match='closed'):
+    with pytest.raises(TransportError, match='closed'):
         pipe.b.send(0, {'op': 'count'}, deadline=time.monotonic() + 1)
     assert pipe.b.close(5) == []
 
@@ -1478,7 +1484,7 @@ def test_sync_request_while_an_async_push_is_in_flight_keeps_its_reply():
     import queue
 
     from ding_buffer.distributed.channel import PeerChannel
-    from ding_buffer.distributed.transport import MESSAGE
+    from ding_buffer.distributed.frame_reader import MESSAGE
 
     class FakeTransport:  # replies in request order, as the real transports deliver them
         def __init__(self):
@@ -1511,7 +1517,8 @@ def test_sync_request_while_an_async_push_is_in_flight_keeps_its_reply():
 
 @pytest.mark.parametrize('exact', [False, True], ids=['gloo-like', 'mpi-like'])
 def test_framing_part_tables_that_overflow_or_overlap_are_refused(exact):
-    from ding_buffer.distributed import transport as tr
+    from ding_buffer.distributed import framing as fr
+    from ding_buffer.distributed.frame_reader import ERROR
 
     pipe = _Pipe(max_bytes=1 << 20, exact=exact)
     header = encode({'op': 'push', 'id': 3})[0]
@@ -1519,7 +1526,7 @@ def test_framing_part_tables_that_overflow_or_overlap_are_refused(exact):
     def frame_with(table, body, extra=b''):
         n = len(table)
         meta = np.array(table, np.int64).reshape(-1).view(np.uint8).tobytes() + header + extra
-        c = np.array([tr.MAGIC, tr.DATA, 3, tr.CTRL + len(meta), len(header), n, body, len(meta)], np.int64)
+        c = np.array([fr.MAGIC, fr.DATA, 3, fr.CTRL + len(meta), len(header), n, body, len(meta)], np.int64)
         return np.frombuffer(c.tobytes() + meta, np.uint8)
 
     # four parts of ~2**62 bytes whose int64 sum wraps around to 16
@@ -1530,23 +1537,24 @@ def test_framing_part_tables_that_overflow_or_overlap_are_refused(exact):
     t = time.monotonic()
     for _ in range(2):
         peer, kind, (rid, err) = pipe.b.recv(10)
-        assert kind == tr.ERROR and rid == 3 and 'part table' in str(err)
+        assert kind == ERROR and rid == 3 and 'part table' in str(err)
     assert time.monotonic() - t < 2 and pipe.b.asked == []  # refused before any receive or allocation
     assert pipe.roundtrip({'op': 'count', 'id': 4})[2] == {'op': 'count', 'id': 4}
 
 
 def test_framing_header_cap_refuses_huge_headers_with_a_hint():
-    from ding_buffer.distributed import transport as tr
+    from ding_buffer.distributed import framing as fr
+    from ding_buffer.distributed.frame_reader import ERROR
 
     pipe = _Pipe(max_bytes=1 << 30)
-    msg = {'op': 'push', 'id': 8, 'x': 'y' * (tr.MAX_HEADER + 10)}
+    msg = {'op': 'push', 'id': 8, 'x': 'y' * (fr.MAX_HEADER + 10)}
     with pytest.raises(CodecError, match='header'):  # a sender refuses it before anything leaves
         pipe.b.send(0, msg, deadline=time.monotonic() + 10)
-    head, extra, out, n = tr.frame(*encode(msg), 8)  # a peer that sends it anyway
+    head, extra, out, n = fr.frame(*encode(msg), 8)  # a peer that sends it anyway
     pipe.raw(head)
     pipe.raw(extra)
     peer, kind, (rid, err) = pipe.b.recv(10)
-    assert kind == tr.ERROR and rid == 8 and 'batched dict' in str(err)
+    assert kind == ERROR and rid == 8 and 'batched dict' in str(err)
     assert pipe.roundtrip({'op': 'count', 'id': 9})[2] == {'op': 'count', 'id': 9}
 
 
@@ -1603,7 +1611,7 @@ def test_push_that_stores_then_fails_scoring_is_never_stored_twice():
     assert again['error'] == 'KeyError' and core.buffer.count() == 1
 
 
-class _Net(_tr.ThreadedTransport):
+class _Net(ThreadedTransport):
     """In-process transport over queues (``wires[(sender, receiver)]``): a manager and workers in one process."""
 
     def __init__(self, me, peers, wires, timeout):
@@ -1620,7 +1628,7 @@ class _Net(_tr.ThreadedTransport):
                 return q.get(timeout=0.05)
             except queue.Empty:
                 if self._abandon:
-                    raise _tr.TransportError('closed') from None
+                    raise TransportError('closed') from None
 
     def _recv_head(self, peer):
         msg = self._next(peer)

@@ -470,28 +470,28 @@ def hostile_raw_messages():
     would abort the manager inside gloo, see the README's security notes)."""
     import numpy as np
 
-    from ding_buffer.distributed import transport as tr
+    from ding_buffer.distributed import framing as fr
 
     rng = np.random.default_rng(1234)
-    msgs = [rng.integers(0, 256, int(rng.integers(1, tr.HEAD)), dtype=np.uint8) for _ in range(40)]
-    msgs.append(np.zeros(tr.HEAD, np.uint8))
+    msgs = [rng.integers(0, 256, int(rng.integers(1, fr.HEAD)), dtype=np.uint8) for _ in range(40)]
+    msgs.append(np.zeros(fr.HEAD, np.uint8))
 
     def ctrl(*fields, extra=b''):
         c = np.zeros(8, np.int64)
         c[: len(fields)] = fields
         return np.concatenate([c.view(np.uint8), np.frombuffer(extra, np.uint8)])
 
-    m = tr.MAGIC
+    m = fr.MAGIC
     msgs += [
         ctrl(m, 9, 11, 64),  # unknown kind
-        ctrl(m, tr.DATA, 12, 64 + 10, 5, 0, 0, 10),  # head length disagreeing with what arrived
-        ctrl(m, tr.DATA, 13, 64 + 32, 3, 1, 0, 32, extra=b'\0' * 32),  # meta shorter than its table + header
-        ctrl(m, tr.DATA, 14, 64 + 32, 3, 2**40, 0, 32, extra=b'\0' * 32),  # absurd part count
-        ctrl(m, tr.DATA, 15, 64 + 16, 1, 0, -5, 16, extra=b'\0' * 16),  # negative body
+        ctrl(m, fr.DATA, 12, 64 + 10, 5, 0, 0, 10),  # head length disagreeing with what arrived
+        ctrl(m, fr.DATA, 13, 64 + 32, 3, 1, 0, 32, extra=b'\0' * 32),  # meta shorter than its table + header
+        ctrl(m, fr.DATA, 14, 64 + 32, 3, 2**40, 0, 32, extra=b'\0' * 32),  # absurd part count
+        ctrl(m, fr.DATA, 15, 64 + 16, 1, 0, -5, 16, extra=b'\0' * 16),  # negative body
         ctrl(
-            m, tr.DATA, 16, 64 + 32, 16, 1, 100, 32, extra=np.array([50, -1], np.int64).tobytes() + b'{' * 16
+            m, fr.DATA, 16, 64 + 32, 16, 1, 100, 32, extra=np.array([50, -1], np.int64).tobytes() + b'{' * 16
         ),  # table != body
-        np.array([m, tr.DATA, 69], np.int64).view(np.uint8)[:20],  # a 20-byte frame after longer ones
+        np.array([m, fr.DATA, 69], np.int64).view(np.uint8)[:20],  # a 20-byte frame after longer ones
     ]
     return msgs
 
@@ -520,8 +520,9 @@ def worker_hostile(buf):
         buf.close()
         RESULT['closed'] = True
         return
-    from ding_buffer.distributed import transport as tr
+    from ding_buffer.distributed import framing as fr
     from ding_buffer.distributed.codec import encode
+    from ding_buffer.distributed.frame_reader import MESSAGE
     from ding_buffer.distributed.peer_transports import MPITransport, TorchTransport
 
     T = TorchTransport if BACKEND == 'torch' else MPITransport
@@ -534,7 +535,7 @@ def worker_hostile(buf):
         end = time.monotonic() + seconds
         while time.monotonic() < end:
             item = t.recv(0.2)
-            if item is not None and item[1] == tr.MESSAGE and isinstance(item[2], dict):
+            if item is not None and item[1] == MESSAGE and isinstance(item[2], dict):
                 return item[2]
         return None
 
@@ -570,11 +571,11 @@ def worker_hostile(buf):
     if BACKEND == 'torch':
         import torch.distributed as dist
 
-        send_raw = lambda a: dist.send(torch.from_numpy(np.ascontiguousarray(a)), MANAGER, tag=tr.TAG)  # noqa: E731
+        send_raw = lambda a: dist.send(torch.from_numpy(np.ascontiguousarray(a)), MANAGER, tag=fr.TAG)  # noqa: E731
     else:
         from mpi4py import MPI
 
-        send_raw = lambda a: MPI.COMM_WORLD.Send([np.ascontiguousarray(a), MPI.BYTE], dest=MANAGER, tag=tr.TAG)  # noqa: E731
+        send_raw = lambda a: MPI.COMM_WORLD.Send([np.ascontiguousarray(a), MPI.BYTE], dest=MANAGER, tag=fr.TAG)  # noqa: E731
     raw = hostile_raw_messages()
     raw_answers = 0
     for a in raw:

@@ -20,9 +20,10 @@ RESULT = {}
 
 
 def main() -> None:
-    from ding_buffer.distributed import transport as tr
+    from ding_buffer.distributed.frame_reader import MESSAGE
     from ding_buffer.distributed.peer_transports import MPITransport, TorchTransport
     from ding_buffer.distributed.startup import init_mpi, init_torch
+    from ding_buffer.errors import SendTimeout
 
     rank, _ = init_torch(60.0) if BACKEND == 'torch' else init_mpi()
     RESULT['rank'] = rank
@@ -35,7 +36,7 @@ def main() -> None:
         try:
             t.send(1, payload, deadline=time.monotonic() + 1.0)
             RESULT['timed_out'] = False
-        except tr.SendTimeout as e:
+        except SendTimeout as e:
             RESULT['timed_out'], RESULT['error'] = True, type(e).__name__
         RESULT['timeout_seconds'] = time.monotonic() - start
         del payload
@@ -47,7 +48,7 @@ def main() -> None:
         t.start()
         _, kind, first = t.recv(30)
         x = first['x']
-        RESULT['first_ok'] = bool(kind == tr.MESSAGE and (x == 0xAB).all())
+        RESULT['first_ok'] = bool(kind == MESSAGE and (x == 0xAB).all())
         RESULT['first_len'] = int(x.numel())
         _, kind, second = t.recv(30)
         RESULT['second'] = second.get('y')
