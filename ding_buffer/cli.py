@@ -14,10 +14,7 @@ import time
 from typing import List, NoReturn, Optional
 
 from .ready_configs import list_configs, resolve_config
-
-# set in the ranks ``train/launch.py`` starts itself (--nproc): they print no first line and no "interrupted"
-# line of their own (the launcher does)
-LAUNCHED = 'DING_BUFFER_LAUNCHED'
+from .train.env import LAUNCHED
 
 
 def demo(args: argparse.Namespace) -> int:

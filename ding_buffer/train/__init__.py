@@ -1,6 +1,30 @@
 """The `ding-buffer train` pipeline: config-driven DQN on gymnasium with any ding_buffer buffer (gymnasium,
-matplotlib and tqdm come with the ``examples`` extra)."""
+matplotlib and tqdm come with the ``examples`` extra).
 
-from .config import TRAIN_DEFAULTS, build_train_config, load_config_file
+The public names load on first use (PEP 562): importing a light module of this package (``train.env``, as the CLI
+does before torch loads) does not import the job's config, its buffers and torch.
+"""
+
+import importlib
+from typing import Any, List
+
+# public name -> the submodule that defines it
+_EXPORTS = {
+    'TRAIN_DEFAULTS': 'config',
+    'build_train_config': 'config',
+    'load_config_file': 'config',
+}
 
 __all__ = ['TRAIN_DEFAULTS', 'build_train_config', 'load_config_file']
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        value = getattr(importlib.import_module(f'.{_EXPORTS[name]}', __name__), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> List[str]:
+    return sorted(set(globals()) | set(__all__))

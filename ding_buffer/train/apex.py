@@ -42,7 +42,8 @@ from easydict import EasyDict
 from ..config import build_config, check_section, positive_int
 from ..errors import ManagerUnavailableError
 from .config import BUFFER_SECTION, TRAIN_CHECKS, TRAIN_DEFAULTS, check_new_run_dir, run_dir_of, split_buffer_section
-from .launch import LAUNCHED, publish_weights, run_roles, with_remote
+from .env import LAUNCHED
+from .launch import publish_weights, run_roles, with_remote
 
 BACKENDS = ('torch', 'mpi', 'ray')
 

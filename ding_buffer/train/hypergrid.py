@@ -38,8 +38,8 @@ from ..config import build_config, check_section, optional_positive_int, positiv
 from ..persistence import atomic_json, atomic_save
 from .checkpoint import complete_checkpoints, load_latest, save_checkpoint
 from .config import BUFFER_SECTION, check_new_run_dir, check_run_dir, run_dir_of, split_buffer_section
+from .env import LAUNCHED
 from .hypergrid_metrics import GridTruth, plot_curve, write_eval_csv
-from .launch import LAUNCHED
 from .run_dir import discard_run_dir, first_missing_dir
 from .signals import StopSignals
 

@@ -18,7 +18,7 @@ import subprocess
 import sys
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from ..cli import LAUNCHED  # set in the ranks this module starts itself
+from .env import LAUNCHED  # set in the ranks this module starts itself
 
 EXIT_MANAGER_GONE = 3
 
@@ -332,7 +332,6 @@ def _ray_driver(
 
 
 __all__ = [
-    'LAUNCHED',
     'EXIT_MANAGER_GONE',
     'rank_world',
     'child_argv',
