@@ -37,7 +37,7 @@ def _missing_extra(e: ImportError) -> int:
 JOBS = {
     'dqn': None,  # the single-process DQN job below
     'apex': ('.train.apex', 'run'),
-    'hypergrid': ('.train.hypergrid', 'run'),
+    'hypergrid': ('.train.hypergrid_job', 'run'),
 }
 
 

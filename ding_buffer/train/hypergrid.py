@@ -37,8 +37,7 @@ from ..base import create_buffer, get_buffer_cls
 from ..config import build_config, check_section, optional_positive_int, positive_int
 from ..persistence import atomic_json, atomic_save
 from .checkpoint import complete_checkpoints, load_latest, save_checkpoint
-from .config import BUFFER_SECTION, check_new_run_dir, check_run_dir, run_dir_of, split_buffer_section
-from .env import LAUNCHED
+from .config import BUFFER_SECTION, check_run_dir, run_dir_of, split_buffer_section
 from .hypergrid_metrics import GridTruth, plot_curve, write_eval_csv
 from .run_dir import discard_run_dir, first_missing_dir
 from .signals import StopSignals
@@ -622,8 +621,9 @@ class HyperGridTrainer:
 
 
 # ---------------------------------------------------------------------------------------------------- entry point
-def run(user: dict, args: argparse.Namespace) -> int:
-    """``ding-buffer train`` for ``main_config['job'] = 'hypergrid'``: build, train (or resume), print a summary."""
+def config_from_args(user: dict, args: argparse.Namespace) -> EasyDict:
+    """The job's config: ``user`` (a ``main_config`` without ``job``) with the command line's ``--seed``,
+    ``--device`` and ``--iterations`` over it, validated (``build_hypergrid_config``)."""
     if args.env_steps is not None:
         raise ValueError(
             f"{args.config}: --env-steps is for the DQN job; the 'hypergrid' job counts training "
@@ -639,14 +639,11 @@ def run(user: dict, args: argparse.Namespace) -> int:
         if args.iterations is not None:
             policy['learn'] = dict(policy.get('learn') or {}, iterations=args.iterations)
         user['policy'] = policy
-    cfg = build_hypergrid_config(user, source=args.config)
-    bcfg = cfg.policy.other.replay_buffer
-    if bcfg is not None and (bcfg.get('distributed') or {}).get('backend'):
-        if args.resume is None and os.environ.get(LAUNCHED) != '1':  # the launcher checked it for its ranks
-            check_new_run_dir(run_dir_of(cfg), cfg.log_dir)
-        from .hypergrid_dist import run_distributed
+    return build_hypergrid_config(user, source=args.config)
 
-        return run_distributed(cfg, args)
+
+def run_local(cfg: EasyDict, args: argparse.Namespace) -> int:
+    """The job in this process (a buffer section without ``distributed``): train (or resume), print a summary."""
     if args.nproc is not None:
         raise ValueError(
             f"{args.config}: --nproc {args.nproc} needs a distributed buffer (config key "
@@ -681,4 +678,4 @@ def run(user: dict, args: argparse.Namespace) -> int:
     return stop.report(args, s['run_dir'], f"iteration {s['iterations']}")
 
 
-__all__ = ['HYPERGRID_DEFAULTS', 'HyperGridTrainer', 'build_hypergrid_config', 'run']
+__all__ = ['HYPERGRID_DEFAULTS', 'HyperGridTrainer', 'build_hypergrid_config', 'config_from_args', 'run_local']

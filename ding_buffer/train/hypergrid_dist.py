@@ -33,6 +33,7 @@ import torch
 from easydict import EasyDict
 
 from ..errors import ManagerUnavailableError
+from .hypergrid import HyperGridTrainer
 from .launch import publish_weights, run_roles, with_remote
 
 
@@ -126,8 +127,6 @@ class ManagerReplay:
 
 # ---------------------------------------------------------------------------------------------- roles
 def _learner(cfg: EasyDict, run_dir: str, remote: Any, resume: bool, progress: bool) -> Dict[str, Any]:
-    from .hypergrid import HyperGridTrainer
-
     e = cfg.env
     length = max_actions(e.ndim, e.height)
     job = cfg.distributed_job
