@@ -72,9 +72,9 @@ class SlotEngine(Engine):
 
     # ------------------------------------------------------------------ writing
     def _check_items(self, items: List[Any]) -> None:
-        """Fields the engine reads later are checked at push (list storage keeps items as they are):
-        ``collect_iter`` wherever staleness is read (advanced reports it; ``max_staleness`` and rules use it)."""
-        if (self.indexed or self._rules) and self._storage.kind == 'list':
+        """Fields the engine may read later are checked at push (list storage keeps items as they are and reads
+        ``collect_iter`` the first time staleness needs it): a bad one is refused before anything changes."""
+        if self._storage.kind == 'list':
             check_collect_iters(items)
 
     capacity_rules = True

@@ -231,16 +231,23 @@ def collect_iter_of(value: Any) -> int:
 
 
 _ITER_LIMIT = float(2**60)
+_INT_LIMIT = 2**60
 
 
 def check_collect_iters(items: List[Any]) -> None:
     """Every dict item's ``collect_iter`` readable (``ValueError`` naming the item): checked at push, so that a
-    bad value never breaks a later ``sample``."""
+    bad value never breaks a later ``sample``. An absent field or a plain int costs one dict lookup."""
+    limit = _INT_LIMIT
     for i, item in enumerate(items):
-        if type(item) is dict or isinstance(item, Mapping):
+        if type(item) is dict:
             value = item.get('collect_iter')
-            if value is not None:
-                try:
-                    collect_iter_of(value)
-                except ValueError as e:
-                    raise ValueError(f"item {i}: {e}") from None
+        elif isinstance(item, Mapping):
+            value = item.get('collect_iter')
+        else:
+            continue
+        if value is None or (type(value) is int and -limit < value < limit):
+            continue
+        try:
+            collect_iter_of(value)
+        except ValueError as e:
+            raise ValueError(f"item {i}: {e}") from None

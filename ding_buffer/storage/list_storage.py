@@ -44,10 +44,11 @@ class ListStorage(Storage):
     def __init__(self, capacity: int, index_cls: type = RingIndex) -> None:
         super().__init__(capacity, index_cls)
         self._data: List[Any] = [None] * capacity
-        # each slot's collect_iter, read once when its item is stored (a sequence's min; NO_ITER without one):
-        # staleness then costs one index per sample, whatever the items hold (R2D2 keeps one per step)
+        # each slot's collect_iter (a sequence's min; NO_ITER without one), read from its item the first time it
+        # is asked for and kept until the slot is written again: staleness costs one index per sampled item,
+        # whatever the items hold (R2D2 keeps one per step), and a buffer that never reads it never pays for it
         self._ci = np.full(capacity, NO_ITER, dtype=np.int64)
-        self._pending_ci: Optional[np.ndarray] = None
+        self._ci_known = np.zeros(capacity, dtype=bool)
 
     def prepare(self, items: List[Any]) -> Prepared:
         kept, dropped = trim_newest(len(items), self.capacity)
@@ -72,18 +73,12 @@ class ListStorage(Storage):
             return None  # the generic path checks it (and reports a bad one)
         slot, _ = self.ring.commit_one()
         self._data[slot] = item
-        self._ci[slot] = NO_ITER
+        self._ci_known[slot] = False
         return slot
-
-    def _reserve(self, prepared: Prepared) -> None:
-        self._pending_ci = collect_iters(prepared.payload)  # a bad value raises here, before anything changed
 
     def _write(self, slots: np.ndarray, payload: List[Any]) -> None:
         """``payload`` at ``slots``, the consecutive run (modulo capacity) the ring committed."""
-        ci, self._pending_ci = self._pending_ci, None
-        if ci is None or len(ci) != len(payload):
-            ci = collect_iters(payload)
-        self._ci[slots] = ci
+        self._ci_known[slots] = False
         data = self._data
         first, n = int(slots[0]), len(payload)
         if self.ring.derived_ids and first + n <= len(data):  # a ring's run, no wrap: one slice assignment
@@ -99,7 +94,7 @@ class ListStorage(Storage):
         slots = np.asarray(slots, dtype=np.int64)
         for s in slots.tolist():
             self._data[s] = None
-        self._ci[slots] = NO_ITER
+        self._ci_known[slots] = False
 
     def gather(self, slots: np.ndarray, uids: Optional[np.ndarray] = None) -> List[Any]:
         data = self._data
@@ -109,7 +104,14 @@ class ListStorage(Storage):
         return self._data[slot]
 
     def collect_iter(self, slots: np.ndarray) -> np.ndarray:
-        return self._ci[np.asarray(slots, dtype=np.int64)]
+        slots = np.asarray(slots, dtype=np.int64)
+        unknown = slots[~self._ci_known[slots]]
+        if len(unknown):
+            unknown = np.unique(unknown)
+            data = self._data
+            self._ci[unknown] = collect_iters([data[s] for s in unknown.tolist()])
+            self._ci_known[unknown] = True
+        return self._ci[slots]
 
     def __repr__(self) -> str:
         return f"ListStorage(capacity={self.capacity}, count={len(self)})"
@@ -136,7 +138,6 @@ class ListStorage(Storage):
         if not np.array_equal(np.sort(slots), np.flatnonzero(storage.ring.valid)):
             raise ValueError("saved storage slots do not match the ring's valid slots")
         items = copy.deepcopy(items)
-        storage._ci[slots] = collect_iters(items)  # a bad collect_iter refuses the state
         for slot, item in zip(slots.tolist(), items):
             storage._data[slot] = item
         return storage
