@@ -71,6 +71,12 @@ class BufferCore(IBuffer):
     def _push_items(self, items: List[Any]) -> int:
         raise NotImplementedError
 
+    def _check_pushed(self, items: List[Any]) -> None:
+        """Refuse what no pushed list may hold (``None``), before anything changes; a preset that checks fields
+        of the items at push does it here too, in the same pass (a single item is checked by ``_push_items``)."""
+        if _has_none(items):
+            raise TypeError(f"cannot push None (item {next(i for i, x in enumerate(items) if x is None)})")
+
     def _push_batch(self, batch: Any) -> int:
         raise NotImplementedError
 
@@ -135,8 +141,11 @@ class BufferCore(IBuffer):
         items = data if isinstance(data, list) else [data]
         if not items:
             return 0
-        if items[0] is None if len(items) == 1 else _has_none(items):
-            raise TypeError(f"cannot push None (item {next(i for i, x in enumerate(items) if x is None)})")
+        if len(items) == 1:
+            if items[0] is None:
+                raise TypeError("cannot push None (item 0)")
+        else:
+            self._check_pushed(items)
         if self._remover is not None:
             for i, item in enumerate(items):
                 check_trackable(item, i)

@@ -5,6 +5,7 @@ Every write goes through two steps so that a rejected batch leaves the storage u
 Not thread-safe: the owning buffer's lock serialises every call.
 """
 
+import itertools
 import math
 from abc import ABC, abstractmethod
 from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Tuple
@@ -234,20 +235,34 @@ _ITER_LIMIT = float(2**60)
 _INT_LIMIT = 2**60
 
 
-def check_collect_iters(items: List[Any]) -> None:
+def check_collect_iters(items: List[Any], values: Optional[List[Any]] = None) -> None:
     """Every dict item's ``collect_iter`` readable (``ValueError`` naming the item): checked at push, so that a
-    bad value never breaks a later ``sample``. An absent field or a plain int costs one dict lookup."""
+    bad value never breaks a later ``sample``. ``values``: the items' ``collect_iter`` fields when the caller
+    read them already (``dict_fields``)."""
+    if values is None:
+        values = [item.get('collect_iter') if isinstance(item, Mapping) else None for item in items]
+    try:
+        if values.count(None) == len(values):  # None matches by identity; no other value is compared then
+            return
+    except (ValueError, TypeError, RuntimeError):  # an array's == None is element-wise: checked one by one below
+        pass
     limit = _INT_LIMIT
-    for i, item in enumerate(items):
-        if type(item) is dict:
-            value = item.get('collect_iter')
-        elif isinstance(item, Mapping):
-            value = item.get('collect_iter')
-        else:
-            continue
+    for i, value in enumerate(values):
         if value is None or (type(value) is int and -limit < value < limit):
             continue
         try:
             collect_iter_of(value)
         except ValueError as e:
             raise ValueError(f"item {i}: {e}") from None
+
+
+def dict_fields(items: List[Any], key: str) -> Optional[List[Any]]:
+    """``item.get(key)`` of every item in one C-level pass when every item is a dict (or a dict subclass); None
+    when one is not (``None``, an array, another mapping): the caller checks item by item then."""
+    try:
+        return list(map(_DICT_GET, items, itertools.repeat(key, len(items))))
+    except TypeError:
+        return None
+
+
+_DICT_GET = dict.get

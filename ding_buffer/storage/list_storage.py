@@ -52,6 +52,8 @@ class ListStorage(Storage):
 
     def prepare(self, items: List[Any]) -> Prepared:
         kept, dropped = trim_newest(len(items), self.capacity)
+        if not dropped and type(items) is list:  # read only until written: the caller's list is not copied
+            return Prepared(items, kept, 0)
         return Prepared(list(items[dropped:]), kept, dropped, list(items[:dropped]))
 
     def prepare_batch(self, batch: Any) -> Prepared:
@@ -78,12 +80,13 @@ class ListStorage(Storage):
 
     def _write(self, slots: np.ndarray, payload: List[Any]) -> None:
         """``payload`` at ``slots``, the consecutive run (modulo capacity) the ring committed."""
-        self._ci_known[slots] = False
         data = self._data
         first, n = int(slots[0]), len(payload)
-        if self.ring.derived_ids and first + n <= len(data):  # a ring's run, no wrap: one slice assignment
+        if self.ring.derived_ids and first + n <= len(data):  # a ring's run, no wrap: slice assignments
             data[first : first + n] = payload
+            self._ci_known[first : first + n] = False
             return
+        self._ci_known[slots] = False
         for slot, item in zip(slots.tolist(), payload):
             data[slot] = item
 

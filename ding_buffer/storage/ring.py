@@ -86,8 +86,11 @@ class RingIndex:
             slots = np.arange(first, first + n)
             seg = self.valid[first : first + n]
             hit = np.count_nonzero(seg)  # a full ring overwrites all, a filling one none: no mask indexing then
-            overwritten = slots if hit == n else slots[seg] if hit else slots[:0]
-            seg[:] = True
+            if hit == n:
+                overwritten = slots  # the run is valid already
+            else:
+                overwritten = slots[seg] if hit else slots[:0]
+                seg[:] = True
         else:
             slots = self.next_slots(n)
             overwritten = slots[self.valid[slots]]
@@ -101,7 +104,8 @@ class RingIndex:
             self.head = (self.head + new_span - self.capacity) % self.capacity
             new_span = self.capacity
         self.span = new_span
-        self._trim_head()
+        if not self.valid[self.head]:  # holes at the head (removed items) shrink the span
+            self._trim_head()
         return slots, uids, overwritten
 
     def commit_one(self) -> Tuple[int, bool]:
