@@ -8,7 +8,7 @@ import copy
 import importlib
 import logging
 from abc import ABC, abstractmethod
-from typing import Any, Callable, Dict, List, Optional, Type
+from typing import Any, Callable, Dict, List, Optional, Tuple, Type
 
 from easydict import EasyDict
 
@@ -118,6 +118,17 @@ class IBuffer(ABC):
     # Why a distributed manager cannot serve this type (None: it can); create_buffer refuses 'distributed' then.
     not_distributable: Optional[str] = None
 
+    # ---- declared capabilities: what callers (the manager, the training jobs) read instead of probing classes
+    # what one stored item is: 'transition', 'sequence' (sample(batch, sequence)), 'episode', 'trajectory'
+    # (torchgfn trajectories), 'state' (terminating states) or 'chunk' (a worker's consecutive fragments)
+    item_kind: str = 'transition'
+    # the keyword arguments ``sample`` takes besides its size(s) and ``timeout``
+    sample_kwargs: Tuple[str, ...] = ('cur_learner_iter',)
+    # ``log_rewards()``: the stored items' log-rewards (what a manager's baseline reads)
+    has_log_rewards: bool = False
+    # ``update_model_version(version, session_id)``: the buffer gates pushes by model version itself
+    version_gate: bool = False
+
     @classmethod
     def default_config(cls) -> EasyDict:
         """Return a deep copy of the class's default config with ``cfg_type = ClassName + 'Dict'``."""
@@ -197,7 +208,26 @@ class IBuffer(ABC):
             ``log_reward_key`` (the field holding log-rewards; None: ``distributed.log_reward_key``) and
             ``scoring_keys`` (the fields a manager needs to score a push, for ``scoring_only``; None: all).
         """
-        return {'dict_is_batch': False, 'log_reward_key': None, 'scoring_keys': None}
+        return {'dict_is_batch': False, 'log_reward_key': None, 'scoring_keys': None, **cls.capabilities()}
+
+    @classmethod
+    def capabilities(cls) -> Dict[str, Any]:
+        """
+        Overview:
+            The type's declared capabilities: ``item_kind``, ``sample_kwargs``, ``has_log_rewards`` and
+            ``version_gate`` (the class attributes of the same names). Callers decide what a type can do from
+            these, never from its class hierarchy.
+        Examples:
+            >>> from ding_buffer import BUFFER_REGISTRY
+            >>> BUFFER_REGISTRY.get('episode').capabilities()['sample_kwargs']
+            ('cur_learner_iter', 'sample_range', 'replace', 'unroll_len', 'pad')
+        """
+        return {
+            'item_kind': cls.item_kind,
+            'sample_kwargs': tuple(cls.sample_kwargs),
+            'has_log_rewards': cls.has_log_rewards,
+            'version_gate': cls.version_gate,
+        }
 
     def __enter__(self) -> 'IBuffer':
         self.start()

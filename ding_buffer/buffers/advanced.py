@@ -174,6 +174,8 @@ class AdvancedReplayBuffer(SlotEngine):
         >>> buf.close()
     """
 
+    sample_kwargs = ('cur_learner_iter', 'sample_range')
+
     config = ADVANCED_CONFIG
     checks = ADVANCED_CHECKS
     ignored_keys = dingengine_ignored(ADVANCED_CONFIG, 'advanced')

@@ -107,6 +107,9 @@ class ChunkReplayBuffer(BufferCore):
         >>> buf.close()
     """
 
+    item_kind = 'chunk'
+    version_gate = True
+
     config = dict(
         type='chunk',
         # capacity in chunks; the oldest chunk leaves first

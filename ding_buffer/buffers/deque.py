@@ -158,6 +158,8 @@ class DequeReplayBuffer(IBuffer):
         >>> buf.close()
     """
 
+    sample_kwargs = ('train_iter',)  # DI-engine's DequeBuffer names it so
+
     config = DEQUE_CONFIG
     checks = DEQUE_CHECKS
     ignored_keys = dingengine_ignored(DEQUE_CONFIG, 'deque')

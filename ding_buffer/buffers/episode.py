@@ -87,6 +87,9 @@ class EpisodeReplayBuffer(Engine):
         >>> buf.close()
     """
 
+    item_kind = 'episode'
+    sample_kwargs = ('cur_learner_iter', 'sample_range', 'replace', 'unroll_len', 'pad')
+
     config = EPISODE_CONFIG
     checks = EPISODE_CHECKS
     ignored_keys = dingengine_ignored(EPISODE_CONFIG, 'episode')

@@ -111,6 +111,10 @@ class GFlowNetReplayBuffer(GFlowNetStats, GFlowNetState, Engine):
         >>> buf.close()
     """
 
+    item_kind = 'trajectory'
+    sample_kwargs = ('cur_learner_iter', 'replace', 'n_samples')
+    has_log_rewards = True
+
     diverse = False
     config = GFN_CONFIG
     checks = GFN_CHECKS
@@ -122,7 +126,12 @@ class GFlowNetReplayBuffer(GFlowNetStats, GFlowNetState, Engine):
         """A pushed dict is a batch; the manager scores with the state, log-reward and condition fields."""
         get = lambda k: cfg.get(k, cls.config[k])  # noqa: E731
         scoring = [get('state_key'), get('log_reward_key')] + ([get('condition_key')] if get('condition_key') else [])
-        return {'dict_is_batch': True, 'log_reward_key': get('log_reward_key'), 'scoring_keys': scoring}
+        return {
+            'dict_is_batch': True,
+            'log_reward_key': get('log_reward_key'),
+            'scoring_keys': scoring,
+            **cls.capabilities(),
+        }
 
     def _build(self) -> None:
         cfg = self._cfg

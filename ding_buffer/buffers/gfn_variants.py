@@ -109,6 +109,8 @@ class TerminatingStateBuffer(GFlowNetReplayBuffer):
         >>> buf.close()
     """
 
+    item_kind = 'state'
+
     config = dict(GFlowNetReplayBuffer.config, type='terminating_state')
 
     def _convert(self, data: Any) -> Any:

@@ -74,6 +74,8 @@ class NaiveReplayBuffer(SlotEngine):
         >>> buf.close()
     """
 
+    sample_kwargs = ('cur_learner_iter', 'sample_range', 'replace')
+
     config = NAIVE_CONFIG
     checks = NAIVE_CHECKS
     ignored_keys = dingengine_ignored(NAIVE_CONFIG, 'naive')

@@ -53,6 +53,8 @@ class SequenceReplayBuffer(NaiveReplayBuffer):
         >>> buf.close()
     """
 
+    item_kind = 'sequence'  # sample(batch, sequence): windows of consecutive items
+
     config = SEQUENCE_CONFIG
     checks = NAIVE_CHECKS
     ignored_keys = dingengine_ignored(SEQUENCE_CONFIG, 'sequence')

@@ -166,19 +166,17 @@ class ManagerCore:
         return self.model_version - int(version) > self.cfg.max_version_lag
 
     def _stored_log_rewards(self):
-        fn = getattr(self.buffer, 'log_rewards', None)
-        if fn is None:
+        if not self.buffer.has_log_rewards:  # declared by the buffer type (IBuffer.capabilities)
             return None, False
-        capacity = self._capacity()
-        return fn(), capacity is not None and self.buffer.count() >= capacity
+        return self.buffer.log_rewards(), self.buffer.count() >= self._capacity()
 
-    def _capacity(self) -> Optional[int]:
-        return getattr(self.buffer, 'capacity', None) or getattr(self.buffer, 'replay_buffer_size', None)
+    def _capacity(self) -> int:
+        return self.buffer.replay_buffer_size
 
     def _sample(self, sender, size, kwargs=None) -> Any:
         self.counters['sample_requests'] += 1
         cap = self._capacity()
-        if not isinstance(size, int) or isinstance(size, bool) or (cap is not None and size > cap):
+        if not isinstance(size, int) or isinstance(size, bool) or size > cap:
             # never more rows than the buffer holds: a reply is at most the size of the buffer itself
             raise ValueError(
                 f"sample size must be an int of at most {cap} (the buffer's capacity), got {str(size)[:40]}"
@@ -191,8 +189,16 @@ class ManagerCore:
         bad = sorted(str(k) for k in kwargs if k not in SAMPLE_KWARGS)
         if bad:
             raise ValueError(f"sample got unexpected keyword arguments {bad}; a worker may pass {list(SAMPLE_KWARGS)}")
+        takes = self.buffer.sample_kwargs  # declared by the buffer type (IBuffer.capabilities)
+        bad = sorted(k for k in kwargs if k not in takes)
+        if bad:
+            raise ValueError(
+                f"sample got keyword arguments {bad} that a {type(self.buffer).__name__}'s sample does not take; "
+                f"it takes {[k for k in takes if k in SAMPLE_KWARGS]}"
+            )
         if (
             self.cfg.max_version_lag is not None
+            and 'cur_learner_iter' in takes
             and kwargs.get('cur_learner_iter', -1) == -1
             and self.model_version >= 0
         ):
@@ -206,8 +212,7 @@ class ManagerCore:
         return self.buffer.count()
 
     def _stats(self, sender) -> Dict[str, Any]:
-        fn = getattr(self.buffer, 'stats', None)
-        out = dict(fn()) if fn is not None else {'count': self.buffer.count()}
+        out = dict(self.buffer.stats())
         out.update({f'manager/{k}': v for k, v in self.counters.items()})
         out['manager/model_version'] = self.model_version
         out['manager/exited'] = len(self.liveness.exited)
@@ -267,9 +272,8 @@ class ManagerCore:
             self.session_id = session_id
         self.model_version = version
         out = {'model_version': version, 'session_id': self.session_id, 'cleared': cleared}
-        gate = getattr(self.buffer, 'update_model_version', None)  # a buffer with its own gate (the chunk buffer)
-        if gate is not None:
-            out.update(gate(version, session_id))
+        if self.buffer.version_gate:  # a buffer with its own gate (the chunk buffer), declared by its type
+            out.update(self.buffer.update_model_version(version, session_id))
         return out
 
     def _put_blob(self, sender, name, version, payload) -> Dict[str, Any]:

@@ -14,16 +14,14 @@ from typing import Any, Dict, Mapping, Optional, Tuple
 from easydict import EasyDict
 
 from ..base import get_buffer_cls
-from ..buffers.advanced import AdvancedReplayBuffer
-from ..buffers.naive import NaiveReplayBuffer
-from ..buffers.sequence import SequenceReplayBuffer
 from ..config import build_config, check_section, optional_positive_int, positive_int
 
 INF = float('inf')
 
 # Buffer types the DQN trainer can learn from: transition buffers whose tensor storage samples one dict of batched
 # tensors. A class of your own (import_names) derived from one of them is accepted too.
-TRAINER_BUFFER_TYPES = {'advanced': AdvancedReplayBuffer, 'naive': NaiveReplayBuffer}
+# named in the trainer's error; any type declaring transitions sampled by learner iteration (elastic too) works
+TRAINER_BUFFER_TYPES = ('advanced', 'naive')
 BUFFER_SECTION = 'policy.other.replay_buffer.'
 
 TRAIN_DEFAULTS = dict(
@@ -148,8 +146,8 @@ def build_train_config(user: Mapping, source: str = '<config>') -> EasyDict:
 
 def _check_trainer_buffer(cls: type, name: str) -> None:
     """``ValueError`` unless the DQN trainer can learn from buffers of ``cls`` (registered as ``name``)."""
-    runs = issubclass(cls, SequenceReplayBuffer)  # a naive ring whose sample takes (batch, sequence)
-    if runs or not issubclass(cls, tuple(TRAINER_BUFFER_TYPES.values())):
+    caps = cls.capabilities()  # declared by the type: transitions, sampled with the learner's iteration
+    if caps['item_kind'] != 'transition' or 'cur_learner_iter' not in caps['sample_kwargs']:
         supported = ' or '.join(repr(t) for t in TRAINER_BUFFER_TYPES)
         raise ValueError(
             f"config key '{BUFFER_SECTION}type' is {name!r} ({cls.__name__}), which the DQN trainer cannot use: "

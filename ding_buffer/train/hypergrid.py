@@ -210,17 +210,15 @@ def _check_buffer_section(buffer_cfg: Any, cfg: EasyDict) -> Optional[EasyDict]:
         )
         full.type = name
     else:
-        from ..buffers.gflownet import GFlowNetReplayBuffer
-        from ..buffers.gfn_variants import TerminatingStateBuffer
-
         cls = get_buffer_cls(EasyDict(buffer_cfg))
-        if issubclass(cls, TerminatingStateBuffer):
+        kind = cls.capabilities()['item_kind']  # declared by the type
+        if kind == 'state':
             raise ValueError(
                 f"config key '{BUFFER_SECTION}type' is {name!r} ({cls.__name__}), which the trajectory-balance job "
                 "cannot train on: it stores terminating states (its sample is a StatesContainer, not Trajectories) "
                 "and the TB loss needs whole trajectories; expected 'gfn' or 'gfn_diverse'"
             )
-        if not issubclass(cls, GFlowNetReplayBuffer):
+        if kind != 'trajectory':
             raise ValueError(
                 f"config key '{BUFFER_SECTION}type' is {name!r} ({cls.__name__}), which stores no torchgfn "
                 "trajectories; expected 'gfn', 'gfn_diverse' or a torchgfn buffer ('torchgfn:ReplayBuffer')"

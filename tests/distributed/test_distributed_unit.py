@@ -1877,12 +1877,24 @@ def test_buffer_types_declare_what_the_distributed_layer_needs():
 
     dcfg = build_distributed_config({'backend': 'torch', 'log_reward_key': 'score'})
     naive = get_buffer_cls({'type': 'naive'})
-    assert profile(naive, EasyDict(), dcfg) == {'dict_is_batch': False, 'log_reward_key': 'score', 'scoring_keys': None}
+    assert profile(naive, EasyDict(), dcfg) == {
+        'dict_is_batch': False,
+        'log_reward_key': 'score',
+        'scoring_keys': None,
+        'item_kind': 'transition',
+        'sample_kwargs': ('cur_learner_iter', 'sample_range', 'replace'),
+        'has_log_rewards': False,
+        'version_gate': False,
+    }
     gfn = get_buffer_cls({'type': 'gfn_diverse'})
     assert profile(gfn, EasyDict(log_reward_key='lr', condition_key='c'), dcfg) == {
         'dict_is_batch': True,
         'log_reward_key': 'lr',
         'scoring_keys': ['state', 'lr', 'c'],
+        'item_kind': 'trajectory',
+        'sample_kwargs': ('cur_learner_iter', 'replace', 'n_samples'),
+        'has_log_rewards': True,
+        'version_gate': False,
     }
 
 
