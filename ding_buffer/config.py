@@ -270,8 +270,20 @@ def _nullable(checks: Dict[str, Check]) -> frozenset:
     return frozenset(out)
 
 
+# "no limit" in a config (max_use, max_staleness, the rate limiter's bounds)
+INF = float('inf')
+
+
 def positive_int(x: Any) -> bool:
     return isinstance(x, int) and not isinstance(x, bool) and x > 0
+
+
+def seed_ok(x: Any) -> bool:
+    """A config ``seed``: None (drawn at random) or an int in [0, 2**63); a bool is not a seed."""
+    return x is None or (isinstance(x, int) and not isinstance(x, bool) and 0 <= x < 1 << 63)
+
+
+SEED_CHECK = (seed_ok, 'None or an int in [0, 2**63)')
 
 
 def optional_positive_int(x: Any) -> bool:

@@ -334,3 +334,18 @@ def test_the_lazy_registry_loads_the_presets_before_any_read_or_register():
     )
     proc = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0 and proc.stdout.strip() == 'ok', proc.stderr
+
+
+@pytest.mark.parametrize('buffer_type', sorted(BUFFER_REGISTRY.keys()))
+@pytest.mark.parametrize('seed', [True, -1, 2**63, 1.0, '0'])
+def test_every_type_checks_its_seed_the_same_way(buffer_type, seed):
+    """One seed rule for every type: None or an int in [0, 2**63); a bool is not a seed."""
+    with pytest.raises(ValueError, match=r"config key 'seed'.*None or an int in \[0, 2\*\*63\)"):
+        create_buffer(dict(type=buffer_type, seed=seed))
+
+
+@pytest.mark.parametrize('buffer_type', sorted(BUFFER_REGISTRY.keys()))
+def test_every_type_takes_the_largest_seed(buffer_type):
+    buf = create_buffer(dict(type=buffer_type, seed=2**63 - 1))
+    assert buf.count() == 0
+    buf.close()

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from ..base import BUFFER_REGISTRY
-from ..config import dingengine_ignored, positive_int
+from ..config import INF, SEED_CHECK, dingengine_ignored, positive_int
 from ..control.capacity import index_for
 from ..control.priority import (
     MAX_PRIORITY,
@@ -29,7 +29,7 @@ from ..monitor.sampled_data import SampledDataAttrMonitor
 from ..monitor.tb import emit, rank
 from ..storage import STORAGE_CHECKS, STORAGE_CONFIG, build_storage, storage_from_state
 from ..storage.tensordict_io import is_tensordict, update_info
-from .engine import COUNTERS, INF, parts_checks, parts_config  # noqa: F401 (COUNTERS re-exported)
+from .engine import COUNTERS, parts_checks, parts_config  # noqa: F401 (COUNTERS re-exported)
 from .outputs import with_extras
 from .slot_engine import SlotEngine
 
@@ -80,7 +80,7 @@ ADVANCED_CHECKS = dict(
     beta=(lambda x: 0 <= x <= 1, 'a number in [0, 1]'),
     anneal_step=(lambda x: x >= 0 and x == int(x), 'an int >= 0'),
     eps=(lambda x: 0 <= x < INF, 'a finite number >= 0'),
-    seed=(lambda x: x is None or (isinstance(x, int) and x >= 0), 'None or an int >= 0'),
+    seed=SEED_CHECK,
     **parts_checks(1.0),
     **{
         'monitor.sampled_data_attr.average_range': (positive_int, 'a positive int'),

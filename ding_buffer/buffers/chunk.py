@@ -51,6 +51,7 @@ import numpy as np
 import torch
 
 from ..base import BUFFER_REGISTRY
+from ..config import SEED_CHECK
 from ..errors import SampleTimeoutError
 from ..storage.fragment_store import KINDS, FragmentStore, check_id
 from .common import BufferCore, check_wait_timeout
@@ -136,7 +137,7 @@ class ChunkReplayBuffer(BufferCore):
         'store.path': (lambda x: x is None or (isinstance(x, str) and bool(x)), 'None or a directory path'),
         'store.clear_on_start': (lambda x: isinstance(x, bool), 'a bool'),
         'sample_payloads': (lambda x: isinstance(x, bool), 'a bool'),
-        'seed': (lambda x: x is None or (_int(x) and 0 <= x < 1 << 63), 'None or an int >= 0'),
+        'seed': SEED_CHECK,
     }
 
     # ------------------------------------------------------------------ build

@@ -29,14 +29,13 @@ left the buffer is skipped (the advanced buffer's identity check); ``max_use`` t
 """
 
 import copy
-import math
 import threading
 from typing import Any, Dict, List, Mapping, Optional
 
 import numpy as np
 
 from ..base import BUFFER_REGISTRY, IBuffer
-from ..config import build_config, dingengine_ignored, positive_int
+from ..config import INF, SEED_CHECK, build_config, dingengine_ignored, positive_int
 from ..persistence import load_state, save_state
 from ..storage import STORAGE_CHECKS, STORAGE_CONFIG
 from .advanced import AdvancedReplayBuffer
@@ -45,7 +44,6 @@ from .engine import parts_checks, parts_config
 from .naive import NaiveReplayBuffer
 from .outputs import as_items
 
-INF = math.inf
 # Keys the inner buffer adds to a sampled item; the wrapper returns the pushed data (and 'IS').
 INNER_KEYS = ('replay_unique_id', 'replay_buffer_idx', 'priority', 'staleness', 'use', 'IS')
 
@@ -81,7 +79,7 @@ DEQUE_CHECKS = dict(
     IS_weight_power_factor=(lambda x: 0 <= x <= 1, 'a number in [0, 1]'),
     IS_weight_anneal_train_iter=(lambda x: x >= 0 and x == int(x), 'an int >= 0'),
     priority_max_limit=(lambda x: x > 0, 'a number > 0 (inf: no clipping)'),
-    seed=(lambda x: x is None or (type(x) is int and x >= 0), 'None or an int >= 0'),
+    seed=SEED_CHECK,
     **parts_checks(1.0),
     **STORAGE_CHECKS,
 )

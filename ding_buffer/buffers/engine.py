@@ -26,9 +26,10 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
+from ..config import INF
 from ..control.capacity import CapacityRule, find_capacity_rule
 from ..control.limiter import RateLimiter, limiter_checks, limiter_config
-from ..control.limits import INF, StalenessLimit, UseCounts, UseLimit, build_removers, find_rule, limit_ok
+from ..control.limits import StalenessLimit, UseCounts, UseLimit, build_removers, find_rule, limit_ok
 from ..monitor.periodic import PeriodicThruputMonitor
 from ..monitor.tb import TBSink, build_tb_logger, emit, rank
 from ..storage.tensordict_io import to_tensordict
@@ -499,4 +500,4 @@ class Engine(BufferCore):
         self._table.release()
 
 
-__all__ = ['Engine', 'COUNTERS', 'INF', 'parts_config', 'parts_checks']
+__all__ = ['Engine', 'COUNTERS', 'parts_config', 'parts_checks']

@@ -8,7 +8,7 @@ from typing import Any, Dict, List, Optional
 import numpy as np
 
 from ..base import BUFFER_REGISTRY
-from ..config import dingengine_ignored, optional_positive_int, positive_int
+from ..config import SEED_CHECK, dingengine_ignored, optional_positive_int, positive_int
 from ..control.samplers import PrioritizedSpec, UniformSampler, build_sampler, check_positions
 from ..storage import STORAGE_CHECKS, STORAGE_CONFIG, refuse_items_output
 from ..storage.tensordict_io import is_tensordict, update_info
@@ -46,7 +46,7 @@ EPISODE_CHECKS = dict(
     max_transitions=(optional_positive_int, 'None or a positive int'),
     enable_track_used_data=(lambda x: x is False, 'False (episode buffers do not track used data)'),
     periodic_thruput_seconds=(lambda x: x > 0, 'a positive number of seconds'),
-    seed=(lambda x: x is None or (isinstance(x, int) and x >= 0), 'None or an int >= 0'),
+    seed=SEED_CHECK,
     **parts_checks(0.0),
     **STORAGE_CHECKS,
 )

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from ..base import BUFFER_REGISTRY
-from ..config import positive_int
+from ..config import SEED_CHECK, positive_int
 from ..control.diversity import StateSet  # noqa: F401 (annotations)
 from ..control.keep_best import RewardIndex
 from ..storage import device_ok
@@ -74,7 +74,7 @@ GFN_CHECKS = dict(
     log_reward_key=(_key, 'a non-empty str'),
     condition_key=(lambda x: x is None or _key(x), 'None or a non-empty str'),
     device=(device_ok, "'cpu', 'cuda' or 'cuda:N'"),
-    seed=(lambda x: x is None or (isinstance(x, int) and x >= 0), 'None or an int >= 0'),
+    seed=SEED_CHECK,
     **parts_checks(0.0),
     **{'monitor.log_every': (positive_int, 'a positive int')},
 )

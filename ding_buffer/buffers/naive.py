@@ -5,7 +5,7 @@ engine's parts by config: ``max_use`` (DI-engine's impala configs set it on a na
 from typing import Any, Dict, List, Optional
 
 from ..base import BUFFER_REGISTRY
-from ..config import dingengine_ignored, positive_int
+from ..config import SEED_CHECK, dingengine_ignored, positive_int
 from ..control.capacity import index_for
 from ..control.samplers import UniformSampler, build_sampler, check_positions
 from ..storage import STORAGE_CHECKS, STORAGE_CONFIG, build_storage, storage_from_state
@@ -37,7 +37,7 @@ NAIVE_CONFIG = dict(
 NAIVE_CHECKS = dict(
     replay_buffer_size=(positive_int, 'a positive int'),
     periodic_thruput_seconds=(lambda x: x > 0, 'a positive number of seconds'),
-    seed=(lambda x: x is None or (isinstance(x, int) and x >= 0), 'None or an int >= 0'),
+    seed=SEED_CHECK,
     **parts_checks(0.0),
     **STORAGE_CHECKS,
 )

@@ -25,10 +25,9 @@ import threading
 import time
 from typing import Any, Callable, Dict, Mapping, Optional, Tuple
 
+from ..config import INF
 from ..errors import SampleTimeoutError
 from .thruput import ThruputController
-
-INF = float('inf')
 
 
 def limiter_config(min_ratio: float) -> Dict[str, Any]:

@@ -41,10 +41,9 @@ import torch
 
 from .. import tree_kernels as kern
 from ..base import Registry
-from ..config import closest_key
+from ..config import INF, closest_key
 from ..storage.base import NO_ITER, collect_iter_of  # noqa: F401 (re-exported)
 
-INF = float('inf')
 _EMPTY = np.zeros(0, dtype=np.int64)
 
 REMOVER_REGISTRY = Registry(what='remover type', key='removers[].type')

@@ -16,8 +16,6 @@ from easydict import EasyDict
 from ..base import get_buffer_cls
 from ..config import build_config, check_section, optional_positive_int, positive_int
 
-INF = float('inf')
-
 # Buffer types the DQN trainer can learn from: transition buffers whose tensor storage samples one dict of batched
 # tensors. A class of your own (import_names) derived from one of them is accepted too.
 # named in the trainer's error; any type declaring transitions sampled by learner iteration (elastic too) works

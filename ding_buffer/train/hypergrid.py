@@ -34,7 +34,7 @@ import torch
 from easydict import EasyDict
 
 from ..base import create_buffer, get_buffer_cls
-from ..config import build_config, check_section, optional_positive_int, positive_int
+from ..config import build_config, check_section, optional_positive_int, positive_int, seed_ok
 from ..persistence import atomic_json, atomic_save
 from .checkpoint import complete_checkpoints, load_latest, save_checkpoint
 from .config import BUFFER_SECTION, check_run_dir, run_dir_of, split_buffer_section
@@ -103,7 +103,7 @@ _non_negative_int = (lambda x: isinstance(x, int) and not isinstance(x, bool) an
 HYPERGRID_CHECKS = {
     'exp_name': (lambda x: isinstance(x, str) and x != '', 'a non-empty string'),
     'log_dir': (lambda x: x is None or (isinstance(x, str) and x != ''), 'None or a directory path'),
-    'seed': _non_negative_int,
+    'seed': (lambda x: x is not None and seed_ok(x), 'an int in [0, 2**63)'),
     'env.ndim': (positive_int, 'a positive int'),
     'env.height': (lambda x: positive_int(x) and x >= 2, 'an int >= 2'),
     'env.R0': (lambda x: x > 0, 'a number > 0 (log R0 must be finite)'),
