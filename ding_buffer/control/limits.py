@@ -55,7 +55,8 @@ def limit_ok(x: Any) -> bool:
 
 
 class Remover:
-    """The interface (every verb optional). ``name`` is the counter suffix: ``removed_by_<name>``.
+    """The interface (every verb optional). ``name`` is the counter suffix, ``removed_by_<name>``: a rule built from
+    its registry name (``removers=[dict(type=...)]``) without a ``name`` of its own is counted under that name.
 
     Examples:
         >>> class DropEarly(Remover):  # register it with REMOVER_REGISTRY to use it (see the module docstring)
@@ -193,9 +194,12 @@ def build_remover(entry: Any, where: str) -> Remover:
         if arg in kwargs and not predicate(kwargs[arg]):
             raise ValueError(f"config key '{where}.{arg}' has invalid value {kwargs[arg]!r}; expected {expected}")
     try:
-        return cls(**kwargs)
+        rule = cls(**kwargs)
     except TypeError as e:
         raise ValueError(f"config key '{where}' ({name!r}) has bad arguments {kwargs}: {e}") from e
+    if rule.name == Remover.name:  # no name of its own: counted under its registry name, removed_by_<type>
+        rule.name = name
+    return rule
 
 
 def find_rule(rules: List[Remover], kind: type) -> Optional[Remover]:

@@ -413,3 +413,37 @@ def test_tensor_storage_with_an_int_field_refuses_fractional_collect_iter_too():
     with pytest.raises(ValueError, match='collect_iter'):
         buf.push({'obs': np.float32(1), 'collect_iter': 1.5})
     assert_same(buf.state_dict(), before)
+
+
+def test_a_rule_without_a_name_of_its_own_is_counted_under_its_registry_name():
+    """removed_by_<type>: two user rules without a ``name`` no longer share one 'removed_by_rule' counter."""
+
+    class DropEven(Remover):
+        def after_sample(self, table, slots, use):
+            return slots[table.column('id', slots) % 2 == 0]
+
+    class DropFirst(Remover):
+        name = 'first'  # a name of its own is kept
+
+        def before_sample(self, table, cur_learner_iter):
+            return table.oldest(1)
+
+    REMOVER_REGISTRY.register('test_part_keys_drop_even', replace=True)(DropEven)
+    REMOVER_REGISTRY.register('test_part_keys_drop_first', replace=True)(DropFirst)
+    buf = create_buffer(
+        dict(
+            type='naive',
+            replay_buffer_size=16,
+            seed=0,
+            removers=[dict(type='test_part_keys_drop_even'), dict(type='test_part_keys_drop_first')],
+        )
+    )
+    buf.push([{'x': i} for i in range(8)])  # ids 0..7
+    batch = buf.sample(4)
+    stats = buf.stats()
+    first_gone = 1  # the oldest (id 0) leaves before the draw
+    drawn_even = sum(1 for d in batch if d['x'] % 2 == 0)  # a fresh buffer: item x has id x
+    assert stats['removed_by_first'] == first_gone
+    assert stats['removed_by_test_part_keys_drop_even'] == drawn_even
+    assert 'removed_by_rule' not in stats
+    assert buf.count() == 8 - first_gone - drawn_even
