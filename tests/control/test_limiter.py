@@ -1,0 +1,117 @@
+"""The push / sample gate (``ding_buffer.control.limiter``): the default section and its check, the minimum-size
+rule against a reference, the never-stall rule on a random push / sample walk (fake clock), the blocking ``wait``
+and the counters' save / restore (a bad state refused, the gate unchanged)."""
+
+import threading
+
+import numpy as np
+import pytest
+
+from ding_buffer.control.limiter import RateLimiter, limiter_checks, limiter_config
+from ding_buffer.control.thruput import ThruputController
+from ding_buffer.errors import SampleTimeoutError
+
+
+def _limiter(min_ratio=1.0, lo=0.0, hi=float('inf')):
+    cfg = limiter_config(min_ratio)
+    cfg['push_sample_rate_limit'] = dict(max=hi, min=lo)
+    now = [0.0]
+    lim = RateLimiter(cfg, threading.RLock())
+    lim.swap(ThruputController(cfg, clock=lambda: now[0]))  # the same gate on a fake clock
+    return lim, now
+
+
+def test_default_section_is_inactive_fresh_and_checked():
+    a, b = limiter_config(0.0), limiter_config(0.0)
+    assert a == b and a['push_sample_rate_limit'] is not b['push_sample_rate_limit']  # no shared default
+    lim = RateLimiter(a, threading.RLock())
+    assert not lim.active and not lim.checks  # the defaults allow everything
+    assert lim.why_not(count=1, size=10**6) == '' and lim.can_push(10**6, count=0) == (True, '')
+    assert lim.why_not(count=0, size=1) == 'nothing is stored'
+    ((key, (ok, expected)),) = limiter_checks(0.5).items()
+    assert key == 'thruput_controller.sample_min_limit_ratio' and expected == 'a number >= 0.5'
+    assert ok(0.5) and ok(3) and not ok(0.49)
+
+
+@pytest.mark.parametrize('min_ratio', [0.5, 1.0, 2.0])
+def test_minimum_size_rule_matches_reference(min_ratio):
+    lim, _ = _limiter(min_ratio)
+    assert lim.checks and not lim.active
+    for count in range(1, 20):
+        for size in range(1, 12):
+            why = lim.why_not(count, size)
+            assert (why == '') == (count >= min_ratio * size), (count, size, why)
+            if why:
+                assert why == f"{count} items < sample_min_limit_ratio {min_ratio:g} x batch {size}"
+
+
+def test_random_walk_never_stalls_and_overrides_the_ratio_only_when_the_other_call_is_refused_too():
+    lim, now = _limiter(min_ratio=1.0, lo=1.0, hi=1.0)  # DI-engine's rules alone would deadlock here
+    rng = np.random.default_rng(0)
+    count, seen = 0, {'push_refused': 0, 'sample_refused': 0, 'push_override': 0, 'sample_override': 0}
+    for _ in range(2000):
+        tc = lim.thruput
+        ratio_push, ratio_sample = tc.can_push(8)[0], tc.can_sample(32)[0]  # DI-engine's two rules alone
+        sample_rules = count >= 1.0 * 32 and ratio_sample  # a sample by its own rules (minimum size, ratio)
+        push_ok, why = lim.can_push(8, count)[0], lim.why_not(count, 32)
+        sample_ok = why == ''
+        assert push_ok or sample_ok, (count, tc.state_dict())
+        assert push_ok == (ratio_push or not sample_rules)  # a refused push goes when a sample would not
+        assert sample_ok == (count >= 32 and (ratio_sample or not ratio_push))  # and the other way round
+        seen['push_override'] += push_ok and not ratio_push
+        seen['sample_override'] += sample_ok and not ratio_sample
+        seen['push_refused'] += not push_ok
+        seen['sample_refused'] += not sample_ok
+        if push_ok and (not sample_ok or rng.random() < 0.5):
+            lim.on_push(8)
+            count = min(count + 8, 64)
+        else:
+            lim.on_sample(32)
+        now[0] += float(rng.random() < 0.3)
+    assert min(seen.values()) > 0, seen  # every branch was exercised
+
+
+def test_wait_times_out_naming_what_and_why_and_returns_when_allowed():
+    lock = threading.RLock()
+    lim = RateLimiter(limiter_config(0.0), lock)
+    calls = []
+    with lock:  # the buffer's lock: wait runs holding it and releases it while waiting
+        assert lim.wait(lambda: calls.append(1) or 'empty', None, 'sample', lambda: None) == 'empty'
+        assert calls == [1]  # timeout=None: evaluated once
+        with pytest.raises(SampleTimeoutError, match=r"sample 4 within 0.1s: empty"):
+            lim.wait(lambda: 'empty', 0.1, 'sample 4', lambda: None)
+        assert lim.waiting == 0
+        ready, inside = threading.Event(), []
+
+        def push():
+            with lock:  # taken while the sampler waits (wait released it)
+                inside.append(lim.waiting)
+                ready.set()
+                lim.on_push(1)
+
+        pusher = threading.Thread(target=push)
+        pusher.start()
+        assert lim.wait(lambda: '' if ready.is_set() else 'empty', 5.0, 'sample', lambda: None) == ''
+        assert inside == [1] and lim.waiting == 0  # counted while waiting (a push notifies only then)
+        with pytest.raises(RuntimeError, match='closed'):
+            lim.wait(lambda: 'empty', 5.0, 'sample', lambda: (_ for _ in ()).throw(RuntimeError('closed')))
+        assert lim.waiting == 0
+    pusher.join()
+
+
+def test_counters_round_trip_and_bad_state_changes_nothing():
+    lim, now = _limiter(lo=0.5, hi=2.0)
+    lim.on_push(40)
+    lim.on_sample(32)
+    saved = lim.state_dict()
+    assert saved == {'push': 40.0, 'sample': 32.0}
+    other, _ = _limiter(lo=0.5, hi=2.0)
+    other.swap(other.restored(saved))
+    assert other.state_dict() == saved
+    assert [x.can_push(n, 32)[0] for x in (lim, other) for n in (24, 25)] == [True, False] * 2  # max 2: 64 / 32
+    for bad in ({'push': -1.0, 'sample': 0.0}, {'push': 1.0, 'sample': float('nan')}):
+        with pytest.raises(ValueError, match='invalid thruput counters'):
+            lim.restored(bad)
+    assert lim.state_dict() == saved
+    now[0] = 30.0  # a window later both counters are x0.01 (the ratio stays)
+    assert lim.state_dict() == pytest.approx({'push': 0.4, 'sample': 0.32})
