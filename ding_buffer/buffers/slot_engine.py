@@ -3,12 +3,15 @@
 one item (the single-push hot path) and removing slots; a prioritized preset adds its priority index through two
 hooks, ``_on_written`` and ``_on_removed``, instead of copying the write path."""
 
+from itertools import repeat
 from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
-from ..storage.base import check_collect_iters, dict_fields
+from ..storage.base import check_collect_iters
 from .engine import Engine
+
+_DICT_GET = dict.get
 
 
 class SlotEngine(Engine):
@@ -82,9 +85,17 @@ class SlotEngine(Engine):
         a dict, the common case, costs one C-level ``dict.get`` per item)."""
         if self._storage.kind != 'list':
             return super()._check_pushed(items)
-        values = dict_fields(items, 'collect_iter')
-        if values is None:  # not all plain dicts: None (refused first) or other objects
+        try:  # every item a dict (the common case): their collect_iter fields in one C-level pass
+            values = list(map(_DICT_GET, items, repeat('collect_iter', len(items))))
+        except TypeError:  # not all dicts: None (refused first) or other objects
             super()._check_pushed(items)
+            values = None
+        else:
+            try:
+                if values.count(None) == len(values):  # no collect_iter anywhere (None matches by identity)
+                    return
+            except (ValueError, TypeError, RuntimeError):  # an array's == None is element-wise
+                pass
         check_collect_iters(items, values)
 
     capacity_rules = True

@@ -5,7 +5,6 @@ Every write goes through two steps so that a rejected batch leaves the storage u
 Not thread-safe: the owning buffer's lock serialises every call.
 """
 
-import itertools
 import math
 from abc import ABC, abstractmethod
 from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Tuple
@@ -238,7 +237,7 @@ _INT_LIMIT = 2**60
 def check_collect_iters(items: List[Any], values: Optional[List[Any]] = None) -> None:
     """Every dict item's ``collect_iter`` readable (``ValueError`` naming the item): checked at push, so that a
     bad value never breaks a later ``sample``. ``values``: the items' ``collect_iter`` fields when the caller
-    read them already (``dict_fields``)."""
+    read them already (a pushed list of dicts: one ``dict.get`` pass)."""
     if values is None:
         values = [item.get('collect_iter') if isinstance(item, Mapping) else None for item in items]
     try:
@@ -254,15 +253,3 @@ def check_collect_iters(items: List[Any], values: Optional[List[Any]] = None) ->
             collect_iter_of(value)
         except ValueError as e:
             raise ValueError(f"item {i}: {e}") from None
-
-
-def dict_fields(items: List[Any], key: str) -> Optional[List[Any]]:
-    """``item.get(key)`` of every item in one C-level pass when every item is a dict (or a dict subclass); None
-    when one is not (``None``, an array, another mapping): the caller checks item by item then."""
-    try:
-        return list(map(_DICT_GET, items, itertools.repeat(key, len(items))))
-    except TypeError:
-        return None
-
-
-_DICT_GET = dict.get
