@@ -161,6 +161,8 @@ class FreeListIndex:
             'uid': torch.from_numpy(self.uid.copy()),
             'next_uid': self.next_uid,
             'push_count': self.push_count,
+            # the free slots in the order the next writes take them: a restored table writes where this one would
+            'free': torch.tensor(self._free[::-1], dtype=torch.int64),
         }
 
     @classmethod
@@ -189,5 +191,12 @@ class FreeListIndex:
         index.valid = valid.copy()
         index._uid = np.where(valid, uid, -1)
         index.count = int(valid.sum())
-        index._free = np.flatnonzero(~valid)[::-1].tolist()
+        empty = np.flatnonzero(~valid)
+        if 'free' in state:  # (a ring's state, or an older file, has none: the lowest free slot first)
+            free = np.asarray(state['free'], dtype=np.int64).reshape(-1)
+            if len(free) != len(empty) or not np.array_equal(np.sort(free), empty):
+                raise ValueError("inconsistent index state: 'free' must list each empty slot once")
+        else:
+            free = empty
+        index._free = free[::-1].tolist()
         return index

@@ -6,6 +6,7 @@ import inspect
 
 import numpy as np
 import pytest
+import torch
 
 from ding_buffer.storage.free_list import FreeListIndex
 from ding_buffer.storage.ring import RingIndex
@@ -125,3 +126,26 @@ def test_it_offers_every_public_verb_of_the_ring():
         return {n for n, _ in inspect.getmembers(cls) if not n.startswith('_')}
 
     assert verbs(RingIndex) - {'head', 'span', 'tail'} <= verbs(FreeListIndex)
+
+
+def test_a_restored_index_takes_its_free_slots_in_the_saved_order():
+    index = FreeListIndex(5)
+    index.commit(5)
+    index.remove(np.array([1]))
+    index.remove(np.array([3]))
+    index.remove(np.array([0]))  # freed 1, then 3, then 0: the next writes take 0, 3, 1 (the lowest freed first)
+    expected = index.next_slots(3).tolist()
+    restored = FreeListIndex.from_state(index.state_dict(), 5)
+    assert restored.next_slots(3).tolist() == expected
+    assert restored.commit(3)[0].tolist() == index.commit(3)[0].tolist() == expected
+
+
+@pytest.mark.parametrize('free', [[0, 3], [0, 3, 1, 1], [0, 3, 2], [0, 3, 1, 4]])
+def test_a_state_whose_free_slots_are_not_its_empty_slots_is_refused(free):
+    index = FreeListIndex(5)
+    index.commit(5)
+    index.remove(np.array([0, 1, 3]))
+    state = index.state_dict()
+    state['free'] = torch.tensor(free)
+    with pytest.raises(ValueError, match="'free' must list each empty slot once"):
+        FreeListIndex.from_state(state, 5)
