@@ -210,8 +210,10 @@ class KeepBest(_ByColumn):
 
     def plan(self, view: Any, values: Optional[np.ndarray], need: int) -> Tuple[np.ndarray, Optional[np.ndarray]]:
         """Of the stored elements and the new ones (newer than every stored one, in order), the ``need`` lowest
-        by ``(value, id)`` do not stay: stored ones leave, new ones are refused. The same as writing the new
-        elements one by one, each replacing the lowest stored one when it is at least as high."""
+        by ``(value, id)`` do not stay: stored ones leave, new ones are refused. The same items stay as when the
+        new elements are written one by one, each replacing the lowest stored one when it is at least as high; the
+        counters differ (a new element that one-by-one writing would store and then evict within the same push is
+        counted as refused here, never as removed)."""
         lowest = self._lowest(view, need)  # the need lowest stored, lowest first
         first_new = view.next_id
         candidates = [(v, u, s, True) for v, u, s in lowest]
