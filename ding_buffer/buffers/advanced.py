@@ -248,10 +248,8 @@ class AdvancedReplayBuffer(SlotEngine):
     def _push_items(self, items: List[Any]) -> int:
         if len(items) == 1 and self._push_one_fast(items[0]):
             return 1
-        priorities = item_priorities(items, self._index.default_priority())  # validated before anything is written
-        if len(items) == 1:
-            self._check_items(items)  # a longer list was checked by push (_check_pushed)
         prepared = self._storage.prepare(items)  # validated before the limiter decides (a bad push is an error)
+        priorities = item_priorities(items, self._index.default_priority())  # validated before anything is written
         if not self._admit(len(items)):
             return 0
         return self._write(prepared, priorities[prepared.dropped :])

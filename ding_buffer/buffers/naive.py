@@ -108,8 +108,6 @@ class NaiveReplayBuffer(SlotEngine):
                     return 1
             elif not self._limiter.active and self._remover is None and self._write_one(items[0]):
                 return 1
-        if len(items) == 1:
-            self._check_items(items)  # a longer list was checked by push (_check_pushed)
         prepared = self._storage.prepare(items)  # validated before the limiter decides (a bad push is an error)
         if self._limiter.active and not self._admit(len(items)):
             return 0

@@ -3,15 +3,12 @@
 one item (the single-push hot path) and removing slots; a prioritized preset adds its priority index through two
 hooks, ``_on_written`` and ``_on_removed``, instead of copying the write path."""
 
-from itertools import repeat
 from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
 from ..storage.base import check_collect_iters
 from .engine import Engine
-
-_DICT_GET = dict.get
 
 
 class SlotEngine(Engine):
@@ -75,28 +72,17 @@ class SlotEngine(Engine):
 
     # ------------------------------------------------------------------ writing
     def _check_items(self, items: List[Any]) -> None:
-        """Fields the engine may read later are checked at push (list storage keeps items as they are and reads
-        ``collect_iter`` the first time staleness needs it): a bad one is refused before anything changes."""
+        """Items of a saved state: what push refuses is refused there too (list storage keeps items as they are;
+        its ``prepare`` checks a push)."""
         if self._storage.kind == 'list':
             check_collect_iters(items)
 
     def _check_pushed(self, items: List[Any]) -> None:
-        """A pushed list on list storage: ``None`` and bad ``collect_iter`` fields refused in one pass (every item
-        a dict, the common case, costs one C-level ``dict.get`` per item)."""
-        if self._storage.kind != 'list':
-            return super()._check_pushed(items)
-        try:  # every item a dict (the common case): their collect_iter fields in one C-level pass
-            values = list(map(_DICT_GET, items, repeat('collect_iter', len(items))))
-        except TypeError:  # not all dicts: None (refused first) or other objects
+        """A pushed list on list storage is checked by the storage's ``prepare``, in one pass that also reads the
+        items' ``collect_iter`` column (``None`` items and bad values are refused there, before anything changes);
+        with the used-data remover the generic check comes first (it reads every item's data id)."""
+        if self._storage.kind != 'list' or self._remover is not None:
             super()._check_pushed(items)
-            values = None
-        else:
-            try:
-                if values.count(None) == len(values):  # no collect_iter anywhere (None matches by identity)
-                    return
-            except (ValueError, TypeError, RuntimeError):  # an array's == None is element-wise
-                pass
-        check_collect_iters(items, values)
 
     capacity_rules = True
 

@@ -11,19 +11,16 @@ from typing import Any, Dict, List, Mapping, Optional
 import numpy as np
 import torch
 
-from .base import NO_ITER, Prepared, Storage, check_state, collect_iter_of, trim_newest
+from .base import ALL_ABSENT, NO_ITER, Prepared, Storage, check_state, collect_iter_column, trim_newest
 from .ring import RingIndex
 from .tensordict_io import is_tensordict, rows
 from .tree import unbatch
 
 
 def collect_iters(items: List[Any]) -> np.ndarray:
-    """Each item's ``collect_iter`` as one int64 (``collect_iter_of``; ``NO_ITER`` for a non-dict or none)."""
-    return np.fromiter(
-        (collect_iter_of(x.get('collect_iter')) if isinstance(x, Mapping) else NO_ITER for x in items),
-        dtype=np.int64,
-        count=len(items),
-    )
+    """Each item's ``collect_iter`` as one int64 (``collect_iter_column``, ``NO_ITER`` where absent)."""
+    column = collect_iter_column(items)
+    return np.full(len(items), NO_ITER, dtype=np.int64) if column is ALL_ABSENT else column
 
 
 class ListStorage(Storage):
@@ -44,17 +41,23 @@ class ListStorage(Storage):
     def __init__(self, capacity: int, index_cls: type = RingIndex) -> None:
         super().__init__(capacity, index_cls)
         self._data: List[Any] = [None] * capacity
-        # each slot's collect_iter (a sequence's min; NO_ITER without one), read from its item the first time it
-        # is asked for and kept until the slot is written again: staleness costs one index per sampled item,
-        # whatever the items hold (R2D2 keeps one per step), and a buffer that never reads it never pays for it
+        # each slot's collect_iter (a sequence's min; NO_ITER without one), read once, when its item is stored
+        # (prepare validates and reads it in the same pass): staleness costs one index per sampled item, whatever
+        # the items hold (R2D2 keeps one per step), and a stored dict changed later does not change it
         self._ci = np.full(capacity, NO_ITER, dtype=np.int64)
-        self._ci_known = np.zeros(capacity, dtype=bool)
+        self._ci_written = False  # whether any item had one (until then the column is NO_ITER throughout)
+        self._pending_ci: Optional[np.ndarray] = None
 
     def prepare(self, items: List[Any]) -> Prepared:
+        """Validates every item (``None`` is a ``TypeError``, a bad ``collect_iter`` a ``ValueError`` naming the
+        item) and reads their ``collect_iter`` column in the same pass."""
+        column = collect_iter_column(items)
         kept, dropped = trim_newest(len(items), self.capacity)
         if not dropped and type(items) is list:  # read only until written: the caller's list is not copied
-            return Prepared(items, kept, 0)
-        return Prepared(list(items[dropped:]), kept, dropped, list(items[:dropped]))
+            return Prepared(items, kept, 0, [], False, column)
+        if column is not ALL_ABSENT:
+            column = column[dropped:]
+        return Prepared(list(items[dropped:]), kept, dropped, list(items[:dropped]), False, column)
 
     def prepare_batch(self, batch: Any) -> Prepared:
         """A batch dict becomes item dicts; a TensorDict ``[B, ...]`` becomes ``B`` TensorDict items."""
@@ -66,7 +69,10 @@ class ListStorage(Storage):
     def select(self, prepared: Prepared, keep: np.ndarray) -> Prepared:
         """The items of ``prepared`` where ``keep`` (a mask over its kept items) holds, as a new ``Prepared``."""
         payload = [item for item, k in zip(prepared.payload, np.asarray(keep).tolist()) if k]
-        return Prepared(payload, len(payload), 0, [], prepared.tensordict)
+        column = prepared.meta
+        if column is not None and column is not ALL_ABSENT:
+            column = column[np.asarray(keep, dtype=bool)]
+        return Prepared(payload, len(payload), 0, [], prepared.tensordict, column)
 
     def write_one(self, item: Any) -> Optional[int]:
         """One item in O(1) scalar work (the single-push hot path). The overwritten item is not reported:
@@ -75,18 +81,32 @@ class ListStorage(Storage):
             return None  # the generic path checks it (and reports a bad one)
         slot, _ = self.ring.commit_one()
         self._data[slot] = item
-        self._ci_known[slot] = False
+        if self._ci_written:
+            self._ci[slot] = NO_ITER
         return slot
+
+    def _reserve(self, prepared: Prepared) -> None:
+        column = prepared.meta
+        if column is None:  # a Prepared made elsewhere: read (and check) the column now, before anything changes
+            column = collect_iter_column(prepared.payload)
+        self._pending_ci = column
 
     def _write(self, slots: np.ndarray, payload: List[Any]) -> None:
         """``payload`` at ``slots``, the consecutive run (modulo capacity) the ring committed."""
+        column, self._pending_ci = self._pending_ci, None
+        if column is None or (column is not ALL_ABSENT and len(column) != len(payload)):
+            column = collect_iter_column(payload)
         data = self._data
         first, n = int(slots[0]), len(payload)
+        if column is not ALL_ABSENT:
+            self._ci_written = True
         if self.ring.derived_ids and first + n <= len(data):  # a ring's run, no wrap: slice assignments
             data[first : first + n] = payload
-            self._ci_known[first : first + n] = False
+            if self._ci_written:
+                self._ci[first : first + n] = NO_ITER if column is ALL_ABSENT else column
             return
-        self._ci_known[slots] = False
+        if self._ci_written:
+            self._ci[slots] = NO_ITER if column is ALL_ABSENT else column
         for slot, item in zip(slots.tolist(), payload):
             data[slot] = item
 
@@ -97,7 +117,7 @@ class ListStorage(Storage):
         slots = np.asarray(slots, dtype=np.int64)
         for s in slots.tolist():
             self._data[s] = None
-        self._ci_known[slots] = False
+        self._ci[slots] = NO_ITER
 
     def gather(self, slots: np.ndarray, uids: Optional[np.ndarray] = None) -> List[Any]:
         data = self._data
@@ -107,14 +127,7 @@ class ListStorage(Storage):
         return self._data[slot]
 
     def collect_iter(self, slots: np.ndarray) -> np.ndarray:
-        slots = np.asarray(slots, dtype=np.int64)
-        unknown = slots[~self._ci_known[slots]]
-        if len(unknown):
-            unknown = np.unique(unknown)
-            data = self._data
-            self._ci[unknown] = collect_iters([data[s] for s in unknown.tolist()])
-            self._ci_known[unknown] = True
-        return self._ci[slots]
+        return self._ci[np.asarray(slots, dtype=np.int64)]
 
     def __repr__(self) -> str:
         return f"ListStorage(capacity={self.capacity}, count={len(self)})"
@@ -141,6 +154,8 @@ class ListStorage(Storage):
         if not np.array_equal(np.sort(slots), np.flatnonzero(storage.ring.valid)):
             raise ValueError("saved storage slots do not match the ring's valid slots")
         items = copy.deepcopy(items)
+        storage._ci[slots] = collect_iters(items)  # a bad collect_iter refuses the state
+        storage._ci_written = True
         for slot, item in zip(slots.tolist(), items):
             storage._data[slot] = item
         return storage

@@ -390,12 +390,15 @@ def test_write_dropped_tensor_storage_returns_no_evicted_items():
 
 def test_list_storage_preserves_identity():
     storage = ListStorage(5)
-    objs = [object(), {'a': [1, 2]}, 'text', None, (1, 2)]
+    objs = [object(), {'a': [1, 2]}, 'text', [None], (1, 2)]
     result = fill(storage, objs)
     got = storage.gather(result.slots)
     assert len(got) == 5 and all(g is o for g, o in zip(got, objs))
     assert storage.get(int(result.slots[1])) is objs[1]
     assert len(storage) == 5
+    with pytest.raises(TypeError, match=r'cannot push None \(item 1\)'):  # None is what an empty slot holds
+        storage.prepare([{'a': 1}, None])
+    assert len(storage) == 5 and all(g is o for g, o in zip(storage.gather(result.slots), objs))
 
 
 def test_list_storage_remove_and_clear_return_removed_objects():
@@ -998,21 +1001,27 @@ def test_large_cpu_fields_ask_for_huge_pages_and_start_zeroed():
 
 def test_list_storage_reads_collect_iter_once_when_an_item_is_stored():
     """Staleness is one index per sampled item whatever the items hold (R2D2 keeps a collect_iter per step): a
-    slot's value (a sequence's min) is read from its item the first time it is asked for and kept until the slot
-    is written again; a restored storage reads them afresh. (A buffer that reads staleness refuses a bad
-    collect_iter at push, before the storage sees it.)"""
+    slot's value (a sequence's min) is read when its item is stored (``prepare`` validates and reads it in one
+    pass), so a later change of the stored dict is never seen; a restored storage reads the saved items; a bad
+    value is refused before anything changes."""
     from ding_buffer.storage import ListStorage
     from ding_buffer.storage.base import NO_ITER
 
     st = ListStorage(4)
     items = [{'collect_iter': [5, 3, 9]}, {'collect_iter': 7}, {'x': 1}, 'not a dict']
     res = st.write(st.prepare(items))
+    items[1]['collect_iter'] = 'later'  # read at the write: neither this change nor its badness is seen
     assert st.collect_iter(res.slots).tolist() == [3, 7, NO_ITER, NO_ITER]
     assert st.staleness(res.slots, 10).tolist() == [7, 3, -1, -1]
-    items[1]['collect_iter'] = 1  # read once: a later change of the stored dict is not seen
-    assert st.collect_iter(res.slots[1:2]).tolist() == [7]
+    items[1]['collect_iter'] = 1
     restored = ListStorage.from_state(st.state_dict(), 4)
     assert restored.collect_iter(res.slots).tolist() == [3, 1, NO_ITER, NO_ITER]  # the saved item holds 1 now
+    before = st.state_dict()
+    for bad in ([{'collect_iter': 'soon'}], [{'x': 0}, {'collect_iter': 1.5}], [{'x': 0}, None]):
+        with pytest.raises((ValueError, TypeError), match='collect_iter|None'):
+            st.write(st.prepare(bad))
+        assert_same(st.state_dict(), before)
+    assert st.collect_iter(res.slots).tolist() == [3, 7, NO_ITER, NO_ITER]
     slot = st.write(st.prepare([{'collect_iter': 11}])).slots  # overwrites the oldest ({'collect_iter': [5, 3, 9]})
     assert st.collect_iter(slot).tolist() == [11]
     st.remove(res.slots[1:2])
@@ -1021,3 +1030,47 @@ def test_list_storage_reads_collect_iter_once_when_an_item_is_stored():
     st.clear()
     assert st.write(st.prepare([{'collect_iter': 4}])).slots.tolist() == [st.ring.ordered_slots()[0]]
     assert st.collect_iter(st.ring.ordered_slots()).tolist() == [4]
+
+
+def test_a_stored_dicts_collect_iter_changed_after_push_changes_no_sample():
+    """Was (with the column read lazily): a value changed after push was seen if nothing had read it yet -- a bad one
+    made every later sample of ``advanced`` fail (after bumping use counts and beta), a changed one made
+    ``max_staleness`` evict depending on whether the column had been read before."""
+    from ding_buffer import create_buffer
+
+    adv = create_buffer(dict(type='advanced', replay_buffer_size=8, seed=0, max_use=2))
+    items = [{'obs': i, 'collect_iter': 0} for i in range(4)]
+    adv.push(items)
+    items[2]['collect_iter'] = 'oops'
+    assert len(adv.sample(4, cur_learner_iter=3)) == 4 and len(adv.sample(4, cur_learner_iter=3)) == 4
+    assert adv.count() == 0 and adv.stats()['removed_by_use'] == 4  # max_use=2: every item left
+
+    kept = []
+    for read_first in (False, True):
+        buf = create_buffer(dict(type='naive', replay_buffer_size=8, seed=0, max_staleness=5))
+        items = [{'obs': i, 'collect_iter': 10} for i in range(3)]
+        buf.push(items)
+        if read_first:
+            buf.view.column('collect_iter', buf.view.oldest(3))
+        for item in items:
+            item['collect_iter'] = 0
+        buf.sample(1, cur_learner_iter=10)
+        kept.append(buf.count())
+    assert kept == [3, 3]
+
+
+def test_a_dict_subclass_is_read_as_stored_at_push_and_at_restore():
+    """A dict subclass overriding ``get`` was accepted by a list push (read with ``dict.get``) and refused by the
+    buffer's own state (read with its ``get``): both read the stored value now."""
+    from ding_buffer import create_buffer
+
+    class Step(dict):
+        def get(self, key, default=None):
+            return 1.5 if key == 'collect_iter' else super().get(key, default)
+
+    buf = create_buffer(dict(type='naive', replay_buffer_size=8, seed=0))
+    buf.push([Step(obs=0, collect_iter=2), Step(obs=1)])
+    again = create_buffer(dict(type='naive', replay_buffer_size=8, seed=0))
+    again.load_state_dict(buf.state_dict())
+    assert_same(again.state_dict(), buf.state_dict())
+    assert again.view.column('collect_iter', again.view.oldest(1)).tolist() == [2]
