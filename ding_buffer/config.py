@@ -16,6 +16,7 @@ Validation rules (applied recursively to nested sections such as ``storage``):
 import copy
 import difflib
 import logging
+import numbers
 from typing import Any, Callable, Dict, Mapping, Optional, Tuple
 
 from easydict import EasyDict
@@ -279,8 +280,8 @@ def positive_int(x: Any) -> bool:
 
 
 def seed_ok(x: Any) -> bool:
-    """A config ``seed``: None (drawn at random) or an int in [0, 2**63); a bool is not a seed."""
-    return x is None or (isinstance(x, int) and not isinstance(x, bool) and 0 <= x < 1 << 63)
+    """A config ``seed``: None (drawn at random) or an int (a numpy int too) in [0, 2**63); a bool is not a seed."""
+    return x is None or (isinstance(x, numbers.Integral) and not isinstance(x, bool) and 0 <= int(x) < 1 << 63)
 
 
 SEED_CHECK = (seed_ok, 'None or an int in [0, 2**63)')

@@ -4,6 +4,7 @@ import logging
 import os
 import textwrap
 
+import numpy as np
 import pytest
 from easydict import EasyDict
 
@@ -345,7 +346,20 @@ def test_every_type_checks_its_seed_the_same_way(buffer_type, seed):
 
 
 @pytest.mark.parametrize('buffer_type', sorted(BUFFER_REGISTRY.keys()))
-def test_every_type_takes_the_largest_seed(buffer_type):
-    buf = create_buffer(dict(type=buffer_type, seed=2**63 - 1))
+@pytest.mark.parametrize('seed', [0, 2**63 - 1, np.int64(3), np.uint64(2**63 - 1)])
+def test_every_type_takes_every_int_seed(buffer_type, seed):
+    buf = create_buffer(dict(type=buffer_type, seed=seed))
     assert buf.count() == 0
     buf.close()
+
+
+def test_the_training_jobs_seed_follows_the_buffers_rule():
+    """Was: the DQN job took seed=2**63, which its buffer (seeded from it) then refused at build, naming a key the
+    user never set."""
+    from ding_buffer.train.config import build_train_config
+
+    for seed in (2**63, -1, None):
+        with pytest.raises(ValueError, match="config key 'seed'"):
+            build_train_config(dict(seed=seed, policy=dict(other=dict(replay_buffer=dict(type='advanced')))))
+    top = build_train_config(dict(seed=2**63 - 1, policy=dict(other=dict(replay_buffer=dict(type='advanced')))))
+    assert top.seed == 2**63 - 1

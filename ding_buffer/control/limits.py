@@ -198,8 +198,24 @@ def build_remover(entry: Any, where: str) -> Remover:
     except TypeError as e:
         raise ValueError(f"config key '{where}' ({name!r}) has bad arguments {kwargs}: {e}") from e
     if rule.name == Remover.name:  # no name of its own: counted under its registry name, removed_by_<type>
-        rule.name = name
+        if name in _BUILT_IN_COUNTERS:
+            raise ValueError(
+                f"config key '{where}': remover type {name!r} has no 'name' of its own and its registry name is the "
+                f"counter of the built-in {_BUILT_IN_COUNTERS[name]!r} rule (removed_by_{name}); give the class a "
+                f"'name' attribute"
+            )
+        try:
+            rule.name = name
+        except AttributeError:
+            raise ValueError(
+                f"config key '{where}': remover type {name!r} answers name 'rule' and cannot be renamed; give the "
+                f"class a 'name' of its own"
+            ) from None
     return rule
+
+
+# counters of the built-in rules whose names differ from their registry names: a user rule never shares them
+_BUILT_IN_COUNTERS = {'use': 'max_use', 'staleness': 'max_staleness'}
 
 
 def find_rule(rules: List[Remover], kind: type) -> Optional[Remover]:

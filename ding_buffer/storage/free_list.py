@@ -193,7 +193,14 @@ class FreeListIndex:
         index.count = int(valid.sum())
         empty = np.flatnonzero(~valid)
         if 'free' in state:  # (a ring's state, or an older file, has none: the lowest free slot first)
-            free = np.asarray(state['free'], dtype=np.int64).reshape(-1)
+            free = state['free']
+            free = free.numpy() if isinstance(free, torch.Tensor) else np.asarray(free)
+            if free.ndim != 1 or free.dtype.kind not in 'iu':
+                raise ValueError(
+                    f"inconsistent index state: 'free' must be a 1-D array of ints, got {free.dtype} of shape "
+                    f"{free.shape}"
+                )
+            free = free.astype(np.int64)
             if len(free) != len(empty) or not np.array_equal(np.sort(free), empty):
                 raise ValueError("inconsistent index state: 'free' must list each empty slot once")
         else:

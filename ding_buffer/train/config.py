@@ -14,7 +14,7 @@ from typing import Any, Dict, Mapping, Optional, Tuple
 from easydict import EasyDict
 
 from ..base import get_buffer_cls
-from ..config import build_config, check_section, optional_positive_int, positive_int
+from ..config import build_config, check_section, optional_positive_int, positive_int, seed_ok
 
 # Buffer types the DQN trainer can learn from: transition buffers whose tensor storage samples one dict of batched
 # tensors. A class of your own (import_names) derived from one of them is accepted too.
@@ -76,7 +76,7 @@ TRAIN_DEFAULTS = dict(
 TRAIN_CHECKS = {
     'exp_name': (lambda x: isinstance(x, str) and x != '', 'a non-empty string'),
     'log_dir': (lambda x: x is None or (isinstance(x, str) and x != ''), 'None or a directory path'),
-    'seed': (lambda x: isinstance(x, int) and x >= 0, 'an int >= 0'),
+    'seed': (lambda x: x is not None and seed_ok(x), 'an int in [0, 2**63)'),  # the buffers' rule (none: drawn)
     'env.max_env_step': (positive_int, 'a positive int'),
     'env.eval_episodes': (positive_int, 'a positive int'),
     'env.eval_freq': (positive_int, 'a positive int'),

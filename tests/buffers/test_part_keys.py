@@ -447,3 +447,26 @@ def test_a_rule_without_a_name_of_its_own_is_counted_under_its_registry_name():
     assert stats['removed_by_test_part_keys_drop_even'] == drawn_even
     assert 'removed_by_rule' not in stats
     assert buf.count() == 8 - first_gone - drawn_even
+
+
+def test_a_rule_named_like_a_built_in_counter_is_refused_unless_it_names_itself():
+    class Mine(Remover):
+        pass
+
+    class Renamed(Remover):
+        @property
+        def name(self):  # answers the base's name and cannot be set
+            return 'rule'
+
+    REMOVER_REGISTRY.register('use', replace=True)(Mine)
+    REMOVER_REGISTRY.register('test_part_keys_renamed', replace=True)(Renamed)
+    try:
+        with pytest.raises(ValueError, match=r"removers\[0\].*'use'.*max_use"):  # would share removed_by_use
+            create_buffer(dict(type='naive', removers=[dict(type='use')]))
+        with pytest.raises(ValueError, match=r"removers\[0\].*cannot be renamed"):
+            create_buffer(dict(type='naive', removers=[dict(type='test_part_keys_renamed')]))
+        Mine.name = 'mine'
+        buf = create_buffer(dict(type='naive', removers=[dict(type='use')]))
+        assert 'removed_by_mine' in buf.stats()
+    finally:
+        dict.pop(REMOVER_REGISTRY, 'use')  # the name stays free for the other tests of this process
