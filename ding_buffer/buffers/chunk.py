@@ -90,6 +90,30 @@ def _int(x: Any) -> bool:
     return isinstance(x, (int, np.integer)) and not isinstance(x, (bool, np.bool_))
 
 
+# the part keys every preset takes, as far as a table of whole chunks fits them (anything else: refused, saying why)
+CHUNK_REMOVERS = ('fifo', 'max_use')
+
+
+def _removers_ok(entries: Any) -> bool:
+    """``removers``: a list of ``dict(type='fifo')`` (the chunk table's capacity order) and ``dict(type='max_use',
+    max_use=k)`` (a chunk leaves after ``k`` samples, as ``max_reuse``)."""
+    if not isinstance(entries, (list, tuple)):
+        return False
+    for e in entries:
+        if not isinstance(e, dict) or e.get('type') not in CHUNK_REMOVERS:
+            return False
+        if e['type'] == 'fifo' and set(e) != {'type'}:
+            return False
+        if e['type'] == 'max_use' and (set(e) != {'type', 'max_use'} or not (_int(e['max_use']) and e['max_use'] >= 1)):
+            return False
+    return True
+
+
+def _sampler_ok(section: Any) -> bool:
+    """``sampler``: ``{}`` or ``dict(type='uniform')`` -- whole chunks, uniformly, without replacement."""
+    return isinstance(section, dict) and (not section or section == {'type': 'uniform'})
+
+
 class ChunkReplayBuffer(BufferCore):
     """
     Overview:
@@ -127,7 +151,14 @@ class ChunkReplayBuffer(BufferCore):
         # sampled fragments carry their payload as 'data' (False: ids only, read from the store by the caller)
         sample_payloads=True,
         seed=None,
+        # the part keys of every preset, as far as whole chunks fit them: removers [dict(type='fifo')] (the capacity
+        # order it has) and [dict(type='max_use', max_use=k)] (with max_reuse, the smaller applies); sampler {} or
+        # dict(type='uniform') (what it does); a rate limiter is not supported (thruput_controller stays None)
+        removers=[],
+        sampler={},
+        thruput_controller=None,
     )
+    key_aliases = {'max_use': 'max_reuse'}  # the engine presets' name of the key
     checks = {
         'max_chunks': (lambda x: _int(x) and 1 <= x < INT_LIMIT, 'an int >= 1'),
         'fragments_per_chunk': (lambda x: _int(x) and 1 <= x <= 1 << 20, 'an int in [1, 2**20]'),
@@ -138,11 +169,25 @@ class ChunkReplayBuffer(BufferCore):
         'store.clear_on_start': (lambda x: isinstance(x, bool), 'a bool'),
         'sample_payloads': (lambda x: isinstance(x, bool), 'a bool'),
         'seed': SEED_CHECK,
+        'removers': (
+            _removers_ok,
+            "a list of dict(type='fifo') and dict(type='max_use', max_use=k >= 1): a chunk table evicts its oldest "
+            "chunk and retires a chunk after k samples; other rules do not apply to whole chunks",
+        ),
+        'sampler': (_sampler_ok, "{} or dict(type='uniform'): whole chunks are drawn uniformly without replacement"),
+        'thruput_controller': (
+            lambda x: x is None,
+            'None: the chunk buffer paces sampling by whole chunks (sample(timeout=...) waits for them); it has no '
+            'push / sample rate limiter',
+        ),
     }
 
     # ------------------------------------------------------------------ build
     def _build(self) -> None:
         cfg = self._cfg
+        limits = [e['max_use'] for e in cfg.removers if e['type'] == 'max_use']
+        if limits:  # a max_use rule is max_reuse by another name: the smallest limit applies
+            cfg.max_reuse = int(min(limits + ([cfg.max_reuse] if cfg.max_reuse is not None else [])))
         self.store = FragmentStore(cfg.store.type, cfg.store.path)
         if cfg.store.clear_on_start:
             self.store.clear()

@@ -729,3 +729,37 @@ def test_a_list_push_is_the_same_fragments_pushed_one_by_one(tmp_path, store, fp
                 assert [(x['worker'], x['fid'], x['use']) for x in a] == [(x['worker'], x['fid'], x['use']) for x in b]
         assert _comparable(many.state_dict()) == _comparable(one.state_dict()), step
     assert refused > 5 and accepted > 50 and many.stats()['fragments_dropped'] > 10
+
+
+def test_chunk_takes_the_part_keys_that_fit_whole_chunks():
+    """max_use (the engine presets' name) is max_reuse; removers take 'fifo' (the order it evicts in) and 'max_use'
+    (the smaller limit applies); sampler takes {} / 'uniform'; every other part is refused saying why."""
+    from ding_buffer import create_buffer
+
+    def frag(worker, fid):
+        return dict(worker=worker, fid=fid, model_version=0, data={'obs': torch.zeros(2)})
+
+    def uses_until_gone(cfg):
+        buf = create_buffer(dict(type='chunk', fragments_per_chunk=1, seed=0, max_staleness=None, **cfg))
+        buf.push(frag('w', 0))
+        n = 0
+        while buf.count():
+            assert buf.sample(1) is not None
+            n += 1
+        buf.close()
+        return n
+
+    assert uses_until_gone(dict(max_use=3)) == uses_until_gone(dict(max_reuse=3)) == 3
+    assert uses_until_gone(dict(max_reuse=5, removers=[dict(type='max_use', max_use=2)])) == 2
+    assert uses_until_gone(dict(max_reuse=2, removers=[dict(type='max_use', max_use=4), dict(type='fifo')])) == 2
+    assert uses_until_gone(dict(max_reuse=1, sampler=dict(type='uniform'))) == 1
+    refused = {
+        'removers': [dict(type='lifo')],
+        'sampler': dict(type='prioritized'),
+        'thruput_controller': dict(push_sample_rate_limit=dict(max=2, min=0)),
+    }
+    for key, value in refused.items():
+        with pytest.raises(ValueError, match=f"config key '{key}'.*expected"):
+            create_buffer(dict(type='chunk', **{key: value}))
+    with pytest.raises(ValueError, match="config key 'removers'"):
+        create_buffer(dict(type='chunk', removers=[dict(type='max_use', max_use=0)]))

@@ -553,7 +553,7 @@ REFUSED = [
     (dict(type='prioritized_episode', removers=[dict(type='fifo')], max_staleness=2), "'removers'", None),
     (dict(type='gfn_diverse', removers=[dict(type='min_priority')]), "'removers'", None),
     (dict(type='terminating_state', removers=[dict(type='fifo')]), "'removers'", None),
-    (dict(type='chunk', removers=[dict(type='fifo')]), "'removers'", None),
+    (dict(type='chunk', removers=[dict(type='min_priority')]), "'removers'", 'whole chunks'),
     # a limit with a bad value, next to a capacity rule (as a key and as an entry)
     (dict(type='advanced', removers=[dict(type='lifo')], max_use=0), "'max_use'", None),
     (dict(type='naive', removers=[dict(type='fifo')], max_staleness=0), "'max_staleness'", None),
