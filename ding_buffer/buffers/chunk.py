@@ -177,8 +177,8 @@ class ChunkReplayBuffer(BufferCore):
         'sampler': (_sampler_ok, "{} or dict(type='uniform'): whole chunks are drawn uniformly without replacement"),
         'thruput_controller': (
             lambda x: x is None,
-            'None: the chunk buffer paces sampling by whole chunks (sample(timeout=...) waits for them); it has no '
-            'push / sample rate limiter',
+            'None: a rate limiter refusing pushes would break a worker\'s run of consecutive fragments (a gap is '
+            'an error), and sampling is already paced by whole chunks (sample(timeout=...) waits for them)',
         ),
     }
 
