@@ -142,8 +142,11 @@ class FastWriter:
                 n = vshape[0]
             elif vshape[0] != n:
                 return None
-            if key == 'collect_iter' and n > 0 and not (-COLLECT_ITER_SAFE < v.min() and v.max() < COLLECT_ITER_SAFE):
-                return None  # NaN fails too
+            if key == 'collect_iter' and n > 0:
+                if not (-COLLECT_ITER_SAFE < v.min() and v.max() < COLLECT_ITER_SAFE):
+                    return None  # NaN fails too
+                if v.dtype.kind == 'f' and not (v == np.trunc(v)).all():
+                    return None  # a fractional learner iteration: the generic path refuses it
             cols.append(v)
         if not 0 < n <= spec[0][1].shape[0]:  # every field's view has the capacity as its first dimension
             return None

@@ -387,3 +387,5 @@ def _check_collect_iter(columns: Dict[Path, torch.Tensor]) -> None:
         raise ValueError(f"field 'collect_iter' must be ints, got dtype {t.dtype}")
     if t.numel() and not bool((t.double().abs() < 2.0**60).all()):  # NaN fails too
         raise ValueError("field 'collect_iter' must be finite ints within +-2**60 (got NaN, inf or a huge value)")
+    if t.is_floating_point() and t.numel() and not bool((t == t.trunc()).all()):  # list storage's rule too
+        raise ValueError("field 'collect_iter' must be whole numbers (learner iterations), got a fractional value")

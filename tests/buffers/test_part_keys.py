@@ -470,3 +470,21 @@ def test_a_rule_named_like_a_built_in_counter_is_refused_unless_it_names_itself(
         assert 'removed_by_mine' in buf.stats()
     finally:
         dict.pop(REMOVER_REGISTRY, 'use')  # the name stays free for the other tests of this process
+
+
+@pytest.mark.parametrize('how', ['single', 'list', 'extend'])
+def test_tensor_storage_with_a_float_field_refuses_fractional_collect_iter_too(how):
+    """Was: a float collect_iter field (its first item held 2.0) took 1.5, which list storage and an int field
+    refuse; whole numbers stay welcome."""
+    buf = create_buffer(dict(type='naive', storage=dict(type='tensor')))
+    buf.push({'obs': np.float32(0), 'collect_iter': 2.0})
+    buf.extend({'obs': np.zeros(2, np.float32), 'collect_iter': np.array([3.0, 4.0], np.float32)})
+    before = buf.state_dict()
+    with pytest.raises(ValueError, match='collect_iter'):
+        if how == 'single':
+            buf.push({'obs': np.float32(1), 'collect_iter': 1.5})
+        elif how == 'list':
+            buf.push([{'obs': np.float32(1), 'collect_iter': 5.0}, {'obs': np.float32(2), 'collect_iter': 5.5}])
+        else:
+            buf.extend({'obs': np.zeros(2, np.float32), 'collect_iter': np.array([5.0, 5.5], np.float32)})
+    assert_same(buf.state_dict(), before)
