@@ -168,7 +168,7 @@ class _EpisodeStore:
 class ObjectEpisodes(_EpisodeStore):
     def __init__(self, max_episodes: int, max_transitions: Optional[int]) -> None:
         super().__init__(max_episodes, max_transitions)
-        self.storage = ListStorage(max_episodes)
+        self.storage = ListStorage(max_episodes, item_columns=False)  # an episode's collect_iter is read here
         self.ring = self.storage.ring
 
     def prepare(self, episodes: List[Any]) -> List[Tuple[Any, int]]:
@@ -239,7 +239,7 @@ class ObjectEpisodes(_EpisodeStore):
     def restored(self, state: Mapping, storage_cfg: Mapping) -> 'ObjectEpisodes':
         """A new store like this one holding ``state`` (validated against its data; nothing changes here)."""
         new = ObjectEpisodes(self.max_episodes, self.max_transitions)
-        new.storage = storage_from_state(storage_cfg, self.max_episodes, state['storage'])
+        new.storage = storage_from_state(storage_cfg, self.max_episodes, state['storage'], item_columns=False)
         new.ring = new.storage.ring
         new.length = _restore_lengths(state, new.ring, self.max_episodes)
         for slot in new.ring.ordered_slots():

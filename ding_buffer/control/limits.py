@@ -198,12 +198,6 @@ def build_remover(entry: Any, where: str) -> Remover:
     except TypeError as e:
         raise ValueError(f"config key '{where}' ({name!r}) has bad arguments {kwargs}: {e}") from e
     if rule.name == Remover.name:  # no name of its own: counted under its registry name, removed_by_<type>
-        if name in _BUILT_IN_COUNTERS:
-            raise ValueError(
-                f"config key '{where}': remover type {name!r} has no 'name' of its own and its registry name is the "
-                f"counter of the built-in {_BUILT_IN_COUNTERS[name]!r} rule (removed_by_{name}); give the class a "
-                f"'name' attribute"
-            )
         try:
             rule.name = name
         except AttributeError:
@@ -211,6 +205,11 @@ def build_remover(entry: Any, where: str) -> Remover:
                 f"config key '{where}': remover type {name!r} answers name 'rule' and cannot be renamed; give the "
                 f"class a 'name' of its own"
             ) from None
+    if rule.name in _BUILT_IN_COUNTERS and not isinstance(rule, (UseLimit, StalenessLimit)):
+        raise ValueError(
+            f"config key '{where}': remover type {name!r} would be counted as removed_by_{rule.name}, the counter of "
+            f"the built-in {_BUILT_IN_COUNTERS[rule.name]!r} rule; give the class another 'name'"
+        )
     return rule
 
 

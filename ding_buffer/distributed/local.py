@@ -35,10 +35,11 @@ def build_manager_buffer(cfg: Any, *args, **kwargs) -> Tuple[Any, EasyDict, str]
     cls = get_buffer_cls(cfg)
     local = _local_cfg(cfg)
     if dcfg.max_reuse is not None:
-        if 'max_use' not in cls.config:
+        key = 'max_use' if 'max_use' in cls.config else getattr(cls, 'key_aliases', {}).get('max_use')
+        if key is None:
             raise ValueError(
                 f"config key 'distributed.max_reuse' needs a buffer type with a 'max_use' key (every "
                 f"built-in preset has one), got type {cfg.get('type')!r}"
             )
-        local.max_use = dcfg.max_reuse
+        local[key] = dcfg.max_reuse  # chunk's name of it is max_reuse
     return cls(local, *args, **kwargs), dcfg, profile(cls, local, dcfg)['log_reward_key']

@@ -82,14 +82,20 @@ def build_storage(
 
 
 def storage_from_state(
-    cfg: Mapping, capacity: int, state: Dict[str, Any], reserved_keys: Tuple[str, ...] = (), index_cls: type = RingIndex
+    cfg: Mapping,
+    capacity: int,
+    state: Dict[str, Any],
+    reserved_keys: Tuple[str, ...] = (),
+    index_cls: type = RingIndex,
+    item_columns: bool = True,
 ) -> Storage:
-    """Build a new storage of the configured kind from ``state`` (validated)."""
+    """Build a new storage of the configured kind from ``state`` (validated; ``item_columns``: see
+    ``ListStorage``)."""
     if not isinstance(state, Mapping):
         raise ValueError(f"storage state must be a dict, got {type(state).__name__}")
     kind = cfg.get('type', 'list')
     if kind == 'list':
-        return ListStorage.from_state(dict(state), capacity, index_cls)
+        return ListStorage.from_state(dict(state), capacity, index_cls, item_columns)
     return TensorStorage.from_state(dict(state), capacity, **_tensor_kwargs(cfg, reserved_keys, index_cls))
 
 

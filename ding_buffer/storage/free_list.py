@@ -195,7 +195,7 @@ class FreeListIndex:
         if 'free' in state:  # (a ring's state, or an older file, has none: the lowest free slot first)
             free = state['free']
             free = free.numpy() if isinstance(free, torch.Tensor) else np.asarray(free)
-            if free.ndim != 1 or free.dtype.kind not in 'iu':
+            if free.ndim != 1 or (free.size and free.dtype.kind not in 'iu'):  # ([] reads as float64)
                 raise ValueError(
                     f"inconsistent index state: 'free' must be a 1-D array of ints, got {free.dtype} of shape "
                     f"{free.shape}"

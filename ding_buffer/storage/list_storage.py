@@ -38,8 +38,11 @@ class ListStorage(Storage):
 
     kind = 'list'
 
-    def __init__(self, capacity: int, index_cls: type = RingIndex) -> None:
+    def __init__(self, capacity: int, index_cls: type = RingIndex, item_columns: bool = True) -> None:
         super().__init__(capacity, index_cls)
+        # whether the items are the buffer's elements, whose collect_iter this storage reads (False: a store of
+        # whole episodes, which reads its own; then items are stored as they are)
+        self.item_columns = item_columns
         self._data: List[Any] = [None] * capacity
         # each slot's collect_iter (a sequence's min; NO_ITER without one), read once, when its item is stored
         # (prepare validates and reads it in the same pass): staleness costs one index per sampled item, whatever
@@ -51,7 +54,7 @@ class ListStorage(Storage):
     def prepare(self, items: List[Any]) -> Prepared:
         """Validates every item (``None`` is a ``TypeError``, a bad ``collect_iter`` a ``ValueError`` naming the
         item) and reads their ``collect_iter`` column in the same pass."""
-        column = collect_iter_column(items)
+        column = collect_iter_column(items) if self.item_columns else ALL_ABSENT
         kept, dropped = trim_newest(len(items), self.capacity)
         if not dropped and type(items) is list:  # read only until written: the caller's list is not copied
             return Prepared(items, kept, 0, [], False, column)
@@ -88,14 +91,14 @@ class ListStorage(Storage):
     def _reserve(self, prepared: Prepared) -> None:
         column = prepared.meta
         if column is None:  # a Prepared made elsewhere: read (and check) the column now, before anything changes
-            column = collect_iter_column(prepared.payload)
+            column = collect_iter_column(prepared.payload) if self.item_columns else ALL_ABSENT
         self._pending_ci = column
 
     def _write(self, slots: np.ndarray, payload: List[Any]) -> None:
         """``payload`` at ``slots``, the consecutive run (modulo capacity) the ring committed."""
         column, self._pending_ci = self._pending_ci, None
         if column is None or (column is not ALL_ABSENT and len(column) != len(payload)):
-            column = collect_iter_column(payload)
+            column = collect_iter_column(payload) if self.item_columns else ALL_ABSENT
         data = self._data
         first, n = int(slots[0]), len(payload)
         if column is not ALL_ABSENT:
@@ -142,9 +145,11 @@ class ListStorage(Storage):
         }
 
     @classmethod
-    def from_state(cls, state: Dict[str, Any], capacity: int, index_cls: type = RingIndex, **kwargs) -> 'ListStorage':
+    def from_state(
+        cls, state: Dict[str, Any], capacity: int, index_cls: type = RingIndex, item_columns: bool = True, **kwargs
+    ) -> 'ListStorage':
         check_state(state, cls.kind, ('ring', 'slots', 'items'))
-        storage = cls(capacity, index_cls)
+        storage = cls(capacity, index_cls, item_columns)
         storage.ring = index_cls.from_state(state['ring'], capacity)
         slots = np.asarray(state['slots'], dtype=np.int64)
         items = state['items']
@@ -154,8 +159,9 @@ class ListStorage(Storage):
         if not np.array_equal(np.sort(slots), np.flatnonzero(storage.ring.valid)):
             raise ValueError("saved storage slots do not match the ring's valid slots")
         items = copy.deepcopy(items)
-        storage._ci[slots] = collect_iters(items)  # a bad collect_iter refuses the state
-        storage._ci_written = True
+        if item_columns:
+            storage._ci[slots] = collect_iters(items)  # a bad collect_iter refuses the state
+            storage._ci_written = True
         for slot, item in zip(slots.tolist(), items):
             storage._data[slot] = item
         return storage

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from .base import NO_ITER, Prepared, Storage, check_state, trim_newest
-from .fast_write import FastWriter
+from .fast_write import COLLECT_ITER_SAFE, FastWriter
 from .ring import RingIndex
 from .tensor_fields import allocate_fields, memmap_file, new_token, numpy_views, remove_files
 
@@ -170,8 +170,12 @@ class TensorStorage(Storage):
             item, nested dict, any mismatch); the caller then takes the generic path, which reports errors.
         """
         fast = self._fast
-        if fast is None or (type(item) is dict and type(item.get('collect_iter', 0)) is not int):
-            return None  # the generic path checks a collect_iter that is no plain int
+        if fast is None:
+            return None
+        if type(item) is dict:
+            ci = item.get('collect_iter', 0)
+            if type(ci) is not int or not -COLLECT_ITER_SAFE < ci < COLLECT_ITER_SAFE:
+                return None  # the generic path checks a collect_iter that is no plain int within range
         return fast.write(item, self.ring)
 
     def check_batch(self, batch: Any) -> Optional[Tuple[List[np.ndarray], int]]:

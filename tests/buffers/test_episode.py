@@ -722,3 +722,17 @@ def test_clear_empties_and_resets_push_count(storage):
     lengths = {0: 3, 1: 5}
     for w in decode_windows(buf.sample(30, unroll_len=3, replace=True)):
         check_window(w, lengths, 3)
+
+
+def test_a_list_storage_episode_with_a_nested_collect_iter_is_stored_and_reloads():
+    """Was (for a few commits): list storage read a pushed episode's top-level collect_iter with the item rule, so an
+    episode whose collect_iter is a dict of tensors (the episode store reads no collect_iter there) was refused --
+    after older episodes had been evicted for it -- and a saved state holding one did not load."""
+    buf = create_buffer(dict(type='episode', replay_buffer_size=2, storage=dict(type='list')))
+    buf.push({'obs': torch.zeros(3, 2)})
+    buf.push({'obs': torch.ones(3, 2)})
+    buf.push({'obs': torch.full((3, 2), 2.0), 'collect_iter': {'a': torch.tensor([1, 2, 3])}})
+    assert buf.count() == 2
+    again = create_buffer(dict(type='episode', replay_buffer_size=2, storage=dict(type='list')))
+    again.load_state_dict(buf.state_dict())
+    assert_same(again.state_dict(), buf.state_dict())

@@ -465,6 +465,9 @@ def test_a_rule_named_like_a_built_in_counter_is_refused_unless_it_names_itself(
             create_buffer(dict(type='naive', removers=[dict(type='use')]))
         with pytest.raises(ValueError, match=r"removers\[0\].*cannot be renamed"):
             create_buffer(dict(type='naive', removers=[dict(type='test_part_keys_renamed')]))
+        Mine.name = 'staleness'  # a name of its own that is a built-in counter: refused too
+        with pytest.raises(ValueError, match=r"removers\[0\].*removed_by_staleness.*max_staleness"):
+            create_buffer(dict(type='naive', removers=[dict(type='use')]))
         Mine.name = 'mine'
         buf = create_buffer(dict(type='naive', removers=[dict(type='use')]))
         assert 'removed_by_mine' in buf.stats()
@@ -488,3 +491,15 @@ def test_tensor_storage_with_a_float_field_refuses_fractional_collect_iter_too(h
         else:
             buf.extend({'obs': np.zeros(2, np.float32), 'collect_iter': np.array([5.0, 5.5], np.float32)})
     assert_same(buf.state_dict(), before)
+
+
+def test_tensor_storage_single_push_refuses_a_collect_iter_out_of_range():
+    """Was: the single-push fast path took any int64 collect_iter (-2**63 never went stale: the staleness
+    subtraction overflowed); a list push refused it."""
+    buf = create_buffer(dict(type='naive', replay_buffer_size=8, storage=dict(type='tensor'), max_staleness=5))
+    buf.push({'obs': np.zeros(2, np.float32), 'collect_iter': 1})
+    before = buf.state_dict()
+    for value in (-(2**63), 2**62, 2**60):
+        with pytest.raises(ValueError, match="'collect_iter'"):
+            buf.push({'obs': np.zeros(2, np.float32), 'collect_iter': value})
+        assert_same(buf.state_dict(), before)

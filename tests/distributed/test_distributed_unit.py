@@ -1970,3 +1970,12 @@ def test_blob_bytes_are_bounded_by_max_blob_mb():
     assert ok(core.handle('w0', req('get_blob', name='b'))) is None
     assert ok(core.handle('w0', req('put_blob', name='a', version=1, payload={'w': torch.zeros(1 << 17)})))['stored']
     assert ok(core.handle('w0', req('get_blob', name='a')))['version'] == 1
+
+
+def test_distributed_max_reuse_reaches_a_chunk_buffer():
+    """chunk names max_use max_reuse: distributed.max_reuse sets it (it was refused as a type without max_use)."""
+    buf, _, _ = build_manager_buffer(
+        EasyDict(type='chunk', fragments_per_chunk=2, distributed=dict(backend='torch', max_reuse=3))
+    )
+    assert buf.cfg.max_reuse == 3
+    buf.close()

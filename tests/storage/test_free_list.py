@@ -161,3 +161,11 @@ def test_a_state_whose_free_slots_are_not_its_empty_slots_is_refused(free):
     state['free'] = free if isinstance(free, (torch.Tensor, str)) else torch.tensor(free)
     with pytest.raises(ValueError, match="'free' must"):
         FreeListIndex.from_state(state, 5)
+
+
+def test_a_full_tables_free_order_may_be_an_empty_list():
+    index = FreeListIndex(3)
+    index.commit(3)
+    state = index.state_dict()
+    state['free'] = []  # a hand-made or converted state: numpy reads [] as float64
+    assert FreeListIndex.from_state(state, 3).next_slots(0).tolist() == []
