@@ -215,6 +215,7 @@ class TensorStorage(Storage):
                 dst[: n - k] = src[k:]
 
     def _scatter(self, slots: np.ndarray, columns: Dict[Path, torch.Tensor]) -> None:
+        """Each column's rows to ``slots`` (any order): numpy fancy assignment on CPU views, torch elsewhere."""
         idx = None
         for path, column in columns.items():
             dst = self._views.get(path)
@@ -239,17 +240,8 @@ class TensorStorage(Storage):
         _, columns = prepared.payload
         if rows is not None:
             rows_t = torch.from_numpy(np.asarray(rows, dtype=np.int64))
-        idx = None
-        for path, column in columns.items():
-            if rows is not None:
-                column = column.index_select(0, rows_t)
-            dst = self._views.get(path)
-            if dst is not None:
-                dst[slots] = column.numpy()
-            else:
-                if idx is None:
-                    idx = torch.from_numpy(np.asarray(slots, dtype=np.int64)).to(self.device)
-                self.fields[path][idx] = column.to(self.device)
+            columns = {path: column.index_select(0, rows_t) for path, column in columns.items()}
+        self._scatter(slots, columns)
 
     def read_at(self, slots: np.ndarray) -> Dict[str, Any]:
         """The fields at ``slots`` as a nested dict of batched tensors, without the meta keys. On CPU numpy
