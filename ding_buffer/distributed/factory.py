@@ -24,7 +24,6 @@ def create_distributed(cls: type, cfg: Any, *args, **kwargs) -> Any:
     local_cfg = _local_cfg(cfg)
     # every rank fails fast on a bad buffer section
     check_section(cls, local_cfg)
-    prof = profile(cls, local_cfg, dcfg)
     max_bytes = int(dcfg.max_message_mb * (1 << 20))
     if dcfg.num_shards > 1 and dcfg.local_buffer:
         raise ValueError("config keys 'distributed.num_shards' > 1 and 'distributed.local_buffer' do not combine")
@@ -83,19 +82,17 @@ def create_distributed(cls: type, cfg: Any, *args, **kwargs) -> Any:
                 channel = PeerChannel(transport, manager, dcfg.timeout, dcfg.heartbeat_seconds)
                 sub_dcfg = copy.deepcopy(dcfg)
                 sub_dcfg.shard = k
-                shards.append(
-                    RemoteBuffer(
-                        local_cfg,
-                        sub_dcfg,
-                        channel,
-                        dict_is_batch=prof['dict_is_batch'],
-                        scoring_keys=prof['scoring_keys'],
-                        log_reward_key=prof['log_reward_key'],
-                    )
-                )
+                shards.append(worker_buffer(cls, local_cfg, sub_dcfg, channel))
             return ShardedBuffer(shards, local_cfg, dcfg.shard_route, dcfg.shard_key, seed=local_cfg.get('seed'))
         transport = cls_t([managers[0]], dcfg.allow_pickle, max_bytes, grace=dcfg.timeout)
         channel = PeerChannel(transport, managers[0], dcfg.timeout, dcfg.heartbeat_seconds)
+    return worker_buffer(cls, local_cfg, dcfg, channel, *args, **kwargs)
+
+
+def worker_buffer(cls: type, local_cfg: Any, dcfg: Any, channel: Any, *args, **kwargs) -> RemoteBuffer:
+    """A worker's ``RemoteBuffer`` over ``channel``: told what the type's pushes look like (its
+    ``distributed_profile``), with a local buffer of the type where ``distributed.local_buffer`` asks for one."""
+    prof = profile(cls, local_cfg, dcfg)
     local = cls(copy.deepcopy(local_cfg), *args, **kwargs) if dcfg.local_buffer else None
     return RemoteBuffer(
         local_cfg,

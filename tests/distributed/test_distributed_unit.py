@@ -30,6 +30,7 @@ from ding_buffer.buffers import NaiveReplayBuffer
 from ding_buffer.distributed import ManagerCore, RemoteBuffer, build_manager_buffer, profile
 from ding_buffer.distributed.codec import _TORCH_DTYPES, decode, encode
 from ding_buffer.distributed.config import resolve_callable
+from ding_buffer.distributed.factory import worker_buffer
 from ding_buffer.distributed.transport import ThreadedTransport
 from ding_buffer.errors import CodecError, ManagerUnavailableError, ProtocolError, SendTimeout, TransportError
 
@@ -191,19 +192,8 @@ def make_remote(type='advanced', size=16, storage='tensor', gfn_extra=None, **di
     buf, dcfg, key = build_manager_buffer(cfg)
     core = ManagerCore(buf, dcfg, key)
     channel = Loopback(core, allow_pickle=dcfg.allow_pickle)
-    cls = get_buffer_cls(cfg)
     local_cfg = EasyDict(copy.deepcopy({k: v for k, v in dict(cfg).items() if k != 'distributed'}))
-    prof = profile(cls, local_cfg, dcfg)
-    local = cls(copy.deepcopy(local_cfg)) if dcfg.local_buffer else None
-    rb = RemoteBuffer(
-        local_cfg,
-        dcfg,
-        channel,
-        local=local,
-        dict_is_batch=prof['dict_is_batch'],
-        scoring_keys=prof['scoring_keys'],
-        log_reward_key=prof['log_reward_key'],
-    )
+    rb = worker_buffer(get_buffer_cls(cfg), local_cfg, dcfg, channel)
     return rb, core, channel
 
 
