@@ -292,7 +292,6 @@ class AdvancedReplayBuffer(SlotEngine):
         if type(batch) is not dict and not isinstance(batch, Mapping):
             raise TypeError(f"a batched push needs a dict of batched leaves, got {type(batch).__name__}")
         prepared = self._storage.prepare_batch(batch)
-        self._check_items(prepared.payload)
         priorities = batch_priorities(batch.get('priority'), prepared, self._index.default_priority())
         if not self._admit(prepared.n + prepared.dropped):
             return 0
@@ -481,7 +480,6 @@ class AdvancedReplayBuffer(SlotEngine):
             bad = next((i for i, x in enumerate(items) if not isinstance(x, Mapping)), None)
             if bad is not None:
                 raise ValueError(f"saved item {bad} is not a dict; a prioritized buffer stores dicts")
-            self._check_items(items)
         index = self._index.restored(state['index'], storage.ring.valid)
         beta = BetaSchedule.checked(state['beta'], 'saved beta')
         swap = self._engine_restored({**state, 'use': state['index']['use']}, storage.ring.valid, required=True)

@@ -119,7 +119,6 @@ class NaiveReplayBuffer(SlotEngine):
             if checked is not None:
                 return len(self._write_batch_fast(checked))
         prepared = self._storage.prepare_batch(batch)
-        self._check_items(prepared.payload)
         if self._limiter.active and not self._admit(prepared.n + prepared.dropped):
             return 0
         return self._write(prepared)
@@ -197,7 +196,6 @@ class NaiveReplayBuffer(SlotEngine):
         storage = storage_from_state(
             self._cfg.storage, self._cfg.replay_buffer_size, state['storage'], index_cls=index_for(self._cfg)
         )
-        self._check_items(storage.gather(storage.ring.ordered_slots()) if storage.kind == 'list' else [])
         swap = self._engine_restored(state, storage.ring.valid, required=False)  # files of 0.1 have no counters
         self._storage = storage
         swap()

@@ -7,7 +7,6 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
-from ..storage.base import check_collect_iters
 from .engine import Engine
 
 
@@ -71,12 +70,6 @@ class SlotEngine(Engine):
         """Hook of the single-push hot path (scalar arguments, no arrays)."""
 
     # ------------------------------------------------------------------ writing
-    def _check_items(self, items: List[Any]) -> None:
-        """Items of a saved state: what push refuses is refused there too (list storage keeps items as they are;
-        its ``prepare`` checks a push)."""
-        if self._storage.kind == 'list':
-            check_collect_iters(items)
-
     def _check_pushed(self, items: List[Any]) -> None:
         """A pushed list on list storage is checked by the storage's ``prepare``, in one pass that also reads the
         items' ``collect_iter`` column (``None`` items and bad values are refused there, before anything changes);

@@ -237,12 +237,6 @@ _ITER_LIMIT = float(2**60)
 _INT_LIMIT = 2**60
 
 
-def check_collect_iters(items: List[Any]) -> None:
-    """Every dict item's ``collect_iter`` readable (``ValueError`` naming the item): checked at push, so that a
-    bad value never breaks a later ``sample``."""
-    collect_iter_column(items)
-
-
 # every item's collect_iter absent: the column is NO_ITER throughout (what ``collect_iter_column`` answers cheaply)
 ALL_ABSENT = np.empty(0, dtype=np.int64)
 

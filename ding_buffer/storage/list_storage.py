@@ -96,9 +96,7 @@ class ListStorage(Storage):
 
     def _write(self, slots: np.ndarray, payload: List[Any]) -> None:
         """``payload`` at ``slots``, the consecutive run (modulo capacity) the ring committed."""
-        column, self._pending_ci = self._pending_ci, None
-        if column is None or (column is not ALL_ABSENT and len(column) != len(payload)):
-            column = collect_iter_column(payload) if self.item_columns else ALL_ABSENT
+        column, self._pending_ci = self._pending_ci, None  # read by _reserve, which every write calls first
         data = self._data
         first, n = int(slots[0]), len(payload)
         if column is not ALL_ABSENT:
