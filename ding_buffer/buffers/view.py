@@ -1,9 +1,10 @@
 """``TableView``: the read-only face of a buffer's table that parts (removers, capacity rules, samplers) read.
 
 A part never sees the buffer itself: it asks the view for counts, order and per-slot columns, and answers with
-slots; the engine alone changes the table. Columns are named: every table has ``id`` (the element's unique id),
-``use`` (times drawn) and ``collect_iter`` (``NO_ITER`` where an element has none); a preset adds its own
-(``priority`` on prioritized tables). ``column(name, slots)`` raises a ``KeyError`` naming the columns there are.
+slots; the engine alone changes the table. Columns are named: ``collect_iter`` (``NO_ITER`` where an element has
+none), ``id`` (the element's unique id, on slot tables), ``use`` (times drawn, where the table counts draws: a
+prioritized table, or one with ``max_use``); a preset adds its own (``priority`` on prioritized tables).
+``column(name, slots)`` raises a ``KeyError`` naming the columns there are.
 """
 
 from typing import Any, Callable, Dict, Tuple
