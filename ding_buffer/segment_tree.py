@@ -357,27 +357,6 @@ class PriorityTree:
         self.flush()
         return self._sum.find_prefixsum_idx(xs)
 
-    def argmin(self) -> int:
-        """The leftmost leaf holding the smallest positive value; -1 when every leaf is zero. O(log size)."""
-        self.flush()
-        leaves, _, mnodes, _, _, starts = self._arrays
-        return int(kern.find_min_pos(leaves, mnodes, starts))
-
-    def lowest(self, k: int) -> np.ndarray:
-        """The ``k`` leftmost-lowest positive leaves, lowest first (fewer when fewer are positive): each found
-        leaf is set to 0 for the next descent, then every one is put back. O(k log size)."""
-        found, values = [], []
-        for _ in range(int(k)):
-            i = self.argmin()
-            if i < 0:
-                break
-            found.append(i)
-            values.append(float(self.leaves[i]))
-            self.set_one(i, 0.0)
-        for i, v in zip(found, values):
-            self.set_one(i, v)
-        return np.asarray(found, dtype=np.int64)
-
     def load_leaves(self, leaves: Any) -> None:
         arr = np.asarray(leaves, dtype=np.float64)
         if arr.shape != (self.size,):

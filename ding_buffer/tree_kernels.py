@@ -441,35 +441,6 @@ def leaf_values(prios, add, alpha):
     return out
 
 
-@njit(cache=True, nogil=True)
-def find_min_pos(leaves, mnodes, starts):
-    """The leftmost leaf holding the smallest positive value (what a min-positive tree's root holds), -1 when no
-    leaf is positive: a descent that follows, on each level, the first child equal to the root. O(K * levels).
-    The nodes must be current (no deferred writes)."""
-    nlev = starts.shape[0]
-    target = mnodes[starts[nlev - 1]]
-    if not target < np.inf:
-        return -1
-    node = 0
-    for lvl in range(nlev - 1, -1, -1):
-        base = node * K
-        nxt = -1
-        for j in range(K):
-            if lvl == 0:
-                c = leaves[base + j]
-                if c <= 0.0:
-                    continue
-            else:
-                c = mnodes[starts[lvl - 1] + base + j]
-            if c == target:
-                nxt = base + j
-                break
-        if nxt < 0:
-            return -1
-        node = nxt
-    return node
-
-
 # ---------------------------------------------------------------------------------------- numpy fallbacks
 def _np_level(leaves, nodes, starts, lvl):
     """Values of level ``lvl`` (0 = leaves) as an array view."""
@@ -604,5 +575,5 @@ for _kernel, _fallback in (
     (_bump_counts_loop, np_bump_counts),
 ):
     set_fallback(_kernel, _fallback)
-for _kernel in (_combine, _leaf, _refresh_path, set_one, reduce_range, _step, find_one, find_min_pos):
+for _kernel in (_combine, _leaf, _refresh_path, set_one, reduce_range, _step, find_one):
     set_fallback(_kernel, 'python')

@@ -749,21 +749,3 @@ def test_priority_tree_load_leaves_validation():
         assert all(np.array_equal(a, b) for a, b in zip([p.sum._nodes, p.min._nodes, p.max._nodes], nodes))
     p.load_leaves(good.tolist())  # any array-like of the right length
     assert p.total() == size and p.min_leaf() == 1.0 and p.max_leaf() == 1.0
-
-
-@pytest.mark.parametrize('size', [1, 5, 8, 9, 64, 100, 1000, 4097])
-def test_argmin_and_lowest_match_a_sort_of_the_positive_leaves(size):
-    """What a capacity rule evicts: the leftmost lowest positive leaf, and the k lowest in order (ties by slot);
-    zero leaves (empty slots) are never chosen; the leaves are as they were afterwards, deferred writes included."""
-    rng = np.random.default_rng(size)
-    for _ in range(20):
-        tree = PriorityTree(size, with_max=True)
-        leaves = np.where(rng.random(size) < 0.3, 0.0, rng.integers(1, 6, size).astype(float))
-        tree.set(np.arange(size), leaves)  # deferred: argmin must refresh first
-        pos = leaves > 0
-        order = np.flatnonzero(pos)[np.argsort(leaves[pos], kind='stable')]
-        assert tree.argmin() == (int(order[0]) if len(order) else -1)
-        k = int(rng.integers(0, size + 2))
-        assert tree.lowest(k).tolist() == order[:k].tolist()
-        assert np.array_equal(tree.leaves[:size], leaves)
-        assert tree.min_leaf() == (leaves[pos].min() if pos.any() else np.inf) and tree.total() == leaves.sum()
