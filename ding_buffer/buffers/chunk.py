@@ -42,6 +42,7 @@ producer may reuse its tensors after a push, without changing what a later sampl
 """
 
 import itertools
+import math
 import threading
 import time
 from collections import OrderedDict
@@ -51,7 +52,8 @@ import numpy as np
 import torch
 
 from ..base import BUFFER_REGISTRY
-from ..config import SEED_CHECK
+from ..config import INF, SEED_CHECK
+from ..control.limits import UseLimit, build_remover
 from ..errors import SampleTimeoutError
 from ..storage.fragment_store import KINDS, FragmentStore, check_id
 from .common import BufferCore, check_wait_timeout
@@ -96,17 +98,11 @@ CHUNK_REMOVERS = ('fifo', 'max_use')
 
 def _removers_ok(entries: Any) -> bool:
     """``removers``: a list of ``dict(type='fifo')`` (the chunk table's capacity order) and ``dict(type='max_use',
-    max_use=k)`` (a chunk leaves after ``k`` samples, as ``max_reuse``)."""
-    if not isinstance(entries, (list, tuple)):
-        return False
-    for e in entries:
-        if not isinstance(e, dict) or e.get('type') not in CHUNK_REMOVERS:
-            return False
-        if e['type'] == 'fifo' and set(e) != {'type'}:
-            return False
-        if e['type'] == 'max_use' and (set(e) != {'type', 'max_use'} or not (_int(e['max_use']) and e['max_use'] >= 1)):
-            return False
-    return True
+    max_use=k)`` (a chunk leaves after ``k`` samples, as ``max_reuse``); the entries' arguments are checked by the
+    rules themselves (``build_remover``) when the buffer is built."""
+    return isinstance(entries, (list, tuple)) and all(
+        isinstance(e, dict) and e.get('type') in CHUNK_REMOVERS for e in entries
+    )
 
 
 def _sampler_ok(section: Any) -> bool:
@@ -171,7 +167,7 @@ class ChunkReplayBuffer(BufferCore):
         'seed': SEED_CHECK,
         'removers': (
             _removers_ok,
-            "a list of dict(type='fifo') and dict(type='max_use', max_use=k >= 1): a chunk table evicts its oldest "
+            "a list of dict(type='fifo') and dict(type='max_use', max_use=k): a chunk table evicts its oldest "
             "chunk and retires a chunk after k samples; other rules do not apply to whole chunks",
         ),
         'sampler': (_sampler_ok, "{} or dict(type='uniform'): whole chunks are drawn uniformly without replacement"),
@@ -185,9 +181,10 @@ class ChunkReplayBuffer(BufferCore):
     # ------------------------------------------------------------------ build
     def _build(self) -> None:
         cfg = self._cfg
-        limits = [e['max_use'] for e in cfg.removers if e['type'] == 'max_use']
-        if limits:  # a max_use rule is max_reuse by another name: the smallest limit applies
-            cfg.max_reuse = int(min(limits + ([cfg.max_reuse] if cfg.max_reuse is not None else [])))
+        rules = [build_remover(e, f'removers[{i}]') for i, e in enumerate(cfg.removers)]  # arguments checked
+        limits = [r.max_use for r in rules if isinstance(r, UseLimit) and r.max_use != INF]
+        if limits:  # a max_use rule is max_reuse by another name: the smallest limit applies (use >= 2.5: 3 uses)
+            cfg.max_reuse = min([math.ceil(x) for x in limits] + ([cfg.max_reuse] if cfg.max_reuse is not None else []))
         self.store = FragmentStore(cfg.store.type, cfg.store.path)
         if cfg.store.clear_on_start:
             self.store.clear()

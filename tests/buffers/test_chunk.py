@@ -761,5 +761,6 @@ def test_chunk_takes_the_part_keys_that_fit_whole_chunks():
     for key, value in refused.items():
         with pytest.raises(ValueError, match=f"config key '{key}'.*expected"):
             create_buffer(dict(type='chunk', **{key: value}))
-    with pytest.raises(ValueError, match="config key 'removers'"):
+    with pytest.raises(ValueError, match=r"config key 'removers\[0\]\.max_use' has invalid value 0"):
         create_buffer(dict(type='chunk', removers=[dict(type='max_use', max_use=0)]))
+    assert uses_until_gone(dict(max_reuse=5, removers=[dict(type='max_use', max_use=1.5)])) == 2  # use >= 1.5
