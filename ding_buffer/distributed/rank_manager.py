@@ -109,15 +109,22 @@ class ReplayBufferManager:
             return
         rid = reply.get('id')
         rid = rid if isinstance(rid, int) and not isinstance(rid, bool) and 0 <= rid < (1 << 63) else -1
-        # an id-less error (garbage) is answered only when nothing else waits for that peer
-        limit = MAX_QUEUED if rid >= 0 else 1
+        # an id-less error (garbage) is answered only when nothing else waits for that peer. A reply waits for
+        # room behind the peer's MAX_QUEUED earlier ones for up to distributed.timeout (the peer's own wait for
+        # it), here on that peer's receive thread: its next requests are not read meanwhile (backpressure). A
+        # frame counts as queued until the sender thread sees it complete, which under CPU contention may lag
+        # well behind the peer having read it (MPI's Isend), so a full outbox alone does not mean the peer is
+        # gone; a reply that cannot leave within the timeout does.
+        limit, deadline = (MAX_QUEUED, time.monotonic() + self.cfg.timeout) if rid >= 0 else (1, None)
         try:
             try:
-                self.transport.send(peer, reply, msg_id=rid, wait=False, limit=limit)
+                self.transport.send(peer, reply, msg_id=rid, deadline=deadline, wait=False, limit=limit)
             except TransportError:
                 raise
             except Exception as e:  # a result the codec cannot carry: an object, too deep, too large
-                self.transport.send(peer, error_reply(reply.get('id'), e), msg_id=rid, wait=False, limit=limit)
+                self.transport.send(
+                    peer, error_reply(reply.get('id'), e), msg_id=rid, deadline=deadline, wait=False, limit=limit
+                )
         except TransportError as e:
             if rid >= 0:
                 with self._lock:

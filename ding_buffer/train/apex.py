@@ -369,6 +369,18 @@ class Learner:
 
     # ------------------------------------------------------------------ main loop
     def run(self) -> Dict[str, Any]:
+        """Train to ``env.max_env_step``. A learner that fails on the way still tells the actors to stop (a
+        best-effort stop publish) so the job ends now, not after their ``apex.learner_silence``."""
+        try:
+            return self._run()
+        except Exception:
+            try:
+                self.publish(stop=True)
+            except Exception:  # the manager is gone too: the actors stop on their own (learner silence)
+                pass
+            raise
+
+    def _run(self) -> Dict[str, Any]:
         from tqdm import tqdm
 
         from .dqn import learn_step

@@ -1670,6 +1670,54 @@ def test_a_request_longer_than_peer_timeout_loses_nobody():
     assert out['lost'] == {} and out['exited'] == ['1', '2'] and buf.count() == 4, out
 
 
+class _LateCompletions(_Net):
+    """Like MPI's Isend: the data reaches the peer as the frame is queued, while the sender thread sees the send
+    complete only once ``gate`` is set (a starved thread under CPU contention)."""
+
+    starts_sends = True
+
+    def __init__(self, *args, gate, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.gate = gate
+
+    def _start_send(self, peer, buf):
+        self._send_buf(peer, buf)
+
+    def _finish_send(self, peer, handle, buf):
+        assert self.gate.wait(30)
+
+
+def test_replies_the_peer_read_but_the_sender_has_not_seen_leave_lose_nobody():
+    """Synchronous requests whose replies the worker read while the manager's sender thread lagged (more of them
+    than the manager keeps queued for one worker) are all answered and nobody is counted lost; the lag ends
+    before distributed.timeout."""
+    from ding_buffer.distributed import ReplayBufferManager
+    from ding_buffer.distributed.channel import PeerChannel
+    from ding_buffer.distributed.framing import MAX_QUEUED
+
+    cfg = make_cfg(storage='list', timeout=10.0, peer_timeout=30.0, heartbeat_seconds=5.0)
+    buf, dcfg, key = build_manager_buffer(cfg)
+    wires, gate = {}, threading.Event()
+    mgr = ReplayBufferManager(buf, _LateCompletions(0, [1], wires, 10.0, gate=gate), dcfg, [1], key)
+    out = {}
+    th = threading.Thread(target=lambda: out.update(mgr.run(timeout=60)), daemon=True)
+    th.start()
+    local_cfg = EasyDict({k: v for k, v in dict(cfg).items() if k != 'distributed'})
+    w = RemoteBuffer(local_cfg, dcfg, PeerChannel(_Net(1, [0], wires, 10.0), 0, 10.0, 5.0), log_reward_key=key)
+    w.push(item(0))
+    opened = threading.Timer(1.0, gate.set)
+    opened.start()
+    t0 = time.monotonic()
+    counts = [w.count() for _ in range(3 * MAX_QUEUED)]
+    waited = time.monotonic() - t0
+    assert counts == [1] * (3 * MAX_QUEUED)
+    assert 0.5 < waited < 9.0, waited  # the replies past MAX_QUEUED waited for the lag to end, not for a timeout
+    w.close()
+    th.join(20)
+    opened.cancel()
+    assert out['lost'] == {} and out['exited'] == ['1'], out
+
+
 def slow_score_hook(batch, sender=None, buffer=None):
     obs = batch['obs'] if isinstance(batch, dict) else batch[0]['obs']
     if float(obs.reshape(-1)[0]) == 9.0:
