@@ -19,8 +19,8 @@ class ReplayBufferManager:
         The manager rank of the torch / MPI backends: ``run()`` serves the workers until each has sent EXIT
         (``RemoteBuffer.close``) or was lost, then says goodbye to every connected worker, checkpoints
         (``checkpoint_path``) and returns a summary. A worker whose connection breaks, who closes without EXIT,
-        who does not take its replies within ``timeout``, or who is silent for ``peer_timeout`` seconds (workers send heartbeats)
-        is counted as lost; the others keep being served, and a lost worker that speaks again rejoins.
+        who does not take its replies within ``timeout``, or who is silent for ``peer_timeout`` seconds (workers
+        send heartbeats) is counted as lost; the others keep being served, and a lost worker that speaks again rejoins.
     Interfaces:
         ``run``, ``buffer``, ``close`` (an ``IBuffer``-like handle so pipeline code can ``close()`` it too).
     """
