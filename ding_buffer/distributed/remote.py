@@ -27,6 +27,7 @@ from .blobs import check_name, check_version
 from .channel import deadline_in
 from .protocol import request_msg, result_of
 from .push_pipeline import PushPipeline
+from .sample_wait import poll_for_batch
 
 
 class RemoteBuffer(IBuffer):
@@ -133,14 +134,10 @@ class RemoteBuffer(IBuffer):
         check_wait_timeout(timeout)  # before anything is asked: NaN or inf would poll forever
         if timeout is None:
             return self._request('sample', size=size, kwargs=kwargs)
-        deadline = time.monotonic() + timeout
-        pause = 0.001
-        while True:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise SampleTimeoutError(f"remote buffer could not sample {size} items within {timeout}s")
+
+        def attempt(left: float) -> Optional[Any]:
             try:
-                out = self._request('sample', timeout=min(self._dcfg.timeout, left), size=size, kwargs=kwargs)
+                return self._request('sample', timeout=min(self._dcfg.timeout, left), size=size, kwargs=kwargs)
             except ManagerTimeoutError as e:
                 # a poll bounded by this call's own deadline ran out: the sample timed out (a lost connection,
                 # or a poll bounded by distributed.timeout, is the manager being unavailable)
@@ -150,10 +147,8 @@ class RemoteBuffer(IBuffer):
                         f"manager did not answer the last poll in time)"
                     ) from e
                 raise
-            if out is not None:
-                return out
-            time.sleep(min(pause, max(deadline - time.monotonic(), 0)))
-            pause = min(pause * 2, 0.05)
+
+        return poll_for_batch(attempt, size, timeout, 'remote buffer')
 
     def update(self, info: Dict[str, Any]) -> Optional[Dict[str, int]]:
         if self._local is not None:

@@ -39,7 +39,9 @@ from typing import Any, Dict, List, Optional, Sequence
 import numpy as np
 import torch
 
+from ..buffers.common import check_wait_timeout
 from ..errors import ManagerUnavailableError
+from .sample_wait import poll_for_batch
 
 SHARDABLE = ('naive', 'advanced', 'gfn')
 ROUTES = ('round_robin', 'hash')
@@ -159,18 +161,33 @@ class ShardedBuffer:
 
     # ------------------------------------------------------------------ sample
     def sample(
-        self, size: int, cur_learner_iter: int = -1, replace: Optional[bool] = None, **kwargs: Any
+        self,
+        size: int,
+        cur_learner_iter: int = -1,
+        replace: Optional[bool] = None,
+        timeout: Optional[float] = None,
+        **kwargs: Any,
     ) -> Optional[Any]:
         """``size`` items drawn as one buffer holding every shard's items would draw them (module docstring);
-        ``None`` while the shards hold too few items."""
+        ``None`` while the shards hold too few items. With ``timeout`` (seconds) it asks again until a batch
+        comes and raises ``SampleTimeoutError`` after it, as one ``RemoteBuffer`` does (each ask is one
+        ``stats`` and one ``sample`` per shard, each bounded by ``distributed.timeout``)."""
         self._check_open()
         bad = sorted(kwargs)
         if bad:
-            raise TypeError(f"a sharded sample takes cur_learner_iter and replace (naive), not {bad}")
+            raise TypeError(f"a sharded sample takes cur_learner_iter, replace (naive, gfn) and timeout, not {bad}")
         if not isinstance(size, (int, np.integer)) or isinstance(size, bool) or size <= 0:
             raise ValueError(f"sample size must be an int > 0, got {size!r:.40}")
         if replace is not None and (self.prioritized or type(replace) is not bool):
             raise TypeError("replace is a bool, for the naive and gfn types (prioritized draws are with replacement)")
+        check_wait_timeout(timeout)  # before anything is asked: NaN or inf would poll forever
+        if timeout is None:
+            return self._sample_once(size, cur_learner_iter, replace)
+        return poll_for_batch(
+            lambda left: self._sample_once(size, cur_learner_iter, replace), size, timeout, 'sharded buffer'
+        )
+
+    def _sample_once(self, size: int, cur_learner_iter: int, replace: Optional[bool]) -> Optional[Any]:
         stats = [self._call(k, 'stats') for k in range(self.num_shards)]
         counts = np.array([int(s['count']) for s in stats], dtype=np.int64)
         for k, s in enumerate(stats):  # a shard that reports nonsense is named, not fed to numpy

@@ -346,3 +346,46 @@ def test_a_shard_reporting_nonsense_is_named_and_nothing_is_drawn():
         with pytest.raises(ValueError, match='shard 1 of 2 reports'):
             buf.sample(2)
     assert good.stats()['sample_calls'] == 0
+
+
+def test_sample_timeout_waits_for_enough_items_then_draws():
+    """``sample(n, timeout=t)``, as a RemoteBuffer takes it: None-free, it waits while the shards hold too few
+    items (a pusher thread fills them meanwhile) and then returns a batch of n distinct items."""
+    import threading
+
+    buf, _ = local_sharded('naive', k=2)
+    for i in range(3):
+        buf.push(item(i))
+    assert buf.sample(8) is None  # without a timeout: None at once, as before
+    filler = threading.Timer(0.3, lambda: [buf.push(item(i)) for i in range(3, 12)])
+    filler.start()
+    t0 = time.monotonic()
+    batch = buf.sample(8, timeout=10)
+    waited = time.monotonic() - t0
+    filler.join()
+    assert 0.2 < waited < 5.0, waited
+    got = batch['obs'][:, 0].long().tolist()
+    assert len(got) == 8 and len(set(got)) == 8 and set(got) <= set(range(12))
+
+
+def test_sample_timeout_raises_after_the_timeout_and_changes_nothing():
+    from ding_buffer.errors import SampleTimeoutError
+
+    buf, _ = local_sharded('advanced', k=2)
+    for i in range(3):
+        buf.push(item(i, 1.0))
+    before = [s.state_dict() for s in buf.shards]
+    t0 = time.monotonic()
+    with pytest.raises(SampleTimeoutError, match='8 items within 0.3s'):
+        buf.sample(8, timeout=0.3)
+    assert 0.25 < time.monotonic() - t0 < 3.0
+    for s, b in zip(buf.shards, before):
+        assert_same(s.state_dict(), b)
+
+
+@pytest.mark.parametrize('bad', [float('nan'), float('inf'), -1, 'x', True])
+def test_sample_timeout_is_checked_before_anything_is_asked(bad):
+    buf, _ = local_sharded('naive', k=2)
+    buf.push(item(0))
+    with pytest.raises(ValueError, match='timeout must be None or a number of seconds'):
+        buf.sample(1, timeout=bad)
