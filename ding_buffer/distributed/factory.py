@@ -38,28 +38,16 @@ def create_distributed(cls: type, cfg: Any, *args, **kwargs) -> Any:
         channel = RayChannel(actor, dcfg, new_client_id())
     else:
         from .peer_transports import MPITransport, TorchTransport
-        from .startup import init_mpi, init_torch
+        from .startup import init_mpi, init_torch, torch_world_size
 
         if dcfg.backend == 'torch':
+            known = torch_world_size()  # what this rank knows alone is checked before any network wait
+            if known is not None:
+                rank_layout(dcfg, known)
             rank, world = init_torch(startup_seconds(dcfg))
         else:
             rank, world = init_mpi()
-        if world < 2:
-            launcher = 'torchrun --nproc_per_node N' if dcfg.backend == 'torch' else 'mpirun -n N'
-            raise ValueError(
-                f"config key 'distributed.backend' is {dcfg.backend!r} but this job has {world} rank: a "
-                f"distributed buffer needs a manager and at least one worker; launch with {launcher} "
-                f"(N >= 2), or set distributed.backend=None for a local buffer"
-            )
-        managers = _manager_ranks(dcfg, world)
-        workers = (
-            [r for r in range(world) if r not in managers] if dcfg.worker_ranks is None else list(dcfg.worker_ranks)
-        )
-        if not workers or set(managers) & set(workers) or any(r >= world for r in workers):
-            raise ValueError(
-                f"config key 'distributed.worker_ranks' {workers} must name ranks < {world} other than "
-                f"the manager{'s' if len(managers) > 1 else ''} {managers if len(managers) > 1 else managers[0]}"
-            )
+        managers, workers = rank_layout(dcfg, world)
         cls_t = TorchTransport if dcfg.backend == 'torch' else MPITransport
         if rank in managers:
             transport = cls_t(workers, dcfg.allow_pickle, max_bytes, grace=dcfg.timeout)
@@ -118,8 +106,18 @@ def _shard_cfg(cfg: Any, dcfg: Any, k: int, **extra: Any) -> Any:
     return sub
 
 
-def _manager_ranks(dcfg: Any, world: int) -> list:
-    """The manager rank(s): ``manager_rank`` (default the last rank); with ``num_shards`` K > 1 the last K ranks."""
+def rank_layout(dcfg: Any, world: int) -> tuple:
+    """``(managers, workers)``: the manager rank(s) -- ``manager_rank`` (default the last rank); with ``num_shards``
+    K > 1 the last K ranks -- and the worker ranks (``worker_ranks``, default every other rank) of a ``world``-rank
+    job; ``ValueError`` naming the key when they do not fit it. Needs nothing but the config and the world size,
+    so a rank checks it before waiting for the others."""
+    if world < 2:
+        launcher = 'torchrun --nproc_per_node N' if dcfg.backend == 'torch' else 'mpirun -n N'
+        raise ValueError(
+            f"config key 'distributed.backend' is {dcfg.backend!r} but this job has {world} rank: a "
+            f"distributed buffer needs a manager and at least one worker; launch with {launcher} "
+            f"(N >= 2), or set distributed.backend=None for a local buffer"
+        )
     k = dcfg.num_shards
     if k > 1:
         if dcfg.manager_rank >= 0:
@@ -132,11 +130,21 @@ def _manager_ranks(dcfg: Any, world: int) -> list:
                 f"config key 'distributed.num_shards' is {k}: the job has {world} ranks, and at least one "
                 f"must be a worker"
             )
-        return list(range(world - k, world))
-    manager = dcfg.manager_rank if dcfg.manager_rank >= 0 else world - 1
-    if manager >= world:
-        raise ValueError(f"config key 'distributed.manager_rank' is {manager}, the world has {world} ranks")
-    return [manager]
+        managers = list(range(world - k, world))
+    else:
+        manager = dcfg.manager_rank if dcfg.manager_rank >= 0 else world - 1
+        if manager >= world:
+            raise ValueError(
+                f"config key 'distributed.manager_rank' is {manager}; the job has {world} ranks (0..{world - 1})"
+            )
+        managers = [manager]
+    workers = [r for r in range(world) if r not in managers] if dcfg.worker_ranks is None else list(dcfg.worker_ranks)
+    if not workers or set(managers) & set(workers) or any(r >= world for r in workers):
+        raise ValueError(
+            f"config key 'distributed.worker_ranks' {workers} must name ranks < {world} other than "
+            f"the manager{'s' if len(managers) > 1 else ''} {managers if len(managers) > 1 else managers[0]}"
+        )
+    return managers, workers
 
 
 def _create_sharded(cls: type, cfg: Any, dcfg: Any, local_cfg: Any, *args, **kwargs) -> Any:

@@ -61,6 +61,21 @@ def _presence_barrier(
         pause = min(pause * 2, 0.2)
 
 
+def torch_world_size() -> Optional[int]:
+    """The world size a torch rank knows before joining anyone: the default group's when it exists, else the
+    ``WORLD_SIZE`` env variable (torchrun / env:// launches); None when neither says."""
+    import os
+
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_world_size()
+    try:
+        return int(os.environ['WORLD_SIZE'])
+    except (KeyError, ValueError):
+        return None
+
+
 def init_torch(startup_s: float) -> Tuple[int, int]:
     """
     Overview:

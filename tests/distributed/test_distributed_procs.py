@@ -341,3 +341,47 @@ def test_killed_manager_raises_manager_unavailable(launches, backend):
         assert err['elapsed'] < 5.0 + 5.0, err  # distributed.timeout=5 + slack
         assert w['steps'] > 0 and all(e['score']['stored'] == 4 for e in w['events'])
         assert 'traceback' not in w, w['traceback']
+
+
+_LAYOUT_RANK = '''
+import sys, time
+t0 = time.monotonic()
+from ding_buffer import create_buffer
+dist = dict(backend='torch', startup_timeout=60, timeout=5, **eval(sys.argv[1]))
+try:
+    create_buffer(dict(type='naive', replay_buffer_size=10, distributed=dist))
+except ValueError as e:
+    print(f'{time.monotonic() - t0:.2f} {e}', flush=True)
+    sys.exit(2)
+sys.exit(0)
+'''
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    'dist, needles',
+    [
+        ("dict(manager_rank=3)", ("'distributed.manager_rank' is 3", '2 ranks')),
+        ("dict(num_shards=2)", ("'distributed.num_shards' is 2", '2 ranks')),
+        ("dict(worker_ranks=[0, 5])", ("'distributed.worker_ranks' [0, 5]",)),
+    ],
+)
+def test_a_rank_layout_that_cannot_fit_the_world_fails_before_any_network_wait(tmp_path, dist, needles):
+    """One env:// rank of a 2-rank world, alone (its peer never comes): a layout it can judge from its config and
+    WORLD_SIZE fails at once naming the key, instead of waiting startup_timeout (60 s) for the other rank."""
+    import subprocess
+    import sys
+
+    from dist_helpers import child_env, free_port
+
+    script = tmp_path / 'rank.py'
+    script.write_text(_LAYOUT_RANK)
+    env = dict(child_env(), RANK='0', WORLD_SIZE='2', MASTER_ADDR='127.0.0.1', MASTER_PORT=str(free_port()))
+    r = subprocess.run(
+        [sys.executable, str(script), dist], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=50
+    )
+    assert r.returncode == 2, r.stdout + r.stderr
+    seconds, message = r.stdout.split(' ', 1)
+    assert float(seconds) < 10, r.stdout  # (importing torch included); the start-up timeout is 60 s
+    for needle in needles:
+        assert needle in message, message
