@@ -10,14 +10,17 @@ Liveness. Every ``RayChannel`` pings the actor every ``heartbeat_seconds`` from 
 a weak reference to it, so a worker that dies, or a task that returns without ``close()`` (its RemoteBuffer is
 dropped), stops beating. Pings run on the actor's own ``'beat'`` lane (a second concurrency group), so a busy
 manager still hears them; a watchdog thread in the actor folds them into ``ManagerCore`` and counts senders
-silent for ``peer_timeout`` seconds as lost, under the lock ``call`` holds. With ``num_workers`` set, once
-that many senders exited or were lost the actor checkpoints (``checkpoint_path``) and ends itself; when the
-last one left with EXIT, that worker ends it (``close()``), and the watchdog does after ``timeout`` seconds if
-it does not.
+silent for ``peer_timeout`` seconds as lost, under the lock ``call`` holds. Sooner where Ray can tell: a channel's
+first ping carries a token its process owns, and a sender silent for two heartbeats whose token's owner Ray
+reports dead (the process died: SIGKILL, OOM, a lost node) is lost at once; a channel garbage-collected without
+``close()`` (a task returned without closing its RemoteBuffer) says so on its way out and is lost at once too.
+With ``num_workers`` set, once that many senders exited or were lost the actor checkpoints (``checkpoint_path``)
+and ends itself; when the last one left with EXIT, that worker ends it (``close()``), and the watchdog does after
+``timeout`` seconds if it does not.
 
 Start-up is bounded by ``distributed.startup_timeout``: an explicit ``host:port`` address must accept a TCP
-connection and ``ray.init`` must finish within it, and the actor must answer a readiness check within it (a
-cluster without a free CPU to place it fails with ``TimeoutError`` instead of waiting forever).
+connection and ``ray.init`` must finish within it, and the actor must answer a readiness check within it (a cluster
+without a free CPU to place it fails with ``TimeoutError`` instead of waiting forever).
 """
 
 import logging
@@ -40,6 +43,7 @@ logger = logging.getLogger('ding_buffer.distributed')
 
 _ACTOR = None
 MAX_CLIENT_CHARS = 128
+MAX_TOKENS = 100_000  # live clients whose process the manager can ask Ray about
 
 
 def _message_bytes(msg: Tuple[Any, ...]) -> int:
@@ -61,6 +65,13 @@ def _is_client(client: Any) -> bool:
     return isinstance(client, str) and 0 < len(client) <= MAX_CLIENT_CHARS
 
 
+def _is_token(token: Any) -> bool:
+    """``[ObjectRef]``: what a channel's first ping carries (anything else is ignored)."""
+    if not (isinstance(token, list) and len(token) == 1):
+        return False
+    return isinstance(token[0], import_ray().ObjectRef)
+
+
 class _ManagerActorImpl:
     """Body of the Ray actor: builds the buffer from the config, serves ``call`` and watches its senders."""
 
@@ -77,6 +88,9 @@ class _ManagerActorImpl:
         self._lock = threading.Lock()  # ManagerCore: call (actor thread) and the watchdog
         self._beats: Dict[str, float] = {}  # client -> monotonic time of its last ping (the beat lane)
         self._beats_lock = threading.Lock()
+        self._dropped: set = set()  # clients whose channel was garbage-collected without close()
+        self._tokens: Dict[str, Any] = {}  # client -> an ObjectRef its process owns (dead owner: dead worker)
+        self._probed: Dict[str, float] = {}  # client -> when its token was last asked about
         self._ended = False  # checkpointed: requests are refused from now on
         self._ended_at: Optional[float] = None  # when the last EXIT was answered (the worker ends the actor)
         timeout = dcfg.peer_timeout
@@ -148,12 +162,22 @@ class _ManagerActorImpl:
             return self.core.summary()
 
     # ------------------------------------------------------------------ the beat lane (concurrent with call)
-    def ping(self, client: Any) -> None:
-        """A heartbeat: recorded without waiting for the request in progress."""
+    def ping(self, client: Any, token: Any = None) -> None:
+        """A heartbeat: recorded without waiting for the request in progress. A channel's first ping carries
+        ``[ObjectRef]``, an object its process owns (kept once per client, while the client is live)."""
         if _is_client(client):
             now = time.monotonic()
             with self._beats_lock:
                 self._beats[client] = now
+                if _is_token(token) and client not in self._tokens and len(self._tokens) < MAX_TOKENS:
+                    self._tokens[client] = token[0]
+
+    def dropped(self, client: Any) -> None:
+        """The client's channel was garbage-collected (or its process exits) without ``close()``: the watchdog
+        counts it lost at its next round."""
+        if _is_client(client):
+            with self._beats_lock:
+                self._dropped.add(client)
 
     def ready(self) -> bool:
         return True
@@ -166,12 +190,54 @@ class _ManagerActorImpl:
     def _merge_beats(self) -> None:
         with self._beats_lock:
             beats, self._beats = self._beats, {}
-        self.core.liveness.merge_heard(beats)
+            dropped, self._dropped = self._dropped, set()
+        live = self.core.liveness
+        live.merge_heard(beats)
+        for client in dropped:
+            live.lose(client, "its RemoteBuffer was dropped without close() (no EXIT)")
+        with self._beats_lock:  # (ping adds tokens on the beat lane)
+            for client in [c for c in self._tokens if c in live.exited or c in live.lost]:
+                del self._tokens[client]  # (a client that comes back is watched by its silence alone)
+                self._probed.pop(client, None)
+
+    def _probe_silent(self) -> None:
+        """Ask Ray about the token of every client silent for two heartbeats (at most once a heartbeat each): an
+        owner Ray reports dead is a worker process that died, counted lost now rather than after
+        ``peer_timeout``. Outside the lock (a probe may wait up to a second for Ray)."""
+        every = self.cfg.heartbeat_seconds
+        now = time.monotonic()
+        with self._lock:
+            live = self.core.liveness
+            with self._beats_lock:
+                tokens = list(self._tokens.items())
+            quiet = [
+                (c, ref)
+                for c, ref in tokens
+                if now - live.last_seen.get(c, now) > 2 * every and now - self._probed.get(c, 0.0) > every
+            ]
+        if not quiet:
+            return
+        ray = import_ray()
+        dead = []
+        for client, ref in quiet:
+            self._probed[client] = now
+            try:
+                ray.get(ref, timeout=min(1.0, every))
+            except ray.exceptions.ObjectLostError as e:  # OwnerDiedError among them
+                dead.append((client, type(e).__name__))
+            except Exception:  # noqa: BLE001 - a slow or unreachable node: its silence decides (peer_timeout)
+                pass
+        if dead:
+            with self._lock:
+                for client, why in dead:
+                    if client not in self.core.liveness.exited:
+                        self.core.liveness.lose(client, f"its process died (Ray: {why})")
 
     def _watch(self) -> None:
         while True:
             time.sleep(self._every)
             try:
+                self._probe_silent()
                 with self._lock:
                     self._merge_beats()
                     self.core.liveness.check_silent()

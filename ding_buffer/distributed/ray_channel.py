@@ -4,7 +4,9 @@ A message travels as the codec's ``(header, parts)``: the header bytes plus one 
 (``to_wire`` / ``from_wire``), which Ray moves through its object store without pickling the data. A ticket is the
 ObjectRef of the actor's ``call``. Every channel pings the actor every ``heartbeat_seconds`` from a daemon thread
 that holds only a weak reference to it, on the actor's ``BEAT_GROUP`` lane, so a worker that dies, or a task that
-returns without ``close()``, stops beating.
+returns without ``close()``, stops beating. The first ping carries a token, an object the worker's process owns:
+Ray reports its owner dead once that process died, which the manager asks about a silent worker. A channel
+garbage-collected without ``close()`` tells the manager so on its way out.
 """
 
 import threading
@@ -43,6 +45,21 @@ def from_wire(msg, allow_pickle: bool) -> Any:
     return decode(bytes(msg[0]), msg[1:], allow_pickle)
 
 
+def _dropped(stop: threading.Event, closed: threading.Event, actor: Any, client: str) -> None:
+    """A channel was garbage-collected (or the process exits) without ``close()``: stop its heartbeat and tell the
+    manager (one fire-and-forget call on the beat lane), which counts the worker lost now rather than after
+    ``peer_timeout``."""
+    stop.set()
+    if closed.is_set():
+        return
+    try:
+        ray = import_ray()
+        if ray.is_initialized():
+            actor.dropped.options(concurrency_group=BEAT_GROUP).remote(client)
+    except Exception:  # noqa: BLE001 - Ray or the actor is gone already: the heartbeat's silence says the same
+        pass
+
+
 class RayChannel:
     """Requests to the manager actor; a ticket is the ObjectRef of the call."""
 
@@ -58,9 +75,12 @@ class RayChannel:
         self._ping_ref: Any = None
         self._stop = threading.Event()
         self._beat_lock = threading.Lock()
-        self._finalizer = weakref.finalize(self, self._stop.set)  # a dropped channel stops its heartbeat thread
-        try:  # the manager knows this worker from now on, even if it dies before its first request
-            self._beat()
+        self._closed = threading.Event()
+        # a dropped channel stops its heartbeat thread and, unless it was closed, tells the manager at once
+        self._finalizer = weakref.finalize(self, _dropped, self._stop, self._closed, actor, client_id)
+        try:  # the manager knows this worker from now on, even if it dies before its first request; the token,
+            # an object this process owns, lets the manager ask Ray whether the process still lives
+            self._beat(token=[import_ray().put(client_id)])
         except Exception:  # noqa: BLE001 - an unreachable manager fails the first request instead
             pass
         self._beat_thread = threading.Thread(
@@ -71,8 +91,9 @@ class RayChannel:
         )
         self._beat_thread.start()
 
-    def _beat(self) -> bool:
-        """One fire-and-forget ping (skipped while the previous one is unanswered); False: stop beating."""
+    def _beat(self, token: Optional[list] = None) -> bool:
+        """One fire-and-forget ping (skipped while the previous one is unanswered); False: stop beating. The first
+        carries ``token``: ``[ObjectRef]`` of an object this process owns."""
         ray = import_ray()
         with self._beat_lock:  # never a ping after stop_heartbeat(): nobody would receive it after EXIT
             if self._stop.is_set() or self._dead or not ray.is_initialized():  # no ray call may auto-start Ray
@@ -89,7 +110,8 @@ class RayChannel:
                     return False  # the manager is gone
                 except ray.exceptions.RayError:
                     pass
-            self._ping_ref = self.actor.ping.options(concurrency_group=BEAT_GROUP).remote(self.client)
+            args = (self.client,) if token is None else (self.client, token)
+            self._ping_ref = self.actor.ping.options(concurrency_group=BEAT_GROUP).remote(*args)
             return True
 
     def stop_heartbeat(self) -> None:
@@ -149,6 +171,7 @@ class RayChannel:
 
     def close(self, grace: Optional[float] = None) -> None:
         """Stop the heartbeat; the worker whose EXIT was the last one ends the actor."""
+        self._closed.set()
         self.stop_heartbeat()
         if self._shutdown:
             ray = import_ray()

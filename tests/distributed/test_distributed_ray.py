@@ -466,6 +466,53 @@ def test_killed_and_unclosed_worker_tasks_are_lost_then_manager_checkpoints_and_
         drv.close()
 
 
+@pytest.mark.timeout(90)
+def test_a_dead_or_unclosed_worker_is_lost_long_before_peer_timeout(actors, tmp_path):
+    """peer_timeout 120 s (the default): a SIGKILLed worker task is counted lost within a few heartbeats (Ray
+    reports the owner of its token dead), a task returning without close() at once (its channel says so when it
+    is dropped); with both of num_workers=2 gone the manager checkpoints and ends, all within seconds."""
+    path = str(tmp_path / 'ckpt.pt')
+    d = actors(num_workers=2, checkpoint_path=path, heartbeat_seconds=0.5, peer_timeout=120.0)
+    cfg = naive_tensor(d)
+    drv = create_buffer(cfg)  # keeps the actor alive and beating
+    with pytest.raises(ray.exceptions.RayError):
+        ray.get(remote(ray_helpers.worker_push_then_die).remote(cfg, 5, 2, 3), timeout=GET)
+    died = time.monotonic()
+    while not summary_of(d)['lost']:
+        assert time.monotonic() - died < 10, 'the killed task was not counted lost within 10 s'
+        time.sleep(0.1)
+    lost = summary_of(d)['lost']
+    assert len(lost) == 1 and 'process died' in next(iter(lost.values())), lost
+    assert drv.count() == 6 and not os.path.exists(path)
+
+    assert ray.get(remote(ray_helpers.worker_push_return).remote(cfg, 6, 2, 3), timeout=GET) == 6
+    returned = time.monotonic()
+    assert actor_gone(d['actor_name'], d['namespace'], within=10)
+    assert time.monotonic() - returned < 10
+    assert os.path.exists(path)
+    local = create_buffer({k: v for k, v in cfg.items() if k != 'distributed'})
+    local.load_data(path)
+    assert local.count() == 12
+    local.close()
+    with pytest.raises(ManagerUnavailableError):
+        drv.close()
+
+
+def test_a_closed_worker_is_exited_not_lost(actors):
+    """close() sends EXIT: dropping the closed RemoteBuffer afterwards does not count it lost."""
+    import gc
+
+    d = actors(heartbeat_seconds=0.25)
+    cfg = naive_tensor(d)
+    drv = create_buffer(cfg)
+    assert ray.get(remote(ray_helpers.worker_push_close).remote(cfg, 7, 1, 2), timeout=GET) == 7
+    gc.collect()
+    time.sleep(1.0)  # a few watchdog rounds
+    summary = summary_of(d)
+    assert summary['lost'] == {} and len(summary['exited']) == 1, summary
+    drv.close()
+
+
 @pytest.mark.timeout(60)
 def test_unreachable_ray_address_fails_within_startup_timeout():
     # a fresh interpreter: this process's Ray stays as it is
