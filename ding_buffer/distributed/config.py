@@ -25,7 +25,9 @@ def _optional_seconds(x: Any) -> bool:
 
 
 DISTRIBUTED_CONFIG = dict(
-    # None: a local buffer. 'torch' (torch.distributed gloo, torchrun), 'mpi' (mpi4py, mpirun) or 'ray'.
+    # None: a local buffer. 'torch' (torch.distributed gloo, torchrun), 'mpi' (mpi4py, mpirun) or 'ray'. 'torch'
+    # assumes the ranks trust each other: gloo aborts a process that receives more bytes than it posted (a rank
+    # that lies about a message's size); 'mpi' and 'ray' answer such a message with an error reply.
     backend=None,
     # torch / mpi: the rank that owns the buffer (-1: the last rank). Every other rank is a worker.
     manager_rank=-1,
