@@ -36,7 +36,7 @@ DISTRIBUTED_CONFIG = dict(
     worker_ranks=None,
     # ray: name and namespace of the manager actor (get-or-create), whether it outlives its creator, the
     # address passed to ray.init when Ray is not initialised yet (None: RAY_ADDRESS or a local instance), and
-    # how many workers' EXITs end it (None: it runs until killed).
+    # how many workers (a task, once across retries; an actor; a driver) exited or lost end it (None: until killed).
     actor_name='ding_buffer_manager',
     namespace='ding_buffer',
     detached=False,

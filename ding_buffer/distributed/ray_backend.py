@@ -14,9 +14,9 @@ silent for ``peer_timeout`` seconds as lost, under the lock ``call`` holds. Soon
 first ping carries a token its process owns, and a sender silent for two heartbeats whose token's owner Ray
 reports dead (the process died: SIGKILL, OOM, a lost node) is lost at once; a channel garbage-collected without
 ``close()`` (a task returned without closing its RemoteBuffer) says so on its way out and is lost at once too.
-With ``num_workers`` set, once that many senders exited or were lost the actor checkpoints (``checkpoint_path``)
-and ends itself; when the last one left with EXIT, that worker ends it (``close()``), and the watchdog does after
-``timeout`` seconds if it does not.
+With ``num_workers`` set, once that many workers (``workers_done``) exited or were lost the actor checkpoints
+(``checkpoint_path``) and ends itself; when the last one left with EXIT, that worker ends it (``close()``), and the
+watchdog does after ``timeout`` seconds if it does not.
 
 Start-up is bounded by ``distributed.startup_timeout``: an explicit ``host:port`` address must accept a TCP
 connection and ``ray.init`` must finish within it, and the actor must answer a readiness check within it (a cluster
@@ -91,6 +91,7 @@ class _ManagerActorImpl:
         self._dropped: set = set()  # clients whose channel was garbage-collected without close()
         self._tokens: Dict[str, Any] = {}  # client -> an ObjectRef its process owns (dead owner: dead worker)
         self._probed: Dict[str, float] = {}  # client -> when its token was last asked about
+        self._worker_of: Dict[str, str] = {}  # client -> the worker (task / actor / driver) it belongs to
         self._ended = False  # checkpointed: requests are refused from now on
         self._ended_at: Optional[float] = None  # when the last EXIT was answered (the worker ends the actor)
         timeout = dcfg.peer_timeout
@@ -162,15 +163,18 @@ class _ManagerActorImpl:
             return self.core.summary()
 
     # ------------------------------------------------------------------ the beat lane (concurrent with call)
-    def ping(self, client: Any, token: Any = None) -> None:
+    def ping(self, client: Any, token: Any = None, worker: Any = None) -> None:
         """A heartbeat: recorded without waiting for the request in progress. A channel's first ping carries
-        ``[ObjectRef]``, an object its process owns (kept once per client, while the client is live)."""
+        ``[ObjectRef]``, an object its process owns (kept once per client, while the client is live), and the
+        worker it belongs to (``ray_channel.worker_key``: clients of one worker count once in ``num_workers``)."""
         if _is_client(client):
             now = time.monotonic()
             with self._beats_lock:
                 self._beats[client] = now
                 if _is_token(token) and client not in self._tokens and len(self._tokens) < MAX_TOKENS:
                     self._tokens[client] = token[0]
+                if _is_client(worker) and client not in self._worker_of and len(self._worker_of) < MAX_TOKENS:
+                    self._worker_of[client] = worker
 
     def dropped(self, client: Any) -> None:
         """The client's channel was garbage-collected (or its process exits) without ``close()``: the watchdog
@@ -183,9 +187,20 @@ class _ManagerActorImpl:
         return True
 
     # ------------------------------------------------------------------ liveness
-    def _all_done(self) -> bool:
+    def workers_done(self) -> int:
+        """Workers (a task, counted once across its retries; an actor; a driver process) every client of which
+        exited or was lost; a client that never said which worker it belongs to is a worker of its own."""
         live = self.core.liveness
-        return self.num_workers is not None and len(live.exited) + len(live.lost) >= self.num_workers
+        with self._beats_lock:
+            worker_of = dict(self._worker_of)
+        done: Dict[str, bool] = {}
+        for c in set(live.exited) | set(live.lost) | set(live.last_seen):
+            w = worker_of.get(c, c)
+            done[w] = done.get(w, True) and (c in live.exited or c in live.lost)
+        return sum(done.values())
+
+    def _all_done(self) -> bool:
+        return self.num_workers is not None and self.workers_done() >= self.num_workers
 
     def _merge_beats(self) -> None:
         with self._beats_lock:

@@ -9,6 +9,7 @@ Ray reports its owner dead once that process died, which the manager asks about 
 garbage-collected without ``close()`` tells the manager so on its way out.
 """
 
+import os
 import threading
 import time
 import weakref
@@ -43,6 +44,20 @@ def from_wire(msg, allow_pickle: bool) -> Any:
     if not isinstance(msg, (list, tuple)) or not msg:
         raise CodecError(f"a message must be a non-empty list of byte arrays, got {type(msg).__name__}")
     return decode(bytes(msg[0]), msg[1:], allow_pickle)
+
+
+def worker_key(ray: Any) -> str:
+    """Who this client works for, as ``num_workers`` counts workers: the Ray actor (its id survives restarts),
+    the Ray task (its id survives retries: a retried task is the same worker), or this driver process."""
+    ctx = ray.get_runtime_context()
+    actor = ctx.get_actor_id()
+    if actor:
+        return f'actor:{actor}'
+    if getattr(getattr(ctx, 'worker', None), 'mode', None) == getattr(ray, 'WORKER_MODE', 1):
+        task = ctx.get_task_id()
+        if task:
+            return f'task:{task}'
+    return f'driver:{ctx.get_job_id()}:{os.getpid()}'
 
 
 def _dropped(stop: threading.Event, closed: threading.Event, actor: Any, client: str) -> None:
@@ -80,7 +95,8 @@ class RayChannel:
         self._finalizer = weakref.finalize(self, _dropped, self._stop, self._closed, actor, client_id)
         try:  # the manager knows this worker from now on, even if it dies before its first request; the token,
             # an object this process owns, lets the manager ask Ray whether the process still lives
-            self._beat(token=[import_ray().put(client_id)])
+            ray = import_ray()
+            self._beat(token=[ray.put(client_id)], worker=worker_key(ray))
         except Exception:  # noqa: BLE001 - an unreachable manager fails the first request instead
             pass
         self._beat_thread = threading.Thread(
@@ -91,9 +107,9 @@ class RayChannel:
         )
         self._beat_thread.start()
 
-    def _beat(self, token: Optional[list] = None) -> bool:
+    def _beat(self, token: Optional[list] = None, worker: Optional[str] = None) -> bool:
         """One fire-and-forget ping (skipped while the previous one is unanswered); False: stop beating. The first
-        carries ``token``: ``[ObjectRef]`` of an object this process owns."""
+        carries ``token`` (``[ObjectRef]`` of an object this process owns) and ``worker`` (``worker_key``)."""
         ray = import_ray()
         with self._beat_lock:  # never a ping after stop_heartbeat(): nobody would receive it after EXIT
             if self._stop.is_set() or self._dead or not ray.is_initialized():  # no ray call may auto-start Ray
@@ -110,7 +126,7 @@ class RayChannel:
                     return False  # the manager is gone
                 except ray.exceptions.RayError:
                     pass
-            args = (self.client,) if token is None else (self.client, token)
+            args = (self.client,) if token is None else (self.client, token, worker)
             self._ping_ref = self.actor.ping.options(concurrency_group=BEAT_GROUP).remote(*args)
             return True
 

@@ -120,6 +120,22 @@ def worker_push_return(cfg, wid, steps, batch):
     return wid
 
 
+def worker_die_then_close_on_retry(cfg, wid, batch, marker):
+    """First attempt (no ``marker`` file yet): push one batch, then the process dies; the retry pushes another batch
+    and closes."""
+    from ding_buffer import create_buffer
+
+    first = not os.path.exists(marker)
+    buf = create_buffer(cfg)
+    buf.push(rows(wid, 0 if first else 1, batch), batched=True)
+    assert buf.pushes.last_score['stored'] == batch
+    if first:
+        open(marker, 'w').close()
+        os._exit(1)
+    buf.close()
+    return wid
+
+
 def worker_push_until_unavailable(cfg, wid, max_seconds):
     """Push one row every 20 ms until a call fails; returns what failed, how, and how long that call took."""
     from ding_buffer import create_buffer

@@ -498,6 +498,31 @@ def test_a_dead_or_unclosed_worker_is_lost_long_before_peer_timeout(actors, tmp_
         drv.close()
 
 
+@pytest.mark.timeout(120)
+def test_a_retried_task_counts_once_in_num_workers(actors, tmp_path):
+    """num_workers counts workers: a task whose first attempt died (lost) and whose retry closed is one worker,
+    so with num_workers=2 the manager keeps serving until a second task closes, then checkpoints and ends."""
+    path = str(tmp_path / 'ckpt.pt')
+    d = actors(num_workers=2, checkpoint_path=path, heartbeat_seconds=0.25, peer_timeout=120.0)
+    cfg = naive_tensor(d)
+    drv = create_buffer(cfg)
+    retried = ray.remote(max_retries=1)(ray_helpers.worker_die_then_close_on_retry)
+    assert ray.get(retried.remote(cfg, 3, 2, str(tmp_path / 'first_attempt')), timeout=GET) == 3
+    t0 = time.monotonic()
+    while not summary_of(d)['lost']:  # the first attempt's client
+        assert time.monotonic() - t0 < 10, 'the dead first attempt was not counted lost'
+        time.sleep(0.1)
+    summary = summary_of(d)
+    assert len(summary['lost']) == 1 and len(summary['exited']) == 1, summary
+    time.sleep(1.0)  # watchdog rounds: one worker done of two, nothing ends
+    assert drv.count() == 4 and not os.path.exists(path)
+    assert ray.get(remote(ray_helpers.worker_push_close).remote(cfg, 4, 1, 2), timeout=GET) == 4
+    assert actor_gone(d['actor_name'], d['namespace'], within=10)
+    assert os.path.exists(path)
+    with pytest.raises(ManagerUnavailableError):
+        drv.close()
+
+
 def test_a_closed_worker_is_exited_not_lost(actors):
     """close() sends EXIT: dropping the closed RemoteBuffer afterwards does not count it lost."""
     import gc
