@@ -50,8 +50,9 @@ main_config = dict(
                     tensorboard=False,
                 ),
                 # 'tensor': one preallocated tensor per field, batches come back as one dict of tensors
-                # (output='items': as per-item dicts, the layout DI-engine's policies collate)
-                storage=dict(type='tensor', device='cpu', memmap_dir=None, output=None),
+                # (output='items': as per-item dicts, the layout DI-engine's policies collate); frames=dict(...)
+                # stores image observation stacks one frame a transition (Atari: see docs/storages.md)
+                storage=dict(type='tensor', device='cpu', memmap_dir=None, output=None, frames=None),
             ),
         ),
     ),

@@ -95,6 +95,8 @@ class Engine(BufferCore):
         self._uses: Optional[UseCounts] = UseCounts(slots) if (self._use_limit or self.uses_counted) else None
         self._limiter = RateLimiter(cfg.thruput_controller, self._lock)
         names = [f'removed_by_{r.name}' for r in self._rules]
+        if getattr(getattr(self, '_storage', None), 'expires', False):  # storage.frames: see WriteResult.expired
+            names.append('removed_by_frames')
         if self._capacity is not None and self._capacity.admission:
             names.append(f'refused_by_{self._capacity.name}')
         self._counters: Dict[str, int] = dict.fromkeys(list(COUNTERS) + [n for n in names if n not in COUNTERS], 0)

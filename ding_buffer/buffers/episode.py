@@ -98,6 +98,11 @@ class EpisodeReplayBuffer(Engine):
     def _build(self) -> None:
         cfg = self._cfg
         refuse_items_output(cfg.storage, cfg.type, 'whole episodes or windows of them')
+        if cfg.storage.get('frames') is not None:
+            raise ValueError(
+                f"config key 'storage.frames' is not supported by type {cfg.type!r} yet; it works with the "
+                f"transition types 'naive', 'advanced', 'elastic', 'sequence' and 'deque'"
+            )
         spec = build_sampler(cfg.sampler, 'uniform', (cfg.storage.type == 'tensor', NO_FLAT))
         self._store = self._new_store()
         self._store.listen(self)

@@ -124,6 +124,8 @@ class SlotEngine(Engine):
             self._uses.reset(result.slots)
         if result.evicted:
             self._evicted(result.evicted)
+        if result.expired is not None:  # the frames of older items were overwritten (storage.frames)
+            self._remove(result.expired, 'removed_by_frames')
         if self._capacity is not None:
             if prepared.dropped:  # a push larger than the table replaced everything
                 self._capacity_rebuilt()

@@ -4,6 +4,8 @@ import re
 from typing import Any, Dict, Mapping, Tuple
 
 from .base import Prepared, Storage, WriteResult
+from .frame_storage import FrameStorage
+from .frames import check_frames
 from .free_list import FreeListIndex
 from .list_storage import ListStorage
 from .ring import RingIndex
@@ -25,6 +27,10 @@ STORAGE_CONFIG = dict(
     # tensors); 'items' = per-item dicts on tensor storage too (rows of the gathered batch: what DI-engine's
     # policies collate); 'batch' = one dict of batched tensors (tensor storage only).
     output=None,
+    # (tensor) image observations stored one frame a transition: None, or a dict (keys: key='obs',
+    # next_key='next_obs', stack=None, env_key=None, done_key='done', truncated_key='truncated', spare=None,
+    # check=True) -- see storage/frames.py and the storages docs.
+    frames=None,
 )
 
 
@@ -51,6 +57,7 @@ STORAGE_CHECKS = {
     'storage.device': (lambda x: device_ok(x), "'cpu', 'cuda' or 'cuda:N'"),
     'storage.memmap_dir': (lambda x: x is None or (isinstance(x, str) and x), 'None or a directory path'),
     'storage.output': (lambda x: x is None or (isinstance(x, str) and x in OUTPUTS), f"one of {OUTPUTS}"),
+    'storage.frames': (check_frames, 'None or a dict of frames options'),
 }
 
 
@@ -72,12 +79,16 @@ def build_storage(
     if kind == 'list':
         if cfg.get('memmap_dir') is not None:
             raise ValueError("config key 'storage.memmap_dir' needs storage.type='tensor', got 'list'")
+        if cfg.get('frames') is not None:
+            raise ValueError("config key 'storage.frames' needs storage.type='tensor', got 'list'")
         if cfg.get('output') == 'batch':
             raise ValueError(
                 "config key 'storage.output'='batch' needs storage.type='tensor' (list storage keeps any Python "
                 "object and samples the items themselves); use None or 'items'"
             )
         return ListStorage(capacity, index_cls)
+    if cfg.get('frames') is not None:
+        return FrameStorage(capacity, frames=cfg['frames'], **_tensor_kwargs(cfg, reserved_keys, index_cls))
     return TensorStorage(capacity, **_tensor_kwargs(cfg, reserved_keys, index_cls))
 
 
@@ -96,6 +107,12 @@ def storage_from_state(
     kind = cfg.get('type', 'list')
     if kind == 'list':
         return ListStorage.from_state(dict(state), capacity, index_cls, item_columns)
+    if cfg.get('frames') is not None:
+        return FrameStorage.from_state(
+            dict(state), capacity, frames=cfg['frames'], **_tensor_kwargs(cfg, reserved_keys, index_cls)
+        )
+    if 'frames' in state:
+        raise ValueError("saved storage keeps frames once (storage.frames); set config key 'storage.frames' to load it")
     return TensorStorage.from_state(dict(state), capacity, **_tensor_kwargs(cfg, reserved_keys, index_cls))
 
 
@@ -108,6 +125,7 @@ __all__ = [
     'FreeListIndex',
     'ListStorage',
     'TensorStorage',
+    'FrameStorage',
     'META_KEYS',
     'STORAGE_CONFIG',
     'STORAGE_CHECKS',

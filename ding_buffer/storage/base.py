@@ -36,6 +36,8 @@ class WriteResult(NamedTuple):
     slots: np.ndarray  # slots written, in write order
     uids: np.ndarray  # unique ids of the written items
     evicted: List[Any]  # previous items of overwritten slots (list storage) -- for the used-data remover
+    # live slots whose data the write overwrote (frames layout: their oldest frame): the buffer removes them
+    expired: Optional[np.ndarray] = None
 
 
 class Storage(ABC):
@@ -46,6 +48,8 @@ class Storage(ABC):
     """
 
     kind = 'base'
+    # Whether a write may report live items whose data it overwrote (``WriteResult.expired``; the frames layout).
+    expires = False
     # Whether samples are TensorDicts (tensor storage whose first item was one; ``tensordict_io``).
     tensordict_out = False
 

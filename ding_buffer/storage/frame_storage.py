@@ -1,0 +1,298 @@
+"""``FrameStorage``: tensor storage with image observations stored one frame a transition (``storage.frames``).
+
+The layout and the stream rules are in ``frames``; here they meet the tensor storage. Every field but the two
+stacks is stored as ``TensorStorage`` stores it; the stacks become two id columns (``'<key>:frames'``
+``[stack]`` and ``'<next_key>:frame'``), and ``gather`` puts the rebuilt stacks back under their own names, so a
+sample looks exactly like one of a storage holding the stacks in full.
+
+Writes take the checking path only (``prepare`` + ``write``: the fast single-item and batch paths answer None).
+``write`` reports in ``WriteResult.expired`` the live transitions whose oldest frame the new frames overwrote; the
+buffer removes them (``removed_by_frames``). A push the buffer prepared and then did not write (a rate limiter
+refused it, a priority was invalid) leaves the streams it touched to start a new episode at their next step.
+"""
+
+import heapq
+import weakref
+from typing import Any, Dict, List, Mapping, Optional, Tuple
+
+import numpy as np
+import torch
+
+from .base import Prepared, WriteResult, check_state
+from .frames import IDS_SUFFIX, NEXT_SUFFIX, FrameRing, Pending, StreamEncoder, default_rows, frame_spec
+from .tensor_fields import allocate_fields, new_token, remove_files
+from .tensor_storage import TensorStorage
+
+
+class FrameStorage(TensorStorage):
+    """
+    Overview:
+        ``TensorStorage`` with ``spec['key']`` / ``spec['next_key']`` frame stacks stored once (see the module
+        docstring and ``frames``).
+    Examples:
+        >>> import numpy as np
+        >>> s = FrameStorage(8, frames=dict(key='obs', next_key='next_obs'))
+        >>> f = [np.full((2, 2), k, dtype=np.uint8) for k in range(4)]  # frames 0, 1, 2, 3 of one episode
+        >>> steps = [{'obs': np.stack(f[t : t + 2]), 'next_obs': np.stack(f[t + 1 : t + 3]), 'done': False}
+        ...          for t in range(2)]
+        >>> res = s.write(s.prepare(steps))
+        >>> out = s.gather(res.slots)
+        >>> out['obs'][:, :, 0, 0].tolist(), out['next_obs'][:, :, 0, 0].tolist(), s.frames_stored()
+        ([[0, 1], [1, 2]], [[1, 2], [2, 3]], 4)
+    """
+
+    expires = True  # a write reports the live items whose oldest frame it overwrote
+
+    def __init__(self, capacity: int, frames: Optional[Mapping] = None, **kwargs: Any) -> None:
+        super().__init__(capacity, **kwargs)
+        self.spec: Dict[str, Any] = {}
+        if frames is not None:
+            self._configure(frames)
+
+    def _configure(self, frames: Mapping) -> None:
+        self.spec = frame_spec(frames)
+        self.encoder = StreamEncoder(self.spec)
+        self.stack: Optional[int] = self.spec['stack']
+        self.frame_ring = FrameRing(0)  # sized and allocated by the first write, when the frames are known
+        self.streams: Dict[Any, Tuple[Tuple[int, ...], bool]] = {}
+        self._heap: List[Tuple[int, int, int]] = []  # (oldest frame id, item id, slot) of the written items
+        self._uncommitted: Optional[Any] = None  # the streams of a push prepared and not (yet) written
+        self._frame_release: Optional[weakref.finalize] = None
+
+    # ------------------------------------------------------------------ writing
+    def write_one(self, item: Any) -> Optional[int]:
+        return None  # the checking path: the frames must be matched against the streams
+
+    def check_batch(self, batch: Any) -> Optional[Tuple[List[np.ndarray], int]]:
+        return None
+
+    def _encode(self, items: List[Any]) -> Tuple[List[Dict[str, Any]], Any, int]:
+        if self._uncommitted is not None:  # prepared, never written: those streams start anew
+            for env in self._uncommitted.streams:
+                if env in self.streams:
+                    self.streams[env] = (self.streams[env][0], True)
+            self._uncommitted = None
+        rows, pending, stack = self.encoder.encode(items, self.frame_ring, self.streams, self.stack)
+        self._uncommitted = pending
+        return rows, pending, stack
+
+    def prepare(self, items: List[Any], schema: Optional[Any] = None, trim: bool = True) -> Prepared:
+        rows, pending, stack = self._encode(items)
+        prepared = super().prepare(rows, schema, trim)
+        return prepared._replace(payload=(prepared.payload, pending, stack))
+
+    def prepare_batch(self, batch: Any, schema: Optional[Any] = None, trim: bool = True) -> Prepared:
+        if not isinstance(batch, dict):
+            raise TypeError(f"storage.frames takes a batch as a dict of batched leaves, got {type(batch).__name__}")
+        lens = {k: len(v) for k, v in batch.items() if hasattr(v, '__len__') and not isinstance(v, (str, bytes))}
+        if not lens or len(set(lens.values())) != 1 or len(lens) != len(batch):
+            raise ValueError(f"a batched push needs leaves with one leading dimension, got lengths {lens}")
+        n = next(iter(lens.values()))
+        if n == 0:
+            raise ValueError("a batched push got a batch of size 0")
+        return self.prepare([{k: v[j] for k, v in batch.items()} for j in range(n)], schema, trim)
+
+    def select(self, prepared: Prepared, keep: np.ndarray) -> Prepared:
+        inner, pending, stack = prepared.payload
+        kept = super().select(prepared._replace(payload=inner), keep)
+        return kept._replace(payload=(kept.payload, pending, stack))
+
+    def _reserve_frames(self, stack: int, pending: Any) -> None:
+        ring = self.frame_ring
+        if ring.allocated() or not pending.frames:
+            return
+        rows = default_rows(self.capacity, stack, self.spec['spare'])
+        like = pending.frames[0]
+        dtype = torch.from_numpy(np.array(like)).dtype
+        token = new_token()
+        field = allocate_fields({('frames',): (tuple(like.shape), dtype)}, rows, self.device, self.memmap_dir, token)
+        new = FrameRing(rows)
+        new.adopt(field[('frames',)])
+        self.frame_ring, self.stack = new, stack
+        if self.memmap_dir is not None:
+            self._frame_release = weakref.finalize(self, remove_files, [self.memmap_file_frames(token)])
+
+    def memmap_file_frames(self, token: str) -> str:
+        from .tensor_fields import memmap_file
+
+        return memmap_file(self.memmap_dir, 0, ('frames',), token)
+
+    def write(self, prepared: Prepared, report_evicted: bool = True) -> WriteResult:
+        inner, pending, stack = prepared.payload
+        self._reserve_frames(stack, pending)  # may fail (memory, files): nothing has changed yet
+        result = super().write(prepared._replace(payload=inner), report_evicted)
+        self.frame_ring.commit(pending)
+        self.streams.update(pending.streams)
+        self._uncommitted = None
+        ids = inner[1][(self.encoder.ids_key,)]
+        oldest = ids.reshape(len(ids), -1).min(dim=1).values.numpy() if len(ids) else []
+        for o, u, s in zip(oldest, result.uids, result.slots):
+            heapq.heappush(self._heap, (int(o), int(u), int(s)))
+        return result._replace(expired=self._expired())
+
+    def _expired(self) -> Optional[np.ndarray]:
+        """Live items whose oldest frame has been overwritten (in write order of their frames)."""
+        ring = self.frame_ring
+        threshold = ring.next_id - ring.rows
+        out: List[int] = []
+        heap = self._heap
+        while heap and heap[0][0] < threshold:
+            _, uid, slot = heapq.heappop(heap)
+            if self.ring.valid[slot] and int(self.ring.uids(np.array([slot]))[0]) == uid:
+                out.append(slot)
+        return np.array(out, dtype=np.int64) if out else None
+
+    def clear(self, reset_push_count: bool = False) -> List[Any]:
+        out = super().clear(reset_push_count)
+        self.streams, self._heap, self._uncommitted = {}, [], None
+        return out
+
+    def release(self) -> None:
+        super().release()
+        if self._frame_release is not None:
+            self._frame_release()
+
+    # ------------------------------------------------------------------ reading
+    def gather(self, slots: np.ndarray, uids: Optional[np.ndarray] = None) -> Dict[str, Any]:
+        out = super().gather(slots, uids)
+        enc = self.encoder
+        if enc.ids_key not in out:  # nothing stored yet
+            return out
+        ids = out.pop(enc.ids_key)
+        nxt = torch.cat([ids[..., 1:], out.pop(enc.next_id_key).unsqueeze(-1)], dim=-1)
+        out[enc.key] = self.frame_ring.gather(ids)
+        out[enc.next_key] = self.frame_ring.gather(nxt)
+        return out
+
+    def frames_stored(self) -> int:
+        """Distinct frames written so far (the ring holds the newest ``rows`` of them)."""
+        return self.frame_ring.next_id
+
+    def nbytes_per_item(self) -> int:
+        ring = self.frame_ring
+        if not ring.allocated():
+            return super().nbytes_per_item()
+        frame = ring.frames[0].numel() * ring.frames.element_size()
+        return super().nbytes_per_item() + -(-frame * ring.rows // self.capacity)
+
+    def __repr__(self) -> str:
+        base = super().__repr__()
+        ring = self.frame_ring
+        rows = f"{ring.rows} rows of {ring.shape} {str(ring.dtype).replace('torch.', '')}" if ring.allocated() else '-'
+        return (
+            base[:-1]
+            + f", frames={{'key': {self.spec['key']!r}, 'next_key': {self.spec['next_key']!r}, "
+            + (f"'stack': {self.stack}, 'ring': '{rows}'}})")
+        )
+
+    # ------------------------------------------------------------------ persistence
+    def state_dict(self) -> Dict[str, Any]:
+        """The tensor storage's state with the frames the items and streams refer to, renumbered ``0 .. k-1`` in
+        write order (so equal contents give equal states, whatever was overwritten before)."""
+        out = super().state_dict()
+        enc, ring = self.encoder, self.frame_ring
+        cols: Dict[str, np.ndarray] = {}
+        if self.schema is not None:
+            slots = torch.from_numpy(self.ring.ordered_slots().astype(np.int64))
+            for key in (enc.ids_key, enc.next_id_key):
+                cols[key] = self.fields[(key,)][slots].cpu().numpy()
+        streams = [
+            (env, np.asarray(sids, dtype=np.int64), bool(ended))
+            for env, (sids, ended) in self.streams.items()
+            if ring.allocated() and ring.holds(np.array(sids)).all()
+        ]
+        used = [c.reshape(-1) for c in cols.values()] + [sids for _, sids, _ in streams]
+        ids = np.unique(np.concatenate(used)) if used else np.zeros(0, dtype=np.int64)
+        if cols:  # the id columns as the new numbers (the fields list is in schema order)
+            names = [path for path in self.schema]
+            for key, col in cols.items():
+                out['fields'][names.index((key,))] = torch.from_numpy(np.searchsorted(ids, col).astype(np.int64))
+        out['frames'] = {
+            'ids': torch.arange(len(ids), dtype=torch.int64),
+            'data': torch.from_numpy(ring.read(ids)) if len(ids) else torch.zeros(0, dtype=torch.uint8),
+            'stack': self.stack,
+            'streams': [[env, np.searchsorted(ids, sids).tolist(), ended] for env, sids, ended in streams],
+        }
+        return out
+
+    @classmethod
+    def from_state(cls, state: Dict[str, Any], capacity: int, frames: Optional[Mapping] = None, **kwargs: Any):
+        check_state(state, cls.kind, ('ring', 'slots', 'schema', 'fields', 'frames'))
+        saved = state['frames']
+        if not isinstance(saved, Mapping) or not {'ids', 'data', 'stack', 'streams'} <= set(saved):
+            raise ValueError("saved storage 'frames' must be a dict with ids, data, stack and streams")
+        storage = super().from_state({k: v for k, v in state.items() if k != 'frames'}, capacity, **kwargs)
+        storage._configure(frames)
+        storage._restore_frames(saved)
+        return storage
+
+    def _restore_frames(self, saved: Mapping) -> None:
+        enc = self.encoder
+        ids = np.asarray(torch.as_tensor(saved['ids']).cpu(), dtype=np.int64).reshape(-1)
+        if len(ids) and (ids.min() < 0 or np.any(np.diff(ids) <= 0)):
+            raise ValueError("saved frame ids must be distinct ints >= 0 in increasing order")
+        data = torch.as_tensor(saved['data'])
+        stack = saved['stack']
+        if self.spec['stack'] is not None and stack is not None and stack != self.spec['stack']:
+            raise ValueError(
+                f"saved frames have a stack of {stack}; config key 'storage.frames.stack' is {self.spec['stack']}"
+            )
+        slots = np.flatnonzero(self.ring.valid)
+        has_items = self.schema is not None and len(slots)
+        if has_items and (enc.ids_key,) not in self.fields:
+            raise ValueError(f"saved storage has items but no {enc.ids_key!r} column (not a frames layout?)")
+        if not len(ids):
+            if has_items:
+                raise ValueError("saved storage has items but no frames")
+            return
+        if data.dim() < 1 or data.shape[0] != len(ids):
+            raise ValueError(f"saved frame data has shape {tuple(data.shape)}; expected {len(ids)} frames")
+        if type(stack) is not int or stack < 1:
+            raise ValueError(f"saved frame stack is {stack!r:.40}; expected an int >= 1")
+        rows = default_rows(self.capacity, stack, self.spec['spare'])
+        if len(ids) > rows:
+            raise ValueError(f"saved buffer refers to {len(ids)} frames; this storage's frame ring has {rows} rows")
+
+        def remap(old: np.ndarray, what: str) -> np.ndarray:
+            pos = np.searchsorted(ids, old)
+            if len(old) and (pos.max() >= len(ids) or not np.array_equal(ids[np.minimum(pos, len(ids) - 1)], old)):
+                raise ValueError(f"saved {what} refer to frames the saved state does not hold")
+            return pos.astype(np.int64)
+
+        new_cols = {}
+        if has_items:
+            for key in (enc.ids_key, enc.next_id_key):
+                col = self.fields[(key,)]
+                if col.dtype != torch.int64:
+                    raise ValueError(f"saved column {key!r} has dtype {col.dtype}; expected int64")
+                idx = torch.from_numpy(slots)
+                old = col[idx].cpu().numpy()
+                if key == enc.ids_key and (old.ndim != 2 or old.shape[1] != stack):
+                    raise ValueError(f"saved column {key!r} has shape {old.shape[1:]}; expected ({stack},)")
+                new_cols[key] = remap(old.reshape(-1), f"items' {key!r}").reshape(old.shape)
+        streams = {}
+        for entry in saved['streams']:
+            if not (isinstance(entry, (list, tuple)) and len(entry) == 3 and len(entry[1]) == stack):
+                raise ValueError(f"saved stream {entry!r:.60} is not [env, {stack} frame ids, ended]")
+            env, sids, ended = entry
+            streams[env] = (tuple(int(x) for x in remap(np.asarray(sids, dtype=np.int64), 'streams')), bool(ended))
+        # valid: build the ring (new ids 0 .. k-1, in the old order) and swap the columns
+        token = new_token()
+        field = allocate_fields(
+            {('frames',): (tuple(data.shape[1:]), data.dtype)}, rows, self.device, self.memmap_dir, token
+        )
+        ring = FrameRing(rows)
+        ring.adopt(field[('frames',)])
+        ring.commit(Pending(list(data.cpu().numpy()), 0, {}))
+        for key, col in new_cols.items():
+            self.fields[(key,)][torch.from_numpy(slots)] = torch.from_numpy(col).to(self.device)
+        self.frame_ring, self.stack, self.streams = ring, stack, streams
+        if self.memmap_dir is not None:
+            self._frame_release = weakref.finalize(self, remove_files, [self.memmap_file_frames(token)])
+        oldest = new_cols[enc.ids_key].min(axis=1) if has_items else []
+        uids = self.ring.uids(slots) if has_items else []
+        self._heap = [(int(o), int(u), int(s)) for o, u, s in zip(oldest, uids, slots)]
+        heapq.heapify(self._heap)
+
+
+__all__ = ['FrameStorage', 'IDS_SUFFIX', 'NEXT_SUFFIX']

@@ -1,0 +1,300 @@
+"""Frames stored once: the config of the layout (``storage.frames``), the frame ring, and the streams that turn
+pushed stacks into frame ids.
+
+A transition of an image task pushes ``obs`` and ``next_obs`` as stacks ``[stack, *frame]`` (gymnasium's
+``FrameStackObservation``: ``next_obs`` is ``obs`` shifted by one frame, with one new frame at the end). Stored in
+full that is ``2 * stack`` frames a transition; stored once it is one frame a transition, plus the frames of each
+episode's first stack (its repeated reset frame, or zero padding, is one or two distinct frames).
+
+Each frame gets an id (0, 1, 2, ... in write order) and a row ``id % rows`` of the frame ring; a transition keeps
+the ids of its ``obs`` stack and of the new frame of ``next_obs``, and ``sample`` rebuilds both stacks by gathering
+rows, exactly as they were pushed. The ring holds a few more rows than the table holds transitions
+(``storage.frames.spare``); a transition whose oldest frame was overwritten (a table kept older items than the
+frames that back them, e.g. many very short episodes) is removed by the buffer, counted ``removed_by_frames``.
+
+Streams. Every environment is a stream (``env_key``: the field naming it; one stream without it). A step continues
+its stream when the stream's previous step did not end its episode (``done_key`` / ``truncated_key`` false): its
+``obs`` must then equal that step's ``next_obs`` (checked with ``check=True``) and reuses its frames; otherwise it
+starts an episode and its ``obs`` frames are stored. With ``check`` a push that breaks this -- a stream continued
+with other frames, ``next_obs`` that is not ``obs`` shifted by one frame -- is refused naming the item and field,
+and nothing is stored.
+"""
+
+from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Tuple
+
+import numpy as np
+import torch
+
+FRAMES_DEFAULTS = dict(
+    key='obs',
+    next_key='next_obs',
+    stack=None,
+    env_key=None,
+    done_key='done',
+    truncated_key='truncated',
+    spare=None,
+    check=True,
+)
+# suffixes of the stored id columns: '<key>:frames' (the obs stack's ids), '<next_key>:frame' (the new frame's id)
+IDS_SUFFIX, NEXT_SUFFIX = ':frames', ':frame'
+
+
+def _name(x: Any) -> bool:
+    return isinstance(x, str) and bool(x)
+
+
+def check_frames(section: Any) -> bool:
+    """``storage.frames``: None, or a dict of ``FRAMES_DEFAULTS`` keys; ``ValueError`` naming the key otherwise."""
+    if section is None:
+        return True
+    if not isinstance(section, Mapping):
+        raise ValueError(
+            f"config key 'storage.frames' must be None or a dict with keys {sorted(FRAMES_DEFAULTS)}, got "
+            f"{type(section).__name__} {section!r:.60}"
+        )
+    for k, v in section.items():
+        if k not in FRAMES_DEFAULTS:
+            raise ValueError(f"unknown config key 'storage.frames.{k}'; valid keys: {sorted(FRAMES_DEFAULTS)}")
+        ok, expected = {
+            'key': (_name(v), 'a field name'),
+            'next_key': (_name(v), 'a field name'),
+            'stack': (v is None or (type(v) is int and v >= 1), 'None (read from the first push) or an int >= 1'),
+            'env_key': (v is None or _name(v), 'None (one stream) or a field name'),
+            'done_key': (v is None or _name(v), 'None or a field name'),
+            'truncated_key': (v is None or _name(v), 'None or a field name'),
+            'spare': (v is None or (type(v) is int and v >= 0), 'None (automatic) or an int >= 0'),
+            'check': (type(v) is bool, 'a bool'),
+        }[k]
+        if not ok:
+            raise ValueError(f"config key 'storage.frames.{k}' has invalid value {v!r:.60}; expected {expected}")
+    spec = dict(FRAMES_DEFAULTS, **section)
+    if spec['key'] == spec['next_key']:
+        raise ValueError(f"config keys 'storage.frames.key' and 'next_key' are both {spec['key']!r}")
+    return True
+
+
+def frame_spec(section: Mapping) -> Dict[str, Any]:
+    check_frames(section)
+    return dict(FRAMES_DEFAULTS, **section)
+
+
+def default_rows(capacity: int, stack: int, spare: Optional[int]) -> int:
+    """Frame rows for a table of ``capacity`` transitions: one a transition, plus ``spare`` (default
+    ``capacity // 64 + 4 * stack``: room for the first stacks of about one episode in 64 steps)."""
+    return capacity + (capacity // 64 + 4 * stack if spare is None else spare)
+
+
+class Pending(NamedTuple):
+    """Frames a prepared push adds (ids ``first .. first + len(frames) - 1``) and the streams it leaves behind."""
+
+    frames: List[np.ndarray]
+    first: int
+    streams: Dict[Any, Tuple[Tuple[int, ...], bool]]  # env -> (ids of its last next_obs stack, episode ended)
+
+
+class FrameRing:
+    """The frames: a tensor ``[rows, *frame]`` (in memory or memory-mapped), the id held by each row, and the
+    next id. Ids only grow; a row is reused after ``rows`` more frames."""
+
+    def __init__(self, rows: int) -> None:
+        self.rows = int(rows)
+        self.frames: Optional[torch.Tensor] = None
+        self.view: Optional[np.ndarray] = None  # numpy view on CPU
+        self.ids = np.full(self.rows, -1, dtype=np.int64)  # the id each row holds
+        self.next_id = 0
+        self.shape: Optional[Tuple[int, ...]] = None
+        self.dtype: Optional[torch.dtype] = None
+
+    def allocated(self) -> bool:
+        return self.frames is not None
+
+    def adopt(self, frames: torch.Tensor) -> None:
+        self.frames = frames
+        self.view = frames.numpy() if frames.device.type == 'cpu' else None
+        self.shape, self.dtype = tuple(frames.shape[1:]), frames.dtype
+
+    def holds(self, ids: np.ndarray) -> np.ndarray:
+        """Mask: the frame of each id is still in the ring."""
+        ids = np.asarray(ids, dtype=np.int64)
+        if not self.rows:
+            return np.zeros(ids.shape, dtype=bool)
+        return (ids >= 0) & (ids < self.next_id) & (self.ids[ids % self.rows] == ids)
+
+    def read(self, ids: np.ndarray) -> np.ndarray:
+        """The frames of ``ids`` (all held) as one numpy array (CPU) -- for checks at push."""
+        rows = np.asarray(ids, dtype=np.int64) % self.rows
+        if self.view is not None:
+            return self.view[rows]
+        return self.frames[torch.from_numpy(rows).to(self.frames.device)].cpu().numpy()
+
+    def commit(self, pending: Pending) -> None:
+        """Write the pending frames at their rows (ids from ``next_id`` on, as ``prepare`` gave them out)."""
+        n = len(pending.frames)
+        if not n:
+            return
+        ids = np.arange(pending.first, pending.first + n, dtype=np.int64)
+        rows = ids % self.rows
+        data = np.stack(pending.frames)
+        if self.view is not None:
+            self.view[rows] = data
+        else:
+            self.frames[torch.from_numpy(rows).to(self.frames.device)] = torch.from_numpy(data).to(self.frames.device)
+        self.ids[rows] = ids
+        self.next_id = pending.first + n
+
+    def gather(self, ids: torch.Tensor) -> torch.Tensor:
+        """Frames of ``ids`` (any shape ``S``) as a new tensor ``[*S, *frame]`` on the ring's device."""
+        flat = ids.reshape(-1).cpu().numpy()
+        if len(flat) and not self.holds(flat).all():
+            raise RuntimeError("a sampled transition refers to a frame the ring no longer holds (internal error)")
+        rows = flat % self.rows
+        if self.view is not None:
+            out = torch.from_numpy(self.view.take(rows, axis=0))
+        else:
+            out = self.frames.index_select(0, torch.from_numpy(rows).to(self.frames.device))
+        return out.reshape(*ids.shape, *self.shape)
+
+
+def _flag(item: Mapping, key: Optional[str], i: int) -> bool:
+    if key is None or key not in item:
+        return False
+    v = item[key]
+    if isinstance(v, torch.Tensor):
+        if v.numel() != 1:
+            raise ValueError(f"item {i}: field {key!r} must be one flag, got shape {tuple(v.shape)}")
+        v = v.item()
+    elif isinstance(v, np.ndarray):
+        if v.size != 1:
+            raise ValueError(f"item {i}: field {key!r} must be one flag, got shape {v.shape}")
+        v = v.item()
+    if isinstance(v, (bool, np.bool_, int, np.integer, float, np.floating)):
+        return bool(v)
+    raise ValueError(f"item {i}: field {key!r} must be a bool (or 0 / 1), got {type(v).__name__} {v!r:.40}")
+
+
+def _env(item: Mapping, key: Optional[str], i: int) -> Any:
+    if key is None:
+        return 0
+    if key not in item:
+        raise ValueError(f"item {i} has no field {key!r} (storage.frames.env_key) naming its environment")
+    v = item[key]
+    if isinstance(v, (torch.Tensor, np.ndarray)):
+        if (v.size if isinstance(v, np.ndarray) else v.numel()) != 1:
+            raise ValueError(f"item {i}: field {key!r} must be one id, got shape {tuple(v.shape)}")
+        v = v.item()
+    if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer, str)):
+        raise ValueError(f"item {i}: field {key!r} must be an int or str environment id, got {type(v).__name__}")
+    return int(v) if isinstance(v, np.integer) else v
+
+
+def _stack(item: Mapping, key: str, i: int, stack: Optional[int], like: Optional[Tuple[Tuple[int, ...], Any]]):
+    if key not in item:
+        raise ValueError(f"item {i} has no field {key!r} (storage.frames)")
+    v = item[key]
+    if isinstance(v, torch.Tensor):
+        v = v.detach().cpu().numpy()
+    elif not isinstance(v, np.ndarray):
+        raise ValueError(f"item {i}: field {key!r} must be an array or tensor [stack, *frame], got {type(v).__name__}")
+    if v.ndim < 1 or v.shape[0] < 1:
+        raise ValueError(f"item {i}: field {key!r} must be [stack, *frame], got shape {v.shape}")
+    if stack is not None and v.shape[0] != stack:
+        raise ValueError(f"item {i}: field {key!r} has a stack of {v.shape[0]} frames, expected {stack}")
+    if like is not None and (tuple(v.shape[1:]), v.dtype) != like:
+        raise ValueError(
+            f"item {i}: field {key!r} has frames of shape {tuple(v.shape[1:])} and dtype {v.dtype}, expected "
+            f"{like[0]} and {like[1]}"
+        )
+    return v
+
+
+class StreamEncoder:
+    """Turns pushed items into id columns and pending frames (no side effects: ``prepare`` may be refused
+    later), given the committed streams and ring."""
+
+    def __init__(self, spec: Mapping) -> None:
+        self.spec = spec
+        self.key, self.next_key = spec['key'], spec['next_key']
+        self.ids_key, self.next_id_key = spec['key'] + IDS_SUFFIX, spec['next_key'] + NEXT_SUFFIX
+
+    def encode(
+        self,
+        items: List[Mapping],
+        ring: FrameRing,
+        streams: Dict[Any, Tuple[Tuple[int, ...], bool]],
+        stack: Optional[int],
+    ) -> Tuple[List[Dict[str, Any]], Pending, int]:
+        """``(items with the id columns in place of the stacks, pending frames, stack)``."""
+        spec = self.spec
+        check = spec['check']
+        first = ring.next_id
+        frames: List[np.ndarray] = []
+        local: Dict[Any, Tuple[Tuple[int, ...], bool]] = {}
+        like = (ring.shape, np.dtype(str(ring.dtype).replace('torch.', ''))) if ring.shape is not None else None
+        out: List[Dict[str, Any]] = []
+
+        def frames_of(ids: Tuple[int, ...]) -> Optional[np.ndarray]:
+            """The frames of ids pushed earlier (this push's pending ones included); None if one is gone."""
+            got = []
+            for fid in ids:
+                if fid >= first:
+                    got.append(frames[fid - first])
+                elif ring.holds(np.array([fid]))[0]:
+                    got.append(ring.read(np.array([fid]))[0])
+                else:
+                    return None
+            return np.stack(got)
+
+        for i, item in enumerate(items):
+            if not isinstance(item, dict):
+                raise ValueError(f"item {i}: storage.frames stores dict items, got {type(item).__name__}")
+            for name in (self.ids_key, self.next_id_key):
+                if name in item:
+                    raise ValueError(f"item {i}: field {name!r} is reserved by storage.frames")
+            obs = _stack(item, self.key, i, stack, like)
+            stack = obs.shape[0]
+            if like is None:
+                like = (tuple(obs.shape[1:]), obs.dtype)
+            nxt = _stack(item, self.next_key, i, stack, like)
+            env = _env(item, spec['env_key'], i)
+            ended = _flag(item, spec['done_key'], i) or _flag(item, spec['truncated_key'], i)
+            prev = local.get(env, streams.get(env))
+            obs_ids: Optional[Tuple[int, ...]] = None
+            if prev is not None and not prev[1]:  # the stream continues: obs is its previous next_obs
+                if not check:
+                    if all(fid >= first for fid in prev[0]) or ring.holds(np.array(prev[0])).all():
+                        obs_ids = prev[0]
+                else:
+                    before = frames_of(prev[0])
+                    if before is not None:
+                        if not np.array_equal(before, obs):
+                            raise ValueError(
+                                f"item {i}: field {self.key!r} does not continue environment {env!r}: it differs "
+                                f"from the {self.next_key!r} of that environment's previous step, which did not end "
+                                f"its episode ({spec['done_key']!r} / {spec['truncated_key']!r} false); push each "
+                                f"environment's steps in order"
+                                + ("" if spec['env_key'] else " and name the environment (storage.frames.env_key)")
+                            )
+                        obs_ids = prev[0]
+            if obs_ids is None:  # an episode starts (or its previous frames left the ring): store its first stack
+                ids: List[int] = []
+                for k in range(stack):
+                    if k and np.array_equal(obs[k], obs[k - 1]):
+                        ids.append(ids[-1])  # repeated (reset padding): one frame
+                    else:
+                        frames.append(np.array(obs[k], copy=True))
+                        ids.append(first + len(frames) - 1)
+                obs_ids = tuple(ids)
+            if check and stack > 1 and not np.array_equal(nxt[:-1], obs[1:]):
+                raise ValueError(
+                    f"item {i}: field {self.next_key!r} is not {self.key!r} shifted by one frame (frames "
+                    f"0..{stack - 2} of {self.next_key!r} must equal frames 1..{stack - 1} of {self.key!r}, as a "
+                    f"frame stack's are)"
+                )
+            frames.append(np.array(nxt[-1], copy=True))
+            new = first + len(frames) - 1
+            local[env] = (obs_ids[1:] + (new,), ended)
+            row = {k: v for k, v in item.items() if k != self.key and k != self.next_key}
+            row[self.ids_key] = np.array(obs_ids, dtype=np.int64)
+            row[self.next_id_key] = np.int64(new)
+            out.append(row)
+        return out, Pending(frames, first, local), stack

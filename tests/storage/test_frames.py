@@ -1,0 +1,330 @@
+"""``storage.frames``: image observations stored one frame a transition, stacks rebuilt at sample time.
+
+Brute-force reference: every pushed transition carries a unique ``step`` id and the test keeps its full ``obs`` /
+``next_obs`` stacks; whatever a buffer returns must equal them exactly, for every transition preset, uniform and
+prioritized draws, single and batched (vectorised-env) pushes, interleaved environments, episode ends
+(terminated and truncated) and ring wrap-around. Bad streams are refused with nothing changed.
+"""
+
+import numpy as np
+import pytest
+import torch
+from helpers import assert_same
+
+from ding_buffer import create_buffer
+
+H = 5  # frame side (small: the rules do not depend on it)
+
+
+class Envs:
+    """Synthetic vectorised environments: random uint8 frames, a frame stack of ``stack`` padded by repeating
+    the reset frame (gymnasium's FrameStackObservation), episodes of random length ending by termination or
+    truncation. ``steps(n)`` yields transitions env by env, round robin, each with a unique ``step``."""
+
+    def __init__(self, n_envs=3, stack=4, seed=0, max_len=9, side=H):
+        self.rng = np.random.default_rng(seed)
+        self.side = side
+        self.stack, self.max_len, self.n = stack, max_len, n_envs
+        self.hist = [None] * n_envs
+        self.left = [0] * n_envs
+        self.count = 0
+
+    def _frame(self):
+        return self.rng.integers(0, 256, (self.side, self.side), dtype=np.uint8)
+
+    def _obs(self, e):
+        return np.stack(self.hist[e][-self.stack :])
+
+    def step(self, e):
+        if self.hist[e] is None:
+            first = self._frame()
+            self.hist[e] = [first] * self.stack
+            self.left[e] = int(self.rng.integers(1, self.max_len + 1))
+        obs = self._obs(e)
+        self.hist[e].append(self._frame())
+        nxt = self._obs(e)
+        self.left[e] -= 1
+        end = self.left[e] == 0
+        trunc = bool(end and self.rng.random() < 0.5)
+        t = dict(
+            obs=obs,
+            next_obs=nxt,
+            action=int(self.rng.integers(6)),
+            reward=float(self.rng.normal()),
+            done=bool(end and not trunc),
+            truncated=trunc,
+            env_id=e,
+            step=self.count,
+        )
+        self.count += 1
+        if end:
+            self.hist[e] = None
+        return t
+
+    def steps(self, n):
+        return [self.step(k % self.n) for k in range(n)]
+
+
+def frames_cfg(type_, size=32, spare=None, **extra):
+    frames = dict(env_key='env_id')
+    if spare is not None:
+        frames['spare'] = spare
+    return dict(type=type_, replay_buffer_size=size, seed=0, storage=dict(type='tensor', frames=frames), **extra)
+
+
+def check_rows(out, pushed):
+    """Every returned row equals the pushed transition with its ``step``."""
+    steps = out['step'].reshape(-1).tolist()
+    obs = out['obs'].reshape(-1, *out['obs'].shape[-3:])
+    nxt = out['next_obs'].reshape(-1, *out['next_obs'].shape[-3:])
+    for j, s in enumerate(steps):
+        ref = pushed[s]
+        assert np.array_equal(obs[j].numpy(), ref['obs']), f"obs of step {s}"
+        assert np.array_equal(nxt[j].numpy(), ref['next_obs']), f"next_obs of step {s}"
+        for k in ('action', 'done', 'truncated', 'env_id'):
+            assert out[k].reshape(-1)[j].item() == ref[k], f"{k} of step {s}"
+    return steps
+
+
+def push_all(buf, steps, batched):
+    if not batched:
+        for t in steps:
+            buf.push(t)
+        return
+    for i in range(0, len(steps), 3):  # one row per env: what a vectorised collector pushes
+        chunk = steps[i : i + 3]
+        buf.extend({k: np.stack([np.asarray(t[k]) for t in chunk]) for k in chunk[0]})
+
+
+@pytest.mark.parametrize('batched', [False, True], ids=['single', 'batched'])
+@pytest.mark.parametrize('type_', ['naive', 'advanced', 'elastic', 'deque'])
+def test_samples_equal_the_pushed_stacks_through_wraparound_and_episode_ends(type_, batched):
+    envs = Envs(seed=1)
+    steps = envs.steps(150)  # capacity 32: the ring wraps several times, episodes of 1..9 steps
+    pushed = {t['step']: t for t in steps}
+    cfg = frames_cfg(type_, spare=64)
+    if type_ == 'deque':
+        cfg = dict(cfg, storage=dict(cfg['storage'], output='batch'))
+    buf = create_buffer(cfg)
+    push_all(buf, steps, batched)
+    assert buf.count() == 32
+    if type_ == 'deque':
+        out = buf.sample(32, 0)  # (storage.output='batch': one dict of batched tensors)
+    else:
+        out = buf.sample(32, replace=False) if type_ != 'advanced' else buf.sample(32)
+    got = check_rows(out, pushed)
+    if type_ != 'advanced':  # without replacement: exactly the newest 32 transitions
+        assert sorted(got) == list(range(150 - 32, 150))
+    else:
+        assert set(got) <= set(range(150 - 32, 150))
+
+
+def test_prioritized_draws_follow_the_priorities_and_return_exact_stacks():
+    envs = Envs(seed=2)
+    steps = envs.steps(40)
+    pushed = {t['step']: t for t in steps}
+    buf = create_buffer(frames_cfg('advanced', size=40, alpha=1.0))
+    for t in steps:
+        buf.push(dict(t, priority=100.0 if t['step'] == 7 else 0.01))
+    seen = []
+    for _ in range(20):
+        seen += check_rows(buf.sample(8), pushed)
+    assert seen.count(7) > 0.9 * len(seen)  # 100 against 39 * 0.01: p(7) = 0.996
+
+
+def test_sequence_runs_rebuild_every_step_of_every_run():
+    envs = Envs(n_envs=1, seed=3, max_len=50)
+    steps = envs.steps(60)
+    pushed = {t['step']: t for t in steps}
+    buf = create_buffer(frames_cfg('sequence', size=40))
+    for t in steps:
+        buf.push(t)
+    out = buf.sample(4, sequence=5)
+    assert tuple(out['obs'].shape[:3]) == (4, 5, 4)
+    check_rows(out, pushed)
+    assert (torch.diff(out['step'], dim=1) == 1).all()  # runs of consecutive steps
+
+
+def test_one_frame_a_transition_plus_the_first_frame_of_each_episode():
+    envs = Envs(n_envs=2, seed=4, side=84)
+    steps = envs.steps(100)
+    starts = sum(1 for t in steps if np.array_equal(t['obs'][0], t['obs'][-1]))  # reset padding: first steps
+    buf = create_buffer(frames_cfg('naive', size=128))
+    push_all(buf, steps, batched=False)
+    assert buf.storage.frames_stored() == 100 + starts
+    full = 2 * 4 * 84 * 84  # obs and next_obs in full (Atari's 84 x 84, stacks of 4)
+    assert buf.storage.nbytes_per_item() < 1.2 * 84 * 84 < full / 6
+
+
+def test_items_whose_frames_were_overwritten_are_removed_and_counted():
+    """Episodes of one step cost two frames a transition; with no spare rows the oldest transitions lose frames
+    before the ring reaches them: they leave (removed_by_frames) and what stays is exact."""
+    envs = Envs(n_envs=1, seed=5, max_len=1)
+    steps = envs.steps(100)
+    pushed = {t['step']: t for t in steps}
+    buf = create_buffer(frames_cfg('advanced', size=20, spare=0))
+    for t in steps:
+        buf.push(t)
+    stats = buf.stats()
+    assert stats['removed_by_frames'] > 0
+    assert buf.count() == 10  # 20 frame rows, two frames a transition
+    got = check_rows(buf.sample(10), pushed)
+    assert set(got) <= set(range(90, 100))
+
+
+def _bad(base, **change):
+    return dict(base, **change)
+
+
+@pytest.mark.parametrize('type_', ['naive', 'advanced'])
+@pytest.mark.parametrize(
+    'make, needles',
+    [
+        (lambda t, p: _bad(t, obs=np.zeros_like(t['obs'])), ("'obs' does not continue environment 0",)),
+        (lambda t, p: _bad(t, next_obs=np.roll(t['next_obs'], 1, axis=0)), ("'next_obs' is not 'obs' shifted",)),
+        (lambda t, p: _bad(t, obs=t['obs'][:3], next_obs=t['next_obs'][:3]), ('stack of 3 frames, expected 4',)),
+        (lambda t, p: _bad(t, obs=t['obs'].astype(np.float32)), ('dtype float32, expected', 'uint8')),
+        (lambda t, p: {k: v for k, v in t.items() if k != 'env_id'}, ("no field 'env_id'",)),
+        (lambda t, p: {k: v for k, v in t.items() if k != 'next_obs'}, ("no field 'next_obs'",)),
+        (lambda t, p: _bad(t, done='yes'), ("field 'done' must be a bool",)),
+    ],
+)
+def test_a_push_that_breaks_a_stream_is_refused_and_changes_nothing(type_, make, needles):
+    envs = Envs(n_envs=1, seed=6, max_len=50)
+    steps = envs.steps(6)
+    buf = create_buffer(frames_cfg(type_))
+    for t in steps[:5]:
+        buf.push(t)
+    before = buf.state_dict()
+    with pytest.raises(ValueError) as err:
+        buf.push(make(steps[5], steps[4]))
+    for needle in needles:
+        assert needle in str(err.value), str(err.value)
+    assert_same(buf.state_dict(), before)
+    buf.push(steps[5])  # the right step is still taken: the stream goes on
+    check_rows(buf.sample(6, replace=False) if type_ == 'naive' else buf.sample(6), {t['step']: t for t in steps})
+
+
+def test_a_batch_with_one_bad_row_stores_nothing():
+    envs = Envs(seed=7, max_len=50)
+    steps = envs.steps(9)
+    buf = create_buffer(frames_cfg('naive'))
+    push_all(buf, steps[:6], batched=True)
+    before = buf.state_dict()
+    rows = steps[6:]
+    rows[2] = dict(rows[2], obs=np.zeros_like(rows[2]['obs']))
+    with pytest.raises(ValueError, match='item 2'):
+        buf.extend({k: np.stack([np.asarray(t[k]) for t in rows]) for k in rows[0]})
+    assert_same(buf.state_dict(), before)
+
+
+def test_a_new_episode_may_start_anywhere_after_done_or_truncated():
+    """After a step that ended its episode the next obs is a reset: no continuity is asked of it."""
+    envs = Envs(n_envs=1, seed=8, max_len=3)
+    steps = envs.steps(30)
+    buf = create_buffer(frames_cfg('naive', size=64))
+    for t in steps:
+        buf.push(t)
+    check_rows(buf.sample(30, replace=False), {t['step']: t for t in steps})
+
+
+def test_a_failed_push_leaves_the_stream_able_to_go_on():
+    """A prioritized push refused for its priority (after the frames were matched) does not break the stream:
+    the same step pushed again with a valid priority is taken, and so are the next."""
+    envs = Envs(n_envs=1, seed=9, max_len=50)
+    steps = envs.steps(8)
+    buf = create_buffer(frames_cfg('advanced'))
+    for t in steps[:4]:
+        buf.push(t)
+    before = buf.state_dict()
+    with pytest.raises(ValueError):
+        buf.push(dict(steps[4], priority=-1.0))
+    assert_same(buf.state_dict(), before)
+    for t in steps[4:]:
+        buf.push(t)
+    check_rows(buf.sample(8), {t['step']: t for t in steps})
+
+
+@pytest.mark.parametrize('type_', ['naive', 'advanced'])
+def test_state_round_trip_samples_the_same_and_streams_go_on(type_, tmp_path):
+    envs = Envs(seed=10, max_len=12)
+    steps = envs.steps(90)
+    pushed = {t['step']: t for t in steps}
+    buf = create_buffer(frames_cfg(type_, size=48))
+    push_all(buf, steps[:60], batched=False)
+    path = str(tmp_path / 'buf.pt')
+    buf.save_data(path)
+    other = create_buffer(frames_cfg(type_, size=48))
+    other.load_data(path)
+    assert_same(other.state_dict(), buf.state_dict())
+    a, b = buf.sample(16), other.sample(16)
+    assert_same(a, b, 'sample')
+    for t in steps[60:]:  # each env's next step continues its stream in both
+        buf.push(t)
+        other.push(t)
+    assert_same(other.state_dict(), buf.state_dict())
+    a, b = buf.sample(16), other.sample(16)
+    assert_same(a, b, 'sample')
+    check_rows(b, pushed)
+
+
+def test_a_state_with_frames_needs_the_frames_layout_and_a_broken_one_is_refused():
+    envs = Envs(seed=11)
+    buf = create_buffer(frames_cfg('naive'))
+    push_all(buf, envs.steps(20), batched=False)
+    state = buf.state_dict()
+    plain = create_buffer(dict(type='naive', replay_buffer_size=32, storage=dict(type='tensor')))
+    with pytest.raises(ValueError, match="storage.frames"):
+        plain.load_state_dict(state)
+    broken = create_buffer(frames_cfg('naive'))
+    bad = dict(state, storage=dict(state['storage'], frames=dict(state['storage']['frames'])))
+    bad['storage']['frames']['ids'] = bad['storage']['frames']['ids'][1:]
+    bad['storage']['frames']['data'] = bad['storage']['frames']['data'][1:]
+    before = broken.state_dict()
+    with pytest.raises(ValueError, match='frames the saved state does not hold'):
+        broken.load_state_dict(bad)
+    assert_same(broken.state_dict(), before)
+
+
+def test_memmap_keeps_the_frames_in_a_file_removed_at_close(tmp_path):
+    import os
+
+    envs = Envs(seed=12)
+    steps = envs.steps(20)
+    cfg = frames_cfg('naive')
+    cfg['storage']['memmap_dir'] = str(tmp_path)
+    buf = create_buffer(cfg)
+    push_all(buf, steps, batched=False)
+    files = os.listdir(tmp_path)
+    assert any('frames' in f for f in files), files
+    check_rows(buf.sample(20, replace=False), {t['step']: t for t in steps})
+    buf.close()
+    assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize(
+    'frames, needle',
+    [
+        (dict(stack=0), "'storage.frames.stack'"),
+        (dict(spare=-1), "'storage.frames.spare'"),
+        (dict(check='yes'), "'storage.frames.check'"),
+        (dict(keyy='obs'), "unknown config key 'storage.frames.keyy'"),
+        (dict(key='obs', next_key='obs'), 'both'),
+        ('obs', "'storage.frames' must be None or a dict"),
+    ],
+)
+def test_bad_frames_config_names_the_key(frames, needle):
+    with pytest.raises(ValueError, match=needle):
+        create_buffer(dict(type='naive', storage=dict(type='tensor', frames=frames)))
+
+
+@pytest.mark.parametrize(
+    'cfg, needle',
+    [
+        (dict(type='naive', storage=dict(type='list', frames={})), "needs storage.type='tensor'"),
+        (dict(type='episode', storage=dict(type='tensor', frames={})), 'not supported by type'),
+    ],
+)
+def test_frames_on_a_table_that_cannot_take_them_is_refused(cfg, needle):
+    with pytest.raises(ValueError, match=needle):
+        create_buffer(cfg)
