@@ -23,6 +23,8 @@ from .frames import IDS_SUFFIX, NEXT_SUFFIX, FrameRing, Pending, StreamEncoder, 
 from .tensor_fields import allocate_fields, new_token, remove_files
 from .tensor_storage import TensorStorage
 
+N_STEP_KEYS = ('n_step', 'n_step_discount')  # what an n-step sample adds
+
 
 class FrameStorage(TensorStorage):
     """
@@ -58,6 +60,10 @@ class FrameStorage(TensorStorage):
         self._heap: List[Tuple[int, int, int]] = []  # (oldest frame id, item id, slot) of the written items
         self._uncommitted: Optional[Any] = None  # the streams of a push prepared and not (yet) written
         self._frame_release: Optional[weakref.finalize] = None
+        # n-step: each slot's successor in its stream (slot and item id; -1: none yet) and each stream's last item
+        self.succ = np.full(self.capacity, -1, dtype=np.int64)
+        self.succ_uid = np.full(self.capacity, -1, dtype=np.int64)
+        self.last: Dict[Any, Tuple[int, int]] = {}
 
     # ------------------------------------------------------------------ writing
     def write_one(self, item: Any) -> Optional[int]:
@@ -79,7 +85,30 @@ class FrameStorage(TensorStorage):
     def prepare(self, items: List[Any], schema: Optional[Any] = None, trim: bool = True) -> Prepared:
         rows, pending, stack = self._encode(items)
         prepared = super().prepare(rows, schema, trim)
+        if self.spec['n_step'] > 1:
+            self._check_n_step_fields(prepared.payload[0], items)
         return prepared._replace(payload=(prepared.payload, pending, stack))
+
+    def _check_n_step_fields(self, schema: Any, items: List[Any]) -> None:
+        spec = self.spec
+        for key, need in ((spec['reward_key'], True), (spec['done_key'], False), (spec['truncated_key'], False)):
+            entry = schema.get((key,)) if key is not None else None
+            if entry is None:
+                if need:
+                    raise ValueError(
+                        f"storage.frames.n_step={spec['n_step']} sums the field {key!r} "
+                        f"(storage.frames.reward_key), which the items do not have"
+                    )
+                continue
+            shape, dtype = entry
+            if tuple(shape) not in ((), (1,)) or dtype.is_complex:
+                raise ValueError(
+                    f"storage.frames.n_step needs field {key!r} to be one number a step, got shape {shape}"
+                )
+        for i, item in enumerate(items):
+            for name in N_STEP_KEYS:
+                if name in item:
+                    raise ValueError(f"item {i}: field {name!r} is reserved by storage.frames.n_step")
 
     def prepare_batch(self, batch: Any, schema: Optional[Any] = None, trim: bool = True) -> Prepared:
         if not isinstance(batch, dict):
@@ -124,11 +153,33 @@ class FrameStorage(TensorStorage):
         self.frame_ring.commit(pending)
         self.streams.update(pending.streams)
         self._uncommitted = None
+        self._link(pending, prepared.dropped, result)
         ids = inner[1][(self.encoder.ids_key,)]
         oldest = ids.reshape(len(ids), -1).min(dim=1).values.numpy() if len(ids) else []
         for o, u, s in zip(oldest, result.uids, result.slots):
             heapq.heappush(self._heap, (int(o), int(u), int(s)))
         return result._replace(expired=self._expired())
+
+    def _link(self, pending: Any, dropped: int, result: WriteResult) -> None:
+        """Each written item becomes its stream's last, and its stream's previous item (still stored, same
+        episode) points to it."""
+        uids_now = self.ring.uids
+        last: Dict[Any, Optional[Tuple[int, int]]] = {}
+        for i, (env, cont) in enumerate(zip(pending.envs, pending.continues)):
+            if i < dropped:  # never stored: its stream's chain restarts after it
+                last[env] = None
+                continue
+            slot, uid = int(result.slots[i - dropped]), int(result.uids[i - dropped])
+            self.succ[slot] = self.succ_uid[slot] = -1
+            prev = (last[env] if env in last else self.last.get(env)) if cont else None
+            if prev is not None and self.ring.valid[prev[0]] and int(uids_now(np.array([prev[0]]))[0]) == prev[1]:
+                self.succ[prev[0]], self.succ_uid[prev[0]] = slot, uid
+            last[env] = (slot, uid)
+        for env, item in last.items():
+            if item is None:
+                self.last.pop(env, None)
+            else:
+                self.last[env] = item
 
     def _expired(self) -> Optional[np.ndarray]:
         """Live items whose oldest frame has been overwritten (in write order of their frames)."""
@@ -144,7 +195,9 @@ class FrameStorage(TensorStorage):
 
     def clear(self, reset_push_count: bool = False) -> List[Any]:
         out = super().clear(reset_push_count)
-        self.streams, self._heap, self._uncommitted = {}, [], None
+        self.streams, self._heap, self._uncommitted, self.last = {}, [], None, {}
+        self.succ[:] = -1
+        self.succ_uid[:] = -1
         return out
 
     def release(self) -> None:
@@ -159,10 +212,78 @@ class FrameStorage(TensorStorage):
         if enc.ids_key not in out:  # nothing stored yet
             return out
         ids = out.pop(enc.ids_key)
-        nxt = torch.cat([ids[..., 1:], out.pop(enc.next_id_key).unsqueeze(-1)], dim=-1)
+        last_ids, new = ids, out.pop(enc.next_id_key)
+        if self.spec['n_step'] > 1:
+            last_ids, new = self._n_step(out, np.asarray(slots, dtype=np.int64), ids, new)
+        nxt = torch.cat([last_ids[..., 1:], new.unsqueeze(-1)], dim=-1)
         out[enc.key] = self.frame_ring.gather(ids)
         out[enc.next_key] = self.frame_ring.gather(nxt)
         return out
+
+    def _column(self, key: Optional[str], slots: np.ndarray) -> Optional[np.ndarray]:
+        field = self.fields.get((key,)) if key is not None else None
+        if field is None:
+            return None
+        view = self._views.get((key,))
+        vals = view[slots] if view is not None else field[torch.from_numpy(slots).to(field.device)].cpu().numpy()
+        return vals.reshape(len(slots))
+
+    def _n_step(
+        self, out: Dict[str, Any], slots: np.ndarray, ids: torch.Tensor, new: torch.Tensor
+    ) -> Tuple[torch.Tensor, torch.Tensor]:
+        """n-step targets in ``out`` (any slot shape): ``reward`` the discounted sum over up to ``n_step`` steps of
+        the item's stream, cut after a step that ended its episode or where the next step is not stored;
+        ``done`` / ``truncated`` of the last step summed; ``n_step`` (steps summed, k) and ``n_step_discount``
+        (gamma ** k, to bootstrap from ``next_obs``, which becomes the last step's). Returns the last steps' ``obs``
+        frame ids and new-frame ids (their ``next_obs``)."""
+        spec, enc = self.spec, self.encoder
+        shape = slots.shape
+        flat = slots.reshape(-1)
+        rk, dk, tk = spec['reward_key'], spec['done_key'], spec['truncated_key']
+
+        def ended(idx: np.ndarray) -> np.ndarray:
+            e = np.zeros(len(idx), dtype=bool)
+            for key in (dk, tk):
+                col = self._column(key, idx)
+                if col is not None:
+                    e |= col.astype(bool)
+            return e
+
+        ret = self._column(rk, flat).astype(np.float64)
+        k = np.ones(len(flat), dtype=np.int64)
+        cur = flat.copy()
+        alive = ~ended(cur)
+        gamma, g = float(spec['gamma']), 1.0
+        for _ in range(1, spec['n_step']):
+            nxt, nuid = self.succ[cur], self.succ_uid[cur]
+            ok = alive & (nxt >= 0)
+            where = np.flatnonzero(ok)
+            if len(where):
+                cand = nxt[where]
+                ok[where] = self.ring.valid[cand] & (self.ring.uids(cand) == nuid[where])
+            if not ok.any():
+                break
+            g *= gamma
+            ret[ok] += g * self._column(rk, nxt[ok])
+            k[ok] += 1
+            cur = np.where(ok, nxt, cur)
+            alive = ok & ~ended(cur)
+        moved = not np.array_equal(cur, flat)
+        dev = new.device
+        field = self.fields[(rk,)]
+        out[rk] = torch.from_numpy(ret.astype(np.float64)).to(field.dtype).reshape(*shape, *field.shape[1:]).to(dev)
+        if moved:
+            for key in (dk, tk):
+                if key is not None and (key,) in self.fields:
+                    f = self.fields[(key,)]
+                    out[key] = f[torch.from_numpy(cur).to(f.device)].reshape(*shape, *f.shape[1:]).to(dev)
+        out['n_step'] = torch.from_numpy(k.reshape(shape)).to(dev)
+        out['n_step_discount'] = torch.from_numpy((gamma**k).astype(np.float32).reshape(shape)).to(dev)
+        if not moved:
+            return ids, new
+        at = [self.fields[(key,)] for key in (enc.ids_key, enc.next_id_key)]
+        idx = torch.from_numpy(cur).to(at[0].device)
+        return at[0][idx].reshape(*shape, -1).to(dev), at[1][idx].reshape(shape).to(dev)
 
     def frames_stored(self) -> int:
         """Distinct frames written so far (the ring holds the newest ``rows`` of them)."""
@@ -213,6 +334,12 @@ class FrameStorage(TensorStorage):
             'stack': self.stack,
             'streams': [[env, np.searchsorted(ids, sids).tolist(), ended] for env, sids, ended in streams],
         }
+        order = self.ring.ordered_slots()
+        out['links'] = {
+            'succ': torch.from_numpy(self.succ[order].copy()),
+            'succ_uid': torch.from_numpy(self.succ_uid[order].copy()),
+            'last': [[env, slot, uid] for env, (slot, uid) in self.last.items()],
+        }
         return out
 
     @classmethod
@@ -224,7 +351,32 @@ class FrameStorage(TensorStorage):
         storage = super().from_state({k: v for k, v in state.items() if k != 'frames'}, capacity, **kwargs)
         storage._configure(frames)
         storage._restore_frames(saved)
+        storage._restore_links(state.get('links'))
         return storage
+
+    def _restore_links(self, links: Any) -> None:
+        if links is None:  # (a state without them: no item has a successor yet)
+            return
+        if not isinstance(links, Mapping) or not {'succ', 'succ_uid', 'last'} <= set(links):
+            raise ValueError("saved storage 'links' must be a dict with succ, succ_uid and last")
+        order = self.ring.ordered_slots()
+        succ = np.asarray(torch.as_tensor(links['succ']).cpu(), dtype=np.int64).reshape(-1)
+        suid = np.asarray(torch.as_tensor(links['succ_uid']).cpu(), dtype=np.int64).reshape(-1)
+        if (
+            len(succ) != len(order)
+            or len(suid) != len(order)
+            or (len(succ) and (succ.min() < -1 or succ.max() >= self.capacity))
+        ):
+            raise ValueError(f"saved links must be {len(order)} successor slots in [-1, {self.capacity})")
+        last = {}
+        for entry in links['last']:
+            if not (isinstance(entry, (list, tuple)) and len(entry) == 3):
+                raise ValueError(f"saved stream end {entry!r:.60} is not [env, slot, item id]")
+            env, slot, uid = entry
+            if type(slot) is not int or not 0 <= slot < self.capacity or type(uid) is not int:
+                raise ValueError(f"saved stream end {entry!r:.60} names no slot of this storage")
+            last[env] = (slot, uid)
+        self.succ[order], self.succ_uid[order], self.last = succ, suid, last
 
     def _restore_frames(self, saved: Mapping) -> None:
         enc = self.encoder

@@ -34,6 +34,9 @@ FRAMES_DEFAULTS = dict(
     truncated_key='truncated',
     spare=None,
     check=True,
+    n_step=1,
+    gamma=0.99,
+    reward_key='reward',
 )
 # suffixes of the stored id columns: '<key>:frames' (the obs stack's ids), '<next_key>:frame' (the new frame's id)
 IDS_SUFFIX, NEXT_SUFFIX = ':frames', ':frame'
@@ -64,6 +67,12 @@ def check_frames(section: Any) -> bool:
             'truncated_key': (v is None or _name(v), 'None or a field name'),
             'spare': (v is None or (type(v) is int and v >= 0), 'None (automatic) or an int >= 0'),
             'check': (type(v) is bool, 'a bool'),
+            'n_step': (type(v) is int and 1 <= v <= 1000, 'an int in [1, 1000]'),
+            'gamma': (
+                isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v <= 1,
+                'a number in [0, 1]',
+            ),
+            'reward_key': (_name(v), 'a field name'),
         }[k]
         if not ok:
             raise ValueError(f"config key 'storage.frames.{k}' has invalid value {v!r:.60}; expected {expected}")
@@ -90,6 +99,8 @@ class Pending(NamedTuple):
     frames: List[np.ndarray]
     first: int
     streams: Dict[Any, Tuple[Tuple[int, ...], bool]]  # env -> (ids of its last next_obs stack, episode ended)
+    envs: List[Any] = []  # each item's environment
+    continues: List[bool] = []  # whether each item continues its stream's previous step (same episode)
 
 
 class FrameRing:
@@ -231,6 +242,8 @@ class StreamEncoder:
         local: Dict[Any, Tuple[Tuple[int, ...], bool]] = {}
         like = (ring.shape, np.dtype(str(ring.dtype).replace('torch.', ''))) if ring.shape is not None else None
         out: List[Dict[str, Any]] = []
+        envs: List[Any] = []
+        continues: List[bool] = []
 
         def frames_of(ids: Tuple[int, ...]) -> Optional[np.ndarray]:
             """The frames of ids pushed earlier (this push's pending ones included); None if one is gone."""
@@ -258,6 +271,8 @@ class StreamEncoder:
             env = _env(item, spec['env_key'], i)
             ended = _flag(item, spec['done_key'], i) or _flag(item, spec['truncated_key'], i)
             prev = local.get(env, streams.get(env))
+            envs.append(env)
+            continues.append(prev is not None and not prev[1])
             obs_ids: Optional[Tuple[int, ...]] = None
             if prev is not None and not prev[1]:  # the stream continues: obs is its previous next_obs
                 if not check:
@@ -297,4 +312,4 @@ class StreamEncoder:
             row[self.ids_key] = np.array(obs_ids, dtype=np.int64)
             row[self.next_id_key] = np.int64(new)
             out.append(row)
-        return out, Pending(frames, first, local), stack
+        return out, Pending(frames, first, local, envs, continues), stack
