@@ -67,7 +67,34 @@ class FrameStorage(TensorStorage):
 
     # ------------------------------------------------------------------ writing
     def write_one(self, item: Any) -> Optional[int]:
-        return None  # the checking path: the frames must be matched against the streams
+        """The single-step fast path: the frames are matched against the stream as ``prepare`` does (a broken
+        stream raises the same error), the other fields go through the tensor storage's fast writer. None --
+        nothing changed -- before the first write, for anything but a plain dict matching the schema, and when
+        the new frames would overwrite a stored item's (the checking path removes and reports those)."""
+        if type(item) is not dict or self._fast is None or not self.frame_ring.allocated():
+            return None
+        rows, pending, _ = self._encode([item])
+        ring = self.frame_ring
+        heap = self._heap
+        threshold = ring.next_id + len(pending.frames) - ring.rows
+        while heap and heap[0][0] < threshold:  # items whose oldest frame these overwrite
+            _, uid, old = heap[0]
+            if self.ring.valid[old] and int(self.ring.uids(old)) == uid:
+                self._uncommitted = None  # a stored one: the checking path removes and reports it (it encodes
+                return None  # the step again, from the same streams)
+            heapq.heappop(heap)  # gone already (overwritten or removed): forget it
+        row = rows[0]
+        slot = TensorStorage.write_one(self, row)
+        if slot is None:
+            self._uncommitted = None
+            return None
+        ring.commit(pending)
+        self.streams.update(pending.streams)
+        self._uncommitted = None
+        uid = int(self.ring.uids(slot))
+        self._link(pending, 0, WriteResult(np.array([slot]), np.array([uid]), []))
+        heapq.heappush(heap, (int(row[self.encoder.ids_key].min()), uid, slot))
+        return slot
 
     def check_batch(self, batch: Any) -> Optional[Tuple[List[np.ndarray], int]]:
         return None

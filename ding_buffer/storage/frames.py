@@ -143,6 +143,12 @@ class FrameRing:
         n = len(pending.frames)
         if not n:
             return
+        if n == 1 and self.view is not None:  # one step's new frame: no stacking
+            row = pending.first % self.rows
+            self.view[row] = pending.frames[0]
+            self.ids[row] = pending.first
+            self.next_id = pending.first + 1
+            return
         ids = np.arange(pending.first, pending.first + n, dtype=np.int64)
         rows = ids % self.rows
         data = np.stack(pending.frames)
@@ -247,6 +253,9 @@ class StreamEncoder:
 
         def frames_of(ids: Tuple[int, ...]) -> Optional[np.ndarray]:
             """The frames of ids pushed earlier (this push's pending ones included); None if one is gone."""
+            if max(ids) < first:  # all written before this push: one lookup
+                arr = np.array(ids, dtype=np.int64)
+                return ring.read(arr) if ring.holds(arr).all() else None
             got = []
             for fid in ids:
                 if fid >= first:
