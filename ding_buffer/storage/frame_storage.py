@@ -11,7 +11,6 @@ buffer removes them (``removed_by_frames``). A push the buffer prepared and then
 refused it, a priority was invalid) leaves the streams it touched to start a new episode at their next step.
 """
 
-import heapq
 import weakref
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
@@ -24,6 +23,7 @@ from .tensor_fields import allocate_fields, new_token, remove_files
 from .tensor_storage import TensorStorage
 
 N_STEP_KEYS = ('n_step', 'n_step_discount')  # what an n-step sample adds
+NONE = np.iinfo(np.int64).max  # no frame id (an empty slot's oldest)
 
 
 class FrameStorage(TensorStorage):
@@ -57,7 +57,10 @@ class FrameStorage(TensorStorage):
         self.stack: Optional[int] = self.spec['stack']
         self.frame_ring = FrameRing(0)  # sized and allocated by the first write, when the frames are known
         self.streams: Dict[Any, Tuple[Tuple[int, ...], bool]] = {}
-        self._heap: List[Tuple[int, int, int]] = []  # (oldest frame id, item id, slot) of the written items
+        # each slot's oldest frame id (the frame that leaves the ring first), and a lower bound of it over the
+        # stored items: while the ring's overwrite point stays below it, no stored item loses a frame (O(1))
+        self.oldest_frame = np.full(self.capacity, NONE, dtype=np.int64)
+        self._floor = NONE
         self._uncommitted: Optional[Any] = None  # the streams of a push prepared and not (yet) written
         self._frame_release: Optional[weakref.finalize] = None
         # n-step: each slot's successor in its stream (slot and item id; -1: none yet) and each stream's last item
@@ -75,14 +78,9 @@ class FrameStorage(TensorStorage):
             return None
         rows, pending, _ = self._encode([item])
         ring = self.frame_ring
-        heap = self._heap
-        threshold = ring.next_id + len(pending.frames) - ring.rows
-        while heap and heap[0][0] < threshold:  # items whose oldest frame these overwrite
-            _, uid, old = heap[0]
-            if self.ring.valid[old] and int(self.ring.uids(old)) == uid:
-                self._uncommitted = None  # a stored one: the checking path removes and reports it (it encodes
-                return None  # the step again, from the same streams)
-            heapq.heappop(heap)  # gone already (overwritten or removed): forget it
+        if self._losing(ring.next_id + len(pending.frames) - ring.rows) is not None:
+            self._uncommitted = None  # stored items lose frames: the checking path removes and reports them (it
+            return None  # encodes the step again, from the same streams)
         row = rows[0]
         slot = TensorStorage.write_one(self, row)
         if slot is None:
@@ -93,7 +91,9 @@ class FrameStorage(TensorStorage):
         self._uncommitted = None
         uid = int(self.ring.uids(slot))
         self._link(pending, 0, WriteResult(np.array([slot]), np.array([uid]), []))
-        heapq.heappush(heap, (int(row[self.encoder.ids_key].min()), uid, slot))
+        oldest = int(row[self.encoder.ids_key].min())
+        self.oldest_frame[slot] = oldest
+        self._floor = min(self._floor, oldest)
         return slot
 
     def check_batch(self, batch: Any) -> Optional[Tuple[List[np.ndarray], int]]:
@@ -181,11 +181,12 @@ class FrameStorage(TensorStorage):
         self.streams.update(pending.streams)
         self._uncommitted = None
         self._link(pending, prepared.dropped, result)
-        ids = inner[1][(self.encoder.ids_key,)]
-        oldest = ids.reshape(len(ids), -1).min(dim=1).values.numpy() if len(ids) else []
-        for o, u, s in zip(oldest, result.uids, result.slots):
-            heapq.heappush(self._heap, (int(o), int(u), int(s)))
-        return result._replace(expired=self._expired())
+        ids = inner[1][(self.encoder.ids_key,)].numpy()
+        if len(ids):
+            oldest = ids.reshape(len(ids), -1).min(axis=1)
+            self.oldest_frame[result.slots] = oldest
+            self._floor = min(self._floor, int(oldest.min()))
+        return result._replace(expired=self._losing(self.frame_ring.next_id - self.frame_ring.rows))
 
     def _link(self, pending: Any, dropped: int, result: WriteResult) -> None:
         """Each written item becomes its stream's last, and its stream's previous item (still stored, same
@@ -208,21 +209,27 @@ class FrameStorage(TensorStorage):
             else:
                 self.last[env] = item
 
-    def _expired(self) -> Optional[np.ndarray]:
-        """Live items whose oldest frame has been overwritten (in write order of their frames)."""
-        ring = self.frame_ring
-        threshold = ring.next_id - ring.rows
-        out: List[int] = []
-        heap = self._heap
-        while heap and heap[0][0] < threshold:
-            _, uid, slot = heapq.heappop(heap)
-            if self.ring.valid[slot] and int(self.ring.uids(np.array([slot]))[0]) == uid:
-                out.append(slot)
-        return np.array(out, dtype=np.int64) if out else None
+    def _losing(self, threshold: int) -> Optional[np.ndarray]:
+        """Stored items whose oldest frame id is below ``threshold`` (frames with such ids are, or are about to
+        be, overwritten), oldest first; None when there are none. O(1) while ``threshold`` stays below the floor;
+        otherwise one pass over the slots, which also raises the floor to the true minimum."""
+        if threshold <= self._floor:
+            return None
+        live = self.ring.valid
+        oldest = np.where(live, self.oldest_frame, NONE)
+        lost = np.flatnonzero(oldest < threshold)
+        rest = np.where(oldest < threshold, NONE, oldest)
+        self._floor = int(rest.min()) if len(rest) else NONE
+        if not len(lost):
+            return None
+        self._floor = min(self._floor, int(oldest[lost].min()))  # they stay stored until the buffer removes them
+        return lost[np.argsort(oldest[lost], kind='stable')]
 
     def clear(self, reset_push_count: bool = False) -> List[Any]:
         out = super().clear(reset_push_count)
-        self.streams, self._heap, self._uncommitted, self.last = {}, [], None, {}
+        self.streams, self._uncommitted, self.last = {}, None, {}
+        self.oldest_frame[:] = NONE
+        self._floor = NONE
         self.succ[:] = -1
         self.succ_uid[:] = -1
         return out
@@ -469,9 +476,9 @@ class FrameStorage(TensorStorage):
         if self.memmap_dir is not None:
             self._frame_release = weakref.finalize(self, remove_files, [self.memmap_file_frames(token)])
         oldest = new_cols[enc.ids_key].min(axis=1) if has_items else []
-        uids = self.ring.uids(slots) if has_items else []
-        self._heap = [(int(o), int(u), int(s)) for o, u, s in zip(oldest, uids, slots)]
-        heapq.heapify(self._heap)
+        if has_items:
+            self.oldest_frame[slots] = oldest
+            self._floor = int(oldest.min())
 
 
 __all__ = ['FrameStorage', 'IDS_SUFFIX', 'NEXT_SUFFIX']

@@ -89,8 +89,8 @@ def frame_spec(section: Mapping) -> Dict[str, Any]:
 
 def default_rows(capacity: int, stack: int, spare: Optional[int]) -> int:
     """Frame rows for a table of ``capacity`` transitions: one a transition, plus ``spare`` (default
-    ``capacity // 64 + 4 * stack``: room for the first stacks of about one episode in 64 steps)."""
-    return capacity + (capacity // 64 + 4 * stack if spare is None else spare)
+    ``capacity // 256 + 4 * stack``: room for the first frame of about one episode in 256 steps)."""
+    return capacity + (capacity // 256 + 4 * stack if spare is None else spare)
 
 
 class Pending(NamedTuple):

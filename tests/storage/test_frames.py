@@ -427,3 +427,74 @@ def test_n_step_refuses_items_it_cannot_sum(item, needle):
     with pytest.raises(ValueError, match=needle):
         buf.push(item(envs.step(0)))
     assert buf.count() == 0
+
+
+# ================================================================================ the engine's parts on the layout
+def test_max_use_and_staleness_remove_items_and_the_rest_stays_exact():
+    envs = Envs(seed=16, max_len=20)
+    steps = [dict(t, collect_iter=t['step'] // 10) for t in envs.steps(40)]
+    pushed = {t['step']: t for t in steps}
+    buf = create_buffer(frames_cfg('naive', size=64, max_use=1, max_staleness=2))
+    push_all(buf, steps, batched=False)
+    out = buf.sample(10, cur_learner_iter=3, replace=False)
+    got = check_rows(out, pushed)
+    assert all(pushed[s]['collect_iter'] >= 2 for s in got)  # staleness < 2 at learner iteration 3
+    # the stale ones (collect_iter 0 and 1) were removed, and each item drawn once (max_use=1)
+    assert buf.count() == 40 - 20 - 10
+    again = check_rows(buf.sample(10, cur_learner_iter=3, replace=False), pushed)
+    assert not set(again) & set(got)
+
+
+def test_min_priority_capacity_rule_keeps_the_highest_and_their_frames():
+    envs = Envs(n_envs=1, seed=17, max_len=200)
+    steps = envs.steps(60)
+    pushed = {t['step']: t for t in steps}
+    cfg = frames_cfg('advanced', size=20, spare=200, removers=[dict(type='min_priority')])
+    buf = create_buffer(cfg)
+    for t in steps:
+        buf.push(dict(t, priority=float(t['step'] % 7 + 1)))
+    out = buf.sample(20)
+    got = set(check_rows(out, pushed))
+    kept_priorities = sorted(pushed[s]['step'] % 7 + 1 for s in got)
+    assert min(kept_priorities) >= 4  # of 60 items with priorities 1..7, the best 20 are 5s, 6s, 7s (and some 4s)
+
+
+def test_a_push_the_rate_limiter_refuses_restarts_its_stream():
+    envs = Envs(n_envs=1, seed=18, max_len=200)
+    steps = envs.steps(12)
+    pushed = {t['step']: t for t in steps}
+    cfg = frames_cfg(
+        'naive', size=64, thruput_controller=dict(push_sample_rate_limit=dict(max=5, min=0), window_seconds=100)
+    )
+    buf = create_buffer(cfg)
+    n = sum(buf.push(t) for t in steps[:6])
+    buf.sample(1)  # pushed / sampled = 6 > 5 from now on: pushes are refused until more is sampled
+    n += sum(buf.push(t) for t in steps[6:])
+    assert n < 12, n  # some refused
+    got = check_rows(buf.sample(n, replace=False), pushed)  # what was taken is exact, refused steps are absent
+    assert len(got) == n
+
+
+def test_per_item_output_rebuilds_each_item():
+    envs = Envs(seed=19)
+    steps = envs.steps(20)
+    cfg = frames_cfg('advanced')
+    cfg['storage']['output'] = 'items'
+    buf = create_buffer(cfg)
+    push_all(buf, steps, batched=False)
+    items = buf.sample(8)
+    assert isinstance(items, list) and len(items) == 8
+    pushed = {t['step']: t for t in steps}
+    for it in items:
+        ref = pushed[it['step']]
+        assert np.array_equal(it['obs'].numpy(), ref['obs']) and np.array_equal(it['next_obs'].numpy(), ref['next_obs'])
+
+
+def test_tensordict_items_are_refused_by_name():
+    tensordict = pytest.importorskip('tensordict')
+    envs = Envs(seed=20)
+    t = envs.step(0)
+    td = tensordict.TensorDict({k: torch.as_tensor(np.asarray(v)) for k, v in t.items()}, batch_size=[])
+    buf = create_buffer(frames_cfg('naive'))
+    with pytest.raises(ValueError, match='storage.frames stores dict items'):
+        buf.push(td)
