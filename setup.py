@@ -5,6 +5,7 @@ from setuptools import find_packages, setup
 # torchgfn's runtime dependencies (its containers in the GFlowNet buffers' tests). torchgfn itself is installed
 # with `pip install --no-deps torchgfn==2.4.1`: its metadata pins numpy<2, which it does not need (its containers
 # and buffers run on numpy 2), and that pin would downgrade numpy for everything else.
+ATARI_DEPS = ['gymnasium>=1.0', 'ale-py>=0.9', 'opencv-python-headless>=4']
 TORCHGFN_DEPS = [
     'tensordict>=0.6',
     'torch_geometric>=2.6',
@@ -59,7 +60,11 @@ setup(
             'mpi4py>=3.1',
             'ray>=2.9',
         ]
-        + TORCHGFN_DEPS,
+        + TORCHGFN_DEPS
+        + ATARI_DEPS,
+        # Atari with frames stored once (storage.frames): the ALE (its ROMs ship with ale-py) and gymnasium's
+        # AtariPreprocessing (which needs OpenCV) / FrameStackObservation wrappers
+        'atari': ATARI_DEPS,
         'bench': ['cpprb>=10.7', 'torchrl>=0.4'],
         # distributed backends: 'torch' needs nothing more; 'mpi' needs Open MPI (apt-get install openmpi-bin
         # libopenmpi-dev) and mpi4py; 'ray' needs ray.

@@ -1,0 +1,109 @@
+"""``storage.frames`` on real Atari frames: Pong through gymnasium's ``AtariPreprocessing`` and
+``FrameStackObservation`` (the ``atari`` extra), two environments stepped round robin with short time limits, so
+the stream holds truncations, resets and ring wrap-around. Every sample equals the stacks the wrappers produced
+(kept in full as the brute-force reference), 1-step and n-step, uniform and prioritized."""
+
+import os
+
+import numpy as np
+import pytest
+
+from ding_buffer import create_buffer
+
+
+def _atari():
+    try:
+        import ale_py
+        import cv2  # noqa: F401 - AtariPreprocessing needs it
+        import gymnasium as gym
+    except ImportError as e:
+        if os.environ.get('CI'):  # CI installs the atari extra: a missing module is a broken install there
+            raise
+        pytest.skip(f"the atari extra is not installed ({e})")
+    gym.register_envs(ale_py)
+    return gym
+
+
+def pong_steps(n_envs=2, steps=240, limit=50, seed=0):
+    gym = _atari()
+    envs = []
+    for e in range(n_envs):
+        env = gym.make('PongNoFrameskip-v4', max_episode_steps=limit * 4)  # (the limit counts raw frames)
+        env = gym.wrappers.FrameStackObservation(gym.wrappers.AtariPreprocessing(env, frame_skip=4), 4)
+        envs.append(env)
+    obs = [env.reset(seed=seed + e)[0] for e, env in enumerate(envs)]
+    rng = np.random.default_rng(seed)
+    out = []
+    for k in range(steps):
+        e = k % n_envs
+        action = int(rng.integers(envs[e].action_space.n))
+        nxt, reward, term, trunc, _ = envs[e].step(action)
+        out.append(
+            dict(
+                obs=obs[e],
+                action=action,
+                reward=float(reward),
+                next_obs=nxt,
+                done=bool(term),
+                truncated=bool(trunc),
+                env_id=e,
+                step=k,
+            )
+        )
+        obs[e] = envs[e].reset()[0] if term or trunc else nxt
+    for env in envs:
+        env.close()
+    return out
+
+
+@pytest.fixture(scope='module')
+def pong():
+    return pong_steps()
+
+
+def _reference_n_step(steps, n, gamma):
+    by_env = {}
+    for t in steps:
+        by_env.setdefault(t['env_id'], []).append(t)
+    ref = {}
+    for seq in by_env.values():
+        for i, t in enumerate(seq):
+            ret, k, last = 0.0, 0, t
+            for j in range(min(n, len(seq) - i)):
+                cur = seq[i + j]
+                ret, k, last = ret + gamma**j * cur['reward'], k + 1, cur
+                if cur['done'] or cur['truncated']:
+                    break
+            ref[t['step']] = (ret, last['next_obs'], k)
+    return ref
+
+
+@pytest.mark.parametrize('n_step', [1, 3])
+@pytest.mark.parametrize('type_', ['naive', 'advanced'])
+def test_real_pong_frames_come_back_exactly(pong, type_, n_step):
+    assert any(t['truncated'] for t in pong)  # episodes ended inside the stream
+    assert np.array_equal(pong[0]['obs'][0], pong[0]['obs'][3])  # the wrappers repeat the reset frame
+    buf = create_buffer(
+        dict(
+            type=type_,
+            replay_buffer_size=128,  # 240 steps: the ring wraps
+            seed=0,
+            storage=dict(type='tensor', frames=dict(env_key='env_id', n_step=n_step, gamma=0.9)),
+        )
+    )
+    for i in range(0, len(pong), 2):  # as a vectorised collector pushes: one row per env
+        rows = pong[i : i + 2]
+        buf.extend({k: np.stack([np.asarray(t[k]) for t in rows]) for k in rows[0]})
+    assert buf.count() == 128
+    pushed = {t['step']: t for t in pong}
+    ref = _reference_n_step(pong, n_step, 0.9)
+    out = buf.sample(128, replace=False) if type_ == 'naive' else buf.sample(128)
+    for j, s in enumerate(out['step'].tolist()):
+        assert s >= len(pong) - 128
+        assert np.array_equal(out['obs'][j].numpy(), pushed[s]['obs'])
+        ret, nxt, k = ref[s]
+        assert np.array_equal(out['next_obs'][j].numpy(), nxt)
+        assert out['reward'][j].item() == pytest.approx(ret, abs=1e-5)
+        if n_step > 1:
+            assert out['n_step'][j].item() == k
+    assert buf.storage.nbytes_per_item() < 84 * 84 * 1.3  # about one frame a transition (not 8)
