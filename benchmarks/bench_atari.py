@@ -7,7 +7,8 @@ What is measured (each peer fed its own native inputs, all in one process, round
     cycled), else deterministic random frames.
 
     * push one step: ``buffer.push(step_dict)`` (``naive``, ``advanced``) against cpprb's ``ReplayBuffer.add``
-      (with ``next_of='obs'``, ``stack_compress='obs'``, ``on_episode_end`` at episode ends) and
+      (with ``next_of='obs'``, ``stack_compress='obs'``, ``on_episode_end`` at episode ends, fed ``[84, 84, 4]``
+      stacks: its compression stacks along the last axis; fed ``[4, 84, 84]`` it returns wrong stacks) and
       ``PrioritizedReplayBuffer.add``;
     * sample 256 (``obs`` and ``next_obs`` stacks rebuilt): ``naive`` uniform with replacement, ``advanced``
       prioritized; against cpprb's ``sample(256)`` and against a numpy gather of the same number of rows from
@@ -73,22 +74,22 @@ def episodes(frames: np.ndarray, episode: int, k: int = 4):
     return out
 
 
-def steps(frames: np.ndarray, n, episode: int):
+def steps(frames: np.ndarray, n, episode: int, channel_last: bool = False):
     """Transitions (dicts: obs / next_obs stacks as views, action, reward, done), episode after episode cycling
-    a few episodes of ``frames``; ``n`` of them (None: without end)."""
+    a few episodes of ``frames``; ``n`` of them (None: without end). ``channel_last``: stacks ``[H, W, STACK]``
+    (cpprb's ``stack_compress`` stacks along the last axis), else ``[STACK, H, W]`` (gymnasium's)."""
     eps = episodes(frames, episode)
+    if channel_last:
+        eps = [np.ascontiguousarray(np.moveaxis(e, 0, -1)) for e in eps]
     t = 0
     while n is None or t < n:
         seq = eps[(t // episode) % len(eps)]
         i = t % episode
-        done = i == episode - 1
-        yield {
-            'obs': seq[i : i + STACK],
-            'next_obs': seq[i + 1 : i + 1 + STACK],
-            'action': t % 6,
-            'reward': float(t % 3 == 0),
-            'done': done,
-        }
+        if channel_last:
+            obs, nxt = seq[:, :, i : i + STACK], seq[:, :, i + 1 : i + 1 + STACK]
+        else:
+            obs, nxt = seq[i : i + STACK], seq[i + 1 : i + 1 + STACK]
+        yield {'obs': obs, 'next_obs': nxt, 'action': t % 6, 'reward': float(t % 3 == 0), 'done': i == episode - 1}
         t += 1
 
 
@@ -103,7 +104,8 @@ def ours(kind: str, capacity: int, n_step: int = 1):
 def cpprb_buffer(prioritized: bool, capacity: int):
     from cpprb import PrioritizedReplayBuffer, ReplayBuffer
 
-    env = {'obs': {'shape': (STACK, SIDE, SIDE), 'dtype': np.uint8}, 'act': {'dtype': np.int64}, 'rew': {}, 'done': {}}
+    # cpprb's stack_compress takes stacks along the last axis: [H, W, STACK]
+    env = {'obs': {'shape': (SIDE, SIDE, STACK), 'dtype': np.uint8}, 'act': {'dtype': np.int64}, 'rew': {}, 'done': {}}
     cls = PrioritizedReplayBuffer if prioritized else ReplayBuffer
     return cls(capacity, env_dict=env, next_of='obs', stack_compress='obs')
 
@@ -138,9 +140,10 @@ def rounds(args, frames):
         b3.push(s)
     have_cpprb = True
     try:
+        fill_last = list(steps(frames, cap, args.episode, channel_last=True))
         for pr in (False, True):
             rb = cpprb_buffer(pr, cap)
-            for s in fill:
+            for s in fill_last:
                 rb.add(obs=s['obs'], act=s['action'], rew=s['reward'], next_obs=s['next_obs'], done=s['done'])
                 if s['done']:
                     rb.on_episode_end()
@@ -148,7 +151,7 @@ def rounds(args, frames):
     except ImportError:
         have_cpprb = False
     # each peer's stream goes on where its fill ended (a stream must not jump back: ours refuses that)
-    cont = {name: steps(frames, None, args.episode) for name in peers}
+    cont = {name: steps(frames, None, args.episode, channel_last=name.startswith('cpprb')) for name in peers}
     for it in cont.values():
         for _ in range(cap):
             next(it)
@@ -234,7 +237,7 @@ def rss_child(peer: str, n: int, episode: int, frames_kind: str) -> None:
         count = b.count()
     else:
         rb = cpprb_buffer(True, n)
-        for s in steps(frames, n, episode):
+        for s in steps(frames, n, episode, channel_last=True):
             rb.add(obs=s['obs'], act=s['action'], rew=s['reward'], next_obs=s['next_obs'], done=s['done'])
             if s['done']:
                 rb.on_episode_end()

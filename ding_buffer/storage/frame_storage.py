@@ -319,6 +319,14 @@ class FrameStorage(TensorStorage):
         idx = torch.from_numpy(cur).to(at[0].device)
         return at[0][idx].reshape(*shape, -1).to(dev), at[1][idx].reshape(shape).to(dev)
 
+    def end_streams(self, env: Any = None) -> None:
+        """End every stream (or ``env``'s): its next step starts an episode, whatever its ``obs``. For an
+        environment reset without a terminal step first, e.g. a training run resumed from a checkpoint."""
+        for key in list(self.streams) if env is None else [env]:
+            if key in self.streams:
+                self.streams[key] = (self.streams[key][0], True)
+            self.last.pop(key, None)
+
     def frames_stored(self) -> int:
         """Distinct frames written so far (the ring holds the newest ``rows`` of them)."""
         return self.frame_ring.next_id

@@ -52,6 +52,11 @@ APEX_DEFAULTS.update(exp_name='cartpole_apex')
 APEX_DEFAULTS['policy']['nstep'] = 3
 APEX_DEFAULTS['policy']['learn'].update(updates_per_step=0.25)
 APEX_DEFAULTS['policy'].pop('collect')  # actors use the epsilon ladder below
+# the Ape-X job runs classic-control envs with the MLP (image envs and their network: the DQN job)
+for _section, _key in (('env', 'wrapper'), ('env', 'max_episode_steps')):
+    APEX_DEFAULTS[_section].pop(_key)
+APEX_DEFAULTS['policy']['model'].pop('type')
+APEX_DEFAULTS['policy']['learn'].pop('train_freq')
 APEX_DEFAULTS['apex'] = dict(
     # Epsilon of actor i of n: eps_base ** (1 + eps_alpha * i / (n - 1)) (one actor: eps_base).
     eps_base=0.4,

@@ -36,11 +36,17 @@ TRAIN_DEFAULTS = dict(
         eval_freq=2_500,
         # A run counts as solved once the mean evaluation return reaches this.
         stop_value=475.0,
+        # None, or 'atari': AtariPreprocessing (frame skip 4, 84x84 grey) + FrameStackObservation(4) on a
+        # NoFrameskip env (the atari extra); observations are then uint8 frame stacks.
+        wrapper=None,
+        # Episode step limit passed to gym.make (None: the env's own).
+        max_episode_steps=None,
     ),
     policy=dict(
         # 'cpu' or 'cuda' (the command line's --device overrides it).
         device='cpu',
-        model=dict(hidden_sizes=[128, 128]),
+        # 'mlp' (hidden_sizes) or 'nature_cnn' (the DQN paper's network, for frame stacks).
+        model=dict(type='mlp', hidden_sizes=[128, 128]),
         discount_factor=0.99,
         # n-step TD targets (1 = plain one-step DQN).
         nstep=1,
@@ -50,6 +56,8 @@ TRAIN_DEFAULTS = dict(
             # Gradient steps per collected env step, and env steps collected before learning starts.
             updates_per_step=1,
             warmup_steps=1_000,
+            # Learn every this many env steps (Atari DQN: 4).
+            train_freq=1,
             # Hard target-network update every this many gradient steps.
             target_update_freq=500,
             # Double DQN target (online net picks the action, target net evaluates it).
@@ -86,6 +94,10 @@ TRAIN_CHECKS = {
     'policy.learn.batch_size': (positive_int, 'a positive int'),
     'policy.learn.learning_rate': (lambda x: x > 0, 'a positive number'),
     'policy.learn.updates_per_step': (positive_int, 'a positive int'),
+    'policy.learn.train_freq': (positive_int, 'a positive int'),
+    'policy.model.type': (lambda x: x in ('mlp', 'nature_cnn'), "'mlp' or 'nature_cnn'"),
+    'env.wrapper': (lambda x: x in (None, 'atari'), "None or 'atari'"),
+    'env.max_episode_steps': (optional_positive_int, 'None or a positive int'),
     'policy.learn.warmup_steps': (lambda x: isinstance(x, int) and x >= 0, 'an int >= 0'),
     'policy.learn.target_update_freq': (positive_int, 'a positive int'),
     'policy.learn.huber_delta': (lambda x: x > 0, 'a positive number'),
@@ -138,6 +150,12 @@ def build_train_config(user: Mapping, source: str = '<config>') -> EasyDict:
     except (ValueError, TypeError) as e:
         msg = str(e).replace("config key 'type'", f"config key '{BUFFER_SECTION}type'")
         raise type(e)(f"{source}: {msg}") from e
+    frames = (buffer_cfg.get('storage') or {}).get('frames')
+    if frames is not None and frames.get('n_step', 1) > 1 and cfg.policy.nstep > 1:
+        raise ValueError(
+            f"{source}: config keys 'policy.nstep' ({cfg.policy.nstep}) and '{BUFFER_SECTION}storage.frames.n_step' "
+            f"({frames['n_step']}) both ask for n-step returns; keep one (the buffer's builds them at sample time)"
+        )
     cfg.policy.other.replay_buffer = EasyDict(buffer_cfg)
     return cfg
 

@@ -39,7 +39,50 @@ class QNet(nn.Module):
         self.net = nn.Sequential(*layers)
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
-        return self.net(obs)
+        return self.net(obs.float())
+
+
+class NatureQNet(nn.Module):
+    """The DQN network of Mnih et al. (2015) for ``[stack, 84, 84]`` uint8 frame stacks (scaled to [0, 1] here):
+    three convolutions (32 8x8 /4, 64 4x4 /2, 64 3x3 /1) and a 512-unit layer."""
+
+    def __init__(self, in_shape: Tuple[int, ...], n_actions: int) -> None:
+        super().__init__()
+        c = in_shape[0]
+        self.conv = nn.Sequential(
+            nn.Conv2d(c, 32, 8, stride=4),
+            nn.ReLU(),
+            nn.Conv2d(32, 64, 4, stride=2),
+            nn.ReLU(),
+            nn.Conv2d(64, 64, 3, stride=1),
+            nn.ReLU(),
+            nn.Flatten(),
+        )
+        with torch.no_grad():
+            n = self.conv(torch.zeros(1, *in_shape)).shape[1]
+        self.head = nn.Sequential(nn.Linear(n, 512), nn.ReLU(), nn.Linear(512, n_actions))
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        return self.head(self.conv(obs.float() / 255.0))
+
+
+def build_qnet(model_cfg: Any, obs_shape: Tuple[int, ...], n_actions: int) -> nn.Module:
+    """``policy.model``: ``type='mlp'`` (``hidden_sizes``, flat observations) or ``'nature_cnn'`` (frame stacks)."""
+    if model_cfg.get('type', 'mlp') == 'nature_cnn':
+        if len(obs_shape) != 3:
+            raise ValueError(
+                f"config key 'policy.model.type' is 'nature_cnn', which needs [stack, H, W] observations, got "
+                f"shape {tuple(obs_shape)} (set env.wrapper='atari')"
+            )
+        return NatureQNet(tuple(obs_shape), n_actions)
+    return QNet(int(np.prod(obs_shape)), n_actions, list(model_cfg.hidden_sizes))
+
+
+def as_stored(obs: Any) -> np.ndarray:
+    """An observation as the buffer keeps it: uint8 frames stay bytes (what the frames layout stores once),
+    everything else float32."""
+    arr = np.asarray(obs)
+    return arr if arr.dtype == np.uint8 else arr.astype(np.float32)
 
 
 class NStep:
@@ -116,7 +159,7 @@ def greedy_returns(net: nn.Module, env: Any, episodes: int, seed_base: int, devi
         obs, _ = env.reset(seed=seed_base + k)
         total, over = 0.0, False
         while not over:
-            q = net(torch.as_tensor(obs, dtype=torch.float32, device=device).unsqueeze(0))
+            q = net(torch.as_tensor(as_stored(obs), device=device).unsqueeze(0))
             obs, r, term, trunc, _ = env.step(int(q.argmax(1).item()))
             total += float(r)
             over = term or trunc
@@ -179,11 +222,9 @@ class DQNTrainer:
                 f"run directory '{run_dir}' already holds checkpoints: continue it with --resume {run_dir}, "
                 "or pick another exp_name / seed / log_dir"
             )
-        try:
-            self.env = gym.make(cfg.env.env_id)
-            self.eval_env = gym.make(cfg.env.env_id)
-        except gym.error.Error as e:
-            raise ValueError(f"config key 'env.env_id': cannot make {cfg.env.env_id!r}: {e}") from e
+        from .gym_envs import make_env
+
+        self.env, self.eval_env = make_env(cfg.env), make_env(cfg.env)
         if not isinstance(self.env.action_space, gym.spaces.Discrete):
             raise ValueError(
                 f"config key 'env.env_id': DQN needs a discrete action space, {cfg.env.env_id} has "
@@ -214,11 +255,11 @@ class DQNTrainer:
     def _build(self, buffer_cfg: EasyDict, resume: bool) -> None:
         """Networks, optimizer, TensorBoard writer, buffer and counters (``run_dir`` exists); load a checkpoint."""
         cfg, run_dir = self.cfg, self.run_dir
-        obs_dim = int(np.prod(self.env.observation_space.shape))
+        shape = tuple(self.env.observation_space.shape)
         n_actions = int(self.env.action_space.n)
         torch.manual_seed(cfg.seed)
-        self.net = QNet(obs_dim, n_actions, list(cfg.policy.model.hidden_sizes)).to(self.device)
-        self.target = QNet(obs_dim, n_actions, list(cfg.policy.model.hidden_sizes)).to(self.device)
+        self.net = build_qnet(cfg.policy.model, shape, n_actions).to(self.device)
+        self.target = build_qnet(cfg.policy.model, shape, n_actions).to(self.device)
         self.target.load_state_dict(self.net.state_dict())
         self.optim = torch.optim.Adam(self.net.parameters(), lr=cfg.policy.learn.learning_rate)
         self.rng = np.random.default_rng(cfg.seed)
@@ -238,8 +279,13 @@ class DQNTrainer:
         self.wall_offset = 0.0
         self.last_loss = float('nan')
         self.resumed_from: Optional[str] = None
+        # frames stored once (storage.frames): the buffer links the steps of the one env stream, and builds
+        # n-step returns itself when its n_step > 1
+        self.frames = buffer_cfg.storage.get('frames') is not None
         if resume:
             self.resumed_from, _ = load_latest(self.ckpt_dir, self._load_checkpoint)
+            if self.frames:  # the env restarts below, mid-episode for the stream the checkpoint holds
+                self.buffer.storage.end_streams()
         self.obs, _ = self.env.reset(seed=None if resume else cfg.seed)
 
     def _discard(self, created: Optional[str]) -> None:
@@ -253,7 +299,7 @@ class DQNTrainer:
 
     @torch.no_grad()
     def greedy(self, obs: np.ndarray) -> int:
-        q = self.net(torch.as_tensor(obs, dtype=torch.float32, device=self.device).unsqueeze(0))
+        q = self.net(torch.as_tensor(as_stored(obs), device=self.device).unsqueeze(0))
         return int(q.argmax(1).item())
 
     def learn(self) -> None:
@@ -261,6 +307,8 @@ class DQNTrainer:
         batch = self.buffer.sample(cfg.learn.batch_size, cur_learner_iter=self.train_iter)
         if batch is None:
             return
+        if 'n_step_discount' in batch:  # the buffer built n-step returns: gamma ** k of each
+            batch['discount'] = batch['n_step_discount']
         loss, td = learn_step(self.net, self.target, self.optim, batch, cfg.learn, self.device)
         self.buffer.update(
             {
@@ -309,14 +357,16 @@ class DQNTrainer:
             action = int(self.rng.integers(self.n_actions)) if self.rng.random() < eps else self.greedy(self.obs)
             next_obs, r, term, trunc, _ = self.env.step(action)
             t = {
-                'obs': np.asarray(self.obs, np.float32),
+                'obs': as_stored(self.obs),
                 'action': action,
                 'reward': float(r),
-                'next_obs': np.asarray(next_obs, np.float32),
+                'next_obs': as_stored(next_obs),
                 'done': bool(term),
                 'collect_iter': self.train_iter,
                 'discount': float(cfg.policy.discount_factor),
             }
+            if self.frames:  # the buffer's streams end at truncations too (and bootstrap there)
+                t['truncated'] = bool(trunc)
             for item in self.nstep.add(t, term or trunc):
                 self.buffer.push(item, cur_collector_envstep=self.env_step)
             self.env_step += 1
@@ -328,8 +378,9 @@ class DQNTrainer:
                 self.tb.add_scalar('train/episode_return', ep_return, self.env_step)
                 ep_return = 0.0
                 self.obs, _ = self.env.reset()
-            if self.env_step >= cfg.policy.learn.warmup_steps:
-                for _ in range(cfg.policy.learn.updates_per_step):
+            learn = cfg.policy.learn
+            if self.env_step >= learn.warmup_steps and self.env_step % learn.train_freq == 0:
+                for _ in range(learn.updates_per_step):
                     self.learn()
             if stop is not None and stop.requested:
                 break
@@ -437,4 +488,4 @@ class DQNTrainer:
         write_eval_csv(self.run_dir, self.evals)
 
 
-__all__ = ['DQNTrainer', 'QNet', 'NStep', 'learn_step', 'greedy_returns']
+__all__ = ['DQNTrainer', 'QNet', 'NatureQNet', 'NStep', 'build_qnet', 'as_stored', 'learn_step', 'greedy_returns']
