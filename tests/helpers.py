@@ -1106,3 +1106,26 @@ class Case:
         if self.storage == 'disk':
             out.append(('payload that a disk store cannot keep', (ok + [frag(data=object())],), {}, TypeError))
         return out
+
+
+# ================================================================================ n-step returns
+def n_step_reference(steps, n, gamma):
+    """Per step id: (return, next_obs, done, truncated, k) over up to n steps of its environment's episode, every
+    pushed step counted (what a buffer that keeps every successor -- FIFO, no frame expiry -- returns)."""
+    by_env = {}
+    for t in steps:
+        by_env.setdefault(t['env_id'], []).append(t)
+    ref = {}
+    for seq in by_env.values():
+        for i, t in enumerate(seq):
+            ret, k, last = 0.0, 0, t
+            for j in range(n):
+                if i + j >= len(seq):
+                    break
+                cur = seq[i + j]
+                ret += gamma**j * cur['reward']
+                k, last = k + 1, cur
+                if cur['done'] or cur['truncated']:
+                    break
+            ref[t['step']] = (ret, last['next_obs'], last['done'], last['truncated'], k)
+    return ref

@@ -9,7 +9,7 @@ prioritized draws, single and batched (vectorised-env) pushes, interleaved envir
 import numpy as np
 import pytest
 import torch
-from helpers import assert_same
+from helpers import assert_same, n_step_reference
 
 from ding_buffer import create_buffer
 
@@ -331,28 +331,6 @@ def test_frames_on_a_table_that_cannot_take_them_is_refused(cfg, needle):
 
 
 # ================================================================================ n-step returns at sample time
-def n_step_reference(steps, n, gamma):
-    """Per step id: (return, next_obs, done, truncated, k) over up to n steps of its environment's episode, every
-    pushed step counted (the buffers below keep each item's successors: FIFO, no frame expiry)."""
-    by_env = {}
-    for t in steps:
-        by_env.setdefault(t['env_id'], []).append(t)
-    ref = {}
-    for seq in by_env.values():
-        for i, t in enumerate(seq):
-            ret, k, last = 0.0, 0, t
-            for j in range(n):
-                if i + j >= len(seq):
-                    break
-                cur = seq[i + j]
-                ret += gamma**j * cur['reward']
-                k, last = k + 1, cur
-                if cur['done'] or cur['truncated']:
-                    break
-            ref[t['step']] = (ret, last['next_obs'], last['done'], last['truncated'], k)
-    return ref
-
-
 def check_n_step(out, ref, gamma):
     for j, s in enumerate(out['step'].reshape(-1).tolist()):
         ret, nxt, done, trunc, k = ref[s]

@@ -7,6 +7,7 @@ import os
 
 import numpy as np
 import pytest
+from helpers import n_step_reference
 
 from ding_buffer import create_buffer
 
@@ -61,23 +62,6 @@ def pong():
     return pong_steps()
 
 
-def _reference_n_step(steps, n, gamma):
-    by_env = {}
-    for t in steps:
-        by_env.setdefault(t['env_id'], []).append(t)
-    ref = {}
-    for seq in by_env.values():
-        for i, t in enumerate(seq):
-            ret, k, last = 0.0, 0, t
-            for j in range(min(n, len(seq) - i)):
-                cur = seq[i + j]
-                ret, k, last = ret + gamma**j * cur['reward'], k + 1, cur
-                if cur['done'] or cur['truncated']:
-                    break
-            ref[t['step']] = (ret, last['next_obs'], k)
-    return ref
-
-
 @pytest.mark.parametrize('n_step', [1, 3])
 @pytest.mark.parametrize('type_', ['naive', 'advanced'])
 def test_real_pong_frames_come_back_exactly(pong, type_, n_step):
@@ -96,12 +80,12 @@ def test_real_pong_frames_come_back_exactly(pong, type_, n_step):
         buf.extend({k: np.stack([np.asarray(t[k]) for t in rows]) for k in rows[0]})
     assert buf.count() == 128
     pushed = {t['step']: t for t in pong}
-    ref = _reference_n_step(pong, n_step, 0.9)
+    ref = n_step_reference(pong, n_step, 0.9)
     out = buf.sample(128, replace=False) if type_ == 'naive' else buf.sample(128)
     for j, s in enumerate(out['step'].tolist()):
         assert s >= len(pong) - 128
         assert np.array_equal(out['obs'][j].numpy(), pushed[s]['obs'])
-        ret, nxt, k = ref[s]
+        ret, nxt, _, _, k = ref[s]
         assert np.array_equal(out['next_obs'][j].numpy(), nxt)
         assert out['reward'][j].item() == pytest.approx(ret, abs=1e-5)
         if n_step > 1:
