@@ -79,14 +79,17 @@ def steps(frames: np.ndarray, n, episode: int, channel_last: bool = False):
     a few episodes of ``frames``; ``n`` of them (None: without end). ``channel_last``: stacks ``[H, W, STACK]``
     (cpprb's ``stack_compress`` stacks along the last axis), else ``[STACK, H, W]`` (gymnasium's)."""
     eps = episodes(frames, episode)
-    if channel_last:
-        eps = [np.ascontiguousarray(np.moveaxis(e, 0, -1)) for e in eps]
+    if channel_last:  # contiguous [H, W, STACK] stacks, as a channel-last wrapper hands them out
+        eps = [
+            np.ascontiguousarray(np.stack([np.moveaxis(e[i : i + STACK], 0, -1) for i in range(len(e) - STACK + 1)]))
+            for e in eps
+        ]
     t = 0
     while n is None or t < n:
         seq = eps[(t // episode) % len(eps)]
         i = t % episode
         if channel_last:
-            obs, nxt = seq[:, :, i : i + STACK], seq[:, :, i + 1 : i + 1 + STACK]
+            obs, nxt = seq[i], seq[i + 1]
         else:
             obs, nxt = seq[i : i + STACK], seq[i + 1 : i + 1 + STACK]
         yield {'obs': obs, 'next_obs': nxt, 'action': t % 6, 'reward': float(t % 3 == 0), 'done': i == episode - 1}
