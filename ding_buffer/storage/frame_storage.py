@@ -249,9 +249,11 @@ class FrameStorage(TensorStorage):
         last_ids, new = ids, out.pop(enc.next_id_key)
         if self.spec['n_step'] > 1:
             last_ids, new = self._n_step(out, np.asarray(slots, dtype=np.int64), ids, new)
-        nxt = torch.cat([last_ids[..., 1:], new.unsqueeze(-1)], dim=-1)
+        if last_ids is ids:  # next_obs is obs shifted by one frame: copied, plus one frame read
+            out[enc.key], out[enc.next_key] = self.frame_ring.gather_pair(ids, new)
+            return out
         out[enc.key] = self.frame_ring.gather(ids)
-        out[enc.next_key] = self.frame_ring.gather(nxt)
+        out[enc.next_key] = self.frame_ring.gather(torch.cat([last_ids[..., 1:], new.unsqueeze(-1)], dim=-1))
         return out
 
     def _column(self, key: Optional[str], slots: np.ndarray) -> Optional[np.ndarray]:

@@ -159,6 +159,24 @@ class FrameRing:
         self.ids[rows] = ids
         self.next_id = pending.first + n
 
+    def gather_pair(self, ids: torch.Tensor, new: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        """``(obs, next_obs)`` stacks of transitions whose obs frames are ``ids`` (``[*S, stack]``) and whose
+        ``next_obs`` adds the frame ``new`` (``[*S]``): ``next_obs`` is ``obs`` shifted by one frame, so it copies
+        ``stack - 1`` frames from ``obs`` and reads one (one random read a frame of ``obs``, one for ``next_obs``)."""
+        if self.view is None:
+            return self.gather(ids), self.gather(torch.cat([ids[..., 1:], new.unsqueeze(-1)], dim=-1))
+        stack = ids.shape[-1]
+        flat = ids.reshape(-1, stack).cpu().numpy()
+        last = new.reshape(-1).cpu().numpy()
+        if len(last) and not (self.holds(flat.reshape(-1)).all() and self.holds(last).all()):
+            raise RuntimeError("a sampled transition refers to a frame the ring no longer holds (internal error)")
+        obs = self.view.take(flat.reshape(-1) % self.rows, axis=0).reshape(len(flat), stack, *self.shape)
+        nxt = np.empty_like(obs)
+        nxt[:, :-1] = obs[:, 1:]
+        nxt[:, -1] = self.view.take(last % self.rows, axis=0)
+        out_shape = (*ids.shape, *self.shape)
+        return torch.from_numpy(obs).reshape(out_shape), torch.from_numpy(nxt).reshape(out_shape)
+
     def gather(self, ids: torch.Tensor) -> torch.Tensor:
         """Frames of ``ids`` (any shape ``S``) as a new tensor ``[*S, *frame]`` on the ring's device."""
         flat = ids.reshape(-1).cpu().numpy()
