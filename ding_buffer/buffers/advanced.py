@@ -251,7 +251,7 @@ class AdvancedReplayBuffer(SlotEngine):
         prepared = self._storage.prepare(items)  # validated before the limiter decides (a bad push is an error)
         priorities = item_priorities(items, self._index.default_priority())  # validated before anything is written
         if not self._admit(len(items)):
-            return 0
+            return self._not_written(prepared)
         return self._write(prepared, priorities[prepared.dropped :])
 
     def _push_one_fast(self, item: Any) -> bool:
@@ -294,7 +294,7 @@ class AdvancedReplayBuffer(SlotEngine):
         prepared = self._storage.prepare_batch(batch)
         priorities = batch_priorities(batch.get('priority'), prepared, self._index.default_priority())
         if not self._admit(prepared.n + prepared.dropped):
-            return 0
+            return self._not_written(prepared)
         return self._write(prepared, priorities)
 
     # ------------------------------------------------------------------ sample

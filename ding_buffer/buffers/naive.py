@@ -110,7 +110,7 @@ class NaiveReplayBuffer(SlotEngine):
                 return 1
         prepared = self._storage.prepare(items)  # validated before the limiter decides (a bad push is an error)
         if self._limiter.active and not self._admit(len(items)):
-            return 0
+            return self._not_written(prepared)
         return self._write(prepared)
 
     def _push_batch(self, batch: Any) -> int:
@@ -120,7 +120,7 @@ class NaiveReplayBuffer(SlotEngine):
                 return len(self._write_batch_fast(checked))
         prepared = self._storage.prepare_batch(batch)
         if self._limiter.active and not self._admit(prepared.n + prepared.dropped):
-            return 0
+            return self._not_written(prepared)
         return self._write(prepared)
 
     # ------------------------------------------------------------------ sample

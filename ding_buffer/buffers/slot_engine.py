@@ -108,12 +108,21 @@ class SlotEngine(Engine):
                 priorities = np.asarray(priorities)[admitted]
         return prepared, priorities
 
+    def _not_written(self, prepared: Any) -> int:
+        """A validated push the rate limiter or a capacity rule refused whole: the storage settles it (see
+        ``Storage.discard``). Returns 0 (items accepted)."""
+        expired = self._storage.discard(prepared)
+        if expired is not None:
+            self._remove(expired, 'removed_by_frames')
+        return 0
+
     def _write(self, prepared: Any, priorities: Optional[np.ndarray] = None) -> int:
         """Commit a validated batch (``priorities`` for the items kept); returns the items accepted."""
         if self._capacity is not None:
+            whole = prepared
             prepared, priorities = self._make_room(prepared, priorities)
             if prepared is None:  # every new item refused
-                return 0
+                return self._not_written(whole)
         n = prepared.n + prepared.dropped
         if self._periodic is not None:
             self._periodic.start()  # first: its baseline must not include this push

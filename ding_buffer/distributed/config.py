@@ -36,7 +36,7 @@ DISTRIBUTED_CONFIG = dict(
     worker_ranks=None,
     # ray: name and namespace of the manager actor (get-or-create), whether it outlives its creator, the
     # address passed to ray.init when Ray is not initialised yet (None: RAY_ADDRESS or a local instance), and
-    # how many workers (a task, once across retries; an actor; a driver) exited or lost end it (None: until killed).
+    # how many workers exited or lost end it (a Ray task's RemoteBuffers, across retries, count once; None: never).
     actor_name='ding_buffer_manager',
     namespace='ding_buffer',
     detached=False,

@@ -44,6 +44,7 @@ logger = logging.getLogger('ding_buffer.distributed')
 _ACTOR = None
 MAX_CLIENT_CHARS = 128
 MAX_TOKENS = 100_000  # live clients whose process the manager can ask Ray about
+PROBE_SECONDS = 2.0  # how long one round of questions about silent clients' processes may wait for Ray
 
 
 def _message_bytes(msg: Tuple[Any, ...]) -> int:
@@ -166,7 +167,7 @@ class _ManagerActorImpl:
     def ping(self, client: Any, token: Any = None, worker: Any = None) -> None:
         """A heartbeat: recorded without waiting for the request in progress. A channel's first ping carries
         ``[ObjectRef]``, an object its process owns (kept once per client, while the client is live), and the
-        worker it belongs to (``ray_channel.worker_key``: clients of one worker count once in ``num_workers``)."""
+        worker it belongs to (``ray_channel.worker_key``: the clients of one Ray task count once in ``num_workers``)."""
         if _is_client(client):
             now = time.monotonic()
             with self._beats_lock:
@@ -188,8 +189,8 @@ class _ManagerActorImpl:
 
     # ------------------------------------------------------------------ liveness
     def workers_done(self) -> int:
-        """Workers (a task, counted once across its retries; an actor; a driver process) every client of which
-        exited or was lost; a client that never said which worker it belongs to is a worker of its own."""
+        """Workers every client of which exited or was lost: the RemoteBuffers made inside one Ray task (across
+        its retries) are one worker; any other client (a driver's, an actor's) is a worker of its own."""
         live = self.core.liveness
         with self._beats_lock:
             worker_of = dict(self._worker_of)
@@ -234,10 +235,16 @@ class _ManagerActorImpl:
             return
         ray = import_ray()
         dead = []
-        for client, ref in quiet:
+        for client, _ in quiet:
             self._probed[client] = now
+        # all at once: Ray may take a while to learn that an owner is gone (it tries to reach it first)
+        ready, _ = ray.wait([ref for _, ref in quiet], num_returns=len(quiet), timeout=PROBE_SECONDS, fetch_local=True)
+        ready = set(ready)
+        for client, ref in quiet:
+            if ref not in ready:
+                continue  # no answer yet: asked again next heartbeat (its silence decides in the end: peer_timeout)
             try:
-                ray.get(ref, timeout=min(1.0, every))
+                ray.get(ref, timeout=0)
             except ray.exceptions.ObjectLostError as e:  # OwnerDiedError among them
                 dead.append((client, type(e).__name__))
             except Exception:  # noqa: BLE001 - a slow or unreachable node: its silence decides (peer_timeout)

@@ -9,7 +9,6 @@ Ray reports its owner dead once that process died, which the manager asks about 
 garbage-collected without ``close()`` tells the manager so on its way out.
 """
 
-import os
 import threading
 import time
 import weakref
@@ -46,18 +45,18 @@ def from_wire(msg, allow_pickle: bool) -> Any:
     return decode(bytes(msg[0]), msg[1:], allow_pickle)
 
 
-def worker_key(ray: Any) -> str:
-    """Who this client works for, as ``num_workers`` counts workers: the Ray actor (its id survives restarts),
-    the Ray task (its id survives retries: a retried task is the same worker), or this driver process."""
+def worker_key(ray: Any) -> Optional[str]:
+    """Who this client works for, as ``num_workers`` counts workers: inside a Ray task, the task (its id survives
+    retries: a retried task is the same worker, and its RemoteBuffers count once); anywhere else (a driver, an
+    actor) None: each RemoteBuffer is a worker of its own."""
     ctx = ray.get_runtime_context()
-    actor = ctx.get_actor_id()
-    if actor:
-        return f'actor:{actor}'
+    if ctx.get_actor_id():
+        return None
     if getattr(getattr(ctx, 'worker', None), 'mode', None) == getattr(ray, 'WORKER_MODE', 1):
         task = ctx.get_task_id()
         if task:
             return f'task:{task}'
-    return f'driver:{ctx.get_job_id()}:{os.getpid()}'
+    return None
 
 
 def _dropped(stop: threading.Event, closed: threading.Event, actor: Any, client: str) -> None:

@@ -92,6 +92,12 @@ class Storage(ABC):
         self._write(slots, prepared.payload)
         return WriteResult(slots, uids, evicted)
 
+    def discard(self, prepared: Prepared) -> Optional[np.ndarray]:
+        """``prepared`` will not be written (a rate limiter or a capacity rule refused its items). A storage that
+        keeps state across pushes settles it (the frames layout writes the refused steps' frames, so their streams
+        go on); returns live slots that lost their data meanwhile (``WriteResult.expired``), or None."""
+        return None
+
     def write_one(self, item: Any) -> Optional[int]:
         """Fast path for one item: its slot, or ``None`` (nothing changed) -- then use prepare + write. It does
         not report the item it overwrote: a caller tracking items that leave must use prepare + write."""

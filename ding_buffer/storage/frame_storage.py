@@ -61,7 +61,6 @@ class FrameStorage(TensorStorage):
         # stored items: while the ring's overwrite point stays below it, no stored item loses a frame (O(1))
         self.oldest_frame = np.full(self.capacity, NONE, dtype=np.int64)
         self._floor = NONE
-        self._uncommitted: Optional[Any] = None  # the streams of a push prepared and not (yet) written
         self._frame_release: Optional[weakref.finalize] = None
         # n-step: each slot's successor in its stream (slot and item id; -1: none yet) and each stream's last item
         self.succ = np.full(self.capacity, -1, dtype=np.int64)
@@ -76,22 +75,20 @@ class FrameStorage(TensorStorage):
         the new frames would overwrite a stored item's (the checking path removes and reports those)."""
         if type(item) is not dict or self._fast is None or not self.frame_ring.allocated():
             return None
-        rows, pending, _ = self._encode([item])
+        rows, pending, _ = self.encoder.encode([item], self.frame_ring, self.streams, self.stack)
         ring = self.frame_ring
-        if self._losing(ring.next_id + len(pending.frames) - ring.rows) is not None:
-            self._uncommitted = None  # stored items lose frames: the checking path removes and reports them (it
-            return None  # encodes the step again, from the same streams)
         row = rows[0]
+        oldest = int(row[self.encoder.ids_key].min())
+        threshold = ring.next_id + len(pending.frames) - ring.rows
+        if oldest < threshold or self._losing(threshold) is not None:
+            return None  # frames of stored items (or of this one) leave: the checking path removes and reports them
         slot = TensorStorage.write_one(self, row)
         if slot is None:
-            self._uncommitted = None
             return None
         ring.commit(pending)
         self.streams.update(pending.streams)
-        self._uncommitted = None
         uid = int(self.ring.uids(slot))
-        self._link(pending, 0, WriteResult(np.array([slot]), np.array([uid]), []))
-        oldest = int(row[self.encoder.ids_key].min())
+        self._link(pending, np.ones(1, dtype=bool), np.array([slot]), np.array([uid]))
         self.oldest_frame[slot] = oldest
         self._floor = min(self._floor, oldest)
         return slot
@@ -99,25 +96,32 @@ class FrameStorage(TensorStorage):
     def check_batch(self, batch: Any) -> Optional[Tuple[List[np.ndarray], int]]:
         return None
 
-    def _encode(self, items: List[Any]) -> Tuple[List[Dict[str, Any]], Any, int]:
-        if self._uncommitted is not None:  # prepared, never written: those streams start anew
-            for env in self._uncommitted.streams:
-                if env in self.streams:
-                    self.streams[env] = (self.streams[env][0], True)
-            self._uncommitted = None
-        rows, pending, stack = self.encoder.encode(items, self.frame_ring, self.streams, self.stack)
-        self._uncommitted = pending
-        return rows, pending, stack
-
     def prepare(self, items: List[Any], schema: Optional[Any] = None, trim: bool = True) -> Prepared:
-        rows, pending, stack = self._encode(items)
+        """Validate (frames against the streams, the other fields against the schema); no side effects. The
+        payload: the tensor storage's, the pending frames, the stack size and which kept items are written (None:
+        all; ``select`` narrows it)."""
+        for i, item in enumerate(items):
+            for name in N_STEP_KEYS if self.spec['n_step'] > 1 and isinstance(item, dict) else ():
+                if name in item:
+                    raise ValueError(f"item {i}: field {name!r} is reserved by storage.frames.n_step")
+        rows, pending, stack = self.encoder.encode(items, self.frame_ring, self.streams, self.stack)
         prepared = super().prepare(rows, schema, trim)
-        if self.spec['n_step'] > 1:
-            self._check_n_step_fields(prepared.payload[0], items)
-        return prepared._replace(payload=(prepared.payload, pending, stack))
+        self._check_schema(prepared.payload[0], stack)
+        return prepared._replace(payload=(prepared.payload, pending, stack, None))
 
-    def _check_n_step_fields(self, schema: Any, items: List[Any]) -> None:
-        spec = self.spec
+    def _check_schema(self, schema: Any, stack: int) -> None:
+        """The fields a frames table needs: both id columns as written, no stacked field, no n-step output name,
+        and with ``n_step > 1`` a reward of one real number a step and flags of one value."""
+        spec, enc = self.spec, self.encoder
+        for key, shape in ((enc.ids_key, (stack,)), (enc.next_id_key, ())):
+            entry = schema.get((key,))
+            if entry is None or tuple(entry[0]) != shape or entry[1] != torch.int64:
+                raise ValueError(f"field {key!r} (storage.frames) must be int64 of shape {shape}, got {entry}")
+        for key in (spec['key'], spec['next_key']) + (N_STEP_KEYS if spec['n_step'] > 1 else ()):
+            if any(p[0] == key for p in schema):
+                raise ValueError(f"field {key!r} cannot be a stored column of a storage.frames table")
+        if spec['n_step'] == 1:
+            return
         for key, need in ((spec['reward_key'], True), (spec['done_key'], False), (spec['truncated_key'], False)):
             entry = schema.get((key,)) if key is not None else None
             if entry is None:
@@ -130,18 +134,26 @@ class FrameStorage(TensorStorage):
             shape, dtype = entry
             if tuple(shape) not in ((), (1,)) or dtype.is_complex:
                 raise ValueError(
-                    f"storage.frames.n_step needs field {key!r} to be one number a step, got shape {shape}"
+                    f"storage.frames.n_step needs field {key!r} to be one real number a step, got shape {shape} "
+                    f"and dtype {dtype}"
                 )
-        for i, item in enumerate(items):
-            for name in N_STEP_KEYS:
-                if name in item:
-                    raise ValueError(f"item {i}: field {name!r} is reserved by storage.frames.n_step")
 
     def prepare_batch(self, batch: Any, schema: Optional[Any] = None, trim: bool = True) -> Prepared:
         if not isinstance(batch, dict):
             raise TypeError(f"storage.frames takes a batch as a dict of batched leaves, got {type(batch).__name__}")
-        lens = {k: len(v) for k, v in batch.items() if hasattr(v, '__len__') and not isinstance(v, (str, bytes))}
-        if not lens or len(set(lens.values())) != 1 or len(lens) != len(batch):
+        lens = {}
+        for k, v in batch.items():
+            if (
+                isinstance(v, Mapping)
+                or not isinstance(v, (np.ndarray, torch.Tensor, list, tuple))
+                or not len(getattr(v, 'shape', (len(v),)))
+            ):
+                raise ValueError(
+                    f"storage.frames takes a flat batch: field {k!r} must be an array, tensor or list with a leading "
+                    f"batch dimension, got {type(v).__name__}"
+                )
+            lens[k] = len(v)
+        if not lens or len(set(lens.values())) != 1:
             raise ValueError(f"a batched push needs leaves with one leading dimension, got lengths {lens}")
         n = next(iter(lens.values()))
         if n == 0:
@@ -149,9 +161,15 @@ class FrameStorage(TensorStorage):
         return self.prepare([{k: v[j] for k, v in batch.items()} for j in range(n)], schema, trim)
 
     def select(self, prepared: Prepared, keep: np.ndarray) -> Prepared:
-        inner, pending, stack = prepared.payload
+        """The kept items where ``keep`` holds (a capacity rule's admission): every pending frame is still
+        written (the refused steps' streams go on), the refused items are not stored."""
+        inner, pending, stack, mask = prepared.payload
+        keep = np.asarray(keep, dtype=bool)
+        full = keep.copy() if mask is None else mask.copy()
+        if mask is not None:
+            full[np.flatnonzero(mask)] = keep
         kept = super().select(prepared._replace(payload=inner), keep)
-        return kept._replace(payload=(kept.payload, pending, stack))
+        return kept._replace(payload=(kept.payload, pending, stack, full), dropped=prepared.dropped)
 
     def _reserve_frames(self, stack: int, pending: Any) -> None:
         ring = self.frame_ring
@@ -174,13 +192,18 @@ class FrameStorage(TensorStorage):
         return memmap_file(self.memmap_dir, 0, ('frames',), token)
 
     def write(self, prepared: Prepared, report_evicted: bool = True) -> WriteResult:
-        inner, pending, stack = prepared.payload
+        inner, pending, stack, mask = prepared.payload
         self._reserve_frames(stack, pending)  # may fail (memory, files): nothing has changed yet
-        result = super().write(prepared._replace(payload=inner), report_evicted)
+        result = super().write(
+            prepared._replace(payload=inner, dropped=0 if mask is not None else prepared.dropped), report_evicted
+        )
         self.frame_ring.commit(pending)
         self.streams.update(pending.streams)
-        self._uncommitted = None
-        self._link(pending, prepared.dropped, result)
+        stored = np.ones(len(pending.envs), dtype=bool)
+        stored[: prepared.dropped] = False
+        if mask is not None:
+            stored[prepared.dropped :] = mask
+        self._link(pending, stored, result.slots, result.uids)
         ids = inner[1][(self.encoder.ids_key,)].numpy()
         if len(ids):
             oldest = ids.reshape(len(ids), -1).min(axis=1)
@@ -188,16 +211,29 @@ class FrameStorage(TensorStorage):
             self._floor = min(self._floor, int(oldest.min()))
         return result._replace(expired=self._losing(self.frame_ring.next_id - self.frame_ring.rows))
 
-    def _link(self, pending: Any, dropped: int, result: WriteResult) -> None:
-        """Each written item becomes its stream's last, and its stream's previous item (still stored, same
-        episode) points to it."""
+    def discard(self, prepared: Prepared) -> Optional[np.ndarray]:
+        """A prepared push refused whole: its frames are written and its streams go on (the next step of each
+        continues), none of its items is stored. Returns the stored items that lost frames, if any."""
+        _, pending, stack, _ = prepared.payload
+        self._reserve_frames(stack, pending)
+        self.frame_ring.commit(pending)
+        self.streams.update(pending.streams)
+        self._link(pending, np.zeros(len(pending.envs), dtype=bool), np.zeros(0, np.int64), np.zeros(0, np.int64))
+        return self._losing(self.frame_ring.next_id - self.frame_ring.rows)
+
+    def _link(self, pending: Any, stored: Any, slots: np.ndarray, uids: np.ndarray) -> None:
+        """Each stored item (``stored``: a mask over the pushed items; ``slots`` / ``uids`` of the stored ones, in
+        order) becomes its stream's last, and its stream's previous item (still stored, same episode) points to
+        it. An item not stored (dropped for space, refused) ends its stream's chain: the next one starts anew."""
         uids_now = self.ring.uids
         last: Dict[Any, Optional[Tuple[int, int]]] = {}
-        for i, (env, cont) in enumerate(zip(pending.envs, pending.continues)):
-            if i < dropped:  # never stored: its stream's chain restarts after it
+        k = 0
+        for env, cont, keep in zip(pending.envs, pending.continues, stored):
+            if not keep:
                 last[env] = None
                 continue
-            slot, uid = int(result.slots[i - dropped]), int(result.uids[i - dropped])
+            slot, uid = int(slots[k]), int(uids[k])
+            k += 1
             self.succ[slot] = self.succ_uid[slot] = -1
             prev = (last[env] if env in last else self.last.get(env)) if cont else None
             if prev is not None and self.ring.valid[prev[0]] and int(uids_now(np.array([prev[0]]))[0]) == prev[1]:
@@ -227,7 +263,7 @@ class FrameStorage(TensorStorage):
 
     def clear(self, reset_push_count: bool = False) -> List[Any]:
         out = super().clear(reset_push_count)
-        self.streams, self._uncommitted, self.last = {}, None, {}
+        self.streams, self.last = {}, {}
         self.oldest_frame[:] = NONE
         self._floor = NONE
         self.succ[:] = -1
@@ -307,7 +343,8 @@ class FrameStorage(TensorStorage):
         moved = not np.array_equal(cur, flat)
         dev = new.device
         field = self.fields[(rk,)]
-        out[rk] = torch.from_numpy(ret.astype(np.float64)).to(field.dtype).reshape(*shape, *field.shape[1:]).to(dev)
+        dtype = field.dtype if field.dtype.is_floating_point else torch.float32  # (a sum of discounted ints)
+        out[rk] = torch.from_numpy(ret).to(dtype).reshape(*shape, *field.shape[1:]).to(dev)
         if moved:
             for key in (dk, tk):
                 if key is not None and (key,) in self.fields:
@@ -368,6 +405,8 @@ class FrameStorage(TensorStorage):
         ]
         used = [c.reshape(-1) for c in cols.values()] + [sids for _, sids, _ in streams]
         ids = np.unique(np.concatenate(used)) if used else np.zeros(0, dtype=np.int64)
+        if len(ids) and not ring.holds(ids).all():
+            raise RuntimeError("a stored transition refers to a frame the ring no longer holds (internal error)")
         if cols:  # the id columns as the new numbers (the fields list is in schema order)
             names = [path for path in self.schema]
             for key, col in cols.items():
@@ -377,6 +416,8 @@ class FrameStorage(TensorStorage):
             'data': torch.from_numpy(ring.read(ids)) if len(ids) else torch.zeros(0, dtype=torch.uint8),
             'stack': self.stack,
             'streams': [[env, np.searchsorted(ids, sids).tolist(), ended] for env, sids, ended in streams],
+            'shape': None if ring.shape is None else list(ring.shape),
+            'dtype': None if ring.dtype is None else str(ring.dtype).replace('torch.', ''),
         }
         order = self.ring.ordered_slots()
         out['links'] = {
@@ -422,6 +463,18 @@ class FrameStorage(TensorStorage):
             last[env] = (slot, uid)
         self.succ[order], self.succ_uid[order], self.last = succ, suid, last
 
+    @staticmethod
+    def _saved_frame_like(saved: Mapping, data: torch.Tensor) -> Optional[Tuple[Tuple[int, ...], torch.dtype]]:
+        """The frame shape and dtype a state names (None: it names none)."""
+        shape, dtype = saved.get('shape'), saved.get('dtype')
+        if shape is None and dtype is None:
+            return None
+        ok_shape = isinstance(shape, (list, tuple)) and all(type(x) is int and x > 0 for x in shape)
+        tdtype = getattr(torch, dtype, None) if isinstance(dtype, str) else None
+        if not ok_shape or not isinstance(tdtype, torch.dtype) or tdtype.is_complex or tdtype == torch.bool:
+            raise ValueError(f"saved frame shape / dtype {shape!r:.40} / {dtype!r:.20} are not a frame's")
+        return tuple(shape), tdtype
+
     def _restore_frames(self, saved: Mapping) -> None:
         enc = self.encoder
         ids = np.asarray(torch.as_tensor(saved['ids']).cpu(), dtype=np.int64).reshape(-1)
@@ -435,16 +488,26 @@ class FrameStorage(TensorStorage):
             )
         slots = np.flatnonzero(self.ring.valid)
         has_items = self.schema is not None and len(slots)
-        if has_items and (enc.ids_key,) not in self.fields:
-            raise ValueError(f"saved storage has items but no {enc.ids_key!r} column (not a frames layout?)")
+        if stack is not None and (type(stack) is not int or stack < 1):
+            raise ValueError(f"saved frame stack is {stack!r:.40}; expected None or an int >= 1")
+        if self.schema is not None:  # what the next push would be checked against must be a frames table's
+            if stack is None:
+                raise ValueError("saved storage has a schema but no frame stack")
+            self._check_schema(self.schema, stack)
+        like = self._saved_frame_like(saved, data)
         if not len(ids):
             if has_items:
                 raise ValueError("saved storage has items but no frames")
+            self.stack = stack if stack is not None else self.stack
+            if like is not None:  # the frames a first push must match, as before the save
+                self.frame_ring.shape, self.frame_ring.dtype = like
             return
         if data.dim() < 1 or data.shape[0] != len(ids):
             raise ValueError(f"saved frame data has shape {tuple(data.shape)}; expected {len(ids)} frames")
-        if type(stack) is not int or stack < 1:
-            raise ValueError(f"saved frame stack is {stack!r:.40}; expected an int >= 1")
+        if stack is None:
+            raise ValueError("saved frames have no stack")
+        if like is not None and (tuple(data.shape[1:]), data.dtype) != like:
+            raise ValueError(f"saved frame data {tuple(data.shape[1:])} {data.dtype} does not match its shape / dtype")
         rows = default_rows(self.capacity, stack, self.spec['spare'])
         if len(ids) > rows:
             raise ValueError(f"saved buffer refers to {len(ids)} frames; this storage's frame ring has {rows} rows")

@@ -77,8 +77,14 @@ def check_frames(section: Any) -> bool:
         if not ok:
             raise ValueError(f"config key 'storage.frames.{k}' has invalid value {v!r:.60}; expected {expected}")
     spec = dict(FRAMES_DEFAULTS, **section)
-    if spec['key'] == spec['next_key']:
-        raise ValueError(f"config keys 'storage.frames.key' and 'next_key' are both {spec['key']!r}")
+    names = [(k, spec[k]) for k in ('key', 'next_key', 'env_key', 'done_key', 'truncated_key') if spec[k] is not None]
+    if spec['n_step'] > 1:
+        names.append(('reward_key', spec['reward_key']))
+    seen: Dict[str, str] = {}
+    for k, v in names:
+        if v in seen:
+            raise ValueError(f"config keys 'storage.frames.{seen[v]}' and 'storage.frames.{k}' are both {v!r}")
+        seen[v] = k
     return True
 
 
@@ -143,6 +149,9 @@ class FrameRing:
         n = len(pending.frames)
         if not n:
             return
+        if n > self.rows:  # more new frames than rows: only the newest can stay (earlier ones would be overwritten)
+            pending = Pending(pending.frames[n - self.rows :], pending.first + n - self.rows, pending.streams)
+            n = self.rows
         if n == 1 and self.view is not None:  # one step's new frame: no stacking
             row = pending.first % self.rows
             self.view[row] = pending.frames[0]
@@ -232,6 +241,8 @@ def _stack(item: Mapping, key: str, i: int, stack: Optional[int], like: Optional
         raise ValueError(f"item {i}: field {key!r} must be an array or tensor [stack, *frame], got {type(v).__name__}")
     if v.ndim < 1 or v.shape[0] < 1:
         raise ValueError(f"item {i}: field {key!r} must be [stack, *frame], got shape {v.shape}")
+    if v.dtype.kind not in 'biuf':
+        raise ValueError(f"item {i}: field {key!r} must hold numbers (frames), got dtype {v.dtype}")
     if stack is not None and v.shape[0] != stack:
         raise ValueError(f"item {i}: field {key!r} has a stack of {v.shape[0]} frames, expected {stack}")
     if like is not None and (tuple(v.shape[1:]), v.dtype) != like:

@@ -476,3 +476,115 @@ def test_tensordict_items_are_refused_by_name():
     buf = create_buffer(frames_cfg('naive'))
     with pytest.raises(ValueError, match='storage.frames stores dict items'):
         buf.push(td)
+
+
+# ================================================================================ regressions (adversarial review)
+def _tiny(v):
+    return np.full((2, 2), v, np.uint8)
+
+
+def _step(env, a, b, c, done=False):
+    return dict(obs=np.stack([_tiny(a), _tiny(b)]), next_obs=np.stack([_tiny(b), _tiny(c)]), done=done, env=env)
+
+
+def test_a_capacity_rule_refusing_some_new_items_keeps_the_rest_exact_and_streams_going():
+    envs = Envs(n_envs=2, seed=21, max_len=30)
+    steps = envs.steps(40)
+    pushed = {t['step']: t for t in steps}
+    buf = create_buffer(frames_cfg('advanced', size=4, spare=64, removers=[dict(type='keep_best')]))
+    for i in range(0, 40, 2):  # pairs (one step of each env), priorities that make keep_best refuse some
+        pair = [dict(t, priority=float((t['step'] * 7) % 5 + 1)) for t in steps[i : i + 2]]
+        buf.push(pair)
+    assert buf.stats()['refused_by_keep_best'] > 0
+    got = check_rows(buf.sample(4), pushed)
+    assert all(pushed[s]['step'] * 7 % 5 + 1 >= 4 for s in got)  # the best ones stayed
+    other = create_buffer(frames_cfg('advanced', size=4, spare=64, removers=[dict(type='keep_best')]))
+    other.load_state_dict(buf.state_dict())
+    assert_same(other.state_dict(), buf.state_dict())
+
+
+def test_a_stalled_stream_whose_frames_left_the_ring_starts_again_and_samples_stay_exact():
+    cfg = dict(
+        type='naive', replay_buffer_size=2, storage=dict(type='tensor', frames=dict(env_key='env', stack=2, spare=3))
+    )
+    buf = create_buffer(cfg)
+    steps = [_step(0, 10, 10, 11), _step(1, 20, 20, 21), _step(1, 20, 21, 22), _step(0, 10, 11, 12)]
+    for t in steps:
+        buf.push(t)
+    out = buf.sample(buf.count(), replace=False)
+    for j in range(len(out['env'])):
+        match = [t for t in steps if np.array_equal(t['obs'], out['obs'][j].numpy())]
+        assert match and np.array_equal(match[-1]['next_obs'], out['next_obs'][j].numpy())
+    buf.state_dict()  # (refers only to frames the ring holds)
+
+
+def test_refused_pushes_leave_the_state_alone_and_a_rate_limited_one_lets_the_stream_go_on(tmp_path):
+    envs = Envs(n_envs=1, seed=22, max_len=200)
+    steps = envs.steps(10)
+    buf = create_buffer(frames_cfg('advanced', size=64))
+    for t in steps[:4]:
+        buf.push(t)
+    with pytest.raises(ValueError):
+        buf.push(dict(steps[4], priority=-1.0))
+    before = buf.state_dict()
+    with pytest.raises(ValueError):
+        buf.push(dict(steps[4], next_obs=np.roll(steps[4]['next_obs'], 1, axis=0)))
+    assert_same(buf.state_dict(), before)
+    # a push the rate limiter refuses: the next step of the stream is still taken, also after a save and load
+    cfg = frames_cfg('naive', size=64, thruput_controller=dict(push_sample_rate_limit=dict(max=3, min=0)))
+    lim = create_buffer(cfg)
+    for t in steps[:3]:
+        assert lim.push(t) == 1
+    lim.sample(1)
+    assert lim.push(steps[3]) == 0  # 4 / 1 > 3: refused
+    path = str(tmp_path / 'lim.pt')
+    lim.save_data(path)
+    again = create_buffer(cfg)
+    again.load_data(path)
+    for b in (lim, again):
+        b.sample(3)  # room under the limit again
+        assert b.push(steps[4]) == 1  # continues the refused step's next_obs
+    assert_same(again.state_dict(), lim.state_dict())
+    check_rows(lim.sample(4, replace=False), {t['step']: t for t in steps})
+
+
+def test_n_step_sums_integer_rewards_as_floats():
+    envs = Envs(n_envs=1, seed=23, max_len=200)
+    steps = [dict(t, reward=1) for t in envs.steps(10)]
+    cfg = frames_cfg('naive', size=16)
+    cfg['storage']['frames'].update(n_step=3, gamma=0.5)
+    buf = create_buffer(cfg)
+    for t in steps:
+        buf.push(t)
+    out = buf.sample(10, replace=False)
+    for s, r in zip(out['step'].tolist(), out['reward'].tolist()):
+        assert r == pytest.approx(sum(0.5**j for j in range(min(3, 10 - s))))
+    assert out['reward'].dtype == torch.float32
+
+
+def test_states_a_frames_table_cannot_use_are_refused():
+    envs = Envs(seed=24)
+    buf = create_buffer(frames_cfg('naive'))
+    push_all(buf, envs.steps(12), batched=False)
+    state = buf.state_dict()
+    fresh = create_buffer(frames_cfg('naive'))
+    before = fresh.state_dict()
+    bad = dict(state, storage=dict(state['storage'], frames=dict(state['storage']['frames'], stack=3)))
+    with pytest.raises(ValueError):
+        fresh.load_state_dict(bad)
+    assert_same(fresh.state_dict(), before)
+    cfg = frames_cfg('naive')
+    cfg['storage']['frames'].update(n_step=3, reward_key='return_to_go')  # the saved items have no such field
+    nstep = create_buffer(cfg)
+    with pytest.raises(ValueError, match='return_to_go'):
+        nstep.load_state_dict(state)
+
+
+def test_a_push_of_more_new_frames_than_rows_keeps_only_what_fits():
+    envs = Envs(n_envs=1, seed=25, max_len=1)  # one-step episodes: two frames a transition
+    steps = envs.steps(30)
+    pushed = {t['step']: t for t in steps}
+    buf = create_buffer(frames_cfg('naive', size=8, spare=2))  # 10 frame rows, a push of 30 steps = 60 frames
+    buf.push(steps)
+    got = check_rows(buf.sample(buf.count(), replace=False), pushed)
+    assert got and set(got) <= set(range(25, 30))
