@@ -29,7 +29,7 @@ STORAGE_CONFIG = dict(
     output=None,
     # (tensor) image observations stored one frame a transition: None, or a dict (keys: key='obs',
     # next_key='next_obs', stack=None, env_key=None, done_key='done', truncated_key='truncated', spare=None,
-    # check=True) -- see storage/frames.py and the storages docs.
+    # check=True, n_step=1, gamma=0.99, reward_key='reward') -- see storage/frames.py and the storages docs.
     frames=None,
 )
 

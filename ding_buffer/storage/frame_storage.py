@@ -5,10 +5,12 @@ stacks is stored as ``TensorStorage`` stores it; the stacks become two id column
 ``[stack]`` and ``'<next_key>:frame'``), and ``gather`` puts the rebuilt stacks back under their own names, so a
 sample looks exactly like one of a storage holding the stacks in full.
 
-Writes take the checking path only (``prepare`` + ``write``: the fast single-item and batch paths answer None).
-``write`` reports in ``WriteResult.expired`` the live transitions whose oldest frame the new frames overwrote; the
-buffer removes them (``removed_by_frames``). A push the buffer prepared and then did not write (a rate limiter
-refused it, a priority was invalid) leaves the streams it touched to start a new episode at their next step.
+Writes: ``prepare`` + ``write`` (any push), or ``write_one`` (one step; it declines -- None, nothing changed --
+whenever frames of stored items would leave, so the checking path reports them). ``write`` reports in
+``WriteResult.expired`` the live transitions whose oldest frame the new frames overwrote; the buffer removes them
+(``removed_by_frames``). A push refused whole (rate limiter, capacity rule) is ``discard``-ed: its frames are still
+written, so its streams go on at their next step; a push that raised changes nothing. Batches go row by row
+(``prepare_batch``): there is no fast batch path.
 """
 
 import weakref
