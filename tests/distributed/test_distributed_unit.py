@@ -2017,3 +2017,42 @@ def test_distributed_max_reuse_reaches_a_chunk_buffer():
     )
     assert buf.cfg.max_reuse == 3
     buf.close()
+
+
+def test_a_frames_manager_serves_workers_pushing_their_own_streams():
+    """A manager whose buffer keeps frames once (storage.frames) with two workers, each pushing its own
+    environment's steps (env_id), interleaved: what a worker samples is exactly what was pushed, n-step returns
+    included (the stacks travel in full; the manager stores each frame once)."""
+    cfg = make_cfg(type='advanced', size=64, timeout=10.0, heartbeat_seconds=5.0)
+    cfg['storage'] = dict(type='tensor', frames=dict(env_key='env_id', n_step=2, gamma=0.5))
+    mgr, out, th, (a, b) = _in_process_job(cfg, n_workers=2)
+    rng = np.random.default_rng(0)
+    frames = {e: [rng.integers(0, 256, (3, 3), dtype=np.uint8) for _ in range(12)] for e in (0, 1)}
+    pushed = {}
+    for t in range(10):
+        for e, w in ((0, a), (1, b)):
+            f = frames[e]
+            step = dict(
+                obs=np.stack([f[max(t - 1, 0)], f[t]]),
+                next_obs=np.stack([f[t], f[t + 1]]),
+                reward=float(t + 10 * e),
+                done=t == 9,
+                env_id=e,
+                step=100 * e + t,
+            )
+            w.push(step)
+            pushed[step['step']] = step
+    got = a.sample(20)
+    assert got is not None and len(got['step']) == 20
+    for j, s in enumerate(got['step'].tolist()):
+        e, t = divmod(s, 100)
+        ref = pushed[s]
+        assert np.array_equal(got['obs'][j].numpy(), ref['obs'])
+        last = pushed[100 * e + min(t + 1, 9)]
+        assert np.array_equal(got['next_obs'][j].numpy(), last['next_obs'])
+        expected = ref['reward'] + (0.5 * last['reward'] if t < 9 else 0.0)
+        assert got['reward'][j].item() == pytest.approx(expected)
+    a.close()
+    b.close()
+    th.join(20)
+    assert out['lost'] == {}, out
