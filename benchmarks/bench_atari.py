@@ -16,7 +16,8 @@ What is measured (each peer fed its own native inputs, all in one process, round
     * n-step: ``advanced`` sample 256 with ``n_step=3`` against ``n_step=1``.
 
     ``--rss N`` (separate processes): resident memory after filling a buffer of N transitions, ours and
-    cpprb's, and bytes a transition.
+    cpprb's, and bytes a transition. Each peer runs in a process of its own that loads the frames from a file (no
+    emulator or OpenCV in it): what is measured is the interpreter, the peer's imports and its buffer.
 
 Run
     python benchmarks/bench_atari.py [--capacity 50000] [--rounds 3] [--frames pong|random]
@@ -230,8 +231,8 @@ def table(med, have_cpprb):
             print('|' + '|'.join('-' * (w + 2) for w in width) + '|')
 
 
-def rss_child(peer: str, n: int, episode: int, frames_kind: str) -> None:
-    frames = pong_frames() if frames_kind == 'pong' else random_frames()
+def rss_child(peer: str, n: int, episode: int, frames_file: str) -> None:
+    frames = np.load(frames_file)  # made by the parent: no emulator or OpenCV in this process's memory
     if peer == 'ours':
         b = ours('advanced', n)
         for s in steps(frames, n, episode):
@@ -260,7 +261,11 @@ def main() -> None:
     p.add_argument('--rss', type=int, default=None, help='measure resident memory of N transitions instead')
     p.add_argument('--peers', default='ours,cpprb', help='(with --rss) which peers to measure')
     p.add_argument('--child', default=None, help=argparse.SUPPRESS)
+    p.add_argument('--frames-file', default=None, help=argparse.SUPPRESS)
     args = p.parse_args()
+    if args.child:  # (before anything imports the emulator: only the buffer counts in this process)
+        rss_child(args.child, args.rss, args.episode, args.frames_file)
+        return
     if args.frames is None:
         try:
             import ale_py  # noqa: F401
@@ -268,9 +273,6 @@ def main() -> None:
             args.frames = 'pong'
         except ImportError:
             args.frames = 'random'
-    if args.child:
-        rss_child(args.child, args.rss, args.episode, args.frames)
-        return
     import platform
 
     cpu = next((ln.split(':', 1)[1].strip() for ln in open('/proc/cpuinfo') if ln.startswith('model name')), '?')
@@ -279,6 +281,10 @@ def main() -> None:
         f"{time.strftime('%Y-%m-%d')}"
     )
     if args.rss:
+        import tempfile
+
+        frames_file = os.path.join(tempfile.mkdtemp(), 'frames.npy')
+        np.save(frames_file, pong_frames() if args.frames == 'pong' else random_frames())
         for peer in args.peers.split(','):
             cmd = [
                 sys.executable,
@@ -289,8 +295,8 @@ def main() -> None:
                 str(args.rss),
                 '--episode',
                 str(args.episode),
-                '--frames',
-                args.frames,
+                '--frames-file',
+                frames_file,
             ]
             r = subprocess.run(cmd, capture_output=True, text=True)
             if r.returncode:
