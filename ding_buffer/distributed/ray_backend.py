@@ -44,7 +44,6 @@ logger = logging.getLogger('ding_buffer.distributed')
 _ACTOR = None
 MAX_CLIENT_CHARS = 128
 MAX_TOKENS = 100_000  # live clients whose process the manager can ask Ray about
-PROBE_SECONDS = 2.0  # how long one round of questions about silent clients' processes may wait for Ray
 
 
 def _message_bytes(msg: Tuple[Any, ...]) -> int:
@@ -219,7 +218,7 @@ class _ManagerActorImpl:
     def _probe_silent(self) -> None:
         """Ask Ray about the token of every client silent for two heartbeats (at most once a heartbeat each): an
         owner Ray reports dead is a worker process that died, counted lost now rather than after
-        ``peer_timeout``. Outside the lock (a probe may wait up to a second for Ray)."""
+        ``peer_timeout``. Outside the lock; it never waits for Ray (the fetches it starts answer in a later round)."""
         every = self.cfg.heartbeat_seconds
         now = time.monotonic()
         with self._lock:
@@ -237,8 +236,9 @@ class _ManagerActorImpl:
         dead = []
         for client, _ in quiet:
             self._probed[client] = now
-        # all at once: Ray may take a while to learn that an owner is gone (it tries to reach it first)
-        ready, _ = ray.wait([ref for _, ref in quiet], num_returns=len(quiet), timeout=PROBE_SECONDS, fetch_local=True)
+        # all at once and without waiting: Ray may take a while to learn that an owner is gone (it tries to reach
+        # it first), and the watchdog must keep its pace (a blocked round would read as this process not running)
+        ready, _ = ray.wait([ref for _, ref in quiet], num_returns=len(quiet), timeout=0, fetch_local=True)
         ready = set(ready)
         for client, ref in quiet:
             if ref not in ready:
