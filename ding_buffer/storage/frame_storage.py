@@ -21,7 +21,7 @@ import torch
 
 from .base import Prepared, WriteResult, check_state
 from .frames import IDS_SUFFIX, NEXT_SUFFIX, FrameRing, Pending, StreamEncoder, default_rows, frame_spec
-from .tensor_fields import allocate_fields, new_token, remove_files
+from .tensor_fields import allocate_fields, memmap_file, new_token, remove_files
 from .tensor_storage import TensorStorage
 
 N_STEP_KEYS = ('n_step', 'n_step_discount')  # what an n-step sample adds
@@ -87,10 +87,7 @@ class FrameStorage(TensorStorage):
         slot = TensorStorage.write_one(self, row)
         if slot is None:
             return None
-        ring.commit(pending)
-        self.streams.update(pending.streams)
-        uid = int(self.ring.uids(slot))
-        self._link(pending, np.ones(1, dtype=bool), np.array([slot]), np.array([uid]))
+        self._settle(pending, np.ones(1, dtype=bool), np.array([slot]), np.array([int(self.ring.uids(slot))]))
         self.oldest_frame[slot] = oldest
         self._floor = min(self._floor, oldest)
         return slot
@@ -171,41 +168,40 @@ class FrameStorage(TensorStorage):
         if mask is not None:
             full[np.flatnonzero(mask)] = keep
         kept = super().select(prepared._replace(payload=inner), keep)
-        return kept._replace(payload=(kept.payload, pending, stack, full), dropped=prepared.dropped)
+        return kept._replace(payload=(kept.payload, pending, stack, full), dropped=prepared.dropped)  # (as pushed)
 
     def _reserve_frames(self, stack: int, pending: Any) -> None:
         ring = self.frame_ring
         if ring.allocated() or not pending.frames:
             return
-        rows = default_rows(self.capacity, stack, self.spec['spare'])
         like = pending.frames[0]
-        dtype = torch.from_numpy(np.array(like)).dtype
+        self.frame_ring = self._new_ring(stack, tuple(like.shape), torch.from_numpy(np.array(like)).dtype)
+        self.stack = stack
+
+    def _new_ring(self, stack: int, shape: Tuple[int, ...], dtype: torch.dtype) -> FrameRing:
+        """An allocated frame ring for this storage (in memory, or a memory-mapped file removed with it)."""
+        rows = default_rows(self.capacity, stack, self.spec['spare'])
         token = new_token()
-        field = allocate_fields({('frames',): (tuple(like.shape), dtype)}, rows, self.device, self.memmap_dir, token)
-        new = FrameRing(rows)
-        new.adopt(field[('frames',)])
-        self.frame_ring, self.stack = new, stack
+        field = allocate_fields({('frames',): (shape, dtype)}, rows, self.device, self.memmap_dir, token)
+        ring = FrameRing(rows)
+        ring.adopt(field[('frames',)])
         if self.memmap_dir is not None:
-            self._frame_release = weakref.finalize(self, remove_files, [self.memmap_file_frames(token)])
-
-    def memmap_file_frames(self, token: str) -> str:
-        from .tensor_fields import memmap_file
-
-        return memmap_file(self.memmap_dir, 0, ('frames',), token)
+            if self._frame_release is not None:  # the ring it replaces (a restore)
+                self._frame_release()
+            self._frame_release = weakref.finalize(
+                self, remove_files, [memmap_file(self.memmap_dir, 0, ('frames',), token)]
+            )
+        return ring
 
     def write(self, prepared: Prepared, report_evicted: bool = True) -> WriteResult:
         inner, pending, stack, mask = prepared.payload
         self._reserve_frames(stack, pending)  # may fail (memory, files): nothing has changed yet
-        result = super().write(
-            prepared._replace(payload=inner, dropped=0 if mask is not None else prepared.dropped), report_evicted
-        )
-        self.frame_ring.commit(pending)
-        self.streams.update(pending.streams)
+        result = super().write(prepared._replace(payload=inner), report_evicted)
         stored = np.ones(len(pending.envs), dtype=bool)
         stored[: prepared.dropped] = False
         if mask is not None:
             stored[prepared.dropped :] = mask
-        self._link(pending, stored, result.slots, result.uids)
+        self._settle(pending, stored, result.slots, result.uids)
         ids = inner[1][(self.encoder.ids_key,)].numpy()
         if len(ids):
             oldest = ids.reshape(len(ids), -1).min(axis=1)
@@ -218,10 +214,15 @@ class FrameStorage(TensorStorage):
         continues), none of its items is stored. Returns the stored items that lost frames, if any."""
         _, pending, stack, _ = prepared.payload
         self._reserve_frames(stack, pending)
+        self._settle(pending, np.zeros(len(pending.envs), dtype=bool), np.zeros(0, np.int64), np.zeros(0, np.int64))
+        return self._losing(self.frame_ring.next_id - self.frame_ring.rows)
+
+    def _settle(self, pending: Any, stored: np.ndarray, slots: np.ndarray, uids: np.ndarray) -> None:
+        """After a push (written, in part or not at all): its frames go into the ring, its streams move on, and
+        the stored items join their streams' chains (``_link``)."""
         self.frame_ring.commit(pending)
         self.streams.update(pending.streams)
-        self._link(pending, np.zeros(len(pending.envs), dtype=bool), np.zeros(0, np.int64), np.zeros(0, np.int64))
-        return self._losing(self.frame_ring.next_id - self.frame_ring.rows)
+        self._link(pending, stored, slots, uids)
 
     def _link(self, pending: Any, stored: Any, slots: np.ndarray, uids: np.ndarray) -> None:
         """Each stored item (``stored``: a mask over the pushed items; ``slots`` / ``uids`` of the stored ones, in
@@ -253,15 +254,10 @@ class FrameStorage(TensorStorage):
         otherwise one pass over the slots, which also raises the floor to the true minimum."""
         if threshold <= self._floor:
             return None
-        live = self.ring.valid
-        oldest = np.where(live, self.oldest_frame, NONE)
+        oldest = np.where(self.ring.valid, self.oldest_frame, NONE)
+        self._floor = int(oldest.min())  # (the lost ones stay stored until the buffer removes them)
         lost = np.flatnonzero(oldest < threshold)
-        rest = np.where(oldest < threshold, NONE, oldest)
-        self._floor = int(rest.min()) if len(rest) else NONE
-        if not len(lost):
-            return None
-        self._floor = min(self._floor, int(oldest[lost].min()))  # they stay stored until the buffer removes them
-        return lost[np.argsort(oldest[lost], kind='stable')]
+        return lost[np.argsort(oldest[lost], kind='stable')] if len(lost) else None
 
     def clear(self, reset_push_count: bool = False) -> List[Any]:
         out = super().clear(reset_push_count)
@@ -460,6 +456,7 @@ class FrameStorage(TensorStorage):
             if not (isinstance(entry, (list, tuple)) and len(entry) == 3):
                 raise ValueError(f"saved stream end {entry!r:.60} is not [env, slot, item id]")
             env, slot, uid = entry
+            _check_env(env)
             if type(slot) is not int or not 0 <= slot < self.capacity or type(uid) is not int:
                 raise ValueError(f"saved stream end {entry!r:.60} names no slot of this storage")
             last[env] = (slot, uid)
@@ -536,24 +533,24 @@ class FrameStorage(TensorStorage):
             if not (isinstance(entry, (list, tuple)) and len(entry) == 3 and len(entry[1]) == stack):
                 raise ValueError(f"saved stream {entry!r:.60} is not [env, {stack} frame ids, ended]")
             env, sids, ended = entry
+            _check_env(env)
             streams[env] = (tuple(int(x) for x in remap(np.asarray(sids, dtype=np.int64), 'streams')), bool(ended))
         # valid: build the ring (new ids 0 .. k-1, in the old order) and swap the columns
-        token = new_token()
-        field = allocate_fields(
-            {('frames',): (tuple(data.shape[1:]), data.dtype)}, rows, self.device, self.memmap_dir, token
-        )
-        ring = FrameRing(rows)
-        ring.adopt(field[('frames',)])
+        ring = self._new_ring(stack, tuple(data.shape[1:]), data.dtype)
         ring.commit(Pending(list(data.cpu().numpy()), 0, {}))
         for key, col in new_cols.items():
             self.fields[(key,)][torch.from_numpy(slots)] = torch.from_numpy(col).to(self.device)
         self.frame_ring, self.stack, self.streams = ring, stack, streams
-        if self.memmap_dir is not None:
-            self._frame_release = weakref.finalize(self, remove_files, [self.memmap_file_frames(token)])
         oldest = new_cols[enc.ids_key].min(axis=1) if has_items else []
         if has_items:
             self.oldest_frame[slots] = oldest
             self._floor = int(oldest.min())
+
+
+def _check_env(env: Any) -> None:
+    """An environment id in a state: what a push takes (an int or a str)."""
+    if isinstance(env, bool) or not isinstance(env, (int, str)):
+        raise ValueError(f"saved environment id {env!r:.40} is not an int or a str")
 
 
 __all__ = ['FrameStorage', 'IDS_SUFFIX', 'NEXT_SUFFIX']

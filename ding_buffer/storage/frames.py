@@ -231,11 +231,26 @@ def _env(item: Mapping, key: Optional[str], i: int) -> Any:
     return int(v) if isinstance(v, np.integer) else v
 
 
+_NUMPY_TORCH = (
+    torch.bool,
+    torch.uint8,
+    torch.int8,
+    torch.int16,
+    torch.int32,
+    torch.int64,
+    torch.float16,
+    torch.float32,
+    torch.float64,
+)
+
+
 def _stack(item: Mapping, key: str, i: int, stack: Optional[int], like: Optional[Tuple[Tuple[int, ...], Any]]):
     if key not in item:
         raise ValueError(f"item {i} has no field {key!r} (storage.frames)")
     v = item[key]
     if isinstance(v, torch.Tensor):
+        if v.dtype not in _NUMPY_TORCH:
+            raise ValueError(f"item {i}: field {key!r} must hold numbers numpy can hold (frames), got dtype {v.dtype}")
         v = v.detach().cpu().numpy()
     elif not isinstance(v, np.ndarray):
         raise ValueError(f"item {i}: field {key!r} must be an array or tensor [stack, *frame], got {type(v).__name__}")
@@ -275,7 +290,7 @@ class StreamEncoder:
         first = ring.next_id
         frames: List[np.ndarray] = []
         local: Dict[Any, Tuple[Tuple[int, ...], bool]] = {}
-        like = (ring.shape, np.dtype(str(ring.dtype).replace('torch.', ''))) if ring.shape is not None else None
+        like = (ring.shape, torch.empty(0, dtype=ring.dtype).numpy().dtype) if ring.shape is not None else None
         out: List[Dict[str, Any]] = []
         envs: List[Any] = []
         continues: List[bool] = []
