@@ -151,10 +151,11 @@ def build_train_config(user: Mapping, source: str = '<config>') -> EasyDict:
         msg = str(e).replace("config key 'type'", f"config key '{BUFFER_SECTION}type'")
         raise type(e)(f"{source}: {msg}") from e
     frames = (buffer_cfg.get('storage') or {}).get('frames')
-    if frames is not None and frames.get('n_step', 1) > 1 and cfg.policy.nstep > 1:
+    if frames is not None and cfg.policy.nstep > 1:  # the trainer's n-step items are not one stream's steps
         raise ValueError(
-            f"{source}: config keys 'policy.nstep' ({cfg.policy.nstep}) and '{BUFFER_SECTION}storage.frames.n_step' "
-            f"({frames['n_step']}) both ask for n-step returns; keep one (the buffer's builds them at sample time)"
+            f"{source}: config key 'policy.nstep' is {cfg.policy.nstep}, but with '{BUFFER_SECTION}storage.frames' "
+            f"the buffer stores single steps and builds n-step returns itself: set policy.nstep=1 and "
+            f"{BUFFER_SECTION}storage.frames.n_step={cfg.policy.nstep}"
         )
     cfg.policy.other.replay_buffer = EasyDict(buffer_cfg)
     return cfg

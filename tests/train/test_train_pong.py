@@ -48,3 +48,14 @@ def test_pong_short_run_learns_steps_checkpoints_and_resumes(tmp_path):
     assert 'resumed from' in second.stdout and 'at env step 1200' in second.stdout, second.stdout[-2000:]
     s = json.loads((run_dir / 'summary.json').read_text())
     assert s['env_steps'] == 1600 and s['buffer']['count'] == 1600 and s['train_iters'] > (1200 - 400) // 4
+
+
+def test_the_trainers_own_n_step_is_refused_with_frames_naming_both_keys():
+    """The trainer's n-step items are not one stream's consecutive steps (next_obs jumps n frames): with frames
+    stored once the buffer builds the returns, and policy.nstep > 1 is refused before anything runs."""
+    from ding_buffer.train.config import build_train_config, load_config_file
+
+    user = load_config_file(str(PONG))
+    user['policy']['nstep'] = 3
+    with pytest.raises(ValueError, match=r"policy.nstep' is 3.*storage.frames.n_step=3"):
+        build_train_config(user, source='pong')
