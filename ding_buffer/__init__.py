@@ -34,6 +34,7 @@ _EXPORTS = {
     'ManagerUnavailableError': 'errors',
     'ManagerTimeoutError': 'errors',
     'RemoteError': 'errors',
+    'FramesOutOfStepError': 'errors',
 }
 _SUBPACKAGES = (
     'base',
@@ -73,6 +74,7 @@ __all__ = [
     'ManagerUnavailableError',
     'ManagerTimeoutError',
     'RemoteError',
+    'FramesOutOfStepError',
     '__version__',
 ]
 

@@ -38,3 +38,9 @@ class ManagerTimeoutError(ManagerUnavailableError):
 
 class RemoteError(RuntimeError):
     """The manager raised an exception type that is not re-raised as itself."""
+
+
+class FramesOutOfStepError(ValueError):
+    """A worker sent a step of a frames-once buffer (``storage.frames``) as a continuation of its previous push,
+    which the manager does not hold (it restarted, forgot the worker, or missed that push). The worker's push
+    pipeline sends the push again with full stacks; nothing of the refused one was stored."""

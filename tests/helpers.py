@@ -1129,3 +1129,52 @@ def n_step_reference(steps, n, gamma):
                     break
             ref[t['step']] = (ret, last['next_obs'], last['done'], last['truncated'], k)
     return ref
+
+
+class FrameEnvs:
+    """Synthetic vectorised environments: random uint8 frames, a frame stack of ``stack`` padded by repeating
+    the reset frame (gymnasium's FrameStackObservation), episodes of random length ending by termination or
+    truncation. ``steps(n)`` yields transitions env by env, round robin, each with a unique ``step``."""
+
+    def __init__(self, n_envs=3, stack=4, seed=0, max_len=9, side=5):
+        self.rng = np.random.default_rng(seed)
+        self.side = side
+        self.stack, self.max_len, self.n = stack, max_len, n_envs
+        self.hist = [None] * n_envs
+        self.left = [0] * n_envs
+        self.count = 0
+
+    def _frame(self):
+        return self.rng.integers(0, 256, (self.side, self.side), dtype=np.uint8)
+
+    def _obs(self, e):
+        return np.stack(self.hist[e][-self.stack :])
+
+    def step(self, e):
+        if self.hist[e] is None:
+            first = self._frame()
+            self.hist[e] = [first] * self.stack
+            self.left[e] = int(self.rng.integers(1, self.max_len + 1))
+        obs = self._obs(e)
+        self.hist[e].append(self._frame())
+        nxt = self._obs(e)
+        self.left[e] -= 1
+        end = self.left[e] == 0
+        trunc = bool(end and self.rng.random() < 0.5)
+        t = dict(
+            obs=obs,
+            next_obs=nxt,
+            action=int(self.rng.integers(6)),
+            reward=float(self.rng.normal()),
+            done=bool(end and not trunc),
+            truncated=trunc,
+            env_id=e,
+            step=self.count,
+        )
+        self.count += 1
+        if end:
+            self.hist[e] = None
+        return t
+
+    def steps(self, n):
+        return [self.step(k % self.n) for k in range(n)]

@@ -10,7 +10,15 @@ and exports the public names.
 """
 
 from ..base import register_distributed
-from ..errors import CodecError, ManagerTimeoutError, ManagerUnavailableError, RemoteError, SendTimeout, TransportError
+from ..errors import (
+    CodecError,
+    FramesOutOfStepError,
+    ManagerTimeoutError,
+    ManagerUnavailableError,
+    RemoteError,
+    SendTimeout,
+    TransportError,
+)
 from .codec import decode, encode
 from .config import DISTRIBUTED_CONFIG, build_distributed_config
 from .factory import create_distributed, create_if_distributed
@@ -30,6 +38,7 @@ __all__ = [
     'ManagerUnavailableError',
     'ManagerTimeoutError',
     'RemoteError',
+    'FramesOutOfStepError',
     'TransportError',
     'SendTimeout',
     'CodecError',

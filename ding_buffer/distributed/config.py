@@ -70,6 +70,12 @@ DISTRIBUTED_CONFIG = dict(
     # Worker side: keep a full local copy built from the same config; sample / update / count use it and the
     # manager is a write-only global pool (torchgfn's pattern).
     local_buffer=False,
+    # Worker side, with storage.frames: send each step's new frame instead of its obs / next_obs stacks (the
+    # manager rebuilds them; 2 * stack times fewer frame bytes). False: send the stacks as pushed.
+    frames_wire=True,
+    # Manager side: the last stack of every worker environment kept to rebuild those steps, all workers together
+    # (MiB); beyond it the least recently seen workers are forgotten and send their next push in full once.
+    frames_wire_mb=256.0,
     # Worker side: send only state, log-reward and condition fields (GFlowNet dict batches).
     scoring_only=False,
     # Worker side: drop rows whose log-reward is below the manager's baseline_log_reward; after
@@ -121,6 +127,8 @@ DISTRIBUTED_CHECKS = dict(
     max_blob_mb=(lambda x: _number(x) and 0 < x <= (1 << 23), 'a finite positive number of MiB (at most 8 TiB)'),
     file_root=(lambda x: x is None or (isinstance(x, str) and x and '\0' not in x), 'None or a directory path'),
     remote_buffer_freq=(positive_int, 'a positive int'),
+    frames_wire=(lambda x: type(x) is bool, 'a bool'),
+    frames_wire_mb=(lambda x: _number(x) and 0 <= x <= (1 << 23), 'a finite number of MiB >= 0 (at most 8 TiB)'),
     baseline_refresh_after=(optional_positive_int, 'None or a positive int'),
     scoring_function=(
         lambda x: x is None or callable(x) or (isinstance(x, str) and ':' in x),

@@ -25,6 +25,7 @@ from .batching import count_items, log_rewards_of
 from .blobs import BlobStore
 from .config import resolve_callable
 from .file_root import confine, resolve_file_root
+from .frames_wire import frames_decoder
 from .liveness import Liveness
 from .protocol import error_reply, ok_reply
 from .push_dedup import PushDedup, StoredThenFailed
@@ -61,6 +62,11 @@ class ManagerCore:
             push_requests=0, pushed_items=0, rejected_stale=0, sample_requests=0, errors=0, duplicate_pushes=0
         )
         self.push_dedup = PushDedup(self.counters)
+        # storage.frames: workers send each step's new frame; their stacks are rebuilt here (frames_wire)
+        self.frames_wire = frames_decoder(buffer, dcfg)
+        if self.frames_wire is not None:
+            self.counters.update(frames_wire_steps=0, frames_wire_out_of_step=0)
+            self.frames_wire.counters = self.counters
         self._ops = {
             'push': self._push,
             'sample': self._sample,
@@ -116,11 +122,36 @@ class ManagerCore:
 
     # ------------------------------------------------------------------ ops
     def _push(
-        self, sender, data, batched=False, envstep=-1, model_version=None, session_id=None, client=None, seq=None
+        self,
+        sender,
+        data,
+        batched=False,
+        envstep=-1,
+        model_version=None,
+        session_id=None,
+        client=None,
+        seq=None,
+        frames=None,
     ) -> Dict[str, Any]:
-        return self.push_dedup.once(
-            client, seq, lambda: self._apply_push(sender, data, batched, envstep, model_version, session_id)
-        )
+        def apply() -> Dict[str, Any]:
+            full = self._full_stacks(client, seq, data, batched, frames)
+            return self._apply_push(sender, full, batched, envstep, model_version, session_id)
+
+        return self.push_dedup.once(client, seq, apply)
+
+    def _full_stacks(self, client, seq, data, batched, frames) -> Any:
+        """A push whose steps travelled as new frames (``frames``: see ``frames_wire``) with its stacks rebuilt;
+        a push without ``frames`` ends its worker's chain."""
+        if frames is None:
+            if self.frames_wire is not None and client is not None:
+                self.frames_wire.forget(client)
+            return data
+        if self.frames_wire is None:
+            raise ValueError(
+                "push argument 'frames' (steps sent as new frames) reached a manager whose buffer does not keep "
+                "frames once; give the manager and its workers the same storage.frames config"
+            )
+        return self.frames_wire.expand(client, seq, data, bool(batched), frames)
 
     def _apply_push(self, sender, data, batched, envstep, model_version, session_id) -> Dict[str, Any]:
         self.counters['push_requests'] += 1

@@ -8,7 +8,7 @@ it is in ``REMOTE_EXCEPTIONS`` and as ``RemoteError`` otherwise.
 
 from typing import Any, Dict
 
-from ..errors import CodecError, RemoteError, SampleTimeoutError
+from ..errors import CodecError, FramesOutOfStepError, RemoteError, SampleTimeoutError
 
 # exception types a worker re-raises as themselves; anything else arrives as RemoteError
 REMOTE_EXCEPTIONS = {
@@ -24,6 +24,7 @@ REMOTE_EXCEPTIONS = {
         FileNotFoundError,
         CodecError,
         PermissionError,
+        FramesOutOfStepError,
     )
 }
 

@@ -19,10 +19,11 @@ from typing import Any, Dict, List, Optional
 import numpy as np
 
 from ..base import IBuffer
-from ..errors import ManagerUnavailableError
+from ..errors import FramesOutOfStepError, ManagerUnavailableError
 from .batching import concat_batches, count_items, filter_items, log_rewards_of, select_fields
 from .channel import deadline_in
 from .codec import encode
+from .frames_wire import FramesWireEncoder
 from .protocol import request_msg, result_of
 
 
@@ -60,8 +61,10 @@ class PushPipeline:
         dict_is_batch: bool = False,
         scoring_keys: Optional[List[str]] = None,
         log_reward_key: str = 'log_reward',
+        frames: Optional[FramesWireEncoder] = None,
     ) -> None:
         self._dcfg = dcfg
+        self.frames = frames  # storage.frames: steps travel as their new frames (frames_wire)
         self._channel = channel
         self._local = local
         self._dict_is_batch = dict_is_batch
@@ -123,11 +126,39 @@ class PushPipeline:
 
     def _submit(self, args: Dict[str, Any], deadline: float) -> Any:
         """Send one push request without waiting; returns the channel's ticket for its reply."""
-        return self._channel.submit(request_msg('push', self._dcfg.shard, args), deadline)
+        sent = {k: v for k, v in args.items() if k != 'raw'}  # 'raw': the push as taken (frames_wire)
+        return self._channel.submit(request_msg('push', self._dcfg.shard, sent), deadline)
 
-    def _result(self, ticket: Any, deadline: float) -> Dict[str, Any]:
-        """The manager's answer to the push request of ``ticket`` (its error raised as its own type)."""
-        return result_of(self._channel.result(ticket, 'push', deadline), 'push')
+    def _result(self, ticket: Any, deadline: float, args: Dict[str, Any]) -> Dict[str, Any]:
+        """The manager's answer to the push request ``args`` sent with ``ticket`` (its error raised as its own
+        type). A push whose steps travelled as new frames on top of a push the manager does not hold is sent again
+        with full stacks (same sequence number); any other refusal starts the frames chain anew."""
+        try:
+            return result_of(self._channel.result(ticket, 'push', deadline), 'push')
+        except FramesOutOfStepError:
+            if self.frames is None or 'raw' not in args:
+                raise
+            self.frames.reset()
+            self.frames.stats['resent_full'] += 1
+            self._encode(args)
+            return result_of(self._channel.result(self._submit(args, deadline), 'push', deadline), 'push')
+        except ManagerUnavailableError:
+            raise  # in doubt: sent again as it is
+        except Exception:
+            if self.frames is not None:
+                self.frames.reset()
+            raise
+
+    def _encode(self, args: Dict[str, Any]) -> None:
+        """With ``frames_wire``: the push's steps as new frames where the manager holds the rest."""
+        if self.frames is None:
+            return
+        raw = args.setdefault('raw', args['data'])
+        args['data'], meta = self.frames.encode(raw, args['batched'], args['seq'])
+        if meta is None:
+            args.pop('frames', None)
+        else:
+            args['frames'] = meta
 
     def send_owed(self, envstep: int, deadline: float) -> None:
         """Send the pushes in doubt, then what is pending."""
@@ -138,7 +169,7 @@ class PushPipeline:
         while self._unacked:
             args = self._unacked[0]
             self.resent_pushes += 1
-            result = self._result(self._submit(args, deadline), deadline)  # raises: it stays in doubt
+            result = self._result(self._submit(args, deadline), deadline, args)  # raises: it stays in doubt
             self._unacked.pop(0)
             self._take_score(result)
 
@@ -183,10 +214,11 @@ class PushPipeline:
             seq=self._seq,
         )
         self._seq += 1
+        self._encode(args)
         self.filter_stats['sends'] += 1
         if not self._dcfg.async_score:
             try:
-                result = self._result(self._submit(args, deadline), deadline)
+                result = self._result(self._submit(args, deadline), deadline, args)
             except ManagerUnavailableError:
                 self._unacked.append(args)
                 raise
@@ -204,7 +236,7 @@ class PushPipeline:
     def _collect(self, inflight: Any, deadline: float) -> Dict[str, Any]:
         ticket, args = inflight
         try:
-            return self._result(ticket, deadline)
+            return self._result(ticket, deadline, args)
         except ManagerUnavailableError:
             self._unacked.append(args)
             raise

@@ -25,6 +25,7 @@ from ..buffers.common import check_wait_timeout
 from ..errors import ManagerTimeoutError, SampleTimeoutError
 from .blobs import check_name, check_version
 from .channel import deadline_in
+from .frames_wire import frames_encoder
 from .protocol import request_msg, result_of
 from .push_pipeline import PushPipeline
 from .sample_wait import poll_for_batch
@@ -65,6 +66,7 @@ class RemoteBuffer(IBuffer):
             dict_is_batch=dict_is_batch,
             scoring_keys=scoring_keys,
             log_reward_key=log_reward_key,
+            frames=frames_encoder(cfg, dcfg),
         )
         self._closed = False
 

@@ -53,6 +53,11 @@ class FrameStorage(TensorStorage):
         if frames is not None:
             self._configure(frames)
 
+    @property
+    def frames_spec(self) -> Dict[str, Any]:
+        """The layout's options (``storage.frames`` with its defaults filled in)."""
+        return dict(self.spec)
+
     def _configure(self, frames: Mapping) -> None:
         self.spec = frame_spec(frames)
         self.encoder = StreamEncoder(self.spec)

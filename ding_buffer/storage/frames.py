@@ -199,7 +199,7 @@ class FrameRing:
         return out.reshape(*ids.shape, *self.shape)
 
 
-def _flag(item: Mapping, key: Optional[str], i: int) -> bool:
+def flag_of(item: Mapping, key: Optional[str], i: int) -> bool:
     if key is None or key not in item:
         return False
     v = item[key]
@@ -216,7 +216,12 @@ def _flag(item: Mapping, key: Optional[str], i: int) -> bool:
     raise ValueError(f"item {i}: field {key!r} must be a bool (or 0 / 1), got {type(v).__name__} {v!r:.40}")
 
 
-def _env(item: Mapping, key: Optional[str], i: int) -> Any:
+def ended_of(item: Mapping, spec: Mapping, i: int) -> bool:
+    """Whether step ``i`` ends its episode (``done_key`` or ``truncated_key`` true)."""
+    return flag_of(item, spec['done_key'], i) or flag_of(item, spec['truncated_key'], i)
+
+
+def env_of(item: Mapping, key: Optional[str], i: int) -> Any:
     if key is None:
         return 0
     if key not in item:
@@ -244,7 +249,7 @@ _NUMPY_TORCH = (
 )
 
 
-def _stack(item: Mapping, key: str, i: int, stack: Optional[int], like: Optional[Tuple[Tuple[int, ...], Any]]):
+def stack_of(item: Mapping, key: str, i: int, stack: Optional[int], like: Optional[Tuple[Tuple[int, ...], Any]]):
     if key not in item:
         raise ValueError(f"item {i} has no field {key!r} (storage.frames)")
     v = item[key]
@@ -316,13 +321,13 @@ class StreamEncoder:
             for name in (self.ids_key, self.next_id_key):
                 if name in item:
                     raise ValueError(f"item {i}: field {name!r} is reserved by storage.frames")
-            obs = _stack(item, self.key, i, stack, like)
+            obs = stack_of(item, self.key, i, stack, like)
             stack = obs.shape[0]
             if like is None:
                 like = (tuple(obs.shape[1:]), obs.dtype)
-            nxt = _stack(item, self.next_key, i, stack, like)
-            env = _env(item, spec['env_key'], i)
-            ended = _flag(item, spec['done_key'], i) or _flag(item, spec['truncated_key'], i)
+            nxt = stack_of(item, self.next_key, i, stack, like)
+            env = env_of(item, spec['env_key'], i)
+            ended = ended_of(item, spec, i)
             prev = local.get(env, streams.get(env))
             envs.append(env)
             continues.append(prev is not None and not prev[1])

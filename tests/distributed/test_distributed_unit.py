@@ -23,6 +23,8 @@ import pytest
 import torch
 from easydict import EasyDict
 from helpers import assert_same
+from in_process import InProcessNet as _Net
+from in_process import in_process_job as _in_process_job
 
 from ding_buffer import SampleTimeoutError, create_buffer
 from ding_buffer.base import BUFFER_REGISTRY, get_buffer_cls
@@ -1471,7 +1473,6 @@ def test_failed_flush_of_earlier_items_does_not_take_the_new_data():
 
 
 def test_sync_request_while_an_async_push_is_in_flight_keeps_its_reply():
-    import queue
 
     from ding_buffer.distributed.channel import PeerChannel
     from ding_buffer.distributed.frame_reader import MESSAGE
@@ -1601,36 +1602,6 @@ def test_push_that_stores_then_fails_scoring_is_never_stored_twice():
     assert again['error'] == 'KeyError' and core.buffer.count() == 1
 
 
-class _Net(ThreadedTransport):
-    """In-process transport over queues (``wires[(sender, receiver)]``): a manager and workers in one process."""
-
-    def __init__(self, me, peers, wires, timeout):
-        super().__init__(peers, False, 1 << 30, grace=timeout)
-        self.me, self.wires = me, wires
-
-    def _send_buf(self, peer, buf):
-        self.wires.setdefault((self.me, peer), queue.Queue()).put(np.array(buf, np.uint8, copy=True))
-
-    def _next(self, peer):
-        q = self.wires.setdefault((peer, self.me), queue.Queue())
-        while True:
-            try:
-                return q.get(timeout=0.05)
-            except queue.Empty:
-                if self._abandon:
-                    raise TransportError('closed') from None
-
-    def _recv_head(self, peer):
-        msg = self._next(peer)
-        return msg, len(msg)
-
-    def _recv_exact(self, peer, n, out=None):
-        msg = self._next(peer)
-        buf = np.empty(n, np.uint8) if out is None else out
-        buf[:] = msg
-        return buf
-
-
 def test_a_request_longer_than_peer_timeout_loses_nobody():
     """A push whose scoring takes longer than peer_timeout holds the buffer: the other worker's request waits,
     nobody's heartbeat is read meanwhile, and still nobody is counted lost (in-process manager and workers)."""
@@ -1723,27 +1694,6 @@ def slow_score_hook(batch, sender=None, buffer=None):
     if float(obs.reshape(-1)[0]) == 9.0:
         time.sleep(2.5)
     return {}
-
-
-def _in_process_job(cfg, n_workers=1):
-    """A ReplayBufferManager serving ``n_workers`` RemoteBuffers over ``_Net`` in this process; returns
-    (manager, its run() summary dict (filled when run ends), run thread, workers)."""
-    from ding_buffer.distributed import ReplayBufferManager
-    from ding_buffer.distributed.channel import PeerChannel
-
-    buf, dcfg, key = build_manager_buffer(cfg)
-    wires = {}
-    ranks = list(range(1, n_workers + 1))
-    mgr = ReplayBufferManager(buf, _Net(0, ranks, wires, 10.0), dcfg, ranks, key)
-    out = {}
-    th = threading.Thread(target=lambda: out.update(mgr.run(timeout=60)), daemon=True)
-    th.start()
-    local_cfg = EasyDict({k: v for k, v in dict(cfg).items() if k != 'distributed'})
-    workers = [
-        RemoteBuffer(local_cfg, dcfg, PeerChannel(_Net(r, [0], wires, 10.0), 0, 10.0, 5.0), log_reward_key=key)
-        for r in ranks
-    ]
-    return mgr, out, th, workers
 
 
 def _big_batch(i, rows=320):  # 320 x 128 float32 = 160 KiB: sent out of line, kept by the receive pool
