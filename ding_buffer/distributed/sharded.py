@@ -41,6 +41,7 @@ import torch
 
 from ..buffers.common import check_wait_timeout
 from ..errors import ManagerUnavailableError
+from .frames_wire import frames_spec_of
 from .sample_wait import poll_for_batch
 
 SHARDABLE = ('naive', 'advanced', 'gfn')
@@ -78,6 +79,14 @@ class ShardedBuffer:
             raise ValueError(
                 "config key 'distributed.shard_key' must name an item field for shard_route='hash', got "
                 f"{shard_key!r:.40}"
+            )
+        spec = frames_spec_of(cfg)
+        if spec is not None and (route != 'hash' or shard_key != spec['env_key'] or spec['env_key'] is None):
+            raise ValueError(
+                "config key 'storage.frames' with distributed.num_shards > 1 needs every environment's steps on one "
+                "shard (each shard stores its own streams): set storage.frames.env_key, shard_route='hash' and "
+                f"shard_key to that field; got env_key={spec['env_key']!r}, shard_route={route!r}, "
+                f"shard_key={shard_key!r:.40}"
             )
 
     def __init__(

@@ -229,6 +229,19 @@ def test_bad_sharding_config_names_the_key():
         ShardedBuffer.check(dict(type='naive'), route='hash')
 
 
+@pytest.mark.parametrize(
+    'frames, route, key',
+    [(dict(env_key='env'), 'round_robin', None), (dict(env_key='env'), 'hash', 'step'), (dict(), 'hash', 'env')],
+)
+def test_sharded_frames_need_each_environment_on_one_shard(frames, route, key):
+    """A shard stores its own streams: storage.frames over shards is refused unless steps are routed by their
+    environment (shard_route='hash', shard_key = storage.frames.env_key), which is accepted."""
+    cfg = dict(type='advanced', storage=dict(type='tensor', frames=frames))
+    with pytest.raises(ValueError, match='storage.frames.*shard_route'):
+        ShardedBuffer.check(cfg, route=route, shard_key=key)
+    ShardedBuffer.check(dict(cfg, storage=dict(type='tensor', frames=dict(env_key='env'))), 'hash', 'env')
+
+
 # ---------------------------------------------------------------------------------------------------------- Ray
 @pytest.fixture(scope='module')
 def ray_session():
