@@ -234,6 +234,14 @@ def table(med, have_cpprb):
 def rss_child(peer: str, n: int, episode: int, frames_file: str) -> None:
     frames = np.load(frames_file)  # made by the parent: no emulator or OpenCV in this process's memory
     if peer == 'ours':
+        import ding_buffer._numba as kernels
+        import ding_buffer.buffers  # noqa: F401
+
+        kernels.load()  # the compiled kernels a sample uses: their compiler's memory counts in the imports
+    else:
+        import cpprb  # noqa: F401
+    base = _status()['VmRSS']  # the interpreter and the peer's imports, before its buffer
+    if peer == 'ours':
         b = ours('advanced', n)
         for s in steps(frames, n, episode):
             b.push(s)
@@ -246,9 +254,20 @@ def rss_child(peer: str, n: int, episode: int, frames_file: str) -> None:
             if s['done']:
                 rb.on_episode_end()
         per_item, count = None, rb.get_stored_size()
+    mem = _status()
+    out = {'peer': peer, 'n': n, 'count': int(count), 'rss_bytes': mem['VmRSS'], 'bytes_per_item': per_item}
+    out.update(anon_bytes=mem.get('RssAnon', 0), file_bytes=mem.get('RssFile', 0), imports_bytes=base)
+    print(json.dumps(out))
+
+
+def _status() -> dict:
+    """This process's memory lines of /proc/self/status, in bytes."""
     with open('/proc/self/status') as f:
-        rss = next(int(line.split()[1]) * 1024 for line in f if line.startswith('VmRSS'))
-    print(json.dumps({'peer': peer, 'n': n, 'count': int(count), 'rss_bytes': rss, 'bytes_per_item': per_item}))
+        return {
+            line.split(':')[0]: int(line.split()[1]) * 1024
+            for line in f
+            if line.startswith(('VmRSS', 'RssAnon', 'RssFile'))
+        }
 
 
 def main() -> None:
@@ -304,7 +323,11 @@ def main() -> None:
                 continue
             d = json.loads(r.stdout.strip().splitlines()[-1])
             extra = f", {d['bytes_per_item']} bytes a transition in the storage" if d['bytes_per_item'] else ''
-            print(f"{peer}: {d['count']:,} transitions, RSS {d['rss_bytes'] / 2**30:.2f} GiB{extra}")
+            print(
+                f"{peer}: {d['count']:,} transitions, RSS {d['rss_bytes'] / 1e9:.2f} GB ({d['rss_bytes'] / 2**30:.2f} "
+                f"GiB; anonymous {d['anon_bytes'] / 1e9:.2f} GB, files {d['file_bytes'] / 1e9:.2f} GB), of which the "
+                f"interpreter and imports {d['imports_bytes'] / 1e9:.2f} GB{extra}"
+            )
         return
     frames = pong_frames() if args.frames == 'pong' else random_frames()
     med, have_cpprb = rounds(args, frames)

@@ -98,11 +98,6 @@ class EpisodeReplayBuffer(Engine):
     def _build(self) -> None:
         cfg = self._cfg
         refuse_items_output(cfg.storage, cfg.type, 'whole episodes or windows of them')
-        if cfg.storage.get('frames') is not None:
-            raise ValueError(
-                f"config key 'storage.frames' is not supported by type {cfg.type!r} yet; it works with the "
-                f"transition types 'naive', 'advanced', 'elastic', 'sequence' and 'deque'"
-            )
         spec = build_sampler(cfg.sampler, 'uniform', (cfg.storage.type == 'tensor', NO_FLAT))
         self._store = self._new_store()
         self._store.listen(self)
@@ -122,10 +117,10 @@ class EpisodeReplayBuffer(Engine):
         if cfg.storage.type == 'tensor':
             if cfg.max_transitions is None:
                 raise ValueError("config key 'max_transitions' must be set with storage.type='tensor'")
-            kwargs = dict(device=cfg.storage.device, memmap_dir=cfg.storage.memmap_dir)
-            return FlatEpisodes(cfg.replay_buffer_size, cfg.max_transitions, kwargs)
-        if cfg.storage.memmap_dir is not None:
-            raise ValueError("config key 'storage.memmap_dir' needs storage.type='tensor', got 'list'")
+            return FlatEpisodes(cfg.replay_buffer_size, cfg.max_transitions, cfg.storage)
+        for key in ('memmap_dir', 'frames'):
+            if cfg.storage.get(key) is not None:
+                raise ValueError(f"config key 'storage.{key}' needs storage.type='tensor', got 'list'")
         return ObjectEpisodes(cfg.replay_buffer_size, cfg.max_transitions)
 
     # ------------------------------------------------------------------ properties

@@ -19,7 +19,7 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 import numpy as np
 import torch
 
-from ..storage import ListStorage, RingIndex, TensorStorage, storage_from_state
+from ..storage import FrameStorage, ListStorage, RingIndex, build_storage, storage_from_state
 from ..storage.base import NO_ITER, collect_iter_of
 from ..storage.tensordict_io import is_tensordict
 from ..storage.tree import batch_len, flatten, path_name, unflatten
@@ -255,33 +255,46 @@ class ObjectEpisodes(_EpisodeStore):
 
 
 class FlatEpisodes(_EpisodeStore):
-    def __init__(self, max_episodes: int, max_transitions: int, storage_kwargs: Dict[str, Any]) -> None:
+    """Transitions of all episodes in one tensor storage (``storage_cfg``: the buffer's ``storage`` section; with
+    ``frames`` each frame is stored once, every episode a stream of its own, see ``FrameStorage``)."""
+
+    def __init__(self, max_episodes: int, max_transitions: int, storage_cfg: Mapping) -> None:
         super().__init__(max_episodes, max_transitions)
-        self.storage = TensorStorage(max_transitions, **storage_kwargs)
+        self.storage = build_storage(storage_cfg, max_transitions, episodes=max_episodes)
+        self.frames = isinstance(self.storage, FrameStorage)
         self.ring = RingIndex(max_episodes)
         self.start = np.zeros(max_episodes, dtype=np.int64)
+        self._writing: Any = None  # the prepared episode being written (its frames may need room: _needs_room)
 
     def prepare(self, episodes: List[Any]) -> List[Tuple[Any, int]]:
-        out, schema = [], self.storage.schema
+        out, schema, after = [], self.storage.schema, None
         for i, ep in enumerate(episodes):
             n = episode_length(ep, i)
             self.check_fits(n, i)
             check_reserved(ep, i, FLAT_WINDOW_KEYS + self.reserved)
+            more = {'after': after} if self.frames else {}  # an earlier episode of this push is written first
             try:
                 prepared = (
-                    self.storage.prepare(ep, schema) if isinstance(ep, list) else self.storage.prepare_batch(ep, schema)
+                    self.storage.prepare(ep, schema, **more)
+                    if isinstance(ep, list)
+                    else self.storage.prepare_batch(ep, schema, **more)
                 )
             except (TypeError, ValueError) as e:
                 raise type(e)(f"episode {i}: {e}") from None
-            schema = prepared.payload[0]
+            schema, after = prepared.payload[0], prepared
             out.append((prepared, n))
         return out
 
     def write(self, prepared: Any, n: int) -> List[Any]:
-        evicted = self.make_room(n)
+        self._writing = prepared
+        try:
+            evicted = self.make_room(n)
+        finally:
+            self._writing = None
         slots = self.ring.commit(1)[0]
         result = self.storage.write(prepared)
-        assert prepared.dropped == 0 and len(result.slots) == n  # make_room guarantees no overwrite
+        # make_room guarantees no overwrite, of transitions or of their frames
+        assert prepared.dropped == 0 and len(result.slots) == n and result.expired is None
         self.start[slots] = result.slots[0]
         self.length[slots] = n
         self.transitions += n
@@ -295,7 +308,15 @@ class FlatEpisodes(_EpisodeStore):
         """Also while the next ``n`` transition slots hold live data: an episode removed from the middle (by
         ``max_use`` or a rule) leaves a hole the ring does not write into, so the oldest must make way."""
         ring = self.storage.ring
-        return super()._needs_room(n) or bool(ring.valid[ring.next_slots(n)].any())
+        return super()._needs_room(n) or bool(ring.valid[ring.next_slots(n)].any()) or self._frames_short()
+
+    def _frames_short(self) -> bool:
+        """The episode being written overwrites frames of the oldest stored episode (every later one's frames
+        are newer: episodes are written, and leave, in order)."""
+        if not self.frames or self._writing is None or not self.ring.count:
+            return False
+        below = self.storage.overwrites_below(self._writing)
+        return below is not None and self.storage.oldest_frame_of(self.first(int(self.ring.oldest(1)[0]))) < below
 
     def episode_collect_iter(self, slot: int) -> int:
         ci = self.storage.collect_iter(self._transition_slots(np.array(slot), np.arange(self.length[slot])))
@@ -358,7 +379,10 @@ class FlatEpisodes(_EpisodeStore):
         new = FlatEpisodes.__new__(FlatEpisodes)
         _EpisodeStore.__init__(new, self.max_episodes, self.max_transitions)
         new.reserve(self.reserved)
-        new.storage = storage_from_state(storage_cfg, self.max_transitions, state['storage'])
+        new.storage = storage_from_state(
+            storage_cfg, self.max_transitions, state['storage'], episodes=self.max_episodes
+        )
+        new.frames, new._writing = self.frames, None
         new.ring = RingIndex.from_state(state['ring'], self.max_episodes)
         new.length = _restore_lengths(state, new.ring, self.max_episodes)
         new.start = np.asarray(state['start'], dtype=np.int64).copy()

@@ -1,7 +1,7 @@
 """Storages: where items live (``list``: any Python object; ``tensor``: columnar preallocated tensors)."""
 
 import re
-from typing import Any, Dict, Mapping, Tuple
+from typing import Any, Dict, Mapping, Optional, Tuple
 
 from .base import Prepared, Storage, WriteResult
 from .frame_storage import FrameStorage
@@ -71,10 +71,15 @@ def _tensor_kwargs(cfg: Mapping, reserved_keys: Tuple[str, ...], index_cls: type
 
 
 def build_storage(
-    cfg: Mapping, capacity: int, reserved_keys: Tuple[str, ...] = (), index_cls: type = RingIndex
+    cfg: Mapping,
+    capacity: int,
+    reserved_keys: Tuple[str, ...] = (),
+    index_cls: type = RingIndex,
+    episodes: Optional[int] = None,
 ) -> Storage:
     """Build the storage described by a buffer's ``storage`` config section (``index_cls``: its slot index,
-    ``RingIndex`` or, for a table with a capacity rule, ``FreeListIndex``)."""
+    ``RingIndex`` or, for a table with a capacity rule, ``FreeListIndex``; ``episodes``: the transitions of an
+    episode table of at most that many episodes, see ``FrameStorage``)."""
     kind = cfg.get('type', 'list')
     if kind == 'list':
         if cfg.get('memmap_dir') is not None:
@@ -88,7 +93,8 @@ def build_storage(
             )
         return ListStorage(capacity, index_cls)
     if cfg.get('frames') is not None:
-        return FrameStorage(capacity, frames=cfg['frames'], **_tensor_kwargs(cfg, reserved_keys, index_cls))
+        kwargs = _tensor_kwargs(cfg, reserved_keys, index_cls)
+        return FrameStorage(capacity, frames=cfg['frames'], episodes=episodes, **kwargs)
     return TensorStorage(capacity, **_tensor_kwargs(cfg, reserved_keys, index_cls))
 
 
@@ -99,6 +105,7 @@ def storage_from_state(
     reserved_keys: Tuple[str, ...] = (),
     index_cls: type = RingIndex,
     item_columns: bool = True,
+    episodes: Optional[int] = None,
 ) -> Storage:
     """Build a new storage of the configured kind from ``state`` (validated; ``item_columns``: see
     ``ListStorage``)."""
@@ -109,7 +116,11 @@ def storage_from_state(
         return ListStorage.from_state(dict(state), capacity, index_cls, item_columns)
     if cfg.get('frames') is not None:
         return FrameStorage.from_state(
-            dict(state), capacity, frames=cfg['frames'], **_tensor_kwargs(cfg, reserved_keys, index_cls)
+            dict(state),
+            capacity,
+            frames=cfg['frames'],
+            episodes=episodes,
+            **_tensor_kwargs(cfg, reserved_keys, index_cls),
         )
     if 'frames' in state:
         raise ValueError("saved storage keeps frames once (storage.frames); set config key 'storage.frames' to load it")

@@ -47,9 +47,14 @@ class FrameStorage(TensorStorage):
 
     expires = True  # a write reports the live items whose oldest frame it overwrote
 
-    def __init__(self, capacity: int, frames: Optional[Mapping] = None, **kwargs: Any) -> None:
+    def __init__(
+        self, capacity: int, frames: Optional[Mapping] = None, episodes: Optional[int] = None, **kwargs: Any
+    ) -> None:
         super().__init__(capacity, **kwargs)
         self.spec: Dict[str, Any] = {}
+        # An episode table's transitions (at most ``episodes`` episodes): every ``prepare`` is one whole episode,
+        # one stream of its own that starts at its first step (environment ids and earlier pushes do not matter).
+        self.episodes = episodes
         if frames is not None:
             self._configure(frames)
 
@@ -60,7 +65,12 @@ class FrameStorage(TensorStorage):
 
     def _configure(self, frames: Mapping) -> None:
         self.spec = frame_spec(frames)
-        self.encoder = StreamEncoder(self.spec)
+        if self.episodes is not None and self.spec['n_step'] > 1:
+            raise ValueError(
+                f"config key 'storage.frames.n_step' is {self.spec['n_step']}: an episode table returns windows of "
+                f"consecutive steps, from which the learner builds its n-step targets; use n_step=1"
+            )
+        self.encoder = StreamEncoder(self.spec if self.episodes is None else dict(self.spec, env_key=None))
         self.stack: Optional[int] = self.spec['stack']
         self.frame_ring = FrameRing(0)  # sized and allocated by the first write, when the frames are known
         self.streams: Dict[Any, Tuple[Tuple[int, ...], bool]] = {}
@@ -100,15 +110,30 @@ class FrameStorage(TensorStorage):
     def check_batch(self, batch: Any) -> Optional[Tuple[List[np.ndarray], int]]:
         return None
 
-    def prepare(self, items: List[Any], schema: Optional[Any] = None, trim: bool = True) -> Prepared:
+    def prepare(
+        self, items: List[Any], schema: Optional[Any] = None, trim: bool = True, after: Optional[Prepared] = None
+    ) -> Prepared:
         """Validate (frames against the streams, the other fields against the schema); no side effects. The
         payload: the tensor storage's, the pending frames, the stack size and which kept items are written (None:
-        all; ``select`` narrows it)."""
+        all; ``select`` narrows it). ``after``: a push prepared before this one and written before it (an episode
+        table's earlier episode of the same push): this one's frames follow its frames."""
         for i, item in enumerate(items):
             for name in N_STEP_KEYS if self.spec['n_step'] > 1 and isinstance(item, dict) else ():
                 if name in item:
                     raise ValueError(f"item {i}: field {name!r} is reserved by storage.frames.n_step")
-        rows, pending, stack = self.encoder.encode(items, self.frame_ring, self.streams, self.stack)
+        first, stack = None, self.stack
+        if after is not None:
+            before = after.payload[1]
+            first, stack = before.first + len(before.frames), after.payload[2]
+        streams = {} if self.episodes is not None else self.streams  # an episode starts its own stream
+        rows, pending, stack = self.encoder.encode(items, self.frame_ring, streams, stack, first)
+        if after is not None and pending.frames and after.payload[1].frames:
+            a, b = after.payload[1].frames[0], pending.frames[0]
+            if (a.shape, a.dtype) != (b.shape, b.dtype):
+                raise ValueError(
+                    f"field {self.spec['key']!r} has frames of shape {b.shape} and dtype {b.dtype}; the push's earlier "
+                    f"steps have {a.shape} and {a.dtype}"
+                )
         prepared = super().prepare(rows, schema, trim)
         self._check_schema(prepared.payload[0], stack)
         return prepared._replace(payload=(prepared.payload, pending, stack, None))
@@ -142,7 +167,9 @@ class FrameStorage(TensorStorage):
                     f"and dtype {dtype}"
                 )
 
-    def prepare_batch(self, batch: Any, schema: Optional[Any] = None, trim: bool = True) -> Prepared:
+    def prepare_batch(
+        self, batch: Any, schema: Optional[Any] = None, trim: bool = True, after: Optional[Prepared] = None
+    ) -> Prepared:
         if not isinstance(batch, dict):
             raise TypeError(f"storage.frames takes a batch as a dict of batched leaves, got {type(batch).__name__}")
         lens = {}
@@ -162,7 +189,7 @@ class FrameStorage(TensorStorage):
         n = next(iter(lens.values()))
         if n == 0:
             raise ValueError("a batched push got a batch of size 0")
-        return self.prepare([{k: v[j] for k, v in batch.items()} for j in range(n)], schema, trim)
+        return self.prepare([{k: v[j] for k, v in batch.items()} for j in range(n)], schema, trim, after)
 
     def select(self, prepared: Prepared, keep: np.ndarray) -> Prepared:
         """The kept items where ``keep`` holds (a capacity rule's admission): every pending frame is still
@@ -185,7 +212,7 @@ class FrameStorage(TensorStorage):
 
     def _new_ring(self, stack: int, shape: Tuple[int, ...], dtype: torch.dtype) -> FrameRing:
         """An allocated frame ring for this storage (in memory, or a memory-mapped file removed with it)."""
-        rows = default_rows(self.capacity, stack, self.spec['spare'])
+        rows = default_rows(self.capacity, stack, self.spec['spare'], self.episodes)
         token = new_token()
         field = allocate_fields({('frames',): (shape, dtype)}, rows, self.device, self.memmap_dir, token)
         ring = FrameRing(rows)
@@ -213,6 +240,16 @@ class FrameStorage(TensorStorage):
             self.oldest_frame[result.slots] = oldest
             self._floor = min(self._floor, int(oldest.min()))
         return result._replace(expired=self._losing(self.frame_ring.next_id - self.frame_ring.rows))
+
+    def overwrites_below(self, prepared: Prepared) -> Optional[int]:
+        """Writing ``prepared`` overwrites the frames with ids below this (None: none, the ring is not built yet);
+        an episode table removes the episodes holding such frames first."""
+        ring = self.frame_ring
+        return None if not ring.allocated() else ring.next_id + len(prepared.payload[1].frames) - ring.rows
+
+    def oldest_frame_of(self, slot: int) -> int:
+        """The id of the oldest frame the item at ``slot`` refers to."""
+        return int(self.oldest_frame[slot])
 
     def discard(self, prepared: Prepared) -> Optional[np.ndarray]:
         """A prepared push refused whole: its frames are written and its streams go on (the next step of each
@@ -431,12 +468,20 @@ class FrameStorage(TensorStorage):
         return out
 
     @classmethod
-    def from_state(cls, state: Dict[str, Any], capacity: int, frames: Optional[Mapping] = None, **kwargs: Any):
+    def from_state(
+        cls,
+        state: Dict[str, Any],
+        capacity: int,
+        frames: Optional[Mapping] = None,
+        episodes: Optional[int] = None,
+        **kwargs: Any,
+    ):
         check_state(state, cls.kind, ('ring', 'slots', 'schema', 'fields', 'frames'))
         saved = state['frames']
         if not isinstance(saved, Mapping) or not {'ids', 'data', 'stack', 'streams'} <= set(saved):
             raise ValueError("saved storage 'frames' must be a dict with ids, data, stack and streams")
         storage = super().from_state({k: v for k, v in state.items() if k != 'frames'}, capacity, **kwargs)
+        storage.episodes = episodes
         storage._configure(frames)
         storage._restore_frames(saved)
         storage._restore_links(state.get('links'))
@@ -512,7 +557,7 @@ class FrameStorage(TensorStorage):
             raise ValueError("saved frames have no stack")
         if like is not None and (tuple(data.shape[1:]), data.dtype) != like:
             raise ValueError(f"saved frame data {tuple(data.shape[1:])} {data.dtype} does not match its shape / dtype")
-        rows = default_rows(self.capacity, stack, self.spec['spare'])
+        rows = default_rows(self.capacity, stack, self.spec['spare'], self.episodes)
         if len(ids) > rows:
             raise ValueError(f"saved buffer refers to {len(ids)} frames; this storage's frame ring has {rows} rows")
 

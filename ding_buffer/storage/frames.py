@@ -93,10 +93,13 @@ def frame_spec(section: Mapping) -> Dict[str, Any]:
     return dict(FRAMES_DEFAULTS, **section)
 
 
-def default_rows(capacity: int, stack: int, spare: Optional[int]) -> int:
+def default_rows(capacity: int, stack: int, spare: Optional[int], episodes: Optional[int] = None) -> int:
     """Frame rows for a table of ``capacity`` transitions: one a transition, plus ``spare`` (default
-    ``capacity // 256 + 4 * stack``: room for the first frame of about one episode in 256 steps)."""
-    return capacity + (capacity // 256 + 4 * stack if spare is None else spare)
+    ``capacity // 256 + 4 * stack``: room for the first frame of about one episode in 256 steps; an episode table
+    of at most ``episodes`` episodes: ``episodes * stack``, the first stack of every one of them)."""
+    if spare is not None:
+        return capacity + spare
+    return capacity + (episodes * stack if episodes is not None else capacity // 256 + 4 * stack)
 
 
 class Pending(NamedTuple):
@@ -288,11 +291,13 @@ class StreamEncoder:
         ring: FrameRing,
         streams: Dict[Any, Tuple[Tuple[int, ...], bool]],
         stack: Optional[int],
+        first: Optional[int] = None,
     ) -> Tuple[List[Dict[str, Any]], Pending, int]:
-        """``(items with the id columns in place of the stacks, pending frames, stack)``."""
+        """``(items with the id columns in place of the stacks, pending frames, stack)``; the new frames get ids
+        from ``first`` on (default: the ring's next id; later for a push prepared after another not written yet)."""
         spec = self.spec
         check = spec['check']
-        first = ring.next_id
+        first = ring.next_id if first is None else first
         frames: List[np.ndarray] = []
         local: Dict[Any, Tuple[Tuple[int, ...], bool]] = {}
         like = (ring.shape, torch.empty(0, dtype=ring.dtype).numpy().dtype) if ring.shape is not None else None

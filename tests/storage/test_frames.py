@@ -274,7 +274,8 @@ def test_bad_frames_config_names_the_key(frames, needle):
     'cfg, needle',
     [
         (dict(type='naive', storage=dict(type='list', frames={})), "needs storage.type='tensor'"),
-        (dict(type='episode', storage=dict(type='tensor', frames={})), 'not supported by type'),
+        (dict(type='episode', storage=dict(type='list', frames={})), "needs storage.type='tensor'"),
+        (dict(type='gfn', storage=dict(type='tensor', frames={})), "unknown config key 'storage'"),
     ],
 )
 def test_frames_on_a_table_that_cannot_take_them_is_refused(cfg, needle):
