@@ -91,3 +91,33 @@ def test_real_pong_frames_come_back_exactly(pong, type_, n_step):
         if n_step > 1:
             assert out['n_step'][j].item() == k
     assert buf.storage.nbytes_per_item() < 84 * 84 * 1.3  # about one frame a transition (not 8)
+
+
+@pytest.mark.parametrize('type_', ['episode', 'prioritized_episode'])
+def test_real_pong_episodes_come_back_exactly(pong, type_):
+    """The same Pong steps cut into each environment's episodes and pushed whole (sequence replay): every window
+    equals the wrappers' stacks; the oldest episodes leave as the table fills."""
+    episodes, current = [], {0: [], 1: []}
+    for t in pong:
+        current[t['env_id']].append(dict(t, reward=np.float32(t['reward'])))
+        if t['done'] or t['truncated']:
+            episodes.append(current[t['env_id']])
+            current[t['env_id']] = []
+    assert len(episodes) >= 4
+    cfg = dict(type=type_, replay_buffer_size=3, max_transitions=120, seed=0, storage=dict(type='tensor', frames={}))
+    if type_ == 'prioritized_episode':
+        cfg['sampler'] = dict(unroll_len=8)
+    buf = create_buffer(cfg)
+    for ep in episodes:
+        buf.push([ep])
+    assert buf.count() >= 2 and buf.transition_count <= 120  # (episodes of up to 50 steps)
+    pushed = {t['step']: t for t in pong}
+    out = buf.sample(16, unroll_len=8) if type_ == 'episode' else buf.sample(16)
+    assert out['mask'].all()
+    for i in range(16):
+        steps = out['step'][i].tolist()
+        assert all(pushed[b]['env_id'] == pushed[a]['env_id'] for a, b in zip(steps, steps[1:]))
+        for j, s in enumerate(steps):
+            assert np.array_equal(out['obs'][i, j].numpy(), pushed[s]['obs'])
+            assert np.array_equal(out['next_obs'][i, j].numpy(), pushed[s]['next_obs'])
+    assert buf.storage.nbytes_per_item() < 84 * 84 * 1.3
