@@ -385,3 +385,20 @@ def test_a_rank_layout_that_cannot_fit_the_world_fails_before_any_network_wait(t
     assert float(seconds) < 10, r.stdout  # (importing torch included); the start-up timeout is 60 s
     for needle in needles:
         assert needle in message, message
+
+
+# ---------------------------------------------------------------------------------------------- frames on the wire
+@pytest.mark.slow
+@pytest.mark.parametrize('backend', BACKENDS)
+def test_frames_travel_as_new_frames_and_samples_are_exact(launches, backend):
+    """storage.frames over torchrun / mpirun: two workers (async scores; three pushes a send) push their own
+    environments' steps; continuing steps travel without obs and with one frame of next_obs, and every sampled
+    row (n-step returns included) equals the pushed steps."""
+    run = launches('frames', backend)
+    for r in (0, 1):
+        rep = run.rank(r)
+        assert rep['ok'], rep
+        assert rep['frames_count'] == 300 and rep['frames_rows'] == 64 and rep['frames_bad'] == [], rep
+        wire = rep['wire']
+        assert wire['steps'] == 150 and wire['next_as_frame'] == 150 and wire['obs_omitted'] > 100, wire
+    assert run.rank(2)['ok'], run.rank(2)

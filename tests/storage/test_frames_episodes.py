@@ -164,7 +164,8 @@ def test_state_round_trip_and_memmap(type_, tmp_path):
     out = again.sample(3, unroll_len=3) if type_ == 'episode' else again.sample(3)
     check_windows(out, eps.pushed, 3)
     if type_ == 'prioritized_episode':
-        res = again.update({k: out[k] for k in ('replay_unique_id', 'replay_buffer_idx')} | {'priority': np.ones((3, 3))})
+        ids = {k: out[k] for k in ('replay_unique_id', 'replay_buffer_idx')}
+        res = again.update(dict(ids, priority=np.ones((3, 3))))
         assert res['updated'] > 0
     buf.close()
     again.close()

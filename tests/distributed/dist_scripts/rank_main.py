@@ -10,7 +10,7 @@ async_score, remote_buffer_freq), kill_worker (worker 0 SIGKILLs itself), kill_m
 itself), hostile (rank 0 sends crafted and random bytes to the manager while rank 1 is served), freeze_manager
 (rank 1 SIGSTOPs the manager for longer than the timeout while rank 0 pushes with retries), freeze_worker
 (rank 1 freezes rank 0 past peer_timeout; rank 0 rejoins), freeze_worker_end (the same, but rank 1 exits while
-rank 0 is frozen, so the manager ends first).
+rank 0 is frozen, so the manager ends first), frames (frames stored once, the workers sending new frames).
 """
 
 import json
@@ -139,6 +139,9 @@ def config():
         d.update(num_shards=2)
     elif SCENARIO == 'chunk':
         cfg = dict(type='chunk', fragments_per_chunk=2, max_reuse=1, max_staleness=0, seed=0)
+    elif SCENARIO == 'frames':  # frames stored once; the workers send new frames (frames_wire), 2 push pipelines
+        cfg = dict(type='advanced', replay_buffer_size=512, seed=0, storage=dict(type='tensor', frames=FRAMES))
+        d.update(async_score=RANK == 0, remote_buffer_freq=3 if RANK == 1 else 1)
     else:
         raise ValueError(SCENARIO)
     if RANK == MANAGER and SCENARIO.startswith('gfn'):
@@ -195,7 +198,7 @@ def manager(buf):
         RESULT['log_rewards'] = sorted(inner.log_rewards().tolist())
     elif SCENARIO == 'chunk':
         RESULT['chunk_stats'] = jsonable(inner.stats())
-    elif SCENARIO != 'hostile':  # (list storage there: the count is checked)
+    elif SCENARIO not in ('hostile', 'frames'):  # (list storage there: the count is checked)
         rows = inner.storage.gather(inner.storage.ring.ordered_slots())
         RESULT['tags'] = rows['tag'].tolist()
         RESULT['obs_ok'] = bool((rows['obs'] == rows['tag'].float().unsqueeze(1)).all())
@@ -276,6 +279,53 @@ def worker_roundtrip(buf):
         write()
         push_record(buf, adv_batch(0, 60, n=3), batched=True)
         RESULT['count_after_small'] = buf.count()
+    buf.close()
+    RESULT['closed'] = True
+
+
+FRAMES = dict(env_key='env_id', n_step=2, gamma=0.5)
+FRAME_STEPS = 150  # per worker: 3 environments of its own, round robin
+
+
+def frame_steps(rank: int):
+    """Worker ``rank``'s steps (deterministic: every rank can rebuild every worker's), env ids and steps unique."""
+    from helpers import FrameEnvs
+
+    steps = FrameEnvs(n_envs=3, seed=100 + rank, max_len=12, side=16).steps(FRAME_STEPS)
+    return [dict(t, env_id=10 * rank + t['env_id'], step=10000 * rank + t['step']) for t in steps]
+
+
+def worker_frames(buf):
+    """Push this worker's steps one at a time (rank 0: async scores; rank 1: three pushes a send), then sample
+    the manager's buffer and compare every row with the pushed steps of both workers, n-step returns included."""
+    import numpy as np
+    from helpers import n_step_reference
+
+    steps = {r: frame_steps(r) for r in (0, 1)}
+    for t in steps[RANK]:
+        buf.push(t)
+    buf.flush()
+    if RANK == 0:
+        buf.drain_pending_score(20)
+    RESULT['wire'] = dict(buf.pushes.frames.stats)
+    end = time.monotonic() + 60
+    while buf.count() < 2 * FRAME_STEPS and time.monotonic() < end:  # the other worker's pushes (n-step sums)
+        time.sleep(0.1)
+    RESULT['frames_count'] = buf.count()
+    pushed = {t['step']: t for r in (0, 1) for t in steps[r]}
+    refs = n_step_reference(steps[0] + steps[1], FRAMES['n_step'], FRAMES['gamma'])
+    out = buf.sample(64)
+    bad = []
+    for j, s in enumerate(out['step'].tolist()):
+        ret, nxt, _, _, _ = refs[s]
+        if not (
+            np.array_equal(out['obs'][j].numpy(), pushed[s]['obs'])
+            and np.array_equal(out['next_obs'][j].numpy(), nxt)
+            and abs(out['reward'][j].item() - ret) < 1e-5
+        ):
+            bad.append(s)
+    RESULT['frames_rows'] = len(out['step'])
+    RESULT['frames_bad'] = bad
     buf.close()
     RESULT['closed'] = True
 
