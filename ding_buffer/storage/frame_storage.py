@@ -23,6 +23,7 @@ from .base import Prepared, WriteResult, check_state
 from .frames import IDS_SUFFIX, NEXT_SUFFIX, FrameRing, Pending, StreamEncoder, default_rows, frame_spec
 from .tensor_fields import allocate_fields, memmap_file, new_token, remove_files
 from .tensor_storage import TensorStorage
+from .tensordict_io import check_batched, check_item, is_tensordict, to_plain
 
 N_STEP_KEYS = ('n_step', 'n_step_discount')  # what an n-step sample adds
 NONE = np.iinfo(np.int64).max  # no frame id (an empty slot's oldest)
@@ -117,6 +118,14 @@ class FrameStorage(TensorStorage):
         payload: the tensor storage's, the pending frames, the stack size and which kept items are written (None:
         all; ``select`` narrows it). ``after``: a push prepared before this one and written before it (an episode
         table's earlier episode of the same push): this one's frames follow its frames."""
+        tensordict = bool(items) and type(items[0]) is not dict and is_tensordict(items[0])
+        plain = []
+        for i, item in enumerate(items):  # TensorDict steps are read as dicts; samples are TensorDicts again
+            if type(item) is not dict and is_tensordict(item):
+                check_item(item, i)
+                item = to_plain(item)
+            plain.append(item)
+        items = plain
         for i, item in enumerate(items):
             for name in N_STEP_KEYS if self.spec['n_step'] > 1 and isinstance(item, dict) else ():
                 if name in item:
@@ -136,7 +145,7 @@ class FrameStorage(TensorStorage):
                 )
         prepared = super().prepare(rows, schema, trim)
         self._check_schema(prepared.payload[0], stack)
-        return prepared._replace(payload=(prepared.payload, pending, stack, None))
+        return prepared._replace(payload=(prepared.payload, pending, stack, None), tensordict=tensordict)
 
     def _check_schema(self, schema: Any, stack: int) -> None:
         """The fields a frames table needs: both id columns as written, no stacked field, no n-step output name,
@@ -170,6 +179,10 @@ class FrameStorage(TensorStorage):
     def prepare_batch(
         self, batch: Any, schema: Optional[Any] = None, trim: bool = True, after: Optional[Prepared] = None
     ) -> Prepared:
+        tensordict = type(batch) is not dict and is_tensordict(batch)
+        if tensordict:
+            check_batched(batch)
+            batch = to_plain(batch)
         if not isinstance(batch, dict):
             raise TypeError(f"storage.frames takes a batch as a dict of batched leaves, got {type(batch).__name__}")
         lens = {}
@@ -189,7 +202,8 @@ class FrameStorage(TensorStorage):
         n = next(iter(lens.values()))
         if n == 0:
             raise ValueError("a batched push got a batch of size 0")
-        return self.prepare([{k: v[j] for k, v in batch.items()} for j in range(n)], schema, trim, after)
+        rows = [{k: v[j] for k, v in batch.items()} for j in range(n)]
+        return self.prepare(rows, schema, trim, after)._replace(tensordict=tensordict)
 
     def select(self, prepared: Prepared, keep: np.ndarray) -> Prepared:
         """The kept items where ``keep`` holds (a capacity rule's admission): every pending frame is still

@@ -421,14 +421,33 @@ def test_per_item_output_rebuilds_each_item():
         assert np.array_equal(it['obs'].numpy(), ref['obs']) and np.array_equal(it['next_obs'].numpy(), ref['next_obs'])
 
 
-def test_tensordict_items_are_refused_by_name():
+@pytest.mark.parametrize('batched', [False, True], ids=['single', 'batched'])
+def test_tensordict_steps_come_back_as_tensordicts_with_exact_stacks(batched):
+    """TorchRL-style TensorDict steps (one at a time, or a TensorDict batch of one row per environment): the
+    frames are stored once and samples are TensorDicts whose stacks equal the pushed ones."""
     tensordict = pytest.importorskip('tensordict')
     envs = Envs(seed=20)
-    t = envs.step(0)
-    td = tensordict.TensorDict({k: torch.as_tensor(np.asarray(v)) for k, v in t.items()}, batch_size=[])
-    buf = create_buffer(frames_cfg('naive'))
-    with pytest.raises(ValueError, match='storage.frames stores dict items'):
-        buf.push(td)
+    steps = envs.steps(60)
+
+    def td(rows):
+        leaves = {k: torch.as_tensor(np.stack([np.asarray(t[k]) for t in rows])) for k in rows[0]}
+        return tensordict.TensorDict(leaves, batch_size=[len(rows)])
+
+    buf = create_buffer(frames_cfg('naive', size=64))
+    if batched:
+        for i in range(0, len(steps), 3):
+            buf.extend(td(steps[i : i + 3]))
+    else:
+        for t in steps:
+            buf.push(td([t])[0])
+    assert buf.count() == 60
+    out = buf.sample(32, replace=False)
+    assert isinstance(out, tensordict.TensorDictBase) and out.batch_size == torch.Size([32])
+    check_rows(out, {t['step']: t for t in steps})
+    assert buf.storage.nbytes_per_item() < 2 * H * H + 100
+    again = create_buffer(frames_cfg('naive', size=64))
+    again.load_state_dict(buf.state_dict())
+    assert isinstance(again.sample(4), tensordict.TensorDictBase)
 
 
 # ================================================================================ regressions (adversarial review)
