@@ -63,7 +63,7 @@ def pong():
 
 
 @pytest.mark.parametrize('n_step', [1, 3])
-@pytest.mark.parametrize('type_', ['naive', 'advanced'])
+@pytest.mark.parametrize('type_', ['naive', 'advanced', 'elastic', 'deque'])
 def test_real_pong_frames_come_back_exactly(pong, type_, n_step):
     assert any(t['truncated'] for t in pong)  # episodes ended inside the stream
     assert np.array_equal(pong[0]['obs'][0], pong[0]['obs'][3])  # the wrappers repeat the reset frame
@@ -81,7 +81,7 @@ def test_real_pong_frames_come_back_exactly(pong, type_, n_step):
     assert buf.count() == 128
     pushed = {t['step']: t for t in pong}
     ref = n_step_reference(pong, n_step, 0.9)
-    out = buf.sample(128, replace=False) if type_ == 'naive' else buf.sample(128)
+    out = buf.sample(128, replace=False) if type_ in ('naive', 'elastic') else buf.sample(128)
     for j, s in enumerate(out['step'].tolist()):
         assert s >= len(pong) - 128
         assert np.array_equal(out['obs'][j].numpy(), pushed[s]['obs'])
@@ -90,7 +90,8 @@ def test_real_pong_frames_come_back_exactly(pong, type_, n_step):
         assert out['reward'][j].item() == pytest.approx(ret, abs=1e-5)
         if n_step > 1:
             assert out['n_step'][j].item() == k
-    assert buf.storage.nbytes_per_item() < 84 * 84 * 1.3  # about one frame a transition (not 8)
+    storage = (buf.inner if type_ == 'deque' else buf).storage  # (a deque keeps its items in an inner buffer)
+    assert storage.nbytes_per_item() < 84 * 84 * 1.3  # about one frame a transition (not 8)
 
 
 @pytest.mark.parametrize('type_', ['episode', 'prioritized_episode'])
