@@ -152,3 +152,23 @@ def worker_push_until_unavailable(cfg, wid, max_seconds):
         step += 1
         time.sleep(0.02)
     return {'pushes': step, 'error': None, 'message': '', 'seconds': 0.0}
+
+
+def frame_steps(wid, n=60):
+    """Worker ``wid``'s frame steps (tests/helpers.FrameEnvs, 2 environments of its own; step ids unique)."""
+    from helpers import FrameEnvs
+
+    steps = FrameEnvs(n_envs=2, seed=50 + wid, max_len=10, side=12).steps(n)
+    return [dict(t, env_id=10 * wid + t['env_id'], step=1000 * wid + t['step']) for t in steps]
+
+
+def worker_push_frames(cfg, wid):
+    """Ray task: push this worker's frame steps one at a time; the push pipeline's frames_wire counts."""
+    from ding_buffer import create_buffer
+
+    buf = create_buffer(cfg)
+    for t in frame_steps(wid):
+        buf.push(t)
+    stats = dict(buf.pushes.frames.stats)
+    buf.close()
+    return stats

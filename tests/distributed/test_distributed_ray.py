@@ -692,3 +692,31 @@ def test_chunk_protocol_behind_the_ray_actor(actors):
     assert learner.count() == 0 and learner.stats()['fragments_received'] == 6
     learner.close()
     worker.close()
+
+
+@pytest.mark.timeout(90)
+def test_frames_travel_as_new_frames_to_the_ray_actor(actors):
+    """storage.frames behind the Ray actor: two worker tasks push their environments' steps; continuing steps
+    travel as one frame, and every row the driver samples equals the pushed step."""
+    import numpy as np
+
+    cfg = dict(
+        type='naive',
+        replay_buffer_size=256,
+        seed=0,
+        storage=dict(type='tensor', frames=dict(env_key='env_id')),
+        distributed=actors(),
+    )
+    drv = create_buffer(cfg)
+    task = remote(ray_helpers.worker_push_frames)
+    wire = ray.get([task.remote(cfg, w) for w in range(2)], timeout=GET)
+    for w in wire:
+        assert w['steps'] == 60 and w['next_as_frame'] == 60 and w['obs_omitted'] > 30, w
+    pushed = {t['step']: t for w in range(2) for t in ray_helpers.frame_steps(w)}
+    assert drv.count() == 120
+    out = drv.sample(120, replace=False)
+    assert sorted(out['step'].tolist()) == sorted(pushed)
+    for j, s in enumerate(out['step'].tolist()):
+        assert np.array_equal(out['obs'][j].numpy(), pushed[s]['obs'])
+        assert np.array_equal(out['next_obs'][j].numpy(), pushed[s]['next_obs'])
+    drv.close()
