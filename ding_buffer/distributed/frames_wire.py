@@ -21,7 +21,7 @@ A push refused for any other reason clears the worker's memory, so the next push
 """
 
 from collections import OrderedDict
-from typing import Any, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
 import numpy as np
 import torch
@@ -65,7 +65,7 @@ def _rows_of(data: Any, batched: bool, spec: Mapping) -> Optional[List[Step]]:
             (o, x, env_of(it, spec['env_key'], i), ended_of(it, spec, i))
             for i, (it, (o, x)) in enumerate(zip(items, steps))
         ]
-    except ValueError:  # a field the buffer refuses: it says so itself
+    except (ValueError, TypeError, IndexError):  # a field the buffer refuses: it says so itself
         return None
 
 
@@ -142,49 +142,76 @@ class FramesWireEncoder:
         return out_items if isinstance(data, list) else out_items[0]
 
 
+# bytes counted for each environment and each worker held besides their frames (keys, dicts, arrays' headers)
+ENV_OVERHEAD, CLIENT_OVERHEAD = 256, 512
+MAX_CLIENTS = 1 << 16
+
+
 class FramesWireDecoder:
     """
     Overview:
-        Manager side: ``expand(client, seq, data, batched, meta)`` rebuilds a compact push's stacks (raising
-        ``FramesOutOfStepError`` where it does not hold the push's chain, ``ValueError`` for a malformed one; nothing
-        changes then); ``forget(client)`` drops a worker's chain (a push of it without ``meta``). What it holds per
-        worker is the last ``next_obs`` of each of its environments, at most ``budget`` bytes over all workers
-        (the least recently seen workers are forgotten first).
+        Manager side: ``expand(client, seq, data, batched, meta)`` rebuilds a compact push's stacks and answers
+        ``(full data, commit)``: ``commit()`` -- called once the buffer took the push -- makes it the worker's
+        chain. It raises ``FramesOutOfStepError`` where it does not hold the push's chain, ``ValueError`` for a
+        malformed push (stacks and frames that are not the buffer's); nothing changes then. ``forget(client)``
+        drops a worker's chain (a push of it without ``meta``). What it holds per worker is the last ``next_obs``
+        of each of its environments, at most ``budget`` bytes over all workers, overheads counted (the least
+        recently seen workers are forgotten first), and at most ``MAX_CLIENTS`` workers. A step is rebuilt from at
+        least one frame it carries into at most ``2 * stack`` frames of the buffer's stack, and a push that
+        continues a chain waits until the buffer holds frames (so it knows that stack).
     """
 
-    def __init__(self, spec: Mapping, budget: int) -> None:
+    def __init__(self, spec: Mapping, budget: int, storage_of: Optional[Callable[[], Any]] = None) -> None:
         self.spec = dict(spec)
         self.budget = int(budget)
+        self.storage_of = storage_of  # the buffer's FrameStorage now: the stack and frames a push must have
         self._held: 'OrderedDict[str, Tuple[int, Dict[Any, np.ndarray], int]]' = OrderedDict()  # seq, stacks, bytes
+        self._like: Any = None  # (stack, frame shape, dtype) of the buffer, read by each expand
         self._bytes = 0
         self.counters = dict(frames_wire_steps=0, frames_wire_out_of_step=0)
+
+    @property
+    def held_bytes(self) -> int:
+        """What the held stacks count against ``budget`` (frames and overheads)."""
+        return self._bytes
+
+    @property
+    def held_workers(self) -> int:
+        return len(self._held)
 
     def forget(self, client: Any) -> None:
         held = self._held.pop(client, None)
         if held is not None:
             self._bytes -= held[2]
 
-    def expand(self, client: Any, seq: Any, data: Any, batched: bool, meta: Any) -> Any:
+    def expand(self, client: Any, seq: Any, data: Any, batched: bool, meta: Any) -> Tuple[Any, Any]:
         cont, shift, base = self._check_meta(client, seq, meta)
         held = self._held.get(client)
+        storage = self.storage_of() if self.storage_of is not None else None
+        like = storage.frames_like() if storage is not None else None
         if base is None:
             stacks: Dict[Any, np.ndarray] = {}
-        elif held is None or held[0] != base:
+        elif held is None or held[0] != base or like is None:
             self.counters['frames_wire_out_of_step'] += 1
+            holds = 'none of that worker' if held is None else f'push {held[0]}'
             raise FramesOutOfStepError(
                 f"this push continues the frame stacks of push {base} of worker {client[:12]!r}, which the manager "
-                f"does not hold (it holds {'none of that worker' if held is None else f'push {held[0]}'}); the "
-                f"worker sends it again with full stacks"
+                f"does not hold (it holds {holds if like is not None else 'no frames yet'}); the worker sends it "
+                f"again with full stacks"
             )
         else:
             stacks = held[1]
+        self._like = like
         if batched:
             out, last = self._expand_batch(data, cont, shift, stacks)
         else:
             out, last = self._expand_items(data, cont, shift, stacks)
-        self._keep(client, int(seq), stacks, last)
         self.counters['frames_wire_steps'] += len(cont)
-        return out
+
+        def commit() -> None:
+            self._keep(client, int(seq), stacks, last)
+
+        return out, commit
 
     def _check_meta(self, client: Any, seq: Any, meta: Any) -> Tuple[List[bool], bool, Optional[int]]:
         ok = (
@@ -220,8 +247,10 @@ class FramesWireDecoder:
                     f"never sent, or its episode ended)"
                 )
             obs = prev
-        else:
-            obs = stack_of(item, key, i, None, None)
+        else:  # the buffer's stack and frames where it has some: a step never grows past 2 * stack frames here
+            known = self._like
+            want = None if known is None else (known[1], torch.empty(0, dtype=known[2]).numpy().dtype)
+            obs = stack_of(item, key, i, None if known is None else known[0], want)
         like = (tuple(obs.shape[1:]), obs.dtype)
         if not shift:
             return obs, stack_of(item, nkey, i, obs.shape[0], like)
@@ -300,11 +329,13 @@ class FramesWireDecoder:
                 stacks.pop(env, None)
             else:
                 stacks[env] = np.array(nxt, copy=True)  # not a view of the message's receive buffer
-        size = sum(s.nbytes for s in stacks.values())
+        size = CLIENT_OVERHEAD + sum(
+            s.nbytes + ENV_OVERHEAD + (len(env) if isinstance(env, str) else 0) for env, s in stacks.items()
+        )
         self._held[client] = (seq, stacks, size)
         self._bytes += size
-        while self._bytes > self.budget and self._held:  # forget the least recently seen workers first
-            _, (_, _, freed) = self._held.popitem(last=False)
+        while (self._bytes > self.budget or len(self._held) > MAX_CLIENTS) and self._held:
+            _, (_, _, freed) = self._held.popitem(last=False)  # the least recently seen workers first
             self._bytes -= freed
 
 
@@ -322,14 +353,30 @@ def frames_encoder(cfg: Any, dcfg: Any) -> Optional[FramesWireEncoder]:
     return None if spec is None else FramesWireEncoder(spec)
 
 
+def frames_storage(buffer: Any) -> Any:
+    """The buffer's storage where it keeps frames once (a deque's is its inner buffer's), else None; looked up
+    each time, since a restore replaces it."""
+    for owner in (buffer, getattr(buffer, 'inner', None)):
+        storage = getattr(owner, 'storage', None)
+        if getattr(storage, 'frames_spec', None) is not None:
+            return storage
+    return None
+
+
 def frames_decoder(buffer: Any, dcfg: Any) -> Optional[FramesWireDecoder]:
     """The manager's decoder where its buffer's storage keeps frames once."""
-    spec = None
-    for owner in (buffer, getattr(buffer, 'inner', None)):  # a deque keeps its items in an inner buffer
-        spec = spec or getattr(getattr(owner, 'storage', None), 'frames_spec', None)
-    if spec is None:
+    storage = frames_storage(buffer)
+    if storage is None:
         return None
-    return FramesWireDecoder(spec, int(dcfg.get('frames_wire_mb', 256.0) * (1 << 20)))
+    budget = int(dcfg.get('frames_wire_mb', 256.0) * (1 << 20))
+    return FramesWireDecoder(storage.frames_spec, budget, lambda: frames_storage(buffer))
 
 
-__all__ = ['FramesWireEncoder', 'FramesWireDecoder', 'frames_encoder', 'frames_decoder', 'frames_spec_of']
+__all__ = [
+    'FramesWireEncoder',
+    'FramesWireDecoder',
+    'frames_encoder',
+    'frames_decoder',
+    'frames_spec_of',
+    'frames_storage',
+]

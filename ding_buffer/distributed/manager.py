@@ -134,8 +134,10 @@ class ManagerCore:
         frames=None,
     ) -> Dict[str, Any]:
         def apply() -> Dict[str, Any]:
-            full = self._full_stacks(client, seq, data, batched, frames)
-            return self._apply_push(sender, full, batched, envstep, model_version, session_id)
+            full, commit = self._full_stacks(client, seq, data, batched, frames)
+            reply = self._apply_push(sender, full, batched, envstep, model_version, session_id)
+            commit()  # the worker's chain moves on only with a push the buffer took
+            return reply
 
         return self.push_dedup.once(client, seq, apply)
 
@@ -145,7 +147,7 @@ class ManagerCore:
         if frames is None:
             if self.frames_wire is not None and client is not None:
                 self.frames_wire.forget(client)
-            return data
+            return data, lambda: None
         if self.frames_wire is None:
             raise ValueError(
                 "push argument 'frames' (steps sent as new frames) reached a manager whose buffer does not keep "

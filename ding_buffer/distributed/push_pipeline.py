@@ -12,6 +12,7 @@ number before anything else is sent; the content digest of the push call that ra
 the caller's retry of that call sends what is owed instead of adding the data a second time.
 """
 
+import copy
 import hashlib
 import uuid
 from typing import Any, Dict, List, Optional
@@ -153,7 +154,11 @@ class PushPipeline:
         """With ``frames_wire``: the push's steps as new frames where the manager holds the rest."""
         if self.frames is None:
             return
-        raw = args.setdefault('raw', args['data'])
+        if 'raw' not in args:
+            # an async push may have to go again in full after the caller's next push: keep what it was, since the
+            # caller may write its next step into the same arrays
+            args['raw'] = copy.deepcopy(args['data']) if self._dcfg.async_score else args['data']
+        raw = args['raw']
         args['data'], meta = self.frames.encode(raw, args['batched'], args['seq'])
         if meta is None:
             args.pop('frames', None)
@@ -165,7 +170,15 @@ class PushPipeline:
         self._resend_unacked(deadline)
         self._flush(envstep, deadline)
 
+    def _settle_inflight(self, deadline: float) -> None:
+        """With ``frames_wire``: the unanswered async push is answered before anything else is sent, so a push that
+        must go again in full (``FramesOutOfStepError``) does so before any later one, in order."""
+        if self.frames is not None and self.inflight is not None:
+            previous, self.inflight = self.inflight, None
+            self._take_score(self._collect(previous, deadline))
+
     def _resend_unacked(self, deadline: float) -> None:
+        self._settle_inflight(deadline)
         while self._unacked:
             args = self._unacked[0]
             self.resent_pushes += 1
@@ -198,6 +211,7 @@ class PushPipeline:
     def _flush(self, envstep: int, deadline: float) -> None:
         if not self._pending:
             return
+        self._settle_inflight(deadline)
         data, batched = self._merged()
         if self._dcfg.scoring_only and self._scoring_keys:
             data = select_fields(data, self._scoring_keys)
@@ -239,6 +253,7 @@ class PushPipeline:
             return self._result(ticket, deadline, args)
         except ManagerUnavailableError:
             self._unacked.append(args)
+            self._unacked.sort(key=lambda a: a['seq'])  # resent in the order they were first sent
             raise
 
     def _baseline_filter(self, data: Any) -> Any:

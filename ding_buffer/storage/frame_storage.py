@@ -136,6 +136,14 @@ class FrameStorage(TensorStorage):
             first, stack = before.first + len(before.frames), after.payload[2]
         streams = {} if self.episodes is not None else self.streams  # an episode starts its own stream
         rows, pending, stack = self.encoder.encode(items, self.frame_ring, streams, stack, first)
+        if self.episodes is not None and pending.frames:  # an episode's frames must all fit in the ring at once
+            room = self.frame_ring.rows if self.frame_ring.allocated() else self._rows(stack)
+            if len(pending.frames) > room:
+                raise ValueError(
+                    f"the episode needs {len(pending.frames)} frames; the frame ring has {room} rows "
+                    f"(max_transitions + storage.frames.spare={self.spec['spare']}); raise storage.frames.spare or "
+                    f"leave it None (room for every episode's first stack)"
+                )
         if after is not None and pending.frames and after.payload[1].frames:
             a, b = after.payload[1].frames[0], pending.frames[0]
             if (a.shape, a.dtype) != (b.shape, b.dtype):
@@ -224,9 +232,20 @@ class FrameStorage(TensorStorage):
         self.frame_ring = self._new_ring(stack, tuple(like.shape), torch.from_numpy(np.array(like)).dtype)
         self.stack = stack
 
+    def _rows(self, stack: int) -> int:
+        """Rows of this storage's frame ring for frame stacks of ``stack``."""
+        return default_rows(self.capacity, stack, self.spec['spare'], self.episodes)
+
+    def frames_like(self) -> Optional[Tuple[int, Tuple[int, ...], torch.dtype]]:
+        """``(stack, frame shape, dtype)`` of the stored frames; None until the first write (or a state) sets them."""
+        ring = self.frame_ring
+        if self.stack is None or ring.shape is None or ring.dtype is None:
+            return None
+        return self.stack, tuple(ring.shape), ring.dtype
+
     def _new_ring(self, stack: int, shape: Tuple[int, ...], dtype: torch.dtype) -> FrameRing:
         """An allocated frame ring for this storage (in memory, or a memory-mapped file removed with it)."""
-        rows = default_rows(self.capacity, stack, self.spec['spare'], self.episodes)
+        rows = self._rows(stack)
         token = new_token()
         field = allocate_fields({('frames',): (shape, dtype)}, rows, self.device, self.memmap_dir, token)
         ring = FrameRing(rows)
@@ -571,7 +590,7 @@ class FrameStorage(TensorStorage):
             raise ValueError("saved frames have no stack")
         if like is not None and (tuple(data.shape[1:]), data.dtype) != like:
             raise ValueError(f"saved frame data {tuple(data.shape[1:])} {data.dtype} does not match its shape / dtype")
-        rows = default_rows(self.capacity, stack, self.spec['spare'], self.episodes)
+        rows = self._rows(stack)
         if len(ids) > rows:
             raise ValueError(f"saved buffer refers to {len(ids)} frames; this storage's frame ring has {rows} rows")
 

@@ -10,7 +10,7 @@ from easydict import EasyDict
 from helpers import FrameEnvs, assert_same
 from in_process import in_process_job
 
-from ding_buffer import FramesOutOfStepError
+from ding_buffer import FramesOutOfStepError, create_buffer
 from ding_buffer.distributed import ManagerCore, build_manager_buffer
 from ding_buffer.distributed.frames_wire import FramesWireDecoder, FramesWireEncoder
 from ding_buffer.storage.frames import frame_spec
@@ -45,9 +45,21 @@ def check_sampled(out, pushed):
             assert out[k][j].item() == ref[k], f"{k} of step {s}"
 
 
-def roundtrip(enc, dec, data, batched, seq, client='w'):
+def manager_side(budget=1 << 20):
+    """A frames buffer and the decoder a manager of it has (it checks pushes against the buffer's frames)."""
+    buf = create_buffer(
+        dict(type='naive', replay_buffer_size=4096, seed=0, storage=dict(type='tensor', frames=dict(env_key='env_id')))
+    )
+    return buf, FramesWireDecoder(SPEC, budget, lambda: buf.storage)
+
+
+def roundtrip(enc, dec, buf, data, batched, seq, client='w'):
+    """Encode on the worker, rebuild on the manager, store, and move the worker's chain on (as the manager does)."""
     wire, meta = enc.encode(data, batched, seq)
-    return wire, meta, dec.expand(client, seq, wire, batched, meta)
+    full, commit = dec.expand(client, seq, wire, batched, meta)
+    buf.push(full, batched=batched)
+    commit()
+    return wire, meta, full
 
 
 def assert_rows_equal(got, want, batched):
@@ -70,7 +82,8 @@ def test_the_decoder_rebuilds_exactly_what_was_pushed(form):
     push form, the manager's side rebuilds every field of every step exactly, and continuing steps travel
     without obs and with one frame of next_obs."""
     envs = FrameEnvs(n_envs=3, seed=1, max_len=6)
-    enc, dec = FramesWireEncoder(SPEC), FramesWireDecoder(SPEC, 1 << 20)
+    buf, dec = manager_side()
+    enc = FramesWireEncoder(SPEC)
     steps = envs.steps(240)
     if form == 'item':
         pushes = [(s, False) for s in steps]
@@ -81,7 +94,7 @@ def test_the_decoder_rebuilds_exactly_what_was_pushed(form):
         if form == 'torch_batch':
             pushes = [({k: torch.as_tensor(v) for k, v in b.items()}, True) for b, _ in pushes]
     for seq, (data, batched) in enumerate(pushes):
-        wire, meta, full = roundtrip(enc, dec, data, batched, seq)
+        wire, meta, full = roundtrip(enc, dec, buf, data, batched, seq)
         want = {k: (v.numpy() if isinstance(v, torch.Tensor) else v) for k, v in data.items()} if batched else data
         assert_rows_equal(full, want, batched)
         assert meta['shift'] is True and meta['base'] == (seq - 1 if seq else None)
@@ -96,9 +109,10 @@ def test_a_push_the_manager_cannot_chain_is_refused_and_changes_nothing():
     FramesOutOfStepError; malformed meta or fields raise ValueError; the decoder then still takes the chain it
     holds."""
     envs = FrameEnvs(n_envs=2, seed=2, max_len=50)
-    enc, dec = FramesWireEncoder(SPEC), FramesWireDecoder(SPEC, 1 << 20)
+    buf, dec = manager_side()
+    enc = FramesWireEncoder(SPEC)
     first = envs.steps(2)
-    roundtrip(enc, dec, first, False, 0)
+    roundtrip(enc, dec, buf, first, False, 0)
     second = envs.steps(2)
     wire, meta = enc.encode(second, False, 1)
     assert meta['cont'] == [True, True]
@@ -120,7 +134,7 @@ def test_a_push_the_manager_cannot_chain_is_refused_and_changes_nothing():
     for data, m, needle in bad:
         with pytest.raises(ValueError, match=needle):
             dec.expand('w', 1, data, False, m)
-    full = dec.expand('w', 1, wire, False, meta)  # the chain it holds still works
+    full, _ = dec.expand('w', 1, wire, False, meta)  # the chain it holds still works
     assert_rows_equal(full, second, False)
 
 
@@ -178,8 +192,6 @@ def test_two_workers_send_one_frame_a_step_and_samples_are_exact():
 def test_n_step_returns_through_the_wire_equal_the_local_buffer():
     """The same vectorised pushes, once into a local buffer and once through a worker (frames_wire on): the
     manager's state equals the local buffer's (frames, links, n-step chains)."""
-    from ding_buffer import create_buffer
-
     cfg = cfg_of(size=64, n_step=3)
     local = create_buffer(EasyDict({k: v for k, v in cfg.items() if k != 'distributed'}))
     mgr, out, th, (w,) = in_process_job(cfg, n_workers=1)
@@ -241,3 +253,104 @@ def test_bad_frames_wire_config_names_the_key(key, value, needle):
 
     with pytest.raises(ValueError, match=f"distributed.{key}.*{needle}"):
         build_distributed_config(dict(backend='torch', **{key: value}))
+
+
+@pytest.mark.parametrize('check', [True, False], ids=['checked', 'unchecked'])
+def test_async_pushes_the_manager_forgets_arrive_once_in_order_from_reused_arrays(check):
+    """async_score, a manager that forgets the worker between its pushes (another worker's stacks take the whole
+    budget), and a caller writing every step into the same two arrays: each push that comes back out of step is
+    sent again in full before the next one goes out, from what the caller pushed then. Every step is stored
+    once, with its own stacks (with storage.frames.check off too, where nothing else would notice)."""
+    cfg = cfg_of(frames=dict(env_key='env_id', check=check), frames_wire_mb=250 / 2**20, async_score=True)
+    mgr, out, th, (a, b) = in_process_job(cfg, n_workers=2)
+    envs = FrameEnvs(n_envs=2, seed=3, max_len=1000)
+    other = FrameEnvs(n_envs=1, seed=9, max_len=1000)
+    obs, nxt = np.zeros((4, 5, 5), np.uint8), np.zeros((4, 5, 5), np.uint8)
+    pushed = {}
+    for i, s in enumerate(envs.steps(12)):
+        pushed[s['step']] = s
+        obs[...], nxt[...] = s['obs'], s['next_obs']
+        a.push(dict(s, obs=obs, next_obs=nxt))
+        if i in (3, 7):  # the other worker's push: the manager forgets worker a (least recently seen)
+            t = dict(other.steps(1)[0], env_id=5, step=1000 + i)
+            b.push(t)
+            pushed[t['step']] = t
+    a.drain_pending_score(10)
+    b.drain_pending_score(10)
+    assert a.count() == len(pushed)
+    got = a.sample(len(pushed))
+    assert sorted(got['step'].tolist()) == sorted(pushed)
+    check_sampled(got, pushed)
+    assert a.pushes.frames.stats['resent_full'] > 0
+    assert a.stats()['manager/duplicate_pushes'] == 0
+    a.close()
+    b.close()
+    th.join(20)
+
+
+def test_a_crafted_push_cannot_make_the_manager_build_large_stacks():
+    """A push whose obs is a stack of 20,000 frames, followed by steps that continue it with one frame each,
+    is refused against the buffer's own stack (4) before anything large is built; a push continuing a chain
+    before the buffer holds any frame is out of step."""
+    import tracemalloc
+
+    buf, dcfg, key = build_manager_buffer(cfg_of())
+    core = ManagerCore(buf, dcfg, key)
+    honest = FrameEnvs(n_envs=1, seed=6, max_len=100, side=8).steps(3)
+
+    def push(seq, data, meta, client='c'):
+        args = dict(data=data, client=client, seq=seq, frames=meta)
+        return core.handle(1, {'op': 'push', 'id': seq, 'shard': 0, 'args': args})
+
+    early = dict(v=1, base=0, cont=[True], shift=True)
+    reply = push(1, [dict(honest[0], obs=None, next_obs=honest[0]['next_obs'][-1:])], early, client='early')
+    assert reply['error'] == 'FramesOutOfStepError', reply
+    assert push(0, [honest[0]], dict(v=1, base=None, cont=[False], shift=False))['ok']
+    n = 1500
+    big = np.zeros((20000, 8, 8), np.uint8)
+    items = [dict(honest[1], obs=big, next_obs=big[-1:])] + [
+        {k: v for k, v in dict(honest[1], next_obs=big[-1:]).items() if k != 'obs'} for _ in range(n - 1)
+    ]
+    before = buf.state_dict()
+    tracemalloc.start()
+    reply = push(1, items, dict(v=1, base=None, cont=[False] + [True] * (n - 1), shift=True))
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert not reply['ok'] and 'stack of 20000 frames, expected 4' in reply['message'], reply
+    assert peak < 50 * 2**20, peak  # (rebuilt in full: 1500 x 2 x 20000 frames of 64 bytes = 3.8 GB)
+    assert_same(buf.state_dict(), before)
+
+
+def test_the_held_stacks_stay_within_the_budget_and_refused_pushes_add_none():
+    """Many workers with many environments: what the manager holds, overheads counted, stays within
+    frames_wire_mb; a push the buffer refuses leaves nothing held."""
+    buf, dec = manager_side(budget=64 * 1024)
+    envs = FrameEnvs(n_envs=1, seed=7, max_len=1000, side=4)
+    for w in range(300):
+        enc = FramesWireEncoder(SPEC)
+        steps = [dict(s, env_id=w * 1000 + k, step=w * 1000 + k) for k, s in enumerate(envs.steps(5))]
+        roundtrip(enc, dec, buf, steps, False, 0, client=f'w{w}')
+        assert dec.held_bytes <= 64 * 1024
+    assert 0 < dec.held_workers < 300
+    held = dec.held_workers, dec.held_bytes
+    enc = FramesWireEncoder(SPEC)
+    bad = dict(envs.steps(1)[0], env_id=-1, action='x')  # the buffer refuses it (action is an int column)
+    wire, meta = enc.encode(bad, False, 0)
+    full, commit = dec.expand('bad', 0, wire, False, meta)
+    with pytest.raises((TypeError, ValueError)):
+        buf.push(full)
+    assert (dec.held_workers, dec.held_bytes) == held  # (commit is called only for a push the buffer took)
+
+
+def test_the_encoder_sends_what_it_cannot_read_as_it_is():
+    """Malformed steps are not the encoder's to judge: sent as pushed, the buffer names the field."""
+    enc = FramesWireEncoder(SPEC)
+    steps = FrameEnvs(n_envs=3, seed=8).steps(3)
+    batch = next(batches(steps, 3))
+    for bad in (
+        dict(batch, env_id=batch['env_id'][:2]),  # a short env_id column
+        dict(batch, done=np.bool_(False)),  # one flag for a batch
+        {k: (torch.as_tensor(v).to(torch.bfloat16) if k == 'obs' else v) for k, v in batch.items()},
+    ):
+        wire, meta = enc.encode(bad, True, 0)
+        assert meta is None and wire is bad

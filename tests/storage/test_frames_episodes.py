@@ -182,3 +182,26 @@ def test_state_round_trip_and_memmap(type_, tmp_path):
 def test_what_an_episode_table_cannot_take_is_refused_by_name(cfg, needle):
     with pytest.raises(ValueError, match=needle):
         create_buffer(cfg)
+
+
+def test_an_episode_larger_than_the_frame_ring_is_refused_before_anything_changes():
+    """With a frame ring too small for an episode's frames (a spare below its first stack), the episode is
+    refused naming storage.frames.spare, and the stored episodes stay as they were."""
+    eps = Episodes(seed=5, max_len=3)
+    buf = create_buffer(cfg_of(episodes=4, transitions=8, spare=1))
+    buf.push([eps.one()])
+    before = buf.state_dict()
+    long = []
+    while len(long) < 8:
+        long = eps.one()
+        eps.envs.max_len = 8
+    long = [dict(s) for s in long[:8]]
+    long[0]['obs'] = np.stack([np.full((SIDE, SIDE), k, np.uint8) for k in range(STACK)])  # 4 distinct frames
+    for t in range(1, 8):  # (a consistent episode: every obs the previous next_obs)
+        long[t - 1]['next_obs'] = np.concatenate([long[t - 1]['obs'][1:], long[t - 1]['next_obs'][-1:]])
+        long[t]['obs'] = long[t - 1]['next_obs']
+    long[7]['next_obs'] = np.concatenate([long[7]['obs'][1:], long[7]['next_obs'][-1:]])
+    with pytest.raises(ValueError, match='storage.frames.spare'):
+        buf.push([long])
+    assert_same(buf.state_dict(), before)
+    check_episodes(buf.sample(1), eps.pushed)
