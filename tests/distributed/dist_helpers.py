@@ -49,9 +49,11 @@ class Launch:
         nproc: int = 3,
         survive_deaths: bool = False,
         timeout: float = LAUNCH_TIMEOUT,
+        hosts=None,
     ) -> None:
         """``survive_deaths``: torch ranks start as plain env:// processes (as SLURM users do: torchrun would tear
-        the job down when a rank dies) and mpirun runs with --enable-recovery."""
+        the job down when a rank dies) and mpirun runs with --enable-recovery. ``hosts`` (a ``netns_hosts.Hosts``):
+        rank ``r`` runs on host ``r``, the torch ranks as env:// processes rendezvousing at host 0's address."""
         self.scenario, self.backend, self.nproc, self.timeout = scenario, backend, nproc, timeout
         self.out = root / f'{scenario}-{backend}'
         self.out.mkdir(parents=True)
@@ -59,7 +61,25 @@ class Launch:
         self.timed_out = []
         self.ranks = None
         args = [str(script), scenario, backend, str(self.out)]
-        if backend == 'torch' and survive_deaths:
+        if hosts is not None:
+            if backend != 'torch':
+                raise ValueError(f"ranks on namespaced hosts are launched for backend 'torch' only, not {backend!r}")
+            for r in range(nproc):
+                env = child_env()
+                env.update(
+                    RANK=str(r),
+                    LOCAL_RANK='0',
+                    WORLD_SIZE=str(nproc),
+                    LOCAL_WORLD_SIZE='1',
+                    MASTER_ADDR=hosts.addr(0),
+                    MASTER_PORT='29500',  # (each host has its own ports)
+                    GLOO_SOCKET_IFNAME=hosts.device,  # gloo picks the host's link, not its loopback
+                    DING_TEST_HOSTS=','.join(hosts.ns(i) for i in range(nproc)),
+                    DING_TEST_HOST_PORTS=','.join(hosts.port(i) for i in range(nproc)),
+                    DING_TEST_ROOT_NETNS=f'/proc/{os.getpid()}/ns/net',
+                )
+                self._start(f'rank{r}', [sys.executable] + args, env, hosts=hosts, host=r)
+        elif backend == 'torch' and survive_deaths:
             port = free_port()
             for r in range(nproc):
                 env = child_env()
@@ -92,12 +112,15 @@ class Launch:
             self._start('mpirun', cmd + [sys.executable] + args, child_env())
         self.started = time.monotonic()
 
-    def _start(self, name, cmd, env) -> None:
+    def _start(self, name, cmd, env, hosts=None, host=0) -> None:
         log = self.out / f'{name}.log'
         with open(log, 'wb') as f:
-            p = subprocess.Popen(
-                cmd, stdout=f, stderr=subprocess.STDOUT, env=env, cwd=str(self.out), start_new_session=True
-            )
+            if hosts is not None:
+                p = hosts.popen(host, cmd, env, stdout=f, stderr=subprocess.STDOUT, cwd=str(self.out))
+            else:
+                p = subprocess.Popen(
+                    cmd, stdout=f, stderr=subprocess.STDOUT, env=env, cwd=str(self.out), start_new_session=True
+                )
         self.procs.append((name, p, log))
 
     def wait(self) -> 'Launch':

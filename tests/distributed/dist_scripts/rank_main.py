@@ -131,6 +131,9 @@ def config():
     elif SCENARIO == 'freeze_manager':
         cfg = dict(type='advanced', replay_buffer_size=4000, storage=dict(type='tensor'))
         d.update(timeout=FREEZE_TIMEOUT, heartbeat_seconds=0.5, peer_timeout=60.0)
+    elif SCENARIO in ('partition_worker', 'partition_short', 'kill_worker_host'):  # namespaced hosts
+        cfg = dict(type='advanced', replay_buffer_size=4000, storage=dict(type='tensor'))
+        d.update(timeout=10.0, heartbeat_seconds=0.5, peer_timeout=3.0)
     elif SCENARIO in ('freeze_worker', 'freeze_worker_end'):
         cfg = dict(type='advanced', replay_buffer_size=4000, storage=dict(type='tensor'))
         d.update(timeout=10.0, heartbeat_seconds=0.5, peer_timeout=3.0)
@@ -759,6 +762,84 @@ def worker_freeze_worker(buf):
 
 
 worker_freeze_worker_end = worker_freeze_worker
+
+PARTITION_SECONDS = {'partition_worker': 6.0, 'partition_short': 1.5}  # longer / shorter than peer_timeout (3 s)
+
+
+def _host_link(host: int, up: bool) -> None:
+    """Cut or restore the link of namespaced host ``host`` (its bridge port; the harness named them)."""
+    import subprocess
+
+    port = os.environ['DING_TEST_HOST_PORTS'].split(',')[host]
+    # the bridge ports live in the test's own network namespace (the harness names it)
+    cmd = ['nsenter', f"--net={os.environ['DING_TEST_ROOT_NETNS']}", 'ip', 'link', 'set', port, 'up' if up else 'down']
+    subprocess.run(cmd, check=True, timeout=20)
+
+
+def worker_partition_worker(buf):
+    """Rank 1 cuts rank 0's host off the network (its processes keep running) for PARTITION_SECONDS, then heals
+    it; rank 0 pushes all along, retrying what fails. Across namespaced hosts only."""
+    log = RESULT.setdefault('calls', [])
+    if RANK == 0:
+        step = 0
+        while not os.path.exists(os.path.join(OUT, 'healed')) or step < 60:
+            retrying(buf, lambda: buf.push(adv_batch(0, step), batched=True), f'push {step}', log)
+            step += 1
+            if step == 5:
+                flag('w0_started')
+            time.sleep(0.1)
+            if time.monotonic() - T0 > 100:
+                break
+        RESULT['steps'] = step
+        flag('w0_done')
+        buf.close()
+        RESULT['closed'] = True
+        return
+    assert wait_flag('w0_started')
+    _host_link(0, up=False)
+    RESULT['cut_at'] = time.time()
+    try:
+        time.sleep(PARTITION_SECONDS[SCENARIO])
+    finally:
+        _host_link(0, up=True)
+    RESULT['healed_at'] = time.time()
+    flag('healed')
+    for step in range(300):
+        push_record(buf, adv_batch(1, step), batched=True)
+        if os.path.exists(os.path.join(OUT, 'w0_done')):
+            break
+        time.sleep(0.1)
+    buf.close()
+    RESULT['closed'] = True
+
+
+worker_partition_short = worker_partition_worker
+
+
+def worker_kill_worker_host(buf):
+    """Rank 0 pushes until its host dies (the test cuts the link and kills its processes); rank 1 then pushes
+    for longer than peer_timeout, timing every call, and closes."""
+    if RANK == 0:
+        step = 0
+        while True:
+            push_record(buf, adv_batch(0, step), batched=True)
+            step += 1
+            if step == 5:
+                flag('w0_started')
+            time.sleep(0.05)
+    assert wait_flag('host0_dead', 90)
+    times, n = [], 0
+    end = time.monotonic() + 5.0  # > peer_timeout (3 s)
+    while time.monotonic() < end:
+        t = time.monotonic()
+        push_record(buf, adv_batch(1, n), batched=True)
+        times.append(time.monotonic() - t)
+        n += 1
+        time.sleep(0.05)
+    RESULT['pushes_after_death'] = n
+    RESULT['seconds_per_call'] = times
+    buf.close()
+    RESULT['closed'] = True
 
 
 def main() -> None:
