@@ -53,7 +53,8 @@ class Launch:
     ) -> None:
         """``survive_deaths``: torch ranks start as plain env:// processes (as SLURM users do: torchrun would tear
         the job down when a rank dies) and mpirun runs with --enable-recovery. ``hosts`` (a ``netns_hosts.Hosts``):
-        rank ``r`` runs on host ``r``, the torch ranks as env:// processes rendezvousing at host 0's address."""
+        rank ``r`` runs on host ``r``: torch ranks as env:// processes rendezvousing at host 0's address, MPI ranks
+        started by mpirun (in the test's namespace) through ``netns_rsh.sh``, talking TCP only."""
         self.scenario, self.backend, self.nproc, self.timeout = scenario, backend, nproc, timeout
         self.out = root / f'{scenario}-{backend}'
         self.out.mkdir(parents=True)
@@ -61,9 +62,21 @@ class Launch:
         self.timed_out = []
         self.ranks = None
         args = [str(script), scenario, backend, str(self.out)]
-        if hosts is not None:
-            if backend != 'torch':
-                raise ValueError(f"ranks on namespaced hosts are launched for backend 'torch' only, not {backend!r}")
+        if hosts is not None and backend == 'mpi':
+            env = child_env()
+            env.update(hosts.test_env(nproc))
+            subnet = f'{hosts.net}.0/24'
+            cmd = ['mpirun', '--allow-run-as-root', '--oversubscribe', '-n', str(nproc), '--wdir', str(self.out)]
+            cmd += ['--host', ','.join(hosts.ns(i) for i in range(nproc))]  # rank r on host r
+            cmd += ['--mca', 'plm_rsh_agent', str(SCRIPTS / 'netns_rsh.sh'), '--mca', 'plm_rsh_no_tree_spawn', '1']
+            cmd += ['--mca', 'oob_tcp_if_include', subnet, '--mca', 'btl_tcp_if_include', subnet]
+            cmd += ['--mca', 'btl', 'tcp,self']  # TCP between hosts, never shared memory
+            for name in ('PYTHONPATH', 'OMP_NUM_THREADS', 'PYTHONUNBUFFERED') + tuple(hosts.test_env(nproc)):
+                cmd += ['-x', name]
+            if survive_deaths:
+                cmd.append('--enable-recovery')
+            self._start('mpirun', cmd + [sys.executable] + args, env)
+        elif hosts is not None:
             for r in range(nproc):
                 env = child_env()
                 env.update(
@@ -74,9 +87,7 @@ class Launch:
                     MASTER_ADDR=hosts.addr(0),
                     MASTER_PORT='29500',  # (each host has its own ports)
                     GLOO_SOCKET_IFNAME=hosts.device,  # gloo picks the host's link, not its loopback
-                    DING_TEST_HOSTS=','.join(hosts.ns(i) for i in range(nproc)),
-                    DING_TEST_HOST_PORTS=','.join(hosts.port(i) for i in range(nproc)),
-                    DING_TEST_ROOT_NETNS=f'/proc/{os.getpid()}/ns/net',
+                    **hosts.test_env(nproc),
                 )
                 self._start(f'rank{r}', [sys.executable] + args, env, hosts=hosts, host=r)
         elif backend == 'torch' and survive_deaths:

@@ -100,6 +100,7 @@ class Hosts:
         _run(IP, 'link', 'add', self.bridge, 'type', 'bridge')
         self._made.append('bridge')
         _run(IP, 'link', 'set', self.bridge, 'up')
+        _run(IP, 'addr', 'add', f'{self.net}.254/24', 'dev', self.bridge)  # this namespace on the network too (mpirun)
         for i in range(self.n):
             ns, port = self.ns(i), self.port(i)
             _run(IP, 'netns', 'add', ns)
@@ -109,6 +110,13 @@ class Hosts:
             _run(IP, '-n', ns, 'addr', 'add', f'{self.addr(i)}/24', 'dev', self.device)
             _run(IP, '-n', ns, 'link', 'set', self.device, 'up')
             _run(IP, '-n', ns, 'link', 'set', 'lo', 'up')
+
+    def test_env(self, n: int) -> Dict[str, str]:
+        """What a test rank on these hosts reads to cut or heal a host's link itself (``rank_main._host_link``)."""
+        return dict(
+            DING_TEST_HOST_PORTS=','.join(self.port(i) for i in range(n)),
+            DING_TEST_ROOT_NETNS=f'/proc/{os.getpid()}/ns/net',  # where the bridge and its ports are
+        )
 
     def close(self) -> None:
         for i in range(self.n):
