@@ -40,6 +40,9 @@ DISTRIBUTED_CONFIG = dict(
     actor_name='ding_buffer_manager',
     namespace='ding_buffer',
     detached=False,
+    # Ray: where the manager actor runs, as Ray's actor options (keys num_cpus, num_gpus, memory, resources), e.g.
+    # dict(resources={'replay_node': 1}) to place it on the node started with that custom resource.
+    ray_actor_options=None,
     ray_address=None,
     num_workers=None,
     # Seconds a worker call may take (send + reply) before it raises ManagerUnavailableError; also bounds the
@@ -110,6 +113,19 @@ DISTRIBUTED_CONFIG = dict(
     shard_key=None,
 )
 
+
+def _actor_options_ok(x: Any) -> bool:
+    if not isinstance(x, Mapping) or not set(x) <= {'num_cpus', 'num_gpus', 'memory', 'resources'}:
+        return False
+    for k in ('num_cpus', 'num_gpus'):
+        if k in x and not (_number(x[k]) and x[k] >= 0):
+            return False
+    if 'memory' in x and not (type(x['memory']) is int and x['memory'] > 0):
+        return False
+    res = x.get('resources', {})
+    return isinstance(res, Mapping) and all(isinstance(k, str) and k and _number(v) and v >= 0 for k, v in res.items())
+
+
 DISTRIBUTED_CHECKS = dict(
     backend=(lambda x: x is None or x in BACKENDS, f"None or one of {BACKENDS}"),
     manager_rank=(lambda x: isinstance(x, int) and x >= -1, 'an int >= -1'),
@@ -119,6 +135,11 @@ DISTRIBUTED_CHECKS = dict(
     ),
     actor_name=(lambda x: isinstance(x, str) and x, 'a non-empty str'),
     num_workers=(optional_positive_int, 'None or a positive int'),
+    ray_actor_options=(
+        lambda x: x is None or _actor_options_ok(x),
+        "None or a dict of Ray actor options: num_cpus / num_gpus (numbers >= 0), memory (bytes, an int > 0), "
+        "resources (a dict of resource name -> number >= 0)",
+    ),
     timeout=(_seconds, 'a finite positive number of seconds'),
     startup_timeout=(_optional_seconds, 'None or a finite positive number of seconds'),
     heartbeat_seconds=(_seconds, 'a finite positive number of seconds'),

@@ -325,6 +325,8 @@ def get_or_create_actor(cfg: Any, dcfg: Any):
     opts = dict(name=dcfg.actor_name, namespace=dcfg.namespace, get_if_exists=True, max_concurrency=1, max_restarts=0)
     if dcfg.detached:
         opts['lifetime'] = 'detached'
+    for key, value in (dcfg.get('ray_actor_options') or {}).items():  # where it runs (validated by the config)
+        opts[key] = dict(value) if key == 'resources' else value
     actor = actor_class().options(**opts).remote(_plain(cfg))
     where = f"manager actor {dcfg.namespace}/{dcfg.actor_name}"
     try:

@@ -8,7 +8,9 @@ land exactly once (rows counted by content), a healed worker goes on, a dead hos
 Needs root (namespaces): skipped with the reason elsewhere. Every namespace and process is removed afterwards.
 """
 
+import json
 import os
+import shutil
 import signal
 import sys
 import time
@@ -16,7 +18,7 @@ import time
 import pytest
 from dist_helpers import BACKENDS, Launch
 from helpers import need_mpi
-from netns_hosts import Hosts, available, leftovers
+from netns_hosts import IP, Hosts, available, leftovers
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
@@ -108,6 +110,91 @@ def test_a_host_that_dies_silently_is_counted_lost_and_the_others_are_served(hos
     assert list(s['lost']) == ['0'] and s['exited'] == ['1'], s
     w1 = run.rank(1)
     assert w1['pushes_after_death'] > 0 and max(w1['seconds_per_call']) < 10.0, w1
+
+
+def _ray_start(hosts, i, temp_dir, env):
+    """A Ray node on host ``i`` (the head on host 0) with the custom resource ``host<i>``."""
+    import json
+    import subprocess
+
+    ray = os.path.join(os.path.dirname(sys.executable), 'ray')
+    args = [ray, 'start', '--node-ip-address', hosts.addr(i), '--num-cpus', '2', '--disable-usage-stats']
+    args += ['--resources', json.dumps({f'host{i}': 1})]
+    if i == 0:
+        args += ['--head', '--port', '6379', '--temp-dir', temp_dir, '--include-dashboard=false']
+    else:
+        args += ['--address', f'{hosts.addr(0)}:6379']
+    r = subprocess.run([IP, 'netns', 'exec', hosts.ns(i)] + args, capture_output=True, text=True, env=env, timeout=120)
+    assert r.returncode == 0, f'ray start on host {i} failed:\n{r.stdout[-2000:]}\n{r.stderr[-2000:]}'
+
+
+def test_ray_across_hosts_serves_workers_and_counts_a_dead_host_lost(hosts, tmp_path):
+    """A real three-node Ray cluster, a node per host: the manager actor on host 0, worker tasks on hosts 1 and 2
+    push, sample and update across the links; host 2 then dies silently while its task pushes (link cut, every
+    process killed): the manager counts that worker lost within a few peer_timeouts (3 s) while serving the
+    driver; once the other workers close, it checkpoints (every row stored once) and ends."""
+    pytest.importorskip('ray')
+    from helpers import pythonpath
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    env = dict(os.environ, PYTHONPATH=pythonpath(here), RAY_AUTH_MODE='disabled', OMP_NUM_THREADS='1')
+    temp_dir = f'/tmp/{hosts.prefix}ray'  # (short: Ray's socket paths live under it)
+    try:
+        for i in range(3):
+            _ray_start(hosts, i, temp_dir, env)
+        script = os.path.join(here, 'dist_scripts', 'ray_hosts_main.py')
+        with open(tmp_path / 'driver.log', 'wb') as log:
+            driver = hosts.popen(0, [sys.executable, script, str(tmp_path), f'{hosts.addr(0)}:6379'], env,
+                                 stdout=log, stderr=log)  # fmt: skip
+        deadline = time.monotonic() + 120
+        while not (tmp_path / 'pushing').exists() and driver.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert (tmp_path / 'pushing').exists(), (tmp_path / 'driver.log').read_text()[-4000:]
+        hosts.link(2, up=False)
+        hosts.kill(2)
+        (tmp_path / 'host2_dead').touch()
+        driver.wait(timeout=150)
+        out = json.loads((tmp_path / 'driver.json').read_text())
+        assert out.get('ok'), out.get('traceback') or (tmp_path / 'driver.log').read_text()[-4000:]
+    finally:
+        for i in range(3):
+            hosts.kill(i)
+        shutil.rmtree(temp_dir, ignore_errors=True)
+    assert out['nodes'] == sorted(hosts.addr(i) for i in range(3)) and out['actor_node'] == hosts.addr(0), out
+    assert out['roundtrip'] == [{'stored': [4, 4, 4], 'update': {'updated': 4, 'stale': 0}}] * 2, out
+    assert out['count_after_roundtrip'] == 24
+    assert len(out['lost']) == 1 and out['lost_after_seconds'] < 4 * 3.0, out
+    assert max(out['driver_call_seconds'] or [0]) < 20.0, out  # the driver is served while the host is gone
+    assert out['checkpoint'], out
+    rows = out['checkpoint_rows']
+    assert len(rows) == len(set(map(tuple, rows))), 'a row stored twice'
+    by_worker = {}
+    for wid, step, j in rows:
+        by_worker.setdefault(int(wid), []).append((int(step), int(j)))
+    assert sorted(by_worker[1]) == sorted(by_worker[2]) == [(s, j) for s in range(3) for j in range(4)]
+    assert sorted(by_worker[8]) == [(s, j) for s in range(2) for j in range(3)]
+    assert sorted(by_worker[7]) == [(s, 0) for s in range(len(by_worker[7]))]  # the dead host's: a prefix, once
+
+
+@pytest.mark.parametrize(
+    'options, ok',
+    [
+        (dict(resources={'replay': 0.01}, num_cpus=0), True),
+        (dict(memory=1 << 30, num_gpus=1), True),
+        (dict(resources={'replay': -1}), False),
+        (dict(placement_group='x'), False),
+        (dict(memory=1.5), False),
+        ('replay', False),
+    ],
+)
+def test_ray_actor_options_are_checked_by_name(options, ok):
+    from ding_buffer.distributed.config import build_distributed_config
+
+    if ok:
+        assert build_distributed_config(dict(backend='ray', ray_actor_options=options)).ray_actor_options == options
+    else:
+        with pytest.raises(ValueError, match="distributed.ray_actor_options"):
+            build_distributed_config(dict(backend='ray', ray_actor_options=options))
 
 
 if __name__ == '__main__':  # (a manual run: python tests/distributed/test_across_hosts.py)
