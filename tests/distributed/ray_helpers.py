@@ -172,3 +172,26 @@ def worker_push_frames(cfg, wid):
     stats = dict(buf.pushes.frames.stats)
     buf.close()
     return stats
+
+
+def worker_push_through(cfg, wid, steps):
+    """Push ``steps`` one-row batches, retrying a push that raised ManagerUnavailableError with the same data
+    (the pipeline takes it as the retry of the call that raised: stored once); close. Returns what happened."""
+    from ding_buffer import create_buffer
+    from ding_buffer.errors import ManagerUnavailableError
+
+    buf = create_buffer(cfg)
+    failures, longest = 0, 0.0
+    for step in range(steps):
+        while True:
+            t0 = time.monotonic()
+            try:
+                buf.push(rows(wid, step, 1), batched=True)
+                break
+            except ManagerUnavailableError:
+                failures += 1
+            finally:
+                longest = max(longest, time.monotonic() - t0)
+        time.sleep(0.02)
+    buf.close()
+    return {'steps': steps, 'failures': failures, 'longest_call': longest}

@@ -18,7 +18,7 @@ import time
 import pytest
 from dist_helpers import BACKENDS, Launch
 from helpers import need_mpi
-from netns_hosts import IP, Hosts, available, leftovers
+from netns_hosts import IP, Hosts, available, has_netem, leftovers
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
@@ -80,6 +80,22 @@ def test_a_partitioned_worker_host_goes_on_after_healing_and_its_pushes_land_onc
 
 
 @pytest.mark.parametrize('backend', BACKENDS)
+def test_a_lossy_worker_link_loses_and_duplicates_nothing(hosts, tmp_path, backend):
+    """Rank 0's link drops 5% of its packets and delays the rest (tc netem, where the kernel has it): its
+    pushes (retried where a call times out) are stored exactly once, and nobody is counted lost."""
+    if not has_netem():
+        pytest.skip('the kernel has no tc netem qdisc (sch_netem): latency and loss cannot be added here')
+    if backend == 'mpi':
+        need_mpi()
+    hosts.netem(0, 'delay', '2ms', 'loss', '5%')
+    run = Launch('lossy_worker', backend, tmp_path, hosts=hosts, timeout=150).wait()
+    run.require_ok()
+    man, w0 = run.rank(2), run.rank(0)
+    assert man['summary']['lost'] == {} and man['summary']['exited'] == ['0', '1'], man['summary']
+    assert sorted(t for t in man['tags'] if t < 10000) == ADV_TAGS(0, range(w0['steps']))  # each row once
+
+
+@pytest.mark.parametrize('backend', BACKENDS)
 def test_a_host_that_dies_silently_is_counted_lost_and_the_others_are_served(hosts, tmp_path, backend):
     """Rank 0's host dies without a word (its link cut, then every process on it killed: no FIN reaches the
     manager): the manager counts it lost after peer_timeout, serves rank 1 to the end and exits."""
@@ -128,11 +144,9 @@ def _ray_start(hosts, i, temp_dir, env):
     assert r.returncode == 0, f'ray start on host {i} failed:\n{r.stdout[-2000:]}\n{r.stderr[-2000:]}'
 
 
-def test_ray_across_hosts_serves_workers_and_counts_a_dead_host_lost(hosts, tmp_path):
-    """A real three-node Ray cluster, a node per host: the manager actor on host 0, worker tasks on hosts 1 and 2
-    push, sample and update across the links; host 2 then dies silently while its task pushes (link cut, every
-    process killed): the manager counts that worker lost within a few peer_timeouts (3 s) while serving the
-    driver; once the other workers close, it checkpoints (every row stored once) and ends."""
+def _ray_job(hosts, tmp_path, scenario, fault):
+    """A three-node Ray cluster (a node per host) and the driver ``ray_hosts_main.py`` on host 0; ``fault()`` runs
+    once the driver says its worker task is pushing. Returns the driver's report."""
     pytest.importorskip('ray')
     from helpers import pythonpath
 
@@ -143,23 +157,36 @@ def test_ray_across_hosts_serves_workers_and_counts_a_dead_host_lost(hosts, tmp_
         for i in range(3):
             _ray_start(hosts, i, temp_dir, env)
         script = os.path.join(here, 'dist_scripts', 'ray_hosts_main.py')
+        cmd = [sys.executable, script, str(tmp_path), f'{hosts.addr(0)}:6379', scenario]
         with open(tmp_path / 'driver.log', 'wb') as log:
-            driver = hosts.popen(0, [sys.executable, script, str(tmp_path), f'{hosts.addr(0)}:6379'], env,
-                                 stdout=log, stderr=log)  # fmt: skip
+            driver = hosts.popen(0, cmd, env, stdout=log, stderr=log)
         deadline = time.monotonic() + 120
         while not (tmp_path / 'pushing').exists() and driver.poll() is None and time.monotonic() < deadline:
             time.sleep(0.1)
         assert (tmp_path / 'pushing').exists(), (tmp_path / 'driver.log').read_text()[-4000:]
-        hosts.link(2, up=False)
-        hosts.kill(2)
-        (tmp_path / 'host2_dead').touch()
+        fault()
         driver.wait(timeout=150)
         out = json.loads((tmp_path / 'driver.json').read_text())
         assert out.get('ok'), out.get('traceback') or (tmp_path / 'driver.log').read_text()[-4000:]
+        return out
     finally:
         for i in range(3):
             hosts.kill(i)
         shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+def test_ray_across_hosts_serves_workers_and_counts_a_dead_host_lost(hosts, tmp_path):
+    """A real three-node Ray cluster, a node per host: the manager actor on host 0, worker tasks on hosts 1 and 2
+    push, sample and update across the links; host 2 then dies silently while its task pushes (link cut, every
+    process killed): the manager counts that worker lost within a few peer_timeouts (3 s) while serving the
+    driver; once the other workers close, it checkpoints (every row stored once) and ends."""
+
+    def kill_host_2():
+        hosts.link(2, up=False)
+        hosts.kill(2)
+        (tmp_path / 'host2_dead').touch()
+
+    out = _ray_job(hosts, tmp_path, 'dead_host', kill_host_2)
     assert out['nodes'] == sorted(hosts.addr(i) for i in range(3)) and out['actor_node'] == hosts.addr(0), out
     assert out['roundtrip'] == [{'stored': [4, 4, 4], 'update': {'updated': 4, 'stale': 0}}] * 2, out
     assert out['count_after_roundtrip'] == 24
@@ -174,6 +201,25 @@ def test_ray_across_hosts_serves_workers_and_counts_a_dead_host_lost(hosts, tmp_
     assert sorted(by_worker[1]) == sorted(by_worker[2]) == [(s, j) for s in range(3) for j in range(4)]
     assert sorted(by_worker[8]) == [(s, j) for s in range(2) for j in range(3)]
     assert sorted(by_worker[7]) == [(s, 0) for s in range(len(by_worker[7]))]  # the dead host's: a prefix, once
+
+
+
+def test_ray_worker_host_partitioned_then_healed_stores_every_row_once(hosts, tmp_path):
+    """The Ray node of a pushing worker task is cut off for 6 s (longer than peer_timeout, 3 s), then healed: the
+    task pushes through it (a call that fails is retried with the same data), every row is stored exactly once,
+    and the manager serves it again after the heal."""
+
+    def cut_host_1():
+        hosts.link(1, up=False)
+        time.sleep(6.0)
+        hosts.link(1, up=True)
+        (tmp_path / 'healed').touch()
+
+    out = _ray_job(hosts, tmp_path, 'partition', cut_host_1)
+    task = out['task']
+    assert task['steps'] == 250 and task['longest_call'] < 20.0 + 1.0, task  # within distributed.timeout
+    rows = [r for r in out['rows'] if int(r[0]) == 9]
+    assert sorted((int(s), int(j)) for _, s, j in rows) == [(s, 0) for s in range(250)], 'a row lost or stored twice'
 
 
 @pytest.mark.parametrize(

@@ -131,7 +131,7 @@ def config():
     elif SCENARIO == 'freeze_manager':
         cfg = dict(type='advanced', replay_buffer_size=4000, storage=dict(type='tensor'))
         d.update(timeout=FREEZE_TIMEOUT, heartbeat_seconds=0.5, peer_timeout=60.0)
-    elif SCENARIO in ('partition_worker', 'partition_short', 'kill_worker_host'):  # namespaced hosts
+    elif SCENARIO in ('partition_worker', 'partition_short', 'lossy_worker', 'kill_worker_host'):  # namespaced hosts
         cfg = dict(type='advanced', replay_buffer_size=4000, storage=dict(type='tensor'))
         d.update(timeout=10.0, heartbeat_seconds=0.5, peer_timeout=3.0)
     elif SCENARIO in ('freeze_worker', 'freeze_worker_end'):
@@ -763,7 +763,8 @@ def worker_freeze_worker(buf):
 
 worker_freeze_worker_end = worker_freeze_worker
 
-PARTITION_SECONDS = {'partition_worker': 6.0, 'partition_short': 1.5}  # longer / shorter than peer_timeout (3 s)
+# longer / shorter than peer_timeout (3 s); lossy_worker: no cut (the test adds packet loss to the link)
+PARTITION_SECONDS = {'partition_worker': 6.0, 'partition_short': 1.5, 'lossy_worker': 0.0}
 
 
 def _host_link(host: int, up: bool) -> None:
@@ -796,12 +797,13 @@ def worker_partition_worker(buf):
         RESULT['closed'] = True
         return
     assert wait_flag('w0_started')
-    _host_link(0, up=False)
     RESULT['cut_at'] = time.time()
-    try:
-        time.sleep(PARTITION_SECONDS[SCENARIO])
-    finally:
-        _host_link(0, up=True)
+    if PARTITION_SECONDS[SCENARIO]:
+        _host_link(0, up=False)
+        try:
+            time.sleep(PARTITION_SECONDS[SCENARIO])
+        finally:
+            _host_link(0, up=True)
     RESULT['healed_at'] = time.time()
     flag('healed')
     for step in range(300):
@@ -813,7 +815,7 @@ def worker_partition_worker(buf):
     RESULT['closed'] = True
 
 
-worker_partition_short = worker_partition_worker
+worker_partition_short = worker_lossy_worker = worker_partition_worker
 
 
 def worker_kill_worker_host(buf):

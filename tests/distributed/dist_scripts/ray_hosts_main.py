@@ -1,8 +1,8 @@
 """The driver of a Ray job across namespaced hosts (launched inside host 0 by tests/distributed/test_across_hosts.py).
 
-Usage: ``python ray_hosts_main.py OUTDIR HEAD_ADDRESS``. The cluster has a node per host, each with the custom
-resource ``host<i>``. The manager actor is placed on host 0 (``distributed.ray_actor_options``); worker tasks on
-hosts 1 and 2. Steps, each recorded in ``OUTDIR/driver.json``:
+Usage: ``python ray_hosts_main.py OUTDIR HEAD_ADDRESS [dead_host|partition]``. The cluster has a node per host,
+each with the custom resource ``host<i>``. The manager actor is placed on host 0 (``distributed.ray_actor_options``); worker tasks on
+hosts 1 and 2. ``partition``: see ``partition``. ``dead_host``, each step recorded in ``OUTDIR/driver.json``:
 
 1. two worker tasks (hosts 1 and 2) push, sample, update and close;
 2. a task on host 2 pushes until the test kills host 2 (link cut, processes killed): the manager must count it lost
@@ -18,6 +18,8 @@ import time
 import traceback
 
 OUT, ADDRESS = sys.argv[1], sys.argv[2]
+SCENARIO = sys.argv[3] if len(sys.argv) > 3 else 'dead_host'  # or 'partition'
+PARTITION_STEPS = 250  # one-row pushes every 20 ms or so: longer than the cut
 RESULT = {}
 PEER_TIMEOUT = 3.0
 
@@ -52,12 +54,13 @@ def main() -> None:
     path = os.path.join(OUT, 'ckpt.pt')
     d = dict(
         backend='ray',
-        actor_name='hosts_manager',
+        actor_name=f'hosts_manager_{SCENARIO}',
         namespace='ding_buffer_hosts',
         timeout=20.0,
         startup_timeout=60.0,
-        num_workers=5,
-        checkpoint_path=path,
+        num_workers=5 if SCENARIO == 'dead_host' else None,
+        checkpoint_path=path if SCENARIO == 'dead_host' else None,
+        file_root=OUT,
         heartbeat_seconds=0.25,
         peer_timeout=PEER_TIMEOUT,
         ray_actor_options=dict(resources={'host0': 0.01}),
@@ -69,6 +72,10 @@ def main() -> None:
 
     def on(i, fn):
         return ray.remote(max_retries=0, resources={f'host{i}': 0.01})(fn)
+
+    if SCENARIO == 'partition':
+        partition(ray, drv, cfg, on, actor)
+        return
 
     def summary():
         return ray.get(actor.summary.remote(), timeout=30)
@@ -109,6 +116,30 @@ def main() -> None:
         local.load_data(path)
         obs = local.storage.gather(local.storage.ring.ordered_slots())['obs']  # every stored row, once
         RESULT['checkpoint_rows'] = sorted(map(tuple, obs.tolist()))
+    RESULT['ok'] = True
+
+
+def partition(ray, drv, cfg, on, actor) -> None:
+    """A task on host 1 pushes through a cut of its host's link (the test cuts it, waits, heals it): every row it
+    pushed is stored once, and its worker is served again after the heal."""
+    import ray_helpers
+
+    from ding_buffer import create_buffer
+
+    job = on(1, ray_helpers.worker_push_through).remote(cfg, 9, PARTITION_STEPS)
+    end = time.monotonic() + 60
+    while drv.count() < 20 and time.monotonic() < end:
+        time.sleep(0.05)
+    flag('pushing')
+    assert wait_flag('healed', 90), 'the test did not heal host 1'
+    RESULT['task'] = ray.get(job, timeout=120)
+    RESULT['summary'] = ray.get(actor.summary.remote(), timeout=30)
+    drv.save_data('rows.pt')  # inside the manager's file_root: this job's folder
+    local = create_buffer({k: v for k, v in cfg.items() if k != 'distributed'})
+    local.load_data(os.path.join(OUT, 'rows.pt'))
+    obs = local.storage.gather(local.storage.ring.ordered_slots())['obs']
+    RESULT['rows'] = sorted(map(tuple, obs.tolist()))
+    drv.close()
     RESULT['ok'] = True
 
 
