@@ -203,7 +203,6 @@ def test_ray_across_hosts_serves_workers_and_counts_a_dead_host_lost(hosts, tmp_
     assert sorted(by_worker[7]) == [(s, 0) for s in range(len(by_worker[7]))]  # the dead host's: a prefix, once
 
 
-
 def test_ray_worker_host_partitioned_then_healed_stores_every_row_once(hosts, tmp_path):
     """The Ray node of a pushing worker task is cut off for 6 s (longer than peer_timeout, 3 s), then healed: the
     task pushes through it (a call that fails is retried with the same data), every row is stored exactly once,
@@ -216,7 +215,8 @@ def test_ray_worker_host_partitioned_then_healed_stores_every_row_once(hosts, tm
         (tmp_path / 'healed').touch()
 
     out = _ray_job(hosts, tmp_path, 'partition', cut_host_1)
-    task = out['task']
+    task, summary = out['task'], out['summary']
+    assert list(summary['rejoined'].values()) == [1] and summary['lost'] == {}, summary  # lost in the cut, back after
     assert task['steps'] == 250 and task['longest_call'] < 20.0 + 1.0, task  # within distributed.timeout
     rows = [r for r in out['rows'] if int(r[0]) == 9]
     assert sorted((int(s), int(j)) for _, s, j in rows) == [(s, 0) for s in range(250)], 'a row lost or stored twice'

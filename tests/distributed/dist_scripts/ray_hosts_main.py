@@ -1,14 +1,15 @@
 """The driver of a Ray job across namespaced hosts (launched inside host 0 by tests/distributed/test_across_hosts.py).
 
 Usage: ``python ray_hosts_main.py OUTDIR HEAD_ADDRESS [dead_host|partition]``. The cluster has a node per host,
-each with the custom resource ``host<i>``. The manager actor is placed on host 0 (``distributed.ray_actor_options``); worker tasks on
-hosts 1 and 2. ``partition``: see ``partition``. ``dead_host``, each step recorded in ``OUTDIR/driver.json``:
+each with the custom resource ``host<i>``. The manager actor is placed on host 0 (``distributed.ray_actor_options``);
+worker tasks on hosts 1 and 2. ``partition``: see ``partition``. ``dead_host``, each step recorded in
+``OUTDIR/driver.json``:
 
 1. two worker tasks (hosts 1 and 2) push, sample, update and close;
 2. a task on host 2 pushes until the test kills host 2 (link cut, processes killed): the manager must count it lost
    within peer_timeout, and the driver's own calls keep working;
-3. the driver and a task on host 1 close: with num_workers=5 reached (four exited, one lost) the manager checkpoints
-   and ends; the checkpoint holds every row the live workers pushed.
+3. the driver and a task on host 1 close: with num_workers=5 reached (four exited, one lost) the manager
+   checkpoints and ends; the checkpoint holds every row the live workers pushed.
 """
 
 import json
