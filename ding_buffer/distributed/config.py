@@ -55,6 +55,11 @@ DISTRIBUTED_CONFIG = dict(
     # after `peer_timeout` seconds without any message from it (None: only when its connection breaks).
     heartbeat_seconds=5.0,
     peer_timeout=120.0,
+    # Manager side: a worker lost for silence alone (no message for peer_timeout: behind a partition, or the
+    # manager's own link was cut) still holds the manager this many more seconds before the manager ends on its
+    # account (when every other worker exited or was lost); one that speaks again meanwhile rejoins. None:
+    # peer_timeout. Workers whose connection broke or whose process died are done at once.
+    lost_grace=None,
     # Larger messages are refused with an error reply (MiB).
     max_message_mb=2048.0,
     # Manager side: all versioned blobs (put_blob, e.g. a learner's weights) together may hold this many MiB.
@@ -144,6 +149,7 @@ DISTRIBUTED_CHECKS = dict(
     startup_timeout=(_optional_seconds, 'None or a finite positive number of seconds'),
     heartbeat_seconds=(_seconds, 'a finite positive number of seconds'),
     peer_timeout=(_optional_seconds, 'None or a finite positive number of seconds'),
+    lost_grace=(lambda x: x is None or (_number(x) and 0 <= x <= 1e7), 'None or a finite number of seconds >= 0'),
     max_message_mb=(lambda x: _number(x) and 0 < x <= (1 << 23), 'a finite positive number of MiB (at most 8 TiB)'),
     max_blob_mb=(lambda x: _number(x) and 0 < x <= (1 << 23), 'a finite positive number of MiB (at most 8 TiB)'),
     file_root=(lambda x: x is None or (isinstance(x, str) and x and '\0' not in x), 'None or a directory path'),

@@ -26,6 +26,7 @@ class Liveness:
         self.lost: Dict[Any, str] = {}
         self.rejoined: Dict[Any, int] = {}
         self.last_seen: Dict[Any, float] = {}
+        self.silent_since: Dict[Any, float] = {}  # lost senders that were lost by silence: when
         self._last_check: Optional[float] = None
 
     def seen(self, sender: Any, now: Optional[float] = None) -> None:
@@ -33,6 +34,7 @@ class Liveness:
         self.last_seen[sender] = time.monotonic() if now is None else now
         if sender in self.lost:
             why = self.lost.pop(sender)
+            self.silent_since.pop(sender, None)
             self.rejoined[sender] = self.rejoined.get(sender, 0) + 1
             logger.warning("manager: worker %s was counted lost (%s) and is back; serving it again", sender, why)
 
@@ -43,15 +45,35 @@ class Liveness:
             if sender not in self.exited and t > self.last_seen.get(sender, float('-inf')):
                 self.seen(sender, t)
 
-    def lose(self, sender: Any, why: str) -> None:
+    def lose(self, sender: Any, why: str, silent: bool = False) -> None:
+        """Count ``sender`` lost (``silent``: for silence alone -- it may be behind a partition, or this manager
+        may be; see ``done``)."""
         if sender not in self.lost and sender not in self.exited:
             self.lost[sender] = why
+            if silent:
+                self.silent_since[sender] = time.monotonic()
             logger.warning("manager: lost worker %s: %s; serving the others", sender, why)
+
+    def done(self, sender: Any, now: Optional[float] = None) -> bool:
+        """Whether the manager waits for ``sender`` no more: it exited, or it was lost -- for silence alone, only
+        once ``distributed.lost_grace`` more seconds passed without a word (None: ``peer_timeout``), so a manager
+        whose own link was cut, which hears nobody, does not end the job before its workers are heard again."""
+        if sender in self.exited:
+            return True
+        if sender not in self.lost:
+            return False
+        since = self.silent_since.get(sender)
+        if since is None:
+            return True
+        grace = self.cfg.get('lost_grace')
+        grace = self.cfg.peer_timeout if grace is None else grace
+        return (time.monotonic() if now is None else now) - since >= (grace or 0.0)
 
     def exit(self, sender: Any) -> int:
         """``sender`` said goodbye: exited for good, never lost or silent again. Returns how many have exited."""
         self.exited.add(sender)
         self.lost.pop(sender, None)
+        self.silent_since.pop(sender, None)
         self.last_seen.pop(sender, None)  # never silent again: the watchdog's scan stays O(live senders)
         return len(self.exited)
 
@@ -74,7 +96,8 @@ class Liveness:
                 self.last_seen[w] += gap
         for w, t in list(self.last_seen.items()):
             if w not in self.lost and w not in self.exited and w not in busy and now - t > limit:
-                self.lose(w, f"no message or heartbeat for {now - t:.1f}s (distributed.peer_timeout={limit})")
+                why = f"no message or heartbeat for {now - t:.1f}s (distributed.peer_timeout={limit})"
+                self.lose(w, why, silent=True)
 
     def summary(self) -> Dict[str, Any]:
         """The ``exited`` / ``lost`` / ``rejoined`` part of the manager's summary (senders as strings)."""

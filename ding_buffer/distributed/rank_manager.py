@@ -38,7 +38,8 @@ class ReplayBufferManager:
 
     def _waiting_for(self) -> set:
         with self._lock:
-            return self.workers - self.core.liveness.exited - set(self.core.liveness.lost)
+            live = self.core.liveness
+            return {w for w in self.workers if not live.done(w)}
 
     def run(self, timeout: Optional[float] = None, poll: float = 0.5) -> Dict[str, Any]:
         """

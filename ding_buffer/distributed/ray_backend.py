@@ -196,7 +196,7 @@ class _ManagerActorImpl:
         done: Dict[str, bool] = {}
         for c in set(live.exited) | set(live.lost) | set(live.last_seen):
             w = worker_of.get(c, c)
-            done[w] = done.get(w, True) and (c in live.exited or c in live.lost)
+            done[w] = done.get(w, True) and live.done(c)
         return sum(done.values())
 
     def _all_done(self) -> bool:

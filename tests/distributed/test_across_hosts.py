@@ -54,12 +54,13 @@ def test_roundtrip_across_hosts_with_rate_limited_links(hosts, tmp_path, backend
 
 
 @pytest.mark.parametrize('backend', BACKENDS)
-@pytest.mark.parametrize('scenario', ['partition_worker', 'partition_short'])
+@pytest.mark.parametrize('scenario', ['partition_worker', 'partition_short', 'partition_manager'])
 def test_a_partitioned_worker_host_goes_on_after_healing_and_its_pushes_land_once(hosts, tmp_path, scenario, backend):
-    """Rank 0's host is cut off while it pushes (6 s: longer than peer_timeout, 3 s; or 1.5 s: shorter), then
-    healed. Its calls during the cut raise ManagerUnavailableError within distributed.timeout (10 s), and are
-    retried; every row it pushed is stored exactly once; after the heal every call succeeds; the other worker is
-    served throughout. The long cut counts the worker lost, then rejoined; the short one loses nobody."""
+    """Rank 0's host is cut off while it pushes (6 s: longer than peer_timeout, 3 s; or 1.5 s: shorter), or the
+    manager's host for 6 s, then healed. Rank 0's calls during the cut raise ManagerUnavailableError within
+    distributed.timeout (10 s) and are retried; every row it pushed is stored exactly once; after the heal every
+    call succeeds; the other worker is served throughout. A long cut counts the silent workers lost, then
+    rejoined (the manager, hearing nobody, waits lost_grace for them instead of ending); a short one loses nobody."""
     if backend == 'mpi':
         need_mpi()
     run = Launch(scenario, backend, tmp_path, hosts=hosts, timeout=150).wait()
@@ -69,6 +70,8 @@ def test_a_partitioned_worker_host_goes_on_after_healing_and_its_pushes_land_onc
     assert s['exited'] == ['0', '1'] and s['lost'] == {}, s
     if scenario == 'partition_worker':
         assert s['rejoined'] == {'0': 1}, s
+    elif scenario == 'partition_manager':  # the manager heard nobody for 6 s: both lost, both back
+        assert s['rejoined'] == {'0': 1, '1': 1}, s
     else:
         assert not s.get('rejoined'), s
     assert sorted(t for t in man['tags'] if t < 10000) == ADV_TAGS(0, range(w0['steps']))  # each row once

@@ -2006,3 +2006,31 @@ def test_a_frames_manager_serves_workers_pushing_their_own_streams():
     b.close()
     th.join(20)
     assert out['lost'] == {}, out
+
+
+def test_a_worker_lost_for_silence_holds_the_manager_lost_grace_more_seconds():
+    """Lost for silence alone (maybe behind a partition, or the manager's own link was cut), a worker still holds
+    the manager lost_grace seconds (default peer_timeout); one lost by its connection, or that exited, does not;
+    one that speaks again rejoins and is waited for as before."""
+    from ding_buffer.distributed.config import build_distributed_config
+    from ding_buffer.distributed.liveness import Liveness
+
+    for grace, expect in ((None, 3.0), (10.0, 10.0), (0.0, 0.0)):
+        live = Liveness(
+            build_distributed_config(dict(backend='torch', peer_timeout=3.0, heartbeat_seconds=1.0, lost_grace=grace))
+        )
+        t0 = 1000.0
+        for w in (0, 2):
+            live.seen(w, t0)
+        live.check_silent(now=t0 + 1.0)
+        live.check_silent(now=t0 + 2.0)
+        live.check_silent(now=t0 + 3.5)  # 0 and 2: silent 3.5 s > peer_timeout
+        assert set(live.lost) == {0, 2}
+        live.seen(1)
+        live.lose(1, 'its connection broke')  # a broken connection: done at once
+        live.exit(2)
+        since = live.silent_since[0]
+        assert live.done(1) and live.done(2)
+        assert live.done(0, now=since + expect) and (expect == 0.0 or not live.done(0, now=since + expect - 0.01))
+        live.seen(0)  # it speaks again: rejoined, waited for
+        assert not live.done(0) and live.rejoined == {0: 1}

@@ -131,12 +131,16 @@ def config():
     elif SCENARIO == 'freeze_manager':
         cfg = dict(type='advanced', replay_buffer_size=4000, storage=dict(type='tensor'))
         d.update(timeout=FREEZE_TIMEOUT, heartbeat_seconds=0.5, peer_timeout=60.0)
-    elif SCENARIO in ('partition_worker', 'partition_short', 'lossy_worker', 'kill_worker_host'):  # namespaced hosts
+    elif SCENARIO in ('partition_worker', 'partition_short', 'partition_manager', 'lossy_worker', 'kill_worker_host'):
         cfg = dict(type='advanced', replay_buffer_size=4000, storage=dict(type='tensor'))
-        d.update(timeout=10.0, heartbeat_seconds=0.5, peer_timeout=3.0)
+        # lost_grace: a manager that hears nobody (its own link cut) waits for its workers to be heard again; a dead
+        # host's worker holds it peer_timeout more (the default)
+        grace = None if SCENARIO == 'kill_worker_host' else 30.0
+        d.update(timeout=10.0, heartbeat_seconds=0.5, peer_timeout=3.0, lost_grace=grace)
     elif SCENARIO in ('freeze_worker', 'freeze_worker_end'):
         cfg = dict(type='advanced', replay_buffer_size=4000, storage=dict(type='tensor'))
-        d.update(timeout=10.0, heartbeat_seconds=0.5, peer_timeout=3.0)
+        # freeze_worker_end: the manager ends once rank 1 left, without waiting for the frozen rank 0 (lost_grace 0)
+        d.update(timeout=10.0, heartbeat_seconds=0.5, peer_timeout=3.0, lost_grace=0.0)
     elif SCENARIO == 'sharded':  # 4 ranks: workers 0 and 1, managers 2 (shard 0) and 3 (shard 1)
         cfg = dict(type='advanced', replay_buffer_size=1000, seed=RANK, storage=dict(type='tensor'))
         d.update(num_shards=2)
@@ -764,7 +768,7 @@ def worker_freeze_worker(buf):
 worker_freeze_worker_end = worker_freeze_worker
 
 # longer / shorter than peer_timeout (3 s); lossy_worker: no cut (the test adds packet loss to the link)
-PARTITION_SECONDS = {'partition_worker': 6.0, 'partition_short': 1.5, 'lossy_worker': 0.0}
+PARTITION_SECONDS = {'partition_worker': 6.0, 'partition_short': 1.5, 'partition_manager': 6.0, 'lossy_worker': 0.0}
 
 
 def _host_link(host: int, up: bool) -> None:
@@ -778,8 +782,8 @@ def _host_link(host: int, up: bool) -> None:
 
 
 def worker_partition_worker(buf):
-    """Rank 1 cuts rank 0's host off the network (its processes keep running) for PARTITION_SECONDS, then heals
-    it; rank 0 pushes all along, retrying what fails. Across namespaced hosts only."""
+    """Rank 1 cuts rank 0's host (partition_manager: the manager's) off the network -- its processes keep running --
+    for PARTITION_SECONDS, then heals it; rank 0 pushes all along, retrying what fails. Namespaced hosts only."""
     log = RESULT.setdefault('calls', [])
     if RANK == 0:
         step = 0
@@ -799,11 +803,12 @@ def worker_partition_worker(buf):
     assert wait_flag('w0_started')
     RESULT['cut_at'] = time.time()
     if PARTITION_SECONDS[SCENARIO]:
-        _host_link(0, up=False)
+        cut = MANAGER if SCENARIO == 'partition_manager' else 0  # the manager's host, or rank 0's
+        _host_link(cut, up=False)
         try:
             time.sleep(PARTITION_SECONDS[SCENARIO])
         finally:
-            _host_link(0, up=True)
+            _host_link(cut, up=True)
     RESULT['healed_at'] = time.time()
     flag('healed')
     for step in range(300):
@@ -815,7 +820,7 @@ def worker_partition_worker(buf):
     RESULT['closed'] = True
 
 
-worker_partition_short = worker_lossy_worker = worker_partition_worker
+worker_partition_short = worker_partition_manager = worker_lossy_worker = worker_partition_worker
 
 
 def worker_kill_worker_host(buf):
