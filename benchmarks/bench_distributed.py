@@ -38,6 +38,12 @@ What is measured
 Run
     python benchmarks/bench_distributed.py [--quick] [--backends torch,mpi,ray] [--sizes 0.1,1,5]
                                            [--workers 2,1] [--rounds 3] [--no-async] [--no-torchgfn] [--out PATH]
+                                           [--hosts 10gbit]
+
+    ``--hosts RATE`` runs every rank on a host of its own: network namespaces joined by a bridge
+    (``tests/distributed/netns_hosts.py``; needs root), every link shaped with ``tc tbf`` to RATE; torch ranks
+    rendezvous at the first host's address, mpirun starts its ranks through an rsh agent that enters the namespace
+    (TCP only). Ray is not run that way here.
 
     ``--quick`` (a handful of batches per cell) is a smoke run. Each backend runs as its own job (subprocess with a
     timeout); a backend that is unavailable or fails is reported and skipped. Tables go to stdout as markdown,
@@ -133,7 +139,7 @@ def push_loop(buf: Any, ph: Dict[str, Any], seed: int, mode: str, timeout: float
     if mode == 'async':
         buf.drain_pending_score(timeout)
     t1 = now()
-    stored = (buf.last_score or {}).get('stored')
+    stored = (buf.pushes.last_score or {}).get("stored")
     buf.close()
     return dict(t0=t0, t1=t1, n=ph['n'], bytes=ph['bytes'], last_stored=stored, lat=lat[WARMUP:])
 
@@ -499,6 +505,7 @@ def availability() -> Dict[str, Optional[str]]:
 def run_job(name: str, cmd: List[str], timeout: float, logdir: str) -> Optional[str]:
     """Run a job in its own session; returns None or why it failed (the log's tail)."""
     env = dict(os.environ, OMP_NUM_THREADS='1', PYTHONUNBUFFERED='1')
+    env.setdefault('PYTHONPATH', REPO)  # (mpirun hands it on to ranks on other hosts)
     path = os.path.join(logdir, f'{name}.log')
     log(f'[{name}] {" ".join(cmd)}')
     t = time.perf_counter()
@@ -523,8 +530,37 @@ def run_job(name: str, cmd: List[str], timeout: float, logdir: str) -> Optional[
     return (f'timed out after {timeout:.0f}s' if rc is None else f'exit code {rc}') + f'; log tail:\n{tail}'
 
 
+HOSTS: Any = None  # --hosts: the namespaced hosts the jobs run on (tests/distributed/netns_hosts.Hosts)
+
+
+def hosts_command(backend: str, me: List[str]) -> List[str]:
+    """A job whose rank r runs on namespaced host r (the manager, the last rank, alone on its host)."""
+    import shlex
+
+    if backend == 'torch':
+        parts = []
+        for r in range(WORLD):
+            env = dict(RANK=r, LOCAL_RANK=0, WORLD_SIZE=WORLD, LOCAL_WORLD_SIZE=1, MASTER_ADDR=HOSTS.addr(0),
+                       MASTER_PORT=29500, GLOO_SOCKET_IFNAME=HOSTS.device)  # fmt: skip
+            cmd = ['env', *(f'{k}={v}' for k, v in env.items()), 'ip', 'netns', 'exec', HOSTS.ns(r), sys.executable]
+            parts.append(' '.join(shlex.quote(x) for x in cmd + me + ['--role', 'rank', '--backend', 'torch']) + ' &')
+        return ['sh', '-c', ' '.join(parts) + ' wait']
+    subnet = f'{HOSTS.net}.0/24'
+    rsh = os.path.join(REPO, 'tests', 'distributed', 'dist_scripts', 'netns_rsh.sh')
+    return [
+        'mpirun', '--allow-run-as-root', '--oversubscribe', '-n', str(WORLD),
+        '--host', ','.join(HOSTS.ns(r) for r in range(WORLD)),
+        '--mca', 'plm_rsh_agent', rsh, '--mca', 'plm_rsh_no_tree_spawn', '1',
+        '--mca', 'oob_tcp_if_include', subnet, '--mca', 'btl_tcp_if_include', subnet, '--mca', 'btl', 'tcp,self',
+        '-x', 'PYTHONPATH', '-x', 'OMP_NUM_THREADS', '-x', 'PYTHONUNBUFFERED',
+        sys.executable, *me, '--role', 'rank', '--backend', 'mpi',
+    ]  # fmt: skip
+
+
 def job_command(backend: str, plan_path: str, outdir: str) -> List[str]:
     me = [os.path.abspath(__file__), '--plan', plan_path, '--outdir', outdir]
+    if HOSTS is not None:
+        return hosts_command(backend, me)
     if backend in ('torch', 'torchgfn'):
         return [
             'torchrun',
@@ -839,8 +875,14 @@ def print_report(env: Dict[str, Any], plan: Dict[str, Any], results: Dict[str, A
     print(f"- date: {env['date_utc']}")
     print(f"- CPU: {env['cpu']}, {env['cores']} cores ({env['cores_usable']} usable); every process OMP_NUM_THREADS=1")
     print('- ' + ', '.join(f'{k} {v[k]}' for k in ('python',) + PACKAGES) + f", Open MPI: {env['openmpi']}")
+    where = (
+        f"each on a host of its own (network namespaces joined by a bridge, every link shaped to {args.hosts} with tc "
+        f"tbf: the bytes cross veth pairs and the kernel's TCP stack, not loopback)"
+        if args.hosts
+        else 'on this machine'
+    )
     print(
-        f"- 1 manager + {'/'.join(map(str, args.workers))} workers on this machine; MB = 2^20 bytes of tensor "
+        f"- 1 manager + {'/'.join(map(str, args.workers))} workers {where}; MB = 2^20 bytes of tensor "
         f"payload; {args.rounds} round(s) of every cell, raw then end to end back to back in each; rates are "
         f"medians over the rounds and e2e/raw the median of the rounds' ratios (lowest-highest in parentheses); "
         f"per cell {WARMUP} warm-up + N timed pushes per worker, N = {args.budget_mb:g} MB / batch "
@@ -906,6 +948,13 @@ def parse_args(argv=None):
     p.add_argument('--job-timeout', type=float, default=None, help='seconds per backend job (default 150, quick 90)')
     p.add_argument('--rank-timeout', type=float, default=120.0, help='timeouts inside a job (gloo, manager)')
     p.add_argument('--out', default=DEFAULT_OUT, help=f'JSON output (default {DEFAULT_OUT})')
+    p.add_argument(
+        '--hosts',
+        default=None,
+        metavar='RATE',
+        help="run every rank on a host of its own (network namespaces, needs root), links shaped with tc tbf to "
+        "RATE (e.g. 10gbit); torch and MPI only",
+    )
     # internal: inside a job
     p.add_argument('--role', choices=('main', 'rank', 'ray-driver'), default='main', help=argparse.SUPPRESS)
     p.add_argument('--backend', choices=('torch', 'mpi', 'ray', 'torchgfn'), help=argparse.SUPPRESS)
@@ -951,8 +1000,27 @@ def main(argv=None) -> None:
     env['openmpi'] = tool_version(['mpirun', '--version']) if shutil.which('mpirun') else 'not installed'
     why = availability()
     plan = make_plan(args)
-    with tempfile.TemporaryDirectory(prefix='bench_distributed_') as tmp:
-        results = run_backends(args, plan, why, tmp)
+    if args.hosts:
+        global HOSTS
+        sys.path.insert(0, os.path.join(REPO, 'tests', 'distributed'))
+        from netns_hosts import Hosts, available
+
+        reason = available()
+        if reason:
+            raise SystemExit(f'--hosts: {reason}')
+        args.no_torchgfn = True
+        for b in args.backends:
+            if b == 'ray':
+                why[b] = 'not run across namespaced hosts by this script (see tests/distributed/test_across_hosts.py)'
+        HOSTS = Hosts(WORLD).__enter__()
+        for r in range(WORLD):
+            HOSTS.shape(r, args.hosts)
+    try:
+        with tempfile.TemporaryDirectory(prefix='bench_distributed_') as tmp:
+            results = run_backends(args, plan, why, tmp)
+    finally:
+        if HOSTS is not None:
+            HOSTS.close()
     env['wall_s'] = time.perf_counter() - t0
     print_report(env, plan, results, args)
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
