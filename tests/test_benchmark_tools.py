@@ -1,0 +1,55 @@
+"""benchmarks/regenerate.py: per-CPU blocks in docs/benchmarks.md (replaced in place, or added before the
+benchmark's anchor), reports without their pass / miss lines, and ``--check`` against this CPU's hot-op baseline."""
+
+import importlib.util
+import json
+import os
+
+import pytest
+from helpers import REPO_ROOT
+
+
+@pytest.fixture(scope='module')
+def regen():
+    spec = importlib.util.spec_from_file_location('regenerate', REPO_ROOT / 'benchmarks' / 'regenerate.py')
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_cpu_blocks_are_added_per_cpu_and_replaced_in_place(regen):
+    docs = '## Prioritized\n\nold text\n\n<!-- bench:per -->\n\n## Next\n'
+    intel, amd = regen.cpu_slug('Intel(R) Xeon(R) Processor, 2 cores'), regen.cpu_slug('AMD EPYC 7B13, 2 cores')
+    assert intel == 'intel-xeon-processor-2-cores' and amd == 'amd-epyc-7b13-2-cores'
+    one = regen.splice(docs, 'per', intel, '#### per on Intel\n\ntable 1')
+    two = regen.splice(one, 'per', amd, '#### per on AMD\n\ntable A')
+    three = regen.splice(two, 'per', intel, '#### per on Intel\n\ntable 2')
+    assert three.index('table 2') < three.index('table A') < three.index('<!-- bench:per -->') < three.index('## Next')
+    assert 'table 1' not in three and three.count('<!-- bench:per:') == 2 and 'old text' in three
+    assert regen.splice('no anchors here', 'per', intel, 'x') is None
+
+
+def test_reports_lose_their_targets_section_and_headings_go_below_the_docs(regen):
+    report = '# bench\n\n## torch\n\n| a |\n\n## targets\n\n- x: 40% -> MISSED (target >= 50%)\n\n## where\n\nmore\n'
+    out = regen.demote(regen.without_targets(report), top=5)
+    assert 'MISSED' not in out and 'targets' not in out
+    assert out.splitlines()[0] == '##### bench' and '###### torch' in out and '###### where' in out
+
+
+def test_check_without_a_baseline_for_this_cpu_says_how_to_make_one(regen, tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(regen, 'RESULTS', str(tmp_path))
+    assert regen.main(['--check', '--rounds', '1']) == 2
+    assert 'no baseline for this CPU' in capsys.readouterr().err
+
+
+def test_check_fails_below_the_floor_and_passes_above(regen, tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(regen, 'RESULTS', str(tmp_path))
+    slug = regen.cpu_slug()
+    os.makedirs(tmp_path / slug)
+    base = dict(cpu='x', date_utc='then', capacity=1000, target_s=0.1, median={'op a': 100.0, 'op b': 100.0})
+    (tmp_path / slug / 'hot_ops.json').write_text(json.dumps(base))
+    monkeypatch.setattr(regen, 'hot_ops', lambda rounds, capacity, target_s: {'op a': [99.0], 'op b': [96.0]})
+    assert regen.main(['--check', '--rounds', '1']) == 0
+    monkeypatch.setattr(regen, 'hot_ops', lambda rounds, capacity, target_s: {'op a': [99.0], 'op b': [90.0]})
+    assert regen.main(['--check', '--rounds', '1']) == 1
+    assert 'op b: 0.900 of the baseline' in capsys.readouterr().err
