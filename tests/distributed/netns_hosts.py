@@ -64,8 +64,11 @@ class Hosts:
         loss where the kernel can; ``kill`` ends its processes. ``close`` (also on ``with`` exit) removes it all.
     """
 
+    _made_here = 0  # instances made by this process: each gets names of its own (none reused after a clean-up)
+
     def __init__(self, n: int, device: str = 'eth0') -> None:
-        tag = os.getpid() % 100000
+        Hosts._made_here += 1
+        tag = (os.getpid() * 7 + Hosts._made_here) % 100000
         self.n, self.device = n, device
         self.prefix = f'db{tag}'
         self.bridge = f'{self.prefix}br'
