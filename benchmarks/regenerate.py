@@ -114,8 +114,9 @@ def demote(markdown: str, top: int = 4) -> str:
 
 
 def without_targets(markdown: str) -> str:
-    """The report without its "targets" section (the scripts' own pass / miss lines)."""
-    return re.sub(r'^(#+) targets\s*\n.*?(?=^#+ |\Z)', '', markdown, flags=re.M | re.S | re.I)
+    """The report without its pass / miss verdicts: a "targets" section, and tables headed ``| target |``."""
+    out = re.sub(r'^(#+) targets\s*\n.*?(?=^#+ |\Z)', '', markdown, flags=re.M | re.S | re.I)
+    return re.sub(r'^\| target \|.*\n(?:^\|.*(?:\n|\Z))*\n?', '', out, flags=re.M | re.I)
 
 
 def splice(docs: str, name: str, slug: str, body: str) -> Optional[str]:

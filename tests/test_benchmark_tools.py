@@ -30,9 +30,13 @@ def test_cpu_blocks_are_added_per_cpu_and_replaced_in_place(regen):
 
 
 def test_reports_lose_their_targets_section_and_headings_go_below_the_docs(regen):
-    report = '# bench\n\n## torch\n\n| a |\n\n## targets\n\n- x: 40% -> MISSED (target >= 50%)\n\n## where\n\nmore\n'
+    report = (
+        '# bench\n\n## torch\n\n| a |\n\n'
+        '| target | measured | result |\n|---|---:|---|\n| first sample | 7 ms | met |\n\n'
+        '## targets\n\n- x: 40% -> MISSED (target >= 50%)\n\n## where\n\nmore\n'
+    )
     out = regen.demote(regen.without_targets(report), top=5)
-    assert 'MISSED' not in out and 'targets' not in out
+    assert 'MISSED' not in out and 'targets' not in out and 'met' not in out and '| a |' in out
     assert out.splitlines()[0] == '##### bench' and '###### torch' in out and '###### where' in out
 
 
