@@ -72,21 +72,11 @@ BENCHES: Dict[str, Tuple[str, List[str], List[str], str]] = {
 
 
 # ---------------------------------------------------------------------------------------------- this machine
-def cpu_model() -> str:
-    try:
-        with open('/proc/cpuinfo') as f:
-            for line in f:
-                if line.startswith('model name'):
-                    return line.split(':', 1)[1].strip()
-    except OSError:
-        pass
-    import platform
-
-    return platform.processor() or platform.machine() or 'unknown CPU'
-
-
 def cpu_label() -> str:
-    """This machine as the tables name it: the CPU model and its core count."""
+    """This machine as the tables name it: the CPU model (as every benchmark reads it) and its core count."""
+    sys.path.insert(0, HERE)
+    from bench_naive import cpu_model
+
     return f'{cpu_model()}, {os.cpu_count()} cores'
 
 

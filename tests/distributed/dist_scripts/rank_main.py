@@ -713,6 +713,23 @@ def worker_freeze_manager(buf):
     RESULT['closed'] = True
 
 
+def push_until(buf, done_flag: str, log: list, progress: dict) -> None:
+    """Rank 0 of the freeze / partition scenarios: push a tagged batch every 0.1 s, retrying what fails, flag
+    'w0_started' after 5, until ``done_flag`` exists and at least 60 went out (``progress['step']``: how many);
+    then record them and flag 'w0_done'."""
+    while not os.path.exists(os.path.join(OUT, done_flag)) or progress['step'] < 60:
+        step = progress['step']
+        retrying(buf, lambda: buf.push(adv_batch(0, step), batched=True), f'push {step}', log)
+        progress['step'] = step + 1
+        if progress['step'] == 5:
+            flag('w0_started')
+        time.sleep(0.1)
+        if time.monotonic() - T0 > 100:
+            break
+    RESULT['steps'] = progress['step']
+    flag('w0_done')
+
+
 def worker_freeze_worker(buf):
     """Rank 1 freezes rank 0 for longer than the manager's peer_timeout, then thaws it."""
     from ding_buffer.distributed import ManagerUnavailableError
@@ -721,22 +738,13 @@ def worker_freeze_worker(buf):
     if RANK == 0:
         with open(os.path.join(OUT, 'w0.pid'), 'w') as f:
             f.write(str(os.getpid()))
-        step = 0
+        progress = {'step': 0}
         try:
-            while not os.path.exists(os.path.join(OUT, 'thawed')) or step < 60:
-                retrying(buf, lambda: buf.push(adv_batch(0, step), batched=True), f'push {step}', log)
-                step += 1
-                if step == 5:
-                    flag('w0_started')
-                time.sleep(0.1)
-                if time.monotonic() - T0 > 100:
-                    break
-            RESULT['steps'] = step
-            flag('w0_done')
+            push_until(buf, 'thawed', log, progress)
             buf.close()
             RESULT['closed'] = True
         except ManagerUnavailableError as e:  # freeze_worker_end: the manager shut down while this rank was frozen
-            RESULT['steps'] = step
+            RESULT['steps'] = progress['step']
             RESULT['manager_gone'] = str(e)
             flag('w0_done')
         return
@@ -786,17 +794,7 @@ def worker_partition_worker(buf):
     for PARTITION_SECONDS, then heals it; rank 0 pushes all along, retrying what fails. Namespaced hosts only."""
     log = RESULT.setdefault('calls', [])
     if RANK == 0:
-        step = 0
-        while not os.path.exists(os.path.join(OUT, 'healed')) or step < 60:
-            retrying(buf, lambda: buf.push(adv_batch(0, step), batched=True), f'push {step}', log)
-            step += 1
-            if step == 5:
-                flag('w0_started')
-            time.sleep(0.1)
-            if time.monotonic() - T0 > 100:
-                break
-        RESULT['steps'] = step
-        flag('w0_done')
+        push_until(buf, 'healed', log, {'step': 0})
         buf.close()
         RESULT['closed'] = True
         return
