@@ -157,8 +157,8 @@ class FramesWireDecoder:
         drops a worker's chain (a push of it without ``meta``). What it holds per worker is the last ``next_obs``
         of each of its environments, at most ``budget`` bytes over all workers, overheads counted (the least
         recently seen workers are forgotten first), and at most ``MAX_CLIENTS`` workers. A step is rebuilt from at
-        least one frame it carries into at most ``2 * stack`` frames of the buffer's stack, and a push that
-        continues a chain waits until the buffer holds frames (so it knows that stack).
+        least one frame it carries into at most ``2 * stack`` frames of the buffer's stack; until the buffer holds
+        frames (and so a stack) nothing is rebuilt: such pushes come again as they were pushed.
     """
 
     def __init__(self, spec: Mapping, budget: int, storage_of: Optional[Callable[[], Any]] = None) -> None:
@@ -189,6 +189,13 @@ class FramesWireDecoder:
         held = self._held.get(client)
         storage = self.storage_of() if self.storage_of is not None else None
         like = storage.frames_like() if storage is not None else None
+        if like is None and (shift or any(cont)):
+            # the buffer holds no frames yet, so no stack to rebuild to: the worker sends this push as it is
+            self.counters['frames_wire_out_of_step'] += 1
+            raise FramesOutOfStepError(
+                "this push sends steps as new frames, but the manager's buffer holds no frames yet (nothing fixes "
+                "their stack); the worker sends it again as it was pushed"
+            )
         if base is None:
             stacks: Dict[Any, np.ndarray] = {}
         elif held is None or held[0] != base or like is None:

@@ -133,15 +133,18 @@ class PushPipeline:
     def _result(self, ticket: Any, deadline: float, args: Dict[str, Any]) -> Dict[str, Any]:
         """The manager's answer to the push request ``args`` sent with ``ticket`` (its error raised as its own
         type). A push whose steps travelled as new frames on top of a push the manager does not hold is sent again
-        with full stacks (same sequence number); any other refusal starts the frames chain anew."""
+        as it was pushed (same sequence number); any other refusal starts the frames chain anew."""
         try:
             return result_of(self._channel.result(ticket, 'push', deadline), 'push')
         except FramesOutOfStepError:
             if self.frames is None or 'raw' not in args:
                 raise
+            # sent again as it was pushed (same sequence number: the refused one stored nothing); the next push
+            # starts a new chain
             self.frames.reset()
             self.frames.stats['resent_full'] += 1
-            self._encode(args)
+            args['data'] = args['raw']
+            args.pop('frames', None)
             return result_of(self._channel.result(self._submit(args, deadline), 'push', deadline), 'push')
         except ManagerUnavailableError:
             raise  # in doubt: sent again as it is

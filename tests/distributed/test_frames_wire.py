@@ -45,11 +45,21 @@ def check_sampled(out, pushed):
             assert out[k][j].item() == ref[k], f"{k} of step {s}"
 
 
-def manager_side(budget=1 << 20):
-    """A frames buffer and the decoder a manager of it has (it checks pushes against the buffer's frames)."""
+def manager_side(like=None, batched=False, budget=1 << 20):
+    """A frames buffer and the decoder a manager of it has (it checks pushes against the buffer's frames). The
+    buffer first stores ``like``'s first step (as another environment), so it knows the stack and frames (until
+    then the decoder rebuilds nothing)."""
     buf = create_buffer(
         dict(type='naive', replay_buffer_size=4096, seed=0, storage=dict(type='tensor', frames=dict(env_key='env_id')))
     )
+    if like is not None:
+        if batched:
+            first = {k: v[:1] for k, v in like.items()}
+            first['env_id'] = first['env_id'] * 0 - 999
+            first['step'] = first['step'] * 0 - 1
+        else:
+            first = dict((like if isinstance(like, list) else [like])[0], env_id=-999, step=-1)
+        buf.push(first, batched=batched)
     return buf, FramesWireDecoder(SPEC, budget, lambda: buf.storage)
 
 
@@ -82,7 +92,6 @@ def test_the_decoder_rebuilds_exactly_what_was_pushed(form):
     push form, the manager's side rebuilds every field of every step exactly, and continuing steps travel
     without obs and with one frame of next_obs."""
     envs = FrameEnvs(n_envs=3, seed=1, max_len=6)
-    buf, dec = manager_side()
     enc = FramesWireEncoder(SPEC)
     steps = envs.steps(240)
     if form == 'item':
@@ -93,6 +102,7 @@ def test_the_decoder_rebuilds_exactly_what_was_pushed(form):
         pushes = [(b, True) for b in batches(steps, 3)]
         if form == 'torch_batch':
             pushes = [({k: torch.as_tensor(v) for k, v in b.items()}, True) for b, _ in pushes]
+    buf, dec = manager_side(*pushes[0])
     for seq, (data, batched) in enumerate(pushes):
         wire, meta, full = roundtrip(enc, dec, buf, data, batched, seq)
         want = {k: (v.numpy() if isinstance(v, torch.Tensor) else v) for k, v in data.items()} if batched else data
@@ -109,9 +119,9 @@ def test_a_push_the_manager_cannot_chain_is_refused_and_changes_nothing():
     FramesOutOfStepError; malformed meta or fields raise ValueError; the decoder then still takes the chain it
     holds."""
     envs = FrameEnvs(n_envs=2, seed=2, max_len=50)
-    buf, dec = manager_side()
     enc = FramesWireEncoder(SPEC)
     first = envs.steps(2)
+    buf, dec = manager_side(first)
     roundtrip(enc, dec, buf, first, False, 0)
     second = envs.steps(2)
     wire, meta = enc.encode(second, False, 1)
@@ -221,6 +231,7 @@ def test_a_worker_without_frames_wire_and_a_manager_without_frames():
             args['frames'] = meta
         return core.handle(1, {'op': 'push', 'id': seq, 'shard': 0, 'args': args})
 
+    buf.push(dict(s0, env_id=-999, step=-1))  # (the buffer holds frames: the manager rebuilds to its stack)
     wire, meta = enc.encode(s0, False, 0)
     assert push(0, wire, meta)['ok']
     assert push(1, s1)['ok']  # sent as pushed: the chain ends
@@ -324,8 +335,8 @@ def test_a_crafted_push_cannot_make_the_manager_build_large_stacks():
 def test_the_held_stacks_stay_within_the_budget_and_refused_pushes_add_none():
     """Many workers with many environments: what the manager holds, overheads counted, stays within
     frames_wire_mb; a push the buffer refuses leaves nothing held."""
-    buf, dec = manager_side(budget=64 * 1024)
     envs = FrameEnvs(n_envs=1, seed=7, max_len=1000, side=4)
+    buf, dec = manager_side(envs.steps(1), budget=64 * 1024)
     for w in range(300):
         enc = FramesWireEncoder(SPEC)
         steps = [dict(s, env_id=w * 1000 + k, step=w * 1000 + k) for k, s in enumerate(envs.steps(5))]
@@ -354,3 +365,24 @@ def test_the_encoder_sends_what_it_cannot_read_as_it_is():
     ):
         wire, meta = enc.encode(bad, True, 0)
         assert meta is None and wire is bad
+
+
+def test_nothing_is_rebuilt_before_the_buffer_holds_frames():
+    """Until the manager's buffer holds frames (so a stack), a push of new frames is out of step: the worker's
+    pipeline sends it again as it was pushed, and later pushes travel as new frames."""
+    buf, dec = manager_side()  # empty: no stack yet
+    enc = FramesWireEncoder(SPEC)
+    steps = FrameEnvs(n_envs=1, seed=11, max_len=100).steps(3)
+    wire, meta = enc.encode(steps[:2], False, 0)
+    with pytest.raises(FramesOutOfStepError, match='holds no frames yet'):
+        dec.expand('w', 0, wire, False, meta)
+    cfg = cfg_of()
+    mgr, out, th, (w,) = in_process_job(cfg, n_workers=1)
+    pushed = {}
+    for s in FrameEnvs(n_envs=2, seed=12, max_len=100).steps(20):
+        w.push(s)
+        pushed[s['step']] = s
+    check_sampled(w.sample(20), pushed)
+    assert w.pushes.frames.stats['resent_full'] == 1 and w.pushes.frames.stats['obs_omitted'] >= 17
+    w.close()
+    th.join(20)
