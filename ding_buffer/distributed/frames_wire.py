@@ -166,7 +166,6 @@ class FramesWireDecoder:
         self.budget = int(budget)
         self.storage_of = storage_of  # the buffer's FrameStorage now: the stack and frames a push must have
         self._held: 'OrderedDict[str, Tuple[int, Dict[Any, np.ndarray], int]]' = OrderedDict()  # seq, stacks, bytes
-        self._like: Any = None  # (stack, frame shape, dtype) of the buffer, read by each expand
         self._bytes = 0
         self.counters = dict(frames_wire_steps=0, frames_wire_out_of_step=0)
 
@@ -208,11 +207,11 @@ class FramesWireDecoder:
             )
         else:
             stacks = held[1]
-        self._like = like
-        if batched:
-            out, last = self._expand_batch(data, cont, shift, stacks)
-        else:
-            out, last = self._expand_items(data, cont, shift, stacks)
+        # the buffer's stack and frames (None: it holds none, and then nothing is rebuilt): a step sent with its
+        # obs must have them, so no step grows past 2 * stack frames here
+        known = None if like is None else (like[0], (like[1], torch.empty(0, dtype=like[2]).numpy().dtype))
+        expand = self._expand_batch if batched else self._expand_items
+        out, last = expand(data, cont, shift, stacks, known)
         self.counters['frames_wire_steps'] += len(cont)
 
         def commit() -> None:
@@ -242,7 +241,7 @@ class FramesWireDecoder:
         return meta['cont'], meta['shift'], meta['base']
 
     def _step(
-        self, i: int, item: Mapping, cont: bool, shift: bool, env: Any, prev: Optional[np.ndarray]
+        self, i: int, item: Mapping, cont: bool, shift: bool, env: Any, prev: Optional[np.ndarray], known: Any
     ) -> Tuple[np.ndarray, np.ndarray]:
         key, nkey = self.spec['key'], self.spec['next_key']
         if cont:
@@ -254,10 +253,8 @@ class FramesWireDecoder:
                     f"never sent, or its episode ended)"
                 )
             obs = prev
-        else:  # the buffer's stack and frames where it has some: a step never grows past 2 * stack frames here
-            known = self._like
-            want = None if known is None else (known[1], torch.empty(0, dtype=known[2]).numpy().dtype)
-            obs = stack_of(item, key, i, None if known is None else known[0], want)
+        else:
+            obs = stack_of(item, key, i, *(known or (None, None)))
         like = (tuple(obs.shape[1:]), obs.dtype)
         if not shift:
             return obs, stack_of(item, nkey, i, obs.shape[0], like)
@@ -265,7 +262,7 @@ class FramesWireDecoder:
         return obs, np.concatenate([obs[1:], new])
 
     def _expand_items(
-        self, data: Any, cont: List[bool], shift: bool, stacks: Dict[Any, np.ndarray]
+        self, data: Any, cont: List[bool], shift: bool, stacks: Dict[Any, np.ndarray], known: Any
     ) -> Tuple[Any, Dict[Any, Optional[np.ndarray]]]:
         items = data if isinstance(data, list) else [data]
         if len(items) != len(cont):
@@ -277,7 +274,7 @@ class FramesWireDecoder:
             if not isinstance(item, dict):
                 raise ValueError(f"item {i}: storage.frames stores dict items, got {type(item).__name__}")
             env = env_of(item, spec['env_key'], i)
-            obs, nxt = self._step(i, item, c, shift, env, last[env] if env in last else stacks.get(env))
+            obs, nxt = self._step(i, item, c, shift, env, last[env] if env in last else stacks.get(env), known)
             row = dict(item)
             row[key], row[nkey] = obs, nxt
             out.append(row)
@@ -286,7 +283,7 @@ class FramesWireDecoder:
         return (out if isinstance(data, list) else out[0]), last
 
     def _expand_batch(
-        self, data: Any, cont: List[bool], shift: bool, stacks: Dict[Any, np.ndarray]
+        self, data: Any, cont: List[bool], shift: bool, stacks: Dict[Any, np.ndarray], known: Any
     ) -> Tuple[Any, Dict[Any, Optional[np.ndarray]]]:
         spec, key, nkey = self.spec, self.spec['key'], self.spec['next_key']
         if not isinstance(data, dict) or nkey not in data:
@@ -314,7 +311,7 @@ class FramesWireDecoder:
                 j += 1
             item[nkey] = nxt_in[i]
             env = env_of(item, spec['env_key'], i)
-            obs, nxt = self._step(i, item, c, shift, env, last[env] if env in last else stacks.get(env))
+            obs, nxt = self._step(i, item, c, shift, env, last[env] if env in last else stacks.get(env), known)
             if obs_rows and (obs.shape != obs_rows[0].shape or obs.dtype != obs_rows[0].dtype):
                 raise ValueError(f"row {i}: field {key!r} has shape {obs.shape}, row 0 {obs_rows[0].shape}")
             obs_rows.append(obs)

@@ -127,7 +127,7 @@ class PushPipeline:
 
     def _submit(self, args: Dict[str, Any], deadline: float) -> Any:
         """Send one push request without waiting; returns the channel's ticket for its reply."""
-        sent = {k: v for k, v in args.items() if k != 'raw'}  # 'raw': the push as taken (frames_wire)
+        sent = {k: v for k, v in args.items() if k != 'raw'} if 'raw' in args else args  # 'raw': see _encode
         return self._channel.submit(request_msg('push', self._dcfg.shard, sent), deadline)
 
     def _result(self, ticket: Any, deadline: float, args: Dict[str, Any]) -> Dict[str, Any]:
