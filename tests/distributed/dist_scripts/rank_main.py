@@ -730,6 +730,18 @@ def push_until(buf, done_flag: str, log: list, progress: dict) -> None:
     flag('w0_done')
 
 
+def push_while_w0_runs(buf, most: int) -> None:
+    """Rank 1 after the fault: push a tagged batch every 0.1 s until rank 0 flags 'w0_done' (at most ``most``),
+    then close."""
+    for step in range(most):
+        push_record(buf, adv_batch(1, step), batched=True)
+        if os.path.exists(os.path.join(OUT, 'w0_done')):
+            break
+        time.sleep(0.1)
+    buf.close()
+    RESULT['closed'] = True
+
+
 def worker_freeze_worker(buf):
     """Rank 1 freezes rank 0 for longer than the manager's peer_timeout, then thaws it."""
     from ding_buffer.distributed import ManagerUnavailableError
@@ -762,13 +774,7 @@ def worker_freeze_worker(buf):
     RESULT['thawed_at'] = time.time()
     flag('thawed')
     if SCENARIO == 'freeze_worker':
-        for step in range(200):
-            push_record(buf, adv_batch(1, step), batched=True)
-            if os.path.exists(os.path.join(OUT, 'w0_done')):
-                break
-            time.sleep(0.1)
-        buf.close()
-        RESULT['closed'] = True
+        push_while_w0_runs(buf, 200)
     else:
         wait_flag('w0_done', 60)
 
@@ -809,13 +815,7 @@ def worker_partition_worker(buf):
             _host_link(cut, up=True)
     RESULT['healed_at'] = time.time()
     flag('healed')
-    for step in range(300):
-        push_record(buf, adv_batch(1, step), batched=True)
-        if os.path.exists(os.path.join(OUT, 'w0_done')):
-            break
-        time.sleep(0.1)
-    buf.close()
-    RESULT['closed'] = True
+    push_while_w0_runs(buf, 300)
 
 
 worker_partition_short = worker_partition_manager = worker_lossy_worker = worker_partition_worker
