@@ -50,7 +50,7 @@ def _rows_of(data: Any, batched: bool, spec: Mapping) -> Optional[List[Step]]:
             if not isinstance(obs, np.ndarray) or not isinstance(nxt, np.ndarray) or obs.ndim < 2:
                 return None
             n = len(obs)
-            if len(nxt) != n:
+            if len(nxt) != n or n == 0:
                 return None
             items = [{k: v[i] for k, v in data.items() if k in _flags(spec)} for i in range(n)]
             steps = [(obs[i], nxt[i]) for i in range(n)]
@@ -234,6 +234,8 @@ class FramesWireDecoder:
                 f"push argument 'frames' must be a dict {{'v': 1, 'base': None or an int >= 0, 'cont': [bool, ...], "
                 f"'shift': bool}}, got {str(meta)[:120]!r}"
             )
+        if not meta['cont']:
+            raise ValueError("push argument 'frames' needs at least one step ('frames.cont' is empty)")
         if not isinstance(client, str) or type(seq) is not int:
             raise ValueError("a push with argument 'frames' needs the worker's 'client' and 'seq'")
         if meta['base'] is not None and meta['base'] >= seq:

@@ -136,6 +136,7 @@ def test_a_push_the_manager_cannot_chain_is_refused_and_changes_nothing():
         (wire, dict(meta, cont=['yes', True]), 'frames'),
         (wire, dict(meta, base=1), 'below'),
         (wire, {**meta, 'extra': 1}, 'frames'),
+        ([], dict(meta, cont=[]), 'at least one step'),
         ([dict(wire[0], obs=second[0]['obs']), wire[1]], meta, 'leaves it out'),
         ([dict(wire[0], next_obs=second[0]['next_obs']), wire[1]], meta, 'stack of 4 frames, expected 1'),
         ([dict(wire[0], next_obs=np.zeros((1, 3, 3), np.uint8)), wire[1]], meta, 'shape'),
@@ -359,6 +360,7 @@ def test_the_encoder_sends_what_it_cannot_read_as_it_is():
     steps = FrameEnvs(n_envs=3, seed=8).steps(3)
     batch = next(batches(steps, 3))
     for bad in (
+        {k: v[:0] for k, v in batch.items()},  # an empty batch: the buffer says why
         dict(batch, env_id=batch['env_id'][:2]),  # a short env_id column
         dict(batch, done=np.bool_(False)),  # one flag for a batch
         {k: (torch.as_tensor(v).to(torch.bfloat16) if k == 'obs' else v) for k, v in batch.items()},
