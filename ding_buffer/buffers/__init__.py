@@ -2,7 +2,6 @@
 
 from .advanced import AdvancedReplayBuffer
 from .chunk import ChunkReplayBuffer
-from .common import BufferCore
 from .deque import DequeReplayBuffer
 from .elastic import ElasticReplayBuffer
 from .engine import Engine
@@ -13,7 +12,6 @@ from .naive import NaiveReplayBuffer
 from .sequence import SequenceReplayBuffer
 
 __all__ = [
-    "BufferCore",
     "Engine",
     "NaiveReplayBuffer",
     "ElasticReplayBuffer",

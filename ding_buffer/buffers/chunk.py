@@ -1,96 +1,14 @@
-"""``chunk`` -- ``ChunkReplayBuffer``: MineStudio's online replay protocol (fragments in, whole chunks out).
+"""``chunk`` -- ``ChunkReplayBuffer``: MineStudio's online replay protocol (fragments in, whole chunks out), the
+engine over a ``ChunkTable`` (see ``chunk_table`` for the rules: order per worker, gating, chunks, capacity, new
+model versions, sampling, payloads)."""
 
-Producers push *fragments* -- fixed-length pieces of one environment's rollout -- tagged with the environment
-(``worker``), a per-worker sequence number (``fid``), the ``model_version`` whose policy produced it and a
-``session_id``. The buffer assembles each worker's consecutive fragments into *chunks* of ``fragments_per_chunk``,
-keeps at most ``max_chunks`` chunks, and a learner samples whole chunks, each at most ``max_reuse`` times. Payloads
-live in a ``FragmentStore`` (memory, or files on disk that producers and learners share, ids on the wire); the
-buffer holds ids and deletes a payload once nothing refers to it.
-
-The rules, in order (``tests/buffers/test_chunk.py`` checks every call against a brute-force model of them):
-
-1. **Order per worker.** A worker's ``fid`` must exceed every ``fid`` it sent before, and be exactly the previous
-   one + 1 while a chunk is being assembled. A gap, repeat or reordering is a ``ValueError`` naming the worker and
-   both numbers; nothing changes. (MineStudio asserts inside its actor, killing the call.) A list push is the same
-   fragments pushed one by one (a stale fragment dropped on arrival leaves no chunk in assembly, so the next one
-   may skip ahead), all or nothing: if any one of them would be refused, none is stored.
-2. **Gating at the worker's queue.** After a fragment is appended, fragments at the front of its worker's queue
-   that are stale (``model_version - version > max_staleness``) or from another session (once a session is set)
-   are dropped.
-3. **Chunks.** A queue holding ``fragments_per_chunk`` fragments becomes a chunk with the version and session of
-   its first fragment.
-4. **Capacity.** FIFO in chunks: the oldest chunk leaves to make room -- only when the new chunk is accepted
-   (MineStudio also evicts for a chunk it then rejects).
-5. **New model version** (``update_model_version(version, session_id)``): every stale or other-session chunk
-   leaves, wherever it is (MineStudio looks only at the oldest chunk). A worker's queue loses only a prefix, as
-   MineStudio's (which pops from the front): every fragment up to its newest stale or other-session one, fresh
-   ones before it included (they could no longer form a chunk of consecutive fragments); all are counted in
-   ``fragments_dropped``. So a queue always holds consecutive fids ending at the worker's last one.
-6. **Sampling** (``sample(n)``, ``n`` fragments = ``n / fragments_per_chunk`` chunks): distinct chunks drawn
-   uniformly without replacement, each chunk's fragments in order. A drawn chunk's use count goes up by one; a
-   chunk used ``max_reuse`` times leaves. With fewer chunks than needed: ``None``, or with ``timeout=`` seconds
-   a wait for producers (``SampleTimeoutError`` when they do not deliver in time).
-7. **Payloads.** Referenced by the receive queues, the chunks and the last sample (so a learner can still read
-   the fragments it was given); a payload no longer referenced is deleted from the store.
-
-A sampled fragment is a dict: ``worker``, ``fid``, ``model_version``, ``session_id``, ``fragment_id``, ``chunk``
-(the chunk's id), ``use`` (its use count after this draw) and, unless ``sample_payloads=False``, ``data`` (the
-payload; with a shared disk store and ``sample_payloads=False`` only ids travel, and learners read
-``FragmentStore('disk', path).get(fragment_id)`` themselves). ``data`` is a fresh copy with either store (the memory
-store keeps a deep copy of what was pushed and hands out deep copies): a learner may edit a sample in place, and a
-producer may reuse its tensors after a push, without changing what a later sample of the same chunk returns.
-"""
-
-import itertools
-import math
-import threading
-import time
-from collections import OrderedDict
-from typing import Any, Dict, List, Optional, Tuple
-
-import numpy as np
-import torch
+from typing import Any, Dict, List, Optional
 
 from ..base import BUFFER_REGISTRY
-from ..config import INF, SEED_CHECK
-from ..control.limits import UseLimit, build_remover
-from ..errors import SampleTimeoutError
-from ..storage.fragment_store import KINDS, FragmentStore, check_id
-from .common import BufferCore, check_wait_timeout
-
-# (worker, fid, model_version, session_id, fragment_id)
-Record = Tuple[str, int, int, str, str]
-MAX_WORKERS = 1 << 16  # workers whose order is tracked: a bound on what a peer inventing names can make us keep
-MAX_NAME = 128
-INT_LIMIT = 1 << 62
-
-
-PLAIN_LEAVES = (torch.Tensor, np.ndarray, np.generic, int, float, bool, str, bytes, type(None))
-
-
-def check_plain(obj: Any, what: str, depth: int = 0) -> None:
-    """``obj`` is what ``torch.load(weights_only=True)`` reads back (tensors, arrays, numbers, strings, None in
-    dicts / lists / tuples): a disk store refuses anything else at push, instead of failing every later read."""
-    if depth > 32:
-        raise ValueError(f"{what} is nested more than 32 levels deep")
-    if isinstance(obj, dict):
-        for k, v in obj.items():
-            if not isinstance(k, (str, int)):
-                raise TypeError(f"{what} has a key of type {type(k).__name__}; a disk store keeps str / int keys")
-            check_plain(v, f'{what}[{k!r:.40}]', depth + 1)
-    elif isinstance(obj, (list, tuple)):
-        for i, v in enumerate(obj):
-            check_plain(v, f'{what}[{i}]', depth + 1)
-    elif not isinstance(obj, PLAIN_LEAVES) or (isinstance(obj, np.ndarray) and obj.dtype == object):
-        raise TypeError(
-            f"{what} holds a {type(obj).__name__}; a disk store keeps tensors, arrays, numbers, strings "
-            f"and None in dicts / lists / tuples (read back without running code)"
-        )
-
-
-def _int(x: Any) -> bool:
-    return isinstance(x, (int, np.integer)) and not isinstance(x, (bool, np.bool_))
-
+from ..config import SEED_CHECK
+from ..storage.fragment_store import KINDS, FragmentStore
+from .chunk_table import INT_LIMIT, ChunkTable, is_int
+from .engine import Engine
 
 # the part keys every preset takes, as far as a table of whole chunks fits them (anything else: refused, saying why)
 CHUNK_REMOVERS = ('fifo', 'max_use')
@@ -110,7 +28,7 @@ def _sampler_ok(section: Any) -> bool:
     return isinstance(section, dict) and (not section or section == {'type': 'uniform'})
 
 
-class ChunkReplayBuffer(BufferCore):
+class ChunkReplayBuffer(Engine):
     """
     Overview:
         MineStudio's online replay (see the module docstring): fragments in, whole chunks of
@@ -156,10 +74,10 @@ class ChunkReplayBuffer(BufferCore):
     )
     key_aliases = {'max_use': 'max_reuse'}  # the engine presets' name of the key
     checks = {
-        'max_chunks': (lambda x: _int(x) and 1 <= x < INT_LIMIT, 'an int >= 1'),
-        'fragments_per_chunk': (lambda x: _int(x) and 1 <= x <= 1 << 20, 'an int in [1, 2**20]'),
-        'max_reuse': (lambda x: x is None or (_int(x) and 1 <= x < INT_LIMIT), 'None or an int >= 1'),
-        'max_staleness': (lambda x: x is None or (_int(x) and 0 <= x < INT_LIMIT), 'None or an int >= 0'),
+        'max_chunks': (lambda x: is_int(x) and 1 <= x < INT_LIMIT, 'an int >= 1'),
+        'fragments_per_chunk': (lambda x: is_int(x) and 1 <= x <= 1 << 20, 'an int in [1, 2**20]'),
+        'max_reuse': (lambda x: x is None or (is_int(x) and 1 <= x < INT_LIMIT), 'None or an int >= 1'),
+        'max_staleness': (lambda x: x is None or (is_int(x) and 0 <= x < INT_LIMIT), 'None or an int >= 0'),
         'store.type': (lambda x: x in KINDS, f'one of {list(KINDS)}'),
         'store.path': (lambda x: x is None or (isinstance(x, str) and bool(x)), 'None or a directory path'),
         'store.clear_on_start': (lambda x: isinstance(x, bool), 'a bool'),
@@ -178,244 +96,28 @@ class ChunkReplayBuffer(BufferCore):
         ),
     }
 
-    # ------------------------------------------------------------------ build
-    def _build(self) -> None:
-        cfg = self._cfg
-        rules = [build_remover(e, f'removers[{i}]') for i, e in enumerate(cfg.removers)]  # arguments checked
-        limits = [r.max_use for r in rules if isinstance(r, UseLimit) and r.max_use != INF]
-        if limits:  # a max_use rule is max_reuse by another name: the smallest limit applies (use >= 2.5: 3 uses)
-            cfg.max_reuse = min([math.ceil(x) for x in limits] + ([cfg.max_reuse] if cfg.max_reuse is not None else []))
-        self.store = FragmentStore(cfg.store.type, cfg.store.path)
-        if cfg.store.clear_on_start:
-            self.store.clear()
-        self._fpc = int(cfg.fragments_per_chunk)
-        self._cond = threading.Condition(self._lock)
-        self._reset()
-        self.model_version = -1
-        self.session_id = ''
-
-    def _reset(self) -> None:
-        self._chunks: List[Dict[str, Any]] = []  # oldest first: {'uid', 'use', 'version', 'session', 'records'}
-        self._queues: Dict[str, List[Record]] = {}
-        self._last_fid: 'OrderedDict[str, int]' = OrderedDict()
-        self._last_fetch: List[str] = []
-        self._refs: Dict[str, int] = {}
-        self._sizes: Dict[str, int] = {}  # on-disk bytes of each referenced payload, and their total
-        self._bytes = 0
-        self._next_uid = 0
-        self._counters = dict(
-            fragments_received=0,
-            fragments_dropped=0,
-            chunks_made=0,
-            chunks_evicted=0,
-            chunks_retired=0,
-            chunks_dropped_stale=0,
-            sample_calls=0,
-            sampled_fragments=0,
-            reuse_sum=0,
-            chunks_left=0,
-        )
+    table = ChunkTable
 
     @property
-    def replay_buffer_size(self) -> int:
+    def store(self) -> FragmentStore:
+        """Where the payloads live (memory, or files under ``store.path`` shared by producers and learners)."""
+        return self._t.store
+
+    @property
+    def capacity(self) -> int:
         """Capacity in fragments (``max_chunks * fragments_per_chunk``): the most one sample can return."""
-        return int(self._cfg.max_chunks) * self._fpc
+        return self.replay_buffer_size
 
-    capacity = replay_buffer_size
+    @property
+    def model_version(self) -> int:
+        """The learner's model version the gate measures staleness from (-1 before the first update)."""
+        return self._t.model_version
 
-    # ------------------------------------------------------------------ references
-    def _ref(self, fragment_id: str) -> None:
-        n = self._refs.get(fragment_id, 0)
-        if not n:  # the bytes of referenced payloads are kept as a running total: stats() stays O(1)
-            self._sizes[fragment_id] = self.store.size(fragment_id)
-            self._bytes += self._sizes[fragment_id]
-        self._refs[fragment_id] = n + 1
+    @property
+    def session_id(self) -> str:
+        """The current session ('' before one is set): fragments and chunks of other sessions leave."""
+        return self._t.session_id
 
-    def _unref(self, fragment_id: str) -> None:
-        n = self._refs[fragment_id] - 1
-        if n:
-            self._refs[fragment_id] = n
-        else:
-            del self._refs[fragment_id]
-            self._bytes -= self._sizes.pop(fragment_id, 0)
-            self.store.delete(fragment_id)
-
-    def _stale(self, version: int, session: str) -> bool:
-        if self.session_id and session != self.session_id:
-            return True
-        lag = self._cfg.max_staleness
-        return lag is not None and self.model_version - version > lag
-
-    # ------------------------------------------------------------------ push
-    def _push_batch(self, batch: Any) -> int:
-        raise ValueError(
-            "the chunk buffer takes fragments: push one fragment dict or a list of them "
-            "(batched=True / extend have no meaning here)"
-        )
-
-    def _check_fragment(self, f: Any, i: int) -> Tuple[str, int, int, str]:
-        if not isinstance(f, dict):
-            raise TypeError(
-                f"fragment {i} must be a dict with 'worker', 'fid', 'model_version' and 'data' or "
-                f"'fragment_id', got {type(f).__name__}"
-            )
-        extra = sorted(
-            str(k) for k in f if k not in ('worker', 'fid', 'model_version', 'session_id', 'data', 'fragment_id')
-        )
-        if extra:
-            raise ValueError(
-                f"fragment {i} has unknown keys {extra[:5]}; expected 'worker', 'fid', 'model_version', "
-                f"'session_id', and 'data' or 'fragment_id'"
-            )
-        worker, fid, version, session = f.get('worker'), f.get('fid'), f.get('model_version'), f.get('session_id', '')
-        if not isinstance(worker, str) or not 0 < len(worker) <= MAX_NAME or not worker.isprintable():
-            raise ValueError(
-                f"fragment {i}: 'worker' must be a printable str of 1..{MAX_NAME} characters, got {worker!r:.60}"
-            )
-        for key, value in (('fid', fid), ('model_version', version)):
-            if not _int(value) or not -1 <= value < INT_LIMIT:
-                raise ValueError(f"fragment {i}: {key!r} must be an int in [-1, 2**62), got {value!r:.40}")
-        if not isinstance(session, str) or len(session) > MAX_NAME or not session.isprintable():
-            raise ValueError(
-                f"fragment {i}: 'session_id' must be a printable str of at most {MAX_NAME} characters, "
-                f"got {session!r:.60}"
-            )
-        if ('data' in f) == ('fragment_id' in f):
-            raise ValueError(
-                f"fragment {i} must carry exactly one of 'data' (the payload) and 'fragment_id' (a "
-                f"payload already in the store)"
-            )
-        if 'fragment_id' in f:
-            check_id(f['fragment_id'])
-            if f['fragment_id'] in self._refs:
-                raise ValueError(f"fragment {i}: fragment_id {f['fragment_id']} is already in the buffer")
-            if f['fragment_id'] not in self.store:
-                raise ValueError(
-                    f"fragment {i}: fragment_id {f['fragment_id']} is not in the store "
-                    f"({self.store.kind}{': ' + self.store.path if self.store.path else ''})"
-                )
-        return worker, int(fid), int(version), session
-
-    def _plan(self, checked: List[Tuple[str, int, int, str]]) -> List[List[str]]:
-        """
-        Overview:
-            Rules 1-3 and the worker cap run over the whole call on shadows first, exactly as for the same fragments
-            pushed one by one (a stale fragment dropped on arrival leaves no chunk in assembly, so the next one may
-            skip ahead; a worker whose chunk completes earlier in the call may be forgotten for a later new one).
-            Raises the ``ValueError`` the first refused single push would raise, before anything changes; else
-            returns, per fragment, the workers to forget before it is received.
-        """
-        # workers this call touched, least recently first (None: forgotten in this call), and their queues as the
-        # stale flags of the fragments in them (the model version cannot move during a push)
-        last: 'OrderedDict[str, Optional[int]]' = OrderedDict()
-        queues: Dict[str, List[bool]] = {}
-        known, plan = len(self._last_fid), []
-        for i, (worker, fid, version, session) in enumerate(checked):
-            if worker not in last:
-                last[worker] = self._last_fid.get(worker)
-                queues[worker] = [self._stale(r[2], r[3]) for r in self._queues.get(worker, ())]
-            prev, queue = last[worker], queues[worker]
-            if prev is not None and (fid != prev + 1 if queue else fid <= prev):
-                want = f"exactly {prev + 1} (a chunk is being assembled)" if queue else f"more than {prev}"
-                raise ValueError(
-                    f"fragment {i}: worker {worker!r} sent fid {fid} after {prev}; expected {want}. "
-                    f"Fragments of one worker arrive in order"
-                )
-            forget: List[str] = []
-            if prev is None:  # a new worker: the order of at most MAX_WORKERS workers is remembered, the least
-                excess = known + 1 - MAX_WORKERS  # recently seen ones without a chunk in assembly are forgotten first
-                if excess > 0:  # (a forgotten worker may start again at any fid)
-                    idle = (w for w in self._last_fid if w not in last and w not in self._queues)
-                    idle_here = (w for w, f in last.items() if f is not None and not queues[w] and w != worker)
-                    forget = list(itertools.islice(itertools.chain(idle, idle_here), excess))
-                    if len(forget) < excess:
-                        raise ValueError(
-                            f"fragment {i}: {MAX_WORKERS} workers have chunks in assembly; worker {worker!r:.40} "
-                            f"is one more"
-                        )
-                    for w in forget:
-                        last[w], queues[w] = None, []
-                    known -= len(forget)
-                known += 1
-            last[worker] = fid
-            last.move_to_end(worker)
-            queue.append(self._stale(version, session))
-            while queue and queue[0]:  # rule 2
-                queue.pop(0)
-            if len(queue) >= self._fpc:  # rule 3
-                queue.clear()
-            plan.append(forget)
-        return plan
-
-    def _push_items(self, items: List[Any]) -> int:
-        checked = [self._check_fragment(f, i) for i, f in enumerate(items)]
-        plan = self._plan(checked)  # the whole call first, so a bad fragment anywhere changes nothing
-        ids = set()
-        for i, f in enumerate(items):
-            fragment_id = f.get('fragment_id')
-            if fragment_id is not None:
-                if fragment_id in ids:
-                    raise ValueError(f"fragment {i}: fragment_id {fragment_id} appears twice in this push")
-                ids.add(fragment_id)
-        if self.store.kind == 'disk':
-            for i, f in enumerate(items):
-                if 'data' in f:
-                    check_plain(f['data'], f'fragment {i} data')
-        put: List[str] = []
-        try:  # payloads first: a store that fails (disk full) leaves the buffer as it was
-            for f in items:
-                put.append(f['fragment_id'] if 'fragment_id' in f else self.store.put(f['data']))
-        except BaseException:
-            self.store.delete_all(fid for f, fid in zip(items, put) if 'fragment_id' not in f)
-            raise
-        for (worker, fid, version, session), fragment_id, forget in zip(checked, put, plan):
-            for w in forget:
-                del self._last_fid[w]
-            self._receive((worker, fid, version, session, fragment_id))
-        if self._chunks:
-            self._cond.notify_all()
-        return len(items)
-
-    def _receive(self, rec: Record) -> None:
-        worker = rec[0]
-        self._counters['fragments_received'] += 1
-        self._last_fid[worker] = rec[1]
-        self._last_fid.move_to_end(worker)
-        queue = self._queues.setdefault(worker, [])
-        queue.append(rec)
-        self._ref(rec[4])
-        while queue and self._stale(queue[0][2], queue[0][3]):  # rule 2
-            self._counters['fragments_dropped'] += 1
-            self._unref(queue.pop(0)[4])
-        if not queue:
-            del self._queues[worker]
-        elif len(queue) >= self._fpc:  # rule 3
-            del self._queues[worker]
-            self._add_chunk(queue)
-
-    def _add_chunk(self, records: List[Record]) -> None:
-        version, session = records[0][2], records[0][3]
-        if self._stale(version, session):  # cannot happen after rule 2; kept so the rule has one place
-            self._counters['chunks_dropped_stale'] += 1
-            for r in records:
-                self._unref(r[4])
-            return
-        while len(self._chunks) >= self._cfg.max_chunks:  # rule 4: only for a chunk that is accepted
-            self._counters['chunks_evicted'] += 1
-            self._leave(self._chunks.pop(0))
-        self._chunks.append(
-            {'uid': self._next_uid, 'use': 0, 'version': version, 'session': session, 'records': records}
-        )
-        self._next_uid += 1
-        self._counters['chunks_made'] += 1
-
-    def _leave(self, chunk: Dict[str, Any]) -> None:
-        self._counters['reuse_sum'] += chunk['use']
-        self._counters['chunks_left'] += 1
-        for r in chunk['records']:
-            self._unref(r[4])
-
-    # ------------------------------------------------------------------ model version
     def update_model_version(self, version: int, session_id: Optional[str] = None) -> Dict[str, Any]:
         """
         Overview:
@@ -423,53 +125,8 @@ class ChunkReplayBuffer(BufferCore):
             chunks leave, and each worker's queue loses the prefix up to its newest stale or other-session
             fragment (rule 5). Returns how many chunks and queued fragments left.
         """
-        if not _int(version) or not -1 <= version < INT_LIMIT:
-            raise ValueError(f"model version must be an int in [-1, 2**62), got {version!r:.40}")
-        if session_id is not None and (
-            not isinstance(session_id, str) or len(session_id) > MAX_NAME or not session_id.isprintable()
-        ):
-            raise ValueError(
-                f"session_id must be a printable str of at most {MAX_NAME} characters, got {session_id!r:.60}"
-            )
-        with self._lock:
-            self._check_open()
-            self.model_version = int(version)
-            if session_id is not None:
-                self.session_id = session_id
-            keep, chunks_left = [], 0
-            for chunk in self._chunks:
-                if self._stale(chunk['version'], chunk['session']):
-                    chunks_left += 1
-                    self._counters['chunks_dropped_stale'] += 1
-                    self._leave(chunk)
-                else:
-                    keep.append(chunk)
-            self._chunks = keep
-            fragments_left = 0
-            for worker in list(self._queues):
-                # a queue only loses a prefix: its fragments up to the newest stale one (the fresh ones before it
-                # could no longer join the ones after it in a chunk of consecutive fids), so what stays is still
-                # consecutive and ends at the worker's last fid -- as MineStudio, which pops from the front only
-                queue = self._queues[worker]
-                cut = max((i + 1 for i, r in enumerate(queue) if self._stale(r[2], r[3])), default=0)
-                if not cut:
-                    continue
-                fragments_left += cut
-                for r in queue[:cut]:
-                    self._unref(r[4])
-                if cut < len(queue):
-                    self._queues[worker] = queue[cut:]
-                else:
-                    del self._queues[worker]
-            self._counters['fragments_dropped'] += fragments_left
-            return {
-                'model_version': self.model_version,
-                'session_id': self.session_id,
-                'chunks_dropped': chunks_left,
-                'fragments_dropped': fragments_left,
-            }
+        return self._t.update_model_version(version, session_id)
 
-    # ------------------------------------------------------------------ sample
     def sample(
         self, size: int, cur_learner_iter: int = -1, timeout: Optional[float] = None, **kwargs: Any
     ) -> Optional[List[Dict[str, Any]]]:
@@ -479,235 +136,11 @@ class ChunkReplayBuffer(BufferCore):
             (rule 6). ``None`` while fewer chunks are stored, or with ``timeout`` (seconds) wait for them and raise
             ``SampleTimeoutError`` when they do not come.
         """
-        if kwargs:
-            raise TypeError(
-                f"the chunk buffer's sample takes no {sorted(kwargs)[:4]} (it draws whole chunks without replacement)"
-            )
-        self._check_size(size)
-        if size % self._fpc:
-            raise ValueError(f"sample size {size} must be a multiple of fragments_per_chunk={self._fpc} (whole chunks)")
-        k = size // self._fpc
-        if k > self._cfg.max_chunks:
-            raise ValueError(f"sample size {size} is {k} chunks; at most max_chunks={self._cfg.max_chunks} exist")
-        check_wait_timeout(timeout)
-        with self._cond:
-            self._check_open()
-            if len(self._chunks) < k:
-                if not timeout:
-                    return self._refuse(f"{len(self._chunks)} chunks stored, {k} needed")
-                deadline = time.monotonic() + timeout
-                while len(self._chunks) < k:
-                    left = deadline - time.monotonic()
-                    if left <= 0:
-                        raise SampleTimeoutError(
-                            f"{len(self._chunks)} of the {k} chunks needed after waiting {timeout} s"
-                        )
-                    self._cond.wait(left)
-                    self._check_open()
-            rng_state = self._rng.bit_generator.state
-            picked = [int(j) for j in self._rng.choice(len(self._chunks), size=k, replace=False)]
-            ids = [r[4] for j in picked for r in self._chunks[j]['records']]
-            payloads = {}
-            if self._cfg.sample_payloads:  # read first: a payload that cannot be read changes nothing
-                try:
-                    payloads = {fragment_id: self.store.get(fragment_id) for fragment_id in ids}
-                except BaseException:
-                    self._rng.bit_generator.state = rng_state
-                    raise
-            out, retired = [], set()
-            for j in picked:
-                chunk = self._chunks[j]
-                chunk['use'] += 1
-                for worker, fid, version, session, fragment_id in chunk['records']:
-                    item = {
-                        'worker': worker,
-                        'fid': fid,
-                        'model_version': version,
-                        'session_id': session,
-                        'fragment_id': fragment_id,
-                        'chunk': chunk['uid'],
-                        'use': chunk['use'],
-                    }
-                    if self._cfg.sample_payloads:
-                        item['data'] = payloads[fragment_id]
-                    out.append(item)
-                if self._cfg.max_reuse is not None and chunk['use'] >= self._cfg.max_reuse:
-                    retired.add(j)
-            for fragment_id in ids:  # rule 7: the last sample holds its fragments until the next one
-                self._ref(fragment_id)
-            old, self._last_fetch = self._last_fetch, ids
-            for j in sorted(retired, reverse=True):
-                self._counters['chunks_retired'] += 1
-                self._leave(self._chunks.pop(j))
-            for fragment_id in old:
-                self._unref(fragment_id)
-            self._counters['sample_calls'] += 1
-            self._counters['sampled_fragments'] += len(out)
-            return out
-
-    def close(self) -> None:
-        with self._cond:
-            super().close()
-            self._cond.notify_all()  # waiting samplers see the buffer closed
-
-    # ------------------------------------------------------------------ count / stats
-    def count(self) -> int:
-        """Chunks stored (the sampling unit)."""
-        return len(self._chunks)
-
-    def stats(self) -> Dict[str, Any]:
-        with self._lock:
-            c = self._counters
-            return {
-                'count': len(self._chunks),
-                'chunks': len(self._chunks),
-                'fragments': sum(len(ch['records']) for ch in self._chunks),
-                'queued_fragments': sum(len(q) for q in self._queues.values()),
-                'workers': len(self._last_fid),
-                'payloads': len(self._refs),
-                'model_version': self.model_version,
-                'avg_reuse': c['reuse_sum'] / c['chunks_left'] if c['chunks_left'] else 0.0,  # of chunks that left
-                **{k: v for k, v in c.items() if k not in ('reuse_sum',)},
-                'store_bytes': self._bytes,  # of the payloads this buffer refers to
-            }
+        return self._t.sample(size, cur_learner_iter, timeout, **kwargs)
 
     def records(self) -> Dict[str, Any]:
         """The chunks (oldest first: uid, use count, records) and the per-worker queues, as plain data."""
-        with self._lock:
-            return {
-                'chunks': [(ch['uid'], ch['use'], [r[:4] for r in ch['records']]) for ch in self._chunks],
-                'queues': {w: [r[:4] for r in q] for w, q in self._queues.items()},
-            }
-
-    # ------------------------------------------------------------------ state
-    def _state(self) -> Dict[str, Any]:
-        referenced = list(self._refs)
-        return {
-            'model_version': self.model_version,
-            'session_id': self.session_id,
-            'next_uid': self._next_uid,
-            'chunks': [
-                {
-                    'uid': ch['uid'],
-                    'use': ch['use'],
-                    'version': ch['version'],
-                    'session': ch['session'],
-                    'records': [list(r) for r in ch['records']],
-                }
-                for ch in self._chunks
-            ],
-            'queues': {w: [list(r) for r in q] for w, q in self._queues.items()},
-            'last_fid': dict(self._last_fid),
-            'last_fetch': list(self._last_fetch),
-            'counters': dict(self._counters),
-            'payloads': {fragment_id: self.store.get(fragment_id) for fragment_id in referenced},
-        }
-
-    def _restore(self, state: Dict[str, Any]) -> None:
-        """Validate ``state`` against the rules (a state this buffer could have reached), then swap it in."""
-
-        def name(x: Any, what: str, empty: bool = False) -> str:
-            if not isinstance(x, str) or len(x) > MAX_NAME or not x.isprintable() or (not x and not empty):
-                raise ValueError(f"invalid {what} {x!r:.60} in state")
-            return x
-
-        def number(x: Any, what: str, low: int = -1) -> int:
-            if not _int(x) or not low <= x < INT_LIMIT:
-                raise ValueError(f"invalid {what} {x!r:.40} in state")
-            return int(x)
-
-        def rec(r: Any) -> Record:
-            worker, fid, version, session, fragment_id = r
-            return (
-                name(worker, 'worker'),
-                number(fid, 'fid'),
-                number(version, 'model_version'),
-                name(session, 'session_id', empty=True),
-                check_id(fragment_id),
-            )
-
-        def run(records: List[Record], what: str) -> None:  # one worker's consecutive fids (rule 1)
-            if any(r[0] != records[0][0] or r[1] != records[0][1] + i for i, r in enumerate(records)):
-                raise ValueError(f"{what} in state is not one worker's consecutive fragments")
-
-        last_fid = OrderedDict((name(w, 'worker'), number(f, 'fid')) for w, f in state['last_fid'].items())
-        if len(last_fid) > MAX_WORKERS:
-            raise ValueError(f"state tracks {len(last_fid)} workers, more than {MAX_WORKERS}")
-        chunks, uids = [], set()
-        for ch in state['chunks']:
-            records = [rec(r) for r in ch['records']]
-            run(records, 'a chunk')
-            uid, use = number(ch['uid'], 'chunk uid', 0), number(ch['use'], 'use count', 0)
-            if len(records) != self._fpc or uid in uids:
-                raise ValueError(
-                    f"chunk {uid} in state has {len(records)} fragments (fragments_per_chunk="
-                    f"{self._fpc}) or a repeated uid"
-                )
-            if self._cfg.max_reuse is not None and use >= self._cfg.max_reuse:
-                raise ValueError(f"chunk {uid} in state was used {use} times; max_reuse is {self._cfg.max_reuse}")
-            if records[-1][1] > last_fid.get(records[0][0], -2) and records[0][0] in last_fid:
-                raise ValueError(f"chunk {uid} in state is newer than its worker's last fid")
-            uids.add(uid)
-            chunks.append(
-                {'uid': uid, 'use': use, 'version': records[0][2], 'session': records[0][3], 'records': records}
-            )
-        if len(chunks) > self._cfg.max_chunks:
-            raise ValueError(f"state holds {len(chunks)} chunks, more than max_chunks={self._cfg.max_chunks}")
-        queues = {}
-        for w, q in state['queues'].items():
-            records = [rec(r) for r in q]
-            run(records, f"worker {w!r:.40}'s queue")
-            if not 0 < len(records) < self._fpc or records[0][0] != w or last_fid.get(w) != records[-1][1]:
-                raise ValueError(
-                    f"worker {w!r:.40}'s queue in state does not fit fragments_per_chunk={self._fpc} or its last fid"
-                )
-            queues[w] = records
-        held = [r[4] for ch in chunks for r in ch['records']] + [r[4] for q in queues.values() for r in q]
-        if len(set(held)) != len(held):
-            raise ValueError("state holds one fragment id in two places")
-        last_fetch = [check_id(x) for x in state['last_fetch']]
-        refs: Dict[str, int] = {}
-        for fragment_id in held + last_fetch:
-            refs[fragment_id] = refs.get(fragment_id, 0) + 1
-        payloads = state['payloads']
-        missing = sorted(set(refs) - set(payloads))
-        if missing:
-            raise ValueError(f"state lacks the payloads of {len(missing)} fragments (e.g. {missing[0]})")
-        if self.store.kind == 'disk':
-            for fragment_id in refs:
-                check_plain(payloads[fragment_id], f'the payload of fragment {fragment_id}')
-        counters = {k: number(state['counters'][k], f'counter {k}', 0) for k in self._counters}
-        version, session = (
-            number(state['model_version'], 'model_version'),
-            name(state['session_id'], 'session_id', empty=True),
-        )
-        next_uid = max(number(state['next_uid'], 'next_uid', 0), max(uids, default=-1) + 1)
-        # swap: payloads this buffer referenced and the new state does not are deleted; the new ones written
-        old, added = set(self._refs), []
-        try:
-            for fragment_id in refs:
-                if fragment_id not in self.store:
-                    self.store.put_as(fragment_id, payloads[fragment_id])
-                    added.append(fragment_id)
-        except BaseException:  # e.g. a full disk: the buffer stays as it was
-            self.store.delete_all(added)
-            raise
-        self.store.delete_all(old - set(refs))
-        self._chunks, self._queues, self._last_fid, self._last_fetch = chunks, queues, last_fid, last_fetch
-        self._refs, self._counters, self._next_uid = refs, counters, next_uid
-        self._sizes = {fragment_id: self.store.size(fragment_id) for fragment_id in refs}
-        self._bytes = sum(self._sizes.values())
-        self.model_version, self.session_id = version, session
-        self._cond.notify_all()  # samplers waiting for chunks see the restored ones
-
-    def _clear(self) -> List[Any]:
-        """Every chunk, queued fragment and the last sample leave (their payloads are deleted); the model version,
-        session and each worker's last ``fid`` stay (order continues)."""
-        self.store.delete_all(list(self._refs))
-        last_fid, counters, uid = self._last_fid, self._counters, self._next_uid
-        self._reset()
-        self._last_fid, self._counters, self._next_uid = last_fid, counters, uid
-        return []
+        return self._t.records()
 
 
 BUFFER_REGISTRY.register('chunk')(ChunkReplayBuffer)

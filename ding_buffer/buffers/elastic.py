@@ -13,16 +13,14 @@ the newest ``set_buffer_size(envstep)`` of them; ``update(envstep)`` moves that 
 Everything else (storage, ``max_use``, ``max_staleness``, the limiter, monitors) is the naive buffer's.
 """
 
-import math
-from typing import Any, Callable, Dict, Optional
-
-import numpy as np
+from typing import Any, Dict, Optional
 
 from ..base import BUFFER_REGISTRY
 from ..config import dingengine_ignored
-from ..storage.tensordict_io import is_tensordict
-from .common import STEP_LIMIT, check_step
+from .engine import Engine, offers
 from .naive import NAIVE_CHECKS, NAIVE_CONFIG, NaiveReplayBuffer
+from .newest_window import checked_size
+from .slot_table import SlotTable
 
 ELASTIC_CONFIG = dict(
     NAIVE_CONFIG,
@@ -36,18 +34,9 @@ ELASTIC_CHECKS = dict(
 )
 
 
-def checked_size(value: Any, what: str) -> int:
-    """A window size: an int >= 1 (numpy ints, and floats with an integral value, as a scheduler multiplying
-    sizes may return); ``ValueError`` naming ``what`` otherwise."""
-    if isinstance(value, (float, np.floating)) and math.isfinite(value) and value == int(value):
-        value = int(value)
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) or not 1 <= value < STEP_LIMIT:
-        raise ValueError(f"{what} must be an int in [1, 2**60), got {type(value).__name__} {value!r:.60}")
-    return int(value)
-
-
 @BUFFER_REGISTRY.register('elastic')
-class ElasticReplayBuffer(NaiveReplayBuffer):
+@offers(NaiveReplayBuffer, 'sample_kwargs', 'storage', 'push_count', 'sample')
+class ElasticReplayBuffer(Engine):
     """
     Overview:
         A naive buffer that samples only among its newest ``current_buffer_size`` items (DI-engine's
@@ -76,32 +65,19 @@ class ElasticReplayBuffer(NaiveReplayBuffer):
     config = ELASTIC_CONFIG
     checks = ELASTIC_CHECKS
     ignored_keys = dingengine_ignored(ELASTIC_CONFIG, 'elastic')
-
-    def _build(self) -> None:
-        super()._build()
-        self._size_fn: Optional[Callable[[int], Any]] = self._cfg.set_buffer_size
-        # DI-engine asks for the size at envstep 0 when it builds the buffer
-        self._current = self._ask(0) if self._size_fn is not None else self.replay_buffer_size
-
-    def _ask(self, envstep: int) -> int:
-        try:
-            size = self._size_fn(envstep)
-        except Exception as e:
-            raise ValueError(
-                f"config key 'set_buffer_size' raised at envstep {envstep}: {type(e).__name__}: {e}"
-            ) from e
-        return checked_size(size, f'set_buffer_size({envstep})')
+    table = SlotTable
+    table_args = dict(window=True)
 
     @property
     def current_buffer_size(self) -> int:
         """How many of the newest items sampling may use (may exceed what is stored)."""
-        return self._current
+        return self._t.window.size
 
     def resize(self, size: int) -> None:
         """Sample among the newest ``size`` items from now on (stored items are kept)."""
         size = checked_size(size, 'size')
         with self._lock:
-            self._current = size
+            self._t.window.size = size
 
     def update(self, info: Any) -> Optional[Dict[str, int]]:
         """
@@ -109,41 +85,4 @@ class ElasticReplayBuffer(NaiveReplayBuffer):
             ``update(envstep)``: set the window to ``set_buffer_size(envstep)`` (DI-engine). A dict (a learner's
             ``priority_info``) changes nothing, as on the naive buffer.
         """
-        if isinstance(info, dict) or is_tensordict(info):  # a sampled TensorDict is a dict here
-            return super().update(info)
-        if isinstance(info, (bool, np.bool_)) or not isinstance(info, (int, np.integer)):
-            raise TypeError(f"update takes an envstep (int) or a dict, got {type(info).__name__} {info!r:.40}")
-        info = check_step(info, 'envstep')
-        if self._size_fn is None:
-            raise ValueError(
-                "update(envstep) needs config key 'set_buffer_size' (a callable envstep -> size); "
-                "without it, call resize(n)"
-            )
-        size = self._ask(int(info))  # checked before anything changes
-        with self._lock:
-            self._current = size
-        return None
-
-    # ------------------------------------------------------------------ the window
-    def _candidates(self, sample_range: Optional[slice]) -> range:
-        n = self._storage.ring.count
-        window = range(max(0, n - self._current), n)
-        return window if sample_range is None else window[sample_range]
-
-    def _units(self) -> int:
-        return min(self.count(), self._current)
-
-    # ------------------------------------------------------------------ state
-    def _state(self) -> Dict[str, Any]:
-        return {**super()._state(), 'current_buffer_size': self._current}
-
-    def _restore(self, state: Dict[str, Any]) -> None:
-        size = checked_size(state.get('current_buffer_size', self.replay_buffer_size), 'saved current_buffer_size')
-        super()._restore(state)
-        self._current = size
-
-    def __repr__(self) -> str:
-        return (
-            f"ElasticReplayBuffer(instance_name={self._instance_name!r}, count={self.count()}, "
-            f"replay_buffer_size={self.replay_buffer_size}, current_buffer_size={self._current})"
-        )
+        return self._t.update(info)

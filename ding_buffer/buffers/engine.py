@@ -1,39 +1,50 @@
-"""``Engine``: the one class that owns the lock, the counters and ``stats()``, and calls the parts.
+"""``Engine``: the one concrete buffer class. Every preset is an ``Engine`` that names its table and its parts.
 
-A preset is a composition: a table (where elements live: a slot storage, an episode store, a reward index), a
-sampler, removers (``control.limits``: ``max_use``, ``max_staleness``, user rules), the rate limiter
-(``control.limiter``: thruput controller + minimum size + blocking ``sample(timeout=)``) and monitors. The engine
+The engine owns what every buffer shares: the validated config, the one lock, the RNG, the lifecycle, the
+used-data remover, the state / persistence envelope, the counters and ``stats()``, and the parts -- removers
+(``control.limits``: ``max_use``, ``max_staleness``, capacity rules, user rules), the rate limiter
+(``control.limiter``: thruput controller + minimum size + blocking ``sample(timeout=)``) and monitors. A *table*
+(``buffers.table``: slots, episodes, reward-ranked items, chunks) holds the data and the type's verbs; the engine
 runs every call in the same order, so a rule configured on one preset behaves the same on every other::
 
-    push:    validate (all or nothing) -> limiter.can_push -> table write -> counters -> limiter.on_push
-    sample:  removers.before_sample -> limiter.why_not (+ the preset's shortfall; wait up to `timeout`)
-             -> sampler draw -> use counts -> removers.after_sample -> counters -> limiter.on_sample
+    push:    arguments checked -> table validates (all or nothing) -> limiter.can_push -> table write
+             -> counters -> limiter.on_push
+    sample:  arguments checked -> removers.before_sample -> limiter.why_not (+ the table's shortfall; wait up to
+             `timeout`) -> table draw -> use counts -> removers.after_sample -> counters -> limiter.on_sample
              -> monitors (written after the lock is released)
 
 A sample is all or nothing: every rule answers before the engine removes anything (``before_sample`` and
 ``after_sample`` each ask all rules first), so a rule of your own that raises or answers garbage fails the call
 with nothing changed -- the draw's use counts are taken back and, with such a rule configured, the RNG and what the
-preset's ``_sample_snapshot`` names (advanced: beta) are restored. (Elements the ``before_sample`` answers removed
-stay removed when an ``after_sample`` answer fails later in the same call: they were due before the draw.)
+table's ``snapshot`` names (advanced: beta) are restored. (Elements the ``before_sample`` answers removed stay
+removed when an ``after_sample`` answer fails later in the same call: they were due before the draw.)
 
-Presets implement the table verbs ``oldest``, ``collect_iter`` and ``_drop(slots)`` (remove and return what
-left, for the used-data remover) and call ``_sample_flow`` / ``_admit`` / ``_pushed`` / ``_drawn``. Nothing
-outside a part assigns the part's fields.
+A preset is data: ``config`` (DI-engine's commented default config), ``checks``, ``table`` (the table class) and
+``table_args``, its declared capabilities (``IBuffer.capabilities``) and the type's own public verbs, each a
+forwarder to the table. Public methods take ``self._lock`` (an ``RLock``), so push / sample / update / clear /
+state_dict are mutually exclusive; the table and parts assume single-threaded calls.
 """
 
+import copy
+import logging
+import threading
 import weakref
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional
 
 import numpy as np
+from easydict import EasyDict
 
-from ..config import INF
+from ..base import IBuffer
+from ..config import INF, build_config
 from ..control.capacity import CapacityRule, find_capacity_rule
 from ..control.limiter import RateLimiter, limiter_checks, limiter_config
 from ..control.limits import StalenessLimit, UseCounts, UseLimit, build_removers, find_rule, limit_ok
 from ..monitor.periodic import PeriodicThruputMonitor
-from ..monitor.tb import TBSink, build_tb_logger, emit, rank
-from ..storage.tensordict_io import to_tensordict
-from .common import STEP_LIMIT, BufferCore, check_step, check_wait_timeout
+from ..monitor.tb import TBSink, build_tb_logger, rank
+from ..monitor.used_data_remover import UsedDataRemover, check_trackable
+from ..persistence import load_state, save_state
+from ..storage.tensordict_io import check_batched, is_tensordict, to_tensordict
+from .common import STEP_LIMIT, check_step, check_wait_timeout
 from .outputs import as_items
 from .view import TableView
 
@@ -76,15 +87,85 @@ def parts_checks(min_ratio: float) -> Dict[str, Any]:
     )
 
 
-class Engine(BufferCore):
-    uses_counted = False  # whether every element has a use count even without max_use (advanced reports it)
-    capacity_rules = False  # whether the preset's table takes a capacity rule (``control.capacity``)
-    admission_columns: Tuple[str, ...] = ()  # columns whose values the preset knows for elements not yet written
+def offers(source: type, *names: str) -> Callable[[type], type]:
+    """
+    Overview:
+        Class decorator of a preset: it offers ``source``'s public verbs, properties and declarations ``names`` --
+        the same objects (a verb has one home; a classmethod stays bound to the preset using it) -- without
+        inheriting from ``source``, which it is registered as a virtual subclass of (``isinstance`` holds, as for
+        DI-engine's and torchgfn's class hierarchies).
+    """
 
-    def _build_engine(self, slots: int) -> None:
-        """Build the parts every preset shares; ``slots`` sizes the use-count column."""
+    def apply(cls: type) -> type:
+        for name in names:
+            setattr(cls, name, vars(source)[name])
+        source.register(cls)
+        return cls
+
+    return apply
+
+
+class Engine(IBuffer):
+    """
+    Overview:
+        The buffer every preset is: the config, lock, RNG, lifecycle, state envelope, counters and parts around
+        the preset's table (see the module docstring). Constructor: ``(cfg, tb_logger=None,
+        exp_name='default_experiment', instance_name='buffer')``, as every DI-engine buffer.
+    """
+
+    checks: Dict[str, Any] = {}
+    ignored_keys: Dict[
+        str, str
+    ] = {}  # key -> why it has no effect: accepted with a warning (config.dingengine_ignored)
+    key_aliases: Dict[str, str] = {}  # another library's key name -> ours (config.resolve_aliases)
+    # push(td) of a TensorDict with batch_size [B, ...] is a batch of B items (False: one element, e.g. an episode)
+    tensordict_batch_is_items = True
+    table: Any = None  # the preset's table class (``buffers.table.Table``)
+    monitors_take_tb_logger = True  # the engine's monitors write to the ``tb_logger`` passed in
+    table_args: Dict[str, Any] = {}  # keyword arguments of the table's constructor
+
+    def __init__(
+        self,
+        cfg: Optional[Mapping] = None,
+        tb_logger: Any = None,
+        exp_name: str = 'default_experiment',
+        instance_name: str = 'buffer',
+    ) -> None:
+        self._cfg: EasyDict = self._config(cfg)
+        if not isinstance(instance_name, str) or not instance_name:
+            raise ValueError(f"instance_name must be a non-empty str, got {instance_name!r}")
+        self._exp_name = exp_name
+        self._instance_name = instance_name
+        self._tb_logger = tb_logger  # borrowed: never closed here
+        self._logger = logging.getLogger(f'ding_buffer.{instance_name}')
+        self._lock = threading.RLock()
+        seed = self._cfg.get('seed')
+        # seed=None draws the seed from numpy's global RNG, so np.random.seed(...) still reproduces runs.
+        self._rng = np.random.default_rng(np.random.randint(0, 2**63 - 1) if seed is None else seed)
+        self._remover: Optional[UsedDataRemover] = None
+        if self._cfg.get('enable_track_used_data', False):
+            if self._cfg.storage.type != 'list':
+                raise ValueError(
+                    "config key 'enable_track_used_data' needs storage.type='list' (items carry 'data_id')"
+                )
+            self._remover = UsedDataRemover(self._logger)
+        self._closed = False
+        self._last_envstep = -1
+        self._deepcopy = bool(self._cfg.get('deepcopy', False))  # read on every push and sample
+        self._t = self.table(self, **self.table_args)
+        self._t.build()
+
+    def _config(self, cfg: Optional[Mapping]) -> EasyDict:
+        """The user's config merged into the preset's defaults and checked (``ValueError`` naming the key)."""
+        return build_config(self.config, cfg, self.checks, ignored=self.ignored_keys, aliases=self.key_aliases)
+
+    # ------------------------------------------------------------------ parts
+    def _build_engine(self, slots: int, rules: Optional[List[Any]] = None, limiter: Optional[Mapping] = None) -> None:
+        """Build the parts every preset shares; ``slots`` sizes the use-count column. ``rules`` (default: the
+        config's ``max_use``, ``max_staleness`` and ``removers``) and ``limiter`` (default: its
+        ``thruput_controller``) are given by a table whose config names them otherwise (``chunk``)."""
         cfg = self._cfg
-        self._rules = build_removers(cfg)
+        self._rules = build_removers(cfg) if rules is None else rules
         self._use_limit = find_rule(self._rules, UseLimit)
         self._capacity: Optional[CapacityRule] = find_capacity_rule(self._rules)
         # a rule of the user's may raise or answer garbage mid-sample: the sample then snapshots what the draw moves
@@ -92,10 +173,10 @@ class Engine(BufferCore):
             type(r) not in (UseLimit, StalenessLimit) and not isinstance(r, CapacityRule) for r in self._rules
         )
         self._view: Optional[TableView] = None
-        self._uses: Optional[UseCounts] = UseCounts(slots) if (self._use_limit or self.uses_counted) else None
-        self._limiter = RateLimiter(cfg.thruput_controller, self._lock)
+        self._uses: Optional[UseCounts] = UseCounts(slots) if (self._use_limit or self._t.uses_counted) else None
+        self._limiter = RateLimiter(cfg.thruput_controller if limiter is None else limiter, self._lock)
         names = [f'removed_by_{r.name}' for r in self._rules]
-        if getattr(getattr(self, '_storage', None), 'expires', False):  # storage.frames: see WriteResult.expired
+        if self._t.expires():  # storage.frames: see WriteResult.expired
             names.append('removed_by_frames')
         if self._capacity is not None and self._capacity.admission:
             names.append(f'refused_by_{self._capacity.name}')
@@ -111,7 +192,8 @@ class Engine(BufferCore):
         """The TensorBoard writer (borrowed, or owned when ``tensorboard``) and, with a writer on rank 0, the
         periodic push / sample / remove report every ``period`` seconds (DI-engine's ``{instance}_sec/`` tags;
         ``None``: no periodic report)."""
-        writer, owned = build_tb_logger(self._tb_logger, tensorboard, self._exp_name, self._instance_name)
+        given = self._tb_logger if self.monitors_take_tb_logger else None
+        writer, owned = build_tb_logger(given, tensorboard, self._exp_name, self._instance_name)
         self._tb = None if writer is None else TBSink(writer, owned)
         if owned:  # closed by close(), or when the buffer is dropped without it (its writer thread too)
             weakref.finalize(self, self._tb.close)
@@ -130,42 +212,44 @@ class Engine(BufferCore):
         with self._lock:
             return {**self._all_counters(), 'count': self.count()}
 
+    # ------------------------------------------------------------------ properties
+    @property
+    def cfg(self) -> EasyDict:
+        return self._cfg
+
+    @property
+    def instance_name(self) -> str:
+        return self._instance_name
+
+    @property
+    def logger(self) -> logging.Logger:
+        return self._logger
+
+    @property
+    def replay_buffer_size(self) -> int:
+        """Capacity (items; episodes for the episode buffer; fragments for the chunk buffer)."""
+        return self._t.capacity()
+
     # ------------------------------------------------------------------ the table's read-only view
     @property
     def view(self) -> TableView:
         """The read-only view of this buffer's table that its parts read (counts, order, named columns)."""
         if self._view is None:
-            self._view = TableView(self, self._columns())
+            self._view = TableView(self, self._t.columns())
         return self._view
-
-    def _columns(self) -> Dict[str, Callable[[np.ndarray], np.ndarray]]:
-        """The table's named per-slot columns (a preset adds its own)."""
-        out = {'collect_iter': lambda slots: self.collect_iter(slots)}
-        if self._uses is not None:
-            out['use'] = lambda slots: self._uses[slots]
-        if self._has_ring():
-            out['id'] = lambda slots: self._table.ring.uids(slots)
-        return out
-
-    def _has_ring(self) -> bool:
-        """Whether the table keeps its elements in a slot index (``ring``) that names ids and insertion order."""
-        try:
-            return hasattr(self._table, 'ring')
-        except NotImplementedError:
-            return False
 
     def _ordered_slots(self) -> np.ndarray:
         """Every stored element's slot, oldest first."""
-        return self._table.ring.ordered_slots()
+        return self._t.ordered_slots()
 
     def _next_id(self) -> int:
-        return self._table.ring.next_uid
+        return self._t.next_id()
 
     def _check_capacity_rule(self) -> None:
-        """A capacity rule fits this table: the preset takes one, and the column it reads exists (and, for a rule
+        """A capacity rule fits this table: the table takes one, and the column it reads exists (and, for a rule
         that may refuse new elements, is known before they are written)."""
         rule, kind = self._capacity, self._cfg.get('type')
-        if not self.capacity_rules:
+        if not self._t.capacity_rules:
             raise ValueError(
                 f"config key 'removers' names the capacity rule {rule.name!r}, which type {kind!r} does not take "
                 f"(capacity rules choose what leaves a full table of items: types 'naive', 'elastic', 'advanced')"
@@ -176,47 +260,34 @@ class Engine(BufferCore):
                 f"config key 'removers' names the capacity rule {rule.name!r}, which reads column {column!r}; a "
                 f"{kind!r} table has the columns {', '.join(self.view.columns)} (priorities: type 'advanced')"
             )
-        if rule.admission and column not in self.admission_columns:
-            known = ', '.join(self.admission_columns) or 'none'
+        if rule.admission and column not in self._t.admission_columns:
+            known = ', '.join(self._t.admission_columns) or 'none'
             raise ValueError(
                 f"config key 'removers' names {rule.name!r} with column {column!r}: it compares new elements' values "
                 f"before they are stored, which a {kind!r} table knows for: {known}"
             )
-
-    def _new_values(self, column: str, priorities: Optional[np.ndarray], n: int) -> np.ndarray:
-        """Column ``column`` of ``n`` elements about to be written (``admission_columns``)."""
-        raise NotImplementedError
 
     def _capacity_rebuilt(self) -> None:
         """The table was replaced or emptied (restore, load, clear): the capacity rule rebuilds from it."""
         if self._capacity is not None:
             self._capacity.rebuild(self.view)
 
-    # ------------------------------------------------------------------ table verbs (preset)
-    @property
-    def _table(self) -> Any:
-        """The preset's table: offers ``oldest(k)``, ``collect_iter(slots)`` and ``live(slots)``."""
-        raise NotImplementedError
-
+    # ------------------------------------------------------------------ table verbs (what parts read)
     def count(self) -> int:
-        """Number of stored elements (items; episodes for the episode buffer)."""
-        return self._table.ring.count
+        """Number of stored elements (items; episodes for the episode buffer; chunks for the chunk buffer)."""
+        return self._t.count()
 
     def oldest(self, k: int) -> np.ndarray:
         """The ``k`` oldest stored elements' slots, oldest first (what removers read)."""
-        return self._table.oldest(k)
+        return self._t.oldest(k)
 
     def collect_iter(self, slots: np.ndarray) -> np.ndarray:
         """Each element's ``collect_iter`` (int64; ``NO_ITER`` where it has none)."""
-        return self._table.collect_iter(slots)
+        return self._t.collect_iter(slots)
 
     def _live(self, slots: np.ndarray) -> np.ndarray:
         """Mask of ``slots`` (non-negative ints) that hold an element; ``IndexError`` past the table's end."""
-        return self._table.live(slots)
-
-    def _drop(self, slots: np.ndarray) -> List[Any]:
-        """Remove the elements at ``slots`` from the table; return the removed items (used-data remover)."""
-        raise NotImplementedError
+        return self._t.live(slots)
 
     def _rule_slots(self, rule: Any, slots: Any) -> np.ndarray:
         """A rule's answer as distinct live slots; a rule answering garbage raises ``RuntimeError`` naming it
@@ -241,29 +312,83 @@ class Engine(BufferCore):
                 gone = np.setdiff1d(gone, done)
             if len(gone):
                 if rule is self._use_limit:
-                    self._drop_used(gone)
+                    self._t.drop_used(gone)
                 else:
                     self._remove(gone, f'removed_by_{rule.name}')
                 done = gone if done is None else np.union1d(done, gone)
 
-    def _drop_used(self, slots: np.ndarray) -> None:
-        """Elements that reached ``max_use``: removed (advanced with used-data tracking retires them instead)."""
-        self._remove(slots, 'removed_by_use')
-
     def _remove(self, slots: np.ndarray, counter: str) -> None:
+        """Remove the elements at ``slots`` (counted under ``counter``); their items go to the used-data remover."""
         if not len(slots):
             return
-        removed = self._drop(slots)
+        removed = self._t.drop(slots)
         if self._uses is not None:
             self._uses.reset(slots)
         self._counters['remove_count'] += len(slots)
         self._counters[counter] += len(slots)
         self._evicted(removed)
 
+    def _evicted(self, items: List[Any]) -> None:
+        """Hand items that left the buffer to the used-data remover."""
+        if self._remover is not None and items:
+            self._remover.start()
+            self._remover.add(items)
+
     # ------------------------------------------------------------------ push
+    def push(self, data: Any, cur_collector_envstep: int = -1, batched: bool = False) -> int:
+        """
+        Overview:
+            Store one item, a list of items, or (``batched=True``) one dict whose leaves share a leading batch
+            dimension. A list longer than the capacity keeps its newest items. All or nothing: an invalid item
+            raises ``TypeError``/``ValueError`` and nothing is stored. An empty list is a no-op.
+            A TensorDict with ``batch_size=[]`` is one item; with ``batch_size=[B, ...]`` it is a batch of ``B``
+            items (as ``extend``) -- except for the episode buffer, where it is one episode of ``B`` steps
+            (``storage.tensordict_io``).
+        Arguments:
+            - data (:obj:`Any`): the item(s).
+            - cur_collector_envstep (:obj:`int`): collector env step, recorded for monitors.
+            - batched (:obj:`bool`): ``data`` is a batch dict (see ``extend``).
+        Returns:
+            - pushed (:obj:`int`): number of items pushed.
+        """
+        self._check_open()
+        if type(cur_collector_envstep) is not int or not -STEP_LIMIT < cur_collector_envstep < STEP_LIMIT:
+            cur_collector_envstep = check_step(cur_collector_envstep, 'cur_collector_envstep')
+        if type(data) is not dict and type(data) is not list and is_tensordict(data):
+            if batched:
+                check_batched(data)
+            elif self.tensordict_batch_is_items and data.batch_size:
+                batched = True  # its batch_size declares the items: TorchRL's extend
+        if batched:
+            with self._lock:
+                n = self._t.push_batch(data)
+                self._last_envstep = cur_collector_envstep
+            return n
+        items = data if isinstance(data, list) else [data]
+        if not items:
+            return 0
+        if len(items) == 1:
+            if items[0] is None:
+                raise TypeError("cannot push None (item 0)")
+        else:
+            self._t.check_pushed(items)
+        if self._remover is not None:
+            for i, item in enumerate(items):
+                check_trackable(item, i)
+        if self._deepcopy:
+            items = copy.deepcopy(items)
+        with self._lock:
+            n = self._t.push_items(items)
+            self._last_envstep = cur_collector_envstep
+        return n
+
+    def extend(self, batch: Any, cur_collector_envstep: int = -1) -> int:
+        """Push a whole batch: a dict whose leaves share a leading dimension (``push(batch, batched=True)``)."""
+        return self.push(batch, cur_collector_envstep, batched=True)
+
     def _admit(self, n: int) -> bool:
         """Whether the rate limiter lets ``n`` elements in (a refusal is counted and logged)."""
-        ok, why = self._limiter.can_push(n, self._units())
+        ok, why = self._limiter.can_push(n, self._t.units())
         if not ok:
             self._counters['refused_push'] += 1
             self._counters['refused_push_items'] += n
@@ -272,19 +397,15 @@ class Engine(BufferCore):
 
     def _pushed(self, n: int, removed: int) -> None:
         """After a write of ``n`` elements that displaced ``removed`` older ones (tables whose ring counts
-        every write derive both counters instead: ``_derived``)."""
+        every write derive both counters instead: ``Table.derived``)."""
         if self._periodic is not None:
             self._periodic.start()  # first: its baseline must not include this push
         self._counters['push_items'] += n
         self._counters['remove_count'] += removed
         self._limiter.on_push(n)
 
-    def _derived(self) -> Dict[str, int]:
-        """Counters the table knows better than a tally (overlaid on ``_counters`` wherever they are read)."""
-        return {}
-
     def _all_counters(self) -> Dict[str, int]:
-        return {**self._counters, **self._derived()}
+        return {**self._counters, **self._t.derived()}
 
     def _fresh(self, slots: Any) -> None:
         """Slots just written: their use counts restart at 0."""
@@ -292,20 +413,58 @@ class Engine(BufferCore):
             self._uses.reset(slots)
 
     # ------------------------------------------------------------------ sample
+    def sample(self, size: int, cur_learner_iter: int = -1, **kwargs: Any) -> Optional[Any]:
+        """Draw ``size`` elements (the preset's own ``sample`` names its arguments); ``None`` when not possible."""
+        return self._t.sample(size, cur_learner_iter, **kwargs)
+
+    @staticmethod
+    def _check_size(size: Any) -> None:
+        """``size`` is a positive int (``TypeError`` / ``ValueError`` naming it)."""
+        if not isinstance(size, (int, np.integer)) or isinstance(size, bool):
+            raise TypeError(f"sample size must be an int, got {type(size).__name__} {size!r}")
+        if size <= 0:
+            raise ValueError(f"sample size must be > 0, got {size}")
+
+    def _refuse(self, reason: str) -> None:
+        self._logger.info("[%s] refuse to sample: %s", self._instance_name, reason)
+        return None
+
+    @staticmethod
+    def _check_range(sample_range: Any) -> None:
+        """``sample_range`` is None or a slice of ints (checked before a sample changes anything)."""
+        if sample_range is None:
+            return
+        if not isinstance(sample_range, slice):
+            raise TypeError(f"sample_range must be a slice, got {type(sample_range).__name__} {sample_range!r:.40}")
+        try:
+            range(0)[sample_range]
+        except (TypeError, ValueError) as e:
+            raise type(e)(
+                f"sample_range {sample_range!r:.60} is not a slice of ints with a non-zero step: {e}"
+            ) from None
+
+    @staticmethod
+    def _range_positions(n: int, sample_range: Optional[slice]) -> range:
+        """Insertion positions (0 = oldest) selected by ``sample_range``."""
+        if sample_range is None:
+            return range(n)
+        if not isinstance(sample_range, slice):
+            raise TypeError(f"sample_range must be a slice, got {type(sample_range).__name__}")
+        return range(n)[sample_range]
+
+    def _copy_out(self, out: Any) -> Any:
+        return copy.deepcopy(out) if self._deepcopy else out
+
     def _why_not(self, size: int, cur_learner_iter: int, shortfall: Optional[Callable[[], str]]) -> str:
         if self._rules:  # every rule answers (on the same table) before anything is removed: all or nothing
             answers = [self._rule_slots(rule, rule.before_sample(self.view, cur_learner_iter)) for rule in self._rules]
             self._remove_answers(answers)
         short = shortfall() if shortfall is not None else ''
-        units = self._units()
+        units = self._t.units()
         limit = self._limiter.why_not(units, size)
         if short and limit and units:
             return f'{short}; {limit}'
-        return short or limit  # an empty buffer: the preset's reason says it
-
-    def _units(self) -> int:
-        """What ``sample_min_limit_ratio`` compares with the batch size: the stored elements."""
-        return self.count()
+        return short or limit  # an empty buffer: the table's reason says it
 
     def _sample_flow(
         self,
@@ -334,53 +493,31 @@ class Engine(BufferCore):
                 why = self._limiter.wait(
                     lambda: self._why_not(size, cur_learner_iter, shortfall),
                     timeout,
-                    f"buffer '{self._instance_name}' could not sample {size} items",
+                    self._t.wait_what(size),
                     self._check_open,
                 )
             if why:
                 self._counters['refused_sample'] += 1
                 return self._refuse(why)
             if self._fallible:  # a rule of the user's answers inside draw(): restore what the draw moved if it fails
-                snapshot = self._sample_snapshot()
+                snapshot = self._rng.bit_generator.state, self._t.snapshot()
                 try:
                     out = draw()
                 except BaseException:
-                    self._sample_restore(snapshot)
+                    self._rng.bit_generator.state = snapshot[0]
+                    self._t.restore_snapshot(snapshot[1])
                     raise
             else:
                 out = draw()
             if out is not None:
-                if self._tensordict_out():
-                    out = to_tensordict(out, self._table_device())
-                elif self._items_out():
+                if self._t.tensordict_out():
+                    out = to_tensordict(out, self._t.device())
+                elif self._t.items_out():
                     out = as_items(out, self._instance_name)
             due, self._due = self._due, None
         if due is not None:
-            self._emit(due)  # outside the lock
+            self._t.emit(due)  # outside the lock
         return out
-
-    def _sample_snapshot(self) -> Any:
-        """What a draw changes besides use counts (``_drawn`` takes those back): the RNG's state; presets add theirs."""
-        return self._rng.bit_generator.state
-
-    def _sample_restore(self, snapshot: Any) -> None:
-        """Undo a failed draw (``_sample_snapshot``'s answer from before it)."""
-        self._rng.bit_generator.state = snapshot
-
-    def _tensordict_out(self) -> bool:
-        """Whether samples leave as TensorDicts (the table's tensor storage first stored one; ``tensordict_io``)."""
-        return False
-
-    def _table_device(self) -> Any:
-        """The device of sampled tensors (the TensorDict's ``device``)."""
-        return None
-
-    def _items_out(self) -> bool:
-        """Whether a batched sample leaves as per-item dicts (``storage.output='items'`` on tensor storage)."""
-        return False
-
-    def _emit(self, due: Any) -> None:
-        emit(due, self._logger, self._tb)
 
     def _refused(self, why: str) -> None:
         """A draw that found nothing to sample (counted like the limiter's refusals)."""
@@ -388,9 +525,9 @@ class Engine(BufferCore):
         return self._refuse(why)
 
     def _drawn(self, slots: np.ndarray, size: int, use: Optional[np.ndarray] = None) -> Optional[np.ndarray]:
-        """After a draw of ``slots`` (``size`` elements): use counts (unless the preset counted them already
+        """After a draw of ``slots`` (``size`` elements): use counts (unless the table counted them already
         and passes ``use``), ``max_use`` removal, counters, limiter. Returns the use counts after this draw
-        (None when the preset keeps none)."""
+        (None when the table keeps none)."""
         if use is None and self._uses is not None:
             use = self._uses.bump(slots)
         if self._rules:  # usually none or one
@@ -398,7 +535,7 @@ class Engine(BufferCore):
                 answers = [self._rule_slots(rule, rule.after_sample(self.view, slots, use)) for rule in self._rules]
             except BaseException:
                 if self._uses is not None:
-                    self._uses.unbump(slots)  # this draw's use counts (bumped here or by the preset's draw)
+                    self._uses.unbump(slots)  # this draw's use counts (bumped here or by the table's draw)
                 raise
             self._remove_answers(answers)
         self._last_use = use
@@ -415,6 +552,12 @@ class Engine(BufferCore):
         with self._lock:
             return None if self._last_use is None else self._last_use.copy()
 
+    # ------------------------------------------------------------------ update
+    def update(self, info: Any) -> Optional[Dict[str, int]]:
+        """New information about sampled elements (priorities on prioritized tables; a no-op returning
+        ``{'updated': 0, 'stale': 0}`` where the table keeps none)."""
+        return self._t.update(info)
+
     def _count_update(self, n: int, total: int) -> Dict[str, int]:
         """An ``update`` applied ``n`` of ``total`` entries (the rest were stale): counted, and its result."""
         self._counters['updated'] += n
@@ -427,17 +570,66 @@ class Engine(BufferCore):
             return np.zeros(len(slots), dtype=bool)
         return self._use_limit.spent(self._uses[slots])
 
-    # ------------------------------------------------------------------ stats / state
-    def stats(self) -> Dict[str, float]:
-        """A flat dict of numbers, O(1): ``count``, ``replay_buffer_size``, counters and the limiter's counts."""
+    # ------------------------------------------------------------------ clear / stats
+    def clear(self) -> None:
+        """Remove every element (files of tracked items are deleted). Ids keep counting."""
         with self._lock:
-            return {
+            removed = self._t.clear()
+        self._evicted(removed)
+
+    def stats(self) -> Dict[str, float]:
+        """A flat dict of numbers: ``count``, ``replay_buffer_size``, counters, the limiter's counts and what the
+        table reports (priorities, rewards, chunks, ...)."""
+        with self._lock:
+            out = {
                 'count': self.count(),
                 'replay_buffer_size': self.replay_buffer_size,
                 **self._all_counters(),
                 'thruput_push': self._limiter.thruput.push_count,
                 'thruput_sample': self._limiter.thruput.sample_count,
             }
+            return self._t.stats(out)
+
+    # ------------------------------------------------------------------ state
+    def state_dict(self) -> Dict[str, Any]:
+        """A deep copy of the full state (data, counters, ids, RNG); never live references."""
+        with self._lock:
+            return {
+                'type': self.__class__.__name__,
+                **self._t.state(),
+                'rng': copy.deepcopy(self._rng.bit_generator.state),
+            }
+
+    def load_state_dict(self, state: Dict[str, Any], deepcopy: bool = False) -> None:
+        """
+        Overview:
+            Restore a ``state_dict()`` (all or nothing: invalid states raise ``ValueError`` and change nothing).
+            ``{'data': [...]}`` alone pushes the items, as DI-engine does. ``deepcopy=True`` (DI-engine's
+            argument) restores from a deep copy, so the buffer shares no object with ``state``.
+        """
+        if not isinstance(state, Mapping):
+            raise TypeError(f"state must be a dict, got {type(state).__name__}")
+        if type(deepcopy) is not bool:
+            raise TypeError(f"deepcopy must be a bool, got {type(deepcopy).__name__} {deepcopy!r:.40}")
+        if deepcopy:
+            state = copy.deepcopy(dict(state))
+        if set(state.keys()) == {'data'}:
+            self.push(list(state['data']))
+            return
+        if state.get('type') != self.__class__.__name__:
+            raise ValueError(f"state was made by {state.get('type')!r}, this buffer is {self.__class__.__name__}")
+        rng = np.random.default_rng()
+        try:
+            rng.bit_generator.state = copy.deepcopy(dict(state['rng']))
+        except Exception as e:
+            raise ValueError(f"state has an invalid 'rng' entry: {e}") from e
+        with self._lock:
+            try:
+                self._t.restore(dict(state))
+            except (KeyError, TypeError, IndexError, AttributeError, OverflowError) as e:
+                # a malformed state (missing entry, wrong type) is bad input, reported like the others
+                raise ValueError(f"invalid {self.__class__.__name__} state: {type(e).__name__}: {e}") from e
+            self._rng = rng
 
     def _engine_state(self) -> Dict[str, Any]:
         out = {'counters': self._all_counters(), 'thruput': self._limiter.state_dict()}
@@ -475,31 +667,59 @@ class Engine(BufferCore):
 
         return swap
 
-    def _wake(self) -> None:
-        with self._lock:
-            self._limiter.wake()
+    def save_data(self, path: str) -> None:
+        """Atomically write the whole buffer (data, counters, ids) to ``path`` (temporary file + rename)."""
+        state = self.state_dict()
+        save_state(path, self.__class__.__name__, state)
+
+    def load_data(self, path: str, allow_pickle: bool = False) -> None:
+        """
+        Overview:
+            Restore a file written by ``save_data``. Tensor storage loads with ``weights_only=True``; list
+            storage holding arbitrary objects needs ``allow_pickle=True`` (it can execute code: trust the file).
+            A corrupt, truncated or foreign file raises ``ValueError`` and leaves the buffer unchanged.
+        """
+        state = load_state(path, self.__class__.__name__, allow_pickle=allow_pickle)
+        self.load_state_dict(state)
+
+    # ------------------------------------------------------------------ lifecycle
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RuntimeError(f"buffer '{self._instance_name}' is closed")
 
     def start(self) -> None:
-        super().start()
+        self._check_open()
+        if self._remover is not None:
+            self._remover.start()
         if self._periodic is not None:
             self._periodic.start()
 
     def close(self) -> None:
         """Wake waiting samplers (they raise), stop the monitor thread, flush TensorBoard (close it only if the
-        buffer created it). Idempotent; stored data stays readable through ``state_dict``."""
+        buffer created it), stop the used-data remover (tracked files still queued are deleted). Idempotent;
+        stored data stays readable through ``state_dict``."""
         if self._closed:
             return
-        super().close()
-        self._wake()
+        self._closed = True
+        if self._remover is not None:
+            self._remover.close()
+        with self._lock:
+            self._limiter.wake()
         if self._periodic is not None:
             self._periodic.close()
         if self._tb is not None:
             self._tb.close()  # flushes; closes the writer only if the buffer created it
-        self._release_table()
+        self._t.release()
 
-    def _release_table(self) -> None:
-        """Free what the table holds outside the process (memmap files: working memory, not a save)."""
-        self._table.release()
+    def __del__(self) -> None:
+        try:
+            if not getattr(self, '_closed', True) and self._remover is not None:
+                self._remover.close(timeout=1.0)
+        except Exception:
+            pass
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(instance_name={self._instance_name!r}, {self._t.describe()})"
 
 
-__all__ = ['Engine', 'COUNTERS', 'parts_config', 'parts_checks']
+__all__ = ['Engine', 'COUNTERS', 'offers', 'parts_config', 'parts_checks']

@@ -5,19 +5,11 @@ prioritized sequence replay. Any of the engine's parts compose by config: ``max_
 
 from typing import Any, Dict, List, Optional
 
-import numpy as np
-
 from ..base import BUFFER_REGISTRY
 from ..config import SEED_CHECK, dingengine_ignored, optional_positive_int, positive_int
-from ..control.samplers import PrioritizedSpec, UniformSampler, build_sampler, check_positions
-from ..storage import STORAGE_CHECKS, STORAGE_CONFIG, refuse_items_output
-from ..storage.tensordict_io import is_tensordict, update_info
-from .engine import Engine, parts_checks, parts_config
-from .episode_store import FlatEpisodes, ObjectEpisodes
-from .prioritized_windows import PrioritizedWindows
-
-NO_FLAT = "prioritized windows need the flat transitions of storage.type='tensor' (with max_transitions)"
-
+from ..storage import STORAGE_CHECKS, STORAGE_CONFIG
+from .engine import Engine, offers, parts_checks, parts_config
+from .episode_table import EpisodeTable
 
 # The default config (DI-engine style: every key commented) and the value checks of each key.
 EPISODE_CONFIG = dict(
@@ -95,97 +87,28 @@ class EpisodeReplayBuffer(Engine):
     ignored_keys = dingengine_ignored(EPISODE_CONFIG, 'episode')
     tensordict_batch_is_items = False  # a TensorDict with batch_size [T] is one episode of T steps
 
-    def _build(self) -> None:
-        cfg = self._cfg
-        refuse_items_output(cfg.storage, cfg.type, 'whole episodes or windows of them')
-        spec = build_sampler(cfg.sampler, 'uniform', (cfg.storage.type == 'tensor', NO_FLAT))
-        self._store = self._new_store()
-        self._store.listen(self)
-        self._prio: Optional[PrioritizedWindows] = None
-        if isinstance(spec, PrioritizedSpec):
-            self._prio = PrioritizedWindows(spec, self._store, cfg.pad_short_episodes, self._instance_name)
-            self._store.reserve(PrioritizedWindows.OUTPUT_KEYS)
-        elif not hasattr(spec, 'draw'):
-            raise ValueError(f"config key 'sampler.type' is {cfg.sampler.get('type')!r}: not an episode sampler")
-        self._sampler = spec
-        self._own_sampler = self._prio is None and type(spec) is not UniformSampler  # its answers are checked
-        self._build_engine(cfg.replay_buffer_size)
-        self._build_monitors(False, cfg.periodic_thruput_seconds)
+    table = EpisodeTable
 
-    def _new_store(self):
-        cfg = self._cfg
-        if cfg.storage.type == 'tensor':
-            if cfg.max_transitions is None:
-                raise ValueError("config key 'max_transitions' must be set with storage.type='tensor'")
-            return FlatEpisodes(cfg.replay_buffer_size, cfg.max_transitions, cfg.storage)
-        for key in ('memmap_dir', 'frames'):
-            if cfg.storage.get(key) is not None:
-                raise ValueError(f"config key 'storage.{key}' needs storage.type='tensor', got 'list'")
-        return ObjectEpisodes(cfg.replay_buffer_size, cfg.max_transitions)
-
-    # ------------------------------------------------------------------ properties
     @property
     def push_count(self) -> int:
         """Episodes accepted since construction or the last ``clear``."""
-        return self._store.ring.push_count
+        return self._t.push_count
 
     @property
     def episode_len(self) -> List[int]:
         """Lengths of the stored episodes, oldest first (empty slots are not listed)."""
-        with self._lock:
-            return self._store.lengths(self._store.ring.ordered_slots()).tolist()
+        return self._t.episode_len
 
     @property
     def transition_count(self) -> int:
         """Total number of stored transitions."""
-        return self._store.transitions
+        return self._t.transition_count
 
     @property
     def storage(self) -> Any:
         """Where the data lives: the episodes' ``ListStorage`` (list) or the transitions' ``TensorStorage``."""
-        return self._store.storage
+        return self._t.storage
 
-    # ------------------------------------------------------------------ table verbs
-    @property
-    def _table(self) -> Any:
-        return self._store
-
-    def _drop(self, slots: np.ndarray) -> List[Any]:
-        return self._store.remove(slots)
-
-    def _tensordict_out(self) -> bool:
-        return self._store.storage.tensordict_out
-
-    def _table_device(self) -> Any:
-        return getattr(self._store.storage, 'device', None)
-
-    def episode_added(self, slot: int, first: int, length: int) -> None:
-        """The store's listener: a new episode at ``slot`` (its use count restarts; windows get priorities)."""
-        self._fresh(slot)
-        if self._prio is not None:
-            self._prio.windows.episode_added(slot, first, length)
-
-    def episode_removed(self, slot: int, first: int, length: int) -> None:
-        if self._uses is not None:
-            self._uses.reset(slot)
-        if self._prio is not None:
-            self._prio.windows.episode_removed(slot, first, length)
-
-    # ------------------------------------------------------------------ push
-    def _push_items(self, items: List[Any]) -> int:
-        prepared = self._store.prepare(items)  # validates every episode before writing any
-        if not self._admit(len(prepared)):
-            return 0
-        before = self.count()
-        for payload, n in prepared:
-            self._evicted(self._store.write(payload, n))
-        self._pushed(len(prepared), before + len(prepared) - self.count())
-        return len(prepared)
-
-    def _push_batch(self, batch: Any) -> int:
-        raise TypeError("EpisodeReplayBuffer stores whole episodes; push a dict episode or a list of episodes")
-
-    # ------------------------------------------------------------------ sample
     def sample(
         self,
         size: int,
@@ -208,88 +131,8 @@ class EpisodeReplayBuffer(Engine):
             ``unroll_len``), drawn with replacement by window priority, plus ``priority`` and ``IS`` [B];
             ``sample_range``, ``pad`` and ``replace=False`` are refused.
         """
-        if unroll_len is not None and (
-            not isinstance(unroll_len, (int, np.integer)) or isinstance(unroll_len, bool) or unroll_len <= 0
-        ):
-            raise ValueError(f"unroll_len must be a positive int, got {unroll_len!r}")
-        self._check_range(sample_range)
-        for name, flag in (('replace', replace), ('pad', pad)):
-            if flag is not None and type(flag) is not bool:
-                raise TypeError(f"{name} must be None or a bool, got {type(flag).__name__} {flag!r:.40}")
-        if self._prio is not None:
-            self._prio.check_args(sample_range, replace, unroll_len, pad)
-            return self._sample_flow(
-                size, cur_learner_iter, timeout, lambda: self._draw_prioritized(size), self._prio.shortfall
-            )
-        pad = self._cfg.pad_short_episodes if pad is None else bool(pad)
-        replace = bool(replace)
-        return self._sample_flow(
-            size,
-            cur_learner_iter,
-            timeout,
-            lambda: self._draw(size, sample_range, replace, unroll_len, pad),
-            lambda: self._candidates(size, sample_range, replace, unroll_len, pad)[0],
-        )
+        return self._t.sample(size, cur_learner_iter, sample_range, replace, unroll_len, pad, timeout)
 
-    def _candidates(self, size, sample_range, replace, unroll_len, pad):
-        """(shortfall reason or '', episode slots, window counts per episode or None)."""
-        ordered = self._store.ring.ordered_slots()
-        slots = ordered[self._range_positions(len(ordered), sample_range)] if sample_range is not None else ordered
-        if len(slots) == 0:
-            return ('buffer is empty' if len(ordered) == 0 else f'{sample_range} selects nothing'), slots, None
-        if unroll_len is None:
-            short = (
-                f'{len(slots)} episodes < batch size {size} and replace=False'
-                if not replace and len(slots) < size
-                else ''
-            )
-            return short, slots, None
-        windows = self._store.window_counts(slots, unroll_len, pad)
-        total = int(windows.sum())
-        if total == 0:
-            return f'no episode has {unroll_len} transitions (set pad=True to pad short ones)', slots, windows
-        if not replace and total < size:
-            return f'{total} windows of length {unroll_len} < batch size {size} and replace=False', slots, windows
-        return '', slots, windows
-
-    def _draw(self, size, sample_range, replace, unroll_len, pad) -> Optional[Any]:
-        why, slots, windows = self._candidates(size, sample_range, replace, unroll_len, pad)
-        if why:
-            return self._refused(why)
-        if windows is None:
-            picked = self._positions(len(slots), int(size), replace)
-            if picked is None:
-                return self._refused(f'sampler {self._cfg.sampler.get("type")!r} refused')
-            chosen = slots[picked]
-            out = self._copy_out(self._store.episodes(chosen))
-            self._drawn(chosen, int(size))
-            return out
-        cum = np.cumsum(windows)
-        u = self._positions(int(cum[-1]), int(size), replace)
-        if u is None:
-            return self._refused(f'sampler {self._cfg.sampler.get("type")!r} refused')
-        which = np.searchsorted(cum, u, side='right')
-        starts = u - (cum[which] - windows[which])
-        out = self._store.windows(slots[which], starts, int(unroll_len), pad)
-        self._drawn(slots[which], int(size))
-        return self._copy_out(out) if isinstance(out, list) else out
-
-    def _positions(self, m: int, size: int, replace: bool) -> Optional[np.ndarray]:
-        """``size`` positions in ``[0, m)`` from the sampler; ``None`` when it refuses. A user sampler's answer is
-        checked before anything reads it (``check_positions``: a ``RuntimeError`` naming it, nothing changed)."""
-        idx = self._sampler.draw(self._rng, m, size, replace)
-        if self._own_sampler and idx is not None:
-            idx = check_positions(idx, m, size, self._cfg.sampler.get('type'))
-        return idx
-
-    def _draw_prioritized(self, size: int) -> Optional[Any]:
-        out = self._prio.draw(self._rng, int(size))
-        if out is None:
-            return self._refused(self._prio.shortfall())
-        self._drawn(self._prio.episodes_of(out), int(size))
-        return out
-
-    # ------------------------------------------------------------------ update
     def update(self, info: Dict[str, Any]) -> Optional[Dict[str, int]]:
         """
         Overview:
@@ -297,68 +140,26 @@ class EpisodeReplayBuffer(Engine):
             the ``replay_unique_id`` / ``replay_buffer_idx`` a sample returned; stale entries are counted. All or
             nothing. With uniform sampling a no-op returning ``{'updated': 0, 'stale': 0}``.
         """
-        if self._prio is None:
-            return super().update(info)
-        if type(info) is not dict and is_tensordict(info):
-            info = update_info(info)
-        plan = self._prio.update(info)
-        if plan is None:
-            return {'updated': 0, 'stale': 0}
-        with self._lock:
-            result = self._prio.apply(plan)
-            self._counters['updated'] += result['updated']
-            self._counters['stale_updates'] += result['stale']
-        return result
-
-    def stats(self) -> Dict[str, float]:
-        with self._lock:
-            out = super().stats()
-            out.update(transitions=self._store.transitions, push_count=self.push_count)
-            if self._prio is not None:
-                out.update(
-                    beta=self._prio.beta.value,
-                    max_priority=self._prio.windows.max_priority,
-                    priority_mass=self._prio.windows.index.tree.total(),
-                )
-            return out
-
-    # ------------------------------------------------------------------ clear / state
-    def _clear(self) -> List[Any]:
-        for slot in self._store.ring.ordered_slots().tolist():
-            self.episode_removed(slot, self._store.first(slot), int(self._store.length[slot]))
-        if self._prio is not None:
-            self._prio.clear()  # the running max priority restarts at 1.0, as on advanced and in DI-engine
-        return self._store.clear(reset_push_count=True)
-
-    def _state(self) -> Dict[str, Any]:
-        out = {'episodes': self._store.state_dict(), 'transitions': self._store.transitions, **self._engine_state()}
-        if self._prio is not None:
-            out['windows'] = self._prio.state_dict()
-        return out
-
-    def _restore(self, state: Dict[str, Any]) -> None:
-        if 'episodes' not in state:
-            raise ValueError("state has no 'episodes' entry")
-        new = self._store.restored(state['episodes'], self._cfg.storage)  # KeyError -> ValueError in load_state_dict
-        if new.transitions != state.get('transitions'):
-            raise ValueError("saved transition count does not match the stored episodes")
-        if self._prio is not None and 'windows' not in state:
-            raise ValueError("state has no 'windows' entry (it was saved without prioritized windows)")
-        prio = self._prio.restored(state['windows'], new) if self._prio is not None else None
-        swap = self._engine_restored(state, None, required=False)  # files of 0.1 have no counters
-        new.listen(self)
-        self._store, self._prio = new, prio
-        swap()
-
-    def __repr__(self) -> str:
-        return (
-            f"EpisodeReplayBuffer(instance_name={self._instance_name!r}, episodes={self.count()}, "
-            f"transitions={self.transition_count}, storage={self._store.storage!r})"
-        )
+        return self._t.update(info)
 
 
+# the R2D2 preset is the episode buffer with prioritized windows by default (and an EpisodeReplayBuffer for isinstance)
 @BUFFER_REGISTRY.register('prioritized_episode')
-class PrioritizedEpisodeReplayBuffer(EpisodeReplayBuffer):
+@offers(
+    EpisodeReplayBuffer,
+    'ignored_keys',
+    'item_kind',
+    'sample_kwargs',
+    'tensordict_batch_is_items',
+    'table',
+    'push_count',
+    'episode_len',
+    'transition_count',
+    'storage',
+    'sample',
+    'update',
+)
+class PrioritizedEpisodeReplayBuffer(Engine):
     """
     Overview:
         Prioritized sequence replay (R2D2): the episode buffer on tensor storage with
@@ -388,3 +189,4 @@ class PrioritizedEpisodeReplayBuffer(EpisodeReplayBuffer):
         sampler=dict(type='prioritized', unroll_len=80, alpha=0.9, beta=0.6, eta=0.9, eps=1e-5, anneal_step=0),
         storage=dict(EpisodeReplayBuffer.config['storage'], type='tensor'),
     )
+    checks = EPISODE_CHECKS

@@ -1,6 +1,6 @@
-"""``GFlowNetState``: how a GFlowNet buffer saves and restores itself (contents in insertion order, settings,
-counters, the engine's counters and limiter, use counts), all or nothing: every part is rebuilt and validated
-before anything is swapped in. A mixin of ``GFlowNetReplayBuffer`` (it reads the buffer's parts)."""
+"""How a ``RewardTable`` saves and restores itself (contents in insertion order, settings, counters, the engine's
+counters and limiter, use counts), all or nothing: every part is rebuilt and validated before anything is swapped
+in. Functions of the table ``t``."""
 
 import copy
 from typing import Any, Dict, Optional
@@ -33,159 +33,152 @@ SETTINGS = (
 )
 
 
-class GFlowNetState:
-    def _state(self) -> Dict[str, Any]:
-        settings = {k: copy.deepcopy(self._cfg[k]) for k in SETTINGS if k in self._cfg}
-        engine = self._engine_state()
-        engine.pop('use', None)  # full-size; saved below in slot order with the items
-        if self._index is None:
-            return {'settings': settings, 'store': None, 'counters': dict(self._tally), 'engine': engine}
-        index = self._index
-        # Items in slot order (what sampling walks), with their slots and the free-slot stack where slots are
-        # reused: a restored buffer then places and samples exactly as this one would.
-        order = index.live_slots()
-        out = {
-            'settings': settings,
-            'store': self._store.state_dict(order),
-            'index': index.state_dict(order),
-            'track_states': self._states.enabled,
-            'counters': dict(self._tally),
-            'engine': engine,
-        }
-        if self._uses is not None:
-            out['use'] = torch.from_numpy(self._uses[order].copy())
-        if self._store.reuses_slots:
-            out['layout'] = LAYOUT  # files from before it kept items at slots 0..n-1
-            out['slots'] = torch.from_numpy(order.copy())
-            out['free'] = torch.from_numpy(index.free_state())
-        return out
+def state(t) -> Dict[str, Any]:
+    settings = {k: copy.deepcopy(t.e._cfg[k]) for k in SETTINGS if k in t.e._cfg}
+    engine = t.e._engine_state()
+    engine.pop('use', None)  # full-size; saved below in slot order with the items
+    if t.index is None:
+        return {'settings': settings, 'store': None, 'counters': dict(t.tally), 'engine': engine}
+    index = t.index
+    # Items in slot order (what sampling walks), with their slots and the free-slot stack where slots are
+    # reused: a restored buffer then places and samples exactly as this one would.
+    order = index.live_slots()
+    out = {
+        'settings': settings,
+        'store': t._store.state_dict(order),
+        'index': index.state_dict(order),
+        'track_states': t.states.enabled,
+        'counters': dict(t.tally),
+        'engine': engine,
+    }
+    if t.e._uses is not None:
+        out['use'] = torch.from_numpy(t.e._uses[order].copy())
+    if t._store.reuses_slots:
+        out['layout'] = LAYOUT  # files from before it kept items at slots 0..n-1
+        out['slots'] = torch.from_numpy(order.copy())
+        out['free'] = torch.from_numpy(index.free_state())
+    return out
 
-    def _restore(self, state: Dict[str, Any]) -> None:
-        user = {k: v for k, v in dict(self._cfg).items() if k not in SETTINGS}
-        user.update(state['settings'])
-        cfg = build_config(self.config, user, self.checks)
-        counters = {k: int(state['counters'][k]) for k in self._tally}
-        negative = sorted(k for k, v in counters.items() if v < 0)
-        if negative:
-            raise ValueError(f"saved counters must be >= 0; {negative} are negative")
-        engine = state.get('engine') or {}
-        if not isinstance(engine, dict):
-            raise ValueError(f"saved 'engine' must be a dict, got {type(engine).__name__}")
-        swap = self._engine_restored({k: v for k, v in engine.items() if k != 'use'}, None, required=False)
-        old_cfg, self._cfg = self._cfg, cfg  # the parts below read the (saved) settings
-        try:
-            if state['store'] is None:
-                if state.get('index') is not None:
-                    raise ValueError("state has an 'index' but no 'store': the items are missing")
-                store = index = states = None
-            else:
-                store, index, states = self._restored_parts(state)
-            uses = self._restored_uses(state, index)
-        except BaseException:
-            self._cfg = old_cfg
-            raise
-        self._store, self._index, self._states = store, index, states
-        swap()
-        if uses is not None:
-            self._uses = uses
-        self._tally = counters
-        self._last_logged = dict(counters)
 
-    def _restored_uses(self, state: Dict[str, Any], index: Any) -> Optional[UseCounts]:
-        """Use counts of restored items (at their slots, in the saved order); zeros for files saved without them."""
-        if self._uses is None:
-            return None
-        physical, n = (0, 0) if index is None else (index.physical, index.count)
-        if state.get('use') is None:
-            return UseCounts(physical)
-        saved = np.asarray(state['use'])
-        if saved.shape != (n,) or (n and (saved.dtype.kind not in 'iu' or saved.min() < 0)):
-            raise ValueError(f"saved 'use' must be {n} ints >= 0, got shape {saved.shape}")
-        return UseCounts.placed(physical, self._restored_slots(state, n), saved)
-
-    @staticmethod
-    def _restored_slots(state: Dict[str, Any], n: int) -> np.ndarray:
-        slots = state.get('slots')
-        return np.arange(n, dtype=np.int64) if slots is None else np.asarray(slots).astype(np.int64)
-
-    def _restored_parts(self, state: Dict[str, Any]):
-        saved = state['index']
-        r = np.asarray(saved['log_reward'], dtype=np.float64)
-        seq = np.asarray(saved['seq'], dtype=np.int64)
-        n = len(r)
-        if len(seq) != n or n > (2 if self._cfg.lazy_sort else 1) * self.capacity:
-            raise ValueError(f"saved index holds {n} items for capacity {self.capacity}")
-        if not 0 <= int(saved['next_seq']) < 2**62:
-            raise ValueError(f"saved next_seq {saved['next_seq']!r:.30} is not an id counter (0 <= next_seq < 2**62)")
-        if len(np.unique(seq)) != n or (n and (seq.min() < 0 or seq.max() >= int(saved['next_seq']))):
-            raise ValueError("saved sequence numbers are not unique ids below next_seq")
-        check_log_reward(r, 'saved log_reward')
-        layout = state.get('layout', 1)
-        if layout not in (1, LAYOUT) or isinstance(layout, bool):
-            raise ValueError(f"saved 'layout' is {layout!r}; this version reads 1 and {LAYOUT}")
-        if layout == LAYOUT and any(state.get(k) is None for k in ('slots', 'free')):
-            raise ValueError(f"state of layout {LAYOUT} needs 'slots' and 'free' entries")
-        if 'track_states' not in state:
-            raise ValueError("state has no 'track_states' entry")
-        kind = state['store'].get('kind')
-        container = None
-        if kind == ColumnStore.kind:
-            store = self._make_store({})
-        elif kind == ContainerStoreBase.kind:
-            env = self._load_env if self._load_env is not None else getattr(self._store, 'env', None)
-            container = rebuild_container(state['store'], n, env)
-            store = container_store(container, physical_slots(self._cfg, True))
+def restore(t, state: Dict[str, Any]) -> None:
+    user = {k: v for k, v in dict(t.e._cfg).items() if k not in SETTINGS}
+    user.update(state['settings'])
+    cfg = build_config(type(t.e).config, user, type(t.e).checks)
+    counters = {k: int(state['counters'][k]) for k in t.tally}
+    negative = sorted(k for k, v in counters.items() if v < 0)
+    if negative:
+        raise ValueError(f"saved counters must be >= 0; {negative} are negative")
+    engine = state.get('engine') or {}
+    if not isinstance(engine, dict):
+        raise ValueError(f"saved 'engine' must be a dict, got {type(engine).__name__}")
+    swap = t.e._engine_restored({k: v for k, v in engine.items() if k != 'use'}, None, required=False)
+    old_cfg, t.e._cfg = t.e._cfg, cfg  # the parts below read the (saved) settings
+    try:
+        if state['store'] is None:
+            if state.get('index') is not None:
+                raise ValueError("state has an 'index' but no 'store': the items are missing")
+            store = index = states = None
         else:
-            raise ValueError(f"unknown saved store kind {kind!r}")
-        index, states = self._parts_for(store)  # swapped in by the caller only when everything succeeded
-        # validates the saved layout before any data is written
-        index, slots = index.restored(
-            r,
-            seq,
-            int(saved['next_seq']),
-            state.get('slots') if store.reuses_slots else None,
-            state.get('free') if store.reuses_slots else None,
-        )
-        if kind == ColumnStore.kind:
-            store = store.restored(state['store'], n, slots)
-        elif container is not None:
-            store.place(container, slots)
-        track = state.get('track_states')
-        if track not in (None, True, False):
-            raise ValueError(f"saved 'track_states' must be None or a bool, got {track!r}")
-        if track is None and n:
-            raise ValueError("saved 'track_states' is None, but a buffer holding items has counted states or not")
-        if track is False:
-            states.disable()
-        elif track and not n:
-            states.enable()  # an emptied buffer keeps counting
-        elif track:
-            rows = self._stored_rows(store, slots)
-            if rows is None:
-                raise ValueError("saved buffer counted unique states but its items have no single terminating state")
-            states.add(slots, rows, row_hashes(rows))
-        return store, index, states
+            store, index, states = restored_parts(t, state)
+        uses = restored_uses(t, state, index)
+    except BaseException:
+        t.e._cfg = old_cfg
+        raise
+    t._store, t.index, t.states = store, index, states
+    swap()
+    if uses is not None:
+        t.e._uses = uses
+    t.tally = counters
+    t.last_logged = dict(counters)
 
-    def _stored_rows(self, store: Any, slots: np.ndarray) -> Optional[np.ndarray]:
-        """Representations of restored items, recomputed from the stored data."""
-        if not len(slots):
-            return None
-        if isinstance(store, ContainerStoreBase):
-            return store.rows_of(store.read(slots), len(slots))
-        cfg = self._cfg
-        data = store.storage.read_at(slots)
-        cond = data[cfg.condition_key] if cfg.condition_key is not None else None
-        return representation(data[cfg.state_key], cond, len(slots))
 
-    def load_data(self, path: str, allow_pickle: bool = False, env: Any = None) -> None:
-        """
-        Overview:
-            Restore a ``save_data`` file: contents, counters and settings (capacity, flags, keys, filter).
-            torchgfn containers are rebuilt from plain tensors with ``env`` (default: the env of the container
-            this buffer already holds); other container objects need ``allow_pickle=True``.
-        """
-        self._load_env = env
-        try:
-            super().load_data(path, allow_pickle=allow_pickle)
-        finally:
-            self._load_env = None
+def restored_uses(t, state: Dict[str, Any], index: Any) -> Optional[UseCounts]:
+    """Use counts of restored items (at their slots, in the saved order); zeros for files saved without them."""
+    if t.e._uses is None:
+        return None
+    physical, n = (0, 0) if index is None else (index.physical, index.count)
+    if state.get('use') is None:
+        return UseCounts(physical)
+    saved = np.asarray(state['use'])
+    if saved.shape != (n,) or (n and (saved.dtype.kind not in 'iu' or saved.min() < 0)):
+        raise ValueError(f"saved 'use' must be {n} ints >= 0, got shape {saved.shape}")
+    return UseCounts.placed(physical, restored_slots(state, n), saved)
+
+
+def restored_slots(state: Dict[str, Any], n: int) -> np.ndarray:
+    slots = state.get('slots')
+    return np.arange(n, dtype=np.int64) if slots is None else np.asarray(slots).astype(np.int64)
+
+
+def restored_parts(t, state: Dict[str, Any]):
+    saved = state['index']
+    r = np.asarray(saved['log_reward'], dtype=np.float64)
+    seq = np.asarray(saved['seq'], dtype=np.int64)
+    n = len(r)
+    if len(seq) != n or n > (2 if t.e._cfg.lazy_sort else 1) * t.capacity():
+        raise ValueError(f"saved index holds {n} items for capacity {t.capacity()}")
+    if not 0 <= int(saved['next_seq']) < 2**62:
+        raise ValueError(f"saved next_seq {saved['next_seq']!r:.30} is not an id counter (0 <= next_seq < 2**62)")
+    if len(np.unique(seq)) != n or (n and (seq.min() < 0 or seq.max() >= int(saved['next_seq']))):
+        raise ValueError("saved sequence numbers are not unique ids below next_seq")
+    check_log_reward(r, 'saved log_reward')
+    layout = state.get('layout', 1)
+    if layout not in (1, LAYOUT) or isinstance(layout, bool):
+        raise ValueError(f"saved 'layout' is {layout!r}; this version reads 1 and {LAYOUT}")
+    if layout == LAYOUT and any(state.get(k) is None for k in ('slots', 'free')):
+        raise ValueError(f"state of layout {LAYOUT} needs 'slots' and 'free' entries")
+    if 'track_states' not in state:
+        raise ValueError("state has no 'track_states' entry")
+    kind = state['store'].get('kind')
+    container = None
+    if kind == ColumnStore.kind:
+        store = t.make_store({})
+    elif kind == ContainerStoreBase.kind:
+        env = t.load_env if t.load_env is not None else getattr(t._store, 'env', None)
+        container = rebuild_container(state['store'], n, env)
+        store = container_store(container, physical_slots(t.e._cfg, True))
+    else:
+        raise ValueError(f"unknown saved store kind {kind!r}")
+    index, states = t.parts_for(store)  # swapped in by the caller only when everything succeeded
+    # validates the saved layout before any data is written
+    index, slots = index.restored(
+        r,
+        seq,
+        int(saved['next_seq']),
+        state.get('slots') if store.reuses_slots else None,
+        state.get('free') if store.reuses_slots else None,
+    )
+    if kind == ColumnStore.kind:
+        store = store.restored(state['store'], n, slots)
+    elif container is not None:
+        store.place(container, slots)
+    track = state.get('track_states')
+    if track not in (None, True, False):
+        raise ValueError(f"saved 'track_states' must be None or a bool, got {track!r}")
+    if track is None and n:
+        raise ValueError("saved 'track_states' is None, but a buffer holding items has counted states or not")
+    if track is False:
+        states.disable()
+    elif track and not n:
+        states.enable()  # an emptied buffer keeps counting
+    elif track:
+        rows = stored_rows(t, store, slots)
+        if rows is None:
+            raise ValueError("saved buffer counted unique states but its items have no single terminating state")
+        states.add(slots, rows, row_hashes(rows))
+    return store, index, states
+
+
+def stored_rows(t, store: Any, slots: np.ndarray) -> Optional[np.ndarray]:
+    """Representations of restored items, recomputed from the stored data."""
+    if not len(slots):
+        return None
+    if isinstance(store, ContainerStoreBase):
+        return store.rows_of(store.read(slots), len(slots))
+    cfg = t.e._cfg
+    data = store.storage.read_at(slots)
+    cond = data[cfg.condition_key] if cfg.condition_key is not None else None
+    return representation(data[cfg.state_key], cond, len(slots))
+
+
+__all__ = ['state', 'restore', 'SETTINGS', 'LAYOUT']

@@ -2,18 +2,13 @@
 engine's parts by config: ``max_use`` (DI-engine's impala configs set it on a naive buffer), ``max_staleness``,
 ``thruput_controller``, a ``sampler`` of your own and ``removers``."""
 
-from typing import Any, Dict, List, Optional
+from typing import Any, Optional
 
 from ..base import BUFFER_REGISTRY
 from ..config import SEED_CHECK, dingengine_ignored, positive_int
-from ..control.capacity import index_for
-from ..control.samplers import UniformSampler, build_sampler, check_positions
-from ..storage import STORAGE_CHECKS, STORAGE_CONFIG, build_storage, storage_from_state
-from .engine import parts_checks, parts_config
-from .slot_engine import SlotEngine
-
-NO_PRIORITY = "a naive buffer's items carry no priority: use type='advanced' for prioritized replay"
-
+from ..storage import STORAGE_CHECKS, STORAGE_CONFIG
+from .engine import Engine, parts_checks, parts_config
+from .slot_table import SlotTable
 
 # The default config (DI-engine style: every key commented) and the value checks of each key.
 NAIVE_CONFIG = dict(
@@ -44,7 +39,7 @@ NAIVE_CHECKS = dict(
 
 
 @BUFFER_REGISTRY.register('naive')
-class NaiveReplayBuffer(SlotEngine):
+class NaiveReplayBuffer(Engine):
     """
     Overview:
         First-in-first-out ring with uniform sampling. On list storage ``sample`` returns a list of the stored
@@ -79,51 +74,18 @@ class NaiveReplayBuffer(SlotEngine):
     config = NAIVE_CONFIG
     checks = NAIVE_CHECKS
     ignored_keys = dingengine_ignored(NAIVE_CONFIG, 'naive')
+    table = SlotTable
 
-    resets_push_count = True  # DI-engine's naive buffer restarts push_count on clear
+    @property
+    def storage(self) -> Any:
+        """The item storage (``ListStorage`` or ``TensorStorage``)."""
+        return self._t.storage
 
-    def _build(self) -> None:
-        cfg = self._cfg
-        self._sampler = build_sampler(cfg.sampler, 'uniform', (False, NO_PRIORITY))
-        self._storage = build_storage(cfg.storage, cfg.replay_buffer_size, index_cls=index_for(cfg))
-        self._build_engine(cfg.replay_buffer_size)
-        self._build_monitors(False, cfg.periodic_thruput_seconds)
-        # No part to tell about a single push (no rate limit, use counts or report): the storage's fast path alone
-        self._lean = (
-            not self._limiter.active
-            and self._uses is None
-            and self._periodic is None
-            and self._remover is None
-            and self._capacity is None
-        )
-        self._own_sampler = type(self._sampler) is not UniformSampler  # its answers are checked
+    @property
+    def push_count(self) -> int:
+        """Items accepted since construction or the last ``clear`` (DI-engine's naive buffer restarts it)."""
+        return self._t.push_count
 
-    # ------------------------------------------------------------------ push
-    def _push_items(self, items: List[Any]) -> int:
-        if len(items) == 1:  # tensor storage's single-item fast path
-            if self._lean:
-                if self._storage.write_one(items[0]) is not None:
-                    if self._limiter.waiting:
-                        self._limiter.on_push(1)  # wake samplers waiting for data
-                    return 1
-            elif not self._limiter.active and self._remover is None and self._write_one(items[0]):
-                return 1
-        prepared = self._storage.prepare(items)  # validated before the limiter decides (a bad push is an error)
-        if self._limiter.active and not self._admit(len(items)):
-            return self._not_written(prepared)
-        return self._write(prepared)
-
-    def _push_batch(self, batch: Any) -> int:
-        if self._batch_fast_ok():
-            checked = self._storage.check_batch(batch)
-            if checked is not None:
-                return len(self._write_batch_fast(checked))
-        prepared = self._storage.prepare_batch(batch)
-        if self._limiter.active and not self._admit(prepared.n + prepared.dropped):
-            return self._not_written(prepared)
-        return self._write(prepared)
-
-    # ------------------------------------------------------------------ sample
     def sample(
         self,
         size: int,
@@ -148,61 +110,4 @@ class NaiveReplayBuffer(SlotEngine):
         Returns:
             - batch: a list of items (list storage) or a dict of batched tensors (tensor storage), or ``None``.
         """
-        self._check_range(sample_range)
-        if type(replace) is not bool:
-            raise TypeError(f"replace must be a bool, got {type(replace).__name__} {replace!r:.40}")
-        return self._sample_flow(
-            size,
-            cur_learner_iter,
-            timeout,
-            lambda: self._draw(size, sample_range, replace),
-            lambda: self._shortfall(size, sample_range, replace)[0],
-        )
-
-    def _shortfall(self, size: int, sample_range: Optional[slice], replace: bool):
-        """(why ``size`` items cannot be drawn now or '', the candidate insertion positions)."""
-        positions = self._candidates(sample_range)
-        m = len(positions)
-        if m == 0:
-            return ('buffer is empty' if self.count() == 0 else f'{sample_range} selects nothing'), positions
-        if not replace and m < size:
-            return f'{m} candidate items < batch size {size} and replace=False', positions
-        return '', positions
-
-    def _draw(self, size: int, sample_range: Optional[slice], replace: bool) -> Optional[Any]:
-        why, positions = self._shortfall(size, sample_range, replace)
-        if why:
-            return self._refused(why)
-        m, size = len(positions), int(size)
-        idx = self._sampler.draw(self._rng, m, size, replace)
-        if self._own_sampler:
-            if idx is None:
-                return self._refused(f'sampler {self._cfg.sampler.get("type")!r} refused')
-            idx = check_positions(idx, m, size, self._cfg.sampler.get('type'))
-        if positions.start or positions.step != 1:  # a sample_range, or a preset's window (elastic)
-            idx = positions.start + idx * positions.step
-        slots = self._storage.ring.slots_of_positions(idx)
-        out = self._storage.gather(slots)
-        self._drawn(slots, size)
-        return self._copy_out(out) if self._storage.kind == 'list' else out
-
-    # ------------------------------------------------------------------ clear / state
-    def _state(self) -> Dict[str, Any]:
-        return {'storage': self._storage.state_dict(), **self._engine_state()}
-
-    def _restore(self, state: Dict[str, Any]) -> None:
-        if 'storage' not in state:
-            raise ValueError("state has no 'storage' entry")
-        storage = storage_from_state(
-            self._cfg.storage, self._cfg.replay_buffer_size, state['storage'], index_cls=index_for(self._cfg)
-        )
-        swap = self._engine_restored(state, storage.ring.valid, required=False)  # files of 0.1 have no counters
-        self._storage = storage
-        swap()
-        self._capacity_rebuilt()
-
-    def __repr__(self) -> str:
-        return (
-            f"NaiveReplayBuffer(instance_name={self._instance_name!r}, count={self.count()}, "
-            f"replay_buffer_size={self.replay_buffer_size}, storage={self._storage!r})"
-        )
+        return self._t.sample(size, cur_learner_iter, sample_range, replace, timeout)

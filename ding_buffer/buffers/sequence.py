@@ -15,19 +15,18 @@ Use counts, ``max_use`` and the sampled-item counters count every item of every 
 
 from typing import Any, Optional
 
-import numpy as np
-
 from ..base import BUFFER_REGISTRY
-from ..config import dingengine_ignored, positive_int
-from ..control.samplers import check_positions
-from ..storage import refuse_items_output
+from ..config import dingengine_ignored
+from .engine import Engine, offers
 from .naive import NAIVE_CHECKS, NAIVE_CONFIG, NaiveReplayBuffer
+from .slot_table import SlotTable
 
 SEQUENCE_CONFIG = dict(NAIVE_CONFIG, type='sequence')
 
 
 @BUFFER_REGISTRY.register('sequence')
-class SequenceReplayBuffer(NaiveReplayBuffer):
+@offers(NaiveReplayBuffer, 'sample_kwargs', 'storage', 'push_count')
+class SequenceReplayBuffer(Engine):
     """
     Overview:
         Naive FIFO storage; ``sample(batch, sequence, cur_learner_iter)`` returns ``batch`` runs of ``sequence``
@@ -54,17 +53,12 @@ class SequenceReplayBuffer(NaiveReplayBuffer):
     """
 
     item_kind = 'sequence'  # sample(batch, sequence): windows of consecutive items
-
     config = SEQUENCE_CONFIG
     checks = NAIVE_CHECKS
     ignored_keys = dingengine_ignored(SEQUENCE_CONFIG, 'sequence')
     not_distributable = "a remote sample has no 'sequence' argument; use type 'episode' (windows) with a manager"
-
-    capacity_rules = False  # runs are consecutive items: a capacity rule evicting from the middle would break them
-
-    def _build(self) -> None:
-        refuse_items_output(self._cfg.storage, 'sequence', '[batch][sequence] runs')
-        super()._build()
+    table = SlotTable
+    table_args = dict(runs=True)  # no capacity rule: one evicting from the middle would break runs
 
     def sample(  # type: ignore[override]
         self,
@@ -89,67 +83,4 @@ class SequenceReplayBuffer(NaiveReplayBuffer):
         Returns:
             - runs: ``[batch][sequence]`` items (list storage) or a dict of ``[batch, sequence, ...]`` tensors.
         """
-        self._check_size(batch)
-        if not positive_int(sequence) and not (isinstance(sequence, np.integer) and sequence > 0):
-            raise ValueError(f"sequence must be an int > 0, got {type(sequence).__name__} {sequence!r:.40}")
-        self._check_range(sample_range)
-        if sample_range is not None and sample_range.step not in (None, 1):
-            raise ValueError(f"sample_range of a sequence sample must be contiguous (step 1), got {sample_range!r}")
-        if type(replace) is not bool:
-            raise TypeError(f"replace must be a bool, got {type(replace).__name__} {replace!r:.40}")
-        batch, sequence = int(batch), int(sequence)
-        return self._sample_flow(
-            batch * sequence,
-            cur_learner_iter,
-            timeout,
-            lambda: self._draw_runs(batch, sequence, sample_range, replace),
-            lambda: self._run_shortfall(batch, sequence, sample_range, replace)[0],
-        )
-
-    def _run_shortfall(self, batch: int, sequence: int, sample_range: Optional[slice], replace: bool):
-        """(why the runs cannot be drawn now or '', the insertion positions where a run may start)."""
-        positions = self._candidates(sample_range)
-        if self.count() == 0:
-            return 'buffer is empty', None
-        if len(positions) < sequence:
-            where = f' in {sample_range}' if sample_range is not None else ''
-            return f'{len(positions)} items{where} < sequence length {sequence}', None
-        starts = self._run_starts(positions, sequence)
-        if len(starts) == 0:
-            return f'no {sequence} consecutive items are stored (removals left gaps)', None
-        if not replace and len(starts) < batch:
-            return f'{len(starts)} run starts < batch size {batch} and replace=False', None
-        return '', starts
-
-    def _run_starts(self, positions: range, sequence: int) -> np.ndarray:
-        """Insertion positions where a run of ``sequence`` consecutive pushes starts. Without removal rules every
-        position up to ``len - sequence`` does; ``max_use`` or a rule of your own may remove items from the middle,
-        and a run must not jump over such a gap (its ids are consecutive)."""
-        last = positions.start + len(positions) - sequence
-        if not self._rules:
-            return np.arange(positions.start, last + 1, dtype=np.int64)
-        pos = np.arange(positions.start, positions.start + len(positions), dtype=np.int64)
-        uids = np.asarray(self._storage.ring.uids(self._storage.ring.slots_of_positions(pos)), dtype=np.int64)
-        ok = uids[sequence - 1 :] - uids[: len(uids) - sequence + 1] == sequence - 1
-        return pos[: len(ok)][ok]
-
-    def _draw_runs(self, batch: int, sequence: int, sample_range: Optional[slice], replace: bool) -> Optional[Any]:
-        why, candidates = self._run_shortfall(batch, sequence, sample_range, replace)
-        if why:
-            return self._refused(why)
-        m = len(candidates)
-        idx = self._sampler.draw(self._rng, m, batch, replace)
-        if self._own_sampler:
-            if idx is None:
-                return self._refused(f'sampler {self._cfg.sampler.get("type")!r} refused')
-            idx = check_positions(idx, m, batch, self._cfg.sampler.get('type'))
-        starts = candidates[np.asarray(idx, dtype=np.int64)]
-        runs = starts[:, None] + np.arange(sequence, dtype=np.int64)[None, :]
-        slots = self._storage.ring.slots_of_positions(runs.reshape(-1))
-        if self._storage.kind == 'list':
-            items = self._copy_out(self._storage.gather(slots))
-            out = [items[i * sequence : (i + 1) * sequence] for i in range(batch)]
-        else:
-            out = self._storage.gather(slots.reshape(batch, sequence))
-        self._drawn(slots, batch * sequence)  # after the gather: max_use may remove what was drawn
-        return out
+        return self._t.sample_runs(batch, sequence, cur_learner_iter, sample_range, replace, timeout)

@@ -1347,7 +1347,9 @@ def test_state_dict_round_trip(storage):
     for key in STATE_STATS:
         assert a.stats()[key] == b.stats()[key], key
     assert b.beta == a.beta and b.push_count == a.push_count
-    assert b._index.tree.total() == a._index.tree.total() and b._index.tree.min_leaf() == a._index.tree.min_leaf()
+    assert (
+        b._t.index.tree.total() == a._t.index.tree.total() and b._t.index.tree.min_leaf() == a._t.index.tree.min_leaf()
+    )
     # the returned state is a copy: mutating it changes neither buffer
     state['index']['priority'][:] = 123.0
     state['counters']['push_items'] = -1
@@ -1424,7 +1426,7 @@ def test_clear_keeps_ids_push_count_and_beta_and_resets_max_priority(storage):
 
 # ================================================================================ 7. concurrency
 def _check_tree_invariants(buf):
-    index, ring = buf._index, buf.storage.ring
+    index, ring = buf._t.index, buf.storage.ring
     cap = buf.replay_buffer_size
     leaves = index.tree.leaves
     valid = ring.valid
@@ -1652,12 +1654,12 @@ def test_equal_priorities_give_identical_leaves_on_every_path(storage):
         buf.extend({'x': np.ones((64, 2), np.float32), 'priority': np.full(64, p)})
     else:
         buf.push([{'x': np.ones(2, np.float32), 'priority': p} for _ in range(64)])
-    assert len(set(buf._index.tree.leaves[1:66].tolist())) == 1  # single and batched pushes agree
+    assert len(set(buf._t.index.tree.leaves[1:66].tolist())) == 1  # single and batched pushes agree
     out = buf.sample(64)
     ids = out['replay_unique_id'] if storage == 'tensor' else [d['replay_unique_id'] for d in out]
     idx = out['replay_buffer_idx'] if storage == 'tensor' else [d['replay_buffer_idx'] for d in out]
     buf.update({'replay_unique_id': ids, 'replay_buffer_idx': idx, 'priority': [p] * 64})  # eps=0: same priority
-    leaves = buf._index.tree.leaves[1:66]
+    leaves = buf._t.index.tree.leaves[1:66]
     assert len(set(leaves.tolist())) == 1, sorted(set(leaves.tolist()))
     batch = buf.sample(64)
     if storage == 'tensor':
@@ -1683,8 +1685,8 @@ for step in range(40):
     buf.update({'replay_unique_id': b['replay_unique_id'], 'replay_buffer_idx': b['replay_buffer_idx'],
                 'priority': torch.from_numpy(rng.random(32) * 5)})
     out['batches'].append([b['replay_unique_id'].tolist(), b['IS'].tolist(), b['priority'].tolist()])
-out['leaves'] = buf._index.tree.leaves.tolist()
-out['nodes'] = [buf._index.tree.sum._nodes.tolist(), buf._index.tree.min._nodes.tolist()]
+out['leaves'] = buf._t.index.tree.leaves.tolist()
+out['nodes'] = [buf._t.index.tree.sum._nodes.tolist(), buf._t.index.tree.min._nodes.tolist()]
 print(json.dumps(out))
 '''
 

@@ -465,7 +465,7 @@ def test_an_inconsistent_state_is_refused(corrupt, match):
 
 
 def test_the_order_of_the_least_recently_seen_workers_is_forgotten_at_the_cap(monkeypatch):
-    from ding_buffer.buffers import chunk as chunk_module
+    from ding_buffer.buffers import chunk_table as chunk_module
 
     monkeypatch.setattr(chunk_module, 'MAX_WORKERS', 4)
     buf = create_buffer(dict(type='chunk', fragments_per_chunk=2))
@@ -649,7 +649,7 @@ def test_a_list_push_of_a_stale_fragment_then_the_next_is_accepted_as_one_by_one
 
 
 def test_a_list_push_forgets_workers_at_the_cap_as_one_by_one(monkeypatch):
-    from ding_buffer.buffers import chunk as chunk_module
+    from ding_buffer.buffers import chunk_table as chunk_module
 
     monkeypatch.setattr(chunk_module, 'MAX_WORKERS', 2)
     cfg = dict(type='chunk', fragments_per_chunk=2, seed=0)

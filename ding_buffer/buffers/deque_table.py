@@ -1,0 +1,185 @@
+"""``DequeTable``: DI-engine's ``DequeBufferWrapper`` semantics over a slot table -- the table of ``deque``.
+
+It is a slot table (``SlotTable``: uniform draws; ``PrioritizedTable`` with ``priority=True``) that every engine
+call reaches unchanged, plus what the wrapper's API adds: ``sample(size, train_iter)`` returns the pushed data
+(the table's own keys dropped, ``'IS'`` kept with ``priority_IS_weight``) and remembers the batch, ``update(meta)``
+sets the priorities of that *last sampled batch* (clipped at ``priority_max_limit``), and TensorBoard gets
+``{instance_name}_iter/use_count_avg``, ``.../priority_avg``, ``.../priority_max`` and ``.../buffer_data_count``
+every ``train_iter_per_log`` learner iterations and on the first.
+"""
+
+from typing import Any, Dict, List, Mapping, Optional
+
+import numpy as np
+
+from ..config import INF
+from .common import STEP_LIMIT, check_step
+from .outputs import as_items
+from .prioritized_table import PrioritizedTable
+from .slot_table import SlotTable
+
+# Keys the slot table adds to a sampled item; the wrapper returns the pushed data (and 'IS').
+INNER_KEYS = ('replay_unique_id', 'replay_buffer_idx', 'priority', 'staleness', 'use', 'IS')
+INNER_TYPES = {False: 'NaiveReplayBuffer', True: 'AdvancedReplayBuffer'}  # what a saved 'inner' state names
+
+
+def numbers(priority: Any) -> np.ndarray:
+    """``update``'s priorities as a float64 vector: lists, arrays or tensors of real numbers (not strings)."""
+    if hasattr(priority, 'detach'):
+        priority = priority.detach().cpu().numpy()
+    arr = np.asarray(priority)
+    if arr.dtype.kind not in 'biuf':
+        raise TypeError(f"update: 'priority' must be real numbers, got {type(priority).__name__} {priority!r:.60}")
+    return arr.astype(np.float64).reshape(-1)
+
+
+def items_out(cfg: Mapping) -> bool:
+    """Whether samples leave as per-item dicts from tensor storage (``storage.output='items'``)."""
+    return cfg.storage.get('type') == 'tensor' and cfg.storage.get('output') == 'items'
+
+
+class DequeTable:
+    """
+    Overview:
+        The wrapper's state (the last sampled batch, the last logged iteration) around a slot table; every other
+        table verb is the slot table's (attribute access falls through to it).
+    """
+
+    def __init__(self, engine: Any) -> None:
+        self.e = engine
+        self.deque_cfg = engine.cfg  # the deque config; the engine's own config is the slot table's
+        self.priority = bool(self.deque_cfg.priority)
+        self.slots = (PrioritizedTable if self.priority else SlotTable)(engine)
+        self._items = items_out(self.deque_cfg)
+        self._tag = f'{engine.instance_name}_iter'
+        self._last_log = -1
+        self._last_batch: Optional[tuple] = None  # (ids, slots) of the last sample, for update()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.__dict__['slots'], name)
+
+    # ------------------------------------------------------------------ sample / update
+    def sample(self, size: int, train_iter: int = 0, timeout: Optional[float] = None) -> Optional[Any]:
+        train_iter = check_step(train_iter, 'train_iter')
+        with self.e._lock:  # a sample waiting for data (timeout) releases the lock while it waits
+            out = self.slots.sample(size, train_iter, timeout=timeout)
+            if out is None:
+                return None
+            tensor = not isinstance(out, list)  # one dict (or TensorDict) of batched tensors
+            if self.priority:
+                ids = out['replay_unique_id'].tolist() if tensor else [d['replay_unique_id'] for d in out]
+                slots = out['replay_buffer_idx'].tolist() if tensor else [int(d['replay_buffer_idx']) for d in out]
+                priority = np.asarray(out['priority'] if tensor else [d['priority'] for d in out], dtype=np.float64)
+                self._last_batch = (ids, slots)
+            else:
+                priority = None
+            self._log(train_iter, priority)
+        return self._data(out, tensor)
+
+    def _data(self, out: Any, tensor: bool) -> Any:
+        if not self.priority:  # the naive table adds ids only to tensor batches
+            drop = list(INNER_KEYS[:2])
+            if not tensor:
+                return out  # stored dicts
+        else:
+            drop = [k for k in INNER_KEYS if not (self.deque_cfg.priority_IS_weight and k == 'IS')]
+        if tensor:
+            if type(out) is not dict:  # a TensorDict (tensordict_io)
+                return out.exclude(*drop)
+            out = {k: v for k, v in out.items() if k not in drop}
+            return as_items(out, self.e.instance_name) if self._items else out
+        return [{k: v for k, v in d.items() if k not in drop} for d in out]
+
+    def _log(self, train_iter: int, priority: Optional[np.ndarray]) -> None:
+        tb = self.e._tb_logger
+        if tb is None or not (self._last_log == -1 or train_iter - self._last_log >= self.deque_cfg.train_iter_per_log):
+            return
+        if self.deque_cfg.max_use != INF:
+            use = self.e.last_sample_use()
+            if use is not None and len(use):
+                tb.add_scalar(f'{self._tag}/use_count_avg', float(np.mean(use)), train_iter)
+        if priority is not None and len(priority):
+            tb.add_scalar(f'{self._tag}/priority_avg', float(priority.mean()), train_iter)
+            tb.add_scalar(f'{self._tag}/priority_max', float(priority.max()), train_iter)
+        tb.add_scalar(f'{self._tag}/buffer_data_count', self.e.count(), train_iter)
+        self._last_log = train_iter
+
+    def update(self, meta: Any) -> Dict[str, int]:
+        if not isinstance(meta, Mapping):
+            raise TypeError(f"update takes a dict with 'priority', got {type(meta).__name__}")
+        if meta.get('priority') is None:
+            return {'updated': 0, 'stale': 0}
+        priority = numbers(meta['priority'])  # checked even when there is nothing to apply it to
+        with self.e._lock:
+            batch = self._last_batch
+            if not self.priority or batch is None:
+                return {'updated': 0, 'stale': 0}
+            if len(priority) != len(batch[0]):
+                raise ValueError(
+                    f"update: {len(priority)} priorities for the last sampled batch of {len(batch[0])} items"
+                )
+            clipped = np.minimum(priority, float(self.deque_cfg.priority_max_limit))  # NaN stays NaN: refused
+            result = self.slots.update(
+                {'replay_unique_id': batch[0], 'replay_buffer_idx': batch[1], 'priority': clipped}
+            )
+            self._last_batch = None
+            return result
+
+    # ------------------------------------------------------------------ clear / state
+    def clear(self) -> List[Any]:
+        removed = self.slots.clear()
+        self._last_batch = None
+        return removed
+
+    def state(self) -> Dict[str, Any]:
+        batch = (
+            None if self._last_batch is None else {'ids': list(self._last_batch[0]), 'slots': list(self._last_batch[1])}
+        )
+        return {
+            'inner': {'type': INNER_TYPES[self.priority], **self.slots.state()},
+            'last_log_train_iter': self._last_log,
+            'last_batch': batch,
+        }
+
+    def restore(self, state: Dict[str, Any]) -> None:
+        last = state.get('last_log_train_iter')
+        if type(last) is not int or not -1 <= last < STEP_LIMIT:
+            raise ValueError(
+                f"state has an invalid 'last_log_train_iter' entry {last!r:.40}; expected an int in [-1, 2**60)"
+            )
+        inner = state.get('inner')
+        if not isinstance(inner, Mapping):
+            raise ValueError("state has no 'inner' entry (the state of the table doing the work)")
+        if inner.get('type') != INNER_TYPES[self.priority]:
+            raise ValueError(
+                f"state's 'inner' entry was made by {inner.get('type')!r}; this deque keeps "
+                f"{INNER_TYPES[self.priority]!r} state (priority={self.priority})"
+            )
+        batch = self._checked_batch(state.get('last_batch'))
+        self.slots.restore(dict(inner))
+        self._last_log, self._last_batch = last, batch
+
+    def _checked_batch(self, batch: Any) -> Optional[tuple]:
+        """A saved 'last sampled batch': None, or ids (str / int) and slots (ints in range) of equal length."""
+        if batch is None:
+            return None
+        ids, slots = (batch.get('ids'), batch.get('slots')) if isinstance(batch, Mapping) else (None, None)
+        ok = (
+            isinstance(ids, list)
+            and isinstance(slots, list)
+            and len(ids) == len(slots)
+            and all(type(i) in (str, int) for i in ids)
+            and all(type(k) is int and 0 <= k < self.e.replay_buffer_size for k in slots)
+        )
+        if not ok:
+            raise ValueError(
+                f"state has an invalid 'last_batch' entry {batch!r:.80}; expected None or "
+                f"{{'ids': [...], 'slots': [slot ints]}} of equal length"
+            )
+        return list(ids), list(slots)
+
+    def describe(self) -> str:
+        return f"priority={self.priority}, {self.slots.describe()}"
+
+
+__all__ = ['DequeTable', 'INNER_KEYS', 'items_out', 'numbers']

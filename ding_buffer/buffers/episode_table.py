@@ -1,0 +1,275 @@
+"""``EpisodeTable``: whole episodes as elements -- the table of ``episode`` and ``prioritized_episode``.
+
+Episodes live in an episode store (``ObjectEpisodes`` on list storage, ``FlatEpisodes``: one tensor storage of
+transitions with ``max_transitions``); the oldest whole episodes leave to make room. A sample returns whole
+episodes, or windows of ``unroll_len`` consecutive transitions drawn uniformly among all valid windows, or (with
+``sampler=dict(type='prioritized', ...)``) prioritized windows (R2D2: ``PrioritizedWindows``).
+"""
+
+from typing import Any, Dict, List, Optional
+
+import numpy as np
+
+from ..control.samplers import PrioritizedSpec, UniformSampler, build_sampler, check_positions
+from ..storage import refuse_items_output
+from ..storage.tensordict_io import is_tensordict, update_info
+from .episode_store import FlatEpisodes, ObjectEpisodes
+from .prioritized_windows import PrioritizedWindows
+from .table import Table
+
+NO_FLAT = "prioritized windows need the flat transitions of storage.type='tensor' (with max_transitions)"
+
+
+class EpisodeTable(Table):
+    """
+    Overview:
+        Whole episodes in an episode store, sampled as episodes or windows (see the module docstring). It listens
+        to the store (``episode_added`` / ``episode_removed``) to keep use counts and window priorities in step.
+    """
+
+    def build(self) -> None:
+        cfg = self.e._cfg
+        refuse_items_output(cfg.storage, cfg.type, 'whole episodes or windows of them')
+        spec = build_sampler(cfg.sampler, 'uniform', (cfg.storage.type == 'tensor', NO_FLAT))
+        self._store = self.new_store()
+        self._store.listen(self)
+        self.prio: Optional[PrioritizedWindows] = None
+        if isinstance(spec, PrioritizedSpec):
+            self.prio = PrioritizedWindows(spec, self._store, cfg.pad_short_episodes, self.e._instance_name)
+            self._store.reserve(PrioritizedWindows.OUTPUT_KEYS)
+        elif not hasattr(spec, 'draw'):
+            raise ValueError(f"config key 'sampler.type' is {cfg.sampler.get('type')!r}: not an episode sampler")
+        self.sampler = spec
+        self.own_sampler = self.prio is None and type(spec) is not UniformSampler  # its answers are checked
+        self.e._build_engine(cfg.replay_buffer_size)
+        self.e._build_monitors(False, cfg.periodic_thruput_seconds)
+
+    def new_store(self):
+        cfg = self.e._cfg
+        if cfg.storage.type == 'tensor':
+            if cfg.max_transitions is None:
+                raise ValueError("config key 'max_transitions' must be set with storage.type='tensor'")
+            return FlatEpisodes(cfg.replay_buffer_size, cfg.max_transitions, cfg.storage)
+        for key in ('memmap_dir', 'frames'):
+            if cfg.storage.get(key) is not None:
+                raise ValueError(f"config key 'storage.{key}' needs storage.type='tensor', got 'list'")
+        return ObjectEpisodes(cfg.replay_buffer_size, cfg.max_transitions)
+
+    # ------------------------------------------------------------------ properties
+    @property
+    def push_count(self) -> int:
+        """Episodes accepted since construction or the last ``clear``."""
+        return self._store.ring.push_count
+
+    @property
+    def episode_len(self) -> List[int]:
+        """Lengths of the stored episodes, oldest first (empty slots are not listed)."""
+        with self.e._lock:
+            return self._store.lengths(self._store.ring.ordered_slots()).tolist()
+
+    @property
+    def transition_count(self) -> int:
+        """Total number of stored transitions."""
+        return self._store.transitions
+
+    @property
+    def storage(self) -> Any:
+        """Where the data lives: the episodes' ``ListStorage`` (list) or the transitions' ``TensorStorage``."""
+        return self._store.storage
+
+    # ------------------------------------------------------------------ table verbs
+    @property
+    def store(self) -> Any:
+        return self._store
+
+    def drop(self, slots: np.ndarray) -> List[Any]:
+        return self._store.remove(slots)
+
+    def tensordict_out(self) -> bool:
+        return self._store.storage.tensordict_out
+
+    def device(self) -> Any:
+        return getattr(self._store.storage, 'device', None)
+
+    def episode_added(self, slot: int, first: int, length: int) -> None:
+        """The store's listener: a new episode at ``slot`` (its use count restarts; windows get priorities)."""
+        self.e._fresh(slot)
+        if self.prio is not None:
+            self.prio.windows.episode_added(slot, first, length)
+
+    def episode_removed(self, slot: int, first: int, length: int) -> None:
+        if self.e._uses is not None:
+            self.e._uses.reset(slot)
+        if self.prio is not None:
+            self.prio.windows.episode_removed(slot, first, length)
+
+    # ------------------------------------------------------------------ push
+    def push_items(self, items: List[Any]) -> int:
+        prepared = self._store.prepare(items)  # validates every episode before writing any
+        if not self.e._admit(len(prepared)):
+            return 0
+        before = self.count()
+        for payload, n in prepared:
+            self.e._evicted(self._store.write(payload, n))
+        self.e._pushed(len(prepared), before + len(prepared) - self.count())
+        return len(prepared)
+
+    def push_batch(self, batch: Any) -> int:
+        raise TypeError("EpisodeReplayBuffer stores whole episodes; push a dict episode or a list of episodes")
+
+    # ------------------------------------------------------------------ sample
+    def sample(
+        self,
+        size: int,
+        cur_learner_iter: int = -1,
+        sample_range: Optional[slice] = None,
+        replace: Optional[bool] = None,
+        unroll_len: Optional[int] = None,
+        pad: Optional[bool] = None,
+        timeout: Optional[float] = None,
+    ) -> Optional[Any]:
+        if unroll_len is not None and (
+            not isinstance(unroll_len, (int, np.integer)) or isinstance(unroll_len, bool) or unroll_len <= 0
+        ):
+            raise ValueError(f"unroll_len must be a positive int, got {unroll_len!r}")
+        self.e._check_range(sample_range)
+        for name, flag in (('replace', replace), ('pad', pad)):
+            if flag is not None and type(flag) is not bool:
+                raise TypeError(f"{name} must be None or a bool, got {type(flag).__name__} {flag!r:.40}")
+        if self.prio is not None:
+            self.prio.check_args(sample_range, replace, unroll_len, pad)
+            return self.e._sample_flow(
+                size, cur_learner_iter, timeout, lambda: self.draw_prioritized(size), self.prio.shortfall
+            )
+        pad = self.e._cfg.pad_short_episodes if pad is None else bool(pad)
+        replace = bool(replace)
+        return self.e._sample_flow(
+            size,
+            cur_learner_iter,
+            timeout,
+            lambda: self.draw(size, sample_range, replace, unroll_len, pad),
+            lambda: self.candidates(size, sample_range, replace, unroll_len, pad)[0],
+        )
+
+    def candidates(self, size, sample_range, replace, unroll_len, pad):
+        """(shortfall reason or '', episode slots, window counts per episode or None)."""
+        ordered = self._store.ring.ordered_slots()
+        slots = ordered[self.e._range_positions(len(ordered), sample_range)] if sample_range is not None else ordered
+        if len(slots) == 0:
+            return ('buffer is empty' if len(ordered) == 0 else f'{sample_range} selects nothing'), slots, None
+        if unroll_len is None:
+            short = (
+                f'{len(slots)} episodes < batch size {size} and replace=False'
+                if not replace and len(slots) < size
+                else ''
+            )
+            return short, slots, None
+        windows = self._store.window_counts(slots, unroll_len, pad)
+        total = int(windows.sum())
+        if total == 0:
+            return f'no episode has {unroll_len} transitions (set pad=True to pad short ones)', slots, windows
+        if not replace and total < size:
+            return f'{total} windows of length {unroll_len} < batch size {size} and replace=False', slots, windows
+        return '', slots, windows
+
+    def draw(self, size, sample_range, replace, unroll_len, pad) -> Optional[Any]:
+        why, slots, windows = self.candidates(size, sample_range, replace, unroll_len, pad)
+        if why:
+            return self.e._refused(why)
+        if windows is None:
+            picked = self.positions(len(slots), int(size), replace)
+            if picked is None:
+                return self.e._refused(f'sampler {self.e._cfg.sampler.get("type")!r} refused')
+            chosen = slots[picked]
+            out = self.e._copy_out(self._store.episodes(chosen))
+            self.e._drawn(chosen, int(size))
+            return out
+        cum = np.cumsum(windows)
+        u = self.positions(int(cum[-1]), int(size), replace)
+        if u is None:
+            return self.e._refused(f'sampler {self.e._cfg.sampler.get("type")!r} refused')
+        which = np.searchsorted(cum, u, side='right')
+        starts = u - (cum[which] - windows[which])
+        out = self._store.windows(slots[which], starts, int(unroll_len), pad)
+        self.e._drawn(slots[which], int(size))
+        return self.e._copy_out(out) if isinstance(out, list) else out
+
+    def positions(self, m: int, size: int, replace: bool) -> Optional[np.ndarray]:
+        """``size`` positions in ``[0, m)`` from the sampler; ``None`` when it refuses. A user sampler's answer is
+        checked before anything reads it (``check_positions``: a ``RuntimeError`` naming it, nothing changed)."""
+        idx = self.sampler.draw(self.e._rng, m, size, replace)
+        if self.own_sampler and idx is not None:
+            idx = check_positions(idx, m, size, self.e._cfg.sampler.get('type'))
+        return idx
+
+    def draw_prioritized(self, size: int) -> Optional[Any]:
+        out = self.prio.draw(self.e._rng, int(size))
+        if out is None:
+            return self.e._refused(self.prio.shortfall())
+        self.e._drawn(self.prio.episodes_of(out), int(size))
+        return out
+
+    # ------------------------------------------------------------------ update
+    def update(self, info: Dict[str, Any]) -> Optional[Dict[str, int]]:
+        """
+        Overview:
+            With prioritized windows: new priorities for sampled windows (see ``prioritized_windows``), keyed by
+            the ``replay_unique_id`` / ``replay_buffer_idx`` a sample returned; stale entries are counted. All or
+            nothing. With uniform sampling a no-op returning ``{'updated': 0, 'stale': 0}``.
+        """
+        if self.prio is None:
+            return super().update(info)
+        if type(info) is not dict and is_tensordict(info):
+            info = update_info(info)
+        plan = self.prio.update(info)
+        if plan is None:
+            return {'updated': 0, 'stale': 0}
+        with self.e._lock:
+            result = self.prio.apply(plan)
+            self.e._counters['updated'] += result['updated']
+            self.e._counters['stale_updates'] += result['stale']
+        return result
+
+    def stats(self, out: Dict[str, float]) -> Dict[str, float]:
+        out.update(transitions=self._store.transitions, push_count=self.push_count)
+        if self.prio is not None:
+            out.update(
+                beta=self.prio.beta.value,
+                max_priority=self.prio.windows.max_priority,
+                priority_mass=self.prio.windows.index.tree.total(),
+            )
+        return out
+
+    # ------------------------------------------------------------------ clear / state
+    def clear(self) -> List[Any]:
+        for slot in self._store.ring.ordered_slots().tolist():
+            self.episode_removed(slot, self._store.first(slot), int(self._store.length[slot]))
+        if self.prio is not None:
+            self.prio.clear()  # the running max priority restarts at 1.0, as on advanced and in DI-engine
+        return self._store.clear(reset_push_count=True)
+
+    def state(self) -> Dict[str, Any]:
+        out = {'episodes': self._store.state_dict(), 'transitions': self._store.transitions, **self.e._engine_state()}
+        if self.prio is not None:
+            out['windows'] = self.prio.state_dict()
+        return out
+
+    def restore(self, state: Dict[str, Any]) -> None:
+        if 'episodes' not in state:
+            raise ValueError("state has no 'episodes' entry")
+        new = self._store.restored(state['episodes'], self.e._cfg.storage)  # KeyError -> ValueError in load_state_dict
+        if new.transitions != state.get('transitions'):
+            raise ValueError("saved transition count does not match the stored episodes")
+        if self.prio is not None and 'windows' not in state:
+            raise ValueError("state has no 'windows' entry (it was saved without prioritized windows)")
+        prio = self.prio.restored(state['windows'], new) if self.prio is not None else None
+        swap = self.e._engine_restored(state, None, required=False)  # files of 0.1 have no counters
+        new.listen(self)
+        self._store, self.prio = new, prio
+        swap()
+
+    def describe(self) -> str:
+        return f"episodes={self.count()}, transitions={self.transition_count}, storage={self._store.storage!r}"
+
+
+__all__ = ['EpisodeTable', 'NO_FLAT']

@@ -1,0 +1,376 @@
+"""``PrioritizedTable``: a slot table with a priority column -- the table of ``advanced`` (and of ``deque`` with
+``priority=True``).
+
+Composition: the slot table's storage and write paths + ``PriorityIndex`` (priorities, sum / min trees; told of
+every write and removal through the slot table's ``written`` / ``removed`` hooks) + ``BetaSchedule`` + the
+sampled-data monitor. Differences from DI-engine are fixes of what ``anchors/dingengine-buffers.md`` marks as
+bugs: ``sample_range`` is exact for every slice (insertion order), non-finite or negative priorities are
+``ValueError`` (all or nothing), ``update`` reports stale entries and never revives retired items, pushed and
+stored dicts are never mutated, refusals are counted in ``stats()``.
+"""
+
+from typing import Any, Dict, List, Mapping, Optional
+
+import numpy as np
+import torch
+
+from ..control.capacity import index_for
+from ..control.priority import (
+    MAX_PRIORITY,
+    BetaSchedule,
+    PriorityIndex,
+    batch_priorities,
+    item_priorities,
+    parse_update,
+)
+from ..control.samplers import SAMPLER_REGISTRY
+from ..monitor.sampled_data import SampledDataAttrMonitor
+from ..monitor.tb import emit, rank
+from ..storage import storage_from_state
+from ..storage.tensordict_io import is_tensordict, update_info
+from .outputs import with_extras
+from .slot_table import SlotTable
+
+# Keys added to sampled items; ignored (tensor storage) when such an item is pushed back.
+SAMPLE_KEYS = ('priority', 'IS', 'staleness', 'use')
+
+# Priority dtypes the compiled update takes (native byte order); float16 (mixed precision) and others take the
+# checking path, which converts them.
+_KERNEL_FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
+
+
+def _flat_array(x: Any) -> Optional[np.ndarray]:
+    """A 1-d numpy view of a CPU tensor or array (no copy), else None."""
+    if type(x) is not np.ndarray:
+        if not isinstance(x, torch.Tensor):
+            return None
+        try:  # CPU tensors only; numpy() refuses the others (device, grad, conj / neg bits, layout)
+            x = x.numpy()
+        except (TypeError, RuntimeError):
+            if not x.requires_grad:
+                return None
+            try:
+                x = x.detach().numpy()
+            except (TypeError, RuntimeError):
+                return None
+    return x if x.ndim == 1 else None
+
+
+def check_sampler(section: Mapping) -> None:
+    """The ``sampler`` section of ``advanced``: ``{}`` or ``dict(type='prioritized')`` (what it does anyway); anything
+    else is a ``ValueError`` saying why.
+
+    Examples:
+        >>> check_sampler({}), check_sampler(dict(type='prioritized'))
+        (None, None)
+        >>> check_sampler(dict(type='uniform'))  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ValueError: config key 'sampler.type' is 'uniform', but type 'advanced' draws by priority ...
+    """
+    section = dict(section)
+    name = section.pop('type', 'prioritized')
+    if not isinstance(name, str):
+        raise ValueError(f"config key 'sampler.type' must be a str, got {name!r}")
+    SAMPLER_REGISTRY.get(name)  # an unknown name: the registry's message (registered names, import_names)
+    if name != 'prioritized':
+        raise ValueError(
+            f"config key 'sampler.type' is {name!r}, but type 'advanced' draws by priority (its sum tree, IS weights "
+            f"and update() are that sampler); for {name!r} draws use type='naive' with sampler=dict(type={name!r})"
+        )
+    if section:
+        raise ValueError(
+            f"config key 'sampler.{sorted(section)[0]}': type 'advanced' takes its prioritized sampler's arguments "
+            "as top-level keys (alpha, beta, anneal_step, eps); leave sampler={} or dict(type='prioritized')"
+        )
+
+
+class PrioritizedTable(SlotTable):
+    """
+    Overview:
+        Prioritized experience replay (Schaul et al.) over a slot table: ``sample`` draws stratified by priority
+        (with replacement) and adds ``replay_unique_id``, ``replay_buffer_idx``, ``priority``, ``staleness``,
+        ``use`` and ``IS``; ``update`` takes those ids back with new priorities.
+    Complexity: push O(n log8 C), sample O(B log8 C) (O(m) with ``sample_range`` selecting m items),
+        update O(B log8 C), stats O(1).
+    """
+
+    uses_counted = True
+    indexed = True
+    resets_push_count = False  # DI-engine's advanced buffer keeps push_count on clear
+    reserved_keys = SAMPLE_KEYS
+    admission_columns = ('priority',)
+
+    # ------------------------------------------------------------------ construction
+    def build_sampler(self) -> None:
+        check_sampler(self.e._cfg.sampler)
+
+    def build_index(self) -> None:
+        cfg = self.e._cfg
+        self.index = self.new_index()
+        self.alpha = float(cfg.alpha)
+        self.beta = BetaSchedule(cfg.beta, int(cfg.anneal_step))
+
+    def build_monitors(self) -> None:
+        e, cfg = self.e, self.e._cfg
+        e._build_monitors(cfg.monitor.get('tensorboard', False), cfg.monitor.periodic_thruput.seconds)
+        attr = cfg.monitor.sampled_data_attr
+        self.sampled_monitor = SampledDataAttrMonitor(
+            e._instance_name, attr.average_range, attr.print_freq, e._logger, e._tb if rank() == 0 else None
+        )
+
+    def new_index(self) -> PriorityIndex:
+        cfg = self.e._cfg
+        return PriorityIndex(cfg.replay_buffer_size, cfg.alpha, cfg.eps, with_max=cfg.max_priority_within_buffer)
+
+    # ------------------------------------------------------------------ write / remove hooks
+    def removed(self, slots: np.ndarray) -> None:
+        self.index.clear_slots(slots)
+
+    def written(self, slots: np.ndarray, priorities: Optional[np.ndarray]) -> None:
+        self.index.set_new(slots, priorities)
+
+    def written_one(self, slot: int, priority: Optional[float]) -> None:
+        self.index.set_new_one(slot, priority)
+
+    def cleared(self, slots: np.ndarray) -> None:
+        self.index.reset()
+
+    def drop_used(self, slots: np.ndarray) -> None:
+        if self.e._remover is not None:  # DI-engine: keep the item (its file), just never sample it again
+            self.index.retire(slots)
+            self.priorities_changed(slots)
+        else:
+            self.e._remove(slots, 'removed_by_use')
+
+    # ------------------------------------------------------------------ columns (capacity rules read them)
+    def columns(self) -> Dict[str, Any]:
+        return {**super().columns(), 'priority': lambda slots: self.index.priorities(slots)}
+
+    def new_values(self, column: str, priorities: Optional[np.ndarray], n: int) -> np.ndarray:
+        """The priorities of ``n`` items about to be written, as ``priority`` will report them."""
+        p = np.full(n, self.index.default_priority()) if priorities is None else priorities
+        return self.index.as_stored(p)
+
+    def priorities_changed(self, slots: np.ndarray) -> None:
+        rule = self.e._capacity
+        if rule is not None and rule.column == 'priority':
+            rule.on_changed(self.e.view, slots)
+
+    # ------------------------------------------------------------------ push
+    def push_items(self, items: List[Any]) -> int:
+        if len(items) == 1 and self.push_one_fast(items[0]):
+            return 1
+        prepared = self._storage.prepare(items)  # validated before the limiter decides (a bad push is an error)
+        priorities = item_priorities(items, self.index.default_priority())  # validated before anything is written
+        if not self.e._admit(len(items)):
+            return self.not_written(prepared)
+        return self.write(prepared, priorities[prepared.dropped :])
+
+    def push_one_fast(self, item: Any) -> bool:
+        """The single-push hot path (O(fields) + one compiled tree update). False -- with nothing changed --
+        when the item is not a plain match; the generic path then handles (and reports) it."""
+        if type(item) is not dict:
+            return False
+        p = item.get('priority')
+        if p is None:
+            p = self.index.default_priority()
+        elif type(p) is not float or not 0 <= p <= MAX_PRIORITY:
+            return False
+        if self.limiter.active and not self.limiter.can_push(1, self.e.count())[0]:
+            return False  # the generic path counts and logs the refusal
+        return self.write_one(item, p)
+
+    def push_batch(self, batch: Any) -> int:
+        if self.batch_fast_ok():
+            checked = self._storage.check_batch(batch)  # O(fields), nothing written
+            if checked is not None:
+                p = batch.get('priority')
+                if p is None:
+                    slots = self.write_batch_fast(checked)
+                    self.index.fill_new(slots, self.index.default_priority())
+                    return len(slots)
+                p = _flat_array(p)
+                if (
+                    p is not None
+                    and p.dtype in _KERNEL_FLOATS
+                    and len(p) == checked[1]
+                    and len(p)
+                    and p.min() >= 0
+                    and p.max() <= MAX_PRIORITY
+                ):  # NaN fails; else the checking path reports
+                    slots = self.write_batch_fast(checked)
+                    self.index.set_new(slots, p)
+                    return len(slots)
+        if type(batch) is not dict and not isinstance(batch, Mapping):
+            raise TypeError(f"a batched push needs a dict of batched leaves, got {type(batch).__name__}")
+        prepared = self._storage.prepare_batch(batch)
+        priorities = batch_priorities(batch.get('priority'), prepared, self.index.default_priority())
+        if not self.e._admit(prepared.n + prepared.dropped):
+            return self.not_written(prepared)
+        return self.write(prepared, priorities)
+
+    # ------------------------------------------------------------------ sample
+    def sample(
+        self,
+        size: int,
+        cur_learner_iter: int = -1,
+        sample_range: Optional[slice] = None,
+        timeout: Optional[float] = None,
+    ) -> Optional[Any]:
+        e = self.e
+        e._check_range(sample_range)
+        return e._sample_flow(size, cur_learner_iter, timeout, lambda: self.draw(size, cur_learner_iter, sample_range))
+
+    def draw(self, size: int, cur_learner_iter: int, sample_range: Optional[slice]) -> Optional[Any]:
+        e, index = self.e, self.index
+        if sample_range is None and index.can_draw():  # the hot path: one compiled pass, same draws
+            if not index.tree.total() > 0:
+                return e._refused('every candidate item has priority 0')
+            u = e._rng.random(size)
+            beta = self.beta.draw()
+            slots, weights, priority, use, ids = index.draw(u, beta, e._uses.counts, self._storage.ring)
+            return self.drawn_batch(slots, size, weights, priority, use, cur_learner_iter, beta, ids)
+        candidates = None
+        if sample_range is not None:
+            positions = self.candidates(sample_range)
+            if not len(positions):
+                return e._refused(f'{sample_range} selects nothing')
+            candidates = self._storage.ring.slots_of_positions(
+                positions.start + np.arange(len(positions)) * positions.step
+            )
+        slots = index.sample(e._rng, size, candidates)
+        if slots is None:
+            return e._refused('every candidate item has priority 0')
+        beta = self.beta.draw()
+        weights = index.is_weights(slots, beta)
+        priority = index.priorities(slots)
+        use = e._uses.bump(slots)
+        return self.drawn_batch(slots, size, weights, priority, use, cur_learner_iter, beta)
+
+    def drawn_batch(
+        self,
+        slots: np.ndarray,
+        size: int,
+        weights: np.ndarray,
+        priority: np.ndarray,
+        use: np.ndarray,
+        cur_learner_iter: int,
+        beta: float,
+        ids: Optional[np.ndarray] = None,
+    ) -> Any:
+        """The batch of a draw (use counts already bumped; ``ids`` of the slots when known): staleness, output,
+        removal rules, monitor."""
+        e = self.e
+        staleness = self._storage.staleness(slots, cur_learner_iter)
+        extras = dict(priority=priority, staleness=staleness, use=use, IS=weights)
+        out = with_extras(self._storage, slots, extras, e._instance_name, e._cfg.deepcopy, ids)
+        e._drawn(slots, size, use)  # first: a broken rule of the user's fails the call before the monitor counts
+        e._due = self.sampled_monitor.record(use, priority, staleness, beta, cur_learner_iter, e._last_envstep)
+        return out
+
+    def snapshot(self) -> Any:
+        return self.beta.value
+
+    def restore_snapshot(self, snapshot: Any) -> None:
+        self.beta.set(snapshot)
+
+    def emit(self, due: Any) -> None:
+        emit(due, self.sampled_monitor.logger, self.sampled_monitor.tb_logger)
+
+    # ------------------------------------------------------------------ update
+    def update(self, info: Dict[str, Any]) -> Dict[str, int]:
+        e = self.e
+        if type(info) is not dict and is_tensordict(info):
+            info = update_info(info)
+        # the compiled path applies without naming the slots; a capacity rule reading priorities must hear of them
+        fast = self.update_fast(info) if e._use_limit is None and e._capacity is None else None
+        if fast is not None:
+            return fast
+        parsed = parse_update(info, e._instance_name, e.replay_buffer_size)
+        if parsed is None:
+            return {'updated': 0, 'stale': 0}
+        priorities, ids, slots, mine = parsed
+        with e._lock:
+            match = self._storage.ring.holds(slots, ids, mine)
+            if e._use_limit is not None:
+                match &= ~e._spent(slots)
+            n = int(np.count_nonzero(match))
+            if n == len(slots):
+                self.index.update(slots, priorities)
+                self.priorities_changed(slots)
+            elif n:
+                self.index.update(slots[match], priorities[match])
+                self.priorities_changed(slots[match])
+            return e._count_update(n, len(slots))
+
+    def update_fast(self, info: Any) -> Optional[Dict[str, int]]:
+        """The hot path of ``update``: what a tensor-storage sample returned (1-d CPU tensors or arrays: int ids,
+        int slots, float32 / float64 priorities) goes to one compiled kernel. ``None`` for anything else, or for an
+        entry the kernel finds invalid (nothing changed): the checking path then applies or reports it."""
+        if type(info) is not dict:
+            return None
+        p, ids, slots = (_flat_array(info.get(k)) for k in ('priority', 'replay_unique_id', 'replay_buffer_idx'))
+        if (
+            p is None
+            or ids is None
+            or slots is None
+            or p.dtype not in _KERNEL_FLOATS
+            or ids.dtype.kind not in 'iu'
+            or slots.dtype.kind not in 'iu'
+            or not len(p) == len(ids) == len(slots)
+        ):
+            return None
+        e = self.e
+        with e._lock:
+            n = self.index.update_by_ids(
+                self._storage.ring, slots.astype(np.int64, copy=False), ids.astype(np.int64, copy=False), p
+            )
+            return None if n is None else e._count_update(n, len(slots))
+
+    # ------------------------------------------------------------------ stats / state
+    def stats(self, out: Dict[str, float]) -> Dict[str, float]:
+        out.update(
+            push_count=self.push_count,
+            beta=self.beta.value,
+            max_priority=self.index.max_priority,
+            priority_mass=self.index.tree.total(),
+            priority_min_leaf=self.index.tree.min_leaf(),
+        )
+        out.update(self.sampled_monitor.averages())
+        out['beta'] = self.beta.value  # the current beta, not the last sampled batch's
+        return out
+
+    def state(self) -> Dict[str, Any]:
+        engine = self.e._engine_state()
+        index = {**self.index.state_dict(), 'use': engine.pop('use')}  # the file layout of version 1
+        return {'storage': self._storage.state_dict(), 'index': index, 'beta': self.beta.value, **engine}
+
+    def restore(self, state: Dict[str, Any]) -> None:
+        e = self.e
+        for key in ('storage', 'index', 'beta'):
+            if key not in state:
+                raise ValueError(f"state has no '{key}' entry")
+        storage = storage_from_state(
+            e._cfg.storage, e.replay_buffer_size, state['storage'], SAMPLE_KEYS, index_for(e._cfg)
+        )
+        if storage.kind == 'list':  # what push refuses is refused in a state too
+            items = storage.gather(storage.ring.ordered_slots())
+            bad = next((i for i, x in enumerate(items) if not isinstance(x, Mapping)), None)
+            if bad is not None:
+                raise ValueError(f"saved item {bad} is not a dict; a prioritized buffer stores dicts")
+        index = self.index.restored(state['index'], storage.ring.valid)
+        beta = BetaSchedule.checked(state['beta'], 'saved beta')
+        swap = e._engine_restored({**state, 'use': state['index']['use']}, storage.ring.valid, required=True)
+        self._storage, self.index = storage, index
+        self.beta.set(beta)
+        swap()
+        e._capacity_rebuilt()
+
+    def describe(self) -> str:
+        return (
+            f"count={self.e.count()}, replay_buffer_size={self.e.replay_buffer_size}, alpha={self.alpha}, "
+            f"beta={self.beta.value:.4f}, storage={self._storage!r}"
+        )
+
+
+__all__ = ['PrioritizedTable', 'SAMPLE_KEYS', 'check_sampler']

@@ -1,0 +1,345 @@
+"""``RewardTable``: GFlowNet items ranked by log-reward -- the table of ``gfn``, ``gfn_diverse`` and
+``terminating_state``.
+
+Parts: the item store (``ColumnStore`` for dict batches, ``ContainerRing`` / ``ContainerStore`` for torchgfn
+containers; the first push decides), the ``RewardIndex`` (capacity by age or by log-reward, sampling uniformly or by
+softmax of the log-reward) and the ``StateSet`` (unique terminating states; the diversity filter's rows). A push is
+admission (``diverse``: the diversity filter), then capacity, then write; ``terminating``: only terminating states
+and their log-rewards are stored. Saving and restoring: ``gfn_state``; the numbers it reports: ``gfn_stats``.
+"""
+
+from typing import Any, Dict, List, Optional, Tuple
+
+import numpy as np
+import torch
+
+from ..control.diversity import StateSet  # noqa: F401 (annotations)
+from ..control.keep_best import RewardIndex
+from . import gfn_state, gfn_stats
+from .common import check_step
+from .gfn_admission import diverse_admission, terminating_states
+from .gfn_data import GFNBatch
+from .gfn_parts import check_kind, make_parts, make_store
+from .table import Table
+
+
+class RewardTable(Table):
+    """
+    Overview:
+        Reward-ranked GFlowNet items (see the module docstring). ``diverse``: keep-best plus the diversity filter
+        once full; ``terminating``: store terminating states only.
+    """
+
+    def __init__(self, engine: Any, diverse: bool = False, terminating: bool = False) -> None:
+        super().__init__(engine)
+        self.diverse = diverse
+        self.terminating = terminating
+
+    def build(self) -> None:
+        cfg = self.e._cfg
+        if cfg.device.startswith('cuda') and not torch.cuda.is_available():
+            raise ValueError(f"config key 'device' is {cfg.device!r} but CUDA is not available here")
+        self._store: Any = None
+        self.index: Optional[RewardIndex] = None
+        self.states: Optional[StateSet] = None
+        # GFlowNet counters (saved as 'counters'); the engine's own are in stats() too
+        self.tally = dict(
+            pushed=0,
+            admitted=0,
+            evicted=0,
+            sampled=0,
+            filter_checked=0,
+            rejected_by_reward=0,
+            rejected_by_distance=0,
+            push_calls=0,
+        )
+        self.e._build_engine(0)  # use counts are sized with the store (physical slots)
+        self.e._build_monitors(cfg.monitor.get('tensorboard', False), None)
+        self.last_logged: Dict[str, int] = dict(self.tally)
+        self.load_env: Any = None
+
+    # torchgfn's attributes, read by code written against its buffers
+    @property
+    def prioritized_capacity(self) -> bool:
+        return self.prioritized()
+
+    @property
+    def prioritized_sampling(self) -> bool:
+        return bool(self.e._cfg.prioritized_sampling)
+
+    @property
+    def torch_device(self) -> torch.device:
+        return torch.device(self.e._cfg.device)
+
+    @property
+    def env(self) -> Any:
+        """The environment of the stored torchgfn containers (None before the first container is pushed, and
+        for dict batches)."""
+        return getattr(self._store, 'env', None)
+
+    @property
+    def training_container(self) -> Any:
+        """Every stored item, oldest first, as one batch of the stored kind (a copy: a container, or a dict of
+        batched tensors); None before the first push."""
+        with self.e._lock:
+            if self.index is None:
+                return None
+            slots = self.index.oldest(self.index.count)
+            return self._store.read(slots, self.index.seq[slots])
+
+    @property
+    def storage(self) -> Any:
+        """``ColumnStore``, ``ContainerRing`` or ``ContainerStore`` (None before the first push)."""
+        return self._store
+
+    def count(self) -> int:
+        return 0 if self.index is None else self.index.count
+
+    def prioritized(self) -> bool:
+        return bool(self.e._cfg.prioritized_capacity) or self.diverse
+
+    def parts_for(self, store: Any):
+        """A fresh ``(RewardIndex, StateSet)`` sized for ``store`` (nothing is swapped in)."""
+        return make_parts(self.e._cfg, store, self.prioritized(), self.diverse)
+
+    def make_store(self, data: Any) -> Any:
+        return make_store(self.e._cfg, data)
+
+    def new_parts(self, store: Any) -> None:
+        self.index, self.states = self.parts_for(store)
+        self._store = store
+        if self.e._uses is not None:
+            self.e._uses.resize(self.index.physical)
+
+    # ------------------------------------------------------------------ table verbs
+    def oldest(self, k: int) -> np.ndarray:
+        return np.empty(0, dtype=np.int64) if self.index is None else self.index.oldest(k)
+
+    def collect_iter(self, slots: np.ndarray) -> np.ndarray:
+        return self._store.collect_iter(slots)
+
+    def drop(self, slots: np.ndarray) -> List[Any]:
+        self.evict(slots)
+        return []
+
+    def release(self) -> None:
+        """GFlowNet stores live in memory: nothing to free."""
+
+    def live(self, slots: np.ndarray) -> np.ndarray:
+        return np.zeros(len(slots), dtype=bool) if self.index is None else self.index.alive[slots]
+
+    # ------------------------------------------------------------------ push
+    def push(self, data: Any, cur_collector_envstep: int = -1, batched: Optional[bool] = None) -> int:
+        """
+        Overview:
+            Offer a batch; returns how many of its items were stored (filters and capacity may drop some).
+            All or nothing on bad input: a ``TypeError``/``ValueError`` leaves the buffer unchanged.
+        Arguments:
+            - data: dict of batched tensors, list of item dicts, or a Container.
+            - cur_collector_envstep (:obj:`int`): recorded for monitors.
+            - batched: accepted for ``IBuffer`` compatibility; dicts are always batches here.
+        """
+        self.e._check_open()
+        if data is None:
+            raise TypeError("cannot push None into a GFlowNet buffer")
+        cur_collector_envstep = check_step(cur_collector_envstep, 'cur_collector_envstep')
+        with self.e._lock:
+            data = self.convert(data)
+            if isinstance(data, list) and not data:
+                return 0
+            store = self._store if self._store is not None else self.make_store(data)
+            check_kind(store, data)
+            batch = store.prepare(data, need_rows=True)
+            self.validate(batch)
+            if batch.n == 0 or not self.e._admit(batch.n):
+                return 0
+            if self._store is None:
+                self.new_parts(store)
+            before = self.tally['evicted']
+            stored = self.insert(batch)
+            self.e._pushed(stored, self.tally['evicted'] - before)
+            self.e._last_envstep = cur_collector_envstep
+            self.tally['push_calls'] += 1
+            due = self.due_scalars()
+        if due is not None:
+            self.emit(due)  # TensorBoard is I/O: written outside the lock
+        return stored
+
+    def convert(self, data: Any) -> Any:
+        """What is actually stored for ``data``: the data itself, or (``terminating_state``) its terminating
+        states and their log-rewards (``gfn_admission.terminating_states``)."""
+        return terminating_states(self.e._cfg, data) if self.terminating else data
+
+    def validate(self, batch: GFNBatch) -> None:
+        """Everything that can reject the batch, checked before anything changes."""
+        needs_reward = self.prioritized() or self.e._cfg.prioritized_sampling
+        if needs_reward and batch.n and np.isnan(batch.log_reward).any():
+            raise ValueError(
+                "log_rewards must be defined for prioritized replay (prioritized_capacity / prioritized_sampling / "
+                "gfn_diverse); the container has none"
+            )
+        if batch.rows is not None and self.states is not None:
+            self.states.check_dim(batch.rows, 'the terminating-state representation')
+        if self.diverse:
+            if batch.rows is not None and not np.isfinite(batch.rows).all():
+                raise ValueError("gfn_diverse needs finite terminating states (and conditions); got NaN or inf")
+            if batch.rows is None and batch.n:
+                raise ValueError("gfn_diverse needs exactly one terminating state per item (got e.g. Transitions)")
+
+    def admission(self, batch: GFNBatch) -> Tuple[Optional[np.ndarray], Optional[np.ndarray]]:
+        """Which items of the batch go on to the capacity rule (positions, in order; None: every item) and the
+        batch's ``row_hashes`` where the rule computed them (else None: the ``StateSet`` hashes the stored ones when
+        it needs them). ``gfn_diverse``: the diversity filter (``gfn_admission.diverse_admission``)."""
+        return diverse_admission(self, batch) if self.diverse else (None, None)
+
+    def insert(self, batch: GFNBatch) -> int:
+        """Admission, then capacity, then write. Returns the number stored."""
+        index, states, c = self.index, self.states, self.tally
+        r = batch.log_reward
+        c['pushed'] += batch.n
+        order, hashes = self.admission(batch)
+        if order is not None and not len(order):
+            return 0
+        keep_new, evict = index.admit(r if order is None else r[order])
+        seqs = index.claim_seqs(len(keep_new))  # every admitted item consumes an id, stored or not
+        self.evict(evict)
+        if order is None and keep_new.all():  # the common case: the whole batch, in order (no copies)
+            chosen, m, r_chosen, rows, h = None, batch.n, r, batch.rows, hashes
+        else:
+            chosen = (np.arange(batch.n, dtype=np.int64) if order is None else order)[keep_new]
+            m, r_chosen, seqs = len(chosen), r[chosen], seqs[keep_new]
+            rows = None if batch.rows is None else batch.rows[chosen]
+            h = None if hashes is None else hashes[chosen]
+        slots = self.slots_for(m)
+        self._store.write(slots, batch, chosen)
+        index.store(slots, r_chosen, seqs)
+        if rows is None:
+            states.disable()  # an item without a single terminating state: stop counting unique states
+        else:
+            states.add(slots, rows, h)
+        c['admitted'] += m
+        return m
+
+    def evict(self, slots: np.ndarray) -> None:
+        if len(slots):
+            self.states.remove(slots)
+            self.index.evict(slots)
+            if self.e._uses is not None:
+                self.e._uses.reset(slots)
+            self.tally['evicted'] += len(slots)
+
+    def slots_for(self, n: int) -> np.ndarray:
+        index = self.index
+        if self._store.reuses_slots:
+            return index.free_slots(n)
+        if index.end + n > 2 * (index.count + n) and index.end:  # half dead: compact (amortised O(1) per item)
+            keep = index.live_slots()
+            self._store.compact(keep)
+            index.compact(keep)
+            self.states.compact(keep)
+            if self.e._uses is not None:
+                self.e._uses.compact(keep)
+        slots = index.append_slots(n)
+        self.states.grow(index.physical)
+        if self.e._uses is not None:
+            self.e._uses.resize(index.physical)
+        return slots
+
+    # ------------------------------------------------------------------ sample
+    def sample(
+        self,
+        size: Optional[int] = None,
+        cur_learner_iter: int = -1,
+        replace: Optional[bool] = None,
+        timeout: Optional[float] = None,
+        n_samples: Optional[int] = None,
+    ) -> Optional[Any]:
+        if n_samples is not None:
+            if size is not None:
+                raise TypeError(f"sample() got both size={size!r} and n_samples={n_samples!r}; give one")
+            size = n_samples
+        elif size is None:
+            raise TypeError("sample() needs the number of items: size (or torchgfn's n_samples)")
+        if replace is not None and not isinstance(replace, bool):
+            raise TypeError(f"replace must be None or a bool, got {replace!r}")
+        return self.e._sample_flow(
+            size,
+            cur_learner_iter,
+            timeout,
+            lambda: self.draw(int(size), replace),
+            lambda: self.shortfall(int(size), replace),
+        )
+
+    def replace(self, size: int, replace: Optional[bool]) -> bool:
+        rep = self.e._cfg.sample_replacement if replace is None else replace
+        return size > self.count() if rep is None else rep
+
+    def shortfall(self, size: int, replace: Optional[bool]) -> str:
+        m = self.count()
+        if m == 0:
+            return 'buffer is empty'
+        if not self.replace(size, replace) and size > m:
+            return f'{m} items < batch size {size} and sampling is without replacement'
+        return ''
+
+    def draw(self, size: int, replace: Optional[bool]) -> Any:
+        why = self.shortfall(size, replace)
+        if why:
+            return self.e._refused(why)
+        slots = self.index.sample(
+            self.e._rng, size, bool(self.e._cfg.prioritized_sampling), self.replace(size, replace)
+        )
+        out = self._store.read(slots, self.index.seq[slots])
+        self.e._drawn(slots, size)  # first: a broken rule of the user's fails the sample with nothing counted
+        self.tally['sampled'] += size
+        return out
+
+    # ------------------------------------------------------------------ clear / state
+    def clear(self) -> List[Any]:
+        if self.index is not None:
+            if self.e._uses is not None:
+                self.e._uses.reset(self.index.live_slots())
+            self.index.clear()
+            self.states.clear()
+            self._store.clear()
+        return []
+
+    # ------------------------------------------------------------------ what the parts read
+    @property
+    def store(self) -> Any:
+        return self._store
+
+    def columns(self) -> Dict[str, Any]:
+        e = self.e
+        out = {'collect_iter': lambda slots: e.collect_iter(slots)}
+        if e._uses is not None:
+            out['use'] = lambda slots: e._uses[slots]
+        return out
+
+    def ordered_slots(self) -> np.ndarray:
+        return self.oldest(self.count())
+
+    def next_id(self) -> int:
+        return 0 if self.index is None else int(self.index.next_seq)
+
+    # ------------------------------------------------------------------ stats / state
+    def stats(self, out: Dict[str, float]) -> Dict[str, float]:
+        return gfn_stats.stats(self, out)
+
+    def due_scalars(self) -> Any:
+        return gfn_stats.due_scalars(self)
+
+    def log_rewards(self) -> np.ndarray:
+        return gfn_stats.log_rewards(self)
+
+    def describe(self) -> str:
+        return gfn_stats.describe(self)
+
+    def state(self) -> Dict[str, Any]:
+        return gfn_state.state(self)
+
+    def restore(self, state: Dict[str, Any]) -> None:
+        gfn_state.restore(self, state)
+
+
+__all__ = ['RewardTable']

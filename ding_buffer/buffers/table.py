@@ -1,0 +1,171 @@
+"""``Table``: what a preset's table offers the engine -- where its elements live and the type's verbs.
+
+A table holds the data (a slot storage, an episode store, reward-ranked items, chunks of fragments) and answers the
+engine's calls: ``build`` (storage and parts sized from the config), ``push_items`` / ``push_batch`` (validate
+everything first, then write; the engine's ``_admit`` / ``_pushed`` / ``_remove`` count and limit), ``sample``
+(through the engine's ``_sample_flow``, which runs removers, limits and waits, then the table's draw, which reports
+through ``_drawn``), ``update``, ``clear``, ``state`` / ``restore`` (validate everything, then swap) and the read
+verbs the parts see through the ``TableView`` (``count``, ``oldest``, ``ordered_slots``, ``live``, ``columns``).
+
+This base class holds the defaults every table shares; a table overrides what differs. It keeps a reference to its
+engine (``self.e``) for the engine's services (config, RNG, lock-protected counters, parts); it never imports a
+preset.
+"""
+
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+import numpy as np
+
+from ..monitor.tb import emit
+from .common import has_none
+
+
+class Table:
+    uses_counted = False  # whether every element has a use count even without max_use (advanced reports it)
+    capacity_rules = False  # whether the table takes a capacity rule (``control.capacity``)
+    admission_columns: Tuple[str, ...] = ()  # columns whose values the table knows for elements not yet written
+
+    def __init__(self, engine: Any) -> None:
+        self.e = engine
+
+    def build(self) -> None:
+        """Build the storage and the engine's parts (``e._build_engine``, ``e._build_monitors``)."""
+        raise NotImplementedError
+
+    # ------------------------------------------------------------------ what the parts read
+    @property
+    def store(self) -> Any:
+        """The object holding the elements: offers ``ring``, ``oldest(k)``, ``collect_iter(slots)``, ``live(slots)``
+        and ``release()``."""
+        raise NotImplementedError
+
+    def capacity(self) -> int:
+        return self.e._cfg.replay_buffer_size
+
+    def count(self) -> int:
+        return self.store.ring.count
+
+    def oldest(self, k: int) -> np.ndarray:
+        return self.store.oldest(k)
+
+    def collect_iter(self, slots: np.ndarray) -> np.ndarray:
+        return self.store.collect_iter(slots)
+
+    def live(self, slots: np.ndarray) -> np.ndarray:
+        return self.store.live(slots)
+
+    def ordered_slots(self) -> np.ndarray:
+        return self.store.ring.ordered_slots()
+
+    def next_id(self) -> int:
+        return self.store.ring.next_uid
+
+    def columns(self) -> Dict[str, Callable[[np.ndarray], np.ndarray]]:
+        """The table's named per-slot columns: ``collect_iter``, ``use`` (where draws are counted) and ``id`` (where
+        a slot index names ids); a table adds its own (``priority``)."""
+        e = self.e
+        out = {'collect_iter': lambda slots: e.collect_iter(slots)}
+        if e._uses is not None:
+            out['use'] = lambda slots: e._uses[slots]
+        if hasattr(self.store, 'ring'):
+            out['id'] = lambda slots: self.store.ring.uids(slots)
+        return out
+
+    def expires(self) -> bool:
+        """Whether writes may expire older elements by themselves (``storage.frames``: ``removed_by_frames``)."""
+        return False
+
+    def units(self) -> int:
+        """What ``sample_min_limit_ratio`` compares with the batch size: the stored elements."""
+        return self.e.count()
+
+    def derived(self) -> Dict[str, int]:
+        """Counters the table knows better than a tally (overlaid on the engine's wherever they are read)."""
+        return {}
+
+    def new_values(self, column: str, priorities: Optional[np.ndarray], n: int) -> np.ndarray:
+        """Column ``column`` of ``n`` elements about to be written (``admission_columns``)."""
+        raise NotImplementedError
+
+    # ------------------------------------------------------------------ removal
+    def drop(self, slots: np.ndarray) -> List[Any]:
+        """Remove the elements at ``slots``; return the removed items (for the used-data remover)."""
+        raise NotImplementedError
+
+    def drop_used(self, slots: np.ndarray) -> None:
+        """Elements that reached ``max_use``: removed (advanced with used-data tracking retires them instead)."""
+        self.e._remove(slots, 'removed_by_use')
+
+    # ------------------------------------------------------------------ push / sample / update
+    def check_pushed(self, items: List[Any]) -> None:
+        """Refuse what no pushed list may hold (``None``), before anything changes; a table that checks fields of
+        the items at push does it here too, in the same pass (a single item is checked by ``push_items``)."""
+        if has_none(items):
+            raise TypeError(f"cannot push None (item {next(i for i, x in enumerate(items) if x is None)})")
+
+    def push_items(self, items: List[Any]) -> int:
+        raise NotImplementedError
+
+    def push_batch(self, batch: Any) -> int:
+        raise NotImplementedError
+
+    def sample(self, size: Any, cur_learner_iter: int = -1, **kwargs: Any) -> Optional[Any]:
+        raise NotImplementedError
+
+    def update(self, info: Any) -> Optional[Dict[str, int]]:
+        """Tables without per-element priorities: a no-op returning ``{'updated': 0, 'stale': 0}``."""
+        return {'updated': 0, 'stale': 0}
+
+    def snapshot(self) -> Any:
+        """What a draw changes besides the RNG and use counts (restored when a user's rule fails the draw)."""
+        return None
+
+    def restore_snapshot(self, snapshot: Any) -> None:
+        """Undo a failed draw (``snapshot``'s answer from before it)."""
+
+    def wait_what(self, size: int) -> str:
+        """What a ``sample(timeout=)`` that timed out could not do (the ``SampleTimeoutError`` message)."""
+        return f"buffer '{self.e._instance_name}' could not sample {size} items"
+
+    def tensordict_out(self) -> bool:
+        """Whether samples leave as TensorDicts (the storage first stored one; ``tensordict_io``)."""
+        return False
+
+    def device(self) -> Any:
+        """The device of sampled tensors (the TensorDict's ``device``)."""
+        return None
+
+    def items_out(self) -> bool:
+        """Whether a batched sample leaves as per-item dicts (``storage.output='items'`` on tensor storage)."""
+        return False
+
+    def emit(self, due: Any) -> None:
+        """Write what the monitors computed under the lock (called after it is released)."""
+        emit(due, self.e._logger, self.e._tb)
+
+    # ------------------------------------------------------------------ stats / state / lifecycle
+    def stats(self, out: Dict[str, float]) -> Dict[str, float]:
+        """The engine's numbers plus the table's own."""
+        return out
+
+    def state(self) -> Dict[str, Any]:
+        raise NotImplementedError
+
+    def restore(self, state: Dict[str, Any]) -> None:
+        """Validate ``state`` fully, then swap it in (all or nothing)."""
+        raise NotImplementedError
+
+    def clear(self) -> List[Any]:
+        """Remove every element; return the removed items (for the used-data remover)."""
+        raise NotImplementedError
+
+    def release(self) -> None:
+        """Free what the table holds outside the process (memmap files: working memory, not a save)."""
+        self.store.release()
+
+    def describe(self) -> str:
+        """The ``repr`` of the buffer after its instance name."""
+        return f"count={self.e.count()}, replay_buffer_size={self.e.replay_buffer_size}"
+
+
+__all__ = ['Table']
