@@ -63,7 +63,7 @@ OPS = ('push (filling)', 'push (full)', 'sample')
 
 
 # ---------------------------------------------------------------------------------------------- data
-def make_pool(env: Any, n_batches: int, batch: int, seed: int) -> Dict[str, List[Any]]:
+def make_pool(env: Any, n_batches: int, batch: int, seed: int, log_probs: bool = True) -> Dict[str, List[Any]]:
     """``n_batches`` Trajectories batches from HyperGrid and a StatesContainer of each one's terminating states;
     log-rewards are distinct float32 values (multiples of 1/64 in [-512, 512))."""
     from gfn.containers import StatesContainer, Trajectories
@@ -81,7 +81,7 @@ def make_pool(env: Any, n_batches: int, batch: int, seed: int) -> Dict[str, List
     out: Dict[str, List[Any]] = {'Trajectories': [], 'StatesContainer': []}
     with torch.no_grad():
         for k in range(n_batches):
-            tr = sampler.sample_trajectories(env, n=batch)
+            tr = sampler.sample_trajectories(env, n=batch, save_logprobs=log_probs)
             r = rewards[k * batch : (k + 1) * batch].clone()
             tr = Trajectories(
                 env=env,
@@ -90,6 +90,7 @@ def make_pool(env: Any, n_batches: int, batch: int, seed: int) -> Dict[str, List
                 terminating_idx=tr.terminating_idx,
                 is_backward=False,
                 log_rewards=r,
+                log_probs=tr.log_probs if log_probs else None,
             )
             out['Trajectories'].append(tr)
             term = tr.terminating_states

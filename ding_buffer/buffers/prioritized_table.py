@@ -112,6 +112,8 @@ class PrioritizedTable(SlotTable):
 
     def build_monitors(self) -> None:
         e, cfg = self.e, self.e._cfg
+        # update() may apply without naming the slots: no max_use to check, no capacity rule to tell
+        self.update_direct = e._use_limit is None and e._capacity is None
         e._build_monitors(cfg.monitor.get('tensorboard', False), cfg.monitor.periodic_thruput.seconds)
         attr = cfg.monitor.sampled_data_attr
         self.sampled_monitor = SampledDataAttrMonitor(
@@ -181,7 +183,7 @@ class PrioritizedTable(SlotTable):
         return self.write_one(item, p)
 
     def push_batch(self, batch: Any) -> int:
-        if self.batch_fast_ok():
+        if self.batch_fast:
             checked = self._storage.check_batch(batch)  # O(fields), nothing written
             if checked is not None:
                 p = batch.get('priority')
@@ -283,7 +285,7 @@ class PrioritizedTable(SlotTable):
         if type(info) is not dict and is_tensordict(info):
             info = update_info(info)
         # the compiled path applies without naming the slots; a capacity rule reading priorities must hear of them
-        fast = self.update_fast(info) if e._use_limit is None and e._capacity is None else None
+        fast = self.update_fast(info) if self.update_direct else None
         if fast is not None:
             return fast
         parsed = parse_update(info, e._instance_name, e.replay_buffer_size)

@@ -56,6 +56,8 @@ class SlotTable(Table):
         self.limiter = e._limiter
         if self._window_wanted:
             self.window = NewestWindow(cfg.set_buffer_size, cfg.replay_buffer_size)
+        # A batch may take the hot path: no remover must see overwritten items, no limiter or capacity rule decides
+        self.batch_fast = e._remover is None and not self.limiter.active and e._capacity is None
         # No part to tell about a single push (no rate limit, use counts or report): the storage's fast path alone
         self.lean = (
             not self.limiter.active
@@ -162,7 +164,7 @@ class SlotTable(Table):
         return self.write(prepared)
 
     def push_batch(self, batch: Any) -> int:
-        if self.batch_fast_ok():
+        if self.batch_fast:
             checked = self._storage.check_batch(batch)
             if checked is not None:
                 return len(self.write_batch_fast(checked))
@@ -273,11 +275,6 @@ class SlotTable(Table):
         if self.limiter.waiting:
             self.limiter.on_push(len(slots))  # wake samplers waiting for data
         return slots
-
-    def batch_fast_ok(self) -> bool:
-        """Whether a batch may take the hot path: no remover must see overwritten items, no limiter decides."""
-        e = self.e
-        return e._remover is None and not self.limiter.active and e._capacity is None
 
     def candidates(self, sample_range: Optional[slice]) -> range:
         """Insertion positions (0 = oldest) a ``sample_range`` selects among the items sampling may use (all, or
