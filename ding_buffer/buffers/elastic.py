@@ -19,7 +19,6 @@ from ..base import BUFFER_REGISTRY
 from ..config import dingengine_ignored
 from .engine import Engine, offers
 from .naive import NAIVE_CHECKS, NAIVE_CONFIG, NaiveReplayBuffer
-from .newest_window import checked_size
 from .slot_table import SlotTable
 
 ELASTIC_CONFIG = dict(
@@ -75,9 +74,7 @@ class ElasticReplayBuffer(Engine):
 
     def resize(self, size: int) -> None:
         """Sample among the newest ``size`` items from now on (stored items are kept)."""
-        size = checked_size(size, 'size')
-        with self._lock:
-            self._t.window.size = size
+        self._t.resize(size)
 
     def update(self, info: Any) -> Optional[Dict[str, int]]:
         """

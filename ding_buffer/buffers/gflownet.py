@@ -214,8 +214,4 @@ class GFlowNetReplayBuffer(Engine):
             torchgfn containers are rebuilt from plain tensors with ``env`` (default: the env of the container
             this buffer already holds); other container objects need ``allow_pickle=True``.
         """
-        self._t.load_env = env
-        try:
-            Engine.load_data(self, path, allow_pickle=allow_pickle)
-        finally:
-            self._t.load_env = None
+        self._t.restoring_with(env, lambda: Engine.load_data(self, path, allow_pickle=allow_pickle))

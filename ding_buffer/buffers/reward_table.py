@@ -8,7 +8,7 @@ admission (``diverse``: the diversity filter), then capacity, then write; ``term
 and their log-rewards are stored. Saving and restoring: ``gfn_state``; the numbers it reports: ``gfn_stats``.
 """
 
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 import torch
@@ -340,6 +340,15 @@ class RewardTable(Table):
 
     def restore(self, state: Dict[str, Any]) -> None:
         gfn_state.restore(self, state)
+
+    def restoring_with(self, env: Any, load: Callable[[], None]) -> None:
+        """Run ``load`` (a restore) with torchgfn containers rebuilt on ``env`` (default: the env of the container
+        this table already holds)."""
+        self.load_env = env
+        try:
+            load()
+        finally:
+            self.load_env = None
 
 
 __all__ = ['RewardTable']

@@ -15,7 +15,7 @@ import numpy as np
 from ..control.capacity import index_for
 from ..control.samplers import UniformSampler, build_sampler, check_positions
 from ..storage import build_storage, refuse_items_output, storage_from_state
-from .newest_window import NewestWindow
+from .newest_window import NewestWindow, checked_size
 from .table import Table
 
 NO_PRIORITY = "a naive buffer's items carry no priority: use type='advanced' for prioritized replay"
@@ -428,6 +428,12 @@ class SlotTable(Table):
                 self.window.size = size
             return None
         return super().update(info)
+
+    def resize(self, size: Any) -> None:
+        """The ``NewestWindow``'s size set directly (checked first)."""
+        size = checked_size(size, 'size')
+        with self.e._lock:
+            self.window.size = size
 
     # ------------------------------------------------------------------ state
     def state(self) -> Dict[str, Any]:

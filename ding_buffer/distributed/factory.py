@@ -21,6 +21,12 @@ def create_distributed(cls: type, cfg: Any, *args, **kwargs) -> Any:
     dcfg = build_distributed_config(cfg.get('distributed'))
     if dcfg.backend and getattr(cls, 'not_distributable', None):
         raise ValueError(f"config key 'distributed' is set on type {cfg.get('type')!r}: {cls.not_distributable}")
+    if dcfg.max_version_lag is not None and cls.capabilities()['version_gate']:
+        raise ValueError(
+            f"config key 'distributed.max_version_lag' is {dcfg.max_version_lag}, but type {cfg.get('type')!r} gates "
+            f"model versions itself (its 'max_staleness', applied to every fragment and chunk; the manager passes "
+            f"update_model_version on): leave distributed.max_version_lag None, one gate decides"
+        )
     local_cfg = _local_cfg(cfg)
     # every rank fails fast on a bad buffer section
     check_section(cls, local_cfg)

@@ -1,0 +1,204 @@
+"""The shape of the buffers: one concrete engine, presets as data, ``chunk`` and ``deque`` on the engine.
+
+Every registered type sits directly on ``Engine`` (two levels below ``IBuffer``); a preset's own methods only hand
+a call to its table; ``isinstance`` still follows DI-engine's and torchgfn's class nesting; the parts of the engine
+(limiter waits, counters, the state envelope) serve ``chunk`` and ``deque`` as they serve every other type.
+"""
+
+import ast
+import inspect
+import textwrap
+import threading
+import time
+
+import numpy as np
+import pytest
+import torch
+from helpers import assert_same
+
+from ding_buffer import BUFFER_REGISTRY, create_buffer
+from ding_buffer.base import IBuffer
+from ding_buffer.buffers import (
+    AdvancedReplayBuffer,
+    EpisodeReplayBuffer,
+    GFlowNetReplayBuffer,
+    NaiveReplayBuffer,
+)
+from ding_buffer.buffers.engine import Engine
+from ding_buffer.errors import SampleTimeoutError
+
+TYPES = sorted(BUFFER_REGISTRY.get(name) and name for name in list(BUFFER_REGISTRY))
+
+# a preset's methods that are not one statement handing the call on, and why
+NOT_FORWARDERS = {
+    '_config': "how a preset reads its config (deque translates DI-engine's wrapper keys)",
+    'distributed_profile': 'a declaration computed from the config keys',
+}
+
+
+def depth(cls: type) -> int:
+    """Levels of ``cls`` below ``IBuffer`` along its longest base chain."""
+    if cls is IBuffer:
+        return 0
+    return 1 + max(depth(b) for b in cls.__bases__ if issubclass(b, IBuffer))
+
+
+@pytest.mark.parametrize('name', TYPES)
+def test_every_preset_sits_directly_on_the_one_engine(name):
+    cls = BUFFER_REGISTRY.get(name)
+    assert cls.__bases__ == (Engine,), cls.__mro__
+    assert depth(cls) == 2
+
+
+def own_functions(cls: type):
+    for key, value in vars(cls).items():
+        funcs = [value.fget, value.fset] if isinstance(value, property) else [value]
+        for f in funcs:
+            if isinstance(f, (classmethod, staticmethod)):
+                f = f.__func__
+            if inspect.isfunction(f) and f.__qualname__.split('.')[0] == cls.__name__:
+                yield key, f
+
+
+@pytest.mark.parametrize('name', TYPES)
+def test_a_preset_holds_no_behaviour_beyond_naming_its_table(name):
+    """Each function a preset defines is one statement (after its docstring): it hands the call to the table."""
+    cls = BUFFER_REGISTRY.get(name)
+    assert cls.table is not None
+    for key, f in own_functions(cls):
+        if key in NOT_FORWARDERS:
+            continue
+        body = ast.parse(textwrap.dedent(inspect.getsource(f))).body[0].body
+        if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+            body = body[1:]
+        assert len(body) == 1, f'{cls.__name__}.{key} holds {len(body)} statements'
+
+
+@pytest.mark.parametrize(
+    'name, base, expected',
+    [
+        ('elastic', NaiveReplayBuffer, True),
+        ('sequence', NaiveReplayBuffer, True),
+        ('advanced', NaiveReplayBuffer, False),
+        ('prioritized_episode', EpisodeReplayBuffer, True),
+        ('gfn_diverse', GFlowNetReplayBuffer, True),
+        ('terminating_state', GFlowNetReplayBuffer, True),
+        ('deque', AdvancedReplayBuffer, False),
+    ],
+)
+def test_isinstance_follows_the_peers_class_nesting(name, base, expected):
+    buf = create_buffer(dict(type=name))
+    assert isinstance(buf, base) is expected and isinstance(buf, Engine)
+    buf.close()
+
+
+def test_a_preset_sharing_verbs_keeps_its_own_declarations():
+    """``terminating_state`` takes gfn's verbs but declares its own item kind; the profile is computed for it."""
+    ts, gfn = BUFFER_REGISTRY.get('terminating_state'), BUFFER_REGISTRY.get('gfn')
+    assert ts.capabilities()['item_kind'] == 'state' and gfn.capabilities()['item_kind'] == 'trajectory'
+    assert ts.distributed_profile({})['item_kind'] == 'state'
+    assert ts.sample is gfn.sample and ts.push is gfn.push
+
+
+# ---------------------------------------------------------------------------------------------- chunk
+def frag(worker, fid, version=0):
+    return dict(worker=worker, fid=fid, model_version=version, data={'obs': torch.full((2,), float(fid))})
+
+
+@pytest.mark.timeout(30)
+def test_chunk_waits_through_the_engine_and_wakes_on_a_push():
+    buf = create_buffer(dict(type='chunk', fragments_per_chunk=2, seed=0))
+    got = {}
+
+    def learner():
+        got['out'] = buf.sample(2, timeout=10)
+
+    t = threading.Thread(target=learner)
+    t.start()
+    time.sleep(0.2)
+    assert 'out' not in got  # waiting for a chunk
+    buf.push([frag('w', 0), frag('w', 1)])
+    t.join(10)
+    assert [f['fid'] for f in got['out']] == [0, 1]
+    assert [f['use'] for f in buf.sample(2)] == [2, 2]  # max_reuse=2: the chunk's last use, then it leaves
+    with pytest.raises(SampleTimeoutError, match='could not sample 1 chunks within 0.2s: 0 of the 1 chunks'):
+        buf.sample(2, timeout=0.2)
+    assert buf.sample(2) is None  # without a timeout: refused at once, and counted
+    stats = buf.stats()
+    assert stats['push_items'] == 2 and stats['sample_calls'] == 2 and stats['refused_sample'] >= 1
+    buf.close()
+
+
+def test_chunk_keeps_the_engine_counters_in_its_state():
+    a = create_buffer(dict(type='chunk', fragments_per_chunk=1, seed=0))
+    a.push([frag('w', i) for i in range(3)])
+    assert a.sample(5) is None and a.sample(2) is not None
+    b = create_buffer(dict(type='chunk', fragments_per_chunk=1, seed=1))
+    b.load_state_dict(a.state_dict())
+    for key in ('push_items', 'refused_sample', 'sample_calls', 'sampled_items', 'chunks', 'fragments_received'):
+        assert b.stats()[key] == a.stats()[key], key
+    a.close()
+    b.close()
+
+
+def test_chunk_is_the_only_gate_of_its_model_versions():
+    """A second, manager-side version gate would drop what the chunk buffer's own gate keeps: refused by name."""
+    with pytest.raises(ValueError, match="distributed.max_version_lag' is 1, but type 'chunk' gates model versions"):
+        create_buffer(dict(type='chunk', distributed=dict(backend='torch', max_version_lag=1)))
+
+
+# ---------------------------------------------------------------------------------------------- deque
+@pytest.mark.parametrize('priority', [False, True])
+def test_deque_runs_on_the_engine_with_every_part_key(priority):
+    buf = create_buffer(
+        dict(
+            type='deque',
+            priority=priority,
+            replay_buffer_size=8,
+            max_use=2,
+            max_staleness=100,
+            removers=[dict(type='fifo')],
+            seed=0,
+        )
+    )
+    assert buf.inner is buf and buf.cfg.type == 'deque'
+    buf.push([{'obs': i, 'collect_iter': 0} for i in range(8)])
+    for _ in range(100):  # one item a draw: each leaves at its second use
+        if buf.sample(1, train_iter=1) is None:
+            break
+    stats = buf.stats()
+    # every item left after two draws (max_use), counted by the engine like on any other type
+    assert (stats['removed_by_use'], stats['sampled_items'], buf.count()) == (8, 16, 0), stats
+    state = buf.state_dict()
+    assert state['type'] == 'DequeReplayBuffer' and state['inner']['type'].endswith('ReplayBuffer')
+    buf.close()
+
+
+def test_deque_refuses_an_inner_state_of_the_other_kind():
+    uniform = create_buffer(dict(type='deque', seed=0))
+    uniform.push([{'obs': i} for i in range(3)])
+    prioritized = create_buffer(dict(type='deque', priority=True, seed=0))
+    before = prioritized.state_dict()
+    with pytest.raises(ValueError, match="'inner' entry was made by 'NaiveReplayBuffer'"):
+        prioritized.load_state_dict(uniform.state_dict())
+    assert_same(before, prioritized.state_dict())
+    uniform.close()
+    prioritized.close()
+
+
+def test_engine_counts_the_same_on_every_slot_type():
+    """One push / sample / update flow: naive, elastic, advanced and deque count a refused and an accepted
+    sample alike."""
+    for cfg in (
+        dict(type='naive'),
+        dict(type='elastic'),
+        dict(type='advanced'),
+        dict(type='deque'),
+    ):
+        buf = create_buffer(dict(cfg, replay_buffer_size=4, seed=0))
+        buf.push([{'obs': np.float32(i)} for i in range(2)])
+        assert buf.sample(3) is None
+        assert buf.sample(2) is not None
+        s = buf.stats()
+        assert (s['push_items'], s['sample_calls'], s['sampled_items'], s['refused_sample']) == (2, 1, 2, 1), cfg
+        buf.close()
