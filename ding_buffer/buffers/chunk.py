@@ -34,6 +34,7 @@ class ChunkReplayBuffer(Engine):
         MineStudio's online replay (see the module docstring): fragments in, whole chunks of
         ``fragments_per_chunk`` consecutive fragments of one worker out. ``count()`` is the number of chunks.
     Examples:
+        >>> import torch
         >>> from ding_buffer import create_buffer
         >>> buf = create_buffer(dict(type='chunk', fragments_per_chunk=2, max_reuse=1, seed=0))
         >>> frag = lambda worker, fid: dict(worker=worker, fid=fid, model_version=0, data={'obs': torch.zeros(3)})

@@ -42,6 +42,7 @@ class DiverseGFlowNetReplayBuffer(Engine):
         (state and condition concatenated; ``cutoff_distance = 0`` rejects exact duplicates). Survivors displace
         the lowest rewards. Capacity is always reward-prioritized.
     Examples:
+        >>> import torch
         >>> from ding_buffer import create_buffer
         >>> buf = create_buffer(dict(type='gfn_diverse', replay_buffer_size=3, seed=0))
         >>> buf.push({'state': torch.tensor([[0, 0], [1, 1], [2, 2]]), 'log_reward': torch.tensor([1.0, 2.0, 3.0])})
@@ -87,6 +88,7 @@ class TerminatingStateBuffer(Engine):
         ``StatesContainer`` input only the terminating rows' rewards are kept, where torchgfn mismatches them);
         another Container becomes a dict batch. Sampling returns that kind.
     Examples:
+        >>> import torch
         >>> from ding_buffer import create_buffer
         >>> buf = create_buffer(dict(type='terminating_state', replay_buffer_size=4, seed=0))
         >>> buf.push({'state': torch.ones(3, 2), 'log_reward': torch.zeros(3), 'log_probs': torch.zeros(3, 7)})
