@@ -62,7 +62,8 @@ class ContainerRing(ContainerStoreBase):
         pushed class from the drawn slots, equal to what indexing one concatenated container would give.
     Complexity: ``write`` O(items written x item size): one ``index_copy_`` per field, no copy of stored
         items; the tensors grow by doubling up to ``physical`` slots, and in time (Trajectories longer than any
-        stored one) by at least 1.25x, so growth is O(1) amortised per stored item. ``read`` O(drawn items).
+        stored one) by at least 1.5x, so growth is O(1) amortised per stored item; the first write reserves 1,024 items
+        (or the capacity, if smaller), so a small buffer fills without regrowing. ``read`` O(drawn items).
     Not thread-safe (the buffer's lock serialises calls).
     """
 
@@ -185,14 +186,14 @@ class ContainerRing(ContainerStoreBase):
                     src = x if sel is None else x.index_select(0, sel)
                     ring.index_copy_(0, idx, src if src.dtype == ring.dtype else src.to(ring.dtype))
                     continue
-                # stored item-major ([slot, step, ...]): an item is one contiguous block, so scattering m items
-                # touches m blocks (time-major storage would touch steps x m scattered rows)
+                # stored time-major ([step, slot, ...], as the container holds it): a sample gathers its items with
+                # one index_select straight into the container's layout (item-major storage needed a second copy
+                # to transpose); a write scatters the same bytes either way
                 k = min(t + col.time, x.shape[0])
                 src = x[:k] if sel is None else x[:k].index_select(1, sel)
-                block = ring.new_empty((m,) + tuple(ring.shape[1:]))
-                block[:, :k] = src.transpose(0, 1)
-                block[:, k:] = self.pads[col.name]
-                ring.index_copy_(0, idx, block)
+                ring[:k].index_copy_(1, idx, src if src.dtype == ring.dtype else src.to(ring.dtype))
+                if k < ring.shape[0]:
+                    ring[k:, idx] = self.pads[col.name]
         self.end = max(self.end, top)
 
     def _adopt(self, data: Any) -> None:
@@ -205,7 +206,7 @@ class ContainerRing(ContainerStoreBase):
             for a in ('states', 'next_states', 'actions')
             if hasattr(data, a)
         }
-        self.size = min(self.physical, max(64, len(data)))
+        self.size = min(self.physical, max(1024, len(data)))
         self.steps = 0
         for col in self.layout:
             x = col.get(data)
@@ -215,8 +216,8 @@ class ContainerRing(ContainerStoreBase):
             self.device = x.device
             if col.time < 0:
                 shape = (self.size,) + tuple(x.shape[1:])
-            else:  # item-major: [slot, step, ...]
-                shape = (self.size, self.steps + col.time) + tuple(x.shape[2:])
+            else:  # time-major: [step, slot, ...]
+                shape = (self.steps + col.time, self.size) + tuple(x.shape[2:])
                 self.pads[col.name] = torch.as_tensor(col.pad(data), dtype=x.dtype).to(x.device)
             self.cols[col.name] = torch.empty(shape, dtype=x.dtype, device=x.device)
         self.tidx = np.zeros(self.size, dtype=np.int64) if 'terminating_idx' in self.cols else None
@@ -241,25 +242,29 @@ class ContainerRing(ContainerStoreBase):
             ring = self.cols[col.name]
             if ring is None:
                 continue
-            new = ring.new_empty((size,) + tuple(ring.shape[1:]))
-            new[: self.size] = ring
+            if col.time < 0:
+                new = ring.new_empty((size,) + tuple(ring.shape[1:]))
+                new[: self.size] = ring
+            else:
+                new = ring.new_empty((ring.shape[0], size) + tuple(ring.shape[2:]))
+                new[:, : self.size] = ring
             self.cols[col.name] = new
         if self.tidx is not None:
             self.tidx = np.concatenate([self.tidx, np.zeros(size - self.size, dtype=np.int64)])
         self.size = size
 
     def _grow_time(self, steps: int) -> None:
-        """Trajectories: room for ``steps`` actions per item (at least 1.25x, the new rows padded)."""
+        """Trajectories: room for ``steps`` actions per item (at least 1.5x, the new rows padded)."""
         if steps <= self.steps:
             return
-        steps = max(steps, self.steps + self.steps // 4)
+        steps = max(steps, self.steps + self.steps // 2)
         for col in self.layout:
             ring = self.cols[col.name]
             if ring is None or col.time < 0:
                 continue
-            new = ring.new_empty((ring.shape[0], steps + col.time) + tuple(ring.shape[2:]))
-            new[:, : ring.shape[1]] = ring
-            new[:, ring.shape[1] :] = self.pads[col.name]
+            new = ring.new_empty((steps + col.time,) + tuple(ring.shape[1:]))
+            new[: ring.shape[0]] = ring
+            new[ring.shape[0] :] = self.pads[col.name]
             self.cols[col.name] = new
         self.steps = steps
 
@@ -274,11 +279,7 @@ class ContainerRing(ContainerStoreBase):
         for col in self.layout:
             ring = self.cols[col.name]
             if ring is not None:
-                out[col.name] = (
-                    ring.index_select(0, idx)
-                    if col.time < 0
-                    else ring[:, : t + col.time].index_select(0, idx).transpose(0, 1).contiguous()
-                )
+                out[col.name] = ring.index_select(0, idx) if col.time < 0 else ring[: t + col.time].index_select(1, idx)
         return self._build(out)
 
     def _build(self, t: Dict[str, torch.Tensor]) -> Any:
