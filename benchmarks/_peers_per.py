@@ -376,7 +376,9 @@ def build_diengine(w: Workload, budget_s: float) -> Contender:
 
 # ---------------------------------------------------------------------------------------------- numpy
 def build_numpy_gather(w: Workload) -> Contender:
-    """Preallocated obs / next_obs arrays of the buffer's size; sample = ``arr[np.random.randint(0, n, 256)]``."""
+    """The physical reference: preallocated obs / next_obs arrays of the buffer's size and nothing else.
+    sample = ``arr[np.random.randint(0, n, 256)]`` for each; a single push writes a gym item's obs and next_obs at
+    the next row; the DQN loop is 4 such pushes and a sample (no priorities, ids or other fields)."""
     t0 = time.perf_counter()
     n = w.capacity
     obs = np.empty((n, *w.source['obs'].shape[1:]), dtype=w.source['obs'].dtype)
@@ -385,14 +387,29 @@ def build_numpy_gather(w: Workload) -> Contender:
         obs[start : start + k] = w.source['obs'][:k]
         nxt[start : start + k] = w.source['next_obs'][:k]
     fill_s = time.perf_counter() - t0
+    next_item = _cycle(w.items)
+    row = itertools.count()
 
     def sample():
         idx = np.random.randint(0, n, BATCH)
         return obs[idx], nxt[idx]
 
+    def push1():
+        item, j = next_item(), next(row) % n
+        obs[j] = item['obs']
+        nxt[j] = item['next_obs']
+
+    def dqn():
+        for _ in range(DQN_PUSHES):
+            push1()
+        sample()
+
     ops = {op: 'n/a' for op in OPS}
-    ops['sample'] = sample
-    notes = ['baseline: two preallocated numpy arrays (obs, next_obs), `arr[np.random.randint(0, n, 256)]` for each']
+    ops.update(sample=sample, push1=push1, dqn=dqn)
+    notes = [
+        'baseline: two preallocated numpy arrays (obs, next_obs), `arr[np.random.randint(0, n, 256)]` for each; '
+        'single push = one row write of a gym item\'s obs and next_obs; DQN loop = 4 such writes + that sample'
+    ]
     return Contender(NUMPY, ops, lambda: None, lambda: None, notes, {'fill_s': fill_s, 'filled': n})
 
 
