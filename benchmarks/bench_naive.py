@@ -305,6 +305,23 @@ def build_torchrl(capacity: int, chunks, inputs: PushInputs, without_replacement
     return Contender('TorchRL (RandomSampler)', ops, nbytes, notes)
 
 
+def build_numpy_gather(capacity: int, chunks, inputs: PushInputs) -> Contender:
+    """The physical reference: two preallocated arrays (obs, next_obs) and ``arr[np.random.randint(0, n, 256)]``
+    for each -- moving the batch and nothing else (with replacement; no ids, no other fields)."""
+    obs = np.concatenate([c['obs'] for c in chunks])[:capacity]
+    nxt = np.concatenate([c['next_obs'] for c in chunks])[:capacity]
+    assert len(obs) == capacity
+
+    def sample() -> Any:
+        idx = np.random.randint(0, capacity, BATCH)
+        return {'obs': obs[idx], 'next_obs': nxt[idx]}
+
+    ops = dict.fromkeys(('push64_arrays', 'push64_dicts', 'push1', 'sample_noreplace'), 'n/a')
+    ops['sample_replace'] = sample
+    notes = ['baseline: two preallocated numpy arrays (obs, next_obs), `arr[np.random.randint(0, n, 256)]` for each']
+    return Contender('numpy gather', ops, lambda: (obs.nbytes + nxt.nbytes) / capacity, notes)
+
+
 BUILDERS = [
     (OURS, lambda c, ch, inp: build_ours(c, ch, inp, 'tensor')),
     ('ding_buffer naive (list)', lambda c, ch, inp: build_ours(c, ch, inp, 'list')),
@@ -312,6 +329,7 @@ BUILDERS = [
     ('cpprb ReplayBuffer', build_cpprb),
     ('TorchRL (RandomSampler)', lambda c, ch, inp: build_torchrl(c, ch, inp, False)),
     ('TorchRL (SamplerWithoutReplacement)', lambda c, ch, inp: build_torchrl(c, ch, inp, True)),
+    ('numpy gather', build_numpy_gather),
 ]
 
 
