@@ -24,7 +24,7 @@ How
     garbage collector paused (which contender goes first alternates per call); then ``--full-pushes`` pushes into
     the full buffers and ``--samples`` samples, each after a few untimed warm-up calls. Medians are taken over all
     timed calls of all ``--repeats`` repeats; the ratio is torchgfn / ours of the medians (> 1: ours faster) and
-    the target of the issue (>= 1x) is printed as met / missed. Nothing is asserted.
+    nothing is asserted.
 
 Run
     python benchmarks/bench_gfn_ops.py [--quick] [--repeats N] [--batch N] [--sample N] [--only TEXT]
@@ -58,7 +58,6 @@ from ding_buffer import _numba, create_buffer  # noqa: E402
 
 NDIM, HEIGHT = 8, 8
 CAPACITIES = (1_000, 10_000)
-TARGET = 1.0
 OPS = ('push (filling)', 'push (full)', 'sample')
 
 
@@ -282,21 +281,17 @@ def main() -> None:
     print(f'- command: `{command}`')
     print(
         f'- data: HyperGrid(ndim={NDIM}, height={HEIGHT}); pushes of {args.batch} items, samples of {args.sample}; '
-        f'{args.repeats} repeat(s); both libraries fed the same torchgfn containers'
+        f'{args.repeats} repeat(s); both libraries fed the same torchgfn containers (Trajectories sampled with '
+        f'their log-probs; StatesContainer of their terminating states)'
     )
-    print(f'- ratio = torchgfn / ours of median ms (> 1: ours faster); target >= {TARGET:g}x\n')
-    print('| ours | torchgfn | container | capacity | op | calls | torchgfn ms | ours ms | ratio | target |')
-    print('|---|---|---|---:|---|---:|---:|---:|---:|---|')
-    missed = 0
+    print('- ratio = torchgfn / ours of median ms (> 1: ours faster)\n')
+    print('| ours | torchgfn | container | capacity | op | calls | torchgfn ms | ours ms | ratio |')
+    print('|---|---|---|---:|---|---:|---:|---:|---:|')
     for pair, kind, cap, op, o, t, n in rows:
-        ratio = t / o
-        ok = ratio >= TARGET
-        missed += not ok
         print(
             f'| {pair.name} | {pair.peer} | {kind} | {cap:,} | {op} | {n} | {t * 1e3:.3f} | {o * 1e3:.3f} | '
-            f'{ratio:.2f}x | {"met" if ok else "**missed**"} |'
+            f'{t / o:.2f}x |'
         )
-    print(f'\n{len(rows) - missed} of {len(rows)} rows meet the target.')
     log(f'total {time.perf_counter() - t0:.1f} s')
 
 

@@ -540,8 +540,14 @@ def md_table(header: List[str], rows: List[List[str]]) -> str:
 
 
 def cell(entry: Dict[str, Any], op: str) -> str:
+    """The median rate and, from more than one repeat, the spread over repeats: ``median (min-max)``."""
     o = entry['ops'][op]
-    return fmt_rate(o['median']) if o['median'] is not None else o['shown_as']
+    if o['median'] is None:
+        return o['shown_as']
+    rates = [s['rate'] for s in o.get('samples') or ()]
+    if len(rates) < 2:
+        return fmt_rate(o['median'])
+    return f"{fmt_rate(o['median'])} ({fmt_rate(min(rates))}-{fmt_rate(max(rates))})"
 
 
 def rate_table(res: Dict[str, Any]) -> str:
@@ -596,7 +602,7 @@ def print_report(env: Dict[str, Any], results: Dict[str, Any], indices: Dict[str
     for module, reason in failed.items():
         print(f'- skipped peer {module}: {reason}')
     for cap, res in results.items():
-        print(f'\n## capacity {int(cap):,}: rates (higher is better)\n')
+        print(f'\n## capacity {int(cap):,}: rates, median (min-max over repeats; higher is better)\n')
         print(rate_table(res))
         print(
             f'\n## capacity {int(cap):,}: ratio {OURS} / peer (rates: > 1 = ding_buffer faster; '

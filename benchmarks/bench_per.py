@@ -326,8 +326,14 @@ def environment(args) -> Dict[str, Any]:
 
 
 def cell(entry: Dict[str, Any], op: str) -> str:
+    """The median rate and, from more than one repeat, the spread over repeats: ``median (min-max)``."""
     o = entry['ops'][op]
-    return fmt_rate(o['median']) if o['median'] is not None else o['shown_as']
+    if o['median'] is None:
+        return o['shown_as']
+    rates = [s['rate'] for s in o.get('samples') or ()]
+    if len(rates) < 2:
+        return fmt_rate(o['median'])
+    return f"{fmt_rate(o['median'])} ({fmt_rate(min(rates))}-{fmt_rate(max(rates))})"
 
 
 def bytes_of(memory: Dict[str, Any], name: str) -> Optional[float]:
@@ -415,7 +421,7 @@ def print_report(env, cartpole, memory, images, targets, skipped, args) -> None:
         f"{env['torch_threads']}"
     )
     print(
-        f"- python {v['python']} ({env['python_executable']}), torch {v['torch']}, numpy {v['numpy']}, numba "
+        f"- python {v['python']}, torch {v['torch']}, numpy {v['numpy']}, numba "
         f"{v['numba']}, cpprb {v['cpprb']}, torchrl {v['torchrl']} (tensordict {v['tensordict']}), DI-engine "
         f"{v['DI-engine']}, ding_buffer {v['ding-buffer']}"
     )
@@ -428,7 +434,7 @@ def print_report(env, cartpole, memory, images, targets, skipped, args) -> None:
         print(f'- skipped {name}: {reason}')
     for cap, res in cartpole.items():
         mem = memory.get(cap)
-        print(f'\n## CartPole, capacity {int(cap):,}: rates (higher is better)\n')
+        print(f'\n## CartPole, capacity {int(cap):,}: rates, median (min-max over repeats; higher is better)\n')
         print(rate_table(res['contenders'], mem if mem is not None else {}))
         print(
             f'\n## CartPole, capacity {int(cap):,}: ratio ours / peer (rates: > 1 = ding_buffer faster; '
@@ -436,7 +442,10 @@ def print_report(env, cartpole, memory, images, targets, skipped, args) -> None:
         )
         print(ratio_table(res['contenders'], mem))
     if images is not None:
-        print(f"\n## images u8[4,84,84] x2, capacity {images['capacity']:,} ({images['why']}): rates\n")
+        print(
+            f"\n## images u8[4,84,84] x2, capacity {images['capacity']:,} ({images['why']}): rates, median "
+            "(min-max over repeats)\n"
+        )
         print(rate_table(images['contenders'], None))
         print(f"\n## images, capacity {images['capacity']:,}: ratio ours / peer\n")
         print(ratio_table(images['contenders'], None))
