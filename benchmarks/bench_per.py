@@ -70,7 +70,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _peers_per as P  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
-from bench_naive import fmt, fmt_rate, fmt_ratio, log, machine, md_table, ratio, time_calls  # noqa: E402
+from bench_naive import cell, fmt, fmt_ratio, log, machine, md_table, ratio, time_calls  # noqa: E402
 
 DEFAULT_OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'results', 'bench_per.json')
 OP_ORDER = ('sample', 'update', 'dqn', 'push64', 'push1')  # pushes last: they overwrite the oldest items
@@ -323,17 +323,6 @@ def environment(args) -> Dict[str, Any]:
         'fill_budget_s': args.fill_budget_s,
         'quick': args.quick,
     }
-
-
-def cell(entry: Dict[str, Any], op: str) -> str:
-    """The median rate and, from more than one repeat, the spread over repeats: ``median (min-max)``."""
-    o = entry['ops'][op]
-    if o['median'] is None:
-        return o['shown_as']
-    rates = [s['rate'] for s in o.get('samples') or ()]
-    if len(rates) < 2:
-        return fmt_rate(o['median'])
-    return f"{fmt_rate(o['median'])} ({fmt_rate(min(rates))}-{fmt_rate(max(rates))})"
 
 
 def bytes_of(memory: Dict[str, Any], name: str) -> Optional[float]:

@@ -11,7 +11,7 @@ from typing import Any, Dict, Optional
 from ..base import BUFFER_REGISTRY
 from ..config import INF, SEED_CHECK, dingengine_ignored, positive_int
 from ..storage import STORAGE_CHECKS, STORAGE_CONFIG
-from .engine import Engine, parts_checks, parts_config
+from .engine import Engine, parts_checks, parts_config, table_attribute
 from .prioritized_table import PrioritizedTable
 
 # The default config (DI-engine style: every key commented) and the value checks of each key.
@@ -108,15 +108,11 @@ class AdvancedReplayBuffer(Engine):
     ignored_keys = dingengine_ignored(ADVANCED_CONFIG, 'advanced')
     table = PrioritizedTable
 
-    @property
-    def storage(self) -> Any:
-        """The item storage (``ListStorage`` or ``TensorStorage``)."""
-        return self._t.storage
+    storage = table_attribute('storage', 'The item storage (ListStorage or TensorStorage).')
 
-    @property
-    def push_count(self) -> int:
-        """Items accepted since construction (DI-engine's advanced buffer keeps counting across ``clear``)."""
-        return self._t.push_count
+    push_count = table_attribute(
+        'push_count', "Items accepted since construction (DI-engine's advanced buffer keeps counting across clear)."
+    )
 
     @property
     def beta(self) -> float:
@@ -126,9 +122,7 @@ class AdvancedReplayBuffer(Engine):
     def beta(self, value: float) -> None:
         self._t.beta.set(value)
 
-    @property
-    def alpha(self) -> float:
-        return self._t.alpha
+    alpha = table_attribute('alpha', 'The priority exponent.')
 
     def sample(
         self,

@@ -6,9 +6,9 @@ from typing import Any, Dict, List, Optional
 
 from ..base import BUFFER_REGISTRY
 from ..config import SEED_CHECK
-from ..storage.fragment_store import KINDS, FragmentStore
+from ..storage.fragment_store import KINDS
 from .chunk_table import INT_LIMIT, ChunkTable, is_int
-from .engine import Engine
+from .engine import Engine, table_attribute
 
 # the part keys every preset takes, as far as a table of whole chunks fits them (anything else: refused, saying why)
 CHUNK_REMOVERS = ('fifo', 'max_use')
@@ -99,25 +99,22 @@ class ChunkReplayBuffer(Engine):
 
     table = ChunkTable
 
-    @property
-    def store(self) -> FragmentStore:
-        """Where the payloads live (memory, or files under ``store.path`` shared by producers and learners)."""
-        return self._t.store
+    store = table_attribute(
+        'store', 'Where the payloads live (memory, or files under store.path shared by producers and learners).'
+    )
 
     @property
     def capacity(self) -> int:
         """Capacity in fragments (``max_chunks * fragments_per_chunk``): the most one sample can return."""
         return self.replay_buffer_size
 
-    @property
-    def model_version(self) -> int:
-        """The learner's model version the gate measures staleness from (-1 before the first update)."""
-        return self._t.model_version
+    model_version = table_attribute(
+        'model_version', 'The learner model version the gate measures staleness from (-1 before the first update).'
+    )
 
-    @property
-    def session_id(self) -> str:
-        """The current session ('' before one is set): fragments and chunks of other sessions leave."""
-        return self._t.session_id
+    session_id = table_attribute(
+        'session_id', "The current session ('' before one is set): fragments and chunks of other sessions leave."
+    )
 
     def update_model_version(self, version: int, session_id: Optional[str] = None) -> Dict[str, Any]:
         """

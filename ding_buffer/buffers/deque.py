@@ -38,7 +38,7 @@ from ..config import SEED_CHECK, build_config, dingengine_ignored, positive_int
 from ..storage import STORAGE_CHECKS, STORAGE_CONFIG
 from .advanced import AdvancedReplayBuffer
 from .deque_table import DequeTable, items_out
-from .engine import Engine, parts_checks, parts_config
+from .engine import Engine, parts_checks, parts_config, table_attribute
 from .naive import NaiveReplayBuffer
 
 DEQUE_CONFIG = dict(
@@ -172,14 +172,11 @@ class DequeReplayBuffer(Engine):
         """The buffer doing the work: this one (the deque runs on the engine itself)."""
         return self
 
-    @property
-    def storage(self) -> Any:
-        """The item storage (``ListStorage`` or ``TensorStorage``)."""
-        return self._t.storage
+    storage = table_attribute('storage', 'The item storage (ListStorage or TensorStorage).')
 
-    @property
-    def push_count(self) -> int:
-        return self._t.push_count
+    push_count = table_attribute(
+        'push_count', 'Items accepted (the naive table restarts it on clear, the prioritized one keeps it).'
+    )
 
     def sample(self, size: int, train_iter: int = 0, timeout: Optional[float] = None) -> Optional[List[Any]]:
         """

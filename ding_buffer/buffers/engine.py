@@ -87,6 +87,12 @@ def parts_checks(min_ratio: float) -> Dict[str, Any]:
     )
 
 
+def table_attribute(name: str, doc: str) -> property:
+    """A preset's read-only attribute that is its table's ``name``, read at each access (a restore may replace what
+    the table holds)."""
+    return property(lambda self: getattr(self._t, name), doc=doc)
+
+
 def offers(source: type, *names: str) -> Callable[[type], type]:
     """
     Overview:
@@ -728,4 +734,4 @@ class Engine(IBuffer):
         return f"{type(self).__name__}(instance_name={self._instance_name!r}, {self._t.describe()})"
 
 
-__all__ = ['Engine', 'COUNTERS', 'offers', 'parts_config', 'parts_checks']
+__all__ = ['Engine', 'COUNTERS', 'offers', 'parts_config', 'parts_checks', 'table_attribute']

@@ -3,12 +3,12 @@ uniformly, or (``sampler=dict(type='prioritized', unroll_len=T, ...)``, register
 prioritized sequence replay. Any of the engine's parts compose by config: ``max_use`` and ``max_staleness``
 (per episode), ``thruput_controller``, ``removers``."""
 
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, Optional
 
 from ..base import BUFFER_REGISTRY
 from ..config import SEED_CHECK, dingengine_ignored, optional_positive_int, positive_int
 from ..storage import STORAGE_CHECKS, STORAGE_CONFIG
-from .engine import Engine, offers, parts_checks, parts_config
+from .engine import Engine, offers, parts_checks, parts_config, table_attribute
 from .episode_table import EpisodeTable
 
 # The default config (DI-engine style: every key commented) and the value checks of each key.
@@ -89,25 +89,17 @@ class EpisodeReplayBuffer(Engine):
 
     table = EpisodeTable
 
-    @property
-    def push_count(self) -> int:
-        """Episodes accepted since construction or the last ``clear``."""
-        return self._t.push_count
+    push_count = table_attribute('push_count', 'Episodes accepted since construction or the last clear.')
 
-    @property
-    def episode_len(self) -> List[int]:
-        """Lengths of the stored episodes, oldest first (empty slots are not listed)."""
-        return self._t.episode_len
+    episode_len = table_attribute(
+        'episode_len', 'Lengths of the stored episodes, oldest first (empty slots are not listed).'
+    )
 
-    @property
-    def transition_count(self) -> int:
-        """Total number of stored transitions."""
-        return self._t.transition_count
+    transition_count = table_attribute('transition_count', 'Total number of stored transitions.')
 
-    @property
-    def storage(self) -> Any:
-        """Where the data lives: the episodes' ``ListStorage`` (list) or the transitions' ``TensorStorage``."""
-        return self._t.storage
+    storage = table_attribute(
+        'storage', "Where the data lives: the episodes' ListStorage (list) or the transitions' TensorStorage."
+    )
 
     def sample(
         self,

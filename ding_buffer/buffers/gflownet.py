@@ -19,12 +19,11 @@ settings (torchgfn's save is skipped as broken upstream).
 from typing import Any, Dict, Optional
 
 import numpy as np
-import torch
 
 from ..base import BUFFER_REGISTRY
 from ..config import SEED_CHECK, positive_int
 from ..storage import device_ok
-from .engine import Engine, parts_checks, parts_config
+from .engine import Engine, parts_checks, parts_config, table_attribute
 from .reward_table import RewardTable
 
 
@@ -95,6 +94,7 @@ class GFlowNetReplayBuffer(Engine):
     (O(1) amortised per item); sample O(capacity + size log size) index work plus O(size) data (uniform from a full
     buffer: O(size)).
     Examples:
+        >>> import torch
         >>> from ding_buffer import create_buffer
         >>> buf = create_buffer(dict(type='gfn', replay_buffer_size=3, prioritized_capacity=True, seed=0))
         >>> buf.push({'state': torch.arange(10).reshape(5, 2), 'log_reward': torch.tensor([0.0, 4.0, 1.0, 3.0, 2.0])})
@@ -141,26 +141,20 @@ class GFlowNetReplayBuffer(Engine):
     def prioritized_sampling(self) -> bool:
         return bool(self._cfg.prioritized_sampling)
 
-    @property
-    def device(self) -> torch.device:
-        return self._t.torch_device
+    device = table_attribute('torch_device', 'The device of dict-batch tensors (config key device).')
 
-    @property
-    def env(self) -> Any:
-        """The environment of the stored torchgfn containers (None before the first container is pushed, and
-        for dict batches)."""
-        return self._t.env
+    env = table_attribute(
+        'env',
+        'The environment of the stored torchgfn containers (None before the first container is pushed, '
+        'and for dict batches).',
+    )
 
-    @property
-    def training_container(self) -> Any:
-        """Every stored item, oldest first, as one batch of the stored kind (a copy: a container, or a dict of
-        batched tensors); None before the first push."""
-        return self._t.training_container
+    training_container = table_attribute(
+        'training_container',
+        'Every stored item, oldest first, as one batch of the stored kind (a copy); None before the first push.',
+    )
 
-    @property
-    def storage(self) -> Any:
-        """``ColumnStore``, ``ContainerRing`` or ``ContainerStore`` (None before the first push)."""
-        return self._t.storage
+    storage = table_attribute('storage', 'ColumnStore, ContainerRing or ContainerStore (None before the first push).')
 
     def add(self, data: Any) -> None:
         """torchgfn's ``add``: ``push`` without a return value."""

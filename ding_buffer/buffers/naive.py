@@ -7,7 +7,7 @@ from typing import Any, Optional
 from ..base import BUFFER_REGISTRY
 from ..config import SEED_CHECK, dingengine_ignored, positive_int
 from ..storage import STORAGE_CHECKS, STORAGE_CONFIG
-from .engine import Engine, parts_checks, parts_config
+from .engine import Engine, parts_checks, parts_config, table_attribute
 from .slot_table import SlotTable
 
 # The default config (DI-engine style: every key commented) and the value checks of each key.
@@ -76,15 +76,11 @@ class NaiveReplayBuffer(Engine):
     ignored_keys = dingengine_ignored(NAIVE_CONFIG, 'naive')
     table = SlotTable
 
-    @property
-    def storage(self) -> Any:
-        """The item storage (``ListStorage`` or ``TensorStorage``)."""
-        return self._t.storage
+    storage = table_attribute('storage', 'The item storage (ListStorage or TensorStorage).')
 
-    @property
-    def push_count(self) -> int:
-        """Items accepted since construction or the last ``clear`` (DI-engine's naive buffer restarts it)."""
-        return self._t.push_count
+    push_count = table_attribute(
+        'push_count', "Items accepted since construction or the last clear (DI-engine's naive buffer restarts it)."
+    )
 
     def sample(
         self,
