@@ -122,7 +122,7 @@ class AdvancedReplayBuffer(Engine):
     def beta(self, value: float) -> None:
         self._t.beta.set(value)
 
-    alpha = table_attribute('alpha', 'The priority exponent.')
+    alpha = table_attribute('alpha', 'The priority exponent.', settable=True)
 
     def sample(
         self,

@@ -109,11 +109,15 @@ class ChunkReplayBuffer(Engine):
         return self.replay_buffer_size
 
     model_version = table_attribute(
-        'model_version', 'The learner model version the gate measures staleness from (-1 before the first update).'
+        'model_version',
+        'The learner model version the gate measures staleness from (-1 before the first update).',
+        settable=True,
     )
 
     session_id = table_attribute(
-        'session_id', "The current session ('' before one is set): fragments and chunks of other sessions leave."
+        'session_id',
+        "The current session ('' before one is set): fragments and chunks of other sessions leave.",
+        settable=True,
     )
 
     def update_model_version(self, version: int, session_id: Optional[str] = None) -> Dict[str, Any]:

@@ -52,7 +52,9 @@ import torch
 from ..config import INF
 from ..control.limiter import limiter_config
 from ..control.limits import UseLimit, build_remover
+from ..storage.base import NO_ITER
 from ..storage.fragment_store import FragmentStore, check_id
+from .common import check_wait_timeout
 from .table import Table
 
 # (worker, fid, model_version, session_id, fragment_id)
@@ -104,6 +106,32 @@ class ChunkTable(Table):
 
     def columns(self) -> Dict[str, Any]:
         return {}
+
+    # a chunk table has no slots: no element is old, stale or live for the engine's removers (it takes none)
+    def oldest(self, k: int) -> np.ndarray:
+        return np.empty(0, dtype=np.int64)
+
+    def ordered_slots(self) -> np.ndarray:
+        return np.empty(0, dtype=np.int64)
+
+    def live(self, slots: np.ndarray) -> np.ndarray:
+        return np.zeros(len(slots), dtype=bool)
+
+    def collect_iter(self, slots: np.ndarray) -> np.ndarray:
+        return np.full(len(slots), NO_ITER, dtype=np.int64)
+
+    def next_id(self) -> int:
+        return self._next_uid
+
+    def derived(self) -> Dict[str, int]:
+        """The engine's removal counters, in chunks: every chunk that left, those retired by ``max_reuse`` (the
+        chunk table's ``max_use``) and those dropped as stale by a new model version."""
+        c = self.tally
+        return {
+            'remove_count': c['chunks_left'],
+            'removed_by_use': c['chunks_retired'],
+            'removed_by_staleness': c['chunks_dropped_stale'],
+        }
 
     def release(self) -> None:
         """Payloads stay in their store (a disk store is shared with producers and learners)."""
@@ -417,7 +445,10 @@ class ChunkTable(Table):
         k = size // self._fpc
         if k > e._cfg.max_chunks:
             raise ValueError(f"sample size {size} is {k} chunks; at most max_chunks={e._cfg.max_chunks} exist")
-        return e._sample_flow(size, cur_learner_iter, timeout, lambda: self.draw(k), lambda: self.shortfall(k))
+        # timeout 0 (or None) answers at once; chunks are gated by model version, not by learner iteration, so
+        # cur_learner_iter is taken and not read (MineStudio's sample has neither)
+        timeout = check_wait_timeout(timeout) or None
+        return e._sample_flow(size, -1, timeout, lambda: self.draw(k), lambda: self.shortfall(k))
 
     def shortfall(self, k: int) -> str:
         """Why ``k`` chunks cannot be drawn now ('' when they can)."""

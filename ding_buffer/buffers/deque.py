@@ -37,6 +37,7 @@ from ..base import BUFFER_REGISTRY
 from ..config import SEED_CHECK, build_config, dingengine_ignored, positive_int
 from ..storage import STORAGE_CHECKS, STORAGE_CONFIG
 from .advanced import AdvancedReplayBuffer
+from .deque_inner import inner_of
 from .deque_table import DequeTable, items_out
 from .engine import Engine, parts_checks, parts_config, table_attribute
 from .naive import NaiveReplayBuffer
@@ -168,9 +169,10 @@ class DequeReplayBuffer(Engine):
         return self._deque_cfg
 
     @property
-    def inner(self) -> 'DequeReplayBuffer':
-        """The buffer doing the work: this one (the deque runs on the engine itself)."""
-        return self
+    def inner(self) -> Any:
+        """The ``naive`` / ``advanced`` buffer this deque is configured as: an alias of the deque itself, with that
+        buffer's verbs (``sample`` with ``sample_range``, ``update`` by ids, ``beta``) and its translated config."""
+        return inner_of(self)
 
     storage = table_attribute('storage', 'The item storage (ListStorage or TensorStorage).')
 

@@ -8,6 +8,7 @@ sets the priorities of that *last sampled batch* (clipped at ``priority_max_limi
 every ``train_iter_per_log`` learner iterations and on the first.
 """
 
+import weakref
 from typing import Any, Dict, List, Mapping, Optional
 
 import numpy as np
@@ -46,7 +47,7 @@ class DequeTable:
     """
 
     def __init__(self, engine: Any) -> None:
-        self.e = engine
+        self.e = weakref.proxy(engine)  # the engine owns its table (see ``Table``)
         self.deque_cfg = engine.cfg  # the deque config; the engine's own config is the slot table's
         self.priority = bool(self.deque_cfg.priority)
         self.slots = (PrioritizedTable if self.priority else SlotTable)(engine)

@@ -87,10 +87,11 @@ def parts_checks(min_ratio: float) -> Dict[str, Any]:
     )
 
 
-def table_attribute(name: str, doc: str) -> property:
-    """A preset's read-only attribute that is its table's ``name``, read at each access (a restore may replace what
-    the table holds)."""
-    return property(lambda self: getattr(self._t, name), doc=doc)
+def table_attribute(name: str, doc: str, settable: bool = False) -> property:
+    """A preset's attribute that is its table's ``name``, read at each access (a restore may replace what the table
+    holds); ``settable``: assigning it assigns the table's."""
+    fset = (lambda self, value: setattr(self._t, name, value)) if settable else None
+    return property(lambda self: getattr(self._t, name), fset, doc=doc)
 
 
 def offers(source: type, *names: str) -> Callable[[type], type]:

@@ -6,6 +6,7 @@ episodes, or windows of ``unroll_len`` consecutive transitions drawn uniformly a
 ``sampler=dict(type='prioritized', ...)``) prioritized windows (R2D2: ``PrioritizedWindows``).
 """
 
+import weakref
 from typing import Any, Dict, List, Optional
 
 import numpy as np
@@ -32,7 +33,7 @@ class EpisodeTable(Table):
         refuse_items_output(cfg.storage, cfg.type, 'whole episodes or windows of them')
         spec = build_sampler(cfg.sampler, 'uniform', (cfg.storage.type == 'tensor', NO_FLAT))
         self._store = self.new_store()
-        self._store.listen(self)
+        self._store.listen(weakref.proxy(self))  # the table owns its store: no cycle back to it
         self.prio: Optional[PrioritizedWindows] = None
         if isinstance(spec, PrioritizedSpec):
             self.prio = PrioritizedWindows(spec, self._store, cfg.pad_short_episodes, self.e._instance_name)
@@ -264,7 +265,7 @@ class EpisodeTable(Table):
             raise ValueError("state has no 'windows' entry (it was saved without prioritized windows)")
         prio = self.prio.restored(state['windows'], new) if self.prio is not None else None
         swap = self.e._engine_restored(state, None, required=False)  # files of 0.1 have no counters
-        new.listen(self)
+        new.listen(weakref.proxy(self))
         self._store, self.prio = new, prio
         swap()
 

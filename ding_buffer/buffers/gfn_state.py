@@ -63,7 +63,7 @@ def state(t) -> Dict[str, Any]:
 def restore(t, state: Dict[str, Any]) -> None:
     user = {k: v for k, v in dict(t.e._cfg).items() if k not in SETTINGS}
     user.update(state['settings'])
-    cfg = build_config(type(t.e).config, user, type(t.e).checks)
+    cfg = build_config(t.e.config, user, t.e.checks)
     counters = {k: int(state['counters'][k]) for k in t.tally}
     negative = sorted(k for k, v in counters.items() if v < 0)
     if negative:

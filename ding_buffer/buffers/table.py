@@ -7,11 +7,13 @@ everything first, then write; the engine's ``_admit`` / ``_pushed`` / ``_remove`
 through ``_drawn``), ``update``, ``clear``, ``state`` / ``restore`` (validate everything, then swap) and the read
 verbs the parts see through the ``TableView`` (``count``, ``oldest``, ``ordered_slots``, ``live``, ``columns``).
 
-This base class holds the defaults every table shares; a table overrides what differs. It keeps a reference to its
-engine (``self.e``) for the engine's services (config, RNG, lock-protected counters, parts); it never imports a
-preset.
+This base class holds the defaults every table shares; a table overrides what differs. It reaches its engine's
+services (config, RNG, lock-protected counters, parts) through ``self.e``, a weak proxy: the engine owns its table,
+so a buffer nobody refers to is freed at once (its monitor thread stops, its memory returns) without waiting for
+the cyclic garbage collector. A table never imports a preset.
 """
 
+import weakref
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
@@ -26,7 +28,7 @@ class Table:
     admission_columns: Tuple[str, ...] = ()  # columns whose values the table knows for elements not yet written
 
     def __init__(self, engine: Any) -> None:
-        self.e = engine
+        self.e = weakref.proxy(engine)
 
     def build(self) -> None:
         """Build the storage and the engine's parts (``e._build_engine``, ``e._build_monitors``)."""

@@ -7,6 +7,7 @@ prioritized table, or one with ``max_use``); a preset adds its own (``priority``
 ``column(name, slots)`` raises a ``KeyError`` naming the columns there are.
 """
 
+import weakref
 from typing import Any, Callable, Dict, Tuple
 
 import numpy as np
@@ -36,7 +37,9 @@ class TableView:
     """
 
     def __init__(self, owner: Any, readers: Dict[str, Callable[[np.ndarray], np.ndarray]]) -> None:
-        self._owner = owner  # the engine: the view forwards to its table verbs, never to anything that writes
+        # the engine (a weak proxy: the engine holds its view): the view forwards to its table verbs, never to anything
+        # that writes
+        self._owner = weakref.proxy(owner)
         self._readers = readers
 
     @property

@@ -161,7 +161,7 @@ def test_deque_runs_on_the_engine_with_every_part_key(priority):
             seed=0,
         )
     )
-    assert buf.inner is buf and buf.cfg.type == 'deque'
+    assert buf.inner.cfg.type == ('advanced' if priority else 'naive') and buf.cfg.type == 'deque'
     buf.push([{'obs': i, 'collect_iter': 0} for i in range(8)])
     for _ in range(100):  # one item a draw: each leaves at its second use
         if buf.sample(1, train_iter=1) is None:
@@ -202,3 +202,76 @@ def test_engine_counts_the_same_on_every_slot_type():
         s = buf.stats()
         assert (s['push_items'], s['sample_calls'], s['sampled_items'], s['refused_sample']) == (2, 1, 2, 1), cfg
         buf.close()
+
+
+# ---------------------------------------------------------------------------------------------- lifetime
+@pytest.mark.parametrize('name', TYPES)
+def test_a_dropped_buffer_is_freed_at_once(name):
+    """The engine owns its table (the table reaches it through a weak proxy): with the cyclic garbage collector
+    off, a buffer nobody refers to is gone as soon as the last reference is -- its memory and monitor thread too."""
+    import gc
+    import weakref
+
+    cfg = dict(type=name, seed=0)
+    if name in ('naive', 'advanced'):
+        cfg['removers'] = [dict(type='fifo')]  # a capacity rule builds the table's view
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        buf = create_buffer(cfg)
+        if name in ('naive', 'elastic', 'advanced', 'deque'):
+            buf.push([{'obs': i} for i in range(3)])
+            buf.sample(1)
+            assert buf.view.count() == 3
+        elif name in ('gfn', 'gfn_diverse', 'terminating_state'):
+            buf.push({'state': torch.ones(3, 2), 'log_reward': torch.zeros(3)})
+        elif name == 'episode':
+            buf.push([[{'obs': 0}, {'obs': 1}]])
+        if name == 'deque':
+            assert buf.inner.count() == 3
+        ref = weakref.ref(buf)
+        del buf
+        assert ref() is None
+    finally:
+        if was:
+            gc.enable()
+
+
+# ---------------------------------------------------------------------------------------------- compatibility
+def test_chunk_sample_keeps_its_arguments():
+    """``timeout=0`` answers at once (None) and ``cur_learner_iter`` is taken but not read, as before it ran on
+    the engine; its removals are the engine's removal counters, in chunks."""
+    buf = create_buffer(dict(type='chunk', max_chunks=2, max_reuse=1, max_staleness=0, seed=0))
+    assert buf.sample(1, timeout=0) is None
+    buf.push([frag('w', i) for i in range(4)])  # 4 chunks of 1 into 2: 2 evicted
+    assert len(buf.sample(1, cur_learner_iter=None)) == 1  # retired after its one use
+    buf.update_model_version(1)  # the last one is stale
+    s = buf.stats()
+    assert (s['chunks_evicted'], s['chunks_retired'], s['chunks_dropped_stale']) == (2, 1, 1)
+    assert (s['remove_count'], s['removed_by_use'], s['removed_by_staleness']) == (4, 1, 1)
+    assert buf.view.count() == 0 and len(buf.view.ordered_slots()) == 0
+    buf.model_version, buf.session_id = 3, 's'  # assignable, as they always were
+    assert (buf.stats()['model_version'], buf.session_id) == (3, 's')
+    buf.close()
+
+
+def test_deque_inner_is_the_buffer_it_is_configured_as():
+    buf = create_buffer(dict(type='deque', replay_buffer_size=8, priority=True, seed=0))
+    buf.push([{'obs': i} for i in range(6)])
+    inner = buf.inner
+    assert isinstance(inner, AdvancedReplayBuffer) and type(inner).__name__ == 'AdvancedReplayBuffer'
+    assert inner.cfg.type == 'advanced' and buf.cfg.type == 'deque'
+    inner.beta = 0.9  # the schedule's value, not an attribute of its own
+    assert buf.stats()['beta'] == 0.9
+    batch = inner.sample(2, 0, sample_range=slice(-2, None))  # the advanced buffer's own verbs
+    assert sorted(d['obs'] for d in batch) in ([4, 4], [4, 5], [5, 5])
+    ids = [d['replay_unique_id'] for d in batch]
+    idx = [d['replay_buffer_idx'] for d in batch]
+    assert inner.update({'replay_unique_id': ids, 'replay_buffer_idx': idx, 'priority': [3.0, 3.0]})['updated'] == 2
+    assert buf.stats()['max_priority'] == 3.0 and inner.count() == buf.count() == 6
+    state = inner.state_dict()
+    assert state['type'] == 'AdvancedReplayBuffer' and buf.state_dict()['inner'].keys() - {'type'} <= state.keys()
+    buf.close()
+    naive = create_buffer(dict(type='deque', seed=0))
+    assert isinstance(naive.inner, NaiveReplayBuffer) and naive.inner.cfg.type == 'naive'
+    naive.close()

@@ -1,0 +1,60 @@
+"""``deque.inner``: the ``naive`` / ``advanced`` buffer a deque is configured as, as an alias of the deque itself.
+
+A deque runs on the engine with a slot table; code written when a deque wrapped a separate buffer reads
+``buffer.inner`` for that buffer's own verbs -- ``sample`` with ``sample_range``, ``update`` by ids, ``beta`` --
+and its translated config. The alias is an instance of ``NaiveReplayBuffer`` / ``AdvancedReplayBuffer`` whose table
+is the deque's slot table; every other attribute, read or written, is the deque's own (one lock, one set of counters,
+one RNG), so what is done through the alias is done to the deque.
+"""
+
+import weakref
+from typing import Any, Dict
+
+from .advanced import AdvancedReplayBuffer
+from .naive import NaiveReplayBuffer
+
+
+class _Alias:
+    """An engine seen with another preset's verbs over ``table`` (which the engine holds)."""
+
+    def __init__(self, engine: Any, table: Any) -> None:
+        object.__setattr__(self, '_engine', weakref.proxy(engine))
+        object.__setattr__(self, '_t', table)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._engine, name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if isinstance(getattr(type(self), name, None), property):  # the preset's own settable verbs (beta)
+            object.__setattr__(self, name, value)
+        else:
+            setattr(self._engine, name, value)
+
+    def __del__(self) -> None:
+        """The deque owns the helpers: an alias going away closes nothing."""
+
+
+class _NaiveAlias(_Alias, NaiveReplayBuffer):
+    pass
+
+
+class _AdvancedAlias(_Alias, AdvancedReplayBuffer):
+    pass
+
+
+# an alias reports the name of the buffer it stands for (its repr, its state_dict's 'type')
+_NaiveAlias.__name__ = _NaiveAlias.__qualname__ = NaiveReplayBuffer.__name__
+_AdvancedAlias.__name__ = _AdvancedAlias.__qualname__ = AdvancedReplayBuffer.__name__
+_ALIASES: Dict[bool, type] = {False: _NaiveAlias, True: _AdvancedAlias}
+
+
+def inner_of(deque: Any) -> Any:
+    """The alias of ``deque`` (made once per deque)."""
+    alias = deque.__dict__.get('_inner_alias')
+    if alias is None:
+        alias = _ALIASES[bool(deque.cfg.priority)](deque, deque._t.slots)
+        deque.__dict__['_inner_alias'] = alias
+    return alias
+
+
+__all__ = ['inner_of']
