@@ -322,12 +322,11 @@ class PrioritizedTable(SlotTable):
             or not len(p) == len(ids) == len(slots)
         ):
             return None
-        e = self.e
-        with e._lock:
+        with self.lock:
             n = self.index.update_by_ids(
                 self._storage.ring, slots.astype(np.int64, copy=False), ids.astype(np.int64, copy=False), p
             )
-            return None if n is None else e._count_update(n, len(slots))
+            return None if n is None else self.e._count_update(n, len(slots))
 
     # ------------------------------------------------------------------ stats / state
     def stats(self, out: Dict[str, float]) -> Dict[str, float]:

@@ -53,7 +53,10 @@ class SlotTable(Table):
         self.build_index()
         e._build_engine(cfg.replay_buffer_size)
         self.build_monitors()
-        self.limiter = e._limiter
+        # parts fixed for the buffer's life, held here so the hot paths do not reach through the engine's proxy
+        self.limiter, self.lock, self.periodic = e._limiter, e._lock, e._periodic
+        # the single-push hot path: no used-data remover must see the overwritten item, no capacity rule decides
+        self.one_fast = e._remover is None and e._capacity is None
         if self._window_wanted:
             self.window = NewestWindow(cfg.set_buffer_size, cfg.replay_buffer_size)
         # A batch may take the hot path: no remover must see overwritten items, no limiter or capacity rule decides
@@ -245,18 +248,18 @@ class SlotTable(Table):
         """The single-push hot path: True when the storage took ``item`` directly, False -- nothing changed --
         when the generic path must handle (and report on) it, or must see the overwritten item leave (the
         used-data remover)."""
-        e = self.e
-        if e._remover is not None or e._capacity is not None:
+        if not self.one_fast:
             return False
-        if e._periodic is not None:
-            e._periodic.start()  # first: its baseline must not include this push
+        if self.periodic is not None:
+            self.periodic.start()  # first: its baseline must not include this push
         slot = self._storage.write_one(item)
         if slot is None:
             return False
         if self.indexed:
             self.written_one(slot, priority)
-        if e._uses is not None:
-            e._uses.reset(slot)
+        uses = self.e._uses  # replaced by a restore: read through the engine
+        if uses is not None:
+            uses.reset(slot)
         limiter = self.limiter
         if limiter.active or limiter.waiting:
             limiter.on_push(1)
@@ -266,12 +269,12 @@ class SlotTable(Table):
         """The batched hot path: write a batch the storage checked (``check_batch``) -- the caller made sure no
         used-data remover waits for overwritten items and the rate limiter is inactive. Returns the slots; a
         prioritized table then sets their priorities."""
-        e = self.e
-        if e._periodic is not None:
-            e._periodic.start()  # first: its baseline must not include this push
+        if self.periodic is not None:
+            self.periodic.start()  # first: its baseline must not include this push
         slots = self._storage.write_batch(checked)
-        if e._uses is not None:
-            e._uses.reset(slots)
+        uses = self.e._uses
+        if uses is not None:
+            uses.reset(slots)
         if self.limiter.waiting:
             self.limiter.on_push(len(slots))  # wake samplers waiting for data
         return slots
