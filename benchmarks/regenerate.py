@@ -104,9 +104,19 @@ def demote(markdown: str, top: int = 4) -> str:
 
 
 def without_targets(markdown: str) -> str:
-    """The report without its pass / miss verdicts: a "targets" section, and tables headed ``| target |``."""
-    out = re.sub(r'^(#+) targets\s*\n.*?(?=^#+ |\Z)', '', markdown, flags=re.M | re.S | re.I)
-    return re.sub(r'^\| target \|.*\n(?:^\|.*(?:\n|\Z))*\n?', '', out, flags=re.M | re.I)
+    """The report without its pass / miss verdicts: a "targets" / "target: ..." section (its heading and the table,
+    bullet lines and blank lines right after it; the next paragraph or heading stays), and tables headed
+    ``| target |``."""
+    out, dropping = [], False
+    for line in markdown.split('\n'):
+        if re.match(r'^#+ targets?\b', line, flags=re.I):
+            dropping = True
+            continue
+        if dropping and (not line.strip() or line.startswith('|') or line.startswith('- ')):
+            continue
+        dropping = False
+        out.append(line)
+    return re.sub(r'^\| target \|.*\n(?:^\|.*(?:\n|\Z))*\n?', '', '\n'.join(out), flags=re.M | re.I)
 
 
 def splice(docs: str, name: str, slug: str, body: str) -> Optional[str]:

@@ -40,6 +40,19 @@ def test_reports_lose_their_targets_section_and_headings_go_below_the_docs(regen
     assert out.splitlines()[0] == '##### bench' and '###### torch' in out and '###### where' in out
 
 
+def test_a_targets_heading_with_words_after_it_goes_but_the_notes_after_its_table_stay(regen):
+    """bench_per's "## targets (stated for capacity 1e6)" table is followed by its notes (no heading between);
+    bench_gfn's "## target: ..." section by another heading."""
+    report = (
+        '## ratio\n\n| r |\n|---|\n| 1 |\n\n## targets (stated for capacity 1e6)\n\n'
+        '| target | capacity | result |\n|---|---:|---|\n| loop | 10 | NOT met |\n\n'
+        'Notes (n/a = none):\n\n- a note\n\n## target: >= 1x per row\n\n| row | met |\n\n## cProfile\n\nx\n'
+    )
+    out = regen.without_targets(report)
+    assert 'target' not in out and 'met' not in out
+    assert '| 1 |' in out and 'Notes (n/a = none):' in out and '- a note' in out and '## cProfile' in out
+
+
 def test_check_without_a_baseline_for_this_cpu_says_how_to_make_one(regen, tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(regen, 'RESULTS', str(tmp_path))
     assert regen.main(['--check', '--rounds', '1']) == 2
