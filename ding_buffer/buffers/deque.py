@@ -97,7 +97,7 @@ def inner_config(cfg: Mapping) -> Dict[str, Any]:
     if not cfg.priority:
         if cfg.seed is None:
             # DI-engine's DequeBuffer draws with Python's global `random`: the same batches under the same seed
-            # (set_pkg_seed). The inner buffer's own RNG is then unused: a fixed seed keeps numpy's global
+            # (set_pkg_seed). The buffer's own RNG is then unused: a fixed seed keeps numpy's global
             # stream, which DI-engine's exploration draws from, untouched.
             common.update(seed=0, sampler=dict(type='python_random'))
         return dict(type='naive', **common)
