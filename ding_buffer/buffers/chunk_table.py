@@ -57,6 +57,7 @@ from ..storage.fragment_store import FragmentStore, check_id
 from .common import check_wait_timeout
 from .table import Table
 
+_NO_SLOTS = np.empty(0, dtype=np.int64)
 # (worker, fid, model_version, session_id, fragment_id)
 Record = Tuple[str, int, int, str, str]
 MAX_WORKERS = 1 << 16  # workers whose order is tracked: a bound on what a peer inventing names can make us keep
@@ -103,9 +104,6 @@ class ChunkTable(Table):
     def store(self) -> FragmentStore:
         """Where the payloads live (``FragmentStore``: memory, or files producers and learners share)."""
         return self._fragments
-
-    def columns(self) -> Dict[str, Any]:
-        return {}
 
     # a chunk table has no slots: no element is old, stale or live for the engine's removers (it takes none)
     def oldest(self, k: int) -> np.ndarray:
@@ -506,8 +504,7 @@ class ChunkTable(Table):
             self._unref(fragment_id)
         self.tally['sample_calls'] += 1
         self.tally['sampled_fragments'] += len(out)
-        e._counters['sample_calls'] += 1
-        e._counters['sampled_items'] += len(out)
+        e._drawn(_NO_SLOTS, len(out))  # the engine's sample counters (no slots: chunks have no use column)
         return out
 
     # ------------------------------------------------------------------ count / stats

@@ -11,7 +11,7 @@ from typing import Any, Dict, List, Optional
 
 import numpy as np
 
-from ..control.samplers import PrioritizedSpec, UniformSampler, build_sampler, check_positions
+from ..control.samplers import PrioritizedSpec, UniformSampler, build_sampler
 from ..storage import refuse_items_output
 from ..storage.tensordict_io import is_tensordict, update_info
 from .episode_store import FlatEpisodes, ObjectEpisodes
@@ -194,14 +194,6 @@ class EpisodeTable(Table):
         out = self._store.windows(slots[which], starts, int(unroll_len), pad)
         self.e._drawn(slots[which], int(size))
         return self.e._copy_out(out) if isinstance(out, list) else out
-
-    def positions(self, m: int, size: int, replace: bool) -> Optional[np.ndarray]:
-        """``size`` positions in ``[0, m)`` from the sampler; ``None`` when it refuses. A user sampler's answer is
-        checked before anything reads it (``check_positions``: a ``RuntimeError`` naming it, nothing changed)."""
-        idx = self.sampler.draw(self.e._rng, m, size, replace)
-        if self.own_sampler and idx is not None:
-            idx = check_positions(idx, m, size, self.e._cfg.sampler.get('type'))
-        return idx
 
     def draw_prioritized(self, size: int) -> Optional[Any]:
         out = self.prio.draw(self.e._rng, int(size))

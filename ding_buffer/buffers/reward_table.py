@@ -309,13 +309,6 @@ class RewardTable(Table):
     def store(self) -> Any:
         return self._store
 
-    def columns(self) -> Dict[str, Any]:
-        e = self.e
-        out = {'collect_iter': lambda slots: e.collect_iter(slots)}
-        if e._uses is not None:
-            out['use'] = lambda slots: e._uses[slots]
-        return out
-
     def ordered_slots(self) -> np.ndarray:
         return self.oldest(self.count())
 

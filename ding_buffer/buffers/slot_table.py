@@ -13,12 +13,18 @@ from typing import Any, Dict, List, Optional, Tuple
 import numpy as np
 
 from ..control.capacity import index_for
-from ..control.samplers import UniformSampler, build_sampler, check_positions
+from ..control.samplers import UniformSampler, build_sampler
 from ..storage import build_storage, refuse_items_output, storage_from_state
 from .newest_window import NewestWindow, checked_size
 from .table import Table
 
 NO_PRIORITY = "a naive buffer's items carry no priority: use type='advanced' for prioritized replay"
+
+
+def check_replace(replace: Any) -> None:
+    """``replace`` is a bool (``TypeError`` naming it otherwise)."""
+    if type(replace) is not bool:
+        raise TypeError(f"replace must be a bool, got {type(replace).__name__} {replace!r:.40}")
 
 
 class SlotTable(Table):
@@ -299,8 +305,7 @@ class SlotTable(Table):
     ) -> Optional[Any]:
         e = self.e
         e._check_range(sample_range)
-        if type(replace) is not bool:
-            raise TypeError(f"replace must be a bool, got {type(replace).__name__} {replace!r:.40}")
+        check_replace(replace)
         return e._sample_flow(
             size,
             cur_learner_iter,
@@ -318,14 +323,6 @@ class SlotTable(Table):
         if not replace and m < size:
             return f'{m} candidate items < batch size {size} and replace=False', positions
         return '', positions
-
-    def positions(self, m: int, size: int, replace: bool) -> Optional[np.ndarray]:
-        """``size`` positions in ``[0, m)`` from the sampler; ``None`` when it refuses. A user sampler's answer is
-        checked before anything reads it (``check_positions``: a ``RuntimeError`` naming it, nothing changed)."""
-        idx = self.sampler.draw(self.e._rng, m, size, replace)
-        if self.own_sampler and idx is not None:
-            idx = check_positions(idx, m, size, self.e._cfg.sampler.get('type'))
-        return idx
 
     def draw(self, size: int, sample_range: Optional[slice], replace: bool) -> Optional[Any]:
         e = self.e
@@ -361,8 +358,7 @@ class SlotTable(Table):
         e._check_range(sample_range)
         if sample_range is not None and sample_range.step not in (None, 1):
             raise ValueError(f"sample_range of a sequence sample must be contiguous (step 1), got {sample_range!r}")
-        if type(replace) is not bool:
-            raise TypeError(f"replace must be a bool, got {type(replace).__name__} {replace!r:.40}")
+        check_replace(replace)
         batch, sequence = int(batch), int(sequence)
         return e._sample_flow(
             batch * sequence,

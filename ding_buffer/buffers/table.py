@@ -18,6 +18,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
+from ..control.samplers import check_positions
 from ..monitor.tb import emit
 from .common import has_none
 
@@ -117,6 +118,15 @@ class Table:
     def update(self, info: Any) -> Optional[Dict[str, int]]:
         """Tables without per-element priorities: a no-op returning ``{'updated': 0, 'stale': 0}``."""
         return {'updated': 0, 'stale': 0}
+
+    def positions(self, m: int, size: int, replace: bool) -> Optional[np.ndarray]:
+        """``size`` positions in ``[0, m)`` from the table's ``sampler`` (slot and episode tables); ``None`` when it
+        refuses. A user sampler's answer (``own_sampler``) is checked before anything reads it
+        (``check_positions``: a ``RuntimeError`` naming it, nothing changed)."""
+        idx = self.sampler.draw(self.e._rng, m, size, replace)
+        if self.own_sampler and idx is not None:
+            idx = check_positions(idx, m, size, self.e._cfg.sampler.get('type'))
+        return idx
 
     def snapshot(self) -> Any:
         """What a draw changes besides the RNG and use counts (restored when a user's rule fails the draw)."""
