@@ -122,7 +122,7 @@ class AdvancedReplayBuffer(Engine):
     def beta(self, value: float) -> None:
         self._t.beta.set(value)
 
-    alpha = table_attribute('alpha', 'The priority exponent.', settable=True)
+    alpha = table_attribute('alpha', 'The priority exponent (config key alpha; fixed for the buffer).')
 
     def sample(
         self,

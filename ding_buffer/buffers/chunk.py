@@ -7,7 +7,7 @@ from typing import Any, Dict, List, Optional
 from ..base import BUFFER_REGISTRY
 from ..config import SEED_CHECK
 from ..storage.fragment_store import KINDS
-from .chunk_table import INT_LIMIT, ChunkTable, is_int
+from .chunk_table import INT_LIMIT, ChunkTable, checked_session, checked_version, is_int
 from .engine import Engine, table_attribute
 
 # the part keys every preset takes, as far as a table of whole chunks fits them (anything else: refused, saying why)
@@ -111,13 +111,13 @@ class ChunkReplayBuffer(Engine):
     model_version = table_attribute(
         'model_version',
         'The learner model version the gate measures staleness from (-1 before the first update).',
-        settable=True,
+        check=checked_version,
     )
 
     session_id = table_attribute(
         'session_id',
         "The current session ('' before one is set): fragments and chunks of other sessions leave.",
-        settable=True,
+        check=checked_session,
     )
 
     def update_model_version(self, version: int, session_id: Optional[str] = None) -> Dict[str, Any]:

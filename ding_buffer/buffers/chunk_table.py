@@ -93,6 +93,20 @@ def is_int(x: Any) -> bool:
     return isinstance(x, (int, np.integer)) and not isinstance(x, (bool, np.bool_))
 
 
+def checked_version(version: Any) -> int:
+    """A model version: an int in [-1, 2**62) (``ValueError`` naming it otherwise)."""
+    if not is_int(version) or not -1 <= version < INT_LIMIT:
+        raise ValueError(f"model version must be an int in [-1, 2**62), got {version!r:.40}")
+    return int(version)
+
+
+def checked_session(session_id: Any) -> str:
+    """A session id: a printable str of at most ``MAX_NAME`` characters (``ValueError`` otherwise)."""
+    if not isinstance(session_id, str) or len(session_id) > MAX_NAME or not session_id.isprintable():
+        raise ValueError(f"session_id must be a printable str of at most {MAX_NAME} characters, got {session_id!r:.60}")
+    return session_id
+
+
 class ChunkTable(Table):
     """
     Overview:
@@ -380,14 +394,9 @@ class ChunkTable(Table):
             chunks leave, and each worker's queue loses the prefix up to its newest stale or other-session
             fragment (rule 5). Returns how many chunks and queued fragments left.
         """
-        if not is_int(version) or not -1 <= version < INT_LIMIT:
-            raise ValueError(f"model version must be an int in [-1, 2**62), got {version!r:.40}")
-        if session_id is not None and (
-            not isinstance(session_id, str) or len(session_id) > MAX_NAME or not session_id.isprintable()
-        ):
-            raise ValueError(
-                f"session_id must be a printable str of at most {MAX_NAME} characters, got {session_id!r:.60}"
-            )
+        version = checked_version(version)
+        if session_id is not None:
+            session_id = checked_session(session_id)
         with self.e._lock:
             self.e._check_open()
             self.model_version = int(version)
@@ -673,4 +682,4 @@ class ChunkTable(Table):
         return []
 
 
-__all__ = ['ChunkTable', 'check_plain', 'is_int', 'INT_LIMIT']
+__all__ = ['ChunkTable', 'check_plain', 'checked_session', 'checked_version', 'is_int', 'INT_LIMIT']

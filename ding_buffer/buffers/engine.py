@@ -87,10 +87,10 @@ def parts_checks(min_ratio: float) -> Dict[str, Any]:
     )
 
 
-def table_attribute(name: str, doc: str, settable: bool = False) -> property:
+def table_attribute(name: str, doc: str, check: Optional[Callable[[Any], Any]] = None) -> property:
     """A preset's attribute that is its table's ``name``, read at each access (a restore may replace what the table
-    holds); ``settable``: assigning it assigns the table's."""
-    fset = (lambda self, value: setattr(self._t, name, value)) if settable else None
+    holds); with ``check``, assigning it assigns the table's the checked value (``check`` raises on a bad one)."""
+    fset = (lambda self, value: setattr(self._t, name, check(value))) if check is not None else None
     return property(lambda self: getattr(self._t, name), fset, doc=doc)
 
 

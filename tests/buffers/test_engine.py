@@ -252,6 +252,19 @@ def test_chunk_sample_keeps_its_arguments():
     assert buf.view.count() == 0 and len(buf.view.ordered_slots()) == 0
     buf.model_version, buf.session_id = 3, 's'  # assignable, as they always were
     assert (buf.stats()['model_version'], buf.session_id) == (3, 's')
+    for key, bad in (
+        ('model_version', 'x'),
+        ('model_version', float('nan')),
+        ('model_version', 2**70),
+        ('session_id', 7),
+        ('session_id', 'x' * 200),
+    ):
+        with pytest.raises(ValueError, match=key.split('_')[0]):  # refused: it would break every later push
+            setattr(buf, key, bad)
+    assert (buf.model_version, buf.session_id) == (3, 's')
+    buf.push(frag('w2', 0, version=3))  # a later call still works
+    with pytest.raises(AttributeError):
+        create_buffer(dict(type='advanced')).alpha = 0.1  # fixed by the config: the tree holds alpha-powered leaves
     buf.close()
 
 
