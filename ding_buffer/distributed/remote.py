@@ -40,9 +40,9 @@ class RemoteBuffer(IBuffer):
         ``distributed.file_root``), ``clear``, ``close`` (sends EXIT after draining). Distributed extras:
         ``drain_pending_score``, ``metadata``, ``set_model_version`` (stamps pushes), ``update_model_version``
         (moves the manager's version), ``put_blob`` / ``get_blob`` (versioned blobs such as the learner's
-        weights), ``baseline_sync``; ``pushes``, the push pipeline, holds what the pushes learned:
-        ``pushes.last_score`` and ``pushes.baseline_log_reward`` (from the manager's replies),
-        ``pushes.filter_stats``, ``pushes.unacknowledged`` (pushes in doubt, sent again by the next call).
+        weights), ``baseline_sync``; what the pushes learned, read-only: ``last_score`` and
+        ``baseline_log_reward`` (from the manager's replies), ``filter_stats``, ``unacknowledged`` (pushes in doubt,
+        sent again by the next call), ``resent_pushes``. ``pushes`` is the push pipeline that holds them.
     """
 
     def __init__(
@@ -88,7 +88,7 @@ class RemoteBuffer(IBuffer):
         """
         Overview:
             Queue ``data`` for the manager; every ``remote_buffer_freq``-th push sends the accumulated batch.
-            Returns how many items were handed over (the manager's ``stored`` count is in ``pushes.last_score``).
+            Returns how many items were handed over (the manager's ``stored`` count is in ``last_score``).
             Pushes in doubt (an earlier ``ManagerUnavailableError``) are sent again first; a push of the same
             data as the call that raised is taken as its retry and adds nothing new.
         """
@@ -97,6 +97,32 @@ class RemoteBuffer(IBuffer):
 
     def extend(self, batch: Any, cur_collector_envstep: int = -1) -> int:
         return self.push(batch, cur_collector_envstep, batched=True)
+
+    # what the pushes learned, under the names the docs use (the push pipeline holds them)
+    @property
+    def last_score(self) -> Optional[Dict[str, Any]]:
+        """The score dict of the last acknowledged push (``{'stored': n, ...}``; None before the first)."""
+        return self.pushes.last_score
+
+    @property
+    def baseline_log_reward(self) -> float:
+        """The manager's baseline log-reward, from its last push reply (``-inf`` before one names it)."""
+        return self.pushes.baseline_log_reward
+
+    @property
+    def filter_stats(self) -> Dict[str, int]:
+        """Worker-side baseline filtering: rows seen (``total``) and ``kept``, ``sends`` and ``skipped_sends``."""
+        return self.pushes.filter_stats
+
+    @property
+    def unacknowledged(self) -> int:
+        """Pushes in doubt (plus an uncollected async push), sent again by the next call."""
+        return self.pushes.unacknowledged
+
+    @property
+    def resent_pushes(self) -> int:
+        """Pushes in doubt that were sent again."""
+        return self.pushes.resent_pushes
 
     def add(self, data: Any) -> None:
         """torchgfn's name for ``push``."""
