@@ -4,7 +4,7 @@ DI-engine keys ``replay_unique_id`` (``f"{instance_name}_{id}"``) and ``replay_b
 as 0-d tensors, the id as ``NonTensorData``)."""
 
 import copy
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Mapping, Optional
 
 import numpy as np
 import torch
@@ -41,13 +41,17 @@ def with_extras(
 def prioritized_items(
     items: List[Any], instance_name: str, ids: np.ndarray, slots: np.ndarray, extras: Dict[str, np.ndarray], deep: bool
 ) -> List[Dict[str, Any]]:
-    """One new dict per drawn item (a deep copy when ``deep``); ``extras`` arrays become Python numbers."""
+    """One new dict per drawn item (a deep copy when ``deep``); ``extras`` arrays become Python numbers. An item
+    that is not a mapping (list storage keeps any object) has no keys to carry them and leaves as it is."""
     ids_l, slots_l = ids.tolist(), np.asarray(slots).tolist()
     cols = {k: v.tolist() for k, v in extras.items()}
     out = []
     for k, item in enumerate(items):
         if type(item) is not dict and is_tensordict(item):  # stays a TensorDict: a copy, the id a NonTensorData
             d = item.clone() if deep else item.copy()
+        elif not isinstance(item, Mapping):
+            out.append(copy.deepcopy(item) if deep else item)
+            continue
         else:
             d = copy.deepcopy(item) if deep else dict(item)
         d['replay_unique_id'] = f'{instance_name}_{ids_l[k]}'

@@ -16,6 +16,7 @@ from ..control.capacity import index_for
 from ..control.samplers import UniformSampler, build_sampler
 from ..storage import build_storage, refuse_items_output, storage_from_state
 from .newest_window import NewestWindow, checked_size
+from .outputs import prioritized_items
 from .table import Table
 
 NO_PRIORITY = "a naive buffer's items carry no priority: use type='advanced' for prioritized replay"
@@ -53,6 +54,8 @@ class SlotTable(Table):
         if self.runs:
             refuse_items_output(cfg.storage, cfg.type, '[batch][sequence] runs')
         self.build_sampler()
+        # list storage with storage.output='items': samples are new dicts carrying the item's id and slot
+        self.list_items = cfg.storage.get('type', 'list') == 'list' and cfg.storage.get('output') == 'items'
         self._storage = build_storage(
             cfg.storage, cfg.replay_buffer_size, reserved_keys=self.reserved_keys, index_cls=index_for(cfg)
         )
@@ -338,7 +341,11 @@ class SlotTable(Table):
         slots = self._storage.ring.slots_of_positions(idx)
         out = self._storage.gather(slots)
         e._drawn(slots, size)
-        return e._copy_out(out) if self._storage.kind == 'list' else out
+        if self._storage.kind != 'list':
+            return out
+        if self.list_items:  # new dicts carrying replay_unique_id / replay_buffer_idx, as on tensor storage
+            return prioritized_items(out, e._instance_name, self._storage.ring.uids(slots), slots, {}, e._deepcopy)
+        return e._copy_out(out)
 
     # ------------------------------------------------------------------ runs of consecutive items
     def sample_runs(

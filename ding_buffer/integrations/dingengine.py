@@ -176,9 +176,9 @@ class TaskBuffer(Buffer):
             raise TypeError(f"TaskBuffer.push: meta must be a dict or None, got {type(meta).__name__}")
         # DI-engine's collectors hand over treetensor trees: stored as the nested dict of tensors they hold
         item = data.json() if isinstance(data, ttorch.Tensor) else data
+        if not isinstance(item, Mapping):  # a sample hands each item back with its id, a key of the dict
+            raise TypeError(f"TaskBuffer.push: data must be a dict or a treetensor, got {type(data).__name__}")
         if self.prioritized and meta.get('priority') is not None:
-            if not isinstance(item, Mapping):
-                raise TypeError(f"TaskBuffer.push: a prioritized buffer stores dicts, got {type(data).__name__}")
             item = dict(item, priority=meta['priority'])  # the caller's dict is not changed
         with self._lock:
             if self._inner.push(item) != 1:

@@ -117,12 +117,45 @@ def test_output_settings_that_cannot_work_are_refused_by_name(cfg, needle):
         create_buffer(cfg)
 
 
-def test_list_storage_samples_items_whatever_output_says():
-    for output in (None, 'items'):
-        buf = create_buffer(dict(type='naive', seed=0, storage=dict(type='list', output=output)))
-        buf.push([{'x': i} for i in range(5)])
-        assert sorted(d['x'] for d in buf.sample(5, 0)) == [0, 1, 2, 3, 4]
+def test_list_storage_samples_the_stored_objects_by_default():
+    buf = create_buffer(dict(type='naive', seed=0, storage=dict(type='list')))
+    stored = [{'x': i} for i in range(5)]
+    buf.push(stored)
+    out = buf.sample(5, 0)
+    assert sorted(d['x'] for d in out) == [0, 1, 2, 3, 4]
+    assert all(any(d is s for s in stored) for d in out)  # DI-engine's naive buffer: the same objects
+    buf.close()
+
+
+@pytest.mark.parametrize('kind', ['naive', 'elastic'])
+def test_list_storage_items_carry_their_id_and_slot_and_feed_the_ids_a_push_gave(kind):
+    """``output='items'`` on list storage: new dicts carrying ``replay_unique_id`` / ``replay_buffer_idx``, as on
+    tensor storage (DI-engine's task pipeline keys each sampled item by its id); the stored dicts are unchanged."""
+    cfg = dict(type=kind, seed=0, replay_buffer_size=4, storage=dict(type='list', output='items'))
+    outs = {}
+    for storage in ('list', 'tensor'):
+        buf = create_buffer(dict(cfg, storage=dict(type=storage, output='items')))
+        stored = [{'x': torch.tensor(float(i))} for i in range(6)]  # 6 into 4 slots: ids 2..5 remain
+        buf.push(stored)
+        out = buf.sample(4, 0)
+        assert all(set(d) == {'x', 'replay_unique_id', 'replay_buffer_idx'} for d in out), out
+        assert all(set(s) == {'x'} for s in stored)  # nothing written into what the user pushed
+        for d in out:
+            i = int(d['x'])
+            assert d['replay_unique_id'] == f'buffer_{i}' and d['replay_buffer_idx'] == i % 4, d
+        outs[storage] = sorted((d['replay_unique_id'], d['replay_buffer_idx']) for d in out)
         buf.close()
+    assert outs['list'] == outs['tensor'] == [(f'buffer_{i}', i % 4) for i in range(2, 6)]
+
+
+def test_list_storage_items_leave_objects_other_than_dicts_as_they_are():
+    buf = create_buffer(dict(type='naive', seed=0, storage=dict(type='list', output='items')))
+    buf.push([7, (1, 2), {'x': 1}])
+    out = buf.sample(3, 0)
+    assert sorted(map(repr, out)) == sorted(
+        map(repr, [7, (1, 2), {'x': 1, 'replay_unique_id': 'buffer_2', 'replay_buffer_idx': 2}])
+    )
+    buf.close()
 
 
 # ---------------------------------------------------------------------------------------------- deque draws

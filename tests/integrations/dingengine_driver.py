@@ -9,6 +9,8 @@ and the run's own artefacts (exp folder, TensorBoard event files).
   code) wraps the names ``serial_pipeline`` calls to keep references to what it built.
 * ``task``: the task pipeline in the shape of ``ding/example/dqn_per.py``, with ``TaskBuffer`` plus
   ``PriorityExperienceReplay``.
+* ``example``: DI-engine's own ``ding/example/dqn.py`` / ``dqn_per.py``, run to the stop value with ``TaskBuffer``
+  (``--buffer``: its config) in place of ``DequeBuffer``.
 * ``badinput``: what DI-engine's side can hand a buffer that it must refuse, whole, naming the field.
 """
 
@@ -23,7 +25,8 @@ import traceback
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument('mode', choices=['serial', 'task', 'badinput'])
+    parser.add_argument('mode', choices=['serial', 'task', 'example', 'badinput'])
+    parser.add_argument('--example', choices=['dqn', 'dqn_per'], help="example: DI-engine's ding/example module")
     parser.add_argument('--out', required=True)
     parser.add_argument('--buffer', help='serial: the create config replay_buffer section (JSON)')
     parser.add_argument('--exp-name', default='exp')
@@ -32,7 +35,8 @@ def main() -> None:
     parser.add_argument('--seed', type=int, default=0)
     args = parser.parse_args()
     t0 = time.time()
-    result = {'serial': run_serial, 'task': run_task, 'badinput': run_badinput}[args.mode](args)
+    modes = {'serial': run_serial, 'task': run_task, 'example': run_example, 'badinput': run_badinput}
+    result = modes[args.mode](args)
     result['seconds'] = time.time() - t0
     with open(args.out, 'w') as f:
         json.dump(result, f, indent=1, default=repr)
@@ -160,6 +164,60 @@ def run_task(args) -> dict:
         **seen,
     )
     buffer_.close()
+    return out
+
+
+# ---------------------------------------------------------------------------------------------- DI-engine's examples
+def run_example(args) -> dict:
+    """DI-engine's own ``ding/example/dqn.py`` or ``dqn_per.py`` as a user runs it, word for word but for the one
+    line that builds the buffer: ``DequeBuffer(size=...)`` becomes ``TaskBuffer(--buffer, size=...)``. The run ends
+    where the example's evaluator ends it (the mean evaluation return reached the config's ``stop_value``), or at
+    ``--max-env-step`` (then ``reached`` is False). Test code wraps the evaluator middleware only to record what it
+    measured."""
+    import importlib
+
+    from ding.framework import task
+
+    from ding_buffer.integrations.dingengine import TaskBuffer
+
+    example = importlib.import_module(f'ding.example.{args.example}')
+    built, evals = [], []
+
+    def task_buffer(size):
+        built.append(TaskBuffer(json.loads(args.buffer), size=size))
+        return built[-1]
+
+    real_evaluator = example.interaction_evaluator
+
+    def interaction_evaluator(cfg, *a, **kw):
+        evaluate = real_evaluator(cfg, *a, **kw)
+
+        def recorded(ctx):
+            evaluate(ctx)
+            if ctx.last_eval_iter == ctx.train_iter and ctx.eval_value is not None:
+                evals.append(
+                    {'env_step': int(ctx.env_step), 'train_iter': int(ctx.train_iter), 'value': float(ctx.eval_value)}
+                )
+            if ctx.env_step >= args.max_env_step:
+                task.finish = True
+
+        evals.append({'stop_value': float(cfg.env.stop_value)})
+        return recorded
+
+    example.DequeBuffer, example.interaction_evaluator = task_buffer, interaction_evaluator
+    example.main()
+    stop_value = evals.pop(0)['stop_value']
+    buffer = built[0]
+    out = buffer_info(buffer)
+    out.update(
+        stop_value=stop_value,
+        evals=evals,
+        reached=bool(evals) and evals[-1]['value'] >= stop_value and evals[-1]['train_iter'] > 0,
+        prioritized=buffer.prioritized,
+        inner=type(buffer.inner).__name__,
+        storage=buffer.inner.cfg.storage.type,
+    )
+    buffer.close()
     return out
 
 

@@ -33,6 +33,10 @@ MODULE = 'ding_buffer.integrations.dingengine'
 RUN_TIMEOUT = 300  # seconds, each pipeline run (about 10-20 s here)
 MAX_ENV_STEP = 400  # serial: ~210 train iterations (batch 64, 5 per collect of 8)
 MAX_STEP = 50  # task: 50 iterations of the middleware loop, 8 env steps each
+# DI-engine's examples run to the stop value (about 1,000-2,000 env steps and 1 minute here); a run that has not
+# reached it by this many env steps fails
+EXAMPLE_MAX_ENV_STEP = 20_000
+EXAMPLE_TIMEOUT = 900
 
 
 @pytest.fixture(scope='module')
@@ -56,7 +60,7 @@ def run_env(tmp_path_factory):
     shutil.rmtree(pycache, ignore_errors=True)
 
 
-def drive(python: Path, env: dict, cwd: Path, label: str, *args: str) -> dict:
+def drive(python: Path, env: dict, cwd: Path, label: str, *args: str, timeout: float = RUN_TIMEOUT) -> dict:
     """Run the driver with ``args`` in the DI-engine venv in ``cwd``; its JSON result (with ``wall``: the run's
     seconds, also printed with ``label``)."""
     out = cwd / 'result.json'
@@ -68,10 +72,10 @@ def drive(python: Path, env: dict, cwd: Path, label: str, *args: str) -> dict:
             env=env,
             capture_output=True,
             text=True,
-            timeout=RUN_TIMEOUT,
+            timeout=timeout,
         )
     except subprocess.TimeoutExpired as e:
-        pytest.fail(f'{label}: the run timed out after {RUN_TIMEOUT} s:\n{(e.stdout or b"")[-3000:]!r}')
+        pytest.fail(f'{label}: the run timed out after {timeout} s:\n{(e.stdout or b"")[-3000:]!r}')
     wall = time.monotonic() - t0
     output = proc.stdout[-4000:] + '\n' + proc.stderr[-8000:]
     assert proc.returncode == 0, f'{label}: the run failed (exit {proc.returncode}):\n{output}'
@@ -212,6 +216,43 @@ def test_task_pipeline_with_task_buffer_and_priority_experience_replay(dingengin
     assert stats['priority_max'] != stats['priority_min'], stats
 
 
+# ---------------------------------------------------------------------------------------------- DI-engine's examples
+@pytest.mark.parametrize('storage', ['list', 'tensor'])
+@pytest.mark.parametrize('example', ['dqn', 'dqn_per'])
+def test_dingengine_examples_train_to_the_stop_value_with_task_buffer(
+    example, storage, dingengine_python, run_env, tmp_path
+):
+    """DI-engine's own ``ding/example/dqn.py`` and ``dqn_per.py``, with ``TaskBuffer(dict(type='naive',
+    storage=...), size=...)`` in place of ``DequeBuffer(size=...)``, train CartPole until their evaluator stops them
+    at the config's stop value, on the default list storage as on tensor storage."""
+    buffer = json.dumps(dict(type='naive', storage=dict(type=storage)))
+    result = drive(
+        dingengine_python,
+        run_env,
+        tmp_path,
+        f'{example} on {storage} storage',
+        'example',
+        '--example',
+        example,
+        '--buffer',
+        buffer,
+        '--max-env-step',
+        str(EXAMPLE_MAX_ENV_STEP),
+        timeout=EXAMPLE_TIMEOUT,
+    )
+    assert result['storage'] == storage, result
+    evals = result['evals']
+    assert result['reached'], f"the stop value {result['stop_value']} was not reached by env step {evals[-1:]}"
+    assert evals[-1]['value'] >= result['stop_value'] and evals[-1]['train_iter'] > 0, evals
+    stats = result['stats']
+    assert stats['sample_calls'] >= evals[-1]['train_iter'] and stats['sampled_items'] > 0, stats
+    if example == 'dqn_per':  # the middleware made it prioritized; the fetcher's updates reached the priorities
+        assert result['prioritized'] and result['inner'] == 'AdvancedReplayBuffer', result
+        assert stats['updated'] > 0 and stats['priority_max'] != stats['priority_min'], stats
+    else:
+        assert not result['prioritized'] and result['inner'] == 'NaiveReplayBuffer', result
+
+
 # ---------------------------------------------------------------------------------------------- bad input
 def test_bad_input_from_dingengine_is_refused_whole_naming_the_field(dingengine_python, run_env, tmp_path):
     cases = drive(dingengine_python, run_env, tmp_path, 'bad input', 'badinput')['cases']
@@ -254,3 +295,61 @@ def test_the_integration_imported_before_dingengine_registers_its_own_buffers(di
         [str(dingengine_python), '-c', code], cwd=tmp_path, env=run_env, capture_output=True, text=True, timeout=120
     )
     assert proc.returncode == 0 and proc.stdout.split()[-1:] == ['ok'], proc.stdout[-2000:] + proc.stderr[-4000:]
+
+
+# ---------------------------------------------------------------------------------------------- IS weights
+DIFF_SCRIPT = r'''
+import json, sys, numpy as np
+from ding.data.buffer.deque_buffer_wrapper import DequeBufferWrapper
+from ding.utils import deep_merge_dicts
+from ding.worker.replay_buffer import AdvancedReplayBuffer
+from ding_buffer import create_buffer
+
+class TB:
+    def add_scalar(self, *a): pass
+    def flush(self): pass
+    def close(self): pass
+
+def is_of(batch):
+    return {int(d['i']): float(d['IS']) for d in batch}
+
+out = {'deque': [], 'advanced': []}
+sec = dict(replay_buffer_size=100, priority=True, priority_IS_weight=True, IS_weight_anneal_train_iter=10)
+theirs = DequeBufferWrapper(deep_merge_dicts(DequeBufferWrapper.default_config(), sec), tb_logger=TB())
+ours = create_buffer(dict(sec, type='deque', seed=0))
+for buf in (theirs, ours):
+    buf.push([{'i': k, 'priority': p} for k, p in enumerate([1.0, 2.0, 3.0, 4.0])])
+for it in range(6):
+    out['deque'].append([is_of(theirs.sample(4, it)), is_of(ours.sample(4, it))])
+cfg = deep_merge_dicts(AdvancedReplayBuffer.default_config(), dict(replay_buffer_size=64, anneal_step=10))
+theirs = AdvancedReplayBuffer(cfg, tb_logger=TB(), exp_name=sys.argv[1], instance_name='theirs')
+ours = create_buffer(dict(cfg), tb_logger=TB(), instance_name='ours')
+for buf in (theirs, ours):
+    buf.push([{'i': k, 'priority': p} for k, p in enumerate([1.0, 2.0, 3.0, 4.0])], 0)
+for it in range(6):
+    out['advanced'].append([is_of(theirs.sample(4, it)), is_of(ours.sample(4, it))])
+theirs.close()
+print(json.dumps(out))
+'''
+
+
+def test_is_weights_and_annealing_match_dingengine_buffers(dingengine_python, run_env, tmp_path):
+    """DI-engine's own DequeBufferWrapper and AdvancedReplayBuffer next to ours, in the DI-engine venv: items both
+    draw get the same IS weight, call after call (beta annealing)."""
+    proc = subprocess.run(
+        [str(dingengine_python), '-c', DIFF_SCRIPT, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=RUN_TIMEOUT,
+        cwd=str(tmp_path),
+        env=run_env,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    compared = 0
+    for kind in ('deque', 'advanced'):
+        for theirs, ours in out[kind]:
+            for item in set(theirs) & set(ours):
+                assert ours[item] == pytest.approx(theirs[item], rel=1e-6), (kind, theirs, ours)
+                compared += 1
+    assert compared >= 12
