@@ -7,9 +7,12 @@ once.
 """
 
 import argparse
+import difflib
 import os
 import re
+import shutil
 import sys
+import textwrap
 import time
 from typing import List, NoReturn, Optional
 
@@ -152,10 +155,18 @@ def configs(args: argparse.Namespace) -> int:
         print("no ready configs found (the package was installed without ding_buffer.configs)", file=sys.stderr)
         return 1
     width = max(len(c.name) for c in found)
+    indent = ' ' * (width + 2 + 9 + 2)
+    columns = max(shutil.get_terminal_size((120, 24)).columns, len(indent) + 40)
     print(f"{'name':<{width}}  {'job':<9}  description")
     for c in found:
         job = c.job if c.job != '-' else 'buffer'
-        print(f"{c.name:<{width}}  {job:<9}  {c.summary}")
+        head = f"{c.name:<{width}}  {job:<9}  "
+        # the whole first paragraph of the config's docstring, wrapped under the description column
+        print(
+            textwrap.fill(
+                c.summary or '-', columns, initial_indent=head, subsequent_indent=indent, break_on_hyphens=False
+            )
+        )
     print(
         f"\njob 'buffer': a buffer section for create_buffer(...), not a training job; train one with "
         f"`ding-buffer train NAME`; copy one to edit it (files in {os.path.dirname(found[0].path)})"
@@ -252,7 +263,26 @@ class _Parser(argparse.ArgumentParser):
     """A usage error is one line on stderr (no usage block) and exit status 2."""
 
     def error(self, message: str) -> 'NoReturn':
-        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+        hint = ''
+        if message.startswith('unrecognized arguments:'):
+            known = _option_strings(self)
+            for token in message.split(':', 1)[1].split():
+                flag = token.split('=', 1)[0]
+                close = difflib.get_close_matches(flag, known, n=1) if flag.startswith('--') else []
+                if close:
+                    hint += f"; did you mean {close[0]!r} for {flag!r}?"
+        self.exit(2, f"{self.prog}: error: {message}{hint} (see {self.prog} --help)\n")
+
+
+def _option_strings(parser: argparse.ArgumentParser) -> List[str]:
+    """Every long option of ``parser`` and of its subcommands."""
+    out = []
+    for action in parser._actions:
+        out += [s for s in action.option_strings if s.startswith('--')]
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                out += _option_strings(sub)
+    return sorted(set(out))
 
 
 def build_parser() -> argparse.ArgumentParser:

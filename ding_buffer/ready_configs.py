@@ -6,6 +6,7 @@ command resolves its config before the first line it prints. Files are read, not
 """
 
 import ast
+import difflib
 import importlib.util
 import os
 from typing import List, NamedTuple, Optional
@@ -15,7 +16,7 @@ class ReadyConfig(NamedTuple):
     name: str  # the file name without .py: what ``ding-buffer train NAME`` takes
     path: str
     job: str  # main_config['job'] ('dqn' when a training config names none); '-' for a buffer-section example
-    summary: str  # the first line of the file's docstring
+    summary: str  # the first paragraph of the file's docstring, on one line
 
 
 def config_dir() -> Optional[str]:
@@ -62,21 +63,24 @@ def resolve_config(arg: str) -> str:
         for cfg in list_configs():
             if cfg.name == name:
                 return cfg.path
-    names = ', '.join(c.name for c in list_configs() if c.job != '-') or '(none found)'
+    ready = list_configs()
+    close = difflib.get_close_matches(name, [c.name for c in ready], n=1, cutoff=0.6) if name else []
+    hint = f"did you mean '{close[0]}'? " if close else ''
+    names = ', '.join(c.name for c in ready if c.job != '-') or '(none found)'
     raise FileNotFoundError(
-        f"config file '{arg}' does not exist and is not the name of a ready config "
+        f"config file '{arg}' does not exist and is not the name of a ready config; {hint}"
         f"(training configs: {names}; `ding-buffer configs` lists all)"
     )
 
 
 def _describe(path: str) -> tuple:
-    """(job, first docstring line) of a config file, read with ``ast`` (the file is not executed)."""
+    """(job, first docstring paragraph) of a config file, read with ``ast`` (the file is not executed)."""
     try:
         with open(path, encoding='utf-8') as f:
             tree = ast.parse(f.read(), filename=path)
     except (OSError, SyntaxError, ValueError):
         return '?', '(unreadable)'
-    doc = (ast.get_docstring(tree) or '').strip().splitlines()
+    doc = (ast.get_docstring(tree) or '').strip().split('\n\n')[0].split()  # the first paragraph, whole
     keys = {}
     for node in tree.body:
         if isinstance(node, ast.Assign) and any(
@@ -88,7 +92,7 @@ def _describe(path: str) -> tuple:
         job = str(keys['job'].value)
     else:
         job = 'dqn' if 'env' in keys else '-'
-    return job, doc[0] if doc else ''
+    return job, ' '.join(doc)
 
 
 __all__ = ['ReadyConfig', 'config_dir', 'list_configs', 'resolve_config']

@@ -1,6 +1,7 @@
 """The `ding-buffer` command: the README's demo runs end to end; user errors exit 2 with one line and no
 traceback; ready configs by name; a first line before torch loads; signals stop a run with a final checkpoint."""
 
+import ast
 import json
 import os
 import shlex
@@ -92,6 +93,10 @@ def _one_line_error(err: str, *needles: str) -> None:
         (['train', 'CFG', '--nproc', '0'], ['--nproc']),
         (['train', 'CFG', '--iterations', '-4'], ['--iterations']),
         (['train', 'CFG', '--no-such-flag'], ['--no-such-flag']),
+        (['train', '--env-stepz', '5', 'CFG'], ["did you mean '--env-steps' for '--env-stepz'"]),
+        (['train', 'CFG', '--therads=2'], ["did you mean '--threads' for '--therads'"]),
+        (['train', 'cartpole_dqn_pr'], ["'cartpole_dqn_pr'", "did you mean 'cartpole_dqn_per'?"]),
+        (['train', 'config/cartpole_apx.py'], ["did you mean 'cartpole_apex'?"]),
         (['train'], ['config']),
         (['train', 'no_such_config_name'], ["'no_such_config_name'", 'cartpole_dqn_per', 'ding-buffer configs']),
         (['train', 'CFG', '--iterations', '5'], ['--iterations', "'dqn'"]),
@@ -153,6 +158,22 @@ def test_configs_lists_every_ready_config_with_its_job(capsys):
         line.split()[0]: line.split()[1] for line in out.splitlines()[1:] if line.strip() and line.split()[0] in found
     }
     assert rows == {name: (c.job if c.job != '-' else 'buffer') for name, c in found.items()}
+    # each description is the first paragraph of the config's docstring, whole (wrapped under its column)
+    start = out.splitlines()[0].index('description')
+    described, name = {}, None
+    for line in out.splitlines()[1:]:
+        if not line.strip() or line.startswith('job '):
+            name = None
+            continue
+        if line[:start].strip():
+            name = line.split()[0]
+        if name in found:
+            described[name] = (described.get(name, '') + ' ' + line[start:].strip()).strip()
+    assert set(described) == set(found)
+    for config_name, text in described.items():
+        doc = ast.get_docstring(ast.parse(Path(found[config_name].path).read_text()))
+        assert text == ' '.join(doc.strip().split('\n\n')[0].split()), config_name
+        assert text.endswith(('.', ')')), (config_name, text)  # a whole sentence, not cut mid-way
 
 
 @pytest.mark.parametrize('arg', ['cartpole_dqn_per', 'cartpole_dqn_per.py', 'config/cartpole_dqn_per.py'])
