@@ -182,6 +182,8 @@ def evaluate_greedy(job: Any) -> Dict[str, float]:
         'return_mean': float(np.mean(returns)),
         'return_std': float(np.std(returns)),
         'wall_time': job.wall_time(),
+        'return_min': float(np.min(returns)),
+        'return_max': float(np.max(returns)),
     }
     job.evals.append(row)
     job.tb.add_scalar('eval/return_mean', row['return_mean'], job.env_step)

@@ -7,7 +7,8 @@ from typing import Dict, Iterable, List, Sequence
 
 from ..persistence import atomic_text
 
-EVAL_FIELDS = ('env_step', 'train_iter', 'return_mean', 'return_std', 'wall_time')
+# return_min / return_max: the range of the evaluation's episodes (the plots keep a +- std band inside it)
+EVAL_FIELDS = ('env_step', 'train_iter', 'return_mean', 'return_std', 'wall_time', 'return_min', 'return_max')
 
 
 def write_eval_csv(run_dir: str, rows: Iterable[Dict[str, float]], fields: Sequence[str] = EVAL_FIELDS) -> None:
@@ -29,4 +30,5 @@ def read_eval_csv(run_dir: str) -> List[Dict[str, float]]:
             )
         raise FileNotFoundError(f"'{run_dir}' is not a training run directory (no eval.csv)")
     with open(path) as f:
-        return [{k: float(v) for k, v in row.items()} for row in csv.DictReader(f)]
+        # a column a run written by an older version lacks (or left empty) is absent from its rows
+        return [{k: float(v) for k, v in row.items() if v not in ('', None)} for row in csv.DictReader(f)]

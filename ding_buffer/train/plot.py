@@ -13,7 +13,8 @@ Rules of the figure (``plot_runs``):
   without ``_seed<N>``). Labels are ``<exp_name> (<N> seeds)`` / ``<exp_name> (seed <S>)``; groups that would share
   a label are qualified by the shortest distinguishing suffix of their parent folder (``a/runs/x`` vs
   ``b/runs/x``), and by their config id when they share the folder too.
-* **Curves**: a single run draws the mean evaluation return with a band of +- the std of its evaluation episodes.
+* **Curves**: a single run draws the mean evaluation return with a band of +- the std of its evaluation episodes,
+  kept within the lowest and highest episode return of each evaluation (runs that recorded them).
   A group of several seeds draws the mean over seeds with a band of +- its standard error (the sample std over
   seeds / sqrt(seeds); ``mean_band`` returns the population std and the seed count) on the union of the group's
   evaluation steps: each seed is linearly interpolated between its own
@@ -285,11 +286,15 @@ def draw_runs(ax: Any, run_dirs: Sequence[str], stop_value: Optional[float] = No
         ]
         if len(curves) == 1:
             x, y = curves[0]
-            std = _sorted_curve(
-                [r['env_step'] for r in rows[group.run_dirs[0]]], [r['return_std'] for r in rows[group.run_dirs[0]]]
-            )[1]
+            run_rows = rows[group.run_dirs[0]]
+            steps = [r['env_step'] for r in run_rows]
+            std = _sorted_curve(steps, [r['return_std'] for r in run_rows])[1]
+            lo, hi = y - std, y + std
+            if all('return_min' in r and 'return_max' in r for r in run_rows):  # never outside the episodes' range
+                lo = np.maximum(lo, _sorted_curve(steps, [r['return_min'] for r in run_rows])[1])
+                hi = np.minimum(hi, _sorted_curve(steps, [r['return_max'] for r in run_rows])[1])
             ax.plot(x, y, color=color, lw=1.5, marker='o', ms=4, label=group.label)
-            _band(ax, x, y - std, y + std, color)
+            _band(ax, x, lo, hi, color)
             continue
         band = mean_band(curves)
         full = band.n == sum(len(x) > 0 for x, _ in curves)  # a run not evaluated yet has nothing to add

@@ -10,7 +10,7 @@ import pytest
 from train_helpers import PNG_MAGIC
 
 from ding_buffer.cli import main
-from ding_buffer.train.evals import write_eval_csv
+from ding_buffer.train.evals import read_eval_csv, write_eval_csv
 from ding_buffer.train.plot import config_id, draw_runs, group_runs, mean_band, plot_runs, read_run_info, write_run_info
 
 matplotlib = pytest.importorskip('matplotlib')
@@ -165,6 +165,23 @@ def test_single_evaluation_point_is_drawn_as_a_dot(tmp_path):
     with open(out, 'rb') as f:
         data = f.read()
     assert data[:8] == PNG_MAGIC and len(data) > 5_000
+
+
+def test_a_single_runs_band_stays_within_its_episodes_returns(tmp_path):
+    """CartPole's returns end at 500: mean 490 +- std 20 must not shade up to 510."""
+    d = fake_run(tmp_path, 'solved', 0, [100, 200, 300], [300.0, 490.0, 500.0], stds=[50.0, 20.0, 0.0])
+    rows = read_eval_csv(d)
+    for r, (lo, hi) in zip(rows, [(200.0, 380.0), (450.0, 500.0), (500.0, 500.0)]):
+        r.update(return_min=lo, return_max=hi)
+    write_eval_csv(d, rows)
+    _, _, bands = drawn([d])
+    ys = bands[0].get_paths()[0].vertices[:, 1]
+    assert ys.max() == 500.0 and ys.min() == 250.0, ys  # 300 - 50 above its min 200; 490 + 20 capped at 500
+    # a run written before the min / max columns existed still draws its +- std band
+    old = fake_run(tmp_path, 'old', 0, [100, 200], [300.0, 490.0], stds=[50.0, 20.0])
+    assert 'return_max' not in read_eval_csv(old)[0]
+    _, _, bands = drawn([old])
+    assert bands[0].get_paths()[0].vertices[:, 1].max() == 510.0
 
 
 def test_several_seeds_draw_mean_band_and_longer_tails(tmp_path):

@@ -115,7 +115,16 @@ def test_short_run_learns_and_writes_its_artefacts(e2e_runs, seed):
     assert summary['buffer']['count'] > 0 and summary['buffer']['sample_calls'] == summary['train_iters']
 
     rows = read_csv(run_dir / 'eval.csv')
-    assert list(rows[0]) == ['env_step', 'train_iter', 'return_mean', 'return_std', 'wall_time']
+    assert list(rows[0]) == [
+        'env_step',
+        'train_iter',
+        'return_mean',
+        'return_std',
+        'wall_time',
+        'return_min',
+        'return_max',
+    ]
+    assert all(r['return_min'] <= r['return_mean'] <= r['return_max'] for r in rows), rows
     steps = [int(float(r['env_step'])) for r in rows]
     assert steps == list(range(E2E_EVAL_FREQ, E2E_STEPS + 1, E2E_EVAL_FREQ))  # increasing, one per eval_freq
     iters = [int(float(r['train_iter'])) for r in rows]
