@@ -44,6 +44,23 @@ JOBS = {
 }
 
 
+def _kernels_cached() -> bool:
+    """Whether numba's cache beside the package holds compiled kernels (True as well where nothing will compile:
+    numba absent or disabled, or its cache kept elsewhere by ``NUMBA_CACHE_DIR``). Reads the folder only: no
+    import of numba or torch."""
+    import importlib.util
+
+    if os.environ.get('DING_BUFFER_NO_NUMBA', '') not in ('', '0') or os.environ.get('NUMBA_CACHE_DIR'):
+        return True
+    if importlib.util.find_spec('numba') is None:
+        return True
+    cache = os.path.join(os.path.dirname(os.path.abspath(__file__)), '__pycache__')
+    try:
+        return any(name.startswith('tree_kernels.') and name.endswith('.nbi') for name in os.listdir(cache))
+    except OSError:
+        return False
+
+
 def train(args: argparse.Namespace) -> int:
     """Run (or resume) a training job from a DI-engine-style config file (``main_config['job']`` picks it)."""
     args.config_arg, args.config = args.config, resolve_config(args.config)
@@ -56,6 +73,12 @@ def train(args: argparse.Namespace) -> int:
     what = f"--resume {args.resume}" if args.resume else 'a new run'
     if os.environ.get(LAUNCHED) != '1':
         print(f"ding-buffer train {args.config}: {what}, loading torch and the job ...", flush=True)
+        if not _kernels_cached():
+            print(
+                "ding-buffer: first run: numba compiles the replay kernels in the background (about half a minute "
+                "on a 2-core CPU; numba caches them for later runs)",
+                flush=True,
+            )
     from .train.config import load_config_file
 
     user = load_config_file(args.config)

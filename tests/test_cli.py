@@ -397,3 +397,23 @@ def test_a_second_signal_while_the_final_checkpoint_is_written_is_held():
         with pytest.raises(KeyboardInterrupt):
             os.kill(os.getpid(), signal.SIGINT)
             time.sleep(0.5)
+
+
+def test_the_first_training_run_says_that_numba_compiles_the_kernels(tmp_path, monkeypatch):
+    """A newcomer's first run spends about half a minute compiling: the command says so, and only while numba's
+    cache beside the package holds no compiled kernel."""
+    import ding_buffer.cli as cli
+
+    pytest.importorskip('numba')
+    monkeypatch.delenv('DING_BUFFER_NO_NUMBA', raising=False)
+    monkeypatch.delenv('NUMBA_CACHE_DIR', raising=False)
+    monkeypatch.setattr(cli, '__file__', str(tmp_path / 'cli.py'))
+    assert not cli._kernels_cached()  # no cache folder yet
+    (tmp_path / '__pycache__').mkdir()
+    (tmp_path / '__pycache__' / 'sampling._first_distinct_loop-50.py311.nbi').write_text('')
+    assert not cli._kernels_cached()  # not the tree kernels
+    (tmp_path / '__pycache__' / 'tree_kernels._combine-24.py311.nbi').write_text('')
+    assert cli._kernels_cached()
+    monkeypatch.setenv('DING_BUFFER_NO_NUMBA', '1')
+    (tmp_path / '__pycache__' / 'tree_kernels._combine-24.py311.nbi').unlink()
+    assert cli._kernels_cached()  # nothing will compile
