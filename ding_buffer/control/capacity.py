@@ -38,10 +38,11 @@ class CapacityRule(Remover):
         The interface of a capacity rule (a ``Remover`` the table asks for room). ``column`` names the column it
         reads (``None``: none). ``evict(view, n)`` answers ``n`` distinct stored slots to free; ``admits(view,
         value)`` says whether a new element with ``value`` (of ``column``) may replace the worst stored one when
-        the table is full. The ``on_*`` verbs keep a rule's own structure in step with the table.
+        the table is full. The ``on_*`` verbs keep a rule's own structure in step with the table. A rule is
+        counted (``removed_by_<name>``, ``refused_by_<name>``) and named in errors under the type it is registered
+        and configured as, unless its class declares a ``name`` of its own (``limits.build_remover``).
     """
 
-    name = 'capacity'
     column: Optional[str] = None
 
     # whether the rule may refuse new elements (it then reads their ``column`` values before they are written)

@@ -197,13 +197,13 @@ def build_remover(entry: Any, where: str) -> Remover:
         rule = cls(**kwargs)
     except TypeError as e:
         raise ValueError(f"config key '{where}' ({name!r}) has bad arguments {kwargs}: {e}") from e
-    if rule.name == Remover.name:  # no name of its own: counted under its registry name, removed_by_<type>
+    if rule.name != name and not _names_itself(rule):  # counted under its registry name, removed_by_<type>
         try:
             rule.name = name
         except AttributeError:
             raise ValueError(
-                f"config key '{where}': remover type {name!r} answers name 'rule' and cannot be renamed; give the "
-                f"class a 'name' of its own"
+                f"config key '{where}': remover type {name!r} answers name {rule.name!r} and cannot be renamed; give "
+                f"the class a 'name' of its own"
             ) from None
     if rule.name in _BUILT_IN_COUNTERS and not isinstance(rule, (UseLimit, StalenessLimit)):
         raise ValueError(
@@ -215,6 +215,19 @@ def build_remover(entry: Any, where: str) -> Remover:
 
 # counters of the built-in rules whose names differ from their registry names: a user rule never shares them
 _BUILT_IN_COUNTERS = {'use': 'max_use', 'staleness': 'max_staleness'}
+
+
+def _names_itself(rule: Remover) -> bool:
+    """Whether ``rule`` has a ``name`` of its own: set on the instance, or declared by its own class (not the base
+    interfaces' ``'rule'``). A name inherited from another class -- an interface (``CapacityRule``) or a rule it
+    extends (``class Mine(OldestFirst)`` is not ``'fifo'``) -- is not its own: such a rule is counted and named under
+    its registry name. Subclasses of ``UseLimit`` / ``StalenessLimit`` keep theirs (``removed_by_use`` /
+    ``removed_by_staleness``: the engine counts the use limit under that name)."""
+    if rule.name == Remover.name:
+        return False
+    if isinstance(rule, (UseLimit, StalenessLimit)) or 'name' in getattr(rule, '__dict__', {}):
+        return True
+    return 'name' in vars(type(rule))
 
 
 def find_rule(rules: List[Remover], kind: type) -> Optional[Remover]:

@@ -229,3 +229,79 @@ def test_a_capacity_rule_answering_garbage_changes_nothing():
         buf.close()
     finally:
         del REMOVER_REGISTRY['test_capacity_garbage']
+
+
+@pytest.fixture
+def user_rules():
+    """``my_oldest`` (a ``CapacityRule`` without a name), ``my_best`` (extends ``keep_best``), ``my_short`` (frees
+    nothing) and ``my_garbage`` (answers a slot < 0): registered as a user module would, removed afterwards."""
+    from ding_buffer.control.capacity import CapacityRule, KeepBest
+    from ding_buffer.control.limits import REMOVER_REGISTRY
+
+    class MyOldest(CapacityRule):
+        def evict(self, view, n):
+            return view.oldest(n)
+
+    class MyBest(KeepBest):
+        pass
+
+    class MyShort(CapacityRule):
+        def evict(self, view, n):
+            return np.zeros(0, dtype=np.int64)
+
+    class MyGarbage(CapacityRule):
+        def evict(self, view, n):
+            return np.array([-3])
+
+    names = {'my_oldest': MyOldest, 'my_best': MyBest, 'my_short': MyShort, 'my_garbage': MyGarbage}
+    for name, cls in names.items():
+        REMOVER_REGISTRY.register(name)(cls)
+    try:
+        yield names
+    finally:
+        for name in names:
+            del REMOVER_REGISTRY[name]
+
+
+@pytest.mark.parametrize('kind', ['naive', 'elastic', 'advanced', 'deque'])
+def test_a_user_capacity_rule_is_counted_under_its_registered_name(user_rules, kind):
+    """Was: every CapacityRule without a ``name`` of its own was counted ``removed_by_capacity`` (the interface's
+    name), not ``removed_by_<type>`` as other user removers are."""
+    buf = create_buffer(dict(type=kind, replay_buffer_size=3, removers=[dict(type='my_oldest')]))
+    buf.push([{'obs': i} for i in range(3)])
+    buf.push({'obs': 3})
+    buf.push({'obs': 4})
+    stats = buf.stats()
+    assert stats['removed_by_my_oldest'] == 2
+    assert 'removed_by_capacity' not in stats
+    assert buf.count() == 3
+    buf.close()
+
+
+def test_a_rule_extending_a_built_in_is_counted_under_its_own_registered_name(user_rules):
+    buf = create_buffer(dict(type='advanced', replay_buffer_size=2, removers=[dict(type='my_best', column='priority')]))
+    buf.push([{'obs': 0, 'priority': 5.0}, {'obs': 1, 'priority': 2.0}])
+    assert buf.push({'obs': 2, 'priority': 1.0}) == 0  # below every stored one: refused
+    assert buf.push({'obs': 3, 'priority': 9.0}) == 1  # obs 1 leaves
+    stats = buf.stats()
+    assert (stats['refused_by_my_best'], stats['removed_by_my_best']) == (1, 1)
+    assert not {'refused_by_keep_best', 'removed_by_keep_best'} & set(stats)
+    buf.close()
+
+
+@pytest.mark.parametrize('rule, needle', [('my_short', "'my_short' freed 0 slots"), ('my_garbage', "'my_garbage'")])
+def test_a_failing_user_capacity_rule_is_named_by_its_registered_name(user_rules, rule, needle):
+    buf = create_buffer(dict(type='naive', replay_buffer_size=3, removers=[dict(type=rule)]))
+    buf.push([{'obs': i} for i in range(3)])
+    with pytest.raises(RuntimeError, match=needle) as info:
+        buf.push({'obs': 3})
+    assert "'capacity'" not in str(info.value)
+    assert buf.count() == 3
+    buf.close()
+
+
+def test_a_user_capacity_rule_refused_or_doubled_is_named_by_its_registered_name(user_rules):
+    with pytest.raises(ValueError, match="capacity rule 'my_oldest', which type 'episode' does not take"):
+        create_buffer(dict(type='episode', removers=[dict(type='my_oldest')]))
+    with pytest.raises(ValueError, match=r"2 capacity rules \(my_oldest, fifo\)"):
+        create_buffer(dict(type='naive', removers=[dict(type='my_oldest'), dict(type='fifo')]))
