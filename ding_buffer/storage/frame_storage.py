@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from .base import Prepared, WriteResult, check_state
-from .frames import IDS_SUFFIX, NEXT_SUFFIX, FrameRing, Pending, StreamEncoder, default_rows, frame_spec
+from .frames import IDS_SUFFIX, NEXT_SUFFIX, FrameRing, Pending, StreamEncoder, bits_of, default_rows, frame_spec
 from .tensor_fields import allocate_fields, memmap_file, new_token, remove_files
 from .tensor_storage import TensorStorage
 from .tensordict_io import check_batched, check_item, is_tensordict, to_plain
@@ -145,11 +145,11 @@ class FrameStorage(TensorStorage):
                     f"leave it None (room for every episode's first stack)"
                 )
         if after is not None and pending.frames and after.payload[1].frames:
-            a, b = after.payload[1].frames[0], pending.frames[0]
-            if (a.shape, a.dtype) != (b.shape, b.dtype):
+            a, b = after.payload[1], pending
+            if (a.frames[0].shape, a.dtype) != (b.frames[0].shape, b.dtype):
                 raise ValueError(
-                    f"field {self.spec['key']!r} has frames of shape {b.shape} and dtype {b.dtype}; the push's earlier "
-                    f"steps have {a.shape} and {a.dtype}"
+                    f"field {self.spec['key']!r} has frames of shape {b.frames[0].shape} and dtype {b.dtype}; the "
+                    f"push's earlier steps have {a.frames[0].shape} and {a.dtype}"
                 )
         prepared = super().prepare(rows, schema, trim)
         self._check_schema(prepared.payload[0], stack)
@@ -229,7 +229,8 @@ class FrameStorage(TensorStorage):
         if ring.allocated() or not pending.frames:
             return
         like = pending.frames[0]
-        self.frame_ring = self._new_ring(stack, tuple(like.shape), torch.from_numpy(np.array(like)).dtype)
+        dtype = pending.dtype if pending.dtype is not None else torch.from_numpy(np.array(like)).dtype
+        self.frame_ring = self._new_ring(stack, tuple(like.shape), dtype)
         self.stack = stack
 
     def _rows(self, stack: int) -> int:
@@ -484,9 +485,12 @@ class FrameStorage(TensorStorage):
             names = [path for path in self.schema]
             for key, col in cols.items():
                 out['fields'][names.index((key,))] = torch.from_numpy(np.searchsorted(ids, col).astype(np.int64))
+        data = torch.from_numpy(ring.read(ids)) if len(ids) else torch.zeros(0, dtype=torch.uint8)
+        if len(ids) and ring.bits is not None:  # read as their bit patterns (bfloat16, float8)
+            data = data.view(ring.dtype)
         out['frames'] = {
             'ids': torch.arange(len(ids), dtype=torch.int64),
-            'data': torch.from_numpy(ring.read(ids)) if len(ids) else torch.zeros(0, dtype=torch.uint8),
+            'data': data,
             'stack': self.stack,
             'streams': [[env, np.searchsorted(ids, sids).tolist(), ended] for env, sids, ended in streams],
             'shape': None if ring.shape is None else list(ring.shape),
@@ -620,7 +624,8 @@ class FrameStorage(TensorStorage):
             streams[env] = (tuple(int(x) for x in remap(np.asarray(sids, dtype=np.int64), 'streams')), bool(ended))
         # valid: build the ring (new ids 0 .. k-1, in the old order) and swap the columns
         ring = self._new_ring(stack, tuple(data.shape[1:]), data.dtype)
-        ring.commit(Pending(list(data.cpu().numpy()), 0, {}))
+        bits = bits_of(data.dtype)  # frames numpy lacks (bfloat16, float8) go in as their bit patterns
+        ring.commit(Pending(list((data if bits is None else data.view(bits)).cpu().numpy()), 0, {}))
         for key, col in new_cols.items():
             self.fields[(key,)][torch.from_numpy(slots)] = torch.from_numpy(col).to(self.device)
         self.frame_ring, self.stack, self.streams = ring, stack, streams

@@ -20,6 +20,7 @@ with other frames, ``next_obs`` that is not ``obs`` shifted by one frame -- is r
 and nothing is stored.
 """
 
+from functools import lru_cache
 from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Tuple
 
 import numpy as np
@@ -110,6 +111,38 @@ class Pending(NamedTuple):
     streams: Dict[Any, Tuple[Tuple[int, ...], bool]]  # env -> (ids of its last next_obs stack, episode ended)
     envs: List[Any] = []  # each item's environment
     continues: List[bool] = []  # whether each item continues its stream's previous step (same episode)
+    dtype: Optional[torch.dtype] = None  # the frames' dtype (None: numpy's of ``frames``)
+
+
+@lru_cache(maxsize=None)
+def bits_of(dtype: torch.dtype) -> Optional[torch.dtype]:
+    """The integer dtype of the same width that frames of ``dtype`` are handled as where numpy has no such dtype
+    (``bfloat16``, the ``float8`` types): their bit patterns, viewed as ``dtype`` again when read, so frames round
+    trip bit-exactly and compare bitwise. None for a dtype numpy holds, or that is no frame's (complex)."""
+    if not dtype.is_floating_point:
+        return None
+    try:
+        torch.empty(0, dtype=dtype).numpy()
+        return None
+    except TypeError:
+        return {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}.get(
+            torch.empty(0, dtype=dtype).element_size()
+        )
+
+
+def frame_dtype(dtype: torch.dtype) -> Any:
+    """How ``stack_of`` names frames of the torch ``dtype``: numpy's dtype, or ``dtype`` itself where numpy has
+    none (``bits_of``)."""
+    return dtype if bits_of(dtype) is not None else torch.empty(0, dtype=dtype).numpy().dtype
+
+
+def torch_dtype(dtype: Any) -> torch.dtype:
+    """The torch dtype of frames that ``stack_of`` names ``dtype`` (``frame_dtype``'s inverse)."""
+    return dtype if isinstance(dtype, torch.dtype) else torch.from_numpy(np.empty(0, dtype=dtype)).dtype
+
+
+def _dtype_name(dtype: Any) -> str:
+    return str(dtype).replace('torch.', '')
 
 
 class FrameRing:
@@ -124,14 +157,23 @@ class FrameRing:
         self.next_id = 0
         self.shape: Optional[Tuple[int, ...]] = None
         self.dtype: Optional[torch.dtype] = None
+        self.bits: Optional[torch.dtype] = None  # the dtype numpy handles the frames as, where it lacks theirs
 
     def allocated(self) -> bool:
         return self.frames is not None
 
     def adopt(self, frames: torch.Tensor) -> None:
         self.frames = frames
-        self.view = frames.numpy() if frames.device.type == 'cpu' else None
+        self.bits = bits_of(frames.dtype)  # numpy reads and writes such frames as their bit patterns
+        self.view = (
+            (frames if self.bits is None else frames.view(self.bits)).numpy() if frames.device.type == 'cpu' else None
+        )
         self.shape, self.dtype = tuple(frames.shape[1:]), frames.dtype
+
+    def _tensor(self, arr: np.ndarray) -> torch.Tensor:
+        """Frames read through the numpy view as a tensor of the ring's dtype."""
+        out = torch.from_numpy(arr)
+        return out if self.bits is None else out.view(self.dtype)
 
     def holds(self, ids: np.ndarray) -> np.ndarray:
         """Mask: the frame of each id is still in the ring."""
@@ -145,7 +187,8 @@ class FrameRing:
         rows = np.asarray(ids, dtype=np.int64) % self.rows
         if self.view is not None:
             return self.view[rows]
-        return self.frames[torch.from_numpy(rows).to(self.frames.device)].cpu().numpy()
+        out = self.frames[torch.from_numpy(rows).to(self.frames.device)]
+        return (out if self.bits is None else out.view(self.bits)).cpu().numpy()
 
     def commit(self, pending: Pending) -> None:
         """Write the pending frames at their rows (ids from ``next_id`` on, as ``prepare`` gave them out)."""
@@ -167,7 +210,7 @@ class FrameRing:
         if self.view is not None:
             self.view[rows] = data
         else:
-            self.frames[torch.from_numpy(rows).to(self.frames.device)] = torch.from_numpy(data).to(self.frames.device)
+            self.frames[torch.from_numpy(rows).to(self.frames.device)] = self._tensor(data).to(self.frames.device)
         self.ids[rows] = ids
         self.next_id = pending.first + n
 
@@ -187,7 +230,7 @@ class FrameRing:
         nxt[:, :-1] = obs[:, 1:]
         nxt[:, -1] = self.view.take(last % self.rows, axis=0)
         out_shape = (*ids.shape, *self.shape)
-        return torch.from_numpy(obs).reshape(out_shape), torch.from_numpy(nxt).reshape(out_shape)
+        return self._tensor(obs).reshape(out_shape), self._tensor(nxt).reshape(out_shape)
 
     def gather(self, ids: torch.Tensor) -> torch.Tensor:
         """Frames of ``ids`` (any shape ``S``) as a new tensor ``[*S, *frame]`` on the ring's device."""
@@ -196,7 +239,7 @@ class FrameRing:
             raise RuntimeError("a sampled transition refers to a frame the ring no longer holds (internal error)")
         rows = flat % self.rows
         if self.view is not None:
-            out = torch.from_numpy(self.view.take(rows, axis=0))
+            out = self._tensor(self.view.take(rows, axis=0))
         else:
             out = self.frames.index_select(0, torch.from_numpy(rows).to(self.frames.device))
         return out.reshape(*ids.shape, *self.shape)
@@ -239,7 +282,7 @@ def env_of(item: Mapping, key: Optional[str], i: int) -> Any:
     return int(v) if isinstance(v, np.integer) else v
 
 
-_NUMPY_TORCH = (
+_NUMPY_TORCH = (  # frame dtypes numpy holds; the others are read as their bit patterns (``bits_of``)
     torch.bool,
     torch.uint8,
     torch.int8,
@@ -252,13 +295,27 @@ _NUMPY_TORCH = (
 )
 
 
-def stack_of(item: Mapping, key: str, i: int, stack: Optional[int], like: Optional[Tuple[Tuple[int, ...], Any]]):
+def stack_of(
+    item: Mapping,
+    key: str,
+    i: int,
+    stack: Optional[int],
+    like: Optional[Tuple[Tuple[int, ...], Any]],
+    with_dtype: bool = False,
+):
+    """Field ``key`` of item ``i``, a frame stack ``[stack, *frame]``, as a numpy array, checked against ``stack``
+    and ``like`` (frame shape, dtype as ``frame_dtype`` names it). Frames of a dtype numpy lacks (bfloat16,
+    float8) come as their bit patterns (``bits_of``); ``with_dtype``: ``(array, the frames' dtype)``."""
     if key not in item:
         raise ValueError(f"item {i} has no field {key!r} (storage.frames)")
     v = item[key]
+    dtype = None
     if isinstance(v, torch.Tensor):
         if v.dtype not in _NUMPY_TORCH:
-            raise ValueError(f"item {i}: field {key!r} must hold numbers numpy can hold (frames), got dtype {v.dtype}")
+            bits = bits_of(v.dtype)
+            if bits is None:
+                raise ValueError(f"item {i}: field {key!r} must hold real numbers (frames), got dtype {v.dtype}")
+            dtype, v = v.dtype, v.detach().view(bits)
         v = v.detach().cpu().numpy()
     elif not isinstance(v, np.ndarray):
         raise ValueError(f"item {i}: field {key!r} must be an array or tensor [stack, *frame], got {type(v).__name__}")
@@ -268,12 +325,19 @@ def stack_of(item: Mapping, key: str, i: int, stack: Optional[int], like: Option
         raise ValueError(f"item {i}: field {key!r} must hold numbers (frames), got dtype {v.dtype}")
     if stack is not None and v.shape[0] != stack:
         raise ValueError(f"item {i}: field {key!r} has a stack of {v.shape[0]} frames, expected {stack}")
-    if like is not None and (tuple(v.shape[1:]), v.dtype) != like:
+    dtype = v.dtype if dtype is None else dtype
+    if like is not None and (tuple(v.shape[1:]) != tuple(like[0]) or not _same_dtype(dtype, like[1])):
         raise ValueError(
-            f"item {i}: field {key!r} has frames of shape {tuple(v.shape[1:])} and dtype {v.dtype}, expected "
-            f"{like[0]} and {like[1]}"
+            f"item {i}: field {key!r} has frames of shape {tuple(v.shape[1:])} and dtype {_dtype_name(dtype)}, "
+            f"expected {like[0]} and {_dtype_name(like[1])}"
         )
-    return v
+    return (v, dtype) if with_dtype else v
+
+
+def _same_dtype(a: Any, b: Any) -> bool:
+    """Frame dtypes as ``frame_dtype`` names them: a numpy dtype never equals a torch one (int16 is not the bit
+    pattern of bfloat16)."""
+    return isinstance(a, torch.dtype) == isinstance(b, torch.dtype) and a == b
 
 
 class StreamEncoder:
@@ -300,7 +364,7 @@ class StreamEncoder:
         first = ring.next_id if first is None else first
         frames: List[np.ndarray] = []
         local: Dict[Any, Tuple[Tuple[int, ...], bool]] = {}
-        like = (ring.shape, torch.empty(0, dtype=ring.dtype).numpy().dtype) if ring.shape is not None else None
+        like = (ring.shape, frame_dtype(ring.dtype)) if ring.shape is not None else None
         out: List[Dict[str, Any]] = []
         envs: List[Any] = []
         continues: List[bool] = []
@@ -326,10 +390,10 @@ class StreamEncoder:
             for name in (self.ids_key, self.next_id_key):
                 if name in item:
                     raise ValueError(f"item {i}: field {name!r} is reserved by storage.frames")
-            obs = stack_of(item, self.key, i, stack, like)
+            obs, dtype = stack_of(item, self.key, i, stack, like, with_dtype=True)
             stack = obs.shape[0]
             if like is None:
-                like = (tuple(obs.shape[1:]), obs.dtype)
+                like = (tuple(obs.shape[1:]), dtype)
             nxt = stack_of(item, self.next_key, i, stack, like)
             env = env_of(item, spec['env_key'], i)
             ended = ended_of(item, spec, i)
@@ -375,4 +439,5 @@ class StreamEncoder:
             row[self.ids_key] = np.array(obs_ids, dtype=np.int64)
             row[self.next_id_key] = np.int64(new)
             out.append(row)
-        return out, Pending(frames, first, local, envs, continues), stack
+        dtype = None if like is None else torch_dtype(like[1])
+        return out, Pending(frames, first, local, envs, continues, dtype), stack
