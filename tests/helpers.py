@@ -127,7 +127,7 @@ def ref_distance(a, b, p):
 
 
 # ================================================================================ time and threads
-def wait_until(predicate, timeout=5.0):
+def wait_until(predicate, timeout=30.0):
     """Poll ``predicate`` every 10 ms until it holds or ``timeout`` seconds pass; returns its last value."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

@@ -141,14 +141,8 @@ def busy_buffer(storage, seed=0, **kw):
     return buf
 
 
-def warm_up():
-    """Run every compiled kernel once, so timing-sensitive tests do not pay JIT/cache loading inside a window."""
-    for storage in STORAGES:
-        b = make(storage, size=8)
-        b.push([item(i) for i in range(4)])
-        b.push(item(4))
-        b.update(info_from(b.sample(4), [1.0, 2.0, 3.0, 4.0]))
-        b.sample(2, sample_range=slice(1, 3))
+# An outer bound on waits that must end (a hang fails the test); never a speed requirement: a loaded machine passes.
+GENEROUS = 30.0
 
 
 # ================================================================================ 1. push
@@ -983,7 +977,7 @@ def test_max_use_with_tracking_retires_item_and_update_cannot_revive_it(tmp_path
             assert b is None or col(b, 'uid') != [0]
         # the file goes when the slot is overwritten
         buf.push([_tracked_item(tmp_path, 3), _tracked_item(tmp_path, 4)])
-        assert wait_until(lambda: not (tmp_path / 'data_0.pt').exists())
+        assert wait_until(lambda: not (tmp_path / 'data_0.pt').exists(), GENEROUS)
         assert (tmp_path / 'data_3.pt').exists() and (tmp_path / 'data_4.pt').exists()
     finally:
         buf.close()
@@ -1022,7 +1016,9 @@ def test_max_staleness_with_tracking_deletes_the_files(tmp_path):
         buf.push(items)
         buf.sample(1, cur_learner_iter=6)  # ids 0 and 1 are stale; id 2 stops the walk
         assert stored_ids(buf) == [2, 3]
-        assert wait_until(lambda: not (tmp_path / 'data_0.pt').exists() and not (tmp_path / 'data_1.pt').exists())
+        assert wait_until(
+            lambda: not (tmp_path / 'data_0.pt').exists() and not (tmp_path / 'data_1.pt').exists(), GENEROUS
+        )
         assert (tmp_path / 'data_2.pt').exists() and (tmp_path / 'data_3.pt').exists()
     finally:
         buf.close()
@@ -1174,20 +1170,20 @@ THRUPUT = dict(push_sample_rate_limit=dict(max=2, min=0.5), window_seconds=5, sa
 
 
 def _run_thruput_scenario(storage, thruput, push_n, sample_n, big_n):
-    """push ``push_n``; sample(sample_n) x4; sample(big_n); push(push_n) x3 -- all within one second (the
-    controller decays in whole-second steps), retried up to three times."""
-    warm_up()
-    for _ in range(3):
-        start = time.monotonic()
+    """push ``push_n``; sample(sample_n) x4; sample(big_n); push(push_n) x3 -- all within the controller's first
+    second (it decays in whole-second steps): its clock is stopped, so a slow machine runs the same arithmetic.
+    Was: run on the wall clock and retried until it took under 0.9 s, which a loaded machine failed."""
+    from ding_buffer.control import limiter as limiter_module
+    from ding_buffer.control.thruput import ThruputController
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(limiter_module, 'ThruputController', lambda cfg: ThruputController(cfg, clock=lambda: 0.0))
         buf = make(storage, size=1000, thruput_controller=thruput)
-        first = buf.push([item(i) for i in range(push_n)])
-        results = [buf.sample(sample_n) for _ in range(4)]
-        too_big = buf.sample(big_n)
-        pushes = [buf.push([item(i) for i in range(push_n)]) for _ in range(3)]
-        stats = buf.stats()
-        if time.monotonic() - start < 0.9:
-            return buf, first, results, too_big, pushes, stats
-    pytest.fail('could not run the scenario within one second three times')
+    first = buf.push([item(i) for i in range(push_n)])
+    results = [buf.sample(sample_n) for _ in range(4)]
+    too_big = buf.sample(big_n)
+    pushes = [buf.push([item(i) for i in range(push_n)]) for _ in range(3)]
+    return buf, first, results, too_big, pushes, buf.stats()
 
 
 @pytest.mark.parametrize('storage', STORAGES)
@@ -1240,8 +1236,7 @@ def test_blocking_sample_times_out_when_never_allowed(storage):
     t0 = time.monotonic()
     with pytest.raises(SampleTimeoutError):
         buf.sample(4, timeout=0.3)
-    elapsed = time.monotonic() - t0
-    assert 0.28 <= elapsed < 3.0
+    assert 0.28 <= time.monotonic() - t0 < GENEROUS  # waited its timeout (the upper bound only catches a hang)
     assert isinstance(SampleTimeoutError('x'), TimeoutError)
     # refused by the rate limiter (push/sample must stay >= 1)
     limited = make(storage, size=16, thruput_controller=dict(push_sample_rate_limit=dict(max=float('inf'), min=1)))
@@ -1250,7 +1245,7 @@ def test_blocking_sample_times_out_when_never_allowed(storage):
     t0 = time.monotonic()
     with pytest.raises(SampleTimeoutError):
         limited.sample(8, timeout=0.3)  # 8 / 16 < 1
-    assert 0.28 <= time.monotonic() - t0 < 3.0
+    assert 0.28 <= time.monotonic() - t0 < GENEROUS
     with pytest.raises(SampleTimeoutError):
         limited.sample(8, timeout=0)
     with pytest.raises(ValueError):
@@ -1265,7 +1260,7 @@ def test_blocking_sample_returns_when_another_thread_pushes(storage):
 
     def sampler():
         try:
-            result.append(buf.sample(4, timeout=5.0))
+            result.append(buf.sample(4, timeout=2 * GENEROUS))
         except Exception as e:  # pragma: no cover - reported below
             errors.append(e)
 
@@ -1275,11 +1270,11 @@ def test_blocking_sample_returns_when_another_thread_pushes(storage):
     time.sleep(0.15)
     assert t.is_alive()  # still waiting: 2 items < 4
     push_ids(buf, range(2, 4))
-    t.join(timeout=5.0)
+    t.join(timeout=GENEROUS)
     assert not t.is_alive()
-    assert errors == []
+    assert errors == []  # woken by the push with a batch, not by its timeout (SampleTimeoutError)
     assert sorted(col(result[0], 'uid')) == [0, 1, 2, 3]
-    assert time.monotonic() - t0 < 4.0
+    assert time.monotonic() - t0 < GENEROUS
 
 
 @pytest.mark.parametrize('storage', STORAGES)
@@ -1289,18 +1284,16 @@ def test_close_wakes_a_waiting_sampler(storage):
 
     def sampler():
         try:
-            buf.sample(4, timeout=10.0)
+            buf.sample(4, timeout=2 * GENEROUS)
         except Exception as e:
             errors.append(e)
 
     t = threading.Thread(target=sampler)
     t.start()
     time.sleep(0.1)
-    t0 = time.monotonic()
     buf.close()
-    t.join(timeout=5.0)
-    assert not t.is_alive()
-    assert time.monotonic() - t0 < 2.0
+    t.join(timeout=GENEROUS)
+    assert not t.is_alive()  # woken by close, long before its timeout
     assert len(errors) == 1 and isinstance(errors[0], RuntimeError) and 'closed' in str(errors[0])
     with pytest.raises(RuntimeError):
         buf.push(item(0))
@@ -1517,7 +1510,22 @@ def test_concurrent_push_sample_update_keep_tree_invariants(storage):
             assert res['updated'] + res['stale'] == len(info['priority'])
             updated[0] += res['updated']
 
-    run_threads([pusher(k) for k in range(2)] + [sampler(k) for k in range(2)] + [updater], seconds)
+    def enough():
+        stats = buf.stats()
+        removed = stats['removed_by_use'] + stats['removed_by_staleness'] > 0
+        return sum(pushed) > cap and all(sampled) and updated[0] > 0 and removed
+
+    def controller(stop):
+        """At least ``seconds`` of contention, then on until every part has done its share (a loaded machine takes
+        longer; was: a fixed 2 s, after which a slow run had not pushed enough), GENEROUS seconds at most."""
+        stop.wait(seconds)
+        deadline = time.monotonic() + GENEROUS
+        while not stop.is_set() and not enough() and time.monotonic() < deadline:
+            stop.wait(0.05)
+        stop.set()
+
+    workers = [pusher(k) for k in range(2)] + [sampler(k) for k in range(2)] + [updater, controller]
+    run_threads(workers, join_timeout=seconds + 2 * GENEROUS)  # the controller stops them
     assert sum(pushed) > cap and all(sampled) and updated[0] > 0
     _check_tree_invariants(buf)
     stats = buf.stats()

@@ -28,6 +28,8 @@ from ding_buffer.errors import SampleTimeoutError
 
 STORAGES = ['list', 'tensor']
 NO_DECAY = 1e6  # window_seconds: the thruput counters practically never decay during a test
+# An outer bound on waits that must end (a hang fails the test); never a speed requirement: a loaded machine passes.
+GENEROUS = 30.0
 
 
 # ---------------------------------------------------------------------------------------------- user parts
@@ -264,13 +266,11 @@ def test_naive_timeout_raises_and_a_push_from_another_thread_wakes_it(storage):
     t0 = time.monotonic()
     with pytest.raises(SampleTimeoutError):
         buf.sample(2, timeout=0.2)
-    assert 0.15 < time.monotonic() - t0 < 5
+    assert 0.15 < time.monotonic() - t0 < GENEROUS  # waited its timeout (the upper bound only catches a hang)
     pusher = _push_later(buf, [item(1), item(2)], 0.1)
-    t0 = time.monotonic()
-    out = buf.sample(2, timeout=20)
-    assert time.monotonic() - t0 < 5
+    out = buf.sample(2, timeout=2 * GENEROUS)  # woken by the push (its timeout would raise)
     assert sorted(xs(out)) == [1, 2]
-    pusher.join(5)
+    pusher.join(GENEROUS)
 
 
 def test_naive_timeout_waits_for_the_rate_limit(storage):
@@ -280,10 +280,8 @@ def test_naive_timeout_waits_for_the_rate_limit(storage):
     with pytest.raises(SampleTimeoutError):
         buf.sample(4, timeout=0.2)  # 4 / 8 < 1 and nobody pushes
     pusher = _push_later(buf, [item(10 + i) for i in range(4)], 0.1)
-    t0 = time.monotonic()
-    assert len(xs(buf.sample(4, timeout=20))) == 4  # 8 / 8 after the push
-    assert time.monotonic() - t0 < 5
-    pusher.join(5)
+    assert len(xs(buf.sample(4, timeout=2 * GENEROUS))) == 4  # 8 / 8 after the push: woken by it
+    pusher.join(GENEROUS)
 
 
 def test_sample_timeout_error_is_public():
@@ -380,20 +378,18 @@ def test_close_wakes_a_waiting_sampler(storage):
     caught = {}
 
     def waiter():
-        t0 = time.monotonic()
         try:
-            buf.sample(1, timeout=20)
+            buf.sample(1, timeout=2 * GENEROUS)
         except Exception as e:  # noqa: BLE001 (recorded and checked below)
-            caught['error'], caught['after'] = e, time.monotonic() - t0
+            caught['error'] = e
 
     t = threading.Thread(target=waiter, daemon=True)
     t.start()
     time.sleep(0.2)
     buf.close()
-    t.join(5)
-    assert not t.is_alive()
+    t.join(GENEROUS)
+    assert not t.is_alive()  # woken by close, long before its timeout
     assert isinstance(caught.get('error'), RuntimeError) and 'closed' in str(caught['error'])
-    assert caught['after'] < 5
 
 
 # ---------------------------------------------------------------------------------------------- 2. episode helpers
@@ -557,9 +553,9 @@ def test_episode_thruput_controller_and_timeout(storage):
     with pytest.raises(SampleTimeoutError):
         buf.sample(1, unroll_len=2, timeout=0.2)  # empty
     pusher = _push_later(buf, [make_ep(storage, 0, 3), make_ep(storage, 1, 3)], 0.1)
-    out = buf.sample(2, unroll_len=2, replace=True, timeout=20)  # woken by the push
+    out = buf.sample(2, unroll_len=2, replace=True, timeout=2 * GENEROUS)  # woken by the push
     assert {e for e, _ in window_keys(out)} <= {0, 1}
-    pusher.join(5)
+    pusher.join(GENEROUS)
     assert buf.push([make_ep(storage, 2, 3)]) == 0  # (2 + 1) / 2 > 1
     assert buf.count() == 2 and buf.stats()['refused_push'] == 1
     assert buf.sample(1, unroll_len=2) is not None

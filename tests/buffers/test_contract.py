@@ -504,7 +504,7 @@ def test_close_joins_every_helper_thread(case, tmp_path):
     count = buf.count()
     buf.close()
     buf.close()  # idempotent
-    ok = wait_until(lambda: threading.active_count() <= baseline, timeout=5.0)
+    ok = wait_until(lambda: threading.active_count() <= baseline, timeout=30.0)
     left = [t.name for t in threading.enumerate() if t not in baseline_threads and t.is_alive()]
     assert ok and not left, f'threads still alive after close(): {left}'
     if tracked is not None:  # the evicted items' files are deleted by the time close() returns

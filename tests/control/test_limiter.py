@@ -91,7 +91,7 @@ def test_wait_times_out_naming_what_and_why_and_returns_when_allowed():
 
         pusher = threading.Thread(target=push)
         pusher.start()
-        assert lim.wait(lambda: '' if ready.is_set() else 'empty', 5.0, 'sample', lambda: None) == ''
+        assert lim.wait(lambda: '' if ready.is_set() else 'empty', 60.0, 'sample', lambda: None) == ''  # woken
         assert inside == [1] and lim.waiting == 0  # counted while waiting (a push notifies only then)
         with pytest.raises(RuntimeError, match='closed'):
             lim.wait(lambda: 'empty', 5.0, 'sample', lambda: (_ for _ in ()).throw(RuntimeError('closed')))
