@@ -281,7 +281,8 @@ class FlatEpisodes(_EpisodeStore):
                 )
             except (TypeError, ValueError) as e:
                 raise type(e)(f"episode {i}: {e}") from None
-            schema, after = prepared.payload[0], prepared
+            # the schema the next episode must match (a frame storage wraps the tensor storage's payload)
+            schema, after = (prepared.payload[0][0] if self.frames else prepared.payload[0]), prepared
             out.append((prepared, n))
         return out
 

@@ -179,3 +179,26 @@ def test_bfloat16_episodes_come_back_exactly(type_):
         assert np.array_equal(bits(obs[j]), bits(pushed[s]['obs'])) and np.array_equal(
             bits(nxt[j]), bits(pushed[s]['next_obs'])
         ), f"step {s}"
+
+
+@pytest.mark.parametrize('dtype', [torch.uint8, torch.bfloat16])
+@pytest.mark.parametrize('type_', ['episode', 'prioritized_episode'])
+def test_several_frame_episodes_in_one_push_are_stored_like_one_at_a_time(type_, dtype):
+    """A list of episodes in one push to a fresh frames episode table (it raised "episode 1: unhashable type:
+    'dict'") stores what pushing them one by one stores."""
+    envs = FrameEnvs(n_envs=1, seed=7, max_len=5)
+    episodes = []
+    for _ in range(3):
+        episode = []
+        while not episode or not (episode[-1]['done'] or episode[-1]['truncated']):
+            episode.append(converted([envs.step(0)], dtype)[0] if dtype != torch.uint8 else envs.step(0))
+        episodes.append({k: torch.stack([torch.as_tensor(s[k]) for s in episode]) for k in episode[0]})
+    cfg = dict(type=type_, replay_buffer_size=4, max_transitions=40, seed=0, storage=dict(type='tensor', frames={}))
+    together, apart = create_buffer(cfg), create_buffer(cfg)
+    together.push(episodes)
+    for ep in episodes:
+        apart.push(ep)
+    assert together.count() == apart.count() == 3
+    assert_same(together.state_dict(), apart.state_dict())
+    together.close()
+    apart.close()
