@@ -353,3 +353,19 @@ def test_is_weights_and_annealing_match_dingengine_buffers(dingengine_python, ru
                 assert ours[item] == pytest.approx(theirs[item], rel=1e-6), (kind, theirs, ours)
                 compared += 1
     assert compared >= 12
+
+
+# ---------------------------------------------------------------------------------------------- docs/dingengine.md
+def test_dingengine_doc_blocks_run_with_its_dependencies(dingengine_python, run_env, tmp_path):
+    """Every python block of docs/dingengine.md, in page order, in the DI-engine venv (the page says it needs DI-engine
+    with its dependencies); each block shows what its text says (tests/test_docs_examples.py's rules)."""
+    from test_docs_examples import DINGENGINE_TIMEOUT, PAGES, _launch, page_steps, runner_script
+
+    steps = [s for page in PAGES for s in page_steps(page, 'dingengine')]
+    assert steps
+    script = runner_script(tmp_path / 'dingengine_blocks.py')
+    rc, output = _launch(
+        [str(dingengine_python), str(script), json.dumps(steps), str(tmp_path)], tmp_path, run_env, DINGENGINE_TIMEOUT
+    )
+    assert rc == 0, f'the DI-engine blocks failed (exit {rc}):\n{output[-8000:]}'
+    assert json.loads((tmp_path / 'rank0.json').read_text())['done']
