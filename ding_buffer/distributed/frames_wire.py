@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from ..errors import FramesOutOfStepError
-from ..storage.frames import ended_of, env_of, frame_spec, stack_of
+from ..storage.frames import ended_of, env_of, frame_dtype, frame_spec, stack_of
 
 META_KEYS = ('v', 'base', 'cont', 'shift')
 
@@ -209,7 +209,7 @@ class FramesWireDecoder:
             stacks = held[1]
         # the buffer's stack and frames (None: it holds none, and then nothing is rebuilt): a step sent with its
         # obs must have them, so no step grows past 2 * stack frames here
-        known = None if like is None else (like[0], (like[1], torch.empty(0, dtype=like[2]).numpy().dtype))
+        known = None if like is None else (like[0], (like[1], frame_dtype(like[2])))  # bfloat16: no numpy dtype
         expand = self._expand_batch if batched else self._expand_items
         out, last = expand(data, cont, shift, stacks, known)
         self.counters['frames_wire_steps'] += len(cont)

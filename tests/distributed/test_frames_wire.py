@@ -388,3 +388,37 @@ def test_nothing_is_rebuilt_before_the_buffer_holds_frames():
     assert w.pushes.frames.stats['resent_full'] == 1 and w.pushes.frames.stats['obs_omitted'] >= 17
     w.close()
     th.join(20)
+
+
+def test_a_push_continuing_bfloat16_frames_is_refused_by_name_and_changes_nothing():
+    """A manager whose buffer holds bfloat16 frames (numpy has no such dtype) checks a push that continues a chain
+    against them: a continuation of other frames is refused with a clear error (it raised "Got unsupported
+    ScalarType BFloat16"), the buffer is unchanged, and full bfloat16 stacks are still stored."""
+    buf, dcfg, key = build_manager_buffer(cfg_of())
+    core = ManagerCore(buf, dcfg, key)
+    steps = FrameEnvs(n_envs=1, seed=6, max_len=100, side=8).steps(3)
+    bf16 = [
+        dict(
+            s,
+            obs=torch.from_numpy(s['obs']).to(torch.bfloat16),
+            next_obs=torch.from_numpy(s['next_obs']).to(torch.bfloat16),
+        )
+        for s in steps
+    ]
+
+    def push(seq, data, meta, client='c'):
+        args = dict(data=data, client=client, seq=seq, frames=meta)
+        return core.handle(1, {'op': 'push', 'id': seq, 'shard': 0, 'args': args})
+
+    enc = FramesWireEncoder(SPEC)
+    wire, meta = enc.encode([bf16[0]], False, 0)
+    assert meta is None  # the worker sends frames numpy cannot read as they are
+    assert push(0, wire, meta)['ok']
+    before = buf.state_dict()
+    crafted = [{k: v for k, v in dict(steps[1], next_obs=steps[1]['next_obs'][-1:]).items() if k != 'obs'}]
+    reply = push(1, [bf16[1], crafted[0]], dict(v=1, base=None, cont=[False, True], shift=True))
+    assert not reply['ok'] and reply['error'] in ('ValueError', 'TypeError', 'FramesOutOfStepError'), reply
+    assert 'ScalarType' not in reply['message'] and 'frame' in reply['message'], reply
+    assert_same(buf.state_dict(), before)
+    assert push(2, [bf16[1], bf16[2]], None)['ok']
+    assert buf.count() == 3
