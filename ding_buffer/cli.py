@@ -187,7 +187,12 @@ def configs(args: argparse.Namespace) -> int:
         # the whole first paragraph of the config's docstring, wrapped under the description column
         print(
             textwrap.fill(
-                c.summary or '-', columns, initial_indent=head, subsequent_indent=indent, break_on_hyphens=False
+                c.summary or '-',
+                columns,
+                initial_indent=head,
+                subsequent_indent=indent,
+                break_on_hyphens=False,
+                break_long_words=False,  # a long class name stays whole (it may run past the column)
             )
         )
     print(
