@@ -141,4 +141,5 @@ class PeerChannel:
 
     def close(self, grace: Optional[float] = None) -> None:
         self.stop_heartbeat()
-        self.transport.close(self.timeout if grace is None else grace)
+        # final: the channel is not used again; the goodbye gets this one grace, at exit too
+        self.transport.close(self.timeout if grace is None else grace, final=True)

@@ -1,6 +1,7 @@
 """The ``distributed`` config section (accepted on every buffer type) and its validation."""
 
 import math
+import os
 from typing import Any, Mapping
 
 from easydict import EasyDict
@@ -139,6 +140,13 @@ DISTRIBUTED_CHECKS = dict(
         'None or a list of ranks',
     ),
     actor_name=(lambda x: isinstance(x, str) and x, 'a non-empty str'),
+    namespace=(lambda x: isinstance(x, str) and bool(x), 'a non-empty str'),
+    ray_address=(lambda x: x is None or isinstance(x, str), "None or a cluster address str ('host:port')"),
+    checkpoint_path=(
+        lambda x: x is None or (isinstance(x, (str, os.PathLike)) and str(x) != '' and '\0' not in str(x)),
+        'None or a file path (written by the manager at shutdown)',
+    ),
+    log_reward_key=(lambda x: isinstance(x, str) and bool(x), 'a non-empty str (a field name)'),
     num_workers=(optional_positive_int, 'None or a positive int'),
     ray_actor_options=(
         lambda x: x is None or _actor_options_ok(x),
@@ -211,10 +219,16 @@ def resolve_callable(spec: Any, key: str) -> Any:
     import importlib
 
     module, _, name = spec.partition(':')
+    expected = "expected 'module:function' naming a callable importable by the manager's process"
     try:
         fn = getattr(importlib.import_module(module), name)
-    except (ImportError, AttributeError) as e:
-        raise ValueError(f"config key 'distributed.{key}' is {spec!r}, which cannot be imported: {e}") from e
+    except Exception as e:  # ImportError, AttributeError, or the module's own code failing on import
+        raise ValueError(
+            f"config key 'distributed.{key}' is {spec!r}, which cannot be imported ({type(e).__name__}: {e}); "
+            f"{expected}"
+        ) from e
     if not callable(fn):
-        raise ValueError(f"config key 'distributed.{key}' is {spec!r}, which is not callable")
+        raise ValueError(
+            f"config key 'distributed.{key}' is {spec!r}, which is a {type(fn).__name__}, not callable; {expected}"
+        )
     return fn

@@ -11,7 +11,7 @@ from typing import Any
 
 from ..config import check_section
 from .config import build_distributed_config, startup_seconds
-from .local import _local_cfg, build_manager_buffer, profile
+from .local import _local_cfg, build_manager_buffer, check_manager_side, profile
 from .rank_manager import ReplayBufferManager
 from .remote import RemoteBuffer
 
@@ -38,22 +38,40 @@ def create_distributed(cls: type, cfg: Any, *args, **kwargs) -> Any:
     if dcfg.backend == 'ray':
         from .push_pipeline import new_client_id
         from .ray_backend import get_or_create_actor
-        from .ray_channel import RayChannel
+        from .ray_channel import RayChannel, import_ray
+        from .startup import starts_local_ray
 
+        if not import_ray().is_initialized() and starts_local_ray(dcfg):
+            # the manager actor (created from this config unless it exists) will run on this host: what it would
+            # refuse fails here, before Ray starts. On a cluster it may run elsewhere: it checks itself.
+            check_manager_side(cfg, dcfg)
         actor = get_or_create_actor(cfg, dcfg)
         channel = RayChannel(actor, dcfg, new_client_id())
     else:
         from .peer_transports import MPITransport, TorchTransport
-        from .startup import init_mpi, init_torch, torch_world_size
+        from .startup import init_mpi, init_torch, known_rank_world, mpi_recovery
 
+        # what this rank can check alone -- the layout, and the settings of its own role -- before any network
+        # call (torch: reaching the master and the other ranks; MPI: MPI_Init, which waits for every rank)
+        early_rank, early_world = known_rank_world(dcfg.backend)
+        try:
+            if early_world is not None:
+                managers, workers = rank_layout(dcfg, early_world)
+                if early_rank is not None:
+                    check_role(cfg, dcfg, local_cfg, early_rank, managers, workers)
+        except ValueError:
+            if dcfg.backend == 'mpi' and mpi_recovery():
+                # under mpirun --enable-recovery a rank that leaves before MPI_Init holds every other rank inside
+                # MPI_Init for good (Open MPI 4.1): join it first (every rank was started), then raise
+                init_mpi()
+            raise
         if dcfg.backend == 'torch':
-            known = torch_world_size()  # what this rank knows alone is checked before any network wait
-            if known is not None:
-                rank_layout(dcfg, known)
             rank, world = init_torch(startup_seconds(dcfg))
         else:
             rank, world = init_mpi()
         managers, workers = rank_layout(dcfg, world)
+        if (early_rank, early_world) != (rank, world):  # the launcher's variables did not say: check now
+            check_role(cfg, dcfg, local_cfg, rank, managers, workers)
         cls_t = TorchTransport if dcfg.backend == 'torch' else MPITransport
         if rank in managers:
             transport = cls_t(workers, dcfg.allow_pickle, max_bytes, grace=dcfg.timeout)
@@ -62,14 +80,11 @@ def create_distributed(cls: type, cfg: Any, *args, **kwargs) -> Any:
                 sub = _shard_cfg(cfg, dcfg, managers.index(rank))
             buffer, mdcfg, key = build_manager_buffer(sub, *args, **kwargs)
             return ReplayBufferManager(buffer, transport, mdcfg, workers, key)
-        if rank not in workers:
-            raise ValueError(f"rank {rank} is neither a manager ({managers}) nor in distributed.worker_ranks {workers}")
         from .channel import PeerChannel
 
         if len(managers) > 1:  # one transport, channel and RemoteBuffer per shard, used as one buffer
             from .sharded import ShardedBuffer
 
-            ShardedBuffer.check(local_cfg, dcfg.shard_route, dcfg.shard_key)  # before any transport starts
             shards = []
             for k, manager in enumerate(managers):
                 transport = cls_t([manager], dcfg.allow_pickle, max_bytes, grace=dcfg.timeout)
@@ -81,6 +96,24 @@ def create_distributed(cls: type, cfg: Any, *args, **kwargs) -> Any:
         transport = cls_t([managers[0]], dcfg.allow_pickle, max_bytes, grace=dcfg.timeout)
         channel = PeerChannel(transport, managers[0], dcfg.timeout, dcfg.heartbeat_seconds)
     return worker_buffer(cls, local_cfg, dcfg, channel, *args, **kwargs)
+
+
+def check_role(cfg: Any, dcfg: Any, local_cfg: Any, rank: int, managers: list, workers: list) -> None:
+    """What rank ``rank`` of the layout ``(managers, workers)`` would refuse in its own role, checked without the
+    network (``ValueError`` naming the key): a manager's ``check_manager_side`` (its callables, ``file_root``,
+    ``max_reuse``), a worker's sharded routing; a rank that is neither is refused. Manager-side keys are not
+    checked on workers: their ``file_root`` or scoring module may exist on the manager's host only."""
+    if rank in managers:
+        check_manager_side(cfg, dcfg)
+    elif rank not in workers:
+        raise ValueError(
+            f"config key 'distributed.worker_ranks' is {dcfg.worker_ranks!r}: rank {rank} is neither a manager "
+            f"({managers}) nor a worker ({workers}); expected every rank of the job to have a role"
+        )
+    elif len(managers) > 1:
+        from .sharded import ShardedBuffer
+
+        ShardedBuffer.check(local_cfg, dcfg.shard_route, dcfg.shard_key)
 
 
 def worker_buffer(cls: type, local_cfg: Any, dcfg: Any, channel: Any, *args, **kwargs) -> RemoteBuffer:

@@ -14,8 +14,8 @@ def resolve_file_root(file_root: Optional[str]) -> Optional[str]:
     """``distributed.file_root`` as a real path (None stays None); ``ValueError`` if it is not a directory."""
     if file_root is not None and not os.path.isdir(file_root):
         raise ValueError(
-            f"config key 'distributed.file_root' is {file_root!r}, which is not a directory; "
-            f"create it, or set None to refuse workers' save_data / load_data"
+            f"config key 'distributed.file_root' is {file_root!r}, which is not a directory on the manager's "
+            f"host; expected an existing directory (create it), or None to refuse workers' save_data / load_data"
         )
     return os.path.realpath(file_root) if file_root is not None else None
 

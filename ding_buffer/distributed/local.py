@@ -8,7 +8,8 @@ from typing import Any, Dict, Tuple
 from easydict import EasyDict
 
 from ..base import get_buffer_cls
-from .config import build_distributed_config
+from .config import build_distributed_config, resolve_callable
+from .file_root import resolve_file_root
 
 
 def _local_cfg(cfg: Any) -> EasyDict:
@@ -29,17 +30,37 @@ def profile(cls: type, local: Any, dcfg: Any) -> Dict[str, Any]:
     return out
 
 
+def _max_use_key(cls: type, cfg: Any, max_reuse: int) -> str:
+    """The key of type ``cls`` that ``distributed.max_reuse`` sets (``max_use``; chunk's name of it is max_reuse)."""
+    key = 'max_use' if 'max_use' in cls.config else getattr(cls, 'key_aliases', {}).get('max_use')
+    if key is None:
+        raise ValueError(
+            f"config key 'distributed.max_reuse' is {max_reuse!r}; it needs a buffer type with a 'max_use' key "
+            f"(every built-in preset has one), got type {cfg.get('type')!r}"
+        )
+    return key
+
+
+def check_manager_side(cfg: Any, dcfg: Any) -> None:
+    """
+    Overview:
+        What the manager of ``cfg`` would refuse, checked by a process alone (no network): ``scoring_function`` /
+        ``metadata_function`` import as callables, ``file_root`` is a directory, ``max_reuse`` fits the type.
+        ``ValueError`` naming the key, its value and what was expected. A rank that will be the manager runs it
+        before any start-up wait (``factory``); the manager itself resolves the same values again when it starts.
+    """
+    resolve_callable(dcfg.scoring_function, 'scoring_function')
+    resolve_callable(dcfg.metadata_function, 'metadata_function')
+    resolve_file_root(dcfg.file_root)
+    if dcfg.max_reuse is not None:
+        _max_use_key(get_buffer_cls(cfg), cfg, dcfg.max_reuse)
+
+
 def build_manager_buffer(cfg: Any, *args, **kwargs) -> Tuple[Any, EasyDict, str]:
     """The manager's local buffer built from the same config (``max_reuse`` becomes ``max_use``)."""
     dcfg = build_distributed_config(cfg.get('distributed'))
     cls = get_buffer_cls(cfg)
     local = _local_cfg(cfg)
     if dcfg.max_reuse is not None:
-        key = 'max_use' if 'max_use' in cls.config else getattr(cls, 'key_aliases', {}).get('max_use')
-        if key is None:
-            raise ValueError(
-                f"config key 'distributed.max_reuse' needs a buffer type with a 'max_use' key (every "
-                f"built-in preset has one), got type {cfg.get('type')!r}"
-            )
-        local[key] = dcfg.max_reuse  # chunk's name of it is max_reuse
+        local[_max_use_key(cls, cfg, dcfg.max_reuse)] = dcfg.max_reuse
     return cls(local, *args, **kwargs), dcfg, profile(cls, local, dcfg)['log_reward_key']

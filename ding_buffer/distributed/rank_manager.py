@@ -74,7 +74,9 @@ class ReplayBufferManager:
         finally:
             with self._lock:
                 self._stopping = True
-            stuck = self.transport.close(self.cfg.timeout)
+            # final: nothing is served after run(); a worker that never answers the goodbye (frozen, or dead where
+            # MPI cannot tell) gets one distributed.timeout, at exit too, and its threads are then abandoned
+            stuck = self.transport.close(self.cfg.timeout, final=True)
         self.core.shutdown()
         out = self.core.summary()
         out['unanswered_goodbye'] = [str(p) for p in stuck]

@@ -61,19 +61,39 @@ def _presence_barrier(
         pause = min(pause * 2, 0.2)
 
 
-def torch_world_size() -> Optional[int]:
-    """The world size a torch rank knows before joining anyone: the default group's when it exists, else the
-    ``WORLD_SIZE`` env variable (torchrun / env:// launches); None when neither says."""
-    import os
+def _env_int(*keys: str) -> Optional[int]:
+    for key in keys:
+        try:
+            return int(os.environ[key])
+        except (KeyError, ValueError):
+            continue
+    return None
 
-    import torch.distributed as dist
 
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_world_size()
-    try:
-        return int(os.environ['WORLD_SIZE'])
-    except (KeyError, ValueError):
-        return None
+def known_rank_world(backend: str) -> Tuple[Optional[int], Optional[int]]:
+    """``(rank, world size)`` as far as this process knows them before any network call (None where it does not):
+    torch: the default group's when it exists, else ``RANK`` / ``WORLD_SIZE`` (torchrun / env:// launches); MPI:
+    ``COMM_WORLD``'s when mpi4py already initialised MPI, else the launcher's variables (Open MPI's
+    ``OMPI_COMM_WORLD_RANK`` / ``_SIZE``, MPICH / Intel MPI's ``PMI_RANK`` / ``PMI_SIZE``). Importing mpi4py is
+    not done here: ``MPI_Init`` is the MPI backend's first network wait."""
+    if backend == 'torch':
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            return dist.get_rank(), dist.get_world_size()
+        return _env_int('RANK'), _env_int('WORLD_SIZE')
+    mpi = sys.modules.get('mpi4py.MPI')
+    if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized():
+        return mpi.COMM_WORLD.Get_rank(), mpi.COMM_WORLD.Get_size()
+    if 'OMPI_COMM_WORLD_SIZE' in os.environ:
+        return _env_int('OMPI_COMM_WORLD_RANK'), _env_int('OMPI_COMM_WORLD_SIZE')
+    return _env_int('PMI_RANK'), _env_int('PMI_SIZE')
+
+
+def mpi_recovery() -> bool:
+    """Whether this process runs under ``mpirun --enable-recovery`` (Open MPI): the job outlives a rank that dies
+    or leaves, and a rank that leaves before ``MPI_Init`` keeps the others waiting inside it."""
+    return os.environ.get('OMPI_MCA_orte_enable_recovery', '').lower() in ('1', 'true', 'yes', 't', 'y')
 
 
 def init_torch(startup_s: float) -> Tuple[int, int]:
@@ -205,6 +225,13 @@ def _init_bounded(ray: Any, address: str, namespace: str, deadline: float, secon
         )
     if errors:
         raise errors[0]
+
+
+def starts_local_ray(dcfg: Any) -> bool:
+    """Whether ``connect_ray`` would start (or join) a Ray instance of this host rather than a cluster's address:
+    ``distributed.ray_address`` is ``'local'``, or None with no ``RAY_ADDRESS``."""
+    address = dcfg.ray_address
+    return address == 'local' or (address is None and not os.environ.get('RAY_ADDRESS'))
 
 
 def connect_ray(ray: Any, dcfg: Any, deadline: float, seconds: float) -> None:

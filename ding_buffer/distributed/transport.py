@@ -109,6 +109,7 @@ class ThreadedTransport(FrameReader):
         self._bye_received: set = set()
         self._closed = False
         self._abandon = False  # set when close() gave up waiting: polling loops end
+        self._close_deadline: Optional[float] = None  # the end of the first close()'s grace
         self._lock = threading.Lock()
         # optional ``(peer, kind, obj) -> None`` run on the receive thread instead of queueing: the manager
         # serves requests there, saving a thread hand-off per request
@@ -341,14 +342,21 @@ class ThreadedTransport(FrameReader):
             Say goodbye to every peer still connected (once), wait up to ``grace`` seconds (default: the
             transport's) for their answers and for queued frames to leave, and join the threads. Safe to call
             again: a later call waits again for threads that were still running. Returns the peers whose
-            threads did not end in time (a frozen or unresponsive peer). ``final`` (at interpreter exit) also
-            stops the MPI polling loops of such peers, which must not run past MPI's finalisation.
+            threads did not end in time (a frozen, unresponsive or dead peer: MPI cannot tell a dead rank from a
+            silent one). ``final``: the transport is not used again (its owner is done, or the interpreter
+            exits): the goodbye gets one grace in all, counted from the first ``close`` (a later ``final`` call
+            never waits a second one), and the threads of peers that did not answer are abandoned (MPI polling
+            loops end; they must not run past MPI's finalisation).
         """
         with self._lock:
             first = not self._closed
             self._closed = True
         grace = self.grace if grace is None else grace
         deadline = time.monotonic() + grace
+        if first:
+            self._close_deadline = deadline
+        elif final and self._close_deadline is not None:
+            deadline = min(deadline, self._close_deadline)  # the peers had their grace already
         if first:
             for p in self.peers:
                 if p not in self._bye_received and self.alive(p):

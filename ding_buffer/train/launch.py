@@ -293,7 +293,9 @@ def _ray_driver(
     import ray
 
     from ..distributed.config import build_distributed_config
+    from ..distributed.local import check_manager_side
     from ..distributed.ray_backend import get_or_create_actor
+    from ..distributed.startup import starts_local_ray
     from ..errors import ManagerUnavailableError
 
     nproc = args.nproc
@@ -302,10 +304,16 @@ def _ray_driver(
             f"distributed.backend='ray': give --nproc N >= 3 (the manager actor, the learner and N - 2 {worker}s)"
         )
     dist = cfg.policy.other.replay_buffer.distributed
+    bcfg = job_buffer_cfg(cfg, run_dir, nproc - 1)
+    dcfg = build_distributed_config(bcfg.distributed)
+    if not ray.is_initialized() and starts_local_ray(dcfg):
+        # the manager actor will run on this host: what it would refuse fails now, before Ray starts (the run
+        # directory, its default file_root, is made below)
+        own_root = dcfg.file_root == os.path.abspath(run_dir)
+        check_manager_side(bcfg, type(dcfg)(dcfg, file_root=None) if own_root else dcfg)
     ray_init(dist, nproc)
     os.makedirs(run_dir, exist_ok=True)
-    bcfg = job_buffer_cfg(cfg, run_dir, nproc - 1)
-    manager = get_or_create_actor(bcfg, build_distributed_config(bcfg.distributed))  # noqa: F841 (held)
+    manager = get_or_create_actor(bcfg, dcfg)  # noqa: F841 (held)
     task = ray.remote(num_cpus=1, max_retries=0)(role_main)
     learner = task.remote(cfg, run_dir, 'learner', 0, nproc - 1, args.resume is not None, not args.no_progress)
     workers = [task.remote(cfg, run_dir, worker, i, nproc - 1, False, False) for i in range(nproc - 2)]
