@@ -15,6 +15,7 @@ from helpers import mpi_missing, need_mpi, pythonpath
 
 SCRIPTS = Path(__file__).parent / 'dist_scripts'
 SCRIPT = SCRIPTS / 'rank_main.py'
+EXIT_WRAP = SCRIPTS / 'exit_wrap.sh'
 BACKENDS = ['torch', 'mpi']
 LAUNCH_TIMEOUT = 90.0
 
@@ -50,11 +51,14 @@ class Launch:
         survive_deaths: bool = False,
         timeout: float = LAUNCH_TIMEOUT,
         hosts=None,
+        record_exits: bool = False,
     ) -> None:
         """``survive_deaths``: torch ranks start as plain env:// processes (as SLURM users do: torchrun would tear
         the job down when a rank dies) and mpirun runs with --enable-recovery. ``hosts`` (a ``netns_hosts.Hosts``):
         rank ``r`` runs on host ``r``: torch ranks as env:// processes rendezvousing at host 0's address, MPI ranks
-        started by mpirun (in the test's namespace) through ``netns_rsh.sh``, talking TCP only."""
+        started by mpirun (in the test's namespace) through ``netns_rsh.sh``, talking TCP only. ``record_exits``
+        (torch env:// ranks or mpirun, not torchrun): every rank runs under ``exit_wrap.sh``, which records its
+        process's exit status and end time (``exits()``), MPI_Finalize and interpreter teardown included."""
         self.scenario, self.backend, self.nproc, self.timeout = scenario, backend, nproc, timeout
         self.out = root / f'{scenario}-{backend}'
         self.out.mkdir(parents=True)
@@ -62,6 +66,9 @@ class Launch:
         self.timed_out = []
         self.ranks = None
         args = [str(script), scenario, backend, str(self.out)]
+        if record_exits:
+            assert hosts is None and (backend == 'mpi' or survive_deaths), 'exit_wrap.sh wraps env:// or mpirun ranks'
+        python = ['sh', str(EXIT_WRAP), sys.executable] if record_exits else [sys.executable]
         if hosts is not None and backend == 'mpi':
             env = child_env()
             env.update(hosts.test_env(nproc))
@@ -102,7 +109,7 @@ class Launch:
                     MASTER_ADDR='127.0.0.1',
                     MASTER_PORT=str(port),
                 )
-                self._start(f'rank{r}', [sys.executable] + args, env)
+                self._start(f'rank{r}', python + args, env)
         elif backend == 'torch':
             # --standalone: torchrun binds a free port itself (no race with other jobs grabbing a port we picked)
             cmd = [
@@ -120,7 +127,7 @@ class Launch:
             cmd = ['mpirun', '--allow-run-as-root', '--oversubscribe', '-n', str(nproc)]
             if survive_deaths:
                 cmd.append('--enable-recovery')  # the other ranks keep running when one dies
-            self._start('mpirun', cmd + [sys.executable] + args, child_env())
+            self._start('mpirun', cmd + python + args, child_env())
         self.started = time.monotonic()
 
     def _start(self, name, cmd, env, hosts=None, host=0) -> None:
@@ -155,6 +162,17 @@ class Launch:
             if f.exists():
                 self.ranks[r] = json.loads(f.read_text())
         return self
+
+    def exits(self) -> dict:
+        """``{rank: (exit status, time.time() when its process had ended)}`` of the ranks ``exit_wrap.sh`` saw end
+        (``record_exits``)."""
+        out = {}
+        for r in range(self.nproc):
+            f = self.out / f'rank{r}.exit'
+            if f.exists():
+                rc, when = f.read_text().split()
+                out[r] = (int(rc), float(when))
+        return out
 
     @property
     def returncodes(self):

@@ -109,6 +109,19 @@ def worker_push_then_die(cfg, wid, steps, batch):
     os._exit(1)
 
 
+def worker_push_then_sigkill(cfg, wid, steps, batch):
+    """Attach, push ``steps`` batches (each acknowledged), then SIGKILL this worker process."""
+    import signal
+
+    from ding_buffer import create_buffer
+
+    buf = create_buffer(cfg)
+    for step in range(steps):
+        buf.push(rows(wid, step, batch), batched=True)
+        assert buf.pushes.last_score['stored'] == batch
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
 def worker_push_return(cfg, wid, steps, batch):
     """Attach, push ``steps`` batches (each acknowledged), return without closing (the RemoteBuffer is dropped)."""
     from ding_buffer import create_buffer

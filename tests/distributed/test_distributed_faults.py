@@ -5,8 +5,8 @@ Scenarios of ``tests/distributed/dist_scripts/rank_main.py`` (ranks 0 and 1 are 
   the manager's file root, random bytes, lying control blocks, a short frame after long ones, an oversized
   frame) while rank 1 is served; the manager answers every framed request with an error, never runs code,
   stays within its memory and keeps serving both.
-- freeze_manager: the manager is SIGSTOPped for longer than the workers' timeout; every call fails within
-  timeout + 0.5 s, retried pushes are stored exactly once.
+- freeze_manager: the manager is SIGSTOPped for longer than the workers' timeout; every call that fails fails
+  by its timeout, before the manager is thawed; retried pushes are stored exactly once.
 - freeze_worker / freeze_worker_end: a worker frozen past peer_timeout rejoins when thawed, or (the manager
   ending first) gets a clear error; every rank exits 0 either way.
 Transport-level scenarios (``transport_main.py``, two ranks): a receiver that posts late gets exactly the bytes
@@ -94,8 +94,11 @@ def test_frozen_manager_every_call_fails_within_the_timeout(launches, backend):
     calls = run.rank(0)['calls'] + run.rank(1)['calls']
     failed = [c for c in calls if not c['ok']]
     assert failed, f'the freeze produced no failed call\n{run.logs()}'
-    slow = [c for c in calls if c['seconds'] > FREEZE_TIMEOUT + 0.5]
-    assert not slow, slow  # a call fails (or succeeds) within timeout + 0.5 s, always
+    thawed = run.rank(1)['thawed_at']  # the manager was frozen for FREEZE_SECONDS (8 s) > 2 x the timeout (3 s)
+    late = [c for c in failed if 'start' in c and c['start'] + c['seconds'] > thawed]
+    assert not late, late  # a call that fails was ended by its own timeout, not by the manager's thaw
+    slow = [c for c in calls if c['seconds'] > 2 * FREEZE_TIMEOUT]
+    assert not slow, slow  # a call fails (or succeeds) within its timeout, with wide slack
     assert all(
         'within' in c['error'] or 'did not' in c['error'] for c in failed if 'error' in c and c['what'] != 'stats'
     )
@@ -123,7 +126,7 @@ def test_frozen_worker_rejoins_and_every_rank_exits_0(launches, backend):
     w0 = run.rank(0)
     assert sorted(t for t in man['tags'] if t < 10000) == ADV_TAGS(0, range(w0['steps']))
     after = [c for c in w0['calls'] if c['start'] > run.rank(1)['thawed_at'] + 0.05]
-    assert after and max(c['seconds'] for c in after) < 10.0 + 0.5, after  # distributed.timeout=10 after the thaw
+    assert after and max(c['seconds'] for c in after) < 2 * 10.0, after  # distributed.timeout=10, wide slack
     assert all(c['ok'] for c in after[1:]), after  # once thawed, every call succeeds (the first may be in doubt)
 
 
@@ -146,7 +149,8 @@ def test_late_receiver_gets_exactly_the_bytes_of_a_timed_out_send(tmp_path, back
     run = Launch('late_receiver', backend, tmp_path, script=SCRIPTS / 'transport_main.py', nproc=2, timeout=90)
     run.wait().require_ok(ranks=(0, 1))
     s, r = run.rank(0), run.rank(1)
-    assert s['timed_out'] and s['error'] == 'SendTimeout' and s['timeout_seconds'] < 1.5, s
+    assert s['timed_out'] and s['error'] == 'SendTimeout', s
+    assert 1.0 <= s['timeout_seconds'] < 30, s  # the send waited for its 1 s deadline, then gave up
     assert r['first_ok'] and r['first_len'] == 256 << 10, r  # all 0xAB: never freed or reused memory
     assert r['second'] == 'after', r
 
@@ -219,3 +223,68 @@ def test_a_world_of_one_rank_is_refused(backend):
     assert p.stdout.startswith('ERR ValueError') and "distributed.backend" in p.stdout and '1 rank' in p.stdout, (
         p.stdout + p.stderr
     )
+
+
+BAD_MANAGER = '''
+import os, sys, time
+t = time.monotonic()
+from ding_buffer import create_buffer
+dist = dict(backend={backend!r}, startup_timeout=60, timeout=10, scoring_function='nomodule_xyz:score')
+try:
+    create_buffer(dict(type='naive', replay_buffer_size=8, distributed=dist))
+    print('NO ERROR', flush=True)
+except Exception as e:
+    started = ('mpi4py.MPI' in sys.modules) or ('ray' in sys.modules and sys.modules['ray'].is_initialized())
+    print('ERR', type(e).__name__, round(time.monotonic() - t, 1), 'network-started' if started else 'no-network',
+          str(e).replace(chr(10), ' '), flush=True)
+    sys.exit(2)
+'''
+
+
+def test_a_managers_unimportable_scoring_function_fails_before_the_startup_wait():
+    """The manager rank (rank 1 of 2, env://, its peer never starts) names the bad key at once, instead of
+    waiting startup_timeout (60 s) for the master and then reporting a TimeoutError."""
+    env = child_env()
+    env.update(MASTER_ADDR='127.0.0.1', MASTER_PORT=str(free_port()), RANK='1', WORLD_SIZE='2')
+    p, _ = _run(BAD_MANAGER.format(backend='torch'), env, timeout=120)
+    assert p.stdout.startswith('ERR ValueError'), p.stdout + p.stderr
+    _, _, seconds, network, message = p.stdout.split(' ', 4)
+    assert "'distributed.scoring_function'" in message and "'nomodule_xyz:score'" in message, message
+    assert float(seconds) < 60, p.stdout  # not the start-up wait (its bound is 60 s)
+
+
+def test_a_managers_unimportable_scoring_function_fails_before_mpi_init():
+    """Under mpirun the manager rank (rank 1 of 2) refuses its scoring function before MPI_Init (mpi4py not even
+    imported), which would wait for every rank; mpirun then ends the job."""
+    need_mpi()
+    script = BAD_MANAGER.format(backend='mpi')
+    cmd = ['mpirun', '--allow-run-as-root', '--oversubscribe', '-n', '2', sys.executable, '-c', script]
+    p = subprocess.run(cmd, env=child_env(), capture_output=True, text=True, timeout=120)
+    lines = [ln for ln in p.stdout.splitlines() if ln.startswith('ERR ')]
+    assert lines, p.stdout + p.stderr
+    _, kind, _, network, message = lines[0].split(' ', 4)
+    assert kind == 'ValueError' and network == 'no-network', lines[0]
+    assert "'distributed.scoring_function'" in message and "'nomodule_xyz:score'" in message, message
+
+
+def test_a_managers_config_error_under_enable_recovery_does_not_hold_the_other_ranks():
+    """Under mpirun --enable-recovery (the train launcher's) a rank that left before MPI_Init would keep the others
+    inside MPI_Init for good: the manager rank joins MPI_Init, then raises its ValueError, and the job ends (its
+    worker rank finished: nothing to serve)."""
+    need_mpi()
+    script = BAD_MANAGER.format(backend='mpi')
+    cmd = ['mpirun', '--allow-run-as-root', '--oversubscribe', '--enable-recovery', '-n', '2', sys.executable]
+    p = subprocess.run(cmd + ['-c', script], env=child_env(), capture_output=True, text=True, timeout=120)
+    lines = [ln for ln in p.stdout.splitlines() if ln.startswith('ERR ')]
+    assert lines and 'NO ERROR' in p.stdout, p.stdout + p.stderr  # the worker rank got through MPI_Init
+    _, kind, _, network, message = lines[0].split(' ', 4)
+    assert kind == 'ValueError' and "'distributed.scoring_function'" in message, lines[0]
+
+
+def test_a_ray_managers_unimportable_scoring_function_fails_before_ray_starts():
+    pytest.importorskip('ray')
+    env = {k: v for k, v in child_env().items() if k != 'RAY_ADDRESS'}
+    p, _ = _run(BAD_MANAGER.format(backend='ray'), env, timeout=120)
+    assert p.stdout.startswith('ERR ValueError'), p.stdout + p.stderr
+    _, _, _, network, message = p.stdout.split(' ', 4)
+    assert network == 'no-network' and "'distributed.scoring_function'" in message, p.stdout

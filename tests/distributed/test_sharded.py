@@ -376,7 +376,7 @@ def test_sample_timeout_waits_for_enough_items_then_draws():
     batch = buf.sample(8, timeout=10)
     waited = time.monotonic() - t0
     filler.join()
-    assert 0.2 < waited < 5.0, waited
+    assert waited > 0.2, waited  # it waited for the filler (a timeout would have raised SampleTimeoutError)
     got = batch['obs'][:, 0].long().tolist()
     assert len(got) == 8 and len(set(got)) == 8 and set(got) <= set(range(12))
 
@@ -391,7 +391,7 @@ def test_sample_timeout_raises_after_the_timeout_and_changes_nothing():
     t0 = time.monotonic()
     with pytest.raises(SampleTimeoutError, match='8 items within 0.3s'):
         buf.sample(8, timeout=0.3)
-    assert 0.25 < time.monotonic() - t0 < 3.0
+    assert 0.3 <= time.monotonic() - t0 < 30  # it waited its timeout (the outer bound only says it ended)
     for s, b in zip(buf.shards, before):
         assert_same(s.state_dict(), b)
 

@@ -200,6 +200,17 @@ def test_ray_address_nobody_answers_is_a_one_line_error_within_the_startup_timeo
     assert time.monotonic() - t0 < 40
 
 
+@pytest.mark.slow
+def test_ray_managers_unimportable_scoring_function_is_a_one_line_error_before_ray_starts(tmp_path):
+    """The manager actor would run on this host (a local Ray instance): what it would refuse is refused before Ray
+    starts and before the run directory is made, exit 2 naming the key and its value."""
+    pytest.importorskip('ray')
+    cfg = _config(tmp_path, 'ray', 'apex.py', scoring_function='nomodule_xyz:score')
+    r = cli('train', cfg, '--nproc', '3', cwd=tmp_path, timeout=120)
+    assert_user_error(r.returncode, r.stderr, 'distributed.scoring_function', 'nomodule_xyz:score')
+    assert not (tmp_path / 'runs').exists()
+
+
 # ---------------------------------------------------------------------------------------------------- errors
 @pytest.mark.slow
 @pytest.mark.parametrize(

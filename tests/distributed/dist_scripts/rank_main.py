@@ -6,8 +6,9 @@ mpirun for 'mpi'). Ranks 0 and 1 are workers, rank 2 (the last) the manager. Eve
 
 Scenarios: roundtrip (advanced buffer, sample/update/stats/oversized push/checkpoint, torch.save of results,
 file requests), gfn_min (baseline 'min' on a small prioritized gfn buffer), gfn_ema_async (baseline 'ema',
-async_score, remote_buffer_freq), kill_worker (worker 0 SIGKILLs itself), kill_manager (the manager SIGKILLs
-itself), hostile (rank 0 sends crafted and random bytes to the manager while rank 1 is served), freeze_manager
+async_score, remote_buffer_freq), kill_worker (worker 0 SIGKILLs itself; kill_worker_exit: the same with a longer
+distributed.timeout, to see the survivors' processes end once their work is done), kill_manager (the manager
+SIGKILLs itself), hostile (rank 0 sends crafted and random bytes to the manager while rank 1 is served), freeze_manager
 (rank 1 SIGSTOPs the manager for longer than the timeout while rank 0 pushes with retries), freeze_worker
 (rank 1 freezes rank 0 past peer_timeout; rank 0 rejoins), freeze_worker_end (the same, but rank 1 exits while
 rank 0 is frozen, so the manager ends first), frames (frames stored once, the workers sending new frames).
@@ -95,6 +96,7 @@ def recorder(batch, sender=None, buffer=None):
 
 # ---------------------------------------------------------------------------------------------- configs
 FREEZE_TIMEOUT = 3.0  # distributed.timeout of the freeze scenarios
+KILL_EXIT_TIMEOUT = 40.0  # distributed.timeout of kill_worker_exit
 FREEZE_SECONDS = 8.0
 
 
@@ -119,9 +121,11 @@ def config():
             d.update(async_score=True)
         elif RANK == 1:
             d.update(remote_buffer_freq=2)
-    elif SCENARIO == 'kill_worker':
+    elif SCENARIO in ('kill_worker', 'kill_worker_exit'):
         cfg = dict(type='advanced', replay_buffer_size=1000, storage=dict(type='tensor'))
         d.update(peer_timeout=3.0, heartbeat_seconds=0.5)
+        if SCENARIO == 'kill_worker_exit':  # the goodbye to the dead worker may take this long, and nothing more
+            d.update(timeout=KILL_EXIT_TIMEOUT)
     elif SCENARIO == 'kill_manager':
         cfg = dict(type='advanced', replay_buffer_size=1000, storage=dict(type='tensor'))
         d.update(timeout=5.0, heartbeat_seconds=0.5)
@@ -430,6 +434,9 @@ def worker_kill_worker(buf):
     RESULT['steps'] = step
     buf.close()
     RESULT['closed'] = True
+
+
+worker_kill_worker_exit = worker_kill_worker
 
 
 def worker_kill_manager(buf):
@@ -874,13 +881,8 @@ def main() -> None:
         print(f'rank {RANK} failed:\n' + RESULT['traceback'], file=sys.stderr, flush=True)
         sys.exit(1)
     RESULT['seconds'] = time.monotonic() - T0
+    RESULT['ended_at'] = time.time()  # the rank's work is done: what follows is interpreter (and MPI) teardown
     write()
-    if SCENARIO in ('kill_worker', 'kill_worker_host') and BACKEND == 'mpi':
-        # a rank of the job is dead: MPI_Finalize at interpreter exit can wait for it until mpirun is killed
-        # (seen in a clean-clone CI run, after a PMIX BAD-PARAM error): the results are written, leave now
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(0)
 
 
 if __name__ == '__main__':
