@@ -124,7 +124,7 @@ def test_short_run_learns_and_writes_its_artefacts(e2e_runs, seed):
         'return_min',
         'return_max',
     ]
-    assert all(r['return_min'] <= r['return_mean'] <= r['return_max'] for r in rows), rows
+    assert all(float(r['return_min']) <= float(r['return_mean']) <= float(r['return_max']) for r in rows), rows
     steps = [int(float(r['env_step'])) for r in rows]
     assert steps == list(range(E2E_EVAL_FREQ, E2E_STEPS + 1, E2E_EVAL_FREQ))  # increasing, one per eval_freq
     iters = [int(float(r['train_iter'])) for r in rows]
