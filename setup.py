@@ -14,8 +14,9 @@ TORCHGFN_DEPS = [
     'linear-attention-transformer>=0.19',
 ]
 
-# Install torch first with `pip install torch==2.13.0` (the CPU wheel on CPU machines): the range below is then
-# already satisfied, while a bare `torch` requirement on a machine without torch would pull CUDA packages.
+# Install torch first (README: PyTorch's CPU index on a CPU-only machine, `pip install torch==2.13.0` otherwise): the
+# range below is then already satisfied, while a bare `torch` requirement on a machine without torch pulls the CUDA
+# build from PyPI.
 setup(
     name='ding-buffer',
     version='0.1.0',
