@@ -341,11 +341,12 @@ def test_survivors_of_a_killed_worker_exit_0_once_their_work_is_done(tmp_path, b
     exits = run.exits()
     assert set(exits) >= {1, 2}, f'a surviving rank did not end\n{run.logs()}'
     assert exits[1][0] == 0 and exits[2][0] == 0, f'a surviving rank exited non-zero: {exits}\n{run.logs()}'
-    # once the last survivor's work is done, every survivor's process is gone well within one timeout (the old
-    # code waited for the dead rank's goodbye again at interpreter exit: at least one whole timeout more)
+    # once the last survivor's work is done, nothing waits for the dead rank again: the old code waited for its
+    # goodbye a second time at interpreter exit, a whole distributed.timeout more (about 1 s is measured here; the
+    # bound is that one timeout, so a loaded machine has the rest of it as slack)
     done = max(run.rank(r)['ended_at'] for r in (1, 2))
     lag = {r: round(exits[r][1] - done, 1) for r in (1, 2)}
-    assert all(v < KILL_EXIT_TIMEOUT / 2 for v in lag.values()), f'seconds from the work done to exit: {lag}'
+    assert all(v < KILL_EXIT_TIMEOUT for v in lag.values()), f'seconds from the work done to exit: {lag}'
 
 
 # ---------------------------------------------------------------------------------------------- 6. kill the manager

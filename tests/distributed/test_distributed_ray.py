@@ -38,6 +38,7 @@ from ray_helpers import Tag, rows  # noqa: E402
 
 from ding_buffer import create_buffer  # noqa: E402
 from ding_buffer.distributed import CodecError, ManagerUnavailableError, decode, encode  # noqa: E402
+from ding_buffer.errors import ManagerTimeoutError  # noqa: E402
 
 pytestmark = pytest.mark.slow  # every test runs on a local Ray cluster (its processes), started per module
 GET = 60  # seconds: upper bound of every ray.get
@@ -457,10 +458,9 @@ def test_killed_and_unclosed_worker_tasks_are_lost_then_manager_checkpoints_and_
     expected = torch.cat([rows(w, s, 3)['obs'] for w in (5, 6) for s in range(2)])
     assert sorted(local.sample(12)['obs'].tolist()) == sorted(expected.tolist())
     local.close()
-    t0 = time.monotonic()
-    with pytest.raises(ManagerUnavailableError):
+    with pytest.raises(ManagerUnavailableError) as gone:
         drv.count()
-    assert time.monotonic() - t0 < 15  # the actor is gone: not the call's timeout (20 s)
+    assert not isinstance(gone.value, ManagerTimeoutError), gone.value  # the actor is gone: no deadline ran out
     with pytest.raises(ManagerUnavailableError):
         drv.close()
 
