@@ -32,7 +32,6 @@ import contextlib
 import dataclasses
 import doctest
 import importlib.metadata
-import importlib.util
 import inspect
 import json
 import os
@@ -814,15 +813,14 @@ def test_launched_blocks_run_on_real_ranks(fence, tmp_path):
 
 
 # ======================================================================================== bash and text fences
+def _ding_buffer(command: str, cwd: Path) -> subprocess.CompletedProcess:
+    """``ding-buffer COMMAND`` as the docs write it (the console script, else ``python -m ding_buffer``)."""
+    argv = ['ding-buffer', command] if _on_path('ding-buffer') else [sys.executable, '-m', 'ding_buffer', command]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=COMMAND_TIMEOUT, cwd=cwd, env=subprocess_env())
+
+
 def test_cheap_commands_run(tmp_path):
-    listed = subprocess.run(
-        ['ding-buffer', 'configs'] if _on_path('ding-buffer') else [sys.executable, '-m', 'ding_buffer', 'configs'],
-        capture_output=True,
-        text=True,
-        timeout=COMMAND_TIMEOUT,
-        cwd=tmp_path,
-        env=subprocess_env(),
-    )
+    listed = _ding_buffer('configs', tmp_path)
     assert listed.returncode == 0, listed.stderr
     # "the ready configs installed with the package"
     names = {line.split()[0] for line in listed.stdout.splitlines()[1:] if line.strip()}
@@ -831,14 +829,7 @@ def test_cheap_commands_run(tmp_path):
 
 @pytest.mark.slow
 def test_demo_command_runs(tmp_path):
-    demo = subprocess.run(
-        ['ding-buffer', 'demo'] if _on_path('ding-buffer') else [sys.executable, '-m', 'ding_buffer', 'demo'],
-        capture_output=True,
-        text=True,
-        timeout=COMMAND_TIMEOUT,
-        cwd=tmp_path,
-        env=subprocess_env(),
-    )
+    demo = _ding_buffer('demo', tmp_path)
     assert demo.returncode == 0, demo.stderr[-3000:]
     # "a few-second tour of every buffer type"
     assert re.search(r'demo finished in [\d.]+s: 11 buffer types toured', demo.stdout), demo.stdout[-2000:]
