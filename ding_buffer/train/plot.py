@@ -250,7 +250,13 @@ def mean_band(curves: Sequence[Tuple[Sequence[float], Sequence[float]]]) -> Band
 # ---------------------------------------------------------------------------------------------------- drawing
 def _read_returns(run: str) -> List[Dict[str, float]]:
     rows = read_eval_csv(run)
-    if rows and not {'env_step', 'return_mean', 'return_std'} <= rows[0].keys():
+    needed = {'env_step', 'return_mean', 'return_std'}
+    blank = next((k for k, r in enumerate(rows) if not needed <= r.keys()), None)
+    if blank is not None and blank > 0:  # a DQN / Ape-X file whose later row left a value empty
+        raise ValueError(
+            f"'{run}': row {blank + 1} of its eval.csv has no value for {sorted(needed - rows[blank].keys())}"
+        )
+    if rows and not needed <= rows[0].keys():
         raise ValueError(
             f"'{run}' is not a DQN / Ape-X run (its eval.csv has columns {sorted(rows[0])}); "
             f"this plot draws evaluation returns -- a HyperGrid run draws its own "

@@ -243,3 +243,12 @@ def test_the_band_of_several_seeds_is_the_standard_error_of_their_mean(tmp_path)
         sem = np.std(col, ddof=1) / np.sqrt(len(col))
         assert np.isclose(ys, col.mean() + sem).any() and np.isclose(ys, col.mean() - sem).any()
     assert ys.max() <= max(max(r) for r in returns)  # within what the seeds reached (here; a std band is not)
+
+
+def test_an_eval_csv_row_with_an_empty_value_is_refused_naming_it(tmp_path):
+    d = fake_run(tmp_path, 'cut', 0, [100, 200], [10.0, 20.0])
+    text = (tmp_path / 'cut_seed0' / 'eval.csv').read_text().splitlines()
+    text[2] = text[2].replace('20.0', '', 1)  # row 2's return_mean left empty
+    (tmp_path / 'cut_seed0' / 'eval.csv').write_text('\n'.join(text) + '\n')
+    with pytest.raises(ValueError, match=r"row 2 of its eval.csv has no value for \['return_mean'\]"):
+        drawn([d])
