@@ -47,13 +47,13 @@ def prioritized_items(
     cols = {k: v.tolist() for k, v in extras.items()}
     out = []
     for k, item in enumerate(items):
-        if type(item) is not dict and is_tensordict(item):  # stays a TensorDict: a copy, the id a NonTensorData
+        if type(item) is dict or (isinstance(item, Mapping) and not is_tensordict(item)):  # plain dicts first
+            d = copy.deepcopy(item) if deep else dict(item)
+        elif is_tensordict(item):  # stays a TensorDict: a copy, the id a NonTensorData
             d = item.clone() if deep else item.copy()
-        elif not isinstance(item, Mapping):
+        else:
             out.append(copy.deepcopy(item) if deep else item)
             continue
-        else:
-            d = copy.deepcopy(item) if deep else dict(item)
         d['replay_unique_id'] = f'{instance_name}_{ids_l[k]}'
         d['replay_buffer_idx'] = int(slots_l[k])
         for key, col in cols.items():
