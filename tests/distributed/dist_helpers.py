@@ -186,6 +186,7 @@ class Launch:
         for name, _, log in self.procs:
             text = log.read_text(errors='replace') if log.exists() else ''
             parts.append(f'-- {name} output (last 6000 chars):\n{text[-6000:]}')
+        parts.append('-- files written: ' + ', '.join(sorted(f.name for f in self.out.iterdir())))  # flags, reports
         for r, d in sorted((self.ranks or {}).items()):
             if 'traceback' in d:
                 parts.append(f'-- rank {r} traceback:\n{d["traceback"]}')

@@ -230,15 +230,35 @@ import os, sys, time
 t = time.monotonic()
 from ding_buffer import create_buffer
 dist = dict(backend={backend!r}, startup_timeout=60, timeout=10, scoring_function='nomodule_xyz:score')
+
+def say(line):  # stdout, and under mpirun a file per rank too: mpirun may interleave two ranks' lines
+    print(line, flush=True)
+    if os.environ.get('RESULT_DIR'):
+        with open(os.path.join(os.environ['RESULT_DIR'], os.environ['OMPI_COMM_WORLD_RANK']), 'w') as f:
+            f.write(line)
+
 try:
     create_buffer(dict(type='naive', replay_buffer_size=8, distributed=dist))
-    print('NO ERROR', flush=True)
+    say('NO ERROR')
 except Exception as e:
     started = ('mpi4py.MPI' in sys.modules) or ('ray' in sys.modules and sys.modules['ray'].is_initialized())
-    print('ERR', type(e).__name__, round(time.monotonic() - t, 1), 'network-started' if started else 'no-network',
-          str(e).replace(chr(10), ' '), flush=True)
+    say(' '.join(['ERR', type(e).__name__, str(round(time.monotonic() - t, 1)),
+                  'network-started' if started else 'no-network', str(e).replace(chr(10), ' ')]))
     sys.exit(2)
 '''
+
+
+def _mpi_bad_manager(tmp_path, *flags) -> dict:
+    """BAD_MANAGER under ``mpirun -n 2 FLAGS``: rank -> the line it wrote (none if it wrote nothing)."""
+    need_mpi()
+    cmd = ['mpirun', '--allow-run-as-root', '--oversubscribe', *flags, '-n', '2', '-x', 'RESULT_DIR', sys.executable]
+    env = dict(child_env(), RESULT_DIR=str(tmp_path))
+    p = subprocess.run(
+        cmd + ['-c', BAD_MANAGER.format(backend='mpi')], env=env, capture_output=True, text=True, timeout=120
+    )
+    lines = {int(f.name): f.read_text() for f in tmp_path.iterdir()}
+    assert lines.get(1, '').startswith('ERR '), (lines, p.stdout + p.stderr)  # the manager rank: rank 1 of 2
+    return lines
 
 
 def test_a_managers_unimportable_scoring_function_fails_before_the_startup_wait():
@@ -253,32 +273,22 @@ def test_a_managers_unimportable_scoring_function_fails_before_the_startup_wait(
     assert float(seconds) < 60, p.stdout  # not the start-up wait (its bound is 60 s)
 
 
-def test_a_managers_unimportable_scoring_function_fails_before_mpi_init():
+def test_a_managers_unimportable_scoring_function_fails_before_mpi_init(tmp_path):
     """Under mpirun the manager rank (rank 1 of 2) refuses its scoring function before MPI_Init (mpi4py not even
     imported), which would wait for every rank; mpirun then ends the job."""
-    need_mpi()
-    script = BAD_MANAGER.format(backend='mpi')
-    cmd = ['mpirun', '--allow-run-as-root', '--oversubscribe', '-n', '2', sys.executable, '-c', script]
-    p = subprocess.run(cmd, env=child_env(), capture_output=True, text=True, timeout=120)
-    lines = [ln for ln in p.stdout.splitlines() if ln.startswith('ERR ')]
-    assert lines, p.stdout + p.stderr
-    _, kind, _, network, message = lines[0].split(' ', 4)
-    assert kind == 'ValueError' and network == 'no-network', lines[0]
+    _, kind, _, network, message = _mpi_bad_manager(tmp_path)[1].split(' ', 4)
+    assert kind == 'ValueError' and network == 'no-network', (kind, network, message)
     assert "'distributed.scoring_function'" in message and "'nomodule_xyz:score'" in message, message
 
 
-def test_a_managers_config_error_under_enable_recovery_does_not_hold_the_other_ranks():
+def test_a_managers_config_error_under_enable_recovery_does_not_hold_the_other_ranks(tmp_path):
     """Under mpirun --enable-recovery (the train launcher's) a rank that left before MPI_Init would keep the others
     inside MPI_Init for good: the manager rank joins MPI_Init, then raises its ValueError, and the job ends (its
     worker rank finished: nothing to serve)."""
-    need_mpi()
-    script = BAD_MANAGER.format(backend='mpi')
-    cmd = ['mpirun', '--allow-run-as-root', '--oversubscribe', '--enable-recovery', '-n', '2', sys.executable]
-    p = subprocess.run(cmd + ['-c', script], env=child_env(), capture_output=True, text=True, timeout=120)
-    lines = [ln for ln in p.stdout.splitlines() if ln.startswith('ERR ')]
-    assert lines and 'NO ERROR' in p.stdout, p.stdout + p.stderr  # the worker rank got through MPI_Init
-    _, kind, _, network, message = lines[0].split(' ', 4)
-    assert kind == 'ValueError' and "'distributed.scoring_function'" in message, lines[0]
+    lines = _mpi_bad_manager(tmp_path, '--enable-recovery')
+    assert lines.get(0) == 'NO ERROR', lines  # the worker rank got through MPI_Init
+    _, kind, _, network, message = lines[1].split(' ', 4)
+    assert kind == 'ValueError' and "'distributed.scoring_function'" in message, lines[1]
 
 
 def test_a_ray_managers_unimportable_scoring_function_fails_before_ray_starts():

@@ -812,6 +812,9 @@ def worker_partition_worker(buf):
         RESULT['closed'] = True
         return
     assert wait_flag('w0_started')
+    # a round trip first: Open MPI opens a pair's TCP connection at its first message, and one that opens during the
+    # cut fails for good (rank 1's heartbeat may not have gone out yet on a loaded machine)
+    RESULT['count_before_cut'] = buf.count()
     RESULT['cut_at'] = time.time()
     if PARTITION_SECONDS[SCENARIO]:
         cut = MANAGER if SCENARIO == 'partition_manager' else 0  # the manager's host, or rank 0's
