@@ -145,7 +145,7 @@ class AdvancedReplayBuffer(Engine):
         Returns:
             - batch: list of dicts (list storage) or one dict of batched tensors (tensor storage), or ``None``.
         """
-        return self._t.sample(size, cur_learner_iter, sample_range, timeout)
+        return self._sample(cur_learner_iter, self._t.request(size, cur_learner_iter, sample_range, timeout))
 
     def update(self, info: Dict[str, Any]) -> Dict[str, int]:
         """

@@ -138,7 +138,9 @@ class ChunkReplayBuffer(Engine):
             (rule 6). ``None`` while fewer chunks are stored, or with ``timeout`` (seconds) wait for them and raise
             ``SampleTimeoutError`` when they do not come.
         """
-        return self._t.sample(size, cur_learner_iter, timeout, **kwargs)
+        # chunks are gated by model version, not by learner iteration: cur_learner_iter is taken and not read
+        # (MineStudio's sample has neither)
+        return self._sample(-1, self._t.request(size, timeout, **kwargs))
 
     def records(self) -> Dict[str, Any]:
         """The chunks (oldest first: uid, use count, records) and the per-worker queues, as plain data."""

@@ -54,8 +54,8 @@ from ..control.limiter import limiter_config
 from ..control.limits import UseLimit, build_remover
 from ..storage.base import NO_ITER
 from ..storage.fragment_store import FragmentStore, check_id
-from .common import check_wait_timeout
-from .table import Table
+from .common import check_size, check_wait_timeout
+from .table import Drawn, Request, Table
 
 _NO_SLOTS = np.empty(0, dtype=np.int64)
 # (worker, fid, model_version, session_id, fragment_id)
@@ -436,26 +436,22 @@ class ChunkTable(Table):
             }
 
     # ------------------------------------------------------------------ sample
-    def sample(
-        self, size: int, cur_learner_iter: int = -1, timeout: Optional[float] = None, **kwargs: Any
-    ) -> Optional[List[Dict[str, Any]]]:
+    def request(self, size: int, timeout: Optional[float] = None, **kwargs: Any) -> Request:
         """``size`` fragments: ``size / fragments_per_chunk`` distinct chunks, uniformly, their fragments in order
         (rule 6); ``None`` while fewer chunks are stored, or with ``timeout`` (seconds) a wait for them."""
-        e = self.e
         if kwargs:
             raise TypeError(
                 f"the chunk buffer's sample takes no {sorted(kwargs)[:4]} (it draws whole chunks without replacement)"
             )
-        e._check_size(size)
+        check_size(size)
         if size % self._fpc:
             raise ValueError(f"sample size {size} must be a multiple of fragments_per_chunk={self._fpc} (whole chunks)")
         k = size // self._fpc
-        if k > e._cfg.max_chunks:
-            raise ValueError(f"sample size {size} is {k} chunks; at most max_chunks={e._cfg.max_chunks} exist")
-        # timeout 0 (or None) answers at once; chunks are gated by model version, not by learner iteration, so
-        # cur_learner_iter is taken and not read (MineStudio's sample has neither)
+        if k > self.e._cfg.max_chunks:
+            raise ValueError(f"sample size {size} is {k} chunks; at most max_chunks={self.e._cfg.max_chunks} exist")
+        # timeout 0 (or None) answers at once
         timeout = check_wait_timeout(timeout) or None
-        return e._sample_flow(size, -1, timeout, lambda: self.draw(k), lambda: self.shortfall(k))
+        return Request(size, lambda rng: self.draw(rng, k), lambda: self.shortfall(k), timeout)
 
     def shortfall(self, k: int) -> str:
         """Why ``k`` chunks cannot be drawn now ('' when they can)."""
@@ -469,20 +465,20 @@ class ChunkTable(Table):
         """Chunks, the sampling unit, are what a sample waits for (``shortfall``): the limiter only paces."""
         return len(self._chunks)
 
-    def draw(self, k: int) -> Optional[List[Dict[str, Any]]]:
+    def draw(self, rng: np.random.Generator, k: int) -> Any:
         e = self.e
         why = self.shortfall(k)
         if why:
-            return e._refused(why)
-        rng_state = e._rng.bit_generator.state
-        picked = [int(j) for j in e._rng.choice(len(self._chunks), size=k, replace=False)]
+            return why
+        rng_state = rng.bit_generator.state
+        picked = [int(j) for j in rng.choice(len(self._chunks), size=k, replace=False)]
         ids = [r[4] for j in picked for r in self._chunks[j]['records']]
         payloads = {}
         if e._cfg.sample_payloads:  # read first: a payload that cannot be read changes nothing
             try:
                 payloads = {fragment_id: self._fragments.get(fragment_id) for fragment_id in ids}
             except BaseException:
-                e._rng.bit_generator.state = rng_state
+                rng.bit_generator.state = rng_state
                 raise
         out, retired = [], set()
         for j in picked:
@@ -513,8 +509,7 @@ class ChunkTable(Table):
             self._unref(fragment_id)
         self.tally['sample_calls'] += 1
         self.tally['sampled_fragments'] += len(out)
-        e._drawn(_NO_SLOTS, len(out))  # the engine's sample counters (no slots: chunks have no use column)
-        return out
+        return Drawn(_NO_SLOTS, len(out), out)  # the engine's sample counters (no slots: chunks have no use column)
 
     # ------------------------------------------------------------------ count / stats
     def count(self) -> int:

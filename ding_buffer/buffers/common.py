@@ -35,6 +35,31 @@ def check_wait_timeout(timeout: Any) -> Optional[float]:
     return timeout
 
 
+def check_size(size: Any) -> None:
+    """A sample ``size`` is a positive int (``TypeError`` / ``ValueError`` naming it)."""
+    if not isinstance(size, (int, np.integer)) or isinstance(size, bool):
+        raise TypeError(f"sample size must be an int, got {type(size).__name__} {size!r}")
+    if size <= 0:
+        raise ValueError(f"sample size must be > 0, got {size}")
+
+
+def check_range(sample_range: Any) -> None:
+    """``sample_range`` is None or a slice of ints (checked before a sample changes anything)."""
+    if sample_range is None:
+        return
+    if not isinstance(sample_range, slice):
+        raise TypeError(f"sample_range must be a slice, got {type(sample_range).__name__} {sample_range!r:.40}")
+    try:
+        range(0)[sample_range]
+    except (TypeError, ValueError) as e:
+        raise type(e)(f"sample_range {sample_range!r:.60} is not a slice of ints with a non-zero step: {e}") from None
+
+
+def range_positions(n: int, sample_range: Optional[slice]) -> range:
+    """Insertion positions (0 = oldest) of ``n`` elements selected by ``sample_range`` (checked: ``check_range``)."""
+    return range(n) if sample_range is None else range(n)[sample_range]
+
+
 def has_none(items: List[Any]) -> bool:
     """Whether ``items`` holds ``None``, by identity (items may be arrays, which ``None in items`` would compare
     element-wise), in C: ``map`` over ``operator.is_``."""

@@ -189,7 +189,7 @@ class DequeReplayBuffer(Engine):
             - data: the pushed dicts (``'IS'`` added with ``priority_IS_weight``; copies then, the stored dicts
               otherwise) -- or, on tensor storage, one dict of batched tensors.
         """
-        return self._t.sample(size, train_iter, timeout)
+        return self._sample(train_iter, self._t.request(size, train_iter, timeout))  # the table checks train_iter
 
     def update(self, meta: Any) -> Dict[str, int]:
         """

@@ -18,6 +18,7 @@ from .common import STEP_LIMIT, check_step
 from .outputs import as_items
 from .prioritized_table import PrioritizedTable
 from .slot_table import SlotTable
+from .table import Request
 
 # Keys the slot table adds to a sampled item; the wrapper returns the pushed data (and 'IS').
 INNER_KEYS = ('replay_unique_id', 'replay_buffer_idx', 'priority', 'staleness', 'use', 'IS')
@@ -60,21 +61,28 @@ class DequeTable:
         return getattr(self.__dict__['slots'], name)
 
     # ------------------------------------------------------------------ sample / update
-    def sample(self, size: int, train_iter: int = 0, timeout: Optional[float] = None) -> Optional[Any]:
+    def request(self, size: int, train_iter: int, timeout: Optional[float]) -> Request:
+        """The slot table's sample (``train_iter`` is the prioritized table's learner iteration), finished by
+        ``sampled``."""
         train_iter = check_step(train_iter, 'train_iter')
-        with self.e._lock:  # a sample waiting for data (timeout) releases the lock while it waits
-            out = self.slots.sample(size, train_iter, timeout=timeout)
-            if out is None:
-                return None
-            tensor = not isinstance(out, list)  # one dict (or TensorDict) of batched tensors
-            if self.priority:
-                ids = out['replay_unique_id'].tolist() if tensor else [d['replay_unique_id'] for d in out]
-                slots = out['replay_buffer_idx'].tolist() if tensor else [int(d['replay_buffer_idx']) for d in out]
-                priority = np.asarray(out['priority'] if tensor else [d['priority'] for d in out], dtype=np.float64)
-                self._last_batch = (ids, slots)
-            else:
-                priority = None
-            self._log(train_iter, priority)
+        if self.priority:
+            request = self.slots.request(size, train_iter, timeout=timeout)
+        else:
+            request = self.slots.request(size, timeout=timeout)
+        return request._replace(finish=lambda out: self.sampled(out, train_iter))
+
+    def sampled(self, out: Any, train_iter: int) -> Any:
+        """Under the lock, after a sample: the batch is remembered for ``update``, TensorBoard written every
+        ``train_iter_per_log``; returns the batch without the slot table's id columns."""
+        tensor = not isinstance(out, list)
+        if self.priority:
+            ids = out['replay_unique_id'].tolist() if tensor else [d['replay_unique_id'] for d in out]
+            slots = out['replay_buffer_idx'].tolist() if tensor else [int(d['replay_buffer_idx']) for d in out]
+            priority = np.asarray(out['priority'] if tensor else [d['priority'] for d in out], dtype=np.float64)
+            self._last_batch = (ids, slots)
+        else:
+            priority = None
+        self._log(train_iter, priority)
         return self._data(out, tensor)
 
     def _data(self, out: Any, tensor: bool) -> Any:

@@ -44,8 +44,9 @@ from ..monitor.tb import TBSink, build_tb_logger, rank
 from ..monitor.used_data_remover import UsedDataRemover, check_trackable
 from ..persistence import load_state, save_state
 from ..storage.tensordict_io import check_batched, is_tensordict, to_tensordict
-from .common import STEP_LIMIT, check_step, check_wait_timeout
+from .common import STEP_LIMIT, check_size, check_step, check_wait_timeout
 from .outputs import as_items
+from .table import Request
 from .view import TableView
 
 # Counters every engine keeps (``stats()``); each remover adds ``removed_by_<name>``.
@@ -428,45 +429,12 @@ class Engine(IBuffer):
     # ------------------------------------------------------------------ sample
     def sample(self, size: int, cur_learner_iter: int = -1, **kwargs: Any) -> Optional[Any]:
         """Draw ``size`` elements (the preset's own ``sample`` names its arguments); ``None`` when not possible."""
-        return self._t.sample(size, cur_learner_iter, **kwargs)
-
-    @staticmethod
-    def _check_size(size: Any) -> None:
-        """``size`` is a positive int (``TypeError`` / ``ValueError`` naming it)."""
-        if not isinstance(size, (int, np.integer)) or isinstance(size, bool):
-            raise TypeError(f"sample size must be an int, got {type(size).__name__} {size!r}")
-        if size <= 0:
-            raise ValueError(f"sample size must be > 0, got {size}")
+        return self._sample(cur_learner_iter, self._t.request(size, **kwargs))
 
     def _refuse(self, reason: str) -> None:
+        self._counters['refused_sample'] += 1
         self._logger.info("[%s] refuse to sample: %s", self._instance_name, reason)
         return None
-
-    @staticmethod
-    def _check_range(sample_range: Any) -> None:
-        """``sample_range`` is None or a slice of ints (checked before a sample changes anything)."""
-        if sample_range is None:
-            return
-        if not isinstance(sample_range, slice):
-            raise TypeError(f"sample_range must be a slice, got {type(sample_range).__name__} {sample_range!r:.40}")
-        try:
-            range(0)[sample_range]
-        except (TypeError, ValueError) as e:
-            raise type(e)(
-                f"sample_range {sample_range!r:.60} is not a slice of ints with a non-zero step: {e}"
-            ) from None
-
-    @staticmethod
-    def _range_positions(n: int, sample_range: Optional[slice]) -> range:
-        """Insertion positions (0 = oldest) selected by ``sample_range``."""
-        if sample_range is None:
-            return range(n)
-        if not isinstance(sample_range, slice):
-            raise TypeError(f"sample_range must be a slice, got {type(sample_range).__name__}")
-        return range(n)[sample_range]
-
-    def _copy_out(self, out: Any) -> Any:
-        return copy.deepcopy(out) if self._deepcopy else out
 
     def _why_not(self, size: int, cur_learner_iter: int, shortfall: Optional[Callable[[], str]]) -> str:
         if self._rules:  # every rule answers (on the same table) before anything is removed: all or nothing
@@ -479,24 +447,21 @@ class Engine(IBuffer):
             return f'{short}; {limit}'
         return short or limit  # an empty buffer: the table's reason says it
 
-    def _sample_flow(
-        self,
-        size: Any,
-        cur_learner_iter: int,
-        timeout: Optional[float],
-        draw: Callable[[], Any],
-        shortfall: Optional[Callable[[], str]] = None,
-    ) -> Optional[Any]:
-        """Run a ``sample`` call: rules, limits and ``shortfall`` (waiting up to ``timeout``), then ``draw()`` under
-        the lock. Without rules, limits or a timeout only ``draw()`` runs: it must refuse by itself (``_refused``)
-        when ``shortfall()`` would say why not."""
-        self._check_size(size)
+    def _sample(self, cur_learner_iter: int, request: Request) -> Optional[Any]:
+        """Every ``sample`` call, in one order: arguments, rules, limits and the table's ``shortfall`` (waiting up to
+        ``request.timeout``), then under the lock the table's ``draw`` (``Drawn``, or why it drew nothing), use
+        counts, removal rules, counters and the table's ``done``, then the request's ``finish``; monitors are written
+        after the lock is released. Without rules, limits or a timeout only the draw runs: it refuses by itself when
+        ``shortfall()`` would."""
+        size = request.size
+        check_size(size)
         if type(cur_learner_iter) is not int or not -STEP_LIMIT < cur_learner_iter < STEP_LIMIT:
             cur_learner_iter = check_step(cur_learner_iter, 'cur_learner_iter')
+        timeout, shortfall = request.timeout, request.shortfall
         check_wait_timeout(timeout)
         self._check_open()
         with self._lock:
-            # Rules, limits or a wait to run first? Otherwise ``draw`` refuses by itself (the hot path).
+            # Rules, limits or a wait to run first? Otherwise the draw refuses by itself (the hot path).
             why = (
                 self._why_not(size, cur_learner_iter, shortfall)
                 if self._rules or self._limiter.checks or timeout is not None
@@ -510,37 +475,36 @@ class Engine(IBuffer):
                     self._check_open,
                 )
             if why:
-                self._counters['refused_sample'] += 1
                 return self._refuse(why)
-            if self._fallible:  # a rule of the user's answers inside draw(): restore what the draw moved if it fails
+            if self._fallible:  # a rule of the user's answers after the draw: restore what the draw moved if it fails
                 snapshot = self._rng.bit_generator.state, self._t.snapshot()
                 try:
-                    out = draw()
+                    out = self._drawn(request.draw(self._rng))
                 except BaseException:
                     self._rng.bit_generator.state = snapshot[0]
                     self._t.restore_snapshot(snapshot[1])
                     raise
             else:
-                out = draw()
+                out = self._drawn(request.draw(self._rng))
             if out is not None:
                 if self._t.tensordict_out():
                     out = to_tensordict(out, self._t.device())
                 elif self._t.items_out():
                     out = as_items(out, self._instance_name)
+                if request.finish is not None:
+                    out = request.finish(out)
             due, self._due = self._due, None
         if due is not None:
             self._t.emit(due)  # outside the lock
         return out
 
-    def _refused(self, why: str) -> None:
-        """A draw that found nothing to sample (counted like the limiter's refusals)."""
-        self._counters['refused_sample'] += 1
-        return self._refuse(why)
-
-    def _drawn(self, slots: np.ndarray, size: int, use: Optional[np.ndarray] = None) -> Optional[np.ndarray]:
-        """After a draw of ``slots`` (``size`` elements): use counts (unless the table counted them already
-        and passes ``use``), ``max_use`` removal, counters, limiter. Returns the use counts after this draw
-        (None when the table keeps none)."""
+    def _drawn(self, drawn: Any) -> Optional[Any]:
+        """After a table's draw: its refusal (a str) counted, or for a ``Drawn``: use counts (unless the table
+        counted them and passes ``use``), removal rules (``max_use`` removes after the batch was gathered), counters,
+        the limiter, then the table's ``done``. Returns the batch."""
+        if type(drawn) is str:
+            return self._refuse(drawn)
+        slots, size, use = drawn.slots, drawn.size, drawn.use
         if use is None and self._uses is not None:
             use = self._uses.bump(slots)
         if self._rules:  # usually none or one
@@ -557,7 +521,9 @@ class Engine(IBuffer):
         c['sampled_items'] += size
         if self._limiter.active:
             self._limiter.on_sample(size)
-        return use
+        if drawn.done is not None:
+            self._due = drawn.done(self._last_envstep)
+        return copy.deepcopy(drawn.out) if drawn.copy and self._deepcopy else drawn.out
 
     def last_sample_use(self) -> Optional[np.ndarray]:
         """Use counts of the elements the last ``sample`` drew, counting that draw (None when this buffer keeps

@@ -123,7 +123,7 @@ class EpisodeReplayBuffer(Engine):
             ``unroll_len``), drawn with replacement by window priority, plus ``priority`` and ``IS`` [B];
             ``sample_range``, ``pad`` and ``replace=False`` are refused.
         """
-        return self._t.sample(size, cur_learner_iter, sample_range, replace, unroll_len, pad, timeout)
+        return self._sample(cur_learner_iter, self._t.request(size, sample_range, replace, unroll_len, pad, timeout))
 
     def update(self, info: Dict[str, Any]) -> Optional[Dict[str, int]]:
         """

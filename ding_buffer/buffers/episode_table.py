@@ -14,9 +14,10 @@ import numpy as np
 from ..control.samplers import PrioritizedSpec, UniformSampler, build_sampler
 from ..storage import refuse_items_output
 from ..storage.tensordict_io import is_tensordict, update_info
+from .common import check_range, range_positions
 from .episode_store import FlatEpisodes, ObjectEpisodes
 from .prioritized_windows import PrioritizedWindows
-from .table import Table
+from .table import Drawn, Request, Table
 
 NO_FLAT = "prioritized windows need the flat transitions of storage.type='tensor' (with max_transitions)"
 
@@ -119,43 +120,39 @@ class EpisodeTable(Table):
         raise TypeError("EpisodeReplayBuffer stores whole episodes; push a dict episode or a list of episodes")
 
     # ------------------------------------------------------------------ sample
-    def sample(
+    def request(
         self,
         size: int,
-        cur_learner_iter: int = -1,
         sample_range: Optional[slice] = None,
         replace: Optional[bool] = None,
         unroll_len: Optional[int] = None,
         pad: Optional[bool] = None,
         timeout: Optional[float] = None,
-    ) -> Optional[Any]:
+    ) -> Request:
         if unroll_len is not None and (
             not isinstance(unroll_len, (int, np.integer)) or isinstance(unroll_len, bool) or unroll_len <= 0
         ):
             raise ValueError(f"unroll_len must be a positive int, got {unroll_len!r}")
-        self.e._check_range(sample_range)
+        check_range(sample_range)
         for name, flag in (('replace', replace), ('pad', pad)):
             if flag is not None and type(flag) is not bool:
                 raise TypeError(f"{name} must be None or a bool, got {type(flag).__name__} {flag!r:.40}")
         if self.prio is not None:
             self.prio.check_args(sample_range, replace, unroll_len, pad)
-            return self.e._sample_flow(
-                size, cur_learner_iter, timeout, lambda: self.draw_prioritized(size), self.prio.shortfall
-            )
+            return Request(size, lambda rng: self.draw_prioritized(rng, size), self.prio.shortfall, timeout)
         pad = self.e._cfg.pad_short_episodes if pad is None else bool(pad)
         replace = bool(replace)
-        return self.e._sample_flow(
+        return Request(
             size,
-            cur_learner_iter,
-            timeout,
-            lambda: self.draw(size, sample_range, replace, unroll_len, pad),
+            lambda rng: self.draw(rng, size, sample_range, replace, unroll_len, pad),
             lambda: self.candidates(size, sample_range, replace, unroll_len, pad)[0],
+            timeout,
         )
 
     def candidates(self, size, sample_range, replace, unroll_len, pad):
         """(shortfall reason or '', episode slots, window counts per episode or None)."""
         ordered = self._store.ring.ordered_slots()
-        slots = ordered[self.e._range_positions(len(ordered), sample_range)] if sample_range is not None else ordered
+        slots = ordered[range_positions(len(ordered), sample_range)] if sample_range is not None else ordered
         if len(slots) == 0:
             return ('buffer is empty' if len(ordered) == 0 else f'{sample_range} selects nothing'), slots, None
         if unroll_len is None:
@@ -173,34 +170,30 @@ class EpisodeTable(Table):
             return f'{total} windows of length {unroll_len} < batch size {size} and replace=False', slots, windows
         return '', slots, windows
 
-    def draw(self, size, sample_range, replace, unroll_len, pad) -> Optional[Any]:
+    def draw(self, rng, size, sample_range, replace, unroll_len, pad) -> Any:
         why, slots, windows = self.candidates(size, sample_range, replace, unroll_len, pad)
         if why:
-            return self.e._refused(why)
+            return why
         if windows is None:
-            picked = self.positions(len(slots), int(size), replace)
-            if picked is None:
-                return self.e._refused(f'sampler {self.e._cfg.sampler.get("type")!r} refused')
+            picked = self.positions(rng, len(slots), int(size), replace)
+            if type(picked) is str:
+                return picked
             chosen = slots[picked]
-            out = self.e._copy_out(self._store.episodes(chosen))
-            self.e._drawn(chosen, int(size))
-            return out
+            return Drawn(chosen, int(size), self._store.episodes(chosen), copy=True)
         cum = np.cumsum(windows)
-        u = self.positions(int(cum[-1]), int(size), replace)
-        if u is None:
-            return self.e._refused(f'sampler {self.e._cfg.sampler.get("type")!r} refused')
+        u = self.positions(rng, int(cum[-1]), int(size), replace)
+        if type(u) is str:
+            return u
         which = np.searchsorted(cum, u, side='right')
         starts = u - (cum[which] - windows[which])
         out = self._store.windows(slots[which], starts, int(unroll_len), pad)
-        self.e._drawn(slots[which], int(size))
-        return self.e._copy_out(out) if isinstance(out, list) else out
+        return Drawn(slots[which], int(size), out, copy=isinstance(out, list))
 
-    def draw_prioritized(self, size: int) -> Optional[Any]:
-        out = self.prio.draw(self.e._rng, int(size))
+    def draw_prioritized(self, rng: np.random.Generator, size: int) -> Any:
+        out = self.prio.draw(rng, int(size))
         if out is None:
-            return self.e._refused(self.prio.shortfall())
-        self.e._drawn(self.prio.episodes_of(out), int(size))
-        return out
+            return self.prio.shortfall()
+        return Drawn(self.prio.episodes_of(out), int(size), out)
 
     # ------------------------------------------------------------------ update
     def update(self, info: Dict[str, Any]) -> Optional[Dict[str, int]]:

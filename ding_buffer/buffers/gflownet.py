@@ -195,7 +195,7 @@ class GFlowNetReplayBuffer(Engine):
               buffer is empty, or holds fewer than ``size`` items and sampling is without replacement.
             ``n_samples`` is torchgfn's name for ``size``.
         """
-        return self._t.sample(size, cur_learner_iter, replace, timeout, n_samples)
+        return self._sample(cur_learner_iter, self._t.request(size, replace, timeout, n_samples))
 
     def log_rewards(self) -> np.ndarray:
         """Log-rewards of the stored items (float64 copy, any order; used for the manager's baseline)."""

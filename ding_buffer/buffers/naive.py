@@ -106,4 +106,4 @@ class NaiveReplayBuffer(Engine):
         Returns:
             - batch: a list of items (list storage) or a dict of batched tensors (tensor storage), or ``None``.
         """
-        return self._t.sample(size, cur_learner_iter, sample_range, replace, timeout)
+        return self._sample(cur_learner_iter, self._t.request(size, sample_range, replace, timeout))

@@ -28,8 +28,10 @@ from ..monitor.sampled_data import SampledDataAttrMonitor
 from ..monitor.tb import emit, rank
 from ..storage import storage_from_state
 from ..storage.tensordict_io import is_tensordict, update_info
+from .common import check_range
 from .outputs import with_extras
 from .slot_table import SlotTable
+from .table import Drawn, Request
 
 # Keys added to sampled items; ignored (tensor storage) when such an item is pushed back.
 SAMPLE_KEYS = ('priority', 'IS', 'staleness', 'use')
@@ -212,41 +214,41 @@ class PrioritizedTable(SlotTable):
         return self.write(prepared, priorities)
 
     # ------------------------------------------------------------------ sample
-    def sample(
+    def request(
         self,
         size: int,
         cur_learner_iter: int = -1,
         sample_range: Optional[slice] = None,
         timeout: Optional[float] = None,
-    ) -> Optional[Any]:
-        e = self.e
-        e._check_range(sample_range)
-        return e._sample_flow(size, cur_learner_iter, timeout, lambda: self.draw(size, cur_learner_iter, sample_range))
+    ) -> Request:
+        """``cur_learner_iter`` too: the staleness of each drawn item is measured against it."""
+        check_range(sample_range)
+        return Request(size, lambda rng: self.draw(rng, size, cur_learner_iter, sample_range), None, timeout)
 
-    def draw(self, size: int, cur_learner_iter: int, sample_range: Optional[slice]) -> Optional[Any]:
-        e, index = self.e, self.index
+    def draw(self, rng: np.random.Generator, size: int, cur_learner_iter: int, sample_range: Optional[slice]) -> Any:
+        index = self.index
         if sample_range is None and index.can_draw():  # the hot path: one compiled pass, same draws
             if not index.tree.total() > 0:
-                return e._refused('every candidate item has priority 0')
-            u = e._rng.random(size)
+                return 'every candidate item has priority 0'
+            u = rng.random(size)
             beta = self.beta.draw()
-            slots, weights, priority, use, ids = index.draw(u, beta, e._uses.counts, self._storage.ring)
+            slots, weights, priority, use, ids = index.draw(u, beta, self.e._uses.counts, self._storage.ring)
             return self.drawn_batch(slots, size, weights, priority, use, cur_learner_iter, beta, ids)
         candidates = None
         if sample_range is not None:
             positions = self.candidates(sample_range)
             if not len(positions):
-                return e._refused(f'{sample_range} selects nothing')
+                return f'{sample_range} selects nothing'
             candidates = self._storage.ring.slots_of_positions(
                 positions.start + np.arange(len(positions)) * positions.step
             )
-        slots = index.sample(e._rng, size, candidates)
+        slots = index.sample(rng, size, candidates)
         if slots is None:
-            return e._refused('every candidate item has priority 0')
+            return 'every candidate item has priority 0'
         beta = self.beta.draw()
         weights = index.is_weights(slots, beta)
         priority = index.priorities(slots)
-        use = e._uses.bump(slots)
+        use = self.e._uses.bump(slots)
         return self.drawn_batch(slots, size, weights, priority, use, cur_learner_iter, beta)
 
     def drawn_batch(
@@ -259,16 +261,18 @@ class PrioritizedTable(SlotTable):
         cur_learner_iter: int,
         beta: float,
         ids: Optional[np.ndarray] = None,
-    ) -> Any:
-        """The batch of a draw (use counts already bumped; ``ids`` of the slots when known): staleness, output,
-        removal rules, monitor."""
-        e = self.e
+    ) -> Drawn:
+        """The batch of a draw (use counts already bumped; ``ids`` of the slots when known): staleness and output;
+        the monitor records it once the engine counted the draw (a broken rule of the user's fails it first)."""
         staleness = self._storage.staleness(slots, cur_learner_iter)
         extras = dict(priority=priority, staleness=staleness, use=use, IS=weights)
-        out = with_extras(self._storage, slots, extras, e._instance_name, e._cfg.deepcopy, ids)
-        e._drawn(slots, size, use)  # first: a broken rule of the user's fails the call before the monitor counts
-        e._due = self.sampled_monitor.record(use, priority, staleness, beta, cur_learner_iter, e._last_envstep)
-        return out
+        out = with_extras(self._storage, slots, extras, self.e._instance_name, self.e._cfg.deepcopy, ids)
+        monitor = self.sampled_monitor
+
+        def done(envstep: int) -> Any:
+            return monitor.record(use, priority, staleness, beta, cur_learner_iter, envstep)
+
+        return Drawn(slots, size, out, use, done)
 
     def snapshot(self) -> Any:
         return self.beta.value

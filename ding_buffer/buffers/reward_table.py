@@ -20,7 +20,18 @@ from .common import check_step
 from .gfn_admission import diverse_admission, terminating_states
 from .gfn_data import GFNBatch
 from .gfn_parts import check_kind, make_parts, make_store
-from .table import Table
+from .table import Drawn, Request, Table
+
+
+def sample_size(size: Any, n_samples: Any) -> Any:
+    """A sample's number of items: ``size``, or torchgfn's ``n_samples`` (one of the two; ``TypeError`` else)."""
+    if n_samples is not None:
+        if size is not None:
+            raise TypeError(f"sample() got both size={size!r} and n_samples={n_samples!r}; give one")
+        return n_samples
+    if size is None:
+        raise TypeError("sample() needs the number of items: size (or torchgfn's n_samples)")
+    return size
 
 
 class RewardTable(Table):
@@ -246,29 +257,19 @@ class RewardTable(Table):
         return slots
 
     # ------------------------------------------------------------------ sample
-    def sample(
+    def request(
         self,
         size: Optional[int] = None,
-        cur_learner_iter: int = -1,
         replace: Optional[bool] = None,
         timeout: Optional[float] = None,
         n_samples: Optional[int] = None,
-    ) -> Optional[Any]:
-        if n_samples is not None:
-            if size is not None:
-                raise TypeError(f"sample() got both size={size!r} and n_samples={n_samples!r}; give one")
-            size = n_samples
-        elif size is None:
-            raise TypeError("sample() needs the number of items: size (or torchgfn's n_samples)")
+    ) -> Request:
+        """``n_samples`` is torchgfn's name for ``size`` (one of the two)."""
+        size = sample_size(size, n_samples)
         if replace is not None and not isinstance(replace, bool):
             raise TypeError(f"replace must be None or a bool, got {replace!r}")
-        return self.e._sample_flow(
-            size,
-            cur_learner_iter,
-            timeout,
-            lambda: self.draw(int(size), replace),
-            lambda: self.shortfall(int(size), replace),
-        )
+        draw, shortfall = lambda rng: self.draw(rng, int(size), replace), lambda: self.shortfall(int(size), replace)
+        return Request(size, draw, shortfall, timeout)
 
     def replace(self, size: int, replace: Optional[bool]) -> bool:
         rep = self.e._cfg.sample_replacement if replace is None else replace
@@ -282,17 +283,20 @@ class RewardTable(Table):
             return f'{m} items < batch size {size} and sampling is without replacement'
         return ''
 
-    def draw(self, size: int, replace: Optional[bool]) -> Any:
+    def draw(self, rng: np.random.Generator, size: int, replace: Optional[bool]) -> Any:
         why = self.shortfall(size, replace)
         if why:
-            return self.e._refused(why)
-        slots = self.index.sample(
-            self.e._rng, size, bool(self.e._cfg.prioritized_sampling), self.replace(size, replace)
-        )
-        out = self._store.read(slots, self.index.seq[slots])
-        self.e._drawn(slots, size)  # first: a broken rule of the user's fails the sample with nothing counted
-        self.tally['sampled'] += size
-        return out
+            return why
+        slots = self.index.sample(rng, size, bool(self.e._cfg.prioritized_sampling), self.replace(size, replace))
+        return Drawn(slots, size, self._store.read(slots, self.index.seq[slots]), done=self.count_sampled(size))
+
+    def count_sampled(self, size: int) -> Callable[[int], None]:
+        """Counted once the engine counted the draw (a broken rule of the user's fails the sample first)."""
+
+        def done(envstep: int) -> None:
+            self.tally['sampled'] += size
+
+        return done
 
     # ------------------------------------------------------------------ clear / state
     def clear(self) -> List[Any]:

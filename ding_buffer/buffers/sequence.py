@@ -83,4 +83,4 @@ class SequenceReplayBuffer(Engine):
         Returns:
             - runs: ``[batch][sequence]`` items (list storage) or a dict of ``[batch, sequence, ...]`` tensors.
         """
-        return self._t.sample_runs(batch, sequence, cur_learner_iter, sample_range, replace, timeout)
+        return self._sample(cur_learner_iter, self._t.runs_request(batch, sequence, sample_range, replace, timeout))

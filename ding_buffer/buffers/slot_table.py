@@ -4,7 +4,7 @@
 It writes a batch or one item (the single-push hot path), asks a capacity rule which items leave a full table,
 removes slots, and draws uniformly (or with the configured ``sampler``) among insertion positions: all of them, a
 ``sample_range`` of them, the newest ``current_buffer_size`` (a ``NewestWindow``: ``elastic``) or runs of
-consecutive items (``sample_runs``: ``sequence``). A prioritized table adds its index through two hooks,
+consecutive items (``runs_request``: ``sequence``). A prioritized table adds its index through two hooks,
 ``written`` and ``removed``, instead of copying the write path.
 """
 
@@ -15,9 +15,10 @@ import numpy as np
 from ..control.capacity import index_for
 from ..control.samplers import UniformSampler, build_sampler
 from ..storage import build_storage, refuse_items_output, storage_from_state
+from .common import check_range, check_size, range_positions
 from .newest_window import NewestWindow, checked_size
 from .outputs import prioritized_items
-from .table import Table
+from .table import Drawn, Request, Table
 
 NO_PRIORITY = "a naive buffer's items carry no priority: use type='advanced' for prioritized replay"
 
@@ -293,28 +294,21 @@ class SlotTable(Table):
         the newest ``current_buffer_size``)."""
         n = self._storage.ring.count
         if self.window is None:
-            return self.e._range_positions(n, sample_range)
+            return range_positions(n, sample_range)
         window = range(max(0, n - self.window.size), n)
         return window if sample_range is None else window[sample_range]
 
     # ------------------------------------------------------------------ uniform sample
-    def sample(
-        self,
-        size: int,
-        cur_learner_iter: int = -1,
-        sample_range: Optional[slice] = None,
-        replace: bool = False,
-        timeout: Optional[float] = None,
-    ) -> Optional[Any]:
-        e = self.e
-        e._check_range(sample_range)
+    def request(
+        self, size: int, sample_range: Optional[slice] = None, replace: bool = False, timeout: Optional[float] = None
+    ) -> Request:
+        check_range(sample_range)
         check_replace(replace)
-        return e._sample_flow(
+        return Request(
             size,
-            cur_learner_iter,
-            timeout,
-            lambda: self.draw(size, sample_range, replace),
+            lambda rng: self.draw(rng, size, sample_range, replace),
             lambda: self.shortfall(size, sample_range, replace)[0],
+            timeout,
         )
 
     def shortfall(self, size: int, sample_range: Optional[slice], replace: bool):
@@ -327,52 +321,49 @@ class SlotTable(Table):
             return f'{m} candidate items < batch size {size} and replace=False', positions
         return '', positions
 
-    def draw(self, size: int, sample_range: Optional[slice], replace: bool) -> Optional[Any]:
-        e = self.e
+    def draw(self, rng: np.random.Generator, size: int, sample_range: Optional[slice], replace: bool) -> Any:
         why, positions = self.shortfall(size, sample_range, replace)
         if why:
-            return e._refused(why)
+            return why
         m, size = len(positions), int(size)
-        idx = self.positions(m, size, replace)
-        if idx is None:
-            return e._refused(f'sampler {e._cfg.sampler.get("type")!r} refused')
+        idx = self.positions(rng, m, size, replace)
+        if type(idx) is str:
+            return idx
         if positions.start or positions.step != 1:  # a sample_range, or the newest window
             idx = positions.start + idx * positions.step
         slots = self._storage.ring.slots_of_positions(idx)
         out = self._storage.gather(slots)
-        e._drawn(slots, size)
         if self._storage.kind != 'list':
-            return out
+            return Drawn(slots, size, out)
         if self.list_items:  # new dicts carrying replay_unique_id / replay_buffer_idx, as on tensor storage
-            return prioritized_items(out, e._instance_name, self._storage.ring.uids(slots), slots, {}, e._deepcopy)
-        return e._copy_out(out)
+            e = self.e
+            out = prioritized_items(out, e._instance_name, self._storage.ring.uids(slots), slots, {}, e._deepcopy)
+            return Drawn(slots, size, out)
+        return Drawn(slots, size, out, copy=True)
 
     # ------------------------------------------------------------------ runs of consecutive items
-    def sample_runs(
+    def runs_request(
         self,
         batch: int,
         sequence: int,
-        cur_learner_iter: int = -1,
         sample_range: Optional[slice] = None,
         replace: bool = False,
         timeout: Optional[float] = None,
-    ) -> Optional[Any]:
+    ) -> Request:
         """``batch`` runs of ``sequence`` consecutive items (see ``SequenceReplayBuffer.sample``)."""
-        e = self.e
-        e._check_size(batch)
+        check_size(batch)
         if isinstance(sequence, (bool, np.bool_)) or not isinstance(sequence, (int, np.integer)) or sequence <= 0:
             raise ValueError(f"sequence must be an int > 0, got {type(sequence).__name__} {sequence!r:.40}")
-        e._check_range(sample_range)
+        check_range(sample_range)
         if sample_range is not None and sample_range.step not in (None, 1):
             raise ValueError(f"sample_range of a sequence sample must be contiguous (step 1), got {sample_range!r}")
         check_replace(replace)
         batch, sequence = int(batch), int(sequence)
-        return e._sample_flow(
+        return Request(
             batch * sequence,
-            cur_learner_iter,
-            timeout,
-            lambda: self.draw_runs(batch, sequence, sample_range, replace),
+            lambda rng: self.draw_runs(rng, batch, sequence, sample_range, replace),
             lambda: self.run_shortfall(batch, sequence, sample_range, replace)[0],
+            timeout,
         )
 
     def run_shortfall(self, batch: int, sequence: int, sample_range: Optional[slice], replace: bool):
@@ -403,24 +394,24 @@ class SlotTable(Table):
         ok = uids[sequence - 1 :] - uids[: len(uids) - sequence + 1] == sequence - 1
         return pos[: len(ok)][ok]
 
-    def draw_runs(self, batch: int, sequence: int, sample_range: Optional[slice], replace: bool) -> Optional[Any]:
-        e = self.e
+    def draw_runs(
+        self, rng: np.random.Generator, batch: int, sequence: int, sample_range: Optional[slice], replace: bool
+    ) -> Any:
         why, candidates = self.run_shortfall(batch, sequence, sample_range, replace)
         if why:
-            return e._refused(why)
-        idx = self.positions(len(candidates), batch, replace)
-        if idx is None:
-            return e._refused(f'sampler {e._cfg.sampler.get("type")!r} refused')
+            return why
+        idx = self.positions(rng, len(candidates), batch, replace)
+        if type(idx) is str:
+            return idx
         starts = candidates[np.asarray(idx, dtype=np.int64)]
         runs = starts[:, None] + np.arange(sequence, dtype=np.int64)[None, :]
         slots = self._storage.ring.slots_of_positions(runs.reshape(-1))
-        if self._storage.kind == 'list':
-            items = e._copy_out(self._storage.gather(slots))
-            out = [items[i * sequence : (i + 1) * sequence] for i in range(batch)]
-        else:
-            out = self._storage.gather(slots.reshape(batch, sequence))
-        e._drawn(slots, batch * sequence)  # after the gather: max_use may remove what was drawn
-        return out
+        if self._storage.kind != 'list':
+            return Drawn(slots, batch * sequence, self._storage.gather(slots.reshape(batch, sequence)))
+        items = self._storage.gather(slots)
+        return Drawn(
+            slots, batch * sequence, [items[i * sequence : (i + 1) * sequence] for i in range(batch)], copy=True
+        )
 
     # ------------------------------------------------------------------ update
     def update(self, info: Any) -> Optional[Dict[str, int]]:

@@ -2,25 +2,53 @@
 
 A table holds the data (a slot storage, an episode store, reward-ranked items, chunks of fragments) and answers the
 engine's calls: ``build`` (storage and parts sized from the config), ``push_items`` / ``push_batch`` (validate
-everything first, then write; the engine's ``_admit`` / ``_pushed`` / ``_remove`` count and limit), ``sample``
-(through the engine's ``_sample_flow``, which runs removers, limits and waits, then the table's draw, which reports
-through ``_drawn``), ``update``, ``clear``, ``state`` / ``restore`` (validate everything, then swap) and the read
-verbs the parts see through the ``TableView`` (``count``, ``oldest``, ``ordered_slots``, ``live``, ``columns``).
+everything first, then write; the engine's ``_admit`` / ``_pushed`` / ``_remove`` count and limit), ``request``
+(a sample's arguments checked, answered as a ``Request``: the engine runs removers, limits and waits, then the
+request's ``draw``, whose ``Drawn`` it counts), ``update``, ``clear``, ``state`` / ``restore`` (validate
+everything, then swap) and the read verbs the parts see through the ``TableView`` (``count``, ``oldest``,
+``ordered_slots``, ``live``, ``columns``).
 
 This base class holds the defaults every table shares; a table overrides what differs. It reaches its engine's
-services (config, RNG, lock-protected counters, parts) through ``self.e``, a weak proxy: the engine owns its table,
+services (config, lock-protected counters, parts) through ``self.e``, a weak proxy: the engine owns its table,
 so a buffer nobody refers to is freed at once (its monitor thread stops, its memory returns) without waiting for
 the cyclic garbage collector. A table never imports a preset.
 """
 
 import weakref
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, NamedTuple, Optional, Tuple, Union
 
 import numpy as np
 
 from ..control.samplers import check_positions
 from ..monitor.tb import emit
 from .common import has_none
+
+
+class Drawn(NamedTuple):
+    """What a table's draw answers the engine (or a str: why it drew nothing). The engine then counts the draw:
+    use counts of ``slots`` (unless the table counted them: ``use``), removal rules, counters of ``size`` drawn
+    elements, then ``done(envstep)`` (what the monitors write outside the lock, or None), and returns ``out``
+    (deep-copied with ``deepcopy=True`` when ``copy``)."""
+
+    slots: np.ndarray  # the drawn elements' slots: what use counts and removal rules read
+    size: int  # elements drawn (counters, rate limiter)
+    out: Any  # the batch, gathered before any rule removes what was drawn
+    use: Optional[np.ndarray] = None  # use counts after this draw, when the table counted them itself
+    done: Optional[Callable[[int], Any]] = None  # after counting: the table's own tallies and monitor record
+    copy: bool = False  # the batch holds the stored objects themselves (list storage)
+
+
+class Request(NamedTuple):
+    """A ``sample`` call, its arguments checked by the table (``Table.request``): ``size`` elements (the engine
+    checks it is a positive int), ``draw(rng)`` answers a ``Drawn`` or why it drew nothing; ``shortfall()`` says
+    why it could not draw now ('' when it could; what a ``timeout`` waits on); ``timeout`` in seconds or None;
+    ``finish(batch)``, under the lock, makes what the call returns of a drawn batch."""
+
+    size: Any
+    draw: Callable[[np.random.Generator], Union[Drawn, str]]
+    shortfall: Optional[Callable[[], str]] = None
+    timeout: Optional[float] = None
+    finish: Optional[Callable[[Any], Any]] = None
 
 
 class Table:
@@ -112,21 +140,22 @@ class Table:
     def push_batch(self, batch: Any) -> int:
         raise NotImplementedError
 
-    def sample(self, size: Any, cur_learner_iter: int = -1, **kwargs: Any) -> Optional[Any]:
+    def request(self, size: Any, **kwargs: Any) -> Request:
+        """A sample of ``size`` elements: its arguments checked (raising before anything changes)."""
         raise NotImplementedError
 
     def update(self, info: Any) -> Optional[Dict[str, int]]:
         """Tables without per-element priorities: a no-op returning ``{'updated': 0, 'stale': 0}``."""
         return {'updated': 0, 'stale': 0}
 
-    def positions(self, m: int, size: int, replace: bool) -> Optional[np.ndarray]:
-        """``size`` positions in ``[0, m)`` from the table's ``sampler`` (slot and episode tables); ``None`` when it
-        refuses. A user sampler's answer (``own_sampler``) is checked before anything reads it
+    def positions(self, rng: np.random.Generator, m: int, size: int, replace: bool) -> Union[np.ndarray, str]:
+        """``size`` positions in ``[0, m)`` from the table's ``sampler`` (slot and episode tables), or why not when
+        it refuses. A user sampler's answer (``own_sampler``) is checked before anything reads it
         (``check_positions``: a ``RuntimeError`` naming it, nothing changed)."""
-        idx = self.sampler.draw(self.e._rng, m, size, replace)
-        if self.own_sampler and idx is not None:
-            idx = check_positions(idx, m, size, self.e._cfg.sampler.get('type'))
-        return idx
+        idx = self.sampler.draw(rng, m, size, replace)
+        if idx is None:
+            return f"sampler {self.e._cfg.sampler.get('type')!r} refused"
+        return check_positions(idx, m, size, self.e._cfg.sampler.get('type')) if self.own_sampler else idx
 
     def snapshot(self) -> Any:
         """What a draw changes besides the RNG and use counts (restored when a user's rule fails the draw)."""
@@ -180,4 +209,4 @@ class Table:
         return f"count={self.e.count()}, replay_buffer_size={self.e.replay_buffer_size}"
 
 
-__all__ = ['Table']
+__all__ = ['Drawn', 'Request', 'Table']
