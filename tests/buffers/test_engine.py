@@ -10,6 +10,7 @@ import inspect
 import textwrap
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -72,6 +73,34 @@ def test_a_preset_holds_no_behaviour_beyond_naming_its_table(name):
         if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
             body = body[1:]
         assert len(body) == 1, f'{cls.__name__}.{key} holds {len(body)} statements'
+
+
+# what the engine does for every sample, in one order (``Engine._sample``): a table only answers a ``Request``
+ENGINE_SAMPLE_NAMES = {'_sample', '_sample_flow', '_drawn', '_refused', '_refuse', '_rng', '_due'}
+
+
+def _table_sources():
+    root = Path(inspect.getfile(Engine)).parent
+    paths = sorted(root.glob('*table*.py'))
+    assert len(paths) >= 7, paths  # table, slot, prioritized, episode, reward, chunk, deque
+    return [(p.name, ast.parse(p.read_text())) for p in paths]
+
+
+def test_no_table_runs_a_sample_the_engine_orders_it():
+    """Tables answer ``request(...)`` with a draw; they name none of the engine's sample steps or its RNG."""
+    for name, tree in _table_sources():
+        used = {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)} & ENGINE_SAMPLE_NAMES
+        assert not used, f'{name} reaches the engine for {sorted(used)}'
+
+
+@pytest.mark.parametrize('name', TYPES)
+def test_every_preset_sample_goes_through_the_engines_one_order(name):
+    """A preset's ``sample`` hands its table's ``Request`` to ``Engine._sample`` (or is the engine's own)."""
+    f = BUFFER_REGISTRY.get(name).sample
+    if f is Engine.sample:
+        return
+    calls = [n for n in ast.walk(ast.parse(textwrap.dedent(inspect.getsource(f)))) if isinstance(n, ast.Call)]
+    assert any(isinstance(c.func, ast.Attribute) and c.func.attr == '_sample' for c in calls), name
 
 
 @pytest.mark.parametrize(
