@@ -149,11 +149,11 @@ class ChunkTable(Table):
         """Payloads stay in their store (a disk store is shared with producers and learners)."""
 
     def describe(self) -> str:
-        return f"chunks={len(self._chunks)}, max_chunks={self.e._cfg.max_chunks}, store={self._fragments.kind!r}"
+        return f"chunks={len(self._chunks)}, max_chunks={self.cfg.max_chunks}, store={self._fragments.kind!r}"
 
     # ------------------------------------------------------------------ build
     def build(self) -> None:
-        e, cfg = self.e, self.e._cfg
+        e, cfg = self.e, self.cfg
         rules = [build_remover(x, f'removers[{i}]') for i, x in enumerate(cfg.removers)]  # arguments checked
         limits = [r.max_use for r in rules if isinstance(r, UseLimit) and r.max_use != INF]
         if limits:  # a max_use rule is max_reuse by another name: the smallest limit applies (use >= 2.5: 3 uses)
@@ -193,7 +193,7 @@ class ChunkTable(Table):
 
     def capacity(self) -> int:
         """Capacity in fragments (``max_chunks * fragments_per_chunk``): the most one sample can return."""
-        return int(self.e._cfg.max_chunks) * self._fpc
+        return int(self.cfg.max_chunks) * self._fpc
 
     # ------------------------------------------------------------------ references
     def _ref(self, fragment_id: str) -> None:
@@ -215,7 +215,7 @@ class ChunkTable(Table):
     def _stale(self, version: int, session: str) -> bool:
         if self.session_id and session != self.session_id:
             return True
-        lag = self.e._cfg.max_staleness
+        lag = self.cfg.max_staleness
         return lag is not None and self.model_version - version > lag
 
     # ------------------------------------------------------------------ push
@@ -371,7 +371,7 @@ class ChunkTable(Table):
             for r in records:
                 self._unref(r[4])
             return
-        while len(self._chunks) >= self.e._cfg.max_chunks:  # rule 4: only for a chunk that is accepted
+        while len(self._chunks) >= self.cfg.max_chunks:  # rule 4: only for a chunk that is accepted
             self.tally['chunks_evicted'] += 1
             self._leave(self._chunks.pop(0))
         self._chunks.append(
@@ -447,8 +447,8 @@ class ChunkTable(Table):
         if size % self._fpc:
             raise ValueError(f"sample size {size} must be a multiple of fragments_per_chunk={self._fpc} (whole chunks)")
         k = size // self._fpc
-        if k > self.e._cfg.max_chunks:
-            raise ValueError(f"sample size {size} is {k} chunks; at most max_chunks={self.e._cfg.max_chunks} exist")
+        if k > self.cfg.max_chunks:
+            raise ValueError(f"sample size {size} is {k} chunks; at most max_chunks={self.cfg.max_chunks} exist")
         # timeout 0 (or None) answers at once
         timeout = check_wait_timeout(timeout) or None
         return Request(size, lambda rng: self.draw(rng, k), lambda: self.shortfall(k), timeout)
@@ -466,7 +466,6 @@ class ChunkTable(Table):
         return len(self._chunks)
 
     def draw(self, rng: np.random.Generator, k: int) -> Any:
-        e = self.e
         why = self.shortfall(k)
         if why:
             return why
@@ -474,7 +473,7 @@ class ChunkTable(Table):
         picked = [int(j) for j in rng.choice(len(self._chunks), size=k, replace=False)]
         ids = [r[4] for j in picked for r in self._chunks[j]['records']]
         payloads = {}
-        if e._cfg.sample_payloads:  # read first: a payload that cannot be read changes nothing
+        if self.cfg.sample_payloads:  # read first: a payload that cannot be read changes nothing
             try:
                 payloads = {fragment_id: self._fragments.get(fragment_id) for fragment_id in ids}
             except BaseException:
@@ -494,10 +493,10 @@ class ChunkTable(Table):
                     'chunk': chunk['uid'],
                     'use': chunk['use'],
                 }
-                if e._cfg.sample_payloads:
+                if self.cfg.sample_payloads:
                     item['data'] = payloads[fragment_id]
                 out.append(item)
-            if e._cfg.max_reuse is not None and chunk['use'] >= e._cfg.max_reuse:
+            if self.cfg.max_reuse is not None and chunk['use'] >= self.cfg.max_reuse:
                 retired.add(j)
         for fragment_id in ids:  # rule 7: the last sample holds its fragments until the next one
             self._ref(fragment_id)
@@ -605,16 +604,16 @@ class ChunkTable(Table):
                     f"chunk {uid} in state has {len(records)} fragments (fragments_per_chunk="
                     f"{self._fpc}) or a repeated uid"
                 )
-            if self.e._cfg.max_reuse is not None and use >= self.e._cfg.max_reuse:
-                raise ValueError(f"chunk {uid} in state was used {use} times; max_reuse is {self.e._cfg.max_reuse}")
+            if self.cfg.max_reuse is not None and use >= self.cfg.max_reuse:
+                raise ValueError(f"chunk {uid} in state was used {use} times; max_reuse is {self.cfg.max_reuse}")
             if records[-1][1] > last_fid.get(records[0][0], -2) and records[0][0] in last_fid:
                 raise ValueError(f"chunk {uid} in state is newer than its worker's last fid")
             uids.add(uid)
             chunks.append(
                 {'uid': uid, 'use': use, 'version': records[0][2], 'session': records[0][3], 'records': records}
             )
-        if len(chunks) > self.e._cfg.max_chunks:
-            raise ValueError(f"state holds {len(chunks)} chunks, more than max_chunks={self.e._cfg.max_chunks}")
+        if len(chunks) > self.cfg.max_chunks:
+            raise ValueError(f"state holds {len(chunks)} chunks, more than max_chunks={self.cfg.max_chunks}")
         queues = {}
         for w, q in state['queues'].items():
             records = [rec(r) for r in q]

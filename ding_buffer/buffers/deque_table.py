@@ -47,11 +47,11 @@ class DequeTable:
         table verb is the slot table's (attribute access falls through to it).
     """
 
-    def __init__(self, engine: Any) -> None:
+    def __init__(self, engine: Any, cfg: Any) -> None:
         self.e = weakref.proxy(engine)  # the engine owns its table (see ``Table``)
-        self.deque_cfg = engine.cfg  # the deque config; the engine's own config is the slot table's
+        self.deque_cfg = engine.cfg  # the deque config; ``cfg``, the engine's own, is the slot table's
         self.priority = bool(self.deque_cfg.priority)
-        self.slots = (PrioritizedTable if self.priority else SlotTable)(engine)
+        self.slots = (PrioritizedTable if self.priority else SlotTable)(engine, cfg)
         self._items = items_out(self.deque_cfg)
         self._tag = f'{engine.instance_name}_iter'
         self._last_log = -1

@@ -160,7 +160,7 @@ class Engine(IBuffer):
         self._closed = False
         self._last_envstep = -1
         self._deepcopy = bool(self._cfg.get('deepcopy', False))  # read on every push and sample
-        self._t = self.table(self, **self.table_args)
+        self._t = self.table(self, self._cfg, **self.table_args)
         self._t.build()
         # the table's push verbs, bound once: a single push is a few microseconds, a lookup per call shows
         self._push_items, self._push_batch, self._check_pushed = (
@@ -609,6 +609,7 @@ class Engine(IBuffer):
                 # a malformed state (missing entry, wrong type) is bad input, reported like the others
                 raise ValueError(f"invalid {self.__class__.__name__} state: {type(e).__name__}: {e}") from e
             self._rng = rng
+            self._cfg = self._t.cfg  # the table may restore saved settings (GFlowNet's ranking and sampling keys)
 
     def _engine_state(self) -> Dict[str, Any]:
         out = {'counters': self._all_counters(), 'thruput': self._limiter.state_dict()}

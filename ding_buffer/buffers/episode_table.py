@@ -30,7 +30,7 @@ class EpisodeTable(Table):
     """
 
     def build(self) -> None:
-        cfg = self.e._cfg
+        cfg = self.cfg
         refuse_items_output(cfg.storage, cfg.type, 'whole episodes or windows of them')
         spec = build_sampler(cfg.sampler, 'uniform', (cfg.storage.type == 'tensor', NO_FLAT))
         self._store = self.new_store()
@@ -47,7 +47,7 @@ class EpisodeTable(Table):
         self.e._build_monitors(False, cfg.periodic_thruput_seconds)
 
     def new_store(self):
-        cfg = self.e._cfg
+        cfg = self.cfg
         if cfg.storage.type == 'tensor':
             if cfg.max_transitions is None:
                 raise ValueError("config key 'max_transitions' must be set with storage.type='tensor'")
@@ -140,7 +140,7 @@ class EpisodeTable(Table):
         if self.prio is not None:
             self.prio.check_args(sample_range, replace, unroll_len, pad)
             return Request(size, lambda rng: self.draw_prioritized(rng, size), self.prio.shortfall, timeout)
-        pad = self.e._cfg.pad_short_episodes if pad is None else bool(pad)
+        pad = self.cfg.pad_short_episodes if pad is None else bool(pad)
         replace = bool(replace)
         return Request(
             size,
@@ -243,7 +243,7 @@ class EpisodeTable(Table):
     def restore(self, state: Dict[str, Any]) -> None:
         if 'episodes' not in state:
             raise ValueError("state has no 'episodes' entry")
-        new = self._store.restored(state['episodes'], self.e._cfg.storage)  # KeyError -> ValueError in load_state_dict
+        new = self._store.restored(state['episodes'], self.cfg.storage)  # KeyError -> ValueError in load_state_dict
         if new.transitions != state.get('transitions'):
             raise ValueError("saved transition count does not match the stored episodes")
         if self.prio is not None and 'windows' not in state:

@@ -16,7 +16,7 @@ def diverse_admission(t: Any, batch: GFNBatch) -> Tuple[Optional[np.ndarray], Op
     index, c, r = t.index, t.tally, batch.log_reward
     if index.count < t.capacity():
         return None, None
-    hashes = row_hashes(batch.rows) if t.e._cfg.cutoff_distance == 0 else None  # exact duplicates: by hash
+    hashes = row_hashes(batch.rows) if t.cfg.cutoff_distance == 0 else None  # exact duplicates: by hash
     t.evict(index.flush())  # lazy: back to capacity before comparing
     order = np.argsort(-r, kind='stable')  # best first; equal rewards keep batch order
     c['filter_checked'] += batch.n
@@ -24,14 +24,14 @@ def diverse_admission(t: Any, batch: GFNBatch) -> Tuple[Optional[np.ndarray], Op
     ok = r[order] >= index.log_reward[live].min()
     c['rejected_by_reward'] += int((~ok).sum())
     order = order[ok]
-    if t.e._cfg.cutoff_distance >= 0 and len(order):
+    if t.cfg.cutoff_distance >= 0 and len(order):
         keep = diverse_mask(
             batch.rows[order],
             None if hashes is None else hashes[order],
             t.states,
             live,
-            float(t.e._cfg.cutoff_distance),
-            float(t.e._cfg.p_norm_distance),
+            float(t.cfg.cutoff_distance),
+            float(t.cfg.p_norm_distance),
         )
         c['rejected_by_distance'] += int((~keep).sum())
         order = order[keep]

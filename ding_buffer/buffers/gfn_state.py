@@ -34,7 +34,7 @@ SETTINGS = (
 
 
 def state(t) -> Dict[str, Any]:
-    settings = {k: copy.deepcopy(t.e._cfg[k]) for k in SETTINGS if k in t.e._cfg}
+    settings = {k: copy.deepcopy(t.cfg[k]) for k in SETTINGS if k in t.cfg}
     engine = t.e._engine_state()
     engine.pop('use', None)  # full-size; saved below in slot order with the items
     if t.index is None:
@@ -61,7 +61,7 @@ def state(t) -> Dict[str, Any]:
 
 
 def restore(t, state: Dict[str, Any]) -> None:
-    user = {k: v for k, v in dict(t.e._cfg).items() if k not in SETTINGS}
+    user = {k: v for k, v in dict(t.cfg).items() if k not in SETTINGS}
     user.update(state['settings'])
     cfg = build_config(t.e.config, user, t.e.checks)
     counters = {k: int(state['counters'][k]) for k in t.tally}
@@ -72,7 +72,7 @@ def restore(t, state: Dict[str, Any]) -> None:
     if not isinstance(engine, dict):
         raise ValueError(f"saved 'engine' must be a dict, got {type(engine).__name__}")
     swap = t.e._engine_restored({k: v for k, v in engine.items() if k != 'use'}, None, required=False)
-    old_cfg, t.e._cfg = t.e._cfg, cfg  # the parts below read the (saved) settings
+    old_cfg, t.cfg = t.cfg, cfg  # the parts below read the (saved) settings
     try:
         if state['store'] is None:
             if state.get('index') is not None:
@@ -82,7 +82,7 @@ def restore(t, state: Dict[str, Any]) -> None:
             store, index, states = restored_parts(t, state)
         uses = restored_uses(t, state, index)
     except BaseException:
-        t.e._cfg = old_cfg
+        t.cfg = old_cfg
         raise
     t._store, t.index, t.states = store, index, states
     swap()
@@ -115,7 +115,7 @@ def restored_parts(t, state: Dict[str, Any]):
     r = np.asarray(saved['log_reward'], dtype=np.float64)
     seq = np.asarray(saved['seq'], dtype=np.int64)
     n = len(r)
-    if len(seq) != n or n > (2 if t.e._cfg.lazy_sort else 1) * t.capacity():
+    if len(seq) != n or n > (2 if t.cfg.lazy_sort else 1) * t.capacity():
         raise ValueError(f"saved index holds {n} items for capacity {t.capacity()}")
     if not 0 <= int(saved['next_seq']) < 2**62:
         raise ValueError(f"saved next_seq {saved['next_seq']!r:.30} is not an id counter (0 <= next_seq < 2**62)")
@@ -136,7 +136,7 @@ def restored_parts(t, state: Dict[str, Any]):
     elif kind == ContainerStoreBase.kind:
         env = t.load_env if t.load_env is not None else getattr(t._store, 'env', None)
         container = rebuild_container(state['store'], n, env)
-        store = container_store(container, physical_slots(t.e._cfg, True))
+        store = container_store(container, physical_slots(t.cfg, True))
     else:
         raise ValueError(f"unknown saved store kind {kind!r}")
     index, states = t.parts_for(store)  # swapped in by the caller only when everything succeeded
@@ -175,7 +175,7 @@ def stored_rows(t, store: Any, slots: np.ndarray) -> Optional[np.ndarray]:
         return None
     if isinstance(store, ContainerStoreBase):
         return store.rows_of(store.read(slots), len(slots))
-    cfg = t.e._cfg
+    cfg = t.cfg
     data = store.storage.read_at(slots)
     cond = data[cfg.condition_key] if cfg.condition_key is not None else None
     return representation(data[cfg.state_key], cond, len(slots))

@@ -48,7 +48,7 @@ def stats(t: Any, out: Dict[str, float]) -> Dict[str, float]:
 def due_scalars(t: Any) -> Due:
     """Every ``monitor.log_every`` pushes: stats and the rejection rates of the last interval (written by the
     caller after releasing the lock)."""
-    if t.e._tb is None or t.tally['push_calls'] % t.e._cfg.monitor.log_every:
+    if t.e._tb is None or t.tally['push_calls'] % t.cfg.monitor.log_every:
         return None
     s = t.e.stats()
     step = t.tally['push_calls']

@@ -104,16 +104,16 @@ class PrioritizedTable(SlotTable):
 
     # ------------------------------------------------------------------ construction
     def build_sampler(self) -> None:
-        check_sampler(self.e._cfg.sampler)
+        check_sampler(self.cfg.sampler)
 
     def build_index(self) -> None:
-        cfg = self.e._cfg
+        cfg = self.cfg
         self.index = self.new_index()
         self.alpha = float(cfg.alpha)
         self.beta = BetaSchedule(cfg.beta, int(cfg.anneal_step))
 
     def build_monitors(self) -> None:
-        e, cfg = self.e, self.e._cfg
+        e, cfg = self.e, self.cfg
         # update() may apply without naming the slots: no max_use to check, no capacity rule to tell
         self.update_direct = e._use_limit is None and e._capacity is None
         e._build_monitors(cfg.monitor.get('tensorboard', False), cfg.monitor.periodic_thruput.seconds)
@@ -123,7 +123,7 @@ class PrioritizedTable(SlotTable):
         )
 
     def new_index(self) -> PriorityIndex:
-        cfg = self.e._cfg
+        cfg = self.cfg
         return PriorityIndex(cfg.replay_buffer_size, cfg.alpha, cfg.eps, with_max=cfg.max_priority_within_buffer)
 
     # ------------------------------------------------------------------ write / remove hooks
@@ -266,7 +266,7 @@ class PrioritizedTable(SlotTable):
         the monitor records it once the engine counted the draw (a broken rule of the user's fails it first)."""
         staleness = self._storage.staleness(slots, cur_learner_iter)
         extras = dict(priority=priority, staleness=staleness, use=use, IS=weights)
-        out = with_extras(self._storage, slots, extras, self.e._instance_name, self.e._cfg.deepcopy, ids)
+        out = with_extras(self._storage, slots, extras, self.e._instance_name, self.cfg.deepcopy, ids)
         monitor = self.sampled_monitor
 
         def done(envstep: int) -> Any:
@@ -356,7 +356,7 @@ class PrioritizedTable(SlotTable):
             if key not in state:
                 raise ValueError(f"state has no '{key}' entry")
         storage = storage_from_state(
-            e._cfg.storage, e.replay_buffer_size, state['storage'], SAMPLE_KEYS, index_for(e._cfg)
+            self.cfg.storage, e.replay_buffer_size, state['storage'], SAMPLE_KEYS, index_for(self.cfg)
         )
         if storage.kind == 'list':  # what push refuses is refused in a state too
             items = storage.gather(storage.ring.ordered_slots())

@@ -41,13 +41,13 @@ class RewardTable(Table):
         once full; ``terminating``: store terminating states only.
     """
 
-    def __init__(self, engine: Any, diverse: bool = False, terminating: bool = False) -> None:
-        super().__init__(engine)
+    def __init__(self, engine: Any, cfg: Any, diverse: bool = False, terminating: bool = False) -> None:
+        super().__init__(engine, cfg)
         self.diverse = diverse
         self.terminating = terminating
 
     def build(self) -> None:
-        cfg = self.e._cfg
+        cfg = self.cfg
         if cfg.device.startswith('cuda') and not torch.cuda.is_available():
             raise ValueError(f"config key 'device' is {cfg.device!r} but CUDA is not available here")
         self._store: Any = None
@@ -76,11 +76,11 @@ class RewardTable(Table):
 
     @property
     def prioritized_sampling(self) -> bool:
-        return bool(self.e._cfg.prioritized_sampling)
+        return bool(self.cfg.prioritized_sampling)
 
     @property
     def torch_device(self) -> torch.device:
-        return torch.device(self.e._cfg.device)
+        return torch.device(self.cfg.device)
 
     @property
     def env(self) -> Any:
@@ -107,14 +107,14 @@ class RewardTable(Table):
         return 0 if self.index is None else self.index.count
 
     def prioritized(self) -> bool:
-        return bool(self.e._cfg.prioritized_capacity) or self.diverse
+        return bool(self.cfg.prioritized_capacity) or self.diverse
 
     def parts_for(self, store: Any):
         """A fresh ``(RewardIndex, StateSet)`` sized for ``store`` (nothing is swapped in)."""
-        return make_parts(self.e._cfg, store, self.prioritized(), self.diverse)
+        return make_parts(self.cfg, store, self.prioritized(), self.diverse)
 
     def make_store(self, data: Any) -> Any:
-        return make_store(self.e._cfg, data)
+        return make_store(self.cfg, data)
 
     def new_parts(self, store: Any) -> None:
         self.index, self.states = self.parts_for(store)
@@ -179,11 +179,11 @@ class RewardTable(Table):
     def convert(self, data: Any) -> Any:
         """What is actually stored for ``data``: the data itself, or (``terminating_state``) its terminating
         states and their log-rewards (``gfn_admission.terminating_states``)."""
-        return terminating_states(self.e._cfg, data) if self.terminating else data
+        return terminating_states(self.cfg, data) if self.terminating else data
 
     def validate(self, batch: GFNBatch) -> None:
         """Everything that can reject the batch, checked before anything changes."""
-        needs_reward = self.prioritized() or self.e._cfg.prioritized_sampling
+        needs_reward = self.prioritized() or self.cfg.prioritized_sampling
         if needs_reward and batch.n and np.isnan(batch.log_reward).any():
             raise ValueError(
                 "log_rewards must be defined for prioritized replay (prioritized_capacity / prioritized_sampling / "
@@ -272,7 +272,7 @@ class RewardTable(Table):
         return Request(size, draw, shortfall, timeout)
 
     def replace(self, size: int, replace: Optional[bool]) -> bool:
-        rep = self.e._cfg.sample_replacement if replace is None else replace
+        rep = self.cfg.sample_replacement if replace is None else replace
         return size > self.count() if rep is None else rep
 
     def shortfall(self, size: int, replace: Optional[bool]) -> str:
@@ -287,7 +287,7 @@ class RewardTable(Table):
         why = self.shortfall(size, replace)
         if why:
             return why
-        slots = self.index.sample(rng, size, bool(self.e._cfg.prioritized_sampling), self.replace(size, replace))
+        slots = self.index.sample(rng, size, bool(self.cfg.prioritized_sampling), self.replace(size, replace))
         return Drawn(slots, size, self._store.read(slots, self.index.seq[slots]), done=self.count_sampled(size))
 
     def count_sampled(self, size: int) -> Callable[[int], None]:

@@ -42,8 +42,8 @@ class SlotTable(Table):
     indexed = False  # whether the table keeps a per-slot index the write hooks update (advanced: priorities)
     reserved_keys: Tuple[str, ...] = ()
 
-    def __init__(self, engine: Any, window: bool = False, runs: bool = False) -> None:
-        super().__init__(engine)
+    def __init__(self, engine: Any, cfg: Any, window: bool = False, runs: bool = False) -> None:
+        super().__init__(engine, cfg)
         self.window: Optional[NewestWindow] = None
         self.runs = runs
         if runs:
@@ -51,7 +51,7 @@ class SlotTable(Table):
         self._window_wanted = window
 
     def build(self) -> None:
-        e, cfg = self.e, self.e._cfg
+        e, cfg = self.e, self.cfg
         if self.runs:
             refuse_items_output(cfg.storage, cfg.type, '[batch][sequence] runs')
         self.build_sampler()
@@ -81,14 +81,14 @@ class SlotTable(Table):
         )
 
     def build_sampler(self) -> None:
-        self.sampler = build_sampler(self.e._cfg.sampler, 'uniform', (False, NO_PRIORITY))
+        self.sampler = build_sampler(self.cfg.sampler, 'uniform', (False, NO_PRIORITY))
         self.own_sampler = type(self.sampler) is not UniformSampler  # its answers are checked
 
     def build_index(self) -> None:
         """A prioritized table builds its priority index here."""
 
     def build_monitors(self) -> None:
-        self.e._build_monitors(False, self.e._cfg.periodic_thruput_seconds)
+        self.e._build_monitors(False, self.cfg.periodic_thruput_seconds)
 
     # ------------------------------------------------------------------ what the parts read
     @property
@@ -115,7 +115,7 @@ class SlotTable(Table):
         return self._storage.device
 
     def items_out(self) -> bool:
-        return self._storage.kind == 'tensor' and self.e._cfg.storage.get('output') == 'items'
+        return self._storage.kind == 'tensor' and self.cfg.storage.get('output') == 'items'
 
     def units(self) -> int:
         n = self.e.count()
@@ -445,7 +445,7 @@ class SlotTable(Table):
         if 'storage' not in state:
             raise ValueError("state has no 'storage' entry")
         storage = storage_from_state(
-            e._cfg.storage, e._cfg.replay_buffer_size, state['storage'], self.reserved_keys, index_for(e._cfg)
+            self.cfg.storage, self.cfg.replay_buffer_size, state['storage'], self.reserved_keys, index_for(self.cfg)
         )
         swap = e._engine_restored(state, storage.ring.valid, required=False)  # files of 0.1 have no counters
         self._storage = storage

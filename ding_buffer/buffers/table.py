@@ -56,8 +56,9 @@ class Table:
     capacity_rules = False  # whether the table takes a capacity rule (``control.capacity``)
     admission_columns: Tuple[str, ...] = ()  # columns whose values the table knows for elements not yet written
 
-    def __init__(self, engine: Any) -> None:
+    def __init__(self, engine: Any, cfg: Any) -> None:
         self.e = weakref.proxy(engine)
+        self.cfg = cfg  # the buffer's validated config (an EasyDict); a restore may replace it (``Engine.cfg``)
 
     def build(self) -> None:
         """Build the storage and the engine's parts (``e._build_engine``, ``e._build_monitors``)."""
@@ -71,7 +72,7 @@ class Table:
         raise NotImplementedError
 
     def capacity(self) -> int:
-        return self.e._cfg.replay_buffer_size
+        return self.cfg.replay_buffer_size
 
     def count(self) -> int:
         return self.store.ring.count
@@ -154,8 +155,8 @@ class Table:
         (``check_positions``: a ``RuntimeError`` naming it, nothing changed)."""
         idx = self.sampler.draw(rng, m, size, replace)
         if idx is None:
-            return f"sampler {self.e._cfg.sampler.get('type')!r} refused"
-        return check_positions(idx, m, size, self.e._cfg.sampler.get('type')) if self.own_sampler else idx
+            return f"sampler {self.cfg.sampler.get('type')!r} refused"
+        return check_positions(idx, m, size, self.cfg.sampler.get('type')) if self.own_sampler else idx
 
     def snapshot(self) -> Any:
         """What a draw changes besides the RNG and use counts (restored when a user's rule fails the draw)."""
