@@ -459,7 +459,7 @@ class ChunkTable(Table):
         return '' if n >= k else f"{n} of the {k} chunks needed are stored"
 
     def wait_what(self, size: int) -> str:
-        return f"buffer '{self.e._instance_name}' could not sample {size // self._fpc} chunks"
+        return f"buffer '{self.name}' could not sample {size // self._fpc} chunks"
 
     def units(self) -> int:
         """Chunks, the sampling unit, are what a sample waits for (``shortfall``): the limiter only paces."""

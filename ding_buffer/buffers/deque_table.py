@@ -96,7 +96,7 @@ class DequeTable:
             if type(out) is not dict:  # a TensorDict (tensordict_io)
                 return out.exclude(*drop)
             out = {k: v for k, v in out.items() if k not in drop}
-            return as_items(out, self.e.instance_name) if self._items else out
+            return as_items(out, self.name) if self._items else out
         return [{k: v for k, v in d.items() if k not in drop} for d in out]
 
     def _log(self, train_iter: int, priority: Optional[np.ndarray]) -> None:

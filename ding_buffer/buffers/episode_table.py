@@ -37,7 +37,7 @@ class EpisodeTable(Table):
         self._store.listen(weakref.proxy(self))  # the table owns its store: no cycle back to it
         self.prio: Optional[PrioritizedWindows] = None
         if isinstance(spec, PrioritizedSpec):
-            self.prio = PrioritizedWindows(spec, self._store, cfg.pad_short_episodes, self.e._instance_name)
+            self.prio = PrioritizedWindows(spec, self._store, cfg.pad_short_episodes, self.name)
             self._store.reserve(PrioritizedWindows.OUTPUT_KEYS)
         elif not hasattr(spec, 'draw'):
             raise ValueError(f"config key 'sampler.type' is {cfg.sampler.get('type')!r}: not an episode sampler")

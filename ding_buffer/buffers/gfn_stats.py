@@ -52,7 +52,7 @@ def due_scalars(t: Any) -> Due:
         return None
     s = t.e.stats()
     step = t.tally['push_calls']
-    prefix = f'{t.e._instance_name}_iter/'
+    prefix = f'{t.name}_iter/'
     scalars = [(prefix + tag, s[tag], step) for tag in _STAT_TAGS if np.isfinite(s[tag])]
     last, now = t.last_logged, t.tally
     checked = now['filter_checked'] - last['filter_checked']

@@ -119,7 +119,7 @@ class PrioritizedTable(SlotTable):
         e._build_monitors(cfg.monitor.get('tensorboard', False), cfg.monitor.periodic_thruput.seconds)
         attr = cfg.monitor.sampled_data_attr
         self.sampled_monitor = SampledDataAttrMonitor(
-            e._instance_name, attr.average_range, attr.print_freq, e._logger, e._tb if rank() == 0 else None
+            self.name, attr.average_range, attr.print_freq, e._logger, e._tb if rank() == 0 else None
         )
 
     def new_index(self) -> PriorityIndex:
@@ -266,7 +266,7 @@ class PrioritizedTable(SlotTable):
         the monitor records it once the engine counted the draw (a broken rule of the user's fails it first)."""
         staleness = self._storage.staleness(slots, cur_learner_iter)
         extras = dict(priority=priority, staleness=staleness, use=use, IS=weights)
-        out = with_extras(self._storage, slots, extras, self.e._instance_name, self.cfg.deepcopy, ids)
+        out = with_extras(self._storage, slots, extras, self.name, self.cfg.deepcopy, ids)
         monitor = self.sampled_monitor
 
         def done(envstep: int) -> Any:
@@ -292,7 +292,7 @@ class PrioritizedTable(SlotTable):
         fast = self.update_fast(info) if self.update_direct else None
         if fast is not None:
             return fast
-        parsed = parse_update(info, e._instance_name, e.replay_buffer_size)
+        parsed = parse_update(info, self.name, e.replay_buffer_size)
         if parsed is None:
             return {'updated': 0, 'stale': 0}
         priorities, ids, slots, mine = parsed

@@ -336,8 +336,8 @@ class SlotTable(Table):
         if self._storage.kind != 'list':
             return Drawn(slots, size, out)
         if self.list_items:  # new dicts carrying replay_unique_id / replay_buffer_idx, as on tensor storage
-            e = self.e
-            out = prioritized_items(out, e._instance_name, self._storage.ring.uids(slots), slots, {}, e._deepcopy)
+            deep = bool(self.cfg.get('deepcopy', False))
+            out = prioritized_items(out, self.name, self._storage.ring.uids(slots), slots, {}, deep)
             return Drawn(slots, size, out)
         return Drawn(slots, size, out, copy=True)
 

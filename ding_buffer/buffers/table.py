@@ -59,6 +59,7 @@ class Table:
     def __init__(self, engine: Any, cfg: Any) -> None:
         self.e = weakref.proxy(engine)
         self.cfg = cfg  # the buffer's validated config (an EasyDict); a restore may replace it (``Engine.cfg``)
+        self.name = engine.instance_name  # what errors and TensorBoard tags name the buffer by
 
     def build(self) -> None:
         """Build the storage and the engine's parts (``e._build_engine``, ``e._build_monitors``)."""
@@ -167,7 +168,7 @@ class Table:
 
     def wait_what(self, size: int) -> str:
         """What a ``sample(timeout=)`` that timed out could not do (the ``SampleTimeoutError`` message)."""
-        return f"buffer '{self.e._instance_name}' could not sample {size} items"
+        return f"buffer '{self.name}' could not sample {size} items"
 
     def tensordict_out(self) -> bool:
         """Whether samples leave as TensorDicts (the storage first stored one; ``tensordict_io``)."""
