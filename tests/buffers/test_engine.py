@@ -93,6 +93,20 @@ def test_no_table_runs_a_sample_the_engine_orders_it():
         assert not used, f'{name} reaches the engine for {sorted(used)}'
 
 
+def test_tables_are_handed_the_config_and_name_instead_of_reading_the_engines():
+    """The config and instance name come with the table's construction (a GFlowNet restore replaces the table's
+    config, which the engine then adopts); no table or GFlowNet helper reads the engine's private copies."""
+    paths = sorted(Path(inspect.getfile(Engine)).parent.glob('gfn_*.py'))
+    trees = _table_sources() + [(p.name, ast.parse(p.read_text())) for p in paths]
+    for name, tree in trees:
+        used = {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)} & {
+            '_cfg',
+            '_instance_name',
+            '_deepcopy',
+        }
+        assert not used, f'{name} reads the engine for {sorted(used)}'
+
+
 @pytest.mark.parametrize('name', TYPES)
 def test_every_preset_sample_goes_through_the_engines_one_order(name):
     """A preset's ``sample`` hands its table's ``Request`` to ``Engine._sample`` (or is the engine's own)."""
