@@ -201,7 +201,7 @@ class DequeReplayBuffer(Engine):
         Returns:
             - result (:obj:`dict`): ``{'updated': n, 'stale': m}``.
         """
-        return self._t.update(meta)
+        return self._update(meta)
 
 
 __all__ = ['DequeReplayBuffer', 'inner_config', 'items_out']

@@ -9,7 +9,7 @@ every ``train_iter_per_log`` learner iterations and on the first.
 """
 
 import weakref
-from typing import Any, Dict, List, Mapping, Optional
+from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 import numpy as np
 
@@ -119,20 +119,24 @@ class DequeTable:
         if meta.get('priority') is None:
             return {'updated': 0, 'stale': 0}
         priority = numbers(meta['priority'])  # checked even when there is nothing to apply it to
-        with self.e._lock:
+        if not self.priority:
+            return {'updated': 0, 'stale': 0}
+
+        def apply(spent: Any) -> Tuple[int, int]:  # under the engine's lock: the last batch stays put
             batch = self._last_batch
-            if not self.priority or batch is None:
-                return {'updated': 0, 'stale': 0}
+            if batch is None:
+                return 0, 0
             if len(priority) != len(batch[0]):
                 raise ValueError(
                     f"update: {len(priority)} priorities for the last sampled batch of {len(batch[0])} items"
                 )
             clipped = np.minimum(priority, float(self.deque_cfg.priority_max_limit))  # NaN stays NaN: refused
-            result = self.slots.update(
-                {'replay_unique_id': batch[0], 'replay_buffer_idx': batch[1], 'priority': clipped}
-            )
+            out = self.slots.update({'replay_unique_id': batch[0], 'replay_buffer_idx': batch[1], 'priority': clipped})
+            counts = out(spent) if callable(out) else (out['updated'], out['updated'] + out['stale'])
             self._last_batch = None
-            return result
+            return counts
+
+        return apply
 
     # ------------------------------------------------------------------ clear / state
     def clear(self) -> List[Any]:

@@ -82,4 +82,4 @@ class ElasticReplayBuffer(Engine):
             ``update(envstep)``: set the window to ``set_buffer_size(envstep)`` (DI-engine). A dict (a learner's
             ``priority_info``) changes nothing, as on the naive buffer.
         """
-        return self._t.update(info)
+        return self._update(info)

@@ -534,8 +534,20 @@ class Engine(IBuffer):
     # ------------------------------------------------------------------ update
     def update(self, info: Any) -> Optional[Dict[str, int]]:
         """New information about sampled elements (priorities on prioritized tables; a no-op returning
-        ``{'updated': 0, 'stale': 0}`` where the table keeps none)."""
-        return self._t.update(info)
+        ``{'updated': 0, 'stale': 0}`` where the table keeps none). The table checks ``info`` (raising before
+        anything changes) and answers the call's result, or what to apply: the engine applies it under the lock,
+        handing it ``_spent`` (entries whose elements reached ``max_use`` are left alone), and counts the
+        ``(applied, total)`` it answers (``None``: nothing to count, the call returns None)."""
+        return self._update(info)
+
+    def _update(self, info: Any) -> Optional[Dict[str, int]]:
+        """Every ``update`` call, in one order (see ``update``); a preset's own ``update`` hands it on here."""
+        out = self._t.update(info)
+        if not callable(out):
+            return out
+        with self._lock:
+            counts = out(self._spent)
+            return None if counts is None else self._count_update(*counts)
 
     def _count_update(self, n: int, total: int) -> Dict[str, int]:
         """An ``update`` applied ``n`` of ``total`` entries (the rest were stale): counted, and its result."""
@@ -554,6 +566,9 @@ class Engine(IBuffer):
         """Remove every element (files of tracked items are deleted). Ids keep counting."""
         with self._lock:
             removed = self._t.clear()
+            if self._uses is not None:
+                self._uses.reset(slice(None))  # nothing is stored: every use count restarts
+            self._capacity_rebuilt()
         self._evicted(removed)
 
     def stats(self) -> Dict[str, float]:

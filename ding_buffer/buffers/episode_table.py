@@ -7,7 +7,7 @@ episodes, or windows of ``unroll_len`` consecutive transitions drawn uniformly a
 """
 
 import weakref
-from typing import Any, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
@@ -210,11 +210,12 @@ class EpisodeTable(Table):
         plan = self.prio.update(info)
         if plan is None:
             return {'updated': 0, 'stale': 0}
-        with self.e._lock:
+
+        def apply(spent: Callable[[np.ndarray], np.ndarray]) -> Tuple[int, int]:
             result = self.prio.apply(plan)
-            self.e._counters['updated'] += result['updated']
-            self.e._counters['stale_updates'] += result['stale']
-        return result
+            return result['updated'], result['updated'] + result['stale']
+
+        return apply
 
     def stats(self, out: Dict[str, float]) -> Dict[str, float]:
         out.update(transitions=self._store.transitions, push_count=self.push_count)

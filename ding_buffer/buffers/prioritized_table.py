@@ -9,7 +9,7 @@ bugs: ``sample_range`` is exact for every slice (insertion order), non-finite or
 stored dicts are never mutated, refusals are counted in ``stats()``.
 """
 
-from typing import Any, Dict, List, Mapping, Optional
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
 import numpy as np
 import torch
@@ -284,35 +284,36 @@ class PrioritizedTable(SlotTable):
         emit(due, self.sampled_monitor.logger, self.sampled_monitor.tb_logger)
 
     # ------------------------------------------------------------------ update
-    def update(self, info: Dict[str, Any]) -> Dict[str, int]:
-        e = self.e
+    def update(self, info: Dict[str, Any]) -> Any:
+        """``info`` parsed and checked here; applied under the engine's lock (``Engine.update``)."""
         if type(info) is not dict and is_tensordict(info):
             info = update_info(info)
         # the compiled path applies without naming the slots; a capacity rule reading priorities must hear of them
-        fast = self.update_fast(info) if self.update_direct else None
+        fast = self.fast_entries(info) if self.update_direct else None
         if fast is not None:
-            return fast
-        parsed = parse_update(info, self.name, e.replay_buffer_size)
+            return lambda spent: self.apply_fast(fast, info, spent)
+        parsed = parse_update(info, self.name, self.capacity())
         if parsed is None:
             return {'updated': 0, 'stale': 0}
-        priorities, ids, slots, mine = parsed
-        with e._lock:
-            match = self._storage.ring.holds(slots, ids, mine)
-            if e._use_limit is not None:
-                match &= ~e._spent(slots)
-            n = int(np.count_nonzero(match))
-            if n == len(slots):
-                self.index.update(slots, priorities)
-                self.priorities_changed(slots)
-            elif n:
-                self.index.update(slots[match], priorities[match])
-                self.priorities_changed(slots[match])
-            return e._count_update(n, len(slots))
+        return lambda spent: self.apply(parsed, spent)
 
-    def update_fast(self, info: Any) -> Optional[Dict[str, int]]:
+    def apply(self, parsed: Tuple[np.ndarray, ...], spent: Callable[[np.ndarray], np.ndarray]) -> Tuple[int, int]:
+        """New priorities where the id still lives in its slot and the item has not reached ``max_use``."""
+        priorities, ids, slots, mine = parsed
+        match = self._storage.ring.holds(slots, ids, mine) & ~spent(slots)
+        n = int(np.count_nonzero(match))
+        if n == len(slots):
+            self.index.update(slots, priorities)
+            self.priorities_changed(slots)
+        elif n:
+            self.index.update(slots[match], priorities[match])
+            self.priorities_changed(slots[match])
+        return n, len(slots)
+
+    def fast_entries(self, info: Any) -> Optional[Tuple[np.ndarray, np.ndarray, np.ndarray]]:
         """The hot path of ``update``: what a tensor-storage sample returned (1-d CPU tensors or arrays: int ids,
-        int slots, float32 / float64 priorities) goes to one compiled kernel. ``None`` for anything else, or for an
-        entry the kernel finds invalid (nothing changed): the checking path then applies or reports it."""
+        int slots, float32 / float64 priorities), as (slots, ids, priorities) for one compiled kernel; ``None`` for
+        anything else (the checking path then applies or reports it)."""
         if type(info) is not dict:
             return None
         p, ids, slots = (_flat_array(info.get(k)) for k in ('priority', 'replay_unique_id', 'replay_buffer_idx'))
@@ -326,11 +327,17 @@ class PrioritizedTable(SlotTable):
             or not len(p) == len(ids) == len(slots)
         ):
             return None
-        with self.lock:
-            n = self.index.update_by_ids(
-                self._storage.ring, slots.astype(np.int64, copy=False), ids.astype(np.int64, copy=False), p
-            )
-            return None if n is None else self.e._count_update(n, len(slots))
+        return slots.astype(np.int64, copy=False), ids.astype(np.int64, copy=False), p
+
+    def apply_fast(self, fast: Tuple[np.ndarray, ...], info: Any, spent: Any) -> Tuple[int, int]:
+        """The kernel applies every entry, or none when it finds an invalid one: the checking path then applies
+        or reports it (nothing changed)."""
+        slots, ids, p = fast
+        n = self.index.update_by_ids(self._storage.ring, slots, ids, p)
+        if n is not None:
+            return n, len(slots)
+        parsed = parse_update(info, self.name, self.capacity())
+        return (0, 0) if parsed is None else self.apply(parsed, spent)
 
     # ------------------------------------------------------------------ stats / state
     def stats(self, out: Dict[str, float]) -> Dict[str, float]:

@@ -300,9 +300,7 @@ class RewardTable(Table):
 
     # ------------------------------------------------------------------ clear / state
     def clear(self) -> List[Any]:
-        if self.index is not None:
-            if self.e._uses is not None:
-                self.e._uses.reset(self.index.live_slots())
+        if self.index is not None:  # (the engine then resets use counts)
             self.index.clear()
             self.states.clear()
             self._store.clear()

@@ -139,14 +139,9 @@ class SlotTable(Table):
         """Hook: every stored item (at ``slots``) is about to leave by ``clear``."""
 
     def clear(self) -> List[Any]:
-        e = self.e
-        slots = self._storage.ring.ordered_slots()
-        if e._uses is not None:
-            e._uses.reset(slots)
-        self.cleared(slots)
-        removed = self._storage.clear(reset_push_count=self.resets_push_count)
-        e._capacity_rebuilt()
-        return removed
+        """Every item leaves (the engine then resets use counts and rebuilds a capacity rule)."""
+        self.cleared(self._storage.ring.ordered_slots())
+        return self._storage.clear(reset_push_count=self.resets_push_count)
 
     # ------------------------------------------------------------------ writing
     def written(self, slots: np.ndarray, priorities: Optional[np.ndarray]) -> None:
@@ -421,9 +416,11 @@ class SlotTable(Table):
             size = self.window.asked(info)
             if size is None:
                 return super().update(info)
-            with self.e._lock:
+
+            def move(spent: Any) -> None:  # under the engine's lock; DI-engine's elastic update returns None
                 self.window.size = size
-            return None
+
+            return move
         return super().update(info)
 
     def resize(self, size: Any) -> None:

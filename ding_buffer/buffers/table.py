@@ -146,8 +146,10 @@ class Table:
         """A sample of ``size`` elements: its arguments checked (raising before anything changes)."""
         raise NotImplementedError
 
-    def update(self, info: Any) -> Optional[Dict[str, int]]:
-        """Tables without per-element priorities: a no-op returning ``{'updated': 0, 'stale': 0}``."""
+    def update(self, info: Any) -> Any:
+        """``info`` checked (raising before anything changes), answered with the call's result, or with what to
+        apply under the engine's lock: ``apply(spent) -> (applied, total)`` or None (see ``Engine.update``).
+        Tables without per-element priorities: a no-op returning ``{'updated': 0, 'stale': 0}``."""
         return {'updated': 0, 'stale': 0}
 
     def positions(self, rng: np.random.Generator, m: int, size: int, replace: bool) -> Union[np.ndarray, str]:
