@@ -453,11 +453,10 @@ class Engine(IBuffer):
         counts, removal rules, counters and the table's ``done``, then the request's ``finish``; monitors are written
         after the lock is released. Without rules, limits or a timeout only the draw runs: it refuses by itself when
         ``shortfall()`` would."""
-        size = request.size
+        size, draw, shortfall, timeout, finish = request
         check_size(size)
         if type(cur_learner_iter) is not int or not -STEP_LIMIT < cur_learner_iter < STEP_LIMIT:
             cur_learner_iter = check_step(cur_learner_iter, 'cur_learner_iter')
-        timeout, shortfall = request.timeout, request.shortfall
         check_wait_timeout(timeout)
         self._check_open()
         with self._lock:
@@ -479,20 +478,20 @@ class Engine(IBuffer):
             if self._fallible:  # a rule of the user's answers after the draw: restore what the draw moved if it fails
                 snapshot = self._rng.bit_generator.state, self._t.snapshot()
                 try:
-                    out = self._drawn(request.draw(self._rng))
+                    out = self._drawn(draw(self._rng))
                 except BaseException:
                     self._rng.bit_generator.state = snapshot[0]
                     self._t.restore_snapshot(snapshot[1])
                     raise
             else:
-                out = self._drawn(request.draw(self._rng))
+                out = self._drawn(draw(self._rng))
             if out is not None:
                 if self._t.tensordict_out():
                     out = to_tensordict(out, self._t.device())
                 elif self._t.items_out():
                     out = as_items(out, self._instance_name)
-                if request.finish is not None:
-                    out = request.finish(out)
+                if finish is not None:
+                    out = finish(out)
             due, self._due = self._due, None
         if due is not None:
             self._t.emit(due)  # outside the lock
@@ -504,7 +503,7 @@ class Engine(IBuffer):
         the limiter, then the table's ``done``. Returns the batch."""
         if type(drawn) is str:
             return self._refuse(drawn)
-        slots, size, use = drawn.slots, drawn.size, drawn.use
+        slots, size, out, use, done, copied = drawn
         if use is None and self._uses is not None:
             use = self._uses.bump(slots)
         if self._rules:  # usually none or one
@@ -521,9 +520,9 @@ class Engine(IBuffer):
         c['sampled_items'] += size
         if self._limiter.active:
             self._limiter.on_sample(size)
-        if drawn.done is not None:
-            self._due = drawn.done(self._last_envstep)
-        return copy.deepcopy(drawn.out) if drawn.copy and self._deepcopy else drawn.out
+        if done is not None:
+            self._due = done(self._last_envstep)
+        return copy.deepcopy(out) if copied and self._deepcopy else out
 
     def last_sample_use(self) -> Optional[np.ndarray]:
         """Use counts of the elements the last ``sample`` drew, counting that draw (None when this buffer keeps
@@ -543,7 +542,7 @@ class Engine(IBuffer):
     def _update(self, info: Any) -> Optional[Dict[str, int]]:
         """Every ``update`` call, in one order (see ``update``); a preset's own ``update`` hands it on here."""
         out = self._t.update(info)
-        if not callable(out):
+        if type(out) is dict or out is None:
             return out
         with self._lock:
             counts = out(self._spent)

@@ -334,7 +334,7 @@ class SlotTable(Table):
             deep = bool(self.cfg.get('deepcopy', False))
             out = prioritized_items(out, self.name, self._storage.ring.uids(slots), slots, {}, deep)
             return Drawn(slots, size, out)
-        return Drawn(slots, size, out, copy=True)
+        return Drawn(slots, size, out, None, None, True)
 
     # ------------------------------------------------------------------ runs of consecutive items
     def runs_request(
@@ -405,7 +405,7 @@ class SlotTable(Table):
             return Drawn(slots, batch * sequence, self._storage.gather(slots.reshape(batch, sequence)))
         items = self._storage.gather(slots)
         return Drawn(
-            slots, batch * sequence, [items[i * sequence : (i + 1) * sequence] for i in range(batch)], copy=True
+            slots, batch * sequence, [items[i * sequence : (i + 1) * sequence] for i in range(batch)], None, None, True
         )
 
     # ------------------------------------------------------------------ update

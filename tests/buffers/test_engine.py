@@ -75,8 +75,20 @@ def test_a_preset_holds_no_behaviour_beyond_naming_its_table(name):
         assert len(body) == 1, f'{cls.__name__}.{key} holds {len(body)} statements'
 
 
-# what the engine does for every sample, in one order (``Engine._sample``): a table only answers a ``Request``
-ENGINE_SAMPLE_NAMES = {'_sample', '_sample_flow', '_drawn', '_refused', '_refuse', '_rng', '_due'}
+# what the engine does for every sample and update, in one order (``Engine._sample`` / ``_update``): a table only
+# answers a ``Request`` (sample) or what to apply (update)
+ENGINE_STEPS = {
+    '_sample',
+    '_sample_flow',
+    '_drawn',
+    '_refused',
+    '_refuse',
+    '_rng',
+    '_due',
+    '_update',
+    '_count_update',
+    '_spent',
+}
 
 
 def _table_sources():
@@ -86,10 +98,11 @@ def _table_sources():
     return [(p.name, ast.parse(p.read_text())) for p in paths]
 
 
-def test_no_table_runs_a_sample_the_engine_orders_it():
-    """Tables answer ``request(...)`` with a draw; they name none of the engine's sample steps or its RNG."""
+def test_no_table_runs_a_sample_or_an_update_the_engine_orders_them():
+    """Tables answer ``request(...)`` with a draw and ``update(info)`` with what to apply; they name none of the
+    engine's sample or update steps, nor its RNG."""
     for name, tree in _table_sources():
-        used = {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)} & ENGINE_SAMPLE_NAMES
+        used = {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)} & ENGINE_STEPS
         assert not used, f'{name} reaches the engine for {sorted(used)}'
 
 
