@@ -110,7 +110,7 @@ class DequeTable:
         if priority is not None and len(priority):
             tb.add_scalar(f'{self._tag}/priority_avg', float(priority.mean()), train_iter)
             tb.add_scalar(f'{self._tag}/priority_max', float(priority.max()), train_iter)
-        tb.add_scalar(f'{self._tag}/buffer_data_count', self.e.count(), train_iter)
+        tb.add_scalar(f'{self._tag}/buffer_data_count', self.count(), train_iter)
         self._last_log = train_iter
 
     def update(self, meta: Any) -> Dict[str, int]:
@@ -182,7 +182,7 @@ class DequeTable:
             and isinstance(slots, list)
             and len(ids) == len(slots)
             and all(type(i) in (str, int) for i in ids)
-            and all(type(k) is int and 0 <= k < self.e.replay_buffer_size for k in slots)
+            and all(type(k) is int and 0 <= k < self.capacity() for k in slots)
         )
         if not ok:
             raise ValueError(

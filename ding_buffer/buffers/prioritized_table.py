@@ -180,7 +180,7 @@ class PrioritizedTable(SlotTable):
             p = self.index.default_priority()
         elif type(p) is not float or not 0 <= p <= MAX_PRIORITY:
             return False
-        if self.limiter.active and not self.limiter.can_push(1, self.e.count())[0]:
+        if self.limiter.active and not self.limiter.can_push(1, self.count())[0]:
             return False  # the generic path counts and logs the refusal
         return self.write_one(item, p)
 
@@ -363,7 +363,7 @@ class PrioritizedTable(SlotTable):
             if key not in state:
                 raise ValueError(f"state has no '{key}' entry")
         storage = storage_from_state(
-            self.cfg.storage, e.replay_buffer_size, state['storage'], SAMPLE_KEYS, index_for(self.cfg)
+            self.cfg.storage, self.capacity(), state['storage'], SAMPLE_KEYS, index_for(self.cfg)
         )
         if storage.kind == 'list':  # what push refuses is refused in a state too
             items = storage.gather(storage.ring.ordered_slots())
@@ -380,7 +380,7 @@ class PrioritizedTable(SlotTable):
 
     def describe(self) -> str:
         return (
-            f"count={self.e.count()}, replay_buffer_size={self.e.replay_buffer_size}, alpha={self.alpha}, "
+            f"count={self.count()}, replay_buffer_size={self.capacity()}, alpha={self.alpha}, "
             f"beta={self.beta.value:.4f}, storage={self._storage!r}"
         )
 

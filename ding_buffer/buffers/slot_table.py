@@ -118,7 +118,7 @@ class SlotTable(Table):
         return self._storage.kind == 'tensor' and self.cfg.storage.get('output') == 'items'
 
     def units(self) -> int:
-        n = self.e.count()
+        n = self.count()
         return n if self.window is None else min(n, self.window.size)
 
     def derived(self) -> Dict[str, int]:
@@ -187,7 +187,7 @@ class SlotTable(Table):
         counted ``refused_by_<rule>``). Returns what is written. Nothing changes if the rule answers garbage."""
         e = self.e
         rule = e._capacity
-        need = prepared.n - (e.replay_buffer_size - self._storage.ring.count)
+        need = prepared.n - (self.capacity() - self._storage.ring.count)
         if rule is None or prepared.dropped or need <= 0:
             return prepared, priorities
         values = self.new_values(rule.column, priorities, prepared.n) if rule.admission else None
@@ -311,7 +311,7 @@ class SlotTable(Table):
         positions = self.candidates(sample_range)
         m = len(positions)
         if m == 0:
-            return ('buffer is empty' if self.e.count() == 0 else f'{sample_range} selects nothing'), positions
+            return ('buffer is empty' if self.count() == 0 else f'{sample_range} selects nothing'), positions
         if not replace and m < size:
             return f'{m} candidate items < batch size {size} and replace=False', positions
         return '', positions
@@ -364,7 +364,7 @@ class SlotTable(Table):
     def run_shortfall(self, batch: int, sequence: int, sample_range: Optional[slice], replace: bool):
         """(why the runs cannot be drawn now or '', the insertion positions where a run may start)."""
         positions = self.candidates(sample_range)
-        if self.e.count() == 0:
+        if self.count() == 0:
             return 'buffer is empty', None
         if len(positions) < sequence:
             where = f' in {sample_range}' if sample_range is not None else ''
@@ -453,9 +453,7 @@ class SlotTable(Table):
 
     def describe(self) -> str:
         window = '' if self.window is None else f", current_buffer_size={self.window.size}"
-        return (
-            f"count={self.e.count()}, replay_buffer_size={self.e.replay_buffer_size}{window}, storage={self._storage!r}"
-        )
+        return f"count={self.count()}, replay_buffer_size={self.capacity()}{window}, storage={self._storage!r}"
 
 
 __all__ = ['SlotTable', 'NO_PRIORITY']

@@ -110,7 +110,7 @@ class Table:
 
     def units(self) -> int:
         """What ``sample_min_limit_ratio`` compares with the batch size: the stored elements."""
-        return self.e.count()
+        return self.count()
 
     def derived(self) -> Dict[str, int]:
         """Counters the table knows better than a tally (overlaid on the engine's wherever they are read)."""
@@ -210,7 +210,7 @@ class Table:
 
     def describe(self) -> str:
         """The ``repr`` of the buffer after its instance name."""
-        return f"count={self.e.count()}, replay_buffer_size={self.e.replay_buffer_size}"
+        return f"count={self.count()}, replay_buffer_size={self.capacity()}"
 
 
 __all__ = ['Drawn', 'Request', 'Table']
