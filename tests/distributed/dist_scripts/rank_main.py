@@ -39,6 +39,7 @@ def env_rank() -> int:
 
 
 RANK = env_rank()
+open(os.path.join(OUT, f'started{RANK}'), 'w').close()  # the process runs (Launch tells a hung launcher by its absence)
 RESULT = {'rank': RANK, 'scenario': SCENARIO, 'backend': BACKEND, 'events': []}
 
 
