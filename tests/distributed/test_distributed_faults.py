@@ -229,7 +229,7 @@ BAD_MANAGER = '''
 import os, sys, time
 t = time.monotonic()
 from ding_buffer import create_buffer
-dist = dict(backend={backend!r}, startup_timeout=60, timeout=10, scoring_function='nomodule_xyz:score')
+dist = dict(backend={backend!r}, startup_timeout=3600, timeout=10, scoring_function='nomodule_xyz:score')
 
 def say(line):  # stdout, and under mpirun a file per rank too: mpirun may interleave two ranks' lines
     print(line, flush=True)
@@ -263,14 +263,13 @@ def _mpi_bad_manager(tmp_path, *flags) -> dict:
 
 def test_a_managers_unimportable_scoring_function_fails_before_the_startup_wait():
     """The manager rank (rank 1 of 2, env://, its peer never starts) names the bad key at once, instead of
-    waiting startup_timeout (60 s) for the master and then reporting a TimeoutError."""
+    waiting startup_timeout (an hour here, past the process's own limit) for the master."""
     env = child_env()
     env.update(MASTER_ADDR='127.0.0.1', MASTER_PORT=str(free_port()), RANK='1', WORLD_SIZE='2')
     p, _ = _run(BAD_MANAGER.format(backend='torch'), env, timeout=120)
     assert p.stdout.startswith('ERR ValueError'), p.stdout + p.stderr
-    _, _, seconds, network, message = p.stdout.split(' ', 4)
+    _, _, _, network, message = p.stdout.split(' ', 4)
     assert "'distributed.scoring_function'" in message and "'nomodule_xyz:score'" in message, message
-    assert float(seconds) < 60, p.stdout  # not the start-up wait (its bound is 60 s)
 
 
 def test_a_managers_unimportable_scoring_function_fails_before_mpi_init(tmp_path):

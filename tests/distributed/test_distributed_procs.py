@@ -371,7 +371,7 @@ _LAYOUT_RANK = '''
 import sys, time
 t0 = time.monotonic()
 from ding_buffer import create_buffer
-dist = dict(backend='torch', startup_timeout=60, timeout=5, **eval(sys.argv[1]))
+dist = dict(backend='torch', startup_timeout=3600, timeout=5, **eval(sys.argv[1]))
 try:
     create_buffer(dict(type='naive', replay_buffer_size=10, distributed=dist))
 except ValueError as e:
@@ -392,7 +392,8 @@ sys.exit(0)
 )
 def test_a_rank_layout_that_cannot_fit_the_world_fails_before_any_network_wait(tmp_path, dist, needles):
     """One env:// rank of a 2-rank world, alone (its peer never comes): a layout it can judge from its config and
-    WORLD_SIZE fails at once naming the key, instead of waiting startup_timeout (60 s) for the other rank."""
+    WORLD_SIZE fails naming the key instead of waiting startup_timeout (an hour here: a rank that waited would
+    outlive the process's own limit) for the other rank."""
     import subprocess
     import sys
 
@@ -405,8 +406,7 @@ def test_a_rank_layout_that_cannot_fit_the_world_fails_before_any_network_wait(t
         [sys.executable, str(script), dist], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=50
     )
     assert r.returncode == 2, r.stdout + r.stderr
-    seconds, message = r.stdout.split(' ', 1)
-    assert float(seconds) < 30, r.stdout  # (importing torch included): not the start-up wait (60 s)
+    _, message = r.stdout.split(' ', 1)
     for needle in needles:
         assert needle in message, message
 
