@@ -5,10 +5,35 @@ a picklable custom class and an object whose unpickling creates a marker file.
 The Ray workers and the manager actor import this module by name: the test module puts this directory on
 their PYTHONPATH (``runtime_env``)."""
 
+import json
 import os
 import time
+import traceback
 
 import torch
+
+
+def write_driver(out, result):
+    """``OUTDIR/driver.json``, the report of a Ray driver script (``dist_scripts/ray_*_main.py``), written whole."""
+    tmp = os.path.join(out, 'driver.json.tmp')
+    with open(tmp, 'w') as f:
+        json.dump(result, f, default=repr)
+    os.replace(tmp, os.path.join(out, 'driver.json'))
+
+
+def run_driver(main, out, result, stamp_end=False):
+    """Run a Ray driver script's ``main``: its report records ``ok`` or the traceback (the error is raised on);
+    ``stamp_end`` adds ``ended_at``, when the work was done, before interpreter and Ray teardown."""
+    try:
+        main()
+    except BaseException:
+        result['ok'] = False
+        result['traceback'] = traceback.format_exc()
+        write_driver(out, result)
+        raise
+    if stamp_end:
+        result['ended_at'] = time.time()
+    write_driver(out, result)
 
 
 def rows(wid, step, n):

@@ -12,11 +12,11 @@ worker tasks on hosts 1 and 2. ``partition``: see ``partition``. ``dead_host``, 
    checkpoints and ends; the checkpoint holds every row the live workers pushed.
 """
 
-import json
 import os
 import sys
 import time
-import traceback
+
+import ray_helpers  # (tests/distributed is on the path the test gives)
 
 OUT, ADDRESS = sys.argv[1], sys.argv[2]
 SCENARIO = sys.argv[3] if len(sys.argv) > 3 else 'dead_host'  # or 'partition'
@@ -26,9 +26,7 @@ PEER_TIMEOUT = 3.0
 
 
 def write() -> None:
-    with open(os.path.join(OUT, 'driver.json.tmp'), 'w') as f:
-        json.dump(RESULT, f)
-    os.replace(os.path.join(OUT, 'driver.json.tmp'), os.path.join(OUT, 'driver.json'))
+    ray_helpers.write_driver(OUT, RESULT)
 
 
 def flag(name: str) -> None:
@@ -46,7 +44,6 @@ def wait_flag(name: str, seconds: float) -> bool:
 
 def main() -> None:
     import ray
-    import ray_helpers
 
     from ding_buffer import create_buffer
 
@@ -123,7 +120,6 @@ def main() -> None:
 def partition(ray, drv, cfg, on, actor) -> None:
     """A task on host 1 pushes through a cut of its host's link (the test cuts it, waits, heals it): every row it
     pushed is stored once, and its worker is served again after the heal."""
-    import ray_helpers
 
     from ding_buffer import create_buffer
 
@@ -145,11 +141,4 @@ def partition(ray, drv, cfg, on, actor) -> None:
 
 
 if __name__ == '__main__':
-    try:
-        main()
-    except BaseException:
-        RESULT['ok'] = False
-        RESULT['traceback'] = traceback.format_exc()
-        write()
-        raise
-    write()
+    ray_helpers.run_driver(main, OUT, RESULT)

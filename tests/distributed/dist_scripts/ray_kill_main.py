@@ -7,25 +7,18 @@ instance down with it (``ray.shutdown`` at exit). The test times how long the pr
 Usage: ``python ray_kill_main.py OUTDIR``
 """
 
-import json
 import os
 import sys
 import time
-import traceback
+
+import ray_helpers  # (tests/distributed is on the path the test gives)
 
 OUT = sys.argv[1]
 RESULT = {}
 
 
-def write() -> None:
-    with open(os.path.join(OUT, 'driver.json.tmp'), 'w') as f:
-        json.dump(RESULT, f, default=repr)
-    os.replace(os.path.join(OUT, 'driver.json.tmp'), os.path.join(OUT, 'driver.json'))
-
-
 def main() -> None:
     import ray
-    import ray_helpers
 
     from ding_buffer.distributed.config import build_distributed_config
     from ding_buffer.distributed.ray_backend import get_or_create_actor
@@ -64,12 +57,4 @@ def main() -> None:
 
 
 if __name__ == '__main__':
-    try:
-        main()
-    except BaseException:
-        RESULT['ok'] = False
-        RESULT['traceback'] = traceback.format_exc()
-        write()
-        raise
-    RESULT['ended_at'] = time.time()  # the job's work is done: what follows is interpreter and Ray teardown
-    write()
+    ray_helpers.run_driver(main, OUT, RESULT, stamp_end=True)  # the work done: interpreter and Ray teardown follow
