@@ -127,7 +127,7 @@ class ChunkReplayBuffer(Engine):
             chunks leave, and each worker's queue loses the prefix up to its newest stale or other-session
             fragment (rule 5). Returns how many chunks and queued fragments left.
         """
-        return self._t.update_model_version(version, session_id)
+        return self._verb(self._t.update_model_version, version, session_id)
 
     def sample(
         self, size: int, cur_learner_iter: int = -1, timeout: Optional[float] = None, **kwargs: Any

@@ -55,7 +55,7 @@ from ..control.limits import UseLimit, build_remover
 from ..storage.base import NO_ITER
 from ..storage.fragment_store import FragmentStore, check_id
 from .common import check_size, check_wait_timeout
-from .table import Drawn, Request, Table
+from .table import Drawn, Needs, Request, Restored, Table, Write, Written
 
 _NO_SLOTS = np.empty(0, dtype=np.int64)
 # (worker, fid, model_version, session_id, fragment_id)
@@ -152,15 +152,14 @@ class ChunkTable(Table):
         return f"chunks={len(self._chunks)}, max_chunks={self.cfg.max_chunks}, store={self._fragments.kind!r}"
 
     # ------------------------------------------------------------------ build
-    def build(self) -> None:
-        e, cfg = self.e, self.cfg
+    def build(self) -> Needs:
+        cfg = self.cfg
         rules = [build_remover(x, f'removers[{i}]') for i, x in enumerate(cfg.removers)]  # arguments checked
         limits = [r.max_use for r in rules if isinstance(r, UseLimit) and r.max_use != INF]
         if limits:  # a max_use rule is max_reuse by another name: the smallest limit applies (use >= 2.5: 3 uses)
             cfg.max_reuse = min([math.ceil(x) for x in limits] + ([cfg.max_reuse] if cfg.max_reuse is not None else []))
         # the engine's parts: no removal rule besides the chunk table's own (capacity, max_reuse, staleness), and
         # a limiter that only paces sample(timeout=) waits (refusing pushes would break a worker's run of fragments)
-        e._build_engine(0, rules=[], limiter=limiter_config(0.0))
         self._fragments = FragmentStore(cfg.store.type, cfg.store.path)
         if cfg.store.clear_on_start:
             self._fragments.clear()
@@ -168,6 +167,7 @@ class ChunkTable(Table):
         self._reset()
         self.model_version = -1
         self.session_id = ''
+        return Needs(0, rules=[], limiter=limiter_config(0.0), monitors=False)
 
     def _reset(self) -> None:
         self._chunks: List[Dict[str, Any]] = []  # oldest first: {'uid', 'use', 'version', 'session', 'records'}
@@ -219,7 +219,7 @@ class ChunkTable(Table):
         return lag is not None and self.model_version - version > lag
 
     # ------------------------------------------------------------------ push
-    def push_batch(self, batch: Any) -> int:
+    def prepare_batch(self, batch: Any) -> Write:
         raise ValueError(
             "the chunk buffer takes fragments: push one fragment dict or a list of them "
             "(batched=True / extend have no meaning here)"
@@ -319,7 +319,7 @@ class ChunkTable(Table):
             plan.append(forget)
         return plan
 
-    def push_items(self, items: List[Any]) -> int:
+    def prepare(self, items: List[Any]) -> Write:
         checked = [self._check_fragment(f, i) for i, f in enumerate(items)]
         plan = self._plan(checked)  # the whole call first, so a bad fragment anywhere changes nothing
         ids = set()
@@ -333,6 +333,12 @@ class ChunkTable(Table):
             for i, f in enumerate(items):
                 if 'data' in f:
                     check_plain(f['data'], f'fragment {i} data')
+        return Write(len(items), (items, checked, plan))
+
+    def write(self, w: Write, report_evicted: bool) -> Written:
+        """The payloads first (a store that fails, e.g. a full disk, leaves the buffer as it was), then each
+        fragment is received: rules 2-4 assemble and evict chunks."""
+        items, checked, plan = w.plan
         put: List[str] = []
         try:  # payloads first: a store that fails (disk full) leaves the buffer as it was
             for f in items:
@@ -344,8 +350,7 @@ class ChunkTable(Table):
             for w in forget:
                 del self._last_fid[w]
             self._receive((worker, fid, version, session, fragment_id))
-        self.e._pushed(len(items), 0)  # counted; samplers waiting for chunks wake
-        return len(items)
+        return Written(len(items))  # counted; samplers waiting for chunks wake
 
     def _receive(self, rec: Record) -> None:
         worker = rec[0]
@@ -397,8 +402,7 @@ class ChunkTable(Table):
         version = checked_version(version)
         if session_id is not None:
             session_id = checked_session(session_id)
-        with self.e._lock:
-            self.e._check_open()
+        with self.lock:
             self.model_version = int(version)
             if session_id is not None:
                 self.session_id = session_id
@@ -533,14 +537,14 @@ class ChunkTable(Table):
 
     def records(self) -> Dict[str, Any]:
         """The chunks (oldest first: uid, use count, records) and the per-worker queues, as plain data."""
-        with self.e._lock:
+        with self.lock:
             return {
                 'chunks': [(ch['uid'], ch['use'], [r[:4] for r in ch['records']]) for ch in self._chunks],
                 'queues': {w: [r[:4] for r in q] for w, q in self._queues.items()},
             }
 
     # ------------------------------------------------------------------ state
-    def state(self) -> Dict[str, Any]:
+    def state(self, engine: Dict[str, Any]) -> Dict[str, Any]:
         referenced = list(self._refs)
         return {
             'model_version': self.model_version,
@@ -560,11 +564,11 @@ class ChunkTable(Table):
             'last_fid': dict(self._last_fid),
             'last_fetch': list(self._last_fetch),
             'counters': dict(self.tally),
-            'engine': self.e._engine_state(),  # the engine's counters (push_items, refused_sample, ...)
+            'engine': engine,  # the engine's counters (push_items, refused_sample, ...)
             'payloads': {fragment_id: self._fragments.get(fragment_id) for fragment_id in referenced},
         }
 
-    def restore(self, state: Dict[str, Any]) -> None:
+    def restore(self, state: Dict[str, Any]) -> Restored:
         """Validate ``state`` against the rules (a state this buffer could have reached), then swap it in."""
 
         def name(x: Any, what: str, empty: bool = False) -> str:
@@ -641,30 +645,30 @@ class ChunkTable(Table):
         engine = state.get('engine') or {}
         if not isinstance(engine, dict):
             raise ValueError(f"state has an invalid 'engine' entry of type {type(engine).__name__}")
-        swap = self.e._engine_restored(engine, None, required=False)  # states saved before it: counters at 0
         version, session = (
             number(state['model_version'], 'model_version'),
             name(state['session_id'], 'session_id', empty=True),
         )
         next_uid = max(number(state['next_uid'], 'next_uid', 0), max(uids, default=-1) + 1)
-        # swap: payloads this buffer referenced and the new state does not are deleted; the new ones written
-        old, added = set(self._refs), []
-        try:
-            for fragment_id in refs:
-                if fragment_id not in self._fragments:
-                    self._fragments.put_as(fragment_id, payloads[fragment_id])
-                    added.append(fragment_id)
-        except BaseException:  # e.g. a full disk: the buffer stays as it was
-            self._fragments.delete_all(added)
-            raise
-        self._fragments.delete_all(old - set(refs))
-        self._chunks, self._queues, self._last_fid, self._last_fetch = chunks, queues, last_fid, last_fetch
-        self._refs, self.tally, self._next_uid = refs, counters, next_uid
-        swap()
-        self._sizes = {fragment_id: self._fragments.size(fragment_id) for fragment_id in refs}
-        self._bytes = sum(self._sizes.values())
-        self.model_version, self.session_id = version, session
-        self.e._limiter.on_push(0)  # samplers waiting for chunks see the restored ones
+
+        def swap() -> None:  # payloads this buffer referenced and the new state does not are deleted; new ones written
+            old, added = set(self._refs), []
+            try:
+                for fragment_id in refs:
+                    if fragment_id not in self._fragments:
+                        self._fragments.put_as(fragment_id, payloads[fragment_id])
+                        added.append(fragment_id)
+            except BaseException:  # e.g. a full disk: the buffer stays as it was
+                self._fragments.delete_all(added)
+                raise
+            self._fragments.delete_all(old - set(refs))
+            self._chunks, self._queues, self._last_fid, self._last_fetch = chunks, queues, last_fid, last_fetch
+            self._refs, self.tally, self._next_uid = refs, counters, next_uid
+            self._sizes = {fragment_id: self._fragments.size(fragment_id) for fragment_id in refs}
+            self._bytes = sum(self._sizes.values())
+            self.model_version, self.session_id = version, session
+
+        return Restored(swap, engine)  # states saved before the engine's entry: counters at 0
 
     def clear(self) -> List[Any]:
         """Every chunk, queued fragment and the last sample leave (their payloads are deleted); the model version,

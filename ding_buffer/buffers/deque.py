@@ -163,6 +163,9 @@ class DequeReplayBuffer(Engine):
             kind.config, inner_config(own), kind.checks, ignored=kind.ignored_keys, aliases=kind.key_aliases
         )
 
+    def _table_args(self) -> Dict[str, Any]:
+        return dict(deque_cfg=self._deque_cfg)
+
     @property
     def cfg(self) -> EasyDict:
         """The deque config (the one given, with its defaults)."""

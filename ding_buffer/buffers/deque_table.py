@@ -8,7 +8,6 @@ sets the priorities of that *last sampled batch* (clipped at ``priority_max_limi
 every ``train_iter_per_log`` learner iterations and on the first.
 """
 
-import weakref
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 import numpy as np
@@ -18,7 +17,7 @@ from .common import STEP_LIMIT, check_step
 from .outputs import as_items
 from .prioritized_table import PrioritizedTable
 from .slot_table import SlotTable
-from .table import Request
+from .table import Request, Restored
 
 # Keys the slot table adds to a sampled item; the wrapper returns the pushed data (and 'IS').
 INNER_KEYS = ('replay_unique_id', 'replay_buffer_idx', 'priority', 'staleness', 'use', 'IS')
@@ -47,13 +46,12 @@ class DequeTable:
         table verb is the slot table's (attribute access falls through to it).
     """
 
-    def __init__(self, engine: Any, cfg: Any) -> None:
-        self.e = weakref.proxy(engine)  # the engine owns its table (see ``Table``)
-        self.deque_cfg = engine.cfg  # the deque config; ``cfg``, the engine's own, is the slot table's
+    def __init__(self, cfg: Any, name: str, lock: Any, deque_cfg: Any) -> None:
+        self.deque_cfg = deque_cfg  # the deque config; ``cfg``, the engine's own, is the slot table's
         self.priority = bool(self.deque_cfg.priority)
-        self.slots = (PrioritizedTable if self.priority else SlotTable)(engine, cfg)
+        self.slots = (PrioritizedTable if self.priority else SlotTable)(cfg, name, lock)
         self._items = items_out(self.deque_cfg)
-        self._tag = f'{engine.instance_name}_iter'
+        self._tag = f'{name}_iter'
         self._last_log = -1
         self._last_batch: Optional[tuple] = None  # (ids, slots) of the last sample, for update()
 
@@ -69,9 +67,9 @@ class DequeTable:
             request = self.slots.request(size, train_iter, timeout=timeout)
         else:
             request = self.slots.request(size, timeout=timeout)
-        return request._replace(finish=lambda out: self.sampled(out, train_iter))
+        return request._replace(finish=lambda out, use: self.sampled(out, use, train_iter))
 
-    def sampled(self, out: Any, train_iter: int) -> Any:
+    def sampled(self, out: Any, use: Optional[np.ndarray], train_iter: int) -> Any:
         """Under the lock, after a sample: the batch is remembered for ``update``, TensorBoard written every
         ``train_iter_per_log``; returns the batch without the slot table's id columns."""
         tensor = not isinstance(out, list)
@@ -82,7 +80,7 @@ class DequeTable:
             self._last_batch = (ids, slots)
         else:
             priority = None
-        self._log(train_iter, priority)
+        self._log(train_iter, priority, use)
         return self._data(out, tensor)
 
     def _data(self, out: Any, tensor: bool) -> Any:
@@ -99,12 +97,11 @@ class DequeTable:
             return as_items(out, self.name) if self._items else out
         return [{k: v for k, v in d.items() if k not in drop} for d in out]
 
-    def _log(self, train_iter: int, priority: Optional[np.ndarray]) -> None:
-        tb = self.e._tb_logger
+    def _log(self, train_iter: int, priority: Optional[np.ndarray], use: Optional[np.ndarray]) -> None:
+        tb = self.parts.tb_logger
         if tb is None or not (self._last_log == -1 or train_iter - self._last_log >= self.deque_cfg.train_iter_per_log):
             return
         if self.deque_cfg.max_use != INF:
-            use = self.e.last_sample_use()
             if use is not None and len(use):
                 tb.add_scalar(f'{self._tag}/use_count_avg', float(np.mean(use)), train_iter)
         if priority is not None and len(priority):
@@ -144,17 +141,17 @@ class DequeTable:
         self._last_batch = None
         return removed
 
-    def state(self) -> Dict[str, Any]:
+    def state(self, engine: Dict[str, Any]) -> Dict[str, Any]:
         batch = (
             None if self._last_batch is None else {'ids': list(self._last_batch[0]), 'slots': list(self._last_batch[1])}
         )
         return {
-            'inner': {'type': INNER_TYPES[self.priority], **self.slots.state()},
+            'inner': {'type': INNER_TYPES[self.priority], **self.slots.state(engine)},
             'last_log_train_iter': self._last_log,
             'last_batch': batch,
         }
 
-    def restore(self, state: Dict[str, Any]) -> None:
+    def restore(self, state: Dict[str, Any]) -> Restored:
         last = state.get('last_log_train_iter')
         if type(last) is not int or not -1 <= last < STEP_LIMIT:
             raise ValueError(
@@ -169,8 +166,13 @@ class DequeTable:
                 f"{INNER_TYPES[self.priority]!r} state (priority={self.priority})"
             )
         batch = self._checked_batch(state.get('last_batch'))
-        self.slots.restore(dict(inner))
-        self._last_log, self._last_batch = last, batch
+        restored = self.slots.restore(dict(inner))
+
+        def swap() -> None:
+            restored.swap()
+            self._last_log, self._last_batch = last, batch
+
+        return restored._replace(swap=swap)
 
     def _checked_batch(self, batch: Any) -> Optional[tuple]:
         """A saved 'last sampled batch': None, or ids (str / int) and slots (ints in range) of equal length."""

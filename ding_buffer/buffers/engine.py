@@ -46,7 +46,7 @@ from ..persistence import load_state, save_state
 from ..storage.tensordict_io import check_batched, is_tensordict, to_tensordict
 from .common import STEP_LIMIT, check_size, check_step, check_wait_timeout
 from .outputs import as_items
-from .table import Request
+from .table import Needs, Parts, Request, Restored, Write
 from .view import TableView
 
 # Counters every engine keeps (``stats()``); each remover adds ``removed_by_<name>``.
@@ -160,47 +160,64 @@ class Engine(IBuffer):
         self._closed = False
         self._last_envstep = -1
         self._deepcopy = bool(self._cfg.get('deepcopy', False))  # read on every push and sample
-        self._t = self.table(self, self._cfg, **self.table_args)
-        self._t.build()
-        # the table's push verbs, bound once: a single push is a few microseconds, a lookup per call shows
-        self._push_items, self._push_batch, self._check_pushed = (
-            self._t.push_items,
-            self._t.push_batch,
-            self._t.check_pushed,
+        self._t = self.table(self._cfg, instance_name, self._lock, **self._table_args())
+        self._build_parts(self._t.build())
+        self._t.attach(
+            Parts(
+                self._uses,
+                self._logger,
+                self._tb,
+                self._tb_logger,
+                self._remover is not None,
+                bool(self._rules),
+                self._use_limit is not None,
+                self._capacity is not None,
+            )
         )
+        self._view = TableView(self._t)
+        if self._capacity is not None:
+            self._check_capacity_rule()
+        # The hot paths of a push: no used-data remover must see an overwritten item, no capacity rule decides
+        # (a batch: and no rate limit); the table's verbs bound once (a single push is a few microseconds).
+        self._one_fast = self._t.hot_path and self._remover is None and self._capacity is None
+        self._batch_fast = self._one_fast and not self._limiter.active
+        self._write_one, self._check_pushed = self._t.write_one, self._t.check_pushed
+
+    def _table_args(self) -> Dict[str, Any]:
+        """Keyword arguments of the table's constructor (the preset's ``table_args``)."""
+        return self.table_args
 
     def _config(self, cfg: Optional[Mapping]) -> EasyDict:
         """The user's config merged into the preset's defaults and checked (``ValueError`` naming the key)."""
         return build_config(self.config, cfg, self.checks, ignored=self.ignored_keys, aliases=self.key_aliases)
 
     # ------------------------------------------------------------------ parts
-    def _build_engine(self, slots: int, rules: Optional[List[Any]] = None, limiter: Optional[Mapping] = None) -> None:
-        """Build the parts every preset shares; ``slots`` sizes the use-count column. ``rules`` (default: the
-        config's ``max_use``, ``max_staleness`` and ``removers``) and ``limiter`` (default: its
-        ``thruput_controller``) are given by a table whose config names them otherwise (``chunk``)."""
+    def _build_parts(self, needs: Needs) -> None:
+        """Build the parts every preset shares, as the table's ``Needs`` say: the use-count column, removal rules,
+        the rate limiter, the counters and the monitors."""
         cfg = self._cfg
-        self._rules = build_removers(cfg) if rules is None else rules
+        self._rules = build_removers(cfg) if needs.rules is None else needs.rules
         self._use_limit = find_rule(self._rules, UseLimit)
         self._capacity: Optional[CapacityRule] = find_capacity_rule(self._rules)
         # a rule of the user's may raise or answer garbage mid-sample: the sample then snapshots what the draw moves
         self._fallible = any(
             type(r) not in (UseLimit, StalenessLimit) and not isinstance(r, CapacityRule) for r in self._rules
         )
-        self._view: Optional[TableView] = None
-        self._uses: Optional[UseCounts] = UseCounts(slots) if (self._use_limit or self._t.uses_counted) else None
-        self._limiter = RateLimiter(cfg.thruput_controller if limiter is None else limiter, self._lock)
+        counted = self._use_limit or self._t.uses_counted
+        self._uses: Optional[UseCounts] = UseCounts(needs.slots) if counted else None
+        self._limiter = RateLimiter(cfg.thruput_controller if needs.limiter is None else needs.limiter, self._lock)
         names = [f'removed_by_{r.name}' for r in self._rules]
         if self._t.expires():  # storage.frames: see WriteResult.expired
             names.append('removed_by_frames')
         if self._capacity is not None and self._capacity.admission:
             names.append(f'refused_by_{self._capacity.name}')
         self._counters: Dict[str, int] = dict.fromkeys(list(COUNTERS) + [n for n in names if n not in COUNTERS], 0)
-        if self._capacity is not None:
-            self._check_capacity_rule()
         self._due: Any = None  # monitor output computed under the lock, written after it
         self._tb: Optional[TBSink] = None
         self._periodic: Optional[PeriodicThruputMonitor] = None
         self._last_use: Optional[np.ndarray] = None  # use counts after the last draw (last_sample_use)
+        if needs.monitors:
+            self._build_monitors(needs.tensorboard, needs.period)
 
     def _build_monitors(self, tensorboard: bool, period: Optional[float]) -> None:
         """The TensorBoard writer (borrowed, or owned when ``tensorboard``) and, with a writer on rank 0, the
@@ -248,16 +265,7 @@ class Engine(IBuffer):
     @property
     def view(self) -> TableView:
         """The read-only view of this buffer's table that its parts read (counts, order, named columns)."""
-        if self._view is None:
-            self._view = TableView(self, self._t.columns())
         return self._view
-
-    def _ordered_slots(self) -> np.ndarray:
-        """Every stored element's slot, oldest first."""
-        return self._t.ordered_slots()
-
-    def _next_id(self) -> int:
-        return self._t.next_id()
 
     def _check_capacity_rule(self) -> None:
         """A capacity rule fits this table: the table takes one, and the column it reads exists (and, for a rule
@@ -299,10 +307,6 @@ class Engine(IBuffer):
         """Each element's ``collect_iter`` (int64; ``NO_ITER`` where it has none)."""
         return self._t.collect_iter(slots)
 
-    def _live(self, slots: np.ndarray) -> np.ndarray:
-        """Mask of ``slots`` (non-negative ints) that hold an element; ``IndexError`` past the table's end."""
-        return self._t.live(slots)
-
     def _rule_slots(self, rule: Any, slots: Any) -> np.ndarray:
         """A rule's answer as distinct live slots; a rule answering garbage raises ``RuntimeError`` naming it
         (nothing is removed for that answer)."""
@@ -313,7 +317,7 @@ class Engine(IBuffer):
             raise RuntimeError(f"remover {rule.name!r} returned {arr.dtype} slots {arr[:4]}...; expected ints >= 0")
         arr = arr.astype(np.int64)
         try:
-            return arr[self._live(arr)]
+            return arr[self._t.live(arr)]
         except IndexError:
             raise RuntimeError(f"remover {rule.name!r} returned slot {int(arr[-1])}, past the table's end") from None
 
@@ -325,8 +329,9 @@ class Engine(IBuffer):
             if done is not None and len(gone):
                 gone = np.setdiff1d(gone, done)
             if len(gone):
-                if rule is self._use_limit:
-                    self._t.drop_used(gone)
+                if rule is self._use_limit and self._remover is not None and self._t.retires_used:
+                    self._t.retire(gone)  # DI-engine: the item (its file) stays, never drawn again
+                    self._changed(gone)
                 else:
                     self._remove(gone, f'removed_by_{rule.name}')
                 done = gone if done is None else np.union1d(done, gone)
@@ -341,6 +346,12 @@ class Engine(IBuffer):
         self._counters['remove_count'] += len(slots)
         self._counters[counter] += len(slots)
         self._evicted(removed)
+
+    def _changed(self, slots: np.ndarray) -> None:
+        """A mutable column of ``slots`` changed in place (priorities): a capacity rule reading it hears of it."""
+        rule = self._capacity
+        if rule is not None and rule.column in self._t.mutable_columns and len(slots):
+            rule.on_changed(self._view, slots)
 
     def _evicted(self, items: List[Any]) -> None:
         """Hand items that left the buffer to the used-data remover."""
@@ -400,6 +411,124 @@ class Engine(IBuffer):
         """Push a whole batch: a dict whose leaves share a leading dimension (``push(batch, batched=True)``)."""
         return self.push(batch, cur_collector_envstep, batched=True)
 
+    def _push_items(self, items: List[Any]) -> int:
+        """A list of items in the push order (``_write``); a single plain item may take the table's hot path."""
+        if len(items) == 1 and self._one_fast:
+            lim = self._limiter
+            if not lim.active or lim.can_push(1, self._t.units())[0]:  # a refusal is counted by the checking path
+                if self._periodic is not None:
+                    self._periodic.start()  # first: its baseline must not include this push
+                slot = self._write_one(items[0])
+                if slot is not None:
+                    if self._uses is not None:
+                        self._uses.reset(slot)
+                    if lim.active or lim.waiting:
+                        lim.on_push(1)
+                    return 1
+        return self._write(self._t.prepare(items))
+
+    def _push_batch(self, batch: Any) -> int:
+        """A batch dict in the push order; without a remover, rate limit or capacity rule the table's hot path."""
+        if self._batch_fast:
+            if self._periodic is not None:
+                self._periodic.start()
+            slots = self._t.write_batch(batch)
+            if slots is not None:
+                if self._uses is not None:
+                    self._uses.reset(slots)
+                if self._limiter.waiting:
+                    self._limiter.on_push(len(slots))  # wake samplers waiting for data
+                return len(slots)
+        return self._write(self._t.prepare_batch(batch))
+
+    def _push_with(self, cur_collector_envstep: int, prepare: Callable[[], Optional[Write]]) -> int:
+        """A preset's own push: under the lock the table's ``prepare`` (None: nothing to write), then ``_write``;
+        the monitors' output is written after the lock is released."""
+        self._check_open()
+        cur_collector_envstep = check_step(cur_collector_envstep, 'cur_collector_envstep')
+        with self._lock:
+            w = prepare()
+            if w is None:
+                return 0
+            n = self._write(w)
+            self._last_envstep = cur_collector_envstep
+            due, self._due = self._due, None
+        if due is not None:
+            self._t.emit(due)
+        return n
+
+    def _write(self, w: Write) -> int:
+        """Every push, in one order: the rate limiter admits the validated write whole or refuses it; a capacity
+        rule makes room (or refuses new elements); the table commits it; use counts of the written slots restart,
+        items that left go to the used-data remover, expired frames are removed, the capacity rule hears of the
+        write, counters and the limiter count it. Returns the elements accepted."""
+        if self._limiter.active and not self._admit(w.n + w.dropped):
+            return self._not_written(w)
+        rule = self._capacity
+        if rule is not None:
+            whole, w = w, self._make_room(w)
+            if w is None:  # every new element refused
+                return self._not_written(whole)
+        if self._periodic is not None:
+            self._periodic.start()  # first: its baseline must not include this push
+        done = self._t.write(w, self._remover is not None)
+        if self._uses is not None and done.slots is not None:
+            self._uses.reset(done.slots)
+        if done.evicted:
+            self._evicted(done.evicted)
+        if done.expired is not None:  # the frames of older items were overwritten (storage.frames)
+            self._remove(done.expired, 'removed_by_frames')
+        if rule is not None:
+            if w.dropped:  # a push larger than the table replaced everything
+                self._capacity_rebuilt()
+            else:
+                rule.on_written(self._view, done.slots)
+        c = self._counters
+        c['push_items'] += done.n
+        c['remove_count'] += done.removed
+        if done.due is not None:
+            self._due = done.due
+        lim = self._limiter
+        if lim.active or lim.waiting:
+            lim.on_push(done.n)
+        return done.n
+
+    def _make_room(self, w: Write) -> Optional[Write]:
+        """With a capacity rule: before a write that does not fit, the rule names the stored elements that leave
+        (counted ``removed_by_<rule>``) and, if it may refuse new ones, which new elements enter (the others are
+        counted ``refused_by_<rule>``). Returns what is written (None: nothing). Nothing changes if the rule
+        answers garbage."""
+        rule, t = self._capacity, self._t
+        need = w.n - (t.capacity() - t.count())
+        if w.dropped or need <= 0:
+            return w
+        values = t.new_values(rule.column, w.values, w.n) if rule.admission else None
+        try:
+            victims, admitted = rule.plan(self._view, values, need)
+            victims = self._rule_slots(rule, victims)
+            refused = 0 if admitted is None else int(len(admitted) - np.count_nonzero(admitted))
+            if len(victims) + refused < need:
+                raise RuntimeError(
+                    f"capacity rule {rule.name!r} freed {len(victims)} slots and refused {refused} new items; the "
+                    f"write needs {need} more slots"
+                )
+        except BaseException:
+            self._capacity_rebuilt()  # its own structure may have moved: rebuilt from the unchanged table
+            raise
+        self._remove(victims, f'removed_by_{rule.name}')
+        if refused:
+            self._counters[f'refused_by_{rule.name}'] += refused
+            return t.select(w, np.asarray(admitted, dtype=bool)) if refused < len(admitted) else None
+        return w
+
+    def _not_written(self, w: Write) -> int:
+        """A validated write the rate limiter or a capacity rule refused whole: the table settles it (frames may
+        expire older items: ``Storage.discard``). Returns 0 (elements accepted)."""
+        expired = self._t.discard(w)
+        if expired is not None:
+            self._remove(expired, 'removed_by_frames')
+        return 0
+
     def _admit(self, n: int) -> bool:
         """Whether the rate limiter lets ``n`` elements in (a refusal is counted and logged)."""
         ok, why = self._limiter.can_push(n, self._t.units())
@@ -409,22 +538,8 @@ class Engine(IBuffer):
             self._logger.info("[%s] refuse to push %d items: %s", self._instance_name, n, why)
         return ok
 
-    def _pushed(self, n: int, removed: int) -> None:
-        """After a write of ``n`` elements that displaced ``removed`` older ones (tables whose ring counts
-        every write derive both counters instead: ``Table.derived``)."""
-        if self._periodic is not None:
-            self._periodic.start()  # first: its baseline must not include this push
-        self._counters['push_items'] += n
-        self._counters['remove_count'] += removed
-        self._limiter.on_push(n)
-
     def _all_counters(self) -> Dict[str, int]:
         return {**self._counters, **self._t.derived()}
-
-    def _fresh(self, slots: Any) -> None:
-        """Slots just written: their use counts restart at 0."""
-        if self._uses is not None:
-            self._uses.reset(slots)
 
     # ------------------------------------------------------------------ sample
     def sample(self, size: int, cur_learner_iter: int = -1, **kwargs: Any) -> Optional[Any]:
@@ -491,7 +606,7 @@ class Engine(IBuffer):
                 elif self._t.items_out():
                     out = as_items(out, self._instance_name)
                 if finish is not None:
-                    out = finish(out)
+                    out = finish(out, self._last_use)
             due, self._due = self._due, None
         if due is not None:
             self._t.emit(due)  # outside the lock
@@ -548,8 +663,11 @@ class Engine(IBuffer):
             counts = out(self._spent)
             return None if counts is None else self._count_update(*counts)
 
-    def _count_update(self, n: int, total: int) -> Dict[str, int]:
-        """An ``update`` applied ``n`` of ``total`` entries (the rest were stale): counted, and its result."""
+    def _count_update(self, n: int, total: int, changed: Optional[np.ndarray] = None) -> Dict[str, int]:
+        """An ``update`` applied ``n`` of ``total`` entries (the rest were stale; ``changed``: the slots whose
+        mutable columns it set): counted, and its result."""
+        if changed is not None:
+            self._changed(changed)
         self._counters['updated'] += n
         self._counters['stale_updates'] += total - n
         return {'updated': n, 'stale': total - n}
@@ -589,7 +707,7 @@ class Engine(IBuffer):
         with self._lock:
             return {
                 'type': self.__class__.__name__,
-                **self._t.state(),
+                **self._t.state(self._engine_state()),
                 'rng': copy.deepcopy(self._rng.bit_generator.state),
             }
 
@@ -618,12 +736,18 @@ class Engine(IBuffer):
             raise ValueError(f"state has an invalid 'rng' entry: {e}") from e
         with self._lock:
             try:
-                self._t.restore(dict(state))
+                restored = self._t.restore(dict(state))
+                swap = self._engine_restored(restored)
             except (KeyError, TypeError, IndexError, AttributeError, OverflowError) as e:
                 # a malformed state (missing entry, wrong type) is bad input, reported like the others
                 raise ValueError(f"invalid {self.__class__.__name__} state: {type(e).__name__}: {e}") from e
+            restored.swap()  # the table's part (it may still fail, e.g. a full disk, with nothing changed)
+            swap()
             self._rng = rng
             self._cfg = self._t.cfg  # the table may restore saved settings (GFlowNet's ranking and sampling keys)
+            self._capacity_rebuilt()
+            if self._limiter.waiting:
+                self._limiter.on_push(0)  # samplers waiting for data see the restored elements
 
     def _engine_state(self) -> Dict[str, Any]:
         out = {'counters': self._all_counters(), 'thruput': self._limiter.state_dict()}
@@ -631,11 +755,12 @@ class Engine(IBuffer):
             out['use'] = self._uses.state_dict()
         return out
 
-    def _engine_restored(
-        self, state: Dict[str, Any], valid: Optional[np.ndarray], required: bool
-    ) -> Callable[[], None]:
-        """Validate the engine's part of ``state``; return the function that swaps it in. Old files (written
+    def _engine_restored(self, restored: Restored) -> Callable[[], None]:
+        """Validate the engine's part of a restored state; return the function that swaps it in. Old files (written
         before a preset had counters) load with ``required=False``: counters start at 0."""
+        state, valid, required = restored.engine, restored.valid, restored.required
+        if not isinstance(state, Mapping):
+            raise ValueError(f"state has an invalid engine entry of type {type(state).__name__}")
         for key in ('counters', 'thruput'):
             if required and key not in state:
                 raise ValueError(f"state has no '{key}' entry")
@@ -648,16 +773,16 @@ class Engine(IBuffer):
             if any(v < 0 for v in counters.values()):
                 raise ValueError("saved counters must be >= 0")
         thruput = self._limiter.restored(state['thruput']) if 'thruput' in state else None
-        uses = None
-        if self._uses is not None:
+        uses = restored.uses
+        if self._uses is not None and uses is None:
             uses = self._uses.restored(state['use'], valid) if 'use' in state else UseCounts(len(self._uses.counts))
 
         def swap() -> None:
             self._counters = counters
             if thruput is not None:
                 self._limiter.swap(thruput)
-            if uses is not None:
-                self._uses = uses
+            if self._uses is not None:
+                self._uses.counts = uses.counts  # in place: the table reads the same object
 
         return swap
 
@@ -677,6 +802,13 @@ class Engine(IBuffer):
         self.load_state_dict(state)
 
     # ------------------------------------------------------------------ lifecycle
+    def _verb(self, verb: Callable[..., Any], *args: Any) -> Any:
+        """A table verb of the preset's own that changes the table: refused once the buffer is closed, run under
+        the lock."""
+        self._check_open()
+        with self._lock:
+            return verb(*args)
+
     def _check_open(self) -> None:
         if self._closed:
             raise RuntimeError(f"buffer '{self._instance_name}' is closed")

@@ -6,7 +6,6 @@ episodes, or windows of ``unroll_len`` consecutive transitions drawn uniformly a
 ``sampler=dict(type='prioritized', ...)``) prioritized windows (R2D2: ``PrioritizedWindows``).
 """
 
-import weakref
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
@@ -17,24 +16,43 @@ from ..storage.tensordict_io import is_tensordict, update_info
 from .common import check_range, range_positions
 from .episode_store import FlatEpisodes, ObjectEpisodes
 from .prioritized_windows import PrioritizedWindows
-from .table import Drawn, Request, Table
+from .table import Drawn, Needs, Parts, Request, Restored, Table, Write, Written
 
 NO_FLAT = "prioritized windows need the flat transitions of storage.type='tensor' (with max_transitions)"
+
+
+class Listener:
+    """What hears the episode store's episodes come and go (it holds no reference to the table): a new or removed
+    episode's use count restarts, prioritized windows follow."""
+
+    def __init__(self, uses: Any, prio: Optional[PrioritizedWindows]) -> None:
+        self.uses, self.prio = uses, prio
+
+    def episode_added(self, slot: int, first: int, length: int) -> None:
+        if self.uses is not None:
+            self.uses.reset(slot)
+        if self.prio is not None:
+            self.prio.windows.episode_added(slot, first, length)
+
+    def episode_removed(self, slot: int, first: int, length: int) -> None:
+        if self.uses is not None:
+            self.uses.reset(slot)
+        if self.prio is not None:
+            self.prio.windows.episode_removed(slot, first, length)
 
 
 class EpisodeTable(Table):
     """
     Overview:
-        Whole episodes in an episode store, sampled as episodes or windows (see the module docstring). It listens
-        to the store (``episode_added`` / ``episode_removed``) to keep use counts and window priorities in step.
+        Whole episodes in an episode store, sampled as episodes or windows (see the module docstring). Its
+        ``Listener`` hears the store's episodes come and go to keep use counts and window priorities in step.
     """
 
-    def build(self) -> None:
+    def build(self) -> Needs:
         cfg = self.cfg
         refuse_items_output(cfg.storage, cfg.type, 'whole episodes or windows of them')
         spec = build_sampler(cfg.sampler, 'uniform', (cfg.storage.type == 'tensor', NO_FLAT))
         self._store = self.new_store()
-        self._store.listen(weakref.proxy(self))  # the table owns its store: no cycle back to it
         self.prio: Optional[PrioritizedWindows] = None
         if isinstance(spec, PrioritizedSpec):
             self.prio = PrioritizedWindows(spec, self._store, cfg.pad_short_episodes, self.name)
@@ -43,8 +61,7 @@ class EpisodeTable(Table):
             raise ValueError(f"config key 'sampler.type' is {cfg.sampler.get('type')!r}: not an episode sampler")
         self.sampler = spec
         self.own_sampler = self.prio is None and type(spec) is not UniformSampler  # its answers are checked
-        self.e._build_engine(cfg.replay_buffer_size)
-        self.e._build_monitors(False, cfg.periodic_thruput_seconds)
+        return Needs(cfg.replay_buffer_size, period=cfg.periodic_thruput_seconds)
 
     def new_store(self):
         cfg = self.cfg
@@ -66,7 +83,7 @@ class EpisodeTable(Table):
     @property
     def episode_len(self) -> List[int]:
         """Lengths of the stored episodes, oldest first (empty slots are not listed)."""
-        with self.e._lock:
+        with self.lock:
             return self._store.lengths(self._store.ring.ordered_slots()).tolist()
 
     @property
@@ -93,31 +110,25 @@ class EpisodeTable(Table):
     def device(self) -> Any:
         return getattr(self._store.storage, 'device', None)
 
-    def episode_added(self, slot: int, first: int, length: int) -> None:
-        """The store's listener: a new episode at ``slot`` (its use count restarts; windows get priorities)."""
-        self.e._fresh(slot)
-        if self.prio is not None:
-            self.prio.windows.episode_added(slot, first, length)
-
-    def episode_removed(self, slot: int, first: int, length: int) -> None:
-        if self.e._uses is not None:
-            self.e._uses.reset(slot)
-        if self.prio is not None:
-            self.prio.windows.episode_removed(slot, first, length)
+    def attach(self, parts: Parts) -> None:
+        super().attach(parts)
+        self._store.listen(Listener(parts.uses, self.prio))
 
     # ------------------------------------------------------------------ push
-    def push_items(self, items: List[Any]) -> int:
+    def prepare(self, items: List[Any]) -> Write:
         prepared = self._store.prepare(items)  # validates every episode before writing any
-        if not self.e._admit(len(prepared)):
-            return 0
-        before = self.count()
-        for payload, n in prepared:
-            self.e._evicted(self._store.write(payload, n))
-        self.e._pushed(len(prepared), before + len(prepared) - self.count())
-        return len(prepared)
+        return Write(len(prepared), prepared)
 
-    def push_batch(self, batch: Any) -> int:
+    def prepare_batch(self, batch: Any) -> Write:
         raise TypeError("EpisodeReplayBuffer stores whole episodes; push a dict episode or a list of episodes")
+
+    def write(self, w: Write, report_evicted: bool) -> Written:
+        """The episodes in order; the oldest whole episodes leave to make room (the store's listener restarts the
+        new episodes' use counts)."""
+        before, evicted = self.count(), []
+        for payload, n in w.plan:
+            evicted.extend(self._store.write(payload, n))
+        return Written(w.n, None, before + w.n - self.count(), evicted)
 
     # ------------------------------------------------------------------ sample
     def request(
@@ -230,18 +241,18 @@ class EpisodeTable(Table):
     # ------------------------------------------------------------------ clear / state
     def clear(self) -> List[Any]:
         for slot in self._store.ring.ordered_slots().tolist():
-            self.episode_removed(slot, self._store.first(slot), int(self._store.length[slot]))
+            self._store.listener.episode_removed(slot, self._store.first(slot), int(self._store.length[slot]))
         if self.prio is not None:
             self.prio.clear()  # the running max priority restarts at 1.0, as on advanced and in DI-engine
         return self._store.clear(reset_push_count=True)
 
-    def state(self) -> Dict[str, Any]:
-        out = {'episodes': self._store.state_dict(), 'transitions': self._store.transitions, **self.e._engine_state()}
+    def state(self, engine: Dict[str, Any]) -> Dict[str, Any]:
+        out = {'episodes': self._store.state_dict(), 'transitions': self._store.transitions, **engine}
         if self.prio is not None:
             out['windows'] = self.prio.state_dict()
         return out
 
-    def restore(self, state: Dict[str, Any]) -> None:
+    def restore(self, state: Dict[str, Any]) -> Restored:
         if 'episodes' not in state:
             raise ValueError("state has no 'episodes' entry")
         new = self._store.restored(state['episodes'], self.cfg.storage)  # KeyError -> ValueError in load_state_dict
@@ -250,10 +261,12 @@ class EpisodeTable(Table):
         if self.prio is not None and 'windows' not in state:
             raise ValueError("state has no 'windows' entry (it was saved without prioritized windows)")
         prio = self.prio.restored(state['windows'], new) if self.prio is not None else None
-        swap = self.e._engine_restored(state, None, required=False)  # files of 0.1 have no counters
-        new.listen(weakref.proxy(self))
-        self._store, self.prio = new, prio
-        swap()
+
+        def swap() -> None:
+            new.listen(Listener(self.parts.uses, prio))
+            self._store, self.prio = new, prio
+
+        return Restored(swap, state)  # files of 0.1 have no counters: not required
 
     def describe(self) -> str:
         return f"episodes={self.count()}, transitions={self.transition_count}, storage={self._store.storage!r}"

@@ -127,6 +127,7 @@ class GFlowNetReplayBuffer(Engine):
         }
 
     table = RewardTable
+    table_args = dict(defaults=GFN_CONFIG, checks=GFN_CHECKS)  # a restore rebuilds the config with saved settings
 
     @property
     def capacity(self) -> int:
@@ -170,11 +171,11 @@ class GFlowNetReplayBuffer(Engine):
             - cur_collector_envstep (:obj:`int`): recorded for monitors.
             - batched: accepted for ``IBuffer`` compatibility; dicts are always batches here.
         """
-        return self._t.push(data, cur_collector_envstep, batched)
+        return self._push_with(cur_collector_envstep, lambda: self._t.prepare_push(data))
 
     def extend(self, batch: Any, cur_collector_envstep: int = -1) -> int:
         """A batch: ``push`` (dicts are always batches here)."""
-        return self._t.push(batch, cur_collector_envstep, True)
+        return self.push(batch, cur_collector_envstep, True)
 
     def sample(
         self,

@@ -14,6 +14,7 @@ from ..control.limits import UseCounts
 from .gfn_data import ColumnStore, ContainerStoreBase, check_log_reward, rebuild_container, representation
 from .gfn_parts import physical_slots
 from .gfn_ring import container_store
+from .table import Restored
 
 # Version of the saved slot layout: 2 keeps each item's slot and the free-slot stack (stores that reuse slots: dict
 # batches, torchgfn containers; files of layout 1 hold items at slots 0..n-1).
@@ -33,9 +34,9 @@ SETTINGS = (
 )
 
 
-def state(t) -> Dict[str, Any]:
+def state(t, engine: Dict[str, Any]) -> Dict[str, Any]:
     settings = {k: copy.deepcopy(t.cfg[k]) for k in SETTINGS if k in t.cfg}
-    engine = t.e._engine_state()
+    engine = dict(engine)
     engine.pop('use', None)  # full-size; saved below in slot order with the items
     if t.index is None:
         return {'settings': settings, 'store': None, 'counters': dict(t.tally), 'engine': engine}
@@ -51,8 +52,8 @@ def state(t) -> Dict[str, Any]:
         'counters': dict(t.tally),
         'engine': engine,
     }
-    if t.e._uses is not None:
-        out['use'] = torch.from_numpy(t.e._uses[order].copy())
+    if t.parts.uses is not None:
+        out['use'] = torch.from_numpy(t.parts.uses[order].copy())
     if t._store.reuses_slots:
         out['layout'] = LAYOUT  # files from before it kept items at slots 0..n-1
         out['slots'] = torch.from_numpy(order.copy())
@@ -60,10 +61,10 @@ def state(t) -> Dict[str, Any]:
     return out
 
 
-def restore(t, state: Dict[str, Any]) -> None:
+def restore(t, state: Dict[str, Any]) -> Restored:
     user = {k: v for k, v in dict(t.cfg).items() if k not in SETTINGS}
     user.update(state['settings'])
-    cfg = build_config(t.e.config, user, t.e.checks)
+    cfg = build_config(t.defaults, user, t.checks)
     counters = {k: int(state['counters'][k]) for k in t.tally}
     negative = sorted(k for k, v in counters.items() if v < 0)
     if negative:
@@ -71,7 +72,6 @@ def restore(t, state: Dict[str, Any]) -> None:
     engine = state.get('engine') or {}
     if not isinstance(engine, dict):
         raise ValueError(f"saved 'engine' must be a dict, got {type(engine).__name__}")
-    swap = t.e._engine_restored({k: v for k, v in engine.items() if k != 'use'}, None, required=False)
     old_cfg, t.cfg = t.cfg, cfg  # the parts below read the (saved) settings
     try:
         if state['store'] is None:
@@ -81,20 +81,21 @@ def restore(t, state: Dict[str, Any]) -> None:
         else:
             store, index, states = restored_parts(t, state)
         uses = restored_uses(t, state, index)
-    except BaseException:
-        t.cfg = old_cfg
-        raise
-    t._store, t.index, t.states = store, index, states
-    swap()
-    if uses is not None:
-        t.e._uses = uses
-    t.tally = counters
-    t.last_logged = dict(counters)
+    finally:
+        t.cfg = old_cfg  # swapped in with the rest, once the engine's part is valid too
+
+    def swap() -> None:
+        t.cfg = cfg
+        t._store, t.index, t.states = store, index, states
+        t.tally = counters
+        t.last_logged = dict(counters)
+
+    return Restored(swap, {k: v for k, v in engine.items() if k != 'use'}, uses=uses)
 
 
 def restored_uses(t, state: Dict[str, Any], index: Any) -> Optional[UseCounts]:
     """Use counts of restored items (at their slots, in the saved order); zeros for files saved without them."""
-    if t.e._uses is None:
+    if t.parts.uses is None:
         return None
     physical, n = (0, 0) if index is None else (index.physical, index.count)
     if state.get('use') is None:

@@ -24,7 +24,7 @@ def stats(t: Any, out: Dict[str, float]) -> Dict[str, float]:
         counters (``removed_by_use``, ``refused_push``, ...; see ``Engine.stats``). O(capacity), plus, after
         a change, hashing the newly stored states and recounting distinct ones (O(capacity log capacity)).
     """
-    with t.e._lock:
+    with t.lock:
         c = dict(t.tally)
         out.update(size=t.count(), capacity=t.capacity())
         r = np.empty(0) if t.index is None else t.index.log_reward[t.index.live_slots()]
@@ -48,9 +48,9 @@ def stats(t: Any, out: Dict[str, float]) -> Dict[str, float]:
 def due_scalars(t: Any) -> Due:
     """Every ``monitor.log_every`` pushes: stats and the rejection rates of the last interval (written by the
     caller after releasing the lock)."""
-    if t.e._tb is None or t.tally['push_calls'] % t.cfg.monitor.log_every:
+    if t.parts.tb is None or t.tally['push_calls'] % t.cfg.monitor.log_every:
         return None
-    s = t.e.stats()
+    s = stats(t, {})
     step = t.tally['push_calls']
     prefix = f'{t.name}_iter/'
     scalars = [(prefix + tag, s[tag], step) for tag in _STAT_TAGS if np.isfinite(s[tag])]
@@ -66,7 +66,7 @@ def due_scalars(t: Any) -> Due:
 
 def log_rewards(t: Any) -> np.ndarray:
     """Log-rewards of the stored items (float64 copy, any order; used for the manager's baseline)."""
-    with t.e._lock:
+    with t.lock:
         if t.index is None:
             return np.empty(0)
         return t.index.log_reward[t.index.live_slots()].astype(np.float64)

@@ -73,7 +73,7 @@ class DiverseGFlowNetReplayBuffer(Engine):
         p_norm_distance=(lambda x: x > 0, 'a number > 0 (float("inf") for the max norm)'),
     )
 
-    table_args = dict(diverse=True)
+    table_args = dict(diverse=True, defaults=config, checks=checks)
 
 
 @BUFFER_REGISTRY.register('terminating_state')
@@ -102,7 +102,7 @@ class TerminatingStateBuffer(Engine):
     item_kind = 'state'
     config = dict(GFlowNetReplayBuffer.config, type='terminating_state')
     checks = GFlowNetReplayBuffer.checks
-    table_args = dict(terminating=True)
+    table_args = dict(terminating=True, defaults=config, checks=checks)
 
 
 __all__ = ['DiverseGFlowNetReplayBuffer', 'TerminatingStateBuffer']

@@ -31,7 +31,7 @@ from ..storage.tensordict_io import is_tensordict, update_info
 from .common import check_range
 from .outputs import with_extras
 from .slot_table import SlotTable
-from .table import Drawn, Request
+from .table import Drawn, Needs, Parts, Request, Restored, Write
 
 # Keys added to sampled items; ignored (tensor storage) when such an item is pushed back.
 SAMPLE_KEYS = ('priority', 'IS', 'staleness', 'use')
@@ -101,6 +101,8 @@ class PrioritizedTable(SlotTable):
     resets_push_count = False  # DI-engine's advanced buffer keeps push_count on clear
     reserved_keys = SAMPLE_KEYS
     admission_columns = ('priority',)
+    mutable_columns = ('priority',)
+    retires_used = True  # DI-engine: with used-data tracking an item that reached max_use keeps its file
 
     # ------------------------------------------------------------------ construction
     def build_sampler(self) -> None:
@@ -112,14 +114,21 @@ class PrioritizedTable(SlotTable):
         self.alpha = float(cfg.alpha)
         self.beta = BetaSchedule(cfg.beta, int(cfg.anneal_step))
 
-    def build_monitors(self) -> None:
-        e, cfg = self.e, self.cfg
+    def needs(self) -> Needs:
+        cfg = self.cfg
+        return Needs(
+            cfg.replay_buffer_size,
+            tensorboard=cfg.monitor.get('tensorboard', False),
+            period=cfg.monitor.periodic_thruput.seconds,
+        )
+
+    def attach(self, parts: Parts) -> None:
+        super().attach(parts)
         # update() may apply without naming the slots: no max_use to check, no capacity rule to tell
-        self.update_direct = e._use_limit is None and e._capacity is None
-        e._build_monitors(cfg.monitor.get('tensorboard', False), cfg.monitor.periodic_thruput.seconds)
-        attr = cfg.monitor.sampled_data_attr
+        self.update_direct = not parts.use_limit and not parts.capacity
+        attr = self.cfg.monitor.sampled_data_attr
         self.sampled_monitor = SampledDataAttrMonitor(
-            self.name, attr.average_range, attr.print_freq, e._logger, e._tb if rank() == 0 else None
+            self.name, attr.average_range, attr.print_freq, parts.logger, parts.tb if rank() == 0 else None
         )
 
     def new_index(self) -> PriorityIndex:
@@ -133,18 +142,11 @@ class PrioritizedTable(SlotTable):
     def written(self, slots: np.ndarray, priorities: Optional[np.ndarray]) -> None:
         self.index.set_new(slots, priorities)
 
-    def written_one(self, slot: int, priority: Optional[float]) -> None:
-        self.index.set_new_one(slot, priority)
-
     def cleared(self, slots: np.ndarray) -> None:
         self.index.reset()
 
-    def drop_used(self, slots: np.ndarray) -> None:
-        if self.e._remover is not None:  # DI-engine: keep the item (its file), just never sample it again
-            self.index.retire(slots)
-            self.priorities_changed(slots)
-        else:
-            self.e._remove(slots, 'removed_by_use')
+    def retire(self, slots: np.ndarray) -> None:
+        self.index.retire(slots)
 
     # ------------------------------------------------------------------ columns (capacity rules read them)
     def columns(self) -> Dict[str, Any]:
@@ -155,63 +157,56 @@ class PrioritizedTable(SlotTable):
         p = np.full(n, self.index.default_priority()) if priorities is None else priorities
         return self.index.as_stored(p)
 
-    def priorities_changed(self, slots: np.ndarray) -> None:
-        rule = self.e._capacity
-        if rule is not None and rule.column == 'priority':
-            rule.on_changed(self.e.view, slots)
-
     # ------------------------------------------------------------------ push
-    def push_items(self, items: List[Any]) -> int:
-        if len(items) == 1 and self.push_one_fast(items[0]):
-            return 1
+    def prepare(self, items: List[Any]) -> Write:
         prepared = self._storage.prepare(items)  # validated before the limiter decides (a bad push is an error)
         priorities = item_priorities(items, self.index.default_priority())  # validated before anything is written
-        if not self.e._admit(len(items)):
-            return self.not_written(prepared)
-        return self.write(prepared, priorities[prepared.dropped :])
+        return Write(prepared.n, prepared, prepared.dropped, priorities[prepared.dropped :])
 
-    def push_one_fast(self, item: Any) -> bool:
-        """The single-push hot path (O(fields) + one compiled tree update). False -- with nothing changed --
-        when the item is not a plain match; the generic path then handles (and reports) it."""
+    def write_one(self, item: Any) -> Optional[int]:
+        """The single-push hot path (O(fields) + one compiled tree update). None -- with nothing changed -- when
+        the item is not a plain match; the checking path then handles (and reports) it."""
         if type(item) is not dict:
-            return False
+            return None
         p = item.get('priority')
         if p is None:
             p = self.index.default_priority()
         elif type(p) is not float or not 0 <= p <= MAX_PRIORITY:
-            return False
-        if self.limiter.active and not self.limiter.can_push(1, self.count())[0]:
-            return False  # the generic path counts and logs the refusal
-        return self.write_one(item, p)
+            return None
+        slot = self._storage.write_one(item)
+        if slot is not None:
+            self.index.set_new_one(slot, p)
+        return slot
 
-    def push_batch(self, batch: Any) -> int:
-        if self.batch_fast:
-            checked = self._storage.check_batch(batch)  # O(fields), nothing written
-            if checked is not None:
-                p = batch.get('priority')
-                if p is None:
-                    slots = self.write_batch_fast(checked)
-                    self.index.fill_new(slots, self.index.default_priority())
-                    return len(slots)
-                p = _flat_array(p)
-                if (
-                    p is not None
-                    and p.dtype in _KERNEL_FLOATS
-                    and len(p) == checked[1]
-                    and len(p)
-                    and p.min() >= 0
-                    and p.max() <= MAX_PRIORITY
-                ):  # NaN fails; else the checking path reports
-                    slots = self.write_batch_fast(checked)
-                    self.index.set_new(slots, p)
-                    return len(slots)
+    def write_batch(self, batch: Any) -> Optional[np.ndarray]:
+        checked = self._storage.check_batch(batch)  # O(fields), nothing written
+        if checked is None:
+            return None
+        p = batch.get('priority')
+        if p is None:
+            slots = self._storage.write_batch(checked)
+            self.index.fill_new(slots, self.index.default_priority())
+            return slots
+        p = _flat_array(p)
+        if (
+            p is not None
+            and p.dtype in _KERNEL_FLOATS
+            and len(p) == checked[1]
+            and len(p)
+            and p.min() >= 0
+            and p.max() <= MAX_PRIORITY
+        ):  # NaN fails; else the checking path reports
+            slots = self._storage.write_batch(checked)
+            self.index.set_new(slots, p)
+            return slots
+        return None
+
+    def prepare_batch(self, batch: Any) -> Write:
         if type(batch) is not dict and not isinstance(batch, Mapping):
             raise TypeError(f"a batched push needs a dict of batched leaves, got {type(batch).__name__}")
         prepared = self._storage.prepare_batch(batch)
         priorities = batch_priorities(batch.get('priority'), prepared, self.index.default_priority())
-        if not self.e._admit(prepared.n + prepared.dropped):
-            return self.not_written(prepared)
-        return self.write(prepared, priorities)
+        return Write(prepared.n, prepared, prepared.dropped, priorities)
 
     # ------------------------------------------------------------------ sample
     def request(
@@ -232,7 +227,7 @@ class PrioritizedTable(SlotTable):
                 return 'every candidate item has priority 0'
             u = rng.random(size)
             beta = self.beta.draw()
-            slots, weights, priority, use, ids = index.draw(u, beta, self.e._uses.counts, self._storage.ring)
+            slots, weights, priority, use, ids = index.draw(u, beta, self.parts.uses.counts, self._storage.ring)
             return self.drawn_batch(slots, size, weights, priority, use, cur_learner_iter, beta, ids)
         candidates = None
         if sample_range is not None:
@@ -248,7 +243,7 @@ class PrioritizedTable(SlotTable):
         beta = self.beta.draw()
         weights = index.is_weights(slots, beta)
         priority = index.priorities(slots)
-        use = self.e._uses.bump(slots)
+        use = self.parts.uses.bump(slots)
         return self.drawn_batch(slots, size, weights, priority, use, cur_learner_iter, beta)
 
     def drawn_batch(
@@ -297,18 +292,18 @@ class PrioritizedTable(SlotTable):
             return {'updated': 0, 'stale': 0}
         return lambda spent: self.apply(parsed, spent)
 
-    def apply(self, parsed: Tuple[np.ndarray, ...], spent: Callable[[np.ndarray], np.ndarray]) -> Tuple[int, int]:
-        """New priorities where the id still lives in its slot and the item has not reached ``max_use``."""
+    def apply(self, parsed: Tuple[np.ndarray, ...], spent: Callable[[np.ndarray], np.ndarray]) -> Tuple[Any, ...]:
+        """New priorities where the id still lives in its slot and the item has not reached ``max_use``: (applied,
+        total, the slots whose priorities changed)."""
         priorities, ids, slots, mine = parsed
         match = self._storage.ring.holds(slots, ids, mine) & ~spent(slots)
         n = int(np.count_nonzero(match))
         if n == len(slots):
             self.index.update(slots, priorities)
-            self.priorities_changed(slots)
-        elif n:
+            return n, len(slots), slots
+        if n:
             self.index.update(slots[match], priorities[match])
-            self.priorities_changed(slots[match])
-        return n, len(slots)
+        return n, len(slots), slots[match]
 
     def fast_entries(self, info: Any) -> Optional[Tuple[np.ndarray, np.ndarray, np.ndarray]]:
         """The hot path of ``update``: what a tensor-storage sample returned (1-d CPU tensors or arrays: int ids,
@@ -352,13 +347,11 @@ class PrioritizedTable(SlotTable):
         out['beta'] = self.beta.value  # the current beta, not the last sampled batch's
         return out
 
-    def state(self) -> Dict[str, Any]:
-        engine = self.e._engine_state()
+    def state(self, engine: Dict[str, Any]) -> Dict[str, Any]:
         index = {**self.index.state_dict(), 'use': engine.pop('use')}  # the file layout of version 1
         return {'storage': self._storage.state_dict(), 'index': index, 'beta': self.beta.value, **engine}
 
-    def restore(self, state: Dict[str, Any]) -> None:
-        e = self.e
+    def restore(self, state: Dict[str, Any]) -> Restored:
         for key in ('storage', 'index', 'beta'):
             if key not in state:
                 raise ValueError(f"state has no '{key}' entry")
@@ -372,11 +365,12 @@ class PrioritizedTable(SlotTable):
                 raise ValueError(f"saved item {bad} is not a dict; a prioritized buffer stores dicts")
         index = self.index.restored(state['index'], storage.ring.valid)
         beta = BetaSchedule.checked(state['beta'], 'saved beta')
-        swap = e._engine_restored({**state, 'use': state['index']['use']}, storage.ring.valid, required=True)
-        self._storage, self.index = storage, index
-        self.beta.set(beta)
-        swap()
-        e._capacity_rebuilt()
+
+        def swap() -> None:
+            self._storage, self.index = storage, index
+            self.beta.set(beta)
+
+        return Restored(swap, {**state, 'use': state['index']['use']}, storage.ring.valid, required=True)
 
     def describe(self) -> str:
         return (

@@ -8,7 +8,7 @@ admission (``diverse``: the diversity filter), then capacity, then write; ``term
 and their log-rewards are stored. Saving and restoring: ``gfn_state``; the numbers it reports: ``gfn_stats``.
 """
 
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
 import numpy as np
 import torch
@@ -16,11 +16,10 @@ import torch
 from ..control.diversity import StateSet  # noqa: F401 (annotations)
 from ..control.keep_best import RewardIndex
 from . import gfn_state, gfn_stats
-from .common import check_step
 from .gfn_admission import diverse_admission, terminating_states
 from .gfn_data import GFNBatch
 from .gfn_parts import check_kind, make_parts, make_store
-from .table import Drawn, Request, Table
+from .table import Drawn, Needs, Request, Restored, Table, Write, Written
 
 
 def sample_size(size: Any, n_samples: Any) -> Any:
@@ -41,12 +40,22 @@ class RewardTable(Table):
         once full; ``terminating``: store terminating states only.
     """
 
-    def __init__(self, engine: Any, cfg: Any, diverse: bool = False, terminating: bool = False) -> None:
-        super().__init__(engine, cfg)
+    def __init__(
+        self,
+        cfg: Any,
+        name: str,
+        lock: Any,
+        defaults: Mapping,
+        checks: Mapping,
+        diverse: bool = False,
+        terminating: bool = False,
+    ) -> None:
+        super().__init__(cfg, name, lock)
+        self.defaults, self.checks = defaults, checks  # the preset's: a restore rebuilds the config with saved keys
         self.diverse = diverse
         self.terminating = terminating
 
-    def build(self) -> None:
+    def build(self) -> Needs:
         cfg = self.cfg
         if cfg.device.startswith('cuda') and not torch.cuda.is_available():
             raise ValueError(f"config key 'device' is {cfg.device!r} but CUDA is not available here")
@@ -64,10 +73,9 @@ class RewardTable(Table):
             rejected_by_distance=0,
             push_calls=0,
         )
-        self.e._build_engine(0)  # use counts are sized with the store (physical slots)
-        self.e._build_monitors(cfg.monitor.get('tensorboard', False), None)
         self.last_logged: Dict[str, int] = dict(self.tally)
         self.load_env: Any = None
+        return Needs(0, tensorboard=cfg.monitor.get('tensorboard', False))  # use counts grow with the store
 
     # torchgfn's attributes, read by code written against its buffers
     @property
@@ -92,7 +100,7 @@ class RewardTable(Table):
     def training_container(self) -> Any:
         """Every stored item, oldest first, as one batch of the stored kind (a copy: a container, or a dict of
         batched tensors); None before the first push."""
-        with self.e._lock:
+        with self.lock:
             if self.index is None:
                 return None
             slots = self.index.oldest(self.index.count)
@@ -119,8 +127,8 @@ class RewardTable(Table):
     def new_parts(self, store: Any) -> None:
         self.index, self.states = self.parts_for(store)
         self._store = store
-        if self.e._uses is not None:
-            self.e._uses.resize(self.index.physical)
+        if self.parts.uses is not None:
+            self.parts.uses.resize(self.index.physical)
 
     # ------------------------------------------------------------------ table verbs
     def oldest(self, k: int) -> np.ndarray:
@@ -140,41 +148,29 @@ class RewardTable(Table):
         return np.zeros(len(slots), dtype=bool) if self.index is None else self.index.alive[slots]
 
     # ------------------------------------------------------------------ push
-    def push(self, data: Any, cur_collector_envstep: int = -1, batched: Optional[bool] = None) -> int:
-        """
-        Overview:
-            Offer a batch; returns how many of its items were stored (filters and capacity may drop some).
-            All or nothing on bad input: a ``TypeError``/``ValueError`` leaves the buffer unchanged.
-        Arguments:
-            - data: dict of batched tensors, list of item dicts, or a Container.
-            - cur_collector_envstep (:obj:`int`): recorded for monitors.
-            - batched: accepted for ``IBuffer`` compatibility; dicts are always batches here.
-        """
-        self.e._check_open()
+    def prepare_push(self, data: Any) -> Optional[Write]:
+        """A pushed batch validated (under the buffer's lock; raising with nothing changed); None: nothing to
+        write."""
         if data is None:
             raise TypeError("cannot push None into a GFlowNet buffer")
-        cur_collector_envstep = check_step(cur_collector_envstep, 'cur_collector_envstep')
-        with self.e._lock:
-            data = self.convert(data)
-            if isinstance(data, list) and not data:
-                return 0
-            store = self._store if self._store is not None else self.make_store(data)
-            check_kind(store, data)
-            batch = store.prepare(data, need_rows=True)
-            self.validate(batch)
-            if batch.n == 0 or not self.e._admit(batch.n):
-                return 0
-            if self._store is None:
-                self.new_parts(store)
-            before = self.tally['evicted']
-            stored = self.insert(batch)
-            self.e._pushed(stored, self.tally['evicted'] - before)
-            self.e._last_envstep = cur_collector_envstep
-            self.tally['push_calls'] += 1
-            due = self.due_scalars()
-        if due is not None:
-            self.emit(due)  # TensorBoard is I/O: written outside the lock
-        return stored
+        data = self.convert(data)
+        if isinstance(data, list) and not data:
+            return None
+        store = self._store if self._store is not None else self.make_store(data)
+        check_kind(store, data)
+        batch = store.prepare(data, need_rows=True)
+        self.validate(batch)
+        return Write(batch.n, (store, batch)) if batch.n else None
+
+    def write(self, w: Write, report_evicted: bool) -> Written:
+        """Admission, then capacity, then write (``insert``); the monitors' scalars every ``log_every`` pushes."""
+        store, batch = w.plan
+        if self._store is None:
+            self.new_parts(store)
+        before = self.tally['evicted']
+        stored = self.insert(batch)
+        self.tally['push_calls'] += 1
+        return Written(stored, None, self.tally['evicted'] - before, due=self.due_scalars())
 
     def convert(self, data: Any) -> Any:
         """What is actually stored for ``data``: the data itself, or (``terminating_state``) its terminating
@@ -235,8 +231,8 @@ class RewardTable(Table):
         if len(slots):
             self.states.remove(slots)
             self.index.evict(slots)
-            if self.e._uses is not None:
-                self.e._uses.reset(slots)
+            if self.parts.uses is not None:
+                self.parts.uses.reset(slots)
             self.tally['evicted'] += len(slots)
 
     def slots_for(self, n: int) -> np.ndarray:
@@ -248,12 +244,12 @@ class RewardTable(Table):
             self._store.compact(keep)
             index.compact(keep)
             self.states.compact(keep)
-            if self.e._uses is not None:
-                self.e._uses.compact(keep)
+            if self.parts.uses is not None:
+                self.parts.uses.compact(keep)
         slots = index.append_slots(n)
         self.states.grow(index.physical)
-        if self.e._uses is not None:
-            self.e._uses.resize(index.physical)
+        if self.parts.uses is not None:
+            self.parts.uses.resize(index.physical)
         return slots
 
     # ------------------------------------------------------------------ sample
@@ -330,11 +326,11 @@ class RewardTable(Table):
     def describe(self) -> str:
         return gfn_stats.describe(self)
 
-    def state(self) -> Dict[str, Any]:
-        return gfn_state.state(self)
+    def state(self, engine: Dict[str, Any]) -> Dict[str, Any]:
+        return gfn_state.state(self, engine)
 
-    def restore(self, state: Dict[str, Any]) -> None:
-        gfn_state.restore(self, state)
+    def restore(self, state: Dict[str, Any]) -> Restored:
+        return gfn_state.restore(self, state)
 
     def restoring_with(self, env: Any, load: Callable[[], None]) -> None:
         """Run ``load`` (a restore) with torchgfn containers rebuilt on ``env`` (default: the env of the container

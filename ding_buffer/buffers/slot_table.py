@@ -18,7 +18,7 @@ from ..storage import build_storage, refuse_items_output, storage_from_state
 from .common import check_range, check_size, range_positions
 from .newest_window import NewestWindow, checked_size
 from .outputs import prioritized_items
-from .table import Drawn, Request, Table
+from .table import Drawn, Needs, Request, Restored, Table, Write, Written
 
 NO_PRIORITY = "a naive buffer's items carry no priority: use type='advanced' for prioritized replay"
 
@@ -38,20 +38,21 @@ class SlotTable(Table):
     """
 
     capacity_rules = True
+    hot_path = True
     resets_push_count = True  # DI-engine's naive buffer restarts push_count on clear (advanced keeps it)
     indexed = False  # whether the table keeps a per-slot index the write hooks update (advanced: priorities)
     reserved_keys: Tuple[str, ...] = ()
 
-    def __init__(self, engine: Any, cfg: Any, window: bool = False, runs: bool = False) -> None:
-        super().__init__(engine, cfg)
+    def __init__(self, cfg: Any, name: str, lock: Any, window: bool = False, runs: bool = False) -> None:
+        super().__init__(cfg, name, lock)
         self.window: Optional[NewestWindow] = None
         self.runs = runs
         if runs:
             self.capacity_rules = False
         self._window_wanted = window
 
-    def build(self) -> None:
-        e, cfg = self.e, self.cfg
+    def build(self) -> Needs:
+        cfg = self.cfg
         if self.runs:
             refuse_items_output(cfg.storage, cfg.type, '[batch][sequence] runs')
         self.build_sampler()
@@ -61,24 +62,9 @@ class SlotTable(Table):
             cfg.storage, cfg.replay_buffer_size, reserved_keys=self.reserved_keys, index_cls=index_for(cfg)
         )
         self.build_index()
-        e._build_engine(cfg.replay_buffer_size)
-        self.build_monitors()
-        # parts fixed for the buffer's life, held here so the hot paths do not reach through the engine's proxy
-        self.limiter, self.lock, self.periodic = e._limiter, e._lock, e._periodic
-        # the single-push hot path: no used-data remover must see the overwritten item, no capacity rule decides
-        self.one_fast = e._remover is None and e._capacity is None
         if self._window_wanted:
             self.window = NewestWindow(cfg.set_buffer_size, cfg.replay_buffer_size)
-        # A batch may take the hot path: no remover must see overwritten items, no limiter or capacity rule decides
-        self.batch_fast = e._remover is None and not self.limiter.active and e._capacity is None
-        # No part to tell about a single push (no rate limit, use counts or report): the storage's fast path alone
-        self.lean = (
-            not self.limiter.active
-            and e._uses is None
-            and e._periodic is None
-            and e._remover is None
-            and e._capacity is None
-        )
+        return self.needs()
 
     def build_sampler(self) -> None:
         self.sampler = build_sampler(self.cfg.sampler, 'uniform', (False, NO_PRIORITY))
@@ -87,8 +73,8 @@ class SlotTable(Table):
     def build_index(self) -> None:
         """A prioritized table builds its priority index here."""
 
-    def build_monitors(self) -> None:
-        self.e._build_monitors(False, self.cfg.periodic_thruput_seconds)
+    def needs(self) -> Needs:
+        return Needs(self.cfg.replay_buffer_size, period=self.cfg.periodic_thruput_seconds)
 
     # ------------------------------------------------------------------ what the parts read
     @property
@@ -147,142 +133,40 @@ class SlotTable(Table):
     def written(self, slots: np.ndarray, priorities: Optional[np.ndarray]) -> None:
         """Hook: fresh items at ``slots`` (a prioritized table sets their priorities)."""
 
-    def written_one(self, slot: int, priority: Optional[float]) -> None:
-        """Hook of the single-push hot path (scalar arguments, no arrays)."""
-
     def check_pushed(self, items: List[Any]) -> None:
         """A pushed list on list storage is checked by the storage's ``prepare``, in one pass that also reads the
         items' ``collect_iter`` column (``None`` items and bad values are refused there, before anything changes);
         with the used-data remover the generic check comes first (it reads every item's data id)."""
-        if self._storage.kind != 'list' or self.e._remover is not None:
+        if self._storage.kind != 'list' or self.parts.tracked:
             super().check_pushed(items)
 
-    def push_items(self, items: List[Any]) -> int:
-        if len(items) == 1:  # tensor storage's single-item fast path
-            if self.lean:
-                if self._storage.write_one(items[0]) is not None:
-                    if self.limiter.waiting:
-                        self.limiter.on_push(1)  # wake samplers waiting for data
-                    return 1
-            elif not self.limiter.active and self.e._remover is None and self.write_one(items[0]):
-                return 1
+    def prepare(self, items: List[Any]) -> Write:
         prepared = self._storage.prepare(items)  # validated before the limiter decides (a bad push is an error)
-        if self.limiter.active and not self.e._admit(len(items)):
-            return self.not_written(prepared)
-        return self.write(prepared)
+        return Write(prepared.n, prepared, prepared.dropped)
 
-    def push_batch(self, batch: Any) -> int:
-        if self.batch_fast:
-            checked = self._storage.check_batch(batch)
-            if checked is not None:
-                return len(self.write_batch_fast(checked))
+    def prepare_batch(self, batch: Any) -> Write:
         prepared = self._storage.prepare_batch(batch)
-        if self.limiter.active and not self.e._admit(prepared.n + prepared.dropped):
-            return self.not_written(prepared)
-        return self.write(prepared)
+        return Write(prepared.n, prepared, prepared.dropped)
 
-    def make_room(self, prepared: Any, priorities: Optional[np.ndarray]) -> Tuple[Any, Optional[np.ndarray]]:
-        """With a capacity rule: before a write that does not fit, the rule names the stored items that leave
-        (counted ``removed_by_<rule>``) and, if it may refuse new ones, which new items enter (the others are
-        counted ``refused_by_<rule>``). Returns what is written. Nothing changes if the rule answers garbage."""
-        e = self.e
-        rule = e._capacity
-        need = prepared.n - (self.capacity() - self._storage.ring.count)
-        if rule is None or prepared.dropped or need <= 0:
-            return prepared, priorities
-        values = self.new_values(rule.column, priorities, prepared.n) if rule.admission else None
-        try:
-            victims, admitted = rule.plan(e.view, values, need)
-            victims = e._rule_slots(rule, victims)
-            refused = 0 if admitted is None else int(len(admitted) - np.count_nonzero(admitted))
-            if len(victims) + refused < need:
-                raise RuntimeError(
-                    f"capacity rule {rule.name!r} freed {len(victims)} slots and refused {refused} new items; the "
-                    f"write needs {need} more slots"
-                )
-        except BaseException:
-            e._capacity_rebuilt()  # its own structure may have moved: rebuilt from the unchanged table
-            raise
-        e._remove(victims, f'removed_by_{rule.name}')
-        if refused:
-            e._counters[f'refused_by_{rule.name}'] += refused
-            prepared = self._storage.select(prepared, admitted) if refused < len(admitted) else None
-            if priorities is not None and prepared is not None:
-                priorities = np.asarray(priorities)[admitted]
-        return prepared, priorities
+    def select(self, w: Write, admitted: np.ndarray) -> Write:
+        plan = self._storage.select(w.plan, admitted)
+        return Write(plan.n, plan, 0, None if w.values is None else np.asarray(w.values)[admitted])
 
-    def not_written(self, prepared: Any) -> int:
-        """A validated push the rate limiter or a capacity rule refused whole: the storage settles it (see
-        ``Storage.discard``). Returns 0 (items accepted)."""
-        expired = self._storage.discard(prepared)
-        if expired is not None:
-            self.e._remove(expired, 'removed_by_frames')
-        return 0
+    def discard(self, w: Write) -> Optional[np.ndarray]:
+        return self._storage.discard(w.plan)
 
-    def write(self, prepared: Any, priorities: Optional[np.ndarray] = None) -> int:
-        """Commit a validated batch (``priorities`` for the items kept); returns the items accepted."""
-        e = self.e
-        if e._capacity is not None:
-            whole = prepared
-            prepared, priorities = self.make_room(prepared, priorities)
-            if prepared is None:  # every new item refused
-                return self.not_written(whole)
-        n = prepared.n + prepared.dropped
-        if e._periodic is not None:
-            e._periodic.start()  # first: its baseline must not include this push
-        result = self._storage.write(prepared, report_evicted=e._remover is not None)
+    def write(self, w: Write, report_evicted: bool) -> Written:
+        result = self._storage.write(w.plan, report_evicted=report_evicted)
         if self.indexed:
-            self.written(result.slots, priorities)
-        if e._uses is not None:
-            e._uses.reset(result.slots)
-        if result.evicted:
-            e._evicted(result.evicted)
-        if result.expired is not None:  # the frames of older items were overwritten (storage.frames)
-            e._remove(result.expired, 'removed_by_frames')
-        if e._capacity is not None:
-            if prepared.dropped:  # a push larger than the table replaced everything
-                e._capacity_rebuilt()
-            else:
-                e._capacity.on_written(e.view, result.slots)
-        limiter = self.limiter
-        if limiter.active or limiter.waiting:
-            limiter.on_push(n)
-        return n
+            self.written(result.slots, w.values)
+        return Written(w.n + w.dropped, result.slots, 0, result.evicted, result.expired)
 
-    def write_one(self, item: Any, priority: Optional[float] = None) -> bool:
-        """The single-push hot path: True when the storage took ``item`` directly, False -- nothing changed --
-        when the generic path must handle (and report on) it, or must see the overwritten item leave (the
-        used-data remover)."""
-        if not self.one_fast:
-            return False
-        if self.periodic is not None:
-            self.periodic.start()  # first: its baseline must not include this push
-        slot = self._storage.write_one(item)
-        if slot is None:
-            return False
-        if self.indexed:
-            self.written_one(slot, priority)
-        uses = self.e._uses  # replaced by a restore: read through the engine
-        if uses is not None:
-            uses.reset(slot)
-        limiter = self.limiter
-        if limiter.active or limiter.waiting:
-            limiter.on_push(1)
-        return True
+    def write_one(self, item: Any) -> Optional[int]:
+        return self._storage.write_one(item)
 
-    def write_batch_fast(self, checked: Any) -> np.ndarray:
-        """The batched hot path: write a batch the storage checked (``check_batch``) -- the caller made sure no
-        used-data remover waits for overwritten items and the rate limiter is inactive. Returns the slots; a
-        prioritized table then sets their priorities."""
-        if self.periodic is not None:
-            self.periodic.start()  # first: its baseline must not include this push
-        slots = self._storage.write_batch(checked)
-        uses = self.e._uses
-        if uses is not None:
-            uses.reset(slots)
-        if self.limiter.waiting:
-            self.limiter.on_push(len(slots))  # wake samplers waiting for data
-        return slots
+    def write_batch(self, batch: Any) -> Optional[np.ndarray]:
+        checked = self._storage.check_batch(batch)  # O(fields), nothing written
+        return None if checked is None else self._storage.write_batch(checked)
 
     def candidates(self, sample_range: Optional[slice]) -> range:
         """Insertion positions (0 = oldest) a ``sample_range`` selects among the items sampling may use (all, or
@@ -381,7 +265,7 @@ class SlotTable(Table):
         position up to ``len - sequence`` does; ``max_use`` or a rule of your own may remove items from the middle,
         and a run must not jump over such a gap (its ids are consecutive)."""
         last = positions.start + len(positions) - sequence
-        if not self.e._rules:
+        if not self.parts.gaps:
             return np.arange(positions.start, last + 1, dtype=np.int64)
         pos = np.arange(positions.start, positions.start + len(positions), dtype=np.int64)
         ring = self._storage.ring
@@ -417,7 +301,7 @@ class SlotTable(Table):
             if size is None:
                 return super().update(info)
 
-            def move(spent: Any) -> None:  # under the engine's lock; DI-engine's elastic update returns None
+            def move(spent: Any) -> None:  # under the buffer's lock; DI-engine's elastic update returns None
                 self.window.size = size
 
             return move
@@ -426,30 +310,30 @@ class SlotTable(Table):
     def resize(self, size: Any) -> None:
         """The ``NewestWindow``'s size set directly (checked first)."""
         size = checked_size(size, 'size')
-        with self.e._lock:
+        with self.lock:
             self.window.size = size
 
     # ------------------------------------------------------------------ state
-    def state(self) -> Dict[str, Any]:
-        out = {'storage': self._storage.state_dict(), **self.e._engine_state()}
+    def state(self, engine: Dict[str, Any]) -> Dict[str, Any]:
+        out = {'storage': self._storage.state_dict(), **engine}
         if self.window is not None:
             out['current_buffer_size'] = self.window.size
         return out
 
-    def restore(self, state: Dict[str, Any]) -> None:
-        e = self.e
+    def restore(self, state: Dict[str, Any]) -> Restored:
         size = self.window.saved(state) if self.window is not None else None
         if 'storage' not in state:
             raise ValueError("state has no 'storage' entry")
         storage = storage_from_state(
             self.cfg.storage, self.cfg.replay_buffer_size, state['storage'], self.reserved_keys, index_for(self.cfg)
         )
-        swap = e._engine_restored(state, storage.ring.valid, required=False)  # files of 0.1 have no counters
-        self._storage = storage
-        swap()
-        if size is not None:
-            self.window.size = size
-        e._capacity_rebuilt()
+
+        def swap() -> None:
+            self._storage = storage
+            if size is not None:
+                self.window.size = size
+
+        return Restored(swap, state, storage.ring.valid)  # files of 0.1 have no counters: not required
 
     def describe(self) -> str:
         window = '' if self.window is None else f", current_buffer_size={self.window.size}"

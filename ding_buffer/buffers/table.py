@@ -1,27 +1,90 @@
 """``Table``: what a preset's table offers the engine -- where its elements live and the type's verbs.
 
 A table holds the data (a slot storage, an episode store, reward-ranked items, chunks of fragments) and answers the
-engine's calls: ``build`` (storage and parts sized from the config), ``push_items`` / ``push_batch`` (validate
-everything first, then write; the engine's ``_admit`` / ``_pushed`` / ``_remove`` count and limit), ``request``
-(a sample's arguments checked, answered as a ``Request``: the engine runs removers, limits and waits, then the
-request's ``draw``, whose ``Drawn`` it counts), ``update``, ``clear``, ``state`` / ``restore`` (validate
-everything, then swap) and the read verbs the parts see through the ``TableView`` (``count``, ``oldest``,
-``ordered_slots``, ``live``, ``columns``).
+engine's calls; it never calls the engine, which owns it. The engine writes the order of every call once
+(``buffers.engine``) and asks the table: ``build`` (storage sized from the config; answers the ``Needs`` the engine
+builds its parts from), ``attach`` (the ``Parts`` the table reads: use counts, the monitors' writers),
+``prepare`` / ``prepare_batch`` (validate everything, change nothing: a ``Write``), ``write`` (commit it: a
+``Written`` the engine counts), ``write_one`` / ``write_batch`` (the hot paths), ``discard`` / ``select`` (a write
+the limiter or a capacity rule refused whole or in part), ``request`` (a sample's arguments checked, answered as a
+``Request`` whose ``draw`` answers a ``Drawn``), ``drop``, ``update``, ``clear``, ``state`` / ``restore`` (validate
+everything, answer a ``Restored`` whose ``swap`` the engine runs) and the read verbs the parts see through the
+``TableView`` (``count``, ``oldest``, ``ordered_slots``, ``live``, ``columns``).
 
-This base class holds the defaults every table shares; a table overrides what differs. It reaches its engine's
-services (config, lock-protected counters, parts) through ``self.e``, a weak proxy: the engine owns its table,
-so a buffer nobody refers to is freed at once (its monitor thread stops, its memory returns) without waiting for
-the cyclic garbage collector. A table never imports a preset.
+This base class holds the defaults every table shares; a table overrides what differs. A table never imports a
+preset or the engine.
 """
 
-import weakref
-from typing import Any, Callable, Dict, List, NamedTuple, Optional, Tuple, Union
+from typing import Any, Callable, Dict, List, Mapping, NamedTuple, Optional, Tuple, Union
 
 import numpy as np
 
 from ..control.samplers import check_positions
 from ..monitor.tb import emit
 from .common import has_none
+
+
+class Needs(NamedTuple):
+    """What a table's ``build`` asks the engine to build around it."""
+
+    slots: int  # the use-count column's length (0: the table grows it with ``UseCounts.resize``)
+    rules: Optional[List[Any]] = None  # removal rules (None: the config's max_use, max_staleness, removers)
+    limiter: Optional[Mapping] = None  # the rate limiter's section (None: the config's thruput_controller)
+    monitors: bool = True  # a TensorBoard sink (the borrowed writer, or an owned one with ``tensorboard``)
+    tensorboard: bool = False  # the buffer writes TensorBoard files of its own
+    period: Optional[float] = None  # seconds between periodic push / sample / remove reports (None: none)
+
+
+class Parts(NamedTuple):
+    """The engine's parts a table reads, lent once they are built (``Table.attach``); never the engine itself."""
+
+    uses: Any  # ``UseCounts`` (one object for the buffer's life: a restore fills it) or None
+    logger: Any  # the buffer's ``logging.Logger``
+    tb: Any  # the ``TBSink`` the monitors write to, or None
+    tb_logger: Any  # the writer the buffer was given (borrowed), or None
+    tracked: bool  # a used-data remover receives the items that leave
+    gaps: bool  # removal rules may empty slots in the middle of the insertion order
+    use_limit: bool  # a ``max_use`` rule is configured
+    capacity: bool  # a capacity rule is configured
+
+
+class Write(NamedTuple):
+    """A validated push (``Table.prepare``): ``n`` new elements (``dropped`` more were cut because the push
+    exceeds the capacity: the write replaces everything), the table's ``plan``, and the new elements' values of the
+    table's admission column (priorities) where it knows them."""
+
+    n: int
+    plan: Any
+    dropped: int = 0
+    values: Optional[np.ndarray] = None
+
+
+class Written(NamedTuple):
+    """What a committed write answers the engine: ``n`` elements accepted (``push_items``, the limiter),
+    ``slots`` written (their use counts restart; None: the table's listener restarted them), ``removed`` older
+    elements it displaced (``remove_count``), ``evicted`` items that left (for the used-data remover), ``expired``
+    slots whose frames the write overwrote (``removed_by_frames``), ``due`` monitor output (written after the
+    lock is released)."""
+
+    n: int
+    slots: Any = None
+    removed: int = 0
+    evicted: Any = ()
+    expired: Optional[np.ndarray] = None
+    due: Any = None
+
+
+class Restored(NamedTuple):
+    """A validated state (``Table.restore``): ``swap()`` puts the table's part in place (it may still raise, e.g.
+    a full disk, before changing anything); ``engine`` is the engine's part (counters, thruput, use), ``valid`` the
+    slots holding an element (use counts elsewhere must be 0), ``required`` whether those entries must be there
+    (files written before a preset had counters load without); ``uses``: the use counts when the table placed them."""
+
+    swap: Callable[[], None]
+    engine: Mapping
+    valid: Optional[np.ndarray] = None
+    required: bool = False
+    uses: Any = None
 
 
 class Drawn(NamedTuple):
@@ -42,28 +105,37 @@ class Request(NamedTuple):
     """A ``sample`` call, its arguments checked by the table (``Table.request``): ``size`` elements (the engine
     checks it is a positive int), ``draw(rng)`` answers a ``Drawn`` or why it drew nothing; ``shortfall()`` says
     why it could not draw now ('' when it could; what a ``timeout`` waits on); ``timeout`` in seconds or None;
-    ``finish(batch)``, under the lock, makes what the call returns of a drawn batch."""
+    ``finish(batch, use)``, under the lock, makes what the call returns of a drawn batch (``use``: the drawn
+    elements' use counts, or None)."""
 
     size: Any
     draw: Callable[[np.random.Generator], Union[Drawn, str]]
     shortfall: Optional[Callable[[], str]] = None
     timeout: Optional[float] = None
-    finish: Optional[Callable[[Any], Any]] = None
+    finish: Optional[Callable[[Any, Any], Any]] = None
 
 
 class Table:
     uses_counted = False  # whether every element has a use count even without max_use (advanced reports it)
     capacity_rules = False  # whether the table takes a capacity rule (``control.capacity``)
     admission_columns: Tuple[str, ...] = ()  # columns whose values the table knows for elements not yet written
+    mutable_columns: Tuple[str, ...] = ()  # columns that change in place (a capacity rule reading one hears of it)
+    retires_used = False  # elements that reach max_use stay stored, never drawn again, while a used-data remover runs
+    hot_path = False  # whether ``write_one`` / ``write_batch`` may write without ``prepare``
 
-    def __init__(self, engine: Any, cfg: Any) -> None:
-        self.e = weakref.proxy(engine)
+    def __init__(self, cfg: Any, name: str, lock: Any) -> None:
         self.cfg = cfg  # the buffer's validated config (an EasyDict); a restore may replace it (``Engine.cfg``)
-        self.name = engine.instance_name  # what errors and TensorBoard tags name the buffer by
+        self.name = name  # what errors and TensorBoard tags name the buffer by
+        self.lock = lock  # the buffer's lock, for the table's own verbs (the engine takes it around its calls)
+        self.parts: Optional[Parts] = None
 
-    def build(self) -> None:
-        """Build the storage and the engine's parts (``e._build_engine``, ``e._build_monitors``)."""
+    def build(self) -> Needs:
+        """Build the storage; answer what the engine builds around it."""
         raise NotImplementedError
+
+    def attach(self, parts: Parts) -> None:
+        """The engine's parts, built from ``build``'s ``Needs``."""
+        self.parts = parts
 
     # ------------------------------------------------------------------ what the parts read
     @property
@@ -96,10 +168,10 @@ class Table:
     def columns(self) -> Dict[str, Callable[[np.ndarray], np.ndarray]]:
         """The table's named per-slot columns: ``collect_iter``, ``use`` (where draws are counted) and ``id`` (where
         a slot index names ids); a table adds its own (``priority``)."""
-        e = self.e
-        out = {'collect_iter': lambda slots: e.collect_iter(slots)}
-        if e._uses is not None:
-            out['use'] = lambda slots: e._uses[slots]
+        out = {'collect_iter': self.collect_iter}
+        uses = self.parts.uses
+        if uses is not None:
+            out['use'] = uses.__getitem__
         if hasattr(self.store, 'ring'):
             out['id'] = lambda slots: self.store.ring.uids(slots)
         return out
@@ -125,21 +197,44 @@ class Table:
         """Remove the elements at ``slots``; return the removed items (for the used-data remover)."""
         raise NotImplementedError
 
-    def drop_used(self, slots: np.ndarray) -> None:
-        """Elements that reached ``max_use``: removed (advanced with used-data tracking retires them instead)."""
-        self.e._remove(slots, 'removed_by_use')
+    def retire(self, slots: np.ndarray) -> None:
+        """Elements that reached ``max_use`` while a used-data remover runs (``retires_used``): never drawn again."""
+        raise NotImplementedError
 
     # ------------------------------------------------------------------ push / sample / update
     def check_pushed(self, items: List[Any]) -> None:
         """Refuse what no pushed list may hold (``None``), before anything changes; a table that checks fields of
-        the items at push does it here too, in the same pass (a single item is checked by ``push_items``)."""
+        the items at push does it here too, in the same pass (a single item is checked by the engine)."""
         if has_none(items):
             raise TypeError(f"cannot push None (item {next(i for i, x in enumerate(items) if x is None)})")
 
-    def push_items(self, items: List[Any]) -> int:
+    def prepare(self, items: List[Any]) -> Write:
+        """Validate ``items`` (raising before anything changes); the ``Write`` that commits them."""
         raise NotImplementedError
 
-    def push_batch(self, batch: Any) -> int:
+    def prepare_batch(self, batch: Any) -> Write:
+        """Validate a batch dict (``push(batched=True)``) as ``prepare``."""
+        raise TypeError(f"buffer '{self.name}' takes no batched push")
+
+    def write(self, w: Write, report_evicted: bool) -> Written:
+        """Commit a validated write (``report_evicted``: list the items that left, for the used-data remover)."""
+        raise NotImplementedError
+
+    def write_one(self, item: Any) -> Optional[int]:
+        """The single-push hot path: the slot written, or None -- nothing changed -- when the item needs the
+        checking path (``prepare``)."""
+        return None
+
+    def write_batch(self, batch: Any) -> Optional[np.ndarray]:
+        """The batched hot path: the slots written, or None -- nothing changed -- as ``write_one``."""
+        return None
+
+    def discard(self, w: Write) -> Optional[np.ndarray]:
+        """A validated write refused whole (rate limiter, capacity rule): slots the storage expired settling it."""
+        return None
+
+    def select(self, w: Write, admitted: np.ndarray) -> Write:
+        """The part of ``w`` a capacity rule admitted (a bool mask over its new elements, some True)."""
         raise NotImplementedError
 
     def request(self, size: Any, **kwargs: Any) -> Request:
@@ -186,18 +281,20 @@ class Table:
 
     def emit(self, due: Any) -> None:
         """Write what the monitors computed under the lock (called after it is released)."""
-        emit(due, self.e._logger, self.e._tb)
+        emit(due, self.parts.logger, self.parts.tb)
 
     # ------------------------------------------------------------------ stats / state / lifecycle
     def stats(self, out: Dict[str, float]) -> Dict[str, float]:
         """The engine's numbers plus the table's own."""
         return out
 
-    def state(self) -> Dict[str, Any]:
+    def state(self, engine: Dict[str, Any]) -> Dict[str, Any]:
+        """The table's state, holding ``engine`` (the engine's counters, thruput and use counts) where its file
+        layout keeps them."""
         raise NotImplementedError
 
-    def restore(self, state: Dict[str, Any]) -> None:
-        """Validate ``state`` fully, then swap it in (all or nothing)."""
+    def restore(self, state: Dict[str, Any]) -> Restored:
+        """Validate ``state`` fully (raising with nothing changed); the ``Restored`` whose ``swap`` puts it in."""
         raise NotImplementedError
 
     def clear(self) -> List[Any]:
@@ -213,4 +310,4 @@ class Table:
         return f"count={self.count()}, replay_buffer_size={self.capacity()}"
 
 
-__all__ = ['Drawn', 'Request', 'Table']
+__all__ = ['Drawn', 'Needs', 'Parts', 'Request', 'Restored', 'Table', 'Write', 'Written']

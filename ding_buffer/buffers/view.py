@@ -7,8 +7,7 @@ prioritized table, or one with ``max_use``); a preset adds its own (``priority``
 ``column(name, slots)`` raises a ``KeyError`` naming the columns there are.
 """
 
-import weakref
-from typing import Any, Callable, Dict, Tuple
+from typing import Any, Callable, Dict, Optional, Tuple
 
 import numpy as np
 
@@ -36,35 +35,40 @@ class TableView:
         >>> buf.close()
     """
 
-    def __init__(self, owner: Any, readers: Dict[str, Callable[[np.ndarray], np.ndarray]]) -> None:
-        # the engine (a weak proxy: the engine holds its view): the view forwards to its table verbs, never to anything
-        # that writes
-        self._owner = weakref.proxy(owner)
-        self._readers = readers
+    def __init__(self, table: Any) -> None:
+        self._table = table  # the view forwards to the table's read verbs, never to anything that writes
+        self._cached: Optional[Dict[str, Callable[[np.ndarray], np.ndarray]]] = None
+
+    @property
+    def _readers(self) -> Dict[str, Callable[[np.ndarray], np.ndarray]]:
+        """The table's named columns, read once the engine lent the table its parts (``Table.columns``)."""
+        if self._cached is None:
+            self._cached = self._table.columns()
+        return self._cached
 
     @property
     def capacity(self) -> int:
-        return self._owner.replay_buffer_size
+        return self._table.capacity()
 
     @property
     def next_id(self) -> int:
         """The id the next element written will get."""
-        return self._owner._next_id()
+        return self._table.next_id()
 
     @property
     def columns(self) -> Tuple[str, ...]:
         return tuple(sorted(self._readers))
 
     def count(self) -> int:
-        return self._owner.count()
+        return self._table.count()
 
     def oldest(self, k: int) -> np.ndarray:
         """The ``k`` oldest stored elements' slots, oldest first."""
-        return np.asarray(self._owner.oldest(k), dtype=np.int64).copy()
+        return np.asarray(self._table.oldest(k), dtype=np.int64).copy()
 
     def ordered_slots(self) -> np.ndarray:
         """Every stored element's slot, oldest first."""
-        return np.asarray(self._owner._ordered_slots(), dtype=np.int64).copy()
+        return np.asarray(self._table.ordered_slots(), dtype=np.int64).copy()
 
     def newest(self, k: int) -> np.ndarray:
         """The ``k`` newest stored elements' slots, newest first."""
@@ -74,7 +78,7 @@ class TableView:
 
     def live(self, slots: np.ndarray) -> np.ndarray:
         """Mask of ``slots`` that hold an element."""
-        return np.asarray(self._owner._live(np.asarray(slots, dtype=np.int64)), dtype=bool)
+        return np.asarray(self._table.live(np.asarray(slots, dtype=np.int64)), dtype=bool)
 
     def collect_iter(self, slots: np.ndarray) -> np.ndarray:
         return self.column('collect_iter', slots)

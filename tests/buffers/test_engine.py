@@ -75,9 +75,29 @@ def test_a_preset_holds_no_behaviour_beyond_naming_its_table(name):
         assert len(body) == 1, f'{cls.__name__}.{key} holds {len(body)} statements'
 
 
-# what the engine does for every sample and update, in one order (``Engine._sample`` / ``_update``): a table only
-# answers a ``Request`` (sample) or what to apply (update)
+# what the engine does for every push, sample, update and restore, in one order (``Engine._write`` / ``_sample`` /
+# ``_update`` / ``load_state_dict``) and the parts it owns: a table only answers a ``Write`` / ``Written`` (push), a
+# ``Request`` (sample), what to apply (update) or a ``Restored`` (restore)
 ENGINE_STEPS = {
+    '_write',
+    '_make_room',
+    '_admit',
+    '_pushed',
+    '_remove',
+    '_evicted',
+    '_capacity_rebuilt',
+    '_build_engine',
+    '_build_monitors',
+    '_engine_state',
+    '_engine_restored',
+    '_limiter',
+    '_uses',
+    '_capacity',
+    '_remover',
+    '_periodic',
+    '_counters',
+    '_lock',
+    '_tb',
     '_sample',
     '_sample_flow',
     '_drawn',
@@ -98,9 +118,9 @@ def _table_sources():
     return [(p.name, ast.parse(p.read_text())) for p in paths]
 
 
-def test_no_table_runs_a_sample_or_an_update_the_engine_orders_them():
-    """Tables answer ``request(...)`` with a draw and ``update(info)`` with what to apply; they name none of the
-    engine's sample or update steps, nor its RNG."""
+def test_no_table_runs_a_push_a_sample_or_an_update_the_engine_orders_them():
+    """Tables answer ``prepare`` with a write, ``request(...)`` with a draw and ``update(info)`` with what to apply;
+    they name none of the engine's steps or parts, nor its RNG."""
     for name, tree in _table_sources():
         used = {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)} & ENGINE_STEPS
         assert not used, f'{name} reaches the engine for {sorted(used)}'
@@ -118,6 +138,22 @@ def test_tables_are_handed_the_config_and_name_instead_of_reading_the_engines():
             '_deepcopy',
         }
         assert not used, f'{name} reads the engine for {sorted(used)}'
+
+
+def test_no_table_imports_or_receives_the_engine():
+    """The engine calls its table and lends it parts (``Parts``); no table module imports the engine, takes it in
+    its constructor or holds a proxy of anything."""
+    for name, tree in _table_sources():
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom):
+                assert node.module not in ('engine', 'ding_buffer.buffers.engine'), f'{name} imports the engine'
+            if isinstance(node, ast.FunctionDef) and node.name == '__init__':
+                args = [a.arg for a in node.args.args]
+                assert 'engine' not in args, f'{name}: a table constructor takes the engine ({args})'
+            if isinstance(node, ast.Attribute):
+                assert node.attr not in ('e', 'proxy'), f'{name} reaches {node.attr!r}'
+    view = ast.parse(Path(inspect.getfile(Engine)).with_name('view.py').read_text())
+    assert 'proxy' not in {n.attr for n in ast.walk(view) if isinstance(n, ast.Attribute)}
 
 
 @pytest.mark.parametrize('name', TYPES)
@@ -263,8 +299,9 @@ def test_engine_counts_the_same_on_every_slot_type():
 # ---------------------------------------------------------------------------------------------- lifetime
 @pytest.mark.parametrize('name', TYPES)
 def test_a_dropped_buffer_is_freed_at_once(name):
-    """The engine owns its table (the table reaches it through a weak proxy): with the cyclic garbage collector
-    off, a buffer nobody refers to is gone as soon as the last reference is -- its memory and monitor thread too."""
+    """The engine owns its table, which holds nothing of the engine's but the parts it lends: with the cyclic
+    garbage collector off, a buffer nobody refers to is gone as soon as the last reference is -- its memory and
+    monitor thread too."""
     import gc
     import weakref
 
