@@ -181,6 +181,9 @@ class Engine(IBuffer):
         # (a batch: and no rate limit); the table's verbs bound once (a single push is a few microseconds).
         self._one_fast = self._t.hot_path and self._remover is None and self._capacity is None
         self._batch_fast = self._one_fast and not self._limiter.active
+        self._items_fast = self._batch_fast and not self._t.expires()  # expired frames need the checking path
+        # nothing to tell about a single push (no use counts, periodic report or rate limit): the storage alone
+        self._lean = self._batch_fast and self._uses is None and self._periodic is None
         self._write_one, self._check_pushed = self._t.write_one, self._t.check_pushed
 
     def _table_args(self) -> Dict[str, Any]:
@@ -413,7 +416,13 @@ class Engine(IBuffer):
 
     def _push_items(self, items: List[Any]) -> int:
         """A list of items in the push order (``_write``); a single plain item may take the table's hot path."""
-        if len(items) == 1 and self._one_fast:
+        if len(items) == 1 and self._lean:
+            slot = self._write_one(items[0])
+            if slot is not None:
+                if self._limiter.waiting:
+                    self._limiter.on_push(1)  # wake samplers waiting for data
+                return 1
+        elif len(items) == 1 and self._one_fast:
             lim = self._limiter
             if not lim.active or lim.can_push(1, self._t.units())[0]:  # a refusal is counted by the checking path
                 if self._periodic is not None:
@@ -425,6 +434,15 @@ class Engine(IBuffer):
                     if lim.active or lim.waiting:
                         lim.on_push(1)
                     return 1
+        elif self._items_fast:
+            if self._periodic is not None:
+                self._periodic.start()
+            slots = self._t.write_items(items)
+            if self._uses is not None:
+                self._uses.reset(slots)
+            if self._limiter.waiting:
+                self._limiter.on_push(len(items))  # wake samplers waiting for data
+            return len(items)
         return self._write(self._t.prepare(items))
 
     def _push_batch(self, batch: Any) -> int:
@@ -743,6 +761,7 @@ class Engine(IBuffer):
                 raise ValueError(f"invalid {self.__class__.__name__} state: {type(e).__name__}: {e}") from e
             restored.swap()  # the table's part (it may still fail, e.g. a full disk, with nothing changed)
             swap()
+            self._write_one = self._t.write_one  # the hot path may be bound to the replaced storage
             self._rng = rng
             self._cfg = self._t.cfg  # the table may restore saved settings (GFlowNet's ranking and sampling keys)
             self._capacity_rebuilt()

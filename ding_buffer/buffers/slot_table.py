@@ -62,9 +62,15 @@ class SlotTable(Table):
             cfg.storage, cfg.replay_buffer_size, reserved_keys=self.reserved_keys, index_cls=index_for(cfg)
         )
         self.build_index()
+        self.bind_hot_path()
         if self._window_wanted:
             self.window = NewestWindow(cfg.set_buffer_size, cfg.replay_buffer_size)
         return self.needs()
+
+    def bind_hot_path(self) -> None:
+        """Without an index to tell, a single push is the storage's own (``write_one``: one call less)."""
+        if not self.indexed:
+            self.write_one = self._storage.write_one
 
     def build_sampler(self) -> None:
         self.sampler = build_sampler(self.cfg.sampler, 'uniform', (False, NO_PRIORITY))
@@ -163,6 +169,15 @@ class SlotTable(Table):
 
     def write_one(self, item: Any) -> Optional[int]:
         return self._storage.write_one(item)
+
+    def write_items(self, items: List[Any]) -> np.ndarray:
+        """The list hot path (no used-data remover, capacity rule, rate limit or expiring frames): ``prepare`` and
+        ``write`` in one call, raising as ``prepare`` with nothing changed. Returns the slots written."""
+        w = self.prepare(items)
+        slots = self._storage.write(w.plan, report_evicted=False).slots
+        if self.indexed:
+            self.written(slots, w.values)
+        return slots
 
     def write_batch(self, batch: Any) -> Optional[np.ndarray]:
         checked = self._storage.check_batch(batch)  # O(fields), nothing written
@@ -330,6 +345,7 @@ class SlotTable(Table):
 
         def swap() -> None:
             self._storage = storage
+            self.bind_hot_path()
             if size is not None:
                 self.window.size = size
 
