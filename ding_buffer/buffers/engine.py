@@ -139,12 +139,12 @@ class Engine(IBuffer):
         exp_name: str = 'default_experiment',
         instance_name: str = 'buffer',
     ) -> None:
+        # Fewer than 30 attributes per buffer: CPython 3.11 keeps instance attributes of one class in a shared-key
+        # table of at most 30 names, past which every attribute read on the hot paths slows down.
         self._cfg: EasyDict = self._config(cfg)
         if not isinstance(instance_name, str) or not instance_name:
             raise ValueError(f"instance_name must be a non-empty str, got {instance_name!r}")
-        self._exp_name = exp_name
         self._instance_name = instance_name
-        self._tb_logger = tb_logger  # borrowed: never closed here
         self._logger = logging.getLogger(f'ding_buffer.{instance_name}')
         self._lock = threading.RLock()
         seed = self._cfg.get('seed')
@@ -161,13 +161,13 @@ class Engine(IBuffer):
         self._last_envstep = -1
         self._deepcopy = bool(self._cfg.get('deepcopy', False))  # read on every push and sample
         self._t = self.table(self._cfg, instance_name, self._lock, **self._table_args())
-        self._build_parts(self._t.build())
+        self._build_parts(self._t.build(), tb_logger, exp_name)  # tb_logger: borrowed, never closed here
         self._t.attach(
             Parts(
                 self._uses,
                 self._logger,
                 self._tb,
-                self._tb_logger,
+                tb_logger,
                 self._remover is not None,
                 bool(self._rules),
                 self._use_limit is not None,
@@ -180,8 +180,7 @@ class Engine(IBuffer):
         # The hot paths of a push: no used-data remover must see an overwritten item, no capacity rule decides
         # (a batch: and no rate limit); the table's verbs bound once (a single push is a few microseconds).
         self._one_fast = self._t.hot_path and self._remover is None and self._capacity is None
-        self._batch_fast = self._one_fast and not self._limiter.active
-        self._items_fast = self._batch_fast and not self._t.expires()  # expired frames need the checking path
+        self._batch_fast = self._one_fast and not self._limiter.active and not self._t.expires()  # (frames: expiry)
         # nothing to tell about a single push (no use counts, periodic report or rate limit): the storage alone
         self._lean = self._batch_fast and self._uses is None and self._periodic is None
         self._write_one, self._check_pushed = self._t.write_one, self._t.check_pushed
@@ -195,7 +194,7 @@ class Engine(IBuffer):
         return build_config(self.config, cfg, self.checks, ignored=self.ignored_keys, aliases=self.key_aliases)
 
     # ------------------------------------------------------------------ parts
-    def _build_parts(self, needs: Needs) -> None:
+    def _build_parts(self, needs: Needs, tb_logger: Any, exp_name: str) -> None:
         """Build the parts every preset shares, as the table's ``Needs`` say: the use-count column, removal rules,
         the rate limiter, the counters and the monitors."""
         cfg = self._cfg
@@ -220,14 +219,14 @@ class Engine(IBuffer):
         self._periodic: Optional[PeriodicThruputMonitor] = None
         self._last_use: Optional[np.ndarray] = None  # use counts after the last draw (last_sample_use)
         if needs.monitors:
-            self._build_monitors(needs.tensorboard, needs.period)
+            self._build_monitors(needs.tensorboard, needs.period, tb_logger, exp_name)
 
-    def _build_monitors(self, tensorboard: bool, period: Optional[float]) -> None:
+    def _build_monitors(self, tensorboard: bool, period: Optional[float], tb_logger: Any, exp_name: str) -> None:
         """The TensorBoard writer (borrowed, or owned when ``tensorboard``) and, with a writer on rank 0, the
         periodic push / sample / remove report every ``period`` seconds (DI-engine's ``{instance}_sec/`` tags;
         ``None``: no periodic report)."""
-        given = self._tb_logger if self.monitors_take_tb_logger else None
-        writer, owned = build_tb_logger(given, tensorboard, self._exp_name, self._instance_name)
+        given = tb_logger if self.monitors_take_tb_logger else None
+        writer, owned = build_tb_logger(given, tensorboard, exp_name, self._instance_name)
         self._tb = None if writer is None else TBSink(writer, owned)
         if owned:  # closed by close(), or when the buffer is dropped without it (its writer thread too)
             weakref.finalize(self, self._tb.close)
@@ -434,7 +433,7 @@ class Engine(IBuffer):
                     if lim.active or lim.waiting:
                         lim.on_push(1)
                     return 1
-        elif self._items_fast:
+        elif self._batch_fast:
             if self._periodic is not None:
                 self._periodic.start()
             slots = self._t.write_items(items)
