@@ -540,7 +540,7 @@ class Text:
 TEXT = [
     Text('README.md', 'storage   list | tensor', 'diagram'),
     Text('docs/composing.md', "unknown config key 'replay_bufer_size'", 'output'),
-    Text('docs/composing.md', 'validate (all or nothing)', 'diagram'),
+    Text('docs/composing.md', 'table.prepare: validate everything', 'diagram'),
     Text('docs/storages.md', 'TensorStorage(capacity=1000', 'output'),
     Text('docs/training.md', "ding-buffer: error: my_cfg.py: unknown config key 'env.max_env_stp'", 'output'),
     Text('docs/contributing.md', 'ding_buffer/\n  base.py', 'layout'),

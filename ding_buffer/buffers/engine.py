@@ -201,8 +201,9 @@ class Engine(IBuffer):
         self._rules = build_removers(cfg) if needs.rules is None else needs.rules
         self._use_limit = find_rule(self._rules, UseLimit)
         self._capacity: Optional[CapacityRule] = find_capacity_rule(self._rules)
-        # a rule of the user's may raise or answer garbage mid-sample: the sample then snapshots what the draw moves
-        self._fallible = any(
+        # a rule or sampler of the user's may raise or answer garbage mid-sample: the sample then snapshots what the
+        # draw moves
+        self._fallible = getattr(self._t, 'own_sampler', False) or any(
             type(r) not in (UseLimit, StalenessLimit) and not isinstance(r, CapacityRule) for r in self._rules
         )
         counted = self._use_limit or self._t.uses_counted

@@ -57,10 +57,9 @@ class EpisodeTable(Table):
         if isinstance(spec, PrioritizedSpec):
             self.prio = PrioritizedWindows(spec, self._store, cfg.pad_short_episodes, self.name)
             self._store.reserve(PrioritizedWindows.OUTPUT_KEYS)
-        elif not hasattr(spec, 'draw'):
+        elif not (hasattr(spec, 'draw') or hasattr(spec, 'select')):
             raise ValueError(f"config key 'sampler.type' is {cfg.sampler.get('type')!r}: not an episode sampler")
-        self.sampler = spec
-        self.own_sampler = self.prio is None and type(spec) is not UniformSampler  # its answers are checked
+        self.use_sampler(spec if self.prio is None else UniformSampler())  # prioritized windows draw by themselves
         return Needs(cfg.replay_buffer_size, period=cfg.periodic_thruput_seconds)
 
     def new_store(self):
@@ -186,13 +185,13 @@ class EpisodeTable(Table):
         if why:
             return why
         if windows is None:
-            picked = self.positions(rng, len(slots), int(size), replace)
+            picked = self.positions(rng, len(slots), int(size), replace, lambda: slots)
             if type(picked) is str:
                 return picked
             chosen = slots[picked]
             return Drawn(chosen, int(size), self._store.episodes(chosen), copy=True)
         cum = np.cumsum(windows)
-        u = self.positions(rng, int(cum[-1]), int(size), replace)
+        u = self.positions(rng, int(cum[-1]), int(size), replace, lambda: np.repeat(slots, windows))
         if type(u) is str:
             return u
         which = np.searchsorted(cum, u, side='right')

@@ -23,7 +23,7 @@ from ..control.priority import (
     item_priorities,
     parse_update,
 )
-from ..control.samplers import SAMPLER_REGISTRY
+from ..control.samplers import SAMPLER_REGISTRY, build_sampler
 from ..monitor.sampled_data import SampledDataAttrMonitor
 from ..monitor.tb import emit, rank
 from ..storage import storage_from_state
@@ -58,16 +58,17 @@ def _flat_array(x: Any) -> Optional[np.ndarray]:
     return x if x.ndim == 1 else None
 
 
-def check_sampler(section: Mapping) -> None:
-    """The ``sampler`` section of ``advanced``: ``{}`` or ``dict(type='prioritized')`` (what it does anyway); anything
-    else is a ``ValueError`` saying why.
+def check_sampler(section: Mapping) -> bool:
+    """The ``sampler`` section of ``advanced``: ``{}`` or ``dict(type='prioritized')`` (the priority draw: False), or
+    another registered sampler (True: it draws the batches); arguments of the priority draw here are a
+    ``ValueError`` saying where they go.
 
     Examples:
-        >>> check_sampler({}), check_sampler(dict(type='prioritized'))
-        (None, None)
-        >>> check_sampler(dict(type='uniform'))  # doctest: +ELLIPSIS
+        >>> check_sampler({}), check_sampler(dict(type='prioritized')), check_sampler(dict(type='uniform'))
+        (False, False, True)
+        >>> check_sampler(dict(type='prioritized', alpha=0.9))  # doctest: +ELLIPSIS
         Traceback (most recent call last):
-        ValueError: config key 'sampler.type' is 'uniform', but type 'advanced' draws by priority ...
+        ValueError: config key 'sampler.alpha': type 'advanced' takes its prioritized sampler's arguments ...
     """
     section = dict(section)
     name = section.pop('type', 'prioritized')
@@ -75,15 +76,13 @@ def check_sampler(section: Mapping) -> None:
         raise ValueError(f"config key 'sampler.type' must be a str, got {name!r}")
     SAMPLER_REGISTRY.get(name)  # an unknown name: the registry's message (registered names, import_names)
     if name != 'prioritized':
-        raise ValueError(
-            f"config key 'sampler.type' is {name!r}, but type 'advanced' draws by priority (its sum tree, IS weights "
-            f"and update() are that sampler); for {name!r} draws use type='naive' with sampler=dict(type={name!r})"
-        )
+        return True
     if section:
         raise ValueError(
             f"config key 'sampler.{sorted(section)[0]}': type 'advanced' takes its prioritized sampler's arguments "
             "as top-level keys (alpha, beta, anneal_step, eps); leave sampler={} or dict(type='prioritized')"
         )
+    return False
 
 
 class PrioritizedTable(SlotTable):
@@ -106,7 +105,12 @@ class PrioritizedTable(SlotTable):
 
     # ------------------------------------------------------------------ construction
     def build_sampler(self) -> None:
-        check_sampler(self.cfg.sampler)
+        """The priority draw (``sampler=None``), or the sampler the config names: it draws the batches instead, among
+        the items the priority draw could reach; ``IS`` is 1 then, priorities stay for ``update`` and capacity
+        rules."""
+        self.sampler = None
+        if check_sampler(self.cfg.sampler):
+            self.use_sampler(build_sampler(self.cfg.sampler, 'prioritized', (True, '')))
 
     def build_index(self) -> None:
         cfg = self.cfg
@@ -222,6 +226,8 @@ class PrioritizedTable(SlotTable):
 
     def draw(self, rng: np.random.Generator, size: int, cur_learner_iter: int, sample_range: Optional[slice]) -> Any:
         index = self.index
+        if self.sampler is not None:
+            return self.draw_selected(rng, size, cur_learner_iter, sample_range)
         if sample_range is None and index.can_draw():  # the hot path: one compiled pass, same draws
             if not index.tree.total() > 0:
                 return 'every candidate item has priority 0'
@@ -245,6 +251,24 @@ class PrioritizedTable(SlotTable):
         priority = index.priorities(slots)
         use = self.parts.uses.bump(slots)
         return self.drawn_batch(slots, size, weights, priority, use, cur_learner_iter, beta)
+
+    def draw_selected(
+        self, rng: np.random.Generator, size: int, cur_learner_iter: int, sample_range: Optional[slice]
+    ) -> Any:
+        """A draw by the config's own sampler, with replacement as the priority draw; items retired by ``max_use``
+        (kept while tracked, zero mass) are no candidates. O(candidates) per draw."""
+        every = self.slots_at(self.candidates(sample_range))
+        if self.parts.tracked and self.parts.use_limit:
+            every = every[self.index.tree.leaves[every] > 0]
+        if len(every) == 0:
+            return 'buffer is empty' if self.count() == 0 else f'{sample_range} selects no item that may be drawn'
+        idx = self.positions(rng, len(every), size, True, lambda: every)
+        if type(idx) is str:
+            return idx
+        slots = every[idx]
+        beta = self.beta.draw()
+        use = self.parts.uses.bump(slots)
+        return self.drawn_batch(slots, size, np.ones(size), self.index.priorities(slots), use, cur_learner_iter, beta)
 
     def drawn_batch(
         self,

@@ -13,7 +13,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import numpy as np
 
 from ..control.capacity import index_for
-from ..control.samplers import UniformSampler, build_sampler
+from ..control.samplers import build_sampler
 from ..storage import build_storage, refuse_items_output, storage_from_state
 from .common import check_range, check_size, range_positions
 from .newest_window import NewestWindow, checked_size
@@ -73,8 +73,7 @@ class SlotTable(Table):
             self.write_one = self._storage.write_one
 
     def build_sampler(self) -> None:
-        self.sampler = build_sampler(self.cfg.sampler, 'uniform', (False, NO_PRIORITY))
-        self.own_sampler = type(self.sampler) is not UniformSampler  # its answers are checked
+        self.use_sampler(build_sampler(self.cfg.sampler, 'uniform', (False, NO_PRIORITY)))
 
     def build_index(self) -> None:
         """A prioritized table builds its priority index here."""
@@ -192,6 +191,10 @@ class SlotTable(Table):
         window = range(max(0, n - self.window.size), n)
         return window if sample_range is None else window[sample_range]
 
+    def slots_at(self, positions: range) -> np.ndarray:
+        """The slots of a range of insertion positions (0 = the oldest item)."""
+        return self._storage.ring.slots_of_positions(np.arange(positions.start, positions.stop, positions.step))
+
     # ------------------------------------------------------------------ uniform sample
     def request(
         self, size: int, sample_range: Optional[slice] = None, replace: bool = False, timeout: Optional[float] = None
@@ -220,7 +223,7 @@ class SlotTable(Table):
         if why:
             return why
         m, size = len(positions), int(size)
-        idx = self.positions(rng, m, size, replace)
+        idx = self.positions(rng, m, size, replace, lambda: self.slots_at(positions))
         if type(idx) is str:
             return idx
         if positions.start or positions.step != 1:  # a sample_range, or the newest window
@@ -294,7 +297,9 @@ class SlotTable(Table):
         why, candidates = self.run_shortfall(batch, sequence, sample_range, replace)
         if why:
             return why
-        idx = self.positions(rng, len(candidates), batch, replace)
+        idx = self.positions(
+            rng, len(candidates), batch, replace, lambda: self._storage.ring.slots_of_positions(candidates)
+        )
         if type(idx) is str:
             return idx
         starts = candidates[np.asarray(idx, dtype=np.int64)]

@@ -19,9 +19,10 @@ from typing import Any, Callable, Dict, List, Mapping, NamedTuple, Optional, Tup
 
 import numpy as np
 
-from ..control.samplers import check_positions
+from ..control.samplers import UniformSampler, check_positions
 from ..monitor.tb import emit
 from .common import has_none
+from .view import TableView
 
 
 class Needs(NamedTuple):
@@ -247,11 +248,29 @@ class Table:
         Tables without per-element priorities: a no-op returning ``{'updated': 0, 'stale': 0}``."""
         return {'updated': 0, 'stale': 0}
 
-    def positions(self, rng: np.random.Generator, m: int, size: int, replace: bool) -> Union[np.ndarray, str]:
-        """``size`` positions in ``[0, m)`` from the table's ``sampler`` (slot and episode tables), or why not when
-        it refuses. A user sampler's answer (``own_sampler``) is checked before anything reads it
+    def use_sampler(self, sampler: Any) -> None:
+        """Draw with ``sampler`` (``control.samplers``): one answering ``draw(rng, m, size, replace)`` from a count,
+        or ``select(rng, view, slots, size, replace)`` from the candidates' columns (a column-weighted sampler)."""
+        self.sampler = sampler
+        self.own_sampler = type(sampler) is not UniformSampler  # its answers are checked
+        self.selects = callable(getattr(sampler, 'select', None))
+
+    def positions(
+        self,
+        rng: np.random.Generator,
+        m: int,
+        size: int,
+        replace: bool,
+        slots: Optional[Callable[[], np.ndarray]] = None,
+    ) -> Union[np.ndarray, str]:
+        """``size`` positions in ``[0, m)`` from the table's ``sampler``, or why not when it refuses. A selecting
+        sampler reads the table's view at the candidates' slots (``slots()``: the ``m`` candidates, in the order
+        positions count them). A user sampler's answer (``own_sampler``) is checked before anything reads it
         (``check_positions``: a ``RuntimeError`` naming it, nothing changed)."""
-        idx = self.sampler.draw(rng, m, size, replace)
+        if self.selects:
+            idx = self.sampler.select(rng, TableView(self), slots(), size, replace)
+        else:
+            idx = self.sampler.draw(rng, m, size, replace)
         if idx is None:
             return f"sampler {self.cfg.sampler.get('type')!r} refused"
         return check_positions(idx, m, size, self.cfg.sampler.get('type')) if self.own_sampler else idx

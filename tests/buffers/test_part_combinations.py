@@ -569,7 +569,11 @@ REFUSED = [
         None,
     ),
     # a sampler the type cannot take, next to a capacity rule
-    (dict(type='advanced', removers=[dict(type='lifo')], sampler=dict(type='uniform')), "'sampler.type'", None),
+    (
+        dict(type='advanced', removers=[dict(type='lifo')], sampler=dict(type='prioritized', alpha=0.5)),
+        "'sampler.alpha'",
+        None,
+    ),
     (dict(type='naive', removers=[dict(type='lifo')], sampler=dict(type='prioritized')), "'sampler.type'", None),
     (dict(type='elastic', removers=[dict(type='fifo')], sampler=dict(type='unifrm')), "'sampler.type'", "'uniform'"),
 ]

@@ -349,10 +349,22 @@ def test_advanced_takes_its_own_sampler_section(sampler):
 
 
 @pytest.mark.parametrize('name', ['uniform', 'python_random'])
-def test_advanced_refuses_another_sampler_saying_why(name):
-    msg = build_error(dict(type='advanced', sampler=dict(type=name)))
-    assert f"config key 'sampler.type' is {name!r}" in msg
-    assert 'draws by priority' in msg and f"type='naive' with sampler=dict(type={name!r})" in msg
+def test_advanced_draws_with_another_sampler_when_named(name):
+    """Was: refused ("type 'advanced' draws by priority"). Another sampler now draws the batches: every stored item is
+    a candidate whatever its priority, IS weights are 1, and priorities stay for update() and capacity rules."""
+    import random
+
+    random.seed(0)
+    buf = create_buffer(dict(type='advanced', seed=0, sampler=dict(type=name)))
+    buf.push([{'obs': i, 'priority': p} for i, p in enumerate([1e-6, 1e-6, 1e-6, 1e3])])
+    drawn = [d for _ in range(200) for d in buf.sample(4)]
+    counts = np.bincount([d['obs'] for d in drawn], minlength=4)
+    assert counts.min() > 120, counts  # ~200 each; by priority item 3 would be nearly every draw
+    assert {float(d['IS']) for d in drawn} == {1.0}
+    first = drawn[0]
+    ids = {'replay_unique_id': [first['replay_unique_id']], 'replay_buffer_idx': [first['replay_buffer_idx']]}
+    out = buf.update({**ids, 'priority': [5.0]})
+    assert out == {'updated': 1, 'stale': 0}
 
 
 def test_advanced_sampler_section_refuses_arguments_and_unknown_names():
