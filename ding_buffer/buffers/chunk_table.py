@@ -100,6 +100,37 @@ def checked_version(version: Any) -> int:
     return int(version)
 
 
+def saved_name(x: Any, what: str, empty: bool = False) -> str:
+    """A worker or session name read from a state (printable, at most ``MAX_NAME`` characters)."""
+    if not isinstance(x, str) or len(x) > MAX_NAME or not x.isprintable() or (not x and not empty):
+        raise ValueError(f"invalid {what} {x!r:.60} in state")
+    return x
+
+
+def saved_number(x: Any, what: str, low: int = -1) -> int:
+    if not is_int(x) or not low <= x < INT_LIMIT:
+        raise ValueError(f"invalid {what} {x!r:.40} in state")
+    return int(x)
+
+
+def saved_record(r: Any) -> Record:
+    worker, fid, version, session, fragment_id = r
+    return (
+        saved_name(worker, 'worker'),
+        saved_number(fid, 'fid'),
+        saved_number(version, 'model_version'),
+        saved_name(session, 'session_id', empty=True),
+        check_id(fragment_id),
+    )
+
+
+def saved_run(records: List[Record], what: str) -> List[Record]:
+    """``records``, checked to be one worker's consecutive fids (rule 1)."""
+    if any(r[0] != records[0][0] or r[1] != records[0][1] + i for i, r in enumerate(records)):
+        raise ValueError(f"{what} in state is not one worker's consecutive fragments")
+    return records
+
+
 def checked_session(session_id: Any) -> str:
     """A session id: a printable str of at most ``MAX_NAME`` characters (``ValueError`` otherwise)."""
     if not isinstance(session_id, str) or len(session_id) > MAX_NAME or not session_id.isprintable():
@@ -570,39 +601,50 @@ class ChunkTable(Table):
 
     def restore(self, state: Dict[str, Any]) -> Restored:
         """Validate ``state`` against the rules (a state this buffer could have reached), then swap it in."""
-
-        def name(x: Any, what: str, empty: bool = False) -> str:
-            if not isinstance(x, str) or len(x) > MAX_NAME or not x.isprintable() or (not x and not empty):
-                raise ValueError(f"invalid {what} {x!r:.60} in state")
-            return x
-
-        def number(x: Any, what: str, low: int = -1) -> int:
-            if not is_int(x) or not low <= x < INT_LIMIT:
-                raise ValueError(f"invalid {what} {x!r:.40} in state")
-            return int(x)
-
-        def rec(r: Any) -> Record:
-            worker, fid, version, session, fragment_id = r
-            return (
-                name(worker, 'worker'),
-                number(fid, 'fid'),
-                number(version, 'model_version'),
-                name(session, 'session_id', empty=True),
-                check_id(fragment_id),
-            )
-
-        def run(records: List[Record], what: str) -> None:  # one worker's consecutive fids (rule 1)
-            if any(r[0] != records[0][0] or r[1] != records[0][1] + i for i, r in enumerate(records)):
-                raise ValueError(f"{what} in state is not one worker's consecutive fragments")
-
-        last_fid = OrderedDict((name(w, 'worker'), number(f, 'fid')) for w, f in state['last_fid'].items())
+        last_fid = OrderedDict((saved_name(w, 'worker'), saved_number(f, 'fid')) for w, f in state['last_fid'].items())
         if len(last_fid) > MAX_WORKERS:
             raise ValueError(f"state tracks {len(last_fid)} workers, more than {MAX_WORKERS}")
+        chunks = self._saved_chunks(state['chunks'], last_fid)
+        queues = self._saved_queues(state['queues'], last_fid)
+        held = [r[4] for ch in chunks for r in ch['records']] + [r[4] for q in queues.values() for r in q]
+        if len(set(held)) != len(held):
+            raise ValueError("state holds one fragment id in two places")
+        last_fetch = [check_id(x) for x in state['last_fetch']]
+        refs: Dict[str, int] = {}
+        for fragment_id in held + last_fetch:
+            refs[fragment_id] = refs.get(fragment_id, 0) + 1
+        payloads = state['payloads']
+        missing = sorted(set(refs) - set(payloads))
+        if missing:
+            raise ValueError(f"state lacks the payloads of {len(missing)} fragments (e.g. {missing[0]})")
+        if self._fragments.kind == 'disk':
+            for fragment_id in refs:
+                check_plain(payloads[fragment_id], f'the payload of fragment {fragment_id}')
+        counters = {k: saved_number(state['counters'][k], f'counter {k}', 0) for k in self.tally}
+        engine = state.get('engine') or {}
+        if not isinstance(engine, dict):
+            raise ValueError(f"state has an invalid 'engine' entry of type {type(engine).__name__}")
+        version = saved_number(state['model_version'], 'model_version')
+        session = saved_name(state['session_id'], 'session_id', empty=True)
+        next_uid = max(saved_number(state['next_uid'], 'next_uid', 0), max((c['uid'] for c in chunks), default=-1) + 1)
+
+        def swap() -> None:
+            self._put_payloads(refs, payloads)
+            self._chunks, self._queues, self._last_fid, self._last_fetch = chunks, queues, last_fid, last_fetch
+            self._refs, self.tally, self._next_uid = refs, counters, next_uid
+            self._sizes = {fragment_id: self._fragments.size(fragment_id) for fragment_id in refs}
+            self._bytes = sum(self._sizes.values())
+            self.model_version, self.session_id = version, session
+
+        return Restored(swap, engine)  # states saved before the engine's entry: counters at 0
+
+    def _saved_chunks(self, saved: Any, last_fid: Dict[str, int]) -> List[Dict[str, Any]]:
+        """The saved chunks, checked: one worker's ``fragments_per_chunk`` consecutive fragments each, distinct
+        uids, under ``max_reuse`` and ``max_chunks``, none newer than its worker's last fid."""
         chunks, uids = [], set()
-        for ch in state['chunks']:
-            records = [rec(r) for r in ch['records']]
-            run(records, 'a chunk')
-            uid, use = number(ch['uid'], 'chunk uid', 0), number(ch['use'], 'use count', 0)
+        for ch in saved:
+            records = saved_run([saved_record(r) for r in ch['records']], 'a chunk')
+            uid, use = saved_number(ch['uid'], 'chunk uid', 0), saved_number(ch['use'], 'use count', 0)
             if len(records) != self._fpc or uid in uids:
                 raise ValueError(
                     f"chunk {uid} in state has {len(records)} fragments (fragments_per_chunk="
@@ -618,57 +660,34 @@ class ChunkTable(Table):
             )
         if len(chunks) > self.cfg.max_chunks:
             raise ValueError(f"state holds {len(chunks)} chunks, more than max_chunks={self.cfg.max_chunks}")
+        return chunks
+
+    def _saved_queues(self, saved: Any, last_fid: Dict[str, int]) -> Dict[str, List[Record]]:
+        """The saved per-worker queues, checked: fewer than ``fragments_per_chunk`` consecutive fragments of the
+        worker, ending at its last fid."""
         queues = {}
-        for w, q in state['queues'].items():
-            records = [rec(r) for r in q]
-            run(records, f"worker {w!r:.40}'s queue")
+        for w, q in saved.items():
+            records = saved_run([saved_record(r) for r in q], f"worker {w!r:.40}'s queue")
             if not 0 < len(records) < self._fpc or records[0][0] != w or last_fid.get(w) != records[-1][1]:
                 raise ValueError(
                     f"worker {w!r:.40}'s queue in state does not fit fragments_per_chunk={self._fpc} or its last fid"
                 )
             queues[w] = records
-        held = [r[4] for ch in chunks for r in ch['records']] + [r[4] for q in queues.values() for r in q]
-        if len(set(held)) != len(held):
-            raise ValueError("state holds one fragment id in two places")
-        last_fetch = [check_id(x) for x in state['last_fetch']]
-        refs: Dict[str, int] = {}
-        for fragment_id in held + last_fetch:
-            refs[fragment_id] = refs.get(fragment_id, 0) + 1
-        payloads = state['payloads']
-        missing = sorted(set(refs) - set(payloads))
-        if missing:
-            raise ValueError(f"state lacks the payloads of {len(missing)} fragments (e.g. {missing[0]})")
-        if self._fragments.kind == 'disk':
+        return queues
+
+    def _put_payloads(self, refs: Dict[str, int], payloads: Dict[str, Any]) -> None:
+        """The store holds exactly the payloads of ``refs``: new ones written first (a failure, e.g. a full disk,
+        deletes what it wrote and leaves the buffer as it was), then the ones no longer referenced deleted."""
+        old, added = set(self._refs), []
+        try:
             for fragment_id in refs:
-                check_plain(payloads[fragment_id], f'the payload of fragment {fragment_id}')
-        counters = {k: number(state['counters'][k], f'counter {k}', 0) for k in self.tally}
-        engine = state.get('engine') or {}
-        if not isinstance(engine, dict):
-            raise ValueError(f"state has an invalid 'engine' entry of type {type(engine).__name__}")
-        version, session = (
-            number(state['model_version'], 'model_version'),
-            name(state['session_id'], 'session_id', empty=True),
-        )
-        next_uid = max(number(state['next_uid'], 'next_uid', 0), max(uids, default=-1) + 1)
-
-        def swap() -> None:  # payloads this buffer referenced and the new state does not are deleted; new ones written
-            old, added = set(self._refs), []
-            try:
-                for fragment_id in refs:
-                    if fragment_id not in self._fragments:
-                        self._fragments.put_as(fragment_id, payloads[fragment_id])
-                        added.append(fragment_id)
-            except BaseException:  # e.g. a full disk: the buffer stays as it was
-                self._fragments.delete_all(added)
-                raise
-            self._fragments.delete_all(old - set(refs))
-            self._chunks, self._queues, self._last_fid, self._last_fetch = chunks, queues, last_fid, last_fetch
-            self._refs, self.tally, self._next_uid = refs, counters, next_uid
-            self._sizes = {fragment_id: self._fragments.size(fragment_id) for fragment_id in refs}
-            self._bytes = sum(self._sizes.values())
-            self.model_version, self.session_id = version, session
-
-        return Restored(swap, engine)  # states saved before the engine's entry: counters at 0
+                if fragment_id not in self._fragments:
+                    self._fragments.put_as(fragment_id, payloads[fragment_id])
+                    added.append(fragment_id)
+        except BaseException:
+            self._fragments.delete_all(added)
+            raise
+        self._fragments.delete_all(old - set(refs))
 
     def clear(self) -> List[Any]:
         """Every chunk, queued fragment and the last sample leave (their payloads are deleted); the model version,

@@ -162,21 +162,7 @@ class Engine(IBuffer):
         self._deepcopy = bool(self._cfg.get('deepcopy', False))  # read on every push and sample
         self._t = self.table(self._cfg, instance_name, self._lock, **self._table_args())
         self._build_parts(self._t.build(), tb_logger, exp_name)  # tb_logger: borrowed, never closed here
-        self._t.attach(
-            Parts(
-                self._uses,
-                self._logger,
-                self._tb,
-                tb_logger,
-                self._remover is not None,
-                bool(self._rules),
-                self._use_limit is not None,
-                self._capacity is not None,
-            )
-        )
-        self._view = TableView(self._t)
-        if self._capacity is not None:
-            self._check_capacity_rule()
+        self._lend_parts(tb_logger)
         # The hot paths of a push: no used-data remover must see an overwritten item, no capacity rule decides
         # (a batch: and no rate limit); the table's verbs bound once (a single push is a few microseconds).
         self._one_fast = self._t.hot_path and self._remover is None and self._capacity is None
@@ -221,6 +207,16 @@ class Engine(IBuffer):
         self._last_use: Optional[np.ndarray] = None  # use counts after the last draw (last_sample_use)
         if needs.monitors:
             self._build_monitors(needs.tensorboard, needs.period, tb_logger, exp_name)
+
+    def _lend_parts(self, tb_logger: Any) -> None:
+        """The table is lent the parts it reads; then the parts see it through its view (a capacity rule checked
+        against the view's columns)."""
+        tracked, gaps = self._remover is not None, bool(self._rules)
+        limited, capacity = self._use_limit is not None, self._capacity is not None
+        self._t.attach(Parts(self._uses, self._logger, self._tb, tb_logger, tracked, gaps, limited, capacity))
+        self._view = TableView(self._t)
+        if capacity:
+            self._check_capacity_rule()
 
     def _build_monitors(self, tensorboard: bool, period: Optional[float], tb_logger: Any, exp_name: str) -> None:
         """The TensorBoard writer (borrowed, or owned when ``tensorboard``) and, with a writer on rank 0, the
