@@ -597,31 +597,8 @@ class FrameStorage(TensorStorage):
         rows = self._rows(stack)
         if len(ids) > rows:
             raise ValueError(f"saved buffer refers to {len(ids)} frames; this storage's frame ring has {rows} rows")
-
-        def remap(old: np.ndarray, what: str) -> np.ndarray:
-            pos = np.searchsorted(ids, old)
-            if len(old) and (pos.max() >= len(ids) or not np.array_equal(ids[np.minimum(pos, len(ids) - 1)], old)):
-                raise ValueError(f"saved {what} refer to frames the saved state does not hold")
-            return pos.astype(np.int64)
-
-        new_cols = {}
-        if has_items:
-            for key in (enc.ids_key, enc.next_id_key):
-                col = self.fields[(key,)]
-                if col.dtype != torch.int64:
-                    raise ValueError(f"saved column {key!r} has dtype {col.dtype}; expected int64")
-                idx = torch.from_numpy(slots)
-                old = col[idx].cpu().numpy()
-                if key == enc.ids_key and (old.ndim != 2 or old.shape[1] != stack):
-                    raise ValueError(f"saved column {key!r} has shape {old.shape[1:]}; expected ({stack},)")
-                new_cols[key] = remap(old.reshape(-1), f"items' {key!r}").reshape(old.shape)
-        streams = {}
-        for entry in saved['streams']:
-            if not (isinstance(entry, (list, tuple)) and len(entry) == 3 and len(entry[1]) == stack):
-                raise ValueError(f"saved stream {entry!r:.60} is not [env, {stack} frame ids, ended]")
-            env, sids, ended = entry
-            _check_env(env)
-            streams[env] = (tuple(int(x) for x in remap(np.asarray(sids, dtype=np.int64), 'streams')), bool(ended))
+        new_cols = self._remapped_columns(ids, slots, stack) if has_items else {}
+        streams = _saved_streams(ids, saved['streams'], stack)
         # valid: build the ring (new ids 0 .. k-1, in the old order) and swap the columns
         ring = self._new_ring(stack, tuple(data.shape[1:]), data.dtype)
         bits = bits_of(data.dtype)  # frames numpy lacks (bfloat16, float8) go in as their bit patterns
@@ -633,6 +610,39 @@ class FrameStorage(TensorStorage):
         if has_items:
             self.oldest_frame[slots] = oldest
             self._floor = int(oldest.min())
+
+    def _remapped_columns(self, ids: np.ndarray, slots: np.ndarray, stack: int) -> Dict[str, np.ndarray]:
+        """The stored items' frame-id columns (at ``slots``), as positions among the saved frame ``ids``."""
+        enc, out = self.encoder, {}
+        for key in (enc.ids_key, enc.next_id_key):
+            col = self.fields[(key,)]
+            if col.dtype != torch.int64:
+                raise ValueError(f"saved column {key!r} has dtype {col.dtype}; expected int64")
+            old = col[torch.from_numpy(slots)].cpu().numpy()
+            if key == enc.ids_key and (old.ndim != 2 or old.shape[1] != stack):
+                raise ValueError(f"saved column {key!r} has shape {old.shape[1:]}; expected ({stack},)")
+            out[key] = _remap(ids, old.reshape(-1), f"items' {key!r}").reshape(old.shape)
+        return out
+
+
+def _remap(ids: np.ndarray, old: np.ndarray, what: str) -> np.ndarray:
+    """Saved frame ids ``old`` as positions among the saved frames ``ids`` (sorted): the restored ring's new ids."""
+    pos = np.searchsorted(ids, old)
+    if len(old) and (pos.max() >= len(ids) or not np.array_equal(ids[np.minimum(pos, len(ids) - 1)], old)):
+        raise ValueError(f"saved {what} refer to frames the saved state does not hold")
+    return pos.astype(np.int64)
+
+
+def _saved_streams(ids: np.ndarray, saved: Any, stack: int) -> Dict[Any, Tuple[Tuple[int, ...], bool]]:
+    """Each environment's last ``stack`` frames (as new ids) and whether its episode ended, checked."""
+    streams = {}
+    for entry in saved:
+        if not (isinstance(entry, (list, tuple)) and len(entry) == 3 and len(entry[1]) == stack):
+            raise ValueError(f"saved stream {entry!r:.60} is not [env, {stack} frame ids, ended]")
+        env, sids, ended = entry
+        _check_env(env)
+        streams[env] = (tuple(int(x) for x in _remap(ids, np.asarray(sids, dtype=np.int64), 'streams')), bool(ended))
+    return streams
 
 
 def _check_env(env: Any) -> None:
