@@ -193,6 +193,22 @@ def evaluate_greedy(job: Any) -> Dict[str, float]:
     return row
 
 
+def _training_buffer_cfg(cfg: EasyDict) -> EasyDict:
+    """A copy of ``policy.other.replay_buffer`` for training: tensor storage (the default; the learner needs batched
+    tensors) and the run's seed unless it sets its own."""
+    buffer_cfg = EasyDict(dict(cfg.policy.other.replay_buffer))
+    buffer_cfg.setdefault('storage', {})
+    buffer_cfg.storage = EasyDict(dict(buffer_cfg.storage))
+    buffer_cfg.storage.setdefault('type', 'tensor')
+    if buffer_cfg.storage.type != 'tensor':
+        raise ValueError(
+            "config key 'policy.other.replay_buffer.storage.type' must be 'tensor' for training "
+            f"(the learner needs batched tensors), got {buffer_cfg.storage.type!r}"
+        )
+    buffer_cfg.setdefault('seed', cfg.seed)
+    return buffer_cfg
+
+
 class DQNTrainer:
     """
     Overview:
@@ -217,13 +233,7 @@ class DQNTrainer:
         if self.device.type == 'cuda' and not torch.cuda.is_available():
             raise ValueError(f"device '{cfg.policy.device}' requested but CUDA is not available on this machine")
         self.ckpt_dir = os.path.join(run_dir, 'checkpoints')
-        if resume and not complete_checkpoints(self.ckpt_dir):
-            raise ValueError(f"--resume {run_dir}: no complete checkpoint in {self.ckpt_dir}")
-        if not resume and complete_checkpoints(self.ckpt_dir):
-            raise ValueError(
-                f"run directory '{run_dir}' already holds checkpoints: continue it with --resume {run_dir}, "
-                "or pick another exp_name / seed / log_dir"
-            )
+        self._check_checkpoints(resume)
         from .gym_envs import make_env
 
         self.env, self.eval_env = make_env(cfg.env), make_env(cfg.env)
@@ -232,27 +242,34 @@ class DQNTrainer:
                 f"config key 'env.env_id': DQN needs a discrete action space, {cfg.env.env_id} has "
                 f"{self.env.action_space}"
             )
-        buffer_cfg = EasyDict(dict(cfg.policy.other.replay_buffer))
-        buffer_cfg.setdefault('storage', {})
-        buffer_cfg.storage = EasyDict(dict(buffer_cfg.storage))
-        buffer_cfg.storage.setdefault('type', 'tensor')
-        if buffer_cfg.storage.type != 'tensor':
-            raise ValueError(
-                "config key 'policy.other.replay_buffer.storage.type' must be 'tensor' for training "
-                f"(the learner needs batched tensors), got {buffer_cfg.storage.type!r}"
-            )
-        buffer_cfg.setdefault('seed', cfg.seed)
+        buffer_cfg = _training_buffer_cfg(cfg)
         created, self.tb, self.buffer = first_missing_dir(run_dir), None, None
-        try:
-            os.makedirs(run_dir, exist_ok=True)  # only now: invalid input must leave nothing on disk
-        except OSError as e:
-            self._discard(created)  # the parents makedirs made before it failed
-            raise ValueError(f"config key 'log_dir': cannot create run directory '{run_dir}': {e.strerror or e}") from e
+        self._create_run_dir(created)
         try:
             self._build(buffer_cfg, resume)
         except BaseException:
             self._discard(created)  # a trainer that failed to build leaves no half-made run directory
             raise
+
+    def _check_checkpoints(self, resume: bool) -> None:
+        """``ckpt_dir`` holds a complete checkpoint when resuming, and none otherwise."""
+        if resume and not complete_checkpoints(self.ckpt_dir):
+            raise ValueError(f"--resume {self.run_dir}: no complete checkpoint in {self.ckpt_dir}")
+        if not resume and complete_checkpoints(self.ckpt_dir):
+            raise ValueError(
+                f"run directory '{self.run_dir}' already holds checkpoints: continue it with --resume {self.run_dir}, "
+                "or pick another exp_name / seed / log_dir"
+            )
+
+    def _create_run_dir(self, created: Optional[str]) -> None:
+        """Create ``run_dir`` (``created``: its first missing folder), removing what it made if that fails."""
+        try:
+            os.makedirs(self.run_dir, exist_ok=True)  # only now: invalid input must leave nothing on disk
+        except OSError as e:
+            self._discard(created)  # the parents makedirs made before it failed
+            raise ValueError(
+                f"config key 'log_dir': cannot create run directory '{self.run_dir}': {e.strerror or e}"
+            ) from e
 
     def _build(self, buffer_cfg: EasyDict, resume: bool) -> None:
         """Networks, optimizer, TensorBoard writer, buffer and counters (``run_dir`` exists); load a checkpoint."""

@@ -28,7 +28,7 @@ import math
 import os
 import time
 from collections.abc import Mapping
-from typing import Any, Optional
+from typing import Any, Dict, Optional, Tuple
 
 import torch
 from easydict import EasyDict
@@ -170,6 +170,23 @@ def _check_buffer_section(buffer_cfg: Any, cfg: EasyDict) -> Optional[EasyDict]:
     """The validated buffer section (``None``: no buffer)."""
     if buffer_cfg is None:
         return None
+    buffer_cfg, name = _buffer_section_type(buffer_cfg)
+    dist = buffer_cfg.pop('distributed', None)
+    if dist is not None:
+        _check_distributed_subsection(dist, name)
+    if name.startswith(TORCHGFN_PREFIX):
+        full = _check_torchgfn_section(buffer_cfg, name)
+    else:
+        full = _check_trajectory_buffer_section(buffer_cfg, name)
+        buffer_cfg.setdefault('seed', cfg.seed)
+    _check_replay_sizes(cfg.policy.learn, full.replay_buffer_size)
+    if dist is not None:
+        buffer_cfg['distributed'] = dict(dist)
+    return EasyDict(buffer_cfg if not name.startswith(TORCHGFN_PREFIX) else full)
+
+
+def _buffer_section_type(buffer_cfg: Any) -> Tuple[Dict[str, Any], str]:
+    """A copy of the buffer section ``buffer_cfg`` (a mapping) and its ``type``, a non-empty string."""
     if not isinstance(buffer_cfg, Mapping):
         raise TypeError(
             f"config key '{BUFFER_SECTION[:-1]}' is {buffer_cfg!r:.60}; expected None (on-policy only) "
@@ -182,59 +199,65 @@ def _check_buffer_section(buffer_cfg: Any, cfg: EasyDict) -> Optional[EasyDict]:
             f"config key '{BUFFER_SECTION}type' is {name!r}; expected 'gfn', 'gfn_diverse', "
             f"'{TORCHGFN_PREFIX}<class>' or the whole section None"
         )
-    dist = buffer_cfg.pop('distributed', None)
-    if dist is not None and name.startswith(TORCHGFN_PREFIX):
+    return buffer_cfg, name
+
+
+def _check_distributed_subsection(dist: Any, name: str) -> None:
+    """Validate the buffer section's ``distributed`` part ``dist``, which only our buffers (``type`` ``name``) take."""
+    if name.startswith(TORCHGFN_PREFIX):
         raise ValueError(
             f"config key '{BUFFER_SECTION}distributed' is set on {name!r}: the distributed job serves one "
             "of our buffers ('gfn', 'gfn_diverse') from the manager"
         )
-    if dist is not None:
-        from ..distributed.config import build_distributed_config
+    from ..distributed.config import build_distributed_config
 
-        try:
-            build_distributed_config(dist)
-        except (ValueError, TypeError) as e:
-            raise type(e)(
-                str(e).replace("config key 'distributed.", f"config key '{BUFFER_SECTION}distributed.")
-            ) from e
-    if name.startswith(TORCHGFN_PREFIX):
-        cls_name = name[len(TORCHGFN_PREFIX) :]
-        if cls_name not in TORCHGFN_BUFFERS:
-            raise ValueError(
-                f"config key '{BUFFER_SECTION}type' is {name!r}; expected one of "
-                + ', '.join(repr(TORCHGFN_PREFIX + k) for k in TORCHGFN_BUFFERS)
-            )
-        defaults, checks = TORCHGFN_BUFFERS[cls_name]
-        full = build_config(
-            defaults, {k: v for k, v in buffer_cfg.items() if k != 'type'}, checks, prefix=BUFFER_SECTION
+    try:
+        build_distributed_config(dist)
+    except (ValueError, TypeError) as e:
+        raise type(e)(str(e).replace("config key 'distributed.", f"config key '{BUFFER_SECTION}distributed.")) from e
+
+
+def _check_torchgfn_section(buffer_cfg: Dict[str, Any], name: str) -> EasyDict:
+    """The full section of the torchgfn buffer ``name`` (``torchgfn:<class>``): ``TORCHGFN_BUFFERS`` defaults
+    completed by ``buffer_cfg`` and checked."""
+    cls_name = name[len(TORCHGFN_PREFIX) :]
+    if cls_name not in TORCHGFN_BUFFERS:
+        raise ValueError(
+            f"config key '{BUFFER_SECTION}type' is {name!r}; expected one of "
+            + ', '.join(repr(TORCHGFN_PREFIX + k) for k in TORCHGFN_BUFFERS)
         )
-        full.type = name
-    else:
-        cls = get_buffer_cls(EasyDict(buffer_cfg))
-        kind = cls.capabilities()['item_kind']  # declared by the type
-        if kind == 'state':
-            raise ValueError(
-                f"config key '{BUFFER_SECTION}type' is {name!r} ({cls.__name__}), which the trajectory-balance job "
-                "cannot train on: it stores terminating states (its sample is a StatesContainer, not Trajectories) "
-                "and the TB loss needs whole trajectories; expected 'gfn' or 'gfn_diverse'"
-            )
-        if kind != 'trajectory':
-            raise ValueError(
-                f"config key '{BUFFER_SECTION}type' is {name!r} ({cls.__name__}), which stores no torchgfn "
-                "trajectories; expected 'gfn', 'gfn_diverse' or a torchgfn buffer ('torchgfn:ReplayBuffer')"
-            )
-        full = check_section(cls, buffer_cfg, BUFFER_SECTION)
-        buffer_cfg.setdefault('seed', cfg.seed)
-    learn, size = cfg.policy.learn, full.replay_buffer_size
+    defaults, checks = TORCHGFN_BUFFERS[cls_name]
+    full = build_config(defaults, {k: v for k, v in buffer_cfg.items() if k != 'type'}, checks, prefix=BUFFER_SECTION)
+    full.type = name
+    return full
+
+
+def _check_trajectory_buffer_section(buffer_cfg: Dict[str, Any], name: str) -> EasyDict:
+    """The full section of our buffer ``name``, checked by its class, which must store torchgfn trajectories."""
+    cls = get_buffer_cls(EasyDict(buffer_cfg))
+    kind = cls.capabilities()['item_kind']  # declared by the type
+    if kind == 'state':
+        raise ValueError(
+            f"config key '{BUFFER_SECTION}type' is {name!r} ({cls.__name__}), which the trajectory-balance job "
+            "cannot train on: it stores terminating states (its sample is a StatesContainer, not Trajectories) "
+            "and the TB loss needs whole trajectories; expected 'gfn' or 'gfn_diverse'"
+        )
+    if kind != 'trajectory':
+        raise ValueError(
+            f"config key '{BUFFER_SECTION}type' is {name!r} ({cls.__name__}), which stores no torchgfn "
+            "trajectories; expected 'gfn', 'gfn_diverse' or a torchgfn buffer ('torchgfn:ReplayBuffer')"
+        )
+    return check_section(cls, buffer_cfg, BUFFER_SECTION)
+
+
+def _check_replay_sizes(learn: EasyDict, size: int) -> None:
+    """``policy.learn.replay_batch_size`` and ``replay_warmup`` (in ``learn``) fit in a buffer of ``size``."""
     for key in ('replay_batch_size', 'replay_warmup'):
         if learn[key] > size:
             raise ValueError(
                 f"config key 'policy.learn.{key}' = {learn[key]} is larger than '{BUFFER_SECTION}replay_buffer_size' "
                 f"= {size}: the buffer never holds that many trajectories; expected {key} <= replay_buffer_size"
             )
-    if dist is not None:
-        buffer_cfg['distributed'] = dict(dist)
-    return EasyDict(buffer_cfg if not name.startswith(TORCHGFN_PREFIX) else full)
 
 
 # ---------------------------------------------------------------------------------------------------- trainer

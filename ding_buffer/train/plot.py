@@ -273,6 +273,62 @@ def _band(ax: Any, x: np.ndarray, lo: np.ndarray, hi: np.ndarray, color: str) ->
         ax.fill_between(x, lo, hi, color=color, alpha=0.18, lw=0)
 
 
+def _draw_single_run(ax: Any, group: RunGroup, run_rows: List[Dict[str, float]], color: str) -> None:
+    """The one run of ``group``: its mean evaluation return with a band of +- the std of its evaluation episodes,
+    kept within the lowest and highest episode return of each evaluation when the run recorded them."""
+    steps = [r['env_step'] for r in run_rows]
+    x, y = _sorted_curve(steps, [r['return_mean'] for r in run_rows])
+    std = _sorted_curve(steps, [r['return_std'] for r in run_rows])[1]
+    lo, hi = y - std, y + std
+    if all('return_min' in r and 'return_max' in r for r in run_rows):  # never outside the episodes' range
+        lo = np.maximum(lo, _sorted_curve(steps, [r['return_min'] for r in run_rows])[1])
+        hi = np.minimum(hi, _sorted_curve(steps, [r['return_max'] for r in run_rows])[1])
+    ax.plot(x, y, color=color, lw=1.5, marker='o', ms=4, label=group.label)
+    _band(ax, x, lo, hi, color)
+
+
+def _draw_seed_mean(ax: Any, group: RunGroup, curves: List[Tuple[np.ndarray, np.ndarray]], color: str) -> None:
+    """The seeds of ``group`` (``curves``: their sorted evaluation returns): the mean over seeds, solid where every
+    seed counts and dashed where only some do (``group.partial``), with a band of +- its standard error."""
+    band = mean_band(curves)
+    full = band.n == sum(len(x) > 0 for x, _ in curves)  # a run not evaluated yet has nothing to add
+    if np.any(full):
+        ax.plot(np.where(full, band.steps, np.nan), band.mean, color=color, lw=1.8, marker='o', ms=4, label=group.label)
+    group.partial = bool(np.any(~full))
+    if group.partial:  # steps not every seed reaches: the mean of those that do, dashed
+        partial = ~full
+        partial[1:] |= ~full[:-1]  # with the neighbouring full points: the dashed part joins the solid one
+        partial[:-1] |= ~full[1:]
+        ax.plot(
+            np.where(partial, band.steps, np.nan),
+            band.mean,
+            color=color,
+            lw=1.2,
+            ls='--',
+            marker='o',
+            ms=3,
+            label=None if np.any(full) else group.label,
+        )
+    # standard error of the mean over seeds: sample std / sqrt(n) = population std / sqrt(n - 1)
+    sem = np.where(band.n > 1, band.std / np.sqrt(np.maximum(band.n - 1, 1)), 0.0)
+    _band(ax, band.steps, band.mean - sem, band.mean + sem, color)
+
+
+def _draw_stop_values(ax: Any, groups: List[RunGroup], colors: List[str], stop_value: Optional[float]) -> None:
+    """``stop_value`` as one grey dashed line; when None, the runs' own: one grey line when they all agree, else one
+    line per group in the group's colour."""
+    if stop_value is not None:
+        ax.axhline(stop_value, color='grey', ls='--', lw=1, label=f'stop value {stop_value:g}')
+        return
+    values = sorted({v for g in groups for v in g.stop_values})
+    if len(values) == 1:
+        ax.axhline(values[0], color='grey', ls='--', lw=1, label=f'stop value {values[0]:g}')
+        return
+    for k, group in enumerate(groups):
+        for v in group.stop_values:
+            ax.axhline(v, color=colors[k % len(colors)], ls='--', lw=1, alpha=0.8, label=f'stop value {v:g}')
+
+
 def draw_runs(ax: Any, run_dirs: Sequence[str], stop_value: Optional[float] = None) -> List[RunGroup]:
     """
     Overview:
@@ -286,57 +342,62 @@ def draw_runs(ax: Any, run_dirs: Sequence[str], stop_value: Optional[float] = No
     colors = plt.rcParams['axes.prop_cycle'].by_key()['color']
     for k, group in enumerate(groups):
         color = colors[k % len(colors)]
+        if len(group.run_dirs) == 1:
+            _draw_single_run(ax, group, rows[group.run_dirs[0]], color)
+            continue
         curves = [
             _sorted_curve([r['env_step'] for r in rows[run]], [r['return_mean'] for r in rows[run]])
             for run in group.run_dirs
         ]
-        if len(curves) == 1:
-            x, y = curves[0]
-            run_rows = rows[group.run_dirs[0]]
-            steps = [r['env_step'] for r in run_rows]
-            std = _sorted_curve(steps, [r['return_std'] for r in run_rows])[1]
-            lo, hi = y - std, y + std
-            if all('return_min' in r and 'return_max' in r for r in run_rows):  # never outside the episodes' range
-                lo = np.maximum(lo, _sorted_curve(steps, [r['return_min'] for r in run_rows])[1])
-                hi = np.minimum(hi, _sorted_curve(steps, [r['return_max'] for r in run_rows])[1])
-            ax.plot(x, y, color=color, lw=1.5, marker='o', ms=4, label=group.label)
-            _band(ax, x, lo, hi, color)
-            continue
-        band = mean_band(curves)
-        full = band.n == sum(len(x) > 0 for x, _ in curves)  # a run not evaluated yet has nothing to add
-        if np.any(full):
-            ax.plot(
-                np.where(full, band.steps, np.nan), band.mean, color=color, lw=1.8, marker='o', ms=4, label=group.label
-            )
-        group.partial = bool(np.any(~full))
-        if group.partial:  # steps not every seed reaches: the mean of those that do, dashed
-            partial = ~full
-            partial[1:] |= ~full[:-1]  # with the neighbouring full points: the dashed part joins the solid one
-            partial[:-1] |= ~full[1:]
-            ax.plot(
-                np.where(partial, band.steps, np.nan),
-                band.mean,
-                color=color,
-                lw=1.2,
-                ls='--',
-                marker='o',
-                ms=3,
-                label=None if np.any(full) else group.label,
-            )
-        # standard error of the mean over seeds: sample std / sqrt(n) = population std / sqrt(n - 1)
-        sem = np.where(band.n > 1, band.std / np.sqrt(np.maximum(band.n - 1, 1)), 0.0)
-        _band(ax, band.steps, band.mean - sem, band.mean + sem, color)
-    if stop_value is not None:
-        ax.axhline(stop_value, color='grey', ls='--', lw=1, label=f'stop value {stop_value:g}')
-    else:
-        values = sorted({v for g in groups for v in g.stop_values})
-        if len(values) == 1:
-            ax.axhline(values[0], color='grey', ls='--', lw=1, label=f'stop value {values[0]:g}')
-        else:
-            for k, group in enumerate(groups):
-                for v in group.stop_values:
-                    ax.axhline(v, color=colors[k % len(colors)], ls='--', lw=1, alpha=0.8, label=f'stop value {v:g}')
+        _draw_seed_mean(ax, group, curves, color)
+    _draw_stop_values(ax, groups, colors, stop_value)
     return groups
+
+
+def _legend_notes(groups: List[RunGroup]) -> List[str]:
+    """What the bands (and dashes) of ``groups`` mean, for the legend's title."""
+    notes = []
+    if any(len(g.run_dirs) == 1 for g in groups):
+        notes.append('single run: mean ± std of its evaluation episodes')
+    if any(len(g.run_dirs) > 1 for g in groups):
+        notes.append(
+            'several seeds: mean ± standard error over seeds'
+            + (' (dashed: not every seed reached those steps)' if any(g.partial for g in groups) else '')
+        )
+    return notes
+
+
+def _add_legend(fig: Any, ax: Any, groups: List[RunGroup]) -> None:
+    """The legend of ``ax`` below the axes, titled with ``_legend_notes``; the figure grows to make room for it."""
+    handles, labels = ax.get_legend_handles_labels()
+    notes = _legend_notes(groups)
+    ncols = 1 if max((len(s) for s in labels), default=0) > 45 else min(len(labels), 3)
+    rows = -(-len(labels) // max(ncols, 1))
+    fig.set_size_inches(8, 4.6 + 0.22 * (rows + len(notes)))
+    fig.legend(
+        handles,
+        labels,
+        loc='outside lower center',
+        ncols=max(ncols, 1),
+        fontsize=8,
+        frameon=False,
+        title='\n'.join(notes),
+        title_fontsize=8,
+    )
+
+
+def _save_figure(fig: Any, out: str) -> str:
+    """Save ``fig`` to ``out`` atomically (a temporary file renamed over it) and return its absolute path."""
+    out = os.path.abspath(out)
+    os.makedirs(os.path.dirname(out), exist_ok=True)
+    tmp = f'{out}.tmp-{os.getpid()}.png'
+    try:
+        fig.savefig(tmp)
+        os.replace(tmp, out)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+    return out
 
 
 def plot_runs(run_dirs: List[str], out: str, title: Optional[str] = None, stop_value: Optional[float] = None) -> str:
@@ -359,37 +420,8 @@ def plot_runs(run_dirs: List[str], out: str, title: Optional[str] = None, stop_v
         ax.set_ylabel('mean evaluation return')
         ax.set_title(title or ', '.join(dict.fromkeys(g.name for g in groups)))
         ax.grid(alpha=0.3)
-        handles, labels = ax.get_legend_handles_labels()
-        notes = []
-        if any(len(g.run_dirs) == 1 for g in groups):
-            notes.append('single run: mean ± std of its evaluation episodes')
-        if any(len(g.run_dirs) > 1 for g in groups):
-            notes.append(
-                'several seeds: mean ± standard error over seeds'
-                + (' (dashed: not every seed reached those steps)' if any(g.partial for g in groups) else '')
-            )
-        ncols = 1 if max((len(s) for s in labels), default=0) > 45 else min(len(labels), 3)
-        rows = -(-len(labels) // max(ncols, 1))
-        fig.set_size_inches(8, 4.6 + 0.22 * (rows + len(notes)))
-        fig.legend(
-            handles,
-            labels,
-            loc='outside lower center',
-            ncols=max(ncols, 1),
-            fontsize=8,
-            frameon=False,
-            title='\n'.join(notes),
-            title_fontsize=8,
-        )
-        out = os.path.abspath(out)
-        os.makedirs(os.path.dirname(out), exist_ok=True)
-        tmp = f'{out}.tmp-{os.getpid()}.png'
-        try:
-            fig.savefig(tmp)
-            os.replace(tmp, out)
-        finally:
-            if os.path.exists(tmp):
-                os.remove(tmp)
+        _add_legend(fig, ax, groups)
+        out = _save_figure(fig, out)
     finally:
         plt.close(fig)
     return out
