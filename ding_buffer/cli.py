@@ -104,15 +104,32 @@ def train(args: argparse.Namespace) -> int:
 
 
 def _train_dqn(user: dict, args: argparse.Namespace) -> int:
+    """The single-process DQN job: apply the command-line overrides, train (or resume), print a summary."""
     try:
         from .train.dqn import DQNTrainer
     except ImportError as e:
         return _missing_extra(e)
     import torch
 
-    from .train.config import build_train_config, check_run_dir, run_dir_of
+    from .train.config import build_train_config, run_dir_of
     from .train.signals import StopSignals
 
+    _apply_overrides(user, args)
+    cfg = build_train_config(user, source=args.config)
+    run_dir = args.resume or run_dir_of(cfg)
+    _warn_if_warmup_too_long(cfg)
+    torch.set_num_threads(args.threads)
+    trainer = _make_trainer(DQNTrainer, cfg, run_dir, args)
+    if trainer.resumed_from:
+        print(f"resumed from {trainer.resumed_from} at env step {trainer.env_step}")
+    with StopSignals() as stop:
+        s = trainer.run(stop=stop)
+    _print_summary(s)
+    return stop.report(args, s['run_dir'], f"env step {s['env_steps']}")
+
+
+def _apply_overrides(user: dict, args: argparse.Namespace) -> None:
+    """Write ``--seed``, ``--env-steps`` and ``--device`` (those given) into the loaded ``main_config``."""
     if args.seed is not None:
         user['seed'] = args.seed
     if args.env_steps is not None:
@@ -120,8 +137,10 @@ def _train_dqn(user: dict, args: argparse.Namespace) -> int:
         user['env'] = dict(user['env'], max_env_step=args.env_steps)
     if args.device is not None:
         user['policy'] = dict(user.get('policy') or {}, device=args.device)
-    cfg = build_train_config(user, source=args.config)
-    run_dir = args.resume or run_dir_of(cfg)
+
+
+def _warn_if_warmup_too_long(cfg) -> None:
+    """Warn on stderr when the warm-up leaves few or no gradient steps before ``env.max_env_step``."""
     learn = cfg.policy.learn
     if learn.warmup_steps >= cfg.env.max_env_step:  # learning starts at the env step warmup_steps
         steps = max(0, cfg.env.max_env_step - learn.warmup_steps + 1) * learn.updates_per_step
@@ -132,19 +151,24 @@ def _train_dqn(user: dict, args: argparse.Namespace) -> int:
             file=sys.stderr,
             flush=True,
         )
-    torch.set_num_threads(args.threads)
+
+
+def _make_trainer(trainer_cls, cfg, run_dir: str, args: argparse.Namespace):
+    """A ``trainer_cls`` for ``run_dir`` (a new run's directory checked first); a bad setting names the config."""
+    from .train.config import check_run_dir
+
     try:
         if args.resume is None:
             check_run_dir(run_dir, cfg.log_dir)
-        trainer = DQNTrainer(
+        return trainer_cls(
             cfg, run_dir, resume=args.resume is not None, progress=not args.no_progress, started_at=args.started_at
         )
     except ValueError as e:
         raise ValueError(f"{args.config}: {e}") from e
-    if trainer.resumed_from:
-        print(f"resumed from {trainer.resumed_from} at env step {trainer.env_step}")
-    with StopSignals() as stop:
-        s = trainer.run(stop=stop)
+
+
+def _print_summary(s: dict) -> None:
+    """Print the end-of-run summary of a DQN run from the trainer's summary dict ``s``."""
     solved = (
         f"reached {s['stop_value']:g} at env step {s['solved_step']}"
         if s['solved_step'] is not None
@@ -168,7 +192,6 @@ def _train_dqn(user: dict, args: argparse.Namespace) -> int:
         f"  run dir: {s['run_dir']} (TensorBoard: tensorboard --logdir {os.path.join(s['run_dir'], 'log')}; "
         f"curve: learning_curve.png)"
     )
-    return stop.report(args, s['run_dir'], f"env step {s['env_steps']}")
 
 
 def configs(args: argparse.Namespace) -> int:
@@ -316,12 +339,25 @@ def _option_strings(parser: argparse.ArgumentParser) -> List[str]:
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog='ding-buffer', description='ding_buffer command line')
     sub = parser.add_subparsers(dest='command', required=True)
+    _add_demo_command(sub)
+    _add_train_command(sub)
+    _add_configs_command(sub)
+    _add_plot_command(sub)
+    return parser
+
+
+def _add_demo_command(sub) -> None:
+    """The ``demo`` subcommand: ``--seed``, ``--out``."""
     p = sub.add_parser('demo', help='a tour of every buffer type: push, sample, save and reload, printing what happens')
     p.add_argument('--seed', type=_non_negative('seed'), default=0)
     p.add_argument(
         '--out', type=_out_dir, default=None, help='keep the saved buffers in this directory (default: a temp dir)'
     )
     p.set_defaults(func=demo)
+
+
+def _add_train_command(sub) -> None:
+    """The ``train`` subcommand: a config, its overrides, and the options of the distributed and GFlowNet jobs."""
     p = sub.add_parser(
         'train',
         help='run a training job from a DI-engine-style config (a ready config by name, e.g. '
@@ -358,14 +394,21 @@ def build_parser() -> argparse.ArgumentParser:
         help='GFlowNet jobs: override the number of training iterations',
     )
     p.set_defaults(func=train)
+
+
+def _add_configs_command(sub) -> None:
+    """The ``configs`` subcommand (no options)."""
     p = sub.add_parser('configs', help='list the ready configs installed with the package')
     p.set_defaults(func=configs)
+
+
+def _add_plot_command(sub) -> None:
+    """The ``plot`` subcommand: run directories, ``--out``, ``--title``."""
     p = sub.add_parser('plot', help='overlay the evaluation curves of run directories in one PNG')
     p.add_argument('run_dirs', nargs='+', type=_run_dir, metavar='RUN_DIR')
     p.add_argument('--out', type=_out_png, default='learning_curves.png', help='the PNG to write')
     p.add_argument('--title', default=None)
     p.set_defaults(func=plot)
-    return parser
 
 
 def main(argv: Optional[List[str]] = None, started_at: Optional[float] = None) -> int:

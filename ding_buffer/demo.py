@@ -124,6 +124,13 @@ def _demo_episode(out_dir: str, seed: int) -> None:
 
 
 def _demo_advanced(out_dir: str, seed: int) -> None:
+    _demo_advanced_priorities(seed)
+    _demo_advanced_max_use(seed)
+
+
+def _demo_advanced_priorities(seed: int) -> None:
+    """Raise the priority of the items one sample drew, then check how often later samples draw them and the
+    importance-sampling weights they carry."""
     n, hot_p, alpha, beta, draws = 1000, 10.0, 0.6, 0.4, 100
     cfg = dict(
         type='advanced',
@@ -136,21 +143,8 @@ def _demo_advanced(out_dir: str, seed: int) -> None:
     )
     with create_buffer(cfg, instance_name='demo_advanced') as buffer:
         buffer.push(_transitions(np.random.default_rng(seed), n))
-        first = buffer.sample(64)
-        hot = torch.unique(first['replay_unique_id'])  # the items drawn get a high priority (like a large TD error)
-        result = buffer.update(
-            dict(
-                replay_unique_id=first['replay_unique_id'],
-                replay_buffer_idx=first['replay_buffer_idx'],
-                priority=torch.full((len(first['replay_unique_id']),), hot_p),
-            )
-        )
-        ids, weights = [], []
-        for _ in range(draws):
-            batch = buffer.sample(256)
-            ids.append(batch['replay_unique_id'])
-            weights.append(batch['IS'])
-        ids, weights = torch.cat(ids), torch.cat(weights).double()
+        hot, result = _prioritize_drawn(buffer, 64, hot_p)
+        ids, weights = _draw_ids_and_weights(buffer, draws, 256)
         k = len(hot)
         share = float(torch.isin(ids, hot).double().mean())
         expected = k * hot_p**alpha / (k * hot_p**alpha + (n - k))
@@ -168,6 +162,34 @@ def _demo_advanced(out_dir: str, seed: int) -> None:
             f"{is_hot:.3f} for priority {hot_p:g}, 1.000 for priority 1; beta={beta})"
         )
         check(abs(lo - is_hot) < 1e-3 and abs(hi - 1.0) < 1e-3, f"advanced: IS weights [{lo}, {hi}] != [{is_hot}, 1]")
+
+
+def _prioritize_drawn(buffer: Any, size: int, priority: float) -> Tuple[torch.Tensor, dict]:
+    """Draw ``size`` items and set ``priority`` on them; returns their distinct ids and what ``update`` reports."""
+    first = buffer.sample(size)
+    hot = torch.unique(first['replay_unique_id'])  # the items drawn get a high priority (like a large TD error)
+    result = buffer.update(
+        dict(
+            replay_unique_id=first['replay_unique_id'],
+            replay_buffer_idx=first['replay_buffer_idx'],
+            priority=torch.full((len(first['replay_unique_id']),), priority),
+        )
+    )
+    return hot, result
+
+
+def _draw_ids_and_weights(buffer: Any, draws: int, size: int) -> Tuple[torch.Tensor, torch.Tensor]:
+    """``draws`` samples of ``size``: the ids drawn and their IS weights (float64), concatenated."""
+    ids, weights = [], []
+    for _ in range(draws):
+        batch = buffer.sample(size)
+        ids.append(batch['replay_unique_id'])
+        weights.append(batch['IS'])
+    return torch.cat(ids), torch.cat(weights).double()
+
+
+def _demo_advanced_max_use(seed: int) -> None:
+    """``max_use=2``: items drawn twice leave the buffer, counted in ``removed_by_use``."""
     cfg = dict(type='advanced', replay_buffer_size=100, max_use=2, seed=seed, storage=dict(type='tensor'))
     with create_buffer(cfg, instance_name='demo_advanced_max_use') as buffer:
         buffer.push(_transitions(np.random.default_rng(seed), 100))

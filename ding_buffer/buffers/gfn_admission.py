@@ -1,7 +1,7 @@
 """How the GFlowNet presets differ from ``gfn`` at push time: ``gfn_diverse``'s admission rule (keep-best plus the
 p-norm diversity filter once full) and ``terminating_state``'s conversion of what is pushed into what is stored."""
 
-from typing import Any, Optional, Tuple
+from typing import Any, Dict, Optional, Tuple
 
 import numpy as np
 import torch
@@ -51,6 +51,13 @@ def terminating_states(cfg: Any, data: Any) -> Any:
         return [{k: item[k] for k in kept if k in item} if isinstance(item, dict) else item for item in data]
     if not is_container(data):
         return data  # rejected with a clear message by push
+    return _container_terminating_states(cfg, data)
+
+
+def _container_terminating_states(cfg: Any, data: Any) -> Any:
+    """``terminating_states`` of a Container: a torchgfn container with an env becomes a ``StatesContainer``
+    (``data`` itself when it already is one with every row terminating and one reward per row); any other, a dict
+    batch."""
     mask = getattr(data, 'is_terminating', None)
     torchgfn = type(data).__module__.startswith('gfn.')
     if (
@@ -67,21 +74,40 @@ def terminating_states(cfg: Any, data: Any) -> Any:
     else:
         states = data.terminating_states
     n = len(states)
+    r = _terminating_log_rewards(data, mask, n)
+    if torchgfn and hasattr(data, 'env'):
+        return _states_container(data, states, n, r)
+    return _terminating_batch(cfg, data, states, r)
+
+
+def _terminating_log_rewards(data: Any, mask: Any, n: int) -> Any:
+    """The log-rewards of the ``n`` terminating states of ``data`` (None if it has none): all of them, or only the
+    terminating rows' when it has one per row of ``mask``; any other count is a ValueError."""
     r = data.log_rewards
     if r is not None and len(r) != n:
         if mask is None or len(r) != len(mask):
             raise ValueError(f"container has {len(r)} log_rewards for {n} terminating states")
         r = r[mask]
-    if torchgfn and hasattr(data, 'env'):
-        from gfn.containers import StatesContainer
+    return r
 
-        env = data.env
-        return StatesContainer(
-            env=env,
-            states=states,
-            is_terminating=torch.ones(n, dtype=torch.bool, device=states.device),
-            log_rewards=r,
-        )
+
+def _states_container(data: Any, states: Any, n: int, r: Any) -> Any:
+    """A torchgfn ``StatesContainer`` on ``data``'s env holding the ``n`` ``states``, every row terminating, with
+    log-rewards ``r``."""
+    from gfn.containers import StatesContainer
+
+    env = data.env
+    return StatesContainer(
+        env=env,
+        states=states,
+        is_terminating=torch.ones(n, dtype=torch.bool, device=states.device),
+        log_rewards=r,
+    )
+
+
+def _terminating_batch(cfg: Any, data: Any, states: Any, r: Any) -> Dict[str, torch.Tensor]:
+    """A dict batch of ``states`` (a tensor, or states with ``.tensor``), their log-rewards ``r`` and, when the config
+    has a condition key and the states carry conditions, those."""
     if r is None:
         raise ValueError("terminating_state needs log_rewards on the container")
     tensor = states if isinstance(states, torch.Tensor) else getattr(states, 'tensor', None)

@@ -112,34 +112,14 @@ def restored_slots(state: Dict[str, Any], n: int) -> np.ndarray:
 
 
 def restored_parts(t, state: Dict[str, Any]):
+    """The ``(store, index, states)`` rebuilt from a saved ``state`` that holds a store, every part validated. ``t``
+    (its ``cfg`` already the saved settings) is only read: the caller swaps the parts in."""
     saved = state['index']
-    r = np.asarray(saved['log_reward'], dtype=np.float64)
-    seq = np.asarray(saved['seq'], dtype=np.int64)
+    r, seq = _saved_index_arrays(t, saved)
     n = len(r)
-    if len(seq) != n or n > (2 if t.cfg.lazy_sort else 1) * t.capacity():
-        raise ValueError(f"saved index holds {n} items for capacity {t.capacity()}")
-    if not 0 <= int(saved['next_seq']) < 2**62:
-        raise ValueError(f"saved next_seq {saved['next_seq']!r:.30} is not an id counter (0 <= next_seq < 2**62)")
-    if len(np.unique(seq)) != n or (n and (seq.min() < 0 or seq.max() >= int(saved['next_seq']))):
-        raise ValueError("saved sequence numbers are not unique ids below next_seq")
-    check_log_reward(r, 'saved log_reward')
-    layout = state.get('layout', 1)
-    if layout not in (1, LAYOUT) or isinstance(layout, bool):
-        raise ValueError(f"saved 'layout' is {layout!r}; this version reads 1 and {LAYOUT}")
-    if layout == LAYOUT and any(state.get(k) is None for k in ('slots', 'free')):
-        raise ValueError(f"state of layout {LAYOUT} needs 'slots' and 'free' entries")
-    if 'track_states' not in state:
-        raise ValueError("state has no 'track_states' entry")
+    _check_saved_layout(state)
     kind = state['store'].get('kind')
-    container = None
-    if kind == ColumnStore.kind:
-        store = t.make_store({})
-    elif kind == ContainerStoreBase.kind:
-        env = t.load_env if t.load_env is not None else getattr(t._store, 'env', None)
-        container = rebuild_container(state['store'], n, env)
-        store = container_store(container, physical_slots(t.cfg, True))
-    else:
-        raise ValueError(f"unknown saved store kind {kind!r}")
+    store, container = _empty_store(t, state, kind, n)
     index, states = t.parts_for(store)  # swapped in by the caller only when everything succeeded
     # validates the saved layout before any data is written
     index, slots = index.restored(
@@ -153,6 +133,55 @@ def restored_parts(t, state: Dict[str, Any]):
         store = store.restored(state['store'], n, slots)
     elif container is not None:
         store.place(container, slots)
+    _fill_state_set(t, state, store, states, slots, n)
+    return store, index, states
+
+
+def _saved_index_arrays(t, saved: Dict[str, Any]):
+    """The saved index's log-rewards (float64) and sequence numbers (int64), checked: as many of each, within the
+    capacity, ids unique and below ``next_seq``, rewards valid."""
+    r = np.asarray(saved['log_reward'], dtype=np.float64)
+    seq = np.asarray(saved['seq'], dtype=np.int64)
+    n = len(r)
+    if len(seq) != n or n > (2 if t.cfg.lazy_sort else 1) * t.capacity():
+        raise ValueError(f"saved index holds {n} items for capacity {t.capacity()}")
+    if not 0 <= int(saved['next_seq']) < 2**62:
+        raise ValueError(f"saved next_seq {saved['next_seq']!r:.30} is not an id counter (0 <= next_seq < 2**62)")
+    if len(np.unique(seq)) != n or (n and (seq.min() < 0 or seq.max() >= int(saved['next_seq']))):
+        raise ValueError("saved sequence numbers are not unique ids below next_seq")
+    check_log_reward(r, 'saved log_reward')
+    return r, seq
+
+
+def _check_saved_layout(state: Dict[str, Any]) -> None:
+    """The saved slot layout is one this version reads, with the entries it needs, and ``track_states`` is there."""
+    layout = state.get('layout', 1)
+    if layout not in (1, LAYOUT) or isinstance(layout, bool):
+        raise ValueError(f"saved 'layout' is {layout!r}; this version reads 1 and {LAYOUT}")
+    if layout == LAYOUT and any(state.get(k) is None for k in ('slots', 'free')):
+        raise ValueError(f"state of layout {LAYOUT} needs 'slots' and 'free' entries")
+    if 'track_states' not in state:
+        raise ValueError("state has no 'track_states' entry")
+
+
+def _empty_store(t, state: Dict[str, Any], kind: Any, n: int):
+    """A new, empty store of the saved ``kind`` and, for containers, the rebuilt container of the ``n`` saved items
+    (None for a column store) to place in it."""
+    container = None
+    if kind == ColumnStore.kind:
+        store = t.make_store({})
+    elif kind == ContainerStoreBase.kind:
+        env = t.load_env if t.load_env is not None else getattr(t._store, 'env', None)
+        container = rebuild_container(state['store'], n, env)
+        store = container_store(container, physical_slots(t.cfg, True))
+    else:
+        raise ValueError(f"unknown saved store kind {kind!r}")
+    return store, container
+
+
+def _fill_state_set(t, state: Dict[str, Any], store: Any, states: Any, slots: np.ndarray, n: int) -> None:
+    """Set the new state set ``states`` as saved: off, on and empty, or counting the ``n`` restored items' states
+    (recomputed from ``store`` at ``slots``)."""
     track = state.get('track_states')
     if track not in (None, True, False):
         raise ValueError(f"saved 'track_states' must be None or a bool, got {track!r}")
@@ -167,7 +196,6 @@ def restored_parts(t, state: Dict[str, Any]):
         if rows is None:
             raise ValueError("saved buffer counted unique states but its items have no single terminating state")
         states.add(slots, rows, row_hashes(rows))
-    return store, index, states
 
 
 def stored_rows(t, store: Any, slots: np.ndarray) -> Optional[np.ndarray]:
