@@ -433,12 +433,7 @@ class Engine(IBuffer):
         elif self._batch_fast:
             if self._periodic is not None:
                 self._periodic.start()
-            slots = self._t.write_items(items)
-            if self._uses is not None:
-                self._uses.reset(slots)
-            if self._limiter.waiting:
-                self._limiter.on_push(len(items))  # wake samplers waiting for data
-            return len(items)
+            return self._fast_written(self._t.write_items(items), len(items))
         return self._write(self._t.prepare(items))
 
     def _push_batch(self, batch: Any) -> int:
@@ -448,12 +443,17 @@ class Engine(IBuffer):
                 self._periodic.start()
             slots = self._t.write_batch(batch)
             if slots is not None:
-                if self._uses is not None:
-                    self._uses.reset(slots)
-                if self._limiter.waiting:
-                    self._limiter.on_push(len(slots))  # wake samplers waiting for data
-                return len(slots)
+                return self._fast_written(slots, len(slots))
         return self._write(self._t.prepare_batch(batch))
+
+    def _fast_written(self, slots: np.ndarray, n: int) -> int:
+        """After a hot-path write of ``n`` elements (kept at ``slots``): their use counts restart, samplers waiting
+        for data wake. Returns ``n``."""
+        if self._uses is not None:
+            self._uses.reset(slots)
+        if self._limiter.waiting:
+            self._limiter.on_push(n)
+        return n
 
     def _push_with(self, cur_collector_envstep: int, prepare: Callable[[], Optional[Write]]) -> int:
         """A preset's own push: under the lock the table's ``prepare`` (None: nothing to write), then ``_write``;
