@@ -211,9 +211,8 @@ class Engine(IBuffer):
     def _lend_parts(self, tb_logger: Any) -> None:
         """The table is lent the parts it reads; then the parts see it through its view (a capacity rule checked
         against the view's columns)."""
-        tracked, gaps = self._remover is not None, bool(self._rules)
-        limited, capacity = self._use_limit is not None, self._capacity is not None
-        self._t.attach(Parts(self._uses, self._logger, self._tb, tb_logger, tracked, gaps, limited, capacity))
+        tracked, gaps, capacity = self._remover is not None, bool(self._rules), self._capacity is not None
+        self._t.attach(Parts(self._uses, self._logger, self._tb, tb_logger, tracked, gaps, self._use_limit, capacity))
         self._view = TableView(self._t)
         if capacity:
             self._check_capacity_rule()

@@ -129,7 +129,7 @@ class PrioritizedTable(SlotTable):
     def attach(self, parts: Parts) -> None:
         super().attach(parts)
         # update() may apply without naming the slots: no max_use to check, no capacity rule to tell
-        self.update_direct = not parts.use_limit and not parts.capacity
+        self.update_direct = parts.use_limit is None and not parts.capacity
         attr = self.cfg.monitor.sampled_data_attr
         self.sampled_monitor = SampledDataAttrMonitor(
             self.name, attr.average_range, attr.print_freq, parts.logger, parts.tb if rank() == 0 else None
@@ -256,10 +256,11 @@ class PrioritizedTable(SlotTable):
         self, rng: np.random.Generator, size: int, cur_learner_iter: int, sample_range: Optional[slice]
     ) -> Any:
         """A draw by the config's own sampler, with replacement as the priority draw; items retired by ``max_use``
-        (kept while tracked, zero mass) are no candidates. O(candidates) per draw."""
+        (kept while tracked: their use count is at the limit) are no candidates. O(candidates) per draw."""
         every = self.slots_at(self.candidates(sample_range))
-        if self.parts.tracked and self.parts.use_limit:
-            every = every[self.index.tree.leaves[every] > 0]
+        parts = self.parts
+        if parts.tracked and parts.use_limit is not None:
+            every = every[~parts.use_limit.spent(parts.uses[every])]
         if len(every) == 0:
             return 'buffer is empty' if self.count() == 0 else f'{sample_range} selects no item that may be drawn'
         idx = self.positions(rng, len(every), size, True, lambda: every)

@@ -45,7 +45,7 @@ class Parts(NamedTuple):
     tb_logger: Any  # the writer the buffer was given (borrowed), or None
     tracked: bool  # a used-data remover receives the items that leave
     gaps: bool  # removal rules may empty slots in the middle of the insertion order
-    use_limit: bool  # a ``max_use`` rule is configured
+    use_limit: Any  # the ``max_use`` rule (``UseLimit``: ``spent(use)``), or None
     capacity: bool  # a capacity rule is configured
 
 

@@ -133,7 +133,13 @@ def build_sampler(section: Optional[Mapping], default: str, allowed_priority: Tu
 
 def check_positions(positions: Any, m: int, size: int, name: str) -> np.ndarray:
     """A user sampler's answer, validated: ``size`` int positions in ``[0, m)``."""
-    arr = np.asarray(positions)
+    try:
+        arr = np.asarray(positions)
+    except (ValueError, TypeError) as e:  # ragged or otherwise not an array
+        raise RuntimeError(
+            f"sampler {name!r} returned {type(positions).__name__} {positions!r:.60}; expected {size} int positions "
+            f"in [0, {m}) ({e})"
+        ) from None
     if arr.shape != (size,) or arr.dtype.kind not in 'iu' or (size and (arr.min() < 0 or arr.max() >= m)):
         raise RuntimeError(
             f"sampler {name!r} returned {arr.dtype} shape {arr.shape}; expected {size} int positions in [0, {m})"

@@ -148,3 +148,39 @@ def test_a_user_capacity_rule_keeps_what_a_reference_model_keeps_and_is_counted_
     slots = view.ordered_slots()
     assert sorted(view.column('id', slots).tolist()) == sorted(i for _, i in model)
     assert buf.stats()['removed_by_test_stalest_first'] == left > 0
+
+
+@SAMPLER_REGISTRY.register('test_ragged')
+class Ragged:
+    def select(self, rng, view, slots, size, replace):
+        return [[0], [0, 1]]
+
+
+def test_a_ragged_answer_is_refused_naming_the_sampler():
+    buf = create_buffer(dict(type='naive', seed=0, sampler=dict(type='test_ragged')))
+    buf.push([{'obs': i} for i in range(5)])
+    before = buf.state_dict()
+    with pytest.raises(RuntimeError, match="sampler 'test_ragged' returned list"):
+        buf.sample(2)
+    assert_same(buf.state_dict(), before)
+
+
+def test_advanced_with_another_sampler_draws_priority_zero_items_and_skips_only_retired_ones(tmp_path):
+    """With used-data tracking, items at ``max_use`` stay stored but are never drawn again; an item pushed with
+    priority 0 is still a candidate of a sampler that does not draw by priority."""
+
+    def item(i, p):
+        path = tmp_path / f'{i}.pt'
+        path.write_bytes(b'')
+        return {'obs': i, 'data_id': str(path), 'priority': p}
+
+    buf = create_buffer(
+        dict(type='advanced', seed=0, sampler=dict(type='uniform'), max_use=2, enable_track_used_data=True)
+    )
+    buf.push([item(0, 0.0), item(1, 0.0)])
+    drawn = [d['obs'] for _ in range(2) for d in buf.sample(2)]  # each item reaches 2 uses: both retire
+    assert sorted(drawn) == [0, 0, 1, 1]
+    assert buf.count() == 2 and buf.sample(1) is None  # stored, never drawn again
+    buf.push([item(2, 0.0)])
+    assert [d['obs'] for d in buf.sample(3)] == [2, 2, 2]
+    buf.close()
