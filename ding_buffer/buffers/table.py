@@ -19,7 +19,7 @@ from typing import Any, Callable, Dict, List, Mapping, NamedTuple, Optional, Tup
 
 import numpy as np
 
-from ..control.samplers import UniformSampler, check_positions
+from ..control.samplers import PythonRandomSampler, UniformSampler, check_positions
 from ..monitor.tb import emit
 from .common import has_none
 from .view import TableView
@@ -252,7 +252,7 @@ class Table:
         """Draw with ``sampler`` (``control.samplers``): one answering ``draw(rng, m, size, replace)`` from a count,
         or ``select(rng, view, slots, size, replace)`` from the candidates' columns (a column-weighted sampler)."""
         self.sampler = sampler
-        self.own_sampler = type(sampler) is not UniformSampler  # its answers are checked
+        self.own_sampler = type(sampler) not in (UniformSampler, PythonRandomSampler)  # a user's: answers checked
         self.selects = callable(getattr(sampler, 'select', None))
 
     def positions(
