@@ -240,9 +240,7 @@ class PrioritizedTable(SlotTable):
             positions = self.candidates(sample_range)
             if not len(positions):
                 return f'{sample_range} selects nothing'
-            candidates = self._storage.ring.slots_of_positions(
-                positions.start + np.arange(len(positions)) * positions.step
-            )
+            candidates = self.slots_at(positions)
         slots = index.sample(rng, size, candidates)
         if slots is None:
             return 'every candidate item has priority 0'
