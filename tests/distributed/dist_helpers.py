@@ -66,6 +66,8 @@ class Launch:
         self.out.mkdir(parents=True)
         self.procs = []  # (name, Popen, log path)
         self.timed_out = []
+        self.launcher_stuck = []  # mpirun outliving all of its ranks (record_exits tells)
+        self.record_exits = record_exits
         self.ranks = None
         self._relaunch = None  # (command, env) of an mpirun across hosts, started again once if its launch hangs
         self.hung_launches = 0
@@ -182,7 +184,11 @@ class Launch:
             try:
                 p.wait(timeout=max(deadline - time.monotonic(), 0.1))
             except subprocess.TimeoutExpired:
-                self.timed_out.append(name)
+                # mpirun --enable-recovery now and then stays up after every rank it started has ended (Open MPI
+                # 4.1's launcher after a rank was SIGKILLed); with record_exits that is told apart from a rank
+                # that hangs: no code of the package is running any more
+                ranks_done = name == 'mpirun' and self.record_exits and len(self.exits()) == self.nproc
+                (self.launcher_stuck if ranks_done else self.timed_out).append(name)
                 try:
                     os.killpg(p.pid, signal.SIGKILL)  # the session this test started for it
                 except ProcessLookupError:
@@ -215,7 +221,7 @@ class Launch:
         parts = [
             f'== {self.scenario} / {self.backend}: return codes {self.returncodes}, '
             f'timed out {self.timed_out}, {self.seconds:.1f}s, launches that hung before any rank started: '
-            f'{self.hung_launches}'
+            f'{self.hung_launches}, launcher outliving its ranks: {self.launcher_stuck}, rank exits: {self.exits()}'
         ]
         for name, _, log in self.procs:
             text = log.read_text(errors='replace') if log.exists() else ''

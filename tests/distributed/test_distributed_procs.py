@@ -14,6 +14,9 @@ from dist_helpers import BACKENDS, Launch, launcher
 
 OVERSIZE_TIMEOUT = 6.0  # the oversizing worker's distributed.timeout (rank_main.OVERSIZE_TIMEOUT)
 KILL = dict(survive_deaths=True)
+# the kill_worker launch records how each rank ended: a rank still running at the deadline fails the test, an mpirun
+# that outlives all of its ranks does not (Launch.launcher_stuck); a loaded machine gets a longer deadline
+KILL_WORKER = dict(survive_deaths=True, record_exits=True, timeout=150)
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -22,7 +25,7 @@ _LAUNCHES = {}
 
 @pytest.fixture(scope='module')
 def launches(tmp_path_factory):
-    yield launcher(tmp_path_factory.mktemp('dist_procs'), _LAUNCHES, kill_worker=KILL, kill_manager=KILL)
+    yield launcher(tmp_path_factory.mktemp('dist_procs'), _LAUNCHES, kill_worker=KILL_WORKER, kill_manager=KILL)
     for launch in list(_LAUNCHES.values()):  # never leave children behind
         launch.wait()
     _LAUNCHES.clear()
