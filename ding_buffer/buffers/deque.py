@@ -38,7 +38,7 @@ from ..config import SEED_CHECK, build_config, dingengine_ignored, positive_int
 from ..storage import STORAGE_CHECKS, STORAGE_CONFIG
 from .advanced import AdvancedReplayBuffer
 from .deque_inner import inner_of
-from .deque_table import DequeTable, items_out
+from .deque_table import deque_table, items_out
 from .engine import Engine, parts_checks, parts_config, table_attribute
 from .naive import NaiveReplayBuffer
 
@@ -116,7 +116,7 @@ class DequeReplayBuffer(Engine):
     Overview:
         DI-engine's ``DequeBufferWrapper`` API on the engine: a slot table with uniform draws, or (``priority``)
         prioritized ones, configured from the deque's keys (``inner_config``), and the wrapper's ``sample`` /
-        ``update`` semantics (``DequeTable``).
+        ``update`` semantics (``deque_table``).
     Interfaces:
         ``push``, ``sample(size, train_iter)``, ``update(meta)``, ``clear``, ``count``, ``stats``, ``state_dict``,
         ``load_state_dict``, ``save_data``, ``load_data``, ``start``, ``close``.
@@ -147,7 +147,7 @@ class DequeReplayBuffer(Engine):
         "update() applies to the last sampled batch, which many workers would share; use type "
         "'advanced' (updates by id) with a manager"
     )
-    table = DequeTable
+    table = staticmethod(deque_table)
     monitors_take_tb_logger = False  # DI-engine's deque writes its own tags only (the table's ``_log``)
 
     def _config(self, cfg: Optional[Mapping]) -> EasyDict:
@@ -192,7 +192,7 @@ class DequeReplayBuffer(Engine):
             - data: the pushed dicts (``'IS'`` added with ``priority_IS_weight``; copies then, the stored dicts
               otherwise) -- or, on tensor storage, one dict of batched tensors.
         """
-        return self._sample(train_iter, self._t.request(size, train_iter, timeout))  # the table checks train_iter
+        return self._sample(train_iter, self._t.deque_request(size, train_iter, timeout))  # the table checks train_iter
 
     def update(self, meta: Any) -> Dict[str, int]:
         """
@@ -204,7 +204,7 @@ class DequeReplayBuffer(Engine):
         Returns:
             - result (:obj:`dict`): ``{'updated': n, 'stale': m}``.
         """
-        return self._update(meta)
+        return self._update(self._t.deque_update(meta))
 
 
 __all__ = ['DequeReplayBuffer', 'inner_config', 'items_out']

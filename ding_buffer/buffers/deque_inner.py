@@ -8,7 +8,7 @@ one RNG), so what is done through the alias is done to the deque.
 """
 
 import weakref
-from typing import Any, Dict
+from typing import Any, Dict, Mapping
 
 from .advanced import AdvancedReplayBuffer
 from .naive import NaiveReplayBuffer
@@ -33,6 +33,21 @@ class _Alias:
     def __del__(self) -> None:
         """The deque owns the helpers: an alias going away closes nothing."""
 
+    def state_dict(self) -> Dict[str, Any]:
+        """The state of the buffer the deque is configured as: the deque's ``'inner'`` entry and its RNG."""
+        state = self._engine.state_dict()
+        return {**state['inner'], 'rng': state['rng']}
+
+    def load_state_dict(self, state: Dict[str, Any], deepcopy: bool = False) -> None:
+        """A ``state_dict()`` of that buffer, restored into the deque (whose own entries stay as they are)."""
+        if isinstance(state, Mapping) and state.get('type') == type(self).__name__:
+            with self._lock:  # (re-entrant) the wrapper's entries cannot change in between
+                inner = {k: v for k, v in state.items() if k != 'rng'}
+                wrapped = {'type': self._engine.__class__.__name__, 'inner': inner, 'rng': state.get('rng')}
+                self._engine.load_state_dict({**wrapped, **self._t.wrapper_state()}, deepcopy)
+        else:  # 'data' only, or refused naming the type
+            super().load_state_dict(state, deepcopy)
+
 
 class _NaiveAlias(_Alias, NaiveReplayBuffer):
     pass
@@ -52,7 +67,7 @@ def inner_of(deque: Any) -> Any:
     """The alias of ``deque`` (made once per deque)."""
     alias = deque.__dict__.get('_inner_alias')
     if alias is None:
-        alias = _ALIASES[bool(deque.cfg.priority)](deque, deque._t.slots)
+        alias = _ALIASES[bool(deque.cfg.priority)](deque, deque._t)
         deque.__dict__['_inner_alias'] = alias
     return alias
 

@@ -1,14 +1,14 @@
-"""``DequeTable``: DI-engine's ``DequeBufferWrapper`` semantics over a slot table -- the table of ``deque``.
+"""``DequeTable`` / ``PrioritizedDequeTable``: DI-engine's ``DequeBufferWrapper`` semantics -- the tables of ``deque``.
 
-It is a slot table (``SlotTable``: uniform draws; ``PrioritizedTable`` with ``priority=True``) that every engine
-call reaches unchanged, plus what the wrapper's API adds: ``sample(size, train_iter)`` returns the pushed data
-(the table's own keys dropped, ``'IS'`` kept with ``priority_IS_weight``) and remembers the batch, ``update(meta)``
-sets the priorities of that *last sampled batch* (clipped at ``priority_max_limit``), and TensorBoard gets
+Each is a slot table (``SlotTable``: uniform draws; ``PrioritizedTable`` with ``priority=True``) with the wrapper's
+verbs mixed in (``DequeVerbs``): ``deque_request(size, train_iter)`` returns the pushed data (the table's own keys
+dropped, ``'IS'`` kept with ``priority_IS_weight``) and remembers the batch, ``deque_update(meta)`` sets the
+priorities of that *last sampled batch* (clipped at ``priority_max_limit``), and TensorBoard gets
 ``{instance_name}_iter/use_count_avg``, ``.../priority_avg``, ``.../priority_max`` and ``.../buffer_data_count``
 every ``train_iter_per_log`` learner iterations and on the first.
 """
 
-from typing import Any, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Dict, Mapping, Optional, Tuple
 
 import numpy as np
 
@@ -39,34 +39,33 @@ def items_out(cfg: Mapping) -> bool:
     return cfg.storage.get('type') == 'tensor' and cfg.storage.get('output') == 'items'
 
 
-class DequeTable:
+class DequeVerbs:
     """
     Overview:
-        The wrapper's state (the last sampled batch, the last logged iteration) around a slot table; every other
-        table verb is the slot table's (attribute access falls through to it).
+        The wrapper's verbs and state (the last sampled batch, the last logged iteration) on top of a slot table
+        (mixed into ``SlotTable`` / ``PrioritizedTable``: ``DequeTable`` / ``PrioritizedDequeTable``). The slot
+        table's own ``request`` and ``update`` stay as they are (``deque.inner`` samples and updates with them);
+        the deque's are ``deque_request`` and ``deque_update``.
     """
 
     def __init__(self, cfg: Any, name: str, lock: Any, deque_cfg: Any) -> None:
-        self.deque_cfg = deque_cfg  # the deque config; ``cfg``, the engine's own, is the slot table's
-        self.priority = bool(self.deque_cfg.priority)
-        self.slots = (PrioritizedTable if self.priority else SlotTable)(cfg, name, lock)
-        self._items = items_out(self.deque_cfg)
+        super().__init__(cfg, name, lock)  # ``cfg``, the engine's own, is the slot table's (``inner_config``)
+        self.deque_cfg = deque_cfg
+        self.priority = bool(deque_cfg.priority)
+        self._items = items_out(deque_cfg)
         self._tag = f'{name}_iter'
         self._last_log = -1
         self._last_batch: Optional[tuple] = None  # (ids, slots) of the last sample, for update()
 
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.__dict__['slots'], name)
-
     # ------------------------------------------------------------------ sample / update
-    def request(self, size: int, train_iter: int, timeout: Optional[float]) -> Request:
+    def deque_request(self, size: int, train_iter: int, timeout: Optional[float]) -> Request:
         """The slot table's sample (``train_iter`` is the prioritized table's learner iteration), finished by
         ``sampled``."""
         train_iter = check_step(train_iter, 'train_iter')
         if self.priority:
-            request = self.slots.request(size, train_iter, timeout=timeout)
+            request = self.request(size, train_iter, timeout=timeout)
         else:
-            request = self.slots.request(size, timeout=timeout)
+            request = self.request(size, timeout=timeout)
         return request._replace(finish=lambda out, use: self.sampled(out, use, train_iter))
 
     def sampled(self, out: Any, use: Optional[np.ndarray], train_iter: int) -> Any:
@@ -110,7 +109,7 @@ class DequeTable:
         tb.add_scalar(f'{self._tag}/buffer_data_count', self.count(), train_iter)
         self._last_log = train_iter
 
-    def update(self, meta: Any) -> Dict[str, int]:
+    def deque_update(self, meta: Any) -> Any:
         if not isinstance(meta, Mapping):
             raise TypeError(f"update takes a dict with 'priority', got {type(meta).__name__}")
         if meta.get('priority') is None:
@@ -128,7 +127,7 @@ class DequeTable:
                     f"update: {len(priority)} priorities for the last sampled batch of {len(batch[0])} items"
                 )
             clipped = np.minimum(priority, float(self.deque_cfg.priority_max_limit))  # NaN stays NaN: refused
-            out = self.slots.update({'replay_unique_id': batch[0], 'replay_buffer_idx': batch[1], 'priority': clipped})
+            out = self.update({'replay_unique_id': batch[0], 'replay_buffer_idx': batch[1], 'priority': clipped})
             counts = out(spent) if callable(out) else (out['updated'], out['updated'] + out['stale'])
             self._last_batch = None
             return counts
@@ -136,19 +135,19 @@ class DequeTable:
         return apply
 
     # ------------------------------------------------------------------ clear / state
-    def clear(self) -> List[Any]:
-        removed = self.slots.clear()
+    def cleared(self, slots: np.ndarray) -> None:
+        super().cleared(slots)
         self._last_batch = None
-        return removed
 
     def state(self, engine: Dict[str, Any]) -> Dict[str, Any]:
-        batch = (
-            None if self._last_batch is None else {'ids': list(self._last_batch[0]), 'slots': list(self._last_batch[1])}
-        )
+        return {'inner': {'type': INNER_TYPES[self.priority], **super().state(engine)}, **self.wrapper_state()}
+
+    def wrapper_state(self) -> Dict[str, Any]:
+        """The wrapper's own entries of the state: the last logged iteration and the last sampled batch."""
+        batch = self._last_batch
         return {
-            'inner': {'type': INNER_TYPES[self.priority], **self.slots.state(engine)},
             'last_log_train_iter': self._last_log,
-            'last_batch': batch,
+            'last_batch': None if batch is None else {'ids': list(batch[0]), 'slots': list(batch[1])},
         }
 
     def restore(self, state: Dict[str, Any]) -> Restored:
@@ -166,7 +165,7 @@ class DequeTable:
                 f"{INNER_TYPES[self.priority]!r} state (priority={self.priority})"
             )
         batch = self._checked_batch(state.get('last_batch'))
-        restored = self.slots.restore(dict(inner))
+        restored = super().restore(dict(inner))
 
         def swap() -> None:
             restored.swap()
@@ -194,7 +193,20 @@ class DequeTable:
         return list(ids), list(slots)
 
     def describe(self) -> str:
-        return f"priority={self.priority}, {self.slots.describe()}"
+        return f"priority={self.priority}, {super().describe()}"
 
 
-__all__ = ['DequeTable', 'INNER_KEYS', 'items_out', 'numbers']
+class DequeTable(DequeVerbs, SlotTable):
+    """The table of a deque with ``priority=False``: uniform draws without replacement."""
+
+
+class PrioritizedDequeTable(DequeVerbs, PrioritizedTable):
+    """The table of a deque with ``priority=True``: prioritized draws, ``update`` of the last batch."""
+
+
+def deque_table(cfg: Any, name: str, lock: Any, deque_cfg: Any) -> DequeVerbs:
+    """The deque's table, as its config asks (``priority``)."""
+    return (PrioritizedDequeTable if deque_cfg.priority else DequeTable)(cfg, name, lock, deque_cfg)
+
+
+__all__ = ['DequeTable', 'PrioritizedDequeTable', 'deque_table', 'INNER_KEYS', 'items_out', 'numbers']

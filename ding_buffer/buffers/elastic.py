@@ -17,7 +17,6 @@ from typing import Any, Dict, Optional
 
 from ..base import BUFFER_REGISTRY
 from ..config import dingengine_ignored
-from .engine import Engine, offers
 from .naive import NAIVE_CHECKS, NAIVE_CONFIG, NaiveReplayBuffer
 from .slot_table import SlotTable
 
@@ -34,8 +33,7 @@ ELASTIC_CHECKS = dict(
 
 
 @BUFFER_REGISTRY.register('elastic')
-@offers(NaiveReplayBuffer, 'sample_kwargs', 'storage', 'push_count', 'sample')
-class ElasticReplayBuffer(Engine):
+class ElasticReplayBuffer(NaiveReplayBuffer):
     """
     Overview:
         A naive buffer that samples only among its newest ``current_buffer_size`` items (DI-engine's
@@ -82,4 +80,4 @@ class ElasticReplayBuffer(Engine):
             ``update(envstep)``: set the window to ``set_buffer_size(envstep)`` (DI-engine). A dict (a learner's
             ``priority_info``) changes nothing, as on the naive buffer.
         """
-        return self._update(info)
+        return self._update(self._t.update(info))

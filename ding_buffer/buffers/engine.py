@@ -95,24 +95,6 @@ def table_attribute(name: str, doc: str, check: Optional[Callable[[Any], Any]] =
     return property(lambda self: getattr(self._t, name), fset, doc=doc)
 
 
-def offers(source: type, *names: str) -> Callable[[type], type]:
-    """
-    Overview:
-        Class decorator of a preset: it offers ``source``'s public verbs, properties and declarations ``names`` --
-        the same objects (a verb has one home; a classmethod stays bound to the preset using it) -- without
-        inheriting from ``source``, which it is registered as a virtual subclass of (``isinstance`` holds, as for
-        DI-engine's and torchgfn's class hierarchies).
-    """
-
-    def apply(cls: type) -> type:
-        for name in names:
-            setattr(cls, name, vars(source)[name])
-        source.register(cls)
-        return cls
-
-    return apply
-
-
 class Engine(IBuffer):
     """
     Overview:
@@ -665,11 +647,11 @@ class Engine(IBuffer):
         anything changes) and answers the call's result, or what to apply: the engine applies it under the lock,
         handing it ``_spent`` (entries whose elements reached ``max_use`` are left alone), and counts the
         ``(applied, total)`` it answers (``None``: nothing to count, the call returns None)."""
-        return self._update(info)
+        return self._update(self._t.update(info))
 
-    def _update(self, info: Any) -> Optional[Dict[str, int]]:
-        """Every ``update`` call, in one order (see ``update``); a preset's own ``update`` hands it on here."""
-        out = self._t.update(info)
+    def _update(self, out: Any) -> Optional[Dict[str, int]]:
+        """Every ``update`` call, in one order (see ``update``), from the table's answer ``out`` (a preset's own
+        ``update`` asks its table and hands the answer on here)."""
         if type(out) is dict or out is None:
             return out
         with self._lock:
@@ -862,4 +844,4 @@ class Engine(IBuffer):
         return f"{type(self).__name__}(instance_name={self._instance_name!r}, {self._t.describe()})"
 
 
-__all__ = ['Engine', 'COUNTERS', 'offers', 'parts_config', 'parts_checks', 'table_attribute']
+__all__ = ['Engine', 'COUNTERS', 'parts_config', 'parts_checks', 'table_attribute']

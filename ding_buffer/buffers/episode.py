@@ -8,7 +8,7 @@ from typing import Any, Dict, Optional
 from ..base import BUFFER_REGISTRY
 from ..config import SEED_CHECK, dingengine_ignored, optional_positive_int, positive_int
 from ..storage import STORAGE_CHECKS, STORAGE_CONFIG
-from .engine import Engine, offers, parts_checks, parts_config, table_attribute
+from .engine import Engine, parts_checks, parts_config, table_attribute
 from .episode_table import EpisodeTable
 
 # The default config (DI-engine style: every key commented) and the value checks of each key.
@@ -132,26 +132,12 @@ class EpisodeReplayBuffer(Engine):
             the ``replay_unique_id`` / ``replay_buffer_idx`` a sample returned; stale entries are counted. All or
             nothing. With uniform sampling a no-op returning ``{'updated': 0, 'stale': 0}``.
         """
-        return self._update(info)
+        return self._update(self._t.update(info))
 
 
 # the R2D2 preset is the episode buffer with prioritized windows by default (and an EpisodeReplayBuffer for isinstance)
 @BUFFER_REGISTRY.register('prioritized_episode')
-@offers(
-    EpisodeReplayBuffer,
-    'ignored_keys',
-    'item_kind',
-    'sample_kwargs',
-    'tensordict_batch_is_items',
-    'table',
-    'push_count',
-    'episode_len',
-    'transition_count',
-    'storage',
-    'sample',
-    'update',
-)
-class PrioritizedEpisodeReplayBuffer(Engine):
+class PrioritizedEpisodeReplayBuffer(EpisodeReplayBuffer):
     """
     Overview:
         Prioritized sequence replay (R2D2): the episode buffer on tensor storage with

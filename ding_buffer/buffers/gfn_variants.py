@@ -4,35 +4,11 @@ as an admission rule) and ``terminating_state`` (only terminating states and the
 import numpy as np
 
 from ..base import BUFFER_REGISTRY
-from .engine import Engine, offers
 from .gflownet import GFlowNetReplayBuffer
-
-# what every GFlowNet preset offers: gfn's public verbs and torchgfn's attributes (one home: GFlowNetReplayBuffer)
-SURFACE = (
-    'key_aliases',
-    'sample_kwargs',
-    'has_log_rewards',
-    'distributed_profile',
-    'table',
-    'capacity',
-    'prioritized_capacity',
-    'prioritized_sampling',
-    'device',
-    'env',
-    'training_container',
-    'storage',
-    'add',
-    'push',
-    'extend',
-    'sample',
-    'log_rewards',
-    'load_data',
-)
 
 
 @BUFFER_REGISTRY.register('gfn_diverse')
-@offers(GFlowNetReplayBuffer, 'item_kind', *SURFACE)
-class DiverseGFlowNetReplayBuffer(Engine):
+class DiverseGFlowNetReplayBuffer(GFlowNetReplayBuffer):
     """
     Overview:
         torchgfn's ``NormBasedDiversePrioritizedReplayBuffer``. Below capacity every item is stored. Once full,
@@ -77,8 +53,7 @@ class DiverseGFlowNetReplayBuffer(Engine):
 
 
 @BUFFER_REGISTRY.register('terminating_state')
-@offers(GFlowNetReplayBuffer, *SURFACE)
-class TerminatingStateBuffer(Engine):
+class TerminatingStateBuffer(GFlowNetReplayBuffer):
     """
     Overview:
         Stores only terminating states and their log-rewards. Dict batches keep the fields ``state_key``,

@@ -17,7 +17,6 @@ from typing import Any, Optional
 
 from ..base import BUFFER_REGISTRY
 from ..config import dingengine_ignored
-from .engine import Engine, offers
 from .naive import NAIVE_CHECKS, NAIVE_CONFIG, NaiveReplayBuffer
 from .slot_table import SlotTable
 
@@ -25,8 +24,7 @@ SEQUENCE_CONFIG = dict(NAIVE_CONFIG, type='sequence')
 
 
 @BUFFER_REGISTRY.register('sequence')
-@offers(NaiveReplayBuffer, 'sample_kwargs', 'storage', 'push_count')
-class SequenceReplayBuffer(Engine):
+class SequenceReplayBuffer(NaiveReplayBuffer):
     """
     Overview:
         Naive FIFO storage; ``sample(batch, sequence, cur_learner_iter)`` returns ``batch`` runs of ``sequence``

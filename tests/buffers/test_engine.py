@@ -44,11 +44,24 @@ def depth(cls: type) -> int:
     return 1 + max(depth(b) for b in cls.__bases__ if issubclass(b, IBuffer))
 
 
+# presets that extend another preset as the peer's class does (DI-engine: Elastic / Sequence are Naive buffers;
+# R2D2's is an episode buffer; torchgfn's diverse and terminating-state buffers are replay buffers)
+EXTENDS = {
+    'elastic': 'naive',
+    'sequence': 'naive',
+    'prioritized_episode': 'episode',
+    'gfn_diverse': 'gfn',
+    'terminating_state': 'gfn',
+}
+
+
 @pytest.mark.parametrize('name', TYPES)
-def test_every_preset_sits_directly_on_the_one_engine(name):
+def test_every_preset_sits_on_the_one_engine(name):
+    """Directly, or through the one preset whose peer class it extends -- which sits directly on the engine."""
     cls = BUFFER_REGISTRY.get(name)
-    assert cls.__bases__ == (Engine,), cls.__mro__
-    assert depth(cls) == 2
+    base = BUFFER_REGISTRY.get(EXTENDS[name]) if name in EXTENDS else Engine
+    assert cls.__bases__ == (base,), cls.__mro__
+    assert depth(cls) == (3 if name in EXTENDS else 2)
 
 
 def own_functions(cls: type):
@@ -154,6 +167,22 @@ def test_no_table_imports_or_receives_the_engine():
                 assert node.attr not in ('e', 'proxy'), f'{name} reaches {node.attr!r}'
     view = ast.parse(Path(inspect.getfile(Engine)).with_name('view.py').read_text())
     assert 'proxy' not in {n.attr for n in ast.walk(view) if isinstance(n, ast.Attribute)}
+
+
+def test_every_table_is_a_table_and_forwards_nothing():
+    """Each table class of the table modules is a ``Table`` (or mixes its verbs into one) and answers only what it
+    defines: no ``__getattr__`` passing calls on to another object."""
+    from ding_buffer.buffers.table import Table
+
+    for name, tree in _table_sources():
+        for node in ast.walk(tree):
+            if isinstance(node, ast.FunctionDef):
+                assert node.name != '__getattr__', f'{name} forwards attribute access'
+    for name in ('deque', 'deque_prio'):
+        buf = create_buffer(dict(type='deque', priority=name == 'deque_prio'))
+        table = next(v for v in vars(buf).values() if isinstance(v, Table))
+        assert type(table).__name__ == ('PrioritizedDequeTable' if name == 'deque_prio' else 'DequeTable')
+        buf.close()
 
 
 @pytest.mark.parametrize('name', TYPES)
@@ -381,3 +410,29 @@ def test_deque_inner_is_the_buffer_it_is_configured_as():
     naive = create_buffer(dict(type='deque', seed=0))
     assert isinstance(naive.inner, NaiveReplayBuffer) and naive.inner.cfg.type == 'naive'
     naive.close()
+
+
+def test_deque_inner_state_round_trips_through_the_buffer_it_is_configured_as():
+    """``inner.state_dict()`` loads into a stand-alone ``advanced`` buffer of the translated config, and back into
+    the deque through ``inner.load_state_dict`` -- the deque's own entries (the last sampled batch) stay."""
+    buf = create_buffer(dict(type='deque', replay_buffer_size=8, priority=True, seed=0))
+    buf.push([{'obs': i} for i in range(6)])
+    buf.sample(2, 0)  # the last batch: update() will apply to it
+    state = buf.inner.state_dict()
+    twin = create_buffer(dict(buf.inner.cfg))
+    twin.load_state_dict(state)
+    assert twin.count() == 6 and sorted(d['obs'] for d in twin.sample(6, 0)) == sorted(
+        d['obs'] for d in buf.inner.sample(6, 0)
+    )  # same items, same RNG state: the same draws
+    buf.push([{'obs': 9}])
+    before = buf.state_dict()
+    with pytest.raises(ValueError, match='NaiveReplayBuffer'):  # a state of another type: refused, nothing changed
+        buf.inner.load_state_dict({**state, 'type': 'NaiveReplayBuffer'})
+    assert_same(buf.state_dict(), before)
+    buf.inner.load_state_dict(state)
+    after = buf.state_dict()
+    assert buf.count() == 6 and after['last_batch'] == before['last_batch'] is not None
+    assert_same(after['inner'], {k: v for k, v in state.items() if k != 'rng'})
+    assert buf.update({'priority': [2.0, 2.0]}) == {'updated': 2, 'stale': 0}
+    buf.close()
+    twin.close()
