@@ -43,8 +43,10 @@ class _Alias:
         if isinstance(state, Mapping) and state.get('type') == type(self).__name__:
             with self._lock:  # (re-entrant) the wrapper's entries cannot change in between
                 inner = {k: v for k, v in state.items() if k != 'rng'}
-                wrapped = {'type': self._engine.__class__.__name__, 'inner': inner, 'rng': state.get('rng')}
-                self._engine.load_state_dict({**wrapped, **self._t.wrapper_state()}, deepcopy)
+                wrapped = {'type': self._engine.__class__.__name__, 'inner': inner, **self._t.wrapper_state()}
+                if 'rng' in state:  # (a state without one is refused naming 'rng')
+                    wrapped['rng'] = state['rng']
+                self._engine.load_state_dict(wrapped, deepcopy)
         else:  # 'data' only, or refused naming the type
             super().load_state_dict(state, deepcopy)
 

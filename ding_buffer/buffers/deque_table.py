@@ -152,9 +152,9 @@ class DequeVerbs:
 
     def restore(self, state: Dict[str, Any]) -> Restored:
         last = state.get('last_log_train_iter')
-        if type(last) is not int or not -1 <= last < STEP_LIMIT:
+        if type(last) is not int or not -STEP_LIMIT < last < STEP_LIMIT:  # what sample's train_iter may be
             raise ValueError(
-                f"state has an invalid 'last_log_train_iter' entry {last!r:.40}; expected an int in [-1, 2**60)"
+                f"state has an invalid 'last_log_train_iter' entry {last!r:.40}; expected an int within +-2**60"
             )
         inner = state.get('inner')
         if not isinstance(inner, Mapping):

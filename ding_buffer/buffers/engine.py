@@ -110,7 +110,7 @@ class Engine(IBuffer):
     key_aliases: Dict[str, str] = {}  # another library's key name -> ours (config.resolve_aliases)
     # push(td) of a TensorDict with batch_size [B, ...] is a batch of B items (False: one element, e.g. an episode)
     tensordict_batch_is_items = True
-    table: Any = None  # the preset's table class (``buffers.table.Table``)
+    table: Any = None  # the preset's table class (``buffers.table.Table``), or a function choosing one by config
     monitors_take_tb_logger = True  # the engine's monitors write to the ``tb_logger`` passed in
     table_args: Dict[str, Any] = {}  # keyword arguments of the table's constructor
 

@@ -312,6 +312,29 @@ def test_deque_tensorboard_tags_follow_train_iter_per_log():
     assert set(uniform.tags()) == {'buffer_iter/buffer_data_count'}
 
 
+@pytest.mark.parametrize('priority', [False, True])
+def test_deque_logged_at_a_negative_train_iter_loads_its_own_state(priority):
+    """``sample`` takes any train_iter within +-2**60; the state it leaves (last logged iteration -5) loads back,
+    into the deque and through ``inner``, and logging goes on from there."""
+    tb = FakeTB()
+    buf = create_buffer(dict(type='deque', priority=priority, train_iter_per_log=10, seed=0), tb_logger=tb)
+    buf.push(items(6))
+    buf.sample(2, -5)
+    state = buf.state_dict()
+    assert state['last_log_train_iter'] == -5
+    twin = create_buffer(dict(type='deque', priority=priority, train_iter_per_log=10, seed=0), tb_logger=tb)
+    twin.load_state_dict(state)
+    assert_same(twin.state_dict(), state)
+    buf.inner.load_state_dict(buf.inner.state_dict())
+    assert_same(buf.state_dict(), state)
+    tb.rows.clear()
+    twin.sample(2, 4)  # 9 iterations after -5: not yet
+    twin.sample(2, 5)
+    assert {step for _, _, step in tb.rows} == {5}
+    buf.close()
+    twin.close()
+
+
 def test_deque_state_round_trip_and_config_errors(tmp_path):
     buf = create_buffer(dict(type='deque', replay_buffer_size=16, priority=True, seed=7))
     buf.push([{'i': k, 'priority': float(k + 1)} for k in range(10)])
