@@ -67,6 +67,7 @@ BENCHES: Dict[str, Tuple[str, List[str], List[str], str]] = {
         'needs',
     ),
     'distributed': ('bench_distributed.py', [], ['--quick'], ''),
+    'scale': ('bench_scale.py', ['--target-s', '2.0'], ['--quick'], ''),
     'atari': ('bench_atari.py', ['--capacity', '50000', '--rounds', '3'], ['--capacity', '2000', '--rounds', '1'], ''),
 }
 

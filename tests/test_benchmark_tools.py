@@ -70,3 +70,27 @@ def test_check_fails_below_the_floor_and_passes_above(regen, tmp_path, monkeypat
     monkeypatch.setattr(regen, 'hot_ops', lambda rounds, capacity, target_s: {'op a': [99.0], 'op b': [90.0]})
     assert regen.main(['--check', '--rounds', '1']) == 1
     assert 'op b: 0.900 of the baseline' in capsys.readouterr().err
+
+
+def test_the_scaling_benchmark_runs_and_reports_every_capacity_and_operation():
+    """benchmarks/bench_scale.py --quick: one row per capacity with a number in every column, then the growth of
+    each operation (a smoke run: the numbers themselves are the machine's)."""
+    import subprocess
+    import sys
+
+    out = subprocess.run(
+        [sys.executable, str(REPO_ROOT / 'benchmarks' / 'bench_scale.py'), '--quick'],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=str(REPO_ROOT),
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    rows = [line for line in out.stdout.splitlines() if line.startswith(('| 1,000 |', '| 10,000 |'))]
+    assert len(rows) == 2, out.stdout
+    for row in rows:
+        cells = [c.strip() for c in row.strip('|').split('|')]
+        assert len(cells) == 9 and all(float(c.replace(',', '')) > 0 for c in cells), row
+    growth = [line for line in out.stdout.splitlines() if line.startswith('- ') and line.endswith('x')]
+    assert len(growth) == 5, out.stdout
+    assert 'CPU:' in out.stdout
