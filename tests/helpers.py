@@ -297,7 +297,7 @@ class Payload:
 # state entry -> values it must never take (wherever the entry appears in a state)
 BAD_STATE_VALUES = {
     'current_buffer_size': [0, -1],  # elastic
-    'last_log_train_iter': [2**70, -2],  # deque
+    'last_log_train_iter': [2**70, -(2**60), 1.5],  # deque (sample's train_iter is within +-2**60)
     'last_batch': [  # deque: None or ids and slots of equal length, slots in range
         {'ids': ['buffer_0'], 'slots': [99]},
         {'ids': ['a', 'b'], 'slots': [1]},
