@@ -142,6 +142,18 @@ def build_ours(w: Workload) -> Contender:
     buf = ours_buffer(w.capacity)
     ours_fill(buf, w)
     fill_s = time.perf_counter() - t0
+    ops, refresh = ours_ops(buf, w)
+    notes = [
+        '`extend(batch dict of arrays)`, `push(gym dict)`, `sample(256)` -> dict of batched tensors incl. IS, '
+        '`update({replay_unique_id, replay_buffer_idx, priority})` with the sampled tensors and a float32 '
+        'tensor of new priorities; beta anneals from 0.4 (default anneal_step 1e5, as DI-engine)'
+    ]
+    return Contender(OURS, ops, refresh, lambda: None, notes, {'fill_s': fill_s, 'filled': buf.count()})
+
+
+def ours_ops(buf, w: Workload):
+    """The timed operations of a filled ``advanced`` buffer ``buf`` and the refresher of its update pool (drawn
+    once here)."""
     next_batch, next_item = _cycle(w.batches), _cycle(w.items)
     next_prio = _cycle([torch.from_numpy(p) for p in w.prios])  # a learner's |td error| is a tensor
     pool: List[Any] = []
@@ -169,12 +181,7 @@ def build_ours(w: Workload) -> Contender:
         'update': lambda: update(pool[next(counter) % len(pool)]),
         'dqn': dqn,
     }
-    notes = [
-        '`extend(batch dict of arrays)`, `push(gym dict)`, `sample(256)` -> dict of batched tensors incl. IS, '
-        '`update({replay_unique_id, replay_buffer_idx, priority})` with the sampled tensors and a float32 '
-        'tensor of new priorities; beta anneals from 0.4 (default anneal_step 1e5, as DI-engine)'
-    ]
-    return Contender(OURS, ops, refresh, lambda: None, notes, {'fill_s': fill_s, 'filled': buf.count()})
+    return ops, refresh
 
 
 # ---------------------------------------------------------------------------------------------- cpprb

@@ -53,7 +53,7 @@ import os
 import statistics
 import sys
 import time
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, Optional, Tuple
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
@@ -209,33 +209,12 @@ def build_capacity(capacity: int, args) -> Dict[str, Any]:
         + f"; RSS growth naive {result['bytes']['naive']:.1f} B/item, advanced {result['bytes']['advanced']:.1f}"
     )
 
-    next_prio = P._cycle([torch.from_numpy(p) for p in w.prios])
-    next_item = P._cycle(w.items)
-    pool: List[Any] = []
-    counter = itertools.count()
-
-    def refresh() -> None:
-        pool[:] = [adv.sample(P.BATCH) for _ in range(P.POOL_SAMPLES)]
-
-    def update(s) -> None:
-        adv.update(
-            {
-                'replay_unique_id': s['replay_unique_id'],
-                'replay_buffer_idx': s['replay_buffer_idx'],
-                'priority': next_prio(),
-            }
-        )
-
-    def dqn() -> None:
-        for _ in range(P.DQN_PUSHES):
-            adv.push(next_item())
-        update(adv.sample(P.BATCH))
-
+    adv_ops, refresh = P.ours_ops(adv, w)  # bench_per's operations on our prioritized buffer (after the RSS reading)
     ops = {
         'uniform': lambda: naive.sample(P.BATCH),
-        'prioritized': lambda: adv.sample(P.BATCH),
-        'update': lambda: update(pool[next(counter) % len(pool)]),
-        'dqn': dqn,
+        'prioritized': adv_ops['sample'],
+        'update': adv_ops['update'],
+        'dqn': adv_ops['dqn'],
         'numpy': numpy_loop,
     }
     warm = max(args.target_s / 5, 0.002)
