@@ -92,10 +92,10 @@ def build_storage(
                 "object and samples the items themselves); use None or 'items'"
             )
         return ListStorage(capacity, index_cls)
+    kwargs = _tensor_kwargs(cfg, reserved_keys, index_cls)
     if cfg.get('frames') is not None:
-        kwargs = _tensor_kwargs(cfg, reserved_keys, index_cls)
         return FrameStorage(capacity, frames=cfg['frames'], episodes=episodes, **kwargs)
-    return TensorStorage(capacity, **_tensor_kwargs(cfg, reserved_keys, index_cls))
+    return TensorStorage(capacity, **kwargs)
 
 
 def storage_from_state(
@@ -114,17 +114,12 @@ def storage_from_state(
     kind = cfg.get('type', 'list')
     if kind == 'list':
         return ListStorage.from_state(dict(state), capacity, index_cls, item_columns)
+    kwargs = _tensor_kwargs(cfg, reserved_keys, index_cls)
     if cfg.get('frames') is not None:
-        return FrameStorage.from_state(
-            dict(state),
-            capacity,
-            frames=cfg['frames'],
-            episodes=episodes,
-            **_tensor_kwargs(cfg, reserved_keys, index_cls),
-        )
+        return FrameStorage.from_state(dict(state), capacity, frames=cfg['frames'], episodes=episodes, **kwargs)
     if 'frames' in state:
         raise ValueError("saved storage keeps frames once (storage.frames); set config key 'storage.frames' to load it")
-    return TensorStorage.from_state(dict(state), capacity, **_tensor_kwargs(cfg, reserved_keys, index_cls))
+    return TensorStorage.from_state(dict(state), capacity, **kwargs)
 
 
 __all__ = [
@@ -132,7 +127,6 @@ __all__ = [
     'Prepared',
     'WriteResult',
     'RingIndex',
-    'FreeListIndex',
     'FreeListIndex',
     'ListStorage',
     'TensorStorage',
