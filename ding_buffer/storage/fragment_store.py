@@ -145,15 +145,7 @@ class FragmentStore:
 
     def nbytes(self) -> int:
         """Bytes on disk (``disk``); 0 for ``memory`` (not measured)."""
-        if self.kind == 'memory':
-            return 0
-        total = 0
-        for fragment_id in self.ids():
-            try:
-                total += os.path.getsize(self._file(fragment_id))
-            except OSError:
-                pass
-        return total
+        return 0 if self.kind == 'memory' else sum(self.size(fragment_id) for fragment_id in self.ids())
 
     def delete_all(self, ids: Iterable[str]) -> None:
         for fragment_id in ids:
