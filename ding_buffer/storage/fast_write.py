@@ -25,6 +25,8 @@ _MISSING = object()
 COLLECT_ITER_SAFE = 2**59
 # per field: top-level key, numpy view of the field, shape, numpy dtype, torch dtype, accepted Python scalars
 FieldSpec = Tuple[str, np.ndarray, tuple, np.dtype, torch.dtype, tuple]
+# the Python scalars the generic path accepts into a scalar field of each dtype (other floats: int; others: none)
+_SCALARS = {torch.bool: (bool,), torch.int64: (int,), torch.float32: (int, float)}
 
 
 def _tensor_view(v: torch.Tensor, dtype: torch.dtype) -> Optional[np.ndarray]:
@@ -65,18 +67,7 @@ class FastWriter:
             return None
         spec = []
         for path, (shape, dtype) in schema.items():
-            if dtype == torch.bool:
-                scalars = (bool,)
-            elif dtype == torch.int64:
-                scalars = (int,)
-            elif dtype == torch.float32:
-                scalars = (int, float)
-            elif dtype.is_floating_point:
-                scalars = (int,)
-            else:
-                scalars = ()
-            if shape:
-                scalars = ()
+            scalars = () if shape else _SCALARS.get(dtype, (int,) if dtype.is_floating_point else ())
             view = views[path]
             spec.append((path[0], view, shape, view.dtype, dtype, scalars))
         return cls(spec, skip_keys)
