@@ -17,12 +17,6 @@ from .tensordict_io import is_tensordict, rows
 from .tree import unbatch
 
 
-def collect_iters(items: List[Any]) -> np.ndarray:
-    """Each item's ``collect_iter`` as one int64 (``collect_iter_column``, ``NO_ITER`` where absent)."""
-    column = collect_iter_column(items)
-    return np.full(len(items), NO_ITER, dtype=np.int64) if column is ALL_ABSENT else column
-
-
 class ListStorage(Storage):
     """
     Overview:
@@ -158,7 +152,8 @@ class ListStorage(Storage):
             raise ValueError("saved storage slots do not match the ring's valid slots")
         items = copy.deepcopy(items)
         if item_columns:
-            storage._ci[slots] = collect_iters(items)  # a bad collect_iter refuses the state
+            column = collect_iter_column(items)  # a bad collect_iter refuses the state
+            storage._ci[slots] = NO_ITER if column is ALL_ABSENT else column
             storage._ci_written = True
         for slot, item in zip(slots.tolist(), items):
             storage._data[slot] = item

@@ -92,11 +92,9 @@ def check_leaves(flat: Dict[Path, Any], schema: Schema, where: str, batched: boo
 
 def export_schema(schema: Optional[Schema]) -> List[list]:
     """``[[path, shape, dtype name], ...]``: plain lists, loadable with ``weights_only=True``."""
-    return (
-        []
-        if schema is None
-        else [[list(p), list(shape), str(dtype).replace('torch.', '')] for p, (shape, dtype) in schema.items()]
-    )
+    if schema is None:
+        return []
+    return [[list(p), list(shape), str(dtype).replace('torch.', '')] for p, (shape, dtype) in schema.items()]
 
 
 def import_fields(schema_list: Any, fields: Any, n: int) -> Tuple[Schema, List[torch.Tensor]]:

@@ -32,10 +32,6 @@ def is_tensordict(x: Any) -> bool:
     return mod is not None and isinstance(x, mod.TensorDictBase)
 
 
-def batch_dims(td: Any) -> int:
-    return len(td.batch_size)
-
-
 def to_plain(td: Any) -> Dict[str, Any]:
     """A TensorDict as a nested dict of its tensors (no copies); non-tensor leaves become their Python values."""
     return td.to_dict()
@@ -43,14 +39,14 @@ def to_plain(td: Any) -> Dict[str, Any]:
 
 def rows(td: Any) -> List[Any]:
     """A TensorDict batch ``[B, ...]`` as ``B`` TensorDict items (views of one copy, so the caller may reuse ``td``)."""
-    if not batch_dims(td):
+    if not len(td.batch_size):
         raise ValueError("a batched push of a TensorDict needs batch_size [B, ...]; got batch_size []")
     return list(td.clone().unbind(0))
 
 
 def check_batched(td: Any) -> None:
     """A TensorDict pushed with ``batched=True`` declares its batch: ``batch_size`` must not be empty."""
-    if not batch_dims(td):
+    if not len(td.batch_size):
         raise ValueError(
             "push(td, batched=True) / extend(td) needs a TensorDict with batch_size [B, ...] (its leading dim is the "
             "batch); this one has batch_size [] -- push it without batched=True to store it as one item"
@@ -59,7 +55,7 @@ def check_batched(td: Any) -> None:
 
 def check_item(td: Any, i: int) -> None:
     """A TensorDict in a list of items is one item: ``batch_size`` must be ``[]`` (tensor storage)."""
-    if batch_dims(td):
+    if len(td.batch_size):
         raise ValueError(
             f"item {i} is a TensorDict with batch_size {list(td.batch_size)}; in a list each TensorDict is one item "
             f"(batch_size []). Push a batch of items by itself: push(td) or extend(td)"
