@@ -145,8 +145,9 @@ class TensorStorage(Storage):
         """File of the ``index``-th field (of this storage's allocation): numbered, so fields never share one."""
         return memmap_file(self.memmap_dir, index, path, self._token)
 
-    def _allocate(self, schema: Schema) -> None:
-        """Create every field (all or nothing: on failure the storage keeps no schema and no fields)."""
+    def allocate(self, schema: Schema) -> None:
+        """Create every field of ``schema`` now (all or nothing: on failure the storage keeps no schema and no
+        fields)."""
         token = new_token()
         fields = allocate_fields(schema, self.capacity, self.device, self.memmap_dir, token)
         views = numpy_views(fields) if self.device.type == 'cpu' else {}
@@ -182,15 +183,14 @@ class TensorStorage(Storage):
         """Fast path for a flat batch of arrays on CPU (``FastWriter.check_batch``): ``(columns, n)`` or ``None``
         -- nothing changed -- when the generic path must take it (first batch, nested or converted leaves, any
         mismatch, more items than slots)."""
-        fast = self._fast
-        return None if fast is None else fast.check_batch(batch)
+        return None if self._fast is None else self._fast.check_batch(batch)
 
     def write_batch(self, checked: Tuple[List[np.ndarray], int]) -> np.ndarray:
         return self._fast.put_batch(checked[0], checked[1], self.ring)
 
     def _reserve(self, prepared: Prepared) -> None:
         if self.schema is None:
-            self._allocate(prepared.payload[0])
+            self.allocate(prepared.payload[0])
             self.tensordict_out = prepared.tensordict  # the first item decides what samples are (tensordict_io)
 
     def _write(self, slots: np.ndarray, payload: Any) -> None:
@@ -313,10 +313,6 @@ class TensorStorage(Storage):
         )
 
     # ------------------------------------------------------------------ persistence
-    def allocate(self, schema: Schema) -> None:
-        """Create the fields of ``schema`` now (all or nothing)."""
-        self._allocate(schema)
-
     def read_fields(self, slots: np.ndarray) -> List[torch.Tensor]:
         """Copies of every field at ``slots``, in schema order."""
         idx = torch.from_numpy(np.asarray(slots, dtype=np.int64)).to(self.device)
@@ -367,7 +363,7 @@ class TensorStorage(Storage):
             )
         storage = cls(capacity, device=device, memmap_dir=memmap_dir, reserved_keys=reserved_keys, index_cls=index_cls)
         if schema:
-            storage._allocate(schema)
+            storage.allocate(schema)
             storage.write_fields(slots, fields)
         storage.tensordict_out = container == 'tensordict'
         storage.ring = ring
