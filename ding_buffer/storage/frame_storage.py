@@ -550,7 +550,7 @@ class FrameStorage(TensorStorage):
         self.succ[order], self.succ_uid[order], self.last = succ, suid, last
 
     @staticmethod
-    def _saved_frame_like(saved: Mapping, data: torch.Tensor) -> Optional[Tuple[Tuple[int, ...], torch.dtype]]:
+    def _saved_frame_like(saved: Mapping) -> Optional[Tuple[Tuple[int, ...], torch.dtype]]:
         """The frame shape and dtype a state names (None: it names none)."""
         shape, dtype = saved.get('shape'), saved.get('dtype')
         if shape is None and dtype is None:
@@ -562,7 +562,6 @@ class FrameStorage(TensorStorage):
         return tuple(shape), tdtype
 
     def _restore_frames(self, saved: Mapping) -> None:
-        enc = self.encoder
         ids = np.asarray(torch.as_tensor(saved['ids']).cpu(), dtype=np.int64).reshape(-1)
         if len(ids) and (ids.min() < 0 or np.any(np.diff(ids) <= 0)):
             raise ValueError("saved frame ids must be distinct ints >= 0 in increasing order")
@@ -580,7 +579,7 @@ class FrameStorage(TensorStorage):
             if stack is None:
                 raise ValueError("saved storage has a schema but no frame stack")
             self._check_schema(self.schema, stack)
-        like = self._saved_frame_like(saved, data)
+        like = self._saved_frame_like(saved)
         if not len(ids):
             if has_items:
                 raise ValueError("saved storage has items but no frames")
@@ -606,8 +605,8 @@ class FrameStorage(TensorStorage):
         for key, col in new_cols.items():
             self.fields[(key,)][torch.from_numpy(slots)] = torch.from_numpy(col).to(self.device)
         self.frame_ring, self.stack, self.streams = ring, stack, streams
-        oldest = new_cols[enc.ids_key].min(axis=1) if has_items else []
         if has_items:
+            oldest = new_cols[self.encoder.ids_key].min(axis=1)
             self.oldest_frame[slots] = oldest
             self._floor = int(oldest.min())
 

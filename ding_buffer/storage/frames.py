@@ -245,18 +245,20 @@ class FrameRing:
         return out.reshape(*ids.shape, *self.shape)
 
 
+def _one(item: Mapping, key: str, i: int, what: str) -> Any:
+    """Field ``key`` of item ``i``, a tensor or array of one element read as that element."""
+    v = item[key]
+    if isinstance(v, (torch.Tensor, np.ndarray)):
+        if (v.size if isinstance(v, np.ndarray) else v.numel()) != 1:
+            raise ValueError(f"item {i}: field {key!r} must be one {what}, got shape {tuple(v.shape)}")
+        v = v.item()
+    return v
+
+
 def flag_of(item: Mapping, key: Optional[str], i: int) -> bool:
     if key is None or key not in item:
         return False
-    v = item[key]
-    if isinstance(v, torch.Tensor):
-        if v.numel() != 1:
-            raise ValueError(f"item {i}: field {key!r} must be one flag, got shape {tuple(v.shape)}")
-        v = v.item()
-    elif isinstance(v, np.ndarray):
-        if v.size != 1:
-            raise ValueError(f"item {i}: field {key!r} must be one flag, got shape {v.shape}")
-        v = v.item()
+    v = _one(item, key, i, 'flag')
     if isinstance(v, (bool, np.bool_, int, np.integer, float, np.floating)):
         return bool(v)
     raise ValueError(f"item {i}: field {key!r} must be a bool (or 0 / 1), got {type(v).__name__} {v!r:.40}")
@@ -272,11 +274,7 @@ def env_of(item: Mapping, key: Optional[str], i: int) -> Any:
         return 0
     if key not in item:
         raise ValueError(f"item {i} has no field {key!r} (storage.frames.env_key) naming its environment")
-    v = item[key]
-    if isinstance(v, (torch.Tensor, np.ndarray)):
-        if (v.size if isinstance(v, np.ndarray) else v.numel()) != 1:
-            raise ValueError(f"item {i}: field {key!r} must be one id, got shape {tuple(v.shape)}")
-        v = v.item()
+    v = _one(item, key, i, 'id')
     if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer, str)):
         raise ValueError(f"item {i}: field {key!r} must be an int or str environment id, got {type(v).__name__}")
     return int(v) if isinstance(v, np.integer) else v
