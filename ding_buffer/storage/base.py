@@ -138,7 +138,7 @@ class Storage(ABC):
 
     def collect_iter(self, slots: np.ndarray) -> np.ndarray:
         """Each element's ``collect_iter`` (int64; the min of a sequence; ``NO_ITER`` where it has none)."""
-        return np.fromiter((collect_iter_of(None) for _ in range(len(slots))), dtype=np.int64, count=len(slots))
+        return np.full(len(slots), NO_ITER, dtype=np.int64)
 
     def staleness(self, slots: np.ndarray, cur_learner_iter: int) -> np.ndarray:
         """``cur_learner_iter - collect_iter`` of each element (int64), -1 where it has no ``collect_iter``."""
@@ -272,13 +272,10 @@ def collect_iter_column(items: List[Any]) -> np.ndarray:
         for i, item in enumerate(items):
             if item is None:
                 raise TypeError(f"cannot push None (item {i})") from None
-            values.append(
-                _DICT_GET(item, 'collect_iter')
-                if isinstance(item, dict)
-                else item.get('collect_iter')
-                if isinstance(item, Mapping)
-                else None
-            )
+            if isinstance(item, dict):
+                values.append(_DICT_GET(item, 'collect_iter'))
+            else:
+                values.append(item.get('collect_iter') if isinstance(item, Mapping) else None)
     try:
         if values.count(None) == len(values):  # None matches by identity; no other value is compared then
             return ALL_ABSENT

@@ -481,10 +481,9 @@ class FrameStorage(TensorStorage):
         ids = np.unique(np.concatenate(used)) if used else np.zeros(0, dtype=np.int64)
         if len(ids) and not ring.holds(ids).all():
             raise RuntimeError("a stored transition refers to a frame the ring no longer holds (internal error)")
-        if cols:  # the id columns as the new numbers (the fields list is in schema order)
-            names = [path for path in self.schema]
-            for key, col in cols.items():
-                out['fields'][names.index((key,))] = torch.from_numpy(np.searchsorted(ids, col).astype(np.int64))
+        names = list(self.schema or ())  # the id columns as the new numbers (the fields list is in schema order)
+        for key, col in cols.items():
+            out['fields'][names.index((key,))] = torch.from_numpy(np.searchsorted(ids, col).astype(np.int64))
         data = torch.from_numpy(ring.read(ids)) if len(ids) else torch.zeros(0, dtype=torch.uint8)
         if len(ids) and ring.bits is not None:  # read as their bit patterns (bfloat16, float8)
             data = data.view(ring.dtype)
