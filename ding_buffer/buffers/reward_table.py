@@ -77,15 +77,6 @@ class RewardTable(Table):
         self.load_env: Any = None
         return Needs(0, tensorboard=cfg.monitor.get('tensorboard', False))  # use counts grow with the store
 
-    # torchgfn's attributes, read by code written against its buffers
-    @property
-    def prioritized_capacity(self) -> bool:
-        return self.prioritized()
-
-    @property
-    def prioritized_sampling(self) -> bool:
-        return bool(self.cfg.prioritized_sampling)
-
     @property
     def torch_device(self) -> torch.device:
         return torch.device(self.cfg.device)
