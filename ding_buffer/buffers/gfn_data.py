@@ -178,6 +178,17 @@ class ContainerStoreBase:
         cond = getattr(ts, 'conditions', None)
         return representation(tensor, cond if isinstance(cond, torch.Tensor) else None, n)
 
+    def prepare(self, data: Any, need_rows: bool) -> GFNBatch:
+        if self.cls is not None and type(data) is not self.cls:
+            raise TypeError(f"this buffer holds {self.cls.__name__} containers, got {type(data).__name__}")
+        n = len(data)
+        r = self.log_rewards_of(data, n)
+        self._check(data, n)
+        return GFNBatch(data, n, r, self.rows_of(data, n) if need_rows else None)
+
+    def _check(self, data: Any, n: int) -> None:
+        """Everything a write could fail on, checked before anything changes (``ContainerRing``'s tensors)."""
+
     def read(self, slots: np.ndarray, ids: Any = None) -> Any:
         raise NotImplementedError
 
@@ -215,13 +226,6 @@ class ContainerStore(ContainerStoreBase):
     @property
     def env(self) -> Any:
         return getattr(self.container, 'env', None)
-
-    def prepare(self, data: Any, need_rows: bool) -> GFNBatch:
-        if self.cls is not None and type(data) is not self.cls:
-            raise TypeError(f"this buffer holds {self.cls.__name__} containers, got {type(data).__name__}")
-        n = len(data)
-        r = self.log_rewards_of(data, n)
-        return GFNBatch(data, n, r, self.rows_of(data, n) if need_rows else None)
 
     def write(self, slots: np.ndarray, batch: GFNBatch, rows: Optional[np.ndarray]) -> None:
         """Append items ``rows`` of the batch (None: all of them); ``slots`` are the next positions."""

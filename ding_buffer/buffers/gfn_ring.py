@@ -105,14 +105,6 @@ class ContainerRing(ContainerStoreBase):
         return None if self.cls is None else self.read(np.arange(self.end, dtype=np.int64))
 
     # ------------------------------------------------------------------ push
-    def prepare(self, data: Any, need_rows: bool) -> GFNBatch:
-        if self.cls is not None and type(data) is not self.cls:
-            raise TypeError(f"this buffer holds {self.cls.__name__} containers, got {type(data).__name__}")
-        n = len(data)
-        r = self.log_rewards_of(data, n)
-        self._check(data, n)
-        return GFNBatch(data, n, r, self.rows_of(data, n) if need_rows else None)
-
     def rows_of(self, data: Any, n: int) -> Optional[np.ndarray]:
         """As ``ContainerStoreBase.rows_of``; StatesContainer / Transitions: their terminating states are the
         ``is_terminating`` rows, so one per item exactly when every row is terminating (no gather needed)."""
