@@ -424,12 +424,7 @@ class ChunkTable(Table):
 
     # ------------------------------------------------------------------ model version
     def update_model_version(self, version: int, session_id: Optional[str] = None) -> Dict[str, Any]:
-        """
-        Overview:
-            The learner's policy moved to ``version`` (and ``session_id``, when given): stale and other-session
-            chunks leave, and each worker's queue loses the prefix up to its newest stale or other-session
-            fragment (rule 5). Returns how many chunks and queued fragments left.
-        """
+        """See ``ChunkReplayBuffer.update_model_version``."""
         version = checked_version(version)
         if session_id is not None:
             session_id = checked_session(session_id)

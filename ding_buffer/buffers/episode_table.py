@@ -207,12 +207,7 @@ class EpisodeTable(Table):
 
     # ------------------------------------------------------------------ update
     def update(self, info: Dict[str, Any]) -> Optional[Dict[str, int]]:
-        """
-        Overview:
-            With prioritized windows: new priorities for sampled windows (see ``prioritized_windows``), keyed by
-            the ``replay_unique_id`` / ``replay_buffer_idx`` a sample returned; stale entries are counted. All or
-            nothing. With uniform sampling a no-op returning ``{'updated': 0, 'stale': 0}``.
-        """
+        """See ``EpisodeReplayBuffer.update``."""
         if self.prio is None:
             return super().update(info)
         if type(info) is not dict and is_tensordict(info):
