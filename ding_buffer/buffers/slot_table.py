@@ -316,16 +316,14 @@ class SlotTable(Table):
     def update(self, info: Any) -> Optional[Dict[str, int]]:
         """A naive table keeps no priorities: ``update(priority_info)`` is a no-op; with a ``NewestWindow``,
         ``update(envstep)`` moves the window (DI-engine's elastic buffer)."""
-        if self.window is not None:
-            size = self.window.asked(info)
-            if size is None:
-                return super().update(info)
+        size = None if self.window is None else self.window.asked(info)
+        if size is None:
+            return super().update(info)
 
-            def move(spent: Any) -> None:  # under the buffer's lock; DI-engine's elastic update returns None
-                self.window.size = size
+        def move(spent: Any) -> None:  # under the buffer's lock; DI-engine's elastic update returns None
+            self.window.size = size
 
-            return move
-        return super().update(info)
+        return move
 
     def resize(self, size: Any) -> None:
         """The ``NewestWindow``'s size set directly (checked first)."""

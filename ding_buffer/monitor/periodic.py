@@ -100,10 +100,9 @@ class PeriodicThruputMonitor:
     def close(self, timeout: float = 5.0) -> None:
         """Stop and join the thread, then write the partial period since the last report (when anything was
         pushed, sampled or removed in it) and flush the writer. Idempotent."""
-        if self._thread is None or self._closed:
-            self._stop.set()
-            return
         self._stop.set()
+        if self._thread is None or self._closed:
+            return
         self._closed = True
         self._thread.join(timeout)
         if self._thread.is_alive():  # still inside a slow report: a final one now would race it for the same step
