@@ -203,7 +203,7 @@ class EpisodeTable(Table):
         out = self.prio.draw(rng, int(size))
         if out is None:
             return self.prio.shortfall()
-        return Drawn(self.prio.episodes_of(out), int(size), out)
+        return Drawn(out['episode_idx'].cpu().numpy(), int(size), out)  # the drawn windows' episode slots
 
     # ------------------------------------------------------------------ update
     def update(self, info: Dict[str, Any]) -> Optional[Dict[str, int]]:

@@ -42,10 +42,6 @@ class PrioritizedWindows:
         self.windows = WindowPriorities(store.max_transitions, spec.unroll_len, spec.alpha, spec.eta, spec.eps, pad)
         self.store = store
 
-    def attach(self, store: Any) -> None:
-        """A restored store replaced the old one."""
-        self.store = store
-
     # ------------------------------------------------------------------ sample
     def shortfall(self) -> str:
         """'' when a window can be drawn, else why not."""
@@ -86,9 +82,6 @@ class PrioritizedWindows:
                     f"{name}={value!r} is not supported by prioritized windows (sampler.unroll_len={t}, "
                     f"drawn with replacement; pad comes from 'pad_short_episodes')"
                 )
-
-    def episodes_of(self, out: Dict[str, Any]) -> np.ndarray:
-        return out['episode_idx'].cpu().numpy()
 
     # ------------------------------------------------------------------ update
     def update(self, info: Mapping) -> Optional[Dict[str, Any]]:
