@@ -100,9 +100,8 @@ class DequeVerbs:
         tb = self.parts.tb_logger
         if tb is None or not (self._last_log == -1 or train_iter - self._last_log >= self.deque_cfg.train_iter_per_log):
             return
-        if self.deque_cfg.max_use != INF:
-            if use is not None and len(use):
-                tb.add_scalar(f'{self._tag}/use_count_avg', float(np.mean(use)), train_iter)
+        if self.deque_cfg.max_use != INF and use is not None and len(use):
+            tb.add_scalar(f'{self._tag}/use_count_avg', float(np.mean(use)), train_iter)
         if priority is not None and len(priority):
             tb.add_scalar(f'{self._tag}/priority_avg', float(priority.mean()), train_iter)
             tb.add_scalar(f'{self._tag}/priority_max', float(priority.max()), train_iter)

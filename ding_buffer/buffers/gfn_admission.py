@@ -96,9 +96,8 @@ def _states_container(data: Any, states: Any, n: int, r: Any) -> Any:
     log-rewards ``r``."""
     from gfn.containers import StatesContainer
 
-    env = data.env
     return StatesContainer(
-        env=env,
+        env=data.env,
         states=states,
         is_terminating=torch.ones(n, dtype=torch.bool, device=states.device),
         log_rewards=r,
