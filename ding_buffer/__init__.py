@@ -52,31 +52,7 @@ _SUBPACKAGES = (
     'utils',
 )
 
-__all__ = [
-    'IBuffer',
-    'BUFFER_REGISTRY',
-    'create_buffer',
-    'get_buffer_cls',
-    'deep_merge_dicts',
-    'NaiveReplayBuffer',
-    'ElasticReplayBuffer',
-    'SequenceReplayBuffer',
-    'DequeReplayBuffer',
-    'EpisodeReplayBuffer',
-    'AdvancedReplayBuffer',
-    'GFlowNetReplayBuffer',
-    'DiverseGFlowNetReplayBuffer',
-    'TerminatingStateBuffer',
-    'SampleTimeoutError',
-    'CodecError',
-    'TransportError',
-    'SendTimeout',
-    'ManagerUnavailableError',
-    'ManagerTimeoutError',
-    'RemoteError',
-    'FramesOutOfStepError',
-    '__version__',
-]
+__all__ = [*_EXPORTS, '__version__']  # the lazily loaded names, in _EXPORTS' order
 
 
 def _load_presets() -> None:
