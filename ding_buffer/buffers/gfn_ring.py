@@ -284,24 +284,12 @@ class ContainerRing(ContainerStoreBase):
             return self.cls(env=self.env, states=states('states'), is_terminating=t['is_terminating'], log_rewards=r)
         acls, adebug = self.types['actions']
         actions = acls(t['actions'], debug=adebug)
+        shared = dict(env=self.env, states=states('states'), actions=actions, is_backward=self.is_backward)
         if name == 'Transitions':
             return self.cls(
-                env=self.env,
-                states=states('states'),
-                actions=actions,
-                is_terminating=t['is_terminating'],
-                next_states=states('next_states'),
-                is_backward=self.is_backward,
-                log_rewards=r,
+                **shared, is_terminating=t['is_terminating'], next_states=states('next_states'), log_rewards=r
             )
-        return self.cls(
-            env=self.env,
-            states=states('states'),
-            actions=actions,
-            terminating_idx=t['terminating_idx'],
-            is_backward=self.is_backward,
-            log_rewards=r,
-        )
+        return self.cls(**shared, terminating_idx=t['terminating_idx'], log_rewards=r)  # Trajectories
 
     def clear(self) -> None:
         self.end = 0  # the tensors stay; slots are simply overwritten later
