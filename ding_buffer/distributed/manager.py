@@ -34,6 +34,11 @@ logger = logging.getLogger('ding_buffer.distributed')
 
 # the keyword arguments of the buffers' sample() a worker may pass; anything else is refused by name
 SAMPLE_KWARGS = ('cur_learner_iter', 'sample_range', 'replace', 'unroll_len', 'pad')
+# the ops a request may name besides 'ping', each served by the method '_<op>'
+OPS = (
+    'push sample update count stats metadata state_dict load_state_dict save_data load_data clear model_version '
+    'baseline_sync exit put_blob get_blob'
+).split()
 
 
 class ManagerCore:
@@ -67,24 +72,7 @@ class ManagerCore:
         if self.frames_wire is not None:
             self.counters.update(frames_wire_steps=0, frames_wire_out_of_step=0)
             self.frames_wire.counters = self.counters
-        self._ops = {
-            'push': self._push,
-            'sample': self._sample,
-            'update': self._update,
-            'count': self._count,
-            'stats': self._stats,
-            'metadata': self._metadata,
-            'state_dict': self._state_dict,
-            'load_state_dict': self._load_state_dict,
-            'save_data': self._save_data,
-            'load_data': self._load_data,
-            'clear': self._clear,
-            'model_version': self._model_version,
-            'baseline_sync': self._baseline_sync,
-            'exit': self._exit,
-            'put_blob': self._put_blob,
-            'get_blob': self._get_blob,
-        }
+        self._ops = {op: getattr(self, f'_{op}') for op in OPS}
         self.blobs = BlobStore(dcfg.max_blob_mb * (1 << 20))
 
     # ------------------------------------------------------------------ dispatch
