@@ -237,15 +237,13 @@ class _Decoder:
             if not isinstance(v, list) or len(v) != 3:
                 raise CodecError("bad slice node")
             return slice(*(self.walk(e, depth) for e in v))
-        if tag == '$s':
+        if tag in ('$s', '$z'):
             if not isinstance(v, list) or len(v) != 2:
                 raise CodecError("bad scalar node")
+            if tag == '$z':
+                return self.array([v[0], v[1], []], False)[()]
             dt = _numeric_dtype(v[0], 'scalar')
             return dt.type(complex(*v[1]) if dt.kind == 'c' else v[1])
-        if tag == '$z':
-            if not isinstance(v, list) or len(v) != 2:
-                raise CodecError("bad scalar node")
-            return self.array([v[0], v[1], []], False)[()]
         if tag == '$p':
             if not self.allow_pickle:
                 raise CodecError("message holds a pickled object and allow_pickle is False on this rank")

@@ -280,8 +280,7 @@ class FramesWireDecoder:
             row = dict(item)
             row[key], row[nkey] = obs, nxt
             out.append(row)
-            ended = ended_of(item, spec, i)
-            last[env] = None if ended else nxt
+            last[env] = None if ended_of(item, spec, i) else nxt
         return (out if isinstance(data, list) else out[0]), last
 
     def _expand_batch(
@@ -318,8 +317,7 @@ class FramesWireDecoder:
                 raise ValueError(f"row {i}: field {key!r} has shape {obs.shape}, row 0 {obs_rows[0].shape}")
             obs_rows.append(obs)
             nxt_rows.append(nxt)
-            ended = ended_of(item, spec, i)
-            last[env] = None if ended else nxt
+            last[env] = None if ended_of(item, spec, i) else nxt
         out = dict(data)
         out[key], out[nkey] = np.stack(obs_rows), np.stack(nxt_rows)
         return out, last

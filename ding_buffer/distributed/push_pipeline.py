@@ -233,19 +233,16 @@ class PushPipeline:
         self._seq += 1
         self._encode(args)
         self.filter_stats['sends'] += 1
-        if not self._dcfg.async_score:
-            try:
-                result = self._result(self._submit(args, deadline), deadline, args)
-            except ManagerUnavailableError:
-                self._unacked.append(args)
-                raise
-            self._take_score(result)
-            return
         try:
             ticket = self._submit(args, deadline)
+            if not self._dcfg.async_score:
+                result = self._result(ticket, deadline, args)
         except ManagerUnavailableError:
             self._unacked.append(args)
             raise
+        if not self._dcfg.async_score:
+            self._take_score(result)
+            return
         previous, self.inflight = self.inflight, (ticket, args)
         if previous is not None:
             self._take_score(self._collect(previous, deadline))

@@ -132,15 +132,10 @@ class _ManagerActorImpl:
         with self._lock:
             if self._ended and op != 'ping':
                 rid = request.get('id') if isinstance(request, dict) else None
-                return to_wire(
-                    error_reply(
-                        rid,
-                        ManagerUnavailableError(
-                            "the manager has shut down (every worker exited or was lost) and is ending"
-                        ),
-                    ),
-                    False,
+                err = ManagerUnavailableError(
+                    "the manager has shut down (every worker exited or was lost) and is ending"
                 )
+                return to_wire(error_reply(rid, err), False)
             reply = self.core.handle(client, request)
             if reply is None:
                 return []

@@ -153,11 +153,9 @@ class RemoteBuffer(IBuffer):
             ``ManagerUnavailableError``.
         """
         if self._local is not None:
-            return (
-                self._local.sample(size, cur_learner_iter, **kwargs)
-                if timeout is None
-                else self._local.sample(size, cur_learner_iter, timeout=timeout, **kwargs)
-            )
+            if timeout is not None:
+                kwargs['timeout'] = timeout
+            return self._local.sample(size, cur_learner_iter, **kwargs)
         kwargs['cur_learner_iter'] = cur_learner_iter
         check_wait_timeout(timeout)  # before anything is asked: NaN or inf would poll forever
         if timeout is None:

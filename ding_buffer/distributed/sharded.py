@@ -129,9 +129,7 @@ class ShardedBuffer:
             raise RuntimeError("the sharded buffer is closed")
 
     def _hash(self, value: Any) -> int:
-        if isinstance(value, torch.Tensor):
-            value = value.tolist()
-        elif isinstance(value, np.ndarray):
+        if isinstance(value, (torch.Tensor, np.ndarray)):
             value = value.tolist()
         return zlib.crc32(repr(value).encode()) % self.num_shards
 

@@ -106,7 +106,6 @@ def init_torch(startup_s: float) -> Tuple[int, int]:
         inbox and the outboxes instead).
     """
     import datetime
-    import os
 
     import torch.distributed as dist
 
@@ -237,11 +236,11 @@ def starts_local_ray(dcfg: Any) -> bool:
 def connect_ray(ray: Any, dcfg: Any, deadline: float, seconds: float) -> None:
     """``ray.init`` for the manager actor's cluster, bounded by ``deadline``."""
     address = dcfg.ray_address
-    target = _tcp_target(address if address not in (None, 'auto') else os.environ.get('RAY_ADDRESS'))
+    shown = address if address not in (None, 'auto') else os.environ.get('RAY_ADDRESS')
+    target = _tcp_target(shown)
     if target is None:  # a local instance or Ray's own lookup of a running one
         ray.init(address=address, namespace=dcfg.namespace, log_to_driver=False)
         return
-    shown = address if address not in (None, 'auto') else os.environ.get('RAY_ADDRESS')
     try:
         wait_listening(*target, deadline)
     except TimeoutError as e:
