@@ -34,6 +34,13 @@ def heartbeat_loop(channel_ref: 'weakref.ref', stop: threading.Event, every: flo
             del channel
 
 
+def start_heartbeat(channel: Any, stop: threading.Event, every: float, name: str) -> threading.Thread:
+    """A daemon thread running ``heartbeat_loop`` for ``channel`` (held weakly) until ``stop`` is set."""
+    thread = threading.Thread(target=heartbeat_loop, args=(weakref.ref(channel), stop, every), daemon=True, name=name)
+    thread.start()
+    return thread
+
+
 class PeerChannel:
     """Requests to the manager over a ``ThreadedTransport`` (torch / MPI). Replies arrive in request order."""
 
@@ -49,13 +56,7 @@ class PeerChannel:
         self._stop = threading.Event()
         self._beat_lock = threading.Lock()
         transport.start()
-        self._beat_thread = threading.Thread(
-            target=heartbeat_loop,
-            args=(weakref.ref(self), self._stop, heartbeat),
-            daemon=True,
-            name='ding_buffer-heartbeat',
-        )
-        self._beat_thread.start()
+        self._beat_thread = start_heartbeat(self, self._stop, heartbeat, 'ding_buffer-heartbeat')
 
     def _beat(self) -> bool:
         """One ping, only when nothing else waits to leave (a ping never queues behind a stuck frame)."""

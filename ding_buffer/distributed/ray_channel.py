@@ -17,7 +17,7 @@ from typing import Any, Dict, Optional
 import numpy as np
 
 from ..errors import CodecError, ManagerTimeoutError, ManagerUnavailableError
-from .channel import heartbeat_loop
+from .channel import start_heartbeat
 from .codec import decode, encode
 
 BEAT_GROUP = 'beat'  # the actor's concurrency group for pings and readiness checks
@@ -98,13 +98,7 @@ class RayChannel:
             self._beat(token=[ray.put(client_id)], worker=worker_key(ray))
         except Exception:  # noqa: BLE001 - an unreachable manager fails the first request instead
             pass
-        self._beat_thread = threading.Thread(
-            target=heartbeat_loop,
-            args=(weakref.ref(self), self._stop, dcfg.heartbeat_seconds),
-            daemon=True,
-            name='ding_buffer-ray-heartbeat',
-        )
-        self._beat_thread.start()
+        self._beat_thread = start_heartbeat(self, self._stop, dcfg.heartbeat_seconds, 'ding_buffer-ray-heartbeat')
 
     def _beat(self, token: Optional[list] = None, worker: Optional[str] = None) -> bool:
         """One fire-and-forget ping (skipped while the previous one is unanswered); False: stop beating. The first
