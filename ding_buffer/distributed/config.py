@@ -21,14 +21,10 @@ def _seconds(x: Any) -> bool:
     return _number(x) and x > 0
 
 
-def _optional_seconds(x: Any) -> bool:
-    return x is None or _seconds(x)
-
-
 # checks shared by several keys
 _NON_EMPTY_STR = (lambda x: isinstance(x, str) and bool(x), 'a non-empty str')
 _SECONDS = (_seconds, 'a finite positive number of seconds')
-_OPTIONAL_SECONDS = (_optional_seconds, 'None or a finite positive number of seconds')
+_OPTIONAL_SECONDS = (lambda x: x is None or _seconds(x), 'None or a finite positive number of seconds')
 _MIB = (lambda x: _number(x) and 0 < x <= (1 << 23), 'a finite positive number of MiB (at most 8 TiB)')
 _FUNCTION = (
     lambda x: x is None or callable(x) or (isinstance(x, str) and ':' in x),

@@ -32,13 +32,10 @@ def wait_listening(host: str, port: int, deadline: float) -> None:
             pause = min(pause * 2, 0.5)
 
 
-def _presence_barrier(
-    store: Any, rank: int, world: int, timeout_s: float, prefix: str, configured: Optional[float] = None
-) -> None:
-    """Every rank marks itself present in the store and waits (at most ``timeout_s``, what is left of the
-    configured start-up time) for the others."""
+def _presence_barrier(store: Any, rank: int, world: int, deadline: float, prefix: str, configured: float) -> None:
+    """Every rank marks itself present in the store and waits (until ``deadline``, the end of the configured
+    start-up time of ``configured`` seconds) for the others."""
     keys = [f'{prefix}/{r}' for r in range(world)]
-    deadline = time.monotonic() + timeout_s
     pause = 0.01
     while True:
         try:
@@ -53,8 +50,7 @@ def _presence_barrier(
             return
         if time.monotonic() > deadline:
             raise TimeoutError(
-                f"distributed start-up: ranks {missing} of {world} did not join within "
-                f"{configured if configured is not None else timeout_s}s "
+                f"distributed start-up: ranks {missing} of {world} did not join within {configured}s "
                 f"(distributed.startup_timeout); were they started, with the same MASTER_ADDR/PORT?"
             )
         time.sleep(pause)
@@ -150,9 +146,7 @@ def init_torch(startup_s: float) -> Tuple[int, int]:
             f"{type(e).__name__}: {e}"
         ) from e
     restart = os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')
-    _presence_barrier(
-        store, rank, world, max(deadline - time.monotonic(), 0.0), f'ding_buffer/present/{restart}', startup_s
-    )
+    _presence_barrier(store, rank, world, deadline, f'ding_buffer/present/{restart}', startup_s)
     long = datetime.timedelta(seconds=max(startup_s, 7 * 24 * 3600))
     store.set_timeout(long)
     dist.init_process_group('gloo', store=store, rank=rank, world_size=world, timeout=long)
