@@ -258,7 +258,7 @@ class ShardedBuffer:
             min_leaf = min(float(s.get('priority_min_leaf', float('inf'))) for s in stats)
             self._reweight(out, min_leaf)
             self.beta = min(1.0, self.beta + (1.0 - self.beta0) / self.anneal_step) if self.anneal_step else self.beta
-        return _shuffle(out, self._rng.permutation(size))
+        return _take(out, self._rng.permutation(size))  # shuffled
 
     def _reweight(self, out: Any, min_leaf: float) -> None:
         """IS weights against the global smallest leaf: ``(p ** alpha / min_leaf) ** -beta`` (one buffer's rule)."""
@@ -418,6 +418,7 @@ def _rows(value: Any, idx: np.ndarray) -> Any:
 
 
 def _take(batch: Any, idx: np.ndarray) -> Any:
+    """Rows ``idx`` of a batch: of every field of a (nested) dict, or of a list of items."""
     if isinstance(batch, dict):
         return {k: _take(v, idx) for k, v in batch.items()}
     return _rows(batch, idx)
@@ -448,16 +449,6 @@ def _batch_len(batch: Any) -> int:
     for value in batch.values():
         return _batch_len(value) if isinstance(value, dict) else len(value)
     return 0
-
-
-def _shuffle(out: Any, perm: np.ndarray) -> Any:
-    if isinstance(out, list):
-        return [out[i] for i in perm]
-    index = torch.from_numpy(perm)
-    return {
-        k: _shuffle(v, perm) if isinstance(v, dict) else (v[index] if isinstance(v, torch.Tensor) else _rows(v, perm))
-        for k, v in out.items()
-    }
 
 
 __all__ = ['ShardedBuffer', 'shard_path', 'SHARDABLE', 'ROUTES']
