@@ -26,22 +26,10 @@ from ..errors import CodecError
 VERSION = 1
 MAX_DEPTH = 64  # nesting levels a decoded message may have
 
+# tensor dtypes sent raw, by the name ``str(dtype)`` gives them after 'torch.'
 _TORCH_DTYPES = {
-    str(d).replace('torch.', ''): d
-    for d in (
-        torch.float64,
-        torch.float32,
-        torch.float16,
-        torch.bfloat16,
-        torch.int64,
-        torch.int32,
-        torch.int16,
-        torch.int8,
-        torch.uint8,
-        torch.bool,
-        torch.complex64,
-        torch.complex128,
-    )
+    name: getattr(torch, name)
+    for name in 'float64 float32 float16 bfloat16 int64 int32 int16 int8 uint8 bool complex64 complex128'.split()
 }
 _NP_KINDS = set('biufc')  # numpy dtypes sent raw: bool, ints, uints, floats, complex
 

@@ -67,9 +67,7 @@ def _is_client(client: Any) -> bool:
 
 def _is_token(token: Any) -> bool:
     """``[ObjectRef]``: what a channel's first ping carries (anything else is ignored)."""
-    if not (isinstance(token, list) and len(token) == 1):
-        return False
-    return isinstance(token[0], import_ray().ObjectRef)
+    return isinstance(token, list) and len(token) == 1 and isinstance(token[0], import_ray().ObjectRef)
 
 
 class _ManagerActorImpl:
