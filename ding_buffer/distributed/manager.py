@@ -189,14 +189,11 @@ class ManagerCore:
     def _stored_log_rewards(self):
         if not self.buffer.has_log_rewards:  # declared by the buffer type (IBuffer.capabilities)
             return None, False
-        return self.buffer.log_rewards(), self.buffer.count() >= self._capacity()
-
-    def _capacity(self) -> int:
-        return self.buffer.replay_buffer_size
+        return self.buffer.log_rewards(), self.buffer.count() >= self.buffer.replay_buffer_size
 
     def _sample(self, sender, size, kwargs=None) -> Any:
         self.counters['sample_requests'] += 1
-        cap = self._capacity()
+        cap = self.buffer.replay_buffer_size
         if not isinstance(size, int) or isinstance(size, bool) or size > cap:
             # never more rows than the buffer holds: a reply is at most the size of the buffer itself
             raise ValueError(
