@@ -153,12 +153,11 @@ class Actor:
     def __init__(self, cfg: EasyDict, buffer: Any, index: int, n_actors: int) -> None:
         import gymnasium as gym
 
-        from .dqn import NStep, QNet
+        from .dqn import NStep, build_qnet
 
         self.cfg, self.buffer, self.index = cfg, buffer, index
         self.env = gym.make(cfg.env.env_id)
-        obs_dim = int(np.prod(self.env.observation_space.shape))
-        self.net = QNet(obs_dim, int(self.env.action_space.n), list(cfg.policy.model.hidden_sizes))
+        self.net = build_qnet(cfg.policy.model, self.env.observation_space.shape, int(self.env.action_space.n))
         self.eps = epsilon_ladder(index, n_actors, cfg.apex.eps_base, cfg.apex.eps_alpha)
         self.rng = np.random.default_rng([cfg.seed, 1 + index])
         self.nstep = NStep(cfg.policy.nstep, cfg.policy.discount_factor)
@@ -291,30 +290,18 @@ class Learner:
         import gymnasium as gym
         from torch.utils.tensorboard import SummaryWriter
 
-        from .dqn import QNet
+        from .dqn import init_learner
 
         self.cfg, self.buffer, self.run_dir, self.progress = cfg, buffer, run_dir, progress
         self.device = torch.device(cfg.policy.device)
         self.eval_env = gym.make(cfg.env.env_id)
-        obs_dim = int(np.prod(self.eval_env.observation_space.shape))
-        n_actions = int(self.eval_env.action_space.n)
-        torch.manual_seed(cfg.seed)
-        hidden = list(cfg.policy.model.hidden_sizes)
-        self.net = QNet(obs_dim, n_actions, hidden).to(self.device)
-        self.target = QNet(obs_dim, n_actions, hidden).to(self.device)
-        self.target.load_state_dict(self.net.state_dict())
-        self.optim = torch.optim.Adam(self.net.parameters(), lr=cfg.policy.learn.learning_rate)
+        init_learner(self, tuple(self.eval_env.observation_space.shape), int(self.eval_env.action_space.n))
         self.ckpt_dir = os.path.join(run_dir, 'checkpoints')
         self.tb = SummaryWriter(os.path.join(run_dir, 'log'))
         self.train_iter = self.version = 0
         self.env_base = 0  # transitions stored before this process started (resume)
         self.push_base: Optional[int] = None
         self.env_step = 0
-        self.evals: List[Dict[str, float]] = []
-        self.solved_step: Optional[int] = None
-        self.wall_offset = 0.0
-        self.last_loss = float('nan')
-        self.resumed_from: Optional[str] = None
         self.next_eval = cfg.env.eval_freq
         self.next_ckpt = cfg.checkpoint.freq or 0
         if resume:
@@ -388,7 +375,7 @@ class Learner:
     def _run(self) -> Dict[str, Any]:
         from tqdm import tqdm
 
-        from .dqn import learn_step
+        from .dqn import train_on
         from .plot import write_run_info
 
         cfg = self.cfg
@@ -429,23 +416,10 @@ class Learner:
             batch = self.buffer.sample(
                 learn.batch_size, cur_learner_iter=self.train_iter, timeout=cfg.apex.sample_timeout
             )
-            loss, td = learn_step(self.net, self.target, self.optim, batch, learn, self.device)
-            self.buffer.update(
-                {
-                    'replay_unique_id': batch['replay_unique_id'],
-                    'replay_buffer_idx': batch['replay_buffer_idx'],
-                    'priority': td.abs(),
-                }
-            )
-            self.train_iter += 1
-            if self.train_iter % learn.target_update_freq == 0:
-                self.target.load_state_dict(self.net.state_dict())
+            logged = train_on(self, batch)
             if self.train_iter % cfg.apex.publish_freq == 0:
                 self.publish()
-            if self.train_iter % 100 == 0:
-                self.last_loss = float(loss)
-                self.tb.add_scalar('train/loss', self.last_loss, self.env_step)
-                self.tb.add_scalar('train/td_error_abs_mean', float(td.abs().mean()), self.env_step)
+            if logged:
                 bar.set_postfix(
                     eval=f"{self.evals[-1]['return_mean']:.0f}" if self.evals else '-',
                     loss=f"{self.last_loss:.3f}",
@@ -470,59 +444,26 @@ class Learner:
         return self.finish()
 
     def finish(self) -> Dict[str, Any]:
-        from ..persistence import atomic_json
-        from .plot import plot_runs
+        from .dqn import write_summary
 
-        best = max(self.evals, key=lambda r: r['return_mean']) if self.evals else None
-        stats = self.buffer.stats()
-        summary = {
-            'exp_name': self.cfg.exp_name,
-            'seed': self.cfg.seed,
-            'run_dir': self.run_dir,
+        head = {
             'job': 'apex',
             'backend': self.cfg.policy.other.replay_buffer.distributed.backend,
             'buffer_type': 'advanced',
             'env_steps': self.env_step,
             'train_iters': self.train_iter,
             'weight_versions': self.version,
-            'best_eval_return': best['return_mean'] if best else None,
-            'best_eval_step': best['env_step'] if best else None,
-            'final_eval_return': self.evals[-1]['return_mean'] if self.evals else None,
-            'solved_step': self.solved_step,
-            'stop_value': self.cfg.env.stop_value,
-            'wall_time_s': round(self.wall_time(), 1),
-            'resumed_from': self.resumed_from,
-            'buffer': {
-                k: stats[k]
-                for k in ('count', 'push_items', 'sample_calls', 'updated', 'stale_updates', 'max_priority', 'beta')
-                if k in stats
-            },
         }
-        atomic_json(summary, os.path.join(self.run_dir, 'summary.json'))
-        if self.evals:  # a run stopped before its first evaluation has no curve yet
-            plot_runs([self.run_dir], os.path.join(self.run_dir, 'learning_curve.png'), title=self.cfg.exp_name)
-        self.tb.flush()
+        summary = write_summary(self, self.buffer.stats(), head)
         self.tb.close()
         return summary
 
     # ------------------------------------------------------------------ persistence
     def checkpoint(self) -> str:
         from .checkpoint import save_checkpoint
+        from .dqn import learner_state
 
-        state = {
-            'net': self.net.state_dict(),
-            'target': self.target.state_dict(),
-            'optim': self.optim.state_dict(),
-            'counters': {
-                'env_step': self.env_step,
-                'train_iter': self.train_iter,
-                'version': self.version,
-                'solved_step': -1 if self.solved_step is None else self.solved_step,
-                'wall_time': self.wall_time(),
-            },
-            'evals': [dict(r) for r in self.evals],
-            'rng': {'torch': torch.get_rng_state()},
-        }
+        state = learner_state(self, version=self.version)
         root = os.path.realpath(self.run_dir)
         return save_checkpoint(
             self.ckpt_dir,
@@ -533,25 +474,16 @@ class Learner:
         )
 
     def _load(self, path: str) -> Dict[str, Any]:
-        state = torch.load(os.path.join(path, 'trainer.pt'), weights_only=True)
+        from .dqn import load_learner_state
+
         root = os.path.realpath(self.run_dir)
-        self.buffer.load_data(os.path.relpath(os.path.realpath(os.path.join(path, 'buffer.pt')), root))
-        self.net.load_state_dict(state['net'])
-        self.target.load_state_dict(state['target'])
-        self.optim.load_state_dict(state['optim'])
-        c = state['counters']
-        self.env_base, self.train_iter, self.version = int(c['env_step']), int(c['train_iter']), int(c['version'])
+        buffer_file = os.path.relpath(os.path.realpath(os.path.join(path, 'buffer.pt')), root)
+        state = load_learner_state(self, path, buffer_file)
+        self.env_base, self.version = int(state['counters']['env_step']), int(state['counters']['version'])
         self.env_step = self.env_base
-        self.solved_step = None if c['solved_step'] < 0 else int(c['solved_step'])
-        self.wall_offset = float(c['wall_time'])
-        self.evals = [dict(r) for r in state['evals']]
-        torch.set_rng_state(state['rng']['torch'])
         self.next_eval = (self.env_step // self.cfg.env.eval_freq + 1) * self.cfg.env.eval_freq
         if self.cfg.checkpoint.freq:
             self.next_ckpt = (self.env_step // self.cfg.checkpoint.freq + 1) * self.cfg.checkpoint.freq
-        from .evals import write_eval_csv
-
-        write_eval_csv(self.run_dir, self.evals)
         return state
 
 

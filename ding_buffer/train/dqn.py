@@ -193,6 +193,115 @@ def evaluate_greedy(job: Any) -> Dict[str, float]:
     return row
 
 
+LEARNER_MODULES = ('net', 'target', 'optim')
+SUMMARY_BUFFER_KEYS = ('count', 'push_items', 'sample_calls', 'updated', 'stale_updates', 'max_priority', 'beta')
+
+
+def init_learner(job: Any, obs_shape: Tuple[int, ...], n_actions: int) -> None:
+    """The networks, optimizer and evaluation state of a DQN / Ape-X learner ``job`` (``cfg``, ``device``): ``net``
+    seeded by the run's seed, ``target`` a copy of it, Adam over ``net``; no evaluation, checkpoint or loss yet."""
+    cfg = job.cfg
+    torch.manual_seed(cfg.seed)
+    job.net = build_qnet(cfg.policy.model, obs_shape, n_actions).to(job.device)
+    job.target = build_qnet(cfg.policy.model, obs_shape, n_actions).to(job.device)
+    job.target.load_state_dict(job.net.state_dict())
+    job.optim = torch.optim.Adam(job.net.parameters(), lr=cfg.policy.learn.learning_rate)
+    job.evals: List[Dict[str, float]] = []
+    job.solved_step: Optional[int] = None
+    job.wall_offset = 0.0
+    job.last_loss = float('nan')
+    job.resumed_from: Optional[str] = None
+
+
+def train_on(job: Any, batch: Dict[str, torch.Tensor]) -> bool:
+    """One gradient step of a DQN / Ape-X learner ``job`` on a sampled ``batch``: ``learn_step``, ``|TD error|``
+    back to the buffer as priorities, ``train_iter`` + 1, the target network synced every
+    ``policy.learn.target_update_freq`` steps. Every 100 steps it records the loss (``last_loss``) and the mean
+    ``|TD error|`` in TensorBoard and returns True."""
+    learn = job.cfg.policy.learn
+    loss, td = learn_step(job.net, job.target, job.optim, batch, learn, job.device)
+    job.buffer.update(
+        {
+            'replay_unique_id': batch['replay_unique_id'],
+            'replay_buffer_idx': batch['replay_buffer_idx'],
+            'priority': td.abs(),
+        }
+    )
+    job.train_iter += 1
+    if job.train_iter % learn.target_update_freq == 0:
+        job.target.load_state_dict(job.net.state_dict())
+    if job.train_iter % 100 != 0:
+        return False
+    job.last_loss = float(loss)
+    job.tb.add_scalar('train/loss', job.last_loss, job.env_step)
+    job.tb.add_scalar('train/td_error_abs_mean', float(td.abs().mean()), job.env_step)
+    return True
+
+
+def learner_state(job: Any, **counters: Any) -> Dict[str, Any]:
+    """What a DQN / Ape-X checkpoint holds of the learner ``job``: networks, optimizer, counters (``env_step``,
+    ``train_iter``, the job's own ``counters``, ``solved_step`` (-1: none), ``wall_time``), evaluations and the torch
+    RNG state."""
+    return {
+        **{name: getattr(job, name).state_dict() for name in LEARNER_MODULES},
+        'counters': {
+            'env_step': job.env_step,
+            'train_iter': job.train_iter,
+            **counters,
+            'solved_step': -1 if job.solved_step is None else job.solved_step,
+            'wall_time': job.wall_time(),
+        },
+        'evals': [dict(r) for r in job.evals],
+        'rng': {'torch': torch.get_rng_state()},
+    }
+
+
+def load_learner_state(job: Any, path: str, buffer_file: str) -> Dict[str, Any]:
+    """Load what ``learner_state`` saved in the checkpoint ``path`` into ``job`` (and its buffer from
+    ``buffer_file``, as ``buffer.load_data`` names it); ``eval.csv`` drops rows written after the checkpoint.
+    Returns the state, for the job's own counters and RNG states."""
+    state = torch.load(os.path.join(path, 'trainer.pt'), weights_only=True)
+    job.buffer.load_data(buffer_file)
+    for name in LEARNER_MODULES:
+        getattr(job, name).load_state_dict(state[name])
+    c = state['counters']
+    job.train_iter = int(c['train_iter'])
+    job.solved_step = None if c['solved_step'] < 0 else int(c['solved_step'])
+    job.wall_offset = float(c['wall_time'])
+    job.evals = [dict(r) for r in state['evals']]
+    torch.set_rng_state(state['rng']['torch'])
+    write_eval_csv(job.run_dir, job.evals)
+    return state
+
+
+def write_summary(job: Any, stats: Dict[str, Any], head: Dict[str, Any], **tail: Any) -> Dict[str, Any]:
+    """The ``summary.json`` of a finished DQN / Ape-X run ``job``, written with its learning curve (when it has an
+    evaluation); ``head`` and ``tail``: the job's own entries, before the evaluation results and after them."""
+    from .plot import plot_runs
+
+    best = max(job.evals, key=lambda r: r['return_mean']) if job.evals else None
+    summary = {
+        'exp_name': job.cfg.exp_name,
+        'seed': job.cfg.seed,
+        'run_dir': job.run_dir,
+        **head,
+        'best_eval_return': best['return_mean'] if best else None,
+        'best_eval_step': best['env_step'] if best else None,
+        'final_eval_return': job.evals[-1]['return_mean'] if job.evals else None,
+        'solved_step': job.solved_step,
+        'stop_value': job.cfg.env.stop_value,
+        'wall_time_s': round(job.wall_time(), 1),
+        'resumed_from': job.resumed_from,
+        **tail,
+        'buffer': {k: stats[k] for k in SUMMARY_BUFFER_KEYS if k in stats},
+    }
+    atomic_json(summary, os.path.join(job.run_dir, 'summary.json'))
+    if job.evals:  # a run stopped before its first evaluation has no curve yet
+        plot_runs([job.run_dir], os.path.join(job.run_dir, 'learning_curve.png'), title=job.cfg.exp_name)
+    job.tb.flush()
+    return summary
+
+
 def _training_buffer_cfg(cfg: EasyDict) -> EasyDict:
     """A copy of ``policy.other.replay_buffer`` for training: tensor storage (the default; the learner needs batched
     tensors) and the run's seed unless it sets its own."""
@@ -274,15 +383,9 @@ class DQNTrainer:
     def _build(self, buffer_cfg: EasyDict, resume: bool) -> None:
         """Networks, optimizer, TensorBoard writer, buffer and counters (``run_dir`` exists); load a checkpoint."""
         cfg, run_dir = self.cfg, self.run_dir
-        shape = tuple(self.env.observation_space.shape)
-        n_actions = int(self.env.action_space.n)
-        torch.manual_seed(cfg.seed)
-        self.net = build_qnet(cfg.policy.model, shape, n_actions).to(self.device)
-        self.target = build_qnet(cfg.policy.model, shape, n_actions).to(self.device)
-        self.target.load_state_dict(self.net.state_dict())
-        self.optim = torch.optim.Adam(self.net.parameters(), lr=cfg.policy.learn.learning_rate)
+        self.n_actions = int(self.env.action_space.n)
+        init_learner(self, tuple(self.env.observation_space.shape), self.n_actions)
         self.rng = np.random.default_rng(cfg.seed)
-        self.n_actions = n_actions
         from torch.utils.tensorboard import SummaryWriter
 
         self.tb = SummaryWriter(os.path.join(run_dir, 'log'))
@@ -292,12 +395,7 @@ class DQNTrainer:
             raise ValueError(str(e).replace("config key '", f"config key '{BUFFER_SECTION}")) from e
         self.nstep = NStep(cfg.policy.nstep, cfg.policy.discount_factor)
         self.env_step = self.train_iter = self.episodes = 0
-        self.evals: List[Dict[str, float]] = []
         self.recent_returns: collections.deque = collections.deque(maxlen=20)
-        self.solved_step: Optional[int] = None
-        self.wall_offset = 0.0
-        self.last_loss = float('nan')
-        self.resumed_from: Optional[str] = None
         # frames stored once (storage.frames): the buffer links the steps of the one env stream, and builds
         # n-step returns itself when its n_step > 1
         self.frames = buffer_cfg.storage.get('frames') is not None
@@ -322,27 +420,12 @@ class DQNTrainer:
         return int(q.argmax(1).item())
 
     def learn(self) -> None:
-        cfg = self.cfg.policy
-        batch = self.buffer.sample(cfg.learn.batch_size, cur_learner_iter=self.train_iter)
+        batch = self.buffer.sample(self.cfg.policy.learn.batch_size, cur_learner_iter=self.train_iter)
         if batch is None:
             return
         if 'n_step_discount' in batch:  # the buffer built n-step returns: gamma ** k of each
             batch['discount'] = batch['n_step_discount']
-        loss, td = learn_step(self.net, self.target, self.optim, batch, cfg.learn, self.device)
-        self.buffer.update(
-            {
-                'replay_unique_id': batch['replay_unique_id'],
-                'replay_buffer_idx': batch['replay_buffer_idx'],
-                'priority': td.abs(),
-            }
-        )
-        self.train_iter += 1
-        if self.train_iter % cfg.learn.target_update_freq == 0:
-            self.target.load_state_dict(self.net.state_dict())
-        if self.train_iter % 100 == 0:
-            self.last_loss = float(loss)
-            self.tb.add_scalar('train/loss', self.last_loss, self.env_step)
-            self.tb.add_scalar('train/td_error_abs_mean', float(td.abs().mean().item()), self.env_step)
+        train_on(self, batch)
 
     def evaluate(self) -> Dict[str, float]:
         return evaluate_greedy(self)
@@ -425,86 +508,32 @@ class DQNTrainer:
             return self.finish()
 
     def finish(self) -> Dict[str, Any]:
-        from .plot import plot_runs
-
-        summary = self.summary()
-        atomic_json(summary, os.path.join(self.run_dir, 'summary.json'))
-        if self.evals:  # a run stopped before its first evaluation has no curve yet
-            plot_runs([self.run_dir], os.path.join(self.run_dir, 'learning_curve.png'), title=self.cfg.exp_name)
-        self.tb.flush()
-        self.buffer.close()
-        self.tb.close()
-        return summary
-
-    def summary(self) -> Dict[str, Any]:
-        best = max(self.evals, key=lambda r: r['return_mean']) if self.evals else None
         stats = self.buffer.stats() if hasattr(self.buffer, 'stats') else {'count': self.buffer.count()}
-        return {
-            'exp_name': self.cfg.exp_name,
-            'seed': self.cfg.seed,
-            'run_dir': self.run_dir,
+        head = {
             'buffer_type': self.cfg.policy.other.replay_buffer.type,
             'env_steps': self.env_step,
             'train_iters': self.train_iter,
             'episodes': self.episodes,
-            'best_eval_return': best['return_mean'] if best else None,
-            'best_eval_step': best['env_step'] if best else None,
-            'final_eval_return': self.evals[-1]['return_mean'] if self.evals else None,
-            'solved_step': self.solved_step,
-            'stop_value': self.cfg.env.stop_value,
-            'wall_time_s': round(self.wall_time(), 1),
-            'resumed_from': self.resumed_from,
-            'stopped_early': self.env_step < self.cfg.env.max_env_step,
-            'buffer': {
-                k: stats[k]
-                for k in ('count', 'push_items', 'sample_calls', 'updated', 'stale_updates', 'max_priority', 'beta')
-                if k in stats
-            },
         }
+        summary = write_summary(self, stats, head, stopped_early=self.env_step < self.cfg.env.max_env_step)
+        self.buffer.close()
+        self.tb.close()
+        return summary
 
     # ------------------------------------------------------------------ persistence
     def checkpoint(self) -> str:
-        state = {
-            'net': self.net.state_dict(),
-            'target': self.target.state_dict(),
-            'optim': self.optim.state_dict(),
-            'counters': {
-                'env_step': self.env_step,
-                'train_iter': self.train_iter,
-                'episodes': self.episodes,
-                'solved_step': -1 if self.solved_step is None else self.solved_step,
-                'wall_time': self.wall_time(),
-            },
-            'evals': [dict(r) for r in self.evals],
-            'recent_returns': [float(x) for x in self.recent_returns],
-            'rng': {
-                'torch': torch.get_rng_state(),
-                'numpy': self.rng.bit_generator.state,
-                'env': self.env.unwrapped.np_random.bit_generator.state,
-            },
-        }
+        state = learner_state(self, episodes=self.episodes)
+        state['recent_returns'] = [float(x) for x in self.recent_returns]
+        state['rng'].update(numpy=self.rng.bit_generator.state, env=self.env.unwrapped.np_random.bit_generator.state)
         return save_checkpoint(self.ckpt_dir, self.env_step, state, self.buffer.save_data, self.cfg.checkpoint.keep)
 
     def _load_checkpoint(self, path: str) -> Dict[str, Any]:
-        state = torch.load(os.path.join(path, 'trainer.pt'), weights_only=True)
-        self.buffer.load_data(os.path.join(path, 'buffer.pt'))
-        self.net.load_state_dict(state['net'])
-        self.target.load_state_dict(state['target'])
-        self.optim.load_state_dict(state['optim'])
-        c = state['counters']
-        self.env_step, self.train_iter, self.episodes = int(c['env_step']), int(c['train_iter']), int(c['episodes'])
-        self.solved_step = None if c['solved_step'] < 0 else int(c['solved_step'])
-        self.wall_offset = float(c['wall_time'])
-        self.evals = [dict(r) for r in state['evals']]
+        state = load_learner_state(self, path, os.path.join(path, 'buffer.pt'))
+        self.env_step, self.episodes = int(state['counters']['env_step']), int(state['counters']['episodes'])
         self.recent_returns.extend(state['recent_returns'])
-        torch.set_rng_state(state['rng']['torch'])
         self.rng.bit_generator.state = state['rng']['numpy']
         self.env.unwrapped.np_random.bit_generator.state = state['rng']['env']
-        self._write_eval_csv()  # drop rows written after this checkpoint
         return state
-
-    def _write_eval_csv(self) -> None:
-        write_eval_csv(self.run_dir, self.evals)
 
 
 __all__ = ['DQNTrainer', 'QNet', 'NatureQNet', 'NStep', 'build_qnet', 'as_stored', 'learn_step', 'greedy_returns']
