@@ -373,10 +373,9 @@ class Learner:
             raise
 
     def _run(self) -> Dict[str, Any]:
-        from tqdm import tqdm
-
         from .dqn import train_on
         from .plot import write_run_info
+        from .run_dir import progress_bar
 
         cfg = self.cfg
         learn = cfg.policy.learn
@@ -384,15 +383,7 @@ class Learner:
         self._t0 = time.monotonic()
         self._refresh_env_step()
         self.publish()
-        bar = tqdm(
-            total=cfg.env.max_env_step,
-            initial=min(self.env_step, cfg.env.max_env_step),
-            unit='step',
-            dynamic_ncols=True,
-            disable=not self.progress,
-            desc=cfg.exp_name,
-            mininterval=0.5,
-        )
+        bar = progress_bar(self, cfg.env.max_env_step, min(self.env_step, cfg.env.max_env_step), 'step')
         last_poll = 0.0
         seen, seen_at = self.env_step, time.monotonic()
         while self.env_step < cfg.env.max_env_step:

@@ -71,6 +71,20 @@ def complete_checkpoints(root: str) -> List[Tuple[int, str]]:
     return sorted(out)
 
 
+def check_checkpoints(run_dir: str, resume: bool) -> None:
+    """``ValueError`` unless ``run_dir/checkpoints`` holds a complete checkpoint when resuming, and none otherwise
+    (a new run must not mix with an old one: ``--resume`` continues it)."""
+    ckpt_dir = os.path.join(run_dir, 'checkpoints')
+    done = complete_checkpoints(ckpt_dir)
+    if resume and not done:
+        raise ValueError(f"--resume {run_dir}: no complete checkpoint in {ckpt_dir}")
+    if not resume and done:
+        raise ValueError(
+            f"run directory '{run_dir}' already holds checkpoints: continue it with --resume {run_dir}, "
+            "or pick another exp_name / seed / log_dir"
+        )
+
+
 def load_latest(root: str, load: Callable[[str], Any]) -> Tuple[Optional[str], Any]:
     """
     Overview:

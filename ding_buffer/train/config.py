@@ -211,16 +211,11 @@ def check_run_dir(run_dir: str, log_dir: Optional[str]) -> None:
 
 
 def check_new_run_dir(run_dir: str, log_dir: Optional[str]) -> None:
-    """``check_run_dir``, and ``ValueError`` when ``run_dir`` already holds checkpoints (a new run must not mix
-    with an old one: ``--resume`` continues it)."""
-    from .checkpoint import complete_checkpoints
+    """``check_run_dir``, and ``ValueError`` when ``run_dir`` already holds checkpoints (``check_checkpoints``)."""
+    from .checkpoint import check_checkpoints
 
     check_run_dir(run_dir, log_dir)
-    if complete_checkpoints(os.path.join(run_dir, 'checkpoints')):
-        raise ValueError(
-            f"run directory '{run_dir}' already holds checkpoints: continue it with --resume {run_dir}, "
-            "or pick another exp_name / seed / log_dir"
-        )
+    check_checkpoints(run_dir, resume=False)
 
 
 def split_buffer_section(user: Mapping) -> Tuple[Dict[str, Any], Any]:

@@ -22,10 +22,10 @@ from easydict import EasyDict
 
 from ..base import create_buffer
 from ..persistence import atomic_json
-from .checkpoint import complete_checkpoints, load_latest, save_checkpoint
+from .checkpoint import check_checkpoints, load_latest, save_checkpoint
 from .config import BUFFER_SECTION
 from .evals import write_eval_csv
-from .run_dir import discard_run_dir, first_missing_dir
+from .run_dir import build_in_run_dir, progress_bar
 
 
 class QNet(nn.Module):
@@ -342,7 +342,7 @@ class DQNTrainer:
         if self.device.type == 'cuda' and not torch.cuda.is_available():
             raise ValueError(f"device '{cfg.policy.device}' requested but CUDA is not available on this machine")
         self.ckpt_dir = os.path.join(run_dir, 'checkpoints')
-        self._check_checkpoints(resume)
+        check_checkpoints(run_dir, resume)
         from .gym_envs import make_env
 
         self.env, self.eval_env = make_env(cfg.env), make_env(cfg.env)
@@ -352,33 +352,7 @@ class DQNTrainer:
                 f"{self.env.action_space}"
             )
         buffer_cfg = _training_buffer_cfg(cfg)
-        created, self.tb, self.buffer = first_missing_dir(run_dir), None, None
-        self._create_run_dir(created)
-        try:
-            self._build(buffer_cfg, resume)
-        except BaseException:
-            self._discard(created)  # a trainer that failed to build leaves no half-made run directory
-            raise
-
-    def _check_checkpoints(self, resume: bool) -> None:
-        """``ckpt_dir`` holds a complete checkpoint when resuming, and none otherwise."""
-        if resume and not complete_checkpoints(self.ckpt_dir):
-            raise ValueError(f"--resume {self.run_dir}: no complete checkpoint in {self.ckpt_dir}")
-        if not resume and complete_checkpoints(self.ckpt_dir):
-            raise ValueError(
-                f"run directory '{self.run_dir}' already holds checkpoints: continue it with --resume {self.run_dir}, "
-                "or pick another exp_name / seed / log_dir"
-            )
-
-    def _create_run_dir(self, created: Optional[str]) -> None:
-        """Create ``run_dir`` (``created``: its first missing folder), removing what it made if that fails."""
-        try:
-            os.makedirs(self.run_dir, exist_ok=True)  # only now: invalid input must leave nothing on disk
-        except OSError as e:
-            self._discard(created)  # the parents makedirs made before it failed
-            raise ValueError(
-                f"config key 'log_dir': cannot create run directory '{self.run_dir}': {e.strerror or e}"
-            ) from e
+        build_in_run_dir(self, lambda: self._build(buffer_cfg, resume))
 
     def _build(self, buffer_cfg: EasyDict, resume: bool) -> None:
         """Networks, optimizer, TensorBoard writer, buffer and counters (``run_dir`` exists); load a checkpoint."""
@@ -404,9 +378,6 @@ class DQNTrainer:
             if self.frames:  # the env restarts below, mid-episode for the stream the checkpoint holds
                 self.buffer.storage.end_streams()
         self.obs, _ = self.env.reset(seed=None if resume else cfg.seed)
-
-    def _discard(self, created: Optional[str]) -> None:
-        discard_run_dir(self.run_dir, created, (self.buffer, self.tb))
 
     # ------------------------------------------------------------------ acting / learning
     def epsilon(self) -> float:
@@ -437,23 +408,13 @@ class DQNTrainer:
     def run(self, stop: Any = None) -> Dict[str, Any]:
         """Train until ``env.max_env_step`` or until ``stop.requested`` (a ``StopSignals``) turns true; either
         way the last step is checkpointed and the summary written (``summary['stopped_early']``)."""
-        from tqdm import tqdm
-
         from .plot import write_run_info
 
         cfg = self.cfg
         write_run_info(self.run_dir, cfg, 'dqn')  # run.json: what the plot groups the run by, before summary.json
         self._t0 = time.monotonic() if self.started_at is None else self.started_at
         ep_return = 0.0
-        bar = tqdm(
-            total=cfg.env.max_env_step,
-            initial=self.env_step,
-            unit='step',
-            dynamic_ncols=True,
-            disable=not self.progress,
-            desc=cfg.exp_name,
-            mininterval=0.5,
-        )
+        bar = progress_bar(self, cfg.env.max_env_step, self.env_step, 'step')
         while self.env_step < cfg.env.max_env_step and not (stop is not None and stop.requested):
             eps = self.epsilon()
             action = int(self.rng.integers(self.n_actions)) if self.rng.random() < eps else self.greedy(self.obs)

@@ -36,10 +36,10 @@ from easydict import EasyDict
 from ..base import create_buffer, get_buffer_cls
 from ..config import build_config, check_section, optional_positive_int, positive_int, seed_ok
 from ..persistence import atomic_json, atomic_save
-from .checkpoint import complete_checkpoints, load_latest, save_checkpoint
+from .checkpoint import check_checkpoints, load_latest, save_checkpoint
 from .config import BUFFER_SECTION, check_run_dir, run_dir_of, split_buffer_section
 from .hypergrid_metrics import GridTruth, plot_curve, write_eval_csv
-from .run_dir import discard_run_dir, first_missing_dir
+from .run_dir import build_in_run_dir, progress_bar
 from .signals import StopSignals
 
 HYPERGRID_DEFAULTS = {
@@ -275,13 +275,7 @@ class HyperGridTrainer:
         if self.device.type == 'cuda' and not torch.cuda.is_available():
             raise ValueError(f"config key 'policy.device' is {cfg.policy.device!r} but CUDA is not available here")
         self.ckpt_dir = os.path.join(run_dir, 'checkpoints')
-        if resume and not complete_checkpoints(self.ckpt_dir):
-            raise ValueError(f"--resume {run_dir}: no complete checkpoint in {self.ckpt_dir}")
-        if not resume and complete_checkpoints(self.ckpt_dir):
-            raise ValueError(
-                f"run directory '{run_dir}' already holds checkpoints: continue it with --resume "
-                f"{run_dir}, or pick another exp_name / seed / log_dir"
-            )
+        check_checkpoints(run_dir, resume)
         e = cfg.env
         if e.height**e.ndim > MAX_STATES:
             raise ValueError(
@@ -295,19 +289,7 @@ class HyperGridTrainer:
                 f"config key 'env.height' = {e.height}: this grid has no mode state (no coordinate with "
                 "0.3 < |i/(height-1) - 0.5| < 0.4); expected height >= 5"
             )
-        created, self.tb, self.buffer = first_missing_dir(run_dir), None, None
-        try:
-            os.makedirs(run_dir, exist_ok=True)  # only now: invalid input must leave nothing on disk
-        except OSError as err:
-            self._discard(created)
-            raise ValueError(
-                f"config key 'log_dir': cannot create run directory '{run_dir}': {err.strerror or err}"
-            ) from err
-        try:
-            self._build(resume)
-        except BaseException:
-            self._discard(created)  # a trainer that failed to build leaves no half-made run directory
-            raise
+        build_in_run_dir(self, lambda: self._build(resume))
 
     def _build(self, resume: bool) -> None:
         from gfn.estimators import DiscretePolicyEstimator
@@ -382,9 +364,6 @@ class HyperGridTrainer:
         if self.buffer is None:
             return 0
         return len(self.buffer) if self.torchgfn_buffer else self.buffer.count()
-
-    def _discard(self, created: Optional[str]) -> None:
-        discard_run_dir(self.run_dir, created, (self.buffer, self.tb))
 
     # ------------------------------------------------------------------ one iteration
     def step(self) -> float:
@@ -484,22 +463,12 @@ class HyperGridTrainer:
     def run(self, stop: Any = None, started_at: Optional[float] = None) -> dict[str, Any]:
         """Train until ``policy.learn.iterations`` or ``stop.requested`` (a ``StopSignals``); either way the last
         iteration is checkpointed. ``started_at``: the ``time.monotonic()`` the wall time counts from."""
-        from tqdm import tqdm
-
         cfg = self.cfg
         total = cfg.policy.learn.iterations
         self._t0 = time.monotonic() if started_at is None else started_at
         if not self.evals and cfg.env.eval_source == 'fresh':
             self.evaluate()  # the untrained policy: the curve's starting point ('visited': nothing visited yet)
-        bar = tqdm(
-            total=total,
-            initial=min(self.iteration, total),
-            unit='it',
-            dynamic_ncols=True,
-            disable=not self.progress,
-            desc=cfg.exp_name,
-            mininterval=0.5,
-        )
+        bar = progress_bar(self, total, min(self.iteration, total), 'it')
         while self.iteration < total and not (stop is not None and stop.requested):
             loss = self.step()
             self.last_loss = loss
