@@ -261,6 +261,26 @@ def _check_replay_sizes(learn: EasyDict, size: int) -> None:
 
 
 # ---------------------------------------------------------------------------------------------------- trainer
+def make_grid(cfg: EasyDict, device: Any = 'cpu') -> Tuple[Any, Any, Any]:
+    """The HyperGrid of ``cfg.env`` ('original' reward) on ``device``, its k-hot preprocessor and the forward
+    policy's MLP (``policy.model``), made in that order (the order of the draws from the torch RNG)."""
+    from gfn.gym import HyperGrid
+    from gfn.preprocessors import KHotPreprocessor
+    from gfn.utils.modules import MLP
+
+    e, m = cfg.env, cfg.policy.model
+    env = HyperGrid(
+        ndim=e.ndim,
+        height=e.height,
+        reward_fn_str='original',
+        reward_fn_kwargs={'R0': e.R0, 'R1': e.R1, 'R2': e.R2},
+        device=device,
+        validate_modes=False,
+    )
+    pre = KHotPreprocessor(height=e.height, ndim=e.ndim)
+    return env, pre, MLP(pre.output_dim, env.n_actions, hidden_dim=m.hidden_dim, n_hidden_layers=m.n_hidden_layers)
+
+
 class HyperGridTrainer:
     """
     Overview:
@@ -294,25 +314,14 @@ class HyperGridTrainer:
     def _build(self, resume: bool) -> None:
         from gfn.estimators import DiscretePolicyEstimator
         from gfn.gflownet import TBGFlowNet
-        from gfn.gym import HyperGrid
-        from gfn.preprocessors import KHotPreprocessor
         from gfn.samplers import Sampler
         from gfn.utils.modules import MLP, DiscreteUniform
         from torch.utils.tensorboard import SummaryWriter
 
-        cfg, e, m = self.cfg, self.cfg.env, self.cfg.policy.model
+        cfg, m = self.cfg, self.cfg.policy.model
         torch.manual_seed(cfg.seed)
-        self.env = HyperGrid(
-            ndim=e.ndim,
-            height=e.height,
-            reward_fn_str='original',
-            reward_fn_kwargs={'R0': e.R0, 'R1': e.R1, 'R2': e.R2},
-            device=self.device,
-            validate_modes=False,
-        )
-        pre = KHotPreprocessor(height=e.height, ndim=e.ndim)
+        self.env, pre, pf = make_grid(cfg, self.device)
         n_actions = self.env.n_actions
-        pf = MLP(pre.output_dim, n_actions, hidden_dim=m.hidden_dim, n_hidden_layers=m.n_hidden_layers)
         pb = (
             DiscreteUniform(n_actions - 1)
             if m.uniform_pb

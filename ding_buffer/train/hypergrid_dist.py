@@ -33,7 +33,8 @@ import torch
 from easydict import EasyDict
 
 from ..errors import ManagerUnavailableError
-from .hypergrid import HyperGridTrainer
+from .config import run_dir_of
+from .hypergrid import HyperGridTrainer, make_grid
 from .launch import publish_weights, run_roles, with_remote
 
 
@@ -186,26 +187,12 @@ def _learner(cfg: EasyDict, run_dir: str, remote: Any, resume: bool, progress: b
 
 def _sampler(cfg: EasyDict, remote: Any, index: int) -> Dict[str, Any]:
     from gfn.estimators import DiscretePolicyEstimator
-    from gfn.gym import HyperGrid
-    from gfn.preprocessors import KHotPreprocessor
     from gfn.samplers import Sampler
-    from gfn.utils.modules import MLP
 
-    e, m, job = cfg.env, cfg.policy.model, cfg.distributed_job
+    e, job = cfg.env, cfg.distributed_job
     torch.manual_seed(cfg.seed * 1_000_003 + 7919 * (index + 1))
-    env = HyperGrid(
-        ndim=e.ndim,
-        height=e.height,
-        reward_fn_str='original',
-        reward_fn_kwargs={'R0': e.R0, 'R1': e.R1, 'R2': e.R2},
-        validate_modes=False,
-    )
-    pre = KHotPreprocessor(height=e.height, ndim=e.ndim)
-    pf = DiscretePolicyEstimator(
-        MLP(pre.output_dim, env.n_actions, hidden_dim=m.hidden_dim, n_hidden_layers=m.n_hidden_layers),
-        env.n_actions,
-        preprocessor=pre,
-    )
+    env, pre, mlp = make_grid(cfg)
+    pf = DiscretePolicyEstimator(mlp, env.n_actions, preprocessor=pre)
     sampler = Sampler(estimator=pf)
     length = max_actions(e.ndim, e.height)
     version, stop, batches, pushed, since = -1, False, 0, 0, 0
@@ -265,7 +252,7 @@ def _print(s: Dict[str, Any]) -> None:
 
 def run_distributed(cfg: EasyDict, args: argparse.Namespace) -> int:
     """``ding-buffer train`` of a HyperGrid config whose buffer section has ``distributed.backend``."""
-    run_dir = os.path.abspath(args.resume or os.path.join(cfg.log_dir or '.', f'{cfg.exp_name}_seed{cfg.seed}'))
+    run_dir = os.path.abspath(args.resume or run_dir_of(cfg))
     return run_roles(_role_main, cfg, run_dir, args, 'distributed HyperGrid', 'sampler', _print)
 
 
