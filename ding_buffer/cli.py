@@ -111,7 +111,7 @@ def _train_dqn(user: dict, args: argparse.Namespace) -> int:
         return _missing_extra(e)
     import torch
 
-    from .train.config import build_train_config, run_dir_of
+    from .train.config import build_train_config, make_trainer, run_dir_of
     from .train.signals import StopSignals
 
     _apply_overrides(user, args)
@@ -119,7 +119,7 @@ def _train_dqn(user: dict, args: argparse.Namespace) -> int:
     run_dir = args.resume or run_dir_of(cfg)
     _warn_if_warmup_too_long(cfg)
     torch.set_num_threads(args.threads)
-    trainer = _make_trainer(DQNTrainer, cfg, run_dir, args)
+    trainer = make_trainer(DQNTrainer, cfg, run_dir, args, started_at=args.started_at)
     if trainer.resumed_from:
         print(f"resumed from {trainer.resumed_from} at env step {trainer.env_step}")
     with StopSignals() as stop:
@@ -151,20 +151,6 @@ def _warn_if_warmup_too_long(cfg) -> None:
             file=sys.stderr,
             flush=True,
         )
-
-
-def _make_trainer(trainer_cls, cfg, run_dir: str, args: argparse.Namespace):
-    """A ``trainer_cls`` for ``run_dir`` (a new run's directory checked first); a bad setting names the config."""
-    from .train.config import check_run_dir
-
-    try:
-        if args.resume is None:
-            check_run_dir(run_dir, cfg.log_dir)
-        return trainer_cls(
-            cfg, run_dir, resume=args.resume is not None, progress=not args.no_progress, started_at=args.started_at
-        )
-    except ValueError as e:
-        raise ValueError(f"{args.config}: {e}") from e
 
 
 def _print_summary(s: dict) -> None:
@@ -236,31 +222,17 @@ def plot(args: argparse.Namespace) -> int:
     return 0
 
 
-def _at_least_one(what: str):
-    """An argparse type: an int >= 1 (anything else is a usage error naming ``what``, exit 2)."""
+def _int_at_least(low: int, what: str, below: Optional[int] = None):
+    """An argparse type: an int >= ``low`` (and < ``below`` when given); anything else is a usage error naming
+    ``what``, exit 2."""
 
     def parse(text: str) -> int:
         try:
             n = int(text)
         except ValueError:
-            n = 0
-        if n < 1:
-            raise argparse.ArgumentTypeError(f"expected an int >= 1 ({what}), got {text!r}")
-        return n
-
-    return parse
-
-
-def _non_negative(what: str):
-    """An argparse type: an int >= 0."""
-
-    def parse(text: str) -> int:
-        try:
-            n = int(text)
-        except ValueError:
-            n = -1
-        if n < 0 or n >= 2**63:
-            raise argparse.ArgumentTypeError(f"expected an int >= 0 ({what}), got {text!r}")
+            n = low - 1
+        if n < low or (below is not None and n >= below):
+            raise argparse.ArgumentTypeError(f"expected an int >= {low} ({what}), got {text!r}")
         return n
 
     return parse
@@ -302,7 +274,7 @@ MAX_THREADS = max(4, 4 * (os.cpu_count() or 1))  # torch crashes (SIGSEGV) on ab
 
 
 def _threads(text: str) -> int:
-    n = _at_least_one('torch CPU threads')(text)
+    n = _int_at_least(1, 'torch CPU threads')(text)
     if n > MAX_THREADS:
         raise argparse.ArgumentTypeError(
             f"expected at most {MAX_THREADS} torch CPU threads (4 x the {os.cpu_count()} CPUs here), got {text!r}"
@@ -349,7 +321,7 @@ def build_parser() -> argparse.ArgumentParser:
 def _add_demo_command(sub) -> None:
     """The ``demo`` subcommand: ``--seed``, ``--out``."""
     p = sub.add_parser('demo', help='a tour of every buffer type: push, sample, save and reload, printing what happens')
-    p.add_argument('--seed', type=_non_negative('seed'), default=0)
+    p.add_argument('--seed', type=_int_at_least(0, 'seed', below=2**63), default=0)
     p.add_argument(
         '--out', type=_out_dir, default=None, help='keep the saved buffers in this directory (default: a temp dir)'
     )
@@ -366,8 +338,8 @@ def _add_train_command(sub) -> None:
     p.add_argument(
         'config', help='a ready config name (`ding-buffer configs` lists them) or a config file defining main_config'
     )
-    p.add_argument('--seed', type=_non_negative('seed'), default=None, help='override the config seed')
-    p.add_argument('--env-steps', type=_at_least_one('env steps'), default=None, help='override env.max_env_step')
+    p.add_argument('--seed', type=_int_at_least(0, 'seed', below=2**63), default=None, help='override the config seed')
+    p.add_argument('--env-steps', type=_int_at_least(1, 'env steps'), default=None, help='override env.max_env_step')
     p.add_argument(
         '--resume',
         type=_run_dir,
@@ -380,7 +352,7 @@ def _add_train_command(sub) -> None:
     p.add_argument('--no-progress', action='store_true', help='no progress bar')
     p.add_argument(
         '--nproc',
-        type=_at_least_one('ranks to start'),
+        type=_int_at_least(1, 'ranks to start'),
         default=None,
         metavar='N',
         help='distributed jobs: start N ranks on this machine (default: join the ranks torchrun / mpirun '
@@ -388,7 +360,7 @@ def _add_train_command(sub) -> None:
     )
     p.add_argument(
         '--iterations',
-        type=_at_least_one('training iterations'),
+        type=_int_at_least(1, 'training iterations'),
         default=None,
         metavar='N',
         help='GFlowNet jobs: override the number of training iterations',

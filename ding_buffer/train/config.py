@@ -218,6 +218,17 @@ def check_new_run_dir(run_dir: str, log_dir: Optional[str]) -> None:
     check_checkpoints(run_dir, resume=False)
 
 
+def make_trainer(trainer_cls: Any, cfg: EasyDict, run_dir: str, args: Any, **kwargs: Any) -> Any:
+    """A ``trainer_cls`` for ``run_dir`` (a new run's directory checked first) with the command line's ``--resume``
+    and ``--no-progress`` (``args``) and ``kwargs``; a bad setting names the config."""
+    try:
+        if args.resume is None:
+            check_run_dir(run_dir, cfg.log_dir)
+        return trainer_cls(cfg, run_dir, resume=args.resume is not None, progress=not args.no_progress, **kwargs)
+    except ValueError as e:
+        raise ValueError(f"{args.config}: {e}") from e
+
+
 def split_buffer_section(user: Mapping) -> Tuple[Dict[str, Any], Any]:
     """``(user without policy.other.replay_buffer, that section)`` (the section is None when absent): every job
     validates its own keys and lets the buffer class validate its section."""

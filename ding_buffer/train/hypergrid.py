@@ -37,7 +37,7 @@ from ..base import create_buffer, get_buffer_cls
 from ..config import build_config, check_section, optional_positive_int, positive_int, seed_ok
 from ..persistence import atomic_json, atomic_save
 from .checkpoint import check_checkpoints, load_latest, save_checkpoint
-from .config import BUFFER_SECTION, check_run_dir, run_dir_of, split_buffer_section
+from .config import BUFFER_SECTION, make_trainer, run_dir_of, split_buffer_section
 from .hypergrid_metrics import GridTruth, plot_curve, write_eval_csv
 from .run_dir import build_in_run_dir, progress_bar
 from .signals import StopSignals
@@ -651,12 +651,7 @@ def run_local(cfg: EasyDict, args: argparse.Namespace) -> int:
         )
     run_dir = args.resume or run_dir_of(cfg)
     torch.set_num_threads(args.threads)
-    try:
-        if args.resume is None:
-            check_run_dir(run_dir, cfg.log_dir)
-        trainer = HyperGridTrainer(cfg, run_dir, resume=args.resume is not None, progress=not args.no_progress)
-    except ValueError as e:
-        raise ValueError(f"{args.config}: {e}") from e
+    trainer = make_trainer(HyperGridTrainer, cfg, run_dir, args)
     if trainer.resumed_from:
         print(f"resumed from {trainer.resumed_from} at iteration {trainer.iteration}")
     with StopSignals() as stop:

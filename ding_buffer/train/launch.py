@@ -38,15 +38,10 @@ def rank_world(backend: str) -> Optional[Tuple[int, int]]:
 
 def child_argv(args: argparse.Namespace) -> List[str]:
     """The command line of a rank this process starts: the same job, without ``--nproc``."""
+    from .signals import override_argv
+
     argv = [sys.executable, '-m', 'ding_buffer', 'train', os.path.abspath(args.config), '--threads', '1']
-    for flag, value in (
-        ('--seed', args.seed),
-        ('--env-steps', args.env_steps),
-        ('--device', args.device),
-        ('--iterations', args.iterations),
-    ):
-        if value is not None:
-            argv += [flag, str(value)]
+    argv += override_argv(args)
     if args.resume is not None:
         argv += ['--resume', os.path.abspath(args.resume)]
     if args.no_progress:

@@ -15,9 +15,11 @@ import os
 import shlex
 import signal
 import threading
-from typing import Any, Dict, Iterator, Optional
+from typing import Any, Dict, Iterator, List, Optional, Sequence
 
 _SIGNALS = (signal.SIGINT, signal.SIGTERM)
+# the `ding-buffer train` options a rank's or a resumed run's command line repeats (those given)
+OVERRIDE_FLAGS = ('--seed', '--env-steps', '--device', '--iterations')
 
 
 class StopSignals:
@@ -82,19 +84,21 @@ def resume_command(args: Any, run_dir: str) -> str:
     """``ding-buffer train ...`` continuing ``run_dir`` with the config and overrides of ``args`` (parsed
     ``ding-buffer train`` arguments)."""
     parts = ['ding-buffer', 'train', getattr(args, 'config_arg', None) or args.config]
-    for flag, value in (
-        ('--seed', args.seed),
-        ('--env-steps', args.env_steps),
-        ('--device', args.device),
-        ('--iterations', args.iterations),
-        ('--nproc', args.nproc),
-    ):
-        if value is not None:
-            parts += [flag, str(value)]
+    parts += override_argv(args, OVERRIDE_FLAGS + ('--nproc',))
     if args.threads != 1:
         parts += ['--threads', str(args.threads)]
     parts += ['--resume', run_dir]
     return ' '.join(shlex.quote(str(p)) for p in parts)
+
+
+def override_argv(args: Any, flags: Sequence[str] = OVERRIDE_FLAGS) -> List[str]:
+    """``[flag, value, ...]`` for each of ``flags`` that ``args`` (parsed ``ding-buffer train`` arguments) sets."""
+    out = []
+    for flag in flags:
+        value = getattr(args, flag[2:].replace('-', '_'))
+        if value is not None:
+            out += [flag, str(value)]
+    return out
 
 
 __all__ = ['StopSignals', 'resume_command']
