@@ -168,14 +168,16 @@ def _prioritize_drawn(buffer: Any, size: int, priority: float) -> Tuple[torch.Te
     """Draw ``size`` items and set ``priority`` on them; returns their distinct ids and what ``update`` reports."""
     first = buffer.sample(size)
     hot = torch.unique(first['replay_unique_id'])  # the items drawn get a high priority (like a large TD error)
-    result = buffer.update(
+    return hot, _set_priority(buffer, first, torch.full((len(first['replay_unique_id']),), priority))
+
+
+def _set_priority(buffer: Any, batch: dict, priority: torch.Tensor) -> dict:
+    """``buffer.update`` of the items of a sampled ``batch`` with ``priority``; returns what it reports."""
+    return buffer.update(
         dict(
-            replay_unique_id=first['replay_unique_id'],
-            replay_buffer_idx=first['replay_buffer_idx'],
-            priority=torch.full((len(first['replay_unique_id']),), priority),
+            replay_unique_id=batch['replay_unique_id'], replay_buffer_idx=batch['replay_buffer_idx'], priority=priority
         )
     )
-    return hot, result
 
 
 def _draw_ids_and_weights(buffer: Any, draws: int, size: int) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -278,13 +280,7 @@ def _demo_prioritized_episode(out_dir: str, seed: int) -> None:
         first = buffer.sample(64)
         # per-step priorities: hot_p on the steps of the drawn windows of episodes 0 and 1, 1 elsewhere
         hot_steps = (first['episode'] <= 1) & first['mask']
-        buffer.update(
-            dict(
-                replay_unique_id=first['replay_unique_id'],
-                replay_buffer_idx=first['replay_buffer_idx'],
-                priority=torch.where(hot_steps, hot_p, 1.0),
-            )
-        )
+        _set_priority(buffer, first, torch.where(hot_steps, hot_p, 1.0))
         step_p = [np.ones(int(n)) for n in lengths]  # what we set, to predict the window priorities
         for ep, start in zip(first['episode'][:, 0].tolist(), first['start'].tolist()):
             if ep <= 1:

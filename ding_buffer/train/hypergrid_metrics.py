@@ -20,12 +20,12 @@ True
 """
 
 import math
-import os
 from collections.abc import Iterable
 
 import torch
 
 from . import evals
+from .plot import _save_figure
 
 
 def grid_coords(indices: torch.Tensor, ndim: int, height: int) -> torch.Tensor:
@@ -148,12 +148,10 @@ def plot_curve(rows: list[dict[str, float]], out: str, title: str, n_modes: int,
     ax.set_title(title)
     handles = ax.get_legend_handles_labels()[0] + ax2.get_legend_handles_labels()[0]
     fig.legend(handles=handles, loc='outside lower center', ncol=3, fontsize=8, frameon=False)  # below the data
-    out = os.path.abspath(out)
-    tmp = f'{out}.tmp-{os.getpid()}.png'
-    fig.savefig(tmp)
-    plt.close(fig)
-    os.replace(tmp, out)
-    return out
+    try:
+        return _save_figure(fig, out)
+    finally:
+        plt.close(fig)
 
 
 __all__ = ['EVAL_FIELDS', 'GridTruth', 'grid_coords', 'original_reward', 'plot_curve', 'write_eval_csv']
