@@ -155,25 +155,18 @@ def _warn_if_warmup_too_long(cfg) -> None:
 
 def _print_summary(s: dict) -> None:
     """Print the end-of-run summary of a DQN run from the trainer's summary dict ``s``."""
-    solved = (
-        f"reached {s['stop_value']:g} at env step {s['solved_step']}"
-        if s['solved_step'] is not None
-        else f"did not reach {s['stop_value']:g}"
-    )
-    evals = (
-        (
-            f"eval return: best {s['best_eval_return']:.1f} (step {s['best_eval_step']}), final "
-            f"{s['final_eval_return']:.1f}"
-        )
-        if s['best_eval_return'] is not None
-        else 'no evaluation yet'
-    )
+    from .train.dqn import solved_text
+
+    evals = 'no evaluation yet'
+    if s['best_eval_return'] is not None:
+        evals = f"eval return: best {s['best_eval_return']:.1f} (step {s['best_eval_step']}), final "
+        evals += f"{s['final_eval_return']:.1f}"
     buf = ', '.join(f'{k} {v:.4g}' if isinstance(v, float) else f'{k} {v}' for k, v in s['buffer'].items())
     print(
         f"\n== {s['exp_name']} (seed {s['seed']}, {s['buffer_type']} buffer) ==\n"
         f"  env steps {s['env_steps']}, gradient steps {s['train_iters']}, episodes {s['episodes']}, "
         f"wall time {s['wall_time_s']:.0f} s\n"
-        f"  {evals}; {solved}\n"
+        f"  {evals}; {solved_text(s)}\n"
         f"  buffer: {buf}\n"
         f"  run dir: {s['run_dir']} (TensorBoard: tensorboard --logdir {os.path.join(s['run_dir'], 'log')}; "
         f"curve: learning_curve.png)"

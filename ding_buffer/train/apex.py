@@ -491,17 +491,14 @@ def _role_main(
 
 
 def _print_summary(s: Dict[str, Any]) -> None:
-    solved = (
-        f"reached {s['stop_value']:g} at env step {s['solved_step']}"
-        if s['solved_step'] is not None
-        else f"did not reach {s['stop_value']:g}"
-    )
+    from .dqn import solved_text
+
     print(
         f"\n== {s['exp_name']} (Ape-X, {s['backend']} backend, seed {s['seed']}) ==\n"
         f"  transitions stored {s['env_steps']}, gradient steps {s['train_iters']}, weight versions "
         f"{s['weight_versions']}, wall time {s['wall_time_s']:.0f} s\n"
         f"  eval return: best {s['best_eval_return']:.1f} (step {s['best_eval_step']}), final "
-        f"{s['final_eval_return']:.1f}; {solved}\n"
+        f"{s['final_eval_return']:.1f}; {solved_text(s)}\n"
         f"  run dir: {s['run_dir']} (TensorBoard: tensorboard --logdir {os.path.join(s['run_dir'], 'log')})",
         flush=True,
     )

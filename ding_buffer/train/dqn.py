@@ -302,6 +302,13 @@ def write_summary(job: Any, stats: Dict[str, Any], head: Dict[str, Any], **tail:
     return summary
 
 
+def solved_text(s: Dict[str, Any]) -> str:
+    """Whether the DQN / Ape-X run of summary ``s`` reached its stop value, and at which env step (printed)."""
+    if s['solved_step'] is None:
+        return f"did not reach {s['stop_value']:g}"
+    return f"reached {s['stop_value']:g} at env step {s['solved_step']}"
+
+
 def _training_buffer_cfg(cfg: EasyDict) -> EasyDict:
     """A copy of ``policy.other.replay_buffer`` for training: tensor storage (the default; the learner needs batched
     tensors) and the run's seed unless it sets its own."""

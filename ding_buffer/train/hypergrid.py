@@ -457,9 +457,8 @@ class HyperGridTrainer:
         }
         self.evals.append(row)
         t = self.iteration
-        self.tb.add_scalar('eval/l1_dist', row['l1_dist'], t)
-        self.tb.add_scalar('eval/modes_found', row['modes_found'], t)
-        self.tb.add_scalar('eval/mode_states_found', row['mode_states_found'], t)
+        for key in ('l1_dist', 'modes_found', 'mode_states_found'):
+            self.tb.add_scalar(f'eval/{key}', row[key], t)
         self.tb.add_scalar('eval/logZ_error', abs(row['logZ'] - row['logZ_true']), t)
         self.tb.add_scalar('eval/wall_time', row['wall_time'], t)
         write_eval_csv(self.run_dir, self.evals)
