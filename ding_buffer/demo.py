@@ -9,6 +9,7 @@ wrapper needs several processes and is shown by the training jobs instead.
 """
 
 import argparse
+import contextlib
 import functools
 import logging
 import os
@@ -380,16 +381,10 @@ def demo(args: argparse.Namespace) -> int:
     )
     if args.out:
         os.makedirs(args.out, exist_ok=True)
-        out_dir, tmp = args.out, None
-    else:
-        tmp = tempfile.TemporaryDirectory(prefix='ding_buffer_demo_')
-        out_dir = tmp.name
-    try:
+    where = contextlib.nullcontext(args.out) if args.out else tempfile.TemporaryDirectory(prefix='ding_buffer_demo_')
+    with where as out_dir:  # a temporary directory is removed afterwards, failed or not
         for _, run in DEMOS:
             run(out_dir, args.seed)
-    finally:
-        if tmp is not None:
-            tmp.cleanup()
     missing = sorted(set(BUFFER_REGISTRY) - set(toured) - {'distributed'})
     print(
         f"demo finished in {time.perf_counter() - t0:.1f}s: {len(toured)} buffer types toured"
