@@ -5,6 +5,7 @@ exp_name=...)`` and only talks to it through the methods of ``IBuffer``; every p
 """
 
 import copy
+import functools
 import importlib
 import logging
 from abc import ABC, abstractmethod
@@ -13,6 +14,17 @@ from typing import Any, Callable, Dict, List, Optional, Tuple, Type
 from easydict import EasyDict
 
 from .config import closest_key
+
+
+def _ensured(method: Callable) -> Callable:
+    """``dict``'s ``method`` for a ``Registry``: its presets are loaded first (``Registry._ensure``)."""
+
+    @functools.wraps(method)
+    def reader(self: 'Registry', *args: Any) -> Any:
+        self._ensure()
+        return method(self, *args)
+
+    return reader
 
 
 class Registry(dict):
@@ -55,42 +67,25 @@ class Registry(dict):
 
         return decorator
 
-    def __contains__(self, name: Any) -> bool:
-        self._ensure()
-        return dict.__contains__(self, name)
+    # dict's readers, each after ``_ensure`` (``get`` and ``build`` go through them)
+    __contains__ = _ensured(dict.__contains__)
+    __getitem__ = _ensured(dict.__getitem__)
+    __iter__ = _ensured(dict.__iter__)
+    __len__ = _ensured(dict.__len__)
+    keys = _ensured(dict.keys)
+    values = _ensured(dict.values)
+    items = _ensured(dict.items)
 
-    def __getitem__(self, name: Any) -> type:
-        self._ensure()
-        return dict.__getitem__(self, name)
-
-    def __iter__(self) -> Any:
-        self._ensure()
-        return dict.__iter__(self)
-
-    def __len__(self) -> int:
-        self._ensure()
-        return dict.__len__(self)
-
-    def keys(self) -> Any:  # type: ignore[override]
-        self._ensure()
-        return dict.keys(self)
-
-    def values(self) -> Any:  # type: ignore[override]
-        self._ensure()
-        return dict.values(self)
-
-    def items(self) -> Any:  # type: ignore[override]
-        self._ensure()
-        return dict.items(self)
-
-    def get(self, name: str) -> type:  # type: ignore[override]
+    def get(self, name: str, key: Optional[str] = None) -> type:  # type: ignore[override]
+        """The class registered under ``name``; an unknown name is a ``ValueError`` naming the config ``key`` (default:
+        the registry's own) and the registered names."""
         if name not in self:
             known = ', '.join(sorted(self)) or '(none)'
             near = closest_key(name, self.keys()) if isinstance(name, str) else ''
             hint = f"did you mean {near!r}? " if near else ''
             raise ValueError(
-                f"unknown {self.what} {name!r} (config key '{self.key}'); {hint}registered: {known} (a module of your "
-                f"own registering it goes in 'import_names')"
+                f"unknown {self.what} {name!r} (config key '{key or self.key}'); {hint}registered: {known} (a module "
+                f"of your own registering it goes in 'import_names')"
             )
         return self[name]
 

@@ -41,7 +41,7 @@ import torch
 
 from .. import tree_kernels as kern
 from ..base import Registry
-from ..config import INF, closest_key
+from ..config import INF, apply_checks
 from ..storage.base import NO_ITER, collect_iter_of  # noqa: F401 (re-exported)
 
 _EMPTY = np.zeros(0, dtype=np.int64)
@@ -181,18 +181,9 @@ def build_remover(entry: Any, where: str) -> Remover:
     if not isinstance(entry, Mapping) or not isinstance(entry.get('type'), str):
         raise ValueError(f"config key '{where}' must be a dict with a 'type', got {entry!r}")
     name = entry['type']
-    if name not in REMOVER_REGISTRY:
-        near = closest_key(name, REMOVER_REGISTRY.keys())
-        hint = f"did you mean {near!r}? " if near else ''
-        raise ValueError(
-            f"unknown remover type {name!r} (config key '{where}.type'); {hint}registered: "
-            f"{', '.join(sorted(REMOVER_REGISTRY))} (a module of your own registering it goes in 'import_names')"
-        )
-    cls = REMOVER_REGISTRY[name]
+    cls = REMOVER_REGISTRY.get(name, key=f'{where}.type')
     kwargs = {k: v for k, v in entry.items() if k != 'type'}
-    for arg, (predicate, expected) in (getattr(cls, 'checks', None) or {}).items():
-        if arg in kwargs and not predicate(kwargs[arg]):
-            raise ValueError(f"config key '{where}.{arg}' has invalid value {kwargs[arg]!r}; expected {expected}")
+    apply_checks(kwargs, getattr(cls, 'checks', None) or {}, prefix=f'{where}.')
     try:
         rule = cls(**kwargs)
     except TypeError as e:

@@ -20,6 +20,7 @@ from typing import Any, Mapping, Optional, Tuple
 import numpy as np
 
 from ..base import Registry
+from ..config import apply_checks
 from ..sampling import uniform_indices
 
 SAMPLER_REGISTRY = Registry(what='sampler type', key='sampler.type')
@@ -83,6 +84,13 @@ class PrioritizedSpec:
 
     needs_priority = True
     defaults = dict(alpha=0.6, beta=0.4, anneal_step=0, eps=1e-5, eta=0.9, unroll_len=None)
+    # ``not v < 0 and v == int(v)``: a NaN / inf step raises int()'s own error, as it always did
+    checks = {
+        **{key: (lambda v: _number(v) and 0 <= v <= 1, 'a number in [0, 1]') for key in ('alpha', 'beta', 'eta')},
+        'eps': (lambda v: _number(v) and 0 <= v < np.inf, 'a finite number >= 0'),
+        'anneal_step': (lambda v: _number(v) and not v < 0 and v == int(v), 'an int >= 0'),
+        'unroll_len': (lambda t: t is None or (_number(t) and isinstance(t, int) and t > 0), 'None or an int > 0'),
+    }
 
     def __init__(self, **kwargs: Any) -> None:
         unknown = sorted(set(kwargs) - set(self.defaults))
@@ -92,23 +100,14 @@ class PrioritizedSpec:
                 f"known: {sorted(self.defaults)}"
             )
         args = {**self.defaults, **kwargs}
-        for key in ('alpha', 'beta', 'eta'):
-            v = args[key]
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= 1:
-                raise ValueError(f"config key 'sampler.{key}' has invalid value {v!r}; expected a number in [0, 1]")
-        if isinstance(args['eps'], bool) or not isinstance(args['eps'], (int, float)) or not 0 <= args['eps'] < np.inf:
-            raise ValueError(
-                f"config key 'sampler.eps' has invalid value {args['eps']!r}; expected a finite number >= 0"
-            )
-        step = args['anneal_step']
-        if isinstance(step, bool) or not isinstance(step, (int, float)) or step < 0 or step != int(step):
-            raise ValueError(f"config key 'sampler.anneal_step' has invalid value {step!r}; expected an int >= 0")
-        t = args['unroll_len']
-        if t is not None and (isinstance(t, bool) or not isinstance(t, int) or t <= 0):
-            raise ValueError(f"config key 'sampler.unroll_len' has invalid value {t!r}; expected None or an int > 0")
-        self.unroll_len = t
+        apply_checks(args, self.checks, prefix='sampler.')
+        self.unroll_len = args['unroll_len']
         self.alpha, self.beta, self.eta = float(args['alpha']), float(args['beta']), float(args['eta'])
-        self.eps, self.anneal_step = float(args['eps']), int(step)
+        self.eps, self.anneal_step = float(args['eps']), int(args['anneal_step'])
+
+
+def _number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
 def build_sampler(section: Optional[Mapping], default: str, allowed_priority: Tuple[bool, str]) -> Any:
