@@ -54,7 +54,7 @@ class StateSet:
         (needed by the distance filter and for exact duplicate checks). ``unique`` is the number of distinct
         hashes among the stored items (= distinct states, barring a 64-bit collision).
     Interfaces:
-        ``add``, ``remove``, ``duplicates_of``, ``hashes_of``, ``compact``, ``clear``, ``unique``, ``pivot_distances``
+        ``add``, ``remove``, ``duplicates_of``, ``compact``, ``clear``, ``unique``, ``pivot_distances``
     Complexity: ``add`` / ``remove`` O(n) vectorised while nobody asked for duplicates: rows added without hashes
         wait (at most ``PENDING`` rows) and are hashed together when ``unique`` or a duplicate check needs them;
         ``unique`` is cached and recounted (``np.unique`` over the stored hashes, O(stored log stored)) only
@@ -160,10 +160,6 @@ class StateSet:
         rows = np.concatenate([r for _, r in self._pending]) if len(self._pending) > 1 else self._pending[0][1]
         self._pending, self._n_pending = [], 0
         self.hashes[slots] = row_hashes(rows)  # numpy assigns repeated indices in order: the last add wins
-
-    def hashes_of(self, slots: np.ndarray) -> np.ndarray:
-        self._flush()
-        return self.hashes[slots]
 
     def _bucket(self, slots: np.ndarray, hashes: np.ndarray) -> None:
         buckets = self._buckets

@@ -50,14 +50,11 @@ class RewardIndex:
         self.reuse_slots = reuse_slots  # True: evicted slots are reused; False: append-only, compacted by the owner
         self.prioritized = prioritized
         self.lazy = lazy
-        self.log_reward = np.full(physical, np.nan)
-        self.seq = np.full(physical, -1, dtype=np.int64)
-        self.alive = np.zeros(physical, dtype=bool)
-        self.count = 0
+        self.log_reward = np.empty(physical)
+        self.seq = np.empty(physical, dtype=np.int64)
+        self.alive = np.empty(physical, dtype=bool)
         self.next_seq = 0
-        self.end = 0  # append mode: first never-used slot
-        self._reset_free(0)
-        self._reset_order()
+        self.clear()
 
     @property
     def physical(self) -> int:
@@ -88,23 +85,17 @@ class RewardIndex:
         return self._truncate(np.empty(0), self.count - self.capacity)[1]
 
     def _truncate(self, new_log_reward: np.ndarray, k: int) -> Tuple[np.ndarray, np.ndarray]:
-        """Drop the ``k`` smallest keys among stored and incoming items."""
+        """Drop the ``k`` smallest keys ``(log_reward, seq)`` among stored and incoming items (prioritized)."""
         slots = self.live_slots()
-        n = len(new_log_reward)
-        new_seq = self.next_seq + np.arange(n, dtype=np.int64)
+        new_seq = self.next_seq + np.arange(len(new_log_reward), dtype=np.int64)
         seq = np.concatenate([self.seq[slots], new_seq])
-        if self.prioritized:
-            r = np.concatenate([self.log_reward[slots], new_log_reward])
-            kth = np.partition(r, k - 1)[k - 1]
-            below = r < kth
-            ties = np.flatnonzero(r == kth)
-            need = k - int(below.sum())
-            drop = below
-            if need:  # among equal rewards the oldest go first
-                drop[ties[np.argpartition(seq[ties], need - 1)[:need]] if need < len(ties) else ties] = True
-        else:
-            drop = np.zeros(len(seq), dtype=bool)
-            drop[np.argpartition(seq, k - 1)[:k]] = True
+        r = np.concatenate([self.log_reward[slots], new_log_reward])
+        kth = np.partition(r, k - 1)[k - 1]
+        drop = r < kth
+        ties = np.flatnonzero(r == kth)
+        need = k - int(drop.sum())
+        if need:  # among equal rewards the oldest go first
+            drop[ties[np.argpartition(seq[ties], need - 1)[:need]] if need < len(ties) else ties] = True
         return ~drop[len(slots) :], slots[drop[: len(slots)]]
 
     def _fifo_truncate(self, n: int, k: int) -> Tuple[np.ndarray, np.ndarray]:
@@ -270,18 +261,15 @@ class RewardIndex:
         self._enqueue(slots, self.seq[slots])
 
     def clear(self) -> None:
+        """Every slot empty (``next_seq`` is kept)."""
         self.alive[:] = False
         self.log_reward[:] = np.nan
         self.seq[:] = -1
         self.count = 0
-        self.end = 0
-        self._reset_free(0)
+        self.end = 0  # append mode: first never-used slot
+        self._free = np.arange(self.physical - 1, -1, -1, dtype=np.int64)  # every slot free, popped lowest first
+        self._n_free = self.physical
         self._reset_order()
-
-    def _reset_free(self, used: int) -> None:
-        """Slots ``0..used-1`` are taken, the rest free (popped lowest first)."""
-        self._free = np.arange(self.physical - 1, -1, -1, dtype=np.int64)
-        self._n_free = self.physical - used
 
     def restored(
         self,
@@ -333,13 +321,13 @@ class RewardIndex:
         """``n`` live slots; without ``replace`` distinct (the caller checks ``n <= count``)."""
         m = self.count
         if not prioritized:
-            pos = rng.integers(0, m, n) if replace else _distinct(rng, m, n)
+            pos = rng.integers(0, m, n) if replace else uniform_indices(rng, m, n)
             return pos if m == self.physical else self.live_slots()[pos]  # full: position = slot
         slots = self.live_slots()
         r = self.log_reward[slots]
         finite = r > -np.inf
         if not finite.any():  # every reward is 0: the limit of equal rewards, uniform
-            return slots[rng.integers(0, m, n) if replace else _distinct(rng, m, n)]
+            return slots[rng.integers(0, m, n) if replace else uniform_indices(rng, m, n)]
         if replace:
             w = np.exp(r - r[finite].max())
             cdf = np.cumsum(w)
@@ -355,7 +343,7 @@ class RewardIndex:
         order = idx_f[top[np.argsort(-keys[top], kind='stable')]]
         if take < n:  # the rest have reward 0: uniformly, after every positive-reward item
             rest = np.flatnonzero(~finite)
-            order = np.concatenate([order, rest[_distinct(rng, len(rest), n - take)]])
+            order = np.concatenate([order, rest[uniform_indices(rng, len(rest), n - take)]])
         return slots[order]
 
     # ------------------------------------------------------------------ state
@@ -375,7 +363,3 @@ def _slot_array(values: Any, what: str) -> np.ndarray:
     if arr.ndim != 1 or (len(arr) and arr.dtype.kind not in 'iu'):
         raise ValueError(f"saved '{what}' must be a 1-d array of ints, got {arr.dtype} shape {arr.shape}")
     return arr.astype(np.int64)
-
-
-def _distinct(rng: np.random.Generator, m: int, n: int) -> np.ndarray:
-    return uniform_indices(rng, m, n, replace=False)
