@@ -124,24 +124,22 @@ def unknown_key_message(name: str, value: Any, key: str, valid, prefix: str = ''
     return f"unknown config key '{name}' (value {value!r:.60}); {hint}"
 
 
+# default's type -> the value types it accepts, first match wins (bool before int; ints where floats are expected;
+# bools are never numbers in a config). A default of any other type (or None) accepts anything.
+_ACCEPTS = (
+    (bool, bool),
+    (float, (int, float)),
+    (int, int),
+    (str, str),
+    (Mapping, Mapping),
+    ((list, tuple), (list, tuple)),
+)
+
+
 def _type_ok(default: Any, value: Any) -> bool:
-    if default is None:
-        return True
-    if isinstance(default, bool):
-        return isinstance(value, bool)
-    if isinstance(default, (int, float)):
-        # ints where floats are expected are fine; bools are never numbers in a config.
-        if isinstance(value, bool):
-            return False
-        if isinstance(default, float):
-            return isinstance(value, (int, float))
-        return isinstance(value, int)
-    if isinstance(default, str):
-        return isinstance(value, str)
-    if isinstance(default, Mapping):
-        return isinstance(value, Mapping)
-    if isinstance(default, (list, tuple)):
-        return isinstance(value, (list, tuple))
+    for kind, accepted in _ACCEPTS:
+        if isinstance(default, kind):
+            return isinstance(value, accepted) and (kind is bool or not isinstance(value, bool))
     return True
 
 
