@@ -133,8 +133,7 @@ def _apply_overrides(user: dict, args: argparse.Namespace) -> None:
     if args.seed is not None:
         user['seed'] = args.seed
     if args.env_steps is not None:
-        user.setdefault('env', {})
-        user['env'] = dict(user['env'], max_env_step=args.env_steps)
+        user['env'] = dict(user.get('env') or {}, max_env_step=args.env_steps)  # env=None: the defaults
     if args.device is not None:
         user['policy'] = dict(user.get('policy') or {}, device=args.device)
 

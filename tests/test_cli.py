@@ -331,6 +331,23 @@ def test_warmup_at_or_past_the_last_env_step_warns(tmp_path):
     assert proc.stdout.splitlines()[0].startswith(f'ding-buffer train {cfg}: a new run')
 
 
+@pytest.mark.slow
+def test_env_steps_on_a_config_whose_env_is_none_trains_with_the_default_env(tmp_path):
+    """``env=None`` in a config means the default env section; ``--env-steps`` then sets its length (it raised a
+    TypeError)."""
+    cfg = _small_dqn_config(tmp_path, env=None, policy=dict(learn=dict(warmup_steps=1000)), checkpoint=dict(freq=None))
+    proc = subprocess.run(
+        [sys.executable, '-m', 'ding_buffer', 'train', str(cfg), '--env-steps', '300', '--no-progress'],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert 'Traceback' not in proc.stderr, proc.stderr
+    assert 'env steps 300' in proc.stdout, proc.stdout
+
+
 def test_ctrl_c_of_a_distributed_job_names_its_newest_checkpoint_and_the_resume_command(tmp_path, capsys):
     """The launcher of `--nproc` jobs after Ctrl-C ended every rank (the ranks checkpoint every checkpoint.freq;
     the manager holding the buffer got the signal too, so no final one)."""
