@@ -314,16 +314,21 @@ def test_a_signal_stops_training_with_a_final_checkpoint_and_the_resume_command(
         assert summary['env_steps'] == stopped_at + 300 and not summary['stopped_early']
 
 
-@pytest.mark.slow
-def test_warmup_at_or_past_the_last_env_step_warns(tmp_path):
-    cfg = _small_dqn_config(tmp_path, policy=dict(learn=dict(warmup_steps=1000)), checkpoint=dict(freq=None))
-    proc = subprocess.run(
-        [sys.executable, '-m', 'ding_buffer', 'train', str(cfg), '--env-steps', '400', '--no-progress'],
-        cwd=tmp_path,
+def _train_quietly(cfg, cwd, env_steps: int):
+    """``ding-buffer train CFG --env-steps N --no-progress`` in a subprocess (2 minutes at most)."""
+    return subprocess.run(
+        [sys.executable, '-m', 'ding_buffer', 'train', str(cfg), '--env-steps', str(env_steps), '--no-progress'],
+        cwd=cwd,
         capture_output=True,
         text=True,
         timeout=120,
     )
+
+
+@pytest.mark.slow
+def test_warmup_at_or_past_the_last_env_step_warns(tmp_path):
+    cfg = _small_dqn_config(tmp_path, policy=dict(learn=dict(warmup_steps=1000)), checkpoint=dict(freq=None))
+    proc = _train_quietly(cfg, tmp_path, 400)
     assert proc.returncode == 0, proc.stderr
     warning = [line for line in proc.stderr.splitlines() if 'warning' in line]
     assert len(warning) == 1 and 'warmup_steps (1000) >= env.max_env_step (400)' in warning[0], proc.stderr
@@ -336,13 +341,7 @@ def test_env_steps_on_a_config_whose_env_is_none_trains_with_the_default_env(tmp
     """``env=None`` in a config means the default env section; ``--env-steps`` then sets its length (it raised a
     TypeError)."""
     cfg = _small_dqn_config(tmp_path, env=None, policy=dict(learn=dict(warmup_steps=1000)), checkpoint=dict(freq=None))
-    proc = subprocess.run(
-        [sys.executable, '-m', 'ding_buffer', 'train', str(cfg), '--env-steps', '300', '--no-progress'],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    proc = _train_quietly(cfg, tmp_path, 300)
     assert proc.returncode == 0, proc.stderr
     assert 'Traceback' not in proc.stderr, proc.stderr
     assert 'env steps 300' in proc.stdout, proc.stdout
