@@ -133,7 +133,9 @@ def _apply_overrides(user: dict, args: argparse.Namespace) -> None:
     if args.seed is not None:
         user['seed'] = args.seed
     if args.env_steps is not None:
-        user['env'] = dict(user.get('env') or {}, max_env_step=args.env_steps)  # env=None: the defaults
+        from .train.config import with_env_steps
+
+        with_env_steps(user, args.env_steps)
     if args.device is not None:
         user['policy'] = dict(user.get('policy') or {}, device=args.device)
 

@@ -129,6 +129,24 @@ def test_every_bad_flag_exits_2_with_one_line_and_changes_nothing(tmp_path, caps
     assert os.listdir(tmp_path) == ['cfg.py']
 
 
+@pytest.mark.parametrize('env', ["'CartPole-v1'", '[1, 2]'])
+def test_env_steps_on_an_env_that_is_not_a_dict_names_the_config_key(tmp_path, capsys, env):
+    cfg = tmp_path / 'cfg.py'
+    cfg.write_text(f"main_config = dict(env={env}, policy=dict(other=dict(replay_buffer=dict(type='naive'))))\n")
+    cwd = os.getcwd()
+    os.chdir(tmp_path)
+    try:
+        try:
+            rc = main(['train', str(cfg), '--env-steps', '5'])
+        except SystemExit as e:
+            rc = e.code
+    finally:
+        os.chdir(cwd)
+    assert rc == 2
+    _one_line_error(capsys.readouterr().err, "config key 'env'", 'expected dict')
+    assert os.listdir(tmp_path) == ['cfg.py']
+
+
 @pytest.mark.slow
 def test_bad_flag_in_a_subprocess_is_one_line_without_usage_block(tmp_path):
     proc = subprocess.run(

@@ -41,7 +41,15 @@ from easydict import EasyDict
 
 from ..config import build_config, check_section, positive_int
 from ..errors import ManagerUnavailableError
-from .config import BUFFER_SECTION, TRAIN_CHECKS, TRAIN_DEFAULTS, check_new_run_dir, run_dir_of, split_buffer_section
+from .config import (
+    BUFFER_SECTION,
+    TRAIN_CHECKS,
+    TRAIN_DEFAULTS,
+    check_new_run_dir,
+    run_dir_of,
+    split_buffer_section,
+    with_env_steps,
+)
 from .env import LAUNCHED
 from .launch import publish_weights, run_roles, with_remote
 
@@ -514,7 +522,7 @@ def run(user: Dict[str, Any], args: argparse.Namespace) -> int:
     if args.seed is not None:
         user['seed'] = args.seed
     if args.env_steps is not None:
-        user['env'] = dict(user.get('env') or {}, max_env_step=args.env_steps)
+        with_env_steps(user, args.env_steps)
     if args.device is not None:
         user['policy'] = dict(user.get('policy') or {}, device=args.device)
     cfg = build_apex_config(user, args.config)

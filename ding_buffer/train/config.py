@@ -183,6 +183,14 @@ def _check_batch_fits(batch_size: int, capacity: int, capacity_set: bool) -> Non
         )
 
 
+def with_env_steps(user: Dict[str, Any], env_steps: int) -> None:
+    """``--env-steps``: ``env.max_env_step`` of the user's config set to ``env_steps`` (``env=None`` is the default
+    section; an ``env`` that is not a dict is left as it is, for the config check to name)."""
+    env = user.get('env')
+    if env is None or isinstance(env, Mapping):
+        user['env'] = dict(env or {}, max_env_step=env_steps)
+
+
 def run_dir_of(cfg: EasyDict) -> str:
     """The run directory ``<log_dir>/<exp_name>_seed<seed>`` (log_dir None: the working directory)."""
     return os.path.join(cfg.log_dir or '.', f'{cfg.exp_name}_seed{cfg.seed}')
