@@ -2,13 +2,16 @@
 
 What is measured
     CartPole-like transitions (obs f32[4], action i64, reward f32, next_obs f32[4], done bool) in buffers of
-    capacity 1e4, 1e5, 1e6 and 1e7 by default (``--capacities``; 1e8 is accepted but not run by default), every
-    contender filled to capacity before anything is timed, all in one process. Per capacity:
+    capacity 1e4, 1e5, 1e6, 1e7 and 1e8 by default (``--capacities``; a capacity that would not fit in memory is
+    skipped, saying so), every contender filled to capacity before anything is timed, all in one process. Per
+    capacity:
 
     * uniform ``sample(256)``: ``ding_buffer`` ``naive`` on tensor storage;
     * prioritized ``sample(256)`` with importance-sampling weights: ``advanced`` (alpha 0.6, beta 0.4) on tensor
       storage;
-    * ``update`` of 256 priorities of a batch ``advanced`` sampled just before;
+    * ``update`` of 256 priorities of a batch ``advanced`` sampled just before. ``update`` writes the leaves and
+      leaves the refresh of the trees above them to the next read (as cpprb does); after the cell one untimed
+      ``sample`` pays what the cell left, so the next cell does not (the DQN loop counts every refresh);
     * a DQN loop iteration on ``advanced``: 4 single pushes + ``sample(256)`` + ``update(256)``;
     * the numpy reference loop: five preallocated numpy arrays (one per field), 4 single-transition writes of all
       five fields + a gather of all five fields at 256 indexes drawn by ``rng.integers`` (uniform, with
@@ -41,7 +44,7 @@ How
     ``MemAvailable`` in ``/proc/meminfo``; a capacity that would not fit is skipped with the reason printed.
 
 Run
-    python benchmarks/bench_scale.py [--capacities 1e4,1e5,1e6,1e7] [--repeats 3] [--target-s 0.4] [--quick]
+    python benchmarks/bench_scale.py [--capacities 1e4,1e5,1e6,1e7,1e8] [--repeats 3] [--target-s 0.4] [--quick]
 
     ``--quick`` (capacities 1e3 and 1e4, 1 repeat, 0.01 s cells) is a smoke run. The header and the table go to
     stdout as markdown, progress to stderr.
@@ -69,11 +72,11 @@ FILL_CHUNK = 100_000  # rows per ``extend`` when filling
 POOL_BATCHES = 128  # distinct push batches of 64 -> 8192 distinct gym items for single pushes
 MIN_CALLS = 5
 FIELDS = ('obs', 'action', 'reward', 'next_obs', 'done')
-# Per-item memory estimate for the capacity check, deliberately generous: RSS growth measured ~46 B (naive),
-# ~61-68 B (advanced) and 45 B (numpy arrays) at 1e5..1e7 on tensor storage, i.e. ~160 B for all three; the rest
-# covers transient copies while filling and measurement noise.
-EST_BYTES_PER_ITEM = 320
-EST_HEADROOM = 1.25
+# Per-item memory estimate for the capacity check: RSS growth measured ~46 B (naive), ~61-68 B (advanced) and
+# ~49 B (numpy arrays) at 1e5..1e8 on tensor storage, i.e. ~160 B for all three; the headroom covers the
+# fill's transient copies (100k rows at a time) and measurement noise.
+EST_BYTES_PER_ITEM = 170
+EST_HEADROOM = 1.1
 EST_FIXED = 1 << 30  # interpreter, torch, fill source, pools
 OPS = (  # key, table column (microseconds per call)
     ('uniform', 'uniform sample us'),
@@ -244,6 +247,8 @@ def measure(results: Dict[int, Dict[str, Any]], args) -> None:
             timer = time_calls if k not in LOOPS or args.gc_paused else time_calls_gc_on
             m = timer(r['ops'][k], MIN_CALLS, args.target_s)
             raw[cap][k].append(m['seconds'] / m['calls'] * 1e6)
+            if k == 'update':
+                r['ops']['prioritized']()  # untimed: the refresh the updates left to the next read
         log(f'repeat {rep + 1}/{args.repeats} done')
     for cap, r in results.items():
         r['us'] = {k: statistics.median(v) for k, v in raw[cap].items()}
@@ -311,7 +316,9 @@ def print_report(env: Dict[str, Any], results: Dict[int, Dict[str, Any]], skippe
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split('\n')[0])
     p.add_argument(
-        '--capacities', default=None, help='comma-separated capacities (default 1e4,1e5,1e6,1e7; 1e3,1e4 with --quick)'
+        '--capacities',
+        default=None,
+        help='comma-separated capacities (default 1e4,1e5,1e6,1e7,1e8, each where memory allows; 1e3,1e4 with --quick)',
     )
     p.add_argument('--repeats', type=int, default=None, help='repeats per cell (default 3, 1 with --quick)')
     p.add_argument('--target-s', type=float, default=None, help='seconds per cell (default 0.4, 0.01 with --quick)')
@@ -319,7 +326,7 @@ def parse_args(argv=None):
     p.add_argument('--quick', action='store_true', help='smoke run: capacities 1e3,1e4, 1 repeat, tiny cells')
     args = p.parse_args(argv)
     if args.capacities is None:
-        args.capacities = '1e3,1e4' if args.quick else '1e4,1e5,1e6,1e7'
+        args.capacities = '1e3,1e4' if args.quick else '1e4,1e5,1e6,1e7,1e8'
     try:
         caps = [int(float(c)) for c in args.capacities.split(',') if c.strip()]
     except ValueError:
