@@ -18,6 +18,7 @@ import socket
 import tempfile
 import time
 import zipfile
+import zlib
 from typing import Any, Dict
 
 import torch
@@ -173,7 +174,16 @@ def check_integrity(path: str) -> None:
     try:
         with zipfile.ZipFile(path) as archive:
             bad = archive.testzip()
-    except (zipfile.BadZipFile, zipfile.LargeZipFile, OSError, EOFError, ValueError, NotImplementedError) as e:
+    except (
+        zipfile.BadZipFile,
+        zipfile.LargeZipFile,
+        OSError,
+        EOFError,
+        ValueError,
+        NotImplementedError,
+        RuntimeError,  # a member flagged as encrypted
+        zlib.error,  # a member flagged as compressed
+    ) as e:
         raise ValueError(f"{path!r} is not a readable buffer file (corrupt or truncated?): {e}") from e
     if bad is not None:
         raise ValueError(f"{path!r} is corrupt: archive member {bad!r} does not match its CRC-32 checksum")

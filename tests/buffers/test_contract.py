@@ -283,6 +283,30 @@ def test_load_data_bit_flip_in_envelope_raises_value_error(case, tmp_path):
     _check_refused_file(case, buf, before, _flip(raw, pos), tmp_path / 'damaged.pt', "flipped bit in key 'state'")
 
 
+def _central_entries(raw):
+    """(member name, offset of its central-directory record) of every member of a zip file that holds data."""
+    with zipfile.ZipFile(io.BytesIO(bytes(raw))) as z:
+        infos, pos = z.infolist(), z.start_dir
+    out = []
+    for info in infos:
+        assert raw[pos : pos + 4] == b'PK\x01\x02'
+        if info.file_size:  # an empty member reads as empty whatever its flags say
+            out.append((info.filename, pos))
+        pos += 46 + sum(int.from_bytes(raw[pos + k : pos + k + 2], 'little') for k in (28, 30, 32))
+    return out
+
+
+@all_cases
+def test_load_data_bit_flip_in_a_member_s_flags_or_method_raises_value_error(case, tmp_path):
+    """A flipped bit that marks a member as encrypted (flag bit 0) or deflated (method 0 -> 8) in the central
+    directory: zipfile raises RuntimeError / zlib.error on reading it, which is a damaged file like any other."""
+    buf, before, raw = _saved(case, tmp_path)
+    path = tmp_path / 'damaged.pt'
+    for name, pos in _central_entries(raw):
+        _check_refused_file(case, buf, before, _flip(raw, pos + 8), path, f'{name} flagged as encrypted')
+        _check_refused_file(case, buf, before, _flip(raw, pos + 10, 3), path, f'{name} flagged as deflated')
+
+
 def _data_records(raw):
     """(name, first byte, size) of every tensor record ('.../data/N') of a torch.save zip file."""
     out = []
