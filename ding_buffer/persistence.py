@@ -168,12 +168,18 @@ def safe_load(path: str, allow_pickle: bool = False) -> Any:
         raise ValueError(f"{path!r} is not a readable buffer file (corrupt or truncated?): {e}") from e
 
 
+_DOS_DIRECTORY = 0x10  # the MS-DOS directory bit of a zip member's external attributes
+
+
 def check_integrity(path: str) -> None:
     """Raise ``ValueError`` unless ``path`` is a zip archive whose every member matches its CRC-32 (what
-    ``torch.save`` writes; ``torch.load`` itself does not check them, so a flipped bit would load other data)."""
+    ``torch.save`` writes; ``torch.load`` itself does not check them, so a flipped bit would load other data) and
+    none is marked as a directory (``torch.save`` writes none; ``torch.load`` reads no data for one, so its tensors
+    would hold whatever memory was there)."""
     try:
         with zipfile.ZipFile(path) as archive:
             bad = archive.testzip()
+            folder = next((i.filename for i in archive.infolist() if i.external_attr & _DOS_DIRECTORY), None)
     except (
         zipfile.BadZipFile,
         zipfile.LargeZipFile,
@@ -187,6 +193,8 @@ def check_integrity(path: str) -> None:
         raise ValueError(f"{path!r} is not a readable buffer file (corrupt or truncated?): {e}") from e
     if bad is not None:
         raise ValueError(f"{path!r} is corrupt: archive member {bad!r} does not match its CRC-32 checksum")
+    if folder is not None:
+        raise ValueError(f"{path!r} is corrupt: archive member {folder!r} is marked as a directory")
 
 
 def load_state(path: str, buffer_name: str, allow_pickle: bool = False) -> Dict[str, Any]:

@@ -238,11 +238,11 @@ def _saved(case, tmp_path):
     return buf, buf.state_dict(), path.read_bytes()
 
 
-def _check_refused_file(case, buf, before, raw, path, label, allow_pickle=None):
+def _check_refused_file(case, buf, before, raw, path, label, allow_pickle=None, match=None):
     if raw is not None:
         path.write_bytes(bytes(raw))
     allow_pickle = case.allow_pickle if allow_pickle is None else allow_pickle
-    with refused(ValueError, f'load_data ({label}, allow_pickle={allow_pickle})'):
+    with refused(ValueError, f'load_data ({label}, allow_pickle={allow_pickle})', match):
         buf.load_data(str(path), allow_pickle=allow_pickle)
     assert_same(buf.state_dict(), before, f'state after refused load_data ({label})')
 
@@ -305,6 +305,19 @@ def test_load_data_bit_flip_in_a_member_s_flags_or_method_raises_value_error(cas
     for name, pos in _central_entries(raw):
         _check_refused_file(case, buf, before, _flip(raw, pos + 8), path, f'{name} flagged as encrypted')
         _check_refused_file(case, buf, before, _flip(raw, pos + 10, 3), path, f'{name} flagged as deflated')
+
+
+@all_cases
+def test_load_data_member_marked_as_a_directory_raises_value_error(case, tmp_path):
+    """One flipped bit (0x10 of the external attributes in the central directory) marks a member as an MS-DOS
+    directory: zipfile's CRC check still passes, but torch.load's reader then reads no data for it, so the loaded
+    tensors held whatever memory was there. It is refused as a damaged file."""
+    buf, before, raw = _saved(case, tmp_path)
+    path = tmp_path / 'damaged.pt'
+    for name, pos in _central_entries(raw):
+        _check_refused_file(
+            case, buf, before, _flip(raw, pos + 38, 4), path, f'{name} marked as a directory', match='directory'
+        )
 
 
 def _data_records(raw):
