@@ -389,6 +389,15 @@ def test_short_episodes_give_no_window_without_pad(storage):
     assert buf.sample(1, unroll_len=11, replace=True) is None
 
 
+@pytest.mark.parametrize('unroll_len', [2**63, 10**30])
+def test_unroll_len_beyond_int64_is_no_window_like_any_longer_one(storage, unroll_len):
+    buf, twin = window_buffer(storage), window_buffer(storage)
+    assert buf.sample(1, unroll_len=unroll_len) is None  # was an OverflowError from the window count
+    assert buf.sample(1, unroll_len=unroll_len, replace=True) is None
+    assert twin.sample(1, unroll_len=11) is None and twin.sample(1, unroll_len=11, replace=True) is None
+    assert_same(buf.state_dict(), twin.state_dict())  # the same refused samples, nothing else
+
+
 def test_empty_buffer_window_sample_is_none(storage):
     assert make_buffer(storage).sample(1, unroll_len=2) is None
 
