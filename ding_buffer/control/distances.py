@@ -135,7 +135,10 @@ def _exit_sum(cutoff: float, p: float) -> float:
         return cutoff * cutoff * (1.0 + 2.0**-50)
     if p < 1.0:
         return float('inf')  # s ** (1/p) can underflow for tiny s: always finish the sum
-    return cutoff**p * (1.0 + 1e-12)
+    try:
+        return cutoff**p * (1.0 + 1e-12)
+    except OverflowError:  # cutoff ** p beyond float64 (10 ** 400): no partial sum proves far, finish each one
+        return float('inf')
 
 
 def _far_numpy(q, refs, ref_slots, cutoff, p, triangular):

@@ -22,9 +22,9 @@ import sys
 import numpy as np
 import pytest
 import torch
-from helpers import assert_same, chi_square, chi_threshold, ref_distance, subprocess_env
+from helpers import assert_same, chi_square, chi_threshold, ref_distance, subprocess_env, without
 
-from ding_buffer import create_buffer
+from ding_buffer import _numba, create_buffer
 from ding_buffer.control import diversity
 from ding_buffer.persistence import save_state
 
@@ -994,6 +994,20 @@ def test_push_none_and_unknown_types_raise_type_error():
 def test_bad_config_raises_naming_the_key(kind, cfg, key):
     with pytest.raises(ValueError, match=f"'{key}'"):
         create_buffer(dict(type=kind, **cfg))
+
+
+def test_diverse_filter_with_cutoff_to_the_p_beyond_float64_decides_as_the_numpy_fallback():
+    """cutoff ** p = 10 ** 400 overflowed the compiled kernels' early-exit bound (a Python float power): every
+    push into a full buffer raised OverflowError once numba had loaded."""
+    _numba.load()  # the compiled kernels (a no-op without numba)
+    buf = create_buffer(dict(type='gfn_diverse', replay_buffer_size=1, cutoff_distance=10.0, p_norm_distance=400.0))
+    buf.push({'state': torch.tensor([[0.0, 0.0]]), 'log_reward': torch.tensor([0.0])})
+    before = buf.state_dict()
+    buf.push({'state': torch.tensor([[5.0, 5.0]]), 'log_reward': torch.tensor([1.0])})  # distance 5.01: too close
+    assert buf.stats()['rejected_by_distance'] == 1
+    assert_same(without(buf.state_dict(), 'counters'), without(before, 'counters'))  # nothing stored
+    buf.push({'state': torch.tensor([[20.0, 0.0]]), 'log_reward': torch.tensor([1.0])})  # distance 20: far
+    assert buf.sample(1)['state'].tolist() == [[20.0, 0.0]]
 
 
 def test_cutoff_and_p_settings_only_exist_on_the_diverse_buffer():
