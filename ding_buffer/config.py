@@ -285,5 +285,14 @@ def seed_ok(x: Any) -> bool:
 SEED_CHECK = (seed_ok, 'None or an int in [0, 2**63)')
 
 
+def as_float(x: Any) -> float:
+    """A numeric config value as a float for a range check: NaN for an int beyond the float range (10**400), so
+    the check fails and names the key instead of an OverflowError surfacing later."""
+    try:
+        return float(x)
+    except OverflowError:
+        return float('nan')
+
+
 def optional_positive_int(x: Any) -> bool:
     return x is None or positive_int(x)

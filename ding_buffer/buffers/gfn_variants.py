@@ -1,9 +1,10 @@
 """The GFlowNet buffers built on ``GFlowNetReplayBuffer``: ``gfn_diverse`` (keep-best plus the diversity filter
 as an admission rule) and ``terminating_state`` (only terminating states and their log-rewards)."""
 
-import numpy as np
+import math
 
 from ..base import BUFFER_REGISTRY
+from ..config import as_float
 from .gflownet import GFlowNetReplayBuffer
 
 
@@ -45,8 +46,8 @@ class DiverseGFlowNetReplayBuffer(GFlowNetReplayBuffer):
     checks = dict(
         GFlowNetReplayBuffer.checks,
         prioritized_capacity=(lambda x: x is True, 'True (the diverse buffer always keeps the best rewards)'),
-        cutoff_distance=(lambda x: np.isfinite(x), 'a finite number (< 0 disables the filter)'),
-        p_norm_distance=(lambda x: x > 0, 'a number > 0 (float("inf") for the max norm)'),
+        cutoff_distance=(lambda x: math.isfinite(as_float(x)), 'a finite number (< 0 disables the filter)'),
+        p_norm_distance=(lambda x: as_float(x) > 0, 'a number > 0 (float("inf") for the max norm)'),
     )
 
     table_args = dict(diverse=True, defaults=config, checks=checks)

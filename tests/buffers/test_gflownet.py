@@ -1010,6 +1010,22 @@ def test_diverse_filter_with_cutoff_to_the_p_beyond_float64_decides_as_the_numpy
     assert buf.sample(1)['state'].tolist() == [[20.0, 0.0]]
 
 
+@pytest.mark.parametrize('key', ['cutoff_distance', 'p_norm_distance'])
+def test_diverse_distance_settings_beyond_the_float_range_name_the_key(key):
+    """10**400 is an int no float holds: a ValueError naming the key (was a TypeError from np.isfinite at the
+    build for the cutoff, an OverflowError at the first full push for p)."""
+    with pytest.raises(ValueError, match=f"'{key}' has invalid value 1000"):
+        create_buffer(dict(type='gfn_diverse', replay_buffer_size=2, **{key: 10**400}))
+
+
+def test_diverse_distance_settings_may_be_large_ints():
+    _numba.load()
+    buf = create_buffer(dict(type='gfn_diverse', replay_buffer_size=1, cutoff_distance=10**30, p_norm_distance=10**30))
+    buf.push({'state': torch.tensor([[0.0, 0.0]]), 'log_reward': torch.tensor([0.0])})
+    buf.push({'state': torch.tensor([[1e35, 0.0]]), 'log_reward': torch.tensor([1.0])})  # farther than 1e30
+    assert buf.sample(1)['state'][0, 0].item() > 1e34 and buf.stats()['rejected_by_distance'] == 0
+
+
 def test_cutoff_and_p_settings_only_exist_on_the_diverse_buffer():
     with pytest.raises(ValueError, match='cutoff_distance'):
         create_buffer(dict(type='gfn', cutoff_distance=1.0))
