@@ -60,7 +60,10 @@ ADVANCED_CHECKS = dict(
     seed=SEED_CHECK,
     **parts_checks(1.0),
     **{
-        'monitor.sampled_data_attr.average_range': (positive_int, 'a positive int'),
+        'monitor.sampled_data_attr.average_range': (  # the length of a deque: a C ssize_t
+            lambda x: positive_int(x) and x < 1 << 63,
+            'a positive int < 2**63',
+        ),
         'monitor.sampled_data_attr.print_freq': (positive_int, 'a positive int'),
         'monitor.periodic_thruput.seconds': (lambda x: x > 0, 'a positive number of seconds'),
     },

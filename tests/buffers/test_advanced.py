@@ -1640,6 +1640,18 @@ def test_invalid_config_values_raise_naming_the_key(cfg, key):
         create_buffer(dict(type='advanced', **cfg))
 
 
+@pytest.mark.parametrize('average_range', [2**63, 10**30])
+def test_sampled_data_average_range_beyond_ssize_t_names_the_key(average_range):
+    """The window of the sampled-data monitor is a deque: a length beyond 2**63 - 1 was a bare OverflowError."""
+    section = dict(monitor=dict(sampled_data_attr=dict(average_range=average_range)))
+    key = 'monitor.sampled_data_attr.average_range'
+    with pytest.raises(ValueError, match=f"'{key}' has invalid value {average_range}"):
+        create_buffer(dict(type='advanced', **section))
+    big = create_buffer(dict(type='advanced', monitor=dict(sampled_data_attr=dict(average_range=2**63 - 1))))
+    big.push({'obs': 1})
+    assert len(big.sample(1)) == 1
+
+
 def test_instance_name_must_be_a_non_empty_string():
     with pytest.raises(ValueError):
         create_buffer(dict(type='advanced', replay_buffer_size=8), instance_name='')
