@@ -14,7 +14,7 @@ Not thread-safe: the owning buffer's lock serialises every call.
 """
 
 import math
-from typing import Any, Dict, Mapping, Optional, Tuple
+from typing import Any, Dict, Iterable, Mapping, Optional, Tuple
 
 import numpy as np
 import torch
@@ -318,7 +318,10 @@ def split_ids(ids: Any, instance_name: str) -> Tuple[np.ndarray, Optional[np.nda
     if type(ids) is list and all(type(x) is str for x in ids):  # what a DI-engine learner sends: one pass
         n = len(prefix)
         tails = [x[n:] if x.startswith(prefix) else '' for x in ids]
-        out = np.fromiter((int(t) if t.isdecimal() else -1 for t in tails), dtype=np.int64, count=len(tails))
+        try:
+            out = np.fromiter((int(t) if t.isdecimal() else -1 for t in tails), dtype=np.int64, count=len(tails))
+        except OverflowError:
+            raise _beyond_int64(int(t) for t in tails if t.isdecimal()) from None
         return out, out >= 0
     out, mine = [], []
     for i, x in enumerate(list(np.asarray(ids, dtype=object).reshape(-1))):
@@ -331,7 +334,15 @@ def split_ids(ids: Any, instance_name: str) -> Tuple[np.ndarray, Optional[np.nda
             mine.append(ok)
         else:
             raise TypeError(f"'replay_unique_id' entry {i} is {type(x).__name__} {x!r}; expected an int or a str id")
-    return np.asarray(out, dtype=np.int64), np.asarray(mine, dtype=bool)
+    try:
+        return np.asarray(out, dtype=np.int64), np.asarray(mine, dtype=bool)
+    except OverflowError:
+        raise _beyond_int64(out) from None
+
+
+def _beyond_int64(ids: Iterable[int]) -> ValueError:
+    bad = next(v for v in ids if not -(1 << 63) <= v < 1 << 63)
+    return ValueError(f"'replay_unique_id' {bad} is beyond int64: no item has such an id")
 
 
 def has_priorities(info: Any) -> bool:

@@ -875,6 +875,19 @@ def test_update_reports_overwritten_and_foreign_entries_as_stale(storage):
     assert buf.stats()['max_priority'] == 3.0  # stale entries do not raise the running max
 
 
+@pytest.mark.parametrize('storage', STORAGES)
+@pytest.mark.parametrize('bad', [2**63, -(2**63) - 1, 10**30, f'{NAME}_{10**30}'])
+def test_update_with_an_id_beyond_int64_names_it(storage, bad):
+    """No item has an id beyond int64: a ValueError naming it (was a bare OverflowError), nothing changed."""
+    buf = make(storage, size=8)
+    push_ids(buf, range(4))
+    before = buf.state_dict()
+    ids = [f'{NAME}_0', bad] if isinstance(bad, str) else [0, bad]
+    with pytest.raises(ValueError, match=f"'replay_unique_id' {10**30 if isinstance(bad, str) else bad} is beyond"):
+        buf.update({'replay_unique_id': ids, 'replay_buffer_idx': [0, 1], 'priority': [2.0, 3.0]})
+    assert_same(buf.state_dict(), before)
+
+
 def test_update_ids_of_a_buffer_whose_name_is_a_prefix_are_foreign():
     buf = make('list', size=4, name='my')
     buf.push(item(0))
