@@ -56,13 +56,25 @@ def test_uniform_indices_with_replacement():
     assert chi_square(counts, 10000 / 50) < CHI2_49_Q999
 
 
+@pytest.mark.parametrize('replace', [False, True])
+def test_uniform_indices_of_size_zero_is_empty(replace):
+    for n in (1, 10, 10**6):
+        idx = uniform_indices(np.random.default_rng(0), n, 0, replace=replace)
+        assert idx.dtype == np.int64 and idx.shape == (0,)
+
+
+def test_uniform_indices_from_an_empty_population_raises():
+    with pytest.raises(ValueError, match='population of 0'):
+        uniform_indices(np.random.default_rng(0), 0, 3, replace=True)
+
+
 def test_uniform_indices_more_than_population_without_replacement_raises():
     with pytest.raises(ValueError):
         uniform_indices(np.random.default_rng(0), 5, 6)
 
 
-def test_uniform_indices_floyd_branch_is_distinct_and_uniform():
-    """n > 10000 and size <= n/50 takes numpy's O(size) Floyd path: still distinct, in range, uniform."""
+def test_uniform_indices_small_fraction_of_a_large_population_is_distinct_and_uniform():
+    """n > 10000 and size <= n/50: distinct, in range, uniform over the population's deciles."""
     rng = np.random.default_rng(7)
     n, size, rounds = 20_000, 100, 2_000
     counts = np.zeros(10, dtype=np.int64)  # per decile of the population
