@@ -56,10 +56,11 @@ def uniform_indices(rng: np.random.Generator, n: int, size: int, replace: bool =
         return np.empty(0, dtype=np.int64)
     if size >= _PERMUTATION_FRACTION * n:
         return rng.permutation(n)[:size].astype(np.int64, copy=False)
-    chosen = first_distinct(below(rng, n, size + size // 4 + 8), size)
+    chosen = np.empty(0, dtype=np.int64)
     while len(chosen) < size:
         need = size - len(chosen)
-        chosen = first_distinct(np.concatenate([chosen, below(rng, n, need + need // 4 + 8)]), size)
+        draws = below(rng, n, need + need // 4 + 8)
+        chosen = first_distinct(np.concatenate([chosen, draws]) if len(chosen) else draws, size)
     return chosen
 
 

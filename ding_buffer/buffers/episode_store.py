@@ -158,8 +158,8 @@ class _EpisodeStore:
     def window_counts(self, slots: np.ndarray, unroll_len: int, pad: bool) -> np.ndarray:
         """Windows of ``unroll_len`` steps each episode offers: ``L - T + 1`` (one if shorter and ``pad``)."""
         lengths = self.length[slots]
-        # any T longer than every episode counts alike: no window (a T beyond int64 would overflow the subtraction)
-        unroll_len = min(int(unroll_len), int(lengths.max(initial=0)) + 1)
+        # every T longer than any episode can be counts alike (a T beyond int64 would overflow the subtraction)
+        unroll_len = min(unroll_len, 1 << 62)
         windows = np.maximum(lengths - unroll_len + 1, 0)
         return np.where(lengths < unroll_len, 1, windows) if pad else windows
 
