@@ -27,6 +27,7 @@ _EXPORTS = {
     'GFlowNetReplayBuffer': 'buffers',
     'DiverseGFlowNetReplayBuffer': 'buffers',
     'TerminatingStateBuffer': 'buffers',
+    'MixtureReplayBuffer': 'buffers',
     'SampleTimeoutError': 'errors',
     'CodecError': 'errors',
     'TransportError': 'errors',

@@ -221,6 +221,12 @@ def check_section(cls: Any, section: Mapping, prefix: str = '') -> EasyDict:
     ``distributed`` are not the class's own keys and are left out. The one place a job or the distributed
     wrapper validates a buffer section."""
     own = {k: v for k, v in section.items() if k not in ('import_names', 'cfg_type', 'distributed')}
+    if hasattr(cls, 'check_config'):  # a type whose config holds whole buffer sections (the mixture's members)
+        try:
+            return cls.check_config(own)
+        except ValueError as e:
+            text = str(e).replace("config key '", f"config key '{prefix}")
+            raise ValueError(text.replace("did you mean '", f"did you mean '{prefix}")) from e
     return build_config(
         cls.config,
         own,

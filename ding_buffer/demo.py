@@ -354,6 +354,38 @@ def _same(a, b) -> bool:
     return a == b
 
 
+def _demo_mixture(out_dir: str, seed: int) -> None:
+    cfg = dict(
+        type='mixture',
+        seed=seed,
+        weights=dict(offline=0.25, online=0.75),
+        members=dict(
+            offline=dict(type='naive', replay_buffer_size=2000, seed=seed, storage=dict(type='tensor')),
+            online=dict(type='advanced', replay_buffer_size=200, seed=seed, storage=dict(type='tensor')),
+        ),
+    )
+    with create_buffer(cfg, instance_name='demo_mixture') as buffer:
+        rng = np.random.default_rng(seed)
+        buffer.push(_transitions(rng, 2000), member='offline')
+        buffer.push(_transitions(rng, 300, start=10000))  # online: the newest 200 stay
+        batch = buffer.sample(64)
+        member = batch['mixture_member']
+        online = member == buffer.member_names.index('online')
+        from_offline = bool((batch['step'][~online] < 10000).all())
+        updated = buffer.update(
+            {k: batch[k][online] for k in ('replay_unique_id', 'replay_buffer_idx', 'mixture_member')}
+            | {'priority': torch.ones(48)}
+        )
+        print(
+            f"[mixture] offline 2000 + online 300 pushed into 200 (counts {buffer.members['offline'].count()}, "
+            f"{buffer.members['online'].count()}); sample(64) with weights 0.25 / 0.75 -> {int((~online).sum())} "
+            f"offline, {int(online.sum())} online, each from its member: {from_offline}; update routed to the "
+            f"prioritized member: {updated}"
+        )
+        ok = int(online.sum()) == 48 and from_offline and updated == {'updated': 48, 'stale': 0}
+        check(ok and buffer.count() == 2200, "mixture: a sample's split or an update's routing is wrong")
+
+
 # (buffer type, function(out_dir, seed)) in tour order; only the naive and episode parts write to out_dir.
 DEMOS: List[Tuple[str, Callable[[str, int], None]]] = [
     ('naive', functools.partial(_demo_naive, 'list')),
@@ -368,6 +400,7 @@ DEMOS: List[Tuple[str, Callable[[str, int], None]]] = [
     ('gfn_diverse', demo_gfn_diverse),
     ('terminating_state', demo_terminating_state),
     ('chunk', _demo_chunk),
+    ('mixture', _demo_mixture),
 ]
 
 

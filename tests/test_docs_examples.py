@@ -832,7 +832,7 @@ def test_demo_command_runs(tmp_path):
     demo = _ding_buffer('demo', tmp_path)
     assert demo.returncode == 0, demo.stderr[-3000:]
     # "a few-second tour of every buffer type"
-    assert re.search(r'demo finished in [\d.]+s: 11 buffer types toured', demo.stdout), demo.stdout[-2000:]
+    assert re.search(r'demo finished in [\d.]+s: 12 buffer types toured', demo.stdout), demo.stdout[-2000:]
 
 
 def _on_path(program: str) -> bool:

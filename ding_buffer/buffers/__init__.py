@@ -8,6 +8,7 @@ from .engine import Engine
 from .episode import EpisodeReplayBuffer, PrioritizedEpisodeReplayBuffer
 from .gflownet import GFlowNetReplayBuffer
 from .gfn_variants import DiverseGFlowNetReplayBuffer, TerminatingStateBuffer
+from .mixture import MixtureReplayBuffer
 from .naive import NaiveReplayBuffer
 from .sequence import SequenceReplayBuffer
 
@@ -24,4 +25,5 @@ __all__ = [
     "DiverseGFlowNetReplayBuffer",
     "TerminatingStateBuffer",
     "ChunkReplayBuffer",
+    "MixtureReplayBuffer",
 ]

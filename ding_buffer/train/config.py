@@ -146,7 +146,8 @@ def build_train_config(user: Mapping, source: str = '<config>') -> EasyDict:
         cls = get_buffer_cls(EasyDict(buffer_cfg))
         _check_trainer_buffer(cls, buffer_cfg['type'])
         full = check_section(cls, buffer_cfg, BUFFER_SECTION)
-        _check_batch_fits(cfg.policy.learn.batch_size, full.replay_buffer_size, 'replay_buffer_size' in buffer_cfg)
+        if 'replay_buffer_size' in full:  # (a mixture has none of its own: each member has one)
+            _check_batch_fits(cfg.policy.learn.batch_size, full.replay_buffer_size, 'replay_buffer_size' in buffer_cfg)
     except (ValueError, TypeError) as e:
         msg = str(e).replace("config key 'type'", f"config key '{BUFFER_SECTION}type'")
         raise type(e)(f"{source}: {msg}") from e

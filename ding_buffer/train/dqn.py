@@ -220,13 +220,11 @@ def train_on(job: Any, batch: Dict[str, torch.Tensor]) -> bool:
     ``|TD error|`` in TensorBoard and returns True."""
     learn = job.cfg.policy.learn
     loss, td = learn_step(job.net, job.target, job.optim, batch, learn, job.device)
-    job.buffer.update(
-        {
-            'replay_unique_id': batch['replay_unique_id'],
-            'replay_buffer_idx': batch['replay_buffer_idx'],
-            'priority': td.abs(),
-        }
-    )
+    info = {'replay_unique_id': batch['replay_unique_id'], 'replay_buffer_idx': batch['replay_buffer_idx']}
+    member_key = getattr(job.buffer, 'member_key', None)  # a mixture routes each priority to its member
+    if member_key is not None:
+        info[member_key] = batch[member_key]
+    job.buffer.update({**info, 'priority': td.abs()})
     job.train_iter += 1
     if job.train_iter % learn.target_update_freq == 0:
         job.target.load_state_dict(job.net.state_dict())
@@ -312,16 +310,28 @@ def solved_text(s: Dict[str, Any]) -> str:
 def _training_buffer_cfg(cfg: EasyDict) -> EasyDict:
     """A copy of ``policy.other.replay_buffer`` for training: tensor storage (the default; the learner needs batched
     tensors) and the run's seed unless it sets its own."""
-    buffer_cfg = EasyDict(dict(cfg.policy.other.replay_buffer))
+    return _tensor_buffer_cfg(cfg.policy.other.replay_buffer, cfg.seed, 'policy.other.replay_buffer.')
+
+
+def _tensor_buffer_cfg(section: Any, seed: int, where: str) -> EasyDict:
+    """``section`` with tensor storage and ``seed`` by default; a mixture's members each get them (their seeds
+    differ: ``seed + 1``, ``seed + 2``, ...)."""
+    buffer_cfg = EasyDict(dict(section))
+    buffer_cfg.setdefault('seed', seed)
+    if buffer_cfg.get('members') is not None and buffer_cfg.get('type') == 'mixture':
+        buffer_cfg.members = {
+            name: _tensor_buffer_cfg(member, seed + i, f'{where}members.{name}.')
+            for i, (name, member) in enumerate(dict(buffer_cfg.members).items(), 1)
+        }
+        return buffer_cfg
     buffer_cfg.setdefault('storage', {})
     buffer_cfg.storage = EasyDict(dict(buffer_cfg.storage))
     buffer_cfg.storage.setdefault('type', 'tensor')
     if buffer_cfg.storage.type != 'tensor':
         raise ValueError(
-            "config key 'policy.other.replay_buffer.storage.type' must be 'tensor' for training "
+            f"config key '{where}storage.type' must be 'tensor' for training "
             f"(the learner needs batched tensors), got {buffer_cfg.storage.type!r}"
         )
-    buffer_cfg.setdefault('seed', cfg.seed)
     return buffer_cfg
 
 
@@ -379,7 +389,7 @@ class DQNTrainer:
         self.recent_returns: collections.deque = collections.deque(maxlen=20)
         # frames stored once (storage.frames): the buffer links the steps of the one env stream, and builds
         # n-step returns itself when its n_step > 1
-        self.frames = buffer_cfg.storage.get('frames') is not None
+        self.frames = (buffer_cfg.get('storage') or {}).get('frames') is not None  # (a mixture's members: no frames)
         if resume:
             self.resumed_from, _ = load_latest(self.ckpt_dir, self._load_checkpoint)
             if self.frames:  # the env restarts below, mid-episode for the stream the checkpoint holds

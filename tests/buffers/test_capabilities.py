@@ -28,6 +28,7 @@ def test_every_registered_type_declares_its_capabilities():
         'episode': 'episode',
         'gfn': 'trajectory',
         'gfn_diverse': 'trajectory',
+        'mixture': 'transition',
         'naive': 'transition',
         'prioritized_episode': 'episode',
         'sequence': 'sequence',

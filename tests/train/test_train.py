@@ -623,6 +623,38 @@ def test_a_registered_subclass_of_a_supported_buffer_trains(tmp_path, capsys, mo
     assert 'gradient steps 101' in capsys.readouterr().out
 
 
+@pytest.mark.slow
+def test_a_mixture_trains_and_routes_priorities_to_its_prioritized_member(tmp_path, capsys):
+    """A mixture as the DQN job's buffer: pushes go to push_to; a 50/50 split waits for both members; by size, every
+    learner update is routed to the prioritized member by the batch's member key."""
+    members = dict(
+        seen=dict(type='advanced', replay_buffer_size=500),
+        fresh=dict(type='naive', replay_buffer_size=500),
+    )
+    buffer = dict(type='mixture', members=members, weights=dict(seen=0.5, fresh=0.5), push_to='seen')
+    cfg = write_config(
+        tmp_path / 'mix.py',
+        UNIFORM_CONFIG,
+        log_dir=str(tmp_path / 'runs'),
+        env=dict(max_env_step=200, eval_freq=200, eval_episodes=1),
+        policy=dict(learn=dict(warmup_steps=100, batch_size=16)),
+        buffer=buffer,
+    )
+    assert main(['train', str(cfg), '--no-progress']) == 0, capsys.readouterr().err
+    assert 'gradient steps 0' in capsys.readouterr().out  # 'fresh' stays empty: a 50/50 batch is never possible
+    buffer['weights'] = 'size'  # all from 'seen': every update goes to the prioritized member (a misroute raises)
+    cfg = write_config(
+        tmp_path / 'mix2.py',
+        UNIFORM_CONFIG,
+        log_dir=str(tmp_path / 'runs2'),
+        env=dict(max_env_step=200, eval_freq=200, eval_episodes=1),
+        policy=dict(learn=dict(warmup_steps=100, batch_size=16)),
+        buffer=buffer,
+    )
+    assert main(['train', str(cfg), '--no-progress']) == 0, capsys.readouterr().err
+    assert 'gradient steps 101' in capsys.readouterr().out
+
+
 @pytest.mark.parametrize(
     'overrides, needles',
     [

@@ -1,0 +1,525 @@
+"""``MixtureReplayBuffer`` (``type='mixture'``): named member buffers sampled together -- offline data and online data
+in one batch, as RLPD or Cal-QL fine-tuning sample them (TorchRL's ``ReplayBufferEnsemble``).
+
+Each member is a whole buffer of its own (built by ``create_buffer`` from its config section, with its own eviction,
+priorities, monitors and ``dataset``); the mixture only splits a sample between them, routes priority updates back,
+and keeps their states together. It holds the members; they know nothing of it.
+"""
+
+import threading
+import time
+import types
+from typing import Any, Dict, List, Mapping, Optional, Sequence
+
+import numpy as np
+import torch
+from easydict import EasyDict
+
+from ..base import BUFFER_REGISTRY, IBuffer, create_buffer, get_buffer_cls
+from ..config import SEED_CHECK, build_config, check_section
+from ..control.priority import parse_update
+from ..persistence import load_state, save_state
+from ..storage.tensordict_io import is_tensordict, update_info
+from .advanced import AdvancedReplayBuffer
+from .common import check_size, check_step, check_wait_timeout
+
+MIXTURE_CONFIG = dict(
+    type='mixture',
+    # Member name -> that member's buffer config: any type whose items are transitions (naive, elastic, advanced),
+    # with its own storage, eviction, priorities and `dataset` section. Every member uses the same storage kind.
+    members=dict(offline=dict(type='naive'), online=dict(type='naive')),
+    # {member: weight}: every sample takes n * weight / sum(weights) items from each member, exactly (the fractional
+    # remainder goes to members drawn by the seed, so each member's mean share is exact); 'size': weights are the
+    # members' counts at the time of the sample.
+    weights='size',
+    # The member push / extend write to (None: the last member); push(data, member=NAME) writes to another.
+    push_to=None,
+    # The field every sampled item gets naming its member: the name (list storage) or the member's position in
+    # `member_names` (tensor storage, an int64 tensor).
+    member_key='mixture_member',
+    # Seed of the mixture's own RNG (the split of each sample); None draws it from numpy's global RNG.
+    seed=None,
+)
+MIXTURE_CHECKS = dict(
+    push_to=(lambda x: x is None or isinstance(x, str), 'None or a member name'),
+    member_key=(lambda x: isinstance(x, str) and x != '', 'a non-empty str'),
+    seed=SEED_CHECK,
+)
+# member types that cannot serve in a mixture, and why
+REFUSED_MEMBERS = {
+    'deque': "its update applies to 'the last sampled batch' by position, which a mixture's sample is not",
+    'mixture': 'a member cannot itself be a mixture',
+}
+
+
+def mixture_config(cfg: Optional[Mapping]) -> EasyDict:
+    """The validated config: ``members`` and ``weights`` are checked here (they are not merged into the defaults:
+    the user's members replace the default ones), every other key by ``build_config``."""
+    cfg = dict(cfg or {})
+    members = cfg.pop('members', MIXTURE_CONFIG['members'])
+    weights = cfg.pop('weights', MIXTURE_CONFIG['weights'])
+    out = build_config(
+        {k: v for k, v in MIXTURE_CONFIG.items() if k not in ('members', 'weights')}, cfg, MIXTURE_CHECKS
+    )
+    if not isinstance(members, Mapping) or not members:
+        raise ValueError(f"config key 'members' must be a non-empty dict of name -> buffer config, got {members!r:.80}")
+    for name, section in members.items():
+        if not isinstance(name, str) or not name or not name.replace('_', '').isalnum():
+            raise ValueError(f"config key 'members' has member name {name!r}; expected a non-empty identifier")
+        if not isinstance(section, Mapping) or 'type' not in section:
+            raise ValueError(f"config key 'members.{name}' must be a buffer config with a 'type', got {section!r:.80}")
+        if section['type'] in REFUSED_MEMBERS:
+            raise ValueError(
+                f"config key 'members.{name}.type' is {section['type']!r}: {REFUSED_MEMBERS[section['type']]}"
+            )
+        if section.get('distributed') is not None:
+            raise ValueError(f"config key 'members.{name}.distributed': a member is a local buffer")
+    out.members = EasyDict({name: dict(section) for name, section in members.items()})
+    out.weights = checked_weights(weights, list(members))
+    if out.push_to is not None and out.push_to not in members:
+        raise ValueError(f"config key 'push_to' is {out.push_to!r}; expected one of the members {list(members)}")
+    return out
+
+
+def checked_weights(weights: Any, names: List[str]) -> Any:
+    """'size', or {member: weight} with every member named once, finite weights >= 0 and a positive sum."""
+    if weights == 'size':
+        return weights
+    if not isinstance(weights, Mapping) or set(weights) != set(names):
+        raise ValueError(
+            f"config key 'weights' must be 'size' or a dict with one weight per member {names}, got {weights!r:.80}"
+        )
+    for name, w in weights.items():
+        if isinstance(w, bool) or not isinstance(w, (int, float)) or not 0 <= w < float('inf'):
+            raise ValueError(f"config key 'weights.{name}' has value {w!r}; expected a finite number >= 0")
+    if not sum(weights.values()) > 0:
+        raise ValueError(f"config key 'weights' has no positive weight: {dict(weights)}")
+    return {name: float(weights[name]) for name in names}
+
+
+def split_counts(size: int, weights: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """
+    Overview:
+        ``size`` split in proportion to ``weights``: each member gets ``floor(size * share)`` and the ``r`` items
+        left go to ``r`` distinct members drawn by systematic sampling over the fractional parts, so a member is
+        chosen with probability exactly its fractional part: every count is the floor or the ceiling of
+        ``size * share`` and its mean is exactly ``size * share``.
+    Examples:
+        >>> split_counts(10, np.array([1.0, 1.0]), np.random.default_rng(0)).tolist()
+        [5, 5]
+    """
+    exact = size * weights / weights.sum()
+    counts = np.floor(exact).astype(np.int64)
+    left = size - int(counts.sum())
+    if left:
+        frac = exact - counts
+        edges = np.cumsum(frac / frac.sum() * left)
+        points = rng.random() + np.arange(left)
+        counts += np.diff(np.concatenate([[0], np.searchsorted(points, edges, side='right')])).astype(np.int64)
+    return counts
+
+
+def concat(parts: Sequence[Any], key: str, names: Sequence[str], indices: Sequence[int]) -> Any:
+    """One batch from the members' batches (in member order), each item marked with its member under ``key``: list
+    storage gives new dicts (the stored items are not touched) with the member's name; tensor storage one dict of
+    tensors with the member's index. A field only some members return is left out, except ``IS``, which is 1 for
+    the items of a member that does not weight."""
+    if isinstance(parts[0], list):
+        return [{**item, key: name} for part, name in zip(parts, names) for item in part]
+    if not all(isinstance(p, Mapping) for p in parts):
+        raise TypeError(f"a mixture joins lists or dicts of tensors; a member returned {type(parts[0]).__name__}")
+    out = _join(parts)
+    out[key] = torch.cat([torch.full((_rows(p),), i, dtype=torch.int64) for p, i in zip(parts, indices)])
+    return out
+
+
+def _rows(batch: Mapping) -> int:
+    value = next(iter(batch.values()))
+    return _rows(value) if isinstance(value, Mapping) else len(value)
+
+
+def _join(parts: Sequence[Mapping]) -> Dict[str, Any]:
+    out = {}
+    for k in parts[0]:
+        values = [p.get(k) for p in parts]
+        if k == 'IS' and any(v is None for v in values):
+            ref = next(v for v in values if v is not None)
+            values = [torch.ones(_rows(p), dtype=ref.dtype) if v is None else v for p, v in zip(parts, values)]
+        if any(v is None for v in values):
+            continue
+        if all(isinstance(v, Mapping) for v in values):
+            out[k] = _join(values)
+        elif all(isinstance(v, torch.Tensor) for v in values):
+            out[k] = torch.cat(values)
+        else:
+            out[k] = [x for v in values for x in v]
+    return out
+
+
+@BUFFER_REGISTRY.register('mixture')
+class MixtureReplayBuffer(IBuffer):
+    """
+    Overview:
+        Named member buffers sampled together: ``sample(n)`` takes exact counts from each member in the ratio of
+        ``weights`` (or of the members' sizes) and returns one batch, member by member in config order, each item
+        marked with its member under ``member_key``. ``update`` routes priorities back to the member each item came
+        from (by ``member_key``, or by the member's instance name in a list-storage ``replay_unique_id``), so
+        prioritized members stay exact; each member's ``IS`` weights are its own. ``push`` / ``extend`` write to
+        ``push_to`` (or ``member=``); ``state_dict`` / ``save_data`` hold every member.
+    Interfaces:
+        ``push``, ``extend``, ``sample``, ``update``, ``clear``, ``count``, ``stats``, ``state_dict``,
+        ``load_state_dict``, ``save_data``, ``load_data``, ``start``, ``close``.
+    Property:
+        ``members`` (name -> buffer, read-only), ``member_names``, ``weights``, ``cfg``
+    Thread-safety: the members lock themselves; the mixture's lock guards its RNG and counters, and is never held
+        while a member waits (``sample(timeout=...)``), so pushes go on.
+    Examples:
+        >>> from ding_buffer import create_buffer
+        >>> mix = create_buffer(dict(type='mixture', seed=0, weights=dict(offline=0.5, online=0.5),
+        ...                          members=dict(offline=dict(type='naive', seed=1),
+        ...                                       online=dict(type='advanced', seed=2))))
+        >>> mix.push([{'obs': i} for i in range(100)], member='offline')
+        100
+        >>> mix.push([{'obs': -i} for i in range(1, 9)])  # push_to: the last member
+        8
+        >>> batch = mix.sample(6)
+        >>> [item['mixture_member'] for item in batch]
+        ['offline', 'offline', 'offline', 'online', 'online', 'online']
+        >>> online = [item for item in batch if item['mixture_member'] == 'online']
+        >>> mix.update({'replay_unique_id': [item['replay_unique_id'] for item in online],
+        ...             'replay_buffer_idx': [item['replay_buffer_idx'] for item in online],
+        ...             'priority': [3.0] * len(online)})
+        {'updated': 3, 'stale': 0}
+        >>> mix.close()
+    """
+
+    config = MIXTURE_CONFIG
+    item_kind = 'transition'
+    sample_kwargs = ('cur_learner_iter',)
+    not_distributable = 'a mixture holds local member buffers; run each member as its own distributed buffer'
+
+    def __init__(
+        self,
+        cfg: Optional[Mapping] = None,
+        tb_logger: Any = None,
+        exp_name: str = 'default_experiment',
+        instance_name: str = 'buffer',
+    ) -> None:
+        if not isinstance(instance_name, str) or not instance_name:
+            raise ValueError(f"instance_name must be a non-empty str, got {instance_name!r}")
+        self._cfg = mixture_config(cfg)
+        self._instance_name = instance_name
+        self._names = tuple(self._cfg.members)
+        self._push_to = self._cfg.push_to or self._names[-1]
+        self._key = self._cfg.member_key
+        self._lock = threading.Lock()
+        seed = self._cfg.seed
+        self._rng = np.random.default_rng(np.random.randint(0, 2**63 - 1) if seed is None else seed)
+        self._counters = dict(sample_calls=0, refused_sample=0, **{f'sampled_{n}': 0 for n in self._names})
+        self._closed = False
+        members: Dict[str, IBuffer] = {}
+        try:
+            for name in self._names:
+                members[name] = create_buffer(
+                    self._cfg.members[name],
+                    tb_logger=tb_logger,
+                    exp_name=exp_name,
+                    instance_name=f'{instance_name}_{name}',
+                )
+                kind = type(members[name]).capabilities()['item_kind']
+                if kind != 'transition':
+                    raise ValueError(
+                        f"config key 'members.{name}.type' is {self._cfg.members[name]['type']!r}, whose items are "
+                        f"{kind}s; a mixture's members hold transitions"
+                    )
+            storages = {name: b.cfg.get('storage', {}).get('type', 'list') for name, b in members.items()}
+            if len(set(storages.values())) > 1:
+                raise ValueError(f"a mixture's members must use one storage kind, got storage.type {storages}")
+        except BaseException:
+            for b in members.values():
+                b.close()
+            raise
+        self._members = members
+        self._prioritized = {n for n, b in members.items() if isinstance(b, AdvancedReplayBuffer)}
+
+    @classmethod
+    def check_config(cls, section: Mapping) -> EasyDict:
+        """The validated config, every member's section checked by its own type, without building anything (what a
+        job checks before it starts)."""
+        cfg = mixture_config(section)
+        for name, member in cfg.members.items():
+            check_section(get_buffer_cls(member), member, f'members.{name}.')
+        return cfg
+
+    # ------------------------------------------------------------------ properties
+    @property
+    def cfg(self) -> EasyDict:
+        return self._cfg
+
+    @property
+    def members(self) -> Mapping[str, IBuffer]:
+        """Member name -> buffer (read-only mapping): push to, load a dataset into or read one member directly."""
+        return types.MappingProxyType(self._members)
+
+    @property
+    def member_names(self) -> tuple:
+        """The members in config order: a tensor batch's ``member_key`` indexes this."""
+        return self._names
+
+    @property
+    def weights(self) -> Any:
+        """{member: weight} as configured (normalised to sum 1), or 'size'."""
+        w = self._cfg.weights
+        return w if w == 'size' else {n: v / sum(w.values()) for n, v in w.items()}
+
+    @property
+    def member_key(self) -> str:
+        """The field of a sampled item naming its member (config ``member_key``); an update carries it back."""
+        return self._key
+
+    @property
+    def instance_name(self) -> str:
+        return self._instance_name
+
+    # ------------------------------------------------------------------ push
+    def _member(self, member: Optional[str]) -> IBuffer:
+        self._check_open()
+        name = self._push_to if member is None else member
+        if name not in self._members:
+            raise ValueError(f"member must be one of {list(self._names)}, got {member!r:.60}")
+        return self._members[name]
+
+    def push(
+        self, data: Any, cur_collector_envstep: int = -1, member: Optional[str] = None, batched: bool = False
+    ) -> int:
+        """Push to ``member`` (default: ``push_to``), as that member's ``push`` does; returns how many were stored."""
+        target = self._member(member)
+        if batched:
+            return target.push(data, cur_collector_envstep, batched=True)
+        return target.push(data, cur_collector_envstep)
+
+    def extend(self, batch: Any, cur_collector_envstep: int = -1, member: Optional[str] = None) -> int:
+        """``extend`` on ``member`` (default: ``push_to``)."""
+        return self._member(member).extend(batch, cur_collector_envstep)
+
+    # ------------------------------------------------------------------ sample
+    def sample(self, size: int, cur_learner_iter: int = -1, timeout: Optional[float] = None) -> Optional[Any]:
+        """
+        Overview:
+            ``size`` items: each member's exact share (see ``weights``) drawn by that member's own rules, joined in
+            member order. ``None`` (and nothing is drawn) when a member with a share holds no item; otherwise
+            ``None`` when a member refuses its share (its own reason is logged; the members that drew keep what the
+            draw changed, as after any sample). ``timeout``: seconds to wait in all, shared by the members.
+        """
+        check_size(size)
+        check_step(cur_learner_iter, 'cur_learner_iter')
+        check_wait_timeout(timeout)
+        self._check_open()
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._lock:
+            self._counters['sample_calls'] += 1
+            sizes = np.array([self._members[n].count() for n in self._names], dtype=np.float64)
+            w = sizes if self._cfg.weights == 'size' else np.array([self._cfg.weights[n] for n in self._names])
+            if not w.sum() > 0:
+                self._counters['refused_sample'] += 1
+                return None
+            counts = split_counts(int(size), w, self._rng)
+            # a member that cannot serve its share now refuses before any member draws (with a timeout they wait);
+            # members without priorities draw without replacement
+            need = np.array([1 if n in self._prioritized else k for n, k in zip(self._names, counts.tolist())])
+            if timeout is None and np.any((counts > 0) & (sizes < need)):
+                self._counters['refused_sample'] += 1
+                return None
+        parts, names, indices = [], [], []
+        for i, (name, k) in enumerate(zip(self._names, counts.tolist())):
+            if k == 0:
+                continue
+            wait = None if deadline is None else max(0.0, deadline - time.monotonic())
+            part = self._members[name].sample(k, cur_learner_iter, timeout=wait)
+            if part is None:
+                with self._lock:
+                    self._counters['refused_sample'] += 1
+                return None
+            parts.append(part)
+            names.append(name)
+            indices.append(i)
+        with self._lock:
+            for name, k in zip(self._names, counts.tolist()):
+                self._counters[f'sampled_{name}'] += k
+        return concat(parts, self._key, names, indices)
+
+    # ------------------------------------------------------------------ update
+    def update(self, info: Any) -> Dict[str, int]:
+        """
+        Overview:
+            Priorities back to the members their items came from: ``info`` is a prioritized update
+            (``replay_unique_id``, ``replay_buffer_idx``, ``priority``) of items this mixture sampled, with their
+            ``member_key`` (as sampled), or list-storage ids, which name their member. All or nothing: every
+            member's part is checked before any member changes. Without ``priority``, or with no prioritized
+            member, a no-op.
+        Returns:
+            - result (:obj:`dict`): ``{'updated': n, 'stale': m}`` summed over the members.
+        """
+        if type(info) is not dict and is_tensordict(info):
+            info = update_info(info)
+        if not isinstance(info, Mapping):
+            raise TypeError(f"update info must be a dict, got {type(info).__name__}")
+        if info.get('priority') is None or not self._prioritized:
+            return {'updated': 0, 'stale': 0}
+        parts = self._route(info)
+        for name, part in parts.items():  # check all: parse_update raises before anything changes
+            if name in self._prioritized:
+                member = self._members[name]
+                parse_update(part, member.instance_name, member.replay_buffer_size)
+        out = {'updated': 0, 'stale': 0}
+        for name, part in parts.items():
+            got = self._members[name].update(part) or {}
+            for k in out:
+                out[k] += int(got.get(k, 0))
+        return out
+
+    def _route(self, info: Mapping) -> Dict[str, Dict[str, Any]]:
+        """``info`` split by member: every per-item entry (as long as ``priority``) by the item's member."""
+        n = len(np.asarray(_numpy(info['priority'])).reshape(-1))
+        where = self._where(info, n)
+        parts = {}
+        for i, name in enumerate(self._names):
+            mask = where == i
+            if mask.any():
+                parts[name] = {k: _take(v, mask, n) for k, v in info.items() if k != self._key}
+        return parts
+
+    def _where(self, info: Mapping, n: int) -> np.ndarray:
+        """Each entry's member (its index in ``member_names``)."""
+        if self._key in info:
+            raw = np.asarray(_numpy(info[self._key]), dtype=object).reshape(-1)
+            by_name = {name: i for i, name in enumerate(self._names)}
+            where = np.empty(len(raw), dtype=np.int64)
+            for j, v in enumerate(raw):
+                if isinstance(v, str) and v in by_name:
+                    where[j] = by_name[v]
+                elif isinstance(v, (int, np.integer)) and not isinstance(v, bool) and 0 <= v < len(self._names):
+                    where[j] = int(v)
+                else:
+                    raise ValueError(
+                        f"update '{self._key}' holds {v!r:.40}; expected a member name or index of {list(self._names)}"
+                    )
+        else:
+            ids = info.get('replay_unique_id')
+            raw = [] if ids is None else list(np.asarray(_numpy(ids), dtype=object).reshape(-1))
+            by_prefix = {f'{self._instance_name}_{name}': i for i, name in enumerate(self._names)}
+            if not raw or not all(isinstance(v, str) for v in raw):
+                raise ValueError(
+                    f"a mixture's update needs '{self._key}' (as sampled) to route int ids to their members; "
+                    f"got keys {sorted(info)}"
+                )
+            where = np.array([by_prefix.get(v.rpartition('_')[0], -1) for v in raw], dtype=np.int64)
+            if (where < 0).any():
+                bad = raw[int(np.argmax(where < 0))]
+                raise ValueError(f"update 'replay_unique_id' {bad!r:.60} is not an id of a member of this mixture")
+        if len(where) != n:
+            raise ValueError(f"update info lengths differ: priority {n}, member of each entry {len(where)}")
+        return where
+
+    # ------------------------------------------------------------------ the rest of IBuffer
+    def clear(self) -> None:
+        """Clear every member."""
+        for b in self._members.values():
+            b.clear()
+
+    def count(self) -> int:
+        return sum(b.count() for b in self._members.values())
+
+    def stats(self) -> Dict[str, float]:
+        """``count``, the mixture's counters (``sampled_<member>``: items each member gave) and every member's stats
+        as ``<member>.<stat>``."""
+        with self._lock:
+            out: Dict[str, float] = {'count': 0, **self._counters}
+        for name, b in self._members.items():
+            for k, v in b.stats().items():
+                out[f'{name}.{k}'] = v
+            out['count'] += out[f'{name}.count']
+        return out
+
+    def state_dict(self) -> Dict[str, Any]:
+        with self._lock:
+            own = {'rng': dict(self._rng.bit_generator.state), 'counters': dict(self._counters)}
+        return {'type': type(self).__name__, 'members': {n: b.state_dict() for n, b in self._members.items()}, **own}
+
+    def load_state_dict(self, state: Dict[str, Any], deepcopy: bool = False) -> None:
+        """All or nothing: the envelope is checked first, then each member loads; if one refuses, the members
+        already loaded get their previous state back (a copy of each is taken first)."""
+        if not isinstance(state, Mapping):
+            raise TypeError(f"state must be a dict, got {type(state).__name__}")
+        if state.get('type') != type(self).__name__:
+            raise ValueError(f"state was made by {state.get('type')!r}, this buffer is {type(self).__name__}")
+        members, counters = state.get('members'), state.get('counters')
+        if not isinstance(members, Mapping) or set(members) != set(self._names):
+            got = sorted(members) if isinstance(members, Mapping) else type(members).__name__
+            raise ValueError(f"state 'members' must hold exactly {list(self._names)}, got {got}")
+        if not isinstance(counters, Mapping) or set(counters) != set(self._counters):
+            raise ValueError(f"state 'counters' must hold {sorted(self._counters)}")
+        if not all(isinstance(v, (int, np.integer)) and not isinstance(v, bool) and v >= 0 for v in counters.values()):
+            raise ValueError("state 'counters' must be ints >= 0")
+        rng = np.random.default_rng()
+        try:
+            rng.bit_generator.state = dict(state['rng'])
+        except Exception as e:
+            raise ValueError(f"state has an invalid 'rng' entry: {e}") from e
+        done: Dict[str, Dict[str, Any]] = {}
+        try:
+            for name in self._names:
+                before = self._members[name].state_dict()
+                self._members[name].load_state_dict(members[name], deepcopy=deepcopy)
+                done[name] = before
+        except BaseException:
+            for name, before in done.items():
+                self._members[name].load_state_dict(before)
+            raise
+        with self._lock:
+            self._rng, self._counters = rng, {k: int(v) for k, v in counters.items()}
+
+    def save_data(self, path: str) -> None:
+        """Atomically write every member (and the mixture's RNG and counters) to ``path``."""
+        save_state(path, type(self).__name__, self.state_dict())
+
+    def load_data(self, path: str, allow_pickle: bool = False) -> None:
+        """Restore a file written by ``save_data`` (all or nothing; ``allow_pickle`` as for the members)."""
+        self.load_state_dict(load_state(path, type(self).__name__, allow_pickle=allow_pickle))
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RuntimeError(f"buffer '{self._instance_name}' is closed")
+
+    def start(self) -> None:
+        self._check_open()
+        for b in self._members.values():
+            b.start()
+
+    def close(self) -> None:
+        """Close every member (idempotent; the data stays readable through ``state_dict``)."""
+        self._closed = True
+        for b in self._members.values():
+            b.close()
+
+    def __repr__(self) -> str:
+        inner = ', '.join(f'{n}={b!r}' for n, b in self._members.items())
+        return f"MixtureReplayBuffer(instance_name={self._instance_name!r}, weights={self._cfg.weights!r}, {inner})"
+
+
+def _numpy(x: Any) -> Any:
+    return x.detach().cpu().numpy() if isinstance(x, torch.Tensor) else x
+
+
+def _take(value: Any, mask: np.ndarray, n: int) -> Any:
+    """The entries of a per-item ``value`` (length ``n``) where ``mask``; anything else unchanged."""
+    if isinstance(value, torch.Tensor) and value.dim() >= 1 and len(value) == n:
+        return value[torch.from_numpy(mask)]
+    if isinstance(value, np.ndarray) and value.ndim >= 1 and len(value) == n:
+        return value[mask]
+    if isinstance(value, (list, tuple)) and len(value) == n:
+        return [v for v, m in zip(value, mask) if m]
+    return value
+
+
+__all__ = ['MixtureReplayBuffer', 'MIXTURE_CONFIG', 'split_counts']

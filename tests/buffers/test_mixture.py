@@ -1,0 +1,347 @@
+"""The mixture buffer (``type='mixture'``): exact per-member counts, items marked with their member, priority updates
+routed back (checked against a brute-force model of each prioritized member), all-or-nothing updates and loads, state
+and file round trips, and the members' own rules -- through the public API."""
+
+import threading
+import time
+
+import numpy as np
+import pytest
+import torch
+from helpers import assert_same, chi_square, chi_threshold, states_equal
+
+from ding_buffer import create_buffer
+from ding_buffer.buffers.mixture import split_counts
+
+
+def mixture(storage='list', weights=None, seed=0, offline=None, online=None, **extra):
+    members = dict(
+        offline=dict(type='naive', replay_buffer_size=1000, seed=seed + 1, storage=dict(type=storage)),
+        online=dict(type='advanced', replay_buffer_size=64, seed=seed + 2, storage=dict(type=storage)),
+    )
+    members['offline'].update(offline or {})
+    members['online'].update(online or {})
+    cfg = dict(type='mixture', seed=seed, members=members, **extra)
+    if weights is not None:
+        cfg['weights'] = weights
+    return create_buffer(cfg, instance_name='mix')
+
+
+def transitions(values, storage):
+    if storage == 'list':
+        return [{'obs': float(v)} for v in values]
+    return [{'obs': torch.tensor([float(v)]), 'act': torch.tensor(int(v) % 3)} for v in values]
+
+
+def filled(storage='list', n_off=200, n_on=40, **kw):
+    buf = mixture(storage, **kw)
+    buf.push(transitions(range(n_off), storage), member='offline')
+    buf.push(transitions(range(-1, -n_on - 1, -1), storage))  # push_to: the last member, 'online'
+    return buf
+
+
+def members_of(batch, buf):
+    if isinstance(batch, list):
+        return [item['mixture_member'] for item in batch]
+    return [buf.member_names[i] for i in batch['mixture_member'].tolist()]
+
+
+def obs_of(batch):
+    if isinstance(batch, list):
+        return np.array([item['obs'] for item in batch])
+    return batch['obs'][:, 0].numpy()
+
+
+# ------------------------------------------------------------------------------------------ the split of a sample
+@pytest.mark.parametrize('weights', [[1, 1], [1, 3], [0.3, 0.7], [1, 0], [0.001, 5], [2, 2, 1], [1, 1, 1]])
+@pytest.mark.parametrize('size', [1, 7, 64, 1000])
+def test_split_counts_are_floor_or_ceil_and_sum_to_the_size(weights, size):
+    w = np.array(weights, dtype=float)
+    exact = size * w / w.sum()
+    rng = np.random.default_rng(0)
+    for _ in range(50):
+        counts = split_counts(size, w, rng)
+        assert counts.sum() == size
+        assert np.all((counts == np.floor(exact)) | (counts == np.ceil(exact)))
+        assert np.all(counts[w == 0] == 0)
+
+
+def test_split_counts_mean_is_exact():
+    """Each member gets the ceiling with probability its fractional share: the mean count is size * share."""
+    w, size, trials = np.array([0.2, 0.45, 0.35]), 7, 20000
+    rng = np.random.default_rng(3)
+    counts = np.array([split_counts(size, w, rng) for _ in range(trials)])
+    exact = size * w
+    ceil_freq = (counts > np.floor(exact)).mean(axis=0)
+    frac = exact - np.floor(exact)
+    assert np.all(np.abs(ceil_freq - frac) < 5 * np.sqrt(frac * (1 - frac) / trials)), (ceil_freq, frac)
+
+
+@pytest.mark.parametrize('storage', ['list', 'tensor'])
+def test_each_sample_takes_the_exact_counts_and_marks_every_item(storage):
+    buf = filled(storage, weights=dict(offline=0.5, online=0.5))
+    for size in (2, 10, 64):
+        batch = buf.sample(size)
+        names, obs = members_of(batch, buf), obs_of(batch)
+        assert names == ['offline'] * (size // 2) + ['online'] * (size // 2)  # member by member, in config order
+        assert np.all(obs[: size // 2] >= 0) and np.all(obs[size // 2 :] < 0)  # each item from its member
+    assert buf.stats()['sampled_offline'] == buf.stats()['sampled_online'] == 38
+    buf.close()
+
+
+def test_odd_sizes_assign_the_remainder_by_the_seed():
+    runs = []
+    for _ in range(2):
+        buf = filled(weights=dict(offline=1, online=1), seed=5)
+        runs.append([members_of(buf.sample(5), buf).count('offline') for _ in range(200)])
+        buf.close()
+    assert runs[0] == runs[1]  # the same seed splits the same way
+    assert set(runs[0]) == {2, 3} and abs(np.mean(runs[0]) - 2.5) < 0.2
+
+
+def test_size_weights_follow_the_members_counts():
+    buf = filled(n_off=300, n_on=60, weights='size', online=dict(replay_buffer_size=100))
+    batch = buf.sample(36)
+    assert members_of(batch, buf).count('offline') == 30  # 36 * 300 / 360
+    buf.close()
+
+
+def test_a_zero_weight_member_is_never_sampled_but_takes_pushes():
+    buf = filled(weights=dict(offline=0, online=1))
+    assert set(members_of(buf.sample(32), buf)) == {'online'}
+    buf.close()
+
+
+@pytest.mark.parametrize('storage', ['list', 'tensor'])
+def test_sample_is_none_and_nothing_drawn_when_a_member_with_a_share_is_empty(storage):
+    buf = mixture(storage, weights=dict(offline=0.5, online=0.5))
+    buf.push(transitions(range(20), storage), member='offline')
+    before = {n: m.state_dict() for n, m in buf.members.items()}
+    assert buf.sample(4) is None
+    for name, member in buf.members.items():
+        assert_same(member.state_dict(), before[name], f'{name} after a refused mixture sample')
+    assert buf.stats()['refused_sample'] == 1
+    buf.close()
+
+
+def test_a_member_without_replacement_short_of_its_share_refuses_before_anyone_draws():
+    buf = filled(n_off=3, weights=dict(offline=0.5, online=0.5))
+    before = buf.members['online'].state_dict()
+    assert buf.sample(10) is None  # offline holds 3 < 5
+    assert_same(buf.members['online'].state_dict(), before)
+    buf.close()
+
+
+@pytest.mark.timeout(30)
+def test_sample_with_a_timeout_waits_for_a_push():
+    buf = mixture(weights=dict(offline=0.5, online=0.5))
+    buf.push(transitions(range(10), 'list'), member='offline')
+    got = {}
+    t = threading.Thread(target=lambda: got.setdefault('batch', buf.sample(4, timeout=10)))
+    t.start()
+    time.sleep(0.3)
+    assert 'batch' not in got
+    buf.push(transitions([-1, -2], 'list'))
+    t.join(10)
+    assert members_of(got['batch'], buf).count('online') == 2
+    buf.close()
+
+
+# ------------------------------------------------------------------------------------------ updates, brute force
+def brute_force(priorities, alpha, beta, eps):
+    """P(i) and IS(i) of a prioritized member from its stored priorities (what DI-engine's formula gives)."""
+    leaf = (np.asarray(priorities) + eps) ** alpha
+    p = leaf / leaf.sum()
+    w = (len(p) * p) ** (-beta)
+    return p, w / w.max()
+
+
+@pytest.mark.parametrize('storage', ['list', 'tensor'])
+def test_updates_reach_the_right_member_and_match_a_brute_force_model(storage):
+    alpha, beta, eps = 0.7, 0.5, 1e-5
+    online = dict(replay_buffer_size=8, alpha=alpha, beta=beta, anneal_step=0, eps=eps)
+    prio = dict(type='advanced', replay_buffer_size=8, alpha=alpha, beta=beta, anneal_step=0, eps=eps, seed=9)
+    buf = mixture(storage, weights=dict(offline=0.5, online=0.5), online=online, offline=prio)
+    buf.push(transitions(range(8), storage), member='offline')
+    buf.push(transitions(range(-1, -9, -1), storage))
+    target = {'offline': np.arange(1.0, 9.0), 'online': np.arange(8.0, 0.0, -1.0)}  # priority of obs value
+    key = {'offline': lambda v: int(v), 'online': lambda v: int(-v - 1)}
+    for _ in range(6):  # cover every slot of both members
+        batch = buf.sample(16)
+        names, obs = members_of(batch, buf), obs_of(batch)
+        prios = [target[n][key[n](v)] for n, v in zip(names, obs)]
+        if storage == 'list':  # list ids name their member: no member key needed (DI-engine's learner)
+            info = {k: [item[k] for item in batch] for k in ('replay_unique_id', 'replay_buffer_idx')}
+        else:
+            info = {k: batch[k] for k in ('replay_unique_id', 'replay_buffer_idx', 'mixture_member')}
+        info['priority'] = prios
+        assert buf.update(info) == {'updated': 16, 'stale': 0}
+    draws = {'offline': np.zeros(8), 'online': np.zeros(8)}
+    for _ in range(300):
+        batch = buf.sample(16)
+        names, obs = members_of(batch, buf), obs_of(batch)
+        is_w = [item['IS'] for item in batch] if storage == 'list' else batch['IS'].tolist()
+        for n, v, w in zip(names, obs, is_w):
+            p, expected_w = brute_force(target[n], alpha, beta, eps)
+            assert w == pytest.approx(expected_w[key[n](v)], rel=1e-4), (n, v)
+            draws[n][key[n](v)] += 1
+    for n in draws:
+        p, _ = brute_force(target[n], alpha, beta, eps)
+        assert chi_square(draws[n], p * draws[n].sum()) < chi_threshold(7), (n, draws[n])
+    buf.close()
+
+
+def test_an_update_is_all_or_nothing_across_members():
+    buf = filled('tensor', weights=dict(offline=0.5, online=0.5), offline=dict(type='advanced'))
+    batch = buf.sample(8)
+    before = buf.state_dict()
+    good = {k: batch[k] for k in ('replay_unique_id', 'replay_buffer_idx', 'mixture_member')}
+    bad_tail = torch.tensor([1.0] * 7 + [float('nan')])  # the last entry is the online member's
+    with pytest.raises(ValueError, match='priorit'):
+        buf.update({**good, 'priority': bad_tail})
+    bad_slot = {**good, 'priority': torch.ones(8)}
+    bad_slot['replay_buffer_idx'] = bad_slot['replay_buffer_idx'].clone()
+    bad_slot['replay_buffer_idx'][-1] = 10**6
+    with pytest.raises(ValueError, match='replay_buffer_idx'):
+        buf.update(bad_slot)
+    assert_same(buf.state_dict(), before, 'state after a refused mixture update')
+    assert buf.update({**good, 'priority': torch.full((8,), 2.0)}) == {'updated': 8, 'stale': 0}
+    buf.close()
+
+
+def test_an_update_that_cannot_be_routed_names_the_key():
+    buf = filled('tensor')
+    batch = buf.sample(4)
+    info = {k: batch[k] for k in ('replay_unique_id', 'replay_buffer_idx')} | {'priority': torch.ones(4)}
+    with pytest.raises(ValueError, match="needs 'mixture_member'"):
+        buf.update(info)
+    with pytest.raises(ValueError, match="'mixture_member' holds 'nobody'"):
+        buf.update({**info, 'mixture_member': ['nobody'] * 4})
+    list_buf = filled('list')
+    with pytest.raises(ValueError, match='not an id of a member'):
+        list_buf.update({'replay_unique_id': ['other_3'], 'replay_buffer_idx': [3], 'priority': [1.0]})
+    buf.close()
+    list_buf.close()
+
+
+def test_stale_updates_are_counted_by_the_member():
+    buf = filled(weights=dict(offline=0, online=1))  # online holds 40 of capacity 64
+    batch = buf.sample(4)
+    buf.push(transitions(range(100, 164), 'list'))  # the online ring turns over: every sampled id is replaced
+    info = {k: [item[k] for item in batch] for k in ('replay_unique_id', 'replay_buffer_idx')}
+    assert buf.update({**info, 'priority': [1.0] * 4}) == {'updated': 0, 'stale': 4}
+    buf.close()
+
+
+# ------------------------------------------------------------------------------------------ state and files
+@pytest.mark.parametrize('storage', ['list', 'tensor'])
+def test_state_and_file_round_trips_give_identical_next_samples(storage, tmp_path):
+    buf = filled(storage, weights=dict(offline=0.3, online=0.7))
+    buf.sample(7)
+    copy = mixture(storage, weights=dict(offline=0.3, online=0.7), seed=42)
+    copy.load_state_dict(buf.state_dict())
+    assert_same(copy.state_dict(), buf.state_dict())
+    buf.save_data(str(tmp_path / 'mix.pt'))
+    from_file = mixture(storage, weights=dict(offline=0.3, online=0.7), seed=43)
+    from_file.load_data(str(tmp_path / 'mix.pt'), allow_pickle=storage == 'list')
+    for _ in range(3):
+        a, b, c = buf.sample(9), copy.sample(9), from_file.sample(9)
+        assert_same(a, b, 'sample after load_state_dict')
+        assert_same(a, c, 'sample after load_data')
+    for b in (buf, copy, from_file):
+        b.close()
+
+
+def test_a_refused_load_leaves_every_member_as_it_was():
+    buf = filled('tensor')
+    good = buf.state_dict()
+    other = filled('tensor', n_off=50, n_on=10, seed=7)
+    before = other.state_dict()
+    broken = {**good, 'members': {**good['members'], 'online': {**good['members']['online'], 'rng': 'garbage'}}}
+    with pytest.raises(ValueError):
+        other.load_state_dict(broken)  # offline loads first, then online refuses: offline goes back
+    assert_same(other.state_dict(), before, 'state after a refused load')
+    for bad in ({**good, 'members': {'offline': good['members']['offline']}}, {**good, 'type': 'Naive'}):
+        with pytest.raises(ValueError):
+            other.load_state_dict(bad)
+        assert_same(other.state_dict(), before)
+    other.load_state_dict(good)
+    assert states_equal(other.state_dict(), good)
+    buf.close()
+    other.close()
+
+
+# ------------------------------------------------------------------------------------------ members keep their rules
+def test_members_keep_their_own_capacity_and_eviction():
+    buf = filled(n_off=200, n_on=200)  # online capacity 64: FIFO; offline 1000 never evicts here
+    assert (buf.members['offline'].count(), buf.members['online'].count(), buf.count()) == (200, 64, 264)
+    online = obs_of(buf.members['online'].sample(64))
+    assert set(online.tolist()) <= set(range(-200, -136))  # the newest 64
+    stats = buf.stats()
+    assert stats['offline.count'] == 200 and stats['online.count'] == 64 and stats['count'] == 264
+    buf.clear()
+    assert buf.count() == 0
+    buf.close()
+
+
+@pytest.mark.parametrize(
+    'cfg, match',
+    [
+        (dict(members={}), "'members' must be a non-empty dict"),
+        (dict(members=dict(a=dict(type='deque'))), "'members.a.type' is 'deque'"),
+        (dict(members=dict(a=dict(type='mixture'))), 'cannot itself be a mixture'),
+        (dict(members=dict(a=dict(replay_buffer_size=3))), "'members.a' must be a buffer config with a 'type'"),
+        (dict(members=dict(a=dict(type='episode'))), "'members.a.type' is 'episode', whose items are episodes"),
+        (dict(weights=dict(offline=1)), "'weights' must be 'size' or a dict"),
+        (dict(weights=dict(offline=-1, online=1)), "'weights.offline' has value -1"),
+        (dict(weights=dict(offline=0, online=0)), 'no positive weight'),
+        (dict(push_to='nobody'), "'push_to' is 'nobody'"),
+        (dict(member_kye='x'), "did you mean 'member_key'"),
+        (
+            dict(members=dict(a=dict(type='naive'), b=dict(type='naive', storage=dict(type='tensor')))),
+            'one storage kind',
+        ),
+        (dict(members=dict(a=dict(type='naive', replay_buffer_size=-1))), "'replay_buffer_size'"),
+    ],
+)
+def test_bad_configs_are_refused_by_name(cfg, match):
+    with pytest.raises(ValueError, match=match):
+        create_buffer(dict(type='mixture', **cfg))
+
+
+def test_push_to_an_unknown_member_is_refused_and_changes_nothing():
+    buf = filled()
+    before = buf.state_dict()
+    with pytest.raises(ValueError, match="member must be one of"):
+        buf.push(transitions([1], 'list'), member='nobody')
+    assert_same(buf.state_dict(), before)
+    buf.close()
+    with pytest.raises(RuntimeError, match='closed'):
+        buf.push(transitions([1], 'list'))
+
+
+def test_extend_writes_a_batch_to_a_member():
+    buf = mixture('tensor')
+    assert buf.extend({'obs': torch.zeros(5, 1), 'act': torch.zeros(5, dtype=torch.long)}, member='offline') == 5
+    assert (buf.members['offline'].count(), buf.members['online'].count()) == (5, 0)
+    buf.close()
+
+
+def test_a_mixture_is_refused_as_a_distributed_buffer_by_name():
+    with pytest.raises(ValueError, match="'distributed' is set on type 'mixture': a mixture holds local member"):
+        create_buffer(dict(type='mixture', distributed=dict(backend='torch')))
+
+
+def test_a_training_config_checks_every_members_section():
+    from ding_buffer.train.config import build_train_config
+
+    members = dict(a=dict(type='advanced'), b=dict(type='naive', replay_bufer_size=3))
+    section = dict(policy=dict(other=dict(replay_buffer=dict(type='mixture', members=members))))
+    with pytest.raises(
+        ValueError,
+        match=r"'policy\.other\.replay_buffer\.members\.b\.replay_bufer_size'.*did you mean "
+        r"'policy\.other\.replay_buffer\.members\.b\.replay_buffer_size'",
+    ):
+        build_train_config(section)
+    members['b'] = dict(type='naive')
+    assert build_train_config(section).policy.other.replay_buffer.type == 'mixture'
