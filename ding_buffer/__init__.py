@@ -42,6 +42,7 @@ _SUBPACKAGES = (
     'buffers',
     'config',
     'control',
+    'datasets',
     'distributed',
     'errors',
     'monitor',
@@ -57,9 +58,11 @@ __all__ = [*_EXPORTS, '__version__']  # the lazily loaded names, in _EXPORTS' or
 
 
 def _load_presets() -> None:
-    """Register the built-in presets and the distributed wrapper (what ``base`` calls on the first lookup)."""
+    """Register the built-in presets, the distributed wrapper and the dataset loader (what ``base`` calls on the first
+    lookup)."""
     importlib.import_module('.buffers', __name__)
     importlib.import_module('.distributed', __name__)
+    importlib.import_module('.datasets.config', __name__)
 
 
 _base.set_preset_loader(_load_presets)

@@ -312,6 +312,10 @@ def create_buffer(cfg: Any, *args, **kwargs) -> IBuffer:
     """
     cls = get_buffer_cls(cfg)
     cfg = EasyDict(cfg) if not isinstance(cfg, EasyDict) else cfg
+    if 'dataset' in cfg:
+        if _DATASET is None:
+            raise RuntimeError("config key 'dataset' needs ding_buffer.datasets; import it (or ding_buffer)")
+        return _DATASET(cls, cfg, *args, **kwargs)  # the buffer built without the section, then filled from it
     if cfg.get('distributed') is not None:
         if _DISTRIBUTED is None:
             raise RuntimeError("config key 'distributed' needs ding_buffer.distributed; import it (or ding_buffer)")
@@ -329,6 +333,17 @@ def register_distributed(factory: Callable[..., Optional[IBuffer]]) -> None:
     """Install ``factory(cls, cfg, *args, **kwargs) -> buffer or None`` for configs with a ``distributed`` section."""
     global _DISTRIBUTED
     _DISTRIBUTED = factory
+
+
+# The dataset loader registers itself here too (``ding_buffer.datasets.config``).
+_DATASET: Optional[Callable[..., IBuffer]] = None
+
+
+def register_dataset(factory: Callable[..., IBuffer]) -> None:
+    """Install ``factory(cls, cfg, *args, **kwargs) -> buffer`` for configs with a ``dataset`` section: it builds the
+    buffer from ``cfg`` without the section and fills it from the dataset."""
+    global _DATASET
+    _DATASET = factory
 
 
 __all__: List[str] = ['IBuffer', 'Registry', 'BUFFER_REGISTRY', 'create_buffer', 'get_buffer_cls']

@@ -19,7 +19,7 @@ import tempfile
 import time
 import zipfile
 import zlib
-from typing import Any, Dict
+from typing import Any, BinaryIO, Callable, Dict
 
 import torch
 
@@ -29,6 +29,13 @@ SCHEMA_VERSION = 1
 
 def atomic_save(obj: Any, path: str) -> None:
     """Write ``obj`` to ``path`` atomically (temporary file, fsync, rename, fsync of the directory)."""
+    atomic_write(path, lambda f: torch.save(obj, f))
+
+
+def atomic_write(path: str, write: Callable[[BinaryIO], None], mode: str = 'wb') -> None:
+    """Call ``write(f)`` on a temporary file next to ``path`` (opened with ``mode``: ``'w+b'`` for writers that read
+    back and seek, as h5py does), fsync it and rename it over ``path`` (then fsync the directory): a crash or an
+    error in ``write`` leaves the old file or none, never a torn one."""
     path = os.path.abspath(os.fspath(path))
     directory = os.path.dirname(path)
     os.makedirs(directory, exist_ok=True)
@@ -36,8 +43,8 @@ def atomic_save(obj: Any, path: str) -> None:
     remove_stale_temps(path)
     fd, tmp = tempfile.mkstemp(prefix=f'{prefix}{_HOST}.{os.getpid()}.', suffix='.tmp', dir=directory)
     try:
-        with os.fdopen(fd, 'wb') as f:
-            torch.save(obj, f)
+        with os.fdopen(fd, mode) as f:
+            write(f)
             f.flush()
             os.fsync(f.fileno())
         os.chmod(tmp, 0o666 & ~current_umask())  # mkstemp makes 0600; a saved file follows the umask like open()

@@ -1,0 +1,140 @@
+"""Putting read transitions into a buffer as its type takes them, all or nothing.
+
+* types of transitions (``item_kind`` ``'transition'`` / ``'sequence'``: naive, advanced, elastic, sequence, deque):
+  a chunk at a time, ``extend`` of the chunk's columns on tensor storage, ``push`` of one dict a transition on list
+  storage (and for items read as dicts);
+* ``storage.frames``: ``push`` of the chunk's transitions in order, so each episode is one stream;
+* types of episodes (``'episode'``: episode, prioritized_episode): one ``push`` of the episodes a chunk completes,
+  each a dict of ``[T, ...]`` tensors (a list of dicts when read as dicts).
+
+A push the buffer refuses (an error, or fewer items taken, as a rate limiter answers) fails the load; the buffer is
+then restored from the ``state_dict()`` taken before it (``atomic``).
+"""
+
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional
+
+import numpy as np
+
+from .columns import Chunk, rows_of, to_torch, tree_concat, tree_map
+
+TRANSITION_KINDS = ('transition', 'sequence')
+EPISODE_KINDS = ('episode',)
+
+
+class Refused(ValueError):
+    """The buffer took fewer items than it was given."""
+
+
+@dataclass
+class Target:
+    """What a buffer takes: its type name, whether it stores episodes, its storage, its frames settings."""
+
+    name: str
+    episodes: bool
+    tensor: bool
+    frames: Optional[Dict[str, Any]]
+
+    @classmethod
+    def of(cls, buffer: Any) -> 'Target':
+        cfg = getattr(buffer, 'cfg', None) or {}
+        name = cfg.get('type', type(buffer).__name__)
+        kind = buffer.capabilities()['item_kind']
+        if kind not in TRANSITION_KINDS + EPISODE_KINDS:
+            raise ValueError(
+                f"buffer type {name!r} stores items of kind {kind!r}; a dataset fills a buffer of transitions "
+                f"(naive, advanced, elastic, sequence, deque) or of episodes (episode, prioritized_episode)"
+            )
+        storage = cfg.get('storage') or {}
+        frames = storage.get('frames')
+        return cls(
+            name,
+            kind in EPISODE_KINDS,
+            storage.get('type', 'list') == 'tensor',
+            None if frames is None else dict(frames),
+        )
+
+    @property
+    def timeout_key(self) -> str:
+        """The time-limit flag's field: ``timeout``; a frames buffer's ``truncated_key`` (its streams end there)."""
+        return 'timeout' if self.frames is None else self.frames.get('truncated_key', 'truncated')
+
+    def check(self, path: str, obs_shape: tuple) -> None:
+        """A frames buffer needs stacks: ``obs`` / ``next_obs`` fields of per-step shape ``[stack, *frame]``."""
+        if self.frames is None:
+            return
+        keys = (self.frames.get('key', 'obs'), self.frames.get('next_key', 'next_obs'))
+        if keys != ('obs', 'next_obs'):
+            raise ValueError(
+                f"buffer type {self.name!r} keeps frames of the fields {keys}; a dataset's observations are the "
+                f"fields ('obs', 'next_obs'): set storage.frames key='obs', next_key='next_obs'"
+            )
+        stack = self.frames.get('stack')
+        if len(obs_shape) < 2 or (stack is not None and obs_shape[0] != stack):
+            want = f"[{stack or 'stack'}, *frame]"
+            raise ValueError(
+                f"{path!r}: observations of per-step shape {obs_shape} are not frame stacks {want}, which a buffer "
+                f"with storage.frames stores one frame a step; stack the frames in the file first (each step's obs "
+                f"the last {stack or 'k'} frames, next_obs the same shifted by one) or use a buffer without frames"
+            )
+
+
+class TransitionSink:
+    def __init__(self, buffer: Any, target: Target) -> None:
+        self.buffer, self.target = buffer, target
+
+    def put(self, chunk: Chunk) -> int:
+        if chunk.rows is not None:
+            return _push(self.buffer, list(chunk.rows))
+        if self.target.tensor and self.target.frames is None:
+            n = self.buffer.extend(to_torch(chunk.columns))
+            _check_taken(n, len(chunk))
+            return n
+        return _push(self.buffer, rows_of(chunk.columns))
+
+    def finish(self) -> int:
+        return 0
+
+
+class EpisodeSink:
+    """Cuts chunks at episode ends; an episode spanning chunks is held until its end (or the end of the data)."""
+
+    def __init__(self, buffer: Any, target: Target) -> None:
+        self.buffer, self.target = buffer, target
+        self.held: List[Chunk] = []
+
+    def put(self, chunk: Chunk) -> int:
+        done, start = [], 0
+        for end in np.flatnonzero(chunk.ends):
+            self.held.append(_part(chunk, start, end + 1))
+            done.append(self._episode())
+            start = end + 1
+        if start < len(chunk):
+            self.held.append(_part(chunk, start, len(chunk)))
+        return _push(self.buffer, done) if done else 0
+
+    def finish(self) -> int:
+        return _push(self.buffer, [self._episode()]) if self.held else 0
+
+    def _episode(self) -> Any:
+        parts, self.held = self.held, []
+        if parts[0].rows is not None:
+            return [row for p in parts for row in p.rows]
+        return to_torch(tree_concat([p.columns for p in parts]), copy=not self.target.tensor)
+
+
+def _part(chunk: Chunk, start: int, stop: int) -> Chunk:
+    if chunk.rows is not None:
+        return Chunk(chunk.ends[start:stop], rows=chunk.rows[start:stop])
+    return Chunk(chunk.ends[start:stop], columns=tree_map(lambda a: a[start:stop], chunk.columns))
+
+
+def _push(buffer: Any, items: list) -> int:
+    n = buffer.push(items)
+    _check_taken(n, len(items))
+    return n
+
+
+def _check_taken(n: int, given: int) -> None:
+    if n != given:
+        raise Refused(f"the buffer took {n} of {given} items (a rate limiter or a rule of its own refused the rest)")

@@ -1,0 +1,141 @@
+"""HDF5 access shared by the HDF5 layouts: importing h5py with an install hint, opening a file so that a damaged
+one is a ``ValueError`` naming it, reading a dataset or a group of datasets in row ranges, and the checks every
+layout makes of its arrays (numeric dtype, row count, 0/1 flags, readable to the end).
+
+Every message names the file and the key (``'hopper.hdf5': key 'rewards' ...``).
+"""
+
+import contextlib
+from typing import Any, Iterator, Optional, Tuple
+
+import numpy as np
+
+from .columns import Tree
+
+MAGIC = b'\x89HDF\r\n\x1a\n'  # at offset 0 (files with a user block put it at 512, 1024, ...)
+NUMERIC = 'biuf'  # numpy dtype kinds a field may have: bool, signed, unsigned, float
+
+
+def import_h5py() -> Any:
+    try:
+        import h5py
+    except ImportError:
+        raise ImportError(
+            'reading and writing HDF5 datasets needs h5py: pip install "ding_buffer[datasets]" (or pip install h5py)'
+        ) from None
+    return h5py
+
+
+def is_hdf5(path: str) -> bool:
+    with open(path, 'rb') as f:
+        return f.read(len(MAGIC)) == MAGIC
+
+
+class FileError(ValueError):
+    """A dataset file that is not what its layout says (a ``ValueError``)."""
+
+
+def fail(path: str, key: Optional[str], what: str) -> FileError:
+    where = f"{path!r}: key {key!r}" if key else repr(path)
+    return FileError(f"{where} {what}")
+
+
+@contextlib.contextmanager
+def open_hdf5(path: str, layout: str) -> Iterator[Any]:
+    """The open ``h5py.File``; a file h5py cannot open (not HDF5, truncated, a damaged header) is a FileError."""
+    h5py = import_h5py()
+    try:
+        f = h5py.File(path, 'r')
+    except (OSError, RuntimeError, ValueError, KeyError) as e:
+        raise fail(
+            path, None, f"is not a readable HDF5 file ({layout} layout expected; truncated or damaged?): {e}"
+        ) from e
+    with f:
+        yield f
+
+
+def node(path: str, group: Any, key: str, *, group_ok: bool = False) -> Any:
+    """``group[key]``: a dataset (or, with ``group_ok``, a group of them); missing or another kind is a FileError."""
+    h5py = import_h5py()
+    try:
+        found = group.get(key) if key in group else None
+    except (OSError, RuntimeError, KeyError, ValueError) as e:
+        raise fail(path, _full(group, key), f"cannot be read (damaged file?): {e}") from e
+    if found is None:
+        raise fail(path, _full(group, key), f"is missing; the layout needs it (present: {sorted(group.keys())})")
+    if isinstance(found, h5py.Dataset) or (group_ok and isinstance(found, h5py.Group)):
+        return found
+    kind = 'a group' if isinstance(found, h5py.Group) else type(found).__name__
+    raise fail(path, _full(group, key), f"is {kind}, expected a dataset of arrays")
+
+
+def _full(group: Any, key: str) -> str:
+    name = getattr(group, 'name', '/') or '/'
+    return key if name == '/' else f"{name.lstrip('/')}/{key}"
+
+
+def leaves(path: str, obj: Any, name: str) -> Iterator[Tuple[str, Any]]:
+    """``(key, dataset)`` of a dataset or of every dataset under a group (nested groups: nested keys)."""
+    h5py = import_h5py()
+    if isinstance(obj, h5py.Dataset):
+        yield name, obj
+        return
+    keys = sorted(obj.keys())
+    if not keys:
+        raise fail(path, name, "is an empty group, expected datasets")
+    for k in keys:
+        yield from leaves(path, node(path, obj, k, group_ok=True), f'{name}/{k}')
+
+
+def check_array(path: str, key: str, ds: Any, rows: int, shape: Optional[tuple] = None) -> None:
+    """``ds`` has ``rows`` rows, a numeric or bool dtype and (if given) the per-row ``shape``."""
+    if ds.dtype.kind not in NUMERIC:
+        raise fail(path, key, f"has dtype {ds.dtype}, expected numbers or bools")
+    if ds.ndim == 0 or ds.shape[0] != rows:
+        got = 'a scalar' if ds.ndim == 0 else f'{ds.shape[0]} rows'
+        raise fail(path, key, f"has {got}, expected {rows} rows (shape {tuple(ds.shape)})")
+    if shape is not None and tuple(ds.shape[1:]) != tuple(shape):
+        raise fail(path, key, f"has rows of shape {tuple(ds.shape[1:])}, expected {tuple(shape)}")
+
+
+def check_flags(path: str, key: str, ds: Any, rows: int) -> None:
+    """A flag column: ``rows`` values, one per row (shape ``[rows]`` or ``[rows, 1]``), bool or 0/1 numbers."""
+    check_array(path, key, ds, rows)
+    if ds.shape[1:] not in ((), (1,)):
+        raise fail(path, key, f"has rows of shape {tuple(ds.shape[1:])}, expected one flag a row")
+
+
+def read(path: str, key: str, ds: Any, start: int, stop: int) -> np.ndarray:
+    """Rows ``[start, stop)``; an unreadable range (a truncated file) is a FileError."""
+    try:
+        return ds[start:stop]
+    except (OSError, RuntimeError, ValueError, KeyError, TypeError) as e:
+        raise fail(path, key, f"cannot be read at rows {start}..{stop} (truncated or damaged file?): {e}") from e
+
+
+def read_flags(path: str, key: str, ds: Any, start: int, stop: int) -> np.ndarray:
+    """Flag rows ``[start, stop)`` as a bool array; a value other than 0 / 1 is a FileError."""
+    raw = read(path, key, ds, start, stop).reshape(-1)
+    if raw.dtype != np.bool_:
+        bad = ~((raw == 0) | (raw == 1))
+        if bad.any():
+            at = start + int(np.flatnonzero(bad)[0])
+            raise fail(path, key, f"holds {raw[at - start]!r} at row {at}, expected bools (0 or 1)")
+    return raw.astype(bool)
+
+
+def read_tree(path: str, obj: Any, name: str, start: int, stop: int) -> Tree:
+    """A dataset's rows, or a group's as a nested dict of rows."""
+    h5py = import_h5py()
+    if isinstance(obj, h5py.Dataset):
+        return read(path, name, obj, start, stop)
+    return {k: read_tree(path, obj[k], f'{name}/{k}', start, stop) for k in sorted(obj.keys())}
+
+
+def scan(path: str, items: list, rows: int, chunk: int) -> None:
+    """Read every ``(key, dataset, is_flag)`` of ``items`` to its end, ``chunk`` rows at a time: a truncated or
+    damaged data block, or a flag that is not 0/1, is a FileError before anything is stored."""
+    for start in range(0, rows, chunk):
+        stop = min(start + chunk, rows)
+        for key, ds, is_flag in items:
+            (read_flags if is_flag else read)(path, key, ds, start, stop)

@@ -1,0 +1,130 @@
+"""``write_d4rl``: save transitions or episodes atomically as a D4RL file (what ``load_dataset`` reads)."""
+
+from collections.abc import Mapping
+from typing import Any, Dict, List
+
+import numpy as np
+
+from ..persistence import atomic_write
+from .hdf5 import NUMERIC, import_h5py
+
+# transition field -> D4RL key; either name is accepted
+D4RL_KEYS = {
+    'obs': 'observations',
+    'action': 'actions',
+    'reward': 'rewards',
+    'done': 'terminals',
+    'timeout': 'timeouts',
+    'next_obs': 'next_observations',
+}
+REQUIRED = ('observations', 'actions', 'rewards', 'terminals')
+FLAGS = ('terminals', 'timeouts')
+
+
+def write_d4rl(path: str, data: Any) -> int:
+    """
+    Overview:
+        Write ``data`` to ``path`` in the D4RL layout (``observations``, ``actions``, ``rewards``, ``terminals``,
+        ``timeouts`` and, if given, ``next_observations``), through a temporary file renamed into place: a crash
+        or a bad input leaves the old file or none. Returns the number of steps written.
+    Arguments:
+        - path (:obj:`str`): the file to write
+        - data: a dict of arrays with one row per step (keys the D4RL names or the transition fields ``obs``, \
+            ``action``, ``reward``, ``done``, ``timeout``, ``next_obs``), or a list of episodes, each such a dict \
+            of ``[T, ...]`` arrays or a list of transition dicts. An episode whose last step has neither ``done`` \
+            nor ``timeout`` gets ``timeout`` there, so that it stays an episode of its own when read back.
+    """
+    columns = _columns(data)
+    h5py = import_h5py()
+
+    def write(f: Any) -> None:
+        with h5py.File(f, 'w') as out:
+            for key, array in columns.items():
+                out.create_dataset(key, data=array)
+
+    atomic_write(path, write, mode='w+b')
+    return len(columns['observations'])
+
+
+def _columns(data: Any) -> Dict[str, np.ndarray]:
+    if isinstance(data, Mapping):
+        columns = _named(data, 'data')
+    elif isinstance(data, (list, tuple)):
+        episodes = [_episode(ep, i) for i, ep in enumerate(data)]
+        episodes = [ep for ep in episodes if len(ep['observations'])]
+        if not episodes:
+            raise ValueError("write_d4rl: the list of episodes holds no step")
+        keys = set(episodes[0])
+        for i, ep in enumerate(episodes):
+            if set(ep) != keys:
+                raise ValueError(f"write_d4rl: episode {i} has the keys {sorted(ep)}, episode 0 {sorted(keys)}")
+        columns = {k: np.concatenate([ep[k] for ep in episodes]) for k in episodes[0]}
+    else:
+        raise ValueError(
+            f"write_d4rl: data is a {type(data).__name__}; expected a dict of arrays or a list of episodes"
+        )
+    return columns
+
+
+def _episode(episode: Any, i: int) -> Dict[str, np.ndarray]:
+    if isinstance(episode, (list, tuple)):
+        if not all(isinstance(step, Mapping) for step in episode):
+            raise ValueError(f"write_d4rl: episode {i} is a list of something else than transition dicts")
+        keys = set(episode[0]) if episode else set(REQUIRED)
+        episode = {k: [step[k] for step in episode] for k in keys} if episode else {}
+    elif not isinstance(episode, Mapping):
+        raise ValueError(f"write_d4rl: episode {i} is a {type(episode).__name__}; expected a dict of arrays or a list")
+    if not episode:
+        return {'observations': np.zeros(0)}
+    columns = _named(episode, f'episode {i}')
+    if len(columns['terminals']) and not (columns['terminals'][-1] or columns['timeouts'][-1]):
+        columns['timeouts'][-1] = True
+    return columns
+
+
+def _named(data: Mapping, where: str) -> Dict[str, np.ndarray]:
+    out: Dict[str, np.ndarray] = {}
+    for key, value in data.items():
+        name = D4RL_KEYS.get(key, key)
+        if name not in D4RL_KEYS.values():
+            known = sorted(set(D4RL_KEYS) | set(D4RL_KEYS.values()))
+            raise ValueError(f"write_d4rl: {where} has key {key!r}; the D4RL layout has {known}")
+        if name in out:
+            raise ValueError(f"write_d4rl: {where} names {name!r} twice (as {key!r} and its other name)")
+        out[name] = _array(value, f'{where}: key {key!r}')
+    missing = [k for k in REQUIRED if k not in out]
+    if missing:
+        raise ValueError(f"write_d4rl: {where} is missing {missing[0]!r}; the D4RL layout needs {list(REQUIRED)}")
+    rows = len(out['observations'])
+    out.setdefault('timeouts', np.zeros(rows, dtype=bool))
+    for name, array in out.items():
+        if array.ndim == 0 or len(array) != rows:
+            raise ValueError(f"write_d4rl: {where}: {name!r} has {array.shape[:1]} rows, 'observations' {rows}")
+        if name in FLAGS:
+            flat = array.reshape(rows, -1)
+            if flat.shape[1] != 1 or not np.isin(flat, (0, 1)).all():
+                raise ValueError(
+                    f"write_d4rl: {where}: {name!r} must hold one bool (or 0 / 1) a step, got {array.shape}"
+                )
+            out[name] = flat[:, 0].astype(bool)
+    shapes = out['observations'].shape, out.get('next_observations', out['observations']).shape
+    if shapes[0] != shapes[1]:
+        raise ValueError(f"write_d4rl: {where}: 'next_observations' has shape {shapes[1]}, 'observations' {shapes[0]}")
+    return out
+
+
+def _array(value: Any, where: str) -> np.ndarray:
+    if hasattr(value, 'detach'):  # a torch tensor
+        value = value.detach().cpu().numpy()
+    elif isinstance(value, (list, tuple)) and value and hasattr(value[0], 'detach'):
+        value = [v.detach().cpu().numpy() for v in value]
+    try:
+        array = np.asarray(value)
+    except (ValueError, TypeError) as e:
+        raise ValueError(f"write_d4rl: {where} is not an array of one shape: {e}") from None
+    if array.dtype.kind not in NUMERIC:
+        raise ValueError(f"write_d4rl: {where} has dtype {array.dtype}; expected numbers or bools")
+    return array
+
+
+__all__: List[str] = ['write_d4rl']
