@@ -80,17 +80,21 @@ class Target:
 
 
 class TransitionSink:
+    """``stored``: the transitions the buffer has taken so far."""
+
     def __init__(self, buffer: Any, target: Target) -> None:
-        self.buffer, self.target = buffer, target
+        self.buffer, self.target, self.stored = buffer, target, 0
 
     def put(self, chunk: Chunk) -> int:
         if chunk.rows is not None:
-            return _push(self.buffer, list(chunk.rows))
-        if self.target.tensor and self.target.frames is None:
+            n = _push(self.buffer, list(chunk.rows))
+        elif self.target.tensor and self.target.frames is None:
             n = self.buffer.extend(to_torch(chunk.columns))
             _check_taken(n, len(chunk))
-            return n
-        return _push(self.buffer, rows_of(chunk.columns))
+        else:
+            n = _push(self.buffer, rows_of(chunk.columns))
+        self.stored += n
+        return n
 
     def finish(self) -> int:
         return 0
@@ -100,7 +104,7 @@ class EpisodeSink:
     """Cuts chunks at episode ends; an episode spanning chunks is held until its end (or the end of the data)."""
 
     def __init__(self, buffer: Any, target: Target) -> None:
-        self.buffer, self.target = buffer, target
+        self.buffer, self.target, self.stored = buffer, target, 0
         self.held: List[Chunk] = []
 
     def put(self, chunk: Chunk) -> int:
@@ -111,16 +115,25 @@ class EpisodeSink:
             start = end + 1
         if start < len(chunk):
             self.held.append(_part(chunk, start, len(chunk)))
-        return _push(self.buffer, done) if done else 0
+        return self._push(done)
 
     def finish(self) -> int:
-        return _push(self.buffer, [self._episode()]) if self.held else 0
+        return self._push([self._episode()] if self.held else [])
 
-    def _episode(self) -> Any:
+    def _push(self, episodes: list) -> int:
+        if not episodes:
+            return 0
+        n = _push(self.buffer, [e for e, _ in episodes])
+        self.stored += sum(steps for _, steps in episodes)
+        return n
+
+    def _episode(self) -> tuple:
+        """(the held episode as the buffer takes it, its steps)."""
         parts, self.held = self.held, []
+        steps = sum(len(p) for p in parts)
         if parts[0].rows is not None:
-            return [row for p in parts for row in p.rows]
-        return to_torch(tree_concat([p.columns for p in parts]), copy=not self.target.tensor)
+            return [row for p in parts for row in p.rows], steps
+        return to_torch(tree_concat([p.columns for p in parts]), copy=not self.target.tensor), steps
 
 
 def _part(chunk: Chunk, start: int, stop: int) -> Chunk:

@@ -120,7 +120,7 @@ def read_flags(path: str, key: str, ds: Any, start: int, stop: int) -> np.ndarra
         bad = ~((raw == 0) | (raw == 1))
         if bad.any():
             at = start + int(np.flatnonzero(bad)[0])
-            raise fail(path, key, f"holds {raw[at - start]!r} at row {at}, expected bools (0 or 1)")
+            raise fail(path, key, f"holds {raw[at - start].item()!r} at row {at}, expected bools (0 or 1)")
     return raw.astype(bool)
 
 

@@ -98,7 +98,7 @@ def _fill(
     snapshot = buffer.state_dict() if atomic else None
     sink = EpisodeSink(buffer, target) if target.episodes else TransitionSink(buffer, target)
     bar = _progress_bar(total, progress, os.path.basename(path))
-    stored = at = 0
+    stored = at = 0  # items pushed; transitions read
     try:
         for chunk in reader.chunks(chunk_size):
             if at >= total:
@@ -115,7 +115,7 @@ def _fill(
         if isinstance(e, FileError) or not isinstance(e, Exception):
             raise
         raise ValueError(
-            f"{path!r}: buffer type {target.name!r} refused the transitions from {at} on"
+            f"{path!r}: buffer type {target.name!r} refused the transitions from {sink.stored} on"
             f"{'' if snapshot is None else ' (the buffer is as it was before the load)'}: {type(e).__name__}: {e}"
         ) from e
     finally:
@@ -131,7 +131,7 @@ def _progress_bar(total: int, progress: Optional[bool], name: str) -> Any:
         from tqdm import tqdm
     except ImportError:
         return None
-    return tqdm(total=total, unit='transition', desc=f'loading {name}', unit_scale=True)
+    return tqdm(total=total, unit='transition', desc=f'loading {name}')
 
 
 __all__ = ['FORMATS', 'load_dataset']

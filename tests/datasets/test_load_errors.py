@@ -1,0 +1,228 @@
+"""A malformed file, or a buffer that refuses the data midway, is one ValueError naming the file and the key, and
+the buffer's state_dict() is what it was before the load."""
+
+import sys
+
+import numpy as np
+import pytest
+import torch
+from dataset_files import d4rl_arrays, dingengine_arrays, dingengine_transitions, minari_file, pickle_file, write_h5
+from helpers import assert_same
+
+from ding_buffer import create_buffer
+from ding_buffer.datasets import load_dataset
+
+
+@pytest.fixture(params=['list', 'tensor'])
+def buffer(request):
+    """A buffer holding two transitions of the D4RL fields already (so 'unchanged' means something)."""
+    buf = create_buffer(dict(type='naive', replay_buffer_size=100, storage=dict(type=request.param)))
+    arrays = d4rl_arrays(np.random.default_rng(0), ends=(('t', 2),))
+    buf.extend(
+        {
+            'obs': torch.from_numpy(arrays['observations']),
+            'action': torch.from_numpy(arrays['actions']),
+            'reward': torch.from_numpy(arrays['rewards']),
+            'next_obs': torch.from_numpy(arrays['next_observations']),
+            'done': torch.from_numpy(arrays['terminals']),
+            'timeout': torch.from_numpy(arrays['timeouts']),
+        }
+    ) if request.param == 'tensor' else buf.push([{'obs': 1}, {'obs': 2}])
+    yield buf
+    buf.close()
+
+
+def refused(buffer, path, match, **options):
+    """Loading raises ValueError matching ``match`` and naming the file; the state is unchanged."""
+    before = buffer.state_dict()
+    with pytest.raises(ValueError, match=match) as info:
+        load_dataset(buffer, path, progress=False, **options)
+    assert str(path) in str(info.value), info.value
+    assert_same(buffer.state_dict(), before)
+    return str(info.value)
+
+
+def d4rl(tmp_path, **changes):
+    arrays = d4rl_arrays(np.random.default_rng(1))
+    for key, value in changes.items():
+        if value is None:
+            del arrays[key]
+        else:
+            arrays[key] = value
+    return write_h5(tmp_path / 'bad.hdf5', arrays)
+
+
+def test_missing_key(tmp_path, buffer):
+    refused(buffer, d4rl(tmp_path, rewards=None), r"key 'rewards' is missing", format='d4rl')
+
+
+def test_ragged_lengths(tmp_path, buffer):
+    refused(buffer, d4rl(tmp_path, actions=np.zeros((10, 2), np.float32)), r"key 'actions' has 10 rows, expected 11")
+
+
+def test_wrong_dtype(tmp_path, buffer):
+    refused(buffer, d4rl(tmp_path, rewards=np.array([b'x'] * 11)), r"key 'rewards' has dtype \|S1, expected numbers")
+
+
+def test_flags_that_are_not_bools(tmp_path, buffer):
+    terminals = np.zeros(11)
+    terminals[4] = 0.5
+    refused(buffer, d4rl(tmp_path, terminals=terminals), r"key 'terminals' holds 0.5 at row 4, expected bools")
+
+
+def test_next_observations_of_another_shape(tmp_path, buffer):
+    bad = np.zeros((11, 4), np.float32)
+    refused(buffer, d4rl(tmp_path, next_observations=bad), r"key 'next_observations' has rows of shape \(4,\)")
+
+
+def big_d4rl(tmp_path, name='big.hdf5'):
+    arrays = d4rl_arrays(np.random.default_rng(2), ends=(('t', 3000), (None, 1000)), obs_shape=(16,))
+    return write_h5(tmp_path / name, arrays)
+
+
+def test_truncated_file(tmp_path, buffer):
+    path = big_d4rl(tmp_path)
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+    refused(buffer, path, r'truncated', format='d4rl')
+
+
+@pytest.mark.parametrize('offset', [0, 5, 9, 44])
+def test_bit_flipped_header(tmp_path, buffer, offset):
+    path = big_d4rl(tmp_path)
+    data = bytearray(path.read_bytes())
+    data[offset] ^= 0x10
+    path.write_bytes(bytes(data))
+    damaged = r'is not a readable HDF5 file|is neither an HDF5 file nor a pickle|cannot be read|fits no known layout'
+    refused(buffer, path, damaged)
+
+
+def test_not_hdf5(tmp_path, buffer):
+    path = tmp_path / 'notes.txt'
+    path.write_text('observations, actions\n1, 2\n')
+    refused(buffer, path, r'is not a readable HDF5 file \(d4rl layout expected', format='d4rl')
+    refused(buffer, path, r'is neither an HDF5 file nor a pickle')
+
+
+def test_hdf5_of_no_known_layout(tmp_path, buffer):
+    path = write_h5(tmp_path / 'other.hdf5', {'x': np.zeros(3)})
+    refused(buffer, path, r'fits no known layout; pass format=')
+
+
+def test_pickle_without_allow_pickle(tmp_path, buffer):
+    path = pickle_file(tmp_path / 'expert.pkl', dingengine_transitions(np.random.default_rng(3)))
+    refused(buffer, path, r'is a pickle .*allow_pickle=True')
+    refused(buffer, path, r'allow_pickle=True', format='dingengine_pkl')
+
+
+def test_pickle_of_transitions_with_other_keys(tmp_path, buffer):
+    items = dingengine_transitions(np.random.default_rng(4))
+    del items[3]['next_obs']
+    path = pickle_file(tmp_path / 'expert.pkl', items)
+    refused(buffer, path, r"key 'next_obs' is missing from transition 3", allow_pickle=True)
+
+
+def test_damaged_pickle(tmp_path, buffer):
+    path = pickle_file(tmp_path / 'expert.pkl', dingengine_transitions(np.random.default_rng(5)))
+    path.write_bytes(path.read_bytes()[:-40])
+    refused(buffer, path, r'is not a readable pickle', allow_pickle=True)
+
+
+def test_minari_observations_without_the_extra_row(tmp_path, buffer):
+    path = tmp_path / 'main_data.hdf5'
+    minari_file(path, np.random.default_rng(6), nested=False)
+    import h5py
+
+    with h5py.File(path, 'a') as f:
+        obs = f['episode_1/observations'][:-1]
+        del f['episode_1/observations']
+        f['episode_1/observations'] = obs
+    refused(buffer, path, r"key 'episode_1/observations' has 5 rows, expected 6 rows")
+
+
+def test_minari_episodes_of_different_shapes(tmp_path, buffer):
+    path = tmp_path / 'main_data.hdf5'
+    minari_file(path, np.random.default_rng(7))
+    import h5py
+
+    with h5py.File(path, 'a') as f:
+        del f['episode_10/observations/pos']
+        f['episode_10/observations/pos'] = np.zeros((3, 5), np.float32)
+    refused(buffer, path, r"key 'episode_10/observations/pos' is rows of shape \(5,\) .*expected rows of shape \(2,\)")
+
+
+def test_dingengine_hdf5_missing_next_obs(tmp_path, buffer):
+    arrays = dingengine_arrays(np.random.default_rng(8))
+    del arrays['next_obs']
+    path = write_h5(tmp_path / 'expert_demos.hdf5', arrays)
+    refused(buffer, path, r"key 'next_obs' is missing", format='dingengine_hdf5')
+
+
+def test_buffer_refusing_midway_is_restored(tmp_path):
+    """Episodes of 3 and 8 steps into an episode buffer of at most 5 transitions: the first is stored, the second
+    refused; the buffer is restored."""
+    arrays = d4rl_arrays(np.random.default_rng(9), ends=(('t', 3), ('t', 8)))
+    path = write_h5(tmp_path / 'long.hdf5', arrays)
+    buffer = create_buffer(dict(type='episode', replay_buffer_size=10, max_transitions=5, storage=dict(type='tensor')))
+    small = d4rl_arrays(np.random.default_rng(19), ends=(('t', 2),))
+    assert load_dataset(buffer, write_h5(tmp_path / 'small.hdf5', small), progress=False) == 1
+    message = refused(buffer, path, r"buffer type 'episode' refused the transitions from 3 on", chunk_size=3)
+    assert 'as it was before the load' in message
+
+
+def test_tensor_buffer_refusing_a_changed_schema_midway_is_restored(tmp_path):
+    items = dingengine_transitions(np.random.default_rng(10), n=9)
+    items[7]['obs'] = torch.zeros(5)  # another shape, in the third chunk
+    path = pickle_file(tmp_path / 'expert.pkl', items)
+    buffer = create_buffer(dict(type='advanced', replay_buffer_size=100, storage=dict(type='tensor')))
+    message = refused(buffer, path, r"refused the transitions from 6 on", allow_pickle=True, chunk_size=3)
+    assert "'obs'" in message, message
+
+
+def test_a_rate_limiter_refusing_is_a_refusal(tmp_path):
+    path = write_h5(tmp_path / 'd.hdf5', d4rl_arrays(np.random.default_rng(11)))
+    buffer = create_buffer(
+        dict(type='naive', replay_buffer_size=100, thruput_controller=dict(push_sample_rate_limit=dict(max=1)))
+    )
+    buffer.push({'x': 1})
+    buffer.sample(1)  # pushed / sampled is 1: the next push is refused
+    refused(buffer, path, r'took 0 of 4 items', chunk_size=4)
+
+
+@pytest.mark.parametrize('kind', ['gfn', 'chunk'])
+def test_other_item_kinds_are_refused_by_name(tmp_path, kind):
+    path = write_h5(tmp_path / 'd.hdf5', d4rl_arrays(np.random.default_rng(12)))
+    buffer = create_buffer(dict(type=kind))
+    with pytest.raises(ValueError, match=rf"buffer type '{kind}' stores items of kind"):
+        load_dataset(buffer, path)
+    buffer.close()
+
+
+def test_frames_need_stacks(tmp_path):
+    path = write_h5(tmp_path / 'flat.hdf5', d4rl_arrays(np.random.default_rng(13)))
+    buffer = create_buffer(dict(type='naive', storage=dict(type='tensor', frames=dict())))
+    before = buffer.state_dict()
+    with pytest.raises(ValueError, match=r"per-step shape \(3,\) are not frame stacks \[stack, \*frame\]"):
+        load_dataset(buffer, path)
+    assert_same(buffer.state_dict(), before)
+
+
+def test_bad_options_and_a_missing_file(tmp_path, buffer):
+    path = write_h5(tmp_path / 'd.hdf5', d4rl_arrays(np.random.default_rng(14)))
+    for options, match in (
+        (dict(format='hdf5'), r"format 'hdf5' is not a dataset layout"),
+        (dict(chunk_size=0), r'chunk_size 0 must be a positive int'),
+        (dict(limit=-1), r'limit -1 must be None or an int'),
+        (dict(allow_pickle='yes'), r"allow_pickle 'yes' must be a bool"),
+    ):
+        with pytest.raises(ValueError, match=match):
+            load_dataset(buffer, path, **options)
+    with pytest.raises(FileNotFoundError, match='no dataset file at'):
+        load_dataset(buffer, tmp_path / 'nowhere.hdf5')
+
+
+def test_without_h5py_the_error_says_what_to_install(tmp_path, buffer, monkeypatch):
+    path = write_h5(tmp_path / 'd.hdf5', d4rl_arrays(np.random.default_rng(15)))
+    monkeypatch.setitem(sys.modules, 'h5py', None)
+    with pytest.raises(ImportError, match=r'pip install "ding_buffer\[datasets\]"'):
+        load_dataset(buffer, path)

@@ -1,0 +1,211 @@
+"""load_dataset stores every transition of every layout, as each buffer type takes them, and each stored item equals
+the file's (read back through state_dict(), or sampling everything for frames)."""
+
+import numpy as np
+import pytest
+import torch
+from dataset_files import (
+    assert_episode,
+    assert_transition,
+    d4rl_arrays,
+    d4rl_expected,
+    dingengine_arrays,
+    dingengine_expected,
+    dingengine_transitions,
+    episodes_of,
+    minari_expected,
+    minari_file,
+    pickle_file,
+    stored_episodes,
+    stored_transitions,
+    write_h5,
+)
+
+from ding_buffer import create_buffer
+from ding_buffer.datasets import load_dataset
+
+SLOT_TYPES = [('naive', 'list'), ('naive', 'tensor'), ('advanced', 'list'), ('advanced', 'tensor')]
+EPISODE_TYPES = [('episode', 'list'), ('episode', 'tensor')]
+
+
+def make(kind, storage, **extra):
+    cfg = dict(type=kind, replay_buffer_size=100, storage=dict(type=storage), **extra)
+    if kind == 'episode' and storage == 'tensor':
+        cfg['max_transitions'] = 1000
+    return create_buffer(cfg)
+
+
+def check_slots(buffer, expected):
+    got = stored_transitions(buffer)
+    assert len(got) == len(expected), (len(got), len(expected))
+    for i, (g, w) in enumerate(zip(got, expected)):
+        assert_transition(g, w, f'transition {i}')
+
+
+def check_episodes(buffer, expected):
+    want = episodes_of(expected)
+    got = stored_episodes(buffer)
+    assert len(got) == len(want), (len(got), len(want))
+    for i, (g, w) in enumerate(zip(got, want)):
+        assert_episode(g, w, f'episode {i}')
+
+
+def check(buffer, expected, returned):
+    if buffer.capabilities()['item_kind'] == 'episode':
+        check_episodes(buffer, expected)
+        assert returned == len(episodes_of(expected))
+    else:
+        check_slots(buffer, expected)
+        assert returned == len(expected)
+
+
+@pytest.mark.parametrize('next_obs', [True, False], ids=['next_observations', 'shifted'])
+@pytest.mark.parametrize('kind,storage', SLOT_TYPES + EPISODE_TYPES)
+def test_d4rl_every_transition(tmp_path, kind, storage, next_obs):
+    rng = np.random.default_rng(0)
+    arrays = d4rl_arrays(rng, next_obs=next_obs)
+    path = write_h5(tmp_path / 'hopper.hdf5', arrays)
+    buffer = make(kind, storage)
+    returned = load_dataset(buffer, path, format='d4rl', chunk_size=4, progress=False)  # episodes span chunks
+    check(buffer, d4rl_expected(arrays), returned)
+
+
+def test_d4rl_without_next_observations_drops_timeout_steps_and_marks_the_step_before(tmp_path):
+    # episodes: terminal after 3, timeout after 4, terminal after 1, unfinished 3 -> 11 rows, 9 transitions
+    arrays = d4rl_arrays(np.random.default_rng(1), next_obs=False)
+    path = write_h5(tmp_path / 'd.hdf5', arrays)
+    buffer = make('naive', 'tensor')
+    assert load_dataset(buffer, path, progress=False) == 9  # format told from the file
+    got = stored_transitions(buffer)
+    obs = arrays['observations']
+    # the terminal step keeps its step, next_obs zeros (done masks it)
+    assert bool(got[2]['done']) and torch.equal(got[2]['next_obs'], torch.zeros(3))
+    # the timeout step (row 6) is gone; row 5 now ends its episode with timeout set and its real next obs
+    assert torch.equal(got[5]['obs'], torch.from_numpy(obs[5])) and bool(got[5]['timeout'])
+    assert torch.equal(got[5]['next_obs'], torch.from_numpy(obs[6])) and not bool(got[5]['done'])
+    assert torch.equal(got[6]['obs'], torch.from_numpy(obs[7]))  # the one-step terminal episode
+    # the file's last row has no next observation: dropped, the one before marked
+    assert torch.equal(got[-1]['obs'], torch.from_numpy(obs[9])) and bool(got[-1]['timeout'])
+
+
+def test_d4rl_without_timeouts_key(tmp_path):
+    arrays = d4rl_arrays(np.random.default_rng(2), ends=(('t', 2), (None, 3)))
+    del arrays['timeouts']
+    path = write_h5(tmp_path / 'old.hdf5', arrays)
+    buffer = make('naive', 'list')
+    load_dataset(buffer, path, progress=False)
+    check_slots(buffer, d4rl_expected(dict(arrays, timeouts=np.zeros(5, bool))))
+
+
+@pytest.mark.parametrize('kind,storage', SLOT_TYPES + EPISODE_TYPES)
+def test_minari_nested_observations(tmp_path, kind, storage):
+    rng = np.random.default_rng(3)
+    episodes = minari_file(tmp_path / 'main_data.hdf5', rng)
+    buffer = make(kind, storage)
+    returned = load_dataset(buffer, tmp_path / 'main_data.hdf5', chunk_size=2, progress=False)
+    check(buffer, minari_expected(episodes), returned)  # episode_10 last: ids in numeric order
+
+
+@pytest.mark.parametrize('kind,storage', SLOT_TYPES + EPISODE_TYPES)
+def test_dingengine_hdf5(tmp_path, kind, storage):
+    arrays = dingengine_arrays(np.random.default_rng(4))
+    path = write_h5(tmp_path / 'expert_demos.hdf5', arrays)
+    buffer = make(kind, storage)
+    returned = load_dataset(buffer, path, chunk_size=4, progress=False)
+    check(buffer, dingengine_expected(arrays), returned)
+
+
+@pytest.mark.parametrize('kind,storage', SLOT_TYPES + EPISODE_TYPES)
+def test_dingengine_pickle(tmp_path, kind, storage):
+    items = dingengine_transitions(np.random.default_rng(5))
+    path = pickle_file(tmp_path / 'expert.pkl', items)
+    buffer = make(kind, storage)
+    returned = load_dataset(buffer, path, chunk_size=3, allow_pickle=True, progress=False)
+    last = len(items) - 1
+    expected = [dict(t, done=torch.tensor(t['done']), _end=t['done'] or i == last) for i, t in enumerate(items)]
+    if storage == 'list':  # list storage keeps the file's objects as they are
+        expected = [dict(t, _end=e['_end']) for t, e in zip(items, expected)]
+    check(buffer, expected, returned)
+
+
+@pytest.mark.parametrize('kind', ['elastic', 'sequence', 'deque', 'prioritized_episode'])
+def test_the_other_types_of_transitions_and_episodes(tmp_path, kind):
+    arrays = d4rl_arrays(np.random.default_rng(6))
+    path = write_h5(tmp_path / 'd.hdf5', arrays)
+    extra = dict(max_transitions=100) if kind == 'prioritized_episode' else {}
+    buffer = create_buffer(dict(type=kind, replay_buffer_size=100, storage=dict(type='tensor'), **extra))
+    expected = d4rl_expected(arrays)
+    n = load_dataset(buffer, path, chunk_size=5, progress=False)
+    assert n == (len(episodes_of(expected)) if kind == 'prioritized_episode' else len(expected))
+    assert buffer.count() == n
+
+
+def stacks(n_frames, stack=3, shape=(2, 2), seed=7):
+    frames = np.random.default_rng(seed).integers(0, 255, (n_frames, *shape), dtype=np.uint8)
+    return np.stack([frames[i : i + stack] for i in range(n_frames - stack + 1)])
+
+
+@pytest.mark.parametrize('kind', ['naive', 'episode'])
+@pytest.mark.parametrize('next_obs', [True, False], ids=['next_observations', 'shifted'])
+def test_frames_buffer_gets_streams(tmp_path, kind, next_obs):
+    """obs stacks whose frames overlap: each episode is one stream; the time-limit flag is the frames' truncated."""
+    rng = np.random.default_rng(8)
+    # two episodes in one run of frames: terminal after 4 steps, then 4 steps to a timeout (its own frames)
+    first, second = stacks(7, seed=1), stacks(8, seed=2)
+    obs = np.concatenate([first[:4], second[:5]])
+    arrays = {
+        'observations': obs,
+        'actions': rng.integers(0, 3, 9),
+        'rewards': rng.standard_normal(9).astype(np.float32),
+        'terminals': np.array([0, 0, 0, 1, 0, 0, 0, 0, 0], bool),
+        'timeouts': np.array([0, 0, 0, 0, 0, 0, 0, 0, 1], bool),
+    }
+    if next_obs:
+        arrays['next_observations'] = np.concatenate([first[1:5], second[1:6]])
+    path = write_h5(tmp_path / 'atari.hdf5', arrays)
+    extra = dict(max_transitions=100) if kind == 'episode' else {}
+    buffer = create_buffer(
+        dict(type=kind, replay_buffer_size=100, storage=dict(type='tensor', frames=dict(stack=3)), **extra)
+    )
+    load_dataset(buffer, path, chunk_size=4, progress=False)
+    expected = d4rl_expected(arrays, timeout_key='truncated', frames=True)
+    if kind == 'naive':
+        got = stored_transitions(buffer)
+        assert len(got) == len(expected)
+        for i, (g, w) in enumerate(zip(got, expected)):
+            assert_transition(g, w, f'transition {i}')
+    else:
+        check_episodes(buffer, expected)
+
+
+def test_memmap_storage(tmp_path):
+    arrays = d4rl_arrays(np.random.default_rng(9), ends=(('t', 40), ('o', 30), (None, 30)))
+    path = write_h5(tmp_path / 'big.hdf5', arrays)
+    buffer = create_buffer(
+        dict(type='naive', replay_buffer_size=200, storage=dict(type='tensor', memmap_dir=str(tmp_path / 'mm')))
+    )
+    assert load_dataset(buffer, path, chunk_size=16, progress=False) == 100
+    check_slots(buffer, d4rl_expected(arrays))
+    buffer.close()
+
+
+def test_limit_and_a_buffer_already_holding_items(tmp_path):
+    arrays = d4rl_arrays(np.random.default_rng(10))
+    path = write_h5(tmp_path / 'd.hdf5', arrays)
+    buffer = make('naive', 'list')
+    buffer.push({'earlier': 1})
+    assert load_dataset(buffer, path, limit=5, chunk_size=2, progress=False) == 5
+    got = stored_transitions(buffer)
+    assert got[0] == {'earlier': 1}
+    for i, (g, w) in enumerate(zip(got[1:], d4rl_expected(arrays)[:5])):
+        assert_transition(g, w, f'transition {i}')
+    episodes = make('episode', 'tensor')
+    assert load_dataset(episodes, path, limit=5, progress=False) == 2  # 3 steps, then 2 of the next: an episode
+    assert [len(e['obs']) for e in stored_episodes(episodes)] == [3, 2]
+
+
+def test_progress_bar_counts_the_transitions(tmp_path, capsys):
+    pytest.importorskip('tqdm')
+    path = write_h5(tmp_path / 'd.hdf5', d4rl_arrays(np.random.default_rng(11)))
+    load_dataset(make('naive', 'tensor'), path, progress=True)
+    assert '11/11' in capsys.readouterr().err  # 11 rows, 11 transitions
