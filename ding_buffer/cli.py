@@ -112,10 +112,17 @@ def _train_dqn(user: dict, args: argparse.Namespace) -> int:
     import torch
 
     from .train.config import build_train_config, make_trainer, run_dir_of
+    from .train.offline import ensure_datasets
     from .train.signals import StopSignals
 
     _apply_overrides(user, args)
     cfg = build_train_config(user, source=args.config)
+    fresh = {'seed': None, 'env_steps': None, 'resume': None}  # the source run: its own config, a new run
+    ensure_datasets(
+        cfg,
+        resolve_config,
+        lambda path, u: _train_dqn(u, argparse.Namespace(**{**vars(args), **fresh, 'config': path})),
+    )
     run_dir = args.resume or run_dir_of(cfg)
     _warn_if_warmup_too_long(cfg)
     torch.set_num_threads(args.threads)
@@ -172,6 +179,10 @@ def _print_summary(s: dict) -> None:
         f"  run dir: {s['run_dir']} (TensorBoard: tensorboard --logdir {os.path.join(s['run_dir'], 'log')}; "
         f"curve: learning_curve.png)"
     )
+    if s.get('dataset_out'):
+        d = s['dataset_out']
+        print(f"  dataset: {d['episodes']} episodes, {d['steps']} steps, mean return {d['return_mean']:.1f}")
+        print(f"  dataset file: {d['path']}")
 
 
 def configs(args: argparse.Namespace) -> int:

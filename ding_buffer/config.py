@@ -217,10 +217,10 @@ def build_config(
 
 def check_section(cls: Any, section: Mapping, prefix: str = '') -> EasyDict:
     """The config a buffer class ``cls`` builds from ``section`` -- its keys, checks, ignored keys and key aliases
-    -- without building the buffer (no warnings: a check before the build). ``import_names``, ``cfg_type`` and
-    ``distributed`` are not the class's own keys and are left out. The one place a job or the distributed
-    wrapper validates a buffer section."""
-    own = {k: v for k, v in section.items() if k not in ('import_names', 'cfg_type', 'distributed')}
+    -- without building the buffer (no warnings: a check before the build). ``import_names``, ``cfg_type``,
+    ``distributed`` and ``dataset`` (checked when the buffer is built) are not the class's own keys and are left
+    out. The one place a job or the distributed wrapper validates a buffer section."""
+    own = {k: v for k, v in section.items() if k not in ('import_names', 'cfg_type', 'distributed', 'dataset')}
     if hasattr(cls, 'check_config'):  # a type whose config holds whole buffer sections (the mixture's members)
         try:
             return cls.check_config(own)

@@ -60,6 +60,8 @@ APEX_DEFAULTS.update(exp_name='cartpole_apex')
 APEX_DEFAULTS['policy']['nstep'] = 3
 APEX_DEFAULTS['policy']['learn'].update(updates_per_step=0.25)
 APEX_DEFAULTS['policy'].pop('collect')  # actors use the epsilon ladder below
+for _key in ('dataset_out', 'dataset_source'):  # the DQN job's offline data (the Ape-X job writes and reads none)
+    APEX_DEFAULTS.pop(_key)
 # the Ape-X job runs classic-control envs with the MLP (image envs and their network: the DQN job)
 for _section, _key in (('env', 'wrapper'), ('env', 'max_episode_steps')):
     APEX_DEFAULTS[_section].pop(_key)

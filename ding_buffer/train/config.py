@@ -79,6 +79,12 @@ TRAIN_DEFAULTS = dict(
         freq=10_000,
         keep=2,
     ),
+    # After training: `episodes` episodes of the trained policy (epsilon-greedy) written to `path` in the D4RL layout,
+    # offline data for another run's buffer (a `dataset` section). 0 episodes: none.
+    dataset_out=dict(path='dataset.hdf5', episodes=0, epsilon=0.05),
+    # A dataset file this run's buffer loads that does not exist yet is first written by training this config (a
+    # ready config's name or a file; its dataset_out.path is set to the missing file). None: a missing file is an error.
+    dataset_source=None,
 )
 
 TRAIN_CHECKS = {
@@ -111,6 +117,10 @@ TRAIN_CHECKS = {
     ),
     'checkpoint.freq': (optional_positive_int, 'None or a positive int'),
     'checkpoint.keep': (positive_int, 'a positive int'),
+    'dataset_out.path': (lambda x: isinstance(x, str) and x != '', 'a file path'),
+    'dataset_out.episodes': (lambda x: isinstance(x, int) and x >= 0, 'an int >= 0'),
+    'dataset_out.epsilon': (lambda x: 0 <= x <= 1, 'a number in [0, 1]'),
+    'dataset_source': (lambda x: x is None or (isinstance(x, str) and x != ''), 'None or a training config'),
 }
 
 
@@ -158,8 +168,19 @@ def build_train_config(user: Mapping, source: str = '<config>') -> EasyDict:
             f"the buffer stores single steps and builds n-step returns itself: set policy.nstep=1 and "
             f"{BUFFER_SECTION}storage.frames.n_step={cfg.policy.nstep}"
         )
+    if cfg.policy.nstep > 1 and any(isinstance(s.get('dataset'), Mapping) for s in buffer_sections(buffer_cfg)):
+        raise ValueError(
+            f"{source}: config key 'policy.nstep' is {cfg.policy.nstep}, but the buffer loads a dataset of one-step "
+            f"transitions (a 'dataset' section), which n-step items cannot be mixed with: set policy.nstep=1"
+        )
     cfg.policy.other.replay_buffer = EasyDict(buffer_cfg)
     return cfg
+
+
+def buffer_sections(buffer_cfg: Mapping) -> list:
+    """A buffer section and, for a mixture, its members' sections."""
+    members = buffer_cfg.get('members') if buffer_cfg.get('type') == 'mixture' else None
+    return [buffer_cfg] + [dict(m) for m in (members or {}).values() if isinstance(m, Mapping)]
 
 
 def _check_trainer_buffer(cls: type, name: str) -> None:

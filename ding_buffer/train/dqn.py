@@ -130,8 +130,8 @@ def learn_step(
     (detached, on the CPU: what ``buffer.update`` takes as priorities once made absolute)."""
     obs, next_obs = batch['obs'].to(device), batch['next_obs'].to(device)
     action = batch['action'].to(device).long()
-    reward, done = batch['reward'].to(device), batch['done'].to(device).float()
-    discount = batch['discount'].to(device)
+    reward, done = batch['reward'].to(device).float(), batch['done'].to(device).float()
+    discount = batch['discount'].to(device).float()
     q = net(obs).gather(1, action.unsqueeze(1)).squeeze(1)
     with torch.no_grad():
         if learn.double:
@@ -413,6 +413,8 @@ class DQNTrainer:
             return
         if 'n_step_discount' in batch:  # the buffer built n-step returns: gamma ** k of each
             batch['discount'] = batch['n_step_discount']
+        elif 'discount' not in batch:  # one-step items without the field (a mixture with a dataset; nstep is 1)
+            batch['discount'] = torch.full_like(batch['reward'], self.cfg.policy.discount_factor)
         train_on(self, batch)
 
     def evaluate(self) -> Dict[str, float]:
@@ -493,6 +495,10 @@ class DQNTrainer:
             'train_iters': self.train_iter,
             'episodes': self.episodes,
         }
+        if self.cfg.dataset_out.episodes:  # the trained policy's episodes: offline data for another run
+            from .offline import write_policy_episodes
+
+            head['dataset_out'] = write_policy_episodes(self)
         summary = write_summary(self, stats, head, stopped_early=self.env_step < self.cfg.env.max_env_step)
         self.buffer.close()
         self.tb.close()
