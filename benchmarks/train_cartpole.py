@@ -24,7 +24,16 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIGS = {'per': 'config/cartpole_dqn_per.py', 'uniform': 'config/cartpole_dqn_uniform.py'}
 
 
-def run_all(configs: List[str], seeds: List[int], jobs: int, out_dir: str, timeout: float) -> Dict[str, List[dict]]:
+def run_all(
+    configs: List[str],
+    seeds: List[int],
+    jobs: int,
+    out_dir: str,
+    timeout: float,
+    exp_of=lambda name: f'cartpole_dqn_{name}',
+) -> Dict[str, List[dict]]:
+    """Run ``out_dir/<name>.py`` for every config and seed, ``jobs`` at a time; each run's summary (its run directory
+    is ``out_dir/runs/<exp_of(name)>_seed<seed>``), or a failure record."""
     pending = [(name, seed) for seed in seeds for name in configs]  # interleaved: both configs see the same load
     running, results = [], {name: [] for name in configs}
     while pending or running:
@@ -45,7 +54,7 @@ def run_all(configs: List[str], seeds: List[int], jobs: int, out_dir: str, timeo
             proc.wait()
             log.close()
             running.remove(entry)
-            summary_path = os.path.join(out_dir, 'runs', f'cartpole_dqn_{name}_seed{seed}', 'summary.json')
+            summary_path = os.path.join(out_dir, 'runs', f'{exp_of(name)}_seed{seed}', 'summary.json')
             if proc.returncode == 0 and os.path.isfile(summary_path):
                 with open(summary_path) as f:
                     results[name].append(json.load(f))

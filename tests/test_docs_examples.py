@@ -400,6 +400,12 @@ MAPPED: Dict[str, Tuple[Tuple[str, Tuple[str, ...]], ...]] = {
     'pip install --no-deps -e .': (('tests/integrations/test_dingengine_pipelines.py', ('PYTHONPATH=str(REPO)',)),),
     # training jobs
     'ding-buffer train config/cartpole_dqn_per.py': ((TRAIN + 'test_short_run_learns_and_writes_its_artefacts', ()),),
+    'ding-buffer train config/cartpole_offline_to_online.py': (
+        (
+            'tests/train/test_offline.py::test_the_offline_to_online_config_makes_its_dataset_first_then_fine_tunes',
+            ('O2O_CONFIG',),
+        ),
+    ),
     'ding-buffer train cartpole_dqn_per [--seed N] [--env-steps N] [--resume RUN_DIR] [--device cpu|cuda] '
     '[--threads N]': (
         (TRAIN + 'test_short_run_learns_and_writes_its_artefacts', ()),
