@@ -8,7 +8,7 @@ import time
 import numpy as np
 import pytest
 import torch
-from helpers import assert_same, chi_square, chi_threshold, states_equal
+from helpers import assert_same, chi_square, chi_threshold, states_equal, wait_until
 
 from ding_buffer import create_buffer
 from ding_buffer.buffers.mixture import split_counts
@@ -345,3 +345,28 @@ def test_a_training_config_checks_every_members_section():
         build_train_config(section)
     members['b'] = dict(type='naive')
     assert build_train_config(section).policy.other.replay_buffer.type == 'mixture'
+
+
+@pytest.mark.timeout(30)
+def test_tensorboard_shows_each_member_under_its_own_tags():
+    class Writer:  # what a SummaryWriter is to the buffers: add_scalar and flush
+        def __init__(self):
+            self.tags = set()
+
+        def add_scalar(self, tag, value, step=None):
+            self.tags.add(tag)
+
+        def flush(self):
+            pass
+
+    tb = Writer()
+    members = dict(
+        offline=dict(type='advanced', monitor=dict(periodic_thruput=dict(seconds=0.05))),
+        online=dict(type='naive', periodic_thruput_seconds=0.05),
+    )
+    buf = create_buffer(dict(type='mixture', members=members), tb_logger=tb, instance_name='mix')
+    buf.push(transitions(range(10), 'list'), member='offline')
+    buf.push(transitions(range(10), 'list'))
+    buf.sample(4)
+    assert wait_until(lambda: {'mix_offline_sec/pushed_in', 'mix_online_sec/pushed_in'} <= tb.tags, timeout=20), tb.tags
+    buf.close()
