@@ -1,0 +1,95 @@
+"""write_d4rl writes the D4RL layout from a dict of arrays or a list of episodes, atomically; load_dataset reads
+back what it wrote."""
+
+import os
+
+import numpy as np
+import pytest
+import torch
+from dataset_files import assert_transition, d4rl_expected, stored_episodes, stored_transitions
+
+from ding_buffer import create_buffer
+from ding_buffer.datasets import load_dataset, write_d4rl
+
+h5py = pytest.importorskip('h5py')
+
+
+def read(path):
+    with h5py.File(path, 'r') as f:
+        return {k: f[k][:] for k in f.keys()}
+
+
+def test_dict_of_arrays_in_either_names(tmp_path):
+    rng = np.random.default_rng(0)
+    data = dict(
+        obs=rng.standard_normal((5, 3)), action=torch.zeros(5, 2), reward=[1.0, 2, 3, 4, 5], done=[0, 0, 1, 0, 0]
+    )
+    assert write_d4rl(tmp_path / 'a.hdf5', data) == 5
+    got = read(tmp_path / 'a.hdf5')
+    assert sorted(got) == ['actions', 'observations', 'rewards', 'terminals', 'timeouts']
+    assert np.array_equal(got['observations'], data['obs']) and got['terminals'].dtype == np.bool_
+    assert not got['timeouts'].any()
+    buffer = create_buffer(dict(type='naive', storage=dict(type='tensor')))
+    assert load_dataset(buffer, tmp_path / 'a.hdf5', progress=False) == 4  # the unfinished last step is dropped
+    for i, (g, w) in enumerate(zip(stored_transitions(buffer), d4rl_expected(got))):
+        assert_transition(g, w, f'transition {i}')
+
+
+def test_a_list_of_episodes_round_trips_as_episodes(tmp_path):
+    rng = np.random.default_rng(1)
+    as_dicts = [  # a policy's episodes: one terminated, one cut by a time limit, one just stopped
+        {'obs': rng.standard_normal((n, 2)), 'action': rng.integers(0, 3, n), 'reward': rng.standard_normal(n),
+         'next_obs': rng.standard_normal((n, 2)), 'done': np.arange(n) == n - 1 if end == 'done' else np.zeros(n, bool),
+         'timeout': np.arange(n) == n - 1 if end == 'timeout' else np.zeros(n, bool)}
+        for n, end in ((3, 'done'), (4, 'timeout'), (2, None))
+    ]  # fmt: skip
+    as_steps = [[{k: v[t] for k, v in ep.items()} for t in range(len(ep['obs']))] for ep in as_dicts]
+    for data in (as_dicts, as_steps):
+        write_d4rl(tmp_path / 'eps.hdf5', data)
+        got = read(tmp_path / 'eps.hdf5')
+        assert got['timeouts'].tolist() == [0, 0, 0, 0, 0, 0, 1, 0, 1]  # the stopped episode ends with a timeout
+        buffer = create_buffer(dict(type='episode', max_transitions=100, storage=dict(type='tensor')))
+        assert load_dataset(buffer, tmp_path / 'eps.hdf5', progress=False) == 3
+        episodes = stored_episodes(buffer)
+        assert [len(e['obs']) for e in episodes] == [3, 4, 2]
+        for ep, want in zip(episodes, as_dicts):
+            assert torch.equal(ep['obs'], torch.from_numpy(want['obs']))
+            assert torch.equal(ep['next_obs'], torch.from_numpy(want['next_obs']))
+
+
+def test_bad_input_writes_nothing_and_keeps_the_old_file(tmp_path):
+    path = tmp_path / 'keep.hdf5'
+    write_d4rl(path, dict(obs=np.zeros((2, 1)), action=np.zeros(2), reward=np.zeros(2), done=[0, 1]))
+    before = path.read_bytes()
+    for data, match in (
+        (dict(obs=np.zeros((2, 1)), action=np.zeros(2), reward=np.zeros(2)), r"missing 'terminals'"),
+        (dict(obs=np.zeros((2, 1)), action=np.zeros(3), reward=np.zeros(2), done=[0, 1]), r"'actions' has \(3,\) rows"),
+        (dict(obs=np.zeros((2, 1)), action=np.zeros(2), reward=['a', 'b'], done=[0, 1]), r"key 'reward' has dtype <U1"),
+        (
+            dict(obs=np.zeros((2, 1)), action=np.zeros(2), reward=np.zeros(2), done=[0, 2]),
+            r"'terminals' must hold one bool",
+        ),
+        (
+            dict(obs=np.zeros((2, 1)), action=np.zeros(2), reward=np.zeros(2), done=[0, 1], info=[1, 2]),
+            r"has key 'info'",
+        ),
+        ('episodes', r'expected a dict of arrays or a list of episodes'),
+    ):
+        with pytest.raises(ValueError, match=match):
+            write_d4rl(path, data)
+    assert path.read_bytes() == before
+
+
+def test_a_failure_while_writing_leaves_the_old_file_and_no_temporary(tmp_path, monkeypatch):
+    path = tmp_path / 'keep.hdf5'
+    data = dict(obs=np.zeros((2, 1)), action=np.zeros(2), reward=np.zeros(2), done=[0, 1])
+    write_d4rl(path, data)
+    before = path.read_bytes()
+
+    def broken(self, *args, **kwargs):
+        raise OSError('disk full')
+
+    monkeypatch.setattr(h5py.Group, 'create_dataset', broken)
+    with pytest.raises(OSError, match='disk full'):
+        write_d4rl(path, data)
+    assert path.read_bytes() == before and os.listdir(tmp_path) == ['keep.hdf5']
