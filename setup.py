@@ -60,6 +60,7 @@ setup(
             'tqdm>=4.60',
             'mpi4py>=3.1',
             'ray>=2.9',
+            'h5py>=3.8',
         ]
         + TORCHGFN_DEPS
         + ATARI_DEPS,
@@ -72,6 +73,8 @@ setup(
         'mpi': ['mpi4py>=3.1'],
         'ray': ['ray>=2.9'],
         'distributed': ['mpi4py>=3.1', 'ray>=2.9'],
+        # offline datasets (ding_buffer.datasets): D4RL, Minari and DI-engine HDF5 files
+        'datasets': ['h5py>=3.8'],
         # `ding-buffer train` / `plot`: environments, learning curves, progress bar (and the compiled trees).
         'examples': ['gymnasium>=0.29', 'matplotlib>=3.5', 'tqdm>=4.60', 'numba>=0.59'],
     },
