@@ -51,7 +51,10 @@ def open_hdf5(path: str, layout: str) -> Iterator[Any]:
             path, None, f"is not a readable HDF5 file ({layout} layout expected; truncated or damaged?): {e}"
         ) from e
     with f:
-        yield f
+        try:
+            yield f
+        except (OSError, RuntimeError) as e:  # h5py reading a damaged node outside the checked reads
+            raise fail(path, None, f"cannot be read ({layout} layout; truncated or damaged?): {e}") from e
 
 
 def node(path: str, group: Any, key: str, *, group_ok: bool = False) -> Any:

@@ -58,6 +58,7 @@ def load_dataset(
         >>> path = os.path.join(tempfile.mkdtemp(), 'tiny.hdf5')
         >>> write_d4rl(path, dict(observations=np.zeros((3, 2)), actions=np.zeros((3, 1)), rewards=np.ones(3),
         ...                       terminals=np.array([False, False, True])))
+        3
         >>> load_dataset(create_buffer(dict(type='naive')), path, progress=False)
         3
     """
@@ -68,8 +69,8 @@ def load_dataset(
         raise FileNotFoundError(f"no dataset file at {path!r}")
     fmt = detect_format(path) if format in (None, 'auto') else format
     with READERS[fmt].open(path, timeout_key=target.timeout_key, frames=target.frames is not None, **options) as reader:
-        total = reader.validate(chunk_size)
         target.check(path, reader.obs_shape)
+        total = reader.validate(chunk_size)
         if limit is not None:
             total = min(total, limit)
         return _fill(buffer, target, reader, path, chunk_size, total, progress, atomic)
