@@ -19,18 +19,17 @@ as ``d4rl.qlearning_dataset`` and DI-engine's D4RL dataset drop it, and the step
 step of its episode -- gets ``timeout`` true. Other keys (``infos/...``, ``metadata/...``) are not read.
 """
 
-import contextlib
 from typing import Any, Iterator
 
 import numpy as np
 
 from .columns import Chunk
-from .hdf5 import check_array, check_flags, node, open_hdf5, read, read_flags, scan
+from .hdf5 import HDF5Reader, check_array, check_flags, node, read, read_flags, scan
 
 KEYS = {'observations': 'obs', 'actions': 'action', 'rewards': 'reward'}
 
 
-class D4RLReader:
+class D4RLReader(HDF5Reader):
     """Reads a D4RL file in row ranges (see the module). ``timeout_key``: the field name of the time-limit flag;
     ``frames``: a terminated step's missing next observation is its own stack shifted by one zero frame (what a
     frames buffer accepts) instead of zeros."""
@@ -53,12 +52,6 @@ class D4RLReader:
         check_flags(path, 'terminals', self.terminals, self.rows)
         if self.timeouts is not None:
             check_flags(path, 'timeouts', self.timeouts, self.rows)
-
-    @classmethod
-    @contextlib.contextmanager
-    def open(cls, path: str, **options: Any) -> Iterator['D4RLReader']:
-        with open_hdf5(path, cls.layout) as f:
-            yield cls(path, f, **options)
 
     @property
     def obs_shape(self) -> tuple:

@@ -20,12 +20,12 @@ from typing import Any, Iterator
 import numpy as np
 
 from .columns import Chunk
-from .hdf5 import check_array, check_flags, fail, import_h5py, open_hdf5, read, read_flags, scan
+from .hdf5 import HDF5Reader, check_array, check_flags, fail, import_h5py, read, read_flags, scan
 
 REQUIRED = ('obs', 'action', 'reward', 'done', 'next_obs')
 
 
-class DingEngineHDF5Reader:
+class DingEngineHDF5Reader(HDF5Reader):
     layout = 'dingengine_hdf5'
 
     def __init__(self, path: str, f: Any, **_: Any) -> None:
@@ -48,12 +48,6 @@ class DingEngineHDF5Reader:
                 check_flags(path, key, ds, self.rows)
             else:
                 check_array(path, key, ds, self.rows, f['obs'].shape[1:] if key == 'next_obs' else None)
-
-    @classmethod
-    @contextlib.contextmanager
-    def open(cls, path: str, **options: Any) -> Iterator['DingEngineHDF5Reader']:
-        with open_hdf5(path, cls.layout) as f:
-            yield cls(path, f, **options)
 
     @property
     def obs_shape(self) -> tuple:

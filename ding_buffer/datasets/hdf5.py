@@ -142,3 +142,16 @@ def scan(path: str, items: list, rows: int, chunk: int) -> None:
         stop = min(start + chunk, rows)
         for key, ds, is_flag in items:
             (read_flags if is_flag else read)(path, key, ds, start, stop)
+
+
+class HDF5Reader:
+    """What the HDF5 layouts' readers share: ``Reader.open(path, **options)`` opens the file (``open_hdf5``) and
+    yields ``Reader(path, file, **options)``, which checks the layout's keys, rows, dtypes and shapes."""
+
+    layout = 'HDF5'
+
+    @classmethod
+    @contextlib.contextmanager
+    def open(cls, path: str, **options: Any) -> Iterator[Any]:
+        with open_hdf5(path, cls.layout) as f:
+            yield cls(path, f, **options)  # type: ignore[call-arg]

@@ -9,19 +9,18 @@ dicts of the same keys, which list storage keeps as they are and tensor storage 
 ending with a termination or truncation inside one). ``infos`` and the groups' attributes are not read.
 """
 
-import contextlib
 import re
 from typing import Any, Dict, Iterator, List, Tuple
 
 import numpy as np
 
 from .columns import Chunk, Rechunker
-from .hdf5 import check_array, check_flags, fail, leaves, node, open_hdf5, read_flags, read_tree, scan
+from .hdf5 import HDF5Reader, check_array, check_flags, fail, leaves, node, read_flags, read_tree, scan
 
 EPISODE = re.compile(r'episode_(\d+)')
 
 
-class MinariReader:
+class MinariReader(HDF5Reader):
     layout = 'minari'
 
     def __init__(self, path: str, f: Any, timeout_key: str = 'timeout', frames: bool = False, **_: Any) -> None:
@@ -35,12 +34,6 @@ class MinariReader:
         for _, name in ids:
             self.episodes.append(self._episode(name))
         self.rows = sum(e['steps'] for e in self.episodes)
-
-    @classmethod
-    @contextlib.contextmanager
-    def open(cls, path: str, **options: Any) -> Iterator['MinariReader']:
-        with open_hdf5(path, cls.layout) as f:
-            yield cls(path, f, **options)
 
     def _episode(self, name: str) -> Dict[str, Any]:
         path, group = self.path, node(self.path, self.f, name, group_ok=True)
