@@ -7,8 +7,8 @@ runs, for every seed, ``config/cartpole_dqn_uniform.py`` (from scratch), ``confi
 alone), ``--jobs`` at a time with one torch thread each; prints a table per config and writes the overlay plot and a
 JSON of all summaries.
 
-    python benchmarks/train_offline.py [--seeds 0 1 2 3 4] [--jobs 2] [--out-dir benchmarks/results/offline]
-                                       [--plot docs/cartpole_offline_to_online.png]
+    python benchmarks/train_offline.py [--seeds 0 1 2 3 4] [--jobs 2] [--env-steps 30000] [--eval-freq 1000]
+        [--out-dir benchmarks/results/offline] [--plot docs/cartpole_offline_to_online.png]
 """
 
 import argparse
@@ -32,14 +32,15 @@ CONFIGS = {
 DATASET = 'cartpole_dqn_episodes.hdf5'
 
 
-def write_config(name: str, path: str, extra: str, out_dir: str) -> str:
+def write_config(name: str, path: str, extra: str, out_dir: str, env: str = '') -> str:
     """A copy of the ready config ``path`` whose run goes to ``out_dir/runs/<name>_seed<seed>``, reading the dataset
-    from ``out_dir``; the ready config itself is untouched."""
+    from ``out_dir`` (``env``: lines setting the compared runs' length and evaluation period); the ready config itself
+    is untouched."""
     with open(os.path.join(ROOT, path)) as f:
         text = f.read()
     text += (
         f"\nmain_config['exp_name'] = {name!r}\nmain_config['log_dir'] = {os.path.join(out_dir, 'runs')!r}\n"
-        "main_config['checkpoint'] = dict(freq=None, keep=1)\n" + extra
+        "main_config['checkpoint'] = dict(freq=None, keep=1)\n" + extra + env
     )
     if 'dataset_source' in text:
         text += (
@@ -61,6 +62,8 @@ def main() -> int:
     p.add_argument('--out-dir', default=os.path.join(ROOT, 'benchmarks', 'results', 'offline'))
     p.add_argument('--plot', default=os.path.join(ROOT, 'docs', 'cartpole_offline_to_online.png'))
     p.add_argument('--timeout', type=float, default=1800.0, help='seconds before a run is killed')
+    p.add_argument('--env-steps', type=int, default=30_000, help='env steps of each compared run')
+    p.add_argument('--eval-freq', type=int, default=1_000, help='env steps between evaluations of the compared runs')
     args = p.parse_args()
     out_dir = os.path.abspath(args.out_dir)
     if os.path.isdir(os.path.join(out_dir, 'runs')):
@@ -73,8 +76,9 @@ def main() -> int:
     print(done.stdout[-800:], flush=True)
     if done.returncode != 0:
         raise SystemExit(f"the dataset run failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
+    env = f"main_config['env'].update(max_env_step={args.env_steps}, eval_freq={args.eval_freq})\n"
     for name, (path, extra) in CONFIGS.items():
-        write_config(name, path, extra, out_dir)
+        write_config(name, path, extra, out_dir, env)
     results = run_all(list(CONFIGS), args.seeds, args.jobs, out_dir, args.timeout, exp_of=lambda name: name)
     print(
         f"\n# CartPole-v1 DQN, offline-to-online, {len(args.seeds)} seeds, {args.jobs} runs at a time "
