@@ -125,18 +125,24 @@ def main() -> int:
         f"\n# CartPole-v1 DQN, {len(args.seeds)} seeds, {args.jobs} runs at a time "
         f"({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, total {time.monotonic() - t0:.0f} s)\n"
     )
-    for name in args.configs:
-        print(table(f'cartpole_dqn_{name}', results[name]) + '\n')
+    exp_of = lambda name: f'cartpole_dqn_{name}'  # noqa: E731
+    report(results, args.seeds, out_dir, exp_of, args.plot, 'CartPole-v1 DQN: prioritized vs uniform replay')
+    return 0
+
+
+def report(results: Dict[str, List[dict]], seeds: List[int], out_dir: str, exp_of, plot: str, title: str) -> None:
+    """Print a table per config, write the overlay plot of every run's curve and ``out_dir/results.json``."""
+    for name in results:
+        print(table(exp_of(name), results[name]) + '\n')
     sys.path.insert(0, ROOT)
     from ding_buffer.train.plot import plot_runs
 
-    runs = [os.path.join(out_dir, 'runs', f'cartpole_dqn_{n}_seed{s}') for n in args.configs for s in args.seeds]
+    runs = [os.path.join(out_dir, 'runs', f'{exp_of(n)}_seed{s}') for n in results for s in seeds]
     runs = [r for r in runs if os.path.isfile(os.path.join(r, 'eval.csv'))]
     if runs:
-        print('wrote', plot_runs(runs, args.plot, title='CartPole-v1 DQN: prioritized vs uniform replay'))
+        print('wrote', plot_runs(runs, plot, title=title))
     with open(os.path.join(out_dir, 'results.json'), 'w') as f:
         json.dump(results, f, indent=2)
-    return 0
 
 
 if __name__ == '__main__':

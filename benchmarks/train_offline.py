@@ -12,14 +12,13 @@ JSON of all summaries.
 """
 
 import argparse
-import json
 import os
 import subprocess
 import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from train_cartpole import ROOT, run_all, table  # noqa: E402 (this folder's script)
+from train_cartpole import ROOT, report, run_all  # noqa: E402 (this folder's script)
 
 CONFIGS = {
     'scratch': ('config/cartpole_dqn_uniform.py', ''),
@@ -84,17 +83,14 @@ def main() -> int:
         f"\n# CartPole-v1 DQN, offline-to-online, {len(args.seeds)} seeds, {args.jobs} runs at a time "
         f"({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, total {time.monotonic() - t0:.0f} s)\n"
     )
-    for name in CONFIGS:
-        print(table(name, results[name]) + '\n')
-    sys.path.insert(0, ROOT)
-    from ding_buffer.train.plot import plot_runs
-
-    runs = [os.path.join(out_dir, 'runs', f'{n}_seed{s}') for n in CONFIGS for s in args.seeds]
-    runs = [r for r in runs if os.path.isfile(os.path.join(r, 'eval.csv'))]
-    if runs:
-        print('wrote', plot_runs(runs, args.plot, title='CartPole-v1 DQN: offline-to-online vs scratch vs offline'))
-    with open(os.path.join(out_dir, 'results.json'), 'w') as f:
-        json.dump(results, f, indent=2)
+    report(
+        results,
+        args.seeds,
+        out_dir,
+        lambda name: name,
+        args.plot,
+        'CartPole-v1 DQN: offline-to-online, scratch, offline',
+    )
     return 0
 
 

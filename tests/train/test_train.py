@@ -631,28 +631,20 @@ def test_a_mixture_trains_and_routes_priorities_to_its_prioritized_member(tmp_pa
         seen=dict(type='advanced', replay_buffer_size=500),
         fresh=dict(type='naive', replay_buffer_size=500),
     )
-    buffer = dict(type='mixture', members=members, weights=dict(seen=0.5, fresh=0.5), push_to='seen')
-    cfg = write_config(
-        tmp_path / 'mix.py',
-        UNIFORM_CONFIG,
-        log_dir=str(tmp_path / 'runs'),
-        env=dict(max_env_step=200, eval_freq=200, eval_episodes=1),
-        policy=dict(learn=dict(warmup_steps=100, batch_size=16)),
-        buffer=buffer,
-    )
-    assert main(['train', str(cfg), '--no-progress']) == 0, capsys.readouterr().err
-    assert 'gradient steps 0' in capsys.readouterr().out  # 'fresh' stays empty: a 50/50 batch is never possible
-    buffer['weights'] = 'size'  # all from 'seen': every update goes to the prioritized member (a misroute raises)
-    cfg = write_config(
-        tmp_path / 'mix2.py',
-        UNIFORM_CONFIG,
-        log_dir=str(tmp_path / 'runs2'),
-        env=dict(max_env_step=200, eval_freq=200, eval_episodes=1),
-        policy=dict(learn=dict(warmup_steps=100, batch_size=16)),
-        buffer=buffer,
-    )
-    assert main(['train', str(cfg), '--no-progress']) == 0, capsys.readouterr().err
-    assert 'gradient steps 101' in capsys.readouterr().out
+    buffer = dict(type='mixture', members=members, push_to='seen')
+    # 'fresh' stays empty: a 50/50 batch is never possible; by size all come from 'seen', so every update goes to the
+    # prioritized member (a misroute raises)
+    for weights, steps in ((dict(seen=0.5, fresh=0.5), 0), ('size', 101)):
+        cfg = write_config(
+            tmp_path / f'mix{steps}.py',
+            UNIFORM_CONFIG,
+            log_dir=str(tmp_path / f'runs{steps}'),
+            env=dict(max_env_step=200, eval_freq=200, eval_episodes=1),
+            policy=dict(learn=dict(warmup_steps=100, batch_size=16)),
+            buffer=dict(buffer, weights=weights),
+        )
+        assert main(['train', str(cfg), '--no-progress']) == 0, capsys.readouterr().err
+        assert f'gradient steps {steps}' in capsys.readouterr().out
 
 
 @pytest.mark.parametrize(
