@@ -97,6 +97,13 @@ def checked_weights(weights: Any, names: List[str]) -> Any:
     return {name: float(weights[name]) for name in names}
 
 
+def shares(weights: np.ndarray) -> np.ndarray:
+    """``weights`` (finite, >= 0, one positive) as fractions summing to 1, scaled by the largest first: weights near
+    the float64 maximum (whose sum, or ``size *`` one, is inf) or tiny ones keep their exact ratios."""
+    scaled = weights / weights.max()
+    return scaled / scaled.sum()
+
+
 def split_counts(size: int, weights: np.ndarray, rng: np.random.Generator) -> np.ndarray:
     """
     Overview:
@@ -108,7 +115,7 @@ def split_counts(size: int, weights: np.ndarray, rng: np.random.Generator) -> np
         >>> split_counts(10, np.array([1.0, 1.0]), np.random.default_rng(0)).tolist()
         [5, 5]
     """
-    exact = size * weights / weights.sum()
+    exact = size * shares(weights)
     counts = np.floor(exact).astype(np.int64)
     left = size - int(counts.sum())
     if left:
@@ -270,7 +277,7 @@ class MixtureReplayBuffer(IBuffer):
     def weights(self) -> Any:
         """{member: weight} as configured (normalised to sum 1), or 'size'."""
         w = self._cfg.weights
-        return w if w == 'size' else {n: v / sum(w.values()) for n, v in w.items()}
+        return w if w == 'size' else dict(zip(self._names, shares(np.array([w[n] for n in self._names])).tolist()))
 
     @property
     def member_key(self) -> str:

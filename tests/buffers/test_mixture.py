@@ -106,6 +106,25 @@ def test_size_weights_follow_the_members_counts():
     buf.close()
 
 
+@pytest.mark.parametrize(
+    'weights, share',
+    [
+        (dict(offline=1e308, online=1e308), 0.5),  # their sum is inf
+        (dict(offline=1.5e308, online=0.5e308), 0.75),  # size * weight is inf
+        (dict(offline=1e-300, online=3e-300), 0.25),
+        (dict(offline=5e-324, online=0), 1.0),  # the smallest float
+    ],
+)
+def test_extreme_weights_keep_their_ratio(weights, share):
+    """Weights near the float64 limits are valid config values: the split uses their ratio, never inf / inf."""
+    buf = filled(weights=weights)
+    assert buf.weights == pytest.approx(dict(offline=share, online=1 - share))
+    for size in (1, 8, 40):
+        counts = members_of(buf.sample(size), buf).count('offline')
+        assert counts in (np.floor(size * share), np.ceil(size * share))
+    buf.close()
+
+
 def test_a_zero_weight_member_is_never_sampled_but_takes_pushes():
     buf = filled(weights=dict(offline=0, online=1))
     assert set(members_of(buf.sample(32), buf)) == {'online'}
