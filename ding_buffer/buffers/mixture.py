@@ -19,7 +19,7 @@ from ..base import BUFFER_REGISTRY, IBuffer, create_buffer, get_buffer_cls
 from ..config import SEED_CHECK, build_config, check_section
 from ..control.priority import parse_update
 from ..persistence import load_state, save_state
-from ..storage.tensordict_io import is_tensordict, update_info
+from ..storage.tensordict_io import is_tensordict, to_plain, to_tensordict, update_info
 from .advanced import AdvancedReplayBuffer
 from .common import check_size, check_step, check_wait_timeout
 
@@ -129,15 +129,18 @@ def split_counts(size: int, weights: np.ndarray, rng: np.random.Generator) -> np
 def concat(parts: Sequence[Any], key: str, names: Sequence[str], indices: Sequence[int]) -> Any:
     """One batch from the members' batches (in member order), each item marked with its member under ``key``: list
     storage gives new dicts (the stored items are not touched) with the member's name; tensor storage one dict of
-    tensors with the member's index. A field only some members return is left out, except ``IS``, which is 1 for
-    the items of a member that does not weight."""
+    tensors with the member's index (a TensorDict when a member returns TensorDicts). A field only some members
+    return is left out, except ``IS``, which is 1 for the items of a member that does not weight; a field the members
+    return in shapes (or kinds) that do not join is a ``ValueError`` naming it."""
     if isinstance(parts[0], list):
         return [{**item, key: name} for part, name in zip(parts, names) for item in part]
-    if not all(isinstance(p, Mapping) for p in parts):
+    tds = [p for p in parts if is_tensordict(p)]
+    plain = [to_plain(p) if is_tensordict(p) else p for p in parts]
+    if not all(isinstance(p, Mapping) for p in plain):
         raise TypeError(f"a mixture joins lists or dicts of tensors; a member returned {type(parts[0]).__name__}")
-    out = _join(parts)
-    out[key] = torch.cat([torch.full((_rows(p),), i, dtype=torch.int64) for p, i in zip(parts, indices)])
-    return out
+    out = _join(plain, names)
+    out[key] = torch.cat([torch.full((_rows(p),), i, dtype=torch.int64) for p, i in zip(plain, indices)])
+    return to_tensordict(out, tds[0].device) if tds else out
 
 
 def _rows(batch: Mapping) -> int:
@@ -145,7 +148,7 @@ def _rows(batch: Mapping) -> int:
     return _rows(value) if isinstance(value, Mapping) else len(value)
 
 
-def _join(parts: Sequence[Mapping]) -> Dict[str, Any]:
+def _join(parts: Sequence[Mapping], names: Sequence[str], prefix: str = '') -> Dict[str, Any]:
     out = {}
     for k in parts[0]:
         values = [p.get(k) for p in parts]
@@ -155,11 +158,22 @@ def _join(parts: Sequence[Mapping]) -> Dict[str, Any]:
         if any(v is None for v in values):
             continue
         if all(isinstance(v, Mapping) for v in values):
-            out[k] = _join(values)
-        elif all(isinstance(v, torch.Tensor) for v in values):
+            inner = _join(values, names, f'{prefix}{k}.')
+            if inner:  # nested fields no member shares: left out, as a top-level one
+                out[k] = inner
+        elif all(isinstance(v, torch.Tensor) for v in values) and len({v.shape[1:] for v in values}) == 1:
             out[k] = torch.cat(values)
-        else:
+        elif not any(isinstance(v, (Mapping, torch.Tensor)) for v in values):
             out[k] = [x for v in values for x in v]
+        else:
+            got = {
+                n: f'rows of shape {tuple(v.shape[1:])}' if isinstance(v, torch.Tensor) else type(v).__name__
+                for n, v in zip(names, values)
+            }
+            raise ValueError(
+                f"a mixture's members return field '{prefix}{k}' as {got}, which do not join into one batch; "
+                f"expected every member to store it in one shape"
+            )
     return out
 
 

@@ -210,6 +210,51 @@ def test_updates_reach_the_right_member_and_match_a_brute_force_model(storage):
     buf.close()
 
 
+def test_tensordict_members_sample_one_tensordict_that_updates_back():
+    """Members fed TensorDicts return TensorDicts: the mixture's batch is one TensorDict (nested fields kept), and
+    that TensorDict is a valid update."""
+    tensordict = pytest.importorskip('tensordict')
+    buf = mixture('tensor', weights=dict(offline=0.5, online=0.5), offline=dict(type='advanced'))
+    for name, sign in (('offline', 1.0), ('online', -1.0)):
+        data = {'obs': sign * torch.arange(1.0, 11.0)[:, None].repeat(1, 3), 'nest': {'r': torch.zeros(10)}}
+        buf.extend(tensordict.TensorDict(data, batch_size=[10]), member=name)
+    batch = buf.sample(6)
+    assert isinstance(batch, tensordict.TensorDictBase) and batch.batch_size == torch.Size([6])
+    assert members_of({'mixture_member': batch['mixture_member']}, buf) == ['offline'] * 3 + ['online'] * 3
+    assert (batch['obs'][:3] > 0).all() and (batch['obs'][3:] < 0).all() and batch['nest', 'r'].shape == (6,)
+    batch.set('priority', torch.full((6,), 3.0))
+    assert buf.update(batch) == {'updated': 6, 'stale': 0}
+    buf.close()
+
+
+def test_a_field_the_members_store_in_other_shapes_is_refused_by_name():
+    buf = mixture('tensor', weights=dict(offline=0.5, online=0.5))
+    buf.push([{'obs': torch.zeros(4), 'nest': {'x': torch.zeros(2)}} for _ in range(5)], member='offline')
+    buf.push([{'obs': torch.zeros(3), 'nest': {'y': torch.zeros(2)}} for _ in range(5)], member='online')
+    with pytest.raises(ValueError, match=r"field 'obs' as \{'offline': 'rows of shape \(4,\)', 'online': 'rows of sh"):
+        buf.sample(4)
+    buf.close()
+    buf = mixture('tensor', weights=dict(offline=0.5, online=0.5))
+    buf.push([{'obs': {'x': torch.zeros(2)}} for _ in range(5)], member='offline')
+    buf.push([{'obs': torch.zeros(2)} for _ in range(5)], member='online')
+    with pytest.raises(ValueError, match=r"field 'obs' as \{'offline': 'dict'"):
+        buf.sample(4)
+    buf.close()
+
+
+def test_nested_fields_no_member_shares_are_left_out():
+    buf = mixture('tensor', weights=dict(offline=0.5, online=0.5))
+    buf.push([{'r': 1.0, 'nest': {'x': torch.zeros(2), 'z': 1.0}, 'g': {'a': 0.0}} for _ in range(5)], member='offline')
+    buf.push(
+        [{'r': 2.0, 'nest': {'y': torch.zeros(2), 'z': 2.0}, 'g': {'b': 0.0}, 'odd': {'w': 0.0}} for _ in range(5)]
+    )
+    batch = buf.sample(4)
+    assert set(batch) >= {'r', 'nest'} and set(batch['nest']) == {'z'}
+    assert 'odd' not in batch and 'g' not in batch  # nothing of 'g' is shared: no empty dict
+    assert batch['nest']['z'].tolist() == [1.0, 1.0, 2.0, 2.0]
+    buf.close()
+
+
 def test_an_update_is_all_or_nothing_across_members():
     buf = filled('tensor', weights=dict(offline=0.5, online=0.5), offline=dict(type='advanced'))
     batch = buf.sample(8)
