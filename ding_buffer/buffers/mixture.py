@@ -17,7 +17,7 @@ from easydict import EasyDict
 
 from ..base import BUFFER_REGISTRY, IBuffer, create_buffer, get_buffer_cls
 from ..config import SEED_CHECK, build_config, check_section
-from ..control.priority import parse_update
+from ..control.priority import as_numpy, parse_update
 from ..persistence import load_state, save_state
 from ..storage.tensordict_io import is_tensordict, to_plain, to_tensordict, update_info
 from .advanced import AdvancedReplayBuffer
@@ -401,7 +401,7 @@ class MixtureReplayBuffer(IBuffer):
 
     def _route(self, info: Mapping) -> Dict[str, Dict[str, Any]]:
         """``info`` split by member: every per-item entry (as long as ``priority``) by the item's member."""
-        n = len(np.asarray(_numpy(info['priority'])).reshape(-1))
+        n = len(np.asarray(as_numpy(info['priority'])).reshape(-1))
         where = self._where(info, n)
         parts = {}
         for i, name in enumerate(self._names):
@@ -413,7 +413,7 @@ class MixtureReplayBuffer(IBuffer):
     def _where(self, info: Mapping, n: int) -> np.ndarray:
         """Each entry's member (its index in ``member_names``)."""
         if self._key in info:
-            raw = np.asarray(_numpy(info[self._key]), dtype=object).reshape(-1)
+            raw = np.asarray(as_numpy(info[self._key]), dtype=object).reshape(-1)
             by_name = {name: i for i, name in enumerate(self._names)}
             where = np.empty(len(raw), dtype=np.int64)
             for j, v in enumerate(raw):
@@ -427,7 +427,7 @@ class MixtureReplayBuffer(IBuffer):
                     )
         else:
             ids = info.get('replay_unique_id')
-            raw = [] if ids is None else list(np.asarray(_numpy(ids), dtype=object).reshape(-1))
+            raw = [] if ids is None else list(np.asarray(as_numpy(ids), dtype=object).reshape(-1))
             by_prefix = {f'{self._instance_name}_{name}': i for i, name in enumerate(self._names)}
             if not raw or not all(isinstance(v, str) for v in raw):
                 raise ValueError(
@@ -526,10 +526,6 @@ class MixtureReplayBuffer(IBuffer):
     def __repr__(self) -> str:
         inner = ', '.join(f'{n}={b!r}' for n, b in self._members.items())
         return f"MixtureReplayBuffer(instance_name={self._instance_name!r}, weights={self._cfg.weights!r}, {inner})"
-
-
-def _numpy(x: Any) -> Any:
-    return x.detach().cpu().numpy() if isinstance(x, torch.Tensor) else x
 
 
 def _take(value: Any, mask: np.ndarray, n: int) -> Any:

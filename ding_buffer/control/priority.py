@@ -24,11 +24,20 @@ from .._numba import ready, warmer
 from ..segment_tree import PriorityTree
 from ..storage.ring import RingIndex
 
+NOT_IN_NUMPY = frozenset(
+    getattr(torch, name)
+    for name in ('bfloat16', 'float8_e4m3fn', 'float8_e5m2', 'float8_e4m3fnuz', 'float8_e5m2fnuz')
+    if hasattr(torch, name)
+)
+
 
 def as_numpy(x: Any) -> Any:
-    """A tensor (any device) as a numpy array without a copy where possible; anything else unchanged."""
+    """A tensor (any device) as a numpy array without a copy where possible; anything else unchanged. A dtype numpy
+    lacks (bfloat16, a mixed-precision learner's TD errors; float8) is read as float32, which holds it exactly."""
     if isinstance(x, torch.Tensor):
         x = x.detach()
+        if x.dtype in NOT_IN_NUMPY:
+            x = x.float()
         return (x if x.device.type == 'cpu' else x.cpu()).numpy()
     return x
 

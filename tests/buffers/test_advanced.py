@@ -801,6 +801,20 @@ def test_update_stores_priority_plus_eps(storage):
 
 
 @pytest.mark.parametrize('storage', STORAGES)
+def test_bfloat16_priorities_update_like_float32(storage):
+    """A mixed-precision learner's TD errors (bfloat16, which numpy lacks) are priorities like any float tensor."""
+    buf = make(storage, size=8, alpha=0.6)
+    push_ids(buf, range(4))
+    batch = buf.sample(4)
+    new = [2.0, 3.5, 0.25, 6.0]  # exact in bfloat16
+    info = {**info_from(batch, new), 'priority': torch.tensor(new, dtype=torch.bfloat16)}
+    assert buf.update(info) == {'updated': 4, 'stale': 0}
+    view = index_view(buf)
+    for u, p in zip(col(batch, 'uid'), new):
+        assert view[u]['priority'] == np.float32(p + EPS)
+
+
+@pytest.mark.parametrize('storage', STORAGES)
 def test_update_to_zero_keeps_the_item_sampleable_through_eps(storage):
     buf = make(storage, size=8, alpha=0.6)
     push_ids(buf, range(3))

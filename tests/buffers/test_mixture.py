@@ -273,6 +273,15 @@ def test_an_update_is_all_or_nothing_across_members():
     buf.close()
 
 
+def test_an_update_with_bfloat16_priorities_is_routed():
+    buf = filled('tensor', weights=dict(offline=0.5, online=0.5), offline=dict(type='advanced'))
+    batch = buf.sample(8)
+    info = {k: batch[k] for k in ('replay_unique_id', 'replay_buffer_idx', 'mixture_member')}
+    assert buf.update({**info, 'priority': torch.full((8,), 2.5, dtype=torch.bfloat16)}) == {'updated': 8, 'stale': 0}
+    assert buf.stats()['offline.max_priority'] == buf.stats()['online.max_priority'] == 2.5
+    buf.close()
+
+
 def test_an_update_that_cannot_be_routed_names_the_key():
     buf = filled('tensor')
     batch = buf.sample(4)
