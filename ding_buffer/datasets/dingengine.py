@@ -20,7 +20,7 @@ from typing import Any, Iterator
 import numpy as np
 
 from .columns import Chunk
-from .hdf5 import HDF5Reader, check_array, check_flags, fail, import_h5py, read, read_flags, scan
+from .hdf5 import HDF5Reader, check_array, check_flags, fail, node, read, read_flags, scan
 
 REQUIRED = ('obs', 'action', 'reward', 'done', 'next_obs')
 
@@ -30,7 +30,6 @@ class DingEngineHDF5Reader(HDF5Reader):
 
     def __init__(self, path: str, f: Any, **_: Any) -> None:
         self.path, self.f = path, f
-        h5py = import_h5py()
         missing = [k for k in REQUIRED if k not in f]
         if missing:
             raise fail(
@@ -38,16 +37,15 @@ class DingEngineHDF5Reader(HDF5Reader):
                 missing[0],
                 f"is missing; DI-engine's hdf5 layout needs {list(REQUIRED)} (present: {sorted(f.keys())})",
             )
-        groups = [k for k in f.keys() if not isinstance(f[k], h5py.Dataset)]
-        if groups:
-            raise fail(path, groups[0], "is a group; DI-engine's hdf5 layout holds one dataset per field")
-        self.rows = f['obs'].shape[0] if f['obs'].ndim else 0
-        self.fields = {k: f[k] for k in sorted(f.keys())}
+        # every top-level key is a field: one dataset each (a group, or a link to nothing, is a FileError naming it)
+        self.fields = {k: node(path, f, k) for k in sorted(f.keys())}
+        obs = self.fields['obs']
+        self.rows = obs.shape[0] if obs.ndim else 0
         for key, ds in self.fields.items():
             if key == 'done':
                 check_flags(path, key, ds, self.rows)
             else:
-                check_array(path, key, ds, self.rows, f['obs'].shape[1:] if key == 'next_obs' else None)
+                check_array(path, key, ds, self.rows, obs.shape[1:] if key == 'next_obs' else None)
 
     @property
     def obs_shape(self) -> tuple:

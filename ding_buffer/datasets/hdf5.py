@@ -57,19 +57,27 @@ def open_hdf5(path: str, layout: str) -> Iterator[Any]:
             raise fail(path, None, f"cannot be read ({layout} layout; truncated or damaged?): {e}") from e
 
 
-def node(path: str, group: Any, key: str, *, group_ok: bool = False) -> Any:
-    """``group[key]``: a dataset (or, with ``group_ok``, a group of them); missing or another kind is a FileError."""
+def node(path: str, group: Any, key: str, *, group_ok: bool = False, group_only: bool = False) -> Any:
+    """``group[key]``: a dataset (with ``group_ok`` or a group of them; with ``group_only`` a group); missing or
+    another kind is a FileError."""
     h5py = import_h5py()
     try:
         found = group.get(key) if key in group else None
     except (OSError, RuntimeError, KeyError, ValueError) as e:
         raise fail(path, _full(group, key), f"cannot be read (damaged file?): {e}") from e
+    if found is None and key in group.keys():  # listed, but the link leads nowhere
+        raise fail(path, _full(group, key), "is a link to nothing (a dangling soft or external link)")
     if found is None:
         raise fail(path, _full(group, key), f"is missing; the layout needs it (present: {sorted(group.keys())})")
-    if isinstance(found, h5py.Dataset) or (group_ok and isinstance(found, h5py.Group)):
+    if (
+        isinstance(found, h5py.Group)
+        if group_only
+        else isinstance(found, h5py.Dataset) or (group_ok and isinstance(found, h5py.Group))
+    ):
         return found
-    kind = 'a group' if isinstance(found, h5py.Group) else type(found).__name__
-    raise fail(path, _full(group, key), f"is {kind}, expected a dataset of arrays")
+    kind = 'a group' if isinstance(found, h5py.Group) else 'a dataset' if isinstance(found, h5py.Dataset) else 'other'
+    want = 'a group of datasets' if group_only else 'a dataset of arrays'
+    raise fail(path, _full(group, key), f"is {kind}, expected {want}")
 
 
 def _full(group: Any, key: str) -> str:

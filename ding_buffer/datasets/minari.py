@@ -36,7 +36,7 @@ class MinariReader(HDF5Reader):
         self.rows = sum(e['steps'] for e in self.episodes)
 
     def _episode(self, name: str) -> Dict[str, Any]:
-        path, group = self.path, node(self.path, self.f, name, group_ok=True)
+        path, group = self.path, node(self.path, self.f, name, group_only=True)
         ep = {'name': name, 'obs': node(path, group, 'observations', group_ok=True)}
         ep['action'] = node(path, group, 'actions', group_ok=True)
         for key in ('rewards', 'terminations', 'truncations'):

@@ -158,6 +158,33 @@ def test_dingengine_hdf5_missing_next_obs(tmp_path, buffer):
     refused(buffer, path, r"key 'next_obs' is missing", format='dingengine_hdf5')
 
 
+@pytest.mark.parametrize('link', ['soft', 'external'])
+def test_dingengine_hdf5_field_that_links_to_nothing(tmp_path, buffer, link):
+    import h5py
+
+    path = write_h5(tmp_path / 'expert_demos.hdf5', dingengine_arrays(np.random.default_rng(8)))
+    with h5py.File(path, 'a') as f:
+        f['extra'] = h5py.SoftLink('/nowhere') if link == 'soft' else h5py.ExternalLink('missing.hdf5', 'x')
+    refused(buffer, path, r"key 'extra' is a link to nothing", format='dingengine_hdf5')
+
+
+def test_dingengine_hdf5_group_where_a_field_is_expected(tmp_path, buffer):
+    arrays = dingengine_arrays(np.random.default_rng(8))
+    arrays['collect_iter'] = {'inner': np.arange(9)}
+    path = write_h5(tmp_path / 'expert_demos.hdf5', arrays)
+    refused(buffer, path, r"key 'collect_iter' is a group, expected a dataset", format='dingengine_hdf5')
+
+
+def test_minari_episode_that_is_a_dataset_not_a_group(tmp_path, buffer):
+    path = tmp_path / 'main_data.hdf5'
+    minari_file(path, np.random.default_rng(7))
+    import h5py
+
+    with h5py.File(path, 'a') as f:
+        f['episode_11'] = np.zeros(3, np.float32)
+    refused(buffer, path, r"key 'episode_11' is a dataset, expected a group of datasets")
+
+
 def test_buffer_refusing_midway_is_restored(tmp_path):
     """Episodes of 3 and 8 steps into an episode buffer of at most 5 transitions: the first is stored, the second
     refused; the buffer is restored."""
