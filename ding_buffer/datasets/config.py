@@ -11,7 +11,7 @@ from typing import Any
 
 from .. import base
 from ..config import check_keys_and_types
-from .load import load_dataset
+from .load import checked_options, load_dataset
 
 DEFAULTS = dict(
     path='',  # the dataset file (required)
@@ -48,12 +48,17 @@ def create_with_dataset(cls: type, cfg: Any, *args: Any, **kwargs: Any) -> Any:
 
 
 def checked_section(section: Any) -> dict:
+    """The section's options, every key and value checked (what a job calls before it builds anything)."""
     if not hasattr(section, 'items'):
         raise ValueError(f"config key 'dataset' must be a dict of {sorted(DEFAULTS)}, got {type(section).__name__}")
     check_keys_and_types(DEFAULTS, section, prefix='dataset.', nullable=NULLABLE)
     options = {**DEFAULTS, **dict(section)}
     if not options['path']:
         raise ValueError("config key 'dataset.path' is required: the dataset file to load")
+    try:
+        checked_options(*(options[k] for k in ('format', 'chunk_size', 'limit', 'progress', 'allow_pickle', 'atomic')))
+    except ValueError as e:
+        raise ValueError(f"config key 'dataset': {e}") from e
     return options
 
 

@@ -62,7 +62,7 @@ def load_dataset(
         >>> load_dataset(create_buffer(dict(type='naive')), path, progress=False)
         3
     """
-    options = _checked_options(format, chunk_size, limit, progress, allow_pickle, atomic)
+    options = checked_options(format, chunk_size, limit, progress, allow_pickle, atomic)
     target = Target.of(buffer)
     path = os.fspath(path)
     if not os.path.isfile(path):
@@ -76,7 +76,7 @@ def load_dataset(
         return _fill(buffer, target, reader, path, chunk_size, total, progress, atomic)
 
 
-def _checked_options(format: Any, chunk_size: Any, limit: Any, progress: Any, allow_pickle: Any, atomic: Any) -> dict:
+def checked_options(format: Any, chunk_size: Any, limit: Any, progress: Any, allow_pickle: Any, atomic: Any) -> dict:
     if format not in (None, 'auto') + FORMATS:
         raise ValueError(
             f"format {format!r} is not a dataset layout; expected one of {list(FORMATS)}, or None / 'auto'"

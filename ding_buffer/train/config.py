@@ -15,6 +15,7 @@ from easydict import EasyDict
 
 from ..base import get_buffer_cls
 from ..config import build_config, check_section, optional_positive_int, positive_int, seed_ok
+from ..datasets.config import checked_section as checked_dataset_section
 
 # Buffer types the DQN trainer can learn from: transition buffers whose tensor storage samples one dict of batched
 # tensors. A class of your own (import_names) derived from one of them is accepted too.
@@ -168,7 +169,16 @@ def build_train_config(user: Mapping, source: str = '<config>') -> EasyDict:
             f"the buffer stores single steps and builds n-step returns itself: set policy.nstep=1 and "
             f"{BUFFER_SECTION}storage.frames.n_step={cfg.policy.nstep}"
         )
-    if cfg.policy.nstep > 1 and any(isinstance(s.get('dataset'), Mapping) for s in buffer_sections(buffer_cfg)):
+    members = buffer_cfg.get('members') if buffer_cfg.get('type') == 'mixture' else None
+    places = [('', buffer_cfg)] + [(f'members.{n}.', m) for n, m in (members or {}).items() if isinstance(m, Mapping)]
+    datasets = [(where, s['dataset']) for where, s in places if s.get('dataset') is not None]
+    for where, section in datasets:  # checked now: a typo must not wait for a dataset_source run to be found
+        try:
+            checked_dataset_section(section)
+        except ValueError as e:
+            named = str(e).replace("'dataset", f"'{BUFFER_SECTION}{where}dataset")
+            raise ValueError(f"{source}: {named}") from e
+    if cfg.policy.nstep > 1 and datasets:
         raise ValueError(
             f"{source}: config key 'policy.nstep' is {cfg.policy.nstep}, but the buffer loads a dataset of one-step "
             f"transitions (a 'dataset' section), which n-step items cannot be mixed with: set policy.nstep=1"

@@ -11,6 +11,8 @@ import numpy as np
 
 from .config import BUFFER_SECTION, buffer_sections
 
+_MAKING = set()  # the datasets being written by a dataset_source run of this process (a source needing its own)
+
 
 def write_policy_episodes(job: Any) -> Dict[str, Any]:
     """``dataset_out.episodes`` episodes of ``job``'s trained policy (epsilon-greedy with ``dataset_out.epsilon``,
@@ -75,8 +77,16 @@ def ensure_datasets(cfg: Any, source_of: Callable[[str], str], train: Callable[[
                 f"write no dataset"
             )
         user['dataset_out'] = dict(dataset_out, path=path)
+        if os.path.abspath(path) in _MAKING:  # the source needs the very file it is to write
+            raise ValueError(
+                f"config key 'dataset_source' names '{source}', whose run needs the dataset '{path}' it writes"
+            )
         print(f"dataset '{path}' does not exist yet: training {source} to write it", flush=True)
-        train(source, user)
+        _MAKING.add(os.path.abspath(path))
+        try:
+            train(source, user)
+        finally:
+            _MAKING.discard(os.path.abspath(path))
         if not os.path.exists(path):
             raise RuntimeError(f"config '{source}' finished without writing the dataset '{path}'")
 

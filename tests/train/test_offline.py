@@ -3,6 +3,7 @@ step by step; ``dataset_source`` makes a missing dataset first; the shipped offl
 (shortened); bad settings are refused by name before anything runs."""
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -124,3 +125,33 @@ def test_the_ape_x_job_takes_no_offline_keys():
     from ding_buffer.train.apex import APEX_DEFAULTS
 
     assert 'dataset_out' not in APEX_DEFAULTS and 'dataset_source' not in APEX_DEFAULTS
+
+
+@pytest.mark.parametrize(
+    'dataset, needle',
+    [
+        (dict(pth='x.hdf5'), "'policy.other.replay_buffer.members.offline.dataset.pth'.*did you mean"),
+        (dict(path='x.hdf5', format='d5rl'), "'policy.other.replay_buffer.members.offline.dataset': format 'd5rl'"),
+        (dict(path='x.hdf5', chunk_size=0), "'policy.other.replay_buffer.members.offline.dataset': chunk_size 0"),
+    ],
+)
+def test_a_bad_dataset_section_is_refused_before_its_source_trains(tmp_path, capsys, dataset, needle):
+    buffer = dict(
+        type='mixture',
+        weights=dict(offline=0.5, online=0.5),
+        members=dict(offline=dict(type='naive', dataset=dataset), online=dict(type='naive')),
+    )
+    cfg = write_config(tmp_path / 'o2o.py', O2O_CONFIG, SHORT, log_dir=str(tmp_path / 'runs'), buffer=buffer)
+    assert main(['train', str(cfg), '--no-progress']) == 2
+    captured = capsys.readouterr()
+    assert re.search(needle, captured.err), captured.err
+    assert 'does not exist yet' not in captured.out and not (tmp_path / 'runs').exists()
+
+
+def test_a_source_that_needs_the_dataset_it_writes_is_refused(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    # the fine-tuning config names itself as the source (with dataset_out set): it would train itself forever
+    cfg = tmp_path / 'o2o.py'
+    write_config(cfg, O2O_CONFIG, SHORT, dataset_out=dict(episodes=2), dataset_source=str(cfg))
+    assert main(['train', str(cfg), '--no-progress']) == 2
+    assert "whose run needs the dataset 'cartpole_dqn_episodes.hdf5' it writes" in capsys.readouterr().err
