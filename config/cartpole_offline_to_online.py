@@ -22,7 +22,8 @@ main_config = dict(
             batch_size=64,
             learning_rate=1e-3,
             updates_per_step=1,
-            warmup_steps=1_000,
+            # learning starts at once: the dataset fills half of every batch (the online half needs 32 steps)
+            warmup_steps=100,
             target_update_freq=500,
             double=True,
             huber_delta=1.0,
