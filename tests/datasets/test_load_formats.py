@@ -209,3 +209,50 @@ def test_progress_bar_counts_the_transitions(tmp_path, capsys):
     path = write_h5(tmp_path / 'd.hdf5', d4rl_arrays(np.random.default_rng(11)))
     load_dataset(make('naive', 'tensor'), path, progress=True)
     assert '11/11' in capsys.readouterr().err  # 11 rows, 11 transitions
+
+
+@pytest.mark.parametrize('layout', ['minari', 'dingengine_hdf5'])
+def test_frames_buffer_gets_streams_from_the_other_hdf5_layouts(tmp_path, layout):
+    """Minari's and DI-engine's files of frame stacks fill a buffer with storage.frames too, every transition as in the
+    file (Minari's truncation is the frames' truncated; DI-engine's episodes end after done)."""
+    rng = np.random.default_rng(9)
+    first, second = stacks(6, seed=3), stacks(7, seed=4)  # two runs of frames: 4 and 5 steps
+    if layout == 'minari':
+        episodes = []
+        for eid, (run, n) in enumerate(((first, 3), (second, 4))):
+            term, trunc = np.zeros(n, bool), np.zeros(n, bool)
+            (term if eid == 0 else trunc)[-1] = True
+            episodes.append(
+                {
+                    'observations': run[: n + 1],
+                    'actions': rng.integers(0, 4, n),
+                    'rewards': rng.standard_normal(n),
+                    'terminations': term,
+                    'truncations': trunc,
+                }
+            )
+        write_h5(tmp_path / 'main_data.hdf5', {f'episode_{i}': ep for i, ep in enumerate(episodes)})
+        path = tmp_path / 'main_data.hdf5'
+        expected = [
+            {('truncated' if k == 'timeout' else k): v for k, v in t.items()} for t in minari_expected(episodes)
+        ]
+    else:
+        n1, n2 = 3, 4
+        arrays = {
+            'obs': np.concatenate([first[:n1], second[:n2]]),
+            'action': rng.integers(0, 2, n1 + n2),
+            'reward': rng.standard_normal(n1 + n2).astype(np.float32),
+            'done': np.array([0, 0, 1, 0, 0, 0, 1], bool),
+            'next_obs': np.concatenate([first[1 : n1 + 1], second[1 : n2 + 1]]),
+        }
+        path = write_h5(tmp_path / 'expert_demos.hdf5', arrays)
+        expected = dingengine_expected(arrays)
+    buffer = create_buffer(
+        dict(type='naive', replay_buffer_size=100, storage=dict(type='tensor', frames=dict(stack=3)))
+    )
+    assert load_dataset(buffer, path, format=layout, chunk_size=2, progress=False) == len(expected)
+    got = stored_transitions(buffer)
+    assert len(got) == len(expected)
+    for i, (g, w) in enumerate(zip(got, expected)):
+        assert_transition(g, w, f'{layout} transition {i}')
+    buffer.close()
