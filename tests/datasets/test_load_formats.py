@@ -211,8 +211,8 @@ def test_progress_bar_counts_the_transitions(tmp_path, capsys):
     assert '11/11' in capsys.readouterr().err  # 11 rows, 11 transitions
 
 
-@pytest.mark.parametrize('layout', ['minari', 'dingengine_hdf5'])
-def test_frames_buffer_gets_streams_from_the_other_hdf5_layouts(tmp_path, layout):
+@pytest.mark.parametrize('layout', ['minari', 'dingengine_hdf5', 'dingengine_pkl'])
+def test_frames_buffer_gets_streams_from_the_other_layouts(tmp_path, layout):
     """Minari's and DI-engine's files of frame stacks fill a buffer with storage.frames too, every transition as in the
     file (Minari's truncation is the frames' truncated; DI-engine's episodes end after done)."""
     rng = np.random.default_rng(9)
@@ -245,12 +245,19 @@ def test_frames_buffer_gets_streams_from_the_other_hdf5_layouts(tmp_path, layout
             'done': np.array([0, 0, 1, 0, 0, 0, 1], bool),
             'next_obs': np.concatenate([first[1 : n1 + 1], second[1 : n2 + 1]]),
         }
-        path = write_h5(tmp_path / 'expert_demos.hdf5', arrays)
         expected = dingengine_expected(arrays)
+        if layout == 'dingengine_hdf5':
+            path = write_h5(tmp_path / 'expert_demos.hdf5', arrays)
+        else:  # a list of transition dicts of tensors, as DI-engine's collectors pickle them
+            rows = [{k: torch.from_numpy(np.asarray(v)) for k, v in t.items() if k != '_end'} for t in expected]
+            path = pickle_file(tmp_path / 'expert.pkl', rows)
     buffer = create_buffer(
         dict(type='naive', replay_buffer_size=100, storage=dict(type='tensor', frames=dict(stack=3)))
     )
-    assert load_dataset(buffer, path, format=layout, chunk_size=2, progress=False) == len(expected)
+    pickled = layout == 'dingengine_pkl'
+    assert load_dataset(buffer, path, format=layout, chunk_size=2, allow_pickle=pickled, progress=False) == len(
+        expected
+    )
     got = stored_transitions(buffer)
     assert len(got) == len(expected)
     for i, (g, w) in enumerate(zip(got, expected)):
