@@ -498,7 +498,7 @@ class DQNTrainer:
         if self.cfg.dataset_out.episodes:  # the trained policy's episodes: offline data for another run
             from .offline import write_policy_episodes
 
-            head['dataset_out'] = write_policy_episodes(self)
+            head['dataset_out'] = write_policy_episodes(self, as_stored)
         summary = write_summary(self, stats, head, stopped_early=self.env_step < self.cfg.env.max_env_step)
         self.buffer.close()
         self.tb.close()

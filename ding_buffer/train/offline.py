@@ -14,11 +14,11 @@ from .config import BUFFER_SECTION, buffer_sections
 _MAKING = set()  # the datasets being written by a dataset_source run of this process (a source needing its own)
 
 
-def write_policy_episodes(job: Any) -> Dict[str, Any]:
+def write_policy_episodes(job: Any, as_stored: Callable[[Any], np.ndarray]) -> Dict[str, Any]:
     """``dataset_out.episodes`` episodes of ``job``'s trained policy (epsilon-greedy with ``dataset_out.epsilon``,
-    on a fresh env seeded from the run's seed) written to ``dataset_out.path`` in the D4RL layout; what was written."""
+    on a fresh env seeded from the run's seed) written to ``dataset_out.path`` in the D4RL layout, each observation
+    as ``as_stored`` keeps it (the job's own rule); what was written."""
     from ..datasets import write_d4rl
-    from .dqn import as_stored
     from .gym_envs import make_env
 
     out, cfg = job.cfg.dataset_out, job.cfg
