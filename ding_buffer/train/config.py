@@ -169,9 +169,7 @@ def build_train_config(user: Mapping, source: str = '<config>') -> EasyDict:
             f"the buffer stores single steps and builds n-step returns itself: set policy.nstep=1 and "
             f"{BUFFER_SECTION}storage.frames.n_step={cfg.policy.nstep}"
         )
-    members = buffer_cfg.get('members') if buffer_cfg.get('type') == 'mixture' else None
-    places = [('', buffer_cfg)] + [(f'members.{n}.', m) for n, m in (members or {}).items() if isinstance(m, Mapping)]
-    datasets = [(where, s['dataset']) for where, s in places if s.get('dataset') is not None]
+    datasets = [(where, s['dataset']) for where, s in buffer_sections(buffer_cfg) if s.get('dataset') is not None]
     for where, section in datasets:  # checked now: a typo must not wait for a dataset_source run to be found
         try:
             checked_dataset_section(section)
@@ -188,9 +186,9 @@ def build_train_config(user: Mapping, source: str = '<config>') -> EasyDict:
 
 
 def buffer_sections(buffer_cfg: Mapping) -> list:
-    """A buffer section and, for a mixture, its members' sections."""
+    """``(where, section)`` of a buffer section (where '') and, for a mixture, of its members' (``members.<name>.``)."""
     members = buffer_cfg.get('members') if buffer_cfg.get('type') == 'mixture' else None
-    return [buffer_cfg] + [dict(m) for m in (members or {}).values() if isinstance(m, Mapping)]
+    return [('', buffer_cfg)] + [(f'members.{n}.', m) for n, m in (members or {}).items() if isinstance(m, Mapping)]
 
 
 def _check_trainer_buffer(cls: type, name: str) -> None:

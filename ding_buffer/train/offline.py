@@ -47,7 +47,7 @@ def write_policy_episodes(job: Any, as_stored: Callable[[Any], np.ndarray]) -> D
 
 def dataset_paths(buffer_cfg: Any) -> List[str]:
     """Every ``dataset.path`` of a buffer section (a mixture's members' too), in order."""
-    datasets = [s['dataset'] for s in buffer_sections(buffer_cfg) if isinstance(s.get('dataset'), Mapping)]
+    datasets = [s['dataset'] for _, s in buffer_sections(buffer_cfg) if isinstance(s.get('dataset'), Mapping)]
     return [d['path'] for d in datasets if d.get('path')]
 
 
