@@ -99,9 +99,10 @@ class TBSink:
                 return
             try:
                 self.writer.add_scalar(tag, value, step)
-            except OSError:
-                # the owner closed a borrowed writer under this write (its close is not ours to lock out)
-                if self.owned or not writer_closed(self.writer):
+            except OSError as e:
+                # the owner closed a borrowed writer under this write (its close is not ours to lock out); torch's
+                # close() shuts the file writers before it marks the SummaryWriter closed, so the message counts too
+                if self.owned or not (writer_closed(self.writer) or 'closed' in str(e).lower()):
                     raise
                 logging.getLogger('ding_buffer').debug('TensorBoard writer closed by its owner during a write')
 

@@ -132,3 +132,41 @@ def test_a_sample_racing_close_never_meets_a_closed_writer(tmp_path, monkeypatch
         for t in threads:
             t.join(10)
         assert not errors, errors
+
+
+class HalfClosedWriter:
+    """A borrowed writer caught inside its owner's ``close()`` as torch's ``SummaryWriter`` does it: the file
+    writers are already shut (a write raises ``OSError('Writer is closed')``) but ``all_writers`` is not yet None."""
+
+    all_writers = {}
+
+    def __init__(self, error):
+        self.error = error
+
+    def add_scalar(self, tag, value, step):
+        raise self.error
+
+    def flush(self):
+        pass
+
+
+def test_a_borrowed_writer_closing_under_a_write_drops_the_write_and_other_errors_still_raise():
+    def buffer(writer):
+        cfg = dict(
+            type='advanced',
+            replay_buffer_size=64,
+            seed=0,
+            storage=dict(type='tensor'),
+            monitor=dict(sampled_data_attr=dict(print_freq=1)),
+        )
+        buf = create_buffer(cfg, tb_logger=writer)
+        buf.push(items(16))
+        return buf
+
+    closing = buffer(HalfClosedWriter(OSError('Writer is closed')))
+    assert closing.sample(8, 1)['obs'].shape[0] == 8  # the owner's close overtook the write: dropped
+    closing.close()
+    failing = buffer(HalfClosedWriter(OSError('No space left on device')))
+    with pytest.raises(OSError, match='No space left'):
+        failing.sample(8, 1)
+    failing.close()
