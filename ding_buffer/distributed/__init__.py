@@ -5,7 +5,8 @@ rank (torch / MPI) it returns a ``ReplayBufferManager`` (call ``run()``), on the
 ``RemoteBuffer``. The modules: ``protocol`` (the request / reply messages both sides use), ``codec`` (wire format),
 ``transport`` (torch / MPI framing and receive threads), ``manager`` (``ManagerCore``), ``rank_manager`` (the rank
 loop), ``ray_backend`` (the manager actor), ``remote`` (worker side), ``channel`` / ``ray_channel`` (a worker's
-requests over torch / MPI or Ray), ``baseline``, ``batching``. This package registers the factory with ``base``
+requests over torch / MPI or Ray), ``shm_ring`` (pushes of workers on the manager's host through shared memory),
+``baseline``, ``batching``. This package registers the factory with ``base``
 and exports the public names.
 """
 

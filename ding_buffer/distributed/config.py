@@ -110,6 +110,11 @@ DISTRIBUTED_CONFIG = dict(
     max_reuse=None,
     # Manager side: write the buffer here (save_data) when it shuts down.
     checkpoint_path=None,
+    # Workers on the manager's host push through a shared-memory ring of `shm_ring_mb` MiB each (one copy, no
+    # reply per push) instead of the wire; workers on other hosts keep the wire. Pushes that need a reply (scores,
+    # baselines, version gates) or a local copy cannot take it.
+    shared_memory=False,
+    shm_ring_mb=64.0,
     # Shard id carried by every message (one manager per shard).
     shard=0,
     # Ray: this many managers (actors '<actor_name>-shard<k>'), used as one buffer by the client (sharded.py):
@@ -179,6 +184,8 @@ DISTRIBUTED_CHECKS = dict(
     max_version_lag=(lambda x: x is None or (isinstance(x, int) and x >= 0), 'None or an int >= 0'),
     max_reuse=(optional_positive_int, 'None or a positive int'),
     shard=(lambda x: isinstance(x, int) and x >= 0, 'an int >= 0'),
+    shared_memory=(lambda x: type(x) is bool, 'a bool'),
+    shm_ring_mb=(lambda x: _number(x) and 0 < x <= (1 << 20), 'a finite positive number of MiB (at most 1 TiB)'),
     num_shards=(lambda x: isinstance(x, int) and not isinstance(x, bool) and 1 <= x <= 1024, 'an int in [1, 1024]'),
     shard_route=(lambda x: x in ('round_robin', 'hash'), "'round_robin' or 'hash'"),
     shard_key=(lambda x: x is None or (isinstance(x, str) and bool(x)), 'None or an item field name'),
@@ -205,7 +212,22 @@ def build_distributed_config(user: Any) -> EasyDict:
             "config key 'distributed.baseline_filtering' is True but 'distributed.baseline_strategy' "
             "is None: the manager would never send a baseline; set it to 'min', 'percentile' or 'ema'"
         )
+    if cfg.shared_memory:
+        needs_reply = [k for k in SHM_EXCLUDES if cfg[k] != DISTRIBUTED_CONFIG[k]]
+        if needs_reply:
+            raise ValueError(
+                f"config key 'distributed.shared_memory' is True together with {needs_reply}: a push through shared "
+                f"memory has no reply (no score, baseline or version gate) and no local copy; turn those off or "
+                f"set shared_memory=False"
+            )
     return cfg
+
+
+# what a push through shared memory cannot do (it has no reply and skips the worker's push pipeline)
+SHM_EXCLUDES = (
+    'remote_buffer_freq', 'async_score', 'local_buffer', 'scoring_only', 'baseline_filtering', 'scoring_function',
+    'baseline_strategy', 'max_version_lag', 'num_shards',
+)  # fmt: skip
 
 
 def startup_seconds(dcfg: Any) -> float:

@@ -27,6 +27,11 @@ def profile(cls: type, local: Any, dcfg: Any) -> Dict[str, Any]:
     when the type has none of its own)."""
     out = dict(cls.distributed_profile(local))
     out['log_reward_key'] = out.get('log_reward_key') or dcfg.log_reward_key
+    if dcfg.shared_memory and (out['item_kind'] != 'transition' or out['dict_is_batch']):
+        raise ValueError(
+            f"config key 'distributed.shared_memory' is True for buffer type {local.get('type')!r}, whose items are "
+            f"{out['item_kind']}s; shared-memory rings carry transitions (naive, elastic, advanced)"
+        )
     return out
 
 

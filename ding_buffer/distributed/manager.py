@@ -29,6 +29,7 @@ from .frames_wire import frames_decoder
 from .liveness import Liveness
 from .protocol import error_reply, ok_reply
 from .push_dedup import PushDedup, StoredThenFailed
+from .shm_ring import RingIntake
 
 logger = logging.getLogger('ding_buffer.distributed')
 
@@ -37,7 +38,7 @@ SAMPLE_KWARGS = ('cur_learner_iter', 'sample_range', 'replace', 'unroll_len', 'p
 # the ops a request may name besides 'ping', each served by the method '_<op>'
 OPS = (
     'push sample update count stats metadata state_dict load_state_dict save_data load_data clear model_version '
-    'baseline_sync exit put_blob get_blob'
+    'baseline_sync exit put_blob get_blob shm_open'
 ).split()
 
 
@@ -74,6 +75,8 @@ class ManagerCore:
             self.frames_wire.counters = self.counters
         self._ops = {op: getattr(self, f'_{op}') for op in OPS}
         self.blobs = BlobStore(dcfg.max_blob_mb * (1 << 20))
+        # distributed.shared_memory: workers on this host push through rings, committed by the runner's thread
+        self.rings = RingIntake(dcfg, self.counters) if dcfg.shared_memory else None
 
     # ------------------------------------------------------------------ dispatch
     def handle(self, sender: Any, request: Any) -> Optional[Dict[str, Any]]:
@@ -86,6 +89,8 @@ class ManagerCore:
             self.liveness.seen(sender)
             stats = self.per_sender.setdefault(sender, dict(requests=0))
             stats['requests'] += 1
+            if self.rings is not None:  # what the sender wrote into its rings comes before what it asks now
+                self.rings.commit(self._ring_push, sender)
             if op == 'ping':
                 return None
             if request.get('shard', 0) != self.cfg.shard:
@@ -178,6 +183,18 @@ class ManagerCore:
         if base is not None:
             score['baseline_log_reward'] = base
         return {'stored': int(stored), 'score': score}
+
+    def _ring_push(self, sender, data, batched, n) -> None:
+        self._apply_push(sender, data, batched, -1, None, None)
+
+    def commit_rings(self) -> int:
+        """Apply what every worker's shared-memory ring holds (the runner's ring thread, under its lock)."""
+        return self.rings.commit(self._ring_push) if self.rings is not None else 0
+
+    def _shm_open(self, sender, client, host, fields) -> Optional[Dict[str, Any]]:
+        if self.rings is None:
+            raise ValueError("this manager takes no shared-memory pushes (its distributed.shared_memory is False)")
+        return self.rings.open(sender, client, host, fields)
 
     def _stale(self, version, session) -> bool:
         if self.cfg.max_version_lag is None or version is None:
@@ -304,11 +321,16 @@ class ManagerCore:
         self.baseline.sync(value)
 
     def _exit(self, sender) -> Dict[str, Any]:
+        if self.rings is not None:
+            self.rings.close(sender)  # committed by handle() before this op
         return {'exited': self.liveness.exit(sender)}
 
     # ------------------------------------------------------------------ shutdown
     def shutdown(self) -> Optional[str]:
         """Checkpoint the buffer when ``checkpoint_path`` is set; returns the path written."""
+        if self.rings is not None:
+            self.commit_rings()
+            self.rings.close_all()
         path = self.cfg.checkpoint_path
         if path:
             self.buffer.save_data(path)

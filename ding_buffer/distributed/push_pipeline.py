@@ -68,13 +68,13 @@ class PushPipeline:
         self.frames = frames  # storage.frames: steps travel as their new frames (frames_wire)
         self._channel = channel
         self._local = local
-        self._dict_is_batch = dict_is_batch
+        self.dict_is_batch = dict_is_batch
         self._scoring_keys = scoring_keys
         self._log_reward_key = log_reward_key
         self._pending: List[Any] = []
         self._pending_batched: Optional[bool] = None
         self._push_calls = 0
-        self._client = new_client_id()
+        self.client = new_client_id()
         self._seq = 0
         self._unacked: List[Dict[str, Any]] = []  # push args in doubt, resent (same seq) before anything else
         self._retry_of: Optional[bytes] = None  # digest of the data of the push call that raised
@@ -92,7 +92,7 @@ class PushPipeline:
         call); returns how many items it holds. A repeat of the call that raised is its retry: nothing is added."""
         if data is None:
             raise TypeError("cannot push None")
-        batched = bool(batched) or (self._dict_is_batch and isinstance(data, dict))
+        batched = bool(batched) or (self.dict_is_batch and isinstance(data, dict))
         n = count_items(data, batched)
         deadline = deadline_in(self._dcfg.timeout)  # one bound for everything this call sends and waits for
         if self._retry_of is not None:
@@ -227,7 +227,7 @@ class PushPipeline:
             envstep=envstep,
             model_version=self.model_version,
             session_id=self.session_id,
-            client=self._client,
+            client=self.client,
             seq=self._seq,
         )
         self._seq += 1

@@ -11,6 +11,7 @@ from .frame_reader import BYE, ERROR, LOST
 from .framing import MAX_QUEUED
 from .manager import ManagerCore
 from .protocol import error_reply
+from .shm_ring import start_commit_thread
 
 
 class ReplayBufferManager:
@@ -55,6 +56,7 @@ class ReplayBufferManager:
             self.core.liveness.last_seen[w] = start
         self.transport.on_item = self._serve
         self.transport.start()
+        rings = start_commit_thread(self.core, self._lock, lambda: self._stopping)
         stuck: list = []
         try:
             while self._waiting_for():
@@ -74,6 +76,8 @@ class ReplayBufferManager:
         finally:
             with self._lock:
                 self._stopping = True
+            if rings is not None:
+                rings.set()
             # final: nothing is served after run(); a worker that never answers the goodbye (frozen, or dead where
             # MPI cannot tell) gets one distributed.timeout, at exit too, and its threads are then abandoned
             stuck = self.transport.close(self.cfg.timeout, final=True)

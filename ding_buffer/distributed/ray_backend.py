@@ -37,6 +37,7 @@ from .config import startup_seconds
 from .manager import ManagerCore
 from .protocol import error_reply
 from .ray_channel import BEAT_GROUP, import_ray, to_wire
+from .shm_ring import start_commit_thread
 from .startup import connect_ray
 
 logger = logging.getLogger('ding_buffer.distributed')
@@ -96,6 +97,7 @@ class _ManagerActorImpl:
         self._every = max(0.05, min(dcfg.heartbeat_seconds, timeout / 4 if timeout is not None else np.inf))
         self._watchdog = threading.Thread(target=self._watch, daemon=True, name='ding_buffer-watchdog')
         self._watchdog.start()
+        self._rings = start_commit_thread(self.core, self._lock, lambda: self._ended)
 
     # ------------------------------------------------------------------ requests (default lane, one at a time)
     def call(self, client: Any, *msg) -> list:

@@ -29,6 +29,7 @@ from .frames_wire import frames_encoder
 from .protocol import request_msg, result_of
 from .push_pipeline import PushPipeline
 from .sample_wait import poll_for_batch
+from .shm_ring import RingPusher
 
 
 class RemoteBuffer(IBuffer):
@@ -69,6 +70,8 @@ class RemoteBuffer(IBuffer):
             frames=frames_encoder(cfg, dcfg),
         )
         self._closed = False
+        # distributed.shared_memory: pushes that fit a ring go through memory when the manager is on this host
+        self.rings = RingPusher(self._request, self.pushes.client, dcfg.timeout) if dcfg.shared_memory else None
 
     # ------------------------------------------------------------------ requests
     def _request(self, op: str, timeout: Optional[float] = None, deadline: Optional[float] = None, **args) -> Any:
@@ -93,6 +96,12 @@ class RemoteBuffer(IBuffer):
             data as the call that raised is taken as its retry and adds nothing new.
         """
         self._check_open()
+        if self.rings is not None:
+            if self.pushes.unacknowledged:  # a wire push in doubt goes first: the order of pushes is kept
+                self.flush()
+            n = self.rings.push(data, batched)
+            if n is not None:
+                return n
         return self.pushes.push(data, cur_collector_envstep, batched)
 
     def extend(self, batch: Any, cur_collector_envstep: int = -1) -> int:
@@ -272,6 +281,8 @@ class RemoteBuffer(IBuffer):
             self._request('exit', timeout=left())
         finally:
             self._closed = True
+            if self.rings is not None:
+                self.rings.close()
             self._channel.close(left())
             if self._local is not None:
                 self._local.close()

@@ -233,3 +233,15 @@ def worker_push_through(cfg, wid, steps):
         time.sleep(0.02)
     buf.close()
     return {'steps': steps, 'failures': failures, 'longest_call': longest}
+
+
+def worker_push_items(cfg, wid, steps):
+    """Attach, push ``steps`` single items (the rows of ``rows(wid, step, 1)``), report stats, close."""
+    from ding_buffer import create_buffer
+
+    buf = create_buffer(cfg)
+    for step in range(steps):
+        buf.push({k: v[0] for k, v in rows(wid, step, 1).items()})
+    stats = buf.stats()  # answered after the manager committed this worker's ring
+    buf.close()
+    return {'shm_rows': stats['manager/shm_rows'], 'count': stats['count']}

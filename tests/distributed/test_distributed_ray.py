@@ -774,3 +774,22 @@ def _session_processes(sid: int) -> list:
         except (OSError, ValueError, IndexError):
             continue
     return found
+
+
+@pytest.mark.timeout(90)
+def test_shared_memory_pushes_of_tasks_on_the_managers_node_next_to_a_task_on_the_wire(actors):
+    dist = actors(shared_memory=True)
+    cfg = advanced(dist, size=1000)
+    drv = create_buffer(cfg)
+    wire = advanced(dict(dist, shared_memory=False), size=1000)
+    task = remote(ray_helpers.worker_push_items)
+    out = ray.get([task.remote(cfg, 0, 150), task.remote(cfg, 1, 150), task.remote(wire, 2, 50)], timeout=GET)
+    assert out[0]['count'] >= 150 and out[1]['count'] >= 150  # each saw its own rows committed
+    assert drv.count() == 350
+    st = drv.stats()
+    assert st['manager/shm_rows'] == 300 and st['manager/shm_rings'] == 2 and st['manager/shm_corrupt_rings'] == 0
+    s = drv.sample(350)
+    got = {(int(w), int(t)) for w, t in zip(s['wid'], s['step'])}
+    assert got <= {(w, t) for w in (0, 1) for t in range(150)} | {(2, t) for t in range(50)}
+    assert torch.equal(s['wid'].float(), s['obs'][:, 0]) and torch.equal(s['step'].float(), s['obs'][:, 1])
+    drv.close()

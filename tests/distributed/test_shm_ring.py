@@ -1,0 +1,261 @@
+"""Shared-memory rings in one process: a ``ManagerCore`` with ``distributed.shared_memory`` and a worker's
+``RingPusher`` talking to it through ``handle`` (the requests a worker sends over the wire). Rows round-trip with
+their types, wrap around a small ring, wait for room within the timeout, and every impossible counter or layout
+is refused; segments leave ``/dev/shm``. The multi-process faults are in test_shm_procs.py."""
+
+import glob
+import os
+import threading
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from ding_buffer.distributed import ManagerCore, build_distributed_config
+from ding_buffer.distributed.local import build_manager_buffer
+from ding_buffer.distributed.protocol import result_of
+from ding_buffer.distributed.shm_ring import PREFIX, RingPusher, layout_of, remove_stale_segments
+from ding_buffer.errors import ManagerTimeoutError, ManagerUnavailableError
+
+
+def mine():
+    return glob.glob(f'/dev/shm/{PREFIX}{os.getpid()}_*')
+
+
+class Job:
+    """A manager core and a worker's ring pusher in one process (the worker's requests go through ``handle``)."""
+
+    def __init__(self, storage='tensor', ring_mb=64.0, timeout=5.0, type_='advanced'):
+        cfg = dict(
+            type=type_,
+            replay_buffer_size=1000,
+            storage=dict(type=storage),
+            distributed=dict(backend='torch', shared_memory=True, shm_ring_mb=ring_mb, timeout=timeout),
+        )
+        self.buffer, dcfg, key = build_manager_buffer(cfg)
+        self.core = ManagerCore(self.buffer, dcfg, key)
+        self.ids = 0
+        self.pusher = RingPusher(self.request, 'client-0', timeout)
+
+    def request(self, op, **args):
+        self.ids += 1
+        return result_of(self.core.handle(0, {'op': op, 'id': self.ids, 'args': args}), op)
+
+    def close(self):
+        self.request('exit')
+        self.pusher.close()
+        self.core.shutdown()
+
+
+def step(i):
+    return {'obs': torch.full((3,), float(i)), 'tag': torch.tensor(i), 'done': torch.tensor(i % 2 == 0)}
+
+
+@pytest.fixture(autouse=True)
+def no_segment_left():
+    before = set(mine())
+    yield
+    assert set(mine()) <= before
+
+
+@pytest.mark.parametrize('storage', ['list', 'tensor'])
+def test_rows_round_trip_with_their_types_and_order(storage):
+    job = Job(storage)
+    for i in range(20):
+        assert job.pusher.push(step(i), False) == 1
+    assert job.pusher.push([step(i) for i in range(20, 25)], False) == 5
+    assert job.request('count') == 25  # a request of the worker commits its ring first
+    out = job.buffer.sample(25, 0)
+    rows = out if storage == 'list' else [{k: out[k][j] for k in ('obs', 'tag', 'done')} for j in range(25)]
+    assert all(int(x['tag']) >= 0 and x['obs'].tolist() == [float(x['tag'])] * 3 for x in rows)  # whole rows
+    assert all(bool(x['done']) == (int(x['tag']) % 2 == 0) for x in rows)
+    assert all(isinstance(x['tag'], torch.Tensor) and x['obs'].dtype == torch.float32 for x in rows)
+    seen = set()
+    for _ in range(40):  # 25 rows stored, all 25 tags among them: each row once
+        out = job.buffer.sample(25, 0)
+        seen |= {int(x['tag']) for x in out} if storage == 'list' else set(out['tag'].tolist())
+    assert seen == set(range(25))
+    assert job.core.counters['shm_rows'] == 25 and job.core.counters['shm_rings'] == 1
+    job.close()
+
+
+def test_python_scalars_come_back_as_python_scalars_on_list_storage():
+    job = Job('list')
+    job.pusher.push({'obs': np.arange(2, dtype=np.float32), 'reward': 1.5, 'step': 3, 'done': True}, False)
+    job.core.commit_rings()
+    (item,) = job.buffer.sample(1, 0)
+    assert type(item['reward']) is float and item['reward'] == 1.5
+    assert type(item['step']) is int and type(item['done']) is bool
+    assert isinstance(item['obs'], np.ndarray) and item['obs'].dtype == np.float32
+    job.close()
+
+
+def test_a_batched_push_and_a_new_layout_take_a_new_ring_and_keep_the_order():
+    job = Job('tensor')
+    job.pusher.push(step(0), False)
+    batch = {'obs': torch.arange(12.0).reshape(4, 3), 'tag': torch.arange(1, 5), 'done': torch.zeros(4, dtype=bool)}
+    assert job.pusher.push(batch, True) == 4
+    assert job.core.counters['shm_rings'] == 1  # the same layout: the same ring
+    job.pusher.push({'obs': torch.zeros(3), 'tag': torch.arange(3), 'done': torch.zeros(3, dtype=bool)}, True)
+    assert job.core.counters['shm_rings'] == 2  # another layout (3 rows whose obs is a scalar): a new ring
+    job.core.commit_rings()
+    assert job.buffer.count() == 5  # the buffer refused those rows: obs has another shape
+    two = {'obs': torch.zeros(2, 3), 'tag': torch.tensor([7, 8]), 'done': torch.zeros(2, dtype=bool)}
+    with pytest.raises(ValueError, match=r"refused 3 rows of earlier pushes.*obs"):
+        job.pusher.push(two, True)  # (back to the first layout: the refusal is read from the ring it leaves)
+    assert job.core.counters['shm_refused_rows'] == 3
+    job.pusher.push(two, True)
+    assert job.request('count') == 7  # told once; the rings go on
+    job.close()
+
+
+def test_rows_wrap_around_a_small_ring_and_a_full_ring_waits_then_times_out():
+    job = Job('tensor', ring_mb=32 * 10 / (1 << 20), timeout=0.5)  # room for 10 rows of 32 bytes
+    for i in range(35):  # committed every 7: the slots wrap around
+        job.pusher.push(step(i), False)
+        if i % 7 == 6:
+            job.core.commit_rings()
+    job.core.commit_rings()
+    assert job.buffer.count() == 35
+    for i in range(10):
+        job.pusher.push(step(100 + i), False)
+    head, stop = job.pusher.writer.map.head, threading.Event()
+
+    def alive():  # the manager's heartbeat goes on (it is busy, not frozen), but nothing is committed
+        while not stop.wait(0.01):
+            head[3] = time.monotonic_ns()
+
+    beats = threading.Thread(target=alive)
+    beats.start()
+    try:
+        with pytest.raises(ManagerTimeoutError, match='stayed full'):
+            job.pusher.push(step(200), False)  # no room within the timeout
+    finally:
+        stop.set()
+        beats.join()
+    job.core.commit_rings()
+    assert job.buffer.count() == 45  # the refused push wrote nothing
+    job.close()
+
+
+def test_a_manager_that_stopped_tending_its_ring_is_reported_unavailable():
+    job = Job('tensor', timeout=0.2)
+    job.pusher.push(step(0), False)
+    time.sleep(0.3)  # no commit thread here: the manager's heartbeat in the ring is older than the timeout
+    with pytest.raises(ManagerUnavailableError, match='frozen or gone'):
+        job.pusher.push(step(1), False)
+    job.core.commit_rings()
+    assert job.buffer.count() == 1
+    job.close()
+
+
+@pytest.mark.parametrize('lie', [-1, 1 << 40])
+def test_an_impossible_counter_closes_the_ring_and_the_writer_learns_it(lie):
+    job = Job('tensor')
+    for i in range(3):
+        job.pusher.push(step(i), False)
+    job.core.commit_rings()
+    head = job.pusher.writer.map.head
+    head[1] = int(head[1]) + lie if lie > 0 else 1  # past what the ring holds, or back behind what was read
+    job.core.commit_rings()
+    assert job.core.counters['shm_corrupt_rings'] == 1 and job.buffer.count() == 3
+    with pytest.raises(RuntimeError, match='closed'):
+        job.pusher.push(step(9), False)
+    assert job.request('count') == 3  # the manager serves on
+    job.close()
+
+
+@pytest.mark.parametrize(
+    'fields',
+    [
+        [['x', 't', 'complex64', [1]]],
+        [['x', 't', 'float32', [1 << 40]]],
+        [['x', 't', 'float32', [-1]]],
+        [['x', 'f', 'float32', []]],
+        [['x', 't', 'float32', [2]], ['x', 't', 'float32', [2]]],
+        [['', 't', 'float32', []]],
+        [],
+        'fields',
+    ],
+)
+def test_an_impossible_layout_gets_an_error_naming_it_and_changes_nothing(fields):
+    job = Job('tensor')
+    with pytest.raises(ValueError, match='ring'):
+        job.request('shm_open', client='c', host=job.pusher.host, fields=fields)
+    assert job.core.counters['shm_rings'] == 0 and mine() == []
+    job.close()
+
+
+def test_a_worker_on_another_host_keeps_the_wire():
+    job = Job('tensor')
+    assert job.request('shm_open', client='c', host='elsewhere/boot', fields=[['x', 't', 'float32', []]]) is None
+    pusher = RingPusher(lambda op, **a: job.request(op, **dict(a, host='elsewhere/boot')), 'c', 5.0)
+    assert pusher.push(step(0), False) is None and pusher.remote  # for good: no second request
+    job.close()
+
+
+def test_a_manager_without_shared_memory_refuses_rings():
+    cfg = dict(type='naive', replay_buffer_size=10, distributed=dict(backend='torch'))
+    buffer, dcfg, key = build_manager_buffer(cfg)
+    core = ManagerCore(buffer, dcfg, key)
+    reply = core.handle(0, {'op': 'shm_open', 'id': 1, 'args': dict(client='c', host='h', fields=[])})
+    with pytest.raises(ValueError, match='shared_memory is False'):
+        result_of(reply, 'shm_open')
+
+
+@pytest.mark.parametrize(
+    'data, batched',
+    [
+        ({'obs': {'nested': torch.zeros(2)}}, False),
+        ({'obs': torch.zeros(2, dtype=torch.bfloat16)}, False),
+        ({'obs': torch.zeros(2, requires_grad=True)}, False),
+        ({'obs': 'text'}, False),
+        ({'obs': 2**70}, False),
+        ([{'a': torch.zeros(2)}, {'a': torch.zeros(3)}], False),
+        ([{'a': torch.zeros(2)}, {'b': torch.zeros(2)}], False),
+        ({'a': torch.zeros(3, 2), 'b': torch.zeros(4)}, True),
+        ({'a': 1.0}, True),
+        ({}, False),
+    ],
+)
+def test_pushes_a_ring_cannot_carry_go_over_the_wire(data, batched):
+    assert layout_of(data, batched) is None
+
+
+@pytest.mark.parametrize(
+    'key, value',
+    [('async_score', True), ('remote_buffer_freq', 2), ('local_buffer', True), ('max_version_lag', 1),
+     ('baseline_strategy', 'min'), ('num_shards', 2)],
+)  # fmt: skip
+def test_shared_memory_with_a_feature_that_needs_a_reply_is_refused_by_name(key, value):
+    with pytest.raises(ValueError, match=f"shared_memory.*{key}"):
+        build_distributed_config(dict(backend='torch', shared_memory=True, **{key: value}))
+
+
+@pytest.mark.parametrize('value', [0, -1.0, float('nan'), 'big', True])
+def test_a_bad_ring_size_is_refused_by_name(value):
+    with pytest.raises(ValueError, match='shm_ring_mb'):
+        build_distributed_config(dict(backend='torch', shared_memory=True, shm_ring_mb=value))
+
+
+def test_shared_memory_on_a_type_whose_items_are_not_transitions_is_refused():
+    with pytest.raises(ValueError, match="shared_memory.*episode"):
+        build_manager_buffer(dict(type='episode', distributed=dict(backend='torch', shared_memory=True)))
+
+
+def test_segments_of_dead_managers_are_removed_and_live_ones_kept(tmp_path):
+    dead = 1
+    while os.path.exists(f'/proc/{dead}') or dead == os.getpid():
+        dead += 7919
+    stale = f'/dev/shm/{PREFIX}{dead}_x'
+    live = f'/dev/shm/{PREFIX}{os.getpid()}_y'
+    for p in (stale, live):
+        open(p, 'wb').close()
+    try:
+        assert remove_stale_segments() >= 1
+        assert not os.path.exists(stale) and os.path.exists(live)
+    finally:
+        for p in (stale, live):
+            if os.path.exists(p):
+                os.unlink(p)
