@@ -143,7 +143,7 @@ else:
     ),
     Py(
         'docs/distributed.md',
-        'isinstance(buffer, ReplayBufferManager)',
+        '# serves until every worker closed or was lost',
         where='torchrun',
         setup="from easydict import EasyDict\n\ncfg = EasyDict(type='advanced', replay_buffer_size=10_000, "
         "storage=dict(type='tensor'), distributed=dict(backend='torch', timeout=60))" + _TRANSITIONS,
@@ -154,6 +154,22 @@ if isinstance(buffer, ReplayBufferManager):
     report(rank=os.environ['RANK'], kind='manager', summary=summary)
 else:
     report(rank=os.environ['RANK'], kind='worker', last_score=buffer.last_score, sampled=len(batch['obs']))
+""",
+    ),
+    Py(
+        'docs/distributed.md',
+        'shared_memory=True))',
+        where='torchrun',
+        nproc=3,
+        check="""
+import os
+
+if isinstance(buffer, ReplayBufferManager):  # "the rows that came through shared memory"
+    assert summary['counters']['shm_rows'] == 2000, summary['counters']
+    report(rank=os.environ['RANK'], kind='manager', summary=summary)
+else:  # "answered after the manager committed this actor's ring: every push above counts"
+    assert stats['manager/shm_rows'] >= 1000 and stats['count'] >= 1000, stats
+    report(rank=os.environ['RANK'], kind='worker', shm_rows=stats['manager/shm_rows'])
 """,
     ),
     Py(
@@ -781,6 +797,10 @@ def _expect_launch(fence: Fence, ranks: Dict[int, dict]) -> None:
         (worker,) = workers.values()
         assert worker['type'] == 'ShardedBuffer' and worker['shards'] == [128, 128], worker
         assert worker['shard_column'] == [0, 1], worker  # "the batch carries a shard column"
+        return
+    if spec.snippet == 'shared_memory=True))':  # two actors on the manager's host, every push through its ring
+        assert sorted(managers) == [2] and sorted(workers) == [0, 1], ranks
+        assert all(w['shm_rows'] >= 1000 for w in workers.values()), workers
         return
     # both single-manager blocks: the manager on the last rank, a RemoteBuffer elsewhere; the score of a push lands
     # in buffer.last_score ({'stored': n, ...}); run() serves until every worker closed
