@@ -114,7 +114,7 @@ DISTRIBUTED_CONFIG = dict(
     # reply per push) instead of the wire; workers on other hosts keep the wire. Pushes that need a reply (scores,
     # baselines, version gates) or a local copy cannot take it.
     shared_memory=False,
-    shm_ring_mb=64.0,
+    shm_ring_mb=16.0,
     # Shard id carried by every message (one manager per shard).
     shard=0,
     # Ray: this many managers (actors '<actor_name>-shard<k>'), used as one buffer by the client (sharded.py):

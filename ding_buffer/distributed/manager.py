@@ -188,13 +188,18 @@ class ManagerCore:
         self._apply_push(sender, data, batched, -1, None, None)
 
     def commit_rings(self) -> int:
-        """Apply what every worker's shared-memory ring holds (the runner's ring thread, under its lock)."""
-        return self.rings.commit(self._ring_push) if self.rings is not None else 0
+        """Apply what every worker's shared-memory ring holds, and close the rings of workers counted lost (the
+        runner's ring thread, under its lock)."""
+        if self.rings is None:
+            return 0
+        if self.liveness.lost:
+            self.rings.close_lost(self.liveness.lost, self._ring_push)
+        return self.rings.commit(self._ring_push)
 
     def _shm_open(self, sender, client, host, fields) -> Optional[Dict[str, Any]]:
         if self.rings is None:
             raise ValueError("this manager takes no shared-memory pushes (its distributed.shared_memory is False)")
-        return self.rings.open(sender, client, host, fields)
+        return self.rings.open(sender, client, host, fields, self._ring_push)
 
     def _stale(self, version, session) -> bool:
         if self.cfg.max_version_lag is None or version is None:
@@ -322,15 +327,14 @@ class ManagerCore:
 
     def _exit(self, sender) -> Dict[str, Any]:
         if self.rings is not None:
-            self.rings.close(sender)  # committed by handle() before this op
+            self.rings.close(sender, self._ring_push)
         return {'exited': self.liveness.exit(sender)}
 
     # ------------------------------------------------------------------ shutdown
     def shutdown(self) -> Optional[str]:
         """Checkpoint the buffer when ``checkpoint_path`` is set; returns the path written."""
         if self.rings is not None:
-            self.commit_rings()
-            self.rings.close_all()
+            self.rings.close_all(self._ring_push)
         path = self.cfg.checkpoint_path
         if path:
             self.buffer.save_data(path)

@@ -39,13 +39,15 @@ logger = logging.getLogger('ding_buffer.distributed')
 
 MAGIC = 0x31474E4952424444  # b'DDBRING1' little-endian
 HEADER = 512
-MAGIC_W, WRITTEN, READ, BEAT, CLOSED, REFUSED = 0, 1, 2, 3, 4, 5
+MAGIC_W, WRITTEN, READ, BEAT, CLOSED, REFUSED, FINAL = 0, 1, 2, 3, 4, 5, 6
 NOTE = 64  # bytes 64..512: why the manager last refused rows (utf-8)
 SHM_DIR = '/dev/shm'
 PREFIX = 'ding_buffer_ring_'
 MAX_FIELDS = 256
 MAX_ROW_BYTES = 1 << 24
 MAX_RINGS_PER_SENDER = 4
+MAX_RINGS = 256  # all senders together (Ray clients are many over a long job: lost ones' rings are closed)
+OPEN, CLOSED_BY_MANAGER, CLOSED_CORRUPT = 0, 1, 2
 DTYPES = ('bool', 'int8', 'int16', 'int32', 'int64', 'uint8', 'uint16', 'uint32', 'uint64', 'float16', 'float32',
           'float64')  # fmt: skip
 SCALARS = {bool: 'b', int: 'i', float: 'f'}  # python scalars: (kind, dtype)
@@ -157,8 +159,8 @@ class _Mapped:
         flags = os.O_RDWR | (os.O_CREAT | os.O_EXCL if create else 0)
         fd = os.open(path, flags, 0o600)
         try:
-            if create:
-                os.ftruncate(fd, size)
+            if create:  # every page now: a full /dev/shm fails here (ENOSPC), not as SIGBUS on a later write
+                os.posix_fallocate(fd, 0, size)
             elif os.fstat(fd).st_size != size:
                 raise ValueError(f"ring {path} holds {os.fstat(fd).st_size} bytes, expected {size}")
             self.mm = mmap.mmap(fd, size)
@@ -234,11 +236,13 @@ class RingWriter:
             else:
                 mm[base + lo : base + hi] = SCALAR_PACK[kind](v)
 
-    def _room(self, deadline: float) -> int:
+    def _room(self, deadline: float, start: int) -> int:
         """Free slots, waiting (at most until ``deadline``) while the manager has not read the ring."""
         pause = 1e-5
         while True:
-            self.check_manager()
+            self.check_manager()  # (a corrupt ring raises here)
+            if int(self.map.head[CLOSED]):
+                raise RingClosed(self.committed_since(start))
             free = self.map.rows - (self.written - int(self.map.head[READ]))
             if free > 0:
                 return free
@@ -253,10 +257,10 @@ class RingWriter:
     def check_manager(self) -> None:
         """``ManagerUnavailableError`` when the manager's heartbeat in the ring is older than the timeout;
         ``RuntimeError`` when the manager closed the ring."""
-        if int(self.map.head[CLOSED]):
+        if int(self.map.head[CLOSED]) == CLOSED_CORRUPT:
             raise RuntimeError(
-                "the manager closed this worker's shared-memory ring (its counter was impossible, or the worker "
-                "exited); this push was not written"
+                "the manager closed this worker's shared-memory ring: its counter was impossible; this push was "
+                "not written"
             )
         self.check_refused()
         if time.monotonic_ns() - int(self.map.head[BEAT]) > self.timeout * 1e9:
@@ -276,12 +280,28 @@ class RingWriter:
                 f"written)"
             )
 
+    def committed_since(self, start: int) -> int:
+        """Once the manager closed the ring: how many of the rows written from counter value ``start`` on it took
+        (it sets FINAL after its last take; waiting for that is bounded by the timeout)."""
+        end = time.monotonic() + self.timeout
+        while not int(self.map.head[FINAL]):
+            if time.monotonic() > end:
+                raise ManagerUnavailableError(
+                    f"the manager closed its shared-memory ring and did not finish within {self.timeout}s "
+                    f"(distributed.timeout); the rows of this push may be lost"
+                )
+            time.sleep(1e-4)
+        _fence()
+        return max(0, int(self.map.head[READ]) - start)
+
     def write(self, data: Any, batched: bool, n: int) -> int:
+        """Write ``n`` rows; ``RingClosed(k)`` when the manager closed the ring meanwhile and took only the first
+        ``k`` of them (the caller writes the rest into a new ring)."""
         deadline = time.monotonic() + self.timeout
         cols = self.map.cols
-        done = 0
+        done, start = 0, self.written
         while done < n:
-            k = min(self._room(deadline), n - done)
+            k = min(self._room(deadline, start), n - done)
             for lo, hi in self._segments(k):  # contiguous runs of slots (a wrap splits one)
                 if batched:
                     for name in cols:
@@ -294,6 +314,12 @@ class RingWriter:
             _fence()
             self.written += k
             self.map.head[WRITTEN] = self.written
+            _fence()  # (the manager stores CLOSED, fences, then reads WRITTEN: one of the two sees the other)
+            closed = int(self.map.head[CLOSED])
+            if closed == CLOSED_CORRUPT:
+                self.check_manager()  # raises
+            if closed:
+                raise RingClosed(self.committed_since(start))
         return n
 
     def _segments(self, k: int) -> List[Tuple[int, int]]:
@@ -308,6 +334,14 @@ class RingWriter:
 # ---------------------------------------------------------------------------------------------- manager side
 class RingCorrupt(ValueError):
     pass
+
+
+class RingClosed(Exception):
+    """The manager closed a ring under a push, having taken the first ``committed`` rows of it."""
+
+    def __init__(self, committed: int) -> None:
+        super().__init__(committed)
+        self.committed = committed
 
 
 class RingReader:
@@ -370,8 +404,15 @@ class RingReader:
         self.read += n
         self.map.head[READ] = self.read
 
+    def closing(self, why: int = CLOSED_BY_MANAGER) -> None:
+        """First step of closing: tell the writer, before the last take (``close`` after it)."""
+        self.map.head[CLOSED] = why
+        _fence()
+
     def close(self) -> None:
-        self.map.head[CLOSED] = 1
+        """Last step: the read counter is final now (the writer waits for this to know what was taken)."""
+        _fence()
+        self.map.head[FINAL] = 1
         self.map.unlink()
         self.map.close()
 
@@ -415,9 +456,11 @@ class RingIntake:
         self.host = host_id()
         remove_stale_segments()
 
-    def open(self, sender: Any, client: Any, host: Any, fields: Any) -> Optional[Dict[str, Any]]:
+    def open(self, sender: Any, client: Any, host: Any, fields: Any, apply: Callable) -> Optional[Dict[str, Any]]:
+        """A new ring for ``client`` of ``sender`` (its old one, committed by ``handle``, is closed); None when the
+        worker is on another host or ``/dev/shm`` has no room: it keeps the wire."""
         if host != self.host or not os.path.isdir(SHM_DIR):
-            return None  # another host: the worker keeps the wire
+            return None
         if not isinstance(client, str) or not 0 < len(client) <= 64:
             raise ValueError(f"a ring's client id is a str of 1..64 chars, got {str(client)[:80]!r}")
         dtype = row_dtype(fields)
@@ -427,18 +470,24 @@ class RingIntake:
                 f"a row of {dtype.itemsize} bytes does not fit distributed.shm_ring_mb ({self.ring_bytes} bytes)"
             )
         mine = self.rings.setdefault(sender, {})
-        old = mine.pop(client, None)
-        if old is not None:
-            old.close()
-        if len(mine) >= MAX_RINGS_PER_SENDER:
-            raise ValueError(f"a sender may hold at most {MAX_RINGS_PER_SENDER} shared-memory rings")
-        ring = RingReader(fields, rows, self.timeout)
+        if client in mine:
+            self.close(sender, apply, client)
+            mine = self.rings.setdefault(sender, {})
+        if len(mine) >= MAX_RINGS_PER_SENDER or sum(map(len, self.rings.values())) >= MAX_RINGS:
+            raise ValueError(
+                f"a sender may hold at most {MAX_RINGS_PER_SENDER} shared-memory rings, all senders {MAX_RINGS}"
+            )
+        try:
+            ring = RingReader(fields, rows, self.timeout)
+        except OSError as e:  # /dev/shm is full (a container's default is 64 MiB): the wire, said once
+            logger.warning("no room for a shared-memory ring of %d bytes (%s); the worker keeps the wire", rows, e)
+            return None
         ring.beat()
         mine[client] = ring
         self.counters['shm_rings'] += 1
         return {'path': ring.map.path, 'rows': rows}
 
-    def commit(self, apply: Callable[[Any, Any, bool, int], Any], sender: Any = None) -> int:
+    def commit(self, apply: Callable[[Any, Any, bool, int], Any], sender: Any = None, only: Any = None) -> int:
         """Apply every ring's rows (only ``sender``'s when given) through ``apply(sender, data, batched, n)``;
         returns how many rows were taken. A refused push is counted and dropped; a corrupt ring is closed. A
         commit of every ring also stamps the manager's heartbeat into each (a worker waiting for room in a ring
@@ -447,6 +496,8 @@ class RingIntake:
         senders = [sender] if sender is not None else list(self.rings)
         for s in senders:
             for client, ring in list(self.rings.get(s, {}).items()):
+                if only is not None and client != only:
+                    continue
                 if sender is None:
                     ring.beat()
                 while True:
@@ -455,6 +506,7 @@ class RingIntake:
                     except RingCorrupt as e:
                         logger.warning("shared-memory ring of %r closed: %s", s, e)
                         self.counters['shm_corrupt_rings'] += 1
+                        ring.closing(CLOSED_CORRUPT)
                         self.rings[s].pop(client).close()
                         break
                     if n == 0:
@@ -470,13 +522,29 @@ class RingIntake:
                     total += n
         return total
 
-    def close(self, sender: Any) -> None:
-        for ring in self.rings.pop(sender, {}).values():
-            ring.close()
+    def close(self, sender: Any, apply: Callable[[Any, Any, bool, int], Any], client: Any = None) -> None:
+        """Close ``sender``'s rings (only ``client``'s when given): mark them closing, take what they hold, then
+        mark the read counter final. A writer that wrote meanwhile learns exactly which of its rows were taken."""
+        mine = self.rings.get(sender, {})
+        for c in [client] if client is not None else list(mine):
+            ring = mine.get(c)
+            if ring is None:
+                continue
+            ring.closing()
+            self.commit(apply, sender, only=c)
+            mine.pop(c).close()
+        if not mine:
+            self.rings.pop(sender, None)
 
-    def close_all(self) -> None:
+    def close_lost(self, lost: Any, apply: Callable[[Any, Any, bool, int], Any]) -> None:
+        """Close the rings of senders counted lost: a lost worker that comes back (it was frozen) gets a new ring
+        on its next push, and rings of workers that never come back (a Ray job's dead tasks) do not pile up."""
+        for s in [s for s in self.rings if s in lost]:
+            self.close(s, apply)
+
+    def close_all(self, apply: Callable[[Any, Any, bool, int], Any]) -> None:
         for s in list(self.rings):
-            self.close(s)
+            self.close(s, apply)
 
 
 def commit_loop(commit: Callable[[], int], stop: threading.Event) -> None:
@@ -526,11 +594,14 @@ class RingPusher:
     def push(self, data: Any, batched: bool) -> Optional[int]:
         if self.remote:
             return None
+        if self.writer is not None and int(self.writer.map.head[CLOSED]) == CLOSED_BY_MANAGER:
+            self.writer.close()  # it counted this worker lost (it was frozen) and took the ring's rows: a new one
+            self.writer = None
         w = self.writer
         if w is not None and not batched:  # the common case: more rows of the ring's layout
             items = data if type(data) is list else [data]
             if items and all(w.matches(x) for x in items):
-                return w.write(items, False, len(items))
+                return self._write(items, False, len(items))
         layout = layout_of(data, batched)
         if layout is None:
             return None
@@ -551,7 +622,21 @@ class RingPusher:
             finally:
                 if old is not None:
                     old.close()
-        return self.writer.write(data, batched, n)
+        return self._write(data, batched, n)
+
+    def _write(self, data: Any, batched: bool, n: int) -> int:
+        """Write a push's rows; if the manager closes the ring under it (it counted this worker lost), the rows it
+        did not take go into a new ring."""
+        try:
+            return self.writer.write(data, batched, n)
+        except RingClosed as e:
+            k = e.committed
+            self.writer.close()
+            self.writer = None
+            rest = {f: v[k:] for f, v in data.items()} if batched else list(data if type(data) is list else [data])[k:]
+            if n - k:
+                self.push(rest, batched)
+            return n
 
     def close(self) -> None:
         if self.writer is not None:

@@ -259,3 +259,42 @@ def test_segments_of_dead_managers_are_removed_and_live_ones_kept(tmp_path):
         for p in (stale, live):
             if os.path.exists(p):
                 os.unlink(p)
+
+
+def test_a_worker_counted_lost_gets_its_rows_taken_and_a_new_ring_when_it_pushes_again():
+    job = Job('tensor')
+    for i in range(5):
+        job.pusher.push(step(i), False)
+    job.core.liveness.lose(0, 'silent (frozen)')  # what the manager does after peer_timeout without a heartbeat
+    job.core.commit_rings()  # takes the ring's rows, then closes it
+    assert job.buffer.count() == 5 and job.core.counters['shm_rings'] == 1
+    for i in range(5, 8):  # it thaws: a new ring, nothing lost, nothing twice
+        job.pusher.push(step(i), False)
+    assert job.core.counters['shm_rings'] == 2
+    assert job.request('count') == 8 and job.core.counters['shm_rows'] == 8
+    job.close()
+
+
+def test_a_push_under_which_the_manager_closes_the_ring_finishes_in_a_new_one():
+    job = Job('tensor', ring_mb=32 * 4 / (1 << 20), timeout=2.0)  # 4 rows: a push of 10 waits for room twice
+    taken = []
+
+    def manager():  # commits once, then counts the worker lost (closing its ring) while the push still writes
+        time.sleep(0.05)
+        taken.append(job.core.commit_rings())
+        job.core.liveness.lose(0, 'silent')
+        time.sleep(0.05)
+        job.core.commit_rings()
+        for _ in range(100):
+            time.sleep(0.01)
+            job.core.commit_rings()
+
+    t = threading.Thread(target=manager)
+    t.start()
+    batch = {'obs': torch.arange(30.0).reshape(10, 3), 'tag': torch.arange(10), 'done': torch.zeros(10, dtype=bool)}
+    assert job.pusher.push(batch, True) == 10
+    t.join()
+    job.core.commit_rings()
+    assert job.buffer.count() == 10 and job.core.counters['shm_rows'] == 10  # each row once
+    assert job.core.counters['shm_rings'] >= 2 and taken[0] >= 4
+    job.close()
