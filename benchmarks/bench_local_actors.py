@@ -21,7 +21,7 @@ What is measured
 
 Run
     python benchmarks/bench_local_actors.py [--actors 1,2,8,32] [--backends torch,torch+shm,mpi,mpi+shm,ray,
-                                            ray+shm,cpprb] [--seconds 3] [--json PATH]
+                                            ray+shm,cpprb] [--seconds 3] [--json PATH] [--quick]
 
     The markdown table goes to stdout, progress to stderr, every cell's per-actor numbers to ``--json`` (default
     ``benchmarks/results/bench_local_actors.json``). A contender that is not installed is skipped and named. The
@@ -225,7 +225,7 @@ def launch(contender: str, actors: int, seconds: float, d: str) -> None:
         save(d, 'manager', run_cpprb(actors, seconds, d))
         return
     if backend == 'ray':
-        proc = subprocess.Popen(me + ['--role', 'ray', '--actors', str(actors)], env=child_env())
+        proc = subprocess.Popen(me + ['--role', 'ray', '--actors', str(actors)], env=child_env(), stdout=sys.stderr)
         procs = [proc]
     elif backend == 'torch':
         port, procs = free_port(), []
@@ -233,10 +233,12 @@ def launch(contender: str, actors: int, seconds: float, d: str) -> None:
             env = child_env()
             env.update(RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE=str(actors + 1), MASTER_ADDR='127.0.0.1',
                        MASTER_PORT=str(port))  # fmt: skip
-            procs.append(subprocess.Popen(me + ['--role', 'rank', '--backend', 'torch'], env=env))
+            procs.append(subprocess.Popen(me + ['--role', 'rank', '--backend', 'torch'], env=env, stdout=sys.stderr))
     else:
         cmd = ['mpirun', '--allow-run-as-root', '--oversubscribe', '-n', str(actors + 1)]
-        procs = [subprocess.Popen(cmd + me + ['--role', 'rank', '--backend', 'mpi'], env=child_env())]
+        procs = [
+            subprocess.Popen(cmd + me + ['--role', 'rank', '--backend', 'mpi'], env=child_env(), stdout=sys.stderr)
+        ]
     if backend != 'ray':
         release(d, actors, 600)
     for p in procs:
@@ -324,6 +326,7 @@ def main(argv=None) -> None:
     p.add_argument('--actors', default='1,2,8,32', help='actor counts, comma-separated')
     p.add_argument('--backends', default='torch,torch+shm,mpi,mpi+shm,ray,ray+shm,cpprb', help='contenders')
     p.add_argument('--seconds', type=float, default=3.0, help='timed seconds of every cell')
+    p.add_argument('--quick', action='store_true', help='smoke run: 1 and 2 actors, 1 second a cell')
     p.add_argument('--json', default=DEFAULT_JSON, help=f'JSON output (default {DEFAULT_JSON})')
     p.add_argument('--role', choices=('main', 'rank', 'ray'), default='main', help=argparse.SUPPRESS)
     p.add_argument('--backend', help=argparse.SUPPRESS)
@@ -335,6 +338,8 @@ def main(argv=None) -> None:
     if args.role == 'ray':
         args.actors = int(args.actors)
         return ray_main(args)
+    if args.quick:
+        args.actors, args.seconds = '1,2', 1.0
     actors = [int(x) for x in args.actors.split(',')]
     contenders = args.backends.split(',')
     cells, skipped = [], {}

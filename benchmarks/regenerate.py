@@ -30,6 +30,7 @@ depend on the machine's load).
 | startup | bench_startup.py | import, first push / sample / update of a fresh process | (none) |
 | dingengine | bench_dingengine.py | every DI-engine buffer type | DI-engine (needs its dependencies) |
 | distributed | bench_distributed.py | the manager per backend | raw transport, torchgfn |
+| local_actors | bench_local_actors.py | 1-32 local actors' one-row pushes, wire and shared memory | cpprb |
 | atari | bench_atari.py | frames stored once: push, sample, n-step | cpprb, numpy gather |
 
 Benchmarks are noisy on a shared VM: run this on a quiet machine (nothing else running) and read ratios, which
@@ -67,6 +68,7 @@ BENCHES: Dict[str, Tuple[str, List[str], List[str], str]] = {
         'needs',
     ),
     'distributed': ('bench_distributed.py', [], ['--quick'], ''),
+    'local_actors': ('bench_local_actors.py', [], ['--quick'], ''),
     'scale': ('bench_scale.py', ['--target-s', '2.0'], ['--quick'], ''),
     'atari': ('bench_atari.py', ['--capacity', '50000', '--rounds', '3'], ['--capacity', '2000', '--rounds', '1'], ''),
 }

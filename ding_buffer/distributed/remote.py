@@ -29,7 +29,7 @@ from .frames_wire import frames_encoder
 from .protocol import request_msg, result_of
 from .push_pipeline import PushPipeline
 from .sample_wait import poll_for_batch
-from .shm_ring import RingPusher
+from .shm_ring import RingPusher, WireRest
 
 
 class RemoteBuffer(IBuffer):
@@ -99,7 +99,11 @@ class RemoteBuffer(IBuffer):
         if self.rings is not None:
             if self.pushes.unacknowledged:  # a wire push in doubt goes first: the order of pushes is kept
                 self.flush()
-            n = self.rings.push(data, batched)
+            try:
+                n = self.rings.push(data, batched, cur_collector_envstep)
+            except WireRest as rest:  # the ring closed under the push and no new one could be made: the rest
+                self.pushes.push(rest.rest, cur_collector_envstep, batched)
+                return rest.total
             if n is not None:
                 return n
         return self.pushes.push(data, cur_collector_envstep, batched)

@@ -1,33 +1,37 @@
 """Shared-memory rings: a worker on the manager's host pushes rows through memory instead of the wire.
 
-One ring per worker buffer (``distributed.shared_memory``). The manager creates the segment (a file in
-``/dev/shm``, mode 0600, named after its own pid) for the row layout the worker announced over the wire, and the
-worker maps it; the worker unlinks the name as soon as it mapped it, the manager when the worker has not done so
-within ``distributed.timeout`` and at shutdown, so nothing is left in ``/dev/shm`` however either side ends (a
-manager killed between creating a segment and the worker mapping it leaves that one segment; the next manager on
-the host removes the segments of dead managers).
+One ring per worker buffer (``distributed.shared_memory``). The manager creates each ring as an anonymous memory
+file (``memfd``: nothing ever appears in ``/dev/shm``) sealed against shrinking and growing, for the row layout the
+worker announced over the wire; the worker maps it through ``/proc/<manager pid>/fd/<fd>`` and checks the random
+token of the reply in its header. The memory goes when both sides unmapped it, however either side ends. A worker
+that cannot map it (another host, a container with its own ``/proc``, a CPU without x86-64 store ordering) keeps
+the wire.
 
 Layout: a 512-byte header -- uint64 words magic, rows written (the worker's counter), rows read (the manager's),
-the manager's heartbeat (``time.monotonic_ns``), closed and rows refused (set by the manager), then why the buffer
-last refused rows (text) -- and ``rows`` fixed-size rows (a numpy structured dtype). A worker learns of refused rows
-on its next push, which raises ``ValueError`` with the buffer's reason (as an ``async_score`` push learns late).
-A worker writes a row's fields into the next free slot and then moves its counter; the manager reads the counter,
-copies the rows up to it out of shared memory, hands the copy to the buffer as one batched push and then moves its
-own counter. Nothing the worker writes is trusted: the layout is the manager's copy of what the worker announced
-(checked when announced), and a counter that goes back or past the manager's one by more than the ring holds marks
-the ring as corrupt -- it is closed and its worker counted (``shm_corrupt_rings``) -- while the rows a worker lies
-about are data, judged by the buffer like any push. Rows are read once: the manager's read counter lives in its
-own memory.
+the manager's heartbeat (``time.monotonic_ns``), closed, rows refused and final (set by the manager), the token,
+the worker's last ``cur_collector_envstep``; then why the buffer last refused rows (text) -- and ``rows``
+fixed-size rows (a numpy structured dtype). A worker writes a push's rows into free slots (waiting for room for the
+whole push first) and then moves its counter; the manager reads the counter, copies the rows up to it out of
+shared memory, hands the copy to the buffer as one batched push and then moves its own counter. A worker learns of
+refused rows on its next push, which raises ``ValueError`` with the buffer's reason (as an ``async_score`` push
+learns late). Nothing the worker writes is trusted: the layout is the manager's copy of what the worker announced
+(checked when announced), the file cannot change size, and a counter that goes back or past the manager's one by
+more than the ring holds marks the ring as corrupt -- it is closed and counted (``shm_corrupt_rings``) -- while the
+rows a worker lies about are data, judged by the buffer like any push. Rows are read once: the manager's read
+counter lives in its own memory. Closing is a handshake (closing -> the last take -> final), so a worker writing
+while its ring closes learns which of its rows were taken and writes the rest into a new ring.
 """
 
+import fcntl
 import logging
 import mmap
 import os
+import platform
+import secrets
 import socket
 import struct
 import threading
 import time
-import uuid
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
@@ -39,14 +43,14 @@ logger = logging.getLogger('ding_buffer.distributed')
 
 MAGIC = 0x31474E4952424444  # b'DDBRING1' little-endian
 HEADER = 512
-MAGIC_W, WRITTEN, READ, BEAT, CLOSED, REFUSED, FINAL = 0, 1, 2, 3, 4, 5, 6
-NOTE = 64  # bytes 64..512: why the manager last refused rows (utf-8)
-SHM_DIR = '/dev/shm'
-PREFIX = 'ding_buffer_ring_'
+MAGIC_W, WRITTEN, READ, BEAT, CLOSED, REFUSED, FINAL, TOKEN, ENVSTEP = range(9)
+NOTE = 128  # bytes 128..512: why the manager last refused rows (utf-8)
+STEP_LIMIT = 1 << 62
 MAX_FIELDS = 256
 MAX_ROW_BYTES = 1 << 24
 MAX_RINGS_PER_SENDER = 4
 MAX_RINGS = 256  # all senders together (Ray clients are many over a long job: lost ones' rings are closed)
+TSO_MACHINES = ('x86_64', 'amd64', 'i386', 'i686')  # the store order the counters' handshake relies on
 OPEN, CLOSED_BY_MANAGER, CLOSED_CORRUPT = 0, 1, 2
 DTYPES = ('bool', 'int8', 'int16', 'int32', 'int64', 'uint8', 'uint16', 'uint32', 'uint64', 'float16', 'float32',
           'float64')  # fmt: skip
@@ -58,8 +62,8 @@ _fence_lock = threading.Lock()
 
 
 def _fence() -> None:
-    """A lock round trip: orders a row's stores before its counter's (and a counter's load before the row's)
-    on CPUs that reorder memory operations; free of cost next to a row's copy."""
+    """A lock round trip (an atomic read-modify-write: a full barrier on x86-64, which keeps stores in order
+    anyway): a row's stores before its counter's, a counter's load before the row's."""
     with _fence_lock:
         pass
 
@@ -78,11 +82,13 @@ def host_id() -> str:
 def _leaf(v: Any, batched: bool) -> Optional[Tuple[str, str, Tuple[int, ...]]]:
     """(kind, dtype, shape of one row) of a leaf that can travel in a ring, else None."""
     if isinstance(v, torch.Tensor):
-        if v.device.type != 'cpu' or v.is_sparse or v.requires_grad:
+        if v.device.type != 'cpu' or v.layout is not torch.strided or v.requires_grad:
             return None
         dt = str(v.dtype).replace('torch.', '')
         kind, shape = 't', tuple(v.shape)
     elif isinstance(v, (np.ndarray, np.generic)):
+        if not v.dtype.isnative:  # a byte-swapped array would be stored as its raw bytes
+            return None
         dt, kind, shape = v.dtype.name, 'n', tuple(np.shape(v))
     elif type(v) in SCALARS and not batched:
         kind = SCALARS[type(v)]
@@ -152,33 +158,41 @@ def row_dtype(fields: Any) -> np.dtype:
 
 
 class _Mapped:
-    """A ring segment mapped in this process: the header words and the rows."""
+    """A ring mapped in this process: the header words and the rows. The manager ``create``s it (and keeps the
+    file descriptor the worker opens through ``/proc``); the worker ``attach``es to it."""
 
-    def __init__(self, path: str, dtype: np.dtype, rows: int, create: bool) -> None:
-        size = HEADER + dtype.itemsize * rows
-        flags = os.O_RDWR | (os.O_CREAT | os.O_EXCL if create else 0)
-        fd = os.open(path, flags, 0o600)
-        try:
-            if create:  # every page now: a full /dev/shm fails here (ENOSPC), not as SIGBUS on a later write
-                os.posix_fallocate(fd, 0, size)
-            elif os.fstat(fd).st_size != size:
-                raise ValueError(f"ring {path} holds {os.fstat(fd).st_size} bytes, expected {size}")
-            self.mm = mmap.mmap(fd, size)
-        finally:
-            os.close(fd)
-        self.path, self.rows = path, rows
+    def __init__(self, fd: int, dtype: np.dtype, rows: int) -> None:
+        self.rows = rows
+        self.mm = mmap.mmap(fd, HEADER + dtype.itemsize * rows)
         self.head = np.ndarray((HEADER // 8,), np.uint64, self.mm, 0)
+        self.ihead = np.ndarray((HEADER // 8,), np.int64, self.mm, 0)
         self.body = np.ndarray((rows,), dtype, self.mm, HEADER)
         self.cols = {name: self.body[name] for name in dtype.names}
 
-    def unlink(self) -> None:
+    @classmethod
+    def create(cls, dtype: np.dtype, rows: int) -> Tuple['_Mapped', int]:
+        fd = os.memfd_create('ding_buffer_ring', os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+        try:  # every page now (a full memory fails here, not as SIGBUS later); then its size is fixed for good
+            os.posix_fallocate(fd, 0, HEADER + dtype.itemsize * rows)
+            fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL)
+            return cls(fd, dtype, rows), fd
+        except BaseException:
+            os.close(fd)
+            raise
+
+    @classmethod
+    def attach(cls, path: str, dtype: np.dtype, rows: int) -> '_Mapped':
+        fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
         try:
-            os.unlink(self.path)
-        except FileNotFoundError:
-            pass
+            size = os.fstat(fd).st_size
+            if size != HEADER + dtype.itemsize * rows:
+                raise ValueError(f"ring {path} holds {size} bytes, expected {HEADER + dtype.itemsize * rows}")
+            return cls(fd, dtype, rows)
+        finally:
+            os.close(fd)
 
     def close(self) -> None:
-        self.head = self.body = self.cols = None
+        self.head = self.ihead = self.body = self.cols = None
         try:
             self.mm.close()
         except BufferError:  # a view still exported somewhere: the mapping goes with it
@@ -186,22 +200,39 @@ class _Mapped:
 
 
 # ---------------------------------------------------------------------------------------------- worker side
+class RingClosed(Exception):
+    """The manager closed a ring under a push, having taken the first ``committed`` rows of it."""
+
+    def __init__(self, committed: int) -> None:
+        super().__init__(committed)
+        self.committed = committed
+
+
+class WireRest(Exception):
+    """The rows of a push from ``rest`` on must go over the wire (their ring closed and no new one could be
+    made); the push had ``total`` rows."""
+
+    def __init__(self, rest: Any, total: int) -> None:
+        super().__init__(total)
+        self.rest, self.total = rest, total
+
+
 class RingWriter:
     """A worker's end of its ring: ``write`` copies a push's rows into free slots, then moves the counter."""
 
-    def __init__(self, path: str, fields: list, rows: int, timeout: float) -> None:
+    def __init__(self, path: str, fields: list, rows: int, token: int, timeout: float) -> None:
         self.fields = fields
         dtype = row_dtype(fields)
-        self.map = _Mapped(path, dtype, rows, create=False)
-        self.map.unlink()  # mapped on both sides now: the name is no longer needed
-        if int(self.map.head[MAGIC_W]) != MAGIC:
-            raise ValueError(f"ring {path} is not a ding_buffer ring")
+        self.map = _Mapped.attach(path, dtype, rows)
+        if int(self.map.head[MAGIC_W]) != MAGIC or int(self.map.head[TOKEN]) != token:
+            self.map.close()
+            raise ValueError(f"{path} is not the manager's ring (another process's file, or another /proc)")
         self.timeout = timeout
         self.written = int(self.map.head[WRITTEN])
         self.refused = 0
         self.itemsize = dtype.itemsize
-        # one item's fields as (name, kind, what it must be, byte offset, byte end): what ``matches`` checks and
-        # ``_put`` copies (a row is its fields' bytes at their offsets)
+        # one item's fields as (name, kind, what it must be, shape, byte offset, byte end): what ``matches``
+        # checks and ``_put`` copies (a row is its fields' bytes at their offsets)
         self.spec = []
         for name, kind, dt, shape in fields:
             want = getattr(torch, dt) if kind == 't' else np.dtype(dt) if kind == 'n' else SCALAR_TYPES[kind]
@@ -236,49 +267,28 @@ class RingWriter:
             else:
                 mm[base + lo : base + hi] = SCALAR_PACK[kind](v)
 
-    def _room(self, deadline: float, start: int) -> int:
-        """Free slots, waiting (at most until ``deadline``) while the manager has not read the ring."""
-        pause = 1e-5
-        while True:
-            self.check_manager()  # (a corrupt ring raises here)
-            if int(self.map.head[CLOSED]):
-                raise RingClosed(self.committed_since(start))
-            free = self.map.rows - (self.written - int(self.map.head[READ]))
-            if free > 0:
-                return free
-            if time.monotonic() > deadline:
-                raise ManagerTimeoutError(
-                    f"the manager's shared-memory ring stayed full for {self.timeout}s (distributed.timeout): the "
-                    f"manager is not keeping up; this push was not written"
-                )
-            time.sleep(pause)
-            pause = min(pause * 2, 1e-3)
-
     def check_manager(self) -> None:
-        """``ManagerUnavailableError`` when the manager's heartbeat in the ring is older than the timeout;
-        ``RuntimeError`` when the manager closed the ring."""
+        """``RuntimeError`` when the manager closed the ring as corrupt; ``ManagerUnavailableError`` when its
+        heartbeat in the ring is older than the timeout."""
         if int(self.map.head[CLOSED]) == CLOSED_CORRUPT:
             raise RuntimeError(
                 "the manager closed this worker's shared-memory ring: its counter was impossible; this push was "
                 "not written"
             )
-        self.check_refused()
         if time.monotonic_ns() - int(self.map.head[BEAT]) > self.timeout * 1e9:
             raise ManagerUnavailableError(
                 f"the manager has not tended its shared-memory ring for over {self.timeout}s (distributed.timeout): "
                 f"it is frozen or gone; the rows it had not read are lost with it, this push was not written"
             )
 
-    def check_refused(self) -> None:
-        """``ValueError`` with the buffer's reason when it refused rows since the last check."""
+    def refusal(self) -> Optional[ValueError]:
+        """The buffer's refusal of rows since the last call, as the error the worker's next push raises."""
         refused = int(self.map.head[REFUSED])
-        if refused != self.refused:
-            why = bytes(self.map.mm[NOTE:HEADER]).rstrip(b'\0').decode('utf-8', 'replace')
-            k, self.refused = refused - self.refused, refused
-            raise ValueError(
-                f"the manager refused {k} rows of earlier pushes through shared memory: {why} (this push was not "
-                f"written)"
-            )
+        if refused == self.refused:
+            return None
+        why = bytes(self.map.mm[NOTE:HEADER]).rstrip(b'\0').decode('utf-8', 'replace')
+        k, self.refused = refused - self.refused, refused
+        return ValueError(f"the manager refused {k} rows of earlier pushes through shared memory: {why}")
 
     def committed_since(self, start: int) -> int:
         """Once the manager closed the ring: how many of the rows written from counter value ``start`` on it took
@@ -294,14 +304,34 @@ class RingWriter:
         _fence()
         return max(0, int(self.map.head[READ]) - start)
 
-    def write(self, data: Any, batched: bool, n: int) -> int:
-        """Write ``n`` rows; ``RingClosed(k)`` when the manager closed the ring meanwhile and took only the first
-        ``k`` of them (the caller writes the rest into a new ring)."""
+    def _room(self, need: int, deadline: float, start: int, n: int) -> int:
+        """Free slots once at least ``need`` are free, waiting at most until ``deadline``."""
+        pause = 1e-5
+        while True:
+            self.check_manager()
+            if int(self.map.head[CLOSED]):
+                raise RingClosed(self.committed_since(start))
+            free = self.map.rows - (self.written - int(self.map.head[READ]))
+            if free >= need:
+                return free
+            if time.monotonic() > deadline:
+                done = self.written - start
+                raise ManagerTimeoutError(
+                    f"the manager's shared-memory ring had no room for {self.timeout}s (distributed.timeout): the "
+                    f"manager is not keeping up; "
+                    + ("this push was not written" if not done else f"{done} of this push's {n} rows were written")
+                )
+            time.sleep(pause)
+            pause = min(pause * 2, 1e-3)
+
+    def write(self, data: Any, batched: bool, n: int, envstep: int = -1) -> int:
+        """Write ``n`` rows: room for the whole push first when it fits the ring, so a push that times out wrote
+        nothing. ``RingClosed(k)`` when the manager closed the ring meanwhile and took only the first ``k``."""
         deadline = time.monotonic() + self.timeout
         cols = self.map.cols
         done, start = 0, self.written
         while done < n:
-            k = min(self._room(deadline, start), n - done)
+            k = min(self._room(min(n - done, self.map.rows), deadline, start, n), n - done)
             for lo, hi in self._segments(k):  # contiguous runs of slots (a wrap splits one)
                 if batched:
                     for name in cols:
@@ -311,6 +341,7 @@ class RingWriter:
                     for j in range(hi - lo):
                         self._put(lo + j, data[done + j] if isinstance(data, list) else data)
                 done += hi - lo
+            self.map.ihead[ENVSTEP] = envstep
             _fence()
             self.written += k
             self.map.head[WRITTEN] = self.written
@@ -336,61 +367,62 @@ class RingCorrupt(ValueError):
     pass
 
 
-class RingClosed(Exception):
-    """The manager closed a ring under a push, having taken the first ``committed`` rows of it."""
-
-    def __init__(self, committed: int) -> None:
-        super().__init__(committed)
-        self.committed = committed
-
-
 class RingReader:
     """The manager's end of one ring: ``take`` copies the rows written since the last take out of shared memory."""
 
-    def __init__(self, fields: list, rows: int, timeout: float) -> None:
+    def __init__(self, fields: list, rows: int) -> None:
         self.fields = fields
-        dtype = row_dtype(fields)
-        path = os.path.join(SHM_DIR, f'{PREFIX}{os.getpid()}_{uuid.uuid4().hex}')
-        self.map = _Mapped(path, dtype, rows, create=True)
-        self.map.head[MAGIC_W] = MAGIC
+        self.map, self.fd = _Mapped.create(row_dtype(fields), rows)
+        self.token = secrets.randbits(63)
+        self.map.head[MAGIC_W], self.map.head[TOKEN] = MAGIC, self.token
         self.read = 0
-        self.unlink_by = time.monotonic() + timeout
         self.scalars = [(f[0], f[1]) for f in fields if f[1] in ('b', 'i', 'f')]
+
+    @property
+    def path(self) -> str:
+        return f'/proc/{os.getpid()}/fd/{self.fd}'
 
     def beat(self) -> None:
         self.map.head[BEAT] = time.monotonic_ns()
 
-    def take(self, limit: int) -> Tuple[Optional[Any], int, bool]:
-        """``(data, n, batched)``: a copy of up to ``limit`` rows written since the last take (``None, 0`` if
-        none); ``RingCorrupt`` when the writer's counter is impossible."""
-        if self.unlink_by is not None and time.monotonic() > self.unlink_by:
-            self.map.unlink()  # the worker did not map it in time (or did and unlinked it already)
-            self.unlink_by = None
+    def target(self) -> int:
+        """The writer's counter, checked: ``RingCorrupt`` when it is impossible."""
         written = int(self.map.head[WRITTEN])
         _fence()
         if not self.read <= written <= self.read + self.map.rows:
             raise RingCorrupt(
                 f"its writer's counter is {written} while {self.read} rows were read from a ring of {self.map.rows}"
             )
+        return written
+
+    def take(self, limit: int, upto: Optional[int] = None) -> Tuple[Optional[Any], int, bool, int]:
+        """``(data, n, batched, envstep)``: a copy of up to ``limit`` rows written since the last take (and before
+        counter value ``upto``; ``None, 0`` if none); ``RingCorrupt`` when the writer's counter is impossible."""
+        written = self.target() if upto is None else upto
         n = min(written - self.read, limit)
-        if n == 0:
-            return None, 0, False
+        if n <= 0:
+            return None, 0, False, -1
         a = self.read % self.map.rows
         b = a + n
         body = self.map.body
         block = body[a:b].copy() if b <= self.map.rows else np.concatenate([body[a:], body[: b - self.map.rows]])
-        return self._as_push(block), n, not self.scalars
+        envstep = int(self.map.ihead[ENVSTEP])
+        return self._as_push(block), n, not self.scalars, envstep if -STEP_LIMIT < envstep < STEP_LIMIT else -1
 
     def _as_push(self, block: np.ndarray) -> Any:
-        cols = {f[0]: block[f[0]] for f in self.fields}
-        if self.scalars:  # python scalars come back as python scalars: one item dict per row
-            out = {name: (torch.from_numpy(c) if kind == 't' else c) for (name, kind, _, _), c in zip(self.fields,
-                   cols.values())}  # fmt: skip
-            for name, _ in self.scalars:
-                out[name] = cols[name].tolist()
-            names = list(out)
-            return [dict(zip(names, vals)) for vals in zip(*(out[k] for k in names))]
-        return {f[0]: (torch.from_numpy(cols[f[0]]) if f[1] == 't' else cols[f[0]]) for f in self.fields}
+        if self.scalars:  # python scalars come back as python scalars: one item dict per row (each row a copy)
+            cols = {}
+            for name, kind, _, _ in self.fields:
+                c = block[name]
+                if kind == 't':
+                    cols[name] = [torch.from_numpy(r.copy()) for r in c]
+                elif kind == 'n':
+                    cols[name] = [r.copy() for r in c]
+                else:
+                    cols[name] = c.tolist()
+            names = list(cols)
+            return [dict(zip(names, vals)) for vals in zip(*cols.values())]
+        return {f[0]: (torch.from_numpy(block[f[0]]) if f[1] == 't' else block[f[0]]) for f in self.fields}
 
     def refuse(self, n: int, why: str) -> None:
         """Tell the worker that the buffer refused ``n`` rows, and why (its next push raises it)."""
@@ -413,128 +445,115 @@ class RingReader:
         """Last step: the read counter is final now (the writer waits for this to know what was taken)."""
         _fence()
         self.map.head[FINAL] = 1
-        self.map.unlink()
         self.map.close()
-
-
-def remove_stale_segments() -> int:
-    """Remove the ring segments of managers on this host whose process is gone; returns how many."""
-    removed = 0
-    try:
-        names = os.listdir(SHM_DIR)
-    except OSError:
-        return 0
-    for name in names:
-        if not name.startswith(PREFIX):
-            continue
-        pid = name[len(PREFIX) :].split('_', 1)[0]
-        if not pid.isdigit() or os.path.exists(f'/proc/{pid}'):
-            continue
-        try:
-            os.unlink(os.path.join(SHM_DIR, name))
-            removed += 1
-        except OSError:
-            pass
-    return removed
+        os.close(self.fd)
 
 
 class RingIntake:
     """
     Overview:
         The manager's rings, by sender and client: ``open`` (a worker announced its layout), ``commit`` (apply
-        what the rings hold, one batched push per ring and take), ``close`` (a sender's, on EXIT) and
-        ``close_all`` (shutdown). Serialised by the manager's lock, like ``ManagerCore``.
+        what the rings hold, one batched push per ring and take), ``close`` (a sender's, on EXIT or once lost),
+        ``close_lost`` and ``close_all`` (shutdown). Serialised by the manager's lock, like ``ManagerCore``.
     """
 
     def __init__(self, dcfg: Any, counters: Dict[str, int]) -> None:
         self.ring_bytes = int(dcfg.shm_ring_mb * (1 << 20))
-        self.timeout = dcfg.timeout
         self.batch = 4096
         self.counters = counters
         counters.update(shm_rows=0, shm_refused_rows=0, shm_rings=0, shm_corrupt_rings=0)
         self.rings: Dict[Any, Dict[str, RingReader]] = {}
         self.host = host_id()
-        remove_stale_segments()
+        self.usable = platform.machine().lower() in TSO_MACHINES and hasattr(os, 'memfd_create')
+        if not self.usable:
+            logger.warning("distributed.shared_memory: this machine (%s) keeps the wire", platform.machine())
 
     def open(self, sender: Any, client: Any, host: Any, fields: Any, apply: Callable) -> Optional[Dict[str, Any]]:
         """A new ring for ``client`` of ``sender`` (its old one, committed by ``handle``, is closed); None when the
-        worker is on another host or ``/dev/shm`` has no room: it keeps the wire."""
-        if host != self.host or not os.path.isdir(SHM_DIR):
+        worker keeps the wire: another host, a row of no bytes, no room (too many rings, or no memory)."""
+        if host != self.host or not self.usable:
             return None
         if not isinstance(client, str) or not 0 < len(client) <= 64:
             raise ValueError(f"a ring's client id is a str of 1..64 chars, got {str(client)[:80]!r}")
         dtype = row_dtype(fields)
-        rows = self.ring_bytes // dtype.itemsize
+        rows = self.ring_bytes // dtype.itemsize if dtype.itemsize else 0
         if rows < 1:
-            raise ValueError(
-                f"a row of {dtype.itemsize} bytes does not fit distributed.shm_ring_mb ({self.ring_bytes} bytes)"
-            )
-        mine = self.rings.setdefault(sender, {})
-        if client in mine:
+            return None
+        if client in self.rings.get(sender, {}):
             self.close(sender, apply, client)
-            mine = self.rings.setdefault(sender, {})
+        mine = self.rings.setdefault(sender, {})
         if len(mine) >= MAX_RINGS_PER_SENDER or sum(map(len, self.rings.values())) >= MAX_RINGS:
-            raise ValueError(
-                f"a sender may hold at most {MAX_RINGS_PER_SENDER} shared-memory rings, all senders {MAX_RINGS}"
+            logger.warning(
+                "no shared-memory ring for %r: a sender holds at most %d, all senders %d; it keeps the wire",
+                sender,
+                MAX_RINGS_PER_SENDER,
+                MAX_RINGS,
             )
+            return None
         try:
-            ring = RingReader(fields, rows, self.timeout)
-        except OSError as e:  # /dev/shm is full (a container's default is 64 MiB): the wire, said once
-            logger.warning("no room for a shared-memory ring of %d bytes (%s); the worker keeps the wire", rows, e)
+            ring = RingReader(fields, rows)
+        except OSError as e:
+            logger.warning("no memory for a shared-memory ring of %d rows (%s); the worker keeps the wire", rows, e)
             return None
         ring.beat()
         mine[client] = ring
         self.counters['shm_rings'] += 1
-        return {'path': ring.map.path, 'rows': rows}
+        return {'path': ring.path, 'rows': rows, 'token': ring.token}
 
     def commit(self, apply: Callable[[Any, Any, bool, int], Any], sender: Any = None, only: Any = None) -> int:
-        """Apply every ring's rows (only ``sender``'s when given) through ``apply(sender, data, batched, n)``;
-        returns how many rows were taken. A refused push is counted and dropped; a corrupt ring is closed. A
-        commit of every ring also stamps the manager's heartbeat into each (a worker waiting for room in a ring
-        whose heartbeat stopped knows the manager is frozen or gone)."""
+        """Apply rings' rows through ``apply(sender, data, batched, envstep)``; returns how many rows were taken.
+        With ``sender``: everything its rings hold now (before one of its requests is served: its order), else
+        one take per ring (a writer that never stops cannot hold the manager), stamping the manager's heartbeat
+        into each. A refused take is counted, dropped and told to the worker; a corrupt ring is closed."""
         total = 0
-        senders = [sender] if sender is not None else list(self.rings)
-        for s in senders:
+        for s in [sender] if sender is not None else list(self.rings):
             for client, ring in list(self.rings.get(s, {}).items()):
                 if only is not None and client != only:
                     continue
                 if sender is None:
                     ring.beat()
-                while True:
-                    try:
-                        data, n, batched = ring.take(self.batch)
-                    except RingCorrupt as e:
-                        logger.warning("shared-memory ring of %r closed: %s", s, e)
-                        self.counters['shm_corrupt_rings'] += 1
-                        ring.closing(CLOSED_CORRUPT)
-                        self.rings[s].pop(client).close()
-                        break
-                    if n == 0:
-                        break
-                    try:
-                        apply(s, data, batched, n)
-                        self.counters['shm_rows'] += n
-                    except Exception as e:  # noqa: BLE001 - the buffer refused these rows: they go, the ring stays
-                        self.counters['shm_refused_rows'] += n
-                        ring.refuse(n, f'{type(e).__name__}: {e}')
-                        logger.warning("%d rows from the shared-memory ring of %r refused: %s", n, s, e)
-                    ring.done(n)
-                    total += n
+                try:
+                    upto = ring.target()
+                    while True:
+                        data, n, batched, envstep = ring.take(self.batch, upto)
+                        if n == 0:
+                            break
+                        try:
+                            apply(s, data, batched, envstep)
+                            self.counters['shm_rows'] += n
+                        except Exception as e:  # noqa: BLE001 - the buffer refused these rows: they go, the ring stays
+                            self.counters['shm_refused_rows'] += n
+                            ring.refuse(n, f'{type(e).__name__}: {e}')
+                            logger.warning("%d rows from the shared-memory ring of %r refused: %s", n, s, e)
+                        ring.done(n)
+                        total += n
+                        if sender is None:
+                            break
+                except RingCorrupt as e:
+                    logger.warning("shared-memory ring of %r closed: %s", s, e)
+                    self.counters['shm_corrupt_rings'] += 1
+                    ring.closing(CLOSED_CORRUPT)
+                    self._drop(s, client)
         return total
+
+    def _drop(self, sender: Any, client: Any) -> None:
+        mine = self.rings.get(sender, {})
+        ring = mine.pop(client, None)
+        if ring is not None:
+            ring.close()
+        if not mine:
+            self.rings.pop(sender, None)
 
     def close(self, sender: Any, apply: Callable[[Any, Any, bool, int], Any], client: Any = None) -> None:
         """Close ``sender``'s rings (only ``client``'s when given): mark them closing, take what they hold, then
         mark the read counter final. A writer that wrote meanwhile learns exactly which of its rows were taken."""
-        mine = self.rings.get(sender, {})
-        for c in [client] if client is not None else list(mine):
-            ring = mine.get(c)
+        for c in [client] if client is not None else list(self.rings.get(sender, {})):
+            ring = self.rings.get(sender, {}).get(c)
             if ring is None:
                 continue
             ring.closing()
             self.commit(apply, sender, only=c)
-            mine.pop(c).close()
-        if not mine:
-            self.rings.pop(sender, None)
+            self._drop(sender, c)
 
     def close_lost(self, lost: Any, apply: Callable[[Any, Any, bool, int], Any]) -> None:
         """Close the rings of senders counted lost: a lost worker that comes back (it was frozen) gets a new ring
@@ -548,12 +567,18 @@ class RingIntake:
 
 
 def commit_loop(commit: Callable[[], int], stop: threading.Event) -> None:
-    """The manager's ring thread: commit (``commit`` takes the manager's lock), and sleep a little longer each
-    round that found nothing (10 us .. 2 ms)."""
+    """The manager's ring thread: commit (``commit`` takes the manager's lock, and lets it go between rounds),
+    sleeping a little longer each round that found nothing (10 us .. 2 ms). An error is logged, never fatal."""
     pause = 1e-5
     while not stop.is_set():
-        if commit():
+        try:
+            found = commit()
+        except Exception:  # noqa: BLE001 - the thread must outlive one bad round
+            logger.exception("shared-memory commit failed")
+            found = 0
+        if found:
             pause = 1e-5
+            time.sleep(0)  # the lock's other takers (requests) get their turn
             continue
         stop.wait(pause)
         pause = min(pause * 2, 2e-3)
@@ -578,9 +603,10 @@ class RingPusher:
     """
     Overview:
         A worker's pushes through shared memory, when the manager is on this host: attaches on the first push
-        that can travel in a ring (``request('shm_open', ...)``), and again when a push's layout differs.
-        ``push`` returns the rows written, or None when the push must go over the wire (a layout that cannot
-        travel in a ring, or a manager on another host).
+        that can travel in a ring (``request('shm_open', ...)``), and again when a push's layout differs or the
+        manager closed the ring. ``push`` returns the rows written, or None when the push must go over the wire
+        (a layout that cannot travel in a ring, or no ring to be had); ``WireRest`` when only the rest of a push
+        must (its ring closed under it and no new one could be made).
     """
 
     def __init__(self, request: Callable[..., Any], client: str, timeout: float) -> None:
@@ -589,53 +615,69 @@ class RingPusher:
         self.timeout = timeout
         self.host = host_id()
         self.writer: Optional[RingWriter] = None
-        self.remote = False  # the manager is on another host (or refused rings): the wire for good
+        self.remote = False  # no ring to be had (another host, refused, cannot map): the wire for good
+        self.owed: Optional[ValueError] = None  # a refusal read from a ring this worker left: the next push raises
 
-    def push(self, data: Any, batched: bool) -> Optional[int]:
+    def push(self, data: Any, batched: bool, envstep: int = -1) -> Optional[int]:
+        if type(envstep) is not int or not -STEP_LIMIT < envstep < STEP_LIMIT:
+            return None  # the wire's push judges it
+        if self.writer is not None and self.owed is None:
+            self.owed = self.writer.refusal()
+        if self.owed is not None:
+            e, self.owed = self.owed, None
+            raise ValueError(f"{e} (this push was not written)")
+        return self._push(data, batched, envstep)
+
+    def _push(self, data: Any, batched: bool, envstep: int) -> Optional[int]:
         if self.remote:
             return None
-        if self.writer is not None and int(self.writer.map.head[CLOSED]) == CLOSED_BY_MANAGER:
-            self.writer.close()  # it counted this worker lost (it was frozen) and took the ring's rows: a new one
-            self.writer = None
         w = self.writer
         if w is not None and not batched:  # the common case: more rows of the ring's layout
             items = data if type(data) is list else [data]
             if items and all(w.matches(x) for x in items):
-                return self._write(items, False, len(items))
+                return self._write(items, False, len(items), envstep)
         layout = layout_of(data, batched)
         if layout is None:
             return None
         fields, n = layout
         if n == 0:
             return 0
-        if self.writer is None or self.writer.fields != fields:
-            old, self.writer = self.writer, None
-            try:
-                # the manager commits (and closes) the old ring before it answers: its refusals are known then
+        if w is None or w.fields != fields:
+            try:  # the manager commits (and closes) the old ring before it answers: its refusals are known then
                 reply = self.request('shm_open', client=self.client, host=self.host, fields=fields)
-                if reply is None:
-                    self.remote = True
-                    return None
-                self.writer = RingWriter(reply['path'], fields, int(reply['rows']), self.timeout)
-                if old is not None:
-                    old.check_refused()
             finally:
-                if old is not None:
-                    old.close()
-        return self._write(data, batched, n)
+                self._retire()
+            if reply is None:
+                self.remote = True
+                return None
+            try:
+                self.writer = RingWriter(reply['path'], fields, int(reply['rows']), int(reply['token']), self.timeout)
+            except (OSError, ValueError) as e:  # e.g. a container whose /proc is not the manager's
+                logger.warning("cannot map the manager's shared-memory ring (%s); this worker keeps the wire", e)
+                self.remote = True
+                return None
+        return self._write(data, batched, n, envstep)
 
-    def _write(self, data: Any, batched: bool, n: int) -> int:
-        """Write a push's rows; if the manager closes the ring under it (it counted this worker lost), the rows it
-        did not take go into a new ring."""
-        try:
-            return self.writer.write(data, batched, n)
-        except RingClosed as e:
-            k = e.committed
+    def _retire(self) -> None:
+        """Let go of the current ring, keeping what the buffer refused of it for the next push."""
+        if self.writer is not None:
+            self.owed = self.owed or self.writer.refusal()
             self.writer.close()
             self.writer = None
+
+    def _write(self, data: Any, batched: bool, n: int, envstep: int) -> int:
+        """Write a push's rows; if the manager closes the ring under it (it counted this worker lost), the rows it
+        did not take go into a new ring, or over the wire (``WireRest``)."""
+        try:
+            return self.writer.write(data, batched, n, envstep)
+        except RingClosed as e:
+            k = e.committed
+            self._retire()
+            if k >= n:
+                return n
             rest = {f: v[k:] for f, v in data.items()} if batched else list(data if type(data) is list else [data])[k:]
-            if n - k:
-                self.push(rest, batched)
+            if self._push(rest, batched, envstep) is None:
+                raise WireRest(rest, n) from None
             return n
 
     def close(self) -> None:

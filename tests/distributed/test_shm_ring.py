@@ -1,9 +1,9 @@
 """Shared-memory rings in one process: a ``ManagerCore`` with ``distributed.shared_memory`` and a worker's
 ``RingPusher`` talking to it through ``handle`` (the requests a worker sends over the wire). Rows round-trip with
 their types, wrap around a small ring, wait for room within the timeout, and every impossible counter or layout
-is refused; segments leave ``/dev/shm``. The multi-process faults are in test_shm_procs.py."""
+is refused; nothing shows in ``/dev/shm`` and no ring descriptor stays open. The multi-process faults are in
+test_shm_procs.py."""
 
-import glob
 import os
 import threading
 import time
@@ -15,12 +15,19 @@ import torch
 from ding_buffer.distributed import ManagerCore, build_distributed_config
 from ding_buffer.distributed.local import build_manager_buffer
 from ding_buffer.distributed.protocol import result_of
-from ding_buffer.distributed.shm_ring import PREFIX, RingPusher, layout_of, remove_stale_segments
+from ding_buffer.distributed.shm_ring import RingPusher, WireRest, layout_of
 from ding_buffer.errors import ManagerTimeoutError, ManagerUnavailableError
 
 
-def mine():
-    return glob.glob(f'/dev/shm/{PREFIX}{os.getpid()}_*')
+def ring_fds():
+    """This process's open descriptors of ring memory files."""
+    out = []
+    for fd in os.listdir('/proc/self/fd'):
+        try:
+            out += [fd] if 'ding_buffer_ring' in os.readlink(f'/proc/self/fd/{fd}') else []
+        except OSError:
+            pass
+    return out
 
 
 class Job:
@@ -53,10 +60,12 @@ def step(i):
 
 
 @pytest.fixture(autouse=True)
-def no_segment_left():
-    before = set(mine())
+def nothing_left():
+    """Rings are memory files: none shows in /dev/shm, and closing every ring closes every descriptor."""
+    shm = set(os.listdir('/dev/shm'))
     yield
-    assert set(mine()) <= before
+    assert ring_fds() == []
+    assert not [f for f in set(os.listdir('/dev/shm')) - shm if 'ding_buffer' in f]
 
 
 @pytest.mark.parametrize('storage', ['list', 'tensor'])
@@ -129,7 +138,7 @@ def test_rows_wrap_around_a_small_ring_and_a_full_ring_waits_then_times_out():
     beats = threading.Thread(target=alive)
     beats.start()
     try:
-        with pytest.raises(ManagerTimeoutError, match='stayed full'):
+        with pytest.raises(ManagerTimeoutError, match='this push was not written'):
             job.pusher.push(step(200), False)  # no room within the timeout
     finally:
         stop.set()
@@ -183,7 +192,7 @@ def test_an_impossible_layout_gets_an_error_naming_it_and_changes_nothing(fields
     job = Job('tensor')
     with pytest.raises(ValueError, match='ring'):
         job.request('shm_open', client='c', host=job.pusher.host, fields=fields)
-    assert job.core.counters['shm_rings'] == 0 and mine() == []
+    assert job.core.counters['shm_rings'] == 0
     job.close()
 
 
@@ -217,6 +226,8 @@ def test_a_manager_without_shared_memory_refuses_rings():
         ({'a': torch.zeros(3, 2), 'b': torch.zeros(4)}, True),
         ({'a': 1.0}, True),
         ({}, False),
+        ({'obs': np.zeros(3, dtype='>f4')}, False),  # byte-swapped: its raw bytes would be stored
+        ({'obs': torch.eye(3).to_sparse()}, False),
     ],
 )
 def test_pushes_a_ring_cannot_carry_go_over_the_wire(data, batched):
@@ -244,57 +255,95 @@ def test_shared_memory_on_a_type_whose_items_are_not_transitions_is_refused():
         build_manager_buffer(dict(type='episode', distributed=dict(backend='torch', shared_memory=True)))
 
 
-def test_segments_of_dead_managers_are_removed_and_live_ones_kept(tmp_path):
-    dead = 1
-    while os.path.exists(f'/proc/{dead}') or dead == os.getpid():
-        dead += 7919
-    stale = f'/dev/shm/{PREFIX}{dead}_x'
-    live = f'/dev/shm/{PREFIX}{os.getpid()}_y'
-    for p in (stale, live):
-        open(p, 'wb').close()
-    try:
-        assert remove_stale_segments() >= 1
-        assert not os.path.exists(stale) and os.path.exists(live)
-    finally:
-        for p in (stale, live):
-            if os.path.exists(p):
-                os.unlink(p)
-
-
-def test_a_worker_counted_lost_gets_its_rows_taken_and_a_new_ring_when_it_pushes_again():
+def test_a_worker_cannot_resize_its_ring_and_nothing_shows_in_dev_shm():
     job = Job('tensor')
-    for i in range(5):
-        job.pusher.push(step(i), False)
-    job.core.liveness.lose(0, 'silent (frozen)')  # what the manager does after peer_timeout without a heartbeat
-    job.core.commit_rings()  # takes the ring's rows, then closes it
-    assert job.buffer.count() == 5 and job.core.counters['shm_rings'] == 1
-    for i in range(5, 8):  # it thaws: a new ring, nothing lost, nothing twice
-        job.pusher.push(step(i), False)
-    assert job.core.counters['shm_rings'] == 2
-    assert job.request('count') == 8 and job.core.counters['shm_rows'] == 8
+    job.pusher.push(step(0), False)
+    reply = job.request('shm_open', client='c2', host=job.pusher.host, fields=[['x', 't', 'float32', [2]]])
+    for size in (0, 1 << 30):
+        with pytest.raises(OSError):
+            os.truncate(reply['path'], size)  # sealed: a hostile worker cannot make the manager fault
+    assert not [f for f in os.listdir('/dev/shm') if 'ding_buffer' in f]
+    job.core.commit_rings()
+    assert job.buffer.count() == 1
     job.close()
 
 
-def test_a_push_under_which_the_manager_closes_the_ring_finishes_in_a_new_one():
-    job = Job('tensor', ring_mb=32 * 4 / (1 << 20), timeout=2.0)  # 4 rows: a push of 10 waits for room twice
-    taken = []
+def test_a_push_that_times_out_wrote_nothing_and_its_retry_stores_it_once():
+    job = Job('tensor', ring_mb=32 * 10 / (1 << 20), timeout=0.3)
+    for i in range(8):
+        job.pusher.push(step(i), False)
+    head, stop = job.pusher.writer.map.head, threading.Event()
 
-    def manager():  # commits once, then counts the worker lost (closing its ring) while the push still writes
-        time.sleep(0.05)
-        taken.append(job.core.commit_rings())
-        job.core.liveness.lose(0, 'silent')
-        time.sleep(0.05)
-        job.core.commit_rings()
-        for _ in range(100):
-            time.sleep(0.01)
-            job.core.commit_rings()
+    def alive():
+        while not stop.wait(0.01):
+            head[3] = time.monotonic_ns()
 
-    t = threading.Thread(target=manager)
-    t.start()
-    batch = {'obs': torch.arange(30.0).reshape(10, 3), 'tag': torch.arange(10), 'done': torch.zeros(10, dtype=bool)}
-    assert job.pusher.push(batch, True) == 10
-    t.join()
+    beats = threading.Thread(target=alive)
+    beats.start()
+    batch = [step(i) for i in range(8, 13)]  # 5 rows, 2 free slots: it waits for room for all 5
+    try:
+        with pytest.raises(ManagerTimeoutError, match='this push was not written'):
+            job.pusher.push(batch, False)
+    finally:
+        stop.set()
+        beats.join()
     job.core.commit_rings()
-    assert job.buffer.count() == 10 and job.core.counters['shm_rows'] == 10  # each row once
-    assert job.core.counters['shm_rings'] >= 2 and taken[0] >= 4
+    assert job.buffer.count() == 8
+    job.pusher.push(batch, False)  # the retry
+    assert job.request('count') == 13
+    job.close()
+
+
+def test_rows_a_closed_ring_did_not_take_go_over_the_wire_when_no_new_ring_can_be_made():
+    job = Job('tensor')
+    job.pusher.push(step(0), False)
+    job.core.liveness.lose(0, 'silent')
+    job.core.commit_rings()  # the ring is closed under the writer
+    asked = []
+    job.pusher.request = lambda op, **a: asked.append(op)  # no new ring is handed out (None)
+    with pytest.raises(WireRest) as e:
+        job.pusher.push([step(1), step(2)], False)
+    assert asked == ['shm_open'] and e.value.total == 2 and [int(x['tag']) for x in e.value.rest] == [1, 2]
+    assert job.buffer.count() == 1
+    job.pusher.request = job.request
+    job.close()
+
+
+def test_a_sender_over_its_ring_limit_keeps_the_wire():
+    job = Job('tensor')
+    got = [job.request('shm_open', client=f'c{i}', host=job.pusher.host, fields=[['x', 't', 'float32', []]])
+           for i in range(5)]  # fmt: skip
+    assert all(g is not None for g in got[:4]) and got[4] is None
+    job.close()
+
+
+def test_a_worker_that_cannot_map_its_ring_keeps_the_wire():
+    job = Job('tensor')
+
+    def request(op, **args):
+        reply = job.request(op, **args)
+        return dict(reply, path='/proc/self/fd/0') if reply else reply  # not the manager's file
+
+    pusher = RingPusher(request, 'c9', 5.0)
+    assert pusher.push(step(0), False) is None and pusher.remote
+    assert pusher.push(step(1), False) is None  # for good: no second request
+    job.close()
+
+
+def test_a_refusal_read_as_the_worker_leaves_a_ring_reaches_its_next_push():
+    job = Job('tensor')
+    job.pusher.push(step(0), False)  # fixes the buffer's schema: obs, tag, done
+    job.pusher.push({'obs': torch.zeros(3), 'tag': torch.tensor(1)}, False)  # another layout: a new ring
+    assert job.pusher.push(step(1), False) == 1  # back: the manager takes (and refuses) the last ring first
+    with pytest.raises(ValueError, match=r"refused 1 rows of earlier pushes.*done.*not written"):
+        job.pusher.push(step(2), False)
+    job.pusher.push(step(3), False)
+    assert job.request('count') == 3 and job.core.counters['shm_refused_rows'] == 1
+    job.close()
+
+
+def test_a_bad_envstep_goes_to_the_wire_which_judges_it():
+    job = Job('tensor')
+    assert job.pusher.push(step(0), False, envstep=1.5) is None
+    assert job.pusher.push(step(0), False, envstep=7) == 1
     job.close()

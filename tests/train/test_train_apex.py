@@ -177,6 +177,26 @@ def test_mpi_run_learns(tmp_path):
 
 
 @pytest.mark.slow
+def test_mpi_run_with_actors_on_shared_memory_learns(tmp_path):
+    """The actors push through shared-memory rings (the learner samples and updates over MPI, as before)."""
+    need_mpi()
+    rc, out, err = finish(start(_config(tmp_path, 'mpi', 'apex.py', shared_memory=True), tmp_path, '--nproc', '4'))
+    assert rc == 0, out[-3000:] + err[-3000:]
+    run_dir = tmp_path / 'runs' / 'cartpole_apex_seed0'
+    check_learned(run_dir, 'mpi')
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    shm_rows = []
+    for root, _, files in os.walk(run_dir / 'log'):
+        if any(f.startswith('events.') for f in files):
+            acc = EventAccumulator(root)
+            acc.Reload()
+            if 'buffer/manager/shm_rows' in acc.Tags()['scalars']:
+                shm_rows += [e.value for e in acc.Scalars('buffer/manager/shm_rows')]
+    assert shm_rows and max(shm_rows) > 1000, shm_rows  # the actors' transitions came through the rings
+
+
+@pytest.mark.slow
 def test_ray_run_learns(tmp_path):
     pytest.importorskip('ray')
     cfg = _config(tmp_path, 'ray', 'apex.py', namespace=f'apex_test_{os.getpid()}', startup_timeout=120.0)

@@ -53,6 +53,17 @@ def read_flag(name: str, seconds: float = 60.0) -> str:
         return f.read()
 
 
+def ring_fds() -> int:
+    """Open descriptors of ring memory files in this process (none once every ring is closed)."""
+    n = 0
+    for fd in os.listdir('/proc/self/fd'):
+        try:
+            n += 'ding_buffer_ring' in os.readlink(f'/proc/self/fd/{fd}')
+        except OSError:
+            pass
+    return n
+
+
 def item(tag: int) -> dict:
     """One transition, every field a tensor: obs repeats the tag, so a torn row would show."""
     return {'obs': torch.full((4,), float(tag)), 'tag': torch.tensor(tag), 'priority': torch.tensor(1.0 + tag % 3)}
@@ -91,6 +102,7 @@ def manager(buf) -> None:
     rows = inner.storage.gather(inner.storage.ring.ordered_slots())
     RESULT['tags'] = rows['tag'].tolist()
     RESULT['obs_ok'] = bool((rows['obs'] == rows['tag'].float().unsqueeze(1)).all())
+    RESULT['ring_fds'] = ring_fds()  # every ring closed at the end of run()
     buf.close()
 
 
