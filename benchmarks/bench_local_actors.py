@@ -43,6 +43,10 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+
+from bench_naive import cpu_model  # noqa: E402  (the CPU as every benchmark names it)
+
 DEFAULT_JSON = os.path.join(HERE, 'results', 'bench_local_actors.json')
 CAPACITY = 1_000_000
 WARMUP = 20
@@ -288,17 +292,6 @@ def available(contender: str) -> str:
     return ''
 
 
-def cpu_name() -> str:
-    try:
-        with open('/proc/cpuinfo') as f:
-            for line in f:
-                if line.startswith('model name'):
-                    return line.split(':', 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or 'unknown CPU'
-
-
 def table(cells: list, contenders: list, actors: list) -> str:
     by = {(c['contender'], c['actors']): c for c in cells}
     lines = ['| contender | ' + ' | '.join(f'{n} actor{"s" if n > 1 else ""}' for n in actors) + ' |',
@@ -359,7 +352,7 @@ def main(argv=None) -> None:
             log(f'  {c["rows_per_s"]:,.0f} rows/s (stored {c["manager"].get("count")})')
             cells.append(c)
     env = dict(
-        cpu=cpu_name(),
+        cpu=cpu_model(),
         cores=os.cpu_count(),
         python=platform.python_version(),
         date=datetime.datetime.now().strftime('%Y-%m-%d %H:%M'),
