@@ -199,7 +199,7 @@ class ManagerCore:
     def _shm_open(self, sender, client, host, fields) -> Optional[Dict[str, Any]]:
         if self.rings is None:
             raise ValueError("this manager takes no shared-memory pushes (its distributed.shared_memory is False)")
-        return self.rings.open(sender, client, host, fields, self._ring_push)
+        return self.rings.open(sender, client, host, fields, self._ring_push, self.liveness.exited)
 
     def _stale(self, version, session) -> bool:
         if self.cfg.max_version_lag is None or version is None:

@@ -43,15 +43,18 @@ logger = logging.getLogger('ding_buffer.distributed')
 
 MAGIC = 0x31474E4952424444  # b'DDBRING1' little-endian
 HEADER = 512
-MAGIC_W, WRITTEN, READ, BEAT, CLOSED, REFUSED, FINAL, TOKEN, ENVSTEP = range(9)
+MAGIC_W, WRITTEN, READ, BEAT, CLOSED, REFUSED, FINAL, TOKEN, ENVSTEP, ATTACHED = range(10)
+MASK = (1 << 64) - 1
 NOTE = 128  # bytes 128..512: why the manager last refused rows (utf-8)
 STEP_LIMIT = 1 << 62
 MAX_FIELDS = 256
 MAX_ROW_BYTES = 1 << 24
 MAX_RINGS_PER_SENDER = 4
 MAX_RINGS = 256  # all senders together (Ray clients are many over a long job: lost ones' rings are closed)
+MAX_RING_BYTES = 4 << 30  # all rings together
 TSO_MACHINES = ('x86_64', 'amd64', 'i386', 'i686')  # the store order the counters' handshake relies on
 OPEN, CLOSED_BY_MANAGER, CLOSED_CORRUPT = 0, 1, 2
+RETRY_AFTER = 4096  # a worker that got no ring asks again after this many pushes on the wire
 DTYPES = ('bool', 'int8', 'int16', 'int32', 'int64', 'uint8', 'uint16', 'uint32', 'uint64', 'float16', 'float32',
           'float64')  # fmt: skip
 SCALARS = {bool: 'b', int: 'i', float: 'f'}  # python scalars: (kind, dtype)
@@ -227,6 +230,7 @@ class RingWriter:
         if int(self.map.head[MAGIC_W]) != MAGIC or int(self.map.head[TOKEN]) != token:
             self.map.close()
             raise ValueError(f"{path} is not the manager's ring (another process's file, or another /proc)")
+        self.map.head[ATTACHED] = 1  # the manager may let go of its descriptor now
         self.timeout = timeout
         self.written = int(self.map.head[WRITTEN])
         self.refused = 0
@@ -277,8 +281,9 @@ class RingWriter:
             )
         if time.monotonic_ns() - int(self.map.head[BEAT]) > self.timeout * 1e9:
             raise ManagerUnavailableError(
-                f"the manager has not tended its shared-memory ring for over {self.timeout}s (distributed.timeout): "
-                f"it is frozen or gone; the rows it had not read are lost with it, this push was not written"
+                f"the manager's heartbeat in its shared-memory ring stopped for over {self.timeout}s "
+                f"(distributed.timeout): it is frozen or gone, and the rows it had not read are lost with it unless it "
+                f"comes back; this push was not written"
             )
 
     def refusal(self) -> Optional[ValueError]:
@@ -328,15 +333,14 @@ class RingWriter:
         """Write ``n`` rows: room for the whole push first when it fits the ring, so a push that times out wrote
         nothing. ``RingClosed(k)`` when the manager closed the ring meanwhile and took only the first ``k``."""
         deadline = time.monotonic() + self.timeout
-        cols = self.map.cols
         done, start = 0, self.written
         while done < n:
             k = min(self._room(min(n - done, self.map.rows), deadline, start, n), n - done)
             for lo, hi in self._segments(k):  # contiguous runs of slots (a wrap splits one)
                 if batched:
-                    for name in cols:
+                    for name in self.map.cols:
                         v = data[name][done : done + hi - lo]
-                        cols[name][lo:hi] = v.numpy() if isinstance(v, torch.Tensor) else v
+                        self.map.cols[name][lo:hi] = v.numpy() if isinstance(v, torch.Tensor) else v
                 else:
                     for j in range(hi - lo):
                         self._put(lo + j, data[done + j] if isinstance(data, list) else data)
@@ -375,8 +379,9 @@ class RingReader:
         self.map, self.fd = _Mapped.create(row_dtype(fields), rows)
         self.token = secrets.randbits(63)
         self.map.head[MAGIC_W], self.map.head[TOKEN] = MAGIC, self.token
-        self.read = 0
+        self.read = self.refused = 0
         self.scalars = [(f[0], f[1]) for f in fields if f[1] in ('b', 'i', 'f')]
+        self.nbytes = HEADER + self.map.body.nbytes
 
     @property
     def path(self) -> str:
@@ -384,6 +389,12 @@ class RingReader:
 
     def beat(self) -> None:
         self.map.head[BEAT] = time.monotonic_ns()
+
+    def let_go_of_fd(self) -> None:
+        """Once the worker mapped the ring, the manager's descriptor is not needed (its mapping keeps the file)."""
+        if self.fd is not None and int(self.map.head[ATTACHED]):
+            os.close(self.fd)
+            self.fd = None
 
     def target(self) -> int:
         """The writer's counter, checked: ``RingCorrupt`` when it is impossible."""
@@ -429,7 +440,8 @@ class RingReader:
         note = why.encode('utf-8', 'replace')[: HEADER - NOTE]
         self.map.mm[NOTE:HEADER] = note.ljust(HEADER - NOTE, b'\0')
         _fence()
-        self.map.head[REFUSED] = int(self.map.head[REFUSED]) + n
+        self.refused = (self.refused + n) & MASK  # the manager's own count (the worker may scribble on its copy)
+        self.map.head[REFUSED] = self.refused
 
     def done(self, n: int) -> None:
         """The ``n`` rows of the last take were handled (stored or refused): their slots are free again."""
@@ -446,7 +458,9 @@ class RingReader:
         _fence()
         self.map.head[FINAL] = 1
         self.map.close()
-        os.close(self.fd)
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
 
 
 class RingIntake:
@@ -463,18 +477,23 @@ class RingIntake:
         self.counters = counters
         counters.update(shm_rows=0, shm_refused_rows=0, shm_rings=0, shm_corrupt_rings=0)
         self.rings: Dict[Any, Dict[str, RingReader]] = {}
+        self.all: Tuple[RingReader, ...] = ()  # every ring, for the heartbeat thread (replaced, never changed)
         self.host = host_id()
         self.usable = platform.machine().lower() in TSO_MACHINES and hasattr(os, 'memfd_create')
         if not self.usable:
             logger.warning("distributed.shared_memory: this machine (%s) keeps the wire", platform.machine())
 
-    def open(self, sender: Any, client: Any, host: Any, fields: Any, apply: Callable) -> Optional[Dict[str, Any]]:
+    def open(
+        self, sender: Any, client: Any, host: Any, fields: Any, apply: Callable, exited: Any = ()
+    ) -> Optional[Dict[str, Any]]:
         """A new ring for ``client`` of ``sender`` (its old one, committed by ``handle``, is closed); None when the
         worker keeps the wire: another host, a row of no bytes, no room (too many rings, or no memory)."""
-        if host != self.host or not self.usable:
-            return None
         if not isinstance(client, str) or not 0 < len(client) <= 64:
             raise ValueError(f"a ring's client id is a str of 1..64 chars, got {str(client)[:80]!r}")
+        if host != self.host or not self.usable or sender in exited:
+            if client in self.rings.get(sender, {}):  # a worker that could not map its ring lets go of it this way
+                self.close(sender, apply, client)
+            return None
         dtype = row_dtype(fields)
         rows = self.ring_bytes // dtype.itemsize if dtype.itemsize else 0
         if rows < 1:
@@ -482,37 +501,41 @@ class RingIntake:
         if client in self.rings.get(sender, {}):
             self.close(sender, apply, client)
         mine = self.rings.setdefault(sender, {})
-        if len(mine) >= MAX_RINGS_PER_SENDER or sum(map(len, self.rings.values())) >= MAX_RINGS:
+        held = sum(r.nbytes for r in self.all)
+        if len(mine) >= MAX_RINGS_PER_SENDER or len(self.all) >= MAX_RINGS or held + self.ring_bytes > MAX_RING_BYTES:
             logger.warning(
-                "no shared-memory ring for %r: a sender holds at most %d, all senders %d; it keeps the wire",
+                "no shared-memory ring for %r: a sender holds at most %d, all senders %d rings and %d bytes; it keeps "
+                "the wire",
                 sender,
                 MAX_RINGS_PER_SENDER,
                 MAX_RINGS,
+                MAX_RING_BYTES,
             )
             return None
         try:
             ring = RingReader(fields, rows)
         except OSError as e:
-            logger.warning("no memory for a shared-memory ring of %d rows (%s); the worker keeps the wire", rows, e)
+            logger.warning("no shared-memory ring of %d rows (%s); the worker keeps the wire", rows, e)
             return None
         ring.beat()
         mine[client] = ring
+        self.all = self.all + (ring,)
         self.counters['shm_rings'] += 1
         return {'path': ring.path, 'rows': rows, 'token': ring.token}
 
     def commit(self, apply: Callable[[Any, Any, bool, int], Any], sender: Any = None, only: Any = None) -> int:
         """Apply rings' rows through ``apply(sender, data, batched, envstep)``; returns how many rows were taken.
         With ``sender``: everything its rings hold now (before one of its requests is served: its order), else
-        one take per ring (a writer that never stops cannot hold the manager), stamping the manager's heartbeat
-        into each. A refused take is counted, dropped and told to the worker; a corrupt ring is closed."""
+        one take per ring (a writer that never stops cannot hold the manager). A refused take is counted, dropped
+        and told to the worker; a corrupt ring is closed."""
         total = 0
         for s in [sender] if sender is not None else list(self.rings):
             for client, ring in list(self.rings.get(s, {}).items()):
                 if only is not None and client != only:
                     continue
-                if sender is None:
-                    ring.beat()
                 try:
+                    if sender is None:
+                        ring.let_go_of_fd()
                     upto = ring.target()
                     while True:
                         data, n, batched, envstep = ring.take(self.batch, upto)
@@ -529,17 +552,27 @@ class RingIntake:
                         total += n
                         if sender is None:
                             break
-                except RingCorrupt as e:
-                    logger.warning("shared-memory ring of %r closed: %s", s, e)
+                except Exception as e:  # noqa: BLE001 - an impossible counter (or anything else a ring does): closed
+                    logger.warning("shared-memory ring of %r closed: %s: %s", s, type(e).__name__, e)
                     self.counters['shm_corrupt_rings'] += 1
                     ring.closing(CLOSED_CORRUPT)
                     self._drop(s, client)
         return total
 
+    def beat(self) -> None:
+        """Stamp the manager's heartbeat into every ring; called without the manager's lock (a long request does
+        not make the manager look frozen). A ring closed meanwhile is skipped."""
+        for ring in self.all:
+            try:
+                ring.beat()
+            except (TypeError, ValueError):  # (its mapping went away)
+                pass
+
     def _drop(self, sender: Any, client: Any) -> None:
         mine = self.rings.get(sender, {})
         ring = mine.pop(client, None)
         if ring is not None:
+            self.all = tuple(r for r in self.all if r is not ring)
             ring.close()
         if not mine:
             self.rings.pop(sender, None)
@@ -566,12 +599,14 @@ class RingIntake:
             self.close(s, apply)
 
 
-def commit_loop(commit: Callable[[], int], stop: threading.Event) -> None:
-    """The manager's ring thread: commit (``commit`` takes the manager's lock, and lets it go between rounds),
-    sleeping a little longer each round that found nothing (10 us .. 2 ms). An error is logged, never fatal."""
+def commit_loop(commit: Callable[[], int], beat: Callable[[], None], stop: threading.Event) -> None:
+    """The manager's ring thread: beat (without the manager's lock), commit (``commit`` takes the lock, and lets
+    it go between rounds), sleeping a little longer each round that found nothing (10 us .. 2 ms). An error is
+    logged, never fatal."""
     pause = 1e-5
     while not stop.is_set():
         try:
+            beat()
             found = commit()
         except Exception:  # noqa: BLE001 - the thread must outlive one bad round
             logger.exception("shared-memory commit failed")
@@ -595,7 +630,8 @@ def start_commit_thread(core: Any, lock: Any, stopping: Callable[[], bool]) -> O
         with lock:
             return 0 if stopping() else core.commit_rings()
 
-    threading.Thread(target=commit_loop, args=(commit, stop), daemon=True, name='ding_buffer-rings').start()
+    args = (commit, core.rings.beat, stop)
+    threading.Thread(target=commit_loop, args=args, daemon=True, name='ding_buffer-rings').start()
     return stop
 
 
@@ -615,7 +651,7 @@ class RingPusher:
         self.timeout = timeout
         self.host = host_id()
         self.writer: Optional[RingWriter] = None
-        self.remote = False  # no ring to be had (another host, refused, cannot map): the wire for good
+        self.remote = 0  # pushes left on the wire before asking for a ring again (none to be had just now)
         self.owed: Optional[ValueError] = None  # a refusal read from a ring this worker left: the next push raises
 
     def push(self, data: Any, batched: bool, envstep: int = -1) -> Optional[int]:
@@ -630,6 +666,7 @@ class RingPusher:
 
     def _push(self, data: Any, batched: bool, envstep: int) -> Optional[int]:
         if self.remote:
+            self.remote -= 1
             return None
         w = self.writer
         if w is not None and not batched:  # the common case: more rows of the ring's layout
@@ -647,21 +684,24 @@ class RingPusher:
                 reply = self.request('shm_open', client=self.client, host=self.host, fields=fields)
             finally:
                 self._retire()
-            if reply is None:
-                self.remote = True
+            if reply is None:  # another host, or no room: ask again after a while
+                self.remote = RETRY_AFTER
                 return None
             try:
                 self.writer = RingWriter(reply['path'], fields, int(reply['rows']), int(reply['token']), self.timeout)
             except (OSError, ValueError) as e:  # e.g. a container whose /proc is not the manager's
                 logger.warning("cannot map the manager's shared-memory ring (%s); this worker keeps the wire", e)
-                self.remote = True
+                self.request('shm_open', client=self.client, host='', fields=fields)  # the manager lets go of it
+                self.remote = 1 << 62
                 return None
         return self._write(data, batched, n, envstep)
 
     def _retire(self) -> None:
         """Let go of the current ring, keeping what the buffer refused of it for the next push."""
         if self.writer is not None:
-            self.owed = self.owed or self.writer.refusal()
+            r = self.writer.refusal()
+            if r is not None:
+                self.owed = r if self.owed is None else ValueError(f"{self.owed}; {r}")
             self.writer.close()
             self.writer = None
 
@@ -676,9 +716,14 @@ class RingPusher:
             if k >= n:
                 return n
             rest = {f: v[k:] for f, v in data.items()} if batched else list(data if type(data) is list else [data])[k:]
-            if self._push(rest, batched, envstep) is None:
-                raise WireRest(rest, n) from None
-            return n
+            try:
+                if self._push(rest, batched, envstep) is not None:
+                    return n
+            except WireRest as w:  # closed again under the rest: what that ring did not take
+                raise WireRest(w.rest, n) from None
+            except Exception:  # noqa: BLE001 - no new ring (the request failed): the first k rows are stored, the
+                pass  # rest goes the wire's way (in doubt there, and resent once), never twice through a ring
+            raise WireRest(rest, n) from None
 
     def close(self) -> None:
         if self.writer is not None:

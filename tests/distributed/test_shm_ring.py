@@ -327,7 +327,29 @@ def test_a_worker_that_cannot_map_its_ring_keeps_the_wire():
     pusher = RingPusher(request, 'c9', 5.0)
     assert pusher.push(step(0), False) is None and pusher.remote
     assert pusher.push(step(1), False) is None  # for good: no second request
+    assert job.core.rings.all == ()  # and the manager let go of the ring it made
     job.close()
+
+
+def test_a_hostile_refused_counter_cannot_stall_the_other_rings():
+    job = Job('tensor')
+    job.pusher.push(step(0), False)  # fixes the buffer's schema
+    evil = RingPusher(job.request, 'evil', 5.0)
+    evil.push({'obs': torch.zeros(3), 'tag': torch.tensor(1)}, False)  # refused by the buffer (no 'done')
+    evil.writer.map.head[5] = (1 << 64) - 1  # and its refused counter at the top
+    job.pusher.push(step(1), False)
+    for _ in range(3):
+        job.core.commit_rings()
+    assert job.buffer.count() == 2 and job.core.counters['shm_refused_rows'] == 1
+    evil.close()
+    job.close()
+
+
+def test_an_exited_sender_gets_no_ring():
+    job = Job('tensor')
+    job.request('exit')
+    assert job.request('shm_open', client='c', host=job.pusher.host, fields=[['x', 't', 'float32', []]]) is None
+    job.core.shutdown()
 
 
 def test_a_refusal_read_as_the_worker_leaves_a_ring_reaches_its_next_push():
