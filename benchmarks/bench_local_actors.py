@@ -35,7 +35,6 @@ import multiprocessing as mp
 import os
 import platform
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -45,6 +44,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 
+from bench_distributed import free_port  # noqa: E402
 from bench_naive import cpu_model  # noqa: E402  (the CPU as every benchmark names it)
 
 DEFAULT_JSON = os.path.join(HERE, 'results', 'bench_local_actors.json')
@@ -209,12 +209,6 @@ def run_cpprb(actors: int, seconds: float, d: str) -> dict:
 
 
 # ---------------------------------------------------------------------------------------------- orchestration
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(('127.0.0.1', 0))
-        return s.getsockname()[1]
-
-
 def child_env() -> dict:
     env = {k: v for k, v in os.environ.items() if k not in ('RANK', 'WORLD_SIZE', 'MASTER_ADDR', 'MASTER_PORT')}
     env.update(OMP_NUM_THREADS='1', PYTHONPATH=REPO + os.pathsep + env.get('PYTHONPATH', ''))

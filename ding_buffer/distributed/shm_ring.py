@@ -37,6 +37,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import numpy as np
 import torch
 
+from ..buffers.common import STEP_LIMIT
 from ..errors import ManagerTimeoutError, ManagerUnavailableError
 
 logger = logging.getLogger('ding_buffer.distributed')
@@ -46,7 +47,6 @@ HEADER = 512
 MAGIC_W, WRITTEN, READ, BEAT, CLOSED, REFUSED, FINAL, TOKEN, ENVSTEP, ATTACHED = range(10)
 MASK = (1 << 64) - 1
 NOTE = 128  # bytes 128..512: why the manager last refused rows (utf-8)
-STEP_LIMIT = 1 << 62
 MAX_FIELDS = 256
 MAX_ROW_BYTES = 1 << 24
 MAX_RINGS_PER_SENDER = 4

@@ -43,11 +43,13 @@ class Job:
         self.buffer, dcfg, key = build_manager_buffer(cfg)
         self.core = ManagerCore(self.buffer, dcfg, key)
         self.ids = 0
+        self.lock = threading.Lock()  # serialises the core, as a manager runner does
         self.pusher = RingPusher(self.request, 'client-0', timeout)
 
     def request(self, op, **args):
-        self.ids += 1
-        return result_of(self.core.handle(0, {'op': op, 'id': self.ids, 'args': args}), op)
+        with self.lock:
+            self.ids += 1
+            return result_of(self.core.handle(0, {'op': op, 'id': self.ids, 'args': args}), op)
 
     def close(self):
         self.request('exit')
@@ -367,5 +369,52 @@ def test_a_refusal_read_as_the_worker_leaves_a_ring_reaches_its_next_push():
 def test_a_bad_envstep_goes_to_the_wire_which_judges_it():
     job = Job('tensor')
     assert job.pusher.push(step(0), False, envstep=1.5) is None
+    assert job.pusher.push(step(0), False, envstep=2**61) is None  # beyond what the buffer takes as a step
     assert job.pusher.push(step(0), False, envstep=7) == 1
+    job.close()
+
+
+def test_a_worker_counted_lost_gets_its_rows_taken_and_a_new_ring_when_it_pushes_again():
+    job = Job('tensor')
+    for i in range(5):
+        job.pusher.push(step(i), False)
+    job.core.liveness.lose(0, 'silent (frozen)')  # what the manager does after peer_timeout without a heartbeat
+    job.core.commit_rings()  # takes the ring's rows, then closes it
+    assert job.buffer.count() == 5 and job.core.counters['shm_rings'] == 1
+    for i in range(5, 8):  # it thaws: a new ring, nothing lost, nothing twice
+        job.pusher.push(step(i), False)
+    assert job.core.counters['shm_rings'] == 2
+    assert job.request('count') == 8 and job.core.counters['shm_rows'] == 8
+    job.close()
+
+
+def test_a_push_under_which_the_manager_closes_the_ring_finishes_in_a_new_one():
+    job = Job('tensor', ring_mb=32 * 4 / (1 << 20))  # 4 rows: a push of 10 waits for room twice
+    taken = []
+
+    def written(k):  # the ring's writer counter reached k (a wait for the other thread, bounded)
+        end = time.monotonic() + 30
+        while time.monotonic() < end:
+            rings = job.core.rings.all
+            if rings and int(rings[0].map.head[1]) >= k:
+                return
+            time.sleep(0.001)
+        raise AssertionError(f'the writer never wrote {k} rows')
+
+    def manager():  # takes the first 4 rows; once 4 more wait, counts the worker lost (closing its ring)
+        written(4)
+        with job.lock:
+            taken.append(job.core.commit_rings())
+        written(8)
+        with job.lock:
+            job.core.liveness.lose(0, 'silent')
+            job.core.commit_rings()
+
+    t = threading.Thread(target=manager)
+    t.start()
+    batch = {'obs': torch.arange(30.0).reshape(10, 3), 'tag': torch.arange(10), 'done': torch.zeros(10, dtype=bool)}
+    assert job.pusher.push(batch, True) == 10  # rows 8 and 9 go into a new ring
+    t.join()
+    assert taken == [4] and job.core.counters['shm_rings'] == 2
+    assert job.request('count') == 10 and job.core.counters['shm_rows'] == 10  # each row once
     job.close()
