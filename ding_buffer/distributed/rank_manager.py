@@ -36,11 +36,12 @@ class ReplayBufferManager:
         self._stopping = False  # set once run() decided to end: nothing is applied after that
         self._heard: Dict[Any, float] = {}  # peer -> last arrival, stamped before waiting for the lock
         self._busy: Dict[Any, int] = {}  # peer -> its requests waiting for / holding the lock
+        self._finishing: set = set()  # peers whose EXIT was applied and whose final reply is not queued yet
 
     def _waiting_for(self) -> set:
         with self._lock:
             live = self.core.liveness
-            return {w for w in self.workers if not live.done(w)}
+            return {w for w in self.workers if not live.done(w) or w in self._finishing}
 
     def run(self, timeout: Optional[float] = None, poll: float = 0.5) -> Dict[str, Any]:
         """
@@ -109,6 +110,8 @@ class ReplayBufferManager:
                     if self._stopping:
                         return
                     reply = self.core.handle(peer, obj)
+                    if reply is not None and reply.get('final'):
+                        self._finishing.add(peer)  # run() must not close the transport before this reply is queued
         finally:
             self._busy[peer] -= 1
             self._heard[peer] = time.monotonic()
@@ -124,6 +127,15 @@ class ReplayBufferManager:
         # gone; a reply that cannot leave within the timeout does.
         limit, deadline = (MAX_QUEUED, time.monotonic() + self.cfg.timeout) if rid >= 0 else (1, None)
         try:
+            self._reply(peer, reply, rid, limit, deadline)
+        finally:
+            if reply.get('final'):
+                with self._lock:
+                    self._finishing.discard(peer)
+                self.transport.inbox.put((peer, 'exited', None))  # wake run() to re-check the exit condition
+
+    def _reply(self, peer: int, reply: Dict[str, Any], rid: int, limit: int, deadline: Optional[float]) -> None:
+        try:
             try:
                 self.transport.send(peer, reply, msg_id=rid, deadline=deadline, wait=False, limit=limit)
             except TransportError:
@@ -136,8 +148,6 @@ class ReplayBufferManager:
             if rid >= 0:
                 with self._lock:
                     self.core.liveness.lose(peer, f"its replies are not taken: {e}")
-        if reply.get('final'):
-            self.transport.inbox.put((peer, 'exited', None))  # wake run() to re-check the exit condition
 
     def close(self) -> None:
         self.transport.close(0.0)

@@ -2181,3 +2181,24 @@ def test_a_worker_lost_for_silence_holds_the_manager_lost_grace_more_seconds():
         assert live.done(0, now=since + expect) and (expect == 0.0 or not live.done(0, now=since + expect - 0.01))
         live.seen(0)  # it speaks again: rejoined, waited for
         assert not live.done(0) and live.rejoined == {0: 1}
+
+
+def test_the_last_workers_exit_reply_is_queued_before_the_manager_says_goodbye():
+    """The manager's run loop may wake between applying the last worker's EXIT and queuing its reply (here it is
+    woken there on purpose, and the reply is held back past a poll); it still queues that reply before its
+    goodbye, so the worker's close() returns instead of meeting a manager that already said goodbye."""
+    cfg = make_cfg(storage='list', timeout=10.0)
+    mgr, out, th, (w,) = _in_process_job(cfg)
+    real_send = mgr.transport.send
+
+    def late_final_send(peer, obj, **kw):
+        if isinstance(obj, dict) and obj.get('final'):
+            mgr.transport.inbox.put((peer, 'exited', None))  # run() re-checks its exit condition now
+            time.sleep(1.2)  # two polls of run()
+        return real_send(peer, obj, **kw)
+
+    mgr.transport.send = late_final_send
+    w.push(item(0))
+    w.close()  # raised ManagerUnavailableError when run() closed the transport under the reply
+    th.join(20)
+    assert not th.is_alive() and out['exited'] == ['1'] and out['lost'] == {}, out
