@@ -31,6 +31,7 @@ _TORCH_DTYPES = {
     name: getattr(torch, name)
     for name in 'float64 float32 float16 bfloat16 int64 int32 int16 int8 uint8 bool complex64 complex128'.split()
 }
+_TORCH_ITEMSIZE = {name: torch.empty(0, dtype=dt).element_size() for name, dt in _TORCH_DTYPES.items()}
 _NP_KINDS = set('biufc')  # numpy dtypes sent raw: bool, ints, uints, floats, complex
 
 
@@ -159,7 +160,7 @@ class _Decoder:
             dtype = _TORCH_DTYPES.get(spec[1])
             if dtype is None:
                 raise CodecError(f"unknown tensor dtype {spec[1]!r}")
-            itemsize = torch.empty(0, dtype=dtype).element_size()
+            itemsize = _TORCH_ITEMSIZE[spec[1]]
         else:
             dtype = _numeric_dtype(spec[1], 'array')
             itemsize = dtype.itemsize
