@@ -185,7 +185,10 @@ DISTRIBUTED_CHECKS = dict(
     max_reuse=(optional_positive_int, 'None or a positive int'),
     shard=(lambda x: isinstance(x, int) and x >= 0, 'an int >= 0'),
     shared_memory=(lambda x: type(x) is bool, 'a bool'),
-    shm_ring_mb=(lambda x: _number(x) and 0 < x <= (1 << 20), 'a finite positive number of MiB (at most 1 TiB)'),
+    shm_ring_mb=(
+        lambda x: _number(x) and 0 < x <= 4096,
+        'a finite positive number of MiB (at most 4096: all rings together hold at most 4 GiB)',
+    ),
     num_shards=(lambda x: isinstance(x, int) and not isinstance(x, bool) and 1 <= x <= 1024, 'an int in [1, 1024]'),
     shard_route=(lambda x: x in ('round_robin', 'hash'), "'round_robin' or 'hash'"),
     shard_key=(lambda x: x is None or (isinstance(x, str) and bool(x)), 'None or an item field name'),

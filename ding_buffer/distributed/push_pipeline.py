@@ -87,9 +87,11 @@ class PushPipeline:
         self.filter_stats = dict(total=0, kept=0, skipped_sends=0, sends=0)
         self.resent_pushes = 0  # pushes in doubt sent again
 
-    def push(self, data: Any, envstep: int, batched: bool) -> int:
+    def push(self, data: Any, envstep: int, batched: bool, whole: Any = None) -> int:
         """Take ``data`` (sending what is owed first, and the accumulated batch on every ``remote_buffer_freq``-th
-        call); returns how many items it holds. A repeat of the call that raised is its retry: nothing is added."""
+        call); returns how many items it holds. A repeat of the call that raised is its retry: nothing is added.
+        ``whole``: the caller's push when ``data`` is only its rest (the rows a shared-memory ring did not take);
+        its retry is a repeat of ``whole``."""
         if data is None:
             raise TypeError("cannot push None")
         batched = bool(batched) or (self.dict_is_batch and isinstance(data, dict))
@@ -115,9 +117,14 @@ class PushPipeline:
             try:
                 self._flush(envstep, deadline)
             except ManagerUnavailableError:  # this call's data is kept (in doubt): a push of it again is a retry
-                self._retry_of = _digest(data, batched, self._dcfg.allow_pickle)
+                self._retry_of = _digest(data if whole is None else whole, batched, self._dcfg.allow_pickle)
                 raise
         return n
+
+    def is_retry(self, data: Any, batched: bool) -> bool:
+        """Whether a push of ``data`` repeats the call that raised ``ManagerUnavailableError`` (its retry)."""
+        batched = bool(batched) or (self.dict_is_batch and isinstance(data, dict))
+        return self._retry_of is not None and self._retry_of == _digest(data, batched, self._dcfg.allow_pickle)
 
     @property
     def unacknowledged(self) -> int:

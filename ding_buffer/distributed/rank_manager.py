@@ -82,7 +82,7 @@ class ReplayBufferManager:
             # final: nothing is served after run(); a worker that never answers the goodbye (frozen, or dead where
             # MPI cannot tell) gets one distributed.timeout, at exit too, and its threads are then abandoned
             stuck = self.transport.close(self.cfg.timeout, final=True)
-        self.core.shutdown()
+            self.core.shutdown()  # however run() ends: the rings close (their workers learn it), the checkpoint
         out = self.core.summary()
         out['unanswered_goodbye'] = [str(p) for p in stuck]
         out['protocol_errors'] = self.transport.protocol_errors

@@ -96,13 +96,13 @@ class RemoteBuffer(IBuffer):
             data as the call that raised is taken as its retry and adds nothing new.
         """
         self._check_open()
-        if self.rings is not None:
+        if self.rings is not None and not self.pushes.is_retry(data, batched):
             if self.pushes.unacknowledged:  # a wire push in doubt goes first: the order of pushes is kept
                 self.flush()
             try:
                 n = self.rings.push(data, batched, cur_collector_envstep)
             except WireRest as rest:  # the ring closed under the push and no new one could be made: the rest
-                self.pushes.push(rest.rest, cur_collector_envstep, batched)
+                self.pushes.push(rest.rest, cur_collector_envstep, batched, whole=data)
                 return rest.total
             if n is not None:
                 return n
@@ -270,11 +270,13 @@ class RemoteBuffer(IBuffer):
         """Send what is owed (pushes in doubt, pending pushes), collect the last async score, send EXIT and say
         goodbye, all within one ``timeout`` (default ``distributed.timeout``). Idempotent. Raises
         ``ManagerUnavailableError`` if the manager is gone or does not answer in time (after closing locally;
-        pushes still in doubt are then lost with this worker)."""
+        pushes still in doubt are then lost with this worker); ``ValueError`` (after closing) when the buffer
+        refused rows of the last pushes through shared memory, which no later push could report."""
         if self._closed:
             return
         deadline = deadline_in(self._dcfg.timeout if timeout is None else timeout)
         left = lambda: max(deadline - time.monotonic(), 0.0)  # noqa: E731
+        refused = None
         try:
             self.pushes.send_owed(-1, deadline)
             if self.pushes.inflight is not None:
@@ -285,11 +287,13 @@ class RemoteBuffer(IBuffer):
             self._request('exit', timeout=left())
         finally:
             self._closed = True
-            if self.rings is not None:
-                self.rings.close()
+            if self.rings is not None:  # EXIT committed the rings: what the buffer refused of them is known now
+                refused = self.rings.close()
             self._channel.close(left())
             if self._local is not None:
                 self._local.close()
+        if refused is not None:
+            raise refused
 
     def __repr__(self) -> str:
         return f"RemoteBuffer(type={self._cfg.get('type')!r}, {self._channel.where}, backend={self._dcfg.backend!r})"

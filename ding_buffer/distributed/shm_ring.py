@@ -9,17 +9,20 @@ the wire.
 
 Layout: a 512-byte header -- uint64 words magic, rows written (the worker's counter), rows read (the manager's),
 the manager's heartbeat (``time.monotonic_ns``), closed, rows refused and final (set by the manager), the token,
-the worker's last ``cur_collector_envstep``; then why the buffer last refused rows (text) -- and ``rows``
-fixed-size rows (a numpy structured dtype). A worker writes a push's rows into free slots (waiting for room for the
-whole push first) and then moves its counter; the manager reads the counter, copies the rows up to it out of
-shared memory, hands the copy to the buffer as one batched push and then moves its own counter. A worker learns of
-refused rows on its next push, which raises ``ValueError`` with the buffer's reason (as an ``async_score`` push
-learns late). Nothing the worker writes is trusted: the layout is the manager's copy of what the worker announced
-(checked when announced), the file cannot change size, and a counter that goes back or past the manager's one by
-more than the ring holds marks the ring as corrupt -- it is closed and counted (``shm_corrupt_rings``) -- while the
-rows a worker lies about are data, judged by the buffer like any push. Rows are read once: the manager's read
-counter lives in its own memory. Closing is a handshake (closing -> the last take -> final), so a worker writing
-while its ring closes learns which of its rows were taken and writes the rest into a new ring.
+the worker's last ``cur_collector_envstep``; then why the buffer last refused rows (text) -- then ``rows``
+fixed-size rows (a numpy structured dtype), then one byte per row that marks the first row of each push. A
+worker writes a push's rows into free slots (waiting for room for the whole push first) and then moves its
+counter; the manager reads the counter, copies the rows up to it out of shared memory, hands the copy to the
+buffer as one batched push (refused: push by push, so only the pushes the buffer refuses are dropped) and then
+moves its own counter. A worker learns of refused rows on its next push, which raises ``ValueError`` with the
+buffer's reason (as an ``async_score`` push learns late), or from ``close``. Nothing the worker writes is
+trusted: the layout is the manager's copy of what the worker announced (checked when announced), the file cannot
+change size, and a counter that goes back or past the manager's one by more than the ring holds marks the ring as
+corrupt -- it is closed and counted (``shm_corrupt_rings``; the worker's next push raises and the one after gets a
+new ring) -- while the rows and push marks a worker lies about are data, judged by the buffer like any push.
+Rows are read once: the manager's read counter lives in its own memory. Closing is a handshake (closing -> the
+last take -> final), so a worker writing while its ring closes learns which of its rows were taken and writes the
+rest into a new ring.
 """
 
 import fcntl
@@ -92,7 +95,8 @@ def _leaf(v: Any, batched: bool) -> Optional[Tuple[str, str, Tuple[int, ...]]]:
     elif isinstance(v, (np.ndarray, np.generic)):
         if not v.dtype.isnative:  # a byte-swapped array would be stored as its raw bytes
             return None
-        dt, kind, shape = v.dtype.name, 'n', tuple(np.shape(v))
+        dt, shape = v.dtype.name, tuple(np.shape(v))
+        kind = 'n' if isinstance(v, np.ndarray) else 'g'  # an array, or a numpy scalar
     elif type(v) in SCALARS and not batched:
         kind = SCALARS[type(v)]
         if kind == 'i' and not -(1 << 63) <= v < (1 << 63):
@@ -144,10 +148,10 @@ def row_dtype(fields: Any) -> np.dtype:
         ok = isinstance(f, list) and len(f) == 4
         name, kind, dt, shape = f if ok else (None,) * 4
         ok = ok and isinstance(name, str) and 0 < len(name) <= 200 and name not in names
-        ok = ok and kind in ('t', 'n', 'b', 'i', 'f') and dt in DTYPES
+        ok = ok and kind in ('t', 'n', 'g', 'b', 'i', 'f') and dt in DTYPES
         ok = ok and isinstance(shape, list) and len(shape) <= 8
         ok = ok and all(type(d) is int and 0 <= d <= MAX_ROW_BYTES for d in shape)
-        ok = ok and (kind in ('t', 'n') or (dt == SCALAR_DTYPE[kind] and not shape))
+        ok = ok and (kind in ('t', 'n') or (not shape and dt == SCALAR_DTYPE.get(kind, dt)))
         if not ok:
             raise ValueError(f"a ring field is [name, kind, dtype, shape] with a dtype in {DTYPES}, got {str(f)[:80]}")
         names.add(name)
@@ -166,17 +170,22 @@ class _Mapped:
 
     def __init__(self, fd: int, dtype: np.dtype, rows: int) -> None:
         self.rows = rows
-        self.mm = mmap.mmap(fd, HEADER + dtype.itemsize * rows)
+        self.mm = mmap.mmap(fd, self.size(dtype, rows))
         self.head = np.ndarray((HEADER // 8,), np.uint64, self.mm, 0)
         self.ihead = np.ndarray((HEADER // 8,), np.int64, self.mm, 0)
         self.body = np.ndarray((rows,), dtype, self.mm, HEADER)
+        self.starts = np.ndarray((rows,), np.uint8, self.mm, HEADER + dtype.itemsize * rows)  # 1: a push's first row
         self.cols = {name: self.body[name] for name in dtype.names}
+
+    @staticmethod
+    def size(dtype: np.dtype, rows: int) -> int:
+        return HEADER + (dtype.itemsize + 1) * rows
 
     @classmethod
     def create(cls, dtype: np.dtype, rows: int) -> Tuple['_Mapped', int]:
         fd = os.memfd_create('ding_buffer_ring', os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
         try:  # every page now (a full memory fails here, not as SIGBUS later); then its size is fixed for good
-            os.posix_fallocate(fd, 0, HEADER + dtype.itemsize * rows)
+            os.posix_fallocate(fd, 0, cls.size(dtype, rows))
             fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL)
             return cls(fd, dtype, rows), fd
         except BaseException:
@@ -188,14 +197,14 @@ class _Mapped:
         fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
         try:
             size = os.fstat(fd).st_size
-            if size != HEADER + dtype.itemsize * rows:
-                raise ValueError(f"ring {path} holds {size} bytes, expected {HEADER + dtype.itemsize * rows}")
+            if size != cls.size(dtype, rows):
+                raise ValueError(f"ring {path} holds {size} bytes, expected {cls.size(dtype, rows)}")
             return cls(fd, dtype, rows)
         finally:
             os.close(fd)
 
     def close(self) -> None:
-        self.head = self.ihead = self.body = self.cols = None
+        self.head = self.ihead = self.body = self.starts = self.cols = None
         try:
             self.mm.close()
         except BufferError:  # a view still exported somewhere: the mapping goes with it
@@ -203,6 +212,10 @@ class _Mapped:
 
 
 # ---------------------------------------------------------------------------------------------- worker side
+class RingCorruptClosed(RuntimeError):
+    """The manager closed this worker's ring as corrupt (its counter was impossible): what it had not read is lost."""
+
+
 class RingClosed(Exception):
     """The manager closed a ring under a push, having taken the first ``committed`` rows of it."""
 
@@ -239,7 +252,7 @@ class RingWriter:
         # checks and ``_put`` copies (a row is its fields' bytes at their offsets)
         self.spec = []
         for name, kind, dt, shape in fields:
-            want = getattr(torch, dt) if kind == 't' else np.dtype(dt) if kind == 'n' else SCALAR_TYPES[kind]
+            want = getattr(torch, dt) if kind == 't' else np.dtype(dt) if kind in ('n', 'g') else SCALAR_TYPES[kind]
             off = dtype.fields[name][1]
             self.spec.append((name, kind, want, tuple(shape), off, off + dtype.fields[name][0].itemsize))
 
@@ -254,8 +267,9 @@ class RingWriter:
                 t = type(v) is torch.Tensor and v.dtype is want and v.shape == shape and v.layout is torch.strided
                 if not (t and v.device.type == 'cpu' and not v.requires_grad):
                     return False
-            elif kind == 'n':
-                if not isinstance(v, (np.ndarray, np.generic)) or v.dtype != want or v.shape != shape:
+            elif kind in ('n', 'g'):
+                ok = isinstance(v, np.ndarray) if kind == 'n' else isinstance(v, np.generic)
+                if not ok or v.dtype != want or v.shape != shape:
                     return False
             elif type(v) is not want or (kind == 'i' and not -(1 << 63) <= v < (1 << 63)):
                 return False
@@ -266,7 +280,7 @@ class RingWriter:
         for (_, kind, _, _, lo, hi), v in zip(self.spec, item.values()):
             if kind == 't':
                 mm[base + lo : base + hi] = v.numpy().tobytes()
-            elif kind == 'n':
+            elif kind in ('n', 'g'):
                 mm[base + lo : base + hi] = v.tobytes()
             else:
                 mm[base + lo : base + hi] = SCALAR_PACK[kind](v)
@@ -275,7 +289,7 @@ class RingWriter:
         """``RuntimeError`` when the manager closed the ring as corrupt; ``ManagerUnavailableError`` when its
         heartbeat in the ring is older than the timeout."""
         if int(self.map.head[CLOSED]) == CLOSED_CORRUPT:
-            raise RuntimeError(
+            raise RingCorruptClosed(
                 "the manager closed this worker's shared-memory ring: its counter was impossible; this push was "
                 "not written"
             )
@@ -337,6 +351,9 @@ class RingWriter:
         while done < n:
             k = min(self._room(min(n - done, self.map.rows), deadline, start, n), n - done)
             for lo, hi in self._segments(k):  # contiguous runs of slots (a wrap splits one)
+                self.map.starts[lo:hi] = 0
+                if not done:
+                    self.map.starts[lo] = 1
                 if batched:
                     for name in self.map.cols:
                         v = data[name][done : done + hi - lo]
@@ -380,8 +397,10 @@ class RingReader:
         self.token = secrets.randbits(63)
         self.map.head[MAGIC_W], self.map.head[TOKEN] = MAGIC, self.token
         self.read = self.refused = 0
-        self.scalars = [(f[0], f[1]) for f in fields if f[1] in ('b', 'i', 'f')]
-        self.nbytes = HEADER + self.map.body.nbytes
+        # python scalars (and 0-d arrays) come back per row as they were pushed; the rest as one batched dict
+        self.per_row = any(f[1] in ('b', 'i', 'f') or (f[1] == 'n' and not f[3]) for f in fields)
+        self.nbytes = _Mapped.size(self.map.body.dtype, rows)
+        self.batched = not self.per_row
 
     @property
     def path(self) -> str:
@@ -406,29 +425,35 @@ class RingReader:
             )
         return written
 
-    def take(self, limit: int, upto: Optional[int] = None) -> Tuple[Optional[Any], int, bool, int]:
-        """``(data, n, batched, envstep)``: a copy of up to ``limit`` rows written since the last take (and before
-        counter value ``upto``; ``None, 0`` if none); ``RingCorrupt`` when the writer's counter is impossible."""
+    def take(self, limit: int, upto: Optional[int] = None) -> Tuple[Optional[np.ndarray], Optional[np.ndarray], int]:
+        """``(rows, push starts, envstep)``: copies of up to ``limit`` rows written since the last take (and before
+        counter value ``upto``; ``None, None`` if none) and of their marks of a push's first row; ``RingCorrupt``
+        when the writer's counter is impossible."""
         written = self.target() if upto is None else upto
         n = min(written - self.read, limit)
         if n <= 0:
-            return None, 0, False, -1
+            return None, None, -1
         a = self.read % self.map.rows
         b = a + n
-        body = self.map.body
-        block = body[a:b].copy() if b <= self.map.rows else np.concatenate([body[a:], body[: b - self.map.rows]])
+        parts = [slice(a, b)] if b <= self.map.rows else [slice(a, None), slice(0, b - self.map.rows)]
+        block = np.concatenate([self.map.body[p] for p in parts])
+        starts = np.concatenate([self.map.starts[p] for p in parts])
         envstep = int(self.map.ihead[ENVSTEP])
-        return self._as_push(block), n, not self.scalars, envstep if -STEP_LIMIT < envstep < STEP_LIMIT else -1
+        return block, starts, envstep if -STEP_LIMIT < envstep < STEP_LIMIT else -1
 
-    def _as_push(self, block: np.ndarray) -> Any:
-        if self.scalars:  # python scalars come back as python scalars: one item dict per row (each row a copy)
+    def as_push(self, block: np.ndarray) -> Any:
+        """Rows taken from the ring as the buffer's push: a batched dict of columns, or (python scalars or 0-d
+        arrays in the layout) one item dict per row, each leaf of the type pushed."""
+        if self.per_row:  # one item dict per row (each row a copy)
             cols = {}
             for name, kind, _, _ in self.fields:
                 c = block[name]
-                if kind == 't':
-                    cols[name] = [torch.from_numpy(r.copy()) for r in c]
-                elif kind == 'n':
-                    cols[name] = [r.copy() for r in c]
+                if kind == 't':  # (np.array: a 0-d field's row is a numpy scalar)
+                    cols[name] = [torch.from_numpy(np.array(r)) for r in c]
+                elif kind == 'n':  # (np.array: a 0-d array's row is a numpy scalar)
+                    cols[name] = [np.array(r) for r in c]
+                elif kind == 'g':
+                    cols[name] = list(c)
                 else:
                     cols[name] = c.tolist()
             names = list(cols)
@@ -538,16 +563,11 @@ class RingIntake:
                         ring.let_go_of_fd()
                     upto = ring.target()
                     while True:
-                        data, n, batched, envstep = ring.take(self.batch, upto)
-                        if n == 0:
+                        block, starts, envstep = ring.take(self.batch, upto)
+                        if block is None:
                             break
-                        try:
-                            apply(s, data, batched, envstep)
-                            self.counters['shm_rows'] += n
-                        except Exception as e:  # noqa: BLE001 - the buffer refused these rows: they go, the ring stays
-                            self.counters['shm_refused_rows'] += n
-                            ring.refuse(n, f'{type(e).__name__}: {e}')
-                            logger.warning("%d rows from the shared-memory ring of %r refused: %s", n, s, e)
+                        n = len(block)
+                        self._apply(apply, s, ring, block, starts, envstep)
                         ring.done(n)
                         total += n
                         if sender is None:
@@ -558,6 +578,29 @@ class RingIntake:
                     ring.closing(CLOSED_CORRUPT)
                     self._drop(s, client)
         return total
+
+    def _apply(self, apply: Callable, sender: Any, ring: RingReader, block: Any, starts: Any, envstep: int) -> None:
+        """One take through the buffer as one push; if the buffer refuses it, push by push as the worker made them
+        (the marks of a push's first row), so a refused push costs only its own rows: they are dropped, counted and
+        told to the worker, the ring stays."""
+        try:
+            apply(sender, ring.as_push(block), ring.batched, envstep)
+            self.counters['shm_rows'] += len(block)
+            return
+        except Exception as e:  # noqa: BLE001 - the buffer's refusal, judged below push by push
+            err = e
+        cuts = [0, *(np.flatnonzero(starts[1:]) + 1).tolist(), len(block)]
+        for a, b in zip(cuts[:-1], cuts[1:]):
+            if len(cuts) > 2:
+                try:
+                    apply(sender, ring.as_push(block[a:b]), ring.batched, envstep)
+                    self.counters['shm_rows'] += b - a
+                    continue
+                except Exception as e:  # noqa: BLE001
+                    err = e
+            self.counters['shm_refused_rows'] += b - a
+            ring.refuse(b - a, f'{type(err).__name__}: {err}')
+            logger.warning("%d rows from the shared-memory ring of %r refused: %s", b - a, sender, err)
 
     def beat(self) -> None:
         """Stamp the manager's heartbeat into every ring; called without the manager's lock (a long request does
@@ -710,6 +753,9 @@ class RingPusher:
         did not take go into a new ring, or over the wire (``WireRest``)."""
         try:
             return self.writer.write(data, batched, n, envstep)
+        except RingCorruptClosed as e:
+            self._retire()  # the next push asks for a new ring
+            raise RuntimeError(str(e)) from None
         except RingClosed as e:
             k = e.committed
             self._retire()
@@ -725,7 +771,8 @@ class RingPusher:
                 pass  # rest goes the wire's way (in doubt there, and resent once), never twice through a ring
             raise WireRest(rest, n) from None
 
-    def close(self) -> None:
-        if self.writer is not None:
-            self.writer.close()
-            self.writer = None
+    def close(self) -> Optional[ValueError]:
+        """Let go of the ring; returns what the buffer refused of this worker's pushes and no push raised yet."""
+        self._retire()
+        owed, self.owed = self.owed, None
+        return owed
