@@ -184,8 +184,8 @@ class ManagerCore:
             score['baseline_log_reward'] = base
         return {'stored': int(stored), 'score': score}
 
-    def _ring_push(self, sender, data, batched, envstep) -> None:
-        self._apply_push(sender, data, batched, envstep, None, None)
+    def _ring_push(self, sender, data, batched, envstep) -> int:
+        return int(self._apply_push(sender, data, batched, envstep, None, None)['stored'])
 
     def commit_rings(self) -> int:
         """Apply what every worker's shared-memory ring holds, and close the rings of workers counted lost (the

@@ -18,6 +18,7 @@ Neighbour: ``push_pipeline`` (``PushPipeline``: the pushes' stages and their del
 """
 
 import time
+import weakref
 from typing import Any, Dict, List, Optional
 
 from ..base import IBuffer
@@ -71,7 +72,10 @@ class RemoteBuffer(IBuffer):
         )
         self._closed = False
         # distributed.shared_memory: pushes that fit a ring go through memory when the manager is on this host
-        self.rings = RingPusher(self._request, self.pushes.client, dcfg.timeout) if dcfg.shared_memory else None
+        # (a weak reference back: the pusher must not keep a dropped RemoteBuffer alive, its channel beating)
+        me = weakref.ref(self)
+        request = lambda *a, **k: me()._request(*a, **k)  # noqa: E731
+        self.rings = RingPusher(request, self.pushes.client, dcfg.timeout) if dcfg.shared_memory else None
 
     # ------------------------------------------------------------------ requests
     def _request(self, op: str, timeout: Optional[float] = None, deadline: Optional[float] = None, **args) -> Any:

@@ -110,6 +110,8 @@ def _leaf(v: Any, batched: bool) -> Optional[Tuple[str, str, Tuple[int, ...]]]:
         if not shape:
             return None
         shape = shape[1:]
+        if kind == 'n' and not shape:  # a numpy column's rows are numpy scalars once the buffer splits it
+            kind = 'g'
     return kind, dt, shape
 
 
@@ -500,7 +502,7 @@ class RingIntake:
         self.ring_bytes = int(dcfg.shm_ring_mb * (1 << 20))
         self.batch = 4096
         self.counters = counters
-        counters.update(shm_rows=0, shm_refused_rows=0, shm_rings=0, shm_corrupt_rings=0)
+        counters.update(shm_rows=0, shm_refused_rows=0, shm_declined_rows=0, shm_rings=0, shm_corrupt_rings=0)
         self.rings: Dict[Any, Dict[str, RingReader]] = {}
         self.all: Tuple[RingReader, ...] = ()  # every ring, for the heartbeat thread (replaced, never changed)
         self.host = host_id()
@@ -580,27 +582,39 @@ class RingIntake:
         return total
 
     def _apply(self, apply: Callable, sender: Any, ring: RingReader, block: Any, starts: Any, envstep: int) -> None:
-        """One take through the buffer as one push; if the buffer refuses it, push by push as the worker made them
-        (the marks of a push's first row), so a refused push costs only its own rows: they are dropped, counted and
-        told to the worker, the ring stays."""
+        """One take through the buffer as one push (``apply`` returns the rows stored); if the buffer refuses it
+        (raises), or stores none of it (its rate limiter judges a push whole), push by push as the worker made them
+        (the marks of a push's first row), as over the wire. A push that raises is dropped, counted and told to the
+        worker; rows the buffer declines without an error are counted (``shm_declined_rows``), as a wire push's
+        ``stored`` shows them. The ring stays."""
+        n, err = len(block), None
         try:
-            apply(sender, ring.as_push(block), ring.batched, envstep)
-            self.counters['shm_rows'] += len(block)
-            return
+            stored = apply(sender, ring.as_push(block), ring.batched, envstep)
         except Exception as e:  # noqa: BLE001 - the buffer's refusal, judged below push by push
-            err = e
-        cuts = [0, *(np.flatnonzero(starts[1:]) + 1).tolist(), len(block)]
-        for a, b in zip(cuts[:-1], cuts[1:]):
-            if len(cuts) > 2:
+            stored, err = 0, e
+        cuts = [0, *(np.flatnonzero(starts[1:]) + 1).tolist(), n]
+        if stored or len(cuts) == 2:
+            cuts = [0, n]
+        else:
+            stored, err = 0, None
+            for a, b in zip(cuts[:-1], cuts[1:]):
                 try:
-                    apply(sender, ring.as_push(block[a:b]), ring.batched, envstep)
-                    self.counters['shm_rows'] += b - a
-                    continue
+                    k = apply(sender, ring.as_push(block[a:b]), ring.batched, envstep)
                 except Exception as e:  # noqa: BLE001
-                    err = e
-            self.counters['shm_refused_rows'] += b - a
-            ring.refuse(b - a, f'{type(err).__name__}: {err}')
-            logger.warning("%d rows from the shared-memory ring of %r refused: %s", b - a, sender, err)
+                    self._refuse(sender, ring, b - a, e)
+                    n -= b - a
+                    continue
+                stored += k
+        if err is not None:
+            self._refuse(sender, ring, n, err)
+            return
+        self.counters['shm_rows'] += stored
+        self.counters['shm_declined_rows'] += n - stored
+
+    def _refuse(self, sender: Any, ring: RingReader, n: int, err: Exception) -> None:
+        self.counters['shm_refused_rows'] += n
+        ring.refuse(n, f'{type(err).__name__}: {err}')
+        logger.warning("%d rows from the shared-memory ring of %r refused: %s", n, sender, err)
 
     def beat(self) -> None:
         """Stamp the manager's heartbeat into every ring; called without the manager's lock (a long request does
@@ -670,8 +684,14 @@ def start_commit_thread(core: Any, lock: Any, stopping: Callable[[], bool]) -> O
     stop = threading.Event()
 
     def commit() -> int:
-        with lock:
+        while not lock.acquire(timeout=0.05):  # a long request holds the manager: its rings still see it alive
+            core.rings.beat()
+            if stop.is_set():
+                return 0
+        try:
             return 0 if stopping() else core.commit_rings()
+        finally:
+            lock.release()
 
     args = (commit, core.rings.beat, stop)
     threading.Thread(target=commit_loop, args=args, daemon=True, name='ding_buffer-rings').start()

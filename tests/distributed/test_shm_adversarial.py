@@ -380,7 +380,7 @@ def test_exactly_once_in_order_with_a_concurrent_committer_and_lost_closes():
 
     def spy(sender, data, batched, envstep):
         seen.extend(data['tag'].tolist() if batched else [int(x['tag']) for x in data])
-        orig(sender, data, batched, envstep)
+        return orig(sender, data, batched, envstep)
 
     job.core._ring_push = spy
     t = threading.Thread(target=manager, daemon=True)
@@ -585,7 +585,7 @@ def test_scribbles_from_another_thread_during_background_commits():
     def spy(sender, data, batched, envstep):
         if sender == 0:
             seen.extend(data['tag'].tolist() if batched else [int(x['tag']) for x in data])
-        orig(sender, data, batched, envstep)
+        return orig(sender, data, batched, envstep)
 
     m.core._ring_push = spy
 
