@@ -38,6 +38,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -49,6 +50,7 @@ from bench_naive import cpu_model  # noqa: E402  (the CPU as every benchmark nam
 
 DEFAULT_JSON = os.path.join(HERE, 'results', 'bench_local_actors.json')
 CAPACITY = 1_000_000
+ROW_BYTES = 45  # the payload of one row: obs and next_obs 4 x float32, action int64, reward float32, done bool
 WARMUP = 20
 
 
@@ -124,6 +126,15 @@ def actor_loop(buf, d: str, who: str, seconds: float) -> dict:
     return {'rows': n, 'go': go, 'end': end, 'count_seen': count}
 
 
+def watch_manager(buffer, d: str, seconds: float, out: dict) -> None:
+    """In the manager's process: its CPU time (all threads) and the rows its buffer gained over the timed
+    window, for the rows stored per second of manager CPU (the window's first 90%: the actors end after it)."""
+    wait_go(d)
+    cpu, rows = time.process_time(), buffer.count()
+    time.sleep(0.9 * seconds)
+    out.update(window_cpu_s=time.process_time() - cpu, window_rows=buffer.count() - rows)
+
+
 def rank_main(args) -> None:
     from ding_buffer import create_buffer
     from ding_buffer.distributed import ReplayBufferManager
@@ -131,8 +142,12 @@ def rank_main(args) -> None:
     buf = create_buffer(ding_cfg(args.backend, args.shm))
     rank = os.environ.get('RANK') or os.environ.get('OMPI_COMM_WORLD_RANK') or os.environ.get('PMIX_RANK')
     if isinstance(buf, ReplayBufferManager):
+        window: dict = {}
+        watch = threading.Thread(target=watch_manager, args=(buf.buffer, args.dir, args.seconds, window), daemon=True)
+        watch.start()
         summary = buf.run(timeout=900)
-        save(args.dir, 'manager', {'count': buf.buffer.count(), 'counters': summary['counters']})
+        watch.join(30)  # (a starved watcher may end after the actors)
+        save(args.dir, 'manager', {'count': buf.buffer.count(), 'counters': summary['counters'], **window})
         buf.close()
         return
     rec = actor_loop(buf, args.dir, f'rank{rank}', args.seconds)
@@ -268,6 +283,10 @@ def cell(contender: str, actors: int, seconds: float) -> dict:
             'rows': rows,
             'seconds': max(r['end'] for r in acts) - go,
             'rows_per_s': rows / (max(r['end'] for r in acts) - go),
+            'mb_per_s': rows * ROW_BYTES / (1 << 20) / (max(r['end'] for r in acts) - go),
+            'rows_per_manager_cpu_s': (
+                manager['window_rows'] / manager['window_cpu_s'] if manager.get('window_cpu_s') else None
+            ),
             'manager': manager,
             'per_actor': acts,
         }
@@ -297,7 +316,7 @@ def table(cells: list, contenders: list, actors: list) -> str:
             if c is None:
                 row.append('-')
                 continue
-            text = f'{c["rows_per_s"]:,.0f}/s'
+            text = f'{c["rows_per_s"]:,.0f}/s, {c["mb_per_s"]:.2f} MB/s'
             notes = []
             if base is not None and name != 'torch':
                 notes.append(f'{c["rows_per_s"] / base["rows_per_s"]:.1f}x torch')
@@ -305,6 +324,19 @@ def table(cells: list, contenders: list, actors: list) -> str:
                 notes.append(f'{c["rows_per_s"] / peer["rows_per_s"]:.2f}x cpprb')
             row.append(text + (f' ({", ".join(notes)})' if notes else ''))
         lines.append(f'| {name} | ' + ' | '.join(row) + ' |')
+    return '\n'.join(lines)
+
+
+def cpu_table(cells: list, contenders: list, actors: list) -> str:
+    """Rows the manager stored per second of its own CPU time (all its threads) in the timed window: the
+    requests one manager core serves, for the wire rows (one row per request)."""
+    by = {(c['contender'], c['actors']): c for c in cells}
+    lines = ['| contender | ' + ' | '.join(f'{n} actor{"s" if n > 1 else ""}' for n in actors) + ' |',
+             '|---|' + '---:|' * len(actors)]  # fmt: skip
+    for name in contenders:
+        vals = [by.get((name, n), {}).get('rows_per_manager_cpu_s') for n in actors]
+        if any(v is not None for v in vals):
+            lines.append(f'| {name} | ' + ' | '.join('-' if v is None else f'{v:,.0f}' for v in vals) + ' |')
     return '\n'.join(lines)
 
 
@@ -350,7 +382,7 @@ def main(argv=None) -> None:
         cores=os.cpu_count(),
         python=platform.python_version(),
         date=datetime.datetime.now().strftime('%Y-%m-%d %H:%M'),
-        command=' '.join(['python'] + sys.argv),
+        command=' '.join(['python', os.path.relpath(sys.argv[0], REPO)] + sys.argv[1:]),
     )
     os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
     with open(args.json, 'w') as f:
@@ -359,6 +391,9 @@ def main(argv=None) -> None:
     print('One-row pushes per second, all actors together (ratios: to the torch backend and to cpprb with as many '
           'actors)\n')  # fmt: skip
     print(table(cells, [c for c in contenders if c not in skipped], actors))
+    print('\nRows stored per second of the manager process\'s CPU time (all its threads) in the timed window '
+          '(torch and MPI: the manager is a rank of the job; over the wire one row is one request)\n')  # fmt: skip
+    print(cpu_table(cells, [c for c in contenders if c not in skipped], actors))
     for name, why in skipped.items():
         print(f'\n- {name}: skipped ({why})')
 
