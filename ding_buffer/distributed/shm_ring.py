@@ -58,6 +58,8 @@ MAX_RING_BYTES = 4 << 30  # all rings together
 TSO_MACHINES = ('x86_64', 'amd64', 'i386', 'i686')  # the store order the counters' handshake relies on
 OPEN, CLOSED_BY_MANAGER, CLOSED_CORRUPT = 0, 1, 2
 RETRY_AFTER = 4096  # a worker that got no ring asks again after this many pushes on the wire
+FLAP_PUSHES, MAX_FLAPS = 64, 3  # a worker whose layouts change this many times, each ring taking fewer pushes than
+# this, keeps the wire for RETRY_AFTER pushes (every change opens a ring: dearer than the wire)
 DTYPES = ('bool', 'int8', 'int16', 'int32', 'int64', 'uint8', 'uint16', 'uint32', 'uint64', 'float16', 'float32',
           'float64')  # fmt: skip
 SCALARS = {bool: 'b', int: 'i', float: 'f'}  # python scalars: (kind, dtype)
@@ -715,6 +717,8 @@ class RingPusher:
         self.host = host_id()
         self.writer: Optional[RingWriter] = None
         self.remote = 0  # pushes left on the wire before asking for a ring again (none to be had just now)
+        self.used = 0  # pushes into the current ring
+        self.flaps = 0  # layout changes in a row that each left a ring after fewer than FLAP_PUSHES pushes
         self.owed: Optional[ValueError] = None  # a refusal read from a ring this worker left: the next push raises
 
     def push(self, data: Any, batched: bool, envstep: int = -1) -> Optional[int]:
@@ -735,6 +739,7 @@ class RingPusher:
         if w is not None and not batched:  # the common case: more rows of the ring's layout
             items = data if type(data) is list else [data]
             if items and all(w.matches(x) for x in items):
+                self.used += 1
                 return self._write(items, False, len(items), envstep)
         layout = layout_of(data, batched)
         if layout is None:
@@ -743,6 +748,14 @@ class RingPusher:
         if n == 0:
             return 0
         if w is None or w.fields != fields:
+            if w is not None:
+                self.flaps = self.flaps + 1 if self.used < FLAP_PUSHES else 0
+                if self.flaps >= MAX_FLAPS:  # its layouts keep changing (a reward now an int, now a float)
+                    self.flaps = 0
+                    self._retire()
+                    self.remote = RETRY_AFTER - 1
+                    return None
+            self.used = 0
             try:  # the manager commits (and closes) the old ring before it answers: its refusals are known then
                 reply = self.request('shm_open', client=self.client, host=self.host, fields=fields)
             finally:
@@ -757,6 +770,7 @@ class RingPusher:
                 self.request('shm_open', client=self.client, host='', fields=fields)  # the manager lets go of it
                 self.remote = 1 << 62
                 return None
+        self.used += 1
         return self._write(data, batched, n, envstep)
 
     def _retire(self) -> None:

@@ -418,3 +418,23 @@ def test_a_push_under_which_the_manager_closes_the_ring_finishes_in_a_new_one():
     assert taken == [4] and job.core.counters['shm_rings'] == 2
     assert job.request('count') == 10 and job.core.counters['shm_rows'] == 10  # each row once
     job.close()
+
+
+def test_a_worker_whose_layouts_keep_changing_takes_the_wire_and_every_row_is_stored_once_in_order():
+    """A reward that is now an int, now a float changes the ring layout on every push: after three rings that each
+    took fewer than 64 pushes the worker keeps the wire (its pusher answers None) instead of opening a ring per
+    push; rows already in its ring are committed before its next request, so the order holds."""
+    job = Job('list')
+    sent, wire = [], []
+    for i in range(40):
+        item = {'tag': torch.tensor(i), 'reward': i if i % 2 else float(i)}
+        sent.append(i)
+        if job.pusher.push(item, False) is None:
+            wire.append(item)
+            job.core.handle(0, {'op': 'push', 'id': 1000 + i, 'args': {'data': item}})  # as RemoteBuffer's wire push
+    assert job.core.counters['shm_rings'] == 3 and len(wire) == 40 - 3
+    assert job.request('count') == 40
+    items = job.buffer.state_dict()['storage']['items']  # in the order stored
+    assert [int(x['tag']) for x in items] == sent
+    assert all(x['reward'] == t and type(x['reward']) is (int if t % 2 else float) for t, x in zip(sent, items))
+    job.close()
