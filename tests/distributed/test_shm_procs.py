@@ -15,6 +15,8 @@ SCRIPT = SCRIPTS / 'shm_main.py'
 
 
 def launch(scenario, backend, tmp_path, **kw):
+    """``record_exits`` where a rank is killed: Open MPI 4.1's mpirun now and then outlives every rank after one was
+    SIGKILLed, which is then told apart from a rank that hangs."""
     if backend == 'mpi':
         from helpers import need_mpi
 
@@ -53,7 +55,7 @@ def test_rows_through_shared_memory_arrive_once_next_to_a_worker_on_the_wire(tmp
 
 @pytest.mark.parametrize('backend', BACKENDS)
 def test_a_writer_killed_mid_write_loses_only_its_unfinished_rows(tmp_path, backend):
-    run = launch('kill_writer', backend, tmp_path, survive_deaths=True)
+    run = launch('kill_writer', backend, tmp_path, survive_deaths=True, record_exits=True)
     run.require_ok(ranks=(1, 2), rc=False)
     man = run.rank(2)
     stored = tags_of(man, 0)
@@ -96,7 +98,7 @@ def test_a_lying_writer_is_refused_and_the_manager_keeps_serving(tmp_path, backe
 
 @pytest.mark.parametrize('backend', BACKENDS)
 def test_a_killed_manager_fails_the_writers_within_the_timeout_and_leaves_no_segment(tmp_path, backend):
-    run = launch('kill_manager', backend, tmp_path, survive_deaths=True)
+    run = launch('kill_manager', backend, tmp_path, survive_deaths=True, record_exits=True)
     assert not run.timed_out, run.logs()
     assert 'killed_at' in run.rank(2)  # (a killed process's descriptors close with it)
     for r in (0, 1):
