@@ -16,16 +16,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
 from in_process import in_process_job  # noqa: E402
-
-
-def ring_fds():
-    out = []
-    for fd in os.listdir('/proc/self/fd'):
-        try:
-            out += [fd] if 'ding_buffer_ring' in os.readlink(f'/proc/self/fd/{fd}') else []
-        except OSError:
-            pass
-    return out
+from test_shm_ring import ring_fds  # noqa: E402
 
 
 def n_fds():
