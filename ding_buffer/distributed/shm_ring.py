@@ -57,6 +57,9 @@ MAX_RINGS = 256  # all senders together (Ray clients are many over a long job: l
 MAX_RING_BYTES = 4 << 30  # all rings together
 TSO_MACHINES = ('x86_64', 'amd64', 'i386', 'i686')  # the store order the counters' handshake relies on
 OPEN, CLOSED_BY_MANAGER, CLOSED_CORRUPT = 0, 1, 2
+TAKE_BYTES = 8 << 20  # one take (one buffer push) holds up to this many bytes of rows, and at least 4,096 rows
+IN_PLACE_BYTES = 256  # a batched take's columns of at least this many bytes per row go to the buffer in place
+BUSY_SECONDS = 0.05  # the ring thread naps at most 0.2 ms this long after it last found rows (then up to 2 ms)
 RETRY_AFTER = 4096  # a worker that got no ring asks again after this many pushes on the wire
 FLAP_PUSHES, MAX_FLAPS = 64, 3  # a worker whose layouts change this many times, each ring taking fewer pushes than
 # this, keeps the wire for RETRY_AFTER pushes (every change opens a ring: dearer than the wire)
@@ -345,7 +348,7 @@ class RingWriter:
                     + ("this push was not written" if not done else f"{done} of this push's {n} rows were written")
                 )
             time.sleep(pause)
-            pause = min(pause * 2, 1e-3)
+            pause = min(pause * 2, 2e-4)
 
     def write(self, data: Any, batched: bool, n: int, envstep: int = -1) -> int:
         """Write ``n`` rows: room for the whole push first when it fits the ring, so a push that times out wrote
@@ -404,6 +407,7 @@ class RingReader:
         # python scalars (and 0-d arrays) come back per row as they were pushed; the rest as one batched dict
         self.per_row = any(f[1] in ('b', 'i', 'f') or (f[1] == 'n' and not f[3]) for f in fields)
         self.nbytes = _Mapped.size(self.map.body.dtype, rows)
+        self.take_rows = max(4096, TAKE_BYTES // max(1, self.map.body.dtype.itemsize))
         self.batched = not self.per_row
 
     @property
@@ -430,9 +434,10 @@ class RingReader:
         return written
 
     def take(self, limit: int, upto: Optional[int] = None) -> Tuple[Optional[np.ndarray], Optional[np.ndarray], int]:
-        """``(rows, push starts, envstep)``: copies of up to ``limit`` rows written since the last take (and before
-        counter value ``upto``; ``None, None`` if none) and of their marks of a push's first row; ``RingCorrupt``
-        when the writer's counter is impossible."""
+        """``(rows, push starts, envstep)``: up to ``limit`` rows written since the last take (and before counter
+        value ``upto``; ``None, None`` if none) and a copy of their marks of a push's first row; ``RingCorrupt``
+        when the writer's counter is impossible. The rows are the ring's own memory when they do not wrap (a copy
+        when they do): valid until ``done``, and ``as_push`` copies what the buffer's checks read."""
         written = self.target() if upto is None else upto
         n = min(written - self.read, limit)
         if n <= 0:
@@ -440,7 +445,7 @@ class RingReader:
         a = self.read % self.map.rows
         b = a + n
         parts = [slice(a, b)] if b <= self.map.rows else [slice(a, None), slice(0, b - self.map.rows)]
-        block = np.concatenate([self.map.body[p] for p in parts])
+        block = self.map.body[parts[0]] if len(parts) == 1 else np.concatenate([self.map.body[p] for p in parts])
         starts = np.concatenate([self.map.starts[p] for p in parts])
         envstep = int(self.map.ihead[ENVSTEP])
         return block, starts, envstep if -STEP_LIMIT < envstep < STEP_LIMIT else -1
@@ -462,7 +467,13 @@ class RingReader:
                     cols[name] = c.tolist()
             names = list(cols)
             return [dict(zip(names, vals)) for vals in zip(*cols.values())]
-        return {f[0]: (torch.from_numpy(block[f[0]]) if f[1] == 't' else block[f[0]]) for f in self.fields}
+        out = {}
+        for name, kind, _, _ in self.fields:
+            c = block[name]
+            if c.nbytes < IN_PLACE_BYTES * len(c):  # small columns (priorities, rewards, flags) are copied:
+                c = c.copy()  # what the buffer validates cannot change under it, whatever the writer does
+            out[name] = torch.from_numpy(c) if kind == 't' else c
+        return out
 
     def refuse(self, n: int, why: str) -> None:
         """Tell the worker that the buffer refused ``n`` rows, and why (its next push raises it)."""
@@ -502,7 +513,6 @@ class RingIntake:
 
     def __init__(self, dcfg: Any, counters: Dict[str, int]) -> None:
         self.ring_bytes = int(dcfg.shm_ring_mb * (1 << 20))
-        self.batch = 4096
         self.counters = counters
         counters.update(shm_rows=0, shm_refused_rows=0, shm_declined_rows=0, shm_rings=0, shm_corrupt_rings=0)
         self.rings: Dict[Any, Dict[str, RingReader]] = {}
@@ -567,7 +577,7 @@ class RingIntake:
                         ring.let_go_of_fd()
                     upto = ring.target()
                     while True:
-                        block, starts, envstep = ring.take(self.batch, upto)
+                        block, starts, envstep = ring.take(ring.take_rows, upto)
                         if block is None:
                             break
                         n = len(block)
@@ -660,9 +670,9 @@ class RingIntake:
 
 def commit_loop(commit: Callable[[], int], beat: Callable[[], None], stop: threading.Event) -> None:
     """The manager's ring thread: beat (without the manager's lock), commit (``commit`` takes the lock, and lets
-    it go between rounds), sleeping a little longer each round that found nothing (10 us .. 2 ms). An error is
-    logged, never fatal."""
-    pause = 1e-5
+    it go between rounds), sleeping a little longer each round that found nothing (10 us .. 0.2 ms while rows came
+    in the last ``BUSY_SECONDS``, else up to 2 ms). An error is logged, never fatal."""
+    pause, busy_until = 1e-5, 0.0
     while not stop.is_set():
         try:
             beat()
@@ -671,11 +681,11 @@ def commit_loop(commit: Callable[[], int], beat: Callable[[], None], stop: threa
             logger.exception("shared-memory commit failed")
             found = 0
         if found:
-            pause = 1e-5
+            pause, busy_until = 1e-5, time.monotonic() + BUSY_SECONDS
             time.sleep(0)  # the lock's other takers (requests) get their turn
             continue
         stop.wait(pause)
-        pause = min(pause * 2, 2e-3)
+        pause = min(pause * 2, 2e-4 if time.monotonic() < busy_until else 2e-3)
 
 
 def start_commit_thread(core: Any, lock: Any, stopping: Callable[[], bool]) -> Optional[threading.Event]:

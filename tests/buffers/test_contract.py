@@ -10,7 +10,8 @@ storage section); ``chunk`` with its payload store in ``memory`` or on ``disk`` 
 fragments of one worker; a sample of n items is n chunks).
 
 Contracts:
-1. push is all or nothing: a batch with one invalid item raises and leaves ``state_dict()`` unchanged;
+1. push is all or nothing: a batch with one invalid item raises and leaves ``state_dict()`` unchanged; a
+   batched push keeps no reference to the caller's batch;
 2. update is all or nothing where it takes priorities (``advanced``, ``prioritized_episode``, ``deque_prio``:
    garbage raises, state unchanged); elsewhere a well-formed update is a no-op;
 3. load is all or nothing: a corrupted state for ``load_state_dict``, a truncated / damaged file for ``load_data``
@@ -34,7 +35,7 @@ import zipfile
 import numpy as np
 import pytest
 import torch
-from helpers import Case, Payload, assert_same, run_threads, states_equal, wait_until
+from helpers import OBS_DIM, Case, Payload, assert_same, run_threads, states_equal, wait_until
 
 from ding_buffer import create_buffer
 
@@ -114,6 +115,25 @@ def test_push_is_all_or_nothing(case, tmp_path):
     case.fill(buf, rng, 2, start=6)
     assert buf.count() == 8
     assert not states_equal(buf.state_dict(), before)
+    buf.close()
+
+
+@pytest.mark.parametrize('case', [c for c in CASES if not (c.episodic or c.chunk)], ids=lambda c: c.id)
+def test_a_batched_push_keeps_no_reference_to_the_callers_batch(case, tmp_path):
+    """Collectors reuse their batch buffers, and the manager hands shared-memory rows to ``push`` in place: what a
+    batched push stored never changes when the caller writes to its batch afterwards. (Episode buffers take whole
+    episodes, the chunk buffer fragments: neither takes a batch.)"""
+    rng = np.random.default_rng(2)
+    buf = case.make(tmp_path)
+    if case.gfn:
+        batch = case.gfn_batch(rng, 4)
+    else:
+        batch = {'obs': torch.from_numpy(rng.standard_normal((4, OBS_DIM)).astype(np.float32)), 'act': torch.arange(4)}
+    assert buf.push(batch, batched=True) == 4
+    before = buf.state_dict()
+    for v in batch.values():
+        v.fill_(7)
+    assert_same(buf.state_dict(), before, f'{case.id}: state after the caller rewrote its batch')
     buf.close()
 
 

@@ -438,3 +438,51 @@ def test_a_worker_whose_layouts_keep_changing_takes_the_wire_and_every_row_is_st
     assert [int(x['tag']) for x in items] == sent
     assert all(x['reward'] == t and type(x['reward']) is (int if t % 2 else float) for t, x in zip(sent, items))
     job.close()
+
+
+@pytest.mark.parametrize('storage', ['list', 'tensor'])
+def test_large_columns_go_to_the_buffer_in_place_and_stored_rows_survive_the_ring_wrapping(storage):
+    """A batched take hands its large columns (here obs, 512 bytes a row) to the buffer in the ring's own memory;
+    the buffer copies them, so the worker's later writes into the same slots change nothing stored."""
+    job = Job(storage, ring_mb=(512 + 8) * 24 / (1 << 20), type_='naive')  # room for 24 rows: pushes of 10 wrap
+    pushed = []
+    for k in range(12):
+        obs = torch.randn(10, 128, generator=torch.Generator().manual_seed(k))
+        batch = {'obs': obs, 'tag': torch.arange(10 * k, 10 * k + 10)}
+        job.pusher.push(batch, True)
+        pushed.append(batch)
+        job.core.commit_rings()
+    assert job.request('count') == 120
+    assert job.core.counters['shm_rows'] == 120
+    out = job.buffer.sample(120, 0)  # (without replacement)
+    if storage == 'list':
+        tags, obs = torch.stack([r['tag'] for r in out]), torch.stack([r['obs'] for r in out])
+    else:
+        tags, obs = out['tag'], out['obs']
+    want = torch.cat([b['obs'] for b in pushed])
+    assert sorted(tags.tolist()) == list(range(120))
+    assert torch.equal(obs, want[tags])
+    job.close()
+
+
+def test_small_columns_of_a_take_are_copies_the_writer_cannot_change_under_the_buffers_checks():
+    """What the buffer validates (priorities, rewards, flags: the small columns) is copied out of the ring before
+    ``push`` sees it, so a writer that scribbles on rows it handed over cannot slip a NaN priority past the
+    checks; large columns are read in place."""
+    from ding_buffer.distributed.shm_ring import WRITTEN, RingReader
+
+    fields, n = layout_of({'obs': torch.zeros(4, 128), 'priority': torch.ones(4)}, True)
+    ring = RingReader(fields, 8)
+    try:
+        ring.map.cols['obs'][:4] = 1.0
+        ring.map.cols['priority'][:4] = 2.0
+        ring.map.head[WRITTEN] = 4  # the writer's counter: 4 rows written
+        block, starts, _ = ring.take(8)
+        push = ring.as_push(block)
+        ring.map.cols['obs'][:4] = 5.0  # the writer scribbles on the rows it handed over
+        ring.map.cols['priority'][:4] = float('nan')
+        assert torch.equal(push['priority'], torch.full((4,), 2.0))
+        assert torch.equal(push['obs'], torch.full((4, 128), 5.0))  # in place: the buffer copies it at push
+        del block, push
+    finally:
+        ring.close()
