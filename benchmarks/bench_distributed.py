@@ -15,7 +15,9 @@ What is measured
       batch's size with ``RemoteBuffer.push(batch, batched=True)`` into a ``'naive'`` buffer on tensor storage
       (capacity 4 batches) owned by the manager; synchronous pushes (``async_score=False``), plus an
       ``async_score=True`` column for the 2-worker rows (the next push is sent before the previous score is
-      read; the last score is drained inside the timed region);
+      read; the last score is drained inside the timed region), and a shared-memory column for every row
+      (``distributed.shared_memory=True``: the pushes go into the worker's ring; the clock stops after the
+      worker's ``close()``, once the manager has committed every row; ``--no-shm`` skips it, ``--hosts`` too);
     * torchgfn (when installed), under ``torchrun`` with 2 workers: torchgfn 2.4.1's ``ReplayBufferManager``
       (plain ``ReplayBuffer``, prioritized capacity of 4 batches) fed by ``ReplayBuffer(env,
       remote_manager_rank=...).add(container)`` on each worker, with ``StatesContainer``s of
@@ -37,7 +39,8 @@ What is measured
 
 Run
     python benchmarks/bench_distributed.py [--quick] [--backends torch,mpi,ray] [--sizes 0.1,1,5]
-                                           [--workers 2,1] [--rounds 3] [--no-async] [--no-torchgfn] [--out PATH]
+                                           [--workers 2,1] [--rounds 3] [--no-async] [--no-shm] [--no-torchgfn]
+                                           [--out PATH]
                                            [--hosts 10gbit]
 
     ``--hosts RATE`` runs every rank on a host of its own: network namespaces joined by a bridge
@@ -114,6 +117,7 @@ def ding_cfg(ph: Dict[str, Any], plan: Dict[str, Any], backend: str, mode: str, 
         heartbeat_seconds=3600.0,
         peer_timeout=None,
         async_score=(mode == 'async'),
+        shared_memory=(mode == 'shm'),
         **extra,
     )
     return dict(
@@ -138,9 +142,13 @@ def push_loop(buf: Any, ph: Dict[str, Any], seed: int, mode: str, timeout: float
         lat.append(time.perf_counter() - a)
     if mode == 'async':
         buf.drain_pending_score(timeout)
-    t1 = now()
     stored = (buf.pushes.last_score or {}).get("stored")
-    buf.close()
+    if mode == 'shm':  # the pushes returned once written to the ring: the clock stops when the manager has
+        buf.close()  # committed them all (it commits the ring before it answers the worker's exit)
+        t1 = now()
+    else:
+        t1 = now()
+        buf.close()
     return dict(t0=t0, t1=t1, n=ph['n'], bytes=ph['bytes'], last_stored=stored, lat=lat[WARMUP:])
 
 
@@ -652,6 +660,7 @@ def make_plan(args) -> Dict[str, Any]:
             gfn_n = min(n, max(args.gfn_n_min, math.ceil(args.gfn_budget_mb * MB / (gfn_rows * GFN_ROW_BYTES))))
             for w in args.workers:
                 modes = ['sync'] + (['async'] if w == max(args.workers) and not args.no_async else [])
+                modes += [] if args.no_shm else ['shm']
                 phases.append(
                     dict(
                         id=len(phases),
@@ -789,12 +798,14 @@ def backend_table(backend: str, res: Dict[str, Any], results: Dict[str, Any]) ->
         'e2e/raw',
         'async MB/s',
         'async/raw',
+        'shared memory MB/s',
+        'shm/raw',
         'torchgfn MB/s (batches/worker)',
         'ours/torchgfn',
     ]
     lines = []
     for row in res['rows']:
-        ph, raw, sync, asy = row['phase'], row['raw'], row['sync'], row.get('async')
+        ph, raw, sync, asy, shm = row['phase'], row['raw'], row['sync'], row.get('async'), row.get('shm')
         top = ph['workers'] == max(p['phase']['workers'] for p in res['rows'])
         g = gfn_row(results, ph['size_mb']) if top else None
         r3 = ratio(sync, g)
@@ -809,6 +820,8 @@ def backend_table(backend: str, res: Dict[str, Any], results: Dict[str, Any]) ->
                 f_share(row, 'sync'),
                 f_pair(asy) if 'async' in ph['modes'] else '-',
                 f_share(row, 'async') if 'async' in ph['modes'] else '-',
+                f_pair(shm) if 'shm' in ph['modes'] else '-',
+                f_share(row, 'shm') if 'shm' in ph['modes'] else '-',
                 f"{f_pair(g)} ({g['n']})" if g else '-',
                 f'{r3:.1f}x' if r3 else '-',
             ]
@@ -851,14 +864,15 @@ def targets(results: Dict[str, Any], args) -> List[str]:
             continue
         for row in res['rows']:
             ph = row['phase']
-            if ph['size_mb'] >= 1:
-                r = raw_share(row, 'sync')
-                out.append(
-                    f"- {backend}, {ph['size_mb']:g} MB, {ph['workers']} worker(s): e2e/raw "
-                    f"{f_share(row, 'sync')} -> "
-                    f"{'n/a' if r is None else ('met' if r >= TARGET_RAW_SHARE else 'MISSED')} "
-                    f"(target >= {TARGET_RAW_SHARE:.0%})"
-                )
+            for mode in ('sync', 'shm'):
+                if ph['size_mb'] >= 1 and mode in ph['modes']:
+                    r = raw_share(row, mode)
+                    out.append(
+                        f"- {backend}{' + shared memory' if mode == 'shm' else ''}, {ph['size_mb']:g} MB, "
+                        f"{ph['workers']} worker(s): e2e/raw {f_share(row, mode)} -> "
+                        f"{'n/a' if r is None else ('met' if r >= TARGET_RAW_SHARE else 'MISSED')} "
+                        f"(target >= {TARGET_RAW_SHARE:.0%})"
+                    )
             if ph['workers'] == max(args.workers):
                 r = ratio(row['sync'], gfn_row(results, ph['size_mb']))
                 if r is not None:
@@ -936,6 +950,9 @@ def parse_args(argv=None):
     p.add_argument('--sizes', default='0.1,1,5', help='batch sizes in MB (2^20 bytes), comma-separated')
     p.add_argument('--workers', default='2,1', help='worker counts, comma-separated (each at most 2)')
     p.add_argument('--no-async', action='store_true', help='skip the async_score column')
+    p.add_argument(
+        '--no-shm', action='store_true', help='skip the shared-memory column (distributed.shared_memory=True)'
+    )
     p.add_argument('--rounds', type=int, default=None, help='rounds of every cell (default 3, quick 1)')
     p.add_argument('--no-torchgfn', action='store_true', help='skip torchgfn')
     p.add_argument('--budget-mb', type=float, default=None, help='payload per worker per cell (default 128, quick 4)')
@@ -967,6 +984,7 @@ def parse_args(argv=None):
     bad = [b for b in args.backends if b not in ('torch', 'mpi', 'ray')]
     if bad:
         p.error(f'unknown backends {bad}')
+    args.no_shm = args.no_shm or bool(args.hosts)  # every rank on a host of its own: nothing to share
     args.sizes = [float(s) for s in args.sizes.split(',')]
     args.workers = sorted({int(w) for w in args.workers.split(',')}, reverse=True)
     if any(s <= 0 for s in args.sizes) or any(w not in (1, 2) for w in args.workers):
