@@ -436,15 +436,20 @@ class RingReader:
     def take(self, limit: int, upto: Optional[int] = None) -> Tuple[Optional[np.ndarray], Optional[np.ndarray], int]:
         """``(rows, push starts, envstep)``: up to ``limit`` rows written since the last take (and before counter
         value ``upto``; ``None, None`` if none) and a copy of their marks of a push's first row; ``RingCorrupt``
-        when the writer's counter is impossible. The rows are the ring's own memory when they do not wrap (a copy
-        when they do): valid until ``done``, and ``as_push`` copies what the buffer's checks read."""
+        when the writer's counter is impossible. The rows are the ring's own memory (valid until ``done``;
+        ``as_push`` copies what the buffer's checks read), but for a push that wraps around the ring's end: it is
+        taken alone, as a copy (the take before it ends at its first row)."""
         written = self.target() if upto is None else upto
         n = min(written - self.read, limit)
         if n <= 0:
             return None, None, -1
-        a = self.read % self.map.rows
+        rows, a = self.map.rows, self.read % self.map.rows
+        if a + n > rows:  # the rows wrap around: take whole pushes up to the end, then the push that wraps alone
+            later = np.flatnonzero(self.map.starts[a + 1 : rows])
+            after = np.flatnonzero(self.map.starts[: a + n - rows]) if not len(later) else later
+            n = int(later[-1]) + 1 if len(later) else (rows - a + int(after[0]) if len(after) else n)
         b = a + n
-        parts = [slice(a, b)] if b <= self.map.rows else [slice(a, None), slice(0, b - self.map.rows)]
+        parts = [slice(a, b)] if b <= rows else [slice(a, None), slice(0, b - rows)]
         block = self.map.body[parts[0]] if len(parts) == 1 else np.concatenate([self.map.body[p] for p in parts])
         starts = np.concatenate([self.map.starts[p] for p in parts])
         envstep = int(self.map.ihead[ENVSTEP])
@@ -565,8 +570,8 @@ class RingIntake:
     def commit(self, apply: Callable[[Any, Any, bool, int], Any], sender: Any = None, only: Any = None) -> int:
         """Apply rings' rows through ``apply(sender, data, batched, envstep)``; returns how many rows were taken.
         With ``sender``: everything its rings hold now (before one of its requests is served: its order), else
-        one take per ring (a writer that never stops cannot hold the manager). A refused take is counted, dropped
-        and told to the worker; a corrupt ring is closed."""
+        up to one take's worth of rows per ring (a writer that never stops cannot hold the manager). A refused take
+        is counted, dropped and told to the worker; a corrupt ring is closed."""
         total = 0
         for s in [sender] if sender is not None else list(self.rings):
             for client, ring in list(self.rings.get(s, {}).items()):
@@ -575,17 +580,17 @@ class RingIntake:
                 try:
                     if sender is None:
                         ring.let_go_of_fd()
-                    upto = ring.target()
-                    while True:
-                        block, starts, envstep = ring.take(ring.take_rows, upto)
+                    upto, budget = ring.target(), ring.take_rows
+                    while budget > 0:
+                        block, starts, envstep = ring.take(min(ring.take_rows, budget), upto)
                         if block is None:
                             break
                         n = len(block)
                         self._apply(apply, s, ring, block, starts, envstep)
                         ring.done(n)
                         total += n
-                        if sender is None:
-                            break
+                        if sender is None:  # one take's worth of rows per ring and round (two at its end)
+                            budget -= n
                 except Exception as e:  # noqa: BLE001 - an impossible counter (or anything else a ring does): closed
                     logger.warning("shared-memory ring of %r closed: %s: %s", s, type(e).__name__, e)
                     self.counters['shm_corrupt_rings'] += 1

@@ -486,3 +486,31 @@ def test_small_columns_of_a_take_are_copies_the_writer_cannot_change_under_the_b
         del block, push
     finally:
         ring.close()
+
+
+def test_a_refused_push_that_wraps_around_the_rings_end_drops_only_itself():
+    """Takes end at a push's first row before the ring's end, and a push that wraps around it is taken alone: a NaN
+    priority in the wrapping push costs that push only, and every other row is stored once."""
+    job = Job('tensor', ring_mb=(12 + 8 + 8) * 24 / (1 << 20))  # room for 24 rows of 5-row pushes: the 5th wraps
+
+    def batch(k):
+        prio = torch.full((5,), 1.0 + k, dtype=torch.float64)
+        prio[-1] = float('nan') if k == 4 else prio[-1]  # the wrapping push's row after the ring's end
+        return {'obs': torch.full((5, 3), float(k)), 'tag': torch.arange(5 * k, 5 * k + 5), 'priority': prio}
+
+    for k in range(3):
+        job.pusher.push(batch(k), True)
+    job.core.commit_rings()
+    for k in range(3, 6):  # rows 15..29: push 4 takes slots 20..23 and 0
+        job.pusher.push(batch(k), True)
+    while job.core.commit_rings():
+        pass
+    assert job.core.counters['shm_rows'] == 25 and job.core.counters['shm_refused_rows'] == 5
+    with pytest.raises(ValueError, match='refused 5 rows'):
+        job.pusher.push(batch(6), True)
+    assert job.buffer.count() == 25
+    seen = set()
+    for _ in range(40):  # prioritized draws: every stored row shows up
+        seen |= set(job.buffer.sample(25, 0)['tag'].tolist())
+    assert sorted(seen) == [t for t in range(30) if not 20 <= t < 25]
+    job.close()
