@@ -16,8 +16,9 @@ What is measured
       (capacity 4 batches) owned by the manager; synchronous pushes (``async_score=False``), plus an
       ``async_score=True`` column for the 2-worker rows (the next push is sent before the previous score is
       read; the last score is drained inside the timed region), and a shared-memory column for every row
-      (``distributed.shared_memory=True``: the pushes go into the worker's ring; the clock stops after the
-      worker's ``close()``, once the manager has committed every row; ``--no-shm`` skips it, ``--hosts`` too);
+      (``distributed.shared_memory=True``: the pushes go into the worker's ring; the clock stops when a
+      ``count()`` returns, which the manager answers after committing every row; ``--no-shm`` skips it, ``--hosts``
+      too);
     * torchgfn (when installed), under ``torchrun`` with 2 workers: torchgfn 2.4.1's ``ReplayBufferManager``
       (plain ``ReplayBuffer``, prioritized capacity of 4 batches) fed by ``ReplayBuffer(env,
       remote_manager_rank=...).add(container)`` on each worker, with ``StatesContainer``s of
@@ -144,11 +145,9 @@ def push_loop(buf: Any, ph: Dict[str, Any], seed: int, mode: str, timeout: float
         buf.drain_pending_score(timeout)
     stored = (buf.pushes.last_score or {}).get("stored")
     if mode == 'shm':  # the pushes returned once written to the ring: the clock stops when the manager has
-        buf.close()  # committed them all (it commits the ring before it answers the worker's exit)
-        t1 = now()
-    else:
-        t1 = now()
-        buf.close()
+        buf.count()  # committed them all (it commits a worker's ring before it serves any request of the worker)
+    t1 = now()
+    buf.close()
     return dict(t0=t0, t1=t1, n=ph['n'], bytes=ph['bytes'], last_stored=stored, lat=lat[WARMUP:])
 
 
@@ -265,9 +264,15 @@ def rank_mpi(plan: Dict[str, Any], save) -> List[Dict[str, Any]]:
     rank, world = comm.Get_rank(), comm.Get_size()
     mgr = world - 1
     out = []
+
+    def barrier() -> None:  # a rank left out of a 1-worker cell waits here without spinning a core (MPI's does)
+        req = comm.Ibarrier()
+        while not req.Test():
+            time.sleep(1e-3)
+
     for ph in plan['phases']:
         workers = list(range(ph['workers']))
-        comm.Barrier()
+        barrier()
         rec = dict(phase=ph['id'], mode='raw', rank=rank)
         total = WARMUP + ph['n']
         if rank == mgr:
@@ -285,9 +290,9 @@ def rank_mpi(plan: Dict[str, Any], save) -> List[Dict[str, Any]]:
                 comm.Recv([ack, MPI.BYTE], source=mgr, tag=RAW_TAG)
 
             out.append(dict(rec, n=ph['n'], bytes=ph['bytes'], **timed_round_trips(total, round_trip)))
-        out += e2e_modes(plan, ph, 'mpi', rank, world, mgr, workers, comm.Barrier)
+        out += e2e_modes(plan, ph, 'mpi', rank, world, mgr, workers, barrier)
         save(out)
-    comm.Barrier()
+    barrier()
     return out
 
 

@@ -7,22 +7,22 @@ token of the reply in its header. The memory goes when both sides unmapped it, h
 that cannot map it (another host, a container with its own ``/proc``, a CPU without x86-64 store ordering) keeps
 the wire.
 
-Layout: a 512-byte header -- uint64 words magic, rows written (the worker's counter), rows read (the manager's),
-the manager's heartbeat (``time.monotonic_ns``), closed, rows refused and final (set by the manager), the token,
-the worker's last ``cur_collector_envstep``; then why the buffer last refused rows (text) -- then ``rows``
-fixed-size rows (a numpy structured dtype), then one byte per row that marks the first row of each push. A
-worker writes a push's rows into free slots (waiting for room for the whole push first) and then moves its
-counter; the manager reads the counter, copies the rows up to it out of shared memory, hands the copy to the
-buffer as one batched push (refused: push by push, so only the pushes the buffer refuses are dropped) and then
-moves its own counter. A worker learns of refused rows on its next push, which raises ``ValueError`` with the
-buffer's reason (as an ``async_score`` push learns late), or from ``close``. Nothing the worker writes is
-trusted: the layout is the manager's copy of what the worker announced (checked when announced), the file cannot
-change size, and a counter that goes back or past the manager's one by more than the ring holds marks the ring as
-corrupt -- it is closed and counted (``shm_corrupt_rings``; the worker's next push raises and the one after gets a
-new ring) -- while the rows and push marks a worker lies about are data, judged by the buffer like any push.
-Rows are read once: the manager's read counter lives in its own memory. Closing is a handshake (closing -> the
-last take -> final), so a worker writing while its ring closes learns which of its rows were taken and writes the
-rest into a new ring.
+Layout: a 512-byte header -- uint64 words magic, rows written (the worker's counter), rows read (the manager's), the
+manager's heartbeat (``time.monotonic_ns``), closed, rows refused and final (set by the manager), the token, the
+worker's last ``cur_collector_envstep``; then why the buffer last refused rows (text) -- then one column of ``rows``
+slots per field (each on a 64-byte boundary), then one byte per slot that marks the first row of each push. A worker
+writes a push's rows into free slots (waiting for room for the whole push first) and then moves its counter; the
+manager reads the counter, hands the rows up to it to the buffer as one batched push (refused: push by push, so only
+the pushes the buffer refuses are dropped; small columns copied first, large ones read in place, see
+``IN_PLACE_BYTES``) and then moves its own counter. A worker learns of refused rows on its next push, which raises
+``ValueError`` with the buffer's reason (as an ``async_score`` push learns late), or from ``close``. Nothing the
+worker writes is trusted: the layout is the manager's copy of what the worker announced (checked when announced),
+the file cannot change size, and a counter that goes back or past the manager's one by more than the ring holds
+marks the ring as corrupt -- it is closed and counted (``shm_corrupt_rings``; the worker's next push raises and the
+one after gets a new ring) -- while the rows and push marks a worker lies about are data, judged by the buffer like
+any push. Rows are read once: the manager's read counter lives in its own memory. Closing is a handshake (closing ->
+the last take -> final), so a worker writing while its ring closes learns which of its rows were taken and writes
+the rest into a new ring.
 """
 
 import fcntl
@@ -177,16 +177,29 @@ class _Mapped:
 
     def __init__(self, fd: int, dtype: np.dtype, rows: int) -> None:
         self.rows = rows
-        self.mm = mmap.mmap(fd, self.size(dtype, rows))
+        # every page mapped now (MAP_POPULATE), not faulted in by the first pushes (about 4,096 faults per 16 MiB)
+        self.mm = mmap.mmap(fd, self.size(dtype, rows), flags=mmap.MAP_SHARED | getattr(mmap, 'MAP_POPULATE', 0))
         self.head = np.ndarray((HEADER // 8,), np.uint64, self.mm, 0)
         self.ihead = np.ndarray((HEADER // 8,), np.int64, self.mm, 0)
-        self.body = np.ndarray((rows,), dtype, self.mm, HEADER)
-        self.starts = np.ndarray((rows,), np.uint8, self.mm, HEADER + dtype.itemsize * rows)  # 1: a push's first row
-        self.cols = {name: self.body[name] for name in dtype.names}
+        self.cols, self.offsets = {}, {}  # a column per field, one after the other: rows[i] of a field is contiguous
+        for name, off, sub in self._columns(dtype, rows):
+            self.cols[name] = np.ndarray((rows, *sub.shape), sub.base, self.mm, off)
+            self.offsets[name] = (off, sub.itemsize)
+        self.starts = np.ndarray((rows,), np.uint8, self.mm, self.size(dtype, rows) - rows)  # 1: a push's first row
 
     @staticmethod
-    def size(dtype: np.dtype, rows: int) -> int:
-        return HEADER + (dtype.itemsize + 1) * rows
+    def _columns(dtype: np.dtype, rows: int):
+        """``(name, byte offset, row dtype)`` of each field's column; each starts on a 64-byte boundary."""
+        off = HEADER
+        for name in dtype.names:
+            sub = dtype.fields[name][0]
+            yield name, off, sub
+            off = -(-(off + sub.itemsize * rows) // 64) * 64
+
+    @classmethod
+    def size(cls, dtype: np.dtype, rows: int) -> int:
+        *_, (name, off, sub) = cls._columns(dtype, rows)
+        return -(-(off + sub.itemsize * rows) // 64) * 64 + rows
 
     @classmethod
     def create(cls, dtype: np.dtype, rows: int) -> Tuple['_Mapped', int]:
@@ -211,7 +224,7 @@ class _Mapped:
             os.close(fd)
 
     def close(self) -> None:
-        self.head = self.ihead = self.body = self.starts = self.cols = None
+        self.head = self.ihead = self.starts = self.cols = None
         try:
             self.mm.close()
         except BufferError:  # a view still exported somewhere: the mapping goes with it
@@ -254,14 +267,12 @@ class RingWriter:
         self.timeout = timeout
         self.written = int(self.map.head[WRITTEN])
         self.refused = 0
-        self.itemsize = dtype.itemsize
-        # one item's fields as (name, kind, what it must be, shape, byte offset, byte end): what ``matches``
-        # checks and ``_put`` copies (a row is its fields' bytes at their offsets)
+        # one item's fields as (name, kind, what it must be, shape, column offset, bytes a row): what ``matches``
+        # checks and ``_put`` copies (row i of a field is its bytes at offset + i * size)
         self.spec = []
         for name, kind, dt, shape in fields:
             want = getattr(torch, dt) if kind == 't' else np.dtype(dt) if kind in ('n', 'g') else SCALAR_TYPES[kind]
-            off = dtype.fields[name][1]
-            self.spec.append((name, kind, want, tuple(shape), off, off + dtype.fields[name][0].itemsize))
+            self.spec.append((name, kind, want, tuple(shape), *self.map.offsets[name]))
 
     def matches(self, item: Any) -> bool:
         """Whether ``item`` (one item dict) has this ring's layout: the quick check of a push's every row."""
@@ -283,14 +294,15 @@ class RingWriter:
         return True
 
     def _put(self, slot: int, item: Dict[str, Any]) -> None:
-        mm, base = self.map.mm, HEADER + slot * self.itemsize
-        for (_, kind, _, _, lo, hi), v in zip(self.spec, item.values()):
+        mm = self.map.mm
+        for (_, kind, _, _, off, size), v in zip(self.spec, item.values()):
+            lo, hi = off + slot * size, off + (slot + 1) * size
             if kind == 't':
-                mm[base + lo : base + hi] = v.numpy().tobytes()
+                mm[lo:hi] = v.numpy().tobytes()
             elif kind in ('n', 'g'):
-                mm[base + lo : base + hi] = v.tobytes()
+                mm[lo:hi] = v.tobytes()
             else:
-                mm[base + lo : base + hi] = SCALAR_PACK[kind](v)
+                mm[lo:hi] = SCALAR_PACK[kind](v)
 
     def check_manager(self) -> None:
         """``RuntimeError`` when the manager closed the ring as corrupt; ``ManagerUnavailableError`` when its
@@ -396,18 +408,19 @@ class RingCorrupt(ValueError):
 
 
 class RingReader:
-    """The manager's end of one ring: ``take`` copies the rows written since the last take out of shared memory."""
+    """The manager's end of one ring: ``take`` hands over the rows written since the last take."""
 
     def __init__(self, fields: list, rows: int) -> None:
         self.fields = fields
-        self.map, self.fd = _Mapped.create(row_dtype(fields), rows)
+        dtype = row_dtype(fields)
+        self.map, self.fd = _Mapped.create(dtype, rows)
         self.token = secrets.randbits(63)
         self.map.head[MAGIC_W], self.map.head[TOKEN] = MAGIC, self.token
         self.read = self.refused = 0
         # python scalars (and 0-d arrays) come back per row as they were pushed; the rest as one batched dict
         self.per_row = any(f[1] in ('b', 'i', 'f') or (f[1] == 'n' and not f[3]) for f in fields)
-        self.nbytes = _Mapped.size(self.map.body.dtype, rows)
-        self.take_rows = max(4096, TAKE_BYTES // max(1, self.map.body.dtype.itemsize))
+        self.nbytes = _Mapped.size(dtype, rows)
+        self.take_rows = max(4096, TAKE_BYTES // max(1, dtype.itemsize))
         self.batched = not self.per_row
 
     @property
@@ -450,12 +463,13 @@ class RingReader:
             n = int(later[-1]) + 1 if len(later) else (rows - a + int(after[0]) if len(after) else n)
         b = a + n
         parts = [slice(a, b)] if b <= rows else [slice(a, None), slice(0, b - rows)]
-        block = self.map.body[parts[0]] if len(parts) == 1 else np.concatenate([self.map.body[p] for p in parts])
+        cols = self.map.cols.items()
+        block = {k: c[parts[0]] if len(parts) == 1 else np.concatenate([c[p] for p in parts]) for k, c in cols}
         starts = np.concatenate([self.map.starts[p] for p in parts])
         envstep = int(self.map.ihead[ENVSTEP])
         return block, starts, envstep if -STEP_LIMIT < envstep < STEP_LIMIT else -1
 
-    def as_push(self, block: np.ndarray) -> Any:
+    def as_push(self, block: Dict[str, np.ndarray]) -> Any:
         """Rows taken from the ring as the buffer's push: a batched dict of columns, or (python scalars or 0-d
         arrays in the layout) one item dict per row, each leaf of the type pushed."""
         if self.per_row:  # one item dict per row (each row a copy)
@@ -585,7 +599,7 @@ class RingIntake:
                         block, starts, envstep = ring.take(min(ring.take_rows, budget), upto)
                         if block is None:
                             break
-                        n = len(block)
+                        n = len(starts)
                         self._apply(apply, s, ring, block, starts, envstep)
                         ring.done(n)
                         total += n
@@ -604,19 +618,17 @@ class RingIntake:
         (the marks of a push's first row), as over the wire. A push that raises is dropped, counted and told to the
         worker; rows the buffer declines without an error are counted (``shm_declined_rows``), as a wire push's
         ``stored`` shows them. The ring stays."""
-        n, err = len(block), None
+        n, err = len(starts), None
         try:
             stored = apply(sender, ring.as_push(block), ring.batched, envstep)
         except Exception as e:  # noqa: BLE001 - the buffer's refusal, judged below push by push
             stored, err = 0, e
-        cuts = [0, *(np.flatnonzero(starts[1:]) + 1).tolist(), n]
-        if stored or len(cuts) == 2:
-            cuts = [0, n]
-        else:
+        cuts = [] if stored else [0, *(np.flatnonzero(starts[1:]) + 1).tolist(), n]
+        if len(cuts) > 2:  # nothing stored, and the take holds several pushes
             stored, err = 0, None
             for a, b in zip(cuts[:-1], cuts[1:]):
                 try:
-                    k = apply(sender, ring.as_push(block[a:b]), ring.batched, envstep)
+                    k = apply(sender, ring.as_push({f: c[a:b] for f, c in block.items()}), ring.batched, envstep)
                 except Exception as e:  # noqa: BLE001
                     self._refuse(sender, ring, b - a, e)
                     n -= b - a
