@@ -30,7 +30,8 @@ What is measured
     Every cell runs ``--rounds`` times (default 3), each round measuring raw and end to end back to back, rounds
     one after another: on a shared 2-core machine a single short cell swings by tens of percent, so the tables
     show medians over the rounds and the e2e/raw column the median of the rounds' own ratios with their range.
-    Every worker does 2 untimed warm-up pushes (or sends), then N timed ones; its rate is N * payload bytes /
+    Every worker does 4 untimed warm-up pushes (they fill the manager's storage once, so its pages are faulted in
+    before the clock starts; 2 raw sends, 2 torchgfn adds), then N timed ones; its rate is N * payload bytes /
     (time of the last - time of the first). Aggregate MB/s = all workers' bytes / (last end - first start),
     per-worker MB/s = mean of the workers' own rates; batches/s is aggregate. e2e/raw = aggregate end-to-end /
     aggregate raw of the same row; ours/torchgfn = aggregate ding_buffer (sync) / aggregate torchgfn.
@@ -87,6 +88,7 @@ GFN_NDIM = 64  # torchgfn: int64[rows, 64] + bool[rows] + float32[rows] = 517 by
 GFN_ROW_BYTES = GFN_NDIM * 8 + 1 + 4
 CAPACITY_BATCHES = 4
 WARMUP = 2
+PUSH_WARMUP = CAPACITY_BATCHES  # ours: untimed pushes that fill the manager's storage once (its pages faulted in)
 RAW_TAG = 99  # ding_buffer's transport uses tag 7; torchgfn tag 0
 WORLD = 3  # torch / mpi jobs: ranks 0..W-1 are workers, rank 2 the manager
 DEFAULT_OUT = os.path.join(HERE, 'results', 'bench_distributed.json')
@@ -132,11 +134,11 @@ def ding_cfg(ph: Dict[str, Any], plan: Dict[str, Any], backend: str, mode: str, 
 def push_loop(buf: Any, ph: Dict[str, Any], seed: int, mode: str, timeout: float) -> Dict[str, Any]:
     """A worker's timed pushes; returns its record (t0/t1 on the machine-wide monotonic clock)."""
     batches = make_batches(ph['rows'], seed)
-    total = WARMUP + ph['n']
+    total = PUSH_WARMUP + ph['n']
     lat = []
     t0 = now()
     for i in range(total):
-        if i == WARMUP:
+        if i == PUSH_WARMUP:
             t0 = now()
         a = time.perf_counter()
         buf.push(batches[i % len(batches)], batched=True)
@@ -148,7 +150,7 @@ def push_loop(buf: Any, ph: Dict[str, Any], seed: int, mode: str, timeout: float
         buf.count()  # committed them all (it commits a worker's ring before it serves any request of the worker)
     t1 = now()
     buf.close()
-    return dict(t0=t0, t1=t1, n=ph['n'], bytes=ph['bytes'], last_stored=stored, lat=lat[WARMUP:])
+    return dict(t0=t0, t1=t1, n=ph['n'], bytes=ph['bytes'], last_stored=stored, lat=lat[PUSH_WARMUP:])
 
 
 def serve_timed(mgr: Any, timeout: float) -> Dict[str, Any]:
@@ -637,7 +639,7 @@ def aggregate(recs: List[Dict[str, Any]], phase: int, mode: str, workers: int) -
     mgr = [r for r in recs if r['phase'] == phase and r['mode'] == mode and r.get('manager')]
     if mgr:
         m = mgr[0]
-        batches = sum(r['n'] for r in ws) + WARMUP * workers
+        batches = sum(r['n'] for r in ws) + (WARMUP if mode == 'torchgfn' else PUSH_WARMUP) * workers
         if 'handle_s' in m:
             out['manager_handle_ms_per_batch'] = 1e3 * m['handle_s'] / batches
             out['manager_run_s'] = m['run_s']
@@ -904,7 +906,8 @@ def print_report(env: Dict[str, Any], plan: Dict[str, Any], results: Dict[str, A
         f"- 1 manager + {'/'.join(map(str, args.workers))} workers {where}; MB = 2^20 bytes of tensor "
         f"payload; {args.rounds} round(s) of every cell, raw then end to end back to back in each; rates are "
         f"medians over the rounds and e2e/raw the median of the rounds' ratios (lowest-highest in parentheses); "
-        f"per cell {WARMUP} warm-up + N timed pushes per worker, N = {args.budget_mb:g} MB / batch "
+        f"per cell {PUSH_WARMUP} warm-up pushes ({WARMUP} raw round trips, {WARMUP} torchgfn adds) + N timed "
+        f"ones per worker, N = {args.budget_mb:g} MB / batch "
         f"clamped to [{args.n_min}, {args.n_max}] (torchgfn: {args.gfn_budget_mb:g} MB / batch, >= "
         f"{args.gfn_n_min}, capped at N){' -- QUICK smoke run, numbers are noise' if args.quick else ''}"
     )
@@ -960,14 +963,14 @@ def parse_args(argv=None):
     )
     p.add_argument('--rounds', type=int, default=None, help='rounds of every cell (default 3, quick 1)')
     p.add_argument('--no-torchgfn', action='store_true', help='skip torchgfn')
-    p.add_argument('--budget-mb', type=float, default=None, help='payload per worker per cell (default 128, quick 4)')
+    p.add_argument('--budget-mb', type=float, default=None, help='payload per worker per cell (default 512, quick 4)')
     p.add_argument('--n-min', type=int, default=None, help='fewest timed pushes per worker (default 40, quick 3)')
     p.add_argument('--n-max', type=int, default=None, help='most timed pushes per worker (default 500, quick 40)')
     p.add_argument(
         '--gfn-budget-mb', type=float, default=None, help='torchgfn payload per worker per cell (default 24, quick 2)'
     )
     p.add_argument('--gfn-n-min', type=int, default=None, help='fewest torchgfn timed adds (default 3, quick 2)')
-    p.add_argument('--job-timeout', type=float, default=None, help='seconds per backend job (default 150, quick 90)')
+    p.add_argument('--job-timeout', type=float, default=None, help='seconds per backend job (default 400, quick 90)')
     p.add_argument('--rank-timeout', type=float, default=120.0, help='timeouts inside a job (gloo, manager)')
     p.add_argument('--out', default=DEFAULT_OUT, help=f'JSON output (default {DEFAULT_OUT})')
     p.add_argument(
@@ -998,12 +1001,12 @@ def parse_args(argv=None):
         p.error(f'--rounds must be at least 1, got {args.rounds}')
     q = args.quick
     for name, full, quick in (
-        ('budget_mb', 128.0, 4.0),
+        ('budget_mb', 512.0, 4.0),
         ('n_min', 40, 3),
         ('n_max', 500, 40),
         ('gfn_budget_mb', 24.0, 2.0),
         ('gfn_n_min', 3, 2),
-        ('job_timeout', 150.0, 90.0),
+        ('job_timeout', 400.0, 90.0),
         ('rounds', 3, 1),
     ):
         if getattr(args, name) is None:
