@@ -99,6 +99,12 @@ class MPITransport(ThreadedTransport):
                 raise TransportError(f"send to rank {peer} abandoned at close")  # the frame is orphaned
         self._expect_soon(peer)  # it arrived: an answer (or the peer's next request) is likely to follow
 
+    def _sent_now(self, peer: int, handles) -> bool:
+        if all(r.Test() for r in handles):  # small messages leave eagerly: done at once
+            self._expect_soon(peer)
+            return True
+        return False
+
     def _orphan(self, handles, bufs) -> None:
         # MPI may still read them: they must never be freed (those that completed since are let go)
         _ORPHANED[:] = [(h, b) for h, b in _ORPHANED if not all(r.Test() for r in h)]

@@ -130,6 +130,10 @@ class ThreadedTransport(FrameReader):
     def _finish_send(self, peer: int, handle: Any, buf: np.ndarray) -> None:
         raise NotImplementedError
 
+    def _sent_now(self, peer: int, handles: Sequence[Any]) -> bool:
+        """Whether the sends just started (``starts_sends``) have all completed already."""
+        return False
+
     def _orphan(self, handles: Sequence[Any], bufs: Sequence[np.ndarray]) -> None:
         """Sends started and never finished (the connection broke, or close gave up): a backend whose
         transfers may still read the buffers keeps them alive."""
@@ -216,6 +220,10 @@ class ThreadedTransport(FrameReader):
                     ob.cond.notify_all()
                     raise TransportError(ob.broken) from e
                 fr.handles = handles
+                if kind != GOODBYE and not ob.frames and self._sent_now(peer, handles):
+                    fr.done.set()  # it left as it was queued (a small message): the sender thread is not woken
+                    self.bytes_sent += fr.nbytes
+                    return
             if kind == GOODBYE:
                 ob.bye_sent = True
             ob.frames.append(fr)
