@@ -2,6 +2,7 @@
 routed back (checked against a brute-force model of each prioritized member), all-or-nothing updates and loads, state
 and file round trips, and the members' own rules -- through the public API."""
 
+import copy
 import threading
 import time
 
@@ -443,3 +444,17 @@ def test_tensorboard_shows_each_member_under_its_own_tags():
     buf.sample(4)
     assert wait_until(lambda: {'mix_offline_sec/pushed_in', 'mix_online_sec/pushed_in'} <= tb.tags, timeout=20), tb.tags
     buf.close()
+
+
+@pytest.mark.parametrize('storage', ['list', 'tensor'])
+@pytest.mark.parametrize('member', ['offline', 'online'])
+def test_a_batched_push_keeps_no_reference_to_the_callers_batch(storage, member):
+    """As every buffer type (the contract suite): what a batched push stored never changes when the caller writes
+    to its batch afterwards (collectors reuse their batch buffers; the manager pushes shared-memory rows in place)."""
+    buf = mixture(storage)
+    batch = {'obs': torch.randn(4, 3, generator=torch.Generator().manual_seed(0)), 'act': torch.arange(4)}
+    assert buf.push(batch, batched=True, member=member) == 4
+    before = copy.deepcopy(buf.state_dict())  # (a state may share memory with the buffer)
+    for v in batch.values():
+        v.fill_(7)
+    assert_same(buf.state_dict(), before)
