@@ -94,3 +94,20 @@ def test_the_scaling_benchmark_runs_and_reports_every_capacity_and_operation():
     growth = [line for line in out.stdout.splitlines() if line.startswith('- ') and line.endswith('x')]
     assert len(growth) == 5, out.stdout
     assert 'CPU:' in out.stdout
+
+
+def test_the_request_floor_benchmark_parses_its_options_and_quick_shrinks_the_run():
+    """benchmarks/bench_request_floor.py: the defaults, --quick, and a bad transport or client count rejected
+    (exit 2) -- parsing only, nothing launched."""
+    path = REPO_ROOT / 'benchmarks' / 'bench_request_floor.py'
+    spec = importlib.util.spec_from_file_location('bench_request_floor', path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    args = mod.options([])
+    assert args.transports == ['torch', 'mpi', 'ray'] and args.clients == [1, 2, 8] and args.seconds == 3.0
+    args = mod.options(['--quick', '--transports', 'mpi'])
+    assert args.transports == ['mpi'] and args.clients == [1, 2] and args.seconds == 1.0
+    for bad in (['--transports', 'torch,gloo'], ['--clients', '1,x'], ['--clients', '0'], ['--seconds', '0']):
+        with pytest.raises(SystemExit) as e:
+            mod.options(bad)
+        assert e.value.code == 2, bad
