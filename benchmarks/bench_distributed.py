@@ -65,7 +65,6 @@ import math
 import os
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -80,6 +79,7 @@ sys.path.insert(0, HERE)
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
+from _jobs import free_port  # noqa: E402
 
 MB = 1 << 20
 OBS_DIM = 128  # ours: float32[rows, 128] + float32[rows] = 516 bytes per row
@@ -483,12 +483,6 @@ def rank_main(args) -> None:
 
 
 # ============================================================================================ driver side
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(('127.0.0.1', 0))
-        return s.getsockname()[1]
-
-
 def tool_version(cmd: List[str]) -> str:
     try:
         text = subprocess.run(cmd, capture_output=True, text=True, timeout=20).stdout

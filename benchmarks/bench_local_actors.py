@@ -45,17 +45,13 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 
-from bench_distributed import free_port  # noqa: E402
+from _jobs import child_env, free_port, run_cells, save  # noqa: E402
 from bench_naive import cpu_model  # noqa: E402  (the CPU as every benchmark names it)
 
 DEFAULT_JSON = os.path.join(HERE, 'results', 'bench_local_actors.json')
 CAPACITY = 1_000_000
 ROW_BYTES = 45  # the payload of one row: obs and next_obs 4 x float32, action int64, reward float32, done bool
 WARMUP = 20
-
-
-def log(msg: str) -> None:
-    print(f'[{time.strftime("%H:%M:%S")}] {msg}', file=sys.stderr, flush=True)
 
 
 # ---------------------------------------------------------------------------------------------- barrier
@@ -88,12 +84,6 @@ def release(d: str, n: int, limit: float) -> float:
         f.write(repr(go))
     os.replace(os.path.join(d, 'go.tmp'), os.path.join(d, 'go'))
     return go
-
-
-def save(d: str, who: str, rec: dict) -> None:
-    with open(os.path.join(d, f'result.{who}.json.tmp'), 'w') as f:
-        json.dump(rec, f)
-    os.replace(os.path.join(d, f'result.{who}.json.tmp'), os.path.join(d, f'result.{who}.json'))
 
 
 # ---------------------------------------------------------------------------------------------- ours
@@ -224,12 +214,6 @@ def run_cpprb(actors: int, seconds: float, d: str) -> dict:
 
 
 # ---------------------------------------------------------------------------------------------- orchestration
-def child_env() -> dict:
-    env = {k: v for k, v in os.environ.items() if k not in ('RANK', 'WORLD_SIZE', 'MASTER_ADDR', 'MASTER_PORT')}
-    env.update(OMP_NUM_THREADS='1', PYTHONPATH=REPO + os.pathsep + env.get('PYTHONPATH', ''))
-    return env
-
-
 def launch(contender: str, actors: int, seconds: float, d: str) -> None:
     backend, shm = contender.replace('+shm', ''), contender.endswith('+shm')
     me = [sys.executable, os.path.abspath(__file__), '--dir', d, '--seconds', str(seconds)]
@@ -361,22 +345,15 @@ def main(argv=None) -> None:
         args.actors, args.seconds = '1,2', 1.0
     actors = [int(x) for x in args.actors.split(',')]
     contenders = args.backends.split(',')
-    cells, skipped = [], {}
-    for n in actors:
-        for name in contenders:
-            why = available(name)
-            if why:
-                skipped[name] = why
-                continue
-            log(f'{name} with {n} actors')
-            try:
-                c = cell(name, n, args.seconds)
-            except Exception as e:  # noqa: BLE001 - one failing cell is reported, the rest run
-                log(f'{name} with {n} actors failed: {type(e).__name__}: {e}')
-                skipped[f'{name} x{n}'] = f'{type(e).__name__}: {e}'
-                continue
-            log(f'  {c["rows_per_s"]:,.0f} rows/s (stored {c["manager"].get("count")})')
-            cells.append(c)
+    cells, skipped = run_cells(
+        actors,
+        contenders,
+        available,
+        cell,
+        args.seconds,
+        'actor',
+        lambda c: f'{c["rows_per_s"]:,.0f} rows/s (stored {c["manager"].get("count")})',
+    )
     env = dict(
         cpu=cpu_model(),
         cores=os.cpu_count(),

@@ -39,7 +39,6 @@ import os
 import platform
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -48,6 +47,9 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+
+from _jobs import child_env, free_port, run_cells, save  # noqa: E402  (standard library only)
 
 DEFAULT_JSON = os.path.join(HERE, 'results', 'bench_request_floor.json')
 TRANSPORTS = ('torch', 'mpi', 'ray')
@@ -57,22 +59,6 @@ WARMUP_S = 1.0  # the server's timed window starts this long after its first req
 CLIENT_SLACK_S = 60.0  # a client gives up this long after warm-up + window (the server never stopped it)
 JOB_TIMEOUT_S = 180.0  # one job (its start-up included), then it is killed
 RPC_TIMEOUT_S = 60.0  # one blocking call of a transport that takes a timeout
-
-
-def log(msg: str) -> None:
-    print(f'[{time.strftime("%H:%M:%S")}] {msg}', file=sys.stderr, flush=True)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(('127.0.0.1', 0))
-        return s.getsockname()[1]
-
-
-def save(d: str, who: str, rec: dict) -> None:
-    with open(os.path.join(d, f'result.{who}.json.tmp'), 'w') as f:
-        json.dump(rec, f)
-    os.replace(os.path.join(d, f'result.{who}.json.tmp'), os.path.join(d, f'result.{who}.json'))
 
 
 # ---------------------------------------------------------------------------------------------- server window
@@ -246,12 +232,6 @@ def ray_main(args) -> None:
 
 
 # ---------------------------------------------------------------------------------------------- orchestration
-def child_env() -> dict:
-    env = {k: v for k, v in os.environ.items() if k not in ('RANK', 'WORLD_SIZE', 'MASTER_ADDR', 'MASTER_PORT')}
-    env.update(OMP_NUM_THREADS='1')
-    return env
-
-
 def launch(transport: str, clients: int, seconds: float, d: str) -> None:
     """One job: the server and ``clients`` clients, killed (its whole process group) after ``JOB_TIMEOUT_S``."""
     me = [sys.executable, os.path.abspath(__file__), '--dir', d, '--seconds', str(seconds), '--role', transport]
@@ -372,25 +352,17 @@ def main(argv=None) -> None:
     args = options(argv)
     if args.role != 'main':
         return {'torch': torch_main, 'mpi': mpi_main, 'ray': ray_main}[args.role](args)
-    sys.path.insert(0, HERE)
     from bench_naive import cpu_model  # the CPU as every benchmark names it (only here: the jobs import no ding_buffer)
 
-    cells, skipped = [], {}
-    for n in args.clients:
-        for transport in args.transports:
-            why = available(transport)
-            if why:
-                skipped[transport] = why
-                continue
-            log(f'{transport} with {n} client{"s" if n > 1 else ""}')
-            try:
-                c = cell(transport, n, args.seconds)
-            except Exception as e:  # noqa: BLE001 - one failing cell is reported, the rest run
-                log(f'{transport} with {n} clients failed: {type(e).__name__}: {e}')
-                skipped[f'{transport} x{n}'] = f'{type(e).__name__}: {e}'
-                continue
-            log(f'  {c["requests_per_s"]:,.0f} requests/s, {c["cpu_s"]:.2f} server CPU s in {c["wall_s"]:.2f} s')
-            cells.append(c)
+    cells, skipped = run_cells(
+        args.clients,
+        args.transports,
+        available,
+        cell,
+        args.seconds,
+        'client',
+        lambda c: f'{c["requests_per_s"]:,.0f} requests/s, {c["cpu_s"]:.2f} server CPU s in {c["wall_s"]:.2f} s',
+    )
     order = {t: i for i, t in enumerate(args.transports)}
     cells.sort(key=lambda c: (order[c['transport']], c['clients']))
     env = dict(
