@@ -182,24 +182,27 @@ class _Mapped:
         self.head = np.ndarray((HEADER // 8,), np.uint64, self.mm, 0)
         self.ihead = np.ndarray((HEADER // 8,), np.int64, self.mm, 0)
         self.cols, self.offsets = {}, {}  # a column per field, one after the other: rows[i] of a field is contiguous
-        for name, off, sub in self._columns(dtype, rows):
+        *columns, (_, marks, _) = self._columns(dtype, rows)
+        for name, off, sub in columns:
             self.cols[name] = np.ndarray((rows, *sub.shape), sub.base, self.mm, off)
             self.offsets[name] = (off, sub.itemsize)
-        self.starts = np.ndarray((rows,), np.uint8, self.mm, self.size(dtype, rows) - rows)  # 1: a push's first row
+        self.starts = np.ndarray((rows,), np.uint8, self.mm, marks)  # 1: a push's first row
 
     @staticmethod
     def _columns(dtype: np.dtype, rows: int):
-        """``(name, byte offset, row dtype)`` of each field's column; each starts on a 64-byte boundary."""
+        """``(name, byte offset, row dtype)`` of each field's column (each on a 64-byte boundary), then
+        ``(None, offset of the push marks, None)``."""
         off = HEADER
         for name in dtype.names:
             sub = dtype.fields[name][0]
             yield name, off, sub
             off = -(-(off + sub.itemsize * rows) // 64) * 64
+        yield None, off, None
 
     @classmethod
     def size(cls, dtype: np.dtype, rows: int) -> int:
-        *_, (name, off, sub) = cls._columns(dtype, rows)
-        return -(-(off + sub.itemsize * rows) // 64) * 64 + rows
+        *_, (_, marks, _) = cls._columns(dtype, rows)
+        return marks + rows
 
     @classmethod
     def create(cls, dtype: np.dtype, rows: int) -> Tuple['_Mapped', int]:
@@ -457,10 +460,13 @@ class RingReader:
         if n <= 0:
             return None, None, -1
         rows, a = self.map.rows, self.read % self.map.rows
-        if a + n > rows:  # the rows wrap around: take whole pushes up to the end, then the push that wraps alone
+        if a + n > rows:  # the rows wrap around the end
             later = np.flatnonzero(self.map.starts[a + 1 : rows])
-            after = np.flatnonzero(self.map.starts[: a + n - rows]) if not len(later) else later
-            n = int(later[-1]) + 1 if len(later) else (rows - a + int(after[0]) if len(after) else n)
+            if len(later):  # whole pushes up to the last one that starts before the end
+                n = int(later[-1]) + 1
+            else:  # the push at ``a`` wraps: it alone (up to the next push's first row)
+                after = np.flatnonzero(self.map.starts[: a + n - rows])
+                n = rows - a + int(after[0]) if len(after) else n
         b = a + n
         parts = [slice(a, b)] if b <= rows else [slice(a, None), slice(0, b - rows)]
         cols = self.map.cols.items()
