@@ -198,6 +198,23 @@ def pythonpath(*first) -> str:
     return os.pathsep.join(parts + ([inherited] if inherited else []))
 
 
+def ray_init_local(*first, num_cpus: int = 2) -> None:
+    """``ray.init`` of a local cluster whose processes import from ``first``, the shared helpers and this checkout
+    (they inherit the raylet's environment, cheaper than a runtime_env per worker); the driver's own PYTHONPATH is
+    restored afterwards."""
+    import ray
+
+    old = os.environ.get('PYTHONPATH')
+    os.environ['PYTHONPATH'] = pythonpath(*first)
+    try:
+        ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    finally:
+        if old is None:
+            os.environ.pop('PYTHONPATH', None)
+        else:
+            os.environ['PYTHONPATH'] = old
+
+
 def subprocess_env(*first, **extra) -> dict:
     """``os.environ`` with ``pythonpath(*first)`` and ``extra`` (str values) set: for test subprocesses."""
     return dict(os.environ, PYTHONPATH=pythonpath(*first), **extra)

@@ -33,7 +33,7 @@ if HERE not in sys.path:  # e.g. --import-mode=importlib
     sys.path.insert(0, HERE)
 
 import ray_helpers  # noqa: E402
-from helpers import REPO_ROOT, pythonpath  # noqa: E402
+from helpers import REPO_ROOT, pythonpath, ray_init_local  # noqa: E402
 from ray_helpers import Tag, rows  # noqa: E402
 
 from ding_buffer import create_buffer  # noqa: E402
@@ -48,17 +48,7 @@ GET = 60  # seconds: upper bound of every ray.get
 def ray_session():
     if ray.is_initialized():
         ray.shutdown()
-    # the Ray processes inherit the environment of the raylet started here: put ray_helpers (and the checkout's
-    # ding_buffer) on their path (cheaper than a runtime_env per worker), then restore the driver's environment
-    old = os.environ.get('PYTHONPATH')
-    os.environ['PYTHONPATH'] = pythonpath(HERE)
-    try:
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
-    finally:
-        if old is None:
-            os.environ.pop('PYTHONPATH', None)
-        else:
-            os.environ['PYTHONPATH'] = old
+    ray_init_local(HERE)  # ray_helpers (and the checkout's ding_buffer) on its processes' path
     yield
     ray.shutdown()
 

@@ -422,20 +422,11 @@ def test_ray_task_pushing_through_a_ring_and_returning_without_close(shm):
     import uuid
 
     import ray
+    from helpers import ray_init_local
 
     from ding_buffer import create_buffer
 
-    here = os.path.dirname(os.path.abspath(__file__))
-    root = os.path.dirname(os.path.dirname(here))
-    old = os.environ.get('PYTHONPATH')
-    os.environ['PYTHONPATH'] = os.pathsep.join([root, here] + ([old] if old else []))
-    try:
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
-    finally:
-        if old is None:
-            os.environ.pop('PYTHONPATH', None)
-        else:
-            os.environ['PYTHONPATH'] = old
+    ray_init_local(os.path.dirname(os.path.abspath(__file__)))
     try:
         dist = dict(
             backend='ray',
