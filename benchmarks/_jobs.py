@@ -2,8 +2,10 @@
 importing ding_buffer): progress lines, a free port, a process's result file, the environment of a child, and the
 grid of cells (counts x contenders) with its skips and failures."""
 
+import datetime
 import json
 import os
+import platform
 import socket
 import sys
 import time
@@ -35,6 +37,24 @@ def child_env() -> dict:
     thread, this repository importable."""
     env = {k: v for k, v in os.environ.items() if k not in ('RANK', 'WORLD_SIZE', 'MASTER_ADDR', 'MASTER_PORT')}
     env.update(OMP_NUM_THREADS='1', PYTHONPATH=REPO + os.pathsep + env.get('PYTHONPATH', ''))
+    return env
+
+
+def save_report(path: str, cpu: str, cells: List[dict], skipped: Dict[str, str], **extra) -> dict:
+    """Write the run (its machine, command, cells and skips) to ``path`` as JSON, print the header line the docs
+    quote (CPU, cores, Python, date, command), and return the machine's entry."""
+    env = dict(
+        cpu=cpu,
+        cores=os.cpu_count(),
+        python=platform.python_version(),
+        date=datetime.datetime.now().strftime('%Y-%m-%d %H:%M'),
+        command=' '.join(['python', os.path.relpath(sys.argv[0], REPO)] + sys.argv[1:]),
+        **extra,
+    )
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, 'w') as f:
+        json.dump({'env': env, 'cells': cells, 'skipped': skipped}, f, indent=1)
+    print(f'{env["cpu"]}, {env["cores"]} cores, Python {env["python"]}, {env["date"]}; `{env["command"]}`\n')
     return env
 
 

@@ -29,11 +29,9 @@ Run
 """
 
 import argparse
-import datetime
 import json
 import multiprocessing as mp
 import os
-import platform
 import shutil
 import subprocess
 import sys
@@ -45,7 +43,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 
-from _jobs import child_env, free_port, run_cells, save  # noqa: E402
+from _jobs import child_env, free_port, run_cells, save, save_report  # noqa: E402
 from bench_naive import cpu_model  # noqa: E402  (the CPU as every benchmark names it)
 
 DEFAULT_JSON = os.path.join(HERE, 'results', 'bench_local_actors.json')
@@ -354,17 +352,7 @@ def main(argv=None) -> None:
         'actor',
         lambda c: f'{c["rows_per_s"]:,.0f} rows/s (stored {c["manager"].get("count")})',
     )
-    env = dict(
-        cpu=cpu_model(),
-        cores=os.cpu_count(),
-        python=platform.python_version(),
-        date=datetime.datetime.now().strftime('%Y-%m-%d %H:%M'),
-        command=' '.join(['python', os.path.relpath(sys.argv[0], REPO)] + sys.argv[1:]),
-    )
-    os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
-    with open(args.json, 'w') as f:
-        json.dump({'env': env, 'cells': cells, 'skipped': skipped}, f, indent=1)
-    print(f'{env["cpu"]}, {env["cores"]} cores, Python {env["python"]}, {env["date"]}; `{env["command"]}`\n')
+    save_report(args.json, cpu_model(), cells, skipped)
     print('One-row pushes per second, all actors together (ratios: to the torch backend and to cpprb with as many '
           'actors)\n')  # fmt: skip
     print(table(cells, [c for c in contenders if c not in skipped], actors))

@@ -33,10 +33,8 @@ Run
 """
 
 import argparse
-import datetime
 import json
 import os
-import platform
 import shutil
 import signal
 import subprocess
@@ -49,7 +47,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 
-from _jobs import child_env, free_port, run_cells, save  # noqa: E402  (standard library only)
+from _jobs import child_env, free_port, run_cells, save, save_report  # noqa: E402  (standard library only)
 
 DEFAULT_JSON = os.path.join(HERE, 'results', 'bench_request_floor.json')
 TRANSPORTS = ('torch', 'mpi', 'ray')
@@ -365,19 +363,7 @@ def main(argv=None) -> None:
     )
     order = {t: i for i, t in enumerate(args.transports)}
     cells.sort(key=lambda c: (order[c['transport']], c['clients']))
-    env = dict(
-        cpu=cpu_model(),
-        cores=os.cpu_count(),
-        python=platform.python_version(),
-        date=datetime.datetime.now().strftime('%Y-%m-%d %H:%M'),
-        command=' '.join(['python', os.path.relpath(sys.argv[0], REPO)] + sys.argv[1:]),
-        warmup_s=WARMUP_S,
-        seconds=args.seconds,
-    )
-    os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
-    with open(args.json, 'w') as f:
-        json.dump({'env': env, 'cells': cells, 'skipped': skipped}, f, indent=1)
-    print(f'{env["cpu"]}, {env["cores"]} cores, Python {env["python"]}, {env["date"]}; `{env["command"]}`\n')
+    save_report(args.json, cpu_model(), cells, skipped, warmup_s=WARMUP_S, seconds=args.seconds)
     print(f'{REQUEST_BYTES}-byte requests, {REPLY_BYTES}-byte replies, N synchronous clients, one server process; '
           f'a {args.seconds:g} s window after {WARMUP_S:g} s of warm-up. Server CPU = time.process_time() of the '
           'server process (all threads); Open MPI busy-polls, so its CPU includes spinning\n')  # fmt: skip
