@@ -1,7 +1,9 @@
 """The two point-to-point backends of ``ThreadedTransport``: torch.distributed (gloo) and MPI (mpi4py)."""
 
+import logging
 import threading
 import time
+from collections import deque
 from typing import Any, List, Optional, Tuple
 
 import numpy as np
@@ -11,6 +13,8 @@ from ..errors import ProtocolError, TransportError
 from .framing import CTRL, HEAD, TAG
 from .poll_wait import poll, precise_sleeps
 from .transport import ThreadedTransport
+
+logger = logging.getLogger('ding_buffer.distributed')
 
 
 class TorchTransport(ThreadedTransport):
@@ -46,34 +50,55 @@ class TorchTransport(ThreadedTransport):
         return self._recv_into(peer, np.zeros(n, dtype=np.uint8) if out is None else out)
 
 
-EXPECT_WINDOW = 5e-3  # seconds a message from a peer is expected after traffic with it (poll_wait)
+EXPECT_WINDOW = 5e-3  # seconds a message is expected after traffic with a peer (poll_wait)
 SEND_BUSY = 0.05  # seconds a send is polled closely before the pauses grow (the peer is not reading)
+WAIT_STEP = 0.05  # seconds between a peer thread's checks for close while it waits for the rest of a frame
 
 
 # sends abandoned at close or on a broken connection, with their buffers, for the life of the process
 _ORPHANED: List[Tuple[List[Any], List[np.ndarray]]] = []
 
 
+class _Routed:
+    """The messages of one peer that the dispatcher matched for the peer's own thread (``owned``: that thread
+    reads the peer's current frame, and every message of the peer goes to it until its queue is empty)."""
+
+    __slots__ = ('items', 'cond', 'owned', 'thread')
+
+    def __init__(self) -> None:
+        self.items: 'deque[Tuple[Any, int, Optional[np.ndarray]]]' = deque()  # (matched message, bytes, head)
+        self.cond = threading.Condition()
+        self.owned = False
+        self.thread: Optional[threading.Thread] = None
+
+
 class MPITransport(ThreadedTransport):
     """mpi4py point-to-point over ``COMM_WORLD`` (or a given communicator).
 
-    Receives are sized by a matched probe (``improbe``, polled as ``poll_wait`` says: closely while a message
-    is expected, with growing pauses while the peer is idle; a blocking receive would spin a core in Open MPI's
-    progress loop), so only the bytes that arrived are read and a message of the wrong size is consumed and
-    refused. Sends are ``Isend`` as the frame is queued and ``Test`` on the peer's sender thread; the frame keeps
-    the buffer alive until the request completes, and requests abandoned at close keep theirs for the life of
-    the process."""
+    Receiving: one dispatcher thread probes for the next message of any peer (``improbe`` on ``ANY_SOURCE``, or
+    on the one peer; polled as ``poll_wait`` says: closely while a message is expected, with growing pauses while
+    every peer is idle; a blocking receive would spin a core in Open MPI's progress loop). A message sized by its
+    matched probe is read whole, so a message of the wrong size is consumed and refused. A frame that fits in its
+    head (every small request and reply) is read, checked, decoded and delivered on the dispatcher itself: one
+    thread serves every peer, with no hand-off per request. A frame with more messages (large parts), or a peer
+    with replies still queued for it (whose request may wait for room), is handed to that peer's own thread, and
+    the dispatcher routes the peer's messages to it, in order, until that thread has read them all: a peer that
+    stops half-way through a frame, or does not take its replies, holds up only itself. A message from a rank that
+    is not a peer is consumed and counted as a protocol error.
+
+    Sending: ``Isend`` as the frame is queued and ``Test`` on the peer's sender thread; the frame keeps the
+    buffer alive until the request completes, and requests abandoned at close keep theirs for the life of the
+    process."""
 
     def __init__(self, peers, allow_pickle, max_message_bytes, grace: float = 5.0, comm=None) -> None:
         from mpi4py import MPI
 
         self._MPI = MPI
         self._comm = comm if comm is not None else MPI.COMM_WORLD
-        # per peer: until when its receive thread polls closely (a message is expected soon: the peer sent one
-        # recently, or one of ours just arrived there), and the event that ends that thread's idle pause
-        self._expect = {p: 0.0 for p in peers}
-        self._kick = {p: threading.Event() for p in peers}
-        self._probing: set = set()  # peers whose receive thread is waiting for a message (poll_wait's pollers)
+        self._expect = 0.0  # until when the dispatcher polls closely (a message is expected soon)
+        self._kick = threading.Event()  # ends the dispatcher's idle pause (this side sent something)
+        self._routed = {p: _Routed() for p in peers}
+        self._dispatcher: Optional[threading.Thread] = None
         super().__init__(peers, allow_pickle, max_message_bytes, grace)
 
     @property
@@ -84,8 +109,8 @@ class MPITransport(ThreadedTransport):
         precise_sleeps()  # this transport's threads poll (poll_wait)
 
     def _expect_soon(self, peer: int) -> None:
-        self._expect[peer] = time.monotonic() + EXPECT_WINDOW
-        self._kick[peer].set()
+        self._expect = time.monotonic() + EXPECT_WINDOW
+        self._kick.set()
 
     starts_sends = True  # Isend as the frame is queued (26-28% of raw at 5 MB vs 23% from the sender thread)
 
@@ -110,34 +135,87 @@ class MPITransport(ThreadedTransport):
         _ORPHANED[:] = [(h, b) for h, b in _ORPHANED if not all(r.Test() for r in h)]
         _ORPHANED.append((list(handles), list(bufs)))
 
-    def _probe(self, peer: int) -> Tuple[Any, int]:
-        status = self._MPI.Status()
+    # ------------------------------------------------------------------ receiving: the dispatcher
+    def _start_readers(self) -> None:
+        self._dispatcher = self._reader(self._dispatch_loop, 'ding_buffer-recv')
+
+    def _dispatch_loop(self) -> None:
+        self._thread_started()
+        MPI = self._MPI
+        source = self.peers[0] if len(self.peers) == 1 else MPI.ANY_SOURCE
+        status = MPI.Status()
         found: List[Any] = []
 
         def probe() -> bool:
-            if self._abandon:
+            if self._abandon or len(self._ended) == len(self.peers):
                 return True
-            m = self._comm.improbe(source=peer, tag=TAG, status=status)
-            if m is not None:
-                found.append(m)
-                return True
-            return False
+            m = self._comm.improbe(source=source, tag=TAG, status=status)
+            if m is None:
+                return False
+            found.append(m)
+            return True
 
-        self._probing.add(peer)
-        try:
-            poll(
-                probe,
-                float('inf'),
-                busy_until=lambda: self._expect[peer],
-                kick=self._kick[peer],
-                pollers=len(self._probing),
-            )
-        finally:
-            self._probing.discard(peer)
-        if not found:
-            raise TransportError("transport closed")
-        self._expect[peer] = time.monotonic() + EXPECT_WINDOW
-        return found[0], status.Get_count(self._MPI.BYTE)
+        while True:
+            poll(probe, float('inf'), busy_until=lambda: self._expect, kick=self._kick)
+            if not found:
+                return  # closed, or every peer ended
+            self._expect = time.monotonic() + EXPECT_WINDOW  # the peers are active: more is likely to follow
+            self._route(found.pop(), status.Get_source(), status.Get_count(MPI.BYTE))
+
+    def _route(self, msg: Any, peer: int, count: int) -> None:
+        r = self._routed.get(peer)
+        if r is None or peer in self._ended:
+            self._consume(msg, count)
+            if r is None:
+                self.protocol_errors += 1
+                logger.warning("rank %s, not a peer of this transport, sent a %d-byte message: dropped", peer, count)
+            return
+        with r.cond:
+            if r.owned:  # the peer's thread reads its current frame: the rest is its
+                r.items.append((msg, count, None))
+                r.cond.notify()
+                return
+        head = None
+        if CTRL <= count <= HEAD:  # the head of the peer's next frame (a wrong size is refused by _recv_head)
+            head = np.empty(count, dtype=np.uint8)
+            msg.Recv([head, self._MPI.BYTE])
+            msg = None
+        r.items.append((msg, count, head))
+        if head is None or (_whole(head) and not self._out[peer].frames):
+            self._recv_one(peer)  # here, on the dispatcher: it needs no other message and no room
+            return
+        with r.cond:
+            r.owned = True
+            if r.thread is None:
+                r.thread = self._reader(self._peer_loop, peer, r, f'ding_buffer-recv-{peer}')
+            r.cond.notify()
+
+    def _peer_loop(self, peer: int, r: _Routed) -> None:
+        self._thread_started()
+        while True:
+            with r.cond:
+                while not (r.owned and r.items):
+                    if self._abandon or peer in self._ended:
+                        return
+                    r.cond.wait(WAIT_STEP)
+            if not self._recv_one(peer):
+                return
+            with r.cond:
+                if not r.items:
+                    r.owned = False  # the dispatcher reads this peer's next frame again
+
+    def _next(self, peer: int) -> Tuple[Any, int, Optional[np.ndarray]]:
+        """The next message of ``peer``: on the dispatcher the one it routed (a frame read there needs no
+        other); on the peer's thread, waited for until the dispatcher routes it."""
+        r = self._routed[peer]
+        with r.cond:
+            while not r.items:
+                if threading.current_thread() is self._dispatcher:
+                    raise ProtocolError(f"rank {peer} sent a frame that needs more messages than its head")
+                if self._abandon:
+                    raise TransportError("transport closed")
+                r.cond.wait(WAIT_STEP)
+            return r.items.popleft()
 
     def _consume(self, msg: Any, count: int) -> None:
         try:  # a receive into a smaller buffer consumes the message and reports truncation
@@ -146,7 +224,9 @@ class MPITransport(ThreadedTransport):
             pass
 
     def _recv_head(self, peer: int) -> Tuple[Any, Optional[int]]:
-        msg, count = self._probe(peer)
+        msg, count, head = self._next(peer)
+        if head is not None:
+            return head, count
         if not CTRL <= count <= HEAD:
             self._consume(msg, count)
             raise ProtocolError(f"rank {peer} sent a {count}-byte message where a head (64..{HEAD} bytes) was due")
@@ -155,10 +235,18 @@ class MPITransport(ThreadedTransport):
         return buf, count
 
     def _recv_exact(self, peer: int, n: int, out: Optional[np.ndarray] = None) -> Any:
-        msg, count = self._probe(peer)
-        if count != n:
-            self._consume(msg, count)
+        msg, count, head = self._next(peer)
+        if head is not None or count != n:
+            if head is None:
+                self._consume(msg, count)
             raise ProtocolError(f"rank {peer} sent a {count}-byte message where its frame announced {n} bytes")
         buf = np.empty(n, dtype=np.uint8) if out is None else out
         msg.Recv([buf, self._MPI.BYTE])
         return buf
+
+
+def _whole(head: np.ndarray) -> bool:
+    """Whether the frame this head starts is complete in it: its meta block fits and it has no out-of-line
+    parts (so reading it needs no further message)."""
+    ctrl = head[:CTRL].view(np.int64)
+    return 0 <= ctrl[7] <= HEAD - CTRL and ctrl[6] == 0

@@ -105,7 +105,10 @@ class ThreadedTransport(FrameReader):
         self.grace = float(grace)
         self.inbox: 'queue.Queue[Tuple[int, str, Any]]' = queue.Queue()
         self._out: Dict[int, _Outbox] = {p: _Outbox() for p in self.peers}
-        self._recv_threads: Dict[int, threading.Thread] = {}
+        self._readers: List[threading.Thread] = []  # the receive threads
+        self._started = False
+        self._ended: set = set()  # peers whose receive side ended (their goodbye arrived, or the connection broke)
+        self._ended_cv = threading.Condition()
         self._bye_received: set = set()
         self._closed = False
         self._abandon = False  # set when close() gave up waiting: polling loops end
@@ -279,10 +282,20 @@ class ThreadedTransport(FrameReader):
     # ------------------------------------------------------------------ receiving
     def start(self) -> None:
         _OPEN.add(self)
+        self._started = True
+        self._start_readers()
+
+    def _start_readers(self) -> None:
+        """One receive thread per peer (a backend may read every peer's messages differently)."""
         for p in self.peers:
-            t = threading.Thread(target=self._recv_loop, args=(p,), name=f'ding_buffer-recv-{p}', daemon=True)
-            self._recv_threads[p] = t
-            t.start()
+            self._reader(self._recv_loop, p, f'ding_buffer-recv-{p}')
+
+    def _reader(self, target: Callable[..., None], *args: Any) -> threading.Thread:
+        """Start a receive thread running ``target(*args[:-1])`` named ``args[-1]``."""
+        t = threading.Thread(target=target, args=args[:-1], name=args[-1], daemon=True)
+        self._readers.append(t)
+        t.start()
+        return t
 
     def _deliver(self, peer: int, kind: str, obj: Any) -> None:
         if self.on_item is not None and kind in (MESSAGE, ERROR):
@@ -296,27 +309,39 @@ class ThreadedTransport(FrameReader):
 
     def _recv_loop(self, peer: int) -> None:
         self._thread_started()
-        while True:
-            try:
-                kind, obj = self._recv_message(peer)
-            except ProtocolError as e:
-                self.protocol_errors += 1
-                kind, obj = ERROR, (e.msg_id, e)
-            except Exception as e:  # connection closed, or close() gave up waiting
-                if not self._abandon:
-                    self.inbox.put((peer, LOST, f"{type(e).__name__}: {e}"))
-                ob = self._out[peer]
-                with ob.cond:
-                    ob.broken = ob.broken or f"the connection to rank {peer} broke: {type(e).__name__}: {e}"
-                    ob.cond.notify_all()
-                return
-            if kind == BYE:
-                self._bye_received.add(peer)
-                self._send_bye(peer)  # answer it (once), so the peer's receive thread can end too
-                self.inbox.put((peer, BYE, None))
-                return
-            self._deliver(peer, kind, obj)
-            del obj  # the receive buffers of a served message are free for the next one (recv_pool)
+        while self._recv_one(peer):
+            pass
+
+    def _recv_one(self, peer: int) -> bool:
+        """Read one message of ``peer`` and deliver it; False once the peer's receive side ended (its goodbye
+        arrived, or the connection broke). The message's receive buffers are free again on return (recv_pool)."""
+        try:
+            kind, obj = self._recv_message(peer)
+        except ProtocolError as e:
+            self.protocol_errors += 1
+            kind, obj = ERROR, (e.msg_id, e)
+        except Exception as e:  # connection closed, or close() gave up waiting
+            if not self._abandon:
+                self.inbox.put((peer, LOST, f"{type(e).__name__}: {e}"))
+            ob = self._out[peer]
+            with ob.cond:
+                ob.broken = ob.broken or f"the connection to rank {peer} broke: {type(e).__name__}: {e}"
+                ob.cond.notify_all()
+            self._end(peer)
+            return False
+        if kind == BYE:
+            self._bye_received.add(peer)
+            self._send_bye(peer)  # answer it (once), so the peer's receive side can end too
+            self.inbox.put((peer, BYE, None))
+            self._end(peer)
+            return False
+        self._deliver(peer, kind, obj)
+        return True
+
+    def _end(self, peer: int) -> None:
+        with self._ended_cv:
+            self._ended.add(peer)
+            self._ended_cv.notify_all()
 
     def _send_bye(self, peer: int) -> None:
         ob = self._out[peer]
@@ -340,9 +365,8 @@ class ThreadedTransport(FrameReader):
         return peer in self._bye_received
 
     def alive(self, peer: int) -> bool:
-        """Whether the receive thread of ``peer`` still runs (no BYE, connection intact)."""
-        t = self._recv_threads.get(peer)
-        return t is not None and t.is_alive()
+        """Whether ``peer``'s messages are still read (started, no BYE, connection intact)."""
+        return self._started and peer not in self._ended
 
     def close(self, grace: Optional[float] = None, final: bool = False) -> List[int]:
         """
@@ -373,18 +397,21 @@ class ThreadedTransport(FrameReader):
                 with ob.cond:
                     ob.stop = True
                     ob.cond.notify_all()
-        for t in self._recv_threads.values():
-            t.join(max(deadline - time.monotonic(), 0))
+        if self._started:
+            with self._ended_cv:
+                self._ended_cv.wait_for(lambda: self._ended.issuperset(self.peers), max(deadline - time.monotonic(), 0))
         for ob in self._out.values():
             if ob.thread is not None:
                 ob.thread.join(max(deadline - time.monotonic(), 0))
         stuck = sorted(
-            {p for p, t in self._recv_threads.items() if t.is_alive()}
+            {p for p in self.peers if self.alive(p)}
             | {p for p, ob in self._out.items() if ob.thread is not None and ob.thread.is_alive()}
         )
         if not stuck or final:
             self._abandon = True
             _OPEN.discard(self)
+        for t in self._readers:  # they end once their peers did, or at once when abandoned
+            t.join(max(deadline - time.monotonic(), 0.05 if self._abandon else 0))
         if stuck and first:
             logger.warning("transport closed with ranks %s not answering its goodbye within %.1fs", stuck, grace)
         return stuck
