@@ -32,6 +32,8 @@ _TORCH_DTYPES = {
     for name in 'float64 float32 float16 bfloat16 int64 int32 int16 int8 uint8 bool complex64 complex128'.split()
 }
 _TORCH_ITEMSIZE = {name: torch.empty(0, dtype=dt).element_size() for name, dt in _TORCH_DTYPES.items()}
+# the numpy dtype of each tensor dtype numpy has (not bfloat16): such parts are viewed in numpy, then wrapped
+_TORCH_AS_NP = {name: np.dtype(name) for name in _TORCH_DTYPES if name != 'bfloat16'}
 _NP_KINDS = set('biufc')  # numpy dtypes sent raw: bool, ints, uints, floats, complex
 
 
@@ -48,9 +50,11 @@ class _Encoder:
         self.parts.append(view)
         return len(self.parts) - 1
 
-    def walk(self, x: Any, path: str) -> Any:
-        # bool before int: bool is an int subclass
-        if x is None or isinstance(x, (bool, str)):
+    def walk(self, x: Any, path: Any) -> Any:
+        """``path`` says where ``x`` sits, for an error only: a str, or ``(parent path, suffix)`` (built lazily:
+        formatting it for every node costs more than encoding a small message)."""
+        t = type(x)
+        if t is str or t is int or t is float or x is None or t is bool or isinstance(x, str):
             return x
         if isinstance(x, np.generic):  # before int/float: np.float64 is a float subclass
             if x.dtype.kind in _NP_KINDS and x.dtype.itemsize <= 8 * (1 + (x.dtype.kind == 'c')):
@@ -80,35 +84,44 @@ class _Encoder:
             for k, v in x.items():
                 if not isinstance(k, (str, int)) or isinstance(k, bool):
                     return self.pickled(x, path)
-                items.append([k, self.walk(v, f'{path}.{k}')])
+                items.append([k, self.walk(v, (path, '.', k))])
             return {'$d': items}
         if isinstance(x, list):
-            return [self.walk(v, f'{path}[{i}]') for i, v in enumerate(x)]
+            return [self.walk(v, (path, '[', i)) for i, v in enumerate(x)]
         if isinstance(x, tuple):
-            return {'$u': [self.walk(v, f'{path}[{i}]') for i, v in enumerate(x)]}
+            return {'$u': [self.walk(v, (path, '[', i)) for i, v in enumerate(x)]}
         if isinstance(x, (bytes, bytearray, memoryview)):
             return {'$b': self.part(np.frombuffer(x, dtype=np.uint8))}
         if isinstance(x, slice):
             return {'$l': [self.walk(x.start, path), self.walk(x.stop, path), self.walk(x.step, path)]}
         return self.pickled(x, path)
 
-    def pickled(self, x: Any, path: str) -> Any:
+    def pickled(self, x: Any, path: Any) -> Any:
         if not self.allow_pickle:
             raise TypeError(
-                f"cannot send {type(x).__name__} at '{path}' without pickle: the wire carries dicts, lists, tuples, "
-                f"numbers, str, bytes, slices, tensors and numeric ndarrays; set distributed.allow_pickle=True "
+                f"cannot send {type(x).__name__} at '{_path_str(path)}' without pickle: the wire carries dicts, lists, "
+                f"tuples, numbers, str, bytes, slices, tensors and numeric ndarrays; set distributed.allow_pickle=True "
                 f"(on every rank) to pickle other objects"
             )
         return {'$p': self.part(np.frombuffer(pickle.dumps(x, protocol=5), dtype=np.uint8))}
+
+
+def _path_str(path: Any) -> str:
+    parts = []
+    while isinstance(path, tuple):
+        path, sep, key = path
+        parts.append(f'.{key}' if sep == '.' else f'[{key}]')
+    return path + ''.join(reversed(parts))
+
+
+_JSON = json.JSONEncoder(separators=(',', ':'))  # (json.dumps builds an encoder per call for these separators)
 
 
 def encode(obj: Any, allow_pickle: bool = False) -> Tuple[bytes, List[np.ndarray]]:
     """Return ``(header, parts)``; ``parts`` are uint8 arrays viewing the leaves' memory."""
     enc = _Encoder(allow_pickle)
     body = enc.walk(obj, 'message')
-    header = json.dumps(
-        {'v': VERSION, 'n': [int(p.nbytes) for p in enc.parts], 'body': body}, separators=(',', ':')
-    ).encode()
+    header = _JSON.encode({'v': VERSION, 'n': [int(p.nbytes) for p in enc.parts], 'body': body}).encode()
     return header, enc.parts
 
 
@@ -145,17 +158,15 @@ class _Decoder:
         return self.parts[i]
 
     def array(self, spec: Any, torch_out: bool) -> Any:
-        if not (
-            isinstance(spec, list)
-            and len(spec) == 3
-            and isinstance(spec[1], str)
-            and isinstance(spec[2], list)
-            and len(spec[2]) <= 64
-            and all(isinstance(s, int) and not isinstance(s, bool) and 0 <= s < (1 << 62) for s in spec[2])
-        ):
+        if type(spec) is not list or len(spec) != 3 or type(spec[1]) is not str or type(spec[2]) is not list:
             raise CodecError(f"bad array descriptor {str(spec)[:120]!r}")
-        raw = self.part(spec[0])
         shape = tuple(spec[2])
+        if len(shape) > 64:
+            raise CodecError(f"bad array descriptor {str(spec)[:120]!r}")
+        for s in shape:  # (type(): a bool is no size; JSON gives exact ints)
+            if type(s) is not int or not 0 <= s < (1 << 62):
+                raise CodecError(f"bad array descriptor {str(spec)[:120]!r}")
+        raw = self.part(spec[0])
         if torch_out:
             dtype = _TORCH_DTYPES.get(spec[1])
             if dtype is None:
@@ -175,13 +186,19 @@ class _Decoder:
                 f"array part {spec[0]} has {nbytes} bytes, shape {list(shape)} of {spec[1]} needs {n * itemsize}"
             )
         if torch_out:
+            if n == 0:
+                return torch.empty(shape, dtype=dtype)
+            np_dtype = _TORCH_AS_NP.get(spec[1])
+            if np_dtype is not None and not isinstance(raw, torch.Tensor):  # numpy's views cost half of torch's
+                a = _part_np(raw).view(np_dtype)
+                if not (a.flags.writeable and a.flags.aligned):  # a tensor needs aligned, writable memory
+                    a = a.copy()
+                return torch.from_numpy(a.reshape(shape))
             if isinstance(raw, torch.Tensor):
                 t = raw
             else:
                 a = _part_np(raw)
                 t = torch.from_numpy(a if a.flags.writeable else a.copy())
-            if n == 0:
-                return torch.empty(shape, dtype=dtype)
             if t.data_ptr() % itemsize:  # a view needs aligned storage; copy the rare unaligned part
                 t = t.clone()
             return t.view(dtype).reshape(shape)
@@ -193,7 +210,8 @@ class _Decoder:
         return a.view(dtype).reshape(shape)
 
     def walk(self, x: Any, depth: int = 0) -> Any:
-        if x is None or isinstance(x, (bool, str, int, float)):
+        t = type(x)
+        if t is str or t is int or t is float or x is None or t is bool:  # (JSON gives exactly these types)
             return x
         if depth > MAX_DEPTH:  # deeper data could not be encoded back (a reply carrying it would fail)
             raise CodecError(f"message nests deeper than {MAX_DEPTH} levels")
@@ -204,13 +222,16 @@ class _Decoder:
             raise CodecError(f"bad node {str(x)[:80]!r}")
         ((tag, v),) = x.items()
         if tag == '$d':
-            if not isinstance(v, list) or not all(isinstance(kv, list) and len(kv) == 2 for kv in v):
+            if type(v) is not list:
                 raise CodecError("bad dict node")
             out = {}
-            for k, val in v:
+            for kv in v:
+                if type(kv) is not list or len(kv) != 2:
+                    raise CodecError("bad dict node")
+                k = kv[0]
                 if not isinstance(k, (str, int)):
                     raise CodecError(f"bad dict key {k!r}")
-                out[k] = self.walk(val, depth)
+                out[k] = self.walk(kv[1], depth)
             return out
         if tag == '$t':
             return self.array(v, True)

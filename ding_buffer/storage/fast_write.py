@@ -33,7 +33,7 @@ def _tensor_view(v: torch.Tensor, dtype: torch.dtype) -> Optional[np.ndarray]:
     """A numpy view of ``v`` when it is a plain dense CPU tensor of ``dtype`` (no conj / neg bits), else None."""
     if (
         v.dtype != dtype
-        or v.device.type != 'cpu'
+        or not v.is_cpu  # (not ``v.device.type``: building the device object costs more than the whole check)
         or v.layout is not torch.strided
         or v.is_nested
         or v.is_conj()
