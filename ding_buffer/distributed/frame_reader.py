@@ -70,7 +70,7 @@ class FrameReader:
         h = np.asarray(head)
         if (count if count is not None else len(h)) < CTRL:
             raise ProtocolError(f"rank {peer} sent a {count}-byte message, shorter than a control block")
-        magic, kind, mid, hbytes, hlen, nparts, body, mlen = (int(v) for v in h[:CTRL].view(np.int64))
+        magic, kind, mid, hbytes, hlen, nparts, body, mlen = h[:CTRL].view(np.int64).tolist()  # Python ints
         if magic != MAGIC:
             raise ProtocolError(f"rank {peer} sent a message without the ding_buffer magic ({magic & (2**64 - 1):#x})")
         mid = mid if mid >= 0 else None

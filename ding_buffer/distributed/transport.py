@@ -55,9 +55,13 @@ class _Frame:
     def __init__(self, bufs: List[np.ndarray], nbytes: int) -> None:
         self.bufs = bufs  # keeps every buffer alive until the frame is delivered
         self.nbytes = nbytes
-        self.done = threading.Event()
+        self.done = _LEFT  # replaced by its own event when it is queued (a frame that left at once needs none)
         self.error: Optional[str] = None
         self.handles: Optional[List[Any]] = None  # the backend's handles of sends started at queueing
+
+
+_LEFT = threading.Event()  # the ``done`` of every frame that left as it was queued
+_LEFT.set()
 
 
 class _Outbox:
@@ -224,11 +228,11 @@ class ThreadedTransport(FrameReader):
                     raise TransportError(ob.broken) from e
                 fr.handles = handles
                 if kind != GOODBYE and not ob.frames and self._sent_now(peer, handles):
-                    fr.done.set()  # it left as it was queued (a small message): the sender thread is not woken
-                    self.bytes_sent += fr.nbytes
+                    self.bytes_sent += fr.nbytes  # it left as it was queued: the sender thread is not woken
                     return
             if kind == GOODBYE:
                 ob.bye_sent = True
+            fr.done = threading.Event()
             ob.frames.append(fr)
             if ob.thread is None:  # (also after a sender thread ended: a late goodbye still leaves)
                 ob.thread = threading.Thread(
@@ -321,13 +325,7 @@ class ThreadedTransport(FrameReader):
             self.protocol_errors += 1
             kind, obj = ERROR, (e.msg_id, e)
         except Exception as e:  # connection closed, or close() gave up waiting
-            if not self._abandon:
-                self.inbox.put((peer, LOST, f"{type(e).__name__}: {e}"))
-            ob = self._out[peer]
-            with ob.cond:
-                ob.broken = ob.broken or f"the connection to rank {peer} broke: {type(e).__name__}: {e}"
-                ob.cond.notify_all()
-            self._end(peer)
+            self._broken(peer, e)
             return False
         if kind == BYE:
             self._bye_received.add(peer)
@@ -337,6 +335,19 @@ class ThreadedTransport(FrameReader):
             return False
         self._deliver(peer, kind, obj)
         return True
+
+    def _broken(self, peer: int, e: BaseException) -> None:
+        """``peer``'s connection broke: it is reported lost, its queued frames fail and its receive side ends."""
+        if not self._abandon:
+            self.inbox.put((peer, LOST, f"{type(e).__name__}: {e}"))
+        ob = self._out[peer]
+        with ob.cond:
+            ob.broken = ob.broken or f"the connection to rank {peer} broke: {type(e).__name__}: {e}"
+            ob.cond.notify_all()
+        self._end(peer)
+
+    def _wake(self, peer: Optional[int] = None) -> None:
+        """Wake receive threads that wait without polling, to see the transport abandoned (a backend hook)."""
 
     def _end(self, peer: int) -> None:
         with self._ended_cv:
@@ -409,6 +420,7 @@ class ThreadedTransport(FrameReader):
         )
         if not stuck or final:
             self._abandon = True
+            self._wake()
             _OPEN.discard(self)
         for t in self._readers:  # they end once their peers did, or at once when abandoned
             t.join(max(deadline - time.monotonic(), 0.05 if self._abandon else 0))
