@@ -76,6 +76,11 @@ def test_hostile_peer_leaves_the_manager_serving_everyone(launches, backend):
     assert good['closed'] and good['count_final'] == stored, (good, h['fuzz_stored'])
     assert all(e['score']['stored'] == 4 for e in good['events'])
     assert isinstance(h['served_after'], int) and h['served_after'] > 0, h['served_after']  # the liar is served too
+    # a frame that stopped half-way holds up only its sender: the good worker was served meanwhile, and the
+    # frame was served once its part arrived
+    assert h['rank1_served_first'] and len(good['served_in_stall']) == 5, (h, good['served_in_stall'])
+    assert all(isinstance(c, int) for c in good['served_in_stall']), good['served_in_stall']
+    assert isinstance(h['stalled_reply'], int) and h['stalled_reply'] > 0, h['stalled_reply']
     man = run.rank(2)
     s = man['summary']
     assert s['exited'] == ['1'] and list(s['lost']) == ['0'], s  # rank 0 left without EXIT

@@ -579,6 +579,16 @@ def worker_hostile(buf):
             )
             events.append(buf.count())
             time.sleep(0.05)
+        # rank 0 sends the head of a frame and holds back its part: this worker is served meanwhile
+        served = []
+        if wait_flag('stalled', 120):
+            for _ in range(5):
+                try:
+                    served.append(buf.count())
+                except Exception as e:  # (a manager that waits for the stalled frame: every call times out)
+                    served.append(f'{type(e).__name__}: {e}')
+        RESULT['served_in_stall'] = served
+        flag('served_in_stall')
         wait_flag('hostile_done', 120)
         push_record(buf, adv_batch(RANK, 99), batched=True)
         RESULT['count_final'] = buf.count()
@@ -646,6 +656,17 @@ def worker_hostile(buf):
     for a in raw:
         send_raw(a)
         raw_answers += collect(None, 2.0) is not None  # garbage is answered when nothing else waits
+    # a frame stopped half-way: its head announces a 512 KiB part, sent only once rank 1 was served meanwhile
+    rid += 1
+    header, parts = encode({'op': 'count', 'id': rid, 'shard': 0, 'pad': np.zeros(1 << 19, np.uint8)})
+    head, extra, out, _ = fr.frame(header, parts, rid)
+    assert extra is None and len(out) == 1
+    send_raw(head)
+    flag('stalled')
+    RESULT['rank1_served_first'] = wait_flag('served_in_stall', 60)
+    send_raw(out[0])
+    r = collect(rid, 20)
+    RESULT['stalled_reply'] = None if r is None else r.get('result')
     # an honest oversized frame (2 MB > max_message_mb=1): drained, answered with its id
     rid += 1
     header, parts = encode({'op': 'push', 'id': rid, 'args': {'data': {'obs': torch.zeros(500_000)}}})
