@@ -160,6 +160,20 @@ def test_late_receiver_gets_exactly_the_bytes_of_a_timed_out_send(tmp_path, back
     assert r['second'] == 'after', r
 
 
+def test_mpi_reader_keeps_each_senders_order_and_drops_a_stranger(tmp_path):
+    """Two senders interleave small frames (read on the receiver's dispatcher) and 1 MiB ones (handed to the
+    sender's own thread); a third rank that is not a peer sends a raw message (transport_main.py: stranger)."""
+    need_mpi()
+    run = Launch('stranger', 'mpi', tmp_path, script=SCRIPTS / 'transport_main.py', nproc=4, timeout=120)
+    run.wait().require_ok(ranks=(0, 1, 2, 3))
+    r = run.rank(3)
+    frames = list(range(40))  # transport_main.STRANGER_FRAMES
+    assert r['seqs'] == {'0': frames, '1': frames}, r['seqs']  # all of them, in each sender's order
+    assert r['whole'], r  # every frame's bytes, from the rank it names
+    assert r['protocol_errors'] == 1, r  # the stranger's message, and nothing else
+    assert r['stuck'] == [] and run.rank(0)['stuck'] == [] and run.rank(1)['stuck'] == []
+
+
 # ---------------------------------------------------------------- start-up and config traps
 def _run(code: str, env: dict, timeout: float = 60):
     t = time.monotonic()

@@ -4,6 +4,11 @@ late_receiver: rank 0 sends 256 KiB of 0xAB with a 1 s deadline while rank 1 doe
 MPI's shared-memory eager limit and gloo's rendezvous, so the send cannot complete); the send must raise
 ``SendTimeout`` and keep the frame alive. Rank 0 then scribbles 0xCD over fresh memory and queues a second
 message. Rank 1 starts reading after 3 s and must get exactly the 0xAB bytes, then the second message.
+
+stranger (MPI, four ranks): rank 3 reads ranks 0 and 1, which send it small and large frames interleaved (small
+ones are read on its dispatcher, large ones handed to the peer's own thread); rank 2, not one of its peers,
+sends it a raw message. Every frame must arrive whole and in order per sender, and the stranger's message be
+dropped as a protocol error.
 """
 
 import json
@@ -27,6 +32,8 @@ def main() -> None:
 
     rank, _ = init_torch(60.0) if BACKEND == 'torch' else init_mpi()
     RESULT['rank'] = rank
+    if SCENARIO == 'stranger':
+        return stranger(rank)
     T = TorchTransport if BACKEND == 'torch' else MPITransport
     t = T([1 - rank], False, 1 << 30, grace=20.0)
     if rank == 0:
@@ -52,6 +59,53 @@ def main() -> None:
         RESULT['first_len'] = int(x.numel())
         _, kind, second = t.recv(30)
         RESULT['second'] = second.get('y')
+    RESULT['stuck'] = t.close(20)
+    RESULT['ok'] = True
+
+
+STRANGER_FRAMES = 40  # per sender; every 8th carries a 1 MiB part
+
+
+def stranger(rank: int) -> None:
+    from mpi4py import MPI
+
+    from ding_buffer.distributed.frame_reader import MESSAGE
+    from ding_buffer.distributed.framing import TAG
+    from ding_buffer.distributed.peer_transports import MPITransport
+
+    if rank == 2:  # not a peer of rank 3: its message must be dropped
+        MPI.COMM_WORLD.Send([np.full(128, 7, np.uint8), MPI.BYTE], dest=3, tag=TAG)
+        MPI.COMM_WORLD.Barrier()
+        RESULT['ok'] = True
+        return
+    if rank in (0, 1):
+        t = MPITransport([3], False, 1 << 30, grace=20.0)
+        t.start()
+        for i in range(STRANGER_FRAMES):
+            big = i % 8 == 3
+            x = torch.full((1 << 20,) if big else (16,), rank * 100 + i % 100, dtype=torch.uint8)
+            t.send(3, {'from': rank, 'seq': i, 'x': x}, deadline=time.monotonic() + 30)
+        MPI.COMM_WORLD.Barrier()
+        RESULT['stuck'] = t.close(20)
+        RESULT['ok'] = True
+        return
+    t = MPITransport([0, 1], False, 1 << 30, grace=20.0)
+    t.start()
+    got = {0: [], 1: []}
+    whole = True
+    end = time.monotonic() + 60
+    while len(got[0]) + len(got[1]) < 2 * STRANGER_FRAMES and time.monotonic() < end:
+        item = t.recv(1.0)
+        if item is None or item[1] != MESSAGE:
+            continue
+        peer, _, m = item
+        got[peer].append(m['seq'])
+        n = (1 << 20) if m['seq'] % 8 == 3 else 16
+        whole &= m['from'] == peer and m['x'].numel() == n and bool((m['x'] == peer * 100 + m['seq'] % 100).all())
+    MPI.COMM_WORLD.Barrier()
+    RESULT['seqs'] = got
+    RESULT['whole'] = whole
+    RESULT['protocol_errors'] = t.protocol_errors
     RESULT['stuck'] = t.close(20)
     RESULT['ok'] = True
 
