@@ -377,7 +377,7 @@ class ThreadedTransport(FrameReader):
 
     def alive(self, peer: int) -> bool:
         """Whether ``peer``'s messages are still read (started, no BYE, connection intact)."""
-        return self._started and peer not in self._ended
+        return self._started and not self._abandon and peer not in self._ended
 
     def close(self, grace: Optional[float] = None, final: bool = False) -> List[int]:
         """
