@@ -32,8 +32,9 @@ _TORCH_DTYPES = {
     for name in 'float64 float32 float16 bfloat16 int64 int32 int16 int8 uint8 bool complex64 complex128'.split()
 }
 _TORCH_ITEMSIZE = {name: torch.empty(0, dtype=dt).element_size() for name, dt in _TORCH_DTYPES.items()}
-# the numpy dtype of each tensor dtype numpy has (not bfloat16): such parts are viewed in numpy, then wrapped
-_TORCH_AS_NP = {name: np.dtype(name) for name in _TORCH_DTYPES if name != 'bfloat16'}
+# the numpy dtype of each tensor dtype numpy has and aligns as torch does (not bfloat16; numpy aligns complex
+# numbers to their halves, torch to their size): such parts are viewed in numpy, then wrapped
+_TORCH_AS_NP = {name: np.dtype(name) for name in _TORCH_DTYPES if name not in ('bfloat16', 'complex64', 'complex128')}
 _NP_KINDS = set('biufc')  # numpy dtypes sent raw: bool, ints, uints, floats, complex
 
 

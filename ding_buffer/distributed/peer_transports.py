@@ -133,7 +133,7 @@ class MPITransport(ThreadedTransport):
 
     def _orphan(self, handles, bufs) -> None:
         # MPI may still read them: they must never be freed (those that completed since are let go)
-        _ORPHANED[:] = [(h, b) for h, b in _ORPHANED if not all(r.Test() for r in h)]
+        _ORPHANED[:] = [(h, b) for h, b in _ORPHANED if not all(self._done(r) for r in h)]
         _ORPHANED.append((list(handles), list(bufs)))
 
     # ------------------------------------------------------------------ receiving: the dispatcher
@@ -191,10 +191,12 @@ class MPITransport(ThreadedTransport):
         head = None
         if CTRL <= count <= HEAD:  # the head of the peer's next frame (a wrong size is refused by _recv_head)
             head = np.empty(count, dtype=np.uint8)
-            msg.Recv([head, self._MPI.BYTE])
-            msg = None
+            req = msg.Irecv([head, self._MPI.BYTE])
+            # a head past MPI's eager size may need its sender to move on (a frozen one never does): its own
+            # thread waits for that, never this one
+            msg = None if self._done(req) else req
         r.items.append((msg, count, head))
-        if head is None or (_whole(head) and not self._out[peer].frames):
+        if head is None or (msg is None and _whole(head) and not self._out[peer].frames):
             self._recv_one(peer)  # here, on the dispatcher: it needs no other message and no room
             return
         with r.cond:
@@ -241,15 +243,33 @@ class MPITransport(ThreadedTransport):
                 r.cond.wait(WAIT_STEP)
             return r.items.popleft()
 
-    def _consume(self, msg: Any, count: int) -> None:
-        try:  # a receive into a smaller buffer consumes the message and reports truncation
-            msg.Recv([np.empty(min(count, 1 << 16), dtype=np.uint8), self._MPI.BYTE])
+    def _done(self, req: Any) -> bool:
+        """Whether a receive completed (a truncated one, see ``_consume``, completes with an error)."""
+        try:
+            return req.Test()
         except self._MPI.Exception:
-            pass
+            return True
+
+    def _wait(self, req: Any, buf: np.ndarray) -> None:
+        """Wait for a receive the dispatcher started (on the peer's own thread); TransportError at close."""
+        poll(lambda: self._done(req) or self._abandon, float('inf'), busy_until=lambda: self._expect)
+        if not self._done(req):
+            self._orphan([req], [buf])
+            raise TransportError("transport closed")
+
+    def _consume(self, msg: Any, count: int) -> None:
+        # a receive into a smaller buffer consumes the message (and reports truncation); one that needs its sender
+        # to move on first completes whenever that happens, kept alive meanwhile, and holds up nobody
+        buf = np.empty(min(count, 1 << 16), dtype=np.uint8)
+        req = msg.Irecv([buf, self._MPI.BYTE])
+        if not self._done(req):
+            self._orphan([req], [buf])
 
     def _recv_head(self, peer: int) -> Tuple[Any, Optional[int]]:
         msg, count, head = self._next(peer)
-        if head is not None:
+        if head is not None:  # read, or being read, by the dispatcher
+            if msg is not None:
+                self._wait(msg, head)
             return head, count
         if not CTRL <= count <= HEAD:
             self._consume(msg, count)

@@ -424,6 +424,9 @@ class ThreadedTransport(FrameReader):
             _OPEN.discard(self)
         for t in self._readers:  # they end once their peers did, or at once when abandoned
             t.join(max(deadline - time.monotonic(), 0.05 if self._abandon else 0))
+        left = [t.name for t in self._readers if t.is_alive()]
+        if left and self._abandon:
+            logger.warning("transport closed with receive threads %s still inside a receive", left)
         if stuck and first:
             logger.warning("transport closed with ranks %s not answering its goodbye within %.1fs", stuck, grace)
         return stuck
