@@ -174,6 +174,17 @@ def test_mpi_reader_keeps_each_senders_order_and_drops_a_stranger(tmp_path):
     assert r['stuck'] == [] and run.rank(0)['stuck'] == [] and run.rank(1)['stuck'] == []
 
 
+def test_mpi_reader_serves_others_while_a_sender_is_frozen_mid_head(tmp_path):
+    """A head past MPI's eager size whose sender froze mid-send (transport_main.py: frozen_head) holds up only that
+    sender: the other one's 20 frames are read meanwhile, and the frozen one's frame arrives whole once thawed."""
+    need_mpi()
+    run = Launch('frozen_head', 'mpi', tmp_path, script=SCRIPTS / 'transport_main.py', nproc=3, timeout=120)
+    run.wait().require_ok(ranks=(0, 1, 2))
+    r = run.rank(2)
+    assert r['from1_while_frozen'] == list(range(20)), r
+    assert r['from0_whole'] is True and run.rank(0)['sent'], (r, run.rank(0))
+
+
 # ---------------------------------------------------------------- start-up and config traps
 def _run(code: str, env: dict, timeout: float = 60):
     t = time.monotonic()

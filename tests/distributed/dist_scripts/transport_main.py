@@ -9,6 +9,10 @@ stranger (MPI, four ranks): rank 3 reads ranks 0 and 1, which send it small and 
 ones are read on its dispatcher, large ones handed to the peer's own thread); rank 2, not one of its peers,
 sends it a raw message. Every frame must arrive whole and in order per sender, and the stranger's message be
 dropped as a protocol error.
+
+frozen_head (MPI, three ranks, no single-copy shared memory: as across hosts, a message past the eager size
+needs its sender to move on): rank 0 starts sending a 120 KiB frame to rank 2 and freezes itself (SIGSTOP);
+rank 1 sends 20 small frames meanwhile, which rank 2 must read; rank 2 then thaws rank 0, whose frame arrives.
 """
 
 import json
@@ -34,6 +38,8 @@ def main() -> None:
     RESULT['rank'] = rank
     if SCENARIO == 'stranger':
         return stranger(rank)
+    if SCENARIO == 'frozen_head':
+        return frozen_head(rank)
     T = TorchTransport if BACKEND == 'torch' else MPITransport
     t = T([1 - rank], False, 1 << 30, grace=20.0)
     if rank == 0:
@@ -110,7 +116,68 @@ def stranger(rank: int) -> None:
     RESULT['ok'] = True
 
 
+def frozen_head(rank: int) -> None:
+    import signal
+
+    from mpi4py import MPI
+
+    from ding_buffer.distributed import framing as fr
+    from ding_buffer.distributed.codec import encode
+    from ding_buffer.distributed.frame_reader import MESSAGE
+    from ding_buffer.distributed.peer_transports import MPITransport
+
+    comm = MPI.COMM_WORLD
+    flag = lambda name: open(os.path.join(OUT, name), 'w').close()  # noqa: E731
+    has = lambda name: os.path.exists(os.path.join(OUT, name))  # noqa: E731
+    if rank == 0:  # a raw sender: the head of a whole frame, then frozen mid-send
+        header, parts = encode({'op': 'count', 'id': 1, 'pad': np.full(120 << 10, 5, np.uint8)})
+        head, extra, out, _ = fr.frame(header, parts, 1)
+        assert extra is None and not out and len(head) > 64 << 10
+        with open(os.path.join(OUT, 'rank0.pid'), 'w') as f:
+            f.write(str(os.getpid()))
+        req = comm.Isend([head, MPI.BYTE], dest=2, tag=fr.TAG)
+        flag('frozen')
+        os.kill(os.getpid(), signal.SIGSTOP)
+        end = time.monotonic() + 30
+        while not req.Test() and time.monotonic() < end:
+            time.sleep(0.001)
+        RESULT['sent'] = bool(req.Test())
+    elif rank == 1:  # an honest sender
+        t = MPITransport([2], False, 1 << 30, grace=10.0)
+        t.start()
+        end = time.monotonic() + 30
+        while not has('frozen') and time.monotonic() < end:
+            time.sleep(0.01)
+        time.sleep(0.3)
+        for i in range(20):
+            t.send(2, {'seq': i}, deadline=time.monotonic() + 10)
+        RESULT['stuck'] = t.close(10)
+    else:
+        t = MPITransport([0, 1], False, 1 << 30, grace=2.0)
+        t.start()
+        seqs, from0 = [], None
+        end = time.monotonic() + 15
+        while len(seqs) < 20 and time.monotonic() < end:
+            item = t.recv(0.5)
+            if item is not None and item[0] == 1 and item[1] == MESSAGE:
+                seqs.append(item[2]['seq'])
+        RESULT['from1_while_frozen'] = seqs
+        with open(os.path.join(OUT, 'rank0.pid')) as f:
+            os.kill(int(f.read()), signal.SIGCONT)
+        end = time.monotonic() + 30
+        while from0 is None and time.monotonic() < end:
+            item = t.recv(0.5)
+            if item is not None and item[0] == 0 and item[1] == MESSAGE:
+                from0 = bool((item[2]['pad'] == 5).all()) and item[2]['pad'].size == 120 << 10
+        RESULT['from0_whole'] = from0
+        t.close(2)  # (rank 0 has no transport to answer the goodbye)
+    comm.Barrier()
+    RESULT['ok'] = True
+
+
 if __name__ == '__main__':
+    if sys.argv[1] == 'frozen_head':  # before MPI starts: no single-copy transfers between the ranks
+        os.environ['OMPI_MCA_btl_vader_single_copy_mechanism'] = 'none'
     rank = int(os.environ.get('RANK', os.environ.get('OMPI_COMM_WORLD_RANK', '0')))
     try:
         main()
