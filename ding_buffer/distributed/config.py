@@ -141,8 +141,15 @@ DISTRIBUTED_CHECKS = dict(
     backend=(lambda x: x is None or x in BACKENDS, f"None or one of {BACKENDS}"),
     manager_rank=(lambda x: isinstance(x, int) and x >= -1, 'an int >= -1'),
     worker_ranks=(
-        lambda x: x is None or (isinstance(x, (list, tuple)) and all(isinstance(r, int) and r >= 0 for r in x)),
-        'None or a list of ranks',
+        lambda x: (
+            x is None
+            or (
+                isinstance(x, (list, tuple))
+                and all(type(r) is int and r >= 0 for r in x)  # (type(): a bool is no rank)
+                and len(set(x)) == len(x)
+            )
+        ),
+        'None or a list of distinct ranks',
     ),
     actor_name=(lambda x: isinstance(x, str) and x, 'a non-empty str'),
     namespace=(lambda x: isinstance(x, str) and bool(x), 'a non-empty str'),

@@ -1544,6 +1544,8 @@ def test_liveness_lose_silence_and_rejoin():
         (dict(peer_timeout=float('inf')), 'peer_timeout'),
         (dict(max_message_mb=float('nan')), 'max_message_mb'),
         (dict(file_root=''), 'file_root'),
+        (dict(worker_ranks=[0, 0]), 'worker_ranks'),  # one rank counted as two workers
+        (dict(worker_ranks=[True]), 'worker_ranks'),
     ],
 )
 def test_config_traps_are_refused(dist, key):
