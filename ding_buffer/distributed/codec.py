@@ -55,7 +55,7 @@ class _Encoder:
         """``path`` says where ``x`` sits, for an error only: a str, or ``(parent path, suffix)`` (built lazily:
         formatting it for every node costs more than encoding a small message)."""
         t = type(x)
-        if t is str or t is int or t is float or x is None or t is bool or isinstance(x, str):
+        if t is int or t is float or t is bool or x is None or isinstance(x, str):
             return x
         if isinstance(x, np.generic):  # before int/float: np.float64 is a float subclass
             if x.dtype.kind in _NP_KINDS and x.dtype.itemsize <= 8 * (1 + (x.dtype.kind == 'c')):

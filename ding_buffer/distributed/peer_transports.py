@@ -138,7 +138,7 @@ class MPITransport(ThreadedTransport):
 
     # ------------------------------------------------------------------ receiving: the dispatcher
     def _start_readers(self) -> None:
-        self._dispatcher = self._reader(self._dispatch_loop, 'ding_buffer-recv')
+        self._dispatcher = self._reader('ding_buffer-recv', self._dispatch_loop)
 
     def _dispatch_loop(self) -> None:
         self._thread_started()
@@ -202,7 +202,7 @@ class MPITransport(ThreadedTransport):
         with r.cond:
             r.owned = True
             if r.thread is None:
-                r.thread = self._reader(self._peer_loop, peer, r, f'ding_buffer-recv-{peer}')
+                r.thread = self._reader(f'ding_buffer-recv-{peer}', self._peer_loop, peer, r)
             r.cond.notify()
 
     def _end(self, peer: int) -> None:

@@ -44,14 +44,12 @@ def poll(
     busy_until: Optional[Callable[[], float]] = None,
     kick: Optional[threading.Event] = None,
     spin: float = SPIN,
-    pollers: int = 1,
 ) -> bool:
     """
     Overview:
         Call ``done()`` until it returns True (then True) or ``deadline`` (a ``time.monotonic()`` value) passes
         (then False). Back to back for ``spin`` seconds, yielding the core between calls; then every
-        ``FAST_PAUSE`` x ``pollers`` (the threads of this process polling at the same time: many of them share
-        the GIL and the cores, so each polls less often) while ``time.monotonic() < busy_until()``; then with
+        ``FAST_PAUSE`` while ``time.monotonic() < busy_until()``; then with
         pauses growing from ``IDLE_FIRST`` to ``IDLE_MAX``. Setting ``kick`` ends an idle pause and starts over
         from the back-to-back polls.
     """
@@ -68,7 +66,7 @@ def poll(
                 return True
             if now > deadline:
                 return False
-            time.sleep(FAST_PAUSE * pollers)
+            time.sleep(FAST_PAUSE)
             now = time.monotonic()
         pause = IDLE_FIRST
         while True:

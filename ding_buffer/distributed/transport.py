@@ -292,11 +292,11 @@ class ThreadedTransport(FrameReader):
     def _start_readers(self) -> None:
         """One receive thread per peer (a backend may read every peer's messages differently)."""
         for p in self.peers:
-            self._reader(self._recv_loop, p, f'ding_buffer-recv-{p}')
+            self._reader(f'ding_buffer-recv-{p}', self._recv_loop, p)
 
-    def _reader(self, target: Callable[..., None], *args: Any) -> threading.Thread:
-        """Start a receive thread running ``target(*args[:-1])`` named ``args[-1]``."""
-        t = threading.Thread(target=target, args=args[:-1], name=args[-1], daemon=True)
+    def _reader(self, name: str, target: Callable[..., None], *args: Any) -> threading.Thread:
+        """Start the receive thread ``name`` running ``target(*args)``."""
+        t = threading.Thread(target=target, args=args, name=name, daemon=True)
         self._readers.append(t)
         t.start()
         return t
