@@ -1826,6 +1826,78 @@ def test_replies_the_peer_read_but_the_sender_has_not_seen_leave_lose_nobody():
     assert out['lost'] == {} and out['exited'] == ['1'], out
 
 
+class _LazyReaps(_LateCompletions):
+    """Started sends whose completions the sender thread collects only when it next wakes (the torch backend's
+    ``reaps_lazily``); ``reaped`` records how many frames were queued at each collection."""
+
+    reaps_lazily = True
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.reaped = []
+
+    def _finish_send(self, peer, handle, buf):
+        self.reaped.append(self.queued(peer))
+        super()._finish_send(peer, handle, buf)
+
+
+def _lazy_job(gate, timeout):
+    from ding_buffer.distributed import ReplayBufferManager
+    from ding_buffer.distributed.channel import PeerChannel
+
+    cfg = make_cfg(storage='list', timeout=timeout, peer_timeout=30.0, heartbeat_seconds=5.0)
+    buf, dcfg, key = build_manager_buffer(cfg)
+    wires = {}
+    net = _LazyReaps(0, [1], wires, 10.0, gate=gate)
+    mgr = ReplayBufferManager(buf, net, dcfg, [1], key)
+    out = {}
+    th = threading.Thread(target=lambda: out.update(mgr.run(timeout=60)), daemon=True)
+    th.start()
+    local_cfg = EasyDict({k: v for k, v in dict(cfg).items() if k != 'distributed'})
+    w = RemoteBuffer(local_cfg, dcfg, PeerChannel(_Net(1, [0], wires, 10.0), 0, timeout, 5.0), log_reward_key=key)
+    return net, mgr, w, th, out
+
+
+def test_replies_nobody_waits_for_are_collected_when_the_outbox_fills():
+    """With lazily collected completions the manager's sender thread is not woken per reply: the replies pile up
+    to MAX_QUEUED, the next one wakes it to collect them all, and every request is answered, nobody lost."""
+    from ding_buffer.distributed.framing import MAX_QUEUED
+
+    gate = threading.Event()
+    gate.set()
+    net, _, w, th, out = _lazy_job(gate, 10.0)
+    counts = [w.count() for _ in range(3 * MAX_QUEUED)]
+    assert counts == [0] * (3 * MAX_QUEUED)
+    assert max(net.reaped) == MAX_QUEUED, net.reaped
+    w.close()
+    th.join(20)
+    assert out['lost'] == {} and out['exited'] == ['1'], out
+    assert out['bytes_sent'] > 0 and net.queued(1) == 0  # the last replies and the goodbye were collected at close
+
+
+def test_replies_that_never_leave_still_count_the_worker_lost():
+    """Lazily collected or not, a worker whose replies never leave (their sends never complete) is counted lost
+    once the reply after MAX_QUEUED has waited distributed.timeout for room."""
+    from ding_buffer.distributed.framing import MAX_QUEUED
+
+    gate = threading.Event()  # never set: no send ever completes
+    net, mgr, w, th, out = _lazy_job(gate, 1.0)
+    for _ in range(MAX_QUEUED):
+        assert w.count() == 0  # the replies reach the worker (the data moved), their completions never come
+    t0 = time.monotonic()
+    with pytest.raises(ManagerUnavailableError):
+        w.count()  # its reply waits for room that never comes
+    assert time.monotonic() - t0 < OUTER
+    end = time.monotonic() + 5
+    while 1 not in mgr.core.liveness.lost and time.monotonic() < end:
+        time.sleep(0.02)
+    assert 'not taken' in mgr.core.liveness.lost.get(1, ''), mgr.core.liveness.lost
+    gate.set()  # the completions come at last: the worker is served again, then exits
+    w.close()
+    th.join(20)
+    assert out['exited'] == ['1'] and out['rejoined'] == {'1': 1}, out
+
+
 SLOW_SCORE = {'seconds': 2.5, 'release': threading.Event()}  # what slow_score_hook waits for
 
 
