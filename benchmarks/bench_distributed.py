@@ -42,7 +42,7 @@ What is measured
 Run
     python benchmarks/bench_distributed.py [--quick] [--backends torch,mpi,ray] [--sizes 0.1,1,5]
                                            [--workers 2,1] [--rounds 3] [--no-async] [--no-shm] [--no-torchgfn]
-                                           [--out PATH]
+                                           [--json PATH]
                                            [--hosts 10gbit]
 
     ``--hosts RATE`` runs every rank on a host of its own: network namespaces joined by a bridge
@@ -52,7 +52,7 @@ Run
 
     ``--quick`` (a handful of batches per cell) is a smoke run. Each backend runs as its own job (subprocess with a
     timeout); a backend that is unavailable or fails is reported and skipped. Tables go to stdout as markdown,
-    progress to stderr, everything (per-rank raw timings included) to ``--out`` (JSON, default
+    progress to stderr, everything (per-rank raw timings included) to ``--json`` (``--out`` is the same; default
     ``benchmarks/results/bench_distributed.json``). The script re-runs itself in ``--role rank`` /
     ``--role ray-driver`` mode inside the jobs.
 """
@@ -966,7 +966,7 @@ def parse_args(argv=None):
     p.add_argument('--gfn-n-min', type=int, default=None, help='fewest torchgfn timed adds (default 3, quick 2)')
     p.add_argument('--job-timeout', type=float, default=None, help='seconds per backend job (default 400, quick 90)')
     p.add_argument('--rank-timeout', type=float, default=120.0, help='timeouts inside a job (gloo, manager)')
-    p.add_argument('--out', default=DEFAULT_OUT, help=f'JSON output (default {DEFAULT_OUT})')
+    p.add_argument('--json', '--out', dest='out', default=DEFAULT_OUT, help=f'JSON output (default {DEFAULT_OUT})')
     p.add_argument(
         '--hosts',
         default=None,
