@@ -20,17 +20,7 @@ logger = logging.getLogger('ding_buffer.distributed')
 class TorchTransport(ThreadedTransport):
     """torch.distributed point-to-point (gloo). The process group must be initialised (``init_torch``).
     Calls go straight to the process group object: ``dist.send``'s Python wrapper costs more than a small
-    message on loopback.
-
-    Sending: a small frame (every reply, every small request) is posted to gloo as it is queued -- gloo writes it
-    at once when the connection has room -- and the peer's sender thread only waits for the completion. For a
-    frame nobody waits for (the manager's replies) that thread is not woken: it collects the completions whenever
-    it next runs, at the latest when the peer's outbox is full. A frame past ``start_max`` is sent by the sender
-    thread."""
-
-    starts_sends = True
-    start_max = 64 << 10
-    reaps_lazily = True
+    message on loopback."""
 
     def __init__(self, peers, allow_pickle, max_message_bytes, grace: float = 5.0, group=None) -> None:
         import torch.distributed as dist
@@ -43,18 +33,9 @@ class TorchTransport(ThreadedTransport):
         return self._pg.rank()
 
     def _send_buf(self, peer: int, buf: np.ndarray) -> None:
-        # a large frame is issued and waited on the sender thread: starting it on the caller's thread as it is
-        # queued (as MPI does) measured ~10% slower at 0.1-1 MB pushes (2026-11-23, 2 cores)
+        # on the sender thread, issued and waited there: starting gloo sends on the caller's thread as the frame
+        # is queued (as MPI does) measured ~10% slower at 0.1-1 MB pushes (2026-11-23, 2 cores)
         self._pg.send([torch.from_numpy(buf)], peer, TAG).wait()
-
-    def _start_send(self, peer: int, buf: np.ndarray) -> Any:
-        return self._pg.send([torch.from_numpy(buf)], peer, TAG)
-
-    def _finish_send(self, peer: int, work: Any, buf: np.ndarray) -> None:
-        work.wait()
-
-    def _orphan(self, handles, bufs) -> None:
-        _GLOO_KEPT.append((list(handles), list(bufs)))  # gloo may still hold them: never freed
 
     def _recv_into(self, peer: int, buf: np.ndarray) -> np.ndarray:
         self._pg.recv([torch.from_numpy(buf)], peer, TAG).wait()
@@ -68,8 +49,6 @@ class TorchTransport(ThreadedTransport):
         # zeroed (calloc: large buffers are not memset): a short message never leaves stale bytes
         return self._recv_into(peer, np.zeros(n, dtype=np.uint8) if out is None else out)
 
-
-_GLOO_KEPT: List[Tuple[List[Any], List[np.ndarray]]] = []  # the same for gloo's started sends
 
 EXPECT_WINDOW = 5e-3  # seconds a message is expected after traffic with a peer (poll_wait)
 SEND_BUSY = 0.05  # seconds a send is polled closely before the pauses grow (the peer is not reading)

@@ -60,7 +60,6 @@ class _Frame:
         self.handles: Optional[List[Any]] = None  # the backend's handles of sends started at queueing
 
 
-REAP_GRACE = 0.05  # seconds a frame with no deadline waits for room while the sender thread collects completions
 _LEFT = threading.Event()  # the ``done`` of every frame that left as it was queued
 _LEFT.set()
 
@@ -128,8 +127,6 @@ class ThreadedTransport(FrameReader):
 
     # ------------------------------------------------------------------ backend primitives
     starts_sends = False
-    start_max: Optional[int] = None  # with ``starts_sends``: the largest frame started as it is queued (None: all)
-    reaps_lazily = False  # the sender thread is not woken for a started frame that nobody waits for
 
     def _send_buf(self, peer: int, buf: np.ndarray) -> None:
         raise NotImplementedError
@@ -188,7 +185,7 @@ class ThreadedTransport(FrameReader):
                 p = p.copy()
             bufs.extend(p[a:b] for a, b in pieces(p.nbytes))
         fr = _Frame(bufs, n)
-        self._enqueue(peer, fr, deadline, limit, kind, urgent=wait)
+        self._enqueue(peer, fr, deadline, limit, kind)
         if wait:
             left = None if deadline is None else deadline - time.monotonic()
             if not fr.done.wait(left):
@@ -200,16 +197,11 @@ class ThreadedTransport(FrameReader):
                 raise TransportError(fr.error)
         return n
 
-    def _enqueue(
-        self, peer: int, fr: _Frame, deadline: Optional[float], limit: int, kind: int, urgent: bool = True
-    ) -> None:
+    def _enqueue(self, peer: int, fr: _Frame, deadline: Optional[float], limit: int, kind: int) -> None:
         ob = self._out.get(peer)
         if ob is None:
             raise TransportError(f"rank {peer} is not a peer of this transport ({self.peers})")
         with ob.cond:
-            end = time.monotonic() if deadline is None else deadline
-            if self.reaps_lazily:  # queued frames may have left already: the sender thread gets a moment to look
-                end = max(end, time.monotonic() + REAP_GRACE)
             while True:
                 if ob.broken is not None:
                     raise TransportError(ob.broken)
@@ -217,20 +209,14 @@ class ThreadedTransport(FrameReader):
                     raise TransportError(f"the connection to rank {peer} is closed")
                 if len(ob.frames) < limit:
                     break
-                left = end - time.monotonic()
+                left = 0.0 if deadline is None else deadline - time.monotonic()
                 if left <= 0:
                     raise SendTimeout(
                         f"rank {peer} has not taken the previous {len(ob.frames)} message(s); "
                         f"nothing more is queued for it"
                     )
-                ob.cond.notify_all()  # the sender thread may only have to see that earlier frames left
                 ob.cond.wait(left)
-            # started here, in queue order and under the lock, so frames never interleave on the wire: all of them
-            # (``starts_sends``), or those up to ``start_max`` bytes while no frame before them waits unstarted
-            if self.starts_sends and (
-                self.start_max is None
-                or (fr.nbytes <= self.start_max and (not ob.frames or ob.frames[-1].handles is not None))
-            ):
+            if self.starts_sends:  # in queue order, under the lock: frames never interleave on the wire
                 handles: List[Any] = []
                 try:
                     for b in fr.bufs:
@@ -253,10 +239,7 @@ class ThreadedTransport(FrameReader):
                     target=self._send_loop, args=(peer, ob), daemon=True, name=f'ding_buffer-send-{peer}'
                 )
                 ob.thread.start()
-            # a started frame nobody waits for is reaped by the sender thread whenever it next wakes (for room,
-            # a waited frame, or close), not woken for on its own (``reaps_lazily``)
-            if not (self.reaps_lazily and fr.handles is not None and not urgent and kind != GOODBYE):
-                ob.cond.notify_all()
+            ob.cond.notify_all()
 
     def _send_loop(self, peer: int, ob: _Outbox) -> None:
         self._thread_started()
