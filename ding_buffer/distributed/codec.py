@@ -159,14 +159,7 @@ class _Decoder:
         return self.parts[i]
 
     def array(self, spec: Any, torch_out: bool) -> Any:
-        if type(spec) is not list or len(spec) != 3 or type(spec[1]) is not str or type(spec[2]) is not list:
-            raise CodecError(f"bad array descriptor {str(spec)[:120]!r}")
-        shape = tuple(spec[2])
-        if len(shape) > 64:
-            raise CodecError(f"bad array descriptor {str(spec)[:120]!r}")
-        for s in shape:  # (type(): a bool is no size; JSON gives exact ints)
-            if type(s) is not int or not 0 <= s < (1 << 62):
-                raise CodecError(f"bad array descriptor {str(spec)[:120]!r}")
+        shape = _shape_of(spec)
         raw = self.part(spec[0])
         if torch_out:
             dtype = _TORCH_DTYPES.get(spec[1])
@@ -187,22 +180,7 @@ class _Decoder:
                 f"array part {spec[0]} has {nbytes} bytes, shape {list(shape)} of {spec[1]} needs {n * itemsize}"
             )
         if torch_out:
-            if n == 0:
-                return torch.empty(shape, dtype=dtype)
-            np_dtype = _TORCH_AS_NP.get(spec[1])
-            if np_dtype is not None and not isinstance(raw, torch.Tensor):  # numpy's views cost half of torch's
-                a = _part_np(raw).view(np_dtype)
-                if not (a.flags.writeable and a.flags.aligned):  # a tensor needs aligned, writable memory
-                    a = a.copy()
-                return torch.from_numpy(a.reshape(shape))
-            if isinstance(raw, torch.Tensor):
-                t = raw
-            else:
-                a = _part_np(raw)
-                t = torch.from_numpy(a if a.flags.writeable else a.copy())
-            if t.data_ptr() % itemsize:  # a view needs aligned storage; copy the rare unaligned part
-                t = t.clone()
-            return t.view(dtype).reshape(shape)
+            return _tensor_of(raw, spec[1], shape, n, dtype, itemsize)
         a = _part_np(raw.numpy() if isinstance(raw, torch.Tensor) else raw)
         if n == 0:
             return np.empty(shape, dtype=dtype)
@@ -295,3 +273,37 @@ def peek_id(header: Any) -> Any:
     except Exception:
         pass
     return None
+
+
+def _shape_of(spec: Any) -> tuple:
+    """The shape of an array descriptor ``[part, dtype name, shape]``, every size an exact int in [0, 2**62)."""
+    if type(spec) is not list or len(spec) != 3 or type(spec[1]) is not str or type(spec[2]) is not list:
+        raise CodecError(f"bad array descriptor {str(spec)[:120]!r}")
+    shape = tuple(spec[2])
+    if len(shape) > 64:
+        raise CodecError(f"bad array descriptor {str(spec)[:120]!r}")
+    for s in shape:  # (type(): a bool is no size; JSON gives exact ints)
+        if type(s) is not int or not 0 <= s < (1 << 62):
+            raise CodecError(f"bad array descriptor {str(spec)[:120]!r}")
+    return shape
+
+
+def _tensor_of(raw: Any, name: str, shape: tuple, n: int, dtype: torch.dtype, itemsize: int) -> torch.Tensor:
+    """A tensor of ``shape`` and ``dtype`` over the checked bytes ``raw`` (viewed; copied only when unaligned or
+    read-only)."""
+    if n == 0:
+        return torch.empty(shape, dtype=dtype)
+    np_dtype = _TORCH_AS_NP.get(name)
+    if np_dtype is not None and not isinstance(raw, torch.Tensor):  # numpy's views cost half of torch's
+        a = _part_np(raw).view(np_dtype)
+        if not (a.flags.writeable and a.flags.aligned):  # a tensor needs aligned, writable memory
+            a = a.copy()
+        return torch.from_numpy(a.reshape(shape))
+    if isinstance(raw, torch.Tensor):
+        t = raw
+    else:
+        a = _part_np(raw)
+        t = torch.from_numpy(a if a.flags.writeable else a.copy())
+    if t.data_ptr() % itemsize:  # a view needs aligned storage; copy the rare unaligned part
+        t = t.clone()
+    return t.view(dtype).reshape(shape)

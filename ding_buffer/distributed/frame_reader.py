@@ -15,7 +15,7 @@ inside gloo. ding_buffer's senders never produce one; a peer that bypasses them 
 backend, like gloo, assumes the ranks of the job trust each other.
 """
 
-from typing import Any, Optional, Tuple
+from typing import Any, List, Optional, Tuple
 
 import numpy as np
 
@@ -127,6 +127,15 @@ class FrameReader:
                 f"batched dict of tensors instead of a list of items)"
             )
             return ERROR, (mid, CodecError(what))
+        parts = self._recv_parts(peer, meta, table)
+        try:
+            return MESSAGE, decode(header, parts, self.allow_pickle)
+        except CodecError as e:
+            return ERROR, (mid, e)
+
+    def _recv_parts(self, peer: int, meta: np.ndarray, table: List[List[int]]) -> List[np.ndarray]:
+        """The parts of a checked table: inline ones copied out of the meta block, the others received piece by
+        piece into recycled or newly allocated memory."""
         parts = []
         pool = self._pool(peer)
         for s, o in table:
@@ -150,7 +159,4 @@ class FrameReader:
                     self._recv_exact(peer, b - a, out=part[a:b])
                 self.bytes_received += b - a
             parts.append(part.reshape(-1) if part is not None else np.empty(0, np.uint8))
-        try:
-            return MESSAGE, decode(header, parts, self.allow_pickle)
-        except CodecError as e:
-            return ERROR, (mid, e)
+        return parts

@@ -379,6 +379,16 @@ class ThreadedTransport(FrameReader):
         """Whether ``peer``'s messages are still read (started, no BYE, connection intact)."""
         return self._started and not self._abandon and peer not in self._ended
 
+    def _say_goodbye(self) -> None:
+        """A goodbye to every peer still connected; the sender threads end once their queues are empty."""
+        for p in self.peers:
+            if p not in self._bye_received and self.alive(p):
+                self._send_bye(p)
+        for ob in self._out.values():
+            with ob.cond:
+                ob.stop = True
+                ob.cond.notify_all()
+
     def close(self, grace: Optional[float] = None, final: bool = False) -> List[int]:
         """
         Overview:
@@ -401,13 +411,7 @@ class ThreadedTransport(FrameReader):
         elif final and self._close_deadline is not None:
             deadline = min(deadline, self._close_deadline)  # the peers had their grace already
         if first:
-            for p in self.peers:
-                if p not in self._bye_received and self.alive(p):
-                    self._send_bye(p)
-            for ob in self._out.values():
-                with ob.cond:
-                    ob.stop = True
-                    ob.cond.notify_all()
+            self._say_goodbye()
         if self._started:
             with self._ended_cv:
                 self._ended_cv.wait_for(lambda: self._ended.issuperset(self.peers), max(deadline - time.monotonic(), 0))
