@@ -205,10 +205,6 @@ class MPITransport(ThreadedTransport):
                 r.thread = self._reader(f'ding_buffer-recv-{peer}', self._peer_loop, peer, r)
             r.cond.notify()
 
-    def _end(self, peer: int) -> None:
-        super()._end(peer)
-        self._wake(peer)
-
     def _wake(self, peer: Optional[int] = None) -> None:
         """Wake the parked thread of ``peer`` (all of them when None) to check whether it should end."""
         for p, r in self._routed.items():

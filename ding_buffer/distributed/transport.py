@@ -347,12 +347,14 @@ class ThreadedTransport(FrameReader):
         self._end(peer)
 
     def _wake(self, peer: Optional[int] = None) -> None:
-        """Wake receive threads that wait without polling, to see the transport abandoned (a backend hook)."""
+        """Wake receive threads that wait without polling (those of ``peer``, or all), to see that their peer
+        ended or the transport was abandoned (a backend hook)."""
 
     def _end(self, peer: int) -> None:
         with self._ended_cv:
             self._ended.add(peer)
             self._ended_cv.notify_all()
+        self._wake(peer)  # a parked thread of the peer ends now
 
     def _send_bye(self, peer: int) -> None:
         ob = self._out[peer]
