@@ -55,16 +55,26 @@ def float64_numpy(t: torch.Tensor) -> np.ndarray:
 
 
 def representation(state: torch.Tensor, condition: Optional[torch.Tensor], n: int) -> np.ndarray:
-    """Rows ``[state.flatten(), condition.flatten()]`` as float64 (the diversity filter's input)."""
-    rows = float64_numpy(_rows(state, n))
+    """Rows ``[state.flatten(), condition.flatten()]`` as float64 (the diversity filter's input): always a new
+    array, never a view of the caller's tensors (which the caller may change after the push)."""
+    rows = _rows(state, n)
     if condition is not None:
-        rows = np.concatenate([rows, float64_numpy(_rows(condition, n))], axis=1)
+        rows = np.concatenate([rows, _rows(condition, n)], axis=1)
     return rows
 
 
-def _rows(x: torch.Tensor, n: int) -> torch.Tensor:
-    """``x`` as ``n`` flat rows; an empty batch keeps its row width (``reshape(0, -1)`` is ambiguous)."""
-    return x.reshape(n, -1) if n else x.reshape(0, int(np.prod(x.shape[1:], dtype=np.int64)))
+def _rows(x: torch.Tensor, n: int) -> np.ndarray:
+    """``x`` as ``n`` flat float64 rows (a copy); an empty batch keeps its row width (``reshape(0, -1)`` is
+    ambiguous)."""
+    if x.requires_grad:
+        x = x.detach()
+    if not x.is_cpu:
+        x = x.cpu()
+    try:
+        a = x.numpy().astype(np.float64)  # (astype copies)
+    except (TypeError, RuntimeError):  # bfloat16 and other dtypes numpy lacks; tensors with a neg / conj bit
+        a = x.to(torch.float64).numpy()  # a new tensor
+    return a.reshape(n, -1) if n else a.reshape(0, int(np.prod(a.shape[1:], dtype=np.int64)))
 
 
 def is_container(data: Any) -> bool:

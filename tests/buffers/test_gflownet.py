@@ -1460,3 +1460,18 @@ def test_unique_states_count_many_rows_waiting_to_be_hashed():
             assert buf.stats()['unique_terminating_states'] == brute_unique(ref.items)
     assert buf.stats()['unique_terminating_states'] == brute_unique(ref.items)
     assert buf.count() == len(ref.items) == cap
+
+
+@pytest.mark.parametrize('kind', ['gfn', 'gfn_diverse'])
+def test_a_caller_reusing_its_float64_state_tensor_after_a_push_changes_nothing_stored(kind):
+    """A float64 state tensor converts to the buffer's rows without a copy; the buffer must still copy them, or a
+    caller that refills its tensor (a rollout buffer reused every step) rewrites what was counted."""
+    buf = create_buffer(dict(type=kind, replay_buffer_size=4, seed=0))
+    st = torch.arange(8, dtype=torch.float64).reshape(4, 2)
+    assert buf.push({'state': st, 'log_reward': torch.zeros(4)}) == 4
+    st.zero_()  # the caller reuses its tensor
+    assert buf.stats()['unique_terminating_states'] == 4
+    if kind == 'gfn_diverse':  # full: the stored states themselves are refused as duplicates
+        again = torch.arange(8, dtype=torch.float64).reshape(4, 2)
+        assert buf.push({'state': again, 'log_reward': torch.ones(4)}) == 0
+        assert buf.stats()['rejected_by_distance'] == 4
