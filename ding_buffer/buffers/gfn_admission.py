@@ -7,7 +7,7 @@ import numpy as np
 import torch
 
 from ..control.diversity import diverse_mask, row_hashes
-from .gfn_data import GFNBatch, is_container
+from .gfn_data import GFNBatch, all_true, is_container
 
 
 def diverse_admission(t: Any, batch: GFNBatch) -> Tuple[Optional[np.ndarray], Optional[np.ndarray]]:
@@ -43,15 +43,15 @@ def terminating_states(cfg: Any, data: Any) -> Any:
     fields (and ``collect_iter``); a torchgfn container becomes a ``StatesContainer`` of its terminating states (for
     ``Transitions`` and ``StatesContainer`` input only the terminating rows' rewards are kept); another Container
     becomes a dict batch."""
+    if is_container(data):
+        return _container_terminating_states(cfg, data)
     keys = [k for k in (cfg.state_key, cfg.log_reward_key, cfg.condition_key) if k is not None]
     kept = keys + ['collect_iter']  # the item's collect time: staleness removal reads it
     if isinstance(data, dict):
         return {k: data[k] for k in kept if k in data} if all(k in data for k in keys) else data
     if isinstance(data, list):
         return [{k: item[k] for k in kept if k in item} if isinstance(item, dict) else item for item in data]
-    if not is_container(data):
-        return data  # rejected with a clear message by push
-    return _container_terminating_states(cfg, data)
+    return data  # rejected with a clear message by push
 
 
 def _container_terminating_states(cfg: Any, data: Any) -> Any:
@@ -65,7 +65,7 @@ def _container_terminating_states(cfg: Any, data: Any) -> Any:
         and type(data).__name__ == 'StatesContainer'
         and isinstance(mask, torch.Tensor)
         and mask.dtype == torch.bool
-        and bool(mask.all())
+        and all_true(mask)
     ):
         r = data.log_rewards
         if hasattr(data, 'env') and (r is None or len(r) == len(mask)):

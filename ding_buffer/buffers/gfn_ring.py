@@ -8,7 +8,7 @@ from typing import Any, Callable, Dict, NamedTuple, Optional, Tuple
 import numpy as np
 import torch
 
-from .gfn_data import ContainerStore, ContainerStoreBase, GFNBatch, representation
+from .gfn_data import ContainerStore, ContainerStoreBase, GFNBatch, all_true, representation
 
 
 # ---------------------------------------------------------------------------------------------------- ring
@@ -111,7 +111,7 @@ class ContainerRing(ContainerStoreBase):
         mask = getattr(data, 'is_terminating', None)
         if mask is None:
             return ContainerStoreBase.rows_of(data, n)
-        if not bool(mask.all()):
+        if not all_true(mask):
             return None
         states = data.states
         return representation(states.tensor, states.conditions, n)
@@ -152,10 +152,9 @@ class ContainerRing(ContainerStoreBase):
         whole = rows is None or (m == batch.n and (m == 1 or bool((rows[1:] > rows[:-1]).all())))  # 0..n-1
         cpu = self.device.type == 'cpu'
         sel = None if whole else torch.from_numpy(rows) if cpu else torch.from_numpy(rows).to(self.device)
-        idx = torch.from_numpy(np.ascontiguousarray(slots, dtype=np.int64))
-        if not cpu:
-            idx = idx.to(self.device)
-        top = int(slots.max()) + 1
+        slots = np.ascontiguousarray(slots, dtype=np.int64)
+        idx = torch.from_numpy(slots) if cpu else torch.from_numpy(slots).to(self.device)
+        top = int(slots.max()) + 1 if self.end < self.physical else self.end  # a full ring keeps its size
         self._reserve(top)
         t = 0
         if self.tidx is not None:
@@ -164,28 +163,30 @@ class ContainerRing(ContainerStoreBase):
             self.tidx[slots] = tid
             t = int(tid.max())
             self._grow_time(t)
-        with torch.no_grad():
-            for col in self.layout:
-                ring = self.cols[col.name]
-                if ring is None:
-                    continue
-                x = col.get(data)
-                if x is None:  # a push without it: dropped for good (torchgfn's extend sets it to None)
-                    self.cols[col.name] = None
-                    continue
+        for col in self.layout:
+            ring = self.cols[col.name]
+            if ring is None:
+                continue
+            x = col.get(data)
+            if x is None:  # a push without it: dropped for good (torchgfn's extend sets it to None)
+                self.cols[col.name] = None
+                continue
+            if x.dtype != ring.dtype:
                 ring = self._widen(col.name, x.dtype)
-                if col.time < 0:
-                    src = x if sel is None else x.index_select(0, sel)
-                    ring.index_copy_(0, idx, src if src.dtype == ring.dtype else src.to(ring.dtype))
-                    continue
-                # stored time-major ([step, slot, ...], as the container holds it): a sample gathers its items with
-                # one index_select straight into the container's layout (item-major storage needed a second copy
-                # to transpose); a write scatters the same bytes either way
-                k = min(t + col.time, x.shape[0])
-                src = x[:k] if sel is None else x[:k].index_select(1, sel)
-                ring[:k].index_copy_(1, idx, src if src.dtype == ring.dtype else src.to(ring.dtype))
-                if k < ring.shape[0]:
-                    ring[k:, idx] = self.pads[col.name]
+            if x.requires_grad:
+                x = x.detach()  # (the ring never joins the caller's graph)
+            if col.time < 0:
+                src = x if sel is None else x.index_select(0, sel)
+                _scatter(ring, idx, slots if cpu else None, src if src.dtype == ring.dtype else src.to(ring.dtype))
+                continue
+            # stored time-major ([step, slot, ...], as the container holds it): a sample gathers its items with
+            # one index_select straight into the container's layout (item-major storage needed a second copy
+            # to transpose); a write scatters the same bytes either way
+            k = min(t + col.time, x.shape[0])
+            src = x[:k] if sel is None else x[:k].index_select(1, sel)
+            ring[:k].index_copy_(1, idx, src if src.dtype == ring.dtype else src.to(ring.dtype))
+            if k < ring.shape[0]:
+                ring[k:, idx] = self.pads[col.name]
         self.end = max(self.end, top)
 
     def _adopt(self, data: Any) -> None:
@@ -265,7 +266,8 @@ class ContainerRing(ContainerStoreBase):
         """The items at ``slots`` as one container of the stored class (a copy; Trajectories are trimmed to the
         longest drawn item, as torchgfn's indexing does)."""
         slots = np.ascontiguousarray(slots, dtype=np.int64)
-        idx = torch.from_numpy(slots).to(self.device)
+        cpu = self.device.type == 'cpu'
+        idx = torch.from_numpy(slots) if cpu else torch.from_numpy(slots).to(self.device)
         t = int(self.tidx[slots].max()) if self.tidx is not None and len(slots) else 0
         out = {}
         for col in self.layout:
@@ -305,6 +307,18 @@ class ContainerRing(ContainerStoreBase):
             )
         else:
             self._adopt(container)
+
+
+def _scatter(ring: torch.Tensor, idx: torch.Tensor, slots: Optional[np.ndarray], src: torch.Tensor) -> None:
+    """``ring[idx] = src`` on the item dimension; on the CPU through numpy views where numpy has the dtype (a
+    small scatter costs a third of ``index_copy_``'s dispatch there)."""
+    if slots is not None:
+        try:
+            ring.numpy()[slots] = src.numpy()
+            return
+        except (TypeError, RuntimeError):  # bfloat16 and other dtypes numpy lacks; a neg / conj bit
+            pass
+    ring.index_copy_(0, idx, src)
 
 
 # ---------------------------------------------------------------------------------------------------- choice

@@ -198,14 +198,17 @@ class RewardTable(Table):
         order, hashes = self.admission(batch)
         if order is not None and not len(order):
             return 0
-        keep_new, evict = index.admit(r if order is None else r[order])
-        seqs = index.claim_seqs(len(keep_new))  # every admitted item consumes an id, stored or not
+        offered = r if order is None else r[order]
+        keep_new, evict = index.admit(offered)
+        seqs = index.claim_seqs(len(offered))  # every admitted item consumes an id, stored or not
         self.evict(evict)
-        if order is None and keep_new.all():  # the common case: the whole batch, in order (no copies)
+        if order is None and keep_new is None:  # the common case: the whole batch, in order (no copies)
             chosen, m, r_chosen, rows, h = None, batch.n, r, batch.rows, hashes
         else:
-            chosen = (np.arange(batch.n, dtype=np.int64) if order is None else order)[keep_new]
-            m, r_chosen, seqs = len(chosen), r[chosen], seqs[keep_new]
+            chosen = np.arange(batch.n, dtype=np.int64) if order is None else order
+            if keep_new is not None:
+                chosen, seqs = chosen[keep_new], seqs[keep_new]
+            m, r_chosen = len(chosen), r[chosen]
             rows = None if batch.rows is None else batch.rows[chosen]
             h = None if hashes is None else hashes[chosen]
         slots = self.slots_for(m)

@@ -16,7 +16,7 @@ from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 
-from .._numba import HAVE_NUMBA  # noqa: F401 (re-exported)
+from .._numba import HAVE_NUMBA, njit, ready, warmer  # noqa: F401 (re-exported)
 from .distances import N_PIVOTS, _far_numpy, choose_pivots, far_mask, pnorm_distances  # noqa: F401 (re-exported)
 
 # ---------------------------------------------------------------------------------------------------- hashing
@@ -37,14 +37,41 @@ def row_hashes(rows: np.ndarray) -> np.ndarray:
     Overview:
         A 64-bit hash per float64 row; equal rows (``-0.0 == 0.0`` included) get equal hashes. Every element
         is mixed with its column before the sum, so permuted rows and one-hot rows do not collide.
-    Complexity: O(rows * columns), vectorised.
+    Complexity: O(rows * columns): one compiled pass once the kernels are loaded, else vectorised numpy (the same
+    hashes).
     """
     rows = np.ascontiguousarray(rows, dtype=np.float64) + 0.0  # + 0.0 turns -0.0 into 0.0
     bits = rows.view(np.uint64)
-    salt = _mix(np.arange(1, rows.shape[1] + 1, dtype=np.uint64) * _GOLDEN)
     with np.errstate(over='ignore'):
+        salt = _mix(np.arange(1, rows.shape[1] + 1, dtype=np.uint64) * _GOLDEN)
+        if ready():
+            out = np.empty(len(rows), dtype=np.uint64)
+            _hash_rows(bits, salt, out)
+            return out
         mixed = _mix(bits ^ salt[None, :])
         return _mix(mixed.sum(axis=1, dtype=np.uint64) + np.uint64(rows.shape[1]))
+
+
+@njit(cache=True, nogil=True)
+def _hash_rows(bits, salt, out):
+    """``row_hashes``' numpy expression, one row at a time (uint64 arithmetic wraps in both)."""
+    m1, m2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
+    s30, s27, s31 = np.uint64(30), np.uint64(27), np.uint64(31)
+    for i in range(bits.shape[0]):
+        acc = np.uint64(bits.shape[1])
+        for j in range(bits.shape[1]):
+            z = bits[i, j] ^ salt[j]
+            z = (z ^ (z >> s30)) * m1
+            z = (z ^ (z >> s27)) * m2
+            acc += z ^ (z >> s31)
+        acc = (acc ^ (acc >> s30)) * m1
+        acc = (acc ^ (acc >> s27)) * m2
+        out[i] = acc ^ (acc >> s31)
+
+
+@warmer
+def _warm_hashes() -> None:
+    _hash_rows(np.zeros((2, 3), dtype=np.uint64), np.ones(3, dtype=np.uint64), np.empty(2, dtype=np.uint64))
 
 
 class StateSet:

@@ -28,6 +28,9 @@ import numpy as np
 
 from ..sampling import uniform_indices
 
+_NO_SLOTS = np.empty(0, dtype=np.int64)
+_NO_SLOTS.flags.writeable = False
+
 
 class RewardIndex:
     """
@@ -43,6 +46,8 @@ class RewardIndex:
         >>> keep_new, evict = ri.admit(np.array([4.0, 0.5]))  # full: the 2 lowest of the 5 rewards go
         >>> keep_new.tolist(), evict.tolist(), ri.count  # admit decides, nothing changed yet
         ([True, False], [2], 3)
+        >>> RewardIndex(3, 3, prioritized=True, lazy=False, reuse_slots=True).admit(np.ones(2))  # room: all kept
+        (None, array([], dtype=int64))
     """
 
     def __init__(self, capacity: int, physical: int, prioritized: bool, lazy: bool, reuse_slots: bool) -> None:
@@ -65,13 +70,13 @@ class RewardIndex:
         """
         Overview:
             Decide a push of ``n`` items (changes nothing): returns ``(keep_new, evict_slots)``, a bool mask of
-            the incoming items that are stored and the stored slots that leave.
+            the incoming items that are stored (None: every one) and the stored slots that leave.
         """
         n = len(new_log_reward)
         total = self.count + n
         limit = 2 * self.capacity if self.lazy else self.capacity + 1
         if total < limit or total <= self.capacity:
-            return np.ones(n, dtype=bool), np.empty(0, dtype=np.int64)
+            return None, _NO_SLOTS
         if not self.prioritized:
             return self._fifo_truncate(n, total - self.capacity)
         return self._truncate(new_log_reward, total - self.capacity)
@@ -102,8 +107,9 @@ class RewardIndex:
         """FIFO: ``_truncate`` from insertion order, O(k): incoming items are newer than every stored one, so the
         ``k`` oldest are the stored ones first (evicted slots in slot order, as ``_truncate`` returns them)."""
         gone = min(k, self.count)
-        keep_new = np.ones(n, dtype=bool)
+        keep_new = None
         if k > gone:
+            keep_new = np.ones(n, dtype=bool)
             keep_new[: k - gone] = False
         out = self._oldest_live(gone)
         out.sort()
@@ -226,10 +232,10 @@ class RewardIndex:
         self.seq[slots] = seq
         self.alive[slots] = True
         self.count += len(slots)
-        if len(slots):
-            self.end = max(self.end, int(slots.max()) + 1)
         if self.reuse_slots:
             self._n_free -= len(slots)  # they came from ``free_slots``
+        elif len(slots):
+            self.end = max(self.end, int(slots.max()) + 1)
         self._enqueue(np.asarray(slots, dtype=np.int64), np.asarray(seq, dtype=np.int64))
 
     def evict(self, slots: np.ndarray) -> None:

@@ -24,3 +24,39 @@ def test_far_mask_kernel_and_numpy_agree_with_reference(p):
         np.testing.assert_array_equal(diversity._far_numpy(q, q, np.arange(len(q)), cutoff, p, True), want_tri)
         np.testing.assert_array_equal(diversity.far_mask(q, refs, slots, cutoff, p), want)
         np.testing.assert_array_equal(diversity.far_mask(q, q, None, cutoff, p, triangular=True), want_tri)
+
+
+def _ref_hash(row):
+    """``row_hashes`` of one row in plain Python integers (splitmix64, mod 2**64)."""
+    import struct
+
+    mask = (1 << 64) - 1
+
+    def mix(z):
+        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & mask
+        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & mask
+        return z ^ (z >> 31)
+
+    total = 0
+    for j, v in enumerate(row):
+        bits = struct.unpack('<Q', struct.pack('<d', float(v) + 0.0))[0]
+        total += mix(bits ^ mix(((j + 1) * 0x9E3779B97F4A7C15) & mask))
+    return mix((total + len(row)) & mask)
+
+
+@pytest.mark.parametrize('compiled', [False, True])
+def test_row_hashes_match_a_plain_python_reference(compiled, monkeypatch):
+    from ding_buffer import _numba
+
+    if compiled:
+        _numba.load()  # (without numba both runs take the numpy path)
+    else:
+        monkeypatch.setattr(diversity, 'ready', lambda: False)
+    rng = np.random.default_rng(3)
+    for shape in [(0, 3), (5, 1), (33, 8), (6, 64)]:
+        rows = rng.integers(-4, 4, size=shape).astype(np.float64) * 0.5
+        rows[rows == 0] = -0.0  # equal to 0.0: the same hash
+        got = diversity.row_hashes(rows)
+        assert got.dtype == np.uint64 and got.tolist() == [_ref_hash(r) for r in rows.tolist()]
+    one_hot = np.eye(4)
+    assert len(set(diversity.row_hashes(one_hot).tolist())) == 4  # permuted rows do not collide

@@ -24,6 +24,8 @@ def push(ri, r):
     assert snapshot(ri) == before  # admit only decides
     seqs = ri.claim_seqs(len(r))
     ri.evict(evict)
+    if keep_new is None:  # every item kept
+        keep_new = np.ones(len(r), dtype=bool)
     ri.store(ri.free_slots(int(keep_new.sum())), r[keep_new], seqs[keep_new])
 
 
