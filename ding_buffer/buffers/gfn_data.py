@@ -30,7 +30,8 @@ class GFNBatch(NamedTuple):
     payload: Any  # store-specific: a ``Prepared`` (columns) or a container
     n: int
     log_reward: np.ndarray  # float64 (n,); NaN where the container carries no log-rewards
-    rows: Optional[np.ndarray]  # float64 (n, d) representations, or None when items have no single state
+    rows: Optional[np.ndarray]  # float64 (n, d) representations; None when not built, or items have no single state
+    single: bool  # every item has exactly one terminating state (rows exist, or the store reads them back later)
 
 
 def check_log_reward(r: np.ndarray, key: str) -> None:
@@ -102,6 +103,7 @@ class ColumnStore:
 
     reuses_slots = True
     kind = 'columns'
+    lazy_rows = True  # the storage keeps one shape per field: stored rows can be read back (``rows_at``) later
 
     def __init__(
         self, physical: int, device: str, state_key: str, log_reward_key: str, condition_key: Optional[str]
@@ -132,7 +134,13 @@ class ColumnStore:
         if need_rows:
             cond = columns[(self.condition_key,)] if self.condition_key is not None else None
             rows = representation(columns[(self.state_key,)], cond, n)
-        return GFNBatch(prepared, n, r, rows)
+        return GFNBatch(prepared, n, r, rows, True)
+
+    def rows_at(self, slots: np.ndarray) -> np.ndarray:
+        """The representations of the stored items at ``slots``."""
+        data = self.storage.read_at(slots)
+        cond = data[self.condition_key] if self.condition_key is not None else None
+        return representation(data[self.state_key], cond, len(slots))
 
     def write(self, slots: np.ndarray, batch: GFNBatch, rows: Optional[np.ndarray]) -> None:
         """Items ``rows`` of the batch (None: all of them) go to ``slots``."""
@@ -142,11 +150,12 @@ class ColumnStore:
         """The items' ``collect_iter`` field (staleness); ``NO_ITER`` without one."""
         return self.storage.collect_iter(slots)
 
-    def read(self, slots: np.ndarray, ids: np.ndarray) -> Dict[str, Any]:
+    def read(self, slots: np.ndarray, seq: np.ndarray) -> Dict[str, Any]:
+        """The items at ``slots``, their slots and ids (``seq``: the index's ids by slot) as tensors."""
         out = self.storage.read_at(slots)
         device = self.storage.device
         out['replay_buffer_idx'] = torch.from_numpy(np.array(slots, dtype=np.int64)).to(device)
-        out['replay_unique_id'] = torch.from_numpy(np.array(ids, dtype=np.int64)).to(device)
+        out['replay_unique_id'] = torch.from_numpy(np.array(seq[slots], dtype=np.int64)).to(device)
         return out
 
     def state_dict(self, slots: np.ndarray) -> Dict[str, Any]:
@@ -180,6 +189,7 @@ class ContainerStoreBase:
 
     kind = 'container'
     cls: Optional[type] = None
+    lazy_rows = False  # rows are built at push (another Container's items need not keep one shape)
 
     @staticmethod
     def log_rewards_of(data: Any, n: int) -> np.ndarray:
@@ -210,12 +220,23 @@ class ContainerStoreBase:
         n = len(data)
         r = self.log_rewards_of(data, n)
         self._check(data, n)
-        return GFNBatch(data, n, r, self.rows_of(data, n) if need_rows else None)
+        if need_rows or not self.lazy_rows:
+            rows = self.rows_of(data, n)
+            return GFNBatch(data, n, r, rows, rows is not None)
+        return GFNBatch(data, n, r, None, self.single(data, n))
+
+    def single(self, data: Any, n: int) -> bool:
+        """Whether every item of ``data`` has exactly one terminating state (``rows_of`` would build rows)."""
+        return self.rows_of(data, n) is not None
+
+    def rows_at(self, slots: np.ndarray) -> Optional[np.ndarray]:
+        """The representations of the stored items at ``slots`` (None: no single terminating state each)."""
+        return self.rows_of(self.read(slots), len(slots))
 
     def _check(self, data: Any, n: int) -> None:
         """Everything a write could fail on, checked before anything changes (``ContainerRing``'s tensors)."""
 
-    def read(self, slots: np.ndarray, ids: Any = None) -> Any:
+    def read(self, slots: np.ndarray, seq: Any = None) -> Any:
         raise NotImplementedError
 
     def collect_iter(self, slots: np.ndarray) -> np.ndarray:
@@ -225,7 +246,7 @@ class ContainerStoreBase:
     def state_dict(self, slots: np.ndarray) -> Dict[str, Any]:
         if self.cls is None:
             return {'kind': self.kind, 'format': 'empty'}
-        live = self.read(slots, slots)
+        live = self.read(slots)
         if type(live).__module__.startswith('gfn.') and hasattr(live, 'to_tensordict'):
             # torchgfn: plain tensors only, loadable with weights_only=True (rebuilt with the env on load)
             return {
@@ -267,7 +288,7 @@ class ContainerStore(ContainerStoreBase):
             if getattr(self.container, attr, None) is not None:
                 setattr(self.container, attr, None)
 
-    def read(self, slots: np.ndarray, ids: Any = None) -> Any:
+    def read(self, slots: np.ndarray, seq: Any = None) -> Any:
         return self.container[torch.from_numpy(np.asarray(slots, dtype=np.int64))]
 
     def compact(self, keep: np.ndarray) -> None:

@@ -68,6 +68,7 @@ class ContainerRing(ContainerStoreBase):
     """
 
     reuses_slots = True
+    lazy_rows = True  # every field keeps its item shape (``_check``): stored rows can be read back later
 
     def __init__(self, physical: int) -> None:
         self.physical = physical
@@ -115,6 +116,12 @@ class ContainerRing(ContainerStoreBase):
             return None
         states = data.states
         return representation(states.tensor, states.conditions, n)
+
+    def single(self, data: Any, n: int) -> bool:
+        """As ``rows_of(data, n) is not None`` without building rows: every row terminating (StatesContainer /
+        Transitions); a torchgfn Trajectories has one terminating state per trajectory."""
+        mask = getattr(data, 'is_terminating', None)
+        return True if mask is None else all_true(mask)
 
     def _check(self, data: Any, n: int) -> None:
         """Everything a write could fail on, checked before anything changes: every field a tensor of ``n`` items
@@ -262,7 +269,7 @@ class ContainerRing(ContainerStoreBase):
         self.steps = steps
 
     # ------------------------------------------------------------------ read
-    def read(self, slots: np.ndarray, ids: Any = None) -> Any:
+    def read(self, slots: np.ndarray, seq: Any = None) -> Any:
         """The items at ``slots`` as one container of the stored class (a copy; Trajectories are trimmed to the
         longest drawn item, as torchgfn's indexing does)."""
         slots = np.ascontiguousarray(slots, dtype=np.int64)
@@ -302,7 +309,7 @@ class ContainerRing(ContainerStoreBase):
         if n:
             self.write(
                 np.asarray(slots, dtype=np.int64),
-                GFNBatch(container, n, np.empty(0), None),
+                GFNBatch(container, n, np.empty(0), None, False),
                 np.arange(n, dtype=np.int64),
             )
         else:

@@ -11,7 +11,7 @@ import torch
 from ..config import build_config
 from ..control.diversity import row_hashes
 from ..control.limits import UseCounts
-from .gfn_data import ColumnStore, ContainerStoreBase, check_log_reward, rebuild_container, representation
+from .gfn_data import ColumnStore, ContainerStoreBase, check_log_reward, rebuild_container
 from .gfn_parts import physical_slots
 from .gfn_ring import container_store
 from .table import Restored
@@ -192,22 +192,10 @@ def _fill_state_set(t, state: Dict[str, Any], store: Any, states: Any, slots: np
     elif track and not n:
         states.enable()  # an emptied buffer keeps counting
     elif track:
-        rows = stored_rows(t, store, slots)
+        rows = store.rows_at(slots)  # (recomputed from the stored data)
         if rows is None:
             raise ValueError("saved buffer counted unique states but its items have no single terminating state")
         states.add(slots, rows, row_hashes(rows))
-
-
-def stored_rows(t, store: Any, slots: np.ndarray) -> Optional[np.ndarray]:
-    """Representations of restored items, recomputed from the stored data."""
-    if not len(slots):
-        return None
-    if isinstance(store, ContainerStoreBase):
-        return store.rows_of(store.read(slots), len(slots))
-    cfg = t.cfg
-    data = store.storage.read_at(slots)
-    cond = data[cfg.condition_key] if cfg.condition_key is not None else None
-    return representation(data[cfg.state_key], cond, len(slots))
 
 
 __all__ = ['state', 'restore', 'SETTINGS', 'LAYOUT']

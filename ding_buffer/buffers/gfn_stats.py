@@ -37,7 +37,8 @@ def stats(t: Any, out: Dict[str, float]) -> Dict[str, float]:
         top = float(finite.max()) if len(finite) else float('-inf')
         out['log_reward_logsumexp'] = top + float(np.log(np.exp(finite - top).sum())) if len(finite) else top
         tracked = None if t.states is None else t.states.enabled
-        out['unique_terminating_states'] = t.states.unique if tracked else (0 if tracked is None else -1)
+        unique = t.states.count_unique(t.store.rows_at) if tracked else (0 if tracked is None else -1)
+        out['unique_terminating_states'] = unique
         checked = max(c['filter_checked'], 1)
         out['reject_rate_reward'] = c['rejected_by_reward'] / checked
         out['reject_rate_distance'] = c['rejected_by_distance'] / checked

@@ -95,7 +95,7 @@ class RewardTable(Table):
             if self.index is None:
                 return None
             slots = self.index.oldest(self.index.count)
-            return self._store.read(slots, self.index.seq[slots])
+            return self._store.read(slots, self.index.seq)
 
     @property
     def storage(self) -> Any:
@@ -149,7 +149,7 @@ class RewardTable(Table):
             return None
         store = self._store if self._store is not None else self.make_store(data)
         check_kind(store, data)
-        batch = store.prepare(data, need_rows=True)
+        batch = store.prepare(data, need_rows=self.diverse)  # others read the stored rows back when counting
         self.validate(batch)
         return Write(batch.n, (store, batch)) if batch.n else None
 
@@ -181,7 +181,7 @@ class RewardTable(Table):
         if self.diverse:
             if batch.rows is not None and not np.isfinite(batch.rows).all():
                 raise ValueError("gfn_diverse needs finite terminating states (and conditions); got NaN or inf")
-            if batch.rows is None and batch.n:
+            if not batch.single and batch.n:
                 raise ValueError("gfn_diverse needs exactly one terminating state per item (got e.g. Transitions)")
 
     def admission(self, batch: GFNBatch) -> Tuple[Optional[np.ndarray], Optional[np.ndarray]]:
@@ -214,10 +214,10 @@ class RewardTable(Table):
         slots = self.slots_for(m)
         self._store.write(slots, batch, chosen)
         index.store(slots, r_chosen, seqs)
-        if rows is None:
-            states.disable()  # an item without a single terminating state: stop counting unique states
+        if batch.single:
+            states.add(slots, rows, h)  # (rows None: read back from the store when counted)
         else:
-            states.add(slots, rows, h)
+            states.disable()  # an item without a single terminating state: stop counting unique states
         c['admitted'] += m
         return m
 
@@ -266,19 +266,24 @@ class RewardTable(Table):
         return size > self.count() if rep is None else rep
 
     def shortfall(self, size: int, replace: Optional[bool]) -> str:
-        m = self.count()
+        return self._shortfall(size, self.count(), self.replace(size, replace))
+
+    @staticmethod
+    def _shortfall(size: int, m: int, replace: bool) -> str:
         if m == 0:
             return 'buffer is empty'
-        if not self.replace(size, replace) and size > m:
+        if not replace and size > m:
             return f'{m} items < batch size {size} and sampling is without replacement'
         return ''
 
     def draw(self, rng: np.random.Generator, size: int, replace: Optional[bool]) -> Any:
-        why = self.shortfall(size, replace)
+        rep = self.replace(size, replace)
+        why = self._shortfall(size, self.count(), rep)
         if why:
             return why
-        slots = self.index.sample(rng, size, bool(self.cfg.prioritized_sampling), self.replace(size, replace))
-        return Drawn(slots, size, self._store.read(slots, self.index.seq[slots]), done=self.count_sampled(size))
+        index = self.index
+        slots = index.sample(rng, size, bool(self.cfg.prioritized_sampling), rep)
+        return Drawn(slots, size, self._store.read(slots, index.seq), done=self.count_sampled(size))
 
     def count_sampled(self, size: int) -> Callable[[int], None]:
         """Counted once the engine counted the draw (a broken rule of the user's fails the sample first)."""

@@ -12,7 +12,7 @@ Speed: torchgfn builds the full ``batch x buffer`` distance matrix (``torch.cdis
 * ``cutoff > 0`` scans pairs with an early exit and pivot pruning (``distances.far_mask``).
 """
 
-from typing import Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional
 
 import numpy as np
 
@@ -78,27 +78,27 @@ class StateSet:
     """
     Overview:
         The representations of the stored items, by slot: their hashes and, when ``keep_rows``, their rows
-        (needed by the distance filter and for exact duplicate checks). ``unique`` is the number of distinct
-        hashes among the stored items (= distinct states, barring a 64-bit collision).
+        (needed by the distance filter and for exact duplicate checks). ``count_unique`` is the number of
+        distinct hashes among the stored items (= distinct states, barring a 64-bit collision).
     Interfaces:
-        ``add``, ``remove``, ``duplicates_of``, ``compact``, ``clear``, ``unique``, ``pivot_distances``
-    Complexity: ``add`` / ``remove`` O(n) vectorised while nobody asked for duplicates: rows added without hashes
-        wait (at most ``PENDING`` rows) and are hashed together when ``unique`` or a duplicate check needs them;
-        ``unique`` is cached and recounted (``np.unique`` over the stored hashes, O(stored log stored)) only
-        after a change. Once ``duplicates_of`` was asked (the diverse filter, only once the buffer is full) a
-        hash -> slots index is kept: O(n) dict operations per add / remove, and ``unique`` is its size.
+        ``add``, ``remove``, ``duplicates_of``, ``compact``, ``clear``, ``count_unique``, ``pivot_distances``
+    Complexity: ``add`` / ``remove`` O(n) vectorised while nobody asked for duplicates: an item added without its
+        hash is only marked, and the marked items are hashed together when a count or a duplicate check needs
+        them -- from the kept rows, or (``add`` without rows) from the rows the owner's ``rows_at(slots)`` reads
+        back from its store, so a push need not build rows at all; ``count_unique`` is cached and recounted
+        (``np.unique`` over the stored hashes, O(stored log stored)) only after a change. Once ``duplicates_of``
+        was asked (the diverse filter, only once the buffer is full) a hash -> slots index is kept: O(n) dict
+        operations per add / remove, and the count is its size.
     Not thread-safe (the buffer's lock serialises calls).
     Examples:
         >>> states = StateSet(physical=4, keep_rows=True)
         >>> states.add(np.array([0, 1, 2]), np.array([[0.0, 0.0], [1.0, 1.0], [1.0, 1.0]]))
-        >>> states.unique  # distinct states stored
+        >>> states.count_unique()  # distinct states stored
         2
         >>> rows = np.array([[1.0, 1.0], [2.0, 2.0]])
         >>> states.duplicates_of(rows, row_hashes(rows)).tolist()
         [True, False]
     """
-
-    PENDING = 4096  # rows waiting to be hashed, at most (bounds their memory)
 
     def __init__(self, physical: int, keep_rows: bool, p: float = 1.0) -> None:
         self.keep_rows = keep_rows
@@ -114,17 +114,16 @@ class StateSet:
         self.hashes = np.zeros(physical, dtype=np.uint64)
         self.present = np.zeros(physical, dtype=bool)  # slots holding a counted item
         self.rows: Optional[np.ndarray] = None
-        self._pending: List[Tuple[np.ndarray, np.ndarray]] = []  # (slots, rows) added without hashes, in order
-        self._n_pending = 0
+        self.unhashed = np.zeros(physical, dtype=bool)  # slots whose item was added without its hash
         self._unique: Optional[int] = 0  # None: recount
         self._buckets: Optional[Dict[int, List[int]]] = None  # hash -> slots holding it; None: not kept (yet)
 
-    @property
-    def unique(self) -> int:
+    def count_unique(self, rows_at: Optional[Callable[[np.ndarray], np.ndarray]] = None) -> int:
+        """Distinct stored states. ``rows_at(slots)``: the stored items' rows, for items added without rows."""
         if self._buckets is not None:
             return len(self._buckets)
         if self._unique is None:
-            self._flush()
+            self._hash_unhashed(rows_at)
             self._unique = int(len(np.unique(self.hashes[self.present])))
         return self._unique
 
@@ -133,6 +132,7 @@ class StateSet:
             extra = physical - len(self.hashes)
             self.hashes = np.concatenate([self.hashes, np.zeros(extra, np.uint64)])
             self.present = np.concatenate([self.present, np.zeros(extra, bool)])
+            self.unhashed = np.concatenate([self.unhashed, np.zeros(extra, bool)])
             if self.rows is not None:
                 self.rows = np.concatenate([self.rows, np.zeros((extra, self.dim))])
             if self.pdist is not None:
@@ -144,12 +144,15 @@ class StateSet:
         if self.dim is not None and rows.shape[1] != self.dim:
             raise ValueError(f"{what} has {rows.shape[1]} values per item, the stored ones have {self.dim}")
 
-    def add(self, slots: np.ndarray, rows: np.ndarray, hashes: Optional[np.ndarray] = None) -> None:
-        """Items ``rows`` now at ``slots`` (their ``row_hashes`` when the caller has them, else computed later)."""
+    def add(self, slots: np.ndarray, rows: Optional[np.ndarray], hashes: Optional[np.ndarray] = None) -> None:
+        """Items now at ``slots``: their ``rows`` (None: read back with ``rows_at`` when counted; not with
+        ``keep_rows``) and ``row_hashes`` when the caller has them (else computed when needed)."""
         if self.enabled is False:
             return
         self.enabled = True
-        if self.dim is None:
+        if rows is None:
+            assert not self.keep_rows and self._buckets is None, 'kept rows and the hash index need the rows'
+        elif self.dim is None:
             self.dim = rows.shape[1]
             if self.keep_rows:
                 self.rows = np.zeros((len(self.hashes), self.dim))
@@ -168,25 +171,22 @@ class StateSet:
             self.sqnorm[slots] = np.einsum('ij,ij->i', rows, rows)
         self.present[slots] = True
         self._unique = None
-        if hashes is None and self._buckets is None:  # counted later (``unique``), with the other waiting rows
-            self._pending.append((np.array(slots, dtype=np.int64), rows))
-            self._n_pending += len(slots)
-            if self._n_pending >= self.PENDING:
-                self._flush()
+        if hashes is None and self._buckets is None:  # hashed when counted, with the other unhashed items
+            self.unhashed[slots] = True
             return
-        self._flush()  # an earlier add of one of these slots must not overwrite this one later
+        self.unhashed[slots] = False  # (an earlier add of the slot, not hashed yet, is gone)
         self.hashes[slots] = row_hashes(rows) if hashes is None else hashes
         if self._buckets is not None:
             self._bucket(slots, self.hashes[slots])
 
-    def _flush(self) -> None:
-        """Hash the waiting rows (one call; later adds of a slot overwrite earlier ones, as they happened)."""
-        if not self._pending:
-            return
-        slots = np.concatenate([s for s, _ in self._pending])
-        rows = np.concatenate([r for _, r in self._pending]) if len(self._pending) > 1 else self._pending[0][1]
-        self._pending, self._n_pending = [], 0
-        self.hashes[slots] = row_hashes(rows)  # numpy assigns repeated indices in order: the last add wins
+    def _hash_unhashed(self, rows_at: Optional[Callable[[np.ndarray], np.ndarray]] = None) -> None:
+        """Hash the stored items added without a hash (one call), from the kept rows or ``rows_at``'s."""
+        slots = np.flatnonzero(self.unhashed & self.present)  # items removed since need no hash
+        if len(slots):
+            if self.rows is None and rows_at is None:
+                raise RuntimeError('items were added without rows: counting them needs rows_at')
+            self.hashes[slots] = row_hashes(self.rows[slots] if self.rows is not None else rows_at(slots))
+        self.unhashed[:] = False
 
     def _bucket(self, slots: np.ndarray, hashes: np.ndarray) -> None:
         buckets = self._buckets
@@ -213,7 +213,7 @@ class StateSet:
     def _index_buckets(self) -> Dict[int, List[int]]:
         """The hash -> slots index, built on first use and kept from then on."""
         if self._buckets is None:
-            self._flush()
+            self._hash_unhashed()
             self._buckets = {}
             slots = np.flatnonzero(self.present)
             self._bucket(slots, self.hashes[slots])
@@ -221,7 +221,7 @@ class StateSet:
 
     def clear(self) -> None:
         self.present[:] = False
-        self._pending, self._n_pending = [], 0
+        self.unhashed[:] = False
         self._unique = 0
         if self._buckets is not None:
             self._buckets = {}
@@ -240,12 +240,12 @@ class StateSet:
         """Slot ``keep[i]`` becomes slot ``i`` (container storage after compaction)."""
         if not self.enabled:
             return
-        self._flush()
         m = len(keep)
-        for arr in (self.hashes, self.present, self.rows, self.pdist, self.sqnorm):
+        for arr in (self.hashes, self.present, self.unhashed, self.rows, self.pdist, self.sqnorm):
             if arr is not None:
                 arr[:m] = arr[keep]  # advanced indexing copies first, so overlapping moves are safe
         self.present[m:] = False
+        self.unhashed[m:] = False
         if self._buckets is not None:
             self._buckets = {}
             self._bucket(np.flatnonzero(self.present), self.hashes[self.present])

@@ -1445,9 +1445,9 @@ def test_evictions_and_unique_states_match_brute_force_over_many_wrapping_pushes
 
 
 def test_unique_states_count_many_rows_waiting_to_be_hashed():
-    """More rows than ``StateSet.PENDING`` pushed between two reads of the count (hashed in several rounds)."""
+    """Thousands of items pushed between two reads of the count (hashed together when counted)."""
     rng = np.random.default_rng(7)
-    cap = diversity.StateSet.PENDING + 700
+    cap = 4096 + 700
     buf = make('gfn', cap)
     ref = RefBuffer(cap, prioritized=False)
     tag = 0
