@@ -31,13 +31,12 @@ class GFNBatch(NamedTuple):
     n: int
     log_reward: np.ndarray  # float64 (n,); NaN where the container carries no log-rewards
     rows: Optional[np.ndarray]  # float64 (n, d) representations; None when not built, or items have no single state
-    single: bool  # every item has exactly one terminating state (rows exist, or the store reads them back later)
+    width: Optional[int]  # d (rows built, or read back from the store later); None: no single terminating state
 
 
 def check_log_reward(r: np.ndarray, key: str) -> None:
     """NaN and +inf are refused (-inf is a reward of 0 and fine)."""
-    total = np.add.reduce(r)
-    if -np.inf < total < np.inf:  # the common case, one pass: a finite sum has no NaN and no infinity
+    if np.isfinite(r).all():  # the common case: one pass
         return
     bad = np.flatnonzero(np.isnan(r) | (r == np.inf))
     if len(bad):
@@ -65,6 +64,11 @@ def representation(state: torch.Tensor, condition: Optional[torch.Tensor], n: in
     if condition is not None:
         rows = np.concatenate([rows, _rows(condition, n)], axis=1)
     return rows
+
+
+def row_width(state: torch.Tensor, condition: Optional[torch.Tensor]) -> int:
+    """The number of values in a ``representation`` row of these batched tensors, without building the rows."""
+    return state.shape[1:].numel() + (0 if condition is None else condition.shape[1:].numel())
 
 
 def _rows(x: torch.Tensor, n: int) -> np.ndarray:
@@ -130,11 +134,10 @@ class ColumnStore:
             )
         r = float64_numpy(r_t)
         check_log_reward(r, self.log_reward_key)
-        rows = None
-        if need_rows:
-            cond = columns[(self.condition_key,)] if self.condition_key is not None else None
-            rows = representation(columns[(self.state_key,)], cond, n)
-        return GFNBatch(prepared, n, r, rows, True)
+        cond = columns[(self.condition_key,)] if self.condition_key is not None else None
+        state = columns[(self.state_key,)]
+        rows = representation(state, cond, n) if need_rows else None
+        return GFNBatch(prepared, n, r, rows, row_width(state, cond))
 
     def rows_at(self, slots: np.ndarray) -> np.ndarray:
         """The representations of the stored items at ``slots``."""
@@ -222,12 +225,13 @@ class ContainerStoreBase:
         self._check(data, n)
         if need_rows or not self.lazy_rows:
             rows = self.rows_of(data, n)
-            return GFNBatch(data, n, r, rows, rows is not None)
-        return GFNBatch(data, n, r, None, self.single(data, n))
+            return GFNBatch(data, n, r, rows, None if rows is None else rows.shape[1])
+        return GFNBatch(data, n, r, None, self.row_width(data))
 
-    def single(self, data: Any, n: int) -> bool:
-        """Whether every item of ``data`` has exactly one terminating state (``rows_of`` would build rows)."""
-        return self.rows_of(data, n) is not None
+    def row_width(self, data: Any) -> Optional[int]:
+        """``lazy_rows`` stores: the width of ``data``'s rows without building them (None: no single terminating
+        state per item)."""
+        raise NotImplementedError
 
     def rows_at(self, slots: np.ndarray) -> Optional[np.ndarray]:
         """The representations of the stored items at ``slots`` (None: no single terminating state each)."""

@@ -8,7 +8,7 @@ from typing import Any, Callable, Dict, NamedTuple, Optional, Tuple
 import numpy as np
 import torch
 
-from .gfn_data import ContainerStore, ContainerStoreBase, GFNBatch, all_true, representation
+from .gfn_data import ContainerStore, ContainerStoreBase, GFNBatch, all_true, representation, row_width
 
 
 # ---------------------------------------------------------------------------------------------------- ring
@@ -68,7 +68,9 @@ class ContainerRing(ContainerStoreBase):
     """
 
     reuses_slots = True
-    lazy_rows = True  # every field keeps its item shape (``_check``): stored rows can be read back later
+    # StatesContainer / Transitions: every field keeps its item shape (``_check``), so stored rows can be read back
+    # later; a Trajectories' terminating states are a gather, whose rows are built at push
+    lazy_rows = True
 
     def __init__(self, physical: int) -> None:
         self.physical = physical
@@ -117,11 +119,15 @@ class ContainerRing(ContainerStoreBase):
         states = data.states
         return representation(states.tensor, states.conditions, n)
 
-    def single(self, data: Any, n: int) -> bool:
-        """As ``rows_of(data, n) is not None`` without building rows: every row terminating (StatesContainer /
-        Transitions); a torchgfn Trajectories has one terminating state per trajectory."""
-        mask = getattr(data, 'is_terminating', None)
-        return True if mask is None else all_true(mask)
+    def prepare(self, data: Any, need_rows: bool) -> GFNBatch:
+        return super().prepare(data, need_rows or not hasattr(data, 'is_terminating'))  # Trajectories: built
+
+    def row_width(self, data: Any) -> Optional[int]:
+        """StatesContainer / Transitions: the width of their states' rows when every row is terminating."""
+        if not all_true(data.is_terminating):
+            return None
+        states = data.states
+        return row_width(states.tensor, states.conditions)
 
     def _check(self, data: Any, n: int) -> None:
         """Everything a write could fail on, checked before anything changes: every field a tensor of ``n`` items
@@ -309,7 +315,7 @@ class ContainerRing(ContainerStoreBase):
         if n:
             self.write(
                 np.asarray(slots, dtype=np.int64),
-                GFNBatch(container, n, np.empty(0), None, False),
+                GFNBatch(container, n, np.empty(0), None, None),
                 np.arange(n, dtype=np.int64),
             )
         else:

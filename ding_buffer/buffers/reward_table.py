@@ -176,12 +176,12 @@ class RewardTable(Table):
                 "log_rewards must be defined for prioritized replay (prioritized_capacity / prioritized_sampling / "
                 "gfn_diverse); the container has none"
             )
-        if batch.rows is not None and self.states is not None:
-            self.states.check_dim(batch.rows, 'the terminating-state representation')
+        if batch.width is not None and self.states is not None:
+            self.states.check_dim(batch.width, 'the terminating-state representation')
         if self.diverse:
             if batch.rows is not None and not np.isfinite(batch.rows).all():
                 raise ValueError("gfn_diverse needs finite terminating states (and conditions); got NaN or inf")
-            if not batch.single and batch.n:
+            if batch.width is None and batch.n:
                 raise ValueError("gfn_diverse needs exactly one terminating state per item (got e.g. Transitions)")
 
     def admission(self, batch: GFNBatch) -> Tuple[Optional[np.ndarray], Optional[np.ndarray]]:
@@ -214,8 +214,8 @@ class RewardTable(Table):
         slots = self.slots_for(m)
         self._store.write(slots, batch, chosen)
         index.store(slots, r_chosen, seqs)
-        if batch.single:
-            states.add(slots, rows, h)  # (rows None: read back from the store when counted)
+        if batch.width is not None:
+            states.add(slots, rows, h, batch.width)  # (rows None: read back from the store when counted)
         else:
             states.disable()  # an item without a single terminating state: stop counting unique states
         c['admitted'] += m

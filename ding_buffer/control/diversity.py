@@ -140,20 +140,27 @@ class StateSet:
             if self.sqnorm is not None:
                 self.sqnorm = np.concatenate([self.sqnorm, np.zeros(extra)])
 
-    def check_dim(self, rows: np.ndarray, what: str) -> None:
-        if self.dim is not None and rows.shape[1] != self.dim:
-            raise ValueError(f"{what} has {rows.shape[1]} values per item, the stored ones have {self.dim}")
+    def check_dim(self, width: int, what: str) -> None:
+        if self.dim is not None and width != self.dim:
+            raise ValueError(f"{what} has {width} values per item, the stored ones have {self.dim}")
 
-    def add(self, slots: np.ndarray, rows: Optional[np.ndarray], hashes: Optional[np.ndarray] = None) -> None:
-        """Items now at ``slots``: their ``rows`` (None: read back with ``rows_at`` when counted; not with
-        ``keep_rows``) and ``row_hashes`` when the caller has them (else computed when needed)."""
+    def add(
+        self,
+        slots: np.ndarray,
+        rows: Optional[np.ndarray],
+        hashes: Optional[np.ndarray] = None,
+        width: Optional[int] = None,
+    ) -> None:
+        """Items now at ``slots``: their ``rows`` (None: rows of ``width`` values, read back with ``rows_at`` when
+        counted; not with ``keep_rows``) and ``row_hashes`` when the caller has them (else computed now, or
+        when needed where the rows are kept)."""
         if self.enabled is False:
             return
         self.enabled = True
         if rows is None:
             assert not self.keep_rows and self._buckets is None, 'kept rows and the hash index need the rows'
-        elif self.dim is None:
-            self.dim = rows.shape[1]
+        if self.dim is None:
+            self.dim = rows.shape[1] if rows is not None else int(width)
             if self.keep_rows:
                 self.rows = np.zeros((len(self.hashes), self.dim))
                 if self.p >= 1.0 and len(rows):
@@ -171,8 +178,8 @@ class StateSet:
             self.sqnorm[slots] = np.einsum('ij,ij->i', rows, rows)
         self.present[slots] = True
         self._unique = None
-        if hashes is None and self._buckets is None:  # hashed when counted, with the other unhashed items
-            self.unhashed[slots] = True
+        if hashes is None and self._buckets is None and (rows is None or self.rows is not None):
+            self.unhashed[slots] = True  # hashed when counted, with the other unhashed items
             return
         self.unhashed[slots] = False  # (an earlier add of the slot, not hashed yet, is gone)
         self.hashes[slots] = row_hashes(rows) if hashes is None else hashes

@@ -18,6 +18,7 @@ import math
 import os
 import subprocess
 import sys
+import warnings
 
 import numpy as np
 import pytest
@@ -1475,3 +1476,15 @@ def test_a_caller_reusing_its_float64_state_tensor_after_a_push_changes_nothing_
         again = torch.arange(8, dtype=torch.float64).reshape(4, 2)
         assert buf.push({'state': again, 'log_reward': torch.ones(4)}) == 0
         assert buf.stats()['rejected_by_distance'] == 4
+
+
+def test_large_finite_log_rewards_are_accepted_without_a_warning():
+    """Log-rewards whose sum overflows are still finite, and a push of them is no numpy warning (a test suite that
+    turns warnings into errors must not fail on them)."""
+    buf = create_buffer(dict(type='gfn', replay_buffer_size=8, seed=0))
+    with warnings.catch_warnings():
+        warnings.simplefilter('error')
+        assert buf.push({'state': torch.zeros(2, 2), 'log_reward': torch.tensor([1e308, 1e308], dtype=torch.float64)})
+        with pytest.raises(ValueError, match="'log_reward' must be finite or -inf; item 0 is inf"):
+            buf.push({'state': torch.zeros(2, 2), 'log_reward': torch.tensor([np.inf, -np.inf], dtype=torch.float64)})
+    assert buf.count() == 2

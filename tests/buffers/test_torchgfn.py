@@ -1019,6 +1019,24 @@ def _placed(state):
     return {k: state[k] for k in ('store', 'index', 'slots', 'free')}
 
 
+@pytest.mark.parametrize('btype', ['gfn', 'terminating_state'])
+def test_conditions_that_come_or_go_are_refused_while_states_are_counted(env, pool, btype):
+    """Counted states are their rows with the conditions: a push whose states gain or lose conditions would mix
+    rows of two widths, so it is refused with nothing changed (and the stored conditions are kept)."""
+    grid = torch.randint(0, HEIGHT, (4, NDIM))
+    for first, second in ((torch.rand(4, 1), None), (None, torch.rand(4, 1))):
+        buf = create_buffer(dict(type=btype, replay_buffer_size=10, seed=0))
+        buf.push(terminal_states(env, grid, pool.take(4), conditions=first))
+        unique = buf.stats()['unique_terminating_states']
+        before = copy.deepcopy(buf.state_dict())
+        with pytest.raises(ValueError, match='values per item'):
+            buf.push(terminal_states(env, grid, pool.take(4), conditions=second))
+        assert_same(buf.state_dict(), before)
+        assert buf.stats()['unique_terminating_states'] == unique == len({_row(x) for x in grid})
+        kept = buf.training_container.states.conditions
+        assert (kept is None) == (first is None)
+
+
 def test_failed_pushes_leave_state_dict_unchanged(samplers, env, pool):
     """Items of another shape or device, a wrong class, bad log-rewards: refused before anything is stored."""
     buf = create_buffer(dict(type='gfn', replay_buffer_size=10, seed=0))
