@@ -12,6 +12,7 @@ Speed: torchgfn builds the full ``batch x buffer`` distance matrix (``torch.cdis
 * ``cutoff > 0`` scans pairs with an early exit and pivot pruning (``distances.far_mask``).
 """
 
+import functools
 from typing import Callable, Dict, List, Optional
 
 import numpy as np
@@ -42,14 +43,21 @@ def row_hashes(rows: np.ndarray) -> np.ndarray:
     """
     rows = np.ascontiguousarray(rows, dtype=np.float64) + 0.0  # + 0.0 turns -0.0 into 0.0
     bits = rows.view(np.uint64)
+    salt = _salt(rows.shape[1])
+    if ready():
+        out = np.empty(len(rows), dtype=np.uint64)
+        _hash_rows(bits, salt, out)
+        return out
     with np.errstate(over='ignore'):
-        salt = _mix(np.arange(1, rows.shape[1] + 1, dtype=np.uint64) * _GOLDEN)
-        if ready():
-            out = np.empty(len(rows), dtype=np.uint64)
-            _hash_rows(bits, salt, out)
-            return out
         mixed = _mix(bits ^ salt[None, :])
         return _mix(mixed.sum(axis=1, dtype=np.uint64) + np.uint64(rows.shape[1]))
+
+
+@functools.lru_cache(maxsize=64)
+def _salt(width: int) -> np.ndarray:
+    """Each column's salt (shared: callers must not write to it; the same few widths recur)."""
+    with np.errstate(over='ignore'):
+        return _mix(np.arange(1, width + 1, dtype=np.uint64) * _GOLDEN)
 
 
 @njit(cache=True, nogil=True)
