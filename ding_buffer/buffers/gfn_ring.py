@@ -158,7 +158,7 @@ class ContainerRing(ContainerStoreBase):
         if not m:
             return
         data = batch.payload
-        if self.cls is None:
+        if self.cls is None or self.end == 0:  # an empty ring takes the layout of what comes (as torchgfn's extend)
             self._adopt(data)
         if rows is not None:
             rows = np.asarray(rows, dtype=np.int64)

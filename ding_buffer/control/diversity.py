@@ -108,6 +108,8 @@ class StateSet:
         [True, False]
     """
 
+    HASH_VALUES = 1 << 20  # row values hashed per call when counting (8 MB of float64)
+
     def __init__(self, physical: int, keep_rows: bool, p: float = 1.0) -> None:
         self.keep_rows = keep_rows
         self.p = float(p)
@@ -195,12 +197,15 @@ class StateSet:
             self._bucket(slots, self.hashes[slots])
 
     def _hash_unhashed(self, rows_at: Optional[Callable[[np.ndarray], np.ndarray]] = None) -> None:
-        """Hash the stored items added without a hash (one call), from the kept rows or ``rows_at``'s."""
+        """Hash the stored items added without a hash, from the kept rows or ``rows_at``'s, a few MB of rows at a
+        time (the rows of a whole buffer of large states need not fit in memory at once)."""
         slots = np.flatnonzero(self.unhashed & self.present)  # items removed since need no hash
-        if len(slots):
-            if self.rows is None and rows_at is None:
-                raise RuntimeError('items were added without rows: counting them needs rows_at')
-            self.hashes[slots] = row_hashes(self.rows[slots] if self.rows is not None else rows_at(slots))
+        if len(slots) and self.rows is None and rows_at is None:
+            raise RuntimeError('items were added without rows: counting them needs rows_at')
+        step = max(1, self.HASH_VALUES // max(1, self.dim or 1))
+        for i in range(0, len(slots), step):
+            part = slots[i : i + step]
+            self.hashes[part] = row_hashes(self.rows[part] if self.rows is not None else rows_at(part))
         self.unhashed[:] = False
 
     def _bucket(self, slots: np.ndarray, hashes: np.ndarray) -> None:

@@ -1463,6 +1463,20 @@ def test_unique_states_count_many_rows_waiting_to_be_hashed():
     assert buf.count() == len(ref.items) == cap
 
 
+def test_unique_states_counted_a_few_rows_at_a_time(monkeypatch):
+    """The count hashes the stored states in bounded pieces (large states of a whole buffer need not fit in memory
+    at once): pieces of one and of two rows give the brute-force count."""
+    rng = np.random.default_rng(11)
+    for values in (1, 7):  # rows of 3 values: pieces of 1 and of 2 rows
+        monkeypatch.setattr(diversity.StateSet, 'HASH_VALUES', values)
+        buf, ref = make('gfn', 40), RefBuffer(40, prioritized=False)
+        for step in range(6):
+            its = random_items(rng, 17, 17 * step, 3, 3, False)
+            buf.push(to_batch(its))
+            ref.push(its)
+            assert buf.stats()['unique_terminating_states'] == brute_unique(ref.items)
+
+
 @pytest.mark.parametrize('kind', ['gfn', 'gfn_diverse'])
 def test_a_caller_reusing_its_float64_state_tensor_after_a_push_changes_nothing_stored(kind):
     """A float64 state tensor converts to the buffer's rows without a copy; the buffer must still copy them, or a

@@ -1037,6 +1037,22 @@ def test_conditions_that_come_or_go_are_refused_while_states_are_counted(env, po
         assert (kept is None) == (first is None)
 
 
+def test_a_restored_empty_buffer_takes_the_conditions_of_its_next_push(env, pool, tmp_path):
+    """An empty buffer saved from states without conditions, loaded, then given states with conditions keeps
+    them, as torchgfn's extend of an empty container does, and counts the (state, condition) pairs."""
+    buf = create_buffer(dict(type='gfn', replay_buffer_size=10, seed=0))
+    buf.push(terminal_states(env, torch.zeros(2, NDIM), pool.take(2)))
+    buf.clear()
+    path = str(tmp_path / 'empty.pt')
+    buf.save_data(path)
+    fresh = create_buffer(dict(type='gfn', replay_buffer_size=10, seed=0))
+    fresh.load_data(path, env=env)
+    conditions = torch.tensor([[0.0], [1.0]])
+    assert fresh.push(terminal_states(env, torch.zeros(2, NDIM), pool.take(2), conditions=conditions)) == 2
+    assert torch.equal(fresh.training_container.states.conditions, conditions)
+    assert fresh.stats()['unique_terminating_states'] == 2
+
+
 def test_failed_pushes_leave_state_dict_unchanged(samplers, env, pool):
     """Items of another shape or device, a wrong class, bad log-rewards: refused before anything is stored."""
     buf = create_buffer(dict(type='gfn', replay_buffer_size=10, seed=0))
