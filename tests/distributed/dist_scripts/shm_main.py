@@ -91,7 +91,8 @@ def manager(buf) -> None:
         th = threading.Thread(target=buf.run, kwargs=dict(timeout=60), daemon=True)
         th.start()
         end = time.monotonic() + 30
-        while buf.stats()['count'] < 200 and time.monotonic() < end:
+        both = [os.path.join(OUT, f'w{r}.pushed') for r in (0, 1)]  # (one worker may start late on a busy machine)
+        while (buf.stats()['count'] < 200 or not all(map(os.path.exists, both))) and time.monotonic() < end:
             time.sleep(0.02)
         RESULT['killed_at'] = time.time()
         write()
@@ -221,6 +222,8 @@ def worker_kill_manager(buf) -> None:
             start = time.monotonic()
             buf.push(item(base + i))
             i += 1
+            if i == 1:
+                flag(f'w{RANK}.pushed')  # the manager dies only once both workers pushed
     except Exception as e:  # noqa: BLE001 - recorded for the test
         RESULT['error'] = {'type': type(e).__name__, 'mro': [c.__name__ for c in type(e).__mro__], 'msg': str(e),
                            'elapsed': time.monotonic() - start}  # fmt: skip
