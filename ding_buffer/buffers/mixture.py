@@ -150,7 +150,7 @@ def _rows(batch: Mapping) -> int:
 
 def _join(parts: Sequence[Mapping], names: Sequence[str], prefix: str = '') -> Dict[str, Any]:
     out = {}
-    for k in parts[0]:
+    for k in dict.fromkeys(k for p in parts for k in p):  # every member's fields, first seen first
         values = [p.get(k) for p in parts]
         if k == 'IS' and any(v is None for v in values):
             ref = next(v for v in values if v is not None)

@@ -21,16 +21,14 @@ def with_extras(
     ids: Optional[np.ndarray] = None,
 ) -> Any:
     """The drawn items of a slot storage plus per-item ``extras``: one dict of batched tensors on tensor storage
-    (extras as float32 for float arrays, else as they are), new dicts with Python numbers on list storage.
+    (extras as float32 for float arrays, else copies of them), new dicts with Python numbers on list storage.
     ``ids``: the items' unique ids when the caller has them (else read from the ring)."""
     if storage.kind == 'tensor':
         out = storage.gather(slots, ids)
         dev = storage.device
         on_cpu = dev.type == 'cpu'
-        for key, col in extras.items():
-            if col.dtype.kind == 'f' and col.dtype != np.float32:
-                col = col.astype(np.float32)
-            t = torch.from_numpy(col)
+        for key, col in extras.items():  # copies: the buffer keeps some of these arrays (use counts, monitors)
+            t = torch.from_numpy(col.astype(np.float32) if col.dtype.kind == 'f' else col.copy())
             out[key] = t if on_cpu else t.to(dev)
         return out
     return prioritized_items(

@@ -1912,3 +1912,19 @@ def test_batched_push_refusals_change_nothing_on_the_fast_path(type_):
     if got is not None:
         assert sorted(got['reward'].tolist()) == sorted(big['reward'][-50:].tolist())
     assert buf.count() == 50
+
+
+def test_a_learner_editing_its_sampled_use_and_staleness_changes_nothing_the_buffer_reports():
+    """``use`` and ``staleness`` of a tensor-storage sample are the learner's own tensors: editing them in place
+    (e.g. ``clamp_``) leaves ``last_sample_use()`` and the sampled-data statistics as they were."""
+    buf = create_buffer(dict(type='advanced', replay_buffer_size=8, storage=dict(type='tensor'), seed=0))
+    buf.extend({'obs': torch.randn(4, 2), 'collect_iter': torch.zeros(4, dtype=torch.long)})
+    batch = buf.sample(4, cur_learner_iter=10)
+    before = buf.stats()
+    use = buf.last_sample_use().tolist()
+    batch['use'].fill_(1000)
+    batch['staleness'].fill_(-5)
+    after = buf.stats()
+    assert buf.last_sample_use().tolist() == use == [1, 1, 1, 1]
+    for key in ('use_avg', 'use_max', 'staleness_avg', 'staleness_max'):
+        assert after[key] == before[key], key

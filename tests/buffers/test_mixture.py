@@ -458,3 +458,24 @@ def test_a_batched_push_keeps_no_reference_to_the_callers_batch(storage, member)
     for v in batch.values():
         v.fill_(7)
     assert_same(buf.state_dict(), before)
+
+
+@pytest.mark.parametrize('first', ['offline', 'online'])
+def test_is_weights_are_kept_whichever_member_comes_first(first):
+    """``IS`` leaves the mixture whether the prioritized member is listed first or last: 1 for the items of the
+    member that does not weight, the member's own weights for the others."""
+    members = dict(
+        offline=dict(type='naive', replay_buffer_size=100, seed=1, storage=dict(type='tensor')),
+        online=dict(type='advanced', replay_buffer_size=100, seed=2, storage=dict(type='tensor')),
+    )
+    order = [first] + [m for m in members if m != first]
+    buf = create_buffer(dict(type='mixture', seed=0, members={m: members[m] for m in order}), instance_name='mix')
+    buf.push(transitions(range(20), 'tensor'), member='offline')
+    buf.push(transitions(range(-1, -21, -1), 'tensor'), member='online')
+    batch = buf.sample(16)
+    names = members_of(batch, buf)
+    assert set(names) == {'offline', 'online'}
+    is_w = batch['IS'].tolist()
+    assert [w for n, w in zip(names, is_w) if n == 'offline'] == [1.0] * names.count('offline')
+    assert all(0.0 < w <= 1.0 for w in is_w)
+    buf.close()
