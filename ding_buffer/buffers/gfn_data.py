@@ -43,9 +43,10 @@ def check_log_reward(r: np.ndarray, key: str) -> None:
         raise ValueError(f"'{key}' must be finite or -inf; item {int(bad[0])} is {r[bad[0]]} ({len(bad)} bad value(s))")
 
 
-def float64_numpy(t: torch.Tensor) -> np.ndarray:
+def float64_numpy(t: torch.Tensor, copy: bool = False) -> np.ndarray:
     """``t`` as a float64 numpy array on the CPU (numpy converts a small tensor faster than torch does; the same
-    values: both round to nearest). Shares memory with ``t`` when it already is a CPU float64 tensor."""
+    values: both round to nearest). Shares memory with ``t`` when it already is a CPU float64 tensor, unless
+    ``copy``."""
     if t.requires_grad:
         t = t.detach()
     if not t.is_cpu:
@@ -53,8 +54,8 @@ def float64_numpy(t: torch.Tensor) -> np.ndarray:
     try:
         a = t.numpy()
     except (TypeError, RuntimeError):  # bfloat16 and other dtypes numpy lacks; tensors with a neg / conj bit
-        return t.to(torch.float64).numpy()
-    return a if a.dtype == np.float64 else a.astype(np.float64)
+        return t.resolve_neg().resolve_conj().to(torch.float64).numpy()  # (a new tensor: numpy could not view t)
+    return a.astype(np.float64, copy=copy)
 
 
 def representation(state: torch.Tensor, condition: Optional[torch.Tensor], n: int) -> np.ndarray:
@@ -74,14 +75,7 @@ def row_width(state: torch.Tensor, condition: Optional[torch.Tensor]) -> int:
 def _rows(x: torch.Tensor, n: int) -> np.ndarray:
     """``x`` as ``n`` flat float64 rows (a copy); an empty batch keeps its row width (``reshape(0, -1)`` is
     ambiguous)."""
-    if x.requires_grad:
-        x = x.detach()
-    if not x.is_cpu:
-        x = x.cpu()
-    try:
-        a = x.numpy().astype(np.float64)  # (astype copies)
-    except (TypeError, RuntimeError):  # bfloat16 and other dtypes numpy lacks; tensors with a neg / conj bit
-        a = x.to(torch.float64).numpy()  # a new tensor
+    a = float64_numpy(x, copy=True)
     return a.reshape(n, -1) if n else a.reshape(0, int(np.prod(a.shape[1:], dtype=np.int64)))
 
 

@@ -266,24 +266,19 @@ class RewardTable(Table):
         return size > self.count() if rep is None else rep
 
     def shortfall(self, size: int, replace: Optional[bool]) -> str:
-        return self._shortfall(size, self.count(), self.replace(size, replace))
-
-    @staticmethod
-    def _shortfall(size: int, m: int, replace: bool) -> str:
+        m = self.count()
         if m == 0:
             return 'buffer is empty'
-        if not replace and size > m:
+        if not self.replace(size, replace) and size > m:
             return f'{m} items < batch size {size} and sampling is without replacement'
         return ''
 
     def draw(self, rng: np.random.Generator, size: int, replace: Optional[bool]) -> Any:
-        rep = self.replace(size, replace)
-        why = self._shortfall(size, self.count(), rep)
+        why = self.shortfall(size, replace)
         if why:
             return why
-        index = self.index
-        slots = index.sample(rng, size, bool(self.cfg.prioritized_sampling), rep)
-        return Drawn(slots, size, self._store.read(slots, index.seq), done=self.count_sampled(size))
+        slots = self.index.sample(rng, size, bool(self.cfg.prioritized_sampling), self.replace(size, replace))
+        return Drawn(slots, size, self._store.read(slots, self.index.seq), done=self.count_sampled(size))
 
     def count_sampled(self, size: int) -> Callable[[int], None]:
         """Counted once the engine counted the draw (a broken rule of the user's fails the sample first)."""

@@ -1502,3 +1502,16 @@ def test_large_finite_log_rewards_are_accepted_without_a_warning():
         with pytest.raises(ValueError, match="'log_reward' must be finite or -inf; item 0 is inf"):
             buf.push({'state': torch.zeros(2, 2), 'log_reward': torch.tensor([np.inf, -np.inf], dtype=torch.float64)})
     assert buf.count() == 2
+
+
+@pytest.mark.parametrize('kind', ['gfn', 'gfn_diverse'])
+def test_float64_states_with_the_neg_bit_are_stored_as_their_values(kind):
+    """A lazily negated float64 view (``x.neg()`` of a conjugate view, ``torch._neg_view``) cannot be viewed by
+    numpy: its rows are converted through torch instead, with the negated values."""
+    buf = create_buffer(dict(type=kind, replay_buffer_size=8, seed=0))
+    st = torch.arange(8, dtype=torch.float64).reshape(4, 2)
+    assert buf.push({'state': st._neg_view(), 'log_reward': torch.zeros(4)}) == 4
+    assert buf.stats()['unique_terminating_states'] == 4
+    got = buf.sample(4, replace=False)
+    order = torch.argsort(got['replay_unique_id'])
+    assert torch.equal(got['state'][order], -st.float())
