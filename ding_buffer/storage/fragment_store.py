@@ -28,6 +28,8 @@ from typing import Any, Dict, Iterable, Optional, Set
 
 import torch
 
+from ..persistence import numpy_globals
+
 _ID = re.compile(r'[0-9a-f]{32}')
 KINDS = ('memory', 'disk')
 
@@ -106,7 +108,8 @@ class FragmentStore:
             return copy.deepcopy(payload)
         path = self._file(fragment_id)
         try:
-            return torch.load(path, map_location='cpu', weights_only=True)
+            with torch.serialization.safe_globals(list(numpy_globals())):
+                return torch.load(path, map_location='cpu', weights_only=True)
         except FileNotFoundError:
             raise KeyError(f"no fragment {fragment_id!r} in the store at {self.path} (deleted, or never put)") from None
         except Exception as e:  # truncated, foreign or code-carrying file: never executed

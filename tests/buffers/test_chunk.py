@@ -426,6 +426,29 @@ def test_a_disk_store_refuses_payloads_it_could_not_read_back(tmp_path):
     assert buf.sample(1)[0]['data']['meta'] == [1, 'a', None, 2.5]
 
 
+def test_a_disk_store_round_trips_numpy_payloads_through_samples_states_and_files(tmp_path):
+    data = {'obs': np.arange(6.0).reshape(2, 3), 'act': np.int64(4), 'mask': np.array([True, False]), 'tag': 'a'}
+    cfg = dict(type='chunk', max_reuse=None, seed=0, store=dict(type='disk', path=str(tmp_path / 's')))
+    buf = create_buffer(cfg)
+    buf.push(dict(worker='w', fid=0, model_version=0, data=data))
+
+    def same(got):
+        assert got.keys() == data.keys() and got['tag'] == 'a' and got['act'] == 4 and type(got['act']) is np.int64
+        for key in ('obs', 'mask'):
+            assert type(got[key]) is np.ndarray and got[key].dtype == data[key].dtype
+            assert np.array_equal(got[key], data[key])
+
+    same(buf.sample(1)[0]['data'])
+    state = buf.state_dict()
+    buf.save_data(str(tmp_path / 'chunk.pt'))  # read back without allow_pickle: arrays carry no code
+    other = create_buffer(dict(cfg, store=dict(type='disk', path=str(tmp_path / 't'))))
+    other.load_data(str(tmp_path / 'chunk.pt'))
+    same(other.sample(1)[0]['data'])
+    restored = create_buffer(dict(cfg, store=dict(type='disk', path=str(tmp_path / 'u'))))
+    restored.load_state_dict(state)
+    same(restored.sample(1)[0]['data'])
+
+
 def test_a_sample_whose_payload_cannot_be_read_changes_nothing(tmp_path):
     path = str(tmp_path / 's')
     buf = create_buffer(dict(type='chunk', max_reuse=1, seed=0, store=dict(type='disk', path=path)))
