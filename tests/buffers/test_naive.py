@@ -554,6 +554,17 @@ def test_load_state_dict_with_only_data_pushes_the_items(storage):
     assert stored_ids(buf) == list(range(7))
 
 
+def test_load_state_dict_with_only_data_keeps_the_objects_as_push_does_unless_deepcopy():
+    for deepcopy in (False, True):
+        items = [{'obs': [0]}, {'obs': [1]}]
+        buf = create_buffer(dict(type='naive', seed=0))
+        buf.load_state_dict({'data': items}, deepcopy=deepcopy)
+        items[0]['obs'].append(5)
+        got = sorted(buf.sample(2), key=lambda x: x['obs'][0])
+        assert got == ([{'obs': [0, 5]}, {'obs': [1]}] if not deepcopy else [{'obs': [0]}, {'obs': [1]}])
+        assert (got[0] is items[0]) is not deepcopy
+
+
 # ================================================================================ 6. complexity
 def test_sampling_without_replacement_does_no_population_sized_work(monkeypatch):
     """
