@@ -31,11 +31,12 @@ SCHEMA_VERSION = 1
 
 @functools.lru_cache(maxsize=None)
 def numpy_globals() -> tuple:
-    """What a pickled numpy array or scalar names (its constructor, ``ndarray``, ``dtype`` and the dtype classes):
-    allowed in every ``weights_only`` load, so arrays round-trip; no other class is, so nothing runs code."""
+    """What a pickled numpy array or scalar names (its constructor, ``ndarray``, ``dtype``, the dtype classes, and
+    ``bytes``, which an empty array, ``b''`` or an empty numpy string pickles as): allowed in every ``weights_only``
+    load, so arrays round-trip; no other class is, so nothing runs code."""
     multiarray = np._core.multiarray if hasattr(np, '_core') else np.core.multiarray
     dtypes = {type(np.dtype(code)) for code in np.typecodes['All'] if code != 'O'}
-    return (multiarray._reconstruct, multiarray.scalar, np.ndarray, np.dtype, *dtypes)
+    return (multiarray._reconstruct, multiarray.scalar, np.ndarray, np.dtype, bytes, *dtypes)
 
 
 def atomic_save(obj: Any, path: str) -> None:

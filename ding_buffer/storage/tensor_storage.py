@@ -320,9 +320,7 @@ class TensorStorage(Storage):
 
     def write_fields(self, slots: np.ndarray, fields: List[torch.Tensor]) -> None:
         """Write per-field tensors (schema order, validated by ``import_fields``) at ``slots``."""
-        idx = torch.from_numpy(np.asarray(slots, dtype=np.int64)).to(self.device)
-        for path, tensor in zip(self.schema, fields):
-            self.fields[path][idx] = tensor.to(self.device)
+        self._scatter(slots, dict(zip(self.schema, fields)))
 
     def state_dict(self) -> Dict[str, Any]:
         slots = self.ring.ordered_slots()

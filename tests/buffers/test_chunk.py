@@ -427,14 +427,23 @@ def test_a_disk_store_refuses_payloads_it_could_not_read_back(tmp_path):
 
 
 def test_a_disk_store_round_trips_numpy_payloads_through_samples_states_and_files(tmp_path):
-    data = {'obs': np.arange(6.0).reshape(2, 3), 'act': np.int64(4), 'mask': np.array([True, False]), 'tag': 'a'}
+    data = {
+        'obs': np.arange(6.0).reshape(2, 3),
+        'act': np.int64(4),
+        'mask': np.array([True, False]),
+        'tag': 'a',
+        'none': np.zeros((2, 0)),  # empty arrays, b'' and empty numpy strings pickle through bytes()
+        'raw': b'',
+        'name': np.str_(''),
+    }
     cfg = dict(type='chunk', max_reuse=None, seed=0, store=dict(type='disk', path=str(tmp_path / 's')))
     buf = create_buffer(cfg)
     buf.push(dict(worker='w', fid=0, model_version=0, data=data))
 
     def same(got):
         assert got.keys() == data.keys() and got['tag'] == 'a' and got['act'] == 4 and type(got['act']) is np.int64
-        for key in ('obs', 'mask'):
+        assert got['raw'] == b'' and got['name'] == '' and type(got['name']) is np.str_
+        for key in ('obs', 'mask', 'none'):
             assert type(got[key]) is np.ndarray and got[key].dtype == data[key].dtype
             assert np.array_equal(got[key], data[key])
 

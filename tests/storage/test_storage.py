@@ -1074,3 +1074,35 @@ def test_a_dict_subclass_is_read_as_stored_at_push_and_at_restore():
     again.load_state_dict(buf.state_dict())
     assert_same(again.state_dict(), buf.state_dict())
     assert again.view.column('collect_iter', again.view.oldest(1)).tolist() == [2]
+
+
+@pytest.mark.parametrize(
+    'cfg',
+    [
+        dict(type='naive', storage=dict(type='tensor')),
+        dict(type='advanced', storage=dict(type='tensor')),
+        dict(type='episode', max_transitions=64, storage=dict(type='tensor')),
+        dict(type='gfn', replay_buffer_size=8),
+    ],
+    ids=lambda c: c['type'],
+)
+def test_unsigned_fields_a_push_accepts_survive_a_state_and_a_file(cfg, tmp_path):
+    """torch has no indexed writes for uint16 / 32 / 64 on the CPU: a restore writes them as a push does."""
+    from ding_buffer import create_buffer
+
+    buf = create_buffer(dict(cfg, seed=0))
+    if cfg['type'] == 'gfn':
+        buf.push(dict(state=torch.arange(6).reshape(3, 2).to(torch.uint32), log_reward=torch.rand(3)))
+    elif cfg['type'] == 'episode':
+        buf.push([[{'x': np.uint64(2**63 + i), 'y': torch.tensor([i], dtype=torch.uint16)} for i in range(3)]])
+    else:
+        buf.push([{'x': np.uint64(2**63 + i), 'y': torch.tensor([i], dtype=torch.uint16)} for i in range(3)])
+    buf.save_data(str(tmp_path / 'u.pt'))
+    for load in ('state', 'file'):
+        other = create_buffer(dict(cfg, seed=0))
+        if load == 'state':
+            other.load_state_dict(buf.state_dict())
+        else:
+            other.load_data(str(tmp_path / 'u.pt'))
+        assert other.count() == buf.count()
+        assert_same(other.state_dict(), buf.state_dict())
