@@ -30,8 +30,10 @@ def flatten(item: Mapping, prefix: Path = (), skip_top: Tuple[str, ...] = ()) ->
         item = to_plain(item)
     out: Dict[Path, Any] = {}
     for key, value in item.items():
-        if not isinstance(key, str):
-            raise TypeError(f"field names must be str, got {key!r} under '{path_name(prefix) or '<root>'}'")
+        if not isinstance(key, str) or not key:
+            raise (ValueError if key == '' else TypeError)(
+                f"field names must be non-empty str, got {key!r} under '{path_name(prefix) or '<root>'}'"
+            )
         if not prefix and key in skip_top:
             continue
         path = prefix + (key,)

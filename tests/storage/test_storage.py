@@ -1106,3 +1106,18 @@ def test_unsigned_fields_a_push_accepts_survive_a_state_and_a_file(cfg, tmp_path
             other.load_data(str(tmp_path / 'u.pt'))
         assert other.count() == buf.count()
         assert_same(other.state_dict(), buf.state_dict())
+
+
+@pytest.mark.parametrize('item', [{'obs': torch.ones(2), '': torch.zeros(1)}, {'obs': torch.ones(2), 'a': {'': 1}}])
+def test_an_empty_field_name_is_refused_at_push_as_a_restore_would_refuse_it(item):
+    from ding_buffer import create_buffer
+
+    buf = create_buffer(dict(type='naive', storage=dict(type='tensor'), seed=0))
+    buf.push({'obs': torch.zeros(2)})
+    before = buf.state_dict()
+    with pytest.raises(ValueError, match="field names must be non-empty str, got ''"):
+        buf.push(item)
+    assert_same(buf.state_dict(), before)
+    fresh = create_buffer(dict(type='naive', storage=dict(type='tensor'), seed=0))
+    with pytest.raises(ValueError, match="field names must be non-empty str"):
+        fresh.push(item)  # the first push, which fixes the fields, refuses it too
