@@ -11,7 +11,6 @@ Every file is an envelope ``{'format', 'version', 'buffer', 'state'}`` so that f
 rejected with a clear message.
 """
 
-import functools
 import json
 import os
 import pickle
@@ -22,21 +21,10 @@ import zipfile
 import zlib
 from typing import Any, BinaryIO, Callable, Dict
 
-import numpy as np
 import torch
 
 FORMAT = 'ding_buffer'
 SCHEMA_VERSION = 1
-
-
-@functools.lru_cache(maxsize=None)
-def numpy_globals() -> tuple:
-    """What a pickled numpy array or scalar names (its constructor, ``ndarray``, ``dtype``, the dtype classes, and
-    ``bytes``, which an empty array, ``b''`` or an empty numpy string pickles as): allowed in every ``weights_only``
-    load, so arrays round-trip; no other class is, so nothing runs code."""
-    multiarray = np._core.multiarray if hasattr(np, '_core') else np.core.multiarray
-    dtypes = {type(np.dtype(code)) for code in np.typecodes['All'] if code != 'O'}
-    return (multiarray._reconstruct, multiarray.scalar, np.ndarray, np.dtype, bytes, *dtypes)
 
 
 def atomic_save(obj: Any, path: str) -> None:
@@ -170,8 +158,7 @@ def safe_load(path: str, allow_pickle: bool = False) -> Any:
         raise FileNotFoundError(f"no buffer file at {path!r}")
     check_integrity(path)
     try:
-        with torch.serialization.safe_globals(list(numpy_globals())):
-            return torch.load(path, map_location='cpu', weights_only=True)
+        return torch.load(path, map_location='cpu', weights_only=True)
     except pickle.UnpicklingError as e:
         if 'weights_only' not in str(e) and 'Unsupported global' not in str(e):
             raise ValueError(f"{path!r} is not a readable buffer file (corrupt or truncated?): {e}") from e

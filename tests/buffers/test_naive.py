@@ -469,21 +469,6 @@ def test_failed_save_keeps_the_old_file_and_leaves_no_temporary(tmp_path):
     assert path.read_bytes() == old_bytes
 
 
-def test_list_storage_of_numpy_items_loads_without_allow_pickle(tmp_path):
-    items = [
-        {'obs': np.arange(3.0) + i, 'info': np.zeros((2, 0)), 'name': np.str_(''), 'act': np.int8(i)} for i in range(4)
-    ]
-    src = create_buffer(dict(type='naive', seed=0))
-    src.push(items)
-    src.save_data(str(tmp_path / 'np.pt'))
-    dst = create_buffer(dict(type='naive', seed=0))
-    dst.load_data(str(tmp_path / 'np.pt'))  # numpy arrays and scalars carry no code
-    got = sorted(dst.sample(4), key=lambda x: int(x['act']))
-    for want, have in zip(items, got):
-        assert have.keys() == want.keys() and type(have['act']) is np.int8 and have['act'] == want['act']
-        assert np.array_equal(have['obs'], want['obs']) and have['info'].shape == (2, 0) and have['name'] == ''
-
-
 def test_list_storage_loads_python_objects_with_allow_pickle(tmp_path):
     src = make('list', size=8)
     src.push([{'id': i, 'payload': Payload(i)} for i in range(4)])
