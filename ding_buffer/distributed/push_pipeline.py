@@ -97,14 +97,13 @@ class PushPipeline:
         batched = bool(batched) or (self.dict_is_batch and isinstance(data, dict))
         n = count_items(data, batched)
         deadline = deadline_in(self._dcfg.timeout)  # one bound for everything this call sends and waits for
-        if self._retry_of is not None:
-            if self._retry_of == _digest(data, batched, self._dcfg.allow_pickle):
-                # the caller's retry of the call that raised: its data is kept already (in doubt or pending),
-                # so send what is owed and add nothing; if that fails too, the next call is still its retry
-                self.send_owed(envstep, deadline)
-                self._retry_of = None
-                return n
+        if self.is_retry(data, batched):
+            # the caller's retry of the call that raised: its data is kept already (in doubt or pending), so send
+            # what is owed and add nothing; if that fails too, the next call is still its retry
+            self.send_owed(envstep, deadline)
             self._retry_of = None
+            return n
+        self._retry_of = None
         self._resend_unacked(deadline)  # raises before this call's data is taken
         if self._pending and self._pending_batched != batched:
             self._flush(envstep, deadline)  # a batch and single items cannot be merged (raises: not taken)

@@ -269,8 +269,7 @@ class RemoteBuffer(IBuffer):
         refused = None
         try:
             self.pushes.send_owed(-1, deadline)
-            if self.pushes.inflight is not None:
-                self.drain_pending_score(left())
+            self.drain_pending_score(left())  # (nothing when no async push is outstanding)
             stop = getattr(self._channel, 'stop_heartbeat', None)
             if stop is not None:
                 stop()
