@@ -28,10 +28,6 @@ from .frames_wire import FramesWireEncoder
 from .protocol import request_msg, result_of
 
 
-def new_client_id() -> str:
-    return uuid.uuid4().hex
-
-
 def _digest(data: Any, batched: bool, allow_pickle: bool) -> Optional[bytes]:
     """A content digest of a push's data (None if it cannot be encoded)."""
     try:
@@ -74,7 +70,7 @@ class PushPipeline:
         self._pending: List[Any] = []
         self._pending_batched: Optional[bool] = None
         self._push_calls = 0
-        self.client = new_client_id()
+        self.client = uuid.uuid4().hex
         self._seq = 0
         self._unacked: List[Dict[str, Any]] = []  # push args in doubt, resent (same seq) before anything else
         self._retry_of: Optional[bytes] = None  # digest of the data of the push call that raised
