@@ -31,7 +31,7 @@ def check_version(version: Any, what: str = 'blob version') -> int:
     return version
 
 
-def payload_bytes(obj: Any, depth: int = 0) -> int:
+def payload_bytes(obj: Any) -> int:
     """Bytes held by a decoded payload: arrays, tensors, strings and bytes in nested dicts / lists / tuples (the
     codec's own nesting limit bounds the depth; each container counts 64 bytes per entry)."""
     if isinstance(obj, torch.Tensor):
@@ -41,9 +41,9 @@ def payload_bytes(obj: Any, depth: int = 0) -> int:
     if isinstance(obj, (bytes, bytearray, str)):
         return len(obj)
     if isinstance(obj, dict):
-        return sum(64 + payload_bytes(k, depth + 1) + payload_bytes(v, depth + 1) for k, v in obj.items())
+        return sum(64 + payload_bytes(k) + payload_bytes(v) for k, v in obj.items())
     if isinstance(obj, (list, tuple)):
-        return sum(64 + payload_bytes(v, depth + 1) for v in obj)
+        return sum(64 + payload_bytes(v) for v in obj)
     return 64
 
 

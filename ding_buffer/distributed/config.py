@@ -21,8 +21,15 @@ def _seconds(x: Any) -> bool:
     return _number(x) and x > 0
 
 
-def _optional_seconds(x: Any) -> bool:
-    return x is None or _seconds(x)
+# checks shared by several keys
+_SECONDS = (_seconds, 'a finite positive number of seconds')
+_OPTIONAL_SECONDS = (lambda x: x is None or _seconds(x), 'None or a finite positive number of seconds')
+_MIB = (lambda x: _number(x) and 0 < x <= (1 << 23), 'a finite positive number of MiB (at most 8 TiB)')
+_NAME = (lambda x: isinstance(x, str) and bool(x), 'a non-empty str')
+_FUNCTION = (
+    lambda x: x is None or callable(x) or (isinstance(x, str) and ':' in x),
+    "None, a callable or 'module:function'",
+)
 
 
 DISTRIBUTED_CONFIG = dict(
@@ -151,8 +158,8 @@ DISTRIBUTED_CHECKS = dict(
         ),
         'None or a list of distinct ranks',
     ),
-    actor_name=(lambda x: isinstance(x, str) and x, 'a non-empty str'),
-    namespace=(lambda x: isinstance(x, str) and bool(x), 'a non-empty str'),
+    actor_name=_NAME,
+    namespace=_NAME,
     ray_address=(lambda x: x is None or isinstance(x, str), "None or a cluster address str ('host:port')"),
     checkpoint_path=(
         lambda x: x is None or (isinstance(x, (str, os.PathLike)) and str(x) != '' and '\0' not in str(x)),
@@ -165,26 +172,20 @@ DISTRIBUTED_CHECKS = dict(
         "None or a dict of Ray actor options: num_cpus / num_gpus (numbers >= 0), memory (bytes, an int > 0), "
         "resources (a dict of resource name -> number >= 0)",
     ),
-    timeout=(_seconds, 'a finite positive number of seconds'),
-    startup_timeout=(_optional_seconds, 'None or a finite positive number of seconds'),
-    heartbeat_seconds=(_seconds, 'a finite positive number of seconds'),
-    peer_timeout=(_optional_seconds, 'None or a finite positive number of seconds'),
+    timeout=_SECONDS,
+    startup_timeout=_OPTIONAL_SECONDS,
+    heartbeat_seconds=_SECONDS,
+    peer_timeout=_OPTIONAL_SECONDS,
     lost_grace=(lambda x: x is None or (_number(x) and 0 <= x <= 1e7), 'None or a finite number of seconds >= 0'),
-    max_message_mb=(lambda x: _number(x) and 0 < x <= (1 << 23), 'a finite positive number of MiB (at most 8 TiB)'),
-    max_blob_mb=(lambda x: _number(x) and 0 < x <= (1 << 23), 'a finite positive number of MiB (at most 8 TiB)'),
+    max_message_mb=_MIB,
+    max_blob_mb=_MIB,
     file_root=(lambda x: x is None or (isinstance(x, str) and x and '\0' not in x), 'None or a directory path'),
     remote_buffer_freq=(positive_int, 'a positive int'),
     frames_wire=(lambda x: type(x) is bool, 'a bool'),
     frames_wire_mb=(lambda x: _number(x) and 0 <= x <= (1 << 23), 'a finite number of MiB >= 0 (at most 8 TiB)'),
     baseline_refresh_after=(optional_positive_int, 'None or a positive int'),
-    scoring_function=(
-        lambda x: x is None or callable(x) or (isinstance(x, str) and ':' in x),
-        "None, a callable or 'module:function'",
-    ),
-    metadata_function=(
-        lambda x: x is None or callable(x) or (isinstance(x, str) and ':' in x),
-        "None, a callable or 'module:function'",
-    ),
+    scoring_function=_FUNCTION,
+    metadata_function=_FUNCTION,
     baseline_strategy=(lambda x: x is None or x in BASELINES, f"None or one of {BASELINES}"),
     baseline_percentile=(lambda x: 0 <= x <= 1, 'a number in [0, 1]'),
     baseline_ema_alpha=(lambda x: 0 < x <= 1, 'a number in (0, 1]'),

@@ -7,6 +7,7 @@ registers it with ``base.register_distributed``); ``create_distributed`` builds 
 """
 
 import copy
+import uuid
 from typing import Any
 
 from ..config import check_section
@@ -36,7 +37,6 @@ def create_distributed(cls: type, cfg: Any, *args, **kwargs) -> Any:
     if dcfg.num_shards > 1 and dcfg.backend == 'ray':
         return _create_sharded(cls, cfg, dcfg, local_cfg, *args, **kwargs)
     if dcfg.backend == 'ray':
-        from .push_pipeline import new_client_id
         from .ray_backend import get_or_create_actor
         from .ray_channel import RayChannel, import_ray
         from .startup import starts_local_ray
@@ -46,7 +46,7 @@ def create_distributed(cls: type, cfg: Any, *args, **kwargs) -> Any:
             # refuse fails here, before Ray starts. On a cluster it may run elsewhere: it checks itself.
             check_manager_side(cfg, dcfg)
         actor = get_or_create_actor(cfg, dcfg)
-        channel = RayChannel(actor, dcfg, new_client_id())
+        channel = RayChannel(actor, dcfg, uuid.uuid4().hex)
     else:
         from .peer_transports import MPITransport, TorchTransport
         from .startup import init_mpi, init_torch, known_rank_world, mpi_recovery

@@ -28,10 +28,6 @@ from .frames_wire import FramesWireEncoder
 from .protocol import request_msg, result_of
 
 
-def new_client_id() -> str:
-    return uuid.uuid4().hex
-
-
 def _digest(data: Any, batched: bool, allow_pickle: bool) -> Optional[bytes]:
     """A content digest of a push's data (None if it cannot be encoded)."""
     try:
@@ -74,7 +70,7 @@ class PushPipeline:
         self._pending: List[Any] = []
         self._pending_batched: Optional[bool] = None
         self._push_calls = 0
-        self.client = new_client_id()
+        self.client = uuid.uuid4().hex
         self._seq = 0
         self._unacked: List[Dict[str, Any]] = []  # push args in doubt, resent (same seq) before anything else
         self._retry_of: Optional[bytes] = None  # digest of the data of the push call that raised
@@ -97,14 +93,13 @@ class PushPipeline:
         batched = bool(batched) or (self.dict_is_batch and isinstance(data, dict))
         n = count_items(data, batched)
         deadline = deadline_in(self._dcfg.timeout)  # one bound for everything this call sends and waits for
-        if self._retry_of is not None:
-            if self._retry_of == _digest(data, batched, self._dcfg.allow_pickle):
-                # the caller's retry of the call that raised: its data is kept already (in doubt or pending),
-                # so send what is owed and add nothing; if that fails too, the next call is still its retry
-                self.send_owed(envstep, deadline)
-                self._retry_of = None
-                return n
+        if self.is_retry(data, batched):
+            # the caller's retry of the call that raised: its data is kept already (in doubt or pending), so send
+            # what is owed and add nothing; if that fails too, the next call is still its retry
+            self.send_owed(envstep, deadline)
             self._retry_of = None
+            return n
+        self._retry_of = None
         self._resend_unacked(deadline)  # raises before this call's data is taken
         if self._pending and self._pending_batched != batched:
             self._flush(envstep, deadline)  # a batch and single items cannot be merged (raises: not taken)

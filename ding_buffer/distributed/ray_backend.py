@@ -83,7 +83,6 @@ class _ManagerActorImpl:
         self.allow_pickle = bool(dcfg.allow_pickle)
         self.num_workers = dcfg.num_workers
         self.max_bytes = int(dcfg.max_message_mb * (1 << 20))
-        self.started = time.time()
         self._lock = threading.Lock()  # ManagerCore: call (actor thread) and the watchdog
         self._beats: Dict[str, float] = {}  # client -> monotonic time of its last ping (the beat lane)
         self._beats_lock = threading.Lock()

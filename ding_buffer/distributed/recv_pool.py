@@ -38,7 +38,6 @@ class RecvPool:
         self._bufs: List[np.ndarray] = []
         self._missed: 'deque[int]' = deque(maxlen=RECENT)  # sizes of the latest misses
         self.hits = 0
-        self.misses = 0
 
     def take(self, n: int) -> Optional[np.ndarray]:
         if not MIN_PART <= n <= MAX_PART:
@@ -50,7 +49,6 @@ class RecvPool:
                 buf = self._bufs.pop(i)
                 self._bufs.append(buf)  # most recently used last
                 return buf
-        self.misses += 1
         self._missed.append(n)
         return None
 
