@@ -124,14 +124,19 @@ def _demo_episode(out_dir: str, seed: int) -> None:
             raise SystemExit("demo failed: round trip mismatch for the episode buffer")
 
 
+def _set_priority(buffer: Any, batch: dict, priority: torch.Tensor) -> dict:
+    """``buffer.update`` of the items of a sampled ``batch`` with ``priority``; returns what it reports."""
+    return buffer.update(
+        dict(
+            replay_unique_id=batch['replay_unique_id'], replay_buffer_idx=batch['replay_buffer_idx'], priority=priority
+        )
+    )
+
+
 def _demo_advanced(out_dir: str, seed: int) -> None:
-    _demo_advanced_priorities(seed)
-    _demo_advanced_max_use(seed)
-
-
-def _demo_advanced_priorities(seed: int) -> None:
     """Raise the priority of the items one sample drew, then check how often later samples draw them and the
-    importance-sampling weights they carry."""
+    importance-sampling weights they carry; then ``max_use=2``: items drawn twice leave, counted in
+    ``removed_by_use``."""
     n, hot_p, alpha, beta, draws = 1000, 10.0, 0.6, 0.4, 100
     cfg = dict(
         type='advanced',
@@ -144,8 +149,12 @@ def _demo_advanced_priorities(seed: int) -> None:
     )
     with create_buffer(cfg, instance_name='demo_advanced') as buffer:
         buffer.push(_transitions(np.random.default_rng(seed), n))
-        hot, result = _prioritize_drawn(buffer, 64, hot_p)
-        ids, weights = _draw_ids_and_weights(buffer, draws, 256)
+        first = buffer.sample(64)
+        hot = torch.unique(first['replay_unique_id'])  # the items drawn get a high priority (like a large TD error)
+        result = _set_priority(buffer, first, torch.full((len(first['replay_unique_id']),), hot_p))
+        batches = [buffer.sample(256) for _ in range(draws)]
+        ids = torch.cat([b['replay_unique_id'] for b in batches])
+        weights = torch.cat([b['IS'] for b in batches]).double()
         k = len(hot)
         share = float(torch.isin(ids, hot).double().mean())
         expected = k * hot_p**alpha / (k * hot_p**alpha + (n - k))
@@ -163,36 +172,6 @@ def _demo_advanced_priorities(seed: int) -> None:
             f"{is_hot:.3f} for priority {hot_p:g}, 1.000 for priority 1; beta={beta})"
         )
         check(abs(lo - is_hot) < 1e-3 and abs(hi - 1.0) < 1e-3, f"advanced: IS weights [{lo}, {hi}] != [{is_hot}, 1]")
-
-
-def _prioritize_drawn(buffer: Any, size: int, priority: float) -> Tuple[torch.Tensor, dict]:
-    """Draw ``size`` items and set ``priority`` on them; returns their distinct ids and what ``update`` reports."""
-    first = buffer.sample(size)
-    hot = torch.unique(first['replay_unique_id'])  # the items drawn get a high priority (like a large TD error)
-    return hot, _set_priority(buffer, first, torch.full((len(first['replay_unique_id']),), priority))
-
-
-def _set_priority(buffer: Any, batch: dict, priority: torch.Tensor) -> dict:
-    """``buffer.update`` of the items of a sampled ``batch`` with ``priority``; returns what it reports."""
-    return buffer.update(
-        dict(
-            replay_unique_id=batch['replay_unique_id'], replay_buffer_idx=batch['replay_buffer_idx'], priority=priority
-        )
-    )
-
-
-def _draw_ids_and_weights(buffer: Any, draws: int, size: int) -> Tuple[torch.Tensor, torch.Tensor]:
-    """``draws`` samples of ``size``: the ids drawn and their IS weights (float64), concatenated."""
-    ids, weights = [], []
-    for _ in range(draws):
-        batch = buffer.sample(size)
-        ids.append(batch['replay_unique_id'])
-        weights.append(batch['IS'])
-    return torch.cat(ids), torch.cat(weights).double()
-
-
-def _demo_advanced_max_use(seed: int) -> None:
-    """``max_use=2``: items drawn twice leave the buffer, counted in ``removed_by_use``."""
     cfg = dict(type='advanced', replay_buffer_size=100, max_use=2, seed=seed, storage=dict(type='tensor'))
     with create_buffer(cfg, instance_name='demo_advanced_max_use') as buffer:
         buffer.push(_transitions(np.random.default_rng(seed), 100))
