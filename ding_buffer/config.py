@@ -22,12 +22,7 @@ from typing import Any, Callable, Dict, Mapping, Optional, Tuple
 from easydict import EasyDict
 
 # Keys that every buffer config may carry without being listed in its defaults.
-ALWAYS_ALLOWED = (
-    'type',
-    'import_names',
-    'cfg_type',
-    'distributed',
-)  # 'distributed': validated by ding_buffer.distributed
+ALWAYS_ALLOWED = ('type', 'import_names', 'cfg_type', 'distributed')  # 'distributed': validated by .distributed
 
 Check = Tuple[Callable[[Any], bool], str]
 
