@@ -40,12 +40,8 @@ def _transitions(rng: np.random.Generator, n: int, start: int = 0) -> List[dict]
 
 
 def _episodes(buffer: Any, lengths: np.ndarray) -> None:
-    for ep, length in enumerate(lengths):
-        buffer.push(
-            dict(
-                obs=torch.randn(int(length), 4), reward=torch.ones(int(length)), episode=torch.full((int(length),), ep)
-            )
-        )
+    for ep, length in enumerate(lengths.tolist()):
+        buffer.push(dict(obs=torch.randn(length, 4), reward=torch.ones(length), episode=torch.full((length,), ep)))
 
 
 def _demo_naive(storage: str, out_dir: str, seed: int) -> None:
@@ -126,11 +122,8 @@ def _demo_episode(out_dir: str, seed: int) -> None:
 
 def _set_priority(buffer: Any, batch: dict, priority: torch.Tensor) -> dict:
     """``buffer.update`` of the items of a sampled ``batch`` with ``priority``; returns what it reports."""
-    return buffer.update(
-        dict(
-            replay_unique_id=batch['replay_unique_id'], replay_buffer_idx=batch['replay_buffer_idx'], priority=priority
-        )
-    )
+    ids = {k: batch[k] for k in ('replay_unique_id', 'replay_buffer_idx')}
+    return buffer.update(dict(ids, priority=priority))
 
 
 def _demo_advanced(out_dir: str, seed: int) -> None:
