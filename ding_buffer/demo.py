@@ -86,8 +86,7 @@ def _demo_naive(storage: str, out_dir: str, seed: int) -> None:
             f"next sample identical to the original's: {same}"
         )
         reloaded.close()
-        if not same or reloaded.count() != buffer.count():
-            raise SystemExit(f"demo failed: round trip mismatch for {storage} storage")
+        check(same and reloaded.count() == buffer.count(), f"round trip mismatch for {storage} storage")
 
 
 def _demo_episode(out_dir: str, seed: int) -> None:
@@ -116,8 +115,7 @@ def _demo_episode(out_dir: str, seed: int) -> None:
         same = reloaded.episode_len == buffer.episode_len
         print(f"[episode/tensor] saved and reloaded: episode lengths equal: {same}")
         reloaded.close()
-        if not same:
-            raise SystemExit("demo failed: round trip mismatch for the episode buffer")
+        check(same, "round trip mismatch for the episode buffer")
 
 
 def _set_priority(buffer: Any, batch: dict, priority: torch.Tensor) -> dict:
