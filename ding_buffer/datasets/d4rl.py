@@ -87,8 +87,7 @@ class D4RLReader(HDF5Reader):
 
     def chunks(self, size: int) -> Iterator[Chunk]:
         for start in range(0, self.rows, size):
-            stop = min(start + size, self.rows)
-            yield self._chunk(start, stop)
+            yield self._chunk(start, min(start + size, self.rows))
 
     def _chunk(self, start: int, stop: int) -> Chunk:
         n, path = stop - start, self.path
