@@ -316,15 +316,6 @@ def _option_strings(parser: argparse.ArgumentParser) -> List[str]:
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog='ding-buffer', description='ding_buffer command line')
     sub = parser.add_subparsers(dest='command', required=True)
-    _add_demo_command(sub)
-    _add_train_command(sub)
-    _add_configs_command(sub)
-    _add_plot_command(sub)
-    return parser
-
-
-def _add_demo_command(sub) -> None:
-    """The ``demo`` subcommand: ``--seed``, ``--out``."""
     p = sub.add_parser('demo', help='a tour of every buffer type: push, sample, save and reload, printing what happens')
     p.add_argument('--seed', type=_int_at_least(0, 'seed', below=2**63), default=0)
     p.add_argument(
@@ -332,9 +323,6 @@ def _add_demo_command(sub) -> None:
     )
     p.set_defaults(func=demo)
 
-
-def _add_train_command(sub) -> None:
-    """The ``train`` subcommand: a config, its overrides, and the options of the distributed and GFlowNet jobs."""
     p = sub.add_parser(
         'train',
         help='run a training job from a DI-engine-style config (a ready config by name, e.g. '
@@ -372,20 +360,14 @@ def _add_train_command(sub) -> None:
     )
     p.set_defaults(func=train)
 
+    sub.add_parser('configs', help='list the ready configs installed with the package').set_defaults(func=configs)
 
-def _add_configs_command(sub) -> None:
-    """The ``configs`` subcommand (no options)."""
-    p = sub.add_parser('configs', help='list the ready configs installed with the package')
-    p.set_defaults(func=configs)
-
-
-def _add_plot_command(sub) -> None:
-    """The ``plot`` subcommand: run directories, ``--out``, ``--title``."""
     p = sub.add_parser('plot', help='overlay the evaluation curves of run directories in one PNG')
     p.add_argument('run_dirs', nargs='+', type=_run_dir, metavar='RUN_DIR')
     p.add_argument('--out', type=_out_png, default='learning_curves.png', help='the PNG to write')
     p.add_argument('--title', default=None)
     p.set_defaults(func=plot)
+    return parser
 
 
 def main(argv: Optional[List[str]] = None, started_at: Optional[float] = None) -> int:

@@ -22,12 +22,7 @@ from typing import Any, Callable, Dict, Mapping, Optional, Tuple
 from easydict import EasyDict
 
 # Keys that every buffer config may carry without being listed in its defaults.
-ALWAYS_ALLOWED = (
-    'type',
-    'import_names',
-    'cfg_type',
-    'distributed',
-)  # 'distributed': validated by ding_buffer.distributed
+ALWAYS_ALLOWED = ('type', 'import_names', 'cfg_type', 'distributed')  # 'distributed': validated by .distributed
 
 Check = Tuple[Callable[[Any], bool], str]
 
@@ -118,12 +113,6 @@ def closest_key(key: str, valid) -> str:
     return match[0] if match else ''
 
 
-def unknown_key_message(name: str, value: Any, key: str, valid, prefix: str = '') -> str:
-    near = closest_key(key, valid)
-    hint = f"did you mean '{prefix}{near}'?" if near else 'valid keys: ' + ', '.join(sorted(str(v) for v in valid))
-    return f"unknown config key '{name}' (value {value!r:.60}); {hint}"
-
-
 # default's type -> the value types it accepts, first match wins (bool before int; ints where floats are expected;
 # bools are never numbers in a config). A default of any other type (or None) accepts anything.
 _ACCEPTS = (
@@ -151,7 +140,9 @@ def check_keys_and_types(defaults: Mapping, user: Mapping, prefix: str = '', nul
         if key not in defaults:
             if not prefix and key in ALWAYS_ALLOWED:
                 continue
-            raise ValueError(unknown_key_message(name, value, key, defaults.keys(), prefix))
+            near = closest_key(key, defaults)
+            hint = f"did you mean '{prefix}{near}'?" if near else 'valid keys: ' + ', '.join(sorted(map(str, defaults)))
+            raise ValueError(f"unknown config key '{name}' (value {value!r:.60}); {hint}")
         default = defaults[key]
         if not (value is None and name in nullable) and not _type_ok(default, value):
             raise ValueError(

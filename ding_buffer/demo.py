@@ -40,12 +40,8 @@ def _transitions(rng: np.random.Generator, n: int, start: int = 0) -> List[dict]
 
 
 def _episodes(buffer: Any, lengths: np.ndarray) -> None:
-    for ep, length in enumerate(lengths):
-        buffer.push(
-            dict(
-                obs=torch.randn(int(length), 4), reward=torch.ones(int(length)), episode=torch.full((int(length),), ep)
-            )
-        )
+    for ep, length in enumerate(lengths.tolist()):
+        buffer.push(dict(obs=torch.randn(length, 4), reward=torch.ones(length), episode=torch.full((length,), ep)))
 
 
 def _demo_naive(storage: str, out_dir: str, seed: int) -> None:
@@ -90,8 +86,7 @@ def _demo_naive(storage: str, out_dir: str, seed: int) -> None:
             f"next sample identical to the original's: {same}"
         )
         reloaded.close()
-        if not same or reloaded.count() != buffer.count():
-            raise SystemExit(f"demo failed: round trip mismatch for {storage} storage")
+        check(same and reloaded.count() == buffer.count(), f"round trip mismatch for {storage} storage")
 
 
 def _demo_episode(out_dir: str, seed: int) -> None:
@@ -120,18 +115,19 @@ def _demo_episode(out_dir: str, seed: int) -> None:
         same = reloaded.episode_len == buffer.episode_len
         print(f"[episode/tensor] saved and reloaded: episode lengths equal: {same}")
         reloaded.close()
-        if not same:
-            raise SystemExit("demo failed: round trip mismatch for the episode buffer")
+        check(same, "round trip mismatch for the episode buffer")
+
+
+def _set_priority(buffer: Any, batch: dict, priority: torch.Tensor) -> dict:
+    """``buffer.update`` of the items of a sampled ``batch`` with ``priority``; returns what it reports."""
+    ids = {k: batch[k] for k in ('replay_unique_id', 'replay_buffer_idx')}
+    return buffer.update(dict(ids, priority=priority))
 
 
 def _demo_advanced(out_dir: str, seed: int) -> None:
-    _demo_advanced_priorities(seed)
-    _demo_advanced_max_use(seed)
-
-
-def _demo_advanced_priorities(seed: int) -> None:
     """Raise the priority of the items one sample drew, then check how often later samples draw them and the
-    importance-sampling weights they carry."""
+    importance-sampling weights they carry; then ``max_use=2``: items drawn twice leave, counted in
+    ``removed_by_use``."""
     n, hot_p, alpha, beta, draws = 1000, 10.0, 0.6, 0.4, 100
     cfg = dict(
         type='advanced',
@@ -144,8 +140,12 @@ def _demo_advanced_priorities(seed: int) -> None:
     )
     with create_buffer(cfg, instance_name='demo_advanced') as buffer:
         buffer.push(_transitions(np.random.default_rng(seed), n))
-        hot, result = _prioritize_drawn(buffer, 64, hot_p)
-        ids, weights = _draw_ids_and_weights(buffer, draws, 256)
+        first = buffer.sample(64)
+        hot = torch.unique(first['replay_unique_id'])  # the items drawn get a high priority (like a large TD error)
+        result = _set_priority(buffer, first, torch.full((len(first['replay_unique_id']),), hot_p))
+        batches = [buffer.sample(256) for _ in range(draws)]
+        ids = torch.cat([b['replay_unique_id'] for b in batches])
+        weights = torch.cat([b['IS'] for b in batches]).double()
         k = len(hot)
         share = float(torch.isin(ids, hot).double().mean())
         expected = k * hot_p**alpha / (k * hot_p**alpha + (n - k))
@@ -163,36 +163,6 @@ def _demo_advanced_priorities(seed: int) -> None:
             f"{is_hot:.3f} for priority {hot_p:g}, 1.000 for priority 1; beta={beta})"
         )
         check(abs(lo - is_hot) < 1e-3 and abs(hi - 1.0) < 1e-3, f"advanced: IS weights [{lo}, {hi}] != [{is_hot}, 1]")
-
-
-def _prioritize_drawn(buffer: Any, size: int, priority: float) -> Tuple[torch.Tensor, dict]:
-    """Draw ``size`` items and set ``priority`` on them; returns their distinct ids and what ``update`` reports."""
-    first = buffer.sample(size)
-    hot = torch.unique(first['replay_unique_id'])  # the items drawn get a high priority (like a large TD error)
-    return hot, _set_priority(buffer, first, torch.full((len(first['replay_unique_id']),), priority))
-
-
-def _set_priority(buffer: Any, batch: dict, priority: torch.Tensor) -> dict:
-    """``buffer.update`` of the items of a sampled ``batch`` with ``priority``; returns what it reports."""
-    return buffer.update(
-        dict(
-            replay_unique_id=batch['replay_unique_id'], replay_buffer_idx=batch['replay_buffer_idx'], priority=priority
-        )
-    )
-
-
-def _draw_ids_and_weights(buffer: Any, draws: int, size: int) -> Tuple[torch.Tensor, torch.Tensor]:
-    """``draws`` samples of ``size``: the ids drawn and their IS weights (float64), concatenated."""
-    ids, weights = [], []
-    for _ in range(draws):
-        batch = buffer.sample(size)
-        ids.append(batch['replay_unique_id'])
-        weights.append(batch['IS'])
-    return torch.cat(ids), torch.cat(weights).double()
-
-
-def _demo_advanced_max_use(seed: int) -> None:
-    """``max_use=2``: items drawn twice leave the buffer, counted in ``removed_by_use``."""
     cfg = dict(type='advanced', replay_buffer_size=100, max_use=2, seed=seed, storage=dict(type='tensor'))
     with create_buffer(cfg, instance_name='demo_advanced_max_use') as buffer:
         buffer.push(_transitions(np.random.default_rng(seed), 100))

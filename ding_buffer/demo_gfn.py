@@ -36,9 +36,8 @@ def demo_gfn(out_dir: str, seed: int) -> None:
         print(
             f"[gfn] keep-best (prioritized_capacity): {len(pushed)} (state, log_reward) items in {n_batches} batches "
             f"into capacity {cap}: count={buffer.count()}, admitted={s['admitted']} (the others were below the kept "
-            f"minimum), "
-            f"evicted={s['evicted']}; min kept log-reward "
-            f"{min_full:.3f} when first full -> {s['log_reward_min']:.3f} = the {cap}th best of all pushed"
+            f"minimum), evicted={s['evicted']}; min kept log-reward {min_full:.3f} when first full -> "
+            f"{s['log_reward_min']:.3f} = the {cap}th best of all pushed"
         )
         kept = torch.sort(torch.as_tensor(buffer.log_rewards()), descending=True).values
         check(

@@ -59,11 +59,11 @@ def resolve_config(arg: str) -> str:
         return arg
     head, tail = os.path.split(arg)
     name = tail[:-3] if tail.endswith('.py') else tail
+    ready = list_configs()
     if head in ('', 'config') and name:
-        for cfg in list_configs():
+        for cfg in ready:
             if cfg.name == name:
                 return cfg.path
-    ready = list_configs()
     close = difflib.get_close_matches(name, [c.name for c in ready], n=1, cutoff=0.6) if name else []
     hint = f"did you mean '{close[0]}'? " if close else ''
     names = ', '.join(c.name for c in ready if c.job != '-') or '(none found)'

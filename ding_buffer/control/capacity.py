@@ -27,9 +27,7 @@ import numpy as np
 
 from ..storage.free_list import FreeListIndex
 from ..storage.ring import RingIndex
-from .limits import REMOVER_REGISTRY, Remover
-
-_EMPTY = np.zeros(0, dtype=np.int64)
+from .limits import _EMPTY, REMOVER_REGISTRY, Remover
 
 
 class CapacityRule(Remover):
@@ -116,21 +114,20 @@ class _ByColumn(CapacityRule):
         self.column = column
         self._heap: List[Tuple[float, int, int]] = []
 
+    def _entries(self, view: Any, slots: np.ndarray) -> List[Tuple[float, int, int]]:
+        values = view.column(self.column, slots).tolist()
+        return list(zip(values, view.column('id', slots).tolist(), np.asarray(slots).tolist()))
+
     def _push(self, view: Any, slots: np.ndarray) -> None:
         if not len(slots):
             return
-        values = view.column(self.column, slots).tolist()
-        ids = view.column('id', slots).tolist()
-        for v, u, s in zip(values, ids, np.asarray(slots).tolist()):
-            heapq.heappush(self._heap, (v, u, s))
+        for entry in self._entries(view, slots):
+            heapq.heappush(self._heap, entry)
         if len(self._heap) > 2 * view.count() + 64:
             self.rebuild(view)
 
     def rebuild(self, view: Any) -> None:
-        slots = view.ordered_slots()
-        values = view.column(self.column, slots).tolist()
-        ids = view.column('id', slots).tolist()
-        self._heap = list(zip(values, ids, slots.tolist()))
+        self._heap = self._entries(view, view.ordered_slots())
         heapq.heapify(self._heap)
 
     def on_written(self, view: Any, slots: np.ndarray) -> None:

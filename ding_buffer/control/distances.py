@@ -218,32 +218,21 @@ def far_mask(
         return _far_numpy(queries, queries if triangular else refs, ref_slots, cutoff, p, triangular)
     out = np.empty(len(queries), dtype=np.bool_)
     code = _INF_P if np.isinf(p) else p
+    exit_sum = _exit_sum(cutoff, p)
     pivots = q_pivot is not None and (triangular or ref_pivot is not None) and p >= 1.0
     dq = np.ascontiguousarray(q_pivot if pivots else np.zeros((len(queries), 1)), dtype=np.float64)
     if triangular:
-        _far_earlier_kernel(queries, dq, cutoff, _lb_cut(cutoff, dq), code, _exit_sum(cutoff, p), pivots, out)
+        _far_earlier_kernel(queries, dq, cutoff, _lb_cut(cutoff, dq), code, exit_sum, pivots, out)
         return out
+    refs64 = np.ascontiguousarray(refs, dtype=np.float64)
     if ref_sqnorm is not None and p == 2.0:
         # one BLAS product gives every pair's Euclidean distance up to rounding; the relative tolerance
         # bounds the error of |q|^2 + |y|^2 - 2 q.y in float64 (D products per dot, a few ulps each)
-        refs64 = np.ascontiguousarray(refs, dtype=np.float64)
         gram = queries @ refs64.T
         qn = np.einsum('ij,ij->i', queries, queries)
         tol = (queries.shape[1] + 8) * 4.0 * np.finfo(np.float64).eps
-        _far_gram_kernel(
-            queries,
-            refs64,
-            ref_slots,
-            gram,
-            qn,
-            np.ascontiguousarray(ref_sqnorm),
-            cutoff,
-            cutoff * cutoff,
-            tol,
-            code,
-            _exit_sum(cutoff, p),
-            out,
-        )
+        rn = np.ascontiguousarray(ref_sqnorm)
+        _far_gram_kernel(queries, refs64, ref_slots, gram, qn, rn, cutoff, cutoff * cutoff, tol, code, exit_sum, out)
         return out
     if pivots:
         keys_all = ref_pivot[ref_slots, 0]
@@ -253,18 +242,5 @@ def far_mask(
         lb_cut = _lb_cut(cutoff, dq, keys)
     else:
         order, keys, drefs, lb_cut = ref_slots, np.zeros(0), np.zeros((1, 1)), np.inf
-    _far_kernel(
-        queries,
-        dq,
-        np.ascontiguousarray(refs, dtype=np.float64),
-        drefs,
-        order,
-        keys,
-        cutoff,
-        lb_cut,
-        code,
-        _exit_sum(cutoff, p),
-        pivots,
-        out,
-    )
+    _far_kernel(queries, dq, refs64, drefs, order, keys, cutoff, lb_cut, code, exit_sum, pivots, out)
     return out

@@ -138,17 +138,11 @@ class StateSet:
         return self._unique
 
     def grow(self, physical: int) -> None:
-        if physical > len(self.hashes):
-            extra = physical - len(self.hashes)
-            self.hashes = np.concatenate([self.hashes, np.zeros(extra, np.uint64)])
-            self.present = np.concatenate([self.present, np.zeros(extra, bool)])
-            self.unhashed = np.concatenate([self.unhashed, np.zeros(extra, bool)])
-            if self.rows is not None:
-                self.rows = np.concatenate([self.rows, np.zeros((extra, self.dim))])
-            if self.pdist is not None:
-                self.pdist = np.concatenate([self.pdist, np.zeros((extra, N_PIVOTS))])
-            if self.sqnorm is not None:
-                self.sqnorm = np.concatenate([self.sqnorm, np.zeros(extra)])
+        extra = physical - len(self.hashes)
+        for name in ('hashes', 'present', 'unhashed', 'rows', 'pdist', 'sqnorm'):
+            arr = getattr(self, name)
+            if arr is not None and extra > 0:
+                setattr(self, name, np.concatenate([arr, np.zeros((extra,) + arr.shape[1:], arr.dtype)]))
 
     def check_dim(self, width: int, what: str) -> None:
         if self.dim is not None and width != self.dim:

@@ -77,20 +77,19 @@ class RewardIndex:
         limit = 2 * self.capacity if self.lazy else self.capacity + 1
         if total < limit or total <= self.capacity:
             return None, _NO_SLOTS
-        if not self.prioritized:
-            return self._fifo_truncate(n, total - self.capacity)
         return self._truncate(new_log_reward, total - self.capacity)
 
     def flush(self) -> np.ndarray:
         """Slots to evict to bring the buffer down to ``capacity`` now (lazy mode before a diversity check)."""
         if self.count <= self.capacity:
             return np.empty(0, dtype=np.int64)
-        if not self.prioritized:
-            return self._fifo_truncate(0, self.count - self.capacity)[1]
         return self._truncate(np.empty(0), self.count - self.capacity)[1]
 
     def _truncate(self, new_log_reward: np.ndarray, k: int) -> Tuple[np.ndarray, np.ndarray]:
-        """Drop the ``k`` smallest keys ``(log_reward, seq)`` among stored and incoming items (prioritized)."""
+        """Drop the ``k`` smallest keys ``(log_reward, seq)`` among stored and incoming items (prioritized; FIFO:
+        the ``k`` oldest, ``_fifo_truncate``)."""
+        if not self.prioritized:
+            return self._fifo_truncate(len(new_log_reward), k)
         slots = self.live_slots()
         new_seq = self.next_seq + np.arange(len(new_log_reward), dtype=np.int64)
         seq = np.concatenate([self.seq[slots], new_seq])

@@ -31,15 +31,9 @@ from .thruput import ThruputController
 
 
 def limiter_config(min_ratio: float) -> Dict[str, Any]:
-    """The ``thruput_controller`` default section of a preset (``min_ratio``: its ``sample_min_limit_ratio``)."""
-    return dict(
-        # Allowed range of (pushed items / sampled items), measured over a decaying window.
-        push_sample_rate_limit=dict(max=INF, min=0.0),
-        # Counters decay by x0.01 over this many seconds (in whole-second steps).
-        window_seconds=30.0,
-        # Sample only while count >= sample_min_limit_ratio * batch size (0: no minimum beyond the preset's).
-        sample_min_limit_ratio=min_ratio,
-    )
+    """The ``thruput_controller`` default section of a preset (the keys of the module docstring; ``min_ratio``: its
+    ``sample_min_limit_ratio``)."""
+    return dict(push_sample_rate_limit=dict(max=INF, min=0.0), window_seconds=30.0, sample_min_limit_ratio=min_ratio)
 
 
 def limiter_checks(least: float) -> Dict[str, Tuple[Callable[[Any], bool], str]]:

@@ -64,11 +64,11 @@ class Chunk:
     def __len__(self) -> int:
         return len(self.ends)
 
-    def take(self, n: int) -> 'Chunk':
-        """The first ``n`` transitions."""
+    def part(self, start: int, stop: Optional[int] = None) -> 'Chunk':
+        """Transitions ``[start, stop)``."""
         if self.rows is not None:
-            return Chunk(self.ends[:n], rows=self.rows[:n])
-        return Chunk(self.ends[:n], columns=tree_map(lambda a: a[:n], self.columns))
+            return Chunk(self.ends[start:stop], rows=self.rows[start:stop])
+        return Chunk(self.ends[start:stop], columns=tree_map(lambda a: a[start:stop], self.columns))
 
 
 class Rechunker:
@@ -84,12 +84,9 @@ class Rechunker:
         self.held += len(piece)
         while self.held >= self.size:
             whole = self._joined()
-            yield whole.take(self.size)
-            rest = len(whole) - self.size
-            self.pieces = (
-                [] if rest == 0 else [Chunk(whole.ends[self.size :], tree_map(lambda a: a[self.size :], whole.columns))]
-            )
-            self.held = rest
+            yield whole.part(0, self.size)
+            self.held = len(whole) - self.size
+            self.pieces = [whole.part(self.size)] if self.held else []
 
     def flush(self) -> Iterator[Chunk]:
         if self.held:

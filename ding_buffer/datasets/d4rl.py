@@ -67,12 +67,13 @@ class D4RLReader(HDF5Reader):
         if self.next_obs is not None:
             return self.rows
         return self.rows - sum(
-            int(self._flags(a, min(a + chunk, self.rows))[2].sum()) for a in range(0, self.rows, chunk)
+            int(self._flags(a, min(a + chunk, self.rows))[3].sum()) for a in range(0, self.rows, chunk)
         )
 
     def _flags(self, start: int, stop: int) -> tuple:
-        """(terminal, timeout, dropped) of rows ``[start, stop)``: dropped = ends its episode without terminating,
-        with no recorded next observation (only meaningful without ``next_observations``)."""
+        """(terminal, timeout, ends, dropped) of rows ``[start, stop)``: ends = ends its episode (the file's last
+        row too); dropped = ends its episode without terminating, with no recorded next observation (only
+        meaningful without ``next_observations``)."""
         terminal = read_flags(self.path, 'terminals', self.terminals, start, stop)
         timeout = (
             np.zeros_like(terminal)
@@ -82,12 +83,11 @@ class D4RLReader(HDF5Reader):
         ends = terminal | timeout
         if stop == self.rows and stop > start:
             ends[-1] = True
-        return terminal, timeout, ends & ~terminal
+        return terminal, timeout, ends, ends & ~terminal
 
     def chunks(self, size: int) -> Iterator[Chunk]:
         for start in range(0, self.rows, size):
-            stop = min(start + size, self.rows)
-            yield self._chunk(start, stop)
+            yield self._chunk(start, min(start + size, self.rows))
 
     def _chunk(self, start: int, stop: int) -> Chunk:
         n, path = stop - start, self.path
@@ -96,19 +96,14 @@ class D4RLReader(HDF5Reader):
             {name: read(path, key, self.fields[name], start, stop) for key, name in KEYS.items() if name != 'obs'}
         )
         if self.next_obs is not None:
-            terminal, timeout, _ = self._flags(start, stop)
-            ends = terminal | timeout
-            if stop == self.rows:
-                ends[-1] = True
+            terminal, timeout, ends, _ = self._flags(start, stop)
             cols['next_obs'] = read(path, 'next_observations', self.next_obs, start, stop)
             cols.update(done=terminal, **{self.timeout_key: timeout})
             return Chunk(ends, columns=cols)
         # without next observations: look one row ahead (the next observation, and whether that row is dropped)
         ahead = min(stop + 1, self.rows)
-        terminal, timeout, dropped = self._flags(start, ahead)
-        ends = (terminal | timeout)[:n]
-        if stop == self.rows:
-            ends[-1] = True
+        terminal, timeout, ends, dropped = self._flags(start, ahead)
+        ends = ends[:n]  # the look-ahead row is the next chunk's
         following = read(path, 'observations', self.obs, start + 1, ahead)
         if len(following) < n:  # the file's last row: dropped below (or terminal: filled below)
             following = np.concatenate([following, np.zeros_like(cols['obs'][:1])])

@@ -16,7 +16,7 @@ from typing import Any, Dict, List, Optional
 
 import numpy as np
 
-from .columns import Chunk, rows_of, to_torch, tree_concat, tree_map
+from .columns import Chunk, rows_of, to_torch, tree_concat
 
 TRANSITION_KINDS = ('transition', 'sequence')
 EPISODE_KINDS = ('episode',)
@@ -110,11 +110,11 @@ class EpisodeSink:
     def put(self, chunk: Chunk) -> int:
         done, start = [], 0
         for end in np.flatnonzero(chunk.ends):
-            self.held.append(_part(chunk, start, end + 1))
+            self.held.append(chunk.part(start, end + 1))
             done.append(self._episode())
             start = end + 1
         if start < len(chunk):
-            self.held.append(_part(chunk, start, len(chunk)))
+            self.held.append(chunk.part(start))
         return self._push(done)
 
     def finish(self) -> int:
@@ -134,12 +134,6 @@ class EpisodeSink:
         if parts[0].rows is not None:
             return [row for p in parts for row in p.rows], steps
         return to_torch(tree_concat([p.columns for p in parts]), copy=not self.target.tensor), steps
-
-
-def _part(chunk: Chunk, start: int, stop: int) -> Chunk:
-    if chunk.rows is not None:
-        return Chunk(chunk.ends[start:stop], rows=chunk.rows[start:stop])
-    return Chunk(chunk.ends[start:stop], columns=tree_map(lambda a: a[start:stop], chunk.columns))
 
 
 def _push(buffer: Any, items: list) -> int:

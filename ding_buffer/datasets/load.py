@@ -104,7 +104,7 @@ def _fill(
         for chunk in reader.chunks(chunk_size):
             if at >= total:
                 break
-            chunk = chunk.take(total - at) if at + len(chunk) > total else chunk
+            chunk = chunk.part(0, total - at) if at + len(chunk) > total else chunk
             stored += sink.put(chunk)
             at += len(chunk)
             if bar is not None:

@@ -18,6 +18,8 @@ from typing import Any, Dict
 from .tb import Due
 
 KEYS = ('use_avg', 'use_max', 'priority_avg', 'priority_max', 'priority_min', 'staleness_avg', 'staleness_max', 'beta')
+# how a key's values over the window combine, by the key's suffix (beta: the latest)
+_REDUCE = {'avg': lambda v: sum(v) / len(v), 'max': max, 'min': min, 'beta': lambda v: v[-1]}
 
 
 class SampledDataAttrMonitor:
@@ -64,18 +66,7 @@ class SampledDataAttrMonitor:
         if not self.window:
             return {}
         rows = [self._row(*entry) for entry in self.window]
-        out = {}
-        for k in KEYS:
-            vals = [row[k] for row in rows]
-            if k.endswith('_max'):
-                out[k] = max(vals)
-            elif k.endswith('_min'):
-                out[k] = min(vals)
-            elif k == 'beta':
-                out[k] = vals[-1]
-            else:
-                out[k] = sum(vals) / len(vals)
-        return out
+        return {k: _REDUCE[k.rsplit('_', 1)[-1]]([row[k] for row in rows]) for k in KEYS}
 
     def record(self, use, priority, staleness, beta: float, cur_learner_iter: int, cur_collector_envstep: int) -> Due:
         """Record one sampled batch (numpy arrays; they are not modified afterwards by the buffer); returns the
