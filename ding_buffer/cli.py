@@ -313,16 +313,8 @@ def _option_strings(parser: argparse.ArgumentParser) -> List[str]:
     return sorted(set(out))
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog='ding-buffer', description='ding_buffer command line')
-    sub = parser.add_subparsers(dest='command', required=True)
-    p = sub.add_parser('demo', help='a tour of every buffer type: push, sample, save and reload, printing what happens')
-    p.add_argument('--seed', type=_int_at_least(0, 'seed', below=2**63), default=0)
-    p.add_argument(
-        '--out', type=_out_dir, default=None, help='keep the saved buffers in this directory (default: a temp dir)'
-    )
-    p.set_defaults(func=demo)
-
+def _add_train(sub: "argparse._SubParsersAction") -> None:
+    """The `train` subcommand and its options."""
     p = sub.add_parser(
         'train',
         help='run a training job from a DI-engine-style config (a ready config by name, e.g. '
@@ -359,6 +351,19 @@ def build_parser() -> argparse.ArgumentParser:
         help='GFlowNet jobs: override the number of training iterations',
     )
     p.set_defaults(func=train)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog='ding-buffer', description='ding_buffer command line')
+    sub = parser.add_subparsers(dest='command', required=True)
+    p = sub.add_parser('demo', help='a tour of every buffer type: push, sample, save and reload, printing what happens')
+    p.add_argument('--seed', type=_int_at_least(0, 'seed', below=2**63), default=0)
+    p.add_argument(
+        '--out', type=_out_dir, default=None, help='keep the saved buffers in this directory (default: a temp dir)'
+    )
+    p.set_defaults(func=demo)
+
+    _add_train(sub)
 
     sub.add_parser('configs', help='list the ready configs installed with the package').set_defaults(func=configs)
 

@@ -126,8 +126,7 @@ def _set_priority(buffer: Any, batch: dict, priority: torch.Tensor) -> dict:
 
 def _demo_advanced(out_dir: str, seed: int) -> None:
     """Raise the priority of the items one sample drew, then check how often later samples draw them and the
-    importance-sampling weights they carry; then ``max_use=2``: items drawn twice leave, counted in
-    ``removed_by_use``."""
+    importance-sampling weights they carry; then ``max_use=2`` (``_demo_max_use``)."""
     n, hot_p, alpha, beta, draws = 1000, 10.0, 0.6, 0.4, 100
     cfg = dict(
         type='advanced',
@@ -163,6 +162,11 @@ def _demo_advanced(out_dir: str, seed: int) -> None:
             f"{is_hot:.3f} for priority {hot_p:g}, 1.000 for priority 1; beta={beta})"
         )
         check(abs(lo - is_hot) < 1e-3 and abs(hi - 1.0) < 1e-3, f"advanced: IS weights [{lo}, {hi}] != [{is_hot}, 1]")
+    _demo_max_use(seed)
+
+
+def _demo_max_use(seed: int) -> None:
+    """``max_use=2`` on an advanced buffer: items drawn twice leave, counted in ``removed_by_use``."""
     cfg = dict(type='advanced', replay_buffer_size=100, max_use=2, seed=seed, storage=dict(type='tensor'))
     with create_buffer(cfg, instance_name='demo_advanced_max_use') as buffer:
         buffer.push(_transitions(np.random.default_rng(seed), 100))
