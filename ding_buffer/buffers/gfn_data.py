@@ -160,15 +160,24 @@ class ColumnStore:
         fields = [] if st.schema is None else [t.cpu() for t in st.read_fields(slots)]
         return {'kind': self.kind, 'schema': export_schema(st.schema), 'fields': fields}
 
-    def restored(self, state: Dict[str, Any], n: int, slots: Optional[np.ndarray] = None) -> 'ColumnStore':
-        """A new store with the saved ``n`` items at ``slots`` (default ``0..n-1``; validated by the index)."""
+    def restored(
+        self, state: Dict[str, Any], n: int, slots: Optional[np.ndarray], log_rewards: np.ndarray
+    ) -> 'ColumnStore':
+        """A new store with the saved ``n`` items at ``slots`` (None: ``0..n-1``; validated by the index), whose
+        fields are the config's keys and whose log-rewards are the saved index's ``log_rewards`` (in saved order)."""
         if state.get('kind') != self.kind:
             raise ValueError(f"saved GFlowNet store is {state.get('kind')!r}, this buffer stores {self.kind!r}")
         new = ColumnStore(
             self.storage.capacity, str(self.storage.device), self.state_key, self.log_reward_key, self.condition_key
         )
         schema, fields = import_fields(state['schema'], state['fields'], n)
+        for key in (self.state_key, self.log_reward_key, self.condition_key) if schema else ():
+            if key is not None and (key,) not in schema:
+                raise ValueError(f"saved GFlowNet store has no field '{key}' (config key naming it)")
         if schema:
+            saved = fields[list(schema).index((self.log_reward_key,))]
+            if saved.dim() != 1 or not np.array_equal(float64_numpy(saved), log_rewards):
+                raise ValueError(f"saved field '{self.log_reward_key}' disagrees with the saved index's log-rewards")
             new.storage.allocate(schema)
             new.storage.write_fields(np.arange(n, dtype=np.int64) if slots is None else slots, fields)
         return new

@@ -130,7 +130,7 @@ def restored_parts(t, state: Dict[str, Any]):
         state.get('free') if store.reuses_slots else None,
     )
     if kind == ColumnStore.kind:
-        store = store.restored(state['store'], n, slots)
+        store = store.restored(state['store'], n, slots, r)
     elif container is not None:
         store.place(container, slots)
     _fill_state_set(t, state, store, states, slots, n)
@@ -195,6 +195,8 @@ def _fill_state_set(t, state: Dict[str, Any], store: Any, states: Any, slots: np
         rows = store.rows_at(slots)  # (recomputed from the stored data)
         if rows is None:
             raise ValueError("saved buffer counted unique states but its items have no single terminating state")
+        if t.diverse and not np.isfinite(rows).all():  # its push refuses them
+            raise ValueError("saved terminating states of gfn_diverse hold nan or inf values")
         states.add(slots, rows, row_hashes(rows))
 
 

@@ -1162,6 +1162,16 @@ def _corrupt_state(state, what):
         keep = [i for i, sch in enumerate(s['store']['schema']) if list(sch[0]) != ['state']]
         s['store']['schema'] = [s['store']['schema'][i] for i in keep]
         s['store']['fields'] = [s['store']['fields'][i] for i in keep]
+    elif what == 'renamed_reward_key':  # the key travels with the settings: the stored field must exist
+        s['settings']['log_reward_key'] = 'lr'
+    elif what in ('nan_reward_field', 'index_reward_changed', 'nan_state'):
+        names = [list(sch[0]) for sch in s['store']['schema']]
+        if what == 'nan_reward_field':
+            s['store']['fields'][names.index(['log_reward'])][0] = float('nan')
+        elif what == 'index_reward_changed':
+            s['index']['log_reward'][0] = 50.0
+        else:  # gfn_diverse refuses non-finite states at push
+            s['store']['fields'][names.index(['state'])][0, 0] = float('nan')
     return s
 
 
@@ -1174,6 +1184,10 @@ CORRUPT_STATES = [
     'short_field',
     'missing_counters',
     'missing_state_field',
+    'renamed_reward_key',
+    'nan_reward_field',
+    'index_reward_changed',
+    'nan_state',
 ]
 
 
