@@ -210,3 +210,8 @@ class GFlowNetReplayBuffer(Engine):
             this buffer already holds); other container objects need ``allow_pickle=True``.
         """
         self._t.restoring_with(env, lambda: Engine.load_data(self, path, allow_pickle=allow_pickle))
+
+    def load_state_dict(self, state: Dict[str, Any], deepcopy: bool = False, env: Any = None) -> None:
+        """Restore a ``state_dict()``, as ``load_data`` restores a file (``env``: the environment torchgfn
+        containers are rebuilt with; default: the env of the container this buffer already holds)."""
+        self._t.restoring_with(env, lambda: Engine.load_state_dict(self, state, deepcopy))

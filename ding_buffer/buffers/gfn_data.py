@@ -328,7 +328,10 @@ def rebuild_container(state: Dict[str, Any], n: int, env: Any) -> Any:
     elif fmt == 'torchgfn':
         cls = _torchgfn_class(state['class'])
         if env is None:
-            raise ValueError(f"rebuilding torchgfn {cls.__name__} needs its environment: pass env=... to load_data")
+            raise ValueError(
+                f"rebuilding torchgfn {cls.__name__} needs its environment: pass env=... to load_data or "
+                "load_state_dict"
+            )
         from tensordict import TensorDict
 
         container = cls.from_tensordict(env, TensorDict(state['tensors']))

@@ -328,12 +328,13 @@ class RewardTable(Table):
 
     def restoring_with(self, env: Any, load: Callable[[], None]) -> None:
         """Run ``load`` (a restore) with torchgfn containers rebuilt on ``env`` (default: the env of the container
-        this table already holds)."""
-        self.load_env = env
+        this table already holds; None inside another ``restoring_with`` keeps that one's)."""
+        before = self.load_env
+        self.load_env = before if env is None else env
         try:
             load()
         finally:
-            self.load_env = None
+            self.load_env = before
 
 
 __all__ = ['RewardTable']

@@ -575,6 +575,14 @@ def test_save_load_round_trip(tmp_path, samplers, env, pool, btype, kind, extra)
         fresh.load_data(path)
     assert fresh.count() == 0 and fresh.storage is None and fresh.capacity == 50
 
+    # a state in memory, as a file: refused without an environment, rebuilt with one
+    in_memory = create_buffer(other_cfg)
+    with pytest.raises(ValueError, match='env'):
+        in_memory.load_state_dict(buf.state_dict())
+    assert in_memory.count() == 0 and in_memory.capacity == 50
+    in_memory.load_state_dict(buf.state_dict(), env=env)
+    assert in_memory.count() == count_before and stored_keys(in_memory) == keys_before
+
     fresh.load_data(path, env=env)
     assert fresh.count() == count_before
     assert fresh.capacity == cap
