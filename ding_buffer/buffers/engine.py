@@ -720,8 +720,15 @@ class Engine(IBuffer):
         if deepcopy:
             state = copy.deepcopy(dict(state))
         if set(state.keys()) == {'data'}:
+            if isinstance(state['data'], (str, bytes, Mapping)) or not hasattr(state['data'], '__iter__'):
+                raise TypeError(f"state 'data' must be a list of items, got {type(state['data']).__name__}")
             self.push(list(state['data']))
             return
+        if 'type' not in state:
+            raise ValueError(
+                f"state has no 'type' entry (keys {sorted(map(str, state))[:6]}); expected a state_dict() of this "
+                f"buffer, or {{'data': [items]}}"
+            )
         if state.get('type') != self.__class__.__name__:
             raise ValueError(f"state was made by {state.get('type')!r}, this buffer is {self.__class__.__name__}")
         rng = np.random.default_rng()

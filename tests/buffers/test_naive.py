@@ -554,6 +554,23 @@ def test_load_state_dict_with_only_data_pushes_the_items(storage):
     assert stored_ids(buf) == list(range(7))
 
 
+@pytest.mark.parametrize(
+    'state,error,match',
+    [
+        ({'data': None}, TypeError, "state 'data' must be a list of items, got NoneType"),
+        ({'data': 'ab'}, TypeError, "state 'data' must be a list of items, got str"),
+        ({'data': [{'obs': 1}], 'extra': 1}, ValueError, "state has no 'type' entry"),
+    ],
+)
+def test_load_state_dict_of_a_malformed_short_form_says_what_is_wrong_and_changes_nothing(state, error, match):
+    buf = create_buffer(dict(type='naive', seed=0))
+    buf.push({'obs': 0})
+    before = buf.state_dict()
+    with pytest.raises(error, match=match):
+        buf.load_state_dict(state)
+    assert_same(buf.state_dict(), before)
+
+
 def test_load_state_dict_with_only_data_keeps_the_objects_as_push_does_unless_deepcopy():
     for deepcopy in (False, True):
         items = [{'obs': [0]}, {'obs': [1]}]
