@@ -22,6 +22,7 @@ import torch
 from .base import Prepared, WriteResult, check_state
 from .frames import IDS_SUFFIX, NEXT_SUFFIX, FrameRing, Pending, StreamEncoder, bits_of, default_rows, frame_spec
 from .tensor_fields import allocate_fields, memmap_file, new_token, remove_files
+from .tensor_schema import dtype_name
 from .tensor_storage import TensorStorage
 from .tensordict_io import check_batched, check_item, is_tensordict, to_plain
 
@@ -454,7 +455,7 @@ class FrameStorage(TensorStorage):
     def __repr__(self) -> str:
         base = super().__repr__()
         ring = self.frame_ring
-        rows = f"{ring.rows} rows of {ring.shape} {str(ring.dtype).replace('torch.', '')}" if ring.allocated() else '-'
+        rows = f"{ring.rows} rows of {ring.shape} {dtype_name(ring.dtype)}" if ring.allocated() else '-'
         return (
             base[:-1]
             + f", frames={{'key': {self.spec['key']!r}, 'next_key': {self.spec['next_key']!r}, "
@@ -493,7 +494,7 @@ class FrameStorage(TensorStorage):
             'stack': self.stack,
             'streams': [[env, np.searchsorted(ids, sids).tolist(), ended] for env, sids, ended in streams],
             'shape': None if ring.shape is None else list(ring.shape),
-            'dtype': None if ring.dtype is None else str(ring.dtype).replace('torch.', ''),
+            'dtype': None if ring.dtype is None else dtype_name(ring.dtype),
         }
         order = self.ring.ordered_slots()
         out['links'] = {

@@ -35,6 +35,7 @@ from .tensor_schema import (
     Schema,
     batched_tensor,
     check_leaves,
+    dtype_name,
     export_schema,
     field_names,
     import_fields,
@@ -303,7 +304,7 @@ class TensorStorage(Storage):
             fields = '(schema not yet known: inferred from the first item)'
         else:
             fields = ', '.join(
-                f"'{path_name(p)}': {{'shape': {shape}, 'dtype': {str(dtype).replace('torch.', '')}}}"
+                f"'{path_name(p)}': {{'shape': {shape}, 'dtype': {dtype_name(dtype)}}}"
                 for p, (shape, dtype) in self.schema.items()
             )
             fields = '{' + fields + '}'
