@@ -37,7 +37,6 @@ from .tensor_schema import (
     check_leaves,
     dtype_name,
     export_schema,
-    field_names,
     import_fields,
     infer_schema,
     item_flat,
@@ -101,8 +100,6 @@ class TensorStorage(Storage):
         self._token = ''  # names this storage's memmap files
         self._release: Optional[weakref.finalize] = None
         self._fast: Optional[FastWriter] = None  # the single-item fast path, once the schema is known
-
-    field_names = staticmethod(field_names)  # the schema's field names, as the error messages list them
 
     # ------------------------------------------------------------------ writing
     def prepare(self, items: List[Any], schema: Optional[Schema] = None, trim: bool = True) -> Prepared:
@@ -300,9 +297,8 @@ class TensorStorage(Storage):
         return sum(f[0].numel() * f.element_size() for f in self.fields.values())
 
     def __repr__(self) -> str:
-        if self.schema is None:
-            fields = '(schema not yet known: inferred from the first item)'
-        else:
+        fields = '(schema not yet known: inferred from the first item)'
+        if self.schema is not None:
             fields = ', '.join(
                 f"'{path_name(p)}': {{'shape': {shape}, 'dtype': {dtype_name(dtype)}}}"
                 for p, (shape, dtype) in self.schema.items()
