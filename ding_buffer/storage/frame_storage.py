@@ -453,14 +453,10 @@ class FrameStorage(TensorStorage):
         return super().nbytes_per_item() + -(-frame * ring.rows // self.capacity)
 
     def __repr__(self) -> str:
-        base = super().__repr__()
         ring = self.frame_ring
         rows = f"{ring.rows} rows of {ring.shape} {dtype_name(ring.dtype)}" if ring.allocated() else '-'
-        return (
-            base[:-1]
-            + f", frames={{'key': {self.spec['key']!r}, 'next_key': {self.spec['next_key']!r}, "
-            + (f"'stack': {self.stack}, 'ring': '{rows}'}})")
-        )
+        frames = {'key': self.spec['key'], 'next_key': self.spec['next_key'], 'stack': self.stack, 'ring': rows}
+        return f"{super().__repr__()[:-1]}, frames={frames})"
 
     # ------------------------------------------------------------------ persistence
     def state_dict(self) -> Dict[str, Any]:

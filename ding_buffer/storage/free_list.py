@@ -76,13 +76,8 @@ class FreeListIndex:
         return np.asarray(free, dtype=np.int64)
 
     def commit(self, n: int) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """
-        Overview:
-            Claim ``n`` (<= capacity) slots: free ones first, then the oldest items' (overwritten). O(n) plus a
-            sort when anything is overwritten.
-        Returns:
-            - slots, uids (the new items' ids), overwritten (slots whose valid item was overwritten).
-        """
+        """``RingIndex.commit`` over free slots: free ones first, then the oldest items' (overwritten). O(n) plus a
+        sort when anything is overwritten."""
         assert 0 < n <= self.capacity, n
         take = min(n, len(self._free))
         free = [self._free.pop() for _ in range(take)]

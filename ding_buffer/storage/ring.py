@@ -72,14 +72,9 @@ class RingIndex:
         return (self.tail + np.arange(n)) % self.capacity
 
     def commit(self, n: int) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """
-        Overview:
-            Claim the next ``n`` slots (``n <= capacity``), overwriting the oldest items when full. O(n).
-        Returns:
-            - slots (:obj:`np.ndarray`): the written slots, in write order.
-            - uids (:obj:`np.ndarray`): the ids given to the new items.
-            - overwritten (:obj:`np.ndarray`): slots whose previous (valid) item was overwritten.
-        """
+        """Claim the next ``n`` slots (``n <= capacity``), overwriting the oldest items when full. O(n). Returns
+        ``(slots, uids, overwritten)``: the written slots in write order, the new items' ids, and the slots whose
+        previous (valid) item was overwritten."""
         assert 0 < n <= self.capacity, n
         first = (self.head + self.span) % self.capacity
         if first + n <= self.capacity:  # no wrap: slices instead of fancy indexing
