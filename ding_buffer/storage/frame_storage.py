@@ -5,12 +5,9 @@ stacks is stored as ``TensorStorage`` stores it; the stacks become two id column
 ``[stack]`` and ``'<next_key>:frame'``), and ``gather`` puts the rebuilt stacks back under their own names, so a
 sample looks exactly like one of a storage holding the stacks in full.
 
-Writes: ``prepare`` + ``write`` (any push), or ``write_one`` (one step; it declines -- None, nothing changed --
-whenever frames of stored items would leave, so the checking path reports them). ``write`` reports in
-``WriteResult.expired`` the live transitions whose oldest frame the new frames overwrote; the buffer removes them
-(``removed_by_frames``). A push refused whole (rate limiter, capacity rule) is ``discard``-ed: its frames are still
-written, so its streams go on at their next step; a push that raised changes nothing. Batches go row by row
-(``prepare_batch``): there is no fast batch path.
+Writes: ``prepare`` + ``write`` (any push; ``WriteResult.expired`` lists the live transitions whose oldest frame
+the new frames overwrote, which the buffer removes: ``removed_by_frames``), ``write_one`` (one step), ``discard`` (a
+push refused whole). A push that raised changes nothing. Batches go row by row: there is no fast batch path.
 """
 
 import weakref
