@@ -226,9 +226,7 @@ class FrameStorage(TensorStorage):
         ring = self.frame_ring
         if ring.allocated() or not pending.frames:
             return
-        like = pending.frames[0]
-        dtype = pending.dtype if pending.dtype is not None else torch.from_numpy(np.array(like)).dtype
-        self.frame_ring = self._new_ring(stack, tuple(like.shape), dtype)
+        self.frame_ring = self._new_ring(stack, tuple(pending.frames[0].shape), pending.dtype)
         self.stack = stack
 
     def _rows(self, stack: int) -> int:

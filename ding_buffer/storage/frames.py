@@ -109,7 +109,7 @@ class Pending(NamedTuple):
     streams: Dict[Any, Tuple[Tuple[int, ...], bool]]  # env -> (ids of its last next_obs stack, episode ended)
     envs: List[Any] = []  # each item's environment
     continues: List[bool] = []  # whether each item continues its stream's previous step (same episode)
-    dtype: Optional[torch.dtype] = None  # the frames' dtype (None: numpy's of ``frames``)
+    dtype: Optional[torch.dtype] = None  # the frames' dtype (``encode`` sets it whenever there are frames)
 
 
 @lru_cache(maxsize=None)
