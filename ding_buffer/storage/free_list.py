@@ -85,13 +85,6 @@ class FreeListIndex(SlotIndex):
         slots, _, overwritten = self.commit(1)
         return int(slots[0]), bool(len(overwritten))
 
-    def skip(self, dropped: int) -> None:
-        """A push larger than the capacity: every stored item leaves and the ``dropped`` oldest pushed items are
-        never stored, but ids and counters advance as if they had been (the ring's tail arithmetic)."""
-        self.clear()
-        self.next_uid += dropped
-        self.push_count += dropped
-
     def remove(self, slots: np.ndarray) -> np.ndarray:
         """Invalidate ``slots``; returns the slots that were actually valid (their slots become free)."""
         slots = np.unique(np.asarray(slots, dtype=np.int64))

@@ -55,6 +55,14 @@ class SlotIndex:
     def _slots_at(self, positions: np.ndarray) -> np.ndarray:
         return self.ordered_slots()[positions]
 
+    def skip(self, dropped: int) -> None:
+        """A push larger than the capacity: every stored item leaves and the ``dropped`` oldest pushed items are
+        never stored, but ids and counters advance as if they had been (DI-engine's tail arithmetic); the next
+        write lands where ``next_uid`` says (a ring's id/slot invariant: its ``clear`` puts the head there)."""
+        self.next_uid += dropped
+        self.push_count += dropped
+        self.clear()
+
     def clear(self, reset_push_count: bool = False) -> None:
         """Invalidate everything; ``next_uid`` is kept, ``push_count`` unless ``reset_push_count`` (DI-engine's
         naive buffer restarts it, the advanced one does not)."""
@@ -162,16 +170,6 @@ class RingIndex(SlotIndex):
         if not self.valid[self.head]:
             self._trim_head()
         return slot, overwrote
-
-    def skip(self, dropped: int) -> None:
-        """A push larger than the capacity: every stored item leaves and the ``dropped`` oldest pushed items are
-        never stored, but ids and counters advance as if they had been (DI-engine's tail arithmetic); the next
-        write lands where ``next_uid`` says (the id/slot invariant)."""
-        start = (self.tail + dropped) % self.capacity
-        self.clear()
-        self.head = start
-        self.next_uid += dropped
-        self.push_count += dropped
 
     def remove(self, slots: np.ndarray) -> np.ndarray:
         """Invalidate ``slots``; returns the slots that were actually valid. O(len(slots)) amortised."""
