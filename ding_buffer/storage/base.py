@@ -41,11 +41,8 @@ class WriteResult(NamedTuple):
 
 
 class Storage(ABC):
-    """
-    Overview:
-        Fixed-capacity slot store. ``prepare``/``prepare_batch`` validate, ``write`` commits, ``gather`` reads
-        slots, ``remove``/``clear`` invalidate. ``state_dict``/``from_state`` copy the full contents.
-    """
+    """Fixed-capacity slot store. ``prepare``/``prepare_batch`` validate, ``write`` commits, ``gather`` reads slots,
+    ``remove``/``clear`` invalidate. ``state_dict``/``from_state`` copy the full contents."""
 
     kind = 'base'
     # Whether a write may report live items whose data it overwrote (``WriteResult.expired``; the frames layout).

@@ -1,13 +1,7 @@
-"""``FastWriter``: the hot paths of ``TensorStorage`` writes on CPU: one flat item, or one flat batch of arrays.
-
-Built once per schema (``FastWriter.build``, ``None`` where the path does not apply: fields off the CPU,
-nested paths, a field numpy has no dtype for). ``write`` checks each leaf of an item against the per-field
-facts in a few attribute reads and writes it straight into the field's numpy view -- no stacking, no tensor
-conversion. ``check_batch`` checks a batch dict whose leaves are numpy arrays / CPU tensors of exactly the
-stored dtypes and per-item shapes in O(fields) (a ``collect_iter`` field also gets its range check), and
-``put_batch`` writes it with one slice assignment per field (two where it wraps around the ring). Anything that
-is not a plain match returns ``None`` with nothing changed; the storage's generic path (``prepare`` /
-``prepare_batch`` + ``write``) then takes the data and reports any error.
+"""``FastWriter``: the hot paths of ``TensorStorage`` writes on CPU: one flat item (``write``), or one flat batch
+of arrays (``check_batch`` + ``put_batch``), checked against per-field facts built once per schema (``build``) and
+written straight into the fields' numpy views. Anything that is not a plain match returns ``None`` with nothing
+changed; the storage's generic path (``prepare`` / ``prepare_batch`` + ``write``) then takes it and reports errors.
 """
 
 from typing import Any, Dict, List, Optional, Tuple
@@ -73,11 +67,8 @@ class FastWriter:
         return cls(spec, skip_keys)
 
     def write(self, item: Any, ring: RingIndex) -> Optional[int]:
-        """
-        Overview:
-            Check ``item`` against the schema and write it at the next slot of ``ring``. Returns the slot, or
-            ``None`` -- with nothing changed -- when the item is not a plain match (nested dict, any mismatch).
-        """
+        """Check ``item`` against the schema and write it at the next slot of ``ring``. Returns the slot, or ``None``
+        -- with nothing changed -- when the item is not a plain match (nested dict, any mismatch)."""
         spec = self.spec
         if type(item) is not dict or len(item) - _skipped(item, self.skip_keys) != len(spec):
             return None
@@ -105,13 +96,9 @@ class FastWriter:
         return slot
 
     def check_batch(self, batch: Any) -> Optional[Tuple[List[np.ndarray], int]]:
-        """
-        Overview:
-            The columns of ``batch`` (in schema order, as numpy arrays; CPU tensors are viewed, not copied) and
-            its size ``n``, when every leaf is an array of exactly the stored dtype and per-item shape with one
-            leading dimension ``n`` in ``[1, capacity]``. ``None`` otherwise: the generic path checks, converts
-            and reports. Nothing is written. O(fields).
-        """
+        """The columns of ``batch`` (in schema order, as numpy arrays; CPU tensors are viewed, not copied) and its
+        size ``n``, when every leaf is an array of exactly the stored dtype and per-item shape with one leading
+        dimension ``n`` in ``[1, capacity]``. ``None`` otherwise. Nothing is written. O(fields)."""
         spec = self.spec
         if type(batch) is not dict or len(batch) - _skipped(batch, self.skip_keys) != len(spec):
             return None

@@ -5,12 +5,9 @@ stacks is stored as ``TensorStorage`` stores it; the stacks become two id column
 ``[stack]`` and ``'<next_key>:frame'``), and ``gather`` puts the rebuilt stacks back under their own names, so a
 sample looks exactly like one of a storage holding the stacks in full.
 
-Writes: ``prepare`` + ``write`` (any push), or ``write_one`` (one step; it declines -- None, nothing changed --
-whenever frames of stored items would leave, so the checking path reports them). ``write`` reports in
-``WriteResult.expired`` the live transitions whose oldest frame the new frames overwrote; the buffer removes them
-(``removed_by_frames``). A push refused whole (rate limiter, capacity rule) is ``discard``-ed: its frames are still
-written, so its streams go on at their next step; a push that raised changes nothing. Batches go row by row
-(``prepare_batch``): there is no fast batch path.
+Writes: ``prepare`` + ``write`` (any push; ``WriteResult.expired`` lists the live transitions whose oldest frame
+the new frames overwrote, which the buffer removes: ``removed_by_frames``), ``write_one`` (one step), ``discard`` (a
+push refused whole). A push that raised changes nothing. Batches go row by row: there is no fast batch path.
 """
 
 import weakref
@@ -22,6 +19,7 @@ import torch
 from .base import Prepared, WriteResult, check_state
 from .frames import IDS_SUFFIX, NEXT_SUFFIX, FrameRing, Pending, StreamEncoder, bits_of, default_rows, frame_spec
 from .tensor_fields import allocate_fields, memmap_file, new_token, remove_files
+from .tensor_schema import dtype_name
 from .tensor_storage import TensorStorage
 from .tensordict_io import check_batched, check_item, is_tensordict, to_plain
 
@@ -228,9 +226,7 @@ class FrameStorage(TensorStorage):
         ring = self.frame_ring
         if ring.allocated() or not pending.frames:
             return
-        like = pending.frames[0]
-        dtype = pending.dtype if pending.dtype is not None else torch.from_numpy(np.array(like)).dtype
-        self.frame_ring = self._new_ring(stack, tuple(like.shape), dtype)
+        self.frame_ring = self._new_ring(stack, tuple(pending.frames[0].shape), pending.dtype)
         self.stack = stack
 
     def _rows(self, stack: int) -> int:
@@ -452,14 +448,10 @@ class FrameStorage(TensorStorage):
         return super().nbytes_per_item() + -(-frame * ring.rows // self.capacity)
 
     def __repr__(self) -> str:
-        base = super().__repr__()
         ring = self.frame_ring
-        rows = f"{ring.rows} rows of {ring.shape} {str(ring.dtype).replace('torch.', '')}" if ring.allocated() else '-'
-        return (
-            base[:-1]
-            + f", frames={{'key': {self.spec['key']!r}, 'next_key': {self.spec['next_key']!r}, "
-            + (f"'stack': {self.stack}, 'ring': '{rows}'}})")
-        )
+        rows = f"{ring.rows} rows of {ring.shape} {dtype_name(ring.dtype)}" if ring.allocated() else '-'
+        frames = {'key': self.spec['key'], 'next_key': self.spec['next_key'], 'stack': self.stack, 'ring': rows}
+        return f"{super().__repr__()[:-1]}, frames={frames})"
 
     # ------------------------------------------------------------------ persistence
     def state_dict(self) -> Dict[str, Any]:
@@ -493,7 +485,7 @@ class FrameStorage(TensorStorage):
             'stack': self.stack,
             'streams': [[env, np.searchsorted(ids, sids).tolist(), ended] for env, sids, ended in streams],
             'shape': None if ring.shape is None else list(ring.shape),
-            'dtype': None if ring.dtype is None else str(ring.dtype).replace('torch.', ''),
+            'dtype': None if ring.dtype is None else dtype_name(ring.dtype),
         }
         order = self.ring.ordered_slots()
         out['links'] = {

@@ -26,25 +26,38 @@ from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Tuple
 import numpy as np
 import torch
 
-FRAMES_DEFAULTS = dict(
-    key='obs',
-    next_key='next_obs',
-    stack=None,
-    env_key=None,
-    done_key='done',
-    truncated_key='truncated',
-    spare=None,
-    check=True,
-    n_step=1,
-    gamma=0.99,
-    reward_key='reward',
-)
-# suffixes of the stored id columns: '<key>:frames' (the obs stack's ids), '<next_key>:frame' (the new frame's id)
-IDS_SUFFIX, NEXT_SUFFIX = ':frames', ':frame'
+from .tensor_schema import dtype_name
 
 
 def _name(x: Any) -> bool:
     return isinstance(x, str) and bool(x)
+
+
+def _none_or_int(low: int) -> Any:
+    return lambda v: v is None or (type(v) is int and v >= low)
+
+
+def _unit(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v <= 1
+
+
+# ``storage.frames``: each option's default, its check and what the check expects
+_OPTIONS = {
+    'key': ('obs', _name, 'a field name'),
+    'next_key': ('next_obs', _name, 'a field name'),
+    'stack': (None, _none_or_int(1), 'None (read from the first push) or an int >= 1'),
+    'env_key': (None, lambda v: v is None or _name(v), 'None (one stream) or a field name'),
+    'done_key': ('done', lambda v: v is None or _name(v), 'None or a field name'),
+    'truncated_key': ('truncated', lambda v: v is None or _name(v), 'None or a field name'),
+    'spare': (None, _none_or_int(0), 'None (automatic) or an int >= 0'),
+    'check': (True, lambda v: type(v) is bool, 'a bool'),
+    'n_step': (1, lambda v: type(v) is int and 1 <= v <= 1000, 'an int in [1, 1000]'),
+    'gamma': (0.99, _unit, 'a number in [0, 1]'),
+    'reward_key': ('reward', _name, 'a field name'),
+}
+FRAMES_DEFAULTS = {k: default for k, (default, _, _) in _OPTIONS.items()}
+# suffixes of the stored id columns: '<key>:frames' (the obs stack's ids), '<next_key>:frame' (the new frame's id)
+IDS_SUFFIX, NEXT_SUFFIX = ':frames', ':frame'
 
 
 def check_frames(section: Any) -> bool:
@@ -59,23 +72,8 @@ def check_frames(section: Any) -> bool:
     for k, v in section.items():
         if k not in FRAMES_DEFAULTS:
             raise ValueError(f"unknown config key 'storage.frames.{k}'; valid keys: {sorted(FRAMES_DEFAULTS)}")
-        ok, expected = {
-            'key': (_name(v), 'a field name'),
-            'next_key': (_name(v), 'a field name'),
-            'stack': (v is None or (type(v) is int and v >= 1), 'None (read from the first push) or an int >= 1'),
-            'env_key': (v is None or _name(v), 'None (one stream) or a field name'),
-            'done_key': (v is None or _name(v), 'None or a field name'),
-            'truncated_key': (v is None or _name(v), 'None or a field name'),
-            'spare': (v is None or (type(v) is int and v >= 0), 'None (automatic) or an int >= 0'),
-            'check': (type(v) is bool, 'a bool'),
-            'n_step': (type(v) is int and 1 <= v <= 1000, 'an int in [1, 1000]'),
-            'gamma': (
-                isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v <= 1,
-                'a number in [0, 1]',
-            ),
-            'reward_key': (_name(v), 'a field name'),
-        }[k]
-        if not ok:
+        _, ok, expected = _OPTIONS[k]
+        if not ok(v):
             raise ValueError(f"config key 'storage.frames.{k}' has invalid value {v!r:.60}; expected {expected}")
     spec = dict(FRAMES_DEFAULTS, **section)
     names = [(k, spec[k]) for k in ('key', 'next_key', 'env_key', 'done_key', 'truncated_key') if spec[k] is not None]
@@ -111,7 +109,7 @@ class Pending(NamedTuple):
     streams: Dict[Any, Tuple[Tuple[int, ...], bool]]  # env -> (ids of its last next_obs stack, episode ended)
     envs: List[Any] = []  # each item's environment
     continues: List[bool] = []  # whether each item continues its stream's previous step (same episode)
-    dtype: Optional[torch.dtype] = None  # the frames' dtype (None: numpy's of ``frames``)
+    dtype: Optional[torch.dtype] = None  # the frames' dtype (``encode`` sets it whenever there are frames)
 
 
 @lru_cache(maxsize=None)
@@ -139,10 +137,6 @@ def frame_dtype(dtype: torch.dtype) -> Any:
 def torch_dtype(dtype: Any) -> torch.dtype:
     """The torch dtype of frames that ``stack_of`` names ``dtype`` (``frame_dtype``'s inverse)."""
     return dtype if isinstance(dtype, torch.dtype) else torch.from_numpy(np.empty(0, dtype=dtype)).dtype
-
-
-def _dtype_name(dtype: Any) -> str:
-    return str(dtype).replace('torch.', '')
 
 
 class FrameRing:
@@ -222,27 +216,27 @@ class FrameRing:
             return self.gather(ids), self.gather(torch.cat([ids[..., 1:], new.unsqueeze(-1)], dim=-1))
         stack = ids.shape[-1]
         flat = ids.reshape(-1, stack).cpu().numpy()
-        last = new.reshape(-1).cpu().numpy()
-        if len(last) and not (self.holds(flat.reshape(-1)).all() and self.holds(last).all()):
-            raise RuntimeError("a sampled transition refers to a frame the ring no longer holds (internal error)")
-        obs = self.view.take(flat.reshape(-1) % self.rows, axis=0).reshape(len(flat), stack, *self.shape)
+        obs = self.view.take(self._held_rows(flat.reshape(-1)), axis=0).reshape(len(flat), stack, *self.shape)
         nxt = np.empty_like(obs)
         nxt[:, :-1] = obs[:, 1:]
-        nxt[:, -1] = self.view.take(last % self.rows, axis=0)
+        nxt[:, -1] = self.view.take(self._held_rows(new.reshape(-1).cpu().numpy()), axis=0)
         out_shape = (*ids.shape, *self.shape)
         return self._tensor(obs).reshape(out_shape), self._tensor(nxt).reshape(out_shape)
 
     def gather(self, ids: torch.Tensor) -> torch.Tensor:
         """Frames of ``ids`` (any shape ``S``) as a new tensor ``[*S, *frame]`` on the ring's device."""
-        flat = ids.reshape(-1).cpu().numpy()
-        if len(flat) and not self.holds(flat).all():
-            raise RuntimeError("a sampled transition refers to a frame the ring no longer holds (internal error)")
-        rows = flat % self.rows
+        rows = self._held_rows(ids.reshape(-1).cpu().numpy())
         if self.view is not None:
             out = self._tensor(self.view.take(rows, axis=0))
         else:
             out = self.frames.index_select(0, torch.from_numpy(rows).to(self.frames.device))
         return out.reshape(*ids.shape, *self.shape)
+
+    def _held_rows(self, ids: np.ndarray) -> np.ndarray:
+        """The rows of the frames of ``ids``, which sampled transitions refer to: all must be held."""
+        if len(ids) and not self.holds(ids).all():
+            raise RuntimeError("a sampled transition refers to a frame the ring no longer holds (internal error)")
+        return ids % self.rows
 
 
 def _one(item: Mapping, key: str, i: int, what: str) -> Any:
@@ -326,8 +320,8 @@ def stack_of(
     dtype = v.dtype if dtype is None else dtype
     if like is not None and (tuple(v.shape[1:]) != tuple(like[0]) or not _same_dtype(dtype, like[1])):
         raise ValueError(
-            f"item {i}: field {key!r} has frames of shape {tuple(v.shape[1:])} and dtype {_dtype_name(dtype)}, "
-            f"expected {like[0]} and {_dtype_name(like[1])}"
+            f"item {i}: field {key!r} has frames of shape {tuple(v.shape[1:])} and dtype {dtype_name(dtype)}, "
+            f"expected {like[0]} and {dtype_name(like[1])}"
         )
     return (v, dtype) if with_dtype else v
 

@@ -19,8 +19,10 @@ from typing import Any, Dict, Optional, Tuple
 import numpy as np
 import torch
 
+from .ring import SlotIndex
 
-class FreeListIndex:
+
+class FreeListIndex(SlotIndex):
     """
     Overview:
         Slot bookkeeping of ``capacity`` slots with free-slot reuse (see the module docstring).
@@ -38,16 +40,12 @@ class FreeListIndex:
 
     derived_ids = False  # ids are stored per slot (RingIndex derives them: its compiled fast paths rely on that)
 
+    what = 'index'
+
     def __init__(self, capacity: int) -> None:
-        if not isinstance(capacity, int) or isinstance(capacity, bool) or capacity <= 0:
-            raise ValueError(f"capacity must be a positive int, got {capacity!r}")
-        self.capacity = capacity
-        self.valid = np.zeros(capacity, dtype=bool)
+        super().__init__(capacity)
         self._uid = np.full(capacity, -1, dtype=np.int64)
         self._free = list(range(capacity - 1, -1, -1))  # a stack: the next write takes the lowest free slot first
-        self.count = 0
-        self.next_uid = 0
-        self.push_count = 0
         self._order: Optional[np.ndarray] = None  # valid slots by id, until the next change
 
     # ------------------------------------------------------------------ ids
@@ -56,16 +54,6 @@ class FreeListIndex:
         if isinstance(slots, (int, np.integer)):
             return int(self._uid[slots])
         return self._uid[slots]
-
-    def holds(self, slots: np.ndarray, ids: np.ndarray, mine: Any = None) -> np.ndarray:
-        """Mask: slot ``slots[i]`` still holds the item with id ``ids[i]`` (and ``mine[i]``, when given)."""
-        match = self.valid[slots] & (self._uid[slots] == ids)
-        return match if mine is None else match & mine
-
-    @property
-    def uid(self) -> np.ndarray:
-        """Id of every slot, -1 where empty (a copy)."""
-        return np.where(self.valid, self._uid, -1)
 
     # ------------------------------------------------------------------ writing
     def next_slots(self, n: int) -> np.ndarray:
@@ -76,13 +64,8 @@ class FreeListIndex:
         return np.asarray(free, dtype=np.int64)
 
     def commit(self, n: int) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """
-        Overview:
-            Claim ``n`` (<= capacity) slots: free ones first, then the oldest items' (overwritten). O(n) plus a
-            sort when anything is overwritten.
-        Returns:
-            - slots, uids (the new items' ids), overwritten (slots whose valid item was overwritten).
-        """
+        """``RingIndex.commit`` over free slots: free ones first, then the oldest items' (overwritten). O(n) plus a
+        sort when anything is overwritten."""
         assert 0 < n <= self.capacity, n
         take = min(n, len(self._free))
         free = [self._free.pop() for _ in range(take)]
@@ -102,13 +85,6 @@ class FreeListIndex:
         slots, _, overwritten = self.commit(1)
         return int(slots[0]), bool(len(overwritten))
 
-    def skip(self, dropped: int) -> None:
-        """A push larger than the capacity: every stored item leaves and the ``dropped`` oldest pushed items are
-        never stored, but ids and counters advance as if they had been (the ring's tail arithmetic)."""
-        self.clear()
-        self.next_uid += dropped
-        self.push_count += dropped
-
     def remove(self, slots: np.ndarray) -> np.ndarray:
         """Invalidate ``slots``; returns the slots that were actually valid (their slots become free)."""
         slots = np.unique(np.asarray(slots, dtype=np.int64))
@@ -122,13 +98,9 @@ class FreeListIndex:
         return slots
 
     def clear(self, reset_push_count: bool = False) -> None:
-        """Invalidate everything; ``next_uid`` is kept, ``push_count`` unless ``reset_push_count``."""
-        if reset_push_count:
-            self.push_count = 0
-        self.valid[:] = False
+        super().clear(reset_push_count)
         self._uid[:] = -1
         self._free = list(range(self.capacity - 1, -1, -1))
-        self.count = 0
         self._order = None
 
     # ------------------------------------------------------------------ order
@@ -142,15 +114,6 @@ class FreeListIndex:
     def oldest(self, k: int) -> np.ndarray:
         """The ``k`` oldest valid slots, oldest first."""
         return self.ordered_slots()[: max(int(k), 0)].copy()
-
-    def slots_of_positions(self, positions: np.ndarray) -> np.ndarray:
-        """Map insertion positions (0 = oldest valid item) to slots."""
-        positions = np.asarray(positions, dtype=np.int64)
-        if len(positions) and (positions.min() < 0 or positions.max() >= self.count):
-            raise IndexError(
-                f"insertion positions must be in [0, {self.count}), got {positions.min()}..{positions.max()}"
-            )
-        return self.ordered_slots()[positions]
 
     # ------------------------------------------------------------------ persistence
     def state_dict(self) -> Dict[str, Any]:
@@ -169,16 +132,7 @@ class FreeListIndex:
     def from_state(cls, state: Dict[str, Any], capacity: int) -> 'FreeListIndex':
         """Build an index from ``state`` (its own, or a ``RingIndex`` state: a ring's items keep their ids),
         checking every invariant; raises ``ValueError`` on inconsistency."""
-        need = ('capacity', 'valid', 'uid', 'next_uid', 'push_count')
-        missing = [k for k in need if k not in state]
-        if missing:
-            raise ValueError(f"index state is missing keys {missing}")
-        if state['capacity'] != capacity:
-            raise ValueError(f"saved storage has capacity {state['capacity']}, this buffer's capacity is {capacity}")
-        valid = np.asarray(state['valid'], dtype=bool)
-        uid = np.asarray(state['uid'], dtype=np.int64)
-        if valid.shape != (capacity,) or uid.shape != (capacity,):
-            raise ValueError(f"index arrays must have shape ({capacity},), got {valid.shape} and {uid.shape}")
+        valid, uid = cls._saved_arrays(state, capacity, ('capacity', 'valid', 'uid', 'next_uid', 'push_count'))
         index = cls(capacity)
         index.next_uid, index.push_count = int(state['next_uid']), int(state['push_count'])
         if index.push_count < 0 or index.next_uid < 0:

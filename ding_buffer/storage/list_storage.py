@@ -105,9 +105,6 @@ class ListStorage(Storage):
         for slot, item in zip(slots.tolist(), payload):
             data[slot] = item
 
-    def _take(self, slots: np.ndarray) -> List[Any]:
-        return [self._data[s] for s in np.asarray(slots).tolist()]
-
     def _erase(self, slots: np.ndarray) -> None:
         slots = np.asarray(slots, dtype=np.int64)
         for s in slots.tolist():
@@ -117,6 +114,8 @@ class ListStorage(Storage):
     def gather(self, slots: np.ndarray, uids: Optional[np.ndarray] = None) -> List[Any]:
         data = self._data
         return [data[s] for s in np.asarray(slots).tolist()]
+
+    _take = gather  # the items leaving ``slots`` are the stored objects themselves
 
     def get(self, slot: int) -> Any:
         return self._data[slot]

@@ -18,7 +18,75 @@ import numpy as np
 import torch
 
 
-class RingIndex:
+class SlotIndex:
+    """What ``RingIndex`` and ``FreeListIndex`` share: ``capacity`` slots, their validity mask, the counters."""
+
+    what = 'ring'  # what error messages call a saved state of this index
+
+    def __init__(self, capacity: int) -> None:
+        if not isinstance(capacity, int) or isinstance(capacity, bool) or capacity <= 0:
+            raise ValueError(f"capacity must be a positive int, got {capacity!r}")
+        self.capacity = capacity
+        self.valid = np.zeros(capacity, dtype=bool)
+        self.count = 0
+        self.next_uid = 0
+        self.push_count = 0
+
+    def holds(self, slots: np.ndarray, ids: np.ndarray, mine: Any = None) -> np.ndarray:
+        """Mask: slot ``slots[i]`` still holds the item with id ``ids[i]`` (and ``mine[i]``, when given) -- the
+        identity check of every ``update`` keyed by ids."""
+        match = self.valid[slots] & (self.uids(slots) == ids)
+        return match if mine is None else match & mine
+
+    @property
+    def uid(self) -> np.ndarray:
+        """Id of every slot, -1 where empty. O(capacity): for inspection and persistence, not hot paths."""
+        return np.where(self.valid, self.uids(np.arange(self.capacity, dtype=np.int64)), -1)
+
+    def slots_of_positions(self, positions: np.ndarray) -> np.ndarray:
+        """Map insertion positions (0 = oldest valid item) to slots. O(len) for a ring without holes."""
+        positions = np.asarray(positions, dtype=np.int64)
+        if len(positions) and (positions.min() < 0 or positions.max() >= self.count):
+            raise IndexError(
+                f"insertion positions must be in [0, {self.count}), got {positions.min()}..{positions.max()}"
+            )
+        return self._slots_at(positions)
+
+    def _slots_at(self, positions: np.ndarray) -> np.ndarray:
+        return self.ordered_slots()[positions]
+
+    def skip(self, dropped: int) -> None:
+        """A push larger than the capacity: every stored item leaves and the ``dropped`` oldest pushed items are
+        never stored, but ids and counters advance as if they had been (DI-engine's tail arithmetic); the next
+        write lands where ``next_uid`` says (a ring's id/slot invariant: its ``clear`` puts the head there)."""
+        self.next_uid += dropped
+        self.push_count += dropped
+        self.clear()
+
+    def clear(self, reset_push_count: bool = False) -> None:
+        """Invalidate everything; ``next_uid`` is kept, ``push_count`` unless ``reset_push_count`` (DI-engine's
+        naive buffer restarts it, the advanced one does not)."""
+        if reset_push_count:
+            self.push_count = 0
+        self.valid[:] = False
+        self.count = 0
+
+    @classmethod
+    def _saved_arrays(cls, state: Dict[str, Any], capacity: int, need: Tuple[str, ...]) -> Tuple[np.ndarray, ...]:
+        """The ``valid`` and ``uid`` arrays of a saved state, checked: it has every key of ``need`` and ``capacity``."""
+        missing = [k for k in need if k not in state]
+        if missing:
+            raise ValueError(f"{cls.what} state is missing keys {missing}")
+        if state['capacity'] != capacity:
+            raise ValueError(f"saved storage has capacity {state['capacity']}, this buffer's capacity is {capacity}")
+        valid = np.asarray(state['valid'], dtype=bool)
+        uid = np.asarray(state['uid'], dtype=np.int64)
+        if valid.shape != (capacity,) or uid.shape != (capacity,):
+            raise ValueError(f"{cls.what} arrays must have shape ({capacity},), got {valid.shape} and {uid.shape}")
+        return valid, uid
+
+
+class RingIndex(SlotIndex):
     """
     Overview:
         Slot bookkeeping of ``capacity`` slots (see the module docstring).
@@ -35,15 +103,9 @@ class RingIndex:
     derived_ids = True  # the id of slot s is derived, not stored (the compiled fast paths compute it the same way)
 
     def __init__(self, capacity: int) -> None:
-        if not isinstance(capacity, int) or isinstance(capacity, bool) or capacity <= 0:
-            raise ValueError(f"capacity must be a positive int, got {capacity!r}")
-        self.capacity = capacity
-        self.valid = np.zeros(capacity, dtype=bool)
+        super().__init__(capacity)
         self.head = 0
         self.span = 0
-        self.count = 0
-        self.next_uid = 0
-        self.push_count = 0
 
     @property
     def tail(self) -> int:
@@ -56,30 +118,14 @@ class RingIndex:
         last = self.next_uid - 1
         return last - (last - slots) % self.capacity
 
-    def holds(self, slots: np.ndarray, ids: np.ndarray, mine: Any = None) -> np.ndarray:
-        """Mask: slot ``slots[i]`` still holds the item with id ``ids[i]`` (and ``mine[i]``, when given) -- the
-        identity check of every ``update`` keyed by ids."""
-        match = self.valid[slots] & (self.uids(slots) == ids)
-        return match if mine is None else match & mine
-
-    @property
-    def uid(self) -> np.ndarray:
-        """Id of every slot, -1 where empty. O(capacity): for inspection and persistence, not hot paths."""
-        return np.where(self.valid, self.uids(np.arange(self.capacity, dtype=np.int64)), -1)
-
     def next_slots(self, n: int) -> np.ndarray:
         """Slots the next ``n`` (<= capacity) writes will use, without changing anything. O(n)."""
         return (self.tail + np.arange(n)) % self.capacity
 
     def commit(self, n: int) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """
-        Overview:
-            Claim the next ``n`` slots (``n <= capacity``), overwriting the oldest items when full. O(n).
-        Returns:
-            - slots (:obj:`np.ndarray`): the written slots, in write order.
-            - uids (:obj:`np.ndarray`): the ids given to the new items.
-            - overwritten (:obj:`np.ndarray`): slots whose previous (valid) item was overwritten.
-        """
+        """Claim the next ``n`` slots (``n <= capacity``), overwriting the oldest items when full. O(n). Returns
+        ``(slots, uids, overwritten)``: the written slots in write order, the new items' ids, and the slots whose
+        previous (valid) item was overwritten."""
         assert 0 < n <= self.capacity, n
         first = (self.head + self.span) % self.capacity
         if first + n <= self.capacity:  # no wrap: slices instead of fancy indexing
@@ -125,16 +171,6 @@ class RingIndex:
             self._trim_head()
         return slot, overwrote
 
-    def skip(self, dropped: int) -> None:
-        """A push larger than the capacity: every stored item leaves and the ``dropped`` oldest pushed items are
-        never stored, but ids and counters advance as if they had been (DI-engine's tail arithmetic); the next
-        write lands where ``next_uid`` says (the id/slot invariant)."""
-        start = (self.tail + dropped) % self.capacity
-        self.clear()
-        self.head = start
-        self.next_uid += dropped
-        self.push_count += dropped
-
     def remove(self, slots: np.ndarray) -> np.ndarray:
         """Invalidate ``slots``; returns the slots that were actually valid. O(len(slots)) amortised."""
         slots = np.unique(np.asarray(slots, dtype=np.int64))
@@ -171,25 +207,15 @@ class RingIndex:
             return positions
         return positions[self.valid[positions]]
 
-    def slots_of_positions(self, positions: np.ndarray) -> np.ndarray:
-        """Map insertion positions (0 = oldest valid item) to slots. O(len) without holes."""
-        positions = np.asarray(positions, dtype=np.int64)
-        if len(positions) and (positions.min() < 0 or positions.max() >= self.count):
-            raise IndexError(
-                f"insertion positions must be in [0, {self.count}), got {positions.min()}..{positions.max()}"
-            )
+    def _slots_at(self, positions: np.ndarray) -> np.ndarray:
         if self.count == self.span:
             return (self.head + positions) % self.capacity
         return self.ordered_slots()[positions]
 
     def clear(self, reset_push_count: bool = False) -> None:
-        """Invalidate everything; ``next_uid`` is kept, ``push_count`` unless ``reset_push_count`` (DI-engine's
-        naive buffer restarts it, the advanced one does not). The next write goes to slot ``next_uid % capacity``
-        (the id/slot invariant)."""
-        if reset_push_count:
-            self.push_count = 0
-        self.valid[:] = False
-        self.span = self.count = 0
+        """The next write goes to slot ``next_uid % capacity`` (the id/slot invariant)."""
+        super().clear(reset_push_count)
+        self.span = 0
         self.head = self.next_uid % self.capacity
 
     # ------------------------------------------------------------------ persistence
@@ -213,16 +239,8 @@ class RingIndex:
                 "or 'keep_best'), whose slots are reused in any order; load it into a buffer configured with one"
             )
         need = ('capacity', 'head', 'span', 'valid', 'uid', 'next_uid', 'push_count')
-        missing = [k for k in need if k not in state]
-        if missing:
-            raise ValueError(f"ring state is missing keys {missing}")
-        if state['capacity'] != capacity:
-            raise ValueError(f"saved storage has capacity {state['capacity']}, this buffer's capacity is {capacity}")
+        valid, uid = cls._saved_arrays(state, capacity, need)
         ring = cls(capacity)
-        valid = np.asarray(state['valid'], dtype=bool)
-        uid = np.asarray(state['uid'], dtype=np.int64)
-        if valid.shape != (capacity,) or uid.shape != (capacity,):
-            raise ValueError(f"ring arrays must have shape ({capacity},), got {valid.shape} and {uid.shape}")
         ring.valid = valid.copy()
         ring.head, ring.span = int(state['head']), int(state['span'])
         ring.next_uid, ring.push_count = int(state['next_uid']), int(state['push_count'])

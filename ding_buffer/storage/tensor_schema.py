@@ -16,6 +16,11 @@ from .tree import Path, flatten, path_name, to_tensor
 Schema = Dict[Path, Tuple[Tuple[int, ...], torch.dtype]]
 
 
+def dtype_name(dtype: Any) -> str:
+    """``dtype`` as a saved schema names it (``torch.float32`` -> ``'float32'``; a numpy dtype by its name)."""
+    return str(dtype).replace('torch.', '')
+
+
 def dtype_from_str(name: str) -> torch.dtype:
     dtype = getattr(torch, name.replace('torch.', ''), None)
     if not isinstance(dtype, torch.dtype):
@@ -94,7 +99,7 @@ def export_schema(schema: Optional[Schema]) -> List[list]:
     """``[[path, shape, dtype name], ...]``: plain lists, loadable with ``weights_only=True``."""
     if schema is None:
         return []
-    return [[list(p), list(shape), str(dtype).replace('torch.', '')] for p, (shape, dtype) in schema.items()]
+    return [[list(p), list(shape), dtype_name(dtype)] for p, (shape, dtype) in schema.items()]
 
 
 def import_fields(schema_list: Any, fields: Any, n: int) -> Tuple[Schema, List[torch.Tensor]]:

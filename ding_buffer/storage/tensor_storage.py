@@ -1,9 +1,8 @@
 """``TensorStorage``: columnar storage, one preallocated tensor ``[capacity, *shape]`` per leaf field.
 
-The schema (field paths, shapes, dtypes) is inferred from the first item written; every later item must match
-it exactly (Python ``int`` is accepted into a float field), otherwise ``ValueError`` names the field and
-nothing is written. With ``memmap_dir`` every field lives in a file mapped with ``torch.from_file`` (shared),
-so buffers larger than RAM work; the OS pages data in and out.
+The schema is inferred from the first item written and every later item must match it (``tensor_schema``: a
+mismatch is a ``ValueError`` naming the field, and nothing is written). With ``memmap_dir`` every field lives in a
+memory-mapped file (``tensor_fields``), so buffers larger than RAM work.
 
 Output of ``gather(slots)``: one nested dict of batched tensors ``[len(slots), *shape]`` (any slot shape, e.g.
 ``[B, T]`` for sequences) on the storage device, plus the meta fields ``replay_buffer_idx`` (int64 slots) and
@@ -13,9 +12,7 @@ pushed again. TensorDicts are taken like the dicts they hold; when the first ite
 
 Complexity: push of ``n`` items O(n * fields) with one indexed write per field; a batched push does one or
 two slice assignments per field (two when it wraps around the ring); ``gather`` one index per field.
-
-Neighbours: ``tensor_schema`` (inferring and checking the schema, its export / import), ``tensor_fields``
-(allocating the field tensors and memmap files), ``fast_write`` (the single-item fast path).
+The single-item and flat-batch fast paths on CPU are ``fast_write``'s.
 """
 
 import os
@@ -35,8 +32,8 @@ from .tensor_schema import (
     Schema,
     batched_tensor,
     check_leaves,
+    dtype_name,
     export_schema,
-    field_names,
     import_fields,
     infer_schema,
     item_flat,
@@ -101,8 +98,6 @@ class TensorStorage(Storage):
         self._release: Optional[weakref.finalize] = None
         self._fast: Optional[FastWriter] = None  # the single-item fast path, once the schema is known
 
-    field_names = staticmethod(field_names)  # the schema's field names, as the error messages list them
-
     # ------------------------------------------------------------------ writing
     def prepare(self, items: List[Any], schema: Optional[Schema] = None, trim: bool = True) -> Prepared:
         """``schema`` (default: the stored one) lets a caller validate several batches before writing any;
@@ -164,12 +159,8 @@ class TensorStorage(Storage):
             self._release()
 
     def write_one(self, item: Any) -> Optional[int]:
-        """
-        Overview:
-            Fast path for one flat item on CPU (``FastWriter``): written straight into the fields' numpy views.
-            Returns the slot, or ``None`` -- with nothing changed -- when the item is not a plain match (first
-            item, nested dict, any mismatch); the caller then takes the generic path, which reports errors.
-        """
+        """Fast path for one flat item on CPU (``FastWriter``): the slot, or ``None`` -- with nothing changed -- when
+        the item is not a plain match (first item, nested dict, any mismatch); then the generic path reports errors."""
         fast = self._fast
         if fast is None:
             return None
@@ -299,11 +290,10 @@ class TensorStorage(Storage):
         return sum(f[0].numel() * f.element_size() for f in self.fields.values())
 
     def __repr__(self) -> str:
-        if self.schema is None:
-            fields = '(schema not yet known: inferred from the first item)'
-        else:
+        fields = '(schema not yet known: inferred from the first item)'
+        if self.schema is not None:
             fields = ', '.join(
-                f"'{path_name(p)}': {{'shape': {shape}, 'dtype': {str(dtype).replace('torch.', '')}}}"
+                f"'{path_name(p)}': {{'shape': {shape}, 'dtype': {dtype_name(dtype)}}}"
                 for p, (shape, dtype) in self.schema.items()
             )
             fields = '{' + fields + '}'

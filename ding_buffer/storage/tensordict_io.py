@@ -62,17 +62,6 @@ def check_item(td: Any, i: int) -> None:
         )
 
 
-def _module() -> Any:
-    try:
-        import tensordict
-    except ImportError as e:
-        raise ImportError(
-            "this buffer's items were pushed as TensorDicts and it samples TensorDicts, but the "
-            "'tensordict' package cannot be imported here (pip install tensordict)"
-        ) from e
-    return tensordict
-
-
 def to_tensordict(out: Any, device: Optional[torch.device] = None) -> Any:
     """A sample (one dict of batched tensors, or a list of them: whole episodes) as TensorDict(s) with
     ``batch_size=[n]``, ``n`` = the leading dim of ``replay_buffer_idx`` (else of the first leaf)."""
@@ -85,7 +74,14 @@ def to_tensordict(out: Any, device: Optional[torch.device] = None) -> Any:
         lead = next(iter(out.values()))
         while isinstance(lead, dict):
             lead = next(iter(lead.values()))
-    return _module().TensorDict(out, batch_size=lead.shape[:1], device=device)
+    try:
+        import tensordict
+    except ImportError as e:
+        raise ImportError(
+            "this buffer's items were pushed as TensorDicts and it samples TensorDicts, but the "
+            "'tensordict' package cannot be imported here (pip install tensordict)"
+        ) from e
+    return tensordict.TensorDict(out, batch_size=lead.shape[:1], device=device)
 
 
 def update_info(td: Any) -> Dict[str, Any]:
