@@ -394,8 +394,9 @@ class StreamEncoder:
             continues.append(prev is not None and not prev[1])
             obs_ids: Optional[Tuple[int, ...]] = None
             if prev is not None and not prev[1]:  # the stream continues: obs is its previous next_obs
-                if not check:
-                    if all(fid >= first for fid in prev[0]) or ring.holds(np.array(prev[0])).all():
+                if not check:  # frames of this push are pending: only earlier ones can have left the ring
+                    earlier = [fid for fid in prev[0] if fid < first]
+                    if not earlier or ring.holds(np.array(earlier)).all():
                         obs_ids = prev[0]
                 else:
                     before = frames_of(prev[0])

@@ -108,6 +108,22 @@ def test_one_frame_a_transition_plus_the_first_frame_of_each_episode():
     assert buf.storage.nbytes_per_item() < 1.2 * 84 * 84 < full / 6
 
 
+@pytest.mark.parametrize('check', [True, False])
+def test_steps_of_one_environment_in_one_push_share_frames_with_the_push_before(check):
+    """A push of several consecutive steps of an environment whose stream began in an earlier push: each step's
+    obs is its previous next_obs, partly written already and partly pending in this push (with or without the
+    check that they are equal)."""
+    envs = Envs(n_envs=1, seed=9, side=H, max_len=100)  # one episode
+    steps = envs.steps(7)
+    cfg = frames_cfg('naive', size=16)
+    cfg['storage']['frames']['check'] = check
+    buf = create_buffer(cfg)
+    for lo, hi in ((0, 1), (1, 4), (4, 7)):
+        buf.extend({k: np.stack([np.asarray(t[k]) for t in steps[lo:hi]]) for k in steps[0]})
+    assert buf.storage.frames_stored() == 1 + 7  # the reset frame (repeated in the first stack), then one a step
+    assert sorted(check_rows(buf.sample(7), steps)) == list(range(7))
+
+
 def test_items_whose_frames_were_overwritten_are_removed_and_counted():
     """Episodes of one step cost two frames a transition; with no spare rows the oldest transitions lose frames
     before the ring reaches them: they leave (removed_by_frames) and what stays is exact."""
