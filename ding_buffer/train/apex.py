@@ -41,6 +41,7 @@ from easydict import EasyDict
 
 from ..config import build_config, check_section, positive_int
 from ..errors import ManagerUnavailableError
+from .checkpoint import load_latest, save_checkpoint
 from .config import (
     BUFFER_SECTION,
     TRAIN_CHECKS,
@@ -50,8 +51,21 @@ from .config import (
     split_buffer_section,
     with_env_steps,
 )
+from .dqn import (
+    NStep,
+    build_qnet,
+    evaluate_greedy,
+    init_learner,
+    learner_state,
+    load_learner_state,
+    solved_text,
+    train_on,
+    write_summary,
+)
 from .env import LAUNCHED
 from .launch import publish_weights, run_roles, with_remote
+from .plot import write_run_info
+from .run_dir import progress_bar
 
 BACKENDS = ('torch', 'mpi', 'ray')
 
@@ -162,8 +176,6 @@ class Actor:
 
     def __init__(self, cfg: EasyDict, buffer: Any, index: int, n_actors: int) -> None:
         import gymnasium as gym
-
-        from .dqn import NStep, build_qnet
 
         self.cfg, self.buffer, self.index = cfg, buffer, index
         self.env = gym.make(cfg.env.env_id)
@@ -300,8 +312,6 @@ class Learner:
         import gymnasium as gym
         from torch.utils.tensorboard import SummaryWriter
 
-        from .dqn import init_learner
-
         self.cfg, self.buffer, self.run_dir, self.progress = cfg, buffer, run_dir, progress
         self.device = torch.device(cfg.policy.device)
         self.eval_env = gym.make(cfg.env.env_id)
@@ -312,16 +322,23 @@ class Learner:
         self.env_base = 0  # transitions stored before this process started (resume)
         self.push_base: Optional[int] = None
         self.env_step = 0
-        self.next_eval = cfg.env.eval_freq
-        self.next_ckpt = cfg.checkpoint.freq or 0
+        self._schedule()
         if resume:
-            from .checkpoint import load_latest
-
             self.resumed_from, _ = load_latest(self.ckpt_dir, self._load)
             if self.resumed_from is None:
                 raise ValueError(f"--resume {run_dir}: no complete checkpoint in {self.ckpt_dir}")
 
     # ------------------------------------------------------------------ helpers
+    def _schedule(self) -> None:
+        """The first evaluation and checkpoint steps after ``env_step`` (``next_ckpt`` 0: no periodic checkpoint)."""
+        freq = self.cfg.checkpoint.freq
+        self.next_eval = (self.env_step // self.cfg.env.eval_freq + 1) * self.cfg.env.eval_freq
+        self.next_ckpt = (self.env_step // freq + 1) * freq if freq else 0
+
+    def _rel(self, path: str) -> str:
+        """``path`` relative to the run directory: how the manager (its ``file_root``) names the buffer's files."""
+        return os.path.relpath(os.path.realpath(path), os.path.realpath(self.run_dir))
+
     def _pushed(self) -> int:
         return int(self.buffer.stats().get('push_items', 0))
 
@@ -358,10 +375,7 @@ class Learner:
     def wall_time(self) -> float:
         return self.wall_offset + time.monotonic() - self._t0
 
-    def evaluate(self) -> None:
-        from .dqn import evaluate_greedy
-
-        evaluate_greedy(self)
+    evaluate = evaluate_greedy
 
     def log_buffer(self) -> None:
         stats = self.buffer.stats()
@@ -383,10 +397,6 @@ class Learner:
             raise
 
     def _run(self) -> Dict[str, Any]:
-        from .dqn import train_on
-        from .plot import write_run_info
-        from .run_dir import progress_bar
-
         cfg = self.cfg
         learn = cfg.policy.learn
         write_run_info(self.run_dir, cfg, 'apex')  # run.json: what the plot groups the run by, before summary.json
@@ -445,8 +455,6 @@ class Learner:
         return self.finish()
 
     def finish(self) -> Dict[str, Any]:
-        from .dqn import write_summary
-
         head = {
             'job': 'apex',
             'backend': self.cfg.policy.other.replay_buffer.distributed.backend,
@@ -461,30 +469,16 @@ class Learner:
 
     # ------------------------------------------------------------------ persistence
     def checkpoint(self) -> str:
-        from .checkpoint import save_checkpoint
-        from .dqn import learner_state
-
         state = learner_state(self, version=self.version)
-        root = os.path.realpath(self.run_dir)
         return save_checkpoint(
-            self.ckpt_dir,
-            self.env_step,
-            state,
-            lambda path: self.buffer.save_data(os.path.relpath(os.path.realpath(path), root)),
-            self.cfg.checkpoint.keep,
+            self.ckpt_dir, self.env_step, state, lambda p: self.buffer.save_data(self._rel(p)), self.cfg.checkpoint.keep
         )
 
     def _load(self, path: str) -> Dict[str, Any]:
-        from .dqn import load_learner_state
-
-        root = os.path.realpath(self.run_dir)
-        buffer_file = os.path.relpath(os.path.realpath(os.path.join(path, 'buffer.pt')), root)
-        state = load_learner_state(self, path, buffer_file)
+        state = load_learner_state(self, path, self._rel(os.path.join(path, 'buffer.pt')))
         self.env_base, self.version = int(state['counters']['env_step']), int(state['counters']['version'])
         self.env_step = self.env_base
-        self.next_eval = (self.env_step // self.cfg.env.eval_freq + 1) * self.cfg.env.eval_freq
-        if self.cfg.checkpoint.freq:
-            self.next_ckpt = (self.env_step // self.cfg.checkpoint.freq + 1) * self.cfg.checkpoint.freq
+        self._schedule()
         return state
 
 
@@ -501,8 +495,6 @@ def _role_main(
 
 
 def _print_summary(s: Dict[str, Any]) -> None:
-    from .dqn import solved_text
-
     print(
         f"\n== {s['exp_name']} (Ape-X, {s['backend']} backend, seed {s['seed']}) ==\n"
         f"  transitions stored {s['env_steps']}, gradient steps {s['train_iters']}, weight versions "
