@@ -307,14 +307,9 @@ def solved_text(s: Dict[str, Any]) -> str:
     return f"reached {s['stop_value']:g} at env step {s['solved_step']}"
 
 
-def _training_buffer_cfg(cfg: EasyDict) -> EasyDict:
-    """A copy of ``policy.other.replay_buffer`` for training: tensor storage (the default; the learner needs batched
-    tensors) and the run's seed unless it sets its own."""
-    return _tensor_buffer_cfg(cfg.policy.other.replay_buffer, cfg.seed, 'policy.other.replay_buffer.')
-
-
-def _tensor_buffer_cfg(section: Any, seed: int, where: str) -> EasyDict:
-    """``section`` with tensor storage and ``seed`` by default; a mixture's members each get them (their seeds
+def _tensor_buffer_cfg(section: Any, seed: int, where: str = BUFFER_SECTION) -> EasyDict:
+    """A copy of the buffer section ``section`` (at ``where``) for training: tensor storage (the default; the learner
+    needs batched tensors) and ``seed`` unless it sets its own; a mixture's members each get them (their seeds
     differ: ``seed + 1``, ``seed + 2``, ...)."""
     buffer_cfg = EasyDict(dict(section))
     buffer_cfg.setdefault('seed', seed)
@@ -368,7 +363,7 @@ class DQNTrainer:
                 f"config key 'env.env_id': DQN needs a discrete action space, {cfg.env.env_id} has "
                 f"{self.env.action_space}"
             )
-        buffer_cfg = _training_buffer_cfg(cfg)
+        buffer_cfg = _tensor_buffer_cfg(cfg.policy.other.replay_buffer, cfg.seed)
         build_in_run_dir(self, lambda: self._build(buffer_cfg, resume))
 
     def _build(self, buffer_cfg: EasyDict, resume: bool) -> None:
@@ -417,8 +412,7 @@ class DQNTrainer:
             batch['discount'] = torch.full_like(batch['reward'], self.cfg.policy.discount_factor)
         train_on(self, batch)
 
-    def evaluate(self) -> Dict[str, float]:
-        return evaluate_greedy(self)
+    evaluate = evaluate_greedy
 
     def wall_time(self) -> float:
         return self.wall_offset + time.monotonic() - self._t0
