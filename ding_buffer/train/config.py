@@ -16,6 +16,7 @@ from easydict import EasyDict
 from ..base import get_buffer_cls
 from ..config import build_config, check_section, optional_positive_int, positive_int, seed_ok
 from ..datasets.config import checked_section as checked_dataset_section
+from .run_dir import first_missing_dir
 
 # Buffer types the DQN trainer can learn from: transition buffers whose tensor storage samples one dict of batched
 # tensors. A class of your own (import_names) derived from one of them is accepted too.
@@ -233,13 +234,11 @@ def check_run_dir(run_dir: str, log_dir: Optional[str]) -> None:
         written: a part of the path exists but is not a directory, or the nearest existing directory is not
         writable. Nothing is created.
     """
-    path = os.path.abspath(run_dir)
-    while not os.path.lexists(path) and os.path.dirname(path) != path:
-        path = os.path.dirname(path)
-    inside_log_dir = path == os.path.abspath(run_dir)
+    top = first_missing_dir(run_dir)
+    path = os.path.abspath(run_dir) if top is None else os.path.dirname(top)  # the nearest existing directory
     key = (
         "the run directory (config keys 'log_dir', 'exp_name', 'seed')"
-        if inside_log_dir
+        if top is None
         else f"config key 'log_dir' ({log_dir!r})"
     )
     if not os.path.isdir(path):

@@ -212,7 +212,7 @@ def run_roles(
     backend = cfg.policy.other.replay_buffer.distributed.backend
     roles = f"a manager, a learner, {'an' if worker[0] in 'aeiou' else 'a'} {worker}"
     if backend == 'ray':
-        return _ray_driver(role_main, cfg, run_dir, args, job, worker, report)
+        return _ray_driver(role_main, cfg, run_dir, args, worker, report)
     where = rank_world(backend)
     if where is None:
         if args.nproc is None:
@@ -278,7 +278,6 @@ def _ray_driver(
     cfg: Any,
     run_dir: str,
     args: argparse.Namespace,
-    job: str,
     worker: str,
     report: Callable[[Dict[str, Any]], None],
 ) -> int:
