@@ -18,7 +18,11 @@ import subprocess
 import sys
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
+from ..base import create_buffer
+from ..errors import ManagerUnavailableError
+from .checkpoint import complete_checkpoints
 from .env import LAUNCHED  # set in the ranks this module starts itself
+from .signals import override_argv, resume_command
 
 EXIT_MANAGER_GONE = 3
 
@@ -38,8 +42,6 @@ def rank_world(backend: str) -> Optional[Tuple[int, int]]:
 
 def child_argv(args: argparse.Namespace) -> List[str]:
     """The command line of a rank this process starts: the same job, without ``--nproc``."""
-    from .signals import override_argv
-
     argv = [sys.executable, '-m', 'ding_buffer', 'train', os.path.abspath(args.config), '--threads', '1']
     argv += override_argv(args)
     if args.resume is not None:
@@ -104,9 +106,6 @@ def interrupted(args: argparse.Namespace, run_dir: str) -> None:
     """After Ctrl-C ended every rank of a distributed job: where its newest complete checkpoint is and the command
     that resumes from it (the job checkpoints every ``checkpoint.freq``; the ranks do not write one on the way out:
     the manager holding the buffer got the signal too)."""
-    from .checkpoint import complete_checkpoints
-    from .signals import resume_command
-
     done = complete_checkpoints(os.path.join(run_dir, 'checkpoints'))
     if done:
         print(
@@ -160,8 +159,6 @@ def with_remote(cfg: Any, run_dir: str, n_workers: int, remote: Any, body: Calla
     """``body(remote)`` with the job's RemoteBuffer (made here when ``remote`` is None, as in a Ray task), closed
     afterwards -- within 5 s when ``body`` failed, so a dead manager does not hold up the error."""
     if remote is None:
-        from ..base import create_buffer
-
         remote = create_buffer(job_buffer_cfg(cfg, run_dir, n_workers))
     try:
         out = body(remote)
@@ -206,9 +203,6 @@ def run_roles(
         RemoteBuffer; built by ``role_main`` itself when None, as in a Ray task) and returns a summary;
         ``report(summary)`` prints the learner's.
     """
-    from ..base import create_buffer
-    from ..errors import ManagerUnavailableError
-
     backend = cfg.policy.other.replay_buffer.distributed.backend
     roles = f"a manager, a learner, {'an' if worker[0] in 'aeiou' else 'a'} {worker}"
     if backend == 'ray':
@@ -290,7 +284,6 @@ def _ray_driver(
     from ..distributed.local import check_manager_side
     from ..distributed.ray_backend import get_or_create_actor
     from ..distributed.startup import starts_local_ray
-    from ..errors import ManagerUnavailableError
 
     nproc = args.nproc
     if nproc is None or nproc < 3:
