@@ -156,10 +156,22 @@ def build_train_config(user: Mapping, source: str = '<config>') -> EasyDict:
         raise ValueError(f"{source}: {BUFFER_SECTION}type is required (e.g. 'advanced' or 'naive')")
     try:  # validate the buffer section now, so a typo fails before anything is created on disk
         cls = get_buffer_cls(EasyDict(buffer_cfg))
-        _check_trainer_buffer(cls, buffer_cfg['type'])
+        caps = cls.capabilities()  # declared by the type: transitions, sampled with the learner's iteration
+        if caps['item_kind'] != 'transition' or 'cur_learner_iter' not in caps['sample_kwargs']:
+            raise ValueError(
+                f"config key '{BUFFER_SECTION}type' is {buffer_cfg['type']!r} ({cls.__name__}), which the DQN "
+                f"trainer cannot use: it supports {' or '.join(repr(t) for t in TRAINER_BUFFER_TYPES)} (transition "
+                "buffers sampling batched tensors)"
+            )
         full = check_section(cls, buffer_cfg, BUFFER_SECTION)
-        if 'replay_buffer_size' in full:  # (a mixture has none of its own: each member has one)
-            _check_batch_fits(cfg.policy.learn.batch_size, full.replay_buffer_size, 'replay_buffer_size' in buffer_cfg)
+        batch = cfg.policy.learn.batch_size
+        if batch > full.get('replay_buffer_size', batch):  # (a mixture has no size of its own: each member has one)
+            where = '' if 'replay_buffer_size' in buffer_cfg else " (the buffer type's default)"
+            raise ValueError(
+                f"config key 'policy.learn.batch_size' = {batch} is larger than '{BUFFER_SECTION}replay_buffer_size' "
+                f"= {full.replay_buffer_size}{where}: a batch of {batch} can never be sampled, so no gradient step "
+                "would run; expected batch_size <= replay_buffer_size"
+            )
     except (ValueError, TypeError) as e:
         msg = str(e).replace("config key 'type'", f"config key '{BUFFER_SECTION}type'")
         raise type(e)(f"{source}: {msg}") from e
@@ -190,28 +202,6 @@ def buffer_sections(buffer_cfg: Mapping) -> list:
     """``(where, section)`` of a buffer section (where '') and, for a mixture, of its members' (``members.<name>.``)."""
     members = buffer_cfg.get('members') if buffer_cfg.get('type') == 'mixture' else None
     return [('', buffer_cfg)] + [(f'members.{n}.', m) for n, m in (members or {}).items() if isinstance(m, Mapping)]
-
-
-def _check_trainer_buffer(cls: type, name: str) -> None:
-    """``ValueError`` unless the DQN trainer can learn from buffers of ``cls`` (registered as ``name``)."""
-    caps = cls.capabilities()  # declared by the type: transitions, sampled with the learner's iteration
-    if caps['item_kind'] != 'transition' or 'cur_learner_iter' not in caps['sample_kwargs']:
-        supported = ' or '.join(repr(t) for t in TRAINER_BUFFER_TYPES)
-        raise ValueError(
-            f"config key '{BUFFER_SECTION}type' is {name!r} ({cls.__name__}), which the DQN trainer cannot use: "
-            f"it supports {supported} (transition buffers sampling batched tensors)"
-        )
-
-
-def _check_batch_fits(batch_size: int, capacity: int, capacity_set: bool) -> None:
-    """``ValueError`` when a batch of ``batch_size`` can never be drawn from a buffer holding at most ``capacity``."""
-    if batch_size > capacity:
-        where = '' if capacity_set else ' (the buffer type\'s default)'
-        raise ValueError(
-            f"config key 'policy.learn.batch_size' = {batch_size} is larger than '{BUFFER_SECTION}replay_buffer_size' "
-            f"= {capacity}{where}: a batch of {batch_size} can never be sampled, so no gradient step would run; "
-            f"expected batch_size <= replay_buffer_size"
-        )
 
 
 def with_env_steps(user: Dict[str, Any], env_steps: int) -> None:
