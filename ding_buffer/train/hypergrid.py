@@ -421,12 +421,10 @@ class HyperGridTrainer:
         if e.eval_source == 'fresh':
             # sampled with the training RNG stream; restored afterwards so evaluation does not perturb training
             rng = torch.get_rng_state()
-            chunks, left = [], e.eval_samples
-            while left > 0:
-                n = min(left, 10_000)
-                states = self.gfn.sample_terminating_states(self.env, n)
+            chunks = []
+            for i in range(0, e.eval_samples, 10_000):  # at most 10k states per draw
+                states = self.gfn.sample_terminating_states(self.env, min(10_000, e.eval_samples - i))
                 chunks.append(self.truth.indices(states.tensor))
-                left -= n
             torch.set_rng_state(rng)
             idx = torch.cat(chunks)
         else:
