@@ -63,7 +63,7 @@ from .dqn import (
     write_summary,
 )
 from .env import LAUNCHED
-from .launch import publish_weights, run_roles, with_remote
+from .launch import in_file_root, publish_weights, run_roles, with_remote
 from .plot import write_run_info
 from .run_dir import progress_bar
 
@@ -335,10 +335,6 @@ class Learner:
         self.next_eval = (self.env_step // self.cfg.env.eval_freq + 1) * self.cfg.env.eval_freq
         self.next_ckpt = (self.env_step // freq + 1) * freq if freq else 0
 
-    def _rel(self, path: str) -> str:
-        """``path`` relative to the run directory: how the manager (its ``file_root``) names the buffer's files."""
-        return os.path.relpath(os.path.realpath(path), os.path.realpath(self.run_dir))
-
     def _pushed(self) -> int:
         return int(self.buffer.stats().get('push_items', 0))
 
@@ -471,11 +467,15 @@ class Learner:
     def checkpoint(self) -> str:
         state = learner_state(self, version=self.version)
         return save_checkpoint(
-            self.ckpt_dir, self.env_step, state, lambda p: self.buffer.save_data(self._rel(p)), self.cfg.checkpoint.keep
+            self.ckpt_dir,
+            self.env_step,
+            state,
+            lambda p: self.buffer.save_data(in_file_root(self.run_dir, p)),
+            self.cfg.checkpoint.keep,
         )
 
     def _load(self, path: str) -> Dict[str, Any]:
-        state = load_learner_state(self, path, self._rel(os.path.join(path, 'buffer.pt')))
+        state = load_learner_state(self, path, in_file_root(self.run_dir, os.path.join(path, 'buffer.pt')))
         self.env_base, self.version = int(state['counters']['env_step']), int(state['counters']['version'])
         self.env_step = self.env_base
         self._schedule()

@@ -145,6 +145,12 @@ def ray_init(dist: Any, nproc: int) -> None:
         ray.init(num_cpus=nproc, include_dashboard=False, namespace=dist.get('namespace'), configure_logging=False)
 
 
+def in_file_root(run_dir: str, path: str) -> str:
+    """``path`` relative to ``run_dir``, the manager's ``file_root`` (``job_buffer_cfg``): how a learner names a
+    checkpoint's buffer file to the manager."""
+    return os.path.relpath(os.path.realpath(path), os.path.realpath(run_dir))
+
+
 def job_buffer_cfg(cfg: Any, run_dir: str, n_workers: int) -> Any:
     """The buffer section every rank builds: the run directory is the manager's ``file_root`` (the learner's
     checkpoints ask the manager to write the buffer there); with Ray the actor ends once every worker left."""
