@@ -183,7 +183,6 @@ class Actor:
         self.eps = epsilon_ladder(index, n_actors, cfg.apex.eps_base, cfg.apex.eps_alpha)
         self.rng = np.random.default_rng([cfg.seed, 1 + index])
         self.nstep = NStep(cfg.policy.nstep, cfg.policy.discount_factor)
-        self.n_actors = n_actors
         self.version = -1
         self.env_at_publish, self.allowed_env, self.steps_at_publish = 0, float('inf'), 0
         self.stop = False
