@@ -30,6 +30,7 @@ the latest complete checkpoint on the learner and the buffer on the manager.
 """
 
 import argparse
+import contextlib
 import copy
 import os
 import time
@@ -385,10 +386,8 @@ class Learner:
         try:
             return self._run()
         except Exception:
-            try:
+            with contextlib.suppress(Exception):  # the manager is gone too: the actors stop on their own (silence)
                 self.publish(stop=True)
-            except Exception:  # the manager is gone too: the actors stop on their own (learner silence)
-                pass
             raise
 
     def _run(self) -> Dict[str, Any]:

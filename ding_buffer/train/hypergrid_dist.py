@@ -25,6 +25,7 @@ into the run directory (its ``distributed.file_root``), the buffer.
 """
 
 import argparse
+import contextlib
 import os
 import time
 from typing import Any, Dict, Optional
@@ -149,10 +150,8 @@ def _learner(cfg: EasyDict, run_dir: str, remote: Any, resume: bool, progress: b
             try:
                 return super().run()
             finally:
-                try:
+                with contextlib.suppress(Exception):  # the manager is gone: the samplers stop on their own (silence)
                     self.publish(stop=True)
-                except Exception:  # the manager is gone: the samplers stop on their own (learner silence)
-                    pass
 
         def summary(self) -> Dict[str, Any]:
             out = super().summary()

@@ -11,6 +11,7 @@ runs the job's learner / worker function, or drives Ray tasks. A worker whose ma
 """
 
 import argparse
+import contextlib
 import copy
 import os
 import signal
@@ -169,10 +170,8 @@ def with_remote(cfg: Any, run_dir: str, n_workers: int, remote: Any, body: Calla
     try:
         out = body(remote)
     except BaseException:
-        try:
+        with contextlib.suppress(Exception):
             remote.close(timeout=5.0)
-        except Exception:
-            pass
         raise
     remote.close()
     return out
