@@ -377,11 +377,8 @@ class HyperGridTrainer:
                 self.buffer.push(on, cur_collector_envstep=self.iteration)
             n = learn.replay_batch_size
             if n and self.buffer_count() >= max(learn.replay_warmup, 1):
-                replay = (
-                    self.buffer.sample(n)
-                    if self.torchgfn_buffer
-                    else self.buffer.sample(n, cur_learner_iter=self.iteration)
-                )
+                kwargs = {} if self.torchgfn_buffer else {'cur_learner_iter': self.iteration}  # torchgfn's take n only
+                replay = self.buffer.sample(n, **kwargs)
         # mean TB loss over on-policy + replayed trajectories; replayed log-probs come from the current policy
         total = self.gfn.loss(self.env, on, recalculate_all_logprobs=eps > 0, reduction='sum')
         count = len(on)
