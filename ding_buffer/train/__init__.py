@@ -5,23 +5,16 @@ The public names load on first use (PEP 562): importing a light module of this p
 does before torch loads) does not import the job's config, its buffers and torch.
 """
 
-import importlib
 from typing import Any, List
-
-# public name -> the submodule that defines it
-_EXPORTS = {
-    'TRAIN_DEFAULTS': 'config',
-    'build_train_config': 'config',
-    'load_config_file': 'config',
-}
 
 __all__ = ['TRAIN_DEFAULTS', 'build_train_config', 'load_config_file']
 
 
 def __getattr__(name: str) -> Any:
-    if name in _EXPORTS:
-        value = getattr(importlib.import_module(f'.{_EXPORTS[name]}', __name__), name)
-        globals()[name] = value
+    if name in __all__:  # each is defined in .config
+        from . import config
+
+        globals()[name] = value = getattr(config, name)
         return value
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 

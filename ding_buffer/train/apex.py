@@ -30,6 +30,7 @@ the latest complete checkpoint on the learner and the buffer on the manager.
 """
 
 import argparse
+import contextlib
 import copy
 import os
 import time
@@ -41,6 +42,7 @@ from easydict import EasyDict
 
 from ..config import build_config, check_section, positive_int
 from ..errors import ManagerUnavailableError
+from .checkpoint import load_latest, save_checkpoint
 from .config import (
     BUFFER_SECTION,
     TRAIN_CHECKS,
@@ -50,8 +52,21 @@ from .config import (
     split_buffer_section,
     with_env_steps,
 )
+from .dqn import (
+    NStep,
+    build_qnet,
+    evaluate_greedy,
+    init_learner,
+    learner_state,
+    load_learner_state,
+    solved_text,
+    train_on,
+    write_summary,
+)
 from .env import LAUNCHED
-from .launch import publish_weights, run_roles, with_remote
+from .launch import in_file_root, publish_weights, run_roles, with_remote
+from .plot import write_run_info
+from .run_dir import progress_bar
 
 BACKENDS = ('torch', 'mpi', 'ray')
 
@@ -163,15 +178,12 @@ class Actor:
     def __init__(self, cfg: EasyDict, buffer: Any, index: int, n_actors: int) -> None:
         import gymnasium as gym
 
-        from .dqn import NStep, build_qnet
-
         self.cfg, self.buffer, self.index = cfg, buffer, index
         self.env = gym.make(cfg.env.env_id)
         self.net = build_qnet(cfg.policy.model, self.env.observation_space.shape, int(self.env.action_space.n))
         self.eps = epsilon_ladder(index, n_actors, cfg.apex.eps_base, cfg.apex.eps_alpha)
         self.rng = np.random.default_rng([cfg.seed, 1 + index])
         self.nstep = NStep(cfg.policy.nstep, cfg.policy.discount_factor)
-        self.n_actors = n_actors
         self.version = -1
         self.env_at_publish, self.allowed_env, self.steps_at_publish = 0, float('inf'), 0
         self.stop = False
@@ -300,8 +312,6 @@ class Learner:
         import gymnasium as gym
         from torch.utils.tensorboard import SummaryWriter
 
-        from .dqn import init_learner
-
         self.cfg, self.buffer, self.run_dir, self.progress = cfg, buffer, run_dir, progress
         self.device = torch.device(cfg.policy.device)
         self.eval_env = gym.make(cfg.env.env_id)
@@ -312,16 +322,19 @@ class Learner:
         self.env_base = 0  # transitions stored before this process started (resume)
         self.push_base: Optional[int] = None
         self.env_step = 0
-        self.next_eval = cfg.env.eval_freq
-        self.next_ckpt = cfg.checkpoint.freq or 0
+        self._schedule()
         if resume:
-            from .checkpoint import load_latest
-
             self.resumed_from, _ = load_latest(self.ckpt_dir, self._load)
             if self.resumed_from is None:
                 raise ValueError(f"--resume {run_dir}: no complete checkpoint in {self.ckpt_dir}")
 
     # ------------------------------------------------------------------ helpers
+    def _schedule(self) -> None:
+        """The first evaluation and checkpoint steps after ``env_step`` (``next_ckpt`` 0: no periodic checkpoint)."""
+        freq = self.cfg.checkpoint.freq
+        self.next_eval = (self.env_step // self.cfg.env.eval_freq + 1) * self.cfg.env.eval_freq
+        self.next_ckpt = (self.env_step // freq + 1) * freq if freq else 0
+
     def _pushed(self) -> int:
         return int(self.buffer.stats().get('push_items', 0))
 
@@ -358,10 +371,7 @@ class Learner:
     def wall_time(self) -> float:
         return self.wall_offset + time.monotonic() - self._t0
 
-    def evaluate(self) -> None:
-        from .dqn import evaluate_greedy
-
-        evaluate_greedy(self)
+    evaluate = evaluate_greedy
 
     def log_buffer(self) -> None:
         stats = self.buffer.stats()
@@ -376,17 +386,11 @@ class Learner:
         try:
             return self._run()
         except Exception:
-            try:
+            with contextlib.suppress(Exception):  # the manager is gone too: the actors stop on their own (silence)
                 self.publish(stop=True)
-            except Exception:  # the manager is gone too: the actors stop on their own (learner silence)
-                pass
             raise
 
     def _run(self) -> Dict[str, Any]:
-        from .dqn import train_on
-        from .plot import write_run_info
-        from .run_dir import progress_bar
-
         cfg = self.cfg
         learn = cfg.policy.learn
         write_run_info(self.run_dir, cfg, 'apex')  # run.json: what the plot groups the run by, before summary.json
@@ -445,8 +449,6 @@ class Learner:
         return self.finish()
 
     def finish(self) -> Dict[str, Any]:
-        from .dqn import write_summary
-
         head = {
             'job': 'apex',
             'backend': self.cfg.policy.other.replay_buffer.distributed.backend,
@@ -461,30 +463,20 @@ class Learner:
 
     # ------------------------------------------------------------------ persistence
     def checkpoint(self) -> str:
-        from .checkpoint import save_checkpoint
-        from .dqn import learner_state
-
         state = learner_state(self, version=self.version)
-        root = os.path.realpath(self.run_dir)
         return save_checkpoint(
             self.ckpt_dir,
             self.env_step,
             state,
-            lambda path: self.buffer.save_data(os.path.relpath(os.path.realpath(path), root)),
+            lambda p: self.buffer.save_data(in_file_root(self.run_dir, p)),
             self.cfg.checkpoint.keep,
         )
 
     def _load(self, path: str) -> Dict[str, Any]:
-        from .dqn import load_learner_state
-
-        root = os.path.realpath(self.run_dir)
-        buffer_file = os.path.relpath(os.path.realpath(os.path.join(path, 'buffer.pt')), root)
-        state = load_learner_state(self, path, buffer_file)
+        state = load_learner_state(self, path, in_file_root(self.run_dir, os.path.join(path, 'buffer.pt')))
         self.env_base, self.version = int(state['counters']['env_step']), int(state['counters']['version'])
         self.env_step = self.env_base
-        self.next_eval = (self.env_step // self.cfg.env.eval_freq + 1) * self.cfg.env.eval_freq
-        if self.cfg.checkpoint.freq:
-            self.next_ckpt = (self.env_step // self.cfg.checkpoint.freq + 1) * self.cfg.checkpoint.freq
+        self._schedule()
         return state
 
 
@@ -501,8 +493,6 @@ def _role_main(
 
 
 def _print_summary(s: Dict[str, Any]) -> None:
-    from .dqn import solved_text
-
     print(
         f"\n== {s['exp_name']} (Ape-X, {s['backend']} backend, seed {s['seed']}) ==\n"
         f"  transitions stored {s['env_steps']}, gradient steps {s['train_iters']}, weight versions "

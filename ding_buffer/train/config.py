@@ -16,6 +16,7 @@ from easydict import EasyDict
 from ..base import get_buffer_cls
 from ..config import build_config, check_section, optional_positive_int, positive_int, seed_ok
 from ..datasets.config import checked_section as checked_dataset_section
+from .run_dir import first_missing_dir
 
 # Buffer types the DQN trainer can learn from: transition buffers whose tensor storage samples one dict of batched
 # tensors. A class of your own (import_names) derived from one of them is accepted too.
@@ -155,10 +156,22 @@ def build_train_config(user: Mapping, source: str = '<config>') -> EasyDict:
         raise ValueError(f"{source}: {BUFFER_SECTION}type is required (e.g. 'advanced' or 'naive')")
     try:  # validate the buffer section now, so a typo fails before anything is created on disk
         cls = get_buffer_cls(EasyDict(buffer_cfg))
-        _check_trainer_buffer(cls, buffer_cfg['type'])
+        caps = cls.capabilities()  # declared by the type: transitions, sampled with the learner's iteration
+        if caps['item_kind'] != 'transition' or 'cur_learner_iter' not in caps['sample_kwargs']:
+            raise ValueError(
+                f"config key '{BUFFER_SECTION}type' is {buffer_cfg['type']!r} ({cls.__name__}), which the DQN "
+                f"trainer cannot use: it supports {' or '.join(repr(t) for t in TRAINER_BUFFER_TYPES)} (transition "
+                "buffers sampling batched tensors)"
+            )
         full = check_section(cls, buffer_cfg, BUFFER_SECTION)
-        if 'replay_buffer_size' in full:  # (a mixture has none of its own: each member has one)
-            _check_batch_fits(cfg.policy.learn.batch_size, full.replay_buffer_size, 'replay_buffer_size' in buffer_cfg)
+        batch = cfg.policy.learn.batch_size
+        if batch > full.get('replay_buffer_size', batch):  # (a mixture has no size of its own: each member has one)
+            where = '' if 'replay_buffer_size' in buffer_cfg else " (the buffer type's default)"
+            raise ValueError(
+                f"config key 'policy.learn.batch_size' = {batch} is larger than '{BUFFER_SECTION}replay_buffer_size' "
+                f"= {full.replay_buffer_size}{where}: a batch of {batch} can never be sampled, so no gradient step "
+                "would run; expected batch_size <= replay_buffer_size"
+            )
     except (ValueError, TypeError) as e:
         msg = str(e).replace("config key 'type'", f"config key '{BUFFER_SECTION}type'")
         raise type(e)(f"{source}: {msg}") from e
@@ -191,28 +204,6 @@ def buffer_sections(buffer_cfg: Mapping) -> list:
     return [('', buffer_cfg)] + [(f'members.{n}.', m) for n, m in (members or {}).items() if isinstance(m, Mapping)]
 
 
-def _check_trainer_buffer(cls: type, name: str) -> None:
-    """``ValueError`` unless the DQN trainer can learn from buffers of ``cls`` (registered as ``name``)."""
-    caps = cls.capabilities()  # declared by the type: transitions, sampled with the learner's iteration
-    if caps['item_kind'] != 'transition' or 'cur_learner_iter' not in caps['sample_kwargs']:
-        supported = ' or '.join(repr(t) for t in TRAINER_BUFFER_TYPES)
-        raise ValueError(
-            f"config key '{BUFFER_SECTION}type' is {name!r} ({cls.__name__}), which the DQN trainer cannot use: "
-            f"it supports {supported} (transition buffers sampling batched tensors)"
-        )
-
-
-def _check_batch_fits(batch_size: int, capacity: int, capacity_set: bool) -> None:
-    """``ValueError`` when a batch of ``batch_size`` can never be drawn from a buffer holding at most ``capacity``."""
-    if batch_size > capacity:
-        where = '' if capacity_set else ' (the buffer type\'s default)'
-        raise ValueError(
-            f"config key 'policy.learn.batch_size' = {batch_size} is larger than '{BUFFER_SECTION}replay_buffer_size' "
-            f"= {capacity}{where}: a batch of {batch_size} can never be sampled, so no gradient step would run; "
-            f"expected batch_size <= replay_buffer_size"
-        )
-
-
 def with_env_steps(user: Dict[str, Any], env_steps: int) -> None:
     """``--env-steps``: ``env.max_env_step`` of the user's config set to ``env_steps`` (``env=None`` is the default
     section; an ``env`` that is not a dict is left as it is, for the config check to name)."""
@@ -233,13 +224,11 @@ def check_run_dir(run_dir: str, log_dir: Optional[str]) -> None:
         written: a part of the path exists but is not a directory, or the nearest existing directory is not
         writable. Nothing is created.
     """
-    path = os.path.abspath(run_dir)
-    while not os.path.lexists(path) and os.path.dirname(path) != path:
-        path = os.path.dirname(path)
-    inside_log_dir = path == os.path.abspath(run_dir)
+    top = first_missing_dir(run_dir)
+    path = os.path.abspath(run_dir) if top is None else os.path.dirname(top)  # the nearest existing directory
     key = (
         "the run directory (config keys 'log_dir', 'exp_name', 'seed')"
-        if inside_log_dir
+        if top is None
         else f"config key 'log_dir' ({log_dir!r})"
     )
     if not os.path.isdir(path):

@@ -25,6 +25,9 @@ from ..persistence import atomic_json
 from .checkpoint import check_checkpoints, load_latest, save_checkpoint
 from .config import BUFFER_SECTION
 from .evals import write_eval_csv
+from .gym_envs import make_env
+from .offline import write_policy_episodes
+from .plot import plot_runs, write_run_info
 from .run_dir import build_in_run_dir, progress_bar
 
 
@@ -275,8 +278,6 @@ def load_learner_state(job: Any, path: str, buffer_file: str) -> Dict[str, Any]:
 def write_summary(job: Any, stats: Dict[str, Any], head: Dict[str, Any], **tail: Any) -> Dict[str, Any]:
     """The ``summary.json`` of a finished DQN / Ape-X run ``job``, written with its learning curve (when it has an
     evaluation); ``head`` and ``tail``: the job's own entries, before the evaluation results and after them."""
-    from .plot import plot_runs
-
     best = max(job.evals, key=lambda r: r['return_mean']) if job.evals else None
     summary = {
         'exp_name': job.cfg.exp_name,
@@ -307,14 +308,9 @@ def solved_text(s: Dict[str, Any]) -> str:
     return f"reached {s['stop_value']:g} at env step {s['solved_step']}"
 
 
-def _training_buffer_cfg(cfg: EasyDict) -> EasyDict:
-    """A copy of ``policy.other.replay_buffer`` for training: tensor storage (the default; the learner needs batched
-    tensors) and the run's seed unless it sets its own."""
-    return _tensor_buffer_cfg(cfg.policy.other.replay_buffer, cfg.seed, 'policy.other.replay_buffer.')
-
-
-def _tensor_buffer_cfg(section: Any, seed: int, where: str) -> EasyDict:
-    """``section`` with tensor storage and ``seed`` by default; a mixture's members each get them (their seeds
+def _tensor_buffer_cfg(section: Any, seed: int, where: str = BUFFER_SECTION) -> EasyDict:
+    """A copy of the buffer section ``section`` (at ``where``) for training: tensor storage (the default; the learner
+    needs batched tensors) and ``seed`` unless it sets its own; a mixture's members each get them (their seeds
     differ: ``seed + 1``, ``seed + 2``, ...)."""
     buffer_cfg = EasyDict(dict(section))
     buffer_cfg.setdefault('seed', seed)
@@ -360,15 +356,13 @@ class DQNTrainer:
             raise ValueError(f"device '{cfg.policy.device}' requested but CUDA is not available on this machine")
         self.ckpt_dir = os.path.join(run_dir, 'checkpoints')
         check_checkpoints(run_dir, resume)
-        from .gym_envs import make_env
-
         self.env, self.eval_env = make_env(cfg.env), make_env(cfg.env)
         if not isinstance(self.env.action_space, gym.spaces.Discrete):
             raise ValueError(
                 f"config key 'env.env_id': DQN needs a discrete action space, {cfg.env.env_id} has "
                 f"{self.env.action_space}"
             )
-        buffer_cfg = _training_buffer_cfg(cfg)
+        buffer_cfg = _tensor_buffer_cfg(cfg.policy.other.replay_buffer, cfg.seed)
         build_in_run_dir(self, lambda: self._build(buffer_cfg, resume))
 
     def _build(self, buffer_cfg: EasyDict, resume: bool) -> None:
@@ -417,8 +411,7 @@ class DQNTrainer:
             batch['discount'] = torch.full_like(batch['reward'], self.cfg.policy.discount_factor)
         train_on(self, batch)
 
-    def evaluate(self) -> Dict[str, float]:
-        return evaluate_greedy(self)
+    evaluate = evaluate_greedy
 
     def wall_time(self) -> float:
         return self.wall_offset + time.monotonic() - self._t0
@@ -427,8 +420,6 @@ class DQNTrainer:
     def run(self, stop: Any = None) -> Dict[str, Any]:
         """Train until ``env.max_env_step`` or until ``stop.requested`` (a ``StopSignals``) turns true; either
         way the last step is checkpointed and the summary written (``summary['stopped_early']``)."""
-        from .plot import write_run_info
-
         cfg = self.cfg
         write_run_info(self.run_dir, cfg, 'dqn')  # run.json: what the plot groups the run by, before summary.json
         self._t0 = time.monotonic() if self.started_at is None else self.started_at
@@ -496,8 +487,6 @@ class DQNTrainer:
             'episodes': self.episodes,
         }
         if self.cfg.dataset_out.episodes:  # the trained policy's episodes: offline data for another run
-            from .offline import write_policy_episodes
-
             head['dataset_out'] = write_policy_episodes(self, as_stored)
         summary = write_summary(self, stats, head, stopped_early=self.env_step < self.cfg.env.max_env_step)
         self.buffer.close()

@@ -167,26 +167,11 @@ def build_hypergrid_config(user: Mapping, source: str = '<config>') -> EasyDict:
 
 
 def _check_buffer_section(buffer_cfg: Any, cfg: EasyDict) -> Optional[EasyDict]:
-    """The validated buffer section (``None``: no buffer)."""
+    """The validated buffer section (``None``: no buffer): a ``type`` of ours (checked by its class, which must
+    store torchgfn trajectories) or ``torchgfn:<class>`` (``TORCHGFN_BUFFERS``); a ``distributed`` part (ours only);
+    ``policy.learn.replay_batch_size`` and ``replay_warmup`` must fit in the buffer."""
     if buffer_cfg is None:
         return None
-    buffer_cfg, name = _buffer_section_type(buffer_cfg)
-    dist = buffer_cfg.pop('distributed', None)
-    if dist is not None:
-        _check_distributed_subsection(dist, name)
-    if name.startswith(TORCHGFN_PREFIX):
-        full = _check_torchgfn_section(buffer_cfg, name)
-    else:
-        full = _check_trajectory_buffer_section(buffer_cfg, name)
-        buffer_cfg.setdefault('seed', cfg.seed)
-    _check_replay_sizes(cfg.policy.learn, full.replay_buffer_size)
-    if dist is not None:
-        buffer_cfg['distributed'] = dict(dist)
-    return EasyDict(buffer_cfg if not name.startswith(TORCHGFN_PREFIX) else full)
-
-
-def _buffer_section_type(buffer_cfg: Any) -> Tuple[Dict[str, Any], str]:
-    """A copy of the buffer section ``buffer_cfg`` (a mapping) and its ``type``, a non-empty string."""
     if not isinstance(buffer_cfg, Mapping):
         raise TypeError(
             f"config key '{BUFFER_SECTION[:-1]}' is {buffer_cfg!r:.60}; expected None (on-policy only) "
@@ -199,22 +184,36 @@ def _buffer_section_type(buffer_cfg: Any) -> Tuple[Dict[str, Any], str]:
             f"config key '{BUFFER_SECTION}type' is {name!r}; expected 'gfn', 'gfn_diverse', "
             f"'{TORCHGFN_PREFIX}<class>' or the whole section None"
         )
-    return buffer_cfg, name
+    torchgfn = name.startswith(TORCHGFN_PREFIX)
+    dist = buffer_cfg.pop('distributed', None)
+    if dist is not None:
+        if torchgfn:
+            raise ValueError(
+                f"config key '{BUFFER_SECTION}distributed' is set on {name!r}: the distributed job serves one "
+                "of our buffers ('gfn', 'gfn_diverse') from the manager"
+            )
+        from ..distributed.config import build_distributed_config
 
-
-def _check_distributed_subsection(dist: Any, name: str) -> None:
-    """Validate the buffer section's ``distributed`` part ``dist``, which only our buffers (``type`` ``name``) take."""
-    if name.startswith(TORCHGFN_PREFIX):
-        raise ValueError(
-            f"config key '{BUFFER_SECTION}distributed' is set on {name!r}: the distributed job serves one "
-            "of our buffers ('gfn', 'gfn_diverse') from the manager"
-        )
-    from ..distributed.config import build_distributed_config
-
-    try:
-        build_distributed_config(dist)
-    except (ValueError, TypeError) as e:
-        raise type(e)(str(e).replace("config key 'distributed.", f"config key '{BUFFER_SECTION}distributed.")) from e
+        try:
+            build_distributed_config(dist)
+        except (ValueError, TypeError) as e:
+            msg = str(e).replace("config key 'distributed.", f"config key '{BUFFER_SECTION}distributed.")
+            raise type(e)(msg) from e
+    if torchgfn:
+        full = _check_torchgfn_section(buffer_cfg, name)
+    else:
+        full = _check_trajectory_buffer_section(buffer_cfg, name)
+        buffer_cfg.setdefault('seed', cfg.seed)
+    for key in ('replay_batch_size', 'replay_warmup'):
+        if cfg.policy.learn[key] > full.replay_buffer_size:
+            raise ValueError(
+                f"config key 'policy.learn.{key}' = {cfg.policy.learn[key]} is larger than "
+                f"'{BUFFER_SECTION}replay_buffer_size' = {full.replay_buffer_size}: the buffer never holds that many "
+                f"trajectories; expected {key} <= replay_buffer_size"
+            )
+    if dist is not None:
+        buffer_cfg['distributed'] = dict(dist)
+    return full if torchgfn else EasyDict(buffer_cfg)
 
 
 def _check_torchgfn_section(buffer_cfg: Dict[str, Any], name: str) -> EasyDict:
@@ -248,16 +247,6 @@ def _check_trajectory_buffer_section(buffer_cfg: Dict[str, Any], name: str) -> E
             "trajectories; expected 'gfn', 'gfn_diverse' or a torchgfn buffer ('torchgfn:ReplayBuffer')"
         )
     return check_section(cls, buffer_cfg, BUFFER_SECTION)
-
-
-def _check_replay_sizes(learn: EasyDict, size: int) -> None:
-    """``policy.learn.replay_batch_size`` and ``replay_warmup`` (in ``learn``) fit in a buffer of ``size``."""
-    for key in ('replay_batch_size', 'replay_warmup'):
-        if learn[key] > size:
-            raise ValueError(
-                f"config key 'policy.learn.{key}' = {learn[key]} is larger than '{BUFFER_SECTION}replay_buffer_size' "
-                f"= {size}: the buffer never holds that many trajectories; expected {key} <= replay_buffer_size"
-            )
 
 
 # ---------------------------------------------------------------------------------------------------- trainer
@@ -388,11 +377,8 @@ class HyperGridTrainer:
                 self.buffer.push(on, cur_collector_envstep=self.iteration)
             n = learn.replay_batch_size
             if n and self.buffer_count() >= max(learn.replay_warmup, 1):
-                replay = (
-                    self.buffer.sample(n)
-                    if self.torchgfn_buffer
-                    else self.buffer.sample(n, cur_learner_iter=self.iteration)
-                )
+                kwargs = {} if self.torchgfn_buffer else {'cur_learner_iter': self.iteration}  # torchgfn's take n only
+                replay = self.buffer.sample(n, **kwargs)
         # mean TB loss over on-policy + replayed trajectories; replayed log-probs come from the current policy
         total = self.gfn.loss(self.env, on, recalculate_all_logprobs=eps > 0, reduction='sum')
         count = len(on)
@@ -432,12 +418,10 @@ class HyperGridTrainer:
         if e.eval_source == 'fresh':
             # sampled with the training RNG stream; restored afterwards so evaluation does not perturb training
             rng = torch.get_rng_state()
-            chunks, left = [], e.eval_samples
-            while left > 0:
-                n = min(left, 10_000)
-                states = self.gfn.sample_terminating_states(self.env, n)
+            chunks = []
+            for i in range(0, e.eval_samples, 10_000):  # at most 10k states per draw
+                states = self.gfn.sample_terminating_states(self.env, min(10_000, e.eval_samples - i))
                 chunks.append(self.truth.indices(states.tensor))
-                left -= n
             torch.set_rng_state(rng)
             idx = torch.cat(chunks)
         else:

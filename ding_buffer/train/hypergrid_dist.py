@@ -25,6 +25,7 @@ into the run directory (its ``distributed.file_root``), the buffer.
 """
 
 import argparse
+import contextlib
 import os
 import time
 from typing import Any, Dict, Optional
@@ -35,7 +36,7 @@ from easydict import EasyDict
 from ..errors import ManagerUnavailableError
 from .config import run_dir_of
 from .hypergrid import HyperGridTrainer, make_grid
-from .launch import publish_weights, run_roles, with_remote
+from .launch import in_file_root, publish_weights, run_roles, with_remote
 
 
 # ---------------------------------------------------------------------------------------------- wire format
@@ -97,11 +98,10 @@ def batch_to_trajectories(batch: Dict[str, torch.Tensor], env: Any) -> Optional[
 class ManagerReplay:
     """The learner's view of the manager's buffer, with the local buffer's calls: ``push`` / ``sample`` take and
     return ``Trajectories``; ``save_data`` / ``load_data`` name files in the run directory (the manager's
-    ``file_root``); ``publish`` puts the policy's weights."""
+    ``file_root``)."""
 
     def __init__(self, remote: Any, env: Any, length: int, run_dir: str) -> None:
-        self.remote, self.env, self.length = remote, env, length
-        self.root = os.path.realpath(run_dir)
+        self.remote, self.env, self.length, self.run_dir = remote, env, length, run_dir
 
     def push(self, tr: Any, cur_collector_envstep: int = -1) -> int:
         return self.remote.extend(trajectories_to_batch(tr, self.length), cur_collector_envstep)
@@ -113,14 +113,11 @@ class ManagerReplay:
     def count(self) -> int:
         return self.remote.count()
 
-    def _rel(self, path: str) -> str:
-        return os.path.relpath(os.path.realpath(path), self.root)
-
     def save_data(self, path: str) -> None:
-        self.remote.save_data(self._rel(path))
+        self.remote.save_data(in_file_root(self.run_dir, path))
 
     def load_data(self, path: str, env: Any = None) -> None:
-        self.remote.load_data(self._rel(path))
+        self.remote.load_data(in_file_root(self.run_dir, path))
 
     def close(self) -> None:
         self.remote.close()
@@ -153,10 +150,8 @@ def _learner(cfg: EasyDict, run_dir: str, remote: Any, resume: bool, progress: b
             try:
                 return super().run()
             finally:
-                try:
+                with contextlib.suppress(Exception):  # the manager is gone: the samplers stop on their own (silence)
                     self.publish(stop=True)
-                except Exception:  # the manager is gone: the samplers stop on their own (learner silence)
-                    pass
 
         def summary(self) -> Dict[str, Any]:
             out = super().summary()

@@ -132,16 +132,8 @@ def plot_curve(rows: list[dict[str, float]], out: str, title: str, n_modes: int,
     ax.set_ylabel('L1(empirical, R/Z)', color='tab:blue')
     ax.grid(alpha=0.3)
     ax2 = ax.twinx()
-    ax2.step(
-        x,
-        [r['modes_found'] for r in rows],
-        where='post',
-        color='tab:red',
-        lw=1.5,
-        marker='s',
-        ms=3,
-        label='modes found',
-    )
+    modes = [r['modes_found'] for r in rows]
+    ax2.step(x, modes, where='post', color='tab:red', lw=1.5, marker='s', ms=3, label='modes found')
     ax2.set_ylim(0, n_modes + 0.5)
     ax2.yaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
     ax2.set_ylabel(f'modes found (of {n_modes})', color='tab:red')

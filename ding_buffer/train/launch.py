@@ -11,6 +11,7 @@ runs the job's learner / worker function, or drives Ray tasks. A worker whose ma
 """
 
 import argparse
+import contextlib
 import copy
 import os
 import signal
@@ -18,7 +19,11 @@ import subprocess
 import sys
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
+from ..base import create_buffer
+from ..errors import ManagerUnavailableError
+from .checkpoint import complete_checkpoints
 from .env import LAUNCHED  # set in the ranks this module starts itself
+from .signals import override_argv, resume_command
 
 EXIT_MANAGER_GONE = 3
 
@@ -38,8 +43,6 @@ def rank_world(backend: str) -> Optional[Tuple[int, int]]:
 
 def child_argv(args: argparse.Namespace) -> List[str]:
     """The command line of a rank this process starts: the same job, without ``--nproc``."""
-    from .signals import override_argv
-
     argv = [sys.executable, '-m', 'ding_buffer', 'train', os.path.abspath(args.config), '--threads', '1']
     argv += override_argv(args)
     if args.resume is not None:
@@ -104,9 +107,6 @@ def interrupted(args: argparse.Namespace, run_dir: str) -> None:
     """After Ctrl-C ended every rank of a distributed job: where its newest complete checkpoint is and the command
     that resumes from it (the job checkpoints every ``checkpoint.freq``; the ranks do not write one on the way out:
     the manager holding the buffer got the signal too)."""
-    from .checkpoint import complete_checkpoints
-    from .signals import resume_command
-
     done = complete_checkpoints(os.path.join(run_dir, 'checkpoints'))
     if done:
         print(
@@ -146,6 +146,12 @@ def ray_init(dist: Any, nproc: int) -> None:
         ray.init(num_cpus=nproc, include_dashboard=False, namespace=dist.get('namespace'), configure_logging=False)
 
 
+def in_file_root(run_dir: str, path: str) -> str:
+    """``path`` relative to ``run_dir``, the manager's ``file_root`` (``job_buffer_cfg``): how a learner names a
+    checkpoint's buffer file to the manager."""
+    return os.path.relpath(os.path.realpath(path), os.path.realpath(run_dir))
+
+
 def job_buffer_cfg(cfg: Any, run_dir: str, n_workers: int) -> Any:
     """The buffer section every rank builds: the run directory is the manager's ``file_root`` (the learner's
     checkpoints ask the manager to write the buffer there); with Ray the actor ends once every worker left."""
@@ -160,16 +166,12 @@ def with_remote(cfg: Any, run_dir: str, n_workers: int, remote: Any, body: Calla
     """``body(remote)`` with the job's RemoteBuffer (made here when ``remote`` is None, as in a Ray task), closed
     afterwards -- within 5 s when ``body`` failed, so a dead manager does not hold up the error."""
     if remote is None:
-        from ..base import create_buffer
-
         remote = create_buffer(job_buffer_cfg(cfg, run_dir, n_workers))
     try:
         out = body(remote)
     except BaseException:
-        try:
+        with contextlib.suppress(Exception):
             remote.close(timeout=5.0)
-        except Exception:
-            pass
         raise
     remote.close()
     return out
@@ -206,13 +208,10 @@ def run_roles(
         RemoteBuffer; built by ``role_main`` itself when None, as in a Ray task) and returns a summary;
         ``report(summary)`` prints the learner's.
     """
-    from ..base import create_buffer
-    from ..errors import ManagerUnavailableError
-
     backend = cfg.policy.other.replay_buffer.distributed.backend
     roles = f"a manager, a learner, {'an' if worker[0] in 'aeiou' else 'a'} {worker}"
     if backend == 'ray':
-        return _ray_driver(role_main, cfg, run_dir, args, job, worker, report)
+        return _ray_driver(role_main, cfg, run_dir, args, worker, report)
     where = rank_world(backend)
     if where is None:
         if args.nproc is None:
@@ -278,7 +277,6 @@ def _ray_driver(
     cfg: Any,
     run_dir: str,
     args: argparse.Namespace,
-    job: str,
     worker: str,
     report: Callable[[Dict[str, Any]], None],
 ) -> int:
@@ -291,7 +289,6 @@ def _ray_driver(
     from ..distributed.local import check_manager_side
     from ..distributed.ray_backend import get_or_create_actor
     from ..distributed.startup import starts_local_ray
-    from ..errors import ManagerUnavailableError
 
     nproc = args.nproc
     if nproc is None or nproc < 3:

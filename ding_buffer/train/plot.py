@@ -215,12 +215,12 @@ class Band(NamedTuple):
     n: np.ndarray
 
 
-def _sorted_curve(steps: Sequence[float], values: Sequence[float]) -> Tuple[np.ndarray, np.ndarray]:
-    x, y = np.asarray(steps, float), np.asarray(values, float)
+def _sorted_curve(steps: Sequence[float], *columns: Sequence[float]) -> Tuple[np.ndarray, ...]:
+    """``steps`` sorted, and each of ``columns`` in that order; a step evaluated twice keeps its last values."""
+    x = np.asarray(steps, float)
     order = np.argsort(x, kind='stable')
-    x, y = x[order], y[order]
-    keep = np.append(x[1:] != x[:-1], True)[: len(x)]  # a step evaluated twice: its last value
-    return x[keep], y[keep]
+    keep = np.append(x[order][1:] != x[order][:-1], True)[: len(x)]
+    return tuple(np.asarray(c, float)[order][keep] for c in (steps, *columns))
 
 
 def mean_band(curves: Sequence[Tuple[Sequence[float], Sequence[float]]]) -> Band:
@@ -274,15 +274,14 @@ def _band(ax: Any, x: np.ndarray, lo: np.ndarray, hi: np.ndarray, color: str) ->
 
 
 def _draw_single_run(ax: Any, group: RunGroup, run_rows: List[Dict[str, float]], color: str) -> None:
-    """The one run of ``group``: its mean evaluation return with a band of +- the std of its evaluation episodes,
-    kept within the lowest and highest episode return of each evaluation when the run recorded them."""
-    steps = [r['env_step'] for r in run_rows]
-    x, y = _sorted_curve(steps, [r['return_mean'] for r in run_rows])
-    std = _sorted_curve(steps, [r['return_std'] for r in run_rows])[1]
-    lo, hi = y - std, y + std
+    """The one run of ``group`` (the single-run rule of the module docstring)."""
+    keys = ['env_step', 'return_mean', 'return_std']
     if all('return_min' in r and 'return_max' in r for r in run_rows):  # never outside the episodes' range
-        lo = np.maximum(lo, _sorted_curve(steps, [r['return_min'] for r in run_rows])[1])
-        hi = np.minimum(hi, _sorted_curve(steps, [r['return_max'] for r in run_rows])[1])
+        keys += ['return_min', 'return_max']
+    x, y, std, *episode_range = _sorted_curve(*([r[k] for r in run_rows] for k in keys))
+    lo, hi = y - std, y + std
+    if episode_range:
+        lo, hi = np.maximum(lo, episode_range[0]), np.minimum(hi, episode_range[1])
     ax.plot(x, y, color=color, lw=1.5, marker='o', ms=4, label=group.label)
     _band(ax, x, lo, hi, color)
 
@@ -317,10 +316,7 @@ def _draw_seed_mean(ax: Any, group: RunGroup, curves: List[Tuple[np.ndarray, np.
 def _draw_stop_values(ax: Any, groups: List[RunGroup], colors: List[str], stop_value: Optional[float]) -> None:
     """``stop_value`` as one grey dashed line; when None, the runs' own: one grey line when they all agree, else one
     line per group in the group's colour."""
-    if stop_value is not None:
-        ax.axhline(stop_value, color='grey', ls='--', lw=1, label=f'stop value {stop_value:g}')
-        return
-    values = sorted({v for g in groups for v in g.stop_values})
+    values = [stop_value] if stop_value is not None else sorted({v for g in groups for v in g.stop_values})
     if len(values) == 1:
         ax.axhline(values[0], color='grey', ls='--', lw=1, label=f'stop value {values[0]:g}')
         return
@@ -354,8 +350,9 @@ def draw_runs(ax: Any, run_dirs: Sequence[str], stop_value: Optional[float] = No
     return groups
 
 
-def _legend_notes(groups: List[RunGroup]) -> List[str]:
-    """What the bands (and dashes) of ``groups`` mean, for the legend's title."""
+def _add_legend(fig: Any, ax: Any, groups: List[RunGroup]) -> None:
+    """The legend of ``ax`` below the axes, titled with what the bands (and dashes) of ``groups`` mean; the figure
+    grows to make room for it."""
     notes = []
     if any(len(g.run_dirs) == 1 for g in groups):
         notes.append('single run: mean ± std of its evaluation episodes')
@@ -364,13 +361,7 @@ def _legend_notes(groups: List[RunGroup]) -> List[str]:
             'several seeds: mean ± standard error over seeds'
             + (' (dashed: not every seed reached those steps)' if any(g.partial for g in groups) else '')
         )
-    return notes
-
-
-def _add_legend(fig: Any, ax: Any, groups: List[RunGroup]) -> None:
-    """The legend of ``ax`` below the axes, titled with ``_legend_notes``; the figure grows to make room for it."""
     handles, labels = ax.get_legend_handles_labels()
-    notes = _legend_notes(groups)
     ncols = 1 if max((len(s) for s in labels), default=0) > 45 else min(len(labels), 3)
     rows = -(-len(labels) // max(ncols, 1))
     fig.set_size_inches(8, 4.6 + 0.22 * (rows + len(notes)))
