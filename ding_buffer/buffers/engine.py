@@ -557,6 +557,35 @@ class Engine(IBuffer):
             return f'{short}; {limit}'
         return short or limit  # an empty buffer: the table's reason says it
 
+    def _ready(self, size: int, cur_learner_iter: int, shortfall: Optional[Callable[[], str]], timeout: Any) -> str:
+        """Under the lock: why a draw of ``size`` would return nothing now ('' when it would draw), after the
+        removal rules that are due ran; with ``timeout``, waits for it (``SampleTimeoutError`` when it passes)."""
+        if timeout is None:
+            return self._why_not(size, cur_learner_iter, shortfall)
+        why_not = lambda: self._why_not(size, cur_learner_iter, shortfall)  # noqa: E731
+        return self._limiter.wait(why_not, timeout, self._t.wait_what(size), self._check_open)
+
+    def why_not_sample(self, size: int, cur_learner_iter: int = -1, timeout: Optional[float] = None) -> str:
+        """
+        Overview:
+            Why ``sample(size, cur_learner_iter)`` would return None now, or '' when it would draw; nothing is
+            drawn. The removal rules that are due run first (as in a sample). ``timeout``: wait up to that many
+            seconds for a sample to become possible (``SampleTimeoutError`` if it does not). Hold ``lock`` around
+            this call and the ``sample`` to make them one step.
+        """
+        check_size(size)
+        cur_learner_iter = check_step(cur_learner_iter, 'cur_learner_iter')
+        check_wait_timeout(timeout)
+        self._check_open()
+        shortfall = self._t.request(size).shortfall
+        with self._lock:
+            return self._ready(size, cur_learner_iter, shortfall, timeout)
+
+    @property
+    def lock(self) -> threading.RLock:
+        """The buffer's re-entrant lock, which every public method takes: hold it to make several calls one step."""
+        return self._lock
+
     def _sample(self, cur_learner_iter: int, request: Request) -> Optional[Any]:
         """Every ``sample`` call, in one order: arguments, rules, limits and the table's ``shortfall`` (waiting up to
         ``request.timeout``), then under the lock the table's ``draw`` (``Drawn``, or why it drew nothing), use
@@ -572,17 +601,10 @@ class Engine(IBuffer):
         with self._lock:
             # Rules, limits or a wait to run first? Otherwise the draw refuses by itself (the hot path).
             why = (
-                self._why_not(size, cur_learner_iter, shortfall)
+                self._ready(size, cur_learner_iter, shortfall, timeout)
                 if self._rules or self._limiter.checks or timeout is not None
                 else ''
             )
-            if why and timeout is not None:
-                why = self._limiter.wait(
-                    lambda: self._why_not(size, cur_learner_iter, shortfall),
-                    timeout,
-                    self._t.wait_what(size),
-                    self._check_open,
-                )
             if why:
                 return self._refuse(why)
             if self._fallible:  # a rule of the user's answers after the draw: restore what the draw moved if it fails

@@ -6,6 +6,7 @@ priorities, monitors and ``dataset``); the mixture only splits a sample between 
 and keeps their states together. It holds the members; they know nothing of it.
 """
 
+import contextlib
 import threading
 import time
 import types
@@ -18,6 +19,7 @@ from easydict import EasyDict
 from ..base import BUFFER_REGISTRY, IBuffer, create_buffer, get_buffer_cls
 from ..config import SEED_CHECK, build_config, check_section
 from ..control.priority import as_numpy, parse_update
+from ..errors import SampleTimeoutError
 from ..persistence import load_state, save_state
 from ..storage.tensordict_io import is_tensordict, to_plain, to_tensordict, update_info
 from .advanced import AdvancedReplayBuffer
@@ -328,9 +330,10 @@ class MixtureReplayBuffer(IBuffer):
         """
         Overview:
             ``size`` items: each member's exact share (see ``weights``) drawn by that member's own rules, joined in
-            member order. ``None`` (and nothing is drawn) when a member with a share holds no item; otherwise
-            ``None`` when a member refuses its share (its own reason is logged; the members that drew keep what the
-            draw changed, as after any sample). ``timeout``: seconds to wait in all, shared by the members.
+            member order. All or nothing: every member with a share is asked first (``why_not_sample``, holding
+            every member's lock until the draws are done), so ``None`` (each refusing member's reason logged) means
+            no member drew anything. ``timeout``: seconds to wait in all for every member to be able to serve its
+            share (``SampleTimeoutError`` if they are not).
         """
         check_size(size)
         check_step(cur_learner_iter, 'cur_learner_iter')
@@ -339,35 +342,69 @@ class MixtureReplayBuffer(IBuffer):
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._lock:
             self._counters['sample_calls'] += 1
-            sizes = np.array([self._members[n].count() for n in self._names], dtype=np.float64)
-            w = sizes if self._cfg.weights == 'size' else np.array([self._cfg.weights[n] for n in self._names])
-            if not w.sum() > 0:
-                self._counters['refused_sample'] += 1
-                return None
-            counts = split_counts(int(size), w, self._rng)
-            # a member that cannot serve its share now refuses before any member draws (with a timeout they wait);
-            # members without priorities draw without replacement
-            need = np.array([1 if n in self._prioritized else k for n, k in zip(self._names, counts.tolist())])
-            if timeout is None and np.any((counts > 0) & (sizes < need)):
-                self._counters['refused_sample'] += 1
-                return None
-        parts, names, indices = [], [], []
-        for i, (name, k) in enumerate(zip(self._names, counts.tolist())):
-            if k == 0:
-                continue
-            wait = None if deadline is None else max(0.0, deadline - time.monotonic())
-            part = self._members[name].sample(k, cur_learner_iter, timeout=wait)
-            if part is None:
+        while True:
+            with contextlib.ExitStack() as held:
+                for name in self._names:
+                    held.enter_context(self._members[name].lock)
+                with self._lock:
+                    shares = self._shares(int(size))
+                why = [] if shares is None else self._refusals(shares, cur_learner_iter)
+                if shares is not None and not why:
+                    parts = [(i, n, k, self._members[n].sample(k, cur_learner_iter)) for i, n, k in shares]
+                    break
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is None or left <= 0:
                 with self._lock:
                     self._counters['refused_sample'] += 1
+                if left is not None:
+                    raise SampleTimeoutError(
+                        f"mixture: no sample of {size} within {timeout}s: {'; '.join(why) or 'every member is empty'}"
+                    )
                 return None
-            parts.append(part)
-            names.append(name)
-            indices.append(i)
+            self._wait_ready(shares, cur_learner_iter, deadline)
+        if any(part is None for *_, part in parts):  # a member refused after saying it would draw
+            with self._lock:
+                self._counters['refused_sample'] += 1
+            return None
         with self._lock:
-            for name, k in zip(self._names, counts.tolist()):
+            for _, name, k, _ in parts:
                 self._counters[f'sampled_{name}'] += k
-        return concat(parts, self._key, names, indices)
+        return concat([p[3] for p in parts], self._key, [p[1] for p in parts], [p[0] for p in parts])
+
+    def _shares(self, size: int) -> Optional[List[tuple]]:
+        """``(member index, name, count)`` of every member with a share of ``size`` (None: no member holds an item
+        under ``weights='size'``)."""
+        sizes = np.array([self._members[n].count() for n in self._names], dtype=np.float64)
+        w = sizes if self._cfg.weights == 'size' else np.array([self._cfg.weights[n] for n in self._names])
+        if not w.sum() > 0:
+            return None
+        counts = split_counts(size, w, self._rng)
+        return [(i, n, k) for i, (n, k) in enumerate(zip(self._names, counts.tolist())) if k]
+
+    def _refusals(self, shares: List[tuple], cur_learner_iter: int) -> List[str]:
+        """Each member's reason not to serve its share now (empty: every member would draw)."""
+        why = [(n, self._members[n].why_not_sample(k, cur_learner_iter) or self._empty(n)) for _, n, k in shares]
+        return [f'{n}: {w}' for n, w in why if w]
+
+    def _empty(self, name: str) -> str:
+        """'holds no item' for an empty member (a prioritized one draws with replacement: it tells only by
+        drawing)."""
+        return '' if self._members[name].count() else 'holds no item'
+
+    def _wait_ready(self, shares: Optional[List[tuple]], cur_learner_iter: int, deadline: float) -> None:
+        """Wait (holding no member's lock) until each member could serve its share, or the deadline; every member
+        is empty under ``weights='size'``: a short pause."""
+        if shares is None:
+            time.sleep(min(0.01, max(0.0, deadline - time.monotonic())))
+            return
+        for _, name, k in shares:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            try:
+                self._members[name].why_not_sample(k, cur_learner_iter, timeout=left)
+            except SampleTimeoutError:
+                return
 
     # ------------------------------------------------------------------ update
     def update(self, info: Any) -> Dict[str, int]:

@@ -445,3 +445,31 @@ def test_deque_inner_state_round_trips_through_the_buffer_it_is_configured_as():
     assert buf.update({'priority': [2.0, 2.0]}) == {'updated': 2, 'stale': 0}
     buf.close()
     twin.close()
+
+
+@pytest.mark.parametrize(
+    'cfg,item',
+    [
+        (dict(type='naive'), {'obs': 1}),
+        (dict(type='advanced', storage=dict(type='tensor')), {'obs': torch.zeros(2)}),
+        (dict(type='episode'), [{'obs': 1}, {'obs': 2}]),
+        (dict(type='gfn'), dict(state=torch.zeros(1, 2), log_reward=torch.zeros(1))),
+    ],
+    ids=lambda x: x['type'] if isinstance(x, dict) and 'type' in x else '',
+)
+def test_why_not_sample_answers_as_the_sample_would_and_draws_nothing(cfg, item):
+    from ding_buffer import create_buffer
+    from ding_buffer.errors import SampleTimeoutError
+
+    buf = create_buffer(dict(cfg, seed=0))
+    why = buf.why_not_sample(1)
+    assert why and buf.sample(1) is None  # empty: a reason, and the sample refuses
+    with pytest.raises(SampleTimeoutError):
+        buf.why_not_sample(1, timeout=0.05)
+    for _ in range(3):
+        buf.push([item] if cfg['type'] == 'episode' else item)
+    with buf.lock:  # re-entrant: the question and the draw as one step
+        before = buf.state_dict()
+        assert buf.why_not_sample(2) == ''
+        assert_same(buf.state_dict(), before)  # nothing drawn: the RNG, use counts and counters are as they were
+        assert buf.sample(2) is not None

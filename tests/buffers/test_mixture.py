@@ -152,6 +152,45 @@ def test_a_member_without_replacement_short_of_its_share_refuses_before_anyone_d
     buf.close()
 
 
+@pytest.mark.parametrize('storage', ['list', 'tensor'])
+@pytest.mark.parametrize('why', ['rate limit', 'stale', 'empty prioritized'])
+def test_a_later_member_refusing_for_its_own_reasons_leaves_the_earlier_ones_undrawn(storage, why):
+    """The first member (max_use=1: a draw would remove what it gave) is asked first, and draws nothing, when the
+    second refuses: its rate limit, its items all stale, or empty (an advanced member draws with replacement)."""
+    second = dict(
+        {'rate limit': dict(type='naive', thruput_controller=dict(sample_min_limit_ratio=3.0))}.get(why)
+        or {'stale': dict(type='naive', max_staleness=5)}.get(why)
+        or dict(type='advanced'),
+        storage=dict(type='tensor') if storage == 'tensor' else dict(type='list'),
+    )
+    buf = mixture(storage, weights=dict(offline=0.5, online=0.5), offline=dict(type='naive', max_use=1), online=second)
+    buf.push(transitions(range(8), storage), member='offline')
+    if why != 'empty prioritized':
+        items = transitions(range(100, 108), storage)
+        if why == 'stale':
+            items = [dict(t, collect_iter=0) for t in items]
+        buf.push(items, member='online')
+    before = buf.members['offline'].state_dict()
+    assert buf.sample(8, cur_learner_iter=100) is None
+    assert_same(buf.members['offline'].state_dict(), before, 'offline after a refused mixture sample')
+    assert buf.members['offline'].count() == 8 and buf.stats()['refused_sample'] == 1
+    buf.close()
+
+
+@pytest.mark.timeout(30)
+def test_sample_with_a_timeout_of_an_empty_mixture_weighted_by_size_waits_then_raises_or_draws():
+    from ding_buffer.errors import SampleTimeoutError
+
+    buf = mixture()  # weights='size'
+    start = time.monotonic()
+    with pytest.raises(SampleTimeoutError, match='every member is empty'):
+        buf.sample(2, timeout=0.3)
+    assert time.monotonic() - start >= 0.3
+    threading.Timer(0.2, lambda: buf.push(transitions(range(4), 'list'))).start()
+    assert len(buf.sample(2, timeout=10)) == 2
+    buf.close()
+
+
 @pytest.mark.timeout(30)
 def test_sample_with_a_timeout_waits_for_a_push():
     buf = mixture(weights=dict(offline=0.5, online=0.5))
