@@ -42,9 +42,14 @@ MIXTURE_CONFIG = dict(
     # Seed of the mixture's own RNG (the split of each sample); None draws it from numpy's global RNG.
     seed=None,
 )
+# fields the members' samples add to each item (ids, priorities, weights, counts): no member key may hide one
+SAMPLE_FIELDS = ('replay_unique_id', 'replay_buffer_idx', 'priority', 'IS', 'use', 'staleness')
 MIXTURE_CHECKS = dict(
     push_to=(lambda x: x is None or isinstance(x, str), 'None or a member name'),
-    member_key=(lambda x: isinstance(x, str) and x != '', 'a non-empty str'),
+    member_key=(
+        lambda x: isinstance(x, str) and x != '' and x not in SAMPLE_FIELDS,
+        f"a non-empty str other than the fields a sample adds {list(SAMPLE_FIELDS)}",
+    ),
     seed=SEED_CHECK,
 )
 # member types that cannot serve in a mixture, and why
@@ -317,13 +322,29 @@ class MixtureReplayBuffer(IBuffer):
     ) -> int:
         """Push to ``member`` (default: ``push_to``), as that member's ``push`` does; returns how many were stored."""
         target = self._member(member)
+        self._check_fields(data)
         if batched:
             return target.push(data, cur_collector_envstep, batched=True)
         return target.push(data, cur_collector_envstep)
 
     def extend(self, batch: Any, cur_collector_envstep: int = -1, member: Optional[str] = None) -> int:
         """``extend`` on ``member`` (default: ``push_to``)."""
-        return self._member(member).extend(batch, cur_collector_envstep)
+        target = self._member(member)
+        self._check_fields(batch)
+        return target.extend(batch, cur_collector_envstep)
+
+    def _check_fields(self, data: Any) -> None:
+        """Pushed items carry no field named ``member_key``: every sampled item gets that field."""
+        items = data if isinstance(data, list) else [data]
+        if any(
+            self._key in (x.keys() if is_tensordict(x) else x)
+            for x in items
+            if isinstance(x, Mapping) or is_tensordict(x)
+        ):
+            raise ValueError(
+                f"pushed data has a field {self._key!r}, the mixture's member_key (config key 'member_key'), which "
+                f"every sampled item gets; rename the field or the key"
+            )
 
     # ------------------------------------------------------------------ sample
     def sample(self, size: int, cur_learner_iter: int = -1, timeout: Optional[float] = None) -> Optional[Any]:

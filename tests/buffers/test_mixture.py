@@ -422,6 +422,22 @@ def test_bad_configs_are_refused_by_name(cfg, match):
         create_buffer(dict(type='mixture', **cfg))
 
 
+@pytest.mark.parametrize('storage', ['list', 'tensor'])
+def test_the_member_key_hides_no_field_a_sample_adds_and_no_pushed_field(storage):
+    for reserved in ('IS', 'priority', 'replay_unique_id', 'replay_buffer_idx'):
+        with pytest.raises(ValueError, match="config key 'member_key' has invalid value"):
+            mixture(storage, member_key=reserved)
+    buf = mixture(storage, member_key='obs')
+    before = buf.state_dict()
+    with pytest.raises(ValueError, match="pushed data has a field 'obs', the mixture's member_key"):
+        buf.push(transitions(range(3), storage), member='offline')
+    if storage == 'tensor':
+        with pytest.raises(ValueError, match="the mixture's member_key"):
+            buf.extend({'obs': torch.zeros(3, 1), 'act': torch.zeros(3, dtype=torch.int64)})
+    assert_same(buf.state_dict(), before)
+    buf.close()
+
+
 def test_push_to_an_unknown_member_is_refused_and_changes_nothing():
     buf = filled()
     before = buf.state_dict()
