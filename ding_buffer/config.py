@@ -19,6 +19,7 @@ import logging
 import numbers
 from typing import Any, Callable, Dict, Mapping, Optional, Tuple
 
+import numpy as np
 from easydict import EasyDict
 
 # Keys that every buffer config may carry without being listed in its defaults.
@@ -203,7 +204,20 @@ def build_config(
     check_keys_and_types(defaults, user, prefix=prefix, nullable=nullable)
     cfg = deep_merge_dicts(defaults, user)
     apply_checks(cfg, checks or {}, prefix=prefix)
-    return cfg
+    return _plain_numbers(cfg)
+
+
+def _plain_numbers(value: Any) -> Any:
+    """Numpy scalars the checks accepted (``np.float64`` is a float) as Python numbers, in place through dicts and
+    lists: states and files that carry config values then hold no numpy object (they load without pickle)."""
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, dict):
+        for k, v in value.items():
+            value[k] = _plain_numbers(v)
+    elif isinstance(value, list):
+        value[:] = [_plain_numbers(v) for v in value]
+    return value
 
 
 def check_section(cls: Any, section: Mapping, prefix: str = '') -> EasyDict:

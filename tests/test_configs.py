@@ -101,3 +101,24 @@ def test_advanced_ready_config_lists_every_key_the_readme_says_it_does():
 
     defaults = get_buffer_cls({'type': 'advanced'}).default_config()
     assert keys(defaults) - {'cfg_type'} == keys(cfg)
+
+
+def test_numpy_numbers_in_a_config_become_python_numbers_so_files_load_without_pickle(tmp_path):
+    import numpy as np
+
+    cases = [
+        (dict(type='advanced', beta=np.float64(0.5), storage=dict(type='tensor')), {'obs': torch.zeros(2)}),
+        (
+            dict(type='gfn_diverse', cutoff_distance=np.float64(0.1), p_norm_distance=np.float64(2.0)),
+            dict(state=torch.rand(4, 2), log_reward=torch.rand(4)),
+        ),
+    ]
+    for cfg, data in cases:
+        buf = create_buffer(cfg)
+        assert all(not isinstance(v, np.generic) for v in buf.cfg.values())
+        buf.push(data if cfg['type'] == 'gfn_diverse' else [data] * 4)
+        buf.sample(2)
+        path = str(tmp_path / f"{cfg['type']}.pt")
+        buf.save_data(path)
+        create_buffer(cfg).load_data(path)  # no allow_pickle: the state holds no numpy scalar
+        assert isinstance(cfg.get('beta', cfg.get('cutoff_distance')), np.float64)  # the caller's config is untouched

@@ -122,11 +122,12 @@ class DingEnginePickleReader:
         self.ends = np.zeros(self.rows, dtype=bool)
         for i, item in enumerate(self.items):
             try:
-                self.ends[i] = bool(item['done'])
-            except (TypeError, ValueError, RuntimeError) as e:
-                raise fail(
-                    self.path, 'done', f"of transition {i} is {item['done']!r:.60}, expected one bool: {e}"
-                ) from None
+                flag = np.asarray(item['done'].detach().cpu() if hasattr(item['done'], 'detach') else item['done'])
+            except (TypeError, ValueError, RuntimeError):
+                flag = np.asarray(None)
+            if flag.size != 1 or flag.dtype.kind not in 'biuf' or flag.reshape(()).item() not in (0, 1):
+                raise fail(self.path, 'done', f"of transition {i} is {item['done']!r:.60}, expected one bool or 0 / 1")
+            self.ends[i] = bool(flag.reshape(()).item())
         if self.rows:
             self.ends[-1] = True
         return self.rows

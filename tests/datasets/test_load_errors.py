@@ -122,6 +122,24 @@ def test_pickle_of_transitions_with_other_keys(tmp_path, buffer):
     refused(buffer, path, r"key 'next_obs' is missing from transition 3", allow_pickle=True)
 
 
+@pytest.mark.parametrize('done', [2, 'no', float('nan'), None, [True, False], torch.tensor([1, 0])])
+def test_pickle_with_a_done_flag_that_is_not_one_bool(tmp_path, buffer, done):
+    items = dingengine_transitions(np.random.default_rng(4))
+    items[2]['done'] = done
+    path = pickle_file(tmp_path / 'expert.pkl', items)
+    refused(buffer, path, r"key 'done' of transition 2 is .*, expected one bool or 0 / 1", allow_pickle=True)
+
+
+def test_pickle_done_flags_may_be_numpy_or_torch_bools_and_zero_one_numbers(tmp_path):
+    buffer = create_buffer(dict(type='episode'))
+    items = dingengine_transitions(np.random.default_rng(4), dones=())
+    for i, done in enumerate([np.bool_(True), torch.tensor(True), 1, 0.0, np.int64(1), torch.tensor([0])]):
+        items[i]['done'] = done
+    path = pickle_file(tmp_path / 'expert.pkl', items)
+    load_dataset(buffer, path, progress=False, allow_pickle=True)
+    assert sorted(len(e) for e in buffer.sample(5)) == [1, 1, 1, 2, 2]  # ends after steps 0, 1, 2, 4 and 6 (last)
+
+
 def test_damaged_pickle(tmp_path, buffer):
     path = pickle_file(tmp_path / 'expert.pkl', dingengine_transitions(np.random.default_rng(5)))
     path.write_bytes(path.read_bytes()[:-40])
