@@ -1928,3 +1928,20 @@ def test_a_learner_editing_its_sampled_use_and_staleness_changes_nothing_the_buf
     assert buf.last_sample_use().tolist() == use == [1, 1, 1, 1]
     for key in ('use_avg', 'use_max', 'staleness_avg', 'staleness_max'):
         assert after[key] == before[key], key
+
+
+@pytest.mark.parametrize('eps', [1.5, 1e39, float('inf'), -1e-9])
+def test_an_eps_that_could_push_a_stored_priority_past_float32_is_refused_by_name(eps):
+    with pytest.raises(ValueError, match=r"config key 'eps' has invalid value .*a number in \[0, 1\]"):
+        create_buffer(dict(type='advanced', eps=eps))
+    buf = create_buffer(dict(type='advanced', eps=1.0, seed=0))
+    buf.push([{'x': 1}, {'x': 2}])
+    drawn = buf.sample(2)
+    buf.update(
+        {
+            'replay_unique_id': [x['replay_unique_id'] for x in drawn],
+            'replay_buffer_idx': [x['replay_buffer_idx'] for x in drawn],
+            'priority': [3.4e38, 1.0],  # the largest priority an update takes, plus eps: still finite in float32
+        }
+    )
+    create_buffer(dict(type='advanced', eps=1.0, seed=0)).load_state_dict(buf.state_dict())
