@@ -39,7 +39,8 @@ def limiter_config(min_ratio: float) -> Dict[str, Any]:
 def limiter_checks(least: float) -> Dict[str, Tuple[Callable[[Any], bool], str]]:
     """Value checks of the section; ``least`` is the smallest ``sample_min_limit_ratio`` the preset accepts."""
     return {
-        'thruput_controller.sample_min_limit_ratio': (lambda x: x >= least, f'a number >= {least:g}'),
+        # (inf is refused too: no sample could ever be drawn)
+        'thruput_controller.sample_min_limit_ratio': (lambda x: least <= x < float('inf'), f'a number >= {least:g}'),
     }
 
 
