@@ -41,7 +41,11 @@ class MinariReader(HDF5Reader):
         ep['action'] = node(path, group, 'actions', group_ok=True)
         for key in ('rewards', 'terminations', 'truncations'):
             ep[key] = node(path, group, key)
-        steps = ep['rewards'].shape[0] if ep['rewards'].ndim else 0
+        # steps: what most step columns say (observations hold one row more), so a check blames the odd one out
+        lengths = [ep[k].shape[0] if ep[k].ndim else 0 for k in ('rewards', 'terminations', 'truncations')]
+        for part, key, extra in (('action', 'actions', 0), ('obs', 'observations', 1)):
+            lengths += [ds.shape[0] - extra for _, ds in leaves(path, ep[part], f'{name}/{key}') if ds.ndim]
+        steps = max(lengths, key=lengths.count)
         check_array(path, f'{name}/rewards', ep['rewards'], steps)
         for key in ('terminations', 'truncations'):
             check_flags(path, f'{name}/{key}', ep[key], steps)

@@ -158,6 +158,19 @@ def test_minari_observations_without_the_extra_row(tmp_path, buffer):
     refused(buffer, path, r"key 'episode_1/observations' has 5 rows, expected 6 rows")
 
 
+@pytest.mark.parametrize('key', ['rewards', 'terminations', 'actions'])
+def test_minari_a_step_column_of_another_length_is_the_one_named(tmp_path, buffer, key):
+    path = tmp_path / 'main_data.hdf5'
+    minari_file(path, np.random.default_rng(6), nested=False)
+    import h5py
+
+    with h5py.File(path, 'a') as f:  # episode_1 has 5 steps: one column cut to 3
+        short = f[f'episode_1/{key}'][:3]
+        del f[f'episode_1/{key}']
+        f[f'episode_1/{key}'] = short
+    refused(buffer, path, rf"key 'episode_1/{key}' has 3 rows, expected 5 rows")
+
+
 def test_minari_episodes_of_different_shapes(tmp_path, buffer):
     path = tmp_path / 'main_data.hdf5'
     minari_file(path, np.random.default_rng(7))
