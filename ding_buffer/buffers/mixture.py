@@ -18,7 +18,7 @@ from easydict import EasyDict
 
 from ..base import BUFFER_REGISTRY, IBuffer, create_buffer, get_buffer_cls
 from ..config import SEED_CHECK, build_config, check_section
-from ..control.priority import as_numpy, parse_update
+from ..control.priority import as_numpy, as_priorities, parse_update
 from ..errors import SampleTimeoutError
 from ..persistence import load_state, save_state
 from ..storage.tensordict_io import is_tensordict, to_plain, to_tensordict, update_info
@@ -445,6 +445,7 @@ class MixtureReplayBuffer(IBuffer):
             raise TypeError(f"update info must be a dict, got {type(info).__name__}")
         if info.get('priority') is None or not self._prioritized:
             return {'updated': 0, 'stale': 0}
+        as_priorities(info['priority'])  # a bad entry is named by its place in this call, not in a member's part
         parts = self._route(info)
         for name, part in parts.items():  # check all: parse_update raises before anything changes
             if name in self._prioritized:

@@ -438,6 +438,22 @@ def test_the_member_key_hides_no_field_a_sample_adds_and_no_pushed_field(storage
     buf.close()
 
 
+def test_a_bad_priority_is_named_by_its_place_in_the_call():
+    buf = mixture('tensor', weights=dict(offline=0.5, online=0.5), offline=dict(type='advanced'))
+    buf.push(transitions(range(8), 'tensor'), member='offline')
+    buf.push(transitions(range(8), 'tensor'))
+    batch = buf.sample(4)  # entries 0, 1 from offline, 2, 3 from online
+    priority = torch.ones(4)
+    priority[2] = float('nan')
+    before = buf.state_dict()
+    with pytest.raises(ValueError, match='entry 2 is nan'):
+        buf.update(
+            {k: batch[k] for k in ('replay_unique_id', 'replay_buffer_idx', 'mixture_member')} | {'priority': priority}
+        )
+    assert_same(buf.state_dict(), before)
+    buf.close()
+
+
 def test_push_to_an_unknown_member_is_refused_and_changes_nothing():
     buf = filled()
     before = buf.state_dict()
