@@ -65,9 +65,8 @@ def mixture_config(cfg: Optional[Mapping]) -> EasyDict:
     cfg = dict(cfg or {})
     members = cfg.pop('members', MIXTURE_CONFIG['members'])
     weights = cfg.pop('weights', MIXTURE_CONFIG['weights'])
-    out = build_config(
-        {k: v for k, v in MIXTURE_CONFIG.items() if k not in ('members', 'weights')}, cfg, MIXTURE_CHECKS
-    )
+    # members and weights are checked below; None here keeps them among the valid keys (typo hints name them)
+    out = build_config({**MIXTURE_CONFIG, 'members': None, 'weights': None}, cfg, MIXTURE_CHECKS)
     if not isinstance(members, Mapping) or not members:
         raise ValueError(f"config key 'members' must be a non-empty dict of name -> buffer config, got {members!r:.80}")
     for name, section in members.items():

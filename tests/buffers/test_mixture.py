@@ -410,6 +410,8 @@ def test_members_keep_their_own_capacity_and_eviction():
         (dict(weights=dict(offline=0, online=0)), 'no positive weight'),
         (dict(push_to='nobody'), "'push_to' is 'nobody'"),
         (dict(member_kye='x'), "did you mean 'member_key'"),
+        (dict(weight=dict(offline=1, online=1)), "did you mean 'weights'"),
+        (dict(member=dict(a=dict(type='naive'))), "did you mean 'members'"),
         (
             dict(members=dict(a=dict(type='naive'), b=dict(type='naive', storage=dict(type='tensor')))),
             'one storage kind',
