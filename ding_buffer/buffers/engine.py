@@ -44,7 +44,7 @@ from ..monitor.tb import TBSink, build_tb_logger, rank
 from ..monitor.used_data_remover import UsedDataRemover, check_trackable
 from ..persistence import load_state, save_state
 from ..storage.tensordict_io import check_batched, is_tensordict, to_tensordict
-from .common import STEP_LIMIT, check_size, check_step, check_wait_timeout
+from .common import STEP_LIMIT, check_instance_name, check_size, check_step, check_wait_timeout, new_rng, restored_rng
 from .outputs import as_items
 from .table import Needs, Parts, Request, Restored, Write
 from .view import TableView
@@ -124,14 +124,11 @@ class Engine(IBuffer):
         # Fewer than 30 attributes per buffer: CPython 3.11 keeps instance attributes of one class in a shared-key
         # table of at most 30 names, past which every attribute read on the hot paths slows down.
         self._cfg: EasyDict = self._config(cfg)
-        if not isinstance(instance_name, str) or not instance_name:
-            raise ValueError(f"instance_name must be a non-empty str, got {instance_name!r}")
+        check_instance_name(instance_name)
         self._instance_name = instance_name
         self._logger = logging.getLogger(f'ding_buffer.{instance_name}')
         self._lock = threading.RLock()
-        seed = self._cfg.get('seed')
-        # seed=None draws the seed from numpy's global RNG, so np.random.seed(...) still reproduces runs.
-        self._rng = np.random.default_rng(np.random.randint(0, 2**63 - 1) if seed is None else seed)
+        self._rng = new_rng(self._cfg.get('seed'))
         self._remover: Optional[UsedDataRemover] = None
         if self._cfg.get('enable_track_used_data', False):
             if self._cfg.storage.type != 'list':
@@ -753,11 +750,7 @@ class Engine(IBuffer):
             )
         if state.get('type') != self.__class__.__name__:
             raise ValueError(f"state was made by {state.get('type')!r}, this buffer is {self.__class__.__name__}")
-        rng = np.random.default_rng()
-        try:
-            rng.bit_generator.state = copy.deepcopy(dict(state['rng']))
-        except Exception as e:
-            raise ValueError(f"state has an invalid 'rng' entry: {e}") from e
+        rng = restored_rng(state)
         with self._lock:
             try:
                 restored = self._t.restore(dict(state))
