@@ -7,11 +7,13 @@ used-data remover, the state / persistence envelope, the counters and ``stats()`
 (``buffers.table``: slots, episodes, reward-ranked items, chunks) holds the data and the type's verbs; the engine
 runs every call in the same order, so a rule configured on one preset behaves the same on every other::
 
-    push:    arguments checked -> table validates (all or nothing) -> limiter.can_push -> table write
-             -> counters -> limiter.on_push
+    push:    arguments checked -> table validates (all or nothing) -> limiter.can_push -> a capacity rule makes
+             room (or refuses new elements) -> table write -> use counts of the written slots restart, items that
+             left go to the used-data remover, expired frames leave, the capacity rule hears of it -> counters
+             -> limiter.on_push
     sample:  arguments checked -> removers.before_sample -> limiter.why_not (+ the table's shortfall; wait up to
              `timeout`) -> table draw -> use counts -> removers.after_sample -> counters -> limiter.on_sample
-             -> monitors (written after the lock is released)
+             -> table's done -> monitors (written after the lock is released)
 
 A sample is all or nothing: every rule answers before the engine removes anything (``before_sample`` and
 ``after_sample`` each ask all rules first), so a rule of your own that raises or answers garbage fails the call
@@ -450,10 +452,8 @@ class Engine(IBuffer):
         return n
 
     def _write(self, w: Write) -> int:
-        """Every push, in one order: the rate limiter admits the validated write whole or refuses it; a capacity
-        rule makes room (or refuses new elements); the table commits it; use counts of the written slots restart,
-        items that left go to the used-data remover, expired frames are removed, the capacity rule hears of the
-        write, counters and the limiter count it. Returns the elements accepted."""
+        """Every push of a validated write, in the order the module docstring gives. Returns the elements
+        accepted."""
         if self._limiter.active and not self._admit(w.n + w.dropped):
             return self._not_written(w)
         rule = self._capacity
@@ -584,11 +584,8 @@ class Engine(IBuffer):
         return self._lock
 
     def _sample(self, cur_learner_iter: int, request: Request) -> Optional[Any]:
-        """Every ``sample`` call, in one order: arguments, rules, limits and the table's ``shortfall`` (waiting up to
-        ``request.timeout``), then under the lock the table's ``draw`` (``Drawn``, or why it drew nothing), use
-        counts, removal rules, counters and the table's ``done``, then the request's ``finish``; monitors are written
-        after the lock is released. Without rules, limits or a timeout only the draw runs: it refuses by itself when
-        ``shortfall()`` would."""
+        """Every ``sample`` call, in the order the module docstring gives, then the request's ``finish``. Without
+        rules, limits or a timeout only the draw runs: it refuses by itself when ``shortfall()`` would."""
         size, draw, shortfall, timeout, finish = request
         check_size(size)
         if type(cur_learner_iter) is not int or not -STEP_LIMIT < cur_learner_iter < STEP_LIMIT:
