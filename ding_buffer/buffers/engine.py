@@ -106,9 +106,8 @@ class Engine(IBuffer):
     """
 
     checks: Dict[str, Any] = {}
-    ignored_keys: Dict[
-        str, str
-    ] = {}  # key -> why it has no effect: accepted with a warning (config.dingengine_ignored)
+    # key -> why it has no effect: accepted with a warning (config.dingengine_ignored)
+    ignored_keys: Dict[str, str] = {}
     key_aliases: Dict[str, str] = {}  # another library's key name -> ours (config.resolve_aliases)
     # push(td) of a TensorDict with batch_size [B, ...] is a batch of B items (False: one element, e.g. an episode)
     tensordict_batch_is_items = True
@@ -141,7 +140,7 @@ class Engine(IBuffer):
         self._closed = False
         self._last_envstep = -1
         self._deepcopy = bool(self._cfg.get('deepcopy', False))  # read on every push and sample
-        self._t = self.table(self._cfg, instance_name, self._lock, **self._table_args())
+        self._t = self.table(self._cfg, instance_name, self._lock, **self.table_args)
         self._build_parts(self._t.build(), tb_logger, exp_name)  # tb_logger: borrowed, never closed here
         self._lend_parts(tb_logger)
         # The hot paths of a push: no used-data remover must see an overwritten item, no capacity rule decides
@@ -151,10 +150,6 @@ class Engine(IBuffer):
         # nothing to tell about a single push (no use counts, periodic report or rate limit): the storage alone
         self._lean = self._batch_fast and self._uses is None and self._periodic is None
         self._write_one, self._check_pushed = self._t.write_one, self._t.check_pushed
-
-    def _table_args(self) -> Dict[str, Any]:
-        """Keyword arguments of the table's constructor (the preset's ``table_args``)."""
-        return self.table_args
 
     def _config(self, cfg: Optional[Mapping]) -> EasyDict:
         """The user's config merged into the preset's defaults and checked (``ValueError`` naming the key)."""
