@@ -1,14 +1,35 @@
-"""Argument checks every buffer shares: learner iterations / env steps as ints, ``sample(timeout=...)`` values, and
-``None`` in a pushed list."""
+"""What every buffer shares: its RNG (new or restored), argument checks (instance names, learner iterations / env
+steps as ints, ``sample(timeout=...)`` values, ``None`` in a pushed list)."""
 
+import copy
 import itertools
 import operator
 import threading
-from typing import Any, List, Optional
+from typing import Any, List, Mapping, Optional
 
 import numpy as np
 
 STEP_LIMIT = 2**60  # learner iterations / env steps beyond this are not counters (and overflow int64 math)
+
+
+def new_rng(seed: Optional[int]) -> np.random.Generator:
+    """A buffer's own RNG; ``seed=None`` draws the seed from numpy's global RNG, so ``np.random.seed`` reproduces."""
+    return np.random.default_rng(np.random.randint(0, 2**63 - 1) if seed is None else seed)
+
+
+def restored_rng(state: Mapping) -> np.random.Generator:
+    """A new RNG in the state ``state['rng']`` saved, or ``ValueError`` when it is missing or invalid."""
+    rng = np.random.default_rng()
+    try:
+        rng.bit_generator.state = copy.deepcopy(dict(state['rng']))
+    except Exception as e:
+        raise ValueError(f"state has an invalid 'rng' entry: {e}") from e
+    return rng
+
+
+def check_instance_name(instance_name: Any) -> None:
+    if not isinstance(instance_name, str) or not instance_name:
+        raise ValueError(f"instance_name must be a non-empty str, got {instance_name!r}")
 
 
 def check_step(value: Any, name: str) -> int:

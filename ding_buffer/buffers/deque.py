@@ -157,19 +157,16 @@ class DequeReplayBuffer(Engine):
             raise ValueError(
                 "config key 'priority_IS_weight' = True needs 'priority' = True (IS weights come from priorities)"
             )
-        self._deque_cfg = own
+        self.table_args = dict(deque_cfg=own)  # the table keeps it (``cfg``)
         kind = AdvancedReplayBuffer if own.priority else NaiveReplayBuffer
         return build_config(
             kind.config, inner_config(own), kind.checks, ignored=kind.ignored_keys, aliases=kind.key_aliases
         )
 
-    def _table_args(self) -> Dict[str, Any]:
-        return dict(deque_cfg=self._deque_cfg)
-
     @property
     def cfg(self) -> EasyDict:
         """The deque config (the one given, with its defaults)."""
-        return self._deque_cfg
+        return self._t.deque_cfg
 
     @property
     def inner(self) -> Any:

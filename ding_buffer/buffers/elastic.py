@@ -18,7 +18,6 @@ from typing import Any, Dict, Optional
 from ..base import BUFFER_REGISTRY
 from ..config import dingengine_ignored
 from .naive import NAIVE_CHECKS, NAIVE_CONFIG, NaiveReplayBuffer
-from .slot_table import SlotTable
 
 ELASTIC_CONFIG = dict(
     NAIVE_CONFIG,
@@ -62,7 +61,6 @@ class ElasticReplayBuffer(NaiveReplayBuffer):
     config = ELASTIC_CONFIG
     checks = ELASTIC_CHECKS
     ignored_keys = dingengine_ignored(ELASTIC_CONFIG, 'elastic')
-    table = SlotTable
     table_args = dict(window=True)
 
     @property

@@ -7,11 +7,13 @@ used-data remover, the state / persistence envelope, the counters and ``stats()`
 (``buffers.table``: slots, episodes, reward-ranked items, chunks) holds the data and the type's verbs; the engine
 runs every call in the same order, so a rule configured on one preset behaves the same on every other::
 
-    push:    arguments checked -> table validates (all or nothing) -> limiter.can_push -> table write
-             -> counters -> limiter.on_push
+    push:    arguments checked -> table validates (all or nothing) -> limiter.can_push -> a capacity rule makes
+             room (or refuses new elements) -> table write -> use counts of the written slots restart, items that
+             left go to the used-data remover, expired frames leave, the capacity rule hears of it -> counters
+             -> limiter.on_push
     sample:  arguments checked -> removers.before_sample -> limiter.why_not (+ the table's shortfall; wait up to
              `timeout`) -> table draw -> use counts -> removers.after_sample -> counters -> limiter.on_sample
-             -> monitors (written after the lock is released)
+             -> table's done -> monitors (written after the lock is released)
 
 A sample is all or nothing: every rule answers before the engine removes anything (``before_sample`` and
 ``after_sample`` each ask all rules first), so a rule of your own that raises or answers garbage fails the call
@@ -44,7 +46,7 @@ from ..monitor.tb import TBSink, build_tb_logger, rank
 from ..monitor.used_data_remover import UsedDataRemover, check_trackable
 from ..persistence import load_state, save_state
 from ..storage.tensordict_io import check_batched, is_tensordict, to_tensordict
-from .common import STEP_LIMIT, check_size, check_step, check_wait_timeout
+from .common import STEP_LIMIT, check_instance_name, check_size, check_step, check_wait_timeout, new_rng, restored_rng
 from .outputs import as_items
 from .table import Needs, Parts, Request, Restored, Write
 from .view import TableView
@@ -104,9 +106,8 @@ class Engine(IBuffer):
     """
 
     checks: Dict[str, Any] = {}
-    ignored_keys: Dict[
-        str, str
-    ] = {}  # key -> why it has no effect: accepted with a warning (config.dingengine_ignored)
+    # key -> why it has no effect: accepted with a warning (config.dingengine_ignored)
+    ignored_keys: Dict[str, str] = {}
     key_aliases: Dict[str, str] = {}  # another library's key name -> ours (config.resolve_aliases)
     # push(td) of a TensorDict with batch_size [B, ...] is a batch of B items (False: one element, e.g. an episode)
     tensordict_batch_is_items = True
@@ -124,14 +125,11 @@ class Engine(IBuffer):
         # Fewer than 30 attributes per buffer: CPython 3.11 keeps instance attributes of one class in a shared-key
         # table of at most 30 names, past which every attribute read on the hot paths slows down.
         self._cfg: EasyDict = self._config(cfg)
-        if not isinstance(instance_name, str) or not instance_name:
-            raise ValueError(f"instance_name must be a non-empty str, got {instance_name!r}")
+        check_instance_name(instance_name)
         self._instance_name = instance_name
         self._logger = logging.getLogger(f'ding_buffer.{instance_name}')
         self._lock = threading.RLock()
-        seed = self._cfg.get('seed')
-        # seed=None draws the seed from numpy's global RNG, so np.random.seed(...) still reproduces runs.
-        self._rng = np.random.default_rng(np.random.randint(0, 2**63 - 1) if seed is None else seed)
+        self._rng = new_rng(self._cfg.get('seed'))
         self._remover: Optional[UsedDataRemover] = None
         if self._cfg.get('enable_track_used_data', False):
             if self._cfg.storage.type != 'list':
@@ -142,7 +140,7 @@ class Engine(IBuffer):
         self._closed = False
         self._last_envstep = -1
         self._deepcopy = bool(self._cfg.get('deepcopy', False))  # read on every push and sample
-        self._t = self.table(self._cfg, instance_name, self._lock, **self._table_args())
+        self._t = self.table(self._cfg, instance_name, self._lock, **self.table_args)
         self._build_parts(self._t.build(), tb_logger, exp_name)  # tb_logger: borrowed, never closed here
         self._lend_parts(tb_logger)
         # The hot paths of a push: no used-data remover must see an overwritten item, no capacity rule decides
@@ -152,10 +150,6 @@ class Engine(IBuffer):
         # nothing to tell about a single push (no use counts, periodic report or rate limit): the storage alone
         self._lean = self._batch_fast and self._uses is None and self._periodic is None
         self._write_one, self._check_pushed = self._t.write_one, self._t.check_pushed
-
-    def _table_args(self) -> Dict[str, Any]:
-        """Keyword arguments of the table's constructor (the preset's ``table_args``)."""
-        return self.table_args
 
     def _config(self, cfg: Optional[Mapping]) -> EasyDict:
         """The user's config merged into the preset's defaults and checked (``ValueError`` naming the key)."""
@@ -453,10 +447,8 @@ class Engine(IBuffer):
         return n
 
     def _write(self, w: Write) -> int:
-        """Every push, in one order: the rate limiter admits the validated write whole or refuses it; a capacity
-        rule makes room (or refuses new elements); the table commits it; use counts of the written slots restart,
-        items that left go to the used-data remover, expired frames are removed, the capacity rule hears of the
-        write, counters and the limiter count it. Returns the elements accepted."""
+        """Every push of a validated write, in the order the module docstring gives. Returns the elements
+        accepted."""
         if self._limiter.active and not self._admit(w.n + w.dropped):
             return self._not_written(w)
         rule = self._capacity
@@ -587,11 +579,8 @@ class Engine(IBuffer):
         return self._lock
 
     def _sample(self, cur_learner_iter: int, request: Request) -> Optional[Any]:
-        """Every ``sample`` call, in one order: arguments, rules, limits and the table's ``shortfall`` (waiting up to
-        ``request.timeout``), then under the lock the table's ``draw`` (``Drawn``, or why it drew nothing), use
-        counts, removal rules, counters and the table's ``done``, then the request's ``finish``; monitors are written
-        after the lock is released. Without rules, limits or a timeout only the draw runs: it refuses by itself when
-        ``shortfall()`` would."""
+        """Every ``sample`` call, in the order the module docstring gives, then the request's ``finish``. Without
+        rules, limits or a timeout only the draw runs: it refuses by itself when ``shortfall()`` would."""
         size, draw, shortfall, timeout, finish = request
         check_size(size)
         if type(cur_learner_iter) is not int or not -STEP_LIMIT < cur_learner_iter < STEP_LIMIT:
@@ -753,11 +742,7 @@ class Engine(IBuffer):
             )
         if state.get('type') != self.__class__.__name__:
             raise ValueError(f"state was made by {state.get('type')!r}, this buffer is {self.__class__.__name__}")
-        rng = np.random.default_rng()
-        try:
-            rng.bit_generator.state = copy.deepcopy(dict(state['rng']))
-        except Exception as e:
-            raise ValueError(f"state has an invalid 'rng' entry: {e}") from e
+        rng = restored_rng(state)
         with self._lock:
             try:
                 restored = self._t.restore(dict(state))

@@ -167,4 +167,3 @@ class PrioritizedEpisodeReplayBuffer(EpisodeReplayBuffer):
         sampler=dict(type='prioritized', unroll_len=80, alpha=0.9, beta=0.6, eta=0.9, eps=1e-5, anneal_step=0),
         storage=dict(EpisodeReplayBuffer.config['storage'], type='tensor'),
     )
-    checks = EPISODE_CHECKS

@@ -12,7 +12,7 @@ from ..config import build_config
 from ..control.diversity import row_hashes
 from ..control.limits import UseCounts
 from .gfn_data import ColumnStore, ContainerStoreBase, check_log_reward, rebuild_container
-from .gfn_parts import physical_slots
+from .gfn_parts import make_store, physical_slots
 from .gfn_ring import container_store
 from .table import Restored
 
@@ -169,7 +169,7 @@ def _empty_store(t, state: Dict[str, Any], kind: Any, n: int):
     (None for a column store) to place in it."""
     container = None
     if kind == ColumnStore.kind:
-        store = t.make_store({})
+        store = make_store(t.cfg, {})
     elif kind == ContainerStoreBase.kind:
         env = t.load_env if t.load_env is not None else getattr(t._store, 'env', None)
         container = rebuild_container(state['store'], n, env)

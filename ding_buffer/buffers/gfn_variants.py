@@ -77,8 +77,7 @@ class TerminatingStateBuffer(GFlowNetReplayBuffer):
 
     item_kind = 'state'
     config = dict(GFlowNetReplayBuffer.config, type='terminating_state')
-    checks = GFlowNetReplayBuffer.checks
-    table_args = dict(terminating=True, defaults=config, checks=checks)
+    table_args = dict(terminating=True, defaults=config, checks=GFlowNetReplayBuffer.checks)
 
 
 __all__ = ['DiverseGFlowNetReplayBuffer', 'TerminatingStateBuffer']

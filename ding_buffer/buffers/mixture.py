@@ -23,7 +23,7 @@ from ..errors import SampleTimeoutError
 from ..persistence import load_state, save_state
 from ..storage.tensordict_io import is_tensordict, to_plain, to_tensordict, update_info
 from .advanced import AdvancedReplayBuffer
-from .common import check_size, check_step, check_wait_timeout
+from .common import check_instance_name, check_size, check_step, check_wait_timeout, new_rng, restored_rng
 
 MIXTURE_CONFIG = dict(
     type='mixture',
@@ -232,16 +232,14 @@ class MixtureReplayBuffer(IBuffer):
         exp_name: str = 'default_experiment',
         instance_name: str = 'buffer',
     ) -> None:
-        if not isinstance(instance_name, str) or not instance_name:
-            raise ValueError(f"instance_name must be a non-empty str, got {instance_name!r}")
+        check_instance_name(instance_name)
         self._cfg = mixture_config(cfg)
         self._instance_name = instance_name
         self._names = tuple(self._cfg.members)
         self._push_to = self._cfg.push_to or self._names[-1]
         self._key = self._cfg.member_key
         self._lock = threading.Lock()
-        seed = self._cfg.seed
-        self._rng = np.random.default_rng(np.random.randint(0, 2**63 - 1) if seed is None else seed)
+        self._rng = new_rng(self._cfg.seed)
         self._counters = dict(sample_calls=0, refused_sample=0, **{f'sampled_{n}': 0 for n in self._names})
         self._closed = False
         members: Dict[str, IBuffer] = {}
@@ -540,11 +538,7 @@ class MixtureReplayBuffer(IBuffer):
             raise ValueError(f"state 'counters' must hold {sorted(self._counters)}")
         if not all(isinstance(v, (int, np.integer)) and not isinstance(v, bool) and v >= 0 for v in counters.values()):
             raise ValueError("state 'counters' must be ints >= 0")
-        rng = np.random.default_rng()
-        try:
-            rng.bit_generator.state = dict(state['rng'])
-        except Exception as e:
-            raise ValueError(f"state has an invalid 'rng' entry: {e}") from e
+        rng = restored_rng(state)
         done: Dict[str, Dict[str, Any]] = {}
         try:
             for name in self._names:

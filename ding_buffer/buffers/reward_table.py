@@ -112,9 +112,6 @@ class RewardTable(Table):
         """A fresh ``(RewardIndex, StateSet)`` sized for ``store`` (nothing is swapped in)."""
         return make_parts(self.cfg, store, self.prioritized(), self.diverse)
 
-    def make_store(self, data: Any) -> Any:
-        return make_store(self.cfg, data)
-
     def new_parts(self, store: Any) -> None:
         self.index, self.states = self.parts_for(store)
         self._store = store
@@ -147,7 +144,7 @@ class RewardTable(Table):
         data = self.convert(data)
         if isinstance(data, list) and not data:
             return None
-        store = self._store if self._store is not None else self.make_store(data)
+        store = self._store if self._store is not None else make_store(self.cfg, data)
         check_kind(store, data)
         batch = store.prepare(data, need_rows=self.diverse)  # others read the stored rows back when counting
         self.validate(batch)

@@ -17,8 +17,7 @@ from typing import Any, Optional
 
 from ..base import BUFFER_REGISTRY
 from ..config import dingengine_ignored
-from .naive import NAIVE_CHECKS, NAIVE_CONFIG, NaiveReplayBuffer
-from .slot_table import SlotTable
+from .naive import NAIVE_CONFIG, NaiveReplayBuffer
 
 SEQUENCE_CONFIG = dict(NAIVE_CONFIG, type='sequence')
 
@@ -52,10 +51,8 @@ class SequenceReplayBuffer(NaiveReplayBuffer):
 
     item_kind = 'sequence'  # sample(batch, sequence): windows of consecutive items
     config = SEQUENCE_CONFIG
-    checks = NAIVE_CHECKS
     ignored_keys = dingengine_ignored(SEQUENCE_CONFIG, 'sequence')
     not_distributable = "a remote sample has no 'sequence' argument; use type 'episode' (windows) with a manager"
-    table = SlotTable
     table_args = dict(runs=True)  # no capacity rule: one evicting from the middle would break runs
 
     def sample(  # type: ignore[override]
