@@ -3,7 +3,8 @@
 DI-engine's DQN / acrobot / pendulum configs name ``type='deque'``: the new-generation ``DequeBuffer`` with its
 ``use_time_check`` and ``PriorityExperienceReplay`` middleware behind the old API. Here the same config builds:
 
-* ``priority=False``: a naive ring (uniform draws without replacement), with ``max_use`` as its remover; without
+* ``priority=False``: a naive ring (uniform draws without replacement), with ``max_use`` as its remover (then with
+  the ``fifo`` capacity rule: a spent item's slot is reused, as a deque frees its place); without
   a ``seed`` it draws with Python's global ``random`` exactly as DI-engine's ``DequeBuffer`` does
   (``random.sample`` over the items, oldest first), so a pipeline seeded by ``set_pkg_seed`` samples the same
   batches as with DI-engine's own buffer; with a ``seed`` it draws from its own RNG;
@@ -34,8 +35,9 @@ from typing import Any, Dict, List, Mapping, Optional
 from easydict import EasyDict
 
 from ..base import BUFFER_REGISTRY
-from ..config import SEED_CHECK, build_config, dingengine_ignored, positive_int
-from ..storage import STORAGE_CHECKS, STORAGE_CONFIG
+from ..config import INF, SEED_CHECK, build_config, dingengine_ignored, positive_int
+from ..control.capacity import index_for
+from ..storage import STORAGE_CHECKS, STORAGE_CONFIG, FreeListIndex
 from .advanced import AdvancedReplayBuffer
 from .deque_inner import inner_of
 from .deque_table import deque_table, items_out
@@ -85,11 +87,16 @@ def inner_config(cfg: Mapping) -> Dict[str, Any]:
     storage = copy.deepcopy(dict(cfg.storage))
     if items_out(cfg):  # the wrapper drops its keys from the batch first, then splits it (one pass less)
         storage['output'] = None
+    removers = copy.deepcopy(list(cfg.removers))
+    if cfg.max_use != INF and index_for(dict(removers=removers)) is not FreeListIndex:
+        # DI-engine's deque: an item spent by max_use frees its place, which the next push fills (a ring would
+        # overwrite its oldest live item): a full deque drops its oldest item, any freed slot is reused
+        removers.append(dict(type='fifo'))
     common = dict(
         replay_buffer_size=cfg.replay_buffer_size,
         max_use=cfg.max_use,
         max_staleness=cfg.max_staleness,
-        removers=copy.deepcopy(list(cfg.removers)),
+        removers=removers,
         thruput_controller=copy.deepcopy(dict(cfg.thruput_controller)),
         seed=cfg.seed,
         storage=storage,

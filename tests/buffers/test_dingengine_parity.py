@@ -206,6 +206,34 @@ def test_deque_uniform_returns_the_stored_dicts_without_replacement_and_max_use_
     assert buf.count() == 0  # every item was drawn twice: max_use removed it
 
 
+@pytest.mark.parametrize('priority', [False, True])
+def test_deque_with_max_use_keeps_what_dingengines_deque_keeps(priority):
+    """DI-engine's DequeBuffer is a deque(maxlen=size): an item spent by use_time_check leaves it, so the next push
+    fills its place instead of dropping the oldest live item. A reference deque runs beside the buffer, fed the
+    items each sample drew."""
+    import collections
+
+    rng = np.random.default_rng(3)
+    buf = create_buffer(dict(type='deque', replay_buffer_size=5, max_use=2, priority=priority, seed=1))
+    ref, uses, nxt = collections.deque(maxlen=5), {}, 0
+    for _ in range(300):
+        if rng.random() < 0.5 or not ref:
+            k = int(rng.integers(1, 4))
+            buf.push([{'x': nxt + i} for i in range(k)], 0)
+            for i in range(k):
+                ref.append(nxt + i)
+                uses[nxt + i] = 0
+            nxt += k
+        else:
+            got = buf.sample(int(rng.integers(1, len(ref) + 1)) if not priority else 1, 0)
+            for item in got or []:
+                assert item['x'] in ref
+                uses[item['x']] += 1
+                if uses[item['x']] == 2:
+                    ref.remove(item['x'])
+        assert buf.count() == len(ref)
+
+
 def test_deque_prioritized_distribution_follows_priority_power():
     buf = create_buffer(dict(type='deque', replay_buffer_size=16, priority=True, priority_power_factor=1.0, seed=5))
     pushed = [{'i': k, 'priority': p} for k, p in enumerate([1.0, 2.0, 4.0])]
