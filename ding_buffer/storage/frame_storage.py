@@ -22,6 +22,7 @@ from .tensor_fields import allocate_fields, memmap_file, new_token, remove_files
 from .tensor_schema import dtype_name
 from .tensor_storage import TensorStorage
 from .tensordict_io import check_batched, check_item, is_tensordict, to_plain
+from .tree import flatten, path_name, unflatten
 
 N_STEP_KEYS = ('n_step', 'n_step_discount')  # what an n-step sample adds
 NONE = np.iinfo(np.int64).max  # no frame id (an empty slot's oldest)
@@ -191,24 +192,21 @@ class FrameStorage(TensorStorage):
             batch = to_plain(batch)
         if not isinstance(batch, dict):
             raise TypeError(f"storage.frames takes a batch as a dict of batched leaves, got {type(batch).__name__}")
+        flat = flatten(batch)  # nested fields (TorchRL's 'next'): split by path, each row rebuilt nested
         lens = {}
-        for k, v in batch.items():
-            if (
-                isinstance(v, Mapping)
-                or not isinstance(v, (np.ndarray, torch.Tensor, list, tuple))
-                or not len(getattr(v, 'shape', (len(v),)))
-            ):
+        for path, v in flat.items():
+            if not isinstance(v, (np.ndarray, torch.Tensor, list, tuple)) or not len(getattr(v, 'shape', (len(v),))):
                 raise ValueError(
-                    f"storage.frames takes a flat batch: field {k!r} must be an array, tensor or list with a leading "
-                    f"batch dimension, got {type(v).__name__}"
+                    f"storage.frames takes a batch of batched leaves: field {path_name(path)!r} must be an array, "
+                    f"tensor or list with a leading batch dimension, got {type(v).__name__}"
                 )
-            lens[k] = len(v)
+            lens[path_name(path)] = len(v)
         if not lens or len(set(lens.values())) != 1:
             raise ValueError(f"a batched push needs leaves with one leading dimension, got lengths {lens}")
         n = next(iter(lens.values()))
         if n == 0:
             raise ValueError("a batched push got a batch of size 0")
-        rows = [{k: v[j] for k, v in batch.items()} for j in range(n)]
+        rows = [unflatten({p: v[j] for p, v in flat.items()}) for j in range(n)]
         return self.prepare(rows, schema, trim, after)._replace(tensordict=tensordict)
 
     def select(self, prepared: Prepared, keep: np.ndarray) -> Prepared:

@@ -124,6 +124,23 @@ def test_steps_of_one_environment_in_one_push_share_frames_with_the_push_before(
     assert sorted(check_rows(buf.sample(7), steps)) == list(range(7))
 
 
+def test_a_batch_with_nested_fields_is_stored_as_its_steps_one_at_a_time_are():
+    envs = Envs(n_envs=2, seed=11, side=H)
+    steps = [dict(t, next={'reward': np.float32(t['reward']), 'step': t['step']}) for t in envs.steps(12)]
+    one, batched = create_buffer(frames_cfg('naive')), create_buffer(frames_cfg('naive'))
+    for t in steps:
+        one.push(t)
+    for i in range(0, len(steps), 4):
+        chunk = steps[i : i + 4]
+        batch = {k: np.stack([np.asarray(t[k]) for t in chunk]) for k in chunk[0] if k != 'next'}
+        batch['next'] = {k: np.stack([t['next'][k] for t in chunk]) for k in ('reward', 'step')}
+        batched.extend(batch)
+    assert batched.storage.frames_stored() == one.storage.frames_stored()
+    out = batched.sample(12)
+    assert sorted(check_rows(out, steps)) == list(range(12))
+    assert out['next']['step'].tolist() == out['step'].tolist()
+
+
 def test_items_whose_frames_were_overwritten_are_removed_and_counted():
     """Episodes of one step cost two frames a transition; with no spare rows the oldest transitions lose frames
     before the ring reaches them: they leave (removed_by_frames) and what stays is exact."""
