@@ -287,6 +287,15 @@ _NUMPY_TORCH = (  # frame dtypes numpy holds; the others are read as their bit p
 )
 
 
+def same_bits(a: np.ndarray, b: np.ndarray) -> bool:
+    """Frames equal bit for bit (a NaN pixel equals itself, -0.0 differs from 0.0): what dedup and the stream checks
+    compare, so every stack comes back exactly as it was pushed."""
+    if a.dtype.kind == 'f':
+        a, b = np.ascontiguousarray(a), np.ascontiguousarray(b)
+        a, b = a.view(f'u{a.itemsize}'), b.view(f'u{b.itemsize}')
+    return np.array_equal(a, b)
+
+
 def stack_of(
     item: Mapping,
     key: str,
@@ -401,7 +410,7 @@ class StreamEncoder:
                 else:
                     before = frames_of(prev[0])
                     if before is not None:
-                        if not np.array_equal(before, obs):
+                        if not same_bits(before, obs):
                             raise ValueError(
                                 f"item {i}: field {self.key!r} does not continue environment {env!r}: it differs "
                                 f"from the {self.next_key!r} of that environment's previous step, which did not end "
@@ -413,13 +422,13 @@ class StreamEncoder:
             if obs_ids is None:  # an episode starts (or its previous frames left the ring): store its first stack
                 ids: List[int] = []
                 for k in range(stack):
-                    if k and np.array_equal(obs[k], obs[k - 1]):
+                    if k and same_bits(obs[k], obs[k - 1]):
                         ids.append(ids[-1])  # repeated (reset padding): one frame
                     else:
                         frames.append(np.array(obs[k], copy=True))
                         ids.append(first + len(frames) - 1)
                 obs_ids = tuple(ids)
-            if check and stack > 1 and not np.array_equal(nxt[:-1], obs[1:]):
+            if check and stack > 1 and not same_bits(nxt[:-1], obs[1:]):
                 raise ValueError(
                     f"item {i}: field {self.next_key!r} is not {self.key!r} shifted by one frame (frames "
                     f"0..{stack - 2} of {self.next_key!r} must equal frames 1..{stack - 1} of {self.key!r}, as a "

@@ -141,6 +141,26 @@ def test_a_batch_with_nested_fields_is_stored_as_its_steps_one_at_a_time_are():
     assert out['next']['step'].tolist() == out['step'].tolist()
 
 
+def test_float_frames_are_compared_bit_for_bit_nan_pixels_and_signed_zeros_included():
+    buf = create_buffer(dict(type='naive', replay_buffer_size=10, seed=0, storage=dict(type='tensor', frames={})))
+    f = [torch.tensor([float(i), 0.0]) for i in range(5)]
+    f[2][1] = float('nan')  # a NaN pixel: the stack that holds it still continues the stream
+    f[3][1] = -0.0  # a signed zero comes back with its sign
+    stacks = [torch.stack([f[0], f[0], f[1], f[2]]), torch.stack([f[0], f[1], f[2], f[3]])]
+    stacks.append(torch.stack([f[1], f[2], f[3], f[4]]))
+    buf.push(dict(obs=stacks[0], next_obs=stacks[1], reward=0.0, done=False))
+    buf.push(dict(obs=stacks[1], next_obs=stacks[2], reward=0.0, done=False))
+    assert buf.count() == 2 and buf.storage.frames_stored() == 5  # f0 f1 f2 f3 f4: the reset frame repeats once
+    out = buf.sample(2)
+    order = out['replay_unique_id'].argsort()
+    for got, want in zip(out['obs'][order], stacks[:2]):
+        assert torch.equal(got.view(torch.int32), want.view(torch.int32))  # bit for bit
+    flipped = stacks[2].clone()
+    flipped[2, 1] = 0.0  # +0.0 where the stored frame holds -0.0: not the previous next_obs
+    with pytest.raises(ValueError, match='does not continue environment'):
+        buf.push(dict(obs=flipped, next_obs=torch.stack([f[2], f[3], f[4], f[0]]), reward=0.0, done=False))
+
+
 def test_items_whose_frames_were_overwritten_are_removed_and_counted():
     """Episodes of one step cost two frames a transition; with no spare rows the oldest transitions lose frames
     before the ring reaches them: they leave (removed_by_frames) and what stays is exact."""
