@@ -89,7 +89,8 @@ class PrioritizedWindows:
         if not has_priorities(info):
             return None
         prio = np.asarray(as_numpy(info['priority']))
-        as_priorities(info['priority'])  # real numbers finite in float32 and >= 0, entry by entry, before any use
+        if prio.ndim <= 1:
+            as_priorities(info['priority'])  # real numbers finite in float32 and >= 0, entry by entry, before any use
         idx = np.asarray(as_numpy(info['replay_buffer_idx']))
         ids = as_numpy(info['replay_unique_id'])
         ids_arr = np.asarray(ids)
@@ -101,7 +102,8 @@ class PrioritizedWindows:
         elif not per_window:
             if prio.shape != idx.shape:
                 raise ValueError(f"per-step 'priority' has shape {prio.shape}, 'replay_buffer_idx' {idx.shape}")
-            keep = idx.reshape(-1) != -1  # padding
+            keep = idx.reshape(-1) != -1  # padding: its priorities are skipped, whatever they hold
+            as_priorities(np.where(keep, prio.reshape(-1), 0) if prio.dtype.kind in 'biuf' else prio.reshape(-1))
             prio, idx, ids_arr = prio.reshape(-1)[keep], idx.reshape(-1)[keep], ids_arr.reshape(-1)[keep]
         parsed = parse_update(
             {'priority': prio, 'replay_buffer_idx': idx, 'replay_unique_id': ids_arr},

@@ -745,3 +745,27 @@ def test_a_list_storage_episode_with_a_nested_collect_iter_is_stored_and_reloads
     again = create_buffer(dict(type='episode', replay_buffer_size=2, storage=dict(type='list')))
     again.load_state_dict(buf.state_dict())
     assert_same(again.state_dict(), buf.state_dict())
+
+
+def test_per_step_priorities_at_padded_steps_are_skipped_whatever_they_hold():
+    cfg = dict(
+        type='prioritized_episode',
+        replay_buffer_size=10,
+        max_transitions=40,
+        pad_short_episodes=True,
+        sampler=dict(type='prioritized', unroll_len=4),
+        storage=dict(type='tensor'),
+        seed=0,
+    )
+    buf = create_buffer(cfg)
+    buf.push({'t': torch.arange(2)})  # shorter than a window: two steps of padding
+    batch = buf.sample(2)
+    keys = {k: batch[k] for k in ('replay_unique_id', 'replay_buffer_idx')}
+    priority = torch.full((2, 4), 3.0)
+    priority[~batch['mask']] = float('nan')
+    assert buf.update(dict(keys, priority=priority)) == {'updated': 4, 'stale': 0}
+    priority[0, 0] = float('nan')  # a real step: refused, naming its place
+    before = buf.state_dict()
+    with pytest.raises(ValueError, match='entry 0 is nan'):
+        buf.update(dict(keys, priority=priority))
+    assert_same(buf.state_dict(), before)
