@@ -17,9 +17,9 @@ import copy
 import difflib
 import logging
 import numbers
+import sys
 from typing import Any, Callable, Dict, Mapping, Optional, Tuple
 
-import numpy as np
 from easydict import EasyDict
 
 # Keys that every buffer config may carry without being listed in its defaults.
@@ -210,7 +210,8 @@ def build_config(
 def _plain_numbers(value: Any) -> Any:
     """Numpy scalars the checks accepted (``np.float64`` is a float) as Python numbers, in place through dicts and
     lists: states and files that carry config values then hold no numpy object (they load without pickle)."""
-    if isinstance(value, np.generic):
+    np = sys.modules.get('numpy')  # not imported: no numpy scalar can be here (the CLI starts without numpy)
+    if np is not None and isinstance(value, np.generic):
         return value.item()
     if isinstance(value, dict):
         for k, v in value.items():
