@@ -33,11 +33,6 @@ from .sample_wait import poll_for_batch
 from .shm_ring import RingPusher, WireRest
 
 
-def _from_pushes(name: str, doc: str) -> property:
-    """A read-only attribute of the buffer's push pipeline (``RemoteBuffer.pushes``)."""
-    return property(lambda self: getattr(self.pushes, name), doc=doc)
-
-
 class RemoteBuffer(IBuffer):
     """
     Overview:
@@ -121,11 +116,30 @@ class RemoteBuffer(IBuffer):
         return self.push(batch, cur_collector_envstep, batched=True)
 
     # what the pushes learned, under the names the docs use (the push pipeline holds them)
-    last_score = _from_pushes('last_score', "Score dict of the last acknowledged push (``{'stored': n}``, or None).")
-    baseline_log_reward = _from_pushes('baseline_log_reward', "The manager's last baseline log-reward (or ``-inf``).")
-    filter_stats = _from_pushes('filter_stats', "Baseline filtering: rows ``total`` / ``kept``, ``sends``, ...")
-    unacknowledged = _from_pushes('unacknowledged', "Pushes in doubt (or an uncollected async one), resent next call.")
-    resent_pushes = _from_pushes('resent_pushes', "Pushes in doubt that were sent again.")
+    @property
+    def last_score(self) -> Optional[Dict[str, Any]]:
+        """The score dict of the last acknowledged push (``{'stored': n, ...}``; None before the first)."""
+        return self.pushes.last_score
+
+    @property
+    def baseline_log_reward(self) -> float:
+        """The manager's baseline log-reward, from its last push reply (``-inf`` before one names it)."""
+        return self.pushes.baseline_log_reward
+
+    @property
+    def filter_stats(self) -> Dict[str, int]:
+        """Worker-side baseline filtering: rows seen (``total``) and ``kept``, ``sends`` and ``skipped_sends``."""
+        return self.pushes.filter_stats
+
+    @property
+    def unacknowledged(self) -> int:
+        """Pushes in doubt (plus an uncollected async push), sent again by the next call."""
+        return self.pushes.unacknowledged
+
+    @property
+    def resent_pushes(self) -> int:
+        """Pushes in doubt that were sent again."""
+        return self.pushes.resent_pushes
 
     def add(self, data: Any) -> None:
         """torchgfn's name for ``push``."""
