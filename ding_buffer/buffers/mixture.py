@@ -7,6 +7,7 @@ and keeps their states together. It holds the members; they know nothing of it.
 """
 
 import contextlib
+import logging
 import threading
 import time
 import types
@@ -374,10 +375,12 @@ class MixtureReplayBuffer(IBuffer):
             if left is None or left <= 0:
                 with self._lock:
                     self._counters['refused_sample'] += 1
+                reason = '; '.join(why) or 'every member is empty'
                 if left is not None:
-                    raise SampleTimeoutError(
-                        f"mixture: no sample of {size} within {timeout}s: {'; '.join(why) or 'every member is empty'}"
-                    )
+                    raise SampleTimeoutError(f"mixture: no sample of {size} within {timeout}s: {reason}")
+                logging.getLogger(f'ding_buffer.{self._instance_name}').info(
+                    "[%s] refuse to sample: %s", self._instance_name, reason
+                )
                 return None
             self._wait_ready(shares, cur_learner_iter, deadline)
         if any(part is None for *_, part in parts):  # a member refused after saying it would draw
