@@ -289,6 +289,18 @@ def positive_int(x: Any) -> bool:
     return isinstance(x, int) and not isinstance(x, bool) and x > 0
 
 
+# The most items a buffer may be sized for: beyond it the per-slot arrays alone (a flag, an id, a priority per
+# slot) need terabytes, so a larger value is a typo, refused naming its key instead of failing as a MemoryError.
+MAX_CAPACITY = 1 << 40
+
+
+def capacity_int(x: Any) -> bool:
+    return positive_int(x) and x <= MAX_CAPACITY
+
+
+CAPACITY_CHECK = (capacity_int, 'a positive int at most 2**40')
+
+
 def seed_ok(x: Any) -> bool:
     """A config ``seed``: None (drawn at random) or an int (a numpy int too) in [0, 2**63); a bool is not a seed."""
     return x is None or (isinstance(x, numbers.Integral) and not isinstance(x, bool) and 0 <= int(x) < 1 << 63)

@@ -157,6 +157,19 @@ def test_episode_specific_config_checks():
         create_buffer(dict(type='episode', storage=dict(memmap_dir='/tmp/x')))
 
 
+@pytest.mark.parametrize(
+    'kind', ['naive', 'advanced', 'deque', 'elastic', 'episode', 'prioritized_episode', 'sequence', 'gfn']
+)
+def test_a_capacity_beyond_any_memory_is_refused_naming_the_key(kind):
+    # refused by name at once, not by a MemoryError from the per-slot arrays; the largest accepted value is named
+    with pytest.raises(
+        ValueError, match=r"'replay_buffer_size' has invalid value 4611686018427387904.*at most 2\*\*40"
+    ):
+        create_buffer(dict(type=kind, replay_buffer_size=2**62))
+    with pytest.raises(ValueError, match=r"'max_transitions'.*at most 2\*\*40"):
+        create_buffer(dict(type='episode', max_transitions=2**41))
+
+
 def test_track_used_data_needs_list_storage():
     with pytest.raises(ValueError, match="'enable_track_used_data' needs storage.type='list'"):
         create_buffer(dict(type='naive', enable_track_used_data=True, storage=dict(type='tensor')))

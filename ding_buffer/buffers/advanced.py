@@ -9,7 +9,7 @@ engine's parts. Differences from DI-engine are fixes of what ``anchors/dingengin
 from typing import Any, Dict, Optional
 
 from ..base import BUFFER_REGISTRY
-from ..config import SEED_CHECK, dingengine_ignored, positive_int
+from ..config import CAPACITY_CHECK, SEED_CHECK, dingengine_ignored, positive_int
 from ..storage import STORAGE_CHECKS, STORAGE_CONFIG
 from .engine import Engine, parts_checks, parts_config, table_attribute
 from .prioritized_table import PrioritizedTable
@@ -52,7 +52,7 @@ ADVANCED_CONFIG = dict(
     storage=STORAGE_CONFIG,
 )
 ADVANCED_CHECKS = dict(
-    replay_buffer_size=(positive_int, 'a positive int'),
+    replay_buffer_size=CAPACITY_CHECK,
     alpha=(lambda x: 0 <= x <= 1, 'a number in [0, 1]'),
     beta=(lambda x: 0 <= x <= 1, 'a number in [0, 1]'),
     anneal_step=(lambda x: x >= 0 and x == int(x), 'an int >= 0'),

@@ -35,7 +35,7 @@ from typing import Any, Dict, List, Mapping, Optional
 from easydict import EasyDict
 
 from ..base import BUFFER_REGISTRY
-from ..config import INF, SEED_CHECK, build_config, dingengine_ignored, positive_int
+from ..config import CAPACITY_CHECK, INF, SEED_CHECK, build_config, dingengine_ignored, positive_int
 from ..control.capacity import index_for
 from ..storage import STORAGE_CHECKS, STORAGE_CONFIG, FreeListIndex
 from .advanced import AdvancedReplayBuffer
@@ -70,7 +70,7 @@ DEQUE_CONFIG = dict(
     storage=STORAGE_CONFIG,
 )
 DEQUE_CHECKS = dict(
-    replay_buffer_size=(positive_int, 'a positive int'),
+    replay_buffer_size=CAPACITY_CHECK,
     train_iter_per_log=(positive_int, 'a positive int'),
     priority_power_factor=(lambda x: 0 <= x <= 1, 'a number in [0, 1]'),
     IS_weight_power_factor=(lambda x: 0 <= x <= 1, 'a number in [0, 1]'),

@@ -21,7 +21,7 @@ from typing import Any, Dict, Optional
 import numpy as np
 
 from ..base import BUFFER_REGISTRY
-from ..config import SEED_CHECK, positive_int
+from ..config import CAPACITY_CHECK, SEED_CHECK, positive_int
 from ..storage import device_ok
 from .engine import Engine, parts_checks, parts_config, table_attribute
 from .reward_table import RewardTable
@@ -61,7 +61,7 @@ GFN_CONFIG = dict(
     ),
 )
 GFN_CHECKS = dict(
-    replay_buffer_size=(positive_int, 'a positive int'),
+    replay_buffer_size=CAPACITY_CHECK,
     sample_replacement=(lambda x: x is None or isinstance(x, bool), 'None, True or False'),
     state_key=(_key, 'a non-empty str'),
     log_reward_key=(_key, 'a non-empty str'),

@@ -5,7 +5,7 @@ engine's parts by config: ``max_use`` (DI-engine's impala configs set it on a na
 from typing import Any, Optional
 
 from ..base import BUFFER_REGISTRY
-from ..config import SEED_CHECK, dingengine_ignored, positive_int
+from ..config import CAPACITY_CHECK, SEED_CHECK, dingengine_ignored
 from ..storage import STORAGE_CHECKS, STORAGE_CONFIG
 from .engine import Engine, parts_checks, parts_config, table_attribute
 from .slot_table import SlotTable
@@ -30,7 +30,7 @@ NAIVE_CONFIG = dict(
     storage=STORAGE_CONFIG,
 )
 NAIVE_CHECKS = dict(
-    replay_buffer_size=(positive_int, 'a positive int'),
+    replay_buffer_size=CAPACITY_CHECK,
     periodic_thruput_seconds=(lambda x: x > 0, 'a positive number of seconds'),
     seed=SEED_CHECK,
     **parts_checks(0.0),
