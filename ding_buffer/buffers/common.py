@@ -3,6 +3,7 @@ steps as ints, ``sample(timeout=...)`` values, ``None`` in a pushed list)."""
 
 import copy
 import itertools
+import numbers
 import operator
 import threading
 from typing import Any, List, Mapping, Optional
@@ -43,17 +44,17 @@ def check_step(value: Any, name: str) -> int:
 
 
 def check_wait_timeout(timeout: Any) -> Optional[float]:
-    """A ``sample(timeout=...)`` argument: None, or a number of seconds in [0, ``threading.TIMEOUT_MAX``]
-    (NaN and inf would wait forever); ``ValueError`` otherwise."""
-    if timeout is not None and (
-        isinstance(timeout, (bool, np.bool_))
-        or not isinstance(timeout, (int, float))
-        or not 0 <= timeout <= threading.TIMEOUT_MAX
-    ):
-        raise ValueError(
-            f"timeout must be None or a number of seconds in [0, {threading.TIMEOUT_MAX:g}], got {timeout!r:.40}"
-        )
-    return timeout
+    """A ``sample(timeout=...)`` argument as a float: None, or a number of seconds (numpy's too) in [0,
+    ``threading.TIMEOUT_MAX``] (NaN and inf would wait forever); ``ValueError`` otherwise."""
+    if timeout is None:
+        return None
+    if not isinstance(timeout, (bool, np.bool_)) and isinstance(timeout, numbers.Real):
+        seconds = float(timeout)
+        if 0 <= seconds <= threading.TIMEOUT_MAX:
+            return seconds
+    raise ValueError(
+        f"timeout must be None or a number of seconds in [0, {threading.TIMEOUT_MAX:g}], got {timeout!r:.40}"
+    )
 
 
 def check_size(size: Any) -> None:

@@ -567,7 +567,7 @@ class Engine(IBuffer):
         """
         check_size(size)
         cur_learner_iter = check_step(cur_learner_iter, 'cur_learner_iter')
-        check_wait_timeout(timeout)
+        timeout = check_wait_timeout(timeout)
         self._check_open()
         shortfall = self._t.request(size).shortfall
         with self._lock:
@@ -585,7 +585,7 @@ class Engine(IBuffer):
         check_size(size)
         if type(cur_learner_iter) is not int or not -STEP_LIMIT < cur_learner_iter < STEP_LIMIT:
             cur_learner_iter = check_step(cur_learner_iter, 'cur_learner_iter')
-        check_wait_timeout(timeout)
+        timeout = check_wait_timeout(timeout)
         self._check_open()
         with self._lock:
             # Rules, limits or a wait to run first? Otherwise the draw refuses by itself (the hot path).

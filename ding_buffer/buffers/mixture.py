@@ -356,7 +356,7 @@ class MixtureReplayBuffer(IBuffer):
         """
         check_size(size)
         check_step(cur_learner_iter, 'cur_learner_iter')
-        check_wait_timeout(timeout)
+        timeout = check_wait_timeout(timeout)
         self._check_open()
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._lock:

@@ -169,12 +169,12 @@ class RemoteBuffer(IBuffer):
             ``SampleTimeoutError`` too; a lost connection, or a poll that outlives ``distributed.timeout``, in
             ``ManagerUnavailableError``.
         """
+        timeout = check_wait_timeout(timeout)  # before anything is asked: NaN or inf would poll forever
         if self._local is not None:
             if timeout is not None:
                 kwargs['timeout'] = timeout
             return self._local.sample(size, cur_learner_iter, **kwargs)
         kwargs['cur_learner_iter'] = cur_learner_iter
-        check_wait_timeout(timeout)  # before anything is asked: NaN or inf would poll forever
         if timeout is None:
             return self._request('sample', size=size, kwargs=kwargs)
 

@@ -187,7 +187,7 @@ class ShardedBuffer:
             raise ValueError(f"sample size must be an int > 0, got {size!r:.40}")
         if replace is not None and (self.prioritized or type(replace) is not bool):
             raise TypeError("replace is a bool, for the naive and gfn types (prioritized draws are with replacement)")
-        check_wait_timeout(timeout)  # before anything is asked: NaN or inf would poll forever
+        timeout = check_wait_timeout(timeout)  # before anything is asked: NaN or inf would poll forever
         if timeout is None:
             return self._sample_once(size, cur_learner_iter, replace)
         return poll_for_batch(

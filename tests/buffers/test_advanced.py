@@ -1279,6 +1279,19 @@ def test_blocking_sample_times_out_when_never_allowed(storage):
         limited.sample(1, timeout=-1)
 
 
+@pytest.mark.parametrize('timeout', [np.float32(0.05), np.float16(0.0), np.int64(0), np.int32(1)])
+def test_a_numpy_timeout_counts_seconds_as_a_python_number_does(timeout):
+    buf = make('list', size=16)
+    push_ids(buf, range(2))
+    assert len(buf.sample(2, timeout=timeout)) == 2  # servable: served at once
+    before = buf.state_dict()
+    t0 = time.monotonic()
+    with pytest.raises(SampleTimeoutError):
+        buf.sample(4, timeout=timeout)  # 2 items, no replacement of a batch of 4: waits its timeout, then refuses
+    assert float(timeout) - 0.01 <= time.monotonic() - t0 < GENEROUS
+    assert_same(buf.state_dict(), before)
+
+
 @pytest.mark.parametrize('storage', STORAGES)
 def test_blocking_sample_returns_when_another_thread_pushes(storage):
     buf = make(storage, size=16)

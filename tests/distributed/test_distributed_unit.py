@@ -1966,6 +1966,19 @@ def test_a_sample_poll_that_outlives_the_sample_timeout_is_a_sample_timeout(monk
     assert out['lost'] == {}, out
 
 
+def test_remote_sample_takes_a_numpy_timeout_as_seconds():
+    """A numpy timeout (np.float32, np.int64) is seconds, as a Python number is, and crosses the wire as one."""
+    cfg = make_cfg(type='naive', storage='list', timeout=5.0, heartbeat_seconds=5.0)
+    mgr, out, th, (w,) = _in_process_job(cfg)
+    w.push(item(1))
+    assert len(w.sample(1, timeout=np.float32(5))) == 1
+    with pytest.raises(SampleTimeoutError):
+        w.sample(4, replace=False, timeout=np.int64(0))
+    w.close()
+    th.join(20)
+    assert out['exited'] == ['1']
+
+
 @pytest.mark.parametrize('bad', [float('nan'), float('inf'), -1.0, True, 'x', 1e300])
 def test_remote_sample_refuses_a_bad_timeout_before_asking(bad):
     """sample(timeout=NaN) used to poll forever (NaN never runs out); every bad timeout is refused by name, as the
