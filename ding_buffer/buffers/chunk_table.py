@@ -54,14 +54,13 @@ from ..control.limiter import limiter_config
 from ..control.limits import UseLimit, build_remover
 from ..storage.base import NO_ITER
 from ..storage.fragment_store import FragmentStore, check_id
-from .common import check_size, check_wait_timeout
+from .common import MAX_NAME, check_size, check_wait_timeout, checked_session
 from .table import Drawn, Needs, Request, Restored, Table, Write, Written
 
 _NO_SLOTS = np.empty(0, dtype=np.int64)
 # (worker, fid, model_version, session_id, fragment_id)
 Record = Tuple[str, int, int, str, str]
 MAX_WORKERS = 1 << 16  # workers whose order is tracked: a bound on what a peer inventing names can make us keep
-MAX_NAME = 128
 INT_LIMIT = 1 << 62
 
 
@@ -129,13 +128,6 @@ def saved_run(records: List[Record], what: str) -> List[Record]:
     if any(r[0] != records[0][0] or r[1] != records[0][1] + i for i, r in enumerate(records)):
         raise ValueError(f"{what} in state is not one worker's consecutive fragments")
     return records
-
-
-def checked_session(session_id: Any) -> str:
-    """A session id: a printable str of at most ``MAX_NAME`` characters (``ValueError`` otherwise)."""
-    if not isinstance(session_id, str) or len(session_id) > MAX_NAME or not session_id.isprintable():
-        raise ValueError(f"session_id must be a printable str of at most {MAX_NAME} characters, got {session_id!r:.60}")
-    return session_id
 
 
 class ChunkTable(Table):

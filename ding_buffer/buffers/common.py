@@ -43,6 +43,16 @@ def check_step(value: Any, name: str) -> int:
     raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r:.40}")
 
 
+MAX_NAME = 128  # characters of a worker or session name
+
+
+def checked_session(session_id: Any) -> str:
+    """A session id: a printable str of at most ``MAX_NAME`` characters (``ValueError`` otherwise)."""
+    if not isinstance(session_id, str) or len(session_id) > MAX_NAME or not session_id.isprintable():
+        raise ValueError(f"session_id must be a printable str of at most {MAX_NAME} characters, got {session_id!r:.60}")
+    return session_id
+
+
 def check_wait_timeout(timeout: Any) -> Optional[float]:
     """A ``sample(timeout=...)`` argument as a float: None, or a number of seconds (numpy's too) in [0,
     ``threading.TIMEOUT_MAX``] (NaN and inf would wait forever); ``ValueError`` otherwise."""

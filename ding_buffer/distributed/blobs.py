@@ -9,10 +9,13 @@ holds at most ``MAX_NAMES`` payloads, of at most ``distributed.max_blob_mb`` tog
 tensors, strings and bytes).
 """
 
-from typing import Any, Dict, Optional
+import numbers
+from typing import Any, Dict, Optional, Tuple
 
 import numpy as np
 import torch
+
+from ..buffers.common import STEP_LIMIT, checked_session
 
 MAX_NAMES = 16
 MAX_NAME_CHARS = 64
@@ -29,6 +32,19 @@ def check_version(version: Any, what: str = 'blob version') -> int:
     if type(version) is not int or not -1 <= version < VERSION_LIMIT:
         raise ValueError(f"{what} must be an int in [-1, 2**62), got {version!r:.40}")
     return version
+
+
+def check_stamp(version: Any, session_id: Any) -> Tuple[Optional[int], Optional[str]]:
+    """The model version and session a learner sets or a push carries, as a version in [-1, 2**60) (an int,
+    numpy's too; None: no stamp; the manager samples with it as the learner iteration, whose bound is 2**60) and
+    None or a session name (``TypeError`` / ``ValueError`` naming the value)."""
+    if version is not None:
+        if not isinstance(version, numbers.Integral) or isinstance(version, (bool, np.bool_)):
+            raise TypeError(f"model version must be an int, got {type(version).__name__} {version!r:.40}")
+        if not -1 <= version < STEP_LIMIT:
+            raise ValueError(f"model version must be an int in [-1, 2**60), got {version!r:.40}")
+        version = int(version)
+    return version, None if session_id is None else checked_session(session_id)
 
 
 def payload_bytes(obj: Any) -> int:

@@ -17,13 +17,14 @@ def _number(x: Any) -> bool:
 
 
 def _seconds(x: Any) -> bool:
-    """A finite positive number: every blocking wait has a bound."""
-    return _number(x) and x > 0
+    """A finite positive number of at most 1e7 (115 days): every blocking wait has a bound that the clocks, timers
+    and deadlines it feeds can hold (1e10 overflowed a platform time_t at the first wait)."""
+    return _number(x) and 0 < x <= 1e7
 
 
 # checks shared by several keys
-_SECONDS = (_seconds, 'a finite positive number of seconds')
-_OPTIONAL_SECONDS = (lambda x: x is None or _seconds(x), 'None or a finite positive number of seconds')
+_SECONDS = (_seconds, 'a positive number of seconds, at most 1e7')
+_OPTIONAL_SECONDS = (lambda x: x is None or _seconds(x), 'None or a positive number of seconds, at most 1e7')
 _MIB = (lambda x: _number(x) and 0 < x <= (1 << 23), 'a finite positive number of MiB (at most 8 TiB)')
 _NAME = (lambda x: isinstance(x, str) and bool(x), 'a non-empty str')
 _FUNCTION = (
@@ -189,7 +190,10 @@ DISTRIBUTED_CHECKS = dict(
     baseline_strategy=(lambda x: x is None or x in BASELINES, f"None or one of {BASELINES}"),
     baseline_percentile=(lambda x: 0 <= x <= 1, 'a number in [0, 1]'),
     baseline_ema_alpha=(lambda x: 0 < x <= 1, 'a number in (0, 1]'),
-    max_version_lag=(lambda x: x is None or (isinstance(x, int) and x >= 0), 'None or an int >= 0'),
+    max_version_lag=(
+        lambda x: x is None or (isinstance(x, int) and not isinstance(x, bool) and 0 <= x < 1 << 62),
+        'None or an int in [0, 2**62)',
+    ),
     max_reuse=(optional_positive_int, 'None or a positive int'),
     shard=(lambda x: isinstance(x, int) and x >= 0, 'an int >= 0'),
     shared_memory=(lambda x: type(x) is bool, 'a bool'),

@@ -22,7 +22,7 @@ from typing import Any, Callable, Dict, Optional
 
 from .baseline import BaselineTracker
 from .batching import count_items, log_rewards_of
-from .blobs import BlobStore
+from .blobs import BlobStore, check_stamp
 from .config import resolve_callable
 from .file_root import confine, resolve_file_root
 from .frames_wire import frames_decoder
@@ -152,6 +152,7 @@ class ManagerCore:
         self.counters['push_requests'] += 1
         n = count_items(data, batched)
         score: Dict[str, Any] = {}
+        model_version, session_id = check_stamp(model_version, session_id)
         if self._stale(model_version, session_id):
             self.counters['rejected_stale'] += n
             return {'stored': 0, 'rejected_stale': n, 'score': score}
@@ -206,7 +207,7 @@ class ManagerCore:
             return False
         if session is not None and self.session_id and session != self.session_id:
             return True
-        return self.model_version - int(version) > self.cfg.max_version_lag
+        return self.model_version - version > self.cfg.max_version_lag
 
     def _stored_log_rewards(self):
         if not self.buffer.has_log_rewards:  # declared by the buffer type (IBuffer.capabilities)
@@ -302,18 +303,19 @@ class ManagerCore:
         self.buffer.clear()
 
     def _model_version(self, sender, version, session_id=None) -> Dict[str, Any]:
-        if not isinstance(version, int) or isinstance(version, bool):
-            raise TypeError(f"model version must be an int, got {version!r}")
-        cleared = 0
+        version, session_id = check_stamp(version, session_id)  # all checked before anything changes
+        if version is None:
+            raise TypeError("model version must be an int, got None")
+        out = {'model_version': version, 'session_id': session_id, 'cleared': 0}
+        if self.buffer.version_gate:  # a buffer with its own gate (the chunk buffer), declared by its type
+            out.update(self.buffer.update_model_version(version, session_id))
         if session_id is not None and session_id != self.session_id:
             if self.session_id and self.cfg.max_version_lag is not None:
-                cleared = self.buffer.count()
+                out['cleared'] = self.buffer.count()
                 self.buffer.clear()  # MineStudio drops data of another session
             self.session_id = session_id
         self.model_version = version
-        out = {'model_version': version, 'session_id': self.session_id, 'cleared': cleared}
-        if self.buffer.version_gate:  # a buffer with its own gate (the chunk buffer), declared by its type
-            out.update(self.buffer.update_model_version(version, session_id))
+        out['session_id'] = self.session_id
         return out
 
     def _put_blob(self, sender, name, version, payload) -> Dict[str, Any]:

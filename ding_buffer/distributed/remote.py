@@ -24,7 +24,7 @@ from typing import Any, Dict, List, Optional
 from ..base import IBuffer
 from ..buffers.common import check_wait_timeout
 from ..errors import ManagerTimeoutError, SampleTimeoutError
-from .blobs import check_name, check_version
+from .blobs import check_name, check_stamp, check_version
 from .channel import deadline_in
 from .frames_wire import frames_encoder
 from .protocol import request_msg, result_of
@@ -244,13 +244,15 @@ class RemoteBuffer(IBuffer):
 
     def set_model_version(self, version: int, session_id: Optional[str] = None) -> None:
         """Stamp later pushes with the model version (and session) that produced them."""
-        self.pushes.model_version = int(version)
-        self.pushes.session_id = session_id
+        version, session_id = check_stamp(version, session_id)
+        if version is None:
+            raise TypeError("model version must be an int, got None")
+        self.pushes.model_version, self.pushes.session_id = version, session_id
 
     def update_model_version(self, version: int, session_id: Optional[str] = None) -> Dict[str, Any]:
         """Learner: move the manager to ``version`` (a new session clears data of the old one when gating)."""
         self.set_model_version(version, session_id)
-        return self._request('model_version', version=int(version), session_id=session_id)
+        return self._request('model_version', version=self.pushes.model_version, session_id=session_id)
 
     def put_blob(self, name: str, version: int, payload: Any) -> Dict[str, Any]:
         """Keep ``payload`` on the manager as version ``version`` of ``name`` (e.g. the learner's weights), unless

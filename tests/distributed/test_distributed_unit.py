@@ -963,6 +963,52 @@ def test_remote_model_version_stamps_pushes():
     assert rb.metadata()['model_version'] == 4 and core.buffer.count() == 1
 
 
+@pytest.mark.parametrize(
+    'version, session, error',
+    [
+        (5, torch.zeros(3), ValueError),  # a tensor session compared ambiguously in every later call
+        (5, 7, ValueError),
+        (5, 'x' * 200, ValueError),
+        (2**61, 's', ValueError),  # the manager samples with its version as the learner iteration (< 2**60)
+        (-2, 's', ValueError),
+        (True, 's', TypeError),
+        ('5', 's', TypeError),
+    ],
+)
+def test_a_bad_model_version_or_session_is_refused_and_changes_nothing(version, session, error):
+    rb, core, ch = make_remote(storage='list', max_version_lag=2)
+    rb.update_model_version(4, session_id='s')
+    rb.push(item(0))
+    before = core.buffer.state_dict()
+    with pytest.raises(error, match='model version|session_id'):
+        rb.update_model_version(version, session)  # refused on the worker, before anything is sent
+    with pytest.raises(error):
+        rb.set_model_version(version, session)
+    # a peer that sends it anyway gets an error reply, and the manager's version and session stay
+    reply = core.handle(W, req('model_version', version=version, session_id=session))
+    assert not reply['ok'] and ('model version' in reply['message'] or 'session_id' in reply['message'])
+    reply = core.handle(W, req('push', data=item(1), model_version=version, session_id=session))
+    assert not reply['ok']
+    assert (core.model_version, core.session_id) == (4, 's')
+    assert_same(core.buffer.state_dict(), before)
+    # later calls work: a stamped push, a sample (with the version as the learner iteration), a new session
+    rb.push(item(2))
+    assert rb.pushes.last_score['stored'] == 1 and len(rb.sample(2)) == 2
+    assert rb.update_model_version(np.int64(5), 't') == {'model_version': 5, 'session_id': 't', 'cleared': 2}
+
+
+def test_a_version_the_buffer_refuses_leaves_the_manager_as_it_was():
+    cfg = EasyDict(type='chunk', fragments_per_chunk=1, seed=0, distributed=dict(backend='torch'))
+    buf, dcfg, key = build_manager_buffer(cfg)
+    core = ManagerCore(buf, dcfg, key)
+    ok(core.handle(W, req('model_version', version=3, session_id='s1')))
+    buf.update_model_version = lambda version, session: (_ for _ in ()).throw(ValueError('the gate refuses'))
+    reply = core.handle(W, req('model_version', version=4, session_id='s2'))
+    assert not reply['ok'] and 'the gate refuses' in reply['message']
+    meta = ok(core.handle(W, req('metadata')))
+    assert (meta['model_version'], meta['session_id']) == (3, 's1')
+
+
 # ================================================================================================ 4. config
 @pytest.mark.parametrize(
     'dist, match',
@@ -982,6 +1028,13 @@ def test_remote_model_version_stamps_pushes():
         (dict(backend='ray', ray_address=6379), r"distributed\.ray_address"),
         (dict(backend='ray', namespace=''), r"distributed\.namespace"),
         (dict(backend='torch', log_reward_key=''), r"distributed\.log_reward_key"),
+        # seconds the clocks and timers they feed cannot hold (1e10 overflowed time_t at the first wait)
+        (dict(backend='torch', timeout=1e10), r"distributed\.timeout.*at most 1e7"),
+        (dict(backend='torch', heartbeat_seconds=1e10, peer_timeout=None), r"distributed\.heartbeat_seconds"),
+        (dict(backend='torch', startup_timeout=2**80), r"distributed\.startup_timeout"),
+        (dict(backend='torch', peer_timeout=1e300), r"distributed\.peer_timeout"),
+        (dict(backend='torch', max_version_lag=True), r"distributed\.max_version_lag"),
+        (dict(backend='torch', max_version_lag=2**62), r"distributed\.max_version_lag"),
     ],
 )
 def test_config_validation(dist, match):
