@@ -35,6 +35,7 @@ logger = logging.getLogger('ding_buffer.distributed')
 
 # the keyword arguments of the buffers' sample() a worker may pass; anything else is refused by name
 SAMPLE_KWARGS = ('cur_learner_iter', 'sample_range', 'replace', 'unroll_len', 'pad')
+MAX_WINDOW_ROWS = 1 << 16  # rows a windowed sample may always reply, however few steps the buffer holds
 # the ops a request may name besides 'ping', each served by the method '_<op>'
 OPS = (
     'push sample update count stats metadata state_dict load_state_dict save_data load_data clear model_version '
@@ -236,6 +237,15 @@ class ManagerCore:
             raise ValueError(
                 f"sample got keyword arguments {bad} that a {type(self.buffer).__name__}'s sample does not take; "
                 f"it takes {[k for k in takes if k in SAMPLE_KWARGS]}"
+            )
+        unroll = kwargs.get('unroll_len')
+        if isinstance(unroll, int) and size * unroll > max(
+            getattr(self.buffer, 'transition_count', 0), MAX_WINDOW_ROWS
+        ):
+            # windows of unroll_len steps (padded ones too): never more rows than the buffer holds, or 2**16
+            raise ValueError(
+                f"sample of {size} windows of unroll_len={unroll} steps would reply {size * unroll} rows, more "
+                f"than the buffer's {self.buffer.transition_count} stored steps and {MAX_WINDOW_ROWS}"
             )
         if (
             self.cfg.max_version_lag is not None

@@ -997,6 +997,24 @@ def test_a_bad_model_version_or_session_is_refused_and_changes_nothing(version, 
     assert rb.update_model_version(np.int64(5), 't') == {'model_version': 5, 'session_id': 't', 'cleared': 2}
 
 
+def test_a_windowed_sample_never_replies_more_rows_than_the_buffer_holds():
+    """sample(16, unroll_len=200_000, pad=True) of 15 stored steps replied 3.2M padded rows (131 MB; here 8 windows): a worker could
+    run the manager out of memory under its lock. Windows are bounded by the steps stored, or 2**16 rows."""
+    cfg = EasyDict(type='episode', replay_buffer_size=8, seed=0, distributed=dict(backend='torch'))
+    buf, dcfg, key = build_manager_buffer(cfg)
+    core = ManagerCore(buf, dcfg, key)
+    for n in (5, 10):
+        ok(core.handle(W, req('push', data={'obs': torch.arange(float(n))})))
+    before = buf.state_dict()
+    args = dict(unroll_len=200_000, pad=True, replace=True)
+    reply = core.handle(W, req("sample", size=8, kwargs=args))
+    assert not reply['ok'] and 'unroll_len=200000' in reply['message'] and '15 stored steps' in reply['message']
+    assert_same(buf.state_dict(), before)
+    # short episodes padded to a longer window (R2D2 early in training) still work, up to 2**16 rows
+    batch = ok(core.handle(W, req("sample", size=8, kwargs=dict(unroll_len=42, pad=True, replace=True))))
+    assert len(batch) == 8 and all(len(w["obs"]) == 42 for w in batch)
+
+
 def test_a_version_the_buffer_refuses_leaves_the_manager_as_it_was():
     cfg = EasyDict(type='chunk', fragments_per_chunk=1, seed=0, distributed=dict(backend='torch'))
     buf, dcfg, key = build_manager_buffer(cfg)
