@@ -163,10 +163,12 @@ class Engine(IBuffer):
         self._rules = build_removers(cfg) if needs.rules is None else needs.rules
         self._use_limit = find_rule(self._rules, UseLimit)
         self._capacity: Optional[CapacityRule] = find_capacity_rule(self._rules)
-        # a rule or sampler of the user's may raise or answer garbage mid-sample: the sample then snapshots what the
-        # draw moves
-        self._fallible = getattr(self._t, 'own_sampler', False) or any(
-            type(r) not in (UseLimit, StalenessLimit) and not isinstance(r, CapacityRule) for r in self._rules
+        # a rule or sampler of the user's (or a copy of the user's objects) may raise or answer garbage mid-sample:
+        # the sample then snapshots what the draw moves
+        self._fallible = (
+            getattr(self._t, 'own_sampler', False)
+            or bool(cfg.get('deepcopy', False))  # copies of the user's objects may raise too
+            or any(type(r) not in (UseLimit, StalenessLimit) and not isinstance(r, CapacityRule) for r in self._rules)
         )
         counted = self._use_limit or self._t.uses_counted
         self._uses: Optional[UseCounts] = UseCounts(needs.slots) if counted else None
@@ -625,6 +627,13 @@ class Engine(IBuffer):
         if type(drawn) is str:
             return self._refuse(drawn)
         slots, size, out, use, done, copied = drawn
+        if copied and self._deepcopy:  # first: a copy that raises (an object's own __deepcopy__) changes nothing
+            try:
+                out = copy.deepcopy(out)
+            except BaseException:
+                if use is not None and self._uses is not None:
+                    self._uses.unbump(slots)  # counted by the table's draw
+                raise
         if use is None and self._uses is not None:
             use = self._uses.bump(slots)
         if self._rules:  # usually none or one
@@ -643,7 +652,7 @@ class Engine(IBuffer):
             self._limiter.on_sample(size)
         if done is not None:
             self._due = done(self._last_envstep)
-        return copy.deepcopy(out) if copied and self._deepcopy else out
+        return out
 
     def last_sample_use(self) -> Optional[np.ndarray]:
         """Use counts of the elements the last ``sample`` drew, counting that draw (None when this buffer keeps

@@ -284,7 +284,11 @@ class PrioritizedTable(SlotTable):
         the monitor records it once the engine counted the draw (a broken rule of the user's fails it first)."""
         staleness = self._storage.staleness(slots, cur_learner_iter)
         extras = dict(priority=priority, staleness=staleness, use=use, IS=weights)
-        out = with_extras(self._storage, slots, extras, self.name, self.cfg.deepcopy, ids)
+        try:
+            out = with_extras(self._storage, slots, extras, self.name, self.cfg.deepcopy, ids)
+        except BaseException:  # a deep copy of an item of the user's raised: this draw counted no use
+            self.parts.uses.unbump(slots)
+            raise
         monitor = self.sampled_monitor
 
         def done(envstep: int) -> Any:

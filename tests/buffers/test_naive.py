@@ -618,3 +618,47 @@ def test_batched_push_does_not_alias_the_callers_batch(storage):
     xs = out['x'] if storage == 'tensor' else torch.stack([item['x'] for item in out])
     ys = out['y'] if storage == 'tensor' else torch.as_tensor(np.stack([item['y'] for item in out]))
     assert (xs == 0).all() and (ys == 0).all()
+
+
+class _Fragile:
+    """An object whose deep copy raises while ``fail`` is set."""
+
+    fail = False
+
+    def __deepcopy__(self, memo):
+        if _Fragile.fail:
+            raise RuntimeError('cannot copy me')
+        return _Fragile()
+
+    def __eq__(self, other):
+        return isinstance(other, _Fragile)
+
+
+@pytest.mark.parametrize(
+    'kind, push, size',
+    [
+        ('naive', [{'obs': 1}, {'obs': 2, 'f': _Fragile()}], 2),
+        ('advanced', [{'obs': 1}, {'obs': 2, 'f': _Fragile()}], 2),
+        ('episode', [[{'obs': 1, 'f': _Fragile()}, {'obs': 2}]], 1),
+    ],
+)
+def test_a_sample_whose_deep_copy_raises_changes_nothing(kind, push, size):
+    """deepcopy=True: the copy of the batch used to come last, after use counts, max_use removals, counters, beta
+    and the RNG had moved (naive lost both items). The sample is all or nothing, and the next one is the same."""
+    cfg = dict(type=kind, deepcopy=True, seed=0, replay_buffer_size=4)
+    if kind != 'episode':
+        cfg['max_use'] = 1
+    buf = create_buffer(cfg)
+    buf.push(push)
+    before = buf.state_dict()
+    _Fragile.fail = True
+    try:
+        with pytest.raises(RuntimeError, match='cannot copy me'):
+            buf.sample(size)
+    finally:
+        _Fragile.fail = False
+    assert_same(buf.state_dict(), before)
+    twin = create_buffer(cfg)
+    twin.load_state_dict(before)
+    assert_same(buf.sample(size), twin.sample(size), 'sample')
+    assert_same(buf.state_dict(), twin.state_dict())
