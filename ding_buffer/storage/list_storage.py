@@ -17,6 +17,28 @@ from .tensordict_io import is_tensordict, rows
 from .tree import unbatch
 
 
+def deep_copy(items: Any) -> Any:
+    """A deep copy of stored objects. Tensors inside an autograd graph (a pushed ``x * 2`` of a tensor that requires
+    grad: they refuse ``deepcopy``) are copied detached, as tensor storage stores them."""
+    try:
+        return copy.deepcopy(items)
+    except RuntimeError:
+        memo: Dict[int, Any] = {}
+        stack = [items]
+        while stack:  # containers the items nest tensors in
+            x = stack.pop()
+            if isinstance(x, torch.Tensor):
+                if x.requires_grad and not x.is_leaf:
+                    memo[id(x)] = x.detach().clone()
+            elif isinstance(x, Mapping):
+                stack.extend(x.values())
+            elif isinstance(x, (list, tuple)):
+                stack.extend(x)
+        if not memo:
+            raise
+        return copy.deepcopy(items, memo)
+
+
 class ListStorage(Storage):
     """
     Overview:
@@ -132,7 +154,7 @@ class ListStorage(Storage):
             'kind': self.kind,
             'ring': self.ring.state_dict(),
             'slots': torch.from_numpy(slots.astype(np.int64)),
-            'items': copy.deepcopy(self.gather(slots)),
+            'items': deep_copy(self.gather(slots)),
         }
 
     @classmethod

@@ -109,7 +109,7 @@ def unbatch(batch: Any) -> List[Dict[str, Any]]:
 
 def _row(leaf: Any, i: int) -> Any:
     if isinstance(leaf, torch.Tensor):
-        return leaf[i].clone()
+        return leaf[i].detach().clone()  # a row of its own, outside any graph (a graph's tensors refuse deepcopy)
     if isinstance(leaf, np.ndarray):
         return leaf[i].copy()
     return leaf[i]

@@ -662,3 +662,21 @@ def test_a_sample_whose_deep_copy_raises_changes_nothing(kind, push, size):
     twin.load_state_dict(before)
     assert_same(buf.sample(size), twin.sample(size), 'sample')
     assert_same(buf.state_dict(), twin.state_dict())
+
+
+@pytest.mark.parametrize('kind', ['naive', 'advanced', 'deque'])
+def test_tensors_inside_an_autograd_graph_do_not_break_a_later_state_dict(kind):
+    """A batch that requires grad (a policy output not detached) was split into rows that stayed in its graph, and
+    a pushed ``x * 2`` stayed one: both refuse deepcopy, so every later state_dict / save_data raised."""
+    torch.manual_seed(0)
+    x = torch.randn(3, requires_grad=True)
+    buf = create_buffer(dict(type=kind, replay_buffer_size=8, seed=0))
+    assert buf.extend({'obs': torch.randn(2, 3, requires_grad=True) * 2, 'reward': torch.ones(2)}) == 2
+    buf.push({'obs': x * 2, 'reward': torch.tensor(1.0)})
+    twin = create_buffer(dict(type=kind, replay_buffer_size=8, seed=0))
+    twin.load_state_dict(buf.state_dict())
+    assert twin.count() == 3
+    items = twin.sample(3, 0) if kind == 'deque' else twin.sample(3)
+    assert len(items) == 3 and not any(item['obs'].requires_grad for item in items)
+    if kind != 'advanced':  # drawn without replacement: all three
+        assert any(torch.equal(item['obs'], (x * 2).detach()) for item in items)

@@ -998,8 +998,8 @@ def test_a_bad_model_version_or_session_is_refused_and_changes_nothing(version, 
 
 
 def test_a_windowed_sample_never_replies_more_rows_than_the_buffer_holds():
-    """sample(16, unroll_len=200_000, pad=True) of 15 stored steps replied 3.2M padded rows (131 MB; here 8 windows): a worker could
-    run the manager out of memory under its lock. Windows are bounded by the steps stored, or 2**16 rows."""
+    """sample(16, unroll_len=200_000, pad=True) of 15 stored steps replied 3.2M padded rows (131 MB): a worker
+    could run the manager out of memory under its lock. Windows are bounded by the steps stored, or 2**16 rows."""
     cfg = EasyDict(type='episode', replay_buffer_size=8, seed=0, distributed=dict(backend='torch'))
     buf, dcfg, key = build_manager_buffer(cfg)
     core = ManagerCore(buf, dcfg, key)
