@@ -359,18 +359,20 @@ class MixtureReplayBuffer(IBuffer):
         timeout = check_wait_timeout(timeout)
         self._check_open()
         deadline = None if timeout is None else time.monotonic() + timeout
-        with self._lock:
-            self._counters['sample_calls'] += 1
         while True:
             with contextlib.ExitStack() as held:
                 for name in self._names:
                     held.enter_context(self._members[name].lock)
                 with self._lock:
+                    self._check_open()  # close() ends a wait
+                    before = self._rng.bit_generator.state
                     shares = self._shares(int(size))
                 why = [] if shares is None else self._refusals(shares, cur_learner_iter)
                 if shares is not None and not why:
                     parts = [(i, n, k, self._members[n].sample(k, cur_learner_iter)) for i, n, k in shares]
                     break
+                with self._lock:
+                    self._rng.bit_generator.state = before  # a refusal draws nothing: the shares are drawn again
             left = None if deadline is None else deadline - time.monotonic()
             if left is None or left <= 0:
                 with self._lock:
@@ -388,6 +390,7 @@ class MixtureReplayBuffer(IBuffer):
                 self._counters['refused_sample'] += 1
             return None
         with self._lock:
+            self._counters['sample_calls'] += 1
             for _, name, k, _ in parts:
                 self._counters[f'sampled_{name}'] += k
         return concat([p[3] for p in parts], self._key, [p[1] for p in parts], [p[0] for p in parts])

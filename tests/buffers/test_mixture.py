@@ -11,7 +11,7 @@ import pytest
 import torch
 from helpers import assert_same, chi_square, chi_threshold, states_equal, wait_until
 
-from ding_buffer import create_buffer
+from ding_buffer import SampleTimeoutError, create_buffer
 from ding_buffer.buffers.mixture import split_counts
 
 
@@ -552,3 +552,43 @@ def test_is_weights_are_kept_whichever_member_comes_first(first):
     assert [w for n, w in zip(names, is_w) if n == 'offline'] == [1.0] * names.count('offline')
     assert all(0.0 < w <= 1.0 for w in is_w)
     buf.close()
+
+
+@pytest.mark.parametrize('weights', ['size', {'offline': 1, 'online': 1}])
+def test_close_ends_a_waiting_sample(weights):
+    """Under weights='size' an empty mixture's sample(timeout=) slept out its whole timeout after close()."""
+    buf = mixture(weights=weights)
+    out = {}
+
+    def learner():
+        t0 = time.monotonic()
+        try:
+            buf.sample(4, timeout=30)
+        except Exception as e:  # noqa: BLE001 - the test reads what was raised
+            out['error'] = e
+        out['waited'] = time.monotonic() - t0
+
+    th = threading.Thread(target=learner)
+    th.start()
+    time.sleep(0.2)
+    buf.close()
+    th.join(20)
+    assert not th.is_alive() and out['waited'] < 10, out
+    assert isinstance(out['error'], RuntimeError) and 'closed' in str(out['error'])
+
+
+def test_a_refused_sample_moves_neither_the_rng_nor_the_sample_count():
+    """A refusal counts refused_sample only, as on every engine buffer; the shares it drew are drawn again."""
+    buf = filled(n_off=20, n_on=20, weights={'offline': 1, 'online': 1})
+    twin = filled(n_off=20, n_on=20, weights={'offline': 1, 'online': 1})
+    before = buf.state_dict()
+    assert buf.sample(41) is None
+    with pytest.raises(SampleTimeoutError):
+        buf.sample(41, timeout=0.05)
+    state = buf.state_dict()
+    assert state['counters']['refused_sample'] == 2
+    state['counters']['refused_sample'] = before['counters']['refused_sample']
+    assert_same(state, before)
+    assert buf.stats()['sample_calls'] == 0
+    assert_same(buf.sample(8), twin.sample(8), 'sample')
+    assert buf.stats()['sample_calls'] == 1
