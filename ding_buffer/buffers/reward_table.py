@@ -165,10 +165,14 @@ class RewardTable(Table):
         states and their log-rewards (``gfn_admission.terminating_states``)."""
         return terminating_states(self.cfg, data) if self.terminating else data
 
+    def needs_rewards(self) -> bool:
+        """Whether every item needs a log-reward (prioritized capacity or sampling); otherwise an item of a container
+        without log-rewards (torchgfn's backward trajectories) is kept with NaN, in files too."""
+        return self.prioritized() or self.cfg.prioritized_sampling
+
     def validate(self, batch: GFNBatch) -> None:
         """Everything that can reject the batch, checked before anything changes."""
-        needs_reward = self.prioritized() or self.cfg.prioritized_sampling
-        if needs_reward and batch.n and np.isnan(batch.log_reward).any():
+        if self.needs_rewards() and batch.n and np.isnan(batch.log_reward).any():
             raise ValueError(
                 "log_rewards must be defined for prioritized replay (prioritized_capacity / prioritized_sampling / "
                 "gfn_diverse); the container has none"
