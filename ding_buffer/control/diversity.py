@@ -234,11 +234,15 @@ class StateSet:
         return self._buckets
 
     def clear(self) -> None:
+        """No item stored: counting starts again with the next push (a buffer that held items without a single
+        terminating state counts those of its next pushes)."""
         self.present[:] = False
         self.unhashed[:] = False
         self._unique = 0
         if self._buckets is not None:
             self._buckets = {}
+        if self.enabled is False:
+            self.enabled = None
 
     def enable(self) -> None:
         """Count unique states (a restored, empty buffer that counted them before)."""
@@ -246,8 +250,8 @@ class StateSet:
             self.enabled = True
 
     def disable(self) -> None:
-        self.enabled = False
         self.clear()
+        self.enabled = False
         self._buckets = None
 
     def compact(self, keep: np.ndarray) -> None:

@@ -1243,3 +1243,22 @@ def test_torchgfn_attributes(samplers, env, pool, btype, kind):
         assert item_keys(ours_tc) == item_keys(theirs.training_container)
     buf.clear()
     assert len(buf.training_container) == 0
+
+
+def test_clear_starts_counting_unique_states_again():
+    """A StatesContainer with a non-terminating row turns the unique-state count off (-1): it stayed -1 after
+    clear(), on an empty buffer and after every later push of terminating states."""
+    env = HyperGrid(ndim=2, height=8)
+    states = env.States(torch.tensor([[1, 2], [3, 4], [1, 2]]))
+    lr = torch.tensor([0.5, 1.0, 0.5])
+    partial = StatesContainer(env=env, states=states, is_terminating=torch.tensor([True, True, False]), log_rewards=lr)
+    clean = StatesContainer(env=env, states=states, is_terminating=torch.ones(3, dtype=torch.bool), log_rewards=lr)
+    buf = create_buffer(dict(type='gfn', replay_buffer_size=3, seed=0))
+    buf.push(partial)
+    assert buf.stats()['unique_terminating_states'] == -1
+    buf.clear()
+    assert buf.stats()['unique_terminating_states'] == 0
+    buf.push(clean)
+    assert buf.stats()['unique_terminating_states'] == 2
+    buf.push(partial)
+    assert buf.stats()['unique_terminating_states'] == -1
