@@ -153,6 +153,8 @@ def safe_load(path: str, allow_pickle: bool = False) -> Any:
         - FileNotFoundError: the file does not exist.
         - ValueError: the file is corrupt, truncated, or holds Python objects while ``allow_pickle`` is False.
     """
+    if type(allow_pickle) is not bool:  # 'False' from a config file or a flag is not False
+        raise TypeError(f"allow_pickle must be a bool, got {type(allow_pickle).__name__} {allow_pickle!r:.40}")
     path = os.fspath(path)
     if not os.path.isfile(path):
         raise FileNotFoundError(f"no buffer file at {path!r}")

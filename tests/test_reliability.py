@@ -450,3 +450,34 @@ def test_a_meta_tensor_is_refused_before_anything_is_stored(preset, batched):
         buf.push(bad, batched=batched and preset != 'episode')
     assert buf.count() == n
     assert_same(buf.state_dict(), before)
+
+
+MIXTURE = dict(type='mixture', seed=0, members=dict(a=dict(type='naive', seed=1), b=dict(type='naive', seed=2)))
+
+
+@pytest.mark.parametrize('cfg', [dict(type='naive', seed=0), dict(type='gfn', seed=0), MIXTURE])
+@pytest.mark.parametrize('flag', ['False', 'no', 0, 1, [0], None])
+def test_only_a_real_bool_allows_pickle(tmp_path, cfg, flag):
+    """allow_pickle='False' (what a config file or a command-line flag gives) used to unpickle: only True does."""
+    src = create_buffer(copy.deepcopy(cfg))
+    data = {'obs': object()} if cfg['type'] != 'gfn' else {'state': torch.zeros(1, 2), 'log_reward': torch.zeros(1)}
+    src.push(data)
+    path = str(tmp_path / 'buf.pt')
+    src.save_data(path)
+    buf = create_buffer(copy.deepcopy(cfg))
+    before = buf.state_dict()
+    with pytest.raises(TypeError, match=r"allow_pickle must be a bool"):
+        buf.load_data(path, allow_pickle=flag)
+    assert_same(buf.state_dict(), before)
+
+
+@pytest.mark.parametrize('cfg', [dict(type='naive', seed=0), dict(type='advanced', seed=0), MIXTURE])
+def test_a_closed_buffer_takes_no_state(cfg):
+    """load_state_dict / load_data of a closed buffer succeeded, and re-created the memmap files close() removed."""
+    src = create_buffer(copy.deepcopy(cfg))
+    src.push({'obs': 1})
+    buf = create_buffer(copy.deepcopy(cfg))
+    buf.close()
+    with pytest.raises(RuntimeError, match='closed'):
+        buf.load_state_dict(src.state_dict())
+    assert buf.count() == 0

@@ -737,6 +737,7 @@ class Engine(IBuffer):
             raise TypeError(f"state must be a dict, got {type(state).__name__}")
         if type(deepcopy) is not bool:
             raise TypeError(f"deepcopy must be a bool, got {type(deepcopy).__name__} {deepcopy!r:.40}")
+        self._check_open()  # close() released the storage (memmap files): a closed buffer takes no data
         if deepcopy:
             state = copy.deepcopy(dict(state))
         if set(state.keys()) == {'data'}:

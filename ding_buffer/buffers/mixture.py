@@ -534,6 +534,7 @@ class MixtureReplayBuffer(IBuffer):
         already loaded get their previous state back (a copy of each is taken first)."""
         if not isinstance(state, Mapping):
             raise TypeError(f"state must be a dict, got {type(state).__name__}")
+        self._check_open()
         if state.get('type') != type(self).__name__:
             raise ValueError(f"state was made by {state.get('type')!r}, this buffer is {type(self).__name__}")
         members, counters = state.get('members'), state.get('counters')
