@@ -322,6 +322,7 @@ BAD_STATE_VALUES = {
         {'ids': [1.5], 'slots': [0]},
     ],
     'beta': [2.0, -0.5],  # advanced
+    'max_priority': [1e300],  # prioritized_episode's windows: beyond float32, new windows would sample with inf
 }
 
 
@@ -372,6 +373,8 @@ def _ring_tampers(ring):
         ('valid of another length', lambda r: r.__setitem__('valid', r['valid'][: cap // 2])),
         ('no next_uid', lambda r: r.pop('next_uid')),
         ('head moved by one', setter('head', (int(ring['head']) + 1) % cap)),
+        ('next_uid past 2**62', setter('next_uid', 2**63)),  # every later push's id would overflow
+        ('push_count past 2**62', setter('push_count', 2**63)),
     ]
 
 
@@ -413,6 +416,8 @@ def _index_tampers(state):
         ('use of 3 slots', lambda s: s['index'].__setitem__('use', s['index']['use'][:3])),
         ('negative use', at('use', 0, -1)),
         ('nan max_priority', lambda s: s['index'].__setitem__('max_priority', NAN)),
+        ('max_priority beyond float32', lambda s: s['index'].__setitem__('max_priority', 1e300)),
+        ('leaf beyond float32', at('leaves', live[0], 1e300)),  # its priority would be inf
     ]
     if len(holes):
         out.append(('leaf at an empty slot', at('leaves', holes[0], 0.5)))

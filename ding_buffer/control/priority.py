@@ -302,9 +302,16 @@ class PriorityIndex:
             raise ValueError("saved priorities must be finite and >= 0")
         if (leaves[~valid] != 0).any():
             raise ValueError("saved priority leaves are non-zero at empty slots")
+        # the priorities leaves stand for (leaf ** (1 / alpha)) are finite in float32, as every write keeps them
+        if not (leaves >= 0).all():  # NaN too
+            raise ValueError("saved priority leaves must be >= 0")
+        with np.errstate(over='ignore'):
+            top = np.max(leaves, initial=0.0)
+            if not (np.power(top, 1.0 / self.alpha) <= MAX_PRIORITY if self.alpha else top <= 1.0):  # alpha 0: 1
+                raise ValueError(f"saved priority leaf {top:g} stands for a priority beyond float32")
         max_priority = float(state['max_priority'])
-        if not (math.isfinite(max_priority) and max_priority >= 0):
-            raise ValueError(f"saved max_priority must be finite and >= 0, got {max_priority}")
+        if not (math.isfinite(max_priority) and 0 <= max_priority <= MAX_PRIORITY):
+            raise ValueError(f"saved max_priority must be finite in float32 and >= 0, got {max_priority}")
         new = PriorityIndex(self.capacity, self.alpha, self.eps, with_max=self.tree.has_max)
         new.tree.load_leaves(leaves)
         if new._priority is not None:

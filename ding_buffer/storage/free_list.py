@@ -19,7 +19,7 @@ from typing import Any, Dict, Optional, Tuple
 import numpy as np
 import torch
 
-from .ring import SlotIndex
+from .ring import SlotIndex, check_counters
 
 
 class FreeListIndex(SlotIndex):
@@ -135,8 +135,7 @@ class FreeListIndex(SlotIndex):
         valid, uid = cls._saved_arrays(state, capacity, ('capacity', 'valid', 'uid', 'next_uid', 'push_count'))
         index = cls(capacity)
         index.next_uid, index.push_count = int(state['next_uid']), int(state['push_count'])
-        if index.push_count < 0 or index.next_uid < 0:
-            raise ValueError(f"inconsistent index state: negative counters ({index.push_count}, {index.next_uid})")
+        check_counters('index', index.push_count, index.next_uid)
         ids = uid[valid]
         if len(ids) and (ids.min() < 0 or ids.max() >= index.next_uid or len(np.unique(ids)) != len(ids)):
             raise ValueError("inconsistent index state: the items' ids must be distinct and in [0, next_uid)")

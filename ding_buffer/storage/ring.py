@@ -17,6 +17,17 @@ from typing import Any, Dict, Tuple
 import numpy as np
 import torch
 
+ID_LIMIT = 1 << 62  # ids and push counts beyond it would overflow the int64 arrays ids are computed in
+
+
+def check_counters(what: str, push_count: int, next_uid: int) -> None:
+    """A saved index's counters are in [0, 2**62) (``ValueError`` otherwise)."""
+    if not (0 <= push_count < ID_LIMIT and 0 <= next_uid < ID_LIMIT):
+        raise ValueError(
+            f"inconsistent {what} state: counters ({push_count}, {next_uid}) must be in [0, 2**62); negative counters "
+            "or ids past it"
+        )
+
 
 class SlotIndex:
     """What ``RingIndex`` and ``FreeListIndex`` share: ``capacity`` slots, their validity mask, the counters."""
@@ -244,6 +255,7 @@ class RingIndex(SlotIndex):
         ring.valid = valid.copy()
         ring.head, ring.span = int(state['head']), int(state['span'])
         ring.next_uid, ring.push_count = int(state['next_uid']), int(state['push_count'])
+        check_counters('ring', ring.push_count, ring.next_uid)
         ring.count = int(valid.sum())
         if ring.next_uid < 0 or (ring.head + ring.span - ring.next_uid) % capacity:
             raise ValueError(
@@ -258,6 +270,4 @@ class RingIndex(SlotIndex):
             raise ValueError("inconsistent ring state: valid slots outside [head, tail)")
         if not np.array_equal(uid[valid], ring.uid[valid]):
             raise ValueError("inconsistent ring state: saved unique ids do not match their slots")
-        if ring.push_count < 0 or ring.next_uid < 0:
-            raise ValueError(f"inconsistent ring state: negative counters ({ring.push_count}, {ring.next_uid})")
         return ring
