@@ -495,8 +495,31 @@ def state_corruptions(state):
                     (f'{where}.{key} = {v!r}', _changed(state, path, lambda x, k=key, v=v: x.__setitem__(k, v)))
                     for v in values
                 ]
+    out += _episode_tampers(state)
     if isinstance(state.get('inner'), dict):
         out += [(f'inner: {label}', dict(state, inner=bad)) for label, bad in state_corruptions(state['inner'])]
+    return out
+
+
+def _episode_tampers(state):
+    """``(label, corrupted state)`` of an episode table's lengths and (tensor storage) starts: a length past any
+    capacity (it was allocated for before it was checked), a start one ring further (the same slot modulo the
+    ring, out of range)."""
+    eps = state.get('episodes')
+    if not isinstance(eps, dict) or 'length' not in eps or not int(torch.as_tensor(eps['length']).count_nonzero()):
+        return []
+    slot = int(torch.as_tensor(eps['length']).nonzero()[0, 0])
+    out = [
+        ('an episode length of 2**40', _changed(state, ('episodes',), lambda x: x['length'].__setitem__(slot, 2**40)))
+    ]
+    if 'start' in eps:
+        cap = int(eps['storage']['ring']['capacity'])
+        out.append(
+            (
+                'an episode start one ring further',
+                _changed(state, ('episodes',), lambda x: x['start'].__setitem__(slot, int(x['start'][slot]) + cap)),
+            )
+        )
     return out
 
 

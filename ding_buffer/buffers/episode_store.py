@@ -243,7 +243,7 @@ class ObjectEpisodes(_EpisodeStore):
         new = ObjectEpisodes(self.max_episodes, self.max_transitions)
         new.storage = storage_from_state(storage_cfg, self.max_episodes, state['storage'], item_columns=False)
         new.ring = new.storage.ring
-        new.length = _restore_lengths(state, new.ring, self.max_episodes)
+        new.length = _restore_lengths(state, new.ring, self.max_episodes, self.max_transitions)
         for slot in new.ring.ordered_slots():
             if episode_length(new.storage.get(int(slot)), int(slot)) != new.length[slot]:
                 raise ValueError(f"saved length of episode slot {slot} does not match its data")
@@ -387,10 +387,12 @@ class FlatEpisodes(_EpisodeStore):
         )
         new.frames, new._writing = self.frames, None
         new.ring = RingIndex.from_state(state['ring'], self.max_episodes)
-        new.length = _restore_lengths(state, new.ring, self.max_episodes)
+        new.length = _restore_lengths(state, new.ring, self.max_episodes, self.max_transitions)
         new.start = np.asarray(state['start'], dtype=np.int64).copy()
         if new.start.shape != (self.max_episodes,):
             raise ValueError("saved episode starts have the wrong shape")
+        if ((new.start < 0) | (new.start >= self.max_transitions)).any():
+            raise ValueError(f"saved episode starts must be transition slots in [0, {self.max_transitions})")
         covered = np.zeros(self.max_transitions, dtype=np.int64)
         for slot in new.ring.ordered_slots().tolist():
             covered[new._transition_slots(np.array(slot), np.arange(new.length[slot]))] += 1
@@ -401,12 +403,16 @@ class FlatEpisodes(_EpisodeStore):
         return new
 
 
-def _restore_lengths(state: Mapping, ring: RingIndex, max_episodes: int) -> np.ndarray:
+def _restore_lengths(state: Mapping, ring: RingIndex, max_episodes: int, limit: Optional[int]) -> np.ndarray:
+    """The saved episode lengths, checked against the ring and, before anything is built from them, within the
+    ``limit`` of transitions (``max_transitions``; None: none)."""
     length = np.asarray(state['length'], dtype=np.int64).copy()
     if length.shape != (max_episodes,):
         raise ValueError(f"saved episode lengths have shape {length.shape}, expected ({max_episodes},)")
     if (length[ring.valid] <= 0).any() or (length[~ring.valid] != 0).any():
         raise ValueError("saved episode lengths do not match the stored episodes")
+    if limit is not None and ((length > limit).any() or int(length.sum()) > limit):
+        raise ValueError(f"saved episode lengths add up to more than max_transitions={limit}")
     return length
 
 
