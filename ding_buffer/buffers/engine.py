@@ -757,8 +757,9 @@ class Engine(IBuffer):
             try:
                 restored = self._t.restore(dict(state))
                 swap = self._engine_restored(restored)
-            except (KeyError, TypeError, IndexError, AttributeError, OverflowError) as e:
-                # a malformed state (missing entry, wrong type) is bad input, reported like the others
+            except (KeyError, TypeError, IndexError, AttributeError, OverflowError, MemoryError) as e:
+                # a malformed state (missing entry, wrong type; sizes no memory holds) is bad input, reported like
+                # the others
                 raise ValueError(f"invalid {self.__class__.__name__} state: {type(e).__name__}: {e}") from e
             restored.swap()  # the table's part (it may still fail, e.g. a full disk, with nothing changed)
             swap()

@@ -1561,3 +1561,16 @@ def test_float64_states_with_the_neg_bit_are_stored_as_their_values(kind):
     got = buf.sample(4, replace=False)
     order = torch.argsort(got['replay_unique_id'])
     assert torch.equal(got['state'][order], -st.float())
+
+
+def test_a_state_sized_beyond_memory_is_refused_as_invalid():
+    """A state brings its own capacity; one no memory holds raised MemoryError instead of the documented
+    ValueError (the buffer unchanged either way)."""
+    buf = make('gfn', 4)
+    buf.push(good())
+    state = buf.state_dict()
+    state['settings']['replay_buffer_size'] = 2**40
+    before = frozen(buf)
+    with pytest.raises(ValueError, match='MemoryError'):
+        buf.load_state_dict(state)
+    assert_unchanged(buf, before)
