@@ -76,23 +76,23 @@ def check_leaves(flat: Dict[Path, Any], schema: Schema, where: str, batched: boo
         if path not in schema:
             raise ValueError(f"{where} has unexpected field '{path_name(path)}'; schema fields: {field_names(schema)}")
         shape, dtype = schema[path]
-        is_py_int = type(leaf) is int or (batched and isinstance(leaf, (list, tuple)))
+        py_number = type(leaf) in (int, float) or (batched and isinstance(leaf, (list, tuple)))
         tensor = batched_tensor(leaf, path) if batched else to_tensor(leaf, path)
         got_shape = tuple(tensor.shape[1:]) if batched else tuple(tensor.shape)
         if got_shape != shape:
             raise ValueError(f"{where}: field '{path_name(path)}' has shape {got_shape}, expected {shape}")
-        if tensor.dtype != dtype:
-            lossless_int = (
-                is_py_int
-                and dtype.is_floating_point
-                and not tensor.dtype.is_floating_point
-                and tensor.dtype != torch.bool
-            )
-            if not lossless_int:
-                raise ValueError(f"{where}: field '{path_name(path)}' has dtype {tensor.dtype}, expected {dtype}")
-            tensor = tensor.to(dtype)
+        if py_number and dtype.is_floating_point and tensor.dtype != torch.bool:
+            tensor = python_numbers(leaf, dtype)
+        elif tensor.dtype != dtype:
+            raise ValueError(f"{where}: field '{path_name(path)}' has dtype {tensor.dtype}, expected {dtype}")
         out[path] = tensor
     return out
+
+
+def python_numbers(leaf: Any, dtype: torch.dtype) -> torch.Tensor:
+    """Python ints and floats (a number or a list of them) for a float field: read as doubles (a float is one:
+    lossless in a float64 field), then rounded to ``dtype`` as numpy rounds them (beyond its range: inf)."""
+    return torch.as_tensor(leaf, dtype=torch.float64).to(dtype)
 
 
 def export_schema(schema: Optional[Schema]) -> List[list]:

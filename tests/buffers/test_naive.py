@@ -680,3 +680,18 @@ def test_tensors_inside_an_autograd_graph_do_not_break_a_later_state_dict(kind):
     assert len(items) == 3 and not any(item['obs'].requires_grad for item in items)
     if kind != 'advanced':  # drawn without replacement: all three
         assert any(torch.equal(item['obs'], (x * 2).detach()) for item in items)
+
+
+def test_a_python_float_goes_into_a_float64_field_exactly():
+    """A field first pushed as np.float64 refused the Python floats of later pushes (a reward type that alternates
+    between the two is common); a Python float is a double, so it is stored exactly."""
+    buf = create_buffer(dict(type='naive', replay_buffer_size=8, storage=dict(type='tensor'), seed=0))
+    buf.push({'r': np.float64(0.1)})
+    buf.push({'r': 0.1 + 2**-40})
+    buf.push({'r': 3})
+    buf.extend({'r': [1 / 3, 2.5]})
+    got = buf.sample(5, replace=False)['r']
+    assert got.dtype == torch.float64
+    assert sorted(got.tolist()) == sorted([0.1, 0.1 + 2**-40, 3.0, 1 / 3, 2.5])
+    with pytest.raises(ValueError, match="dtype torch.float64, expected torch.float32"):
+        create_buffer(dict(type='naive', storage=dict(type='tensor'))).push([{'r': 1.0}, {'r': np.float64(1.0)}])
