@@ -201,23 +201,29 @@ def build_config(
                 CONFIG_LOG.warning("config key '%s%s' = %.60r has no effect: %s", prefix, key, user[key], ignored[key])
             user = {k: v for k, v in user.items() if k not in dropped}
     nullable = frozenset(prefix + k for k in _nullable(checks or {}))
+    user = plain_numbers(user)
     check_keys_and_types(defaults, user, prefix=prefix, nullable=nullable)
     cfg = deep_merge_dicts(defaults, user)
     apply_checks(cfg, checks or {}, prefix=prefix)
-    return _plain_numbers(cfg)
+    return cfg
 
 
-def _plain_numbers(value: Any) -> Any:
-    """Numpy scalars the checks accepted (``np.float64`` is a float) as Python numbers, in place through dicts and
-    lists: states and files that carry config values then hold no numpy object (they load without pickle)."""
+def plain_numbers(value: Any) -> Any:
+    """``value`` with numpy scalars (``np.int64(8)``, ``np.float32(.5)``, ``np.True_``) as the Python numbers they
+    hold, through dicts and lists (new ones where something changed; the user's are left alone): a numpy number is
+    accepted wherever its Python number is, and states and files that carry config values hold no numpy object
+    (they load without pickle)."""
     np = sys.modules.get('numpy')  # not imported: no numpy scalar can be here (the CLI starts without numpy)
-    if np is not None and isinstance(value, np.generic):
+    if np is None:
+        return value
+    if isinstance(value, np.generic):
         return value.item()
-    if isinstance(value, dict):
-        for k, v in value.items():
-            value[k] = _plain_numbers(v)
-    elif isinstance(value, list):
-        value[:] = [_plain_numbers(v) for v in value]
+    if isinstance(value, Mapping):
+        items = {k: plain_numbers(v) for k, v in value.items()}
+        return value if all(items[k] is v for k, v in value.items()) else type(value)(items)
+    if isinstance(value, list):
+        out = [plain_numbers(v) for v in value]
+        return value if all(a is b for a, b in zip(out, value)) else out
     return value
 
 

@@ -376,3 +376,28 @@ def test_the_training_jobs_seed_follows_the_buffers_rule():
             build_train_config(dict(seed=seed, policy=dict(other=dict(replay_buffer=dict(type='advanced')))))
     top = build_train_config(dict(seed=2**63 - 1, policy=dict(other=dict(replay_buffer=dict(type='advanced')))))
     assert top.seed == 2**63 - 1
+
+
+def test_numpy_numbers_are_accepted_wherever_their_python_numbers_are():
+    """np.int64 sizes and limits (what a config computed with numpy holds) were refused where the same number as
+    a Python int was taken, and np.True_ was 'not a bool'; the config then holds plain Python numbers."""
+    import numpy as np
+
+    buf = create_buffer(
+        dict(type='naive', replay_buffer_size=np.int64(8), max_use=np.int64(2), seed=np.int64(3), deepcopy=np.False_)
+    )
+    assert buf.replay_buffer_size == 8 and type(buf.cfg.replay_buffer_size) is int and buf.cfg.deepcopy is False
+    buf.push([{'obs': i} for i in range(4)])
+    assert len(buf.sample(np.int64(2), replace=np.True_)) == 2
+    mix = create_buffer(
+        dict(
+            type='mixture',
+            members=dict(a=dict(type='naive'), b=dict(type='naive')),
+            weights=dict(a=np.int64(1), b=np.float32(0.5)),
+        )
+    )
+    assert mix.weights == {'a': 2 / 3, 'b': 1 / 3}
+    with pytest.raises(ValueError, match="'replay_buffer_size' has invalid value 0"):
+        create_buffer(dict(type='naive', replay_buffer_size=np.int64(0)))
+    with pytest.raises(ValueError, match="'deepcopy' has value 1"):
+        create_buffer(dict(type='naive', deepcopy=np.int64(1)))

@@ -145,7 +145,7 @@ class EpisodeTable(Table):
             raise ValueError(f"unroll_len must be a positive int, got {unroll_len!r}")
         check_range(sample_range)
         for name, flag in (('replace', replace), ('pad', pad)):
-            if flag is not None and type(flag) is not bool:
+            if flag is not None and type(flag) is not bool and type(flag) is not np.bool_:
                 raise TypeError(f"{name} must be None or a bool, got {type(flag).__name__} {flag!r:.40}")
         if self.prio is not None:
             self.prio.check_args(sample_range, replace, unroll_len, pad)

@@ -18,7 +18,7 @@ import torch
 from easydict import EasyDict
 
 from ..base import BUFFER_REGISTRY, IBuffer, create_buffer, get_buffer_cls
-from ..config import SEED_CHECK, build_config, check_section
+from ..config import SEED_CHECK, build_config, check_section, plain_numbers
 from ..control.priority import as_numpy, as_priorities, parse_update
 from ..errors import SampleTimeoutError
 from ..persistence import load_state, save_state
@@ -65,7 +65,7 @@ def mixture_config(cfg: Optional[Mapping]) -> EasyDict:
     the user's members replace the default ones), every other key by ``build_config``."""
     cfg = dict(cfg or {})
     members = cfg.pop('members', MIXTURE_CONFIG['members'])
-    weights = cfg.pop('weights', MIXTURE_CONFIG['weights'])
+    weights = plain_numbers(cfg.pop('weights', MIXTURE_CONFIG['weights']))
     # members and weights are checked below; None here keeps them among the valid keys (typo hints name them)
     out = build_config({**MIXTURE_CONFIG, 'members': None, 'weights': None}, cfg, MIXTURE_CHECKS)
     if not isinstance(members, Mapping) or not members:

@@ -25,7 +25,7 @@ NO_PRIORITY = "a naive buffer's items carry no priority: use type='advanced' for
 
 def check_replace(replace: Any) -> None:
     """``replace`` is a bool (``TypeError`` naming it otherwise)."""
-    if type(replace) is not bool:
+    if type(replace) is not bool and type(replace) is not np.bool_:
         raise TypeError(f"replace must be a bool, got {type(replace).__name__} {replace!r:.40}")
 
 
