@@ -29,7 +29,7 @@ def numbers(priority: Any) -> np.ndarray:
     if hasattr(priority, 'detach'):
         priority = priority.detach().cpu().numpy()
     arr = np.asarray(priority)
-    if arr.dtype.kind not in 'biuf':
+    if arr.dtype.kind not in 'iuf':  # (bools are no priorities, as advanced's update says)
         raise TypeError(f"update: 'priority' must be real numbers, got {type(priority).__name__} {priority!r:.60}")
     return arr.astype(np.float64).reshape(-1)
 

@@ -42,7 +42,8 @@ def check_kind(store: Any, data: Any) -> None:
         raise TypeError(f"this buffer holds dict batches, got a {type(data).__name__} container")
     if isinstance(store, ContainerStoreBase) and not is_container(data):
         raise TypeError(
-            f"this buffer holds {store.cls.__name__ if store.cls else 'container'}s, got {type(data).__name__}"
+            f"this buffer holds {store.cls.__name__ if store.cls else 'container'} containers, "
+            f"got {type(data).__name__}"
         )
 
 

@@ -610,7 +610,7 @@ def test_deque_state_keeps_the_batch_to_update_and_checks_it():
 
 def test_deque_update_checks_priorities_even_with_nothing_to_update():
     buf = create_buffer(dict(type='deque', replay_buffer_size=16, priority=True, seed=0))
-    for bad in ('garbage', ['1.5', '2'], [object()]):
+    for bad in ('garbage', ['1.5', '2'], [object()], [True, False], torch.tensor([True])):
         with pytest.raises(TypeError, match="'priority' must be real numbers"):
             buf.update({'priority': bad})
     plain = create_buffer(dict(type='deque', seed=0, storage=dict(type='tensor')))
