@@ -44,7 +44,7 @@ def terminating_states(cfg: Any, data: Any) -> Any:
     ``Transitions`` and ``StatesContainer`` input only the terminating rows' rewards are kept); another Container
     becomes a dict batch."""
     if is_container(data):
-        return _container_terminating_states(cfg, data)
+        return [] if len(data) == 0 else _container_terminating_states(cfg, data)  # empty: a no-op, as for gfn
     keys = [k for k in (cfg.state_key, cfg.log_reward_key, cfg.condition_key) if k is not None]
     kept = keys + ['collect_iter']  # the item's collect time: staleness removal reads it
     if isinstance(data, dict):

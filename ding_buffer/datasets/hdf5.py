@@ -122,6 +122,8 @@ def read(path: str, key: str, ds: Any, start: int, stop: int) -> np.ndarray:
         return ds[start:stop]
     except (OSError, RuntimeError, ValueError, KeyError, TypeError) as e:
         raise fail(path, key, f"cannot be read at rows {start}..{stop} (truncated or damaged file?): {e}") from e
+    except MemoryError as e:  # rows the file declares far larger than its bytes could hold
+        raise fail(path, key, f"declares rows of shape {tuple(ds.shape[1:])}, too large to read: {e}") from e
 
 
 def read_flags(path: str, key: str, ds: Any, start: int, stop: int) -> np.ndarray:

@@ -54,6 +54,7 @@ class MinariReader(HDF5Reader):
             for full, ds in leaves(path, ep[part], f'{name}/{key}'):
                 check_array(path, full, ds, rows)
                 layout[full.split('/', 1)[1]] = (tuple(ds.shape[1:]), str(ds.dtype))
+        layout['rewards'] = (tuple(ep['rewards'].shape[1:]), str(ep['rewards'].dtype))  # one column for all
         first = self.episodes[0] if self.episodes else None
         for key in sorted(set(layout) | set(first['layout'] if first else layout)):
             if first and first['layout'].get(key) != layout.get(key):

@@ -1574,3 +1574,16 @@ def test_a_state_sized_beyond_memory_is_refused_as_invalid():
     with pytest.raises(ValueError, match='MemoryError'):
         buf.load_state_dict(state)
     assert_unchanged(buf, before)
+
+
+@pytest.mark.parametrize('kind', ['gfn', 'terminating_state'])
+def test_an_empty_container_is_a_no_op(kind):
+    """terminating_state raised on an empty Container that is not torchgfn's ("a batch of size 0"), where gfn and
+    the docs make it a no-op."""
+    buf = make(kind, 4)
+    before = frozen(buf)
+    buf.push(FakeContainer(torch.zeros(0, 2), torch.zeros(0)))
+    assert_unchanged(buf, before)
+    buf.push(FakeContainer(torch.ones(2, 2), torch.zeros(2)))
+    buf.push(FakeContainer(torch.zeros(0, 2), torch.zeros(0)))
+    assert buf.count() == 2

@@ -182,6 +182,37 @@ def test_minari_episodes_of_different_shapes(tmp_path, buffer):
     refused(buffer, path, r"key 'episode_10/observations/pos' is rows of shape \(5,\) .*expected rows of shape \(2,\)")
 
 
+@pytest.mark.parametrize('rewards', ['rows of shape (1,)', 'float32'])
+def test_minari_episodes_whose_rewards_differ(tmp_path, buffer, rewards):
+    """Rewards of another per-step shape failed after the check, blaming the buffer; of another dtype, they were
+    upcast silently (or refused, depending on chunk_size). Both are refused up front, naming the episode."""
+    path = tmp_path / 'main_data.hdf5'
+    minari_file(path, np.random.default_rng(7))
+    import h5py
+
+    with h5py.File(path, 'a') as f:
+        r = f['episode_1/rewards'][()]
+        del f['episode_1/rewards']
+        f['episode_1/rewards'] = r[:, None] if rewards != 'float32' else r.astype(np.float32)
+    refused(buffer, path, r"key 'episode_1/rewards' is rows of shape .* expected rows of shape \(\) and dtype float64")
+
+
+def test_a_row_the_file_declares_beyond_memory_is_refused_naming_it(tmp_path, buffer):
+    """A 4 KB file whose observations declare 2**36 floats a row (chunked, nothing stored) raised a bare MemoryError
+    naming neither the file nor the key."""
+    import h5py
+
+    path = tmp_path / 'lying.hdf5'
+    with h5py.File(path, 'w') as f:
+        f.create_dataset('observations', shape=(4, 2**36), dtype='f4', chunks=(1, 2**20))
+        f['actions'] = np.zeros((4, 2), np.float32)
+        f['rewards'] = np.zeros(4, np.float32)
+        f['terminals'] = np.zeros(4, bool)
+    refused(
+        buffer, path, r"key 'observations' declares rows of shape \(68719476736,\), too large to read", chunk_size=1
+    )
+
+
 def test_dingengine_hdf5_missing_next_obs(tmp_path, buffer):
     arrays = dingengine_arrays(np.random.default_rng(8))
     del arrays['next_obs']
