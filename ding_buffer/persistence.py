@@ -145,10 +145,12 @@ def save_state(path: str, buffer_name: str, state: Dict[str, Any]) -> None:
     atomic_save({'format': FORMAT, 'version': SCHEMA_VERSION, 'buffer': buffer_name, 'state': state}, path)
 
 
-def safe_load(path: str, allow_pickle: bool = False) -> Any:
+def safe_load(path: str, allow_pickle: bool = False, allowed: tuple = ()) -> Any:
     """
     Overview:
         Load a file written by :func:`atomic_save` without executing code from it, unless ``allow_pickle``.
+        ``allowed``: classes the file may name besides tensors (e.g. numpy's array constructors), none of which
+        runs code.
     Raises:
         - FileNotFoundError: the file does not exist.
         - ValueError: the file is corrupt, truncated, or holds Python objects while ``allow_pickle`` is False.
@@ -160,7 +162,8 @@ def safe_load(path: str, allow_pickle: bool = False) -> Any:
         raise FileNotFoundError(f"no buffer file at {path!r}")
     check_integrity(path)
     try:
-        return torch.load(path, map_location='cpu', weights_only=True)
+        with torch.serialization.safe_globals(list(allowed)):
+            return torch.load(path, map_location='cpu', weights_only=True)
     except pickle.UnpicklingError as e:
         if 'weights_only' not in str(e) and 'Unsupported global' not in str(e):
             raise ValueError(f"{path!r} is not a readable buffer file (corrupt or truncated?): {e}") from e
@@ -206,9 +209,9 @@ def check_integrity(path: str) -> None:
         raise ValueError(f"{path!r} is corrupt: archive member {folder!r} is marked as a directory")
 
 
-def load_state(path: str, buffer_name: str, allow_pickle: bool = False) -> Dict[str, Any]:
-    """Load and check the envelope; returns the buffer state."""
-    obj = safe_load(path, allow_pickle=allow_pickle)
+def load_state(path: str, buffer_name: str, allow_pickle: bool = False, allowed: tuple = ()) -> Dict[str, Any]:
+    """Load and check the envelope; returns the buffer state (``allowed``: see ``safe_load``)."""
+    obj = safe_load(path, allow_pickle=allow_pickle, allowed=allowed)
     if not isinstance(obj, dict) or obj.get('format') != FORMAT:
         raise ValueError(f"{path!r} is not a ding_buffer save file")
     if obj.get('version') != SCHEMA_VERSION:

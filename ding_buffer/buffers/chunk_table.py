@@ -53,7 +53,7 @@ from ..config import INF
 from ..control.limiter import limiter_config
 from ..control.limits import UseLimit, build_remover
 from ..storage.base import NO_ITER
-from ..storage.fragment_store import FragmentStore, check_id
+from ..storage.fragment_store import FragmentStore, check_id, numpy_globals
 from .common import MAX_NAME, check_size, check_wait_timeout, checked_session
 from .table import Drawn, Needs, Request, Restored, Table, Write, Written
 
@@ -141,6 +141,10 @@ class ChunkTable(Table):
     def store(self) -> FragmentStore:
         """Where the payloads live (``FragmentStore``: memory, or files producers and learners share)."""
         return self._fragments
+
+    def file_globals(self) -> tuple:
+        """A disk store keeps plain data only: its buffer's files name numpy arrays, as its payload files do."""
+        return numpy_globals() if self._fragments.kind == 'disk' else ()
 
     # a chunk table has no slots: no element is old, stale or live for the engine's removers (it takes none)
     def oldest(self, k: int) -> np.ndarray:

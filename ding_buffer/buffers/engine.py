@@ -819,7 +819,7 @@ class Engine(IBuffer):
             storage holding arbitrary objects needs ``allow_pickle=True`` (it can execute code: trust the file).
             A corrupt, truncated or foreign file raises ``ValueError`` and leaves the buffer unchanged.
         """
-        state = load_state(path, self.__class__.__name__, allow_pickle=allow_pickle)
+        state = load_state(path, self.__class__.__name__, allow_pickle=allow_pickle, allowed=self._t.file_globals())
         self.load_state_dict(state)
 
     # ------------------------------------------------------------------ lifecycle

@@ -290,6 +290,10 @@ class Table:
         """Whether samples leave as TensorDicts (the storage first stored one; ``tensordict_io``)."""
         return False
 
+    def file_globals(self) -> tuple:
+        """The classes this table's files may name besides tensors (``load_data`` without ``allow_pickle``)."""
+        return ()
+
     def device(self) -> Any:
         """The device of sampled tensors (the TensorDict's ``device``)."""
         return None

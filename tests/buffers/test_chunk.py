@@ -799,3 +799,16 @@ def test_chunk_takes_the_part_keys_that_fit_whole_chunks():
     with pytest.raises(ValueError, match=r"config key 'removers\[0\]\.max_use' has invalid value 0"):
         create_buffer(dict(type='chunk', removers=[dict(type='max_use', max_use=0)]))
     assert uses_until_gone(dict(max_reuse=5, removers=[dict(type='max_use', max_use=1.5)])) == 2  # use >= 1.5
+
+
+def test_a_disk_store_checkpoint_of_numpy_payloads_loads_without_pickle(tmp_path):
+    """A disk store takes plain data (numpy arrays too) and reads its payload files back without pickle, but the
+    buffer's own save_data file of such payloads was refused unless allow_pickle=True."""
+    cfg = dict(type='chunk', fragments_per_chunk=1, seed=0, store=dict(type='disk', path=str(tmp_path / 'a')))
+    buf = create_buffer(cfg)
+    buf.push(frag(0, 0, 0, data={'obs': np.arange(3, dtype=np.float32), 'tag': np.str_('x')}))
+    buf.save_data(str(tmp_path / 'ckpt.pt'))
+    other = create_buffer(dict(cfg, store=dict(type='disk', path=str(tmp_path / 'b'))))
+    other.load_data(str(tmp_path / 'ckpt.pt'))
+    (got,) = other.sample(1)
+    assert np.array_equal(got['data']['obs'], np.arange(3, dtype=np.float32)) and got['data']['tag'] == 'x'
