@@ -307,7 +307,8 @@ class PriorityIndex:
             raise ValueError("saved priority leaves must be >= 0")
         with np.errstate(over='ignore'):
             top = np.max(leaves, initial=0.0)
-            if not (np.power(top, 1.0 / self.alpha) <= MAX_PRIORITY if self.alpha else top <= 1.0):  # alpha 0: 1
+            # (as ``priorities`` derives them: rounded to float32; alpha 0: every leaf is 1)
+            if not (np.isfinite(np.float32(np.power(top, 1.0 / self.alpha))) if self.alpha else top <= 1.0):
                 raise ValueError(f"saved priority leaf {top:g} stands for a priority beyond float32")
         max_priority = float(state['max_priority'])
         if not (math.isfinite(max_priority) and 0 <= max_priority <= MAX_PRIORITY):
