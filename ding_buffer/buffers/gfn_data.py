@@ -334,12 +334,30 @@ def rebuild_container(state: Dict[str, Any], n: int, env: Any) -> Any:
             )
         from tensordict import TensorDict
 
-        container = cls.from_tensordict(env, TensorDict(state['tensors']))
+        try:
+            container = cls.from_tensordict(env, TensorDict(state['tensors']))
+        except (RuntimeError, ValueError, TypeError, KeyError, IndexError) as e:
+            raise ValueError(f"saved {cls.__name__} does not fit env {type(env).__name__}: {e}") from e
+        _check_env_shape(container, env)
     else:
         raise ValueError(f"unknown saved container format {fmt!r}")
     if not is_container(container) or len(container) != n:
         raise ValueError(f"saved container holds {len(container)} items, the index {n}")
     return container
+
+
+def _check_env_shape(container: Any, env: Any) -> None:
+    """The rebuilt container's states have the env's state shape (another env's states would sample silently)."""
+    shape = tuple(getattr(env, 'state_shape', ()) or ())
+    states = getattr(getattr(container, 'states', None), 'tensor', None)
+    if not shape or not isinstance(states, torch.Tensor):
+        return
+    got = tuple(states.shape[max(states.dim() - len(shape), 0) :])
+    if got != shape:
+        raise ValueError(
+            f"saved {type(container).__name__} holds states of shape {got}, but the env passed to load has "
+            f"state_shape {shape}: pass the env the buffer was saved with"
+        )
 
 
 def _qualified(cls: type) -> str:

@@ -583,6 +583,11 @@ def test_save_load_round_trip(tmp_path, samplers, env, pool, btype, kind, extra)
     in_memory.load_state_dict(buf.state_dict(), env=env)
     assert in_memory.count() == count_before and stored_keys(in_memory) == keys_before
 
+    # another env's states would sample silently with it (Trajectories failed with a RuntimeError): refused
+    with pytest.raises(ValueError, match=r'state_shape \(3,\)'):
+        fresh.load_data(path, env=HyperGrid(ndim=3, height=HEIGHT))
+    assert fresh.count() == 0 and fresh.capacity == 50
+
     fresh.load_data(path, env=env)
     assert fresh.count() == count_before
     assert fresh.capacity == cap
