@@ -113,7 +113,8 @@ def pnorm_distances(a: np.ndarray, b: np.ndarray, p: float) -> np.ndarray:
     diff = np.abs(a[:, None, :] - b[None, :, :])
     if np.isinf(p):
         return diff.max(axis=2) if diff.shape[2] else np.zeros(diff.shape[:2])
-    return (diff**p).sum(axis=2) ** (1.0 / p)
+    with np.errstate(over='ignore'):  # huge states at a large p: inf (see _lb_cut)
+        return (diff**p).sum(axis=2) ** (1.0 / p)
 
 
 def choose_pivots(rows: np.ndarray, p: float, k: int = N_PIVOTS) -> np.ndarray:
@@ -141,6 +142,7 @@ def _exit_sum(cutoff: float, p: float) -> float:
         return float('inf')
 
 
+@np.errstate(over='ignore')  # huge states at a large p: sums of inf, as in the kernel
 def _far_numpy(q, refs, ref_slots, cutoff, p, triangular):
     """The kernel's decisions with whole-array numpy (same sums, same column order)."""
     out = np.ones(len(q), dtype=bool)
@@ -174,8 +176,17 @@ def _far_numpy(q, refs, ref_slots, cutoff, p, triangular):
 
 
 def _lb_cut(cutoff: float, *dists: np.ndarray) -> float:
-    """The cutoff plus a tolerance for rounding in the pivot distances (pruning stays conservative)."""
-    scale = max([1.0] + [float(d.max()) for d in dists if d is not None and d.size])
+    """The cutoff plus a tolerance for rounding in the pivot distances (pruning stays conservative). A distance that
+    overflowed (inf: huge states at a large p) sets no scale: an infinite cut would make every pivot window NaN
+    (empty), and such rows are only ever in reach of each other, which the window still scans."""
+    scale = 1.0
+    for d in dists:
+        if d is not None and d.size:
+            top = float(d.max())
+            if not np.isfinite(top):
+                finite = d[np.isfinite(d)]
+                top = float(finite.max()) if finite.size else 1.0
+            scale = max(scale, top)
     return cutoff + 1e-9 * scale
 
 

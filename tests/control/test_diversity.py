@@ -60,3 +60,29 @@ def test_row_hashes_match_a_plain_python_reference(compiled, monkeypatch):
         assert got.dtype == np.uint64 and got.tolist() == [_ref_hash(r) for r in rows.tolist()]
     one_hot = np.eye(4)
     assert len(set(diversity.row_hashes(one_hot).tolist())) == 4  # permuted rows do not collide
+
+
+@pytest.mark.parametrize('p, scale', [(64.0, 2e5), (3.0, 1e103), (1.0, 6e307)])
+def test_pivot_pruning_keeps_rows_whose_pivot_distances_overflow_in_reach(p, scale):
+    """Pivot distances of huge states at a large p overflow to inf; an infinite pruning cut then made every
+    pivot window NaN (empty), so an exact duplicate of a stored row counted as far. The compiled path (pivots)
+    and the numpy path (none) decide alike."""
+    from ding_buffer import _numba
+
+    _numba.load()
+    rng = np.random.default_rng(0)
+    refs = rng.uniform(-scale, scale, size=(12, 3))
+    q = np.concatenate([refs[[3, 7]], refs[[3]] * 0.5, rng.uniform(-1, 1, size=(1, 3))])
+    pivots = diversity.choose_pivots(refs, p)
+    got = diversity.far_mask(
+        q,
+        refs,
+        None,
+        0.5,
+        p,
+        q_pivot=diversity.pnorm_distances(q, pivots, p),
+        ref_pivot=diversity.pnorm_distances(refs, pivots, p),
+    )
+    want = diversity._far_numpy(q, refs, np.arange(len(refs)), 0.5, p, False)
+    assert got[:2].tolist() == [False, False]  # the duplicates are in reach
+    np.testing.assert_array_equal(got, want)
