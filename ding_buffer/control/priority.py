@@ -312,7 +312,7 @@ class PriorityIndex:
                 raise ValueError(f"saved priority leaf {top:g} stands for a priority beyond float32")
         max_priority = float(state['max_priority'])
         if not (math.isfinite(max_priority) and 0 <= max_priority <= MAX_PRIORITY):
-            raise ValueError(f"saved max_priority must be finite in float32 and >= 0, got {max_priority}")
+            raise ValueError(f"saved max_priority must be finite and >= 0, got {max_priority} (finite in float32)")
         new = PriorityIndex(self.capacity, self.alpha, self.eps, with_max=self.tree.has_max)
         new.tree.load_leaves(leaves)
         if new._priority is not None:

@@ -140,9 +140,9 @@ class WindowPriorities:
         step = np.asarray(state['step'], dtype=np.float64)
         max_p = float(state['max_priority'])
         if step.shape != (self.n_slots,) or not (step <= MAX_PRIORITY).all() or (step < 0).any():
-            raise ValueError(f"saved step priorities must be {self.n_slots} numbers >= 0, finite in float32")
+            raise ValueError(f"saved step priorities must be {self.n_slots} finite numbers >= 0 (in float32)")
         if not 0 < max_p <= MAX_PRIORITY:
-            raise ValueError(f"saved max_priority must be > 0 and finite in float32, got {max_p}")
+            raise ValueError(f"saved max_priority must be finite and > 0, got {max_p} (finite in float32)")
         new = WindowPriorities(self.n_slots, self.unroll_len, self.index.alpha, self.eta, self.eps, self.pad)
         owned = np.zeros(self.n_slots, dtype=bool)
         for episode, first, length in episodes:
