@@ -40,8 +40,12 @@ def ok_reply(rid: Any, result: Any) -> Dict[str, Any]:
 
 
 def error_reply(rid: Any, e: BaseException) -> Dict[str, Any]:
-    """The manager's answer to request ``rid``: the exception it raised (type name and message)."""
-    return {'id': rid, 'ok': False, 'error': type(e).__name__, 'message': str(e)}
+    """The manager's answer to request ``rid``: the exception it raised (type name and message; ``stored``: a push
+    that stored its data before it failed, which must not be sent again)."""
+    out = {'id': rid, 'ok': False, 'error': type(e).__name__, 'message': str(e)}
+    if getattr(e, 'stored', False) is True:
+        out['stored'] = True
+    return out
 
 
 def result_of(reply: Dict[str, Any], op: str) -> Any:
@@ -50,8 +54,10 @@ def result_of(reply: Dict[str, Any], op: str) -> Any:
     if reply.get('ok'):
         return reply.get('result')
     exc = REMOTE_EXCEPTIONS.get(reply.get('error'), RemoteError)
-    raise exc(
+    error = exc(
         f"manager: {reply.get('message')}"
         if exc is not RemoteError
         else f"manager raised {reply.get('error')} for {op!r}: {reply.get('message')}"
     )
+    error.stored = reply.get('stored') is True  # a push that stored its data, then failed (see error_reply)
+    raise error

@@ -67,6 +67,7 @@ class PushDedup:
             reply: Any = apply()
         except StoredThenFailed as e:  # the data is in: a retry must not store it again, nor hide the error
             reply = e.error
+            reply.stored = True  # (error_reply tells the worker)
         if client is not None:
             self._applied.pop(client, None)
             self._applied[client] = (seq, reply)

@@ -217,7 +217,45 @@ class PushPipeline:
         if not self._pending:
             return
         self._settle_inflight(deadline)
-        data, batched = self._merged()
+        parts, batched = self._pending, self._pending_batched
+        try:
+            data, batched = self._merged()
+        except Exception:  # pushes that cannot be merged go one by one
+            if len(parts) < 2:
+                raise
+            return self._one_by_one(parts, batched, envstep, deadline)
+        try:
+            self._send(data, batched, envstep, deadline)
+        except ManagerUnavailableError:
+            raise
+        except Exception as e:  # refused as a whole (nothing stored): the good pushes must not go with the bad one
+            if len(parts) < 2 or getattr(e, 'stored', False) or self._dcfg.async_score:
+                raise
+            self._one_by_one(parts, batched, envstep, deadline)
+
+    def _one_by_one(self, parts: List[Any], batched: Any, envstep: int, deadline: float) -> None:
+        """Pending pushes (``remote_buffer_freq``) that could not be merged, or that the manager refused together,
+        sent again one by one: the good ones are stored, and the refusals raised after, naming the first."""
+        refused = []
+        for i, part in enumerate(parts):
+            try:
+                self._send(part, batched, envstep, deadline)
+            except ManagerUnavailableError:  # this one is in doubt (sent again later), the rest still pending
+                self._pending, self._pending_batched = list(parts[i + 1 :]), batched if i + 1 < len(parts) else None
+                raise
+            except Exception as e:
+                refused.append((i, e))
+        if refused:
+            i, e = refused[0]
+            note = f" (pending push {i + 1} of {len(parts)}; {len(refused)} refused, the others stored)"
+            try:
+                error = type(e)(str(e) + note)
+            except Exception:  # an exception type that takes no message
+                raise e from None
+            raise error from e
+
+    def _send(self, data: Any, batched: Any, envstep: int, deadline: float) -> None:
+        """One push request of ``data`` (answered now, or with ``async_score`` by the next push)."""
         if self._dcfg.scoring_only and self._scoring_keys:
             data = select_fields(data, self._scoring_keys)
         data = self._baseline_filter(data)

@@ -1015,6 +1015,35 @@ def test_a_windowed_sample_never_replies_more_rows_than_the_buffer_holds():
     assert len(batch) == 8 and all(len(w["obs"]) == 42 for w in batch)
 
 
+def test_pending_pushes_refused_together_are_sent_one_by_one():
+    """remote_buffer_freq=3: a bad push among good ones made the manager refuse the merged batch, and the good
+    pushes (whose calls had returned 1) were lost. They are stored; the refusal names the bad one."""
+    rb, core, ch = make_remote(storage='tensor', remote_buffer_freq=3)
+    assert rb.push(item(3)) == 1 and rb.push({'obs': torch.zeros(2)}) == 1  # no log_reward: refused by the manager
+    with pytest.raises(ValueError, match=r"missing field.*\(pending push 2 of 3; 1 refused, the others stored\)"):
+        rb.push(item(5))
+    assert sorted(t[0].item() for t in stored_obs(core.buffer)) == [3.0, 5.0]
+    for i in (6, 7, 8):
+        rb.push(item(i))
+    assert core.buffer.count() == 5 and rb.unacknowledged == 0
+    # pending pushes that cannot even be merged (fields of other shapes) go one by one too
+    rb.push({'obs': torch.zeros(3), 'log_reward': torch.tensor(0.0)})
+    rb.push(item(9))
+    with pytest.raises(ValueError, match='pending push 1 of 3'):
+        rb.push(item(10))
+    assert core.buffer.count() == 7
+
+
+def test_a_push_stored_before_it_failed_is_not_sent_again():
+    """A scoring function that fails after the merged push was stored: the error says so, and the pending pushes
+    are not sent again one by one (they would be stored twice)."""
+    rb, core, ch = make_remote(storage='list', remote_buffer_freq=2, scoring_function=bad_score_hook)
+    rb.push(item(1))
+    with pytest.raises(TypeError, match='were stored') as info:
+        rb.push(item(2))
+    assert info.value.stored is True and core.buffer.count() == 2 and ch.ops().count('push') == 1
+
+
 def test_a_version_the_buffer_refuses_leaves_the_manager_as_it_was():
     cfg = EasyDict(type='chunk', fragments_per_chunk=1, seed=0, distributed=dict(backend='torch'))
     buf, dcfg, key = build_manager_buffer(cfg)
