@@ -387,12 +387,15 @@ def _storage_tampers(st):
         else:
             x['fields'] = [t[:-1] for t in x['fields']]
 
-    return [
+    out = [
         ('kind of the other storage', lambda x: x.__setitem__('kind', 'tensor' if x['kind'] == 'list' else 'list')),
         ('slots one short', lambda x: x.__setitem__('slots', x['slots'][:-1])),
         ('data one short', shorter_data),
         ('ring is None', lambda x: x.__setitem__('ring', None)),
     ]
+    if 'frames' in st and len(st['slots']) > 1:  # frame streams follow the ring's order (a push then asserted)
+        out.append(('slots in reverse order', lambda x: x.__setitem__('slots', torch.as_tensor(x['slots']).flip(0))))
+    return out
 
 
 def _index_tampers(state):

@@ -507,6 +507,9 @@ class FrameStorage(TensorStorage):
         if not isinstance(saved, Mapping) or not {'ids', 'data', 'stack', 'streams'} <= set(saved):
             raise ValueError("saved storage 'frames' must be a dict with ids, data, stack and streams")
         storage = super().from_state({k: v for k, v in state.items() if k != 'frames'}, capacity, **kwargs)
+        if not np.array_equal(np.asarray(state['slots'], dtype=np.int64), storage.ring.ordered_slots()):
+            # (a plain tensor storage may take them in any order; here each step's frames follow the one before)
+            raise ValueError("saved storage slots are not in the ring's order, which the frame streams follow")
         storage.episodes = episodes
         storage._configure(frames)
         storage._restore_frames(saved)

@@ -291,6 +291,33 @@ def test_a_state_with_frames_needs_the_frames_layout_and_a_broken_one_is_refused
     assert_same(broken.state_dict(), before)
 
 
+@pytest.mark.parametrize('type_', ['naive', 'episode'])
+def test_a_state_whose_slots_left_the_ring_order_is_refused(type_):
+    """Storage slots permuted (still exactly the valid ones) were accepted, and the next push failed on an
+    assertion: a frame storage's streams follow the ring's order."""
+    cfg = frames_cfg(type_, size=8, max_transitions=40) if type_ == 'episode' else frames_cfg(type_)
+    buf = create_buffer(cfg)
+    if type_ == 'episode':
+        cfg['storage']['frames'] = {}
+        buf = create_buffer(cfg)
+        rng = np.random.default_rng(5)
+        for n in (6, 5, 4, 6, 4, 4):  # episodes of one stream each: frame t + 1 starts the next stack
+            fr = [torch.from_numpy(rng.integers(0, 255, (6, 6), dtype=np.uint8)) for _ in range(n + 4)]
+            buf.push(
+                [[dict(obs=torch.stack(fr[t : t + 4]), next_obs=torch.stack(fr[t + 1 : t + 5])) for t in range(n)]]
+            )
+    else:
+        push_all(buf, Envs(seed=12, max_len=6).steps(30), batched=False)
+    state = buf.state_dict()
+    section = state['episodes']['storage'] if type_ == 'episode' else state['storage']
+    section['slots'] = torch.as_tensor(section['slots']).flip(0)
+    other = create_buffer(cfg)
+    before = other.state_dict()
+    with pytest.raises(ValueError, match="not in the ring's order"):
+        other.load_state_dict(state)
+    assert_same(other.state_dict(), before)
+
+
 def test_memmap_keeps_the_frames_in_a_file_removed_at_close(tmp_path):
     import os
 
