@@ -392,6 +392,20 @@ def test_sample_timeout_still_raises_after_the_checks():
         buf.sample(2, timeout=0.1)
 
 
+def test_a_relative_memmap_dir_keeps_its_files_after_a_chdir(tmp_path, monkeypatch):
+    """A relative memmap_dir was joined with the working directory at the first push, and close() after a chdir
+    looked elsewhere: the files, which can be larger than memory, were left behind."""
+    (tmp_path / 'run').mkdir()
+    (tmp_path / 'elsewhere').mkdir()
+    monkeypatch.chdir(tmp_path / 'run')
+    buf = create_buffer(dict(type='naive', replay_buffer_size=8, storage=dict(type='tensor', memmap_dir='mm')))
+    monkeypatch.chdir(tmp_path / 'elsewhere')
+    buf.push({'obs': torch.zeros(3)})
+    assert len(os.listdir(tmp_path / 'run' / 'mm')) == 1 and not (tmp_path / 'elsewhere' / 'mm').exists()
+    buf.close()
+    assert os.listdir(tmp_path / 'run' / 'mm') == []
+
+
 def test_memmap_dir_that_is_a_file_is_refused_at_construction(tmp_path):
     (tmp_path / 'f').write_text('x')
     with pytest.raises(ValueError, match='storage.memmap_dir'):

@@ -496,10 +496,10 @@ class Engine(IBuffer):
             victims, admitted = rule.plan(self._view, values, need)
             victims = self._rule_slots(rule, victims)
             refused = 0 if admitted is None else int(len(admitted) - np.count_nonzero(admitted))
-            if len(victims) + refused < need:
+            if len(victims) + refused < need or len(victims) > need:
                 raise RuntimeError(
                     f"capacity rule {rule.name!r} freed {len(victims)} slots and refused {refused} new items; the "
-                    f"write needs {need} more slots"
+                    f"write needs {need} more slots (and no more)"
                 )
         except BaseException:
             self._capacity_rebuilt()  # its own structure may have moved: rebuilt from the unchanged table

@@ -24,7 +24,7 @@ EPISODE_CONFIG = dict(
     # Not supported for episodes (kept so DI-engine configs load); must stay False.
     enable_track_used_data=False,
     # Period of the push/sample/remove report written to a tb_logger passed in (DI-engine key).
-    periodic_thruput_seconds=60,
+    periodic_thruput_seconds=60.0,
     seed=None,
     # {} = uniform; dict(type='prioritized', unroll_len=T, alpha=0.6, beta=0.4, eta=0.9, eps=1e-5,
     # anneal_step=0) = prioritized windows (tensor storage).

@@ -294,8 +294,10 @@ class FlatEpisodes(_EpisodeStore):
             evicted = self.make_room(n)
         finally:
             self._writing = None
-        slots = self.ring.commit(1)[0]
+        # the transitions first: a write that fails (the fields allocated at the first push: memory, a memmap
+        # directory) leaves no empty episode behind
         result = self.storage.write(prepared)
+        slots = self.ring.commit(1)[0]
         # make_room guarantees no overwrite, of transitions or of their frames
         assert prepared.dropped == 0 and len(result.slots) == n and result.expired is None
         self.start[slots] = result.slots[0]

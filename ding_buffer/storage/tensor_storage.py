@@ -89,7 +89,8 @@ class TensorStorage(Storage):
             raise ValueError(f"config key 'storage.memmap_dir' needs storage.device='cpu', got {device!r}")
         if memmap_dir is not None and os.path.exists(memmap_dir) and not os.path.isdir(memmap_dir):
             raise ValueError(f"config key 'storage.memmap_dir' is {memmap_dir!r}, which is a file, not a directory")
-        self.memmap_dir = memmap_dir
+        # absolute: files created after a chdir are still the ones close() removes
+        self.memmap_dir = None if memmap_dir is None else os.path.abspath(memmap_dir)
         self.skip_keys = tuple(META_KEYS) + tuple(reserved_keys)
         self.schema: Optional[Schema] = None
         self.fields: Dict[Path, torch.Tensor] = {}

@@ -769,3 +769,30 @@ def test_per_step_priorities_at_padded_steps_are_skipped_whatever_they_hold():
     with pytest.raises(ValueError, match='entry 0 is nan'):
         buf.update(dict(keys, priority=priority))
     assert_same(buf.state_dict(), before)
+
+
+@pytest.mark.parametrize('kind', ['episode', 'prioritized_episode'])
+def test_a_push_whose_storage_write_fails_adds_no_episode(kind, tmp_path):
+    """The fields are allocated at the first push; when that failed (a memmap_dir that cannot be created), the
+    episode was committed anyway: empty episodes were then sampled, and the buffer's state did not load."""
+    (tmp_path / 'afile').write_text('')
+    cfg = dict(type=kind, replay_buffer_size=4, max_transitions=16, seed=0)
+    cfg['storage'] = dict(type='tensor', memmap_dir=str(tmp_path / 'afile' / 'mm'))  # its parent is a file
+    buf = create_buffer(cfg)
+    before = buf.state_dict()
+    for _ in range(2):
+        with pytest.raises(OSError):
+            buf.push({'obs': torch.zeros(3, 4)})
+    assert buf.count() == 0 and buf.transition_count == 0
+    assert_same(buf.state_dict(), before)
+    twin = create_buffer(dict(cfg, storage=dict(type='tensor')))
+    twin.load_state_dict(buf.state_dict())
+    assert twin.count() == 0
+
+
+@pytest.mark.parametrize('kind', ['episode', 'prioritized_episode'])
+def test_the_throughput_period_takes_seconds_as_a_float(kind):
+    """Documented 'as for naive' (a positive number of seconds), but 0.5 and 30.0 were refused: 'expected int'."""
+    for seconds in (0.5, 30.0, 2):
+        buf = create_buffer(dict(type=kind, max_transitions=64, periodic_thruput_seconds=seconds))
+        assert buf.cfg.periodic_thruput_seconds == seconds

@@ -253,7 +253,12 @@ def user_rules():
         def evict(self, view, n):
             return np.array([-3])
 
+    class MyGreedy(CapacityRule):  # answers more than the n slots asked for
+        def evict(self, view, n):
+            return view.oldest(n + 2)
+
     names = {'my_oldest': MyOldest, 'my_best': MyBest, 'my_short': MyShort, 'my_garbage': MyGarbage}
+    names['my_greedy'] = MyGreedy
     for name, cls in names.items():
         REMOVER_REGISTRY.register(name)(cls)
     try:
@@ -289,7 +294,14 @@ def test_a_rule_extending_a_built_in_is_counted_under_its_own_registered_name(us
     buf.close()
 
 
-@pytest.mark.parametrize('rule, needle', [('my_short', "'my_short' freed 0 slots"), ('my_garbage', "'my_garbage'")])
+@pytest.mark.parametrize(
+    'rule, needle',
+    [
+        ('my_short', "'my_short' freed 0 slots"),
+        ('my_garbage', "'my_garbage'"),
+        ('my_greedy', "'my_greedy' freed 3 slots.*needs 1 more slots"),  # evicted the extras silently
+    ],
+)
 def test_a_failing_user_capacity_rule_is_named_by_its_registered_name(user_rules, rule, needle):
     buf = create_buffer(dict(type='naive', replay_buffer_size=3, removers=[dict(type=rule)]))
     buf.push([{'obs': i} for i in range(3)])
