@@ -6,6 +6,7 @@ episodes, or windows of ``unroll_len`` consecutive transitions drawn uniformly a
 ``sampler=dict(type='prioritized', ...)``) prioritized windows (R2D2: ``PrioritizedWindows``).
 """
 
+import logging
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
@@ -55,6 +56,14 @@ class EpisodeTable(Table):
         self._store = self.new_store()
         self.prio: Optional[PrioritizedWindows] = None
         if isinstance(spec, PrioritizedSpec):
+            unroll = cfg.sampler.get('unroll_len')
+            if not cfg.pad_short_episodes and cfg.max_transitions is not None and (unroll or 0) > cfg.max_transitions:
+                logging.getLogger(f'ding_buffer.{self.name}').warning(
+                    "config key 'sampler.unroll_len' is %s, more than max_transitions=%s: no episode can ever hold a "
+                    "window, so every sample refuses; set pad_short_episodes=True or a shorter unroll_len",
+                    unroll,
+                    cfg.max_transitions,
+                )
             self.prio = PrioritizedWindows(spec, self._store, cfg.pad_short_episodes, self.name)
             self._store.reserve(PrioritizedWindows.OUTPUT_KEYS)
         elif not (hasattr(spec, 'draw') or hasattr(spec, 'select')):

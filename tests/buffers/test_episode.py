@@ -796,3 +796,14 @@ def test_the_throughput_period_takes_seconds_as_a_float(kind):
     for seconds in (0.5, 30.0, 2):
         buf = create_buffer(dict(type=kind, max_transitions=64, periodic_thruput_seconds=seconds))
         assert buf.cfg.periodic_thruput_seconds == seconds
+
+
+def test_windows_no_episode_can_hold_are_warned_of_at_build(caplog):
+    """unroll_len beyond max_transitions without padding: every sample refuses, which the build now says."""
+    with caplog.at_level('WARNING', logger='ding_buffer'):
+        create_buffer(dict(type='prioritized_episode', max_transitions=50, storage=dict(type='tensor')))
+    assert "'sampler.unroll_len' is 80, more than max_transitions=50" in caplog.text
+    caplog.clear()
+    with caplog.at_level('WARNING', logger='ding_buffer'):
+        create_buffer(dict(type='prioritized_episode', max_transitions=50, pad_short_episodes=True))
+    assert 'unroll_len' not in caplog.text
