@@ -83,9 +83,9 @@ class DequeVerbs:
         return self._data(out, tensor)
 
     def _data(self, out: Any, tensor: bool) -> Any:
-        if not self.priority:  # the naive table adds ids only to tensor batches
+        if not self.priority:  # the naive table adds ids to tensor batches and (output='items') to list items
             drop = list(INNER_KEYS[:2])
-            if not tensor:
+            if not tensor and self.cfg.storage.get('output') != 'items':
                 return out  # stored dicts
         else:
             drop = [k for k in INNER_KEYS if not (self.deque_cfg.priority_IS_weight and k == 'IS')]

@@ -87,6 +87,15 @@ def test_items_ids_feed_update_as_a_dingengine_learner_sends_them():
     buf.close()
 
 
+@pytest.mark.parametrize('storage', ['list', 'tensor'])
+@pytest.mark.parametrize('priority', [False, True])
+def test_deque_items_carry_no_ids_on_any_storage(storage, priority):
+    """Only the uniform deque on list storage handed out replay_unique_id / replay_buffer_idx with items."""
+    buf = create_buffer(dict(type='deque', priority=priority, seed=0, storage=dict(type=storage, output='items')))
+    buf.push([{'obs': torch.zeros(2), 'reward': 1.0} for _ in range(4)])
+    assert [sorted(d) for d in buf.sample(3, 0)] == [['obs', 'reward']] * 3
+
+
 def test_deque_on_items_keeps_its_api():
     buf = create_buffer(
         dict(type='deque', priority=True, priority_IS_weight=True, seed=0, storage=dict(type='tensor', output='items'))
