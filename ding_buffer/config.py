@@ -220,7 +220,7 @@ def plain_numbers(value: Any) -> Any:
         return value.item()
     if isinstance(value, Mapping):
         items = {k: plain_numbers(v) for k, v in value.items()}
-        return value if all(items[k] is v for k, v in value.items()) else type(value)(items)
+        return value if all(items[k] is v for k, v in value.items()) else items  # (merged into an EasyDict)
     if isinstance(value, list):
         out = [plain_numbers(v) for v in value]
         return value if all(a is b for a, b in zip(out, value)) else out

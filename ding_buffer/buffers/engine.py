@@ -167,7 +167,8 @@ class Engine(IBuffer):
         # the sample then snapshots what the draw moves
         self._fallible = (
             getattr(self._t, 'own_sampler', False)
-            or bool(cfg.get('deepcopy', False))  # copies of the user's objects may raise too
+            or (bool(cfg.get('deepcopy', False)) and cfg.get('storage', {}).get('type') == 'list')  # copies of the
+            # user's objects may raise too (tensor storage hands out gathered tensors: nothing to copy)
             or any(type(r) not in (UseLimit, StalenessLimit) and not isinstance(r, CapacityRule) for r in self._rules)
         )
         counted = self._use_limit or self._t.uses_counted

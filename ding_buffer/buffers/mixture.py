@@ -365,14 +365,15 @@ class MixtureReplayBuffer(IBuffer):
                     held.enter_context(self._members[name].lock)
                 with self._lock:
                     self._check_open()  # close() ends a wait
-                    before = self._rng.bit_generator.state
+                    rng = self._rng  # (load_state_dict may replace it meanwhile: the state goes back to this one)
+                    before = rng.bit_generator.state
                     shares = self._shares(int(size))
                 why = [] if shares is None else self._refusals(shares, cur_learner_iter)
                 if shares is not None and not why:
                     parts = [(i, n, k, self._members[n].sample(k, cur_learner_iter)) for i, n, k in shares]
                     break
                 with self._lock:
-                    self._rng.bit_generator.state = before  # a refusal draws nothing: the shares are drawn again
+                    rng.bit_generator.state = before  # a refusal draws nothing: the shares are drawn again
             left = None if deadline is None else deadline - time.monotonic()
             if left is None or left <= 0:
                 with self._lock:

@@ -257,7 +257,7 @@ class RewardTable(Table):
     ) -> Request:
         """``n_samples`` is torchgfn's name for ``size`` (one of the two)."""
         size = sample_size(size, n_samples)
-        if replace is not None and not isinstance(replace, bool):
+        if replace is not None and not isinstance(replace, (bool, np.bool_)):
             raise TypeError(f"replace must be None or a bool, got {replace!r}")
         draw, shortfall = lambda rng: self.draw(rng, int(size), replace), lambda: self.shortfall(int(size), replace)
         return Request(size, draw, shortfall, timeout)

@@ -34,17 +34,31 @@ def check_version(version: Any, what: str = 'blob version') -> int:
     return version
 
 
-def check_stamp(version: Any, session_id: Any) -> Tuple[Optional[int], Optional[str]]:
-    """The model version and session a learner sets or a push carries, as a version in [-1, 2**60) (an int,
-    numpy's too; None: no stamp; the manager samples with it as the learner iteration, whose bound is 2**60) and
-    None or a session name (``TypeError`` / ``ValueError`` naming the value)."""
+def check_stamp(version: Any, session_id: Any) -> Tuple[Optional[int], Any]:
+    """The model version and session a learner sets or a push carries: a version as an int in [-1, 2**60) (a whole
+    number: numpy's, a float such as 3.0 or a one-element tensor too; None: no stamp; the manager samples with it as
+    the learner iteration, whose bound is 2**60), and a session None, an int or a printable str of at most 128
+    characters (``TypeError`` / ``ValueError`` naming the value; a tensor or an array would compare ambiguously)."""
     if version is not None:
-        if not isinstance(version, numbers.Integral) or isinstance(version, (bool, np.bool_)):
+        number = version
+        if isinstance(version, torch.Tensor):
+            number = version.item() if version.numel() == 1 else None
+        elif isinstance(version, np.ndarray):
+            number = version.item() if version.size == 1 else None
+        whole = isinstance(number, numbers.Integral) or (isinstance(number, float) and number.is_integer())
+        if not whole or isinstance(number, (bool, np.bool_)):
             raise TypeError(f"model version must be an int, got {type(version).__name__} {version!r:.40}")
-        if not -1 <= version < STEP_LIMIT:
+        if not -1 <= number < STEP_LIMIT:
             raise ValueError(f"model version must be an int in [-1, 2**60), got {version!r:.40}")
-        version = int(version)
-    return version, None if session_id is None else checked_session(session_id)
+        version = int(number)
+    if session_id is None or (isinstance(session_id, numbers.Integral) and not isinstance(session_id, bool)):
+        return version, session_id if session_id is None else int(session_id)
+    try:
+        return version, checked_session(session_id)
+    except ValueError:
+        raise ValueError(
+            f"session_id must be None, an int or a printable str of at most 128 characters, got {session_id!r:.60}"
+        ) from None
 
 
 def payload_bytes(obj: Any) -> int:

@@ -18,6 +18,7 @@ Neighbours: ``liveness`` (who is alive, lost, back, exited), ``push_dedup`` (eac
 """
 
 import logging
+import numbers
 from typing import Any, Callable, Dict, Optional
 
 from .baseline import BaselineTracker
@@ -239,14 +240,8 @@ class ManagerCore:
                 f"it takes {[k for k in takes if k in SAMPLE_KWARGS]}"
             )
         unroll = kwargs.get('unroll_len')
-        if isinstance(unroll, int) and size * unroll > max(
-            getattr(self.buffer, 'transition_count', 0), MAX_WINDOW_ROWS
-        ):
-            # windows of unroll_len steps (padded ones too): never more rows than the buffer holds, or 2**16
-            raise ValueError(
-                f"sample of {size} windows of unroll_len={unroll} steps would reply {size * unroll} rows, more "
-                f"than the buffer's {self.buffer.transition_count} stored steps and {MAX_WINDOW_ROWS}"
-            )
+        if isinstance(unroll, numbers.Integral) and not isinstance(unroll, bool):
+            self._check_padding(size, int(unroll))
         if (
             self.cfg.max_version_lag is not None
             and 'cur_learner_iter' in takes
@@ -255,6 +250,18 @@ class ManagerCore:
         ):
             kwargs['cur_learner_iter'] = self.model_version
         return self.buffer.sample(size, **kwargs)
+
+    def _check_padding(self, size: int, unroll: int) -> None:
+        """Windows longer than every stored episode are padding (``pad``), which no stored data bounds: such a
+        sample may reply at most the steps the buffer holds, or ``MAX_WINDOW_ROWS``."""
+        longest = max(getattr(self.buffer, 'episode_len', None) or [0])
+        steps = getattr(self.buffer, 'transition_count', 0)
+        if unroll > longest and size * unroll > max(steps, MAX_WINDOW_ROWS):
+            raise ValueError(
+                f"sample of {size} windows of unroll_len={unroll} steps, longer than every stored episode "
+                f"({longest}), would reply {size * unroll} padded rows, more than the buffer's {steps} stored "
+                f"steps and {MAX_WINDOW_ROWS}"
+            )
 
     def _update(self, sender, info) -> Any:
         return self.buffer.update(info)

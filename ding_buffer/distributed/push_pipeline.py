@@ -14,6 +14,7 @@ the caller's retry of that call sends what is owed instead of adding the data a 
 
 import copy
 import hashlib
+import logging
 import uuid
 from typing import Any, Dict, List, Optional
 
@@ -242,12 +243,15 @@ class PushPipeline:
                 self._send(part, batched, envstep, deadline)
             except ManagerUnavailableError:  # this one is in doubt (sent again later), the rest still pending
                 self._pending, self._pending_batched = list(parts[i + 1 :]), batched if i + 1 < len(parts) else None
+                for k, e in refused:  # (the manager's unavailability is what the caller hears of)
+                    logging.getLogger(__name__).warning("pending push %d of %d refused: %s", k + 1, len(parts), e)
                 raise
             except Exception as e:
                 refused.append((i, e))
         if refused:
             i, e = refused[0]
-            note = f" (pending push {i + 1} of {len(parts)}; {len(refused)} refused, the others stored)"
+            rest = 'the others stored' if len(refused) < len(parts) else 'none stored'
+            note = f" (pending push {i + 1} of {len(parts)}; {len(refused)} refused, {rest})"
             try:
                 error = type(e)(str(e) + note)
             except Exception:  # an exception type that takes no message

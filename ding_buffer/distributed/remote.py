@@ -234,6 +234,8 @@ class RemoteBuffer(IBuffer):
     def load_data(self, path: str, allow_pickle: bool = False) -> str:
         """Ask the manager to load ``path`` (relative to its ``distributed.file_root``). Whether a pickled file
         may be loaded is the manager's own ``distributed.allow_pickle``: a request never carries that flag."""
+        if type(allow_pickle) is not bool:  # 'False' from a config file is not False (as on a local buffer)
+            raise TypeError(f"allow_pickle must be a bool, got {type(allow_pickle).__name__} {allow_pickle!r:.40}")
         if allow_pickle and not self._dcfg.allow_pickle:
             raise ValueError(
                 "load_data(allow_pickle=True) on a remote buffer: unpickling runs code on the manager, "

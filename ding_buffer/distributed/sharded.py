@@ -185,8 +185,9 @@ class ShardedBuffer:
             raise TypeError(f"a sharded sample takes cur_learner_iter, replace (naive, gfn) and timeout, not {bad}")
         if not isinstance(size, (int, np.integer)) or isinstance(size, bool) or size <= 0:
             raise ValueError(f"sample size must be an int > 0, got {size!r:.40}")
-        if replace is not None and (self.prioritized or type(replace) is not bool):
+        if replace is not None and (self.prioritized or type(replace) not in (bool, np.bool_)):
             raise TypeError("replace is a bool, for the naive and gfn types (prioritized draws are with replacement)")
+        replace = None if replace is None else bool(replace)  # (sent to the shards as a plain bool)
         timeout = check_wait_timeout(timeout)  # before anything is asked: NaN or inf would poll forever
         if timeout is None:
             return self._sample_once(size, cur_learner_iter, replace)

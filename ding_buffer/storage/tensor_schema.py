@@ -81,18 +81,18 @@ def check_leaves(flat: Dict[Path, Any], schema: Schema, where: str, batched: boo
         got_shape = tuple(tensor.shape[1:]) if batched else tuple(tensor.shape)
         if got_shape != shape:
             raise ValueError(f"{where}: field '{path_name(path)}' has shape {got_shape}, expected {shape}")
-        if py_number and dtype.is_floating_point and tensor.dtype != torch.bool:
-            tensor = python_numbers(leaf, dtype)
-        elif tensor.dtype != dtype:
-            raise ValueError(f"{where}: field '{path_name(path)}' has dtype {tensor.dtype}, expected {dtype}")
+        if tensor.dtype != dtype:
+            # Python numbers: ints go into any float field, floats (doubles, read as float32 above) into float64
+            if not (py_number and dtype.is_floating_point and tensor.dtype != torch.bool):
+                raise ValueError(f"{where}: field '{path_name(path)}' has dtype {tensor.dtype}, expected {dtype}")
+            if not tensor.dtype.is_floating_point:
+                tensor = tensor.to(dtype)
+            elif dtype == torch.float64:
+                tensor = torch.as_tensor(leaf, dtype=dtype)  # exactly (not via the float32 read)
+            else:
+                raise ValueError(f"{where}: field '{path_name(path)}' has dtype {tensor.dtype}, expected {dtype}")
         out[path] = tensor
     return out
-
-
-def python_numbers(leaf: Any, dtype: torch.dtype) -> torch.Tensor:
-    """Python ints and floats (a number or a list of them) for a float field: read as doubles (a float is one:
-    lossless in a float64 field), then rounded to ``dtype`` as numpy rounds them (beyond its range: inf)."""
-    return torch.as_tensor(leaf, dtype=torch.float64).to(dtype)
 
 
 def export_schema(schema: Optional[Schema]) -> List[list]:

@@ -92,12 +92,22 @@ def load_latest(root: str, load: Callable[[str], Any]) -> Tuple[Optional[str], A
         previous one. ``(None, None)`` when there is none. Leftover temporaries are removed.
     """
     _remove_temporaries(root)
-    errors = []
+    errors, damaged = [], []
     for _, path in reversed(complete_checkpoints(root)):
         try:
-            return path, load(path)
+            loaded = load(path)
         except Exception as e:  # any damage (truncated, empty, foreign file): try the previous checkpoint
             errors.append(f"{path}: {type(e).__name__}: {e}")
+            damaged.append(path)
+            continue
+        for bad in damaged:  # newer than one that loads: damaged. Set aside (kept to inspect), so that the
+            # resumed run publishes its own checkpoint of that step instead of keeping the damaged one
+            aside = os.path.join(root, 'damaged-' + os.path.basename(bad))
+            shutil.rmtree(aside, ignore_errors=True)  # (set aside before, at an earlier fallback)
+            os.rename(bad, aside)
+        if damaged:
+            fsync_dir(root)
+        return path, loaded
     if errors:
         raise ValueError("no loadable checkpoint in '{}':\n  {}".format(root, '\n  '.join(errors)))
     return None, None

@@ -1587,3 +1587,11 @@ def test_an_empty_container_is_a_no_op(kind):
     buf.push(FakeContainer(torch.ones(2, 2), torch.zeros(2)))
     buf.push(FakeContainer(torch.zeros(0, 2), torch.zeros(0)))
     assert buf.count() == 2
+
+
+def test_replace_takes_a_numpy_bool():
+    buf = make('gfn', 8)
+    buf.push(good())
+    assert buf.sample(2, replace=np.True_) is not None
+    with pytest.raises(TypeError, match='replace'):
+        buf.sample(2, replace=1)

@@ -967,7 +967,7 @@ def test_remote_model_version_stamps_pushes():
     'version, session, error',
     [
         (5, torch.zeros(3), ValueError),  # a tensor session compared ambiguously in every later call
-        (5, 7, ValueError),
+        (5, True, ValueError),
         (5, 'x' * 200, ValueError),
         (2**61, 's', ValueError),  # the manager samples with its version as the learner iteration (< 2**60)
         (-2, 's', ValueError),
@@ -995,6 +995,17 @@ def test_a_bad_model_version_or_session_is_refused_and_changes_nothing(version, 
     rb.push(item(2))
     assert rb.pushes.last_score['stored'] == 1 and len(rb.sample(2)) == 2
     assert rb.update_model_version(np.int64(5), 't') == {'model_version': 5, 'session_id': 't', 'cleared': 2}
+    # whole numbers and int sessions, as int() took them before
+    assert rb.update_model_version(6.0, 7)['model_version'] == 6 and rb.metadata()['session_id'] == 7
+    assert rb.update_model_version(torch.tensor(8), 7)['model_version'] == 8
+
+
+def test_a_remote_load_data_takes_only_a_bool_allow_pickle():
+    rb, core, ch = make_remote(storage='list')
+    for flag in ('False', 0, None):
+        with pytest.raises(TypeError, match='allow_pickle must be a bool'):
+            rb.load_data('b.pt', allow_pickle=flag)
+    assert ch.ops() == []  # refused before anything is asked
 
 
 def test_a_windowed_sample_never_replies_more_rows_than_the_buffer_holds():
@@ -1013,6 +1024,13 @@ def test_a_windowed_sample_never_replies_more_rows_than_the_buffer_holds():
     # short episodes padded to a longer window (R2D2 early in training) still work, up to 2**16 rows
     batch = ok(core.handle(W, req("sample", size=8, kwargs=dict(unroll_len=42, pad=True, replace=True))))
     assert len(batch) == 8 and all(len(w["obs"]) == 42 for w in batch)
+    reply = core.handle(W, req('sample', size=8, kwargs=dict(args, unroll_len=np.int64(200_000))))
+    assert not reply['ok'] and 'padded rows' in reply['message']  # a numpy int is bounded too
+    # windows within the stored episodes are data, bounded by the buffer itself: served
+    for n in [400] * 10:
+        ok(core.handle(W, req('push', data={'obs': torch.arange(float(n))})))
+    batch = ok(core.handle(W, req('sample', size=8, kwargs=dict(unroll_len=300, replace=True))))
+    assert len(batch) == 8
 
 
 def test_pending_pushes_refused_together_are_sent_one_by_one():

@@ -860,6 +860,12 @@ def test_load_latest_skips_incomplete_and_damaged_checkpoints(tmp_path):
         return _loader(path)
 
     assert ckpt.load_latest(str(root), picky) == (str(root / 'step_000000100'), 100)
+    # the damaged newer one is set aside, so the resumed run publishes its own checkpoint of that step (it used to
+    # keep the damaged one, and every later resume fell back past it again)
+    assert [s for s, _ in ckpt.complete_checkpoints(str(root))] == [100]
+    assert (root / 'damaged-step_000000200').is_dir()
+    _save(root, 200, keep=5)
+    assert ckpt.load_latest(str(root), _loader) == (str(root / 'step_000000200'), 200)
 
     # none loads -> ValueError naming every failure
     def broken(path):
