@@ -95,15 +95,14 @@ DI_ENGINE_IGNORED = {
 CONFIG_LOG = logging.getLogger('ding_buffer.config')
 
 
-def dingengine_ignored(defaults: Mapping, buffer_type: str) -> Dict[str, str]:
-    """The keys a DI-engine preset with ``defaults`` accepts and ignores, each with why it has no effect."""
-    out = {k: why for k, why in DI_ENGINE_IGNORED.items() if k not in defaults}
+def dingengine_ignored(defaults: Mapping, buffer_type: str, why: Optional[str] = None) -> Dict[str, str]:
+    """The keys a DI-engine preset with ``defaults`` accepts and ignores, each with why it has no effect (``why``:
+    for a type DI-engine does not have, in place of "DI-engine's <type> ignores it too")."""
+    out = {k: note for k, note in DI_ENGINE_IGNORED.items() if k not in defaults}
+    tail = why or f"DI-engine's {buffer_type!r} ignores it too"
     for key, owner in DI_ENGINE_KEYS.items():
         if key not in defaults:
-            out[key] = (
-                f"a key of DI-engine's {owner!r} buffer, which type {buffer_type!r} does not read (DI-engine's "
-                f"{buffer_type!r} ignores it too)"
-            )
+            out[key] = f"a key of DI-engine's {owner!r} buffer, which type {buffer_type!r} does not read ({tail})"
     return out
 
 

@@ -5,7 +5,7 @@ model versions, sampling, payloads)."""
 from typing import Any, Dict, List, Optional
 
 from ..base import BUFFER_REGISTRY
-from ..config import SEED_CHECK
+from ..config import SEED_CHECK, dingengine_ignored
 from ..storage.fragment_store import KINDS
 from .chunk_table import INT_LIMIT, ChunkTable, checked_session, checked_version, is_int
 from .engine import Engine, table_attribute
@@ -98,6 +98,8 @@ class ChunkReplayBuffer(Engine):
     }
 
     table = ChunkTable
+    # what DI-engine's compile_config merges into every buffer section (replay_buffer_size, ...): warned of, no effect
+    ignored_keys = dingengine_ignored(config, 'chunk', "its capacity is 'max_chunks' chunks")
 
     store = table_attribute(
         'store', 'Where the payloads live (memory, or files under store.path shared by producers and learners).'

@@ -18,7 +18,7 @@ import torch
 from easydict import EasyDict
 
 from ..base import BUFFER_REGISTRY, IBuffer, create_buffer, get_buffer_cls
-from ..config import SEED_CHECK, build_config, check_section, plain_numbers
+from ..config import SEED_CHECK, build_config, check_section, dingengine_ignored, plain_numbers
 from ..control.priority import as_numpy, as_priorities, parse_update
 from ..errors import SampleTimeoutError
 from ..persistence import load_state, save_state
@@ -60,6 +60,10 @@ REFUSED_MEMBERS = {
 }
 
 
+# what DI-engine's compile_config merges into every buffer section (replay_buffer_size, ...): warned of, no effect
+MIXTURE_IGNORED = dingengine_ignored(MIXTURE_CONFIG, 'mixture', 'each member reads its own section')
+
+
 def mixture_config(cfg: Optional[Mapping]) -> EasyDict:
     """The validated config: ``members`` and ``weights`` are checked here (they are not merged into the defaults:
     the user's members replace the default ones), every other key by ``build_config``."""
@@ -67,7 +71,9 @@ def mixture_config(cfg: Optional[Mapping]) -> EasyDict:
     members = cfg.pop('members', MIXTURE_CONFIG['members'])
     weights = plain_numbers(cfg.pop('weights', MIXTURE_CONFIG['weights']))
     # members and weights are checked below; None here keeps them among the valid keys (typo hints name them)
-    out = build_config({**MIXTURE_CONFIG, 'members': None, 'weights': None}, cfg, MIXTURE_CHECKS)
+    out = build_config(
+        {**MIXTURE_CONFIG, 'members': None, 'weights': None}, cfg, MIXTURE_CHECKS, ignored=MIXTURE_IGNORED
+    )
     if not isinstance(members, Mapping) or not members:
         raise ValueError(f"config key 'members' must be a non-empty dict of name -> buffer config, got {members!r:.80}")
     for name, section in members.items():

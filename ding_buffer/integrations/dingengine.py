@@ -182,7 +182,11 @@ class TaskBuffer(Buffer):
             item = dict(item, priority=meta['priority'])  # the caller's dict is not changed
         with self._lock:
             if self._inner.push(item) != 1:
-                raise ValueError("TaskBuffer.push: the buffer did not store the item")
+                raise ValueError(
+                    "TaskBuffer.push: the buffer refused the item (counted in stats()['refused_push']): its rate "
+                    "limit (config key 'thruput_controller.push_sample_rate_limit': pushes ahead of samples), or a "
+                    "capacity rule that turns new items away (removers, e.g. keep_best); the buffer's log says which"
+                )
             uid = self._next_uid
             self._next_uid += 1
         return BufferedData(data=data, index=f'{self._prefix}{uid}', meta=dict(meta))
@@ -241,7 +245,8 @@ class TaskBuffer(Buffer):
             raise NotImplementedError("TaskBuffer.update(data=...) is not supported: stored items are not replaced")
         if not self.prioritized or meta is None or meta.get('priority') is None:
             return False
-        if not isinstance(index, str) or not index.startswith(self._prefix):
+        tail = index[len(self._prefix) :] if isinstance(index, str) and index.startswith(self._prefix) else ''
+        if not (tail.isdecimal() and tail.isascii() and int(tail) < 1 << 63):  # (the queued updates stay good)
             raise ValueError(f"TaskBuffer.update: index {index!r:.60} is not an id of this buffer")
         slot = meta.get('replay_buffer_idx')
         if type(slot) is not int or not 0 <= slot < self.size:
@@ -297,9 +302,9 @@ class TaskBuffer(Buffer):
             self._flush()
             return self._inner.state_dict()
 
-    def load_state_dict(self, state: Dict[str, Any]) -> None:
+    def load_state_dict(self, state: Dict[str, Any], deepcopy: bool = False) -> None:
         with self._lock:
-            self._inner.load_state_dict(state)
+            self._inner.load_state_dict(state, deepcopy=deepcopy)
             self._pending = []
             self._next_uid = int(self._inner.stats()['push_items'])
 
@@ -308,9 +313,11 @@ class TaskBuffer(Buffer):
             self._flush()
             self._inner.save_data(file_name)
 
-    def load_data(self, file_name: str) -> None:
+    def load_data(self, file_name: str, allow_pickle: bool = False) -> None:
+        """Restore a file of ``save_data`` (``allow_pickle``: as for the buffer it wraps: items holding numpy
+        arrays or other objects on list storage need it, and only a file you trust)."""
         with self._lock:
-            self._inner.load_data(file_name)
+            self._inner.load_data(file_name, allow_pickle=allow_pickle)
             self._pending = []
             self._next_uid = int(self._inner.stats()['push_items'])
 
@@ -332,6 +339,12 @@ class TaskBuffer(Buffer):
         if isinstance(func, PriorityExperienceReplay):
             with self._lock:
                 if not self.prioritized:
+                    if self._cfg.get('type', 'naive') != 'naive':
+                        raise ValueError(
+                            f"TaskBuffer.use(PriorityExperienceReplay) makes a 'naive' buffer 'advanced'; this one is "
+                            f"{self._cfg.get('type')!r}, whose own rules (e.g. elastic's window) 'advanced' does not "
+                            "keep: configure type='advanced' instead"
+                        )
                     if self._inner.count():
                         raise ValueError(
                             "TaskBuffer.use(PriorityExperienceReplay): the buffer already holds items; make it "

@@ -256,13 +256,24 @@ def make_trainer(trainer_cls: Any, cfg: EasyDict, run_dir: str, args: Any, **kwa
         raise ValueError(f"{args.config}: {e}") from e
 
 
+def _section(parent: Mapping, key: str, name: str, value: Any = None) -> Dict[str, Any]:
+    """``parent[key]`` (or ``value``) as a new dict ({} when absent or None); ``ValueError`` naming ``name`` when it
+    is not a dict."""
+    value = parent.get(key) if value is None else value
+    if value is not None and not isinstance(value, Mapping):
+        raise ValueError(f"config key '{name}' must be a dict, got {type(value).__name__} {value!r:.40}")
+    return dict(value or {})
+
+
 def split_buffer_section(user: Mapping) -> Tuple[Dict[str, Any], Any]:
     """``(user without policy.other.replay_buffer, that section)`` (the section is None when absent): every job
     validates its own keys and lets the buffer class validate its section."""
     user = dict(user)
-    policy = dict(user.get('policy') or {})
-    other = dict(policy.get('other') or {})
+    policy = _section(user, 'policy', 'policy')
+    other = _section(policy, 'other', 'policy.other')
     buffer_cfg = other.pop('replay_buffer', None)
+    if buffer_cfg is not None:
+        _section(other, 'replay_buffer', 'policy.other.replay_buffer', buffer_cfg)
     if 'other' in policy:
         policy['other'] = other
     if 'policy' in user:

@@ -1958,3 +1958,18 @@ def test_an_eps_that_could_push_a_stored_priority_past_float32_is_refused_by_nam
         }
     )
     create_buffer(dict(type='advanced', eps=1.0, seed=0)).load_state_dict(buf.state_dict())
+
+
+@pytest.mark.parametrize('storage', STORAGES)
+def test_a_numpy_sample_size_leaves_a_file_that_loads_without_pickle(storage, tmp_path):
+    """sample(np.int64(4)) made the sampled-items counter a numpy int, and the buffer's own file then needed
+    allow_pickle=True."""
+    buf = make(storage, size=16)
+    push_ids(buf, range(8))
+    assert buf.sample(np.int64(4)) is not None
+    assert type(buf.stats()['sampled_items']) is int
+    if storage == 'tensor':
+        buf.save_data(str(tmp_path / 'b.pt'))
+        other = make(storage, size=16)
+        other.load_data(str(tmp_path / 'b.pt'))
+        assert other.stats()['sampled_items'] == 4

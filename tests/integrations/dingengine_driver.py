@@ -18,6 +18,7 @@ import argparse
 import copy
 import json
 import math
+import os
 import sys
 import time
 import traceback
@@ -25,7 +26,7 @@ import traceback
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument('mode', choices=['serial', 'task', 'example', 'badinput'])
+    parser.add_argument('mode', choices=['serial', 'task', 'example', 'badinput', 'taskbuffer'])
     parser.add_argument('--example', choices=['dqn', 'dqn_per'], help="example: DI-engine's ding/example module")
     parser.add_argument('--out', required=True)
     parser.add_argument('--buffer', help='serial: the create config replay_buffer section (JSON)')
@@ -35,7 +36,13 @@ def main() -> None:
     parser.add_argument('--seed', type=int, default=0)
     args = parser.parse_args()
     t0 = time.time()
-    modes = {'serial': run_serial, 'task': run_task, 'example': run_example, 'badinput': run_badinput}
+    modes = {
+        'serial': run_serial,
+        'task': run_task,
+        'example': run_example,
+        'badinput': run_badinput,
+        'taskbuffer': run_taskbuffer,
+    }
     result = modes[args.mode](args)
     result['seconds'] = time.time() - t0
     with open(args.out, 'w') as f:
@@ -396,6 +403,64 @@ def run_badinput(args) -> dict:
     cases['TaskBuffer: good update after'] = {'returned': repr(ok), 'updated': task_buffer.stats()['updated']}
     task_buffer.close()
     return {'cases': cases}
+
+
+def run_taskbuffer(args) -> dict:
+    """TaskBuffer details a pipeline meets: its own file of numpy items reloads, PriorityExperienceReplay on a type
+    it cannot make prioritized, an update naming no id of the buffer, a push the rate limit refuses; and the
+    chunk / mixture registrations built from a dizoo policy's buffer section (replay_buffer_size and all)."""
+    import numpy as np
+    from ding.data.buffer.middleware import PriorityExperienceReplay
+    from ding.worker.replay_buffer import create_buffer as dingengine_create_buffer
+    from easydict import EasyDict
+
+    from ding_buffer.integrations.dingengine import TaskBuffer, register
+
+    out = {}
+    path = os.path.join(os.getcwd(), 'tb.pt')
+    buf = TaskBuffer(dict(replay_buffer_size=8))
+    buf.push({'obs': np.zeros(3), 'reward': 1.0})
+    buf.save_data(path)
+    again = TaskBuffer(dict(replay_buffer_size=8))
+    again.load_data(path, allow_pickle=True)
+    out['reloaded'] = again.count()
+    try:
+        TaskBuffer(dict(type='elastic', replay_buffer_size=8)).use(PriorityExperienceReplay(buf))
+        out['elastic_per'] = 'accepted'
+    except ValueError as e:
+        out['elastic_per'] = str(e)
+    prio = TaskBuffer(dict(type='advanced', replay_buffer_size=8))
+    for i in range(4):
+        prio.push({'obs': float(i)})
+    batch = prio.sample(2)
+    for d in batch:
+        prio.update(d.index, meta=dict(d.meta, priority=5.0))
+    try:
+        prio.update('buffer_' + '9' * 30, meta=dict(batch[0].meta, priority=1.0))
+        out['bad_id'] = 'accepted'
+    except ValueError as e:
+        out['bad_id'] = str(e)
+    out['updated_after_bad_id'] = prio.stats()['updated']
+    limited = TaskBuffer(dict(thruput_controller=dict(push_sample_rate_limit=dict(max=2, min=0))), size=100)
+    try:
+        for i in range(4):
+            limited.push({'obs': float(i)})
+        limited.sample(2)
+        for i in range(4):
+            limited.push({'obs': float(i)})
+        out['limited'] = 'accepted'
+    except ValueError as e:
+        out['limited'] = str(e)
+    register()
+    section = {'replay_buffer_size': 100, 'deepcopy': False, 'enable_track_used_data': False}
+    built = {}
+    for kind, extra in (('ding_buffer_chunk', {}), ('ding_buffer_mixture', {'members': {'a': {'type': 'naive'}}})):
+        try:
+            built[kind] = type(dingengine_create_buffer(EasyDict(dict(section, type=kind, **extra)))).__name__
+        except Exception as e:  # noqa: BLE001 - reported
+            built[kind] = f'{type(e).__name__}: {e}'
+    out['built'] = built
+    return out
 
 
 if __name__ == '__main__':

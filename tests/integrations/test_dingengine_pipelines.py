@@ -280,6 +280,19 @@ def test_bad_input_from_dingengine_is_refused_whole_naming_the_field(dingengine_
     assert cases['TaskBuffer: good update after'] == {'returned': 'True', 'updated': 1}
 
 
+def test_task_buffer_details_and_registrations_a_pipeline_meets(dingengine_python, run_env, tmp_path):
+    """A TaskBuffer's own file of numpy items reloads (allow_pickle reached its buffer); PriorityExperienceReplay on
+    an elastic buffer is refused (it silently became advanced, without its window); an update naming no id of the
+    buffer is refused at the call, and the queued ones are applied (they were dropped at the next read); a push the
+    rate limit refuses names the limit; and the chunk / mixture registrations build from a dizoo buffer section."""
+    out = drive(dingengine_python, run_env, tmp_path, 'task buffer', 'taskbuffer')
+    assert out['reloaded'] == 1
+    assert "this one is 'elastic'" in out['elastic_per']
+    assert 'is not an id of this buffer' in out['bad_id'] and out['updated_after_bad_id'] == 2
+    assert 'thruput_controller.push_sample_rate_limit' in out['limited']
+    assert out['built'] == {'ding_buffer_chunk': 'ChunkReplayBuffer', 'ding_buffer_mixture': 'MixtureReplayBuffer'}
+
+
 def test_the_integration_imported_before_dingengine_registers_its_own_buffers(dingengine_python, run_env, tmp_path):
     """A script that imports the integration first (``from ding_buffer.integrations.dingengine import TaskBuffer``
     at its top), then DI-engine's serial entry or workers: DI-engine's buffers register after ours."""

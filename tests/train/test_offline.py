@@ -155,3 +155,17 @@ def test_a_source_that_needs_the_dataset_it_writes_is_refused(tmp_path, capsys, 
     write_config(cfg, O2O_CONFIG, SHORT, dataset_out=dict(episodes=2), dataset_source=str(cfg))
     assert main(['train', str(cfg), '--no-progress']) == 2
     assert "whose run needs the dataset 'cartpole_dqn_episodes.hdf5' it writes" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    'user, key',
+    [
+        (dict(policy=[1]), "'policy' must be a dict"),
+        (dict(policy=dict(other=5)), "'policy.other' must be a dict"),
+        (dict(policy=dict(other=dict(replay_buffer=[1]))), "'policy.other.replay_buffer' must be a dict"),
+    ],
+)
+def test_a_section_that_is_not_a_dict_is_named(user, key):
+    """'cannot convert dictionary update sequence element #0' named neither the key nor the section."""
+    with pytest.raises(ValueError, match=key):
+        build_train_config(user)
