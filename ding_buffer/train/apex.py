@@ -125,8 +125,8 @@ APEX_CHECKS.update(
 def build_apex_config(user: Dict[str, Any], source: str) -> EasyDict:
     """``user`` merged over ``APEX_DEFAULTS`` and checked; the buffer section must be an ``advanced`` buffer with a
     ``distributed.backend``. Errors name ``source`` and the key."""
-    user, buffer_cfg = split_buffer_section(copy.deepcopy(user))
     try:
+        user, buffer_cfg = split_buffer_section(copy.deepcopy(user))
         cfg = build_config(APEX_DEFAULTS, user, APEX_CHECKS)
     except (ValueError, TypeError) as e:
         raise type(e)(f"{source}: {e}") from e

@@ -146,9 +146,11 @@ def load_config_file(path: str) -> Dict[str, Any]:
 
 def build_train_config(user: Mapping, source: str = '<config>') -> EasyDict:
     """Merge ``user`` over ``TRAIN_DEFAULTS`` with validation; errors name ``source``."""
-    rest, buffer_cfg = split_buffer_section(user)
-    buffer_cfg = dict(buffer_cfg or {})
     try:
+        rest, buffer_cfg = split_buffer_section(user)
+        if buffer_cfg is not None and not isinstance(buffer_cfg, Mapping):
+            raise ValueError(f"config key '{BUFFER_SECTION[:-1]}' must be a dict, got {buffer_cfg!r:.40}")
+        buffer_cfg = dict(buffer_cfg or {})
         cfg = build_config(TRAIN_DEFAULTS, rest, TRAIN_CHECKS)
     except (ValueError, TypeError) as e:
         raise type(e)(f"{source}: {e}") from e
@@ -256,10 +258,9 @@ def make_trainer(trainer_cls: Any, cfg: EasyDict, run_dir: str, args: Any, **kwa
         raise ValueError(f"{args.config}: {e}") from e
 
 
-def _section(parent: Mapping, key: str, name: str, value: Any = None) -> Dict[str, Any]:
-    """``parent[key]`` (or ``value``) as a new dict ({} when absent or None); ``ValueError`` naming ``name`` when it
-    is not a dict."""
-    value = parent.get(key) if value is None else value
+def _section(parent: Mapping, key: str, name: str) -> Dict[str, Any]:
+    """``parent[key]`` as a new dict ({} when absent or None); ``ValueError`` naming ``name`` when it is not one."""
+    value = parent.get(key)
     if value is not None and not isinstance(value, Mapping):
         raise ValueError(f"config key '{name}' must be a dict, got {type(value).__name__} {value!r:.40}")
     return dict(value or {})
@@ -271,9 +272,7 @@ def split_buffer_section(user: Mapping) -> Tuple[Dict[str, Any], Any]:
     user = dict(user)
     policy = _section(user, 'policy', 'policy')
     other = _section(policy, 'other', 'policy.other')
-    buffer_cfg = other.pop('replay_buffer', None)
-    if buffer_cfg is not None:
-        _section(other, 'replay_buffer', 'policy.other.replay_buffer', buffer_cfg)
+    buffer_cfg = other.pop('replay_buffer', None)  # (checked by each job: a str there says what it expects)
     if 'other' in policy:
         policy['other'] = other
     if 'policy' in user:

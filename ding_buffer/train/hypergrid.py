@@ -157,8 +157,8 @@ def build_hypergrid_config(user: Mapping, source: str = '<config>') -> EasyDict:
         replay buffer section is validated by the buffer class (ours) or against ``TORCHGFN_BUFFERS``.
         ``ValueError`` / ``TypeError`` name ``source``, the key, the value and what was expected.
     """
-    user, buffer_cfg = split_buffer_section(user)
     try:
+        user, buffer_cfg = split_buffer_section(user)
         cfg = build_config(HYPERGRID_DEFAULTS, user, HYPERGRID_CHECKS)
         cfg.policy.other.replay_buffer = _check_buffer_section(buffer_cfg, cfg)
     except (ValueError, TypeError) as e:
