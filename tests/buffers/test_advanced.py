@@ -1288,7 +1288,7 @@ def test_a_numpy_timeout_counts_seconds_as_a_python_number_does(timeout):
     t0 = time.monotonic()
     with pytest.raises(SampleTimeoutError):
         buf.sample(4, timeout=timeout)  # 2 items, no replacement of a batch of 4: waits its timeout, then refuses
-    assert float(timeout) - 0.01 <= time.monotonic() - t0 < GENEROUS
+    assert time.monotonic() - t0 >= float(timeout) - 0.01  # it waited (never less than asked)
     assert_same(buf.state_dict(), before)
 
 

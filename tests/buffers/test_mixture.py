@@ -561,20 +561,17 @@ def test_close_ends_a_waiting_sample(weights):
     out = {}
 
     def learner():
-        t0 = time.monotonic()
         try:
             buf.sample(4, timeout=30)
         except Exception as e:  # noqa: BLE001 - the test reads what was raised
             out['error'] = e
-        out['waited'] = time.monotonic() - t0
 
     th = threading.Thread(target=learner)
     th.start()
     time.sleep(0.2)
     buf.close()
-    th.join(20)
-    assert not th.is_alive() and out['waited'] < 10, out
-    assert isinstance(out['error'], RuntimeError) and 'closed' in str(out['error'])
+    th.join(60)  # (only a bound against a hang: a wait that slept out its timeout ends in SampleTimeoutError)
+    assert isinstance(out.get('error'), RuntimeError) and 'closed' in str(out['error']), out
 
 
 def test_a_refused_sample_moves_neither_the_rng_nor_the_sample_count():
