@@ -648,7 +648,7 @@ class Engine(IBuffer):
         self._last_use = use
         c = self._counters
         c['sample_calls'] += 1
-        c['sampled_items'] += size if type(size) is int else int(size)  # (np.int64: files hold plain ints)
+        c['sampled_items'] += int(size)  # (np.int64 sizes: files hold plain ints)
         if self._limiter.active:
             self._limiter.on_sample(size)
         if done is not None:

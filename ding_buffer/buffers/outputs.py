@@ -3,7 +3,6 @@ DI-engine keys ``replay_unique_id`` (``f"{instance_name}_{id}"``) and ``replay_b
 (``priority``, ``IS``, ``staleness``, ``use``, ...). A stored TensorDict leaves as a TensorDict copy (numbers
 as 0-d tensors, the id as ``NonTensorData``)."""
 
-import copy
 from typing import Any, Dict, List, Mapping, Optional
 
 import numpy as np
@@ -17,7 +16,6 @@ def with_extras(
     slots: np.ndarray,
     extras: Dict[str, np.ndarray],
     instance_name: str,
-    deep: bool,
     ids: Optional[np.ndarray] = None,
 ) -> Any:
     """The drawn items of a slot storage plus per-item ``extras``: one dict of batched tensors on tensor storage
@@ -32,25 +30,26 @@ def with_extras(
             out[key] = t if on_cpu else t.to(dev)
         return out
     return prioritized_items(
-        storage.gather(slots), instance_name, storage.ring.uids(slots) if ids is None else ids, slots, extras, deep
+        storage.gather(slots), instance_name, storage.ring.uids(slots) if ids is None else ids, slots, extras
     )
 
 
 def prioritized_items(
-    items: List[Any], instance_name: str, ids: np.ndarray, slots: np.ndarray, extras: Dict[str, np.ndarray], deep: bool
+    items: List[Any], instance_name: str, ids: np.ndarray, slots: np.ndarray, extras: Dict[str, np.ndarray]
 ) -> List[Dict[str, Any]]:
-    """One new dict per drawn item (a deep copy when ``deep``); ``extras`` arrays become Python numbers. An item
-    that is not a mapping (list storage keeps any object) has no keys to carry them and leaves as it is."""
+    """One new dict per drawn item, holding the stored values (``deepcopy=True`` copies them: the engine, for every
+    table); ``extras`` arrays become Python numbers. An item that is not a mapping (list storage keeps any object)
+    has no keys to carry them and leaves as it is."""
     ids_l, slots_l = ids.tolist(), np.asarray(slots).tolist()
     cols = {k: v.tolist() for k, v in extras.items()}
     out = []
     for k, item in enumerate(items):
         if type(item) is dict or (isinstance(item, Mapping) and not is_tensordict(item)):  # plain dicts first
-            d = copy.deepcopy(item) if deep else dict(item)
+            d = dict(item)
         elif is_tensordict(item):  # stays a TensorDict: a copy, the id a NonTensorData
-            d = item.clone() if deep else item.copy()
+            d = item.copy()
         else:
-            out.append(copy.deepcopy(item) if deep else item)
+            out.append(item)
             continue
         d['replay_unique_id'] = f'{instance_name}_{ids_l[k]}'
         d['replay_buffer_idx'] = int(slots_l[k])

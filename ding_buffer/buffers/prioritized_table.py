@@ -284,17 +284,13 @@ class PrioritizedTable(SlotTable):
         the monitor records it once the engine counted the draw (a broken rule of the user's fails it first)."""
         staleness = self._storage.staleness(slots, cur_learner_iter)
         extras = dict(priority=priority, staleness=staleness, use=use, IS=weights)
-        try:
-            out = with_extras(self._storage, slots, extras, self.name, self.cfg.deepcopy, ids)
-        except BaseException:  # a deep copy of an item of the user's raised: this draw counted no use
-            self.parts.uses.unbump(slots)
-            raise
+        out = with_extras(self._storage, slots, extras, self.name, ids)
         monitor = self.sampled_monitor
 
         def done(envstep: int) -> Any:
             return monitor.record(use, priority, staleness, beta, cur_learner_iter, envstep)
 
-        return Drawn(slots, size, out, use, done)
+        return Drawn(slots, size, out, use, done, self._storage.kind == 'list')  # (list: the stored objects)
 
     def snapshot(self) -> Any:
         return self.beta.value

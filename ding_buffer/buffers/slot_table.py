@@ -233,9 +233,7 @@ class SlotTable(Table):
         if self._storage.kind != 'list':
             return Drawn(slots, size, out)
         if self.list_items:  # new dicts carrying replay_unique_id / replay_buffer_idx, as on tensor storage
-            deep = bool(self.cfg.get('deepcopy', False))
-            out = prioritized_items(out, self.name, self._storage.ring.uids(slots), slots, {}, deep)
-            return Drawn(slots, size, out)
+            out = prioritized_items(out, self.name, self._storage.ring.uids(slots), slots, {})
         return Drawn(slots, size, out, None, None, True)
 
     # ------------------------------------------------------------------ runs of consecutive items
