@@ -34,12 +34,13 @@ def check_version(version: Any, what: str = 'blob version') -> int:
     return version
 
 
-def check_stamp(version: Any, session_id: Any) -> Tuple[Optional[int], Any]:
+def check_stamp(version: Any, session_id: Any, required: bool = False) -> Tuple[Optional[int], Any]:
     """The model version and session a learner sets or a push carries: a version as an int in [-1, 2**60) (a whole
     number: numpy's, a float such as 3.0 or a one-element tensor too; None: no stamp; the manager samples with it as
     the learner iteration, whose bound is 2**60), and a session None, an int or a printable str of at most 128
-    characters (``TypeError`` / ``ValueError`` naming the value; a tensor or an array would compare ambiguously)."""
-    if version is not None:
+    characters (``TypeError`` / ``ValueError`` naming the value; a tensor or an array would compare ambiguously).
+    ``required``: a version must be given (a learner moving the manager's)."""
+    if version is not None or required:
         number = version
         if isinstance(version, torch.Tensor):
             number = version.item() if version.numel() == 1 else None

@@ -254,9 +254,11 @@ class ManagerCore:
     def _check_padding(self, size: int, unroll: int) -> None:
         """Windows longer than every stored episode are padding (``pad``), which no stored data bounds: such a
         sample may reply at most the steps the buffer holds, or ``MAX_WINDOW_ROWS``."""
-        longest = max(getattr(self.buffer, 'episode_len', None) or [0])
         steps = getattr(self.buffer, 'transition_count', 0)
-        if unroll > longest and size * unroll > max(steps, MAX_WINDOW_ROWS):
+        if size * unroll <= max(steps, MAX_WINDOW_ROWS):
+            return
+        longest = max(getattr(self.buffer, 'episode_len', None) or [0])  # (O(episodes): only for large replies)
+        if unroll > longest:
             raise ValueError(
                 f"sample of {size} windows of unroll_len={unroll} steps, longer than every stored episode "
                 f"({longest}), would reply {size * unroll} padded rows, more than the buffer's {steps} stored "
@@ -320,9 +322,7 @@ class ManagerCore:
         self.buffer.clear()
 
     def _model_version(self, sender, version, session_id=None) -> Dict[str, Any]:
-        version, session_id = check_stamp(version, session_id)  # all checked before anything changes
-        if version is None:
-            raise TypeError("model version must be an int, got None")
+        version, session_id = check_stamp(version, session_id, required=True)  # all checked before anything changes
         out = {'model_version': version, 'session_id': session_id, 'cleared': 0}
         if self.buffer.version_gate:  # a buffer with its own gate (the chunk buffer), declared by its type
             out.update(self.buffer.update_model_version(version, session_id))

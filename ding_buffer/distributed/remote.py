@@ -246,9 +246,7 @@ class RemoteBuffer(IBuffer):
 
     def set_model_version(self, version: int, session_id: Optional[str] = None) -> None:
         """Stamp later pushes with the model version (and session) that produced them."""
-        version, session_id = check_stamp(version, session_id)
-        if version is None:
-            raise TypeError("model version must be an int, got None")
+        version, session_id = check_stamp(version, session_id, required=True)
         self.pushes.model_version, self.pushes.session_id = version, session_id
 
     def update_model_version(self, version: int, session_id: Optional[str] = None) -> Dict[str, Any]:
