@@ -67,12 +67,17 @@ def check_wait_timeout(timeout: Any) -> Optional[float]:
     )
 
 
+SAMPLE_LIMIT = 1 << 31  # more rows than any batch (with replacement a size may exceed the stored count)
+
+
 def check_size(size: Any) -> None:
-    """A sample ``size`` is a positive int (``TypeError`` / ``ValueError`` naming it)."""
+    """A sample ``size`` is a positive int of at most ``SAMPLE_LIMIT`` (``TypeError`` / ``ValueError`` naming it)."""
     if not isinstance(size, (int, np.integer)) or isinstance(size, bool):
         raise TypeError(f"sample size must be an int, got {type(size).__name__} {size!r}")
     if size <= 0:
         raise ValueError(f"sample size must be > 0, got {size}")
+    if size > SAMPLE_LIMIT:
+        raise ValueError(f"sample size must be at most 2**31, got {size}")
 
 
 def check_range(sample_range: Any) -> None:

@@ -171,6 +171,22 @@ def test_update_is_a_no_op_without_priorities(case, tmp_path):
     buf.close()
 
 
+@all_cases
+@pytest.mark.parametrize('size', [2**62, 2**31 + 1, np.int64(2**40)], ids=['2**62', '2**31+1', 'np.int64(2**40)'])
+def test_a_sample_no_memory_could_hold_is_refused_naming_its_size(case, size, tmp_path):
+    """Drawn with replacement a size may exceed the stored count, but not every bound: a size beyond 2**31 is
+    refused by name, before the draw allocates anything, and the buffer is unchanged."""
+    rng = np.random.default_rng(3)
+    buf = case.make(tmp_path)
+    case.fill(buf, rng, 6)
+    before = buf.state_dict()
+    with refused(ValueError, f'sample({size})', r'sample size must be at most 2\*\*31, got \d+'):
+        case.sample(buf, size)
+    assert_same(buf.state_dict(), before, 'state after a refused sample')
+    assert case.sample(buf, 2) is not None
+    buf.close()
+
+
 # ================================================================================ 3. load: all or nothing
 @all_cases
 @pytest.mark.parametrize('fill', ['wrapped', 'partly filled'])
