@@ -24,7 +24,7 @@ from ..control.priority import (
     parse_update,
 )
 from ..control.samplers import SAMPLER_REGISTRY, build_sampler
-from ..monitor.sampled_data import SampledDataAttrMonitor
+from ..monitor.sampled_data import EMPTY_WINDOW, SampledDataAttrMonitor
 from ..monitor.tb import emit, rank
 from ..storage import storage_from_state
 from ..storage.tensordict_io import is_tensordict, update_info
@@ -372,7 +372,14 @@ class PrioritizedTable(SlotTable):
 
     def state(self, engine: Dict[str, Any]) -> Dict[str, Any]:
         index = {**self.index.state_dict(), 'use': engine.pop('use')}  # the file layout of version 1
-        return {'storage': self._storage.state_dict(), 'index': index, 'beta': self.beta.value, **engine}
+        sampled = self.sampled_monitor.state_dict()
+        return {
+            'storage': self._storage.state_dict(),
+            'index': index,
+            'beta': self.beta.value,
+            'sampled': sampled,
+            **engine,
+        }
 
     def restore(self, state: Dict[str, Any]) -> Restored:
         for key in ('storage', 'index', 'beta'):
@@ -388,9 +395,11 @@ class PrioritizedTable(SlotTable):
                 raise ValueError(f"saved item {bad} is not a dict; a prioritized buffer stores dicts")
         index = self.index.restored(state['index'], storage.ring.valid)
         beta = BetaSchedule.checked(state['beta'], 'saved beta')
+        monitor = self.sampled_monitor  # (files written before the window was saved load with an empty one)
+        monitor = monitor.restored(state['sampled']) if 'sampled' in state else monitor.restored(EMPTY_WINDOW)
 
         def swap() -> None:
-            self._storage, self.index = storage, index
+            self._storage, self.index, self.sampled_monitor = storage, index, monitor
             self.beta.set(beta)
 
         return Restored(swap, {**state, 'use': state['index']['use']}, storage.ring.valid, required=True)

@@ -13,12 +13,20 @@ Not thread-safe on its own: the buffer calls ``record`` under its lock.
 
 import collections
 import logging
+import math
 from typing import Any, Dict
 
 from .tb import Due
 
+EMPTY_WINDOW = {'calls': 0, 'rows': []}  # (a state saved before the window was)
 KEYS = ('use_avg', 'use_max', 'priority_avg', 'priority_max', 'priority_min', 'staleness_avg', 'staleness_max', 'beta')
+
+
 # how a key's values over the window combine, by the key's suffix (beta: the latest)
+def _finite(v: Any) -> bool:
+    return type(v) in (int, float) and math.isfinite(v)
+
+
 _REDUCE = {'avg': lambda v: sum(v) / len(v), 'max': max, 'min': min, 'beta': lambda v: v[-1]}
 
 
@@ -65,8 +73,32 @@ class SampledDataAttrMonitor:
     def averages(self) -> Dict[str, float]:
         if not self.window:
             return {}
-        rows = [self._row(*entry) for entry in self.window]
+        rows = [entry if type(entry) is dict else self._row(*entry) for entry in self.window]  # (dict: restored)
         return {k: _REDUCE[k.rsplit('_', 1)[-1]]([row[k] for row in rows]) for k in KEYS}
+
+    def state_dict(self) -> Dict[str, Any]:
+        """The window as each batch's statistics in ``KEYS`` order (plain floats) and the call count."""
+        rows = [entry if type(entry) is dict else self._row(*entry) for entry in self.window]
+        return {'calls': self.calls, 'rows': [[row[k] for k in KEYS] for row in rows]}
+
+    def restored(self, state: Any) -> 'SampledDataAttrMonitor':
+        """A monitor like this one holding a saved ``state_dict()`` (checked; ``ValueError`` / ``TypeError``
+        naming what is wrong); the window keeps its last ``average_range`` batches."""
+        if type(state) is not dict or set(state) != {'calls', 'rows'}:
+            raise TypeError(f"saved 'sampled' must be a dict of 'calls' and 'rows', got {state!r:.80}")
+        calls, rows = state['calls'], state['rows']
+        if type(calls) is not int or not 0 <= calls < 1 << 62:
+            raise ValueError(f"saved 'sampled.calls' must be an int in [0, 2**62), got {calls!r:.40}")
+        if type(rows) is not list or len(rows) > calls:
+            raise ValueError(f"saved 'sampled.rows' must be a list of at most 'calls' = {calls} rows")
+        window = collections.deque(maxlen=self.window.maxlen)
+        for row in rows[-self.window.maxlen :]:
+            if type(row) is not list or len(row) != len(KEYS) or not all(_finite(v) for v in row):
+                raise ValueError(f"saved 'sampled.rows' entries must be {len(KEYS)} finite numbers, got {row!r:.80}")
+            window.append({k: float(v) for k, v in zip(KEYS, row)})
+        new = SampledDataAttrMonitor(self.instance_name, 1, self.print_freq, self.logger, self.tb_logger)
+        new.window, new.calls = window, calls
+        return new
 
     def record(self, use, priority, staleness, beta: float, cur_learner_iter: int, cur_collector_envstep: int) -> Due:
         """Record one sampled batch (numpy arrays; they are not modified afterwards by the buffer); returns the

@@ -1973,3 +1973,71 @@ def test_a_numpy_sample_size_leaves_a_file_that_loads_without_pickle(storage, tm
         other = make(storage, size=16)
         other.load_data(str(tmp_path / 'b.pt'))
         assert other.stats()['sampled_items'] == 4
+
+
+def _sampled_keys(stats):
+    return {
+        k: stats[k] for k in ('use_avg', 'use_max', 'priority_avg', 'priority_max', 'priority_min', 'staleness_avg')
+    }
+
+
+@pytest.mark.parametrize(
+    'cfg',
+    [dict(type='advanced'), dict(type='advanced', storage=dict(type='tensor')), dict(type='deque', priority=True)],
+    ids=['advanced-list', 'advanced-tensor', 'deque-prio'],
+)
+def test_the_sampled_batch_averages_survive_a_save_and_load(cfg, tmp_path):
+    """``stats()``' moving averages of the last sampled batches are part of the state: a buffer loaded from a
+    file (or a ``state_dict()``) reports what the saved one did, and its log schedule goes on from the saved
+    call count."""
+    cfg = dict(cfg, replay_buffer_size=64, seed=3, monitor=dict(sampled_data_attr=dict(average_range=3)))
+    src = create_buffer(cfg)
+    for i in range(40):
+        src.push({'obs': float(i)})
+    for k in range(5):
+        batch = src.sample(4)
+        if cfg['type'] == 'advanced':
+            ids = batch['replay_unique_id'] if isinstance(batch, dict) else [x['replay_unique_id'] for x in batch]
+            idx = batch['replay_buffer_idx'] if isinstance(batch, dict) else [x['replay_buffer_idx'] for x in batch]
+            src.update({'replay_unique_id': ids, 'replay_buffer_idx': idx, 'priority': [1.0 + k, 2.0, 3.0, 4.0]})
+    want = _sampled_keys(src.stats())
+    src.save_data(str(tmp_path / 'f'))
+    by_file, by_state = create_buffer(cfg), create_buffer(cfg)
+    by_file.load_data(str(tmp_path / 'f'))
+    by_state.load_state_dict(src.state_dict())
+    assert _sampled_keys(by_file.stats()) == want
+    assert _sampled_keys(by_state.stats()) == want
+    # the window goes on: two more batches push the oldest saved ones out of the 3-batch window
+    for buf in (src, by_file):
+        buf.sample(4)
+        buf.sample(4)
+    assert _sampled_keys(by_file.stats()) == _sampled_keys(src.stats())
+
+
+@pytest.mark.parametrize(
+    'bad',
+    [
+        {'calls': 2, 'rows': [[1.0] * 8, [float('nan')] * 8]},
+        {'calls': 2, 'rows': [[1.0] * 7]},
+        {'calls': 1, 'rows': [[1.0] * 8, [1.0] * 8]},
+        {'calls': -1, 'rows': []},
+        {'calls': True, 'rows': []},
+        {'calls': 1, 'rows': [[1.0] * 8], 'extra': 0},
+        {'calls': 1, 'rows': [['1'] * 8]},
+        [],
+    ],
+    ids=['nan', 'short row', 'more rows than calls', 'negative calls', 'bool calls', 'extra key', 'str', 'list'],
+)
+def test_a_saved_sampled_window_that_lies_is_refused_and_changes_nothing(bad):
+    buf = create_buffer(dict(type='advanced', replay_buffer_size=8, seed=0))
+    for i in range(4):
+        buf.push({'obs': float(i)})
+    buf.sample(2)
+    state = buf.state_dict()
+    before = copy.deepcopy(state)
+    with pytest.raises((TypeError, ValueError), match='sampled'):
+        buf.load_state_dict(dict(state, sampled=bad))
+    assert_same(buf.state_dict(), before)
+    old = {k: v for k, v in state.items() if k != 'sampled'}  # a state saved before the window was: loads empty
+    buf.load_state_dict(old)
+    assert 'use_avg' not in buf.stats() and buf.count() == 4
