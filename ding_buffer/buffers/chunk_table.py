@@ -683,6 +683,9 @@ class ChunkTable(Table):
     def clear(self) -> List[Any]:
         """Every chunk, queued fragment and the last sample leave (their payloads are deleted); the model version,
         session and each worker's last ``fid`` stay (order continues)."""
+        for chunk in self._chunks:  # (counted as any chunk that leaves; the payloads go all at once below)
+            self.tally['reuse_sum'] += chunk['use']
+        self.tally['chunks_left'] += len(self._chunks)
         self._fragments.delete_all(list(self._refs))
         last_fid, counters, uid = self._last_fid, self.tally, self._next_uid
         self._reset()

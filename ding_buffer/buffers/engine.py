@@ -696,8 +696,10 @@ class Engine(IBuffer):
 
     # ------------------------------------------------------------------ clear / stats
     def clear(self) -> None:
-        """Remove every element (files of tracked items are deleted). Ids keep counting."""
+        """Remove every element (files of tracked items are deleted; each counts in ``remove_count``). Ids keep
+        counting."""
         with self._lock:
+            self._counters['remove_count'] += self.count()  # (a table deriving its own count overrides this one)
             removed = self._t.clear()
             if self._uses is not None:
                 self._uses.reset(slice(None))  # nothing is stored: every use count restarts

@@ -187,6 +187,20 @@ def test_a_sample_no_memory_could_hold_is_refused_naming_its_size(case, size, tm
     buf.close()
 
 
+@all_cases
+def test_clear_counts_every_element_it_removes(case, tmp_path):
+    """``remove_count`` counts what ``clear()`` removes, on every type, in the unit ``count()`` uses."""
+    rng = np.random.default_rng(5)
+    buf = case.make(tmp_path)
+    case.fill(buf, rng, 6)
+    n, before = buf.count(), buf.stats()['remove_count']
+    assert n > 0
+    buf.clear()
+    assert buf.count() == 0
+    assert buf.stats()['remove_count'] == before + n
+    buf.close()
+
+
 # ================================================================================ 3. load: all or nothing
 @all_cases
 @pytest.mark.parametrize('fill', ['wrapped', 'partly filled'])
