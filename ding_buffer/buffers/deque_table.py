@@ -90,8 +90,10 @@ class DequeVerbs:
         else:
             drop = [k for k in INNER_KEYS if not (self.deque_cfg.priority_IS_weight and k == 'IS')]
         if tensor:
-            if type(out) is not dict:  # a TensorDict (tensordict_io)
-                return out.exclude(*drop)
+            if type(out) is not dict:  # a TensorDict (tensordict_io); output='items' asked for items by name
+                if not self._items:
+                    return out.exclude(*drop)
+                out = out.to_dict()
             out = {k: v for k, v in out.items() if k not in drop}
             return as_items(out, self.name) if self._items else out
         return [{k: v for k, v in d.items() if k not in drop} for d in out]

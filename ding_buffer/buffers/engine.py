@@ -610,10 +610,10 @@ class Engine(IBuffer):
             else:
                 out = self._drawn(draw(self._rng))
             if out is not None:
-                if self._t.tensordict_out():
-                    out = to_tensordict(out, self._t.device())
-                elif self._t.items_out():
+                if self._t.items_out():  # (asked for by name: it wins over the TensorDict output)
                     out = as_items(out, self._instance_name)
+                elif self._t.tensordict_out():
+                    out = to_tensordict(out, self._t.device())
                 if finish is not None:
                     out = finish(out, self._last_use)
             due, self._due = self._due, None

@@ -217,6 +217,26 @@ def test_output_type_follows_first_item():
     assert isinstance(td_first.sample(1), TensorDict)
 
 
+@pytest.mark.parametrize(
+    'cfg', [{'type': t} for t in SLOT_TYPES] + [{'type': 'deque'}, {'type': 'deque', 'priority': True}]
+)
+def test_output_items_asked_for_by_name_wins_over_the_tensordict_output(cfg):
+    """``storage.output='items'`` gives per-item dicts of TensorDict data too (nesting kept, values exact), and
+    on ``advanced`` an update built from those items' ids moves their priorities."""
+    buf = create_buffer(dict(cfg, replay_buffer_size=16, seed=0, storage=dict(type='tensor', output='items')))
+    buf.push(batch(0, 8))
+    out = buf.sample(4)
+    assert type(out) is list and len(out) == 4 and all(type(x) is dict for x in out)
+    for x in out:
+        i = int(x['step'])
+        assert torch.equal(x['obs'], torch.arange(3, dtype=torch.float32) + i)
+        assert torch.equal(x['next']['obs'], torch.arange(3, dtype=torch.float32) + i + 0.5)
+    if cfg['type'] == 'advanced':
+        ids = [x['replay_unique_id'] for x in out]
+        idx = [x['replay_buffer_idx'] for x in out]
+        assert buf.update({'replay_unique_id': ids, 'replay_buffer_idx': idx, 'priority': [5.0] * 4})['updated'] == 4
+
+
 @pytest.mark.parametrize('kind', ['naive', 'advanced'])
 def test_persistence_round_trip(kind, tmp_path):
     buf = make(kind)
