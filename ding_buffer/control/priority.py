@@ -321,6 +321,14 @@ class PriorityIndex:
         return new
 
 
+_POW10 = 10 ** np.arange(19, dtype=np.int64)
+
+
+def is_id_text(text: str) -> bool:
+    """Whether ``text`` is how an id is written in a DI-engine id string: ASCII digits, no leading zero."""
+    return text.isdecimal() and text.isascii() and (text[0] != '0' or len(text) == 1)
+
+
 def split_ids(ids: Any, instance_name: str) -> Tuple[np.ndarray, Optional[np.ndarray]]:
     """
     Overview:
@@ -339,6 +347,10 @@ def split_ids(ids: Any, instance_name: str) -> Tuple[np.ndarray, Optional[np.nda
             out = np.fromiter((int(t) if t.isdecimal() else -1 for t in tails), dtype=np.int64, count=len(tails))
         except OverflowError:
             raise _beyond_int64(int(t) for t in tails if t.isdecimal()) from None
+        # every tail was the id's own text ('7', never '07' or other scripts' digits) when the lengths add up
+        joined = ''.join(tails)
+        if not joined.isascii() or len(joined) != int(np.searchsorted(_POW10, out, 'right').sum() + (out == 0).sum()):
+            out = np.fromiter((int(t) if is_id_text(t) else -1 for t in tails), dtype=np.int64, count=len(tails))
         return out, out >= 0
     out, mine = [], []
     for i, x in enumerate(list(np.asarray(ids, dtype=object).reshape(-1))):
@@ -346,7 +358,7 @@ def split_ids(ids: Any, instance_name: str) -> Tuple[np.ndarray, Optional[np.nda
             out.append(int(x))
             mine.append(True)
         elif isinstance(x, str):
-            ok = x.startswith(prefix) and x[len(prefix) :].isdecimal()
+            ok = x.startswith(prefix) and is_id_text(x[len(prefix) :])
             out.append(int(x[len(prefix) :]) if ok else -1)
             mine.append(ok)
         else:

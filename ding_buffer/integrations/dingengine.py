@@ -37,7 +37,7 @@ from ding.utils import BUFFER_REGISTRY as DI_BUFFER_REGISTRY
 
 from ..base import BUFFER_REGISTRY, IBuffer, create_buffer, get_buffer_cls
 from ..config import deep_merge_dicts
-from ..control.priority import as_priorities
+from ..control.priority import as_priorities, is_id_text
 
 logger = logging.getLogger('ding_buffer.integrations.dingengine')
 
@@ -246,7 +246,7 @@ class TaskBuffer(Buffer):
         if not self.prioritized or meta is None or meta.get('priority') is None:
             return False
         tail = index[len(self._prefix) :] if isinstance(index, str) and index.startswith(self._prefix) else ''
-        if not (tail.isdecimal() and tail.isascii() and int(tail) < 1 << 63):  # (the queued updates stay good)
+        if not (is_id_text(tail) and int(tail) < 1 << 63):  # (the queued updates stay good)
             raise ValueError(f"TaskBuffer.update: index {index!r:.60} is not an id of this buffer")
         slot = meta.get('replay_buffer_idx')
         if type(slot) is not int or not 0 <= slot < self.size:

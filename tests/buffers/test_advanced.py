@@ -910,6 +910,21 @@ def test_update_ids_of_a_buffer_whose_name_is_a_prefix_are_foreign():
     ) == {'updated': 1, 'stale': 1}
 
 
+@pytest.mark.parametrize('form', ['all str', 'mixed with ints'])
+@pytest.mark.parametrize('text', ['01', '00', '\u0661', '\uff11', '+1', ' 1'])
+def test_update_ids_not_written_as_this_buffer_writes_them_are_foreign(text, form):
+    """An id string is ``f'{name}_{n}'``: '..._01', another script's digits or a sign name no item (stale), and the
+    update of this buffer's own ids in the same call still applies."""
+    buf = make('list', size=4, name='my')
+    for i in range(3):
+        buf.push(item(i))
+    mine = ['my_2'] if form == 'all str' else [2]
+    res = buf.update({'replay_unique_id': [f'my_{text}'] + mine, 'replay_buffer_idx': [1, 2], 'priority': [7.0, 3.0]})
+    assert res == {'updated': 1, 'stale': 1}
+    view = index_view(buf)
+    assert view[1]['priority'] == 1.0 and view[2]['priority'] == np.float32(3.0 + EPS)
+
+
 @pytest.mark.parametrize('storage', STORAGES)
 def test_update_of_removed_item_is_stale(storage):
     buf = make(storage, size=8, max_use=1)
