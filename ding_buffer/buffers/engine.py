@@ -581,6 +581,12 @@ class Engine(IBuffer):
         """The buffer's re-entrant lock, which every public method takes: hold it to make several calls one step."""
         return self._lock
 
+    @property
+    def sample_may_fail(self) -> bool:
+        """Whether a sample may still fail or refuse once its draw began, though ``why_not_sample`` said it would
+        draw: a sampler or rule of the user's, or deep copies of list items (each such call undoes its own draw)."""
+        return self._fallible
+
     def _sample(self, cur_learner_iter: int, request: Request) -> Optional[Any]:
         """Every ``sample`` call, in the order the module docstring gives, then the request's ``finish``. Without
         rules, limits or a timeout only the draw runs: it refuses by itself when ``shortfall()`` would."""
@@ -600,12 +606,16 @@ class Engine(IBuffer):
             if why:
                 return self._refuse(why)
             if self._fallible:  # a rule of the user's answers after the draw: restore what the draw moved if it fails
-                snapshot = self._rng.bit_generator.state, self._t.snapshot()
+                rng, snapshot = self._rng.bit_generator.state, self._t.snapshot()  # (or if its sampler refuses)
                 try:
-                    out = self._drawn(draw(self._rng))
+                    drawn = draw(self._rng)
+                    if type(drawn) is str:
+                        self._rng.bit_generator.state = rng
+                        self._t.restore_snapshot(snapshot)
+                    out = self._drawn(drawn)
                 except BaseException:
-                    self._rng.bit_generator.state = snapshot[0]
-                    self._t.restore_snapshot(snapshot[1])
+                    self._rng.bit_generator.state = rng
+                    self._t.restore_snapshot(snapshot)
                     raise
             else:
                 out = self._drawn(draw(self._rng))

@@ -6,7 +6,6 @@ priorities, monitors and ``dataset``); the mixture only splits a sample between 
 and keeps their states together. It holds the members; they know nothing of it.
 """
 
-import contextlib
 import logging
 import threading
 import time
@@ -190,6 +189,29 @@ def _join(parts: Sequence[Mapping], names: Sequence[str], prefix: str = '') -> D
     return out
 
 
+class MemberLocks:
+    """Several re-entrant locks as one (a mixture's members'): taken in order, released in reverse."""
+
+    def __init__(self, locks: Sequence[Any]) -> None:
+        self._locks = list(locks)
+
+    def acquire(self) -> bool:
+        for lock in self._locks:
+            lock.acquire()
+        return True
+
+    def release(self) -> None:
+        for lock in reversed(self._locks):
+            lock.release()
+
+    def __enter__(self) -> 'MemberLocks':
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.release()
+
+
 @BUFFER_REGISTRY.register('mixture')
 class MixtureReplayBuffer(IBuffer):
     """
@@ -351,51 +373,98 @@ class MixtureReplayBuffer(IBuffer):
             )
 
     # ------------------------------------------------------------------ sample
+    @property
+    def lock(self) -> 'MemberLocks':
+        """Every member's re-entrant lock, taken in the order ``sample`` takes them: hold it (``with buffer.lock:``)
+        around ``why_not_sample`` and ``sample`` to make them one step."""
+        return MemberLocks([self._members[n].lock for n in self._names])
+
     def sample(self, size: int, cur_learner_iter: int = -1, timeout: Optional[float] = None) -> Optional[Any]:
         """
         Overview:
             ``size`` items: each member's exact share (see ``weights``) drawn by that member's own rules, joined in
             member order. All or nothing: every member with a share is asked first (``why_not_sample``, holding
             every member's lock until the draws are done), so ``None`` (each refusing member's reason logged) means
-            no member drew anything. ``timeout``: seconds to wait in all for every member to be able to serve its
+            no member drew anything; a member whose sampler or rule of the user's fails or refuses its draw leaves
+            every member as it was. ``timeout``: seconds to wait in all for every member to be able to serve its
             share (``SampleTimeoutError`` if they are not).
         """
+        return self._serve(size, cur_learner_iter, timeout, draw=True)
+
+    def why_not_sample(self, size: int, cur_learner_iter: int = -1, timeout: Optional[float] = None) -> str:
+        """Why ``sample(size, cur_learner_iter)`` would return None now (each refusing member's reason), or '' when
+        every member would serve its share; nothing is drawn (the members' removal rules that are due run, as in a
+        sample). ``timeout``: wait up to that many seconds (``SampleTimeoutError``). Hold ``lock`` around this call
+        and the ``sample`` to make them one step."""
+        return self._serve(size, cur_learner_iter, timeout, draw=False)
+
+    def _serve(self, size: int, cur_learner_iter: int, timeout: Optional[float], draw: bool) -> Any:
+        """The shares of ``size`` and, while every member with one can serve it (their locks held), the draws
+        (``draw``) or '' (asked only: the split is drawn again by the sample). Otherwise, after waiting up to
+        ``timeout`` seconds (then ``SampleTimeoutError``, nothing counted): the reason, or for a sample None, logged
+        and counted in ``refused_sample``."""
         check_size(size)
         check_step(cur_learner_iter, 'cur_learner_iter')
         timeout = check_wait_timeout(timeout)
         self._check_open()
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
-            with contextlib.ExitStack() as held:
-                for name in self._names:
-                    held.enter_context(self._members[name].lock)
+            with self.lock:
                 with self._lock:
                     self._check_open()  # close() ends a wait
                     rng = self._rng  # (load_state_dict may replace it meanwhile: the state goes back to this one)
                     before = rng.bit_generator.state
                     shares = self._shares(int(size))
                 why = [] if shares is None else self._refusals(shares, cur_learner_iter)
-                if shares is not None and not why:
-                    parts = [(i, n, k, self._members[n].sample(k, cur_learner_iter)) for i, n, k in shares]
-                    break
+                if shares is not None and not why and draw:
+                    return self._draw(shares, cur_learner_iter)
                 with self._lock:
-                    rng.bit_generator.state = before  # a refusal draws nothing: the shares are drawn again
+                    rng.bit_generator.state = before  # a refusal (or a question) draws nothing
+                if shares is not None and not why:
+                    return ''
+            reason = '; '.join(why) or 'every member is empty'
             left = None if deadline is None else deadline - time.monotonic()
-            if left is None or left <= 0:
+            if left is not None and left <= 0:
+                raise SampleTimeoutError(f"mixture: no sample of {size} within {timeout}s: {reason}")
+            if left is None:
+                if not draw:
+                    return reason
                 with self._lock:
                     self._counters['refused_sample'] += 1
-                reason = '; '.join(why) or 'every member is empty'
-                if left is not None:
-                    raise SampleTimeoutError(f"mixture: no sample of {size} within {timeout}s: {reason}")
                 logging.getLogger(f'ding_buffer.{self._instance_name}').info(
                     "[%s] refuse to sample: %s", self._instance_name, reason
                 )
                 return None
             self._wait_ready(shares, cur_learner_iter, deadline)
-        if any(part is None for *_, part in parts):  # a member refused after saying it would draw
+
+    def _may_fail(self, name: str) -> bool:
+        return bool(getattr(self._members[name], 'sample_may_fail', True))
+
+    def _draw(self, shares: List[tuple], cur_learner_iter: int) -> Optional[Any]:
+        """Every share drawn (every member's lock held, each said it would draw): first the members whose sample may
+        still fail or refuse once its draw began (a sampler or rule of the user's; each undoes its own failed draw),
+        then the others, which cannot. With several such members, those drawn before a failing one go back to the
+        states they had. None: one refused, and no member changed."""
+        order = sorted(shares, key=lambda s: not self._may_fail(s[1]))
+        fallible = [n for _, n, _ in order if self._may_fail(n)]
+        saved = {n: self._members[n].state_dict() for n in fallible[:-1]}  # (usually none: at most one such member)
+        parts: List[tuple] = []
+        try:
+            for i, name, k in order:
+                part = self._members[name].sample(k, cur_learner_iter)
+                if part is None:
+                    break
+                parts.append((i, name, k, part))
+        finally:
+            if len(parts) < len(order):  # it raised or refused: undo the draws before it
+                for _, name, _, _ in parts:
+                    if name in saved:
+                        self._members[name].load_state_dict(saved[name])
+        if len(parts) < len(order):
             with self._lock:
                 self._counters['refused_sample'] += 1
             return None
+        parts.sort(key=lambda p: p[0])
         with self._lock:
             self._counters['sample_calls'] += 1
             for _, name, k, _ in parts:

@@ -13,6 +13,8 @@ from helpers import assert_same, chi_square, chi_threshold, states_equal, wait_u
 
 from ding_buffer import SampleTimeoutError, create_buffer
 from ding_buffer.buffers.mixture import split_counts
+from ding_buffer.control.limits import REMOVER_REGISTRY, Remover
+from ding_buffer.control.samplers import SAMPLER_REGISTRY
 
 
 def mixture(storage='list', weights=None, seed=0, offline=None, online=None, **extra):
@@ -575,7 +577,8 @@ def test_close_ends_a_waiting_sample(weights):
 
 
 def test_a_refused_sample_moves_neither_the_rng_nor_the_sample_count():
-    """A refusal counts refused_sample only, as on every engine buffer; the shares it drew are drawn again."""
+    """A refusal counts refused_sample only, as on every engine buffer, and a sample that times out counts
+    nothing (it raises, as theirs do); the shares it drew are drawn again."""
     buf = filled(n_off=20, n_on=20, weights={'offline': 1, 'online': 1})
     twin = filled(n_off=20, n_on=20, weights={'offline': 1, 'online': 1})
     before = buf.state_dict()
@@ -583,9 +586,103 @@ def test_a_refused_sample_moves_neither_the_rng_nor_the_sample_count():
     with pytest.raises(SampleTimeoutError):
         buf.sample(41, timeout=0.05)
     state = buf.state_dict()
-    assert state['counters']['refused_sample'] == 2
+    assert state['counters']['refused_sample'] == 1
     state['counters']['refused_sample'] = before['counters']['refused_sample']
     assert_same(state, before)
     assert buf.stats()['sample_calls'] == 0
     assert_same(buf.sample(8), twin.sample(8), 'sample')
     assert buf.stats()['sample_calls'] == 1
+
+
+@SAMPLER_REGISTRY.register('test_mix_refuses')
+class _Refuses:
+    """A user sampler that refuses (answers None) while fewer than 8 candidates exist."""
+
+    def draw(self, rng, m, size, replace):
+        rng.integers(0, m, size)  # moves the member's RNG first: the refusal must put it back
+        return None if m < 8 else rng.integers(0, m, size)
+
+
+@SAMPLER_REGISTRY.register('test_mix_garbage')
+class _Garbage:
+    def draw(self, rng, m, size, replace):
+        return np.full(size, m, dtype=np.int64)  # out of range
+
+
+@REMOVER_REGISTRY.register('test_mix_raises')
+class _RaisesAfterSample(Remover):
+    def after_sample(self, table, slots, use):
+        raise RuntimeError('remover failed on purpose')
+
+
+@pytest.mark.parametrize('storage', ['list', 'tensor'])
+@pytest.mark.parametrize('part', ['refusing sampler', 'garbage sampler', 'raising remover', 'two user members'])
+def test_a_member_whose_own_parts_fail_its_draw_leaves_every_member_as_it_was(storage, part):
+    """Members whose sampler or rule of the user's may fail or refuse after saying they would draw: the mixture
+    draws them first, so a member that cannot fail (max_use=1: a draw would remove what it gave) has not drawn when
+    one does; with two such members the first goes back to its state when the second fails."""
+    st = dict(type='tensor') if storage == 'tensor' else dict(type='list')
+    user = {
+        'refusing sampler': dict(sampler=dict(type='test_mix_refuses')),
+        'garbage sampler': dict(sampler=dict(type='test_mix_garbage')),
+        'raising remover': dict(removers=[dict(type='test_mix_raises')]),
+        'two user members': dict(sampler=dict(type='test_mix_garbage')),
+    }[part]
+    first = dict(type='naive', max_use=1)
+    if part == 'two user members':  # a user sampler that draws fine (and moves use counts, max_use, the RNG)
+        first = dict(first, sampler=dict(type='test_mix_refuses'))
+    buf = mixture(
+        storage,
+        weights=dict(offline=0.5, online=0.5),
+        offline=dict(first, storage=st, seed=1),
+        online=dict(type='naive', storage=st, seed=2, **user),
+    )
+    buf.push(transitions(range(8), storage), member='offline')
+    buf.push(transitions(range(100, 104), storage), member='online')  # 4 < 8: the refusing sampler refuses
+    before = {n: buf.members[n].state_dict() for n in ('offline', 'online')}
+    if part == 'refusing sampler':
+        assert buf.sample(4) is None
+    else:
+        with pytest.raises(RuntimeError):
+            buf.sample(4)
+    if part == 'refusing sampler':  # a refusal is counted, by the member that refused and by the mixture
+        before['online']['counters']['refused_sample'] += 1
+        assert buf.stats()['refused_sample'] == 1
+    for n in ('offline', 'online'):
+        assert_same(buf.members[n].state_dict(), before[n], f'{n} after a failed mixture sample')
+    assert buf.stats()['sample_calls'] == 0
+    buf.close()
+
+
+@pytest.mark.parametrize('storage', ['list', 'tensor'])
+def test_why_not_sample_and_lock_make_a_question_and_a_sample_one_step(storage):
+    """The contract's ``why_not_sample`` and ``lock`` on a mixture: the question draws nothing (the same sample
+    follows as without it), names each refusing member, waits with a timeout, and ``lock`` holds every member."""
+    kw = dict(n_off=20, n_on=3, weights={'offline': 1, 'online': 1}, online=dict(type='naive'))
+    buf, twin = filled(storage, **kw), filled(storage, **kw)
+    before = buf.state_dict()
+    assert buf.why_not_sample(4) == ''
+    assert_same(buf.state_dict(), before, 'state after why_not_sample')
+    with buf.lock:
+        assert buf.why_not_sample(4) == ''
+        assert_same(buf.sample(4), twin.sample(4), 'the sample after the question')
+    why = buf.why_not_sample(10)  # online holds 3 < 5
+    assert why.startswith('online: ') and buf.stats()['refused_sample'] == 0
+    with pytest.raises(SampleTimeoutError, match='online'):
+        buf.why_not_sample(10, timeout=0.05)
+    held = threading.Event()
+    pushed = []
+
+    def push():
+        held.wait(5)
+        pushed.append(buf.push(transitions(range(200, 202), storage), member='online'))
+
+    t = threading.Thread(target=push)
+    t.start()
+    with buf.lock:  # every member's lock: a push into a member waits
+        held.set()
+        time.sleep(0.1)
+        assert pushed == []
+    t.join(10)
+    assert pushed == [2]
+    buf.close()
