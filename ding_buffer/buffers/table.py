@@ -273,7 +273,7 @@ class Table:
             idx = self.sampler.draw(rng, m, size, replace)
         if idx is None:
             return f"sampler {self.cfg.sampler.get('type')!r} refused"
-        return check_positions(idx, m, size, self.cfg.sampler.get('type'), replace) if self.own_sampler else idx
+        return check_positions(idx, m, size, self.cfg.sampler.get('type')) if self.own_sampler else idx
 
     def snapshot(self) -> Any:
         """What a draw changes besides the RNG and use counts (restored when a user's rule fails the draw)."""

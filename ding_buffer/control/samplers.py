@@ -130,8 +130,9 @@ def build_sampler(section: Optional[Mapping], default: str, allowed_priority: Tu
         raise ValueError(f"config section 'sampler' ({name!r}) has bad arguments {section}: {e}") from e
 
 
-def check_positions(positions: Any, m: int, size: int, name: str, replace: bool = True) -> np.ndarray:
-    """A user sampler's answer, validated: ``size`` int positions in ``[0, m)``, distinct unless ``replace``."""
+def check_positions(positions: Any, m: int, size: int, name: str) -> np.ndarray:
+    """A user sampler's answer, validated: ``size`` int positions in ``[0, m)`` (the sampler decides whether they
+    repeat: its own ``replace`` rule, as the documented examples show)."""
     try:
         arr = np.asarray(positions)
     except (ValueError, TypeError) as e:  # ragged or otherwise not an array
@@ -143,7 +144,4 @@ def check_positions(positions: Any, m: int, size: int, name: str, replace: bool 
         raise RuntimeError(
             f"sampler {name!r} returned {arr.dtype} shape {arr.shape}; expected {size} int positions in [0, {m})"
         )
-    arr = arr.astype(np.int64, copy=False)
-    if not replace and len(np.unique(arr)) != size:
-        raise RuntimeError(f"sampler {name!r} returned a position twice in a draw without replacement")
-    return arr
+    return arr.astype(np.int64, copy=False)

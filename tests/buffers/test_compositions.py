@@ -64,7 +64,6 @@ class FixedAnswer:
             'past_end': lambda: np.full(size, m, dtype=np.int64),
             'floats': lambda: np.zeros(size, dtype=np.float64),
             'too_few': lambda: np.zeros(size - 1, dtype=np.int64),
-            'twice': lambda: np.zeros(size, dtype=np.int64),  # the oldest candidate, size times
             'none_after_drawing': lambda: [rng.integers(0, m, size), None][1],  # moves the buffer's RNG, refuses
         }[self.answer]()
 
@@ -618,19 +617,6 @@ def test_a_user_sampler_that_refuses_after_drawing_leaves_the_rng_as_it_was(stor
     assert buf.sample(3) is None
     before['counters']['refused_sample'] += 1  # the one thing a refusal changes
     assert_same(before, buf.state_dict())
-
-
-@pytest.mark.parametrize('storage', ['list', 'tensor'])
-def test_a_user_sampler_answering_a_position_twice_without_replacement_is_refused(storage):
-    cfg = dict(type='naive', replay_buffer_size=16, seed=4, storage=dict(type=storage))
-    buf = create_buffer(dict(cfg, sampler=dict(type='compositions_fixed_answer', answer='twice')))
-    buf.push([{'obs': float(i)} for i in range(8)])
-    before = buf.state_dict()
-    with pytest.raises(RuntimeError, match="sampler 'compositions_fixed_answer' returned a position twice"):
-        buf.sample(3, replace=False)
-    assert_same(before, buf.state_dict())
-    out = buf.sample(3, replace=True)  # with replacement a position may come back
-    assert len(out['obs'] if storage == 'tensor' else out) == 3
 
 
 # ---------------------------------------------------------------------------------------------- 3. prioritized windows
