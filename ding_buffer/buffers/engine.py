@@ -331,10 +331,14 @@ class Engine(IBuffer):
             rule.on_changed(self._view, slots)
 
     def _evicted(self, items: List[Any]) -> None:
-        """Hand items that left the buffer to the used-data remover."""
+        """Hand items that left the buffer to the used-data remover (under the lock; once closed, their files go at
+        once, with no thread)."""
         if self._remover is not None and items:
-            self._remover.start()
             self._remover.add(items)
+            if self._closed:
+                self._remover.close()
+            else:
+                self._remover.start()
 
     # ------------------------------------------------------------------ push
     def push(self, data: Any, cur_collector_envstep: int = -1, batched: bool = False) -> int:
@@ -363,6 +367,7 @@ class Engine(IBuffer):
                 batched = True  # its batch_size declares the items: TorchRL's extend
         if batched:
             with self._lock:
+                self._check_open()  # (again under the lock: a close() that began meanwhile has released the storage)
                 n = self._push_batch(data)
                 self._last_envstep = cur_collector_envstep
             return n
@@ -380,6 +385,7 @@ class Engine(IBuffer):
         if self._deepcopy:
             items = copy.deepcopy(items)
         with self._lock:
+            self._check_open()
             n = self._push_items(items)
             self._last_envstep = cur_collector_envstep
         return n
@@ -439,6 +445,7 @@ class Engine(IBuffer):
         self._check_open()
         cur_collector_envstep = check_step(cur_collector_envstep, 'cur_collector_envstep')
         with self._lock:
+            self._check_open()
             w = prepare()
             if w is None:
                 return 0
@@ -574,6 +581,7 @@ class Engine(IBuffer):
         self._check_open()
         shortfall = self._t.request(size).shortfall
         with self._lock:
+            self._check_open()
             return self._ready(size, cur_learner_iter, shortfall, timeout)
 
     @property
@@ -595,8 +603,8 @@ class Engine(IBuffer):
         if type(cur_learner_iter) is not int or not -STEP_LIMIT < cur_learner_iter < STEP_LIMIT:
             cur_learner_iter = check_step(cur_learner_iter, 'cur_learner_iter')
         timeout = check_wait_timeout(timeout)
-        self._check_open()
         with self._lock:
+            self._check_open()
             # Rules, limits or a wait to run first? Otherwise the draw refuses by itself (the hot path).
             why = (
                 self._ready(size, cur_learner_iter, shortfall, timeout)
@@ -686,6 +694,7 @@ class Engine(IBuffer):
         if type(out) is dict or out is None:
             return out
         with self._lock:
+            self._check_open()  # a closed buffer takes no new information, as it takes no data
             counts = out(self._spent)
             return None if counts is None else self._count_update(*counts)
 
@@ -709,12 +718,13 @@ class Engine(IBuffer):
         """Remove every element (files of tracked items are deleted; each counts in ``remove_count``). Ids keep
         counting."""
         with self._lock:
+            self._check_open()
             self._counters['remove_count'] += self.count()  # (a table deriving its own count overrides this one)
             removed = self._t.clear()
             if self._uses is not None:
                 self._uses.reset(slice(None))  # nothing is stored: every use count restarts
             self._capacity_rebuilt()
-        self._evicted(removed)
+            self._evicted(removed)
 
     def stats(self) -> Dict[str, float]:
         """A flat dict of numbers: ``count``, ``replay_buffer_size``, counters, the limiter's counts and what the
@@ -767,6 +777,7 @@ class Engine(IBuffer):
             raise ValueError(f"state was made by {state.get('type')!r}, this buffer is {self.__class__.__name__}")
         rng = restored_rng(state)
         with self._lock:
+            self._check_open()
             try:
                 restored = self._t.restore(dict(state))
                 swap = self._engine_restored(restored)
@@ -858,13 +869,13 @@ class Engine(IBuffer):
         """Wake waiting samplers (they raise), stop the monitor thread, flush TensorBoard (close it only if the
         buffer created it), stop the used-data remover (tracked files still queued are deleted). Idempotent;
         stored data stays readable through ``state_dict``."""
-        if self._closed:
-            return
-        self._closed = True
+        with self._lock:  # a call that passed its own check before this one finishes first; later ones refuse
+            if self._closed:
+                return
+            self._closed = True
+            self._limiter.wake()
         if self._remover is not None:
             self._remover.close()
-        with self._lock:
-            self._limiter.wake()
         if self._periodic is not None:
             self._periodic.close()
         if self._tb is not None:

@@ -158,7 +158,8 @@ class EpisodeTable(Table):
                 raise TypeError(f"{name} must be None or a bool, got {type(flag).__name__} {flag!r:.40}")
         if self.prio is not None:
             self.prio.check_args(sample_range, replace, unroll_len, pad)
-            return Request(size, lambda rng: self.draw_prioritized(rng, size), self.prio.shortfall, timeout)
+            # (the shortfall is asked of whichever windows index holds then: a load waited through replaces it)
+            return Request(size, lambda rng: self.draw_prioritized(rng, size), lambda: self.prio.shortfall(), timeout)
         pad = self.cfg.pad_short_episodes if pad is None else bool(pad)
         replace = bool(replace)
         return Request(

@@ -518,6 +518,7 @@ class MixtureReplayBuffer(IBuffer):
         Returns:
             - result (:obj:`dict`): ``{'updated': n, 'stale': m}`` summed over the members.
         """
+        self._check_open()
         if type(info) is not dict and is_tensordict(info):
             info = update_info(info)
         if not isinstance(info, Mapping):
@@ -582,9 +583,11 @@ class MixtureReplayBuffer(IBuffer):
 
     # ------------------------------------------------------------------ the rest of IBuffer
     def clear(self) -> None:
-        """Clear every member."""
-        for b in self._members.values():
-            b.clear()
+        """Clear every member (as one step: every member's lock held)."""
+        self._check_open()
+        with self.lock:
+            for b in self._members.values():
+                b.clear()
 
     def count(self) -> int:
         return sum(b.count() for b in self._members.values())
@@ -601,9 +604,11 @@ class MixtureReplayBuffer(IBuffer):
         return out
 
     def state_dict(self) -> Dict[str, Any]:
-        with self._lock:
-            own = {'rng': dict(self._rng.bit_generator.state), 'counters': dict(self._counters)}
-        return {'type': type(self).__name__, 'members': {n: b.state_dict() for n, b in self._members.items()}, **own}
+        with self.lock:  # one moment of every member
+            with self._lock:
+                own = {'rng': dict(self._rng.bit_generator.state), 'counters': dict(self._counters)}
+            members = {n: b.state_dict() for n, b in self._members.items()}
+        return {'type': type(self).__name__, 'members': members, **own}
 
     def load_state_dict(self, state: Dict[str, Any], deepcopy: bool = False) -> None:
         """All or nothing: the envelope is checked first, then each member loads; if one refuses, the members
@@ -623,17 +628,18 @@ class MixtureReplayBuffer(IBuffer):
             raise ValueError("state 'counters' must be ints >= 0")
         rng = restored_rng(state)
         done: Dict[str, Dict[str, Any]] = {}
-        try:
-            for name in self._names:
-                before = self._members[name].state_dict()
-                self._members[name].load_state_dict(members[name], deepcopy=deepcopy)
-                done[name] = before
-        except BaseException:
-            for name, before in done.items():
-                self._members[name].load_state_dict(before)
-            raise
-        with self._lock:
-            self._rng, self._counters = rng, {k: int(v) for k, v in counters.items()}
+        with self.lock:  # every member's: a push meanwhile would be undone by a refused load's way back
+            try:
+                for name in self._names:
+                    before = self._members[name].state_dict()
+                    self._members[name].load_state_dict(members[name], deepcopy=deepcopy)
+                    done[name] = before
+            except BaseException:
+                for name, before in done.items():
+                    self._members[name].load_state_dict(before)
+                raise
+            with self._lock:
+                self._rng, self._counters = rng, {k: int(v) for k, v in counters.items()}
 
     def save_data(self, path: str) -> None:
         """Atomically write every member (and the mixture's RNG and counters) to ``path``."""

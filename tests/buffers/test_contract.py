@@ -556,12 +556,18 @@ def test_close_is_idempotent_and_a_closed_buffer_refuses_pushes(case, tmp_path):
     rng = np.random.default_rng(9)
     buf = _monitored(case, tmp_path, None)
     case.fill(buf, rng, case.cap + 4)
-    assert case.sample(buf, 4) is not None
+    batch = case.sample(buf, 4)
+    assert batch is not None
     count, state = buf.count(), buf.state_dict()
     buf.close()
     buf.close()  # idempotent
     with pytest.raises(RuntimeError):
         buf.push(case.data(rng, 1, start=999))
+    with pytest.raises(RuntimeError, match='closed'):  # a closed buffer changes no more (its files stay)
+        buf.clear()
+    if case.takes_garbage_updates:  # (elsewhere update is a no-op)
+        with pytest.raises(RuntimeError, match='closed'):
+            buf.update(case.good_update(batch)[0])
     assert buf.count() == count  # data stays readable, unchanged
     assert_same(buf.state_dict(), state)
 

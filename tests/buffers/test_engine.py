@@ -473,3 +473,33 @@ def test_why_not_sample_answers_as_the_sample_would_and_draws_nothing(cfg, item)
         assert buf.why_not_sample(2) == ''
         assert_same(buf.state_dict(), before)  # nothing drawn: the RNG, use counts and counters are as they were
         assert buf.sample(2) is not None
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize('storage', ['list', 'tensor', 'memmap'])
+def test_a_push_waiting_for_the_lock_when_close_runs_is_refused(storage, tmp_path):
+    """A push past its own check, waiting for the lock while ``close()`` runs (here close() runs in the thread
+    holding the lock), is refused once it gets the lock: nothing changes after ``close()`` returned, and no memmap
+    file is made again."""
+    st = dict(type='list') if storage == 'list' else dict(type='tensor')
+    if storage == 'memmap':
+        st['memmap_dir'] = str(tmp_path)
+    buf = create_buffer(dict(type='naive', replay_buffer_size=8, storage=st))
+    buf.push({'obs': torch.zeros(2)})
+    out = []
+
+    def push():
+        try:
+            out.append(buf.push({'obs': torch.ones(2)}))
+        except RuntimeError as e:
+            out.append(e)
+
+    with buf.lock:  # stands in for another call in flight
+        pusher = threading.Thread(target=push)
+        pusher.start()
+        time.sleep(0.2)  # the push passed its check and waits for the lock
+        buf.close()
+    pusher.join(30)
+    assert len(out) == 1 and isinstance(out[0], RuntimeError) and 'closed' in str(out[0])
+    assert buf.count() == 1
+    assert list(tmp_path.iterdir()) == []

@@ -5,6 +5,8 @@ Every stored transition carries ``obs = [episode number, step]`` (float) and ``a
 """
 
 import collections
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -807,3 +809,35 @@ def test_windows_no_episode_can_hold_are_warned_of_at_build(caplog):
     with caplog.at_level('WARNING', logger='ding_buffer'):
         create_buffer(dict(type='prioritized_episode', max_transitions=50, pad_short_episodes=True))
     assert 'unroll_len' not in caplog.text
+
+
+@pytest.mark.timeout(60)
+def test_a_prioritized_sample_waiting_through_a_load_sees_the_loaded_windows():
+    """A ``sample(timeout=)`` of prioritized windows that is waiting when ``load_state_dict`` replaces the windows
+    index asks the new one: it draws once the restored episodes are there, not after its timeout."""
+    cfg = dict(
+        type='prioritized_episode',
+        replay_buffer_size=16,
+        max_transitions=256,
+        seed=0,
+        storage=dict(type='tensor'),
+        sampler=dict(type='prioritized', unroll_len=2),
+    )
+    src = create_buffer(cfg)
+    src.push([[{'obs': torch.full((2,), float(10 * i + t))} for t in range(4)] for i in range(4)])
+    buf = create_buffer(cfg)
+    out = []
+
+    def waiter():
+        try:
+            out.append(buf.sample(2, timeout=20.0))
+        except Exception as e:  # (a SampleTimeoutError here is the failure)
+            out.append(e)
+
+    t = threading.Thread(target=waiter)
+    t.start()
+    time.sleep(0.2)
+    buf.load_state_dict(src.state_dict())
+    t.join(30)
+    assert len(out) == 1 and isinstance(out[0], dict), out
+    assert out[0]['obs'].shape[:2] == (2, 2)

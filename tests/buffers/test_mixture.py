@@ -686,3 +686,47 @@ def test_why_not_sample_and_lock_make_a_question_and_a_sample_one_step(storage):
     t.join(10)
     assert pushed == [2]
     buf.close()
+
+
+@pytest.mark.timeout(60)
+def test_a_refused_load_racing_pushes_loses_no_pushed_item():
+    """A load that a later member refuses puts the earlier members back; a push into one of them meanwhile
+    waits for the load (every member's lock is held through it), so no item it stored is undone."""
+    buf = mixture(online=dict(type='naive'))
+    buf.push(transitions(range(3), 'list'), member='offline')
+    bad = buf.state_dict()
+    bad['members']['online'] = {'type': 'NaiveReplayBuffer', 'bogus': 1}
+    stop, stored, errors = threading.Event(), [], []
+
+    def pusher():
+        i = 0
+        while not stop.is_set():
+            stored.append(buf.push({'obs': float(1000 + i)}, member='offline'))
+            i += 1
+
+    t = threading.Thread(target=pusher)
+    t.start()
+    try:
+        for _ in range(30):
+            try:
+                buf.load_state_dict(bad)
+            except ValueError as e:
+                errors.append(e)
+    finally:
+        stop.set()
+        t.join(30)
+    assert len(errors) == 30 and sum(stored) > 0
+    assert buf.members['offline'].stats()['push_items'] == 3 + sum(stored)
+    buf.close()
+
+
+def test_a_closed_mixture_refuses_clear_and_update():
+    buf = filled(n_off=10, n_on=10, weights={'offline': 1, 'online': 1})
+    assert buf.sample(4) is not None
+    buf.close()
+    before = buf.state_dict()
+    with pytest.raises(RuntimeError, match='closed'):
+        buf.clear()
+    with pytest.raises(RuntimeError, match='closed'):
+        buf.update({'replay_unique_id': ['mix_online_0'], 'replay_buffer_idx': [0], 'priority': [2.0]})
+    assert_same(buf.state_dict(), before)
