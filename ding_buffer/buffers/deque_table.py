@@ -8,11 +8,12 @@ priorities of that *last sampled batch* (clipped at ``priority_max_limit``), and
 every ``train_iter_per_log`` learner iterations and on the first.
 """
 
-from typing import Any, Dict, Mapping, Optional, Tuple
+from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Tuple
 
 import numpy as np
 
 from ..config import INF
+from ..monitor.tb import TBSink
 from .common import STEP_LIMIT, check_step
 from .outputs import as_items
 from .prioritized_table import PrioritizedTable
@@ -22,6 +23,13 @@ from .table import Request, Restored
 # Keys the slot table adds to a sampled item; the wrapper returns the pushed data (and 'IS').
 INNER_KEYS = ('replay_unique_id', 'replay_buffer_idx', 'priority', 'staleness', 'use', 'IS')
 INNER_TYPES = {False: 'NaiveReplayBuffer', True: 'AdvancedReplayBuffer'}  # what a saved 'inner' state names
+
+
+class _DequeDue(NamedTuple):
+    """What a deque sample writes after the lock: the table's own due output and the deque's scalars."""
+
+    inner: Any
+    scalars: List[tuple]
 
 
 def numbers(priority: Any) -> np.ndarray:
@@ -56,21 +64,43 @@ class DequeVerbs:
         self._tag = f'{name}_iter'
         self._last_log = -1
         self._last_batch: Optional[tuple] = None  # (ids, slots) of the last sample, for update()
+        self._sink: Optional[TBSink] = None  # the borrowed writer's, made at the first write
 
     # ------------------------------------------------------------------ sample / update
     def deque_request(self, size: int, train_iter: int, timeout: Optional[float]) -> Request:
         """The slot table's sample (``train_iter`` is the prioritized table's learner iteration), finished by
-        ``sampled``."""
+        ``sampled``; the scalars it logs are written by ``emit``, after the lock (the draw's ``done`` hands them
+        on with the table's own due output)."""
         train_iter = check_step(train_iter, 'train_iter')
         if self.priority:
             request = self.request(size, train_iter, timeout=timeout)
         else:
             request = self.request(size, timeout=timeout)
-        return request._replace(finish=lambda out, use: self.sampled(out, use, train_iter))
+        scalars: List[tuple] = []  # filled by ``sampled`` (under the lock, after ``done``)
 
-    def sampled(self, out: Any, use: Optional[np.ndarray], train_iter: int) -> Any:
-        """Under the lock, after a sample: the batch is remembered for ``update``, TensorBoard written every
-        ``train_iter_per_log``; returns the batch without the slot table's id columns."""
+        def draw(rng: Any) -> Any:
+            drawn = request.draw(rng)
+            if type(drawn) is str or self.parts.tb_logger is None:
+                return drawn
+            done = drawn.done
+            return drawn._replace(done=lambda envstep: _DequeDue(done(envstep) if done else None, scalars))
+
+        return request._replace(draw=draw, finish=lambda out, use: self.sampled(out, use, train_iter, scalars))
+
+    def emit(self, due: Any) -> None:
+        if type(due) is not _DequeDue:
+            return super().emit(due)
+        if due.inner is not None:
+            super().emit(due.inner)
+        if due.scalars:
+            if self._sink is None:
+                self._sink = TBSink(self.parts.tb_logger, owned=False)  # (borrowed: never closed here)
+            for tag, value, step in due.scalars:
+                self._sink.add_scalar(tag, value, step)
+
+    def sampled(self, out: Any, use: Optional[np.ndarray], train_iter: int, scalars: List[tuple]) -> Any:
+        """Under the lock, after a sample: the batch is remembered for ``update``, the TensorBoard scalars due every
+        ``train_iter_per_log`` put in ``scalars``; returns the batch without the slot table's id columns."""
         tensor = not isinstance(out, list)
         if self.priority:
             ids = out['replay_unique_id'].tolist() if tensor else [d['replay_unique_id'] for d in out]
@@ -79,7 +109,7 @@ class DequeVerbs:
             self._last_batch = (ids, slots)
         else:
             priority = None
-        self._log(train_iter, priority, use)
+        self._log(train_iter, priority, use, scalars)
         return self._data(out, tensor)
 
     def _data(self, out: Any, tensor: bool) -> Any:
@@ -98,16 +128,17 @@ class DequeVerbs:
             return as_items(out, self.name) if self._items else out
         return [{k: v for k, v in d.items() if k not in drop} for d in out]
 
-    def _log(self, train_iter: int, priority: Optional[np.ndarray], use: Optional[np.ndarray]) -> None:
-        tb = self.parts.tb_logger
-        if tb is None or not (self._last_log == -1 or train_iter - self._last_log >= self.deque_cfg.train_iter_per_log):
+    def _log(self, train_iter: int, priority: Any, use: Any, scalars: List[tuple]) -> None:
+        if self.parts.tb_logger is None or not (
+            self._last_log == -1 or train_iter - self._last_log >= self.deque_cfg.train_iter_per_log
+        ):
             return
         if self.deque_cfg.max_use != INF and use is not None and len(use):
-            tb.add_scalar(f'{self._tag}/use_count_avg', float(np.mean(use)), train_iter)
+            scalars.append((f'{self._tag}/use_count_avg', float(np.mean(use)), train_iter))
         if priority is not None and len(priority):
-            tb.add_scalar(f'{self._tag}/priority_avg', float(priority.mean()), train_iter)
-            tb.add_scalar(f'{self._tag}/priority_max', float(priority.max()), train_iter)
-        tb.add_scalar(f'{self._tag}/buffer_data_count', self.count(), train_iter)
+            scalars.append((f'{self._tag}/priority_avg', float(priority.mean()), train_iter))
+            scalars.append((f'{self._tag}/priority_max', float(priority.max()), train_iter))
+        scalars.append((f'{self._tag}/buffer_data_count', self.count(), train_iter))
         self._last_log = train_iter
 
     def deque_update(self, meta: Any) -> Any:

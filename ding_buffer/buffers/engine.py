@@ -41,6 +41,7 @@ from ..config import INF, build_config
 from ..control.capacity import CapacityRule, find_capacity_rule
 from ..control.limiter import RateLimiter, limiter_checks, limiter_config
 from ..control.limits import StalenessLimit, UseCounts, UseLimit, build_removers, find_rule, limit_ok
+from ..monitor.periodic import TAGS as PERIODIC_TAGS
 from ..monitor.periodic import PeriodicThruputMonitor
 from ..monitor.tb import TBSink, build_tb_logger, rank
 from ..monitor.used_data_remover import UsedDataRemover, check_trackable
@@ -214,11 +215,16 @@ class Engine(IBuffer):
             return None if buf is None else buf._counter_snapshot()
 
         self._periodic = PeriodicThruputMonitor(self._instance_name, period, read, self._logger, self._tb)
+        self._load_shift = {key: 0 for _, key in PERIODIC_TAGS}
         weakref.finalize(self, self._periodic.stop)  # dropped without close(): the thread ends at once
 
     def _counter_snapshot(self) -> Dict[str, float]:
+        """The periodic report's cumulative counters: a load does not move them (``_loaded``)."""
         with self._lock:
-            return {**self._all_counters(), 'count': self.count()}
+            out = {**self._all_counters(), 'count': self.count()}
+            for key, shift in self._load_shift.items():
+                out[key] += shift
+            return out
 
     # ------------------------------------------------------------------ properties
     @property
@@ -785,8 +791,13 @@ class Engine(IBuffer):
                 # a malformed state (missing entry, wrong type; sizes no memory holds) is bad input, reported like
                 # the others
                 raise ValueError(f"invalid {self.__class__.__name__} state: {type(e).__name__}: {e}") from e
+            before = self._all_counters() if self._periodic is not None else None
             restored.swap()  # the table's part (it may still fail, e.g. a full disk, with nothing changed)
             swap()
+            if before is not None:  # the periodic report counts what the buffer did, not what a load replaced
+                after = self._all_counters()
+                for key in self._load_shift:
+                    self._load_shift[key] += before[key] - after[key]
             self._write_one = self._t.write_one  # the hot path may be bound to the replaced storage
             self._rng = rng
             self._cfg = self._t.cfg  # the table may restore saved settings (GFlowNet's ranking and sampling keys)

@@ -63,7 +63,8 @@ class TBSink:
         (never the buffer's), so a write racing the buffer's ``close()`` in another thread either happens before
         the writer closes or not at all -- no ``OSError('Writer is closed')``. A borrowed writer (``owned``
         False) is never closed here, and a write after its owner closed it -- or that its owner's ``close()``
-        overtook -- is dropped (logged at DEBUG) instead of opening a second event file or raising.
+        overtook -- is dropped (logged at DEBUG) instead of opening a second event file or raising. Any other failing
+        write is logged as a warning, never raised: the call it follows is done.
     Examples:
         >>> class Writer:
         ...     all_writers = {}
@@ -86,6 +87,7 @@ class TBSink:
         self.owned = owned
         self._lock = threading.Lock()
         self._closed = False
+        self._failed = False
 
     def _usable(self) -> bool:
         if self._closed or (not self.owned and writer_closed(self.writer)):
@@ -99,12 +101,17 @@ class TBSink:
                 return
             try:
                 self.writer.add_scalar(tag, value, step)
-            except OSError as e:
+            except Exception as e:
                 # the owner closed a borrowed writer under this write (its close is not ours to lock out); torch's
                 # close() shuts the file writers before it marks the SummaryWriter closed, so the message counts too
-                if self.owned or not (writer_closed(self.writer) or 'closed' in str(e).lower()):
-                    raise
-                logging.getLogger('ding_buffer').debug('TensorBoard writer closed by its owner during a write')
+                if not self.owned and (writer_closed(self.writer) or 'closed' in str(e).lower()):
+                    logging.getLogger('ding_buffer').debug('TensorBoard writer closed by its owner during a write')
+                    return
+                # any other failure (a full disk) is logged: the push or sample it follows is already done, and a
+                # raise would report a call that changed the buffer as failed (its batch lost)
+                level = logging.DEBUG if self._failed else logging.WARNING  # (a full disk: once, not every write)
+                self._failed = True
+                logging.getLogger('ding_buffer').log(level, 'TensorBoard write of %r failed: %r', tag, e)
 
     def flush(self) -> None:
         with self._lock:
