@@ -154,8 +154,8 @@ def build_train_config(user: Mapping, source: str = '<config>') -> EasyDict:
         cfg = build_config(TRAIN_DEFAULTS, rest, TRAIN_CHECKS)
     except (ValueError, TypeError) as e:
         raise type(e)(f"{source}: {e}") from e
-    if not buffer_cfg.get('type'):
-        raise ValueError(f"{source}: {BUFFER_SECTION}type is required (e.g. 'advanced' or 'naive')")
+    if buffer_cfg.get('type') is None:  # omitted: the defaults' type, as for every other key
+        buffer_cfg['type'] = TRAIN_DEFAULTS['policy']['other']['replay_buffer']['type']
     try:  # validate the buffer section now, so a typo fails before anything is created on disk
         cls = get_buffer_cls(EasyDict(buffer_cfg))
         caps = cls.capabilities()  # declared by the type: transitions, sampled with the learner's iteration

@@ -30,6 +30,7 @@ from train_helpers import (
 )
 
 from ding_buffer.cli import main
+from ding_buffer.train import TRAIN_DEFAULTS, build_train_config
 from ding_buffer.train import checkpoint as ckpt
 from ding_buffer.train.dqn import NStep
 
@@ -898,3 +899,18 @@ def test_resaving_the_same_step_is_crash_safe(tmp_path, monkeypatch):
     assert _save(root, 100, keep=1) == str(root / 'step_000000100')
     monkeypatch.undo()
     assert [s for s, _ in ckpt.complete_checkpoints(str(root))] == [100], sorted(os.listdir(root))
+
+
+@pytest.mark.parametrize(
+    'user',
+    [dict(exp_name='x'), dict(policy=dict(other=dict(replay_buffer=dict(replay_buffer_size=5000))))],
+    ids=['no buffer section', 'a size only'],
+)
+def test_an_omitted_buffer_type_takes_the_defaults_type(user):
+    """Omitted keys take the defaults (docs/training.md), the buffer's ``type`` too: ``TRAIN_DEFAULTS`` says
+    'advanced'."""
+    cfg = build_train_config(user)
+    assert cfg.policy.other.replay_buffer.type == TRAIN_DEFAULTS['policy']['other']['replay_buffer']['type']
+    assert cfg.policy.other.replay_buffer.get('replay_buffer_size') == user.get('policy', {}).get('other', {}).get(
+        'replay_buffer', {}
+    ).get('replay_buffer_size')
