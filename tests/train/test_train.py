@@ -425,11 +425,11 @@ GOOD_BUFFER = "policy=dict(other=dict(replay_buffer=dict(type='naive')))"
             ["'policy.learn.batch_size'", 'invalid value 0'],
         ),
         ('bad_type', f"main_config = dict(seed='zero', {GOOD_BUFFER})\n", [], ["'seed'", "'zero'"]),
-        (
+        (  # (the type is the defaults' 'advanced': its size is checked against the batch)
             'no_buffer_type',
             "main_config = dict(policy=dict(other=dict(replay_buffer=dict(replay_buffer_size=10))))\n",
             [],
-            ['policy.other.replay_buffer.type'],
+            ["'policy.learn.batch_size'", "'policy.other.replay_buffer.replay_buffer_size' = 10"],
         ),
         # --device tpu and --env-steps 0 are flag errors now, refused by the parser (test_cli.py)
     ],
