@@ -82,6 +82,7 @@ def train(args: argparse.Namespace) -> int:
     from .train.config import load_config_file
 
     user = load_config_file(args.config)
+    _check_resumed_seed(args)
     job = user.pop('job', 'dqn')
     if not isinstance(job, str) or job not in JOBS:
         raise ValueError(f"{args.config}: config key 'job' is {job!r}; expected one of {sorted(JOBS)}")
@@ -133,6 +134,25 @@ def _train_dqn(user: dict, args: argparse.Namespace) -> int:
         s = trainer.run(stop=stop)
     _print_summary(s)
     return stop.report(args, s['run_dir'], f"env step {s['env_steps']}")
+
+
+def _check_resumed_seed(args: argparse.Namespace) -> None:
+    """A resumed run keeps its own seed (its RNGs come from its checkpoint): ``--seed`` naming another one would only
+    relabel it (``run.json``, the plots), so it is refused."""
+    if args.resume is None or args.seed is None:
+        return
+    import json
+
+    try:
+        with open(os.path.join(args.resume, 'run.json')) as f:
+            seed = json.load(f).get('seed')
+    except (OSError, ValueError, AttributeError):
+        return  # (no record of the run's seed: nothing to compare with)
+    if isinstance(seed, int) and seed != args.seed:
+        raise ValueError(
+            f"{args.config}: --seed {args.seed} is not the seed of the run being resumed ({seed}, in "
+            f"{args.resume}); a resumed run goes on with its own seed: drop --seed, or start a new run"
+        )
 
 
 def _apply_overrides(user: dict, args: argparse.Namespace) -> None:

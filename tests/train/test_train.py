@@ -914,3 +914,21 @@ def test_an_omitted_buffer_type_takes_the_defaults_type(user):
     assert cfg.policy.other.replay_buffer.get('replay_buffer_size') == user.get('policy', {}).get('other', {}).get(
         'replay_buffer', {}
     ).get('replay_buffer_size')
+
+
+@pytest.mark.parametrize('seed', [0, 3])
+def test_resume_with_another_seed_is_refused_before_anything_runs(tmp_path, capsys, seed):
+    """A resumed run goes on with its checkpoint's RNGs: ``--seed`` naming another seed would only relabel it
+    (run.json, summary.json, the plots), so it is refused naming the flag; its own seed is accepted."""
+    run = tmp_path / 'r_seed0'
+    run.mkdir()
+    (run / 'run.json').write_text(json.dumps({'job': 'dqn', 'exp_name': 'r', 'seed': 0}))
+    cfg = tmp_path / 'r.py'
+    cfg.write_text(f"main_config = dict(exp_name='r', log_dir={str(tmp_path)!r})\n")
+    rc = main(['train', str(cfg), '--no-progress', '--seed', str(seed), '--resume', str(run)])
+    err = capsys.readouterr().err
+    if seed == 3:
+        assert_user_error(rc, err, '--seed 3', str(run), '(0,')
+    else:  # the seed matches: on to the job, which finds no checkpoint to resume from
+        assert '--seed' not in err
+    assert json.loads((run / 'run.json').read_text())['seed'] == 0
