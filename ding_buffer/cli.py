@@ -264,8 +264,8 @@ def _int_at_least(low: int, what: str, below: Optional[int] = None):
 
 
 def _device(text: str) -> str:
-    if not re.fullmatch(r'cpu|cuda(:\d+)?|mps', text):
-        raise argparse.ArgumentTypeError(f"expected 'cpu', 'cuda', 'cuda:N' or 'mps', got {text!r}")
+    if not re.fullmatch(r'cpu|cuda(:\d+)?', text):  # (the rule of the config key 'policy.device')
+        raise argparse.ArgumentTypeError(f"expected 'cpu', 'cuda' or 'cuda:N', got {text!r}")
     return text
 
 

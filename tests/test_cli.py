@@ -88,6 +88,8 @@ def _one_line_error(err: str, *needles: str) -> None:
         (['train', 'CFG', '--env-steps', '0'], ['--env-steps', '>= 1']),
         (['train', 'CFG', '--env-steps', '1e3'], ['--env-steps']),
         (['train', 'CFG', '--device', 'tpu'], ['--device', "'tpu'"]),
+        (['train', 'CFG', '--device', 'mps'], ['--device', "'mps'", "'cpu', 'cuda' or 'cuda:N'"]),  # the key's rule
+        (['train', 'CFG', '--device', 'cuda:x'], ['--device', "'cuda:x'"]),
         (['train', 'CFG', '--resume', 'no_such_run_dir'], ['--resume', 'no such directory']),
         (['train', 'CFG', '--resume', 'CFG'], ['--resume', 'a file']),
         (['train', 'CFG', '--nproc', '0'], ['--nproc']),

@@ -9,6 +9,7 @@ must fit in the buffer. ``check_run_dir`` checks that the run directory can be m
 import importlib.machinery
 import importlib.util
 import os
+import re
 from typing import Any, Dict, Mapping, Optional, Tuple
 
 from easydict import EasyDict
@@ -89,6 +90,12 @@ TRAIN_DEFAULTS = dict(
     dataset_source=None,
 )
 
+
+def device_ok(x: Any) -> bool:
+    """A training device: 'cpu', 'cuda' or 'cuda:N' (the one rule of the config key and ``--device``)."""
+    return isinstance(x, str) and re.fullmatch(r'cpu|cuda(:\d+)?', x) is not None
+
+
 TRAIN_CHECKS = {
     'exp_name': (lambda x: isinstance(x, str) and x != '', 'a non-empty string'),
     'log_dir': (lambda x: x is None or (isinstance(x, str) and x != ''), 'None or a directory path'),
@@ -96,7 +103,7 @@ TRAIN_CHECKS = {
     'env.max_env_step': (positive_int, 'a positive int'),
     'env.eval_episodes': (positive_int, 'a positive int'),
     'env.eval_freq': (positive_int, 'a positive int'),
-    'policy.device': (lambda x: x in ('cpu', 'cuda') or str(x).startswith('cuda:'), "'cpu' or 'cuda[:N]'"),
+    'policy.device': (lambda x: device_ok(x), "'cpu' or 'cuda[:N]'"),
     'policy.discount_factor': (lambda x: 0 <= x <= 1, 'a number in [0, 1]'),
     'policy.nstep': (positive_int, 'a positive int'),
     'policy.learn.batch_size': (positive_int, 'a positive int'),
@@ -162,8 +169,8 @@ def build_train_config(user: Mapping, source: str = '<config>') -> EasyDict:
         if caps['item_kind'] != 'transition' or 'cur_learner_iter' not in caps['sample_kwargs']:
             raise ValueError(
                 f"config key '{BUFFER_SECTION}type' is {buffer_cfg['type']!r} ({cls.__name__}), which the DQN "
-                f"trainer cannot use: it supports {' or '.join(repr(t) for t in TRAINER_BUFFER_TYPES)} (transition "
-                "buffers sampling batched tensors)"
+                f"trainer cannot use: it supports {' or '.join(repr(t) for t in TRAINER_BUFFER_TYPES)}, and every "
+                "other type of transitions sampled by the learner's iteration ('elastic', 'mixture', your own)"
             )
         full = check_section(cls, buffer_cfg, BUFFER_SECTION)
         batch = cfg.policy.learn.batch_size

@@ -37,7 +37,7 @@ from ..base import create_buffer, get_buffer_cls
 from ..config import build_config, check_section, optional_positive_int, positive_int, seed_ok
 from ..persistence import atomic_json, atomic_save
 from .checkpoint import check_checkpoints, load_latest, save_checkpoint
-from .config import BUFFER_SECTION, make_trainer, run_dir_of, split_buffer_section
+from .config import BUFFER_SECTION, device_ok, make_trainer, run_dir_of, split_buffer_section
 from .hypergrid_metrics import GridTruth, plot_curve, write_eval_csv
 from .run_dir import build_in_run_dir, progress_bar
 from .signals import StopSignals
@@ -112,7 +112,7 @@ HYPERGRID_CHECKS = {
     'env.eval_freq': (positive_int, 'a positive int'),
     'env.eval_samples': (positive_int, 'a positive int'),
     'env.eval_source': (lambda x: x in ('fresh', 'visited'), "'fresh' or 'visited'"),
-    'policy.device': (lambda x: x in ('cpu', 'cuda') or str(x).startswith('cuda:'), "'cpu' or 'cuda[:N]'"),
+    'policy.device': (lambda x: device_ok(x), "'cpu' or 'cuda[:N]'"),
     'policy.model.hidden_dim': (positive_int, 'a positive int'),
     'policy.model.n_hidden_layers': (positive_int, 'a positive int'),
     'policy.learn.iterations': (positive_int, 'a positive int'),
