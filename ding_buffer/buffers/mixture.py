@@ -284,7 +284,7 @@ class MixtureReplayBuffer(IBuffer):
                 if kind != 'transition':
                     raise ValueError(
                         f"config key 'members.{name}.type' is {self._cfg.members[name]['type']!r}, whose items are "
-                        f"{kind}s; a mixture's members hold transitions"
+                        f"{kind[:-1] + 'ies' if kind.endswith('y') else kind + 's'}; a mixture's members hold transitions"
                     )
             storages = {name: b.cfg.get('storage', {}).get('type', 'list') for name, b in members.items()}
             if len(set(storages.values())) > 1:
