@@ -475,8 +475,7 @@ class ChunkTable(Table):
         k = size // self._fpc
         if k > self.cfg.max_chunks:
             raise ValueError(f"sample size {size} is {k} chunks; at most max_chunks={self.cfg.max_chunks} exist")
-        # timeout 0 (or None) answers at once
-        timeout = check_wait_timeout(timeout) or None
+        timeout = check_wait_timeout(timeout)  # (0: no wait, SampleTimeoutError at once, as on every type)
         return Request(size, lambda rng: self.draw(rng, k), lambda: self.shortfall(k), timeout)
 
     def shortfall(self, k: int) -> str:

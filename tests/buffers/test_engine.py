@@ -370,10 +370,12 @@ def test_a_dropped_buffer_is_freed_at_once(name):
 
 # ---------------------------------------------------------------------------------------------- compatibility
 def test_chunk_sample_keeps_its_arguments():
-    """``timeout=0`` answers at once (None) and ``cur_learner_iter`` is taken but not read, as before it ran on
-    the engine; its removals are the engine's removal counters, in chunks."""
+    """``timeout=0`` does not wait: ``SampleTimeoutError`` at once, as on every type (and no timeout: None);
+    ``cur_learner_iter`` is taken but not read; its removals are the engine's removal counters, in chunks."""
     buf = create_buffer(dict(type='chunk', max_chunks=2, max_reuse=1, max_staleness=0, seed=0))
-    assert buf.sample(1, timeout=0) is None
+    with pytest.raises(SampleTimeoutError):
+        buf.sample(1, timeout=0)
+    assert buf.sample(1) is None
     buf.push([frag('w', i) for i in range(4)])  # 4 chunks of 1 into 2: 2 evicted
     assert len(buf.sample(1, cur_learner_iter=None)) == 1  # retired after its one use
     buf.update_model_version(1)  # the last one is stale
