@@ -13,6 +13,7 @@ from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Tuple
 import numpy as np
 
 from ..config import INF
+from ..control.priority import as_priorities
 from ..monitor.tb import TBSink
 from .common import STEP_LIMIT, check_step
 from .outputs import as_items
@@ -149,6 +150,8 @@ class DequeVerbs:
         priority = numbers(meta['priority'])  # checked even when there is nothing to apply it to
         if not self.priority:
             return {'updated': 0, 'stale': 0}
+        # values as the batch's update checks them (after clipping at the limit), with or without a batch to apply to
+        as_priorities(np.minimum(priority, float(self.deque_cfg.priority_max_limit)))
 
         def apply(spent: Any) -> Tuple[int, int]:  # under the engine's lock: the last batch stays put
             batch = self._last_batch
@@ -167,9 +170,6 @@ class DequeVerbs:
         return apply
 
     # ------------------------------------------------------------------ clear / state
-    def cleared(self, slots: np.ndarray) -> None:
-        super().cleared(slots)
-        self._last_batch = None
 
     def state(self, engine: Dict[str, Any]) -> Dict[str, Any]:
         return {'inner': {'type': INNER_TYPES[self.priority], **super().state(engine)}, **self.wrapper_state()}

@@ -282,9 +282,10 @@ class MixtureReplayBuffer(IBuffer):
                 )
                 kind = type(members[name]).capabilities()['item_kind']
                 if kind != 'transition':
+                    kinds = kind[:-1] + 'ies' if kind.endswith('y') else kind + 's'
                     raise ValueError(
                         f"config key 'members.{name}.type' is {self._cfg.members[name]['type']!r}, whose items are "
-                        f"{kind[:-1] + 'ies' if kind.endswith('y') else kind + 's'}; a mixture's members hold transitions"
+                        f"{kinds}; a mixture's members hold transitions"
                     )
             storages = {name: b.cfg.get('storage', {}).get('type', 'list') for name, b in members.items()}
             if len(set(storages.values())) > 1:

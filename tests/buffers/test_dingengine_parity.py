@@ -292,6 +292,27 @@ def test_deque_update_applies_to_every_last_batch_with_clipping():
     assert buf.stats()['max_priority'] == 50.0  # clipped at priority_max_limit
 
 
+@pytest.mark.parametrize('storage', ['list', 'tensor'])
+def test_deque_update_after_clear_counts_the_batch_as_stale_and_bad_values_are_refused_without_a_batch(storage):
+    """The last batch's items left with ``clear()``: an update of it counts its entries as stale (as ``advanced``
+    counts ids of items that left). With no batch to apply to, priorities are still checked (NaN, negative)."""
+    cfg = dict(type='deque', replay_buffer_size=8, priority=True, seed=0, storage=dict(type=storage))
+    buf = create_buffer(cfg)
+    buf.push([{'i': float(k)} for k in range(8)])
+    buf.sample(3, 0)
+    buf.clear()
+    buf.push([{'i': float(10 + k)} for k in range(8)])
+    assert buf.update({'priority': [5.0, 5.0, 5.0]}) == {'updated': 0, 'stale': 3}
+    assert buf.stats()['stale_updates'] == 3 and buf.stats()['max_priority'] == 1.0
+    fresh = create_buffer(cfg)
+    fresh.push([{'i': float(k)} for k in range(8)])
+    before = fresh.state_dict()
+    for bad in ([float('nan'), 1.0], [-1.0, 1.0]):
+        with pytest.raises(ValueError, match="'priority' must be finite"):
+            fresh.update({'priority': bad})
+    assert_same(fresh.state_dict(), before)
+
+
 def test_deque_update_takes_a_dict_of_numpy_priorities():
     # (bad priorities are refused, changing nothing and keeping the batch: tests/buffers/test_contract.py)
     buf = create_buffer(dict(type='deque', replay_buffer_size=32, priority=True, seed=0))

@@ -243,8 +243,7 @@ class Model:
         return {'updated': n, 'stale': len(uids) - n}
 
     def clear(self):
-        self.items = {}
-        self.last_batch = None
+        self.items = {}  # (the deque's last batch stays: an update of it then counts its entries as stale)
 
 
 # ------------------------------------------------------------------------------------------------ reading a buffer
