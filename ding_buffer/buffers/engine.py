@@ -30,6 +30,7 @@ state_dict are mutually exclusive; the table and parts assume single-threaded ca
 import copy
 import logging
 import threading
+import time
 import weakref
 from typing import Any, Callable, Dict, List, Mapping, Optional
 
@@ -41,6 +42,7 @@ from ..config import INF, build_config
 from ..control.capacity import CapacityRule, find_capacity_rule
 from ..control.limiter import RateLimiter, limiter_checks, limiter_config
 from ..control.limits import StalenessLimit, UseCounts, UseLimit, build_removers, find_rule, limit_ok
+from ..errors import SampleTimeoutError
 from ..monitor.periodic import TAGS as PERIODIC_TAGS
 from ..monitor.periodic import PeriodicThruputMonitor
 from ..monitor.tb import TBSink, build_tb_logger, rank
@@ -565,13 +567,15 @@ class Engine(IBuffer):
             return f'{short}; {limit}'
         return short or limit  # an empty buffer: the table's reason says it
 
-    def _ready(self, size: int, cur_learner_iter: int, shortfall: Optional[Callable[[], str]], timeout: Any) -> str:
+    def _ready(
+        self, size: int, cur_learner_iter: int, shortfall: Any, timeout: Any, deadline: Optional[float] = None
+    ) -> str:
         """Under the lock: why a draw of ``size`` would return nothing now ('' when it would draw), after the
-        removal rules that are due ran; with ``timeout``, waits for it (``SampleTimeoutError`` when it passes)."""
+        removal rules that are due ran; with ``timeout``, waits for it until ``deadline`` (``SampleTimeoutError``)."""
         if timeout is None:
             return self._why_not(size, cur_learner_iter, shortfall)
         why_not = lambda: self._why_not(size, cur_learner_iter, shortfall)  # noqa: E731
-        return self._limiter.wait(why_not, timeout, self._t.wait_what(size), self._check_open)
+        return self._limiter.wait(why_not, timeout, self._t.wait_what(size), self._check_open, deadline)
 
     def why_not_sample(self, size: int, cur_learner_iter: int = -1, timeout: Optional[float] = None) -> str:
         """
@@ -586,9 +590,23 @@ class Engine(IBuffer):
         timeout = check_wait_timeout(timeout)
         self._check_open()
         shortfall = self._t.request(size).shortfall
-        with self._lock:
-            self._check_open()
-            return self._ready(size, cur_learner_iter, shortfall, timeout)
+        deadline = None if timeout is None else self._hold(timeout, size)
+        try:
+            with self._lock:
+                self._check_open()
+                return self._ready(size, cur_learner_iter, shortfall, timeout, deadline)
+        finally:
+            if deadline is not None:
+                self._lock.release()
+
+    def _hold(self, timeout: float, size: int) -> float:
+        """Take the lock once more within ``timeout`` seconds (the caller releases it) and return the call's
+        deadline: its wait for data gets what is left (``SampleTimeoutError`` when another call held the lock
+        throughout)."""
+        deadline = time.monotonic() + timeout
+        if not self._lock.acquire(timeout=timeout):
+            raise SampleTimeoutError(f"{self._t.wait_what(size)} within {timeout}s: another call held the buffer")
+        return deadline
 
     @property
     def lock(self) -> threading.RLock:
@@ -609,38 +627,43 @@ class Engine(IBuffer):
         if type(cur_learner_iter) is not int or not -STEP_LIMIT < cur_learner_iter < STEP_LIMIT:
             cur_learner_iter = check_step(cur_learner_iter, 'cur_learner_iter')
         timeout = check_wait_timeout(timeout)
-        with self._lock:
-            self._check_open()
-            # Rules, limits or a wait to run first? Otherwise the draw refuses by itself (the hot path).
-            why = (
-                self._ready(size, cur_learner_iter, shortfall, timeout)
-                if self._rules or self._limiter.checks or timeout is not None
-                else ''
-            )
-            if why:
-                return self._refuse(why)
-            if self._fallible:  # a rule of the user's answers after the draw: restore what the draw moved if it fails
-                rng, snapshot = self._rng.bit_generator.state, self._t.snapshot()  # (or if its sampler refuses)
-                try:
-                    drawn = draw(self._rng)
-                    if type(drawn) is str:
+        deadline = None if timeout is None else self._hold(timeout, size)  # (its wait for the lock counts too)
+        try:
+            with self._lock:
+                self._check_open()
+                # Rules, limits or a wait to run first? Otherwise the draw refuses by itself (the hot path).
+                why = (
+                    self._ready(size, cur_learner_iter, shortfall, timeout, deadline)
+                    if self._rules or self._limiter.checks or timeout is not None
+                    else ''
+                )
+                if why:
+                    return self._refuse(why)
+                if self._fallible:  # a rule of the user's may fail after the draw: restore what the draw moved then
+                    rng, snapshot = self._rng.bit_generator.state, self._t.snapshot()  # (or if its sampler refuses)
+                    try:
+                        drawn = draw(self._rng)
+                        if type(drawn) is str:
+                            self._rng.bit_generator.state = rng
+                            self._t.restore_snapshot(snapshot)
+                        out = self._drawn(drawn)
+                    except BaseException:
                         self._rng.bit_generator.state = rng
                         self._t.restore_snapshot(snapshot)
-                    out = self._drawn(drawn)
-                except BaseException:
-                    self._rng.bit_generator.state = rng
-                    self._t.restore_snapshot(snapshot)
-                    raise
-            else:
-                out = self._drawn(draw(self._rng))
-            if out is not None:
-                if self._t.items_out():  # (asked for by name: it wins over the TensorDict output)
-                    out = as_items(out, self._instance_name)
-                elif self._t.tensordict_out():
-                    out = to_tensordict(out, self._t.device())
-                if finish is not None:
-                    out = finish(out, self._last_use)
-            due, self._due = self._due, None
+                        raise
+                else:
+                    out = self._drawn(draw(self._rng))
+                if out is not None:
+                    if self._t.items_out():  # (asked for by name: it wins over the TensorDict output)
+                        out = as_items(out, self._instance_name)
+                    elif self._t.tensordict_out():
+                        out = to_tensordict(out, self._t.device())
+                    if finish is not None:
+                        out = finish(out, self._last_use)
+                due, self._due = self._due, None
+        finally:
+            if deadline is not None:
+                self._lock.release()
         if due is not None:
             self._t.emit(due)  # outside the lock
         return out

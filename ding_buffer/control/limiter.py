@@ -109,18 +109,24 @@ class RateLimiter:
             self.thruput.on_sample(n)
 
     def wait(
-        self, why_not: Callable[[], str], timeout: Optional[float], what: str, check_open: Callable[[], None]
+        self,
+        why_not: Callable[[], str],
+        timeout: Optional[float],
+        what: str,
+        check_open: Callable[[], None],
+        deadline: Optional[float] = None,
     ) -> str:
         """
         Overview:
-            Re-evaluate ``why_not()`` until it is '' or ``timeout`` seconds pass (then ``SampleTimeoutError``
-            naming ``what`` and the last reason). ``timeout=None`` evaluates once and returns the reason.
-            Must be called holding the buffer's lock; it is released while waiting.
+            Re-evaluate ``why_not()`` until it is '' or ``timeout`` seconds pass -- by ``deadline`` (monotonic) when
+            the call began earlier -- (then ``SampleTimeoutError`` naming ``what`` and the last reason).
+            ``timeout=None`` evaluates once and returns the reason. Must be called holding the buffer's lock; it is
+            released while waiting.
         """
         why = why_not()
         if not why or timeout is None:
             return why
-        deadline = time.monotonic() + timeout
+        deadline = time.monotonic() + timeout if deadline is None else deadline
         self.waiting += 1
         try:
             while why:

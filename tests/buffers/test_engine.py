@@ -505,3 +505,27 @@ def test_a_push_waiting_for_the_lock_when_close_runs_is_refused(storage, tmp_pat
     assert len(out) == 1 and isinstance(out[0], RuntimeError) and 'closed' in str(out[0])
     assert buf.count() == 1
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize('call', ['sample', 'why_not_sample'])
+def test_a_timeout_bounds_the_wait_for_the_lock_too(call):
+    """``sample`` / ``why_not_sample`` with a timeout raise ``SampleTimeoutError`` while another thread holds the
+    buffer throughout, instead of waiting for the lock first and for data after."""
+    buf = create_buffer(dict(type='naive', replay_buffer_size=8))
+    out = []
+
+    def ask():
+        try:
+            out.append(getattr(buf, call)(4, timeout=0.2))
+        except SampleTimeoutError as e:
+            out.append(e)
+
+    with buf.lock:  # held by this thread until the asker has answered (or 30 s: a hang guard)
+        t = threading.Thread(target=ask)
+        t.start()
+        t.join(30)
+        answered = list(out)
+    t.join(30)
+    assert len(answered) == 1 and isinstance(answered[0], SampleTimeoutError), answered
+    assert 'another call held the buffer' in str(answered[0])
