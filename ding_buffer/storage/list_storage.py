@@ -39,6 +39,14 @@ def deep_copy(items: Any) -> Any:
         return copy.deepcopy(items, memo)
 
 
+def _copies(x: Any) -> bool:
+    try:
+        deep_copy(x)
+    except TypeError:
+        return False
+    return True
+
+
 class ListStorage(Storage):
     """
     Overview:
@@ -150,11 +158,20 @@ class ListStorage(Storage):
 
     def state_dict(self) -> Dict[str, Any]:
         slots = self.ring.ordered_slots()
+        items = self.gather(slots)
+        try:
+            copied = deep_copy(items)
+        except TypeError as e:  # an object that cannot be copied (a lock, a generator): name the item holding it
+            bad = next((i for i, x in enumerate(items) if not _copies(x)), None)
+            raise TypeError(
+                f"stored item {bad} (0 = the oldest) cannot be copied into a state or file ({e}); list storage keeps "
+                f"the pushed objects themselves: push data that copies (with deepcopy=True such a push is refused)"
+            ) from e
         return {
             'kind': self.kind,
             'ring': self.ring.state_dict(),
             'slots': torch.from_numpy(slots.astype(np.int64)),
-            'items': deep_copy(self.gather(slots)),
+            'items': copied,
         }
 
     @classmethod

@@ -1121,3 +1121,17 @@ def test_an_empty_field_name_is_refused_at_push_as_a_restore_would_refuse_it(ite
     fresh = create_buffer(dict(type='naive', storage=dict(type='tensor'), seed=0))
     with pytest.raises(ValueError, match="field names must be non-empty str"):
         fresh.push(item)  # the first push, which fixes the fields, refuses it too
+
+
+def test_a_stored_object_that_cannot_be_copied_is_named_when_a_state_is_taken():
+    """List storage keeps the pushed objects themselves; one holding a lock cannot go into a state or file: the
+    error names the item (by insertion order), and the buffer is as it was."""
+    import threading
+
+    from ding_buffer import create_buffer
+
+    buf = create_buffer(dict(type='naive', replay_buffer_size=4))
+    buf.push([{'obs': 1}, {'obs': 2, 'lock': threading.Lock()}, {'obs': 3}])
+    with pytest.raises(TypeError, match=r'stored item 1 \(0 = the oldest\) cannot be copied'):
+        buf.state_dict()
+    assert buf.count() == 3 and sorted(d['obs'] for d in buf.sample(3)) == [1, 2, 3]
