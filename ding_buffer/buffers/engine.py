@@ -220,13 +220,20 @@ class Engine(IBuffer):
         self._load_shift = {key: 0 for _, key in PERIODIC_TAGS}
         weakref.finalize(self, self._periodic.stop)  # dropped without close(): the thread ends at once
 
-    def _counter_snapshot(self) -> Dict[str, float]:
-        """The periodic report's cumulative counters: a load does not move them (``_loaded``)."""
-        with self._lock:
+    def _counter_snapshot(self) -> Optional[Dict[str, float]]:
+        """The periodic report's cumulative counters (a load does not move them: ``_load_shift``); None once the
+        buffer is closing, when the lock stays taken (``with buffer.lock: buffer.close()``): the monitor's thread
+        then ends, and ``close()`` writes the last period from its own thread."""
+        while not self._lock.acquire(timeout=0.05):
+            if self._closed:
+                return None
+        try:
             out = {**self._all_counters(), 'count': self.count()}
             for key, shift in self._load_shift.items():
                 out[key] += shift
             return out
+        finally:
+            self._lock.release()
 
     # ------------------------------------------------------------------ properties
     @property

@@ -878,3 +878,19 @@ def test_the_periodic_report_counts_what_the_buffer_did_across_a_load():
     sampled = [v for t, v, _ in w.rows if t == 'buffer_sec/sampled_out']
     assert min(pushed + sampled) >= 0
     assert sum(pushed) == 508 and sum(sampled) == 100
+
+
+@pytest.mark.timeout(60)
+def test_close_while_holding_the_lock_ends_the_periodic_thread_and_writes_the_last_period():
+    """``with buffer.lock: buffer.close()``: the report thread, waiting for the lock, ends (it does not hold close()
+    up until its join gives up), and close() writes the last, partial period itself."""
+    w = _Rows()
+    buf = create_buffer(dict(type='naive', replay_buffer_size=100, seed=0, periodic_thruput_seconds=0.05), tb_logger=w)
+    buf.push([{'obs': i} for i in range(7)])
+    time.sleep(0.2)  # (reports while nothing changes: zeros)
+    buf.push([{'obs': i} for i in range(3)])
+    with buf.lock:
+        time.sleep(0.2)  # the report thread is waiting for the lock now
+        buf.close()
+    assert not [t for t in threading.enumerate() if t.name == 'buffer_thruput']
+    assert sum(v for t, v, _ in w.rows if t == 'buffer_sec/pushed_in') == 10
