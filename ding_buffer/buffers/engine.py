@@ -372,7 +372,8 @@ class Engine(IBuffer):
         Returns:
             - pushed (:obj:`int`): number of items pushed.
         """
-        self._check_open()
+        if self._closed:  # (first, as every call; again under the lock below)
+            self._check_open()
         if type(cur_collector_envstep) is not int or not -STEP_LIMIT < cur_collector_envstep < STEP_LIMIT:
             cur_collector_envstep = check_step(cur_collector_envstep, 'cur_collector_envstep')
         if type(data) is not dict and type(data) is not list and is_tensordict(data):
@@ -382,7 +383,8 @@ class Engine(IBuffer):
                 batched = True  # its batch_size declares the items: TorchRL's extend
         if batched:
             with self._lock:
-                self._check_open()  # (again under the lock: a close() that began meanwhile has released the storage)
+                if self._closed:  # (checked under the lock: a close() that began meanwhile has released the storage)
+                    self._check_open()
                 n = self._push_batch(data)
                 self._last_envstep = cur_collector_envstep
             return n
@@ -400,7 +402,8 @@ class Engine(IBuffer):
         if self._deepcopy:
             items = copy.deepcopy(items)
         with self._lock:
-            self._check_open()
+            if self._closed:
+                self._check_open()
             n = self._push_items(items)
             self._last_envstep = cur_collector_envstep
         return n
@@ -460,7 +463,8 @@ class Engine(IBuffer):
         self._check_open()
         cur_collector_envstep = check_step(cur_collector_envstep, 'cur_collector_envstep')
         with self._lock:
-            self._check_open()
+            if self._closed:
+                self._check_open()
             w = prepare()
             if w is None:
                 return 0
@@ -637,7 +641,8 @@ class Engine(IBuffer):
         deadline = None if timeout is None else self._hold(timeout, size)  # (its wait for the lock counts too)
         try:
             with self._lock:
-                self._check_open()
+                if self._closed:
+                    self._check_open()
                 # Rules, limits or a wait to run first? Otherwise the draw refuses by itself (the hot path).
                 why = (
                     self._ready(size, cur_learner_iter, shortfall, timeout, deadline)
