@@ -6,6 +6,7 @@ availability, the environment of test subprocesses, the state-corruption tools o
 property suites (tests/test_properties.py, tests/buffers/test_dingengine_properties.py) configure, feed and probe
 it."""
 
+import collections
 import copy
 import importlib.util
 import math
@@ -1226,3 +1227,22 @@ class FrameEnvs:
 
     def steps(self, n):
         return [self.step(k % self.n) for k in range(n)]
+
+
+class FakeTB:
+    """A stand-in for a ``SummaryWriter`` (what DI-engine's pipelines pass as ``tb_logger``): collects
+    ``add_scalar`` calls as ``(tag, value, step)`` rows."""
+
+    all_writers = {}  # (torch's marker of an open writer)
+
+    def __init__(self):
+        self.rows = []
+
+    def add_scalar(self, tag, value, step):
+        self.rows.append((tag, value, step))
+
+    def flush(self):
+        pass
+
+    def tags(self):
+        return collections.Counter(tag for tag, _, _ in self.rows)

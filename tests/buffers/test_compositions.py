@@ -19,7 +19,7 @@ from collections import Counter
 import numpy as np
 import pytest
 import torch
-from helpers import assert_same
+from helpers import FakeTB, assert_same
 
 from ding_buffer import create_buffer
 from ding_buffer.control.limits import REMOVER_REGISTRY, Remover
@@ -1136,17 +1136,7 @@ def test_user_parts_load_through_import_names(storage_type, monkeypatch):
 def test_naive_periodic_thruput_seconds_drives_the_throughput_report():
     """periodic_thruput_seconds (DI-engine's key) reports pushes / samples / removals to a tb_logger passed in."""
 
-    class Writer:
-        def __init__(self):
-            self.scalars = []
-
-        def add_scalar(self, tag, value, step):
-            self.scalars.append((tag, value, step))
-
-        def flush(self):
-            pass
-
-    writer = Writer()
+    writer = FakeTB()
     buf = create_buffer(
         dict(type='naive', replay_buffer_size=4, seed=0, periodic_thruput_seconds=0.1),
         tb_logger=writer,
@@ -1155,10 +1145,10 @@ def test_naive_periodic_thruput_seconds_drives_the_throughput_report():
     buf.push([{'x': i} for i in range(6)])
     buf.sample(2)
     deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and not any(t == 'demo_sec/pushed_in' for t, _, _ in writer.scalars):
+    while time.monotonic() < deadline and not any(t == 'demo_sec/pushed_in' for t, _, _ in writer.rows):
         time.sleep(0.05)
     buf.close()
-    first = {t: v for t, v, s in writer.scalars if s == 0}
+    first = {t: v for t, v, s in writer.rows if s == 0}
     assert first == {
         'demo_sec/pushed_in': 6,
         'demo_sec/sampled_out': 2,

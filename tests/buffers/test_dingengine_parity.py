@@ -11,7 +11,7 @@ import os
 import numpy as np
 import pytest
 import torch
-from helpers import REPO_ROOT, TESTS_DIR, assert_same
+from helpers import REPO_ROOT, TESTS_DIR, FakeTB, assert_same
 
 from ding_buffer import create_buffer
 from ding_buffer.utils import MinSegmentTree, SegmentTree, SumSegmentTree
@@ -25,22 +25,6 @@ def items(n, start=0):
 
 def numbers(batch):
     return [d['i'] for d in batch]
-
-
-class FakeTB:
-    """Collects ``add_scalar`` calls (what DI-engine's pipelines pass as ``tb_logger``)."""
-
-    def __init__(self):
-        self.rows = []
-
-    def add_scalar(self, tag, value, step):
-        self.rows.append((tag, value, step))
-
-    def flush(self):
-        pass
-
-    def tags(self):
-        return collections.Counter(tag for tag, _, _ in self.rows)
 
 
 # ================================================================================ elastic

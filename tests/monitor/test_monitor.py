@@ -846,24 +846,11 @@ def test_a_run_shorter_than_one_period_still_writes_its_sec_scalars_on_close(tmp
     writer.close()
 
 
-class _Rows:
-    all_writers = {}
-
-    def __init__(self):
-        self.rows = []
-
-    def add_scalar(self, tag, value, step):
-        self.rows.append((tag, value, step))
-
-    def flush(self):
-        pass
-
-
 @pytest.mark.timeout(60)
 def test_the_periodic_report_counts_what_the_buffer_did_across_a_load():
     """A load of an earlier checkpoint replaces the cumulative counters; the ``_sec`` scalars still add up to what
     was pushed and sampled (never negative), however the periods fall."""
-    w = _Rows()
+    w = FakeTB()
     buf = create_buffer(dict(type='naive', replay_buffer_size=1000, seed=0, periodic_thruput_seconds=0.05), tb_logger=w)
     buf.push([{'obs': i} for i in range(5)])
     early = buf.state_dict()  # push_items 5
@@ -874,8 +861,8 @@ def test_the_periodic_report_counts_what_the_buffer_did_across_a_load():
     time.sleep(0.2)
     buf.push([{'obs': i} for i in range(3)])
     buf.close()  # writes the last, partial period
-    pushed = [v for t, v, _ in w.rows if t == 'buffer_sec/pushed_in']
-    sampled = [v for t, v, _ in w.rows if t == 'buffer_sec/sampled_out']
+    pushed = [v for t, v, _ in w.calls if t == 'buffer_sec/pushed_in']
+    sampled = [v for t, v, _ in w.calls if t == 'buffer_sec/sampled_out']
     assert min(pushed + sampled) >= 0
     assert sum(pushed) == 508 and sum(sampled) == 100
 
@@ -884,7 +871,7 @@ def test_the_periodic_report_counts_what_the_buffer_did_across_a_load():
 def test_close_while_holding_the_lock_ends_the_periodic_thread_and_writes_the_last_period():
     """``with buffer.lock: buffer.close()``: the report thread, waiting for the lock, ends (it does not hold close()
     up until its join gives up), and close() writes the last, partial period itself."""
-    w = _Rows()
+    w = FakeTB()
     buf = create_buffer(dict(type='naive', replay_buffer_size=100, seed=0, periodic_thruput_seconds=0.05), tb_logger=w)
     buf.push([{'obs': i} for i in range(7)])
     time.sleep(0.2)  # (reports while nothing changes: zeros)
@@ -893,4 +880,4 @@ def test_close_while_holding_the_lock_ends_the_periodic_thread_and_writes_the_la
         time.sleep(0.2)  # the report thread is waiting for the lock now
         buf.close()
     assert not [t for t in threading.enumerate() if t.name == 'buffer_thruput']
-    assert sum(v for t, v, _ in w.rows if t == 'buffer_sec/pushed_in') == 10
+    assert sum(v for t, v, _ in w.calls if t == 'buffer_sec/pushed_in') == 10
