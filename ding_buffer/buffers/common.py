@@ -70,6 +70,11 @@ def check_wait_timeout(timeout: Any) -> Optional[float]:
 SAMPLE_LIMIT = 1 << 31  # more rows than any batch (with replacement a size may exceed the stored count)
 
 
+# a call with a timeout waits at most its timeout for the buffer's lock, and at least this long: other calls hold the
+# lock for microseconds, so timeout=0 ("do not wait for data") is not failed by a push running at that moment
+LOCK_GRACE = 0.1
+
+
 def check_size(size: Any) -> None:
     """A sample ``size`` is a positive int of at most ``SAMPLE_LIMIT`` (``TypeError`` / ``ValueError`` naming it)."""
     if not isinstance(size, (int, np.integer)) or isinstance(size, bool):

@@ -49,7 +49,16 @@ from ..monitor.tb import TBSink, build_tb_logger, rank
 from ..monitor.used_data_remover import UsedDataRemover, check_trackable
 from ..persistence import load_state, save_state
 from ..storage.tensordict_io import check_batched, is_tensordict, to_tensordict
-from .common import STEP_LIMIT, check_instance_name, check_size, check_step, check_wait_timeout, new_rng, restored_rng
+from .common import (
+    LOCK_GRACE,
+    STEP_LIMIT,
+    check_instance_name,
+    check_size,
+    check_step,
+    check_wait_timeout,
+    new_rng,
+    restored_rng,
+)
 from .outputs import as_items
 from .table import Needs, Parts, Request, Restored, Write
 from .view import TableView
@@ -615,7 +624,7 @@ class Engine(IBuffer):
         deadline: its wait for data gets what is left (``SampleTimeoutError`` when another call held the lock
         throughout)."""
         deadline = time.monotonic() + timeout
-        if not self._lock.acquire(timeout=timeout):
+        if not self._lock.acquire(timeout=max(timeout, LOCK_GRACE)):
             raise SampleTimeoutError(f"{self._t.wait_what(size)} within {timeout}s: another call held the buffer")
         return deadline
 
@@ -896,8 +905,8 @@ class Engine(IBuffer):
     def _verb(self, verb: Callable[..., Any], *args: Any) -> Any:
         """A table verb of the preset's own that changes the table: refused once the buffer is closed, run under
         the lock."""
-        self._check_open()
         with self._lock:
+            self._check_open()
             return verb(*args)
 
     def _check_open(self) -> None:
@@ -926,7 +935,8 @@ class Engine(IBuffer):
             self._periodic.close()
         if self._tb is not None:
             self._tb.close()  # flushes; closes the writer only if the buffer created it
-        self._t.release()
+        with self._lock:  # (a read of the data in another thread finishes first)
+            self._t.release()
 
     def __del__(self) -> None:
         try:

@@ -23,7 +23,15 @@ from ..errors import SampleTimeoutError
 from ..persistence import load_state, save_state
 from ..storage.tensordict_io import is_tensordict, to_plain, to_tensordict, update_info
 from .advanced import AdvancedReplayBuffer
-from .common import check_instance_name, check_size, check_step, check_wait_timeout, new_rng, restored_rng
+from .common import (
+    LOCK_GRACE,
+    check_instance_name,
+    check_size,
+    check_step,
+    check_wait_timeout,
+    new_rng,
+    restored_rng,
+)
 
 MIXTURE_CONFIG = dict(
     type='mixture',
@@ -195,9 +203,15 @@ class MemberLocks:
     def __init__(self, locks: Sequence[Any]) -> None:
         self._locks = list(locks)
 
-    def acquire(self) -> bool:
-        for lock in self._locks:
-            lock.acquire()
+    def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
+        """Every lock, or (``timeout`` seconds passed, or not ``blocking`` and one is taken) none: False."""
+        deadline = None if timeout is None or timeout < 0 else time.monotonic() + timeout
+        for i, lock in enumerate(self._locks):
+            left = -1 if deadline is None else max(0.0, deadline - time.monotonic())
+            if not (lock.acquire(blocking, left) if blocking else lock.acquire(False)):
+                for taken in reversed(self._locks[:i]):
+                    taken.release()
+                return False
         return True
 
     def release(self) -> None:
@@ -410,7 +424,11 @@ class MixtureReplayBuffer(IBuffer):
         self._check_open()
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
-            with self.lock:
+            locks = self.lock  # (a timeout bounds the wait for them too)
+            left = None if deadline is None else max(LOCK_GRACE, deadline - time.monotonic())
+            if not locks.acquire(timeout=-1 if left is None else left):
+                raise SampleTimeoutError(f"mixture: no sample of {size} within {timeout}s: another call held a member")
+            try:
                 with self._lock:
                     self._check_open()  # close() ends a wait
                     rng = self._rng  # (load_state_dict may replace it meanwhile: the state goes back to this one)
@@ -423,6 +441,8 @@ class MixtureReplayBuffer(IBuffer):
                     rng.bit_generator.state = before  # a refusal (or a question) draws nothing
                 if shares is not None and not why:
                     return ''
+            finally:
+                locks.release()
             reason = '; '.join(why) or 'every member is empty'
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:
@@ -443,28 +463,19 @@ class MixtureReplayBuffer(IBuffer):
 
     def _draw(self, shares: List[tuple], cur_learner_iter: int) -> Optional[Any]:
         """Every share drawn (every member's lock held, each said it would draw): first the members whose sample may
-        still fail or refuse once its draw began (a sampler or rule of the user's; each undoes its own failed draw),
-        then the others, which cannot. With several such members, those drawn before a failing one go back to the
-        states they had. None: one refused, and no member changed."""
-        order = sorted(shares, key=lambda s: not self._may_fail(s[1]))
-        fallible = [n for _, n, _ in order if self._may_fail(n)]
-        saved = {n: self._members[n].state_dict() for n in fallible[:-1]}  # (usually none: at most one such member)
+        still fail or refuse once its draw began (a sampler or rule of the user's, deep copies of list items; each
+        undoes its own failed draw), then the others, which cannot. So with one such member (the usual case) a
+        failure or refusal leaves every member as it was; with several, the ones drawn before the failing one keep
+        their draws (copying whole members on every sample to undo them would cost what the sample does many times
+        over). None: a member refused."""
         parts: List[tuple] = []
-        try:
-            for i, name, k in order:
-                part = self._members[name].sample(k, cur_learner_iter)
-                if part is None:
-                    break
-                parts.append((i, name, k, part))
-        finally:
-            if len(parts) < len(order):  # it raised or refused: undo the draws before it
-                for _, name, _, _ in parts:
-                    if name in saved:
-                        self._members[name].load_state_dict(saved[name])
-        if len(parts) < len(order):
-            with self._lock:
-                self._counters['refused_sample'] += 1
-            return None
+        for i, name, k in sorted(shares, key=lambda s: not self._may_fail(s[1])):
+            part = self._members[name].sample(k, cur_learner_iter)
+            if part is None:
+                with self._lock:
+                    self._counters['refused_sample'] += 1
+                return None
+            parts.append((i, name, k, part))
         parts.sort(key=lambda p: p[0])
         with self._lock:
             self._counters['sample_calls'] += 1

@@ -14,6 +14,7 @@ Not thread-safe: the owning buffer's lock serialises every call.
 """
 
 import math
+import re
 from typing import Any, Dict, Iterable, Mapping, Optional, Tuple
 
 import numpy as np
@@ -321,7 +322,7 @@ class PriorityIndex:
         return new
 
 
-_POW10 = 10 ** np.arange(19, dtype=np.int64)
+_LEADING_ZERO = re.compile(r',0[0-9]')
 
 
 def is_id_text(text: str) -> bool:
@@ -347,9 +348,9 @@ def split_ids(ids: Any, instance_name: str) -> Tuple[np.ndarray, Optional[np.nda
             out = np.fromiter((int(t) if t.isdecimal() else -1 for t in tails), dtype=np.int64, count=len(tails))
         except OverflowError:
             raise _beyond_int64(int(t) for t in tails if t.isdecimal()) from None
-        # every tail was the id's own text ('7', never '07' or other scripts' digits) when the lengths add up
-        joined = ''.join(tails)
-        if not joined.isascii() or len(joined) != int(np.searchsorted(_POW10, out, 'right').sum() + (out == 0).sum()):
+        # each tail is the id's own text ('7', never '07' or other scripts' digits): one scan of the joined tails
+        joined = ',' + ','.join(tails)
+        if not joined.isascii() or (',0' in joined and _LEADING_ZERO.search(joined) is not None):
             out = np.fromiter((int(t) if is_id_text(t) else -1 for t in tails), dtype=np.int64, count=len(tails))
         return out, out >= 0
     out, mine = [], []

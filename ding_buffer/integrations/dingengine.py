@@ -154,6 +154,7 @@ class TaskBuffer(Buffer):
         self._prefix = instance_name + '_'
         self._lock = threading.RLock()
         self._pending: List[tuple] = []  # (id, slot, priority) of updates not yet applied
+        self._closed = False
         self._next_uid = int(self._inner.stats()['push_items'])
         self.cur_learner_iter = -1
 
@@ -258,6 +259,8 @@ class TaskBuffer(Buffer):
         if priority.shape != (1,):
             raise ValueError(f"TaskBuffer.update: meta 'priority' must be one number, got shape {priority.shape}")
         with self._lock:
+            if self._closed:
+                raise RuntimeError("TaskBuffer.update: the buffer is closed")
             self._pending.append((index, slot, float(priority[0])))
         return True
 
@@ -322,6 +325,11 @@ class TaskBuffer(Buffer):
             self._next_uid = int(self._inner.stats()['push_items'])
 
     def close(self) -> None:
+        """The queued priority updates are applied first (they were taken); later ones are refused, as by the
+        buffer itself, and ``count`` / ``stats`` / ``state_dict`` stay readable."""
+        with self._lock:
+            self._flush()
+            self._closed = True
         self._inner.close()
 
     def __copy__(self) -> 'TaskBuffer':

@@ -441,6 +441,18 @@ def run_taskbuffer(args) -> dict:
     except ValueError as e:
         out['bad_id'] = str(e)
     out['updated_after_bad_id'] = prio.stats()['updated']
+    closing = TaskBuffer(dict(type='advanced', replay_buffer_size=8))  # updates queued when it closes
+    for i in range(4):
+        closing.push({'obs': float(i)})
+    for d in closing.sample(2):
+        closing.update(d.index, meta=dict(d.meta, priority=3.0))
+    closing.close()
+    out['after_close'] = {'count': closing.count(), 'updated': closing.stats()['updated']}
+    try:
+        closing.update(d.index, meta=dict(d.meta, priority=3.0))
+        out['update_after_close'] = 'accepted'
+    except RuntimeError as e:
+        out['update_after_close'] = str(e)
     limited = TaskBuffer(dict(thruput_controller=dict(push_sample_rate_limit=dict(max=2, min=0))), size=100)
     try:
         for i in range(4):

@@ -289,6 +289,8 @@ def test_task_buffer_details_and_registrations_a_pipeline_meets(dingengine_pytho
     assert out['reloaded'] == 1
     assert "this one is 'elastic'" in out['elastic_per']
     assert 'is not an id of this buffer' in out['bad_id'] and out['updated_after_bad_id'] == 2
+    # close() applies the queued updates; the closed buffer stays readable and refuses new updates
+    assert out['after_close'] == {'count': 4, 'updated': 2} and 'closed' in out['update_after_close']
     assert 'thruput_controller.push_sample_rate_limit' in out['limited']
     assert out['built'] == {'ding_buffer_chunk': 'ChunkReplayBuffer', 'ding_buffer_mixture': 'MixtureReplayBuffer'}
 
