@@ -529,3 +529,30 @@ def test_a_timeout_bounds_the_wait_for_the_lock_too(call):
     t.join(30)
     assert len(answered) == 1 and isinstance(answered[0], SampleTimeoutError), answered
     assert 'another call held the buffer' in str(answered[0])
+
+
+@pytest.mark.timeout(120)
+def test_timeout_zero_is_not_failed_by_a_push_running_at_that_moment():
+    """``timeout=0`` means 'do not wait for data': a buffer that can serve serves, even while another thread's
+    pushes take the lock for a moment at a time."""
+    buf = create_buffer(dict(type='naive', replay_buffer_size=1000, seed=0, storage=dict(type='tensor')))
+    buf.extend({'obs': torch.zeros(64, 4)})
+    stop = threading.Event()
+
+    def pusher():
+        while not stop.is_set():
+            buf.push({'obs': torch.ones(4)})
+
+    t = threading.Thread(target=pusher)
+    t.start()
+    try:
+        failed = 0
+        for _ in range(300):
+            try:
+                buf.sample(8, timeout=0)
+            except SampleTimeoutError:
+                failed += 1
+    finally:
+        stop.set()
+        t.join(30)
+    assert failed == 0

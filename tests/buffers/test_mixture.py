@@ -727,3 +727,24 @@ def test_a_closed_mixture_refuses_clear_and_update():
     with pytest.raises(RuntimeError, match='closed'):
         buf.update({'replay_unique_id': ['mix_online_0'], 'replay_buffer_idx': [0], 'priority': [2.0]})
     assert_same(buf.state_dict(), before)
+
+
+@pytest.mark.timeout(60)
+def test_a_timeout_bounds_the_wait_for_a_members_lock():
+    buf = filled(n_off=20, n_on=20, weights={'offline': 1, 'online': 1})
+    out = []
+
+    def ask():
+        try:
+            out.append(buf.sample(4, timeout=0.2))
+        except SampleTimeoutError as e:
+            out.append(e)
+
+    with buf.members['online'].lock:  # held until the asker answered (or 30 s: a hang guard)
+        t = threading.Thread(target=ask)
+        t.start()
+        t.join(30)
+        answered = list(out)
+    t.join(30)
+    assert len(answered) == 1 and isinstance(answered[0], SampleTimeoutError), answered
+    assert 'another call held a member' in str(answered[0])
