@@ -104,17 +104,22 @@ class PushPipeline:
         self._resend_unacked(deadline)  # raises before this call's data is taken
         if self._pending and self._pending_batched != batched:
             self._flush(envstep, deadline)  # a batch and single items cannot be merged (raises: not taken)
+        sends = (self._push_calls + 1) % self._dcfg.remote_buffer_freq == 0
+        # a push that waits for a later call keeps what the data hold now, as a local push stores it (a collector
+        # refills its arrays for the next step); one sent now is encoded now
+        kept = data if sends else copy.deepcopy(data)
         if self._local is not None:
             self._local.push(data, envstep, batched=batched)
-        self._pending.append(data)
-        self._pending_batched = batched
         self._push_calls += 1
-        if self._push_calls % self._dcfg.remote_buffer_freq == 0:
-            try:
-                self._flush(envstep, deadline)
-            except ManagerUnavailableError:  # this call's data is kept (in doubt): a push of it again is a retry
-                self._retry_of = _digest(data if whole is None else whole, batched, self._dcfg.allow_pickle)
-                raise
+        self._pending.append(kept)
+        self._pending_batched = batched
+        if not sends:
+            return n
+        try:
+            self._flush(envstep, deadline)
+        except ManagerUnavailableError:  # this call's data is kept (in doubt): a push of it again is a retry
+            self._retry_of = _digest(data if whole is None else whole, batched, self._dcfg.allow_pickle)
+            raise
         return n
 
     def is_retry(self, data: Any, batched: bool) -> bool:

@@ -769,6 +769,18 @@ def test_remote_freq_batches_concatenated_in_order():
     assert rb.count() == 8
 
 
+def test_remote_freq_keeps_what_a_pending_push_held_when_it_was_made():
+    """A collector refills one array for every step: with remote_buffer_freq the pushes waiting for a later call
+    store what they held at their call, as a local push does (they were all the last step's data)."""
+    rb, core, ch = make_remote(remote_buffer_freq=4)
+    step = {'obs': torch.zeros(2)}
+    for i in range(4):
+        step['obs'].fill_(float(i))
+        rb.push(step)
+    assert core.counters['push_requests'] == 1
+    assert stored_obs(core.buffer)[:, 0].tolist() == [0.0, 1.0, 2.0, 3.0]
+
+
 def test_remote_freq_single_items_and_close_flushes():
     rb, core, ch = make_remote(storage='list', remote_buffer_freq=3)
     for i in range(5):
