@@ -9,6 +9,8 @@ from typing import Any, Dict, List, Optional, Sequence
 import numpy as np
 import torch
 
+from ..storage.tensordict_io import is_tensordict
+
 
 def _leaves(d: Any):
     if isinstance(d, dict):
@@ -29,12 +31,15 @@ def batch_len(batch: Dict[str, Any]) -> int:
 
 
 def count_items(data: Any, batched: bool) -> int:
+    """The items a push holds: a batch dict's rows, a list's entries, a TensorDict's leading batch size, else one
+    item (a str, a tensor or a tuple is one item, whatever its length)."""
     if batched and isinstance(data, dict):
         return batch_len(data)
     if isinstance(data, list):
         return len(data)
-    n = getattr(data, '__len__', None)
-    return len(data) if (n is not None and not isinstance(data, dict)) else 1
+    if is_tensordict(data):
+        return int(data.batch_size[0]) if len(data.batch_size) else 1
+    return 1
 
 
 def concat_batches(batches: Sequence[Dict[str, Any]]) -> Dict[str, Any]:

@@ -21,6 +21,7 @@ import logging
 import numbers
 from typing import Any, Callable, Dict, Optional
 
+from ..buffers.common import check_size
 from .baseline import BaselineTracker
 from .batching import count_items, log_rewards_of
 from .blobs import BlobStore, check_stamp
@@ -218,12 +219,8 @@ class ManagerCore:
 
     def _sample(self, sender, size, kwargs=None) -> Any:
         self.counters['sample_requests'] += 1
-        cap = self.buffer.replay_buffer_size
-        if not isinstance(size, int) or isinstance(size, bool) or size > cap:
-            # never more rows than the buffer holds: a reply is at most the size of the buffer itself
-            raise ValueError(
-                f"sample size must be an int of at most {cap} (the buffer's capacity), got {str(size)[:40]}"
-            )
+        check_size(size)  # (the buffer's own rule: a numpy int too)
+        size = int(size)
         if kwargs is not None and not isinstance(kwargs, dict):
             raise TypeError(f"sample 'kwargs' must be a dict, got {type(kwargs).__name__}")
         kwargs = dict(kwargs or {})
@@ -239,9 +236,7 @@ class ManagerCore:
                 f"sample got keyword arguments {bad} that a {type(self.buffer).__name__}'s sample does not take; "
                 f"it takes {[k for k in takes if k in SAMPLE_KWARGS]}"
             )
-        unroll = kwargs.get('unroll_len')
-        if isinstance(unroll, numbers.Integral) and not isinstance(unroll, bool):
-            self._check_padding(size, int(unroll))
+        self._check_reply(size, kwargs)
         if (
             self.cfg.max_version_lag is not None
             and 'cur_learner_iter' in takes
@@ -250,6 +245,27 @@ class ManagerCore:
         ):
             kwargs['cur_learner_iter'] = self.model_version
         return self.buffer.sample(size, **kwargs)
+
+    def _check_reply(self, size: int, kwargs: Dict[str, Any]) -> None:
+        """Never more rows than the buffer holds (a reply is at most the size of the buffer itself): ``size`` items
+        at most the capacity; windows (``unroll_len``, or a prioritized window buffer's own) at most the steps
+        stored, or ``MAX_WINDOW_ROWS`` rows -- their count is not bounded by the capacity in episodes."""
+        unroll = kwargs.get('unroll_len')
+        if unroll is None and hasattr(self.buffer, 'transition_count'):
+            unroll = (self.buffer.cfg.get('sampler') or {}).get('unroll_len')  # prioritized windows: the config's
+        if not isinstance(unroll, numbers.Integral) or isinstance(unroll, bool) or unroll <= 0:
+            cap = self.buffer.replay_buffer_size
+            if size > cap:
+                raise ValueError(f"sample size must be an int of at most {cap} (the buffer's capacity), got {size}")
+            return
+        unroll = int(unroll)
+        self._check_padding(size, unroll)
+        steps = getattr(self.buffer, 'transition_count', 0)
+        if size * unroll > max(steps, MAX_WINDOW_ROWS):
+            raise ValueError(
+                f"sample of {size} windows of {unroll} steps would reply {size * unroll} rows, more than the "
+                f"buffer's {steps} stored steps and {MAX_WINDOW_ROWS}"
+            )
 
     def _check_padding(self, size: int, unroll: int) -> None:
         """Windows longer than every stored episode are padding (``pad``), which no stored data bounds: such a

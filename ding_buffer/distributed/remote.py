@@ -23,7 +23,7 @@ from typing import Any, Dict, List, Optional
 
 from ..base import IBuffer
 from ..buffers.common import check_wait_timeout
-from ..errors import ManagerTimeoutError, SampleTimeoutError
+from ..errors import ManagerTimeoutError, ManagerUnavailableError, SampleTimeoutError
 from .blobs import check_name, check_stamp, check_version
 from .channel import deadline_in
 from .frames_wire import frames_encoder
@@ -276,16 +276,22 @@ class RemoteBuffer(IBuffer):
         """Send what is owed (pushes in doubt, pending pushes), collect the last async score, send EXIT and say
         goodbye, all within one ``timeout`` (default ``distributed.timeout``). Idempotent. Raises
         ``ManagerUnavailableError`` if the manager is gone or does not answer in time (after closing locally;
-        pushes still in doubt are then lost with this worker); ``ValueError`` (after closing) when the buffer
-        refused rows of the last pushes through shared memory, which no later push could report."""
+        pushes still in doubt are then lost with this worker); the buffer's refusal of a last push (pending, or an
+        async one's), and ``ValueError`` when it refused rows of the last pushes through shared memory, after
+        closing: EXIT was sent, which no later push could report."""
         if self._closed:
             return
         deadline = deadline_in(self._dcfg.timeout if timeout is None else timeout)
         left = lambda: max(deadline - time.monotonic(), 0.0)  # noqa: E731
-        refused = None
+        refused = owed = None
         try:
-            self.pushes.send_owed(-1, deadline)
-            self.drain_pending_score(left())  # (nothing when no async push is outstanding)
+            for send in (lambda: self.pushes.send_owed(-1, deadline), lambda: self.drain_pending_score(left())):
+                try:  # (drain: nothing when no async push is outstanding)
+                    send()
+                except ManagerUnavailableError:
+                    raise
+                except Exception as e:  # the buffer refused a last push: said once EXIT is sent (the worker exited)
+                    owed = owed or e
             stop = getattr(self._channel, 'stop_heartbeat', None)
             if stop is not None:
                 stop()
@@ -297,6 +303,8 @@ class RemoteBuffer(IBuffer):
             self._channel.close(left())
             if self._local is not None:
                 self._local.close()
+        if owed is not None:
+            raise owed
         if refused is not None:
             raise refused
 

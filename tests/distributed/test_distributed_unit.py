@@ -1845,7 +1845,33 @@ def test_sample_size_is_bounded_by_the_capacity():
     core.handle(W, req('push', data=item(1)))
     r = core.handle(W, req('sample', size=10**9, kwargs={}))
     assert r['error'] == 'ValueError' and 'capacity' in r['message']
-    assert core.handle(W, req('sample', size='3'))['error'] == 'ValueError'
+    assert core.handle(W, req('sample', size='3'))['error'] == 'TypeError'  # as a local buffer's sample answers
+    assert ok(core.handle(W, req('sample', size=np.int64(1), kwargs={}))) is not None  # a numpy int, as locally
+
+
+def test_windows_are_bounded_by_the_stored_steps_not_by_the_capacity_in_episodes():
+    """An R2D2 batch is more windows than the buffer holds episodes: through a manager it is served as locally
+    (it was refused as beyond the capacity), and the reply is still bounded by the steps stored."""
+    for cfg in (
+        EasyDict(type='episode', replay_buffer_size=4, seed=0, storage=dict(type='tensor'), max_transitions=1000),
+        EasyDict(
+            type='prioritized_episode',
+            replay_buffer_size=4,
+            seed=0,
+            max_transitions=1000,
+            storage=dict(type='tensor'),
+            sampler=dict(type='prioritized', unroll_len=5),
+        ),
+    ):
+        buf, dcfg, key = build_manager_buffer(EasyDict(cfg, distributed=dict(backend='torch')))
+        core = ManagerCore(buf, dcfg, key)
+        for _ in range(4):
+            ok(core.handle(W, req('push', data={'obs': torch.zeros(100, 3)})))
+        kwargs = dict(unroll_len=5) if cfg.type == 'episode' else {}
+        batch = ok(core.handle(W, req('sample', size=16, kwargs=kwargs)))
+        assert batch['obs'].shape == (16, 5, 3)
+        reply = core.handle(W, req('sample', size=20_000, kwargs=kwargs))  # 100,000 rows of 400 stored steps
+        assert not reply['ok'] and '400 stored steps' in reply['message']
 
 
 def test_decode_refuses_deep_nesting():
@@ -2346,3 +2372,24 @@ def test_the_last_workers_exit_reply_is_queued_before_the_manager_says_goodbye()
     w.close()  # raised ManagerUnavailableError when run() closed the transport under the reply
     th.join(20)
     assert not th.is_alive() and out['exited'] == ['1'] and out['lost'] == {}, out
+
+
+def test_a_single_item_with_a_length_is_one_item():
+    """A str, a tensor, a tuple or bytes pushed as one item is one item (its length counted 5, 4, 3, 6), in the
+    push's answer and the manager's counters, as a local push answers."""
+    rb, core, ch = make_remote('naive', storage='list')
+    answers = [rb.push(x) for x in ('hello', torch.randn(4), (1, 2, 3), b'abcdef')]
+    assert answers == [1, 1, 1, 1]
+    assert core.buffer.count() == 4 and core.counters['pushed_items'] == 4
+
+
+def test_close_sends_exit_before_raising_the_refusal_of_a_last_pending_push():
+    """A pending push (remote_buffer_freq) that the buffer refuses when close() sends it: EXIT is still sent (the
+    worker is counted as exited, not lost), then the refusal is raised; close() is done."""
+    rb, core, ch = make_remote('naive', remote_buffer_freq=4)
+    rb.push({'obs': torch.zeros(2)})
+    rb.push({'obs': torch.zeros(3)})  # another shape: refused when it is sent
+    with pytest.raises(ValueError, match="field 'obs'"):
+        rb.close()
+    assert ch.ops()[-1] == 'exit' and core.buffer.count() == 1
+    rb.close()  # idempotent
