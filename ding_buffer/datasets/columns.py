@@ -43,8 +43,15 @@ def tree_concat(trees: List[Tree]) -> Tree:
 
 
 def to_torch(tree: Tree, copy: bool = False) -> Tree:
-    """Columns as torch tensors (sharing the arrays' memory unless ``copy``)."""
-    return tree_map(lambda a: torch.from_numpy(np.array(a, copy=True) if copy else np.ascontiguousarray(a)), tree)
+    """Columns as torch tensors (sharing the arrays' memory unless ``copy``, or unless a column is stored in the
+    other byte order than this machine's, which torch cannot hold: such a column is converted)."""
+
+    def one(a: np.ndarray) -> torch.Tensor:
+        if not a.dtype.isnative:
+            a = a.astype(a.dtype.newbyteorder('='))
+        return torch.from_numpy(np.array(a, copy=True) if copy else np.ascontiguousarray(a))
+
+    return tree_map(one, tree)
 
 
 def rows_of(columns: Tree) -> List[Dict[str, Any]]:

@@ -86,6 +86,8 @@ class TransitionSink:
         self.buffer, self.target, self.stored = buffer, target, 0
 
     def put(self, chunk: Chunk) -> int:
+        if not len(chunk):  # every row of it dropped (time-limit ends without next observations): nothing to push
+            return 0
         if chunk.rows is not None:
             n = _push(self.buffer, list(chunk.rows))
         elif self.target.tensor and self.target.frames is None:

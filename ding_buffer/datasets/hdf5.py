@@ -6,6 +6,7 @@ Every message names the file and the key (``'hopper.hdf5': key 'rewards' ...``).
 """
 
 import contextlib
+import os
 from typing import Any, Iterator, Optional, Tuple
 
 import numpy as np
@@ -27,8 +28,16 @@ def import_h5py() -> Any:
 
 
 def is_hdf5(path: str) -> bool:
+    """The HDF5 signature at offset 0 or, after a user block, at 512, 1024, 2048, ... (where the format puts it)."""
     with open(path, 'rb') as f:
-        return f.read(len(MAGIC)) == MAGIC
+        size = os.fstat(f.fileno()).st_size
+        offset = 0
+        while offset + len(MAGIC) <= size:
+            f.seek(offset)
+            if f.read(len(MAGIC)) == MAGIC:
+                return True
+            offset = 512 if offset == 0 else 2 * offset
+        return False
 
 
 class FileError(ValueError):

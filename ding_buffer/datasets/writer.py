@@ -70,7 +70,13 @@ def _episode(episode: Any, i: int) -> Dict[str, np.ndarray]:
     if isinstance(episode, (list, tuple)):
         if not all(isinstance(step, Mapping) for step in episode):
             raise ValueError(f"write_d4rl: episode {i} is a list of something else than transition dicts")
-        keys = set(episode[0]) if episode else set(REQUIRED)
+        keys = list(episode[0]) if episode else list(REQUIRED)
+        for t, step in enumerate(episode):
+            if set(step) != set(keys):
+                raise ValueError(
+                    f"write_d4rl: episode {i} step {t} has keys {sorted(map(str, step))}; its step 0 has "
+                    f"{sorted(map(str, keys))} (every step of an episode has the same keys)"
+                )
         episode = {k: [step[k] for step in episode] for k in keys} if episode else {}
     elif not isinstance(episode, Mapping):
         raise ValueError(f"write_d4rl: episode {i} is a {type(episode).__name__}; expected a dict of arrays or a list")

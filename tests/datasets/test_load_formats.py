@@ -22,7 +22,7 @@ from dataset_files import (
 )
 
 from ding_buffer import create_buffer
-from ding_buffer.datasets import load_dataset
+from ding_buffer.datasets import load_dataset, write_d4rl
 
 SLOT_TYPES = [('naive', 'list'), ('naive', 'tensor'), ('advanced', 'list'), ('advanced', 'tensor')]
 EPISODE_TYPES = [('episode', 'list'), ('episode', 'tensor')]
@@ -263,3 +263,66 @@ def test_frames_buffer_gets_streams_from_the_other_layouts(tmp_path, layout):
     for i, (g, w) in enumerate(zip(got, expected)):
         assert_transition(g, w, f'{layout} transition {i}')
     buffer.close()
+
+
+@pytest.mark.parametrize('storage', ['list', 'tensor'])
+@pytest.mark.parametrize('chunk_size', [1, 2, 10])
+def test_a_chunk_whose_rows_are_all_dropped_is_skipped(tmp_path, storage, chunk_size):
+    """D4RL without next_observations drops each time-limit row (its next observation is unknown); a chunk holding
+    only such rows pushed an empty batch, and tensor storage refused the whole load. Every chunk size loads the
+    same 6 transitions."""
+    n = 8
+    timeouts = np.zeros(n, bool)
+    timeouts[[4, 5]] = True  # row 5: a one-step episode ending by time limit
+    terminals = np.zeros(n, bool)
+    terminals[-1] = True
+    path = str(tmp_path / 'd.hdf5')
+    write_d4rl(
+        path,
+        dict(
+            observations=np.arange(2 * n, dtype=np.float32).reshape(n, 2),
+            actions=np.zeros(n),
+            rewards=np.zeros(n, np.float32),
+            terminals=terminals,
+            timeouts=timeouts,
+        ),
+    )
+    buf = create_buffer(dict(type='naive', replay_buffer_size=100, storage=dict(type=storage)))
+    assert load_dataset(buf, path, chunk_size=chunk_size) == 6
+    assert buf.count() == 6
+
+
+@pytest.mark.parametrize('buffer_type', ['naive', 'episode'])
+def test_columns_in_the_other_byte_order_load_as_native_values(tmp_path, buffer_type):
+    """An HDF5 column written big-endian (another machine's file, or numpy's '>f4') loads with its values; torch
+    holds only this machine's byte order, and the load failed midway naming the buffer."""
+    n = 4
+    obs = np.arange(2 * n, dtype='>f4').reshape(n, 2)
+    terminals = np.zeros(n, bool)
+    terminals[-1] = True
+    path = str(tmp_path / 'be.hdf5')
+    data = dict(observations=obs, actions=np.zeros(n), rewards=np.ones(n, '>f4'), terminals=terminals)
+    write_d4rl(path, dict(data, next_observations=obs + 1))
+    cfg = dict(type=buffer_type, replay_buffer_size=10, storage=dict(type='tensor'))
+    if buffer_type == 'episode':
+        cfg['max_transitions'] = 100
+    buf = create_buffer(cfg)
+    assert load_dataset(buf, path) == (n if buffer_type == 'naive' else 1)
+    got = buf.sample(n)['obs'] if buffer_type == 'naive' else buf.sample(1)[0]['obs']
+    assert sorted(got.reshape(-1).tolist()) == list(range(2 * n))
+
+
+def test_an_hdf5_file_with_a_user_block_is_recognised(tmp_path):
+    """HDF5 puts its signature after a user block (at 512, 1024, ...): the format is told from it, as from a file
+    without one."""
+    h5py = pytest.importorskip('h5py')
+    n = 5
+    path = str(tmp_path / 'ub.hdf5')
+    with h5py.File(path, 'w', userblock_size=512) as f:
+        f['observations'] = np.zeros((n, 2), np.float32)
+        f['actions'] = np.zeros(n)
+        f['rewards'] = np.zeros(n, np.float32)
+        f['terminals'] = np.array([False] * (n - 1) + [True])
+        f['next_observations'] = np.ones((n, 2), np.float32)
+    buf = create_buffer(dict(type='naive', replay_buffer_size=10))
+    assert load_dataset(buf, path) == n

@@ -93,3 +93,14 @@ def test_a_failure_while_writing_leaves_the_old_file_and_no_temporary(tmp_path, 
     with pytest.raises(OSError, match='disk full'):
         write_d4rl(path, data)
     assert path.read_bytes() == before and os.listdir(tmp_path) == ['keep.hdf5']
+
+
+def test_steps_with_other_keys_than_their_episodes_first_are_named(tmp_path):
+    """Episodes as lists of step dicts: a step missing a key, or with one more, is a ValueError naming the episode,
+    the step and the keys (a raw KeyError, or a key silently dropped, before)."""
+    step = dict(obs=np.zeros(2, np.float32), action=0, reward=1.0, next_obs=np.zeros(2, np.float32), done=False)
+    for bad in ({k: v for k, v in step.items() if k != 'next_obs'}, dict(step, info=1)):
+        episode = [dict(step), dict(step), dict(step, done=True)]
+        episode[1] = bad
+        with pytest.raises(ValueError, match=r"episode 0 step 1 has keys"):
+            write_d4rl(str(tmp_path / 'x.hdf5'), [episode])
