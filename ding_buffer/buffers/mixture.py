@@ -468,6 +468,7 @@ class MixtureReplayBuffer(IBuffer):
         failure or refusal leaves every member as it was; with several, the ones drawn before the failing one keep
         their draws (copying whole members on every sample to undo them would cost what the sample does many times
         over). None: a member refused."""
+        self._check_joinable([name for _, name, _ in shares])
         parts: List[tuple] = []
         for i, name, k in sorted(shares, key=lambda s: not self._may_fail(s[1])):
             part = self._members[name].sample(k, cur_learner_iter)
@@ -482,6 +483,33 @@ class MixtureReplayBuffer(IBuffer):
             for _, name, k, _ in parts:
                 self._counters[f'sampled_{name}'] += k
         return concat([p[3] for p in parts], self._key, [p[1] for p in parts], [p[0] for p in parts])
+
+    def _check_joinable(self, names: List[str]) -> None:
+        """Before any member draws: the fields the members store in tensors (their storages' schemas) join into
+        one batch -- the same shape, and dtypes torch can promote into one (``ValueError`` naming the field, as the
+        join after the draws would, but with nothing drawn). Members without a schema (list storage) are joined
+        as lists; a member's schema not known yet (empty) is checked by the join itself."""
+        schemas = [getattr(getattr(self._members[n], 'storage', None), 'schema', None) for n in names]
+        if len(names) < 2 or any(type(sc) is not dict for sc in schemas):
+            return
+        for path in set.intersection(*(set(sc) for sc in schemas)):
+            specs = [sc[path] for sc in schemas]
+            shapes = {tuple(shape) for shape, _ in specs}
+            try:
+                dtype = specs[0][1]
+                for _, other in specs[1:]:
+                    dtype = torch.promote_types(dtype, other)
+            except RuntimeError:
+                dtype = None
+            specs_of = list(zip(names, specs))
+            if len(shapes) > 1 or dtype is None:  # (the join's own words; the dtypes when they are what differs)
+                dtypes = len(shapes) == 1
+                got = {n: f"rows of shape {tuple(sh)}" + (f', {dt}' if dtypes else '') for n, (sh, dt) in specs_of}
+                raise ValueError(
+                    f"a mixture's members return field '{'.'.join(map(str, path))}' as {got}, which do not join into "
+                    f"one batch; expected every member to store it in one shape"
+                    + (", in dtypes torch can join (it cannot promote uint16 / uint32 / uint64)" if dtypes else '')
+                )
 
     def _shares(self, size: int) -> Optional[List[tuple]]:
         """``(member index, name, count)`` of every member with a share of ``size`` (None: no member holds an item

@@ -748,3 +748,22 @@ def test_a_timeout_bounds_the_wait_for_a_members_lock():
     t.join(30)
     assert len(answered) == 1 and isinstance(answered[0], SampleTimeoutError), answered
     assert 'another call held a member' in str(answered[0])
+
+
+@pytest.mark.parametrize('why', ['shape', 'dtype'])
+def test_members_whose_fields_cannot_join_are_refused_before_anyone_draws(why):
+    """Members storing a shared field in other shapes, or in dtypes torch cannot join (uint32 beside int64), fail
+    the sample naming the field -- before any member draws: with max_use=1 the failed samples removed items."""
+    offline = dict(type='naive', max_use=1)
+    buf = mixture('tensor', weights=dict(offline=0.5, online=0.5), offline=offline, online=dict(type='naive'))
+    other = torch.zeros(3) if why == 'shape' else torch.zeros(4)
+    act = torch.tensor(1, dtype=torch.int64 if why == 'shape' else torch.uint32)
+    buf.push([{'obs': torch.zeros(4), 'act': torch.tensor(1)} for _ in range(6)], member='offline')
+    buf.push([{'obs': other, 'act': act} for _ in range(6)], member='online')
+    before = buf.state_dict()
+    for _ in range(3):
+        with pytest.raises(ValueError, match="field '(obs|act)' as"):
+            buf.sample(4)
+    assert_same(buf.state_dict(), before)
+    assert buf.members['offline'].count() == 6
+    buf.close()
