@@ -23,6 +23,7 @@ from typing import Any, Dict, List, Optional
 
 from ..base import IBuffer
 from ..buffers.common import check_wait_timeout
+from ..buffers.reward_table import sample_size
 from ..errors import ManagerTimeoutError, ManagerUnavailableError, SampleTimeoutError
 from .blobs import check_name, check_stamp, check_version
 from .channel import deadline_in
@@ -160,7 +161,9 @@ class RemoteBuffer(IBuffer):
         return self.pushes.drain(timeout)
 
     # ------------------------------------------------------------------ the rest of IBuffer
-    def sample(self, size: int, cur_learner_iter: int = -1, timeout: Optional[float] = None, **kwargs) -> Optional[Any]:
+    def sample(
+        self, size: Optional[int] = None, cur_learner_iter: int = -1, timeout: Optional[float] = None, **kwargs
+    ) -> Optional[Any]:
         """
         Overview:
             Sample from the manager (or the local copy). ``timeout`` (seconds) re-asks until a batch is
@@ -170,6 +173,8 @@ class RemoteBuffer(IBuffer):
             ``ManagerUnavailableError``.
         """
         timeout = check_wait_timeout(timeout)  # before anything is asked: NaN or inf would poll forever
+        if 'n_samples' in kwargs or size is None:  # torchgfn's name of the size (GFlowNet buffers take it too)
+            size = sample_size(size, kwargs.pop('n_samples', None))
         if self._local is not None:
             if timeout is not None:
                 kwargs['timeout'] = timeout

@@ -40,6 +40,7 @@ import numpy as np
 import torch
 
 from ..buffers.common import check_wait_timeout
+from ..control.priority import as_priorities
 from ..errors import ManagerUnavailableError
 from .frames_wire import frames_spec_of
 from .sample_wait import poll_for_batch
@@ -284,6 +285,8 @@ class ShardedBuffer:
             raise ValueError(
                 f"'shard' holds {int(shard.min())}..{int(shard.max())}; there are {self.num_shards} shards"
             )
+        if info.get('priority') is not None:  # checked whole first: a bad entry in a later shard's rows changed the
+            as_priorities(info['priority'])  # shards before it (named by its place in this call, not in a shard's)
         total = {'updated': 0, 'stale': 0}
         for k in np.unique(shard):
             idx = np.flatnonzero(shard == k)

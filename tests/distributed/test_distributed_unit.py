@@ -2393,3 +2393,11 @@ def test_close_sends_exit_before_raising_the_refusal_of_a_last_pending_push():
         rb.close()
     assert ch.ops()[-1] == 'exit' and core.buffer.count() == 1
     rb.close()  # idempotent
+
+
+def test_a_remote_gfn_sample_takes_torchgfns_n_samples():
+    rb, core, ch = make_remote('gfn', size=100)
+    rb.push(gfn_batch([0.0, 1.0, 2.0]))
+    assert len(rb.sample(n_samples=2)['log_reward']) == 2
+    with pytest.raises(TypeError, match='give one'):
+        rb.sample(2, n_samples=2)

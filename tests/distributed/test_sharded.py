@@ -117,6 +117,23 @@ def test_update_goes_to_the_owning_shard_and_moves_the_distribution():
         buf.update({'replay_unique_id': b['replay_unique_id'], 'priority': torch.ones(30)})
 
 
+def test_an_update_with_a_bad_priority_in_a_later_shards_rows_changes_no_shard():
+    """The priorities are checked whole before any shard is asked: a NaN among a later shard's rows changed the
+    shards before it, and named the entry by its place in that shard's part."""
+    buf, _ = local_sharded('advanced', k=3)
+    for i in range(30):
+        buf.push(item(i, 1.0))
+    b = buf.sample(30)
+    order = torch.argsort(b['shard'], stable=True)
+    priority = torch.full((30,), 2.0)
+    priority[order[-1]] = float('nan')  # a row of the last shard asked
+    before = buf.state_dict()
+    info = dict(shard=b['shard'], replay_unique_id=b['replay_unique_id'], replay_buffer_idx=b['replay_buffer_idx'])
+    with pytest.raises(ValueError, match=f"entry {int(order[-1])} is nan"):
+        buf.update(dict(info, priority=priority))
+    assert_same(buf.state_dict(), before)
+
+
 def test_uniform_without_replacement_across_shards_is_uniform_and_distinct():
     buf, _ = local_sharded('naive', k=3)
     for i in range(45):
