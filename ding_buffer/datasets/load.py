@@ -110,6 +110,8 @@ def _fill(
             if bar is not None:
                 bar.update(len(chunk))
         stored += sink.finish()
+        if target.frames is not None:  # the data's last episode may be unfinished: the next push starts an episode
+            buffer.storage.end_streams()
     except BaseException as e:
         if snapshot is not None:
             buffer.load_state_dict(snapshot)

@@ -326,3 +326,28 @@ def test_an_hdf5_file_with_a_user_block_is_recognised(tmp_path):
         f['next_observations'] = np.ones((n, 2), np.float32)
     buf = create_buffer(dict(type='naive', replay_buffer_size=10))
     assert load_dataset(buf, path) == n
+
+
+def _stacks(start, n, stack=2):
+    """``n`` stacks of ``stack`` consecutive 3x3 frames (frame value = its index from ``start``), and the next ones."""
+    frames = np.arange(start, start + n + stack, dtype=np.uint8)[:, None, None].repeat(3, 1).repeat(3, 2)
+    return tuple(np.stack([frames[t + a : t + a + stack] for t in range(n)]) for a in (0, 1))
+
+
+def test_a_load_ending_on_an_unfinished_episode_leaves_no_frame_stream_open(tmp_path):
+    """storage.frames: a file whose last episode is unfinished (or a load cut by `limit`) left the frame stream
+    open, so the next load, or the first online step after a reset, was refused as not continuing it."""
+    obs, nxt = _stacks(10, 6)
+    terminals = np.zeros(6, bool)
+    terminals[2] = True  # episode 1: rows 0-2; episode 2: rows 3-5, unfinished
+    path = str(tmp_path / 'frames.hdf5')
+    data = dict(observations=obs, next_observations=nxt, actions=np.zeros(6, np.int64), rewards=np.zeros(6, np.float32))
+    write_d4rl(path, dict(data, terminals=terminals))
+    cfg = dict(type='naive', replay_buffer_size=100, storage=dict(type='tensor', frames=dict(stack=2)))
+    buf = create_buffer(cfg)
+    assert load_dataset(buf, path) == 6 and load_dataset(buf, path) == 6
+    cut = create_buffer(cfg)
+    assert load_dataset(cut, path, limit=2) == 2
+    o, n = _stacks(200, 1)
+    step = dict(obs=torch.from_numpy(o[0]), next_obs=torch.from_numpy(n[0]), action=torch.tensor(0))
+    assert cut.push(dict(step, reward=torch.tensor(0.0), done=torch.tensor(False), truncated=torch.tensor(False))) == 1
