@@ -2401,3 +2401,13 @@ def test_a_remote_gfn_sample_takes_torchgfns_n_samples():
     assert len(rb.sample(n_samples=2)['log_reward']) == 2
     with pytest.raises(TypeError, match='give one'):
         rb.sample(2, n_samples=2)
+
+
+@pytest.mark.parametrize('exc', [IsADirectoryError, NotADirectoryError, FileExistsError, FileNotFoundError])
+def test_file_errors_of_the_manager_arrive_as_their_os_error(exc):
+    """A save onto a directory, under a file, ...: the worker raises the manager's OSError type (``except
+    OSError`` catches it, as for a local buffer), not a RemoteError."""
+    from ding_buffer.distributed.protocol import error_reply, result_of
+
+    with pytest.raises(exc, match='manager: .*boom'):
+        result_of(error_reply(1, exc('boom')), 'save_data')
