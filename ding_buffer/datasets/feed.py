@@ -59,10 +59,24 @@ class Target:
         """The time-limit flag's field: ``timeout``; a frames buffer's ``truncated_key`` (its streams end there)."""
         return 'timeout' if self.frames is None else self.frames.get('truncated_key', 'truncated')
 
-    def check(self, path: str, obs_shape: tuple) -> None:
-        """A frames buffer needs stacks: ``obs`` / ``next_obs`` fields of per-step shape ``[stack, *frame]``."""
+    def done_named(self, columns: Any) -> Any:
+        """The terminal flag under the name a frames buffer reads (``done_key``; the readers write ``done``)."""
+        key = None if self.frames is None else self.frames.get('done_key', 'done')
+        if key in (None, 'done') or not isinstance(columns, dict) or 'done' not in columns:
+            return columns
+        return {(key if k == 'done' else k): v for k, v in columns.items()}
+
+    def check(self, path: str, obs_shape: tuple, columns: bool = True) -> None:
+        """A frames buffer needs stacks: ``obs`` / ``next_obs`` fields of per-step shape ``[stack, *frame]``; from a
+        file of ``columns`` (D4RL, Minari, DI-engine HDF5), in one stream (no field there names an environment)."""
         if self.frames is None:
             return
+        if columns and self.frames.get('env_key') is not None:
+            raise ValueError(
+                f"buffer type {self.name!r} splits frame streams by the field {self.frames['env_key']!r} "
+                f"(storage.frames.env_key); a dataset's transitions are one stream, in file order, with no such "
+                f"field: set env_key=None to load it"
+            )
         keys = (self.frames.get('key', 'obs'), self.frames.get('next_key', 'next_obs'))
         if keys != ('obs', 'next_obs'):
             raise ValueError(
@@ -89,12 +103,12 @@ class TransitionSink:
         if not len(chunk):  # every row of it dropped (time-limit ends without next observations): nothing to push
             return 0
         if chunk.rows is not None:
-            n = _push(self.buffer, list(chunk.rows))
+            n = _push(self.buffer, [self.target.done_named(row) for row in chunk.rows])
         elif self.target.tensor and self.target.frames is None:
             n = self.buffer.extend(to_torch(chunk.columns))
             _check_taken(n, len(chunk))
         else:
-            n = _push(self.buffer, rows_of(chunk.columns))
+            n = _push(self.buffer, rows_of(self.target.done_named(chunk.columns)))
         self.stored += n
         return n
 

@@ -69,7 +69,7 @@ def load_dataset(
         raise FileNotFoundError(f"no dataset file at {path!r}")
     fmt = detect_format(path) if format in (None, 'auto') else format
     with READERS[fmt].open(path, timeout_key=target.timeout_key, frames=target.frames is not None, **options) as reader:
-        target.check(path, reader.obs_shape)
+        target.check(path, reader.obs_shape, columns=fmt != 'dingengine_pkl')  # (pickled items hold any field)
         total = reader.validate(chunk_size)
         if limit is not None:
             total = min(total, limit)

@@ -351,3 +351,26 @@ def test_a_load_ending_on_an_unfinished_episode_leaves_no_frame_stream_open(tmp_
     o, n = _stacks(200, 1)
     step = dict(obs=torch.from_numpy(o[0]), next_obs=torch.from_numpy(n[0]), action=torch.tensor(0))
     assert cut.push(dict(step, reward=torch.tensor(0.0), done=torch.tensor(False), truncated=torch.tensor(False))) == 1
+
+
+def test_a_frames_buffer_reads_the_terminal_flag_under_its_done_key(tmp_path):
+    """storage.frames.done_key names the terminal flag the streams end at; a dataset's terminals were always
+    written as 'done', so with done_key='terminated' an episode's end was never seen and the next episode's first
+    step was refused as not continuing it. An env_key (no dataset field names an environment) is refused first."""
+    obs, nxt = _stacks(10, 6)
+    terminals = np.zeros(6, bool)
+    terminals[[2, 5]] = True
+    obs[3:] += 50  # the second episode's frames do not continue the first's
+    nxt[3:] += 50
+    path = str(tmp_path / 'frames.hdf5')
+    data = dict(observations=obs, next_observations=nxt, actions=np.zeros(6, np.int64), rewards=np.zeros(6, np.float32))
+    write_d4rl(path, dict(data, terminals=terminals))
+    frames = dict(stack=2, done_key='terminated')
+    buf = create_buffer(dict(type='naive', replay_buffer_size=100, storage=dict(type='tensor', frames=frames)))
+    assert load_dataset(buf, path) == 6
+    assert sorted(buf.sample(6)['terminated'].tolist()) == [False] * 4 + [True] * 2
+    with_env = dict(frames, env_key='env_id')
+    other = create_buffer(dict(type='naive', replay_buffer_size=100, storage=dict(type='tensor', frames=with_env)))
+    with pytest.raises(ValueError, match="storage.frames.env_key"):
+        load_dataset(other, path)
+    assert other.count() == 0
