@@ -1246,3 +1246,23 @@ class FakeTB:
 
     def tags(self):
         return collections.Counter(tag for tag, _, _ in self.rows)
+
+
+def answer_while_held(lock, call):
+    """What ``call()`` answers (its result, or the exception it raised) in another thread while this one holds
+    ``lock`` throughout -- until it answered, or 30 s (a hang guard); ``[]`` when it had not answered by then."""
+    out = []
+
+    def ask():
+        try:
+            out.append(call())
+        except Exception as e:  # noqa: BLE001 - the answer under test
+            out.append(e)
+
+    with lock:
+        t = threading.Thread(target=ask)
+        t.start()
+        t.join(30)
+        answered = list(out)
+    t.join(30)
+    return answered

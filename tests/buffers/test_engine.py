@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from helpers import assert_same
+from helpers import answer_while_held, assert_same
 
 from ding_buffer import BUFFER_REGISTRY, create_buffer
 from ding_buffer.base import IBuffer
@@ -513,20 +513,7 @@ def test_a_timeout_bounds_the_wait_for_the_lock_too(call):
     """``sample`` / ``why_not_sample`` with a timeout raise ``SampleTimeoutError`` while another thread holds the
     buffer throughout, instead of waiting for the lock first and for data after."""
     buf = create_buffer(dict(type='naive', replay_buffer_size=8))
-    out = []
-
-    def ask():
-        try:
-            out.append(getattr(buf, call)(4, timeout=0.2))
-        except SampleTimeoutError as e:
-            out.append(e)
-
-    with buf.lock:  # held by this thread until the asker has answered (or 30 s: a hang guard)
-        t = threading.Thread(target=ask)
-        t.start()
-        t.join(30)
-        answered = list(out)
-    t.join(30)
+    answered = answer_while_held(buf.lock, lambda: getattr(buf, call)(4, timeout=0.2))
     assert len(answered) == 1 and isinstance(answered[0], SampleTimeoutError), answered
     assert 'another call held the buffer' in str(answered[0])
 

@@ -9,7 +9,7 @@ import time
 import numpy as np
 import pytest
 import torch
-from helpers import assert_same, chi_square, chi_threshold, states_equal, wait_until
+from helpers import answer_while_held, assert_same, chi_square, chi_threshold, states_equal, wait_until
 
 from ding_buffer import SampleTimeoutError, create_buffer
 from ding_buffer.buffers.mixture import split_counts
@@ -732,20 +732,7 @@ def test_a_closed_mixture_refuses_clear_and_update():
 @pytest.mark.timeout(60)
 def test_a_timeout_bounds_the_wait_for_a_members_lock():
     buf = filled(n_off=20, n_on=20, weights={'offline': 1, 'online': 1})
-    out = []
-
-    def ask():
-        try:
-            out.append(buf.sample(4, timeout=0.2))
-        except SampleTimeoutError as e:
-            out.append(e)
-
-    with buf.members['online'].lock:  # held until the asker answered (or 30 s: a hang guard)
-        t = threading.Thread(target=ask)
-        t.start()
-        t.join(30)
-        answered = list(out)
-    t.join(30)
+    answered = answer_while_held(buf.members['online'].lock, lambda: buf.sample(4, timeout=0.2))
     assert len(answered) == 1 and isinstance(answered[0], SampleTimeoutError), answered
     assert 'another call held a member' in str(answered[0])
 
