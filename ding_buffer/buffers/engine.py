@@ -400,11 +400,10 @@ class Engine(IBuffer):
         items = data if isinstance(data, list) else [data]
         if not items:
             return 0
-        if len(items) == 1:
-            if items[0] is None:
-                raise TypeError("cannot push None (item 0)")
-        else:
+        if len(items) > 1:
             self._check_pushed(items)
+        elif items[0] is None:
+            raise TypeError("cannot push None (item 0)")
         if self._remover is not None:
             for i, item in enumerate(items):
                 check_trackable(item, i)
