@@ -203,12 +203,11 @@ class MemberLocks:
     def __init__(self, locks: Sequence[Any]) -> None:
         self._locks = list(locks)
 
-    def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
-        """Every lock, or (``timeout`` seconds passed, or not ``blocking`` and one is taken) none: False."""
-        deadline = None if timeout is None or timeout < 0 else time.monotonic() + timeout
+    def acquire(self, timeout: float = -1) -> bool:
+        """Every lock, or none when ``timeout`` seconds (>= 0) passed first: False."""
+        deadline = None if timeout < 0 else time.monotonic() + timeout
         for i, lock in enumerate(self._locks):
-            left = -1 if deadline is None else max(0.0, deadline - time.monotonic())
-            if not (lock.acquire(blocking, left) if blocking else lock.acquire(False)):
+            if not lock.acquire(timeout=-1 if deadline is None else max(0.0, deadline - time.monotonic())):
                 for taken in reversed(self._locks[:i]):
                     taken.release()
                 return False
