@@ -202,7 +202,6 @@ class RewardTable(Table):
         offered = r if order is None else r[order]
         keep_new, evict = index.admit(offered)
         seqs = index.claim_seqs(len(offered))  # every admitted item consumes an id, stored or not
-        self.evict(evict)
         if order is None and keep_new is None:  # the common case: the whole batch, in order (no copies)
             chosen, m, r_chosen, rows, h = None, batch.n, r, batch.rows, hashes
         else:
@@ -212,9 +211,16 @@ class RewardTable(Table):
             m, r_chosen = len(chosen), r[chosen]
             rows = None if batch.rows is None else batch.rows[chosen]
             h = None if hashes is None else hashes[chosen]
-        slots = self.slots_for(m)
-        self._store.write(slots, batch, chosen)
-        index.store(slots, r_chosen, seqs)
+        if m and len(evict) == m and self._store.reuses_slots:  # a full buffer: the new items take the freed slots
+            slots = evict
+            self._forget(slots)
+            self._store.write(slots, batch, chosen)
+            index.replace(slots, r_chosen, seqs)
+        else:
+            self.evict(evict)
+            slots = self.slots_for(m)
+            self._store.write(slots, batch, chosen)
+            index.store(slots, r_chosen, seqs)
         if batch.width is not None:
             states.add(slots, rows, h, batch.width)  # (rows None: read back from the store when counted)
         else:
@@ -224,11 +230,15 @@ class RewardTable(Table):
 
     def evict(self, slots: np.ndarray) -> None:
         if len(slots):
-            self.states.remove(slots)
+            self._forget(slots)
             self.index.evict(slots)
-            if self.parts.uses is not None:
-                self.parts.uses.reset(slots)
-            self.tally['evicted'] += len(slots)
+
+    def _forget(self, slots: np.ndarray) -> None:
+        """What evicting ``slots`` changes outside the index: the unique states, use counts and the tally."""
+        self.states.remove(slots)
+        if self.parts.uses is not None:
+            self.parts.uses.reset(slots)
+        self.tally['evicted'] += len(slots)
 
     def slots_for(self, n: int) -> np.ndarray:
         index = self.index

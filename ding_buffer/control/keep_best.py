@@ -152,7 +152,8 @@ class RewardIndex:
         if m <= 0 or h >= self._tail:
             return
         live = self.seq[self._q_slot[h : h + m]] == self._q_seq[h : h + m]
-        self._head = h + (int(np.argmax(live)) if live.any() else len(live))
+        first = int(live.argmax())  # (0 when none is live)
+        self._head = h + (first if live[first] else len(live))
 
     def _oldest_live(self, k: int) -> np.ndarray:
         """The ``k`` oldest live slots, oldest first (``k <= count``). Skips leading dead entries for good; O(k +
@@ -161,8 +162,8 @@ class RewardIndex:
             return np.empty(0, dtype=np.int64)
         h = self._head
         qs = self._q_slot[h : h + k]
-        if len(qs) == k and (self.seq[qs] == self._q_seq[h : h + k]).all():  # the common case: no dead entries
-            return qs.copy()
+        if len(qs) == k and self.seq[qs].tobytes() == self._q_seq[h : h + k].tobytes():  # common: none dead
+            return qs.copy()  # (equal bytes: equal int64 values, at a tenth of numpy's ``all``)
         out = []
         got, pos, width = 0, self._head, k
         while got < k:
@@ -236,6 +237,15 @@ class RewardIndex:
         elif len(slots):
             self.end = max(self.end, int(slots.max()) + 1)
         self._enqueue(np.asarray(slots, dtype=np.int64), np.asarray(seq, dtype=np.int64))
+
+    def replace(self, evicted: np.ndarray, log_reward: np.ndarray, seq: np.ndarray) -> None:
+        """Reuse mode, a push into a full buffer: new items take the ``evicted`` slots, in that order -- as
+        ``evict`` then ``store`` would, without marking the slots dead and live again or passing them through the
+        free stack (which ends as it was)."""
+        self.log_reward[evicted] = log_reward
+        self.seq[evicted] = seq  # (the evicted items' queue entries die with their old sequence numbers)
+        self._purge(len(evicted))
+        self._enqueue(evicted, np.asarray(seq, dtype=np.int64))
 
     def evict(self, slots: np.ndarray) -> None:
         self.alive[slots] = False

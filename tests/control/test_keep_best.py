@@ -119,3 +119,38 @@ def test_restore_places_and_draws_like_the_saved_index_and_refuses_bad_layouts()
         with pytest.raises(ValueError, match=match):
             ri.restored(r, s, ri.next_seq, **kwargs)
     assert snapshot(ri) == before
+
+
+@pytest.mark.parametrize('prioritized', [True, False])
+def test_replace_is_evict_then_store_into_the_evicted_slots(prioritized):
+    """A push into a full buffer commits with ``replace``: the arrays, free stack, insertion order and every later
+    decision equal a twin's ``evict`` + ``store`` of the same items into the same slots, also with dead entries in
+    the insertion-order queue (items evicted out of order, as ``max_use`` does)."""
+    rng = np.random.default_rng(7)
+    a, b = (RewardIndex(CAP, CAP, prioritized, False, True) for _ in range(2))
+    for ri in (a, b):
+        ri.store(ri.free_slots(CAP), np.arange(CAP, dtype=float), ri.claim_seqs(CAP))
+    replaced = 0
+    for step in range(300):
+        if rng.random() < 0.2 and a.count:  # an out-of-order removal: a dead queue entry, then refill the slot
+            gone, value = rng.choice(a.live_slots(), size=1), rng.normal(size=1)
+            for ri in (a, b):
+                ri.evict(gone)
+                ri.store(ri.free_slots(1), value, ri.claim_seqs(1))
+            continue
+        r = rng.normal(size=int(rng.integers(1, 4)))
+        keep_a, evict_a = a.admit(r)
+        keep_b, evict_b = b.admit(r)
+        assert np.array_equal(evict_a, evict_b) and (keep_a is None) == (keep_b is None)
+        kept = np.ones(len(r), dtype=bool) if keep_a is None else keep_a
+        seq_a, seq_b = a.claim_seqs(len(r))[kept], b.claim_seqs(len(r))[kept]
+        if len(evict_a) != kept.sum():
+            continue  # (not a replacement; both indexes stay equal: nothing was committed)
+        a.replace(evict_a, r[kept], seq_a)
+        b.evict(evict_b)
+        b.free_slots(len(evict_b))  # (what the buffer takes them from; reversed, hence stored explicitly below)
+        b.store(evict_b, r[kept], seq_b)
+        replaced += 1
+        assert snapshot(a) == snapshot(b), step
+        assert np.array_equal(a.oldest(CAP), b.oldest(CAP)), step
+    assert replaced > 100
