@@ -41,7 +41,7 @@ MAX_WINDOW_ROWS = 1 << 16  # rows a windowed sample may always reply, however fe
 # the ops a request may name besides 'ping', each served by the method '_<op>'
 OPS = (
     'push sample update count stats metadata state_dict load_state_dict save_data load_data clear model_version '
-    'baseline_sync exit put_blob get_blob shm_open'
+    'baseline_sync exit put_blob get_blob shm_open why_not_sample'
 ).split()
 
 
@@ -217,10 +217,15 @@ class ManagerCore:
             return None, False
         return self.buffer.log_rewards(), self.buffer.count() >= self.buffer.replay_buffer_size
 
-    def _sample(self, sender, size, kwargs=None) -> Any:
+    def _sample(self, sender, size, kwargs=None, poll=False) -> Any:
+        """``poll=True`` (a worker's ``sample(timeout=)`` asking again): None, without counting a refused sample,
+        while ``why_not_sample`` gives a reason -- a wait that ends in a batch or a timeout counts none, as a local
+        buffer's does."""
         self.counters['sample_requests'] += 1
         check_size(size)  # (the buffer's own rule: a numpy int too)
         size = int(size)
+        if type(poll) is not bool:
+            raise TypeError(f"sample 'poll' must be a bool, got {type(poll).__name__}")
         if kwargs is not None and not isinstance(kwargs, dict):
             raise TypeError(f"sample 'kwargs' must be a dict, got {type(kwargs).__name__}")
         kwargs = dict(kwargs or {})
@@ -237,14 +242,21 @@ class ManagerCore:
                 f"it takes {[k for k in takes if k in SAMPLE_KWARGS]}"
             )
         self._check_reply(size, kwargs)
-        if (
-            self.cfg.max_version_lag is not None
-            and 'cur_learner_iter' in takes
-            and kwargs.get('cur_learner_iter', -1) == -1
-            and self.model_version >= 0
-        ):
-            kwargs['cur_learner_iter'] = self.model_version
+        if 'cur_learner_iter' in takes:
+            kwargs['cur_learner_iter'] = self._learner_iter(kwargs.get('cur_learner_iter', -1))
+        if poll and self.buffer.why_not_sample(size, kwargs.get('cur_learner_iter', -1)):
+            return None
         return self.buffer.sample(size, **kwargs)
+
+    def _why_not_sample(self, sender, size, cur_learner_iter=-1) -> str:
+        check_size(size)
+        return self.buffer.why_not_sample(int(size), self._learner_iter(cur_learner_iter))
+
+    def _learner_iter(self, cur_learner_iter: Any) -> Any:
+        """With ``max_version_lag``, a sample that names no learner iteration is judged by the model version."""
+        if self.cfg.max_version_lag is not None and cur_learner_iter == -1 and self.model_version >= 0:
+            return self.model_version
+        return cur_learner_iter
 
     def _check_reply(self, size: int, kwargs: Dict[str, Any]) -> None:
         """Never more rows than the buffer holds (a reply is at most the size of the buffer itself): ``size`` items

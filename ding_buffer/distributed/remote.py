@@ -185,7 +185,9 @@ class RemoteBuffer(IBuffer):
 
         def attempt(left: float) -> Optional[Any]:
             try:
-                return self._request('sample', timeout=min(self._dcfg.timeout, left), size=size, kwargs=kwargs)
+                return self._request(
+                    'sample', timeout=min(self._dcfg.timeout, left), size=size, kwargs=kwargs, poll=True
+                )
             except ManagerTimeoutError as e:
                 # a poll bounded by this call's own deadline ran out: the sample timed out (a lost connection,
                 # or a poll bounded by distributed.timeout, is the manager being unavailable)
@@ -195,6 +197,23 @@ class RemoteBuffer(IBuffer):
                         f"manager did not answer the last poll in time)"
                     ) from e
                 raise
+
+        return poll_for_batch(attempt, size, timeout, 'remote buffer')
+
+    def why_not_sample(self, size: int, cur_learner_iter: int = -1, timeout: Optional[float] = None) -> str:
+        """Why ``sample(size, cur_learner_iter)`` would return None now, or '' when it would draw (the manager's
+        buffer's answer); ``timeout`` asks again until it is '' and raises ``SampleTimeoutError`` after it."""
+        timeout = check_wait_timeout(timeout)
+        if self._local is not None:
+            return self._local.why_not_sample(size, cur_learner_iter, timeout)
+        if timeout is None:
+            return self._request('why_not_sample', size=size, cur_learner_iter=cur_learner_iter)
+
+        def attempt(left: float) -> Optional[str]:
+            why = self._request(
+                'why_not_sample', timeout=min(self._dcfg.timeout, left), size=size, cur_learner_iter=cur_learner_iter
+            )
+            return None if why else why
 
         return poll_for_batch(attempt, size, timeout, 'remote buffer')
 

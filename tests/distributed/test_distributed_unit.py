@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 import torch
 from easydict import EasyDict
-from helpers import assert_same
+from helpers import assert_same, without
 from in_process import InProcessNet as _Net
 from in_process import in_process_job as _in_process_job
 
@@ -927,6 +927,31 @@ def test_remote_sample_timeout():
     assert 0.2 <= elapsed < OUTER  # waited its timeout (the outer bound only says it ended)
     assert ch.ops().count('sample') > 2  # re-asked; the manager never blocks
     assert all('timeout' not in r['args']['kwargs'] for r in ch.requests)
+
+
+def test_remote_sample_and_why_not_sample_count_refusals_as_a_local_buffer_does():
+    """A timed-out ``sample(timeout=)`` counts no refused sample however often it asked (a local buffer's counts
+    none), one that ends in a batch neither, a plain refused ``sample`` one; ``why_not_sample`` answers as the
+    manager's buffer does, waits with ``timeout`` and counts nothing."""
+    rb, core, ch = make_remote()
+    local = create_buffer(without(make_cfg(), 'distributed'))
+    for buf in (rb, local):
+        with pytest.raises(SampleTimeoutError):
+            buf.sample(2, timeout=0.2)
+        assert buf.why_not_sample(2) != ''
+        with pytest.raises(SampleTimeoutError):
+            buf.why_not_sample(2, timeout=0.1)
+        assert buf.stats()['refused_sample'] == 0
+        assert buf.sample(2) is None
+        assert buf.stats()['refused_sample'] == 1
+        buf.extend({'obs': torch.arange(6.0).reshape(3, 2)})
+        assert buf.why_not_sample(2) == '' and buf.why_not_sample(2, timeout=0.1) == ''
+        assert buf.sample(2, timeout=0.5)['obs'].shape == (2, 2)
+        assert buf.stats()['refused_sample'] == 1
+    assert rb.why_not_sample(2) == local.why_not_sample(2) and rb.why_not_sample(9) == local.why_not_sample(9)
+    assert ch.ops().count('sample') > 3  # (the timed-out sample re-asked: each poll was a sample request)
+    reply = core.handle(W, {'op': 'sample', 'id': 1, 'args': {'size': 1, 'poll': 1}})
+    assert reply['error'] == 'TypeError' and "'poll' must be a bool, got int" in reply['message']
 
 
 def test_remote_manager_exceptions_are_reraised():
