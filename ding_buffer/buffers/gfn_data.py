@@ -17,6 +17,7 @@ terminating state, its representation row (state flattened, condition concatenat
 """
 
 import functools
+import math
 from typing import Any, Dict, NamedTuple, Optional
 
 import numpy as np
@@ -36,7 +37,7 @@ class GFNBatch(NamedTuple):
 
 def check_log_reward(r: np.ndarray, key: str) -> None:
     """NaN and +inf are refused (-inf is a reward of 0 and fine)."""
-    if np.isfinite(r).all():  # the common case: one pass
+    if not len(r) or math.isfinite(r.max()):  # the common case, in one reduction: a NaN or +inf makes the max one
         return
     bad = np.flatnonzero(np.isnan(r) | (r == np.inf))
     if len(bad):

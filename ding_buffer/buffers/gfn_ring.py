@@ -3,6 +3,7 @@ preallocated tensor per per-item field, written in place at the items' slots (a 
 stored items; a sample gathers only the drawn items). ``container_store`` picks it, or the append-only
 ``ContainerStore`` for any other Container."""
 
+import functools
 from typing import Any, Callable, Dict, NamedTuple, Optional, Tuple
 
 import numpy as np
@@ -86,6 +87,7 @@ class ContainerRing(ContainerStoreBase):
         self.steps = 0  # Trajectories: time capacity (actions rows; states have one more)
         self.tidx: Optional[np.ndarray] = None  # Trajectories: terminating_idx per slot (trims reads)
         self.end = 0  # slots below have been written
+        self._views: Dict[str, Tuple[torch.Tensor, Optional[np.ndarray]]] = {}  # CPU fields' numpy views (_view)
 
     @staticmethod
     def accepts(data: Any) -> bool:
@@ -168,6 +170,8 @@ class ContainerRing(ContainerStoreBase):
         slots = np.ascontiguousarray(slots, dtype=np.int64)
         idx = torch.from_numpy(slots) if cpu else torch.from_numpy(slots).to(self.device)
         top = int(slots.max()) + 1 if self.end < self.physical else self.end  # a full ring keeps its size
+        lo = int(slots[0])
+        at = slice(lo, lo + m) if int(slots[-1]) - lo == m - 1 and (slots - lo).tobytes() == _run(m) else slots
         self._reserve(top)
         t = 0
         if self.tidx is not None:
@@ -190,7 +194,8 @@ class ContainerRing(ContainerStoreBase):
                 x = x.detach()  # (the ring never joins the caller's graph)
             if col.time < 0:
                 src = x if sel is None else x.index_select(0, sel)
-                _scatter(ring, idx, slots if cpu else None, src if src.dtype == ring.dtype else src.to(ring.dtype))
+                src = src if src.dtype == ring.dtype else src.to(ring.dtype)
+                _scatter(ring, idx, at, src, self._view(col.name, ring) if cpu else None)
                 continue
             # stored time-major ([step, slot, ...], as the container holds it): a sample gathers its items with
             # one index_select straight into the container's layout (item-major storage needed a second copy
@@ -201,6 +206,22 @@ class ContainerRing(ContainerStoreBase):
             if k < ring.shape[0]:
                 ring[k:, idx] = self.pads[col.name]
         self.end = max(self.end, top)
+
+    def __getstate__(self) -> Dict[str, Any]:
+        """A copy (``copy.deepcopy``, pickle) makes its own views: copied ones would not share its tensors' memory."""
+        return {**self.__dict__, '_views': {}}
+
+    def _view(self, name: str, ring: torch.Tensor) -> Optional[np.ndarray]:
+        """A numpy view of the CPU field ``ring`` (None where numpy lacks its dtype), made once per tensor: a field
+        replaced by a new tensor (grown, widened) gets a new view."""
+        v = self._views.get(name)
+        if v is None or v[0] is not ring:
+            try:
+                view = ring.numpy()
+            except (TypeError, RuntimeError):  # bfloat16 and other dtypes numpy lacks
+                view = None
+            v = self._views[name] = (ring, view)
+        return v[1]
 
     def _adopt(self, data: Any) -> None:
         """The first write fixes the class, env, direction and the fields' dtypes and item shapes."""
@@ -322,14 +343,22 @@ class ContainerRing(ContainerStoreBase):
             self._adopt(container)
 
 
-def _scatter(ring: torch.Tensor, idx: torch.Tensor, slots: Optional[np.ndarray], src: torch.Tensor) -> None:
-    """``ring[idx] = src`` on the item dimension; on the CPU through numpy views where numpy has the dtype (a
-    small scatter costs a third of ``index_copy_``'s dispatch there)."""
-    if slots is not None:
+@functools.lru_cache(maxsize=64)
+def _run(m: int) -> bytes:
+    """The int64 bytes of ``0, 1, ..., m - 1``: slots ``s`` are the run ``s[0], s[0] + 1, ...`` exactly when
+    ``(s - s[0]).tobytes()`` equals them (cheaper than numpy's ``all`` of a comparison)."""
+    return np.arange(m, dtype=np.int64).tobytes()
+
+
+def _scatter(ring: torch.Tensor, idx: torch.Tensor, at: Any, src: torch.Tensor, view: Any) -> None:
+    """``ring[idx] = src`` on the item dimension; through ``view``, ``ring``'s numpy view (None: none, e.g. not on
+    the CPU), where numpy has the dtype (a small scatter costs a third of ``index_copy_``'s dispatch there), at
+    ``at``: the slots ``idx`` as an array, or a slice when they are a run (a copy of half the cost)."""
+    if view is not None:
         try:
-            ring.numpy()[slots] = src.numpy()
+            view[at] = src.numpy()
             return
-        except (TypeError, RuntimeError):  # bfloat16 and other dtypes numpy lacks; a neg / conj bit
+        except (TypeError, RuntimeError):  # a neg / conj bit
             pass
     ring.index_copy_(0, idx, src)
 

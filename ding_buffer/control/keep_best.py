@@ -104,15 +104,14 @@ class RewardIndex:
 
     def _fifo_truncate(self, n: int, k: int) -> Tuple[np.ndarray, np.ndarray]:
         """FIFO: ``_truncate`` from insertion order, O(k): incoming items are newer than every stored one, so the
-        ``k`` oldest are the stored ones first (evicted slots in slot order, as ``_truncate`` returns them)."""
+        ``k`` oldest are the stored ones first (evicted slots oldest first: new items that take them in that order
+        keep the slots in insertion order, a ring, whose runs of slots are written as slices)."""
         gone = min(k, self.count)
         keep_new = None
         if k > gone:
             keep_new = np.ones(n, dtype=bool)
             keep_new[: k - gone] = False
-        out = self._oldest_live(gone)
-        out.sort()
-        return keep_new, out
+        return keep_new, self._oldest_live(gone)
 
     # ------------------------------------------------------------------ insertion order
     def _reset_order(self) -> None:
