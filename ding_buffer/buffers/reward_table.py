@@ -123,6 +123,8 @@ class RewardTable(Table):
         return np.empty(0, dtype=np.int64) if self.index is None else self.index.oldest(k)
 
     def collect_iter(self, slots: np.ndarray) -> np.ndarray:
+        if self._store is None:  # (before the first push: no slot is held, ``oldest`` names none)
+            return np.empty(0, dtype=np.int64)
         return self._store.collect_iter(slots)
 
     def drop(self, slots: np.ndarray) -> List[Any]:

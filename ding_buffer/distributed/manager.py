@@ -21,7 +21,8 @@ import logging
 import numbers
 from typing import Any, Callable, Dict, Optional
 
-from ..buffers.common import check_size
+from ..buffers.common import check_size, check_step
+from ..errors import SampleTimeoutError
 from .baseline import BaselineTracker
 from .batching import count_items, log_rewards_of
 from .blobs import BlobStore, check_stamp
@@ -218,9 +219,8 @@ class ManagerCore:
         return self.buffer.log_rewards(), self.buffer.count() >= self.buffer.replay_buffer_size
 
     def _sample(self, sender, size, kwargs=None, poll=False) -> Any:
-        """``poll=True`` (a worker's ``sample(timeout=)`` asking again): None, without counting a refused sample,
-        while ``why_not_sample`` gives a reason -- a wait that ends in a batch or a timeout counts none, as a local
-        buffer's does."""
+        """``poll=True`` (a worker's ``sample(timeout=)`` asking again): the buffer's ``sample(timeout=0)``, None
+        when it times out -- a wait that ends in a batch or a timeout counts no refused sample, as a local one's."""
         self.counters['sample_requests'] += 1
         check_size(size)  # (the buffer's own rule: a numpy int too)
         size = int(size)
@@ -244,8 +244,11 @@ class ManagerCore:
         self._check_reply(size, kwargs)
         if 'cur_learner_iter' in takes:
             kwargs['cur_learner_iter'] = self._learner_iter(kwargs.get('cur_learner_iter', -1))
-        if poll and self.buffer.why_not_sample(size, kwargs.get('cur_learner_iter', -1)):
-            return None
+        if poll:
+            try:
+                return self.buffer.sample(size, timeout=0, **kwargs)
+            except SampleTimeoutError:
+                return None
         return self.buffer.sample(size, **kwargs)
 
     def _why_not_sample(self, sender, size, cur_learner_iter=-1) -> str:
@@ -254,6 +257,7 @@ class ManagerCore:
 
     def _learner_iter(self, cur_learner_iter: Any) -> Any:
         """With ``max_version_lag``, a sample that names no learner iteration is judged by the model version."""
+        cur_learner_iter = check_step(cur_learner_iter, 'cur_learner_iter')  # (before comparing: -1.0 is no int)
         if self.cfg.max_version_lag is not None and cur_learner_iter == -1 and self.model_version >= 0:
             return self.model_version
         return cur_learner_iter

@@ -19,7 +19,7 @@ Neighbour: ``push_pipeline`` (``PushPipeline``: the pushes' stages and their del
 
 import time
 import weakref
-from typing import Any, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 from ..base import IBuffer
 from ..buffers.common import check_wait_timeout
@@ -182,12 +182,15 @@ class RemoteBuffer(IBuffer):
         kwargs['cur_learner_iter'] = cur_learner_iter
         if timeout is None:
             return self._request('sample', size=size, kwargs=kwargs)
+        return self._poll('sample', size, timeout, lambda batch: batch, kwargs=kwargs, poll=True)
+
+    def _poll(self, op: str, size: int, timeout: float, ready: Callable[[Any], Any], **args: Any) -> Any:
+        """Ask ``op`` again until ``ready(reply)`` is not None (then it is returned) or ``timeout`` seconds pass
+        (``SampleTimeoutError``)."""
 
         def attempt(left: float) -> Optional[Any]:
             try:
-                return self._request(
-                    'sample', timeout=min(self._dcfg.timeout, left), size=size, kwargs=kwargs, poll=True
-                )
+                return ready(self._request(op, timeout=min(self._dcfg.timeout, left), size=size, **args))
             except ManagerTimeoutError as e:
                 # a poll bounded by this call's own deadline ran out: the sample timed out (a lost connection,
                 # or a poll bounded by distributed.timeout, is the manager being unavailable)
@@ -208,14 +211,9 @@ class RemoteBuffer(IBuffer):
             return self._local.why_not_sample(size, cur_learner_iter, timeout)
         if timeout is None:
             return self._request('why_not_sample', size=size, cur_learner_iter=cur_learner_iter)
-
-        def attempt(left: float) -> Optional[str]:
-            why = self._request(
-                'why_not_sample', timeout=min(self._dcfg.timeout, left), size=size, cur_learner_iter=cur_learner_iter
-            )
-            return None if why else why
-
-        return poll_for_batch(attempt, size, timeout, 'remote buffer')
+        return self._poll(
+            'why_not_sample', size, timeout, lambda why: None if why else why, cur_learner_iter=cur_learner_iter
+        )
 
     def update(self, info: Dict[str, Any]) -> Optional[Dict[str, int]]:
         if self._local is not None:

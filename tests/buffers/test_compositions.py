@@ -1155,3 +1155,27 @@ def test_naive_periodic_thruput_seconds_drives_the_throughput_report():
         'demo_sec/removed': 2,
         'demo_sec/current_have': 4,
     }
+
+
+@REMOVER_REGISTRY.register('compositions_early')
+class EarlyRule(Remover):
+    """The ``Remover`` docstring's pattern: the stored elements collected before iteration 2 leave before a draw."""
+
+    name = 'early'
+
+    def before_sample(self, table, cur_learner_iter):
+        slots = table.oldest(table.count())
+        return slots[table.collect_iter(slots) < 2]
+
+
+@pytest.mark.parametrize('btype', ['naive', 'gfn', 'terminating_state'])
+def test_a_user_rule_asks_an_empty_buffer_for_its_elements(btype):
+    """Before the first push a table answers a rule's ``oldest`` / ``collect_iter`` with no elements (a GFlowNet
+    table, whose store is made by the first push, raised ``AttributeError``)."""
+    buf = create_buffer(dict(type=btype, seed=0, removers=[dict(type='compositions_early')]))
+    assert buf.sample(1) is None
+    batch = {'state': torch.zeros(3, 2), 'log_reward': torch.zeros(3), 'collect_iter': torch.tensor([0, 5, 7])}
+    buf.push(
+        batch if btype != 'naive' else [{'x': torch.tensor(i), 'collect_iter': int(c)} for i, c in enumerate([0, 5, 7])]
+    )
+    assert buf.sample(2) is not None and buf.count() == 2  # the element collected at 0 left before the draw

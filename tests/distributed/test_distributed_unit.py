@@ -34,7 +34,14 @@ from ding_buffer.distributed.codec import _TORCH_DTYPES, decode, encode
 from ding_buffer.distributed.config import resolve_callable
 from ding_buffer.distributed.factory import worker_buffer
 from ding_buffer.distributed.transport import ThreadedTransport
-from ding_buffer.errors import CodecError, ManagerUnavailableError, ProtocolError, SendTimeout, TransportError
+from ding_buffer.errors import (
+    CodecError,
+    ManagerTimeoutError,
+    ManagerUnavailableError,
+    ProtocolError,
+    SendTimeout,
+    TransportError,
+)
 
 NINF = float('-inf')
 W = 'worker-0'
@@ -952,6 +959,56 @@ def test_remote_sample_and_why_not_sample_count_refusals_as_a_local_buffer_does(
     assert ch.ops().count('sample') > 3  # (the timed-out sample re-asked: each poll was a sample request)
     reply = core.handle(W, {'op': 'sample', 'id': 1, 'args': {'size': 1, 'poll': 1}})
     assert reply['error'] == 'TypeError' and "'poll' must be a bool, got int" in reply['message']
+
+
+def test_remote_sample_with_timeout_judges_the_whole_request_as_the_manager_buffer_does():
+    """A worker's ``sample(n, timeout=t, **kwargs)`` asks the manager's buffer the whole request: ``replace=True``
+    and ``unroll_len`` draw at once where the buffer can; an argument the buffer refuses raises at once instead
+    of waiting out ``t``; a request that stays impossible (``sample_range``) times out counting no refused sample;
+    ``timeout=0`` draws when it can, as a local buffer does."""
+    rb, core, ch = make_remote('naive')
+    rb.extend({'obs': torch.arange(6.0).reshape(3, 2)})
+    assert rb.sample(8, replace=True, timeout=0.5)['obs'].shape == (8, 2)
+    assert rb.sample(2, timeout=0)['obs'].shape == (2, 2) and rb.why_not_sample(2, timeout=0) == ''
+    t0 = time.monotonic()
+    with pytest.raises(TypeError, match="^manager: replace must be a bool, got str 'yes'"):
+        rb.sample(9, timeout=5.0, replace='yes')
+    assert time.monotonic() - t0 < 4.0  # (it did not wait out its 5 s)
+    with pytest.raises(SampleTimeoutError):
+        rb.sample(2, sample_range=slice(0, 1), timeout=0.2)
+    assert rb.stats()['refused_sample'] == 0
+    cfg = EasyDict(type='episode', replay_buffer_size=16, seed=0, distributed=dict(backend='torch'))
+    buf, dcfg, key = build_manager_buffer(cfg)
+    ch = Loopback(ManagerCore(buf, dcfg, key))
+    rb = worker_buffer(get_buffer_cls(cfg), EasyDict(without(cfg, 'distributed')), dcfg, ch)
+    for e in range(2):
+        rb.push([[{'obs': torch.full((2,), float(10 * e + t)), 'done': t == 9} for t in range(10)]])  # one episode
+    assert rb.sample(5, unroll_len=2, timeout=0.5) is not None
+
+
+def test_remote_why_not_sample_timeout_on_a_silent_manager_is_a_sample_timeout():
+    rb, core, ch = make_remote('naive')
+
+    def silent(ticket, op, deadline=None):  # a busy or frozen manager: the poll's own deadline runs out
+        time.sleep(max(0.0, min(deadline - time.monotonic(), 1.0)))
+        raise ManagerTimeoutError(f'no reply to {op!r} in time')
+
+    ch.result = silent
+    for call in (rb.sample, rb.why_not_sample):
+        with pytest.raises(SampleTimeoutError, match='did not answer the last poll in time'):
+            call(4, timeout=0.2)
+
+
+def test_manager_checks_cur_learner_iter_before_the_version_lag_replaces_it():
+    core = make_core('naive', max_version_lag=2)
+    ok(core.handle(W, req('push', data=item(0))))
+    ok(core.handle(W, req('model_version', version=5)))
+    for op, args in (
+        ('why_not_sample', dict(cur_learner_iter=-1.0)),
+        ('sample', dict(kwargs={'cur_learner_iter': -1.0})),
+    ):
+        reply = core.handle(W, req(op, size=1, **args))
+        assert reply['error'] == 'TypeError' and 'cur_learner_iter must be an int, got float' in reply['message']
 
 
 def test_remote_manager_exceptions_are_reraised():
