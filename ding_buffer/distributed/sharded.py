@@ -34,12 +34,12 @@ routing position; ``load_state_dict`` is all or nothing (the shards loaded befor
 
 import copy
 import zlib
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
 
-from ..buffers.common import check_wait_timeout
+from ..buffers.common import check_step, check_wait_timeout
 from ..control.priority import as_priorities
 from ..errors import ManagerUnavailableError
 from .frames_wire import frames_spec_of
@@ -184,8 +184,7 @@ class ShardedBuffer:
         bad = sorted(kwargs)
         if bad:
             raise TypeError(f"a sharded sample takes cur_learner_iter, replace (naive, gfn) and timeout, not {bad}")
-        if not isinstance(size, (int, np.integer)) or isinstance(size, bool) or size <= 0:
-            raise ValueError(f"sample size must be an int > 0, got {size!r:.40}")
+        _check_size(size)
         if replace is not None and (self.prioritized or type(replace) not in (bool, np.bool_)):
             raise TypeError("replace is a bool, for the naive and gfn types (prioritized draws are with replacement)")
         replace = None if replace is None else bool(replace)  # (sent to the shards as a plain bool)
@@ -196,50 +195,23 @@ class ShardedBuffer:
             lambda left: self._sample_once(size, cur_learner_iter, replace), size, timeout, 'sharded buffer'
         )
 
+    def why_not_sample(self, size: int, cur_learner_iter: int = -1, timeout: Optional[float] = None) -> str:
+        """Why ``sample(size)`` would return None now, by the shards' counts and priority mass (one ``stats`` per
+        shard), or '' when it would draw -- a shard's own rule (staleness, use limits) may still refuse its part.
+        ``timeout`` asks again until it is '' and raises ``SampleTimeoutError`` after it."""
+        self._check_open()
+        _check_size(size)
+        check_step(cur_learner_iter, 'cur_learner_iter')
+        timeout = check_wait_timeout(timeout)
+        if timeout is None:
+            return self._plan(size, None, draw=False)[0]
+        ask = lambda left: None if self._plan(size, None, draw=False)[0] else ''  # noqa: E731
+        return poll_for_batch(ask, size, timeout, 'sharded buffer')
+
     def _sample_once(self, size: int, cur_learner_iter: int, replace: Optional[bool]) -> Optional[Any]:
-        stats = [self._call(k, 'stats') for k in range(self.num_shards)]
-        counts = np.array([int(s['count']) for s in stats], dtype=np.int64)
-        for k, s in enumerate(stats):  # a shard that reports nonsense is named, not fed to numpy
-            mass = s.get('priority_mass', 0.0)
-            if counts[k] < 0 or not (isinstance(mass, (int, float)) and 0 <= mass < float('inf')):
-                raise ValueError(
-                    f"shard {k} of {self.num_shards} reports count {counts[k]} and priority mass "
-                    f"{mass!r:.40}; expected a count >= 0 and a finite mass >= 0"
-                )
-        total = int(counts.sum())
-        if total == 0 or total < self.min_ratio * size:
+        why, stats, counts, draws, replace = self._plan(size, replace)
+        if why:
             return None
-        if self.prioritized:
-            mass = np.array([float(s['priority_mass']) for s in stats])
-            if not mass.sum() > 0:
-                return None
-            draws = self._rng.multinomial(size, mass / mass.sum())
-        elif self.softmax:
-            rep = self.gfn_replacement if replace is None else replace
-            if rep is False or (rep is None and size <= total):
-                raise ValueError(
-                    "a sharded gfn buffer with prioritized_sampling draws with replacement: pass "
-                    "replace=True or set sample_replacement=True (softmax sampling without replacement "
-                    "does not split into per-shard draws)"
-                )
-            lse = np.array([float(s.get('log_reward_logsumexp', float('-inf'))) for s in stats])
-            if not np.isfinite(lse).any():  # every reward is 0: the limit of equal rewards, uniform
-                draws = self._rng.multinomial(size, counts / total)
-            else:
-                w = np.exp(lse - lse[np.isfinite(lse)].max())
-                draws = self._rng.multinomial(size, w / w.sum())
-            replace = True
-        elif replace or (
-            self.kind == 'gfn'
-            and replace is None
-            and (self.gfn_replacement or (self.gfn_replacement is None and size > total))
-        ):
-            draws = self._rng.multinomial(size, counts / total)
-            replace = True
-        else:
-            if total < size:
-                return None
-            draws = self._rng.multivariate_hypergeometric(counts, size)
         parts = []
         for k in np.flatnonzero(draws):
             kw = dict(cur_learner_iter=cur_learner_iter)
@@ -261,6 +233,58 @@ class ShardedBuffer:
             self._reweight(out, min_leaf)
             self.beta = min(1.0, self.beta + (1.0 - self.beta0) / self.anneal_step) if self.anneal_step else self.beta
         return _take(out, self._rng.permutation(size))  # shuffled
+
+    def _plan(self, size: int, replace: Optional[bool], draw: bool = True) -> Tuple[str, Any, Any, Any, Any]:
+        """One ``stats`` per shard, then how many items each shard draws: ``(why, stats, counts, draws, replace)``,
+        ``why`` the reason no draw can be made ('' when one can; then ``draws`` per shard, drawn with the buffer's
+        RNG only when ``draw``)."""
+        stats = [self._call(k, 'stats') for k in range(self.num_shards)]
+        counts = np.array([int(s['count']) for s in stats], dtype=np.int64)
+        for k, s in enumerate(stats):  # a shard that reports nonsense is named, not fed to numpy
+            mass = s.get('priority_mass', 0.0)
+            if counts[k] < 0 or not (isinstance(mass, (int, float)) and 0 <= mass < float('inf')):
+                raise ValueError(
+                    f"shard {k} of {self.num_shards} reports count {counts[k]} and priority mass "
+                    f"{mass!r:.40}; expected a count >= 0 and a finite mass >= 0"
+                )
+        total = int(counts.sum())
+        if total == 0 or total < self.min_ratio * size:
+            why = f"the {self.num_shards} shards hold {total} items; sampling {size} needs {self.min_ratio * size:g}"
+            return why, stats, counts, None, replace
+        if self.prioritized:
+            mass = np.array([float(s['priority_mass']) for s in stats])
+            if not mass.sum() > 0:
+                return f"the shards' {total} items have a priority mass of 0", stats, counts, None, replace
+            draws = self._rng.multinomial(size, mass / mass.sum()) if draw else None
+        elif self.softmax:
+            rep = self.gfn_replacement if replace is None else replace
+            if rep is False or (rep is None and size <= total):
+                raise ValueError(
+                    "a sharded gfn buffer with prioritized_sampling draws with replacement: pass "
+                    "replace=True or set sample_replacement=True (softmax sampling without replacement "
+                    "does not split into per-shard draws)"
+                )
+            lse = np.array([float(s.get('log_reward_logsumexp', float('-inf'))) for s in stats])
+            if not np.isfinite(lse).any():  # every reward is 0: the limit of equal rewards, uniform
+                w = counts / total
+            else:
+                w = np.exp(lse - lse[np.isfinite(lse)].max())
+                w = w / w.sum()
+            draws = self._rng.multinomial(size, w) if draw else None
+            replace = True
+        elif replace or (
+            self.kind == 'gfn'
+            and replace is None
+            and (self.gfn_replacement or (self.gfn_replacement is None and size > total))
+        ):
+            draws = self._rng.multinomial(size, counts / total) if draw else None
+            replace = True
+        else:
+            if total < size:
+                why = f"the {self.num_shards} shards hold {total} items, fewer than {size} (drawn without replacement)"
+                return why, stats, counts, None, replace
+            draws = self._rng.multivariate_hypergeometric(counts, size) if draw else None
+        return '', stats, counts, draws, replace
 
     def _reweight(self, out: Any, min_leaf: float) -> None:
         """IS weights against the global smallest leaf: ``(p ** alpha / min_leaf) ** -beta`` (one buffer's rule)."""
@@ -426,6 +450,11 @@ def _take(batch: Any, idx: np.ndarray) -> Any:
     if isinstance(batch, dict):
         return {k: _take(v, idx) for k, v in batch.items()}
     return _rows(batch, idx)
+
+
+def _check_size(size: Any) -> None:
+    if not isinstance(size, (int, np.integer)) or isinstance(size, bool) or size <= 0:
+        raise ValueError(f"sample size must be an int > 0, got {size!r:.40}")
 
 
 def _concat(parts: List[Any]) -> Any:

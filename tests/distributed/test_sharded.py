@@ -13,7 +13,7 @@ import torch
 from helpers import assert_same
 from scipy import stats as sstats
 
-from ding_buffer import create_buffer
+from ding_buffer import SampleTimeoutError, create_buffer
 from ding_buffer.distributed.sharded import ShardedBuffer
 from ding_buffer.errors import ManagerUnavailableError
 
@@ -419,3 +419,24 @@ def test_sample_timeout_is_checked_before_anything_is_asked(bad):
     buf.push(item(0))
     with pytest.raises(ValueError, match='timeout must be None or a number of seconds'):
         buf.sample(1, timeout=bad)
+
+
+@pytest.mark.parametrize('kind', ['naive', 'advanced'])
+def test_why_not_sample_answers_as_sample_draws_and_moves_nothing(kind):
+    """``why_not_sample`` says why ``sample`` would return None (too few items across the shards; the priority mass
+    of a prioritized buffer) or '' when it draws; it draws nothing, so the next sample equals an untouched twin's;
+    ``timeout`` waits for '' and raises ``SampleTimeoutError`` after it."""
+    buf, _ = local_sharded(kind, k=3)
+    twin, _ = local_sharded(kind, k=3)
+    assert 'hold 0 items' in buf.why_not_sample(2)
+    with pytest.raises(SampleTimeoutError):
+        buf.why_not_sample(2, timeout=0.1)
+    for b in (buf, twin):
+        b.extend({'obs': torch.arange(12.0).reshape(12, 1), 'env': torch.arange(12)})
+    assert buf.why_not_sample(12) == '' and buf.why_not_sample(5, timeout=0.1) == ''
+    if kind == 'naive':
+        assert 'fewer than 13' in buf.why_not_sample(13) and buf.sample(13) is None
+    for _ in range(3):
+        assert torch.equal(buf.sample(5)['obs'], twin.sample(5)['obs'])  # the RNG did not move
+    with pytest.raises(ValueError, match='sample size must be an int > 0'):
+        buf.why_not_sample(0)
