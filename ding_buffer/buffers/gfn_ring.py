@@ -79,6 +79,7 @@ class ContainerRing(ContainerStoreBase):
         self.env: Any = None
         self.is_backward = False
         self.device: Optional[torch.device] = None
+        self.cpu = False  # the device is the CPU
         self.layout: Tuple[_Col, ...] = ()
         self.cols: Dict[str, Optional[torch.Tensor]] = {}  # None: a field dropped (or never pushed)
         self.pads: Dict[str, torch.Tensor] = {}
@@ -165,14 +166,16 @@ class ContainerRing(ContainerStoreBase):
         if rows is not None:
             rows = np.asarray(rows, dtype=np.int64)
         whole = rows is None or (m == batch.n and (m == 1 or bool((rows[1:] > rows[:-1]).all())))  # 0..n-1
-        cpu = self.device.type == 'cpu'
+        cpu = self.cpu
         sel = None if whole else torch.from_numpy(rows) if cpu else torch.from_numpy(rows).to(self.device)
         slots = np.ascontiguousarray(slots, dtype=np.int64)
-        idx = torch.from_numpy(slots) if cpu else torch.from_numpy(slots).to(self.device)
+        idx = None if cpu else torch.from_numpy(slots).to(self.device)
         top = int(slots.max()) + 1 if self.end < self.physical else self.end  # a full ring keeps its size
         lo = int(slots[0])
-        at = slice(lo, lo + m) if int(slots[-1]) - lo == m - 1 and (slots - lo).tobytes() == _run(m) else slots
-        self._reserve(top)
+        run = int(slots[-1]) - lo == m - 1 and (slots - lo).tobytes() == _run(m)
+        at = slice(lo, lo + m) if run else slots if cpu else idx  # (where a batch-major field's items go)
+        if top > self.size:
+            self._reserve(top)
         t = 0
         if self.tidx is not None:
             tid = data.terminating_idx.detach().cpu().numpy()
@@ -190,19 +193,21 @@ class ContainerRing(ContainerStoreBase):
                 continue
             if x.dtype != ring.dtype:
                 ring = self._widen(col.name, x.dtype)
+                if x.dtype != ring.dtype:
+                    x = x.to(ring.dtype)
             if x.requires_grad:
                 x = x.detach()  # (the ring never joins the caller's graph)
             if col.time < 0:
-                src = x if sel is None else x.index_select(0, sel)
-                src = src if src.dtype == ring.dtype else src.to(ring.dtype)
-                _scatter(ring, idx, at, src, self._view(col.name, ring) if cpu else None)
+                _scatter(
+                    ring, at, x if sel is None else x.index_select(0, sel), self._view(col.name, ring) if cpu else None
+                )
                 continue
             # stored time-major ([step, slot, ...], as the container holds it): a sample gathers its items with
             # one index_select straight into the container's layout (item-major storage needed a second copy
             # to transpose); a write scatters the same bytes either way
             k = min(t + col.time, x.shape[0])
-            src = x[:k] if sel is None else x[:k].index_select(1, sel)
-            ring[:k].index_copy_(1, idx, src if src.dtype == ring.dtype else src.to(ring.dtype))
+            idx = torch.from_numpy(slots) if idx is None else idx
+            ring[:k].index_copy_(1, idx, x[:k] if sel is None else x[:k].index_select(1, sel))
             if k < ring.shape[0]:
                 ring[k:, idx] = self.pads[col.name]
         self.end = max(self.end, top)
@@ -241,6 +246,7 @@ class ContainerRing(ContainerStoreBase):
                 self.cols[col.name] = None
                 continue
             self.device = x.device
+            self.cpu = x.device.type == 'cpu'
             if col.time < 0:
                 shape = (self.size,) + tuple(x.shape[1:])
             else:  # time-major: [step, slot, ...]
@@ -350,17 +356,20 @@ def _run(m: int) -> bytes:
     return np.arange(m, dtype=np.int64).tobytes()
 
 
-def _scatter(ring: torch.Tensor, idx: torch.Tensor, at: Any, src: torch.Tensor, view: Any) -> None:
-    """``ring[idx] = src`` on the item dimension; through ``view``, ``ring``'s numpy view (None: none, e.g. not on
-    the CPU), where numpy has the dtype (a small scatter costs a third of ``index_copy_``'s dispatch there), at
-    ``at``: the slots ``idx`` as an array, or a slice when they are a run (a copy of half the cost)."""
+def _scatter(ring: torch.Tensor, at: Any, src: torch.Tensor, view: Any) -> None:
+    """``ring[at] = src`` on the item dimension, ``at`` a slice (a run of slots: a copy of half a scatter's cost),
+    a numpy array of slots (CPU) or an index tensor on ``ring``'s device; through ``view``, ``ring``'s numpy view
+    (None: none), where numpy has the dtype (a small scatter costs a third of ``index_copy_``'s dispatch there)."""
     if view is not None:
         try:
             view[at] = src.numpy()
             return
         except (TypeError, RuntimeError):  # a neg / conj bit
             pass
-    ring.index_copy_(0, idx, src)
+    if isinstance(at, slice):
+        ring[at] = src
+    else:
+        ring.index_copy_(0, torch.from_numpy(at) if isinstance(at, np.ndarray) else at, src)
 
 
 # ---------------------------------------------------------------------------------------------------- choice
