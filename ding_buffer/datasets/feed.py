@@ -39,6 +39,12 @@ class Target:
     def of(cls, buffer: Any) -> 'Target':
         cfg = getattr(buffer, 'cfg', None) or {}
         name = cfg.get('type', type(buffer).__name__)
+        members = getattr(buffer, 'member_names', None)
+        if members is not None:  # a mixture: which member the file is for is the user's to say
+            raise ValueError(
+                f"buffer type {name!r} holds the member buffers {list(members)}; fill one of them, e.g. "
+                f"load_dataset(buffer.members[{members[0]!r}], path), or give that member a 'dataset' section"
+            )
         kind = buffer.capabilities()['item_kind']
         if kind not in TRANSITION_KINDS + EPISODE_KINDS:
             raise ValueError(

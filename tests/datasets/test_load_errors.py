@@ -315,3 +315,24 @@ def test_without_h5py_the_error_says_what_to_install(tmp_path, buffer, monkeypat
     monkeypatch.setitem(sys.modules, 'h5py', None)
     with pytest.raises(ImportError, match=r'pip install "ding_buffer\[datasets\]"'):
         load_dataset(buffer, path)
+
+
+def test_a_mixture_is_refused_naming_its_members_and_one_member_fills(tmp_path):
+    """A mixture holds several buffers: the file is for one of them, which the user names (it filled ``push_to``,
+    the online member, silently)."""
+    path = write_h5(tmp_path / 'd.hdf5', d4rl_arrays(np.random.default_rng(3), ends=(('t', 4),)))
+    mix = create_buffer(
+        dict(
+            type='mixture',
+            members=dict(
+                offline=dict(type='naive', storage=dict(type='tensor')),
+                online=dict(type='naive', storage=dict(type='tensor')),
+            ),
+        )
+    )
+    before = mix.state_dict()
+    with pytest.raises(ValueError, match=r"holds the member buffers \['offline', 'online'\]; fill one of them"):
+        load_dataset(mix, path, progress=False)
+    assert_same(mix.state_dict(), before)
+    assert load_dataset(mix.members['offline'], path, progress=False) == 4
+    assert mix.members['offline'].count() == 4 and mix.members['online'].count() == 0
