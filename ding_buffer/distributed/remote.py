@@ -17,6 +17,7 @@ Not thread-safe: use one RemoteBuffer per thread.
 Neighbour: ``push_pipeline`` (``PushPipeline``: the pushes' stages and their delivery bookkeeping).
 """
 
+import os
 import time
 import weakref
 from typing import Any, Callable, Dict, List, Optional
@@ -251,7 +252,7 @@ class RemoteBuffer(IBuffer):
         """Ask the manager to write its buffer to ``path``, relative to the manager's ``distributed.file_root``
         (refused with ``PermissionError`` when the manager sets none, or when the path leaves it). Returns the
         path written on the manager's machine."""
-        return self._request('save_data', path=path)
+        return self._request('save_data', path=os.fspath(path) if isinstance(path, os.PathLike) else path)
 
     def load_data(self, path: str, allow_pickle: bool = False) -> str:
         """Ask the manager to load ``path`` (relative to its ``distributed.file_root``). Whether a pickled file
@@ -264,7 +265,7 @@ class RemoteBuffer(IBuffer):
                 "so it is allowed only by the manager's own config (distributed.allow_pickle=True), "
                 "never by a request"
             )
-        return self._request('load_data', path=path)
+        return self._request('load_data', path=os.fspath(path) if isinstance(path, os.PathLike) else path)
 
     def set_model_version(self, version: int, session_id: Optional[str] = None) -> None:
         """Stamp later pushes with the model version (and session) that produced them."""

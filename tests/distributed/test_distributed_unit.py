@@ -1682,6 +1682,21 @@ def test_manager_file_requests_stay_inside_file_root(tmp_path):
         make_core(file_root=str(tmp_path / 'missing'))
 
 
+def test_remote_save_and_load_take_a_path_object_as_a_local_buffer_does(tmp_path):
+    """``save_data(pathlib.Path(...))`` / ``load_data`` on a worker: the path travels as its text (the codec
+    refused the object)."""
+    import pathlib
+
+    root = tmp_path / 'root'
+    root.mkdir()
+    rb, core, ch = make_remote(storage='tensor', file_root=str(root))
+    rb.extend({'obs': torch.arange(6.0).reshape(3, 2)})
+    assert rb.save_data(pathlib.Path('sub.buf')) == str(root / 'sub.buf')
+    rb.clear()
+    rb.load_data(pathlib.PurePosixPath('sub.buf'))
+    assert rb.count() == 3
+
+
 def test_load_data_never_unpickles_on_a_request(tmp_path):
     import pickle
 
