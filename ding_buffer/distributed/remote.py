@@ -22,6 +22,8 @@ import time
 import weakref
 from typing import Any, Callable, Dict, List, Optional
 
+import numpy as np
+
 from ..base import IBuffer
 from ..buffers.common import check_wait_timeout
 from ..buffers.reward_table import sample_size
@@ -219,6 +221,8 @@ class RemoteBuffer(IBuffer):
     def update(self, info: Dict[str, Any]) -> Optional[Dict[str, int]]:
         if self._local is not None:
             return self._local.update(info)
+        if isinstance(info, dict):  # numpy text arrays (list storage's string ids) travel as the lists they hold
+            info = {k: v.tolist() if isinstance(v, np.ndarray) and v.dtype.kind in 'US' else v for k, v in info.items()}
         return self._request('update', info=info)
 
     def clear(self) -> None:

@@ -1697,6 +1697,19 @@ def test_remote_save_and_load_take_a_path_object_as_a_local_buffer_does(tmp_path
     assert rb.count() == 3
 
 
+def test_remote_update_takes_list_storage_ids_as_a_numpy_text_array():
+    rb, core, ch = make_remote(storage='list')
+    rb.push([{'obs': torch.full((2,), float(i))} for i in range(3)])
+    s = rb.sample(2)
+    info = {
+        'replay_unique_id': np.array([x['replay_unique_id'] for x in s]),  # e.g. collected from a numpy pipeline
+        'replay_buffer_idx': np.array([x['replay_buffer_idx'] for x in s]),
+        'priority': np.array([5.0, 6.0]),
+    }
+    assert rb.update(info) == {'updated': 2, 'stale': 0}
+    assert info['replay_unique_id'].dtype.kind == 'U'  # (the caller's arrays are left as they were)
+
+
 def test_load_data_never_unpickles_on_a_request(tmp_path):
     import pickle
 
