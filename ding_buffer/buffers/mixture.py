@@ -197,6 +197,9 @@ def _join(parts: Sequence[Mapping], names: Sequence[str], prefix: str = '') -> D
     return out
 
 
+_NAMED_ERRORS = (ValueError, TypeError, FileNotFoundError, PermissionError, ImportError)
+
+
 class MemberLocks:
     """Several re-entrant locks as one (a mixture's members'): taken in order, released in reverse."""
 
@@ -287,12 +290,17 @@ class MixtureReplayBuffer(IBuffer):
         members: Dict[str, IBuffer] = {}
         try:
             for name in self._names:
-                members[name] = create_buffer(
-                    self._cfg.members[name],
-                    tb_logger=tb_logger,
-                    exp_name=exp_name,
-                    instance_name=f'{instance_name}_{name}',
-                )
+                try:
+                    members[name] = create_buffer(
+                        self._cfg.members[name],
+                        tb_logger=tb_logger,
+                        exp_name=exp_name,
+                        instance_name=f'{instance_name}_{name}',
+                    )
+                except Exception as e:  # a config key, its dataset file: named with the member
+                    if type(e) not in _NAMED_ERRORS:
+                        raise  # (another type may not take one message)
+                    raise type(e)(f"mixture member {name!r}: {e}") from e
                 kind = type(members[name]).capabilities()['item_kind']
                 if kind != 'transition':
                     kinds = kind[:-1] + 'ies' if kind.endswith('y') else kind + 's'

@@ -418,12 +418,22 @@ def test_members_keep_their_own_capacity_and_eviction():
             dict(members=dict(a=dict(type='naive'), b=dict(type='naive', storage=dict(type='tensor')))),
             'one storage kind',
         ),
-        (dict(members=dict(a=dict(type='naive', replay_buffer_size=-1))), "'replay_buffer_size'"),
+        (
+            dict(members=dict(a=dict(type='naive', replay_buffer_size=-1))),
+            "^mixture member 'a': .*'replay_buffer_size'",
+        ),
     ],
 )
 def test_bad_configs_are_refused_by_name(cfg, match):
     with pytest.raises(ValueError, match=match):
         create_buffer(dict(type='mixture', **cfg))
+
+
+def test_a_members_dataset_error_names_the_member(tmp_path):
+    missing = str(tmp_path / 'missing.hdf5')
+    members = dict(offline=dict(type='naive', dataset=dict(path=missing)), online=dict(type='naive'))
+    with pytest.raises(FileNotFoundError, match=f"^mixture member 'offline': no dataset file at '{missing}'"):
+        create_buffer(dict(type='mixture', members=members))
 
 
 @pytest.mark.parametrize('storage', ['list', 'tensor'])
