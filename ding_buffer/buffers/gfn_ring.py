@@ -171,9 +171,7 @@ class ContainerRing(ContainerStoreBase):
         slots = np.ascontiguousarray(slots, dtype=np.int64)
         idx = None if cpu else torch.from_numpy(slots).to(self.device)
         top = int(slots.max()) + 1 if self.end < self.physical else self.end  # a full ring keeps its size
-        lo = int(slots[0])
-        run = int(slots[-1]) - lo == m - 1 and (slots - lo).tobytes() == _run(m)
-        at = slice(lo, lo + m) if run else slots if cpu else idx  # (where a batch-major field's items go)
+        at = _at(slots, m) or (slots if cpu else idx)  # (where a batch-major field's items go)
         if top > self.size:
             self._reserve(top)
         t = 0
@@ -347,6 +345,12 @@ class ContainerRing(ContainerStoreBase):
             )
         else:
             self._adopt(container)
+
+
+def _at(slots: np.ndarray, m: int) -> Optional[slice]:
+    """The ``m`` slots as a slice when they are a run ``s[0], s[0] + 1, ...`` (else None)."""
+    lo = int(slots[0])
+    return slice(lo, lo + m) if int(slots[-1]) - lo == m - 1 and (slots - lo).tobytes() == _run(m) else None
 
 
 @functools.lru_cache(maxsize=64)

@@ -234,19 +234,24 @@ class ShardedBuffer:
             self.beta = min(1.0, self.beta + (1.0 - self.beta0) / self.anneal_step) if self.anneal_step else self.beta
         return _take(out, self._rng.permutation(size))  # shuffled
 
-    def _plan(self, size: int, replace: Optional[bool], draw: bool = True) -> Tuple[str, Any, Any, Any, Any]:
-        """One ``stats`` per shard, then how many items each shard draws: ``(why, stats, counts, draws, replace)``,
-        ``why`` the reason no draw can be made ('' when one can; then ``draws`` per shard, drawn with the buffer's
-        RNG only when ``draw``)."""
+    def _shard_stats(self) -> Tuple[List[Dict[str, Any]], np.ndarray]:
+        """Every shard's ``stats()`` and item count; a shard that reports nonsense is named, not fed to numpy."""
         stats = [self._call(k, 'stats') for k in range(self.num_shards)]
         counts = np.array([int(s['count']) for s in stats], dtype=np.int64)
-        for k, s in enumerate(stats):  # a shard that reports nonsense is named, not fed to numpy
+        for k, s in enumerate(stats):
             mass = s.get('priority_mass', 0.0)
             if counts[k] < 0 or not (isinstance(mass, (int, float)) and 0 <= mass < float('inf')):
                 raise ValueError(
                     f"shard {k} of {self.num_shards} reports count {counts[k]} and priority mass "
                     f"{mass!r:.40}; expected a count >= 0 and a finite mass >= 0"
                 )
+        return stats, counts
+
+    def _plan(self, size: int, replace: Optional[bool], draw: bool = True) -> Tuple[str, Any, Any, Any, Any]:
+        """One ``stats`` per shard, then how many items each shard draws: ``(why, stats, counts, draws, replace)``,
+        ``why`` the reason no draw can be made ('' when one can; then ``draws`` per shard, drawn with the buffer's
+        RNG only when ``draw``)."""
+        stats, counts = self._shard_stats()
         total = int(counts.sum())
         if total == 0 or total < self.min_ratio * size:
             why = f"the {self.num_shards} shards hold {total} items; sampling {size} needs {self.min_ratio * size:g}"
