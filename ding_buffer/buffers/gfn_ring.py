@@ -134,7 +134,8 @@ class ContainerRing(ContainerStoreBase):
 
     def _check(self, data: Any, n: int) -> None:
         """Everything a write could fail on, checked before anything changes: every field a tensor of ``n`` items
-        and, once a first push fixed them, the stored item shape and device."""
+        of a dtype torch can write by index and, once a first push fixed them, the stored item shape and device and
+        a dtype torch can promote the stored one with."""
         name = type(data).__name__
         for col in _LAYOUTS[name]:
             x = col.get(data)
@@ -153,6 +154,9 @@ class ContainerRing(ContainerStoreBase):
                     f"{name}.{col.name} holds items of shape {tuple(x.shape[b + 1 :])} on {x.device}; the stored "
                     f"ones are {tuple(ring.shape[b + 1 :])} on {ring.device}"
                 )
+            if ring is None or x.dtype != ring.dtype:  # (the stored dtype passed these checks when it came)
+                numpy_ok = col.time < 0 and x.device.type == 'cpu'  # (written through a numpy view)
+                _check_dtype(f"{name}.{col.name}", x.dtype, None if ring is None else ring.dtype, numpy_ok)
 
     def write(self, slots: np.ndarray, batch: GFNBatch, rows: Optional[np.ndarray]) -> None:
         """Items ``rows`` of the (prepared) batch (None: all of them) go to ``slots``: one ``index_copy_`` per field;
@@ -211,7 +215,7 @@ class ContainerRing(ContainerStoreBase):
         self.end = max(self.end, top)
 
     def __getstate__(self) -> Dict[str, Any]:
-        """A copy (``copy.deepcopy``, pickle) makes its own views: copied ones would not share its tensors' memory."""
+        """A copy (``copy.deepcopy``) makes its own views: copied ones would not share its tensors' memory."""
         return {**self.__dict__, '_views': {}}
 
     def _view(self, name: str, ring: torch.Tensor) -> Optional[np.ndarray]:
@@ -345,6 +349,37 @@ class ContainerRing(ContainerStoreBase):
             )
         else:
             self._adopt(container)
+
+
+def _check_dtype(field: str, dtype: torch.dtype, stored: Optional[torch.dtype], numpy_ok: bool) -> None:
+    """``dtype`` can be written (through numpy where ``numpy_ok`` and numpy has it, else by ``index_copy_``, which
+    torch lacks for e.g. float8 on the CPU) and, with a ``stored`` dtype, promoted with it (torch joins no uint16 /
+    uint32 / uint64 with a signed integer): else ``ValueError``, before the write could fail midway."""
+    wider = dtype
+    if stored is not None:
+        try:
+            wider = torch.promote_types(stored, dtype)
+        except RuntimeError as e:
+            raise ValueError(f"{field} has dtype {dtype}, the stored ones {stored}: torch cannot join them") from e
+    if not _writable(wider, numpy_ok):
+        raise ValueError(f"{field} would be stored as {wider}, which torch cannot write by index; convert it first")
+
+
+@functools.lru_cache(maxsize=None)
+def _writable(dtype: torch.dtype, numpy_ok: bool) -> bool:
+    """Whether a field of ``dtype`` can be written: numpy has it (``numpy_ok``), or torch's ``index_copy_`` takes
+    it on the CPU (tried once per dtype)."""
+    if numpy_ok:
+        try:
+            torch.zeros(1, dtype=dtype).numpy()
+            return True
+        except (TypeError, RuntimeError):
+            pass
+    try:
+        torch.zeros(2, dtype=dtype).index_copy_(0, torch.ones(1, dtype=torch.int64), torch.zeros(1, dtype=dtype))
+    except (RuntimeError, NotImplementedError, TypeError):
+        return False
+    return True
 
 
 def _at(slots: np.ndarray, m: int) -> Optional[slice]:

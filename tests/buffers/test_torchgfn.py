@@ -1267,3 +1267,32 @@ def test_clear_starts_counting_unique_states_again():
     assert buf.stats()['unique_terminating_states'] == 2
     buf.push(partial)
     assert buf.stats()['unique_terminating_states'] == -1
+
+
+def _states_of_dtype(env, lo, n, dtype):
+    states = env.States(((torch.arange(NDIM * n).reshape(n, NDIM) + lo) % HEIGHT).to(dtype))
+    rewards = torch.arange(n, dtype=torch.float32) + lo
+    return StatesContainer(env=env, states=states, is_terminating=torch.ones(n, dtype=torch.bool), log_rewards=rewards)
+
+
+@pytest.mark.parametrize('btype', ['gfn', 'gfn_diverse'])
+@pytest.mark.parametrize('cap', [3, 4])
+def test_a_push_whose_dtype_cannot_be_stored_is_refused_before_anything_changes(env, btype, cap):
+    """States torch cannot join with the stored ones (uint16 beside int64), or cannot write by index (float8), are
+    refused with a ValueError naming the field before any item is evicted -- into a full buffer (its new items
+    take the evicted slots) or one with room -- and the buffer keeps working."""
+    buf = create_buffer(dict(type=btype, replay_buffer_size=cap, seed=0))
+    with pytest.raises(ValueError, match=r'StatesContainer\.states would be stored as torch\.float8_e4m3fn'):
+        buf.push(_states_of_dtype(env, 0, 3, torch.float8_e4m3fn))
+    assert buf.count() == 0
+    buf.push(_states_of_dtype(env, 0, 3, torch.int64))
+    before = buf.state_dict()
+    with pytest.raises(
+        ValueError, match=r'StatesContainer\.states has dtype torch\.uint16, the stored ones torch\.int64'
+    ):
+        buf.push(_states_of_dtype(env, 10, 3, torch.uint16))
+    assert_same(buf.state_dict(), before)
+    assert buf.push(_states_of_dtype(env, 20, 3, torch.int64)) >= 1 and buf.count() == cap  # (diverse: filtered)
+    assert buf.stats()['unique_terminating_states'] == len(
+        {tuple(r) for r in buf.training_container.states.tensor.tolist()}
+    )
