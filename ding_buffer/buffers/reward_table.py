@@ -129,6 +129,9 @@ class RewardTable(Table):
 
     def drop(self, slots: np.ndarray) -> List[Any]:
         self.evict(slots)
+        if not self.index.count:  # emptied by a rule: the next push fixes the layout, as after clear() or a reload
+            self._store.clear()
+            self.states.clear()
         return []
 
     def release(self) -> None:

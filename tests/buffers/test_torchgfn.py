@@ -1296,3 +1296,21 @@ def test_a_push_whose_dtype_cannot_be_stored_is_refused_before_anything_changes(
     assert buf.stats()['unique_terminating_states'] == len(
         {tuple(r) for r in buf.training_container.states.tensor.tolist()}
     )
+
+
+def test_a_buffer_emptied_by_max_use_continues_as_its_reloaded_copy(tmp_path, env):
+    """Emptied by ``max_use``, a buffer takes the next push's layout, as its saved and reloaded copy (and a cleared
+    buffer) does: the two hold the same items of the same dtypes after the same pushes."""
+    cfg = dict(type='gfn', replay_buffer_size=4, max_use=1, seed=0)
+    a = create_buffer(cfg)
+    a.push(_states_of_dtype(env, 0, 2, torch.int64))
+    assert a.sample(2) is not None and a.count() == 0
+    a.save_data(str(tmp_path / 'drained.pt'))
+    b = create_buffer(cfg)
+    b.load_data(str(tmp_path / 'drained.pt'), env=env)
+    for buf in (a, b):
+        buf.push(_states_of_dtype(env, 10, 2, torch.int32))
+    ca, cb = a.training_container, b.training_container
+    assert ca.states.tensor.dtype == cb.states.tensor.dtype == torch.int32
+    assert torch.equal(ca.states.tensor, cb.states.tensor) and torch.equal(ca.log_rewards, cb.log_rewards)
+    assert a.stats()['unique_terminating_states'] == b.stats()['unique_terminating_states'] == 2
