@@ -716,10 +716,16 @@ class _NoUseBuffer(NaiveReplayBuffer):
     config['type'] = 'test_no_max_use'
 
 
-BUFFER_REGISTRY.register('test_no_max_use')(_NoUseBuffer)
+@pytest.fixture
+def no_max_use_type():
+    """A buffer type without ``max_use``, registered for one test (registered at import, it joined other modules'
+    tests that are parametrized over the registry when this module was collected first)."""
+    BUFFER_REGISTRY.register('test_no_max_use')(_NoUseBuffer)
+    yield 'test_no_max_use'
+    BUFFER_REGISTRY.pop('test_no_max_use', None)
 
 
-def test_manager_max_reuse_needs_max_use():
+def test_manager_max_reuse_needs_max_use(no_max_use_type):
     with pytest.raises(ValueError, match=r"distributed\.max_reuse"):
         build_manager_buffer(make_cfg('test_no_max_use', max_reuse=2))
 
@@ -1234,7 +1240,7 @@ def test_config_scoring_function_resolved_at_manager(spec, match):
         (dict(file_root='/nonexistent/dir_xyz'), ["'distributed.file_root'", "'/nonexistent/dir_xyz'", 'expected']),
     ],
 )
-def test_manager_side_checks_name_the_key_the_value_and_what_was_expected(dist, needles):
+def test_manager_side_checks_name_the_key_the_value_and_what_was_expected(dist, needles, no_max_use_type):
     from ding_buffer.distributed.config import build_distributed_config
     from ding_buffer.distributed.local import check_manager_side
 
