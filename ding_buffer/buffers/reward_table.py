@@ -216,16 +216,15 @@ class RewardTable(Table):
             m, r_chosen = len(chosen), r[chosen]
             rows = None if batch.rows is None else batch.rows[chosen]
             h = None if hashes is None else hashes[chosen]
-        if m and len(evict) == m and self._store.reuses_slots:  # a full buffer: the new items take the freed slots
+        full = m and len(evict) == m and self._store.reuses_slots  # a full buffer: the new items take the freed slots
+        if full:
             slots = evict
             self._forget(slots)
-            self._store.write(slots, batch, chosen)
-            index.replace(slots, r_chosen, seqs)
         else:
             self.evict(evict)
             slots = self.slots_for(m)
-            self._store.write(slots, batch, chosen)
-            index.store(slots, r_chosen, seqs)
+        self._store.write(slots, batch, chosen)
+        (index.replace if full else index.store)(slots, r_chosen, seqs)
         if batch.width is not None:
             states.add(slots, rows, h, batch.width)  # (rows None: read back from the store when counted)
         else:
