@@ -77,7 +77,7 @@ def create_distributed(cls: type, cfg: Any, *args, **kwargs) -> Any:
             transport = cls_t(workers, dcfg.allow_pickle, max_bytes, grace=dcfg.timeout)
             sub = cfg
             if len(managers) > 1:  # shard k of K: its requests carry shard k
-                sub = _shard_cfg(cfg, dcfg, managers.index(rank))
+                sub = _shard_cfg(cls, cfg, dcfg, managers.index(rank))
             buffer, mdcfg, key = build_manager_buffer(sub, *args, **kwargs)
             return ReplayBufferManager(buffer, transport, mdcfg, workers, key)
         from .channel import PeerChannel
@@ -132,12 +132,17 @@ def worker_buffer(cls: type, local_cfg: Any, dcfg: Any, channel: Any, *args, **k
     )
 
 
-def _shard_cfg(cfg: Any, dcfg: Any, k: int, **extra: Any) -> Any:
-    """The buffer config of shard ``k``: its requests carry shard ``k``, and its shutdown checkpoint is
-    ``checkpoint_path.shard<k>`` (the shards must not overwrite one file)."""
+def _shard_cfg(cls: type, cfg: Any, dcfg: Any, k: int, **extra: Any) -> Any:
+    """The buffer config of shard ``k``: its requests carry shard ``k``, its shutdown checkpoint is
+    ``checkpoint_path.shard<k>`` (the shards must not overwrite one file), and its minimum-size rule is the type's
+    default: the sharded client applies ``sample_min_limit_ratio`` to the shards' total, as one buffer would (a
+    shard judging its own part by it refused parts that one buffer of all the items draws)."""
     from .sharded import shard_path
 
     sub = copy.deepcopy(cfg)
+    least = cls.default_config().get('thruput_controller', {}).get('sample_min_limit_ratio')
+    if least is not None:
+        sub['thruput_controller'] = dict(sub.get('thruput_controller') or {}, sample_min_limit_ratio=least)
     section = dict(sub['distributed'], shard=k, **extra)
     if dcfg.checkpoint_path:
         section['checkpoint_path'] = shard_path(dcfg.checkpoint_path, k)
@@ -195,7 +200,7 @@ def _create_sharded(cls: type, cfg: Any, dcfg: Any, local_cfg: Any, *args, **kwa
     shards = []
     try:
         for k in range(dcfg.num_shards):
-            sub = _shard_cfg(cfg, dcfg, k, num_shards=1, actor_name=f"{dcfg.actor_name}-shard{k}")
+            sub = _shard_cfg(cls, cfg, dcfg, k, num_shards=1, actor_name=f"{dcfg.actor_name}-shard{k}")
             shards.append(create_distributed(cls, sub, *args, **kwargs))
     except BaseException:
         for shard in shards:

@@ -221,8 +221,9 @@ class RemoteBuffer(IBuffer):
     def update(self, info: Dict[str, Any]) -> Optional[Dict[str, int]]:
         if self._local is not None:
             return self._local.update(info)
-        if isinstance(info, dict):  # numpy text arrays (list storage's string ids) travel as the lists they hold
-            info = {k: v.tolist() if isinstance(v, np.ndarray) and v.dtype.kind in 'US' else v for k, v in info.items()}
+        if isinstance(info, dict):  # numpy text / object arrays (list storage's ids) travel as the lists they hold
+            lists = {k: v.tolist() for k, v in info.items() if isinstance(v, np.ndarray) and v.dtype.kind in 'USO'}
+            info = {**info, **lists}
         return self._request('update', info=info)
 
     def clear(self) -> None:

@@ -23,13 +23,15 @@ its total priority mass ``sum(p ** alpha)`` and smallest leaf. Then:
 
 The batch carries a ``shard`` column (int64; in list storage a ``'shard'`` key on copies of the items) and is
 shuffled, so it is not ordered by shard; ``update`` sends each row to the shard that owns it. This client applies
-the minimum-size rule (``sample_min_limit_ratio``) to the total count, as one buffer would; a prioritized shard owed
-more draws than it holds items answers in several calls (each the same draw law), since its own rule refuses more.
+the minimum-size rule (``sample_min_limit_ratio``) to the total count, as one buffer would (the managers of a sharded
+job keep their type's default rule); a shard owed more draws with replacement than it answers in one call -- its
+capacity, or for ``advanced`` the items it holds (its own rule) -- answers in several calls, each the same draw law.
 
 A shard that is gone makes the calls that need it raise ``ManagerUnavailableError`` naming the shard: pushes routed
 elsewhere and the other shards' ``stats`` keep working; a sample needs every shard's mass, so it fails.
 ``state_dict`` / ``save_data`` keep one state (file) per shard (``path.shard<k>``) plus this client's beta and
-routing position; ``load_state_dict`` is all or nothing (the shards loaded before a failing one are restored).
+routing position; ``load_state_dict`` and ``load_data`` are all or nothing (the shards loaded before a failing one
+are restored from copies of their states taken first).
 """
 
 import copy
@@ -40,7 +42,7 @@ import numpy as np
 import torch
 
 from ..buffers.common import check_step, check_wait_timeout
-from ..control.priority import as_priorities
+from ..control.priority import as_numpy, as_priorities, parse_update
 from ..errors import ManagerUnavailableError
 from .frames_wire import frames_spec_of
 from .sample_wait import poll_for_batch
@@ -108,6 +110,7 @@ class ShardedBuffer:
         self.prioritized = kind == 'advanced'
         self.softmax = kind == 'gfn' and bool(cfg.get('prioritized_sampling', False))
         self.gfn_replacement = cfg.get('sample_replacement') if kind == 'gfn' else None
+        self.capacity = int(cfg.get('replay_buffer_size') or 0)  # every shard's (a manager replies at most as many)
         self.alpha = float(cfg.get('alpha', 0.6))
         self.beta0 = float(cfg.get('beta', 0.4))
         self.anneal_step = int(cfg.get('anneal_step', 100_000) or 0)
@@ -218,9 +221,11 @@ class ShardedBuffer:
             if not self.prioritized:
                 kw['replace'] = bool(replace)
             left = int(draws[k])
-            # a prioritized shard samples at most its own count per call (its minimum-size rule): a shard owed more
-            # draws than it holds items (all with replacement) answers in several calls, each the same draw law
+            # with replacement a shard may be owed more than one call answers: at most its capacity (a manager's
+            # reply) and, prioritized, its own count (its minimum-size rule); several calls, each the same draw law
             step = max(1, int(counts[k])) if self.prioritized else left
+            if self.capacity > 0:
+                step = min(step, self.capacity)
             while left:
                 part = self._call(int(k), 'sample', min(step, left), **kw)
                 if part is None:  # the shard changed between its stats and its draw (a concurrent push / removal)
@@ -309,13 +314,25 @@ class ShardedBuffer:
                 "update of a sharded buffer needs the 'shard' column of the sampled batch (with "
                 "'replay_unique_id', 'replay_buffer_idx' and 'priority')"
             )
-        shard = np.asarray(torch.as_tensor(info['shard']).cpu(), dtype=np.int64).reshape(-1)
+        shard = np.asarray(as_numpy(info['shard'])).reshape(-1)
+        if len(shard) and shard.dtype.kind not in 'iu':
+            raise TypeError(f"'shard' must be ints (the sampled batch's column), got dtype {shard.dtype}")
+        shard = shard.astype(np.int64, copy=False)
         if shard.size and (shard.min() < 0 or shard.max() >= self.num_shards):
             raise ValueError(
                 f"'shard' holds {int(shard.min())}..{int(shard.max())}; there are {self.num_shards} shards"
             )
-        if info.get('priority') is not None:  # checked whole first: a bad entry in a later shard's rows changed the
-            as_priorities(info['priority'])  # shards before it (named by its place in this call, not in a shard's)
+        # checked whole first, as one buffer checks it: a bad row in a later shard's part changed the shards before
+        # it (errors name places in this call, not in a shard's part)
+        for key, value in info.items():
+            if isinstance(value, (torch.Tensor, np.ndarray, list, tuple)):  # (rows of one shard go to it)
+                n = len(value) if isinstance(value, (list, tuple)) or value.ndim else 'a scalar'
+                if n != len(shard):
+                    raise ValueError(f"update info lengths differ: shard {len(shard)}, {key} {n}")
+        if self.prioritized:
+            parse_update({k: v for k, v in info.items() if k != 'shard'}, '', self.capacity)
+        elif info.get('priority') is not None:
+            as_priorities(info['priority'])
         total = {'updated': 0, 'stale': 0}
         for k in np.unique(shard):
             idx = np.flatnonzero(shard == k)
@@ -370,17 +387,23 @@ class ShardedBuffer:
         beta, nxt = float(state['beta']), int(state['next'])
         if not 0 <= beta <= 1 or not 0 <= nxt < self.num_shards:
             raise ValueError(f"the state has beta {beta} / routing position {nxt} out of range")
-        before = [self._call(k, 'state_dict') for k in range(self.num_shards)]
-        done = 0
+        self._each_or_none('load_state_dict', [((sub,), {'deepcopy': deepcopy}) for sub in state['shards']])
+        self.beta, self._next, self._rng = beta, nxt, rng
+
+    def _each_or_none(self, name: str, calls: List[Tuple[tuple, dict]]) -> List[Any]:
+        """``name(*args, **kwargs)`` on every shard, all or nothing: the shards' states are copied first (over the
+        wire for remote shards, each within ``distributed.max_message_mb``), and a shard that refuses puts the
+        shards done before it back."""
+        before = [self._call(k, 'state_dict') for k in range(self.num_shards)] if self.num_shards > 1 else []
+        out: List[Any] = []
         try:
-            for k, sub in enumerate(state['shards']):
-                self._call(k, 'load_state_dict', sub, deepcopy=deepcopy)
-                done += 1
+            for k, (args, kwargs) in enumerate(calls):
+                out.append(self._call(k, name, *args, **kwargs))
         except BaseException:
-            for k in range(done):
+            for k in range(len(out)):
                 self._call(k, 'load_state_dict', before[k])
             raise
-        self.beta, self._next, self._rng = beta, nxt, rng
+        return out
 
     def save_data(self, path: str) -> List[Any]:
         """Each shard writes ``path.shard<k>`` (remote shards: inside their manager's ``file_root``); returns
@@ -388,10 +411,10 @@ class ShardedBuffer:
         return [self._call(k, 'save_data', shard_path(path, k)) for k in range(self.num_shards)]
 
     def load_data(self, path: str, allow_pickle: bool = False) -> List[Any]:
-        """Each shard loads ``path.shard<k>`` (a remote shard's manager decides on pickle itself)."""
-        return [
-            self._call(k, 'load_data', shard_path(path, k), allow_pickle=allow_pickle) for k in range(self.num_shards)
-        ]
+        """Each shard loads ``path.shard<k>`` (a remote shard's manager decides on pickle itself); all or nothing,
+        as ``load_state_dict``: a shard that refuses its file puts the shards loaded before it back."""
+        calls = [((shard_path(path, k),), {'allow_pickle': allow_pickle}) for k in range(self.num_shards)]
+        return self._each_or_none('load_data', calls)
 
     def update_model_version(self, version: int, session_id: Optional[str] = None) -> List[Any]:
         return [self._call(k, 'update_model_version', version, session_id) for k in range(self.num_shards)]

@@ -778,8 +778,8 @@ class RingPusher:
         if layout is None:
             return None
         fields, n = layout
-        if n == 0:
-            return 0
+        if n == 0:  # an empty batch: the wire's push judges it (refused, as a local buffer refuses it)
+            return None
         if w is None or w.fields != fields:
             if w is not None:
                 self.flaps = self.flaps + 1 if self.used < FLAP_PUSHES else 0

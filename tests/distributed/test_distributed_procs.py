@@ -97,7 +97,8 @@ def test_roundtrip_rows_reach_manager(launches, backend):
 @pytest.mark.parametrize('backend', BACKENDS)
 def test_two_sharded_managers_serve_two_workers_as_one_buffer(tmp_path, backend):
     """distributed.num_shards=2 under torchrun / mpirun with 4 ranks: ranks 2 and 3 each own one shard; each
-    worker's pushes alternate between them, its samples draw from both and its updates reach the owning shard."""
+    worker's pushes alternate between them, its samples draw from both and its updates reach the owning shard;
+    the minimum-size rule (sample_min_limit_ratio 2) judges the shards' total, as one buffer's would."""
     run = Launch('sharded', backend, tmp_path, nproc=4).wait()
     run.require_ok(ranks=(0, 1, 2, 3))
     all_tags = sorted(t for r in (0, 1) for s in range(5) for t in adv_tags(r, s))
@@ -112,6 +113,7 @@ def test_two_sharded_managers_serve_two_workers_as_one_buffer(tmp_path, backend)
         assert len(w['sample_tags']) == 16 and set(w['sample_tags']) <= set(all_tags) and w['sample_obs_ok']
         assert set(w['sample_shards']) <= {0, 1} and w['update'] == {'updated': 16, 'stale': 0}
         assert w['shard_counts'] == [24, 16] and w['closed'] is True
+    assert run.rank(0)['ratio_refusals'] == ['', 0]
 
 
 @pytest.mark.slow

@@ -2527,3 +2527,103 @@ def test_file_errors_of_the_manager_arrive_as_their_os_error(exc):
 
     with pytest.raises(exc, match='manager: .*boom'):
         result_of(error_reply(1, exc('boom')), 'save_data')
+
+
+def sharded_remote(type='advanced', size=64, **dist):
+    """Two in-process managers (``make_remote`` each) used as one ``ShardedBuffer``; also their cores."""
+    from ding_buffer.distributed.sharded import ShardedBuffer
+
+    shards, cores = zip(*[make_remote(type, size, **dist)[:2] for _ in range(2)])
+    local_cfg = without(make_cfg(type, size, **dist), 'distributed')
+    return ShardedBuffer(list(shards), local_cfg, seed=0), cores
+
+
+def states(cores):
+    return [c.buffer.state_dict() for c in cores]
+
+
+def test_a_sharded_update_refused_anywhere_changes_no_shard():
+    """A bad row in a later shard's part, a short column or a float ``shard`` column: refused as one buffer refuses
+    it, naming the key, before any shard changed."""
+    buf, cores = sharded_remote()
+    for i in range(6):
+        buf.extend({'obs': torch.full((2, 2), float(i))})
+    s = buf.sample(6)
+    order = torch.argsort(s['shard'], stable=True)  # shard 0's rows first, so the bad one is in shard 1's part
+    info = {k: s[k][order] for k in ('replay_unique_id', 'replay_buffer_idx', 'shard')}
+    assert set(info['shard'].tolist()) == {0, 1}
+    before = states(cores)
+    bad_idx = dict(info, replay_buffer_idx=info['replay_buffer_idx'].clone(), priority=torch.full((6,), 2.0))
+    bad_idx['replay_buffer_idx'][-1] = 999
+    with pytest.raises(ValueError, match=r"'replay_buffer_idx' must be in \[0, 64\), got .*999"):
+        buf.update(bad_idx)
+    with pytest.raises(ValueError, match='lengths differ: shard 6, priority 5'):
+        buf.update(dict(info, priority=torch.full((5,), 3.0)))
+    with pytest.raises(TypeError, match="'shard' must be ints"):
+        buf.update(dict(info, shard=info['shard'] + 0.4, priority=torch.full((6,), 3.0)))
+    assert_same(states(cores), before)
+    assert buf.update(dict(info, priority=torch.full((6,), 3.0))) == {'updated': 6, 'stale': 0}
+
+
+def test_a_sharded_load_data_that_a_shard_refuses_puts_the_others_back(tmp_path):
+    buf, cores = sharded_remote(file_root=str(tmp_path))
+    for i in range(6):
+        buf.extend({'obs': torch.full((2, 2), float(i))})
+    buf.save_data('ck')
+    for i in range(6, 8):
+        buf.extend({'obs': torch.full((2, 2), float(i))})
+    before = states(cores)
+    with open(tmp_path / 'ck.shard1', 'r+b') as f:  # shard 1's file truncated: shard 0 loads first
+        f.truncate(100)
+    with pytest.raises(ValueError, match='ck.shard1'):
+        buf.load_data('ck')
+    assert_same(states(cores), before)
+    assert [c.buffer.count() for c in cores] == [8, 8]
+
+
+def test_a_sharded_sample_with_replacement_larger_than_a_shards_capacity_draws():
+    """A manager replies at most its capacity: a shard owed more draws answers in several calls, so the sharded
+    buffer draws what one buffer of all the shards' capacity draws (and ``why_not_sample`` agrees)."""
+    buf, cores = sharded_remote('naive', size=16)
+    buf.extend({'obs': torch.arange(12.0).reshape(6, 2)})
+    buf.extend({'obs': torch.arange(12.0, 24.0).reshape(6, 2)})
+    for size in (28, 32):
+        out = buf.sample(size, replace=True)
+        assert out['obs'].shape == (size, 2) and set(out['shard'].tolist()) == {0, 1}
+        assert set(out['obs'][:, 0].tolist()) <= set(range(0, 24, 2))
+    gfn, cores = sharded_remote('gfn', size=16)  # gfn draws with replacement when asked for more than it holds
+    gfn.extend(gfn_batch([float(i) for i in range(6)]))
+    gfn.extend(gfn_batch([float(i) for i in range(6, 12)]))
+    assert gfn.why_not_sample(28) == ''
+    assert len(gfn.sample(28)['log_reward']) == 28 and len(gfn.sample(32)['log_reward']) == 32
+
+
+def test_remote_why_not_sample_refuses_what_remote_sample_refuses():
+    """A size beyond the manager's capacity: ``sample`` refuses it, so ``why_not_sample`` does not say it would
+    draw -- it raises the same error."""
+    rb, core, ch = make_remote('gfn', size=16)
+    rb.push(gfn_batch([0.0, 1.0, 2.0]))
+    msgs = []
+    for call in (lambda: rb.sample(17), lambda: rb.why_not_sample(17), lambda: rb.why_not_sample(17, timeout=1.0)):
+        with pytest.raises(ValueError, match='at most 16') as e:
+            call()
+        msgs.append(str(e.value))
+    assert len(set(msgs)) == 1 and rb.why_not_sample(16) == ''
+
+
+def test_remote_update_takes_object_arrays_of_ids_as_a_local_buffer_does():
+    """List storage's string ids in a numpy object array (what ``np.array`` of a sample's ids gives)."""
+    rb, core, ch = make_remote('advanced', storage='list')
+    local = create_buffer(without(make_cfg('advanced', storage='list'), 'distributed'))
+    results = []
+    for buf in (rb, local):
+        for i in range(4):
+            buf.push({'obs': torch.tensor([float(i)])})
+        s = buf.sample(2)
+        info = {
+            'replay_unique_id': np.array([x['replay_unique_id'] for x in s], dtype=object),
+            'replay_buffer_idx': np.array([x['replay_buffer_idx'] for x in s]),
+            'priority': np.array([5.0, 6.0]),
+        }
+        results.append(buf.update(info))
+    assert results[0] == results[1] == {'updated': 2, 'stale': 0}

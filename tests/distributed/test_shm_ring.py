@@ -121,6 +121,18 @@ def test_a_batched_push_and_a_new_layout_take_a_new_ring_and_keep_the_order():
     job.close()
 
 
+def test_an_empty_batch_goes_to_the_wire_which_refuses_it():
+    """A batch of 0 rows is not stored quietly as 0: the wire's push judges it (ValueError, as a local buffer's)."""
+    job = Job('tensor')
+    job.pusher.push(step(0), False)
+    empty = {'obs': torch.zeros(0, 3), 'tag': torch.zeros(0, dtype=torch.int64), 'done': torch.zeros(0, dtype=bool)}
+    assert job.pusher.push(empty, True) is None
+    with pytest.raises(ValueError, match='batch of size 0'):
+        job.request('push', data=empty, batched=True)
+    assert job.pusher.push(step(1), False) == 1 and job.request('count') == 2
+    job.close()
+
+
 def test_rows_wrap_around_a_small_ring_and_a_full_ring_waits_then_times_out():
     job = Job('tensor', ring_mb=32 * 10 / (1 << 20), timeout=0.5)  # room for 10 rows of 32 bytes
     for i in range(35):  # committed every 7: the slots wrap around

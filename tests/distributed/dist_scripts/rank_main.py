@@ -148,6 +148,7 @@ def config():
         d.update(timeout=10.0, heartbeat_seconds=0.5, peer_timeout=3.0, lost_grace=0.0)
     elif SCENARIO == 'sharded':  # 4 ranks: workers 0 and 1, managers 2 (shard 0) and 3 (shard 1)
         cfg = dict(type='advanced', replay_buffer_size=1000, seed=RANK, storage=dict(type='tensor'))
+        cfg['thruput_controller'] = dict(sample_min_limit_ratio=2.0)  # of the total (the client's), not a shard's
         d.update(num_shards=2)
     elif SCENARIO == 'chunk':
         cfg = dict(type='chunk', fragments_per_chunk=2, max_reuse=1, max_staleness=0, seed=0)
@@ -396,6 +397,8 @@ def worker_sharded(buf):
     RESULT['shard_counts'] = [st['shard0/count'], st['shard1/count']]
     flag(f'sampled_{RANK}')
     wait_flag(f'sampled_{1 - RANK}', 60)  # neither closes (ends its managers' wait) before both sampled
+    if RANK == 0:  # 40 items: sample_min_limit_ratio 2 lets one buffer of them draw 20, whatever each shard holds
+        RESULT['ratio_refusals'] = [buf.why_not_sample(20), sum(buf.sample(20) is None for _ in range(20))]
     buf.close()
     RESULT['closed'] = True
 
