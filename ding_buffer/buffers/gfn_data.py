@@ -335,10 +335,13 @@ def rebuild_container(state: Dict[str, Any], n: int, env: Any) -> Any:
             )
         from tensordict import TensorDict
 
-        try:
+        try:  # (torchgfn checks its tensors with assert: a bare AssertionError, or nothing under python -O)
             container = cls.from_tensordict(env, TensorDict(state['tensors']))
-        except (RuntimeError, ValueError, TypeError, KeyError, IndexError) as e:
-            raise ValueError(f"saved {cls.__name__} does not fit env {type(env).__name__}: {e}") from e
+        except (RuntimeError, ValueError, TypeError, KeyError, IndexError, AssertionError) as e:
+            raise ValueError(f"saved {cls.__name__} does not fit env {type(env).__name__}: {e!r}") from e
+        r = getattr(container, 'log_rewards', None)
+        if isinstance(r, torch.Tensor) and r.shape[:1] != (len(container),):
+            raise ValueError(f"saved {cls.__name__} has {tuple(r.shape)} log_rewards for {len(container)} items")
         _check_env_shape(container, env)
     else:
         raise ValueError(f"unknown saved container format {fmt!r}")

@@ -183,7 +183,7 @@ def _fill_state_set(t, state: Dict[str, Any], store: Any, states: Any, slots: np
     """Set the new state set ``states`` as saved: off, on and empty, or counting the ``n`` restored items' states
     (recomputed from ``store`` at ``slots``)."""
     track = state.get('track_states')
-    if track not in (None, True, False):
+    if track is not None and type(track) is not bool:  # (np.False_ == False, but the branches below test identity)
         raise ValueError(f"saved 'track_states' must be None or a bool, got {track!r}")
     if track is None and n:
         raise ValueError("saved 'track_states' is None, but a buffer holding items has counted states or not")

@@ -130,6 +130,7 @@ class RewardTable(Table):
     def drop(self, slots: np.ndarray) -> List[Any]:
         self.evict(slots)
         if not self.index.count:  # emptied by a rule: the next push fixes the layout, as after clear() or a reload
+            self.index.clear()  # (the append position too: the cleared store appends from slot 0 again)
             self._store.clear()
             self.states.clear()
         return []

@@ -234,11 +234,13 @@ class StateSet:
         return self._buckets
 
     def clear(self) -> None:
-        """No item stored: counting starts again with the next push (a buffer that held items without a single
-        terminating state counts those of its next pushes)."""
+        """No item stored: counting starts again with the next push, which fixes the states' width as a new set's
+        first push does (a buffer that held items without a single terminating state counts those of its next
+        pushes)."""
         self.present[:] = False
         self.unhashed[:] = False
         self._unique = 0
+        self.dim = self.rows = self.pivots = self.pdist = self.sqnorm = None
         if self._buckets is not None:
             self._buckets = {}
         if self.enabled is False:

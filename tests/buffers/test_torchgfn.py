@@ -1314,3 +1314,88 @@ def test_a_buffer_emptied_by_max_use_continues_as_its_reloaded_copy(tmp_path, en
     assert ca.states.tensor.dtype == cb.states.tensor.dtype == torch.int32
     assert torch.equal(ca.states.tensor, cb.states.tensor) and torch.equal(ca.log_rewards, cb.log_rewards)
     assert a.stats()['unique_terminating_states'] == b.stats()['unique_terminating_states'] == 2
+
+
+class _Box:
+    """A minimal Container of the user's (not one of torchgfn's tensor-state classes): ids and log-rewards."""
+
+    def __init__(self, ids, lr):
+        self.ids, self._lr = ids, lr
+
+    def __len__(self):
+        return len(self.ids)
+
+    def __getitem__(self, i):
+        return _Box(self.ids[i].clone(), self._lr[i].clone())
+
+    def extend(self, other):
+        self.ids, self._lr = torch.cat([self.ids, other.ids]), torch.cat([self._lr, other._lr])
+
+    log_rewards = property(lambda self: self._lr)
+    terminating_states = property(lambda self: self.ids[:, None].float())
+
+
+def test_a_buffer_of_user_containers_emptied_by_max_use_takes_the_next_push():
+    """Emptied by ``max_use``, a buffer of containers that are not torchgfn's appends from the start again, as a
+    cleared one does: the next pushes are stored and sampled (the append position had kept its old value)."""
+    buf = create_buffer(dict(type='gfn', replay_buffer_size=4, max_use=1, seed=0))
+    buf.push(_Box(torch.tensor([0, 1]), torch.zeros(2)))
+    assert buf.sample(2) is not None and buf.count() == 0
+    for k in range(3):
+        assert buf.push(_Box(torch.tensor([10 * k, 10 * k + 1]), torch.full((2,), float(k)))) == 2
+    assert buf.count() == 4 and sorted(buf.training_container.ids.tolist()) == [10, 11, 20, 21]
+    assert sorted(buf.sample(4, replace=False).ids.tolist()) == [10, 11, 20, 21]
+
+
+@pytest.mark.parametrize('how', ['clear', 'max_use', 'untracked'])
+def test_a_buffer_and_its_reloaded_copy_take_the_same_next_push(env, how):
+    """Cleared, emptied by ``max_use``, or no longer counting unique states (a non-terminating row came): the
+    buffer and its own reloaded copy accept the same next push -- the width of the states it counted is not kept
+    where the saved state does not keep it."""
+
+    def sc(cond, term=(1, 1)):
+        states = env.States(torch.tensor([[1, 2], [3, 4]]), conditions=cond)
+        return StatesContainer(
+            env=env, states=states, is_terminating=torch.tensor(term, dtype=torch.bool), log_rewards=torch.zeros(2)
+        )
+
+    a = create_buffer(dict(type='gfn', replay_buffer_size=8, seed=0, **({'max_use': 1} if how == 'max_use' else {})))
+    if how == 'untracked':
+        a.push(sc(None))
+        a.push(sc(None, (1, 0)))
+    else:
+        a.push(sc(torch.zeros(2, 1)))  # conditional states: one more value per item
+        a.clear() if how == 'clear' else a.sample(2)
+    b = create_buffer(dict(type='gfn', replay_buffer_size=8, seed=0))
+    b.load_state_dict(a.state_dict(), env=env)
+    nxt = sc(torch.zeros(2, 1)) if how == 'untracked' else sc(None)
+    assert a.push(nxt) == b.push(nxt) == 2
+    assert_same(a.state_dict()['index'], b.state_dict()['index'])
+
+
+def test_a_saved_track_states_that_is_no_bool_is_refused_at_load():
+    a = create_buffer(dict(type='gfn_diverse', replay_buffer_size=4, seed=0))
+    a.push({'state': torch.arange(8.0).reshape(4, 2), 'log_reward': torch.arange(4.0)})
+    st = a.state_dict()
+    b = create_buffer(dict(type='gfn_diverse', replay_buffer_size=4, seed=0))
+    before = b.state_dict()
+    for bad in (np.False_, 0, 1.0):
+        with pytest.raises(ValueError, match="'track_states' must be None or a bool"):
+            b.load_state_dict(dict(st, track_states=bad))
+    assert_same(b.state_dict(), before)
+
+
+def test_a_saved_container_with_inconsistent_tensors_is_refused_with_a_value_error(tmp_path, env):
+    """A well-formed file whose container tensors disagree (3 items, 2 log-rewards): ``ValueError``, as for any
+    mismatched file, and the buffer is unchanged (torchgfn's own check is a bare assert)."""
+    a = create_buffer(dict(type='gfn', replay_buffer_size=8, seed=0))
+    a.push(_states_of_dtype(env, 0, 3, torch.int64))
+    st = a.state_dict()
+    tensors = st['store']['tensors']
+    tensors['log_rewards'] = tensors['log_rewards'][:2]
+    b = create_buffer(dict(type='gfn', replay_buffer_size=8, seed=0))
+    b.push(_states_of_dtype(env, 5, 2, torch.int64))
+    before = b.state_dict()
+    with pytest.raises(ValueError, match='StatesContainer'):
+        b.load_state_dict(st, env=env)
+    assert_same(b.state_dict(), before)
