@@ -253,7 +253,8 @@ class ManagerCore:
 
     def _why_not_sample(self, sender, size, cur_learner_iter=-1) -> str:
         check_size(size)
-        self._check_reply(int(size), {})  # what ``sample`` of that size would refuse, it refuses too
+        if 'unroll_len' not in self.buffer.sample_kwargs:  # (windows: the sample's own unroll_len bounds it)
+            self._check_reply(int(size), {})  # what ``sample`` of that size refuses, it refuses too
         return self.buffer.why_not_sample(int(size), self._learner_iter(cur_learner_iter))
 
     def _learner_iter(self, cur_learner_iter: Any) -> Any:

@@ -2609,6 +2609,16 @@ def test_remote_why_not_sample_refuses_what_remote_sample_refuses():
             call()
         msgs.append(str(e.value))
     assert len(set(msgs)) == 1 and rb.why_not_sample(16) == ''
+    # windows: a sample's own unroll_len bounds it (more windows than episodes), so the size alone is no refusal
+    cfg = EasyDict(type='episode', replay_buffer_size=2, seed=0, distributed=dict(backend='torch'))
+    buf, dcfg, key = build_manager_buffer(cfg)
+    rb = worker_buffer(
+        get_buffer_cls(cfg), EasyDict(without(cfg, 'distributed')), dcfg, Loopback(ManagerCore(buf, dcfg, key))
+    )
+    for e in range(2):
+        rb.push([[{'obs': torch.full((2,), float(10 * e + t)), 'done': t == 9} for t in range(10)]])
+    assert rb.why_not_sample(5) == buf.why_not_sample(5) != ''  # the buffer's own answer, not a refused size
+    assert rb.sample(5, unroll_len=2) is not None
 
 
 def test_remote_update_takes_object_arrays_of_ids_as_a_local_buffer_does():
