@@ -113,8 +113,14 @@ def pnorm_distances(a: np.ndarray, b: np.ndarray, p: float) -> np.ndarray:
     diff = np.abs(a[:, None, :] - b[None, :, :])
     if np.isinf(p):
         return diff.max(axis=2) if diff.shape[2] else np.zeros(diff.shape[:2])
-    with np.errstate(over='ignore'):  # huge states at a large p: inf (see _lb_cut)
-        return (diff**p).sum(axis=2) ** (1.0 / p)
+    if p in (1.0, 2.0) or not diff.shape[2]:
+        with np.errstate(over='ignore'):  # huge states: inf (see _lb_cut)
+            return (diff**p).sum(axis=2) ** (1.0 / p)
+    # in units of each pair's largest difference: |d| ** p would overflow (or underflow) at a large p
+    top = diff.max(axis=2)
+    unit = np.where(top > 0, top, 1.0)
+    with np.errstate(over='ignore', under='ignore'):
+        return top * ((diff / unit[..., None]) ** p).sum(axis=2) ** (1.0 / p)
 
 
 def choose_pivots(rows: np.ndarray, p: float, k: int = N_PIVOTS) -> np.ndarray:
@@ -126,6 +132,14 @@ def choose_pivots(rows: np.ndarray, p: float, k: int = N_PIVOTS) -> np.ndarray:
         pivots.append(rows[far].copy())
         dmin = np.minimum(dmin, pnorm_distances(rows, rows[far][None], p)[:, 0])
     return np.stack(pivots)
+
+
+def _normal(cutoff: float, p: float) -> bool:
+    """Whether ``cutoff ** p`` is a normal float64 (neither overflows nor underflows)."""
+    try:
+        return float(np.finfo(np.float64).tiny) <= cutoff**p < float('inf')
+    except OverflowError:
+        return False
 
 
 def _exit_sum(cutoff: float, p: float) -> float:
@@ -225,6 +239,15 @@ def far_mask(
     if len(queries) == 0:
         return np.ones(0, dtype=bool)
     p, cutoff = float(p), float(cutoff)
+    if p not in (1.0, 2.0) and not np.isinf(p) and cutoff > 0 and not _normal(cutoff, p):
+        # cutoff ** p overflows or underflows (p in the hundreds): decide in units of the cutoff, where it is 1 --
+        # distances scale with the rows, and the partial sums of close pairs stay in range
+        unit = 1.0 / cutoff
+        queries = queries * unit
+        refs = None if refs is None else np.asarray(refs, dtype=np.float64) * unit
+        q_pivot = None if q_pivot is None else q_pivot * unit
+        ref_pivot = None if ref_pivot is None else ref_pivot * unit
+        cutoff = 1.0
     if not ready():  # no numba, or its kernels still loading: numpy gives the same mask
         return _far_numpy(queries, queries if triangular else refs, ref_slots, cutoff, p, triangular)
     out = np.empty(len(queries), dtype=np.bool_)

@@ -86,3 +86,37 @@ def test_pivot_pruning_keeps_rows_whose_pivot_distances_overflow_in_reach(p, sca
     want = diversity._far_numpy(q, refs, np.arange(len(refs)), 0.5, p, False)
     assert got[:2].tolist() == [False, False]  # the duplicates are in reach
     np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize('compiled', [False, True])
+@pytest.mark.parametrize('p, unit, cutoff', [(1000, 1.0, 3.5), (700, 1.0, 2.5), (1000, 0.125, 0.3125)])
+def test_far_mask_at_a_huge_p_agrees_with_exact_arithmetic(compiled, monkeypatch, p, unit, cutoff):
+    """At p in the hundreds ``|d| ** p`` and ``cutoff ** p`` overflow (or underflow) float64: a close pair summed to
+    inf counted as far. Decided in units of the cutoff, the mask is the exact one (rational arithmetic)."""
+    from fractions import Fraction
+
+    from ding_buffer import _numba
+
+    if compiled:
+        _numba.load()
+    else:
+        monkeypatch.setattr(diversity, 'ready', lambda: False)
+    rng = np.random.default_rng(5)
+    q = rng.integers(0, 20, size=(30, 2)) * unit
+    refs = rng.integers(0, 20, size=(8, 2)) * unit
+    c = Fraction(cutoff) ** p
+
+    def far(a, b):  # sum |a - b| ** p > cutoff ** p, exactly
+        return sum(abs(Fraction(x) - Fraction(y)) ** p for x, y in zip(a, b)) > c
+
+    want = np.array([all(far(x, y) for y in refs) for x in q])
+    want_tri = np.array([all(far(q[i], q[j]) for j in range(i)) for i in range(len(q))])
+    pivots = diversity.choose_pivots(refs, float(p))
+    qp, rp = diversity.pnorm_distances(q, pivots, float(p)), diversity.pnorm_distances(refs, pivots, float(p))
+    assert np.isfinite(qp).all() and np.isfinite(rp).all()
+    np.testing.assert_array_equal(diversity.far_mask(q, refs, None, cutoff, float(p)), want)
+    np.testing.assert_array_equal(diversity.far_mask(q, refs, None, cutoff, float(p), q_pivot=qp, ref_pivot=rp), want)
+    np.testing.assert_array_equal(
+        diversity.far_mask(q, q, None, cutoff, float(p), triangular=True, q_pivot=qp), want_tri
+    )
+    assert 0 < want.sum() < len(q)  # (both kinds of answer are checked)
