@@ -200,6 +200,31 @@ def _join(parts: Sequence[Mapping], names: Sequence[str], prefix: str = '') -> D
 _NAMED_ERRORS = (ValueError, TypeError, FileNotFoundError, PermissionError, ImportError)
 
 
+def _named(e: Exception, message: str) -> Exception:
+    """``e`` again with ``message`` (its own type, e.g. a dataset's ``FileError``), or ``e`` itself where its type is
+    not one of ``_NAMED_ERRORS`` or does not take one message."""
+    if not isinstance(e, _NAMED_ERRORS):
+        return e
+    try:
+        return type(e)(message)
+    except Exception:
+        return e
+
+
+def _check_nesting(names: Sequence[str], schemas: Sequence[dict]) -> None:
+    """A field every member returns, as rows in one and as a dict of fields in another, does not join (``_join``'s
+    ``ValueError``, before any member draws)."""
+    nodes = [{path[:i] for path in sc for i in range(1, len(path) + 1)} for sc in schemas]
+    for node in sorted(set.intersection(*nodes), key=len):
+        leaf = [node in sc for sc in schemas]
+        if any(leaf) and not all(leaf):
+            got = {n: f'rows of shape {tuple(sc[node][0])}' if node in sc else 'dict' for n, sc in zip(names, schemas)}
+            raise ValueError(
+                f"a mixture's members return field '{'.'.join(map(str, node))}' as {got}, which do not join into one "
+                f"batch; expected every member to store it in one shape"
+            )
+
+
 class MemberLocks:
     """Several re-entrant locks as one (a mixture's members'): taken in order, released in reverse."""
 
@@ -298,9 +323,10 @@ class MixtureReplayBuffer(IBuffer):
                         instance_name=f'{instance_name}_{name}',
                     )
                 except Exception as e:  # a config key, its dataset file: named with the member
-                    if type(e) not in _NAMED_ERRORS:
-                        raise  # (another type may not take one message)
-                    raise type(e)(f"mixture member {name!r}: {e}") from e
+                    named = _named(e, f"mixture member {name!r}: {e}")
+                    if named is e:
+                        raise
+                    raise named from e
                 kind = type(members[name]).capabilities()['item_kind']
                 if kind != 'transition':
                     kinds = kind[:-1] + 'ies' if kind.endswith('y') else kind + 's'
@@ -382,13 +408,16 @@ class MixtureReplayBuffer(IBuffer):
         return target.extend(batch, cur_collector_envstep)
 
     def _check_fields(self, data: Any) -> None:
-        """Pushed items carry no field named ``member_key``: every sampled item gets that field."""
+        """Pushed items are dicts (or TensorDicts) without a field named ``member_key``: every sampled item gets
+        that field."""
         items = data if isinstance(data, list) else [data]
-        if any(
-            self._key in (x.keys() if is_tensordict(x) else x)
-            for x in items
-            if isinstance(x, Mapping) or is_tensordict(x)
-        ):
+        for i, x in enumerate(items):
+            if not (isinstance(x, Mapping) or is_tensordict(x)):
+                raise TypeError(
+                    f"a mixture stores dicts (every sampled item gets the field {self._key!r}); pushed item {i} is "
+                    f"{type(x).__name__}"
+                )
+        if any(self._key in (x.keys() if is_tensordict(x) else x) for x in items):
             raise ValueError(
                 f"pushed data has a field {self._key!r}, the mixture's member_key (config key 'member_key'), which "
                 f"every sampled item gets; rename the field or the key"
@@ -443,7 +472,16 @@ class MixtureReplayBuffer(IBuffer):
                     shares = self._shares(int(size))
                 why = [] if shares is None else self._refusals(shares, cur_learner_iter)
                 if shares is not None and not why and draw:
-                    return self._draw(shares, cur_learner_iter)
+                    try:
+                        out = self._draw(shares, cur_learner_iter)
+                    except BaseException:
+                        out = None
+                        raise
+                    finally:
+                        if out is None:  # failed or refused: the split is not drawn either
+                            with self._lock:
+                                rng.bit_generator.state = before
+                    return out
                 with self._lock:
                     rng.bit_generator.state = before  # a refusal (or a question) draws nothing
                 if shares is not None and not why:
@@ -499,7 +537,10 @@ class MixtureReplayBuffer(IBuffer):
         schemas = [getattr(getattr(self._members[n], 'storage', None), 'schema', None) for n in names]
         if len(names) < 2 or any(type(sc) is not dict for sc in schemas):
             return
-        for path in set.intersection(*(set(sc) for sc in schemas)):
+        shared = set.intersection(*(set(sc) for sc in schemas))
+        if any(len(sc) != len(shared) for sc in schemas):  # the members' fields differ: one a leaf, another a dict?
+            _check_nesting(names, schemas)
+        for path in shared:
             specs = [sc[path] for sc in schemas]
             shapes = {tuple(shape) for shape, _ in specs}
             try:

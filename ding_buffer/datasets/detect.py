@@ -12,7 +12,7 @@ def detect_format(path: str) -> str:
     one, is a ValueError asking for ``format=``."""
     if is_hdf5(path):
         with open_hdf5(path, 'any HDF5') as f:
-            keys = set(f.keys())
+            keys = {k for k in f.keys() if isinstance(k, str)}  # (a name that is not text names no layout's key)
         found = []
         if {'observations', 'actions'} <= keys:
             found.append('d4rl')

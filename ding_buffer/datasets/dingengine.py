@@ -20,7 +20,7 @@ from typing import Any, Iterator
 import numpy as np
 
 from .columns import Chunk
-from .hdf5 import HDF5Reader, check_array, check_flags, fail, node, read, read_flags, scan
+from .hdf5 import HDF5Reader, check_array, check_flags, fail, names, node, read, read_flags, scan, shown
 
 REQUIRED = ('obs', 'action', 'reward', 'done', 'next_obs')
 
@@ -35,10 +35,10 @@ class DingEngineHDF5Reader(HDF5Reader):
             raise fail(
                 path,
                 missing[0],
-                f"is missing; DI-engine's hdf5 layout needs {list(REQUIRED)} (present: {sorted(f.keys())})",
+                f"is missing; DI-engine's hdf5 layout needs {list(REQUIRED)} (present: {shown(f.keys())})",
             )
         # every top-level key is a field: one dataset each (a group, or a link to nothing, is a FileError naming it)
-        self.fields = {k: node(path, f, k) for k in sorted(f.keys())}
+        self.fields = {k: node(path, f, k) for k in names(path, f)}
         obs = self.fields['obs']
         self.rows = obs.shape[0] if obs.ndim else 0
         for key, ds in self.fields.items():

@@ -7,7 +7,7 @@ Every message names the file and the key (``'hopper.hdf5': key 'rewards' ...``).
 
 import contextlib
 import os
-from typing import Any, Iterator, Optional, Tuple
+from typing import Any, Iterator, List, Optional, Tuple
 
 import numpy as np
 
@@ -77,7 +77,7 @@ def node(path: str, group: Any, key: str, *, group_ok: bool = False, group_only:
     if found is None and key in group.keys():  # listed, but the link leads nowhere
         raise fail(path, _full(group, key), "is a link to nothing (a dangling soft or external link)")
     if found is None:
-        raise fail(path, _full(group, key), f"is missing; the layout needs it (present: {sorted(group.keys())})")
+        raise fail(path, _full(group, key), f"is missing; the layout needs it (present: {shown(group.keys())})")
     if (
         isinstance(found, h5py.Group)
         if group_only
@@ -87,6 +87,21 @@ def node(path: str, group: Any, key: str, *, group_ok: bool = False, group_only:
     kind = 'a group' if isinstance(found, h5py.Group) else 'a dataset' if isinstance(found, h5py.Dataset) else 'other'
     want = 'a group of datasets' if group_only else 'a dataset of arrays'
     raise fail(path, _full(group, key), f"is {kind}, expected {want}")
+
+
+def shown(keys: Any) -> List[str]:
+    """Member names for a message, sorted (h5py gives a name that is not UTF-8 text as bytes)."""
+    return sorted(map(str, keys))
+
+
+def names(path: str, group: Any) -> List[str]:
+    """The names of a group's members, sorted; one that is not UTF-8 text (h5py gives bytes) is a FileError."""
+    keys = list(group.keys())
+    bad = [k for k in keys if not isinstance(k, str)]
+    if bad:
+        where = (getattr(group, 'name', '/') or '/').lstrip('/') or None
+        raise fail(path, where, f"has a member named {bad[0]!r}, which is not UTF-8 text (damaged file?)")
+    return sorted(keys)
 
 
 def _full(group: Any, key: str) -> str:
@@ -100,7 +115,7 @@ def leaves(path: str, obj: Any, name: str) -> Iterator[Tuple[str, Any]]:
     if isinstance(obj, h5py.Dataset):
         yield name, obj
         return
-    keys = sorted(obj.keys())
+    keys = names(path, obj)
     if not keys:
         raise fail(path, name, "is an empty group, expected datasets")
     for k in keys:
@@ -116,6 +131,24 @@ def check_array(path: str, key: str, ds: Any, rows: int, shape: Optional[tuple] 
         raise fail(path, key, f"has {got}, expected {rows} rows (shape {tuple(ds.shape)})")
     if shape is not None and tuple(ds.shape[1:]) != tuple(shape):
         raise fail(path, key, f"has rows of shape {tuple(ds.shape[1:])}, expected {tuple(shape)}")
+    _check_storage(path, key, ds)
+
+
+def _check_storage(path: str, key: str, ds: Any) -> None:
+    """A contiguous dataset's stored bytes are what its shape and dtype need: a damaged header (another shape or
+    dtype over the same bytes) would read rows from outside them. Chunked (compressed) data is sized otherwise, and an
+    unwritten dataset holds none (it reads as its fill value)."""
+    h5py = import_h5py()
+    try:
+        if ds.id.get_create_plist().get_layout() != h5py.h5d.CONTIGUOUS:
+            return
+        stored = ds.id.get_storage_size()
+    except (OSError, RuntimeError, ValueError, KeyError) as e:
+        raise fail(path, key, f"cannot be read (damaged file?): {e}") from e
+    need = int(np.prod(ds.shape, dtype=np.int64)) * ds.dtype.itemsize
+    if 0 < stored != need:
+        what = f"declares {tuple(ds.shape)} {ds.dtype} ({need} bytes) over {stored} stored bytes (damaged header?)"
+        raise fail(path, key, what)
 
 
 def check_flags(path: str, key: str, ds: Any, rows: int) -> None:
@@ -151,7 +184,7 @@ def read_tree(path: str, obj: Any, name: str, start: int, stop: int) -> Tree:
     h5py = import_h5py()
     if isinstance(obj, h5py.Dataset):
         return read(path, name, obj, start, stop)
-    return {k: read_tree(path, obj[k], f'{name}/{k}', start, stop) for k in sorted(obj.keys())}
+    return {k: read_tree(path, obj[k], f'{name}/{k}', start, stop) for k in names(path, obj)}
 
 
 def scan(path: str, items: list, rows: int, chunk: int) -> None:

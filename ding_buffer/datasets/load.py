@@ -68,12 +68,24 @@ def load_dataset(
     if not os.path.isfile(path):
         raise FileNotFoundError(f"no dataset file at {path!r}")
     fmt = detect_format(path) if format in (None, 'auto') else format
-    with READERS[fmt].open(path, timeout_key=target.timeout_key, frames=target.frames is not None, **options) as reader:
-        target.check(path, reader.obs_shape, columns=fmt != 'dingengine_pkl')  # (pickled items hold any field)
-        total = reader.validate(chunk_size)
-        if limit is not None:
-            total = min(total, limit)
-        return _fill(buffer, target, reader, path, chunk_size, total, progress, atomic)
+    try:
+        with READERS[fmt].open(path, timeout_key=target.timeout_key, frames=target.frames is not None, **options) as r:
+            target.check(path, r.obs_shape, columns=fmt != 'dingengine_pkl')  # (pickled items hold any field)
+            total = r.validate(chunk_size)
+            if limit is not None:
+                total = min(total, limit)
+            return _fill(buffer, target, r, path, chunk_size, total, progress, atomic)
+    except _BufferFailed as failed:
+        raise failed.error from None
+
+
+class _BufferFailed(Exception):
+    """The buffer's own error (its restore refused: e.g. it is closed), carried out of the file's context, which
+    reads an error raised inside it as damage to the file."""
+
+    def __init__(self, error: Exception) -> None:
+        super().__init__(str(error))
+        self.error = error
 
 
 def checked_options(format: Any, chunk_size: Any, limit: Any, progress: Any, allow_pickle: Any, atomic: Any) -> dict:
@@ -101,6 +113,8 @@ def _fill(
     bar = _progress_bar(total, progress, os.path.basename(path))
     stored = at = 0  # items pushed; transitions read
     try:
+        if target.frames is not None:  # the file's first step starts an episode: an online one left open ends here
+            buffer.storage.end_streams()
         for chunk in reader.chunks(chunk_size):
             if at >= total:
                 break
@@ -114,7 +128,10 @@ def _fill(
             buffer.storage.end_streams()
     except BaseException as e:
         if snapshot is not None:
-            buffer.load_state_dict(snapshot)
+            try:
+                buffer.load_state_dict(snapshot)
+            except Exception as refused:  # (a closed buffer refuses it as it refused the push)
+                raise _BufferFailed(refused) from e
         if isinstance(e, FileError) or not isinstance(e, Exception):
             raise
         raise ValueError(

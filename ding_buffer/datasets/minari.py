@@ -15,7 +15,18 @@ from typing import Any, Dict, Iterator, List, Tuple
 import numpy as np
 
 from .columns import Chunk, Rechunker
-from .hdf5 import HDF5Reader, check_array, check_flags, fail, leaves, node, read_flags, read_tree, scan
+from .hdf5 import (
+    HDF5Reader,
+    check_array,
+    check_flags,
+    fail,
+    leaves,
+    node,
+    read_flags,
+    read_tree,
+    scan,
+    shown,
+)
 
 EPISODE = re.compile(r'episode_(\d+)')
 
@@ -25,10 +36,11 @@ class MinariReader(HDF5Reader):
 
     def __init__(self, path: str, f: Any, timeout_key: str = 'timeout', frames: bool = False, **_: Any) -> None:
         self.path, self.f, self.timeout_key = path, f, timeout_key
-        ids = sorted((int(m.group(1)), name) for name in f.keys() if (m := EPISODE.fullmatch(name)))
+        text = [name for name in f.keys() if isinstance(name, str)]  # (h5py gives a name that is not text as bytes)
+        ids = sorted((int(m.group(1)), name) for name in text if (m := EPISODE.fullmatch(name)))
         if not ids:
             raise fail(
-                path, None, f"has no 'episode_<id>' groups (Minari layout expected; keys: {sorted(f.keys())[:8]})"
+                path, None, f"has no 'episode_<id>' groups (Minari layout expected; keys: {shown(f.keys())[:8]})"
             )
         self.episodes: List[Dict[str, Any]] = []
         for _, name in ids:

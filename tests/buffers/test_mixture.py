@@ -434,6 +434,31 @@ def test_a_members_dataset_error_names_the_member(tmp_path):
     members = dict(offline=dict(type='naive', dataset=dict(path=missing)), online=dict(type='naive'))
     with pytest.raises(FileNotFoundError, match=f"^mixture member 'offline': no dataset file at '{missing}'"):
         create_buffer(dict(type='mixture', members=members))
+    import h5py
+
+    from ding_buffer.datasets.hdf5 import FileError
+
+    bad = str(tmp_path / 'bad.hdf5')  # a dataset's own error type (a ValueError subclass) keeps its type
+    with h5py.File(bad, 'w') as f:
+        f['observations'], f['actions'] = np.zeros((2, 3), np.float32), np.zeros((2, 1), np.float32)
+        f['rewards'], f['terminals'] = np.zeros(2, np.float32), np.array([0.5, 1.0])
+    members['offline']['dataset'] = dict(path=bad)
+    with pytest.raises(FileError, match="^mixture member 'offline': .*'terminals' holds 0.5"):
+        create_buffer(dict(type='mixture', members=members))
+
+
+@pytest.mark.parametrize('item', [('obs', 2.0), 3.0, [('obs', 1.0)]])
+def test_a_mixture_refuses_items_that_are_no_dicts_at_push(item):
+    """Every sampled item gets the member key, so an item that is no dict is refused at push (it was stored, and
+    every later sample that drew it raised)."""
+    buf = mixture('list', weights=dict(offline=0.5, online=0.5))
+    buf.push(transitions(range(4), 'list'), member='offline')
+    buf.push(transitions(range(4), 'list'))
+    before = buf.state_dict()
+    with pytest.raises(TypeError, match="a mixture stores dicts .* is (tuple|float)"):
+        buf.push(item)
+    assert_same(buf.state_dict(), before)
+    assert len(buf.sample(8)) == 8
 
 
 @pytest.mark.parametrize('storage', ['list', 'tensor'])
@@ -747,20 +772,22 @@ def test_a_timeout_bounds_the_wait_for_a_members_lock():
     assert 'another call held a member' in str(answered[0])
 
 
-@pytest.mark.parametrize('why', ['shape', 'dtype'])
+@pytest.mark.parametrize('why', ['shape', 'dtype', 'nested'])
 def test_members_whose_fields_cannot_join_are_refused_before_anyone_draws(why):
-    """Members storing a shared field in other shapes, or in dtypes torch cannot join (uint32 beside int64), fail
-    the sample naming the field -- before any member draws: with max_use=1 the failed samples removed items."""
+    """Members storing a shared field in other shapes, in dtypes torch cannot join (uint32 beside int64), or as
+    rows in one and a dict of fields in the other, fail the sample naming the field -- before any member draws (with
+    max_use=1 the failed samples removed items) and with the mixture's own RNG as it was (an odd size draws which
+    member takes the remainder)."""
     offline = dict(type='naive', max_use=1)
     buf = mixture('tensor', weights=dict(offline=0.5, online=0.5), offline=offline, online=dict(type='naive'))
-    other = torch.zeros(3) if why == 'shape' else torch.zeros(4)
-    act = torch.tensor(1, dtype=torch.int64 if why == 'shape' else torch.uint32)
+    other = {'shape': torch.zeros(3), 'dtype': torch.zeros(4), 'nested': {'a': torch.zeros(4)}}[why]
+    act = torch.tensor(1, dtype=torch.uint32 if why == 'dtype' else torch.int64)
     buf.push([{'obs': torch.zeros(4), 'act': torch.tensor(1)} for _ in range(6)], member='offline')
     buf.push([{'obs': other, 'act': act} for _ in range(6)], member='online')
     before = buf.state_dict()
-    for _ in range(3):
+    for size in (4, 3, 3):
         with pytest.raises(ValueError, match="field '(obs|act)' as"):
-            buf.sample(4)
+            buf.sample(size)
     assert_same(buf.state_dict(), before)
     assert buf.members['offline'].count() == 6
     buf.close()

@@ -336,3 +336,46 @@ def test_a_mixture_is_refused_naming_its_members_and_one_member_fills(tmp_path):
     assert_same(mix.state_dict(), before)
     assert load_dataset(mix.members['offline'], path, progress=False) == 4
     assert mix.members['offline'].count() == 4 and mix.members['online'].count() == 0
+
+
+def test_a_header_declaring_another_shape_over_the_same_bytes_is_refused(tmp_path, buffer):
+    """One damaged dimension in a dataset's header (rows of 2 values over the bytes of rows of 3): h5py would read
+    the rows from the stored bytes as another layout; the declared size is checked against the stored one."""
+    import struct
+
+    arrays = d4rl_arrays(np.random.default_rng(1))
+    del arrays['next_observations']
+    path = write_h5(tmp_path / 'dims.hdf5', arrays)
+    rows = len(arrays['observations'])
+    data = path.read_bytes()
+    dims = struct.pack('<QQ', rows, 3)  # observations' dimensions (and maximum dimensions) in its header
+    assert data.count(dims) >= 1
+    path.write_bytes(data.replace(dims, struct.pack('<QQ', rows, 2)))
+    refused(
+        buffer, path, r"key 'observations' declares \(11, 2\) float32 \(88 bytes\) over 132 stored bytes", format='d4rl'
+    )
+
+
+def test_member_names_that_are_not_text_are_other_keys_or_refused_by_name(tmp_path, buffer):
+    """h5py gives a name that is not UTF-8 text as bytes: an extra such key is one more key not read (the layout is
+    still told); where every key is read (DI-engine's layout) it is refused naming it, as a ValueError."""
+    import h5py
+
+    arrays = d4rl_arrays(np.random.default_rng(1))
+    path = write_h5(tmp_path / 'names.hdf5', arrays)
+    with h5py.File(path, 'a') as f:
+        f.create_dataset(b'r\xe9sum\xe9', data=np.zeros(3))
+    before = buffer.count()
+    assert load_dataset(buffer, path, progress=False) == len(arrays['observations']) and buffer.count() > before
+    path = write_h5(tmp_path / 'dingengine.hdf5', dingengine_arrays(np.random.default_rng(2)))
+    with h5py.File(path, 'a') as f:
+        f.create_dataset(b'r\xe9sum\xe9', data=np.zeros(3))
+    refused(buffer, path, r"has a member named b'r\\xe9sum\\xe9', which is not UTF-8 text", format='dingengine_hdf5')
+
+
+def test_a_closed_buffer_is_refused_as_closed_not_as_a_damaged_file(tmp_path):
+    buf = create_buffer(dict(type='naive', storage=dict(type='tensor')))
+    buf.close()
+    path = d4rl(tmp_path)
+    with pytest.raises(RuntimeError, match="is closed"):
+        load_dataset(buf, path, progress=False)

@@ -374,3 +374,30 @@ def test_a_frames_buffer_reads_the_terminal_flag_under_its_done_key(tmp_path):
     with pytest.raises(ValueError, match="storage.frames.env_key"):
         load_dataset(other, path)
     assert other.count() == 0
+
+
+def test_a_frames_buffer_with_an_open_online_episode_takes_a_file_whose_first_step_starts_one(tmp_path):
+    """The file's first step starts an episode: a load ends the buffer's open stream first (it was taken as the
+    next step of that stream and refused), as it ends the streams after it."""
+    import h5py
+
+    def stk(ids):
+        return np.array(ids, np.uint8)[:, None, None].repeat(2, 1).repeat(2, 2)
+
+    n = 6
+    path = tmp_path / 'frames.hdf5'
+    with h5py.File(path, 'w') as f:
+        f['observations'] = np.stack([stk([t + 1, t + 2, t + 3]) for t in range(n)])
+        f['next_observations'] = np.stack([stk([t + 2, t + 3, t + 4]) for t in range(n)])
+        f['actions'], f['rewards'] = np.zeros(n, np.float32), np.zeros(n, np.float32)
+        f['terminals'] = np.arange(n) == n - 1
+    cfg = dict(type='naive', replay_buffer_size=50, storage=dict(type='tensor', frames=dict(stack=3)))
+    buf = create_buffer(cfg)
+    online = dict(obs=stk([50, 50, 50]), action=np.float32(0), reward=np.float32(0), next_obs=stk([50, 50, 51]))
+    buf.push(dict(online, done=False, truncated=False))  # an online episode in progress
+    assert load_dataset(buf, path, progress=False) == n and buf.count() == n + 1
+    fresh = create_buffer(cfg)
+    load_dataset(fresh, path, progress=False)
+    got = sorted(bytes(o) for o in buf.sample(n + 1, replace=False)['obs'].numpy())
+    want = sorted([bytes(o) for o in fresh.sample(n, replace=False)['obs'].numpy()] + [bytes(stk([50, 50, 50]))])
+    assert got == want  # the file's steps as a fresh buffer stores them, and the online one
