@@ -13,8 +13,9 @@ DI-engine's DQN / acrobot / pendulum configs name ``type='deque'``: the new-gene
 
 The engine's part keys apply as they do on that table: ``max_use``,
 ``max_staleness`` (``train_iter`` is the learner iteration staleness is measured at), ``thruput_controller``
-(``sample_min_limit_ratio`` >= 1, default 1: DI-engine's deque refuses a sample while fewer than ``size`` items are
-stored; ``sample(..., timeout=s)`` waits for it) and ``removers``.
+(``sample_min_limit_ratio`` >= 1: a sample waits for ``ratio * size`` items; by default, as DI-engine's deque, a
+uniform deque refuses a sample while fewer than ``size`` items are stored and a prioritized one draws a full batch,
+with replacement, once anything is; ``sample(..., timeout=s)`` waits for it) and ``removers``.
 
 The wrapper's API: ``push(list, cur_collector_envstep)`` (a pushed item's ``'priority'`` is its initial
 priority and is not part of the returned data), ``sample(size, train_iter)`` -> a list of the pushed dicts (with
@@ -166,9 +167,14 @@ class DequeReplayBuffer(Engine):
             )
         self.table_args = dict(deque_cfg=own)  # the table keeps it (``cfg``)
         kind = AdvancedReplayBuffer if own.priority else NaiveReplayBuffer
-        return build_config(
+        inner = build_config(
             kind.config, inner_config(own), kind.checks, ignored=kind.ignored_keys, aliases=kind.key_aliases
         )
+        given = ((cfg or {}).get('thruput_controller') or {}).get('sample_min_limit_ratio')
+        if own.priority and given is None:
+            # DI-engine's prioritized deque draws by index with replacement: a full batch once anything is stored
+            inner.thruput_controller.sample_min_limit_ratio = 0.0
+        return inner
 
     @property
     def cfg(self) -> EasyDict:
@@ -190,8 +196,9 @@ class DequeReplayBuffer(Engine):
     def sample(self, size: int, train_iter: int = 0, timeout: Optional[float] = None) -> Optional[List[Any]]:
         """
         Overview:
-            Draw ``size`` items (prioritized with ``priority``); ``None`` (logged) when fewer than ``size`` are
-            stored. The batch is remembered for ``update``. Writes TensorBoard every ``train_iter_per_log``.
+            Draw ``size`` items (prioritized with ``priority``, with replacement); ``None`` (logged) when fewer
+            than ``size`` are stored (``priority``: when none is, unless ``thruput_controller`` asks for more). The
+            batch is remembered for ``update``. Writes TensorBoard every ``train_iter_per_log``.
         Returns:
             - data: the pushed dicts (``'IS'`` added with ``priority_IS_weight``; copies then, the stored dicts
               otherwise) -- or, on tensor storage, one dict of batched tensors.

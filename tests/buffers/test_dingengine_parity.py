@@ -233,6 +233,31 @@ def test_deque_prioritized_distribution_follows_priority_power():
         assert abs(counts[k] / total - p / 7) < 0.02
 
 
+@pytest.mark.parametrize('storage', ['list', 'tensor'])
+def test_a_prioritized_deque_draws_a_full_batch_once_anything_is_stored_as_dingengines(storage):
+    """DI-engine's prioritized deque draws its batch by index with replacement, so a pipeline trains from its first
+    collect; its uniform deque returns None while fewer than ``size`` items are stored. A ratio the user sets is
+    waited for either way."""
+    cfg = dict(type='deque', replay_buffer_size=100, priority=True, priority_power_factor=1.0, seed=3)
+    cfg['storage'] = dict(type=storage)
+    buf = create_buffer(cfg)
+    assert buf.sample(4, 0) is None  # nothing stored
+    buf.push([{'i': torch.tensor(k), 'priority': p} for k, p in enumerate([1.0, 3.0])])
+    counts = collections.Counter()
+    for _ in range(300):
+        batch = buf.sample(8, 0)
+        ids = batch['i'].tolist() if storage == 'tensor' else [int(d['i']) for d in batch]
+        assert len(ids) == 8
+        counts.update(ids)
+    assert abs(counts[1] / sum(counts.values()) - 0.75) < 0.03  # priorities 1 : 3, with replacement
+    uniform = create_buffer(dict(cfg, priority=False))
+    uniform.push([{'i': torch.tensor(k)} for k in range(2)])
+    assert uniform.sample(8, 0) is None
+    waits = create_buffer(dict(cfg, thruput_controller=dict(sample_min_limit_ratio=1.0)))
+    waits.push([{'i': torch.tensor(k)} for k in range(2)])
+    assert waits.sample(8, 0) is None and waits.sample(2, 0) is not None
+
+
 def test_deque_is_weights_anneal_and_match_the_priorities():
     buf = create_buffer(
         dict(
