@@ -165,16 +165,14 @@ class DequeReplayBuffer(Engine):
             raise ValueError(
                 "config key 'priority_IS_weight' = True needs 'priority' = True (IS weights come from priorities)"
             )
-        self.table_args = dict(deque_cfg=own)  # the table keeps it (``cfg``)
+        # DI-engine's prioritized deque draws by index with replacement: a full batch once anything is stored
+        # (unless the user asks for a minimum)
+        given = ((cfg or {}).get('thruput_controller') or {}).get('sample_min_limit_ratio') is not None
+        self.table_args = dict(deque_cfg=own, any_stored=bool(own.priority) and not given)  # the table keeps them
         kind = AdvancedReplayBuffer if own.priority else NaiveReplayBuffer
-        inner = build_config(
+        return build_config(
             kind.config, inner_config(own), kind.checks, ignored=kind.ignored_keys, aliases=kind.key_aliases
         )
-        given = ((cfg or {}).get('thruput_controller') or {}).get('sample_min_limit_ratio')
-        if own.priority and given is None:
-            # DI-engine's prioritized deque draws by index with replacement: a full batch once anything is stored
-            inner.thruput_controller.sample_min_limit_ratio = 0.0
-        return inner
 
     @property
     def cfg(self) -> EasyDict:

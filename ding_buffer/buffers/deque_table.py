@@ -19,7 +19,7 @@ from .common import STEP_LIMIT, check_step
 from .outputs import as_items
 from .prioritized_table import PrioritizedTable
 from .slot_table import SlotTable
-from .table import Request, Restored
+from .table import Needs, Request, Restored
 
 # Keys the slot table adds to a sampled item; the wrapper returns the pushed data (and 'IS').
 INNER_KEYS = ('replay_unique_id', 'replay_buffer_idx', 'priority', 'staleness', 'use', 'IS')
@@ -57,15 +57,24 @@ class DequeVerbs:
         the deque's are ``deque_request`` and ``deque_update``.
     """
 
-    def __init__(self, cfg: Any, name: str, lock: Any, deque_cfg: Any) -> None:
+    def __init__(self, cfg: Any, name: str, lock: Any, deque_cfg: Any, any_stored: bool = False) -> None:
         super().__init__(cfg, name, lock)  # ``cfg``, the engine's own, is the slot table's (``inner_config``)
         self.deque_cfg = deque_cfg
+        self.any_stored = any_stored  # a sample needs only one stored item (DI-engine's prioritized deque)
         self.priority = bool(deque_cfg.priority)
         self._items = items_out(deque_cfg)
         self._tag = f'{name}_iter'
         self._last_log = -1
         self._last_batch: Optional[tuple] = None  # (ids, slots) of the last sample, for update()
         self._sink: Optional[TBSink] = None  # the borrowed writer's, made at the first write
+
+    def needs(self) -> Needs:
+        """The slot table's; ``any_stored``: a rate limiter without the minimum-size rule (the config keeps the
+        ``advanced`` one: the translated config and ``deque.inner`` stay an advanced buffer's)."""
+        needs = super().needs()
+        if not self.any_stored:
+            return needs
+        return needs._replace(limiter={**dict(self.cfg.thruput_controller), 'sample_min_limit_ratio': 0.0})
 
     # ------------------------------------------------------------------ sample / update
     def deque_request(self, size: int, train_iter: int, timeout: Optional[float]) -> Request:
@@ -236,9 +245,9 @@ class PrioritizedDequeTable(DequeVerbs, PrioritizedTable):
     """The table of a deque with ``priority=True``: prioritized draws, ``update`` of the last batch."""
 
 
-def deque_table(cfg: Any, name: str, lock: Any, deque_cfg: Any) -> DequeVerbs:
+def deque_table(cfg: Any, name: str, lock: Any, deque_cfg: Any, any_stored: bool = False) -> DequeVerbs:
     """The deque's table, as its config asks (``priority``)."""
-    return (PrioritizedDequeTable if deque_cfg.priority else DequeTable)(cfg, name, lock, deque_cfg)
+    return (PrioritizedDequeTable if deque_cfg.priority else DequeTable)(cfg, name, lock, deque_cfg, any_stored)
 
 
 __all__ = ['DequeTable', 'PrioritizedDequeTable', 'deque_table', 'INNER_KEYS', 'items_out', 'numbers']

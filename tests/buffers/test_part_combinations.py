@@ -23,7 +23,8 @@ The model (``Model``) is plain Python over a dict ``uid -> [collect_iter, priori
   (``removed_by_keep_best``), new ones are refused (``refused_by_keep_best``);
 * before a draw, ``max_staleness``: the oldest items leave while ``cur_learner_iter - collect_iter >= s``,
   stopping at the first fresh one (DI-engine's walk); a sample is refused when fewer candidates than its size
-  remain (without replacement, or on prioritized types whose minimum sample ratio is 1), or none;
+  remain (without replacement, or on ``advanced``, whose minimum sample ratio is 1), or none (a prioritized deque
+  draws with replacement once anything is stored, as DI-engine's);
 * after a draw each drawn entry counts one use; items at ``max_use`` leave (``removed_by_use``);
 * ``update`` sets ``priority + eps`` on the entries whose item is still stored (the others are stale);
 * ``elastic`` draws among the newest ``current_buffer_size`` items; ``deque`` updates its last sampled batch.
@@ -348,7 +349,7 @@ class Run:
         self.all_same(outs, where)
         model = self.model
         model.before_sample(self.it)
-        if model.refuses(size, replace):
+        if model.refuses(size, replace or self.spec.kind == 'deque_prio'):  # (DI-engine's: by index, with replacement)
             assert outs[0] is None, (where, size, model.candidates())
             model.counters['refused_sample'] += 1
             return
