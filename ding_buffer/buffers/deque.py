@@ -45,6 +45,8 @@ from .deque_table import deque_table, items_out
 from .engine import Engine, parts_checks, parts_config, table_attribute
 from .naive import NaiveReplayBuffer
 
+_DEQUE_PARTS = parts_config(1.0)
+_DEQUE_PARTS['thruput_controller']['sample_min_limit_ratio'] = None
 DEQUE_CONFIG = dict(
     type='deque',
     # Maximum number of items; the oldest is overwritten when full.
@@ -66,8 +68,10 @@ DEQUE_CONFIG = dict(
     # Seed of the buffer's own RNG; None draws it from numpy's global RNG.
     seed=None,
     # max_use (an item leaves after this many draws), max_staleness, removers, thruput_controller: the engine's
-    # parts, passed to the naive / advanced buffer doing the work (engine.parts_config).
-    **parts_config(1.0),
+    # parts, passed to the naive / advanced buffer doing the work (engine.parts_config). The thruput controller's
+    # sample_min_limit_ratio None is DI-engine's rule: a uniform deque waits for `size` items, a prioritized one
+    # draws (with replacement) once anything is stored.
+    **_DEQUE_PARTS,
     storage=STORAGE_CONFIG,
 )
 DEQUE_CHECKS = dict(
@@ -81,6 +85,19 @@ DEQUE_CHECKS = dict(
     **parts_checks(1.0),
     **STORAGE_CHECKS,
 )
+DEQUE_CHECKS['thruput_controller.sample_min_limit_ratio'] = (
+    lambda x: x is None or 1 <= x < INF,
+    "None (DI-engine's rule) or a number >= 1",
+)
+
+
+def _thruput(cfg: Mapping) -> Dict[str, Any]:
+    """The thruput controller of the naive / advanced buffer doing the work: DI-engine's rule (None) is a ratio of 1
+    there (the prioritized deque's table lifts it: ``DequeVerbs.needs``)."""
+    out = copy.deepcopy(dict(cfg.thruput_controller))
+    if out.get('sample_min_limit_ratio') is None:
+        out['sample_min_limit_ratio'] = 1.0
+    return out
 
 
 def inner_config(cfg: Mapping) -> Dict[str, Any]:
@@ -98,7 +115,7 @@ def inner_config(cfg: Mapping) -> Dict[str, Any]:
         max_use=cfg.max_use,
         max_staleness=cfg.max_staleness,
         removers=removers,
-        thruput_controller=copy.deepcopy(dict(cfg.thruput_controller)),
+        thruput_controller=_thruput(cfg),
         seed=cfg.seed,
         storage=storage,
     )
@@ -166,9 +183,9 @@ class DequeReplayBuffer(Engine):
                 "config key 'priority_IS_weight' = True needs 'priority' = True (IS weights come from priorities)"
             )
         # DI-engine's prioritized deque draws by index with replacement: a full batch once anything is stored
-        # (unless the user asks for a minimum)
-        given = ((cfg or {}).get('thruput_controller') or {}).get('sample_min_limit_ratio') is not None
-        self.table_args = dict(deque_cfg=own, any_stored=bool(own.priority) and not given)  # the table keeps them
+        # (unless the config sets a minimum ratio)
+        rule = own.thruput_controller.sample_min_limit_ratio is None
+        self.table_args = dict(deque_cfg=own, any_stored=bool(own.priority) and rule)  # the table keeps them
         kind = AdvancedReplayBuffer if own.priority else NaiveReplayBuffer
         return build_config(
             kind.config, inner_config(own), kind.checks, ignored=kind.ignored_keys, aliases=kind.key_aliases

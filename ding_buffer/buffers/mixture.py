@@ -153,6 +153,10 @@ def concat(parts: Sequence[Any], key: str, names: Sequence[str], indices: Sequen
     return is left out, except ``IS``, which is 1 for the items of a member that does not weight; a field the members
     return in shapes (or kinds) that do not join is a ``ValueError`` naming it."""
     if isinstance(parts[0], list):
+        for part, name in zip(parts, names):
+            bad = next((x for x in part if not isinstance(x, Mapping)), None)
+            if bad is not None:  # (pushed into the member itself: the mixture's push refuses it)
+                raise TypeError(f"member {name!r} holds a {type(bad).__name__} item; a mixture's items are dicts")
         return [{**item, key: name} for part, name in zip(parts, names) for item in part]
     tds = [p for p in parts if is_tensordict(p)]
     plain = [to_plain(p) if is_tensordict(p) else p for p in parts]
@@ -209,6 +213,24 @@ def _named(e: Exception, message: str) -> Exception:
         return type(e)(message)
     except Exception:
         return e
+
+
+def _check_items(name: str, state: Any) -> None:
+    """A member's saved list-storage items (or ``{'data': [...]}``) are dicts: every sampled item gets the member
+    key (``ValueError`` naming the member and the item, before any member loads)."""
+    if not isinstance(state, Mapping):
+        return  # (the member refuses it, naming what it expected)
+    storage = state.get('storage')
+    listed = isinstance(storage, Mapping) and storage.get('kind') == 'list'
+    items = storage.get('items') if listed else state.get('data')
+    if not isinstance(items, list):
+        return
+    for i, item in enumerate(items):
+        if not (isinstance(item, Mapping) or is_tensordict(item)):
+            raise ValueError(
+                f"state of member {name!r} holds item {i} of type {type(item).__name__}; a mixture's items are dicts "
+                f"(every sampled item gets the member key)"
+            )
 
 
 def _check_nesting(names: Sequence[str], schemas: Sequence[dict]) -> None:
@@ -715,6 +737,8 @@ class MixtureReplayBuffer(IBuffer):
         if not all(isinstance(v, (int, np.integer)) and not isinstance(v, bool) and v >= 0 for v in counters.values()):
             raise ValueError("state 'counters' must be ints >= 0")
         rng = restored_rng(state)
+        for name in self._names:
+            _check_items(name, members[name])
         done: Dict[str, Dict[str, Any]] = {}
         with self.lock:  # every member's: a push meanwhile would be undone by a refused load's way back
             try:

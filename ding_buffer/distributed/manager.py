@@ -42,7 +42,7 @@ MAX_WINDOW_ROWS = 1 << 16  # rows a windowed sample may always reply, however fe
 # the ops a request may name besides 'ping', each served by the method '_<op>'
 OPS = (
     'push sample update count stats metadata state_dict load_state_dict save_data load_data clear model_version '
-    'baseline_sync exit put_blob get_blob shm_open why_not_sample'
+    'baseline_sync exit put_blob get_blob shm_open why_not_sample end_load'
 ).split()
 
 
@@ -81,6 +81,8 @@ class ManagerCore:
         self.blobs = BlobStore(dcfg.max_blob_mb * (1 << 20))
         # distributed.shared_memory: workers on this host push through rings, committed by the runner's thread
         self.rings = RingIntake(dcfg, self.counters) if dcfg.shared_memory else None
+        # load_data(undo=True): the buffer's state before that load, per sender, until its end_load
+        self._undo: Dict[Any, Dict[str, Any]] = {}
 
     # ------------------------------------------------------------------ dispatch
     def handle(self, sender: Any, request: Any) -> Optional[Dict[str, Any]]:
@@ -342,11 +344,29 @@ class ManagerCore:
         self.buffer.save_data(where)
         return where
 
-    def _load_data(self, sender, path) -> str:
+    def _load_data(self, sender, path, undo=False) -> str:
+        """``undo``: the buffer's state before the load is kept (this process only) until the sender's ``end_load``
+        puts it back or lets it go -- a sharded client's all-or-nothing load of several managers."""
         # allow_pickle is the manager's own setting: unpickling a file runs code in this process
+        if type(undo) is not bool:
+            raise TypeError(f"load_data 'undo' must be a bool, got {type(undo).__name__}")
         where = self.resolve_path(path)
+        for gone in [k for k in self._undo if k in self.liveness.lost]:  # (a sender lost before its end_load)
+            del self._undo[gone]
+        before = self.buffer.state_dict() if undo else None  # (a restore swaps the storage in: this state stays)
         self.buffer.load_data(where, allow_pickle=bool(self.cfg.allow_pickle))
+        if undo:
+            self._undo[sender] = before
         return where
+
+    def _end_load(self, sender, restore) -> bool:
+        """End the sender's ``load_data(undo=True)``: ``restore`` puts the state before it back. False: none kept."""
+        if type(restore) is not bool:
+            raise TypeError(f"end_load 'restore' must be a bool, got {type(restore).__name__}")
+        before = self._undo.pop(sender, None)
+        if restore and before is not None:
+            self.buffer.load_state_dict(before)
+        return before is not None
 
     def resolve_path(self, path: Any) -> str:
         """A worker's file path as a path inside ``distributed.file_root``; ``PermissionError`` otherwise."""
@@ -379,6 +399,7 @@ class ManagerCore:
         self.baseline.sync(value)
 
     def _exit(self, sender) -> Dict[str, Any]:
+        self._undo.pop(sender, None)  # (a load it kept for undo stays)
         if self.rings is not None:
             self.rings.close(sender, self._ring_push)
         return {'exited': self.liveness.exit(sender)}

@@ -259,9 +259,13 @@ class RemoteBuffer(IBuffer):
         path written on the manager's machine."""
         return self._request('save_data', path=os.fspath(path) if isinstance(path, os.PathLike) else path)
 
-    def load_data(self, path: str, allow_pickle: bool = False) -> str:
+    def load_data(self, path: str, allow_pickle: bool = False, undo: bool = False) -> str:
         """Ask the manager to load ``path`` (relative to its ``distributed.file_root``). Whether a pickled file
-        may be loaded is the manager's own ``distributed.allow_pickle``: a request never carries that flag."""
+        may be loaded is the manager's own ``distributed.allow_pickle``: a request never carries that flag.
+        ``undo``: the manager keeps its buffer's state from before the load until ``end_load`` (several managers
+        loaded as one: ``ShardedBuffer.load_data``)."""
+        if type(undo) is not bool:
+            raise TypeError(f"undo must be a bool, got {type(undo).__name__} {undo!r:.40}")
         if type(allow_pickle) is not bool:  # 'False' from a config file is not False (as on a local buffer)
             raise TypeError(f"allow_pickle must be a bool, got {type(allow_pickle).__name__} {allow_pickle!r:.40}")
         if allow_pickle and not self._dcfg.allow_pickle:
@@ -270,7 +274,15 @@ class RemoteBuffer(IBuffer):
                 "so it is allowed only by the manager's own config (distributed.allow_pickle=True), "
                 "never by a request"
             )
-        return self._request('load_data', path=os.fspath(path) if isinstance(path, os.PathLike) else path)
+        path = os.fspath(path) if isinstance(path, os.PathLike) else path
+        return self._request('load_data', path=path, **({'undo': True} if undo else {}))
+
+    def end_load(self, restore: bool) -> bool:
+        """End a ``load_data(undo=True)``: ``restore`` puts the manager's buffer back as it was before that load.
+        False when the manager kept no state for this worker."""
+        if type(restore) is not bool:
+            raise TypeError(f"restore must be a bool, got {type(restore).__name__} {restore!r:.40}")
+        return bool(self._request('end_load', restore=restore))
 
     def set_model_version(self, version: int, session_id: Optional[str] = None) -> None:
         """Stamp later pushes with the model version (and session) that produced them."""

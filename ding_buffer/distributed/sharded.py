@@ -31,7 +31,8 @@ A shard that is gone makes the calls that need it raise ``ManagerUnavailableErro
 elsewhere and the other shards' ``stats`` keep working; a sample needs every shard's mass, so it fails.
 ``state_dict`` / ``save_data`` keep one state (file) per shard (``path.shard<k>``) plus this client's beta and
 routing position; ``load_state_dict`` and ``load_data`` are all or nothing (the shards loaded before a failing one
-are restored from copies of their states taken first).
+are put back: from copies of their states taken first, or, loading files into managers, from the state each manager
+keeps until the client ends the load).
 """
 
 import copy
@@ -387,23 +388,17 @@ class ShardedBuffer:
         beta, nxt = float(state['beta']), int(state['next'])
         if not 0 <= beta <= 1 or not 0 <= nxt < self.num_shards:
             raise ValueError(f"the state has beta {beta} / routing position {nxt} out of range")
-        self._each_or_none('load_state_dict', [((sub,), {'deepcopy': deepcopy}) for sub in state['shards']])
-        self.beta, self._next, self._rng = beta, nxt, rng
-
-    def _each_or_none(self, name: str, calls: List[Tuple[tuple, dict]]) -> List[Any]:
-        """``name(*args, **kwargs)`` on every shard, all or nothing: the shards' states are copied first (over the
-        wire for remote shards, each within ``distributed.max_message_mb``), and a shard that refuses puts the
-        shards done before it back."""
-        before = [self._call(k, 'state_dict') for k in range(self.num_shards)] if self.num_shards > 1 else []
-        out: List[Any] = []
+        before = [self._call(k, 'state_dict') for k in range(self.num_shards)]
+        done = 0
         try:
-            for k, (args, kwargs) in enumerate(calls):
-                out.append(self._call(k, name, *args, **kwargs))
+            for k, sub in enumerate(state['shards']):
+                self._call(k, 'load_state_dict', sub, deepcopy=deepcopy)
+                done += 1
         except BaseException:
-            for k in range(len(out)):
+            for k in range(done):
                 self._call(k, 'load_state_dict', before[k])
             raise
-        return out
+        self.beta, self._next, self._rng = beta, nxt, rng
 
     def save_data(self, path: str) -> List[Any]:
         """Each shard writes ``path.shard<k>`` (remote shards: inside their manager's ``file_root``); returns
@@ -412,9 +407,28 @@ class ShardedBuffer:
 
     def load_data(self, path: str, allow_pickle: bool = False) -> List[Any]:
         """Each shard loads ``path.shard<k>`` (a remote shard's manager decides on pickle itself); all or nothing,
-        as ``load_state_dict``: a shard that refuses its file puts the shards loaded before it back."""
-        calls = [((shard_path(path, k),), {'allow_pickle': allow_pickle}) for k in range(self.num_shards)]
-        return self._each_or_none('load_data', calls)
+        as ``load_state_dict``: a shard that refuses its file puts the shards loaded before it back -- a remote one
+        from the state its manager kept (nothing crosses the wire), a local one from a copy taken first."""
+        done: List[Tuple[int, Any]] = []  # (shard, its state before the load: None where its manager keeps it)
+        out = []
+        try:
+            for k, shard in enumerate(self.shards):
+                where = shard_path(path, k)
+                if hasattr(shard, 'end_load'):  # a manager's: it keeps its own state until end_load
+                    out.append(self._call(k, 'load_data', where, allow_pickle=allow_pickle, undo=True))
+                    done.append((k, None))
+                else:
+                    before = shard.state_dict()
+                    out.append(self._call(k, 'load_data', where, allow_pickle=allow_pickle))
+                    done.append((k, before))
+        except BaseException:
+            for k, before in done:
+                self._call(k, 'end_load', True) if before is None else self._call(k, 'load_state_dict', before)
+            raise
+        for k, before in done:
+            if before is None:
+                self._call(k, 'end_load', False)
+        return out
 
     def update_model_version(self, version: int, session_id: Optional[str] = None) -> List[Any]:
         return [self._call(k, 'update_model_version', version, session_id) for k in range(self.num_shards)]

@@ -14,7 +14,7 @@ import torch
 from helpers import REPO_ROOT, TESTS_DIR, FakeTB, assert_same
 
 from ding_buffer import create_buffer
-from ding_buffer.utils import MinSegmentTree, SegmentTree, SumSegmentTree
+from ding_buffer.utils import MinSegmentTree, SegmentTree, SumSegmentTree, deep_merge_dicts
 
 DATA = str(TESTS_DIR / 'data')
 
@@ -256,6 +256,11 @@ def test_a_prioritized_deque_draws_a_full_batch_once_anything_is_stored_as_dinge
     waits = create_buffer(dict(cfg, thruput_controller=dict(sample_min_limit_ratio=1.0)))
     waits.push([{'i': torch.tensor(k)} for k in range(2)])
     assert waits.sample(8, 0) is None and waits.sample(2, 0) is not None
+    # the config DI-engine's compile_config makes (the class defaults merged in), and the buffer's own: the same rule
+    for again in (deep_merge_dicts(type(buf).default_config(), cfg), dict(buf.cfg)):
+        other = create_buffer(again)
+        other.push([{'i': torch.tensor(0)}])
+        assert other.sample(8, 0) is not None
 
 
 def test_deque_is_weights_anneal_and_match_the_priorities():

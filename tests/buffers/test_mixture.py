@@ -791,3 +791,23 @@ def test_members_whose_fields_cannot_join_are_refused_before_anyone_draws(why):
     assert_same(buf.state_dict(), before)
     assert buf.members['offline'].count() == 6
     buf.close()
+
+
+def test_a_state_whose_member_holds_items_that_are_no_dicts_is_refused_at_load(tmp_path):
+    """The door the push refuses, through a load (or a file): refused naming the member, nothing changed; an item
+    pushed into a member itself fails the sample naming the member."""
+    buf = mixture('list', weights=dict(offline=0.5, online=0.5))
+    buf.push(transitions(range(4), 'list'), member='offline')
+    buf.push(transitions(range(4), 'list'))
+    state = buf.state_dict()
+    plain = create_buffer(dict(type='naive', replay_buffer_size=1000, seed=1))
+    plain.push([1, 2, 3])
+    bad = dict(state, members=dict(state['members'], offline=plain.state_dict()))
+    before = buf.state_dict()
+    with pytest.raises(ValueError, match="member 'offline' holds item 0 of type int"):
+        buf.load_state_dict(bad)
+    assert_same(buf.state_dict(), before)
+    buf.members['offline'].push(7)  # the member's own push: a naive buffer takes any object
+    with pytest.raises(TypeError, match="member 'offline' holds a int item"):
+        for _ in range(20):
+            buf.sample(8)

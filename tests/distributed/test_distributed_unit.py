@@ -2637,3 +2637,31 @@ def test_remote_update_takes_object_arrays_of_ids_as_a_local_buffer_does():
         }
         results.append(buf.update(info))
     assert results[0] == results[1] == {'updated': 2, 'stale': 0}
+
+
+def test_a_sharded_load_data_of_managers_moves_no_state_over_the_wire(tmp_path):
+    """Loading files into managers all or nothing keeps each manager's state before the load on that manager (until
+    the client ends the load): a shard larger than one message loads, and the managers send replies only."""
+    from ding_buffer.distributed.sharded import ShardedBuffer
+
+    cfg = make_cfg('naive', 64, 'tensor', file_root=str(tmp_path), timeout=10.0, heartbeat_seconds=5.0)
+    jobs = [_in_process_job(cfg) for _ in range(2)]
+    buf = ShardedBuffer([j[3][0] for j in jobs], without(cfg, 'distributed'), seed=0)
+    for i in range(8):  # 4 pushes of 0.5 MiB per shard
+        buf.push({'obs': torch.full((1, 128 * 1024), float(i))})
+    buf.save_data('ck')
+    buf.push({'obs': torch.zeros(1, 128 * 1024)})
+    sent = [j[0].transport.sent_bytes for j in jobs]
+    buf.load_data('ck')
+    assert [j[0].buffer.count() for j in jobs] == [4, 4]
+    assert all(j[0].transport.sent_bytes - s < (64 << 10) for j, s in zip(jobs, sent))  # replies, no states
+    (tmp_path / 'ck.shard1').write_bytes((tmp_path / 'ck.shard1').read_bytes()[:200])
+    buf.push({'obs': torch.ones(1, 128 * 1024)})  # one shard holds 5 items now
+    before = [j[0].buffer.state_dict() for j in jobs]
+    with pytest.raises(ValueError, match='ck.shard1'):
+        buf.load_data('ck')
+    assert_same([j[0].buffer.state_dict() for j in jobs], before)  # shard 0 put back as it was before the load
+    assert sorted(j[0].buffer.count() for j in jobs) == [4, 5]
+    buf.close()
+    for j in jobs:
+        j[2].join(20)
