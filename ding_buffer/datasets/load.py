@@ -64,6 +64,7 @@ def load_dataset(
     """
     options = checked_options(format, chunk_size, limit, progress, allow_pickle, atomic)
     target = Target.of(buffer)
+    buffer.why_not_sample(1)  # a closed buffer raises its RuntimeError here, before the file is read (it draws nothing)
     path = os.fspath(path)
     if not os.path.isfile(path):
         raise FileNotFoundError(f"no dataset file at {path!r}")

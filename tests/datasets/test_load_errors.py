@@ -377,5 +377,6 @@ def test_a_closed_buffer_is_refused_as_closed_not_as_a_damaged_file(tmp_path):
     buf = create_buffer(dict(type='naive', storage=dict(type='tensor')))
     buf.close()
     path = d4rl(tmp_path)
-    with pytest.raises(RuntimeError, match="is closed"):
-        load_dataset(buf, path, progress=False)
+    for atomic in (True, False):
+        with pytest.raises(RuntimeError, match="is closed"):
+            load_dataset(buf, path, progress=False, atomic=atomic)
