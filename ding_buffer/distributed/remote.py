@@ -221,8 +221,10 @@ class RemoteBuffer(IBuffer):
     def update(self, info: Dict[str, Any]) -> Optional[Dict[str, int]]:
         if self._local is not None:
             return self._local.update(info)
-        if isinstance(info, dict):  # numpy text / object arrays (list storage's ids) travel as the lists they hold
-            lists = {k: v.tolist() for k, v in info.items() if isinstance(v, np.ndarray) and v.dtype.kind in 'USO'}
+        if isinstance(info, dict):  # numpy text arrays, and object arrays of ids (list storage's), travel as lists
+            kinds = {k: v.dtype.kind for k, v in info.items() if isinstance(v, np.ndarray)}
+            ids = 'replay_unique_id'
+            lists = {k: info[k].tolist() for k, c in kinds.items() if c in 'US' or (c == 'O' and k == ids)}
             info = {**info, **lists}
         return self._request('update', info=info)
 
