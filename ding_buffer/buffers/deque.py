@@ -31,6 +31,7 @@ left the buffer is skipped (the advanced buffer's identity check); ``max_use`` t
 """
 
 import copy
+import numbers
 from typing import Any, Dict, List, Mapping, Optional
 
 from easydict import EasyDict
@@ -86,7 +87,7 @@ DEQUE_CHECKS = dict(
     **STORAGE_CHECKS,
 )
 DEQUE_CHECKS['thruput_controller.sample_min_limit_ratio'] = (
-    lambda x: x is None or 1 <= x < INF,
+    lambda x: x is None or (isinstance(x, numbers.Real) and not isinstance(x, bool) and 1 <= x < INF),
     "None (DI-engine's rule) or a number >= 1",
 )
 

@@ -64,7 +64,6 @@ def load_dataset(
     """
     options = checked_options(format, chunk_size, limit, progress, allow_pickle, atomic)
     target = Target.of(buffer)
-    buffer.why_not_sample(1)  # a closed buffer raises its RuntimeError here, before the file is read (it draws nothing)
     path = os.fspath(path)
     if not os.path.isfile(path):
         raise FileNotFoundError(f"no dataset file at {path!r}")
@@ -81,8 +80,8 @@ def load_dataset(
 
 
 class _BufferFailed(Exception):
-    """The buffer's own error (its restore refused: e.g. it is closed), carried out of the file's context, which
-    reads an error raised inside it as damage to the file."""
+    """The buffer's own error (a RuntimeError: e.g. it is closed), carried out of the file's context, which reads a
+    RuntimeError raised inside it as damage to the file."""
 
     def __init__(self, error: Exception) -> None:
         super().__init__(str(error))
@@ -133,6 +132,8 @@ def _fill(
                 buffer.load_state_dict(snapshot)
             except Exception as refused:  # (a closed buffer refuses it as it refused the push)
                 raise _BufferFailed(refused) from e
+        if isinstance(e, RuntimeError):  # the buffer's own state (closed), not the file's: its error as it is
+            raise _BufferFailed(e) from None
         if isinstance(e, FileError) or not isinstance(e, Exception):
             raise
         raise ValueError(

@@ -81,8 +81,10 @@ class ManagerCore:
         self.blobs = BlobStore(dcfg.max_blob_mb * (1 << 20))
         # distributed.shared_memory: workers on this host push through rings, committed by the runner's thread
         self.rings = RingIntake(dcfg, self.counters) if dcfg.shared_memory else None
-        # load_data(undo=True): the buffer's state before that load, per sender, until its end_load
-        self._undo: Dict[Any, Dict[str, Any]] = {}
+        # load_data(undo=True): per sender, the buffer's state before that load and the load's generation, until its
+        # end_load; a later load (or clear) of another sender moves the generation on, and that state is not put back
+        self._undo: Dict[Any, tuple] = {}
+        self._loads = 0
 
     # ------------------------------------------------------------------ dispatch
     def handle(self, sender: Any, request: Any) -> Optional[Dict[str, Any]]:
@@ -93,6 +95,9 @@ class ManagerCore:
                 raise ValueError(f"a request must be a dict with an 'op' str, got {str(request)[:100]!r}")
             op = request['op']
             self.liveness.seen(sender)
+            if self._undo:  # a sender lost before its end_load: its kept state goes
+                for gone in [k for k in self._undo if k in self.liveness.lost]:
+                    del self._undo[gone]
             stats = self.per_sender.setdefault(sender, dict(requests=0))
             stats['requests'] += 1
             if self.rings is not None:  # what the sender wrote into its rings comes before what it asks now
@@ -338,6 +343,7 @@ class ManagerCore:
 
     def _load_state_dict(self, sender, state) -> None:
         self.buffer.load_state_dict(state)
+        self._loads += 1
 
     def _save_data(self, sender, path) -> str:
         where = self.resolve_path(path)
@@ -351,22 +357,25 @@ class ManagerCore:
         if type(undo) is not bool:
             raise TypeError(f"load_data 'undo' must be a bool, got {type(undo).__name__}")
         where = self.resolve_path(path)
-        for gone in [k for k in self._undo if k in self.liveness.lost]:  # (a sender lost before its end_load)
-            del self._undo[gone]
         before = self.buffer.state_dict() if undo else None  # (a restore swaps the storage in: this state stays)
         self.buffer.load_data(where, allow_pickle=bool(self.cfg.allow_pickle))
+        self._loads += 1
         if undo:
-            self._undo[sender] = before
+            self._undo[sender] = (self._loads, before)
         return where
 
     def _end_load(self, sender, restore) -> bool:
         """End the sender's ``load_data(undo=True)``: ``restore`` puts the state before it back. False: none kept."""
         if type(restore) is not bool:
             raise TypeError(f"end_load 'restore' must be a bool, got {type(restore).__name__}")
-        before = self._undo.pop(sender, None)
-        if restore and before is not None:
+        kept = self._undo.pop(sender, None)
+        if kept is None:
+            return False
+        generation, before = kept
+        if restore and generation == self._loads:  # (loaded again since, by another sender: that load stays)
             self.buffer.load_state_dict(before)
-        return before is not None
+            self._loads += 1
+        return True
 
     def resolve_path(self, path: Any) -> str:
         """A worker's file path as a path inside ``distributed.file_root``; ``PermissionError`` otherwise."""
@@ -374,6 +383,7 @@ class ManagerCore:
 
     def _clear(self, sender) -> None:
         self.buffer.clear()
+        self._loads += 1
 
     def _model_version(self, sender, version, session_id=None) -> Dict[str, Any]:
         version, session_id = check_stamp(version, session_id, required=True)  # all checked before anything changes

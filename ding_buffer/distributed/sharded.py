@@ -414,21 +414,33 @@ class ShardedBuffer:
         try:
             for k, shard in enumerate(self.shards):
                 where = shard_path(path, k)
-                if hasattr(shard, 'end_load'):  # a manager's: it keeps its own state until end_load
-                    out.append(self._call(k, 'load_data', where, allow_pickle=allow_pickle, undo=True))
-                    done.append((k, None))
-                else:
-                    before = shard.state_dict()
-                    out.append(self._call(k, 'load_data', where, allow_pickle=allow_pickle))
-                    done.append((k, before))
+                remote = hasattr(shard, 'end_load')  # a manager's: it keeps its own state until end_load
+                before = None if remote else shard.state_dict()
+                done.append((k, before))  # (before the call: a load whose reply was lost may have happened)
+                out.append(
+                    self._call(k, 'load_data', where, allow_pickle=allow_pickle, **({'undo': True} if remote else {}))
+                )
         except BaseException:
-            for k, before in done:
-                self._call(k, 'end_load', True) if before is None else self._call(k, 'load_state_dict', before)
+            for k, before in done[:-1] if done and done[-1][1] is not None else done:
+                self._end(k, before, restore=True)
             raise
         for k, before in done:
             if before is None:
-                self._call(k, 'end_load', False)
+                self._end(k, None, restore=False)
         return out
+
+    def _end(self, k: int, before: Any, restore: bool) -> None:
+        """End shard ``k``'s part of a load: put its state back (``restore``) or let its manager drop the copy it
+        kept; a manager that does not answer keeps what it has (it drops a kept copy when it counts this client
+        lost or at its exit)."""
+        try:
+            if before is None:
+                self._call(k, 'end_load', restore)
+            elif restore:
+                self._call(k, 'load_state_dict', before)
+        except ManagerUnavailableError:
+            if before is not None:
+                raise
 
     def update_model_version(self, version: int, session_id: Optional[str] = None) -> List[Any]:
         return [self._call(k, 'update_model_version', version, session_id) for k in range(self.num_shards)]

@@ -256,6 +256,9 @@ def test_a_prioritized_deque_draws_a_full_batch_once_anything_is_stored_as_dinge
     waits = create_buffer(dict(cfg, thruput_controller=dict(sample_min_limit_ratio=1.0)))
     waits.push([{'i': torch.tensor(k)} for k in range(2)])
     assert waits.sample(8, 0) is None and waits.sample(2, 0) is not None
+    for bad in ('2', [2], True, 0.5):
+        with pytest.raises(ValueError, match="'thruput_controller.sample_min_limit_ratio' has invalid value"):
+            create_buffer(dict(cfg, thruput_controller=dict(sample_min_limit_ratio=bad)))
     # the config DI-engine's compile_config makes (the class defaults merged in), and the buffer's own: the same rule
     for again in (deep_merge_dicts(type(buf).default_config(), cfg), dict(buf.cfg)):
         other = create_buffer(again)

@@ -2665,3 +2665,60 @@ def test_a_sharded_load_data_of_managers_moves_no_state_over_the_wire(tmp_path):
     buf.close()
     for j in jobs:
         j[2].join(20)
+
+
+def test_a_sharded_load_data_whose_reply_is_lost_puts_every_shard_back(tmp_path):
+    """A shard's manager applied the load but its reply did not come: that shard is asked to put its state back too
+    (a manager that kept none answers so), and no manager keeps a copy after the call."""
+    from ding_buffer.distributed.sharded import ShardedBuffer
+
+    parts = [make_remote('advanced', 64, file_root=str(tmp_path)) for _ in range(2)]
+    buf = ShardedBuffer([p[0] for p in parts], without(make_cfg('advanced', 64), 'distributed'), seed=0)
+    cores, ch1 = [p[1] for p in parts], parts[1][2]
+    for i in range(4):
+        buf.extend({'obs': torch.full((2, 2), float(i))})
+    buf.save_data('ck')
+    for i in range(4, 8):
+        buf.extend({'obs': torch.full((2, 2), float(i))})
+    before = states(cores)
+    submit = ch1.submit
+
+    def late_load(request, deadline=None):  # applied, reply lost
+        ch1.fail = 'late' if request.get('op') == 'load_data' else None
+        try:
+            return submit(request, deadline)
+        finally:
+            ch1.fail = None
+
+    ch1.submit = late_load
+    with pytest.raises(ManagerUnavailableError, match='shard 1 of 2'):
+        buf.load_data('ck')
+    assert_same(states(cores), before)
+    ch1.submit = submit
+    assert buf.load_data('ck') and [c.buffer.count() for c in cores] == [4, 4]
+
+
+def test_a_manager_keeps_a_state_for_undo_only_while_its_loader_is_alive_and_never_undoes_a_later_load(tmp_path):
+    """``load_data(undo=True)`` keeps the state before the load until ``end_load``; a sender counted lost drops it,
+    and another sender's load since then is never undone by it."""
+    cfg = make_cfg('naive', 32, file_root=str(tmp_path))
+    buf, dcfg, key = build_manager_buffer(cfg)
+    core = ManagerCore(buf, dcfg, key)
+    local_cfg = EasyDict(without(cfg, 'distributed'))
+    rb, other = (worker_buffer(get_buffer_cls(cfg), local_cfg, dcfg, Loopback(core, sender=s)) for s in (W, 'w2'))
+    rb.extend({'obs': torch.arange(8.0).reshape(4, 2)})
+    rb.save_data('a')
+    rb.extend({'obs': torch.arange(4.0).reshape(2, 2)})
+    assert rb.load_data('a', undo=True) and rb.count() == 4
+    other.extend({'obs': torch.zeros(3, 2)})
+    other.load_data('a')  # another sender's load since: not undone
+    assert rb.end_load(True) is True and rb.count() == 4 and rb.end_load(False) is False
+    rb.extend({'obs': torch.zeros(1, 2)})
+    rb.load_data('a', undo=True)
+    assert rb.end_load(True) is True and rb.count() == 5  # put back: nothing loaded since
+    rb.load_data('a', undo=True)
+    core.liveness.lose(W, 'it closed its connection without EXIT')  # (as the runner counts a sender lost)
+    other.count()  # any request: the lost sender's kept state goes
+    assert rb.end_load(True) is False and rb.count() == 4
+    with pytest.raises(TypeError, match='undo must be a bool'):
+        rb.load_data('a', undo=1)
