@@ -493,21 +493,15 @@ class MixtureReplayBuffer(IBuffer):
                     before = rng.bit_generator.state
                     shares = self._shares(int(size))
                 why = [] if shares is None else self._refusals(shares, cur_learner_iter)
-                if shares is not None and not why and draw:
-                    try:
-                        out = self._draw(shares, cur_learner_iter)
-                    except BaseException:
-                        out = None
-                        raise
-                    finally:
-                        if out is None:  # failed or refused: the split is not drawn either
-                            with self._lock:
-                                rng.bit_generator.state = before
-                    return out
-                with self._lock:
-                    rng.bit_generator.state = before  # a refusal (or a question) draws nothing
-                if shares is not None and not why:
-                    return ''
+                ready, out = shares is not None and not why, None
+                try:
+                    out = self._draw(shares, cur_learner_iter) if ready and draw else None
+                finally:
+                    if out is None:  # a refusal, a question or a failed draw: the split is not drawn either
+                        with self._lock:
+                            rng.bit_generator.state = before
+                if ready:
+                    return out if draw else ''
             finally:
                 locks.release()
             reason = '; '.join(why) or 'every member is empty'
