@@ -735,15 +735,19 @@ class MixtureReplayBuffer(IBuffer):
             _check_items(name, members[name])
         done: Dict[str, Dict[str, Any]] = {}
         with self.lock:  # every member's: a push meanwhile would be undone by a refused load's way back
+            name = None
             try:
                 for name in self._names:
                     before = self._members[name].state_dict()
                     self._members[name].load_state_dict(members[name], deepcopy=deepcopy)
                     done[name] = before
-            except BaseException:
-                for name, before in done.items():
-                    self._members[name].load_state_dict(before)
-                raise
+            except BaseException as e:
+                for back, before in done.items():
+                    self._members[back].load_state_dict(before)
+                named = _named(e, f"mixture member {name!r}: {e}") if isinstance(e, Exception) else e
+                if named is e:
+                    raise
+                raise named from e
             with self._lock:
                 self._rng, self._counters = rng, {k: int(v) for k, v in counters.items()}
 

@@ -373,8 +373,8 @@ def test_a_refused_load_leaves_every_member_as_it_was():
     other = filled('tensor', n_off=50, n_on=10, seed=7)
     before = other.state_dict()
     broken = {**good, 'members': {**good['members'], 'online': {**good['members']['online'], 'rng': 'garbage'}}}
-    with pytest.raises(ValueError):
-        other.load_state_dict(broken)  # offline loads first, then online refuses: offline goes back
+    with pytest.raises(ValueError, match="^mixture member 'online': "):
+        other.load_state_dict(broken)  # offline loads first, then online refuses (named): offline goes back
     assert_same(other.state_dict(), before, 'state after a refused load')
     for bad in ({**good, 'members': {'offline': good['members']['offline']}}, {**good, 'type': 'Naive'}):
         with pytest.raises(ValueError):
