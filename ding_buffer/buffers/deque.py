@@ -92,20 +92,12 @@ DEQUE_CHECKS['thruput_controller.sample_min_limit_ratio'] = (
 )
 
 
-def _thruput(cfg: Mapping) -> Dict[str, Any]:
-    """The thruput controller of the naive / advanced buffer doing the work: DI-engine's rule (None) is a ratio of 1
-    there (the prioritized deque's table lifts it: ``DequeVerbs.needs``)."""
-    out = copy.deepcopy(dict(cfg.thruput_controller))
-    if out.get('sample_min_limit_ratio') is None:
-        out['sample_min_limit_ratio'] = 1.0
-    return out
-
-
 def inner_config(cfg: Mapping) -> Dict[str, Any]:
     """The naive / advanced config that realises a deque config."""
     storage = copy.deepcopy(dict(cfg.storage))
     if items_out(cfg):  # the wrapper drops its keys from the batch first, then splits it (one pass less)
         storage['output'] = None
+    ratio = cfg.thruput_controller.sample_min_limit_ratio
     removers = copy.deepcopy(list(cfg.removers))
     if cfg.max_use != INF and index_for(dict(removers=removers)) is not FreeListIndex:
         # DI-engine's deque: an item spent by max_use frees its place, which the next push fills (a ring would
@@ -116,7 +108,8 @@ def inner_config(cfg: Mapping) -> Dict[str, Any]:
         max_use=cfg.max_use,
         max_staleness=cfg.max_staleness,
         removers=removers,
-        thruput_controller=_thruput(cfg),
+        # DI-engine's rule (None) is a ratio of 1 there; a prioritized deque's table lifts it (DequeVerbs.needs)
+        thruput_controller=copy.deepcopy(dict(cfg.thruput_controller, sample_min_limit_ratio=ratio or 1.0)),
         seed=cfg.seed,
         storage=storage,
     )

@@ -10,7 +10,7 @@ import logging
 import threading
 import time
 import types
-from typing import Any, Dict, List, Mapping, Optional, Sequence
+from typing import Any, Dict, List, Mapping, NoReturn, Optional, Sequence
 
 import numpy as np
 import torch
@@ -153,11 +153,14 @@ def concat(parts: Sequence[Any], key: str, names: Sequence[str], indices: Sequen
     return is left out, except ``IS``, which is 1 for the items of a member that does not weight; a field the members
     return in shapes (or kinds) that do not join is a ``ValueError`` naming it."""
     if isinstance(parts[0], list):
-        for part, name in zip(parts, names):
-            bad = next((x for x in part if not isinstance(x, Mapping)), None)
-            if bad is not None:  # (pushed into the member itself: the mixture's push refuses it)
-                raise TypeError(f"member {name!r} holds a {type(bad).__name__} item; a mixture's items are dicts")
-        return [{**item, key: name} for part, name in zip(parts, names) for item in part]
+        try:
+            return [{**item, key: name} for part, name in zip(parts, names) for item in part]
+        except TypeError as e:  # (an item pushed into a member itself: the mixture's push and loads refuse it)
+            found = next(((n, x) for p, n in zip(parts, names) for x in p if not hasattr(x, 'keys')), None)
+            if found is None:
+                raise
+            name, bad = found
+            raise TypeError(f"member {name!r} holds a {type(bad).__name__} item; a mixture's items are dicts") from e
     tds = [p for p in parts if is_tensordict(p)]
     plain = [to_plain(p) if is_tensordict(p) else p for p in parts]
     if not all(isinstance(p, Mapping) for p in plain):
@@ -204,15 +207,18 @@ def _join(parts: Sequence[Mapping], names: Sequence[str], prefix: str = '') -> D
 _NAMED_ERRORS = (ValueError, TypeError, FileNotFoundError, PermissionError, ImportError)
 
 
-def _named(e: Exception, message: str) -> Exception:
-    """``e`` again with ``message`` (its own type, e.g. a dataset's ``FileError``), or ``e`` itself where its type is
-    not one of ``_NAMED_ERRORS`` or does not take one message."""
-    if not isinstance(e, _NAMED_ERRORS):
-        return e
-    try:
-        return type(e)(message)
-    except Exception:
-        return e
+def _raise_named(e: BaseException, member: str) -> NoReturn:
+    """Raise ``e`` again with its message prefixed ``mixture member 'NAME': `` (its own type, e.g. a dataset's
+    ``FileError``), or as it is where its type is not one of ``_NAMED_ERRORS`` or does not take one message."""
+    named = None
+    if isinstance(e, _NAMED_ERRORS):
+        try:
+            named = type(e)(f"mixture member {member!r}: {e}")
+        except Exception:
+            pass
+    if named is None:
+        raise e
+    raise named from e
 
 
 def _check_items(name: str, state: Any) -> None:
@@ -345,10 +351,7 @@ class MixtureReplayBuffer(IBuffer):
                         instance_name=f'{instance_name}_{name}',
                     )
                 except Exception as e:  # a config key, its dataset file: named with the member
-                    named = _named(e, f"mixture member {name!r}: {e}")
-                    if named is e:
-                        raise
-                    raise named from e
+                    _raise_named(e, name)
                 kind = type(members[name]).capabilities()['item_kind']
                 if kind != 'transition':
                     kinds = kind[:-1] + 'ies' if kind.endswith('y') else kind + 's'
@@ -744,10 +747,7 @@ class MixtureReplayBuffer(IBuffer):
             except BaseException as e:
                 for back, before in done.items():
                     self._members[back].load_state_dict(before)
-                named = _named(e, f"mixture member {name!r}: {e}") if isinstance(e, Exception) else e
-                if named is e:
-                    raise
-                raise named from e
+                _raise_named(e, name)
             with self._lock:
                 self._rng, self._counters = rng, {k: int(v) for k, v in counters.items()}
 

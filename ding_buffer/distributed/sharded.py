@@ -414,14 +414,15 @@ class ShardedBuffer:
         try:
             for k, shard in enumerate(self.shards):
                 where = shard_path(path, k)
-                remote = hasattr(shard, 'end_load')  # a manager's: it keeps its own state until end_load
-                before = None if remote else shard.state_dict()
-                done.append((k, before))  # (before the call: a load whose reply was lost may have happened)
-                out.append(
-                    self._call(k, 'load_data', where, allow_pickle=allow_pickle, **({'undo': True} if remote else {}))
-                )
+                if hasattr(shard, 'end_load'):  # a manager's: it keeps its own state until end_load
+                    done.append((k, None))  # (first: a load whose reply was lost may have happened)
+                    out.append(self._call(k, 'load_data', where, allow_pickle=allow_pickle, undo=True))
+                else:  # a local buffer's own load is all or nothing: a copy of its state for the others' failure
+                    before = shard.state_dict()
+                    out.append(self._call(k, 'load_data', where, allow_pickle=allow_pickle))
+                    done.append((k, before))
         except BaseException:
-            for k, before in done[:-1] if done and done[-1][1] is not None else done:
+            for k, before in done:
                 self._end(k, before, restore=True)
             raise
         for k, before in done:
