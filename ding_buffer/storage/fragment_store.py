@@ -9,10 +9,10 @@ consumers read from by id; ours does the same with two kinds:
   what the store holds, so a later sample of the same fragment is what was pushed. (Read-only views are not an
   option: a torch tensor cannot be made unwritable.)
 * ``disk``: one file per fragment under ``path`` (``<id>.pt``, written with ``torch.save`` to a temporary name and
-  renamed, read back with ``weights_only=True``: tensors, arrays, numbers, strings and containers of them, never
-  code). Several processes may open the same ``path``: a producer ``put``s a payload and pushes only its id, a
-  learner ``get``s the payloads of the ids it sampled. No fsync: it is a cache of fragments in flight, not a
-  checkpoint (the owner clears it when it starts).
+  renamed, read back with ``weights_only=True`` once its CRC-32 checksums match: tensors, arrays, numbers, strings
+  and containers of them, never code; a flipped bit is a ``ValueError``). Several processes may open the same
+  ``path``: a producer ``put``s a payload and pushes only its id, a learner ``get``s the payloads of the ids it
+  sampled. No fsync: it is a cache of fragments in flight, not a checkpoint (the owner clears it when it starts).
 
 Ids are 32 lowercase hex characters (``uuid4().hex``), checked on every call, so an id from the wire never names a
 path: the directory is the owner's ``path``, from its config. The buffer deletes a payload when no receive queue,
@@ -29,6 +29,8 @@ from typing import Any, Dict, Iterable, Optional, Set
 
 import numpy as np
 import torch
+
+from ..persistence import check_integrity
 
 _ID = re.compile(r'[0-9a-f]{32}')
 KINDS = ('memory', 'disk')
@@ -117,6 +119,14 @@ class FragmentStore:
                 raise KeyError(f"no fragment {fragment_id!r} in the store (deleted, or never put)") from None
             return copy.deepcopy(payload)
         path = self._file(fragment_id)
+        try:
+            check_integrity(path)  # (torch.load does not check the archive's CRC-32: a flipped bit would be other data)
+        except ValueError:
+            if not os.path.isfile(path):
+                raise KeyError(
+                    f"no fragment {fragment_id!r} in the store at {self.path} (deleted, or never put)"
+                ) from None
+            raise
         try:
             with torch.serialization.safe_globals(list(numpy_globals())):
                 return torch.load(path, map_location='cpu', weights_only=True)

@@ -426,6 +426,40 @@ def test_a_disk_store_refuses_payloads_it_could_not_read_back(tmp_path):
     assert buf.sample(1)[0]['data']['meta'] == [1, 'a', None, 2.5]
 
 
+def test_a_bit_flipped_fragment_file_is_refused_and_the_failed_sample_changes_nothing(tmp_path):
+    """A fragment file read back from disk (by a sample, or by a learner's own store) is checked against its
+    CRC-32 checksums: one flipped bit of a payload is a ValueError, never other data."""
+    import struct
+    import zipfile
+
+    path = str(tmp_path / 's')
+    buf = create_buffer(dict(type='chunk', max_reuse=2, seed=0, store=dict(type='disk', path=path)))
+    buf.push(dict(worker='w', fid=0, model_version=0, data={'x': torch.full((64,), 7, dtype=torch.uint8)}))
+    (fid,) = buf.store.ids()
+    file = os.path.join(path, fid + '.pt')
+    with open(file, 'rb') as f:
+        good = f.read()
+    with zipfile.ZipFile(file) as z:
+        info = next(i for i in z.infolist() if i.filename.endswith('/data/0'))
+    name_len, extra_len = struct.unpack('<HH', good[info.header_offset + 26 : info.header_offset + 30])
+    bad = bytearray(good)
+    bad[info.header_offset + 30 + name_len + extra_len + 5] ^= 0x01  # one bit of the tensor's bytes
+    with open(file, 'wb') as f:
+        f.write(bytes(bad))
+    before = buf.stats()
+    with pytest.raises(ValueError, match='CRC-32'):
+        buf.sample(1)
+    with pytest.raises(ValueError, match='CRC-32'):
+        FragmentStore('disk', path).get(fid)  # a learner reading the id it sampled
+    assert buf.stats() == before
+    with open(file, 'wb') as f:
+        f.write(good)
+    assert buf.sample(1)[0]['data']['x'].tolist() == [7] * 64
+    os.remove(file)
+    with pytest.raises(KeyError, match='deleted, or never put'):
+        FragmentStore('disk', path).get(fid)
+
+
 def test_a_disk_store_round_trips_numpy_payloads_through_samples_states_and_files(tmp_path):
     data = {
         'obs': np.arange(6.0).reshape(2, 3),
