@@ -227,7 +227,7 @@ class ObjectEpisodes(_EpisodeStore):
             flat = {p: v[s : s + unroll_len] for p, v in flatten(ep).items()}
             valid = batch_len(next(iter(flat.values())), ())
             if pad:
-                flat = {p: _pad_time(torch.as_tensor(v), unroll_len) for p, v in flat.items()}
+                flat = {p: _pad_leaf(v, unroll_len) for p, v in flat.items()}
                 window = unflatten(flat)
                 window['mask'] = torch.arange(unroll_len) < valid
             else:
@@ -422,6 +422,16 @@ def _tensordict_window(window: Dict[str, Any], episode: Any, unroll_len: int) ->
     """A window of a TensorDict episode as a TensorDict of ``batch_size=[unroll_len]`` on the episode's device (the
     leaves are the window's slices; ``tensordict`` is loaded, since ``episode`` is one)."""
     return sys.modules['tensordict'].TensorDict(window, batch_size=[unroll_len], device=episode.device)
+
+
+def _pad_leaf(leaf: Any, unroll_len: int) -> Any:
+    """A dict window's leaf zero-padded to ``unroll_len`` steps as a tensor; a leaf no tensor can hold (a list of
+    strings or objects) stays a list, padded with ``None`` as a list episode is."""
+    try:
+        t = torch.as_tensor(leaf)
+    except (TypeError, ValueError, RuntimeError):
+        return list(leaf) + [None] * (unroll_len - len(leaf))
+    return _pad_time(t, unroll_len)
 
 
 def _pad_time(t: torch.Tensor, unroll_len: int) -> torch.Tensor:

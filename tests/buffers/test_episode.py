@@ -475,6 +475,19 @@ def test_list_storage_padding_of_dict_episode_is_zero_with_mask():
     assert torch.as_tensor(window['act']).tolist() == [0, 1, 0, 0]
 
 
+def test_list_storage_padding_keeps_a_leaf_no_tensor_holds_as_a_list_padded_with_none():
+    """A dict episode with a list of strings beside its numbers: accepted at push, so every window of it samples
+    (padded or not, with pad on for the whole buffer) -- the strings stay a list, padded with None."""
+    buf = create_buffer(dict(type='episode', replay_buffer_size=4, pad_short_episodes=True, seed=0))
+    assert buf.push({'instruction': ['go', 'left', 'stop'], 'reward': [0.0, 0.0, 1.0]}) == 1
+    (window,) = buf.sample(1, unroll_len=5)
+    assert window['instruction'] == ['go', 'left', 'stop', None, None]
+    assert window['reward'].tolist() == [0.0, 0.0, 1.0, 0.0, 0.0]
+    assert window['mask'].tolist() == [True, True, True, False, False]
+    seen = {tuple(buf.sample(1, unroll_len=2)[0]['instruction']) for _ in range(40)}
+    assert seen == {('go', 'left'), ('left', 'stop')}
+
+
 def td_ep(e, length):
     """The dict episode of ``dict_ep`` as a TensorDict with batch_size [length], plus a nested field."""
     tensordict = pytest.importorskip('tensordict')
