@@ -565,9 +565,14 @@ def test_close_is_idempotent_and_a_closed_buffer_refuses_pushes(case, tmp_path):
         buf.push(case.data(rng, 1, start=999))
     with pytest.raises(RuntimeError, match='closed'):  # a closed buffer changes no more (its files stay)
         buf.clear()
-    if case.takes_garbage_updates:  # (elsewhere update is a no-op)
+    # every update, a no-op one included (a naive buffer's priority_info), as the docs say
+    noop = {'replay_unique_id': ['0'], 'replay_buffer_idx': [0], 'priority': [1.0]}
+    info = case.good_update(batch)[0] if case.takes_garbage_updates else noop
+    with pytest.raises(RuntimeError, match='closed'):
+        buf.update(info)
+    if case.preset == 'elastic':
         with pytest.raises(RuntimeError, match='closed'):
-            buf.update(case.good_update(batch)[0])
+            buf.resize(3)
     assert buf.count() == count  # data stays readable, unchanged
     assert_same(buf.state_dict(), state)
 
