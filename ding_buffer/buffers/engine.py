@@ -651,6 +651,8 @@ class Engine(IBuffer):
             with self._lock:
                 if self._closed:
                     self._check_open()
+                if self._periodic is not None:
+                    self._periodic.start()  # (a buffer only sampled, e.g. loaded from a file, reports too)
                 # Rules, limits or a wait to run first? Otherwise the draw refuses by itself (the hot path).
                 why = (
                     self._ready(size, cur_learner_iter, shortfall, timeout, deadline)

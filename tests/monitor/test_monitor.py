@@ -515,6 +515,22 @@ def test_periodic_counts_the_first_push_without_explicit_start():
         buf.close()
 
 
+def test_periodic_reports_a_buffer_that_is_only_sampled():
+    """Offline RL: a buffer filled by load_state_dict and then only sampled writes its _sec scalars too -- the
+    partial period at close() at least, with every sampled item counted and nothing pushed."""
+    src = create_buffer(tensor_cfg())
+    src.push(items(40))
+    tb = FakeTB()
+    buf = create_buffer(tensor_cfg(monitor=dict(periodic_thruput=dict(seconds=3600))), tb_logger=tb)
+    buf.load_state_dict(src.state_dict())
+    for _ in range(5):
+        assert buf.sample(8) is not None
+    buf.close()
+    assert sum(v for _, v in tb.of('buffer_sec/sampled_out')) == 40
+    assert sum(v for _, v in tb.of('buffer_sec/pushed_in')) == 0
+    assert tb.of('buffer_sec/current_have')[-1][1] == 40
+
+
 @pytest.mark.parametrize(
     'extra',
     [
