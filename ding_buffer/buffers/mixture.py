@@ -639,10 +639,12 @@ class MixtureReplayBuffer(IBuffer):
                 member = self._members[name]
                 parse_update(part, member.instance_name, member.replay_buffer_size)
         out = {'updated': 0, 'stale': 0}
-        for name, part in parts.items():
-            got = self._members[name].update(part) or {}
-            for k in out:
-                out[k] += int(got.get(k, 0))
+        with self.lock:  # one step for every member: a close() that began meanwhile refuses it whole, or waits
+            self._check_open()
+            for name, part in parts.items():
+                got = self._members[name].update(part) or {}
+                for k in out:
+                    out[k] += int(got.get(k, 0))
         return out
 
     def _route(self, info: Mapping) -> Dict[str, Dict[str, Any]]:
@@ -693,6 +695,7 @@ class MixtureReplayBuffer(IBuffer):
         """Clear every member (as one step: every member's lock held)."""
         self._check_open()
         with self.lock:
+            self._check_open()  # (a close() that began meanwhile: no member is cleared)
             for b in self._members.values():
                 b.clear()
 
@@ -738,6 +741,7 @@ class MixtureReplayBuffer(IBuffer):
             _check_items(name, members[name])
         done: Dict[str, Dict[str, Any]] = {}
         with self.lock:  # every member's: a push meanwhile would be undone by a refused load's way back
+            self._check_open()
             name = None
             try:
                 for name in self._names:

@@ -765,6 +765,35 @@ def test_a_closed_mixture_refuses_clear_and_update():
 
 
 @pytest.mark.timeout(60)
+def test_a_close_that_begins_during_an_update_waits_for_every_members_part():
+    """An update under way when close() begins finishes whole: the close, started by a member's update (after that
+    member applied its part, before the next member's), waits -- it never closes the next member in between."""
+    both = dict(type='advanced', storage=dict(type='tensor'))
+    buf = mixture('tensor', weights=dict(offline=0.5, online=0.5), offline=both, online=both)
+    for member in ('offline', 'online'):
+        buf.push([{'obs': torch.full((4,), float(i))} for i in range(20)], member=member)
+    batch = buf.sample(8)
+    info = {k: batch[k] for k in ('replay_unique_id', 'replay_buffer_idx', 'mixture_member')}
+    info['priority'] = torch.full((8,), 5.0)
+    first, own = buf.members['offline'], buf.members['offline'].update
+    closer = threading.Thread(target=buf.close)
+
+    def update_then_close(part):
+        out = own(part)
+        closer.start()
+        closer.join(0.5)  # a close that is not held back ends here, closing the next member first
+        return out
+
+    first.update = update_then_close
+    assert buf.update(info) == {'updated': 8, 'stale': 0}
+    closer.join(30)
+    assert not closer.is_alive()
+    assert buf.stats()['offline.updated'] == 4 and buf.stats()['online.updated'] == 4
+    with pytest.raises(RuntimeError, match='closed'):
+        buf.update(info)
+
+
+@pytest.mark.timeout(60)
 def test_a_timeout_bounds_the_wait_for_a_members_lock():
     buf = filled(n_off=20, n_on=20, weights={'offline': 1, 'online': 1})
     answered = answer_while_held(buf.members['online'].lock, lambda: buf.sample(4, timeout=0.2))
