@@ -240,12 +240,18 @@ class TaskBuffer(Buffer):
             with its ``replay_buffer_idx``). Updates are queued and applied together before the next call that
             reads priorities (``sample``, ``count``, ``stats``, ``state_dict``, ``save_data``), where an item that
             left the buffer meanwhile is skipped (counted as stale in ``stats()``). Replacing ``data`` is not
-            supported (``NotImplementedError``). Returns whether an update was queued.
+            supported (``NotImplementedError``); a ``meta`` without ``priority`` is a ``ValueError``, as NaN or
+            negative ones are. Returns whether an update was queued (False without the priority middleware).
         """
         if data is not None:
             raise NotImplementedError("TaskBuffer.update(data=...) is not supported: stored items are not replaced")
-        if not self.prioritized or meta is None or meta.get('priority') is None:
+        if not self.prioritized:
             return False
+        if not isinstance(meta, dict) or meta.get('priority') is None:  # (DI-engine's middleware fails on it too)
+            raise ValueError(
+                f"TaskBuffer.update: meta 'priority' is missing (meta {meta!r:.60}); expected the meta sample "
+                f"returned with the new 'priority' set"
+            )
         tail = index[len(self._prefix) :] if isinstance(index, str) and index.startswith(self._prefix) else ''
         if not (is_id_text(tail) and int(tail) < 1 << 63):  # (the queued updates stay good)
             raise ValueError(f"TaskBuffer.update: index {index!r:.60} is not an id of this buffer")

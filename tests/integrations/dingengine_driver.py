@@ -391,6 +391,7 @@ def run_badinput(args) -> dict:
     bad_meta = {
         'NaN priority': ({'priority': nan, 'replay_buffer_idx': slot}, 'priority'),
         'negative priority': ({'priority': -1.0, 'replay_buffer_idx': slot}, 'priority'),
+        'no priority': ({'replay_buffer_idx': slot}, 'priority'),
         'no replay_buffer_idx': ({'priority': 1.0}, 'replay_buffer_idx'),
         'NaN replay_buffer_idx': ({'priority': 1.0, 'replay_buffer_idx': nan}, 'replay_buffer_idx'),
         'negative replay_buffer_idx': ({'priority': 1.0, 'replay_buffer_idx': -1}, 'replay_buffer_idx'),

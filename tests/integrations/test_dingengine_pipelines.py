@@ -258,7 +258,7 @@ def test_bad_input_from_dingengine_is_refused_whole_naming_the_field(dingengine_
     cases = drive(dingengine_python, run_env, tmp_path, 'bad input', 'badinput')['cases']
     refusals = {name: case for name, case in cases.items() if 'field' in case}
     # serial: tensor and list storage (advanced), deque; task: TaskBuffer.update
-    assert len(refusals) == 2 * 8 + 2 + 5, sorted(refusals)
+    assert len(refusals) == 2 * 8 + 2 + 6, sorted(refusals)
     problems = []
     for name, case in refusals.items():
         if case['raised'] not in ('ValueError', 'TypeError'):
