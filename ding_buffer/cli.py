@@ -14,7 +14,7 @@ import shutil
 import sys
 import textwrap
 import time
-from typing import List, NoReturn, Optional
+from typing import Dict, List, NoReturn, Optional
 
 from .ready_configs import list_configs, resolve_config
 from .train.env import LAUNCHED
@@ -313,24 +313,30 @@ class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> 'NoReturn':
         hint = ''
         if message.startswith('unrecognized arguments:'):
-            known = _option_strings(self)
+            owners = _option_owners(self, '')
             for token in message.split(':', 1)[1].split():
                 flag = token.split('=', 1)[0]
-                close = difflib.get_close_matches(flag, known, n=1) if flag.startswith('--') else []
+                if flag in owners:  # refused here, an option of another subcommand
+                    hint += f"; {flag!r} is an option of {' / '.join(repr(o) for o in owners[flag])} only"
+                    continue
+                close = difflib.get_close_matches(flag, sorted(owners), n=1) if flag.startswith('--') else []
                 if close:
                     hint += f"; did you mean {close[0]!r} for {flag!r}?"
         self.exit(2, f"{self.prog}: error: {message}{hint} (see {self.prog} --help)\n")
 
 
-def _option_strings(parser: argparse.ArgumentParser) -> List[str]:
-    """Every long option of ``parser`` and of its subcommands."""
-    out = []
+def _option_owners(parser: argparse.ArgumentParser, name: str) -> Dict[str, List[str]]:
+    """Every long option of ``parser`` (called ``name``) and of its subcommands, with the commands that take it."""
+    out: Dict[str, List[str]] = {}
     for action in parser._actions:
-        out += [s for s in action.option_strings if s.startswith('--')]
+        for s in action.option_strings:
+            if s.startswith('--') and s != '--help':
+                out.setdefault(s, []).append(f'{parser.prog.split()[0]} {name}'.strip())
         if isinstance(action, argparse._SubParsersAction):
-            for sub in action.choices.values():
-                out += _option_strings(sub)
-    return sorted(set(out))
+            for sub_name, sub in action.choices.items():
+                for s, owners in _option_owners(sub, sub_name).items():
+                    out.setdefault(s, []).extend(owners)
+    return out
 
 
 def _add_train(sub: "argparse._SubParsersAction") -> None:

@@ -97,6 +97,7 @@ def _one_line_error(err: str, *needles: str) -> None:
         (['train', 'CFG', '--no-such-flag'], ['--no-such-flag']),
         (['train', '--env-stepz', '5', 'CFG'], ["did you mean '--env-steps' for '--env-stepz'"]),
         (['train', 'CFG', '--therads=2'], ["did you mean '--threads' for '--therads'"]),
+        (['train', 'CFG', '--title', 'x'], ["'--title' is an option of 'ding-buffer plot' only"]),  # not "did you mean"
         (['train', 'cartpole_dqn_pr'], ["'cartpole_dqn_pr'", "did you mean 'cartpole_dqn_per'?"]),
         (['train', 'config/cartpole_apx.py'], ["did you mean 'cartpole_apex'?"]),
         (['train'], ['config']),
