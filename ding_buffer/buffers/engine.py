@@ -275,7 +275,8 @@ class Engine(IBuffer):
         if not self._t.capacity_rules:
             raise ValueError(
                 f"config key 'removers' names the capacity rule {rule.name!r}, which type {kind!r} does not take "
-                f"(capacity rules choose what leaves a full table of items: types 'naive', 'elastic', 'advanced')"
+                f"(capacity rules choose what leaves a full table of items: types 'naive', 'elastic', 'advanced', "
+                f"'deque'; 'chunk' takes 'fifo' and 'max_use')"
             )
         column = rule.column
         if column is not None and column not in self.view.columns:
