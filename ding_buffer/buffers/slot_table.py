@@ -8,7 +8,7 @@ consecutive items (``runs_request``: ``sequence``). A prioritized table adds its
 ``written`` and ``removed``, instead of copying the write path.
 """
 
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
@@ -317,17 +317,16 @@ class SlotTable(Table):
         size = None if self.window is None else self.window.asked(info)
         if size is None:
             return super().update(info)
+        return self._move(size)
 
-        def move(spent: Any) -> None:  # under the buffer's lock; DI-engine's elastic update returns None
-            self.window.size = size
+    def resize(self, size: Any) -> Callable[[Any], None]:
+        """The ``NewestWindow``'s size set directly (checked first), applied as ``update(envstep)`` is."""
+        return self._move(checked_size(size, 'size'))
 
-        return move
-
-    def resize(self, size: Any) -> None:
-        """The ``NewestWindow``'s size set directly (checked first)."""
-        size = checked_size(size, 'size')
-        with self.lock:
-            self.window.size = size
+    def _move(self, size: int) -> Callable[[Any], None]:
+        """What the engine applies under the buffer's lock (a closed buffer refuses it); DI-engine's elastic
+        update returns None."""
+        return lambda spent: setattr(self.window, 'size', size)
 
     # ------------------------------------------------------------------ state
     def state(self, engine: Dict[str, Any]) -> Dict[str, Any]:
