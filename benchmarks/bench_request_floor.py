@@ -22,6 +22,11 @@ What is measured
     spinning: an upper bound on the work a request costs, not the work itself. Nothing is random and nothing is
     asserted. All processes run with ``OMP_NUM_THREADS=1``.
 
+    A second table times the manager's own steps of one small request in this process, with no transport
+    (``manager_steps``): the request's encode and decode, ``ManagerCore.handle`` of a one-row push, the reply's
+    encode, and the buffer's ``push`` of 1, 8 and 64 rows in one call, per row -- what serving queued requests in
+    one buffer call could save.
+
 Run
     python benchmarks/bench_request_floor.py [--transports torch,mpi,ray] [--clients 1,2,8] [--seconds 3]
                                              [--json PATH] [--quick]
@@ -317,6 +322,47 @@ def table(cells: list) -> str:
     return '\n'.join(lines)
 
 
+# ---------------------------------------------------------------------------------------------- the manager's steps
+def manager_steps(n: int = 20000) -> list:
+    """What one small request costs the manager in one warm process, step by step, with no transport: the decode
+    of a one-row push as it arrives, ``ManagerCore.handle`` (of which the buffer's ``push``), the reply's encode; and
+    the buffer's ``push`` of k rows in one call, per row (what serving k queued requests in one buffer call would
+    pay). An ``advanced`` buffer on tensor storage, the five CartPole fields of ``bench_local_actors``."""
+    import torch
+
+    from ding_buffer import create_buffer
+    from ding_buffer.distributed.codec import decode, encode
+    from ding_buffer.distributed.config import build_distributed_config
+    from ding_buffer.distributed.manager import ManagerCore
+
+    x = {'obs': torch.rand(4), 'action': torch.tensor(1), 'reward': torch.tensor(1.0), 'next_obs': torch.rand(4),
+         'done': torch.tensor(False)}  # fmt: skip
+    buf = create_buffer(dict(type='advanced', replay_buffer_size=n, storage=dict(type='tensor')))
+    core = ManagerCore(buf, build_distributed_config(dict(backend='torch')), 'log_reward')
+    rows, seq = [], iter(range(1 << 62))
+
+    def timed(name, fn, items, per=1):
+        t = time.perf_counter()
+        out = [fn(it) for it in items]
+        rows.append({'step': name, 'us': 1e6 * (time.perf_counter() - t) / (len(items) * per)})
+        return out
+
+    for rep in range(2):  # the first fills the storage once (page faults), the second is reported
+        rows.clear()
+        request = [{'id': i, 'op': 'push', 'args': {'data': [x], 'client': 'c', 'seq': next(seq)}} for i in range(n)]
+        wire = timed('encode of the request (on the worker)', encode, request)
+        got = timed('decode of the request', lambda m: decode(m[0], [bytearray(p) for p in m[1]]), wire)
+        replies = timed('ManagerCore.handle (push, dedup, counters, reply dict)', lambda r: core.handle(0, r), got)
+        refused = [r for r in replies if not r.get('ok') or r['result']['stored'] != 1]
+        if refused:
+            raise RuntimeError(f'the manager did not store {len(refused)} of the timed pushes: {refused[0]}')
+        timed('encode of the reply', encode, replies)
+        for k in (1, 8, 64):
+            lists = [[r['args']['data'][0] for r in got[i : i + k]] for i in range(0, n - k + 1, k)]
+            timed(f'buffer.push alone, {k} row(s) in one call, per row', buf.push, lists, per=k)
+    return rows
+
+
 def options(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split('\n')[0])
     p.add_argument('--transports', default=','.join(TRANSPORTS), help='comma-separated, of torch,mpi,ray')
@@ -370,6 +416,14 @@ def main(argv=None) -> None:
     print(table(cells))
     for name, why in skipped.items():
         print(f'\n- {name}: skipped ({why})')
+    steps = manager_steps()
+    print('\nThe manager\'s own steps of one small request, in one warm process (no transport):\n')
+    print('| step | us |\n|---|---:|\n' + '\n'.join(f'| {r["step"]} | {r["us"]:.1f} |' for r in steps))
+    with open(args.json) as f:
+        report = json.load(f)
+    report['manager_steps'] = steps
+    with open(args.json, 'w') as f:
+        json.dump(report, f, indent=1)
 
 
 if __name__ == '__main__':

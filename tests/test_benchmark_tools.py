@@ -111,3 +111,21 @@ def test_the_request_floor_benchmark_parses_its_options_and_quick_shrinks_the_ru
         with pytest.raises(SystemExit) as e:
             mod.options(bad)
         assert e.value.code == 2, bad
+
+
+def test_the_request_floor_benchmark_times_the_managers_own_steps_in_process():
+    """bench_request_floor.manager_steps: every step of one small request timed once the storage is warm, the
+    buffer push at 1, 8 and 64 rows a call (it raises when a timed push was not stored)."""
+    path = REPO_ROOT / 'benchmarks' / 'bench_request_floor.py'
+    spec = importlib.util.spec_from_file_location('bench_request_floor', path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    rows = mod.manager_steps(n=256)
+    steps = [r['step'] for r in rows]
+    assert len(steps) == 7 and steps[2].startswith('ManagerCore.handle'), steps
+    assert [s.split(', ')[1] for s in steps[4:]] == [
+        '1 row(s) in one call',
+        '8 row(s) in one call',
+        '64 row(s) in one call',
+    ]
+    assert all(r['us'] > 0 for r in rows), rows
