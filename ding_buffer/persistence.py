@@ -187,12 +187,14 @@ _DOS_DIRECTORY = 0x10  # the MS-DOS directory bit of a zip member's external att
 
 def check_integrity(path: str) -> None:
     """Raise ``ValueError`` unless ``path`` is a zip archive whose every member matches its CRC-32 (what
-    ``torch.save`` writes; ``torch.load`` itself does not check them, so a flipped bit would load other data) and
+    ``torch.save`` writes; ``torch.load`` itself does not check them, so a flipped bit would load other data), none
+    is compressed (``torch.save`` stores every member as it is; a compressed one may inflate to any size) and
     none is marked as a directory (``torch.save`` writes none; ``torch.load`` reads no data for one, so its tensors
     would hold whatever memory was there)."""
     try:
         with zipfile.ZipFile(path) as archive:
-            bad = archive.testzip()
+            packed = next((i.filename for i in archive.infolist() if i.compress_type != zipfile.ZIP_STORED), None)
+            bad = archive.testzip() if packed is None else None  # (testzip would inflate it: gigabytes, maybe)
             folder = next((i.filename for i in archive.infolist() if i.external_attr & _DOS_DIRECTORY), None)
     except (
         zipfile.BadZipFile,
@@ -205,6 +207,8 @@ def check_integrity(path: str) -> None:
         zlib.error,  # a member flagged as compressed
     ) as e:
         raise ValueError(f"{path!r} is not a readable buffer file (corrupt or truncated?): {e}") from e
+    if packed is not None:
+        raise ValueError(f"{path!r} is corrupt: archive member {packed!r} is compressed (torch.save stores members)")
     if bad is not None:
         raise ValueError(f"{path!r} is corrupt: archive member {bad!r} does not match its CRC-32 checksum")
     if folder is not None:

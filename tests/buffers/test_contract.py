@@ -371,6 +371,20 @@ def test_load_data_member_marked_as_a_directory_raises_value_error(case, tmp_pat
         )
 
 
+@all_cases
+def test_load_data_refuses_compressed_members_before_inflating_them(case, tmp_path):
+    """torch.save stores every member as it is: a file whose members are deflated (valid, CRC-32 intact) is foreign
+    -- and one such member of a few KB may inflate to gigabytes -- so it is refused before anything is read."""
+    buf, before, raw = _saved(case, tmp_path)
+    packed = io.BytesIO()
+    with zipfile.ZipFile(io.BytesIO(bytes(raw))) as z, zipfile.ZipFile(packed, 'w', zipfile.ZIP_DEFLATED) as out:
+        for info in z.infolist():
+            out.writestr(info.filename, z.read(info.filename))
+    _check_refused_file(
+        case, buf, before, packed.getvalue(), tmp_path / 'packed.pt', 'deflated members', match='is compressed'
+    )
+
+
 def _data_records(raw):
     """(name, first byte, size) of every tensor record ('.../data/N') of a torch.save zip file."""
     out = []
