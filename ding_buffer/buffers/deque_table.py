@@ -13,7 +13,7 @@ from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Tuple
 import numpy as np
 
 from ..config import INF
-from ..control.priority import as_priorities
+from ..control.priority import as_priorities, split_ids
 from ..monitor.tb import TBSink
 from .common import STEP_LIMIT, check_step
 from .outputs import as_items
@@ -223,13 +223,18 @@ class DequeVerbs:
             isinstance(ids, list)
             and isinstance(slots, list)
             and len(ids) == len(slots)
-            and all(type(i) in (str, int) for i in ids)
+            and all(type(i) is str or (type(i) is int and 0 <= i < 1 << 63) for i in ids)
             and all(type(k) is int and 0 <= k < self.capacity() for k in slots)
         )
+        if ok:
+            try:
+                split_ids(ids, self.name)  # as update reads them: a str id past int64 would fail every update
+            except ValueError:
+                ok = False
         if not ok:
             raise ValueError(
                 f"state has an invalid 'last_batch' entry {batch!r:.80}; expected None or "
-                f"{{'ids': [...], 'slots': [slot ints]}} of equal length"
+                f"{{'ids': [str or int in [0, 2**63) ...], 'slots': [slot ints]}} of equal length"
             )
         return list(ids), list(slots)
 

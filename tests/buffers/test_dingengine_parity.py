@@ -635,6 +635,9 @@ def test_deque_state_keeps_the_batch_to_update_and_checks_it():
         {'ids': ['a', 'b'], 'slots': [1]},
         [1, 2],
         {'ids': [1.5], 'slots': [0]},
+        {'ids': [2**70], 'slots': [0]},  # ids no update can read (every later update raised)
+        {'ids': ['buffer_' + '9' * 30], 'slots': [0]},
+        {'ids': [-1], 'slots': [0]},
     ):
         state = buf.state_dict()
         state['last_batch'] = bad
