@@ -226,7 +226,8 @@ def find_rule(rules: List[Remover], kind: type) -> Optional[Remover]:
 
 
 class UseCounts:
-    """Times each slot's element was drawn (int32 per slot; reset when a slot is written or emptied).
+    """Times each slot's element was drawn (int32 per slot, stopping at 2**31 - 1; reset when a slot is written or
+    emptied).
 
     Examples:
         >>> use = UseCounts(4)
@@ -279,8 +280,8 @@ class UseCounts:
         arr = np.asarray(state)
         if arr.shape != self.counts.shape or arr.dtype.kind not in 'iu':
             raise ValueError(f"saved 'use' has shape {arr.shape} dtype {arr.dtype}, expected ints {self.counts.shape}")
-        if len(arr) and arr.min() < 0:
-            raise ValueError("saved use counts must be >= 0")
+        if len(arr) and not (arr.min() >= 0 and arr.max() <= kern.USE_MAX):  # (int32; draws stop there)
+            raise ValueError(f"saved use counts must be >= 0 and at most 2**31 - 1, got {arr.min()}..{arr.max()}")
         if valid is not None and (arr[~valid] != 0).any():
             raise ValueError("saved use counts are non-zero at empty slots")
         new = UseCounts(len(arr))

@@ -7,6 +7,7 @@ from collections import Counter
 
 import numpy as np
 import pytest
+import torch
 from easydict import EasyDict
 
 from ding_buffer.control.limits import (
@@ -139,3 +140,28 @@ def test_base_remover_removes_nothing_and_checks_nothing():
     assert (rule.name, dict(rule.checks)) == ('rule', {})
     for out in (rule.before_sample(None, 10**9), rule.after_sample(None, np.arange(5), np.full(5, 99))):
         assert out.dtype == np.int64 and out.shape == (0,)
+
+
+def test_use_counts_stop_at_the_int32_limit_and_the_state_still_loads():
+    """Use counts are int32 per slot: a saved count of 2**31 - 1 was accepted, the next draw wrapped it to -2**31
+    and the buffer's own state no longer loaded. A count stops at 2**31 - 1; a saved one beyond it is refused."""
+    from ding_buffer import create_buffer
+
+    for storage in ('tensor', 'list'):
+        cfg = dict(type='advanced', replay_buffer_size=4, seed=0, storage=dict(type=storage))
+        buf = create_buffer(cfg)
+        buf.push([{'obs': torch.zeros(2)} for _ in range(4)])
+        state = buf.state_dict()
+        state['index']['use'][:] = 2**31 - 1
+        other = create_buffer(cfg)
+        other.load_state_dict(state)
+        for _ in range(3):
+            out = other.sample(4)
+            use = out['use'].tolist() if storage == 'tensor' else [item['use'] for item in out]
+            assert use == [2**31 - 1] * 4, use
+        after = other.state_dict()
+        assert after['index']['use'].tolist() == [2**31 - 1] * 4
+        create_buffer(cfg).load_state_dict(after)  # its own state loads back
+        state['index']['use'][:] = -1
+        with pytest.raises(ValueError, match='use counts'):
+            create_buffer(cfg).load_state_dict(state)
