@@ -3,6 +3,7 @@ counters and limiter, use counts), all or nothing: every part is rebuilt and val
 in. Functions of the table ``t``."""
 
 import copy
+import os
 from typing import Any, Dict, Optional
 
 import numpy as np
@@ -11,6 +12,7 @@ import torch
 from ..config import build_config
 from ..control.diversity import row_hashes
 from ..control.limits import UseCounts
+from ..tree_kernels import USE_MAX
 from .gfn_data import ColumnStore, ContainerStoreBase, check_log_reward, rebuild_container
 from .gfn_parts import make_store, physical_slots
 from .gfn_ring import container_store
@@ -19,6 +21,7 @@ from .table import Restored
 # Version of the saved slot layout: 2 keeps each item's slot and the free-slot stack (stores that reuse slots: dict
 # batches, torchgfn containers; files of layout 1 hold items at slots 0..n-1).
 LAYOUT = 2
+SLOT_BYTES = 17  # what the reward index alone keeps per slot: log-reward, sequence number, alive flag
 # Keys that describe what is stored; they travel with a save and are restored by ``load_data``.
 SETTINGS = (
     'replay_buffer_size',
@@ -101,8 +104,8 @@ def restored_uses(t, state: Dict[str, Any], index: Any) -> Optional[UseCounts]:
     if state.get('use') is None:
         return UseCounts(physical)
     saved = np.asarray(state['use'])
-    if saved.shape != (n,) or (n and (saved.dtype.kind not in 'iu' or saved.min() < 0)):
-        raise ValueError(f"saved 'use' must be {n} ints >= 0, got shape {saved.shape}")
+    if saved.shape != (n,) or (n and (saved.dtype.kind not in 'iu' or saved.min() < 0 or saved.max() > USE_MAX)):
+        raise ValueError(f"saved 'use' must be {n} ints in [0, 2**31 - 1], got shape {saved.shape}")
     return UseCounts.placed(physical, restored_slots(state, n), saved)
 
 
@@ -118,6 +121,7 @@ def restored_parts(t, state: Dict[str, Any]):
     r, seq = _saved_index_arrays(t, saved)
     n = len(r)
     _check_saved_layout(state)
+    _check_room(t.cfg, state, n)
     kind = state['store'].get('kind')
     store, container = _empty_store(t, state, kind, n)
     index, states = t.parts_for(store)  # swapped in by the caller only when everything succeeded
@@ -162,6 +166,31 @@ def _check_saved_layout(state: Dict[str, Any]) -> None:
         raise ValueError(f"state of layout {LAYOUT} needs 'slots' and 'free' entries")
     if 'track_states' not in state:
         raise ValueError("state has no 'track_states' entry")
+
+
+def _check_room(cfg: Any, state: Dict[str, Any], n: int) -> None:
+    """Before anything is allocated for the saved capacity (a few-KB file may declare any): a saved free list
+    names every slot no item holds, and the slots' index fits in this machine's memory."""
+    free = state.get('free')
+    physical = physical_slots(cfg, free is not None)
+    if free is not None and len(free) != physical - n:
+        raise ValueError(
+            f"saved free slots must be exactly the slots no item holds: {physical - n} for the saved "
+            f"replay_buffer_size {cfg['replay_buffer_size']} and {n} items, got {len(free)}"
+        )
+    if physical * SLOT_BYTES > machine_memory():
+        raise ValueError(
+            f"saved replay_buffer_size {cfg['replay_buffer_size']} needs {physical * SLOT_BYTES / 2**30:.1f} GiB "
+            f"for its slots alone, more than this machine's {machine_memory() / 2**30:.1f} GiB"
+        )
+
+
+def machine_memory() -> int:
+    """Bytes of physical memory (no limit where the system cannot tell)."""
+    try:
+        return os.sysconf('SC_PHYS_PAGES') * os.sysconf('SC_PAGE_SIZE')
+    except (ValueError, OSError, AttributeError):
+        return 1 << 62
 
 
 def _empty_store(t, state: Dict[str, Any], kind: Any, n: int):
