@@ -594,7 +594,7 @@ class ChunkTable(Table):
         last_fid = OrderedDict((saved_name(w, 'worker'), saved_number(f, 'fid')) for w, f in state['last_fid'].items())
         if len(last_fid) > MAX_WORKERS:
             raise ValueError(f"state tracks {len(last_fid)} workers, more than {MAX_WORKERS}")
-        chunks = self._saved_chunks(state['chunks'], last_fid)
+        chunks = self._saved_chunks(state['chunks'])
         queues = self._saved_queues(state['queues'], last_fid)
         held = [r[4] for ch in chunks for r in ch['records']] + [r[4] for q in queues.values() for r in q]
         if len(set(held)) != len(held):
@@ -628,9 +628,10 @@ class ChunkTable(Table):
 
         return Restored(swap, engine)  # states saved before the engine's entry: counters at 0
 
-    def _saved_chunks(self, saved: Any, last_fid: Dict[str, int]) -> List[Dict[str, Any]]:
+    def _saved_chunks(self, saved: Any) -> List[Dict[str, Any]]:
         """The saved chunks, checked: one worker's ``fragments_per_chunk`` consecutive fragments each, distinct
-        uids, under ``max_reuse`` and ``max_chunks``, none newer than its worker's last fid."""
+        uids, under ``max_reuse`` and ``max_chunks`` (a chunk's fids may be past its worker's last one: a worker
+        forgotten among ``MAX_WORKERS`` others may start again at any fid)."""
         chunks, uids = [], set()
         for ch in saved:
             records = saved_run([saved_record(r) for r in ch['records']], 'a chunk')
@@ -642,8 +643,6 @@ class ChunkTable(Table):
                 )
             if self.cfg.max_reuse is not None and use >= self.cfg.max_reuse:
                 raise ValueError(f"chunk {uid} in state was used {use} times; max_reuse is {self.cfg.max_reuse}")
-            if records[-1][1] > last_fid.get(records[0][0], -2) and records[0][0] in last_fid:
-                raise ValueError(f"chunk {uid} in state is newer than its worker's last fid")
             uids.add(uid)
             chunks.append(
                 {'uid': uid, 'use': use, 'version': records[0][2], 'session': records[0][3], 'records': records}
