@@ -315,13 +315,19 @@ class Engine(IBuffer):
         arr = np.unique(np.asarray(slots).reshape(-1))
         if not len(arr):
             return arr.astype(np.int64)
-        if arr.dtype.kind not in 'iu' or arr[0] < 0:
+        if arr.dtype.kind not in 'iu' or arr[0] < 0 or arr[-1] >= 1 << 63:  # (sorted: uint64 past int64 too)
             raise RuntimeError(f"remover {rule.name!r} returned {arr.dtype} slots {arr[:4]}...; expected ints >= 0")
         arr = arr.astype(np.int64)
         try:
-            return arr[self._t.live(arr)]
+            live = self._t.live(arr)
         except IndexError:
             raise RuntimeError(f"remover {rule.name!r} returned slot {int(arr[-1])}, past the table's end") from None
+        if not live.all():
+            raise RuntimeError(
+                f"remover {rule.name!r} returned slot {int(arr[~live][0])}, which holds no element; expected slots of "
+                f"stored elements"
+            )
+        return arr
 
     def _remove_answers(self, answers: List[np.ndarray]) -> None:
         """Remove what each rule answered (``_rule_slots``, in rule order), each slot once: counted under the first

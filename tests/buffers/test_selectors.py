@@ -129,6 +129,26 @@ def test_a_selecting_samplers_garbage_fails_the_call_with_nothing_changed(kind):
     assert_same(buf.state_dict(), before)
 
 
+@SAMPLER_REGISTRY.register('test_scribbler')
+class Scribbler:
+    """Uses the candidates it is handed as scratch space (writes an empty slot into them), answering valid
+    positions: advanced and episode then drew the empty slot."""
+
+    def select(self, rng, view, slots, size, replace):
+        slots[:] = np.setdiff1d(np.arange(view.capacity), view.ordered_slots())[0]
+        return np.zeros(size, dtype=np.int64)
+
+
+@pytest.mark.parametrize('kind', ['naive', 'advanced', 'episode'])
+def test_the_candidates_a_sampler_is_handed_are_read_only(kind):
+    buf = create_buffer(dict(type=kind, replay_buffer_size=8, seed=0, sampler=dict(type='test_scribbler')))
+    buf.push([[{'obs': i}] * 2 for i in range(4)] if kind == 'episode' else [{'obs': i} for i in range(4)])
+    before = buf.state_dict()
+    with pytest.raises(ValueError, match='read-only'):
+        buf.sample(2) if kind != 'episode' else buf.sample(2, unroll_len=1)
+    assert_same(buf.state_dict(), before)
+
+
 @pytest.mark.parametrize('kind', ['naive', 'advanced'])
 def test_a_user_capacity_rule_keeps_what_a_reference_model_keeps_and_is_counted_by_its_name(kind):
     rng = np.random.default_rng(0)

@@ -231,6 +231,50 @@ def test_a_capacity_rule_answering_garbage_changes_nothing():
         del REMOVER_REGISTRY['test_capacity_garbage']
 
 
+@pytest.mark.parametrize('answer', ['uint64 past int64', 'an empty slot'])
+@pytest.mark.parametrize('part', ['capacity rule', 'remover'])
+def test_a_part_answering_no_stored_slot_fails_naming_it_and_changes_nothing(part, answer):
+    """A uint64 slot of 2**64 - 1 wrapped to -1 (the last slot: on advanced its priority stayed in the tree and the
+    buffer's own state stopped loading); a slot that holds nothing was dropped silently. Both fail the call, naming
+    the part, as the docs say, and change nothing."""
+    from ding_buffer.control.capacity import CapacityRule
+    from ding_buffer.control.limits import REMOVER_REGISTRY, Remover
+
+    def bad(view, n):
+        if answer == 'an empty slot':
+            empty = np.setdiff1d(np.arange(view.capacity), view.ordered_slots())[:1]
+            assert len(empty) == 1  # (the test's own setup leaves one)
+            return np.concatenate([view.oldest(n), empty])
+        return np.array([2**64 - 1], dtype=np.uint64)
+
+    class BadRule(CapacityRule):
+        def evict(self, view, n):
+            return bad(view, n)
+
+    class BadRemover(Remover):
+        def before_sample(self, view, cur_learner_iter):
+            return bad(view, 1)
+
+    REMOVER_REGISTRY.register('test_bad_part')(BadRule if part == 'capacity rule' else BadRemover)
+    try:
+        # capacity rule: 4 slots, max_use=1 empties the drawn one, then a push of 2 needs one more slot
+        # remover: 8 slots, 4 stored, asked before every sample
+        size = 4 if part == 'capacity rule' else 8
+        cfg = dict(type='advanced', replay_buffer_size=size, seed=0, max_use=1, removers=[dict(type='test_bad_part')])
+        buf = create_buffer(cfg)
+        buf.push([{'obs': float(i)} for i in range(4)])
+        if part == 'capacity rule':
+            assert buf.sample(1) is not None and buf.count() == 3
+        before = buf.state_dict()
+        with pytest.raises(RuntimeError, match='test_bad_part'):
+            buf.push([{'obs': 7.0}, {'obs': 8.0}]) if part == 'capacity rule' else buf.sample(1)
+        assert_same(buf.state_dict(), before)
+        create_buffer(cfg).load_state_dict(buf.state_dict())
+        buf.close()
+    finally:
+        del REMOVER_REGISTRY['test_bad_part']
+
+
 @pytest.fixture
 def user_rules():
     """``my_oldest`` (a ``CapacityRule`` without a name), ``my_best`` (extends ``keep_best``), ``my_short`` (frees
