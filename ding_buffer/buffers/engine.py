@@ -109,6 +109,11 @@ def table_attribute(name: str, doc: str, check: Optional[Callable[[Any], Any]] =
     return property(lambda self: getattr(self._t, name), fset, doc=doc)
 
 
+def _builtin_capacity(rule: Any) -> bool:
+    """One of the package's capacity rules (a user's own, a subclass of one included, may fail mid-sample)."""
+    return isinstance(rule, CapacityRule) and type(rule).__module__ == CapacityRule.__module__
+
+
 class Engine(IBuffer):
     """
     Overview:
@@ -181,7 +186,7 @@ class Engine(IBuffer):
             getattr(self._t, 'own_sampler', False)
             or (bool(cfg.get('deepcopy', False)) and cfg.get('storage', {}).get('type') == 'list')  # copies of the
             # user's objects may raise too (tensor storage hands out gathered tensors: nothing to copy)
-            or any(type(r) not in (UseLimit, StalenessLimit) and not isinstance(r, CapacityRule) for r in self._rules)
+            or any(type(r) not in (UseLimit, StalenessLimit) and not _builtin_capacity(r) for r in self._rules)
         )
         counted = self._use_limit or self._t.uses_counted
         self._uses: Optional[UseCounts] = UseCounts(needs.slots) if counted else None

@@ -293,10 +293,11 @@ class PrioritizedTable(SlotTable):
         return Drawn(slots, size, out, use, done, self._storage.kind == 'list')  # (list: the stored objects)
 
     def snapshot(self) -> Any:
-        return self.beta.value
+        return self.beta.value, super().snapshot()
 
     def restore_snapshot(self, snapshot: Any) -> None:
-        self.beta.set(snapshot)
+        self.beta.set(snapshot[0])
+        super().restore_snapshot(snapshot[1])
 
     def emit(self, due: Any) -> None:
         emit(due, self.sampled_monitor.logger, self.sampled_monitor.tb_logger)

@@ -15,6 +15,7 @@ This base class holds the defaults every table shares; a table overrides what di
 preset or the engine.
 """
 
+import random
 from typing import Any, Callable, Dict, List, Mapping, NamedTuple, Optional, Tuple, Union
 
 import numpy as np
@@ -278,11 +279,14 @@ class Table:
         return check_positions(idx, m, size, self.cfg.sampler.get('type')) if self.own_sampler else idx
 
     def snapshot(self) -> Any:
-        """What a draw changes besides the RNG and use counts (restored when a user's rule fails the draw)."""
-        return None
+        """What a draw changes besides the RNG and use counts (restored when a user's rule fails the draw): Python's
+        global ``random`` state, when the sampler draws from it (DI-engine's deque)."""
+        return random.getstate() if type(getattr(self, 'sampler', None)) is PythonRandomSampler else None
 
     def restore_snapshot(self, snapshot: Any) -> None:
         """Undo a failed draw (``snapshot``'s answer from before it)."""
+        if snapshot is not None:
+            random.setstate(snapshot)
 
     def wait_what(self, size: int) -> str:
         """What a ``sample(timeout=)`` that timed out could not do (the ``SampleTimeoutError`` message)."""

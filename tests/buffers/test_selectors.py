@@ -12,7 +12,7 @@ from helpers import assert_same
 
 from ding_buffer import create_buffer
 from ding_buffer.control.capacity import CapacityRule
-from ding_buffer.control.limits import REMOVER_REGISTRY
+from ding_buffer.control.limits import REMOVER_REGISTRY, Remover
 from ding_buffer.control.samplers import SAMPLER_REGISTRY
 
 
@@ -127,6 +127,44 @@ def test_a_selecting_samplers_garbage_fails_the_call_with_nothing_changed(kind):
     with pytest.raises(RuntimeError, match="sampler 'test_garbage' returned"):
         buf.sample(2)
     assert_same(buf.state_dict(), before)
+
+
+@REMOVER_REGISTRY.register('test_flaky_after_sample')
+class FlakyAfterSample(Remover):
+    """A user remover whose ``after_sample`` raises while ``FLAKY[0]``."""
+
+    def after_sample(self, view, slots, use):
+        if FLAKY[0]:
+            raise ZeroDivisionError('rule bug')
+        return slots[:0]
+
+
+FLAKY = [False]
+
+
+@pytest.mark.parametrize('kind', ['naive', 'deque'])
+def test_a_failed_sample_puts_pythons_random_state_back_for_the_python_random_sampler(kind):
+    """DI-engine's deque draws with Python's global random (the deque without a seed; ``python_random`` by name
+    elsewhere): a sample a user's rule failed drew nothing, so the next sample is what it would have been."""
+    import random
+
+    def run(fail_once):
+        random.seed(0)
+        cfg = dict(type=kind, removers=[dict(type='test_flaky_after_sample')])
+        if kind == 'naive':
+            cfg['sampler'] = dict(type='python_random')
+        buf = create_buffer(cfg)
+        buf.push([{'obs': i} for i in range(100)])
+        if fail_once:
+            FLAKY[0] = True
+            try:
+                with pytest.raises(ZeroDivisionError):
+                    buf.sample(5)
+            finally:
+                FLAKY[0] = False
+        return [d['obs'] for d in buf.sample(5)]
+
+    assert run(True) == run(False)
 
 
 @SAMPLER_REGISTRY.register('test_scribbler')

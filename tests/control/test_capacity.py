@@ -361,3 +361,39 @@ def test_a_user_capacity_rule_refused_or_doubled_is_named_by_its_registered_name
         create_buffer(dict(type='episode', removers=[dict(type='my_oldest')]))
     with pytest.raises(ValueError, match=r"2 capacity rules \(my_oldest, fifo\)"):
         create_buffer(dict(type='naive', removers=[dict(type='my_oldest'), dict(type='fifo')]))
+
+
+@pytest.mark.parametrize('kind', ['naive', 'advanced'])
+def test_a_user_capacity_rule_failing_after_the_draw_leaves_the_rng_and_beta_as_they_were(kind):
+    """A capacity rule of the user's (here one with an ``after_sample`` that raises once) may fail mid-sample, as
+    any user part may: the failed sample moves neither the RNG nor beta, so the next sample is the one a twin that
+    never failed draws."""
+    from ding_buffer.control.capacity import CapacityRule
+    from ding_buffer.control.limits import REMOVER_REGISTRY
+
+    fail = [False]
+
+    @REMOVER_REGISTRY.register('test_failing_audit')
+    class OldestAndAudit(CapacityRule):
+        def evict(self, view, n):
+            return view.oldest(n)
+
+        def after_sample(self, view, slots, use):
+            if fail[0]:
+                raise ZeroDivisionError('audit bug')
+            return slots[:0]
+
+    try:
+        cfg = dict(type=kind, replay_buffer_size=16, removers=[dict(type='test_failing_audit')], seed=3)
+        buf, twin = create_buffer(cfg), create_buffer(cfg)
+        for b in (buf, twin):
+            b.push([{'obs': i} for i in range(10)])
+        before = buf.state_dict()
+        fail[0] = True
+        with pytest.raises(ZeroDivisionError):
+            buf.sample(3)
+        fail[0] = False
+        assert_same(buf.state_dict(), before)
+        assert [d['obs'] for d in buf.sample(3)] == [d['obs'] for d in twin.sample(3)]
+    finally:
+        del REMOVER_REGISTRY['test_failing_audit']
