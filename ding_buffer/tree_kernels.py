@@ -19,7 +19,6 @@ from ._numba import HAVE_NUMBA, njit, set_fallback
 
 K = 8  # arity
 SUM, MIN, MAX, MIN_POS = 0, 1, 2, 3
-USE_MAX = 2**31 - 1  # use counts are int32 per slot: they stop here
 
 
 @njit(cache=True, nogil=True)
@@ -407,8 +406,7 @@ def prio_draw(
     for t in range(n):
         slot = slots[t]
         drawn[t] = leaves[slot]
-        if counts[slot] < USE_MAX:  # (int32: a count stops there, never wraps)
-            counts[slot] += 1
+        counts[slot] += 1
         use[t] = counts[slot]
         ids[t] = last - (last - slot) % capacity
     return mnodes[mnodes.shape[0] - 1]
@@ -543,10 +541,9 @@ if not HAVE_NUMBA:  # pragma: no cover - exercised by the no-numba test run
 @njit(cache=True, nogil=True)
 def _bump_counts_loop(counts, idx, out):
     """``counts[idx[t]] += 1`` in order; ``out[t]`` is the count right after that increment (so a slot drawn
-    twice in one batch reports 1 then 2, as DI-engine's per-item loop does); a count stops at ``USE_MAX``."""
+    twice in one batch reports 1 then 2, as DI-engine's per-item loop does)."""
     for t in range(idx.shape[0]):
-        if counts[idx[t]] < USE_MAX:
-            counts[idx[t]] += 1
+        counts[idx[t]] += 1
         out[t] = counts[idx[t]]
 
 
@@ -557,9 +554,8 @@ def np_bump_counts(counts, idx, out):
     starts = np.r_[True, sorted_idx[1:] != sorted_idx[:-1]]
     group_start = np.maximum.accumulate(np.where(starts, np.arange(len(idx)), 0))
     rank = np.arange(len(idx)) - group_start  # occurrence number within the batch, 0-based
-    out[order] = np.minimum(counts[sorted_idx] + rank + 1, USE_MAX)
+    out[order] = counts[sorted_idx] + rank + 1
     np.add.at(counts, idx, 1)
-    counts[idx[counts[idx] < 0]] = USE_MAX  # (a count at USE_MAX wrapped: it stays there)
 
 
 bump_counts = _bump_counts_loop if HAVE_NUMBA else np_bump_counts

@@ -11,8 +11,7 @@ import torch
 
 from ..config import build_config
 from ..control.diversity import row_hashes
-from ..control.limits import UseCounts
-from ..tree_kernels import USE_MAX
+from ..control.limits import USE_MAX, UseCounts
 from .gfn_data import ColumnStore, ContainerStoreBase, check_log_reward, rebuild_container
 from .gfn_parts import make_store, physical_slots
 from .gfn_ring import container_store
@@ -105,7 +104,7 @@ def restored_uses(t, state: Dict[str, Any], index: Any) -> Optional[UseCounts]:
         return UseCounts(physical)
     saved = np.asarray(state['use'])
     if saved.shape != (n,) or (n and (saved.dtype.kind not in 'iu' or saved.min() < 0 or saved.max() > USE_MAX)):
-        raise ValueError(f"saved 'use' must be {n} ints in [0, 2**31 - 1], got shape {saved.shape}")
+        raise ValueError(f"saved 'use' must be {n} ints in [0, 2**62], got shape {saved.shape}")
     return UseCounts.placed(physical, restored_slots(state, n), saved)
 
 

@@ -225,9 +225,11 @@ def find_rule(rules: List[Remover], kind: type) -> Optional[Remover]:
     return next((r for r in rules if isinstance(r, kind)), None)
 
 
+USE_MAX = 1 << 62  # the largest saved use count a buffer takes (then counted on in int64, never wrapping)
+
+
 class UseCounts:
-    """Times each slot's element was drawn (int32 per slot, stopping at 2**31 - 1; reset when a slot is written or
-    emptied).
+    """Times each slot's element was drawn (int64 per slot; reset when a slot is written or emptied).
 
     Examples:
         >>> use = UseCounts(4)
@@ -236,7 +238,7 @@ class UseCounts:
     """
 
     def __init__(self, capacity: int) -> None:
-        self.counts = np.zeros(capacity, dtype=np.int32)
+        self.counts = np.zeros(capacity, dtype=np.int64)
 
     def __getitem__(self, slots: Any) -> np.ndarray:
         return self.counts[slots]
@@ -257,7 +259,7 @@ class UseCounts:
     def resize(self, n: int) -> None:
         """Grow to ``n`` slots (append-only tables)."""
         if n > len(self.counts):
-            self.counts = np.concatenate([self.counts, np.zeros(n - len(self.counts), dtype=np.int32)])
+            self.counts = np.concatenate([self.counts, np.zeros(n - len(self.counts), dtype=np.int64)])
 
     def compact(self, keep: np.ndarray) -> None:
         """Slot ``keep[i]`` becomes slot ``i``; the rest are zero."""
@@ -280,8 +282,8 @@ class UseCounts:
         arr = np.asarray(state)
         if arr.shape != self.counts.shape or arr.dtype.kind not in 'iu':
             raise ValueError(f"saved 'use' has shape {arr.shape} dtype {arr.dtype}, expected ints {self.counts.shape}")
-        if len(arr) and not (arr.min() >= 0 and arr.max() <= kern.USE_MAX):  # (int32; draws stop there)
-            raise ValueError(f"saved use counts must be >= 0 and at most 2**31 - 1, got {arr.min()}..{arr.max()}")
+        if len(arr) and not (arr.min() >= 0 and arr.max() <= USE_MAX):  # (room to count on: no wrap)
+            raise ValueError(f"saved use counts must be >= 0 and at most 2**62, got {arr.min()}..{arr.max()}")
         if valid is not None and (arr[~valid] != 0).any():
             raise ValueError("saved use counts are non-zero at empty slots")
         new = UseCounts(len(arr))

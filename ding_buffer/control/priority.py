@@ -485,7 +485,7 @@ class BetaSchedule:
 @warmer
 def _warm_kernels() -> None:
     """Every compiled path of a prioritized buffer once, on a tiny index with the hot paths' dtypes (float32 and
-    float64 priorities from a learner, int64 ids and slots from a sample, int32 use counts)."""
+    float64 priorities from a learner, int64 ids and slots from a sample, int64 use counts)."""
     ring = RingIndex(16)
     ring.commit(16)
     slots = np.arange(4, dtype=np.int64)
@@ -495,7 +495,7 @@ def _warm_kernels() -> None:
         index.set_new(np.arange(8, dtype=np.int64), np.ones(8))
         index.fill_new(np.arange(8, 16, dtype=np.int64), index.default_priority())
         index.set_new_one(3, 2.0)
-        index.draw(np.full(4, 0.5), 0.4, np.zeros(16, dtype=np.int32), ring)
+        index.draw(np.full(4, 0.5), 0.4, np.zeros(16, dtype=np.int64), ring)
         for dtype in (np.float32, np.float64):
             index.update_by_ids(ring, slots, ids, np.ones(4, dtype=dtype))
         index.update(slots, np.ones(4))

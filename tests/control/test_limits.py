@@ -142,10 +142,19 @@ def test_base_remover_removes_nothing_and_checks_nothing():
         assert out.dtype == np.int64 and out.shape == (0,)
 
 
-def test_use_counts_stop_at_the_int32_limit_and_the_state_still_loads():
-    """Use counts are int32 per slot: a saved count of 2**31 - 1 was accepted, the next draw wrapped it to -2**31
-    and the buffer's own state no longer loaded. A count stops at 2**31 - 1; a saved one beyond it is refused."""
+def test_use_counts_count_past_int32_and_a_failed_sample_takes_its_draw_back():
+    """Use counts were int32 per slot: a saved count of 2**31 - 1 was accepted, the next draw wrapped it to -2**31
+    and the buffer's own state no longer loaded. They count on in int64 (a saved count past 2**62 is refused), and a
+    sample that failed after its draw (here a deep copy that raises) puts each count back exactly."""
     from ding_buffer import create_buffer
+
+    refuse = [False]
+
+    class Uncopyable:
+        def __deepcopy__(self, memo):
+            if refuse[0]:
+                raise RuntimeError('no copies')
+            return Uncopyable()
 
     for storage in ('tensor', 'list'):
         cfg = dict(type='advanced', replay_buffer_size=4, seed=0, storage=dict(type=storage))
@@ -155,13 +164,25 @@ def test_use_counts_stop_at_the_int32_limit_and_the_state_still_loads():
         state['index']['use'][:] = 2**31 - 1
         other = create_buffer(cfg)
         other.load_state_dict(state)
-        for _ in range(3):
-            out = other.sample(4)
-            use = out['use'].tolist() if storage == 'tensor' else [item['use'] for item in out]
-            assert use == [2**31 - 1] * 4, use
+        out = other.sample(4)
+        use = out['use'].tolist() if storage == 'tensor' else [item['use'] for item in out]
+        assert min(use) >= 2**31, use  # counted on, past int32
         after = other.state_dict()
-        assert after['index']['use'].tolist() == [2**31 - 1] * 4
+        assert (after['index']['use'] >= 2**31 - 1).all()
         create_buffer(cfg).load_state_dict(after)  # its own state loads back
-        state['index']['use'][:] = -1
-        with pytest.raises(ValueError, match='use counts'):
-            create_buffer(cfg).load_state_dict(state)
+        for bad in (-1, 2**62 + 1):
+            state['index']['use'][:] = bad
+            with pytest.raises(ValueError, match='use counts'):
+                create_buffer(cfg).load_state_dict(state)
+    cfg = dict(type='advanced', replay_buffer_size=4, seed=0, deepcopy=True)
+    buf = create_buffer(cfg)
+    buf.push([{'obs': Uncopyable()} for _ in range(4)])
+    state = buf.state_dict()
+    state['index']['use'][:] = 2**31 - 1
+    buf.load_state_dict(state, deepcopy=False)
+    before = buf.state_dict()['index']['use'].clone()
+    refuse[0] = True
+    with pytest.raises(RuntimeError, match='no copies'):
+        buf.sample(3)
+    refuse[0] = False
+    assert buf.state_dict()['index']['use'].tolist() == before.tolist()

@@ -749,16 +749,3 @@ def test_priority_tree_load_leaves_validation():
         assert all(np.array_equal(a, b) for a, b in zip([p.sum._nodes, p.min._nodes, p.max._nodes], nodes))
     p.load_leaves(good.tolist())  # any array-like of the right length
     assert p.total() == size and p.min_leaf() == 1.0 and p.max_leaf() == 1.0
-
-
-def test_use_count_kernels_stop_at_the_int32_limit_alike():
-    """The compiled use-count bump and its numpy fallback count in order and stop at USE_MAX (never wrap)."""
-    idx = np.array([0, 1, 1, 2, 1, 3], dtype=np.int64)
-    start = np.array([kern.USE_MAX - 1, kern.USE_MAX - 1, 5, kern.USE_MAX], dtype=np.int32)
-    results = []
-    for bump in (kern._bump_counts_loop, kern.np_bump_counts):
-        counts, out = start.copy(), np.empty(len(idx), dtype=np.int64)
-        bump(counts, idx, out)
-        results.append((counts.tolist(), out.tolist()))
-    top = kern.USE_MAX
-    assert results[0] == results[1] == ([top, top, 6, top], [top, top, top, 6, top, top]), results
