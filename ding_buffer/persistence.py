@@ -16,6 +16,7 @@ import os
 import pickle
 import socket
 import tempfile
+import threading
 import time
 import zipfile
 import zlib
@@ -29,7 +30,23 @@ SCHEMA_VERSION = 1
 
 def atomic_save(obj: Any, path: str) -> None:
     """Write ``obj`` to ``path`` atomically (temporary file, fsync, rename, fsync of the directory)."""
-    atomic_write(path, lambda f: torch.save(obj, f))
+    atomic_write(path, lambda f: save_checked(obj, f))
+
+
+_CRC_SWITCH = threading.Lock()
+
+
+def save_checked(obj: Any, f: Any) -> None:
+    """``torch.save`` with the archive's CRC-32 checksums, which every read here checks (``check_integrity``),
+    even while the user turned them off (``torch.serialization.set_crc32_options(False)``)."""
+    if torch.serialization.get_crc32_options():
+        return torch.save(obj, f)
+    with _CRC_SWITCH:
+        torch.serialization.set_crc32_options(True)
+        try:
+            torch.save(obj, f)
+        finally:
+            torch.serialization.set_crc32_options(False)
 
 
 def atomic_write(path: str, write: Callable[[BinaryIO], None], mode: str = 'wb') -> None:
@@ -185,14 +202,18 @@ def safe_load(path: str, allow_pickle: bool = False, allowed: tuple = ()) -> Any
 _DOS_DIRECTORY = 0x10  # the MS-DOS directory bit of a zip member's external attributes
 
 
-def check_integrity(path: str) -> None:
+def check_integrity(path: Any, name: Any = None) -> None:
     """Raise ``ValueError`` unless ``path`` is a zip archive whose every member matches its CRC-32 (what
     ``torch.save`` writes; ``torch.load`` itself does not check them, so a flipped bit would load other data), none
     is compressed (``torch.save`` stores every member as it is; a compressed one may inflate to any size) and
     none is marked as a directory (``torch.save`` writes none; ``torch.load`` reads no data for one, so its tensors
-    would hold whatever memory was there)."""
+    would hold whatever memory was there). ``path`` may be an open binary file (``name``: the path errors show)."""
+    if name is not None:
+        path, source = name, path
+    else:
+        source = path
     try:
-        with zipfile.ZipFile(path) as archive:
+        with zipfile.ZipFile(source) as archive:
             packed = next((i.filename for i in archive.infolist() if i.compress_type != zipfile.ZIP_STORED), None)
             bad = archive.testzip() if packed is None else None  # (testzip would inflate it: gigabytes, maybe)
             folder = next((i.filename for i in archive.infolist() if i.external_attr & _DOS_DIRECTORY), None)

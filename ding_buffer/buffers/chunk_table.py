@@ -665,13 +665,15 @@ class ChunkTable(Table):
         return queues
 
     def _put_payloads(self, refs: Dict[str, int], payloads: Dict[str, Any]) -> None:
-        """The store holds exactly the payloads of ``refs``: new ones written first (a failure, e.g. a full disk,
-        deletes what it wrote and leaves the buffer as it was), then the ones no longer referenced deleted."""
+        """The store holds exactly the payloads of ``refs``: written first, those it held already too (a file of
+        theirs may be damaged; a failure, e.g. a full disk, deletes the new ones and leaves the buffer as it was),
+        then the ones no longer referenced deleted."""
         old, added = set(self._refs), []
         try:
             for fragment_id in refs:
-                if fragment_id not in self._fragments:
-                    self._fragments.put_as(fragment_id, payloads[fragment_id])
+                new = fragment_id not in self._fragments
+                self._fragments.put_as(fragment_id, payloads[fragment_id])
+                if new:
                     added.append(fragment_id)
         except BaseException:
             self._fragments.delete_all(added)

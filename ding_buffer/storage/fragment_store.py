@@ -22,6 +22,7 @@ everything it is given until then.
 
 import copy
 import functools
+import io
 import os
 import re
 import uuid
@@ -30,7 +31,7 @@ from typing import Any, Dict, Iterable, Optional, Set
 import numpy as np
 import torch
 
-from ..persistence import check_integrity
+from ..persistence import check_integrity, save_checked
 
 _ID = re.compile(r'[0-9a-f]{32}')
 KINDS = ('memory', 'disk')
@@ -102,7 +103,7 @@ class FragmentStore:
         final = self._file(fragment_id)
         tmp = os.path.join(self.path, f'.{fragment_id}.{os.getpid()}.tmp')
         try:
-            torch.save(payload, tmp)
+            save_checked(payload, tmp)
             os.replace(tmp, final)
         except BaseException:
             if os.path.exists(tmp):
@@ -120,18 +121,15 @@ class FragmentStore:
             return copy.deepcopy(payload)
         path = self._file(fragment_id)
         try:
-            check_integrity(path)  # (torch.load does not check the archive's CRC-32: a flipped bit would be other data)
-        except ValueError:
-            if not os.path.isfile(path):
-                raise KeyError(
-                    f"no fragment {fragment_id!r} in the store at {self.path} (deleted, or never put)"
-                ) from None
-            raise
-        try:
-            with torch.serialization.safe_globals(list(numpy_globals())):
-                return torch.load(path, map_location='cpu', weights_only=True)
+            with open(path, 'rb') as f:  # read once: checked (torch.load checks no CRC-32) and loaded from memory
+                raw = io.BytesIO(f.read())
         except FileNotFoundError:
             raise KeyError(f"no fragment {fragment_id!r} in the store at {self.path} (deleted, or never put)") from None
+        check_integrity(raw, path)
+        raw.seek(0)
+        try:
+            with torch.serialization.safe_globals(list(numpy_globals())):
+                return torch.load(raw, map_location='cpu', weights_only=True)
         except Exception as e:  # truncated, foreign or code-carrying file: never executed
             raise ValueError(f"fragment file {path} is unreadable: {type(e).__name__}: {e}") from e
 

@@ -453,6 +453,8 @@ def test_a_bit_flipped_fragment_file_is_refused_and_the_failed_sample_changes_no
     buf = create_buffer(dict(type='chunk', max_reuse=2, seed=0, store=dict(type='disk', path=path)))
     buf.push(dict(worker='w', fid=0, model_version=0, data={'x': torch.full((64,), 7, dtype=torch.uint8)}))
     (fid,) = buf.store.ids()
+    saved = str(tmp_path / 'saved.pt')
+    buf.save_data(saved)
     file = os.path.join(path, fid + '.pt')
     with open(file, 'rb') as f:
         good = f.read()
@@ -469,9 +471,10 @@ def test_a_bit_flipped_fragment_file_is_refused_and_the_failed_sample_changes_no
     with pytest.raises(ValueError, match='CRC-32'):
         FragmentStore('disk', path).get(fid)  # a learner reading the id it sampled
     assert buf.stats() == before
-    with open(file, 'wb') as f:
-        f.write(good)
+    buf.load_data(saved)  # a good save puts its payloads back, the damaged file's too
     assert buf.sample(1)[0]['data']['x'].tolist() == [7] * 64
+    with open(file, 'rb') as f:
+        assert f.read() != bytes(bad)
     os.remove(file)
     with pytest.raises(KeyError, match='deleted, or never put'):
         FragmentStore('disk', path).get(fid)
@@ -862,3 +865,24 @@ def test_a_disk_store_checkpoint_of_numpy_payloads_loads_without_pickle(tmp_path
     other.load_data(str(tmp_path / 'ckpt.pt'))
     (got,) = other.sample(1)
     assert np.array_equal(got['data']['obs'], np.arange(3, dtype=np.float32)) and got['data']['tag'] == 'x'
+
+
+def test_files_keep_their_checksums_while_torch_is_told_to_write_none(tmp_path):
+    """``torch.serialization.set_crc32_options(False)`` is torch's own switch: a buffer file or a fragment file
+    written meanwhile had no CRC-32, so every read (which checks them) refused it. They are written with them."""
+    cfg = dict(type='chunk', max_reuse=None, seed=0, store=dict(type='disk', path=str(tmp_path / 's')))
+    naive = create_buffer(dict(type='naive', replay_buffer_size=4))
+    naive.push([{'obs': i} for i in range(3)])
+    buf = create_buffer(cfg)
+    torch.serialization.set_crc32_options(False)
+    try:
+        buf.push(dict(worker='w', fid=0, model_version=0, data={'x': torch.arange(4)}))
+        naive.save_data(str(tmp_path / 'naive.pt'))
+        buf.save_data(str(tmp_path / 'chunk.pt'))
+    finally:
+        torch.serialization.set_crc32_options(True)
+    assert buf.sample(1)[0]['data']['x'].tolist() == [0, 1, 2, 3]
+    other = create_buffer(dict(type='naive', replay_buffer_size=4))
+    other.load_data(str(tmp_path / 'naive.pt'))
+    assert other.count() == 3
+    create_buffer(dict(cfg, store=dict(type='disk', path=str(tmp_path / 't')))).load_data(str(tmp_path / 'chunk.pt'))
