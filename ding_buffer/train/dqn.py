@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from easydict import EasyDict
 
 from ..base import create_buffer
-from ..persistence import atomic_json
+from ..persistence import atomic_json, safe_load
 from .checkpoint import check_checkpoints, load_latest, save_checkpoint
 from .config import BUFFER_SECTION
 from .evals import write_eval_csv
@@ -261,7 +261,7 @@ def load_learner_state(job: Any, path: str, buffer_file: str) -> Dict[str, Any]:
     """Load what ``learner_state`` saved in the checkpoint ``path`` into ``job`` (and its buffer from
     ``buffer_file``, as ``buffer.load_data`` names it); ``eval.csv`` drops rows written after the checkpoint.
     Returns the state, for the job's own counters and RNG states."""
-    state = torch.load(os.path.join(path, 'trainer.pt'), weights_only=True)
+    state = safe_load(os.path.join(path, 'trainer.pt'))  # (CRC-32 checked: a flipped bit is damage)
     job.buffer.load_data(buffer_file)
     for name in LEARNER_MODULES:
         getattr(job, name).load_state_dict(state[name])

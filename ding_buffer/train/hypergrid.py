@@ -35,7 +35,7 @@ from easydict import EasyDict
 
 from ..base import create_buffer, get_buffer_cls
 from ..config import build_config, check_section, optional_positive_int, positive_int, seed_ok
-from ..persistence import atomic_json, atomic_save
+from ..persistence import atomic_json, atomic_save, safe_load
 from .checkpoint import check_checkpoints, load_latest, save_checkpoint
 from .config import BUFFER_SECTION, device_ok, make_trainer, run_dir_of, split_buffer_section
 from .hypergrid_metrics import GridTruth, plot_curve, write_eval_csv
@@ -573,7 +573,7 @@ class HyperGridTrainer:
             atomic_save(self.buffer.training_container.to_tensordict().to_dict(), path)
 
     def _load_checkpoint(self, path: str) -> dict[str, Any]:
-        state = torch.load(os.path.join(path, 'trainer.pt'), weights_only=True)
+        state = safe_load(os.path.join(path, 'trainer.pt'))  # (CRC-32 checked: a flipped bit is damage)
         buffer_file = os.path.join(path, 'buffer.pt')
         if self.buffer is not None and os.path.isfile(buffer_file):
             if self.torchgfn_buffer:

@@ -932,3 +932,24 @@ def test_resume_with_another_seed_is_refused_before_anything_runs(tmp_path, caps
     else:  # the seed matches: on to the job, which finds no checkpoint to resume from
         assert '--seed' not in err
     assert json.loads((run / 'run.json').read_text())['seed'] == 0
+
+
+def test_a_checkpoint_whose_trainer_file_has_a_flipped_bit_is_damage(tmp_path):
+    """``trainer.pt`` (the networks, optimiser and counters) is read with its CRC-32 checked: a flipped bit in a
+    weight was loaded as other weights, and the run resumed from it instead of falling back to the checkpoint before."""
+    import zipfile
+
+    from ding_buffer.persistence import atomic_save
+    from ding_buffer.train.dqn import load_learner_state
+
+    path = tmp_path / 'step_000000300'
+    atomic_save({'model': {'w': torch.full((256,), 0.5)}, 'counters': {'train_iter': 3}}, str(path / 'trainer.pt'))
+    raw = bytearray((path / 'trainer.pt').read_bytes())
+    with zipfile.ZipFile(path / 'trainer.pt') as z:
+        info = max(z.infolist(), key=lambda i: i.file_size)  # the weights
+    start = info.header_offset + 30 + int.from_bytes(raw[info.header_offset + 26 : info.header_offset + 28], 'little')
+    start += int.from_bytes(raw[info.header_offset + 28 : info.header_offset + 30], 'little')
+    raw[start + 100] ^= 0x04
+    (path / 'trainer.pt').write_bytes(bytes(raw))
+    with pytest.raises(ValueError, match='CRC-32'):  # load_latest then falls back to the checkpoint before
+        load_learner_state(None, str(path), str(path / 'buffer.pt'))
