@@ -163,4 +163,4 @@ class AdvancedReplayBuffer(Engine):
         Returns:
             - result (:obj:`dict`): ``{'updated': n, 'stale': m}``.
         """
-        return self._update(self._t.update(info))
+        return self._update(self._t.update, info)

@@ -224,7 +224,7 @@ class DequeReplayBuffer(Engine):
         Returns:
             - result (:obj:`dict`): ``{'updated': n, 'stale': m}``.
         """
-        return self._update(self._t.deque_update(meta))
+        return self._update(self._t.deque_update, meta)
 
 
 __all__ = ['DequeReplayBuffer', 'inner_config', 'items_out']

@@ -70,7 +70,7 @@ class ElasticReplayBuffer(NaiveReplayBuffer):
 
     def resize(self, size: int) -> None:
         """Sample among the newest ``size`` items from now on (stored items are kept)."""
-        self._update(self._t.resize(size))
+        self._update(self._t.resize, size)
 
     def update(self, info: Any) -> Optional[Dict[str, int]]:
         """
@@ -78,4 +78,4 @@ class ElasticReplayBuffer(NaiveReplayBuffer):
             ``update(envstep)``: set the window to ``set_buffer_size(envstep)`` (DI-engine). A dict (a learner's
             ``priority_info``) changes nothing, as on the naive buffer.
         """
-        return self._update(self._t.update(info))
+        return self._update(self._t.update, info)

@@ -749,14 +749,14 @@ class Engine(IBuffer):
         anything changes) and answers the call's result, or what to apply: the engine applies it under the lock,
         handing it ``_spent`` (entries whose elements reached ``max_use`` are left alone), and counts the
         ``(applied, total)`` it answers (``None``: nothing to count, the call returns None)."""
-        self._check_open()  # (first, as push: a closed buffer refuses even bad information)
-        return self._update(self._t.update(info))
+        return self._update(self._t.update, info)
 
-    def _update(self, out: Any) -> Optional[Dict[str, int]]:
-        """Every ``update`` call, in one order (see ``update``), from the table's answer ``out`` (a preset's own
-        ``update`` asks its table and hands the answer on here)."""
+    def _update(self, ask: Callable[[Any], Any], info: Any) -> Optional[Dict[str, int]]:
+        """Every ``update`` call, in one order (see ``update``): ``ask(info)`` is the table's answer (a preset's own
+        ``update`` names the table's verb that answers it)."""
+        self._check_open()  # first, as push: a closed buffer refuses even bad information
+        out = ask(info)
         if type(out) is dict or out is None:
-            self._check_open()  # a no-op answer too: after close() every update raises
             return out
         with self._lock:
             self._check_open()  # a closed buffer takes no new information, as it takes no data

@@ -132,7 +132,7 @@ class EpisodeReplayBuffer(Engine):
             the ``replay_unique_id`` / ``replay_buffer_idx`` a sample returned; stale entries are counted. All or
             nothing. With uniform sampling a no-op returning ``{'updated': 0, 'stale': 0}``.
         """
-        return self._update(self._t.update(info))
+        return self._update(self._t.update, info)
 
 
 # the R2D2 preset is the episode buffer with prioritized windows by default (and an EpisodeReplayBuffer for isinstance)

@@ -582,11 +582,13 @@ def test_close_is_idempotent_and_a_closed_buffer_refuses_pushes(case, tmp_path):
     # every update, a no-op one included (a naive buffer's priority_info), as the docs say
     noop = {'replay_unique_id': ['0'], 'replay_buffer_idx': [0], 'priority': [1.0]}
     info = case.good_update(batch)[0] if case.takes_garbage_updates else noop
-    with pytest.raises(RuntimeError, match='closed'):
-        buf.update(info)
-    if case.preset == 'elastic':
+    for given in (info, 'garbage'):  # a closed buffer refuses even bad information, as push does bad data
         with pytest.raises(RuntimeError, match='closed'):
-            buf.resize(3)
+            buf.update(given)
+    if case.preset == 'elastic':
+        for size in (3, -1):
+            with pytest.raises(RuntimeError, match='closed'):
+                buf.resize(size)
     assert buf.count() == count  # data stays readable, unchanged
     assert_same(buf.state_dict(), state)
 
