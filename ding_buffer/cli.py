@@ -14,7 +14,7 @@ import shutil
 import sys
 import textwrap
 import time
-from typing import Dict, List, NoReturn, Optional
+from typing import Any, Dict, List, NoReturn, Optional
 
 from .ready_configs import list_configs, resolve_config
 from .train.env import LAUNCHED
@@ -310,19 +310,30 @@ def _threads(text: str) -> int:
 class _Parser(argparse.ArgumentParser):
     """A usage error is one line on stderr (no usage block) and exit status 2."""
 
+    def parse_args(self, args: Any = None, namespace: Any = None) -> Any:
+        self._given = list(sys.argv[1:] if args is None else args)  # (the hint below reads the subcommand named)
+        return super().parse_args(args, namespace)
+
     def error(self, message: str) -> 'NoReturn':
         hint = ''
         if message.startswith('unrecognized arguments:'):
             owners = _option_owners(self, '')
+            command = next((f'{self.prog} {a}' for a in getattr(self, '_given', []) if a in _commands(self)), None)
+            mine = sorted(f for f, who in owners.items() if command is None or command in who)
             for token in message.split(':', 1)[1].split():
                 flag = token.split('=', 1)[0]
-                if flag in owners:  # refused here, an option of another subcommand
+                if flag in owners and flag not in mine:  # refused here, an option of another subcommand
                     hint += f"; {flag!r} is an option of {' / '.join(repr(o) for o in owners[flag])} only"
                     continue
-                close = difflib.get_close_matches(flag, sorted(owners), n=1) if flag.startswith('--') else []
+                close = difflib.get_close_matches(flag, mine, n=1) if flag.startswith('--') else []
                 if close:
                     hint += f"; did you mean {close[0]!r} for {flag!r}?"
         self.exit(2, f"{self.prog}: error: {message}{hint} (see {self.prog} --help)\n")
+
+
+def _commands(parser: argparse.ArgumentParser) -> List[str]:
+    """The subcommands of ``parser``."""
+    return [name for a in parser._actions if isinstance(a, argparse._SubParsersAction) for name in a.choices]
 
 
 def _option_owners(parser: argparse.ArgumentParser, name: str) -> Dict[str, List[str]]:

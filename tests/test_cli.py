@@ -454,3 +454,23 @@ def test_the_first_training_run_says_that_numba_compiles_the_kernels(tmp_path, m
     monkeypatch.setenv('DING_BUFFER_NO_NUMBA', '1')
     (tmp_path / '__pycache__' / 'tree_kernels._combine-24.py311.nbi').unlink()
     assert cli._kernels_cached()  # nothing will compile
+
+
+def test_a_typo_is_matched_against_the_named_subcommands_own_flags(tmp_path, capsys):
+    """'--sed' after `plot` suggested `--seed`, a flag `plot` then refuses too; `train CFG --titel` suggested
+    `plot`'s `--title`. Only the subcommand's own flags are suggested; another's is named as its own."""
+    cases = [
+        (['plot', str(tmp_path), '--sed', '1'], None),
+        (['train', 'cartpole_dqn_per', '--titel', 'x'], None),
+        (['train', 'cartpole_dqn_per', '--sed', '1'], "did you mean '--seed' for '--sed'?"),
+    ]
+    for argv, hint in cases:
+        with pytest.raises(SystemExit) as e:
+            main(argv)
+        assert e.value.code == 2
+        err = capsys.readouterr().err
+        assert err.count('\n') == 1, err
+        if hint is None:
+            assert 'did you mean' not in err, err
+        else:
+            assert hint in err, err
