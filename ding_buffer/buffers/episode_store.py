@@ -224,10 +224,11 @@ class ObjectEpisodes(_EpisodeStore):
                 window = ep[s : s + unroll_len]
                 out.append(window + [None] * (unroll_len - len(window)) if pad else window)
                 continue
-            flat = {p: v[s : s + unroll_len] for p, v in flatten(ep).items()}
+            leaves = flatten(ep)
+            flat = {p: v[s : s + unroll_len] for p, v in leaves.items()}
             valid = batch_len(next(iter(flat.values())), ())
             if pad:
-                flat = {p: _pad_leaf(v, unroll_len) for p, v in flat.items()}
+                flat = {p: _pad_leaf(leaves[p], v, unroll_len) for p, v in flat.items()}
                 window = unflatten(flat)
                 window['mask'] = torch.arange(unroll_len) < valid
             else:
@@ -424,14 +425,16 @@ def _tensordict_window(window: Dict[str, Any], episode: Any, unroll_len: int) ->
     return sys.modules['tensordict'].TensorDict(window, batch_size=[unroll_len], device=episode.device)
 
 
-def _pad_leaf(leaf: Any, unroll_len: int) -> Any:
-    """A dict window's leaf zero-padded to ``unroll_len`` steps as a tensor; a leaf no tensor can hold (a list of
-    strings or objects) stays a list, padded with ``None`` as a list episode is."""
-    try:
-        t = torch.as_tensor(leaf)
-    except (TypeError, ValueError, RuntimeError):
-        return list(leaf) + [None] * (unroll_len - len(leaf))
-    return _pad_time(t, unroll_len)
+def _pad_leaf(whole: Any, leaf: Any, unroll_len: int) -> Any:
+    """A dict window's ``leaf`` (a slice of the episode's ``whole`` leaf) zero-padded to ``unroll_len`` steps as a
+    tensor; where no tensor can hold the whole leaf (strings, objects, ragged rows) it stays a list, padded with
+    ``None`` as a list episode is -- decided by the whole leaf, so every window of it comes back alike."""
+    if not isinstance(whole, torch.Tensor) and not (isinstance(whole, np.ndarray) and whole.dtype.kind in 'biufc'):
+        try:
+            torch.as_tensor(whole)
+        except (TypeError, ValueError, RuntimeError):
+            return list(leaf) + [None] * (unroll_len - len(leaf))
+    return _pad_time(torch.as_tensor(leaf), unroll_len)
 
 
 def _pad_time(t: torch.Tensor, unroll_len: int) -> torch.Tensor:

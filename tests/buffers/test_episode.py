@@ -486,6 +486,11 @@ def test_list_storage_padding_keeps_a_leaf_no_tensor_holds_as_a_list_padded_with
     assert window['mask'].tolist() == [True, True, True, False, False]
     seen = {tuple(buf.sample(1, unroll_len=2)[0]['instruction']) for _ in range(40)}
     assert seen == {('go', 'left'), ('left', 'stop')}
+    # decided by the whole stored leaf: ragged rows are a list in every window, also where a window's rows are even
+    buf.clear()
+    buf.push({'legal': [[0, 1], [1, 2], [0, 1, 2], [2]], 'reward': [0.0, 0.0, 0.0, 1.0]})
+    kinds = {type(buf.sample(1, unroll_len=2)[0]['legal']).__name__ for _ in range(60)}
+    assert kinds == {'list'}, kinds
 
 
 def td_ep(e, length):
