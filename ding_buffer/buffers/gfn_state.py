@@ -20,7 +20,7 @@ from .table import Restored
 # Version of the saved slot layout: 2 keeps each item's slot and the free-slot stack (stores that reuse slots: dict
 # batches, torchgfn containers; files of layout 1 hold items at slots 0..n-1).
 LAYOUT = 2
-SLOT_BYTES = 17  # what the reward index alone keeps per slot: log-reward, sequence number, alive flag
+SLOT_BYTES = 80  # what a restore allocates per slot at its peak (reward index, order, state set), measured
 # Keys that describe what is stored; they travel with a save and are restored by ``load_data``.
 SETTINGS = (
     'replay_buffer_size',
@@ -180,7 +180,7 @@ def _check_room(cfg: Any, state: Dict[str, Any], n: int) -> None:
     if physical * SLOT_BYTES > machine_memory():
         raise ValueError(
             f"saved replay_buffer_size {cfg['replay_buffer_size']} needs {physical * SLOT_BYTES / 2**30:.1f} GiB "
-            f"for its slots alone, more than this machine's {machine_memory() / 2**30:.1f} GiB"
+            f"for its slots, more than this machine's {machine_memory() / 2**30:.1f} GiB"
         )
 
 
