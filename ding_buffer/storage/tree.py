@@ -75,9 +75,16 @@ def to_tensor(value: Any, path: Path) -> torch.Tensor:
         arr = np.asarray(value)
         if arr.dtype == object or arr.dtype.kind in 'USV':
             raise TypeError(f"field '{path_name(path)}' has numpy dtype {arr.dtype}; tensor storage needs numeric data")
+        if not arr.dtype.isnative:  # big-endian data (h5py, np.load of such a file): the same values, native
+            arr = arr.astype(arr.dtype.newbyteorder('='))
         if arr.ndim and not arr.flags.c_contiguous or not arr.flags.writeable:
             arr = np.array(arr, copy=True, order='C')
-        return torch.from_numpy(arr)
+        try:
+            return torch.from_numpy(arr)
+        except TypeError as e:  # a numpy dtype torch has no tensor of
+            raise TypeError(
+                f"field '{path_name(path)}' has numpy dtype {arr.dtype}, which torch cannot hold: {e}"
+            ) from None
     if type(value) in PY_SCALAR_DTYPES:
         try:
             return torch.tensor(value, dtype=PY_SCALAR_DTYPES[type(value)])

@@ -1135,3 +1135,21 @@ def test_a_stored_object_that_cannot_be_copied_is_named_when_a_state_is_taken():
     with pytest.raises(TypeError, match=r'stored item 1 \(0 = the oldest\) cannot be copied'):
         buf.state_dict()
     assert buf.count() == 3 and sorted(d['obs'] for d in buf.sample(3)) == [1, 2, 3]
+
+
+def test_big_endian_numpy_leaves_are_stored_as_their_values_and_unknown_dtypes_are_named():
+    """Arrays from h5py or np.load of a big-endian file were refused with torch's message naming no field; they
+    are the same numbers (stored natively). A numpy dtype torch has no tensor of is refused naming the field."""
+    from ding_buffer import create_buffer
+
+    buf = create_buffer(dict(type='naive', replay_buffer_size=8, seed=0, storage=dict(type='tensor')))
+    buf.push({'obs': np.array([1.5, -2.0], dtype='>f4'), 'act': 1})
+    buf.extend({'obs': np.array([[3.0, 4.0]], dtype='>f4'), 'act': np.array([7], dtype='>i8')})
+    batch = buf.sample(2, sample_range=slice(0, 2))
+    assert batch['obs'].dtype == torch.float32
+    assert sorted(map(tuple, batch['obs'].tolist())) == [(1.5, -2.0), (3.0, 4.0)]
+    assert sorted(batch['act'].tolist()) == [1, 7]
+    fresh = create_buffer(dict(type='naive', replay_buffer_size=8, seed=0, storage=dict(type='tensor')))
+    with pytest.raises(TypeError, match="field 'when' has numpy dtype datetime64"):
+        fresh.push({'obs': np.zeros(2, dtype=np.float32), 'when': np.array([1], dtype='M8[s]')})
+    assert fresh.count() == 0
