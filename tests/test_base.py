@@ -155,6 +155,8 @@ def test_episode_specific_config_checks():
         create_buffer(dict(type='episode', enable_track_used_data=True))
     with pytest.raises(ValueError, match="'storage.memmap_dir' needs storage.type='tensor'"):
         create_buffer(dict(type='episode', storage=dict(memmap_dir='/tmp/x')))
+    with pytest.raises(ValueError, match="'storage.output'='batch' needs storage.type='tensor'"):
+        create_buffer(dict(type='episode', storage=dict(type='list', output='batch')))  # (was accepted, ignored)
 
 
 @pytest.mark.parametrize(

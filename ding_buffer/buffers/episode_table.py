@@ -12,7 +12,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import numpy as np
 
 from ..control.samplers import PrioritizedSpec, UniformSampler, build_sampler
-from ..storage import refuse_items_output
+from ..storage import check_list_storage, refuse_items_output
 from ..storage.tensordict_io import is_tensordict, update_info
 from .common import check_range, range_positions
 from .episode_store import FlatEpisodes, ObjectEpisodes
@@ -77,9 +77,7 @@ class EpisodeTable(Table):
             if cfg.max_transitions is None:
                 raise ValueError("config key 'max_transitions' must be set with storage.type='tensor'")
             return FlatEpisodes(cfg.replay_buffer_size, cfg.max_transitions, cfg.storage)
-        for key in ('memmap_dir', 'frames'):
-            if cfg.storage.get(key) is not None:
-                raise ValueError(f"config key 'storage.{key}' needs storage.type='tensor', got 'list'")
+        check_list_storage(cfg.storage)
         return ObjectEpisodes(cfg.replay_buffer_size, cfg.max_transitions)
 
     # ------------------------------------------------------------------ properties

@@ -37,6 +37,18 @@ STORAGE_CONFIG = dict(
 OUTPUTS = (None, 'batch', 'items')
 
 
+def check_list_storage(cfg: Mapping) -> None:
+    """The keys of a list storage config that only tensor storage takes are refused by name."""
+    for key in ('memmap_dir', 'frames'):
+        if cfg.get(key) is not None:
+            raise ValueError(f"config key 'storage.{key}' needs storage.type='tensor', got 'list'")
+    if cfg.get('output') == 'batch':
+        raise ValueError(
+            "config key 'storage.output'='batch' needs storage.type='tensor' (list storage keeps any Python "
+            "object and samples the items themselves); use None or 'items'"
+        )
+
+
 def refuse_items_output(cfg: Mapping, buffer_type: str, layout: str) -> None:
     """For a preset whose samples are not a flat batch of items (runs, episodes, windows): ``storage.output=
     'items'`` is refused by name (``layout`` says what its samples are)."""
@@ -82,15 +94,7 @@ def build_storage(
     episode table of at most that many episodes, see ``FrameStorage``)."""
     kind = cfg.get('type', 'list')
     if kind == 'list':
-        if cfg.get('memmap_dir') is not None:
-            raise ValueError("config key 'storage.memmap_dir' needs storage.type='tensor', got 'list'")
-        if cfg.get('frames') is not None:
-            raise ValueError("config key 'storage.frames' needs storage.type='tensor', got 'list'")
-        if cfg.get('output') == 'batch':
-            raise ValueError(
-                "config key 'storage.output'='batch' needs storage.type='tensor' (list storage keeps any Python "
-                "object and samples the items themselves); use None or 'items'"
-            )
+        check_list_storage(cfg)
         return ListStorage(capacity, index_cls)
     kwargs = _tensor_kwargs(cfg, reserved_keys, index_cls)
     if cfg.get('frames') is not None:
@@ -135,6 +139,7 @@ __all__ = [
     'STORAGE_CONFIG',
     'STORAGE_CHECKS',
     'build_storage',
+    'check_list_storage',
     'refuse_items_output',
     'storage_from_state',
     'device_ok',
