@@ -1153,3 +1153,20 @@ def test_big_endian_numpy_leaves_are_stored_as_their_values_and_unknown_dtypes_a
     with pytest.raises(TypeError, match="field 'when' has numpy dtype datetime64"):
         fresh.push({'obs': np.zeros(2, dtype=np.float32), 'when': np.array([1], dtype='M8[s]')})
     assert fresh.count() == 0
+
+
+def test_a_saved_field_torch_will_not_read_back_is_an_invalid_state():
+    """A well-formed state whose field requires grad (torch.save keeps the flag) raised torch's RuntimeError from
+    the load; it is a ValueError as other invalid states are, and the buffer is unchanged."""
+    from ding_buffer import create_buffer
+
+    for kind in ('naive', 'advanced'):
+        cfg = dict(type=kind, replay_buffer_size=4, seed=0, storage=dict(type='tensor'))
+        buf = create_buffer(cfg)
+        buf.push([{'obs': torch.full((2,), float(i))} for i in range(3)])
+        state = buf.state_dict()
+        state['storage']['fields'][0] = state['storage']['fields'][0].float().requires_grad_()
+        before = buf.state_dict()
+        with pytest.raises(ValueError, match='invalid'):
+            buf.load_state_dict(state)
+        assert_same(buf.state_dict(), before)
