@@ -12,6 +12,7 @@ directory.
 """
 
 import ctypes
+import errno
 import itertools
 import os
 import re
@@ -62,12 +63,32 @@ def allocate_fields(
             numel = capacity * int(np.prod(shape, dtype=np.int64))
             fname = memmap_file(memmap_dir, index, path, token)
             made.append(fname)
+            reserve(fname, numel * torch.empty(0, dtype=dtype).element_size())
             tensor = torch.from_file(fname, shared=True, size=numel, dtype=dtype)
             fields[path] = tensor.view(capacity, *shape)
     except BaseException:
         remove_files(made)
         raise
     return fields
+
+
+def reserve(fname: str, nbytes: int) -> None:
+    """Create ``fname`` with its ``nbytes`` of disk blocks reserved: a disk that cannot hold them is an ``OSError``
+    now, not a SIGBUS at a later write into the mapping (a sparse file's pages get their blocks only then)."""
+    fd = os.open(fname, os.O_RDWR | os.O_CREAT, 0o666)
+    try:
+        if nbytes and hasattr(os, 'posix_fallocate'):
+            try:
+                os.posix_fallocate(fd, 0, nbytes)
+            except OSError as e:
+                if e.errno == errno.ENOSPC:
+                    raise OSError(
+                        errno.ENOSPC, f"no space left for the {nbytes}-byte memmap file {fname} (storage.memmap_dir)"
+                    ) from None
+                if e.errno not in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):
+                    raise  # (a file system that cannot reserve blocks: mapped as before)
+    finally:
+        os.close(fd)
 
 
 _HUGE = 2**21  # a transparent huge page on x86-64 and arm64

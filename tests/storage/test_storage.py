@@ -1170,3 +1170,33 @@ def test_a_saved_field_torch_will_not_read_back_is_an_invalid_state():
         with pytest.raises(ValueError, match='invalid'):
             buf.load_state_dict(state)
         assert_same(buf.state_dict(), before)
+
+
+@pytest.mark.slow
+def test_a_memmap_dir_without_room_refuses_the_push_instead_of_killing_the_process(tmp_path):
+    """Memmap files were sparse: the first push mapped them, and a later write into a page the disk could not hold
+    killed the interpreter with SIGBUS. Their blocks are reserved when they are made: a full disk is an OSError at
+    that push, which stores nothing and leaves no file."""
+    import subprocess
+    import sys
+
+    mnt = tmp_path / 'small'
+    mnt.mkdir()
+    if subprocess.run(['mount', '-t', 'tmpfs', '-o', 'size=1m', 'tmpfs', str(mnt)], capture_output=True).returncode:
+        pytest.skip('mounting a 1 MiB tmpfs needs root')
+    try:
+        child = (
+            'import torch\n'
+            'from ding_buffer import create_buffer\n'
+            f"b = create_buffer(dict(type='naive', replay_buffer_size=10000, storage=dict(type='tensor', "
+            f"memmap_dir={str(mnt / 'mm')!r})))\n"
+            'try:\n'
+            "    b.push({'obs': torch.ones(256)})\n"
+            'except OSError as e:\n'
+            "    print('refused', e.errno, b.count())\n"
+        )
+        out = subprocess.run([sys.executable, '-c', child], capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0 and out.stdout.split() == ['refused', '28', '0'], (out.stdout, out.stderr[-500:])
+        assert os.listdir(mnt / 'mm') == []
+    finally:
+        subprocess.run(['umount', str(mnt)], capture_output=True)
