@@ -266,7 +266,10 @@ class EpisodeTable(Table):
 
         def swap() -> None:
             new.listen(Listener(self.parts.uses, prio))
-            self._store, self.prio = new, prio
+            old, self._store, self.prio = self._store, new, prio
+            old.listen(None)  # (its listener's windows refer back to it: a cycle would keep its fields until gc)
+            if old.storage is not new.storage:
+                old.release()  # its memmap files, now
 
         return Restored(swap, state)  # files of 0.1 have no counters: not required
 

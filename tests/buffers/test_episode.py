@@ -859,3 +859,31 @@ def test_a_prioritized_sample_waiting_through_a_load_sees_the_loaded_windows():
     t.join(30)
     assert len(out) == 1 and isinstance(out[0], dict), out
     assert out[0]['obs'].shape[:2] == (2, 2)
+
+
+def test_a_restore_of_prioritized_windows_removes_the_memmap_files_it_replaced(tmp_path):
+    """The replaced store and its prioritized windows referred to each other, so its memmap files (and fields)
+    stayed until a garbage collection, and after close() too; they go when a restore replaces them, as on every
+    other type."""
+    import gc
+    import os
+
+    gc.disable()  # (what the cycle needed to be freed at all)
+    try:
+        buf = create_buffer(
+            dict(
+                type='prioritized_episode',
+                max_transitions=40,
+                replay_buffer_size=8,
+                sampler=dict(type='prioritized', unroll_len=2),
+                storage=dict(type='tensor', memmap_dir=str(tmp_path)),
+            )
+        )
+        buf.push({'obs': torch.ones(5, 2)})
+        for _ in range(3):
+            buf.load_state_dict(buf.state_dict())
+        assert len(os.listdir(tmp_path)) == 1
+        buf.close()
+        assert os.listdir(tmp_path) == []
+    finally:
+        gc.enable()
