@@ -222,7 +222,14 @@ class PrioritizedTable(SlotTable):
     ) -> Request:
         """``cur_learner_iter`` too: the staleness of each drawn item is measured against it."""
         check_range(sample_range)
-        return Request(size, lambda rng: self.draw(rng, size, cur_learner_iter, sample_range), None, timeout)
+        return Request(size, lambda rng: self.draw(rng, size, cur_learner_iter, sample_range), self._massless, timeout)
+
+    def _massless(self) -> str:
+        """Why the priority draw over every item would draw nothing though items are stored ('' otherwise; a
+        ``sample_range`` or a sampler of its own is judged by the draw)."""
+        if self.sampler is None and self.count() and not self.index.tree.total() > 0:
+            return 'every candidate item has priority 0'
+        return ''
 
     def draw(self, rng: np.random.Generator, size: int, cur_learner_iter: int, sample_range: Optional[slice]) -> Any:
         index = self.index

@@ -2056,3 +2056,24 @@ def test_a_saved_sampled_window_that_lies_is_refused_and_changes_nothing(bad):
     old = {k: v for k, v in state.items() if k != 'sampled'}  # a state saved before the window was: loads empty
     buf.load_state_dict(old)
     assert 'use_avg' not in buf.stats() and buf.count() == 4
+
+
+def test_why_not_sample_names_priorities_that_are_all_zero_as_sample_refuses_them():
+    """Every stored priority 0: ``sample`` returns None, and ``why_not_sample`` answered '' (it would draw) -- a
+    mixture trusting it let its other members draw first. It gives the sample's reason."""
+    buf = create_buffer(dict(type='advanced', replay_buffer_size=8, seed=0))
+    buf.push([{'obs': i, 'priority': 0.0} for i in range(4)])
+    assert buf.why_not_sample(2) == 'every candidate item has priority 0'
+    assert buf.sample(2) is None
+    mix = create_buffer(
+        dict(
+            type='mixture',
+            weights=dict(offline=0.5, online=0.5),
+            seed=0,
+            members=dict(offline=dict(type='naive'), online=dict(type='advanced')),
+        )
+    )
+    mix.push([{'obs': i} for i in range(4)], member='offline')
+    mix.push([{'obs': i, 'priority': 0.0} for i in range(4)], member='online')
+    assert mix.sample(4) is None
+    assert mix.stats()['offline.sample_calls'] == 0  # all or nothing: no member drew
