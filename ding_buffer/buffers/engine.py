@@ -663,8 +663,6 @@ class Engine(IBuffer):
             with self._lock:
                 if self._closed:
                     self._check_open()
-                if self._periodic is not None:
-                    self._periodic.start()  # (a buffer only sampled, e.g. loaded from a file, reports too)
                 # Rules, limits or a wait to run first? Otherwise the draw refuses by itself (the hot path).
                 why = (
                     self._ready(size, cur_learner_iter, shortfall, timeout, deadline)
@@ -708,6 +706,8 @@ class Engine(IBuffer):
         the limiter, then the table's ``done``. Returns the batch."""
         if type(drawn) is str:
             return self._refuse(drawn)
+        if self._periodic is not None:
+            self._periodic.start()  # (before this draw counts: a buffer only sampled, e.g. loaded, reports too)
         slots, size, out, use, done, copied = drawn
         if copied and self._deepcopy:  # first: a copy that raises (an object's own __deepcopy__) changes nothing
             try:
