@@ -101,9 +101,15 @@ class PushPipeline:
             self._retry_of = None
             return n
         self._retry_of = None
-        self._resend_unacked(deadline)  # raises before this call's data is taken
-        if self._pending and self._pending_batched != batched:
-            self._flush(envstep, deadline)  # a batch and single items cannot be merged (raises: not taken)
+        try:  # what is owed first; raising, this call takes none of its data (the caller pushes it again)
+            self._resend_unacked(deadline)
+            if self._pending and self._pending_batched != batched:
+                self._flush(envstep, deadline)  # a batch and single items cannot be merged
+        except ManagerUnavailableError as e:
+            raise type(e)(
+                f"{e}; an earlier push is in doubt (unacknowledged) and went first: this push's own data was not "
+                f"taken, push it again"
+            ) from e
         sends = (self._push_calls + 1) % self._dcfg.remote_buffer_freq == 0
         # a push that waits for a later call keeps what the data hold now, as a local push stores it (a collector
         # refills its arrays for the next step); one sent now is encoded now

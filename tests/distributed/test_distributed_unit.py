@@ -1848,10 +1848,28 @@ def test_failed_flush_of_earlier_items_does_not_take_the_new_data():
     batch = {'obs': torch.ones(2, 2), 'log_reward': torch.zeros(2)}
     rb.push(item(0))  # pending: single items
     ch.fail = 'lost'
-    with pytest.raises(ManagerUnavailableError):
+    with pytest.raises(ManagerUnavailableError, match='push it again'):
         rb.push(batch, batched=True)  # a batch: the single items must go first, and fail
     ch.fail = None
     rb.push(batch, batched=True)  # not a retry: this data was never taken
+    rb.flush()
+    assert core.buffer.count() == 3 and rb.pushes.unacknowledged == 0
+
+
+def test_a_push_failing_behind_one_in_doubt_says_its_data_was_not_taken():
+    """Push 1 fails (in doubt, kept); push 2 fails while push 1 is sent again first: push 2 took none of its data,
+    with the same error type -- its message says so (an actor loop that logged and went on lost it unawares)."""
+    rb, core, ch = make_remote()
+    rb.push(item(0))
+    ch.fail = 'lost'
+    with pytest.raises(ManagerUnavailableError) as first:
+        rb.push(item(1))
+    assert 'push it again' not in str(first.value) and rb.pushes.unacknowledged == 1
+    with pytest.raises(ManagerUnavailableError, match='was not taken, push it again'):
+        rb.push(item(2))
+    assert rb.pushes.unacknowledged == 1
+    ch.fail = None
+    rb.push(item(2))  # as the message says
     rb.flush()
     assert core.buffer.count() == 3 and rb.pushes.unacknowledged == 0
 
