@@ -269,9 +269,8 @@ class Table:
         positions count them). A user sampler's answer (``own_sampler``) is checked before anything reads it
         (``check_positions``: a ``RuntimeError`` naming it, nothing changed)."""
         if self.selects:
-            candidates = slots().view()
-            candidates.flags.writeable = False  # (read-only, as the view: the draw reads them after the sampler)
-            idx = self.sampler.select(rng, TableView(self), candidates, size, replace)
+            # (a copy: the draw reads the candidates after the sampler, which may use its own as it likes)
+            idx = self.sampler.select(rng, TableView(self), slots().copy(), size, replace)
         else:
             idx = self.sampler.draw(rng, m, size, replace)
         if idx is None:

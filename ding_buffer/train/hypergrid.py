@@ -35,7 +35,7 @@ from easydict import EasyDict
 
 from ..base import create_buffer, get_buffer_cls
 from ..config import build_config, check_section, optional_positive_int, positive_int, seed_ok
-from ..persistence import atomic_json, atomic_save, safe_load
+from ..persistence import atomic_json, atomic_save, check_integrity, safe_load
 from .checkpoint import check_checkpoints, load_latest, save_checkpoint
 from .config import BUFFER_SECTION, device_ok, make_trainer, run_dir_of, split_buffer_section
 from .hypergrid_metrics import GridTruth, plot_curve, write_eval_csv
@@ -579,6 +579,7 @@ class HyperGridTrainer:
             if self.torchgfn_buffer:
                 from gfn.containers import Trajectories
 
+                check_integrity(buffer_file)  # (torchgfn's own load checks no CRC-32: a flipped bit is damage)
                 self.buffer.training_container = Trajectories.load(self.env, buffer_file)
             else:
                 self.buffer.load_data(buffer_file, env=self.env)
