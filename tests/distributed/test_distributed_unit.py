@@ -935,9 +935,9 @@ def test_remote_sample_timeout():
     assert rb.sample(2) is None
     t0 = time.monotonic()
     with pytest.raises(SampleTimeoutError):
-        rb.sample(2, timeout=0.2)
+        rb.sample(2, timeout=0.5)  # (long enough to re-ask on a loaded machine: the first ask may take a while)
     elapsed = time.monotonic() - t0
-    assert 0.2 <= elapsed < OUTER  # waited its timeout (the outer bound only says it ended)
+    assert 0.5 <= elapsed < OUTER  # waited its timeout (the outer bound only says it ended)
     assert ch.ops().count('sample') > 2  # re-asked; the manager never blocks
     assert all('timeout' not in r['args']['kwargs'] for r in ch.requests)
 
