@@ -588,6 +588,8 @@ class Engine(IBuffer):
         return None
 
     def _why_not(self, size: int, cur_learner_iter: int, shortfall: Optional[Callable[[], str]]) -> str:
+        if self._periodic is not None:
+            self._periodic.start()  # (before the rules remove anything; ``_drawn`` starts it on the hot path)
         if self._rules:  # every rule answers (on the same table) before anything is removed: all or nothing
             answers = [self._rule_slots(rule, rule.before_sample(self.view, cur_learner_iter)) for rule in self._rules]
             self._remove_answers(answers)

@@ -42,6 +42,14 @@ def _digest(data: Any, batched: bool, allow_pickle: bool) -> Optional[bytes]:
     return h.digest()
 
 
+def not_taken(e: ManagerUnavailableError) -> ManagerUnavailableError:
+    """The error of a push that took none of its data: what it owed (a push in doubt, pending items) went first
+    and failed -- unlike a push kept in doubt, it must be pushed again."""
+    return type(e)(
+        f"{e}; what earlier pushes owed went first and failed: this push's own data was not taken, push it again"
+    )
+
+
 class PushPipeline:
     """
     Overview:
@@ -106,10 +114,7 @@ class PushPipeline:
             if self._pending and self._pending_batched != batched:
                 self._flush(envstep, deadline)  # a batch and single items cannot be merged
         except ManagerUnavailableError as e:
-            raise type(e)(
-                f"{e}; an earlier push is in doubt (unacknowledged) and went first: this push's own data was not "
-                f"taken, push it again"
-            ) from e
+            raise not_taken(e) from e
         sends = (self._push_calls + 1) % self._dcfg.remote_buffer_freq == 0
         # a push that waits for a later call keeps what the data hold now, as a local push stores it (a collector
         # refills its arrays for the next step); one sent now is encoded now

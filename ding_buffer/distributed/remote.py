@@ -32,7 +32,7 @@ from .blobs import check_name, check_stamp, check_version
 from .channel import deadline_in
 from .frames_wire import frames_encoder
 from .protocol import request_msg, result_of
-from .push_pipeline import PushPipeline
+from .push_pipeline import PushPipeline, not_taken
 from .sample_wait import poll_for_batch
 from .shm_ring import RingPusher, WireRest
 
@@ -106,7 +106,10 @@ class RemoteBuffer(IBuffer):
         self._check_open()
         if self.rings is not None and not self.pushes.is_retry(data, batched):
             if self.pushes.unacknowledged:  # a wire push in doubt goes first: the order of pushes is kept
-                self.flush()
+                try:
+                    self.flush()
+                except ManagerUnavailableError as e:
+                    raise not_taken(e) from e
             try:
                 n = self.rings.push(data, batched, cur_collector_envstep)
             except WireRest as rest:  # the ring closed under the push and no new one could be made: the rest

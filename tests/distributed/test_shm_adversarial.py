@@ -253,6 +253,31 @@ def test_a_retry_after_manager_unavailable_through_wire_rest_stores_each_row_onc
     assert n == 3, f"{n} rows stored for tags {got} (3 pushed)"
 
 
+def test_a_push_failing_behind_one_in_doubt_says_its_data_was_not_taken_through_rings_too():
+    """Push A goes over the wire (the ring closed under the writer) and is kept in doubt; push B finds A owed,
+    sends it first, and fails: B took none of its rows, and its error says so (it was the plain error of a kept
+    push). Pushed again, every row is stored once."""
+    buffer, core, lock, net, rb = remote_job()
+    rb.push(step(0))
+    with lock:
+        core.liveness.lose(1, 'silent')
+        core.commit_rings()
+    net.down = True
+    with pytest.raises(ManagerUnavailableError) as kept:
+        rb.push([step(1), step(2)])
+    assert 'not taken' not in str(kept.value) and rb.unacknowledged == 1
+    with pytest.raises(ManagerUnavailableError, match='was not taken, push it again'):
+        rb.push(step(3))
+    assert rb.unacknowledged == 1
+    net.down = False
+    rb.push(step(3))
+    rb.flush()
+    n = rb.count()
+    rb.close()
+    core.shutdown()
+    assert n == 4
+
+
 def test_a_ring_size_that_can_never_be_allocated_is_refused_by_name():
     """All rings together hold at most 4 GiB: a larger ``shm_ring_mb`` could never get a ring, so the config
     refuses it by name."""

@@ -897,3 +897,19 @@ def test_close_while_holding_the_lock_ends_the_periodic_thread_and_writes_the_la
         buf.close()
     assert not [t for t in threading.enumerate() if t.name == 'buffer_thruput']
     assert sum(v for t, v, _ in w.calls if t == 'buffer_sec/pushed_in') == 10
+
+
+@pytest.mark.parametrize('fresh', [4, 0])
+def test_periodic_counts_the_removals_of_the_sample_that_starts_it(fresh):
+    """A loaded buffer's first call is a sample whose staleness rule removes 6 items (then draws, or, with nothing
+    fresh left, refuses): its removals are in the report written at close()."""
+    cfg = dict(type='naive', replay_buffer_size=100, max_staleness=2, periodic_thruput_seconds=3600, seed=0)
+    src = create_buffer(cfg)
+    src.push([{'obs': i, 'collect_iter': 0 if i < 6 else 5} for i in range(6 + fresh)])
+    tb = FakeTB()
+    buf = create_buffer(cfg, tb_logger=tb)
+    buf.load_state_dict(src.state_dict())
+    out = buf.sample(2, cur_learner_iter=5)
+    assert (out is not None) == bool(fresh) and buf.count() == fresh
+    buf.close()
+    assert sum(v for _, v in tb.of('buffer_sec/removed')) == 6
