@@ -227,7 +227,7 @@ class PrioritizedTable(SlotTable):
     def _massless(self) -> str:
         """Why the priority draw over every item would draw nothing though items are stored ('' otherwise; a
         ``sample_range`` or a sampler of its own is judged by the draw)."""
-        if self.sampler is None and self.count() and not self.index.tree.total() > 0:
+        if self.sampler is None and not self.index.tree.total() > 0 and self.count():  # (total: what the draw reads)
             return 'every candidate item has priority 0'
         return ''
 
