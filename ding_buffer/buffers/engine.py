@@ -588,8 +588,6 @@ class Engine(IBuffer):
         return None
 
     def _why_not(self, size: int, cur_learner_iter: int, shortfall: Optional[Callable[[], str]]) -> str:
-        if self._periodic is not None:
-            self._periodic.start()  # (before the rules remove anything; ``_drawn`` starts it on the hot path)
         if self._rules:  # every rule answers (on the same table) before anything is removed: all or nothing
             answers = [self._rule_slots(rule, rule.before_sample(self.view, cur_learner_iter)) for rule in self._rules]
             self._remove_answers(answers)
@@ -665,12 +663,10 @@ class Engine(IBuffer):
             with self._lock:
                 if self._closed:
                     self._check_open()
-                # Rules, limits or a wait to run first? Otherwise the draw refuses by itself (the hot path).
-                why = (
-                    self._ready(size, cur_learner_iter, shortfall, timeout, deadline)
-                    if self._rules or self._limiter.checks or timeout is not None
-                    else ''
-                )
+                if self._periodic is not None:  # (before anything counts: a buffer only sampled, e.g. loaded, too)
+                    self._periodic.start()
+                first = self._rules or self._limiter.checks or timeout is not None  # else the draw refuses by itself
+                why = self._ready(size, cur_learner_iter, shortfall, timeout, deadline) if first else ''
                 if why:
                     return self._refuse(why)
                 if self._fallible:  # a rule of the user's may fail after the draw: restore what the draw moved then
@@ -708,8 +704,6 @@ class Engine(IBuffer):
         the limiter, then the table's ``done``. Returns the batch."""
         if type(drawn) is str:
             return self._refuse(drawn)
-        if self._periodic is not None:
-            self._periodic.start()  # (before this draw counts: a buffer only sampled, e.g. loaded, reports too)
         slots, size, out, use, done, copied = drawn
         if copied and self._deepcopy:  # first: a copy that raises (an object's own __deepcopy__) changes nothing
             try:
