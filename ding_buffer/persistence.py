@@ -202,16 +202,13 @@ def safe_load(path: str, allow_pickle: bool = False, allowed: tuple = ()) -> Any
 _DOS_DIRECTORY = 0x10  # the MS-DOS directory bit of a zip member's external attributes
 
 
-def check_integrity(path: Any, name: Any = None) -> None:
-    """Raise ``ValueError`` unless ``path`` is a zip archive whose every member matches its CRC-32 (what
+def check_integrity(source: Any, name: Any = None) -> None:
+    """Raise ``ValueError`` unless ``source`` is a zip archive whose every member matches its CRC-32 (what
     ``torch.save`` writes; ``torch.load`` itself does not check them, so a flipped bit would load other data), none
     is compressed (``torch.save`` stores every member as it is; a compressed one may inflate to any size) and
     none is marked as a directory (``torch.save`` writes none; ``torch.load`` reads no data for one, so its tensors
-    would hold whatever memory was there). ``path`` may be an open binary file (``name``: the path errors show)."""
-    if name is not None:
-        path, source = name, path
-    else:
-        source = path
+    would hold whatever memory was there). ``source``: a path, or an open binary file (``name``: its path)."""
+    path = source if name is None else name  # (what errors show)
     try:
         with zipfile.ZipFile(source) as archive:
             packed = next((i.filename for i in archive.infolist() if i.compress_type != zipfile.ZIP_STORED), None)

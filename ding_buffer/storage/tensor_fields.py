@@ -85,8 +85,8 @@ def reserve(fname: str, nbytes: int) -> None:
                     raise OSError(
                         errno.ENOSPC, f"no space left for the {nbytes}-byte memmap file {fname} (storage.memmap_dir)"
                     ) from None
-                if e.errno not in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):
-                    raise  # (a file system that cannot reserve blocks: mapped as before)
+                if e.errno not in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):  # (those: a file system that
+                    raise  # cannot reserve blocks, whose files are mapped sparse as before)
     finally:
         os.close(fd)
 
