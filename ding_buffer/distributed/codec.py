@@ -25,6 +25,7 @@ from ..errors import CodecError
 
 VERSION = 1
 MAX_DEPTH = 64  # nesting levels a decoded message may have
+DATA_DEPTH = MAX_DEPTH - 16  # nesting levels data a manager keeps may have: replies and states carrying it nest deeper
 
 # tensor dtypes sent raw, by the name ``str(dtype)`` gives them after 'torch.'
 _TORCH_DTYPES = {
@@ -134,6 +135,28 @@ def _part_np(p: Any) -> np.ndarray:
     return np.frombuffer(p, dtype=np.uint8)
 
 
+def check_depth(x: Any, what: str, limit: int = DATA_DEPTH) -> None:
+    """``CodecError`` when the lists, tuples and dicts of decoded ``x`` nest deeper than ``limit`` levels: data a
+    manager keeps must fit in the replies that carry it back (a sample, a state), which nest it deeper than the
+    request that brought it."""
+    level, depth = [x], 0
+    while level:
+        if depth > limit:
+            raise CodecError(f"{what} nests deeper than {limit} levels: a reply carrying it could not be read")
+        inner = []
+        for v in level:
+            t = type(v)
+            if t is dict:
+                v = v.values()
+            elif t is not list and t is not tuple:
+                continue
+            inner += [e for e in v if type(e) in _NESTING]
+        level, depth = inner, depth + 1
+
+
+_NESTING = (dict, list, tuple)
+
+
 def _numeric_dtype(spec: Any, what: str) -> np.dtype:
     try:
         dtype = np.dtype(spec)
@@ -141,6 +164,8 @@ def _numeric_dtype(spec: Any, what: str) -> np.dtype:
         raise CodecError(f"unknown {what} dtype {spec!r}") from e
     if dtype.kind not in _NP_KINDS:
         raise CodecError(f"{what} dtype {spec!r} is not numeric")
+    if not dtype.isnative:  # never encoded raw (pickled instead): it could not be sent on (a reply would fail)
+        raise CodecError(f"{what} dtype {spec!r} is not in this host's byte order")
     return dtype
 
 

@@ -26,6 +26,7 @@ from ..errors import SampleTimeoutError
 from .baseline import BaselineTracker
 from .batching import count_items, log_rewards_of
 from .blobs import BlobStore, check_stamp
+from .codec import check_depth
 from .config import resolve_callable
 from .file_root import confine, resolve_file_root
 from .frames_wire import frames_decoder
@@ -137,13 +138,15 @@ class ManagerCore:
         seq=None,
         frames=None,
     ) -> Dict[str, Any]:
+        check_depth(data, "push 'data'")
+
         def apply() -> Dict[str, Any]:
             full, commit = self._full_stacks(client, seq, data, batched, frames)
             reply = self._apply_push(sender, full, batched, envstep, model_version, session_id)
             commit()  # the worker's chain moves on only with a push the buffer took
             return reply
 
-        return self.push_dedup.once(client, seq, apply)
+        return self.push_dedup.once(sender, client, seq, apply)
 
     def _full_stacks(self, client, seq, data, batched, frames) -> Any:
         """A push whose steps travelled as new frames (``frames``: see ``frames_wire``) with its stacks rebuilt;
@@ -400,6 +403,7 @@ class ManagerCore:
         return out
 
     def _put_blob(self, sender, name, version, payload) -> Dict[str, Any]:
+        check_depth(payload, "put_blob 'payload'")
         return self.blobs.put(name, version, payload)
 
     def _get_blob(self, sender, name, newer_than=-1) -> Optional[Dict[str, Any]]:

@@ -3,13 +3,16 @@
 Pushes carry ``client`` and ``seq``: a push whose sequence number was already applied for that client is
 answered from the record of the first one (marked ``duplicate``) and stored again never, so a worker's retry
 after a timeout is safe. A push that stored its data and then failed (``StoredThenFailed``) is recorded with
-its error: every retry gets the same error, and the data is not stored twice. One record per client, the
-oldest dropped first beyond ``MAX_CLIENTS``.
+its error: every retry gets the same error, and the data is not stored twice. One record per client of each
+sender (the transport's identity of the peer, which a peer cannot choose on torch and MPI): a sender's records are
+its own, so no peer can push another's out. At most ``PER_SENDER`` records a sender (its oldest dropped first) and
+``MAX_CLIENTS`` in all (the least recently active sender's oldest dropped first).
 """
 
 from typing import Any, Callable, Dict, Tuple
 
-MAX_CLIENTS = 1 << 16  # push-dedup records kept (oldest dropped first)
+MAX_CLIENTS = 1 << 16  # push-dedup records kept in all
+PER_SENDER = 256  # push-dedup records kept for one sender (one per RemoteBuffer of that process)
 
 
 class StoredThenFailed(Exception):
@@ -44,18 +47,21 @@ class PushDedup:
 
     def __init__(self, counters: Dict[str, int]) -> None:
         self.counters = counters
-        self._applied: Dict[str, Tuple[int, Any]] = {}  # client -> (last push seq, its reply or error)
+        # sender -> client -> (last push seq, its reply or error); senders in order of their last push
+        self._applied: Dict[Any, Dict[str, Tuple[int, Any]]] = {}
+        self._records = 0
 
-    def once(self, client: Any, seq: Any, apply: Callable[[], Dict[str, Any]]) -> Dict[str, Any]:
+    def once(self, sender: Any, client: Any, seq: Any, apply: Callable[[], Dict[str, Any]]) -> Dict[str, Any]:
         """
         Overview:
-            The reply of push ``seq`` of ``client``: ``apply()``'s, or, for a sequence number already applied,
-            the recorded one (an older one: nothing stored). Pushes without ``client`` and ``seq`` always apply.
-            ``apply`` raising ``StoredThenFailed`` makes its error the recorded answer, raised now and on retries.
+            The reply of push ``seq`` of ``client`` from ``sender``: ``apply()``'s, or, for a sequence number already
+            applied, the recorded one (an older one: nothing stored). Pushes without ``client`` and ``seq`` always
+            apply. ``apply`` raising ``StoredThenFailed`` makes its error the recorded answer, raised now and on
+            retries.
         """
         if client is not None or seq is not None:
             check_client_seq(client, seq)
-            done = self._applied.get(client)
+            done = self._applied.get(sender, {}).get(client)
             if done is not None and seq <= done[0]:  # a retry of a push that was applied: never store it twice
                 self.counters['duplicate_pushes'] += 1
                 if seq == done[0] and isinstance(done[1], BaseException):
@@ -69,10 +75,25 @@ class PushDedup:
             reply = e.error
             reply.stored = True  # (error_reply tells the worker)
         if client is not None:
-            self._applied.pop(client, None)
-            self._applied[client] = (seq, reply)
-            if len(self._applied) > MAX_CLIENTS:
-                self._applied.pop(next(iter(self._applied)))
+            self._record(sender, client, (seq, reply))
         if isinstance(reply, BaseException):
             raise reply
         return reply
+
+    def _record(self, sender: Any, client: str, record: Tuple[int, Any]) -> None:
+        mine = self._applied.pop(sender, None) or {}
+        self._applied[sender] = mine  # (now the most recently active sender)
+        self._records += 1 - (mine.pop(client, None) is not None)
+        mine[client] = record
+        if len(mine) > PER_SENDER:
+            self._drop(sender)
+        if self._records > MAX_CLIENTS:
+            self._drop(next(iter(self._applied)))
+
+    def _drop(self, sender: Any) -> None:
+        """Forget the oldest record of ``sender``."""
+        mine = self._applied[sender]
+        mine.pop(next(iter(mine)))
+        self._records -= 1
+        if not mine:
+            del self._applied[sender]

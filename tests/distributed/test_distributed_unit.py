@@ -30,10 +30,11 @@ from ding_buffer import SampleTimeoutError, create_buffer
 from ding_buffer.base import BUFFER_REGISTRY, get_buffer_cls
 from ding_buffer.buffers import NaiveReplayBuffer
 from ding_buffer.distributed import ManagerCore, RemoteBuffer, build_manager_buffer, profile
-from ding_buffer.distributed.codec import _TORCH_DTYPES, decode, encode
+from ding_buffer.distributed.codec import _TORCH_DTYPES, DATA_DEPTH, decode, encode
 from ding_buffer.distributed.config import resolve_callable
 from ding_buffer.distributed.factory import worker_buffer
 from ding_buffer.distributed.transport import ThreadedTransport
+from ding_buffer.distributed.push_dedup import MAX_CLIENTS
 from ding_buffer.errors import (
     CodecError,
     ManagerTimeoutError,
@@ -423,6 +424,8 @@ MALFORMED = {
     'tensor part too short': (header_of({'$t': [0, 'float32', [2]]}, [4]), [b'abcd']),
     'tensor part too long': (header_of({'$t': [0, 'int16', [1]]}, [4]), [b'abcd']),
     'array part size': (header_of({'$a': [0, '<f8', [1]]}, [4]), [b'abcd']),
+    'big-endian array': (header_of({'$a': [0, '>f8', [1]]}, [8]), [b'abcdefgh']),
+    'big-endian scalar': (header_of({'$s': ['>i4', 1]}), []),
     'negative dim': (header_of({'$t': [0, 'float32', [-1]]}, [4]), [b'abcd']),
     'float dim': (header_of({'$t': [0, 'float32', [1.0]]}, [4]), [b'abcd']),
     'bad descriptor': (header_of({'$t': [0, 'float32']}, [4]), [b'abcd']),
@@ -1744,6 +1747,22 @@ def test_load_data_never_unpickles_on_a_request(tmp_path):
     assert EXECUTED == []
 
 
+def test_push_records_of_one_sender_are_not_pushed_out_by_another():
+    """A peer pushing under many made-up client ids forgets only its own records: another worker's push in doubt,
+    sent again with the same client and sequence number, is still recognised (stored once)."""
+    core = make_core(storage='list')
+    ok(core.handle(W, req('push', data=item(1), client='honest', seq=0)))  # its reply lost: sent again later
+    flood = MAX_CLIENTS + 1  # more ids than the manager keeps records for, all from one other rank
+    for i in range(flood):  # empty pushes under fresh ids: nothing stored
+        ok(core.handle('evil', req('push', data=[], client=f'evil{i}', seq=0)))
+    again = ok(core.handle(W, req('push', data=item(1), client='honest', seq=0)))
+    assert again['duplicate'] is True and core.buffer.count() == 1
+    assert ok(core.handle('evil', req('push', data=[], client=f'evil{flood - 1}', seq=0)))['duplicate']
+    # the flooding sender keeps only its newest records: its first id is new again
+    assert 'duplicate' not in ok(core.handle('evil', req('push', data=item(2), client='evil0', seq=0)))
+    assert core.buffer.count() == 2
+
+
 def test_sample_kwargs_are_whitelisted():
     core = make_core()
     core.handle(W, req('push', data=item(1)))
@@ -2025,6 +2044,30 @@ def test_decode_refuses_deep_nesting():
         deep = [deep]
     with pytest.raises(CodecError, match='nests deeper'):
         roundtrip({'x': deep})
+
+
+@pytest.mark.parametrize('depth', [DATA_DEPTH - 2, DATA_DEPTH + 1])
+def test_deep_push_is_refused_unless_every_reply_carrying_it_can_be_read(depth):
+    """Data nested as deep as a request may be would come back deeper (a state, a sample): the manager takes
+    only what every reply can carry, and what it took, the replies carry."""
+    deep = 1.0
+    for _ in range(depth):
+        deep = [deep]
+    core = make_core(storage='list')
+    before = wire(ok(core.handle(W, req('state_dict'))))
+    r = core.handle(W, wire(req('push', data={'obs': deep}, client='c', seq=0)))
+    if depth > DATA_DEPTH:
+        assert r['error'] == 'CodecError' and 'nests deeper' in r['message']
+        assert core.buffer.count() == 0
+        assert_same(before, wire(ok(core.handle(W, req('state_dict')))))
+        assert core.handle(W, req('put_blob', name='w', version=1, payload={'obs': deep}))['error'] == 'CodecError'
+        return
+    assert ok(r)['stored'] == 1
+    for op, args in (('state_dict', {}), ('sample', dict(size=1))):
+        out = wire(wire(core.handle(W, req(op, **args))))  # a reply, then that reply's data sent back
+        assert out['ok'], (op, out.get('message'))
+    ok(core.handle(W, req('put_blob', name='w', version=1, payload={'obs': deep})))
+    assert wire(core.handle(W, req('get_blob', name='w')))['ok']
 
 
 def raising_score_hook(batch, sender=None, buffer=None):
