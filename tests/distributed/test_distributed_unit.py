@@ -33,8 +33,8 @@ from ding_buffer.distributed import ManagerCore, RemoteBuffer, build_manager_buf
 from ding_buffer.distributed.codec import _TORCH_DTYPES, DATA_DEPTH, decode, encode
 from ding_buffer.distributed.config import resolve_callable
 from ding_buffer.distributed.factory import worker_buffer
-from ding_buffer.distributed.transport import ThreadedTransport
 from ding_buffer.distributed.push_dedup import MAX_CLIENTS
+from ding_buffer.distributed.transport import ThreadedTransport
 from ding_buffer.errors import (
     CodecError,
     ManagerTimeoutError,
