@@ -16,6 +16,7 @@ leaf only, so every decoded tensor owns its memory (``torch.save`` of a decoded 
 import json
 import math
 import pickle
+from itertools import chain
 from typing import Any, List, Sequence, Tuple
 
 import numpy as np
@@ -139,19 +140,12 @@ def check_depth(x: Any, what: str, limit: int = DATA_DEPTH) -> None:
     """``CodecError`` when the lists, tuples and dicts of decoded ``x`` nest deeper than ``limit`` levels: data a
     manager keeps must fit in the replies that carry it back (a sample, a state), which nest it deeper than the
     request that brought it."""
-    level, depth = [x], 0
+    level, depth = [x] if type(x) in _NESTING else [], 0  # (only lists, tuples and dicts on a level)
     while level:
         if depth > limit:
             raise CodecError(f"{what} nests deeper than {limit} levels: a reply carrying it could not be read")
-        inner = []
-        for v in level:
-            t = type(v)
-            if t is dict:
-                v = v.values()
-            elif t is not list and t is not tuple:
-                continue
-            inner += [e for e in v if type(e) in _NESTING]
-        level, depth = inner, depth + 1
+        inner = chain.from_iterable(v.values() if type(v) is dict else v for v in level)
+        level, depth = [e for e in inner if type(e) in _NESTING], depth + 1
 
 
 _NESTING = (dict, list, tuple)
