@@ -27,6 +27,7 @@ from ..errors import CodecError
 VERSION = 1
 MAX_DEPTH = 64  # nesting levels a decoded message may have
 DATA_DEPTH = MAX_DEPTH - 16  # nesting levels data a manager keeps may have: replies and states carrying it nest deeper
+STATE_DEPTH = DATA_DEPTH + 8  # nesting levels of a state a manager loads: a state nests its items up to 8 deeper
 
 # tensor dtypes sent raw, by the name ``str(dtype)`` gives them after 'torch.'
 _TORCH_DTYPES = {
@@ -137,18 +138,20 @@ def _part_np(p: Any) -> np.ndarray:
 
 
 def check_depth(x: Any, what: str, limit: int = DATA_DEPTH) -> None:
-    """``CodecError`` when the lists, tuples and dicts of decoded ``x`` nest deeper than ``limit`` levels: data a
-    manager keeps must fit in the replies that carry it back (a sample, a state), which nest it deeper than the
-    request that brought it."""
+    """``CodecError`` when the lists, tuples, dicts and slices of decoded ``x`` nest deeper than ``limit`` levels:
+    data a manager keeps must fit in the replies that carry it back (a sample, a state), which nest it deeper than
+    the request that brought it."""
     level, depth = [x] if type(x) in _NESTING else [], 0  # (only lists, tuples and dicts on a level)
     while level:
         if depth > limit:
             raise CodecError(f"{what} nests deeper than {limit} levels: a reply carrying it could not be read")
-        inner = chain.from_iterable(v.values() if type(v) is dict else v for v in level)
+        inner = chain.from_iterable(
+            v.values() if type(v) is dict else (v.start, v.stop, v.step) if type(v) is slice else v for v in level
+        )
         level, depth = [e for e in inner if type(e) in _NESTING], depth + 1
 
 
-_NESTING = (dict, list, tuple)
+_NESTING = (dict, list, tuple, slice)
 
 
 def _numeric_dtype(spec: Any, what: str) -> np.dtype:

@@ -26,7 +26,7 @@ from ..errors import SampleTimeoutError
 from .baseline import BaselineTracker
 from .batching import count_items, log_rewards_of
 from .blobs import BlobStore, check_stamp
-from .codec import check_depth
+from .codec import STATE_DEPTH, check_depth
 from .config import resolve_callable
 from .file_root import confine, resolve_file_root
 from .frames_wire import frames_decoder
@@ -345,6 +345,7 @@ class ManagerCore:
         return self.buffer.state_dict()
 
     def _load_state_dict(self, sender, state) -> None:
+        check_depth(state, "load_state_dict 'state'", STATE_DEPTH)
         self.buffer.load_state_dict(state)
         self._loads += 1
 

@@ -30,7 +30,7 @@ from ding_buffer import SampleTimeoutError, create_buffer
 from ding_buffer.base import BUFFER_REGISTRY, get_buffer_cls
 from ding_buffer.buffers import NaiveReplayBuffer
 from ding_buffer.distributed import ManagerCore, RemoteBuffer, build_manager_buffer, profile
-from ding_buffer.distributed.codec import _TORCH_DTYPES, DATA_DEPTH, decode, encode
+from ding_buffer.distributed.codec import _TORCH_DTYPES, DATA_DEPTH, STATE_DEPTH, decode, encode
 from ding_buffer.distributed.config import resolve_callable
 from ding_buffer.distributed.factory import worker_buffer
 from ding_buffer.distributed.push_dedup import MAX_CLIENTS
@@ -2068,6 +2068,46 @@ def test_deep_push_is_refused_unless_every_reply_carrying_it_can_be_read(depth):
         assert out['ok'], (op, out.get('message'))
     ok(core.handle(W, req('put_blob', name='w', version=1, payload={'obs': deep})))
     assert wire(core.handle(W, req('get_blob', name='w')))['ok']
+
+
+def nested(depth, leaf=1.0):
+    for _ in range(depth):
+        leaf = [leaf]
+    return leaf
+
+
+def test_deep_data_inside_a_slice_is_refused():
+    core = make_core(storage='list')
+    r = core.handle(W, wire(req('push', data={'obs': slice(nested(DATA_DEPTH), None, None)})))
+    assert r['error'] == 'CodecError' and 'nests deeper' in r['message'] and core.buffer.count() == 0
+
+
+@pytest.mark.parametrize('type_', ['naive', 'advanced', 'episode'])
+def test_states_at_the_depth_limit_round_trip_and_deeper_ones_are_refused(type_):
+    """A state the manager loads fits in its later replies: a push at the limit comes back in a state that loads
+    again, a state in the documented ``{'data': [items]}`` form at the state limit loads and every reply then reads,
+    and one level deeper is refused with nothing changed."""
+    cfg = dict(type=type_, replay_buffer_size=16, seed=0, storage=dict(type='list'))
+    core = ManagerCore(*build_manager_buffer(EasyDict(cfg, distributed=dict(backend='torch'))))
+    steps = [{'obs': nested(DATA_DEPTH - 2), 'done': False}, {'obs': nested(DATA_DEPTH - 2), 'done': True}]
+    ok(core.handle(W, wire(req('push', data=[steps] if type_ == 'episode' else steps[1]))))
+    state = ok(wire(core.handle(W, req('state_dict'))))
+    ok(core.handle(W, wire(req('load_state_dict', state=state))))
+    assert core.buffer.count() >= 1
+    sample = dict(size=1, kwargs=dict(unroll_len=1)) if type_ == 'episode' else dict(size=1)
+    outer = 3 if type_ == 'episode' else 2  # levels above the obs: state dict, data list, (episode list,) item
+    for depth in (STATE_DEPTH, STATE_DEPTH + 1):  # (the deepest list's level, the state's being 0)
+        item = {'obs': nested(depth - outer), 'done': True}
+        before = wire(core.handle(W, req('state_dict')))
+        r = core.handle(W, wire(req('load_state_dict', state={'data': [[item] if type_ == 'episode' else item]})))
+        if depth > STATE_DEPTH:
+            assert r['error'] == 'CodecError' and 'nests deeper' in r['message']
+            assert_same(before, wire(core.handle(W, req('state_dict'))))
+            continue
+        ok(r)
+        for op, args in (('state_dict', {}), ('sample', sample)):
+            out = wire(core.handle(W, req(op, **args)))
+            assert out['ok'], (op, out.get('message'))
 
 
 def raising_score_hook(batch, sender=None, buffer=None):
