@@ -308,20 +308,22 @@ class ContainerRing(ContainerStoreBase):
         """The items at ``slots`` as one container of the stored class (a copy; Trajectories are trimmed to the
         longest drawn item, as torchgfn's indexing does)."""
         slots = np.ascontiguousarray(slots, dtype=np.int64)
-        cpu = self.device.type == 'cpu'
-        idx = torch.from_numpy(slots) if cpu else torch.from_numpy(slots).to(self.device)
+        cpu, idx = self.cpu, None
         t = int(self.tidx[slots].max()) if self.tidx is not None and len(slots) else 0
         out = {}
         for col in self.layout:
-            ring = self.cols[col.name]
-            if ring is None:
+            whole = self.cols[col.name]
+            if whole is None:
                 continue
-            dim, ring = (0, ring) if col.time < 0 else (1, ring[: t + col.time])
-            view = self._view(col.name, self.cols[col.name]) if cpu else None
+            view = self._view(col.name, whole) if cpu else None
             if view is not None:  # numpy's take: a third of index_select's fixed cost for a small gather
-                out[col.name] = torch.from_numpy(view[: ring.shape[0]].take(slots, dim) if dim else view.take(slots, 0))
-            else:
-                out[col.name] = ring.index_select(dim, idx)
+                out[col.name] = torch.from_numpy(
+                    view.take(slots, 0) if col.time < 0 else view[: t + col.time].take(slots, 1)
+                )
+                continue
+            if idx is None:
+                idx = torch.from_numpy(slots) if cpu else torch.from_numpy(slots).to(self.device)
+            out[col.name] = whole.index_select(0, idx) if col.time < 0 else whole[: t + col.time].index_select(1, idx)
         return self._build(out)
 
     def _build(self, t: Dict[str, torch.Tensor]) -> Any:

@@ -1399,3 +1399,25 @@ def test_a_saved_container_with_inconsistent_tensors_is_refused_with_a_value_err
     with pytest.raises(ValueError, match='StatesContainer'):
         b.load_state_dict(st, env=env)
     assert_same(b.state_dict(), before)
+
+
+def test_samples_are_copies_with_the_pushed_values_whatever_the_field_dtypes(env):
+    """A sample gathers fields numpy can view (int states, bool masks) and fields it cannot (bfloat16 log-rewards)
+    alike: the pushed values, in new memory (changing a sample changes nothing stored), through a later push that
+    widens a field."""
+    buf = create_buffer(dict(type='gfn', replay_buffer_size=8, seed=0))
+    states = torch.arange(4 * NDIM).reshape(4, NDIM) % HEIGHT
+    first = terminal_states(env, states, torch.tensor([1.5, -2.0, 3.25, 0.5], dtype=torch.bfloat16))
+    buf.push(first)
+    got = buf.sample(4)
+    assert got.log_rewards.dtype == torch.bfloat16 and got.states.tensor.dtype == torch.int64
+    assert Counter(term_pairs(got)) == Counter(term_pairs(first))
+    got.states.tensor.fill_(0)
+    got.log_rewards.fill_(7)
+    got.is_terminating.fill_(False)
+    assert Counter(term_pairs(buf.sample(4))) == Counter(term_pairs(first))
+    second = terminal_states(env, (states + 1) % HEIGHT, torch.tensor([0.25, 9.0, -1.0, 2.5], dtype=torch.float64))
+    buf.push(second)
+    got = buf.sample(8)
+    assert got.log_rewards.dtype == torch.float64
+    assert Counter(term_pairs(got)) == Counter(term_pairs(first)) + Counter(term_pairs(second))
