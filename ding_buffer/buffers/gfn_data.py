@@ -134,6 +134,9 @@ class ColumnStore:
         rows = representation(state, cond, n) if need_rows else None
         return GFNBatch(prepared, n, r, rows, row_width(state, cond))
 
+    def check_joins(self, data: Any) -> None:
+        """Dict batches: any joins (their fields were checked by ``prepare``)."""
+
     def rows_at(self, slots: np.ndarray) -> np.ndarray:
         """The representations of the stored items at ``slots``."""
         data = self.storage.read_at(slots)
@@ -243,6 +246,10 @@ class ContainerStoreBase:
 
     def _check(self, data: Any, n: int) -> None:
         """Everything a write could fail on, checked before anything changes (``ContainerRing``'s tensors)."""
+
+    def check_joins(self, data: Any) -> None:
+        """``ValueError`` when ``data`` cannot join the stored items (``ContainerRing``: their direction), checked
+        after the table's own checks."""
 
     def read(self, slots: np.ndarray, seq: Any = None) -> Any:
         raise NotImplementedError

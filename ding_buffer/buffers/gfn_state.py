@@ -41,7 +41,13 @@ def state(t, engine: Dict[str, Any]) -> Dict[str, Any]:
     engine = dict(engine)
     engine.pop('use', None)  # full-size; saved below in slot order with the items
     if t.index is None:
-        return {'settings': settings, 'store': None, 'counters': dict(t.tally), 'engine': engine}
+        return {
+            'settings': settings,
+            'store': None,
+            'counters': dict(t.tally),
+            'logged': dict(t.last_logged),
+            'engine': engine,
+        }
     index = t.index
     # Items in slot order (what sampling walks), with their slots and the free-slot stack where slots are
     # reused: a restored buffer then places and samples exactly as this one would.
@@ -52,6 +58,7 @@ def state(t, engine: Dict[str, Any]) -> Dict[str, Any]:
         'index': index.state_dict(order),
         'track_states': t.states.enabled,
         'counters': dict(t.tally),
+        'logged': dict(t.last_logged),  # the counters at the last TensorBoard write: the interval's rates
         'engine': engine,
     }
     if t.parts.uses is not None:
@@ -71,6 +78,11 @@ def restore(t, state: Dict[str, Any]) -> Restored:
     negative = sorted(k for k, v in counters.items() if v < 0)
     if negative:
         raise ValueError(f"saved counters must be >= 0; {negative} are negative")
+    saved_logged = state.get('logged')  # (files from before it: the interval restarts at the load)
+    logged = counters if saved_logged is None else {k: int(saved_logged[k]) for k in t.tally}
+    wrong = sorted(k for k, v in logged.items() if not 0 <= v <= counters[k])
+    if wrong:
+        raise ValueError(f"saved 'logged' counters must be in [0, the saved counters]; {wrong} are not")
     engine = state.get('engine') or {}
     if not isinstance(engine, dict):
         raise ValueError(f"saved 'engine' must be a dict, got {type(engine).__name__}")
@@ -90,7 +102,7 @@ def restore(t, state: Dict[str, Any]) -> Restored:
         t.cfg = cfg
         t._store, t.index, t.states = store, index, states
         t.tally = counters
-        t.last_logged = dict(counters)
+        t.last_logged = dict(logged)
 
     return Restored(swap, {k: v for k, v in engine.items() if k != 'use'}, uses=uses)
 

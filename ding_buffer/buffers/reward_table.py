@@ -154,6 +154,7 @@ class RewardTable(Table):
         check_kind(store, data)
         batch = store.prepare(data, need_rows=self.diverse)  # others read the stored rows back when counting
         self.validate(batch)
+        store.check_joins(data)
         return Write(batch.n, (store, batch)) if batch.n else None
 
     def write(self, w: Write, report_evicted: bool) -> Written:

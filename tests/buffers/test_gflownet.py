@@ -23,7 +23,7 @@ import warnings
 import numpy as np
 import pytest
 import torch
-from helpers import assert_same, chi_square, chi_threshold, ref_distance, subprocess_env, without
+from helpers import FakeTB, assert_same, chi_square, chi_threshold, ref_distance, subprocess_env, without
 
 from ding_buffer import _numba, create_buffer
 from ding_buffer.control import diversity
@@ -1600,3 +1600,30 @@ def test_replace_takes_a_numpy_bool():
     assert buf.sample(2, replace=np.True_) is not None
     with pytest.raises(TypeError, match='replace'):
         buf.sample(2, replace=1)
+
+
+@pytest.mark.parametrize('route', ['state_dict', 'save_data'])
+def test_rejection_rates_of_an_interval_span_a_reload(tmp_path, route):
+    """The TensorBoard rejection rates are those of the interval since the last write, across a reload in its
+    middle: a reloaded buffer writes what an unreloaded twin writes."""
+    cfg = dict(type='gfn_diverse', replay_buffer_size=4, seed=0, monitor=dict(log_every=4))
+    g = torch.Generator().manual_seed(0)
+    states = [torch.randint(0, 3, (3, 2), generator=g) for _ in range(12)]
+    batches = [{'state': s, 'log_reward': torch.randint(0, 3, (3,), generator=g).float()} for s in states]
+    twin_tb, first_tb, second_tb = FakeTB(), FakeTB(), FakeTB()
+    twin = create_buffer(dict(cfg), tb_logger=twin_tb, instance_name='buf')
+    buf = create_buffer(dict(cfg), tb_logger=first_tb, instance_name='buf')
+    for i, b in enumerate(batches):
+        twin.push(dict(b))
+        buf.push(dict(b))
+        if i == 5:  # between two writes (pushes 4 and 8)
+            saved = buf.state_dict() if route == 'state_dict' else buf.save_data(str(tmp_path / 'buf.pt'))
+            buf.close()
+            buf = create_buffer(dict(cfg), tb_logger=second_tb, instance_name='buf')
+            if route == 'state_dict':
+                buf.load_state_dict(saved)
+            else:
+                buf.load_data(str(tmp_path / 'buf.pt'))
+    rates = [row for row in twin_tb.rows if 'reject_rate' in row[0]]
+    assert {step for _, _, step in rates} == {4, 8, 12}  # (the data makes the filter reject in every interval)
+    assert sorted(first_tb.rows + second_tb.rows) == sorted(twin_tb.rows)

@@ -1421,3 +1421,24 @@ def test_samples_are_copies_with_the_pushed_values_whatever_the_field_dtypes(env
     got = buf.sample(8)
     assert got.log_rewards.dtype == torch.float64
     assert Counter(term_pairs(got)) == Counter(term_pairs(first)) + Counter(term_pairs(second))
+
+
+@pytest.mark.parametrize('first', ['forward', 'backward'])
+def test_a_buffer_holds_one_direction_of_trajectories(samplers, env, pool, first):
+    """A sample is one container of one direction: trajectories of the other direction are refused with nothing
+    changed (they were stored and came back marked with the first push's direction); a cleared buffer takes
+    either."""
+    fwd = trajectories(samplers, env, 4, pool.take(4))
+    bwd = samplers[1].sample_trajectories(env, states=trajectories(samplers, env, 4).terminating_states)
+    assert bwd.is_backward and not fwd.is_backward
+    held, other = (fwd, bwd) if first == 'forward' else (bwd, fwd)
+    buf = create_buffer(dict(type='gfn', replay_buffer_size=8, seed=0))
+    buf.push(held)
+    before = buf.state_dict()
+    with pytest.raises(ValueError, match=f'is_backward={other.is_backward}.*holds {first}'):
+        buf.push(other)
+    assert_same(before, buf.state_dict())
+    assert buf.sample(4).is_backward == held.is_backward
+    buf.clear()
+    buf.push(other)
+    assert buf.sample(4).is_backward == other.is_backward
