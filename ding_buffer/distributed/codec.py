@@ -141,7 +141,7 @@ def check_depth(x: Any, what: str, limit: int = DATA_DEPTH) -> None:
     """``CodecError`` when the lists, tuples, dicts and slices of decoded ``x`` nest deeper than ``limit`` levels:
     data a manager keeps must fit in the replies that carry it back (a sample, a state), which nest it deeper than
     the request that brought it."""
-    level, depth = [x] if type(x) in _NESTING else [], 0  # (only lists, tuples and dicts on a level)
+    level, depth = [x] if type(x) in _NESTING else [], 0  # (only lists, tuples, dicts and slices on a level)
     while level:
         if depth > limit:
             raise CodecError(f"{what} nests deeper than {limit} levels: a reply carrying it could not be read")
