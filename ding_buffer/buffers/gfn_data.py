@@ -248,8 +248,19 @@ class ContainerStoreBase:
         """Everything a write could fail on, checked before anything changes (``ContainerRing``'s tensors)."""
 
     def check_joins(self, data: Any) -> None:
-        """``ValueError`` when ``data`` cannot join the stored items (``ContainerRing``: their direction), checked
-        after the table's own checks."""
+        """``ValueError`` when the items of ``data`` (not empty) cannot join the stored ones: a sample is one
+        container, of one direction. Checked after the table's own checks."""
+        held = self.held_backward()
+        if held is not None and bool(getattr(data, 'is_backward', False)) != held:
+            name = type(data).__name__
+            raise ValueError(
+                f"{name} with is_backward={not held}: this buffer holds {'backward' if held else 'forward'} {name} "
+                f"(a sample is one container, of one direction); keep each direction in a buffer of its own"
+            )
+
+    def held_backward(self) -> Optional[bool]:
+        """The direction of the stored items (None: none stored, any joins)."""
+        raise NotImplementedError
 
     def read(self, slots: np.ndarray, seq: Any = None) -> Any:
         raise NotImplementedError
@@ -285,6 +296,9 @@ class ContainerStore(ContainerStoreBase):
     def __len__(self) -> int:
         return 0 if self.container is None else len(self.container)
 
+    def held_backward(self) -> Optional[bool]:
+        return bool(getattr(self.container, 'is_backward', False)) if len(self) else None
+
     @property
     def env(self) -> Any:
         return getattr(self.container, 'env', None)
@@ -295,7 +309,7 @@ class ContainerStore(ContainerStoreBase):
         if rows is None:
             rows = np.arange(batch.n, dtype=np.int64)
         part = batch.payload[torch.from_numpy(np.asarray(rows, dtype=np.int64))]  # a copy, never the caller's
-        if self.container is None:
+        if not len(self):  # (an emptied one too: the new items' direction, not the old container's)
             self.container, self.cls = part, type(batch.payload)
         else:
             self.container.extend(part)

@@ -158,14 +158,8 @@ class ContainerRing(ContainerStoreBase):
                 numpy_ok = col.time < 0 and x.device.type == 'cpu'  # (written through a numpy view)
                 _check_dtype(f"{name}.{col.name}", x.dtype, None if ring is None else ring.dtype, numpy_ok)
 
-    def check_joins(self, data: Any) -> None:
-        """A sample is one container, of one direction: ``ValueError`` for trajectories of the other one."""
-        if self.end and bool(getattr(data, 'is_backward', False)) != self.is_backward:
-            name, held = type(data).__name__, 'backward' if self.is_backward else 'forward'
-            raise ValueError(
-                f"{name} with is_backward={not self.is_backward}: this buffer holds {held} {name} (a sample "
-                f"is one container, of one direction); keep each direction in a buffer of its own"
-            )
+    def held_backward(self) -> Optional[bool]:
+        return self.is_backward if self.end else None
 
     def write(self, slots: np.ndarray, batch: GFNBatch, rows: Optional[np.ndarray]) -> None:
         """Items ``rows`` of the (prepared) batch (None: all of them) go to ``slots``: one ``index_copy_`` per field;

@@ -74,15 +74,12 @@ def restore(t, state: Dict[str, Any]) -> Restored:
     user = {k: v for k, v in dict(t.cfg).items() if k not in SETTINGS}
     user.update(state['settings'])
     cfg = build_config(t.defaults, user, t.checks)
-    counters = {k: int(state['counters'][k]) for k in t.tally}
-    negative = sorted(k for k, v in counters.items() if v < 0)
-    if negative:
-        raise ValueError(f"saved counters must be >= 0; {negative} are negative")
-    saved_logged = state.get('logged')  # (files from before it: the interval restarts at the load)
-    logged = counters if saved_logged is None else {k: int(saved_logged[k]) for k in t.tally}
-    wrong = sorted(k for k, v in logged.items() if not 0 <= v <= counters[k])
-    if wrong:
-        raise ValueError(f"saved 'logged' counters must be in [0, the saved counters]; {wrong} are not")
+    counters = _counts(state['counters'], 'counters', t.tally)
+    # the counters at the last TensorBoard write (files from before they were kept: the interval restarts here)
+    logged = counters if state.get('logged') is None else _counts(state['logged'], 'logged', t.tally)
+    above = sorted(k for k, v in logged.items() if v > counters[k])
+    if above:
+        raise ValueError(f"saved 'logged' counts must be at most the saved counters; {above} are above")
     engine = state.get('engine') or {}
     if not isinstance(engine, dict):
         raise ValueError(f"saved 'engine' must be a dict, got {type(engine).__name__}")
@@ -105,6 +102,22 @@ def restore(t, state: Dict[str, Any]) -> Restored:
         t.last_logged = dict(logged)
 
     return Restored(swap, {k: v for k, v in engine.items() if k != 'use'}, uses=uses)
+
+
+def _counts(saved: Any, what: str, keys: Any) -> Dict[str, int]:
+    """The saved counts of ``keys`` (ints >= 0)."""
+    if not isinstance(saved, dict):
+        raise ValueError(f"saved '{what}' must be a dict of counts, got {type(saved).__name__}")
+    missing = [k for k in keys if k not in saved]
+    if missing:
+        raise ValueError(f"saved '{what}' lacks {missing}")
+    out = {}
+    for k in keys:
+        v = saved[k]
+        if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)) or v < 0:
+            raise ValueError(f"saved '{what}' must hold an int >= 0 for '{k}', got {str(v)[:60]!r}")
+        out[k] = int(v)
+    return out
 
 
 def restored_uses(t, state: Dict[str, Any], index: Any) -> Optional[UseCounts]:

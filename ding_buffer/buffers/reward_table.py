@@ -154,8 +154,10 @@ class RewardTable(Table):
         check_kind(store, data)
         batch = store.prepare(data, need_rows=self.diverse)  # others read the stored rows back when counting
         self.validate(batch)
+        if not batch.n:
+            return None
         store.check_joins(data)
-        return Write(batch.n, (store, batch)) if batch.n else None
+        return Write(batch.n, (store, batch))
 
     def write(self, w: Write, report_evicted: bool) -> Written:
         """Admission, then capacity, then write (``insert``); the monitors' scalars every ``log_every`` pushes."""

@@ -22,11 +22,11 @@ import numbers
 from typing import Any, Callable, Dict, Optional
 
 from ..buffers.common import check_size, check_step
-from ..errors import SampleTimeoutError
+from ..errors import CodecError, SampleTimeoutError
 from .baseline import BaselineTracker
 from .batching import count_items, log_rewards_of
 from .blobs import BlobStore, check_stamp
-from .codec import STATE_DEPTH, check_depth
+from .codec import DATA_DEPTH, STATE_DEPTH, check_depth
 from .config import resolve_callable
 from .file_root import confine, resolve_file_root
 from .frames_wire import frames_decoder
@@ -345,9 +345,25 @@ class ManagerCore:
         return self.buffer.state_dict()
 
     def _load_state_dict(self, sender, state) -> None:
+        """A state nested as deep as pushed data may be loads as it is. A deeper one (the buffer's own states nest
+        its items a few levels deeper than a push) loads only if the buffer's state afterwards is no deeper than
+        ``STATE_DEPTH``, else the state before it is put back: its items could come from a shallower form (e.g.
+        ``{'data': [...]}``) than the buffer's own, which then no request could carry."""
         check_depth(state, "load_state_dict 'state'", STATE_DEPTH)
-        self.buffer.load_state_dict(state)
-        self._loads += 1
+        with self.buffer.lock:
+            try:
+                check_depth(state, '', DATA_DEPTH)
+                before = None
+            except CodecError:
+                before = self.buffer.state_dict()  # (a restore swaps the storage in: this state stays)
+            self.buffer.load_state_dict(state)
+            if before is not None:
+                try:
+                    check_depth(self.buffer.state_dict(), "the buffer's state after load_state_dict", STATE_DEPTH)
+                except CodecError:
+                    self.buffer.load_state_dict(before)
+                    raise
+            self._loads += 1
 
     def _save_data(self, sender, path) -> str:
         where = self.resolve_path(path)

@@ -1627,3 +1627,20 @@ def test_rejection_rates_of_an_interval_span_a_reload(tmp_path, route):
     rates = [row for row in twin_tb.rows if 'reject_rate' in row[0]]
     assert {step for _, _, step in rates} == {4, 8, 12}  # (the data makes the filter reject in every interval)
     assert sorted(first_tb.rows + second_tb.rows) == sorted(twin_tb.rows)
+
+
+@pytest.mark.parametrize('section', ['counters', 'logged'])
+@pytest.mark.parametrize('value', [float('nan'), 1.7, 'x', torch.tensor([1, 2]), -1, True, 10**6])
+def test_saved_counts_that_are_not_counts_are_refused_by_name(section, value):
+    buf = create_buffer(dict(type='gfn_diverse', replay_buffer_size=4, seed=0))
+    buf.push({'state': torch.arange(6.0).reshape(3, 2), 'log_reward': torch.zeros(3)})
+    state = buf.state_dict()
+    before = copy.deepcopy(state)
+    state[section]['pushed'] = value
+    if section == 'counters' and isinstance(value, int) and value == 10**6:  # a count (above the last write's): loads
+        buf.load_state_dict(state)
+        assert buf.stats()['pushed'] == 10**6
+        return
+    with pytest.raises(ValueError, match=f"'{section}'.*'pushed'|'logged'.*at most.*'pushed'"):
+        buf.load_state_dict(state)
+    assert_same(before, buf.state_dict())

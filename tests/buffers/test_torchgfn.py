@@ -1423,20 +1423,35 @@ def test_samples_are_copies_with_the_pushed_values_whatever_the_field_dtypes(env
     assert Counter(term_pairs(got)) == Counter(term_pairs(first)) + Counter(term_pairs(second))
 
 
+class OtherTrajectories(Trajectories):
+    """Not one of torchgfn's own classes: kept in the append-only container store."""
+
+
+@pytest.mark.parametrize('store', ['ring', 'append-only'])
 @pytest.mark.parametrize('first', ['forward', 'backward'])
-def test_a_buffer_holds_one_direction_of_trajectories(samplers, env, pool, first):
+def test_a_buffer_holds_one_direction_of_trajectories(samplers, env, pool, first, store):
     """A sample is one container of one direction: trajectories of the other direction are refused with nothing
-    changed (they were stored and came back marked with the first push's direction); a cleared buffer takes
-    either."""
-    fwd = trajectories(samplers, env, 4, pool.take(4))
-    bwd = samplers[1].sample_trajectories(env, states=trajectories(samplers, env, 4).terminating_states)
+    changed (they were stored and came back marked with the first push's direction); an empty container of the
+    other direction is a no-op; a cleared buffer takes either."""
+
+    def kind(t):
+        if store == 'ring':
+            return t
+        cols = dict(states=t.states, actions=t.actions, terminating_idx=t.terminating_idx, log_rewards=t._log_rewards)
+        return OtherTrajectories(env=env, is_backward=t.is_backward, **cols)
+
+    raw = trajectories(samplers, env, 4, pool.take(4))
+    raw_bwd = samplers[1].sample_trajectories(env, states=trajectories(samplers, env, 4).terminating_states)
+    fwd, bwd = kind(raw), kind(raw_bwd)
     assert bwd.is_backward and not fwd.is_backward
     held, other = (fwd, bwd) if first == 'forward' else (bwd, fwd)
+    empty_other = kind((raw_bwd if first == 'forward' else raw)[torch.arange(0)])
     buf = create_buffer(dict(type='gfn', replay_buffer_size=8, seed=0))
     buf.push(held)
     before = buf.state_dict()
     with pytest.raises(ValueError, match=f'is_backward={other.is_backward}.*holds {first}'):
         buf.push(other)
+    assert buf.push(empty_other) == 0  # (empty: nothing to join)
     assert_same(before, buf.state_dict())
     assert buf.sample(4).is_backward == held.is_backward
     buf.clear()

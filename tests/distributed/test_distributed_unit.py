@@ -2083,31 +2083,32 @@ def test_deep_data_inside_a_slice_is_refused():
 
 
 @pytest.mark.parametrize('type_', ['naive', 'advanced', 'episode'])
-def test_states_at_the_depth_limit_round_trip_and_deeper_ones_are_refused(type_):
-    """A state the manager loads fits in its later replies: a push at the limit comes back in a state that loads
-    again, a state in the documented ``{'data': [items]}`` form at the state limit loads and every reply then reads,
-    and one level deeper is refused with nothing changed."""
+def test_states_the_manager_loads_fit_in_its_replies_and_load_again(type_):
+    """Whatever state the manager loads, its replies carry and a load of its own state takes: a push at the limit
+    comes back in a state that loads again; a state in the documented ``{'data': [items]}`` form -- shallower than
+    the buffer's own -- loads exactly when the buffer's state then fits, else it is refused with nothing changed."""
     cfg = dict(type=type_, replay_buffer_size=16, seed=0, storage=dict(type='list'))
     core = ManagerCore(*build_manager_buffer(EasyDict(cfg, distributed=dict(backend='torch'))))
     steps = [{'obs': nested(DATA_DEPTH - 2), 'done': False}, {'obs': nested(DATA_DEPTH - 2), 'done': True}]
     ok(core.handle(W, wire(req('push', data=[steps] if type_ == 'episode' else steps[1]))))
-    state = ok(wire(core.handle(W, req('state_dict'))))
-    ok(core.handle(W, wire(req('load_state_dict', state=state))))
-    assert core.buffer.count() >= 1
+    ok(core.handle(W, wire(req('load_state_dict', state=ok(wire(core.handle(W, req('state_dict'))))))))
+    assert core.buffer.count() == 1
     sample = dict(size=1, kwargs=dict(unroll_len=1)) if type_ == 'episode' else dict(size=1)
     outer = 3 if type_ == 'episode' else 2  # levels above the obs: state dict, data list, (episode list,) item
-    for depth in (STATE_DEPTH, STATE_DEPTH + 1):  # (the deepest list's level, the state's being 0)
+    loaded = []
+    for depth in range(DATA_DEPTH - 2, STATE_DEPTH + 2):  # (the deepest list's level, the state's being 0)
         item = {'obs': nested(depth - outer), 'done': True}
         before = wire(core.handle(W, req('state_dict')))
         r = core.handle(W, wire(req('load_state_dict', state={'data': [[item] if type_ == 'episode' else item]})))
-        if depth > STATE_DEPTH:
-            assert r['error'] == 'CodecError' and 'nests deeper' in r['message']
+        if not r['ok']:
+            assert r['error'] == 'CodecError' and 'nests deeper' in r['message'], r
             assert_same(before, wire(core.handle(W, req('state_dict'))))
             continue
-        ok(r)
-        for op, args in (('state_dict', {}), ('sample', sample)):
-            out = wire(core.handle(W, req(op, **args)))
-            assert out['ok'], (op, out.get('message'))
+        loaded.append(depth)
+        state = wire(core.handle(W, req('state_dict')))
+        assert state['ok'] and wire(core.handle(W, req('sample', **sample)))['ok']
+        ok(core.handle(W, wire(req('load_state_dict', state=state['result']))))
+    assert loaded and loaded == list(range(DATA_DEPTH - 2, loaded[-1] + 1)) and loaded[-1] < STATE_DEPTH
 
 
 def raising_score_hook(batch, sender=None, buffer=None):
