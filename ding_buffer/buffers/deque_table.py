@@ -108,6 +108,12 @@ class DequeVerbs:
             for tag, value, step in due.scalars:
                 self._sink.add_scalar(tag, value, step)
 
+    def release(self) -> None:
+        """At ``close``: the borrowed writer's last scalars are flushed (it stays open), then the slot table's."""
+        if self._sink is not None:
+            self._sink.close()
+        super().release()
+
     def sampled(self, out: Any, use: Optional[np.ndarray], train_iter: int, scalars: List[tuple]) -> Any:
         """Under the lock, after a sample: the batch is remembered for ``update``, the TensorBoard scalars due every
         ``train_iter_per_log`` put in ``scalars``; returns the batch without the slot table's id columns."""

@@ -407,7 +407,8 @@ class Engine(IBuffer):
                 if self._closed:  # (checked under the lock: a close() that began meanwhile has released the storage)
                     self._check_open()
                 n = self._push_batch(data)
-                self._last_envstep = cur_collector_envstep
+                if n:  # (the env step of the latest push taken: a refused one moves nothing)
+                    self._last_envstep = cur_collector_envstep
             return n
         items = data if isinstance(data, list) else [data]
         if not items:
@@ -425,7 +426,8 @@ class Engine(IBuffer):
             if self._closed:
                 self._check_open()
             n = self._push_items(items)
-            self._last_envstep = cur_collector_envstep
+            if n:
+                self._last_envstep = cur_collector_envstep
         return n
 
     def extend(self, batch: Any, cur_collector_envstep: int = -1) -> int:
@@ -489,7 +491,8 @@ class Engine(IBuffer):
             if w is None:
                 return 0
             n = self._write(w)
-            self._last_envstep = cur_collector_envstep
+            if n:
+                self._last_envstep = cur_collector_envstep
             due, self._due = self._due, None
         if due is not None:
             self._t.emit(due)
@@ -861,7 +864,7 @@ class Engine(IBuffer):
                 self._limiter.on_push(0)  # samplers waiting for data see the restored elements
 
     def _engine_state(self) -> Dict[str, Any]:
-        out = {'counters': self._all_counters(), 'thruput': self._limiter.state_dict()}
+        out = {'counters': self._all_counters(), 'thruput': self._limiter.state_dict(), 'envstep': self._last_envstep}
         if self._uses is not None:
             out['use'] = self._uses.state_dict()
         return out
@@ -884,12 +887,17 @@ class Engine(IBuffer):
             if any(v < 0 for v in counters.values()):
                 raise ValueError("saved counters must be >= 0")
         thruput = self._limiter.restored(state['thruput']) if 'thruput' in state else None
+        try:  # the env step of the last push taken: the x-axis of the ``_step`` scalars (older files: none yet)
+            envstep = check_step(state.get('envstep', -1), "saved 'envstep'")
+        except TypeError as e:
+            raise ValueError(str(e)) from None
         uses = restored.uses
         if self._uses is not None and uses is None:
             uses = self._uses.restored(state['use'], valid) if 'use' in state else UseCounts(len(self._uses.counts))
 
         def swap() -> None:
             self._counters = counters
+            self._last_envstep = envstep
             if thruput is not None:
                 self._limiter.swap(thruput)
             if self._uses is not None:

@@ -913,3 +913,56 @@ def test_periodic_counts_the_removals_of_the_sample_that_starts_it(fresh):
     assert (out is not None) == bool(fresh) and buf.count() == fresh
     buf.close()
     assert sum(v for _, v in tb.of('buffer_sec/removed')) == 6
+
+
+ENVSTEP_CFG = dict(
+    type='advanced',
+    replay_buffer_size=16,
+    seed=0,
+    monitor=dict(sampled_data_attr=dict(average_range=1, print_freq=1), periodic_thruput=dict(seconds=1000)),
+)
+
+
+@pytest.mark.parametrize('route', ['state_dict', 'save_data'])
+def test_step_scalars_of_a_reloaded_buffer_continue_on_the_saved_env_step(tmp_path, route):
+    """The ``_step`` scalars' x-axis is the env step of the last push taken: a reloaded buffer writes them at the
+    saved one, as the buffer it was saved from would (they were skipped until the next push)."""
+    straight_tb, resumed_tb = FakeTB(), FakeTB()
+    straight = create_buffer(dict(ENVSTEP_CFG), tb_logger=straight_tb, instance_name='buf')
+    saved = create_buffer(dict(ENVSTEP_CFG), instance_name='buf')
+    for b in (straight, saved):
+        b.push([{'obs': torch.ones(2) * i} for i in range(8)], cur_collector_envstep=40)
+    resumed = create_buffer(dict(ENVSTEP_CFG), tb_logger=resumed_tb, instance_name='buf')
+    if route == 'state_dict':
+        resumed.load_state_dict(saved.state_dict())
+    else:
+        saved.save_data(str(tmp_path / 'buf.pt'))
+        resumed.load_data(str(tmp_path / 'buf.pt'))
+    straight.sample(4, cur_learner_iter=5)
+    resumed.sample(4, cur_learner_iter=5)
+    step_rows = lambda tb: sorted((t, s) for t, _, s in tb.calls if t.startswith('buf_step/'))  # noqa: E731
+    assert step_rows(straight_tb) and {s for _, s in step_rows(straight_tb)} == {40}
+    assert step_rows(resumed_tb) == step_rows(straight_tb)
+
+
+def test_a_refused_push_does_not_move_the_step_scalars_x_axis():
+    cfg = dict(ENVSTEP_CFG, thruput_controller=dict(push_sample_rate_limit=dict(max=2, min=0), window_seconds=30))
+    tb = FakeTB()
+    buf = create_buffer(cfg, tb_logger=tb, instance_name='buf')
+    assert buf.push([{'obs': i} for i in range(8)], cur_collector_envstep=40) == 8
+    assert buf.sample(4, cur_learner_iter=1) is not None
+    assert buf.push([{'obs': i} for i in range(8)], cur_collector_envstep=999) == 0  # refused by the limiter
+    assert buf.stats()['refused_push'] == 1
+    assert buf.sample(4, cur_learner_iter=2) is not None
+    assert [step for step, _ in tb.of('buf_step/beta')] == [40, 40]
+
+
+@pytest.mark.parametrize('priority', [False, True])
+def test_deque_close_flushes_the_writer_it_wrote_to(priority):
+    tb = FakeTB()
+    buf = create_buffer(dict(type='deque', replay_buffer_size=8, priority=priority), tb_logger=tb, instance_name='dq')
+    buf.push([{'obs': i, 'priority': 1.0} for i in range(4)], 0)
+    assert buf.sample(2, 5) is not None and tb.calls
+    flushed = tb.flushed
+    buf.close()
+    assert tb.flushed > flushed and not tb.closed  # (a borrowed writer stays open)
