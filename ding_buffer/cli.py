@@ -137,22 +137,31 @@ def _train_dqn(user: dict, args: argparse.Namespace) -> int:
 
 
 def _check_resumed_seed(args: argparse.Namespace) -> None:
-    """A resumed run keeps its own seed (its RNGs come from its checkpoint): ``--seed`` naming another one would only
-    relabel it (``run.json``, the plots), so it is refused."""
-    if args.resume is None or args.seed is None:
+    """A resumed run keeps its own seed (its RNGs come from its checkpoint; its evaluations and records use it too):
+    without ``--seed`` it is the seed the run recorded (``run.json``, else ``summary.json``), whatever the config
+    file says; ``--seed`` naming another one would only relabel the run, so it is refused."""
+    if args.resume is None:
         return
     import json
 
-    try:
-        with open(os.path.join(args.resume, 'run.json')) as f:
-            seed = json.load(f).get('seed')
-    except (OSError, ValueError, AttributeError):
-        return  # (no record of the run's seed: nothing to compare with)
-    if isinstance(seed, int) and seed != args.seed:
+    seed = None
+    for record in ('run.json', 'summary.json'):
+        try:
+            with open(os.path.join(args.resume, record)) as f:
+                seed = json.load(f).get('seed')
+        except (OSError, ValueError, AttributeError):
+            continue  # (no record of the run's seed there)
+        if isinstance(seed, int) and not isinstance(seed, bool):
+            break
+        seed = None
+    if seed is None:
+        return
+    if args.seed is not None and seed != args.seed:
         raise ValueError(
             f"{args.config}: --seed {args.seed} is not the seed of the run being resumed ({seed}, in "
             f"{args.resume}); a resumed run goes on with its own seed: drop --seed, or start a new run"
         )
+    args.seed = seed  # (over the config file's)
 
 
 def _apply_overrides(user: dict, args: argparse.Namespace) -> None:

@@ -118,3 +118,12 @@ def _remove_temporaries(root: str) -> None:
         for name in os.listdir(root):
             if name.startswith('.tmp-'):
                 shutil.rmtree(os.path.join(root, name), ignore_errors=True)
+
+
+def purge_tensorboard(writer: Any, step: int) -> None:
+    """Make TensorBoard hide what a stopped run logged at ``step`` and after (the resumed run logs it again): the
+    session-start event ``SummaryWriter(purge_step=step)`` writes, for a writer already open. Call it before the
+    resumed run writes anything; every tag's step must be at most the run's own (here: the training step)."""
+    from tensorboard.compat.proto.event_pb2 import Event, SessionLog
+
+    writer.file_writer.add_event(Event(step=step, session_log=SessionLog(status=SessionLog.START)))

@@ -36,7 +36,7 @@ from easydict import EasyDict
 from ..base import create_buffer, get_buffer_cls
 from ..config import build_config, check_section, optional_positive_int, positive_int, seed_ok
 from ..persistence import atomic_json, atomic_save, check_integrity, safe_load
-from .checkpoint import check_checkpoints, load_latest, save_checkpoint
+from .checkpoint import check_checkpoints, load_latest, purge_tensorboard, save_checkpoint
 from .config import BUFFER_SECTION, device_ok, make_trainer, run_dir_of, split_buffer_section
 from .hypergrid_metrics import GridTruth, plot_curve, write_eval_csv
 from .run_dir import build_in_run_dir, progress_bar
@@ -338,6 +338,7 @@ class HyperGridTrainer:
         self.resumed_from: Optional[str] = None
         if resume:
             self.resumed_from, _ = load_latest(self.ckpt_dir, self._load_checkpoint)
+            purge_tensorboard(self.tb, self.iteration + 1)  # (what it logged at the checkpoint's step stays)
 
     def _make_buffer(self, bcfg: Optional[EasyDict]) -> Any:
         if bcfg is None:
@@ -559,6 +560,9 @@ class HyperGridTrainer:
             'mode_states': sorted(self.mode_states),
             'visited': torch.cat(list(self.visited)) if self.visited else torch.empty(0, dtype=torch.long),
             'rng': {'torch': torch.get_rng_state()},
+            # whether the checkpoint holds buffer.pt (a torchgfn buffer that holds nothing writes none)
+            'buffer_saved': self.buffer is not None
+            and (not self.torchgfn_buffer or self.buffer.training_container is not None),
         }
         if self.device.type == 'cuda':
             state['rng']['cuda'] = torch.cuda.get_rng_state(self.device)
@@ -575,6 +579,8 @@ class HyperGridTrainer:
     def _load_checkpoint(self, path: str) -> dict[str, Any]:
         state = safe_load(os.path.join(path, 'trainer.pt'))  # (CRC-32 checked: a flipped bit is damage)
         buffer_file = os.path.join(path, 'buffer.pt')
+        if state.get('buffer_saved') and self.buffer is not None and not os.path.isfile(buffer_file):
+            raise ValueError(f"{path} lacks the buffer.pt it was written with")  # damage: the previous one loads
         if self.buffer is not None and os.path.isfile(buffer_file):
             if self.torchgfn_buffer:
                 from gfn.containers import Trajectories

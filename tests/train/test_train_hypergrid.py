@@ -293,3 +293,38 @@ def test_existing_run_is_not_overwritten(tmp_path, capsys):
     capsys.readouterr()
     assert train(tmp_path, 'nobuffer', '--iterations', 3) == 2
     assert '--resume' in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_a_checkpoint_without_its_buffer_file_is_damage_and_the_run_keeps_its_seed(tmp_path, capsys):
+    """A checkpoint written with a buffer file but found without it is damage: the resume falls back to the one
+    before (it went on with an empty buffer). A resumed run keeps the seed it recorded, whatever the config file
+    says, and ``--seed`` naming another is refused (it was accepted and relabelled the run)."""
+    assert train(tmp_path, 'gfn', '--iterations', 100, '--seed', 2) == 0
+    d = run_dir(tmp_path, 'hypergrid_tb_gfn', seed=2)
+    full = json.loads((d / 'summary.json').read_text())['buffer_count']
+    (d / 'checkpoints' / 'step_000000100' / 'buffer.pt').unlink()
+    capsys.readouterr()
+    assert train(tmp_path, 'gfn', '--iterations', 101, '--seed', 5, '--resume', d) == 2
+    assert '--seed 5 is not the seed of the run being resumed (2,' in capsys.readouterr().err
+    assert train(tmp_path, 'gfn', '--iterations', 101, '--resume', d) == 0  # (the config file's seed is 0)
+    s = json.loads((d / 'summary.json').read_text())
+    assert s['seed'] == 2 and s['resumed_from'].endswith('step_000000050') and s['iterations'] == 101
+    assert s['buffer_count'] == full  # (a full buffer: it was restored, then took 51 more pushes)
+
+
+@pytest.mark.slow
+def test_a_run_resumed_from_an_older_checkpoint_logs_each_step_once(tmp_path):
+    """Resumed from the checkpoint before the newest (the newest lost, as if killed before it was published), the
+    run's TensorBoard points after that checkpoint are logged again, not twice: every tag has the steps of an
+    uninterrupted run."""
+    assert train(tmp_path, 'gfn', '--iterations', 100, overrides=({'exp_name': 'ref'},), config_name='ref.py') == 0
+    assert train(tmp_path, 'gfn', '--iterations', 100) == 0
+    d = run_dir(tmp_path, 'hypergrid_tb_gfn')
+    for f in (d / 'checkpoints' / 'step_000000100').iterdir():
+        f.unlink()
+    (d / 'checkpoints' / 'step_000000100').rmdir()
+    assert train(tmp_path, 'gfn', '--iterations', 100, '--resume', d) == 0
+    got, ref = scalars(d / 'log'), scalars(run_dir(tmp_path, 'ref') / 'log')
+    drop = lambda tags: {t: [s for s, _ in v] for t, v in tags.items() if not t.endswith('_sec') and '_sec/' not in t}  # noqa: E731
+    assert drop(got) == drop(ref)
