@@ -39,6 +39,7 @@ from ..persistence import atomic_json, atomic_save, check_integrity, safe_load
 from .checkpoint import check_checkpoints, load_latest, purge_tensorboard, save_checkpoint
 from .config import BUFFER_SECTION, device_ok, make_trainer, run_dir_of, split_buffer_section
 from .hypergrid_metrics import GridTruth, plot_curve, write_eval_csv
+from .plot import write_run_info
 from .run_dir import build_in_run_dir, progress_bar
 from .signals import StopSignals
 
@@ -457,6 +458,7 @@ class HyperGridTrainer:
         """Train until ``policy.learn.iterations`` or ``stop.requested`` (a ``StopSignals``); either way the last
         iteration is checkpointed. ``started_at``: the ``time.monotonic()`` the wall time counts from."""
         cfg = self.cfg
+        write_run_info(self.run_dir, cfg, 'hypergrid')  # run.json: the seed a resume keeps, before summary.json
         total = cfg.policy.learn.iterations
         self._t0 = time.monotonic() if started_at is None else started_at
         if not self.evals and cfg.env.eval_source == 'fresh':

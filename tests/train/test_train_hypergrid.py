@@ -303,6 +303,7 @@ def test_a_checkpoint_without_its_buffer_file_is_damage_and_the_run_keeps_its_se
     assert train(tmp_path, 'gfn', '--iterations', 100, '--seed', 2) == 0
     d = run_dir(tmp_path, 'hypergrid_tb_gfn', seed=2)
     full = json.loads((d / 'summary.json').read_text())['buffer_count']
+    (d / 'summary.json').unlink()  # (as a killed run leaves it: its seed is in run.json, from its start)
     (d / 'checkpoints' / 'step_000000100' / 'buffer.pt').unlink()
     capsys.readouterr()
     assert train(tmp_path, 'gfn', '--iterations', 101, '--seed', 5, '--resume', d) == 2
