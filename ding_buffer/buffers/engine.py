@@ -406,10 +406,7 @@ class Engine(IBuffer):
             with self._lock:
                 if self._closed:  # (checked under the lock: a close() that began meanwhile has released the storage)
                     self._check_open()
-                n = self._push_batch(data)
-                if n:  # (the env step of the latest push taken: a refused one moves nothing)
-                    self._last_envstep = cur_collector_envstep
-            return n
+                return self._took(self._push_batch(data), cur_collector_envstep)
         items = data if isinstance(data, list) else [data]
         if not items:
             return 0
@@ -425,9 +422,13 @@ class Engine(IBuffer):
         with self._lock:
             if self._closed:
                 self._check_open()
-            n = self._push_items(items)
-            if n:
-                self._last_envstep = cur_collector_envstep
+            return self._took(self._push_items(items), cur_collector_envstep)
+
+    def _took(self, n: int, envstep: int) -> int:
+        """A push at ``envstep`` stored ``n`` elements: the env step of the latest push taken, the ``_step`` scalars'
+        x-axis, moves (a push that stored nothing moves nothing). Returns ``n``."""
+        if n:
+            self._last_envstep = envstep
         return n
 
     def extend(self, batch: Any, cur_collector_envstep: int = -1) -> int:
@@ -490,9 +491,7 @@ class Engine(IBuffer):
             w = prepare()
             if w is None:
                 return 0
-            n = self._write(w)
-            if n:
-                self._last_envstep = cur_collector_envstep
+            n = self._took(self._write(w), cur_collector_envstep)
             due, self._due = self._due, None
         if due is not None:
             self._t.emit(due)
