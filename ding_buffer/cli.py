@@ -82,7 +82,7 @@ def train(args: argparse.Namespace) -> int:
     from .train.config import load_config_file
 
     user = load_config_file(args.config)
-    _check_resumed_seed(args)
+    _keep_resumed_seed(args)
     job = user.pop('job', 'dqn')
     if not isinstance(job, str) or job not in JOBS:
         raise ValueError(f"{args.config}: config key 'job' is {job!r}; expected one of {sorted(JOBS)}")
@@ -136,7 +136,7 @@ def _train_dqn(user: dict, args: argparse.Namespace) -> int:
     return stop.report(args, s['run_dir'], f"env step {s['env_steps']}")
 
 
-def _check_resumed_seed(args: argparse.Namespace) -> None:
+def _keep_resumed_seed(args: argparse.Namespace) -> None:
     """A resumed run keeps its own seed (its RNGs come from its checkpoint; its evaluations and records use it too):
     without ``--seed`` it is the seed the run recorded (``run.json``, else ``summary.json``), whatever the config
     file says; ``--seed`` naming another one would only relabel the run, so it is refused."""

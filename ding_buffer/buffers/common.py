@@ -28,6 +28,14 @@ def restored_rng(state: Mapping) -> np.random.Generator:
     return rng
 
 
+def saved_count(value: Any, what: str) -> int:
+    """A counter read back from a saved state: an int >= 0 (a float is refused, not truncated), else ``ValueError``
+    naming ``what``."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) or value < 0:
+        raise ValueError(f"{what} must be an int >= 0, got {str(value)[:60]!r}")
+    return int(value)
+
+
 def check_instance_name(instance_name: Any) -> None:
     if not isinstance(instance_name, str) or not instance_name:
         raise ValueError(f"instance_name must be a non-empty str, got {instance_name!r}")

@@ -58,6 +58,7 @@ from .common import (
     check_wait_timeout,
     new_rng,
     restored_rng,
+    saved_count,
 )
 from .outputs import as_items
 from .table import Needs, Parts, Request, Restored, Write
@@ -882,9 +883,7 @@ class Engine(IBuffer):
         if saved is not None:
             for k in counters:
                 if k in COUNTERS or k in saved:
-                    counters[k] = int(saved[k])
-            if any(v < 0 for v in counters.values()):
-                raise ValueError("saved counters must be >= 0")
+                    counters[k] = saved_count(saved[k], f"saved counters['{k}']")
         thruput = self._limiter.restored(state['thruput']) if 'thruput' in state else None
         try:  # the env step of the last push taken: the x-axis of the ``_step`` scalars (older files: none yet)
             envstep = check_step(state.get('envstep', -1), "saved 'envstep'")

@@ -12,6 +12,7 @@ import torch
 from ..config import build_config
 from ..control.diversity import row_hashes
 from ..control.limits import USE_MAX, UseCounts
+from .common import saved_count
 from .gfn_data import ColumnStore, ContainerStoreBase, check_log_reward, rebuild_container
 from .gfn_parts import make_store, physical_slots
 from .gfn_ring import container_store
@@ -111,13 +112,7 @@ def _counts(saved: Any, what: str, keys: Any) -> Dict[str, int]:
     missing = [k for k in keys if k not in saved]
     if missing:
         raise ValueError(f"saved '{what}' lacks {missing}")
-    out = {}
-    for k in keys:
-        v = saved[k]
-        if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)) or v < 0:
-            raise ValueError(f"saved '{what}' must hold an int >= 0 for '{k}', got {str(v)[:60]!r}")
-        out[k] = int(v)
-    return out
+    return {k: saved_count(saved[k], f"saved '{what}' count '{k}'") for k in keys}
 
 
 def restored_uses(t, state: Dict[str, Any], index: Any) -> Optional[UseCounts]:

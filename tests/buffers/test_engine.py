@@ -6,6 +6,7 @@ a call to its table; ``isinstance`` still follows DI-engine's and torchgfn's cla
 """
 
 import ast
+import copy
 import inspect
 import textwrap
 import threading
@@ -543,3 +544,17 @@ def test_timeout_zero_is_not_failed_by_a_push_running_at_that_moment():
         stop.set()
         t.join(30)
     assert failed == 0
+
+
+@pytest.mark.parametrize('value', [1.5, -1, 'x', True, None])
+def test_a_saved_counter_that_is_not_a_count_is_refused_by_name(value):
+    """The engine's saved counters are ints >= 0: anything else is refused naming the counter (1.5 was loaded as
+    1), with nothing changed."""
+    buf = create_buffer(dict(type='advanced', replay_buffer_size=8, seed=0))
+    buf.push({'obs': 1.0})
+    state = buf.state_dict()
+    before = copy.deepcopy(state)
+    state['counters']['push_items'] = value
+    with pytest.raises(ValueError, match=r"counters\['push_items'\] must be an int >= 0"):
+        buf.load_state_dict(state)
+    assert_same(before, buf.state_dict())
