@@ -9,11 +9,11 @@ import functools
 import importlib
 import logging
 from abc import ABC, abstractmethod
-from typing import Any, Callable, Dict, List, Optional, Tuple, Type
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple, Type
 
 from easydict import EasyDict
 
-from .config import closest_key
+from .config import check_str_keys, closest_key
 
 
 def _ensured(method: Callable) -> Callable:
@@ -311,6 +311,8 @@ def create_buffer(cfg: Any, *args, **kwargs) -> IBuffer:
         - buffer (:obj:`IBuffer`)
     """
     cls = get_buffer_cls(cfg)
+    if isinstance(cfg, Mapping):
+        check_str_keys(cfg)
     cfg = EasyDict(cfg) if not isinstance(cfg, EasyDict) else cfg
     if 'dataset' in cfg:
         if _DATASET is None:

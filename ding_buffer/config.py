@@ -132,6 +132,16 @@ def _type_ok(default: Any, value: Any) -> bool:
     return True
 
 
+def check_str_keys(cfg: Mapping, prefix: str = '') -> None:
+    """Every key of ``cfg`` and of the dicts in it is a string (a YAML ``1:`` is an int): else ``ValueError`` naming
+    the key, before anything converts the config (``EasyDict`` fails on such a key with a ``TypeError``)."""
+    for key, value in cfg.items():
+        if not isinstance(key, str):
+            raise ValueError(f"config key {prefix}{key!r} is of type {type(key).__name__}; config keys are strings")
+        if isinstance(value, Mapping):
+            check_str_keys(value, f"{prefix}{key}.")
+
+
 def check_keys_and_types(defaults: Mapping, user: Mapping, prefix: str = '', nullable: frozenset = frozenset()) -> None:
     """Raise ``ValueError`` for an unknown key or a value whose type differs from the default's (``None`` is
     accepted for the dotted keys in ``nullable``)."""
@@ -191,6 +201,8 @@ def build_config(
         user = {}
     if not isinstance(user, Mapping):
         raise TypeError(f"buffer config must be a dict/EasyDict, got {type(user).__name__}")
+    check_str_keys(user, prefix)
+    user = plain_numbers(user)  # (first: an alias and its key holding the same number agree in any form)
     if aliases:
         user = resolve_aliases(user, aliases, prefix)
     if ignored:
@@ -200,7 +212,6 @@ def build_config(
                 CONFIG_LOG.warning("config key '%s%s' = %.60r has no effect: %s", prefix, key, user[key], ignored[key])
             user = {k: v for k, v in user.items() if k not in dropped}
     nullable = frozenset(prefix + k for k in _nullable(checks or {}))
-    user = plain_numbers(user)
     check_keys_and_types(defaults, user, prefix=prefix, nullable=nullable)
     cfg = deep_merge_dicts(defaults, user)
     apply_checks(cfg, checks or {}, prefix=prefix)
@@ -209,9 +220,9 @@ def build_config(
 
 def plain_numbers(value: Any) -> Any:
     """``value`` with numpy scalars (``np.int64(8)``, ``np.float32(.5)``, ``np.True_``) as the Python numbers they
-    hold, through dicts and lists (new ones where something changed; the user's are left alone): a numpy number is
-    accepted wherever its Python number is, and states and files that carry config values hold no numpy object
-    (they load without pickle)."""
+    hold, through dicts, lists and tuples (new ones where something changed; the user's are left alone): a numpy
+    number is accepted wherever its Python number is, and states and files that carry config values hold no numpy
+    object (they load without pickle)."""
     np = sys.modules.get('numpy')  # not imported: no numpy scalar can be here (the CLI starts without numpy)
     if np is None:
         return value
@@ -220,9 +231,9 @@ def plain_numbers(value: Any) -> Any:
     if isinstance(value, Mapping):
         items = {k: plain_numbers(v) for k, v in value.items()}
         return value if all(items[k] is v for k, v in value.items()) else items  # (merged into an EasyDict)
-    if isinstance(value, list):
+    if isinstance(value, list) or type(value) is tuple:  # (a tuple stands for a list in a config)
         out = [plain_numbers(v) for v in value]
-        return value if all(a is b for a, b in zip(out, value)) else out
+        return value if all(a is b for a, b in zip(out, value)) else out if isinstance(value, list) else tuple(out)
     return value
 
 

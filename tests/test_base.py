@@ -2,6 +2,7 @@
 
 import logging
 import os
+import re
 import textwrap
 
 import numpy as np
@@ -403,3 +404,21 @@ def test_numpy_numbers_are_accepted_wherever_their_python_numbers_are():
         create_buffer(dict(type='naive', replay_buffer_size=np.int64(0)))
     with pytest.raises(ValueError, match="'deepcopy' has value 1"):
         create_buffer(dict(type='naive', deepcopy=np.int64(1)))
+    # in a tuple (which a config takes for a list) too: its max_use of 2 was 'invalid'
+    removers = (dict(type='max_use', max_use=np.int64(2)),)
+    buf = create_buffer(dict(type='naive', removers=removers))
+    buf.push([{'obs': i} for i in range(2)])
+    buf.sample(2), buf.sample(2)
+    assert buf.count() == 0  # every item used twice: removed
+
+
+def test_a_config_key_that_is_not_a_string_is_refused_naming_it():
+    """A YAML ``1:`` (an int key), at the top or in a section: EasyDict failed on it with a TypeError naming
+    nothing."""
+    for cfg, name in (
+        ({'type': 'naive', 1: 2}, 'config key 1 '),
+        ({'type': 'naive', 'storage': {'type': 'tensor', 2.5: 1}}, 'config key storage.2.5 '),
+        ({'type': 'mixture', 'members': {1: {'type': 'naive'}}}, 'config key members.1 '),
+    ):
+        with pytest.raises(ValueError, match=re.escape(name) + 'is of type'):
+            create_buffer(cfg)

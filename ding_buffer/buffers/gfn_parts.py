@@ -3,6 +3,7 @@ dict batches / item lists, ``ContainerRing`` for torchgfn's tensor containers, `
 Container objects), the ``RewardIndex`` (capacity and sampling by log-reward) and the ``StateSet`` (unique
 terminating states; the diversity filter's rows)."""
 
+import os
 from typing import Any, Mapping, Tuple
 
 from ..control.diversity import StateSet
@@ -16,6 +17,28 @@ def physical_slots(cfg: Mapping, reuses_slots: bool) -> int:
     (``ContainerStore``; its index grows by doubling)."""
     cap = cfg['replay_buffer_size']
     return 2 * cap if cfg['lazy_sort'] or not reuses_slots else cap
+
+
+# what the slots' index takes per slot at its peak (reward index, insertion order, state set; a restore), measured
+SLOT_BYTES = 80
+
+
+def check_slot_memory(cfg: Mapping, physical: int, what: str) -> None:
+    """``physical`` slots of ``cfg``'s buffer fit in this machine's memory (``ValueError`` naming ``what`` -- the
+    config key, or the saved one -- before anything is allocated: the slots are allocated at the first push)."""
+    if physical * SLOT_BYTES > machine_memory():
+        raise ValueError(
+            f"{what} {cfg['replay_buffer_size']} needs {physical * SLOT_BYTES / 2**30:.1f} GiB for its slots, more "
+            f"than this machine's {machine_memory() / 2**30:.1f} GiB"
+        )
+
+
+def machine_memory() -> int:
+    """Bytes of physical memory (no limit where the system cannot tell)."""
+    try:
+        return os.sysconf('SC_PHYS_PAGES') * os.sysconf('SC_PAGE_SIZE')
+    except (ValueError, OSError, AttributeError):
+        return 1 << 62
 
 
 def make_store(cfg: Mapping, data: Any) -> Any:

@@ -3,7 +3,6 @@ counters and limiter, use counts), all or nothing: every part is rebuilt and val
 in. Functions of the table ``t``."""
 
 import copy
-import os
 from typing import Any, Dict, Optional
 
 import numpy as np
@@ -14,14 +13,13 @@ from ..control.diversity import row_hashes
 from ..control.limits import USE_MAX, UseCounts
 from .common import saved_count
 from .gfn_data import ColumnStore, ContainerStoreBase, check_log_reward, rebuild_container
-from .gfn_parts import make_store, physical_slots
+from .gfn_parts import check_slot_memory, make_store, physical_slots
 from .gfn_ring import container_store
 from .table import Restored
 
 # Version of the saved slot layout: 2 keeps each item's slot and the free-slot stack (stores that reuse slots: dict
 # batches, torchgfn containers; files of layout 1 hold items at slots 0..n-1).
 LAYOUT = 2
-SLOT_BYTES = 80  # what a restore allocates per slot at its peak (reward index, order, state set), measured
 # Keys that describe what is stored; they travel with a save and are restored by ``load_data``.
 SETTINGS = (
     'replay_buffer_size',
@@ -197,19 +195,7 @@ def _check_room(cfg: Any, state: Dict[str, Any], n: int) -> None:
             f"saved free slots must be exactly the slots no item holds: {physical - n} for the saved "
             f"replay_buffer_size {cfg['replay_buffer_size']} and {n} items, got {len(free)}"
         )
-    if physical * SLOT_BYTES > machine_memory():
-        raise ValueError(
-            f"saved replay_buffer_size {cfg['replay_buffer_size']} needs {physical * SLOT_BYTES / 2**30:.1f} GiB "
-            f"for its slots, more than this machine's {machine_memory() / 2**30:.1f} GiB"
-        )
-
-
-def machine_memory() -> int:
-    """Bytes of physical memory (no limit where the system cannot tell)."""
-    try:
-        return os.sysconf('SC_PHYS_PAGES') * os.sysconf('SC_PAGE_SIZE')
-    except (ValueError, OSError, AttributeError):
-        return 1 << 62
+    check_slot_memory(cfg, physical, 'saved replay_buffer_size')
 
 
 def _empty_store(t, state: Dict[str, Any], kind: Any, n: int):

@@ -18,7 +18,7 @@ from ..control.keep_best import RewardIndex
 from . import gfn_state, gfn_stats
 from .gfn_admission import diverse_admission, terminating_states
 from .gfn_data import GFNBatch
-from .gfn_parts import check_kind, make_parts, make_store
+from .gfn_parts import check_kind, check_slot_memory, make_parts, make_store, physical_slots
 from .table import Drawn, Needs, Request, Restored, Table, Write, Written
 
 
@@ -59,6 +59,7 @@ class RewardTable(Table):
         cfg = self.cfg
         if cfg.device.startswith('cuda') and not torch.cuda.is_available():
             raise ValueError(f"config key 'device' is {cfg.device!r} but CUDA is not available here")
+        check_slot_memory(cfg, physical_slots(cfg, True), "config key 'replay_buffer_size'")
         self._store: Any = None
         self.index: Optional[RewardIndex] = None
         self.states: Optional[StateSet] = None

@@ -25,7 +25,7 @@ import threading
 import time
 from typing import Any, Callable, Dict, Mapping, Optional, Tuple
 
-from ..config import INF
+from ..config import INF, as_float
 from ..errors import SampleTimeoutError
 from .thruput import ThruputController
 
@@ -40,7 +40,7 @@ def limiter_checks(least: float) -> Dict[str, Tuple[Callable[[Any], bool], str]]
     """Value checks of the section; ``least`` is the smallest ``sample_min_limit_ratio`` the preset accepts."""
     return {
         # (inf is refused too: no sample could ever be drawn)
-        'thruput_controller.sample_min_limit_ratio': (lambda x: least <= x < float('inf'), f'a number >= {least:g}'),
+        'thruput_controller.sample_min_limit_ratio': (lambda x: least <= as_float(x) < INF, f'a number >= {least:g}'),
     }
 
 

@@ -15,6 +15,7 @@ import math
 import time
 from typing import Callable, Dict, Mapping, Tuple
 
+from ..config import as_float
 from ..errors import SampleTimeoutError  # noqa: F401 (raised here, re-exported)
 
 
@@ -37,13 +38,13 @@ class ThruputController:
 
     def __init__(self, cfg: Mapping, clock: Callable[[], float] = time.monotonic) -> None:
         limit = cfg['push_sample_rate_limit']
-        self.max_rate = float(limit['max'])
-        self.min_rate = float(limit['min'])
-        self.window_seconds = float(cfg['window_seconds'])
-        if not self.min_rate >= 0 or math.isnan(self.max_rate) or self.max_rate <= 0:
+        self.max_rate = as_float(limit['max'])  # (NaN for an int beyond the float range: refused below)
+        self.min_rate = as_float(limit['min'])
+        self.window_seconds = as_float(cfg['window_seconds'])
+        if not 0 <= self.min_rate < math.inf or math.isnan(self.max_rate) or self.max_rate <= 0:
             raise ValueError(
-                f"config key 'thruput_controller.push_sample_rate_limit' needs min >= 0 and max > 0, "
-                f"got min={self.min_rate} max={self.max_rate}"
+                f"config key 'thruput_controller.push_sample_rate_limit' needs a finite min >= 0 (an infinite one "
+                f"refuses every sample) and max > 0, got min={limit['min']!r:.40} max={limit['max']!r:.40}"
             )
         if self.min_rate > self.max_rate:
             raise ValueError(
@@ -51,7 +52,10 @@ class ThruputController:
                 f"{self.max_rate}: no push/sample ratio could ever satisfy both (it would deadlock)"
             )
         if not self.window_seconds > 0:
-            raise ValueError(f"config key 'thruput_controller.window_seconds' must be > 0, got {self.window_seconds}")
+            raise ValueError(
+                f"config key 'thruput_controller.window_seconds' must be a number > 0, got "
+                f"{cfg['window_seconds']!r:.40}"
+            )
         self.active = self.max_rate != math.inf or self.min_rate != 0
         self._decay = 0.01 ** (1.0 / self.window_seconds)
         self._clock = clock

@@ -26,6 +26,7 @@ from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Tuple
 import numpy as np
 import torch
 
+from ..config import MAX_CAPACITY
 from .tensor_schema import dtype_name
 
 
@@ -34,7 +35,7 @@ def _name(x: Any) -> bool:
 
 
 def _none_or_int(low: int) -> Any:
-    return lambda v: v is None or (type(v) is int and v >= low)
+    return lambda v: v is None or (type(v) is int and low <= v <= MAX_CAPACITY)  # (larger: a typo, refused by name)
 
 
 def _unit(v: Any) -> bool:
@@ -45,11 +46,11 @@ def _unit(v: Any) -> bool:
 _OPTIONS = {
     'key': ('obs', _name, 'a field name'),
     'next_key': ('next_obs', _name, 'a field name'),
-    'stack': (None, _none_or_int(1), 'None (read from the first push) or an int >= 1'),
+    'stack': (None, _none_or_int(1), 'None (read from the first push) or an int in [1, 2**40]'),
     'env_key': (None, lambda v: v is None or _name(v), 'None (one stream) or a field name'),
     'done_key': ('done', lambda v: v is None or _name(v), 'None or a field name'),
     'truncated_key': ('truncated', lambda v: v is None or _name(v), 'None or a field name'),
-    'spare': (None, _none_or_int(0), 'None (automatic) or an int >= 0'),
+    'spare': (None, _none_or_int(0), 'None (automatic) or an int in [0, 2**40]'),
     'check': (True, lambda v: type(v) is bool, 'a bool'),
     'n_step': (1, lambda v: type(v) is int and 1 <= v <= 1000, 'an int in [1, 1000]'),
     'gamma': (0.99, _unit, 'a number in [0, 1]'),

@@ -1022,6 +1022,10 @@ def test_push_none_and_unknown_types_raise_type_error():
         ('gfn', dict(sample_replacement='yes'), 'sample_replacement'),
         ('gfn', dict(state_key=''), 'state_key'),
         ('gfn', dict(monitor=dict(log_every=0)), 'monitor.log_every'),
+        # slots no machine holds (80 TiB): refused when built, not a MemoryError at the first push
+        ('gfn', dict(replay_buffer_size=2**40), 'replay_buffer_size'),
+        ('terminating_state', dict(capacity=2**40), 'replay_buffer_size'),
+        ('gfn', dict(capacity=np.int64(2**40), replay_buffer_size=2**40), 'replay_buffer_size'),
     ],
 )
 def test_bad_config_raises_naming_the_key(kind, cfg, key):

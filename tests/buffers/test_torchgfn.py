@@ -1209,6 +1209,7 @@ def test_torchgfn_sample_keyword_and_capacity_key(samplers, env, pool, btype):
     with pytest.raises(TypeError, match='n_samples'):
         buf.sample()
     assert create_buffer(dict(type=btype, capacity=30, replay_buffer_size=30)).capacity == 30
+    assert create_buffer(dict(type=btype, capacity=np.int64(30), replay_buffer_size=30)).capacity == 30  # one number
     # every place that checks a section before building (jobs, the distributed wrapper) reads the alias too
     from easydict import EasyDict
 

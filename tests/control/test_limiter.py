@@ -31,6 +31,7 @@ def test_default_section_is_inactive_fresh_and_checked():
     ((key, (ok, expected)),) = limiter_checks(0.5).items()
     assert key == 'thruput_controller.sample_min_limit_ratio' and expected == 'a number >= 0.5'
     assert ok(0.5) and ok(3) and not ok(0.49) and not ok(float('inf'))  # inf: no sample could ever be drawn
+    assert not ok(10**400) and not ok(float('nan'))  # (no float holds 10**400: refused, not an OverflowError later)
 
 
 @pytest.mark.parametrize('min_ratio', [0.5, 1.0, 2.0])

@@ -80,6 +80,11 @@ def test_thruput_rules_with_a_fake_clock():
         (dict(min_rate=-1), 'thruput_controller.push_sample_rate_limit'),
         (dict(max_rate=0.0, min_rate=0.0), 'thruput_controller.push_sample_rate_limit'),
         (dict(max_rate=float('nan')), 'thruput_controller.push_sample_rate_limit'),
+        # an infinite min refuses every sample, pushes never (max inf): no sample could ever be drawn
+        (dict(max_rate=float('inf'), min_rate=float('inf')), 'thruput_controller.push_sample_rate_limit'),
+        (dict(max_rate=float('inf'), min_rate=10**400), 'thruput_controller.push_sample_rate_limit'),
+        (dict(max_rate=10**400), 'thruput_controller.push_sample_rate_limit'),  # (no float: named, no OverflowError)
+        (dict(window=10**400), 'thruput_controller.window_seconds'),
         (dict(window=0), 'thruput_controller.window_seconds'),
         (dict(window=-3), 'thruput_controller.window_seconds'),
     ],

@@ -339,6 +339,8 @@ def test_memmap_keeps_the_frames_in_a_file_removed_at_close(tmp_path):
     [
         (dict(stack=0), "'storage.frames.stack'"),
         (dict(spare=-1), "'storage.frames.spare'"),
+        (dict(spare=2**50), "'storage.frames.spare'"),  # (a typo: accepted, every push failed to allocate)
+        (dict(stack=2**50), "'storage.frames.stack'"),
         (dict(check='yes'), "'storage.frames.check'"),
         (dict(keyy='obs'), "unknown config key 'storage.frames.keyy'"),
         (dict(key='obs', next_key='obs'), 'both'),
