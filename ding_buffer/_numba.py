@@ -142,11 +142,13 @@ def _load_locked() -> None:
                 kernel.dispatcher = None
     if not _numba:
         swap = {id(k): k.fallback or k.py_func for k in pending}
-    for name, module in list(sys.modules.items()):
+    # copies taken in one step (``dict.copy`` runs no Python code): another thread's import -- or a finalizer the
+    # garbage collector runs while ``list(...)`` allocates -- may change these dicts while they are walked
+    for name, module in sys.modules.copy().items():
         if module is None or not (name == 'ding_buffer' or name.startswith('ding_buffer.')):
             continue
         space = getattr(module, '__dict__', {})
-        for attr, value in list(space.items()):
+        for attr, value in space.copy().items():
             if isinstance(value, _Kernel) and id(value) in swap:
                 space[attr] = swap[id(value)]
     for kernel in pending:

@@ -749,3 +749,53 @@ def test_priority_tree_load_leaves_validation():
         assert all(np.array_equal(a, b) for a, b in zip([p.sum._nodes, p.min._nodes, p.max._nodes], nodes))
     p.load_leaves(good.tolist())  # any array-like of the right length
     assert p.total() == size and p.min_leaf() == 1.0 and p.max_leaf() == 1.0
+
+
+@pytest.mark.slow
+def test_loading_the_kernels_while_another_thread_imports_does_not_fail():
+    """The load swaps its dispatchers into every ding_buffer module found in ``sys.modules``; another thread's
+    import (here: a finalizer the garbage collector runs inside the loop) changed ``sys.modules`` while the load
+    walked it, and the load -- a push's or sample's first kernel call -- raised 'dictionary changed size during
+    iteration'."""
+    code = textwrap.dedent(
+        """
+        import gc, sys, types
+        import numpy as np
+        from ding_buffer import _numba
+        from ding_buffer.segment_tree import PriorityTree
+
+        on = [True]
+        class Import:  # garbage whose finalizer imports a module (as another thread would) and leaves more
+            def __init__(self):
+                self.cycle = self
+            def __del__(self):
+                if on[0] and len(sys.modules) < 100_000:
+                    sys.modules[f'ding_buffer_test_import_{len(sys.modules)}'] = types.ModuleType('m')
+                    Import()
+
+        warm = _numba._warm
+        def warm_then_collect_often(pending, swap):
+            warm(pending, swap)
+            Import()
+            gc.set_threshold(1)  # a collection at almost every allocation from here on
+        _numba._warm = warm_then_collect_often
+        try:
+            _numba.load()
+        finally:
+            on[0] = False
+            gc.set_threshold(700)
+        p = PriorityTree(8, with_max=True)
+        p.set(np.array([1, 2], dtype=np.int64), np.array([1.0, 3.0]))
+        print(_numba.ready(), p.total())
+        """
+    )
+    proc = subprocess.run(
+        [sys.executable, '-c', code],
+        capture_output=True,
+        text=True,
+        env=subprocess_env(),
+        cwd=str(REPO_ROOT),
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.split()[-2:] == ['True', '4.0']
