@@ -17,6 +17,7 @@ import copy
 import difflib
 import logging
 import numbers
+import os
 import sys
 from typing import Any, Callable, Dict, Mapping, Optional, Tuple
 
@@ -308,6 +309,16 @@ def positive_int(x: Any) -> bool:
 # The most items a buffer may be sized for: beyond it the per-slot arrays alone (a flag, an id, a priority per
 # slot) need terabytes, so a larger value is a typo, refused naming its key instead of failing as a MemoryError.
 MAX_CAPACITY = 1 << 40
+
+
+def machine_memory() -> int:
+    """Bytes of physical memory (no limit where the system cannot tell): what an allocation a file or a config
+    declares is checked against before it is tried (a system that overcommits memory would grant it, and the
+    process would be killed when it is written)."""
+    try:
+        return os.sysconf('SC_PHYS_PAGES') * os.sysconf('SC_PAGE_SIZE')
+    except (ValueError, OSError, AttributeError):
+        return 1 << 62
 
 
 def capacity_int(x: Any) -> bool:

@@ -357,7 +357,9 @@ def rebuild_container(state: Dict[str, Any], n: int, env: Any) -> Any:
         from tensordict import TensorDict
 
         try:  # (torchgfn checks its tensors with assert: a bare AssertionError, or nothing under python -O)
-            container = cls.from_tensordict(env, TensorDict(state['tensors']))
+            tensors = TensorDict(state['tensors'])  # (saved on the CPU: the container lives where its env does)
+            device = getattr(env, 'device', None)
+            container = cls.from_tensordict(env, tensors if device is None else tensors.to(device))
         except (RuntimeError, ValueError, TypeError, KeyError, IndexError, AssertionError) as e:
             raise ValueError(f"saved {cls.__name__} does not fit env {type(env).__name__}: {e!r}") from e
         r = getattr(container, 'log_rewards', None)

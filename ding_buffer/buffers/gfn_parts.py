@@ -3,9 +3,9 @@ dict batches / item lists, ``ContainerRing`` for torchgfn's tensor containers, `
 Container objects), the ``RewardIndex`` (capacity and sampling by log-reward) and the ``StateSet`` (unique
 terminating states; the diversity filter's rows)."""
 
-import os
 from typing import Any, Mapping, Tuple
 
+from ..config import machine_memory
 from ..control.diversity import StateSet
 from ..control.keep_best import RewardIndex
 from .gfn_data import ColumnStore, ContainerStoreBase, is_container
@@ -31,14 +31,6 @@ def check_slot_memory(cfg: Mapping, physical: int, what: str) -> None:
             f"{what} {cfg['replay_buffer_size']} needs {physical * SLOT_BYTES / 2**30:.1f} GiB for its slots, more "
             f"than this machine's {machine_memory() / 2**30:.1f} GiB"
         )
-
-
-def machine_memory() -> int:
-    """Bytes of physical memory (no limit where the system cannot tell)."""
-    try:
-        return os.sysconf('SC_PHYS_PAGES') * os.sysconf('SC_PAGE_SIZE')
-    except (ValueError, OSError, AttributeError):
-        return 1 << 62
 
 
 def make_store(cfg: Mapping, data: Any) -> Any:

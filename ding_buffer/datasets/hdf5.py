@@ -11,6 +11,7 @@ from typing import Any, Iterator, List, Optional, Tuple
 
 import numpy as np
 
+from ..config import machine_memory
 from .columns import Tree
 
 MAGIC = b'\x89HDF\r\n\x1a\n'  # at offset 0 (files with a user block put it at 512, 1024, ...)
@@ -159,7 +160,17 @@ def check_flags(path: str, key: str, ds: Any, rows: int) -> None:
 
 
 def read(path: str, key: str, ds: Any, start: int, stop: int) -> np.ndarray:
-    """Rows ``[start, stop)``; an unreadable range (a truncated file) is a FileError."""
+    """Rows ``[start, stop)``; an unreadable range (a truncated file) is a FileError, and so are rows the file
+    declares larger than this machine's memory (a few-KB chunked file may declare any; where the system overcommits
+    memory the read would be granted and the process killed as it fills them)."""
+    need = (stop - start) * int(np.prod(ds.shape[1:], dtype=np.float64)) * ds.dtype.itemsize
+    if need > machine_memory():
+        raise fail(
+            path,
+            key,
+            f"declares rows of shape {tuple(ds.shape[1:])}, too large to read: {need:.3g} bytes for "
+            f"rows {start}..{stop}, more than this machine's memory",
+        )
     try:
         return ds[start:stop]
     except (OSError, RuntimeError, ValueError, KeyError, TypeError) as e:

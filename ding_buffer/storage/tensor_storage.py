@@ -222,7 +222,7 @@ class TensorStorage(Storage):
         """The items of ``prepared`` where ``keep`` (a mask over its kept items) holds, as a new ``Prepared``."""
         schema, columns = prepared.payload
         rows = torch.from_numpy(np.flatnonzero(keep))
-        payload = {p: t.index_select(0, rows) for p, t in columns.items()}
+        payload = {p: t.index_select(0, _on(rows, t)) for p, t in columns.items()}
         return Prepared((schema, payload), len(rows), 0, [], prepared.tensordict)
 
     def write_at(self, slots: np.ndarray, prepared: Prepared, rows: Optional[np.ndarray] = None) -> None:
@@ -232,7 +232,7 @@ class TensorStorage(Storage):
         _, columns = prepared.payload
         if rows is not None:
             rows_t = torch.from_numpy(np.asarray(rows, dtype=np.int64))
-            columns = {path: column.index_select(0, rows_t) for path, column in columns.items()}
+            columns = {path: column.index_select(0, _on(rows_t, column)) for path, column in columns.items()}
         self._scatter(slots, columns)
 
     def read_at(self, slots: np.ndarray) -> Dict[str, Any]:
@@ -370,3 +370,9 @@ def _check_collect_iter(columns: Dict[Path, torch.Tensor]) -> None:
         raise ValueError("field 'collect_iter' must be finite ints within +-2**60 (got NaN, inf or a huge value)")
     if t.is_floating_point() and t.numel() and not bool((t == t.trunc()).all()):  # list storage's rule too
         raise ValueError("field 'collect_iter' must be whole numbers (learner iterations), got a fractional value")
+
+
+def _on(index: torch.Tensor, column: torch.Tensor) -> torch.Tensor:
+    """A CPU ``index`` where ``column`` is (``index_select`` needs both on one device: a pushed column may be on the
+    GPU)."""
+    return index if column.is_cpu else index.to(column.device)

@@ -1648,3 +1648,21 @@ def test_saved_counts_that_are_not_counts_are_refused_by_name(section, value):
     with pytest.raises(ValueError, match=f"'{section}'.*'pushed'|'logged'.*at most.*'pushed'"):
         buf.load_state_dict(state)
     assert_same(before, buf.state_dict())
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason='needs CUDA')
+@pytest.mark.parametrize('btype', ['gfn', 'gfn_diverse', 'terminating_state'])
+def test_dict_batches_on_a_gpu_buffer_match_a_cpu_twin(btype):
+    """``device='cuda'``: batches pushed from the CPU or the GPU are stored and sampled as a CPU twin's (a CPU
+    batch's columns moved to the GPU met a CPU row index: every such push raised); the state loads on the CPU."""
+    bufs = [create_buffer(dict(type=btype, replay_buffer_size=32, seed=1, device=d)) for d in ('cpu', 'cuda')]
+    g = torch.Generator().manual_seed(0)
+    for k in range(12):
+        batch = {'state': torch.randint(0, 5, (8, 3), generator=g).float(), 'log_reward': torch.randn(8, generator=g)}
+        gpu = {key: v.cuda() for key, v in batch.items()} if k % 2 else batch
+        assert bufs[0].push(batch) == bufs[1].push(gpu)
+        a, b = bufs[0].sample(4), bufs[1].sample(4)
+        assert b['state'].device.type == 'cuda' and torch.equal(a['state'], b['state'].cpu())
+    cpu_twin = create_buffer(dict(type=btype, replay_buffer_size=32, seed=1))
+    cpu_twin.load_state_dict(bufs[1].state_dict())
+    assert_same(cpu_twin.state_dict(), bufs[0].state_dict())

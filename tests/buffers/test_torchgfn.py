@@ -1458,3 +1458,33 @@ def test_a_buffer_holds_one_direction_of_trajectories(samplers, env, pool, first
     buf.clear()
     buf.push(other)
     assert buf.sample(4).is_backward == other.is_backward
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason='needs CUDA')
+@pytest.mark.parametrize('btype', ['gfn', 'gfn_diverse', 'terminating_state'])
+def test_containers_on_the_gpu_match_cpu_and_a_file_reloads_onto_the_env_device(btype, tmp_path):
+    """Containers of an env on the GPU are stored, sampled and saved as a CPU twin's; a file loaded with that env
+    rebuilds its container on the env's device (the saved CPU tensors failed torchgfn's device check)."""
+    envs = {d: HyperGrid(ndim=3, height=HEIGHT, device=d) for d in ('cpu', 'cuda')}
+    bufs = {d: create_buffer(dict(type=btype, replay_buffer_size=32, seed=1)) for d in envs}
+    g = torch.Generator().manual_seed(0)
+    for _ in range(10):
+        x, r = torch.randint(0, HEIGHT, (8, 3), generator=g), torch.randn(8, generator=g)
+        stored = set()
+        for d, env in envs.items():
+            c = StatesContainer(
+                env=env,
+                states=env.states_from_tensor(x.to(d)),
+                is_terminating=torch.ones(8, dtype=torch.bool, device=d),
+                log_rewards=r.to(d),
+            )
+            stored.add(bufs[d].push(c))
+        assert len(stored) == 1
+        a, b = bufs['cpu'].sample(4), bufs['cuda'].sample(4)
+        assert b.states.tensor.device.type == 'cuda' and torch.equal(a.states.tensor, b.states.tensor.cpu())
+    path = str(tmp_path / 'gpu.pt')
+    bufs['cuda'].save_data(path)
+    fresh = create_buffer(dict(type=btype, replay_buffer_size=32, seed=1))
+    fresh.load_data(path, env=envs['cuda'])
+    got, want = fresh.sample(4), bufs['cuda'].sample(4)
+    assert got.states.tensor.device.type == 'cuda' and torch.equal(got.states.tensor, want.states.tensor)

@@ -213,6 +213,24 @@ def test_a_row_the_file_declares_beyond_memory_is_refused_naming_it(tmp_path, bu
     )
 
 
+def test_rows_beyond_memory_are_refused_before_the_read_where_memory_is_overcommitted(tmp_path, buffer, monkeypatch):
+    """A system that overcommits memory grants the read of rows larger than the machine (no MemoryError): the
+    process was killed as h5py filled them. The declared size is checked against the machine's memory first (here
+    a machine of 1 MiB, rows of 2 MiB)."""
+    import h5py
+
+    from ding_buffer.datasets import hdf5
+
+    monkeypatch.setattr(hdf5, 'machine_memory', lambda: 1 << 20)
+    path = tmp_path / 'big_rows.hdf5'
+    with h5py.File(path, 'w') as f:
+        f.create_dataset('observations', shape=(4, 2**19), dtype='f4', chunks=(1, 2**16))
+        f['actions'] = np.zeros((4, 2), np.float32)
+        f['rewards'] = np.zeros(4, np.float32)
+        f['terminals'] = np.zeros(4, bool)
+    refused(buffer, path, r"key 'observations' declares rows of shape \(524288,\), too large to read", chunk_size=1)
+
+
 def test_dingengine_hdf5_missing_next_obs(tmp_path, buffer):
     arrays = dingengine_arrays(np.random.default_rng(8))
     del arrays['next_obs']
