@@ -16,6 +16,7 @@ Validation rules (applied recursively to nested sections such as ``storage``):
 import copy
 import difflib
 import logging
+import math
 import numbers
 import os
 import sys
@@ -138,9 +139,13 @@ def check_str_keys(cfg: Mapping, prefix: str = '') -> None:
     the key, before anything converts the config (``EasyDict`` fails on such a key with a ``TypeError``)."""
     for key, value in cfg.items():
         if not isinstance(key, str):
-            raise ValueError(f"config key {prefix}{key!r} is of type {type(key).__name__}; config keys are strings")
+            raise ValueError(f"config key '{prefix}{key!r}' is of type {type(key).__name__}; config keys are strings")
         if isinstance(value, Mapping):
             check_str_keys(value, f"{prefix}{key}.")
+        elif isinstance(value, (list, tuple)):  # (e.g. removers: a list of sections)
+            for i, item in enumerate(value):
+                if isinstance(item, Mapping):
+                    check_str_keys(item, f"{prefix}{key}[{i}].")
 
 
 def check_keys_and_types(defaults: Mapping, user: Mapping, prefix: str = '', nullable: frozenset = frozenset()) -> None:
@@ -175,7 +180,7 @@ def apply_checks(cfg: Mapping, checks: Dict[str, Check], prefix: str = '') -> No
                 found = False
                 break
         if found and not predicate(node):
-            raise ValueError(f"config key '{prefix}{dotted}' has invalid value {node!r}; expected {expected}")
+            raise ValueError(f"config key '{prefix}{dotted}' has invalid value {node!r:.80}; expected {expected}")
 
 
 def build_config(
@@ -343,6 +348,29 @@ def as_float(x: Any) -> float:
         return float(x)
     except OverflowError:
         return float('nan')
+
+
+def finite_number(x: Any) -> bool:
+    """An int or float (not a bool) that a float holds finitely: NaN, inf and ints beyond the float range (10**400)
+    are not."""
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(as_float(x))
+
+
+def seconds(x: Any) -> bool:
+    """A positive number of seconds of at most 1e7 (115 days): every wait, timer and deadline it feeds can hold it
+    (1e10 overflowed a platform ``time_t`` at the first wait; inf killed a timer thread)."""
+    return finite_number(x) and 0 < x <= 1e7
+
+
+SECONDS_CHECK = (seconds, 'a positive number of seconds, at most 1e7')
+
+
+def step_int(x: Any) -> bool:
+    """A whole number of steps in [0, 2**60] (an annealing length; larger ones are typos that overflow float math)."""
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and 0 <= x <= 2**60 and x == int(x)
+
+
+STEP_CHECK = (step_int, 'an int in [0, 2**60]')
 
 
 def optional_positive_int(x: Any) -> bool:

@@ -416,9 +416,68 @@ def test_a_config_key_that_is_not_a_string_is_refused_naming_it():
     """A YAML ``1:`` (an int key), at the top or in a section: EasyDict failed on it with a TypeError naming
     nothing."""
     for cfg, name in (
-        ({'type': 'naive', 1: 2}, 'config key 1 '),
-        ({'type': 'naive', 'storage': {'type': 'tensor', 2.5: 1}}, 'config key storage.2.5 '),
-        ({'type': 'mixture', 'members': {1: {'type': 'naive'}}}, 'config key members.1 '),
+        ({'type': 'naive', 1: 2}, "config key '1' "),
+        ({'type': 'naive', 'storage': {'type': 'tensor', 2.5: 1}}, "config key 'storage.2.5' "),
+        ({'type': 'mixture', 'members': {1: {'type': 'naive'}}}, "config key 'members.1' "),
+        ({'type': 'naive', 'removers': [{'type': 'max_use', 1: 2}]}, "config key 'removers[0].1' "),
     ):
         with pytest.raises(ValueError, match=re.escape(name) + 'is of type'):
             create_buffer(cfg)
+
+
+HUGE = 10**400  # an int no float holds
+
+
+@pytest.mark.parametrize(
+    'cfg, key',
+    [
+        (dict(type='naive', periodic_thruput_seconds=float('inf')), 'periodic_thruput_seconds'),
+        (dict(type='naive', periodic_thruput_seconds=1e10), 'periodic_thruput_seconds'),
+        (dict(type='episode', max_transitions=8, periodic_thruput_seconds=HUGE), 'periodic_thruput_seconds'),
+        (dict(type='advanced', monitor=dict(periodic_thruput=dict(seconds=float('inf')))), 'monitor.periodic_thruput'),
+        (dict(type='advanced', anneal_step=HUGE), 'anneal_step'),
+        (dict(type='deque', priority=True, IS_weight_anneal_train_iter=HUGE), 'IS_weight_anneal_train_iter'),
+        (dict(type='deque', priority=True, priority_max_limit=HUGE), 'priority_max_limit'),
+        (dict(type='prioritized_episode', max_transitions=8, sampler=dict(type='prioritized', eps=HUGE)), 'eps'),
+        (dict(type='prioritized_episode', max_transitions=8, sampler=dict(anneal_step=HUGE)), 'anneal_step'),
+        (dict(type='naive', distributed=dict(timeout=HUGE)), 'distributed.timeout'),
+        (dict(type='naive', distributed=dict(max_message_mb=HUGE)), 'distributed.max_message_mb'),
+        (
+            dict(type='mixture', members=dict(a=dict(type='naive'), b=dict(type='naive')), weights=dict(a=HUGE, b=1)),
+            'a',
+        ),
+    ],
+)
+def test_numbers_no_float_holds_or_no_timer_can_wait_are_refused_naming_the_key(cfg, key):
+    """Accepted, then a bare OverflowError at the build (10**400 in float math), at every update (a deque's clip) or
+    in the throughput monitor's thread, which died (inf or 1e10 seconds overflow a timer)."""
+    with pytest.raises(ValueError, match=re.escape(key)):
+        create_buffer(cfg)
+
+
+def test_a_sample_timeout_no_float_holds_is_refused():
+    buf = create_buffer(dict(type='naive'))
+    buf.push({'obs': 1})
+    with pytest.raises(ValueError, match='timeout must be None or a number of seconds'):
+        buf.sample(1, timeout=HUGE)
+
+
+def test_a_training_config_with_a_key_that_is_not_a_string_is_refused_naming_it():
+    from ding_buffer.train.config import build_train_config
+
+    with pytest.raises(ValueError, match=re.escape("cfg.py: config key 'policy.other.replay_buffer.1' is of type int")):
+        build_train_config({'policy': {'other': {'replay_buffer': {'type': 'advanced', 1: 2}}}}, 'cfg.py')
+
+
+def test_a_dataset_section_takes_numpy_numbers(tmp_path):
+    from ding_buffer.datasets import write_d4rl
+
+    path = str(tmp_path / 'd.hdf5')
+    rng = np.random.default_rng(0)
+    terminals = np.zeros(20, bool)
+    terminals[9] = True
+    arrays = dict(observations=rng.standard_normal((20, 3)).astype(np.float32), actions=np.zeros((20, 1), np.float32))
+    write_d4rl(path, dict(arrays, rewards=np.ones(20, np.float32), terminals=terminals))
+    dataset = dict(path=path, chunk_size=np.int64(5), limit=np.int64(12), atomic=np.True_)
+    buf = create_buffer(dict(type='naive', storage=dict(type='tensor'), dataset=dataset))
+    assert buf.count() == 12

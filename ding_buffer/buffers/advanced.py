@@ -9,7 +9,7 @@ engine's parts. Differences from DI-engine are fixes of what ``anchors/dingengin
 from typing import Any, Dict, Optional
 
 from ..base import BUFFER_REGISTRY
-from ..config import CAPACITY_CHECK, SEED_CHECK, dingengine_ignored, positive_int
+from ..config import CAPACITY_CHECK, SECONDS_CHECK, SEED_CHECK, STEP_CHECK, dingengine_ignored, positive_int
 from ..storage import STORAGE_CHECKS, STORAGE_CONFIG
 from .engine import Engine, parts_checks, parts_config, table_attribute
 from .prioritized_table import PrioritizedTable
@@ -55,7 +55,7 @@ ADVANCED_CHECKS = dict(
     replay_buffer_size=CAPACITY_CHECK,
     alpha=(lambda x: 0 <= x <= 1, 'a number in [0, 1]'),
     beta=(lambda x: 0 <= x <= 1, 'a number in [0, 1]'),
-    anneal_step=(lambda x: x >= 0 and x == int(x), 'an int >= 0'),
+    anneal_step=STEP_CHECK,
     eps=(lambda x: 0 <= x <= 1, 'a number in [0, 1] (added to every priority, which is kept in float32)'),
     seed=SEED_CHECK,
     **parts_checks(1.0),
@@ -65,7 +65,7 @@ ADVANCED_CHECKS = dict(
             'a positive int < 2**63',
         ),
         'monitor.sampled_data_attr.print_freq': (positive_int, 'a positive int'),
-        'monitor.periodic_thruput.seconds': (lambda x: x > 0, 'a positive number of seconds'),
+        'monitor.periodic_thruput.seconds': SECONDS_CHECK,
     },
     **STORAGE_CHECKS,
 )

@@ -10,6 +10,8 @@ from typing import Any, List, Mapping, Optional
 
 import numpy as np
 
+from ..config import as_float
+
 STEP_LIMIT = 2**60  # learner iterations / env steps beyond this are not counters (and overflow int64 math)
 
 
@@ -67,7 +69,7 @@ def check_wait_timeout(timeout: Any) -> Optional[float]:
     if timeout is None:
         return None
     if not isinstance(timeout, (bool, np.bool_)) and isinstance(timeout, numbers.Real):
-        seconds = float(timeout)
+        seconds = as_float(timeout)  # (NaN for an int beyond the float range: refused below)
         if 0 <= seconds <= threading.TIMEOUT_MAX:
             return seconds
     raise ValueError(

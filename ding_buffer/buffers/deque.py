@@ -37,7 +37,16 @@ from typing import Any, Dict, List, Mapping, Optional
 from easydict import EasyDict
 
 from ..base import BUFFER_REGISTRY
-from ..config import CAPACITY_CHECK, INF, SEED_CHECK, build_config, dingengine_ignored, positive_int
+from ..config import (
+    CAPACITY_CHECK,
+    INF,
+    SEED_CHECK,
+    STEP_CHECK,
+    as_float,
+    build_config,
+    dingengine_ignored,
+    positive_int,
+)
 from ..control.capacity import index_for
 from ..storage import STORAGE_CHECKS, STORAGE_CONFIG, FreeListIndex
 from .advanced import AdvancedReplayBuffer
@@ -80,8 +89,8 @@ DEQUE_CHECKS = dict(
     train_iter_per_log=(positive_int, 'a positive int'),
     priority_power_factor=(lambda x: 0 <= x <= 1, 'a number in [0, 1]'),
     IS_weight_power_factor=(lambda x: 0 <= x <= 1, 'a number in [0, 1]'),
-    IS_weight_anneal_train_iter=(lambda x: x >= 0 and x == int(x), 'an int >= 0'),
-    priority_max_limit=(lambda x: x > 0, 'a number > 0 (inf: no clipping)'),
+    IS_weight_anneal_train_iter=STEP_CHECK,
+    priority_max_limit=(lambda x: as_float(x) > 0, 'a number > 0 (inf: no clipping)'),
     seed=SEED_CHECK,
     **parts_checks(1.0),
     **STORAGE_CHECKS,

@@ -17,7 +17,7 @@ import torch
 from easydict import EasyDict
 
 from ..base import BUFFER_REGISTRY, IBuffer, create_buffer, get_buffer_cls
-from ..config import SEED_CHECK, build_config, check_section, dingengine_ignored, plain_numbers
+from ..config import SEED_CHECK, build_config, check_section, dingengine_ignored, finite_number, plain_numbers
 from ..control.priority import as_numpy, as_priorities, parse_update
 from ..errors import SampleTimeoutError
 from ..persistence import load_state, save_state
@@ -110,7 +110,7 @@ def checked_weights(weights: Any, names: List[str]) -> Any:
             f"config key 'weights' must be 'size' or a dict with one weight per member {names}, got {weights!r:.80}"
         )
     for name, w in weights.items():
-        if isinstance(w, bool) or not isinstance(w, (int, float)) or not 0 <= w < float('inf'):
+        if not (finite_number(w) and w >= 0):  # (an int beyond the float range too: 10**400)
             raise ValueError(f"config key 'weights.{name}' has value {w!r}; expected a finite number >= 0")
     if not sum(weights.values()) > 0:
         raise ValueError(f"config key 'weights' has no positive weight: {dict(weights)}")

@@ -5,7 +5,7 @@ engine's parts by config: ``max_use`` (DI-engine's impala configs set it on a na
 from typing import Any, Optional
 
 from ..base import BUFFER_REGISTRY
-from ..config import CAPACITY_CHECK, SEED_CHECK, dingengine_ignored
+from ..config import CAPACITY_CHECK, SECONDS_CHECK, SEED_CHECK, dingengine_ignored
 from ..storage import STORAGE_CHECKS, STORAGE_CONFIG
 from .engine import Engine, parts_checks, parts_config, table_attribute
 from .slot_table import SlotTable
@@ -31,7 +31,7 @@ NAIVE_CONFIG = dict(
 )
 NAIVE_CHECKS = dict(
     replay_buffer_size=CAPACITY_CHECK,
-    periodic_thruput_seconds=(lambda x: x > 0, 'a positive number of seconds'),
+    periodic_thruput_seconds=SECONDS_CHECK,
     seed=SEED_CHECK,
     **parts_checks(0.0),
     **STORAGE_CHECKS,

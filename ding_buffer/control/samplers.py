@@ -20,7 +20,7 @@ from typing import Any, Mapping, Optional, Tuple
 import numpy as np
 
 from ..base import Registry
-from ..config import apply_checks
+from ..config import STEP_CHECK, apply_checks, capacity_int, finite_number
 from ..sampling import uniform_indices
 
 SAMPLER_REGISTRY = Registry(what='sampler type', key='sampler.type')
@@ -87,9 +87,9 @@ class PrioritizedSpec:
     # ``not v < 0 and v == int(v)``: a NaN / inf step raises int()'s own error, as it always did
     checks = {
         **{key: (lambda v: _number(v) and 0 <= v <= 1, 'a number in [0, 1]') for key in ('alpha', 'beta', 'eta')},
-        'eps': (lambda v: _number(v) and 0 <= v < np.inf, 'a finite number >= 0'),
-        'anneal_step': (lambda v: _number(v) and not v < 0 and v == int(v), 'an int >= 0'),
-        'unroll_len': (lambda t: t is None or (_number(t) and isinstance(t, int) and t > 0), 'None or an int > 0'),
+        'eps': (lambda v: finite_number(v) and 0 <= v, 'a finite number >= 0'),
+        'anneal_step': STEP_CHECK,
+        'unroll_len': (lambda t: t is None or capacity_int(t), 'None or an int in [1, 2**40]'),
     }
 
     def __init__(self, **kwargs: Any) -> None:

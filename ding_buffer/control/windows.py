@@ -83,7 +83,7 @@ class WindowPriorities:
         """Recompute the window priorities of ``offsets`` (valid starts of one episode)."""
         if not len(offsets):
             return
-        t = self.unroll_len
+        t = min(self.unroll_len, length)  # (a longer window's steps past the episode are padding: the same priority)
         steps = offsets[:, None] + np.arange(t)[None, :]
         valid = steps < length
         p = np.where(valid, self.step[(first + np.minimum(steps, length - 1)) % self.n_slots], 0.0)

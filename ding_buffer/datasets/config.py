@@ -10,7 +10,7 @@ dataset on the owner (the manager's buffer) yourself, or push it from a worker.
 from typing import Any
 
 from .. import base
-from ..config import check_keys_and_types
+from ..config import check_keys_and_types, plain_numbers
 from .load import checked_options, load_dataset
 
 DEFAULTS = dict(
@@ -51,6 +51,7 @@ def checked_section(section: Any) -> dict:
     """The section's options, every key and value checked (what a job calls before it builds anything)."""
     if not hasattr(section, 'items'):
         raise ValueError(f"config key 'dataset' must be a dict of {sorted(DEFAULTS)}, got {type(section).__name__}")
+    section = plain_numbers(section)  # (a numpy number is accepted wherever its Python number is)
     check_keys_and_types(DEFAULTS, section, prefix='dataset.', nullable=NULLABLE)
     options = {**DEFAULTS, **dict(section)}
     if not options['path']:

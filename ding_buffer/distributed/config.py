@@ -1,31 +1,20 @@
 """The ``distributed`` config section (accepted on every buffer type) and its validation."""
 
-import math
 import os
 from typing import Any, Mapping
 
 from easydict import EasyDict
 
-from ..config import build_config, optional_positive_int, positive_int
+from ..config import build_config, finite_number, optional_positive_int, positive_int, seconds
 
 BACKENDS = ('torch', 'mpi', 'ray')
 BASELINES = ('min', 'percentile', 'ema')
 
 
-def _number(x: Any) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
-
-
-def _seconds(x: Any) -> bool:
-    """A finite positive number of at most 1e7 (115 days): every blocking wait has a bound that the clocks, timers
-    and deadlines it feeds can hold (1e10 overflowed a platform time_t at the first wait)."""
-    return _number(x) and 0 < x <= 1e7
-
-
 # checks shared by several keys
-_SECONDS = (_seconds, 'a positive number of seconds, at most 1e7')
-_OPTIONAL_SECONDS = (lambda x: x is None or _seconds(x), 'None or a positive number of seconds, at most 1e7')
-_MIB = (lambda x: _number(x) and 0 < x <= (1 << 23), 'a finite positive number of MiB (at most 8 TiB)')
+_SECONDS = (seconds, 'a positive number of seconds, at most 1e7')
+_OPTIONAL_SECONDS = (lambda x: x is None or seconds(x), 'None or a positive number of seconds, at most 1e7')
+_MIB = (lambda x: finite_number(x) and 0 < x <= (1 << 23), 'a finite positive number of MiB (at most 8 TiB)')
 _NAME = (lambda x: isinstance(x, str) and bool(x), 'a non-empty str')
 _FUNCTION = (
     lambda x: x is None or callable(x) or (isinstance(x, str) and ':' in x),
@@ -137,12 +126,14 @@ def _actor_options_ok(x: Any) -> bool:
     if not isinstance(x, Mapping) or not set(x) <= {'num_cpus', 'num_gpus', 'memory', 'resources'}:
         return False
     for k in ('num_cpus', 'num_gpus'):
-        if k in x and not (_number(x[k]) and x[k] >= 0):
+        if k in x and not (finite_number(x[k]) and x[k] >= 0):
             return False
     if 'memory' in x and not (type(x['memory']) is int and x['memory'] > 0):
         return False
     res = x.get('resources', {})
-    return isinstance(res, Mapping) and all(isinstance(k, str) and k and _number(v) and v >= 0 for k, v in res.items())
+    return isinstance(res, Mapping) and all(
+        isinstance(k, str) and k and finite_number(v) and v >= 0 for k, v in res.items()
+    )
 
 
 DISTRIBUTED_CHECKS = dict(
@@ -177,13 +168,13 @@ DISTRIBUTED_CHECKS = dict(
     startup_timeout=_OPTIONAL_SECONDS,
     heartbeat_seconds=_SECONDS,
     peer_timeout=_OPTIONAL_SECONDS,
-    lost_grace=(lambda x: x is None or (_number(x) and 0 <= x <= 1e7), 'None or a finite number of seconds >= 0'),
+    lost_grace=(lambda x: x is None or (finite_number(x) and 0 <= x <= 1e7), 'None or a finite number of seconds >= 0'),
     max_message_mb=_MIB,
     max_blob_mb=_MIB,
     file_root=(lambda x: x is None or (isinstance(x, str) and x and '\0' not in x), 'None or a directory path'),
     remote_buffer_freq=(positive_int, 'a positive int'),
     frames_wire=(lambda x: type(x) is bool, 'a bool'),
-    frames_wire_mb=(lambda x: _number(x) and 0 <= x <= (1 << 23), 'a finite number of MiB >= 0 (at most 8 TiB)'),
+    frames_wire_mb=(lambda x: finite_number(x) and 0 <= x <= (1 << 23), 'a finite number of MiB >= 0 (at most 8 TiB)'),
     baseline_refresh_after=(optional_positive_int, 'None or a positive int'),
     scoring_function=_FUNCTION,
     metadata_function=_FUNCTION,
@@ -198,7 +189,7 @@ DISTRIBUTED_CHECKS = dict(
     shard=(lambda x: isinstance(x, int) and x >= 0, 'an int >= 0'),
     shared_memory=(lambda x: type(x) is bool, 'a bool'),
     shm_ring_mb=(
-        lambda x: _number(x) and 0 < x <= 4096,
+        lambda x: finite_number(x) and 0 < x <= 4096,
         'a finite positive number of MiB (at most 4096: all rings together hold at most 4 GiB)',
     ),
     num_shards=(lambda x: isinstance(x, int) and not isinstance(x, bool) and 1 <= x <= 1024, 'an int in [1, 1024]'),

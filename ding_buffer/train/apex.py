@@ -40,7 +40,7 @@ import numpy as np
 import torch
 from easydict import EasyDict
 
-from ..config import build_config, check_section, positive_int
+from ..config import SECONDS_CHECK, build_config, check_section, positive_int
 from ..errors import ManagerUnavailableError
 from .checkpoint import load_latest, save_checkpoint
 from .config import (
@@ -115,8 +115,8 @@ APEX_CHECKS.update(
         'apex.publish_freq': (positive_int, 'a positive int'),
         'apex.buffer_log_freq': (positive_int, 'a positive int'),
         'apex.throttle_actors': (lambda x: isinstance(x, bool), 'True or False'),
-        'apex.learner_silence': (lambda x: x > 0, 'a positive number of seconds'),
-        'apex.sample_timeout': (lambda x: x > 0, 'a positive number of seconds'),
+        'apex.learner_silence': SECONDS_CHECK,
+        'apex.sample_timeout': SECONDS_CHECK,
     }
 )
 

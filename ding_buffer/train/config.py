@@ -15,7 +15,7 @@ from typing import Any, Dict, Mapping, Optional, Tuple
 from easydict import EasyDict
 
 from ..base import get_buffer_cls
-from ..config import build_config, check_section, optional_positive_int, positive_int, seed_ok
+from ..config import build_config, check_section, check_str_keys, optional_positive_int, positive_int, seed_ok
 from ..datasets.config import checked_section as checked_dataset_section
 from .run_dir import first_missing_dir
 
@@ -280,6 +280,8 @@ def split_buffer_section(user: Mapping) -> Tuple[Dict[str, Any], Any]:
     policy = _section(user, 'policy', 'policy')
     other = _section(policy, 'other', 'policy.other')
     buffer_cfg = other.pop('replay_buffer', None)  # (checked by each job: a str there says what it expects)
+    if isinstance(buffer_cfg, Mapping):
+        check_str_keys(buffer_cfg, BUFFER_SECTION)  # (before any EasyDict of it: it fails on such keys naming none)
     if 'other' in policy:
         policy['other'] = other
     if 'policy' in user:

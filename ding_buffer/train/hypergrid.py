@@ -34,7 +34,7 @@ import torch
 from easydict import EasyDict
 
 from ..base import create_buffer, get_buffer_cls
-from ..config import build_config, check_section, optional_positive_int, positive_int, seed_ok
+from ..config import SECONDS_CHECK, build_config, check_section, optional_positive_int, positive_int, seed_ok
 from ..persistence import atomic_json, atomic_save, check_integrity, safe_load
 from .checkpoint import check_checkpoints, load_latest, purge_tensorboard, save_checkpoint
 from .config import BUFFER_SECTION, device_ok, make_trainer, run_dir_of, split_buffer_section
@@ -128,7 +128,7 @@ HYPERGRID_CHECKS = {
     'checkpoint.freq': (optional_positive_int, 'None or a positive int'),
     'checkpoint.keep': (positive_int, 'a positive int'),
     'distributed_job.publish_freq': (positive_int, 'a positive int'),
-    'distributed_job.learner_silence': (lambda x: x > 0, 'a positive number of seconds'),
+    'distributed_job.learner_silence': SECONDS_CHECK,
 }
 
 # torchgfn's buffers, built with the same settings as ours: class name -> (config defaults, value checks).

@@ -791,6 +791,28 @@ def test_per_step_priorities_at_padded_steps_are_skipped_whatever_they_hold():
     assert_same(buf.state_dict(), before)
 
 
+def test_a_padded_window_longer_than_any_episode_costs_no_memory_at_push():
+    """A window's priority at push was computed over all its ``unroll_len`` steps, padding included: with windows
+    of 2**36 steps every push raised MemoryError (after storing the episode). Steps past the episode are padding,
+    so the priority is the same as a window as long as the episode."""
+    cfg = dict(
+        type='prioritized_episode',
+        replay_buffer_size=4,
+        max_transitions=64,
+        pad_short_episodes=True,
+        sampler=dict(type='prioritized', unroll_len=2**36),
+        storage=dict(type='tensor'),
+        seed=0,
+    )
+    buf = create_buffer(cfg)
+    assert buf.push({'obs': torch.zeros(10, 4)}) == 1 and buf.count() == 1 and buf.transition_count == 10
+    again = create_buffer(cfg)
+    again.load_state_dict(buf.state_dict())
+    assert_same(again.state_dict(), buf.state_dict())
+    with pytest.raises(ValueError, match="'sampler.unroll_len'"):  # (2**40 at most, as a capacity)
+        create_buffer(dict(cfg, sampler=dict(type='prioritized', unroll_len=2**40 + 1)))
+
+
 @pytest.mark.parametrize('kind', ['episode', 'prioritized_episode'])
 def test_a_push_whose_storage_write_fails_adds_no_episode(kind, tmp_path):
     """The fields are allocated at the first push; when that failed (a memmap_dir that cannot be created), the
