@@ -197,17 +197,22 @@ def test_minari_episodes_whose_rewards_differ(tmp_path, buffer, rewards):
     refused(buffer, path, r"key 'episode_1/rewards' is rows of shape .* expected rows of shape \(\) and dtype float64")
 
 
-def test_a_row_the_file_declares_beyond_memory_is_refused_naming_it(tmp_path, buffer):
-    """A 4 KB file whose observations declare 2**36 floats a row (chunked, nothing stored) raised a bare MemoryError
-    naming neither the file nor the key."""
+def _rows_of(path, width):
+    """A D4RL file of 4 steps whose observations declare ``width`` floats a row (chunked: nothing stored)."""
     import h5py
 
-    path = tmp_path / 'lying.hdf5'
     with h5py.File(path, 'w') as f:
-        f.create_dataset('observations', shape=(4, 2**36), dtype='f4', chunks=(1, 2**20))
+        f.create_dataset('observations', shape=(4, width), dtype='f4', chunks=(1, min(width, 2**20)))
         f['actions'] = np.zeros((4, 2), np.float32)
         f['rewards'] = np.zeros(4, np.float32)
         f['terminals'] = np.zeros(4, bool)
+    return path
+
+
+def test_a_row_the_file_declares_beyond_memory_is_refused_naming_it(tmp_path, buffer):
+    """A 4 KB file whose observations declare 2**36 floats a row raised a bare MemoryError naming neither the file
+    nor the key."""
+    path = _rows_of(tmp_path / 'lying.hdf5', 2**36)
     refused(
         buffer, path, r"key 'observations' declares rows of shape \(68719476736,\), too large to read", chunk_size=1
     )
@@ -217,17 +222,10 @@ def test_rows_beyond_memory_are_refused_before_the_read_where_memory_is_overcomm
     """A system that overcommits memory grants the read of rows larger than the machine (no MemoryError): the
     process was killed as h5py filled them. The declared size is checked against the machine's memory first (here
     a machine of 1 MiB, rows of 2 MiB)."""
-    import h5py
-
     from ding_buffer.datasets import hdf5
 
     monkeypatch.setattr(hdf5, 'machine_memory', lambda: 1 << 20)
-    path = tmp_path / 'big_rows.hdf5'
-    with h5py.File(path, 'w') as f:
-        f.create_dataset('observations', shape=(4, 2**19), dtype='f4', chunks=(1, 2**16))
-        f['actions'] = np.zeros((4, 2), np.float32)
-        f['rewards'] = np.zeros(4, np.float32)
-        f['terminals'] = np.zeros(4, bool)
+    path = _rows_of(tmp_path / 'big_rows.hdf5', 2**19)
     refused(buffer, path, r"key 'observations' declares rows of shape \(524288,\), too large to read", chunk_size=1)
 
 
