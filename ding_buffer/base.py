@@ -8,6 +8,7 @@ import copy
 import functools
 import importlib
 import logging
+import threading
 from abc import ABC, abstractmethod
 from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple, Type
 
@@ -270,18 +271,29 @@ def set_preset_loader(loader: Callable[[], None]) -> None:
     _PRESET_LOADER = loader
 
 
+_PRESET_LOCK = threading.RLock()  # another thread's first use waits for the load; the loading thread re-enters
+
+
 def _load_presets() -> None:
-    """Run the package's preset loader once (the presets' own ``register`` calls during it do not re-enter)."""
+    """Run the package's preset loader once (the presets' own ``register`` calls during it do not re-enter); a
+    first use in another thread meanwhile waits for it (it found an empty registry: 'unknown buffer type')."""
     global _PRESETS
-    if _PRESETS != 'not loaded' or _PRESET_LOADER is None:
+    if _PRESETS == 'loaded' or _PRESET_LOADER is None:
         return
-    _PRESETS = 'loading'
+    if not _PRESET_LOCK.acquire(timeout=600):
+        raise TimeoutError("ding_buffer's buffer types did not finish loading in another thread within 600 s")
     try:
-        _PRESET_LOADER()
-        _PRESETS = 'loaded'
-    except BaseException:
-        _PRESETS = 'not loaded'  # e.g. an ImportError: the next use tries again and raises it again
-        raise
+        if _PRESETS != 'not loaded':  # loaded meanwhile, or being loaded by this thread (a nested call)
+            return
+        _PRESETS = 'loading'
+        try:
+            _PRESET_LOADER()
+            _PRESETS = 'loaded'
+        except BaseException:
+            _PRESETS = 'not loaded'  # e.g. an ImportError: the next use tries again and raises it again
+            raise
+    finally:
+        _PRESET_LOCK.release()
 
 
 def _buffer_type(cfg: Any) -> str:

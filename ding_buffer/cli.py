@@ -266,7 +266,8 @@ def _int_at_least(low: int, what: str, below: Optional[int] = None):
         except ValueError:
             n = low - 1
         if n < low or (below is not None and n >= below):
-            raise argparse.ArgumentTypeError(f"expected an int >= {low} ({what}), got {text!r}")
+            most = '' if below is None else f" and at most {below - 1}"
+            raise argparse.ArgumentTypeError(f"expected an int >= {low}{most} ({what}), got {text!r:.60}")
         return n
 
     return parse
@@ -370,7 +371,12 @@ def _add_train(sub: "argparse._SubParsersAction") -> None:
         'config', help='a ready config name (`ding-buffer configs` lists them) or a config file defining main_config'
     )
     p.add_argument('--seed', type=_int_at_least(0, 'seed', below=2**63), default=None, help='override the config seed')
-    p.add_argument('--env-steps', type=_int_at_least(1, 'env steps'), default=None, help='override env.max_env_step')
+    p.add_argument(
+        '--env-steps',
+        type=_int_at_least(1, 'env steps', below=2**60 + 1),
+        default=None,
+        help='override env.max_env_step',
+    )
     p.add_argument(
         '--resume',
         type=_run_dir,
@@ -391,7 +397,7 @@ def _add_train(sub: "argparse._SubParsersAction") -> None:
     )
     p.add_argument(
         '--iterations',
-        type=_int_at_least(1, 'training iterations'),
+        type=_int_at_least(1, 'training iterations', below=2**60 + 1),
         default=None,
         metavar='N',
         help='GFlowNet jobs: override the number of training iterations',

@@ -3,11 +3,14 @@
 import logging
 import os
 import re
+import subprocess
+import sys
 import textwrap
 
 import numpy as np
 import pytest
 from easydict import EasyDict
+from helpers import subprocess_env
 
 import ding_buffer
 from ding_buffer import BUFFER_REGISTRY, IBuffer, create_buffer, get_buffer_cls
@@ -481,3 +484,32 @@ def test_a_dataset_section_takes_numpy_numbers(tmp_path):
     dataset = dict(path=path, chunk_size=np.int64(5), limit=np.int64(12), atomic=np.True_)
     buf = create_buffer(dict(type='naive', storage=dict(type='tensor'), dataset=dataset))
     assert buf.count() == 12
+
+
+@pytest.mark.slow
+def test_first_uses_in_several_threads_all_find_the_buffer_types():
+    """The built-in types load at the first use; a second thread's first use meanwhile looked in the empty registry
+    ('unknown buffer type') instead of waiting for the load. Fresh interpreters: the load happens once a process."""
+    code = textwrap.dedent(
+        """
+        import threading
+        import ding_buffer
+        from ding_buffer.base import create_buffer
+        barrier, errors = threading.Barrier(4), []
+        def make():
+            barrier.wait()
+            try:
+                create_buffer({'type': 'naive', 'replay_buffer_size': 10}).close()
+            except Exception as e:
+                errors.append(repr(e))
+        threads = [threading.Thread(target=make) for _ in range(4)]
+        [t.start() for t in threads]
+        [t.join(60) for t in threads]
+        print(errors)
+        """
+    )
+    for _ in range(3):
+        proc = subprocess.run(
+            [sys.executable, '-c', code], capture_output=True, text=True, timeout=120, env=subprocess_env()
+        )
+        assert proc.returncode == 0 and proc.stdout.strip() == '[]', (proc.stdout, proc.stderr[-2000:])

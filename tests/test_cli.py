@@ -94,6 +94,9 @@ def _one_line_error(err: str, *needles: str) -> None:
         (['train', 'CFG', '--resume', 'CFG'], ['--resume', 'a file']),
         (['train', 'CFG', '--nproc', '0'], ['--nproc']),
         (['train', 'CFG', '--iterations', '-4'], ['--iterations']),
+        # beyond 2**60: no step counter (10**400 started the run, then its progress bar raised OverflowError)
+        (['train', 'CFG', '--env-steps', '1' + '0' * 400], ['--env-steps', 'at most 1152921504606846976']),
+        (['train', 'CFG', '--iterations', str(2**60 + 1)], ['--iterations', 'at most 1152921504606846976']),
         (['train', 'CFG', '--no-such-flag'], ['--no-such-flag']),
         (['train', '--env-stepz', '5', 'CFG'], ["did you mean '--env-steps' for '--env-stepz'"]),
         (['train', 'CFG', '--therads=2'], ["did you mean '--threads' for '--therads'"]),

@@ -100,7 +100,7 @@ TRAIN_CHECKS = {
     'exp_name': (lambda x: isinstance(x, str) and x != '', 'a non-empty string'),
     'log_dir': (lambda x: x is None or (isinstance(x, str) and x != ''), 'None or a directory path'),
     'seed': (lambda x: x is not None and seed_ok(x), 'an int in [0, 2**63)'),  # the buffers' rule (none: drawn)
-    'env.max_env_step': (positive_int, 'a positive int'),
+    'env.max_env_step': (lambda x: positive_int(x) and x <= 2**60, 'a positive int at most 2**60'),
     'env.eval_episodes': (positive_int, 'a positive int'),
     'env.eval_freq': (positive_int, 'a positive int'),
     'policy.device': (lambda x: device_ok(x), "'cpu' or 'cuda[:N]'"),

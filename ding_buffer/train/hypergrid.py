@@ -116,7 +116,7 @@ HYPERGRID_CHECKS = {
     'policy.device': (lambda x: device_ok(x), "'cpu' or 'cuda[:N]'"),
     'policy.model.hidden_dim': (positive_int, 'a positive int'),
     'policy.model.n_hidden_layers': (positive_int, 'a positive int'),
-    'policy.learn.iterations': (positive_int, 'a positive int'),
+    'policy.learn.iterations': (lambda x: positive_int(x) and x <= 2**60, 'a positive int at most 2**60'),
     'policy.learn.batch_size': (positive_int, 'a positive int'),
     'policy.learn.replay_batch_size': _non_negative_int,
     'policy.learn.replay_warmup': _non_negative_int,
