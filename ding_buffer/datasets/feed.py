@@ -16,7 +16,9 @@ from typing import Any, Dict, List, Optional
 
 import numpy as np
 
-from .columns import Chunk, rows_of, to_torch, tree_concat
+from ..config import machine_memory
+from .columns import Chunk, rows_of, to_torch, tree_concat, tree_leaves
+from .hdf5 import fail
 
 TRANSITION_KINDS = ('transition', 'sequence')
 EPISODE_KINDS = ('episode',)
@@ -123,21 +125,36 @@ class TransitionSink:
 
 
 class EpisodeSink:
-    """Cuts chunks at episode ends; an episode spanning chunks is held until its end (or the end of the data)."""
+    """Cuts chunks at episode ends; an episode spanning chunks is held until its end (or the end of the data). An
+    episode that would not fit in memory twice over (held, then joined) is a ``FileError`` naming ``path``."""
 
-    def __init__(self, buffer: Any, target: Target) -> None:
-        self.buffer, self.target, self.stored = buffer, target, 0
+    def __init__(self, buffer: Any, target: Target, path: str) -> None:
+        self.buffer, self.target, self.stored, self.path = buffer, target, 0, path
         self.held: List[Chunk] = []
+        self.held_bytes = 0
 
     def put(self, chunk: Chunk) -> int:
         done, start = [], 0
         for end in np.flatnonzero(chunk.ends):
-            self.held.append(chunk.part(start, end + 1))
+            self._hold(chunk.part(start, end + 1))
             done.append(self._episode())
             start = end + 1
         if start < len(chunk):
-            self.held.append(chunk.part(start))
+            self._hold(chunk.part(start))
         return self._push(done)
+
+    def _hold(self, part: Chunk) -> None:
+        self.held.append(part)
+        if part.columns is not None:
+            self.held_bytes += sum(a.nbytes for _, a in tree_leaves(part.columns))
+            if 2 * self.held_bytes > machine_memory():
+                steps = sum(len(p) for p in self.held)
+                raise fail(
+                    self.path,
+                    None,
+                    f"holds an episode of more than {steps} steps ({self.held_bytes:.3g} bytes so far) from transition "
+                    f"{self.stored} on: joined, it needs more than this machine's memory (no episode end flagged?)",
+                )
 
     def finish(self) -> int:
         return self._push([self._episode()] if self.held else [])
@@ -151,7 +168,7 @@ class EpisodeSink:
 
     def _episode(self) -> tuple:
         """(the held episode as the buffer takes it, its steps)."""
-        parts, self.held = self.held, []
+        parts, self.held, self.held_bytes = self.held, [], 0
         steps = sum(len(p) for p in parts)
         if parts[0].rows is not None:
             return [row for p in parts for row in p.rows], steps

@@ -109,7 +109,7 @@ def _fill(
     buffer: Any, target: Target, reader: Any, path: str, chunk_size: int, total: int, progress: Any, atomic: bool
 ) -> int:
     snapshot = buffer.state_dict() if atomic else None
-    sink = EpisodeSink(buffer, target) if target.episodes else TransitionSink(buffer, target)
+    sink = EpisodeSink(buffer, target, path) if target.episodes else TransitionSink(buffer, target)
     bar = _progress_bar(total, progress, os.path.basename(path))
     stored = at = 0  # items pushed; transitions read
     try:

@@ -396,3 +396,24 @@ def test_a_closed_buffer_is_refused_as_closed_not_as_a_damaged_file(tmp_path):
     for atomic in (True, False):
         with pytest.raises(RuntimeError, match="is closed"):
             load_dataset(buf, path, progress=False, atomic=atomic)
+
+
+@pytest.mark.parametrize('storage', ['list', 'tensor'])
+def test_an_episode_larger_than_memory_is_refused_naming_the_file_before_it_is_held_whole(
+    tmp_path, monkeypatch, storage
+):
+    """An episode buffer holds an episode's chunks until its end flag; a file whose episode never ends (a few KB
+    declaring 10**5 steps of big rows) grew that unchecked until the machine ran out (here: a machine of 256 KiB,
+    an episode of 400 KiB), and the error then blamed the buffer, naming no file."""
+    from ding_buffer.datasets import feed
+
+    monkeypatch.setattr(feed, 'machine_memory', lambda: 1 << 18, raising=False)
+    arrays = dict(
+        observations=np.zeros((100, 2**10), np.float32),  # 4 KiB a step, 400 KiB in all: no end flag
+        actions=np.zeros((100, 2), np.float32),
+        rewards=np.zeros(100, np.float32),
+        terminals=np.zeros(100, bool),
+    )
+    path = write_h5(tmp_path / 'one_long_episode.hdf5', arrays)
+    buf = create_buffer(dict(type='episode', max_transitions=1000, storage=dict(type=storage)))
+    refused(buf, path, r'holds an episode of more than \d+ steps', chunk_size=10)
