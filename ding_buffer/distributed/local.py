@@ -8,6 +8,7 @@ from typing import Any, Dict, Tuple
 from easydict import EasyDict
 
 from ..base import get_buffer_cls
+from ..config import check_section
 from .config import build_distributed_config, resolve_callable
 from .file_root import resolve_file_root
 
@@ -57,8 +58,15 @@ def check_manager_side(cfg: Any, dcfg: Any) -> None:
     resolve_callable(dcfg.scoring_function, 'scoring_function')
     resolve_callable(dcfg.metadata_function, 'metadata_function')
     resolve_file_root(dcfg.file_root)
-    if dcfg.max_reuse is not None:
-        _max_use_key(get_buffer_cls(cfg), cfg, dcfg.max_reuse)
+    if dcfg.max_reuse is not None:  # the manager's buffer takes it as its max_use: checked by the type's own rule
+        cls = get_buffer_cls(cfg)
+        key = _max_use_key(cls, cfg, dcfg.max_reuse)
+        try:
+            check_section(cls, {**_local_cfg(cfg), key: dcfg.max_reuse})
+        except ValueError as e:
+            raise ValueError(
+                f"config key 'distributed.max_reuse' is {dcfg.max_reuse!r:.40}, which the buffer refuses: {e}"
+            ) from e
 
 
 def build_manager_buffer(cfg: Any, *args, **kwargs) -> Tuple[Any, EasyDict, str]:

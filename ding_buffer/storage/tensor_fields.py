@@ -22,6 +22,7 @@ from typing import Any, Dict, List, Optional
 import numpy as np
 import torch
 
+from ..config import machine_memory
 from .tensor_schema import Schema
 from .tree import Path, path_name
 
@@ -40,6 +41,22 @@ def memmap_file(memmap_dir: str, index: int, path: Path, token: str) -> str:
     return os.path.join(memmap_dir, f'{index:03d}_{safe}.{token}.bin')
 
 
+def check_fits(schema: Schema, capacity: int) -> None:
+    """``capacity`` slots of ``schema`` fit in this machine's memory, else ``ValueError`` before anything is
+    allocated: a system that overcommits memory grants a larger allocation, and the process is killed as it is
+    zeroed (a config's capacity, or a saved state's, times a pushed or saved item's size)."""
+    per_slot = sum(
+        int(np.prod(shape, dtype=np.int64)) * torch.empty(0, dtype=dtype).element_size()
+        for shape, dtype in schema.values()
+    )
+    if capacity * per_slot > machine_memory():
+        raise ValueError(
+            f"{capacity} slots of {per_slot} bytes each need {capacity * per_slot:.3g} bytes, more than this "
+            f"machine's {machine_memory():.3g} bytes of memory: use a smaller capacity (replay_buffer_size / "
+            f"max_transitions) or storage.memmap_dir"
+        )
+
+
 def allocate_fields(
     schema: Schema, capacity: int, device: torch.device, memmap_dir: Optional[str], token: str = ''
 ) -> Dict[Path, torch.Tensor]:
@@ -47,6 +64,8 @@ def allocate_fields(
     field of ``schema``. A failed allocation removes the files it created."""
     fields: Dict[Path, torch.Tensor] = {}
     if memmap_dir is None:
+        if device.type == 'cpu':
+            check_fits(schema, capacity)
         for path, (shape, dtype) in schema.items():
             if device.type == 'cpu':
                 field = torch.empty((capacity, *shape), dtype=dtype)

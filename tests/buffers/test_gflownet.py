@@ -1666,3 +1666,21 @@ def test_dict_batches_on_a_gpu_buffer_match_a_cpu_twin(btype):
     cpu_twin = create_buffer(dict(type=btype, replay_buffer_size=32, seed=1))
     cpu_twin.load_state_dict(bufs[1].state_dict())
     assert_same(cpu_twin.state_dict(), bufs[0].state_dict())
+
+
+def test_a_file_whose_capacity_times_its_items_exceeds_memory_is_refused_before_allocating(tmp_path, monkeypatch):
+    """A file's saved replay_buffer_size passed when its slots' index fit in memory, and the restore then allocated
+    capacity x the saved item size (a 2.5 MB file asked for 64 GiB: killed where memory is overcommitted). Here: a
+    machine of 256 KiB, 100 slots of 4 KiB items."""
+    from ding_buffer.storage import tensor_fields
+
+    buf = create_buffer(dict(type='gfn', replay_buffer_size=100, seed=0))
+    buf.push({'state': torch.zeros(2, 1024), 'log_reward': torch.zeros(2)})
+    path = str(tmp_path / 'gfn.pt')
+    buf.save_data(path)
+    monkeypatch.setattr(tensor_fields, 'machine_memory', lambda: 1 << 18, raising=False)
+    fresh = create_buffer(dict(type='gfn', replay_buffer_size=10, seed=0))
+    before = fresh.state_dict()
+    with pytest.raises(ValueError, match="100 slots of 4100 bytes each need .* more than this machine's"):
+        fresh.load_data(path)
+    assert_same(fresh.state_dict(), before)

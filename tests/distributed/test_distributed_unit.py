@@ -1316,6 +1316,17 @@ def test_a_rank_fails_on_its_own_settings_before_any_network_call(monkeypatch, b
         create_buffer(cfg)
 
 
+@pytest.mark.parametrize('backend', ['torch', 'mpi'])
+def test_a_max_reuse_the_managers_buffer_refuses_fails_before_any_network_call(monkeypatch, backend):
+    """distributed.max_reuse becomes the manager's max_use: a value the type's own rule refuses (chunk refuses 2**62
+    uses) passed every check made before start-up, and the manager refused it only once the workers had connected."""
+    _no_network(monkeypatch)
+    _launched_as(monkeypatch, backend, 2, 3)
+    cfg = dict(type='chunk', distributed=dict(backend=backend, startup_timeout=60, max_reuse=2**62))
+    with pytest.raises(ValueError, match=r"'distributed\.max_reuse' is 4611686018427387904, which the buffer refuses"):
+        create_buffer(cfg)
+
+
 def test_under_mpirun_enable_recovery_a_refusing_rank_joins_mpi_init_before_raising(monkeypatch):
     """With --enable-recovery a rank that left before MPI_Init would hold the others in it for good: the check
     still runs first, and the rank joins MPI_Init before raising what it found."""

@@ -7,6 +7,7 @@ import pytest
 import torch
 from helpers import assert_same
 
+from ding_buffer import create_buffer
 from ding_buffer.storage import ListStorage, RingIndex, TensorStorage, build_storage, storage_from_state
 from ding_buffer.storage.tree import path_name
 
@@ -1200,3 +1201,18 @@ def test_a_memmap_dir_without_room_refuses_the_push_instead_of_killing_the_proce
         assert os.listdir(mnt / 'mm') == []
     finally:
         subprocess.run(['umount', str(mnt)], capture_output=True)
+
+
+def test_fields_larger_than_memory_are_refused_before_they_are_allocated(monkeypatch):
+    """A capacity times an item's size beyond the machine's memory was allocated and zeroed: where memory is
+    overcommitted the process was killed (here: a machine of 1 MiB, 1,000 slots of 4 KiB). The push is refused,
+    naming the sizes, and changes nothing; memmap files are not memory."""
+    from ding_buffer.storage import tensor_fields
+
+    monkeypatch.setattr(tensor_fields, 'machine_memory', lambda: 1 << 20, raising=False)
+    buf = create_buffer(dict(type='naive', replay_buffer_size=1000, storage=dict(type='tensor')))
+    before = buf.state_dict()
+    with pytest.raises(ValueError, match=r"1000 slots of 4096 bytes each need .* more than this machine's"):
+        buf.push({'obs': torch.zeros(1024)})
+    assert_same(buf.state_dict(), before)
+    assert buf.push({'obs': torch.zeros(64)}) == 1  # 256 KiB in all: fits
