@@ -14,6 +14,7 @@ directory.
 import ctypes
 import errno
 import itertools
+import math
 import os
 import re
 import sys
@@ -46,7 +47,7 @@ def check_fits(schema: Schema, capacity: int) -> None:
     allocated: a system that overcommits memory grants a larger allocation, and the process is killed as it is
     zeroed (a config's capacity, or a saved state's, times a pushed or saved item's size)."""
     per_slot = sum(
-        int(np.prod(shape, dtype=np.int64)) * torch.empty(0, dtype=dtype).element_size()
+        math.prod(int(d) for d in shape) * torch.empty(0, dtype=dtype).element_size()  # (Python ints: no wrap)
         for shape, dtype in schema.values()
     )
     if capacity * per_slot > machine_memory():
