@@ -16,6 +16,7 @@ import textwrap
 import time
 from typing import Any, Dict, List, NoReturn, Optional
 
+from .config import STEP_LIMIT
 from .ready_configs import list_configs, resolve_config
 from .train.env import LAUNCHED
 
@@ -373,7 +374,7 @@ def _add_train(sub: "argparse._SubParsersAction") -> None:
     p.add_argument('--seed', type=_int_at_least(0, 'seed', below=2**63), default=None, help='override the config seed')
     p.add_argument(
         '--env-steps',
-        type=_int_at_least(1, 'env steps', below=2**60 + 1),
+        type=_int_at_least(1, 'env steps', below=STEP_LIMIT + 1),
         default=None,
         help='override env.max_env_step',
     )
@@ -397,7 +398,7 @@ def _add_train(sub: "argparse._SubParsersAction") -> None:
     )
     p.add_argument(
         '--iterations',
-        type=_int_at_least(1, 'training iterations', below=2**60 + 1),
+        type=_int_at_least(1, 'training iterations', below=STEP_LIMIT + 1),
         default=None,
         metavar='N',
         help='GFlowNet jobs: override the number of training iterations',

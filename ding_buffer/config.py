@@ -365,12 +365,17 @@ def seconds(x: Any) -> bool:
 SECONDS_CHECK = (seconds, 'a positive number of seconds, at most 1e7')
 
 
+STEP_LIMIT = 2**60  # learner iterations / env steps beyond this are not counters (and overflow int64 math)
+
+
 def step_int(x: Any) -> bool:
     """A whole number of steps in [0, 2**60] (an annealing length; larger ones are typos that overflow float math)."""
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and 0 <= x <= 2**60 and x == int(x)
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and 0 <= x <= STEP_LIMIT and x == int(x)
 
 
 STEP_CHECK = (step_int, 'an int in [0, 2**60]')
+# a number of steps to run (a training job's env steps or iterations)
+STEPS_CHECK = (lambda x: positive_int(x) and x <= STEP_LIMIT, 'a positive int at most 2**60')
 
 
 def optional_positive_int(x: Any) -> bool:

@@ -10,9 +10,7 @@ from typing import Any, List, Mapping, Optional
 
 import numpy as np
 
-from ..config import as_float
-
-STEP_LIMIT = 2**60  # learner iterations / env steps beyond this are not counters (and overflow int64 math)
+from ..config import STEP_LIMIT, as_float
 
 
 def new_rng(seed: Optional[int]) -> np.random.Generator:

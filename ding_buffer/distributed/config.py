@@ -5,14 +5,13 @@ from typing import Any, Mapping
 
 from easydict import EasyDict
 
-from ..config import build_config, finite_number, optional_positive_int, positive_int, seconds
+from ..config import SECONDS_CHECK, build_config, finite_number, optional_positive_int, positive_int, seconds
 
 BACKENDS = ('torch', 'mpi', 'ray')
 BASELINES = ('min', 'percentile', 'ema')
 
 
 # checks shared by several keys
-_SECONDS = (seconds, 'a positive number of seconds, at most 1e7')
 _OPTIONAL_SECONDS = (lambda x: x is None or seconds(x), 'None or a positive number of seconds, at most 1e7')
 _MIB = (lambda x: finite_number(x) and 0 < x <= (1 << 23), 'a finite positive number of MiB (at most 8 TiB)')
 _NAME = (lambda x: isinstance(x, str) and bool(x), 'a non-empty str')
@@ -164,9 +163,9 @@ DISTRIBUTED_CHECKS = dict(
         "None or a dict of Ray actor options: num_cpus / num_gpus (numbers >= 0), memory (bytes, an int > 0), "
         "resources (a dict of resource name -> number >= 0)",
     ),
-    timeout=_SECONDS,
+    timeout=SECONDS_CHECK,
     startup_timeout=_OPTIONAL_SECONDS,
-    heartbeat_seconds=_SECONDS,
+    heartbeat_seconds=SECONDS_CHECK,
     peer_timeout=_OPTIONAL_SECONDS,
     lost_grace=(lambda x: x is None or (finite_number(x) and 0 <= x <= 1e7), 'None or a finite number of seconds >= 0'),
     max_message_mb=_MIB,

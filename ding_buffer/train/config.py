@@ -15,7 +15,15 @@ from typing import Any, Dict, Mapping, Optional, Tuple
 from easydict import EasyDict
 
 from ..base import get_buffer_cls
-from ..config import build_config, check_section, check_str_keys, optional_positive_int, positive_int, seed_ok
+from ..config import (
+    STEPS_CHECK,
+    build_config,
+    check_section,
+    check_str_keys,
+    optional_positive_int,
+    positive_int,
+    seed_ok,
+)
 from ..datasets.config import checked_section as checked_dataset_section
 from .run_dir import first_missing_dir
 
@@ -100,7 +108,7 @@ TRAIN_CHECKS = {
     'exp_name': (lambda x: isinstance(x, str) and x != '', 'a non-empty string'),
     'log_dir': (lambda x: x is None or (isinstance(x, str) and x != ''), 'None or a directory path'),
     'seed': (lambda x: x is not None and seed_ok(x), 'an int in [0, 2**63)'),  # the buffers' rule (none: drawn)
-    'env.max_env_step': (lambda x: positive_int(x) and x <= 2**60, 'a positive int at most 2**60'),
+    'env.max_env_step': STEPS_CHECK,
     'env.eval_episodes': (positive_int, 'a positive int'),
     'env.eval_freq': (positive_int, 'a positive int'),
     'policy.device': (lambda x: device_ok(x), "'cpu' or 'cuda[:N]'"),

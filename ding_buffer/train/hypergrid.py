@@ -34,7 +34,15 @@ import torch
 from easydict import EasyDict
 
 from ..base import create_buffer, get_buffer_cls
-from ..config import SECONDS_CHECK, build_config, check_section, optional_positive_int, positive_int, seed_ok
+from ..config import (
+    SECONDS_CHECK,
+    STEPS_CHECK,
+    build_config,
+    check_section,
+    optional_positive_int,
+    positive_int,
+    seed_ok,
+)
 from ..persistence import atomic_json, atomic_save, check_integrity, safe_load
 from .checkpoint import check_checkpoints, load_latest, purge_tensorboard, save_checkpoint
 from .config import BUFFER_SECTION, device_ok, make_trainer, run_dir_of, split_buffer_section
@@ -116,7 +124,7 @@ HYPERGRID_CHECKS = {
     'policy.device': (lambda x: device_ok(x), "'cpu' or 'cuda[:N]'"),
     'policy.model.hidden_dim': (positive_int, 'a positive int'),
     'policy.model.n_hidden_layers': (positive_int, 'a positive int'),
-    'policy.learn.iterations': (lambda x: positive_int(x) and x <= 2**60, 'a positive int at most 2**60'),
+    'policy.learn.iterations': STEPS_CHECK,
     'policy.learn.batch_size': (positive_int, 'a positive int'),
     'policy.learn.replay_batch_size': _non_negative_int,
     'policy.learn.replay_warmup': _non_negative_int,
