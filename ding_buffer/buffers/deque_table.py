@@ -13,7 +13,7 @@ from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Tuple
 import numpy as np
 
 from ..config import INF
-from ..control.priority import as_priorities, split_ids
+from ..control.priority import as_priorities, check_one_each, split_ids
 from ..monitor.tb import TBSink
 from .common import STEP_LIMIT, check_step
 from .outputs import as_items
@@ -40,6 +40,7 @@ def numbers(priority: Any) -> np.ndarray:
     arr = np.asarray(priority)
     if arr.dtype.kind not in 'iuf':  # (bools are no priorities, as advanced's update says)
         raise TypeError(f"update: 'priority' must be real numbers, got {type(priority).__name__} {priority!r:.60}")
+    check_one_each(arr.shape)
     return arr.astype(np.float64).reshape(-1)
 
 

@@ -56,9 +56,16 @@ def _flat(values: Any) -> Any:
 MAX_PRIORITY = float(np.finfo(np.float32).max)
 
 
-def as_priorities(values: Any, key: str = 'priority') -> np.ndarray:
+def check_one_each(shape: Tuple[int, ...], key: str = 'priority') -> None:
+    """``ValueError`` unless ``shape`` holds one number an item: ``[n]`` or ``[n, 1]`` (a learner's column)."""
+    if len(shape) > 1 and tuple(shape[1:]) != (1,):
+        raise ValueError(f"'{key}' must be one number an item, shape [n] or [n, 1]; got shape {list(shape)}")
+
+
+def as_priorities(values: Any, key: str = 'priority', one_each: bool = False) -> np.ndarray:
     """``values`` as a float64 array: real numbers (ints or floats; not bools, strings or complex), each finite in
-    float32 and >= 0 -- else ``TypeError`` / ``ValueError`` naming the key and the entry."""
+    float32 and >= 0 -- else ``TypeError`` / ``ValueError`` naming the key and the entry. ``one_each``: of shape
+    ``[n]`` or ``[n, 1]`` (a learner's column of losses), one an item."""
     raw = as_numpy(values)
     if type(raw) is list and all(type(v) is float for v in raw):  # a learner's ``tolist()``: no entry to check
         raw = np.array(raw, dtype=np.float64)
@@ -77,6 +84,8 @@ def as_priorities(values: Any, key: str = 'priority') -> np.ndarray:
         raise TypeError(
             f"'{key}' must be real numbers (ints / floats), got dtype {arr.dtype} ({type(values).__name__})"
         )
+    if one_each:
+        check_one_each(arr.shape, key)
     arr = arr.astype(np.float64, copy=False).reshape(-1)
     if len(arr) and arr.min() >= 0 and arr.max() <= MAX_PRIORITY:  # NaN fails the first test: two reductions
         return arr
@@ -401,7 +410,7 @@ def parse_update(
     """
     if not has_priorities(info):
         return None
-    priorities = as_priorities(info['priority'])
+    priorities = as_priorities(info['priority'], one_each=True)
     ids, mine = split_ids(info['replay_unique_id'], instance_name)
     slots = np.asarray(as_numpy(info['replay_buffer_idx'])).reshape(-1)
     if len(slots) and slots.dtype.kind not in 'iu':

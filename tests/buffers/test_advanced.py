@@ -849,6 +849,23 @@ def test_update_accepts_sampled_tensors_and_the_whole_batch():
     assert buf.stats()['max_priority'] == 9.0
 
 
+@pytest.mark.parametrize('storage', STORAGES)
+def test_update_priority_is_one_number_an_item_or_a_column(storage):
+    buf = make(storage, size=8)
+    push_ids(buf, range(4))
+    batch = buf.sample(2)
+    before = buf.state_dict()
+    for bad in (torch.tensor([[1.0, 2.0]]), np.ones((2, 2)), [[1.0, 2.0]]):  # [1, 2] is no batch of 2 priorities
+        with pytest.raises(ValueError, match=r"'priority' must be one number an item, .* got shape \[\d, 2\]"):
+            buf.update(info_from(batch, [0.0, 0.0]) | {'priority': bad})
+        assert_same(buf.state_dict(), before)
+    assert buf.update(info_from(batch, [0.0, 0.0]) | {'priority': torch.tensor([[3.0], [5.0]])})['updated'] == 2
+    twin = make(storage, size=8)
+    push_ids(twin, range(4))
+    twin.update(info_from(twin.sample(2), [3.0, 5.0]))  # a learner's [n, 1] column updates as [n] does
+    assert_same(buf.state_dict(), twin.state_dict())
+
+
 def test_update_accepts_list_storage_ids_as_strings_and_arrays():
     buf = make('list', size=8)
     push_ids(buf, range(4))

@@ -338,6 +338,12 @@ def test_deque_update_takes_a_dict_of_numpy_priorities():
     with pytest.raises(TypeError):
         buf.update([1.0, 2.0])
     assert buf.update({'priority': np.float32([1, 2, 3, 4])}) == {'updated': 4, 'stale': 0}
+    buf.sample(4, 0)
+    before = buf.state_dict()
+    with pytest.raises(ValueError, match=r"one number an item, shape \[n\] or \[n, 1\]; got shape \[2, 2\]"):
+        buf.update({'priority': np.ones((2, 2))})  # 4 numbers, but not one an item: refused, the batch kept
+    assert_same(buf.state_dict(), before)
+    assert buf.update({'priority': np.float32([[1], [2], [3], [4]])}) == {'updated': 4, 'stale': 0}  # a column
 
 
 def test_deque_update_skips_items_that_left_since_the_sample():
