@@ -28,13 +28,19 @@ def dtype_from_str(name: str) -> torch.dtype:
     return dtype
 
 
-def batched_tensor(leaf: Any, path: Path) -> torch.Tensor:
+def batched_tensor(leaf: Any, path: Path, into: Optional[torch.dtype] = None) -> torch.Tensor:
     """A batched leaf as a tensor: Python lists/tuples of rows are accepted besides tensors and arrays (numbers of
-    one shape; anything else is a ``TypeError`` / ``ValueError`` naming the field)."""
+    one shape; anything else is a ``TypeError`` / ``ValueError`` naming the field). ``into``: the float dtype of the
+    field, which takes ints beyond int64 too."""
     if not isinstance(leaf, (list, tuple)):
         return to_tensor(leaf, path)
     try:
-        out = torch.as_tensor(leaf)
+        try:
+            out = torch.as_tensor(leaf)
+        except (RuntimeError, ValueError, OverflowError):  # (ints beyond int64: as floats where the field is one)
+            if into is None or not into.is_floating_point:
+                raise
+            out = torch.as_tensor(leaf, dtype=into)
     except (TypeError, ValueError, RuntimeError, OverflowError) as e:
         raise ValueError(
             f"batched field '{path_name(path)}' is a list that is not a numeric array of one shape "
@@ -77,7 +83,14 @@ def check_leaves(flat: Dict[Path, Any], schema: Schema, where: str, batched: boo
             raise ValueError(f"{where} has unexpected field '{path_name(path)}'; schema fields: {field_names(schema)}")
         shape, dtype = schema[path]
         py_number = type(leaf) in (int, float) or (batched and isinstance(leaf, (list, tuple)))
-        tensor = batched_tensor(leaf, path) if batched else to_tensor(leaf, path)
+        if type(leaf) is int and dtype.is_floating_point and not -(2**63) <= leaf < 2**63:  # beyond int64: as a float
+            try:
+                leaf = float(leaf)
+            except OverflowError:
+                raise ValueError(
+                    f"{where}: field '{path_name(path)}' int of {len(str(abs(leaf)))} digits is beyond every float"
+                ) from None
+        tensor = batched_tensor(leaf, path, dtype) if batched else to_tensor(leaf, path)
         got_shape = tuple(tensor.shape[1:]) if batched else tuple(tensor.shape)
         if got_shape != shape:
             raise ValueError(f"{where}: field '{path_name(path)}' has shape {got_shape}, expected {shape}")

@@ -766,6 +766,24 @@ def test_tensor_prepare_batch_checks_schema():
     assert storage.gather([2, 3])['reward'].tolist() == [1.0, 2.0]
 
 
+@pytest.mark.parametrize('first', [1.5, np.float64(1.5)])  # a float32 and a float64 field
+def test_a_python_int_goes_into_a_float_field_pushed_alone_or_batched_even_beyond_int64(first):
+    buf = create_buffer(dict(type='naive', replay_buffer_size=8, storage=dict(type='tensor')))
+    buf.push({'reward': first})
+    buf.push([{'reward': 2**64}, {'reward': -(2**70)}, {'reward': 3}])  # one item at a time
+    buf.extend({'reward': [2**64, 3]})  # a batch
+    dtype = torch.float32 if type(first) is float else torch.float64
+    got = buf.sample(6, sample_range=slice(0, 6), replace=False)['reward']
+    assert got.dtype == dtype
+    assert sorted(got.tolist()) == sorted(
+        torch.tensor([1.5, 2.0**64, -(2.0**70), 3.0, 2.0**64, 3.0], dtype=dtype).tolist()
+    )
+    before = buf.state_dict()
+    with pytest.raises(ValueError, match="field 'reward' int of 401 digits is beyond every float"):
+        buf.push({'reward': 10**400})
+    assert_same(buf.state_dict(), before)
+
+
 def test_tensor_nbytes_per_item():
     storage = TensorStorage(4)
     assert storage.nbytes_per_item() == 0
