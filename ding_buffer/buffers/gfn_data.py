@@ -396,9 +396,12 @@ def _torchgfn_class(name: str) -> type:
     import importlib
 
     module, _, qual = str(name).partition(':')
-    if not module.startswith('gfn.containers') or '.' in qual:
+    if not (module == 'gfn.containers' or module.startswith('gfn.containers.')) or '.' in qual:
         raise ValueError(f"refusing to rebuild container class {name!r}: only gfn.containers classes load")
-    cls = getattr(importlib.import_module(module), qual, None)
+    try:
+        cls = getattr(importlib.import_module(module), qual, None)
+    except ImportError as e:  # (a damaged name, or a torchgfn without that module)
+        raise ValueError(f"container class {name!r} cannot be imported: {e}") from None
     if not isinstance(cls, type) or not hasattr(cls, 'from_tensordict'):
         raise ValueError(f"{name!r} is not a torchgfn container class")
     return cls

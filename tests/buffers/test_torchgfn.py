@@ -620,6 +620,26 @@ def test_save_load_round_trip(tmp_path, samplers, env, pool, btype, kind, extra)
     assert stored_keys(again) == keys_before
 
 
+@pytest.mark.parametrize('module', ['gfn.containers.rtates_container', 'gfn.containersX', 'gfn.gym'])
+def test_a_state_naming_another_container_module_is_refused_and_changes_nothing(env, pool, module):
+    buf = create_buffer(dict(type='gfn', replay_buffer_size=6, seed=0))
+    buf.push(random_terminal_states(env, pool, 8))
+
+    def renamed(x):  # the class the state names, in another module (a damaged byte, or a hand-edited state)
+        if isinstance(x, dict):
+            return {k: renamed(v) for k, v in x.items()}
+        if isinstance(x, str) and x.startswith('gfn.containers.states_container:'):
+            return x.replace('gfn.containers.states_container', module)
+        return x
+
+    state = renamed(buf.state_dict())
+    target = create_buffer(dict(type='gfn', replay_buffer_size=6, seed=1))
+    before = target.state_dict()
+    with pytest.raises(ValueError, match=f"{module}:StatesContainer"):
+        target.load_state_dict(state, env=env)
+    assert_same(target.state_dict(), before)
+
+
 def _with_rewards_kwargs(c, rewards):
     if isinstance(c, Trajectories):
         return dict(
