@@ -40,7 +40,7 @@ def write_d4rl(path: str, data: Any) -> int:
     def write(f: Any) -> None:
         with h5py.File(f, 'w') as out:
             for key, array in columns.items():
-                out.create_dataset(key, data=array)
+                out.create_dataset(key, data=array, fletcher32=True)  # a checksum a chunk: damage is refused on read
 
     atomic_write(path, write, mode='w+b')
     return len(columns['observations'])

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import torch
 from dataset_files import assert_transition, d4rl_expected, stored_episodes, stored_transitions
+from helpers import assert_same
 
 from ding_buffer import create_buffer
 from ding_buffer.datasets import load_dataset, write_d4rl
@@ -104,3 +105,23 @@ def test_steps_with_other_keys_than_their_episodes_first_are_named(tmp_path):
         episode[1] = bad
         with pytest.raises(ValueError, match=r"episode 0 step 1 has keys"):
             write_d4rl(str(tmp_path / 'x.hdf5'), [episode])
+
+
+def test_a_damaged_byte_in_the_data_of_a_written_file_is_refused(tmp_path):
+    """Every dataset carries HDF5's per-chunk checksum: a flipped bit in the values (not only in a header) is
+    refused, naming the file and key, with nothing stored."""
+    obs = np.arange(1000 * 11, dtype=np.float32).reshape(1000, 11)
+    done = np.zeros(1000, bool)
+    done[199::200] = True
+    path = tmp_path / 'a.hdf5'
+    write_d4rl(path, dict(obs=obs, action=np.zeros((1000, 3), np.float32), reward=np.zeros(1000), done=done))
+    raw = bytearray(path.read_bytes())
+    at = raw.find(obs.reshape(-1)[5000:5003].tobytes())  # observation values, stored where HDF5 put them
+    assert at > 0
+    raw[at + 2] ^= 0x10
+    path.write_bytes(bytes(raw))
+    buffer = create_buffer(dict(type='naive', replay_buffer_size=2000, storage=dict(type='tensor')))
+    before = buffer.state_dict()
+    with pytest.raises(ValueError, match=r"a\.hdf5': key 'observations' cannot be read"):
+        load_dataset(buffer, path, progress=False)
+    assert_same(buffer.state_dict(), before)
