@@ -20,12 +20,24 @@ import threading
 import time
 import zipfile
 import zlib
-from typing import Any, BinaryIO, Callable, Dict
+from typing import Any, BinaryIO, Callable, Dict, Mapping
 
 import torch
 
 FORMAT = 'ding_buffer'
 SCHEMA_VERSION = 1
+
+
+def refuse_unknown(state: Mapping, known: Any, where: str) -> None:
+    """``ValueError`` naming the keys of the saved dict ``state`` that its reader does not know: a damaged or
+    hand-edited key must not load as a state missing that entry (older layouts only lack entries)."""
+    unknown = [k for k in state if k not in known]
+    if unknown:
+        shown = sorted(map(str, unknown))[:6]
+        raise ValueError(
+            f"{where} has unknown key(s) {shown}; expected some of {sorted(map(str, known))} (a damaged or edited "
+            f"state, or one of another buffer type)"
+        )
 
 
 def atomic_save(obj: Any, path: str) -> None:

@@ -52,9 +52,10 @@ import torch
 from ..config import INF
 from ..control.limiter import limiter_config
 from ..control.limits import UseLimit, build_remover
+from ..persistence import refuse_unknown
 from ..storage.base import NO_ITER
 from ..storage.fragment_store import FragmentStore, check_id, numpy_globals
-from .common import MAX_NAME, check_size, check_wait_timeout, checked_session
+from .common import ENGINE_KEYS, MAX_NAME, check_size, check_wait_timeout, checked_session
 from .table import Drawn, Needs, Request, Restored, Table, Write, Written
 
 _NO_SLOTS = np.empty(0, dtype=np.int64)
@@ -136,6 +137,11 @@ class ChunkTable(Table):
         Chunks of one worker's consecutive fragments, their receive queues and payload references (see the module
         docstring). ``count()`` is the number of chunks; the engine's limiter paces ``sample(timeout=)`` waits.
     """
+
+    state_keys = frozenset(
+        {'model_version', 'session_id', 'next_uid', 'chunks', 'queues', 'last_fid', 'last_fetch', 'counters', 'engine'}
+        | {'payloads'}
+    )
 
     @property
     def store(self) -> FragmentStore:
@@ -611,9 +617,11 @@ class ChunkTable(Table):
             for fragment_id in refs:
                 check_plain(payloads[fragment_id], f'the payload of fragment {fragment_id}')
         counters = {k: saved_number(state['counters'][k], f'counter {k}', 0) for k in self.tally}
+        refuse_unknown(state['counters'], self.tally, "saved 'counters'")
         engine = state.get('engine') or {}
         if not isinstance(engine, dict):
             raise ValueError(f"state has an invalid 'engine' entry of type {type(engine).__name__}")
+        refuse_unknown(engine, ENGINE_KEYS, "saved 'engine'")
         version = saved_number(state['model_version'], 'model_version')
         session = saved_name(state['session_id'], 'session_id', empty=True)
         next_uid = max(saved_number(state['next_uid'], 'next_uid', 0), max((c['uid'] for c in chunks), default=-1) + 1)

@@ -28,6 +28,9 @@ def restored_rng(state: Mapping) -> np.random.Generator:
     return rng
 
 
+ENGINE_KEYS = frozenset({'counters', 'thruput', 'envstep', 'use'})  # what the engine keeps in a state
+
+
 def saved_count(value: Any, what: str) -> int:
     """A counter read back from a saved state: an int >= 0 (a float is refused, not truncated), else ``ValueError``
     naming ``what``."""

@@ -15,6 +15,7 @@ import numpy as np
 from ..config import INF
 from ..control.priority import as_priorities, check_one_each, split_ids
 from ..monitor.tb import TBSink
+from ..persistence import refuse_unknown
 from .common import STEP_LIMIT, check_step
 from .outputs import as_items
 from .prioritized_table import PrioritizedTable
@@ -57,6 +58,8 @@ class DequeVerbs:
         table's own ``request`` and ``update`` stay as they are (``deque.inner`` samples and updates with them);
         the deque's are ``deque_request`` and ``deque_update``.
     """
+
+    state_keys = frozenset({'inner', 'last_log_train_iter', 'last_batch'})
 
     def __init__(self, cfg: Any, name: str, lock: Any, deque_cfg: Any, any_stored: bool = False) -> None:
         super().__init__(cfg, name, lock)  # ``cfg``, the engine's own, is the slot table's (``inner_config``)
@@ -212,6 +215,7 @@ class DequeVerbs:
                 f"state's 'inner' entry was made by {inner.get('type')!r}; this deque keeps "
                 f"{INNER_TYPES[self.priority]!r} state (priority={self.priority})"
             )
+        refuse_unknown(inner, super().state_keys | {'type'}, "state 'inner'")
         batch = self._checked_batch(state.get('last_batch'))
         restored = super().restore(dict(inner))
 

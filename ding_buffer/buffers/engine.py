@@ -47,7 +47,7 @@ from ..monitor.periodic import TAGS as PERIODIC_TAGS
 from ..monitor.periodic import PeriodicThruputMonitor
 from ..monitor.tb import TBSink, build_tb_logger, rank
 from ..monitor.used_data_remover import UsedDataRemover, check_trackable
-from ..persistence import load_state, save_state
+from ..persistence import load_state, refuse_unknown, save_state
 from ..storage.tensordict_io import check_batched, is_tensordict, to_tensordict
 from .common import (
     LOCK_GRACE,
@@ -839,6 +839,8 @@ class Engine(IBuffer):
             )
         if state.get('type') != self.__class__.__name__:
             raise ValueError(f"state was made by {state.get('type')!r}, this buffer is {self.__class__.__name__}")
+        if self._t.state_keys:  # (a table that declares none is not checked)
+            refuse_unknown(state, self._t.state_keys | {'type', 'rng'}, 'state')
         rng = restored_rng(state)
         with self._lock:
             self._check_open()
@@ -881,6 +883,14 @@ class Engine(IBuffer):
         saved = state.get('counters')
         counters = dict.fromkeys(self._counters, 0)
         if saved is not None:
+            if not isinstance(saved, Mapping):
+                raise ValueError(f"saved 'counters' must be a dict, got {type(saved).__name__}")
+            # a state of this type with other rules loads (their counters are not this buffer's), unless one of its
+            # own is missing beside them: then a damaged name
+            unknown = [k for k in saved if k not in counters]
+            rules = all(isinstance(k, str) and k.startswith(('removed_by_', 'refused_by_')) for k in unknown)
+            if unknown and (not rules or not counters.keys() <= saved.keys()):
+                refuse_unknown(saved, counters, "saved 'counters'")
             for k in counters:
                 if k in COUNTERS or k in saved:
                     counters[k] = saved_count(saved[k], f"saved counters['{k}']")

@@ -14,7 +14,7 @@ import numpy as np
 from ..control.samplers import PrioritizedSpec, UniformSampler, build_sampler
 from ..storage import check_list_storage, refuse_items_output
 from ..storage.tensordict_io import is_tensordict, update_info
-from .common import check_range, range_positions
+from .common import ENGINE_KEYS, check_range, range_positions
 from .episode_store import FlatEpisodes, ObjectEpisodes
 from .prioritized_windows import PrioritizedWindows
 from .table import Drawn, Needs, Parts, Request, Restored, Table, Write, Written
@@ -48,6 +48,8 @@ class EpisodeTable(Table):
         Whole episodes in an episode store, sampled as episodes or windows (see the module docstring). Its
         ``Listener`` hears the store's episodes come and go to keep use counts and window priorities in step.
     """
+
+    state_keys = ENGINE_KEYS | {'episodes', 'transitions', 'windows'}
 
     def build(self) -> Needs:
         cfg = self.cfg

@@ -11,7 +11,8 @@ import torch
 from ..config import build_config
 from ..control.diversity import row_hashes
 from ..control.limits import USE_MAX, UseCounts
-from .common import saved_count
+from ..persistence import refuse_unknown
+from .common import ENGINE_KEYS, saved_count
 from .gfn_data import ColumnStore, ContainerStoreBase, check_log_reward, rebuild_container
 from .gfn_parts import check_slot_memory, make_store, physical_slots
 from .gfn_ring import container_store
@@ -82,6 +83,7 @@ def restore(t, state: Dict[str, Any]) -> Restored:
     engine = state.get('engine') or {}
     if not isinstance(engine, dict):
         raise ValueError(f"saved 'engine' must be a dict, got {type(engine).__name__}")
+    refuse_unknown(engine, ENGINE_KEYS, "saved 'engine'")
     old_cfg, t.cfg = t.cfg, cfg  # the parts below read the (saved) settings
     try:
         if state['store'] is None:
@@ -110,6 +112,7 @@ def _counts(saved: Any, what: str, keys: Any) -> Dict[str, int]:
     missing = [k for k in keys if k not in saved]
     if missing:
         raise ValueError(f"saved '{what}' lacks {missing}")
+    refuse_unknown(saved, keys, f"saved '{what}'")
     return {k: saved_count(saved[k], f"saved '{what}' count '{k}'") for k in keys}
 
 

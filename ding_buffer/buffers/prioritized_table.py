@@ -97,6 +97,7 @@ class PrioritizedTable(SlotTable):
 
     uses_counted = True
     indexed = True
+    state_keys = frozenset({'storage', 'index', 'beta', 'sampled', 'counters', 'thruput', 'envstep'})  # use: in index
     resets_push_count = False  # DI-engine's advanced buffer keeps push_count on clear
     reserved_keys = SAMPLE_KEYS
     admission_columns = ('priority',)

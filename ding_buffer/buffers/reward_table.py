@@ -40,6 +40,10 @@ class RewardTable(Table):
         once full; ``terminating``: store terminating states only.
     """
 
+    state_keys = frozenset(
+        {'settings', 'store', 'index', 'track_states', 'counters', 'logged', 'engine', 'use', 'layout', 'slots', 'free'}
+    )
+
     def __init__(
         self,
         cfg: Any,

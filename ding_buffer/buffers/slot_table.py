@@ -15,7 +15,7 @@ import numpy as np
 from ..control.capacity import index_for
 from ..control.samplers import build_sampler
 from ..storage import build_storage, refuse_items_output, storage_from_state
-from .common import check_range, check_size, range_positions
+from .common import ENGINE_KEYS, check_range, check_size, range_positions
 from .newest_window import NewestWindow, checked_size
 from .outputs import prioritized_items
 from .table import Drawn, Needs, Request, Restored, Table, Write, Written
@@ -30,6 +30,7 @@ def check_replace(replace: Any) -> None:
 
 
 class SlotTable(Table):
+    state_keys = ENGINE_KEYS | {'storage', 'current_buffer_size'}
     """
     Overview:
         Items in a slot storage, drawn by insertion position. ``window``: sample only the newest

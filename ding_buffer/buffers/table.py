@@ -16,7 +16,7 @@ preset or the engine.
 """
 
 import random
-from typing import Any, Callable, Dict, List, Mapping, NamedTuple, Optional, Tuple, Union
+from typing import Any, Callable, Dict, FrozenSet, List, Mapping, NamedTuple, Optional, Tuple, Union
 
 import numpy as np
 
@@ -124,6 +124,7 @@ class Table:
     mutable_columns: Tuple[str, ...] = ()  # columns that change in place (a capacity rule reading one hears of it)
     retires_used = False  # elements that reach max_use stay stored, never drawn again, while a used-data remover runs
     hot_path = False  # whether ``write_one`` / ``write_batch`` may write without ``prepare``
+    state_keys: FrozenSet[str] = frozenset()  # the top-level keys ``state`` writes (any other one is refused)
 
     def __init__(self, cfg: Any, name: str, lock: Any) -> None:
         self.cfg = cfg  # the buffer's validated config (an EasyDict); a restore may replace it (``Engine.cfg``)

@@ -13,6 +13,7 @@ from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Tuple
 import numpy as np
 import torch
 
+from ..persistence import refuse_unknown
 from .ring import RingIndex
 
 NO_ITER = np.iinfo(np.int64).min // 4  # collect_iter of an element without one (never stale; staleness -1)
@@ -174,8 +175,9 @@ class Storage(ABC):
         """Build a new storage from ``state`` (validated); the caller swaps it in, so loading is all-or-nothing."""
 
 
-def check_state(state: Any, kind: str, keys: Tuple[str, ...]) -> None:
-    """Raise ``ValueError`` unless ``state`` is a dict saved by a ``kind`` storage holding ``keys``."""
+def check_state(state: Any, kind: str, keys: Tuple[str, ...], optional: Tuple[str, ...] = ()) -> None:
+    """Raise ``ValueError`` unless ``state`` is a dict saved by a ``kind`` storage holding ``keys`` (and perhaps
+    ``optional`` ones; no other)."""
     if not isinstance(state, dict):
         raise ValueError(f"{kind} storage state must be a dict, got {type(state).__name__}")
     if state.get('kind') != kind:
@@ -183,6 +185,7 @@ def check_state(state: Any, kind: str, keys: Tuple[str, ...]) -> None:
     missing = [k for k in keys if k not in state]
     if missing:
         raise ValueError(f"{kind} storage state is missing {missing}")
+    refuse_unknown(state, ('kind',) + keys + optional, f"saved {kind} storage")
 
 
 def trim_newest(n: int, capacity: int) -> Tuple[int, int]:

@@ -16,6 +16,7 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 import numpy as np
 import torch
 
+from ..persistence import refuse_unknown
 from .base import Prepared, WriteResult, check_state
 from .frames import IDS_SUFFIX, NEXT_SUFFIX, FrameRing, Pending, StreamEncoder, bits_of, default_rows, frame_spec
 from .tensor_fields import allocate_fields, memmap_file, new_token, remove_files
@@ -502,11 +503,14 @@ class FrameStorage(TensorStorage):
         episodes: Optional[int] = None,
         **kwargs: Any,
     ):
-        check_state(state, cls.kind, ('ring', 'slots', 'schema', 'fields', 'frames'))
+        check_state(state, cls.kind, ('ring', 'slots', 'schema', 'fields', 'frames'), ('container', 'links'))
         saved = state['frames']
         if not isinstance(saved, Mapping) or not {'ids', 'data', 'stack', 'streams'} <= set(saved):
             raise ValueError("saved storage 'frames' must be a dict with ids, data, stack and streams")
-        storage = super().from_state({k: v for k, v in state.items() if k != 'frames'}, capacity, **kwargs)
+        refuse_unknown(saved, ('ids', 'data', 'stack', 'streams', 'shape', 'dtype'), "saved storage 'frames'")
+        storage = super().from_state(
+            {k: v for k, v in state.items() if k not in ('frames', 'links')}, capacity, **kwargs
+        )
         if not np.array_equal(np.asarray(state['slots'], dtype=np.int64), storage.ring.ordered_slots()):
             # (a plain tensor storage may take them in any order; here each step's frames follow the one before)
             raise ValueError("saved storage slots are not in the ring's order, which the frame streams follow")
@@ -521,6 +525,7 @@ class FrameStorage(TensorStorage):
             return
         if not isinstance(links, Mapping) or not {'succ', 'succ_uid', 'last'} <= set(links):
             raise ValueError("saved storage 'links' must be a dict with succ, succ_uid and last")
+        refuse_unknown(links, ('succ', 'succ_uid', 'last'), "saved storage 'links'")
         order = self.ring.ordered_slots()
         succ = np.asarray(torch.as_tensor(links['succ']).cpu(), dtype=np.int64).reshape(-1)
         suid = np.asarray(torch.as_tensor(links['succ_uid']).cpu(), dtype=np.int64).reshape(-1)

@@ -337,7 +337,7 @@ class TensorStorage(Storage):
         reserved_keys: Tuple[str, ...] = (),
         index_cls: type = RingIndex,
     ) -> 'TensorStorage':
-        check_state(state, cls.kind, ('ring', 'slots', 'schema', 'fields'))
+        check_state(state, cls.kind, ('ring', 'slots', 'schema', 'fields'), ('container',))
         ring = index_cls.from_state(state['ring'], capacity)
         slots = np.asarray(state['slots'], dtype=np.int64)
         if not np.array_equal(np.sort(slots), np.flatnonzero(ring.valid)):

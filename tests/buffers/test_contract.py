@@ -229,6 +229,44 @@ def test_load_state_dict_corrupted_is_all_or_nothing(case, fill, tmp_path):
     buf.close()
 
 
+DATA_KEYED = {'last_fid', 'queues', 'payloads'}  # dicts keyed by data (a chunk buffer's workers, fragment ids)
+
+
+def _dict_paths(d, path=()):
+    for k, v in d.items():
+        yield path + (k,)
+        if isinstance(v, dict) and k not in DATA_KEYED:
+            yield from _dict_paths(v, path + (k,))
+
+
+@all_cases
+def test_load_state_dict_with_a_renamed_key_is_refused_naming_it(case, tmp_path):
+    """A damaged or edited key ('envstep' with one bit flipped) must not load as a state that lacks the entry, its
+    value taken as the default: every key of every dict of a real state, renamed, is refused naming the key (or the
+    entry holding it), with the buffer unchanged."""
+    src = case.make(tmp_path, 'src')
+    case.exercise(src, np.random.default_rng(3))
+    state = src.state_dict()
+    buf = case.make(tmp_path, 'dst')
+    case.fill(buf, np.random.default_rng(4), 5)
+    before = buf.state_dict()
+    paths = [p for p in _dict_paths(state) if p != ('type',)]
+    assert len(paths) > 5
+    for path in paths:
+        bad = copy.deepcopy(state)
+        parent = bad
+        for k in path[:-1]:
+            parent = parent[k]
+        new = f'{path[-1]}_'
+        parent[new] = parent.pop(path[-1])
+        named = '|'.join(re.escape(str(k)) for k in path)  # the key, or the entry holding it
+        with pytest.raises(ValueError, match=f"{re.escape(repr(new))}|{named}"):
+            buf.load_state_dict(bad)
+        assert_same(buf.state_dict(), before, f'state after the refused load of {path} renamed')
+    src.close()
+    buf.close()
+
+
 # --------------------------------------------------------------------- GFlowNet states that are inconsistent
 def _gfn_no_track_states(state):
     return {k: v for k, v in state.items() if k != 'track_states'}

@@ -6,6 +6,8 @@ prioritized draws, single and batched (vectorised-env) pushes, interleaved envir
 (terminated and truncated) and ring wrap-around. Bad streams are refused with nothing changed.
 """
 
+import copy
+
 import numpy as np
 import pytest
 import torch
@@ -289,6 +291,26 @@ def test_a_state_with_frames_needs_the_frames_layout_and_a_broken_one_is_refused
     with pytest.raises(ValueError, match='frames the saved state does not hold'):
         broken.load_state_dict(bad)
     assert_same(broken.state_dict(), before)
+
+
+@pytest.mark.parametrize(
+    'path', [('storage', 'links'), ('storage', 'frames', 'shape'), ('storage', 'links', 'last'), ('removed_by_frames',)]
+)
+def test_a_frames_state_with_a_renamed_key_is_refused(path):
+    """Entries a frames state may lack (older layouts: links, the frame shape, the frames counter), renamed by a
+    damaged byte, must not load as missing ones."""
+    buf = create_buffer(frames_cfg('naive'))
+    push_all(buf, Envs(seed=11).steps(20), batched=False)
+    bad = copy.deepcopy(buf.state_dict())
+    parent = bad['counters'] if path == ('removed_by_frames',) else bad
+    for k in path[:-1]:
+        parent = parent[k]
+    parent[path[-1] + 'x'] = parent.pop(path[-1])
+    target = create_buffer(frames_cfg('naive'))
+    before = target.state_dict()
+    with pytest.raises(ValueError, match=f"unknown key.*'{path[-1]}x'|with succ, succ_uid and last"):
+        target.load_state_dict(bad)
+    assert_same(target.state_dict(), before)
 
 
 @pytest.mark.parametrize('type_', ['naive', 'episode'])
