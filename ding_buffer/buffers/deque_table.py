@@ -13,7 +13,7 @@ from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Tuple
 import numpy as np
 
 from ..config import INF
-from ..control.priority import as_priorities, check_one_each, split_ids
+from ..control.priority import as_priorities, check_one_each, real_numbers, split_ids
 from ..monitor.tb import TBSink
 from ..persistence import refuse_unknown
 from .common import STEP_LIMIT, check_step
@@ -35,12 +35,8 @@ class _DequeDue(NamedTuple):
 
 
 def numbers(priority: Any) -> np.ndarray:
-    """``update``'s priorities as a float64 vector: lists, arrays or tensors of real numbers (not strings)."""
-    if hasattr(priority, 'detach'):
-        priority = priority.detach().cpu().numpy()
-    arr = np.asarray(priority)
-    if arr.dtype.kind not in 'iuf':  # (bools are no priorities, as advanced's update says)
-        raise TypeError(f"update: 'priority' must be real numbers, got {type(priority).__name__} {priority!r:.60}")
+    """``update``'s priorities as a float64 vector: real numbers (``real_numbers``), one an item."""
+    arr = real_numbers(priority)
     check_one_each(arr.shape)
     return arr.astype(np.float64).reshape(-1)
 

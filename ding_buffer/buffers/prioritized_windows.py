@@ -21,7 +21,7 @@ from typing import Any, Dict, Mapping, Optional
 import numpy as np
 import torch
 
-from ..control.priority import BetaSchedule, as_numpy, as_priorities, has_priorities, parse_update
+from ..control.priority import BetaSchedule, as_numpy, as_priorities, has_priorities, parse_update, real_numbers
 from ..control.samplers import PrioritizedSpec
 from ..control.windows import WindowPriorities
 
@@ -88,9 +88,9 @@ class PrioritizedWindows:
         """Validate ``info`` fully and return what to apply (nothing changes here); ``None`` without priority."""
         if not has_priorities(info):
             return None
-        prio = np.asarray(as_numpy(info['priority']))
+        prio = real_numbers(info['priority'])  # entry by entry (a bool in a list of lists is no priority)
         if prio.ndim <= 1:
-            as_priorities(info['priority'])  # real numbers finite in float32 and >= 0, entry by entry, before any use
+            as_priorities(prio)  # finite in float32 and >= 0, before any use
         idx = np.asarray(as_numpy(info['replay_buffer_idx']))
         ids = as_numpy(info['replay_unique_id'])
         ids_arr = np.asarray(ids)

@@ -62,10 +62,10 @@ def check_one_each(shape: Tuple[int, ...], key: str = 'priority') -> None:
         raise ValueError(f"'{key}' must be one number an item, shape [n] or [n, 1]; got shape {list(shape)}")
 
 
-def as_priorities(values: Any, key: str = 'priority', one_each: bool = False) -> np.ndarray:
-    """``values`` as a float64 array: real numbers (ints or floats; not bools, strings or complex), each finite in
-    float32 and >= 0 -- else ``TypeError`` / ``ValueError`` naming the key and the entry. ``one_each``: of shape
-    ``[n]`` or ``[n, 1]`` (a learner's column of losses), one an item."""
+def real_numbers(values: Any, key: str = 'priority') -> np.ndarray:
+    """``values`` (tensors of any dtype and device, arrays, nested lists, numbers) as a numpy array of real numbers
+    (ints or floats; not bools, strings or complex) -- else ``TypeError`` / ``ValueError`` naming the key and the
+    entry. Values are not checked."""
     raw = as_numpy(values)
     if type(raw) is list and all(type(v) is float for v in raw):  # a learner's ``tolist()``: no entry to check
         raw = np.array(raw, dtype=np.float64)
@@ -84,6 +84,14 @@ def as_priorities(values: Any, key: str = 'priority', one_each: bool = False) ->
         raise TypeError(
             f"'{key}' must be real numbers (ints / floats), got dtype {arr.dtype} ({type(values).__name__})"
         )
+    return arr
+
+
+def as_priorities(values: Any, key: str = 'priority', one_each: bool = False) -> np.ndarray:
+    """``values`` as a float64 array: real numbers (``real_numbers``), each finite in float32 and >= 0 -- else
+    ``TypeError`` / ``ValueError`` naming the key and the entry. ``one_each``: of shape ``[n]`` or ``[n, 1]`` (a
+    learner's column of losses), one an item."""
+    arr = real_numbers(values, key)
     if one_each:
         check_one_each(arr.shape, key)
     arr = arr.astype(np.float64, copy=False).reshape(-1)

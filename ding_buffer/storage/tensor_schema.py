@@ -40,13 +40,13 @@ def batched_tensor(leaf: Any, path: Path, into: Optional[torch.dtype] = None) ->
         except (RuntimeError, ValueError, OverflowError):  # (ints beyond int64: as floats where the field is one)
             if into is None or not into.is_floating_point:
                 raise
-            out = torch.as_tensor(leaf, dtype=into)
+            out = torch.as_tensor(leaf, dtype=torch.float64).to(into)
     except (TypeError, ValueError, RuntimeError, OverflowError) as e:
         raise ValueError(
             f"batched field '{path_name(path)}' is a list that is not a numeric array of one shape "
             f"(ragged, None, strings, tensors or ints beyond int64?): {e}"
         ) from None
-    if out.dtype not in (torch.bool, torch.int64, torch.float32, torch.float64) or out.dim() == 0:
+    if out.dtype not in (torch.bool, torch.int64, torch.float32, torch.float64, into) or out.dim() == 0:
         raise TypeError(
             f"batched field '{path_name(path)}' must be a list of numbers with a leading batch "
             f"dimension, got dtype {out.dtype} shape {tuple(out.shape)}"
@@ -85,12 +85,13 @@ def check_leaves(flat: Dict[Path, Any], schema: Schema, where: str, batched: boo
         py_number = type(leaf) in (int, float) or (batched and isinstance(leaf, (list, tuple)))
         if type(leaf) is int and dtype.is_floating_point and not -(2**63) <= leaf < 2**63:  # beyond int64: as a float
             try:
-                leaf = float(leaf)
+                tensor = torch.tensor(float(leaf), dtype=torch.float64).to(dtype)
             except OverflowError:
                 raise ValueError(
                     f"{where}: field '{path_name(path)}' int of {len(str(abs(leaf)))} digits is beyond every float"
                 ) from None
-        tensor = batched_tensor(leaf, path, dtype) if batched else to_tensor(leaf, path)
+        else:
+            tensor = batched_tensor(leaf, path, dtype) if batched else to_tensor(leaf, path)
         got_shape = tuple(tensor.shape[1:]) if batched else tuple(tensor.shape)
         if got_shape != shape:
             raise ValueError(f"{where}: field '{path_name(path)}' has shape {got_shape}, expected {shape}")

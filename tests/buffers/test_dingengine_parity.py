@@ -344,6 +344,13 @@ def test_deque_update_takes_a_dict_of_numpy_priorities():
         buf.update({'priority': np.ones((2, 2))})  # 4 numbers, but not one an item: refused, the batch kept
     assert_same(buf.state_dict(), before)
     assert buf.update({'priority': np.float32([[1], [2], [3], [4]])}) == {'updated': 4, 'stale': 0}  # a column
+    buf.sample(4, 0)
+    before = buf.state_dict()
+    with pytest.raises(TypeError, match='entry 1 is bool True'):  # as advanced refuses it
+        buf.update({'priority': [0.5, True, 0.5, 0.5]})
+    assert_same(buf.state_dict(), before)
+    bf16 = torch.tensor([1.0, 2.0, 3.0, 4.0], dtype=torch.bfloat16)  # a mixed-precision learner's TD errors
+    assert buf.update({'priority': bf16}) == {'updated': 4, 'stale': 0}
 
 
 def test_deque_update_skips_items_that_left_since_the_sample():

@@ -789,6 +789,9 @@ def test_per_step_priorities_at_padded_steps_are_skipped_whatever_they_hold():
     with pytest.raises(ValueError, match='entry 0 is nan'):
         buf.update(dict(keys, priority=priority))
     assert_same(buf.state_dict(), before)
+    with pytest.raises(TypeError, match='entry 1 is bool True'):  # per step as lists: each entry a real number
+        buf.update(dict(keys, priority=[[3.0, True, 3.0, 3.0]] * 2))
+    assert_same(buf.state_dict(), before)
 
 
 def test_a_padded_window_longer_than_any_episode_costs_no_memory_at_push():

@@ -766,13 +766,13 @@ def test_tensor_prepare_batch_checks_schema():
     assert storage.gather([2, 3])['reward'].tolist() == [1.0, 2.0]
 
 
-@pytest.mark.parametrize('first', [1.5, np.float64(1.5)])  # a float32 and a float64 field
+@pytest.mark.parametrize('first', [1.5, np.float64(1.5), torch.tensor(1.5, dtype=torch.bfloat16)])  # float32, 64, bf16
 def test_a_python_int_goes_into_a_float_field_pushed_alone_or_batched_even_beyond_int64(first):
     buf = create_buffer(dict(type='naive', replay_buffer_size=8, storage=dict(type='tensor')))
     buf.push({'reward': first})
     buf.push([{'reward': 2**64}, {'reward': -(2**70)}, {'reward': 3}])  # one item at a time
     buf.extend({'reward': [2**64, 3]})  # a batch
-    dtype = torch.float32 if type(first) is float else torch.float64
+    dtype = torch.float32 if type(first) is float else torch.bfloat16 if torch.is_tensor(first) else torch.float64
     got = buf.sample(6, sample_range=slice(0, 6), replace=False)['reward']
     assert got.dtype == dtype
     assert sorted(got.tolist()) == sorted(
