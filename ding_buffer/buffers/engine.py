@@ -832,15 +832,7 @@ class Engine(IBuffer):
                 raise TypeError(f"state 'data' must be a list of items, got {type(state['data']).__name__}")
             self.push(list(state['data']))
             return
-        if 'type' not in state:
-            raise ValueError(
-                f"state has no 'type' entry (keys {sorted(map(str, state))[:6]}); expected a state_dict() of this "
-                f"buffer, or {{'data': [items]}}"
-            )
-        if state.get('type') != self.__class__.__name__:
-            raise ValueError(f"state was made by {state.get('type')!r}, this buffer is {self.__class__.__name__}")
-        if self._t.state_keys:  # (a table that declares none is not checked)
-            refuse_unknown(state, self._t.state_keys | {'type', 'rng'}, 'state')
+        self._check_made_here(state)
         rng = restored_rng(state)
         with self._lock:
             self._check_open()
@@ -864,6 +856,19 @@ class Engine(IBuffer):
             self._capacity_rebuilt()
             if self._limiter.waiting:
                 self._limiter.on_push(0)  # samplers waiting for data see the restored elements
+
+    def _check_made_here(self, state: Mapping) -> None:
+        """``ValueError`` unless ``state`` is a state of this buffer type: its ``type``, and no key its table does not
+        write (a damaged or edited name must not load as a missing entry)."""
+        if 'type' not in state:
+            raise ValueError(
+                f"state has no 'type' entry (keys {sorted(map(str, state))[:6]}); expected a state_dict() of this "
+                f"buffer, or {{'data': [items]}}"
+            )
+        if state.get('type') != self.__class__.__name__:
+            raise ValueError(f"state was made by {state.get('type')!r}, this buffer is {self.__class__.__name__}")
+        if self._t.state_keys:  # (a table that declares none is not checked)
+            refuse_unknown(state, self._t.state_keys | {'type', 'rng'}, 'state')
 
     def _engine_state(self) -> Dict[str, Any]:
         out = {'counters': self._all_counters(), 'thruput': self._limiter.state_dict(), 'envstep': self._last_envstep}
