@@ -239,17 +239,21 @@ def _dict_paths(d, path=()):
             yield from _dict_paths(v, path + (k,))
 
 
+def _source_and_target(case, tmp_path):
+    """A buffer that went through ``exercise``, its state, and another one partly filled, with its state."""
+    src = case.make(tmp_path, 'src')
+    case.exercise(src, np.random.default_rng(3))
+    buf = case.make(tmp_path, 'dst')
+    case.fill(buf, np.random.default_rng(4), 5)
+    return src, buf, src.state_dict(), buf.state_dict()
+
+
 @all_cases
 def test_load_state_dict_with_a_renamed_key_is_refused_naming_it(case, tmp_path):
     """A damaged or edited key ('envstep' with one bit flipped) must not load as a state that lacks the entry, its
     value taken as the default: every key of every dict of a real state, renamed, is refused naming the key (or the
     entry holding it), with the buffer unchanged."""
-    src = case.make(tmp_path, 'src')
-    case.exercise(src, np.random.default_rng(3))
-    state = src.state_dict()
-    buf = case.make(tmp_path, 'dst')
-    case.fill(buf, np.random.default_rng(4), 5)
-    before = buf.state_dict()
+    src, buf, state, before = _source_and_target(case, tmp_path)
     paths = [p for p in _dict_paths(state) if p != ('type',)]
     assert len(paths) > 5
     for path in paths:
@@ -299,12 +303,7 @@ GFN_INCONSISTENT = [
 def test_load_state_dict_inconsistent_gfn_state_is_refused_or_repaired(case, corrupt, tmp_path):
     """An inconsistent state is refused (buffer unchanged) or repaired (the buffer equals the intact source);
     it is never half-loaded."""
-    src = case.make(tmp_path, 'src')
-    case.exercise(src, np.random.default_rng(3))
-    state = src.state_dict()
-    buf = case.make(tmp_path, 'dst')
-    case.fill(buf, np.random.default_rng(4), 5)
-    before = buf.state_dict()
+    src, buf, state, before = _source_and_target(case, tmp_path)
     try:
         buf.load_state_dict(corrupt(state))
     except (ValueError, TypeError):
