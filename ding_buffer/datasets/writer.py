@@ -102,6 +102,8 @@ def _named(data: Mapping, where: str) -> Dict[str, np.ndarray]:
     if missing:
         raise ValueError(f"write_d4rl: {where} is missing {missing[0]!r}; the D4RL layout needs {list(REQUIRED)}")
     rows = len(out['observations'])
+    if not rows:
+        raise ValueError(f"write_d4rl: {where} holds no step ('observations' has 0 rows)")
     out.setdefault('timeouts', np.zeros(rows, dtype=bool))
     for name, array in out.items():
         if array.ndim == 0 or len(array) != rows:

@@ -75,6 +75,7 @@ def test_bad_input_writes_nothing_and_keeps_the_old_file(tmp_path):
             r"has key 'info'",
         ),
         ('episodes', r'expected a dict of arrays or a list of episodes'),
+        (dict(obs=np.zeros((0, 3)), action=np.zeros(0), reward=np.zeros(0), done=[]), r"holds no step"),
     ):
         with pytest.raises(ValueError, match=match):
             write_d4rl(path, data)
