@@ -30,7 +30,6 @@ def check_replace(replace: Any) -> None:
 
 
 class SlotTable(Table):
-    state_keys = ENGINE_KEYS | {'storage', 'current_buffer_size'}
     """
     Overview:
         Items in a slot storage, drawn by insertion position. ``window``: sample only the newest
@@ -38,6 +37,7 @@ class SlotTable(Table):
         items (no capacity rule then: one evicting from the middle would break runs).
     """
 
+    state_keys = ENGINE_KEYS | {'storage', 'current_buffer_size'}
     capacity_rules = True
     hot_path = True
     resets_push_count = True  # DI-engine's naive buffer restarts push_count on clear (advanced keeps it)
