@@ -41,7 +41,15 @@ from ..base import IBuffer
 from ..config import INF, build_config
 from ..control.capacity import CapacityRule, find_capacity_rule
 from ..control.limiter import RateLimiter, limiter_checks, limiter_config
-from ..control.limits import StalenessLimit, UseCounts, UseLimit, build_removers, find_rule, limit_ok
+from ..control.limits import (
+    REMOVER_REGISTRY,
+    StalenessLimit,
+    UseCounts,
+    UseLimit,
+    build_removers,
+    find_rule,
+    limit_ok,
+)
 from ..errors import SampleTimeoutError
 from ..monitor.periodic import TAGS as PERIODIC_TAGS
 from ..monitor.periodic import PeriodicThruputMonitor
@@ -108,6 +116,15 @@ def table_attribute(name: str, doc: str, check: Optional[Callable[[Any], Any]] =
     holds); with ``check``, assigning it assigns the table's the checked value (``check`` raises on a bad one)."""
     fset = (lambda self, value: setattr(self._t, name, check(value))) if check is not None else None
     return property(lambda self: getattr(self._t, name), fset, doc=doc)
+
+
+def _rule_counter(key: Any) -> bool:
+    """Whether ``key`` is the counter of a registered rule (``removed_by_<name>`` / ``refused_by_<name>``, the name
+    it is registered under or counts under)."""
+    head, _, rule = str(key).partition('_by_')
+    if head not in ('removed', 'refused'):
+        return False
+    return rule in REMOVER_REGISTRY or any(getattr(cls, 'name', None) == rule for cls in REMOVER_REGISTRY.values())
 
 
 def _builtin_capacity(rule: Any) -> bool:
@@ -890,12 +907,8 @@ class Engine(IBuffer):
         if saved is not None:
             if not isinstance(saved, Mapping):
                 raise ValueError(f"saved 'counters' must be a dict, got {type(saved).__name__}")
-            # a state of this type with other rules loads (their counters are not this buffer's), unless one of its
-            # own is missing beside them: then a damaged name
-            unknown = [k for k in saved if k not in counters]
-            rules = all(isinstance(k, str) and k.startswith(('removed_by_', 'refused_by_')) for k in unknown)
-            if unknown and (not rules or not counters.keys() <= saved.keys()):
-                refuse_unknown(saved, counters, "saved 'counters'")
+            # a state of this type with other rules loads: their counters (of registered rules) are not this buffer's
+            refuse_unknown(saved, counters.keys() | {k for k in saved if _rule_counter(k)}, "saved 'counters'")
             for k in counters:
                 if k in COUNTERS or k in saved:
                     counters[k] = saved_count(saved[k], f"saved counters['{k}']")

@@ -515,3 +515,31 @@ def test_tensor_storage_single_push_refuses_a_collect_iter_out_of_range():
         with pytest.raises(ValueError, match="'collect_iter'"):
             buf.push({'obs': np.zeros(2, np.float32), 'collect_iter': value})
         assert_same(buf.state_dict(), before)
+
+
+@pytest.mark.parametrize(
+    'saved,target,buffer_type',
+    [('lifo', 'fifo', 'naive'), ('fifo', 'lifo', 'naive'), ('min_priority', 'keep_best', 'advanced')]
+    + [('keep_best', 'min_priority', 'advanced')],
+)
+def test_a_state_saved_with_another_capacity_rule_loads_and_a_damaged_counter_name_does_not(saved, target, buffer_type):
+    """Switching a buffer's capacity rule and loading its state is supported: the old rule's counters are not this
+    buffer's, and the new rule's start at 0. A counter name no registered rule has is a damaged one: refused."""
+
+    def rule(name):
+        return dict(type=name, column='priority') if name == 'keep_best' else dict(type=name)
+
+    src = create_buffer(dict(type=buffer_type, replay_buffer_size=8, seed=0, removers=[rule(saved)]))
+    src.push([dict(obs=float(i), priority=1.0 + i % 5) for i in range(12)])
+    state = src.state_dict()
+    dst = create_buffer(dict(type=buffer_type, replay_buffer_size=8, seed=0, removers=[rule(target)]))
+    dst.load_state_dict(state)
+    assert dst.count() == 8 and dst.stats()[f'removed_by_{target}'] == 0
+    bad = dict(
+        state,
+        counters={f'removed_by_{saved}x' if k == f'removed_by_{saved}' else k: v for k, v in state['counters'].items()},
+    )
+    before = dst.state_dict()
+    with pytest.raises(ValueError, match=f"unknown key.*'removed_by_{saved}x'"):
+        dst.load_state_dict(bad)
+    assert_same(dst.state_dict(), before)
