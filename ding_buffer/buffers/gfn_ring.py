@@ -157,6 +157,7 @@ class ContainerRing(ContainerStoreBase):
             if ring is None or x.dtype != ring.dtype:  # (the stored dtype passed these checks when it came)
                 numpy_ok = col.time < 0 and x.device.type == 'cpu'  # (written through a numpy view)
                 _check_dtype(f"{name}.{col.name}", x.dtype, None if ring is None else ring.dtype, numpy_ok)
+        _check_steps(data)
 
     def held_backward(self) -> Optional[bool]:
         return self.is_backward if self.end else None
@@ -352,6 +353,7 @@ class ContainerRing(ContainerStoreBase):
     def place(self, container: Any, slots: np.ndarray) -> None:
         """Hold a restored ``container``: its item ``i`` at ``slots[i]``."""
         n = len(container)
+        _check_steps(container)
         if n:
             self.write(
                 np.asarray(slots, dtype=np.int64),
@@ -360,6 +362,17 @@ class ContainerRing(ContainerStoreBase):
             )
         else:
             self._adopt(container)
+
+
+def _check_steps(data: Any) -> None:
+    """Trajectories: every ``terminating_idx`` within the steps the container holds (``ValueError`` otherwise: the
+    stored time axis grows to the largest one)."""
+    tid = getattr(data, 'terminating_idx', None)
+    if isinstance(tid, torch.Tensor) and tid.numel():
+        steps = data.states.tensor.shape[0] - 1
+        top = int(tid.max())
+        if top > steps:
+            raise ValueError(f"Trajectories.terminating_idx holds {top}, beyond the {steps} steps its states hold")
 
 
 def _check_dtype(field: str, dtype: torch.dtype, stored: Optional[torch.dtype], numpy_ok: bool) -> None:

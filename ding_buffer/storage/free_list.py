@@ -19,6 +19,7 @@ from typing import Any, Dict, Optional, Tuple
 import numpy as np
 import torch
 
+from ..persistence import refuse_unknown
 from .ring import SlotIndex, check_counters
 
 
@@ -132,7 +133,9 @@ class FreeListIndex(SlotIndex):
     def from_state(cls, state: Dict[str, Any], capacity: int) -> 'FreeListIndex':
         """Build an index from ``state`` (its own, or a ``RingIndex`` state: a ring's items keep their ids),
         checking every invariant; raises ``ValueError`` on inconsistency."""
-        valid, uid = cls._saved_arrays(state, capacity, ('capacity', 'valid', 'uid', 'next_uid', 'push_count'))
+        need = ('capacity', 'valid', 'uid', 'next_uid', 'push_count')
+        valid, uid = cls._saved_arrays(state, capacity, need)
+        refuse_unknown(state, need + ('layout', 'free', 'head', 'span'), 'saved index')  # (a ring's state loads too)
         index = cls(capacity)
         index.next_uid, index.push_count = int(state['next_uid']), int(state['push_count'])
         check_counters('index', index.push_count, index.next_uid)

@@ -17,6 +17,8 @@ from typing import Any, Dict, Tuple
 import numpy as np
 import torch
 
+from ..persistence import refuse_unknown
+
 ID_LIMIT = 1 << 62  # ids and push counts beyond it would overflow the int64 arrays ids are computed in
 
 
@@ -251,6 +253,7 @@ class RingIndex(SlotIndex):
             )
         need = ('capacity', 'head', 'span', 'valid', 'uid', 'next_uid', 'push_count')
         valid, uid = cls._saved_arrays(state, capacity, need)
+        refuse_unknown(state, need, 'saved ring')
         ring = cls(capacity)
         ring.valid = valid.copy()
         ring.head, ring.span = int(state['head']), int(state['span'])

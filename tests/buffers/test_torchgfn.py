@@ -640,6 +640,36 @@ def test_a_state_naming_another_container_module_is_refused_and_changes_nothing(
     assert_same(target.state_dict(), before)
 
 
+def test_trajectories_whose_terminating_idx_passes_their_steps_are_refused(samplers, env):
+    """One flipped bit in a saved ``terminating_idx`` (5 -> 16777221) was loaded, and the stored time axis grew to
+    it: gigabytes for 6 trajectories. Refused when loaded and when pushed, with nothing changed."""
+    buf = create_buffer(dict(type='gfn', replay_buffer_size=8, seed=0))
+    tr = trajectories(samplers, env, 6)
+    buf.push(tr)
+    steps = tr.states.tensor.shape[0] - 1
+    state = buf.state_dict()
+    saved = state['store']['tensors']
+    saved['terminating_idx'] = saved['terminating_idx'].clone()
+    saved['terminating_idx'][-1] = 300_000
+    fresh = create_buffer(dict(type='gfn', replay_buffer_size=8, seed=0))
+    before = fresh.state_dict()
+    with pytest.raises(ValueError, match=f"terminating_idx holds 300000, beyond the {steps} steps"):
+        fresh.load_state_dict(state, env=env)
+    assert_same(fresh.state_dict(), before)
+    bad = Trajectories(
+        env=env,
+        states=tr.states,
+        actions=tr.actions,
+        terminating_idx=torch.full_like(tr.terminating_idx, steps + 1),
+        is_backward=False,
+        log_rewards=tr.log_rewards,
+    )
+    before = buf.state_dict()
+    with pytest.raises(ValueError, match=f"holds {steps + 1}, beyond the {steps} steps"):
+        buf.push(bad)
+    assert_same(buf.state_dict(), before)
+
+
 def _with_rewards_kwargs(c, rewards):
     if isinstance(c, Trajectories):
         return dict(
