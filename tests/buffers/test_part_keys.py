@@ -543,3 +543,20 @@ def test_a_state_saved_with_another_capacity_rule_loads_and_a_damaged_counter_na
     with pytest.raises(ValueError, match=f"unknown key.*'removed_by_{saved}x'"):
         dst.load_state_dict(bad)
     assert_same(dst.state_dict(), before)
+
+
+@pytest.mark.parametrize('key', ['free', 'layout', 'valid'])
+def test_a_capacity_rule_state_with_a_renamed_index_key_is_refused(key):
+    """A table with a capacity rule saves its free-slot order: a damaged name must not load as a state without it
+    (the default order would replace the saved one)."""
+    cfg = dict(type='naive', replay_buffer_size=8, seed=0, removers=[dict(type='lifo')])
+    src = create_buffer(cfg)
+    src.push(items(12))
+    state = src.state_dict()
+    ring = state['storage']['ring']
+    ring[key + 'x'] = ring.pop(key)
+    dst = create_buffer(cfg)
+    before = dst.state_dict()
+    with pytest.raises(ValueError, match=f"'{key}x'|'{key}'|{key}"):
+        dst.load_state_dict(state)
+    assert_same(dst.state_dict(), before)
