@@ -23,6 +23,7 @@ from typing import Any, Dict, NamedTuple, Optional
 import numpy as np
 import torch
 
+from ..persistence import refuse_unknown
 from ..storage.base import NO_ITER
 from ..storage.tensor_storage import TensorStorage, export_schema, import_fields
 
@@ -342,6 +343,7 @@ def rebuild_container(state: Dict[str, Any], n: int, env: Any) -> Any:
         raise ValueError(
             f"saved GFlowNet store is {state.get('kind')!r}, this buffer stores {ContainerStoreBase.kind!r}"
         )
+    refuse_unknown(state, ('kind', 'format', 'class', 'tensors', 'container'), 'saved GFlowNet store')
     fmt = state.get('format')
     if fmt == 'empty':
         return None
@@ -362,6 +364,9 @@ def rebuild_container(state: Dict[str, Any], n: int, env: Any) -> Any:
             container = cls.from_tensordict(env, tensors if device is None else tensors.to(device))
         except (RuntimeError, ValueError, TypeError, KeyError, IndexError, AssertionError) as e:
             raise ValueError(f"saved {cls.__name__} does not fit env {type(env).__name__}: {e!r}") from e
+        # what the rebuilt container does not hold again was ignored: a damaged name ('log_rewards' lost would
+        # give samples the env's rewards)
+        refuse_unknown(state['tensors'], set(container.to_tensordict().keys()), f"saved {cls.__name__}")
         r = getattr(container, 'log_rewards', None)
         if isinstance(r, torch.Tensor) and r.shape[:1] != (len(container),):
             raise ValueError(f"saved {cls.__name__} has {tuple(r.shape)} log_rewards for {len(container)} items")

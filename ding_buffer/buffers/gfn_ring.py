@@ -366,13 +366,14 @@ class ContainerRing(ContainerStoreBase):
 
 def _check_steps(data: Any) -> None:
     """Trajectories: every ``terminating_idx`` within the steps the container holds (``ValueError`` otherwise: the
-    stored time axis grows to the largest one)."""
+    stored time axis grows to the largest one, and a negative one reads another item's steps)."""
     tid = getattr(data, 'terminating_idx', None)
     if isinstance(tid, torch.Tensor) and tid.numel():
         steps = data.states.tensor.shape[0] - 1
-        top = int(tid.max())
-        if top > steps:
-            raise ValueError(f"Trajectories.terminating_idx holds {top}, beyond the {steps} steps its states hold")
+        low, top = int(tid.min()), int(tid.max())
+        if top > steps or low < 0:
+            bad = top if top > steps else low
+            raise ValueError(f"Trajectories.terminating_idx holds {bad}, outside the 0..{steps} steps its states hold")
 
 
 def _check_dtype(field: str, dtype: torch.dtype, stored: Optional[torch.dtype], numpy_ok: bool) -> None:

@@ -101,15 +101,17 @@ def _named(data: Mapping, where: str) -> Dict[str, np.ndarray]:
     missing = [k for k in REQUIRED if k not in out]
     if missing:
         raise ValueError(f"write_d4rl: {where} is missing {missing[0]!r}; the D4RL layout needs {list(REQUIRED)}")
+    if out['observations'].ndim == 0:
+        raise ValueError(f"write_d4rl: {where}: 'observations' is one number, not one row a step")
     rows = len(out['observations'])
-    if not rows:
+    if not rows and where == 'data':  # (an empty episode is skipped)
         raise ValueError(f"write_d4rl: {where} holds no step ('observations' has 0 rows)")
     out.setdefault('timeouts', np.zeros(rows, dtype=bool))
     for name, array in out.items():
         if array.ndim == 0 or len(array) != rows:
             raise ValueError(f"write_d4rl: {where}: {name!r} has {array.shape[:1]} rows, 'observations' {rows}")
         if name in FLAGS:
-            flat = array.reshape(rows, -1)
+            flat = array.reshape(rows, -1) if rows else array.reshape(0, 1)  # (an empty episode's flags)
             if flat.shape[1] != 1 or not np.isin(flat, (0, 1)).all():
                 raise ValueError(
                     f"write_d4rl: {where}: {name!r} must hold one bool (or 0 / 1) a step, got {array.shape}"

@@ -653,7 +653,7 @@ def test_trajectories_whose_terminating_idx_passes_their_steps_are_refused(sampl
     saved['terminating_idx'][-1] = 300_000
     fresh = create_buffer(dict(type='gfn', replay_buffer_size=8, seed=0))
     before = fresh.state_dict()
-    with pytest.raises(ValueError, match=f"terminating_idx holds 300000, beyond the {steps} steps"):
+    with pytest.raises(ValueError, match=f"terminating_idx holds 300000, outside the 0..{steps} steps"):
         fresh.load_state_dict(state, env=env)
     assert_same(fresh.state_dict(), before)
     bad = Trajectories(
@@ -665,9 +665,30 @@ def test_trajectories_whose_terminating_idx_passes_their_steps_are_refused(sampl
         log_rewards=tr.log_rewards,
     )
     before = buf.state_dict()
-    with pytest.raises(ValueError, match=f"holds {steps + 1}, beyond the {steps} steps"):
+    with pytest.raises(ValueError, match=f"holds {steps + 1}, outside the 0..{steps} steps"):
         buf.push(bad)
+    negative = Trajectories(  # accepted, it broke terminating_states of the sampled trajectories later
+        env=env, states=tr.states, actions=tr.actions, terminating_idx=-tr.terminating_idx, log_rewards=tr.log_rewards
+    )
+    with pytest.raises(ValueError, match=f"holds -[0-9]+, outside the 0..{steps} steps"):
+        buf.push(negative)
     assert_same(buf.state_dict(), before)
+
+
+@pytest.mark.parametrize('key', ['log_rewards', 'terminating_idx'])
+def test_a_saved_container_tensor_under_a_damaged_name_is_refused(samplers, env, key):
+    """'log_rewards' renamed by a flipped bit was ignored: the container came back without them and samples carried
+    the env's rewards, while the buffer ranked by the saved ones."""
+    buf = create_buffer(dict(type='gfn', replay_buffer_size=8, seed=0))
+    buf.push(trajectories(samplers, env, 6))
+    state = buf.state_dict()
+    saved = state['store']['tensors']
+    saved[key[:-1] + 'r'] = saved.pop(key)
+    fresh = create_buffer(dict(type='gfn', replay_buffer_size=8, seed=0))
+    before = fresh.state_dict()
+    with pytest.raises(ValueError, match=f"{key[:-1]}r|{key}"):
+        fresh.load_state_dict(state, env=env)
+    assert_same(fresh.state_dict(), before)
 
 
 def _with_rewards_kwargs(c, rewards):

@@ -45,7 +45,8 @@ def test_a_list_of_episodes_round_trips_as_episodes(tmp_path):
         for n, end in ((3, 'done'), (4, 'timeout'), (2, None))
     ]  # fmt: skip
     as_steps = [[{k: v[t] for k, v in ep.items()} for t in range(len(ep['obs']))] for ep in as_dicts]
-    for data in (as_dicts, as_steps):
+    empty = {k: v[:0] for k, v in as_dicts[0].items()}  # episodes with no step, in each form, are skipped
+    for data in (as_dicts, as_steps, [[], empty] + as_dicts[:2] + [{}] + as_dicts[2:]):
         write_d4rl(tmp_path / 'eps.hdf5', data)
         got = read(tmp_path / 'eps.hdf5')
         assert got['timeouts'].tolist() == [0, 0, 0, 0, 0, 0, 1, 0, 1]  # the stopped episode ends with a timeout
@@ -76,6 +77,7 @@ def test_bad_input_writes_nothing_and_keeps_the_old_file(tmp_path):
         ),
         ('episodes', r'expected a dict of arrays or a list of episodes'),
         (dict(obs=np.zeros((0, 3)), action=np.zeros(0), reward=np.zeros(0), done=[]), r"holds no step"),
+        (dict(obs=1.0, action=[1.0], reward=[1.0], done=[0]), r"'observations' is one number"),
     ):
         with pytest.raises(ValueError, match=match):
             write_d4rl(path, data)
