@@ -642,6 +642,9 @@ class ChunkTable(Table):
         forgotten among ``MAX_WORKERS`` others may start again at any fid)."""
         chunks, uids = [], set()
         for ch in saved:
+            if not isinstance(ch, dict):
+                raise ValueError(f"a saved chunk must be a dict, got {type(ch).__name__}")
+            refuse_unknown(ch, ('uid', 'use', 'version', 'session', 'records'), 'a saved chunk')
             records = saved_run([saved_record(r) for r in ch['records']], 'a chunk')
             uid, use = saved_number(ch['uid'], 'chunk uid', 0), saved_number(ch['use'], 'use count', 0)
             if len(records) != self._fpc or uid in uids:
@@ -651,6 +654,8 @@ class ChunkTable(Table):
                 )
             if self.cfg.max_reuse is not None and use >= self.cfg.max_reuse:
                 raise ValueError(f"chunk {uid} in state was used {use} times; max_reuse is {self.cfg.max_reuse}")
+            if (ch.get('version', records[0][2]), ch.get('session', records[0][3])) != records[0][2:4]:
+                raise ValueError(f"chunk {uid} in state has a version or session other than its fragments'")
             uids.add(uid)
             chunks.append(
                 {'uid': uid, 'use': use, 'version': records[0][2], 'session': records[0][3], 'records': records}

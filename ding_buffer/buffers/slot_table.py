@@ -8,7 +8,7 @@ consecutive items (``runs_request``: ``sequence``). A prioritized table adds its
 ``written`` and ``removed``, instead of copying the write path.
 """
 
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
 import numpy as np
 
@@ -27,6 +27,19 @@ def check_replace(replace: Any) -> None:
     """``replace`` is a bool (``TypeError`` naming it otherwise)."""
     if type(replace) is not bool and type(replace) is not np.bool_:
         raise TypeError(f"replace must be a bool, got {type(replace).__name__} {replace!r:.40}")
+
+
+def check_ring_counts(state: Mapping, ring: Any) -> None:
+    """The saved ``push_items`` / ``remove_count`` are what the restored ring counts (``SlotTable.derived``): a
+    state whose ring and counters disagree is damaged (one of them would be dropped without a word)."""
+    saved = state.get('counters')
+    if not isinstance(saved, Mapping):
+        return  # (older files have none; a bad one is refused by the engine)
+    for key, value in (('push_items', ring.next_uid), ('remove_count', ring.next_uid - ring.count)):
+        got = saved.get(key)
+        count = isinstance(got, (int, np.integer)) and not isinstance(got, (bool, np.bool_)) and got >= 0
+        if count and got != value:  # (what is no count at all is refused by the engine, naming it so)
+            raise ValueError(f"saved counters['{key}'] is {saved[key]!r:.40}, its storage's ring counts {value}")
 
 
 class SlotTable(Table):
@@ -343,6 +356,7 @@ class SlotTable(Table):
         storage = storage_from_state(
             self.cfg.storage, self.cfg.replay_buffer_size, state['storage'], self.reserved_keys, index_for(self.cfg)
         )
+        check_ring_counts(state, storage.ring)
 
         def swap() -> None:
             self._storage = storage

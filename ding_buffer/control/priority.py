@@ -335,6 +335,15 @@ class PriorityIndex:
         new.tree.load_leaves(leaves)
         if new._priority is not None:
             new._priority[:] = priority
+        else:  # each priority is saved twice, once as its leaf: they must agree (the leaf is what samples)
+            derived = new.priorities(np.arange(self.capacity))
+            off = np.flatnonzero(~np.isclose(derived, priority, rtol=1e-5, atol=0))
+            if len(off):
+                i = int(off[0])
+                raise ValueError(
+                    f"saved 'priority' {priority[i]:g} at slot {i} disagrees with its leaf (priority ** alpha), which "
+                    f"stands for {derived[i]:g}"
+                )
         new.max_priority = max_priority
         return new
 

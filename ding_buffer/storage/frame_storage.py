@@ -543,6 +543,8 @@ class FrameStorage(TensorStorage):
             _check_env(env)
             if type(slot) is not int or not 0 <= slot < self.capacity or type(uid) is not int:
                 raise ValueError(f"saved stream end {entry!r:.60} names no slot of this storage")
+            if env in last:
+                raise ValueError(f"saved stream ends name environment {env!r:.40} twice")
             last[env] = (slot, uid)
         self.succ[order], self.succ_uid[order], self.last = succ, suid, last
 
@@ -637,6 +639,8 @@ def _saved_streams(ids: np.ndarray, saved: Any, stack: int) -> Dict[Any, Tuple[T
             raise ValueError(f"saved stream {entry!r:.60} is not [env, {stack} frame ids, ended]")
         env, sids, ended = entry
         _check_env(env)
+        if env in streams:  # (the later would replace the earlier: one stream lost, the next push refused)
+            raise ValueError(f"saved streams name environment {env!r:.40} twice")
         streams[env] = (tuple(int(x) for x in _remap(ids, np.asarray(sids, dtype=np.int64), 'streams')), bool(ended))
     return streams
 

@@ -136,6 +136,8 @@ class FreeListIndex(SlotIndex):
         need = ('capacity', 'valid', 'uid', 'next_uid', 'push_count')
         valid, uid = cls._saved_arrays(state, capacity, need)
         refuse_unknown(state, need + ('layout', 'free', 'head', 'span'), 'saved index')  # (a ring's state loads too)
+        if state.get('layout', 'free_list') != 'free_list':
+            raise ValueError(f"saved index has layout {state['layout']!r:.40}; expected 'free_list' or none")
         index = cls(capacity)
         index.next_uid, index.push_count = int(state['next_uid']), int(state['push_count'])
         check_counters('index', index.push_count, index.next_uid)

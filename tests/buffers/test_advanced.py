@@ -866,6 +866,26 @@ def test_update_priority_is_one_number_an_item_or_a_column(storage):
     assert_same(buf.state_dict(), twin.state_dict())
 
 
+@pytest.mark.parametrize('edit', ['priority', 'leaves'])
+def test_a_saved_priority_that_disagrees_with_its_leaf_is_refused(edit):
+    """Each priority is saved twice, as itself and as its leaf (priority ** alpha), which is what samples: a state
+    where they disagree is damaged (the saved priority was dropped, the leaf taken without a word)."""
+    buf = make('tensor', size=4)
+    push_ids(buf, range(3))
+    batch = buf.sample(3)
+    buf.update(info_from(batch, [2.0, 4.0, 8.0]))
+    state = buf.state_dict()
+    if edit == 'priority':
+        state['index']['priority'][0] = 100.0
+    else:
+        state['index']['leaves'][0] = 0.001
+    fresh = make('tensor', size=4)
+    before = fresh.state_dict()
+    with pytest.raises(ValueError, match=r"saved 'priority' .* at slot 0 disagrees with its leaf"):
+        fresh.load_state_dict(state)
+    assert_same(fresh.state_dict(), before)
+
+
 def test_update_accepts_list_storage_ids_as_strings_and_arrays():
     buf = make('list', size=8)
     push_ids(buf, range(4))

@@ -9,6 +9,7 @@ import time
 import numpy as np
 import pytest
 import torch
+from helpers import assert_same
 
 from ding_buffer import create_buffer
 from ding_buffer.errors import SampleTimeoutError
@@ -886,3 +887,25 @@ def test_files_keep_their_checksums_while_torch_is_told_to_write_none(tmp_path):
     other.load_data(str(tmp_path / 'naive.pt'))
     assert other.count() == 3
     create_buffer(dict(cfg, store=dict(type='disk', path=str(tmp_path / 't')))).load_data(str(tmp_path / 'chunk.pt'))
+
+
+@pytest.mark.parametrize('edit', ['version', 'session', 'misspelt'])
+def test_a_saved_chunk_whose_entries_disagree_with_its_fragments_is_refused(edit):
+    """A chunk's version and session are its fragments': a state that says otherwise (or names an entry that no
+    chunk has) is damaged, not loaded with the value replaced."""
+    cfg = dict(type='chunk', fragments_per_chunk=2, seed=0, max_chunks=4)
+    buf = create_buffer(cfg)
+    for w in (0, 1):
+        for fid in range(2):
+            buf.push(frag(w, fid, 0))
+    state = buf.state_dict()
+    chunk = state['chunks'][0]
+    if edit == 'misspelt':
+        chunk['versyon'] = chunk.pop('version')
+    else:
+        chunk[edit] = 7 if edit == 'version' else 'other'
+    fresh = create_buffer(cfg)
+    before = fresh.state_dict()
+    with pytest.raises(ValueError, match='chunk'):
+        fresh.load_state_dict(state)
+    assert_same(fresh.state_dict(), before)

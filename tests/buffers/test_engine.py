@@ -546,6 +546,25 @@ def test_timeout_zero_is_not_failed_by_a_push_running_at_that_moment():
     assert failed == 0
 
 
+@pytest.mark.parametrize('where', ['counter', 'ring'])
+def test_saved_counters_that_disagree_with_the_saved_ring_are_refused(where):
+    """What was pushed and removed is also what the ring counts (``next_uid``): a state where the two disagree is
+    damaged, whichever side; one of them was dropped without a word."""
+    cfg = dict(type='naive', replay_buffer_size=4, seed=0, removers=[dict(type='lifo')])
+    buf = create_buffer(cfg)
+    buf.push([{'obs': float(i)} for i in range(6)])
+    state = buf.state_dict()
+    if where == 'counter':
+        state['counters']['push_items'] = 1000
+    else:
+        state['storage']['ring']['next_uid'] = 1 << 20
+    fresh = create_buffer(cfg)
+    before = fresh.state_dict()
+    with pytest.raises(ValueError, match=r"counters\['push_items'\] is \d+, its storage's ring counts \d+"):
+        fresh.load_state_dict(state)
+    assert_same(fresh.state_dict(), before)
+
+
 @pytest.mark.parametrize('value', [1.5, -1, 'x', True, None])
 def test_a_saved_counter_that_is_not_a_count_is_refused_by_name(value):
     """The engine's saved counters are ints >= 0: anything else is refused naming the counter (1.5 was loaded as

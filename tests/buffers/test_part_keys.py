@@ -545,7 +545,7 @@ def test_a_state_saved_with_another_capacity_rule_loads_and_a_damaged_counter_na
     assert_same(dst.state_dict(), before)
 
 
-@pytest.mark.parametrize('key', ['free', 'layout', 'valid'])
+@pytest.mark.parametrize('key', ['free', 'layout', 'valid', 'layout value'])
 def test_a_capacity_rule_state_with_a_renamed_index_key_is_refused(key):
     """A table with a capacity rule saves its free-slot order: a damaged name must not load as a state without it
     (the default order would replace the saved one)."""
@@ -554,7 +554,10 @@ def test_a_capacity_rule_state_with_a_renamed_index_key_is_refused(key):
     src.push(items(12))
     state = src.state_dict()
     ring = state['storage']['ring']
-    ring[key + 'x'] = ring.pop(key)
+    if key == 'layout value':
+        ring['layout'], key = 'no such layout', 'layout'
+    else:
+        ring[key + 'x'] = ring.pop(key)
     dst = create_buffer(cfg)
     before = dst.state_dict()
     with pytest.raises(ValueError, match=f"'{key}x'|'{key}'|{key}"):

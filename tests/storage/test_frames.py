@@ -313,6 +313,33 @@ def test_a_frames_state_with_a_renamed_key_is_refused(path):
     assert_same(target.state_dict(), before)
 
 
+@pytest.mark.parametrize('where', ['streams', 'links'])
+def test_a_frames_state_naming_one_environment_twice_is_refused(where):
+    """Saved streams (and stream ends) are one an environment: a second entry for one replaced the first, a stream
+    was lost, and the next push of the other environment was refused."""
+
+    def steps(n, env_id, base):
+        fr = [torch.full((2, 2), base + k, dtype=torch.uint8) for k in range(n + 2)]
+        return [
+            {'obs': torch.stack(fr[t : t + 2]), 'next_obs': torch.stack(fr[t + 1 : t + 3]), 'reward': 1.0,
+             'done': False, 'env_id': env_id}
+            for t in range(n)
+        ]  # fmt: skip
+
+    cfg = dict(type='naive', replay_buffer_size=16, seed=0, storage=dict(type='tensor', frames=dict(env_key='env_id')))
+    a, c = steps(3, 0, 0), steps(3, 1, 100)
+    buf = create_buffer(cfg)
+    buf.push([a[0], c[0], a[1], c[1]])
+    state = buf.state_dict()
+    entries = state['storage']['frames']['streams'] if where == 'streams' else state['storage']['links']['last']
+    entries[1][0] = entries[0][0]
+    fresh = create_buffer(cfg)
+    before = fresh.state_dict()
+    with pytest.raises(ValueError, match='name environment 0 twice'):
+        fresh.load_state_dict(state)
+    assert_same(fresh.state_dict(), before)
+
+
 @pytest.mark.parametrize('type_', ['naive', 'episode'])
 def test_a_state_whose_slots_left_the_ring_order_is_refused(type_):
     """Storage slots permuted (still exactly the valid ones) were accepted, and the next push failed on an
