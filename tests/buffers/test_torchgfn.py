@@ -632,12 +632,16 @@ def test_a_state_naming_another_container_module_is_refused_and_changes_nothing(
             return x.replace('gfn.containers.states_container', module)
         return x
 
-    state = renamed(buf.state_dict())
-    target = create_buffer(dict(type='gfn', replay_buffer_size=6, seed=1))
-    before = target.state_dict()
-    with pytest.raises(ValueError, match=f"{module}:StatesContainer"):
-        target.load_state_dict(state, env=env)
-    assert_same(target.state_dict(), before)
+    _refused_load(renamed(buf.state_dict()), env, f"{module}:StatesContainer", seed=1, size=6)
+
+
+def _refused_load(state, env, match, seed=0, size=8):
+    """A fresh ``gfn`` buffer refuses ``state`` (``ValueError`` matching ``match``) and is unchanged."""
+    fresh = create_buffer(dict(type='gfn', replay_buffer_size=size, seed=seed))
+    before = fresh.state_dict()
+    with pytest.raises(ValueError, match=match):
+        fresh.load_state_dict(state, env=env)
+    assert_same(fresh.state_dict(), before)
 
 
 def test_trajectories_whose_terminating_idx_passes_their_steps_are_refused(samplers, env):
@@ -651,11 +655,7 @@ def test_trajectories_whose_terminating_idx_passes_their_steps_are_refused(sampl
     saved = state['store']['tensors']
     saved['terminating_idx'] = saved['terminating_idx'].clone()
     saved['terminating_idx'][-1] = 300_000
-    fresh = create_buffer(dict(type='gfn', replay_buffer_size=8, seed=0))
-    before = fresh.state_dict()
-    with pytest.raises(ValueError, match=f"terminating_idx holds 300000, outside the 0..{steps} steps"):
-        fresh.load_state_dict(state, env=env)
-    assert_same(fresh.state_dict(), before)
+    _refused_load(state, env, f"terminating_idx holds 300000, outside the 0..{steps} steps")
     bad = Trajectories(
         env=env,
         states=tr.states,
@@ -684,11 +684,7 @@ def test_a_saved_container_tensor_under_a_damaged_name_is_refused(samplers, env,
     state = buf.state_dict()
     saved = state['store']['tensors']
     saved[key[:-1] + 'r'] = saved.pop(key)
-    fresh = create_buffer(dict(type='gfn', replay_buffer_size=8, seed=0))
-    before = fresh.state_dict()
-    with pytest.raises(ValueError, match=f"{key[:-1]}r|{key}"):
-        fresh.load_state_dict(state, env=env)
-    assert_same(fresh.state_dict(), before)
+    _refused_load(state, env, f"{key[:-1]}r|{key}")
 
 
 def _with_rewards_kwargs(c, rewards):
