@@ -40,24 +40,6 @@ def refuse_unknown(state: Mapping, known: Any, where: str) -> None:
         )
 
 
-def _own_bytes(obj: Any, path: str) -> Any:
-    """``obj`` once every tensor in it holds a value of its own for each element: a file cannot hold an expanded
-    (stride 0) tensor, whose few stored bytes stand for a huge shape that loading would then copy out in full."""
-    todo = [obj]
-    while todo:
-        x = todo.pop()
-        if isinstance(x, torch.Tensor):
-            if x.numel() * x.element_size() > x.untyped_storage().nbytes():
-                raise ValueError(
-                    f"{path!r} holds a tensor of shape {tuple(x.shape)} in fewer bytes (not a saved buffer)"
-                )
-        elif isinstance(x, dict):
-            todo.extend(x.values())
-        elif isinstance(x, (list, tuple)):
-            todo.extend(x)
-    return obj
-
-
 def atomic_save(obj: Any, path: str) -> None:
     """Write ``obj`` to ``path`` atomically (temporary file, fsync, rename, fsync of the directory)."""
     atomic_write(path, lambda f: save_checked(obj, f))
@@ -210,9 +192,9 @@ def safe_load(path: str, allow_pickle: bool = False, allowed: tuple = ()) -> Any
     check_integrity(path)
     try:
         if not allowed:
-            return _own_bytes(torch.load(path, map_location='cpu', weights_only=True), path)
+            return torch.load(path, map_location='cpu', weights_only=True)
         with torch.serialization.safe_globals(list(allowed)):  # (torch >= 2.5, as the disk store's own reads)
-            return _own_bytes(torch.load(path, map_location='cpu', weights_only=True), path)
+            return torch.load(path, map_location='cpu', weights_only=True)
     except pickle.UnpicklingError as e:
         if 'weights_only' not in str(e) and 'Unsupported global' not in str(e):
             raise ValueError(f"{path!r} is not a readable buffer file (corrupt or truncated?): {e}") from e

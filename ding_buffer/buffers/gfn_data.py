@@ -358,6 +358,7 @@ def rebuild_container(state: Dict[str, Any], n: int, env: Any) -> Any:
             )
         from tensordict import TensorDict
 
+        _own_bytes(state['tensors'], cls.__name__)
         try:  # (torchgfn checks its tensors with assert: a bare AssertionError, or nothing under python -O)
             tensors = TensorDict(state['tensors'])  # (saved on the CPU: the container lives where its env does)
             device = getattr(env, 'device', None)
@@ -376,6 +377,14 @@ def rebuild_container(state: Dict[str, Any], n: int, env: Any) -> Any:
     if not is_container(container) or len(container) != n:
         raise ValueError(f"saved container holds {len(container)} items, the index {n}")
     return container
+
+
+def _own_bytes(tensors: Any, name: str) -> None:
+    """Saved container tensors hold a value of their own for each element (a container saves them so): an expanded
+    (stride 0) one stands for a huge shape in a few bytes, and the store would copy it out in full."""
+    for key, t in dict(tensors).items():
+        if isinstance(t, torch.Tensor) and t.numel() * t.element_size() > t.untyped_storage().nbytes():
+            raise ValueError(f"saved {name}.{key} of shape {tuple(t.shape)} is held in fewer bytes (expanded)")
 
 
 def _check_env_shape(container: Any, env: Any) -> None:

@@ -675,6 +675,20 @@ def test_trajectories_whose_terminating_idx_passes_their_steps_are_refused(sampl
     assert_same(buf.state_dict(), before)
 
 
+def test_saved_trajectories_of_expanded_tensors_are_refused(samplers, env):
+    """A crafted state's states / actions expanded (stride 0) over 10**10 steps are a few hundred bytes, pass the
+    steps check (the steps are 'held'), and the store would copy the whole time axis out: 1.28 TB."""
+    buf = create_buffer(dict(type='gfn', replay_buffer_size=8, seed=0))
+    tr = trajectories(samplers, env, 4)
+    buf.push(tr)
+    state = buf.state_dict()
+    saved, big = state['store']['tensors'], 10**10
+    saved['states'] = saved['states'][:1, :1].expand(big + 1, *saved['states'].shape[1:])
+    saved['actions'] = saved['actions'][:1, :1].expand(big, *saved['actions'].shape[1:])
+    saved['terminating_idx'] = torch.full_like(saved['terminating_idx'], big)
+    _refused_load(state, env, r"saved Trajectories.states of shape \(10000000001, .*held in fewer bytes")
+
+
 @pytest.mark.parametrize('key', ['log_rewards', 'terminating_idx'])
 def test_a_saved_container_tensor_under_a_damaged_name_is_refused(samplers, env, key):
     """'log_rewards' renamed by a flipped bit was ignored: the container came back without them and samples carried
