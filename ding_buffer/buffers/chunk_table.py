@@ -44,7 +44,7 @@ producer may reuse its tensors after a push, without changing what a later sampl
 import itertools
 import math
 from collections import OrderedDict
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 import numpy as np
 import torch
@@ -55,7 +55,7 @@ from ..control.limits import UseLimit, build_remover
 from ..persistence import refuse_unknown
 from ..storage.base import NO_ITER
 from ..storage.fragment_store import FragmentStore, check_id, numpy_globals
-from .common import ENGINE_KEYS, MAX_NAME, check_size, check_wait_timeout, checked_session
+from .common import ENGINE_KEYS, MAX_NAME, check_derived, check_size, check_wait_timeout, checked_session
 from .table import Drawn, Needs, Request, Restored, Table, Write, Written
 
 _NO_SLOTS = np.empty(0, dtype=np.int64)
@@ -171,7 +171,10 @@ class ChunkTable(Table):
     def derived(self) -> Dict[str, int]:
         """The engine's removal counters, in chunks: every chunk that left, those retired by ``max_reuse`` (the
         chunk table's ``max_use``) and those dropped as stale by a new model version."""
-        c = self.tally
+        return self._derived(self.tally)
+
+    @staticmethod
+    def _derived(c: Mapping) -> Dict[str, int]:
         return {
             'remove_count': c['chunks_left'],
             'removed_by_use': c['chunks_retired'],
@@ -613,6 +616,8 @@ class ChunkTable(Table):
         missing = sorted(set(refs) - set(payloads))
         if missing:
             raise ValueError(f"state lacks the payloads of {len(missing)} fragments (e.g. {missing[0]})")
+        if len(payloads) != len(refs):  # a state saves the payloads its fragments refer to: a lost chunk or queue
+            raise ValueError(f"state holds {len(payloads) - len(refs)} payload(s) no chunk, queue or fetch refers to")
         if self._fragments.kind == 'disk':
             for fragment_id in refs:
                 check_plain(payloads[fragment_id], f'the payload of fragment {fragment_id}')
@@ -622,9 +627,12 @@ class ChunkTable(Table):
         if not isinstance(engine, dict):
             raise ValueError(f"state has an invalid 'engine' entry of type {type(engine).__name__}")
         refuse_unknown(engine, ENGINE_KEYS, "saved 'engine'")
+        check_derived(engine.get('counters'), self._derived(counters), 'its chunk counters say')
         version = saved_number(state['model_version'], 'model_version')
         session = saved_name(state['session_id'], 'session_id', empty=True)
-        next_uid = max(saved_number(state['next_uid'], 'next_uid', 0), max((c['uid'] for c in chunks), default=-1) + 1)
+        next_uid = saved_number(state['next_uid'], 'next_uid', 0)
+        if chunks and max(c['uid'] for c in chunks) >= next_uid:  # (uids are handed out from next_uid)
+            raise ValueError(f"state holds chunk uid {max(c['uid'] for c in chunks)}, not below next_uid {next_uid}")
 
         def swap() -> None:
             self._put_payloads(refs, payloads)

@@ -31,6 +31,18 @@ def restored_rng(state: Mapping) -> np.random.Generator:
 ENGINE_KEYS = frozenset({'counters', 'thruput', 'envstep', 'use'})  # what the engine keeps in a state
 
 
+def check_derived(saved: Any, derived: Mapping, what: str) -> None:
+    """Saved counters that are also derived from other saved parts (``derived``, what ``what`` says) must equal
+    them: where they disagree, the state is damaged (one side would be dropped without a word). What is no count at
+    all, or missing (older files), is left to the counters' own check."""
+    if not isinstance(saved, Mapping):
+        return
+    for key, value in derived.items():
+        got = saved.get(key)
+        if isinstance(got, (int, np.integer)) and not isinstance(got, (bool, np.bool_)) and got >= 0 and got != value:
+            raise ValueError(f"saved counters['{key}'] is {got}, {what} {value}")
+
+
 def saved_count(value: Any, what: str) -> int:
     """A counter read back from a saved state: an int >= 0 (a float is refused, not truncated), else ``ValueError``
     naming ``what``."""

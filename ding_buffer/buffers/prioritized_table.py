@@ -28,9 +28,9 @@ from ..monitor.sampled_data import EMPTY_WINDOW, SampledDataAttrMonitor
 from ..monitor.tb import emit, rank
 from ..storage import storage_from_state
 from ..storage.tensordict_io import is_tensordict, update_info
-from .common import check_range
+from .common import check_derived, check_range
 from .outputs import with_extras
-from .slot_table import SlotTable, check_ring_counts
+from .slot_table import SlotTable, ring_counts
 from .table import Drawn, Needs, Parts, Request, Restored, Write
 
 # Keys added to sampled items; ignored (tensor storage) when such an item is pushed back.
@@ -397,7 +397,7 @@ class PrioritizedTable(SlotTable):
         storage = storage_from_state(
             self.cfg.storage, self.capacity(), state['storage'], SAMPLE_KEYS, index_for(self.cfg)
         )
-        check_ring_counts(state, storage.ring)
+        check_derived(state.get('counters'), ring_counts(storage.ring), 'its storage ring counts')
         if storage.kind == 'list':  # what push refuses is refused in a state too
             items = storage.gather(storage.ring.ordered_slots())
             bad = next((i for i, x in enumerate(items) if not isinstance(x, Mapping)), None)

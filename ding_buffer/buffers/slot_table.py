@@ -8,14 +8,14 @@ consecutive items (``runs_request``: ``sequence``). A prioritized table adds its
 ``written`` and ``removed``, instead of copying the write path.
 """
 
-from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
 from ..control.capacity import index_for
 from ..control.samplers import build_sampler
 from ..storage import build_storage, refuse_items_output, storage_from_state
-from .common import ENGINE_KEYS, check_range, check_size, range_positions
+from .common import ENGINE_KEYS, check_derived, check_range, check_size, range_positions
 from .newest_window import NewestWindow, checked_size
 from .outputs import prioritized_items
 from .table import Drawn, Needs, Request, Restored, Table, Write, Written
@@ -29,17 +29,10 @@ def check_replace(replace: Any) -> None:
         raise TypeError(f"replace must be a bool, got {type(replace).__name__} {replace!r:.40}")
 
 
-def check_ring_counts(state: Mapping, ring: Any) -> None:
-    """The saved ``push_items`` / ``remove_count`` are what the restored ring counts (``SlotTable.derived``): a
-    state whose ring and counters disagree is damaged (one of them would be dropped without a word)."""
-    saved = state.get('counters')
-    if not isinstance(saved, Mapping):
-        return  # (older files have none; a bad one is refused by the engine)
-    for key, value in (('push_items', ring.next_uid), ('remove_count', ring.next_uid - ring.count)):
-        got = saved.get(key)
-        count = isinstance(got, (int, np.integer)) and not isinstance(got, (bool, np.bool_)) and got >= 0
-        if count and got != value:  # (what is no count at all is refused by the engine, naming it so)
-            raise ValueError(f"saved counters['{key}'] is {saved[key]!r:.40}, its storage's ring counts {value}")
+def ring_counts(ring: Any) -> Dict[str, int]:
+    """What a ring counts: every write (its ids, never reused, dropped items included) is pushed; what left is
+    everything pushed that is no longer stored."""
+    return {'push_items': ring.next_uid, 'remove_count': ring.next_uid - ring.count}
 
 
 class SlotTable(Table):
@@ -129,8 +122,7 @@ class SlotTable(Table):
     def derived(self) -> Dict[str, int]:
         """The ring counts every write (its ids, never reused, dropped items included): what was pushed is
         ``next_uid`` and what left is everything pushed that is no longer stored."""
-        ring = self._storage.ring
-        return {'push_items': ring.next_uid, 'remove_count': ring.next_uid - ring.count}
+        return ring_counts(self._storage.ring)
 
     # ------------------------------------------------------------------ removal
     def drop(self, slots: np.ndarray) -> List[Any]:
@@ -356,7 +348,7 @@ class SlotTable(Table):
         storage = storage_from_state(
             self.cfg.storage, self.cfg.replay_buffer_size, state['storage'], self.reserved_keys, index_for(self.cfg)
         )
-        check_ring_counts(state, storage.ring)
+        check_derived(state.get('counters'), ring_counts(storage.ring), 'its storage ring counts')
 
         def swap() -> None:
             self._storage = storage

@@ -597,6 +597,13 @@ class FrameStorage(TensorStorage):
             raise ValueError(f"saved buffer refers to {len(ids)} frames; this storage's frame ring has {rows} rows")
         new_cols = self._remapped_columns(ids, slots, stack) if has_items else {}
         streams = _saved_streams(ids, saved['streams'], stack)
+        used = np.zeros(len(ids), dtype=bool)  # a state holds the frames its items and streams refer to, no other
+        for col in new_cols.values():
+            used[col.reshape(-1)] = True
+        for sids, _ in streams.values():
+            used[list(sids)] = True
+        if not used.all():
+            raise ValueError(f"saved frames hold {int((~used).sum())} frame(s) that no item or stream refers to")
         # valid: build the ring (new ids 0 .. k-1, in the old order) and swap the columns
         ring = self._new_ring(stack, tuple(data.shape[1:]), data.dtype)
         bits = bits_of(data.dtype)  # frames numpy lacks (bfloat16, float8) go in as their bit patterns

@@ -254,6 +254,8 @@ class RingIndex(SlotIndex):
         need = ('capacity', 'head', 'span', 'valid', 'uid', 'next_uid', 'push_count')
         valid, uid = cls._saved_arrays(state, capacity, need)
         refuse_unknown(state, need, 'saved ring')
+        if (uid[~valid] != -1).any():
+            raise ValueError("inconsistent ring state: an empty slot has an id")
         ring = cls(capacity)
         ring.valid = valid.copy()
         ring.head, ring.span = int(state['head']), int(state['span'])

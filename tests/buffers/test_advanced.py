@@ -866,7 +866,7 @@ def test_update_priority_is_one_number_an_item_or_a_column(storage):
     assert_same(buf.state_dict(), twin.state_dict())
 
 
-@pytest.mark.parametrize('edit', ['priority', 'leaves'])
+@pytest.mark.parametrize('edit', ['priority', 'leaves', 'a priority by 5e-6'])
 def test_a_saved_priority_that_disagrees_with_its_leaf_is_refused(edit):
     """Each priority is saved twice, as itself and as its leaf (priority ** alpha), which is what samples: a state
     where they disagree is damaged (the saved priority was dropped, the leaf taken without a word)."""
@@ -877,6 +877,8 @@ def test_a_saved_priority_that_disagrees_with_its_leaf_is_refused(edit):
     state = buf.state_dict()
     if edit == 'priority':
         state['index']['priority'][0] = 100.0
+    elif edit == 'a priority by 5e-6':  # (honest states agree to the bit: the priority is its leaf's, in float32)
+        state['index']['priority'][0] *= 1 + 5e-6
     else:
         state['index']['leaves'][0] = 0.001
     fresh = make('tensor', size=4)

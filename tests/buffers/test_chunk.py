@@ -889,7 +889,7 @@ def test_files_keep_their_checksums_while_torch_is_told_to_write_none(tmp_path):
     create_buffer(dict(cfg, store=dict(type='disk', path=str(tmp_path / 't')))).load_data(str(tmp_path / 'chunk.pt'))
 
 
-@pytest.mark.parametrize('edit', ['version', 'session', 'misspelt'])
+@pytest.mark.parametrize('edit', ['version', 'session', 'misspelt', 'engine counter', 'uid', 'orphan payload'])
 def test_a_saved_chunk_whose_entries_disagree_with_its_fragments_is_refused(edit):
     """A chunk's version and session are its fragments': a state that says otherwise (or names an entry that no
     chunk has) is damaged, not loaded with the value replaced."""
@@ -902,10 +902,16 @@ def test_a_saved_chunk_whose_entries_disagree_with_its_fragments_is_refused(edit
     chunk = state['chunks'][0]
     if edit == 'misspelt':
         chunk['versyon'] = chunk.pop('version')
+    elif edit == 'engine counter':  # the engine's copy of the table's chunks_left
+        state['engine']['counters']['remove_count'] = 7
+    elif edit == 'uid':  # uids are handed out from next_uid
+        chunk['uid'] = 129
+    elif edit == 'orphan payload':  # a queue lost: its payload is no fragment's
+        state['payloads']['x'] = next(iter(state['payloads'].values()))
     else:
         chunk[edit] = 7 if edit == 'version' else 'other'
     fresh = create_buffer(cfg)
     before = fresh.state_dict()
-    with pytest.raises(ValueError, match='chunk'):
+    with pytest.raises(ValueError, match='chunk|remove_count|payload'):
         fresh.load_state_dict(state)
     assert_same(fresh.state_dict(), before)

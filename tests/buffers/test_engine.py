@@ -546,7 +546,7 @@ def test_timeout_zero_is_not_failed_by_a_push_running_at_that_moment():
     assert failed == 0
 
 
-@pytest.mark.parametrize('where', ['counter', 'ring'])
+@pytest.mark.parametrize('where', ['counter', 'ring', 'empty slot'])
 def test_saved_counters_that_disagree_with_the_saved_ring_are_refused(where):
     """What was pushed and removed is also what the ring counts (``next_uid``): a state where the two disagree is
     damaged, whichever side; one of them was dropped without a word."""
@@ -556,11 +556,17 @@ def test_saved_counters_that_disagree_with_the_saved_ring_are_refused(where):
     state = buf.state_dict()
     if where == 'counter':
         state['counters']['push_items'] = 1000
-    else:
+    elif where == 'ring':
         state['storage']['ring']['next_uid'] = 1 << 20
+    else:  # a plain ring (no rule): an empty slot's id says it holds an item
+        del cfg['removers']
+        buf = create_buffer(cfg)
+        buf.push([{'obs': float(i)} for i in range(2)])
+        state = buf.state_dict()
+        state['storage']['ring']['uid'][3] = 12345
     fresh = create_buffer(cfg)
     before = fresh.state_dict()
-    with pytest.raises(ValueError, match=r"counters\['push_items'\] is \d+, its storage's ring counts \d+"):
+    with pytest.raises(ValueError, match=r"push_items'\] is \d+, its storage ring counts \d+|empty slot has an id"):
         fresh.load_state_dict(state)
     assert_same(fresh.state_dict(), before)
 

@@ -340,6 +340,22 @@ def test_a_frames_state_naming_one_environment_twice_is_refused(where):
     assert_same(fresh.state_dict(), before)
 
 
+def test_a_frames_state_holding_a_frame_nothing_refers_to_is_refused():
+    """A state holds the frames its items and streams refer to: an extra one means a reference was damaged (it was
+    dropped and the ids renumbered without a word)."""
+    buf = create_buffer(frames_cfg('naive'))
+    push_all(buf, Envs(seed=11).steps(6), batched=False)
+    state = buf.state_dict()
+    frames = state['storage']['frames']
+    frames['ids'] = torch.arange(len(frames['ids']) + 1)
+    frames['data'] = torch.cat([frames['data'], frames['data'][:1]])
+    target = create_buffer(frames_cfg('naive'))
+    before = target.state_dict()
+    with pytest.raises(ValueError, match='1 frame.s. that no item or stream refers to'):
+        target.load_state_dict(state)
+    assert_same(target.state_dict(), before)
+
+
 @pytest.mark.parametrize('type_', ['naive', 'episode'])
 def test_a_state_whose_slots_left_the_ring_order_is_refused(type_):
     """Storage slots permuted (still exactly the valid ones) were accepted, and the next push failed on an
