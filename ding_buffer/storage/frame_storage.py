@@ -597,13 +597,7 @@ class FrameStorage(TensorStorage):
             raise ValueError(f"saved buffer refers to {len(ids)} frames; this storage's frame ring has {rows} rows")
         new_cols = self._remapped_columns(ids, slots, stack) if has_items else {}
         streams = _saved_streams(ids, saved['streams'], stack)
-        used = np.zeros(len(ids), dtype=bool)  # a state holds the frames its items and streams refer to, no other
-        for col in new_cols.values():
-            used[col.reshape(-1)] = True
-        for sids, _ in streams.values():
-            used[list(sids)] = True
-        if not used.all():
-            raise ValueError(f"saved frames hold {int((~used).sum())} frame(s) that no item or stream refers to")
+        _check_all_used(len(ids), new_cols, streams)
         # valid: build the ring (new ids 0 .. k-1, in the old order) and swap the columns
         ring = self._new_ring(stack, tuple(data.shape[1:]), data.dtype)
         bits = bits_of(data.dtype)  # frames numpy lacks (bfloat16, float8) go in as their bit patterns
@@ -636,6 +630,17 @@ def _remap(ids: np.ndarray, old: np.ndarray, what: str) -> np.ndarray:
     if len(old) and (pos.max() >= len(ids) or not np.array_equal(ids[np.minimum(pos, len(ids) - 1)], old)):
         raise ValueError(f"saved {what} refer to frames the saved state does not hold")
     return pos.astype(np.int64)
+
+
+def _check_all_used(n: int, cols: Dict[str, np.ndarray], streams: Dict[Any, Tuple[Tuple[int, ...], bool]]) -> None:
+    """A state holds the ``n`` frames its items' columns and streams refer to, and no other (``ValueError``)."""
+    used = np.zeros(n, dtype=bool)
+    for col in cols.values():
+        used[col.reshape(-1)] = True
+    for sids, _ in streams.values():
+        used[list(sids)] = True
+    if not used.all():
+        raise ValueError(f"saved frames hold {int((~used).sum())} frame(s) that no item or stream refers to")
 
 
 def _saved_streams(ids: np.ndarray, saved: Any, stack: int) -> Dict[Any, Tuple[Tuple[int, ...], bool]]:
