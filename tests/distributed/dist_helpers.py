@@ -18,8 +18,6 @@ SCRIPT = SCRIPTS / 'rank_main.py'
 EXIT_WRAP = SCRIPTS / 'exit_wrap.sh'
 BACKENDS = ['torch', 'mpi']
 LAUNCH_TIMEOUT = 90.0
-# mpirun across namespaced hosts: how long its daemons may take to start the rank processes (a few seconds normally)
-LAUNCH_GRACE = 60.0
 
 
 def free_port() -> int:
@@ -69,9 +67,6 @@ class Launch:
         self.launcher_stuck = []  # mpirun outliving all of its ranks (record_exits tells)
         self.record_exits = record_exits
         self.ranks = None
-        self._relaunch = None  # (command, env) of an mpirun across hosts, started again once if its launch hangs
-        self.hung_launches = 0
-        self._awaited = False
         args = [str(script), scenario, backend, str(self.out)]
         if record_exits:
             assert hosts is None and (backend == 'mpi' or survive_deaths), 'exit_wrap.sh wraps env:// or mpirun ranks'
@@ -89,9 +84,7 @@ class Launch:
                 cmd += ['-x', name]
             if survive_deaths:
                 cmd.append('--enable-recovery')
-            self._relaunch = (cmd + [sys.executable] + args, env)
-            self._hosts = hosts
-            self._start('mpirun', *self._relaunch)
+            self._start('mpirun', cmd + [sys.executable] + args, env)
         elif hosts is not None:
             for r in range(nproc):
                 env = child_env()
@@ -150,35 +143,9 @@ class Launch:
                 )
         self.procs.append((name, p, log))
 
-    def await_started(self) -> None:
-        """mpirun across namespaced hosts: on a loaded machine Open MPI's launch of its daemons through
-        ``ip netns exec`` now and then hung with no rank process ever started (no ``started<r>`` flag, no output)
-        -- before any of the package's code runs. Such a launch is killed and started once more
-        (``hung_launches``; its log is kept as ``mpirun-hung.log``); a rank that started and then hangs still fails
-        the test. Other launches: nothing to do."""
-        if self._relaunch is None or self._awaited:
-            return
-        self._awaited = True
-        _, p, log = self.procs[0]
-        end = time.monotonic() + LAUNCH_GRACE
-        while time.monotonic() < end and p.poll() is None and not any(self.out.glob('started*')):
-            time.sleep(0.2)
-        if p.poll() is not None or any(self.out.glob('started*')):
-            return
-        os.killpg(p.pid, signal.SIGKILL)
-        p.wait()
-        for i in range(self.nproc):
-            self._hosts.kill(i)  # its daemons, if any started
-        log.rename(log.with_name('mpirun-hung.log'))
-        self.procs.clear()
-        self.hung_launches += 1
-        self._start('mpirun', *self._relaunch)
-        self.started = time.monotonic()
-
     def wait(self) -> 'Launch':
         if self.ranks is not None:
             return self
-        self.await_started()
         deadline = self.started + self.timeout
         for name, p, _ in self.procs:
             try:
@@ -220,8 +187,8 @@ class Launch:
     def logs(self) -> str:
         parts = [
             f'== {self.scenario} / {self.backend}: return codes {self.returncodes}, '
-            f'timed out {self.timed_out}, {self.seconds:.1f}s, launches that hung before any rank started: '
-            f'{self.hung_launches}, launcher outliving its ranks: {self.launcher_stuck}, rank exits: {self.exits()}'
+            f'timed out {self.timed_out}, {self.seconds:.1f}s, launcher outliving its ranks: {self.launcher_stuck}, '
+            f'rank exits: {self.exits()}'
         ]
         for name, _, log in self.procs:
             text = log.read_text(errors='replace') if log.exists() else ''

@@ -80,6 +80,10 @@ class Hosts:
     def ns(self, i: int) -> str:
         return f'{self.prefix}h{i}'
 
+    def scratch(self, i: int) -> str:
+        """Host ``i``'s own temporary folder (``netns_rsh.sh`` puts Open MPI's session directory there)."""
+        return os.path.join(os.environ.get('TMPDIR') or '/tmp', self.ns(i))
+
     def addr(self, i: int) -> str:
         return f'{self.net}.{i + 1}'
 
@@ -134,6 +138,7 @@ class Hosts:
             if self.ns(i) in self._made:
                 _run(IP, 'link', 'del', self.port(i), check=False)
                 _run(IP, 'netns', 'del', self.ns(i), check=False)
+                shutil.rmtree(self.scratch(i), ignore_errors=True)
         if 'bridge' in self._made:
             _run(IP, 'link', 'del', self.bridge, check=False)
         self._made = []

@@ -39,7 +39,7 @@ def env_rank() -> int:
 
 
 RANK = env_rank()
-open(os.path.join(OUT, f'started{RANK}'), 'w').close()  # the process runs (Launch tells a hung launcher by its absence)
+open(os.path.join(OUT, f'started{RANK}'), 'w').close()  # the process began (a failed launch's file list tells)
 RESULT = {'rank': RANK, 'scenario': SCENARIO, 'backend': BACKEND, 'events': []}
 
 
