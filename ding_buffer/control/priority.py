@@ -107,6 +107,20 @@ def as_priorities(values: Any, key: str = 'priority', one_each: bool = False) ->
     return arr
 
 
+def from_leaves(leaves: np.ndarray, alpha: float, out: Optional[np.ndarray] = None) -> np.ndarray:
+    """The priorities ``leaves`` stand for, ``leaf ** (1 / alpha)`` rounded to float32 (as stored), as float64. A
+    leaf a rounding above the largest priority's (``max_leaf``; a small alpha magnifies a leaf's last bit) stands
+    for the largest float32, never inf."""
+    p = np.power(leaves, 1.0 / alpha, out=out)
+    return np.minimum(p, MAX_PRIORITY, out=p).astype(np.float32).astype(np.float64)
+
+
+def max_leaf(alpha: float) -> float:
+    """The largest leaf a write can make (``alpha`` > 0): the largest priority's, give or take a few float64 ulps
+    (the leaf kernels and numpy round ``priority ** alpha`` each their own way)."""
+    return float(np.power(MAX_PRIORITY, alpha)) * (1 + 8 * np.finfo(np.float64).eps)
+
+
 class PriorityIndex:
     """
     Overview:
@@ -135,7 +149,7 @@ class PriorityIndex:
         """Stored priorities at ``slots`` (float32 values, as float64)."""
         if self._priority is not None:
             return self._priority[slots].astype(np.float64)
-        return np.power(self.tree.leaves[slots], 1.0 / self.alpha).astype(np.float32).astype(np.float64)
+        return from_leaves(self.tree.leaves[slots], self.alpha)
 
     def as_stored(self, priorities: np.ndarray) -> np.ndarray:
         """What ``priorities`` reports for new items pushed with ``priorities`` (``set_new``): the same rounding,
@@ -143,8 +157,7 @@ class PriorityIndex:
         priorities = np.asarray(priorities, dtype=np.float64)
         if self._priority is not None:
             return priorities.astype(np.float32).astype(np.float64)
-        leaf = kern.leaf_values(priorities, 0.0, self.alpha)
-        return np.power(leaf, 1.0 / self.alpha).astype(np.float32).astype(np.float64)
+        return from_leaves(kern.leaf_values(priorities, 0.0, self.alpha), self.alpha)
 
     # ------------------------------------------------------------------ writes
     def default_priority(self) -> float:
@@ -290,8 +303,7 @@ class PriorityIndex:
             ids = ring.uids(slots)
         weights = leaf / low
         np.power(weights, -beta, out=weights)
-        priorities = np.power(leaf, 1.0 / self.alpha, out=leaf).astype(np.float32).astype(np.float64)
-        return slots, weights, priorities, use, ids
+        return slots, weights, from_leaves(leaf, self.alpha, out=leaf), use, ids
 
     def is_weights(self, slots: np.ndarray, beta: float) -> np.ndarray:
         leaf = self.tree.leaves[slots]
@@ -323,11 +335,9 @@ class PriorityIndex:
         # the priorities leaves stand for (leaf ** (1 / alpha)) are finite in float32, as every write keeps them
         if not (leaves >= 0).all():  # NaN too
             raise ValueError("saved priority leaves must be >= 0")
-        with np.errstate(over='ignore'):
-            top = np.max(leaves, initial=0.0)
-            # (as ``priorities`` derives them: rounded to float32; alpha 0: every leaf is 1)
-            if not (np.isfinite(np.float32(np.power(top, 1.0 / self.alpha))) if self.alpha else top <= 1.0):
-                raise ValueError(f"saved priority leaf {top:g} stands for a priority beyond float32")
+        top = np.max(leaves, initial=0.0)
+        if not top <= (max_leaf(self.alpha) if self.alpha else 1.0):  # alpha 0: every leaf is 1
+            raise ValueError(f"saved priority leaf {top:g} stands for a priority beyond float32")
         max_priority = float(state['max_priority'])
         if not (math.isfinite(max_priority) and 0 <= max_priority <= MAX_PRIORITY):
             raise ValueError(f"saved max_priority must be finite and >= 0, got {max_priority} (finite in float32)")
