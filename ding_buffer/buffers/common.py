@@ -120,9 +120,14 @@ def check_range(sample_range: Any) -> None:
         raise type(e)(f"sample_range {sample_range!r:.60} is not a slice of ints with a non-zero step: {e}") from None
 
 
-def range_positions(n: int, sample_range: Optional[slice]) -> range:
-    """Insertion positions (0 = oldest) of ``n`` elements selected by ``sample_range`` (checked: ``check_range``)."""
-    return range(n) if sample_range is None else range(n)[sample_range]
+def range_positions(n: int, sample_range: Optional[slice], among: Optional[range] = None) -> range:
+    """Insertion positions (0 = oldest) that ``sample_range`` (checked: ``check_range``) selects among ``among``
+    (default: all ``n`` elements)."""
+    among = range(n) if among is None else among
+    if sample_range is None:
+        return among
+    r = among[sample_range]
+    return r if len(r) > 1 else range(r.start, r.start + len(r))  # (a step beyond int64 selects one at most)
 
 
 def has_none(items: List[Any]) -> bool:

@@ -14,7 +14,7 @@ import numpy as np
 from ..control.samplers import PrioritizedSpec, UniformSampler, build_sampler
 from ..storage import check_list_storage, refuse_items_output
 from ..storage.tensordict_io import is_tensordict, update_info
-from .common import ENGINE_KEYS, check_range, range_positions
+from .common import ENGINE_KEYS, SAMPLE_LIMIT, check_range, check_size, range_positions
 from .episode_store import FlatEpisodes, ObjectEpisodes
 from .prioritized_windows import PrioritizedWindows
 from .table import Drawn, Needs, Parts, Request, Restored, Table, Write, Written
@@ -161,6 +161,13 @@ class EpisodeTable(Table):
             # (the shortfall is asked of whichever windows index holds then: a load waited through replaces it)
             return Request(size, lambda rng: self.draw_prioritized(rng, size), lambda: self.prio.shortfall(), timeout)
         pad = self.cfg.pad_short_episodes if pad is None else bool(pad)
+        if pad and unroll_len is not None:  # padded windows: their length, not the data, sizes the sample
+            check_size(size)
+            if int(unroll_len) * int(size) > SAMPLE_LIMIT:  # (int64 arithmetic would wrap: windows of 0 steps)
+                raise ValueError(
+                    f"unroll_len={unroll_len} with sample size {size} asks for {int(unroll_len) * int(size)} padded "
+                    f"transitions; a sample holds at most 2**31"
+                )
         replace = bool(replace)
         return Request(
             size,

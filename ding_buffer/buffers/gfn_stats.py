@@ -2,6 +2,7 @@
 rejection rates, counters) and, every ``monitor.log_every`` pushes, the TensorBoard scalars computed under the lock
 and written after it. Functions of the table ``t``."""
 
+import math
 from typing import Any, Dict
 
 import numpy as np
@@ -30,7 +31,7 @@ def stats(t: Any, out: Dict[str, float]) -> Dict[str, float]:
         r = np.empty(0) if t.index is None else t.index.log_reward[t.index.live_slots()]
         finite = r[np.isfinite(r)]
         out['log_reward_min'] = float(finite.min()) if len(finite) else float('nan')
-        out['log_reward_mean'] = float(finite.mean()) if len(finite) else float('nan')
+        out['log_reward_mean'] = _mean(finite)
         out['log_reward_max'] = float(finite.max()) if len(finite) else float('nan')
         out['zero_reward_items'] = int((r == -np.inf).sum())
         # log of sum(exp(log_reward)): what softmax sampling across shards weighs this buffer by (-inf: none)
@@ -83,3 +84,13 @@ def describe(t: Any) -> str:
 
 
 __all__ = ['stats', 'due_scalars', 'log_rewards', 'describe']
+
+
+def _mean(x: np.ndarray) -> float:
+    """The mean of finite ``x`` (NaN: empty), finite too: a sum beyond float64 (values near its largest) is taken
+    over ``x / len(x)`` instead."""
+    if not len(x):
+        return float('nan')
+    with np.errstate(over='ignore'):
+        m = float(x.mean())
+    return m if math.isfinite(m) else float((x / len(x)).sum())

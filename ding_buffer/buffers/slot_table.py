@@ -194,8 +194,7 @@ class SlotTable(Table):
         n = self._storage.ring.count
         if self.window is None:
             return range_positions(n, sample_range)
-        window = range(max(0, n - self.window.size), n)
-        return window if sample_range is None else window[sample_range]
+        return range_positions(n, sample_range, range(max(0, n - self.window.size), n))
 
     def slots_at(self, positions: range) -> np.ndarray:
         """The slots of a range of insertion positions (0 = the oldest item)."""

@@ -157,14 +157,22 @@ def _exit_sum(cutoff: float, p: float) -> float:
 
 
 @np.errstate(over='ignore')  # huge states at a large p: sums of inf, as in the kernel
-def _far_numpy(q, refs, ref_slots, cutoff, p, triangular):
-    """The kernel's decisions with whole-array numpy (same sums, same column order)."""
+def _far_numpy(q, refs, ref_slots, cutoff, p, triangular, by_pair=False):
+    """The kernel's decisions with whole-array numpy (same sums, same column order). ``by_pair``: where
+    ``cutoff ** p`` is out of float64's range (a tiny or huge cutoff, a large p), each pair's distance is taken in
+    units of its largest difference (``_pair_distances``), so no power overflows or underflows."""
     out = np.ones(len(q), dtype=bool)
     chunk = max(1, (1 << 21) // max(1, len(q)))
     n_refs = len(ref_slots)
     for start in range(0, n_refs, chunk):
         sl = ref_slots[start : start + chunk]
         block = refs[sl]
+        if by_pair:
+            close = ~(_pair_distances(q, block, p) > cutoff)
+            if triangular:
+                close &= np.arange(start, start + len(sl))[None, :] < np.arange(len(q))[:, None]
+            out &= ~close.any(axis=1)
+            continue
         s = np.zeros((len(q), len(sl)))
         for j in range(q.shape[1]):
             diff = np.abs(q[:, j, None] - block[None, :, j])
@@ -187,6 +195,20 @@ def _far_numpy(q, refs, ref_slots, cutoff, p, triangular):
             close &= np.arange(start, start + len(sl))[None, :] < np.arange(len(q))[:, None]
         out &= ~close.any(axis=1)
     return out
+
+
+@np.errstate(over='ignore', under='ignore', invalid='ignore')
+def _pair_distances(q: np.ndarray, block: np.ndarray, p: float) -> np.ndarray:
+    """``(len(q), len(block))`` p-norm distances as ``top * (sum (diff / top) ** p) ** (1 / p)``, ``top`` each
+    pair's largest difference: every term is at most 1 and the sum at most the width."""
+    top = np.zeros((len(q), len(block)))
+    for j in range(q.shape[1]):
+        np.maximum(top, np.abs(q[:, j, None] - block[None, :, j]), out=top)
+    unit = np.where(top > 0, top, 1.0)
+    s = np.zeros_like(top)
+    for j in range(q.shape[1]):
+        s += (np.abs(q[:, j, None] - block[None, :, j]) / unit) ** p
+    return top * s ** (1.0 / p)
 
 
 def _lb_cut(cutoff: float, *dists: np.ndarray) -> float:
@@ -239,17 +261,9 @@ def far_mask(
     if len(queries) == 0:
         return np.ones(0, dtype=bool)
     p, cutoff = float(p), float(cutoff)
-    if p not in (1.0, 2.0) and not np.isinf(p) and cutoff > 0 and not _normal(cutoff, p):
-        # cutoff ** p overflows or underflows (p in the hundreds): decide in units of the cutoff, where it is 1 --
-        # distances scale with the rows, and the partial sums of close pairs stay in range
-        unit = 1.0 / cutoff
-        queries = queries * unit
-        refs = None if refs is None else np.asarray(refs, dtype=np.float64) * unit
-        q_pivot = None if q_pivot is None else q_pivot * unit
-        ref_pivot = None if ref_pivot is None else ref_pivot * unit
-        cutoff = 1.0
-    if not ready():  # no numba, or its kernels still loading: numpy gives the same mask
-        return _far_numpy(queries, queries if triangular else refs, ref_slots, cutoff, p, triangular)
+    by_pair = p != 1.0 and not np.isinf(p) and cutoff > 0 and not _normal(cutoff, p)
+    if by_pair or not ready():  # (no numba, or its kernels still loading: numpy gives the same mask)
+        return _far_numpy(queries, queries if triangular else refs, ref_slots, cutoff, p, triangular, by_pair)
     out = np.empty(len(queries), dtype=np.bool_)
     code = _INF_P if np.isinf(p) else p
     exit_sum = _exit_sum(cutoff, p)

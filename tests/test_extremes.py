@@ -1,0 +1,90 @@
+"""Values at the edges of what the buffers accept: each is either refused up front with an error naming it, or it
+works -- never an overflow, an inf or a silently wrong answer on a later call."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from ding_buffer import create_buffer
+from ding_buffer.control.distances import far_mask
+
+
+# ---------------------------------------------------------------------------------------------- distances
+@pytest.mark.parametrize('p', [2.0, 3.0, 0.5])
+@pytest.mark.parametrize(
+    'cutoff, gap, far',
+    [
+        (1e-310, 1.0, True),  # a subnormal cutoff: its reciprocal is beyond float64
+        (1e-300, 1e10, True),  # rows in units of the cutoff overflow
+        (1e-300, 1e-200, True),  # cutoff ** p underflows, the distance is 1e100 cutoffs
+        (1e300, 1e200, False),  # cutoff ** p overflows, the distance is far inside it
+        (1e300, 1e305, True),
+    ],
+)
+@pytest.mark.parametrize('numba', [True, False])
+def test_far_mask_at_a_cutoff_whose_power_is_out_of_float64_range(monkeypatch, p, cutoff, gap, far, numba):
+    if not numba:
+        monkeypatch.setattr('ding_buffer.control.distances.ready', lambda: False)
+    q = np.array([[0.0, 0.0]])
+    refs = np.array([[gap, 0.0], [-gap, gap], [0.0, 0.0]])  # `gap` and more than `gap` from q; then q itself
+    assert far_mask(q, refs, np.array([0, 1]), cutoff, p).tolist() == [far]
+    assert far_mask(q, refs, np.array([0, 1, 2]), cutoff, p).tolist() == [False]  # never far from itself
+    assert far_mask(np.vstack([q, refs[:1]]), None, None, cutoff, p, triangular=True).tolist() == [True, far]
+
+
+def test_a_tiny_cutoff_admits_states_far_apart():
+    buf = create_buffer(dict(type='gfn_diverse', replay_buffer_size=2, cutoff_distance=1e-310, p_norm_distance=3.0))
+    buf.push({'state': torch.tensor([[0.0, 0.0], [1.0, 0.0]], dtype=torch.float64), 'log_reward': torch.zeros(2)})
+    buf.push({'state': torch.tensor([[2.0, 0.0], [3.0, 1.0]], dtype=torch.float64), 'log_reward': torch.ones(2)})
+    assert buf.stats()['rejected_by_distance'] == 0
+    assert sorted(buf.sample(2, replace=False)['state'].tolist()) == [[2.0, 0.0], [3.0, 1.0]]
+
+
+# ---------------------------------------------------------------------------------------------- sample arguments
+@pytest.mark.parametrize('storage', ['list', 'tensor'])
+def test_unroll_len_beyond_a_sample_is_refused_naming_it(storage):
+    buf = create_buffer(dict(type='episode', replay_buffer_size=4, max_transitions=16, storage=dict(type=storage)))
+    buf.push([[{'obs': torch.ones(2)}] * 3])
+    before = buf.state_dict()
+    for size, unroll in ((1, 2**63), (1, 2**40), (2**20, 2**12)):
+        with pytest.raises(ValueError, match=f'unroll_len={unroll} with sample size {size}'):
+            buf.sample(size, unroll_len=unroll, pad=True)
+    after = buf.state_dict()
+    assert after['counters'] == before['counters']
+    assert buf.sample(1, unroll_len=5, pad=True) is not None  # still samples
+
+
+@pytest.mark.parametrize('btype', ['naive', 'elastic', 'advanced', 'episode'])
+@pytest.mark.parametrize('step, want', [(2**70, 0.0), (-(2**70), 5.0)])
+def test_a_sample_range_step_beyond_int64_selects_one_item(btype, step, want):
+    buf = create_buffer(dict(type=btype, replay_buffer_size=8, seed=0))
+    items = [{'obs': float(i)} for i in range(6)]
+    buf.push([[x] for x in items] if btype == 'episode' else items)
+    got = buf.sample(1, sample_range=slice(None, None, step))
+    got = got[0][0] if btype == 'episode' else got[0]
+    assert got['obs'] == want
+    nothing = slice(10, None, step) if step > 0 else slice(None, 10, step)  # (range(6)[nothing] is empty)
+    assert buf.sample(1, sample_range=nothing) is None
+
+
+# ---------------------------------------------------------------------------------------------- stored values
+@pytest.mark.parametrize('v', [2**60 - 1, -(2**60 - 1)])
+def test_collect_iter_just_inside_the_bound_is_accepted_on_both_storages(v):
+    for storage in ('list', 'tensor'):
+        buf = create_buffer(dict(type='naive', replay_buffer_size=4, storage=dict(type=storage)))
+        buf.push({'obs': torch.zeros(2), 'collect_iter': v})
+        got = buf.sample(1)
+        assert int(got['collect_iter'][0] if storage == 'tensor' else got[0]['collect_iter']) == v
+    with pytest.raises(ValueError, match='collect_iter'):
+        buf.push({'obs': torch.zeros(2), 'collect_iter': v + (1 if v > 0 else -1)})
+
+
+def test_log_reward_mean_of_values_near_float64_max_is_finite():
+    buf = create_buffer(dict(type='gfn', replay_buffer_size=4))
+    r = torch.tensor([1.7e308, 1.7e308, 1.5e308], dtype=torch.float64)
+    buf.push({'state': torch.tensor([[0.0], [1.0], [2.0]]), 'log_reward': r})
+    st = buf.stats()
+    assert math.isfinite(st['log_reward_mean'])
+    assert st['log_reward_mean'] == pytest.approx(1.7e308 / 3 * 2 + 1.5e308 / 3, rel=1e-12)
