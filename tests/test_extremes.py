@@ -88,3 +88,26 @@ def test_log_reward_mean_of_values_near_float64_max_is_finite():
     st = buf.stats()
     assert math.isfinite(st['log_reward_mean'])
     assert st['log_reward_mean'] == pytest.approx(1.7e308 / 3 * 2 + 1.5e308 / 3, rel=1e-12)
+
+
+# ---------------------------------------------------------------------------------------------- priorities
+@pytest.mark.parametrize('alpha', [1e-12, 1e-9, 1e-7])
+@pytest.mark.parametrize('storage', ['list', 'tensor'])
+def test_a_tiny_alpha_keeps_priorities_to_float32_and_evicts_the_lowest(alpha, storage):
+    """A leaf is priority ** alpha, about 1 + alpha * log(priority): its last bit, magnified 1 / alpha times, is
+    more than a float32 step of the priority. Priorities read back are still the float32 values pushed."""
+    cfg = dict(type='advanced', replay_buffer_size=2, alpha=alpha, eps=0.0, storage=dict(type=storage), seed=0)
+    buf = create_buffer(dict(cfg, removers=[dict(type='min_priority')]))
+    for i, p in enumerate([1.0001, 1.0, 3.0]):
+        buf.push({'obs': torch.full((2,), float(i)), 'priority': p})
+    twin = create_buffer(dict(cfg, removers=[dict(type='min_priority')]))
+    twin.load_state_dict(buf.state_dict())
+    for b in (buf, twin):
+        seen = {}
+        for _ in range(20):  # (seeded: both items show up)
+            got = b.sample(2)
+            if storage == 'tensor':
+                seen.update(zip(got['obs'][:, 0].tolist(), got['priority'].tolist()))
+            else:
+                seen.update((float(x['obs'][0]), x['priority']) for x in got)
+        assert seen == {0.0: float(np.float32(1.0001)), 2.0: 3.0}  # the 1.0 item went; exact priorities

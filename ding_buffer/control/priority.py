@@ -4,7 +4,8 @@ Per slot: the tree leaf ``priority ** alpha`` (float64; 0 for an empty or retire
 use counts live in the engine's ``UseCounts`` column. The reported priority is recovered as ``leaf ** (1 / alpha)``
 rounded to
 float32 (what a stored float32 would give; the rounding removes the last-bit error of the round trip, so
-5.0 comes back as 5.0); only ``alpha == 0`` (every leaf 1) keeps a float32 priority array.
+5.0 comes back as 5.0); only an ``alpha`` below ``COLUMN_ALPHA`` keeps a float32 priority array (alpha 0: every leaf
+is 1; a tiny alpha: a leaf's last bit, magnified ``1 / alpha`` times, is more than a float32 step of the priority).
 Memory: ~10.4 bytes per slot with the 8-ary trees (leaves 8, sum and min nodes 2 x 1.2).
 
 Sampling is stratified (one uniform draw per equal stratum of the total mass), the whole batch descends the
@@ -54,6 +55,7 @@ def _flat(values: Any) -> Any:
 
 # Priorities are reported (and saved) as float32: a larger one would come back as inf.
 MAX_PRIORITY = float(np.finfo(np.float32).max)
+COLUMN_ALPHA = 1e-6  # below it a priority derived from its leaf may miss its float32 value (relative error ~2e-16/alpha)
 
 
 def check_one_each(shape: Tuple[int, ...], key: str = 'priority') -> None:
@@ -142,7 +144,7 @@ class PriorityIndex:
         self.alpha = float(alpha)
         self.eps = float(eps)
         self.tree = PriorityTree(capacity, with_max=with_max)
-        self._priority = np.zeros(capacity, np.float32) if self.alpha == 0 else None  # else derived from leaves
+        self._priority = np.zeros(capacity, np.float32) if self.alpha < COLUMN_ALPHA else None  # else from leaves
         self.max_priority = 1.0  # largest priority ever set (DI-engine); new items default to it
 
     def priorities(self, slots: np.ndarray) -> np.ndarray:
