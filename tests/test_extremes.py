@@ -111,3 +111,56 @@ def test_a_tiny_alpha_keeps_priorities_to_float32_and_evicts_the_lowest(alpha, s
             else:
                 seen.update((float(x['obs'][0]), x['priority']) for x in got)
         assert seen == {0.0: float(np.float32(1.0001)), 2.0: 3.0}  # the 1.0 item went; exact priorities
+
+
+@pytest.mark.parametrize('alpha, top', [(1e-12, 3.0), (1e-9, float(np.finfo(np.float32).max)), (0.6, 5.0)])
+def test_an_item_without_priority_gets_exactly_the_largest_stored_one(alpha, top):
+    cfg = dict(type='advanced', replay_buffer_size=8, alpha=alpha, max_priority_within_buffer=True, seed=0)
+    buf = create_buffer(cfg)
+    buf.push({'obs': 0, 'priority': top})
+    buf.push({'obs': 1})  # takes the largest stored priority
+    assert [x['priority'] for x in buf.sample(2)] == [top, top]
+    create_buffer(cfg).load_state_dict(buf.state_dict())  # its own state loads
+
+
+@pytest.mark.parametrize('alpha', [0.0, 1e-7, 1e-6, 0.6])
+@pytest.mark.parametrize('slot, value, match', [(0, 5.0, 'disagrees with its leaf'), (3, 7.0, 'empty slots|its leaf')])
+def test_a_saved_priority_that_disagrees_with_its_leaf_is_refused_at_any_alpha(alpha, slot, value, match):
+    cfg = dict(type='advanced', replay_buffer_size=4, alpha=alpha, seed=0)
+    buf = create_buffer(cfg)
+    buf.push([{'obs': 0, 'priority': 3.0}, {'obs': 1, 'priority': 4.0}])
+    state = buf.state_dict()
+    state['index'] = dict(state['index'], priority=state['index']['priority'].clone())
+    state['index']['priority'][slot] = value
+    if alpha == 0 and slot == 0:  # every leaf is 1: nothing to compare, the column is the priority
+        create_buffer(cfg).load_state_dict(state)
+        return
+    with pytest.raises(ValueError, match=match):
+        create_buffer(cfg).load_state_dict(state)
+
+
+@pytest.mark.parametrize('p', [2.0, 3.0, 50.0])
+@pytest.mark.parametrize('cutoff', [1e-10, 1e-200, 1e200])
+def test_states_a_difference_beyond_float64_apart_are_far_at_any_cutoff(p, cutoff):
+    q = np.array([[1e308], [-1e308]])
+    assert far_mask(q, np.array([[0.0], [1.0]]), None, cutoff, p).tolist() == [cutoff < 1e308, cutoff < 1e308]
+    assert far_mask(q, None, None, cutoff, p, triangular=True).tolist() == [True, True]  # 2e308 apart: inf
+
+
+def test_prioritized_windows_padded_beyond_a_sample_are_refused_with_nothing_changed():
+    cfg = dict(type='episode', pad_short_episodes=True, storage=dict(type='tensor'), max_transitions=64, seed=0,
+               sampler=dict(type='prioritized', unroll_len=2**40))  # fmt: skip
+    buf = create_buffer(cfg)
+    buf.push({'obs': torch.arange(3.0).unsqueeze(1)})
+    before = buf.state_dict()
+    with pytest.raises(ValueError, match='unroll_len=1099511627776 with sample size 1'):
+        buf.sample(1)
+    assert before['rng'] == buf.state_dict()['rng']
+
+
+def test_a_uint64_collect_iter_is_bounded_as_an_int64_one():
+    buf = create_buffer(dict(type='naive', replay_buffer_size=4, storage=dict(type='tensor')))
+    col = torch.tensor([2**60 - 1, 5]).to(torch.uint64)
+    buf.push({'obs': torch.zeros(2, 2), 'collect_iter': col}, batched=True)
+    with pytest.raises(ValueError, match='collect_iter'):
+        buf.push({'obs': torch.zeros(1, 2), 'collect_iter': torch.tensor([2**60]).to(torch.uint64)}, batched=True)

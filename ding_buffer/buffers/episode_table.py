@@ -158,16 +158,11 @@ class EpisodeTable(Table):
                 raise TypeError(f"{name} must be None or a bool, got {type(flag).__name__} {flag!r:.40}")
         if self.prio is not None:
             self.prio.check_args(sample_range, replace, unroll_len, pad)
+            self._check_padded(size, self.prio.unroll_len, self.cfg.pad_short_episodes)
             # (the shortfall is asked of whichever windows index holds then: a load waited through replaces it)
             return Request(size, lambda rng: self.draw_prioritized(rng, size), lambda: self.prio.shortfall(), timeout)
         pad = self.cfg.pad_short_episodes if pad is None else bool(pad)
-        if pad and unroll_len is not None:  # padded windows: their length, not the data, sizes the sample
-            check_size(size)
-            if int(unroll_len) * int(size) > SAMPLE_LIMIT:  # (int64 arithmetic would wrap: windows of 0 steps)
-                raise ValueError(
-                    f"unroll_len={unroll_len} with sample size {size} asks for {int(unroll_len) * int(size)} padded "
-                    f"transitions; a sample holds at most 2**31"
-                )
+        self._check_padded(size, unroll_len, pad)
         replace = bool(replace)
         return Request(
             size,
@@ -175,6 +170,17 @@ class EpisodeTable(Table):
             lambda: self.candidates(size, sample_range, replace, unroll_len, pad)[0],
             timeout,
         )
+
+    @staticmethod
+    def _check_padded(size: Any, unroll_len: Optional[int], pad: bool) -> None:
+        """Padded windows: their length, not the stored data, sizes a sample (at most 2**31 transitions)."""
+        if pad and unroll_len is not None:
+            check_size(size)
+            if int(unroll_len) * int(size) > SAMPLE_LIMIT:  # (int64 arithmetic would wrap: windows of 0 steps)
+                raise ValueError(
+                    f"unroll_len={unroll_len} with sample size {size} asks for {int(unroll_len) * int(size)} padded "
+                    f"transitions; a sample holds at most 2**31"
+                )
 
     def candidates(self, size, sample_range, replace, unroll_len, pad):
         """(shortfall reason or '', episode slots, window counts per episode or None)."""

@@ -119,8 +119,9 @@ def pnorm_distances(a: np.ndarray, b: np.ndarray, p: float) -> np.ndarray:
     # in units of each pair's largest difference: |d| ** p would overflow (or underflow) at a large p
     top = diff.max(axis=2)
     unit = np.where(top > 0, top, 1.0)
-    with np.errstate(over='ignore', under='ignore'):
-        return top * ((diff / unit[..., None]) ** p).sum(axis=2) ** (1.0 / p)
+    with np.errstate(over='ignore', under='ignore', invalid='ignore'):
+        d = top * ((diff / unit[..., None]) ** p).sum(axis=2) ** (1.0 / p)
+    return np.where(np.isinf(top), np.inf, d)  # (a difference beyond float64: inf / inf)
 
 
 def choose_pivots(rows: np.ndarray, p: float, k: int = N_PIVOTS) -> np.ndarray:
@@ -208,7 +209,7 @@ def _pair_distances(q: np.ndarray, block: np.ndarray, p: float) -> np.ndarray:
     s = np.zeros_like(top)
     for j in range(q.shape[1]):
         s += (np.abs(q[:, j, None] - block[None, :, j]) / unit) ** p
-    return top * s ** (1.0 / p)
+    return np.where(np.isinf(top), np.inf, top * s ** (1.0 / p))  # (a difference beyond float64: inf / inf)
 
 
 def _lb_cut(cutoff: float, *dists: np.ndarray) -> float:

@@ -55,7 +55,8 @@ def _flat(values: Any) -> Any:
 
 # Priorities are reported (and saved) as float32: a larger one would come back as inf.
 MAX_PRIORITY = float(np.finfo(np.float32).max)
-COLUMN_ALPHA = 1e-6  # below it a priority derived from its leaf may miss its float32 value (relative error ~2e-16/alpha)
+# below it a priority derived from its leaf may miss its float32 value (relative error about 2e-16 / alpha)
+COLUMN_ALPHA = 1e-6
 
 
 def check_one_each(shape: Tuple[int, ...], key: str = 'priority') -> None:
@@ -167,7 +168,12 @@ class PriorityIndex:
         if self.tree.has_max and self.alpha > 0:
             top = self.tree.max_leaf()
             if top > 0:
-                return top ** (1.0 / self.alpha)
+                if self._priority is not None:  # (a tiny alpha: the leaf misses the priority's last digits)
+                    return float(self._priority.max())
+                try:
+                    return min(top ** (1.0 / self.alpha), MAX_PRIORITY)  # (a leaf's last bit can pass float32's max)
+                except OverflowError:
+                    return MAX_PRIORITY
         return self.max_priority
 
     def set_new(self, slots: np.ndarray, priorities: np.ndarray) -> None:
@@ -346,10 +352,14 @@ class PriorityIndex:
         new = PriorityIndex(self.capacity, self.alpha, self.eps, with_max=self.tree.has_max)
         new.tree.load_leaves(leaves)
         if new._priority is not None:
+            if (priority[~valid] != 0).any():
+                raise ValueError("saved priorities are non-zero at empty slots")
             new._priority[:] = priority
-        else:  # each priority is saved twice, once as its leaf: they must agree (the leaf is what samples)
-            derived = new.priorities(np.arange(self.capacity))
-            off = np.flatnonzero(~np.isclose(derived, priority, rtol=3e-7, atol=0))  # (2 float32 ulps)
+        if self.alpha:  # each priority is saved twice, once as its leaf: they must agree (the leaf is what samples)
+            derived = from_leaves(leaves, self.alpha)
+            # two float32 ulps; below COLUMN_ALPHA the leaf's own rounding, magnified 1 / alpha times
+            rtol = max(3e-7, 16 * float(np.finfo(np.float64).eps) / self.alpha)
+            off = np.flatnonzero(~np.isclose(derived, priority, rtol=rtol, atol=0))
             if len(off):
                 i = int(off[0])
                 raise ValueError(

@@ -366,10 +366,14 @@ def _check_collect_iter(columns: Dict[Path, torch.Tensor]) -> None:
         return
     if t.dtype == torch.bool or t.is_complex():
         raise ValueError(f"field 'collect_iter' must be ints, got dtype {t.dtype}")
-    limit = 1 << 60  # (ints compared as int64: a double rounds 2**60 - 1 up to 2**60)
-    exact = not t.is_floating_point() and t.dtype != torch.uint64
-    inside = (t.to(torch.int64) > -limit) & (t.to(torch.int64) < limit) if exact else t.double().abs() < limit
-    if t.numel() and not bool(inside.all()):  # NaN fails too
+    limit = 1 << 60  # (ints compared as ints: a double rounds 2**60 - 1 up to 2**60)
+    if t.is_floating_point():
+        inside = bool((t.double().abs() < limit).all())  # NaN fails too
+    elif t.dtype == torch.uint64:  # (torch compares no uint64)
+        inside = bool((t.cpu().numpy() < limit).all())
+    else:
+        inside = bool(((t.to(torch.int64) > -limit) & (t.to(torch.int64) < limit)).all())
+    if t.numel() and not inside:
         raise ValueError("field 'collect_iter' must be finite ints within +-2**60 (got NaN, inf or a huge value)")
     if t.is_floating_point() and t.numel() and not bool((t == t.trunc()).all()):  # list storage's rule too
         raise ValueError("field 'collect_iter' must be whole numbers (learner iterations), got a fractional value")
