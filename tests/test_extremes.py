@@ -2,6 +2,7 @@
 works -- never an overflow, an inf or a silently wrong answer on a later call."""
 
 import math
+import os
 
 import numpy as np
 import pytest
@@ -164,3 +165,89 @@ def test_a_uint64_collect_iter_is_bounded_as_an_int64_one():
     buf.push({'obs': torch.zeros(2, 2), 'collect_iter': col}, batched=True)
     with pytest.raises(ValueError, match='collect_iter'):
         buf.push({'obs': torch.zeros(1, 2), 'collect_iter': torch.tensor([2**60]).to(torch.uint64)}, batched=True)
+
+
+# ---------------------------------------------------------------------------------------------- shapes and dtypes
+def test_lazy_conjugate_and_negative_views_are_written_as_their_values():
+    c = torch.randn(4, 2, dtype=torch.complex64)
+    buf = create_buffer(dict(type='naive', replay_buffer_size=8, storage=dict(type='tensor'), seed=0))
+    buf.extend({'obs': c.conj().imag, 'reward': torch.full((4,), 5.0)})  # a float view with the negative bit
+    assert torch.equal(buf.sample(4, sample_range=slice(0, 4), replace=False)['obs'].sort(0).values,
+                       (-c.imag).sort(0).values)  # fmt: skip
+    ep = create_buffer(dict(type='episode', max_transitions=32, storage=dict(type='tensor')))
+    ep.push({'obs': c.conj(), 'reward': torch.ones(4)})
+    assert torch.equal(ep.sample(1)[0]['obs'], c.conj().resolve_conj())
+    create_buffer(dict(type='episode', max_transitions=32, storage=dict(type='tensor'))).load_state_dict(
+        ep.state_dict()
+    )
+    adv = create_buffer(dict(type='advanced', replay_buffer_size=8, eps=0.0, storage=dict(type='tensor'), seed=0))
+    adv.extend({'obs': torch.zeros(2, 2)})
+    got = adv.sample(2)
+    prio = torch.tensor([-1.0, -2.0])._neg_view()  # 1.0, 2.0 behind a negative bit
+    adv.update({'replay_unique_id': got['replay_unique_id'], 'replay_buffer_idx': got['replay_buffer_idx'],
+                'priority': prio})  # fmt: skip
+    assert sorted(adv.sample(2)['priority'].tolist()) in ([1.0, 2.0], [1.0, 1.0], [2.0, 2.0])
+
+
+def test_quantized_leaves_are_refused_naming_the_field():
+    q = torch.quantize_per_tensor(torch.randn(4, 2), 0.1, 0, torch.quint8)
+    with pytest.raises(TypeError, match="field 'obs' is a quantized tensor"):
+        create_buffer(dict(type='naive', storage=dict(type='tensor'))).push([{'obs': q[0]}])
+
+
+@pytest.mark.parametrize('frame', [torch.ones(2, 3, dtype=torch.bool), torch.zeros(3, 0, dtype=torch.uint8),
+                                   torch.arange(6, dtype=torch.int32).reshape(2, 3).to(torch.uint16)])  # fmt: skip
+def test_frames_of_any_accepted_dtype_and_shape_round_trip(tmp_path, frame):
+    cfg = dict(type='advanced', replay_buffer_size=16, storage=dict(type='tensor', frames=dict()), seed=0)
+    buf = create_buffer(cfg)
+    stack = torch.stack([frame] * 4)
+    buf.push(dict(obs=stack, action=0, reward=1.0, next_obs=stack, done=True))
+    buf.save_data(str(tmp_path / 'b.pt'))
+    for load in (lambda b: b.load_state_dict(buf.state_dict()), lambda b: b.load_data(str(tmp_path / 'b.pt'))):
+        other = create_buffer(cfg)
+        load(other)
+        assert torch.equal(other.sample(1)['obs'][0], stack)
+
+
+@pytest.mark.parametrize('dtype', [torch.uint16, torch.uint32, torch.uint64, torch.float8_e4m3fn])
+def test_padded_windows_of_dtypes_without_masked_fill(dtype):
+    buf = create_buffer(dict(type='episode', max_transitions=64, storage=dict(type='tensor'), seed=0))
+    buf.push({'obs': torch.ones(3, 2).to(dtype), 'reward': torch.ones(3)})
+    out = buf.sample(1, unroll_len=5, pad=True)
+    assert out['obs'].dtype == dtype
+    assert out['obs'].float()[0].tolist() == [[1.0, 1.0]] * 3 + [[0.0, 0.0]] * 2
+
+
+@pytest.mark.parametrize('leaf', [np.arange(12, dtype=np.float32).reshape(4, 3).astype('>f4'),
+                                  np.arange(12, dtype=np.float32).reshape(4, 3)[::-1]])  # fmt: skip
+def test_padded_list_windows_of_big_endian_or_reversed_arrays(leaf):
+    buf = create_buffer(dict(type='episode', seed=0))
+    buf.push({'obs': leaf, 'reward': np.ones(4)})
+    out = buf.sample(1, unroll_len=6, pad=True)[0]
+    assert out['obs'][:4].tolist() == leaf.tolist() and out['obs'][4:].tolist() == [[0.0] * 3] * 2
+
+
+@pytest.mark.parametrize('btype, key', [('gfn', 'state'), ('gfn_diverse', 'cond')])
+def test_complex_gflownet_states_and_conditions_are_refused_at_push(btype, key):
+    buf = create_buffer(dict(type=btype, replay_buffer_size=4, condition_key='cond', seed=0))
+    data = {'state': torch.tensor([[0.0], [1.0]]), 'log_reward': torch.ones(2), 'cond': torch.ones(2, 1)}
+    data[key] = data[key].to(torch.complex64)
+    with pytest.raises(ValueError, match=f"field '{key}' must hold real numbers"):
+        buf.push(data)
+    assert buf.count() == 0
+
+
+def test_deepcopy_of_a_graph_tensor_is_refused_naming_the_field():
+    w = torch.ones(3, requires_grad=True)
+    buf = create_buffer(dict(type='naive', deepcopy=True))
+    with pytest.raises(TypeError, match="item 1 field 'obs' cannot be copied"):
+        buf.push([{'obs': torch.ones(3)}, {'obs': w * 2}])
+    assert buf.count() == 0
+
+
+def test_memmap_fields_with_long_or_non_ascii_paths(tmp_path):
+    buf = create_buffer(dict(type='naive', storage=dict(type='tensor', memmap_dir=str(tmp_path))))
+    buf.push([{'observation': {'ü' * 120: torch.ones(2), 'x' * 300: torch.zeros(1)}}])
+    got = buf.sample(1)
+    assert got['observation']['ü' * 120].tolist() == [[1.0, 1.0]]
+    assert all(len(f.encode()) < 255 for f in os.listdir(tmp_path))

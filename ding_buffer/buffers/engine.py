@@ -35,6 +35,7 @@ import weakref
 from typing import Any, Callable, Dict, List, Mapping, Optional
 
 import numpy as np
+import torch
 from easydict import EasyDict
 
 from ..base import IBuffer
@@ -116,6 +117,23 @@ def table_attribute(name: str, doc: str, check: Optional[Callable[[Any], Any]] =
     holds); with ``check``, assigning it assigns the table's the checked value (``check`` raises on a bad one)."""
     fset = (lambda self, value: setattr(self._t, name, check(value))) if check is not None else None
     return property(lambda self: getattr(self._t, name), fset, doc=doc)
+
+
+def _grad_leaf(items: List[Any]) -> str:
+    """'item i field 'a.b'' of the first tensor of ``items`` that is part of a graph (no deepcopy takes it), else
+    'a pushed item'."""
+
+    def walk(v: Any, path: str) -> Optional[str]:
+        if isinstance(v, torch.Tensor):
+            return path if v.requires_grad and not v.is_leaf else None
+        kids = v.items() if isinstance(v, Mapping) else enumerate(v) if isinstance(v, (list, tuple)) else ()
+        return next((p for k, x in kids if (p := walk(x, f'{path}.{k}' if path else str(k)))), None)
+
+    for i, item in enumerate(items):
+        path = walk(item, '')
+        if path is not None:
+            return f"item {i} field '{path}'"
+    return 'a pushed item'
 
 
 def _rule_counter(key: Any) -> bool:
@@ -436,7 +454,13 @@ class Engine(IBuffer):
             for i, item in enumerate(items):
                 check_trackable(item, i)
         if self._deepcopy:
-            items = copy.deepcopy(items)
+            try:
+                items = copy.deepcopy(items)
+            except (RuntimeError, TypeError, copy.Error) as e:  # (a non-leaf tensor that requires grad, a lock, ...)
+                raise TypeError(
+                    f"config key 'deepcopy' is True and {_grad_leaf(items)} cannot be copied ({type(e).__name__}: "
+                    f"{e}); detach tensors that require grad, or set deepcopy=False"
+                ) from e
         with self._lock:
             if self._closed:
                 self._check_open()

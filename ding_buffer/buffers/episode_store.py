@@ -434,6 +434,8 @@ def _pad_leaf(whole: Any, leaf: Any, unroll_len: int) -> Any:
             torch.as_tensor(whole)
         except (TypeError, ValueError, RuntimeError):
             return list(leaf) + [None] * (unroll_len - len(leaf))
+    if isinstance(leaf, np.ndarray):  # (torch takes neither big-endian data, as h5py gives, nor negative strides)
+        leaf = np.ascontiguousarray(leaf, dtype=leaf.dtype.newbyteorder('='))
     return _pad_time(torch.as_tensor(leaf), unroll_len)
 
 
@@ -449,4 +451,10 @@ def _zero_padding(out: Dict[str, Any], pad_mask: torch.Tensor) -> None:
         if isinstance(value, dict):
             _zero_padding(value, pad_mask)
         elif key not in ('replay_buffer_idx', 'replay_unique_id'):
-            value[pad_mask] = 0
+            try:
+                value[pad_mask] = 0
+            except (RuntimeError, NotImplementedError):  # uint16/32/64, float8: no masked fill; all-zero bits are 0
+                value.view(_INT_OF_WIDTH[value.element_size()])[pad_mask] = 0
+
+
+_INT_OF_WIDTH = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}

@@ -53,6 +53,8 @@ def float64_numpy(t: torch.Tensor, copy: bool = False) -> np.ndarray:
         t = t.detach()
     if not t.is_cpu:
         t = t.cpu()
+    if t.is_complex():  # (float64 would drop the imaginary part: distinct states would count as one)
+        raise ValueError(f"GFlowNet states, conditions and log-rewards must be real numbers, got {t.dtype}")
     try:
         a = t.numpy()
     except (TypeError, RuntimeError):  # bfloat16 and other dtypes numpy lacks; tensors with a neg / conj bit
@@ -132,6 +134,9 @@ class ColumnStore:
         check_log_reward(r, self.log_reward_key)
         cond = columns[(self.condition_key,)] if self.condition_key is not None else None
         state = columns[(self.state_key,)]
+        for key, t in ((self.state_key, state), (self.condition_key, cond)):
+            if t is not None and t.is_complex():  # (rows are float64: its imaginary part would be dropped later)
+                raise ValueError(f"field '{key}' must hold real numbers (GFlowNet states are compared), got {t.dtype}")
         rows = representation(state, cond, n) if need_rows else None
         return GFNBatch(prepared, n, r, rows, row_width(state, cond))
 

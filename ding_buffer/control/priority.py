@@ -38,6 +38,8 @@ def as_numpy(x: Any) -> Any:
     lacks (bfloat16, a mixed-precision learner's TD errors; float8) is read as float32, which holds it exactly."""
     if isinstance(x, torch.Tensor):
         x = x.detach()
+        if x.is_neg() or x.is_conj():  # a lazy negation / conjugate: numpy cannot view it
+            x = x.resolve_conj().resolve_neg()
         if x.dtype in NOT_IN_NUMPY:
             x = x.float()
         return (x if x.device.type == 'cpu' else x.cpu()).numpy()

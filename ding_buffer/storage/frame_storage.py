@@ -554,9 +554,9 @@ class FrameStorage(TensorStorage):
         shape, dtype = saved.get('shape'), saved.get('dtype')
         if shape is None and dtype is None:
             return None
-        ok_shape = isinstance(shape, (list, tuple)) and all(type(x) is int and x > 0 for x in shape)
+        ok_shape = isinstance(shape, (list, tuple)) and all(type(x) is int and x >= 0 for x in shape)
         tdtype = getattr(torch, dtype, None) if isinstance(dtype, str) else None
-        if not ok_shape or not isinstance(tdtype, torch.dtype) or tdtype.is_complex or tdtype == torch.bool:
+        if not ok_shape or not isinstance(tdtype, torch.dtype) or tdtype.is_complex:  # (as a push checks frames)
             raise ValueError(f"saved frame shape / dtype {shape!r:.40} / {dtype!r:.20} are not a frame's")
         return tuple(shape), tdtype
 

@@ -37,8 +37,10 @@ def new_token() -> str:
 
 
 def memmap_file(memmap_dir: str, index: int, path: Path, token: str) -> str:
-    """File of the ``index``-th field of the allocation ``token``: numbered, so distinct fields never share one."""
-    safe = ''.join(c if c.isalnum() or c in '._-' else '_' for c in path_name(path))
+    """File of the ``index``-th field of the allocation ``token``: numbered, so distinct fields never share one; the
+    field's name, in ASCII and at most 80 characters, only for whoever lists the folder (a file name holds 255
+    bytes: a deep or non-ASCII field path would not fit)."""
+    safe = ''.join(c if c.isascii() and c.isalnum() or c in '._-' else '_' for c in path_name(path))[:80]
     return os.path.join(memmap_dir, f'{index:03d}_{safe}.{token}.bin')
 
 

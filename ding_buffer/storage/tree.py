@@ -65,11 +65,14 @@ def to_tensor(value: Any, path: Path) -> torch.Tensor:
             raise TypeError(
                 f"field '{path_name(path)}' is a meta tensor (shape only, no data); push tensors with their values"
             )
-        if value.layout is not torch.strided or value.is_nested:
+        if value.layout is not torch.strided or value.is_nested or value.is_quantized:
+            kind = 'nested' if value.is_nested else 'quantized' if value.is_quantized else value.layout
             raise TypeError(
-                f"field '{path_name(path)}' is a {'nested' if value.is_nested else value.layout} tensor; "
-                f"tensor storage stores dense tensors (call .to_dense() first)"
+                f"field '{path_name(path)}' is a {kind} tensor; tensor storage stores dense tensors (call "
+                f"{'.dequantize()' if value.is_quantized else '.to_dense()'} first)"
             )
+        if value.is_conj() or value.is_neg():  # a lazy conjugate / negation: numpy cannot view it (written later)
+            value = value.resolve_conj().resolve_neg()
         return value.detach()
     if isinstance(value, np.ndarray) or isinstance(value, np.generic):
         arr = np.asarray(value)
