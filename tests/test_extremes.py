@@ -3,6 +3,7 @@ works -- never an overflow, an inf or a silently wrong answer on a later call.""
 
 import math
 import os
+import threading
 
 import numpy as np
 import pytest
@@ -92,7 +93,7 @@ def test_log_reward_mean_of_values_near_float64_max_is_finite():
 
 
 # ---------------------------------------------------------------------------------------------- priorities
-@pytest.mark.parametrize('alpha', [1e-12, 1e-9, 1e-7])
+@pytest.mark.parametrize('alpha', [1e-18, 1e-12, 1e-9, 1e-7])
 @pytest.mark.parametrize('storage', ['list', 'tensor'])
 def test_a_tiny_alpha_keeps_priorities_to_float32_and_evicts_the_lowest(alpha, storage):
     """A leaf is priority ** alpha, about 1 + alpha * log(priority): its last bit, magnified 1 / alpha times, is
@@ -251,3 +252,32 @@ def test_memmap_fields_with_long_or_non_ascii_paths(tmp_path):
     got = buf.sample(1)
     assert got['observation']['ü' * 120].tolist() == [[1.0, 1.0]]
     assert all(len(f.encode()) < 255 for f in os.listdir(tmp_path))
+
+
+@pytest.mark.parametrize('alpha', [1e-20, 1e-18, 1e-15])
+def test_states_at_an_alpha_whose_leaves_round_to_one_reload(alpha):
+    cfg = dict(type='advanced', replay_buffer_size=4, alpha=alpha, storage=dict(type='tensor'), seed=0)
+    buf = create_buffer(cfg)
+    buf.push([{'obs': torch.ones(2), 'priority': 1e-5}, {'obs': torch.zeros(2), 'priority': 3e38}])
+    got = buf.sample(2)
+    buf.update({'replay_unique_id': got['replay_unique_id'], 'replay_buffer_idx': got['replay_buffer_idx'],
+                'priority': [0.0, 2.0]})  # fmt: skip
+    other = create_buffer(cfg)
+    other.load_state_dict(buf.state_dict())
+    assert sorted(other.sample(2)['priority'].tolist()) == sorted(buf.sample(2)['priority'].tolist())
+
+
+def test_an_uncopyable_item_holding_a_cycle_gets_the_copy_error():
+    node = {'name': 'root'}
+    node['self'] = node
+    buf = create_buffer(dict(type='naive', deepcopy=True))
+    with pytest.raises(TypeError, match="a pushed item cannot be copied .*lock"):
+        buf.push({'obs': 1, 'tree': node, 'lock': threading.Lock()})
+
+
+def test_frames_given_as_a_lazily_negated_stack():
+    frames = [torch.full((2,), float(i + 1)) for i in range(5)]
+    buf = create_buffer(dict(type='naive', replay_buffer_size=8, storage=dict(type='tensor', frames=dict())))
+    obs = torch.stack(frames[0:2])
+    buf.push(dict(obs=torch._neg_view(-obs), next_obs=torch.stack(frames[1:3]), reward=0.0, done=False))
+    assert torch.equal(buf.sample(1)['obs'][0], obs)

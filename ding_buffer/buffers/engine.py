@@ -123,9 +123,14 @@ def _grad_leaf(items: List[Any]) -> str:
     """'item i field 'a.b'' of the first tensor of ``items`` that is part of a graph (no deepcopy takes it), else
     'a pushed item'."""
 
+    seen = set()  # (containers already walked: an item may hold a cycle)
+
     def walk(v: Any, path: str) -> Optional[str]:
         if isinstance(v, torch.Tensor):
             return path if v.requires_grad and not v.is_leaf else None
+        if id(v) in seen:
+            return None
+        seen.add(id(v))
         kids = v.items() if isinstance(v, Mapping) else enumerate(v) if isinstance(v, (list, tuple)) else ()
         return next((p for k, x in kids if (p := walk(x, f'{path}.{k}' if path else str(k)))), None)
 

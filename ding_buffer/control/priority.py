@@ -358,15 +358,16 @@ class PriorityIndex:
                 raise ValueError("saved priorities are non-zero at empty slots")
             new._priority[:] = priority
         if self.alpha:  # each priority is saved twice, once as its leaf: they must agree (the leaf is what samples)
-            derived = from_leaves(leaves, self.alpha)
-            # two float32 ulps; below COLUMN_ALPHA the leaf's own rounding, magnified 1 / alpha times
-            rtol = max(3e-7, 16 * float(np.finfo(np.float64).eps) / self.alpha)
-            off = np.flatnonzero(~np.isclose(derived, priority, rtol=rtol, atol=0))
-            if len(off):
-                i = int(off[0])
+            if new._priority is not None:  # the column is the priority: its leaf is priority ** alpha (a leaf
+                # cannot give the priority back to float32 at a tiny alpha; at 1e-18 every leaf > 0 is 1.0)
+                off = ~np.isclose(leaves, np.power(priority.astype(np.float64), self.alpha), rtol=1e-9, atol=0)
+            else:  # two float32 ulps
+                off = ~np.isclose(from_leaves(leaves, self.alpha), priority, rtol=3e-7, atol=0)
+            if off.any():
+                i = int(np.flatnonzero(off)[0])
                 raise ValueError(
                     f"saved 'priority' {priority[i]:g} at slot {i} disagrees with its leaf (priority ** alpha), which "
-                    f"stands for {derived[i]:g}"
+                    f"stands for {from_leaves(leaves[i : i + 1], self.alpha)[0]:g}"
                 )
         new.max_priority = max_priority
         return new

@@ -321,6 +321,8 @@ def stack_of(
             if bits is None:
                 raise ValueError(f"item {i}: field {key!r} must hold real numbers (frames), got dtype {v.dtype}")
             dtype, v = v.dtype, v.detach().view(bits)
+        if v.is_neg() or v.is_conj():  # a lazy negation / conjugate: numpy cannot view it
+            v = v.resolve_conj().resolve_neg()
         v = v.detach().cpu().numpy()
     elif not isinstance(v, np.ndarray):
         raise ValueError(f"item {i}: field {key!r} must be an array or tensor [stack, *frame], got {type(v).__name__}")
