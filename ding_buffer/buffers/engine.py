@@ -119,6 +119,17 @@ def table_attribute(name: str, doc: str, check: Optional[Callable[[Any], Any]] =
     return property(lambda self: getattr(self._t, name), fset, doc=doc)
 
 
+def _deep_copied(items: List[Any]) -> List[Any]:
+    """``copy.deepcopy(items)`` (config ``deepcopy``); an item no copy takes is a ``TypeError`` naming it."""
+    try:
+        return copy.deepcopy(items)
+    except (RuntimeError, TypeError, copy.Error) as e:  # (a non-leaf tensor that requires grad, a lock, ...)
+        raise TypeError(
+            f"config key 'deepcopy' is True and {_grad_leaf(items)} cannot be copied ({type(e).__name__}: {e}); "
+            f"detach tensors that require grad, or set deepcopy=False"
+        ) from e
+
+
 def _grad_leaf(items: List[Any]) -> str:
     """'item i field 'a.b'' of the first tensor of ``items`` that is part of a graph (no deepcopy takes it), else
     'a pushed item'."""
@@ -459,13 +470,7 @@ class Engine(IBuffer):
             for i, item in enumerate(items):
                 check_trackable(item, i)
         if self._deepcopy:
-            try:
-                items = copy.deepcopy(items)
-            except (RuntimeError, TypeError, copy.Error) as e:  # (a non-leaf tensor that requires grad, a lock, ...)
-                raise TypeError(
-                    f"config key 'deepcopy' is True and {_grad_leaf(items)} cannot be copied ({type(e).__name__}: "
-                    f"{e}); detach tensors that require grad, or set deepcopy=False"
-                ) from e
+            items = _deep_copied(items)
         with self._lock:
             if self._closed:
                 self._check_open()
