@@ -83,9 +83,6 @@ def describe(t: Any) -> str:
     return f"count={t.count()}, replay_buffer_size={t.capacity()}, holding {kind}"
 
 
-__all__ = ['stats', 'due_scalars', 'log_rewards', 'describe']
-
-
 def _mean(x: np.ndarray) -> float:
     """The mean of finite ``x`` (NaN: empty), finite too: a sum beyond float64 (values near its largest) is taken
     over ``x / len(x)`` instead."""
@@ -94,3 +91,6 @@ def _mean(x: np.ndarray) -> float:
     with np.errstate(over='ignore'):
         m = float(x.mean())
     return m if math.isfinite(m) else float((x / len(x)).sum())
+
+
+__all__ = ['stats', 'due_scalars', 'log_rewards', 'describe']

@@ -116,12 +116,7 @@ def pnorm_distances(a: np.ndarray, b: np.ndarray, p: float) -> np.ndarray:
     if p in (1.0, 2.0) or not diff.shape[2]:
         with np.errstate(over='ignore'):  # huge states: inf (see _lb_cut)
             return (diff**p).sum(axis=2) ** (1.0 / p)
-    # in units of each pair's largest difference: |d| ** p would overflow (or underflow) at a large p
-    top = diff.max(axis=2)
-    unit = np.where(top > 0, top, 1.0)
-    with np.errstate(over='ignore', under='ignore', invalid='ignore'):
-        d = top * ((diff / unit[..., None]) ** p).sum(axis=2) ** (1.0 / p)
-    return np.where(np.isinf(top), np.inf, d)  # (a difference beyond float64: inf / inf)
+    return _pair_distances(a, b, p)  # |d| ** p would overflow (or underflow) at a large p
 
 
 def choose_pivots(rows: np.ndarray, p: float, k: int = N_PIVOTS) -> np.ndarray:
