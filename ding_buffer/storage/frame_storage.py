@@ -18,7 +18,7 @@ import torch
 
 from ..persistence import refuse_unknown
 from .base import Prepared, WriteResult, check_state
-from .frames import IDS_SUFFIX, NEXT_SUFFIX, FrameRing, Pending, StreamEncoder, bits_of, default_rows, frame_spec
+from .frames import IDS_SUFFIX, NEXT_SUFFIX, FrameRing, StreamEncoder, bits_of, default_rows, frame_spec
 from .tensor_fields import allocate_fields, memmap_file, new_token, remove_files
 from .tensor_schema import dtype_name
 from .tensor_storage import TensorStorage
@@ -73,6 +73,8 @@ class FrameStorage(TensorStorage):
             )
         self.encoder = StreamEncoder(self.spec if self.episodes is None else dict(self.spec, env_key=None))
         self.stack: Optional[int] = self.spec['stack']
+        if self.stack is not None:
+            self._check_room(self.stack)
         self.frame_ring = FrameRing(0)  # sized and allocated by the first write, when the frames are known
         self.streams: Dict[Any, Tuple[Tuple[int, ...], bool]] = {}
         # each slot's oldest frame id (the frame that leaves the ring first), and a lower bound of it over the
@@ -136,6 +138,8 @@ class FrameStorage(TensorStorage):
             first, stack = before.first + len(before.frames), after.payload[2]
         streams = {} if self.episodes is not None else self.streams  # an episode starts its own stream
         rows, pending, stack = self.encoder.encode(items, self.frame_ring, streams, stack, first)
+        if not self.frame_ring.allocated() and stack is not None:
+            self._check_room(stack)
         if self.episodes is not None and pending.frames:  # an episode's frames must all fit in the ring at once
             room = self.frame_ring.rows if self.frame_ring.allocated() else self._rows(stack)
             if len(pending.frames) > room:
@@ -227,6 +231,16 @@ class FrameStorage(TensorStorage):
             return
         self.frame_ring = self._new_ring(stack, tuple(pending.frames[0].shape), pending.dtype)
         self.stack = stack
+
+    def _check_room(self, stack: int) -> None:
+        """A transition refers to ``stack + 1`` frames: a ring of fewer rows would lose each one as it is stored."""
+        rows = self._rows(stack)
+        if self.episodes is None and rows <= stack:
+            raise ValueError(
+                f"config key 'storage.frames.spare' is {self.spec['spare']}: the frame ring would have {rows} rows "
+                f"(replay_buffer_size {self.capacity} + spare), fewer than the {stack + 1} frames a transition's two "
+                f"stacks of {stack} refer to; raise it, or leave it None"
+            )
 
     def _rows(self, stack: int) -> int:
         """Rows of this storage's frame ring for frame stacks of ``stack``."""
@@ -454,8 +468,9 @@ class FrameStorage(TensorStorage):
 
     # ------------------------------------------------------------------ persistence
     def state_dict(self) -> Dict[str, Any]:
-        """The tensor storage's state with the frames the items and streams refer to, renumbered ``0 .. k-1`` in
-        write order (so equal contents give equal states, whatever was overwritten before)."""
+        """The tensor storage's state with the frames the items and streams refer to, numbered from 0 at the oldest
+        of them, with the gaps between them kept and the ring's next id (``next``): a restored ring holds each frame
+        at its place, so it overwrites them when this one would."""
         out = super().state_dict()
         enc, ring = self.encoder, self.frame_ring
         cols: Dict[str, np.ndarray] = {}
@@ -472,17 +487,19 @@ class FrameStorage(TensorStorage):
         ids = np.unique(np.concatenate(used)) if used else np.zeros(0, dtype=np.int64)
         if len(ids) and not ring.holds(ids).all():
             raise RuntimeError("a stored transition refers to a frame the ring no longer holds (internal error)")
+        lo = int(ids[0]) if len(ids) else 0
         names = list(self.schema or ())  # the id columns as the new numbers (the fields list is in schema order)
         for key, col in cols.items():
-            out['fields'][names.index((key,))] = torch.from_numpy(np.searchsorted(ids, col).astype(np.int64))
+            out['fields'][names.index((key,))] = torch.from_numpy(col - lo)
         data = torch.from_numpy(ring.read(ids)) if len(ids) else torch.zeros(0, dtype=torch.uint8)
         if len(ids) and ring.bits is not None:  # read as their bit patterns (bfloat16, float8)
             data = data.view(ring.dtype)
         out['frames'] = {
-            'ids': torch.arange(len(ids), dtype=torch.int64),
+            'ids': torch.from_numpy(ids - lo),
+            'next': int(ring.next_id) - lo if len(ids) else 0,
             'data': data,
             'stack': self.stack,
-            'streams': [[env, np.searchsorted(ids, sids).tolist(), ended] for env, sids, ended in streams],
+            'streams': [[env, (sids - lo).tolist(), ended] for env, sids, ended in streams],
             'shape': None if ring.shape is None else list(ring.shape),
             'dtype': None if ring.dtype is None else dtype_name(ring.dtype),
         }
@@ -507,7 +524,7 @@ class FrameStorage(TensorStorage):
         saved = state['frames']
         if not isinstance(saved, Mapping) or not {'ids', 'data', 'stack', 'streams'} <= set(saved):
             raise ValueError("saved storage 'frames' must be a dict with ids, data, stack and streams")
-        refuse_unknown(saved, ('ids', 'data', 'stack', 'streams', 'shape', 'dtype'), "saved storage 'frames'")
+        refuse_unknown(saved, ('ids', 'data', 'stack', 'streams', 'shape', 'dtype', 'next'), "saved storage 'frames'")
         storage = super().from_state(
             {k: v for k, v in state.items() if k not in ('frames', 'links')}, capacity, **kwargs
         )
@@ -597,11 +614,14 @@ class FrameStorage(TensorStorage):
             raise ValueError(f"saved buffer refers to {len(ids)} frames; this storage's frame ring has {rows} rows")
         new_cols = self._remapped_columns(ids, slots, stack) if has_items else {}
         streams = _saved_streams(ids, saved['streams'], stack)
-        _check_all_used(len(ids), new_cols, streams)
-        # valid: build the ring (new ids 0 .. k-1, in the old order) and swap the columns
+        _check_all_used(len(ids), new_cols, streams)  # (positions among the saved frames, then their ring ids)
+        new_ids, next_id = _saved_places(ids, saved.get('next'), rows)
+        new_cols = {key: new_ids[col] for key, col in new_cols.items()}
+        streams = {env: (tuple(new_ids[list(sids)].tolist()), ended) for env, (sids, ended) in streams.items()}
+        # valid: build the ring (the frames at their places, in the old order) and swap the columns
         ring = self._new_ring(stack, tuple(data.shape[1:]), data.dtype)
         bits = bits_of(data.dtype)  # frames numpy lacks (bfloat16, float8) go in as their bit patterns
-        ring.commit(Pending(list((data if bits is None else data.view(bits)).cpu().numpy()), 0, {}))
+        ring.place(new_ids, (data if bits is None else data.view(bits)).cpu().numpy(), next_id)
         for key, col in new_cols.items():
             self.fields[(key,)][torch.from_numpy(slots)] = torch.from_numpy(col).to(self.device)
         self.frame_ring, self.stack, self.streams = ring, stack, streams
@@ -624,8 +644,19 @@ class FrameStorage(TensorStorage):
         return out
 
 
+def _saved_places(ids: np.ndarray, saved_next: Any, rows: int) -> Tuple[np.ndarray, int]:
+    """``(ring ids of the saved frames, the ring's next id)``: the saved ids and ``next`` where the state keeps the
+    frames' places and they fit ``rows``; else ``0 .. k-1`` (a state without ``next``, or a smaller ring: each frame
+    is then overwritten later than in the saved buffer)."""
+    if saved_next is not None and (type(saved_next) is not int or saved_next <= ids[-1]):
+        raise ValueError(f"saved frame 'next' is {saved_next!r:.40}; expected an int above the last frame id {ids[-1]}")
+    if saved_next is None or saved_next - ids[0] > rows:
+        return np.arange(len(ids), dtype=np.int64), len(ids)
+    return ids, saved_next
+
+
 def _remap(ids: np.ndarray, old: np.ndarray, what: str) -> np.ndarray:
-    """Saved frame ids ``old`` as positions among the saved frames ``ids`` (sorted): the restored ring's new ids."""
+    """Saved frame ids ``old`` as positions among the saved frames ``ids`` (sorted)."""
     pos = np.searchsorted(ids, old)
     if len(old) and (pos.max() >= len(ids) or not np.array_equal(ids[np.minimum(pos, len(ids) - 1)], old)):
         raise ValueError(f"saved {what} refer to frames the saved state does not hold")

@@ -199,15 +199,18 @@ class FrameRing:
             self.ids[row] = pending.first
             self.next_id = pending.first + 1
             return
-        ids = np.arange(pending.first, pending.first + n, dtype=np.int64)
+        self.place(np.arange(pending.first, pending.first + n, dtype=np.int64), np.stack(pending.frames))
+
+    def place(self, ids: np.ndarray, data: np.ndarray, next_id: Optional[int] = None) -> None:
+        """Frames ``data`` (as the numpy view holds them) at ``ids``, increasing and within the last ``rows`` ids
+        below ``next_id`` (default: the id after the last): a commit, or a restore that keeps each frame's place."""
         rows = ids % self.rows
-        data = np.stack(pending.frames)
         if self.view is not None:
             self.view[rows] = data
         else:
             self.frames[torch.from_numpy(rows).to(self.frames.device)] = self._tensor(data).to(self.frames.device)
         self.ids[rows] = ids
-        self.next_id = pending.first + n
+        self.next_id = int(ids[-1]) + 1 if next_id is None else next_id
 
     def gather_pair(self, ids: torch.Tensor, new: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
         """``(obs, next_obs)`` stacks of transitions whose obs frames are ``ids`` (``[*S, stack]``) and whose

@@ -275,6 +275,74 @@ def test_state_round_trip_samples_the_same_and_streams_go_on(type_, tmp_path):
     check_rows(b, pushed)
 
 
+@pytest.mark.parametrize('extra', [{}, dict(max_use=2)], ids=['plain', 'max_use'])
+@pytest.mark.parametrize('type_', ['naive', 'advanced'])
+def test_a_restored_frame_ring_overwrites_where_the_saved_one_would(type_, extra, tmp_path):
+    """Frames no stored item refers to any more still take rows of the ring: a state kept only the used ones,
+    packed, so the reloaded buffer lost its transitions to the frame ring later than the saved one did."""
+    envs = Envs(n_envs=3, seed=21, max_len=8)
+    order = np.random.default_rng(21).choice(3, size=120, p=[0.45, 0.45, 0.1])  # an env idle for a while
+    steps = [envs.step(int(e)) for e in order]
+    cfg = frames_cfg(type_, size=12, spare=6, **extra)
+    buf = create_buffer(cfg)
+    for t in steps[:50]:
+        buf.push(t)
+        if extra:
+            buf.sample(2)  # items leave by use: their frames stay in the ring, unused
+    loaded, path = create_buffer(cfg), str(tmp_path / 'buf.pt')
+    loaded.load_state_dict(buf.state_dict())
+    buf.save_data(path)
+    from_file = create_buffer(cfg)
+    from_file.load_data(path)
+    for t in steps[50:]:
+        for b in (buf, loaded, from_file):
+            b.push(t)
+        assert loaded.stats() == buf.stats() == from_file.stats()
+        out = buf.sample(3)
+        assert_same(loaded.sample(3), out, 'sample')
+        assert_same(from_file.sample(3), out, 'sample')
+    assert buf.stats()['removed_by_frames'] > 0
+
+
+def test_a_frames_state_without_the_ring_places_loads_packed_and_a_bad_next_is_refused():
+    """States of earlier versions have no ``next``: their frames load packed, in order (the same samples); a
+    ``next`` that is not an int above every saved frame id is refused naming it, with nothing changed."""
+    envs = Envs(seed=22, max_len=8)
+    buf = create_buffer(frames_cfg('naive', size=12, spare=6))
+    push_all(buf, envs.steps(40), batched=False)
+    state = buf.state_dict()
+    old = copy.deepcopy(state)
+    del old['storage']['frames']['next']
+    loaded = create_buffer(frames_cfg('naive', size=12, spare=6))
+    loaded.load_state_dict(old)
+    assert_same(loaded.sample(8), buf.sample(8), 'sample')
+    for bad in (int(state['storage']['frames']['ids'][-1]), 2.5, '7'):
+        target = create_buffer(frames_cfg('naive', size=12, spare=6))
+        before = target.state_dict()
+        broken = copy.deepcopy(state)
+        broken['storage']['frames']['next'] = bad
+        with pytest.raises(ValueError, match="saved frame 'next' is"):
+            target.load_state_dict(broken)
+        assert_same(target.state_dict(), before)
+
+
+def test_a_frame_ring_too_small_for_one_transition_is_refused():
+    """A ring of ``replay_buffer_size + spare`` rows below one transition's ``stack + 1`` frames lost every
+    transition as it was stored: each push returned 1 and the buffer stayed empty."""
+    with pytest.raises(ValueError, match=r"'storage.frames.spare' is 0: .* 4 rows .* 5 frames"):
+        create_buffer(
+            dict(frames_cfg('naive', size=4, spare=0), storage=dict(type='tensor', frames=dict(stack=4, spare=0)))
+        )
+    buf = create_buffer(frames_cfg('naive', size=4, spare=0))  # the stack is read from the first push
+    before = buf.state_dict()
+    with pytest.raises(ValueError, match=r"'storage.frames.spare' is 0: .* 4 rows .* 5 frames"):
+        buf.push(Envs(seed=3).steps(1)[0])
+    assert_same(buf.state_dict(), before)
+    small = create_buffer(frames_cfg('naive', size=4, spare=1))  # room for one: the newest transitions stay
+    for t in Envs(n_envs=1, seed=3, max_len=50).steps(10):
+        assert small.push(t) == 1 and small.count() >= 1
+
+
 def test_a_state_with_frames_needs_the_frames_layout_and_a_broken_one_is_refused():
     envs = Envs(seed=11)
     buf = create_buffer(frames_cfg('naive'))
