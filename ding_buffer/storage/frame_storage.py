@@ -577,20 +577,23 @@ class FrameStorage(TensorStorage):
             raise ValueError(f"saved frame shape / dtype {shape!r:.40} / {dtype!r:.20} are not a frame's")
         return tuple(shape), tdtype
 
-    def _restore_frames(self, saved: Mapping) -> None:
-        ids = np.asarray(torch.as_tensor(saved['ids']).cpu(), dtype=np.int64).reshape(-1)
-        if len(ids) and (ids.min() < 0 or np.any(np.diff(ids) <= 0)):
-            raise ValueError("saved frame ids must be distinct ints >= 0 in increasing order")
-        data = torch.as_tensor(saved['data'])
-        stack = saved['stack']
+    def _saved_stack(self, stack: Any) -> Optional[int]:
+        """A state's frame stack (None: no frame seen yet), checked against ``storage.frames.stack``."""
+        if stack is not None and (type(stack) is not int or stack < 1):
+            raise ValueError(f"saved frame stack is {stack!r:.40}; expected None or an int >= 1")
         if self.spec['stack'] is not None and stack is not None and stack != self.spec['stack']:
             raise ValueError(
                 f"saved frames have a stack of {stack}; config key 'storage.frames.stack' is {self.spec['stack']}"
             )
+        return stack
+
+    def _restore_frames(self, saved: Mapping) -> None:
+        ids = np.asarray(torch.as_tensor(saved['ids']).cpu(), dtype=np.int64).reshape(-1)
+        if len(ids) and (ids.min() < 0 or np.any(np.diff(ids) <= 0)):
+            raise ValueError("saved frame ids must be distinct ints >= 0 in increasing order")
+        data, stack = torch.as_tensor(saved['data']), self._saved_stack(saved['stack'])
         slots = np.flatnonzero(self.ring.valid)
         has_items = self.schema is not None and len(slots)
-        if stack is not None and (type(stack) is not int or stack < 1):
-            raise ValueError(f"saved frame stack is {stack!r:.40}; expected None or an int >= 1")
         if self.schema is not None:  # what the next push would be checked against must be a frames table's
             if stack is None:
                 raise ValueError("saved storage has a schema but no frame stack")
