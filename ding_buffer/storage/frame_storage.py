@@ -578,13 +578,16 @@ class FrameStorage(TensorStorage):
         return tuple(shape), tdtype
 
     def _saved_stack(self, stack: Any) -> Optional[int]:
-        """A state's frame stack (None: no frame seen yet), checked against ``storage.frames.stack``."""
+        """A state's frame stack (None: no frame seen yet), checked against ``storage.frames.stack`` and the ring's
+        size (``_check_room``)."""
         if stack is not None and (type(stack) is not int or stack < 1):
             raise ValueError(f"saved frame stack is {stack!r:.40}; expected None or an int >= 1")
         if self.spec['stack'] is not None and stack is not None and stack != self.spec['stack']:
             raise ValueError(
                 f"saved frames have a stack of {stack}; config key 'storage.frames.stack' is {self.spec['stack']}"
             )
+        if stack is not None:
+            self._check_room(stack)
         return stack
 
     def _restore_frames(self, saved: Mapping) -> None:
@@ -600,7 +603,7 @@ class FrameStorage(TensorStorage):
             self._check_schema(self.schema, stack)
         like = self._saved_frame_like(saved)
         if not len(ids):
-            if has_items:
+            if has_items or _saved_next(saved, ids):  # (which checks a saved next: 0 or None here)
                 raise ValueError("saved storage has items but no frames")
             self.stack = stack if stack is not None else self.stack
             if like is not None:  # the frames a first push must match, as before the save
@@ -618,7 +621,7 @@ class FrameStorage(TensorStorage):
         new_cols = self._remapped_columns(ids, slots, stack) if has_items else {}
         streams = _saved_streams(ids, saved['streams'], stack)
         _check_all_used(len(ids), new_cols, streams)  # (positions among the saved frames, then their ring ids)
-        new_ids, next_id = _saved_places(ids, saved.get('next'), rows)
+        new_ids, next_id = _saved_places(ids, _saved_next(saved, ids), rows)
         new_cols = {key: new_ids[col] for key, col in new_cols.items()}
         streams = {env: (tuple(new_ids[list(sids)].tolist()), ended) for env, (sids, ended) in streams.items()}
         # valid: build the ring (the frames at their places, in the old order) and swap the columns
@@ -647,15 +650,24 @@ class FrameStorage(TensorStorage):
         return out
 
 
-def _saved_places(ids: np.ndarray, saved_next: Any, rows: int) -> Tuple[np.ndarray, int]:
-    """``(ring ids of the saved frames, the ring's next id)``: the saved ids and ``next`` where the state keeps the
-    frames' places and they fit ``rows``; else ``0 .. k-1`` (a state without ``next``, or a smaller ring: each frame
-    is then overwritten later than in the saved buffer)."""
-    if saved_next is not None and (type(saved_next) is not int or saved_next <= ids[-1]):
-        raise ValueError(f"saved frame 'next' is {saved_next!r:.40}; expected an int above the last frame id {ids[-1]}")
-    if saved_next is None or saved_next - ids[0] > rows:
+def _saved_next(saved: Mapping, ids: np.ndarray) -> Optional[int]:
+    """A state's ``next`` (None: a state of an earlier version), checked: an int above every saved frame id (0
+    without frames)."""
+    nxt, last = saved.get('next'), int(ids[-1]) if len(ids) else -1
+    if nxt is not None and (type(nxt) is not int or not last < nxt < 2**63 or (not len(ids) and nxt)):
+        expected = f"an int above the last frame id {last}, below 2**63" if len(ids) else "0 (no frames saved)"
+        raise ValueError(f"saved frame 'next' is {nxt!r:.40}; expected {expected}")
+    return nxt
+
+
+def _saved_places(ids: np.ndarray, saved_next: Optional[int], rows: int) -> Tuple[np.ndarray, int]:
+    """``(ring ids of the saved frames, the ring's next id)``, numbered from 0 at the oldest: with the saved gaps
+    where the state keeps the frames' places (``next``) and they fit ``rows``; else ``0 .. k-1`` (a state without
+    ``next``, or a smaller ring: each frame is then overwritten later than in the saved buffer)."""
+    lo = int(ids[0])
+    if saved_next is None or saved_next - lo > rows:
         return np.arange(len(ids), dtype=np.int64), len(ids)
-    return ids, saved_next
+    return ids - lo, saved_next - lo
 
 
 def _remap(ids: np.ndarray, old: np.ndarray, what: str) -> np.ndarray:

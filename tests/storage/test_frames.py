@@ -306,7 +306,8 @@ def test_a_restored_frame_ring_overwrites_where_the_saved_one_would(type_, extra
 
 def test_a_frames_state_without_the_ring_places_loads_packed_and_a_bad_next_is_refused():
     """States of earlier versions have no ``next``: their frames load packed, in order (the same samples); a
-    ``next`` that is not an int above every saved frame id is refused naming it, with nothing changed."""
+    ``next`` that is not an int above every saved frame id and below 2**63 (0 without frames) is refused naming it,
+    with nothing changed."""
     envs = Envs(seed=22, max_len=8)
     buf = create_buffer(frames_cfg('naive', size=12, spare=6))
     push_all(buf, envs.steps(40), batched=False)
@@ -316,14 +317,39 @@ def test_a_frames_state_without_the_ring_places_loads_packed_and_a_bad_next_is_r
     loaded = create_buffer(frames_cfg('naive', size=12, spare=6))
     loaded.load_state_dict(old)
     assert_same(loaded.sample(8), buf.sample(8), 'sample')
-    for bad in (int(state['storage']['frames']['ids'][-1]), 2.5, '7'):
+    empty = create_buffer(frames_cfg('naive', size=12, spare=6)).state_dict()
+    last = int(state['storage']['frames']['ids'][-1])
+    for base, bad in [(state, last), (state, 2.5), (state, '7'), (state, 2**63), (empty, 'abc'), (empty, 3)]:
+        base = copy.deepcopy(base)
+        base['storage']['frames']['next'] = bad
         target = create_buffer(frames_cfg('naive', size=12, spare=6))
         before = target.state_dict()
-        broken = copy.deepcopy(state)
-        broken['storage']['frames']['next'] = bad
         with pytest.raises(ValueError, match="saved frame 'next' is"):
-            target.load_state_dict(broken)
+            target.load_state_dict(base)
         assert_same(target.state_dict(), before)
+
+
+def test_a_frames_state_numbered_near_the_int64_limit_loads_renumbered():
+    """Frame ids are renumbered from 0 at load, places kept: a state whose ids sit near 2**63 loaded as given, and
+    pushes then overflowed the ids."""
+    envs, cfg = Envs(seed=22, max_len=8), frames_cfg('naive', size=12, spare=6)
+    steps = envs.steps(80)
+    buf = create_buffer(cfg)
+    push_all(buf, steps[:40], batched=False)
+    state, off = copy.deepcopy(buf.state_dict()), 2**63 - 40
+    frames = state['storage']['frames']
+    frames['ids'], frames['next'] = frames['ids'] + off, frames['next'] + off
+    frames['streams'] = [[env, [x + off for x in sids], ended] for env, sids, ended in frames['streams']]
+    for i, (name, _, _) in enumerate(state['storage']['schema']):
+        if name[0] in ('obs:frames', 'next_obs:frame'):
+            state['storage']['fields'][i] = state['storage']['fields'][i] + off
+    loaded = create_buffer(cfg)
+    loaded.load_state_dict(state)
+    assert_same(loaded.state_dict(), buf.state_dict())
+    for t in steps[40:]:
+        loaded.push(t)
+        buf.push(t)
+    assert_same(loaded.sample(8), buf.sample(8), 'sample')
 
 
 def test_a_frame_ring_too_small_for_one_transition_is_refused():
@@ -338,6 +364,12 @@ def test_a_frame_ring_too_small_for_one_transition_is_refused():
     with pytest.raises(ValueError, match=r"'storage.frames.spare' is 0: .* 4 rows .* 5 frames"):
         buf.push(Envs(seed=3).steps(1)[0])
     assert_same(buf.state_dict(), before)
+    saved = create_buffer(frames_cfg('naive', size=4, spare=6))  # a state whose stack needs a larger ring
+    push_all(saved, Envs(seed=3).steps(2), batched=False)
+    target = create_buffer(frames_cfg('naive', size=4, spare=0))
+    with pytest.raises(ValueError, match=r"'storage.frames.spare' is 0: .* 4 rows .* 5 frames"):
+        target.load_state_dict(saved.state_dict())
+    assert_same(target.state_dict(), before)
     small = create_buffer(frames_cfg('naive', size=4, spare=1))  # room for one: the newest transitions stay
     for t in Envs(n_envs=1, seed=3, max_len=50).steps(10):
         assert small.push(t) == 1 and small.count() >= 1
