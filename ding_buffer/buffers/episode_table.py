@@ -275,8 +275,13 @@ class EpisodeTable(Table):
         new = self._store.restored(state['episodes'], self.cfg.storage)  # KeyError -> ValueError in load_state_dict
         if new.transitions != state.get('transitions'):
             raise ValueError("saved transition count does not match the stored episodes")
-        if self.prio is not None and 'windows' not in state:
-            raise ValueError("state has no 'windows' entry (it was saved without prioritized windows)")
+        if (self.prio is not None) != ('windows' in state):
+            raise ValueError(
+                "state has no 'windows' entry (it was saved without prioritized windows)"
+                if self.prio is not None
+                else "state has a 'windows' entry (saved with prioritized windows); this buffer's windows are uniform "
+                "(config key 'sampler')"
+            )
         prio = self.prio.restored(state['windows'], new) if self.prio is not None else None
 
         def swap() -> None:

@@ -912,3 +912,25 @@ def test_a_restore_of_prioritized_windows_removes_the_memmap_files_it_replaced(t
         assert os.listdir(tmp_path) == []
     finally:
         gc.enable()
+
+
+def test_a_state_of_prioritized_windows_is_refused_by_uniform_windows_and_the_other_way_round(tmp_path):
+    """A uniform episode buffer took a prioritized one's state (file too) and dropped its step priorities without a
+    word; the other way round was refused already. Both are refused naming 'windows', with nothing changed."""
+    base = dict(type='episode', replay_buffer_size=4, max_transitions=40, seed=0, storage=dict(type='tensor'))
+    prio = dict(base, sampler=dict(type='prioritized', unroll_len=3))
+    src = create_buffer(prio)
+    src.push({'x': torch.arange(5)})
+    out = src.sample(2)
+    src.update({k: out[k] for k in ('replay_unique_id', 'replay_buffer_idx')} | {'priority': torch.tensor([4.0, 0.5])})
+    path = str(tmp_path / 'prio.pt')
+    src.save_data(path)
+    for source, target in ((src, create_buffer(base)), (create_buffer(base), create_buffer(prio))):
+        before = target.state_dict()
+        with pytest.raises(ValueError, match="'windows' entry"):
+            target.load_state_dict(source.state_dict())
+        assert_same(target.state_dict(), before)
+    uniform = create_buffer(base)
+    with pytest.raises(ValueError, match="'windows' entry"):
+        uniform.load_data(path)
+    assert uniform.count() == 0
