@@ -23,23 +23,24 @@ NO_FLAT = "prioritized windows need the flat transitions of storage.type='tensor
 
 
 class Listener:
-    """What hears the episode store's episodes come and go (it holds no reference to the table): a new or removed
+    """What hears the episode store's episodes come and go (it holds no reference to the table, nor to the store: a
+    cycle would keep the store's fields, memmap files included, until the garbage collector ran): a new or removed
     episode's use count restarts, prioritized windows follow."""
 
     def __init__(self, uses: Any, prio: Optional[PrioritizedWindows]) -> None:
-        self.uses, self.prio = uses, prio
+        self.uses, self.windows = uses, None if prio is None else prio.windows
 
     def episode_added(self, slot: int, first: int, length: int) -> None:
         if self.uses is not None:
             self.uses.reset(slot)
-        if self.prio is not None:
-            self.prio.windows.episode_added(slot, first, length)
+        if self.windows is not None:
+            self.windows.episode_added(slot, first, length)
 
     def episode_removed(self, slot: int, first: int, length: int) -> None:
         if self.uses is not None:
             self.uses.reset(slot)
-        if self.prio is not None:
-            self.prio.windows.episode_removed(slot, first, length)
+        if self.windows is not None:
+            self.windows.episode_removed(slot, first, length)
 
 
 class EpisodeTable(Table):
@@ -287,7 +288,7 @@ class EpisodeTable(Table):
         def swap() -> None:
             new.listen(Listener(self.parts.uses, prio))
             old, self._store, self.prio = self._store, new, prio
-            old.listen(None)  # (its listener's windows refer back to it: a cycle would keep its fields until gc)
+            old.listen(None)  # (the replaced store tells nobody of its episodes any more)
             if old.storage is not new.storage:
                 old.release()  # its memmap files, now
 

@@ -270,8 +270,16 @@ class FrameStorage(TensorStorage):
 
     def write(self, prepared: Prepared, report_evicted: bool = True) -> WriteResult:
         inner, pending, stack, mask = prepared.payload
+        before = self.frame_ring, self.stack
         self._reserve_frames(stack, pending)  # may fail (memory, files): nothing has changed yet
-        result = super().write(prepared._replace(payload=inner), report_evicted)
+        try:
+            result = super().write(prepared._replace(payload=inner), report_evicted)
+        except BaseException:  # (the fields' first allocation failed: the new ring goes too, with its file)
+            if self.frame_ring is not before[0]:
+                if self._frame_release is not None:
+                    self._frame_release()
+                self.frame_ring, self.stack, self._frame_release = *before, None
+            raise
         stored = np.ones(len(pending.envs), dtype=bool)
         stored[: prepared.dropped] = False
         if mask is not None:

@@ -77,7 +77,10 @@ def allocate_fields(
             else:
                 fields[path] = torch.zeros((capacity, *shape), dtype=dtype, device=device)
         return fields
-    os.makedirs(memmap_dir, exist_ok=True)
+    try:
+        os.makedirs(memmap_dir, exist_ok=True)
+    except OSError as e:  # (accepted at build: the directory may be made possible later)
+        raise OSError(e.errno, f"config key 'storage.memmap_dir' is {memmap_dir!r}: {e.strerror}") from None
     remove_orphans(memmap_dir)
     made: List[str] = []
     try:
@@ -103,12 +106,12 @@ def reserve(fname: str, nbytes: int) -> None:
             try:
                 os.posix_fallocate(fd, 0, nbytes)
             except OSError as e:
-                if e.errno == errno.ENOSPC:
-                    raise OSError(
-                        errno.ENOSPC, f"no space left for the {nbytes}-byte memmap file {fname} (storage.memmap_dir)"
-                    ) from None
                 if e.errno not in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):  # (those: a file system that
-                    raise  # cannot reserve blocks, whose files are mapped sparse as before)
+                    # cannot reserve blocks, whose files are mapped sparse as before)
+                    what = 'no space left' if e.errno == errno.ENOSPC else e.strerror
+                    raise OSError(
+                        e.errno, f"{what} for the {nbytes}-byte memmap file {fname} (storage.memmap_dir)"
+                    ) from None
     finally:
         os.close(fd)
 
