@@ -170,9 +170,10 @@ class EpisodeSink:
         """(the held episode as the buffer takes it, its steps)."""
         parts, self.held, self.held_bytes = self.held, [], 0
         steps = sum(len(p) for p in parts)
+        named = self.target.done_named  # (the terminal flag under a frames buffer's done_key)
         if parts[0].rows is not None:
-            return [row for p in parts for row in p.rows], steps
-        return to_torch(tree_concat([p.columns for p in parts]), copy=not self.target.tensor), steps
+            return [named(row) for p in parts for row in p.rows], steps
+        return to_torch(named(tree_concat([p.columns for p in parts])), copy=not self.target.tensor), steps
 
 
 def _push(buffer: Any, items: list) -> int:

@@ -35,7 +35,7 @@ class MinariReader(HDF5Reader):
     layout = 'minari'
 
     def __init__(self, path: str, f: Any, timeout_key: str = 'timeout', frames: bool = False, **_: Any) -> None:
-        self.path, self.f, self.timeout_key = path, f, timeout_key
+        self.path, self.f, self.timeout_key, self.frames = path, f, timeout_key, frames
         text = [name for name in f.keys() if isinstance(name, str)]  # (h5py gives a name that is not text as bytes)
         ids = sorted((int(m.group(1)), name) for name in text if (m := EPISODE.fullmatch(name)))
         if not ids:
@@ -105,6 +105,7 @@ class MinariReader(HDF5Reader):
         ends = terminal | timeout
         if stop == ep['steps']:
             ends[-1] = True
+            timeout[-1] |= self.frames and not terminal[-1]  # (a frames buffer's stream ends with a flag, as in D4RL)
         cols = {
             'obs': read_tree(path, ep['obs'], f'{name}/observations', start, stop),
             'action': read_tree(path, ep['action'], f'{name}/actions', start, stop),

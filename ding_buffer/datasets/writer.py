@@ -124,17 +124,21 @@ def _named(data: Mapping, where: str) -> Dict[str, np.ndarray]:
 
 
 def _array(value: Any, where: str) -> np.ndarray:
-    if hasattr(value, 'detach'):  # a torch tensor
-        value = value.detach().cpu().numpy()
-    elif isinstance(value, (list, tuple)) and value and hasattr(value[0], 'detach'):
-        value = [v.detach().cpu().numpy() for v in value]
-    try:
+    try:  # torch tensors (alone, or steps of a list, mixed with arrays and numbers) as numpy arrays
+        value = [_numpy(v) for v in value] if isinstance(value, (list, tuple)) else _numpy(value)
         array = np.asarray(value)
-    except (ValueError, TypeError) as e:
-        raise ValueError(f"write_d4rl: {where} is not an array of one shape: {e}") from None
+    except (ValueError, TypeError, RuntimeError) as e:  # (ragged steps; dtypes numpy lacks, e.g. bfloat16)
+        raise ValueError(f"write_d4rl: {where} is not an array of numbers of one shape: {e}") from None
     if array.dtype.kind not in NUMERIC:
         raise ValueError(f"write_d4rl: {where} has dtype {array.dtype}; expected numbers or bools")
     return array
+
+
+def _numpy(value: Any) -> Any:
+    """A torch tensor as a numpy array (its values: lazy negation / conjugation resolved); anything else as it is."""
+    if hasattr(value, 'detach'):
+        return value.detach().cpu().resolve_neg().resolve_conj().numpy()
+    return value
 
 
 __all__: List[str] = ['write_d4rl']

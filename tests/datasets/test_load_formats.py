@@ -401,3 +401,56 @@ def test_a_frames_buffer_with_an_open_online_episode_takes_a_file_whose_first_st
     got = sorted(bytes(o) for o in buf.sample(n + 1, replace=False)['obs'].numpy())
     want = sorted([bytes(o) for o in fresh.sample(n, replace=False)['obs'].numpy()] + [bytes(stk([50, 50, 50]))])
     assert got == want  # the file's steps as a fresh buffer stores them, and the online one
+
+
+def test_a_minari_episode_ending_without_a_flag_ends_its_frame_stream(tmp_path):
+    """Each Minari group is an episode, but a group whose last step has neither termination nor truncation left
+    the frame stream open: the next group's first step was refused as not continuing it, and the load failed."""
+    import h5py
+
+    def group(start, n, terminated):
+        obs, nxt = _stacks(start, n)
+        term = np.zeros(n, bool)
+        term[-1] = terminated
+        observations = np.concatenate([obs, nxt[-1:]])  # n + 1 rows
+        return dict(
+            observations=observations,
+            actions=np.zeros(n, np.int64),
+            rewards=np.ones(n, np.float32),
+            terminations=term,
+            truncations=np.zeros(n, bool),
+        )
+
+    path = tmp_path / 'main_data.hdf5'
+    with h5py.File(path, 'w') as f:
+        for i, ep in enumerate([group(10, 4, False), group(100, 3, True)]):
+            for k, v in ep.items():
+                f.create_dataset(f'episode_{i}/{k}', data=v)
+    buf = create_buffer(dict(type='naive', replay_buffer_size=100, storage=dict(type='tensor', frames=dict(stack=2))))
+    assert load_dataset(buf, str(path), progress=False) == 7
+    out = buf.sample(7, replace=False)
+    flags = sorted(zip(out['obs'][:, 0, 0, 0].tolist(), out['done'].tolist(), out['truncated'].tolist()))
+    assert flags[3] == (13, False, True) and flags[-1] == (102, True, False)  # each group's last step
+    assert sum(t for _, _, t in flags) == 1 and sum(d for _, d, _ in flags) == 1
+
+
+def test_an_episode_buffer_with_frames_stores_the_terminal_flag_under_its_done_key(tmp_path):
+    """A frames buffer keeps the terminal flag under its done_key; episode buffers stored it as 'done', so an
+    online episode with the configured name was refused after a load (or a load after one)."""
+    obs, nxt = _stacks(10, 6)
+    terminals = np.zeros(6, bool)
+    terminals[[2, 5]] = True
+    path = str(tmp_path / 'frames.hdf5')
+    data = dict(observations=obs, next_observations=nxt, actions=np.zeros(6, np.int64), rewards=np.zeros(6, np.float32))
+    write_d4rl(path, dict(data, terminals=terminals))
+    frames = dict(stack=2, done_key='terminated', truncated_key='trunc')
+    for kind, extra in (('episode', {}), ('prioritized_episode', dict(sampler=dict(type='prioritized', unroll_len=2)))):
+        storage = dict(type='tensor', frames=frames)
+        buf = create_buffer(dict(type=kind, replay_buffer_size=10, max_transitions=50, storage=storage, **extra))
+        assert load_dataset(buf, path, progress=False) == 2
+        keys = set(buf.sample(1, unroll_len=2))
+        assert {'terminated', 'trunc'} <= keys and 'done' not in keys, sorted(keys)
+        o, n = _stacks(200, 2)
+        steps = dict(obs=torch.from_numpy(o), next_obs=torch.from_numpy(n), action=torch.zeros(2, dtype=torch.int64))
+        flags = dict(reward=torch.zeros(2), terminated=torch.tensor([False, True]), trunc=torch.zeros(2, dtype=bool))
+        assert buf.push(dict(steps, **flags)) == 1

@@ -128,3 +128,22 @@ def test_a_damaged_byte_in_the_data_of_a_written_file_is_refused(tmp_path):
     with pytest.raises(ValueError, match=r"a\.hdf5': key 'observations' cannot be read"):
         load_dataset(buffer, path, progress=False)
     assert_same(buffer.state_dict(), before)
+
+
+def test_an_episode_mixing_tensors_arrays_and_numbers_is_written(tmp_path):
+    """Steps of a list episode whose field is a tensor in one step and an array in the next raised a bare
+    AttributeError; a dtype numpy lacks (bfloat16) raised torch's TypeError without naming the field."""
+    path = str(tmp_path / 'mixed.hdf5')
+    episode = [
+        dict(obs=torch.zeros(3), action=0, reward=torch.tensor(1.0), next_obs=np.ones(3, np.float32), done=False),
+        dict(obs=np.ones(3, np.float32), action=1, reward=2.0, next_obs=-torch.ones(3), done=True),
+    ]
+    assert write_d4rl(path, [episode]) == 2
+    got = read(path)
+    assert got['observations'].tolist() == [[0.0] * 3, [1.0] * 3]
+    assert got['next_observations'].tolist() == [[1.0] * 3, [-1.0] * 3]
+    assert got['rewards'].tolist() == [1.0, 2.0] and got['terminals'].tolist() == [False, True]
+    bad = [dict(step, obs=torch.zeros(3, dtype=torch.bfloat16)) for step in episode]
+    with pytest.raises(ValueError, match="obs.*not an array of numbers of one shape"):
+        write_d4rl(str(tmp_path / 'bad.hdf5'), [bad])
+    assert not os.path.exists(tmp_path / 'bad.hdf5')
