@@ -517,10 +517,14 @@ class BetaSchedule:
 
     @staticmethod
     def checked(value: Any, what: str) -> float:
-        value = float(value)
-        if not 0 <= value <= 1:
-            raise ValueError(f"{what} must be in [0, 1], got {value}")
-        return value
+        """``value`` as a float in [0, 1]: a real number (a 0-dim array or tensor too), not a bool or a str."""
+        try:
+            number = None if isinstance(value, (bool, np.bool_, str, bytes)) else float(value)
+        except (TypeError, ValueError):
+            number = None
+        if number is None or not 0 <= number <= 1:
+            raise ValueError(f"{what} must be in [0, 1], got {f'{value!r:.40}' if number is None else number}")
+        return number
 
     def set(self, value: float) -> None:
         self.value = self.checked(value, 'beta')

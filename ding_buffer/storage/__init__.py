@@ -67,7 +67,10 @@ def device_ok(x: Any) -> bool:
 STORAGE_CHECKS = {
     'storage.type': (lambda x: x in STORAGE_TYPES, f"one of {sorted(STORAGE_TYPES)}"),
     'storage.device': (lambda x: device_ok(x), "'cpu', 'cuda' or 'cuda:N'"),
-    'storage.memmap_dir': (lambda x: x is None or (isinstance(x, str) and x), 'None or a directory path'),
+    'storage.memmap_dir': (
+        lambda x: x is None or (isinstance(x, str) and x and '\x00' not in x),
+        'None or a directory path',
+    ),
     'storage.output': (lambda x: x is None or (isinstance(x, str) and x in OUTPUTS), f"one of {OUTPUTS}"),
     'storage.frames': (check_frames, 'None or a dict of frames options'),
 }

@@ -99,21 +99,22 @@ def allocate_fields(
 
 def reserve(fname: str, nbytes: int) -> None:
     """Create ``fname`` with its ``nbytes`` of disk blocks reserved: a disk that cannot hold them is an ``OSError``
-    now, not a SIGBUS at a later write into the mapping (a sparse file's pages get their blocks only then)."""
-    fd = os.open(fname, os.O_RDWR | os.O_CREAT, 0o666)
+    now, not a SIGBUS at a later write into the mapping (a sparse file's pages get their blocks only then). Any
+    failure names the file and ``storage.memmap_dir``."""
     try:
-        if nbytes and hasattr(os, 'posix_fallocate'):
-            try:
-                os.posix_fallocate(fd, 0, nbytes)
-            except OSError as e:
-                if e.errno not in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):  # (those: a file system that
-                    # cannot reserve blocks, whose files are mapped sparse as before)
-                    what = 'no space left' if e.errno == errno.ENOSPC else e.strerror
-                    raise OSError(
-                        e.errno, f"{what} for the {nbytes}-byte memmap file {fname} (storage.memmap_dir)"
-                    ) from None
-    finally:
-        os.close(fd)
+        fd = os.open(fname, os.O_RDWR | os.O_CREAT, 0o666)
+        try:
+            if nbytes and hasattr(os, 'posix_fallocate'):
+                try:
+                    os.posix_fallocate(fd, 0, nbytes)
+                except OSError as e:  # a file system that cannot reserve blocks: its files are mapped sparse
+                    if e.errno not in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):
+                        raise
+        finally:
+            os.close(fd)
+    except OSError as e:
+        what = 'no space left' if e.errno == errno.ENOSPC else e.strerror
+        raise OSError(e.errno, f"{what} for the {nbytes}-byte memmap file {fname} (storage.memmap_dir)") from None
 
 
 _HUGE = 2**21  # a transparent huge page on x86-64 and arm64

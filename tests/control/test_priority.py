@@ -148,3 +148,14 @@ def test_beta_schedule_anneals_linearly_to_one_and_refuses_out_of_range():
         assert const.value == 0.3
     with pytest.raises(ValueError, match='got 2.0'):
         BetaSchedule(2, anneal_step=3)
+
+
+def test_beta_is_a_real_number_not_a_bool_or_a_string():
+    """A str beta ('0.5') and a bool were taken as numbers, 'x' and None raised float()'s bare errors."""
+    beta = BetaSchedule(0.3, anneal_step=0)
+    for bad in ('0.5', True, None, 'x', b'1'):
+        with pytest.raises(ValueError, match="beta must be in \\[0, 1\\], got"):
+            beta.set(bad)
+        assert beta.value == 0.3
+    beta.set(np.float32(0.25))
+    assert beta.value == 0.25 and type(beta.value) is float

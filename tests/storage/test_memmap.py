@@ -113,3 +113,15 @@ def test_a_first_frames_push_that_runs_out_of_disk_leaves_no_frame_ring(tmp_path
 
     out = subprocess.run([sys.executable, '-c', _FULL_DISK], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and out.stdout.strip() == 'ok', out.stderr[-2000:]
+
+
+def test_a_memmap_dir_with_a_nul_byte_is_refused_and_file_errors_name_the_key():
+    """A NUL byte can never be in a path: such a memmap_dir was accepted, then every push raised 'embedded null
+    byte'. A directory where no file can be made (here /proc/self) named only the file."""
+    with pytest.raises(ValueError, match="'storage.memmap_dir' has invalid value"):
+        create_buffer(dict(type='naive', replay_buffer_size=4, storage=dict(type='tensor', memmap_dir='mm\x00dir')))
+    buf = create_buffer(dict(type='naive', replay_buffer_size=4, storage=dict(type='tensor', memmap_dir='/proc/self')))
+    before = buf.state_dict()
+    with pytest.raises(OSError, match=r'memmap file /proc/self/.* \(storage.memmap_dir\)'):
+        buf.push({'obs': np.zeros(3)})
+    assert_same(buf.state_dict(), before)
