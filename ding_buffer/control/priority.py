@@ -517,10 +517,11 @@ class BetaSchedule:
 
     @staticmethod
     def checked(value: Any, what: str) -> float:
-        """``value`` as a float in [0, 1]: a real number (a 0-dim array or tensor too), not a bool or a str."""
+        """``value`` as a float in [0, 1]: a real number (a 0-dim array or tensor too), not a bool, complex or str."""
         try:
-            number = None if isinstance(value, (bool, np.bool_, str, bytes)) else float(value)
-        except (TypeError, ValueError):
+            arr = np.asarray(value.detach().cpu().resolve_neg() if hasattr(value, 'detach') else value)
+            number = float(arr) if arr.ndim == 0 and arr.dtype.kind in 'iufO' else None
+        except (TypeError, ValueError, OverflowError):  # (None; 10**400)
             number = None
         if number is None or not 0 <= number <= 1:
             raise ValueError(f"{what} must be in [0, 1], got {f'{value!r:.40}' if number is None else number}")

@@ -30,14 +30,13 @@ KEYS = {'observations': 'obs', 'actions': 'action', 'rewards': 'reward'}
 
 
 class D4RLReader(HDF5Reader):
-    """Reads a D4RL file in row ranges (see the module). ``timeout_key``: the field name of the time-limit flag;
-    ``frames``: a terminated step's missing next observation is its own stack shifted by one zero frame (what a
-    frames buffer accepts) instead of zeros."""
+    """Reads a D4RL file in row ranges (see the module). ``frames``: a terminated step's missing next observation
+    is its own stack shifted by one zero frame (what a frames buffer accepts) instead of zeros."""
 
     layout = 'd4rl'
 
-    def __init__(self, path: str, f: Any, timeout_key: str = 'timeout', frames: bool = False, **_: Any) -> None:
-        self.path, self.f, self.timeout_key, self.frames = path, f, timeout_key, frames
+    def __init__(self, path: str, f: Any, frames: bool = False, **_: Any) -> None:
+        self.path, self.f, self.frames = path, f, frames
         self.obs = node(path, f, 'observations')
         self.rows = self.obs.shape[0] if self.obs.ndim else 0
         check_array(path, 'observations', self.obs, self.rows)
@@ -98,7 +97,7 @@ class D4RLReader(HDF5Reader):
         if self.next_obs is not None:
             terminal, timeout, ends, _ = self._flags(start, stop)
             cols['next_obs'] = read(path, 'next_observations', self.next_obs, start, stop)
-            cols.update(done=terminal, **{self.timeout_key: timeout})
+            cols.update(done=terminal, timeout=timeout)
             return Chunk(ends, columns=cols)
         # without next observations: look one row ahead (the next observation, and whether that row is dropped)
         ahead = min(stop + 1, self.rows)
@@ -112,7 +111,7 @@ class D4RLReader(HDF5Reader):
         if last_terminal.any():
             nxt[last_terminal] = self._fill(cols['obs'][last_terminal])
         cut = ~ends & np.append(dropped[1:], False)[:n]  # the step before a dropped one ends its stored episode
-        cols.update(next_obs=nxt, done=terminal[:n], **{self.timeout_key: timeout[:n] | cut})
+        cols.update(next_obs=nxt, done=terminal[:n], timeout=timeout[:n] | cut)
         keep = ~dropped[:n]
         cols = {k: v[keep] for k, v in cols.items()}
         return Chunk((ends | cut)[keep], columns=cols)

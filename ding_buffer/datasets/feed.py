@@ -21,6 +21,7 @@ from .columns import Chunk, rows_of, to_torch, tree_concat, tree_leaves
 from .hdf5 import fail
 
 TRANSITION_KINDS = ('transition', 'sequence')
+_FLAG_KEYS = (('done', 'done_key'), ('timeout', 'truncated_key'))  # a reader's flag, the frames key naming it
 EPISODE_KINDS = ('episode',)
 
 
@@ -62,17 +63,22 @@ class Target:
             None if frames is None else dict(frames),
         )
 
-    @property
-    def timeout_key(self) -> str:
-        """The time-limit flag's field: ``timeout``; a frames buffer's ``truncated_key`` (its streams end there)."""
-        return 'timeout' if self.frames is None else self.frames.get('truncated_key', 'truncated')
-
-    def done_named(self, columns: Any) -> Any:
-        """The terminal flag under the name a frames buffer reads (``done_key``; the readers write ``done``)."""
-        key = None if self.frames is None else self.frames.get('done_key', 'done')
-        if key in (None, 'done') or not isinstance(columns, dict) or 'done' not in columns:
+    def flags_named(self, columns: Any) -> Any:
+        """A frames buffer's streams end at its flags: the readers' terminal flag ``done`` under its ``done_key``,
+        the time-limit flag ``timeout`` under its ``truncated_key`` (both renamed at once); a name that another
+        field of the dataset has too is a ``ValueError``."""
+        if self.frames is None or not isinstance(columns, dict):
             return columns
-        return {(key if k == 'done' else k): v for k, v in columns.items()}
+        names = {flag: self.frames.get(key, flag if key == 'done_key' else 'truncated') for flag, key in _FLAG_KEYS}
+        names = {flag: name for flag, name in names.items() if flag in columns and name is not None}
+        for flag, key in _FLAG_KEYS:
+            name = names.get(flag, flag)
+            if name != flag and name in columns and name not in names:
+                raise ValueError(
+                    f"config key 'storage.frames.{key}' is {name!r}, a field the dataset holds too: the {flag!r} "
+                    f"flags would replace it; name another field"
+                )
+        return {names.get(k, k): v for k, v in columns.items()}
 
     def check(self, path: str, obs_shape: tuple, columns: bool = True) -> None:
         """A frames buffer needs stacks: ``obs`` / ``next_obs`` fields of per-step shape ``[stack, *frame]``; from a
@@ -85,6 +91,12 @@ class Target:
                 f"(storage.frames.env_key); a dataset's transitions are one stream, in file order, with no such "
                 f"field: set env_key=None to load it"
             )
+        for flag, key in _FLAG_KEYS if not self.episodes else ():  # (an episode is a stream of its own)
+            if key in self.frames and self.frames[key] is None:
+                raise ValueError(
+                    f"config key 'storage.frames.{key}' is None: this buffer's frame streams would not end at the "
+                    f"dataset's {flag!r} flags, so the step after one would be refused; name a field for them"
+                )
         keys = (self.frames.get('key', 'obs'), self.frames.get('next_key', 'next_obs'))
         if keys != ('obs', 'next_obs'):
             raise ValueError(
@@ -111,12 +123,12 @@ class TransitionSink:
         if not len(chunk):  # every row of it dropped (time-limit ends without next observations): nothing to push
             return 0
         if chunk.rows is not None:
-            n = _push(self.buffer, [self.target.done_named(row) for row in chunk.rows])
+            n = _push(self.buffer, [self.target.flags_named(row) for row in chunk.rows])
         elif self.target.tensor and self.target.frames is None:
             n = self.buffer.extend(to_torch(chunk.columns))
             _check_taken(n, len(chunk))
         else:
-            n = _push(self.buffer, rows_of(self.target.done_named(chunk.columns)))
+            n = _push(self.buffer, rows_of(self.target.flags_named(chunk.columns)))
         self.stored += n
         return n
 
@@ -170,7 +182,7 @@ class EpisodeSink:
         """(the held episode as the buffer takes it, its steps)."""
         parts, self.held, self.held_bytes = self.held, [], 0
         steps = sum(len(p) for p in parts)
-        named = self.target.done_named  # (the terminal flag under a frames buffer's done_key)
+        named = self.target.flags_named  # (the flags under a frames buffer's names)
         if parts[0].rows is not None:
             return [named(row) for p in parts for row in p.rows], steps
         return to_torch(named(tree_concat([p.columns for p in parts])), copy=not self.target.tensor), steps

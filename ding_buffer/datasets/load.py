@@ -69,7 +69,7 @@ def load_dataset(
         raise FileNotFoundError(f"no dataset file at {path!r}")
     fmt = detect_format(path) if format in (None, 'auto') else format
     try:
-        with READERS[fmt].open(path, timeout_key=target.timeout_key, frames=target.frames is not None, **options) as r:
+        with READERS[fmt].open(path, frames=target.frames is not None, **options) as r:
             target.check(path, r.obs_shape, columns=fmt != 'dingengine_pkl')  # (pickled items hold any field)
             total = r.validate(chunk_size)
             if limit is not None:

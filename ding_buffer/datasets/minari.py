@@ -34,8 +34,8 @@ EPISODE = re.compile(r'episode_(\d+)')
 class MinariReader(HDF5Reader):
     layout = 'minari'
 
-    def __init__(self, path: str, f: Any, timeout_key: str = 'timeout', frames: bool = False, **_: Any) -> None:
-        self.path, self.f, self.timeout_key, self.frames = path, f, timeout_key, frames
+    def __init__(self, path: str, f: Any, frames: bool = False, **_: Any) -> None:
+        self.path, self.f, self.frames = path, f, frames
         text = [name for name in f.keys() if isinstance(name, str)]  # (h5py gives a name that is not text as bytes)
         ids = sorted((int(m.group(1)), name) for name in text if (m := EPISODE.fullmatch(name)))
         if not ids:
@@ -112,7 +112,7 @@ class MinariReader(HDF5Reader):
             'reward': read_tree(path, ep['rewards'], f'{name}/rewards', start, stop),
             'next_obs': read_tree(path, ep['obs'], f'{name}/observations', start + 1, stop + 1),
             'done': terminal,
-            self.timeout_key: timeout,
+            'timeout': timeout,
         }
         return Chunk(np.asarray(ends), columns=cols)
 

@@ -151,11 +151,23 @@ def test_beta_schedule_anneals_linearly_to_one_and_refuses_out_of_range():
 
 
 def test_beta_is_a_real_number_not_a_bool_or_a_string():
-    """A str beta ('0.5') and a bool were taken as numbers, 'x' and None raised float()'s bare errors."""
+    """A str beta ('0.5'), a bool or a complex number was taken as a number; 'x', None, 10**400 or a complex
+    tensor raised bare errors."""
     beta = BetaSchedule(0.3, anneal_step=0)
-    for bad in ('0.5', True, None, 'x', b'1'):
+    for bad in (
+        '0.5',
+        True,
+        None,
+        'x',
+        b'1',
+        10**400,
+        np.complex128(0.5),
+        torch.tensor(0.5 + 0.7j),
+        torch.tensor(True),
+    ):
         with pytest.raises(ValueError, match="beta must be in \\[0, 1\\], got"):
             beta.set(bad)
         assert beta.value == 0.3
-    beta.set(np.float32(0.25))
-    assert beta.value == 0.25 and type(beta.value) is float
+    for good in (np.float32(0.25), np.array(0.25), torch.tensor(0.25), -torch.tensor(-0.25)):
+        beta.set(good)
+        assert beta.value == 0.25 and type(beta.value) is float

@@ -20,6 +20,7 @@ from dataset_files import (
     stored_transitions,
     write_h5,
 )
+from helpers import assert_same
 
 from ding_buffer import create_buffer
 from ding_buffer.datasets import load_dataset, write_d4rl
@@ -454,3 +455,45 @@ def test_an_episode_buffer_with_frames_stores_the_terminal_flag_under_its_done_k
         steps = dict(obs=torch.from_numpy(o), next_obs=torch.from_numpy(n), action=torch.zeros(2, dtype=torch.int64))
         flags = dict(reward=torch.zeros(2), terminated=torch.tensor([False, True]), trunc=torch.zeros(2, dtype=bool))
         assert buf.push(dict(steps, **flags)) == 1
+
+
+def test_frames_flag_names_are_renamed_together_and_never_replace_a_field(tmp_path):
+    """The flags go under storage.frames' done_key / truncated_key, renamed at once: truncated_key='done' turned
+    the terminal flags into time-limit ones (D4RL: a bare TypeError), a done_key naming another field of the file
+    replaced its values, and done_key=None (streams that never end at a terminal flag) failed mid-load."""
+    obs, nxt = _stacks(10, 6)
+    terminals = np.zeros(6, bool)
+    terminals[[2, 5]] = True
+    obs[3:] += 50  # the second episode's frames do not continue the first's
+    nxt[3:] += 50
+    path = str(tmp_path / 'frames.hdf5')
+    rewards = np.arange(6, dtype=np.float32)
+    write_d4rl(
+        path,
+        dict(
+            observations=obs, next_observations=nxt, actions=np.zeros(6, np.int64), rewards=rewards, terminals=terminals
+        ),
+    )
+
+    def frames_buffer(**frames):
+        return create_buffer(
+            dict(
+                type='naive', replay_buffer_size=20, seed=0, storage=dict(type='tensor', frames=dict(stack=2, **frames))
+            )
+        )
+
+    swapped = frames_buffer(done_key='terminal', truncated_key='done')
+    assert load_dataset(swapped, path, progress=False) == 6
+    out = swapped.sample(6, replace=False)
+    order = out['reward'].argsort()
+    assert out['terminal'][order].tolist() == terminals.tolist() and not out['done'].any()
+    for frames, match in (
+        (dict(done_key='reward'), "'storage.frames.done_key' is 'reward', a field the dataset holds too"),
+        (dict(done_key=None), "'storage.frames.done_key' is None"),
+        (dict(truncated_key=None), "'storage.frames.truncated_key' is None"),
+    ):
+        buf = frames_buffer(**frames)
+        before = buf.state_dict()
+        with pytest.raises(ValueError, match=match):
+            load_dataset(buf, path, progress=False)
+        assert_same(buf.state_dict(), before)
