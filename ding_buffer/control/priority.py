@@ -519,7 +519,10 @@ class BetaSchedule:
     def checked(value: Any, what: str) -> float:
         """``value`` as a float in [0, 1]: a real number (a 0-dim array or tensor too), not a bool, complex or str."""
         try:
-            arr = np.asarray(value.detach().cpu().resolve_neg() if hasattr(value, 'detach') else value)
+            if hasattr(value, 'detach'):  # a tensor (bfloat16 and float8 as float64: numpy lacks them)
+                value = value.detach().cpu().resolve_neg()
+                value = value.double() if value.is_floating_point() else value
+            arr = np.asarray(value)
             number = float(arr) if arr.ndim == 0 and arr.dtype.kind in 'iufO' else None
         except (TypeError, ValueError, OverflowError):  # (None; 10**400)
             number = None

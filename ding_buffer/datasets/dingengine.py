@@ -15,7 +15,7 @@ Episodes end after a ``done`` transition, and the rows after the last one are an
 import contextlib
 import pickle
 from collections.abc import Mapping
-from typing import Any, Iterator
+from typing import Any, Iterator, Tuple
 
 import numpy as np
 
@@ -27,6 +27,7 @@ REQUIRED = ('obs', 'action', 'reward', 'done', 'next_obs')
 
 class DingEngineHDF5Reader(HDF5Reader):
     layout = 'dingengine_hdf5'
+    flags = ('done',)  # (DI-engine's transitions have no time-limit flag: a 'timeout' array is a field as any other)
 
     def __init__(self, path: str, f: Any, **_: Any) -> None:
         self.path, self.f = path, f
@@ -51,6 +52,10 @@ class DingEngineHDF5Reader(HDF5Reader):
     def obs_shape(self) -> tuple:
         return tuple(self.fields['obs'].shape[1:])
 
+    @property
+    def names(self) -> Tuple[str, ...]:  # type: ignore[override]
+        return tuple(self.fields)
+
     def validate(self, chunk: int) -> int:
         scan(self.path, [(k, ds, k == 'done') for k, ds in self.fields.items()], self.rows, chunk)
         return self.rows
@@ -68,6 +73,7 @@ class DingEngineHDF5Reader(HDF5Reader):
 
 class DingEnginePickleReader:
     layout = 'dingengine_pkl'
+    flags = ('done',)  # (DI-engine's transitions have no time-limit flag)
 
     def __init__(self, path: str, items: Any) -> None:
         self.path = path
@@ -117,6 +123,10 @@ class DingEnginePickleReader:
     @property
     def obs_shape(self) -> tuple:
         return tuple(np.shape(self.items[0]['obs'])) if self.items else ()
+
+    @property
+    def names(self) -> Tuple[Any, ...]:
+        return tuple(self.items[0]) if self.items else ()
 
     def validate(self, chunk: int) -> int:
         self.ends = np.zeros(self.rows, dtype=bool)

@@ -12,7 +12,7 @@ then restored from the ``state_dict()`` taken before it (``atomic``).
 """
 
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
@@ -21,7 +21,7 @@ from .columns import Chunk, rows_of, to_torch, tree_concat, tree_leaves
 from .hdf5 import fail
 
 TRANSITION_KINDS = ('transition', 'sequence')
-_FLAG_KEYS = (('done', 'done_key'), ('timeout', 'truncated_key'))  # a reader's flag, the frames key naming it
+_FLAG_KEYS = {'done': ('done_key', 'done'), 'timeout': ('truncated_key', 'truncated')}  # flag: frames key, default
 EPISODE_KINDS = ('episode',)
 
 
@@ -37,6 +37,7 @@ class Target:
     episodes: bool
     tensor: bool
     frames: Optional[Dict[str, Any]]
+    flags: Tuple[str, ...] = ()  # the reader's episode-end flags (``check``): 'done', and 'timeout' where it has one
 
     @classmethod
     def of(cls, buffer: Any) -> 'Target':
@@ -63,26 +64,26 @@ class Target:
             None if frames is None else dict(frames),
         )
 
+    def _renamed(self) -> Dict[str, str]:
+        """A frames buffer's streams end at its flags: the reader's terminal flag ``done`` goes under the frames'
+        ``done_key``, its time-limit flag ``timeout`` under ``truncated_key`` (None: kept as they are)."""
+        if self.frames is None:
+            return {}
+        names = {flag: self.frames.get(*_FLAG_KEYS[flag]) for flag in self.flags}
+        return {flag: name for flag, name in names.items() if name is not None and name != flag}
+
     def flags_named(self, columns: Any) -> Any:
-        """A frames buffer's streams end at its flags: the readers' terminal flag ``done`` under its ``done_key``,
-        the time-limit flag ``timeout`` under its ``truncated_key`` (both renamed at once); a name that another
-        field of the dataset has too is a ``ValueError``."""
-        if self.frames is None or not isinstance(columns, dict):
+        """``columns`` (or a row) with the flags renamed at once (``_renamed``; ``check`` refused a clash)."""
+        names = self._renamed()
+        if not names or not isinstance(columns, dict):
             return columns
-        names = {flag: self.frames.get(key, flag if key == 'done_key' else 'truncated') for flag, key in _FLAG_KEYS}
-        names = {flag: name for flag, name in names.items() if flag in columns and name is not None}
-        for flag, key in _FLAG_KEYS:
-            name = names.get(flag, flag)
-            if name != flag and name in columns and name not in names:
-                raise ValueError(
-                    f"config key 'storage.frames.{key}' is {name!r}, a field the dataset holds too: the {flag!r} "
-                    f"flags would replace it; name another field"
-                )
         return {names.get(k, k): v for k, v in columns.items()}
 
-    def check(self, path: str, obs_shape: tuple, columns: bool = True) -> None:
+    def check(self, path: str, reader: Any, columns: bool = True) -> None:
         """A frames buffer needs stacks: ``obs`` / ``next_obs`` fields of per-step shape ``[stack, *frame]``; from a
-        file of ``columns`` (D4RL, Minari, DI-engine HDF5), in one stream (no field there names an environment)."""
+        file of ``columns`` (D4RL, Minari, DI-engine HDF5), in one stream (no field there names an environment); its
+        streams end at the ``reader``'s flags, under names no other field of the file has."""
+        self.flags, obs_shape = reader.flags, reader.obs_shape
         if self.frames is None:
             return
         if columns and self.frames.get('env_key') is not None:
@@ -91,11 +92,18 @@ class Target:
                 f"(storage.frames.env_key); a dataset's transitions are one stream, in file order, with no such "
                 f"field: set env_key=None to load it"
             )
-        for flag, key in _FLAG_KEYS if not self.episodes else ():  # (an episode is a stream of its own)
-            if key in self.frames and self.frames[key] is None:
+        renamed = self._renamed()
+        for flag in self.flags:
+            key, name = _FLAG_KEYS[flag][0], self.frames.get(*_FLAG_KEYS[flag])
+            if name is None and not self.episodes:  # (an episode is a stream of its own)
                 raise ValueError(
                     f"config key 'storage.frames.{key}' is None: this buffer's frame streams would not end at the "
                     f"dataset's {flag!r} flags, so the step after one would be refused; name a field for them"
+                )
+            if name in reader.names and flag in renamed and name not in renamed:
+                raise ValueError(
+                    f"config key 'storage.frames.{key}' is {name!r}, a field the dataset holds too: its {flag!r} "
+                    f"flags would replace it; name another field"
                 )
         keys = (self.frames.get('key', 'obs'), self.frames.get('next_key', 'next_obs'))
         if keys != ('obs', 'next_obs'):

@@ -212,6 +212,8 @@ class HDF5Reader:
     yields ``Reader(path, file, **options)``, which checks the layout's keys, rows, dtypes and shapes."""
 
     layout = 'HDF5'
+    flags: Tuple[str, ...] = ('done', 'timeout')  # the episode-end flags of what it reads (D4RL, Minari)
+    names: Tuple[str, ...] = ('obs', 'action', 'reward', 'next_obs', 'done', 'timeout')  # the fields it reads
 
     @classmethod
     @contextlib.contextmanager

@@ -70,7 +70,7 @@ def load_dataset(
     fmt = detect_format(path) if format in (None, 'auto') else format
     try:
         with READERS[fmt].open(path, frames=target.frames is not None, **options) as r:
-            target.check(path, r.obs_shape, columns=fmt != 'dingengine_pkl')  # (pickled items hold any field)
+            target.check(path, r, columns=fmt != 'dingengine_pkl')  # (pickled items hold any field)
             total = r.validate(chunk_size)
             if limit is not None:
                 total = min(total, limit)

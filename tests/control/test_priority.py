@@ -168,6 +168,7 @@ def test_beta_is_a_real_number_not_a_bool_or_a_string():
         with pytest.raises(ValueError, match="beta must be in \\[0, 1\\], got"):
             beta.set(bad)
         assert beta.value == 0.3
-    for good in (np.float32(0.25), np.array(0.25), torch.tensor(0.25), -torch.tensor(-0.25)):
+    good_values = (np.float32(0.25), np.array(0.25), torch.tensor(0.25), -torch.tensor(-0.25))
+    for good in good_values + (torch.tensor(0.25, dtype=torch.bfloat16), torch.tensor(0.25, dtype=torch.float16)):
         beta.set(good)
         assert beta.value == 0.25 and type(beta.value) is float

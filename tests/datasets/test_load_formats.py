@@ -497,3 +497,40 @@ def test_frames_flag_names_are_renamed_together_and_never_replace_a_field(tmp_pa
         with pytest.raises(ValueError, match=match):
             load_dataset(buf, path, progress=False)
         assert_same(buf.state_dict(), before)
+
+
+def test_a_dingengine_file_keeps_its_own_fields_and_a_flag_name_clash_is_refused_before_the_load(tmp_path):
+    """DI-engine's files have no time-limit flag: a frames buffer with truncated_key=None takes them, and their own
+    'timeout' array stays a field of that name. A done_key naming another array of the file is refused before
+    anything changes, atomic or not (an online stream left open stays open)."""
+    import h5py
+
+    obs, nxt = _stacks(10, 6)
+    obs[3:] += 50
+    nxt[3:] += 50
+    path = tmp_path / 'de.hdf5'
+    with h5py.File(path, 'w') as f:
+        f['obs'], f['next_obs'] = obs, nxt
+        f['action'], f['reward'] = np.zeros(6, np.int64), np.arange(6, dtype=np.float32)
+        f['done'] = np.arange(6) % 3 == 2
+        f['timeout'] = f['terminated'] = np.full(6, 7, np.int64)
+
+    def frames_buffer(**frames):
+        return create_buffer(
+            dict(
+                type='naive', replay_buffer_size=20, seed=0, storage=dict(type='tensor', frames=dict(stack=2, **frames))
+            )
+        )
+
+    buf = frames_buffer(truncated_key=None)
+    assert load_dataset(buf, str(path), progress=False) == 6
+    out = buf.sample(6, replace=False)
+    assert out['timeout'].tolist() == [7] * 6 and sorted(out['done'].tolist()) == [False] * 4 + [True] * 2
+    clash = frames_buffer(done_key='terminated')
+    o, n = _stacks(200, 1)
+    step = dict(obs=torch.from_numpy(o[0]), next_obs=torch.from_numpy(n[0]), action=torch.tensor(0), reward=0.0)
+    clash.push(dict(step, terminated=False, truncated=False))  # an online episode left open
+    before = clash.state_dict()
+    with pytest.raises(ValueError, match="'storage.frames.done_key' is 'terminated', a field the dataset holds too"):
+        load_dataset(clash, str(path), progress=False, atomic=False)
+    assert_same(clash.state_dict(), before)
