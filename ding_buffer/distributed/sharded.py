@@ -126,15 +126,16 @@ class ShardedBuffer:
     def _call(self, k: int, name: str, *args: Any, **kwargs: Any) -> Any:
         try:
             return getattr(self.shards[k], name)(*args, **kwargs)
-        except ManagerUnavailableError as e:
-            raise ManagerUnavailableError(f"shard {k} of {self.num_shards} is unavailable ({name}): {e}") from e
+        except ManagerUnavailableError as e:  # (its class kept: a ManagerTimeoutError stays one)
+            raise type(e)(f"shard {k} of {self.num_shards} is unavailable ({name}): {e}") from e
 
     def _check_open(self) -> None:
         if self._closed:
             raise RuntimeError("the sharded buffer is closed")
 
     def _hash(self, value: Any) -> int:
-        if isinstance(value, (torch.Tensor, np.ndarray)):
+        """The shard of a ``shard_key`` value: the same for an int, a numpy int and a 0-dim tensor of it."""
+        if isinstance(value, (torch.Tensor, np.ndarray, np.generic)):
             value = value.tolist()
         return zlib.crc32(repr(value).encode()) % self.num_shards
 
@@ -142,10 +143,11 @@ class ShardedBuffer:
     def push(self, data: Any, cur_collector_envstep: int = -1, batched: bool = False) -> int:
         """Route ``data`` (one item, a list, or with ``batched=True`` a dict of rows) and push it; the number stored."""
         self._check_open()
-        if self.route == 'round_robin':
-            k = self._next
-            self._next = (self._next + 1) % self.num_shards
-            return self._call(k, 'push', data, cur_collector_envstep, batched=batched)
+        if self.route == 'round_robin':  # the next shard once this one took the push: a retry after an error goes
+            k = self._next  # to the same shard (which tells a retry of a push it holds), a refused push changes nothing
+            n = self._call(k, 'push', data, cur_collector_envstep, batched=batched)
+            self._next = (k + 1) % self.num_shards
+            return n
         if batched:
             return self._push_batch_by_hash(data, cur_collector_envstep)
         items = data if isinstance(data, list) else [data]
@@ -189,6 +191,7 @@ class ShardedBuffer:
         if bad:
             raise TypeError(f"a sharded sample takes cur_learner_iter, replace (naive, gfn) and timeout, not {bad}")
         _check_size(size)
+        check_step(cur_learner_iter, 'cur_learner_iter')  # (before the split draws from the RNG)
         if replace is not None and (self.prioritized or type(replace) not in (bool, np.bool_)):
             raise TypeError("replace is a bool, for the naive and gfn types (prioritized draws are with replacement)")
         replace = None if replace is None else bool(replace)  # (sent to the shards as a plain bool)

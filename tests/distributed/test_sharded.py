@@ -212,6 +212,64 @@ def test_hash_routing_keeps_a_key_on_one_shard():
         buf.push({'obs': torch.zeros(1)})
 
 
+def test_a_key_routes_alike_as_an_int_a_numpy_int_and_a_tensor():
+    """Hash routing took the repr of a numpy scalar ('np.int64(3)'), so one environment's steps pushed as ints and
+    as a numpy column went to different shards."""
+    buf, _ = local_sharded('naive', k=3, route='hash', shard_key='env')
+    for env in (3, np.int64(3), torch.tensor(3)):
+        buf.push({'obs': torch.zeros(1), 'env': env})
+    buf.extend({'obs': torch.zeros(2, 1), 'env': np.array([3, 3])})
+    assert sorted(s.count() for s in buf.shards) == [0, 0, 5]
+
+
+class _FrozenShard:
+    """A shard whose manager does not answer in time, as a RemoteBuffer reports it; then it answers again."""
+
+    def __init__(self):
+        from ding_buffer.errors import ManagerTimeoutError
+
+        self.frozen, self.error, self.pushed = True, ManagerTimeoutError, []
+
+    def push(self, data, *args, **kwargs):
+        if self.frozen:
+            raise self.error("manager rank 3 did not answer 'push' within 2.0s (distributed.timeout)")
+        self.pushed.append(data)
+        return 1
+
+    def state_dict(self):
+        return {'pushed': len(self.pushed)}
+
+
+def test_a_shards_timeout_keeps_its_class_and_a_retry_goes_to_the_same_shard():
+    """A frozen shard's ManagerTimeoutError came back as a plain ManagerUnavailableError, and round-robin moved
+    on before the push: the documented retry loop sent the push in doubt to the next shard, storing it twice once
+    the frozen one woke. A refused push moved the routing position too (state_dict changed)."""
+    from ding_buffer.errors import ManagerTimeoutError
+
+    cfg = dict(type='naive', replay_buffer_size=100, storage=dict(type='tensor'))
+    frozen = _FrozenShard()
+    buf = ShardedBuffer([create_buffer(dict(cfg, seed=0)), frozen], cfg, seed=0)
+    buf.push({'obs': torch.zeros(1)})  # shard 0
+    before = buf.state_dict()
+    with pytest.raises(ManagerTimeoutError, match='shard 1 of 2 is unavailable'):
+        buf.push({'obs': torch.ones(1)})
+    with pytest.raises(ValueError):
+        buf.shards[0].push({'obs': torch.zeros(3)})  # (a refusal of shard 0's own: its state unchanged)
+    assert_same(buf.state_dict(), before)
+    frozen.frozen = False
+    assert buf.push({'obs': torch.ones(1)}) == 1 and len(frozen.pushed) == 1  # the retry: the same shard
+    assert buf.shards[0].count() == 1
+
+
+def test_a_sample_with_a_bad_learner_iteration_changes_nothing():
+    buf, _ = local_sharded('advanced', k=2)
+    buf.push([item(i, priority=1.0) for i in range(8)])
+    before = buf.state_dict()
+    with pytest.raises(TypeError, match='cur_learner_iter'):
+        buf.sample(4, cur_learner_iter=1.5)
+    assert_same(buf.state_dict(), before)
+
+
 def test_state_round_trip_and_all_or_nothing_load():
     buf, cfg = local_sharded('advanced', k=3, seed=5)
     for i in range(30):
