@@ -119,6 +119,7 @@ class ShardedBuffer:
         self.min_ratio = float(thruput.get('sample_min_limit_ratio', 1.0 if self.prioritized else 0.0))
         self.beta = self.beta0
         self._next = 0  # round-robin position
+        self._doubt: Optional[int] = None  # the shard of a round-robin push in doubt (its retry goes there)
         self._rng = np.random.default_rng(seed)
         self._closed = False
 
@@ -143,11 +144,8 @@ class ShardedBuffer:
     def push(self, data: Any, cur_collector_envstep: int = -1, batched: bool = False) -> int:
         """Route ``data`` (one item, a list, or with ``batched=True`` a dict of rows) and push it; the number stored."""
         self._check_open()
-        if self.route == 'round_robin':  # the next shard once this one took the push: a retry after an error goes
-            k = self._next  # to the same shard (which tells a retry of a push it holds), a refused push changes nothing
-            n = self._call(k, 'push', data, cur_collector_envstep, batched=batched)
-            self._next = (k + 1) % self.num_shards
-            return n
+        if self.route == 'round_robin':
+            return self._push_round_robin(data, cur_collector_envstep, batched)
         if batched:
             return self._push_batch_by_hash(data, cur_collector_envstep)
         items = data if isinstance(data, list) else [data]
@@ -157,6 +155,23 @@ class ShardedBuffer:
                 raise ValueError(f"item {i} has no field {self.shard_key!r} (distributed.shard_key) to route it by")
             groups.setdefault(self._hash(item[self.shard_key]), []).append(item)
         return sum(self._call(k, 'push', group, cur_collector_envstep) for k, group in sorted(groups.items()))
+
+    def _push_round_robin(self, data: Any, envstep: int, batched: bool) -> int:
+        """The next shard, once the last one took its push: a push in doubt (``ManagerUnavailableError``) stays
+        the shard's to retry (its ``RemoteBuffer`` tells the retry of a push it may hold, which must not reach
+        another shard), any other push goes on to the next shard; a refused push changes nothing."""
+        k = self._next
+        if self._doubt is not None:  # (then k is that shard)
+            pushes = getattr(self.shards[k], 'pushes', None)
+            if pushes is None or not pushes.is_retry(data, batched):
+                k = (k + 1) % self.num_shards
+        try:
+            n = self._call(k, 'push', data, envstep, batched=batched)
+        except ManagerUnavailableError:
+            self._next, self._doubt = k, k
+            raise
+        self._next, self._doubt = (k + 1) % self.num_shards, None
+        return n
 
     def _push_batch_by_hash(self, batch: Any, envstep: int) -> int:
         if not isinstance(batch, dict) or self.shard_key not in batch:

@@ -228,10 +228,15 @@ class _FrozenShard:
     def __init__(self):
         from ding_buffer.errors import ManagerTimeoutError
 
-        self.frozen, self.error, self.pushed = True, ManagerTimeoutError, []
+        self.frozen, self.error, self.pushed, self.raised = True, ManagerTimeoutError, [], None
+        self.pushes = self  # (as a RemoteBuffer's push pipeline: it tells the retry of the push that raised)
+
+    def is_retry(self, data, batched):
+        return data is self.raised
 
     def push(self, data, *args, **kwargs):
         if self.frozen:
+            self.raised = data
             raise self.error("manager rank 3 did not answer 'push' within 2.0s (distributed.timeout)")
         self.pushed.append(data)
         return 1
@@ -247,18 +252,27 @@ def test_a_shards_timeout_keeps_its_class_and_a_retry_goes_to_the_same_shard():
     from ding_buffer.errors import ManagerTimeoutError
 
     cfg = dict(type='naive', replay_buffer_size=100, storage=dict(type='tensor'))
+    local = ShardedBuffer([create_buffer(dict(cfg, seed=k)) for k in range(2)], cfg, seed=0)
+    local.push({'obs': torch.zeros(1)})
+    local.push({'obs': torch.zeros(1)})
+    before = local.state_dict()
+    with pytest.raises(ValueError):
+        local.push({'obs': torch.zeros(3)})  # shard 0 refuses its shape
+    assert_same(local.state_dict(), before)
+
     frozen = _FrozenShard()
     buf = ShardedBuffer([create_buffer(dict(cfg, seed=0)), frozen], cfg, seed=0)
     buf.push({'obs': torch.zeros(1)})  # shard 0
-    before = buf.state_dict()
+    x = {'obs': torch.ones(1)}
     with pytest.raises(ManagerTimeoutError, match='shard 1 of 2 is unavailable'):
-        buf.push({'obs': torch.ones(1)})
-    with pytest.raises(ValueError):
-        buf.shards[0].push({'obs': torch.zeros(3)})  # (a refusal of shard 0's own: its state unchanged)
-    assert_same(buf.state_dict(), before)
+        buf.push(x)
+    assert buf.push({'obs': torch.full((1,), 2.0)}) == 1  # a new push goes on to the next shard (0)
+    assert buf.shards[0].count() == 2
+    with pytest.raises(ManagerTimeoutError):
+        buf.push(x)  # round-robin: shard 1 again, still frozen
     frozen.frozen = False
-    assert buf.push({'obs': torch.ones(1)}) == 1 and len(frozen.pushed) == 1  # the retry: the same shard
-    assert buf.shards[0].count() == 1
+    assert buf.push(x) == 1 and frozen.pushed == [x]  # the retry: the same shard, never shard 0
+    assert buf.shards[0].count() == 2 and buf.state_dict()['next'] == 0
 
 
 def test_a_sample_with_a_bad_learner_iteration_changes_nothing():
