@@ -146,7 +146,7 @@ class ShardedBuffer:
         self._check_open()
         if self.route == 'round_robin':
             return self._push_round_robin(data, cur_collector_envstep, batched)
-        if batched:
+        if batched or (self.kind == 'gfn' and isinstance(data, dict)):  # (a gfn buffer's dicts are batches)
             return self._push_batch_by_hash(data, cur_collector_envstep)
         items = data if isinstance(data, list) else [data]
         groups: Dict[int, List[Any]] = {}
@@ -160,11 +160,10 @@ class ShardedBuffer:
         """The next shard, once the last one took its push: a push in doubt (``ManagerUnavailableError``) stays
         the shard's to retry (its ``RemoteBuffer`` tells the retry of a push it may hold, which must not reach
         another shard), any other push goes on to the next shard; a refused push changes nothing."""
-        k = self._next
-        if self._doubt is not None:  # (then k is that shard)
-            pushes = getattr(self.shards[k], 'pushes', None)
-            if pushes is None or not pushes.is_retry(data, batched):
-                k = (k + 1) % self.num_shards
+        k, doubt = self._next, self._doubt
+        if doubt is not None:
+            pushes = getattr(self.shards[doubt], 'pushes', None)
+            k = doubt if pushes is not None and pushes.is_retry(data, batched) else (doubt + 1) % self.num_shards
         try:
             n = self._call(k, 'push', data, envstep, batched=batched)
         except ManagerUnavailableError:
@@ -416,7 +415,7 @@ class ShardedBuffer:
             for k in range(done):
                 self._call(k, 'load_state_dict', before[k])
             raise
-        self.beta, self._next, self._rng = beta, nxt, rng
+        self.beta, self._next, self._rng, self._doubt = beta, nxt, rng, None
 
     def save_data(self, path: str) -> List[Any]:
         """Each shard writes ``path.shard<k>`` (remote shards: inside their manager's ``file_root``); returns

@@ -244,6 +244,9 @@ class _FrozenShard:
     def state_dict(self):
         return {'pushed': len(self.pushed)}
 
+    def load_state_dict(self, state, deepcopy=False):
+        del self.pushed[state['pushed'] :]
+
 
 def test_a_shards_timeout_keeps_its_class_and_a_retry_goes_to_the_same_shard():
     """A frozen shard's ManagerTimeoutError came back as a plain ManagerUnavailableError, and round-robin moved
@@ -273,6 +276,41 @@ def test_a_shards_timeout_keeps_its_class_and_a_retry_goes_to_the_same_shard():
     frozen.frozen = False
     assert buf.push(x) == 1 and frozen.pushed == [x]  # the retry: the same shard, never shard 0
     assert buf.shards[0].count() == 2 and buf.state_dict()['next'] == 0
+
+
+def test_a_loaded_state_routes_as_it_says_after_a_push_in_doubt():
+    """A push in doubt outlived load_state_dict: the next push went to the shard after the doubted one, not to the
+    routing position the state holds."""
+    from ding_buffer.errors import ManagerTimeoutError
+
+    cfg = dict(type='naive', replay_buffer_size=100, storage=dict(type='tensor'))
+
+    def make():
+        return ShardedBuffer([create_buffer(dict(cfg, seed=0)), _FrozenShard()], cfg, seed=0)
+
+    buf, ref = make(), make()
+    state = buf.state_dict()
+    buf.push({'obs': torch.zeros(1)})
+    with pytest.raises(ManagerTimeoutError):
+        buf.push({'obs': torch.ones(1)})
+    for b in (buf, ref):
+        b.shards[1].frozen = False
+        b.load_state_dict(state)
+        b.push({'obs': torch.full((1,), 5.0)})
+    assert [buf.shards[0].count(), len(buf.shards[1].pushed)] == [ref.shards[0].count(), len(ref.shards[1].pushed)]
+
+
+def test_a_gfn_dict_batch_is_split_by_the_hash_key():
+    """A gfn buffer takes a dict as a batch; hash routing took it as one item keyed by the whole column."""
+    cfg = dict(type='gfn', replay_buffer_size=100)
+    batch = {'state': torch.arange(12.0).reshape(6, 2), 'log_reward': torch.zeros(6), 'env': torch.arange(6) % 3}
+    buf = ShardedBuffer([create_buffer(dict(cfg, seed=i)) for i in range(3)], cfg, route='hash', shard_key='env')
+    assert buf.push(batch) == 6
+    owner = {}
+    for k, shard in enumerate(buf.shards):
+        for env in shard.sample(shard.count())['env'].tolist() if shard.count() else ():
+            assert owner.setdefault(env, k) == k  # every env on one shard
+    assert sorted(owner) == [0, 1, 2]
 
 
 def test_a_sample_with_a_bad_learner_iteration_changes_nothing():
