@@ -81,7 +81,8 @@ class ManagerCore:
         self._ops = {op: getattr(self, f'_{op}') for op in OPS}
         self.blobs = BlobStore(dcfg.max_blob_mb * (1 << 20))
         # distributed.shared_memory: workers on this host push through rings, committed by the runner's thread
-        self.rings = RingIntake(dcfg, self.counters) if dcfg.shared_memory else None
+        capacity = getattr(buffer, 'replay_buffer_size', None)
+        self.rings = RingIntake(dcfg, self.counters, capacity) if dcfg.shared_memory else None
         # load_data(undo=True): per sender, the buffer's state before that load and the load's generation, until its
         # end_load; a later load (or clear) of another sender moves the generation on, and that state is not put back
         self._undo: Dict[Any, tuple] = {}

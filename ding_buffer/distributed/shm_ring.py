@@ -536,8 +536,11 @@ class RingIntake:
         ``close_lost`` and ``close_all`` (shutdown). Serialised by the manager's lock, like ``ManagerCore``.
     """
 
-    def __init__(self, dcfg: Any, counters: Dict[str, int]) -> None:
+    def __init__(self, dcfg: Any, counters: Dict[str, int], capacity: Optional[int] = None) -> None:
         self.ring_bytes = int(dcfg.shm_ring_mb * (1 << 20))
+        # a take is one push into the buffer: at most its capacity, so a capacity rule (keep_best, min_priority)
+        # judges every row, as over the wire (a larger push would keep its newest rows whatever the rule)
+        self.max_take = capacity if isinstance(capacity, int) and capacity > 0 else None
         self.counters = counters
         counters.update(shm_rows=0, shm_refused_rows=0, shm_declined_rows=0, shm_rings=0, shm_corrupt_rings=0)
         self.rings: Dict[Any, Dict[str, RingReader]] = {}
@@ -602,7 +605,7 @@ class RingIntake:
                         ring.let_go_of_fd()
                     upto, budget = ring.target(), ring.take_rows
                     while budget > 0:
-                        block, starts, envstep = ring.take(min(ring.take_rows, budget), upto)
+                        block, starts, envstep = ring.take(min(ring.take_rows, budget, self.max_take or budget), upto)
                         if block is None:
                             break
                         n = len(starts)

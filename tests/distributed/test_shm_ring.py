@@ -33,13 +33,14 @@ def ring_fds():
 class Job:
     """A manager core and a worker's ring pusher in one process (the worker's requests go through ``handle``)."""
 
-    def __init__(self, storage='tensor', ring_mb=64.0, timeout=5.0, type_='advanced'):
+    def __init__(self, storage='tensor', ring_mb=64.0, timeout=5.0, type_='advanced', **extra):
         cfg = dict(
             type=type_,
             replay_buffer_size=1000,
             storage=dict(type=storage),
             distributed=dict(backend='torch', shared_memory=True, shm_ring_mb=ring_mb, timeout=timeout),
         )
+        cfg.update(extra)
         self.buffer, dcfg, key = build_manager_buffer(cfg)
         self.core = ManagerCore(self.buffer, dcfg, key)
         self.ids = 0
@@ -375,6 +376,30 @@ def test_a_refusal_read_as_the_worker_leaves_a_ring_reaches_its_next_push():
         job.pusher.push(step(2), False)
     job.pusher.push(step(3), False)
     assert job.request('count') == 3 and job.core.counters['shm_refused_rows'] == 1
+    job.close()
+
+
+def test_a_capacity_rule_judges_every_ring_row_as_over_the_wire():
+    """The manager committed a ring's rows in one push; more rows than the capacity kept the newest ones whatever
+    the rule, so keep_best never judged them. A take is at most the capacity now: the same rows are stored as when
+    the same pushes come one by one."""
+    from ding_buffer import create_buffer
+
+    rule = dict(replay_buffer_size=50, removers=[dict(type='keep_best', column='priority')], seed=0)
+    job = Job('tensor', **rule)
+    local = create_buffer(dict(type='advanced', storage=dict(type='tensor'), **rule))
+    prio = np.random.default_rng(0).uniform(0.1, 10.0, 400)
+    for u in range(400):
+        item = {'obs': torch.full((3,), float(u)), 'uid': torch.tensor(u), 'priority': torch.tensor(prio[u])}
+        assert job.pusher.push(item, False) == 1
+        local.push(item)
+    assert job.request('count') == local.count() == 50
+
+    def kept(buf):  # the best 50 have priorities of 9 to 10: 100 draws of 50 see every one
+        return sorted(set().union(*(buf.sample(50)['uid'].tolist() for _ in range(100))))
+
+    assert kept(job.buffer) == kept(local) == sorted(np.argsort(-prio, kind='stable')[:50].tolist())
+    assert job.core.counters['shm_declined_rows'] > 0
     job.close()
 
 
