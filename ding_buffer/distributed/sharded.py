@@ -176,7 +176,10 @@ class ShardedBuffer:
         if not isinstance(batch, dict) or self.shard_key not in batch:
             raise ValueError(f"a batched push needs a dict with the field {self.shard_key!r} (distributed.shard_key)")
         keys = batch[self.shard_key]
-        rows = len(keys)
+        lens = {k: _lead(v) for k, v in batch.items()}
+        rows = lens[self.shard_key]
+        if set(lens.values()) != {rows} or not rows:  # (as one buffer checks a batch: before any shard changes)
+            raise ValueError(f"a batched push needs fields of one leading dimension > 0, got lengths {lens}")
         owner = np.array([self._hash(keys[i]) for i in range(rows)], dtype=np.int64)
         total = 0
         for k in np.unique(owner):
@@ -548,6 +551,13 @@ def _cat(batches: List[Any]) -> Any:
     if isinstance(batches[0], np.ndarray):
         return np.concatenate(batches)
     return [x for b in batches for x in b]
+
+
+def _lead(value: Any) -> Optional[int]:
+    """The leading dimension of a batched field (a nested dict's: its first leaf's); None for a 0-dim one."""
+    if isinstance(value, dict):
+        return _batch_len(value)
+    return len(value) if hasattr(value, '__len__') and getattr(value, 'ndim', 1) else None
 
 
 def _batch_len(batch: Any) -> int:

@@ -538,8 +538,7 @@ class RingIntake:
 
     def __init__(self, dcfg: Any, counters: Dict[str, int], capacity: Optional[int] = None) -> None:
         self.ring_bytes = int(dcfg.shm_ring_mb * (1 << 20))
-        # a take is one push into the buffer: at most its capacity, so a capacity rule (keep_best, min_priority)
-        # judges every row, as over the wire (a larger push would keep its newest rows whatever the rule)
+        # a take goes to the buffer in runs of whole pushes of at most its capacity of rows (``_runs``)
         self.max_take = capacity if isinstance(capacity, int) and capacity > 0 else None
         self.counters = counters
         counters.update(shm_rows=0, shm_refused_rows=0, shm_declined_rows=0, shm_rings=0, shm_corrupt_rings=0)
@@ -605,11 +604,12 @@ class RingIntake:
                         ring.let_go_of_fd()
                     upto, budget = ring.target(), ring.take_rows
                     while budget > 0:
-                        block, starts, envstep = ring.take(min(ring.take_rows, budget, self.max_take or budget), upto)
+                        block, starts, envstep = ring.take(min(ring.take_rows, budget), upto)
                         if block is None:
                             break
                         n = len(starts)
-                        self._apply(apply, s, ring, block, starts, envstep)
+                        for a, b in _runs(starts, self.max_take):
+                            self._apply(apply, s, ring, {f: c[a:b] for f, c in block.items()}, starts[a:b], envstep)
                         ring.done(n)
                         total += n
                         if sender is None:  # one take's worth of rows per ring and round (two at its end)
@@ -692,6 +692,23 @@ class RingIntake:
     def close_all(self, apply: Callable[[Any, Any, bool, int], Any]) -> None:
         for s in list(self.rings):
             self.close(s, apply)
+
+
+def _runs(starts: np.ndarray, cap: Optional[int]) -> List[Tuple[int, int]]:
+    """A take's rows as runs ``[a, b)`` of whole pushes (``starts``: a push's first row; the take's first row starts
+    one) of at most ``cap`` rows, a push larger than ``cap`` alone: a buffer push of more rows than its capacity
+    keeps the newest whatever its capacity rule, so the pushes of a run are judged as over the wire, and each push
+    is judged whole (its refusal, a rate limiter)."""
+    n = len(starts)
+    if cap is None or n <= cap:
+        return [(0, n)]
+    runs, a, last = [], 0, 0
+    for end in [*(np.flatnonzero(starts[1:]) + 1).tolist(), n]:
+        if end - a > cap and last > a:
+            runs.append((a, last))
+            a = last
+        last = end
+    return runs + [(a, n)]
 
 
 def commit_loop(commit: Callable[[], int], beat: Callable[[], None], stop: threading.Event) -> None:

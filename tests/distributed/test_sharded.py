@@ -311,6 +311,11 @@ def test_a_gfn_dict_batch_is_split_by_the_hash_key():
         for env in shard.sample(shard.count())['env'].tolist() if shard.count() else ():
             assert owner.setdefault(env, k) == k  # every env on one shard
     assert sorted(owner) == [0, 1, 2]
+    before = buf.state_dict()
+    for bad in (dict(batch, env=torch.arange(4) % 3), {k: v[:0] for k, v in batch.items()}):
+        with pytest.raises(ValueError, match='one leading dimension > 0'):
+            buf.push(bad)  # a key column shorter than the batch (its rows were dropped), an empty batch
+    assert_same(buf.state_dict(), before)
 
 
 def test_a_sample_with_a_bad_learner_iteration_changes_nothing():

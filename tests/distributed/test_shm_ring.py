@@ -403,6 +403,32 @@ def test_a_capacity_rule_judges_every_ring_row_as_over_the_wire():
     job.close()
 
 
+def test_a_push_larger_than_the_capacity_is_judged_whole_as_over_the_wire():
+    """Runs of a take never cut a push: a batch of more rows than the capacity, refused for one bad row, was stored
+    in part, and kept its best rows under keep_best where one buffer keeps the newest."""
+    from ding_buffer import create_buffer
+
+    rule = dict(replay_buffer_size=10, removers=[dict(type='keep_best', column='priority')], seed=0)
+    job = Job('tensor', **rule)
+    local = create_buffer(dict(type='advanced', storage=dict(type='tensor'), **rule))
+    prio = torch.from_numpy(np.random.default_rng(1).uniform(0.1, 10.0, 30))
+    batch = {'obs': torch.arange(30.0).reshape(30, 1), 'uid': torch.arange(30), 'priority': prio}
+    assert job.pusher.push(batch, True) == 30
+    local.extend(batch)
+    assert job.request('count') == local.count() == 10
+    assert min(job.buffer.sample(10)['uid'].tolist()) >= 20  # the newest ten (uids 20..29), as one buffer
+    bad = dict(batch, priority=prio.clone())
+    bad['priority'][25] = float('nan')
+    with pytest.raises(ValueError):
+        local.extend(bad)
+    job.pusher.push(bad, True)
+    job.request('count')
+    with pytest.raises(ValueError, match='refused 30 rows'):
+        job.pusher.push(batch, True)
+    assert job.core.counters['shm_refused_rows'] == 30
+    job.close()
+
+
 def test_a_bad_envstep_goes_to_the_wire_which_judges_it():
     job = Job('tensor')
     assert job.pusher.push(step(0), False, envstep=1.5) is None
