@@ -81,7 +81,9 @@ class ManagerCore:
         self._ops = {op: getattr(self, f'_{op}') for op in OPS}
         self.blobs = BlobStore(dcfg.max_blob_mb * (1 << 20))
         # distributed.shared_memory: workers on this host push through rings, committed by the runner's thread
-        capacity = getattr(buffer, 'replay_buffer_size', None)
+        # (a buffer with capacity rules or removers judges push by push: a batch of pushes could keep other items)
+        per_push = bool((getattr(buffer, 'cfg', None) or {}).get('removers'))
+        capacity = 1 if per_push else getattr(buffer, 'replay_buffer_size', None)
         self.rings = RingIntake(dcfg, self.counters, capacity) if dcfg.shared_memory else None
         # load_data(undo=True): per sender, the buffer's state before that load and the load's generation, until its
         # end_load; a later load (or clear) of another sender moves the generation on, and that state is not put back

@@ -554,9 +554,11 @@ def _cat(batches: List[Any]) -> Any:
 
 
 def _lead(value: Any) -> Optional[int]:
-    """The leading dimension of a batched field (a nested dict's: its first leaf's); None for a 0-dim one."""
+    """The leading dimension of a batched field (a nested dict's: its leaves', when they agree); None for a 0-dim
+    one, or leaves that disagree."""
     if isinstance(value, dict):
-        return _batch_len(value)
+        leads = {_lead(v) for v in value.values()}
+        return leads.pop() if len(leads) == 1 else None
     return len(value) if hasattr(value, '__len__') and getattr(value, 'ndim', 1) else None
 
 

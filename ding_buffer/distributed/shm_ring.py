@@ -460,6 +460,9 @@ class RingReader:
         if n <= 0:
             return None, None, -1
         rows, a = self.map.rows, self.read % self.map.rows
+        if n < written - self.read and not self.map.starts[(a + n) % rows]:  # the limit falls inside a push: end
+            cut = np.flatnonzero(self.map.starts[(a + np.arange(1, n)) % rows])  # before it (alone if it is longer)
+            n = int(cut[-1]) + 1 if len(cut) else n
         if a + n > rows:  # the rows wrap around the end
             later = np.flatnonzero(self.map.starts[a + 1 : rows])
             if len(later):  # whole pushes up to the last one that starts before the end
@@ -604,7 +607,7 @@ class RingIntake:
                         ring.let_go_of_fd()
                     upto, budget = ring.target(), ring.take_rows
                     while budget > 0:
-                        block, starts, envstep = ring.take(min(ring.take_rows, budget), upto)
+                        block, starts, envstep = ring.take(ring.take_rows, upto)  # (a cut only inside a longer push)
                         if block is None:
                             break
                         n = len(starts)

@@ -312,7 +312,8 @@ def test_a_gfn_dict_batch_is_split_by_the_hash_key():
             assert owner.setdefault(env, k) == k  # every env on one shard
     assert sorted(owner) == [0, 1, 2]
     before = buf.state_dict()
-    for bad in (dict(batch, env=torch.arange(4) % 3), {k: v[:0] for k, v in batch.items()}):
+    nested = dict(batch, extra={'a': torch.zeros(6, 2), 'b': torch.zeros(4)})  # leaves of two lengths
+    for bad in (dict(batch, env=torch.arange(4) % 3), {k: v[:0] for k, v in batch.items()}, nested):
         with pytest.raises(ValueError, match='one leading dimension > 0'):
             buf.push(bad)  # a key column shorter than the batch (its rows were dropped), an empty batch
     assert_same(buf.state_dict(), before)

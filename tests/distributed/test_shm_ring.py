@@ -429,6 +429,48 @@ def test_a_push_larger_than_the_capacity_is_judged_whole_as_over_the_wire():
     job.close()
 
 
+def test_a_buffer_with_capacity_rules_takes_its_ring_push_by_push():
+    """Several single pushes in one buffer call let min_priority free two slots at once: both older items left,
+    where the same pushes one by one keep the older of them (the second new item evicts the first)."""
+    from ding_buffer import create_buffer
+
+    rule = dict(replay_buffer_size=2, removers=[dict(type='min_priority')], seed=0)
+    job = Job('tensor', **rule)
+    local = create_buffer(dict(type='advanced', storage=dict(type='tensor'), **rule))
+    for batch in ((0, 3.0), (1, 3.0)), ((2, 1.0), (3, 1.0)):
+        for u, p in batch:
+            item = {'obs': torch.full((2,), float(u)), 'uid': torch.tensor(u), 'priority': torch.tensor(p)}
+            job.pusher.push(item, False)
+            local.push(item)
+        job.core.commit_rings()
+
+    def kept(buf):
+        return sorted(set().union(*(buf.sample(2)['uid'].tolist() for _ in range(50))))
+
+    assert kept(job.buffer) == kept(local) == [1, 3]
+    job.close()
+
+
+def test_a_take_never_ends_inside_a_push_it_can_hold():
+    """A take stopped at its row limit wherever it fell: a push straddling it was stored in part, although the
+    buffer refuses it whole (its last row's priority is NaN)."""
+    width = 512  # 2 KiB rows: a take holds 4,096 of them
+    job = Job('tensor', ring_mb=5000 * (width * 4 + 64) / (1 << 20), replay_buffer_size=10_000, seed=0)
+
+    def batch(lo, n):
+        return {'obs': torch.zeros(n, width), 'uid': torch.arange(lo, lo + n), 'priority': torch.ones(n)}
+
+    assert job.pusher.push(batch(0, 4095), True) == 4095
+    bad = batch(4095, 3)
+    bad['priority'][2] = float('nan')
+    assert job.pusher.push(bad, True) == 3
+    job.core.commit_rings()
+    assert job.buffer.count() == 4095 and job.core.counters['shm_refused_rows'] == 3
+    with pytest.raises(ValueError, match='refused 3 rows'):
+        job.pusher.push(batch(5000, 1), True)
+    job.close()
+
+
 def test_a_bad_envstep_goes_to_the_wire_which_judges_it():
     job = Job('tensor')
     assert job.pusher.push(step(0), False, envstep=1.5) is None
