@@ -119,6 +119,17 @@ def table_attribute(name: str, doc: str, check: Optional[Callable[[Any], Any]] =
     return property(lambda self: getattr(self._t, name), fset, doc=doc)
 
 
+def _check_tracked(state: Mapping) -> None:
+    """``enable_track_used_data``: every item of a (list storage) state a dict with a path-like ``data_id``, as a
+    push checks it; ``ValueError`` otherwise."""
+    storage = state.get('storage')
+    for i, item in enumerate(storage.get('items') or () if isinstance(storage, Mapping) else ()):
+        try:
+            check_trackable(item, i)
+        except TypeError as e:
+            raise ValueError(f"invalid state: {e}") from None
+
+
 def _deep_copied(items: List[Any]) -> List[Any]:
     """``copy.deepcopy(items)`` (config ``deepcopy``); an item no copy takes is a ``TypeError`` naming it."""
     try:
@@ -884,6 +895,8 @@ class Engine(IBuffer):
             self.push(list(state['data']))
             return
         self._check_made_here(state)
+        if self._remover is not None:  # (a stored item whose file cannot be named fails the push that evicts it)
+            _check_tracked(state)
         rng = restored_rng(state)
         with self._lock:
             self._check_open()

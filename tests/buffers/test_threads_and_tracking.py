@@ -6,7 +6,7 @@ import threading
 import numpy as np
 import pytest
 import torch
-from helpers import run_threads, wait_until
+from helpers import assert_same, run_threads, wait_until
 
 from ding_buffer import create_buffer
 
@@ -132,3 +132,26 @@ def test_tracking_rejects_items_without_data_id_and_stores_nothing(tmp_path):
         buf.push({'data_id': 5})
     assert buf.count() == 0 and os.path.exists(good['data_id'])
     buf.close()
+
+
+def test_a_tracked_state_whose_item_names_no_file_is_refused_at_load(tmp_path):
+    """A push refuses an item whose data_id is not a path; a state holding one loaded, and the push that later
+    evicted it failed after writing (a bare TypeError, with the new item stored)."""
+    paths = []
+    for name in 'abc':
+        paths.append(str(tmp_path / name))
+        open(paths[-1], 'w').close()
+    cfg = dict(type='naive', replay_buffer_size=2, enable_track_used_data=True)
+    src = create_buffer(cfg)
+    src.push([{'data_id': paths[0]}, {'data_id': paths[1]}])
+    state = src.state_dict()
+    src.close()
+    for bad in ({'data_id': 5}, 'not a dict'):
+        state['storage']['items'][0] = bad
+        buf = create_buffer(cfg)
+        before = buf.state_dict()
+        with pytest.raises(ValueError, match='item 0'):
+            buf.load_state_dict(state)
+        assert_same(buf.state_dict(), before)
+        assert buf.push({'data_id': paths[2]}) == 1
+        buf.close()
