@@ -354,18 +354,26 @@ def test_a_load_ending_on_an_unfinished_episode_leaves_no_frame_stream_open(tmp_
     assert cut.push(dict(step, reward=torch.tensor(0.0), done=torch.tensor(False), truncated=torch.tensor(False))) == 1
 
 
+def _two_episodes(tmp_path, rewards=None):
+    """A D4RL file of two 3-step episodes of frame stacks (terminals after steps 2 and 5), the second's frames not
+    continuing the first's; returns its path and the terminals."""
+    obs, nxt = _stacks(10, 6)
+    terminals = np.zeros(6, bool)
+    terminals[[2, 5]] = True
+    obs[3:] += 50
+    nxt[3:] += 50
+    path = str(tmp_path / 'frames.hdf5')
+    rewards = np.zeros(6, np.float32) if rewards is None else rewards
+    data = dict(observations=obs, next_observations=nxt, actions=np.zeros(6, np.int64), rewards=rewards)
+    write_d4rl(path, dict(data, terminals=terminals))
+    return path, terminals
+
+
 def test_a_frames_buffer_reads_the_terminal_flag_under_its_done_key(tmp_path):
     """storage.frames.done_key names the terminal flag the streams end at; a dataset's terminals were always
     written as 'done', so with done_key='terminated' an episode's end was never seen and the next episode's first
     step was refused as not continuing it. An env_key (no dataset field names an environment) is refused first."""
-    obs, nxt = _stacks(10, 6)
-    terminals = np.zeros(6, bool)
-    terminals[[2, 5]] = True
-    obs[3:] += 50  # the second episode's frames do not continue the first's
-    nxt[3:] += 50
-    path = str(tmp_path / 'frames.hdf5')
-    data = dict(observations=obs, next_observations=nxt, actions=np.zeros(6, np.int64), rewards=np.zeros(6, np.float32))
-    write_d4rl(path, dict(data, terminals=terminals))
+    path, _ = _two_episodes(tmp_path)
     frames = dict(stack=2, done_key='terminated')
     buf = create_buffer(dict(type='naive', replay_buffer_size=100, storage=dict(type='tensor', frames=frames)))
     assert load_dataset(buf, path) == 6
@@ -438,12 +446,7 @@ def test_a_minari_episode_ending_without_a_flag_ends_its_frame_stream(tmp_path):
 def test_an_episode_buffer_with_frames_stores_the_terminal_flag_under_its_done_key(tmp_path):
     """A frames buffer keeps the terminal flag under its done_key; episode buffers stored it as 'done', so an
     online episode with the configured name was refused after a load (or a load after one)."""
-    obs, nxt = _stacks(10, 6)
-    terminals = np.zeros(6, bool)
-    terminals[[2, 5]] = True
-    path = str(tmp_path / 'frames.hdf5')
-    data = dict(observations=obs, next_observations=nxt, actions=np.zeros(6, np.int64), rewards=np.zeros(6, np.float32))
-    write_d4rl(path, dict(data, terminals=terminals))
+    path, _ = _two_episodes(tmp_path)
     frames = dict(stack=2, done_key='terminated', truncated_key='trunc')
     for kind, extra in (('episode', {}), ('prioritized_episode', dict(sampler=dict(type='prioritized', unroll_len=2)))):
         storage = dict(type='tensor', frames=frames)
@@ -461,19 +464,7 @@ def test_frames_flag_names_are_renamed_together_and_never_replace_a_field(tmp_pa
     """The flags go under storage.frames' done_key / truncated_key, renamed at once: truncated_key='done' turned
     the terminal flags into time-limit ones (D4RL: a bare TypeError), a done_key naming another field of the file
     replaced its values, and done_key=None (streams that never end at a terminal flag) failed mid-load."""
-    obs, nxt = _stacks(10, 6)
-    terminals = np.zeros(6, bool)
-    terminals[[2, 5]] = True
-    obs[3:] += 50  # the second episode's frames do not continue the first's
-    nxt[3:] += 50
-    path = str(tmp_path / 'frames.hdf5')
-    rewards = np.arange(6, dtype=np.float32)
-    write_d4rl(
-        path,
-        dict(
-            observations=obs, next_observations=nxt, actions=np.zeros(6, np.int64), rewards=rewards, terminals=terminals
-        ),
-    )
+    path, terminals = _two_episodes(tmp_path, rewards=np.arange(6, dtype=np.float32))
 
     def frames_buffer(**frames):
         return create_buffer(
