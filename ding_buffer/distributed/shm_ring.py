@@ -460,9 +460,11 @@ class RingReader:
         if n <= 0:
             return None, None, -1
         rows, a = self.map.rows, self.read % self.map.rows
-        if n < written - self.read and not self.map.starts[(a + n) % rows]:  # the limit falls inside a push: end
-            cut = np.flatnonzero(self.map.starts[(a + np.arange(1, n)) % rows])  # before it (alone if it is longer)
-            n = int(cut[-1]) + 1 if len(cut) else n
+        left = written - self.read
+        if n < left and not self.map.starts[(a + n) % rows]:  # the limit falls inside a push: end before it, or
+            cut = np.flatnonzero(self.map.starts[(a + np.arange(1, n)) % rows])  # take it whole when it is the first
+            after = [] if len(cut) else np.flatnonzero(self.map.starts[(a + np.arange(n, left)) % rows])
+            n = int(cut[-1]) + 1 if len(cut) else n + int(after[0]) if len(after) else left  # (it fits the ring)
         if a + n > rows:  # the rows wrap around the end
             later = np.flatnonzero(self.map.starts[a + 1 : rows])
             if len(later):  # whole pushes up to the last one that starts before the end

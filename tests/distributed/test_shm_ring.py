@@ -468,6 +468,11 @@ def test_a_take_never_ends_inside_a_push_it_can_hold():
     assert job.buffer.count() == 4095 and job.core.counters['shm_refused_rows'] == 3
     with pytest.raises(ValueError, match='refused 3 rows'):
         job.pusher.push(batch(5000, 1), True)
+    longer = batch(6000, 4500)  # longer than a take, shorter than the ring: taken whole
+    longer['priority'][-1] = float('nan')
+    assert job.pusher.push(longer, True) == 4500
+    job.core.commit_rings()
+    assert job.buffer.count() == 4095 and job.core.counters['shm_refused_rows'] == 4503
     job.close()
 
 
