@@ -14,8 +14,9 @@ time as the counters decay). Config section (``thruput_controller``):
 ``min`` close to ``max`` (say 1.0 / 1.0, pushes of 8, samples of 32), once the ratio sits between what one
 push and one sample would make it, every push and every sample is refused forever (decay scales both counters
 alike, so time does not help). Here a call that the ratio refuses goes through when the other kind of call
-would be refused too (the other kind judged at its last size, a sample also by the minimum-size rule): then
-the limiter lets the one that is asked make progress, so from every state a push or a sample is possible.
+would be refused too (the other kind judged at its last size, a sample also by the minimum-size rule and by the
+count: fewer items than the batch stop a table that draws without replacement): then the limiter lets the one
+that is asked make progress, so from every state a push or a sample is possible.
 Pushes are never refused while the buffer holds too little to sample.
 
 Not thread-safe on its own: every verb runs under the buffer's lock (``wait`` releases it while waiting).
@@ -79,7 +80,9 @@ class RateLimiter:
         return ok, why
 
     def _sample_blocked(self, count: int, size: int) -> bool:
-        return count == 0 or count / size < self.min_ratio or not self.thruput.can_sample(size)[0]
+        """Whether a sample of ``size`` would be refused: nothing or too little stored (fewer than ``size`` items
+        also stop a table that draws without replacement), or the ratio."""
+        return count < size or count / size < self.min_ratio or not self.thruput.can_sample(size)[0]
 
     def on_push(self, n: int) -> None:
         """Count ``n`` pushed elements and wake waiting samplers (callers may skip it while neither ``active``

@@ -116,3 +116,18 @@ def test_counters_round_trip_and_bad_state_changes_nothing():
     assert lim.state_dict() == saved
     now[0] = 30.0  # a window later both counters are x0.01 (the ratio stays)
     assert lim.state_dict() == pytest.approx({'push': 0.4, 'sample': 0.32})
+
+
+def test_a_push_goes_while_too_few_items_are_stored_for_a_draw_without_replacement():
+    """naive (no minimum-size rule) draws without replacement: with fewer items stored than the batch, its samples
+    are refused, and the never-stall rule looked only at an empty buffer, so every push was refused by the ratio
+    too -- for good (decay scales both counters alike)."""
+    from ding_buffer import create_buffer
+
+    limit = dict(push_sample_rate_limit=dict(max=1.0, min=0.0), window_seconds=30.0)
+    buf = create_buffer(dict(type='naive', replay_buffer_size=100, max_use=1, seed=0, thruput_controller=limit))
+    assert buf.push([{'x': i} for i in range(12)]) == 12
+    assert buf.sample(8) is not None  # the 8 drawn leave (max_use=1): 4 stay, pushed / sampled is 12 / 8
+    assert buf.sample(8) is None and buf.count() == 4
+    assert buf.push([{'x': i} for i in range(4)]) == 4  # refused by the ratio alone; the sample could not go
+    assert buf.sample(8) is not None
