@@ -29,9 +29,13 @@ import torch
 from ..config import MAX_CAPACITY
 from .tensor_schema import dtype_name
 
+# fields a sample adds (ids, priorities, IS, use counts, staleness) or that have a meaning of their own: a frames
+# field of such a name would be replaced in samples (or clash with the meaning)
+_TAKEN = ('replay_unique_id', 'replay_buffer_idx', 'priority', 'IS', 'use', 'staleness', 'collect_iter')
+
 
 def _name(x: Any) -> bool:
-    return isinstance(x, str) and bool(x)
+    return isinstance(x, str) and bool(x) and x not in _TAKEN
 
 
 def _none_or_int(low: int) -> Any:
@@ -44,17 +48,17 @@ def _unit(v: Any) -> bool:
 
 # ``storage.frames``: each option's default, its check and what the check expects
 _OPTIONS = {
-    'key': ('obs', _name, 'a field name'),
-    'next_key': ('next_obs', _name, 'a field name'),
+    'key': ('obs', _name, f'a field name, not one of {_TAKEN}'),
+    'next_key': ('next_obs', _name, f'a field name, not one of {_TAKEN}'),
     'stack': (None, _none_or_int(1), 'None (read from the first push) or an int in [1, 2**40]'),
-    'env_key': (None, lambda v: v is None or _name(v), 'None (one stream) or a field name'),
-    'done_key': ('done', lambda v: v is None or _name(v), 'None or a field name'),
-    'truncated_key': ('truncated', lambda v: v is None or _name(v), 'None or a field name'),
+    'env_key': (None, lambda v: v is None or _name(v), f'None (one stream) or a field name, not one of {_TAKEN}'),
+    'done_key': ('done', lambda v: v is None or _name(v), f'None or a field name, not one of {_TAKEN}'),
+    'truncated_key': ('truncated', lambda v: v is None or _name(v), f'None or a field name, not one of {_TAKEN}'),
     'spare': (None, _none_or_int(0), 'None (automatic) or an int in [0, 2**40]'),
     'check': (True, lambda v: type(v) is bool, 'a bool'),
     'n_step': (1, lambda v: type(v) is int and 1 <= v <= 1000, 'an int in [1, 1000]'),
     'gamma': (0.99, _unit, 'a number in [0, 1]'),
-    'reward_key': ('reward', _name, 'a field name'),
+    'reward_key': ('reward', _name, f'a field name, not one of {_TAKEN}'),
 }
 FRAMES_DEFAULTS = {k: default for k, (default, _, _) in _OPTIONS.items()}
 # suffixes of the stored id columns: '<key>:frames' (the obs stack's ids), '<next_key>:frame' (the new frame's id)

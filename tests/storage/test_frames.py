@@ -807,3 +807,14 @@ def test_a_push_of_more_new_frames_than_rows_keeps_only_what_fits():
     buf.push(steps)
     got = check_rows(buf.sample(buf.count(), replace=False), pushed)
     assert got and set(got) <= set(range(25, 30))
+
+
+@pytest.mark.parametrize('key', ['key', 'next_key', 'done_key', 'reward_key'])
+def test_a_frames_field_named_like_a_field_a_sample_adds_is_refused(key):
+    """key='replay_unique_id' was accepted, and every sample returned frame stacks under the ids' name, so update
+    failed; 'priority' failed every push of an advanced buffer with a message that did not name storage.frames."""
+    for name in ('replay_unique_id', 'replay_buffer_idx', 'priority', 'collect_iter'):
+        cfg = frames_cfg('advanced')
+        cfg['storage']['frames'][key] = name
+        with pytest.raises(ValueError, match=f"'storage.frames.{key}' has invalid value '{name}'"):
+            create_buffer(cfg)
