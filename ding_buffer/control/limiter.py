@@ -15,7 +15,7 @@ time as the counters decay). Config section (``thruput_controller``):
 push and one sample would make it, every push and every sample is refused forever (decay scales both counters
 alike, so time does not help). Here a call that the ratio refuses goes through when the other kind of call
 would be refused too (the other kind judged at its last size, a sample also by the minimum-size rule and by the
-count: fewer items than the batch stop a table that draws without replacement): then the limiter lets the one
+table's own shortfall, e.g. fewer items than a draw without replacement needs): then the limiter lets the one
 that is asked make progress, so from every state a push or a sample is possible.
 Pushes are never refused while the buffer holds too little to sample.
 
@@ -69,6 +69,7 @@ class RateLimiter:
         self.active = self.thruput.active
         self.checks = self.active or self.min_ratio > 0
         self._last_push, self._last_sample = 1, 1  # sizes the other side is judged at (never-stall rule)
+        self._short = False  # the table could not serve the last sample by its own rules (never-stall rule)
 
     # ------------------------------------------------------------------ push
     def can_push(self, n: int, count: int) -> Tuple[bool, str]:
@@ -80,9 +81,9 @@ class RateLimiter:
         return ok, why
 
     def _sample_blocked(self, count: int, size: int) -> bool:
-        """Whether a sample of ``size`` would be refused: nothing or too little stored (fewer than ``size`` items
-        also stop a table that draws without replacement), or the ratio."""
-        return count < size or count / size < self.min_ratio or not self.thruput.can_sample(size)[0]
+        """Whether a sample of ``size`` would be refused: nothing or too little stored (the table's own shortfall
+        at the last sample, e.g. fewer items than a draw without replacement needs), or the ratio."""
+        return count == 0 or self._short or count / size < self.min_ratio or not self.thruput.can_sample(size)[0]
 
     def on_push(self, n: int) -> None:
         """Count ``n`` pushed elements and wake waiting samplers (callers may skip it while neither ``active``
@@ -93,8 +94,10 @@ class RateLimiter:
             self._cond.notify_all()
 
     # ------------------------------------------------------------------ sample
-    def why_not(self, count: int, size: int) -> str:
-        """'' when ``size`` may be sampled from ``count`` stored elements now, else the reasons."""
+    def why_not(self, count: int, size: int, short: bool = False) -> str:
+        """'' when ``size`` may be sampled from ``count`` stored elements now, else the reasons; ``short``: the
+        table cannot serve it by its own rules (remembered for the never-stall rule)."""
+        self._short = short
         if count and count >= self.min_ratio * size and not self.active:
             return ''
         self._last_sample = size

@@ -131,3 +131,20 @@ def test_a_push_goes_while_too_few_items_are_stored_for_a_draw_without_replaceme
     assert buf.sample(8) is None and buf.count() == 4
     assert buf.push([{'x': i} for i in range(4)]) == 4  # refused by the ratio alone; the sample could not go
     assert buf.sample(8) is not None
+
+
+def test_a_push_over_the_limit_is_refused_while_a_sample_with_replacement_can_draw():
+    """The never-stall rule lets a push through only when a sample could not go; a draw with replacement from
+    fewer items than the batch can, so such a push stays refused by the ratio."""
+    from ding_buffer import create_buffer
+
+    limit = dict(push_sample_rate_limit=dict(max=1.0, min=0.0), window_seconds=1e6)
+    items = [{'x': i} for i in range(10)]
+    for cfg, kw in (
+        (dict(type='deque', priority=True), {}),
+        (dict(type='naive'), dict(replace=True)),
+    ):
+        buf = create_buffer(dict(cfg, replay_buffer_size=100, seed=0, thruput_controller=limit))
+        assert buf.push(items) == 10
+        assert buf.sample(12, **kw) is not None  # pushed / sampled: 10 / 12
+        assert buf.push(items[:8]) == 0 and buf.count() == 10  # 18 / 12 > 1, and a sample of 12 still draws
