@@ -28,7 +28,8 @@ from .reward_table import RewardTable
 
 
 def _key(x: Any) -> bool:
-    return isinstance(x, str) and bool(x)
+    """A field name a dict batch can hold: not one of the ids a sample adds (storage drops them from a push)."""
+    return isinstance(x, str) and bool(x) and x not in ('replay_unique_id', 'replay_buffer_idx')
 
 
 # The default config (DI-engine style: every key commented) and the value checks of each key.
@@ -63,9 +64,9 @@ GFN_CONFIG = dict(
 GFN_CHECKS = dict(
     replay_buffer_size=CAPACITY_CHECK,
     sample_replacement=(lambda x: x is None or isinstance(x, bool), 'None, True or False'),
-    state_key=(_key, 'a non-empty str'),
-    log_reward_key=(_key, 'a non-empty str'),
-    condition_key=(lambda x: x is None or _key(x), 'None or a non-empty str'),
+    state_key=(_key, 'a non-empty str, not replay_unique_id / replay_buffer_idx'),
+    log_reward_key=(_key, 'a non-empty str, not replay_unique_id / replay_buffer_idx'),
+    condition_key=(lambda x: x is None or _key(x), 'None or a non-empty str, not replay_unique_id / replay_buffer_idx'),
     device=(device_ok, "'cpu', 'cuda' or 'cuda:N'"),
     seed=SEED_CHECK,
     **parts_checks(0.0),

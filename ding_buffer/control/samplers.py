@@ -87,7 +87,10 @@ class PrioritizedSpec:
     # ``not v < 0 and v == int(v)``: a NaN / inf step raises int()'s own error, as it always did
     checks = {
         **{key: (lambda v: _number(v) and 0 <= v <= 1, 'a number in [0, 1]') for key in ('alpha', 'beta', 'eta')},
-        'eps': (lambda v: finite_number(v) and 0 <= v, 'a finite number >= 0'),
+        'eps': (
+            lambda v: finite_number(v) and 0 <= v <= 1,
+            'a number in [0, 1] (added to every priority, kept in float32)',
+        ),
         'anneal_step': STEP_CHECK,
         'unroll_len': (lambda t: t is None or capacity_int(t), 'None or an int in [1, 2**40]'),
     }

@@ -934,3 +934,21 @@ def test_a_state_of_prioritized_windows_is_refused_by_uniform_windows_and_the_ot
     with pytest.raises(ValueError, match="'windows' entry"):
         uniform.load_data(path)
     assert uniform.count() == 0
+
+
+def test_prioritized_window_settings_that_break_later_calls_are_refused_at_build():
+    """sampler.eps above float32's range made the buffer's own state unloadable (its step priorities saved as
+    inf); an unroll_len beyond 2**31 with pad_short_episodes failed every sample."""
+    base = dict(type='episode', replay_buffer_size=8, max_transitions=40, storage=dict(type='tensor'))
+    for sampler, extra, key in (
+        (dict(type='prioritized', unroll_len=3, eps=1e39), {}, 'sampler.eps'),
+        (dict(type='prioritized', unroll_len=3, eps=1.5), {}, 'sampler.eps'),
+        (dict(type='prioritized', unroll_len=2**31 + 1), dict(pad_short_episodes=True), 'sampler.unroll_len'),
+    ):
+        with pytest.raises(ValueError, match=f"config key '{key}'"):
+            create_buffer(dict(base, sampler=sampler, **extra))
+    ok = create_buffer(dict(base, sampler=dict(type='prioritized', unroll_len=3, eps=1.0)))
+    ok.push({'obs': torch.randn(6, 3)})
+    out = ok.sample(2)
+    ok.update({k: out[k] for k in ('replay_unique_id', 'replay_buffer_idx')} | {'priority': torch.ones(2)})
+    create_buffer(dict(base, sampler=dict(type='prioritized', unroll_len=3, eps=1.0))).load_state_dict(ok.state_dict())

@@ -1684,3 +1684,13 @@ def test_a_file_whose_capacity_times_its_items_exceeds_memory_is_refused_before_
     with pytest.raises(ValueError, match="100 slots of 4100 bytes each need .* more than this machine's"):
         fresh.load_data(path)
     assert_same(fresh.state_dict(), before)
+
+
+@pytest.mark.parametrize('key', ['state_key', 'log_reward_key', 'condition_key'])
+def test_a_field_key_named_like_a_sample_id_is_refused_at_build(key):
+    """Storage drops the ids a sample adds from a push: state_key='replay_unique_id' was accepted, and every push
+    then failed saying the batch had no such field."""
+    for kind in ('gfn', 'gfn_diverse', 'terminating_state'):
+        for name in ('replay_unique_id', 'replay_buffer_idx'):
+            with pytest.raises(ValueError, match=f"config key '{key}'"):
+                create_buffer({'type': kind, 'replay_buffer_size': 8, key: name})
