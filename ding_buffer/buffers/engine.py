@@ -658,7 +658,7 @@ class Engine(IBuffer):
             self._remove_answers(answers)
         short = shortfall() if shortfall is not None else ''
         units = self._t.units()
-        limit = self._limiter.why_not(units, size, bool(short))
+        limit = self._limiter.why_not(units, size, shortfall)
         if short and limit and units:
             return f'{short}; {limit}'
         return short or limit  # an empty buffer: the table's reason says it

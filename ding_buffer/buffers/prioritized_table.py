@@ -230,6 +230,11 @@ class PrioritizedTable(SlotTable):
         ``sample_range`` or a sampler of its own is judged by the draw)."""
         if self.sampler is None and not self.index.tree.total() > 0 and self.count():  # (total: what the draw reads)
             return 'every candidate item has priority 0'
+        parts = self.parts
+        if self.sampler is not None and parts.tracked and parts.use_limit is not None and self.count():
+            every = self.slots_at(self.candidates(None))  # (as ``draw_selected``: retired items are no candidates)
+            if parts.use_limit.spent(parts.uses[every]).all():
+                return 'every stored item is used up (max_use; kept for enable_track_used_data)'
         return ''
 
     def draw(self, rng: np.random.Generator, size: int, cur_learner_iter: int, sample_range: Optional[slice]) -> Any:

@@ -69,7 +69,7 @@ class RateLimiter:
         self.active = self.thruput.active
         self.checks = self.active or self.min_ratio > 0
         self._last_push, self._last_sample = 1, 1  # sizes the other side is judged at (never-stall rule)
-        self._short = False  # the table could not serve the last sample by its own rules (never-stall rule)
+        self._shortfall: Optional[Callable[[], str]] = None  # the last sample's table rules (never-stall rule)
 
     # ------------------------------------------------------------------ push
     def can_push(self, n: int, count: int) -> Tuple[bool, str]:
@@ -83,7 +83,8 @@ class RateLimiter:
     def _sample_blocked(self, count: int, size: int) -> bool:
         """Whether a sample of ``size`` would be refused: nothing or too little stored (the table's own shortfall
         at the last sample, e.g. fewer items than a draw without replacement needs), or the ratio."""
-        return count == 0 or self._short or count / size < self.min_ratio or not self.thruput.can_sample(size)[0]
+        short = self._shortfall is not None and bool(self._shortfall())  # (asked now: pushes since may have served it)
+        return count == 0 or short or count / size < self.min_ratio or not self.thruput.can_sample(size)[0]
 
     def on_push(self, n: int) -> None:
         """Count ``n`` pushed elements and wake waiting samplers (callers may skip it while neither ``active``
@@ -94,10 +95,11 @@ class RateLimiter:
             self._cond.notify_all()
 
     # ------------------------------------------------------------------ sample
-    def why_not(self, count: int, size: int, short: bool = False) -> str:
-        """'' when ``size`` may be sampled from ``count`` stored elements now, else the reasons; ``short``: the
-        table cannot serve it by its own rules (remembered for the never-stall rule)."""
-        self._short = short
+    def why_not(self, count: int, size: int, shortfall: Optional[Callable[[], str]] = None) -> str:
+        """'' when ``size`` may be sampled from ``count`` stored elements now, else the reasons; ``shortfall``: why
+        the table cannot serve it by its own rules ('' when it can; kept, and asked again, for the never-stall
+        rule)."""
+        self._shortfall = shortfall
         if count and count >= self.min_ratio * size and not self.active:
             return ''
         self._last_sample = size

@@ -148,3 +148,32 @@ def test_a_push_over_the_limit_is_refused_while_a_sample_with_replacement_can_dr
         assert buf.push(items) == 10
         assert buf.sample(12, **kw) is not None  # pushed / sampled: 10 / 12
         assert buf.push(items[:8]) == 0 and buf.count() == 10  # 18 / 12 > 1, and a sample of 12 still draws
+
+
+def test_the_never_stall_rule_asks_the_table_again_and_sees_used_up_tracked_items(tmp_path):
+    """A sample refused by the table let every later push past the ratio until the next sample, though pushes had
+    made the sample possible; and a named sampler's table did not report that every item was used up (kept for
+    enable_track_used_data), so samples and pushes were refused forever."""
+    from ding_buffer import create_buffer
+
+    limit = dict(push_sample_rate_limit=dict(max=2.0, min=0.0), window_seconds=1e6)
+    buf = create_buffer(dict(type='naive', replay_buffer_size=10_000, seed=0, thruput_controller=limit))
+    assert buf.push([{'x': i} for i in range(8)]) == 8 and buf.sample(8) is not None
+    assert buf.sample(16) is None  # 8 items: the table cannot draw 16 without replacement
+    assert buf.push([{'x': i} for i in range(8)]) == 8  # the never-stall rule: the sample could not go
+    assert buf.push([{'x': i} for i in range(1000)]) == 0  # now it could: the ratio refuses (16 / 8 > 2)
+
+    def files(n, start):
+        out = []
+        for i in range(start, start + n):
+            (tmp_path / f'{i}.bin').write_bytes(b'')
+            out.append({'data_id': str(tmp_path / f'{i}.bin'), 'x': i})
+        return out
+
+    limit = dict(push_sample_rate_limit=dict(max=1.0, min=0.0), window_seconds=1e6)
+    cfg = dict(type='advanced', replay_buffer_size=100, seed=0, max_use=1, enable_track_used_data=True)
+    tracked = create_buffer(dict(cfg, sampler=dict(type='uniform'), thruput_controller=limit))
+    assert tracked.push(files(1, 0)) == 1 and tracked.sample(1) is not None  # its one item is used up, and kept
+    assert tracked.sample(1) is None and 'used up' in tracked.why_not_sample(1)
+    assert tracked.push(files(4, 10)) == 4 and tracked.sample(1) is not None
+    tracked.close()
