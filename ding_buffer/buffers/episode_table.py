@@ -60,11 +60,6 @@ class EpisodeTable(Table):
         self.prio: Optional[PrioritizedWindows] = None
         if isinstance(spec, PrioritizedSpec):
             unroll = cfg.sampler.get('unroll_len')
-            if cfg.pad_short_episodes and (unroll or 0) > SAMPLE_LIMIT:
-                raise ValueError(
-                    f"config key 'sampler.unroll_len' is {unroll}: with pad_short_episodes every window is padded to "
-                    f"it, more than a sample holds (2**31 transitions)"
-                )
             if not cfg.pad_short_episodes and cfg.max_transitions is not None and (unroll or 0) > cfg.max_transitions:
                 logging.getLogger(f'ding_buffer.{self.name}').warning(
                     "config key 'sampler.unroll_len' is %s, more than max_transitions=%s: no episode can ever hold a "

@@ -938,12 +938,11 @@ def test_a_state_of_prioritized_windows_is_refused_by_uniform_windows_and_the_ot
 
 def test_prioritized_window_settings_that_break_later_calls_are_refused_at_build():
     """sampler.eps above float32's range made the buffer's own state unloadable (its step priorities saved as
-    inf); an unroll_len beyond 2**31 with pad_short_episodes failed every sample."""
+    inf)."""
     base = dict(type='episode', replay_buffer_size=8, max_transitions=40, storage=dict(type='tensor'))
     for sampler, extra, key in (
         (dict(type='prioritized', unroll_len=3, eps=1e39), {}, 'sampler.eps'),
         (dict(type='prioritized', unroll_len=3, eps=1.5), {}, 'sampler.eps'),
-        (dict(type='prioritized', unroll_len=2**31 + 1), dict(pad_short_episodes=True), 'sampler.unroll_len'),
     ):
         with pytest.raises(ValueError, match=f"config key '{key}'"):
             create_buffer(dict(base, sampler=sampler, **extra))
