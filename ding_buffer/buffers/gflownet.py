@@ -22,14 +22,14 @@ import numpy as np
 
 from ..base import BUFFER_REGISTRY
 from ..config import CAPACITY_CHECK, SEED_CHECK, positive_int
-from ..storage import device_ok
+from ..storage import META_KEYS, device_ok
 from .engine import Engine, parts_checks, parts_config, table_attribute
 from .reward_table import RewardTable
 
 
 def _key(x: Any) -> bool:
     """A field name a dict batch can hold: not one of the ids a sample adds (storage drops them from a push)."""
-    return isinstance(x, str) and bool(x) and x not in ('replay_unique_id', 'replay_buffer_idx')
+    return isinstance(x, str) and bool(x) and x not in META_KEYS
 
 
 # The default config (DI-engine style: every key commented) and the value checks of each key.

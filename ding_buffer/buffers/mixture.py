@@ -21,6 +21,7 @@ from ..config import SEED_CHECK, build_config, check_section, dingengine_ignored
 from ..control.priority import as_numpy, as_priorities, parse_update
 from ..errors import SampleTimeoutError
 from ..persistence import load_state, save_state
+from ..storage.base import SAMPLE_FIELDS
 from ..storage.tensordict_io import is_tensordict, to_plain, to_tensordict, update_info
 from .advanced import AdvancedReplayBuffer
 from .common import (
@@ -51,7 +52,6 @@ MIXTURE_CONFIG = dict(
     seed=None,
 )
 # fields the members' samples add to each item (ids, priorities, weights, counts): no member key may hide one
-SAMPLE_FIELDS = ('replay_unique_id', 'replay_buffer_idx', 'priority', 'IS', 'use', 'staleness')
 MIXTURE_CHECKS = dict(
     push_to=(lambda x: x is None or isinstance(x, str), 'None or a member name'),
     member_key=(

@@ -519,10 +519,7 @@ class BetaSchedule:
     def checked(value: Any, what: str) -> float:
         """``value`` as a float in [0, 1]: a real number (a 0-dim array or tensor too), not a bool, complex or str."""
         try:
-            if hasattr(value, 'detach'):  # a tensor (bfloat16 and float8 as float64: numpy lacks them)
-                value = value.detach().cpu().resolve_neg()
-                value = value.double() if value.is_floating_point() else value
-            arr = np.asarray(value)
+            arr = np.asarray(as_numpy(value))  # (a tensor of a dtype numpy lacks: as float32, which holds it exactly)
             number = float(arr) if arr.ndim == 0 and arr.dtype.kind in 'iufO' else None
         except (TypeError, ValueError, OverflowError):  # (None; 10**400)
             number = None

@@ -539,7 +539,7 @@ def _concat(parts: List[Any]) -> Any:
     if isinstance(first, list):
         return [dict(item, shard=k) for k, part in parts for item in part]
     out = _cat([p for _, p in parts])
-    out['shard'] = torch.cat([torch.full((_batch_len(p),), k, dtype=torch.int64) for k, p in parts])
+    out['shard'] = torch.cat([torch.full((_lead(p),), k, dtype=torch.int64) for k, p in parts])
     return out
 
 
@@ -560,12 +560,6 @@ def _lead(value: Any) -> Optional[int]:
         leads = {_lead(v) for v in value.values()}
         return leads.pop() if len(leads) == 1 else None
     return len(value) if hasattr(value, '__len__') and getattr(value, 'ndim', 1) else None
-
-
-def _batch_len(batch: Any) -> int:
-    for value in batch.values():
-        return _batch_len(value) if isinstance(value, dict) else len(value)
-    return 0
 
 
 __all__ = ['ShardedBuffer', 'shard_path', 'SHARDABLE', 'ROUTES']

@@ -16,6 +16,10 @@ import torch
 from ..persistence import refuse_unknown
 from .ring import RingIndex
 
+# the fields a sample adds to the stored ones: the ids (every type), then priorities, IS weights, use counts and
+# staleness; a field of a user's own may not take these names where it would be replaced in samples
+SAMPLE_FIELDS = ('replay_unique_id', 'replay_buffer_idx', 'priority', 'IS', 'use', 'staleness')
+
 NO_ITER = np.iinfo(np.int64).min // 4  # collect_iter of an element without one (never stale; staleness -1)
 
 

@@ -27,11 +27,11 @@ import numpy as np
 import torch
 
 from ..config import MAX_CAPACITY
+from .base import SAMPLE_FIELDS
 from .tensor_schema import dtype_name
 
-# fields a sample adds (ids, priorities, IS, use counts, staleness) or that have a meaning of their own: a frames
-# field of such a name would be replaced in samples (or clash with the meaning)
-_TAKEN = ('replay_unique_id', 'replay_buffer_idx', 'priority', 'IS', 'use', 'staleness', 'collect_iter')
+# a frames field of a name a sample adds would be replaced in samples; collect_iter has a meaning of its own
+_TAKEN = SAMPLE_FIELDS + ('collect_iter',)
 
 
 def _name(x: Any) -> bool:
