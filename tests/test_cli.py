@@ -4,6 +4,7 @@ traceback; ready configs by name; a first line before torch loads; signals stop 
 import ast
 import json
 import os
+import re
 import shlex
 import signal
 import subprocess
@@ -358,6 +359,22 @@ def test_warmup_at_or_past_the_last_env_step_warns(tmp_path):
     assert len(warning) == 1 and 'warmup_steps (1000) >= env.max_env_step (400)' in warning[0], proc.stderr
     assert 'gradient steps 0' in proc.stdout
     assert proc.stdout.splitlines()[0].startswith(f'ding-buffer train {cfg}: a new run')
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('warmup, env_steps, train_freq', [(302, 302, 4), (201, 203, 4), (300, 300, 1)])
+def test_the_warmup_warning_counts_the_gradient_steps_that_run(tmp_path, warmup, env_steps, train_freq):
+    """The warning's count is the number of gradient steps the run makes: learning happens only at env steps that
+    are multiples of train_freq (302 with 4: none; 300 with 1: the last step); 201 to 203 with 4 trains nothing
+    either, though the warm-up ends before the last step."""
+    learn = dict(warmup_steps=warmup, train_freq=train_freq, updates_per_step=1)
+    cfg = _small_dqn_config(tmp_path, policy=dict(learn=learn), checkpoint=dict(freq=None))
+    proc = _train_quietly(cfg, tmp_path, env_steps)
+    assert proc.returncode == 0, proc.stderr
+    ran = int(re.search(r'gradient steps (\d+)', proc.stdout).group(1))
+    warning = [line for line in proc.stderr.splitlines() if 'warning' in line]
+    assert ran == (1 if train_freq == 1 else 0) and len(warning) == 1, (ran, proc.stderr)
+    assert (f'only {ran} gradient step will run' if ran else 'no gradient steps will run') in warning[0]
 
 
 @pytest.mark.slow

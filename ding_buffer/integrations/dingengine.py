@@ -169,9 +169,12 @@ class TaskBuffer(Buffer):
         return self._cfg.type == 'advanced'
 
     # ------------------------------------------------------------------ push / sample / update
-    def push(self, data: Any, meta: Optional[dict] = None) -> BufferedData:
+    def push(self, data: Any, meta: Optional[dict] = None) -> Optional[BufferedData]:
         """Store ``data`` (one item); ``meta['priority']`` is its initial priority on a prioritized buffer. The
-        returned ``index`` is the item's id (what ``sample`` reports and ``update`` takes)."""
+        returned ``index`` is the item's id (what ``sample`` reports and ``update`` takes). An item the buffer turns
+        away (its rate limit, ``thruput_controller.push_sample_rate_limit``, or a capacity rule such as keep_best) is
+        dropped and counted in ``stats()['refused_push']``, as the serial pipeline's push does: the return is then
+        None, and DI-engine's ``data_pusher`` goes on."""
         meta = {} if meta is None else meta
         if not isinstance(meta, Mapping):
             raise TypeError(f"TaskBuffer.push: meta must be a dict or None, got {type(meta).__name__}")
@@ -183,11 +186,7 @@ class TaskBuffer(Buffer):
             item = dict(item, priority=meta['priority'])  # the caller's dict is not changed
         with self._lock:
             if self._inner.push(item) != 1:
-                raise ValueError(
-                    "TaskBuffer.push: the buffer refused the item (counted in stats()['refused_push']): its rate "
-                    "limit (config key 'thruput_controller.push_sample_rate_limit': pushes ahead of samples), or a "
-                    "capacity rule that turns new items away (removers, e.g. keep_best); the buffer's log says which"
-                )
+                return None
             uid = self._next_uid
             self._next_uid += 1
         return BufferedData(data=data, index=f'{self._prefix}{uid}', meta=dict(meta))

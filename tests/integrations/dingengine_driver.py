@@ -408,10 +408,15 @@ def run_badinput(args) -> dict:
 
 def run_taskbuffer(args) -> dict:
     """TaskBuffer details a pipeline meets: its own file of numpy items reloads, PriorityExperienceReplay on a type
-    it cannot make prioritized, an update naming no id of the buffer, a push the rate limit refuses; and the
-    chunk / mixture registrations built from a dizoo policy's buffer section (replay_buffer_size and all)."""
+    it cannot make prioritized, an update naming no id of the buffer, pushes the rate limit refuses (DI-engine's
+    data_pusher goes on); and the chunk / mixture registrations built from a dizoo policy's buffer section
+    (replay_buffer_size and all)."""
     import numpy as np
+    import torch
+    import treetensor.torch as ttorch
     from ding.data.buffer.middleware import PriorityExperienceReplay
+    from ding.framework.context import OnlineRLContext
+    from ding.framework.middleware.functional.data_processor import data_pusher
     from ding.worker.replay_buffer import create_buffer as dingengine_create_buffer
     from easydict import EasyDict
 
@@ -455,15 +460,21 @@ def run_taskbuffer(args) -> dict:
     except RuntimeError as e:
         out['update_after_close'] = str(e)
     limited = TaskBuffer(dict(thruput_controller=dict(push_sample_rate_limit=dict(max=2, min=0))), size=100)
-    try:
-        for i in range(4):
-            limited.push({'obs': float(i)})
-        limited.sample(2)
-        for i in range(4):
-            limited.push({'obs': float(i)})
-        out['limited'] = 'accepted'
-    except ValueError as e:
-        out['limited'] = str(e)
+    kept = [limited.push({'obs': float(i)}) is not None for i in range(4)]
+    limited.sample(2)
+    kept += [limited.push({'obs': float(i)}) is not None for i in range(4)]
+    out['limited'] = {'kept': kept, 'count': limited.count(), 'refused': limited.stats()['refused_push']}
+    out['limited_pusher'] = {}
+    for storage in ('list', 'tensor'):  # DI-engine's data_pusher through a rate limit, rounds of 8 pushes, 4 samples
+        rated = TaskBuffer(
+            dict(storage=dict(type=storage), thruput_controller=dict(push_sample_rate_limit=dict(max=1)))
+        )
+        pusher, ctx = data_pusher(EasyDict(policy=dict(collect=dict(unroll_len=1))), rated), OnlineRLContext()
+        for _ in range(3):
+            ctx.trajectories = [ttorch.as_tensor({'obs': torch.randn(4), 'reward': torch.ones(1)}) for _ in range(8)]
+            pusher(ctx)
+            rated.sample(4)
+        out['limited_pusher'][storage] = [rated.count(), rated.stats()['refused_push']]
     register()
     section = {'replay_buffer_size': 100, 'deepcopy': False, 'enable_track_used_data': False}
     built = {}

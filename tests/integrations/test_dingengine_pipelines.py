@@ -283,15 +283,21 @@ def test_bad_input_from_dingengine_is_refused_whole_naming_the_field(dingengine_
 def test_task_buffer_details_and_registrations_a_pipeline_meets(dingengine_python, run_env, tmp_path):
     """A TaskBuffer's own file of numpy items reloads (allow_pickle reached its buffer); PriorityExperienceReplay on
     an elastic buffer is refused (it silently became advanced, without its window); an update naming no id of the
-    buffer is refused at the call, and the queued ones are applied (they were dropped at the next read); a push the
-    rate limit refuses names the limit; and the chunk / mixture registrations build from a dizoo buffer section."""
+    buffer is refused at the call, and the queued ones are applied (they were dropped at the next read); pushes the
+    rate limit refuses are dropped and counted; and the chunk / mixture registrations build from a dizoo buffer
+    section."""
     out = drive(dingengine_python, run_env, tmp_path, 'task buffer', 'taskbuffer')
     assert out['reloaded'] == 1
     assert "this one is 'elastic'" in out['elastic_per']
     assert 'is not an id of this buffer' in out['bad_id'] and out['updated_after_bad_id'] == 2
     # close() applies the queued updates; the closed buffer stays readable and refuses new updates
     assert out['after_close'] == {'count': 4, 'updated': 2} and 'closed' in out['update_after_close']
-    assert 'thruput_controller.push_sample_rate_limit' in out['limited']
+    # a push the limit turns away is dropped and counted (None), as the serial push does: data_pusher goes on
+    kept = out['limited']['kept']
+    assert kept[:4] == [True] * 4 and False in kept[4:]
+    assert out['limited']['count'] == sum(kept) and out['limited']['refused'] == kept.count(False)
+    for storage, (count, refused) in out['limited_pusher'].items():  # 24 pushed in rounds, 12 drawn: max=1 holds
+        assert count + refused == 24 and refused > 0 and count <= 12 + 8, (storage, count, refused)
     assert out['built'] == {'ding_buffer_chunk': 'ChunkReplayBuffer', 'ding_buffer_mixture': 'MixtureReplayBuffer'}
 
 
