@@ -229,8 +229,8 @@ class _Decoder:
             for kv in v:
                 if type(kv) is not list or len(kv) != 2:
                     raise CodecError("bad dict node")
-                k = kv[0]
-                if not isinstance(k, (str, int)):
+                k = kv[0]  # what the encoder sends: str and int keys (bool keys are pickled), each once
+                if not isinstance(k, (str, int)) or isinstance(k, bool) or k in out:
                     raise CodecError(f"bad dict key {k!r}")
                 out[k] = self.walk(kv[1], depth)
             return out

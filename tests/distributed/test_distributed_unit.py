@@ -438,6 +438,8 @@ MALFORMED = {
     'object scalar': (header_of({'$s': ['|O', 1]}), []),
     'string scalar': (header_of({'$s': ['S3', 'abc']}), []),
     'bad dict key': (header_of({'$d': [[1.5, 2]]}), []),
+    'bool dict key': (header_of({'$d': [[True, 2]]}), []),  # the encoder pickles a dict with one: a later reply
+    'repeated dict key': (header_of({'$d': [['a', 1], ['a', 2]]}), []),  # holding it could not go out
     'bad dict node': (header_of({'$d': 5}), []),
     'bad tuple node': (header_of({'$u': 5}), []),
     'bad slice node': (header_of({'$l': [1, 2]}), []),
