@@ -165,8 +165,11 @@ class ManagerCore:
             )
         return self.frames_wire.expand(client, seq, data, bool(batched), frames)
 
-    def _apply_push(self, sender, data, batched, envstep, model_version, session_id) -> Dict[str, Any]:
-        self.counters['push_requests'] += 1
+    def _apply_push(self, sender, data, batched, envstep, model_version, session_id, tentative=False) -> Dict:
+        """``tentative``: a shared-memory commit's first try of several pushes as one: if the buffer stores none of
+        it (or raises), nothing is counted here, as the ring's intake then applies the pushes one by one."""
+        if not tentative:
+            self.counters['push_requests'] += 1
         n = count_items(data, batched)
         score: Dict[str, Any] = {}
         model_version, session_id = check_stamp(model_version, session_id)
@@ -177,6 +180,10 @@ class ManagerCore:
         stored = 0
         if self.cfg.store_locally:
             stored = self.buffer.push(data, envstep, batched=batched)
+        if tentative:
+            if not stored:
+                return {'stored': 0, 'score': score}
+            self.counters['push_requests'] += 1
         self.counters['pushed_items'] += n
         self.baseline.observe(incoming)
         if self.scoring_function is not None:  # scored after storing, as torchgfn does (novelty sees the batch)
@@ -202,8 +209,8 @@ class ManagerCore:
             score['baseline_log_reward'] = base
         return {'stored': int(stored), 'score': score}
 
-    def _ring_push(self, sender, data, batched, envstep) -> int:
-        return int(self._apply_push(sender, data, batched, envstep, None, None)['stored'])
+    def _ring_push(self, sender, data, batched, envstep, tentative=False) -> int:
+        return int(self._apply_push(sender, data, batched, envstep, None, None, tentative)['stored'])
 
     def commit_rings(self) -> int:
         """Apply what every worker's shared-memory ring holds, and close the rings of workers counted lost (the

@@ -594,8 +594,9 @@ class RingIntake:
         self.counters['shm_rings'] += 1
         return {'path': ring.path, 'rows': rows, 'token': ring.token}
 
-    def commit(self, apply: Callable[[Any, Any, bool, int], Any], sender: Any = None, only: Any = None) -> int:
-        """Apply rings' rows through ``apply(sender, data, batched, envstep)``; returns how many rows were taken.
+    def commit(self, apply: Callable[..., int], sender: Any = None, only: Any = None) -> int:
+        """Apply rings' rows through ``apply(sender, data, batched, envstep, tentative)``; returns how many rows
+        were taken.
         With ``sender``: everything its rings hold now (before one of its requests is served: its order), else
         up to one take's worth of rows per ring (a writer that never stops cannot hold the manager). A refused take
         is counted, dropped and told to the worker; a corrupt ring is closed."""
@@ -631,14 +632,15 @@ class RingIntake:
         (raises), or stores none of it (its rate limiter judges a push whole), push by push as the worker made them
         (the marks of a push's first row), as over the wire. A push that raises is dropped, counted and told to the
         worker; rows the buffer declines without an error are counted (``shm_declined_rows``), as a wire push's
-        ``stored`` shows them. The ring stays."""
+        ``stored`` shows them. The ring stays. The first try of several pushes is ``tentative``: the manager
+        counts it only if it stores something (else the pushes are counted one by one)."""
         n, err = len(starts), None
+        cuts = [0, *(np.flatnonzero(starts[1:]) + 1).tolist(), n]
         try:
-            stored = apply(sender, ring.as_push(block), ring.batched, envstep)
+            stored = apply(sender, ring.as_push(block), ring.batched, envstep, len(cuts) > 2)
         except Exception as e:  # noqa: BLE001 - the buffer's refusal, judged below push by push
             stored, err = 0, e
-        cuts = [] if stored else [0, *(np.flatnonzero(starts[1:]) + 1).tolist(), n]
-        if len(cuts) > 2:  # nothing stored, and the take holds several pushes
+        if not stored and len(cuts) > 2:  # nothing stored, and the take holds several pushes
             stored, err = 0, None
             for a, b in zip(cuts[:-1], cuts[1:]):
                 try:
@@ -677,7 +679,7 @@ class RingIntake:
         if not mine:
             self.rings.pop(sender, None)
 
-    def close(self, sender: Any, apply: Callable[[Any, Any, bool, int], Any], client: Any = None) -> None:
+    def close(self, sender: Any, apply: Callable[..., int], client: Any = None) -> None:
         """Close ``sender``'s rings (only ``client``'s when given): mark them closing, take what they hold, then
         mark the read counter final. A writer that wrote meanwhile learns exactly which of its rows were taken."""
         for c in [client] if client is not None else list(self.rings.get(sender, {})):
@@ -688,13 +690,13 @@ class RingIntake:
             self.commit(apply, sender, only=c)
             self._drop(sender, c)
 
-    def close_lost(self, lost: Any, apply: Callable[[Any, Any, bool, int], Any]) -> None:
+    def close_lost(self, lost: Any, apply: Callable[..., int]) -> None:
         """Close the rings of senders counted lost: a lost worker that comes back (it was frozen) gets a new ring
         on its next push, and rings of workers that never come back (a Ray job's dead tasks) do not pile up."""
         for s in [s for s in self.rings if s in lost]:
             self.close(s, apply)
 
-    def close_all(self, apply: Callable[[Any, Any, bool, int], Any]) -> None:
+    def close_all(self, apply: Callable[..., int]) -> None:
         for s in list(self.rings):
             self.close(s, apply)
 

@@ -403,9 +403,9 @@ def test_exactly_once_in_order_with_a_concurrent_committer_and_lost_closes():
     seen = []
     orig = job.core._ring_push
 
-    def spy(sender, data, batched, envstep):
+    def spy(sender, data, batched, envstep, *tentative):
         seen.extend(data['tag'].tolist() if batched else [int(x['tag']) for x in data])
-        return orig(sender, data, batched, envstep)
+        return orig(sender, data, batched, envstep, *tentative)
 
     job.core._ring_push = spy
     t = threading.Thread(target=manager, daemon=True)
@@ -607,10 +607,10 @@ def test_scribbles_from_another_thread_during_background_commits():
     seen = []
     orig = m.core._ring_push
 
-    def spy(sender, data, batched, envstep):
+    def spy(sender, data, batched, envstep, *tentative):
         if sender == 0:
             seen.extend(data['tag'].tolist() if batched else [int(x['tag']) for x in data])
-        return orig(sender, data, batched, envstep)
+        return orig(sender, data, batched, envstep, *tentative)
 
     m.core._ring_push = spy
 

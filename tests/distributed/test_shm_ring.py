@@ -4,6 +4,7 @@ their types, wrap around a small ring, wait for room within the timeout, and eve
 is refused; nothing shows in ``/dev/shm`` and no ring descriptor stays open. The multi-process faults are in
 test_shm_procs.py."""
 
+import contextlib
 import os
 import threading
 import time
@@ -401,6 +402,28 @@ def test_a_capacity_rule_judges_every_ring_row_as_over_the_wire():
     assert kept(job.buffer) == kept(local) == sorted(np.argsort(-prio, kind='stable')[:50].tolist())
     assert job.core.counters['shm_declined_rows'] > 0
     job.close()
+
+
+def test_a_take_the_rate_limit_turns_away_is_counted_once_as_over_the_wire():
+    """A commit tries a take of several pushes as one push first; when the rate limiter stored none of it, the
+    pushes went one by one and the manager counted the rows twice (and the first try as a request). Each row counts
+    once, as over the wire, and a refused push of the take (a NaN priority) counts as a request without items."""
+    limit = dict(push_sample_rate_limit=dict(max=2.0, min=0.0), window_seconds=30.0, sample_min_limit_ratio=1.0)
+    for bad in (False, True):
+        job = Job('tensor', type_='advanced', thruput_controller=limit)
+        for i in range(2):
+            job.request('push', data={'obs': torch.full((3,), float(i)), 'priority': torch.tensor(1.0)})
+        job.request('sample', size=2)
+        for i in range(4):
+            prio = float('nan') if bad and i == 1 else 1.0
+            job.pusher.push({'obs': torch.full((3,), float(10 + i)), 'priority': torch.tensor(prio)}, False)
+        st = job.request('stats')
+        assert st['manager/pushed_items'] == 6 - bad and st['manager/push_requests'] == 2 + 4, (bad, st)
+        assert st['manager/shm_rows'] + st['manager/shm_declined_rows'] == 4 - bad
+        assert st['manager/shm_refused_rows'] == bad and job.request('count') == 2 + st['manager/shm_rows']
+        with pytest.raises(ValueError, match='priority') if bad else contextlib.nullcontext():
+            job.pusher.push({'obs': torch.zeros(3), 'priority': torch.tensor(1.0)}, False)
+        job.close()
 
 
 def test_a_push_larger_than_the_capacity_is_judged_whole_as_over_the_wire():
