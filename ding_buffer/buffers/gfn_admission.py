@@ -7,7 +7,7 @@ import numpy as np
 import torch
 
 from ..control.diversity import diverse_mask, row_hashes
-from .gfn_data import GFNBatch, all_true, is_container
+from .gfn_data import GFNBatch, all_true, is_container, terminating_states_of
 
 
 def diverse_admission(t: Any, batch: GFNBatch) -> Tuple[Optional[np.ndarray], Optional[np.ndarray]]:
@@ -72,7 +72,12 @@ def _container_terminating_states(cfg: Any, data: Any) -> Any:
             return data  # already what is stored: every row terminating, one reward per row (no new container)
         states = data.states  # every row terminating: the terminating states are the states (no gather)
     else:
-        states = data.terminating_states
+        states = terminating_states_of(data)
+        if states is None:
+            raise ValueError(
+                "terminating_state cannot tell the terminating states of backward Transitions; push forward "
+                "Transitions, Trajectories (forward or backward) or a StatesContainer"
+            )
     n = len(states)
     r = _terminating_log_rewards(data, mask, n)
     if torchgfn and hasattr(data, 'env'):

@@ -199,6 +199,15 @@ class ColumnStore:
 _CACHED_FIELDS = ('log_probs', 'estimator_outputs')
 
 
+def terminating_states_of(data: Any) -> Any:
+    """``data.terminating_states``, except for backward torchgfn containers: a backward trajectory starts at its
+    terminating state (``states[0]``; torchgfn's property reads the state before ``terminating_idx``, a child of
+    s0 there), and backward transitions have none that can be told (None)."""
+    if not getattr(data, 'is_backward', False):
+        return data.terminating_states
+    return data.states[0] if hasattr(data, 'terminating_idx') else None
+
+
 class ContainerStoreBase:
     """What both container stores share: the Container protocol's log-rewards and terminating-state rows, no
     ``collect_iter``, and persistence (torchgfn containers as plain tensors, other objects pickled)."""
@@ -223,7 +232,7 @@ class ContainerStoreBase:
     @staticmethod
     def rows_of(data: Any, n: int) -> Optional[np.ndarray]:
         """One row per item when the container has exactly one terminating state per item."""
-        ts = data.terminating_states
+        ts = terminating_states_of(data)
         tensor = ts if isinstance(ts, torch.Tensor) else getattr(ts, 'tensor', None)
         if tensor is None or tensor.shape[0] != n:
             return None

@@ -115,7 +115,7 @@ class ContainerRing(ContainerStoreBase):
         """As ``ContainerStoreBase.rows_of``; StatesContainer / Transitions: their terminating states are the
         ``is_terminating`` rows, so one per item exactly when every row is terminating (no gather needed)."""
         mask = getattr(data, 'is_terminating', None)
-        if mask is None:
+        if mask is None or getattr(data, 'is_backward', False):
             return ContainerStoreBase.rows_of(data, n)
         if not all_true(mask):
             return None
@@ -126,8 +126,9 @@ class ContainerRing(ContainerStoreBase):
         return super().prepare(data, need_rows or not hasattr(data, 'is_terminating'))  # Trajectories: built
 
     def row_width(self, data: Any) -> Optional[int]:
-        """StatesContainer / Transitions: the width of their states' rows when every row is terminating."""
-        if not all_true(data.is_terminating):
+        """StatesContainer / Transitions: the width of their states' rows when every row is terminating (backward
+        transitions: None, as ``rows_of``)."""
+        if getattr(data, 'is_backward', False) or not all_true(data.is_terminating):
             return None
         states = data.states
         return row_width(states.tensor, states.conditions)

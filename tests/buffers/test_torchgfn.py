@@ -1509,6 +1509,34 @@ class OtherTrajectories(Trajectories):
     """Not one of torchgfn's own classes: kept in the append-only container store."""
 
 
+def test_the_terminating_states_of_backward_trajectories_are_where_they_start(samplers, env):
+    """A backward trajectory starts at its terminating state (torchgfn's ``terminating_states`` property reads the
+    state before ``terminating_idx``: a child of s0 there): ``terminating_state`` stores the start states with their
+    rewards, and a ``gfn`` buffer counts them as its unique terminating states, the same after a reload."""
+    torch.manual_seed(7)
+    starts = [trajectories(samplers, env, 12).terminating_states for _ in range(3)]
+    bwd = [samplers[1].sample_trajectories(env, states=x) for x in starts]
+    assert all(b.is_backward and torch.equal(b.states.tensor[0], x.tensor) for b, x in zip(bwd, starts))
+    truth = [tuple(r) for x in starts for r in x.tensor.tolist()]
+
+    ts = create_buffer(dict(type='terminating_state', replay_buffer_size=100))
+    for b in bwd:
+        ts.push(b)
+    held = ts.training_container
+    assert sorted(map(tuple, held.states.tensor.tolist())) == sorted(truth)
+    assert torch.equal(held.log_rewards, env.log_reward(held.states))
+
+    buf = create_buffer(dict(type='gfn', replay_buffer_size=100, seed=0))
+    for b in bwd:
+        buf.push(b)
+    again = create_buffer(dict(type='gfn', replay_buffer_size=100, seed=0))
+    again.load_state_dict(buf.state_dict(), env=env)
+    assert buf.stats()['unique_terminating_states'] == again.stats()['unique_terminating_states'] == len(set(truth))
+    with pytest.raises(ValueError, match='backward Transitions'):  # no terminating state to tell: refused
+        ts.push(bwd[0].to_transitions())
+    assert ts.count() == len(truth)
+
+
 @pytest.mark.parametrize('store', ['ring', 'append-only'])
 @pytest.mark.parametrize('first', ['forward', 'backward'])
 def test_a_buffer_holds_one_direction_of_trajectories(samplers, env, pool, first, store):
