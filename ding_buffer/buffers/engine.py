@@ -408,12 +408,13 @@ class Engine(IBuffer):
                 if rule is self._use_limit and self._remover is not None and self._t.retires_used:
                     self._t.retire(gone)  # DI-engine: the item (its file) stays, never drawn again
                     self._changed(gone)
-                else:
-                    self._remove(gone, f'removed_by_{rule.name}')
+                else:  # (a batch's used-up items keep their files until the next batch uses items up)
+                    self._remove(gone, f'removed_by_{rule.name}', hold=rule is self._use_limit)
                 done = gone if done is None else np.union1d(done, gone)
 
-    def _remove(self, slots: np.ndarray, counter: str) -> None:
-        """Remove the elements at ``slots`` (counted under ``counter``); their items go to the used-data remover."""
+    def _remove(self, slots: np.ndarray, counter: str, hold: bool = False) -> None:
+        """Remove the elements at ``slots`` (counted under ``counter``); their items go to the used-data remover
+        (``hold``: as ``UsedDataRemover.add``)."""
         if not len(slots):
             return
         removed = self._t.drop(slots)
@@ -421,7 +422,7 @@ class Engine(IBuffer):
             self._uses.reset(slots)
         self._counters['remove_count'] += len(slots)
         self._counters[counter] += len(slots)
-        self._evicted(removed)
+        self._evicted(removed, hold)
 
     def _changed(self, slots: np.ndarray) -> None:
         """A mutable column of ``slots`` changed in place (priorities): a capacity rule reading it hears of it."""
@@ -429,11 +430,11 @@ class Engine(IBuffer):
         if rule is not None and rule.column in self._t.mutable_columns and len(slots):
             rule.on_changed(self._view, slots)
 
-    def _evicted(self, items: List[Any]) -> None:
+    def _evicted(self, items: List[Any], hold: bool = False) -> None:
         """Hand items that left the buffer to the used-data remover (under the lock; once closed, their files go at
         once, with no thread)."""
         if self._remover is not None and items:
-            self._remover.add(items)
+            self._remover.add(items, hold)
             if self._closed:
                 self._remover.close()
             else:

@@ -12,7 +12,7 @@ import os
 import queue
 import shutil
 import threading
-from typing import Any, Iterable, Optional
+from typing import Any, Iterable, List, Optional
 
 
 def check_trackable(item: Any, i: int) -> None:
@@ -47,6 +47,7 @@ class UsedDataRemover:
         self._poll = poll_seconds
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
+        self._held: List[str] = []  # the files of the last batch used up (``add(hold=True)``)
 
     @property
     def running(self) -> bool:
@@ -59,14 +60,18 @@ class UsedDataRemover:
         self._thread = threading.Thread(target=self._run, name='delete_used_data', daemon=True)
         self._thread.start()
 
-    def add(self, items: Iterable[Any]) -> None:
-        """Queue the ``data_id`` of every dict item (others are ignored: they own no file)."""
-        for item in items:
-            if isinstance(item, dict) and 'data_id' in item:
-                self._queue.put(os.fspath(item['data_id']))
+    def add(self, items: Iterable[Any], hold: bool = False) -> None:
+        """Queue the ``data_id`` of every dict item (others are ignored: they own no file). ``hold``: items a sample
+        just returned and used up (``max_use``): their files are kept until the next such call (the batch stays
+        readable while it is used), or ``close()``; the files held before are queued now."""
+        paths = [os.fspath(item['data_id']) for item in items if isinstance(item, dict) and 'data_id' in item]
+        if hold:
+            paths, self._held = self._held, paths
+        for path in paths:
+            self._queue.put(path)
 
     def pending(self) -> int:
-        return self._queue.qsize()
+        return self._queue.qsize() + len(self._held)
 
     def _delete(self, path: str) -> None:
         try:
@@ -86,8 +91,9 @@ class UsedDataRemover:
             self._delete(path)
 
     def close(self, timeout: float = 10.0) -> None:
-        """Stop and join the thread, then delete whatever is still queued. Idempotent."""
+        """Stop and join the thread, then delete whatever is still queued or held. Idempotent."""
         self._stop.set()
+        self.add((), hold=True)  # the held files are queued
         if self._thread is not None:
             self._thread.join(timeout)
             if self._thread.is_alive():

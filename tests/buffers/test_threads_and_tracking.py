@@ -99,6 +99,26 @@ def test_used_data_files_are_deleted_on_overwrite_and_clear(tmp_path):
     buf.close()
 
 
+def test_a_used_up_batch_keeps_its_files_until_the_next_batch_is_used_up(tmp_path):
+    """naive with max_use: a sample removes the items it used up. Their files were deleted at once, while the
+    learner was still to read them; they go when the next sample uses items up, or at close() (advanced keeps
+    used-up items, with their files, until they are overwritten)."""
+    buf = create_buffer(dict(type='naive', replay_buffer_size=8, max_use=1, seed=0, enable_track_used_data=True))
+    buf.push(_tracked_items(tmp_path, 0, 8))
+    first = buf.sample(3)
+    drawn = {d['i'] for d in first}
+    buf.clear()  # the other five are handed over after the batch: the one thread deletes in order
+    assert wait_until(lambda: not any((tmp_path / f'data_{i}.pt').exists() for i in set(range(8)) - drawn))
+    assert all(torch.equal(torch.load(d['data_id']), torch.full((2,), float(d['i']))) for d in first)
+    buf.push(_tracked_items(tmp_path, 8, 4))
+    second = buf.sample(2)
+    assert wait_until(lambda: not any(os.path.exists(d['data_id']) for d in first))
+    assert all(os.path.exists(d['data_id']) for d in second) and buf.count() == 2
+    buf.close()  # the second batch's files go; the two items still stored keep theirs
+    live = {f'data_{i}.pt' for i in range(8, 12)} - {f"data_{d['i']}.pt" for d in second}
+    assert {p.name for p in tmp_path.iterdir()} == live
+
+
 def test_used_data_directories_are_removed_without_a_shell(tmp_path):
     buf = create_buffer(dict(type='naive', replay_buffer_size=1, enable_track_used_data=True))
     weird = tmp_path / 'dir with spaces; rm -rf x'
