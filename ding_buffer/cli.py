@@ -180,7 +180,7 @@ def _apply_overrides(user: dict, args: argparse.Namespace) -> None:
 def _warn_if_warmup_too_long(cfg) -> None:
     """Warn on stderr when the warm-up reaches ``env.max_env_step`` or leaves no gradient step before it. Learning
     runs after the env steps ``warmup_steps .. max_env_step`` (counted from 1) that are multiples of ``train_freq``,
-    ``updates_per_step`` times at each."""
+    ``updates_per_step`` times at each, once the buffer can give a batch (so the count is an upper bound)."""
     learn, last = cfg.policy.learn, cfg.env.max_env_step
     first, freq = max(learn.warmup_steps, 1), learn.train_freq
     steps = max(0, last // freq - (first - 1) // freq) * learn.updates_per_step
@@ -188,7 +188,7 @@ def _warn_if_warmup_too_long(cfg) -> None:
         why = f">= env.max_env_step ({last})" if learn.warmup_steps >= last else f"with train_freq {freq}"
         print(
             f"ding-buffer: warning: policy.learn.warmup_steps ({learn.warmup_steps}) {why}: "
-            f"{'no' if not steps else f'only {steps}'} gradient step{'' if steps == 1 else 's'} will run; "
+            f"{'no' if not steps else f'at most {steps}'} gradient step{'' if steps == 1 else 's'} will run; "
             "lower the warm-up or raise --env-steps",
             file=sys.stderr,
             flush=True,
