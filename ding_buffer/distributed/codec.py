@@ -30,14 +30,20 @@ DATA_DEPTH = MAX_DEPTH - 16  # nesting levels data a manager keeps may have: rep
 STATE_DEPTH = DATA_DEPTH + 8  # nesting levels of a state a manager loads: a state nests its items up to 8 deeper
 
 # tensor dtypes sent raw, by the name ``str(dtype)`` gives them after 'torch.'
-_TORCH_DTYPES = {
+_TORCH_DTYPES = {  # every dtype torch computes with (not the sub-byte and bits shells); those this torch has
     name: getattr(torch, name)
-    for name in 'float64 float32 float16 bfloat16 int64 int32 int16 int8 uint8 bool complex64 complex128'.split()
+    for name in (
+        'float64 float32 float16 bfloat16 int64 int32 int16 int8 uint64 uint32 uint16 uint8 bool complex128 complex64 '
+        'complex32 float8_e4m3fn float8_e4m3fnuz float8_e5m2 float8_e5m2fnuz float8_e8m0fnu'
+    ).split()
+    if isinstance(getattr(torch, name, None), torch.dtype)
 }
-_TORCH_ITEMSIZE = {name: torch.empty(0, dtype=dt).element_size() for name, dt in _TORCH_DTYPES.items()}
+_TORCH_ITEMSIZE = {name: dt.itemsize for name, dt in _TORCH_DTYPES.items()}
 # the numpy dtype of each tensor dtype numpy has and aligns as torch does (not bfloat16; numpy aligns complex
 # numbers to their halves, torch to their size): such parts are viewed in numpy, then wrapped
-_TORCH_AS_NP = {name: np.dtype(name) for name in _TORCH_DTYPES if name not in ('bfloat16', 'complex64', 'complex128')}
+_TORCH_AS_NP = {
+    n: np.dtype(n) for n in 'bool int8 int16 int32 int64 uint8 uint16 uint32 uint64 float16 float32 float64'.split()
+}
 _NP_KINDS = set('biufc')  # numpy dtypes sent raw: bool, ints, uints, floats, complex
 
 

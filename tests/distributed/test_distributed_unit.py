@@ -243,6 +243,22 @@ def test_codec_torch_tensors_of_every_dtype(name):
         assert_same(t.contiguous(), out2, f'{name}/{what} (local)')
 
 
+@pytest.mark.parametrize('name', ['uint16', 'uint32', 'uint64', 'float8_e4m3fn', 'float8_e5m2', 'complex32'])
+def test_a_remote_buffer_takes_the_tensor_dtypes_a_local_one_does(name):
+    """The unsigned, float8 and complex-half dtypes were pickled (refused without allow_pickle), so a push a local
+    tensor buffer takes raised TypeError on a distributed one: they travel raw, bit for bit."""
+    dtype = getattr(torch, name)
+    x = (
+        torch.arange(12 * dtype.itemsize, dtype=torch.uint8).reshape(3, 4 * dtype.itemsize).view(dtype)
+    )  # distinct bytes
+    out = wire({'x': x})['x']
+    assert out.dtype == dtype and torch.equal(out.view(torch.uint8), x.view(torch.uint8))
+    if name.startswith('uint'):  # through a worker's push and sample, as on a local buffer
+        rb, core, _ = make_remote('naive', 8)
+        assert rb.push({'x': x[0]}) == 1
+        assert torch.equal(rb.sample(1)['x'][0].view(torch.uint8), x[0].view(torch.uint8))
+
+
 def test_codec_tensor_detached_and_values_exact():
     t = torch.tensor([1.5, -0.0, float('inf'), float('-inf')], requires_grad=True)
     out = wire(t)
