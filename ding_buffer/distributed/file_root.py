@@ -20,6 +20,32 @@ def resolve_file_root(file_root: Optional[str]) -> Optional[str]:
     return os.path.realpath(file_root) if file_root is not None else None
 
 
+def check_checkpoint_path(path: Any) -> None:
+    """``distributed.checkpoint_path`` (None: nothing) must be a file the manager can write when it stops: not a
+    directory, and under a writable directory (missing ones are made at the save). ``ValueError`` otherwise, at
+    start-up: the shutdown save is the buffer's last."""
+    if path is None:
+        return
+    where = os.path.abspath(os.fspath(path))
+    above = os.path.dirname(where)
+    while not os.path.lexists(above):
+        above = os.path.dirname(above)
+    why = (
+        'is a directory'
+        if os.path.isdir(where)
+        else f'lies under {above!r}, which is not a directory'
+        if not os.path.isdir(above)
+        else f'lies under {above!r}, where this process cannot write'
+        if not os.access(above, os.W_OK | os.X_OK)
+        else None
+    )
+    if why is not None:
+        raise ValueError(
+            f"config key 'distributed.checkpoint_path' is {os.fspath(path)!r}, which {why}; expected a file path "
+            f"the manager can write when it stops (its buffer's save_data)"
+        )
+
+
 def confine(base: Optional[str], path: Any) -> str:
     """A worker's file path as a path inside ``base`` (a resolved file root); ``PermissionError`` otherwise."""
     if base is None:

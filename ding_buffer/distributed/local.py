@@ -10,7 +10,7 @@ from easydict import EasyDict
 from ..base import get_buffer_cls
 from ..config import check_section
 from .config import build_distributed_config, resolve_callable
-from .file_root import resolve_file_root
+from .file_root import check_checkpoint_path, resolve_file_root
 
 
 def _local_cfg(cfg: Any) -> EasyDict:
@@ -51,13 +51,15 @@ def check_manager_side(cfg: Any, dcfg: Any) -> None:
     """
     Overview:
         What the manager of ``cfg`` would refuse, checked by a process alone (no network): ``scoring_function`` /
-        ``metadata_function`` import as callables, ``file_root`` is a directory, ``max_reuse`` fits the type.
+        ``metadata_function`` import as callables, ``file_root`` is a directory, ``checkpoint_path`` can be written,
+        ``max_reuse`` fits the type.
         ``ValueError`` naming the key, its value and what was expected. A rank that will be the manager runs it
         before any start-up wait (``factory``); the manager itself resolves the same values again when it starts.
     """
     resolve_callable(dcfg.scoring_function, 'scoring_function')
     resolve_callable(dcfg.metadata_function, 'metadata_function')
     resolve_file_root(dcfg.file_root)
+    check_checkpoint_path(dcfg.checkpoint_path)
     if dcfg.max_reuse is not None:  # the manager's buffer takes it as its max_use: checked by the type's own rule
         cls = get_buffer_cls(cfg)
         key = _max_use_key(cls, cfg, dcfg.max_reuse)

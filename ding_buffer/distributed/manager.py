@@ -28,7 +28,7 @@ from .batching import count_items, log_rewards_of
 from .blobs import BlobStore, check_stamp
 from .codec import DATA_DEPTH, STATE_DEPTH, check_depth
 from .config import resolve_callable
-from .file_root import confine, resolve_file_root
+from .file_root import check_checkpoint_path, confine, resolve_file_root
 from .frames_wire import frames_decoder
 from .liveness import Liveness
 from .protocol import error_reply, ok_reply
@@ -59,6 +59,7 @@ class ManagerCore:
     def __init__(self, buffer: Any, dcfg: Any, log_reward_key: str) -> None:
         # resolved once: a later chdir of the manager must not move the directory workers may use
         self._file_root = resolve_file_root(dcfg.file_root)
+        check_checkpoint_path(dcfg.checkpoint_path)
         self.buffer = buffer
         self.cfg = dcfg
         self.log_reward_key = log_reward_key

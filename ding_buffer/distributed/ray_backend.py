@@ -321,6 +321,11 @@ def get_or_create_actor(cfg: Any, dcfg: Any):
         opts['lifetime'] = 'detached'
     for key, value in (dcfg.get('ray_actor_options') or {}).items():  # where it runs (validated by the config)
         opts[key] = dict(value) if key == 'resources' else value
+    try:
+        ray.get_actor(dcfg.actor_name, namespace=dcfg.namespace)
+        created = False
+    except ValueError:  # none of that name yet: this call creates it
+        created = True
     actor = actor_class().options(**opts).remote(_plain(cfg))
     where = f"manager actor {dcfg.namespace}/{dcfg.actor_name}"
     try:
@@ -328,9 +333,12 @@ def get_or_create_actor(cfg: Any, dcfg: Any):
             actor.ready.options(concurrency_group=BEAT_GROUP).remote(), timeout=max(deadline - time.monotonic(), 0.0)
         )
     except ray.exceptions.GetTimeoutError as e:
+        if created:  # an actor that could not be placed would hold the name: a corrected config would wait on it
+            ray.kill(actor, no_restart=True)
         raise TimeoutError(
             f"{where} did not start within {seconds}s (distributed.startup_timeout): the cluster may "
             f"have no free CPU to place it (see `ray status`), or building its buffer is slow"
+            f"{'; the actor this call created was removed' if created else ''}"
         ) from e
     except ray.exceptions.RayActorError as e:
         raise ManagerUnavailableError(f"{where} could not start: {e}") from e

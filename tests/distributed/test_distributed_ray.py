@@ -564,6 +564,18 @@ def test_unreachable_ray_address_fails_within_startup_timeout():
 
 
 @pytest.mark.timeout(60)
+def test_an_actor_that_cannot_be_placed_is_removed_so_a_corrected_config_starts(actors):
+    """The start-up timeout of an actor asking for more CPUs than the cluster has left that actor pending under its
+    name: every later create_buffer with a corrected config attached to it and timed out too."""
+    dist = actors(startup_timeout=5.0, ray_actor_options=dict(num_cpus=64))
+    with pytest.raises(TimeoutError, match='startup_timeout.*the actor this call created was removed'):
+        create_buffer(advanced(dist))
+    assert actor_gone(dist['actor_name'], dist['namespace'])
+    buf = create_buffer(advanced(dict(dist, startup_timeout=GET, ray_actor_options=None)))
+    assert buf.extend({'obs': torch.arange(6.0).reshape(3, 2)}) == 3 and buf.count() == 3
+    buf.close()
+
+
 def test_results_are_ordinary_tensors_that_torch_save(actors):
     buf = create_buffer(advanced(actors(), size=2000))
     n = 1500  # 1500 x 64 float32: the state travels through the object store (read-only on arrival)

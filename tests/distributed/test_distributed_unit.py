@@ -1731,6 +1731,21 @@ def test_manager_file_requests_stay_inside_file_root(tmp_path):
         make_core(file_root=str(tmp_path / 'missing'))
 
 
+def test_a_checkpoint_path_the_manager_cannot_write_is_refused_at_start(tmp_path):
+    """A checkpoint_path that is a directory, or lies under a file, was accepted and failed at shutdown: on Ray the
+    actor then ended with every item lost. It is refused when the manager starts; missing directories are made."""
+    (tmp_path / 'file').write_text('x')
+    for bad in (tmp_path, tmp_path / 'file' / 'ck.pt', tmp_path / 'file' / 'a' / 'ck.pt'):
+        with pytest.raises(ValueError, match=r"distributed\.checkpoint_path' is .*(is a directory|not a directory)"):
+            make_core(checkpoint_path=str(bad))
+    core = make_core(storage='list', checkpoint_path=str(tmp_path / 'new' / 'dir' / 'ck.pt'))
+    core.handle(W, req('push', data=item(1)))
+    assert core.shutdown() == str(tmp_path / 'new' / 'dir' / 'ck.pt')
+    again = create_buffer(dict(type='advanced', replay_buffer_size=16, storage=dict(type='list')))
+    again.load_data(str(tmp_path / 'new' / 'dir' / 'ck.pt'))
+    assert again.count() == 1
+
+
 def test_remote_save_and_load_take_a_path_object_as_a_local_buffer_does(tmp_path):
     """``save_data(pathlib.Path(...))`` / ``load_data`` on a worker: the path travels as its text (the codec
     refused the object)."""
