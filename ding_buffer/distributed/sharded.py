@@ -36,6 +36,8 @@ keeps until the client ends the load).
 """
 
 import copy
+import logging
+import os
 import zlib
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
@@ -45,11 +47,16 @@ import torch
 from ..buffers.common import check_step, check_wait_timeout
 from ..control.priority import as_numpy, as_priorities, parse_update
 from ..errors import ManagerUnavailableError
+from ..persistence import load_state, refuse_unknown, save_state
 from .frames_wire import frames_spec_of
 from .sample_wait import poll_for_batch
 
 SHARDABLE = ('naive', 'advanced', 'gfn')
 ROUTES = ('round_robin', 'hash')
+
+
+logger = logging.getLogger('ding_buffer.distributed')
+_CLIENT_KEYS = ('type', 'num_shards', 'beta', 'next', 'rng')
 
 
 def shard_path(path: str, k: int) -> str:
@@ -388,26 +395,36 @@ class ShardedBuffer:
             self._call(k, 'clear')
 
     def state_dict(self) -> Dict[str, Any]:
-        return {
-            'type': 'ShardedBuffer',
-            'num_shards': self.num_shards,
-            'beta': self.beta,
-            'next': self._next,
-            'rng': copy.deepcopy(self._rng.bit_generator.state),
-            'shards': [self._call(k, 'state_dict') for k in range(self.num_shards)],
-        }
+        return {**self._client_state(), 'shards': [self._call(k, 'state_dict') for k in range(self.num_shards)]}
+
+    def _client_part(self, state: Any, keys: Tuple[str, ...]) -> Tuple[float, int, Any]:
+        """The client's own part of a sharded state (``beta``, the routing position ``next``, the RNG), checked
+        whole before anything changes: ``ValueError`` naming the key."""
+        if not isinstance(state, dict) or state.get('type') != 'ShardedBuffer':
+            raise ValueError("not a sharded buffer's state (state_dict() of a ShardedBuffer)")
+        refuse_unknown(state, keys, "a sharded buffer's state")
+        missing = [k for k in keys if k not in state]
+        if missing:
+            raise ValueError(f"a sharded buffer's state lacks key(s) {missing}")
+        if state['num_shards'] != self.num_shards:
+            raise ValueError(f"the state holds {state['num_shards']!r} shards, this buffer has {self.num_shards}")
+        beta, nxt = state['beta'], state['next']
+        if isinstance(beta, bool) or not isinstance(beta, (int, float)) or not 0 <= beta <= 1:
+            raise ValueError(f"state key 'beta' is {beta!r:.40}; expected a number in [0, 1]")
+        if isinstance(nxt, bool) or not isinstance(nxt, int) or not 0 <= nxt < self.num_shards:
+            raise ValueError(f"state key 'next' is {nxt!r:.40}; expected an int in [0, {self.num_shards})")
+        rng = np.random.default_rng()
+        try:
+            rng.bit_generator.state = copy.deepcopy(dict(state['rng']))
+        except (TypeError, ValueError, KeyError) as e:
+            raise ValueError(f"state key 'rng' is not the state of numpy's default generator: {e}") from e
+        return float(beta), nxt, rng
 
     def load_state_dict(self, state: Dict[str, Any], deepcopy: bool = False) -> None:
         """All or nothing: a shard that refuses its state puts the shards loaded before it back."""
-        if not isinstance(state, dict) or state.get('type') != 'ShardedBuffer':
-            raise ValueError("not a sharded buffer's state (state_dict() of a ShardedBuffer)")
-        if state.get('num_shards') != self.num_shards or len(state.get('shards') or ()) != self.num_shards:
-            raise ValueError(f"the state holds {state.get('num_shards')} shards, this buffer has {self.num_shards}")
-        rng = np.random.default_rng()
-        rng.bit_generator.state = copy.deepcopy(dict(state['rng']))
-        beta, nxt = float(state['beta']), int(state['next'])
-        if not 0 <= beta <= 1 or not 0 <= nxt < self.num_shards:
-            raise ValueError(f"the state has beta {beta} / routing position {nxt} out of range")
+        beta, nxt, rng = self._client_part(state, _CLIENT_KEYS + ('shards',))
+        if not isinstance(state['shards'], (list, tuple)) or len(state['shards']) != self.num_shards:
+            raise ValueError(f"state key 'shards' must hold {self.num_shards} shard states")
         before = [self._call(k, 'state_dict') for k in range(self.num_shards)]
         done = 0
         try:
@@ -421,14 +438,39 @@ class ShardedBuffer:
         self.beta, self._next, self._rng, self._doubt = beta, nxt, rng, None
 
     def save_data(self, path: str) -> List[Any]:
-        """Each shard writes ``path.shard<k>`` (remote shards: inside their manager's ``file_root``); returns
-        what each wrote."""
-        return [self._call(k, 'save_data', shard_path(path, k)) for k in range(self.num_shards)]
+        """Each shard writes ``path.shard<k>`` (remote shards: inside their manager's ``file_root``); with local
+        shards this client writes its own part (routing position, beta, RNG) next to them, to ``path.client``.
+        Returns what each shard wrote."""
+        out = [self._call(k, 'save_data', shard_path(path, k)) for k in range(self.num_shards)]
+        if self._local:
+            save_state(f'{os.fspath(path)}.client', 'ShardedBuffer', self._client_state())
+        return out
+
+    @property
+    def _local(self) -> bool:
+        """Whether every shard is a buffer in this process (a remote one is a manager's: it has ``end_load``)."""
+        return not any(hasattr(shard, 'end_load') for shard in self.shards)
+
+    def _client_state(self) -> Dict[str, Any]:
+        """The client's own part of ``state_dict()``: what ``path.client`` holds."""
+        return {
+            'type': 'ShardedBuffer',
+            'num_shards': self.num_shards,
+            'beta': self.beta,
+            'next': self._next,
+            'rng': copy.deepcopy(self._rng.bit_generator.state),
+        }
 
     def load_data(self, path: str, allow_pickle: bool = False) -> List[Any]:
         """Each shard loads ``path.shard<k>`` (a remote shard's manager decides on pickle itself); all or nothing,
         as ``load_state_dict``: a shard that refuses its file puts the shards loaded before it back -- a remote one
-        from the state its manager kept (nothing crosses the wire), a local one from a copy taken first."""
+        from the state its manager kept (nothing crosses the wire), a local one from a copy taken first. Local
+        shards: this client's own part comes back from ``path.client`` (checked before any shard loads)."""
+        client, own = f'{os.fspath(path)}.client', None
+        if self._local and os.path.exists(client):
+            own = self._client_part(load_state(client, 'ShardedBuffer'), _CLIENT_KEYS)
+        elif self._local:  # a save of an older version: the shards load, this client's part stays
+            logger.warning("%s not found: the routing position, beta and RNG of this client stay as they are", client)
         done: List[Tuple[int, Any]] = []  # (shard, its state before the load: None where its manager keeps it)
         out = []
         try:
@@ -448,6 +490,9 @@ class ShardedBuffer:
         for k, before in done:
             if before is None:
                 self._end(k, None, restore=False)
+        if own is not None:
+            self.beta, self._next, self._rng = own
+        self._doubt = None
         return out
 
     def _end(self, k: int, before: Any, restore: bool) -> None:

@@ -351,6 +351,47 @@ def test_state_round_trip_and_all_or_nothing_load():
         local_sharded('advanced', k=2)[0].load_state_dict(state)
 
 
+def test_save_data_of_local_shards_resumes_exactly(tmp_path):
+    """save_data wrote only the shards' files: a load_data went back to the first shard of the round-robin, beta's
+    start and a fresh RNG, so the next push and sample differed from the saved buffer's. The client's part is saved
+    next to the shards (path.client); a load continues exactly, as a load_state_dict does."""
+    buf, _ = local_sharded('advanced', k=3, seed=5)
+    for i in range(10):
+        buf.push(item(i, 1 + i % 4))
+    buf.sample(4)
+    path = str(tmp_path / 'ck.pt')
+    buf.save_data(path)
+    assert sorted(os.listdir(tmp_path)) == ['ck.pt.client', 'ck.pt.shard0', 'ck.pt.shard1', 'ck.pt.shard2']
+    other, _ = local_sharded('advanced', k=3, seed=99)
+    other.load_data(path)
+    for b in (buf, other):
+        b.push(item(10, 3.0))
+    assert [s.count() for s in other.shards] == [s.count() for s in buf.shards]
+    got, expected = other.sample(6), buf.sample(6)
+    assert torch.equal(got['obs'], expected['obs']) and torch.equal(got['IS'], expected['IS'])
+
+
+def test_a_sharded_state_is_checked_key_by_key_and_a_refusal_changes_nothing():
+    buf, _ = local_sharded('advanced', k=3, seed=5)
+    for i in range(10):
+        buf.push(item(i, 1 + i % 4))
+    state = buf.state_dict()
+    fresh, _ = local_sharded('advanced', k=3)
+    before = fresh.state_dict()
+    for bad, match in (
+        (dict(state, nxet=1), r"unknown key\(s\) \['nxet'\]"),
+        (dict(state, next=1.7), "state key 'next' is 1.7"),
+        (dict(state, next=True), "state key 'next' is True"),
+        ({k: v for k, v in state.items() if k != 'beta'}, r"lacks key\(s\) \['beta'\]"),
+        (dict(state, beta='0.4'), "state key 'beta'"),
+        (dict(state, rng={'bit_generator': 'MT19937'}), "state key 'rng'"),
+        (dict(state, shards=state['shards'][0]), "state key 'shards'"),
+    ):
+        with pytest.raises(ValueError, match=match):
+            fresh.load_state_dict(bad)
+        assert_same(fresh.state_dict(), before)
+
+
 def test_bad_sharding_config_names_the_key():
     with pytest.raises(ValueError, match='num_shards'):
         create_buffer(dict(type='naive', distributed=dict(backend='ray', num_shards=0)))
