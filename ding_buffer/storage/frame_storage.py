@@ -572,6 +572,45 @@ class FrameStorage(TensorStorage):
                 raise ValueError(f"saved stream ends name environment {env!r:.40} twice")
             last[env] = (slot, uid)
         self.succ[order], self.succ_uid[order], self.last = succ, suid, last
+        self._check_links()
+
+    def _check_links(self) -> None:
+        """A restored state's links must be the ones its frames make (``ValueError`` otherwise): an item's live
+        successor is the stored item whose newest frame is its next frame (frame ids are never shared), and a
+        stream's last item, when stored, is the one whose next frames are the stream's. Else an n-step sample
+        follows another environment's steps, or stops early, and the next push links to the wrong item."""
+        slots = np.flatnonzero(self.ring.valid)
+        if self.schema is None or not len(slots):
+            return
+        enc = self.encoder
+        index = torch.from_numpy(slots)
+        obs = self.fields[(enc.ids_key,)][index].cpu().numpy().reshape(len(slots), -1)
+        nxt = self.fields[(enc.next_id_key,)][index].cpu().numpy().reshape(-1)
+        uids = np.asarray(self.ring.uids(slots), dtype=np.int64)
+        by_frame = dict(zip(obs[:, -1].tolist(), range(len(slots))))
+        want = np.array([by_frame.get(f, -1) for f in nxt.tolist()], dtype=np.int64)  # the item continuing each
+        want = np.where((want >= 0) & (uids[np.maximum(want, 0)] > uids), slots[np.maximum(want, 0)], -1)
+        succ = self.succ[slots]
+        live = succ >= 0
+        live[live] = self.ring.valid[succ[live]] & (self.ring.uids(succ[live]) == self.succ_uid[slots][live])
+        bad = np.flatnonzero(np.where(live, succ != want, want >= 0))
+        if len(bad):
+            raise ValueError(
+                f"saved links give the item in slot {int(slots[bad[0]])} the successor {int(succ[bad[0]])} (item id "
+                f"{int(self.succ_uid[slots[bad[0]]])}); its frames make it {int(want[bad[0]])} (-1: none stored)"
+            )
+        at = dict(zip(slots.tolist(), range(len(slots))))
+        for env, (sids, _) in self.streams.items():
+            slot, uid = self.last.get(env, (-1, -1))
+            i = at.get(slot, -1)
+            if i >= 0 and uids[i] != uid:
+                i = -1  # (a last item overwritten since: the next push links to nothing)
+            ends = [j for j in np.flatnonzero(nxt == sids[-1]).tolist()]
+            if (i < 0 and ends) or (i >= 0 and tuple(obs[i, 1:].tolist()) + (int(nxt[i]),) != tuple(sids)):
+                raise ValueError(
+                    f"saved stream of environment {env!r:.40} ends in frames {list(sids)} that its saved last item "
+                    f"(slot {slot}, id {uid}) does not end in"
+                )
 
     @staticmethod
     def _saved_frame_like(saved: Mapping) -> Optional[Tuple[Tuple[int, ...], torch.dtype]]:

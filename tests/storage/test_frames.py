@@ -393,6 +393,57 @@ def test_a_state_with_frames_needs_the_frames_layout_and_a_broken_one_is_refused
     assert_same(broken.state_dict(), before)
 
 
+def _two_streams(per_env, pushed):
+    """A frames buffer (stack 1, 3-step returns) holding the first ``pushed`` of two environments' ``per_env``
+    steps, interleaved; every frame distinct (env 0's pixels count from 0, env 1's from 100)."""
+    cfg = dict(
+        type='naive',
+        replay_buffer_size=16,
+        seed=0,
+        storage=dict(type='tensor', frames=dict(env_key='env_id', stack=1, n_step=3, gamma=0.5)),
+    )
+
+    def steps(env, base):
+        fr = [torch.full((1, 2, 2), base + k, dtype=torch.uint8) for k in range(per_env + 1)]
+        return [
+            {'obs': fr[t], 'next_obs': fr[t + 1], 'reward': float(base + t), 'done': False, 'env_id': env}
+            for t in range(per_env)
+        ]
+
+    a, c = steps(0, 0), steps(1, 100)
+    buf = create_buffer(cfg)
+    buf.push([x for pair in zip(a[:pushed], c[:pushed]) for x in pair])
+    return buf, cfg, a, c
+
+
+@pytest.mark.parametrize('edit', ['successor of another env', 'successor id', 'stream end', 'stream frames'])
+def test_a_frames_state_whose_links_contradict_its_frames_is_refused(edit):
+    """The saved successor links and stream ends were only range-checked: a link to another environment's step
+    loaded and a 3-step return added that environment's rewards; a wrong successor id cut returns short; a stream
+    end naming an older item linked the next push to it; a stream whose frames are not its last item's loaded and
+    refused the environment's next honest push."""
+    buf, cfg, a, c = _two_streams(6, 5)
+    state = copy.deepcopy(buf.state_dict())
+    links, uid = state['storage']['links'], state['storage']['ring']['uid']
+    if edit == 'successor of another env':  # env 0's step 0 -> env 1's step 1
+        links['succ'][0], links['succ_uid'][0] = 3, int(uid[3])
+    elif edit == 'successor id':
+        links['succ_uid'][0] += 1
+    elif edit == 'stream end':  # env 0's last is its step 4 (slot 8); name its step 3 (slot 6)
+        links['last'] = [[0, 6, 6] if e[0] == 0 else e for e in links['last']]
+    else:
+        streams = state['storage']['frames']['streams']
+        streams[:] = [[e[0], [e[1][0] - 1], e[2]] if e[0] == 1 else e for e in streams]
+    target = create_buffer(cfg)
+    before = target.state_dict()
+    with pytest.raises(ValueError, match='saved links give|saved stream of environment'):
+        target.load_state_dict(state)
+    assert_same(target.state_dict(), before)
+    honest = create_buffer(cfg)  # the unedited state loads, and the streams go on
+    honest.load_state_dict(buf.state_dict())
+    assert honest.push([a[5], c[5]]) == 2 and honest.count() == 12
+
+
 @pytest.mark.parametrize(
     'path', [('storage', 'links'), ('storage', 'frames', 'shape'), ('storage', 'links', 'last'), ('removed_by_frames',)]
 )
