@@ -486,7 +486,10 @@ class Engine(IBuffer):
         with self._lock:
             if self._closed:
                 self._check_open()
-            return self._took(self._push_items(items), cur_collector_envstep)
+            n = self._push_items(items)
+            if self._remover is not None:  # (a file held since a sample used its item up is this item's again)
+                self._remover.keep(items)
+            return self._took(n, cur_collector_envstep)
 
     def _took(self, n: int, envstep: int) -> int:
         """A push at ``envstep`` stored ``n`` elements: the env step of the latest push taken, the ``_step`` scalars'
@@ -919,6 +922,8 @@ class Engine(IBuffer):
             self._rng = rng
             self._cfg = self._t.cfg  # the table may restore saved settings (GFlowNet's ranking and sampling keys)
             self._capacity_rebuilt()
+            if self._remover is not None:  # the restored items' files are theirs, whatever a sample used up before
+                self._remover.keep(state['storage'].get('items') or ())
             if self._limiter.waiting:
                 self._limiter.on_push(0)  # samplers waiting for data see the restored elements
 

@@ -70,6 +70,12 @@ class UsedDataRemover:
         for path in paths:
             self._queue.put(path)
 
+    def keep(self, items: Iterable[Any]) -> None:
+        """``items`` are stored (pushed again, or a loaded state's): their files are no longer held for deletion."""
+        if self._held:
+            live = {os.fspath(item['data_id']) for item in items if isinstance(item, dict) and 'data_id' in item}
+            self._held = [path for path in self._held if path not in live]
+
     def pending(self) -> int:
         return self._queue.qsize() + len(self._held)
 

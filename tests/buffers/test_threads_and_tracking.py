@@ -119,6 +119,28 @@ def test_a_used_up_batch_keeps_its_files_until_the_next_batch_is_used_up(tmp_pat
     assert {p.name for p in tmp_path.iterdir()} == live
 
 
+@pytest.mark.parametrize('how', ['pushed again', 'state loaded', 'file loaded'])
+def test_a_held_file_whose_item_is_stored_again_is_kept(tmp_path, how):
+    """A used-up item's file is held until the next sample that uses items up; an item with that data_id stored
+    again meanwhile (pushed again, or in a loaded state) had its file deleted then, or at close()."""
+    cfg = dict(type='naive', replay_buffer_size=4, max_use=1, seed=0, enable_track_used_data=True)
+    buf = create_buffer(cfg)
+    (item,) = _tracked_items(tmp_path, 0, 1)
+    buf.push(item)
+    state = buf.state_dict()
+    buf.save_data(str(tmp_path / 'buf.pt'))
+    assert buf.sample(1)[0]['i'] == 0 and buf.count() == 0  # used up: its file is held
+    if how == 'pushed again':
+        buf.push(dict(item))
+    elif how == 'state loaded':
+        buf.load_state_dict(state)
+    else:
+        buf.load_data(str(tmp_path / 'buf.pt'))
+    assert buf.count() == 1
+    buf.close()  # deletes what it holds, but not a stored item's file
+    assert torch.equal(torch.load(item['data_id']), torch.zeros(2))
+
+
 def test_used_data_directories_are_removed_without_a_shell(tmp_path):
     buf = create_buffer(dict(type='naive', replay_buffer_size=1, enable_track_used_data=True))
     weird = tmp_path / 'dir with spaces; rm -rf x'
