@@ -81,7 +81,7 @@ class _Encoder:
             dt = str(t.dtype).replace('torch.', '')
             if dt not in _TORCH_DTYPES:
                 return self.pickled(x, path)
-            t = t.contiguous()
+            t = t.resolve_conj().resolve_neg().contiguous()  # (a conjugate or negative view has no byte view)
             view = t.reshape(-1).view(torch.uint8).numpy() if t.numel() else np.empty(0, np.uint8)
             return {'$t': [self.part(view), dt, list(t.shape)]}
         if isinstance(x, np.ndarray):

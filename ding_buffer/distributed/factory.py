@@ -103,7 +103,11 @@ def check_role(cfg: Any, dcfg: Any, local_cfg: Any, rank: int, managers: list, w
     network (``ValueError`` naming the key): a manager's ``check_manager_side`` (its callables, ``file_root``,
     ``max_reuse``), a worker's sharded routing; a rank that is neither is refused. Manager-side keys are not
     checked on workers: their ``file_root`` or scoring module may exist on the manager's host only."""
-    if rank in managers:
+    if rank in managers:  # (with shards, the checkpoint this manager writes is its shard's)
+        if dcfg.num_shards > 1 and dcfg.checkpoint_path:
+            from .sharded import shard_path
+
+            dcfg = type(dcfg)(dcfg, checkpoint_path=shard_path(dcfg.checkpoint_path, managers.index(rank)))
         check_manager_side(cfg, dcfg)
     elif rank not in workers:
         raise ValueError(

@@ -316,17 +316,16 @@ def get_or_create_actor(cfg: Any, dcfg: Any):
     deadline = time.monotonic() + seconds
     if not ray.is_initialized():
         connect_ray(ray, dcfg, deadline, seconds)
-    opts = dict(name=dcfg.actor_name, namespace=dcfg.namespace, get_if_exists=True, max_concurrency=1, max_restarts=0)
+    opts = dict(name=dcfg.actor_name, namespace=dcfg.namespace, max_concurrency=1, max_restarts=0)
     if dcfg.detached:
         opts['lifetime'] = 'detached'
     for key, value in (dcfg.get('ray_actor_options') or {}).items():  # where it runs (validated by the config)
         opts[key] = dict(value) if key == 'resources' else value
-    try:
-        ray.get_actor(dcfg.actor_name, namespace=dcfg.namespace)
-        created = False
-    except ValueError:  # none of that name yet: this call creates it
-        created = True
-    actor = actor_class().options(**opts).remote(_plain(cfg))
+    plain, cls = _plain(cfg), actor_class().options(**opts)
+    try:  # one step: of two drivers racing for the name, one creates the actor, the other gets it
+        actor, created = cls.remote(plain), True
+    except ValueError:  # the name is taken: that actor serves
+        actor, created = ray.get_actor(dcfg.actor_name, namespace=dcfg.namespace), False
     where = f"manager actor {dcfg.namespace}/{dcfg.actor_name}"
     try:
         ray.get(

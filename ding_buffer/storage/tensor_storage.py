@@ -24,6 +24,7 @@ import torch
 
 from .base import NO_ITER, Prepared, Storage, check_state, trim_newest
 from .fast_write import COLLECT_ITER_SAFE, FastWriter
+from .frames import bits_of
 from .ring import RingIndex
 from .tensor_fields import allocate_fields, memmap_file, new_token, numpy_views, remove_files
 
@@ -216,7 +217,10 @@ class TensorStorage(Storage):
             else:
                 if idx is None:
                     idx = torch.from_numpy(np.asarray(slots, dtype=np.int64)).to(self.device)
-                self.fields[path][idx] = column.to(self.device)
+                dst, src, bits = self.fields[path], column.to(self.device), bits_of(column.dtype)
+                if bits is not None:  # float8_e8m0fnu has no index_put: its bit patterns go instead
+                    dst, src = dst.view(bits), src.view(bits)
+                dst[idx] = src
 
     def select(self, prepared: Prepared, keep: np.ndarray) -> Prepared:
         """The items of ``prepared`` where ``keep`` (a mask over its kept items) holds, as a new ``Prepared``."""

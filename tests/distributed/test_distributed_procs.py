@@ -416,6 +416,32 @@ def test_a_rank_layout_that_cannot_fit_the_world_fails_before_any_network_wait(t
         assert needle in message, message
 
 
+@pytest.mark.slow
+def test_a_sharded_manager_rank_checks_the_checkpoint_of_its_own_shard(tmp_path):
+    """With num_shards > 1 each manager writes checkpoint_path.shard<k>: rank 2 of 3 (shard 1) checked the bare
+    path, refusing a prefix that names a directory while its own file was fine, and passing a shard path that is a
+    directory until the manager started."""
+    import subprocess
+    import sys
+
+    from dist_helpers import child_env, free_port
+
+    script = tmp_path / 'rank.py'
+    script.write_text(_LAYOUT_RANK.replace('startup_timeout=3600', 'startup_timeout=2'))
+    (tmp_path / 'run1').mkdir()
+    (tmp_path / 'run2.shard1').mkdir()
+    env = dict(child_env(), RANK='2', WORLD_SIZE='3', MASTER_ADDR='127.0.0.1', MASTER_PORT=str(free_port()))
+    for prefix, refused in (('run1', False), ('run2', True)):
+        dist = f"dict(num_shards=2, checkpoint_path={str(tmp_path / prefix)!r})"
+        r = subprocess.run(
+            [sys.executable, str(script), dist], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=50
+        )
+        if refused:  # before any network wait, naming the shard's file
+            assert r.returncode == 2 and f"{tmp_path / 'run2.shard1'}', which is a directory" in r.stdout, r.stdout
+        else:  # accepted: it waits for its peers, which never come
+            assert r.returncode == 1 and 'TimeoutError' in r.stderr, r.stdout + r.stderr
+
+
 # ---------------------------------------------------------------------------------------------- frames on the wire
 @pytest.mark.slow
 @pytest.mark.parametrize('backend', BACKENDS)

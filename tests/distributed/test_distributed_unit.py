@@ -253,6 +253,8 @@ def test_a_remote_buffer_takes_the_tensor_dtypes_a_local_one_does(name):
     )  # distinct bytes
     out = wire({'x': x})['x']
     assert out.dtype == dtype and torch.equal(out.view(torch.uint8), x.view(torch.uint8))
+    lazy = torch.tensor([1 + 2j, 3 - 4j]).conj()  # a conjugate view (and its negative) travel resolved
+    assert torch.equal(wire(lazy), lazy.resolve_conj()) and torch.equal(wire(-lazy.imag), -lazy.resolve_conj().imag)
     if name.startswith('uint'):  # through a worker's push and sample, as on a local buffer
         rb, core, _ = make_remote('naive', 8)
         assert rb.push({'x': x[0]}) == 1
