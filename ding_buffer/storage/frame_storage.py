@@ -577,8 +577,9 @@ class FrameStorage(TensorStorage):
     def _check_links(self) -> None:
         """A restored state's links must be the ones its frames make (``ValueError`` otherwise): an item's live
         successor is the stored item whose newest frame is its next frame (frame ids are never shared), and a
-        stream's last item, when stored, is the one whose next frames are the stream's. Else an n-step sample
-        follows another environment's steps, or stops early, and the next push links to the wrong item."""
+        stream's last item, when stored and its episode goes on, is the one whose next frames are the stream's.
+        Else an n-step sample follows another environment's steps, or stops early, and the next push links to the
+        wrong item."""
         slots = np.flatnonzero(self.ring.valid)
         if self.schema is None or not len(slots):
             return
@@ -600,7 +601,9 @@ class FrameStorage(TensorStorage):
                 f"{int(self.succ_uid[slots[bad[0]]])}); its frames make it {int(want[bad[0]])} (-1: none stored)"
             )
         at = dict(zip(slots.tolist(), range(len(slots))))
-        for env, (sids, _) in self.streams.items():
+        for env, (sids, ended) in self.streams.items():
+            if ended:  # (the next push starts an episode: no item links to it; end_streams also drops the last)
+                continue
             slot, uid = self.last.get(env, (-1, -1))
             i = at.get(slot, -1)
             if i >= 0 and uids[i] != uid:

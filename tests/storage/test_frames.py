@@ -442,6 +442,10 @@ def test_a_frames_state_whose_links_contradict_its_frames_is_refused(edit):
     honest = create_buffer(cfg)  # the unedited state loads, and the streams go on
     honest.load_state_dict(buf.state_dict())
     assert honest.push([a[5], c[5]]) == 2 and honest.count() == 12
+    buf.storage.end_streams()  # (as a dataset load does): ended streams have no last item, and the state loads
+    ended = create_buffer(cfg)
+    ended.load_state_dict(buf.state_dict())
+    assert_same(ended.state_dict(), buf.state_dict())
 
 
 @pytest.mark.parametrize(
