@@ -58,6 +58,15 @@ def unflatten(flat: Dict[Path, Any]) -> Dict[str, Any]:
     return out
 
 
+# torch's sub-byte and bit-container dtypes: tensors of them exist, but torch copies or indexes none of them
+SHELL_DTYPES = frozenset(
+    getattr(torch, name)
+    for name in [f'{s}int{k}' for s in ('', 'u') for k in range(1, 8)]
+    + ['bits1x8', 'bits2x4', 'bits4x2', 'bits8', 'bits16', 'float4_e2m1fn_x2']
+    if isinstance(getattr(torch, name, None), torch.dtype)
+)
+
+
 def to_tensor(value: Any, path: Path) -> torch.Tensor:
     """Convert one leaf to a CPU/device tensor without copying where possible."""
     if isinstance(value, torch.Tensor):
@@ -70,6 +79,11 @@ def to_tensor(value: Any, path: Path) -> torch.Tensor:
             raise TypeError(
                 f"field '{path_name(path)}' is a {kind} tensor; tensor storage stores dense tensors (call "
                 f"{'.dequantize()' if value.is_quantized else '.to_dense()'} first)"
+            )
+        if value.dtype in SHELL_DTYPES:
+            raise TypeError(
+                f"field '{path_name(path)}' has dtype {value.dtype}, which torch cannot index or copy into a buffer; "
+                f"tensor storage stores the byte dtypes and wider (view the bytes as torch.uint8 first)"
             )
         if value.is_conj() or value.is_neg():  # a lazy conjugate / negation: numpy cannot view it (written later)
             value = value.resolve_conj().resolve_neg()

@@ -563,6 +563,21 @@ def test_every_tensor_dtype_round_trips_through_a_tensor_buffers_state(name, typ
     assert got['x'].dtype == dtype and torch.equal(got['x'].view(torch.uint8), expected['x'].view(torch.uint8))
 
 
+@pytest.mark.parametrize('name', ['uint4', 'int2', 'bits8', 'bits16', 'float4_e2m1fn_x2'])
+def test_a_dtype_torch_cannot_copy_is_refused_at_push_and_changes_nothing(name):
+    """A sub-byte field failed inside the write (a bare NotImplementedError) after the schema was made and the item
+    counted, so every honest push after it was refused; a bits field was stored and then no state could be taken."""
+    dtype = getattr(torch, name)
+    x = torch.zeros(2 * dtype.itemsize, dtype=torch.uint8).view(dtype)
+    buf = create_buffer(dict(type='naive', replay_buffer_size=4, storage=dict(type='tensor')))
+    before = buf.state_dict()
+    for push in (lambda: buf.push({'x': x}), lambda: buf.extend({'x': x.reshape(1, -1)})):
+        with pytest.raises(TypeError, match=f"field 'x' has dtype torch.{name}.*view the bytes as torch.uint8"):
+            push()
+        assert_same(buf.state_dict(), before)
+    assert buf.push({'x': torch.zeros(2)}) == 1 and buf.count() == 1
+
+
 def test_tensor_repr_shows_fields_shapes_dtypes():
     storage = TensorStorage(4)
     assert 'schema not yet known' in repr(storage)
