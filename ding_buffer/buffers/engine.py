@@ -487,7 +487,7 @@ class Engine(IBuffer):
             if self._closed:
                 self._check_open()
             n = self._push_items(items)
-            if self._remover is not None:  # (a file held since a sample used its item up is this item's again)
+            if n and self._remover is not None:  # (a file held since a sample used its item up is this item's again)
                 self._remover.keep(items)
             return self._took(n, cur_collector_envstep)
 

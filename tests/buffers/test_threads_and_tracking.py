@@ -141,6 +141,19 @@ def test_a_held_file_whose_item_is_stored_again_is_kept(tmp_path, how):
     assert torch.equal(torch.load(item['data_id']), torch.zeros(2))
 
 
+def test_a_push_that_stores_nothing_does_not_keep_a_held_file(tmp_path):
+    """A push the rate limit refuses (stores nothing) took a used-up item's file off the held list: it was never
+    deleted, not even at close()."""
+    limit = dict(push_sample_rate_limit=dict(max=1.0, min=0))
+    cfg = dict(type='naive', replay_buffer_size=8, max_use=1, seed=0, enable_track_used_data=True)
+    buf = create_buffer(dict(cfg, thruput_controller=limit))
+    buf.push(_tracked_items(tmp_path, 0, 4))
+    used = buf.sample(2)
+    assert buf.push(dict(used[0])) == 0 and buf.stats()['refused_push'] == 1
+    buf.close()
+    assert not any(os.path.exists(d['data_id']) for d in used)
+
+
 def test_used_data_directories_are_removed_without_a_shell(tmp_path):
     buf = create_buffer(dict(type='naive', replay_buffer_size=1, enable_track_used_data=True))
     weird = tmp_path / 'dir with spaces; rm -rf x'
