@@ -119,12 +119,19 @@ def _train_dqn(user: dict, args: argparse.Namespace) -> int:
 
     _apply_overrides(user, args)
     cfg = build_train_config(user, source=args.config)
-    fresh = {'seed': None, 'env_steps': None, 'resume': None}  # the source run: its own config, a new run
-    ensure_datasets(
-        cfg,
-        resolve_config,
-        lambda path, u: _train_dqn(u, argparse.Namespace(**{**vars(args), **fresh, 'config': path})),
-    )
+    fresh = {'seed': None, 'env_steps': None, 'resume': None, 'config_arg': None}  # the source run: its own config
+    if args.resume is None:  # (a resumed run's buffer, datasets' items included, comes from its checkpoint)
+        code = ensure_datasets(
+            cfg,
+            resolve_config,
+            lambda path, u: _train_dqn(u, argparse.Namespace(**{**vars(args), **fresh, 'config': path})),
+        )
+        if code:
+            print(
+                f"ding-buffer train {args.config_arg or args.config}: stopped while its dataset was being made; once "
+                f"the run above is resumed to its end (it writes the dataset then), run this command again"
+            )
+            return code
     run_dir = args.resume or run_dir_of(cfg)
     _warn_if_warmup_too_long(cfg)
     torch.set_num_threads(args.threads)

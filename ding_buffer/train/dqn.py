@@ -23,7 +23,7 @@ from easydict import EasyDict
 from ..base import create_buffer
 from ..persistence import atomic_json, safe_load
 from .checkpoint import check_checkpoints, load_latest, save_checkpoint
-from .config import BUFFER_SECTION
+from .config import BUFFER_SECTION, buffer_sections
 from .evals import write_eval_csv
 from .gym_envs import make_env
 from .offline import write_policy_episodes
@@ -363,6 +363,9 @@ class DQNTrainer:
                 f"{self.env.action_space}"
             )
         buffer_cfg = _tensor_buffer_cfg(cfg.policy.other.replay_buffer, cfg.seed)
+        if resume:  # the checkpoint holds the whole buffer, the datasets' items included: no file is read again
+            for _, section in buffer_sections(buffer_cfg):
+                section.pop('dataset', None)
         build_in_run_dir(self, lambda: self._build(buffer_cfg, resume))
 
     def _build(self, buffer_cfg: EasyDict, resume: bool) -> None:
@@ -486,9 +489,10 @@ class DQNTrainer:
             'train_iters': self.train_iter,
             'episodes': self.episodes,
         }
-        if self.cfg.dataset_out.episodes:  # the trained policy's episodes: offline data for another run
-            head['dataset_out'] = write_policy_episodes(self, as_stored)
-        summary = write_summary(self, stats, head, stopped_early=self.env_step < self.cfg.env.max_env_step)
+        early = self.env_step < self.cfg.env.max_env_step
+        if self.cfg.dataset_out.episodes and not early:  # the trained policy's episodes: offline data (a run
+            head['dataset_out'] = write_policy_episodes(self, as_stored)  # stopped early writes them when resumed)
+        summary = write_summary(self, stats, head, stopped_early=early)
         self.buffer.close()
         self.tb.close()
         return summary

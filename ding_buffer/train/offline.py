@@ -51,12 +51,14 @@ def dataset_paths(buffer_cfg: Any) -> List[str]:
     return [d['path'] for d in datasets if d.get('path')]
 
 
-def ensure_datasets(cfg: Any, source_of: Callable[[str], str], train: Callable[[str, Dict[str, Any]], Any]) -> None:
+def ensure_datasets(cfg: Any, source_of: Callable[[str], str], train: Callable[[str, Dict[str, Any]], int]) -> int:
     """
     Overview:
         Make every dataset the run's buffer loads that does not exist yet, by training ``cfg.dataset_source``
-        (``source_of(name)`` is its file; ``train(file, user_config)`` runs it) with ``dataset_out.path`` set to the
-        missing file. Without ``dataset_source`` a missing file is a ``ValueError`` naming the key and the path.
+        (``source_of(name)`` is its file; ``train(file, user_config)`` runs it and returns its exit code) with
+        ``dataset_out.path`` set to the missing file. Without ``dataset_source`` a missing file is a ``ValueError``
+        naming the key and the path. Returns 0, or the exit code of a source run that was stopped (Ctrl-C, SIGTERM:
+        it wrote no dataset; the run that needs it does not start).
     """
     from .config import load_config_file
 
@@ -84,11 +86,14 @@ def ensure_datasets(cfg: Any, source_of: Callable[[str], str], train: Callable[[
         print(f"dataset '{path}' does not exist yet: training {source} to write it", flush=True)
         _MAKING.add(os.path.abspath(path))
         try:
-            train(source, user)
+            code = train(source, user)
         finally:
             _MAKING.discard(os.path.abspath(path))
+        if code:
+            return code
         if not os.path.exists(path):
             raise RuntimeError(f"config '{source}' finished without writing the dataset '{path}'")
+    return 0
 
 
 __all__ = ['write_policy_episodes', 'dataset_paths', 'ensure_datasets']

@@ -91,6 +91,84 @@ def test_the_offline_to_online_config_makes_its_dataset_first_then_fine_tunes(tm
     assert 'does not exist yet' not in capsys.readouterr().out
 
 
+@pytest.mark.slow
+def test_a_resumed_fine_tuning_run_reads_no_dataset_file(tmp_path, capsys):
+    """The checkpoint holds the whole buffer, the dataset's items included: a resume refused when the file had gone
+    (and with a dataset_source would have trained the source again)."""
+    from ding_buffer.datasets import write_d4rl
+
+    rng = np.random.default_rng(0)
+    obs = rng.normal(size=(41, 4)).astype(np.float32)
+    steps = dict(obs=obs[:-1], next_obs=obs[1:], action=rng.integers(0, 2, 40), reward=np.ones(40, np.float32))
+    steps.update(done=np.arange(40) == 39, timeout=np.zeros(40, bool))
+    data = tmp_path / 'ds.hdf5'
+    assert write_d4rl(str(data), steps) == 40
+    members = dict(offline=dict(dataset=dict(path=str(data))))
+    cfg = write_config(
+        tmp_path / 'o2o.py',
+        O2O_CONFIG,
+        dict(env=dict(max_env_step=200, eval_freq=200, eval_episodes=1)),
+        log_dir=str(tmp_path / 'runs'),
+        dataset_source=None,
+        checkpoint=dict(freq=100),
+        policy=dict(learn=dict(warmup_steps=50, batch_size=16), other=dict(replay_buffer=dict(members=members))),
+    )
+    assert main(['train', str(cfg), '--no-progress']) == 0, capsys.readouterr().err
+    run = tmp_path / 'runs' / 'cartpole_offline_to_online_seed0'
+    data.unlink()
+    assert main(['train', str(cfg), '--no-progress', '--resume', str(run), '--env-steps', '300']) == 0, (
+        capsys.readouterr().err
+    )
+    assert summary(run)['buffer']['count'] == 40 + 300  # the dataset's steps came back from the checkpoint
+
+
+@pytest.mark.slow
+def test_a_stop_while_the_dataset_source_trains_stops_the_whole_command(tmp_path):
+    """Ctrl-C in the source run: it wrote its half-trained policy's episodes as the dataset, the fine-tuning ran on
+    them anyway, the command exited 0, and the printed resume command named the fine-tuning config. Now the command
+    stops (130) with no dataset and no fine-tuning run, and the printed command resumes the source run."""
+    import os
+    import shlex
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    source = write_config(
+        tmp_path / 'src.py',
+        DATASET_CONFIG,
+        dict(env=dict(max_env_step=200_000, eval_freq=100_000)),
+        policy=dict(learn=dict(warmup_steps=100, batch_size=16)),
+        checkpoint=dict(freq=200),
+    )
+    cfg = write_config(tmp_path / 'o2o.py', O2O_CONFIG, SHORT, dataset_source=str(source))
+    proc = subprocess.Popen(
+        [sys.executable, '-m', 'ding_buffer', 'train', str(cfg), '--no-progress'],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        checkpoints = tmp_path / 'cartpole_dqn_dataset_seed100' / 'checkpoints'
+        deadline = time.monotonic() + 90
+        while not (checkpoints.is_dir() and any(n.startswith('step_') for n in os.listdir(checkpoints))):
+            assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read() if proc.poll() else ''
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130, err
+    assert not (tmp_path / 'cartpole_dqn_episodes.hdf5').exists()
+    assert not (tmp_path / 'cartpole_offline_to_online_seed0').exists()
+    resume = [line for line in out.splitlines() if line.startswith('resume with: ')]
+    assert len(resume) == 1 and shlex.split(resume[0])[4] == str(source), out
+    assert 'run this command again' in out
+
+
 def test_a_missing_dataset_without_a_source_is_refused_naming_the_path(tmp_path, capsys):
     cfg = write_config(tmp_path / 'o2o.py', O2O_CONFIG, SHORT, log_dir=str(tmp_path / 'runs'), dataset_source=None)
     assert main(['train', str(cfg), '--no-progress']) == 2
