@@ -113,13 +113,17 @@ def _train_dqn(user: dict, args: argparse.Namespace) -> int:
         return _missing_extra(e)
     import torch
 
+    from .train.checkpoint import complete_checkpoints
     from .train.config import build_train_config, make_trainer, run_dir_of
     from .train.offline import ensure_datasets
     from .train.signals import StopSignals
 
     _apply_overrides(user, args)
     cfg = build_train_config(user, source=args.config)
-    fresh = {'seed': None, 'env_steps': None, 'resume': None, 'config_arg': None}  # the source run: its own config
+    # the source run: its own config; one stopped before (its checkpoints) goes on from there
+    fresh = {'seed': None, 'env_steps': None, 'resume': None, 'config_arg': None, 'makes_dataset': True}
+    if getattr(args, 'makes_dataset', False) and complete_checkpoints(os.path.join(run_dir_of(cfg), 'checkpoints')):
+        args.resume = run_dir_of(cfg)
     if args.resume is None:  # (a resumed run's buffer, datasets' items included, comes from its checkpoint)
         code = ensure_datasets(
             cfg,
@@ -128,8 +132,8 @@ def _train_dqn(user: dict, args: argparse.Namespace) -> int:
         )
         if code:
             print(
-                f"ding-buffer train {args.config_arg or args.config}: stopped while its dataset was being made; once "
-                f"the run above is resumed to its end (it writes the dataset then), run this command again"
+                f"ding-buffer train {args.config_arg or args.config}: stopped while its dataset was being made; run "
+                f"this command again to continue that run from its last checkpoint (it writes the dataset at its end)"
             )
             return code
     run_dir = args.resume or run_dir_of(cfg)
@@ -141,7 +145,7 @@ def _train_dqn(user: dict, args: argparse.Namespace) -> int:
     with StopSignals() as stop:
         s = trainer.run(stop=stop)
     _print_summary(s)
-    return stop.report(args, s['run_dir'], f"env step {s['env_steps']}")
+    return stop.report(args, s['run_dir'], f"env step {s['env_steps']}", resume=not getattr(args, 'makes_dataset', 0))
 
 
 def _keep_resumed_seed(args: argparse.Namespace) -> None:

@@ -470,7 +470,10 @@ class Engine(IBuffer):
             with self._lock:
                 if self._closed:  # (checked under the lock: a close() that began meanwhile has released the storage)
                     self._check_open()
-                return self._took(self._push_batch(data), cur_collector_envstep)
+                n = self._push_batch(data)
+                if n and self._remover is not None and isinstance(data, Mapping):  # (as a push of the items)
+                    self._remover.keep({'data_id': d} for d in data.get('data_id', ()))
+                return self._took(n, cur_collector_envstep)
         items = data if isinstance(data, list) else [data]
         if not items:
             return 0

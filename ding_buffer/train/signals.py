@@ -67,14 +67,15 @@ class StopSignals:
             signal.signal(s, handler)
         self._previous.clear()
 
-    def report(self, args: Any, run_dir: str, where: str) -> int:
-        """After a stopped run: print where it stopped and the command that resumes it (the same config and
-        overrides, ``--resume run_dir``); return the exit code (0 when no signal came)."""
+    def report(self, args: Any, run_dir: str, where: str, resume: bool = True) -> int:
+        """After a stopped run: print where it stopped and (``resume``) the command that resumes it (the same config
+        and overrides, ``--resume run_dir``); return the exit code (0 when no signal came)."""
         if self.signum is None:
             return 0
+        how = f"\nresume with: {resume_command(args, run_dir)}" if resume else ''
         print(
             f"\nstopped by {self.signame} at {where}; a checkpoint of that point is in "
-            f"{os.path.join(run_dir, 'checkpoints')}\nresume with: {resume_command(args, run_dir)}",
+            f"{os.path.join(run_dir, 'checkpoints')}{how}",
             flush=True,
         )
         return self.exit_code

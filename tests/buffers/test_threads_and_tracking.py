@@ -119,7 +119,7 @@ def test_a_used_up_batch_keeps_its_files_until_the_next_batch_is_used_up(tmp_pat
     assert {p.name for p in tmp_path.iterdir()} == live
 
 
-@pytest.mark.parametrize('how', ['pushed again', 'state loaded', 'file loaded'])
+@pytest.mark.parametrize('how', ['pushed again', 'extended again', 'state loaded', 'file loaded'])
 def test_a_held_file_whose_item_is_stored_again_is_kept(tmp_path, how):
     """A used-up item's file is held until the next sample that uses items up; an item with that data_id stored
     again meanwhile (pushed again, or in a loaded state) had its file deleted then, or at close()."""
@@ -132,6 +132,8 @@ def test_a_held_file_whose_item_is_stored_again_is_kept(tmp_path, how):
     assert buf.sample(1)[0]['i'] == 0 and buf.count() == 0  # used up: its file is held
     if how == 'pushed again':
         buf.push(dict(item))
+    elif how == 'extended again':
+        assert buf.extend({key: [value] for key, value in item.items()}) == 1
     elif how == 'state loaded':
         buf.load_state_dict(state)
     else:

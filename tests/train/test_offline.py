@@ -125,10 +125,10 @@ def test_a_resumed_fine_tuning_run_reads_no_dataset_file(tmp_path, capsys):
 @pytest.mark.slow
 def test_a_stop_while_the_dataset_source_trains_stops_the_whole_command(tmp_path):
     """Ctrl-C in the source run: it wrote its half-trained policy's episodes as the dataset, the fine-tuning ran on
-    them anyway, the command exited 0, and the printed resume command named the fine-tuning config. Now the command
-    stops (130) with no dataset and no fine-tuning run, and the printed command resumes the source run."""
+    them anyway and the command exited 0. Now the command stops (130) with no dataset and no fine-tuning run; run
+    again, it continues the source run from its checkpoint, which writes the file the fine-tuning reads (here not
+    the source config's own dataset_out.path), and fine-tunes."""
     import os
-    import shlex
     import signal
     import subprocess
     import sys
@@ -137,18 +137,21 @@ def test_a_stop_while_the_dataset_source_trains_stops_the_whole_command(tmp_path
     source = write_config(
         tmp_path / 'src.py',
         DATASET_CONFIG,
-        dict(env=dict(max_env_step=200_000, eval_freq=100_000)),
+        dict(env=dict(max_env_step=1500, eval_freq=1500, eval_episodes=1)),
         policy=dict(learn=dict(warmup_steps=100, batch_size=16)),
         checkpoint=dict(freq=200),
+        dataset_out=dict(episodes=2),
     )
-    cfg = write_config(tmp_path / 'o2o.py', O2O_CONFIG, SHORT, dataset_source=str(source))
-    proc = subprocess.Popen(
-        [sys.executable, '-m', 'ding_buffer', 'train', str(cfg), '--no-progress'],
-        cwd=tmp_path,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
+    members = dict(offline=dict(dataset=dict(path='ft_data.hdf5')))
+    cfg = write_config(
+        tmp_path / 'o2o.py',
+        O2O_CONFIG,
+        SHORT,
+        dataset_source=str(source),
+        policy=dict(learn=dict(warmup_steps=100, batch_size=16), other=dict(replay_buffer=dict(members=members))),
     )
+    command = [sys.executable, '-m', 'ding_buffer', 'train', str(cfg), '--no-progress']
+    proc = subprocess.Popen(command, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         checkpoints = tmp_path / 'cartpole_dqn_dataset_seed100' / 'checkpoints'
         deadline = time.monotonic() + 90
@@ -162,11 +165,13 @@ def test_a_stop_while_the_dataset_source_trains_stops_the_whole_command(tmp_path
             proc.kill()
             proc.wait()
     assert proc.returncode == 130, err
-    assert not (tmp_path / 'cartpole_dqn_episodes.hdf5').exists()
-    assert not (tmp_path / 'cartpole_offline_to_online_seed0').exists()
-    resume = [line for line in out.splitlines() if line.startswith('resume with: ')]
-    assert len(resume) == 1 and shlex.split(resume[0])[4] == str(source), out
-    assert 'run this command again' in out
+    assert not (tmp_path / 'ft_data.hdf5').exists() and not (tmp_path / 'cartpole_offline_to_online_seed0').exists()
+    assert 'run this command again' in out and 'resume with' not in out, out
+    again = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stderr
+    assert 'resumed from' in again.stdout and (tmp_path / 'ft_data.hdf5').is_file()
+    assert summary(tmp_path / 'cartpole_dqn_dataset_seed100')['env_steps'] == 1500
+    assert summary(tmp_path / 'cartpole_offline_to_online_seed0')['env_steps'] == 300
 
 
 def test_a_missing_dataset_without_a_source_is_refused_naming_the_path(tmp_path, capsys):
