@@ -22,6 +22,8 @@ class TorchTransport(ThreadedTransport):
     Calls go straight to the process group object: ``dist.send``'s Python wrapper costs more than a small
     message on loopback."""
 
+    one_per_peer = True
+
     def __init__(self, peers, allow_pickle, max_message_bytes, grace: float = 5.0, group=None) -> None:
         import torch.distributed as dist
 
@@ -89,6 +91,8 @@ class MPITransport(ThreadedTransport):
     Sending: ``Isend`` as the frame is queued and ``Test`` on the peer's sender thread; the frame keeps the
     buffer alive until the request completes, and requests abandoned at close keep theirs for the life of the
     process."""
+
+    one_per_peer = True
 
     def __init__(self, peers, allow_pickle, max_message_bytes, grace: float = 5.0, comm=None) -> None:
         from mpi4py import MPI

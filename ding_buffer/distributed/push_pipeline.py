@@ -322,7 +322,7 @@ class PushPipeline:
         lr = log_rewards_of(data, self._log_reward_key)
         if lr is None:
             return data
-        mask = lr >= self.baseline_log_reward
+        mask = ~(lr < self.baseline_log_reward)  # (NaN rows go on: the manager's buffer refuses them by name)
         kept = int(mask.sum())
         self.filter_stats['total'] += len(mask)
         self.filter_stats['kept'] += kept

@@ -187,8 +187,8 @@ class _ManagerActorImpl:
         live = self.core.liveness
         with self._beats_lock:
             worker_of = dict(self._worker_of)
-        done: Dict[str, bool] = {}
-        for c in set(live.exited) | set(live.lost) | set(live.last_seen):
+        done: Dict[str, bool] = {}  # (a client known from its pings alone, not merged yet, is one not done)
+        for c in set(live.exited) | set(live.lost) | set(live.last_seen) | set(worker_of):
             w = worker_of.get(c, c)
             done[w] = done.get(w, True) and live.done(c)
         return sum(done.values())

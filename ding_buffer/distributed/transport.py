@@ -284,7 +284,19 @@ class ThreadedTransport(FrameReader):
             return len(ob.frames)
 
     # ------------------------------------------------------------------ receiving
+    one_per_peer = False  # torch, MPI: a process's messages from a rank reach whichever transport reads first
+
     def start(self) -> None:
+        """Start the receive threads; ``one_per_peer``: ``RuntimeError`` while another open transport of this process
+        talks to one of the peers (its replies would reach either: matched by request ids that both number from 0)."""
+        mine = set(self.peers) if self.one_per_peer else set()
+        busy = sorted({p for t in list(_OPEN) if type(t) is type(self) and not t._closed for p in t.peers} & mine)
+        if busy:
+            raise RuntimeError(
+                f"this process already has an open connection to rank(s) {busy} (a buffer of an earlier "
+                f"create_buffer): on torch and MPI a process talks to a manager through one buffer; close() that one "
+                f"first, or share it"
+            )
         _OPEN.add(self)
         self._started = True
         self._start_readers()

@@ -245,3 +245,18 @@ def worker_push_items(cfg, wid, steps):
     stats = buf.stats()  # answered after the manager committed this worker's ring
     buf.close()
     return {'shm_rows': stats['manager/shm_rows'], 'count': stats['count']}
+
+
+def two_buffers_close_one_then_push_the_other(cfg):
+    """One task, two RemoteBuffers: the first closed while the second is open; the second then pushes and closes."""
+    from ding_buffer import create_buffer
+
+    learner, actor = create_buffer(cfg), create_buffer(cfg)
+    actor.push({'obs': torch.zeros(2)})
+    actor.close()
+    try:
+        learner.push({'obs': torch.ones(2)})
+        learner.close()
+        return 'ok'
+    except Exception as e:  # noqa: BLE001 - reported to the driver
+        return f'{type(e).__name__}: {e}'

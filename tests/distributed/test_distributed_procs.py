@@ -442,6 +442,48 @@ def test_a_sharded_manager_rank_checks_the_checkpoint_of_its_own_shard(tmp_path)
             assert r.returncode == 1 and 'TimeoutError' in r.stderr, r.stdout + r.stderr
 
 
+_TWO_BUFFERS = '''
+import sys, torch
+from ding_buffer import create_buffer
+from ding_buffer.distributed import ReplayBufferManager
+cfg = dict(type='advanced', replay_buffer_size=64, storage=dict(type='tensor'),
+           distributed=dict(backend='torch', timeout=10, startup_timeout=60))
+b = create_buffer(cfg)
+if isinstance(b, ReplayBufferManager):
+    b.run()
+    sys.exit(0)
+try:
+    create_buffer(cfg)
+    print('second buffer: accepted')
+except RuntimeError as e:
+    print('second buffer:', e)
+b.push({'obs': torch.zeros(2)})
+print('first buffer: count', b.count(), 'stats', type(b.stats()).__name__)
+b.close()
+'''
+
+
+@pytest.mark.slow
+def test_a_second_buffer_to_the_same_manager_in_one_process_is_refused(tmp_path):
+    """Two buffers of one worker process on torch shared its replies (matched by request ids numbered from 0 in
+    each): calls timed out though the manager answered them, and one buffer's call returned the other's reply. The
+    second create_buffer is refused, and the first buffer goes on."""
+    import subprocess
+    import sys
+
+    from dist_helpers import child_env, free_port
+
+    script = tmp_path / 'two.py'
+    script.write_text(_TWO_BUFFERS)
+    torchrun = [sys.executable, '-m', 'torch.distributed.run', '--nproc_per_node=2', f'--master_port={free_port()}']
+    r = subprocess.run(
+        [*torchrun, str(script)], env=child_env(), cwd=tmp_path, capture_output=True, text=True, timeout=120
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert 'second buffer: this process already has an open connection to rank(s) [1]' in r.stdout, r.stdout
+    assert 'first buffer: count 1 stats dict' in r.stdout, r.stdout
+
+
 # ---------------------------------------------------------------------------------------------- frames on the wire
 @pytest.mark.slow
 @pytest.mark.parametrize('backend', BACKENDS)

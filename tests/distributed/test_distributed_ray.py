@@ -576,6 +576,18 @@ def test_an_actor_that_cannot_be_placed_is_removed_so_a_corrected_config_starts(
     buf.close()
 
 
+def test_a_task_is_done_only_once_every_buffer_it_made_has_ended(actors):
+    """The first close() in a task ended the job when the task's other buffer was known only from its pings (not
+    merged yet): the manager checkpointed and ended while that buffer was open."""
+    dist = actors(num_workers=2)
+    driver = create_buffer(advanced(dist))
+    driver.push({'obs': torch.zeros(2)})
+    driver.close()  # worker 1 of 2 is done
+    task = remote(ray_helpers.two_buffers_close_one_then_push_the_other)
+    assert ray.get(task.remote(advanced(dist)), timeout=GET) == 'ok'
+    assert actor_gone(dist['actor_name'], dist['namespace'])  # both workers done: the job ended
+
+
 def test_results_are_ordinary_tensors_that_torch_save(actors):
     buf = create_buffer(advanced(actors(), size=2000))
     n = 1500  # 1500 x 64 float32: the state travels through the object store (read-only on arrival)

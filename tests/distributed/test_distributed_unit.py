@@ -873,6 +873,19 @@ def test_remote_baseline_filtering_without_refresh_never_sends_filtered():
     assert core.buffer.count() == 2 and stats['skipped_sends'] == 4 and stats['sends'] == 1
 
 
+def test_baseline_filtering_sends_a_nan_log_reward_on_for_the_buffer_to_refuse():
+    """A NaN log-reward compared as below the baseline: the row was dropped without a word (an all-NaN batch was
+    skipped), where a local buffer refuses it. It goes on, and the manager's buffer refuses the push by name."""
+    rb, core, ch = make_remote('gfn', size=100, baseline_strategy='min', baseline_filtering=True)
+    rb.push(gfn_batch([1.0, 2.0]))
+    assert rb.pushes.baseline_log_reward == 1.0
+    before = core.buffer.state_dict()
+    for bad in ([5.0, float('nan')], [float('nan')]):
+        with pytest.raises(ValueError, match='must be finite or -inf'):
+            rb.push(gfn_batch(bad, offset=100))
+        assert_same(core.buffer.state_dict(), before)
+
+
 def test_remote_async_score():
     rb, core, ch = make_remote(storage='list', async_score=True, scoring_function=score_hook)
     rb.push(item(1))
