@@ -470,10 +470,7 @@ class Engine(IBuffer):
             with self._lock:
                 if self._closed:  # (checked under the lock: a close() that began meanwhile has released the storage)
                     self._check_open()
-                n = self._push_batch(data)
-                if n and self._remover is not None and isinstance(data, Mapping):  # (as a push of the items)
-                    self._remover.keep({'data_id': d} for d in data.get('data_id', ()))
-                return self._took(n, cur_collector_envstep)
+                return self._took(self._push_batch(data), cur_collector_envstep, data)
         items = data if isinstance(data, list) else [data]
         if not items:
             return 0
@@ -489,16 +486,17 @@ class Engine(IBuffer):
         with self._lock:
             if self._closed:
                 self._check_open()
-            n = self._push_items(items)
-            if n and self._remover is not None:  # (a file held since a sample used its item up is this item's again)
-                self._remover.keep(items)
-            return self._took(n, cur_collector_envstep)
+            return self._took(self._push_items(items), cur_collector_envstep, items)
 
-    def _took(self, n: int, envstep: int) -> int:
-        """A push at ``envstep`` stored ``n`` elements: the env step of the latest push taken, the ``_step`` scalars'
-        x-axis, moves (a push that stored nothing moves nothing). Returns ``n``."""
+    def _took(self, n: int, envstep: int, pushed: Any = ()) -> int:
+        """A push at ``envstep`` of ``pushed`` (items, or a batch) stored ``n`` elements: the env step of the latest
+        push taken, the ``_step`` scalars' x-axis, moves (a push that stored nothing moves nothing), and a file held
+        since a sample used up an item of that ``data_id`` is the new item's. Returns ``n``."""
         if n:
             self._last_envstep = envstep
+            if self._remover is not None:
+                batch = pushed.get('data_id', ()) if isinstance(pushed, Mapping) else None
+                self._remover.keep(pushed if batch is None else [{'data_id': d} for d in batch])
         return n
 
     def extend(self, batch: Any, cur_collector_envstep: int = -1) -> int:
