@@ -460,6 +460,11 @@ except RuntimeError as e:
 b.push({'obs': torch.zeros(2)})
 print('first buffer: count', b.count(), 'stats', type(b.stats()).__name__)
 b.close()
+try:
+    create_buffer(cfg)
+    print('after close: accepted')
+except RuntimeError as e:
+    print('after close:', e)
 '''
 
 
@@ -467,7 +472,8 @@ b.close()
 def test_a_second_buffer_to_the_same_manager_in_one_process_is_refused(tmp_path):
     """Two buffers of one worker process on torch shared its replies (matched by request ids numbered from 0 in
     each): calls timed out though the manager answered them, and one buffer's call returned the other's reply. The
-    second create_buffer is refused, and the first buffer goes on."""
+    second create_buffer is refused, and the first buffer goes on; after it closed, a new one (which the manager
+    would never serve: the process exited for good) is refused too."""
     import subprocess
     import sys
 
@@ -480,8 +486,10 @@ def test_a_second_buffer_to_the_same_manager_in_one_process_is_refused(tmp_path)
         [*torchrun, str(script)], env=child_env(), cwd=tmp_path, capture_output=True, text=True, timeout=120
     )
     assert r.returncode == 0, r.stdout + r.stderr
-    assert 'second buffer: this process already has an open connection to rank(s) [1]' in r.stdout, r.stdout
+    assert 'second buffer: this process already has a connection to rank(s) [1]' in r.stdout, r.stdout
     assert 'first buffer: count 1 stats dict' in r.stdout, r.stdout
+    # the manager counts a closed buffer's process as exited for good: a new buffer would never be served
+    assert 'after close: this process already has a connection to rank(s) [1], open or closed' in r.stdout
 
 
 # ---------------------------------------------------------------------------------------------- frames on the wire
