@@ -55,7 +55,7 @@ from ..errors import SampleTimeoutError
 from ..monitor.periodic import TAGS as PERIODIC_TAGS
 from ..monitor.periodic import PeriodicThruputMonitor
 from ..monitor.tb import TBSink, build_tb_logger, rank
-from ..monitor.used_data_remover import UsedDataRemover, check_trackable
+from ..monitor.used_data_remover import UsedDataRemover, check_trackable, check_trackable_batch
 from ..persistence import load_state, refuse_unknown, save_state
 from ..storage.tensordict_io import check_batched, is_tensordict, to_tensordict
 from .common import (
@@ -467,6 +467,8 @@ class Engine(IBuffer):
             elif self.tensordict_batch_is_items and data.batch_size:
                 batched = True  # its batch_size declares the items: TorchRL's extend
         if batched:
+            if self._remover is not None:
+                check_trackable_batch(data)
             with self._lock:
                 if self._closed:  # (checked under the lock: a close() that began meanwhile has released the storage)
                     self._check_open()

@@ -10,6 +10,7 @@ import copy
 import uuid
 from typing import Any
 
+from ..base import get_buffer_cls
 from ..config import check_section
 from .config import build_distributed_config, startup_seconds
 from .local import _local_cfg, build_manager_buffer, check_manager_side, profile
@@ -101,8 +102,8 @@ def create_distributed(cls: type, cfg: Any, *args, **kwargs) -> Any:
 def check_role(cfg: Any, dcfg: Any, local_cfg: Any, rank: int, managers: list, workers: list) -> None:
     """What rank ``rank`` of the layout ``(managers, workers)`` would refuse in its own role, checked without the
     network (``ValueError`` naming the key): a manager's ``check_manager_side`` (its callables, ``file_root``,
-    ``max_reuse``), a worker's sharded routing; a rank that is neither is refused. Manager-side keys are not
-    checked on workers: their ``file_root`` or scoring module may exist on the manager's host only."""
+    ``max_reuse``), a worker's type profile and sharded routing; a rank that is neither is refused. Manager-side
+    keys are not checked on workers: their ``file_root`` or scoring module may exist on the manager's host only."""
     if rank in managers:  # (with shards, the checkpoint this manager writes is its shard's)
         if dcfg.num_shards > 1 and dcfg.checkpoint_path:
             from .sharded import shard_path
@@ -114,10 +115,12 @@ def check_role(cfg: Any, dcfg: Any, local_cfg: Any, rank: int, managers: list, w
             f"config key 'distributed.worker_ranks' is {dcfg.worker_ranks!r}: rank {rank} is neither a manager "
             f"({managers}) nor a worker ({workers}); expected every rank of the job to have a role"
         )
-    elif len(managers) > 1:
-        from .sharded import ShardedBuffer
+    else:  # what worker_buffer asks of the type (e.g. shared memory for its items), before any transport starts
+        profile(get_buffer_cls(cfg), local_cfg, dcfg)
+        if len(managers) > 1:
+            from .sharded import ShardedBuffer
 
-        ShardedBuffer.check(local_cfg, dcfg.shard_route, dcfg.shard_key)
+            ShardedBuffer.check(local_cfg, dcfg.shard_route, dcfg.shard_key)
 
 
 def worker_buffer(cls: type, local_cfg: Any, dcfg: Any, channel: Any, *args, **kwargs) -> RemoteBuffer:

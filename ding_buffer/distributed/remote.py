@@ -13,7 +13,7 @@ have been stored or not. The RemoteBuffer keeps it and sends it again, with the 
 anything else on the next push / flush / close, so it is stored exactly once if the manager comes back; a
 push of the same data right after the failure is recognised as the caller's retry and adds nothing new.
 Not thread-safe: use one RemoteBuffer per thread (on Ray; on torch and MPI a process holds one buffer per manager
-for the whole job: a second ``create_buffer`` to it raises ``RuntimeError``, also after the first closed).
+for the whole job: a second ``create_buffer`` to it raises ``RuntimeError`` while the first is open).
 
 Neighbour: ``push_pipeline`` (``PushPipeline``: the pushes' stages and their delivery bookkeeping).
 """

@@ -75,7 +75,6 @@ class _Outbox:
 
 
 _OPEN: 'weakref.WeakSet[ThreadedTransport]' = weakref.WeakSet()
-_ENDED: Dict[type, set] = {}  # the peers of closed ``one_per_peer`` transports, by class (used up for good)
 
 
 @atexit.register
@@ -288,17 +287,16 @@ class ThreadedTransport(FrameReader):
     one_per_peer = False  # torch, MPI: a process's messages from a rank reach whichever transport reads first
 
     def start(self) -> None:
-        """Start the receive threads; ``one_per_peer``: ``RuntimeError`` when another transport of this process
-        talks, or talked, to one of the peers (its replies would reach either, matched by request ids that both
-        number from 0; a peer said goodbye to counts this process gone for good)."""
+        """Start the receive threads; ``one_per_peer``: ``RuntimeError`` while another open transport of this process
+        talks to one of the peers (its replies would reach either: matched by request ids that both number from 0)."""
         mine = set(self.peers) if self.one_per_peer else set()
-        used = {p for t in list(_OPEN) if type(t) is type(self) and t is not self for p in t.peers}
-        used = (used | _ENDED.get(type(self), set())) & mine
-        if used:
+        busy = sorted({p for t in list(_OPEN) if type(t) is type(self) and not t._closed for p in t.peers} & mine)
+        if busy:
             raise RuntimeError(
-                f"this process already has a connection to rank(s) {sorted(used)}, open or closed (a buffer of an "
-                f"earlier create_buffer): on torch and MPI a process talks to a manager through one buffer for the "
-                f"whole job (a closed one counts as exited for good); keep that one and share it"
+                f"this process already has an open connection to rank(s) {busy} (a buffer of an earlier "
+                f"create_buffer): on torch and MPI a process talks to a manager through one buffer; share it (a "
+                f"buffer made after it closed is not served in the same job: the manager counts this process "
+                f"exited for good)"
             )
         _OPEN.add(self)
         self._started = True
@@ -421,8 +419,6 @@ class ThreadedTransport(FrameReader):
         with self._lock:
             first = not self._closed
             self._closed = True
-        if first and self.one_per_peer and self._started:
-            _ENDED.setdefault(type(self), set()).update(self.peers)
         grace = self.grace if grace is None else grace
         deadline = time.monotonic() + grace
         if first:

@@ -23,6 +23,18 @@ def check_trackable(item: Any, i: int) -> None:
         raise TypeError(f"item {i} field 'data_id' must be a path (str), got {type(item['data_id']).__name__}")
 
 
+def check_trackable_batch(batch: Any) -> None:
+    """Raise unless the batched push ``batch`` holds a ``data_id`` path for every item (as ``check_trackable``)."""
+    ids = batch.get('data_id') if hasattr(batch, 'get') else None
+    if ids is None or isinstance(ids, (str, bytes)) or not hasattr(ids, '__len__'):
+        raise ValueError(
+            f"enable_track_used_data needs a batch whose 'data_id' field holds a path for each item, got "
+            f"{type(ids).__name__}"
+        )
+    for i, data_id in enumerate(ids):
+        check_trackable({'data_id': data_id}, i)
+
+
 class UsedDataRemover:
     """
     Overview:

@@ -143,6 +143,28 @@ def test_a_held_file_whose_item_is_stored_again_is_kept(tmp_path, how):
     assert torch.equal(torch.load(item['data_id']), torch.zeros(2))
 
 
+def test_a_batched_push_of_tracked_items_is_checked_as_a_list_push(tmp_path):
+    """extend() took data_ids that are not paths (or none at all), which a list push refuses: the push after a
+    sample raised after storing them, and a later honest push that overwrote them raised too."""
+    buf = create_buffer(dict(type='naive', replay_buffer_size=2, max_use=1, seed=0, enable_track_used_data=True))
+    buf.push(_tracked_items(tmp_path, 0, 2))
+    buf.sample(1)  # one file held
+    before = buf.state_dict()
+    for bad, err, match in (
+        ({'data_id': np.array([1, 2]), 'obs': np.zeros((2, 3))}, TypeError, "item 0 field 'data_id' must be a path"),
+        ({'data_id': torch.arange(2), 'obs': np.zeros((2, 3))}, TypeError, "item 0 field 'data_id' must be a path"),
+        ({'obs': np.zeros((2, 3))}, ValueError, "'data_id' field holds a path for each item"),
+    ):
+        with pytest.raises(err, match=match):
+            buf.extend(bad)
+        assert_same(buf.state_dict(), before)
+    items = _tracked_items(tmp_path, 2, 2)
+    assert buf.extend({'data_id': [d['data_id'] for d in items], 'i': [2, 3]}) == 2
+    assert buf.push(_tracked_items(tmp_path, 4, 2)) == 2  # overwrites them: their files go
+    buf.close()
+    assert not (tmp_path / 'data_2.pt').exists() and (tmp_path / 'data_4.pt').exists()
+
+
 def test_a_push_that_stores_nothing_does_not_keep_a_held_file(tmp_path):
     """A push the rate limit refuses (stores nothing) took a used-up item's file off the held list: it was never
     deleted, not even at close()."""

@@ -460,11 +460,6 @@ except RuntimeError as e:
 b.push({'obs': torch.zeros(2)})
 print('first buffer: count', b.count(), 'stats', type(b.stats()).__name__)
 b.close()
-try:
-    create_buffer(cfg)
-    print('after close: accepted')
-except RuntimeError as e:
-    print('after close:', e)
 '''
 
 
@@ -472,8 +467,7 @@ except RuntimeError as e:
 def test_a_second_buffer_to_the_same_manager_in_one_process_is_refused(tmp_path):
     """Two buffers of one worker process on torch shared its replies (matched by request ids numbered from 0 in
     each): calls timed out though the manager answered them, and one buffer's call returned the other's reply. The
-    second create_buffer is refused, and the first buffer goes on; after it closed, a new one (which the manager
-    would never serve: the process exited for good) is refused too."""
+    second create_buffer is refused, and the first buffer goes on."""
     import subprocess
     import sys
 
@@ -486,10 +480,48 @@ def test_a_second_buffer_to_the_same_manager_in_one_process_is_refused(tmp_path)
         [*torchrun, str(script)], env=child_env(), cwd=tmp_path, capture_output=True, text=True, timeout=120
     )
     assert r.returncode == 0, r.stdout + r.stderr
-    assert 'second buffer: this process already has a connection to rank(s) [1]' in r.stdout, r.stdout
+    assert 'second buffer: this process already has an open connection to rank(s) [1]' in r.stdout, r.stdout
     assert 'first buffer: count 1 stats dict' in r.stdout, r.stdout
-    # the manager counts a closed buffer's process as exited for good: a new buffer would never be served
-    assert 'after close: this process already has a connection to rank(s) [1], open or closed' in r.stdout
+
+
+_RETRY = '''
+import os, sys, torch
+from ding_buffer import create_buffer
+def cfg(shm):
+    return dict(type='gfn', replay_buffer_size=16,
+                distributed=dict(backend='torch', timeout=10, startup_timeout=60, shared_memory=shm))
+if os.environ['RANK'] == '1':
+    create_buffer(cfg(False)).run()
+    sys.exit(0)
+try:
+    create_buffer(cfg(True))  # refused after its transport to the manager started
+    print('bad config: accepted')
+except ValueError as e:
+    print('bad config: refused')
+b = create_buffer(cfg(False))
+b.push({'state': torch.zeros(2, 2), 'log_reward': torch.zeros(2)})
+print('corrected config: count', b.count())
+b.close()
+'''
+
+
+@pytest.mark.slow
+def test_a_create_buffer_refused_after_its_transport_started_leaves_nothing_open(tmp_path):
+    """A worker's create_buffer whose config is refused after its transport to the manager started left that
+    transport open, so the corrected retry in the same process was refused as a second buffer."""
+    import subprocess
+    import sys
+
+    from dist_helpers import child_env, free_port
+
+    script = tmp_path / 'retry.py'
+    script.write_text(_RETRY)
+    torchrun = [sys.executable, '-m', 'torch.distributed.run', '--nproc_per_node=2', f'--master_port={free_port()}']
+    r = subprocess.run(
+        [*torchrun, str(script)], env=child_env(), cwd=tmp_path, capture_output=True, text=True, timeout=120
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert 'bad config: refused' in r.stdout and 'corrected config: count 2' in r.stdout, r.stdout
 
 
 # ---------------------------------------------------------------------------------------------- frames on the wire
