@@ -442,6 +442,23 @@ def test_a_sharded_manager_rank_checks_the_checkpoint_of_its_own_shard(tmp_path)
             assert r.returncode == 1 and 'TimeoutError' in r.stderr, r.stdout + r.stderr
 
 
+def _torchrun_two(tmp_path, text):
+    """``text`` as a script on 2 torchrun ranks (rank 1 the manager); the finished run, which must exit 0."""
+    import subprocess
+    import sys
+
+    from dist_helpers import child_env, free_port
+
+    script = tmp_path / 'ranks.py'
+    script.write_text(text)
+    torchrun = [sys.executable, '-m', 'torch.distributed.run', '--nproc_per_node=2', f'--master_port={free_port()}']
+    r = subprocess.run(
+        [*torchrun, str(script)], env=child_env(), cwd=tmp_path, capture_output=True, text=True, timeout=120
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+    return r
+
+
 _TWO_BUFFERS = '''
 import sys, torch
 from ding_buffer import create_buffer
@@ -468,18 +485,7 @@ def test_a_second_buffer_to_the_same_manager_in_one_process_is_refused(tmp_path)
     """Two buffers of one worker process on torch shared its replies (matched by request ids numbered from 0 in
     each): calls timed out though the manager answered them, and one buffer's call returned the other's reply. The
     second create_buffer is refused, and the first buffer goes on."""
-    import subprocess
-    import sys
-
-    from dist_helpers import child_env, free_port
-
-    script = tmp_path / 'two.py'
-    script.write_text(_TWO_BUFFERS)
-    torchrun = [sys.executable, '-m', 'torch.distributed.run', '--nproc_per_node=2', f'--master_port={free_port()}']
-    r = subprocess.run(
-        [*torchrun, str(script)], env=child_env(), cwd=tmp_path, capture_output=True, text=True, timeout=120
-    )
-    assert r.returncode == 0, r.stdout + r.stderr
+    r = _torchrun_two(tmp_path, _TWO_BUFFERS)
     assert 'second buffer: this process already has an open connection to rank(s) [1]' in r.stdout, r.stdout
     assert 'first buffer: count 1 stats dict' in r.stdout, r.stdout
 
@@ -509,18 +515,7 @@ b.close()
 def test_a_create_buffer_refused_after_its_transport_started_leaves_nothing_open(tmp_path):
     """A worker's create_buffer whose config is refused after its transport to the manager started left that
     transport open, so the corrected retry in the same process was refused as a second buffer."""
-    import subprocess
-    import sys
-
-    from dist_helpers import child_env, free_port
-
-    script = tmp_path / 'retry.py'
-    script.write_text(_RETRY)
-    torchrun = [sys.executable, '-m', 'torch.distributed.run', '--nproc_per_node=2', f'--master_port={free_port()}']
-    r = subprocess.run(
-        [*torchrun, str(script)], env=child_env(), cwd=tmp_path, capture_output=True, text=True, timeout=120
-    )
-    assert r.returncode == 0, r.stdout + r.stderr
+    r = _torchrun_two(tmp_path, _RETRY)
     assert 'bad config: refused' in r.stdout and 'corrected config: count 2' in r.stdout, r.stdout
 
 

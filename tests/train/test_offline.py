@@ -154,9 +154,8 @@ def test_a_stop_while_the_dataset_source_trains_stops_the_whole_command(tmp_path
     proc = subprocess.Popen(command, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         checkpoints = tmp_path / 'cartpole_dqn_dataset_seed100' / 'checkpoints'
-        deadline = time.monotonic() + 90
         while not (checkpoints.is_dir() and any(n.startswith('step_') for n in os.listdir(checkpoints))):
-            assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read() if proc.poll() else ''
+            assert proc.poll() is None, proc.stderr.read()  # (the source run ends by itself: no wait is endless)
             time.sleep(0.2)
         proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=60)
