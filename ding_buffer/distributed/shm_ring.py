@@ -349,9 +349,9 @@ class RingWriter:
         """Free slots once at least ``need`` are free, waiting at most until ``deadline``."""
         pause = 1e-5
         while True:
-            self.check_manager()
-            if int(self.map.head[CLOSED]):
+            if int(self.map.head[CLOSED]) == CLOSED_BY_MANAGER:  # (first: the manager's beat in it stops then)
                 raise RingClosed(self.committed_since(start))
+            self.check_manager()
             free = self.map.rows - (self.written - int(self.map.head[READ]))
             if free >= need:
                 return free

@@ -521,6 +521,21 @@ def test_a_worker_counted_lost_gets_its_rows_taken_and_a_new_ring_when_it_pushes
     job.close()
 
 
+def test_a_worker_that_thaws_long_after_its_ring_closed_gets_a_new_ring():
+    """The manager's heartbeat in a ring it closed stops: a worker frozen past the timeout must still see the
+    closing (and take a new ring), not a manager it takes for frozen or gone."""
+    job = Job('tensor', timeout=0.2)
+    job.pusher.push(step(0), False)
+    job.core.liveness.lose(0, 'silent (frozen)')
+    job.core.commit_rings()
+    time.sleep(0.3)  # the closed ring's heartbeat is older than the timeout when the worker thaws
+    for i in range(1, 4):
+        assert job.pusher.push(step(i), False) == 1
+    assert job.core.counters['shm_rings'] == 2
+    assert job.request('count') == 4 and job.core.counters['shm_rows'] == 4
+    job.close()
+
+
 def test_a_push_under_which_the_manager_closes_the_ring_finishes_in_a_new_one():
     job = Job('tensor', ring_mb=32 * 4 / (1 << 20))  # 4 rows: a push of 10 waits for room twice
     taken = []
