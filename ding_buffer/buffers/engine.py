@@ -999,8 +999,11 @@ class Engine(IBuffer):
             storage holding arbitrary objects needs ``allow_pickle=True`` (it can execute code: trust the file).
             A corrupt, truncated or foreign file raises ``ValueError`` and leaves the buffer unchanged.
         """
-        state = load_state(path, self.__class__.__name__, allow_pickle=allow_pickle, allowed=self._t.file_globals())
-        self.load_state_dict(state)
+        self.load_state_dict(self.read_data(path, allow_pickle))
+
+    def read_data(self, path: str, allow_pickle: bool = False) -> Dict[str, Any]:
+        """The state a file of ``save_data`` holds, read and checked as ``load_data`` reads it; nothing changes."""
+        return load_state(path, self.__class__.__name__, allow_pickle=allow_pickle, allowed=self._t.file_globals())
 
     # ------------------------------------------------------------------ lifecycle
     def _verb(self, verb: Callable[..., Any], *args: Any) -> Any:

@@ -26,7 +26,9 @@ Task pipeline: ``TaskBuffer`` is a ``ding.data.Buffer``, so ``data_pusher``, ``O
 (PER, ``max_use``, ``max_staleness``, rate limits from the config).
 """
 
+import copy
 import logging
+import numbers
 import threading
 from typing import Any, Dict, List, Mapping, Optional
 
@@ -38,6 +40,7 @@ from ding.utils import BUFFER_REGISTRY as DI_BUFFER_REGISTRY
 from ..base import BUFFER_REGISTRY, IBuffer, create_buffer, get_buffer_cls
 from ..config import deep_merge_dicts
 from ..control.priority import as_priorities, is_id_text
+from ..persistence import save_state
 
 logger = logging.getLogger('ding_buffer.integrations.dingengine')
 
@@ -102,6 +105,8 @@ REGISTERED = register()
 TASK_PRESETS = ('naive', 'advanced', 'elastic')
 # meta keys a sampled BufferedData carries (update reads 'priority' and 'replay_buffer_idx' back)
 META_KEYS = ('replay_buffer_idx', 'priority', 'IS', 'use', 'staleness')
+# the state_dict() key of the metas pushed with the stored items
+META_STATE = 'task_meta'
 
 
 class TaskBuffer(Buffer):
@@ -154,6 +159,7 @@ class TaskBuffer(Buffer):
         self._prefix = instance_name + '_'
         self._lock = threading.RLock()
         self._pending: List[tuple] = []  # (id, slot, priority) of updates not yet applied
+        self._meta: Dict[int, dict] = {}  # id -> the meta pushed with it (pruned to the stored ids now and then)
         self._closed = False
         self._next_uid = int(self._inner.stats()['push_items'])
         self.cur_learner_iter = -1
@@ -170,8 +176,10 @@ class TaskBuffer(Buffer):
 
     # ------------------------------------------------------------------ push / sample / update
     def push(self, data: Any, meta: Optional[dict] = None) -> Optional[BufferedData]:
-        """Store ``data`` (one item); ``meta['priority']`` is its initial priority on a prioritized buffer. The
-        returned ``index`` is the item's id (what ``sample`` reports and ``update`` takes). An item the buffer turns
+        """Store ``data`` (one item) with ``meta``, which its samples return (as ``DequeBuffer``);
+        ``meta['priority']`` is its initial priority on a prioritized buffer, ``meta['train_iter_data_collected']``
+        its ``collect_iter`` (what ``max_staleness`` reads). The returned ``index`` is the item's id (what ``sample``
+        reports and ``update`` takes). An item the buffer turns
         away (its rate limit, ``thruput_controller.push_sample_rate_limit``, or a capacity rule such as keep_best) is
         dropped and counted in ``stats()['refused_push']``, as the serial pipeline's push does: the return is then
         None, and DI-engine's ``data_pusher`` goes on."""
@@ -184,12 +192,32 @@ class TaskBuffer(Buffer):
             raise TypeError(f"TaskBuffer.push: data must be a dict or a treetensor, got {type(data).__name__}")
         if self.prioritized and meta.get('priority') is not None:
             item = dict(item, priority=meta['priority'])  # the caller's dict is not changed
+        collected = meta.get('train_iter_data_collected')  # (what DI-engine's staleness_check reads)
+        if collected is not None and 'collect_iter' not in item:
+            if not isinstance(collected, numbers.Integral) or isinstance(collected, bool):
+                raise TypeError(
+                    f"TaskBuffer.push: meta 'train_iter_data_collected' is {collected!r:.40}; expected the int "
+                    "learner iteration the item was collected at"
+                )
+            item = dict(item, collect_iter=int(collected))
+        meta = dict(meta)
         with self._lock:
+            self._flush()  # a new item's priority is the max of every update taken before it (DI-engine's PER)
             if self._inner.push(item) != 1:
                 return None
             uid = self._next_uid
             self._next_uid += 1
+            if meta:
+                self._meta[uid] = meta
+                if len(self._meta) > 2 * self.size + 64:  # (amortised: a pass over the stored ids per `size` metas)
+                    self._prune()
         return BufferedData(data=data, index=f'{self._prefix}{uid}', meta=dict(meta))
+
+    def _prune(self) -> None:
+        """Forget the metas of items no longer stored."""
+        view = self._inner.view
+        live = set(view.column('id', view.ordered_slots()).tolist())
+        self._meta = {uid: m for uid, m in self._meta.items() if uid in live}
 
     def sample(
         self,
@@ -224,21 +252,27 @@ class TaskBuffer(Buffer):
         with self._lock:
             self._flush()
             out = self._inner.sample(size, self.cur_learner_iter, **kwargs)
-        if out is None:
-            if ignore_insufficient:
-                return []
-            raise ValueError(f"There are less than {size} records in buffer ({self.count()})")
-        return [
-            BufferedData(data=d, index=d['replay_unique_id'], meta={k: d[k] for k in META_KEYS if k in d}) for d in out
-        ]
+            if out is None:
+                if ignore_insufficient:
+                    return []
+                raise ValueError(f"There are less than {size} records in buffer ({self._inner.count()})")
+            metas = self._meta
+            return [BufferedData(data=d, index=d['replay_unique_id'], meta=self._sampled_meta(d, metas)) for d in out]
+
+    def _sampled_meta(self, d: Mapping, metas: Dict[int, dict]) -> dict:
+        """The meta pushed with item ``d`` (a copy), with the buffer's own keys of this draw."""
+        pushed = metas.get(int(d['replay_unique_id'][len(self._prefix) :])) if metas else None
+        own = {k: d[k] for k in META_KEYS if k in d}
+        return {**pushed, **own} if pushed else own
 
     def update(self, index: str, data: Optional[Any] = None, meta: Optional[dict] = None) -> bool:
         """
         Overview:
             Set the priority of the item ``index`` to ``meta['priority']`` (``meta`` as ``sample`` returned it,
             with its ``replay_buffer_idx``). Updates are queued and applied together before the next call that
-            reads priorities (``sample``, ``count``, ``stats``, ``state_dict``, ``save_data``), where an item that
-            left the buffer meanwhile is skipped (counted as stale in ``stats()``). Replacing ``data`` is not
+            reads or sets priorities (``push``, ``sample``, ``count``, ``stats``, ``state_dict``, ``save_data``),
+            where an item that left the buffer meanwhile is skipped (counted as stale in ``stats()``). Replacing
+            ``data`` is not
             supported (``NotImplementedError``); a ``meta`` without ``priority`` is a ``ValueError``, as NaN or
             negative ones are. Returns whether an update was queued (False without the priority middleware).
         """
@@ -299,6 +333,7 @@ class TaskBuffer(Buffer):
         with self._lock:
             self._pending = []
             self._inner.clear()
+            self._meta = {}
 
     def stats(self) -> Dict[str, float]:
         with self._lock:
@@ -306,28 +341,42 @@ class TaskBuffer(Buffer):
             return self._inner.stats()
 
     def state_dict(self) -> Dict[str, Any]:
+        """The preset's ``state_dict()``, with the metas pushed with the stored items under ``'task_meta'``
+        (id -> meta; absent when there are none)."""
         with self._lock:
             self._flush()
-            return self._inner.state_dict()
+            state = self._inner.state_dict()
+            if self._meta:
+                self._prune()
+            if self._meta:
+                state[META_STATE] = copy.deepcopy(self._meta)
+            return state
 
     def load_state_dict(self, state: Dict[str, Any], deepcopy: bool = False) -> None:
+        """Restore a ``state_dict()`` (a TaskBuffer's, or its preset's); all or nothing."""
+        metas = state.get(META_STATE, {}) if isinstance(state, Mapping) else {}
+        if not isinstance(metas, Mapping) or not all(type(k) is int and isinstance(m, dict) for k, m in metas.items()):
+            raise ValueError(f"TaskBuffer.load_state_dict: state '{META_STATE}' must map int ids to meta dicts")
+        if META_STATE in state:
+            state = {k: v for k, v in state.items() if k != META_STATE}
         with self._lock:
             self._inner.load_state_dict(state, deepcopy=deepcopy)
             self._pending = []
             self._next_uid = int(self._inner.stats()['push_items'])
+            self._meta = copy.deepcopy(dict(metas)) if deepcopy else dict(metas)
+            if self._meta:
+                self._prune()
 
     def save_data(self, file_name: str) -> None:
+        """Atomically write the buffer and the metas pushed with its items (``state_dict()``) to ``file_name``."""
         with self._lock:
-            self._flush()
-            self._inner.save_data(file_name)
+            save_state(file_name, type(self._inner).__name__, self.state_dict())
 
     def load_data(self, file_name: str, allow_pickle: bool = False) -> None:
         """Restore a file of ``save_data`` (``allow_pickle``: as for the buffer it wraps: items holding numpy
         arrays or other objects on list storage need it, and only a file you trust)."""
         with self._lock:
-            self._inner.load_data(file_name, allow_pickle=allow_pickle)
-            self._pending = []
-            self._next_uid = int(self._inner.stats()['push_items'])
+            self.load_state_dict(self._inner.read_data(file_name, allow_pickle=allow_pickle))
 
     def close(self) -> None:
         """The queued priority updates are applied first (they were taken); later ones are refused, as by the
@@ -369,7 +418,11 @@ class TaskBuffer(Buffer):
         name = getattr(func, '__qualname__', type(func).__name__).split('.')[0]
         hint = {
             'use_time_check': "config key 'max_use'",
-            'staleness_check': "config key 'max_staleness'",
+            'staleness_check': (
+                "config key 'max_staleness' (it removes at staleness >= max_staleness: staleness_check's "
+                "max_staleness=k is max_staleness=k + 1; the push meta 'train_iter_data_collected' is the item's "
+                "collect_iter)"
+            ),
             'clone_object': "config key 'deepcopy' (list storage); tensor storage samples copies already",
         }.get(name, "the buffer's config (see docs/composing.md)")
         raise TypeError(f"TaskBuffer.use({name}): DI-engine middleware is not run here; use {hint} instead")

@@ -475,6 +475,9 @@ def run_taskbuffer(args) -> dict:
             pusher(ctx)
             rated.sample(4)
         out['limited_pusher'][storage] = [rated.count(), rated.stats()['refused_push']]
+    out['task_meta'] = {}
+    for storage in ('list', 'tensor'):
+        out['task_meta'][storage] = task_meta(TaskBuffer, PriorityExperienceReplay, storage)
     register()
     section = {'replay_buffer_size': 100, 'deepcopy': False, 'enable_track_used_data': False}
     built = {}
@@ -484,6 +487,41 @@ def run_taskbuffer(args) -> dict:
         except Exception as e:  # noqa: BLE001 - reported
             built[kind] = f'{type(e).__name__}: {e}'
     out['built'] = built
+    return out
+
+
+def task_meta(TaskBuffer, PriorityExperienceReplay, storage: str) -> dict:
+    """As DequeBuffer: an item pushed after an update starts at the max priority that update set; the meta pushed
+    with an item comes back with its samples, also after state_dict / save_data round trips; the push meta
+    'train_iter_data_collected' is what max_staleness reads."""
+    out = {}
+    per = TaskBuffer(dict(storage=dict(type=storage)), size=8)
+    per.use(PriorityExperienceReplay(per, IS_weight=True))
+    for i in range(4):
+        per.push({'x': float(i)})
+    for d in per.sample(2):
+        per.update(d.index, meta=dict(d.meta, priority=100.0))
+    per.push({'x': 9.0})
+    drawn = [d for _ in range(40) for d in per.sample(4)]
+    out['new_priority'] = sorted({float(d.meta['priority']) for d in drawn if float(d.data['x']) == 9.0})
+    buf = TaskBuffer(dict(storage=dict(type=storage), max_staleness=3), size=4)
+    for i in range(6):  # the first two are overwritten: their metas are forgotten
+        buf.push({'x': float(i)}, {'env': i, 'train_iter_data_collected': 2 if i == 5 else 0})
+    metas = lambda b: sorted((int(d.data['x']), d.meta['env']) for d in b.sample(b.count()))  # noqa: E731
+    out['metas'] = metas(buf)
+    state = buf.state_dict()
+    out['state_meta_ids'] = sorted(state['task_meta'])
+    again = TaskBuffer(dict(storage=dict(type=storage), max_staleness=3), size=4)
+    again.load_state_dict(state)
+    out['metas_state'] = metas(again)
+    path = os.path.join(os.getcwd(), f'meta_{storage}.pt')
+    buf.save_data(path)
+    loaded = TaskBuffer(dict(storage=dict(type=storage), max_staleness=3), size=4)
+    loaded.load_data(path)
+    out['metas_file'] = metas(loaded)
+    buf.cur_learner_iter = 3  # staleness 3 for the items collected at 0: removed; 1 for the last
+    out['fresh'] = [int(d.data['x']) for d in buf.sample(1)]
+    out['count_fresh'] = buf.count()
     return out
 
 

@@ -299,6 +299,12 @@ def test_task_buffer_details_and_registrations_a_pipeline_meets(dingengine_pytho
     for storage, (count, refused) in out['limited_pusher'].items():  # 24 pushed in rounds, 12 drawn: max=1 holds
         assert count + refused == 24 and refused > 0 and count <= 12 + 8, (storage, count, refused)
     assert out['built'] == {'ding_buffer_chunk': 'ChunkReplayBuffer', 'ding_buffer_mixture': 'MixtureReplayBuffer'}
+    for storage, meta in out['task_meta'].items():  # as DequeBuffer and its middleware
+        assert meta['new_priority'] == [100.0], (storage, meta)  # the update's max, taken before the push
+        kept = [[i, i] for i in range(2, 6)]
+        assert meta['metas'] == meta['metas_state'] == meta['metas_file'] == kept, (storage, meta)
+        assert meta['state_meta_ids'] == [2, 3, 4, 5], (storage, meta)
+        assert meta['fresh'] == [5] and meta['count_fresh'] == 1, (storage, meta)
 
 
 def test_the_integration_imported_before_dingengine_registers_its_own_buffers(dingengine_python, run_env, tmp_path):
