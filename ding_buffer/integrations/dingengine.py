@@ -28,6 +28,7 @@ Task pipeline: ``TaskBuffer`` is a ``ding.data.Buffer``, so ``data_pusher``, ``O
 
 import copy
 import logging
+import math
 import numbers
 import threading
 from typing import Any, Dict, List, Mapping, Optional
@@ -193,14 +194,14 @@ class TaskBuffer(Buffer):
         if self.prioritized and meta.get('priority') is not None:
             item = dict(item, priority=meta['priority'])  # the caller's dict is not changed
         collected = meta.get('train_iter_data_collected')  # (what DI-engine's staleness_check reads)
-        if collected is not None and 'collect_iter' not in item:
+        if collected is not None and 'collect_iter' not in item and math.isfinite(self._inner.cfg.max_staleness):
             if not isinstance(collected, numbers.Integral) or isinstance(collected, bool):
                 raise TypeError(
                     f"TaskBuffer.push: meta 'train_iter_data_collected' is {collected!r:.40}; expected the int "
                     "learner iteration the item was collected at"
                 )
             item = dict(item, collect_iter=int(collected))
-        meta = dict(meta)
+        meta = own_copy(meta)
         with self._lock:
             self._flush()  # a new item's priority is the max of every update taken before it (DI-engine's PER)
             if self._inner.push(item) != 1:
@@ -357,13 +358,22 @@ class TaskBuffer(Buffer):
         metas = state.get(META_STATE, {}) if isinstance(state, Mapping) else {}
         if not isinstance(metas, Mapping) or not all(type(k) is int and isinstance(m, dict) for k, m in metas.items()):
             raise ValueError(f"TaskBuffer.load_state_dict: state '{META_STATE}' must map int ids to meta dicts")
+        metas = (
+            {uid: own_copy(m, f"state '{META_STATE}'[{uid}]", ValueError) for uid, m in metas.items()}
+            if deepcopy
+            else metas
+        )
         if META_STATE in state:
             state = {k: v for k, v in state.items() if k != META_STATE}
+        pushes = isinstance(state, Mapping) and set(state.keys()) == {'data'}  # (DI-engine's form: pushes the items)
         with self._lock:
+            if pushes:
+                self._flush()  # the stored items stay, with their queued updates and metas
             self._inner.load_state_dict(state, deepcopy=deepcopy)
-            self._pending = []
             self._next_uid = int(self._inner.stats()['push_items'])
-            self._meta = copy.deepcopy(dict(metas)) if deepcopy else dict(metas)
+            if not pushes:
+                self._pending = []
+                self._meta = dict(metas)
             if self._meta:
                 self._prune()
 
@@ -443,6 +453,16 @@ class TaskBuffer(Buffer):
         self._inner.close()
         self._inner, self._cfg = inner, cfg
         self._next_uid = int(inner.stats()['push_items'])
+        self._pending, self._meta = [], {}  # (of items that left: the new buffer's ids start again)
+
+
+def own_copy(meta: Mapping, what: str = 'meta', error: type = TypeError) -> dict:
+    """A deep copy of a meta the buffer keeps (the caller may change theirs; ``state_dict`` hands out copies):
+    ``error`` naming it where it cannot be copied (a lock, a tensor in an autograd graph)."""
+    try:
+        return copy.deepcopy(dict(meta))
+    except Exception as e:  # noqa: BLE001 - whatever __deepcopy__ raises
+        raise error(f"TaskBuffer: {what} {meta!r:.60} cannot be copied ({type(e).__name__}: {e})") from None
 
 
 __all__ = ['DINGENGINE_NAMES', 'NOT_REGISTERED', 'REGISTERED', 'TaskBuffer', 'pipeline_class', 'register']

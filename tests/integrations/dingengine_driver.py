@@ -20,6 +20,7 @@ import json
 import math
 import os
 import sys
+import threading
 import time
 import traceback
 
@@ -494,6 +495,8 @@ def task_meta(TaskBuffer, PriorityExperienceReplay, storage: str) -> dict:
     """As DequeBuffer: an item pushed after an update starts at the max priority that update set; the meta pushed
     with an item comes back with its samples, also after state_dict / save_data round trips; the push meta
     'train_iter_data_collected' is what max_staleness reads."""
+    import torch
+
     out = {}
     per = TaskBuffer(dict(storage=dict(type=storage)), size=8)
     per.use(PriorityExperienceReplay(per, IS_weight=True))
@@ -522,6 +525,40 @@ def task_meta(TaskBuffer, PriorityExperienceReplay, storage: str) -> dict:
     buf.cur_learner_iter = 3  # staleness 3 for the items collected at 0: removed; 1 for the last
     out['fresh'] = [int(d.data['x']) for d in buf.sample(1)]
     out['count_fresh'] = buf.count()
+    # without max_staleness the meta is only kept: the data keep their fields, pushes with and without it mix
+    plain = TaskBuffer(dict(storage=dict(type=storage)), size=4)
+    plain.push({'x': 0.0}, {'train_iter_data_collected': 0})
+    plain.push({'x': 1.0})
+    out['plain_keys'] = sorted(plain.sample(1)[0].data)
+    # DI-engine's form {'data': [...]} pushes the items: the stored ones keep their metas
+    plain.load_state_dict({'data': [{'x': 2.0}]})
+    out['after_data_load'] = sorted(
+        (int(d.data['x']), d.meta.get('train_iter_data_collected')) for d in plain.sample(3)
+    )
+    # refused whole, nothing changed: a meta that cannot be copied, at push and in a state
+    before = plain.state_dict()
+    refusals = {}
+    for name, call in (
+        ('push', lambda: plain.push({'x': 3.0}, {'td': torch.ones(1, requires_grad=True) * 2})),
+        ('load', lambda: plain.load_state_dict(dict(state, task_meta={2: {'lock': threading.Lock()}}), deepcopy=True)),
+    ):
+        try:
+            call()
+            refusals[name] = 'accepted'
+        except (TypeError, ValueError) as e:
+            refusals[name] = [
+                type(e).__name__,
+                'cannot be copied' in str(e),
+                not differences(before, plain.state_dict()),
+            ]
+    out['refusals'] = refusals
+    # use(PriorityExperienceReplay) starts a new buffer whose ids begin again: no meta of an item that left
+    used = TaskBuffer(dict(storage=dict(type=storage), max_use=1), size=4)
+    used.push({'x': 0.0}, {'tag': 'old'})
+    used.sample(1)
+    used.use(PriorityExperienceReplay(used))
+    used.push({'x': 1.0})
+    out['after_use'] = 'tag' in used.sample(1)[0].meta
     return out
 
 
