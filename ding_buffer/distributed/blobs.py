@@ -10,6 +10,7 @@ tensors, strings and bytes).
 """
 
 import numbers
+import sys
 from typing import Any, Dict, Optional, Tuple
 
 import numpy as np
@@ -63,14 +64,19 @@ def check_stamp(version: Any, session_id: Any, required: bool = False) -> Tuple[
 
 
 def payload_bytes(obj: Any) -> int:
-    """Bytes held by a decoded payload: arrays, tensors, strings and bytes in nested dicts / lists / tuples (the
-    codec's own nesting limit bounds the depth; each container counts 64 bytes per entry)."""
+    """Bytes held by a decoded payload: arrays, tensors, strings (their size in memory) and bytes in nested dicts /
+    lists / tuples (the codec's own nesting limit bounds the depth; each container counts 64 bytes per entry, and
+    a number 64 bytes, or a big int its size in memory)."""
     if isinstance(obj, torch.Tensor):
         return obj.numel() * obj.element_size()
     if isinstance(obj, np.ndarray):
         return int(obj.nbytes)
-    if isinstance(obj, (bytes, bytearray, str)):
+    if isinstance(obj, (bytes, bytearray)):
         return len(obj)
+    if isinstance(obj, str):  # (its size in memory: up to 4 bytes a character)
+        return sys.getsizeof(obj)
+    if isinstance(obj, int):  # (a big int holds its digits)
+        return max(64, sys.getsizeof(obj))
     if isinstance(obj, dict):
         return sum(64 + payload_bytes(k) + payload_bytes(v) for k, v in obj.items())
     if isinstance(obj, (list, tuple)):

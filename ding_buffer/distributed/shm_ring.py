@@ -58,6 +58,9 @@ MAX_RING_BYTES = 4 << 30  # all rings together
 TSO_MACHINES = ('x86_64', 'amd64', 'i386', 'i686')  # the store order the counters' handshake relies on
 OPEN, CLOSED_BY_MANAGER, CLOSED_CORRUPT = 0, 1, 2
 TAKE_BYTES = 8 << 20  # one take (one buffer push) holds up to this many bytes of rows, and at least 4,096 rows
+# a ring of a layout whose rows become one item dict each (python scalars) holds at most this many rows: a take
+# of them costs microseconds a row under the manager's lock, whatever few bytes a row has
+PER_ROW_RING_ROWS = 1 << 16
 IN_PLACE_BYTES = 256  # a batched take's columns of at least this many bytes per row go to the buffer in place
 BUSY_SECONDS = 0.05  # the ring thread naps at most 0.2 ms this long after it last found rows (then up to 2 ms)
 RETRY_AFTER = 4096  # a worker that got no ring asks again after this many pushes on the wire
@@ -410,6 +413,12 @@ class RingCorrupt(ValueError):
     pass
 
 
+def per_row(fields: list) -> bool:
+    """Whether rows of this layout come back one item dict each: python scalars (and 0-d arrays) come back per
+    row as they were pushed; the rest as one batched dict."""
+    return any(f[1] in ('b', 'i', 'f') or (f[1] == 'n' and not f[3]) for f in fields)
+
+
 class RingReader:
     """The manager's end of one ring: ``take`` hands over the rows written since the last take."""
 
@@ -420,8 +429,7 @@ class RingReader:
         self.token = secrets.randbits(63)
         self.map.head[MAGIC_W], self.map.head[TOKEN] = MAGIC, self.token
         self.read = self.refused = 0
-        # python scalars (and 0-d arrays) come back per row as they were pushed; the rest as one batched dict
-        self.per_row = any(f[1] in ('b', 'i', 'f') or (f[1] == 'n' and not f[3]) for f in fields)
+        self.per_row = per_row(fields)
         self.nbytes = _Mapped.size(dtype, rows)
         self.take_rows = max(4096, TAKE_BYTES // max(1, dtype.itemsize))
         self.batched = not self.per_row
@@ -567,6 +575,7 @@ class RingIntake:
             return None
         dtype = row_dtype(fields)
         rows = self.ring_bytes // dtype.itemsize if dtype.itemsize else 0
+        rows = min(rows, PER_ROW_RING_ROWS) if per_row(fields) else rows
         if rows < 1:
             return None
         if client in self.rings.get(sender, {}):

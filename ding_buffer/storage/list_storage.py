@@ -6,7 +6,7 @@ loading a file that holds anything but tensors, numbers, strings and containers 
 """
 
 import copy
-from typing import Any, Dict, List, Mapping, Optional
+from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 import numpy as np
 import torch
@@ -14,7 +14,7 @@ import torch
 from .base import ALL_ABSENT, NO_ITER, Prepared, Storage, check_state, collect_iter_column, trim_newest
 from .ring import RingIndex
 from .tensordict_io import is_tensordict, rows
-from .tree import unbatch
+from .tree import batch_row, batched_leaves, leaf_row
 
 
 def deep_copy(items: Any) -> Any:
@@ -87,8 +87,20 @@ class ListStorage(Storage):
         return Prepared(list(items[dropped:]), kept, dropped, list(items[:dropped]), False, column)
 
     def prepare_batch(self, batch: Any) -> Prepared:
-        """A batch dict becomes item dicts; a TensorDict ``[B, ...]`` becomes ``B`` TensorDict items."""
-        items = rows(batch) if type(batch) is not dict and is_tensordict(batch) else unbatch(batch)
+        """A batch dict becomes item dicts; a TensorDict ``[B, ...]`` becomes ``B`` TensorDict items. Of a batch
+        larger than the storage only the newest ``capacity`` rows become items here: the older ones are never
+        stored (every row's ``collect_iter`` is checked; the used-data remover reads the older rows one by one)."""
+        if type(batch) is not dict and is_tensordict(batch):
+            items = rows(batch)
+        else:
+            flat, n = batched_leaves(batch)
+            items = [batch_row(flat, i) for i in range(max(0, n - self.capacity), n)]
+            if n > self.capacity:
+                dropped = n - self.capacity
+                if self.item_columns and ('collect_iter',) in flat:
+                    collect_iter_column([{'collect_iter': leaf_row(flat[('collect_iter',)], i)} for i in range(n)])
+                older = _Rows(flat, dropped)
+                return self.prepare(items)._replace(dropped=dropped, skipped=older)
         if not items:
             raise ValueError("a batched push got a batch of size 0")  # as tensor storage says
         return self.prepare(items)
@@ -196,3 +208,20 @@ class ListStorage(Storage):
         for slot, item in zip(slots.tolist(), items):
             storage._data[slot] = item
         return storage
+
+
+class _Rows(Sequence):
+    """The first ``n`` rows of a flattened batch as item dicts, each made when read."""
+
+    def __init__(self, flat: Dict[Any, Any], n: int) -> None:
+        self.flat, self.n = flat, n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: Any) -> Any:
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(self.n))]
+        if not -self.n <= i < self.n:
+            raise IndexError(i)
+        return batch_row(self.flat, i % self.n)

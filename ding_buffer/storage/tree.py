@@ -116,6 +116,17 @@ def to_tensor(value: Any, path: Path) -> torch.Tensor:
 def unbatch(batch: Any) -> List[Dict[str, Any]]:
     """Split a dict whose leaves share a leading dimension ``B`` into ``B`` item dicts. Rows are copies, so a
     collector may reuse its batch buffer after the push."""
+    flat, size = batched_leaves(batch)
+    return [batch_row(flat, i) for i in range(size)]
+
+
+def batch_row(flat: Dict[Path, Any], i: int) -> Dict[str, Any]:
+    """Row ``i`` of the flattened batch ``flat`` as an item dict (a copy)."""
+    return unflatten({p: leaf_row(leaf, i) for p, leaf in flat.items()})
+
+
+def batched_leaves(batch: Any) -> Tuple[Dict[Path, Any], int]:
+    """The flattened leaves of a batch dict and their common leading dimension (checked)."""
     if type(batch) is not dict and not isinstance(batch, Mapping):
         raise TypeError(f"a batched push needs a dict of batched leaves, got {type(batch).__name__}")
     flat = flatten(batch)
@@ -128,10 +139,10 @@ def unbatch(batch: Any) -> List[Dict[str, Any]]:
             size = n
         elif n != size:
             raise ValueError(f"batched field '{path_name(path)}' has leading dimension {n}, expected {size}")
-    return [unflatten({p: _row(leaf, i) for p, leaf in flat.items()}) for i in range(size)]
+    return flat, size
 
 
-def _row(leaf: Any, i: int) -> Any:
+def leaf_row(leaf: Any, i: int) -> Any:
     if isinstance(leaf, torch.Tensor):
         return leaf[i].detach().clone()  # a row of its own, outside any graph (a graph's tensors refuse deepcopy)
     if isinstance(leaf, np.ndarray):

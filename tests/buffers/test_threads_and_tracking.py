@@ -165,6 +165,14 @@ def test_a_batched_push_of_tracked_items_is_checked_as_a_list_push(tmp_path):
     assert not (tmp_path / 'data_2.pt').exists() and (tmp_path / 'data_4.pt').exists()
 
 
+def test_a_batch_larger_than_the_buffer_deletes_the_files_of_the_rows_it_never_stores(tmp_path):
+    buf = create_buffer(dict(type='naive', replay_buffer_size=2, enable_track_used_data=True))
+    items = _tracked_items(tmp_path, 0, 5)
+    assert buf.extend({'data_id': [d['data_id'] for d in items], 'i': list(range(5))}) == 5
+    buf.close()
+    assert [(tmp_path / f'data_{i}.pt').exists() for i in range(5)] == [False, False, False, True, True]
+
+
 def test_a_push_that_stores_nothing_does_not_keep_a_held_file(tmp_path):
     """A push the rate limit refuses (stores nothing) took a used-up item's file off the held list: it was never
     deleted, not even at close()."""

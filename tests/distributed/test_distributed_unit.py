@@ -2565,6 +2565,17 @@ def test_blob_bytes_are_bounded_by_max_blob_mb():
     assert ok(core.handle('w0', req('get_blob', name='a')))['version'] == 1
 
 
+@pytest.mark.parametrize(
+    'payload', [{'s': '\U0001f600' * 300_000}, {'n': [10**4000] * 300}], ids=['4-byte characters', 'big ints']
+)
+def test_blob_strings_and_big_ints_count_their_bytes_against_max_blob_mb(payload):
+    """300,000 characters of 4 bytes (1.2 MB held) and 300 ints of 4,000 digits (0.5 MB) each hold more than
+    their count of characters or entries suggests."""
+    core = make_core(max_blob_mb=0.4)
+    reply = core.handle('w0', req('put_blob', name='a', version=0, payload=payload))
+    assert not reply['ok'] and 'max_blob_mb' in reply['message']
+
+
 def test_distributed_max_reuse_reaches_a_chunk_buffer():
     """chunk names max_use max_reuse: distributed.max_reuse sets it (it was refused as a type without max_use)."""
     buf, _, _ = build_manager_buffer(

@@ -521,6 +521,19 @@ def test_a_worker_counted_lost_gets_its_rows_taken_and_a_new_ring_when_it_pushes
     job.close()
 
 
+def test_a_ring_of_python_scalar_rows_is_bounded_in_rows_not_only_in_bytes():
+    """Rows of python scalars become an item dict each when taken: a one-byte row must not let a ring (and so one
+    take, under the manager's lock) hold millions of them; a batched layout keeps its rows by bytes."""
+    from ding_buffer.distributed.shm_ring import PER_ROW_RING_ROWS, host_id
+
+    job = Job('tensor', ring_mb=16.0)
+    scalars = job.request('shm_open', client='a', host=host_id(), fields=[['d', 'b', 'bool', []]])
+    arrays = job.request('shm_open', client='b', host=host_id(), fields=[['x', 't', 'uint8', [1]]])
+    assert scalars['rows'] == PER_ROW_RING_ROWS < 16 << 20
+    assert arrays['rows'] == 16 << 20
+    job.close()
+
+
 def test_a_worker_that_thaws_long_after_its_ring_closed_gets_a_new_ring():
     """The manager's heartbeat in a ring it closed stops: a worker frozen past the timeout must still see the
     closing (and take a new ring), not a manager it takes for frozen or gone."""

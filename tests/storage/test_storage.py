@@ -510,6 +510,27 @@ def test_list_storage_prepare_batch_unbatches():
     assert [int(g['b']['c']) for g in got] == [0, 10, 20]
 
 
+def test_list_storage_makes_items_only_of_the_rows_a_batch_larger_than_it_keeps():
+    """A batch of 200,000 rows of a field of no bytes (what a peer sends for a few bytes) into 10 slots: only the
+    newest 10 rows become items; the older ones count as pushed and dropped, as before."""
+    import tracemalloc
+
+    buf = create_buffer(dict(type='advanced', replay_buffer_size=10, seed=0))
+    batch = {'obs': np.zeros((200_000, 0), dtype=np.float32), 'i': np.arange(200_000)}
+    tracemalloc.start()
+    try:
+        assert buf.push(batch, batched=True) == 200_000  # (every row counts as pushed; the oldest are dropped)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 8 << 20, peak  # one item dict a row: about 70 MB
+    got = buf.sample(10)
+    assert sorted(int(d['i']) for d in got) == list(range(199_990, 200_000))
+    assert buf.stats()['push_items'] == 200_000
+    with pytest.raises(ValueError, match="item 3: 'collect_iter' must be a whole number"):
+        buf.push({'i': np.arange(50), 'collect_iter': [0, 1, 2, 3.5] + [0] * 46}, batched=True)
+
+
 # ====================================================================== TensorStorage: schema
 
 
