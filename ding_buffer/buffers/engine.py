@@ -945,6 +945,9 @@ class Engine(IBuffer):
 
     def _engine_state(self) -> Dict[str, Any]:
         out = {'counters': self._all_counters(), 'thruput': self._limiter.state_dict(), 'envstep': self._last_envstep}
+        taken = 0 if self._periodic is None else self._periodic.steps_taken()
+        if taken:  # the ``_sec`` scalars' x-axis goes on after a load
+            out['thruput']['periods'] = taken
         if self._uses is not None:
             out['use'] = self._uses.state_dict()
         return out
@@ -969,6 +972,9 @@ class Engine(IBuffer):
                 if k in COUNTERS or k in saved:
                     counters[k] = saved_count(saved[k], f"saved counters['{k}']")
         thruput = self._limiter.restored(state['thruput']) if 'thruput' in state else None
+        periods = state['thruput'].get('periods') if thruput is not None else None
+        if periods is not None and not saved_count(periods, "saved thruput['periods']") < STEP_LIMIT:
+            raise ValueError(f"saved thruput['periods'] must be below {STEP_LIMIT}, got {periods}")
         try:  # the env step of the last push taken: the x-axis of the ``_step`` scalars (older files: none yet)
             envstep = check_step(state.get('envstep', -1), "saved 'envstep'")
         except TypeError as e:
@@ -982,6 +988,8 @@ class Engine(IBuffer):
             self._last_envstep = envstep
             if thruput is not None:
                 self._limiter.swap(thruput)
+            if periods is not None and self._periodic is not None:  # (never back: one writer, one point a step)
+                self._periodic.period = max(self._periodic.period, int(periods))
             if self._uses is not None:
                 self._uses.counts = uses.counts  # in place: the table reads the same object
 

@@ -54,6 +54,7 @@ class PeriodicThruputMonitor:
         self._last: Optional[Dict[str, float]] = None
         self._last_at = 0.0
         self._closed = False
+        self._reserved = 0  # closed: the steps taken, its last period included (written or not)
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
 
@@ -93,6 +94,13 @@ class PeriodicThruputMonitor:
         self.period += 1
         return values
 
+    def steps_taken(self) -> int:
+        """The x-axis steps written, and the step of the period under way (written at the next report or at
+        ``close``, which may come after a state is saved): where a buffer loaded from a state taken now goes on."""
+        if self._thread is None:
+            return self.period
+        return max(self._reserved, self.period) if self._closed else self.period + 1
+
     def stop(self) -> None:
         """Tell the thread to end now, without waiting for it (a buffer dropped without ``close``)."""
         self._stop.set()
@@ -103,8 +111,10 @@ class PeriodicThruputMonitor:
         self._stop.set()
         if self._thread is None or self._closed:
             return
+        self._reserved = self.period + 1
         self._closed = True
         self._thread.join(timeout)
+        self._reserved = max(self._reserved, self.period + 1)  # (a report the thread was writing)
         if self._thread.is_alive():  # still inside a slow report: a final one now would race it for the same step
             self.logger.warning(
                 "[%s] periodic thruput monitor still reporting after %.1fs; no final report",

@@ -42,7 +42,7 @@ from easydict import EasyDict
 
 from ..config import SECONDS_CHECK, build_config, check_section, positive_int
 from ..errors import ManagerUnavailableError
-from .checkpoint import load_latest, save_checkpoint
+from .checkpoint import load_latest, purge_tensorboard, save_checkpoint
 from .config import (
     BUFFER_SECTION,
     TRAIN_CHECKS,
@@ -327,6 +327,7 @@ class Learner:
             self.resumed_from, _ = load_latest(self.ckpt_dir, self._load)
             if self.resumed_from is None:
                 raise ValueError(f"--resume {run_dir}: no complete checkpoint in {self.ckpt_dir}")
+            purge_tensorboard(self.tb, self.env_step + 1)  # (its curves are on the env step)
 
     # ------------------------------------------------------------------ helpers
     def _schedule(self) -> None:

@@ -22,7 +22,7 @@ from easydict import EasyDict
 
 from ..base import create_buffer
 from ..persistence import atomic_json, safe_load
-from .checkpoint import check_checkpoints, load_latest, save_checkpoint
+from .checkpoint import check_checkpoints, load_latest, purge_tensorboard, save_checkpoint
 from .config import BUFFER_SECTION, buffer_sections
 from .evals import write_eval_csv
 from .gym_envs import make_env
@@ -389,6 +389,8 @@ class DQNTrainer:
         self.frames = (buffer_cfg.get('storage') or {}).get('frames') is not None  # (a mixture's members: no frames)
         if resume:
             self.resumed_from, _ = load_latest(self.ckpt_dir, self._load_checkpoint)
+            if self.resumed_from is not None:  # the env-step curves: what a stopped run logged after it is hidden
+                purge_tensorboard(self.tb, self.env_step + 1)
             if self.frames:  # the env restarts below, mid-episode for the stream the checkpoint holds
                 self.buffer.storage.end_streams()
         self.obs, _ = self.env.reset(seed=None if resume else cfg.seed)

@@ -884,6 +884,38 @@ def test_the_periodic_report_counts_what_the_buffer_did_across_a_load():
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.parametrize('route', ['state_dict', 'save_data'])
+def test_the_periodic_report_steps_go_on_in_a_buffer_loaded_from_a_state(route, tmp_path):
+    """A resumed run's ``_sec`` curves continue: the loaded buffer's first period is the saved buffer's next one
+    (it restarted at 0: a second point at every step the run had already logged)."""
+    cfg = dict(type='advanced', replay_buffer_size=100, seed=0, monitor=dict(periodic_thruput=dict(seconds=0.05)))
+    first, second = FakeTB(), FakeTB()
+    a = create_buffer(cfg, tb_logger=first)
+    a.push([{'obs': i} for i in range(5)])
+    end = time.monotonic() + 30
+    while not any(t == 'buffer_sec/pushed_in' and s >= 2 for t, _, s in first.calls) and time.monotonic() < end:
+        time.sleep(0.02)
+    with a.lock:  # (no report between the state and the steps read)
+        if route == 'state_dict':
+            state = a.state_dict()
+        else:
+            a.save_data(str(tmp_path / 'a.pt'))
+        logged = max(s for t, _, s in first.calls if t == 'buffer_sec/pushed_in')
+    a.close()
+    b = create_buffer(cfg, tb_logger=second)
+    if route == 'state_dict':
+        b.load_state_dict(state)
+    else:
+        b.load_data(str(tmp_path / 'a.pt'))
+    b.push({'obs': 9})
+    b.close()
+    steps = [s for t, _, s in second.calls if t == 'buffer_sec/pushed_in']
+    # (the period under way when the state was taken is a's, written at its close)
+    assert steps and steps[0] == logged + 2 and steps == sorted(set(steps)), (logged, steps)
+    assert not set(steps) & {s for t, _, s in first.calls if t == 'buffer_sec/pushed_in'}
+
+
+@pytest.mark.timeout(60)
 def test_close_while_holding_the_lock_ends_the_periodic_thread_and_writes_the_last_period():
     """``with buffer.lock: buffer.close()``: the report thread, waiting for the lock, ends (it does not hold close()
     up until its join gives up), and close() writes the last, partial period itself."""

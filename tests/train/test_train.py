@@ -170,6 +170,21 @@ def test_short_run_learns_and_writes_its_artefacts(e2e_runs, seed):
     assert c['episodes'] == summary['episodes']
 
 
+def scalar_steps(run_dir):
+    """Each TensorBoard scalar tag of the run's ``log/`` and its steps, in the order TensorBoard shows them (what a
+    later session's start purges is gone)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(run_dir / 'log'), size_guidance={'scalars': 0})
+    acc.Reload()
+    return {tag: [e.step for e in acc.Scalars(tag)] for tag in acc.Tags()['scalars']}
+
+
+def repeated_steps(steps, prefixes=('',)):
+    """The tags (of those starting with one of ``prefixes``) whose steps do not strictly increase."""
+    return {t: s for t, s in steps.items() if t.startswith(prefixes) and any(b <= a for a, b in zip(s, s[1:]))}
+
+
 @pytest.mark.slow
 def test_seeded_runs_differ(e2e_runs):
     """--seed reaches the run: seeds 0 and 1 go to their own directories and produce different curves."""
@@ -242,6 +257,8 @@ def test_resume_continues_from_the_checkpoint_with_identical_counters(tmp_path, 
     assert sorted(os.listdir(ck)) == ['step_000002000', 'step_000003000']  # keep=2
     c3 = trainer_counters(ck / 'step_000003000')
     assert c3['env_step'] == 3000 and c3['train_iter'] == s['train_iters'] and c3['episodes'] == s['episodes']
+    steps = scalar_steps(run_dir)  # every curve goes on: one point a step (buffer_sec/* included)
+    assert 'buffer_sec/pushed_in' in steps and not repeated_steps(steps), repeated_steps(steps)
 
     # a new run (no --resume) into a directory that holds checkpoints is refused, nothing is touched
     assert main(['train', str(cfg), '--no-progress', '--threads', str(torch.get_num_threads())]) == 2
@@ -387,6 +404,10 @@ def test_resume_falls_back_when_the_newest_buffer_file_is_truncated(e2e_runs, tm
     rows = read_csv(run_dir / 'eval.csv')
     assert rows[:2] == rows_before[:2]  # rows up to the checkpoint kept, the later ones dropped
     assert [r['env_step'] for r in rows] == ['1000', '2000', '2500']
+    # TensorBoard hides what the first run logged after the checkpoint on the env-step curves
+    steps = scalar_steps(run_dir)
+    assert 2400 < max(steps['train/loss']) <= 2500 and max(steps['eval/return_mean']) == 2500
+    assert not repeated_steps(steps, ('train/', 'eval/', 'buffer_step/')), repeated_steps(steps)
 
 
 @pytest.mark.slow
