@@ -71,6 +71,8 @@ def payload_bytes(obj: Any) -> int:
         return obj.numel() * obj.element_size()
     if isinstance(obj, np.ndarray):
         return int(obj.nbytes)
+    if isinstance(obj, np.generic):  # (a numpy scalar: its bytes, a str_ or void of any length included)
+        return max(64, int(obj.nbytes))
     if isinstance(obj, (bytes, bytearray)):
         return len(obj)
     if isinstance(obj, str):  # (its size in memory: up to 4 bytes a character)
@@ -81,6 +83,8 @@ def payload_bytes(obj: Any) -> int:
         return sum(64 + payload_bytes(k) + payload_bytes(v) for k, v in obj.items())
     if isinstance(obj, (list, tuple)):
         return sum(64 + payload_bytes(v) for v in obj)
+    if isinstance(obj, slice):
+        return 64 + payload_bytes(obj.start) + payload_bytes(obj.stop) + payload_bytes(obj.step)
     return 64
 
 

@@ -264,6 +264,8 @@ class TaskBuffer(Buffer):
         """The meta pushed with item ``d`` (a copy), with the buffer's own keys of this draw."""
         pushed = metas.get(int(d['replay_unique_id'][len(self._prefix) :])) if metas else None
         own = {k: d[k] for k in META_KEYS if k in d}
+        if pushed and self._cfg.get('deepcopy'):  # (DI-engine's clone_object: a sample shares nothing)
+            pushed = copy.deepcopy(pushed)
         return {**pushed, **own} if pushed else own
 
     def update(self, index: str, data: Optional[Any] = None, meta: Optional[dict] = None) -> bool:
@@ -358,11 +360,7 @@ class TaskBuffer(Buffer):
         metas = state.get(META_STATE, {}) if isinstance(state, Mapping) else {}
         if not isinstance(metas, Mapping) or not all(type(k) is int and isinstance(m, dict) for k, m in metas.items()):
             raise ValueError(f"TaskBuffer.load_state_dict: state '{META_STATE}' must map int ids to meta dicts")
-        metas = (
-            {uid: own_copy(m, f"state '{META_STATE}'[{uid}]", ValueError) for uid, m in metas.items()}
-            if deepcopy
-            else metas
-        )
+        metas = {uid: own_copy(m, f"state '{META_STATE}'[{uid}]", ValueError) for uid, m in metas.items()}
         if META_STATE in state:
             state = {k: v for k, v in state.items() if k != META_STATE}
         pushes = isinstance(state, Mapping) and set(state.keys()) == {'data'}  # (DI-engine's form: pushes the items)

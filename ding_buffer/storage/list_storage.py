@@ -14,7 +14,7 @@ import torch
 from .base import ALL_ABSENT, NO_ITER, Prepared, Storage, check_state, collect_iter_column, trim_newest
 from .ring import RingIndex
 from .tensordict_io import is_tensordict, rows
-from .tree import batch_row, batched_leaves, leaf_row
+from .tree import batch_row, batched_leaves
 
 
 def deep_copy(items: Any) -> Any:
@@ -97,8 +97,9 @@ class ListStorage(Storage):
             items = [batch_row(flat, i) for i in range(max(0, n - self.capacity), n)]
             if n > self.capacity:
                 dropped = n - self.capacity
-                if self.item_columns and ('collect_iter',) in flat:
-                    collect_iter_column([{'collect_iter': leaf_row(flat[('collect_iter',)], i)} for i in range(n)])
+                ci = {p: leaf for p, leaf in flat.items() if p[0] == 'collect_iter'}
+                if self.item_columns and ci:  # every row's, as when each row was an item (raises naming it)
+                    collect_iter_column([batch_row(ci, i) for i in range(n)])
                 older = _Rows(flat, dropped)
                 return self.prepare(items)._replace(dropped=dropped, skipped=older)
         if not items:

@@ -540,7 +540,7 @@ def task_meta(TaskBuffer, PriorityExperienceReplay, storage: str) -> dict:
     refusals = {}
     for name, call in (
         ('push', lambda: plain.push({'x': 3.0}, {'td': torch.ones(1, requires_grad=True) * 2})),
-        ('load', lambda: plain.load_state_dict(dict(state, task_meta={2: {'lock': threading.Lock()}}), deepcopy=True)),
+        ('load', lambda: plain.load_state_dict(dict(state, task_meta={2: {'lock': threading.Lock()}}))),
     ):
         try:
             call()
@@ -559,6 +559,11 @@ def task_meta(TaskBuffer, PriorityExperienceReplay, storage: str) -> dict:
     used.use(PriorityExperienceReplay(used))
     used.push({'x': 1.0})
     out['after_use'] = 'tag' in used.sample(1)[0].meta
+    # deepcopy (what clone_object's refusal names): a sample's meta shares nothing with the kept one
+    cloned = TaskBuffer(dict(storage=dict(type=storage), deepcopy=True), size=4)
+    cloned.push({'x': 0.0}, {'info': {'tag': 'kept'}})
+    cloned.sample(1)[0].meta['info']['tag'] = 'changed'
+    out['cloned'] = cloned.sample(1)[0].meta['info']['tag']
     return out
 
 

@@ -529,6 +529,8 @@ def test_list_storage_makes_items_only_of_the_rows_a_batch_larger_than_it_keeps(
     assert buf.stats()['push_items'] == 200_000
     with pytest.raises(ValueError, match="item 3: 'collect_iter' must be a whole number"):
         buf.push({'i': np.arange(50), 'collect_iter': [0, 1, 2, 3.5] + [0] * 46}, batched=True)
+    with pytest.raises(ValueError, match=r"item 0: .* got dict \{'a': np.int64\(10\)\}"):  # (a nested one: row 0's)
+        buf.push({'i': np.arange(50), 'collect_iter': {'a': np.arange(10, 60)}}, batched=True)
 
 
 # ====================================================================== TensorStorage: schema
