@@ -180,10 +180,10 @@ class TaskBuffer(Buffer):
         """Store ``data`` (one item) with ``meta``, which its samples return (as ``DequeBuffer``);
         ``meta['priority']`` is its initial priority on a prioritized buffer, ``meta['train_iter_data_collected']``
         its ``collect_iter`` (what ``max_staleness`` reads). The returned ``index`` is the item's id (what ``sample``
-        reports and ``update`` takes). An item the buffer turns
-        away (its rate limit, ``thruput_controller.push_sample_rate_limit``, or a capacity rule such as keep_best) is
-        dropped and counted in ``stats()['refused_push']``, as the serial pipeline's push does: the return is then
-        None, and DI-engine's ``data_pusher`` goes on."""
+        reports and ``update`` takes). An item the buffer turns away (its rate limit,
+        ``thruput_controller.push_sample_rate_limit``, or a capacity rule such as keep_best) is dropped and counted in
+        ``stats()['refused_push']``, as the serial pipeline's push does: the return is then None, and DI-engine's
+        ``data_pusher`` goes on."""
         meta = {} if meta is None else meta
         if not isinstance(meta, Mapping):
             raise TypeError(f"TaskBuffer.push: meta must be a dict or None, got {type(meta).__name__}")
@@ -201,7 +201,7 @@ class TaskBuffer(Buffer):
                     "learner iteration the item was collected at"
                 )
             item = dict(item, collect_iter=int(collected))
-        meta = own_copy(meta)
+        meta = own_copy(meta) if meta else {}
         with self._lock:
             self._flush()  # a new item's priority is the max of every update taken before it (DI-engine's PER)
             if self._inner.push(item) != 1:
@@ -275,9 +275,9 @@ class TaskBuffer(Buffer):
             with its ``replay_buffer_idx``). Updates are queued and applied together before the next call that
             reads or sets priorities (``push``, ``sample``, ``count``, ``stats``, ``state_dict``, ``save_data``),
             where an item that left the buffer meanwhile is skipped (counted as stale in ``stats()``). Replacing
-            ``data`` is not
-            supported (``NotImplementedError``); a ``meta`` without ``priority`` is a ``ValueError``, as NaN or
-            negative ones are. Returns whether an update was queued (False without the priority middleware).
+            ``data`` is not supported (``NotImplementedError``); a ``meta`` without ``priority`` is a
+            ``ValueError``, as NaN or negative ones are. Returns whether an update was queued (False without the
+            priority middleware).
         """
         if data is not None:
             raise NotImplementedError("TaskBuffer.update(data=...) is not supported: stored items are not replaced")
