@@ -988,8 +988,8 @@ class Engine(IBuffer):
             self._last_envstep = envstep
             if thruput is not None:
                 self._limiter.swap(thruput)
-            if periods is not None and self._periodic is not None:  # (never back: one writer, one point a step)
-                self._periodic.period = max(self._periodic.period, int(periods))
+            if self._periodic is not None:  # (an older state, or one of a buffer without a monitor: from 0)
+                self._periodic.go_on_from(int(periods or 0))
             if self._uses is not None:
                 self._uses.counts = uses.counts  # in place: the table reads the same object
 

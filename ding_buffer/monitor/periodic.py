@@ -94,6 +94,11 @@ class PeriodicThruputMonitor:
         self.period += 1
         return values
 
+    def go_on_from(self, steps: int) -> None:
+        """Continue the x-axis of a saved monitor whose ``steps_taken`` was ``steps`` (a state loaded): this
+        monitor's ``steps_taken`` is ``steps`` again."""
+        self.period = max(0, steps - (self._thread is not None and not self._closed))
+
     def steps_taken(self) -> int:
         """The x-axis steps written, and the step of the period under way (written at the next report or at
         ``close``, which may come after a state is saved): where a buffer loaded from a state taken now goes on."""

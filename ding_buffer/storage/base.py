@@ -251,6 +251,29 @@ _ITER_LIMIT = float(2**60)
 _INT_LIMIT = 2**60
 
 
+def first_bad_collect_iter(column: Any) -> Optional[int]:
+    """The first row of a batched array / tensor ``column`` whose ``collect_iter_of`` would raise (None: none),
+    found with whole-column operations."""
+    if isinstance(column, torch.Tensor):
+        if column.dtype == torch.bool or column.is_complex():
+            return 0 if len(column) else None
+        column = column.detach().cpu()
+        column = (column.double() if column.is_floating_point() else column.long()).numpy()
+    n = column.shape[0]
+    if column.dtype.kind not in 'iuf':
+        return 0 if n else None
+    rows = column.reshape(n, -1)
+    if not n or not rows.shape[1]:
+        return None  # (an empty row is no collect_iter)
+    mins = rows.min(axis=1)
+    if column.dtype.kind == 'f':
+        bad = ~(rows == np.trunc(rows)).all(axis=1) | ~(np.abs(mins) < _ITER_LIMIT)
+    else:
+        bad = (mins <= -_INT_LIMIT) | (mins >= _INT_LIMIT)
+    hit = np.flatnonzero(bad)
+    return int(hit[0]) if len(hit) else None
+
+
 # every item's collect_iter absent: the column is NO_ITER throughout (what ``collect_iter_column`` answers cheaply)
 ALL_ABSENT = np.empty(0, dtype=np.int64)
 

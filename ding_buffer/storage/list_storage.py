@@ -11,7 +11,17 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence
 import numpy as np
 import torch
 
-from .base import ALL_ABSENT, NO_ITER, Prepared, Storage, check_state, collect_iter_column, trim_newest
+from .base import (
+    ALL_ABSENT,
+    NO_ITER,
+    Prepared,
+    Storage,
+    check_state,
+    collect_iter_column,
+    collect_iter_of,
+    first_bad_collect_iter,
+    trim_newest,
+)
 from .ring import RingIndex
 from .tensordict_io import is_tensordict, rows
 from .tree import batch_row, batched_leaves
@@ -99,7 +109,7 @@ class ListStorage(Storage):
                 dropped = n - self.capacity
                 ci = {p: leaf for p, leaf in flat.items() if p[0] == 'collect_iter'}
                 if self.item_columns and ci:  # every row's, as when each row was an item (raises naming it)
-                    collect_iter_column([batch_row(ci, i) for i in range(n)])
+                    _check_collect_iters(ci, n)
                 older = _Rows(flat, dropped)
                 return self.prepare(items)._replace(dropped=dropped, skipped=older)
         if not items:
@@ -209,6 +219,22 @@ class ListStorage(Storage):
         for slot, item in zip(slots.tolist(), items):
             storage._data[slot] = item
         return storage
+
+
+def _check_collect_iters(ci: Dict[Any, Any], n: int) -> None:
+    """The ``collect_iter`` of every row of a batch (``ci``: its ``collect_iter`` leaves), without making the rows:
+    an array or tensor column is checked as a whole, and only from its first bad row on row by row (for the
+    message); other columns row by row, up to the first bad one."""
+    leaf, start = ci.get(('collect_iter',)), 0
+    if len(ci) == 1 and isinstance(leaf, (np.ndarray, torch.Tensor)):
+        start = first_bad_collect_iter(leaf)
+        if start is None:
+            return
+    for i in range(start, n):
+        try:
+            collect_iter_of(batch_row(ci, i)['collect_iter'])
+        except ValueError as e:
+            raise ValueError(f"item {i}: {e}") from None
 
 
 class _Rows(Sequence):

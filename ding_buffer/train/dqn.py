@@ -389,8 +389,9 @@ class DQNTrainer:
         self.frames = (buffer_cfg.get('storage') or {}).get('frames') is not None  # (a mixture's members: no frames)
         if resume:
             self.resumed_from, _ = load_latest(self.ckpt_dir, self._load_checkpoint)
-            if self.resumed_from is not None:  # the env-step curves: what a stopped run logged after it is hidden
-                purge_tensorboard(self.tb, self.env_step + 1)
+            if self.resumed_from is not None:  # what a stopped run logged after it is hidden, never what it logged
+                # before: the curves' x-axes are env steps and (buffer_iter) learner iterations
+                purge_tensorboard(self.tb, max(self.env_step, self.train_iter) + 1)
             if self.frames:  # the env restarts below, mid-episode for the stream the checkpoint holds
                 self.buffer.storage.end_streams()
         self.obs, _ = self.env.reset(seed=None if resume else cfg.seed)

@@ -6,6 +6,7 @@ and the threads a buffer starts and must stop on ``close()``.
 Every wait is bounded by a deadline; nothing here sleeps for long.
 """
 
+import copy
 import glob
 import logging
 import math
@@ -16,6 +17,7 @@ import time
 import numpy as np
 import pytest
 import torch
+from helpers import assert_same
 
 from ding_buffer import create_buffer
 from ding_buffer.monitor.periodic import PeriodicThruputMonitor
@@ -913,6 +915,29 @@ def test_the_periodic_report_steps_go_on_in_a_buffer_loaded_from_a_state(route, 
     # (the period under way when the state was taken is a's, written at its close)
     assert steps and steps[0] == logged + 2 and steps == sorted(set(steps)), (logged, steps)
     assert not set(steps) & {s for t, _, s in first.calls if t == 'buffer_sec/pushed_in'}
+
+
+def test_a_buffer_with_a_running_monitor_reloads_its_own_state_unchanged_and_a_refused_load_changes_nothing():
+    cfg = dict(type='naive', replay_buffer_size=10, seed=0, periodic_thruput_seconds=3600)
+    buf = create_buffer(cfg, tb_logger=FakeTB())
+    buf.push([{'obs': 1}])  # (the monitor runs)
+    state = buf.state_dict()
+    for _ in range(3):
+        buf.load_state_dict(buf.state_dict())
+    assert_same(buf.state_dict(), state)
+    mix = create_buffer(
+        dict(type='mixture', weights=dict(a=0.5, b=0.5), members=dict(a=dict(cfg), b=dict(cfg)), seed=0),
+        tb_logger=FakeTB(),
+    )
+    before = mix.state_dict()
+    bad = copy.deepcopy(before)
+    bad['members']['a']['thruput']['periods'] = 1000  # good for member a; member b's state is refused
+    bad['members']['b']['counters']['push_items'] = -5
+    with pytest.raises(ValueError):
+        mix.load_state_dict(bad)
+    assert_same(mix.state_dict(), before)
+    buf.close()
+    mix.close()
 
 
 @pytest.mark.timeout(60)

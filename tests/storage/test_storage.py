@@ -529,6 +529,14 @@ def test_list_storage_makes_items_only_of_the_rows_a_batch_larger_than_it_keeps(
     assert buf.stats()['push_items'] == 200_000
     with pytest.raises(ValueError, match="item 3: 'collect_iter' must be a whole number"):
         buf.push({'i': np.arange(50), 'collect_iter': [0, 1, 2, 3.5] + [0] * 46}, batched=True)
+    tracemalloc.start()
+    try:  # a column of empty collect_iter rows (nothing) is checked as a column, not row by row
+        assert buf.push({'i': np.zeros((200_000, 0)), 'collect_iter': np.zeros((200_000, 0), np.int64)}, batched=True)
+        assert tracemalloc.get_traced_memory()[1] < 8 << 20
+    finally:
+        tracemalloc.stop()
+    with pytest.raises(ValueError, match="item 123: 'collect_iter' must be a finite int"):
+        buf.push({'i': np.arange(300), 'collect_iter': np.where(np.arange(300) == 123, 2**61, 0)}, batched=True)
     with pytest.raises(ValueError, match=r"item 0: .* got dict \{'a': np.int64\(10\)\}"):  # (a nested one: row 0's)
         buf.push({'i': np.arange(50), 'collect_iter': {'a': np.arange(10, 60)}}, batched=True)
 

@@ -411,6 +411,32 @@ def test_resume_falls_back_when_the_newest_buffer_file_is_truncated(e2e_runs, tm
 
 
 @pytest.mark.slow
+def test_a_resume_from_an_older_checkpoint_hides_nothing_logged_before_it(tmp_path):
+    """Four gradient steps an env step: the learner-iteration curves (buffer_iter/*) run ahead of the env steps, and
+    what the stopped run logged on them before the checkpoint stays; nothing after both of its x-axes does."""
+    cfg = write_config(
+        tmp_path / 'per.py',
+        log_dir=str(tmp_path / 'runs'),
+        env=dict(max_env_step=1500, eval_freq=500, eval_episodes=1),
+        policy=dict(learn=dict(warmup_steps=200, updates_per_step=4)),
+        checkpoint=dict(freq=500, keep=3),
+    )
+    run_dir = tmp_path / 'runs' / 'cartpole_dqn_per_seed0'
+    assert cli('train', cfg, '--no-progress', cwd=tmp_path).returncode == 0
+    first = scalar_steps(run_dir)
+    shutil.rmtree(run_dir / 'checkpoints' / 'step_000001500')  # killed after logging up to 1500
+    c = trainer_counters(run_dir / 'checkpoints' / 'step_000001000')
+    assert c['train_iter'] > c['env_step']
+    proc = cli('train', cfg, '--resume', run_dir, '--env-steps', 1500, '--no-progress', cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    steps = scalar_steps(run_dir)
+    for tag in ('buffer_iter/beta', 'train/loss', 'buffer_step/use_avg'):
+        axis = c['train_iter'] if tag.startswith('buffer_iter') else c['env_step']
+        assert [s for s in steps[tag] if s <= axis] == [s for s in first[tag] if s <= axis], tag
+    assert not repeated_steps(steps, ('buffer_iter/',)), repeated_steps(steps)
+
+
+@pytest.mark.slow
 def test_resume_falls_back_when_the_newest_trainer_file_is_empty(e2e_runs, tmp_path):
     run_dir = tmp_path / e2e_runs[0][0].name
     shutil.copytree(e2e_runs[0][0], run_dir)
