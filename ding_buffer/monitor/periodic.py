@@ -55,6 +55,7 @@ class PeriodicThruputMonitor:
         self._last_at = 0.0
         self._closed = False
         self._reserved = 0  # closed: the steps taken, its last period included (written or not)
+        self._step_lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
 
@@ -88,16 +89,19 @@ class PeriodicThruputMonitor:
             min(elapsed, self.seconds),
             ', '.join(f'{k}={v:g}' for k, v in values.items()),
         )
+        with self._step_lock:  # (one step for the period's scalars, whatever a load sets meanwhile)
+            step, self.period = self.period, self.period + 1
         if self.tb_logger is not None:
             for tag, v in values.items():
-                self.tb_logger.add_scalar(f'{self.instance_name}_sec/{tag}', v, self.period)
-        self.period += 1
+                self.tb_logger.add_scalar(f'{self.instance_name}_sec/{tag}', v, step)
         return values
 
     def go_on_from(self, steps: int) -> None:
         """Continue the x-axis of a saved monitor whose ``steps_taken`` was ``steps`` (a state loaded): this
-        monitor's ``steps_taken`` is ``steps`` again."""
-        self.period = max(0, steps - (self._thread is not None and not self._closed))
+        monitor's ``steps_taken`` is ``steps`` again (an earlier state: its steps are written again, as its counters
+        are)."""
+        with self._step_lock:
+            self.period = max(0, steps - (self._thread is not None and not self._closed))
 
     def steps_taken(self) -> int:
         """The x-axis steps written, and the step of the period under way (written at the next report or at

@@ -218,6 +218,10 @@ def collect_iter_of(value: Any) -> int:
     if isinstance(value, torch.Tensor):
         if value.dtype == torch.bool or value.is_complex():
             raise ValueError(f"'collect_iter' must be ints, got a {value.dtype} tensor")
+        if value.dtype in _WIDE_UNSIGNED:  # (torch has no min of them; numpy holds them exactly)
+            return collect_iter_of(value.detach().cpu().numpy())
+        if value.is_floating_point() and value.element_size() == 1:  # float8: no min either
+            value = value.double()
         if value.is_floating_point() and value.numel() and not bool((value == value.trunc()).all()):
             raise ValueError(f"'collect_iter' must be whole numbers (learner iterations), got {value!r:.60}")
         return collect_iter_of(value.min().item()) if value.numel() else NO_ITER
@@ -233,7 +237,7 @@ def collect_iter_of(value: Any) -> int:
     if isinstance(value, (bool, str, bytes)):
         raise ValueError(f"'collect_iter' must be an int (or ints), got {type(value).__name__} {value!r:.40}")
     if isinstance(value, (int, np.integer)):
-        if not -_ITER_LIMIT < value < _ITER_LIMIT:
+        if not -_INT_LIMIT < int(value) < _INT_LIMIT:  # (exact: a numpy int compared with a float rounds)
             raise ValueError(f"'collect_iter' must be a finite int within +-2**60, got {value!r:.40}")
         return int(value)
     try:
@@ -249,6 +253,7 @@ def collect_iter_of(value: Any) -> int:
 
 _ITER_LIMIT = float(2**60)
 _INT_LIMIT = 2**60
+_WIDE_UNSIGNED = (torch.uint16, torch.uint32, torch.uint64)
 
 
 def first_bad_collect_iter(column: Any) -> Optional[int]:
@@ -258,7 +263,7 @@ def first_bad_collect_iter(column: Any) -> Optional[int]:
         if column.dtype == torch.bool or column.is_complex():
             return 0 if len(column) else None
         column = column.detach().cpu()
-        column = (column.double() if column.is_floating_point() else column.long()).numpy()
+        column = (column.double() if column.is_floating_point() else column).numpy()
     n = column.shape[0]
     if column.dtype.kind not in 'iuf':
         return 0 if n else None
@@ -267,9 +272,9 @@ def first_bad_collect_iter(column: Any) -> Optional[int]:
         return None  # (an empty row is no collect_iter)
     mins = rows.min(axis=1)
     if column.dtype.kind == 'f':
-        bad = ~(rows == np.trunc(rows)).all(axis=1) | ~(np.abs(mins) < _ITER_LIMIT)
+        bad = ~(rows == np.trunc(rows)).all(axis=1) | ~(np.abs(mins.astype(np.float64)) < _ITER_LIMIT)
     else:
-        bad = (mins <= -_INT_LIMIT) | (mins >= _INT_LIMIT)
+        bad = (mins <= -_INT_LIMIT) | (mins >= _INT_LIMIT) if mins.dtype.itemsize == 8 else np.zeros(n, bool)
     hit = np.flatnonzero(bad)
     return int(hit[0]) if len(hit) else None
 

@@ -1083,6 +1083,28 @@ def test_large_cpu_fields_ask_for_huge_pages_and_start_zeroed():
     assert out['a'].tolist() == [0, 4, 0, 0]
 
 
+@pytest.mark.parametrize('capacity', [4, 40])
+@pytest.mark.parametrize('row', [0, 9])
+def test_a_collect_iter_is_judged_by_its_value_whatever_its_row_and_dtype(capacity, row):
+    """2**60 - 1 is within the bound as a numpy int too (it was compared as a float, rounding to 2**60), whether its
+    row is kept or dropped; wide unsigned and float8 tensors are read (torch has no min of them); a float16 column
+    raises no warning."""
+    import warnings
+
+    buf = create_buffer(dict(type='naive', replay_buffer_size=capacity, seed=0))
+    ci = np.zeros(10, np.int64)
+    ci[row] = 2**60 - 1
+    assert buf.push({'i': np.arange(10), 'collect_iter': ci}, batched=True) == 10
+    ci[row] = 2**60
+    with pytest.raises(ValueError, match=f"item {row}: 'collect_iter' must be a finite int"):
+        buf.push({'i': np.arange(10), 'collect_iter': ci}, batched=True)
+    for dt in (torch.uint16, torch.uint32, torch.uint64, torch.float8_e4m3fn):
+        assert buf.push({'obs': 1, 'collect_iter': torch.tensor(3).to(dt)}) == 1
+    with warnings.catch_warnings():
+        warnings.simplefilter('error')
+        assert buf.push({'i': np.arange(50), 'collect_iter': np.arange(50).astype(np.float16)}, batched=True) == 50
+
+
 def test_list_storage_reads_collect_iter_once_when_an_item_is_stored():
     """Staleness is one index per sampled item whatever the items hold (R2D2 keeps a collect_iter per step): a
     slot's value (a sequence's min) is read when its item is stored (``prepare`` validates and reads it in one
