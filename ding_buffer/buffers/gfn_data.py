@@ -234,7 +234,7 @@ class ContainerStoreBase:
         """One row per item when the container has exactly one terminating state per item."""
         ts = terminating_states_of(data)
         tensor = ts if isinstance(ts, torch.Tensor) else getattr(ts, 'tensor', None)
-        if tensor is None or tensor.shape[0] != n:
+        if not isinstance(tensor, torch.Tensor) or tensor.shape[0] != n:  # (graph states: a torch_geometric batch)
             return None
         cond = getattr(ts, 'conditions', None)
         return representation(tensor, cond if isinstance(cond, torch.Tensor) else None, n)

@@ -36,6 +36,8 @@ def _states_cols(attr: str, time: int = -1) -> Tuple[_Col, ...]:
 
 
 _LOG_REWARDS = _Col('log_rewards', lambda c: c._log_rewards, True)  # what torchgfn's to_tensordict saves
+# what a ring keeps of a States / Actions object (its ``*_cache`` attributes are recomputed)
+_REBUILT = frozenset({'tensor', '_conditions', 'debug'})
 _TERMINATING = _Col('is_terminating', lambda c: c.is_terminating, False)
 _LAYOUTS: Dict[str, Tuple[_Col, ...]] = {
     'StatesContainer': _states_cols('states') + (_TERMINATING, _LOG_REWARDS),
@@ -92,12 +94,15 @@ class ContainerRing(ContainerStoreBase):
 
     @staticmethod
     def accepts(data: Any) -> bool:
-        """torchgfn's own three container classes with tensor states (graph states go to ``ContainerStore``)."""
+        """torchgfn's own three container classes with tensor states that hold nothing else per state (graph
+        states, or states with fields of their own such as BitSequence's ``length``, go to ``ContainerStore``,
+        which keeps the containers themselves: a ring rebuilds states from their tensor and conditions)."""
         cls = type(data)
         if cls.__module__ not in _MODULES or cls.__name__ not in _LAYOUTS:
             return False
         return all(
             isinstance(getattr(getattr(data, a), 'tensor', None), torch.Tensor)
+            and all(k in _REBUILT or k.endswith('_cache') for k in vars(getattr(data, a)))
             for a in ('states', 'next_states', 'actions')
             if hasattr(data, a)
         )

@@ -197,7 +197,10 @@ class RewardTable(Table):
             if batch.rows is not None and not np.isfinite(batch.rows).all():
                 raise ValueError("gfn_diverse needs finite terminating states (and conditions); got NaN or inf")
             if batch.width is None and batch.n:
-                raise ValueError("gfn_diverse needs exactly one terminating state per item (got e.g. Transitions)")
+                raise ValueError(
+                    "gfn_diverse needs each item's terminating state as one row of numbers (its distances are between "
+                    "them); these items have none: Transitions, or states that are not one tensor (graph states)"
+                )
 
     def admission(self, batch: GFNBatch) -> Tuple[Optional[np.ndarray], Optional[np.ndarray]]:
         """Which items of the batch go on to the capacity rule (positions, in order; None: every item) and the

@@ -1597,3 +1597,61 @@ def test_containers_on_the_gpu_match_cpu_and_a_file_reloads_onto_the_env_device(
     fresh.load_data(path, env=envs['cuda'])
     got, want = fresh.sample(4), bufs['cuda'].sample(4)
     assert got.states.tensor.device.type == 'cuda' and torch.equal(got.states.tensor, want.states.tensor)
+
+
+# ---------------------------------------------------------------------------------------------- other envs' states
+def _bit_sequence_trajectories():
+    from gfn.gym.bitSequence import BitSequence
+    from gfn.preprocessors import IdentityPreprocessor
+
+    class Uniform(torch.nn.Module):
+        def __init__(self, n):
+            super().__init__()
+            self.n, self.w = n, torch.nn.Parameter(torch.zeros(1))
+
+        def forward(self, x):
+            return torch.zeros(x.shape[:-1] + (self.n,)) + 0 * self.w
+
+    torch.manual_seed(0)
+    env = BitSequence(word_size=2, seq_size=8, n_modes=4)
+    pf = DiscretePolicyEstimator(Uniform(env.n_actions), env.n_actions, preprocessor=IdentityPreprocessor(output_dim=4))
+    with torch.no_grad():
+        return env, Sampler(pf).sample_trajectories(env, n=3)
+
+
+@pytest.mark.parametrize('kind', ['Trajectories', 'Transitions'])
+def test_states_with_fields_of_their_own_are_stored_as_pushed(kind):
+    """BitSequence's states carry a ``length`` besides their tensor: the buffer gives back what was pushed (a
+    ring rebuilt them from the tensor: the sink rows' length and forward masks differed)."""
+    env, trajectories = _bit_sequence_trajectories()
+    pushed = trajectories if kind == 'Trajectories' else trajectories.to_transitions()
+    buf = create_buffer(dict(type='gfn', replay_buffer_size=20, seed=0))
+    buf.add(pushed)
+    attr = 'states' if kind == 'Trajectories' else 'next_states'
+    mine, theirs = getattr(buf.training_container, attr), getattr(pushed, attr)
+    assert torch.equal(mine.length, theirs.length) and torch.equal(mine.forward_masks, theirs.forward_masks)
+    assert len(buf.sample(2)) == 2
+
+
+def test_containers_of_graph_states_are_stored_and_sampled():
+    from gfn.gym.graph_building import GraphBuilding
+
+    env = GraphBuilding(
+        num_node_classes=3, num_edge_classes=2, state_evaluator=lambda s: torch.ones(len(s)), max_nodes=4
+    )
+    torch.manual_seed(0)
+    c = StatesContainer(
+        env=env,
+        states=env.make_random_states(3),
+        is_terminating=torch.ones(3, dtype=torch.bool),
+        log_rewards=torch.randn(3),
+    )
+    for kind in ('gfn', 'terminating_state'):
+        buf = create_buffer(dict(type=kind, replay_buffer_size=5, seed=0))
+        buf.add(c)
+        assert buf.count() == 3 and len(buf.sample(2)) == 2
+    diverse = create_buffer(dict(type='gfn_diverse', replay_buffer_size=5, seed=0))
+    before = diverse.state_dict()
+    with pytest.raises(ValueError, match='graph states'):
+        diverse.add(c)
+    assert_same(diverse.state_dict(), before)
