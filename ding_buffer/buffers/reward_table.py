@@ -199,7 +199,7 @@ class RewardTable(Table):
             if batch.width is None and batch.n:
                 raise ValueError(
                     "gfn_diverse needs each item's terminating state as one row of numbers (its distances are between "
-                    "them); these items have none: Transitions, or states that are not one tensor (graph states)"
+                    "them); these items have none (Transitions: no single terminating state each)"
                 )
 
     def admission(self, batch: GFNBatch) -> Tuple[Optional[np.ndarray], Optional[np.ndarray]]:

@@ -63,14 +63,17 @@ def check_stamp(version: Any, session_id: Any, required: bool = False) -> Tuple[
         ) from None
 
 
+TENSOR_OVERHEAD, ARRAY_OVERHEAD = 1024, 128  # bytes of a tensor / array object besides its data (measured, rounded up)
+
+
 def payload_bytes(obj: Any) -> int:
     """Bytes held by a decoded payload: arrays, tensors, strings (their size in memory) and bytes in nested dicts /
     lists / tuples (the codec's own nesting limit bounds the depth; each container counts 64 bytes per entry, and
     a number 64 bytes, or a big int its size in memory)."""
-    if isinstance(obj, torch.Tensor):
-        return obj.numel() * obj.element_size()
+    if isinstance(obj, torch.Tensor):  # (and what a tensor object costs of its own, whatever its size)
+        return TENSOR_OVERHEAD + obj.numel() * obj.element_size()
     if isinstance(obj, np.ndarray):
-        return int(obj.nbytes)
+        return ARRAY_OVERHEAD + int(obj.nbytes)
     if isinstance(obj, np.generic):  # (a numpy scalar: its bytes, a str_ or void of any length included)
         return max(64, int(obj.nbytes))
     if isinstance(obj, (bytes, bytearray)):

@@ -234,7 +234,7 @@ def collect_iter_of(value: Any) -> int:
     if isinstance(value, (list, tuple)):
         vals = [v for v in (collect_iter_of(x) for x in value) if v != NO_ITER]
         return min(vals) if vals else NO_ITER
-    if isinstance(value, (bool, str, bytes)):
+    if isinstance(value, (bool, str, bytes, np.bool_, np.complexfloating, np.timedelta64, np.datetime64)):
         raise ValueError(f"'collect_iter' must be an int (or ints), got {type(value).__name__} {value!r:.40}")
     if isinstance(value, (int, np.integer)):
         if not -_INT_LIMIT < int(value) < _INT_LIMIT:  # (exact: a numpy int compared with a float rounds)

@@ -379,7 +379,7 @@ def _check_collect_iter(columns: Dict[Path, torch.Tensor]) -> None:
         inside = bool(((t.to(torch.int64) > -limit) & (t.to(torch.int64) < limit)).all())
     if t.numel() and not inside:
         raise ValueError("field 'collect_iter' must be finite ints within +-2**60 (got NaN, inf or a huge value)")
-    if t.is_floating_point() and t.numel() and not bool((t == t.trunc()).all()):  # list storage's rule too
+    if t.is_floating_point() and t.numel() and not bool((t.double() == t.double().trunc()).all()):  # (as list storage)
         raise ValueError("field 'collect_iter' must be whole numbers (learner iterations), got a fractional value")
 
 

@@ -2567,8 +2567,13 @@ def test_blob_bytes_are_bounded_by_max_blob_mb():
 
 @pytest.mark.parametrize(
     'payload',
-    [{'s': '\U0001f600' * 300_000}, {'n': [10**4000] * 300}, {'l': slice('\U0001f600' * 300_000, None, None)}],
-    ids=['4-byte characters', 'big ints', 'a slice of them'],
+    [
+        {'s': '\U0001f600' * 300_000},
+        {'n': [10**4000] * 300},
+        {'l': slice('\U0001f600' * 300_000, None, None)},
+        {'t': [torch.zeros(1) for _ in range(500)]},
+    ],
+    ids=['4-byte characters', 'big ints', 'a slice of them', 'many small tensors'],
 )
 def test_blob_strings_and_big_ints_count_their_bytes_against_max_blob_mb(payload):
     """300,000 characters of 4 bytes (1.2 MB held) and 300 ints of 4,000 digits (0.5 MB) each hold more than

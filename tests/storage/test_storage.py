@@ -1100,9 +1100,14 @@ def test_a_collect_iter_is_judged_by_its_value_whatever_its_row_and_dtype(capaci
         buf.push({'i': np.arange(10), 'collect_iter': ci}, batched=True)
     for dt in (torch.uint16, torch.uint32, torch.uint64, torch.float8_e4m3fn):
         assert buf.push({'obs': 1, 'collect_iter': torch.tensor(3).to(dt)}) == 1
+        tensors = create_buffer(dict(type='naive', replay_buffer_size=4, storage=dict(type='tensor')))
+        assert tensors.push({'x': torch.zeros(1), 'collect_iter': torch.tensor(3).to(dt)}) == 1
     with warnings.catch_warnings():
         warnings.simplefilter('error')
         assert buf.push({'i': np.arange(50), 'collect_iter': np.arange(50).astype(np.float16)}, batched=True) == 50
+    for bad in (np.array([True, False] * 5), np.array([3 + 5j] * 10), np.array([5] * 10, dtype='timedelta64[s]')):
+        with pytest.raises(ValueError, match="item 0: 'collect_iter' must be"):
+            buf.push({'i': np.arange(10), 'collect_iter': bad}, batched=True)
 
 
 def test_list_storage_reads_collect_iter_once_when_an_item_is_stored():
