@@ -242,11 +242,12 @@ class ContainerStoreBase:
     def prepare(self, data: Any, need_rows: bool) -> GFNBatch:
         if self.cls is not None and type(data) is not self.cls:
             raise TypeError(f"this buffer holds {self.cls.__name__} containers, got {type(data).__name__}")
-        states = getattr(data, 'states', None)
-        if not isinstance(getattr(states, 'tensor', None), (torch.Tensor, type(None))):
+        states = getattr(data, 'states', None)  # (torchgfn's: saved as tensors; other containers are pickled)
+        tensor = getattr(states, 'tensor', None)
+        if type(data).__module__.startswith('gfn.') and not isinstance(tensor, (torch.Tensor, type(None))):
             raise TypeError(
-                f"{type(data).__name__} of {type(states).__name__}: the GFlowNet buffers keep states held in one "
-                "tensor (their state_dict and save_data files are tensors); these are not (graph states)"
+                f"{type(data).__name__} of {type(states).__name__}: the GFlowNet buffers keep torchgfn states held "
+                "in one tensor (their state_dict and save_data files are tensors); these are not (graph states)"
             )
         n = len(data)
         r = self.log_rewards_of(data, n)

@@ -218,10 +218,8 @@ def collect_iter_of(value: Any) -> int:
     if isinstance(value, torch.Tensor):
         if value.dtype == torch.bool or value.is_complex():
             raise ValueError(f"'collect_iter' must be ints, got a {value.dtype} tensor")
-        if value.dtype in _WIDE_UNSIGNED:  # (torch has no min of them; numpy holds them exactly)
-            return collect_iter_of(value.detach().cpu().numpy())
-        if value.is_floating_point() and value.element_size() == 1:  # float8: no min either
-            value = value.double()
+        if value.dtype in _WIDE_UNSIGNED or (value.is_floating_point() and value.element_size() == 1):  # (no min)
+            return collect_iter_of(value.double() if value.is_floating_point() else value.detach().cpu().numpy())
         if value.is_floating_point() and value.numel() and not bool((value == value.trunc()).all()):
             raise ValueError(f"'collect_iter' must be whole numbers (learner iterations), got {value!r:.60}")
         return collect_iter_of(value.min().item()) if value.numel() else NO_ITER

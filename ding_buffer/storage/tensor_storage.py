@@ -282,6 +282,8 @@ class TensorStorage(Storage):
             return np.full(len(slots), NO_ITER, dtype=np.int64)
         vals = field[torch.as_tensor(slots, device=field.device)]
         if vals.dim() > 1:
+            if vals.is_floating_point() or vals.dtype in (torch.uint16, torch.uint32, torch.uint64):  # (torch has no
+                vals = vals.double() if vals.is_floating_point() else vals.to(torch.int64)  # min of float8 / wide uint)
             vals = vals.flatten(1).min(dim=1).values
         return vals.to(torch.int64).cpu().numpy()
 

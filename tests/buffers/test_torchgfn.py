@@ -1654,3 +1654,42 @@ def test_containers_of_graph_states_are_refused_naming_why():
         with pytest.raises(TypeError, match='graph states'):
             buf.add(c)
         assert_same(buf.state_dict(), before)
+
+
+class NumpyStates:  # (a container of another library: its states are no torch tensor, rows in numpy)
+    def __init__(self, arr):
+        self.tensor = arr
+
+    def __len__(self):
+        return len(self.tensor)
+
+
+class MyContainer:  # the Container protocol: __len__, __getitem__, extend, log_rewards, terminating_states
+    log_rewards = None
+
+    def __init__(self, arr, r):
+        self.states, self.log_rewards = NumpyStates(arr), r
+
+    def __len__(self):
+        return len(self.log_rewards)
+
+    def __getitem__(self, i):
+        i = np.asarray(i)
+        return MyContainer(self.states.tensor[i], self.log_rewards[torch.as_tensor(i)])
+
+    def extend(self, other):
+        self.states = NumpyStates(np.concatenate([self.states.tensor, other.states.tensor]))
+        self.log_rewards = torch.cat([self.log_rewards, other.log_rewards])
+
+    @property
+    def terminating_states(self):
+        return torch.as_tensor(self.states.tensor, dtype=torch.float32)
+
+
+def test_a_container_of_another_library_with_states_of_its_own_is_taken():
+    """The graph-state refusal is for torchgfn's containers (saved as tensors): other containers are kept as the
+    pushed objects, whatever their states hold."""
+    for kind in ('gfn', 'gfn_diverse'):
+        buf = create_buffer(dict(type=kind, replay_buffer_size=5, seed=0))
+        buf.add(MyContainer(np.arange(6.0).reshape(3, 2), torch.tensor([0.1, 0.2, 0.3])))
+        assert buf.count() == 3 and len(buf.sample(2)) == 2
