@@ -7,7 +7,7 @@ import numpy as np
 import torch
 
 from ..control.diversity import diverse_mask, row_hashes
-from .gfn_data import GFNBatch, all_true, is_container, terminating_states_of
+from .gfn_data import GFNBatch, all_true, is_container, is_torchgfn, terminating_states_of
 
 
 def diverse_admission(t: Any, batch: GFNBatch) -> Tuple[Optional[np.ndarray], Optional[np.ndarray]]:
@@ -59,7 +59,7 @@ def _container_terminating_states(cfg: Any, data: Any) -> Any:
     (``data`` itself when it already is one with every row terminating and one reward per row); any other, a dict
     batch."""
     mask = getattr(data, 'is_terminating', None)
-    torchgfn = type(data).__module__.startswith('gfn.')
+    torchgfn = is_torchgfn(data)
     if (
         torchgfn
         and type(data).__name__ == 'StatesContainer'

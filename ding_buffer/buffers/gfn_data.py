@@ -90,6 +90,16 @@ def all_true(mask: torch.Tensor) -> bool:
     return bool(mask.all())
 
 
+def is_torchgfn(data: Any) -> bool:
+    """Whether ``data`` is of a torchgfn class or of a subclass of one (a user's ``MyStates(StatesContainer)``)."""
+    return _of_torchgfn(type(data))
+
+
+@functools.lru_cache(maxsize=256)
+def _of_torchgfn(cls: type) -> bool:
+    return any(c.__module__.startswith('gfn.') for c in cls.__mro__)
+
+
 def is_container(data: Any) -> bool:
     """The Container protocol (checked on the class, so no property is evaluated)."""
     return _container_class(type(data))
@@ -244,7 +254,7 @@ class ContainerStoreBase:
             raise TypeError(f"this buffer holds {self.cls.__name__} containers, got {type(data).__name__}")
         states = getattr(data, 'states', None)  # (torchgfn's: saved as tensors; other containers are pickled)
         tensor = getattr(states, 'tensor', None)
-        if type(data).__module__.startswith('gfn.') and not isinstance(tensor, (torch.Tensor, type(None))):
+        if is_torchgfn(data) and not isinstance(tensor, (torch.Tensor, type(None))):
             raise TypeError(
                 f"{type(data).__name__} of {type(states).__name__}: the GFlowNet buffers keep torchgfn states held "
                 "in one tensor (their state_dict and save_data files are tensors); these are not (graph states)"

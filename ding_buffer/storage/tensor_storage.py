@@ -281,6 +281,8 @@ class TensorStorage(Storage):
         if field is None:
             return np.full(len(slots), NO_ITER, dtype=np.int64)
         vals = field[torch.as_tensor(slots, device=field.device)]
+        if vals.dim() > 1 and not vals.shape[1:].numel():  # an empty collect_iter per item: none (as list storage)
+            return np.full(len(slots), NO_ITER, dtype=np.int64)
         if vals.dim() > 1:
             if vals.is_floating_point() or vals.dtype in (torch.uint16, torch.uint32, torch.uint64):  # (torch has no
                 vals = vals.double() if vals.is_floating_point() else vals.to(torch.int64)  # min of float8 / wide uint)

@@ -1693,3 +1693,36 @@ def test_a_container_of_another_library_with_states_of_its_own_is_taken():
         buf = create_buffer(dict(type=kind, replay_buffer_size=5, seed=0))
         buf.add(MyContainer(np.arange(6.0).reshape(3, 2), torch.tensor([0.1, 0.2, 0.3])))
         assert buf.count() == 3 and len(buf.sample(2)) == 2
+
+
+class MyStatesContainer(StatesContainer):  # (a user's subclass of a torchgfn container)
+    pass
+
+
+def test_a_subclass_of_a_torchgfn_container_is_a_torchgfn_container():
+    """terminating_state turns it into a StatesContainer (it became a dict batch), and graph states in it are
+    refused as in the base class (they were taken, and the buffer's state did not reload)."""
+    from gfn.gym.graph_building import GraphBuilding
+
+    env = HyperGrid(ndim=2, height=8)
+    torch.manual_seed(0)
+    c = MyStatesContainer(
+        env=env,
+        states=env.states_from_tensor(torch.randint(0, 8, (3, 2))),
+        is_terminating=torch.ones(3, dtype=torch.bool),
+        log_rewards=torch.randn(3),
+    )
+    buf = create_buffer(dict(type='terminating_state', replay_buffer_size=10, seed=0))
+    buf.add(c)
+    assert isinstance(buf.sample(2), StatesContainer)
+    graphs = GraphBuilding(
+        num_node_classes=3, num_edge_classes=2, state_evaluator=lambda s: torch.ones(len(s)), max_nodes=4
+    )
+    g = MyStatesContainer(
+        env=graphs,
+        states=graphs.make_random_states(3),
+        is_terminating=torch.ones(3, dtype=torch.bool),
+        log_rewards=torch.randn(3),
+    )
+    with pytest.raises(TypeError, match='graph states'):
+        create_buffer(dict(type='gfn', replay_buffer_size=5, seed=0)).add(g)

@@ -1100,12 +1100,13 @@ def test_a_collect_iter_is_judged_by_its_value_whatever_its_row_and_dtype(capaci
         buf.push({'i': np.arange(10), 'collect_iter': ci}, batched=True)
     for dt in (torch.uint16, torch.uint32, torch.uint64, torch.float8_e4m3fn):
         assert buf.push({'obs': 1, 'collect_iter': torch.tensor(3).to(dt)}) == 1
-        for shape in ((), (2,)):  # one per item, or one per step (staleness reads their min)
+        for shape in ((), (2,), (0,)):  # one per item, one per step (staleness reads their min), none
             tensors = create_buffer(
                 dict(type='naive', replay_buffer_size=4, max_staleness=5, storage=dict(type='tensor'))
             )
             assert tensors.push({'x': torch.zeros(1), 'collect_iter': torch.full(shape, 3).to(dt)}) == 1
-            assert tensors.sample(1, cur_learner_iter=4) is not None and tensors.sample(1, cur_learner_iter=8) is None
+            assert tensors.sample(1, cur_learner_iter=4) is not None
+            assert (tensors.sample(1, cur_learner_iter=8) is None) == bool(shape != (0,))  # (none: never stale)
     with warnings.catch_warnings():
         warnings.simplefilter('error')
         assert buf.push({'i': np.arange(50), 'collect_iter': np.arange(50).astype(np.float16)}, batched=True) == 50
