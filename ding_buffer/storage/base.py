@@ -218,7 +218,7 @@ def collect_iter_of(value: Any) -> int:
     if isinstance(value, torch.Tensor):
         if value.dtype == torch.bool or value.is_complex():
             raise ValueError(f"'collect_iter' must be ints, got a {value.dtype} tensor")
-        if value.dtype in _WIDE_UNSIGNED or (value.is_floating_point() and value.element_size() == 1):  # (no min)
+        if value.dtype in WIDE_UNSIGNED or (value.is_floating_point() and value.element_size() == 1):  # (no min)
             return collect_iter_of(value.double() if value.is_floating_point() else value.detach().cpu().numpy())
         if value.is_floating_point() and value.numel() and not bool((value == value.trunc()).all()):
             raise ValueError(f"'collect_iter' must be whole numbers (learner iterations), got {value!r:.60}")
@@ -251,7 +251,7 @@ def collect_iter_of(value: Any) -> int:
 
 _ITER_LIMIT = float(2**60)
 _INT_LIMIT = 2**60
-_WIDE_UNSIGNED = (torch.uint16, torch.uint32, torch.uint64)
+WIDE_UNSIGNED = (torch.uint16, torch.uint32, torch.uint64)
 
 
 def first_bad_collect_iter(column: Any) -> Optional[int]:

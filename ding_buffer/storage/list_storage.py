@@ -246,9 +246,7 @@ class _Rows(Sequence):
     def __len__(self) -> int:
         return self.n
 
-    def __getitem__(self, i: Any) -> Any:
-        if isinstance(i, slice):
-            return [self[j] for j in range(*i.indices(self.n))]
+    def __getitem__(self, i: int) -> Any:
         if not -self.n <= i < self.n:
             raise IndexError(i)
         return batch_row(self.flat, i % self.n)

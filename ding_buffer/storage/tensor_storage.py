@@ -22,7 +22,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import numpy as np
 import torch
 
-from .base import NO_ITER, Prepared, Storage, check_state, trim_newest
+from .base import NO_ITER, WIDE_UNSIGNED, Prepared, Storage, check_state, trim_newest
 from .fast_write import COLLECT_ITER_SAFE, FastWriter
 from .frames import bits_of
 from .ring import RingIndex
@@ -281,11 +281,11 @@ class TensorStorage(Storage):
         if field is None:
             return np.full(len(slots), NO_ITER, dtype=np.int64)
         vals = field[torch.as_tensor(slots, device=field.device)]
-        if vals.dim() > 1 and not vals.shape[1:].numel():  # an empty collect_iter per item: none (as list storage)
-            return np.full(len(slots), NO_ITER, dtype=np.int64)
         if vals.dim() > 1:
-            if vals.is_floating_point() or vals.dtype in (torch.uint16, torch.uint32, torch.uint64):  # (torch has no
-                vals = vals.double() if vals.is_floating_point() else vals.to(torch.int64)  # min of float8 / wide uint)
+            if not vals.shape[1:].numel():  # an empty collect_iter per item: none (as list storage)
+                return np.full(len(slots), NO_ITER, dtype=np.int64)
+            if vals.is_floating_point() or vals.dtype in WIDE_UNSIGNED:  # (torch has no min of float8 / wide uint)
+                vals = vals.double() if vals.is_floating_point() else vals.to(torch.int64)
             vals = vals.flatten(1).min(dim=1).values
         return vals.to(torch.int64).cpu().numpy()
 
@@ -375,15 +375,16 @@ def _check_collect_iter(columns: Dict[Path, torch.Tensor]) -> None:
     if t.dtype == torch.bool or t.is_complex():
         raise ValueError(f"field 'collect_iter' must be ints, got dtype {t.dtype}")
     limit = 1 << 60  # (ints compared as ints: a double rounds 2**60 - 1 up to 2**60)
-    if t.is_floating_point():
-        inside = bool((t.double().abs() < limit).all())  # NaN fails too
+    wide = t.double() if t.is_floating_point() else None  # (float8 has no trunc)
+    if wide is not None:
+        inside = bool((wide.abs() < limit).all())  # NaN fails too
     elif t.dtype == torch.uint64:  # (torch compares no uint64)
         inside = bool((t.cpu().numpy() < limit).all())
     else:
         inside = bool(((t.to(torch.int64) > -limit) & (t.to(torch.int64) < limit)).all())
     if t.numel() and not inside:
         raise ValueError("field 'collect_iter' must be finite ints within +-2**60 (got NaN, inf or a huge value)")
-    if t.is_floating_point() and t.numel() and not bool((t.double() == t.double().trunc()).all()):  # (as list storage)
+    if wide is not None and t.numel() and not bool((wide == wide.trunc()).all()):  # list storage's rule too
         raise ValueError("field 'collect_iter' must be whole numbers (learner iterations), got a fractional value")
 
 
