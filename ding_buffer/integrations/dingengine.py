@@ -200,6 +200,11 @@ class TaskBuffer(Buffer):
                     f"TaskBuffer.push: meta 'train_iter_data_collected' is {collected!r:.40}; expected the int "
                     "learner iteration the item was collected at"
                 )
+            if not -(1 << 60) < collected < 1 << 60:  # (the bound an item's collect_iter has)
+                raise ValueError(
+                    f"TaskBuffer.push: meta 'train_iter_data_collected' is {collected!r:.40}; expected an int within "
+                    "+-2**60 (a learner iteration)"
+                )
             item = dict(item, collect_iter=int(collected))
         meta = own_copy(meta) if meta else {}
         with self._lock:

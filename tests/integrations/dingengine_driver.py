@@ -525,6 +525,11 @@ def task_meta(TaskBuffer, PriorityExperienceReplay, storage: str) -> dict:
     buf.cur_learner_iter = 3  # staleness 3 for the items collected at 0: removed; 1 for the last
     out['fresh'] = [int(d.data['x']) for d in buf.sample(1)]
     out['count_fresh'] = buf.count()
+    try:  # a meta value beyond an item's collect_iter bound: refused naming the meta key, nothing stored
+        buf.push({'x': 9.0}, {'env': 9, 'train_iter_data_collected': 2**70})
+        out['huge_collected'] = 'accepted'
+    except ValueError as e:
+        out['huge_collected'] = ['train_iter_data_collected' in str(e), buf.count()]
     # without max_staleness the meta is only kept: the data keep their fields, pushes with and without it mix
     plain = TaskBuffer(dict(storage=dict(type=storage)), size=4)
     plain.push({'x': 0.0}, {'train_iter_data_collected': 0})

@@ -305,6 +305,7 @@ def test_task_buffer_details_and_registrations_a_pipeline_meets(dingengine_pytho
         assert meta['metas'] == meta['metas_state'] == meta['metas_file'] == kept, (storage, meta)
         assert meta['state_meta_ids'] == [2, 3, 4, 5], (storage, meta)
         assert meta['fresh'] == [5] and meta['count_fresh'] == 1, (storage, meta)
+        assert meta['huge_collected'] == [True, 1], (storage, meta)
         assert meta['plain_keys'] == ['replay_buffer_idx', 'replay_unique_id', 'x'], (storage, meta)
         assert meta['after_data_load'] == [[0, 0], [1, None], [2, None]], (storage, meta)
         assert meta['refusals'] == {'push': ['TypeError', True, True], 'load': ['ValueError', True, True]}, meta
