@@ -80,7 +80,11 @@ class Registry(dict):
     def get(self, name: str, key: Optional[str] = None) -> type:  # type: ignore[override]
         """The class registered under ``name``; an unknown name is a ``ValueError`` naming the config ``key`` (default:
         the registry's own) and the registered names."""
-        if name not in self:
+        try:
+            known_name = name in self
+        except TypeError:  # unhashable (a list, a dict): no registered name
+            known_name = False
+        if not known_name:
             known = ', '.join(sorted(self)) or '(none)'
             near = closest_key(name, self.keys()) if isinstance(name, str) else ''
             hint = f"did you mean {near!r}? " if near else ''

@@ -208,7 +208,7 @@ def build_config(
     if not isinstance(user, Mapping):
         raise TypeError(f"buffer config must be a dict/EasyDict, got {type(user).__name__}")
     check_str_keys(user, prefix)
-    user = plain_numbers(user)  # (first: an alias and its key holding the same number agree in any form)
+    user = raw = plain_numbers(user)  # (first: an alias and its key holding the same number agree in any form)
     if aliases:
         user = resolve_aliases(user, aliases, prefix)
     if ignored:
@@ -218,9 +218,17 @@ def build_config(
                 CONFIG_LOG.warning("config key '%s%s' = %.60r has no effect: %s", prefix, key, user[key], ignored[key])
             user = {k: v for k, v in user.items() if k not in dropped}
     nullable = frozenset(prefix + k for k in _nullable(checks or {}))
-    check_keys_and_types(defaults, user, prefix=prefix, nullable=nullable)
-    cfg = deep_merge_dicts(defaults, user)
-    apply_checks(cfg, checks or {}, prefix=prefix)
+    try:
+        check_keys_and_types(defaults, user, prefix=prefix, nullable=nullable)
+        cfg = deep_merge_dicts(defaults, user)
+        apply_checks(cfg, checks or {}, prefix=prefix)
+    except (TypeError, ValueError) as e:  # a value given under an alias: the message names the key the user wrote
+        given = [a for a in aliases or () if a in raw and f"'{prefix}{aliases[a]}'" in str(e)]
+        if not given:
+            raise
+        key = f"'{prefix}{aliases[given[0]]}'"
+        text = str(e).replace(key, f"{key} (given as '{prefix}{given[0]}')", 1)
+        raise (TypeError if isinstance(e, TypeError) else ValueError)(text) from e
     return cfg
 
 

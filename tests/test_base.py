@@ -75,6 +75,29 @@ def test_unknown_type_names_the_known_ones():
         create_buffer(['naive'])
 
 
+@pytest.mark.parametrize('cfg', [dict(type=['naive']), dict(type={'name': 'naive'})])
+def test_an_unhashable_type_is_refused_naming_the_key(cfg):
+    with pytest.raises(ValueError, match=r"unknown buffer type .*\(config key 'type'\)"):
+        create_buffer(cfg)
+    mixture = dict(type='mixture', members=dict(a=cfg, b=dict(type='naive')))
+    with pytest.raises(ValueError, match=r"member 'a'.*config key 'type'"):
+        create_buffer(mixture)
+
+
+@pytest.mark.parametrize(
+    'cfg, given, key',
+    [
+        (dict(type='chunk', max_use=float('inf')), 'max_use', 'max_reuse'),
+        (dict(type='chunk', max_use=0), 'max_use', 'max_reuse'),
+        (dict(type='gfn', capacity=0), 'capacity', 'replay_buffer_size'),
+        (dict(type='gfn', capacity='x'), 'capacity', 'replay_buffer_size'),
+    ],
+)
+def test_a_bad_value_given_under_an_alias_names_the_key_the_user_wrote(cfg, given, key):
+    with pytest.raises((TypeError, ValueError), match=rf"config key '{key}' \(given as '{given}'\)"):
+        create_buffer(cfg)
+
+
 def test_create_buffer_honours_import_names(tmp_path, monkeypatch):
     (tmp_path / 'my_custom_buffer_mod.py').write_text(
         textwrap.dedent(

@@ -88,7 +88,7 @@ def mixture_config(cfg: Optional[Mapping]) -> EasyDict:
             raise ValueError(f"config key 'members' has member name {name!r}; expected a non-empty identifier")
         if not isinstance(section, Mapping) or 'type' not in section:
             raise ValueError(f"config key 'members.{name}' must be a buffer config with a 'type', got {section!r:.80}")
-        if section['type'] in REFUSED_MEMBERS:
+        if isinstance(section['type'], str) and section['type'] in REFUSED_MEMBERS:
             raise ValueError(
                 f"config key 'members.{name}.type' is {section['type']!r}: {REFUSED_MEMBERS[section['type']]}"
             )
@@ -103,7 +103,7 @@ def mixture_config(cfg: Optional[Mapping]) -> EasyDict:
 
 def checked_weights(weights: Any, names: List[str]) -> Any:
     """'size', or {member: weight} with every member named once, finite weights >= 0 and a positive sum."""
-    if weights == 'size':
+    if isinstance(weights, str) and weights == 'size':
         return weights
     if not isinstance(weights, Mapping) or set(weights) != set(names):
         raise ValueError(

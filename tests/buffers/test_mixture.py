@@ -408,6 +408,8 @@ def test_members_keep_their_own_capacity_and_eviction():
         (dict(members=dict(a=dict(replay_buffer_size=3))), "'members.a' must be a buffer config with a 'type'"),
         (dict(members=dict(a=dict(type='episode'))), "'members.a.type' is 'episode', whose items are episodes"),
         (dict(weights=dict(offline=1)), "'weights' must be 'size' or a dict"),
+        (dict(weights=np.array([0.5, 0.5])), "'weights' must be 'size' or a dict"),
+        (dict(weights=np.array(['size'])), "'weights' must be 'size' or a dict"),
         (dict(weights=dict(offline=-1, online=1)), "'weights.offline' has value -1"),
         (dict(weights=dict(offline=0, online=0)), 'no positive weight'),
         (dict(push_to='nobody'), "'push_to' is 'nobody'"),
