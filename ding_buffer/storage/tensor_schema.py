@@ -72,15 +72,28 @@ def item_flat(item: Any, i: int, skip_keys: Tuple[str, ...]) -> Dict[Path, Any]:
     return flat
 
 
+def _twins(path: Path, others: Any, of: str, other: str) -> str:
+    """A note when ``path`` prints as one of ``others`` (``{'a': {'b': x}}`` and ``{'a.b': x}`` are both 'a.b')."""
+    twin = next((p for p in others if p != path and path_name(p) == path_name(path)), None)
+    return '' if twin is None else f"; the {of}'s '{path_name(path)}' is the key path {path}, the {other}'s {twin}"
+
+
 def check_leaves(flat: Dict[Path, Any], schema: Schema, where: str, batched: bool) -> Dict[Path, torch.Tensor]:
     """Convert leaves and check them against ``schema``; ``where`` says which item for the message."""
-    missing = [path_name(p) for p in schema if p not in flat]
+    missing = [p for p in schema if p not in flat]
     if missing:
-        raise ValueError(f"{where} is missing field(s) {missing}; schema fields: {field_names(schema)}")
+        names = [path_name(p) for p in missing]
+        raise ValueError(
+            f"{where} is missing field(s) {names}; schema fields: {field_names(schema)}"
+            f"{_twins(missing[0], flat, 'schema', 'item')}"
+        )
     out = {}
     for path, leaf in flat.items():
         if path not in schema:
-            raise ValueError(f"{where} has unexpected field '{path_name(path)}'; schema fields: {field_names(schema)}")
+            raise ValueError(
+                f"{where} has unexpected field '{path_name(path)}'; schema fields: {field_names(schema)}"
+                f"{_twins(path, schema, 'item', 'schema')}"
+            )
         shape, dtype = schema[path]
         py_number = type(leaf) in (int, float) or (batched and isinstance(leaf, (list, tuple)))
         if type(leaf) is int and dtype.is_floating_point and not -(2**63) <= leaf < 2**63:  # beyond int64: as a float

@@ -654,6 +654,27 @@ def test_tensor_mismatched_item_raises_and_writes_nothing(mutate, field):
         assert torch.equal(f, fields_before[p])
 
 
+@pytest.mark.parametrize(
+    'first, second, told',
+    [
+        ({'a': {'b': 1.0}}, {'a.b': 2.0}, r"the schema's 'a\.b' is the key path \('a', 'b'\), the item's \('a\.b',\)"),
+        ({'a.b': 1.0}, {'a': {'b': 2.0}}, r"the schema's 'a\.b' is the key path \('a\.b',\), the item's \('a', 'b'\)"),
+        (
+            {'a': {'b': 1.0}},
+            {'a': {'b': 1.0}, 'a.b': 2.0},
+            r"the item's 'a\.b' is the key path \('a\.b',\), the schema's \('a', 'b'\)",
+        ),
+    ],
+)
+def test_a_dotted_key_and_its_nested_twin_are_told_apart_in_the_refusal(first, second, told):
+    buf = create_buffer(dict(type='naive', replay_buffer_size=4, storage=dict(type='tensor')))
+    buf.push(first)
+    before = buf.state_dict()
+    with pytest.raises(ValueError, match=told):
+        buf.push(second)
+    assert_same(buf.state_dict(), before)
+
+
 def test_tensor_bad_batch_in_first_push_leaves_schema_unset():
     storage = TensorStorage(4)
     bad = transition(1)
