@@ -16,6 +16,7 @@ from ..config import INF
 from ..control.priority import as_priorities, check_one_each, real_numbers, split_ids
 from ..monitor.tb import TBSink
 from ..persistence import refuse_unknown
+from ..storage.tensordict_io import is_tensordict
 from .common import STEP_LIMIT, check_step
 from .outputs import as_items
 from .prioritized_table import PrioritizedTable
@@ -25,6 +26,20 @@ from .table import Needs, Request, Restored
 # Keys the slot table adds to a sampled item; the wrapper returns the pushed data (and 'IS').
 INNER_KEYS = ('replay_unique_id', 'replay_buffer_idx', 'priority', 'staleness', 'use', 'IS')
 INNER_TYPES = {False: 'NaiveReplayBuffer', True: 'AdvancedReplayBuffer'}  # what a saved 'inner' state names
+
+
+def _one(value: Any) -> Any:
+    """An item's per-item extra: a number, or one spanning the batch dims of a TensorDict item (one value)."""
+    return value.reshape(-1)[0].item() if getattr(value, 'ndim', 0) else value
+
+
+def _without(item: Any, keys: List[str]) -> Any:
+    """A sampled list item without ``keys``: a TensorDict stays one, an object that is no mapping stays as it is."""
+    if is_tensordict(item):
+        return item.exclude(*keys)
+    if isinstance(item, Mapping):
+        return {k: v for k, v in item.items() if k not in keys}
+    return item
 
 
 class _DequeDue(NamedTuple):
@@ -120,8 +135,8 @@ class DequeVerbs:
         tensor = not isinstance(out, list)
         if self.priority:
             ids = out['replay_unique_id'].tolist() if tensor else [d['replay_unique_id'] for d in out]
-            slots = out['replay_buffer_idx'].tolist() if tensor else [int(d['replay_buffer_idx']) for d in out]
-            priority = np.asarray(out['priority'] if tensor else [d['priority'] for d in out], dtype=np.float64)
+            slots = out['replay_buffer_idx'].tolist() if tensor else [int(_one(d['replay_buffer_idx'])) for d in out]
+            priority = np.asarray(out['priority'] if tensor else [_one(d['priority']) for d in out], dtype=np.float64)
             self._last_batch = (ids, slots)
         else:
             priority = None
@@ -142,7 +157,7 @@ class DequeVerbs:
                 out = out.to_dict()
             out = {k: v for k, v in out.items() if k not in drop}
             return as_items(out, self.name) if self._items else out
-        return [{k: v for k, v in d.items() if k not in drop} for d in out]
+        return [_without(d, drop) for d in out]
 
     def _log(self, train_iter: int, priority: Any, use: Any, scalars: List[tuple]) -> None:
         if self.parts.tb_logger is None or not (

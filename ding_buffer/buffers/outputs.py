@@ -51,10 +51,16 @@ def prioritized_items(
         else:
             out.append(item)
             continue
-        d['replay_unique_id'] = f'{instance_name}_{ids_l[k]}'
-        d['replay_buffer_idx'] = int(slots_l[k])
-        for key, col in cols.items():
-            d[key] = col[k]
+        uid = f'{instance_name}_{ids_l[k]}'
+        values = {'replay_buffer_idx': int(slots_l[k]), **{key: col[k] for key, col in cols.items()}}
+        if type(d) is dict or not d.batch_dims:
+            d['replay_unique_id'] = uid
+            for key, v in values.items():
+                d[key] = v
+        else:  # a TensorDict item with batch dims of its own (list storage keeps it as pushed): values span them
+            d.set_non_tensor('replay_unique_id', uid)
+            for key, v in values.items():
+                d[key] = torch.full(d.batch_size, v)
         out.append(d)
     return out
 

@@ -85,8 +85,10 @@ def to_tensordict(out: Any, device: Optional[torch.device] = None) -> Any:
 
 
 def update_info(td: Any) -> Dict[str, Any]:
-    """The top-level entries of a sampled TensorDict as a dict, for ``update`` (ids, slots, priorities)."""
-    return {k: td.get(k) for k in td.keys()}
+    """The top-level entries of a sampled TensorDict as a dict, for ``update`` (ids, slots, priorities); non-tensor
+    entries (a list-storage sample's ``replay_unique_id``) as their Python values."""
+    non_tensor = sys.modules['tensordict'].is_non_tensor
+    return {k: (lambda v: v.tolist() if non_tensor(v) else v)(td.get(k)) for k in td.keys()}
 
 
 __all__ = ['is_tensordict', 'to_plain', 'rows', 'check_batched', 'check_item', 'to_tensordict', 'update_info']

@@ -165,6 +165,10 @@ def test_list_storage_items_leave_objects_other_than_dicts_as_they_are():
         map(repr, [7, (1, 2), {'x': 1, 'replay_unique_id': 'buffer_2', 'replay_buffer_idx': 2}])
     )
     buf.close()
+    deque = create_buffer(dict(type='deque', seed=0, storage=dict(type='list', output='items')))
+    deque.push([7, (1, 2), {'x': 1}])  # deque leaves its inner id keys out
+    assert sorted(map(repr, deque.sample(3, 0))) == sorted(map(repr, [7, (1, 2), {'x': 1}]))
+    deque.close()
 
 
 # ---------------------------------------------------------------------------------------------- deque draws

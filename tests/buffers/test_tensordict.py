@@ -296,6 +296,51 @@ def test_list_storage_keeps_the_objects():
     assert prio.update(info) == {'updated': 3, 'stale': 0}
 
 
+@pytest.mark.parametrize(
+    'cfg',
+    [
+        dict(type='advanced'),
+        dict(type='naive', storage=dict(type='list', output='items')),
+        dict(type='deque', priority=True),
+        dict(type='deque', storage=dict(type='list', output='items')),
+    ],
+)
+def test_list_storage_per_item_samples_keep_tensordicts_with_batch_dims_and_take_them_back(cfg):
+    """List storage keeps a TensorDict as pushed, batch dims too (in a list, or the rows of a [B, T] batch): a sample
+    with per-item extras returns TensorDicts whose extras span those dims, nested ones stay TensorDicts, and the
+    sampled TensorDicts (one, or their stack) go back to ``update``."""
+    buf = create_buffer(dict(cfg, replay_buffer_size=10, seed=0))
+    buf.push([TensorDict({'obs': torch.zeros(3, 4), 'next': {'obs': torch.ones(3, 4)}}, batch_size=[3])])
+    buf.push(TensorDict({'obs': torch.zeros(2, 5, 4)}, batch_size=[2, 5]))  # 2 items of batch_size [5]
+    for _ in range(4):
+        out = buf.sample(3)
+        assert all(isinstance(x, TensorDict) and len(x.batch_size) == 1 for x in out)
+        for x in out if cfg['type'] != 'deque' else ():  # (deque leaves its inner id keys out)
+            assert x['replay_buffer_idx'].shape == x.batch_size
+            assert x['replay_unique_id'] in {f'buffer_{k}' for k in (0, 1, 2)}
+        assert all(isinstance(x['next'], TensorDict) for x in out if 'next' in x.keys())
+    if cfg['type'] == 'advanced':
+        x = buf.sample(1)[0]
+        x['priority'] = torch.full(x.batch_size, 7.0)
+        assert buf.update(x)['updated'] == x.batch_size[0]
+
+
+def test_update_takes_back_a_list_storage_sample_of_tensordicts():
+    """A list-storage sample's items are TensorDicts whose id is a ``NonTensorData``: one of them, or their stack
+    (TorchRL's pattern), with new priorities goes back to ``update``."""
+    buf = create_buffer(dict(type='advanced', replay_buffer_size=8, seed=0))
+    buf.extend(TensorDict({'obs': torch.arange(4.0)}, batch_size=[4]))
+    out = buf.sample(2)
+    one = out[0].clone()
+    one['priority'] = torch.tensor(5.0)
+    assert buf.update(one) == {'updated': 1, 'stale': 0}
+    stack = torch.stack(out)
+    stack['priority'] = torch.tensor([2.0, 3.0])
+    assert buf.update(stack) == {'updated': 2, 'stale': 0}
+    got = {int(x['obs']): float(x['priority']) for _ in range(16) for x in buf.sample(4)}
+    assert got[int(out[1]['obs'])] == pytest.approx(3.0, abs=1e-4)
+
+
 # ---------------------------------------------------------------------------------------------- bad input
 def _as_dict(td):
     return td.to_dict()
