@@ -359,10 +359,40 @@ class Engine(IBuffer):
                 f"before they are stored, which a {kind!r} table knows for: {known}"
             )
 
-    def _capacity_rebuilt(self) -> None:
-        """The table was replaced or emptied (restore, load, clear): the capacity rule rebuilds from it."""
-        if self._capacity is not None:
-            self._capacity.rebuild(self.view)
+    def _tell(self, verb: str, *slots: np.ndarray) -> Optional[RuntimeError]:
+        """The capacity rule hears of a change made (``on_written`` / ``on_changed`` / ``rebuild``). A rule whose
+        ``on_written`` / ``on_changed`` raises is rebuilt from the table, which puts it in step: the error is logged
+        and the call goes on. Returns the error naming the rule when it cannot be put in step (its ``rebuild``
+        raised), for the caller to raise once its own bookkeeping of the change is done."""
+        rule = self._capacity
+        if rule is None:
+            return None
+        try:
+            getattr(rule, verb)(self._view, *slots)
+            return None
+        except Exception as e:
+            error = e
+        if verb != 'rebuild':
+            try:
+                rule.rebuild(self._view)
+                self._logger.error(
+                    "[%s] capacity rule %r raised in %s (rebuilt from the table): %s: %s",
+                    self._instance_name,
+                    rule.name,
+                    verb,
+                    type(error).__name__,
+                    error,
+                    exc_info=error,
+                )
+                return None
+            except Exception as e:
+                error, verb = e, f'{verb}, then in rebuild'
+        out = RuntimeError(
+            f"capacity rule {rule.name!r} raised in {verb} ({type(error).__name__}: {error}); the change it was told "
+            f"of stands (its verbs hear of a change already made)"
+        )
+        out.__cause__ = error
+        return out
 
     # ------------------------------------------------------------------ table verbs (what parts read)
     def count(self) -> int:
@@ -428,7 +458,9 @@ class Engine(IBuffer):
         """A mutable column of ``slots`` changed in place (priorities): a capacity rule reading it hears of it."""
         rule = self._capacity
         if rule is not None and rule.column in self._t.mutable_columns and len(slots):
-            rule.on_changed(self._view, slots)
+            failed = self._tell('on_changed', slots)
+            if failed is not None:
+                raise failed
 
     def _evicted(self, items: List[Any], hold: bool = False) -> None:
         """Hand items that left the buffer to the used-data remover (under the lock; once closed, their files go at
@@ -586,11 +618,9 @@ class Engine(IBuffer):
             self._evicted(done.evicted)
         if done.expired is not None:  # the frames of older items were overwritten (storage.frames)
             self._remove(done.expired, 'removed_by_frames')
-        if rule is not None:
-            if w.dropped:  # a push larger than the table replaced everything
-                self._capacity_rebuilt()
-            else:
-                rule.on_written(self._view, done.slots)
+        failed = None
+        if rule is not None:  # (a push larger than the table replaced everything)
+            failed = self._tell('rebuild') if w.dropped else self._tell('on_written', done.slots)
         c = self._counters
         c['push_items'] += done.n
         c['remove_count'] += done.removed
@@ -599,6 +629,8 @@ class Engine(IBuffer):
         lim = self._limiter
         if lim.active or lim.waiting:
             lim.on_push(done.n)
+        if failed is not None:
+            raise failed
         return done.n
 
     def _make_room(self, w: Write) -> Optional[Write]:
@@ -621,7 +653,7 @@ class Engine(IBuffer):
                     f"write needs {need} more slots (and no more)"
                 )
         except BaseException:
-            self._capacity_rebuilt()  # its own structure may have moved: rebuilt from the unchanged table
+            self._tell('rebuild')  # its own structure may have moved: rebuilt from the unchanged table
             raise
         self._remove(victims, f'removed_by_{rule.name}')
         if refused:
@@ -788,7 +820,9 @@ class Engine(IBuffer):
             use = self._uses.bump(slots)
         if self._rules:  # usually none or one
             try:  # every rule answers before anything is removed: a broken rule fails the call with nothing changed
-                answers = [self._rule_slots(rule, rule.after_sample(self.view, slots, use)) for rule in self._rules]
+                answers = [
+                    self._rule_slots(rule, rule.after_sample(self.view, slots.copy(), use)) for rule in self._rules
+                ]
             except BaseException:
                 if self._uses is not None:
                     self._uses.unbump(slots)  # this draw's use counts (bumped here or by the table's draw)
@@ -834,10 +868,10 @@ class Engine(IBuffer):
     def _count_update(self, n: int, total: int, changed: Optional[np.ndarray] = None) -> Dict[str, int]:
         """An ``update`` applied ``n`` of ``total`` entries (the rest were stale; ``changed``: the slots whose
         mutable columns it set): counted, and its result."""
-        if changed is not None:
-            self._changed(changed)
         self._counters['updated'] += n
         self._counters['stale_updates'] += total - n
+        if changed is not None:
+            self._changed(changed)
         return {'updated': n, 'stale': total - n}
 
     def _spent(self, slots: np.ndarray) -> np.ndarray:
@@ -856,8 +890,10 @@ class Engine(IBuffer):
             removed = self._t.clear()
             if self._uses is not None:
                 self._uses.reset(slice(None))  # nothing is stored: every use count restarts
-            self._capacity_rebuilt()
+            failed = self._tell('rebuild')
             self._evicted(removed)
+            if failed is not None:
+                raise failed
 
     def stats(self) -> Dict[str, float]:
         """A flat dict of numbers: ``count``, ``replay_buffer_size``, counters, the limiter's counts and what the
@@ -924,11 +960,13 @@ class Engine(IBuffer):
             self._write_one = self._t.write_one  # the hot path may be bound to the replaced storage
             self._rng = rng
             self._cfg = self._t.cfg  # the table may restore saved settings (GFlowNet's ranking and sampling keys)
-            self._capacity_rebuilt()
+            failed = self._tell('rebuild')
             if self._remover is not None:  # the restored items' files are theirs, whatever a sample used up before
                 self._remover.keep(state['storage'].get('items') or ())
             if self._limiter.waiting:
                 self._limiter.on_push(0)  # samplers waiting for data see the restored elements
+            if failed is not None:
+                raise failed
 
     def _check_made_here(self, state: Mapping) -> None:
         """``ValueError`` unless ``state`` is a state of this buffer type: its ``type``, and no key its table does not

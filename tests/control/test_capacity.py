@@ -397,3 +397,83 @@ def test_a_user_capacity_rule_failing_after_the_draw_leaves_the_rng_and_beta_as_
         assert [d['obs'] for d in buf.sample(3)] == [d['obs'] for d in twin.sample(3)]
     finally:
         del REMOVER_REGISTRY['test_failing_audit']
+
+
+@pytest.mark.parametrize('kind', ['advanced', 'naive'])
+def test_a_rule_that_writes_into_the_drawn_slots_then_raises_changes_nothing(kind):
+    """A rule gets its own copy of the drawn slots: one that overwrote them before raising had the draw's use counts
+    taken back from the wrong slots (negative counts, and a state that no longer loaded)."""
+    from ding_buffer.control.limits import REMOVER_REGISTRY, Remover
+
+    @REMOVER_REGISTRY.register('test_scribbler')
+    class Scribbler(Remover):
+        def after_sample(self, view, slots, use):
+            slots[:] = 0
+            raise ZeroDivisionError('scribbled')
+
+    try:
+        cfg = dict(type=kind, replay_buffer_size=8, seed=0, max_use=5, removers=[dict(type='test_scribbler')])
+        buf = create_buffer(cfg)
+        buf.push([{'obs': i} for i in range(8)])
+        before = buf.state_dict()
+        with pytest.raises(ZeroDivisionError):
+            buf.sample(4)
+        assert_same(buf.state_dict(), before)
+        create_buffer(cfg).load_state_dict(buf.state_dict())
+    finally:
+        del REMOVER_REGISTRY['test_scribbler']
+
+
+def test_a_rule_whose_hooks_raise_is_rebuilt_or_named_and_every_call_stays_whole(caplog):
+    """``on_written`` / ``on_changed`` / ``rebuild`` hear of a change already made: a rule that raises in one of
+    the first two is rebuilt from the table (logged; the call returns what it did, its counters and state whole); one
+    whose ``rebuild`` raises fails the call with a ``RuntimeError`` naming it, after the change."""
+    from ding_buffer.control.capacity import CapacityRule
+    from ding_buffer.control.limits import REMOVER_REGISTRY
+
+    fail = set()
+    built = []
+
+    @REMOVER_REGISTRY.register('test_hooks')
+    class Hooks(CapacityRule):
+        column = 'priority'
+
+        def evict(self, view, n):
+            return view.oldest(n)
+
+        def on_written(self, view, slots):
+            if 'on_written' in fail:
+                raise ValueError('on_written bug')
+
+        def on_changed(self, view, slots):
+            if 'on_changed' in fail:
+                raise ValueError('on_changed bug')
+
+        def rebuild(self, view):
+            if 'rebuild' in fail:
+                raise ValueError('rebuild bug')
+            built.append(view.count())
+
+    try:
+        cfg = dict(type='advanced', replay_buffer_size=2, seed=0, removers=[dict(type='test_hooks')])
+        buf = create_buffer(cfg)
+        buf.push([{'obs': 0}, {'obs': 1}])
+        fail.add('on_written')
+        assert buf.push({'obs': 2}) == 1  # stored: the oldest left, the rule rebuilt from the table
+        assert built[-1] == 2 and 'on_written bug' in caplog.text and "'test_hooks'" in caplog.text
+        assert sorted(d['obs'] for d in buf.sample(2)) == [1, 2]
+        assert buf.stats()['push_items'] == 3 and buf.stats()['removed_by_test_hooks'] == 1
+        fail.add('on_changed')
+        s = buf.sample(2)
+        ids = [d['replay_unique_id'] for d in s]
+        assert buf.update({'replay_unique_id': ids, 'replay_buffer_idx': [d['replay_buffer_idx'] for d in s],
+                           'priority': [3.0, 3.0]}) == {'updated': 2, 'stale': 0}  # fmt: skip
+        assert buf.stats()['updated'] == 2
+        fail.add('rebuild')
+        with pytest.raises(RuntimeError, match=r"capacity rule 'test_hooks' raised in rebuild .*rebuild bug"):
+            buf.clear()
+        assert buf.count() == 0  # the change stands, as the error says
+        fail.clear()
+        create_buffer(cfg).load_state_dict(buf.state_dict())
+    finally:
+        del REMOVER_REGISTRY['test_hooks']
