@@ -183,6 +183,7 @@ class ChunkTable(Table):
 
     def release(self) -> None:
         """Payloads stay in their store (a disk store is shared with producers and learners)."""
+        self._fragments.release()
 
     def describe(self) -> str:
         return f"chunks={len(self._chunks)}, max_chunks={self.cfg.max_chunks}, store={self._fragments.kind!r}"
@@ -235,6 +236,7 @@ class ChunkTable(Table):
     def _ref(self, fragment_id: str) -> None:
         n = self._refs.get(fragment_id, 0)
         if not n:  # the bytes of referenced payloads are kept as a running total: stats() stays O(1)
+            self._fragments.hold(fragment_id)
             self._sizes[fragment_id] = self._fragments.size(fragment_id)
             self._bytes += self._sizes[fragment_id]
         self._refs[fragment_id] = n + 1
@@ -638,6 +640,8 @@ class ChunkTable(Table):
             self._put_payloads(refs, payloads)
             self._chunks, self._queues, self._last_fid, self._last_fetch = chunks, queues, last_fid, last_fetch
             self._refs, self.tally, self._next_uid = refs, counters, next_uid
+            for fragment_id in refs:
+                self._fragments.hold(fragment_id)
             self._sizes = {fragment_id: self._fragments.size(fragment_id) for fragment_id in refs}
             self._bytes = sum(self._sizes.values())
             self.model_version, self.session_id = version, session

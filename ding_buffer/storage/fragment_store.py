@@ -25,7 +25,9 @@ import functools
 import io
 import os
 import re
+import threading
 import uuid
+import weakref
 from typing import Any, Dict, Iterable, Optional, Set
 
 import numpy as np
@@ -35,6 +37,10 @@ from ..persistence import check_integrity, save_checked
 
 _ID = re.compile(r'[0-9a-f]{32}')
 KINDS = ('memory', 'disk')
+# the disk stores of this process by directory: a payload one of them holds is not deleted by another (two buffers
+# on one path, e.g. one loaded from the other's file)
+_OPEN: Dict[str, 'weakref.WeakSet[FragmentStore]'] = {}
+_OPEN_LOCK = threading.Lock()
 
 
 @functools.lru_cache(maxsize=None)
@@ -86,6 +92,23 @@ class FragmentStore:
             raise ValueError("config key 'store.path' is only for store.type='disk'")
         self.kind, self.path = kind, path
         self._mem: Dict[str, Any] = {}
+        self._held: Set[str] = set()  # (disk) the ids its owner refers to: ``hold``, ``delete``
+        if kind == 'disk':
+            with _OPEN_LOCK:
+                _OPEN.setdefault(path, weakref.WeakSet()).add(self)
+
+    def hold(self, fragment_id: str) -> None:
+        """The owner refers to ``fragment_id``: another store of this process on the same path keeps its file."""
+        if self.kind == 'disk':
+            self._held.add(fragment_id)
+
+    def release(self) -> None:
+        """The owner refers to nothing any more (it closed): the payloads stay."""
+        self._held.clear()
+
+    def _held_elsewhere(self, name: str) -> bool:
+        with _OPEN_LOCK:
+            return any(name in store._held for store in _OPEN.get(self.path, ()) if store is not self)
 
     def _file(self, fragment_id: str) -> str:
         return os.path.join(self.path, check_id(fragment_id) + '.pt')
@@ -145,6 +168,9 @@ class FragmentStore:
         if self.kind == 'memory':
             self._mem.pop(check_id(fragment_id), None)
             return
+        self._held.discard(fragment_id)
+        if self._held_elsewhere(fragment_id):
+            return
         try:
             os.remove(self._file(fragment_id))
         except FileNotFoundError:
@@ -177,7 +203,10 @@ class FragmentStore:
         if self.kind == 'memory':
             self._mem.clear()
             return
+        self._held.clear()
         for name in os.listdir(self.path):
+            if name.endswith('.pt') and _ID.fullmatch(name[:-3]) and self._held_elsewhere(name[:-3]):
+                continue  # another open buffer's payload
             if (name.endswith('.pt') and _ID.fullmatch(name[:-3])) or (name.startswith('.') and name.endswith('.tmp')):
                 try:
                     os.remove(os.path.join(self.path, name))

@@ -915,3 +915,28 @@ def test_a_saved_chunk_whose_entries_disagree_with_its_fragments_is_refused(edit
     with pytest.raises(ValueError, match='chunk|remove_count|payload'):
         fresh.load_state_dict(state)
     assert_same(fresh.state_dict(), before)
+
+
+def test_two_buffers_on_one_disk_store_keep_each_others_payloads(tmp_path):
+    """A buffer loaded from another's file on the same disk path (the persistence round trip) shares its payload
+    files: one releasing a chunk, or starting (``clear_on_start``), deletes no file the other still refers to; a
+    file neither refers to goes."""
+    cfg = dict(type='chunk', max_chunks=4, fragments_per_chunk=1, max_reuse=1, seed=0)
+    cfg['store'] = dict(type='disk', path=str(tmp_path / 'store'))
+    a = create_buffer(cfg)
+    a.push([frag(0, k, 0) for k in range(2)])
+    a.save_data(str(tmp_path / 'a.pt'))
+    b = create_buffer(cfg)  # clear_on_start: a's payloads stay
+    b.load_data(str(tmp_path / 'a.pt'))
+    assert sorted(f['fid'] for f in b.sample(2)) == [0, 1]  # max_reuse=1: b's chunks leave
+    b.push(frag(0, 2, 0))
+    b.sample(1)  # b lets go of the payloads of its last fetch
+    assert sorted(f['fid'] for f in a.sample(2)) == [0, 1]  # a's are all there
+    a.save_data(str(tmp_path / 'a2.pt'))
+    a.close()
+    b.clear()
+    left = [n for n in os.listdir(tmp_path / 'store') if n.endswith('.pt')]
+    assert len(left) == 2  # a's last fetch (a closed: its payloads stay in the store, as documented)
+    c = create_buffer(cfg)  # no open buffer refers to them: a new one starts empty
+    assert not [n for n in os.listdir(tmp_path / 'store') if n.endswith('.pt')]
+    c.close()
