@@ -64,8 +64,12 @@ class _Encoder:
         """``path`` says where ``x`` sits, for an error only: a str, or ``(parent path, suffix)`` (built lazily:
         formatting it for every node costs more than encoding a small message)."""
         t = type(x)
-        if t is int or t is float or t is bool or x is None or isinstance(x, str):
+        if t is int or t is float or t is bool or t is str or x is None:
             return x
+        if self.allow_pickle and t not in _PLAIN and _subclass_to_keep(x):
+            return self.pickled(x, path)  # a subclass keeps its type (a namedtuple, an EasyDict, an IntEnum)
+        if isinstance(x, str):  # (without pickle a subclass travels as its base kind, as documented)
+            return str(x)
         if isinstance(x, np.generic):  # before int/float: np.float64 is a float subclass
             if x.dtype.kind in _NP_KINDS and x.dtype.itemsize <= 8 * (1 + (x.dtype.kind == 'c')):
                 return {'$s': [x.dtype.str, x.item() if x.dtype.kind != 'c' else [x.real.item(), x.imag.item()]]}
@@ -75,6 +79,8 @@ class _Encoder:
         if isinstance(x, (int, float)):  # Python's JSON carries ints of any size (RNG states hold 128-bit ones)
             return x
         if isinstance(x, torch.Tensor):
+            if x.layout is not torch.strided or x.is_nested:  # sparse, nested: no byte view of their values
+                return self.pickled(x, path)
             t = x.detach()
             if t.device.type != 'cpu':
                 t = t.cpu()
@@ -85,7 +91,7 @@ class _Encoder:
             view = t.reshape(-1).view(torch.uint8).numpy() if t.numel() else np.empty(0, np.uint8)
             return {'$t': [self.part(view), dt, list(t.shape)]}
         if isinstance(x, np.ndarray):
-            if x.dtype.kind not in _NP_KINDS or x.dtype.byteorder == '>':
+            if x.dtype.kind not in _NP_KINDS or x.dtype.byteorder == '>' or isinstance(x, np.ma.MaskedArray):
                 return self.pickled(x, path)
             a = x if x.flags.c_contiguous else np.ascontiguousarray(x)
             return {'$a': [self.part(_as_bytes_view(a)), a.dtype.str, list(x.shape)]}
@@ -114,6 +120,15 @@ class _Encoder:
                 f"(on every rank) to pickle other objects"
             )
         return {'$p': self.part(np.frombuffer(pickle.dumps(x, protocol=5), dtype=np.uint8))}
+
+
+_PLAIN = frozenset({int, float, bool, str, dict, list, tuple, bytes, torch.Tensor, np.ndarray, slice})
+
+
+def _subclass_to_keep(x: Any) -> bool:
+    """Whether ``x`` is a subclass of a kind the wire carries (a namedtuple, an EasyDict, an IntEnum, an
+    ``nn.Parameter``) that only pickle sends as itself (without it, it travels as its base kind)."""
+    return isinstance(x, (int, float, str, dict, list, tuple, torch.Tensor)) and not isinstance(x, np.generic)
 
 
 def _path_str(path: Any) -> str:

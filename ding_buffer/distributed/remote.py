@@ -25,7 +25,7 @@ from typing import Any, Callable, Dict, List, Optional
 
 import numpy as np
 
-from ..base import IBuffer
+from ..base import BUFFER_REGISTRY, IBuffer
 from ..buffers.common import check_wait_timeout
 from ..buffers.reward_table import sample_size
 from ..errors import ManagerTimeoutError, ManagerUnavailableError, SampleTimeoutError
@@ -181,6 +181,9 @@ class RemoteBuffer(IBuffer):
         """
         timeout = check_wait_timeout(timeout)  # before anything is asked: NaN or inf would poll forever
         if 'n_samples' in kwargs or size is None:  # torchgfn's name of the size (GFlowNet buffers take it too)
+            cls = BUFFER_REGISTRY.get(self._cfg.type)
+            if 'n_samples' in kwargs and 'n_samples' not in cls.sample_kwargs:  # (as the local buffer's sample)
+                raise TypeError(f"{cls.__name__}.sample() got an unexpected keyword argument 'n_samples'")
             size = sample_size(size, kwargs.pop('n_samples', None))
         if self._local is not None:
             if timeout is not None:

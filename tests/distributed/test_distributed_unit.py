@@ -11,7 +11,9 @@
 4. validation of the ``distributed`` config section through ``create_buffer``.
 """
 
+import collections
 import copy
+import enum
 import math
 import os
 import queue
@@ -375,6 +377,31 @@ def test_codec_nested_structures():
     assert math.copysign(1.0, out['floats'][1]) == -1.0
     nan = wire({'v': float('nan'), 'l': [float('nan')]})
     assert math.isnan(nan['v']) and math.isnan(nan['l'][0]) and type(nan['v']) is float
+
+
+Pair = collections.namedtuple('Pair', 'a b')  # (module level: pickle finds them by name)
+
+
+class Level(enum.IntEnum):
+    HIGH = 2
+
+
+def test_codec_subclasses_keep_their_type_with_pickle_and_travel_as_their_base_kind_without():
+    """A namedtuple, an EasyDict, an OrderedDict, an IntEnum, an ``nn.Parameter``: pickled (their own type back)
+    when the job allows pickle, else their base kind, as the docs say. A masked array or a sparse tensor has no
+    byte view of what it means: pickled, or refused naming its path (they raised numpy / torch errors)."""
+    values = [Pair(1, 2), EasyDict(a=1), collections.OrderedDict(a=1), Level.HIGH, torch.nn.Parameter(torch.ones(2))]
+    for value in values:
+        kept, plain = wire({'x': value}, allow_pickle=True)['x'], wire({'x': value})['x']
+        assert type(kept) is type(value) and type(plain) in (tuple, dict, int, torch.Tensor), (value, plain)
+        assert_same(plain, type(plain)(value) if type(plain) is not torch.Tensor else value.detach())
+    assert wire({'x': Pair(1, 2)}, allow_pickle=True)['x'].b == 2
+    masked, sparse = np.ma.masked_array([1.0, 2.0], mask=[0, 1]), torch.eye(2).to_sparse()
+    got = wire({'m': masked, 's': sparse}, allow_pickle=True)
+    assert got['m'].mask.tolist() == [False, True] and torch.equal(got['s'].to_dense(), torch.eye(2))
+    for key, value in (('m', masked), ('s', sparse)):
+        with pytest.raises(TypeError, match=rf"at 'message\.{key}' without pickle"):
+            encode({key: value})
 
 
 def test_codec_zero_copy():
@@ -1037,6 +1064,18 @@ def test_remote_sample_with_timeout_judges_the_whole_request_as_the_manager_buff
     for e in range(2):
         rb.push([[{'obs': torch.full((2,), float(10 * e + t)), 'done': t == 9} for t in range(10)]])  # one episode
     assert rb.sample(5, unroll_len=2, timeout=0.5) is not None
+
+
+def test_a_remote_sample_refuses_n_samples_where_its_type_does_not_take_it_as_the_local_buffer_does():
+    """``n_samples``, torchgfn's name of the size, is for the GFlowNet buffers: a worker's ``sample(n_samples=2)``
+    on naive drew a batch where the local buffer raises ``TypeError``; nothing is drawn now."""
+    rb, core, ch = make_remote('naive')
+    local = create_buffer(without(make_cfg('naive', 16, 'tensor'), 'distributed'))
+    for b in (rb, local):
+        b.extend({'obs': torch.arange(6.0).reshape(3, 2)})
+        with pytest.raises(TypeError, match="unexpected keyword argument 'n_samples'"):
+            b.sample(n_samples=2)
+        assert b.stats()['sample_calls'] == 0
 
 
 def test_remote_why_not_sample_timeout_on_a_silent_manager_is_a_sample_timeout():
