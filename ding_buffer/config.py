@@ -223,7 +223,7 @@ def build_config(
         cfg = deep_merge_dicts(defaults, user)
         apply_checks(cfg, checks or {}, prefix=prefix)
     except (TypeError, ValueError) as e:  # a value given under an alias: the message names the key the user wrote
-        given = [a for a in aliases or () if a in raw and f"'{prefix}{aliases[a]}'" in str(e)]
+        given = [a for a in aliases or () if a in raw and str(e).startswith(f"config key '{prefix}{aliases[a]}'")]
         if not given:
             raise
         key = f"'{prefix}{aliases[given[0]]}'"

@@ -96,6 +96,9 @@ def test_an_unhashable_type_is_refused_naming_the_key(cfg):
 def test_a_bad_value_given_under_an_alias_names_the_key_the_user_wrote(cfg, given, key):
     with pytest.raises((TypeError, ValueError), match=rf"config key '{key}' \(given as '{given}'\)"):
         create_buffer(cfg)
+    with pytest.raises(ValueError) as typo:  # an error about another key carries no note, whatever it names
+        create_buffer(dict(cfg, **{given: 3, key[:4] + 'x': 1}))
+    assert 'given as' not in str(typo.value)
 
 
 def test_create_buffer_honours_import_names(tmp_path, monkeypatch):

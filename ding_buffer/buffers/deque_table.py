@@ -28,11 +28,6 @@ INNER_KEYS = ('replay_unique_id', 'replay_buffer_idx', 'priority', 'staleness', 
 INNER_TYPES = {False: 'NaiveReplayBuffer', True: 'AdvancedReplayBuffer'}  # what a saved 'inner' state names
 
 
-def _one(value: Any) -> Any:
-    """An item's per-item extra: a number, or one spanning the batch dims of a TensorDict item (one value)."""
-    return value.reshape(-1)[0].item() if getattr(value, 'ndim', 0) else value
-
-
 def _without(item: Any, keys: List[str]) -> Any:
     """A sampled list item without ``keys``: a TensorDict stays one, an object that is no mapping stays as it is."""
     if is_tensordict(item):
@@ -135,8 +130,8 @@ class DequeVerbs:
         tensor = not isinstance(out, list)
         if self.priority:
             ids = out['replay_unique_id'].tolist() if tensor else [d['replay_unique_id'] for d in out]
-            slots = out['replay_buffer_idx'].tolist() if tensor else [int(_one(d['replay_buffer_idx'])) for d in out]
-            priority = np.asarray(out['priority'] if tensor else [_one(d['priority']) for d in out], dtype=np.float64)
+            slots = out['replay_buffer_idx'].tolist() if tensor else [int(d['replay_buffer_idx']) for d in out]
+            priority = np.asarray(out['priority'] if tensor else [d['priority'] for d in out], dtype=np.float64)
             self._last_batch = (ids, slots)
         else:
             priority = None

@@ -57,10 +57,10 @@ def prioritized_items(
             d['replay_unique_id'] = uid
             for key, v in values.items():
                 d[key] = v
-        else:  # a TensorDict item with batch dims of its own (list storage keeps it as pushed): values span them
+        else:  # a TensorDict item with batch dims of its own (list storage keeps it as pushed): one value each
             d.set_non_tensor('replay_unique_id', uid)
             for key, v in values.items():
-                d[key] = torch.full(d.batch_size, v)
+                d.set_non_tensor(key, v)
         out.append(d)
     return out
 

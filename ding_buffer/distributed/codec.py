@@ -64,12 +64,8 @@ class _Encoder:
         """``path`` says where ``x`` sits, for an error only: a str, or ``(parent path, suffix)`` (built lazily:
         formatting it for every node costs more than encoding a small message)."""
         t = type(x)
-        if t is int or t is float or t is bool or t is str or x is None:
+        if t is int or t is float or t is bool or x is None or isinstance(x, str):
             return x
-        if self.allow_pickle and t not in _PLAIN and _subclass_to_keep(x):
-            return self.pickled(x, path)  # a subclass keeps its type (a namedtuple, an EasyDict, an IntEnum)
-        if isinstance(x, str):  # (without pickle a subclass travels as its base kind, as documented)
-            return str(x)
         if isinstance(x, np.generic):  # before int/float: np.float64 is a float subclass
             if x.dtype.kind in _NP_KINDS and x.dtype.itemsize <= 8 * (1 + (x.dtype.kind == 'c')):
                 return {'$s': [x.dtype.str, x.item() if x.dtype.kind != 'c' else [x.real.item(), x.imag.item()]]}
@@ -120,15 +116,6 @@ class _Encoder:
                 f"(on every rank) to pickle other objects"
             )
         return {'$p': self.part(np.frombuffer(pickle.dumps(x, protocol=5), dtype=np.uint8))}
-
-
-_PLAIN = frozenset({int, float, bool, str, dict, list, tuple, bytes, torch.Tensor, np.ndarray, slice})
-
-
-def _subclass_to_keep(x: Any) -> bool:
-    """Whether ``x`` is a subclass of a kind the wire carries (a namedtuple, an EasyDict, an IntEnum, an
-    ``nn.Parameter``) that only pickle sends as itself (without it, it travels as its base kind)."""
-    return isinstance(x, (int, float, str, dict, list, tuple, torch.Tensor)) and not isinstance(x, np.generic)
 
 
 def _path_str(path: Any) -> str:

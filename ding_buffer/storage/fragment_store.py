@@ -94,8 +94,8 @@ class FragmentStore:
         self._mem: Dict[str, Any] = {}
         self._held: Set[str] = set()  # (disk) the ids its owner refers to: ``hold``, ``delete``
         if kind == 'disk':
-            with _OPEN_LOCK:
-                _OPEN.setdefault(path, weakref.WeakSet()).add(self)
+            with _OPEN_LOCK:  # (by the directory itself: a symlink to it is the same store)
+                _OPEN.setdefault(os.path.realpath(path), weakref.WeakSet()).add(self)
 
     def hold(self, fragment_id: str) -> None:
         """The owner refers to ``fragment_id``: another store of this process on the same path keeps its file."""
@@ -108,7 +108,8 @@ class FragmentStore:
 
     def _held_elsewhere(self, name: str) -> bool:
         with _OPEN_LOCK:
-            return any(name in store._held for store in _OPEN.get(self.path, ()) if store is not self)
+            stores = _OPEN.get(os.path.realpath(self.path), ())
+            return any(name in store._held for store in stores if store is not self)
 
     def _file(self, fragment_id: str) -> str:
         return os.path.join(self.path, check_id(fragment_id) + '.pt')

@@ -85,7 +85,7 @@ def check_leaves(flat: Dict[Path, Any], schema: Schema, where: str, batched: boo
         names = [path_name(p) for p in missing]
         raise ValueError(
             f"{where} is missing field(s) {names}; schema fields: {field_names(schema)}"
-            f"{_twins(missing[0], flat, 'schema', 'item')}"
+            f"{next(filter(None, (_twins(p, flat, 'schema', 'item') for p in missing)), '')}"
         )
     out = {}
     for path, leaf in flat.items():

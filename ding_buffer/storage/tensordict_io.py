@@ -87,8 +87,12 @@ def to_tensordict(out: Any, device: Optional[torch.device] = None) -> Any:
 def update_info(td: Any) -> Dict[str, Any]:
     """The top-level entries of a sampled TensorDict as a dict, for ``update`` (ids, slots, priorities); non-tensor
     entries (a list-storage sample's ``replay_unique_id``) as their Python values."""
-    non_tensor = sys.modules['tensordict'].is_non_tensor
-    return {k: (lambda v: v.tolist() if non_tensor(v) else v)(td.get(k)) for k in td.keys()}
+    mod = sys.modules['tensordict']
+    out = {}
+    for k in td.keys():
+        v = td.get(k)
+        out[k] = v.data if isinstance(v, mod.NonTensorData) else v.tolist() if mod.is_non_tensor(v) else v
+    return out
 
 
 __all__ = ['is_tensordict', 'to_plain', 'rows', 'check_batched', 'check_item', 'to_tensordict', 'update_info']

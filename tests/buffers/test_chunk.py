@@ -926,7 +926,8 @@ def test_two_buffers_on_one_disk_store_keep_each_others_payloads(tmp_path):
     a = create_buffer(cfg)
     a.push([frag(0, k, 0) for k in range(2)])
     a.save_data(str(tmp_path / 'a.pt'))
-    b = create_buffer(cfg)  # clear_on_start: a's payloads stay
+    os.symlink(tmp_path / 'store', tmp_path / 'link')  # the same directory by another path
+    b = create_buffer(dict(cfg, store=dict(type='disk', path=str(tmp_path / 'link'))))  # clear_on_start: a's stay
     b.load_data(str(tmp_path / 'a.pt'))
     assert sorted(f['fid'] for f in b.sample(2)) == [0, 1]  # max_reuse=1: b's chunks leave
     b.push(frag(0, 2, 0))

@@ -306,23 +306,24 @@ def test_list_storage_keeps_the_objects():
     ],
 )
 def test_list_storage_per_item_samples_keep_tensordicts_with_batch_dims_and_take_them_back(cfg):
-    """List storage keeps a TensorDict as pushed, batch dims too (in a list, or the rows of a [B, T] batch): a sample
-    with per-item extras returns TensorDicts whose extras span those dims, nested ones stay TensorDicts, and the
-    sampled TensorDicts (one, or their stack) go back to ``update``."""
+    """List storage keeps a TensorDict as pushed, batch dims too (in a list, or the rows of a [B, T] batch, an
+    empty one included): a sample with per-item extras returns TensorDicts holding one value of each (non-tensor
+    data, whatever the batch dims), nested ones stay TensorDicts, and a sampled item goes back to ``update``."""
     buf = create_buffer(dict(cfg, replay_buffer_size=10, seed=0))
     buf.push([TensorDict({'obs': torch.zeros(3, 4), 'next': {'obs': torch.ones(3, 4)}}, batch_size=[3])])
     buf.push(TensorDict({'obs': torch.zeros(2, 5, 4)}, batch_size=[2, 5]))  # 2 items of batch_size [5]
+    buf.push([TensorDict({'obs': torch.zeros(0, 4)}, batch_size=[0])])
     for _ in range(4):
-        out = buf.sample(3)
+        out = buf.sample(4)
         assert all(isinstance(x, TensorDict) and len(x.batch_size) == 1 for x in out)
         for x in out if cfg['type'] != 'deque' else ():  # (deque leaves its inner id keys out)
-            assert x['replay_buffer_idx'].shape == x.batch_size
-            assert x['replay_unique_id'] in {f'buffer_{k}' for k in (0, 1, 2)}
+            assert type(x['replay_buffer_idx']) is int and 0 <= x['replay_buffer_idx'] < 4
+            assert x['replay_unique_id'] == f"buffer_{x['replay_buffer_idx']}"
         assert all(isinstance(x['next'], TensorDict) for x in out if 'next' in x.keys())
     if cfg['type'] == 'advanced':
         x = buf.sample(1)[0]
-        x['priority'] = torch.full(x.batch_size, 7.0)
-        assert buf.update(x)['updated'] == x.batch_size[0]
+        x.set_non_tensor('priority', 7.0)
+        assert buf.update(x) == {'updated': 1, 'stale': 0}
 
 
 def test_update_takes_back_a_list_storage_sample_of_tensordicts():

@@ -660,6 +660,11 @@ def test_tensor_mismatched_item_raises_and_writes_nothing(mutate, field):
         ({'a': {'b': 1.0}}, {'a.b': 2.0}, r"the schema's 'a\.b' is the key path \('a', 'b'\), the item's \('a\.b',\)"),
         ({'a.b': 1.0}, {'a': {'b': 2.0}}, r"the schema's 'a\.b' is the key path \('a\.b',\), the item's \('a', 'b'\)"),
         (
+            {'x': 0.0, 'a': {'b': 1.0}},
+            {'a.b': 2.0},
+            r"missing field\(s\) \['x', 'a\.b'\].*the schema's 'a\.b' is the key path \('a', 'b'\)",
+        ),
+        (
             {'a': {'b': 1.0}},
             {'a': {'b': 1.0}, 'a.b': 2.0},
             r"the item's 'a\.b' is the key path \('a\.b',\), the schema's \('a', 'b'\)",
