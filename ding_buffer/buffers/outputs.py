@@ -53,10 +53,13 @@ def prioritized_items(
             continue
         uid = f'{instance_name}_{ids_l[k]}'
         values = {'replay_buffer_idx': int(slots_l[k]), **{key: col[k] for key, col in cols.items()}}
-        if type(d) is dict or not d.batch_dims:
+        if type(d) is dict:
+            d['replay_unique_id'] = uid
+            d.update(values)
+        elif not d.batch_dims:  # numbers as 0-d tensors (also over a pushed non-tensor 'priority')
             d['replay_unique_id'] = uid
             for key, v in values.items():
-                d[key] = v
+                d[key] = torch.tensor(v)
         else:  # a TensorDict item with batch dims of its own (list storage keeps it as pushed): one value each
             d.set_non_tensor('replay_unique_id', uid)
             for key, v in values.items():

@@ -25,6 +25,7 @@ from .. import tree_kernels as kern
 from .._numba import ready, warmer
 from ..segment_tree import PriorityTree
 from ..storage.ring import RingIndex
+from ..storage.tensordict_io import is_tensordict
 
 NOT_IN_NUMPY = frozenset(
     getattr(torch, name)
@@ -474,7 +475,15 @@ def item_priorities(items: Any, default: float) -> np.ndarray:
     for i, item in enumerate(items):
         if type(item) is not dict and not isinstance(item, Mapping):
             raise TypeError(f"a prioritized buffer stores dicts; item {i} is {type(item).__name__}")
-        p = item.get('priority')
+        if type(item) is not dict and is_tensordict(item):
+            if item.batch_dims:  # one priority, IS weight, id each: an element is one step
+                raise ValueError(
+                    f"item {i} is a TensorDict with batch_size {list(item.batch_size)}; a prioritized buffer's items "
+                    f"have batch_size [] (push the TensorDict itself, or extend(td), to store its rows)"
+                )
+            p = item['priority'] if 'priority' in item.keys() else None  # (a non-tensor value as itself)
+        else:
+            p = item.get('priority')
         if p is None:
             out[i] = default
         elif isinstance(p, (int, float)) and not isinstance(p, bool):

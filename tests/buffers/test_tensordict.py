@@ -298,18 +298,15 @@ def test_list_storage_keeps_the_objects():
 
 @pytest.mark.parametrize(
     'cfg',
-    [
-        dict(type='advanced'),
-        dict(type='naive', storage=dict(type='list', output='items')),
-        dict(type='deque', priority=True),
-        dict(type='deque', storage=dict(type='list', output='items')),
-    ],
+    [dict(type='naive', storage=dict(type='list', output='items')), dict(type='deque', storage=dict(output='items'))],
 )
-def test_list_storage_per_item_samples_keep_tensordicts_with_batch_dims_and_take_them_back(cfg):
-    """List storage keeps a TensorDict as pushed, batch dims too (in a list, or the rows of a [B, T] batch, an
-    empty one included): a sample with per-item extras returns TensorDicts holding one value of each (non-tensor
-    data, whatever the batch dims), nested ones stay TensorDicts, and a sampled item goes back to ``update``."""
-    buf = create_buffer(dict(cfg, replay_buffer_size=10, seed=0))
+def test_list_storage_per_item_samples_of_tensordicts_with_batch_dims_carry_one_id_each(cfg):
+    """List storage keeps a TensorDict as pushed, batch dims too (in a list, or the rows of a [B, T] batch, an empty
+    one included): per-item samples return those TensorDicts with their id and slot as one non-tensor value each
+    (they raised tensordict's batch mismatch), nested ones stay TensorDicts."""
+    cfg = dict(cfg, replay_buffer_size=10, seed=0)
+    cfg['storage'] = dict(cfg['storage'], type='list')
+    buf = create_buffer(cfg)
     buf.push([TensorDict({'obs': torch.zeros(3, 4), 'next': {'obs': torch.ones(3, 4)}}, batch_size=[3])])
     buf.push(TensorDict({'obs': torch.zeros(2, 5, 4)}, batch_size=[2, 5]))  # 2 items of batch_size [5]
     buf.push([TensorDict({'obs': torch.zeros(0, 4)}, batch_size=[0])])
@@ -320,10 +317,26 @@ def test_list_storage_per_item_samples_keep_tensordicts_with_batch_dims_and_take
             assert type(x['replay_buffer_idx']) is int and 0 <= x['replay_buffer_idx'] < 4
             assert x['replay_unique_id'] == f"buffer_{x['replay_buffer_idx']}"
         assert all(isinstance(x['next'], TensorDict) for x in out if 'next' in x.keys())
-    if cfg['type'] == 'advanced':
-        x = buf.sample(1)[0]
-        x.set_non_tensor('priority', 7.0)
-        assert buf.update(x) == {'updated': 1, 'stale': 0}
+
+
+@pytest.mark.parametrize('cfg', [dict(type='advanced'), dict(type='deque', priority=True)])
+def test_a_prioritized_list_storage_buffer_refuses_tensordict_items_with_batch_dims(cfg):
+    """One priority, IS weight and id per item: a TensorDict item with batch dims of its own (in a list, or a row of
+    a [B, T] batch) is refused naming its batch_size, nothing stored (it was stored, and every sample raised)."""
+    buf = create_buffer(dict(cfg, replay_buffer_size=10, seed=0))
+    buf.push([TensorDict({'obs': torch.zeros(4)}, batch_size=[])])
+    before = buf.stats()
+    for bad in (
+        [TensorDict({'obs': torch.zeros(3, 4)}, batch_size=[3])],
+        TensorDict({'obs': torch.zeros(2, 5, 4)}, batch_size=[2, 5]),
+    ):
+        with pytest.raises(
+            ValueError, match=r"batch_size \[(3|5)\]; a prioritized buffer's items have batch_size \[\]"
+        ):
+            buf.push(bad)
+        assert buf.stats() == before and buf.count() == 1
+    tensor = create_buffer(dict(cfg, replay_buffer_size=10, seed=0, storage=dict(type='tensor')))
+    assert tensor.push(TensorDict({'obs': torch.zeros(2, 5, 4)}, batch_size=[2, 5])) == 2  # rows of [5, 4] leaves
 
 
 def test_update_takes_back_a_list_storage_sample_of_tensordicts():
