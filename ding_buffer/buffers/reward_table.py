@@ -17,7 +17,7 @@ from ..control.diversity import StateSet  # noqa: F401 (annotations)
 from ..control.keep_best import RewardIndex
 from . import gfn_state, gfn_stats
 from .gfn_admission import diverse_admission, terminating_states
-from .gfn_data import GFNBatch
+from .gfn_data import GFNBatch, is_torchgfn
 from .gfn_parts import check_kind, check_slot_memory, make_parts, make_store, physical_slots
 from .table import Drawn, Needs, Request, Restored, Table, Write, Written
 
@@ -153,7 +153,7 @@ class RewardTable(Table):
         if data is None:
             raise TypeError("cannot push None into a GFlowNet buffer")
         data = self.convert(data)
-        if isinstance(data, list) and not data:
+        if isinstance(data, list) and not data or is_torchgfn(data) and len(data) == 0:  # (of any kind: a no-op)
             return None
         store = self._store if self._store is not None else make_store(self.cfg, data)
         check_kind(store, data)

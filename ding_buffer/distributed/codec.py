@@ -75,7 +75,7 @@ class _Encoder:
         if isinstance(x, (int, float)):  # Python's JSON carries ints of any size (RNG states hold 128-bit ones)
             return x
         if isinstance(x, torch.Tensor):
-            if x.layout is not torch.strided or x.is_nested:  # sparse, nested: no byte view of their values
+            if x.layout is not torch.strided or x.is_nested or isinstance(x, _MASKED):  # no byte view of values
                 return self.pickled(x, path)
             t = x.detach()
             if t.device.type != 'cpu':
@@ -126,6 +126,7 @@ def _path_str(path: Any) -> str:
     return path + ''.join(reversed(parts))
 
 
+_MASKED = torch.masked.MaskedTensor  # (a mask besides its values)
 _JSON = json.JSONEncoder(separators=(',', ':'))  # (json.dumps builds an encoder per call for these separators)
 
 

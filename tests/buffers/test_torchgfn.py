@@ -1726,3 +1726,15 @@ def test_a_subclass_of_a_torchgfn_container_is_a_torchgfn_container():
     )
     with pytest.raises(TypeError, match='graph states'):
         create_buffer(dict(type='gfn', replay_buffer_size=5, seed=0)).add(g)
+
+
+@pytest.mark.parametrize('kind', ['gfn', 'gfn_diverse', 'terminating_state'])
+def test_an_empty_container_of_another_kind_is_a_no_op(kind, env, samplers, pool):
+    """The docs: an empty container is a no-op, whatever its kind (it raised 'this buffer holds Trajectories
+    containers' on gfn and gfn_diverse)."""
+    buf = create_buffer(dict(type=kind, replay_buffer_size=10, seed=0))
+    buf.add(trajectories(samplers, env, 3, pool.take(3)))
+    before = buf.state_dict()
+    for empty in (Transitions(env), StatesContainer(env)):
+        assert buf.push(empty) == 0
+    assert_same(buf.state_dict(), before)

@@ -383,9 +383,11 @@ def test_codec_masked_arrays_and_sparse_tensors_are_pickled_or_refused_by_path()
     and the values back), else refused naming its path (they raised numpy / torch errors, a mask would be lost).
     Subclasses of the other kinds travel as their base kind, with or without pickle, as the docs say."""
     masked, sparse = np.ma.masked_array([1.0, 2.0], mask=[0, 1]), torch.eye(2).to_sparse()
-    got = wire({'m': masked, 's': sparse}, allow_pickle=True)
+    hidden = torch.masked.masked_tensor(torch.ones(2), torch.tensor([True, False]))
+    got = wire({'m': masked, 's': sparse, 'h': hidden}, allow_pickle=True)
     assert got['m'].mask.tolist() == [False, True] and torch.equal(got['s'].to_dense(), torch.eye(2))
-    for key, value in (('m', masked), ('s', sparse)):
+    assert got['h'].get_mask().tolist() == [True, False]
+    for key, value in (('m', masked), ('s', sparse), ('h', hidden)):
         with pytest.raises(TypeError, match=rf"at 'message\.{key}' without pickle"):
             encode({key: value})
     for pickle in (False, True):
