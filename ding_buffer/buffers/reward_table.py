@@ -192,7 +192,7 @@ class RewardTable(Table):
                 "gfn_diverse); the container has none"
             )
         if batch.width is not None and self.states is not None:
-            self.states.check_dim(batch.width, 'the terminating-state representation')
+            self.states.check_dim(batch.width, 'the terminating-state representation (state values, then conditions)')
         if self.diverse:
             if batch.rows is not None and not np.isfinite(batch.rows).all():
                 raise ValueError("gfn_diverse needs finite terminating states (and conditions); got NaN or inf")

@@ -146,7 +146,10 @@ class StateSet:
 
     def check_dim(self, width: int, what: str) -> None:
         if self.dim is not None and width != self.dim:
-            raise ValueError(f"{what} has {width} values per item, the stored ones have {self.dim}")
+            raise ValueError(
+                f"{what} has {width} values per item, the stored ones have {self.dim}: a buffer's items have one "
+                f"state width, all with conditions of one width or all without"
+            )
 
     def add(
         self,

@@ -1738,3 +1738,23 @@ def test_an_empty_container_of_another_kind_is_a_no_op(kind, env, samplers, pool
     for empty in (Transitions(env), StatesContainer(env)):
         assert buf.push(empty) == 0
     assert_same(buf.state_dict(), before)
+
+
+def test_a_batch_whose_conditions_differ_from_the_stored_ones_is_refused_saying_so():
+    """The width of an item's representation counts its conditions: a batch without them after stored ones with
+    them is refused naming conditions (the message gave two value counts), nothing stored."""
+    small = HyperGrid(ndim=2, height=8)
+
+    def two_step(conditions):
+        st = torch.stack([small.s0.expand(2, 2), torch.tensor([1, 0]).expand(2, 2), small.sf.expand(2, 2)])
+        states = small.States(st.clone())
+        if conditions:
+            states.conditions = torch.ones(3, 2, 2)
+        actions = small.Actions(torch.tensor([[0, 0], [2, 2]]).unsqueeze(-1))
+        return Trajectories(small, states=states, actions=actions, terminating_idx=torch.full((2,), 2))
+
+    buf = create_buffer(dict(type='terminating_state', replay_buffer_size=10, seed=0))
+    buf.add(two_step(True))
+    with pytest.raises(ValueError, match='all with conditions of one width or all without'):
+        buf.add(two_step(False))
+    assert buf.count() == 2
