@@ -84,6 +84,8 @@ class _Encoder:
             if dt not in _TORCH_DTYPES:
                 return self.pickled(x, path)
             t = t.resolve_conj().resolve_neg().contiguous()  # (a conjugate or negative view has no byte view)
+            if t.numel() == 1 and t.reshape(-1).stride(0) != 1:  # one element counts as contiguous at any stride
+                t = t.clone(memory_format=torch.contiguous_format)
             view = t.reshape(-1).view(torch.uint8).numpy() if t.numel() else np.empty(0, np.uint8)
             return {'$t': [self.part(view), dt, list(t.shape)]}
         if isinstance(x, np.ndarray):

@@ -378,6 +378,14 @@ def test_codec_nested_structures():
     assert math.isnan(nan['v']) and math.isnan(nan['l'][0]) and type(nan['v']) is float
 
 
+def test_codec_one_element_views_of_any_stride_travel():
+    """A one-element slice with a step (or the imaginary part of a complex tensor) counts as contiguous in torch,
+    whatever its stride: it raised torch's 'stride(-1) must be 1' instead of travelling."""
+    for x in (torch.arange(2.0)[::2], torch.tensor([1 + 2j]).imag, torch.arange(4.0).reshape(2, 2)[:1, ::2]):
+        out = wire({'x': x})['x']
+        assert out.shape == x.shape and torch.equal(out, x)
+
+
 def test_codec_masked_arrays_and_sparse_tensors_are_pickled_or_refused_by_path():
     """A masked array or a sparse tensor has no byte view of what it means: pickled with ``allow_pickle`` (the mask
     and the values back), else refused naming its path (they raised numpy / torch errors, a mask would be lost).
