@@ -22,6 +22,7 @@ from ..control.priority import (
     batch_priorities,
     item_priorities,
     parse_update,
+    priority_of,
 )
 from ..control.samplers import SAMPLER_REGISTRY, build_sampler
 from ..monitor.sampled_data import EMPTY_WINDOW, SampledDataAttrMonitor
@@ -209,15 +210,15 @@ class PrioritizedTable(SlotTable):
     def prepare_batch(self, batch: Any) -> Write:
         if type(batch) is not dict and not isinstance(batch, Mapping):
             raise TypeError(f"a batched push needs a dict of batched leaves, got {type(batch).__name__}")
-        td = type(batch) is not dict and is_tensordict(batch)
-        if td and batch.batch_dims > 1 and self._storage.kind == 'list':  # (list storage keeps each row as it is)
+        if (
+            type(batch) is not dict and is_tensordict(batch) and batch.batch_dims > 1 and self._storage.kind == 'list'
+        ):  # (list storage keeps each row as it is)
             raise ValueError(
                 f"a TensorDict batch of batch_size {list(batch.batch_size)} would store items of batch_size "
                 f"{list(batch.batch_size[1:])}; a prioritized buffer's items have batch_size [] (one priority each)"
             )
         prepared = self._storage.prepare_batch(batch)
-        p = (batch['priority'] if 'priority' in batch.keys() else None) if td else batch.get('priority')
-        priorities = batch_priorities(p, prepared, self.index.default_priority())
+        priorities = batch_priorities(priority_of(batch), prepared, self.index.default_priority())
         return Write(prepared.n, prepared, prepared.dropped, priorities)
 
     # ------------------------------------------------------------------ sample

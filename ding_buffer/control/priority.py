@@ -469,6 +469,13 @@ def parse_update(
     return priorities, ids, slots, mine
 
 
+def priority_of(data: Mapping) -> Any:
+    """A pushed item's or batch's ``priority`` (None: none); a TensorDict's non-tensor one as its value."""
+    if type(data) is not dict and is_tensordict(data):
+        return data['priority'] if 'priority' in data.keys() else None
+    return data.get('priority')
+
+
 def item_priorities(items: Any, default: float) -> np.ndarray:
     """Each pushed item's ``priority`` (``default`` where missing or None), validated: all or nothing."""
     out = np.empty(len(items))
@@ -481,9 +488,7 @@ def item_priorities(items: Any, default: float) -> np.ndarray:
                     f"item {i} is a TensorDict with batch_size {list(item.batch_size)}; a prioritized buffer's items "
                     f"have batch_size [] (push the TensorDict itself, or extend(td), to store its rows)"
                 )
-            p = item['priority'] if 'priority' in item.keys() else None  # (a non-tensor value as itself)
-        else:
-            p = item.get('priority')
+        p = priority_of(item)
         if p is None:
             out[i] = default
         elif isinstance(p, (int, float)) and not isinstance(p, bool):
