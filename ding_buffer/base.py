@@ -8,12 +8,12 @@ import copy
 import functools
 import importlib
 import logging
-import threading
 from abc import ABC, abstractmethod
 from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple, Type
 
 from easydict import EasyDict
 
+from . import forks
 from .config import check_str_keys, closest_key
 
 
@@ -199,6 +199,19 @@ class IBuffer(ABC):
             f"batches); `len(buffer)` counts the items and `buffer.state_dict()` copies them all."
         )
 
+    def _reseed(self) -> None:
+        """In a forked child (``forks.reseed_in_children``): the buffer's RNG, which drew its own seed, a new one."""
+        forks.new_seed(self._rng)
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        """Buffers are not copied or pickled (``copy.copy`` would share the storage, files and lock; threads and
+        sockets do not travel): ``TypeError`` saying how to move the contents instead."""
+        raise TypeError(
+            f"{type(self).__name__} cannot be copied or pickled (copy.copy, copy.deepcopy, pickle, torch.save, a "
+            f"'spawn' process's arguments): move its contents with `state = buffer.state_dict()` and "
+            f"`create_buffer(cfg).load_state_dict(state)`, or save_data() / load_data()"
+        )
+
     @classmethod
     def distributed_profile(cls, cfg: Any) -> Dict[str, Any]:
         """
@@ -275,7 +288,7 @@ def set_preset_loader(loader: Callable[[], None]) -> None:
     _PRESET_LOADER = loader
 
 
-_PRESET_LOCK = threading.RLock()  # another thread's first use waits for the load; the loading thread re-enters
+_PRESET_LOCK = forks.lock()  # another thread's first use waits for the load; the loading thread re-enters
 
 
 def _load_presets() -> None:

@@ -455,16 +455,16 @@ def main(argv: Optional[List[str]] = None, started_at: Optional[float] = None) -
     args.started_at = started_at
     try:
         return args.func(args)
-    except (ValueError, TypeError, FileNotFoundError) as e:
+    except BrokenPipeError:  # output piped into e.g. `head`, which closed it: not an error of ours
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+    except (ValueError, TypeError, OSError) as e:  # (OSError: a path that is missing, unreadable, read-only, ...)
         print(f"ding-buffer: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:  # a second Ctrl-C, or one outside a training loop
         if os.environ.get(LAUNCHED) != '1':
             print("\nding-buffer: interrupted", file=sys.stderr)
         return 130
-    except BrokenPipeError:  # output piped into e.g. `head`, which closed it: not an error of ours
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 0
 
 
 def console_main() -> None:

@@ -16,13 +16,14 @@ import os
 import pickle
 import socket
 import tempfile
-import threading
 import time
 import zipfile
 import zlib
 from typing import Any, BinaryIO, Callable, Dict, Mapping
 
 import torch
+
+from . import forks
 
 FORMAT = 'ding_buffer'
 SCHEMA_VERSION = 1
@@ -45,7 +46,7 @@ def atomic_save(obj: Any, path: str) -> None:
     atomic_write(path, lambda f: save_checked(obj, f))
 
 
-_CRC_SWITCH = threading.Lock()
+_CRC_SWITCH = forks.lock(reentrant=False)
 
 
 def save_checked(obj: Any, f: Any) -> None:

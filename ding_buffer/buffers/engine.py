@@ -38,6 +38,7 @@ import numpy as np
 import torch
 from easydict import EasyDict
 
+from .. import forks
 from ..base import IBuffer
 from ..config import INF, build_config
 from ..control.capacity import CapacityRule, find_capacity_rule
@@ -208,8 +209,10 @@ class Engine(IBuffer):
         check_instance_name(instance_name)
         self._instance_name = instance_name
         self._logger = logging.getLogger(f'ding_buffer.{instance_name}')
-        self._lock = threading.RLock()
+        self._lock = forks.lock()  # (free in a forked child)
         self._rng = new_rng(self._cfg.get('seed'))
+        if self._cfg.get('seed') is None:
+            forks.reseed_in_children(self)
         self._remover: Optional[UsedDataRemover] = None
         if self._cfg.get('enable_track_used_data', False):
             if self._cfg.storage.type != 'list':
@@ -1064,11 +1067,12 @@ class Engine(IBuffer):
             raise RuntimeError(f"buffer '{self._instance_name}' is closed")
 
     def start(self) -> None:
-        self._check_open()
-        if self._remover is not None:
-            self._remover.start()
-        if self._periodic is not None:
-            self._periodic.start()
+        with self._lock:  # (one thread of each kind, however many calls race; none once close() began)
+            self._check_open()
+            if self._remover is not None:
+                self._remover.start()
+            if self._periodic is not None:
+                self._periodic.start()
 
     def close(self) -> None:
         """Wake waiting samplers (they raise), stop the monitor thread, flush TensorBoard (close it only if the
@@ -1079,14 +1083,17 @@ class Engine(IBuffer):
                 return
             self._closed = True
             self._limiter.wake()
-        if self._remover is not None:
-            self._remover.close()
-        if self._periodic is not None:
-            self._periodic.close()
-        if self._tb is not None:
-            self._tb.close()  # flushes; closes the writer only if the buffer created it
+        failed: Optional[BaseException] = None
+        for part in (self._remover, self._periodic, self._tb):  # (the tb sink flushes; closes only its own writer)
+            try:
+                if part is not None:
+                    part.close()
+            except Exception as e:  # the other parts still close, and the table is still released
+                failed = failed or e
         with self._lock:  # (a read of the data in another thread finishes first)
             self._t.release()
+        if failed is not None:
+            raise failed
 
     def __del__(self) -> None:
         try:

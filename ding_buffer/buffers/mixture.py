@@ -7,7 +7,6 @@ and keeps their states together. It holds the members; they know nothing of it.
 """
 
 import logging
-import threading
 import time
 import types
 from typing import Any, Dict, List, Mapping, NoReturn, Optional, Sequence
@@ -16,6 +15,7 @@ import numpy as np
 import torch
 from easydict import EasyDict
 
+from .. import forks
 from ..base import BUFFER_REGISTRY, IBuffer, create_buffer, get_buffer_cls
 from ..config import SEED_CHECK, build_config, check_section, dingengine_ignored, finite_number, plain_numbers
 from ..control.priority import as_numpy, as_priorities, parse_update
@@ -336,8 +336,10 @@ class MixtureReplayBuffer(IBuffer):
         self._names = tuple(self._cfg.members)
         self._push_to = self._cfg.push_to or self._names[-1]
         self._key = self._cfg.member_key
-        self._lock = threading.Lock()
+        self._lock = forks.lock(reentrant=False)
         self._rng = new_rng(self._cfg.seed)
+        if self._cfg.seed is None:
+            forks.reseed_in_children(self)
         self._counters = dict(sample_calls=0, refused_sample=0, **{f'sampled_{n}': 0 for n in self._names})
         self._closed = False
         members: Dict[str, IBuffer] = {}

@@ -30,7 +30,6 @@ import copy
 import logging
 import math
 import numbers
-import threading
 from typing import Any, Dict, List, Mapping, Optional
 
 import treetensor.torch as ttorch
@@ -38,6 +37,7 @@ from ding.data.buffer import Buffer, BufferedData
 from ding.data.buffer.middleware import PriorityExperienceReplay
 from ding.utils import BUFFER_REGISTRY as DI_BUFFER_REGISTRY
 
+from .. import forks
 from ..base import BUFFER_REGISTRY, IBuffer, create_buffer, get_buffer_cls
 from ..config import deep_merge_dicts
 from ..control.priority import as_priorities, is_id_text
@@ -158,7 +158,7 @@ class TaskBuffer(Buffer):
         self._inner: IBuffer = create_buffer(cfg, tb_logger=tb_logger, exp_name=exp_name, instance_name=instance_name)
         super().__init__(self._inner.replay_buffer_size)
         self._prefix = instance_name + '_'
-        self._lock = threading.RLock()
+        self._lock = forks.lock()
         self._pending: List[tuple] = []  # (id, slot, priority) of updates not yet applied
         self._meta: Dict[int, dict] = {}  # id -> the meta pushed with it (pruned to the stored ids now and then)
         self._closed = False

@@ -14,6 +14,8 @@ import threading
 import time
 from typing import Any, Callable, Dict, Optional
 
+from .. import forks
+
 TAGS = (('pushed_in', 'push_items'), ('sampled_out', 'sampled_items'), ('removed', 'remove_count'))
 
 
@@ -55,7 +57,7 @@ class PeriodicThruputMonitor:
         self._last_at = 0.0
         self._closed = False
         self._reserved = 0  # closed: the steps taken, its last period included (written or not)
-        self._step_lock = threading.Lock()
+        self._step_lock = forks.lock(reentrant=False)
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
 

@@ -2,8 +2,9 @@
 
 import logging
 import os
-import threading
 from typing import Any, List, Optional, Tuple
+
+from .. import forks
 
 # What a monitor computed under the buffer's lock and the buffer writes after releasing it:
 # (a log message or None, [(tag, value, step), ...]).
@@ -85,7 +86,7 @@ class TBSink:
     def __init__(self, writer: Any, owned: bool) -> None:
         self.writer = writer
         self.owned = owned
-        self._lock = threading.Lock()
+        self._lock = forks.lock(reentrant=False)
         self._closed = False
         self._failed = False
 

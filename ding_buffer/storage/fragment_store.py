@@ -25,7 +25,6 @@ import functools
 import io
 import os
 import re
-import threading
 import uuid
 import weakref
 from typing import Any, Dict, Iterable, Optional, Set
@@ -33,6 +32,7 @@ from typing import Any, Dict, Iterable, Optional, Set
 import numpy as np
 import torch
 
+from .. import forks
 from ..persistence import check_integrity, save_checked
 
 _ID = re.compile(r'[0-9a-f]{32}')
@@ -40,7 +40,7 @@ KINDS = ('memory', 'disk')
 # the disk stores of this process by directory: a payload one of them holds is not deleted by another (two buffers
 # on one path, e.g. one loaded from the other's file)
 _OPEN: Dict[str, 'weakref.WeakSet[FragmentStore]'] = {}
-_OPEN_LOCK = threading.Lock()
+_OPEN_LOCK = forks.lock(reentrant=False)
 
 
 @functools.lru_cache(maxsize=None)
@@ -93,6 +93,8 @@ class FragmentStore:
         self.kind, self.path = kind, path
         self._mem: Dict[str, Any] = {}
         self._held: Set[str] = set()  # (disk) the ids its owner refers to: ``hold``, ``delete``
+        # (disk) a forked child's copy deletes only the payloads it put itself: the others are its parent's
+        self._pid, self._child_puts = os.getpid(), set()
         if kind == 'disk':
             with _OPEN_LOCK:  # (by the directory itself: a symlink to it is the same store)
                 _OPEN.setdefault(os.path.realpath(path), weakref.WeakSet()).add(self)
@@ -107,6 +109,8 @@ class FragmentStore:
         self._held.clear()
 
     def _held_elsewhere(self, name: str) -> bool:
+        if os.getpid() != self._pid and name not in self._child_puts:  # (a forked child's copy: the parent's)
+            return True
         with _OPEN_LOCK:
             stores = _OPEN.get(os.path.realpath(self.path), ())
             return any(name in store._held for store in stores if store is not self)
@@ -129,6 +133,8 @@ class FragmentStore:
         try:
             save_checked(payload, tmp)
             os.replace(tmp, final)
+            if os.getpid() != self._pid:
+                self._child_puts.add(fragment_id)
         except BaseException:
             if os.path.exists(tmp):
                 os.remove(tmp)
@@ -172,6 +178,7 @@ class FragmentStore:
         self._held.discard(fragment_id)
         if self._held_elsewhere(fragment_id):
             return
+        self._child_puts.discard(fragment_id)
         try:
             os.remove(self._file(fragment_id))
         except FileNotFoundError:

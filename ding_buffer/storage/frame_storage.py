@@ -10,6 +10,7 @@ the new frames overwrote, which the buffer removes: ``removed_by_frames``), ``wr
 push refused whole). A push that raised changes nothing. Batches go row by row: there is no fast batch path.
 """
 
+import os
 import weakref
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
@@ -264,7 +265,7 @@ class FrameStorage(TensorStorage):
             if self._frame_release is not None:  # the ring it replaces (a restore)
                 self._frame_release()
             self._frame_release = weakref.finalize(
-                self, remove_files, [memmap_file(self.memmap_dir, 0, ('frames',), token)]
+                self, remove_files, [memmap_file(self.memmap_dir, 0, ('frames',), token)], os.getpid()
             )
         return ring
 

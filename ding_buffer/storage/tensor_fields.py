@@ -143,8 +143,11 @@ def advise_huge_pages(t: torch.Tensor) -> bool:
     return end > start and _libc.madvise(start, end - start, _MADV_HUGEPAGE) == 0
 
 
-def remove_files(files: List[str]) -> None:
-    """Remove memmap files (already gone is fine; the mapping itself stays valid until released)."""
+def remove_files(files: List[str], owner: Optional[int] = None) -> None:
+    """Remove memmap files (already gone is fine; the mapping itself stays valid until released); with ``owner``
+    (the pid that made them) only in that process: a forked child's copy of a storage shares its parent's files."""
+    if owner is not None and owner != os.getpid():
+        return
     for f in files:
         try:
             os.remove(f)

@@ -152,7 +152,7 @@ class TensorStorage(Storage):
         self._fast = FastWriter.build(schema, views, self.device, self.skip_keys)
         if self.memmap_dir is not None:  # the files go with this storage (release, or garbage collection)
             files = [self.memmap_file(i, p) for i, p in enumerate(schema)]
-            self._release = weakref.finalize(self, remove_files, files)
+            self._release = weakref.finalize(self, remove_files, files, os.getpid())
 
     def release(self) -> None:
         """Remove this storage's memmap files now (``close()``); the data stays readable until the storage is

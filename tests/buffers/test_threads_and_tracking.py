@@ -242,3 +242,30 @@ def test_a_tracked_state_whose_item_names_no_file_is_refused_at_load(tmp_path):
         assert_same(buf.state_dict(), before)
         assert buf.push({'data_id': paths[2]}) == 1
         buf.close()
+
+
+def test_a_start_racing_close_starts_no_thread_once_close_began(tmp_path):
+    # start() waits for the lock; close() flips the buffer closed under it: the start that comes second refuses,
+    # and no remover or monitor thread outlives close()
+    buf = create_buffer(
+        dict(type='naive', replay_buffer_size=4, enable_track_used_data=True, periodic_thruput_seconds=0.05),
+        tb_logger=None,
+    )
+    outcome = []
+
+    def starter():
+        try:
+            buf.start()
+            outcome.append('started')
+        except RuntimeError as e:
+            outcome.append(str(e))
+
+    with buf.lock:  # (as another call of the buffer's own would hold it)
+        t = threading.Thread(target=starter)
+        t.start()
+        t.join(0.3)
+        assert t.is_alive()  # waiting for the lock
+        buf.close()
+    t.join(10)
+    assert len(outcome) == 1 and 'closed' in outcome[0]
+    assert not [th for th in threading.enumerate() if th.name in ('delete_used_data', 'buffer_thruput')]

@@ -252,3 +252,16 @@ def test_an_eval_csv_row_with_an_empty_value_is_refused_naming_it(tmp_path):
     (tmp_path / 'cut_seed0' / 'eval.csv').write_text('\n'.join(text) + '\n')
     with pytest.raises(ValueError, match=r"row 2 of its eval.csv has no value for \['return_mean'\]"):
         drawn([d])
+
+
+def test_cli_plot_errors_of_the_filesystem_and_the_table_are_one_line(tmp_path, capsys):
+    run = fake_run(tmp_path, 'per', 0, [10, 20], [1.0, 2.0])
+    long = tmp_path / ('a' * 300 + '.png')  # a name longer than the filesystem takes: the write's OSError
+    assert main(['plot', run, '--out', str(long)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith('ding-buffer: error: ') and 'Traceback' not in err and len(err.splitlines()) == 1
+    csv = tmp_path / 'per_seed0' / 'eval.csv'
+    csv.write_text(csv.read_text().replace('2.0', 'abc', 1))
+    assert main(['plot', run, '--out', str(tmp_path / 'p.png')]) == 2
+    err = capsys.readouterr().err
+    assert f'{csv} is not an evaluation table of numbers' in err and "'abc'" in err
