@@ -67,8 +67,9 @@ def resolve_config(arg: str) -> str:
     close = difflib.get_close_matches(name, [c.name for c in ready], n=1, cutoff=0.6) if name else []
     hint = f"did you mean '{close[0]}'? " if close else ''
     names = ', '.join(c.name for c in ready if c.job != '-') or '(none found)'
+    what = 'is a directory, not a config file,' if os.path.isdir(arg) else 'does not exist'
     raise FileNotFoundError(
-        f"config file '{arg}' does not exist and is not the name of a ready config; {hint}"
+        f"config file '{arg}' {what} and is not the name of a ready config; {hint}"
         f"(training configs: {names}; `ding-buffer configs` lists all)"
     )
 

@@ -494,3 +494,10 @@ def test_a_typo_is_matched_against_the_named_subcommands_own_flags(tmp_path, cap
             assert 'did you mean' not in err, err
         else:
             assert hint in err, err
+
+
+def test_a_directory_given_as_the_config_is_named_a_directory(tmp_path):
+    from ding_buffer.ready_configs import resolve_config
+
+    with pytest.raises(FileNotFoundError, match=f"config file '{tmp_path}' is a directory, not a config file,"):
+        resolve_config(str(tmp_path))
