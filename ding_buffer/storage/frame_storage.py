@@ -87,6 +87,7 @@ class FrameStorage(TensorStorage):
         self.succ = np.full(self.capacity, -1, dtype=np.int64)
         self.succ_uid = np.full(self.capacity, -1, dtype=np.int64)
         self.last: Dict[Any, Tuple[int, int]] = {}
+        self._prune_at = 64  # (streams: pruned when they reach it; ``_forget_streams``)
 
     # ------------------------------------------------------------------ writing
     def write_one(self, item: Any) -> Optional[int]:
@@ -317,6 +318,19 @@ class FrameStorage(TensorStorage):
         self.frame_ring.commit(pending)
         self.streams.update(pending.streams)
         self._link(pending, stored, slots, uids)
+        if len(self.streams) > self._prune_at:
+            self._forget_streams()
+
+    def _forget_streams(self) -> None:
+        """Drop the streams whose frames the ring no longer holds, and their last items: the next step of such a
+        stream starts an episode either way (its last item lost its frames too), so nothing changes but memory.
+        Amortised (run when the streams doubled since the last run): a run with a new environment id per episode
+        keeps streams, and its saved state, bounded by the ring instead of growing with every id it saw."""
+        ring = self.frame_ring
+        for env in [env for env, (sids, _) in self.streams.items() if not ring.holds(np.array(sids)).all()]:
+            del self.streams[env]
+            self.last.pop(env, None)
+        self._prune_at = max(64, 2 * len(self.streams))
 
     def _link(self, pending: Any, stored: Any, slots: np.ndarray, uids: np.ndarray) -> None:
         """Each stored item (``stored``: a mask over the pushed items; ``slots`` / ``uids`` of the stored ones, in
@@ -516,7 +530,7 @@ class FrameStorage(TensorStorage):
         out['links'] = {
             'succ': torch.from_numpy(self.succ[order].copy()),
             'succ_uid': torch.from_numpy(self.succ_uid[order].copy()),
-            'last': [[env, slot, uid] for env, (slot, uid) in self.last.items()],
+            'last': [[env, *self.last[env]] for env, _, _ in streams if env in self.last],  # (of the saved streams)
         }
         return out
 

@@ -873,3 +873,41 @@ def test_a_frames_field_named_like_a_field_a_sample_adds_is_refused(key):
         cfg['storage']['frames'][key] = name
         with pytest.raises(ValueError, match=f"'storage.frames.{key}' has invalid value '{name}'"):
             create_buffer(cfg)
+
+
+def test_streams_of_environments_long_gone_are_forgotten_and_live_ones_go_on():
+    """A new environment id per episode (respawned actors): the state named the last item of every id ever seen
+    (and memory held its stream), growing without bound at a fixed capacity. Only streams whose frames the ring
+    still holds are kept; a stream that lives through the forgetting keeps its n-step successors."""
+    cfg = dict(
+        type='naive',
+        replay_buffer_size=16,
+        seed=0,
+        storage=dict(type='tensor', frames=dict(env_key='env_id', stack=1, n_step=3, gamma=0.5)),
+    )
+    buf = create_buffer(cfg)
+    pixel = iter(range(10**9))
+
+    def frame():
+        return torch.full((1, 2, 2), next(pixel) % 256, dtype=torch.uint8)
+
+    live = frame()
+    for ep in range(300):  # one short episode of a new environment, then one step of the live one
+        obs = frame()
+        for t in range(2):
+            nxt = frame()
+            buf.push({'obs': obs, 'next_obs': nxt, 'reward': 0.0, 'done': t == 1, 'env_id': 1000 + ep})
+            obs = nxt
+        nxt = frame()
+        buf.push({'obs': live, 'next_obs': nxt, 'reward': 1.0, 'done': False, 'env_id': 0})
+        live = nxt
+    state = buf.state_dict()
+    streams, last = state['storage']['frames']['streams'], state['storage']['links']['last']
+    assert {e[0] for e in last} <= {e[0] for e in streams} and len(last) <= 16
+    out = buf.sample(buf.count(), replace=False)
+    rows = zip(out['env_id'].tolist(), out['replay_unique_id'].tolist(), out['n_step'].tolist())
+    ks = [n for _, n in sorted((uid, n) for env, uid, n in rows if env == 0)]  # the live stream's, oldest first
+    assert ks[:-2] == [3] * (len(ks) - 2) and ks[-2:] == [2, 1]  # the live stream's successors all kept
+    again = create_buffer(cfg)
+    again.load_state_dict(state)
+    assert_same(again.state_dict(), state)
