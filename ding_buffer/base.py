@@ -8,6 +8,8 @@ import copy
 import functools
 import importlib
 import logging
+import os
+import threading
 from abc import ABC, abstractmethod
 from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple, Type
 
@@ -199,8 +201,15 @@ class IBuffer(ABC):
             f"batches); `len(buffer)` counts the items and `buffer.state_dict()` copies them all."
         )
 
+    _reseed_due = False  # (a forked child of a buffer built without a seed: its next draw takes a new seed first)
+
+    def _after_fork(self) -> None:
+        """In a forked child (``forks.tell_children``, buffers built without a seed): the next draw first takes a new
+        seed from numpy's global RNG, as the first one did (a ``DataLoader`` seeds it in each of its workers)."""
+        self._reseed_due = True
+
     def _reseed(self) -> None:
-        """In a forked child (``forks.reseed_in_children``): the buffer's RNG, which drew its own seed, a new one."""
+        self._reseed_due = False
         forks.new_seed(self._rng)
 
     def __reduce_ex__(self, protocol: Any) -> Any:
@@ -289,6 +298,22 @@ def set_preset_loader(loader: Callable[[], None]) -> None:
 
 
 _PRESET_LOCK = forks.lock()  # another thread's first use waits for the load; the loading thread re-enters
+_fork_held = threading.local()
+
+
+def _before_fork() -> None:
+    """A fork waits for a load under way in another thread (a child would find the types half registered)."""
+    _fork_held.value = _PRESET_LOCK.acquire(timeout=120.0)
+
+
+def _after_fork() -> None:
+    if getattr(_fork_held, 'value', False):
+        _fork_held.value = False
+        _PRESET_LOCK.release()
+
+
+if hasattr(os, 'register_at_fork'):
+    os.register_at_fork(before=_before_fork, after_in_parent=_after_fork, after_in_child=_after_fork)
 
 
 def _load_presets() -> None:

@@ -4,8 +4,9 @@ package's objects it inherits.
 - Locks start free there. A thread that held one at the fork does not exist in the child, so the lock would stay
   taken for good and every later call on the buffer would wait on it. (A re-entrant lock the forking thread itself
   holds stays held: that thread goes on in the child and releases it.)
-- A buffer built without a seed draws a new one there, so forked workers do not repeat one another's draws (a buffer
-  given a seed goes on drawing what it would have drawn).
+- Objects told (``tell_children``) run their ``_after_fork()`` there: a buffer built without a seed draws a new one
+  at its next draw, TensorBoard sinks drop their writes (the writer's thread stayed in the parent), and the parts
+  that delete files leave the parent's alone.
 """
 
 import os
@@ -16,7 +17,7 @@ from typing import Any
 import numpy as np
 
 _LOCKS: 'weakref.WeakSet[Any]' = weakref.WeakSet()
-_UNSEEDED: 'weakref.WeakSet[Any]' = weakref.WeakSet()  # objects whose ``_reseed()`` gives their RNG a new seed
+_TOLD: 'weakref.WeakSet[Any]' = weakref.WeakSet()
 
 
 def lock(reentrant: bool = True) -> Any:
@@ -26,26 +27,27 @@ def lock(reentrant: bool = True) -> Any:
     return made
 
 
-def reseed_in_children(owner: Any) -> None:
-    """``owner._reseed()`` runs in each forked child (``owner`` drew its own seed)."""
-    _UNSEEDED.add(owner)
+def tell_children(owner: Any) -> None:
+    """``owner._after_fork()`` runs in each forked child."""
+    _TOLD.add(owner)
 
 
 def new_seed(rng: np.random.Generator) -> None:
-    """``rng`` (in place: whatever holds it sees the change) continues from a seed of fresh OS entropy."""
+    """``rng`` (in place: whatever holds it sees the change) continues from a seed drawn from numpy's global RNG, as
+    a buffer built without a seed draws its first (``np.random.seed`` reproduces it)."""
     bits = rng.bit_generator
-    bits.state = type(bits)(np.random.SeedSequence()).state
+    bits.state = type(bits)(np.random.randint(0, 2**63 - 1)).state
 
 
 def _after_fork_child() -> None:
     for held in list(_LOCKS):
         if not (isinstance(held, type(threading.RLock())) and held._is_owned()):
             held._at_fork_reinit()
-    for owner in list(_UNSEEDED):
-        owner._reseed()
+    for owner in list(_TOLD):
+        owner._after_fork()
 
 
 if hasattr(os, 'register_at_fork'):
     os.register_at_fork(after_in_child=_after_fork_child)
 
-__all__ = ['lock', 'new_seed', 'reseed_in_children']
+__all__ = ['lock', 'new_seed', 'tell_children']

@@ -212,7 +212,7 @@ class Engine(IBuffer):
         self._lock = forks.lock()  # (free in a forked child)
         self._rng = new_rng(self._cfg.get('seed'))
         if self._cfg.get('seed') is None:
-            forks.reseed_in_children(self)
+            forks.tell_children(self)
         self._remover: Optional[UsedDataRemover] = None
         if self._cfg.get('enable_track_used_data', False):
             if self._cfg.storage.type != 'list':
@@ -776,6 +776,8 @@ class Engine(IBuffer):
                 why = self._ready(size, cur_learner_iter, shortfall, timeout, deadline) if first else ''
                 if why:
                     return self._refuse(why)
+                if self._reseed_due:  # (a forked child's first draw)
+                    self._reseed()
                 if self._fallible:  # a rule of the user's may fail after the draw: restore what the draw moved then
                     rng, snapshot = self._rng.bit_generator.state, self._t.snapshot()  # (or if its sampler refuses)
                     try:

@@ -339,7 +339,7 @@ class MixtureReplayBuffer(IBuffer):
         self._lock = forks.lock(reentrant=False)
         self._rng = new_rng(self._cfg.seed)
         if self._cfg.seed is None:
-            forks.reseed_in_children(self)
+            forks.tell_children(self)
         self._counters = dict(sample_calls=0, refused_sample=0, **{f'sampled_{n}': 0 for n in self._names})
         self._closed = False
         members: Dict[str, IBuffer] = {}
@@ -495,7 +495,9 @@ class MixtureReplayBuffer(IBuffer):
                 with self._lock:
                     self._check_open()  # close() ends a wait
                     rng = self._rng  # (load_state_dict may replace it meanwhile: the state goes back to this one)
-                    before = rng.bit_generator.state
+                    before, due = rng.bit_generator.state, self._reseed_due
+                    if due:  # (a forked child's first draw)
+                        self._reseed()
                     shares = self._shares(int(size))
                 why = [] if shares is None else self._refusals(shares, cur_learner_iter)
                 ready, out = shares is not None and not why, None
@@ -504,7 +506,7 @@ class MixtureReplayBuffer(IBuffer):
                 finally:
                     if out is None:  # a refusal, a question or a failed draw: the split is not drawn either
                         with self._lock:
-                            rng.bit_generator.state = before
+                            rng.bit_generator.state, self._reseed_due = before, due
                 if ready:
                     return out if draw else ''
             finally:

@@ -89,6 +89,11 @@ class TBSink:
         self._lock = forks.lock(reentrant=False)
         self._closed = False
         self._failed = False
+        forks.tell_children(self)
+
+    def _after_fork(self) -> None:
+        """A forked child drops its writes: the writer's thread stayed in the parent (a flush would wait for it)."""
+        self._closed = True
 
     def _usable(self) -> bool:
         if self._closed or (not self.owned and writer_closed(self.writer)):

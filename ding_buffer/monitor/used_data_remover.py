@@ -14,6 +14,8 @@ import shutil
 import threading
 from typing import Any, Iterable, List, Optional
 
+from .. import forks
+
 
 def check_trackable(item: Any, i: int) -> None:
     """Raise unless ``item`` is a dict with a path-like ``data_id``."""
@@ -60,6 +62,11 @@ class UsedDataRemover:
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
         self._held: List[str] = []  # the files of the last batch used up (``add(hold=True)``)
+        self._forked = False  # a forked child's copy deletes nothing: the files are its parent's items'
+        forks.tell_children(self)
+
+    def _after_fork(self) -> None:
+        self._forked = True
 
     @property
     def running(self) -> bool:
@@ -92,6 +99,8 @@ class UsedDataRemover:
         return self._queue.qsize() + len(self._held)
 
     def _delete(self, path: str) -> None:
+        if self._forked:
+            return
         try:
             if os.path.isdir(path) and not os.path.islink(path):
                 shutil.rmtree(path)

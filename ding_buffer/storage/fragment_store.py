@@ -93,11 +93,16 @@ class FragmentStore:
         self.kind, self.path = kind, path
         self._mem: Dict[str, Any] = {}
         self._held: Set[str] = set()  # (disk) the ids its owner refers to: ``hold``, ``delete``
-        # (disk) a forked child's copy deletes only the payloads it put itself: the others are its parent's
-        self._pid, self._child_puts = os.getpid(), set()
+        # (disk) in a forked child, the payloads it put itself: it deletes only those (None: not forked)
+        self._own: Optional[Set[str]] = None
         if kind == 'disk':
             with _OPEN_LOCK:  # (by the directory itself: a symlink to it is the same store)
                 _OPEN.setdefault(os.path.realpath(path), weakref.WeakSet()).add(self)
+            forks.tell_children(self)
+
+    def _after_fork(self) -> None:
+        """A forked child's copy: the payloads so far are its parent's (a grandchild's: its parent's too)."""
+        self._own = set()
 
     def hold(self, fragment_id: str) -> None:
         """The owner refers to ``fragment_id``: another store of this process on the same path keeps its file."""
@@ -109,7 +114,7 @@ class FragmentStore:
         self._held.clear()
 
     def _held_elsewhere(self, name: str) -> bool:
-        if os.getpid() != self._pid and name not in self._child_puts:  # (a forked child's copy: the parent's)
+        if self._own is not None and name not in self._own:  # (a forked child's copy: its parent's)
             return True
         with _OPEN_LOCK:
             stores = _OPEN.get(os.path.realpath(self.path), ())
@@ -133,8 +138,8 @@ class FragmentStore:
         try:
             save_checked(payload, tmp)
             os.replace(tmp, final)
-            if os.getpid() != self._pid:
-                self._child_puts.add(fragment_id)
+            if self._own is not None:
+                self._own.add(fragment_id)
         except BaseException:
             if os.path.exists(tmp):
                 os.remove(tmp)
@@ -178,7 +183,8 @@ class FragmentStore:
         self._held.discard(fragment_id)
         if self._held_elsewhere(fragment_id):
             return
-        self._child_puts.discard(fragment_id)
+        if self._own is not None:
+            self._own.discard(fragment_id)
         try:
             os.remove(self._file(fragment_id))
         except FileNotFoundError:

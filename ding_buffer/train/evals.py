@@ -33,5 +33,5 @@ def read_eval_csv(run_dir: str) -> List[Dict[str, float]]:
         with open(path) as f:
             # a column a run written by an older version lacks (or left empty) is absent from its rows
             return [{k: float(v) for k, v in row.items() if v not in ('', None)} for row in csv.DictReader(f)]
-    except ValueError as e:  # (a cell that is no number; bytes that are no UTF-8)
-        raise ValueError(f"{path} is not an evaluation table of numbers: {e}") from None
+    except (ValueError, TypeError, csv.Error) as e:  # (a cell that is no number, a row with extra cells, no UTF-8)
+        raise ValueError(f"{path} is not an evaluation table of numbers: {type(e).__name__}: {e}") from None

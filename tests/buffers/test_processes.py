@@ -7,6 +7,7 @@ import pickle
 import signal
 import threading
 
+import numpy as np
 import pytest
 import torch
 
@@ -89,19 +90,35 @@ def test_a_fork_inside_the_forking_threads_own_lock_block_releases_it_there():
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize('type_', ['naive', 'mixture'])
 @pytest.mark.parametrize('seed', [None, 3])
-def test_forked_children_of_an_unseeded_buffer_draw_their_own_batches(seed):
-    buf = create_buffer(dict(type='naive', replay_buffer_size=1000, seed=seed))
-    buf.push([{'obs': torch.tensor([float(i)])} for i in range(1000)])
+def test_forked_children_of_an_unseeded_buffer_draw_by_numpys_global_seed(type_, seed):
+    # as DI-engine's buffers, which draw from numpy's global RNG: a DataLoader seeds it in each worker, so workers
+    # draw different batches, and the same seeds reproduce them; a buffer given a seed draws what it would have
+    if type_ == 'mixture':
+        members = dict(a=dict(type='naive', replay_buffer_size=500, seed=1), b=dict(type='naive', seed=2))
+        buf = create_buffer(dict(type='mixture', members=members, weights=dict(a=0.5, b=0.5), seed=seed))
+        for name in ('a', 'b'):
+            buf.members[name].push([{'obs': torch.tensor([float(i)])} for i in range(500)])
+    else:
+        buf = create_buffer(dict(type='naive', replay_buffer_size=1000, seed=seed))
+        buf.push([{'obs': torch.tensor([float(i)])} for i in range(1000)])
 
-    def draw():
-        return sorted(int(x['obs']) for x in buf.sample(16))
+    def draw(worker):
+        def run():
+            np.random.seed(worker)  # (what a DataLoader worker does first)
+            if type_ == 'naive':
+                return sorted(int(x['obs']) for x in buf.sample(64))
+            return sum(x['mixture_member'] == 'a' for x in buf.sample(63))  # (the odd item's member is drawn)
 
-    a, b = _in_child(draw), _in_child(draw)
-    if seed is None:  # (as DI-engine's buffers in DataLoader workers, which reseed numpy's global RNG)
+        return run
+
+    a, b, a2 = _in_child(draw(0)), _in_child(draw(1)), _in_child(draw(0))
+    assert a == a2  # reproduced
+    if seed is None:
         assert a != b
-    else:  # a given seed draws what it would have drawn
-        assert a == b == str(draw())
+    else:
+        assert a == b
 
 
 @pytest.mark.slow
@@ -128,3 +145,49 @@ def test_a_forked_childs_copy_never_deletes_its_parents_files(tmp_path):
     assert chunk.count() == 4 and len(chunk.sample(2)) == 2  # the parent reads every payload it counts
     naive.close()
     assert os.listdir(mm) == []  # the owner removes its own files
+
+
+@pytest.mark.slow
+def test_a_forked_child_drops_tensorboard_writes_and_never_deletes_its_parents_used_data(tmp_path):
+    from torch.utils.tensorboard import SummaryWriter
+
+    writer = SummaryWriter(str(tmp_path / 'tb'))
+    paths = [tmp_path / f'{i}.pt' for i in range(4)]
+    for p in paths:
+        p.write_bytes(b'x')
+    cfg = dict(type='advanced', replay_buffer_size=8, seed=0, enable_track_used_data=True)
+    buf = create_buffer(dict(cfg, monitor=dict(sampled_data_attr=dict(print_freq=1))), tb_logger=writer)
+    buf.push([{'obs': torch.ones(2), 'data_id': str(p)} for p in paths])
+    buf.sample(2)  # (a write through the writer: its thread is busy in the parent)
+
+    def child():
+        buf.push({'obs': torch.zeros(2), 'data_id': str(tmp_path / 'mine.pt')})
+        buf.sample(2)
+        buf.clear()
+        buf.close()  # (a flush of the parent's writer waited for its thread for good)
+        return 'closed'
+
+    assert _in_child(child) == 'closed'
+    assert all(p.exists() for p in paths) and buf.count() == 4
+    buf.close()
+    writer.close()
+
+
+@pytest.mark.slow
+def test_a_grandchild_never_deletes_the_payloads_its_parent_put(tmp_path):
+    chunk = create_buffer(
+        dict(type='chunk', max_chunks=10, fragments_per_chunk=1, seed=1, store=dict(type='disk', path=str(tmp_path)))
+    )
+
+    def put(fid):
+        chunk.push(dict(worker='w', fid=fid, model_version=0, session_id='s', data={'obs': torch.full((2,), 1.0)}))
+
+    put(0)
+
+    def child():
+        put(1)
+        _in_child(lambda: (chunk.clear(), chunk.close()))
+        return f'{chunk.count()} {len(chunk.sample(2))} {len(os.listdir(tmp_path))}'
+
+    assert _in_child(child) == '2 2 2'
+    assert chunk.count() == 1 and len(chunk.sample(1)) == 1

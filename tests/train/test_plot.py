@@ -265,3 +265,6 @@ def test_cli_plot_errors_of_the_filesystem_and_the_table_are_one_line(tmp_path, 
     assert main(['plot', run, '--out', str(tmp_path / 'p.png')]) == 2
     err = capsys.readouterr().err
     assert f'{csv} is not an evaluation table of numbers' in err and "'abc'" in err
+    csv.write_text(csv.read_text().replace('abc', '2.0,7', 1))  # a row with a cell more than the header
+    assert main(['plot', run, '--out', str(tmp_path / 'p.png')]) == 2
+    assert f'{csv} is not an evaluation table of numbers: TypeError' in capsys.readouterr().err
