@@ -125,8 +125,12 @@ def leaves(path: str, obj: Any, name: str) -> Iterator[Tuple[str, Any]]:
 
 def check_array(path: str, key: str, ds: Any, rows: int, shape: Optional[tuple] = None) -> None:
     """``ds`` has ``rows`` rows, a numeric or bool dtype and (if given) the per-row ``shape``."""
-    if ds.dtype.kind not in NUMERIC:
-        raise fail(path, key, f"has dtype {ds.dtype}, expected numbers or bools")
+    try:
+        dtype = ds.dtype
+    except (ValueError, TypeError, OSError) as e:  # a datatype numpy has no match for (a damaged header)
+        raise fail(path, key, f"has a datatype numpy cannot read (damaged file?): {e}") from e
+    if not numeric(dtype):
+        raise fail(path, key, f"has dtype {dtype}, expected numbers or bools (floats of at most 64 bits)")
     if ds.ndim == 0 or ds.shape[0] != rows:
         got = 'a scalar' if ds.ndim == 0 else f'{ds.shape[0]} rows'
         raise fail(path, key, f"has {got}, expected {rows} rows (shape {tuple(ds.shape)})")
@@ -135,17 +139,32 @@ def check_array(path: str, key: str, ds: Any, rows: int, shape: Optional[tuple] 
     _check_storage(path, key, ds)
 
 
+def numeric(dtype: np.dtype) -> bool:
+    """A dtype a field may have: bool, ints, floats torch has (not numpy's extended ``longdouble``)."""
+    return dtype.kind in NUMERIC and not (dtype.kind == 'f' and dtype.itemsize > 8)
+
+
 def _check_storage(path: str, key: str, ds: Any) -> None:
     """A contiguous dataset's stored bytes are what its shape and dtype need: a damaged header (another shape or
-    dtype over the same bytes) would read rows from outside them. Chunked (compressed) data is sized otherwise, and an
-    unwritten dataset holds none (it reads as its fill value)."""
+    dtype over the same bytes) would read rows from outside them; an unwritten one holds none (it reads as its fill
+    value). A chunked (compressed) dataset's chunk index names every chunk of its grid (or none: unwritten, except
+    with checksums, as ``write_d4rl`` writes): a damaged index (or chunk shape) would read the chunks it misses as
+    the fill value, checksums unchecked."""
     h5py = import_h5py()
     try:
-        if ds.id.get_create_plist().get_layout() != h5py.h5d.CONTIGUOUS:
-            return
-        stored = ds.id.get_storage_size()
+        layout = ds.id.get_create_plist().get_layout()
+        chunked = layout == h5py.h5d.CHUNKED
+        stored = ds.id.get_num_chunks() if chunked else ds.id.get_storage_size()
     except (OSError, RuntimeError, ValueError, KeyError) as e:
         raise fail(path, key, f"cannot be read (damaged file?): {e}") from e
+    if chunked:
+        grid = int(np.prod([-(-s // c) for s, c in zip(ds.shape, ds.chunks)], dtype=np.int64))
+        if stored != grid and (stored or ds.fletcher32):  # (none stored: unwritten, unless checksums were promised)
+            what = f"has {stored} stored chunks of {ds.chunks} for its shape {ds.shape}, which needs {grid}"
+            raise fail(path, key, f"{what} (a damaged chunk index, or a dataset never fully written)")
+        return
+    if layout != h5py.h5d.CONTIGUOUS:
+        return
     need = int(np.prod(ds.shape, dtype=np.int64)) * ds.dtype.itemsize
     if 0 < stored != need:
         what = f"declares {tuple(ds.shape)} {ds.dtype} ({need} bytes) over {stored} stored bytes (damaged header?)"

@@ -66,6 +66,8 @@ def load_dataset(
     target = Target.of(buffer)
     path = os.fspath(path)
     if not os.path.isfile(path):
+        if os.path.isdir(path):
+            raise FileNotFoundError(f"no dataset file at {path!r}: it is a directory (give the file in it)")
         raise FileNotFoundError(f"no dataset file at {path!r}")
     fmt = detect_format(path) if format in (None, 'auto') else format
     try:

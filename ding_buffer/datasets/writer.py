@@ -6,7 +6,7 @@ from typing import Any, Dict, List
 import numpy as np
 
 from ..persistence import atomic_write
-from .hdf5 import NUMERIC, import_h5py
+from .hdf5 import import_h5py, numeric
 
 # transition field -> D4RL key; either name is accepted
 D4RL_KEYS = {
@@ -50,15 +50,15 @@ def _columns(data: Any) -> Dict[str, np.ndarray]:
     if isinstance(data, Mapping):
         columns = _named(data, 'data')
     elif isinstance(data, (list, tuple)):
-        episodes = [_episode(ep, i) for i, ep in enumerate(data)]
-        episodes = [ep for ep in episodes if len(ep['observations'])]
-        if not episodes:
+        numbered = [(i, _episode(ep, i)) for i, ep in enumerate(data)]
+        numbered = [(i, ep) for i, ep in numbered if len(ep['observations'])]  # (empty episodes add nothing)
+        if not numbered:
             raise ValueError("write_d4rl: the list of episodes holds no step")
-        keys = set(episodes[0])
-        for i, ep in enumerate(episodes):
+        first, keys = numbered[0][0], set(numbered[0][1])
+        for i, ep in numbered:
             if set(ep) != keys:
-                raise ValueError(f"write_d4rl: episode {i} has the keys {sorted(ep)}, episode 0 {sorted(keys)}")
-        columns = {k: np.concatenate([ep[k] for ep in episodes]) for k in episodes[0]}
+                raise ValueError(f"write_d4rl: episode {i} has the keys {sorted(ep)}, episode {first} {sorted(keys)}")
+        columns = {k: np.concatenate([ep[k] for _, ep in numbered]) for k in numbered[0][1]}
     else:
         raise ValueError(
             f"write_d4rl: data is a {type(data).__name__}; expected a dict of arrays or a list of episodes"
@@ -129,8 +129,10 @@ def _array(value: Any, where: str) -> np.ndarray:
         array = np.asarray(value)
     except (ValueError, TypeError, RuntimeError) as e:  # (ragged steps; dtypes numpy lacks, e.g. bfloat16)
         raise ValueError(f"write_d4rl: {where} is not an array of numbers of one shape: {e}") from None
-    if array.dtype.kind not in NUMERIC:
-        raise ValueError(f"write_d4rl: {where} has dtype {array.dtype}; expected numbers or bools")
+    if not numeric(array.dtype):
+        raise ValueError(
+            f"write_d4rl: {where} has dtype {array.dtype}; expected numbers or bools (floats of at most 64 bits)"
+        )
     return array
 
 

@@ -324,6 +324,8 @@ def test_bad_options_and_a_missing_file(tmp_path, buffer):
             load_dataset(buffer, path, **options)
     with pytest.raises(FileNotFoundError, match='no dataset file at'):
         load_dataset(buffer, tmp_path / 'nowhere.hdf5')
+    with pytest.raises(FileNotFoundError, match=r"no dataset file at '.*': it is a directory \(give the file in it\)"):
+        load_dataset(buffer, tmp_path)  # (e.g. a Minari dataset's folder, not its main_data.hdf5)
 
 
 def test_without_h5py_the_error_says_what_to_install(tmp_path, buffer, monkeypatch):

@@ -147,3 +147,48 @@ def test_an_episode_mixing_tensors_arrays_and_numbers_is_written(tmp_path):
     with pytest.raises(ValueError, match="obs.*not an array of numbers of one shape"):
         write_d4rl(str(tmp_path / 'bad.hdf5'), [bad])
     assert not os.path.exists(tmp_path / 'bad.hdf5')
+
+
+def test_a_damaged_chunk_index_of_a_written_file_is_refused_not_read_as_zeros(tmp_path):
+    """A flipped bit in a column's chunk index (its B-tree node's count of entries) made HDF5 miss the chunk and
+    read its fill value, checksums unchecked: ``terminals`` all false (two episodes read as one), or zeroed
+    observations. Each damaged file is refused, naming the key, with nothing stored."""
+    done = np.zeros(40, bool)
+    done[[19, 38]] = True
+    path = tmp_path / 'a.hdf5'
+    write_d4rl(path, dict(obs=np.ones((40, 3), np.float32), action=np.ones((40, 2)), reward=np.ones(40), done=done))
+    raw = path.read_bytes()
+    nodes = [i for i in range(len(raw)) if raw.startswith(b'TREE', i) and raw[i + 4] == 1]  # (type 1: chunk index)
+    assert len(nodes) == 5
+    buffer = create_buffer(dict(type='episode', max_transitions=100, storage=dict(type='tensor')))
+    before = buffer.state_dict()
+    for at in nodes:
+        damaged = bytearray(raw)
+        damaged[at + 6] ^= 0x02  # the entries-used count: 1 -> 3
+        path.write_bytes(bytes(damaged))
+        with pytest.raises(ValueError, match=r"a\.hdf5': key '\w+' has 3 stored chunks .* which needs 1"):
+            load_dataset(buffer, path, progress=False)
+        assert_same(buffer.state_dict(), before)
+
+
+def test_extended_precision_floats_are_refused_naming_the_field(tmp_path):
+    path = tmp_path / 'x.hdf5'
+    data = dict(obs=np.zeros((3, 2), np.float32), action=np.zeros(3), reward=np.zeros(3, np.longdouble), done=[0, 0, 1])
+    with pytest.raises(
+        ValueError, match=r"write_d4rl: data: key 'reward' has dtype float128; expected .*at most 64 bits"
+    ):
+        write_d4rl(path, data)
+    write_d4rl(path, dict(data, reward=np.zeros(3)))
+    with h5py.File(path, 'r+') as f:  # another writer's file
+        del f['rewards']
+        f['rewards'] = np.zeros(3, np.longdouble)
+    buffer = create_buffer(dict(type='naive', storage=dict(type='tensor')))
+    with pytest.raises(ValueError, match=r"x\.hdf5': key 'rewards' has dtype float128, expected .*at most 64 bits"):
+        load_dataset(buffer, path, progress=False)
+    assert len(buffer) == 0
+
+
+def test_a_key_mismatch_names_the_callers_episodes_past_an_empty_one(tmp_path):
+    step = dict(obs=np.zeros(2, np.float32), action=0, reward=1.0, done=True)
+    with pytest.raises(ValueError, match=r"episode 2 has the keys .*, episode 1 "):
+        write_d4rl(tmp_path / 'x.hdf5', [[], [step], [dict(step, next_obs=np.zeros(2, np.float32))]])
