@@ -9,7 +9,6 @@ import functools
 import importlib
 import logging
 import os
-import threading
 from abc import ABC, abstractmethod
 from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple, Type
 
@@ -298,22 +297,18 @@ def set_preset_loader(loader: Callable[[], None]) -> None:
 
 
 _PRESET_LOCK = forks.lock()  # another thread's first use waits for the load; the loading thread re-enters
-_fork_held = threading.local()
 
 
-def _before_fork() -> None:
-    """A fork waits for a load under way in another thread (a child would find the types half registered)."""
-    _fork_held.value = _PRESET_LOCK.acquire(timeout=120.0)
-
-
-def _after_fork() -> None:
-    if getattr(_fork_held, 'value', False):
-        _fork_held.value = False
-        _PRESET_LOCK.release()
+def _after_fork_child() -> None:
+    """A load another thread was making when the process forked does not go on in the child: the child loads anew
+    (it found half the types registered, for good)."""
+    global _PRESETS
+    if _PRESETS == 'loading' and not _PRESET_LOCK._is_owned():
+        _PRESETS = 'not loaded'
 
 
 if hasattr(os, 'register_at_fork'):
-    os.register_at_fork(before=_before_fork, after_in_parent=_after_fork, after_in_child=_after_fork)
+    os.register_at_fork(after_in_child=_after_fork_child)
 
 
 def _load_presets() -> None:

@@ -917,6 +917,8 @@ class Engine(IBuffer):
     def state_dict(self) -> Dict[str, Any]:
         """A deep copy of the full state (data, counters, ids, RNG); never live references."""
         with self._lock:
+            if self._reseed_due:  # (a forked child's new seed, taken by whichever comes first: this or a draw)
+                self._reseed()
             return {
                 'type': self.__class__.__name__,
                 **self._t.state(self._engine_state()),
@@ -963,7 +965,7 @@ class Engine(IBuffer):
                 for key in self._load_shift:
                     self._load_shift[key] += before[key] - after[key]
             self._write_one = self._t.write_one  # the hot path may be bound to the replaced storage
-            self._rng = rng
+            self._rng, self._reseed_due = rng, False  # (a forked child's loaded RNG is what it draws from)
             self._cfg = self._t.cfg  # the table may restore saved settings (GFlowNet's ranking and sampling keys)
             failed = self._tell('rebuild')
             if self._remover is not None:  # the restored items' files are theirs, whatever a sample used up before

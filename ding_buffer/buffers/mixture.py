@@ -720,6 +720,8 @@ class MixtureReplayBuffer(IBuffer):
     def state_dict(self) -> Dict[str, Any]:
         with self.lock:  # one moment of every member
             with self._lock:
+                if self._reseed_due:  # (a forked child's new seed, taken by whichever comes first: this or a draw)
+                    self._reseed()
                 own = {'rng': dict(self._rng.bit_generator.state), 'counters': dict(self._counters)}
             members = {n: b.state_dict() for n, b in self._members.items()}
         return {'type': type(self).__name__, 'members': members, **own}
@@ -758,6 +760,7 @@ class MixtureReplayBuffer(IBuffer):
                 _raise_named(e, name)
             with self._lock:
                 self._rng, self._counters = rng, {k: int(v) for k, v in counters.items()}
+                self._reseed_due = False  # (a forked child's loaded RNG is what it draws from)
 
     def save_data(self, path: str) -> None:
         """Atomically write every member (and the mixture's RNG and counters) to ``path``."""

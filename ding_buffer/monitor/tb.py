@@ -2,7 +2,8 @@
 
 import logging
 import os
-from typing import Any, List, Optional, Tuple
+import threading
+from typing import Any, Callable, List, Optional, Tuple
 
 from .. import forks
 
@@ -21,6 +22,29 @@ def emit(due: Due, logger: Optional[logging.Logger], tb: Any) -> None:
     if tb is not None:
         for tag, value, step in scalars:
             tb.add_scalar(tag, value, step)
+
+
+WRITER_WAIT_S = 10.0  # how long a flush / close waits for the writer (one whose thread is gone never returns)
+
+
+def bounded(call: Callable[[], Any], what: str) -> None:
+    """``call()`` (a writer's flush or close) in a helper thread, waited for at most ``WRITER_WAIT_S``: torch's writer
+    waits for its writing thread, which a writer made before a fork lacks in the child. A failure is logged."""
+    log = logging.getLogger('ding_buffer')
+
+    def run() -> None:
+        try:
+            call()
+        except Exception:  # a writer failing at the end must not fail the buffer's close
+            log.warning('TensorBoard writer %s failed', what, exc_info=True)
+
+    helper = threading.Thread(target=run, name='tb_writer_wait', daemon=True)
+    helper.start()
+    helper.join(WRITER_WAIT_S)
+    if helper.is_alive():
+        log.warning(
+            "TensorBoard writer %s did not return within %.0fs (a writer made before a fork?)", what, WRITER_WAIT_S
+        )
 
 
 def rank() -> int:
@@ -122,7 +146,7 @@ class TBSink:
     def flush(self) -> None:
         with self._lock:
             if self._usable() and hasattr(self.writer, 'flush'):
-                self.writer.flush()
+                bounded(self.writer.flush, 'flush')
 
     def close(self) -> None:
         """Idempotent: flush; close the writer only when owned. Later writes are dropped."""
@@ -133,10 +157,5 @@ class TBSink:
             self._closed = True
             if not usable:
                 return
-            try:
-                if hasattr(self.writer, 'flush'):
-                    self.writer.flush()
-                if self.owned:
-                    self.writer.close()
-            except Exception:  # a writer failing at the end must not fail the buffer's close
-                logging.getLogger('ding_buffer').warning('closing the TensorBoard writer failed', exc_info=True)
+            writer, owned = self.writer, self.owned
+            bounded(lambda: (writer.flush() if hasattr(writer, 'flush') else None, owned and writer.close()), 'close')

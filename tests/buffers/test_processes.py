@@ -191,3 +191,40 @@ def test_a_grandchild_never_deletes_the_payloads_its_parent_put(tmp_path):
 
     assert _in_child(child) == '2 2 2'
     assert chunk.count() == 1 and len(chunk.sample(1)) == 1
+
+
+@pytest.mark.slow
+def test_in_a_forked_child_a_refused_sample_changes_nothing_and_a_loaded_state_is_followed():
+    buf = create_buffer(dict(type='naive', replay_buffer_size=100))  # (no seed: the child takes a new one)
+    buf.push([{'obs': torch.tensor([float(i)])} for i in range(50)])
+    state = buf.state_dict()
+    twin = create_buffer(dict(type='naive', replay_buffer_size=100))
+    twin.load_state_dict(state)
+    want = sorted(int(x['obs']) for x in twin.sample(8))
+
+    def child():
+        before = buf.state_dict()['rng']
+        assert buf.sample(60) is None and buf.state_dict()['rng'] == before  # (refused: more than stored)
+        buf.load_state_dict(state)
+        return sorted(int(x['obs']) for x in buf.sample(8))
+
+    assert _in_child(child) == str(want)
+
+
+@pytest.mark.slow
+def test_a_buffer_built_in_a_forked_child_with_the_parents_writer_closes(tmp_path, monkeypatch):
+    from torch.utils.tensorboard import SummaryWriter
+
+    import ding_buffer.monitor.tb as tb
+
+    monkeypatch.setattr(tb, 'WRITER_WAIT_S', 1.0)  # (the wait for a writer that never returns)
+    writer = SummaryWriter(str(tmp_path))
+
+    def child():
+        buf = create_buffer(dict(type='naive', replay_buffer_size=8, periodic_thruput_seconds=3600), tb_logger=writer)
+        buf.push({'obs': torch.ones(2)})
+        buf.close()  # (torch's flush waits for the parent's writing thread: given up on)
+        return 'closed'
+
+    assert _in_child(child) == 'closed'
+    writer.close()
