@@ -97,7 +97,7 @@ def load_latest(root: str, load: Callable[[str], Any]) -> Tuple[Optional[str], A
         try:
             loaded = load(path)
         except Exception as e:  # any damage (truncated, empty, foreign file): try the previous checkpoint
-            errors.append(f"{path}: {type(e).__name__}: {e}")
+            errors.append(f"{path}: {type(e).__name__}: {' '.join(str(e).split())}")  # (one line: torch's are not)
             damaged.append(path)
             continue
         for bad in damaged:  # newer than one that loads: damaged. Set aside (kept to inspect), so that the
@@ -109,7 +109,7 @@ def load_latest(root: str, load: Callable[[str], Any]) -> Tuple[Optional[str], A
             fsync_dir(root)
         return path, loaded
     if errors:
-        raise ValueError("no loadable checkpoint in '{}':\n  {}".format(root, '\n  '.join(errors)))
+        raise ValueError("no loadable checkpoint in '{}': {}".format(root, '; '.join(errors)))
     return None, None
 
 

@@ -25,7 +25,7 @@ from ..config import (
     seed_ok,
 )
 from ..datasets.config import checked_section as checked_dataset_section
-from .run_dir import first_missing_dir
+from .run_dir import claiming, first_missing_dir
 
 # Buffer types the DQN trainer can learn from: transition buffers whose tensor storage samples one dict of batched
 # tensors. A class of your own (import_names) derived from one of them is accepted too.
@@ -268,7 +268,8 @@ def make_trainer(trainer_cls: Any, cfg: EasyDict, run_dir: str, args: Any, **kwa
     try:
         if args.resume is None:
             check_run_dir(run_dir, cfg.log_dir)
-        return trainer_cls(cfg, run_dir, resume=args.resume is not None, progress=not args.no_progress, **kwargs)
+        with claiming():  # (one trainer per run directory)
+            return trainer_cls(cfg, run_dir, resume=args.resume is not None, progress=not args.no_progress, **kwargs)
     except ValueError as e:
         raise ValueError(f"{args.config}: {e}") from e
 

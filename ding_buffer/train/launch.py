@@ -23,7 +23,7 @@ from ..base import create_buffer
 from ..errors import ManagerUnavailableError
 from .checkpoint import complete_checkpoints
 from .env import LAUNCHED  # set in the ranks this module starts itself
-from .signals import override_argv, resume_command
+from .signals import interrupting, override_argv, resume_command
 
 EXIT_MANAGER_GONE = 3
 
@@ -88,35 +88,44 @@ def launch_mpi(args: argparse.Namespace, nproc: int) -> int:
 
 
 def wait_all(procs: List[subprocess.Popen], learner: int) -> int:
-    """Wait for the ranks; Ctrl-C stops them all. The job's status is the learner's (or the launcher's)."""
-    try:
-        codes = [p.wait() for p in procs]
-    except KeyboardInterrupt:
-        for p in procs:
-            p.send_signal(signal.SIGINT)
-        for p in procs:
+    """Wait for the ranks; SIGINT (Ctrl-C) or SIGTERM stops them all (the same signal, passed on; a rank still
+    running 30 s later, or at a second signal, is killed) and the launcher exits 128 + its number. The job's status
+    is otherwise the learner's (or the launcher's)."""
+    with interrupting() as got:
+        try:
+            codes = [p.wait() for p in procs]
+        except KeyboardInterrupt:
+            signum = got[0] if got else signal.SIGINT
             try:
-                p.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                p.kill()
-        return 130
+                for p in procs:
+                    p.send_signal(signum)
+                for p in procs:
+                    try:
+                        p.wait(timeout=30)
+                    except subprocess.TimeoutExpired:
+                        p.kill()
+            except KeyboardInterrupt:  # a second signal: no more waiting
+                for p in procs:
+                    p.kill()
+            return 128 + int(signum)
     return codes[learner]
 
 
-def interrupted(args: argparse.Namespace, run_dir: str) -> None:
-    """After Ctrl-C ended every rank of a distributed job: where its newest complete checkpoint is and the command
-    that resumes from it (the job checkpoints every ``checkpoint.freq``; the ranks do not write one on the way out:
-    the manager holding the buffer got the signal too)."""
+def interrupted(args: argparse.Namespace, run_dir: str, code: int = 130) -> None:
+    """After a signal (``code``: 128 + its number) ended every rank of a distributed job: where its newest complete
+    checkpoint is and the command that resumes from it (the job checkpoints every ``checkpoint.freq``; the ranks do
+    not write one on the way out: the manager holding the buffer got the signal too)."""
+    how = 'Ctrl-C' if code == 130 else signal.Signals(code - 128).name
     done = complete_checkpoints(os.path.join(run_dir, 'checkpoints'))
     if done:
         print(
-            f"\nstopped by Ctrl-C: every rank ended; the newest complete checkpoint is {done[-1][1]}\nresume with: "
+            f"\nstopped by {how}: every rank ended; the newest complete checkpoint is {done[-1][1]}\nresume with: "
             f"{resume_command(args, run_dir)}",
             flush=True,
         )
     else:
         print(
-            f"\nstopped by Ctrl-C before the first checkpoint (written every checkpoint.freq) in {run_dir}: "
+            f"\nstopped by {how} before the first checkpoint (written every checkpoint.freq) in {run_dir}: "
             "nothing to resume",
             flush=True,
         )
@@ -228,8 +237,8 @@ def run_roles(
             raise ValueError(f"--nproc {args.nproc}: the {job} job needs at least 3 ({roles})")
         os.makedirs(run_dir, exist_ok=True)
         code = (launch_torch if backend == 'torch' else launch_mpi)(args, args.nproc)
-        if code == 130:
-            interrupted(args, run_dir)
+        if code in (130, 143):
+            interrupted(args, run_dir, code)
         return code
     if args.nproc is not None and os.environ.get(LAUNCHED) != '1':
         raise ValueError(
@@ -309,19 +318,21 @@ def _ray_driver(
     task = ray.remote(num_cpus=1, max_retries=0)(role_main)
     learner = task.remote(cfg, run_dir, 'learner', 0, nproc - 1, args.resume is not None, not args.no_progress)
     workers = [task.remote(cfg, run_dir, worker, i, nproc - 1, False, False) for i in range(nproc - 2)]
-    try:
-        summary = ray.get(learner)
-    except KeyboardInterrupt:
-        for ref in [learner] + workers:
-            ray.cancel(ref, force=True)
-        interrupted(args, run_dir)
-        return 130
-    except ray.exceptions.RayTaskError as e:
-        cause = getattr(e, 'cause', None)
-        if isinstance(cause, ManagerUnavailableError):
-            print(f"ding-buffer: error: learner: {cause}", file=sys.stderr, flush=True)
-            return EXIT_MANAGER_GONE
-        raise
+    with interrupting() as got:
+        try:
+            summary = ray.get(learner)
+        except KeyboardInterrupt:
+            for ref in [learner] + workers:
+                ray.cancel(ref, force=True)
+            code = 128 + int(got[0] if got else signal.SIGINT)
+            interrupted(args, run_dir, code)
+            return code
+        except ray.exceptions.RayTaskError as e:
+            cause = getattr(e, 'cause', None)
+            if isinstance(cause, ManagerUnavailableError):
+                print(f"ding-buffer: error: learner: {cause}", file=sys.stderr, flush=True)
+                return EXIT_MANAGER_GONE
+            raise
     for ref in workers:
         try:
             ray.get(ref, timeout=max(float(dist.get('timeout', 60.0)), 30.0))

@@ -2,12 +2,47 @@
 every parent the job created -- when the job fails to start, so a rejected run leaves nothing on disk. Also the
 jobs' progress bar."""
 
+import contextlib
+import contextvars
+import fcntl
 import logging
 import os
 import shutil
-from typing import Any, Callable, Iterable, Optional
+from typing import Any, Callable, Dict, Iterable, Iterator, Optional
 
 LOG = logging.getLogger(__name__)
+_CLAIMED: Dict[str, int] = {}  # run directories this process trains in: the open descriptor holding each one's lock
+_CLAIMING = contextvars.ContextVar('claiming', default=False)
+
+
+@contextlib.contextmanager
+def claiming() -> Iterator[None]:
+    """Jobs built inside claim their run directory (``claim``): the command line's do, a job built in a user's
+    own process does not."""
+    token = _CLAIMING.set(True)
+    try:
+        yield
+    finally:
+        _CLAIMING.reset(token)
+
+
+def claim(run_dir: str) -> None:
+    """One trainer per run directory: an exclusive lock on the directory itself, held until this process exits
+    (two trainers in one directory published checkpoints of the same steps over each other and mixed their logs);
+    ``ValueError`` naming the directory when another process holds it."""
+    path = os.path.realpath(run_dir)
+    if path in _CLAIMED:  # (a job run again in this process: a resume after a run, in one interpreter)
+        return
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        raise ValueError(
+            f"run directory '{run_dir}' is in use by another `ding-buffer train` (one run per directory: wait for "
+            "it to stop, or pick another exp_name / seed / log_dir)"
+        ) from None
+    _CLAIMED[path] = fd
 
 
 def first_missing_dir(path: str) -> Optional[str]:
@@ -54,6 +89,8 @@ def build_in_run_dir(job: Any, build: Callable[[], None]) -> None:
     except OSError as e:
         discard_run_dir(job.run_dir, created)  # the parents makedirs made before it failed
         raise ValueError(f"config key 'log_dir': cannot create run directory '{job.run_dir}': {e.strerror or e}") from e
+    if _CLAIMING.get():
+        claim(job.run_dir)  # (refused: the directory is the other trainer's, removed by nobody)
     try:
         build()
     except BaseException:  # a job that failed to build leaves no half-made run directory

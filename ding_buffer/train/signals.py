@@ -81,6 +81,28 @@ class StopSignals:
         return self.exit_code
 
 
+@contextlib.contextmanager
+def interrupting() -> Iterator[List[int]]:
+    """Inside (main thread only), SIGINT and SIGTERM both raise ``KeyboardInterrupt``, and the yielded list gets the
+    signal's number: a launcher waiting on its ranks passes that signal on to them and exits 128 + it (a SIGTERM's
+    default action ended the launcher alone, its ranks going on as orphans)."""
+    got: List[int] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield got
+        return
+
+    def handle(signum: int, frame: Any) -> None:
+        got.append(signum)
+        raise KeyboardInterrupt
+
+    previous = {s: signal.signal(s, handle) for s in _SIGNALS}
+    try:
+        yield got
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+
 def resume_command(args: Any, run_dir: str) -> str:
     """``ding-buffer train ...`` continuing ``run_dir`` with the config and overrides of ``args`` (parsed
     ``ding-buffer train`` arguments)."""
@@ -102,4 +124,4 @@ def override_argv(args: Any, flags: Sequence[str] = OVERRIDE_FLAGS) -> List[str]
     return out
 
 
-__all__ = ['StopSignals', 'resume_command']
+__all__ = ['StopSignals', 'interrupting', 'resume_command']

@@ -12,6 +12,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -287,6 +288,35 @@ def test_resume_of_a_missing_directory_leaves_nothing_behind(tmp_path):
     assert line.startswith('ding-buffer train: error: argument --resume:') and str(typo) in line
     assert 'no such directory' in line
     assert not typo.exists(), sorted(str(p.relative_to(tmp_path)) for p in typo.rglob('*'))
+
+
+@pytest.mark.slow
+def test_a_run_directory_another_trainer_holds_is_refused(tmp_path):
+    """Two trainers in one run directory (a resume while the run still goes on, two runs started together) both
+    trained and published checkpoints of the same steps over each other: the second one is refused, touching
+    nothing. (A process standing for the first trainer holds the directory's lock, as a running one does.)"""
+    cfg = write_config(tmp_path / 'per.py', log_dir=str(tmp_path / 'runs'))
+    run_dir = tmp_path / 'runs' / 'cartpole_dqn_per_seed0'
+    run_dir.mkdir(parents=True)
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            '-c',
+            'import fcntl, os, sys, time; fd = os.open(sys.argv[1], os.O_RDONLY); '
+            'fcntl.flock(fd, fcntl.LOCK_EX); print("held", flush=True); time.sleep(120)',
+            str(run_dir),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout.readline().strip() == 'held'
+        proc = cli('train', cfg, '--no-progress', cwd=tmp_path)
+    finally:
+        holder.kill()
+        holder.wait()
+    assert_user_error(proc.returncode, proc.stderr, str(run_dir), 'is in use by another `ding-buffer train`')
+    assert os.listdir(run_dir) == []
 
 
 # ---------------------------------------------------------------------------------------------------- crash safety
@@ -917,11 +947,12 @@ def test_load_latest_skips_incomplete_and_damaged_checkpoints(tmp_path):
 
     # none loads -> ValueError naming every failure
     def broken(path):
-        raise RuntimeError(f'bad {os.path.basename(path)}')
+        raise RuntimeError(f'bad {os.path.basename(path)}:\n\tMissing key(s) in state_dict')  # (as torch's, on lines)
 
     with pytest.raises(ValueError, match='no loadable checkpoint') as e:
         ckpt.load_latest(str(root), broken)
     assert 'bad step_000000100' in str(e.value) and 'bad step_000000200' in str(e.value)
+    assert '\n' not in str(e.value)  # (the CLI prints it as its one error line)
 
 
 def test_a_new_save_removes_leftover_temporaries(tmp_path):

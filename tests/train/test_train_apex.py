@@ -125,6 +125,21 @@ def test_killed_manager_ends_every_rank_with_a_clear_error(tmp_path):
 
 
 @pytest.mark.slow
+def test_sigterm_to_the_launcher_ends_every_rank_and_exits_143(tmp_path):
+    """A scheduler's stop (SIGTERM to the launcher alone) ended the launcher by default and left every rank training
+    as an orphan: it is passed on, as Ctrl-C is."""
+    p = start(_config(tmp_path, 'torch', 'apex.py'), tmp_path, '--nproc', '3')
+    ranks = ranks_of(p, count=3)
+    wait_for(tmp_path / 'runs' / 'cartpole_apex_seed0' / 'eval.csv', 120)
+    p.send_signal(signal.SIGTERM)
+    rc, out, err = finish(p, timeout=90)
+    assert rc == 143, out[-2000:] + err[-3000:]
+    assert 'stopped by SIGTERM: every rank ended' in out or 'stopped by SIGTERM before' in out, out[-2000:]
+    for pid in ranks.values():  # no rank left behind
+        assert not Path(f'/proc/{pid}').exists() or 'zombie' in Path(f'/proc/{pid}/status').read_text().lower()
+
+
+@pytest.mark.slow
 def test_resume_under_torchrun_continues_counters_and_buffer(tmp_path):
     """A run started with --nproc, resumed by the ranks torchrun starts (RANK / WORLD_SIZE set, no --nproc):
     each rank finds its role, and the counters and the buffer continue."""
