@@ -147,9 +147,9 @@ def numeric(dtype: np.dtype) -> bool:
 def _check_storage(path: str, key: str, ds: Any) -> None:
     """A contiguous dataset's stored bytes are what its shape and dtype need: a damaged header (another shape or
     dtype over the same bytes) would read rows from outside them; an unwritten one holds none (it reads as its fill
-    value). A chunked (compressed) dataset's chunk index names every chunk of its grid (or none: unwritten, except
-    with checksums, as ``write_d4rl`` writes): a damaged index (or chunk shape) would read the chunks it misses as
-    the fill value, checksums unchecked."""
+    value). A chunked dataset with checksums (as ``write_d4rl`` writes, every chunk) has every chunk of its grid in
+    its index: a damaged index (or chunk shape) would read the chunks it misses as the fill value, checksums
+    unchecked. (Without checksums an unwritten chunk is legal: a flag column written only where true.)"""
     h5py = import_h5py()
     try:
         layout = ds.id.get_create_plist().get_layout()
@@ -159,7 +159,7 @@ def _check_storage(path: str, key: str, ds: Any) -> None:
         raise fail(path, key, f"cannot be read (damaged file?): {e}") from e
     if chunked:
         grid = int(np.prod([-(-s // c) for s, c in zip(ds.shape, ds.chunks)], dtype=np.int64))
-        if stored != grid and (stored or ds.fletcher32):  # (none stored: unwritten, unless checksums were promised)
+        if stored != grid and ds.fletcher32:  # (other writers may leave chunks unwritten: they read as the fill value)
             what = f"has {stored} stored chunks of {ds.chunks} for its shape {ds.shape}, which needs {grid}"
             raise fail(path, key, f"{what} (a damaged chunk index, or a dataset never fully written)")
         return

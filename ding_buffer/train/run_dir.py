@@ -4,6 +4,7 @@ jobs' progress bar."""
 
 import contextlib
 import contextvars
+import errno
 import fcntl
 import logging
 import os
@@ -36,8 +37,12 @@ def claim(run_dir: str) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
+    except OSError as e:
         os.close(fd)
+        if e.errno not in (errno.EAGAIN, errno.EWOULDBLOCK):  # a filesystem without such locks (NFS, Lustre)
+            LOG.warning("run directory '%s' cannot be locked (%s): a second trainer there is not refused", run_dir, e)
+            _CLAIMED[path] = -1
+            return
         raise ValueError(
             f"run directory '{run_dir}' is in use by another `ding-buffer train` (one run per directory: wait for "
             "it to stop, or pick another exp_name / seed / log_dir)"

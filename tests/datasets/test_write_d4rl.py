@@ -192,3 +192,18 @@ def test_a_key_mismatch_names_the_callers_episodes_past_an_empty_one(tmp_path):
     step = dict(obs=np.zeros(2, np.float32), action=0, reward=1.0, done=True)
     with pytest.raises(ValueError, match=r"episode 2 has the keys .*, episode 1 "):
         write_d4rl(tmp_path / 'x.hdf5', [[], [step], [dict(step, next_obs=np.zeros(2, np.float32))]])
+
+
+def test_another_writers_column_with_unwritten_chunks_loads_as_its_fill_value(tmp_path):
+    """HDF5 leaves chunks never written out of the index (they read as the fill value): a flag column written only
+    where true is a valid file, unlike ``write_d4rl``'s, whose checksummed columns store every chunk."""
+    path = tmp_path / 'sparse.hdf5'
+    with h5py.File(path, 'w') as f:
+        f['observations'] = np.zeros((1000, 2), np.float32)
+        f['actions'] = np.zeros(1000, np.int64)
+        f['rewards'] = np.zeros(1000, np.float32)
+        t = f.create_dataset('terminals', shape=(1000,), dtype=bool, chunks=(100,), compression='gzip')
+        t[199] = t[499] = t[999] = True
+    episodes = create_buffer(dict(type='episode', max_transitions=2000, storage=dict(type='tensor')))
+    assert load_dataset(episodes, path, progress=False) == 3
+    assert episodes.episode_len == [200, 300, 500]

@@ -319,6 +319,22 @@ def test_a_run_directory_another_trainer_holds_is_refused(tmp_path):
     assert os.listdir(run_dir) == []
 
 
+@pytest.mark.slow
+def test_a_run_directory_the_filesystem_cannot_lock_still_trains(tmp_path, monkeypatch, caplog):
+    """NFS refuses an exclusive lock on a directory opened read-only (EBADF), Lustre without -o flock has none
+    (ENOSYS): such a failure is no other trainer, and the run goes on (with a warning) instead of being refused."""
+    import errno
+    import fcntl
+
+    def no_locks(fd, op):
+        raise OSError(errno.EBADF, 'Bad file descriptor')
+
+    monkeypatch.setattr(fcntl, 'flock', no_locks)
+    cfg = write_config(tmp_path / 'per.py', log_dir=str(tmp_path / 'runs'), env=dict(max_env_step=300, eval_freq=300))
+    assert main(['train', str(cfg), '--no-progress', '--threads', str(torch.get_num_threads())]) == 0
+    assert 'cannot be locked' in caplog.text
+
+
 # ---------------------------------------------------------------------------------------------------- crash safety
 KILL_WARMUP = 500
 
