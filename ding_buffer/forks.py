@@ -14,8 +14,6 @@ import threading
 import weakref
 from typing import Any
 
-import numpy as np
-
 _LOCKS: 'weakref.WeakSet[Any]' = weakref.WeakSet()
 _TOLD: 'weakref.WeakSet[Any]' = weakref.WeakSet()
 
@@ -32,9 +30,11 @@ def tell_children(owner: Any) -> None:
     _TOLD.add(owner)
 
 
-def new_seed(rng: np.random.Generator) -> None:
-    """``rng`` (in place: whatever holds it sees the change) continues from a seed drawn from numpy's global RNG, as
-    a buffer built without a seed draws its first (``np.random.seed`` reproduces it)."""
+def new_seed(rng: Any) -> None:
+    """``rng`` (a numpy ``Generator``, in place: whatever holds it sees the change) continues from a seed drawn from
+    numpy's global RNG, as a buffer built without a seed draws its first (``np.random.seed`` reproduces it)."""
+    import numpy as np  # (here: ``import ding_buffer`` loads nothing heavy before the command line's first line)
+
     bits = rng.bit_generator
     bits.state = type(bits)(np.random.randint(0, 2**63 - 1)).state
 
