@@ -14,6 +14,7 @@ import threading
 import weakref
 from typing import Any
 
+_RLOCK = type(threading.RLock())
 _LOCKS: 'weakref.WeakSet[Any]' = weakref.WeakSet()
 _TOLD: 'weakref.WeakSet[Any]' = weakref.WeakSet()
 
@@ -41,7 +42,7 @@ def new_seed(rng: Any) -> None:
 
 def _after_fork_child() -> None:
     for held in list(_LOCKS):
-        if not (isinstance(held, type(threading.RLock())) and held._is_owned()):
+        if not (isinstance(held, _RLOCK) and held._is_owned()):
             held._at_fork_reinit()
     for owner in list(_TOLD):
         owner._after_fork()

@@ -480,15 +480,17 @@ def item_priorities(items: Any, default: float) -> np.ndarray:
     """Each pushed item's ``priority`` (``default`` where missing or None), validated: all or nothing."""
     out = np.empty(len(items))
     for i, item in enumerate(items):
-        if type(item) is not dict and not isinstance(item, Mapping):
+        if type(item) is dict:  # (the common case: one lookup)
+            p = item.get('priority')
+        elif not isinstance(item, Mapping):
             raise TypeError(f"a prioritized buffer stores dicts; item {i} is {type(item).__name__}")
-        if type(item) is not dict and is_tensordict(item):
-            if item.batch_dims:  # one priority, IS weight, id each: an element is one step
+        else:
+            if is_tensordict(item) and item.batch_dims:  # one priority, IS weight, id each: an element is one step
                 raise ValueError(
                     f"item {i} is a TensorDict with batch_size {list(item.batch_size)}; a prioritized buffer's items "
                     f"have batch_size [] (push the TensorDict itself, or extend(td), to store its rows)"
                 )
-        p = priority_of(item)
+            p = priority_of(item)
         if p is None:
             out[i] = default
         elif isinstance(p, (int, float)) and not isinstance(p, bool):

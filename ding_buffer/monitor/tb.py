@@ -157,5 +157,10 @@ class TBSink:
             self._closed = True
             if not usable:
                 return
-            writer, owned = self.writer, self.owned
-            bounded(lambda: (writer.flush() if hasattr(writer, 'flush') else None, owned and writer.close()), 'close')
+            bounded(self._end_writer, 'close')
+
+    def _end_writer(self) -> None:
+        if hasattr(self.writer, 'flush'):
+            self.writer.flush()
+        if self.owned:
+            self.writer.close()
