@@ -11,6 +11,8 @@ Every file is an envelope ``{'format', 'version', 'buffer', 'state'}`` so that f
 rejected with a clear message.
 """
 
+import contextlib
+import hashlib
 import json
 import os
 import pickle
@@ -19,7 +21,7 @@ import tempfile
 import time
 import zipfile
 import zlib
-from typing import Any, BinaryIO, Callable, Dict, Mapping
+from typing import Any, BinaryIO, Callable, Dict, Iterator, Mapping
 
 import torch
 
@@ -65,25 +67,47 @@ def save_checked(obj: Any, f: Any) -> None:
 def atomic_write(path: str, write: Callable[[BinaryIO], None], mode: str = 'wb') -> None:
     """Call ``write(f)`` on a temporary file next to ``path`` (opened with ``mode``: ``'w+b'`` for writers that read
     back and seek, as h5py does), fsync it and rename it over ``path`` (then fsync the directory): a crash or an
-    error in ``write`` leaves the old file or none, never a torn one."""
-    path = os.path.abspath(os.fspath(path))
+    error in ``write`` leaves the old file or none, never a torn one. A symlink at ``path`` is written through (its
+    target gets the new file, as ``open`` would write it); a filesystem error names ``path``."""
+    path = os.path.realpath(file_path(path))
     directory = os.path.dirname(path)
-    os.makedirs(directory, exist_ok=True)
-    prefix = _temp_prefix(path)
-    remove_stale_temps(path)
-    fd, tmp = tempfile.mkstemp(prefix=f'{prefix}{_HOST}.{os.getpid()}.', suffix='.tmp', dir=directory)
+    with naming(path):
+        os.makedirs(directory, exist_ok=True)
+        remove_stale_temps(path)
+        fd, tmp = tempfile.mkstemp(prefix=f'{_temp_prefix(path)}{_HOST}.{os.getpid()}.', suffix='.tmp', dir=directory)
+        try:
+            with os.fdopen(fd, mode) as f:
+                write(f)
+                f.flush()
+                os.fsync(f.fileno())
+            os.chmod(tmp, 0o666 & ~current_umask())  # mkstemp makes 0600; a saved file follows the umask like open()
+            os.replace(tmp, path)
+        except BaseException:
+            if os.path.exists(tmp):
+                os.remove(tmp)
+            raise
+        fsync_dir(directory)
+
+
+def file_path(path: Any) -> str:
+    """``path`` (str, bytes or ``os.PathLike``) as a str; ``TypeError`` for anything else."""
+    return os.fsdecode(os.fspath(path))
+
+
+@contextlib.contextmanager
+def naming(path: str) -> Iterator[None]:
+    """Re-raise a filesystem error that does not name a file (a full disk: ``write`` / ``fsync`` raise bare
+    ``OSError`` s, and torch's archive writer a ``RuntimeError`` raised while handling one) as an ``OSError`` of
+    the same errno naming ``path``."""
     try:
-        with os.fdopen(fd, mode) as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o666 & ~current_umask())  # mkstemp makes 0600; a saved file follows the umask like open()
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
-    fsync_dir(directory)
+        yield
+    except (OSError, RuntimeError) as e:
+        cause, seen = e, 0
+        while cause is not None and not isinstance(cause, OSError) and seen < 8:
+            cause, seen = cause.__cause__ or cause.__context__, seen + 1
+        if not isinstance(cause, OSError) or cause.errno is None or cause is e and e.filename is not None:
+            raise
+        raise OSError(cause.errno, cause.strerror or str(cause), path) from e
 
 
 def current_umask() -> int:
@@ -100,12 +124,18 @@ def current_umask() -> int:
     return mask
 
 
-_HOST = socket.gethostname().replace('.', '_') or 'host'
+_HOST = socket.gethostname().replace('.', '_')[:48] or 'host'
 STALE_SECONDS = 24 * 3600  # a temporary file this old is stale whatever wrote it (another host, a reused pid)
 
 
 def _temp_prefix(path: str) -> str:
-    return '.' + os.path.basename(path) + '.'
+    """``.{name}.`` -- a name over 96 bytes shortened to its start and a hash, so that the temporary file's name
+    (with host, pid and a random part) stays within the filesystem's 255 bytes whenever ``path``'s does."""
+    name = os.path.basename(path)
+    raw = os.fsencode(name)
+    if len(raw) > 96:
+        name = os.fsdecode(raw[:64]) + '~' + hashlib.sha1(raw).hexdigest()[:16]
+    return '.' + name + '.'
 
 
 def remove_stale_temps(path: str) -> int:
@@ -157,14 +187,8 @@ def fsync_dir(directory: str) -> None:
 
 
 def atomic_text(text: str, path: str) -> None:
-    """Write ``text`` to ``path`` atomically (temporary file + fsync + rename + fsync of the directory)."""
-    tmp = f'{path}.tmp-{os.getpid()}'
-    with open(tmp, 'w') as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    fsync_dir(os.path.dirname(os.path.abspath(path)))
+    """Write ``text`` to ``path`` atomically (``atomic_write``)."""
+    atomic_write(path, lambda f: f.write(text.encode()))
 
 
 def atomic_json(obj: Any, path: str) -> None:
@@ -187,7 +211,7 @@ def safe_load(path: str, allow_pickle: bool = False, allowed: tuple = ()) -> Any
     """
     if type(allow_pickle) is not bool:  # 'False' from a config file or a flag is not False
         raise TypeError(f"allow_pickle must be a bool, got {type(allow_pickle).__name__} {allow_pickle!r:.40}")
-    path = os.fspath(path)
+    path = file_path(path)
     if not os.path.isfile(path):
         raise FileNotFoundError(f"no buffer file at {path!r}")
     check_integrity(path)

@@ -1,9 +1,13 @@
 """Regression tests of issue 14: nothing accepted may break a later call, a failing call changes nothing and
 names what was wrong. One test (or parametrized group) per defect, through the public API."""
 
+import contextlib
 import copy
+import errno
 import gc
 import os
+import resource
+import signal
 import socket
 import threading
 import time
@@ -308,6 +312,103 @@ def test_next_save_removes_temporary_files_of_killed_saves(tmp_path):
     buf.save_data(str(tmp_path / 'b.pt'))
     left = sorted(p.name for p in tmp_path.iterdir())
     assert left == sorted(['b.pt', live.name, foreign.name])
+
+
+@contextlib.contextmanager
+def file_size_limit(nbytes):
+    """Writes past ``nbytes`` of any file fail with ``OSError(EFBIG)``, as writes to a full disk fail (ENOSPC)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (nbytes, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+        signal.signal(signal.SIGXFSZ, handler)
+
+
+@pytest.mark.parametrize('storage', ['list', 'tensor'])
+def test_a_save_that_runs_out_of_room_names_the_file_and_keeps_the_old_one(storage, tmp_path):
+    buf = create_buffer(dict(type='advanced', replay_buffer_size=4096, seed=0, storage=dict(type=storage)))
+    buf.push([item(i) for i in range(8)])
+    path = str(tmp_path / 'b.pt')
+    buf.save_data(path)
+    buf.push([item(i) for i in range(4000)])
+    before = buf.state_dict()
+    with file_size_limit(os.path.getsize(path) + 4096), pytest.raises(OSError) as err:
+        buf.save_data(path)
+    assert err.value.errno == errno.EFBIG and err.value.filename == path
+    assert os.listdir(tmp_path) == ['b.pt']  # no temporary file left
+    assert_same(buf.state_dict(), before)
+    old = create_buffer(dict(type='advanced', replay_buffer_size=4096, storage=dict(type=storage)))
+    old.load_data(path, allow_pickle=storage == 'list')
+    assert old.count() == 8
+    buf.save_data(path)  # room again: the same buffer saves
+    old.load_data(path, allow_pickle=storage == 'list')
+    assert old.count() == 4008
+
+
+def test_a_text_file_that_runs_out_of_room_names_the_file_and_keeps_the_old_one(tmp_path):
+    """The training jobs' eval.csv / summary.json: written as the buffer files are."""
+    from ding_buffer.persistence import atomic_text
+
+    path = str(tmp_path / 'eval.csv')
+    atomic_text('step,return\n', path)
+    with file_size_limit(64), pytest.raises(OSError) as err:
+        atomic_text('step,return\n' + '1,2\n' * 100, path)
+    assert err.value.errno == errno.EFBIG and err.value.filename == path
+    assert os.listdir(tmp_path) == ['eval.csv'] and open(path).read() == 'step,return\n'
+
+
+def test_a_chunk_disk_store_that_runs_out_of_room_names_the_file_and_keeps_the_buffer(tmp_path):
+    store = tmp_path / 'store'
+    buf = create_buffer(dict(type='chunk', fragments_per_chunk=2, store=dict(type='disk', path=str(store))))
+    frag = dict(worker='w', fid=0, model_version=0, session_id='s', data={'obs': torch.zeros(16, 128)})
+    buf.push(frag)
+    before = buf.state_dict()
+    with file_size_limit(4096), pytest.raises(OSError) as err:
+        buf.push(dict(frag, fid=1, data={'obs': torch.ones(16, 128)}))
+    assert err.value.errno == errno.EFBIG and os.path.dirname(err.value.filename) == str(store)
+    assert not [n for n in os.listdir(store) if n.endswith('.tmp')]
+    assert_same(buf.state_dict(), before)
+    buf.push(dict(frag, fid=1, data={'obs': torch.ones(16, 128)}))
+    assert [f['data']['obs'].sum().item() for f in buf.sample(2)] == [0.0, 16 * 128]  # one chunk, in order
+    buf.close()
+
+
+def test_a_long_file_name_a_symlink_and_a_bytes_path_save_as_open_would_write_them(tmp_path):
+    buf = advanced('tensor')
+    buf.push([item(i) for i in range(3)])
+    long = tmp_path / ('n' * 250 + '.pt')  # (255 bytes at most: the temporary file's name must fit too)
+    buf.save_data(str(long))
+    target = tmp_path / 'real.pt'
+    (tmp_path / 'link.pt').symlink_to(target)
+    buf.save_data(str(tmp_path / 'link.pt'))  # the link's target gets the file; the link stays
+    buf.save_data(os.fsencode(tmp_path / 'bytes.pt'))
+    assert (tmp_path / 'link.pt').is_symlink()
+    for path in (str(long), str(target), os.fsencode(tmp_path / 'bytes.pt')):
+        other = advanced('tensor')
+        other.load_data(path)
+        assert_same(other.state_dict(), buf.state_dict())
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([long.name, 'real.pt', 'link.pt', 'bytes.pt'])
+
+
+def test_a_long_file_names_temporary_files_of_killed_saves_are_removed(tmp_path):
+    buf = advanced('tensor')
+    buf.push(item(0))
+    path = str(tmp_path / ('m' * 250 + '.pt'))
+    buf.save_data(path)
+    pid = os.fork()  # a save killed midway (by SIGXFSZ past a file-size limit): its temporary file stays
+    if pid == 0:
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+        resource.setrlimit(resource.RLIMIT_FSIZE, (1000, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
+        signal.signal(signal.SIGXFSZ, signal.SIG_DFL)
+        buf.save_data(path)
+        os._exit(0)
+    assert os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == -signal.SIGXFSZ
+    assert len(os.listdir(tmp_path)) == 2  # the file and the killed save's temporary one
+    buf.save_data(path)
+    assert os.listdir(tmp_path) == [os.path.basename(path)]
 
 
 # ------------------------------------------------------------------------------------------ 9. memmap files

@@ -11,7 +11,7 @@ import os
 import shutil
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from ..persistence import atomic_save, fsync_dir
+from ..persistence import atomic_save, fsync_dir, naming
 
 MARKER = 'COMPLETE'
 
@@ -42,7 +42,7 @@ def save_checkpoint(
     atomic_save(trainer_state, os.path.join(tmp, 'trainer.pt'))
     save_buffer(os.path.join(tmp, 'buffer.pt'))  # atomic + fsynced by the buffer itself
     marker = os.path.join(tmp, MARKER)
-    with open(marker, 'w') as f:
+    with naming(marker), open(marker, 'w') as f:
         json.dump({'step': step}, f)
         f.flush()
         os.fsync(f.fileno())
