@@ -12,11 +12,13 @@ rejected with a clear message.
 """
 
 import contextlib
+import errno
 import hashlib
 import json
 import os
 import pickle
 import socket
+import sys
 import tempfile
 import time
 import zipfile
@@ -66,17 +68,19 @@ def save_checked(obj: Any, f: Any) -> None:
 
 def atomic_write(path: str, write: Callable[[BinaryIO], None], mode: str = 'wb') -> None:
     """Call ``write(f)`` on a temporary file next to ``path`` (opened with ``mode``: ``'w+b'`` for writers that read
-    back and seek, as h5py does), fsync it and rename it over ``path`` (then fsync the directory): a crash or an
-    error in ``write`` leaves the old file or none, never a torn one. A symlink at ``path`` is written through (its
-    target gets the new file, as ``open`` would write it); a filesystem error names ``path``."""
-    path = os.path.realpath(file_path(path))
+    back and seek; ``f.name`` is its path), fsync it and rename it over ``path`` (then fsync the directory): a crash
+    or an error in ``write`` leaves the old file or none, never a torn one. A symlink at ``path`` is written
+    through (its target gets the new file); a filesystem error names ``path``."""
+    path = resolved(path)
     directory = os.path.dirname(path)
-    with naming(path):
+    prefix = _temp_prefix(path)
+    with naming(path, prefix):
         os.makedirs(directory, exist_ok=True)
         remove_stale_temps(path)
-        fd, tmp = tempfile.mkstemp(prefix=f'{_temp_prefix(path)}{_HOST}.{os.getpid()}.', suffix='.tmp', dir=directory)
+        fd, tmp = tempfile.mkstemp(prefix=f'{prefix}{_HOST}.{os.getpid()}.', suffix='.tmp', dir=directory)
+        os.close(fd)
         try:
-            with os.fdopen(fd, mode) as f:
+            with open(tmp, mode) as f:
                 write(f)
                 f.flush()
                 os.fsync(f.fileno())
@@ -89,23 +93,34 @@ def atomic_write(path: str, write: Callable[[BinaryIO], None], mode: str = 'wb')
         fsync_dir(directory)
 
 
+def resolved(path: Any) -> str:
+    """``path`` (str, bytes or ``os.PathLike``) absolute, through symlinks (``ELOOP`` for a loop of them)."""
+    path = os.path.abspath(file_path(path))
+    real = os.path.realpath(path)
+    if os.path.islink(real):  # (realpath leaves a loop unresolved)
+        raise OSError(errno.ELOOP, os.strerror(errno.ELOOP), path)
+    return real
+
+
 def file_path(path: Any) -> str:
     """``path`` (str, bytes or ``os.PathLike``) as a str; ``TypeError`` for anything else."""
     return os.fsdecode(os.fspath(path))
 
 
 @contextlib.contextmanager
-def naming(path: str) -> Iterator[None]:
-    """Re-raise a filesystem error that does not name a file (a full disk: ``write`` / ``fsync`` raise bare
-    ``OSError`` s, and torch's archive writer a ``RuntimeError`` raised while handling one) as an ``OSError`` of
-    the same errno naming ``path``."""
+def naming(path: str, temp_prefix: str = '') -> Iterator[None]:
+    """Re-raise a filesystem error raised inside that names no file (a full disk: ``write`` / ``fsync`` raise bare
+    ``OSError`` s, and torch's archive writer a ``RuntimeError`` while one propagates) or a temporary file of
+    ``path`` (its name starts with ``temp_prefix``) as an ``OSError`` of the same errno naming ``path``."""
+    outer = sys.exc_info()[1]  # (an error the caller is handling is not one of this write)
     try:
         yield
     except (OSError, RuntimeError) as e:
-        cause, seen = e, 0
-        while cause is not None and not isinstance(cause, OSError) and seen < 8:
-            cause, seen = cause.__cause__ or cause.__context__, seen + 1
-        if not isinstance(cause, OSError) or cause.errno is None or cause is e and e.filename is not None:
+        cause = e if isinstance(e, OSError) else e.__context__
+        if not isinstance(cause, OSError) or cause is outer or cause.errno is None:
+            raise
+        named = cause.filename
+        if named is not None and not (temp_prefix and os.path.basename(os.fsdecode(named)).startswith(temp_prefix)):
             raise
         raise OSError(cause.errno, cause.strerror or str(cause), path) from e
 
@@ -124,18 +139,23 @@ def current_umask() -> int:
     return mask
 
 
-_HOST = socket.gethostname().replace('.', '_')[:48] or 'host'
 STALE_SECONDS = 24 * 3600  # a temporary file this old is stale whatever wrote it (another host, a reused pid)
 
 
-def _temp_prefix(path: str) -> str:
-    """``.{name}.`` -- a name over 96 bytes shortened to its start and a hash, so that the temporary file's name
-    (with host, pid and a random part) stays within the filesystem's 255 bytes whenever ``path``'s does."""
-    name = os.path.basename(path)
+def _short(name: str, limit: int) -> str:
+    """``name``, or when it is over ``limit`` bytes its start and a hash of the whole (distinct names stay
+    distinct)."""
     raw = os.fsencode(name)
-    if len(raw) > 96:
-        name = os.fsdecode(raw[:64]) + '~' + hashlib.sha1(raw).hexdigest()[:16]
-    return '.' + name + '.'
+    return name if len(raw) <= limit else os.fsdecode(raw[: limit - 20]) + '~' + hashlib.sha1(raw).hexdigest()[:16]
+
+
+_HOST = _short(socket.gethostname().replace('.', '_'), 64) or 'host'
+
+
+def _temp_prefix(path: str) -> str:
+    """``.{name}.``, a name over 96 bytes shortened (``_short``): the temporary file's name (with host, pid and a
+    random part) stays within the filesystem's 255 bytes whenever ``path``'s does."""
+    return '.' + _short(os.path.basename(path), 96) + '.'
 
 
 def remove_stale_temps(path: str) -> int:

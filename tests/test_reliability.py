@@ -393,6 +393,43 @@ def test_a_long_file_name_a_symlink_and_a_bytes_path_save_as_open_would_write_th
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([long.name, 'real.pt', 'link.pt', 'bytes.pt'])
 
 
+class RaisesWhenSaved:
+    """Copied (as a state holds it), but not saved: as a scripted torch module."""
+
+    def __deepcopy__(self, memo):
+        return self
+
+    def __reduce__(self):
+        raise RuntimeError('cannot be saved')
+
+
+def test_an_error_of_the_data_comes_through_a_save_made_while_handling_an_oserror(tmp_path):
+    buf = create_buffer(dict(type='naive', replay_buffer_size=4, seed=0))
+    buf.push({'obs': RaisesWhenSaved()})
+    try:
+        raise FileNotFoundError(2, 'No such file or directory', 'settings.yaml')  # (the caller's own error)
+    except OSError:
+        with pytest.raises(RuntimeError, match='cannot be saved'):
+            buf.save_data(str(tmp_path / 'b.pt'))
+    assert os.listdir(tmp_path) == []
+
+
+def test_a_directory_or_a_symlink_loop_at_the_path_is_named(tmp_path):
+    buf = advanced('tensor')
+    buf.push(item(0))
+    (tmp_path / 'dir.pt').mkdir()
+    with pytest.raises(IsADirectoryError) as err:
+        buf.save_data(str(tmp_path / 'dir.pt'))
+    assert err.value.filename == str(tmp_path / 'dir.pt')
+    (tmp_path / 'a.pt').symlink_to(tmp_path / 'b.pt')
+    (tmp_path / 'b.pt').symlink_to(tmp_path / 'a.pt')
+    with pytest.raises(OSError) as err:
+        buf.save_data(str(tmp_path / 'a.pt'))
+    assert err.value.errno == errno.ELOOP and err.value.filename == str(tmp_path / 'a.pt')
+    assert (tmp_path / 'a.pt').is_symlink() and (tmp_path / 'b.pt').is_symlink()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ['a.pt', 'b.pt', 'dir.pt']
+
+
 def test_a_long_file_names_temporary_files_of_killed_saves_are_removed(tmp_path):
     buf = advanced('tensor')
     buf.push(item(0))

@@ -1,9 +1,16 @@
 """``write_d4rl``: save transitions or episodes atomically as a D4RL file (what ``load_dataset`` reads)."""
 
+import errno
+import os
 from collections.abc import Mapping
 from typing import Any, Dict, List
 
 import numpy as np
+
+try:
+    import resource
+except ImportError:  # (not on Windows)
+    resource = None
 
 from ..persistence import atomic_write
 from .hdf5 import import_h5py, numeric
@@ -38,12 +45,26 @@ def write_d4rl(path: str, data: Any) -> int:
     h5py = import_h5py()
 
     def write(f: Any) -> None:
-        with h5py.File(f, 'w') as out:
+        check_room(f, sum(a.nbytes for a in columns.values()))
+        with h5py.File(f.name, 'w') as out:
             for key, array in columns.items():
                 out.create_dataset(key, data=array, fletcher32=True)  # a checksum a chunk: damage is refused on read
 
     atomic_write(path, write, mode='w+b')
     return len(columns['observations'])
+
+
+def check_room(f: Any, nbytes: int) -> None:
+    """``OSError`` (ENOSPC / EFBIG) unless the filesystem of the open file ``f`` has room for about ``nbytes`` and
+    the process may write a file that large: HDF5 crashes the process when a write fails at its close."""
+    need = int(nbytes * 1.02) + (1 << 20)  # (chunk checksums, indexes and metadata)
+    st = os.fstatvfs(f.fileno())
+    room = st.f_bavail * st.f_frsize
+    if need > room:
+        raise OSError(errno.ENOSPC, f"the file needs about {need} bytes; {room} are free")
+    limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0] if resource is not None else -1
+    if 0 <= limit < need:
+        raise OSError(errno.EFBIG, f"the file needs about {need} bytes; files of this process are limited to {limit}")
 
 
 def _columns(data: Any) -> Dict[str, np.ndarray]:

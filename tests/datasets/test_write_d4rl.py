@@ -207,3 +207,27 @@ def test_another_writers_column_with_unwritten_chunks_loads_as_its_fill_value(tm
     episodes = create_buffer(dict(type='episode', max_transitions=2000, storage=dict(type='tensor')))
     assert load_dataset(episodes, path, progress=False) == 3
     assert episodes.episode_len == [200, 300, 500]
+
+
+def test_a_file_larger_than_the_room_is_refused_before_writing(tmp_path):
+    """HDF5 crashes the process when a write fails at its close: the room is checked first."""
+    import resource
+    import signal
+
+    path = str(tmp_path / 'd.hdf5')
+    n = 5000
+    data = dict(obs=np.zeros((n, 17), np.float32), action=np.zeros((n, 6), np.float32), reward=np.zeros(n))
+    data['done'] = np.zeros(n, bool)
+    write_d4rl(path, {k: v[:10] for k, v in data.items()})
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (200_000, hard))
+    try:
+        with pytest.raises(OSError, match='limited to 200000') as err:
+            write_d4rl(path, data)
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+        signal.signal(signal.SIGXFSZ, handler)
+    assert err.value.filename == path and os.listdir(tmp_path) == ['d.hdf5']
+    buffer = create_buffer(dict(type='naive', replay_buffer_size=100))
+    assert load_dataset(buffer, path, progress=False) == 9  # (the unfinished last step is dropped)
