@@ -70,7 +70,7 @@ def atomic_write(path: str, write: Callable[[BinaryIO], None], mode: str = 'wb')
     """Call ``write(f)`` on a temporary file next to ``path`` (opened with ``mode``: ``'w+b'`` for writers that read
     back and seek; ``f.name`` is its path), fsync it and rename it over ``path`` (then fsync the directory): a crash
     or an error in ``write`` leaves the old file or none, never a torn one. A symlink at ``path`` is written
-    through (its target gets the new file); a filesystem error names ``path``."""
+    through (its target gets the new file); an error of the filesystem names ``path``."""
     path = resolved(path)
     directory = os.path.dirname(path)
     prefix = _temp_prefix(path)
@@ -80,10 +80,15 @@ def atomic_write(path: str, write: Callable[[BinaryIO], None], mode: str = 'wb')
         fd, tmp = tempfile.mkstemp(prefix=f'{prefix}{_HOST}.{os.getpid()}.', suffix='.tmp', dir=directory)
         os.close(fd)
         try:
-            with open(tmp, mode) as f:
-                write(f)
-                f.flush()
-                os.fsync(f.fileno())
+            with open(tmp, mode) as raw:
+                f = NamedFile(raw, path)
+                try:
+                    write(f)
+                    f.sync()
+                except BaseException:
+                    with contextlib.suppress(OSError):
+                        raw.close()  # (a buffer it could not write fails its close too: the error above is the one)
+                    raise
             os.chmod(tmp, 0o666 & ~current_umask())  # mkstemp makes 0600; a saved file follows the umask like open()
             os.replace(tmp, path)
         except BaseException:
@@ -93,13 +98,43 @@ def atomic_write(path: str, write: Callable[[BinaryIO], None], mode: str = 'wb')
         fsync_dir(directory)
 
 
+class NamedFile:
+    """The open file ``f`` written for ``path``: an ``OSError`` of its writes (a full disk: they name no file)
+    names ``path``."""
+
+    def __init__(self, f: BinaryIO, path: str) -> None:
+        self._f, self._path = f, path
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._f, name)
+
+    def write(self, data: Any) -> int:
+        try:
+            return self._f.write(data)
+        except OSError as e:
+            e.filename = self._path if e.filename is None else e.filename
+            raise
+
+    def sync(self) -> None:
+        """Flush and fsync."""
+        try:
+            self._f.flush()
+            os.fsync(self._f.fileno())
+        except OSError as e:
+            e.filename = self._path if e.filename is None else e.filename
+            raise
+
+
 def resolved(path: Any) -> str:
-    """``path`` (str, bytes or ``os.PathLike``) absolute, through symlinks (``ELOOP`` for a loop of them)."""
+    """``path`` (str, bytes or ``os.PathLike``) absolute, through symlinks (``ELOOP`` where ``open`` would raise it:
+    a loop of links, or a chain longer than the system follows)."""
     path = os.path.abspath(file_path(path))
-    real = os.path.realpath(path)
-    if os.path.islink(real):  # (realpath leaves a loop unresolved)
-        raise OSError(errno.ELOOP, os.strerror(errno.ELOOP), path)
-    return real
+    try:
+        os.stat(path)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise OSError(errno.ELOOP, os.strerror(errno.ELOOP), path) from None
+    return os.path.realpath(path)
 
 
 def file_path(path: Any) -> str:
@@ -108,19 +143,19 @@ def file_path(path: Any) -> str:
 
 
 @contextlib.contextmanager
-def naming(path: str, temp_prefix: str = '') -> Iterator[None]:
-    """Re-raise a filesystem error raised inside that names no file (a full disk: ``write`` / ``fsync`` raise bare
-    ``OSError`` s, and torch's archive writer a ``RuntimeError`` while one propagates) or a temporary file of
-    ``path`` (its name starts with ``temp_prefix``) as an ``OSError`` of the same errno naming ``path``."""
+def naming(path: str, temp_prefix: str) -> Iterator[None]:
+    """Re-raise as an ``OSError`` of the same errno naming ``path`` an error of a write to ``path`` that names its
+    temporary file (its name starts with ``temp_prefix``), or torch's ``RuntimeError`` while an ``OSError``
+    naming either propagated (its archive writer raises one then: a full disk)."""
     outer = sys.exc_info()[1]  # (an error the caller is handling is not one of this write)
     try:
         yield
     except (OSError, RuntimeError) as e:
         cause = e if isinstance(e, OSError) else e.__context__
-        if not isinstance(cause, OSError) or cause is outer or cause.errno is None:
+        if not isinstance(cause, OSError) or cause is outer or cause.errno is None or cause.filename is None:
             raise
-        named = cause.filename
-        if named is not None and not (temp_prefix and os.path.basename(os.fsdecode(named)).startswith(temp_prefix)):
+        named = os.fsdecode(cause.filename)
+        if named != path and not os.path.basename(named).startswith(temp_prefix) or cause is e and named == path:
             raise
         raise OSError(cause.errno, cause.strerror or str(cause), path) from e
 

@@ -394,27 +394,37 @@ def test_a_long_file_name_a_symlink_and_a_bytes_path_save_as_open_would_write_th
 
 
 class RaisesWhenSaved:
-    """Copied (as a state holds it), but not saved: as a scripted torch module."""
+    """Copied (as a state holds it), but not saved: as a scripted torch module, or a proxy whose connection broke."""
+
+    def __init__(self, error):
+        self.error = error
 
     def __deepcopy__(self, memo):
         return self
 
     def __reduce__(self):
-        raise RuntimeError('cannot be saved')
+        raise self.error
 
 
-def test_an_error_of_the_data_comes_through_a_save_made_while_handling_an_oserror(tmp_path):
+@pytest.mark.parametrize(
+    'error', [RuntimeError('cannot be saved'), ConnectionResetError(errno.ECONNRESET, 'Connection reset by peer')]
+)
+def test_an_error_of_the_data_comes_through_a_save_unchanged(error, tmp_path):
     buf = create_buffer(dict(type='naive', replay_buffer_size=4, seed=0))
-    buf.push({'obs': RaisesWhenSaved()})
+    buf.push({'obs': RaisesWhenSaved(error)})
+    with pytest.raises(type(error)) as err:
+        buf.save_data(str(tmp_path / 'b.pt'))
+    assert err.value is error and getattr(error, 'filename', None) is None
     try:
         raise FileNotFoundError(2, 'No such file or directory', 'settings.yaml')  # (the caller's own error)
     except OSError:
-        with pytest.raises(RuntimeError, match='cannot be saved'):
+        with pytest.raises(type(error)) as err:
             buf.save_data(str(tmp_path / 'b.pt'))
+    assert err.value is error and getattr(error, 'filename', None) is None
     assert os.listdir(tmp_path) == []
 
 
-def test_a_directory_or_a_symlink_loop_at_the_path_is_named(tmp_path):
+def test_a_directory_or_a_symlink_loop_or_chain_at_the_path_is_named(tmp_path):
     buf = advanced('tensor')
     buf.push(item(0))
     (tmp_path / 'dir.pt').mkdir()
@@ -427,7 +437,19 @@ def test_a_directory_or_a_symlink_loop_at_the_path_is_named(tmp_path):
         buf.save_data(str(tmp_path / 'a.pt'))
     assert err.value.errno == errno.ELOOP and err.value.filename == str(tmp_path / 'a.pt')
     assert (tmp_path / 'a.pt').is_symlink() and (tmp_path / 'b.pt').is_symlink()
-    assert sorted(p.name for p in tmp_path.iterdir()) == ['a.pt', 'b.pt', 'dir.pt']
+    (tmp_path / 'd1').symlink_to(tmp_path / 'd2')  # a loop of directories on the way
+    (tmp_path / 'd2').symlink_to(tmp_path / 'd1')
+    chain = [tmp_path / f'link{k}' for k in range(41)]  # longer than Linux follows (40)
+    for k, link in enumerate(chain):
+        link.symlink_to(chain[k + 1] if k + 1 < len(chain) else tmp_path / 'real.pt')
+    for path in (tmp_path / 'd1' / 'b.pt', chain[0]):
+        with pytest.raises(OSError) as err:
+            buf.save_data(str(path))
+        assert err.value.errno == errno.ELOOP and err.value.filename == str(path)
+    buf.save_data(str(chain[1]))  # (40 links: followed, as open follows them)
+    other = advanced('tensor')
+    other.load_data(str(chain[1]))
+    assert_same(other.state_dict(), buf.state_dict())
 
 
 def test_a_long_file_names_temporary_files_of_killed_saves_are_removed(tmp_path):

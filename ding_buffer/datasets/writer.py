@@ -45,7 +45,7 @@ def write_d4rl(path: str, data: Any) -> int:
     h5py = import_h5py()
 
     def write(f: Any) -> None:
-        check_room(f, sum(a.nbytes for a in columns.values()))
+        check_room(f, sum(a.nbytes + min(a.nbytes, 1 << 20) for a in columns.values()))  # (+ the last chunk's pad)
         with h5py.File(f.name, 'w') as out:
             for key, array in columns.items():
                 out.create_dataset(key, data=array, fletcher32=True)  # a checksum a chunk: damage is refused on read
@@ -57,14 +57,16 @@ def write_d4rl(path: str, data: Any) -> int:
 def check_room(f: Any, nbytes: int) -> None:
     """``OSError`` (ENOSPC / EFBIG) unless the filesystem of the open file ``f`` has room for about ``nbytes`` and
     the process may write a file that large: HDF5 crashes the process when a write fails at its close."""
-    need = int(nbytes * 1.02) + (1 << 20)  # (chunk checksums, indexes and metadata)
+    need = int(nbytes * 1.02) + (64 << 10)  # (chunk checksums, indexes and metadata)
     st = os.fstatvfs(f.fileno())
-    room = st.f_bavail * st.f_frsize
-    if need > room:
-        raise OSError(errno.ENOSPC, f"the file needs about {need} bytes; {room} are free")
+    room = (st.f_bfree if os.geteuid() == 0 else st.f_bavail) * st.f_frsize  # (root may use the reserved blocks)
+    if st.f_blocks and need > room:  # (no blocks: a filesystem without a limit, such as ramfs)
+        raise OSError(errno.ENOSPC, f"the file needs about {need} bytes; {room} are free", f.name)
     limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0] if resource is not None else -1
     if 0 <= limit < need:
-        raise OSError(errno.EFBIG, f"the file needs about {need} bytes; files of this process are limited to {limit}")
+        raise OSError(
+            errno.EFBIG, f"the file needs about {need} bytes; files of this process are limited to {limit}", f.name
+        )
 
 
 def _columns(data: Any) -> Dict[str, np.ndarray]:

@@ -33,7 +33,7 @@ import numpy as np
 import torch
 
 from .. import forks
-from ..persistence import check_integrity, naming, save_checked
+from ..persistence import NamedFile, check_integrity, naming, save_checked
 
 _ID = re.compile(r'[0-9a-f]{32}')
 KINDS = ('memory', 'disk')
@@ -136,10 +136,9 @@ class FragmentStore:
         final = self._file(fragment_id)
         tmp = os.path.join(self.path, f'.{fragment_id}.{os.getpid()}.tmp')
         try:
-            with naming(final):  # (through a Python file: a full disk raises an OSError, not torch's own error)
-                with open(tmp, 'wb') as f:
-                    save_checked(payload, f)
-                os.replace(tmp, final)
+            with naming(final, os.path.basename(tmp)), open(tmp, 'wb') as f:
+                save_checked(payload, NamedFile(f, final))  # (a full disk: an OSError naming the file)
+            os.replace(tmp, final)
             if self._own is not None:
                 self._own.add(fragment_id)
         except BaseException:

@@ -11,7 +11,7 @@ import os
 import shutil
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from ..persistence import atomic_save, fsync_dir, naming
+from ..persistence import NamedFile, atomic_save, fsync_dir
 
 MARKER = 'COMPLETE'
 
@@ -42,10 +42,10 @@ def save_checkpoint(
     atomic_save(trainer_state, os.path.join(tmp, 'trainer.pt'))
     save_buffer(os.path.join(tmp, 'buffer.pt'))  # atomic + fsynced by the buffer itself
     marker = os.path.join(tmp, MARKER)
-    with naming(marker), open(marker, 'w') as f:
-        json.dump({'step': step}, f)
-        f.flush()
-        os.fsync(f.fileno())
+    with open(marker, 'wb') as f:
+        named = NamedFile(f, marker)
+        named.write(json.dumps({'step': step}).encode())
+        named.sync()
     fsync_dir(tmp)
     if os.path.exists(final):  # an unmarked leftover of the same name cannot be a loadable checkpoint
         shutil.rmtree(final)
