@@ -169,7 +169,13 @@ def _compile(pending: List[_Kernel]) -> Dict[int, Any]:
         f = kernel.py_func
         twin = types.FunctionType(f.__code__, spaces[kernel.__module__], f.__name__, f.__defaults__, f.__closure__)
         twin.__qualname__, twin.__doc__, twin.__kwdefaults__ = f.__qualname__, f.__doc__, f.__kwdefaults__
-        swap[id(kernel)] = _numba.njit(**kernel.options)(twin)
+        try:
+            swap[id(kernel)] = _numba.njit(**kernel.options)(twin)
+        except RuntimeError as e:  # no place for numba's on-disk cache (a read-only install and home): compile
+            if not kernel.options.get('cache'):  # in memory, each process anew
+                raise
+            _log.info('ding_buffer: numba cannot cache %s (%s); compiling it in memory', f.__name__, e)
+            swap[id(kernel)] = _numba.njit(**{**kernel.options, 'cache': False})(twin)
     for space in spaces.values():
         for attr, value in list(space.items()):
             if isinstance(value, _Kernel):

@@ -458,7 +458,7 @@ def main(argv: Optional[List[str]] = None, started_at: Optional[float] = None) -
     except BrokenPipeError:  # output piped into e.g. `head`, which closed it: not an error of ours
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
-    except (ValueError, TypeError, OSError) as e:  # (OSError: a path that is missing, unreadable, read-only, ...)
+    except (ValueError, TypeError, OSError, MemoryError) as e:  # (OSError: a path missing, read-only, ...)
         print(f"ding-buffer: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:  # a second Ctrl-C, or one outside a training loop

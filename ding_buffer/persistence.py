@@ -277,18 +277,50 @@ def safe_load(path: str, allow_pickle: bool = False, allowed: tuple = ()) -> Any
             return torch.load(path, map_location='cpu', weights_only=True)
     except pickle.UnpicklingError as e:
         if 'weights_only' not in str(e) and 'Unsupported global' not in str(e):
-            raise ValueError(f"{path!r} is not a readable buffer file (corrupt or truncated?): {e}") from e
+            raise unreadable(path, e) from e
         if not allow_pickle:
             raise ValueError(
                 f"{path!r} holds arbitrary Python objects (list storage or a chunk memory store); loading it can "
                 "execute code. Pass allow_pickle=True only if you trust the file."
             ) from None
     except Exception as e:  # zip/stream errors on truncated or foreign files
-        raise ValueError(f"{path!r} is not a readable buffer file (corrupt or truncated?): {e}") from e
+        raise unreadable(path, e) from e
     try:
         return torch.load(path, map_location='cpu', weights_only=False)
     except Exception as e:
-        raise ValueError(f"{path!r} is not a readable buffer file (corrupt or truncated?): {e}") from e
+        raise unreadable(path, e) from e
+
+
+def unreadable(path: str, e: BaseException) -> Exception:
+    """What a failed read of ``path`` raises: ``MemoryError`` when memory ran out (the file may well be fine),
+    else ``ValueError`` (corrupt or truncated)."""
+    if out_of_memory(e):
+        return MemoryError(f"not enough memory to load {path!r}: {e}")
+    return ValueError(f"{path!r} is not a readable buffer file (corrupt or truncated?): {e}")
+
+
+@contextlib.contextmanager
+def restoring(path: str) -> Iterator[None]:
+    """Around the restore of a state read from ``path``: a ``ValueError`` raised because memory ran out (a state
+    whose arrays did not fit) is the ``MemoryError`` it is."""
+    try:
+        yield
+    except ValueError as e:
+        if out_of_memory(e):
+            raise MemoryError(f"not enough memory to load {path!r}: {e}") from e
+        raise
+
+
+def out_of_memory(e: BaseException) -> bool:
+    """Whether ``e``, or an error it was raised from, is one of memory running out (``MemoryError``, or torch's
+    allocator failing)."""
+    for _ in range(8):
+        if isinstance(e, MemoryError) or isinstance(e, RuntimeError) and "can't allocate memory" in str(e):
+            return True
+        e = e.__cause__ or e.__context__
+        if e is None:
+            return False
+    return False
 
 
 _DOS_DIRECTORY = 0x10  # the MS-DOS directory bit of a zip member's external attributes

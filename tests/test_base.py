@@ -298,6 +298,30 @@ def test_import_loads_neither_numba_nor_tensorboard_and_kernels_load_in_the_back
         assert lines[3] == '[]', lines[3]
 
 
+@pytest.mark.slow
+def test_kernels_compile_in_memory_where_numba_has_nowhere_to_cache_them():
+    """A read-only install and home: numba finds no place for its on-disk cache (simulated by taking away its
+    cache locators). The kernels still compile, in memory, instead of every one falling back to numpy."""
+    from ding_buffer import _numba
+
+    if not _numba.HAVE_NUMBA:
+        pytest.skip('numba is not installed')
+    script = (
+        "import logging, numpy as np\n"
+        "import numba.core.caching as caching\n"
+        "caching.CacheImpl._locator_classes = []  # (numba then raises 'no locator available' for cache=True)\n"
+        "logging.basicConfig(level=logging.WARNING)\n"
+        "from ding_buffer import create_buffer, _numba, tree_kernels\n"
+        "b = create_buffer(dict(type='advanced', replay_buffer_size=100, seed=3, storage=dict(type='tensor')))\n"
+        "b.extend({'x': np.arange(40, dtype=np.float32).reshape(20, 2)})\n"
+        "_numba.load()\n"
+        "print(sorted({type(v).__name__ for v in vars(tree_kernels).values() if hasattr(v, 'py_func')}))\n"
+    )
+    out = subprocess.run([sys.executable, '-c', script], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split('\n')[0] == "['CPUDispatcher']" and 'failed' not in out.stderr, out.stderr[-2000:]
+
+
 _FORK_SCRIPT = r'''
 import json, os, sys, numpy as np
 from ding_buffer import create_buffer, _numba

@@ -9,6 +9,8 @@ import os
 import resource
 import signal
 import socket
+import subprocess
+import sys
 import threading
 import time
 
@@ -468,6 +470,69 @@ def test_a_long_file_names_temporary_files_of_killed_saves_are_removed(tmp_path)
     assert len(os.listdir(tmp_path)) == 2  # the file and the killed save's temporary one
     buf.save_data(path)
     assert os.listdir(tmp_path) == [os.path.basename(path)]
+
+
+OUT_OF_MEMORY = """
+import contextlib, gc, resource, sys, torch
+from helpers import assert_same
+from ding_buffer import _numba, create_buffer
+
+_numba.load()  # (compiled before the limit: the sample is what must fail)
+
+
+@contextlib.contextmanager
+def memory_limit(extra):  # allocations past ``extra`` bytes more than the process holds now fail (a job's limit)
+    gc.collect()
+    with open('/proc/self/status') as f:
+        held = next(int(line.split()[1]) * 1024 for line in f if line.startswith('VmSize'))
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    resource.setrlimit(resource.RLIMIT_AS, (held + extra, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+
+
+def refused(call):
+    with memory_limit(8 << 20):
+        try:
+            call()
+        except MemoryError as e:
+            return str(e)
+    raise AssertionError('no MemoryError')
+
+
+cfg = dict(type=sys.argv[1], replay_buffer_size=10_000, seed=0, storage=dict(type='tensor'))
+cfg.update({'max_use': 1} if cfg['type'] == 'advanced' else {})
+buf, twin = create_buffer(cfg), create_buffer(cfg)
+buf.extend({'obs': torch.ones(10_000, 2048), 'reward': torch.ones(10_000)})
+twin.extend({'obs': torch.ones(10_000, 1), 'reward': torch.ones(10_000)})  # (the draws depend on the count)
+before = buf.state_dict()
+refused(lambda: buf.sample(9000))  # (a batch of 74 MB)
+assert_same(buf.state_dict(), before)
+drawn, expected = buf.sample(16), twin.sample(16)  # the draw a buffer that never failed makes
+assert_same({k: v for k, v in drawn.items() if k != 'obs'}, {k: v for k, v in expected.items() if k != 'obs'})
+buf.save_data(sys.argv[2])
+other = create_buffer(cfg)
+assert 'not enough memory to load' in refused(lambda: other.load_data(sys.argv[2]))
+other.load_data(sys.argv[2])
+assert_same(other.state_dict(), buf.state_dict())
+print('ok')
+"""
+
+
+@pytest.mark.parametrize('btype', ['advanced', 'naive', 'elastic'])
+def test_a_sample_or_load_that_runs_out_of_memory_changes_nothing(btype, tmp_path):
+    """In a process of its own: the memory limit counts the address space, which other tests' garbage may free."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.dirname(__file__), os.environ.get('PYTHONPATH', '')]))
+    run = subprocess.run(
+        [sys.executable, '-c', OUT_OF_MEMORY, btype, str(tmp_path / 'b.pt')],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
+    assert run.returncode == 0 and run.stdout.strip() == 'ok', run.stderr[-3000:]
 
 
 # ------------------------------------------------------------------------------------------ 9. memmap files

@@ -57,7 +57,7 @@ from ..monitor.periodic import TAGS as PERIODIC_TAGS
 from ..monitor.periodic import PeriodicThruputMonitor
 from ..monitor.tb import TBSink, build_tb_logger, rank
 from ..monitor.used_data_remover import UsedDataRemover, check_trackable, check_trackable_batch
-from ..persistence import load_state, refuse_unknown, save_state
+from ..persistence import load_state, refuse_unknown, restoring, save_state
 from ..storage.tensordict_io import check_batched, is_tensordict, to_tensordict
 from .common import (
     LOCK_GRACE,
@@ -791,7 +791,12 @@ class Engine(IBuffer):
                         self._t.restore_snapshot(snapshot)
                         raise
                 else:
-                    out = self._drawn(draw(self._rng))
+                    rng = self._rng.bit_generator.state  # a draw that fails (no memory for the batch) takes it back
+                    try:
+                        out = self._drawn(draw(self._rng))
+                    except BaseException:
+                        self._rng.bit_generator.state = rng
+                        raise
                 if out is not None:
                     if self._t.items_out():  # (asked for by name: it wins over the TensorDict output)
                         out = as_items(out, self._instance_name)
@@ -1050,9 +1055,12 @@ class Engine(IBuffer):
         Overview:
             Restore a file written by ``save_data``. Tensor storage loads with ``weights_only=True``; list
             storage holding arbitrary objects needs ``allow_pickle=True`` (it can execute code: trust the file).
-            A corrupt, truncated or foreign file raises ``ValueError`` and leaves the buffer unchanged.
+            A corrupt, truncated or foreign file raises ``ValueError`` (one that does not fit in memory
+            ``MemoryError``) and leaves the buffer unchanged.
         """
-        self.load_state_dict(self.read_data(path, allow_pickle))
+        state = self.read_data(path, allow_pickle)
+        with restoring(path):
+            self.load_state_dict(state)
 
     def read_data(self, path: str, allow_pickle: bool = False) -> Dict[str, Any]:
         """The state a file of ``save_data`` holds, read and checked as ``load_data`` reads it; nothing changes."""

@@ -20,7 +20,7 @@ from ..base import BUFFER_REGISTRY, IBuffer, create_buffer, get_buffer_cls
 from ..config import SEED_CHECK, build_config, check_section, dingengine_ignored, finite_number, plain_numbers
 from ..control.priority import as_numpy, as_priorities, parse_update
 from ..errors import SampleTimeoutError
-from ..persistence import load_state, save_state
+from ..persistence import load_state, restoring, save_state
 from ..storage.base import SAMPLE_FIELDS
 from ..storage.tensordict_io import is_tensordict, to_plain, to_tensordict, update_info
 from .advanced import AdvancedReplayBuffer
@@ -768,7 +768,9 @@ class MixtureReplayBuffer(IBuffer):
 
     def load_data(self, path: str, allow_pickle: bool = False) -> None:
         """Restore a file written by ``save_data`` (all or nothing; ``allow_pickle`` as for the members)."""
-        self.load_state_dict(load_state(path, type(self).__name__, allow_pickle=allow_pickle))
+        state = load_state(path, type(self).__name__, allow_pickle=allow_pickle)
+        with restoring(path):
+            self.load_state_dict(state)
 
     def _check_open(self) -> None:
         if self._closed:

@@ -303,9 +303,14 @@ class PrioritizedTable(SlotTable):
     ) -> Drawn:
         """The batch of a draw (use counts already bumped; ``ids`` of the slots when known): staleness and output;
         the monitor records it once the engine counted the draw (a broken rule of the user's fails it first)."""
-        staleness = self._storage.staleness(slots, cur_learner_iter)
-        extras = dict(priority=priority, staleness=staleness, use=use, IS=weights)
-        out = with_extras(self._storage, slots, extras, self.name, ids)
+        try:
+            staleness = self._storage.staleness(slots, cur_learner_iter)
+            extras = dict(priority=priority, staleness=staleness, use=use, IS=weights)
+            out = with_extras(self._storage, slots, extras, self.name, ids)
+        except BaseException:  # (no memory for the batch): the draw's use counts and beta step are taken back
+            self.parts.uses.unbump(slots)
+            self.beta.set(beta)
+            raise
         monitor = self.sampled_monitor
 
         def done(envstep: int) -> Any:

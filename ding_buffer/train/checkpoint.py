@@ -11,7 +11,7 @@ import os
 import shutil
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from ..persistence import NamedFile, atomic_save, fsync_dir
+from ..persistence import NamedFile, atomic_save, fsync_dir, out_of_memory
 
 MARKER = 'COMPLETE'
 
@@ -97,6 +97,8 @@ def load_latest(root: str, load: Callable[[str], Any]) -> Tuple[Optional[str], A
         try:
             loaded = load(path)
         except Exception as e:  # any damage (truncated, empty, foreign file): try the previous checkpoint
+            if out_of_memory(e):  # not damage: the newest checkpoint stays the one to resume from
+                raise
             errors.append(f"{path}: {type(e).__name__}: {' '.join(str(e).split())}")  # (one line: torch's are not)
             damaged.append(path)
             continue

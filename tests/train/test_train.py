@@ -932,6 +932,33 @@ def test_save_checkpoint_publishes_complete_directories_and_keeps_the_newest(tmp
     assert sorted(os.listdir(root)) == ['step_000000600']
 
 
+@pytest.mark.parametrize(
+    'error',
+    [
+        MemoryError('Unable to allocate 78.1 MiB'),
+        RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 122880000 bytes"),
+    ],
+)
+def test_load_latest_does_not_set_aside_a_checkpoint_that_did_not_fit_in_memory(error, tmp_path):
+    root = tmp_path / 'ck'
+    for step in (100, 200):
+        _save(root, step, keep=5)
+
+    def short_of_memory(path):
+        if path.endswith('200'):
+            try:
+                raise error
+            except Exception as e:
+                raise ValueError('invalid state') from e  # (as a buffer's load reports it)
+        return _loader(path)
+
+    with pytest.raises(ValueError) as err:
+        ckpt.load_latest(str(root), short_of_memory)
+    assert err.value.__cause__ is error
+    assert [s for s, _ in ckpt.complete_checkpoints(str(root))] == [100, 200]  # the newest stays the one to resume
+    assert ckpt.load_latest(str(root), _loader) == (str(root / 'step_000000200'), 200)
+
+
 def test_load_latest_skips_incomplete_and_damaged_checkpoints(tmp_path):
     root = tmp_path / 'ck'
     assert ckpt.load_latest(str(root), _loader) == (None, None)  # no directory at all
