@@ -16,6 +16,7 @@ A push is one of
 terminating state, its representation row (state flattened, condition concatenated; float64).
 """
 
+import copy
 import functools
 import math
 from typing import Any, Dict, NamedTuple, Optional
@@ -379,7 +380,7 @@ def rebuild_container(state: Dict[str, Any], n: int, env: Any) -> Any:
     if fmt == 'empty':
         return None
     if fmt == 'object':
-        container = state['container']
+        container = copy.deepcopy(state['container'])  # (a state's objects stay the caller's)
     elif fmt == 'torchgfn':
         cls = _torchgfn_class(state['class'])
         if env is None:
@@ -391,7 +392,7 @@ def rebuild_container(state: Dict[str, Any], n: int, env: Any) -> Any:
 
         _own_bytes(state['tensors'], cls.__name__)
         try:  # (torchgfn checks its tensors with assert: a bare AssertionError, or nothing under python -O)
-            tensors = TensorDict(state['tensors'])  # (saved on the CPU: the container lives where its env does)
+            tensors = TensorDict(state['tensors']).clone()  # (saved on the CPU; the caller's tensors stay theirs)
             device = getattr(env, 'device', None)
             container = cls.from_tensordict(env, tensors if device is None else tensors.to(device))
         except (RuntimeError, ValueError, TypeError, KeyError, IndexError, AssertionError) as e:

@@ -190,18 +190,21 @@ class ListStorage(Storage):
                 f"stored item {bad} (0 = the oldest) cannot be copied into a state or file ({e}); list storage keeps "
                 f"the pushed objects themselves: push data that copies (with deepcopy=True such a push is refused)"
             ) from e
-        return {
+        state = {
             'kind': self.kind,
             'ring': self.ring.state_dict(),
             'slots': torch.from_numpy(slots.astype(np.int64)),
             'items': copied,
         }
+        if self.item_columns:  # as read when each item was stored (a dict changed since does not change it)
+            state['collect_iter'] = torch.from_numpy(self._ci[slots])
+        return state
 
     @classmethod
     def from_state(
         cls, state: Dict[str, Any], capacity: int, index_cls: type = RingIndex, item_columns: bool = True, **kwargs
     ) -> 'ListStorage':
-        check_state(state, cls.kind, ('ring', 'slots', 'items'))
+        check_state(state, cls.kind, ('ring', 'slots', 'items'), ('collect_iter',))
         storage = cls(capacity, index_cls, item_columns)
         storage.ring = index_cls.from_state(state['ring'], capacity)
         slots = np.asarray(state['slots'], dtype=np.int64)
@@ -213,12 +216,28 @@ class ListStorage(Storage):
             raise ValueError("saved storage slots do not match the ring's valid slots")
         items = copy.deepcopy(items)
         if item_columns:
-            column = collect_iter_column(items)  # a bad collect_iter refuses the state
+            if 'collect_iter' in state:
+                column = saved_collect_iters(state['collect_iter'], len(slots))
+            else:  # (a state of an older version: read from the items)
+                column = collect_iter_column(items)  # a bad collect_iter refuses the state
             storage._ci[slots] = NO_ITER if column is ALL_ABSENT else column
             storage._ci_written = True
         for slot, item in zip(slots.tolist(), items):
             storage._data[slot] = item
         return storage
+
+
+def saved_collect_iters(column: Any, n: int) -> np.ndarray:
+    """A saved ``collect_iter`` column of ``n`` items, checked: int64, each a whole number within +-2**60 or
+    ``NO_ITER`` (none)."""
+    if not isinstance(column, torch.Tensor) or column.dtype != torch.int64 or tuple(column.shape) != (n,):
+        what = f"{column.dtype} tensor of shape {tuple(column.shape)}" if isinstance(column, torch.Tensor) else column
+        raise ValueError(f"saved list storage 'collect_iter' must be an int64 tensor of shape ({n},), got {what!r:.80}")
+    values = column.numpy().copy()
+    bad = (values != NO_ITER) & ((values <= -(2**60)) | (values >= 2**60))
+    if bad.any():
+        raise ValueError(f"saved list storage 'collect_iter' holds {int(values[bad][0])}, beyond +-2**60")
+    return values
 
 
 def _check_collect_iters(ci: Dict[Any, Any], n: int) -> None:

@@ -952,6 +952,23 @@ class NoRewardContainer(FakeContainer):
         self.states = torch.cat([self.states, other.states])
 
 
+def test_a_loaded_state_of_containers_stays_the_callers():
+    """A state's container was held by the buffer that loaded it: editing the state changed the buffer, and two
+    buffers loaded from one state shared it (a push into one grew the other's, whose next push failed)."""
+    buf = make('gfn', 8)
+    buf.push(FakeContainer(torch.arange(10.0).reshape(5, 2), torch.arange(5.0)))
+    state = buf.state_dict()
+    one, two = make('gfn', 8), make('gfn', 8)
+    one.load_state_dict(state)
+    two.load_state_dict(state)
+    state['store']['container'].states.add_(1000)  # (the caller's state, reused)
+    assert one.training_container.states.tolist() == buf.training_container.states.tolist()
+    one.push(FakeContainer(torch.full((2, 2), 7.0), torch.tensor([9.0, 9.0])))
+    assert (one.count(), two.count(), len(two.training_container)) == (7, 5, 5)
+    assert two.push(FakeContainer(torch.full((2, 2), 5.0), torch.tensor([8.0, 8.0]))) == 2
+    assert two.training_container.states[-2:].tolist() == [[5.0, 5.0], [5.0, 5.0]]
+
+
 def test_a_fifo_buffer_of_containers_without_rewards_loads_its_own_state(tmp_path):
     """A FIFO buffer keeps such items (log-reward NaN: none), but its state and files were then refused at load."""
     buf = make('gfn', 4)

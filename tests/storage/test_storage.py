@@ -1144,7 +1144,7 @@ def test_a_collect_iter_is_judged_by_its_value_whatever_its_row_and_dtype(capaci
 def test_list_storage_reads_collect_iter_once_when_an_item_is_stored():
     """Staleness is one index per sampled item whatever the items hold (R2D2 keeps a collect_iter per step): a
     slot's value (a sequence's min) is read when its item is stored (``prepare`` validates and reads it in one
-    pass), so a later change of the stored dict is never seen; a restored storage reads the saved items; a bad
+    pass), so a later change of the stored dict is never seen, nor after a restore (the state holds the column); a bad
     value is refused before anything changes."""
     from ding_buffer.storage import ListStorage
     from ding_buffer.storage.base import NO_ITER
@@ -1156,8 +1156,11 @@ def test_list_storage_reads_collect_iter_once_when_an_item_is_stored():
     assert st.collect_iter(res.slots).tolist() == [3, 7, NO_ITER, NO_ITER]
     assert st.staleness(res.slots, 10).tolist() == [7, 3, -1, -1]
     items[1]['collect_iter'] = 1
-    restored = ListStorage.from_state(st.state_dict(), 4)
-    assert restored.collect_iter(res.slots).tolist() == [3, 1, NO_ITER, NO_ITER]  # the saved item holds 1 now
+    state = st.state_dict()
+    restored = ListStorage.from_state(state, 4)
+    assert restored.collect_iter(res.slots).tolist() == [3, 7, NO_ITER, NO_ITER]  # as stored, not as changed since
+    del state['collect_iter']  # (a state of an earlier version: read from the saved items, which hold 1 now)
+    assert ListStorage.from_state(state, 4).collect_iter(res.slots).tolist() == [3, 1, NO_ITER, NO_ITER]
     before = st.state_dict()
     for bad in ([{'collect_iter': 'soon'}], [{'x': 0}, {'collect_iter': 1.5}], [{'x': 0}, None]):
         with pytest.raises((ValueError, TypeError), match='collect_iter|None'):
@@ -1172,6 +1175,29 @@ def test_list_storage_reads_collect_iter_once_when_an_item_is_stored():
     st.clear()
     assert st.write(st.prepare([{'collect_iter': 4}])).slots.tolist() == [st.ring.ordered_slots()[0]]
     assert st.collect_iter(st.ring.ordered_slots()).tolist() == [4]
+
+
+@pytest.mark.parametrize('btype', ['naive', 'advanced', 'elastic'])
+def test_a_reloaded_list_storage_ages_its_items_as_the_saved_one(btype):
+    """An item's ``collect_iter`` is read when it is stored; a state re-read it from the items, so a dict changed
+    (or pushed twice) since made a reloaded buffer remove other items than the saved one."""
+    from ding_buffer import create_buffer
+
+    cfg = dict(type=btype, replay_buffer_size=8, seed=0, max_staleness=5)
+    live = create_buffer(cfg)
+    reused = {'obs': 0, 'collect_iter': 0}
+    live.push(reused)
+    reused['collect_iter'] = 8
+    live.push(reused)
+    live.push({'obs': 1, 'collect_iter': 100})
+    live.push({'obs': 2})
+    loaded = create_buffer(cfg)
+    loaded.load_state_dict(live.state_dict())
+    assert_same(loaded.state_dict(), live.state_dict())
+    live.sample(1, cur_learner_iter=10)
+    loaded.sample(1, cur_learner_iter=10)
+    assert live.count() == loaded.count() == 3  # the first item (0) left: too stale
+    assert_same(loaded.state_dict(), live.state_dict())
 
 
 def test_a_stored_dicts_collect_iter_changed_after_push_changes_no_sample():
