@@ -311,11 +311,15 @@ def restoring(path: str) -> Iterator[None]:
         raise
 
 
+# what torch's allocator (a RuntimeError) and numpy (a MemoryError: as a worker's error, a message) say
+_OUT_OF_MEMORY = ("can't allocate memory", 'std::bad_alloc', 'Unable to allocate')
+
+
 def out_of_memory(e: BaseException) -> bool:
     """Whether ``e``, or an error it was raised from, is one of memory running out (``MemoryError``, or torch's
     allocator failing)."""
     for _ in range(8):
-        if isinstance(e, MemoryError) or isinstance(e, RuntimeError) and "can't allocate memory" in str(e):
+        if isinstance(e, MemoryError) or any(m in str(e) for m in _OUT_OF_MEMORY):
             return True
         e = e.__cause__ or e.__context__
         if e is None:

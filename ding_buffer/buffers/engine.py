@@ -778,32 +778,22 @@ class Engine(IBuffer):
                     return self._refuse(why)
                 if self._reseed_due:  # (a forked child's first draw)
                     self._reseed()
-                if self._fallible:  # a rule of the user's may fail after the draw: restore what the draw moved then
-                    rng, snapshot = self._rng.bit_generator.state, self._t.snapshot()  # (or if its sampler refuses)
-                    try:
-                        drawn = draw(self._rng)
-                        if type(drawn) is str:
-                            self._rng.bit_generator.state = rng
-                            self._t.restore_snapshot(snapshot)
-                        out = self._drawn(drawn)
-                    except BaseException:
+                # a draw that fails -- a rule or sampler of the user's, or no memory for the batch -- or that a
+                # user's sampler refuses is taken back (Python's ``random``, which an unseeded deque draws from:
+                # only where a user's part may fail)
+                rng, snapshot = self._rng.bit_generator.state, self._t.snapshot(self._fallible)
+                try:
+                    drawn = draw(self._rng)
+                    if type(drawn) is str:
                         self._rng.bit_generator.state = rng
                         self._t.restore_snapshot(snapshot)
-                        raise
-                else:
-                    rng = self._rng.bit_generator.state  # a draw that fails (no memory for the batch) takes it back
-                    try:
-                        out = self._drawn(draw(self._rng))
-                    except BaseException:
-                        self._rng.bit_generator.state = rng
-                        raise
-                if out is not None:
-                    if self._t.items_out():  # (asked for by name: it wins over the TensorDict output)
-                        out = as_items(out, self._instance_name)
-                    elif self._t.tensordict_out():
-                        out = to_tensordict(out, self._t.device())
-                    if finish is not None:
-                        out = finish(out, self._last_use)
+                    out = self._drawn(self._shaped(drawn))
+                except BaseException:
+                    self._rng.bit_generator.state = rng
+                    self._t.restore_snapshot(snapshot)
+                    raise
+                if out is not None and finish is not None:
+                    out = finish(out, self._last_use)
                 due, self._due = self._due, None
         finally:
             if deadline is not None:
@@ -811,6 +801,22 @@ class Engine(IBuffer):
         if due is not None:
             self._t.emit(due)  # outside the lock
         return out
+
+    def _shaped(self, drawn: Any) -> Any:
+        """A drawn batch in the output the config asks for (items; TensorDicts), before anything counts the draw:
+        a conversion that fails (no memory) takes back the use counts the table's draw counted."""
+        if type(drawn) is str:
+            return drawn
+        items = self._t.items_out()  # (asked for by name: it wins over the TensorDict output)
+        if not items and not self._t.tensordict_out():
+            return drawn
+        try:
+            out = as_items(drawn.out, self._instance_name) if items else to_tensordict(drawn.out, self._t.device())
+        except BaseException:
+            if drawn.use is not None and self._uses is not None:
+                self._uses.unbump(drawn.slots)
+            raise
+        return drawn._replace(out=out)
 
     def _drawn(self, drawn: Any) -> Optional[Any]:
         """After a table's draw: its refusal (a str) counted, or for a ``Drawn``: use counts (unless the table

@@ -318,8 +318,8 @@ class PrioritizedTable(SlotTable):
 
         return Drawn(slots, size, out, use, done, self._storage.kind == 'list')  # (list: the stored objects)
 
-    def snapshot(self) -> Any:
-        return self.beta.value, super().snapshot()
+    def snapshot(self, python_random: bool) -> Any:
+        return self.beta.value, super().snapshot(python_random)
 
     def restore_snapshot(self, snapshot: Any) -> None:
         self.beta.set(snapshot[0])

@@ -278,10 +278,12 @@ class Table:
             return f"sampler {self.cfg.sampler.get('type')!r} refused"
         return check_positions(idx, m, size, self.cfg.sampler.get('type')) if self.own_sampler else idx
 
-    def snapshot(self) -> Any:
-        """What a draw changes besides the RNG and use counts (restored when a user's rule fails the draw): Python's
-        global ``random`` state, when the sampler draws from it (DI-engine's deque)."""
-        return random.getstate() if type(getattr(self, 'sampler', None)) is PythonRandomSampler else None
+    def snapshot(self, python_random: bool) -> Any:
+        """What a draw changes besides the RNG and use counts (restored when the draw fails): with
+        ``python_random``, Python's global ``random`` state, when the sampler draws from it (DI-engine's deque)."""
+        if python_random and type(getattr(self, 'sampler', None)) is PythonRandomSampler:
+            return random.getstate()
+        return None
 
     def restore_snapshot(self, snapshot: Any) -> None:
         """Undo a failed draw (``snapshot``'s answer from before it)."""

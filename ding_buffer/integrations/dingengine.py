@@ -41,7 +41,7 @@ from .. import forks
 from ..base import BUFFER_REGISTRY, IBuffer, create_buffer, get_buffer_cls
 from ..config import deep_merge_dicts
 from ..control.priority import as_priorities, is_id_text
-from ..persistence import save_state
+from ..persistence import restoring, save_state
 
 logger = logging.getLogger('ding_buffer.integrations.dingengine')
 
@@ -389,7 +389,9 @@ class TaskBuffer(Buffer):
         """Restore a file of ``save_data`` (``allow_pickle``: as for the buffer it wraps: items holding numpy
         arrays or other objects on list storage need it, and only a file you trust)."""
         with self._lock:
-            self.load_state_dict(self._inner.read_data(file_name, allow_pickle=allow_pickle))
+            state = self._inner.read_data(file_name, allow_pickle=allow_pickle)
+            with restoring(file_name):
+                self.load_state_dict(state)
 
     def close(self) -> None:
         """The queued priority updates are applied first (they were taken); later ones are refused, as by the
