@@ -230,10 +230,17 @@ class ListStorage(Storage):
 def saved_collect_iters(column: Any, n: int) -> np.ndarray:
     """A saved ``collect_iter`` column of ``n`` items, checked: int64, each a whole number within +-2**60 or
     ``NO_ITER`` (none)."""
-    if not isinstance(column, torch.Tensor) or column.dtype != torch.int64 or tuple(column.shape) != (n,):
-        what = f"{column.dtype} tensor of shape {tuple(column.shape)}" if isinstance(column, torch.Tensor) else column
-        raise ValueError(f"saved list storage 'collect_iter' must be an int64 tensor of shape ({n},), got {what!r:.80}")
-    values = column.numpy().copy()
+    tensor = isinstance(column, torch.Tensor)
+    if not tensor or column.dtype != torch.int64 or tuple(column.shape) != (n,) or column.is_meta or column.is_sparse:
+        what = (
+            f"{column.dtype} {column.layout} tensor of shape {tuple(column.shape)} on {column.device}"
+            if tensor
+            else column
+        )
+        raise ValueError(
+            f"saved list storage 'collect_iter' must be a dense int64 tensor of shape ({n},), got {what!r:.120}"
+        )
+    values = column.detach().cpu().resolve_neg().numpy().copy()
     bad = (values != NO_ITER) & ((values <= -(2**60)) | (values >= 2**60))
     if bad.any():
         raise ValueError(f"saved list storage 'collect_iter' holds {int(values[bad][0])}, beyond +-2**60")

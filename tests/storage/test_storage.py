@@ -1200,6 +1200,31 @@ def test_a_reloaded_list_storage_ages_its_items_as_the_saved_one(btype):
     assert_same(loaded.state_dict(), live.state_dict())
 
 
+@pytest.mark.parametrize(
+    'bad',
+    [
+        torch.zeros(4, dtype=torch.int32),
+        torch.zeros(3, dtype=torch.int64),
+        torch.zeros(4, dtype=torch.int64, device='meta'),
+        torch.zeros(4, dtype=torch.int64).to_sparse(),
+        torch.full((4,), 2**60, dtype=torch.int64),
+        [0, 0, 0, 0],
+    ],
+)
+def test_a_saved_collect_iter_column_that_is_not_one_is_refused_naming_it(bad):
+    from ding_buffer import create_buffer
+
+    src = create_buffer(dict(type='advanced', replay_buffer_size=8, seed=0))
+    src.push([{'obs': i, 'collect_iter': i} for i in range(4)])
+    state = src.state_dict()
+    state['storage']['collect_iter'] = bad
+    buf = create_buffer(dict(type='advanced', replay_buffer_size=8, seed=0))
+    before = buf.state_dict()
+    with pytest.raises(ValueError, match="'collect_iter'"):
+        buf.load_state_dict(state)
+    assert_same(buf.state_dict(), before)
+
+
 def test_a_stored_dicts_collect_iter_changed_after_push_changes_no_sample():
     """Was (with the column read lazily): a value changed after push was seen if nothing had read it yet -- a bad one
     made every later sample of ``advanced`` fail (after bumping use counts and beta), a changed one made
