@@ -459,7 +459,7 @@ def main(argv: Optional[List[str]] = None, started_at: Optional[float] = None) -
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
     except (ValueError, TypeError, OSError, MemoryError) as e:  # (OSError: a path missing, read-only, ...)
-        print(f"ding-buffer: error: {e}", file=sys.stderr)
+        print(f"ding-buffer: error: {str(e) or type(e).__name__}", file=sys.stderr)  # (MemoryError(): no message)
         return 2
     except KeyboardInterrupt:  # a second Ctrl-C, or one outside a training loop
         if os.environ.get(LAUNCHED) != '1':

@@ -47,7 +47,7 @@ import torch
 from ..buffers.common import check_step, check_wait_timeout
 from ..control.priority import as_numpy, as_priorities, parse_update
 from ..errors import ManagerUnavailableError
-from ..persistence import load_state, refuse_unknown, save_state
+from ..persistence import file_path, load_state, refuse_unknown, save_state
 from .frames_wire import frames_spec_of
 from .sample_wait import poll_for_batch
 
@@ -61,7 +61,7 @@ _CLIENT_KEYS = ('type', 'num_shards', 'beta', 'next', 'rng')
 
 def shard_path(path: str, k: int) -> str:
     """The file of shard ``k`` for ``save_data(path)`` / ``load_data(path)``."""
-    return f'{path}.shard{k}'
+    return f'{file_path(path)}.shard{k}'
 
 
 class ShardedBuffer:
@@ -443,7 +443,7 @@ class ShardedBuffer:
         Returns what each shard wrote."""
         out = [self._call(k, 'save_data', shard_path(path, k)) for k in range(self.num_shards)]
         if self._local:
-            save_state(f'{os.fspath(path)}.client', 'ShardedBuffer', self._client_state())
+            save_state(f'{file_path(path)}.client', 'ShardedBuffer', self._client_state())
         return out
 
     @property
@@ -466,7 +466,7 @@ class ShardedBuffer:
         as ``load_state_dict``: a shard that refuses its file puts the shards loaded before it back -- a remote one
         from the state its manager kept (nothing crosses the wire), a local one from a copy taken first. Local
         shards: this client's own part comes back from ``path.client`` (checked before any shard loads)."""
-        client, own = f'{os.fspath(path)}.client', None
+        client, own = f'{file_path(path)}.client', None
         if self._local and os.path.exists(client):
             own = self._client_part(load_state(client, 'ShardedBuffer'), _CLIENT_KEYS)
         elif self._local:  # a save of an older version: the shards load, this client's part stays

@@ -351,7 +351,8 @@ def test_state_round_trip_and_all_or_nothing_load():
         local_sharded('advanced', k=2)[0].load_state_dict(state)
 
 
-def test_save_data_of_local_shards_resumes_exactly(tmp_path):
+@pytest.mark.parametrize('kind', [str, os.fsencode])
+def test_save_data_of_local_shards_resumes_exactly(kind, tmp_path):
     """save_data wrote only the shards' files: a load_data went back to the first shard of the round-robin, beta's
     start and a fresh RNG, so the next push and sample differed from the saved buffer's. The client's part is saved
     next to the shards (path.client); a load continues exactly, as a load_state_dict does."""
@@ -359,7 +360,7 @@ def test_save_data_of_local_shards_resumes_exactly(tmp_path):
     for i in range(10):
         buf.push(item(i, 1 + i % 4))
     buf.sample(4)
-    path = str(tmp_path / 'ck.pt')
+    path = kind(tmp_path / 'ck.pt')  # (a bytes path: the same files, as open would name them)
     buf.save_data(path)
     assert sorted(os.listdir(tmp_path)) == ['ck.pt.client', 'ck.pt.shard0', 'ck.pt.shard1', 'ck.pt.shard2']
     other, _ = local_sharded('advanced', k=3, seed=99)
