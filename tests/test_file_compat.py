@@ -86,3 +86,17 @@ def test_saved_files_follow_the_umask(tmp_path, umask):
     finally:
         os.umask(old)
     assert (tmp_path / 'buf.pt').stat().st_mode & 0o777 == 0o666 & ~umask
+
+
+def test_a_chunk_file_with_numpy_arrays_written_under_numpy_1_loads(tmp_path):
+    """``tests/data/numpy1/chunk_disk.pt``: a chunk buffer with a disk store saved under numpy 1.26, whose arrays'
+    pickles name ``numpy.core.multiarray`` (numpy 2's are ``numpy._core.multiarray``): both names are read."""
+    buf = create_buffer(
+        dict(type='chunk', fragments_per_chunk=2, seed=0, store=dict(type='disk', path=str(tmp_path / 'store')))
+    )
+    buf.load_data(str(DATA.parent / 'numpy1' / 'chunk_disk.pt'))
+    fragments = sorted(buf.sample(4), key=lambda f: f['fid'])
+    assert [f['fid'] for f in fragments] == [0, 1, 2, 3]
+    for k, f in enumerate(fragments):
+        assert isinstance(f['data']['obs'], np.ndarray) and f['data']['act'] == k
+        np.testing.assert_array_equal(f['data']['obs'], np.arange(6, dtype=np.float32).reshape(2, 3) + k)

@@ -6,6 +6,7 @@ import itertools
 import numbers
 import operator
 import threading
+import warnings
 from typing import Any, List, Mapping, Optional
 
 import numpy as np
@@ -22,7 +23,9 @@ def restored_rng(state: Mapping) -> np.random.Generator:
     """A new RNG in the state ``state['rng']`` saved, or ``ValueError`` when it is missing or invalid."""
     rng = np.random.default_rng()
     try:
-        rng.bit_generator.state = copy.deepcopy(dict(state['rng']))
+        with warnings.catch_warnings():  # (numpy 1.x wraps an out-of-range int with a DeprecationWarning)
+            warnings.simplefilter('error', DeprecationWarning)
+            rng.bit_generator.state = copy.deepcopy(dict(state['rng']))
     except Exception as e:
         raise ValueError(f"state has an invalid 'rng' entry: {e}") from e
     return rng

@@ -16,6 +16,7 @@ leaf only, so every decoded tensor owns its memory (``torch.save`` of a decoded 
 import json
 import math
 import pickle
+import warnings
 from itertools import chain
 from typing import Any, List, Sequence, Tuple
 
@@ -265,7 +266,9 @@ class _Decoder:
             if tag == '$z':
                 return self.array([v[0], v[1], []], False)[()]
             dt = _numeric_dtype(v[0], 'scalar')
-            return dt.type(complex(*v[1]) if dt.kind == 'c' else v[1])
+            with warnings.catch_warnings():  # (numpy 1.x wraps an out-of-range int with a DeprecationWarning)
+                warnings.simplefilter('error', DeprecationWarning)
+                return dt.type(complex(*v[1]) if dt.kind == 'c' else v[1])
         if tag == '$p':
             if not self.allow_pickle:
                 raise CodecError("message holds a pickled object and allow_pickle is False on this rank")

@@ -22,6 +22,7 @@ everything it is given until then.
 
 import copy
 import functools
+import importlib
 import io
 import os
 import re
@@ -48,9 +49,17 @@ def numpy_globals() -> tuple:
     """What a pickled numpy array or scalar names (its constructor, ``ndarray``, ``dtype``, the dtype classes, and
     ``bytes``, which an empty array, ``b''`` or an empty numpy string pickles as): allowed when a payload file is
     read, so arrays round-trip; no other class is, so nothing runs code."""
-    multiarray = np._core.multiarray if hasattr(np, '_core') else np.core.multiarray
+    # numpy 2 pickles them as numpy._core.multiarray.*, numpy 1 as numpy.core.multiarray.*: either name is read
+    # (a file moves between the two), as this numpy's function (numpy 1.26's numpy._core is a stand-in that
+    # torch imports only in part)
+    multiarray = importlib.import_module('numpy._core.multiarray' if _NUMPY_2 else 'numpy.core.multiarray')
+    named = [(getattr(multiarray, f), f'numpy.{m}.multiarray.{f}') for f in ('_reconstruct', 'scalar') for m in _CORES]
     dtypes = {type(np.dtype(code)) for code in np.typecodes['All'] if code != 'O'}
-    return (multiarray._reconstruct, multiarray.scalar, np.ndarray, np.dtype, bytes, *dtypes)
+    return (*named, np.ndarray, np.dtype, bytes, *dtypes)
+
+
+_NUMPY_2 = int(np.__version__.split('.')[0]) >= 2
+_CORES = ('_core', 'core')
 
 
 def check_id(fragment_id: Any) -> str:

@@ -537,7 +537,7 @@ def test_list_storage_makes_items_only_of_the_rows_a_batch_larger_than_it_keeps(
         tracemalloc.stop()
     with pytest.raises(ValueError, match="item 123: 'collect_iter' must be a finite int"):
         buf.push({'i': np.arange(300), 'collect_iter': np.where(np.arange(300) == 123, 2**61, 0)}, batched=True)
-    with pytest.raises(ValueError, match=r"item 0: .* got dict \{'a': np.int64\(10\)\}"):  # (a nested one: row 0's)
+    with pytest.raises(ValueError, match=r"item 0: .* got dict \{'a': (np.int64\()?10\)?\}"):  # (a nested one: row 0's)
         buf.push({'i': np.arange(50), 'collect_iter': {'a': np.arange(10, 60)}}, batched=True)
 
 
