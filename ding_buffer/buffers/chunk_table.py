@@ -81,11 +81,18 @@ def check_plain(obj: Any, what: str, depth: int = 0) -> None:
     elif isinstance(obj, (list, tuple)):
         for i, v in enumerate(obj):
             check_plain(v, f'{what}[{i}]', depth + 1)
-    elif not isinstance(obj, PLAIN_LEAVES) or (isinstance(obj, np.ndarray) and obj.dtype == object):
+    elif not isinstance(obj, PLAIN_LEAVES) or isinstance(obj, (np.ndarray, np.generic)) and not _plain_numpy(obj):
         raise TypeError(
             f"{what} holds a {type(obj).__name__}; a disk store keeps tensors, arrays, numbers, strings "
             f"and None in dicts / lists / tuples (read back without running code)"
         )
+
+
+def _plain_numpy(x: Any) -> bool:
+    """A numpy array or scalar the payload files read back: of numpy's own class (a recarray, masked array, matrix,
+    memmap or record pickles as its subclass) and a dtype other than object (or numpy 2's variable-width strings)."""
+    plain = type(x) is np.ndarray or isinstance(x, np.generic) and type(x) is not np.record
+    return plain and x.dtype != object and x.dtype.kind != 'T'
 
 
 def is_int(x: Any) -> bool:

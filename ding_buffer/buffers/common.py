@@ -6,7 +6,6 @@ import itertools
 import numbers
 import operator
 import threading
-import warnings
 from typing import Any, List, Mapping, Optional
 
 import numpy as np
@@ -23,9 +22,10 @@ def restored_rng(state: Mapping) -> np.random.Generator:
     """A new RNG in the state ``state['rng']`` saved, or ``ValueError`` when it is missing or invalid."""
     rng = np.random.default_rng()
     try:
-        with warnings.catch_warnings():  # (numpy 1.x wraps an out-of-range int with a DeprecationWarning)
-            warnings.simplefilter('error', DeprecationWarning)
-            rng.bit_generator.state = copy.deepcopy(dict(state['rng']))
+        saved = copy.deepcopy(dict(state['rng']))
+        rng.bit_generator.state = saved
+        if rng.bit_generator.state != saved:  # (numpy 1.x wraps an out-of-range int, with only a warning)
+            raise ValueError(f"it reads back as {rng.bit_generator.state} (a value out of range)")
     except Exception as e:
         raise ValueError(f"state has an invalid 'rng' entry: {e}") from e
     return rng

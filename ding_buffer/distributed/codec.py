@@ -16,7 +16,6 @@ leaf only, so every decoded tensor owns its memory (``torch.save`` of a decoded 
 import json
 import math
 import pickle
-import warnings
 from itertools import chain
 from typing import Any, List, Sequence, Tuple
 
@@ -266,9 +265,9 @@ class _Decoder:
             if tag == '$z':
                 return self.array([v[0], v[1], []], False)[()]
             dt = _numeric_dtype(v[0], 'scalar')
-            with warnings.catch_warnings():  # (numpy 1.x wraps an out-of-range int with a DeprecationWarning)
-                warnings.simplefilter('error', DeprecationWarning)
-                return dt.type(complex(*v[1]) if dt.kind == 'c' else v[1])
+            if dt.kind in 'iu' and type(v[1]) is int and not np.iinfo(dt).min <= v[1] <= np.iinfo(dt).max:
+                raise CodecError(f"scalar {v[1]} is out of range for {dt}")  # (numpy 1.x would wrap it)
+            return dt.type(complex(*v[1]) if dt.kind == 'c' else v[1])
         if tag == '$p':
             if not self.allow_pickle:
                 raise CodecError("message holds a pickled object and allow_pickle is False on this rank")

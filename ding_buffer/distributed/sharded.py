@@ -44,7 +44,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 import torch
 
-from ..buffers.common import check_step, check_wait_timeout
+from ..buffers.common import check_step, check_wait_timeout, restored_rng
 from ..control.priority import as_numpy, as_priorities, parse_update
 from ..errors import ManagerUnavailableError
 from ..persistence import file_path, load_state, refuse_unknown, save_state
@@ -413,12 +413,10 @@ class ShardedBuffer:
             raise ValueError(f"state key 'beta' is {beta!r:.40}; expected a number in [0, 1]")
         if isinstance(nxt, bool) or not isinstance(nxt, int) or not 0 <= nxt < self.num_shards:
             raise ValueError(f"state key 'next' is {nxt!r:.40}; expected an int in [0, {self.num_shards})")
-        rng = np.random.default_rng()
         try:
-            rng.bit_generator.state = copy.deepcopy(dict(state['rng']))
-        except (TypeError, ValueError, KeyError) as e:
+            return float(beta), nxt, restored_rng(state)
+        except ValueError as e:
             raise ValueError(f"state key 'rng' is not the state of numpy's default generator: {e}") from e
-        return float(beta), nxt, rng
 
     def load_state_dict(self, state: Dict[str, Any], deepcopy: bool = False) -> None:
         """All or nothing: a shard that refuses its state puts the shards loaded before it back."""

@@ -941,3 +941,26 @@ def test_two_buffers_on_one_disk_store_keep_each_others_payloads(tmp_path):
     c = create_buffer(cfg)  # no open buffer refers to them: a new one starts empty
     assert not [n for n in os.listdir(tmp_path / 'store') if n.endswith('.pt')]
     c.close()
+
+
+@pytest.mark.parametrize(
+    'leaf',
+    [
+        np.rec.array([(1, 2.0)], dtype=[('a', 'i4'), ('b', 'f8')]),
+        np.ma.masked_array([1.0, 2.0], mask=[False, True]),
+        np.asmatrix(np.eye(2)),
+        np.rec.array([(1, 2.0)], dtype=[('a', 'i4'), ('b', 'f8')])[0],
+        np.array([1, 'a'], dtype=object),
+    ],
+    ids=['recarray', 'masked', 'matrix', 'record', 'object'],
+)
+def test_a_disk_store_refuses_at_push_the_numpy_values_its_files_cannot_read_back(leaf, tmp_path):
+    """Subclasses of numpy's array and scalar pickle as themselves, which a payload file does not read back: such a
+    push was accepted, and every later sample, state_dict and save_data failed."""
+    buf = create_buffer(dict(type='chunk', fragments_per_chunk=1, seed=0, store=dict(type='disk', path=str(tmp_path))))
+    buf.push(frag(0, 0, 0, data={'obs': np.zeros(2), 'rec': np.zeros(2, dtype=[('a', 'i4')])[0]}))
+    before = buf.state_dict()
+    with pytest.raises(TypeError, match=r"data\['obs'\] holds a"):
+        buf.push(frag(0, 1, 0, data={'obs': leaf}))
+    assert_same(buf.state_dict(), before)
+    assert buf.sample(1)[0]['fid'] == 0

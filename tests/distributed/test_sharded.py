@@ -372,6 +372,17 @@ def test_save_data_of_local_shards_resumes_exactly(kind, tmp_path):
     assert torch.equal(got['obs'], expected['obs']) and torch.equal(got['IS'], expected['IS'])
 
 
+def test_a_sharded_state_with_an_out_of_range_rng_is_refused_naming_it():
+    buf, _ = local_sharded('advanced', k=2, seed=5)
+    state = buf.state_dict()
+    state['rng']['state']['inc'] = -1  # (numpy 1.x would wrap it; numpy 2 raised a bare OverflowError)
+    fresh, _ = local_sharded('advanced', k=2)
+    before = fresh.state_dict()
+    with pytest.raises(ValueError, match="'rng'"):
+        fresh.load_state_dict(state)
+    assert_same(fresh.state_dict(), before)
+
+
 def test_a_sharded_state_is_checked_key_by_key_and_a_refusal_changes_nothing():
     buf, _ = local_sharded('advanced', k=3, seed=5)
     for i in range(10):
