@@ -307,7 +307,7 @@ def restoring(path: str) -> Iterator[None]:
         yield
     except ValueError as e:
         if out_of_memory(e):
-            raise MemoryError(f"not enough memory to load {path!r}: {e}") from e
+            raise unreadable(path, e) from e
         raise
 
 

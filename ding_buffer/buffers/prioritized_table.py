@@ -307,9 +307,8 @@ class PrioritizedTable(SlotTable):
             staleness = self._storage.staleness(slots, cur_learner_iter)
             extras = dict(priority=priority, staleness=staleness, use=use, IS=weights)
             out = with_extras(self._storage, slots, extras, self.name, ids)
-        except BaseException:  # (no memory for the batch): the draw's use counts and beta step are taken back
-            self.parts.uses.unbump(slots)
-            self.beta.set(beta)
+        except BaseException:  # (no memory for the batch): the draw's use counts are taken back (the engine
+            self.parts.uses.unbump(slots)  # restores beta and the RNG from its snapshot)
             raise
         monitor = self.sampled_monitor
 

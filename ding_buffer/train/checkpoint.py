@@ -6,12 +6,11 @@ Layout: ``<dir>/step_000010000/{trainer.pt, buffer.pt, COMPLETE}``; temporaries 
 ignored (and removed) by the next save or load.
 """
 
-import json
 import os
 import shutil
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from ..persistence import NamedFile, atomic_save, fsync_dir, out_of_memory
+from ..persistence import atomic_json, atomic_save, fsync_dir, out_of_memory
 
 MARKER = 'COMPLETE'
 
@@ -41,12 +40,7 @@ def save_checkpoint(
     os.makedirs(tmp)
     atomic_save(trainer_state, os.path.join(tmp, 'trainer.pt'))
     save_buffer(os.path.join(tmp, 'buffer.pt'))  # atomic + fsynced by the buffer itself
-    marker = os.path.join(tmp, MARKER)
-    with open(marker, 'wb') as f:
-        named = NamedFile(f, marker)
-        named.write(json.dumps({'step': step}).encode())
-        named.sync()
-    fsync_dir(tmp)
+    atomic_json({'step': step}, os.path.join(tmp, MARKER))  # (fsyncs tmp, with the two files above)
     if os.path.exists(final):  # an unmarked leftover of the same name cannot be a loadable checkpoint
         shutil.rmtree(final)
     os.rename(tmp, final)
