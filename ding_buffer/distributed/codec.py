@@ -265,7 +265,7 @@ class _Decoder:
             if tag == '$z':
                 return self.array([v[0], v[1], []], False)[()]
             dt = _numeric_dtype(v[0], 'scalar')
-            if dt.kind in 'iu' and type(v[1]) is int and not np.iinfo(dt).min <= v[1] <= np.iinfo(dt).max:
+            if dt.kind in 'iu' and type(v[1]) in (int, float) and not np.iinfo(dt).min <= v[1] <= np.iinfo(dt).max:
                 raise CodecError(f"scalar {v[1]} is out of range for {dt}")  # (numpy 1.x would wrap it)
             return dt.type(complex(*v[1]) if dt.kind == 'c' else v[1])
         if tag == '$p':

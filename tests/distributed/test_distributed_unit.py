@@ -507,6 +507,7 @@ HOSTILE_NON_CODEC = {
     'deep nesting': (b'{"v":1,"n":[],"body":' + b'[' * 100000 + b']' * 100000 + b'}', []),
     'complex scalar not a pair': (header_of({'$s': ['<c16', 5]}), []),
     'int scalar out of range': (header_of({'$s': ['|i1', 1000]}), []),
+    'int scalar given as an out-of-range float': (header_of({'$s': ['|i1', 300.0]}), []),  # (numpy 1.x wrapped it)
     'torch dtype not a str': (header_of({'$t': [0, ['float32'], [1]]}, [4]), [b'abcd']),
     'bool dim': (header_of({'$t': [0, 'float32', [True]]}, [4]), [b'abcd']),
 }
