@@ -17,7 +17,15 @@ from easydict import EasyDict
 
 from .. import forks
 from ..base import BUFFER_REGISTRY, IBuffer, create_buffer, get_buffer_cls
-from ..config import SEED_CHECK, build_config, check_section, dingengine_ignored, finite_number, plain_numbers
+from ..config import (
+    SEED_CHECK,
+    build_config,
+    check_section,
+    deep_merge_dicts,
+    dingengine_ignored,
+    finite_number,
+    plain_numbers,
+)
 from ..control.priority import as_numpy, as_priorities, parse_update
 from ..errors import SampleTimeoutError
 from ..persistence import load_state, restoring, save_state
@@ -94,7 +102,7 @@ def mixture_config(cfg: Optional[Mapping]) -> EasyDict:
             )
         if section.get('distributed') is not None:
             raise ValueError(f"config key 'members.{name}.distributed': a member is a local buffer")
-    out.members = EasyDict({name: dict(section) for name, section in members.items()})
+    out.members = EasyDict({name: deep_merge_dicts(section, None) for name, section in members.items()})  # (copies)
     out.weights = checked_weights(weights, list(members))
     if out.push_to is not None and out.push_to not in members:
         raise ValueError(f"config key 'push_to' is {out.push_to!r}; expected one of the members {list(members)}")

@@ -53,9 +53,10 @@ def refuse_items_output(cfg: Mapping, buffer_type: str, layout: str) -> None:
     """For a preset whose samples are not a flat batch of items (runs, episodes, windows): ``storage.output=
     'items'`` is refused by name (``layout`` says what its samples are)."""
     if cfg.get('output') == 'items':
+        fix = 'None' if cfg.get('type', 'list') == 'list' else 'None, or list storage'
         raise ValueError(
             f"config key 'storage.output'='items' is not supported by type {buffer_type!r}: its samples are "
-            f"{layout}; use None (the storage's own layout) or list storage"
+            f"{layout}; use {fix} (list storage's own layout holds the stored items themselves)"
         )
 
 

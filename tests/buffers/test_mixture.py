@@ -533,6 +533,18 @@ def test_a_training_config_checks_every_members_section():
     assert build_train_config(section).policy.other.replay_buffer.type == 'mixture'
 
 
+def test_the_mixture_cfg_shares_no_section_with_the_callers_config():
+    from easydict import EasyDict
+
+    members = dict(a=dict(type='naive', storage=dict(type='tensor')), b=dict(type='naive', storage=dict(type='tensor')))
+    cfg = EasyDict(type='mixture', members=members)
+    buf = create_buffer(cfg)
+    buf.cfg.members.a.storage.type = 'list'
+    buf.cfg.members.b.replay_buffer_size = 3
+    assert cfg.members.a.storage.type == 'tensor' and 'replay_buffer_size' not in cfg.members.b
+    assert create_buffer(cfg).cfg.members.a.storage.type == 'tensor'
+
+
 @pytest.mark.timeout(30)
 def test_tensorboard_shows_each_member_under_its_own_tags():
     class Writer:  # what a SummaryWriter is to the buffers: add_scalar and flush

@@ -113,7 +113,8 @@ def test_deque_on_items_keeps_its_api():
         (dict(type='naive', storage=dict(type='list', output='batch')), "'storage.output'='batch' needs"),
         (dict(type='naive', storage=dict(type='tensor', output='item')), "'storage.output' has invalid value"),
         (dict(type='naive', storage=dict(type='tensor', output=['items'])), "'storage.output'"),
-        (dict(type='sequence', storage=dict(type='tensor', output='items')), "not supported by type 'sequence'"),
+        (dict(type='sequence', storage=dict(type='tensor', output='items')), "'sequence'.*; use None, or list storage"),
+        (dict(type='sequence', storage=dict(type='list', output='items')), "'sequence'.*; use None (list storage's"),
         (dict(type='episode', storage=dict(type='tensor', output='items')), "not supported by type 'episode'"),
         (
             dict(type='prioritized_episode', storage=dict(type='tensor', output='items')),
