@@ -336,6 +336,24 @@ class ContainerStore(ContainerStoreBase):
     def env(self) -> Any:
         return getattr(self.container, 'env', None)
 
+    def check_joins(self, data: Any) -> None:
+        """Also: the stored container's own ``extend`` takes ``data`` (tried on a copy of one stored item and a
+        copy of ``data``: ``extend`` changes both containers in place, and may refuse a join after it changed the
+        first, e.g. another env's states of the same width)."""
+        super().check_joins(data)
+        if not len(self) or not len(data):
+            return
+        head = self.container[torch.zeros(1, dtype=torch.int64)]
+        try:
+            head.extend(data[torch.arange(len(data))])
+        except MemoryError:
+            raise
+        except Exception as e:
+            raise ValueError(
+                f"{type(data).__name__} cannot join the stored {self.cls.__name__} items (another env's or "
+                f"kind's states?): their extend raised {type(e).__name__}: {e}"
+            ) from None
+
     def write(self, slots: np.ndarray, batch: GFNBatch, rows: Optional[np.ndarray]) -> None:
         """Append items ``rows`` of the batch (None: all of them); ``slots`` are the next positions."""
         assert len(slots) == 0 or int(slots[0]) == len(self), 'container slots are appended in order'
@@ -345,7 +363,12 @@ class ContainerStore(ContainerStoreBase):
         if not len(self):  # (an emptied one too: the new items' direction, not the old container's)
             self.container, self.cls = part, type(batch.payload)
         else:
-            self.container.extend(part)
+            n = len(self)
+            try:
+                self.container.extend(part)
+            except BaseException:  # (``check_joins`` tried it: no memory) the items held before, and no others
+                self.container = self.container[torch.arange(n)]
+                raise
         for attr in _CACHED_FIELDS:  # replayed data is re-evaluated by the learner (torchgfn does the same)
             if getattr(self.container, attr, None) is not None:
                 setattr(self.container, attr, None)

@@ -952,6 +952,37 @@ class NoRewardContainer(FakeContainer):
         self.states = torch.cat([self.states, other.states])
 
 
+def test_a_container_whose_extend_fails_halfway_keeps_the_buffer_usable():
+    """An ``extend`` that fails after changing the stored container (no memory for its second field): the stored
+    container goes back to the items it held, so later pushes, samples and round trips work (they failed for good:
+    its length no longer matched the positions the buffer counts)."""
+
+    class Halfway(FakeContainer):
+        fail = False
+
+        def __getitem__(self, idx):
+            return Halfway(self.states[idx], self._log_rewards[idx])
+
+        def extend(self, other):
+            self.states = torch.cat([self.states, other.states])
+            if Halfway.fail and len(self.states) > 4:  # (the buffer's own try, on a copy of one item, passes)
+                Halfway.fail = False
+                raise MemoryError('no memory for the log-rewards')
+            self._log_rewards = torch.cat([self._log_rewards, other._log_rewards])
+
+    buf = make('gfn', 8)
+    buf.push(Halfway(torch.arange(6.0).reshape(3, 2), torch.arange(3.0)))
+    Halfway.fail = True
+    with pytest.raises(MemoryError):
+        buf.push(Halfway(torch.ones(2, 2), torch.zeros(2)))
+    buf.push(Halfway(torch.full((4, 2), 7.0), torch.full((4,), 7.0)))
+    assert sorted(buf.log_rewards().tolist())[-4:] == [7.0] * 4
+    other = make('gfn', 8)
+    other.load_state_dict(buf.state_dict())
+    assert sorted(other.log_rewards().tolist()) == sorted(buf.log_rewards().tolist())
+    assert len(other.sample(buf.count())) == buf.count()
+
+
 def test_a_loaded_state_of_containers_stays_the_callers():
     """A state's container was held by the buffer that loaded it: editing the state changed the buffer, and two
     buffers loaded from one state shared it (a push into one grew the other's, whose next push failed)."""

@@ -1600,8 +1600,15 @@ def test_containers_on_the_gpu_match_cpu_and_a_file_reloads_onto_the_env_device(
 
 
 # ---------------------------------------------------------------------------------------------- other envs' states
-def _bit_sequence_trajectories():
+def _bit_sequence_trajectories(n=3):
     from gfn.gym.bitSequence import BitSequence
+
+    torch.manual_seed(0)
+    env = BitSequence(word_size=2, seq_size=8, n_modes=4)
+    return env, _uniform_trajectories(env, n)
+
+
+def _uniform_trajectories(env, n):
     from gfn.preprocessors import IdentityPreprocessor
 
     class Uniform(torch.nn.Module):
@@ -1612,11 +1619,29 @@ def _bit_sequence_trajectories():
         def forward(self, x):
             return torch.zeros(x.shape[:-1] + (self.n,)) + 0 * self.w
 
-    torch.manual_seed(0)
-    env = BitSequence(word_size=2, seq_size=8, n_modes=4)
-    pf = DiscretePolicyEstimator(Uniform(env.n_actions), env.n_actions, preprocessor=IdentityPreprocessor(output_dim=4))
+    width = env.state_shape[0]
+    pf = DiscretePolicyEstimator(Uniform(env.n_actions), env.n_actions, preprocessor=IdentityPreprocessor(width))
     with torch.no_grad():
-        return env, Sampler(pf).sample_trajectories(env, n=3)
+        return Sampler(pf).sample_trajectories(env, n=n)
+
+
+@pytest.mark.parametrize('kind', ['gfn', 'gfn_diverse', 'terminating_state'])
+def test_a_batch_the_stored_containers_extend_refuses_changes_nothing(kind):
+    """BitSequence's containers are kept as pushed (their states have fields of their own): another env's
+    trajectories of the same state width passed every check, then the stored container's ``extend`` raised halfway
+    -- after evictions and counters had moved, and with the container left half extended (every later push failed)."""
+    from gfn.gym import DiscreteEBM
+
+    env, trajectories = _bit_sequence_trajectories(n=6)
+    other = _uniform_trajectories(DiscreteEBM(ndim=4), 2)  # (4 int64 values per state, as BitSequence's words)
+    buf = create_buffer(dict(type=kind, replay_buffer_size=3, seed=0))
+    buf.add(trajectories[torch.arange(3)])
+    before = buf.state_dict()
+    with pytest.raises(ValueError, match="cannot join the stored .* items .*'length'"):
+        buf.add(other)
+    assert_same(buf.state_dict(), before)
+    buf.add(trajectories[torch.arange(3, 6)])
+    assert buf.count() == 3 and len(buf.sample(3)) == 3
 
 
 @pytest.mark.parametrize('kind', ['Trajectories', 'Transitions'])
