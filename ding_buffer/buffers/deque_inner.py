@@ -18,7 +18,7 @@ class _Alias:
     """An engine seen with another preset's verbs over ``table`` (which the engine holds)."""
 
     def __init__(self, engine: Any, table: Any) -> None:
-        object.__setattr__(self, '_engine', weakref.proxy(engine))
+        object.__setattr__(self, '_engine', engine)  # (held: ``create_buffer(...).inner`` outlives the expression)
         object.__setattr__(self, '_t', table)
 
     def __getattr__(self, name: str) -> Any:
@@ -66,11 +66,13 @@ _ALIASES: Dict[bool, type] = {False: _NaiveAlias, True: _AdvancedAlias}
 
 
 def inner_of(deque: Any) -> Any:
-    """The alias of ``deque`` (made once per deque)."""
-    alias = deque.__dict__.get('_inner_alias')
+    """The alias of ``deque`` (one at a time: the deque refers to it weakly, the alias to the deque strongly, so
+    neither keeps the other in a cycle)."""
+    ref = deque.__dict__.get('_inner_alias')
+    alias = None if ref is None else ref()
     if alias is None:
         alias = _ALIASES[bool(deque.cfg.priority)](deque, deque._t)
-        deque.__dict__['_inner_alias'] = alias
+        deque.__dict__['_inner_alias'] = weakref.ref(alias)
     return alias
 
 

@@ -11,6 +11,7 @@ import inspect
 import textwrap
 import threading
 import time
+import weakref
 from pathlib import Path
 
 import numpy as np
@@ -422,6 +423,27 @@ def test_deque_inner_is_the_buffer_it_is_configured_as():
     naive = create_buffer(dict(type='deque', seed=0))
     assert isinstance(naive.inner, NaiveReplayBuffer) and naive.inner.cfg.type == 'naive'
     naive.close()
+
+
+def test_deque_inner_keeps_working_once_the_deque_is_no_longer_referenced():
+    """``create_buffer(...).inner`` (or ``inner = buf.inner; del buf``): the alias kept the deque weakly, so its
+    count and len still worked while push, sample and state_dict raised a bare ReferenceError."""
+    import gc
+
+    inner = create_buffer(dict(type='deque', replay_buffer_size=8, priority=True, seed=0)).inner
+    buf = create_buffer(dict(type='deque', replay_buffer_size=8, seed=0))
+    plain = buf.inner
+    del buf
+    gc.collect()
+    assert inner.push([{'obs': i} for i in range(5)]) == 5 and plain.push([{'obs': 1}]) == 1
+    assert len(inner.sample(2, 0)) == 2 and plain.sample(1, 0)[0]['obs'] == 1
+    assert inner.state_dict()['type'] == 'AdvancedReplayBuffer' and 'count=5' in repr(inner)
+    held = create_buffer(dict(type='deque', seed=0))
+    alias = held.inner
+    assert held.inner is alias  # one alias while it is held
+    gone = weakref.ref(held)
+    del held, alias  # no cycle: freed (and its helpers closed) as soon as neither is referenced
+    assert gone() is None
 
 
 def test_deque_inner_state_round_trips_through_the_buffer_it_is_configured_as():
