@@ -45,6 +45,16 @@ def refuse_unknown(state: Mapping, known: Any, where: str) -> None:
         )
 
 
+def refuse_meta(state: Mapping, where: str = 'state') -> None:
+    """``ValueError`` naming the first tensor on the meta device (shapes without values) among the entries of
+    ``state``'s nested dicts: its readers would fail on it naming no key."""
+    for key, value in state.items():
+        if getattr(value, 'is_meta', False) is True:
+            raise ValueError(f"{where}[{key!r}] is a tensor on the meta device (it holds no values)")
+        if isinstance(value, Mapping):
+            refuse_meta(value, f'{where}[{key!r}]')
+
+
 def atomic_save(obj: Any, path: str) -> None:
     """Write ``obj`` to ``path`` atomically (temporary file, fsync, rename, fsync of the directory)."""
     atomic_write(path, lambda f: save_checked(obj, f))

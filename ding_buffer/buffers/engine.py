@@ -57,7 +57,7 @@ from ..monitor.periodic import TAGS as PERIODIC_TAGS
 from ..monitor.periodic import PeriodicThruputMonitor
 from ..monitor.tb import TBSink, build_tb_logger, rank
 from ..monitor.used_data_remover import UsedDataRemover, check_trackable, check_trackable_batch
-from ..persistence import load_state, refuse_unknown, restoring, save_state
+from ..persistence import load_state, refuse_meta, refuse_unknown, restoring, save_state
 from ..storage.tensordict_io import check_batched, is_tensordict, to_tensordict
 from .common import (
     LOCK_GRACE,
@@ -998,6 +998,7 @@ class Engine(IBuffer):
             raise ValueError(f"state was made by {state.get('type')!r}, this buffer is {self.__class__.__name__}")
         if self._t.state_keys:  # (a table that declares none is not checked)
             refuse_unknown(state, self._t.state_keys | {'type', 'rng'}, 'state')
+        refuse_meta(state)
 
     def _engine_state(self) -> Dict[str, Any]:
         out = {'counters': self._all_counters(), 'thruput': self._limiter.state_dict(), 'envstep': self._last_envstep}

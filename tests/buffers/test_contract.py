@@ -271,6 +271,34 @@ def test_load_state_dict_with_a_renamed_key_is_refused_naming_it(case, tmp_path)
     buf.close()
 
 
+@all_cases
+def test_load_state_dict_with_a_tensor_on_the_meta_device_is_refused_naming_it(case, tmp_path):
+    """A tensor without values (``.to('meta')``, e.g. a state built under ``torch.device('meta')``) in any dict of a
+    real state is refused naming its key, with the buffer unchanged (it failed in numpy naming no key)."""
+    src, buf, state, before = _source_and_target(case, tmp_path)
+    paths = []
+    for path in _dict_paths(state):
+        value = state
+        for k in path:
+            value = value[k]
+        if isinstance(value, torch.Tensor):
+            paths.append(path)
+    if not paths:
+        pytest.skip('no tensor among the keyed entries of this state (its payloads are keyed by data)')
+    for path in paths:
+        bad = copy.deepcopy(state)
+        parent = bad
+        for k in path[:-1]:
+            parent = parent[k]
+        parent[path[-1]] = parent[path[-1]].to('meta')
+        named = re.escape('state' + ''.join(f'[{k!r}]' for k in path))
+        with pytest.raises(ValueError, match=f"{named} is a tensor on the meta device"):
+            buf.load_state_dict(bad)
+        assert_same(buf.state_dict(), before, f'state after the refused load of {path} on meta')
+    src.close()
+    buf.close()
+
+
 # --------------------------------------------------------------------- GFlowNet states that are inconsistent
 def _gfn_no_track_states(state):
     return {k: v for k, v in state.items() if k != 'track_states'}
