@@ -79,6 +79,16 @@ REFUSED_MEMBERS = {
 MIXTURE_IGNORED = dingengine_ignored(MIXTURE_CONFIG, 'mixture', 'each member reads its own section')
 
 
+def _copied(section: Mapping) -> dict:
+    """A member's section as the mixture keeps it: a deep copy (as every buffer copies its config), or a shallow
+    one when a value cannot be copied -- the member's own check then names it (a bad key or value), or fails the
+    same way as a buffer of its own."""
+    try:
+        return deep_merge_dicts(section, None)
+    except Exception:
+        return dict(section)
+
+
 def mixture_config(cfg: Optional[Mapping]) -> EasyDict:
     """The validated config: ``members`` and ``weights`` are checked here (they are not merged into the defaults:
     the user's members replace the default ones), every other key by ``build_config``."""
@@ -102,7 +112,7 @@ def mixture_config(cfg: Optional[Mapping]) -> EasyDict:
             )
         if section.get('distributed') is not None:
             raise ValueError(f"config key 'members.{name}.distributed': a member is a local buffer")
-    out.members = EasyDict({name: deep_merge_dicts(section, None) for name, section in members.items()})  # (copies)
+    out.members = EasyDict({name: _copied(section) for name, section in members.items()})
     out.weights = checked_weights(weights, list(members))
     if out.push_to is not None and out.push_to not in members:
         raise ValueError(f"config key 'push_to' is {out.push_to!r}; expected one of the members {list(members)}")

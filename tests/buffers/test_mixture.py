@@ -11,7 +11,7 @@ import pytest
 import torch
 from helpers import answer_while_held, assert_same, chi_square, chi_threshold, states_equal, wait_until
 
-from ding_buffer import SampleTimeoutError, create_buffer
+from ding_buffer import BUFFER_REGISTRY, SampleTimeoutError, create_buffer
 from ding_buffer.buffers.mixture import split_counts
 from ding_buffer.control.limits import REMOVER_REGISTRY, Remover
 from ding_buffer.control.samplers import SAMPLER_REGISTRY
@@ -543,6 +543,16 @@ def test_the_mixture_cfg_shares_no_section_with_the_callers_config():
     buf.cfg.members.b.replay_buffer_size = 3
     assert cfg.members.a.storage.type == 'tensor' and 'replay_buffer_size' not in cfg.members.b
     assert create_buffer(cfg).cfg.members.a.storage.type == 'tensor'
+
+
+def test_a_member_value_that_cannot_be_copied_is_still_refused_by_its_key():
+    """The mixture copies each member's section: a value that cannot be copied (a writer passed by mistake) must
+    still be named by the member's own check, not fail the copy with a bare ``cannot pickle``."""
+    members = dict(a=dict(type='naive', tb_logger=threading.Lock()), b=dict(type='naive'))
+    with pytest.raises(ValueError, match=r"mixture member 'a': unknown config key 'tb_logger'"):
+        create_buffer(dict(type='mixture', members=members))
+    with pytest.raises(ValueError, match=r"unknown config key 'members\.a\.tb_logger'"):
+        BUFFER_REGISTRY.get('mixture').check_config(dict(type='mixture', members=members))
 
 
 @pytest.mark.timeout(30)
