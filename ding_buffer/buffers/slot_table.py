@@ -8,7 +8,7 @@ consecutive items (``runs_request``: ``sequence``). A prioritized table adds its
 ``written`` and ``removed``, instead of copying the write path.
 """
 
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
 import numpy as np
 
@@ -281,13 +281,14 @@ class SlotTable(Table):
             return f'{len(starts)} run starts < batch size {batch} and replace=False', None
         return '', starts
 
-    def run_starts(self, positions: range, sequence: int) -> np.ndarray:
+    def run_starts(self, positions: range, sequence: int) -> Union[range, np.ndarray]:
         """Insertion positions where a run of ``sequence`` consecutive pushes starts. Without removal rules every
-        position up to ``len - sequence`` does; ``max_use`` or a rule of your own may remove items from the middle,
-        and a run must not jump over such a gap (its ids are consecutive)."""
+        position up to ``len - sequence`` does (a ``range``: a draw costs O(batch), not O(capacity)); ``max_use``
+        or a rule of your own may remove items from the middle, and a run must not jump over such a gap (its ids
+        are consecutive)."""
         last = positions.start + len(positions) - sequence
         if not self.parts.gaps:
-            return np.arange(positions.start, last + 1, dtype=np.int64)
+            return range(positions.start, last + 1)
         pos = np.arange(positions.start, positions.start + len(positions), dtype=np.int64)
         ring = self._storage.ring
         uids = np.asarray(ring.uids(ring.slots_of_positions(pos)), dtype=np.int64)
@@ -300,12 +301,15 @@ class SlotTable(Table):
         why, candidates = self.run_shortfall(batch, sequence, sample_range, replace)
         if why:
             return why
+        if isinstance(candidates, range):
+            candidates = np.arange(candidates.start, candidates.stop, dtype=np.int64) if self.selects else candidates
         idx = self.positions(
             rng, len(candidates), batch, replace, lambda: self._storage.ring.slots_of_positions(candidates)
         )
         if type(idx) is str:
             return idx
-        starts = candidates[np.asarray(idx, dtype=np.int64)]
+        idx = np.asarray(idx, dtype=np.int64)
+        starts = candidates.start + idx if isinstance(candidates, range) else candidates[idx]
         runs = starts[:, None] + np.arange(sequence, dtype=np.int64)[None, :]
         slots = self._storage.ring.slots_of_positions(runs.reshape(-1))
         if self._storage.kind != 'list':

@@ -115,10 +115,16 @@ class RingIndex(SlotIndex):
 
     derived_ids = True  # the id of slot s is derived, not stored (the compiled fast paths compute it the same way)
 
+    _BLOCK = 64  # slots per block of ``_blocks``
+    _BLOCKS_FROM = 1 << 15  # spans with holes from which positions are found through ``_blocks``
+
     def __init__(self, capacity: int) -> None:
         super().__init__(capacity)
         self.head = 0
         self.span = 0
+        # valid slots per block of _BLOCK slots: kept (from the first lookup of a large ring with holes) so that a
+        # position is found in O(log) instead of listing the whole ring (``_select``); None: not kept
+        self._blocks: Any = None
 
     @property
     def tail(self) -> int:
@@ -154,6 +160,9 @@ class RingIndex(SlotIndex):
             slots = self.next_slots(n)
             overwritten = slots[self.valid[slots]]
             self.valid[slots] = True
+        if self._blocks is not None and len(overwritten) < n:  # (the slots not overwritten became valid)
+            fresh = np.setdiff1d(slots, overwritten, assume_unique=True)
+            np.add.at(self._blocks, fresh // self._BLOCK, 1)
         uids = np.arange(self.next_uid, self.next_uid + n, dtype=np.int64)
         self.count += n - len(overwritten)
         self.next_uid += n
@@ -173,6 +182,8 @@ class RingIndex(SlotIndex):
         overwrote = bool(self.valid[slot])
         if not overwrote:
             self.count += 1
+            if self._blocks is not None:
+                self._blocks[slot // self._BLOCK] += 1
         self.valid[slot] = True
         self.next_uid += 1
         self.push_count += 1
@@ -189,6 +200,8 @@ class RingIndex(SlotIndex):
         slots = np.unique(np.asarray(slots, dtype=np.int64))
         slots = slots[self.valid[slots]]
         self.valid[slots] = False
+        if self._blocks is not None:
+            np.add.at(self._blocks, slots // self._BLOCK, -1)
         self.count -= len(slots)
         self._trim_head()
         return slots
@@ -223,11 +236,33 @@ class RingIndex(SlotIndex):
     def _slots_at(self, positions: np.ndarray) -> np.ndarray:
         if self.count == self.span:
             return (self.head + positions) % self.capacity
-        return self.ordered_slots()[positions]
+        if self.span < self._BLOCKS_FROM or len(positions) * self._BLOCK * 4 > self.span:
+            return self.ordered_slots()[positions]
+        return self._select(positions)
+
+    def _select(self, positions: np.ndarray) -> np.ndarray:
+        """``_slots_at`` with holes, O(capacity / _BLOCK + len(positions) * _BLOCK): insertion position ``p`` is the
+        ``(p + a) % count``-th valid slot in slot order, ``a`` the valid slots before the head (the newest items,
+        when the ring wraps: every valid slot lies in [head, tail))."""
+        b = self._BLOCK
+        if self._blocks is None:
+            padded = np.zeros(-(-self.capacity // b) * b, dtype=bool)
+            padded[: self.capacity] = self.valid
+            self._blocks = padded.reshape(-1, b).sum(axis=1, dtype=np.int64)
+        cum = np.cumsum(self._blocks)
+        hb = self.head // b
+        before = (int(cum[hb - 1]) if hb else 0) + int(np.count_nonzero(self.valid[hb * b : self.head]))
+        rank = (positions + before) % self.count  # the rank of each in slot order
+        block = np.searchsorted(cum, rank, side='right')
+        offset = rank - np.where(block > 0, cum[block - 1], 0)
+        cells = block[:, None] * b + np.arange(b)
+        bits = self.valid[np.minimum(cells, self.capacity - 1)] & (cells < self.capacity)
+        return block * b + np.argmax(np.cumsum(bits, axis=1) > offset[:, None], axis=1)
 
     def clear(self, reset_push_count: bool = False) -> None:
         """The next write goes to slot ``next_uid % capacity`` (the id/slot invariant)."""
         super().clear(reset_push_count)
+        self._blocks = None
         self.span = 0
         self.head = self.next_uid % self.capacity
 

@@ -695,3 +695,23 @@ def test_a_python_float_goes_into_a_float64_field_exactly():
     assert sorted(got.tolist()) == sorted([0.1, 0.1 + 2**-40, 3.0, 1 / 3, 2.5])
     with pytest.raises(ValueError, match="dtype torch.float64, expected torch.float32"):
         create_buffer(dict(type='naive', storage=dict(type='tensor'))).push([{'r': 1.0}, {'r': np.float64(1.0)}])
+
+
+@pytest.mark.parametrize('storage', ['list', 'tensor'])
+def test_max_use_drains_a_large_buffer_drawing_every_item_once(storage):
+    """A large ring with holes (``max_use=1`` removes what was drawn) finds positions through per-block counts: a
+    buffer sampled without replacement until empty gives every stored item exactly once, interleaved pushes too
+    (it listed every slot on every sample, O(capacity), before)."""
+    n = 40_000
+    buf = create_buffer(dict(type='naive', replay_buffer_size=n + 8, max_use=1, seed=0, storage=dict(type=storage)))
+    buf.push([{'obs': i} for i in range(n)])
+    drawn = []
+    for k in range(100):
+        batch = buf.sample(256)
+        drawn += [int(x) for x in (batch['obs'] if storage == 'tensor' else [d['obs'] for d in batch])]
+        if k % 50 == 0:
+            buf.push([{'obs': n + k}])
+    while buf.count():
+        batch = buf.sample(min(256, buf.count()))
+        drawn += [int(x) for x in (batch['obs'] if storage == 'tensor' else [d['obs'] for d in batch])]
+    assert sorted(drawn) == list(range(n)) + [n + k for k in range(0, 100, 50)]

@@ -149,6 +149,33 @@ def test_ring_random_ops_match_brute_force_model(capacity):
         check_ring_against_model(ring, model, rng)
 
 
+def test_positions_of_a_large_ring_with_holes_match_its_order():
+    """A large ring with holes finds positions through per-block counts instead of listing every slot: the same
+    slots as ``ordered_slots()`` (checked against the brute-force model above) after any mix of writes (batches,
+    single ones, wrapping), removals and clears."""
+    rng = np.random.default_rng(7)
+    capacity = 100_003  # (not a multiple of the block size)
+    ring = RingIndex(capacity)
+    ring.commit(capacity)
+    for step in range(120):
+        op = rng.choice(['commit', 'one', 'remove', 'clear'], p=[0.3, 0.2, 0.48, 0.02])
+        if op == 'commit':
+            ring.commit(int(rng.integers(1, 5000)))
+        elif op == 'one':
+            for _ in range(int(rng.integers(1, 50))):
+                ring.commit_one()
+        elif op == 'remove':
+            ring.remove(rng.integers(0, capacity, size=int(rng.integers(1, 20000))))
+        else:
+            ring.clear()
+            ring.commit(int(rng.integers(40_000, capacity)))
+        if ring.count:
+            order = ring.ordered_slots()
+            positions = rng.integers(0, ring.count, size=int(rng.integers(1, 120)))
+            positions[:2] = [0, ring.count - 1]
+            assert ring.slots_of_positions(positions).tolist() == order[positions].tolist(), (step, op)
+
+
 def test_ring_rejects_bad_capacity():
     for bad in (0, -1, 2.0, True, None):
         with pytest.raises(ValueError):
