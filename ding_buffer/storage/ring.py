@@ -207,12 +207,19 @@ class RingIndex(SlotIndex):
         return slots
 
     def _trim_head(self) -> None:
+        """Holes at the head leave the span: the head moves to the oldest valid slot (scanned in growing chunks, so a
+        run of a million holes is a few numpy calls, not a million steps)."""
         if self.count == 0:
             self.head, self.span = self.tail, 0
             return
+        step = 8
         while not self.valid[self.head]:
-            self.head = (self.head + 1) % self.capacity
-            self.span -= 1
+            end = min(self.head + step, self.capacity)
+            seg = self.valid[self.head : end]
+            skip = int(seg.argmax()) if seg.any() else len(seg)
+            self.head = (self.head + skip) % self.capacity
+            self.span -= skip
+            step *= 4
 
     def oldest(self, k: int) -> np.ndarray:
         """The ``k`` oldest valid slots, oldest first. O(k) without holes; with holes it scans forward from the
