@@ -215,6 +215,7 @@ class ChunkTable(Table):
 
     def _reset(self) -> None:
         self._chunks: List[Dict[str, Any]] = []  # oldest first: {'uid', 'use', 'version', 'session', 'records'}
+        self._held = 0  # fragments in the chunks (``stats``: kept as chunks come and leave, not summed per call)
         self._queues: Dict[str, List[Record]] = {}
         self._last_fid: 'OrderedDict[str, int]' = OrderedDict()
         self._last_fetch: List[str] = []
@@ -427,12 +428,14 @@ class ChunkTable(Table):
         self._chunks.append(
             {'uid': self._next_uid, 'use': 0, 'version': version, 'session': session, 'records': records}
         )
+        self._held += len(records)
         self._next_uid += 1
         self.tally['chunks_made'] += 1
 
     def _leave(self, chunk: Dict[str, Any]) -> None:
         self.tally['reuse_sum'] += chunk['use']
         self.tally['chunks_left'] += 1
+        self._held -= len(chunk['records'])
         for r in chunk['records']:
             self._unref(r[4])
 
@@ -563,7 +566,7 @@ class ChunkTable(Table):
         out.update(
             count=len(self._chunks),
             chunks=len(self._chunks),
-            fragments=sum(len(ch['records']) for ch in self._chunks),
+            fragments=self._held,
             queued_fragments=sum(len(q) for q in self._queues.values()),
             workers=len(self._last_fid),
             payloads=len(self._refs),
@@ -646,6 +649,7 @@ class ChunkTable(Table):
         def swap() -> None:
             self._put_payloads(refs, payloads)
             self._chunks, self._queues, self._last_fid, self._last_fetch = chunks, queues, last_fid, last_fetch
+            self._held = sum(len(c['records']) for c in chunks)
             self._refs, self.tally, self._next_uid = refs, counters, next_uid
             for fragment_id in refs:
                 self._fragments.hold(fragment_id)
