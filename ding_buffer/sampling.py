@@ -87,6 +87,19 @@ def _first_distinct_loop(values, size, out):
     return k
 
 
+def sorted_unique(values: np.ndarray) -> np.ndarray:
+    """``np.unique(values)`` of a 1-d array by a sort and a mask of the first value of each run: numpy 2's
+    ``np.unique`` hashes integers instead, some 50x slower for a million of them (a state's ids, checked on every
+    load)."""
+    s = np.sort(np.asarray(values).reshape(-1))
+    if len(s) < 2:
+        return s
+    first = np.empty(len(s), dtype=bool)
+    first[0] = True
+    np.not_equal(s[1:], s[:-1], out=first[1:])
+    return s[first]
+
+
 def first_distinct(values: np.ndarray, size: int) -> np.ndarray:
     """The first ``size`` distinct entries of ``values`` (non-negative), in order of first occurrence. O(len)."""
     if ready():  # until the kernels are loaded, numpy gives the same result

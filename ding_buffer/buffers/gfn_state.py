@@ -12,6 +12,7 @@ from ..config import build_config
 from ..control.diversity import row_hashes
 from ..control.limits import USE_MAX, UseCounts
 from ..persistence import refuse_unknown
+from ..sampling import sorted_unique
 from .common import ENGINE_KEYS, saved_count
 from .gfn_data import ColumnStore, ContainerStoreBase, check_log_reward, rebuild_container
 from .gfn_parts import check_slot_memory, make_store, physical_slots
@@ -171,7 +172,7 @@ def _saved_index_arrays(t, saved: Dict[str, Any]):
         raise ValueError(f"saved index holds {n} items for capacity {t.capacity()}")
     if not 0 <= int(saved['next_seq']) < 2**62:
         raise ValueError(f"saved next_seq {saved['next_seq']!r:.30} is not an id counter (0 <= next_seq < 2**62)")
-    if len(np.unique(seq)) != n or (n and (seq.min() < 0 or seq.max() >= int(saved['next_seq']))):
+    if len(sorted_unique(seq)) != n or (n and (seq.min() < 0 or seq.max() >= int(saved['next_seq']))):
         raise ValueError("saved sequence numbers are not unique ids below next_seq")
     check_log_reward(r if t.needs_rewards() else r[~np.isnan(r)], 'saved log_reward')  # NaN: none (see validate)
     return r, seq

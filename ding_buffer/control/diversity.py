@@ -18,6 +18,7 @@ from typing import Callable, Dict, List, Optional
 import numpy as np
 
 from .._numba import HAVE_NUMBA, njit, ready, warmer  # noqa: F401 (re-exported)
+from ..sampling import sorted_unique
 from .distances import N_PIVOTS, _far_numpy, choose_pivots, far_mask, pnorm_distances  # noqa: F401 (re-exported)
 
 # ---------------------------------------------------------------------------------------------------- hashing
@@ -82,15 +83,6 @@ def _warm_hashes() -> None:
     _hash_rows(np.zeros((2, 3), dtype=np.uint64), np.ones(3, dtype=np.uint64), np.empty(2, dtype=np.uint64))
 
 
-def distinct(values: np.ndarray) -> int:
-    """The number of distinct ``values``: a sort and a count of changes (numpy 2's ``np.unique`` hashes them, which
-    is some 50x slower for a million uint64 values)."""
-    if not len(values):
-        return 0
-    s = np.sort(values)
-    return 1 + int(np.count_nonzero(s[1:] != s[:-1]))
-
-
 class StateSet:
     """
     Overview:
@@ -143,7 +135,7 @@ class StateSet:
             return len(self._buckets)
         if self._unique is None:
             self._hash_unhashed(rows_at)
-            self._unique = distinct(self.hashes[self.present])
+            self._unique = len(sorted_unique(self.hashes[self.present]))
         return self._unique
 
     def grow(self, physical: int) -> None:

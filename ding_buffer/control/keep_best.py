@@ -26,7 +26,7 @@ from typing import Any, Optional, Tuple
 
 import numpy as np
 
-from ..sampling import uniform_indices
+from ..sampling import sorted_unique, uniform_indices
 
 _NO_SLOTS = np.empty(0, dtype=np.int64)
 _NO_SLOTS.flags.writeable = False
@@ -302,7 +302,8 @@ class RewardIndex:
         """
         n = len(seq)
         slots = np.arange(n, dtype=np.int64) if slots is None else _slot_array(slots, 'slots')
-        if len(slots) != n or len(np.unique(slots)) != n or (n and (slots.min() < 0 or slots.max() >= self.physical)):
+        in_range = not n or (len(slots) == n and slots.min() >= 0 and slots.max() < self.physical)
+        if len(slots) != n or len(sorted_unique(slots)) != n or not in_range:
             raise ValueError(f"saved slots must be {n} distinct slots in [0, {self.physical})")
         if free is not None:
             free = _slot_array(free, 'free')
@@ -310,7 +311,7 @@ class RewardIndex:
             taken[slots] = True
             if (
                 len(free) != self.physical - n
-                or len(np.unique(free)) != len(free)
+                or len(sorted_unique(free)) != len(free)
                 or (len(free) and (free.min() < 0 or free.max() >= self.physical or taken[free].any()))
             ):
                 raise ValueError("saved free slots must be exactly the slots no item holds")

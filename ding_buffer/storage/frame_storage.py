@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from ..persistence import refuse_unknown
+from ..sampling import sorted_unique
 from .base import Prepared, WriteResult, check_state
 from .frames import IDS_SUFFIX, NEXT_SUFFIX, FrameRing, StreamEncoder, bits_of, default_rows, frame_spec
 from .tensor_fields import allocate_fields, memmap_file, new_token, remove_files
@@ -507,7 +508,7 @@ class FrameStorage(TensorStorage):
             if ring.allocated() and ring.holds(np.array(sids)).all()
         ]
         used = [c.reshape(-1) for c in cols.values()] + [sids for _, sids, _ in streams]
-        ids = np.unique(np.concatenate(used)) if used else np.zeros(0, dtype=np.int64)
+        ids = sorted_unique(np.concatenate(used)) if used else np.zeros(0, dtype=np.int64)
         if len(ids) and not ring.holds(ids).all():
             raise RuntimeError("a stored transition refers to a frame the ring no longer holds (internal error)")
         lo = int(ids[0]) if len(ids) else 0

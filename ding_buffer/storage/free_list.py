@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from ..persistence import refuse_unknown
+from ..sampling import sorted_unique
 from .ring import SlotIndex, check_counters
 
 
@@ -142,7 +143,7 @@ class FreeListIndex(SlotIndex):
         index.next_uid, index.push_count = int(state['next_uid']), int(state['push_count'])
         check_counters('index', index.push_count, index.next_uid)
         ids = uid[valid]
-        if len(ids) and (ids.min() < 0 or ids.max() >= index.next_uid or len(np.unique(ids)) != len(ids)):
+        if len(ids) and (ids.min() < 0 or ids.max() >= index.next_uid or len(sorted_unique(ids)) != len(ids)):
             raise ValueError("inconsistent index state: the items' ids must be distinct and in [0, next_uid)")
         if (uid[~valid] != -1).any():
             raise ValueError("inconsistent index state: an empty slot has an id")
