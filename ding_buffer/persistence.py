@@ -45,14 +45,23 @@ def refuse_unknown(state: Mapping, known: Any, where: str) -> None:
         )
 
 
-def refuse_meta(state: Mapping, where: str = 'state') -> None:
+USER_DATA_KEYS = frozenset({'items', 'data', 'payloads', 'container'})  # (what users pushed: taken as it came)
+
+
+def refuse_meta(state: Any, lists: bool = False, where: str = 'state') -> None:
     """``ValueError`` naming the first tensor on the meta device (shapes without values) among the entries of
-    ``state``'s nested dicts: its readers would fail on it naming no key."""
-    for key, value in state.items():
-        if getattr(value, 'is_meta', False) is True:
-            raise ValueError(f"{where}[{key!r}] is a tensor on the meta device (it holds no values)")
-        if isinstance(value, Mapping):
-            refuse_meta(value, f'{where}[{key!r}]')
+    ``state``'s nested dicts -- and with ``lists`` their lists' (a state's tensor columns; a walk that costs as
+    many steps as a list storage's records, so only once a load failed) -- never inside the items users pushed:
+    its readers would fail on it naming no key."""
+    if getattr(state, 'is_meta', False) is True:
+        raise ValueError(f"{where} is a tensor on the meta device (it holds no values)")
+    if isinstance(state, Mapping):
+        for key, value in state.items():
+            if key not in USER_DATA_KEYS:
+                refuse_meta(value, lists, f'{where}[{key!r}]')
+    elif lists and isinstance(state, (list, tuple)):
+        for i, value in enumerate(state):
+            refuse_meta(value, lists, f'{where}[{i}]')
 
 
 def atomic_save(obj: Any, path: str) -> None:

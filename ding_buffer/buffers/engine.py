@@ -967,6 +967,7 @@ class Engine(IBuffer):
             except (KeyError, TypeError, IndexError, AttributeError, OverflowError, MemoryError, RuntimeError) as e:
                 # a malformed state (missing entry, wrong type; sizes no memory holds; tensors torch will not read
                 # back, e.g. one that requires grad) is bad input, reported like the others
+                refuse_meta(state, lists=True)  # (a tensor column without values: named)
                 raise ValueError(f"invalid {self.__class__.__name__} state: {type(e).__name__}: {e}") from e
             before = self._all_counters() if self._periodic is not None else None
             restored.swap()  # the table's part (it may still fail, e.g. a full disk, with nothing changed)

@@ -54,7 +54,8 @@ class EpisodeTable(Table):
 
     def build(self) -> Needs:
         cfg = self.cfg
-        refuse_items_output(cfg.storage, cfg.type, 'whole episodes or windows of them')
+        prioritized = cfg.sampler.get('type') == 'prioritized'  # (its windows need tensor storage)
+        refuse_items_output(cfg.storage, cfg.type, 'whole episodes or windows of them', list_ok=not prioritized)
         spec = build_sampler(cfg.sampler, 'uniform', (cfg.storage.type == 'tensor', NO_FLAT))
         self._store = self.new_store()
         self.prio: Optional[PrioritizedWindows] = None
@@ -253,6 +254,7 @@ class EpisodeTable(Table):
                 beta=self.prio.beta.value,
                 max_priority=self.prio.windows.max_priority,
                 priority_mass=self.prio.windows.index.tree.total(),
+                priority_min_leaf=self.prio.windows.index.tree.min_leaf(),
             )
         return out
 

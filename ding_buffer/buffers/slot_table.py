@@ -285,12 +285,12 @@ class SlotTable(Table):
         """Insertion positions where a run of ``sequence`` consecutive pushes starts. Without removal rules every
         position up to ``len - sequence`` does (a ``range``: a draw costs O(batch), not O(capacity)); ``max_use``
         or a rule of your own may remove items from the middle, and a run must not jump over such a gap (its ids
-        are consecutive)."""
+        are consecutive) -- until one does, a ring's items are all consecutive (``count == span``)."""
         last = positions.start + len(positions) - sequence
-        if not self.parts.gaps:
+        ring = self._storage.ring
+        if not self.parts.gaps or getattr(ring, 'span', None) == ring.count:
             return range(positions.start, last + 1)
         pos = np.arange(positions.start, positions.start + len(positions), dtype=np.int64)
-        ring = self._storage.ring
         uids = np.asarray(ring.uids(ring.slots_of_positions(pos)), dtype=np.int64)
         ok = uids[sequence - 1 :] - uids[: len(uids) - sequence + 1] == sequence - 1
         return pos[: len(ok)][ok]

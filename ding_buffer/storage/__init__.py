@@ -49,14 +49,19 @@ def check_list_storage(cfg: Mapping) -> None:
         )
 
 
-def refuse_items_output(cfg: Mapping, buffer_type: str, layout: str) -> None:
+def refuse_items_output(cfg: Mapping, buffer_type: str, layout: str, list_ok: bool = True) -> None:
     """For a preset whose samples are not a flat batch of items (runs, episodes, windows): ``storage.output=
-    'items'`` is refused by name (``layout`` says what its samples are)."""
+    'items'`` is refused by name (``layout`` says what its samples are; ``list_ok``: list storage is an option)."""
     if cfg.get('output') == 'items':
-        fix = 'None' if cfg.get('type', 'list') == 'list' else 'None, or list storage'
+        if not list_ok:
+            fix = "None (the storage's own layout)"
+        elif cfg.get('type', 'list') == 'list':
+            fix = "None (list storage's own layout holds the stored items themselves)"
+        else:
+            fix = "None, or list storage (whose own layout holds the stored items themselves)"
         raise ValueError(
             f"config key 'storage.output'='items' is not supported by type {buffer_type!r}: its samples are "
-            f"{layout}; use {fix} (list storage's own layout holds the stored items themselves)"
+            f"{layout}; use {fix}"
         )
 
 

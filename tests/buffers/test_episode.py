@@ -951,3 +951,22 @@ def test_prioritized_window_settings_that_break_later_calls_are_refused_at_build
     out = ok.sample(2)
     ok.update({k: out[k] for k in ('replay_unique_id', 'replay_buffer_idx')} | {'priority': torch.ones(2)})
     create_buffer(dict(base, sampler=dict(type='prioritized', unroll_len=3, eps=1.0))).load_state_dict(ok.state_dict())
+
+
+def test_prioritized_episode_stats_report_the_prioritized_entries():
+    """``priority_mass`` sums the windows' ``priority ** alpha`` (one window per start) and ``priority_min_leaf`` is
+    the smallest nonzero one, as on ``advanced`` (the entry was missing here)."""
+    cfg = dict(
+        type='prioritized_episode',
+        replay_buffer_size=4,
+        max_transitions=40,
+        sampler=dict(type='prioritized', unroll_len=4, alpha=1.0),
+        storage=dict(type='tensor'),
+        seed=0,
+    )
+    buf = create_buffer(cfg)
+    assert buf.stats()['priority_min_leaf'] == float('inf') and buf.stats()['priority_mass'] == 0.0
+    buf.push({'t': torch.arange(10)})
+    s = buf.stats()
+    assert s['priority_mass'] == pytest.approx(7 * s['max_priority'])  # 10 - 4 + 1 windows, each at the maximum
+    assert s['priority_min_leaf'] == pytest.approx(s['max_priority'])
