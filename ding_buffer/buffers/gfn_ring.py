@@ -196,19 +196,9 @@ class ContainerRing(ContainerStoreBase):
             t = int(tid.max())
             self._grow_time(t)
         for col in self.layout:
-            ring = self.cols[col.name]
-            if ring is None:
+            ring, x = self._incoming(col, data)
+            if x is None:
                 continue
-            x = col.get(data)
-            if x is None:  # a push without it: dropped for good (torchgfn's extend sets it to None)
-                self.cols[col.name] = None
-                continue
-            if x.dtype != ring.dtype:
-                ring = self._widen(col.name, x.dtype)
-                if x.dtype != ring.dtype:
-                    x = x.to(ring.dtype)
-            if x.requires_grad:
-                x = x.detach()  # (the ring never joins the caller's graph)
             if col.time < 0:
                 _scatter(
                     ring, at, x if sel is None else x.index_select(0, sel), self._view(col.name, ring) if cpu else None
@@ -223,6 +213,21 @@ class ContainerRing(ContainerStoreBase):
             if k < ring.shape[0]:
                 ring[k:, idx] = self.pads[col.name]
         self.end = max(self.end, top)
+
+    def _incoming(self, col: Any, data: Any) -> Tuple[Optional[torch.Tensor], Optional[torch.Tensor]]:
+        """``col``'s ring and the pushed values to write into it, in its dtype; ``(None, None)``: nothing to write."""
+        ring = self.cols[col.name]
+        if ring is None:
+            return None, None
+        x = col.get(data)
+        if x is None:  # a push without it: dropped for good (torchgfn's extend sets it to None)
+            self.cols[col.name] = None
+            return None, None
+        if x.dtype != ring.dtype:
+            ring = self._widen(col.name, x.dtype)
+            if x.dtype != ring.dtype:
+                x = x.to(ring.dtype)
+        return ring, x.detach() if x.requires_grad else x  # (the ring never joins the caller's graph)
 
     def __getstate__(self) -> Dict[str, Any]:
         """A copy (``copy.deepcopy``) makes its own views: copied ones would not share its tensors' memory."""

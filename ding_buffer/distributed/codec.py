@@ -75,19 +75,7 @@ class _Encoder:
         if isinstance(x, (int, float)):  # Python's JSON carries ints of any size (RNG states hold 128-bit ones)
             return x
         if isinstance(x, torch.Tensor):
-            if x.layout is not torch.strided or x.is_nested or isinstance(x, _MASKED):  # no byte view of values
-                return self.pickled(x, path)
-            t = x.detach()
-            if t.device.type != 'cpu':
-                t = t.cpu()
-            dt = str(t.dtype).replace('torch.', '')
-            if dt not in _TORCH_DTYPES:
-                return self.pickled(x, path)
-            t = t.resolve_conj().resolve_neg().contiguous()  # (a conjugate or negative view has no byte view)
-            if t.numel() == 1 and t.reshape(-1).stride(0) != 1:  # one element counts as contiguous at any stride
-                t = t.clone(memory_format=torch.contiguous_format)
-            view = t.reshape(-1).view(torch.uint8).numpy() if t.numel() else np.empty(0, np.uint8)
-            return {'$t': [self.part(view), dt, list(t.shape)]}
+            return self.tensor(x, path)
         if isinstance(x, np.ndarray):
             if x.dtype.kind not in _NP_KINDS or x.dtype.byteorder == '>' or isinstance(x, np.ma.MaskedArray):
                 return self.pickled(x, path)
@@ -109,6 +97,21 @@ class _Encoder:
         if isinstance(x, slice):
             return {'$l': [self.walk(x.start, path), self.walk(x.stop, path), self.walk(x.step, path)]}
         return self.pickled(x, path)
+
+    def tensor(self, x: torch.Tensor, path: Any) -> Any:
+        if x.layout is not torch.strided or x.is_nested or isinstance(x, _MASKED):  # no byte view of values
+            return self.pickled(x, path)
+        t = x.detach()
+        if t.device.type != 'cpu':
+            t = t.cpu()
+        dt = str(t.dtype).replace('torch.', '')
+        if dt not in _TORCH_DTYPES:
+            return self.pickled(x, path)
+        t = t.resolve_conj().resolve_neg().contiguous()  # (a conjugate or negative view has no byte view)
+        if t.numel() == 1 and t.reshape(-1).stride(0) != 1:  # one element counts as contiguous at any stride
+            t = t.clone(memory_format=torch.contiguous_format)
+        view = t.reshape(-1).view(torch.uint8).numpy() if t.numel() else np.empty(0, np.uint8)
+        return {'$t': [self.part(view), dt, list(t.shape)]}
 
     def pickled(self, x: Any, path: Any) -> Any:
         if not self.allow_pickle:
@@ -260,19 +263,22 @@ class _Decoder:
                 raise CodecError("bad slice node")
             return slice(*(self.walk(e, depth) for e in v))
         if tag in ('$s', '$z'):
-            if not isinstance(v, list) or len(v) != 2:
-                raise CodecError("bad scalar node")
-            if tag == '$z':
-                return self.array([v[0], v[1], []], False)[()]
-            dt = _numeric_dtype(v[0], 'scalar')
-            if dt.kind in 'iu' and type(v[1]) in (int, float) and not np.iinfo(dt).min <= v[1] <= np.iinfo(dt).max:
-                raise CodecError(f"scalar {v[1]} is out of range for {dt}")  # (numpy 1.x would wrap it)
-            return dt.type(complex(*v[1]) if dt.kind == 'c' else v[1])
+            return self.scalar(tag, v)
         if tag == '$p':
             if not self.allow_pickle:
                 raise CodecError("message holds a pickled object and allow_pickle is False on this rank")
             return pickle.loads(_part_np(self.part(v)).tobytes())
         raise CodecError(f"unknown node tag {tag!r}")
+
+    def scalar(self, tag: str, v: Any) -> Any:
+        if not isinstance(v, list) or len(v) != 2:
+            raise CodecError("bad scalar node")
+        if tag == '$z':
+            return self.array([v[0], v[1], []], False)[()]
+        dt = _numeric_dtype(v[0], 'scalar')
+        if dt.kind in 'iu' and type(v[1]) in (int, float) and not np.iinfo(dt).min <= v[1] <= np.iinfo(dt).max:
+            raise CodecError(f"scalar {v[1]} is out of range for {dt}")  # (numpy 1.x would wrap it)
+        return dt.type(complex(*v[1]) if dt.kind == 'c' else v[1])
 
 
 def decode(header: Any, parts: Sequence[Any], allow_pickle: bool = False) -> Any:

@@ -171,27 +171,7 @@ def build_train_config(user: Mapping, source: str = '<config>') -> EasyDict:
         raise type(e)(f"{source}: {e}") from e
     if buffer_cfg.get('type') is None:  # omitted: the defaults' type, as for every other key
         buffer_cfg['type'] = TRAIN_DEFAULTS['policy']['other']['replay_buffer']['type']
-    try:  # validate the buffer section now, so a typo fails before anything is created on disk
-        cls = get_buffer_cls(EasyDict(buffer_cfg))
-        caps = cls.capabilities()  # declared by the type: transitions, sampled with the learner's iteration
-        if caps['item_kind'] != 'transition' or 'cur_learner_iter' not in caps['sample_kwargs']:
-            raise ValueError(
-                f"config key '{BUFFER_SECTION}type' is {buffer_cfg['type']!r} ({cls.__name__}), which the DQN "
-                f"trainer cannot use: it supports {' or '.join(repr(t) for t in TRAINER_BUFFER_TYPES)}, and every "
-                "other type of transitions sampled by the learner's iteration ('elastic', 'mixture', your own)"
-            )
-        full = check_section(cls, buffer_cfg, BUFFER_SECTION)
-        batch = cfg.policy.learn.batch_size
-        if batch > full.get('replay_buffer_size', batch):  # (a mixture has no size of its own: each member has one)
-            where = '' if 'replay_buffer_size' in buffer_cfg else " (the buffer type's default)"
-            raise ValueError(
-                f"config key 'policy.learn.batch_size' = {batch} is larger than '{BUFFER_SECTION}replay_buffer_size' "
-                f"= {full.replay_buffer_size}{where}: a batch of {batch} can never be sampled, so no gradient step "
-                "would run; expected batch_size <= replay_buffer_size"
-            )
-    except (ValueError, TypeError) as e:
-        msg = str(e).replace("config key 'type'", f"config key '{BUFFER_SECTION}type'")
-        raise type(e)(f"{source}: {msg}") from e
+    _check_buffer_section(cfg, buffer_cfg, source)
     frames = (buffer_cfg.get('storage') or {}).get('frames')
     if frames is not None and cfg.policy.nstep > 1:  # the trainer's n-step items are not one stream's steps
         raise ValueError(
@@ -213,6 +193,31 @@ def build_train_config(user: Mapping, source: str = '<config>') -> EasyDict:
         )
     cfg.policy.other.replay_buffer = EasyDict(buffer_cfg)
     return cfg
+
+
+def _check_buffer_section(cfg: EasyDict, buffer_cfg: dict, source: str) -> None:
+    """Validate the buffer section now, so a typo fails before anything is created on disk."""
+    try:
+        cls = get_buffer_cls(EasyDict(buffer_cfg))
+        caps = cls.capabilities()  # declared by the type: transitions, sampled with the learner's iteration
+        if caps['item_kind'] != 'transition' or 'cur_learner_iter' not in caps['sample_kwargs']:
+            raise ValueError(
+                f"config key '{BUFFER_SECTION}type' is {buffer_cfg['type']!r} ({cls.__name__}), which the DQN "
+                f"trainer cannot use: it supports {' or '.join(repr(t) for t in TRAINER_BUFFER_TYPES)}, and every "
+                "other type of transitions sampled by the learner's iteration ('elastic', 'mixture', your own)"
+            )
+        full = check_section(cls, buffer_cfg, BUFFER_SECTION)
+        batch = cfg.policy.learn.batch_size
+        if batch > full.get('replay_buffer_size', batch):  # (a mixture has no size of its own: each member has one)
+            where = '' if 'replay_buffer_size' in buffer_cfg else " (the buffer type's default)"
+            raise ValueError(
+                f"config key 'policy.learn.batch_size' = {batch} is larger than '{BUFFER_SECTION}replay_buffer_size' "
+                f"= {full.replay_buffer_size}{where}: a batch of {batch} can never be sampled, so no gradient step "
+                "would run; expected batch_size <= replay_buffer_size"
+            )
+    except (ValueError, TypeError) as e:
+        msg = str(e).replace("config key 'type'", f"config key '{BUFFER_SECTION}type'")
+        raise type(e)(f"{source}: {msg}") from e
 
 
 def buffer_sections(buffer_cfg: Mapping) -> list:

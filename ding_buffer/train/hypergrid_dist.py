@@ -124,6 +124,17 @@ class ManagerReplay:
 
 
 # ---------------------------------------------------------------------------------------------- roles
+# the manager's stats a learner's summary reports
+_MANAGER_STATS = (
+    'count',
+    'push_items',
+    'sample_calls',
+    'manager/push_requests',
+    'manager/pushed_items',
+    'manager/exited',
+)
+
+
 def _learner(cfg: EasyDict, run_dir: str, remote: Any, resume: bool, progress: bool) -> Dict[str, Any]:
     e = cfg.env
     length = max_actions(e.ndim, e.height)
@@ -156,18 +167,7 @@ def _learner(cfg: EasyDict, run_dir: str, remote: Any, resume: bool, progress: b
         def summary(self) -> Dict[str, Any]:
             out = super().summary()
             stats = remote.stats()
-            out['manager'] = {
-                k: stats[k]
-                for k in (
-                    'count',
-                    'push_items',
-                    'sample_calls',
-                    'manager/push_requests',
-                    'manager/pushed_items',
-                    'manager/exited',
-                )
-                if k in stats
-            }
+            out['manager'] = {k: stats[k] for k in _MANAGER_STATS if k in stats}
             out['own_pushed_items'] = self.iteration * cfg.policy.learn.batch_size
             return out
 
