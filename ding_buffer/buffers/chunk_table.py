@@ -65,26 +65,38 @@ MAX_WORKERS = 1 << 16  # workers whose order is tracked: a bound on what a peer 
 INT_LIMIT = 1 << 62
 
 
-PLAIN_LEAVES = (torch.Tensor, np.ndarray, np.generic, int, float, bool, str, bytes, type(None))
+# exactly what ``torch.load(weights_only=True)`` rebuilds: these classes, not subclasses of them (an EasyDict, a
+# namedtuple, an IntEnum or a tensor subclass pickles as its own class, which such a load refuses to import)
+_PLAIN_MAPS = (dict, OrderedDict)
+_PLAIN_SEQS = (list, tuple, torch.Size)
+_PLAIN_LEAVES = (torch.Tensor, torch.nn.Parameter, int, float, bool, str, bytes, type(None))
+_PLAIN_KEYS = (str, int, bool)
 
 
 def check_plain(obj: Any, what: str, depth: int = 0) -> None:
     """``obj`` is what ``torch.load(weights_only=True)`` reads back (tensors, arrays, numbers, strings, None in
-    dicts / lists / tuples): a disk store refuses anything else at push, instead of failing every later read."""
+    dicts / lists / tuples, each of exactly that class): a disk store refuses anything else at push, instead of
+    failing every later read."""
     if depth > 32:
         raise ValueError(f"{what} is nested more than 32 levels deep")
-    if isinstance(obj, dict):
+    t = type(obj)
+    if t in _PLAIN_MAPS:
         for k, v in obj.items():
-            if not isinstance(k, (str, int)):
+            if type(k) not in _PLAIN_KEYS:
                 raise TypeError(f"{what} has a key of type {type(k).__name__}; a disk store keeps str / int keys")
             check_plain(v, f'{what}[{k!r:.40}]', depth + 1)
-    elif isinstance(obj, (list, tuple)):
+    elif t in _PLAIN_SEQS:
         for i, v in enumerate(obj):
             check_plain(v, f'{what}[{i}]', depth + 1)
-    elif not isinstance(obj, PLAIN_LEAVES) or isinstance(obj, (np.ndarray, np.generic)) and not _plain_numpy(obj):
+    elif t not in _PLAIN_LEAVES and not (isinstance(obj, (np.ndarray, np.generic)) and _plain_numpy(obj)):
+        kind = (
+            ' (a subclass: convert it to its base class)'
+            if isinstance(obj, (dict, list, tuple, str, int, float))
+            else ''
+        )
         raise TypeError(
-            f"{what} holds a {type(obj).__name__}; a disk store keeps tensors, arrays, numbers, strings "
-            f"and None in dicts / lists / tuples (read back without running code)"
+            f"{what} holds a {t.__name__}{kind}; a disk store keeps tensors, arrays, numbers, strings and None in "
+            f"dicts / lists / tuples (read back without running code)"
         )
 
 

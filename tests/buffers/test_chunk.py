@@ -1,14 +1,18 @@
 """The `chunk` buffer (MineStudio's online replay protocol) against a brute-force model of its rules, plus the
 blocking fetch, the payload store with reference-counted deletion, persistence, bad input and the manager."""
 
+import collections
 import copy
+import enum
 import os
 import threading
 import time
+from collections import OrderedDict
 
 import numpy as np
 import pytest
 import torch
+from easydict import EasyDict
 from helpers import assert_same
 
 from ding_buffer import create_buffer
@@ -969,3 +973,42 @@ def test_a_disk_store_refuses_at_push_the_numpy_values_its_files_cannot_read_bac
         buf.push(frag(0, 1, 0, data={'obs': leaf}))
     assert_same(buf.state_dict(), before)
     assert buf.sample(1)[0]['fid'] == 0
+
+
+class _Phase(enum.IntEnum):
+    TRAIN = 1
+
+
+class _Sub(torch.Tensor):
+    pass
+
+
+@pytest.mark.parametrize(
+    'payload',
+    [
+        EasyDict(obs=torch.zeros(2)),
+        collections.defaultdict(list, obs=torch.zeros(2)),
+        collections.namedtuple('Pair', 'obs reward')(torch.zeros(2), 1.0),
+        {'obs': torch.zeros(2), 'info': EasyDict(x=1)},
+        {'obs': torch.zeros(2), 'phase': _Phase.TRAIN},
+        {'obs': torch.zeros(2).as_subclass(_Sub)},
+        {_Phase.TRAIN: torch.zeros(2)},
+    ],
+    ids=['easydict', 'defaultdict', 'namedtuple', 'nested-easydict', 'intenum-leaf', 'tensor-subclass', 'enum-key'],
+)
+def test_a_disk_store_refuses_at_push_the_subclasses_its_files_cannot_read_back(payload, tmp_path):
+    """A payload file reads back exactly dicts, lists, tuples and plain leaves; a subclass (an EasyDict, a namedtuple,
+    an IntEnum) pickles as itself. Such a push was accepted, then every sample of its chunk and every save_data
+    failed, naming the file unreadable. The memory store keeps them."""
+    buf = create_buffer(dict(type='chunk', fragments_per_chunk=1, seed=0, store=dict(type='disk', path=str(tmp_path))))
+    buf.push(frag(0, 0, 0, data={'obs': torch.ones(2), 'od': OrderedDict(a=1), 'shape': torch.Size([2])}))
+    before = buf.state_dict()
+    with pytest.raises(TypeError, match=r"fragment 0 data.* (holds a|has a key of type)"):
+        buf.push(frag(0, 1, 0, data=payload))
+    assert_same(buf.state_dict(), before)
+    assert buf.sample(1)[0]['data']['od'] == OrderedDict(a=1)
+    buf.save_data(str(tmp_path / 'x.pt'))
+    if not isinstance(payload, dict) or type(payload.get('obs')) is torch.Tensor:  # (a bare subclass cannot be copied)
+        kept = create_buffer(dict(type='chunk', fragments_per_chunk=1, seed=0))
+        kept.push(frag(0, 0, 0, data=payload))
+        assert type(kept.sample(1)[0]['data']) is type(payload)
