@@ -104,7 +104,8 @@ REGISTERED = register()
 
 # ---------------------------------------------------------------------------------------------- task pipeline
 TASK_PRESETS = ('naive', 'advanced', 'elastic')
-# meta keys a sampled BufferedData carries (update reads 'priority' and 'replay_buffer_idx' back)
+# meta keys a sampled BufferedData carries (update reads 'priority' and 'replay_buffer_idx' back): the slot, then
+# what a prioritized preset adds
 META_KEYS = ('replay_buffer_idx', 'priority', 'IS', 'use', 'staleness')
 # the state_dict() key of the metas pushed with the stored items
 META_STATE = 'task_meta'
@@ -268,7 +269,8 @@ class TaskBuffer(Buffer):
     def _sampled_meta(self, d: Mapping, metas: Dict[int, dict]) -> dict:
         """The meta pushed with item ``d`` (a copy), with the buffer's own keys of this draw."""
         pushed = metas.get(int(d['replay_unique_id'][len(self._prefix) :])) if metas else None
-        own = {k: d[k] for k in META_KEYS if k in d}
+        # (without priorities the data's own fields of those names are the user's: only the slot is the buffer's)
+        own = {k: d[k] for k in (META_KEYS if self.prioritized else META_KEYS[:1]) if k in d}
         if pushed and self._cfg.get('deepcopy'):  # (DI-engine's clone_object: a sample shares nothing)
             pushed = copy.deepcopy(pushed)
         return {**pushed, **own} if pushed else own

@@ -569,6 +569,10 @@ def task_meta(TaskBuffer, PriorityExperienceReplay, storage: str) -> dict:
     cloned.push({'x': 0.0}, {'info': {'tag': 'kept'}})
     cloned.sample(1)[0].meta['info']['tag'] = 'changed'
     out['cloned'] = cloned.sample(1)[0].meta['info']['tag']
+    # without priorities, data fields named as the buffer's meta keys are the user's: the meta is the pushed one
+    named = TaskBuffer(dict(storage=dict(type=storage)), size=4)
+    named.push({'x': 0.0, 'priority': 12.0, 'IS': 5.0, 'use': 7, 'staleness': 9}, {'priority': 3.0, 'tag': 'x'})
+    out['named_meta'] = named.sample(1)[0].meta
     return out
 
 

@@ -310,6 +310,7 @@ def test_task_buffer_details_and_registrations_a_pipeline_meets(dingengine_pytho
         assert meta['after_data_load'] == [[0, 0], [1, None], [2, None]], (storage, meta)
         assert meta['refusals'] == {'push': ['TypeError', True, True], 'load': ['ValueError', True, True]}, meta
         assert meta['after_use'] is False and meta['cloned'] == 'kept', (storage, meta)
+        assert meta['named_meta'] == {'priority': 3.0, 'tag': 'x', 'replay_buffer_idx': 0}, (storage, meta)
 
 
 def test_the_integration_imported_before_dingengine_registers_its_own_buffers(dingengine_python, run_env, tmp_path):
