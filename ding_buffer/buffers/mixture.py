@@ -441,7 +441,7 @@ class MixtureReplayBuffer(IBuffer):
     ) -> int:
         """Push to ``member`` (default: ``push_to``), as that member's ``push`` does; returns how many were stored."""
         target = self._member(member)
-        self._check_fields(data)
+        self._check_fields(data, target)
         if batched:
             return target.push(data, cur_collector_envstep, batched=True)
         return target.push(data, cur_collector_envstep)
@@ -449,12 +449,14 @@ class MixtureReplayBuffer(IBuffer):
     def extend(self, batch: Any, cur_collector_envstep: int = -1, member: Optional[str] = None) -> int:
         """``extend`` on ``member`` (default: ``push_to``)."""
         target = self._member(member)
-        self._check_fields(batch)
+        self._check_fields(batch, target)
         return target.extend(batch, cur_collector_envstep)
 
-    def _check_fields(self, data: Any) -> None:
+    def _check_fields(self, data: Any, target: IBuffer) -> None:
         """Pushed items are dicts (or TensorDicts) without a field named ``member_key``: every sampled item gets
-        that field."""
+        that field. Beside a prioritized member, a member without priorities takes no ``IS`` (its items' weights
+        are 1 in a joined batch) and no ``replay_unique_id`` (an ``update`` by id would route it to the member it
+        names)."""
         items = data if isinstance(data, list) else [data]
         for i, x in enumerate(items):
             if not (isinstance(x, Mapping) or is_tensordict(x)):
@@ -467,6 +469,15 @@ class MixtureReplayBuffer(IBuffer):
                 f"pushed data has a field {self._key!r}, the mixture's member_key (config key 'member_key'), which "
                 f"every sampled item gets; rename the field or the key"
             )
+        if self._prioritized and not isinstance(target, AdvancedReplayBuffer):
+            for key in ('IS', 'replay_unique_id'):
+                if any(key in (x.keys() if is_tensordict(x) else x) for x in items):
+                    name = next(n for n, b in self._members.items() if b is target)
+                    why = 'a sample sets its IS weights to 1' if key == 'IS' else 'an update finds items by this id'
+                    raise ValueError(
+                        f"pushed data for member {name!r} has a field {key!r}, which a member without priorities may "
+                        f"not hold beside prioritized members ({why}); drop or rename the field"
+                    )
 
     # ------------------------------------------------------------------ sample
     @property

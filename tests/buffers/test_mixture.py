@@ -479,6 +479,34 @@ def test_the_member_key_hides_no_field_a_sample_adds_and_no_pushed_field(storage
     buf.close()
 
 
+@pytest.mark.parametrize('storage', ['list', 'tensor'])
+def test_a_member_without_priorities_refuses_the_fields_that_would_pose_as_a_prioritized_members(storage):
+    """Beside a prioritized member, a naive member's field 'IS' became the joined batch's IS weights for its rows
+    (data used as loss weights), and a 'replay_unique_id' naming the prioritized member's item routed an update by
+    id to it. Both are refused at push, nothing changed; a prioritized member takes them (its own values win)."""
+    buf = filled(storage, n_off=8, n_on=8)
+    one = transitions([1], storage)[0]
+    before = buf.state_dict()
+    for key, value in (('IS', 100.0), ('replay_unique_id', 'mix_online_3')):
+        with pytest.raises(ValueError, match=f"member 'offline' has a field '{key}'.*without priorities"):
+            buf.push([dict(one), dict(one, **{key: value})], member='offline')
+        if storage == 'tensor':
+            with pytest.raises(ValueError, match=f"field '{key}'"):
+                buf.extend(
+                    {'obs': torch.zeros(2, 1), 'act': torch.zeros(2, dtype=torch.int64), key: torch.ones(2)},
+                    member='offline',
+                )
+    assert_same(buf.state_dict(), before)
+    assert buf.push([dict(one, IS=100.0)], member='online') == 1
+    batch = buf.sample(16)
+    weights = batch['IS'] if storage == 'tensor' else torch.tensor([d.get('IS', 1.0) for d in batch])
+    assert float(weights.max()) <= 1.0
+    alone = mixture(storage, online=dict(type='naive'))  # no prioritized member: a field like any other
+    assert alone.push([dict(one, IS=5.0)], member='offline') == 1
+    buf.close()
+    alone.close()
+
+
 def test_a_bad_priority_is_named_by_its_place_in_the_call():
     buf = mixture('tensor', weights=dict(offline=0.5, online=0.5), offline=dict(type='advanced'))
     buf.push(transitions(range(8), 'tensor'), member='offline')
