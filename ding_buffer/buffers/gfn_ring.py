@@ -154,7 +154,7 @@ class ContainerRing(ContainerStoreBase):
             b = 0 if col.time < 0 else 1
             if x.dim() <= b or x.shape[b] != n:
                 raise ValueError(f"{name}.{col.name} has shape {tuple(x.shape)}: not {n} items on dim {b}")
-            ring = self.cols.get(col.name)
+            ring = self.cols.get(col.name) if self.end else None  # (an emptied ring takes any layout: ``write``)
             if ring is not None and (x.shape[b + 1 :] != ring.shape[b + 1 :] or x.device != ring.device):
                 raise ValueError(
                     f"{name}.{col.name} holds items of shape {tuple(x.shape[b + 1 :])} on {x.device}; the stored "

@@ -1783,3 +1783,44 @@ def test_a_batch_whose_conditions_differ_from_the_stored_ones_is_refused_saying_
     with pytest.raises(ValueError, match='all with conditions of one width or all without'):
         buf.add(two_step(False))
     assert buf.count() == 2
+
+
+def _conditioned(env, n, width, seed=0):
+    """A StatesContainer of ``n`` terminating HyperGrid states with conditions of ``width`` (None: none)."""
+    g = torch.Generator().manual_seed(seed)
+    cond = None if width is None else torch.rand(n, width, generator=g)
+    states = env.states_from_tensor(torch.randint(0, env.height, (n, env.ndim), generator=g), conditions=cond)
+    return StatesContainer(
+        env=env, states=states, is_terminating=torch.ones(n, dtype=torch.bool), log_rewards=torch.rand(n, generator=g)
+    )
+
+
+@pytest.mark.parametrize('btype', ['gfn', 'gfn_diverse', 'terminating_state'])
+@pytest.mark.parametrize('emptied', ['clear', 'max_use', 'reload'])
+def test_an_emptied_buffer_takes_states_of_another_layout(env, btype, emptied):
+    """An emptied ring takes the layout of what comes (as torchgfn's extend does): after clear(), a max_use that used
+    every item up, or a load of an empty state, a push of conditions of another width was refused against the
+    tensors the old items had left ("the stored ones are (3,)"), though nothing was stored."""
+    extra = dict(max_use=1) if emptied == 'max_use' else {}
+    buf = create_buffer(dict(type=btype, replay_buffer_size=10, seed=0, **extra))
+    buf.push(_conditioned(env, 4, 3))
+    if emptied == 'clear':
+        buf.clear()
+    elif emptied == 'max_use':
+        buf.sample(4)
+    else:
+        empty = create_buffer(dict(type=btype, replay_buffer_size=10, seed=0))
+        empty.push(_conditioned(env, 4, 3))
+        empty.clear()
+        buf = create_buffer(dict(type=btype, replay_buffer_size=10, seed=0))
+        buf.load_state_dict(empty.state_dict(), env=env)
+    assert buf.count() == 0
+    assert buf.push(_conditioned(env, 4, 2, seed=1)) == 4
+    state = buf.state_dict()
+    assert buf.sample(4).states.conditions.shape == (4, 2)
+    again = create_buffer(dict(type=btype, replay_buffer_size=10, seed=0))
+    again.load_state_dict(state, env=env)
+    assert again.sample(4).states.conditions.shape == (4, 2)
+    buf.push(_conditioned(env, 4, 2, seed=2))
+    with pytest.raises(ValueError, match=r"conditions holds items of shape \(3,\)"):  # a stored layout still holds
+        buf.push(_conditioned(env, 4, 3))
