@@ -160,6 +160,11 @@ class ContainerRing(ContainerStoreBase):
                     f"{name}.{col.name} holds items of shape {tuple(x.shape[b + 1 :])} on {x.device}; the stored "
                     f"ones are {tuple(ring.shape[b + 1 :])} on {ring.device}"
                 )
+            if col.optional and col.name.endswith('.conditions') and x.dtype != torch.get_default_dtype():
+                raise ValueError(
+                    f"{name}.{col.name} has dtype {x.dtype}; torchgfn's states take conditions of torch's default "
+                    f"dtype ({torch.get_default_dtype()} now), as its own buffers do: make them under that default"
+                )
             if ring is None or x.dtype != ring.dtype:  # (the stored dtype passed these checks when it came)
                 numpy_ok = col.time < 0 and x.device.type == 'cpu'  # (written through a numpy view)
                 _check_dtype(f"{name}.{col.name}", x.dtype, None if ring is None else ring.dtype, numpy_ok)
@@ -344,6 +349,11 @@ class ContainerRing(ContainerStoreBase):
     def _build(self, t: Dict[str, torch.Tensor]) -> Any:
         def states(attr: str) -> Any:
             cls, debug = self.types[attr]
+            # torchgfn's own indexing builds its states with ``_make_view`` (no re-validation: conditions of a
+            # default dtype changed since the push stay readable); older torchgfn releases lack it
+            make = getattr(cls, '_make_view', None)
+            if make is not None:
+                return make(t[attr], conditions=t.get(attr + '.conditions'), debug=debug)
             return cls(tensor=t[attr], conditions=t.get(attr + '.conditions'), debug=debug)
 
         name, r = self.cls.__name__, t.get('log_rewards')

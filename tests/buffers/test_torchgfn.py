@@ -1824,3 +1824,37 @@ def test_an_emptied_buffer_takes_states_of_another_layout(env, btype, emptied):
     buf.push(_conditioned(env, 4, 2, seed=2))
     with pytest.raises(ValueError, match=r"conditions holds items of shape \(3,\)"):  # a stored layout still holds
         buf.push(_conditioned(env, 4, 3))
+
+
+def _under_default(dtype, make):
+    """``make()`` with torch's default dtype set to ``dtype`` (restored after)."""
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        return make()
+    finally:
+        torch.set_default_dtype(old)
+
+
+@pytest.mark.parametrize('btype', ['gfn', 'gfn_diverse', 'terminating_state'])
+def test_conditions_follow_torchgfns_default_dtype_rule_at_push_and_stay_readable_after(env, btype, tmp_path):
+    """torchgfn's states take conditions of torch's default dtype (its buffers refuse others at add). float64
+    conditions pushed into a float32 program were accepted, then every sample, state_dict and save_data raised a bare
+    AssertionError (the states were rebuilt by the validating constructor). Refused at push now, nothing changed; and
+    stored conditions stay readable after the program changes its default dtype, as torchgfn's indexing keeps them."""
+    buf = create_buffer(dict(type=btype, replay_buffer_size=10, seed=0))
+    buf.push(_conditioned(env, 4, 3))
+    before = buf.state_dict()
+    wide = _under_default(torch.float64, lambda: _conditioned(env, 4, 3, seed=1))
+    with pytest.raises(ValueError, match=r"conditions has dtype torch.float64.*default dtype \(torch.float32 now\)"):
+        buf.push(wide)
+    assert_same(buf.state_dict(), before)
+    pushed = buf.training_container.states.conditions.clone()
+    state = _under_default(torch.float64, buf.state_dict)
+    got = _under_default(torch.float64, lambda: buf.sample(4))
+    assert got.states.conditions.dtype == torch.float32
+    assert sorted(map(tuple, got.states.conditions.tolist())) == sorted(map(tuple, pushed.tolist()))
+    _under_default(torch.float64, lambda: buf.save_data(str(tmp_path / 'b.pt')))
+    again = create_buffer(dict(type=btype, replay_buffer_size=10, seed=0))
+    again.load_state_dict(state, env=env)
+    assert torch.equal(again.training_container.states.conditions, pushed)
