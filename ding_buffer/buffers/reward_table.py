@@ -64,6 +64,13 @@ class RewardTable(Table):
         if cfg.device.startswith('cuda') and not torch.cuda.is_available():
             raise ValueError(f"config key 'device' is {cfg.device!r} but CUDA is not available here")
         check_slot_memory(cfg, physical_slots(cfg, True), "config key 'replay_buffer_size'")
+        named: Dict[str, str] = {}  # field -> the key naming it: each key names a field of its own
+        for key in ('state_key', 'log_reward_key', 'condition_key'):
+            field = cfg[key]
+            if field is not None and named.setdefault(field, key) != key:
+                raise ValueError(
+                    f"config key '{key}' is {field!r}, the same field as '{named[field]}'; expected a field of its own"
+                )
         self._store: Any = None
         self.index: Optional[RewardIndex] = None
         self.states: Optional[StateSet] = None

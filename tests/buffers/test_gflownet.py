@@ -1074,6 +1074,10 @@ def test_push_none_and_unknown_types_raise_type_error():
         ('gfn', dict(replay_buffer_size=2**40), 'replay_buffer_size'),
         ('terminating_state', dict(capacity=2**40), 'replay_buffer_size'),
         ('gfn', dict(capacity=np.int64(2**40), replay_buffer_size=2**40), 'replay_buffer_size'),
+        # two keys naming one field: a gfn_diverse row held the state twice (or its reward) as its "condition"
+        ('gfn_diverse', dict(condition_key='state'), 'condition_key'),
+        ('gfn', dict(condition_key='log_reward'), 'condition_key'),
+        ('terminating_state', dict(state_key='log_reward'), 'log_reward_key'),
     ],
 )
 def test_bad_config_raises_naming_the_key(kind, cfg, key):
