@@ -84,8 +84,10 @@ class FastWriter:
                 if v is None or v.shape != shape:
                     return None
             elif t in scalars:
-                # ints go only to int64 and float fields (``build``): within int64 they always fit
-                if t is int and not -(2**63) <= v < 2**63:  # the generic path reports it
+                # ints go only to int64 and float fields (``build``): within int64 they always fit; past 2**53 (where
+                # doubles skip ints) numpy would round one into a float field twice, through a double: the generic
+                # path rounds it once (and reports one beyond int64)
+                if t is int and not -(2**53) <= v <= 2**53 and (dtype is not torch.int64 or not -(2**63) <= v < 2**63):
                     return None
             elif not (isinstance(v, np.generic) and v.dtype == np_dtype and shape == ()):
                 return None

@@ -481,8 +481,25 @@ def test_tensor_storage_stores_bfloat16_fields(dtype):
 
 @pytest.mark.parametrize(
     'field,value',
-    [('rew', 2**70), ('d64', 2**70), ('rew', -(2**63) - 1), ('rew', 2**200)],
-    ids=['2**70_into_float32', '2**70_into_float64', 'below_int64_into_float32', '2**200_into_float32'],
+    [
+        ('rew', 2**70),
+        ('d64', 2**70),
+        ('rew', -(2**63) - 1),
+        ('rew', 2**200),
+        # past 2**53 through a double first: rounded twice, one float32 step off the generic path's single rounding
+        ('rew', 2**60 + 2**36 + 1),
+        ('rew', -(2**60 + 2**36 + 1)),
+        ('d64', 2**60 + 1),
+    ],
+    ids=[
+        '2**70_into_float32',
+        '2**70_into_float64',
+        'below_int64_into_float32',
+        '2**200_into_float32',
+        'twice_rounded_into_float32',
+        'negative_twice_rounded_into_float32',
+        'inexact_into_float64',
+    ],
 )
 def test_tensor_fast_path_huge_int_into_float_field_matches_generic_path(field, value):
     fast, generic, _ = _fast_and_generic_buffers()
