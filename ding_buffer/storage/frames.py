@@ -336,7 +336,7 @@ def stack_of(
     if v.ndim < 1 or v.shape[0] < 1:
         raise ValueError(f"item {i}: field {key!r} must be [stack, *frame], got shape {v.shape}")
     if v.dtype.kind not in 'biuf':
-        raise ValueError(f"item {i}: field {key!r} must hold numbers (frames), got dtype {v.dtype}")
+        raise ValueError(f"item {i}: field {key!r} must hold real numbers (frames), got dtype {v.dtype}")
     if stack is not None and v.shape[0] != stack:
         raise ValueError(f"item {i}: field {key!r} has a stack of {v.shape[0]} frames, expected {stack}")
     dtype = v.dtype if dtype is None else dtype

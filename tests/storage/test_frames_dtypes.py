@@ -202,3 +202,18 @@ def test_several_frame_episodes_in_one_push_are_stored_like_one_at_a_time(type_,
     assert_same(together.state_dict(), apart.state_dict())
     together.close()
     apart.close()
+
+
+@pytest.mark.parametrize('kind', ['numpy', 'torch'])
+def test_complex_frames_are_refused_as_not_real_numbers_with_nothing_stored(kind):
+    """The docs promise any real frame dtype; a complex stack is refused, and the numpy message said "must hold
+    numbers" of complex values (which are numbers)."""
+    buf = create_buffer(frames_cfg())
+    good = {'obs': np.zeros((2, 3), np.float32), 'next_obs': np.zeros((2, 3), np.float32), 'env_id': 0, 'done': False}
+    buf.push(dict(good, done=True))
+    before = buf.state_dict()
+    stack = np.zeros((2, 3), np.complex64)
+    stack = torch.from_numpy(stack) if kind == 'torch' else stack
+    with pytest.raises(ValueError, match=r"field 'obs' must hold real numbers \(frames\), got dtype .*complex64"):
+        buf.push(dict(good, obs=stack, next_obs=stack))
+    assert_same(buf.state_dict(), before)
