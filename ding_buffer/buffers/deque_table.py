@@ -97,15 +97,23 @@ class DequeVerbs:
         else:
             request = self.request(size, timeout=timeout)
         scalars: List[tuple] = []  # filled by ``sampled`` (under the lock, after ``done``)
+        meta: List[Any] = []  # list storage: the annotations of the drawn copies, for ``sampled``
 
         def draw(rng: Any) -> Any:
             drawn = request.draw(rng)
-            if type(drawn) is str or self.parts.tb_logger is None:
+            if type(drawn) is str:
+                return drawn
+            if type(drawn.out) is list and (self.priority or self.cfg.storage.get('output') == 'items'):
+                meta.append(drawn.out)  # (before any copy: the engine deep-copies the items, not these)
+                drawn = drawn._replace(out=self._as_pushed(drawn.out, drawn.slots))
+            if self.parts.tb_logger is None:
                 return drawn
             done = drawn.done
             return drawn._replace(done=lambda envstep: _DequeDue(done(envstep) if done else None, scalars))
 
-        return request._replace(draw=draw, finish=lambda out, use: self.sampled(out, use, train_iter, scalars))
+        return request._replace(
+            draw=draw, finish=lambda out, use: self.sampled(out, use, train_iter, scalars, meta[-1] if meta else None)
+        )
 
     def emit(self, due: Any) -> None:
         if type(due) is not _DequeDue:
@@ -124,27 +132,52 @@ class DequeVerbs:
             self._sink.close()
         super().release()
 
-    def sampled(self, out: Any, use: Optional[np.ndarray], train_iter: int, scalars: List[tuple]) -> Any:
+    def sampled(
+        self, out: Any, use: Optional[np.ndarray], train_iter: int, scalars: List[tuple], annotated: Any = None
+    ) -> Any:
         """Under the lock, after a sample: the batch is remembered for ``update``, the TensorBoard scalars due every
-        ``train_iter_per_log`` put in ``scalars``; returns the batch without the slot table's id columns."""
+        ``train_iter_per_log`` put in ``scalars``; returns the batch without the slot table's id columns
+        (``annotated``: list items already made as pushed, and the slot table's items they came from)."""
         tensor = not isinstance(out, list)
+        src = out if annotated is None else annotated
         if self.priority:
-            ids = out['replay_unique_id'].tolist() if tensor else [d['replay_unique_id'] for d in out]
-            slots = out['replay_buffer_idx'].tolist() if tensor else [int(d['replay_buffer_idx']) for d in out]
-            priority = np.asarray(out['priority'] if tensor else [d['priority'] for d in out], dtype=np.float64)
+            ids = src['replay_unique_id'].tolist() if tensor else [d['replay_unique_id'] for d in src]
+            slots = src['replay_buffer_idx'].tolist() if tensor else [int(d['replay_buffer_idx']) for d in src]
+            priority = np.asarray(src['priority'] if tensor else [d['priority'] for d in src], dtype=np.float64)
             self._last_batch = (ids, slots)
         else:
             priority = None
         self._log(train_iter, priority, use, scalars)
-        return self._data(out, tensor)
+        return out if annotated is not None else self._data(out, tensor)
+
+    def _as_pushed(self, out: List[Any], slots: np.ndarray) -> List[Any]:
+        """List items as pushed (DI-engine's wrapper returns the pushed data): the slot table's annotations took the
+        place of the user's fields of their names in each drawn copy, so a plain dict is made again from the stored
+        one -- without the 'priority' a prioritized deque's push took, with this draw's 'IS' under
+        ``priority_IS_weight``. Other items (TensorDicts) lose the annotations."""
+        drop = self._dropped()
+        weights = self.priority and self.deque_cfg.priority_IS_weight
+        made = []
+        for d, item in zip(out, self._storage.gather(slots)):
+            if type(d) is not dict or not isinstance(item, Mapping) or is_tensordict(item):
+                made.append(_without(d, drop))
+                continue
+            d, was = {k: v for k, v in item.items() if not (self.priority and k == 'priority')}, d
+            if weights:
+                d['IS'] = was['IS']
+            made.append(d)
+        return made
+
+    def _dropped(self) -> List[str]:
+        """The slot table's keys a sample of the deque does not return."""
+        if not self.priority:
+            return list(INNER_KEYS[:2])
+        return [k for k in INNER_KEYS if not (self.deque_cfg.priority_IS_weight and k == 'IS')]
 
     def _data(self, out: Any, tensor: bool) -> Any:
-        if not self.priority:  # the naive table adds ids to tensor batches and (output='items') to list items
-            drop = list(INNER_KEYS[:2])
-            if not tensor and self.cfg.storage.get('output') != 'items':
-                return out  # stored dicts
-        else:
-            drop = [k for k in INNER_KEYS if not (self.deque_cfg.priority_IS_weight and k == 'IS')]
+        drop = self._dropped()  # (the naive table adds ids to tensor batches and, output='items', to list items)
+        if not self.priority and not tensor and self.cfg.storage.get('output') != 'items':
+            return out  # stored dicts
         if tensor:
             if type(out) is not dict:  # a TensorDict (tensordict_io); output='items' asked for items by name
                 if not self._items:

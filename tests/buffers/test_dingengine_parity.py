@@ -292,6 +292,36 @@ def test_deque_is_weights_anneal_and_match_the_priorities():
     assert plain.sample(1, 0) == [{'i': 0}]  # no IS weight without priority_IS_weight
 
 
+@pytest.mark.parametrize('weights', [False, True])
+@pytest.mark.parametrize('output', [None, 'items'])
+def test_deque_returns_the_users_fields_named_as_the_inner_tables_annotations(weights, output):
+    """DI-engine's DequeBufferWrapper returns the pushed data (only 'priority' taken by the prioritized push, 'IS'
+    set with priority_IS_weight): a prioritized deque dropped the user's 'use', 'staleness', 'IS' and id fields
+    (the inner table's annotations had overwritten them in the drawn copies), as did a uniform one with
+    output='items' its ids. The update of the last batch still finds its items."""
+    user = {'obs': 1.0, 'use': 7, 'staleness': 3, 'replay_buffer_idx': 5, 'replay_unique_id': 'ep-17', 'IS': 0.5}
+    for priority in (True, False):
+        if output == 'items' and priority:
+            continue
+        cfg = dict(
+            type='deque', priority=priority, priority_IS_weight=weights and priority, seed=0, replay_buffer_size=8
+        )
+        buf = create_buffer(dict(cfg, storage=dict(type='list', output=output)), instance_name='dq')
+        buf.push([dict(user, priority=2.0), dict(user, obs=2.0)])
+        batch = buf.sample(2, 0)
+        for d in batch:
+            want = {**user, 'obs': d['obs']} if priority else {**user, 'obs': d['obs'], 'priority': 2.0}
+            if not priority and d['obs'] == 2.0:
+                del want['priority']
+            if priority and weights:  # the draw's weight, not the user's 0.5
+                assert 0.5 < d['IS'] <= 1.0
+                want['IS'] = d['IS']
+            assert d == want, (priority, d)
+        if priority:
+            assert buf.update({'priority': [9.0, 9.0]}) == {'updated': 2, 'stale': 0}
+            assert buf.inner.stats()['max_priority'] == 9.0
+
+
 def test_deque_update_applies_to_every_last_batch_with_clipping():
     tb = FakeTB()
     buf = create_buffer(
