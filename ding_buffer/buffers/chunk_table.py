@@ -69,8 +69,9 @@ INT_LIMIT = 1 << 62
 # namedtuple, an IntEnum or a tensor subclass pickles as its own class, which such a load refuses to import)
 _PLAIN_MAPS = (dict, OrderedDict)
 _PLAIN_SEQS = (list, tuple, torch.Size)
-_PLAIN_LEAVES = (torch.Tensor, torch.nn.Parameter, int, float, bool, str, bytes, type(None))
-_PLAIN_KEYS = (str, int, bool)
+_TENSORS = (torch.Tensor, torch.nn.Parameter)
+_PLAIN_LEAVES = (int, float, bool, str, bytes, type(None))
+_PLAIN_KEYS = (str, int, bool, np.str_)
 
 
 def check_plain(obj: Any, what: str, depth: int = 0) -> None:
@@ -88,6 +89,9 @@ def check_plain(obj: Any, what: str, depth: int = 0) -> None:
     elif t in _PLAIN_SEQS:
         for i, v in enumerate(obj):
             check_plain(v, f'{what}[{i}]', depth + 1)
+    elif t in _TENSORS:
+        if obj.__dict__:  # Python attributes set on a tensor are saved with it (and read back by the same rules)
+            check_plain(obj.__dict__, f'{what} (its attributes)', depth + 1)
     elif t not in _PLAIN_LEAVES and not (isinstance(obj, (np.ndarray, np.generic)) and _plain_numpy(obj)):
         kind = (
             ' (a subclass: convert it to its base class)'
@@ -102,9 +106,9 @@ def check_plain(obj: Any, what: str, depth: int = 0) -> None:
 
 def _plain_numpy(x: Any) -> bool:
     """A numpy array or scalar the payload files read back: of numpy's own class (a recarray, masked array, matrix,
-    memmap or record pickles as its subclass) and a dtype other than object (or numpy 2's variable-width strings)."""
+    memmap or record pickles as its subclass) and a dtype holding no object (nor numpy 2's variable-width strings)."""
     plain = type(x) is np.ndarray or isinstance(x, np.generic) and type(x) is not np.record
-    return plain and x.dtype != object and x.dtype.kind != 'T'
+    return plain and not x.dtype.hasobject and x.dtype.kind != 'T'
 
 
 def is_int(x: Any) -> bool:

@@ -983,6 +983,11 @@ class _Sub(torch.Tensor):
     pass
 
 
+def _with_attribute(t, value):
+    t.info = value  # (saved with the tensor, read back by the same rules)
+    return t
+
+
 @pytest.mark.parametrize(
     'payload',
     [
@@ -993,8 +998,20 @@ class _Sub(torch.Tensor):
         {'obs': torch.zeros(2), 'phase': _Phase.TRAIN},
         {'obs': torch.zeros(2).as_subclass(_Sub)},
         {_Phase.TRAIN: torch.zeros(2)},
+        {'obs': np.zeros(2, dtype=[('a', 'i4'), ('b', object)])},
+        {'obs': _with_attribute(torch.zeros(2), collections.defaultdict(int))},
     ],
-    ids=['easydict', 'defaultdict', 'namedtuple', 'nested-easydict', 'intenum-leaf', 'tensor-subclass', 'enum-key'],
+    ids=[
+        'easydict',
+        'defaultdict',
+        'namedtuple',
+        'nested-easydict',
+        'intenum-leaf',
+        'tensor-subclass',
+        'enum-key',
+        'object-field',
+        'tensor-attribute',
+    ],
 )
 def test_a_disk_store_refuses_at_push_the_subclasses_its_files_cannot_read_back(payload, tmp_path):
     """A payload file reads back exactly dicts, lists, tuples and plain leaves; a subclass (an EasyDict, a namedtuple,
@@ -1012,3 +1029,17 @@ def test_a_disk_store_refuses_at_push_the_subclasses_its_files_cannot_read_back(
         kept = create_buffer(dict(type='chunk', fragments_per_chunk=1, seed=0))
         kept.push(frag(0, 0, 0, data=payload))
         assert type(kept.sample(1)[0]['data']) is type(payload)
+
+
+def test_a_disk_store_keeps_numpy_string_keys_and_tensor_attributes_of_plain_values(tmp_path):
+    """What a payload file reads back is kept: numpy string keys (np.unique's) and a tensor's plain attributes."""
+    cfg = dict(type='chunk', fragments_per_chunk=1, seed=0, store=dict(type='disk', path=str(tmp_path / 'a')))
+    buf = create_buffer(cfg)
+    keys = np.unique(np.array(['obs', 'act']))
+    t = _with_attribute(torch.ones(2), {'tag': 1})
+    buf.push(frag(0, 0, 0, data={keys[0]: torch.zeros(1), keys[1]: t}))
+    buf.save_data(str(tmp_path / 'x.pt'))
+    again = create_buffer(dict(cfg, store=dict(type='disk', path=str(tmp_path / 'b'))))
+    again.load_data(str(tmp_path / 'x.pt'))
+    data = again.sample(1)[0]['data']
+    assert sorted(data) == ['act', 'obs'] and data['obs'].info == {'tag': 1}
