@@ -219,6 +219,18 @@ def terminating_states_of(data: Any) -> Any:
     return data.states[0] if hasattr(data, 'terminating_idx') else None
 
 
+def _check_conditions(data: Any, advice: str = 'make them under that default') -> None:
+    """torchgfn's states take conditions of torch's default dtype (its buffers refuse others, with an assert): a
+    ``ValueError`` naming the field otherwise (``advice`` says what to do)."""
+    for attr in ('states', 'next_states'):
+        cond = getattr(getattr(data, attr, None), 'conditions', None)
+        if isinstance(cond, torch.Tensor) and cond.dtype != torch.get_default_dtype():
+            raise ValueError(
+                f"{type(data).__name__}.{attr}.conditions has dtype {cond.dtype}; torchgfn's states take conditions "
+                f"of torch's default dtype ({torch.get_default_dtype()} now), as its own buffers do: {advice}"
+            )
+
+
 class ContainerStoreBase:
     """What both container stores share: the Container protocol's log-rewards and terminating-state rows, no
     ``collect_iter``, and persistence (torchgfn containers as plain tensors, other objects pickled)."""
@@ -260,6 +272,8 @@ class ContainerStoreBase:
                 f"{type(data).__name__} of {type(states).__name__}: the GFlowNet buffers keep torchgfn states held "
                 "in one tensor (their state_dict and save_data files are tensors); these are not (graph states)"
             )
+        if is_torchgfn(data):
+            _check_conditions(data)
         n = len(data)
         r = self.log_rewards_of(data, n)
         self._check(data, n)
@@ -374,7 +388,11 @@ class ContainerStore(ContainerStoreBase):
                 setattr(self.container, attr, None)
 
     def read(self, slots: np.ndarray, seq: Any = None) -> Any:
-        return self.container[torch.from_numpy(np.asarray(slots, dtype=np.int64))]
+        try:
+            return self.container[torch.from_numpy(np.asarray(slots, dtype=np.int64))]
+        except AssertionError:  # torchgfn's indexing rebuilt states whose conditions the default dtype no longer fits
+            _check_conditions(self.container, 'set that default back to read the stored ones')
+            raise
 
     def compact(self, keep: np.ndarray) -> None:
         """Position ``keep[i]`` becomes position ``i`` (one indexing call)."""
@@ -414,6 +432,13 @@ def rebuild_container(state: Dict[str, Any], n: int, env: Any) -> Any:
         from tensordict import TensorDict
 
         _own_bytes(state['tensors'], cls.__name__)
+        for key, t in state['tensors'].items():  # torchgfn's states take conditions of the default dtype only
+            if str(key).endswith('conditions') and isinstance(t, torch.Tensor) and t.dtype != torch.get_default_dtype():
+                raise ValueError(
+                    f"saved {cls.__name__} has {key} of dtype {t.dtype}, and torch's default dtype is "
+                    f"{torch.get_default_dtype()} now: torchgfn builds states only with conditions of the default "
+                    f"dtype; load it under torch.set_default_dtype({t.dtype})"
+                )
         try:  # (torchgfn checks its tensors with assert: a bare AssertionError, or nothing under python -O)
             tensors = TensorDict(state['tensors']).clone()  # (saved on the CPU; the caller's tensors stay theirs)
             device = getattr(env, 'device', None)

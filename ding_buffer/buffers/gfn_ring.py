@@ -160,11 +160,6 @@ class ContainerRing(ContainerStoreBase):
                     f"{name}.{col.name} holds items of shape {tuple(x.shape[b + 1 :])} on {x.device}; the stored "
                     f"ones are {tuple(ring.shape[b + 1 :])} on {ring.device}"
                 )
-            if col.optional and col.name.endswith('.conditions') and x.dtype != torch.get_default_dtype():
-                raise ValueError(
-                    f"{name}.{col.name} has dtype {x.dtype}; torchgfn's states take conditions of torch's default "
-                    f"dtype ({torch.get_default_dtype()} now), as its own buffers do: make them under that default"
-                )
             if ring is None or x.dtype != ring.dtype:  # (the stored dtype passed these checks when it came)
                 numpy_ok = col.time < 0 and x.device.type == 'cpu'  # (written through a numpy view)
                 _check_dtype(f"{name}.{col.name}", x.dtype, None if ring is None else ring.dtype, numpy_ok)

@@ -1856,5 +1856,35 @@ def test_conditions_follow_torchgfns_default_dtype_rule_at_push_and_stay_readabl
     assert sorted(map(tuple, got.states.conditions.tolist())) == sorted(map(tuple, pushed.tolist()))
     _under_default(torch.float64, lambda: buf.save_data(str(tmp_path / 'b.pt')))
     again = create_buffer(dict(type=btype, replay_buffer_size=10, seed=0))
+    with pytest.raises(ValueError, match=r"states_conditions of dtype torch.float32.*set_default_dtype\(torch.float32"):
+        _under_default(torch.float64, lambda: again.load_state_dict(state, env=env))  # torchgfn could not build them
+    assert again.count() == 0
     again.load_state_dict(state, env=env)
     assert torch.equal(again.training_container.states.conditions, pushed)
+
+
+def test_conditions_of_containers_kept_whole_follow_the_same_rule(tmp_path):
+    """States with fields of their own (BitSequence's) are kept in their container and read by torchgfn's own
+    indexing: a push of conditions not of the default dtype raised a bare AssertionError, and so did every read once
+    the program changed its default. Both are ValueErrors naming the field and the dtypes, nothing changed."""
+    from gfn.gym import BitSequence
+
+    bits = BitSequence(word_size=2, seq_size=8, n_modes=2)
+
+    def container(seed):
+        g = torch.Generator().manual_seed(seed)
+        states = bits.states_from_tensor(torch.randint(0, 4, (4, 4), generator=g))
+        states.conditions = torch.rand(4, 3, generator=g)
+        terminating = torch.ones(4, dtype=torch.bool)
+        return StatesContainer(env=bits, states=states, is_terminating=terminating, log_rewards=torch.rand(4))
+
+    buf = create_buffer(dict(type='gfn', replay_buffer_size=10, seed=0))
+    buf.push(container(0))
+    before = buf.state_dict()
+    with pytest.raises(ValueError, match=r"states.conditions has dtype torch.float64.*\(torch.float32 now\)"):
+        buf.push(_under_default(torch.float64, lambda: container(1)))
+    assert_same(buf.state_dict(), before)
+    with pytest.raises(ValueError, match=r"conditions has dtype torch.float32.*set that default back"):
+        _under_default(torch.float64, lambda: buf.sample(2))
+    assert_same(buf.state_dict(), before)
+    assert buf.sample(2).states.conditions.dtype == torch.float32
