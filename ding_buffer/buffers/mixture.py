@@ -164,12 +164,15 @@ def split_counts(size: int, weights: np.ndarray, rng: np.random.Generator) -> np
     return counts
 
 
-def concat(parts: Sequence[Any], key: str, names: Sequence[str], indices: Sequence[int]) -> Any:
+def concat(
+    parts: Sequence[Any], key: str, names: Sequence[str], indices: Sequence[int], weighted: Optional[Sequence[bool]]
+) -> Any:
     """One batch from the members' batches (in member order), each item marked with its member under ``key``: list
     storage gives new dicts (the stored items are not touched) with the member's name; tensor storage one dict of
     tensors with the member's index (a TensorDict when a member returns TensorDicts). A field only some members
-    return is left out, except ``IS``, which is 1 for the items of a member that does not weight; a field the members
-    return in shapes (or kinds) that do not join is a ``ValueError`` naming it."""
+    return is left out, except ``IS``, which is 1 for the items of a member that does not weight (``weighted``: which
+    parts' members do, None when none of the mixture's does: then ``IS`` is a field like any other); a field the
+    members return in shapes (or kinds) that do not join is a ``ValueError`` naming it."""
     if isinstance(parts[0], list):
         try:
             return [{**item, key: name} for part, name in zip(parts, names) for item in part]
@@ -183,7 +186,7 @@ def concat(parts: Sequence[Any], key: str, names: Sequence[str], indices: Sequen
     plain = [to_plain(p) if is_tensordict(p) else p for p in parts]
     if not all(isinstance(p, Mapping) for p in plain):
         raise TypeError(f"a mixture joins lists or dicts of tensors; a member returned {type(parts[0]).__name__}")
-    out = _join(plain, names)
+    out = _join(plain, names, weighted=weighted)
     out[key] = torch.cat([torch.full((_rows(p),), i, dtype=torch.int64) for p, i in zip(plain, indices)])
     return to_tensordict(out, tds[0].device) if tds else out
 
@@ -193,13 +196,18 @@ def _rows(batch: Mapping) -> int:
     return _rows(value) if isinstance(value, Mapping) else len(value)
 
 
-def _join(parts: Sequence[Mapping], names: Sequence[str], prefix: str = '') -> Dict[str, Any]:
+def _join(
+    parts: Sequence[Mapping], names: Sequence[str], prefix: str = '', weighted: Optional[Sequence[bool]] = None
+) -> Dict[str, Any]:
     out = {}
     for k in dict.fromkeys(k for p in parts for k in p):  # every member's fields, first seen first
         values = [p.get(k) for p in parts]
+        if k == 'IS' and weighted is not None:  # (a field of that name a member holds itself is no weight)
+            values = [v if w else None for v, w in zip(values, weighted)]
         if k == 'IS' and any(v is None for v in values):
-            ref = next(v for v in values if v is not None)
-            values = [torch.ones(_rows(p), dtype=ref.dtype) if v is None else v for p, v in zip(parts, values)]
+            ref = next((v for v in values if v is not None), None)
+            dtype = torch.float32 if ref is None else ref.dtype
+            values = [torch.ones(_rows(p), dtype=dtype) if v is None else v for p, v in zip(parts, values)]
         if any(v is None for v in values):
             continue
         if all(isinstance(v, Mapping) for v in values):
@@ -579,7 +587,9 @@ class MixtureReplayBuffer(IBuffer):
             self._counters['sample_calls'] += 1
             for _, name, k, _ in parts:
                 self._counters[f'sampled_{name}'] += k
-        return concat([p[3] for p in parts], self._key, [p[1] for p in parts], [p[0] for p in parts])
+        names = [p[1] for p in parts]
+        weighted = [n in self._prioritized for n in names] if self._prioritized else None
+        return concat([p[3] for p in parts], self._key, names, [p[0] for p in parts], weighted)
 
     def _check_joinable(self, names: List[str]) -> None:
         """Before any member draws: the fields the members store in tensors (their storages' schemas) join into

@@ -503,6 +503,14 @@ def test_a_member_without_priorities_refuses_the_fields_that_would_pose_as_a_pri
     assert float(weights.max()) <= 1.0
     alone = mixture(storage, online=dict(type='naive'))  # no prioritized member: a field like any other
     assert alone.push([dict(one, IS=5.0)], member='offline') == 1
+    if storage == 'tensor':  # written into the member itself (not checked): still no weight in a joined batch
+        alone.close()
+        alone = mixture(storage)
+        alone.members['offline'].push([dict(one, IS=torch.tensor(50.0)) for _ in range(4)])
+        alone.push([one] * 4)
+        batch = alone.sample(8)
+        offline = batch['mixture_member'] == 0
+        assert offline.any() and bool((batch['IS'][offline] == 1.0).all())
     buf.close()
     alone.close()
 
