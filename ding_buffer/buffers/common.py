@@ -34,6 +34,28 @@ def restored_rng(state: Mapping) -> np.random.Generator:
 ENGINE_KEYS = frozenset({'counters', 'thruput', 'envstep', 'use'})  # what the engine keeps in a state
 
 
+def short_form(state: Mapping) -> Optional[List[Any]]:
+    """The items of DI-engine's ``{'data': [items]}`` (a ``load_state_dict`` that pushes them), or None for any other
+    state; ``TypeError`` for a ``data`` that is no list of items."""
+    if set(state.keys()) != {'data'}:
+        return None
+    data = state['data']
+    if isinstance(data, (str, bytes, Mapping)) or not hasattr(data, '__iter__'):
+        raise TypeError(f"state 'data' must be a list of items, got {type(data).__name__}")
+    return list(data)
+
+
+def check_state_type(state: Mapping, name: str) -> None:
+    """``ValueError`` unless ``state`` names the buffer class ``name`` as its ``type``."""
+    if 'type' not in state:
+        raise ValueError(
+            f"state has no 'type' entry (keys {sorted(map(str, state))[:6]}); expected a state_dict() of this "
+            f"buffer, or {{'data': [items]}}"
+        )
+    if state.get('type') != name:
+        raise ValueError(f"state was made by {state.get('type')!r}, this buffer is {name}")
+
+
 def check_derived(saved: Any, derived: Mapping, what: str) -> None:
     """Saved counters that are also derived from other saved parts (``derived``, what ``what`` says) must equal
     them: where they disagree, the state is damaged (one side would be dropped without a word). What is no count at

@@ -64,11 +64,13 @@ from .common import (
     STEP_LIMIT,
     check_instance_name,
     check_size,
+    check_state_type,
     check_step,
     check_wait_timeout,
     new_rng,
     restored_rng,
     saved_count,
+    short_form,
 )
 from .outputs import as_items
 from .table import Needs, Parts, Request, Restored, Write
@@ -950,10 +952,9 @@ class Engine(IBuffer):
         self._check_open()  # close() released the storage (memmap files): a closed buffer takes no data
         if deepcopy:
             state = copy.deepcopy(dict(state))
-        if set(state.keys()) == {'data'}:
-            if isinstance(state['data'], (str, bytes, Mapping)) or not hasattr(state['data'], '__iter__'):
-                raise TypeError(f"state 'data' must be a list of items, got {type(state['data']).__name__}")
-            self.push(list(state['data']))
+        items = short_form(state)
+        if items is not None:
+            self.push(items)
             return
         self._check_made_here(state)
         if self._remover is not None:  # (a stored item whose file cannot be named fails the push that evicts it)
@@ -990,13 +991,7 @@ class Engine(IBuffer):
     def _check_made_here(self, state: Mapping) -> None:
         """``ValueError`` unless ``state`` is a state of this buffer type: its ``type``, and no key its table does not
         write (a damaged or edited name must not load as a missing entry)."""
-        if 'type' not in state:
-            raise ValueError(
-                f"state has no 'type' entry (keys {sorted(map(str, state))[:6]}); expected a state_dict() of this "
-                f"buffer, or {{'data': [items]}}"
-            )
-        if state.get('type') != self.__class__.__name__:
-            raise ValueError(f"state was made by {state.get('type')!r}, this buffer is {self.__class__.__name__}")
+        check_state_type(state, self.__class__.__name__)
         if self._t.state_keys:  # (a table that declares none is not checked)
             refuse_unknown(state, self._t.state_keys | {'type', 'rng'}, 'state')
         refuse_meta(state)

@@ -6,6 +6,7 @@ priorities, monitors and ``dataset``); the mixture only splits a sample between 
 and keeps their states together. It holds the members; they know nothing of it.
 """
 
+import copy
 import logging
 import time
 import types
@@ -36,10 +37,12 @@ from .common import (
     LOCK_GRACE,
     check_instance_name,
     check_size,
+    check_state_type,
     check_step,
     check_wait_timeout,
     new_rng,
     restored_rng,
+    short_form,
 )
 
 MIXTURE_CONFIG = dict(
@@ -767,12 +770,18 @@ class MixtureReplayBuffer(IBuffer):
 
     def load_state_dict(self, state: Dict[str, Any], deepcopy: bool = False) -> None:
         """All or nothing: the envelope is checked first, then each member loads; if one refuses, the members
-        already loaded get their previous state back (a copy of each is taken first)."""
+        already loaded get their previous state back (a copy of each is taken first). ``{'data': [...]}`` alone
+        pushes the items to ``push_to``, as DI-engine's form does on every buffer."""
         if not isinstance(state, Mapping):
             raise TypeError(f"state must be a dict, got {type(state).__name__}")
+        if type(deepcopy) is not bool:
+            raise TypeError(f"deepcopy must be a bool, got {type(deepcopy).__name__} {deepcopy!r:.40}")
         self._check_open()
-        if state.get('type') != type(self).__name__:
-            raise ValueError(f"state was made by {state.get('type')!r}, this buffer is {type(self).__name__}")
+        items = short_form(state)
+        if items is not None:  # DI-engine's form: the items go to ``push_to``, as a push does
+            self.push(copy.deepcopy(items) if deepcopy else items)
+            return
+        check_state_type(state, type(self).__name__)
         members, counters = state.get('members'), state.get('counters')
         if not isinstance(members, Mapping) or set(members) != set(self._names):
             got = sorted(members) if isinstance(members, Mapping) else type(members).__name__

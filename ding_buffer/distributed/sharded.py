@@ -44,7 +44,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 import torch
 
-from ..buffers.common import check_step, check_wait_timeout, restored_rng
+from ..buffers.common import check_step, check_wait_timeout, restored_rng, short_form
 from ..control.priority import as_numpy, as_priorities, parse_update
 from ..errors import ManagerUnavailableError
 from ..persistence import file_path, load_state, refuse_unknown, save_state
@@ -419,7 +419,12 @@ class ShardedBuffer:
             raise ValueError(f"state key 'rng' is not the state of numpy's default generator: {e}") from e
 
     def load_state_dict(self, state: Dict[str, Any], deepcopy: bool = False) -> None:
-        """All or nothing: a shard that refuses its state puts the shards loaded before it back."""
+        """All or nothing: a shard that refuses its state puts the shards loaded before it back. ``{'data': [...]}``
+        alone pushes the items, as DI-engine's form does on every buffer."""
+        items = short_form(state) if isinstance(state, dict) else None
+        if items is not None:
+            self.push(copy.deepcopy(items) if deepcopy else items)
+            return
         beta, nxt, rng = self._client_part(state, _CLIENT_KEYS + ('shards',))
         if not isinstance(state['shards'], (list, tuple)) or len(state['shards']) != self.num_shards:
             raise ValueError(f"state key 'shards' must hold {self.num_shards} shard states")

@@ -515,6 +515,25 @@ def test_a_member_without_priorities_refuses_the_fields_that_would_pose_as_a_pri
     alone.close()
 
 
+@pytest.mark.parametrize('storage', ['list', 'tensor'])
+def test_dingengines_short_state_form_pushes_to_push_to_and_a_state_without_type_is_named(storage):
+    """``load_state_dict({'data': [...]})`` pushes the items on every buffer (DI-engine's form); a mixture said
+    "state was made by None", as it did for a state with no 'type' at all."""
+    buf = mixture(storage)
+    items = transitions(range(3), storage)
+    buf.load_state_dict({'data': items}, deepcopy=True)
+    assert (buf.members['offline'].count(), buf.members['online'].count()) == (0, 3)
+    before = buf.state_dict()
+    with pytest.raises(ValueError, match="state has no 'type' entry"):
+        buf.load_state_dict({'Data': items})
+    with pytest.raises(ValueError, match="pushed data has a field 'mixture_member'"):  # the push's own checks
+        buf.load_state_dict({'data': [dict(items[0], mixture_member=0)]})
+    with pytest.raises(TypeError, match='deepcopy must be a bool'):
+        buf.load_state_dict({'data': items}, deepcopy='yes')
+    assert_same(buf.state_dict(), before)
+    buf.close()
+
+
 def test_a_bad_priority_is_named_by_its_place_in_the_call():
     buf = mixture('tensor', weights=dict(offline=0.5, online=0.5), offline=dict(type='advanced'))
     buf.push(transitions(range(8), 'tensor'), member='offline')

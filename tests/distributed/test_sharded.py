@@ -609,3 +609,15 @@ def test_why_not_sample_answers_as_sample_draws_and_moves_nothing(kind):
         assert torch.equal(buf.sample(5)['obs'], twin.sample(5)['obs'])  # the RNG did not move
     with pytest.raises(ValueError, match='sample size must be an int > 0'):
         buf.why_not_sample(0)
+
+
+def test_dingengines_short_state_form_pushes_the_items_across_the_shards():
+    """``load_state_dict({'data': [...]})`` pushes the items on every buffer (DI-engine's form); a sharded buffer
+    refused it as "not a sharded buffer's state"."""
+    buf, _ = local_sharded('naive', k=2)
+    buf.load_state_dict({'data': [item(i) for i in range(6)]})
+    assert buf.count() == 6
+    assert sorted(buf.sample(6)['obs'][:, 0].tolist()) == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]
+    with pytest.raises(TypeError, match="state 'data' must be a list of items"):
+        buf.load_state_dict({'data': 'abc'})
+    assert buf.count() == 6
