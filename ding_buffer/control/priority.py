@@ -16,7 +16,7 @@ Not thread-safe: the owning buffer's lock serialises every call.
 
 import math
 import re
-from typing import Any, Dict, Iterable, Mapping, Optional, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 import numpy as np
 import torch
@@ -398,12 +398,12 @@ def split_ids(ids: Any, instance_name: str) -> Tuple[np.ndarray, Optional[np.nda
         tails = [x[n:] if x.startswith(prefix) else '' for x in ids]
         try:
             out = np.fromiter((int(t) if t.isdecimal() else -1 for t in tails), dtype=np.int64, count=len(tails))
-        except OverflowError:
-            raise _beyond_int64(int(t) for t in tails if t.isdecimal()) from None
+        except (OverflowError, ValueError):  # beyond int64, or more digits than Python converts: one at a time
+            out = None
         # each tail is the id's own text ('7', never '07' or other scripts' digits): one scan of the joined tails
         joined = ',' + ','.join(tails)
-        if not joined.isascii() or (',0' in joined and _LEADING_ZERO.search(joined) is not None):
-            out = np.fromiter((int(t) if is_id_text(t) else -1 for t in tails), dtype=np.int64, count=len(tails))
+        if out is None or not joined.isascii() or (',0' in joined and _LEADING_ZERO.search(joined) is not None):
+            out = _as_int64([_id_value(t) for t in tails])
         return out, out >= 0
     out, mine = [], []
     for i, x in enumerate(list(np.asarray(ids, dtype=object).reshape(-1))):
@@ -411,20 +411,32 @@ def split_ids(ids: Any, instance_name: str) -> Tuple[np.ndarray, Optional[np.nda
             out.append(int(x))
             mine.append(True)
         elif isinstance(x, str):
-            ok = x.startswith(prefix) and is_id_text(x[len(prefix) :])
-            out.append(int(x[len(prefix) :]) if ok else -1)
-            mine.append(ok)
+            value = _id_value(x[len(prefix) :]) if x.startswith(prefix) else -1
+            out.append(value)
+            mine.append(value >= 0)
         else:
             raise TypeError(f"'replay_unique_id' entry {i} is {type(x).__name__} {x!r}; expected an int or a str id")
+    return _as_int64(out), np.asarray(mine, dtype=bool)
+
+
+def _id_value(text: str) -> int:
+    """The id a DI-engine id string's tail writes (``is_id_text``), -1 when it writes none; ``ValueError`` for one
+    beyond int64 (one of more than 100 digits is not read: Python converts no more than 4300)."""
+    if not is_id_text(text):
+        return -1
+    if len(text) > 100:
+        raise ValueError(
+            f"'replay_unique_id' {text[:20]}... ({len(text)} digits) is beyond int64: no item has such an id"
+        )
+    return int(text)
+
+
+def _as_int64(ids: List[int]) -> np.ndarray:
     try:
-        return np.asarray(out, dtype=np.int64), np.asarray(mine, dtype=bool)
+        return np.asarray(ids, dtype=np.int64)
     except OverflowError:
-        raise _beyond_int64(out) from None
-
-
-def _beyond_int64(ids: Iterable[int]) -> ValueError:
-    bad = next(v for v in ids if not -(1 << 63) <= v < 1 << 63)
-    return ValueError(f"'replay_unique_id' {bad} is beyond int64: no item has such an id")
+        bad = next(v for v in ids if not -(1 << 63) <= v < 1 << 63)
+        raise ValueError(f"'replay_unique_id' {bad} is beyond int64: no item has such an id") from None
 
 
 def has_priorities(info: Any) -> bool:

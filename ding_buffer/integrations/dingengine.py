@@ -296,7 +296,7 @@ class TaskBuffer(Buffer):
                 f"returned with the new 'priority' set"
             )
         tail = index[len(self._prefix) :] if isinstance(index, str) and index.startswith(self._prefix) else ''
-        if not (is_id_text(tail) and int(tail) < 1 << 63):  # (the queued updates stay good)
+        if not (is_id_text(tail) and len(tail) < 20 and int(tail) < 1 << 63):  # (the queued updates stay good)
             raise ValueError(f"TaskBuffer.update: index {index!r:.60} is not an id of this buffer")
         slot = meta.get('replay_buffer_idx')
         if type(slot) is not int or not 0 <= slot < self.size:

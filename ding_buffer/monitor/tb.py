@@ -70,7 +70,8 @@ def build_tb_logger(tb_logger: Any, enabled: bool, exp_name: str, instance_name:
         return None, False
     from torch.utils.tensorboard import SummaryWriter
 
-    path = os.path.join('.', exp_name, 'log', instance_name, f'{instance_name}_tb_logger')
+    # formatted as DI-engine's buffers do: an absolute exp_name stays below the working directory
+    path = os.path.join(f'./{exp_name}/log/{instance_name}', f'{instance_name}_tb_logger')
     return SummaryWriter(path), True
 
 

@@ -958,6 +958,22 @@ def test_update_with_an_id_beyond_int64_names_it(storage, bad):
     assert_same(buf.state_dict(), before)
 
 
+@pytest.mark.parametrize('form', [list, tuple])
+def test_update_ids_longer_than_python_converts_are_named_or_stale(form):
+    """Python refuses to convert more than 4300 digits: an id of 5000 was that bare error (naming neither key nor
+    id), and 5000 zeros (no id: leading zeros) that error as a list but stale as a tuple."""
+    buf = make('list', size=8)
+    push_ids(buf, range(4))
+    before = buf.state_dict()
+    ones = form([f'{NAME}_0', f'{NAME}_' + '1' * 5000])
+    with pytest.raises(ValueError, match=r"'replay_unique_id' 1{20}\.\.\. \(5000 digits\) is beyond int64"):
+        buf.update({'replay_unique_id': ones, 'replay_buffer_idx': [0, 1], 'priority': [2.0, 3.0]})
+    assert_same(buf.state_dict(), before)
+    zeros = form([f'{NAME}_0', f'{NAME}_' + '0' * 5000])
+    out = buf.update({'replay_unique_id': zeros, 'replay_buffer_idx': [0, 1], 'priority': [2.0, 3.0]})
+    assert out == {'updated': 1, 'stale': 1}
+
+
 def test_update_ids_of_a_buffer_whose_name_is_a_prefix_are_foreign():
     buf = make('list', size=4, name='my')
     buf.push(item(0))

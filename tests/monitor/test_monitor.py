@@ -596,6 +596,23 @@ def test_owned_writer_default_exp_name(tmp_path, monkeypatch):
     assert 'dflt_iter/beta' in read_scalars(logdir)
 
 
+def test_owned_writer_with_an_absolute_exp_name_stays_below_the_working_directory(tmp_path, monkeypatch):
+    """The docs (and DI-engine's buffers) write './{exp_name}/log/...': an absolute exp_name was joined as an
+    absolute path, so the event files went outside the working directory."""
+    work, outside = tmp_path / 'work', tmp_path / 'outside'
+    work.mkdir()
+    monkeypatch.chdir(work)
+    cfg = tensor_cfg(monitor=dict(tensorboard=True))
+    buf = create_buffer(cfg, exp_name=str(outside / 'exp'), instance_name='abs')
+    try:
+        buf.push(items(4), cur_collector_envstep=7)
+        buf.sample(2, cur_learner_iter=1)
+    finally:
+        buf.close()
+    assert not outside.exists()
+    assert event_files(work / str(outside / 'exp').lstrip('/') / 'log' / 'abs' / 'abs_tb_logger')
+
+
 def test_tensorboard_flag_with_borrowed_writer_uses_it(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     tb = FakeTB()
