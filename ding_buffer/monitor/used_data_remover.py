@@ -21,8 +21,16 @@ def check_trackable(item: Any, i: int) -> None:
     """Raise unless ``item`` is a dict with a path-like ``data_id``."""
     if not isinstance(item, dict) or 'data_id' not in item:
         raise ValueError(f"enable_track_used_data needs dict items with a 'data_id' path; item {i} is {item!r:.80}")
-    if not isinstance(item['data_id'], (str, os.PathLike)):
-        raise TypeError(f"item {i} field 'data_id' must be a path (str), got {type(item['data_id']).__name__}")
+    data_id = item['data_id']
+    if not isinstance(data_id, (str, os.PathLike)):
+        raise TypeError(f"item {i} field 'data_id' must be a path (str), got {type(data_id).__name__}")
+    if not isinstance(data_id, str):  # read now: a later eviction, sample or clear hands it to the remover
+        try:
+            path = os.fspath(data_id)
+        except Exception as e:
+            raise TypeError(f"item {i} field 'data_id' ({type(data_id).__name__}) gives no path: {e}") from None
+        if not isinstance(path, (str, bytes)):
+            raise TypeError(f"item {i} field 'data_id' ({type(data_id).__name__}) gives no path: {path!r:.40}")
 
 
 def check_trackable_batch(batch: Any) -> None:

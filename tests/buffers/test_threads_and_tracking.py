@@ -165,6 +165,28 @@ def test_a_batched_push_of_tracked_items_is_checked_as_a_list_push(tmp_path):
     assert not (tmp_path / 'data_2.pt').exists() and (tmp_path / 'data_4.pt').exists()
 
 
+class _NoPath(os.PathLike):
+    """A path-like whose ``__fspath__`` gives no path."""
+
+    def __fspath__(self):
+        return 7
+
+
+def test_a_path_like_data_id_that_gives_no_path_is_refused_at_push(tmp_path):
+    """The remover read a path-like's path only when the item left: the push that evicted it, the sample that used
+    it up and clear() raised after changing the buffer (a retried push stored its item twice)."""
+    buf = create_buffer(dict(type='naive', replay_buffer_size=2, max_use=1, seed=0, enable_track_used_data=True))
+    buf.push(_tracked_items(tmp_path, 0, 1))
+    before = buf.state_dict()
+    for call in (lambda: buf.push([{'data_id': _NoPath()}]), lambda: buf.extend({'data_id': [_NoPath()], 'i': [0]})):
+        with pytest.raises(TypeError, match=r"item 0 field 'data_id' \(_NoPath\) gives no path"):
+            call()
+        assert_same(buf.state_dict(), before)
+    assert buf.push(_tracked_items(tmp_path, 1, 2)) == 2 and buf.count() == 2
+    buf.clear()
+    buf.close()
+
+
 def test_a_batch_larger_than_the_buffer_deletes_the_files_of_the_rows_it_never_stores(tmp_path):
     buf = create_buffer(dict(type='naive', replay_buffer_size=2, enable_track_used_data=True))
     items = _tracked_items(tmp_path, 0, 5)
