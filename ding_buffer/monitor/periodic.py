@@ -124,6 +124,8 @@ class PeriodicThruputMonitor:
             return
         self._reserved = self.period + 1
         self._closed = True
+        if self._thread is threading.current_thread():  # closed by a report's own writer: that report is the last
+            return
         self._thread.join(timeout)
         self._reserved = max(self._reserved, self.period + 1)  # (a report the thread was writing)
         if self._thread.is_alive():  # still inside a slow report: a final one now would race it for the same step

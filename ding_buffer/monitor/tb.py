@@ -70,8 +70,9 @@ def build_tb_logger(tb_logger: Any, enabled: bool, exp_name: str, instance_name:
         return None, False
     from torch.utils.tensorboard import SummaryWriter
 
-    # formatted as DI-engine's buffers do: an absolute exp_name stays below the working directory
-    path = os.path.join(f'./{exp_name}/log/{instance_name}', f'{instance_name}_tb_logger')
+    # (an absolute exp_name is kept: DI-engine's buffers format './{exp_name}' and write below the working directory;
+    # another value, None included, is named as DI-engine formats it)
+    path = os.path.join('.', str(exp_name), 'log', instance_name, f'{instance_name}_tb_logger')
     return SummaryWriter(path), True
 
 
@@ -111,7 +112,7 @@ class TBSink:
     def __init__(self, writer: Any, owned: bool) -> None:
         self.writer = writer
         self.owned = owned
-        self._lock = forks.lock(reentrant=False)
+        self._lock = forks.lock()  # re-entrant: a writer's own code may close the buffer, or sample from it
         self._closed = False
         self._failed = False
         forks.tell_children(self)

@@ -596,21 +596,21 @@ def test_owned_writer_default_exp_name(tmp_path, monkeypatch):
     assert 'dflt_iter/beta' in read_scalars(logdir)
 
 
-def test_owned_writer_with_an_absolute_exp_name_stays_below_the_working_directory(tmp_path, monkeypatch):
-    """The docs (and DI-engine's buffers) write './{exp_name}/log/...': an absolute exp_name was joined as an
-    absolute path, so the event files went outside the working directory."""
+def test_owned_writer_takes_an_absolute_exp_name_and_names_another_value_as_dingengine_does(tmp_path, monkeypatch):
+    """An absolute exp_name is where the files go (the docs say so; DI-engine's buffers write below the working
+    directory); exp_name=None raised a bare os.path TypeError, and is './None/...' as DI-engine formats it."""
     work, outside = tmp_path / 'work', tmp_path / 'outside'
     work.mkdir()
     monkeypatch.chdir(work)
-    cfg = tensor_cfg(monitor=dict(tensorboard=True))
-    buf = create_buffer(cfg, exp_name=str(outside / 'exp'), instance_name='abs')
-    try:
-        buf.push(items(4), cur_collector_envstep=7)
-        buf.sample(2, cur_learner_iter=1)
-    finally:
-        buf.close()
-    assert not outside.exists()
-    assert event_files(work / str(outside / 'exp').lstrip('/') / 'log' / 'abs' / 'abs_tb_logger')
+    for exp_name, where in ((str(outside / 'exp'), outside / 'exp'), (None, work / 'None')):
+        buf = create_buffer(tensor_cfg(monitor=dict(tensorboard=True)), exp_name=exp_name, instance_name='abs')
+        try:
+            buf.push(items(4), cur_collector_envstep=7)
+            buf.sample(2, cur_learner_iter=1)
+        finally:
+            buf.close()
+        assert event_files(where / 'log' / 'abs' / 'abs_tb_logger')
+    assert sorted(os.listdir(work)) == ['None']
 
 
 def test_tensorboard_flag_with_borrowed_writer_uses_it(tmp_path, monkeypatch):
@@ -1040,3 +1040,55 @@ def test_deque_close_flushes_the_writer_it_wrote_to(priority):
     flushed = tb.flushed
     buf.close()
     assert tb.flushed > flushed and not tb.closed  # (a borrowed writer stays open)
+
+
+class _CallingBack:
+    """A user's writer whose ``add_scalar`` calls the buffer once (an early-stop hook closing it, or a sample)."""
+
+    def __init__(self, call):
+        self.call, self.buffer, self.done = call, None, threading.Event()
+
+    def add_scalar(self, tag, value, step):
+        if self.buffer is not None:
+            buffer, self.buffer = self.buffer, None
+            self.call(buffer)
+            self.done.set()
+
+    def flush(self):
+        pass
+
+
+@pytest.mark.parametrize('call', ['close', 'sample'])
+def test_a_writer_that_calls_back_into_the_buffer_does_not_deadlock(call):
+    """The sink held a non-re-entrant lock while it called the writer: a writer closing the buffer (or sampling from
+    it) hung the sample for good."""
+    writer = _CallingBack(lambda b: b.close() if call == 'close' else b.sample(1, cur_learner_iter=0))
+    cfg = dict(type='advanced', replay_buffer_size=8, seed=0, monitor=dict(sampled_data_attr=dict(print_freq=1)))
+    buf = create_buffer(cfg, tb_logger=writer)
+    buf.push([{'obs': i} for i in range(8)])
+    writer.buffer = buf
+    worker = threading.Thread(target=buf.sample, args=(2,), kwargs=dict(cur_learner_iter=0), daemon=True)
+    worker.start()
+    worker.join(20)
+    assert not worker.is_alive() and writer.done.is_set()
+    if call == 'close':
+        with pytest.raises(RuntimeError, match='closed'):
+            buf.push({'obs': 9})
+    else:
+        assert buf.push({'obs': 9}) == 1
+    buf.close()
+
+
+def test_a_periodic_report_whose_writer_closes_the_buffer_ends_its_thread():
+    """The monitor's thread, writing a report, closed the buffer: it joined itself (or waited on the sink's lock)
+    and stayed blocked after the buffer's close() returned."""
+    writer = _CallingBack(lambda b: b.close())
+    before = set(threading.enumerate())
+    buf = create_buffer(
+        dict(type='naive', replay_buffer_size=8, seed=0, periodic_thruput_seconds=0.1), tb_logger=writer
+    )
+    writer.buffer = buf
+    buf.push([{'obs': i} for i in range(8)])
+    assert writer.done.wait(20)
+    buf.close()
+    assert wait_until(lambda: set(threading.enumerate()) <= before, timeout=10)
