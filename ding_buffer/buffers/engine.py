@@ -32,7 +32,7 @@ import logging
 import threading
 import time
 import weakref
-from typing import Any, Callable, Dict, List, Mapping, Optional
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
 import numpy as np
 import torch
@@ -266,6 +266,7 @@ class Engine(IBuffer):
             names.append(f'refused_by_{self._capacity.name}')
         self._counters: Dict[str, int] = dict.fromkeys(list(COUNTERS) + [n for n in names if n not in COUNTERS], 0)
         self._due: Any = None  # monitor output computed under the lock, written after it
+        self._busy: Optional[Tuple[int, str]] = None  # (thread, verb) of a sample / state_dict running user code
         self._tb: Optional[TBSink] = None
         self._periodic: Optional[PeriodicThruputMonitor] = None
         self._last_use: Optional[np.ndarray] = None  # use counts after the last draw (last_sample_use)
@@ -496,6 +497,8 @@ class Engine(IBuffer):
         """
         if self._closed:  # (first, as every call; again under the lock below)
             self._check_open()
+        if self._busy is not None:
+            self._refuse_reentry('push')
         if type(cur_collector_envstep) is not int or not -STEP_LIMIT < cur_collector_envstep < STEP_LIMIT:
             cur_collector_envstep = check_step(cur_collector_envstep, 'cur_collector_envstep')
         if type(data) is not dict and type(data) is not list and is_tensordict(data):
@@ -591,6 +594,8 @@ class Engine(IBuffer):
         """A preset's own push: under the lock the table's ``prepare`` (None: nothing to write), then ``_write``;
         the monitors' output is written after the lock is released."""
         self._check_open()
+        if self._busy is not None:
+            self._refuse_reentry('push')
         cur_collector_envstep = check_step(cur_collector_envstep, 'cur_collector_envstep')
         with self._lock:
             if self._closed:
@@ -784,18 +789,21 @@ class Engine(IBuffer):
                 # user's sampler refuses is taken back (Python's ``random``, which an unseeded deque draws from:
                 # only where a user's part may fail)
                 rng, snapshot = self._rng.bit_generator.state, self._t.snapshot(self._fallible)
+                busy, self._busy = self._busy, (threading.get_ident(), 'sample')  # (the user's code runs below)
                 try:
                     drawn = draw(self._rng)
                     if type(drawn) is str:
                         self._rng.bit_generator.state = rng
                         self._t.restore_snapshot(snapshot)
                     out = self._drawn(self._shaped(drawn))
+                    if out is not None and finish is not None:
+                        out = finish(out, self._last_use)
                 except BaseException:
                     self._rng.bit_generator.state = rng
                     self._t.restore_snapshot(snapshot)
                     raise
-                if out is not None and finish is not None:
-                    out = finish(out, self._last_use)
+                finally:
+                    self._busy = busy
                 due, self._due = self._due, None
         finally:
             if deadline is not None:
@@ -875,6 +883,8 @@ class Engine(IBuffer):
         """Every ``update`` call, in one order (see ``update``): ``ask(info)`` is the table's answer (a preset's own
         ``update`` names the table's verb that answers it)."""
         self._check_open()  # first, as push: a closed buffer refuses even bad information
+        if self._busy is not None:
+            self._refuse_reentry('update')
         out = ask(info)
         if type(out) is dict or out is None:
             return out
@@ -882,6 +892,16 @@ class Engine(IBuffer):
             self._check_open()  # a closed buffer takes no new information, as it takes no data
             counts = out(self._spent)
             return None if counts is None else self._count_update(*counts)
+
+    def _refuse_reentry(self, verb: str) -> None:
+        """``RuntimeError`` for a call that would change the buffer from inside its own ``sample`` / ``state_dict``
+        on the same thread (a sampler, rule or copy hook of the user's): that call is half done, and a change under
+        it would hand out items no longer stored or save a torn state. Other threads wait for the lock."""
+        if self._busy[0] == threading.get_ident():
+            raise RuntimeError(
+                f"buffer '{self._instance_name}': {verb}() was called from inside its own {self._busy[1]}() (a "
+                f"sampler, rule or copy hook of yours) on the same thread; call it after {self._busy[1]}() returns"
+            )
 
     def _count_update(self, n: int, total: int, changed: Optional[np.ndarray] = None) -> Dict[str, int]:
         """An ``update`` applied ``n`` of ``total`` entries (the rest were stale; ``changed``: the slots whose
@@ -902,6 +922,8 @@ class Engine(IBuffer):
     def clear(self) -> None:
         """Remove every element (files of tracked items are deleted; each counts in ``remove_count``). Ids keep
         counting."""
+        if self._busy is not None:
+            self._refuse_reentry('clear')
         with self._lock:
             self._check_open()
             self._counters['remove_count'] += self.count()  # (a table deriving its own count overrides this one)
@@ -932,11 +954,15 @@ class Engine(IBuffer):
         with self._lock:
             if self._reseed_due:  # (a forked child's new seed, taken by whichever comes first: this or a draw)
                 self._reseed()
-            return {
-                'type': self.__class__.__name__,
-                **self._t.state(self._engine_state()),
-                'rng': copy.deepcopy(self._rng.bit_generator.state),
-            }
+            busy, self._busy = self._busy, (threading.get_ident(), 'state_dict')  # (copies run the user's code)
+            try:
+                return {
+                    'type': self.__class__.__name__,
+                    **self._t.state(self._engine_state()),
+                    'rng': copy.deepcopy(self._rng.bit_generator.state),
+                }
+            finally:
+                self._busy = busy
 
     def load_state_dict(self, state: Dict[str, Any], deepcopy: bool = False) -> None:
         """
@@ -950,6 +976,8 @@ class Engine(IBuffer):
         if type(deepcopy) is not bool:
             raise TypeError(f"deepcopy must be a bool, got {type(deepcopy).__name__} {deepcopy!r:.40}")
         self._check_open()  # close() released the storage (memmap files): a closed buffer takes no data
+        if self._busy is not None:
+            self._refuse_reentry('load_state_dict')
         if deepcopy:
             state = copy.deepcopy(dict(state))
         items = short_form(state)

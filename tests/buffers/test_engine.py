@@ -605,3 +605,55 @@ def test_a_saved_counter_that_is_not_a_count_is_refused_by_name(value):
     with pytest.raises(ValueError, match=r"counters\['push_items'\] must be an int >= 0"):
         buf.load_state_dict(state)
     assert_same(before, buf.state_dict())
+
+
+class _ClearingHook:
+    """A user sampler that clears its buffer (``target``) in the middle of a draw."""
+
+    target = None
+
+    def draw(self, rng, m, size, replace):
+        target, _ClearingHook.target = _ClearingHook.target, None
+        if target is not None:
+            target.clear()
+        return rng.choice(m, size=size, replace=replace)
+
+
+class _PushingHook:
+    """An item whose deep copy pushes into its buffer (``target``) once."""
+
+    target = None
+
+    def __deepcopy__(self, memo):
+        target, _PushingHook.target = _PushingHook.target, None
+        if target is not None:
+            target.push({'obs': 0})
+        return _PushingHook()
+
+
+def test_a_hook_that_changes_the_buffer_from_inside_its_own_call_is_refused():
+    """A sampler of the user's that cleared the buffer mid-draw made the sample hand out items no longer stored (and
+    counted their uses: the state no longer loaded); an item whose deepcopy pushed during state_dict() saved a torn
+    state. Such a call raises RuntimeError naming both calls, the outer call fails whole, and the state loads."""
+    from ding_buffer.control.samplers import SAMPLER_REGISTRY
+
+    SAMPLER_REGISTRY.register('test_clearing_hook', replace=True)(_ClearingHook)
+    cfg = dict(type='naive', replay_buffer_size=8, max_use=2, seed=0, sampler=dict(type='test_clearing_hook'))
+    buf = create_buffer(cfg)
+    buf.push([{'obs': i} for i in range(8)])
+    before = buf.state_dict()
+    _ClearingHook.target = buf
+    with pytest.raises(RuntimeError, match=r"clear\(\) was called from inside its own sample\(\)"):
+        buf.sample(4)
+    assert _ClearingHook.target is None and buf.count() == 8
+    assert_same(buf.state_dict(), before)
+    assert len(buf.sample(4)) == 4  # (the hook unarmed: a plain draw)
+    create_buffer(cfg).load_state_dict(buf.state_dict())
+
+    copying = create_buffer(dict(type='naive', replay_buffer_size=8, seed=0, deepcopy=True))
+    copying.push([{'obs': _PushingHook()}, {'obs': 1}])
+    _PushingHook.target = copying
+    with pytest.raises(RuntimeError, match=r"push\(\) was called from inside its own state_dict\(\)"):
+        copying.state_dict()
+    assert copying.count() == 2 and copying.stats()['push_items'] == 2
+    create_buffer(dict(type='naive', replay_buffer_size=8, seed=0)).load_state_dict(copying.state_dict())
