@@ -70,7 +70,7 @@ class ElasticReplayBuffer(NaiveReplayBuffer):
 
     def resize(self, size: int) -> None:
         """Sample among the newest ``size`` items from now on (stored items are kept)."""
-        self._update(self._t.resize, size)
+        self._update(self._t.resize, size, 'resize')
 
     def update(self, info: Any) -> Optional[Dict[str, int]]:
         """

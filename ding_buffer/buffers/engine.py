@@ -879,12 +879,12 @@ class Engine(IBuffer):
         ``(applied, total)`` it answers (``None``: nothing to count, the call returns None)."""
         return self._update(self._t.update, info)
 
-    def _update(self, ask: Callable[[Any], Any], info: Any) -> Optional[Dict[str, int]]:
+    def _update(self, ask: Callable[[Any], Any], info: Any, verb: str = 'update') -> Optional[Dict[str, int]]:
         """Every ``update`` call, in one order (see ``update``): ``ask(info)`` is the table's answer (a preset's own
         ``update`` names the table's verb that answers it)."""
         self._check_open()  # first, as push: a closed buffer refuses even bad information
         if self._busy is not None:
-            self._refuse_reentry('update')
+            self._refuse_reentry(verb)
         out = ask(info)
         if type(out) is dict or out is None:
             return out
@@ -897,10 +897,11 @@ class Engine(IBuffer):
         """``RuntimeError`` for a call that would change the buffer from inside its own ``sample`` / ``state_dict``
         on the same thread (a sampler, rule or copy hook of the user's): that call is half done, and a change under
         it would hand out items no longer stored or save a torn state. Other threads wait for the lock."""
-        if self._busy[0] == threading.get_ident():
+        busy = self._busy  # (read once: another thread's sample may end meanwhile and reset it)
+        if busy is not None and busy[0] == threading.get_ident():
             raise RuntimeError(
-                f"buffer '{self._instance_name}': {verb}() was called from inside its own {self._busy[1]}() (a "
-                f"sampler, rule or copy hook of yours) on the same thread; call it after {self._busy[1]}() returns"
+                f"buffer '{self._instance_name}': {verb}() was called from inside its own {busy[1]}() (a sampler, "
+                f"rule or copy hook of yours) on the same thread; call it after {busy[1]}() returns"
             )
 
     def _count_update(self, n: int, total: int, changed: Optional[np.ndarray] = None) -> Dict[str, int]:

@@ -436,7 +436,8 @@ def _as_int64(ids: List[int]) -> np.ndarray:
         return np.asarray(ids, dtype=np.int64)
     except OverflowError:
         bad = next(v for v in ids if not -(1 << 63) <= v < 1 << 63)
-        raise ValueError(f"'replay_unique_id' {bad} is beyond int64: no item has such an id") from None
+        shown = bad if bad.bit_length() < 300 else f'of {bad.bit_length()} bits'  # (Python prints 4300 digits at most)
+        raise ValueError(f"'replay_unique_id' {shown} is beyond int64: no item has such an id") from None
 
 
 def has_priorities(info: Any) -> bool:

@@ -969,6 +969,9 @@ def test_update_ids_longer_than_python_converts_are_named_or_stale(form):
     with pytest.raises(ValueError, match=r"'replay_unique_id' 1{20}\.\.\. \(5000 digits\) is beyond int64"):
         buf.update({'replay_unique_id': ones, 'replay_buffer_idx': [0, 1], 'priority': [2.0, 3.0]})
     assert_same(buf.state_dict(), before)
+    with pytest.raises(ValueError, match=r"'replay_unique_id' of 16610 bits is beyond int64"):  # (an int one)
+        buf.update({'replay_unique_id': form([0, 10**5000]), 'replay_buffer_idx': [0, 1], 'priority': [2.0, 3.0]})
+    assert_same(buf.state_dict(), before)
     zeros = form([f'{NAME}_0', f'{NAME}_' + '0' * 5000])
     out = buf.update({'replay_unique_id': zeros, 'replay_buffer_idx': [0, 1], 'priority': [2.0, 3.0]})
     assert out == {'updated': 1, 'stale': 1}

@@ -8,6 +8,7 @@ a call to its table; ``isinstance`` still follows DI-engine's and torchgfn's cla
 import ast
 import copy
 import inspect
+import sys
 import textwrap
 import threading
 import time
@@ -657,3 +658,57 @@ def test_a_hook_that_changes_the_buffer_from_inside_its_own_call_is_refused():
         copying.state_dict()
     assert copying.count() == 2 and copying.stats()['push_items'] == 2
     create_buffer(dict(type='naive', replay_buffer_size=8, seed=0)).load_state_dict(copying.state_dict())
+
+    class Resizing:  # elastic's resize is refused by its own name
+        def draw(self, rng, m, size, replace):
+            elastic.resize(2)
+
+    SAMPLER_REGISTRY.register('test_resizing_hook', replace=True)(Resizing)
+    elastic = create_buffer(dict(type='elastic', replay_buffer_size=8, seed=0, sampler=dict(type='test_resizing_hook')))
+    elastic.push([{'obs': i} for i in range(8)])
+    with pytest.raises(RuntimeError, match=r"resize\(\) was called from inside its own sample\(\)"):
+        elastic.sample(4)
+
+
+class _YieldingSampler:
+    """Lets other threads run in the middle of its draw (as any I/O would)."""
+
+    def draw(self, rng, m, size, replace):
+        time.sleep(0)
+        return rng.choice(m, size=size, replace=replace)
+
+
+def test_other_threads_are_never_refused_while_a_sample_runs_user_code():
+    """The re-entry check read the sampling thread's mark twice without the lock: another thread's push or update
+    could see it set, then find it reset, and raise a bare TypeError."""
+    from ding_buffer.control.samplers import SAMPLER_REGISTRY
+
+    SAMPLER_REGISTRY.register('test_yielding', replace=True)(_YieldingSampler)
+    buf = create_buffer(dict(type='naive', replay_buffer_size=64, seed=0, sampler=dict(type='test_yielding')))
+    buf.push([{'obs': i} for i in range(64)])
+    stop, errors = threading.Event(), []
+
+    def loop(call):
+        while not stop.is_set():
+            try:
+                call()
+            except Exception as e:  # noqa: BLE001 (any error is the failure)
+                errors.append(repr(e))
+                return
+
+    calls = (
+        [lambda: buf.sample(2)] * 2 + [lambda: buf.push({'obs': 0})] * 2 + [lambda: buf.update({'priority': []})] * 2
+    )
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # (frequent switches: the window is easy to hit)
+    try:
+        threads = [threading.Thread(target=loop, args=(c,), daemon=True) for c in calls]
+        for t in threads:
+            t.start()
+        time.sleep(1.5)
+        stop.set()
+        for t in threads:
+            t.join(10)
+    finally:
+        sys.setswitchinterval(switch)
+    assert not errors and not any(t.is_alive() for t in threads)
