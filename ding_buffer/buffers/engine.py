@@ -923,8 +923,7 @@ class Engine(IBuffer):
     def clear(self) -> None:
         """Remove every element (files of tracked items are deleted; each counts in ``remove_count``). Ids keep
         counting."""
-        if self._busy is not None:
-            self._refuse_reentry('clear')
+        self._refuse_reentry('clear')
         with self._lock:
             self._check_open()
             self._counters['remove_count'] += self.count()  # (a table deriving its own count overrides this one)
@@ -977,8 +976,7 @@ class Engine(IBuffer):
         if type(deepcopy) is not bool:
             raise TypeError(f"deepcopy must be a bool, got {type(deepcopy).__name__} {deepcopy!r:.40}")
         self._check_open()  # close() released the storage (memmap files): a closed buffer takes no data
-        if self._busy is not None:
-            self._refuse_reentry('load_state_dict')
+        self._refuse_reentry('load_state_dict')
         if deepcopy:
             state = copy.deepcopy(dict(state))
         items = short_form(state)
