@@ -82,7 +82,7 @@ def real_numbers(values: Any, key: str = 'priority') -> np.ndarray:
                 raise TypeError(f"'{key}' must be real numbers; entry {i} is {type(v).__name__} {v!r:.40}")
             if isinstance(v, int) and abs(v) > MAX_PRIORITY:
                 raise ValueError(
-                    f"'{key}' must be finite in float32 (<= {MAX_PRIORITY:.4g}); entry {i} is an int "
+                    f"'{key}' must be finite in float32 (<= {MAX_PRIORITY!r}); entry {i} is an int "
                     f"of {len(str(abs(v)))} digits"
                 )
     arr = raw if type(raw) is np.ndarray else np.asarray(raw)
@@ -107,7 +107,7 @@ def as_priorities(values: Any, key: str = 'priority', one_each: bool = False) ->
     if bad.any():
         i = int(np.flatnonzero(bad)[0])
         raise ValueError(
-            f"'{key}' must be finite in float32 (<= {MAX_PRIORITY:.4g}) and >= 0; entry {i} is {arr[i]} "
+            f"'{key}' must be finite in float32 (<= {MAX_PRIORITY!r}) and >= 0; entry {i} is {arr[i]} "
             f"(nothing was changed)"
         )
     return arr
@@ -312,13 +312,12 @@ class PriorityIndex:
             return None
         if not ring.derived_ids:  # the kernel derived the ids from the slots; a free-list index stores them
             ids = ring.uids(slots)
-        weights = leaf / low
-        np.power(weights, -beta, out=weights)
+        weights = np.divide(low, leaf)  # (leaf / low) ** -beta, as (low / leaf) ** beta: in (0, 1], no overflow
+        np.power(weights, beta, out=weights)
         return slots, weights, from_leaves(leaf, self.alpha, out=leaf), use, ids
 
     def is_weights(self, slots: np.ndarray, beta: float) -> np.ndarray:
-        leaf = self.tree.leaves[slots]
-        return np.power(leaf / self.tree.min_leaf(), -beta)
+        return np.power(self.tree.min_leaf() / self.tree.leaves[slots], beta)
 
     # ------------------------------------------------------------------ persistence
     def state_dict(self) -> Dict[str, Any]:
@@ -360,8 +359,10 @@ class PriorityIndex:
             new._priority[:] = priority
         if self.alpha:  # each priority is saved twice, once as its leaf: they must agree (the leaf is what samples)
             if new._priority is not None:  # the column is the priority: its leaf is priority ** alpha (a leaf
-                # cannot give the priority back to float32 at a tiny alpha; at 1e-18 every leaf > 0 is 1.0)
-                off = ~np.isclose(leaves, np.power(priority.astype(np.float64), self.alpha), rtol=1e-9, atol=0)
+                # cannot give the priority back to float32 at a tiny alpha; at 1e-18 every leaf > 0 is 1.0) of the
+                # pushed value, which float32 kept to within one step (a priority below its smallest is kept as 0)
+                lo, hi = (np.nextafter(priority, np.float32(x)).astype(np.float64) for x in (0, np.inf))
+                off = ~((leaves >= lo**self.alpha * (1 - 1e-9)) & (leaves <= hi**self.alpha * (1 + 1e-9)))
             else:  # two float32 ulps
                 off = ~np.isclose(from_leaves(leaves, self.alpha), priority, rtol=3e-7, atol=0)
             if off.any():

@@ -20,6 +20,7 @@ import math
 import queue
 import threading
 import time
+import warnings
 
 import numpy as np
 import pytest
@@ -2152,3 +2153,43 @@ def test_why_not_sample_names_priorities_that_are_all_zero_as_sample_refuses_the
     mix.push([{'obs': i, 'priority': 0.0} for i in range(4)], member='online')
     assert mix.sample(4) is None
     assert mix.stats()['offline.sample_calls'] == 0  # all or nothing: no member drew
+
+
+@pytest.mark.parametrize('storage', STORAGES)
+def test_priorities_float32_cannot_hold_round_trip_at_a_tiny_alpha(storage):
+    """At alpha below 1e-6 the priority is kept as a float32 column beside its leaf: a priority float32 rounds
+    (1e-45, or 1e-300 to 0) left a leaf the load check said disagreed with it, so the buffer's own state_dict and
+    save_data no longer loaded."""
+    buf = make(storage, size=8, alpha=1e-7, eps=0.0)
+    buf.push([item(i, priority=p) for i, p in enumerate([1e-300, 1e-45, 5e-324, 1.0])])
+    buf.update({'replay_unique_id': [f'{NAME}_3'], 'replay_buffer_idx': [3], 'priority': [1e-301]})
+    again = make(storage, size=8, alpha=1e-7, eps=0.0)
+    again.load_state_dict(buf.state_dict())
+    assert_same(again.state_dict(), buf.state_dict())
+    assert_same(again.sample(4, 0), buf.sample(4, 0))
+    damaged = buf.state_dict()
+    damaged['index']['priority'][1] = 2.0  # (one priority that its leaf does not stand for)
+    with pytest.raises(ValueError, match="saved 'priority' 2 at slot 1 disagrees with its leaf"):
+        make(storage, size=8, alpha=1e-7, eps=0.0).load_state_dict(damaged)
+
+
+@pytest.mark.parametrize('storage', STORAGES)
+def test_an_extreme_priority_ratio_gives_is_weights_without_warnings(storage):
+    """(leaf / min leaf) overflowed past 1.8e308 (alpha 1, priorities 5e-324 and 1): every sample warned, and under
+    warnings-as-errors failed after counting its draw. The weights are computed as (min / leaf) ** beta now."""
+    buf = make(storage, size=8, alpha=1.0)
+    buf.push([item(0, priority=5e-324)] + [item(i, priority=1.0) for i in (1, 2, 3)])
+    with warnings.catch_warnings():
+        warnings.simplefilter('error')
+        batches = [buf.sample(4, 0) for _ in range(16)]
+    weights = np.asarray(
+        [float(w) for b in batches for w in (b['IS'] if storage == 'tensor' else [d['IS'] for d in b])]
+    )
+    assert np.isfinite(weights).all() and (weights >= 0).all() and (weights <= 1).all()
+
+
+def test_a_priority_just_above_float32s_max_is_refused_naming_the_exact_bound():
+    buf = make('list', size=8)
+    push_ids(buf, [0])
+    with pytest.raises(ValueError, match=r"<= 3\.4028234663852886e\+38\) and >= 0; entry 0 is 3\.402823466385289e\+38"):
+        buf.update({'replay_unique_id': [f'{NAME}_0'], 'replay_buffer_idx': [0], 'priority': [3.402823466385289e38]})
