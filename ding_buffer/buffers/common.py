@@ -34,6 +34,41 @@ def restored_rng(state: Mapping) -> np.random.Generator:
 ENGINE_KEYS = frozenset({'counters', 'thruput', 'envstep', 'use'})  # what the engine keeps in a state
 
 
+class CallMarks:
+    """
+    Overview:
+        Which of a buffer's calls that run the user's code (a sample's samplers and rules, a state_dict's copies) each
+        thread is inside: from there a call that changes the same buffer (``refuse``) would act on a call half
+        done -- hand out items no longer stored, save a torn state -- so it is a ``RuntimeError`` naming both.
+        Other threads are never refused (they wait for the buffer's lock). ``count`` is how many calls are marked
+        now, so a hot path reads one int unless one is.
+    """
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.count = 0
+        self._local = threading.local()
+
+    def mark(self, verb: str) -> Optional[str]:
+        """Under the buffer's lock: this thread's ``verb`` runs the user's code from now on; ``unmark`` with the
+        answer."""
+        marked, self._local.verb = getattr(self._local, 'verb', None), verb
+        self.count += 1
+        return marked
+
+    def unmark(self, marked: Optional[str]) -> None:
+        self._local.verb = marked
+        self.count -= 1
+
+    def refuse(self, verb: str) -> None:
+        inside = getattr(self._local, 'verb', None)
+        if inside is not None:
+            raise RuntimeError(
+                f"buffer '{self.name}': {verb}() was called from inside its own {inside}() (a sampler, rule or copy "
+                f"hook of yours) on the same thread; call it after {inside}() returns"
+            )
+
+
 def short_form(state: Mapping) -> Optional[List[Any]]:
     """The items of DI-engine's ``{'data': [items]}`` (a ``load_state_dict`` that pushes them), or None for any other
     state; ``TypeError`` for a ``data`` that is no list of items."""

@@ -32,7 +32,7 @@ import logging
 import threading
 import time
 import weakref
-from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional
 
 import numpy as np
 import torch
@@ -62,6 +62,7 @@ from ..storage.tensordict_io import check_batched, is_tensordict, to_tensordict
 from .common import (
     LOCK_GRACE,
     STEP_LIMIT,
+    CallMarks,
     check_instance_name,
     check_size,
     check_state_type,
@@ -266,7 +267,7 @@ class Engine(IBuffer):
             names.append(f'refused_by_{self._capacity.name}')
         self._counters: Dict[str, int] = dict.fromkeys(list(COUNTERS) + [n for n in names if n not in COUNTERS], 0)
         self._due: Any = None  # monitor output computed under the lock, written after it
-        self._busy: Optional[Tuple[int, str]] = None  # (thread, verb) of a sample / state_dict running user code
+        self._calls = CallMarks(self._instance_name)  # the calls that run the user's code, each thread's
         self._tb: Optional[TBSink] = None
         self._periodic: Optional[PeriodicThruputMonitor] = None
         self._last_use: Optional[np.ndarray] = None  # use counts after the last draw (last_sample_use)
@@ -497,8 +498,8 @@ class Engine(IBuffer):
         """
         if self._closed:  # (first, as every call; again under the lock below)
             self._check_open()
-        if self._busy is not None:
-            self._refuse_reentry('push')
+        if self._calls.count:
+            self._calls.refuse('push')
         if type(cur_collector_envstep) is not int or not -STEP_LIMIT < cur_collector_envstep < STEP_LIMIT:
             cur_collector_envstep = check_step(cur_collector_envstep, 'cur_collector_envstep')
         if type(data) is not dict and type(data) is not list and is_tensordict(data):
@@ -594,8 +595,8 @@ class Engine(IBuffer):
         """A preset's own push: under the lock the table's ``prepare`` (None: nothing to write), then ``_write``;
         the monitors' output is written after the lock is released."""
         self._check_open()
-        if self._busy is not None:
-            self._refuse_reentry('push')
+        if self._calls.count:
+            self._calls.refuse('push')
         cur_collector_envstep = check_step(cur_collector_envstep, 'cur_collector_envstep')
         with self._lock:
             if self._closed:
@@ -713,14 +714,25 @@ class Engine(IBuffer):
         return short or limit  # an empty buffer: the table's reason says it
 
     def _ready(
-        self, size: int, cur_learner_iter: int, shortfall: Any, timeout: Any, deadline: Optional[float] = None
+        self,
+        size: int,
+        cur_learner_iter: int,
+        shortfall: Any,
+        timeout: Any,
+        deadline: Optional[float] = None,
+        verb: str = 'sample',
     ) -> str:
         """Under the lock: why a draw of ``size`` would return nothing now ('' when it would draw), after the
-        removal rules that are due ran; with ``timeout``, waits for it until ``deadline`` (``SampleTimeoutError``)."""
-        if timeout is None:
-            return self._why_not(size, cur_learner_iter, shortfall)
-        why_not = lambda: self._why_not(size, cur_learner_iter, shortfall)  # noqa: E731
-        return self._limiter.wait(why_not, timeout, self._t.wait_what(size), self._check_open, deadline)
+        removal rules that are due ran (marked as ``verb``: they are the user's code); with ``timeout``, waits for it
+        until ``deadline`` (``SampleTimeoutError``)."""
+        marked = self._calls.mark(verb)
+        try:
+            if timeout is None:
+                return self._why_not(size, cur_learner_iter, shortfall)
+            why_not = lambda: self._why_not(size, cur_learner_iter, shortfall)  # noqa: E731
+            return self._limiter.wait(why_not, timeout, self._t.wait_what(size), self._check_open, deadline)
+        finally:
+            self._calls.unmark(marked)
 
     def why_not_sample(self, size: int, cur_learner_iter: int = -1, timeout: Optional[float] = None) -> str:
         """
@@ -739,7 +751,7 @@ class Engine(IBuffer):
         try:
             with self._lock:
                 self._check_open()
-                return self._ready(size, cur_learner_iter, shortfall, timeout, deadline)
+                return self._ready(size, cur_learner_iter, shortfall, timeout, deadline, 'why_not_sample')
         finally:
             if deadline is not None:
                 self._lock.release()
@@ -780,7 +792,7 @@ class Engine(IBuffer):
                 if self._periodic is not None:  # (before anything counts: a buffer only sampled, e.g. loaded, too)
                     self._periodic.start()
                 first = self._rules or self._limiter.checks or timeout is not None  # else the draw refuses by itself
-                why = self._ready(size, cur_learner_iter, shortfall, timeout, deadline) if first else ''
+                why = self._ready(size, cur_learner_iter, shortfall, timeout, deadline, 'sample') if first else ''
                 if why:
                     return self._refuse(why)
                 if self._reseed_due:  # (a forked child's first draw)
@@ -789,7 +801,7 @@ class Engine(IBuffer):
                 # user's sampler refuses is taken back (Python's ``random``, which an unseeded deque draws from:
                 # only where a user's part may fail)
                 rng, snapshot = self._rng.bit_generator.state, self._t.snapshot(self._fallible)
-                busy, self._busy = self._busy, (threading.get_ident(), 'sample')  # (the user's code runs below)
+                marked = self._calls.mark('sample')  # (the user's code runs below)
                 try:
                     drawn = draw(self._rng)
                     if type(drawn) is str:
@@ -803,7 +815,7 @@ class Engine(IBuffer):
                     self._t.restore_snapshot(snapshot)
                     raise
                 finally:
-                    self._busy = busy
+                    self._calls.unmark(marked)
                 due, self._due = self._due, None
         finally:
             if deadline is not None:
@@ -883,8 +895,8 @@ class Engine(IBuffer):
         """Every ``update`` call, in one order (see ``update``): ``ask(info)`` is the table's answer (a preset's own
         ``update`` names the table's verb that answers it)."""
         self._check_open()  # first, as push: a closed buffer refuses even bad information
-        if self._busy is not None:
-            self._refuse_reentry(verb)
+        if self._calls.count:
+            self._calls.refuse(verb)
         out = ask(info)
         if type(out) is dict or out is None:
             return out
@@ -892,17 +904,6 @@ class Engine(IBuffer):
             self._check_open()  # a closed buffer takes no new information, as it takes no data
             counts = out(self._spent)
             return None if counts is None else self._count_update(*counts)
-
-    def _refuse_reentry(self, verb: str) -> None:
-        """``RuntimeError`` for a call that would change the buffer from inside its own ``sample`` / ``state_dict``
-        on the same thread (a sampler, rule or copy hook of the user's): that call is half done, and a change under
-        it would hand out items no longer stored or save a torn state. Other threads wait for the lock."""
-        busy = self._busy  # (read once: another thread's sample may end meanwhile and reset it)
-        if busy is not None and busy[0] == threading.get_ident():
-            raise RuntimeError(
-                f"buffer '{self._instance_name}': {verb}() was called from inside its own {busy[1]}() (a sampler, "
-                f"rule or copy hook of yours) on the same thread; call it after {busy[1]}() returns"
-            )
 
     def _count_update(self, n: int, total: int, changed: Optional[np.ndarray] = None) -> Dict[str, int]:
         """An ``update`` applied ``n`` of ``total`` entries (the rest were stale; ``changed``: the slots whose
@@ -923,7 +924,7 @@ class Engine(IBuffer):
     def clear(self) -> None:
         """Remove every element (files of tracked items are deleted; each counts in ``remove_count``). Ids keep
         counting."""
-        self._refuse_reentry('clear')
+        self._calls.refuse('clear')
         with self._lock:
             self._check_open()
             self._counters['remove_count'] += self.count()  # (a table deriving its own count overrides this one)
@@ -954,7 +955,7 @@ class Engine(IBuffer):
         with self._lock:
             if self._reseed_due:  # (a forked child's new seed, taken by whichever comes first: this or a draw)
                 self._reseed()
-            busy, self._busy = self._busy, (threading.get_ident(), 'state_dict')  # (copies run the user's code)
+            marked = self._calls.mark('state_dict')  # (copies run the user's code)
             try:
                 return {
                     'type': self.__class__.__name__,
@@ -962,7 +963,7 @@ class Engine(IBuffer):
                     'rng': copy.deepcopy(self._rng.bit_generator.state),
                 }
             finally:
-                self._busy = busy
+                self._calls.unmark(marked)
 
     def load_state_dict(self, state: Dict[str, Any], deepcopy: bool = False) -> None:
         """
@@ -976,7 +977,7 @@ class Engine(IBuffer):
         if type(deepcopy) is not bool:
             raise TypeError(f"deepcopy must be a bool, got {type(deepcopy).__name__} {deepcopy!r:.40}")
         self._check_open()  # close() released the storage (memmap files): a closed buffer takes no data
-        self._refuse_reentry('load_state_dict')
+        self._calls.refuse('load_state_dict')
         if deepcopy:
             state = copy.deepcopy(dict(state))
         items = short_form(state)

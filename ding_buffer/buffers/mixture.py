@@ -35,6 +35,7 @@ from ..storage.tensordict_io import is_tensordict, to_plain, to_tensordict, upda
 from .advanced import AdvancedReplayBuffer
 from .common import (
     LOCK_GRACE,
+    CallMarks,
     check_instance_name,
     check_size,
     check_state_type,
@@ -362,6 +363,7 @@ class MixtureReplayBuffer(IBuffer):
         check_instance_name(instance_name)
         self._cfg = mixture_config(cfg)
         self._instance_name = instance_name
+        self._calls = CallMarks(instance_name)  # the calls that run the members' (and the user's) code, each thread's
         self._names = tuple(self._cfg.members)
         self._push_to = self._cfg.push_to or self._names[-1]
         self._key = self._cfg.member_key
@@ -451,6 +453,7 @@ class MixtureReplayBuffer(IBuffer):
         self, data: Any, cur_collector_envstep: int = -1, member: Optional[str] = None, batched: bool = False
     ) -> int:
         """Push to ``member`` (default: ``push_to``), as that member's ``push`` does; returns how many were stored."""
+        self._calls.refuse('push')
         target = self._member(member)
         self._check_fields(data, target)
         if batched:
@@ -459,6 +462,7 @@ class MixtureReplayBuffer(IBuffer):
 
     def extend(self, batch: Any, cur_collector_envstep: int = -1, member: Optional[str] = None) -> int:
         """``extend`` on ``member`` (default: ``push_to``)."""
+        self._calls.refuse('extend')
         target = self._member(member)
         self._check_fields(batch, target)
         return target.extend(batch, cur_collector_envstep)
@@ -531,6 +535,7 @@ class MixtureReplayBuffer(IBuffer):
             left = None if deadline is None else max(LOCK_GRACE, deadline - time.monotonic())
             if not locks.acquire(timeout=-1 if left is None else left):
                 raise SampleTimeoutError(f"mixture: no sample of {size} within {timeout}s: another call held a member")
+            marked = self._calls.mark('sample' if draw else 'why_not_sample')  # (the members' rules run below)
             try:
                 with self._lock:
                     self._check_open()  # close() ends a wait
@@ -550,6 +555,7 @@ class MixtureReplayBuffer(IBuffer):
                 if ready:
                     return out if draw else ''
             finally:
+                self._calls.unmark(marked)
                 locks.release()
             reason = '; '.join(why) or 'every member is empty'
             left = None if deadline is None else deadline - time.monotonic()
@@ -672,6 +678,7 @@ class MixtureReplayBuffer(IBuffer):
             - result (:obj:`dict`): ``{'updated': n, 'stale': m}`` summed over the members.
         """
         self._check_open()
+        self._calls.refuse('update')
         if type(info) is not dict and is_tensordict(info):
             info = update_info(info)
         if not isinstance(info, Mapping):
@@ -740,6 +747,7 @@ class MixtureReplayBuffer(IBuffer):
     def clear(self) -> None:
         """Clear every member (as one step: every member's lock held)."""
         self._check_open()
+        self._calls.refuse('clear')
         with self.lock:
             self._check_open()  # (a close() that began meanwhile: no member is cleared)
             for b in self._members.values():
@@ -765,7 +773,11 @@ class MixtureReplayBuffer(IBuffer):
                 if self._reseed_due:  # (a forked child's new seed, taken by whichever comes first: this or a draw)
                     self._reseed()
                 own = {'rng': dict(self._rng.bit_generator.state), 'counters': dict(self._counters)}
-            members = {n: b.state_dict() for n, b in self._members.items()}
+            marked = self._calls.mark('state_dict')  # (the members' copies run the user's code)
+            try:
+                members = {n: b.state_dict() for n, b in self._members.items()}
+            finally:
+                self._calls.unmark(marked)
         return {'type': type(self).__name__, 'members': members, **own}
 
     def load_state_dict(self, state: Dict[str, Any], deepcopy: bool = False) -> None:
@@ -774,6 +786,7 @@ class MixtureReplayBuffer(IBuffer):
         pushes the items to ``push_to``, as DI-engine's form does on every buffer."""
         if not isinstance(state, Mapping):
             raise TypeError(f"state must be a dict, got {type(state).__name__}")
+        self._calls.refuse('load_state_dict')
         if type(deepcopy) is not bool:
             raise TypeError(f"deepcopy must be a bool, got {type(deepcopy).__name__} {deepcopy!r:.40}")
         self._check_open()

@@ -361,7 +361,8 @@ class PriorityIndex:
             if new._priority is not None:  # the column is the priority: its leaf is priority ** alpha (a leaf
                 # cannot give the priority back to float32 at a tiny alpha; at 1e-18 every leaf > 0 is 1.0) of the
                 # pushed value, which float32 kept to within one step (a priority below its smallest is kept as 0)
-                lo, hi = (np.nextafter(priority, np.float32(x)).astype(np.float64) for x in (0, np.inf))
+                with np.errstate(over='ignore'):  # (the step above float32's max is inf)
+                    lo, hi = (np.nextafter(priority, np.float32(x)).astype(np.float64) for x in (0, np.inf))
                 off = ~((leaves >= lo**self.alpha * (1 - 1e-9)) & (leaves <= hi**self.alpha * (1 + 1e-9)))
             else:  # two float32 ulps
                 off = ~np.isclose(from_leaves(leaves, self.alpha), priority, rtol=3e-7, atol=0)

@@ -39,7 +39,7 @@ import copy
 import logging
 import os
 import zlib
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -421,7 +421,9 @@ class ShardedBuffer:
     def load_state_dict(self, state: Dict[str, Any], deepcopy: bool = False) -> None:
         """All or nothing: a shard that refuses its state puts the shards loaded before it back. ``{'data': [...]}``
         alone pushes the items, as DI-engine's form does on every buffer."""
-        items = short_form(state) if isinstance(state, dict) else None
+        if type(deepcopy) is not bool:
+            raise TypeError(f"deepcopy must be a bool, got {type(deepcopy).__name__} {deepcopy!r:.40}")
+        items = short_form(state) if isinstance(state, Mapping) else None
         if items is not None:
             self.push(copy.deepcopy(items) if deepcopy else items)
             return

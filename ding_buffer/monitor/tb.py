@@ -86,9 +86,11 @@ def writer_closed(tb: Any) -> bool:
 class TBSink:
     """
     Overview:
-        The one way a buffer writes TensorBoard: ``add_scalar`` / ``flush`` / ``close`` under a lock of its own
-        (never the buffer's), so a write racing the buffer's ``close()`` in another thread either happens before
-        the writer closes or not at all -- no ``OSError('Writer is closed')``. A borrowed writer (``owned``
+        The one way a buffer writes TensorBoard: ``add_scalar`` / ``flush`` / ``close`` keep a lock of their own
+        (never the buffer's), and ``close`` waits for the writes under way, so a write racing the buffer's
+        ``close()`` in another thread either happens before the writer closes or not at all -- no
+        ``OSError('Writer is closed')``. The writer itself is called without that lock: a writer may read or close
+        its buffer, from any thread. A borrowed writer (``owned``
         False) is never closed here, and a write after its owner closed it -- or that its owner's ``close()``
         overtook -- is dropped (logged at DEBUG) instead of opening a second event file or raising. Any other failing
         write is logged as a warning, never raised: the call it follows is done.
@@ -113,6 +115,11 @@ class TBSink:
         self.writer = writer
         self.owned = owned
         self._lock = forks.lock()  # re-entrant: a writer's own code may close the buffer, or sample from it
+        # the writer is called without the lock (a writer that reads its buffer from a report's thread would wait
+        # for the buffer's lock, which a thread waiting here may hold): close waits for the writes under way
+        self._idle = threading.Condition(self._lock)
+        self._writing = 0
+        self._mine = threading.local()  # this thread's writes under way (a writer closing its buffer is one)
         self._closed = False
         self._failed = False
         forks.tell_children(self)
@@ -131,19 +138,27 @@ class TBSink:
         with self._lock:
             if not self._usable():
                 return
-            try:
-                self.writer.add_scalar(tag, value, step)
-            except Exception as e:
-                # the owner closed a borrowed writer under this write (its close is not ours to lock out); torch's
-                # close() shuts the file writers before it marks the SummaryWriter closed, so the message counts too
-                if not self.owned and (writer_closed(self.writer) or 'closed' in str(e).lower()):
-                    logging.getLogger('ding_buffer').debug('TensorBoard writer closed by its owner during a write')
-                    return
-                # any other failure (a full disk) is logged: the push or sample it follows is already done, and a
-                # raise would report a call that changed the buffer as failed (its batch lost)
-                level = logging.DEBUG if self._failed else logging.WARNING  # (a full disk: once, not every write)
-                self._failed = True
-                logging.getLogger('ding_buffer').log(level, 'TensorBoard write of %r failed: %r', tag, e)
+            self._writing += 1
+        mine = getattr(self._mine, 'n', 0)
+        self._mine.n = mine + 1
+        try:
+            self.writer.add_scalar(tag, value, step)
+        except Exception as e:
+            # the owner closed a borrowed writer under this write (its close is not ours to lock out); torch's
+            # close() shuts the file writers before it marks the SummaryWriter closed, so the message counts too
+            if not self.owned and (writer_closed(self.writer) or 'closed' in str(e).lower()):
+                logging.getLogger('ding_buffer').debug('TensorBoard writer closed by its owner during a write')
+                return
+            # any other failure (a full disk) is logged: the push or sample it follows is already done, and a
+            # raise would report a call that changed the buffer as failed (its batch lost)
+            level = logging.DEBUG if self._failed else logging.WARNING  # (a full disk: once, not every write)
+            self._failed = True
+            logging.getLogger('ding_buffer').log(level, 'TensorBoard write of %r failed: %r', tag, e)
+        finally:
+            self._mine.n = mine
+            with self._lock:
+                self._writing -= 1
+                self._idle.notify_all()
 
     def flush(self) -> None:
         with self._lock:
@@ -159,6 +174,8 @@ class TBSink:
             self._closed = True
             if not usable:
                 return
+            mine = getattr(self._mine, 'n', 0)  # (this thread's own write waits for this close, not the reverse)
+            self._idle.wait_for(lambda: self._writing <= mine, timeout=WRITER_WAIT_S)
             bounded(self._end_writer, 'close')
 
     def _end_writer(self) -> None:

@@ -8,6 +8,7 @@ a call to its table; ``isinstance`` still follows DI-engine's and torchgfn's cla
 import ast
 import copy
 import inspect
+import os
 import sys
 import textwrap
 import threading
@@ -712,3 +713,69 @@ def test_other_threads_are_never_refused_while_a_sample_runs_user_code():
     finally:
         sys.setswitchinterval(switch)
     assert not errors and not any(t.is_alive() for t in threads)
+
+
+class _ClearingRule:
+    """A remover whose ``before_sample`` clears its buffer (``target``) once."""
+
+    target = None
+
+    def before_sample(self, table, cur_learner_iter):
+        target, _ClearingRule.target = _ClearingRule.target, None
+        if target is not None:
+            target.clear()
+        return np.empty(0, dtype=np.int64)
+
+
+def test_a_rule_that_changes_the_buffer_before_the_draw_is_refused_too():
+    """The mark was set only around the draw: a remover's before_sample (run first, by sample and why_not_sample)
+    could clear or push, and the engine then removed what another rule had named -- the item just pushed."""
+    from ding_buffer.control.limits import REMOVER_REGISTRY, Remover
+
+    REMOVER_REGISTRY.register('test_clearing_rule', replace=True)(type('R', (_ClearingRule, Remover), {}))
+    buf = create_buffer(dict(type='naive', replay_buffer_size=8, seed=0, removers=[dict(type='test_clearing_rule')]))
+    buf.push([{'obs': i} for i in range(4)])
+    before = buf.state_dict()
+    for call in (lambda: buf.sample(2), lambda: buf.why_not_sample(2)):
+        _ClearingRule.target = buf
+        with pytest.raises(RuntimeError, match=r"clear\(\) was called from inside its own (sample|why_not_sample)\(\)"):
+            call()
+        assert_same(buf.state_dict(), before)
+
+
+@pytest.mark.skipif(not hasattr(os, 'fork'), reason='needs fork')
+def test_a_fork_during_another_threads_sample_leaves_the_child_free_to_push():
+    """The mark of a thread inside a sample survived a fork; a child thread given the same ident was refused every
+    push. Marks are per thread now: the child's threads start unmarked."""
+    entered, release = threading.Event(), threading.Event()
+
+    class Waiting:
+        def draw(self, rng, m, size, replace):
+            entered.set()
+            release.wait(10)
+            return rng.choice(m, size=size, replace=replace)
+
+    from ding_buffer.control.samplers import SAMPLER_REGISTRY
+
+    SAMPLER_REGISTRY.register('test_waiting_sampler', replace=True)(Waiting)
+    buf = create_buffer(dict(type='naive', replay_buffer_size=8, seed=0, sampler=dict(type='test_waiting_sampler')))
+    buf.push([{'obs': i} for i in range(4)])
+    sampler = threading.Thread(target=buf.sample, args=(2,), daemon=True)
+    sampler.start()
+    assert entered.wait(10)
+    pid = os.fork()
+    if pid == 0:  # the child: a new thread pushes (its lock is new; no sample runs here)
+        code = [1]
+
+        def push():
+            buf.push({'obs': 9})
+            code[0] = 0
+
+        worker = threading.Thread(target=push)
+        worker.start()
+        worker.join(10)
+        os._exit(code[0])
+    release.set()
+    sampler.join(10)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0

@@ -534,6 +534,31 @@ def test_dingengines_short_state_form_pushes_to_push_to_and_a_state_without_type
     buf.close()
 
 
+@SAMPLER_REGISTRY.register('test_mix_clears_its_mixture')
+class _ClearsItsMixture:
+    """A member's sampler that calls its mixture (``target``) once."""
+
+    target = None
+
+    def draw(self, rng, m, size, replace):
+        target, _ClearsItsMixture.target = _ClearsItsMixture.target, None
+        if target is not None:
+            target.clear()
+        return rng.integers(0, m, size)
+
+
+def test_a_members_hook_that_changes_the_mixture_is_refused_before_any_member_changes():
+    """A member's sampler clearing the mixture mid-sample: the members before the drawing one were cleared, then the
+    drawing member refused. The mixture refuses it first, nothing changed."""
+    buf = filled('list', n_off=4, n_on=4, online=dict(type='naive', sampler=dict(type='test_mix_clears_its_mixture')))
+    before = buf.state_dict()
+    _ClearsItsMixture.target = buf
+    with pytest.raises(RuntimeError, match=r"clear\(\) was called from inside its own sample\(\)"):
+        buf.sample(4)
+    assert_same(buf.state_dict(), before)
+    buf.close()
+
+
 def test_a_bad_priority_is_named_by_its_place_in_the_call():
     buf = mixture('tensor', weights=dict(offline=0.5, online=0.5), offline=dict(type='advanced'))
     buf.push(transitions(range(8), 'tensor'), member='offline')

@@ -5,6 +5,7 @@ trips that are all or nothing, and K Ray actors with one of them killed."""
 import os
 import sys
 import time
+import types
 import uuid
 
 import numpy as np
@@ -620,4 +621,8 @@ def test_dingengines_short_state_form_pushes_the_items_across_the_shards():
     assert sorted(buf.sample(6)['obs'][:, 0].tolist()) == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]
     with pytest.raises(TypeError, match="state 'data' must be a list of items"):
         buf.load_state_dict({'data': 'abc'})
+    with pytest.raises(TypeError, match='deepcopy must be a bool'):
+        buf.load_state_dict({'data': [item(7)]}, deepcopy='yes')
     assert buf.count() == 6
+    buf.load_state_dict(types.MappingProxyType({'data': [item(7)]}))
+    assert buf.count() == 7

@@ -1092,3 +1092,42 @@ def test_a_periodic_report_whose_writer_closes_the_buffer_ends_its_thread():
     assert writer.done.wait(20)
     buf.close()
     assert wait_until(lambda: set(threading.enumerate()) <= before, timeout=10)
+
+
+def test_a_writer_that_reads_its_buffer_from_the_report_thread_does_not_deadlock_a_locked_learner():
+    """The sink held its lock while calling the writer: a periodic report's writer reading the buffer (stats) waited
+    for the buffer's lock, which a learner held (``with buffer.lock:`` around why_not_sample + sample, as the docs
+    advise) while its own scalar waited for the sink's lock: both hung."""
+    main = threading.current_thread()
+    holder = {}
+
+    class Reading:
+        def add_scalar(self, tag, value, step):
+            if threading.current_thread() is not main and 'buf' in holder:
+                holder['buf'].stats()
+
+        def flush(self):
+            pass
+
+    cfg = dict(
+        type='advanced',
+        replay_buffer_size=64,
+        seed=0,
+        monitor=dict(sampled_data_attr=dict(average_range=5, print_freq=1), periodic_thruput=dict(seconds=0.01)),
+    )
+    buf = holder['buf'] = create_buffer(cfg, tb_logger=Reading())
+    buf.push([{'obs': i} for i in range(16)])
+    steps = [0]
+
+    def learner():
+        for i in range(600):
+            with buf.lock:
+                if buf.why_not_sample(2) == '':
+                    buf.sample(2, cur_learner_iter=i)
+            steps[0] += 1
+
+    worker = threading.Thread(target=learner, daemon=True)
+    worker.start()
+    worker.join(60)
+    assert not worker.is_alive() and steps[0] == 600
+    buf.close()
