@@ -746,6 +746,7 @@ class Engine(IBuffer):
         cur_learner_iter = check_step(cur_learner_iter, 'cur_learner_iter')
         timeout = check_wait_timeout(timeout)
         self._check_open()
+        self._calls.refuse('why_not_sample')
         shortfall = self._t.request(size).shortfall
         deadline = None if timeout is None else self._hold(timeout, size)
         try:
@@ -783,6 +784,8 @@ class Engine(IBuffer):
         check_size(size)
         if type(cur_learner_iter) is not int or not -STEP_LIMIT < cur_learner_iter < STEP_LIMIT:
             cur_learner_iter = check_step(cur_learner_iter, 'cur_learner_iter')
+        if self._calls.count:  # (a nested sample runs the removal rules: max_use would take items from under it)
+            self._calls.refuse('sample')
         timeout = check_wait_timeout(timeout)
         deadline = None if timeout is None else self._hold(timeout, size)  # (its wait for the lock counts too)
         try:

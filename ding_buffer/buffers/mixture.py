@@ -529,6 +529,7 @@ class MixtureReplayBuffer(IBuffer):
         check_step(cur_learner_iter, 'cur_learner_iter')
         timeout = check_wait_timeout(timeout)
         self._check_open()
+        self._calls.refuse('sample' if draw else 'why_not_sample')
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             locks = self.lock  # (a timeout bounds the wait for them too)

@@ -621,6 +621,18 @@ class _ClearingHook:
         return rng.choice(m, size=size, replace=replace)
 
 
+class _SamplingHook:
+    """A user sampler that samples its buffer (``target``) in the middle of a draw."""
+
+    target = None
+
+    def draw(self, rng, m, size, replace):
+        target, _SamplingHook.target = _SamplingHook.target, None
+        if target is not None:
+            target.sample(2)
+        return rng.choice(m, size=size, replace=replace)
+
+
 class _PushingHook:
     """An item whose deep copy pushes into its buffer (``target``) once."""
 
@@ -651,6 +663,17 @@ def test_a_hook_that_changes_the_buffer_from_inside_its_own_call_is_refused():
     assert_same(buf.state_dict(), before)
     assert len(buf.sample(4)) == 4  # (the hook unarmed: a plain draw)
     create_buffer(cfg).load_state_dict(buf.state_dict())
+
+    # a nested sample: under max_use its removal rules took items from under the outer draw (a bare IndexError
+    # after the buffer changed, or items handed out that were no longer stored)
+    SAMPLER_REGISTRY.register('test_sampling_hook', replace=True)(_SamplingHook)
+    nested = create_buffer(dict(cfg, sampler=dict(type='test_sampling_hook'), max_use=1))
+    nested.push([{'obs': i} for i in range(4)])
+    before = nested.state_dict()
+    _SamplingHook.target = nested
+    with pytest.raises(RuntimeError, match=r"sample\(\) was called from inside its own sample\(\)"):
+        nested.sample(2)
+    assert_same(nested.state_dict(), before)
 
     copying = create_buffer(dict(type='naive', replay_buffer_size=8, seed=0, deepcopy=True))
     copying.push([{'obs': _PushingHook()}, {'obs': 1}])
