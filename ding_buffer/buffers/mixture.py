@@ -563,15 +563,16 @@ class MixtureReplayBuffer(IBuffer):
             if left is not None and left <= 0:
                 raise SampleTimeoutError(f"mixture: no sample of {size} within {timeout}s: {reason}")
             if left is None:
-                if not draw:
-                    return reason
-                with self._lock:
-                    self._counters['refused_sample'] += 1
-                logging.getLogger(f'ding_buffer.{self._instance_name}').info(
-                    "[%s] refuse to sample: %s", self._instance_name, reason
-                )
-                return None
+                return self._refused(reason) if draw else reason
             self._wait_ready(shares, cur_learner_iter, deadline)
+
+    def _refused(self, reason: str) -> None:
+        """A sample refused (without a timeout to wait for one): counted and logged."""
+        with self._lock:
+            self._counters['refused_sample'] += 1
+        logging.getLogger(f'ding_buffer.{self._instance_name}').info(
+            "[%s] refuse to sample: %s", self._instance_name, reason
+        )
 
     def _may_fail(self, name: str) -> bool:
         return bool(getattr(self._members[name], 'sample_may_fail', True))
