@@ -69,6 +69,12 @@ class CallMarks:
             )
 
 
+def check_deepcopy(deepcopy: Any) -> None:
+    """``load_state_dict``'s ``deepcopy`` (DI-engine's argument) is a bool: ``TypeError`` otherwise."""
+    if type(deepcopy) is not bool:
+        raise TypeError(f"deepcopy must be a bool, got {type(deepcopy).__name__} {deepcopy!r:.40}")
+
+
 def short_form(state: Mapping) -> Optional[List[Any]]:
     """The items of DI-engine's ``{'data': [items]}`` (a ``load_state_dict`` that pushes them), or None for any other
     state; ``TypeError`` for a ``data`` that is no list of items."""

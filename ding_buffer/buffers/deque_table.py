@@ -158,13 +158,13 @@ class DequeVerbs:
         drop = self._dropped()
         weights = self.priority and self.deque_cfg.priority_IS_weight
         made = []
-        for d, item in zip(out, self._storage.gather(slots)):
-            if type(d) is not dict or not isinstance(item, Mapping) or is_tensordict(item):
-                made.append(_without(d, drop))
+        for drawn, item in zip(out, self._storage.gather(slots)):
+            if type(drawn) is not dict or not isinstance(item, Mapping) or is_tensordict(item):
+                made.append(_without(drawn, drop))
                 continue
-            d, was = {k: v for k, v in item.items() if not (self.priority and k == 'priority')}, d
+            d = {k: v for k, v in item.items() if not (self.priority and k == 'priority')}
             if weights:
-                d['IS'] = was['IS']
+                d['IS'] = drawn['IS']
             made.append(d)
         return made
 

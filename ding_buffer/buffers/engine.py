@@ -63,6 +63,7 @@ from .common import (
     LOCK_GRACE,
     STEP_LIMIT,
     CallMarks,
+    check_deepcopy,
     check_instance_name,
     check_size,
     check_state_type,
@@ -977,8 +978,7 @@ class Engine(IBuffer):
         """
         if not isinstance(state, Mapping):
             raise TypeError(f"state must be a dict, got {type(state).__name__}")
-        if type(deepcopy) is not bool:
-            raise TypeError(f"deepcopy must be a bool, got {type(deepcopy).__name__} {deepcopy!r:.40}")
+        check_deepcopy(deepcopy)
         self._check_open()  # close() released the storage (memmap files): a closed buffer takes no data
         self._calls.refuse('load_state_dict')
         if deepcopy:

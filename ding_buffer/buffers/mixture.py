@@ -36,6 +36,7 @@ from .advanced import AdvancedReplayBuffer
 from .common import (
     LOCK_GRACE,
     CallMarks,
+    check_deepcopy,
     check_instance_name,
     check_size,
     check_state_type,
@@ -789,8 +790,7 @@ class MixtureReplayBuffer(IBuffer):
         if not isinstance(state, Mapping):
             raise TypeError(f"state must be a dict, got {type(state).__name__}")
         self._calls.refuse('load_state_dict')
-        if type(deepcopy) is not bool:
-            raise TypeError(f"deepcopy must be a bool, got {type(deepcopy).__name__} {deepcopy!r:.40}")
+        check_deepcopy(deepcopy)
         self._check_open()
         items = short_form(state)
         if items is not None:  # DI-engine's form: the items go to ``push_to``, as a push does

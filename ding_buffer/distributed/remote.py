@@ -26,7 +26,7 @@ from typing import Any, Callable, Dict, List, Optional
 import numpy as np
 
 from ..base import BUFFER_REGISTRY, IBuffer
-from ..buffers.common import check_wait_timeout
+from ..buffers.common import check_deepcopy, check_wait_timeout
 from ..buffers.reward_table import sample_size
 from ..errors import ManagerTimeoutError, ManagerUnavailableError, SampleTimeoutError
 from .blobs import check_name, check_stamp, check_version
@@ -258,8 +258,7 @@ class RemoteBuffer(IBuffer):
     def load_state_dict(self, state: Dict[str, Any], deepcopy: bool = False) -> None:
         """Restore the manager's buffer from ``state`` (which travels encoded: the manager never shares objects
         with it, so ``deepcopy`` -- DI-engine's argument -- changes nothing here)."""
-        if type(deepcopy) is not bool:
-            raise TypeError(f"deepcopy must be a bool, got {type(deepcopy).__name__} {deepcopy!r:.40}")
+        check_deepcopy(deepcopy)
         self._request('load_state_dict', state=state)
 
     def save_data(self, path: str) -> str:

@@ -44,7 +44,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 import numpy as np
 import torch
 
-from ..buffers.common import check_step, check_wait_timeout, restored_rng, short_form
+from ..buffers.common import check_deepcopy, check_step, check_wait_timeout, restored_rng, short_form
 from ..control.priority import as_numpy, as_priorities, parse_update
 from ..errors import ManagerUnavailableError
 from ..persistence import file_path, load_state, refuse_unknown, save_state
@@ -421,8 +421,7 @@ class ShardedBuffer:
     def load_state_dict(self, state: Dict[str, Any], deepcopy: bool = False) -> None:
         """All or nothing: a shard that refuses its state puts the shards loaded before it back. ``{'data': [...]}``
         alone pushes the items, as DI-engine's form does on every buffer."""
-        if type(deepcopy) is not bool:
-            raise TypeError(f"deepcopy must be a bool, got {type(deepcopy).__name__} {deepcopy!r:.40}")
+        check_deepcopy(deepcopy)
         items = short_form(state) if isinstance(state, Mapping) else None
         if items is not None:
             self.push(copy.deepcopy(items) if deepcopy else items)
