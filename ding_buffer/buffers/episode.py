@@ -167,3 +167,8 @@ class PrioritizedEpisodeReplayBuffer(EpisodeReplayBuffer):
         sampler=dict(type='prioritized', unroll_len=80, alpha=0.9, beta=0.6, eta=0.9, eps=1e-5, anneal_step=0),
         storage=dict(EpisodeReplayBuffer.config['storage'], type='tensor'),
     )
+    # (the defaults above are merged into the user's sampler section: they belong to the prioritized sampler only)
+    checks = dict(
+        EPISODE_CHECKS,
+        **{'sampler.type': (lambda x: x == 'prioritized', "'prioritized' (type='episode' takes other samplers)")},
+    )

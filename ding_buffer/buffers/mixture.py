@@ -396,6 +396,12 @@ class MixtureReplayBuffer(IBuffer):
             storages = {name: b.cfg.get('storage', {}).get('type', 'list') for name, b in members.items()}
             if len(set(storages.values())) > 1:
                 raise ValueError(f"a mixture's members must use one storage kind, got storage.type {storages}")
+            steps = {n: (b.cfg.get('storage', {}).get('frames') or {}).get('n_step', 1) for n, b in members.items()}
+            if len(set(steps.values())) > 1:  # (a joined batch would mix n-step returns with one-step rewards)
+                raise ValueError(
+                    "config key 'members.<name>.storage.frames.n_step' (1 without frames) must be the same for every "
+                    f"member: a batch joins their rewards and next observations; got {steps}"
+                )
         except BaseException:
             for b in members.values():
                 b.close()

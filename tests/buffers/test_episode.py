@@ -854,6 +854,18 @@ def test_windows_no_episode_can_hold_are_warned_of_at_build(caplog):
     assert 'unroll_len' not in caplog.text
 
 
+@pytest.mark.parametrize('sampler', ['uniform', 'python_random'])
+def test_prioritized_episode_names_its_sampler_type_when_given_another(sampler):
+    """Its prioritized defaults are merged into the sampler section: another type was handed arguments the user never
+    gave (``UniformSampler() takes no arguments``, listing six of them)."""
+    with pytest.raises(ValueError, match=f"'sampler.type' has invalid value '{sampler}'; expected 'prioritized'") as e:
+        create_buffer(dict(type='prioritized_episode', max_transitions=64, sampler=dict(type=sampler)))
+    assert 'alpha' not in str(e.value)
+    buf = create_buffer(dict(type='episode', max_transitions=64, sampler=dict(type=sampler), seed=0))  # as it says
+    buf.push([{'obs': torch.arange(6.0)}])
+    assert buf.sample(2, unroll_len=3)[0]['obs'].shape == (3,)
+
+
 @pytest.mark.timeout(60)
 def test_a_prioritized_sample_waiting_through_a_load_sees_the_loaded_windows():
     """A ``sample(timeout=)`` of prioritized windows that is waiting when ``load_state_dict`` replaces the windows

@@ -944,3 +944,47 @@ def test_a_state_whose_member_holds_items_that_are_no_dicts_is_refused_at_load(t
     with pytest.raises(TypeError, match="member 'offline' holds a int item"):
         for _ in range(20):
             buf.sample(8)
+
+
+def _frame_step(t):
+    def frame(k):
+        return torch.full((2, 2), k % 250, dtype=torch.uint8)
+
+    return dict(
+        obs=torch.stack([frame(t), frame(t + 1)]), next_obs=torch.stack([frame(t + 1), frame(t + 2)]), reward=1.0
+    )
+
+
+def _frames_member(seed, **frames):
+    storage = dict(type='tensor', frames=frames) if frames else dict(type='tensor')
+    return dict(type='naive', replay_buffer_size=16, seed=seed, storage=storage)
+
+
+@pytest.mark.parametrize(
+    'b',
+    [dict(n_step=1), dict(), dict(n_step=2, gamma=0.5)],
+    ids=['one-step frames', 'no frames', 'another n_step'],
+)
+def test_members_summing_rewards_over_different_n_steps_are_refused(b):
+    """A joined batch would hold n-step returns beside one-step rewards with no field telling them apart."""
+    members = dict(a=_frames_member(1, n_step=3, gamma=0.5), b=_frames_member(2, **b))
+    with pytest.raises(ValueError, match=r"'members.<name>.storage.frames.n_step' .* got \{'a': 3, 'b': [12]\}"):
+        create_buffer(dict(type='mixture', seed=0, members=members))
+
+
+def test_members_of_one_n_step_join_their_returns_and_discounts():
+    members = dict(a=_frames_member(1, n_step=3, gamma=0.5), b=_frames_member(2, n_step=3, gamma=0.9))
+    mix = create_buffer(dict(type='mixture', seed=0, weights=dict(a=1, b=1), members=members))
+    for name, base in (('a', 0), ('b', 100)):
+        mix.push([_frame_step(base + t) for t in range(10)], member=name)
+    out = mix.sample(8)
+    gamma = {0: 0.5, 1: 0.9}
+    for k, member in enumerate(out['mixture_member'].tolist()):
+        g = gamma[member]
+        n = out['n_step'][k].item()  # 3, or fewer for the newest steps (their later steps are not pushed yet)
+        assert 1 <= n <= 3
+        assert out['n_step_discount'][k].item() == pytest.approx(g**n)
+        assert out['reward'][k].item() == pytest.approx(sum(g**i for i in range(n)))
+        assert out['next_obs'][k, -1, 0, 0].item() - out['obs'][k, -1, 0, 0].item() == n
+    assert 3 in out['n_step'].tolist() and set(out['mixture_member'].tolist()) == {0, 1}
+    mix.close()
