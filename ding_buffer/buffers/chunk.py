@@ -140,9 +140,8 @@ class ChunkReplayBuffer(Engine):
             (rule 6). ``None`` while fewer chunks are stored, or with ``timeout`` (seconds) wait for them and raise
             ``SampleTimeoutError`` when they do not come.
         """
-        # chunks are gated by model version, not by learner iteration: cur_learner_iter is taken and not read
-        # (MineStudio's sample has neither)
-        return self._sample(-1, self._t.request(size, timeout, **kwargs))
+        # chunks are gated by model version, not by learner iteration: cur_learner_iter is checked, not read
+        return self._sample(-1, self._t.request(size, timeout, cur_learner_iter, **kwargs))
 
     def records(self) -> Dict[str, Any]:
         """The chunks (oldest first: uid, use count, records) and the per-worker queues, as plain data."""

@@ -55,7 +55,7 @@ from ..control.limits import UseLimit, build_remover
 from ..persistence import refuse_unknown
 from ..storage.base import NO_ITER
 from ..storage.fragment_store import FragmentStore, check_id, numpy_globals
-from .common import ENGINE_KEYS, MAX_NAME, check_derived, check_size, check_wait_timeout, checked_session
+from .common import ENGINE_KEYS, MAX_NAME, check_derived, check_size, check_step, check_wait_timeout, checked_session
 from .table import Drawn, Needs, Request, Restored, Table, Write, Written
 
 _NO_SLOTS = np.empty(0, dtype=np.int64)
@@ -499,12 +499,15 @@ class ChunkTable(Table):
             }
 
     # ------------------------------------------------------------------ sample
-    def request(self, size: int, timeout: Optional[float] = None, **kwargs: Any) -> Request:
+    def request(self, size: int, timeout: Optional[float] = None, learner_iter: Any = None, /, **kw: Any) -> Request:
         """``size`` fragments: ``size / fragments_per_chunk`` distinct chunks, uniformly, their fragments in order
-        (rule 6); ``None`` while fewer chunks are stored, or with ``timeout`` (seconds) a wait for them."""
-        if kwargs:
+        (rule 6); ``None`` while fewer chunks are stored, or with ``timeout`` (seconds) a wait for them.
+        ``learner_iter`` is checked as every type's and not read (None is taken: MineStudio's sample has none)."""
+        if learner_iter is not None:
+            check_step(learner_iter, 'cur_learner_iter')
+        if kw:
             raise TypeError(
-                f"the chunk buffer's sample takes no {sorted(kwargs)[:4]} (it draws whole chunks without replacement)"
+                f"the chunk buffer's sample takes no {sorted(kw)[:4]} (it draws whole chunks without replacement)"
             )
         check_size(size)
         if size % self._fpc:

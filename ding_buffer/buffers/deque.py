@@ -211,6 +211,10 @@ class DequeReplayBuffer(Engine):
         'push_count', 'Items accepted (the naive table restarts it on clear, the prioritized one keeps it).'
     )
 
+    def push(self, data: Any, cur_collector_envstep: int = -1, batched: bool = False) -> int:
+        """As ``naive``'s ``push``; a tuple is a sequence of items, as DI-engine's deque iterates what it is given."""
+        return super().push(list(data) if type(data) is tuple and not batched else data, cur_collector_envstep, batched)
+
     def sample(self, size: int, train_iter: int = 0, timeout: Optional[float] = None) -> Optional[List[Any]]:
         """
         Overview:

@@ -154,6 +154,7 @@ class EpisodeTable(Table):
             not isinstance(unroll_len, (int, np.integer)) or isinstance(unroll_len, bool) or unroll_len <= 0
         ):
             raise ValueError(f"unroll_len must be a positive int, got {unroll_len!r}")
+        unroll_len = None if unroll_len is None else int(unroll_len)  # (numpy's uint64 minus an int is a float)
         check_range(sample_range)
         for name, flag in (('replace', replace), ('pad', pad)):
             if flag is not None and type(flag) is not bool and type(flag) is not np.bool_:

@@ -452,7 +452,7 @@ class MixtureReplayBuffer(IBuffer):
     def _member(self, member: Optional[str]) -> IBuffer:
         self._check_open()
         name = self._push_to if member is None else member
-        if name not in self._members:
+        if not isinstance(name, str) or name not in self._members:  # (a list or dict could not be looked up)
             raise ValueError(f"member must be one of {list(self._names)}, got {member!r:.60}")
         return self._members[name]
 

@@ -20,7 +20,7 @@ from .newest_window import NewestWindow, checked_size
 from .outputs import prioritized_items
 from .table import Drawn, Needs, Request, Restored, Table, Write, Written
 
-NO_PRIORITY = "a naive buffer's items carry no priority: use type='advanced' for prioritized replay"
+NO_PRIORITY = "items of type {!r} carry no priority: use type='advanced' for prioritized replay"
 
 
 def check_replace(replace: Any) -> None:
@@ -80,7 +80,7 @@ class SlotTable(Table):
             self.write_one = self._storage.write_one
 
     def build_sampler(self) -> None:
-        self.use_sampler(build_sampler(self.cfg.sampler, 'uniform', (False, NO_PRIORITY)))
+        self.use_sampler(build_sampler(self.cfg.sampler, 'uniform', (False, NO_PRIORITY.format(self.cfg.type))))
 
     def build_index(self) -> None:
         """A prioritized table builds its priority index here."""

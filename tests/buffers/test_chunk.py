@@ -598,6 +598,20 @@ def test_bad_timeouts_are_refused(timeout):
         buf.sample(1, timeout=timeout)
 
 
+@pytest.mark.parametrize('step', ['3', float('nan'), 4.5, 2**63, torch.tensor(3)])
+def test_a_bad_learner_iteration_is_refused_by_sample_as_by_why_not_sample(step):
+    """``cur_learner_iter`` is not read by a chunk sample (None is taken), but a value every other type refuses
+    was taken."""
+    buf = create_buffer(dict(type='chunk', fragments_per_chunk=1, max_reuse=3, seed=0))
+    buf.push(frag(0, 0, 0, 'a'))
+    before = buf.state_dict()
+    for call in (buf.sample, buf.why_not_sample):
+        with pytest.raises((TypeError, ValueError), match='cur_learner_iter'):
+            call(1, step)
+    assert_same(buf.state_dict(), before)
+    assert buf.sample(1, np.int64(3))[0]['fid'] == buf.sample(1, None)[0]['fid'] == 0  # (a numpy int is an int)
+
+
 def test_a_version_update_removes_only_a_prefix_of_a_queue_and_the_state_still_loads(tmp_path):
     cfg = dict(type='chunk', fragments_per_chunk=4, max_staleness=1, seed=0)
     buf = create_buffer(cfg)

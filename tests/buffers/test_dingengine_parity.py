@@ -190,6 +190,20 @@ def test_deque_uniform_returns_the_stored_dicts_without_replacement_and_max_use_
     assert buf.count() == 0  # every item was drawn twice: max_use removed it
 
 
+@pytest.mark.parametrize('storage', ['list', 'tensor'])
+@pytest.mark.parametrize('priority', [False, True])
+def test_deque_pushes_a_tuple_as_its_items_as_dingengines_deque_iterates_it(priority, storage):
+    """DI-engine's DequeBufferWrapper pushes ``for d in data``: a tuple of 3 transitions is 3 items (it was one
+    tuple item here, or a TypeError with priority)."""
+    cfg = dict(type='deque', replay_buffer_size=10, priority=priority, seed=0, storage=dict(type=storage))
+    by_tuple, by_list = create_buffer(cfg), create_buffer(cfg)
+    pushed = [{'obs': float(i), 'priority': float(i + 1)} for i in range(3)]
+    assert by_tuple.push(tuple(pushed)) == by_list.push(list(pushed)) == 3
+    assert by_tuple.push(()) == 0 and by_tuple.count() == 3
+    assert_same(by_tuple.sample(3, 0), by_list.sample(3, 0))
+    assert_same(by_tuple.state_dict(), by_list.state_dict())
+
+
 @pytest.mark.parametrize('priority', [False, True])
 def test_deque_with_max_use_keeps_what_dingengines_deque_keeps(priority):
     """DI-engine's DequeBuffer is a deque(maxlen=size): an item spent by use_time_check leaves it, so the next push

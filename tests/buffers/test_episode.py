@@ -588,6 +588,14 @@ def test_numpy_int_size_is_accepted(storage):
     assert len(decode_windows(buf.sample(np.int32(2), unroll_len=np.int64(3)))) == 2
 
 
+@pytest.mark.parametrize('kind', [np.uint64, np.int32, np.uint8])
+def test_numpy_unroll_lens_draw_the_windows_an_int_draws(storage, kind):
+    """``np.uint64(3)`` minus an int is a float in numpy: list storage sliced with float starts (a bare TypeError)."""
+    a, b = window_buffer(storage, seed=7), window_buffer(storage, seed=7)
+    assert_same(a.sample(4, unroll_len=kind(3), replace=True), b.sample(4, unroll_len=3, replace=True))
+    assert_same(a.state_dict(), b.state_dict())
+
+
 def test_same_seed_same_samples(storage):
     a, b = window_buffer(storage, seed=7), window_buffer(storage, seed=7)
     assert_same(a.sample(10, unroll_len=3, replace=True), b.sample(10, unroll_len=3, replace=True))

@@ -580,6 +580,9 @@ def test_push_to_an_unknown_member_is_refused_and_changes_nothing():
     before = buf.state_dict()
     with pytest.raises(ValueError, match="member must be one of"):
         buf.push(transitions([1], 'list'), member='nobody')
+    for member in (['offline'], {'offline': 1}):  # (not hashable: they raised a bare "unhashable type")
+        with pytest.raises(ValueError, match="member must be one of"):
+            buf.push(transitions([1], 'list'), member=member)
     assert_same(buf.state_dict(), before)
     buf.close()
     with pytest.raises(RuntimeError, match='closed'):

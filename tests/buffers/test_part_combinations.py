@@ -575,6 +575,8 @@ REFUSED = [
         None,
     ),
     (dict(type='naive', removers=[dict(type='lifo')], sampler=dict(type='prioritized')), "'sampler.type'", None),
+    (dict(type='elastic', sampler=dict(type='prioritized')), "'sampler.type'", "items of type 'elastic'"),
+    (dict(type='sequence', sampler=dict(type='prioritized')), "'sampler.type'", "items of type 'sequence'"),
     (dict(type='elastic', removers=[dict(type='fifo')], sampler=dict(type='unifrm')), "'sampler.type'", "'uniform'"),
 ]
 
