@@ -143,10 +143,15 @@ class PriorityIndex:
         ([1.0, 1.0, 2.0, 4.0], 4.0)
     """
 
-    def __init__(self, capacity: int, alpha: float, eps: float = 1e-5, with_max: bool = False) -> None:
+    def __init__(
+        self, capacity: int, alpha: float, eps: float = 1e-5, with_max: bool = False, eps_in_max: bool = False
+    ) -> None:
         self.capacity = capacity
         self.alpha = float(alpha)
         self.eps = float(eps)
+        # the running max takes the priority an update stores (priority + eps: DI-engine's deque) or the one given
+        # (its advanced buffer)
+        self.eps_in_max = eps_in_max
         self.tree = PriorityTree(capacity, with_max=with_max)
         self._priority = np.zeros(capacity, np.float32) if self.alpha < COLUMN_ALPHA else None  # else from leaves
         self.max_priority = 1.0  # largest priority ever set (DI-engine); new items default to it
@@ -173,10 +178,13 @@ class PriorityIndex:
             if top > 0:
                 if self._priority is not None:  # (a tiny alpha: the leaf misses the priority's last digits)
                     return float(self._priority.max())
-                try:
-                    return min(top ** (1.0 / self.alpha), MAX_PRIORITY)  # (a leaf's last bit can pass float32's max)
+                try:  # (a leaf's last bit can pass float32's max)
+                    p = min(top ** (1.0 / self.alpha), MAX_PRIORITY)
                 except OverflowError:
                     return MAX_PRIORITY
+                # the top item's priority as stored (``from_leaves``): a new item's leaf made from it gives it back,
+                # so pushes do not ratchet the max by a rounding each
+                return float(np.float32(p))
         return self.max_priority
 
     def set_new(self, slots: np.ndarray, priorities: np.ndarray) -> None:
@@ -227,7 +235,7 @@ class PriorityIndex:
             self._priority[slots] = priorities + self.eps
         self.tree.set(slots, kern.leaf_values(priorities, self.eps, self.alpha))
         if len(priorities):
-            self.max_priority = max(self.max_priority, float(priorities.max()))
+            self.max_priority = max(self.max_priority, float(priorities.max()) + self.eps * self.eps_in_max)
 
     def update_by_ids(self, ring: Any, slots: np.ndarray, ids: np.ndarray, priorities: np.ndarray) -> Optional[int]:
         """
@@ -257,7 +265,7 @@ class PriorityIndex:
         if out[3]:
             return None
         if out[0]:
-            self.max_priority = max(self.max_priority, float(out[1]))
+            self.max_priority = max(self.max_priority, float(out[1]) + self.eps * self.eps_in_max)
         return int(out[0])
 
     # ------------------------------------------------------------------ sampling
@@ -351,7 +359,7 @@ class PriorityIndex:
         max_priority = float(state['max_priority'])
         if not (math.isfinite(max_priority) and 0 <= max_priority <= MAX_PRIORITY):
             raise ValueError(f"saved max_priority must be finite and >= 0, got {max_priority} (finite in float32)")
-        new = PriorityIndex(self.capacity, self.alpha, self.eps, with_max=self.tree.has_max)
+        new = PriorityIndex(self.capacity, self.alpha, self.eps, self.tree.has_max, self.eps_in_max)
         new.tree.load_leaves(leaves)
         if new._priority is not None:
             if (priority[~valid] != 0).any():

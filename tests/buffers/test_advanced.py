@@ -325,6 +325,24 @@ def test_max_priority_within_buffer_uses_the_max_stored_priority(storage):
     assert index_view(buf)[6]['priority'] == pytest.approx(0.5, rel=1e-6)
 
 
+@pytest.mark.parametrize('alpha, given', [(0.9, 3.3e7), (0.95, 8.3e7), (0.6, 0.75)])
+def test_the_max_stored_priority_does_not_creep_over_many_pushes(alpha, given):
+    """Each push without a priority took ``max_leaf ** (1 / alpha)`` in float64 as its priority: its leaf rounded
+    one way each time, so the default moved by a rounding per push, without limit (a sample's IS below 1.0 for
+    items all reporting one priority)."""
+    n = 3000
+    buf = make('list', size=n + 1, max_priority_within_buffer=True, alpha=alpha, anneal_step=0)
+    buf.push(item(0, priority=given))  # (a float32 value: stored as given)
+    for i in range(1, n + 1):
+        buf.push(item(i))
+    buf.push([item(i) for i in range(n + 1, n + 5)])  # a list push takes it too (evicting 4)
+    batch = buf.sample(256)
+    assert {x['priority'] for x in batch} == {given}
+    assert [x['IS'] for x in batch] == [1.0] * 256
+    expected = (n + 1) * given**alpha
+    assert buf.stats()['priority_mass'] == pytest.approx(expected, rel=1e-14)
+
+
 @pytest.mark.parametrize('storage', STORAGES)
 def test_sampled_items_can_be_pushed_back(storage):
     buf = make(storage, size=8)

@@ -333,7 +333,7 @@ def test_deque_returns_the_users_fields_named_as_the_inner_tables_annotations(we
             assert d == want, (priority, d)
         if priority:
             assert buf.update({'priority': [9.0, 9.0]}) == {'updated': 2, 'stale': 0}
-            assert buf.inner.stats()['max_priority'] == 9.0
+            assert buf.inner.stats()['max_priority'] == 9.0 + 1e-5  # DI-engine's deque: the priority it stores
 
 
 def test_deque_update_applies_to_every_last_batch_with_clipping():
@@ -350,7 +350,27 @@ def test_deque_update_applies_to_every_last_batch_with_clipping():
         assert buf.update({'priority': [1e6, 2.0, 3.0, 4.0]}) == {'updated': 4, 'stale': 0}
         assert buf.update({'priority': [1.0] * 4}) == {'updated': 0, 'stale': 0}  # the batch was used
         assert len(batch) == 4
-    assert buf.stats()['max_priority'] == 50.0  # clipped at priority_max_limit
+    assert buf.stats()['max_priority'] == 50.0 + 1e-5  # clipped at priority_max_limit, then DI-engine's 1e-5
+
+
+@pytest.mark.parametrize('storage', ['list', 'tensor'])
+def test_a_prioritized_deque_keeps_dingengines_running_max(storage):
+    """DI-engine's deque (its PriorityExperienceReplay middleware) stores ``priority + 1e-5`` and raises its running
+    max with that; the max here was the priority given, below the one stored, so a new item's default priority was
+    lower than an equal one's (IS below 1.0 for equal priorities)."""
+    buf = create_buffer(dict(type='deque', replay_buffer_size=8, priority=True, priority_IS_weight=True, seed=0))
+    buf.push([{'i': 0.0}])
+    buf.sample(1, 0)
+    assert buf.update({'priority': [5.0]}) == {'updated': 1, 'stale': 0}
+    buf.push([{'i': 1.0}])  # takes the running max
+    assert buf.stats()['max_priority'] == 5.0 + 1e-5
+    assert buf.stats()['priority_mass'] == pytest.approx(2 * (5.0 + 1e-5) ** 0.6, rel=1e-12)
+    assert [d['IS'] for d in buf.sample(8, 1)] == [1.0] * 8
+    fresh = create_buffer(dict(type='deque', replay_buffer_size=8, priority=True, seed=0))
+    fresh.load_state_dict(buf.state_dict())  # the rule holds after a load
+    fresh.sample(1, 0)
+    fresh.update({'priority': [7.0]})
+    assert fresh.stats()['max_priority'] == 7.0 + 1e-5
 
 
 @pytest.mark.parametrize('storage', ['list', 'tensor'])
