@@ -58,6 +58,7 @@ def _flat(values: Any) -> Any:
 
 # Priorities are reported (and saved) as float32: a larger one would come back as inf.
 MAX_PRIORITY = float(np.finfo(np.float32).max)
+_FLOAT32_TINY = float(np.finfo(np.float32).tiny)  # the smallest normal float32
 # below it a priority derived from its leaf may miss its float32 value (relative error about 2e-16 / alpha)
 COLUMN_ALPHA = 1e-6
 
@@ -183,8 +184,10 @@ class PriorityIndex:
                 except OverflowError:
                     return MAX_PRIORITY
                 # the top item's priority as stored (``from_leaves``): a new item's leaf made from it gives it back,
-                # so pushes do not ratchet the max by a rounding each
-                return float(np.float32(p))
+                # so pushes do not ratchet the max by a rounding each (below float32's normal range that rounding
+                # would lose the priority's digits, or all of it: the float64 value, as given)
+                q = float(np.float32(p))
+                return q if q >= _FLOAT32_TINY else p
         return self.max_priority
 
     def set_new(self, slots: np.ndarray, priorities: np.ndarray) -> None:

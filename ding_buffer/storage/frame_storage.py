@@ -443,7 +443,7 @@ class FrameStorage(TensorStorage):
             if not ok.any():
                 break
             g *= gamma
-            ret[ok] += g * self._column(rk, nxt[ok])
+            ret[ok] += g * self._column(rk, nxt[ok]).astype(np.float64)  # (g times float32 stays float32 in numpy 2)
             k[ok] += 1
             cur = np.where(ok, nxt, cur)
             alive = ok & ~ended(cur)

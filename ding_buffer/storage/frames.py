@@ -416,9 +416,13 @@ class StreamEncoder:
             continues.append(prev is not None and not prev[1])
             obs_ids: Optional[Tuple[int, ...]] = None
             if prev is not None and not prev[1]:  # the stream continues: obs is its previous next_obs
+                # (its frames are kept only if this item's own new frame, written at id first + len(frames), does
+                # not overwrite the oldest of them: the item would lose its stack as it is written; a ring not
+                # allocated yet is sized by the first write for what it holds)
+                kept = not ring.allocated() or min(prev[0]) > first + len(frames) - ring.rows
                 if not check:  # frames of this push are pending: only earlier ones can have left the ring
                     earlier = [fid for fid in prev[0] if fid < first]
-                    if not earlier or ring.holds(np.array(earlier)).all():
+                    if kept and (not earlier or ring.holds(np.array(earlier)).all()):
                         obs_ids = prev[0]
                 else:
                     before = frames_of(prev[0])
@@ -431,7 +435,7 @@ class StreamEncoder:
                                 f"environment's steps in order"
                                 + ("" if spec['env_key'] else " and name the environment (storage.frames.env_key)")
                             )
-                        obs_ids = prev[0]
+                        obs_ids = prev[0] if kept else None
             if obs_ids is None:  # an episode starts (or its previous frames left the ring): store its first stack
                 ids: List[int] = []
                 for k in range(stack):

@@ -343,6 +343,17 @@ def test_the_max_stored_priority_does_not_creep_over_many_pushes(alpha, given):
     assert buf.stats()['priority_mass'] == pytest.approx(expected, rel=1e-14)
 
 
+@pytest.mark.parametrize('given', [1e-300, 1e-40])
+def test_the_max_stored_priority_below_float32s_range_is_kept(given):
+    """Rounded to float32, a top priority of 1e-300 made new items' priority 0 (never drawn)."""
+    buf = make('list', size=8, max_priority_within_buffer=True)
+    buf.push(item(0, priority=given))
+    buf.push([item(1), item(2)])
+    drawn = {x["id"] for _ in range(50) for x in buf.sample(3)}
+    assert drawn == {0, 1, 2}
+    assert buf.stats()['priority_mass'] == pytest.approx(3 * given**0.6, rel=1e-9)
+
+
 @pytest.mark.parametrize('storage', STORAGES)
 def test_sampled_items_can_be_pushed_back(storage):
     buf = make(storage, size=8)

@@ -179,6 +179,72 @@ def test_items_whose_frames_were_overwritten_are_removed_and_counted():
     assert set(got) <= set(range(90, 100))
 
 
+def _stack(*values):
+    return np.stack([np.full((H, H), v % 256, np.uint8) for v in values])
+
+
+@pytest.mark.parametrize('check', [True, False])
+@pytest.mark.parametrize('pushes', ['single', 'list'])
+def test_a_stream_whose_frames_are_the_oldest_in_the_ring_goes_on_storing_its_steps(check, pushes):
+    """One environment waits while another fills the ring to its oldest frames: its next steps reused those
+    frames, the step's own new frame overwrote the oldest of them, and the step (then the next ``stack - 1``) was
+    removed as it was written (push returned 1, removed_by_frames grew)."""
+    cfg = frames_cfg('naive', size=16)  # 16 items: 32 frame rows
+    cfg['storage']['frames'].update(check=check)
+    buf = create_buffer(cfg)
+
+    def step(env, t, base, tag):
+        o = [base + t + k for k in range(4)]
+        return dict(
+            obs=_stack(*o),
+            next_obs=_stack(*o[1:], o[-1] + 1),
+            action=0,
+            reward=0.0,
+            done=False,
+            truncated=False,
+            env_id=env,
+            step=tag,
+        )
+
+    pushed = [step(0, 0, 1, 0)] + [step(1, j, 100, 1 + j) for j in range(24)]  # env 1 fills 28 of the 32 rows
+    later = [step(0, t, 1, 1000 + t) for t in range(1, 7)]  # env 0 goes on
+    for t in pushed:
+        buf.push(t)
+    if pushes == 'single':
+        for t in later:
+            assert buf.push(t) == 1
+    else:
+        assert buf.push(later) == 6
+    assert buf.stats()['removed_by_frames'] == 0
+    got = check_rows(buf.sample(16, replace=False), {t['step']: t for t in pushed + later})
+    assert set(got) == set(range(15, 25)) | set(range(1001, 1007))  # the 16 newest
+
+
+def test_an_n_step_return_sums_in_float64_and_rounds_once():
+    """Each discounted term was rounded to float32 before it was added (numpy 2 keeps a float times a float32
+    array in float32): 54 float32 steps off here."""
+    cfg = frames_cfg('naive', size=8)
+    cfg['storage']['frames'].update(n_step=3, gamma=0.9)
+    buf = create_buffer(cfg)
+    for t, r in enumerate([0.5, -1.0, 0.5, 0.0]):
+        o = [1 + t + k for k in range(4)]
+        buf.push(
+            dict(
+                obs=_stack(*o),
+                next_obs=_stack(*o[1:], o[-1] + 1),
+                action=0,
+                reward=r,
+                done=False,
+                truncated=False,
+                env_id=0,
+                step=t,
+            )
+        )
+    out = buf.sample(4, replace=False)
+    first = out['step'].tolist().index(0)
+    assert out['reward'][first].item() == float(np.float32(0.5 + 0.9 * -1.0 + 0.9 * 0.9 * 0.5))
+
+
 def _bad(base, **change):
     return dict(base, **change)
 
