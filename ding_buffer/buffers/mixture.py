@@ -270,6 +270,20 @@ def _check_items(name: str, state: Any) -> None:
             )
 
 
+def _check_storages(members: Mapping[str, IBuffer]) -> None:
+    """The members' batches can be joined: one storage kind, and rewards summed over one n_step (a joined batch must
+    not hold n-step returns beside one-step rewards)."""
+    storages = {name: b.cfg.get('storage', {}).get('type', 'list') for name, b in members.items()}
+    if len(set(storages.values())) > 1:
+        raise ValueError(f"a mixture's members must use one storage kind, got storage.type {storages}")
+    steps = {name: (b.cfg.get('storage', {}).get('frames') or {}).get('n_step', 1) for name, b in members.items()}
+    if len(set(steps.values())) > 1:
+        raise ValueError(
+            "config key 'members.<name>.storage.frames.n_step' (1 without frames) must be the same for every "
+            f"member: a batch joins their rewards and next observations; got {steps}"
+        )
+
+
 def _check_nesting(names: Sequence[str], schemas: Sequence[dict]) -> None:
     """A field every member returns, as rows in one and as a dict of fields in another, does not join (``_join``'s
     ``ValueError``, before any member draws)."""
@@ -393,15 +407,7 @@ class MixtureReplayBuffer(IBuffer):
                         f"config key 'members.{name}.type' is {self._cfg.members[name]['type']!r}, whose items are "
                         f"{kinds}; a mixture's members hold transitions"
                     )
-            storages = {name: b.cfg.get('storage', {}).get('type', 'list') for name, b in members.items()}
-            if len(set(storages.values())) > 1:
-                raise ValueError(f"a mixture's members must use one storage kind, got storage.type {storages}")
-            steps = {n: (b.cfg.get('storage', {}).get('frames') or {}).get('n_step', 1) for n, b in members.items()}
-            if len(set(steps.values())) > 1:  # (a joined batch would mix n-step returns with one-step rewards)
-                raise ValueError(
-                    "config key 'members.<name>.storage.frames.n_step' (1 without frames) must be the same for every "
-                    f"member: a batch joins their rewards and next observations; got {steps}"
-                )
+            _check_storages(members)
         except BaseException:
             for b in members.values():
                 b.close()
