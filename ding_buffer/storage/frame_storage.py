@@ -140,7 +140,7 @@ class FrameStorage(TensorStorage):
             before = after.payload[1]
             first, stack = before.first + len(before.frames), after.payload[2]
         streams = {} if self.episodes is not None else self.streams  # an episode starts its own stream
-        rows, pending, stack = self.encoder.encode(items, self.frame_ring, streams, stack, first)
+        rows, pending, stack = self.encoder.encode(items, self.frame_ring, streams, stack, first, self._rows)
         if not self.frame_ring.allocated() and stack is not None:
             self._check_room(stack)
         if self.episodes is not None and pending.frames:  # an episode's frames must all fit in the ring at once

@@ -21,7 +21,7 @@ and nothing is stored.
 """
 
 from functools import lru_cache
-from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Tuple
+from typing import Any, Callable, Dict, List, Mapping, NamedTuple, Optional, Tuple
 
 import numpy as np
 import torch
@@ -370,9 +370,11 @@ class StreamEncoder:
         streams: Dict[Any, Tuple[Tuple[int, ...], bool]],
         stack: Optional[int],
         first: Optional[int] = None,
+        planned: Optional[Callable[[int], int]] = None,
     ) -> Tuple[List[Dict[str, Any]], Pending, int]:
         """``(items with the id columns in place of the stacks, pending frames, stack)``; the new frames get ids
-        from ``first`` on (default: the ring's next id; later for a push prepared after another not written yet)."""
+        from ``first`` on (default: the ring's next id; later for a push prepared after another not written yet).
+        ``planned(stack)``: the rows the first write gives a ring not allocated yet (None: as many as it needs)."""
         spec = self.spec
         check = spec['check']
         first = ring.next_id if first is None else first
@@ -417,9 +419,9 @@ class StreamEncoder:
             obs_ids: Optional[Tuple[int, ...]] = None
             if prev is not None and not prev[1]:  # the stream continues: obs is its previous next_obs
                 # (its frames are kept only if this item's own new frame, written at id first + len(frames), does
-                # not overwrite the oldest of them: the item would lose its stack as it is written; a ring not
-                # allocated yet is sized by the first write for what it holds)
-                kept = not ring.allocated() or min(prev[0]) > first + len(frames) - ring.rows
+                # not overwrite the oldest of them: the item would lose its stack as it is written)
+                rows = ring.rows if ring.allocated() else None if planned is None else planned(stack)
+                kept = rows is None or min(prev[0]) > first + len(frames) - rows
                 if not check:  # frames of this push are pending: only earlier ones can have left the ring
                     earlier = [fid for fid in prev[0] if fid < first]
                     if kept and (not earlier or ring.holds(np.array(earlier)).all()):

@@ -184,7 +184,7 @@ def _stack(*values):
 
 
 @pytest.mark.parametrize('check', [True, False])
-@pytest.mark.parametrize('pushes', ['single', 'list'])
+@pytest.mark.parametrize('pushes', ['single', 'list', 'first push'])
 def test_a_stream_whose_frames_are_the_oldest_in_the_ring_goes_on_storing_its_steps(check, pushes):
     """One environment waits while another fills the ring to its oldest frames: its next steps reused those
     frames, the step's own new frame overwrote the oldest of them, and the step (then the next ``stack - 1``) was
@@ -208,13 +208,15 @@ def test_a_stream_whose_frames_are_the_oldest_in_the_ring_goes_on_storing_its_st
 
     pushed = [step(0, 0, 1, 0)] + [step(1, j, 100, 1 + j) for j in range(24)]  # env 1 fills 28 of the 32 rows
     later = [step(0, t, 1, 1000 + t) for t in range(1, 7)]  # env 0 goes on
-    for t in pushed:
-        buf.push(t)
-    if pushes == 'single':
-        for t in later:
-            assert buf.push(t) == 1
+    if pushes == 'first push':  # (the frame ring is made by this push: the rows it will have count)
+        assert buf.push(pushed + later) == 31
     else:
-        assert buf.push(later) == 6
+        for t in pushed:
+            buf.push(t)
+        if pushes == 'single':
+            assert [buf.push(t) for t in later] == [1] * 6
+        else:
+            assert buf.push(later) == 6
     assert buf.stats()['removed_by_frames'] == 0
     got = check_rows(buf.sample(16, replace=False), {t['step']: t for t in pushed + later})
     assert set(got) == set(range(15, 25)) | set(range(1001, 1007))  # the 16 newest
