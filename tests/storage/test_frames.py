@@ -247,6 +247,25 @@ def test_an_n_step_return_sums_in_float64_and_rounds_once():
     assert out['reward'][first].item() == float(np.float32(0.5 + 0.9 * -1.0 + 0.9 * 0.9 * 0.5))
 
 
+@pytest.mark.parametrize('field', ['reward', 'done'])
+@pytest.mark.parametrize('dtype', [torch.bfloat16, torch.float8_e4m3fn])
+def test_n_step_returns_read_rewards_and_flags_of_dtypes_numpy_lacks(field, dtype):
+    """Such a reward / done column was pushed, then every sample raised numpy's bare TypeError."""
+    cfg = frames_cfg('naive', size=8)
+    cfg['storage']['frames'].update(n_step=3, gamma=0.5)
+    buf = create_buffer(cfg)
+    for t in range(4):
+        o = [1 + t + k for k in range(4)]
+        step = dict(obs=_stack(*o), next_obs=_stack(*o[1:], o[-1] + 1), action=0, reward=0.5, done=t == 1)
+        step.update(truncated=False, env_id=0, step=t)
+        step[field] = torch.tensor(step[field], dtype=dtype)
+        buf.push(step)
+    out = buf.sample(4, replace=False)
+    first = out['step'].tolist().index(0)  # steps 0, 1 (done): 0.5 + 0.5 * 0.5
+    assert out['reward'][first].item() == 0.75 and out['n_step'][first].item() == 2
+    assert bool(out['done'][first]) and out['reward'].dtype == (dtype if field == 'reward' else torch.float32)
+
+
 def _bad(base, **change):
     return dict(base, **change)
 
