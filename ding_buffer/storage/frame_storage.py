@@ -98,7 +98,7 @@ class FrameStorage(TensorStorage):
         the new frames would overwrite a stored item's (the checking path removes and reports those)."""
         if type(item) is not dict or self._fast is None or not self.frame_ring.allocated():
             return None
-        rows, pending, _ = self.encoder.encode([item], self.frame_ring, self.streams, self.stack)
+        rows, pending, _ = self.encoder.encode([item], self.frame_ring, self.streams, self.stack, None, self._rows)
         ring = self.frame_ring
         row = rows[0]
         oldest = int(row[self.encoder.ids_key].min())
@@ -140,7 +140,9 @@ class FrameStorage(TensorStorage):
             before = after.payload[1]
             first, stack = before.first + len(before.frames), after.payload[2]
         streams = {} if self.episodes is not None else self.streams  # an episode starts its own stream
-        rows, pending, stack = self.encoder.encode(items, self.frame_ring, streams, stack, first, self._rows)
+        # (an episode's frames all fit in the ring or it is refused below: its steps never store a stack again)
+        planned = self._rows if self.episodes is None else None
+        rows, pending, stack = self.encoder.encode(items, self.frame_ring, streams, stack, first, planned)
         if not self.frame_ring.allocated() and stack is not None:
             self._check_room(stack)
         if self.episodes is not None and pending.frames:  # an episode's frames must all fit in the ring at once

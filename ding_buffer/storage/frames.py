@@ -374,7 +374,8 @@ class StreamEncoder:
     ) -> Tuple[List[Dict[str, Any]], Pending, int]:
         """``(items with the id columns in place of the stacks, pending frames, stack)``; the new frames get ids
         from ``first`` on (default: the ring's next id; later for a push prepared after another not written yet).
-        ``planned(stack)``: the rows the first write gives a ring not allocated yet (None: as many as it needs)."""
+        ``planned(stack)``: the rows the first write gives a ring not allocated yet; None: a continuing stream
+        always reuses its frames (an episode's frames all fit in the ring at once, or it is refused)."""
         spec = self.spec
         check = spec['check']
         first = ring.next_id if first is None else first
@@ -420,7 +421,7 @@ class StreamEncoder:
             if prev is not None and not prev[1]:  # the stream continues: obs is its previous next_obs
                 # (its frames are kept only if this item's own new frame, written at id first + len(frames), does
                 # not overwrite the oldest of them: the item would lose its stack as it is written)
-                rows = ring.rows if ring.allocated() else None if planned is None else planned(stack)
+                rows = None if planned is None else ring.rows if ring.allocated() else planned(stack)
                 kept = rows is None or min(prev[0]) > first + len(frames) - rows
                 if not check:  # frames of this push are pending: only earlier ones can have left the ring
                     earlier = [fid for fid in prev[0] if fid < first]

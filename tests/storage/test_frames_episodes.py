@@ -184,6 +184,38 @@ def test_what_an_episode_table_cannot_take_is_refused_by_name(cfg, needle):
         create_buffer(cfg)
 
 
+@pytest.mark.parametrize('stack, length', [(2, 2), (4, 3)])
+def test_a_refused_episode_is_told_the_frames_it_needs(stack, length):
+    """In a ring smaller than a stack, the count was of stacks stored again (5 for a 2-step episode of 3 frames)."""
+    frames = [np.full((2, 2), k, np.uint8) for k in range(length + 1)]
+    padded = [frames[0]] * (stack - 1) + frames  # the reset frame repeated: one frame
+    episode = [
+        dict(
+            obs=np.stack(padded[t : t + stack]),
+            next_obs=np.stack(padded[t + 1 : t + 1 + stack]),
+            reward=0.0,
+            done=t == length - 1,
+        )
+        for t in range(length)
+    ]
+    for spare, fits in ((0, False), (1, True)):
+        frames_cfg = dict(spare=spare)
+        buf = create_buffer(
+            dict(
+                type='episode',
+                replay_buffer_size=1,
+                max_transitions=length,
+                seed=0,
+                storage=dict(type='tensor', frames=frames_cfg),
+            )
+        )
+        if fits:
+            assert buf.push([episode]) == 1
+        else:
+            with pytest.raises(ValueError, match=f'needs {length + 1} frames; the frame ring has {length} rows'):
+                buf.push([episode])
+
+
 def test_an_episode_larger_than_the_frame_ring_is_refused_before_anything_changes():
     """With a frame ring too small for an episode's frames (a spare below its first stack), the episode is
     refused naming storage.frames.spare, and the stored episodes stay as they were."""
@@ -201,7 +233,8 @@ def test_an_episode_larger_than_the_frame_ring_is_refused_before_anything_change
         long[t - 1]['next_obs'] = np.concatenate([long[t - 1]['obs'][1:], long[t - 1]['next_obs'][-1:]])
         long[t]['obs'] = long[t - 1]['next_obs']
     long[7]['next_obs'] = np.concatenate([long[7]['obs'][1:], long[7]['next_obs'][-1:]])
-    with pytest.raises(ValueError, match='storage.frames.spare'):
+    # (4 + 8 frames: the count of the episode's own frames, not of stacks stored again in a ring too small)
+    with pytest.raises(ValueError, match=r'needs 12 frames; the frame ring has 9 rows .*storage.frames.spare'):
         buf.push([long])
     assert_same(buf.state_dict(), before)
     check_episodes(buf.sample(1), eps.pushed)
