@@ -183,9 +183,12 @@ class PriorityIndex:
                     p = min(top ** (1.0 / self.alpha), MAX_PRIORITY)
                 except OverflowError:
                     return MAX_PRIORITY
-                # the top item's priority as stored (``from_leaves``): a new item's leaf made from it gives it back,
-                # so pushes do not ratchet the max by a rounding each (below float32's normal range that rounding
-                # would lose the priority's digits, or all of it: the float64 value, as given)
+                # a priority whose leaf is the top leaf itself (equal leaves: IS 1.0) or else the top item's
+                # priority as stored (``from_leaves``), whose leaf gives it back: either way pushes do not ratchet
+                # the max by a rounding each (below float32's normal range that rounding would lose the priority's
+                # digits, or all of it: the float64 value)
+                if p**self.alpha == top:
+                    return p
                 q = float(np.float32(p))
                 return q if q >= _FLOAT32_TINY else p
         return self.max_priority

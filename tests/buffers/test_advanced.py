@@ -343,6 +343,17 @@ def test_the_max_stored_priority_does_not_creep_over_many_pushes(alpha, given):
     assert buf.stats()['priority_mass'] == pytest.approx(expected, rel=1e-14)
 
 
+def test_an_item_taking_the_max_stored_priority_weighs_as_the_top_item():
+    """A top priority float32 cannot hold (0.1): the new item took float32(0.1), a leaf above the top one, so the
+    two items reporting one priority had different IS weights."""
+    buf = make('list', size=4, max_priority_within_buffer=True, anneal_step=0)
+    buf.push(item(0, priority=0.1))
+    buf.push(item(1))
+    batch = [x for _ in range(10) for x in buf.sample(2)]
+    assert len({x['priority'] for x in batch}) == 1 and {x['id'] for x in batch} == {0, 1}
+    assert [x['IS'] for x in batch] == [1.0] * 20
+
+
 @pytest.mark.parametrize('given', [1e-300, 1e-40])
 def test_the_max_stored_priority_below_float32s_range_is_kept(given):
     """Rounded to float32, a top priority of 1e-300 made new items' priority 0 (never drawn)."""
