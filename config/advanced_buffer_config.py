@@ -27,6 +27,9 @@ main_config = dict(
                 max_staleness=float('inf'),
                 # new items get the max priority stored now (True) or ever set (False, DI-engine)
                 max_priority_within_buffer=False,
+                # the running max takes the priority an update stores, priority + eps (True: DI-engine's
+                # PriorityExperienceReplay) or the one given (False: its AdvancedReplayBuffer)
+                max_priority_plus_eps=False,
                 seed=None,
                 # which items a sample draws: {} or dict(type='prioritized'), by priority with the keys above
                 sampler={},

@@ -30,6 +30,9 @@ ADVANCED_CONFIG = dict(
     # New items without a priority get the max priority among stored items (TorchRL) instead of the
     # running max of all priorities ever set (DI-engine). Keeps a max tree (+1.2 bytes per item).
     max_priority_within_buffer=False,
+    # The running max takes the priority an update stores (priority + eps: DI-engine's PriorityExperienceReplay,
+    # behind its deque and task buffers) instead of the one given (DI-engine's AdvancedReplayBuffer).
+    max_priority_plus_eps=False,
     # Items are dicts whose payload is a file at item['data_id']; delete it when the item leaves.
     enable_track_used_data=False,
     # Deep-copy items on push and sampled items on sample (list storage).

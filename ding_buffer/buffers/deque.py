@@ -134,6 +134,7 @@ def inner_config(cfg: Mapping) -> Dict[str, Any]:
         alpha=cfg.priority_power_factor,
         beta=cfg.IS_weight_power_factor,
         anneal_step=int(cfg.IS_weight_anneal_train_iter),
+        max_priority_plus_eps=True,  # DI-engine's deque: its PriorityExperienceReplay middleware
         **common,
     )
 

@@ -299,8 +299,6 @@ class DequeTable(DequeVerbs, SlotTable):
 class PrioritizedDequeTable(DequeVerbs, PrioritizedTable):
     """The table of a deque with ``priority=True``: prioritized draws, ``update`` of the last batch."""
 
-    eps_in_max = True  # DI-engine's deque raises its running max with the priority it stores (priority + 1e-5)
-
 
 def deque_table(cfg: Any, name: str, lock: Any, deque_cfg: Any, any_stored: bool = False) -> DequeVerbs:
     """The deque's table, as its config asks (``priority``)."""

@@ -137,12 +137,10 @@ class PrioritizedTable(SlotTable):
             self.name, attr.average_range, attr.print_freq, parts.logger, parts.tb if rank() == 0 else None
         )
 
-    eps_in_max = False  # DI-engine's advanced buffer raises its running max with the priority given
-
     def new_index(self) -> PriorityIndex:
         cfg = self.cfg
         return PriorityIndex(
-            cfg.replay_buffer_size, cfg.alpha, cfg.eps, cfg.max_priority_within_buffer, self.eps_in_max
+            cfg.replay_buffer_size, cfg.alpha, cfg.eps, cfg.max_priority_within_buffer, cfg.max_priority_plus_eps
         )
 
     # ------------------------------------------------------------------ write / remove hooks

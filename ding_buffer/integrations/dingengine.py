@@ -452,6 +452,7 @@ class TaskBuffer(Buffer):
                 'alpha': per.priority_power_factor,
                 'beta': per.IS_weight_power_factor,
                 'anneal_step': int(per.IS_weight_anneal_train_iter),
+                'max_priority_plus_eps': True,  # (its running max takes priority + 1e-5)
             },
         )
         cfg.pop('sampler', None)  # naive's sampler key; advanced samples by priority

@@ -343,6 +343,20 @@ def test_the_max_stored_priority_does_not_creep_over_many_pushes(alpha, given):
     assert buf.stats()['priority_mass'] == pytest.approx(expected, rel=1e-14)
 
 
+@pytest.mark.parametrize('plus_eps', [False, True])
+def test_the_running_max_takes_the_priority_given_or_the_one_stored(plus_eps):
+    """DI-engine's AdvancedReplayBuffer raises its max with the priority given; its PriorityExperienceReplay (deque,
+    task buffers) with the one it stores, priority + eps."""
+    buf = make('list', size=4, max_priority_plus_eps=plus_eps, eps=0.25)
+    buf.push(item(0))
+    out = buf.sample(1)
+    buf.update({'replay_unique_id': [out[0]['replay_unique_id']], 'replay_buffer_idx': [0], 'priority': [2.0]})
+    assert buf.stats()['max_priority'] == (2.25 if plus_eps else 2.0)
+    buf.push(item(1))  # takes the running max
+    assert index_view(buf)[0]['priority'] == 2.25  # stored: priority + eps either way
+    assert index_view(buf)[1]['priority'] == (2.25 if plus_eps else 2.0)
+
+
 def test_an_item_taking_the_max_stored_priority_weighs_as_the_top_item():
     """A top priority float32 cannot hold (0.1): the new item took float32(0.1), a leaf above the top one, so the
     two items reporting one priority had different IS weights."""
