@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from ..errors import FramesOutOfStepError
-from ..storage.frames import ended_of, env_of, frame_dtype, frame_spec, stack_of
+from ..storage.frames import ended_of, env_of, frame_dtype, frame_spec, same_bits, stack_of
 
 META_KEYS = ('v', 'base', 'cont', 'shift')
 
@@ -37,6 +37,13 @@ Step = Tuple[np.ndarray, np.ndarray, Any, bool]
 
 def _numpy(v: Any) -> Any:
     return v.detach().cpu().numpy() if isinstance(v, torch.Tensor) else v
+
+
+def _length(v: Any) -> Optional[int]:
+    try:
+        return len(v)
+    except TypeError:  # (no length, or a 0-d array)
+        return None
 
 
 def _rows_of(data: Any, batched: bool, spec: Mapping) -> Optional[List[Step]]:
@@ -74,7 +81,8 @@ def _flags(spec: Mapping) -> Tuple[str, ...]:
 
 
 def _same(a: Optional[np.ndarray], b: np.ndarray) -> bool:
-    return a is not None and a.shape == b.shape and a.dtype == b.dtype and np.array_equal(a, b)
+    """Bit for bit, as the buffer's stream checks compare (-0.0 is not 0.0): a step it would refuse is sent whole."""
+    return a is not None and a.shape == b.shape and a.dtype == b.dtype and same_bits(a, b)
 
 
 class FramesWireEncoder:
@@ -106,7 +114,7 @@ class FramesWireEncoder:
         shift = True
         for obs, nxt, env, ended in rows:
             cont.append(_same(last.get(env), obs))
-            if shift and not (obs.shape == nxt.shape and obs.dtype == nxt.dtype and np.array_equal(nxt[:-1], obs[1:])):
+            if shift and not (obs.shape == nxt.shape and obs.dtype == nxt.dtype and same_bits(nxt[:-1], obs[1:])):
                 shift = False
             if ended:
                 last.pop(env, None)
@@ -154,9 +162,11 @@ class FramesWireDecoder:
         ``(full data, commit)``: ``commit()`` -- called once the buffer took the push -- makes it the worker's
         chain. It raises ``FramesOutOfStepError`` where it does not hold the push's chain, ``ValueError`` for a
         malformed push (stacks and frames that are not the buffer's); nothing changes then. ``forget(client)``
-        drops a worker's chain (a push of it without ``meta``). What it holds per worker is the last ``next_obs``
-        of each of its environments, at most ``budget`` bytes over all workers, overheads counted (the least
-        recently seen workers are forgotten first), and at most ``MAX_CLIENTS`` workers. A step is rebuilt from at
+        drops a worker's chain (a push of it without ``meta``). A chain is the sender's and the client's
+        (``sender``: the transport's peer, as push dedup keys its records): a peer naming another's client id
+        cannot replace its chain. What it holds per worker is the last ``next_obs`` of each of its environments,
+        at most ``budget`` bytes over all workers, overheads counted (the least recently seen workers are forgotten
+        first), and at most ``MAX_CLIENTS`` workers. A step is rebuilt from at
         least one frame it carries into at most ``2 * stack`` frames of the buffer's stack; until the buffer holds
         frames (and so a stack) nothing is rebuilt: such pushes come again as they were pushed.
     """
@@ -165,7 +175,7 @@ class FramesWireDecoder:
         self.spec = dict(spec)
         self.budget = int(budget)
         self.storage_of = storage_of  # the buffer's FrameStorage now: the stack and frames a push must have
-        self._held: 'OrderedDict[str, Tuple[int, Dict[Any, np.ndarray], int]]' = OrderedDict()  # seq, stacks, bytes
+        self._held: 'OrderedDict[Tuple[Any, str], Tuple[int, Dict[Any, np.ndarray], int]]' = OrderedDict()
         self._bytes = 0
         self.counters = dict(frames_wire_steps=0, frames_wire_out_of_step=0)
 
@@ -178,14 +188,14 @@ class FramesWireDecoder:
     def held_workers(self) -> int:
         return len(self._held)
 
-    def forget(self, client: Any) -> None:
-        held = self._held.pop(client, None)
+    def forget(self, client: Any, sender: Any = None) -> None:
+        held = self._held.pop((sender, client), None)
         if held is not None:
             self._bytes -= held[2]
 
-    def expand(self, client: Any, seq: Any, data: Any, batched: bool, meta: Any) -> Tuple[Any, Any]:
+    def expand(self, client: Any, seq: Any, data: Any, batched: bool, meta: Any, sender: Any = None) -> Tuple[Any, Any]:
         cont, shift, base = self._check_meta(client, seq, meta)
-        held = self._held.get(client)
+        held = self._held.get((sender, client))  # (seq, stacks, bytes)
         storage = self.storage_of() if self.storage_of is not None else None
         like = storage.frames_like() if storage is not None else None
         if like is None and (shift or any(cont)):
@@ -215,7 +225,7 @@ class FramesWireDecoder:
         self.counters['frames_wire_steps'] += len(cont)
 
         def commit() -> None:
-            self._keep(client, int(seq), stacks, last)
+            self._keep((sender, client), int(seq), stacks, last)
 
         return out, commit
 
@@ -290,8 +300,14 @@ class FramesWireDecoder:
         if not isinstance(data, dict) or nkey not in data:
             raise ValueError(f"a batched push with argument 'frames' must be a dict with the field {nkey!r}")
         n = len(cont)
-        sent = _numpy(data[key]) if key in data else np.zeros((0,), dtype=np.uint8)
-        nxt_in = _numpy(data[nkey])
+        try:  # (the worker's encoder sends frames numpy cannot read as they are, without 'frames')
+            sent = _numpy(data[key]) if key in data else np.zeros((0,), dtype=np.uint8)
+            nxt_in = _numpy(data[nkey])
+        except TypeError as e:
+            raise ValueError(f"a batched push with argument 'frames' has frames numpy cannot read: {e}") from None
+        for k in _flags(spec):
+            if k in data and _length(data[k]) != n:
+                raise ValueError(f"a batched push with argument 'frames' needs {n} rows of {k!r}")
         if not isinstance(sent, np.ndarray) or not isinstance(nxt_in, np.ndarray) or len(nxt_in) != n:
             raise ValueError(
                 f"a batched push with argument 'frames' needs {n} rows of {nkey!r} (one a 'frames.cont' flag)"
@@ -323,10 +339,11 @@ class FramesWireDecoder:
         return out, last
 
     def _keep(
-        self, client: str, seq: int, before: Dict[Any, np.ndarray], last: Dict[Any, Optional[np.ndarray]]
+        self, key: Tuple[Any, str], seq: int, before: Dict[Any, np.ndarray], last: Dict[Any, Optional[np.ndarray]]
     ) -> None:
-        """The worker's chain now ends at push ``seq``: what it held before (``before``) updated by ``last``."""
-        self.forget(client)
+        """The worker's chain (``key``: sender, client) now ends at push ``seq``: what it held before (``before``)
+        updated by ``last``."""
+        self.forget(key[1], key[0])
         stacks = dict(before)
         for env, nxt in last.items():
             if nxt is None:
@@ -336,7 +353,7 @@ class FramesWireDecoder:
         size = CLIENT_OVERHEAD + sum(
             s.nbytes + ENV_OVERHEAD + (len(env) if isinstance(env, str) else 0) for env, s in stacks.items()
         )
-        self._held[client] = (seq, stacks, size)
+        self._held[key] = (seq, stacks, size)
         self._bytes += size
         while (self._bytes > self.budget or len(self._held) > MAX_CLIENTS) and self._held:
             _, (_, _, freed) = self._held.popitem(last=False)  # the least recently seen workers first

@@ -145,26 +145,26 @@ class ManagerCore:
         check_depth(data, "push 'data'")
 
         def apply() -> Dict[str, Any]:
-            full, commit = self._full_stacks(client, seq, data, batched, frames)
+            full, commit = self._full_stacks(sender, client, seq, data, batched, frames)
             reply = self._apply_push(sender, full, batched, envstep, model_version, session_id)
             commit()  # the worker's chain moves on only with a push the buffer took
             return reply
 
         return self.push_dedup.once(sender, client, seq, apply)
 
-    def _full_stacks(self, client, seq, data, batched, frames) -> Any:
+    def _full_stacks(self, sender, client, seq, data, batched, frames) -> Any:
         """A push whose steps travelled as new frames (``frames``: see ``frames_wire``) with its stacks rebuilt;
         a push without ``frames`` ends its worker's chain."""
         if frames is None:
             if self.frames_wire is not None and client is not None:
-                self.frames_wire.forget(client)
+                self.frames_wire.forget(client, sender)
             return data, lambda: None
         if self.frames_wire is None:
             raise ValueError(
                 "push argument 'frames' (steps sent as new frames) reached a manager whose buffer does not keep "
                 "frames once; give the manager and its workers the same storage.frames config"
             )
-        return self.frames_wire.expand(client, seq, data, bool(batched), frames)
+        return self.frames_wire.expand(client, seq, data, bool(batched), frames, sender)
 
     def _apply_push(self, sender, data, batched, envstep, model_version, session_id, tentative=False) -> Dict:
         """``tentative``: a shared-memory commit's first try of several pushes as one: if the buffer stores none of

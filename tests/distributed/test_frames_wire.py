@@ -422,3 +422,81 @@ def test_a_push_continuing_bfloat16_frames_is_refused_by_name_and_changes_nothin
     assert_same(buf.state_dict(), before)
     assert push(2, [bf16[1], bf16[2]], None)['ok']
     assert buf.count() == 3
+
+
+def test_a_step_a_local_buffer_refuses_for_a_signed_zero_is_refused_through_the_wire():
+    """The worker compared frames by value (-0.0 == 0.0), left the pushed frames out and the manager rebuilt them
+    from the +0.0 ones it held: a step the buffer refuses (its checks compare bits) was stored, with other frames."""
+    cfg = cfg_of(size=64, frames=dict(env_key='env_id'))
+    local = create_buffer(EasyDict({k: v for k, v in cfg.items() if k != 'distributed'}))
+    mgr, out, th, (worker,) = in_process_job(cfg, 1)
+
+    def f(v):
+        return np.full((2,), v, np.float32)
+
+    def step(env, obs, nxt):
+        return dict(obs=np.stack(obs), next_obs=np.stack(nxt), reward=0.0, done=False, env_id=env)
+
+    first = [step(0, [f(1), f(2)], [f(2), f(0.0)]), step(1, [f(4), f(5)], [f(5), f(0.0)])]
+    broken = [
+        step(0, [f(2), f(-0.0)], [f(-0.0), f(3)]),  # obs does not continue env 0 bit for bit
+        step(1, [f(5), f(0.0)], [f(-0.0), f(6)]),  # next_obs is not obs shifted bit for bit
+    ]
+    try:
+        for buf in (local, worker):
+            for s in first:
+                assert buf.push(s) == 1
+            for s, needle in zip(broken, ('does not continue environment 0', 'shifted by one frame')):
+                with pytest.raises(ValueError, match=needle):
+                    buf.push(s)
+        assert worker.count() == local.count() == 2
+        got = worker.sample(2)
+        assert not np.signbit(got['obs'].numpy()).any() and not np.signbit(got['next_obs'].numpy()).any()
+    finally:
+        worker.close()
+        th.join(20)
+
+
+def test_a_peer_naming_another_workers_client_id_cannot_replace_its_chain():
+    """The chain was keyed by the client id alone: another peer's push naming it replaced the chain, and the honest
+    worker's next valid push was refused."""
+    buf, dcfg, key = build_manager_buffer(cfg_of(size=64, frames=dict(env_key='env_id')))
+    core = ManagerCore(buf, dcfg, key)
+
+    def push(sender, seq, data, meta):
+        args = dict(data=data, client='A', seq=seq, frames=meta)
+        return core.handle(sender, {'op': 'push', 'id': seq, 'shard': 0, 'args': args})
+
+    honest = FrameEnvs(n_envs=1, seed=1, max_len=100)
+    buf.push(dict(honest.steps(1)[0], env_id=-1))  # the buffer holds frames
+    enc = FramesWireEncoder(SPEC)
+    for seq in range(2):
+        assert push(1, seq, *enc.encode(honest.steps(1)[0], False, seq))['ok']
+    other = dict(FrameEnvs(n_envs=1, seed=2, max_len=100).steps(1)[0], env_id=7)
+    assert push(2, 1, [other], dict(v=1, base=None, cont=[False], shift=False))['ok']  # its own chain
+    step = honest.steps(1)[0]
+    reply = push(1, 2, *enc.encode(step, False, 2))
+    assert reply['ok'], reply
+    assert buf.count() == 5  # the first step, the honest worker's three and the other peer's one
+
+
+@pytest.mark.parametrize('crafted', ['bfloat16 next_obs', 'short env column', '0-d env column'])
+def test_a_crafted_batched_frames_push_is_refused_naming_what_is_wrong(crafted):
+    """A batched push with 'frames' of bfloat16 frames, or with a flag column not one a row, raised a bare TypeError
+    or IndexError naming nothing."""
+    buf, dcfg, key = build_manager_buffer(cfg_of(size=64, frames=dict(env_key='env_id')))
+    core = ManagerCore(buf, dcfg, key)
+    steps = FrameEnvs(n_envs=2, seed=1, max_len=100).steps(3)
+    buf.push(steps[0])  # the buffer holds frames
+    batch = {k: np.stack([np.asarray(t[k]) for t in steps[1:]]) for k in steps[0]}
+    data = dict(batch, next_obs=batch['next_obs'][:, -1:])
+    if crafted == 'bfloat16 next_obs':
+        data['next_obs'], needle = torch.from_numpy(data['next_obs']).to(torch.bfloat16), 'numpy cannot read'
+    else:
+        data['env_id'], needle = batch['env_id'][:1] if crafted == 'short env column' else np.int64(0), "'env_id'"
+    before = buf.state_dict()
+    meta = dict(v=1, base=None, cont=[False, False], shift=True)
+    args = dict(data=data, client='c', seq=1, frames=meta, batched=True)
+    reply = core.handle(1, {'op': 'push', 'id': 1, 'shard': 0, 'args': args})
+    assert not reply['ok'] and reply['error'] == 'ValueError' and needle in reply['message'], reply
+    assert_same(buf.state_dict(), before)
