@@ -151,8 +151,9 @@ class PriorityIndex:
         self.alpha = float(alpha)
         self.eps = float(eps)
         # the running max takes the priority an update stores (priority + eps: DI-engine's deque) or the one given
-        # (its advanced buffer)
+        # (its advanced buffer): what an update adds to its largest priority
         self.eps_in_max = eps_in_max
+        self._max_eps = self.eps if eps_in_max else 0.0
         self.tree = PriorityTree(capacity, with_max=with_max)
         self._priority = np.zeros(capacity, np.float32) if self.alpha < COLUMN_ALPHA else None  # else from leaves
         self.max_priority = 1.0  # largest priority ever set (DI-engine); new items default to it
@@ -241,7 +242,7 @@ class PriorityIndex:
             self._priority[slots] = priorities + self.eps
         self.tree.set(slots, kern.leaf_values(priorities, self.eps, self.alpha))
         if len(priorities):
-            self.max_priority = max(self.max_priority, float(priorities.max()) + self.eps * self.eps_in_max)
+            self.max_priority = max(self.max_priority, float(priorities.max()) + self._max_eps)
 
     def update_by_ids(self, ring: Any, slots: np.ndarray, ids: np.ndarray, priorities: np.ndarray) -> Optional[int]:
         """
@@ -271,7 +272,7 @@ class PriorityIndex:
         if out[3]:
             return None
         if out[0]:
-            self.max_priority = max(self.max_priority, float(out[1]) + self.eps * self.eps_in_max)
+            self.max_priority = max(self.max_priority, float(out[1]) + self._max_eps)
         return int(out[0])
 
     # ------------------------------------------------------------------ sampling

@@ -305,7 +305,8 @@ class FramesWireDecoder:
             nxt_in = _numpy(data[nkey])
         except TypeError as e:
             raise ValueError(f"a batched push with argument 'frames' has frames numpy cannot read: {e}") from None
-        for k in _flags(spec):
+        flags = _flags(spec)
+        for k in flags:
             if k in data and _length(data[k]) != n:
                 raise ValueError(f"a batched push with argument 'frames' needs {n} rows of {k!r}")
         if not isinstance(sent, np.ndarray) or not isinstance(nxt_in, np.ndarray) or len(nxt_in) != n:
@@ -317,7 +318,6 @@ class FramesWireDecoder:
                 f"a batched push with argument 'frames' needs {n - sum(cont)} rows of {key!r} (its steps that do "
                 f"not continue), got {len(sent)}"
             )
-        flags = _flags(spec)
         last: Dict[Any, Optional[np.ndarray]] = {}
         obs_rows, nxt_rows = [], []
         j = 0

@@ -409,9 +409,10 @@ class FrameStorage(TensorStorage):
         if view is not None:
             return view[slots].reshape(len(slots))
         vals = field[torch.from_numpy(slots).to(field.device)].cpu()
-        if bits_of(vals.dtype) is not None:  # (bfloat16, float8: numpy has no such dtype; float64 holds them)
-            vals = vals.to(torch.float64)
-        return vals.numpy().reshape(len(slots))
+        try:
+            return vals.numpy().reshape(len(slots))
+        except TypeError:  # (bfloat16, float8: numpy has no such dtype; float64 holds them)
+            return vals.to(torch.float64).numpy().reshape(len(slots))
 
     def _n_step(
         self, out: Dict[str, Any], slots: np.ndarray, ids: torch.Tensor, new: torch.Tensor

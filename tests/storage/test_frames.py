@@ -183,6 +183,21 @@ def _stack(*values):
     return np.stack([np.full((H, H), v % 256, np.uint8) for v in values])
 
 
+def _numbered_step(env, t, tag, base=1, reward=0.0, done=False):
+    """Step ``t`` of environment ``env``: a stack of 4 frames numbered from ``base + t``, one new frame a step."""
+    o = [base + t + k for k in range(4)]
+    return dict(
+        obs=_stack(*o),
+        next_obs=_stack(*o[1:], o[-1] + 1),
+        action=0,
+        reward=reward,
+        done=done,
+        truncated=False,
+        env_id=env,
+        step=tag,
+    )
+
+
 @pytest.mark.parametrize('check', [True, False])
 @pytest.mark.parametrize('pushes', ['single', 'list', 'first push'])
 def test_a_stream_whose_frames_are_the_oldest_in_the_ring_goes_on_storing_its_steps(check, pushes):
@@ -193,21 +208,10 @@ def test_a_stream_whose_frames_are_the_oldest_in_the_ring_goes_on_storing_its_st
     cfg['storage']['frames'].update(check=check)
     buf = create_buffer(cfg)
 
-    def step(env, t, base, tag):
-        o = [base + t + k for k in range(4)]
-        return dict(
-            obs=_stack(*o),
-            next_obs=_stack(*o[1:], o[-1] + 1),
-            action=0,
-            reward=0.0,
-            done=False,
-            truncated=False,
-            env_id=env,
-            step=tag,
-        )
-
-    pushed = [step(0, 0, 1, 0)] + [step(1, j, 100, 1 + j) for j in range(24)]  # env 1 fills 28 of the 32 rows
-    later = [step(0, t, 1, 1000 + t) for t in range(1, 7)]  # env 0 goes on
+    pushed = [_numbered_step(0, 0, 0)] + [
+        _numbered_step(1, j, 1 + j, base=100) for j in range(24)
+    ]  # env 1 fills 28 of the 32 rows
+    later = [_numbered_step(0, t, 1000 + t) for t in range(1, 7)]  # env 0 goes on
     if pushes == 'first push':  # (the frame ring is made by this push: the rows it will have count)
         assert buf.push(pushed + later) == 31
     else:
@@ -229,19 +233,7 @@ def test_an_n_step_return_sums_in_float64_and_rounds_once():
     cfg['storage']['frames'].update(n_step=3, gamma=0.9)
     buf = create_buffer(cfg)
     for t, r in enumerate([0.5, -1.0, 0.5, 0.0]):
-        o = [1 + t + k for k in range(4)]
-        buf.push(
-            dict(
-                obs=_stack(*o),
-                next_obs=_stack(*o[1:], o[-1] + 1),
-                action=0,
-                reward=r,
-                done=False,
-                truncated=False,
-                env_id=0,
-                step=t,
-            )
-        )
+        buf.push(_numbered_step(0, t, t, reward=r))
     out = buf.sample(4, replace=False)
     first = out['step'].tolist().index(0)
     assert out['reward'][first].item() == float(np.float32(0.5 + 0.9 * -1.0 + 0.9 * 0.9 * 0.5))
@@ -255,9 +247,7 @@ def test_n_step_returns_read_rewards_and_flags_of_dtypes_numpy_lacks(field, dtyp
     cfg['storage']['frames'].update(n_step=3, gamma=0.5)
     buf = create_buffer(cfg)
     for t in range(4):
-        o = [1 + t + k for k in range(4)]
-        step = dict(obs=_stack(*o), next_obs=_stack(*o[1:], o[-1] + 1), action=0, reward=0.5, done=t == 1)
-        step.update(truncated=False, env_id=0, step=t)
+        step = _numbered_step(0, t, t, reward=0.5, done=t == 1)
         step[field] = torch.tensor(step[field], dtype=dtype)
         buf.push(step)
     out = buf.sample(4, replace=False)
