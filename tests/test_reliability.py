@@ -9,6 +9,7 @@ import os
 import resource
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import threading
@@ -350,6 +351,31 @@ def test_a_save_that_runs_out_of_room_names_the_file_and_keeps_the_old_one(stora
     assert old.count() == 4008
 
 
+def test_a_directory_fsync_that_fails_after_the_rename_warns_and_the_save_stands(tmp_path, monkeypatch):
+    """The new file is in place once renamed: a failing directory fsync (EIO, EMFILE) does not make the save one
+    that failed (which promises the old file), it warns."""
+    path = str(tmp_path / 'b.pt')
+    buf = create_buffer(dict(type='naive', replay_buffer_size=16, seed=0, storage=dict(type='tensor')))
+    buf.push(item(0))
+    buf.save_data(path)
+    buf.push([item(i) for i in range(1, 5)])
+    real = os.fsync
+
+    def fsync(fd):
+        if stat.S_ISDIR(os.fstat(fd).st_mode):
+            raise OSError(errno.EIO, 'Input/output error')
+        return real(fd)
+
+    monkeypatch.setattr(os, 'fsync', fsync)
+    with pytest.warns(RuntimeWarning, match='fsync of its directory failed'):
+        buf.save_data(path)
+    monkeypatch.setattr(os, 'fsync', real)
+    other = create_buffer(dict(type='naive', replay_buffer_size=16, storage=dict(type='tensor')))
+    other.load_data(path)
+    assert_same(other.state_dict(), buf.state_dict())
+    assert os.listdir(tmp_path) == ['b.pt']
+
+
 def test_a_text_file_that_runs_out_of_room_names_the_file_and_keeps_the_old_one(tmp_path):
     """The training jobs' eval.csv / summary.json: written as the buffer files are."""
     from ding_buffer.persistence import atomic_text
@@ -540,6 +566,82 @@ def test_a_sample_or_load_that_runs_out_of_memory_changes_nothing(btype, output,
         env=env,
     )
     assert run.returncode == 0 and run.stdout.strip() == 'ok', run.stderr[-3000:]
+
+
+def test_a_chunk_payload_the_disk_will_not_delete_stays_with_a_warning_and_the_buffer_goes_on(tmp_path, monkeypatch):
+    """A payload no longer held that the filesystem will not delete (EIO, EACCES) is left on disk: the clear, the
+    load, the evicting push all complete, and every later call works."""
+    store = tmp_path / 'store'
+    cfg = dict(type='chunk', max_chunks=2, fragments_per_chunk=2, seed=0, store=dict(type='disk', path=str(store)))
+    buf = create_buffer(cfg)
+    for k in range(4):
+        buf.push(dict(worker='w', fid=k, model_version=0, session_id='s', data={'obs': torch.full((2,), float(k))}))
+    saved = buf.state_dict()
+    real, calls = os.remove, []
+
+    def remove(path):
+        calls.append(path)
+        if len(calls) % 2 == 0:
+            raise OSError(errno.EIO, 'Input/output error', path)
+        return real(path)
+
+    monkeypatch.setattr(os, 'remove', remove)
+    with pytest.warns(RuntimeWarning, match='stays on disk'):
+        for k in range(4, 6):  # the oldest chunk leaves
+            buf.push(dict(worker='w', fid=k, model_version=0, session_id='s', data={'obs': torch.full((2,), float(k))}))
+    assert sorted(f['data']['obs'][0].item() for f in buf.sample(4)) == [2.0, 3.0, 4.0, 5.0]
+    with pytest.warns(RuntimeWarning, match='stays on disk'):
+        buf.load_state_dict(saved)
+    assert sorted(f['data']['obs'][0].item() for f in buf.sample(4)) == [0.0, 1.0, 2.0, 3.0]
+    with pytest.warns(RuntimeWarning, match='stays on disk'):
+        buf.clear()
+    monkeypatch.setattr(os, 'remove', real)
+    assert buf.count() == 0 and buf.stats()['chunks_left'] == 2  # (the loaded state's two chunks)
+    buf.state_dict()
+    buf.push(dict(worker='w', fid=6, model_version=0, session_id='s', data={'obs': torch.zeros(2)}))
+    buf.push(dict(worker='w', fid=7, model_version=0, session_id='s', data={'obs': torch.ones(2)}))
+    assert [f['data']['obs'][0].item() for f in buf.sample(2)] == [0.0, 1.0]
+    buf.close()
+
+
+def test_a_gflownet_clear_that_runs_out_of_memory_changes_nothing(monkeypatch):
+    buf = create_buffer(dict(type='gfn', replay_buffer_size=5, seed=0))
+    buf.push({'state': torch.arange(10.0).reshape(5, 2), 'log_reward': torch.zeros(5)})
+    before = buf.state_dict()
+    real = np.arange
+
+    def arange(*args, **kwargs):
+        raise MemoryError('Unable to allocate')
+
+    monkeypatch.setattr(np, 'arange', arange)
+    with pytest.raises(MemoryError):
+        buf.clear()
+    monkeypatch.setattr(np, 'arange', real)
+    assert_same(buf.state_dict(), before)
+    buf.push({'state': torch.tensor([[7.0, 7.0]]), 'log_reward': torch.zeros(1)})
+    assert buf.count() == 5
+
+
+@pytest.mark.parametrize('btype', ['naive', 'advanced'])
+def test_a_push_whose_copy_to_the_device_runs_out_of_memory_changes_nothing(btype, monkeypatch):
+    """The copy of a pushed column to the storage's device (every column on CUDA; here a bfloat16 one, which has no
+    numpy view on the CPU) comes before the ring moves: an out-of-memory error there fails the push alone."""
+    buf = create_buffer(dict(type=btype, replay_buffer_size=4, storage=dict(type='tensor'), seed=0))
+    buf.push([{'obs': torch.full((2,), float(t), dtype=torch.bfloat16), 'reward': float(t)} for t in range(4)])
+    before = buf.state_dict()
+    real = torch.Tensor.to
+
+    def to(self, *args, **kwargs):
+        raise torch.OutOfMemoryError('CUDA out of memory')
+
+    monkeypatch.setattr(torch.Tensor, 'to', to)
+    with pytest.raises(torch.OutOfMemoryError):
+        buf.push([{'obs': torch.full((2,), 100.0 + t, dtype=torch.bfloat16), 'reward': 100.0 + t} for t in range(2)])
+    monkeypatch.setattr(torch.Tensor, 'to', real)
+    assert_same(buf.state_dict(), before)
+    batch = buf.sample(4)
+    assert sorted(batch['replay_unique_id'].tolist()) == [0, 1, 2, 3]
+    assert sorted(batch['obs'][:, 0].tolist()) == [0.0, 1.0, 2.0, 3.0]
 
 
 # ------------------------------------------------------------------------------------------ 9. memmap files

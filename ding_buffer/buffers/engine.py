@@ -931,8 +931,9 @@ class Engine(IBuffer):
         self._calls.refuse('clear')
         with self._lock:
             self._check_open()
-            self._counters['remove_count'] += self.count()  # (a table deriving its own count overrides this one)
-            removed = self._t.clear()
+            n = self.count()
+            removed = self._t.clear()  # (first: a table that fails to clear changes nothing)
+            self._counters['remove_count'] += n  # (a table deriving its own count overrides this one)
             if self._uses is not None:
                 self._uses.reset(slice(None))  # nothing is stored: every use count restarts
             failed = self._tell('rebuild')

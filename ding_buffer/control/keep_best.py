@@ -118,8 +118,7 @@ class RewardIndex:
         """The insertion-order queue: ``(slot, seq)`` of every stored item, oldest first, between ``_head`` and
         ``_tail``; entries of items evicted since (by any rule) are skipped lazily (their slot's seq differs)."""
         size = max(16, 2 * self.physical)
-        self._q_slot = np.empty(size, dtype=np.int64)
-        self._q_seq = np.empty(size, dtype=np.int64)
+        self._q_slot, self._q_seq = np.empty(size, dtype=np.int64), np.empty(size, dtype=np.int64)
         self._head = self._tail = 0
 
     def _enqueue(self, slots: np.ndarray, seq: np.ndarray) -> None:
@@ -275,15 +274,16 @@ class RewardIndex:
         self._enqueue(slots, self.seq[slots])
 
     def clear(self) -> None:
-        """Every slot empty (``next_seq`` is kept)."""
+        """Every slot empty (``next_seq`` is kept). What it allocates comes first: a ``MemoryError`` changes
+        nothing."""
+        free = np.arange(self.physical - 1, -1, -1, dtype=np.int64)  # every slot free, popped lowest first
+        self._reset_order()  # (allocates both arrays before it changes anything)
         self.alive[:] = False
         self.log_reward[:] = np.nan
         self.seq[:] = -1
         self.count = 0
         self.end = 0  # append mode: first never-used slot
-        self._free = np.arange(self.physical - 1, -1, -1, dtype=np.int64)  # every slot free, popped lowest first
-        self._n_free = self.physical
-        self._reset_order()
+        self._free, self._n_free = free, self.physical
 
     def restored(
         self,

@@ -27,6 +27,7 @@ import io
 import os
 import re
 import uuid
+import warnings
 import weakref
 from typing import Any, Dict, Iterable, Optional, Set
 
@@ -195,10 +196,7 @@ class FragmentStore:
             return
         if self._own is not None:
             self._own.discard(fragment_id)
-        try:
-            os.remove(self._file(fragment_id))
-        except FileNotFoundError:
-            pass
+        _remove(self._file(fragment_id))
 
     def size(self, fragment_id: str) -> int:
         """Bytes of one payload on disk (0 for ``memory``, or when it is gone)."""
@@ -232,10 +230,19 @@ class FragmentStore:
             if name.endswith('.pt') and _ID.fullmatch(name[:-3]) and self._held_elsewhere(name[:-3]):
                 continue  # another open buffer's payload
             if (name.endswith('.pt') and _ID.fullmatch(name[:-3])) or (name.startswith('.') and name.endswith('.tmp')):
-                try:
-                    os.remove(os.path.join(self.path, name))
-                except FileNotFoundError:
-                    pass
+                _remove(os.path.join(self.path, name))
+
+
+def _remove(path: str) -> None:
+    """Delete the file of a payload no longer held: one already gone is fine; one the filesystem will not delete
+    (EIO, EACCES, a read-only remount) stays on disk with a warning, since the buffer has already let it go (its
+    calls are all or nothing: a delete is their last step, and nothing refers to the payload any more)."""
+    try:
+        os.remove(path)
+    except FileNotFoundError:
+        pass
+    except OSError as e:
+        warnings.warn(f"could not delete the payload file {path} ({e}); it stays on disk", RuntimeWarning, stacklevel=2)
 
 
 __all__ = ['FragmentStore', 'check_id', 'KINDS']

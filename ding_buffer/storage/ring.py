@@ -146,6 +146,7 @@ class RingIndex(SlotIndex):
         ``(slots, uids, overwritten)``: the written slots in write order, the new items' ids, and the slots whose
         previous (valid) item was overwritten."""
         assert 0 < n <= self.capacity, n
+        uids = np.arange(self.next_uid, self.next_uid + n, dtype=np.int64)  # (allocated before anything changes)
         first = (self.head + self.span) % self.capacity
         if first + n <= self.capacity:  # no wrap: slices instead of fancy indexing
             slots = np.arange(first, first + n)
@@ -163,7 +164,6 @@ class RingIndex(SlotIndex):
         if self._blocks is not None and len(overwritten) < n:  # (the slots not overwritten became valid)
             fresh = np.setdiff1d(slots, overwritten, assume_unique=True)
             np.add.at(self._blocks, fresh // self._BLOCK, 1)
-        uids = np.arange(self.next_uid, self.next_uid + n, dtype=np.int64)
         self.count += n - len(overwritten)
         self.next_uid += n
         self.push_count += n

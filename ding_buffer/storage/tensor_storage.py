@@ -182,9 +182,15 @@ class TensorStorage(Storage):
         return self._fast.put_batch(checked[0], checked[1], self.ring)
 
     def _reserve(self, prepared: Prepared) -> None:
+        """The fields on the first write; the columns that are not written through a numpy view copied to the device
+        now (a CUDA out-of-memory error there fails the push before anything changed)."""
         if self.schema is None:
             self.allocate(prepared.payload[0])
             self.tensordict_out = prepared.tensordict  # the first item decides what samples are (tensordict_io)
+        columns = prepared.payload[1]
+        for path, column in columns.items():
+            if path not in self._views:
+                columns[path] = column.to(self.device, non_blocking=True)
 
     def _write(self, slots: np.ndarray, payload: Any) -> None:
         _, columns = payload
@@ -199,7 +205,7 @@ class TensorStorage(Storage):
             if dst is not None:
                 src = column.numpy()
             else:
-                dst, src = self.fields[path], column.to(self.device, non_blocking=True)
+                dst, src = self.fields[path], column  # (on the device: ``_reserve``)
             if first + n <= self.capacity:  # contiguous: one slice assignment per field
                 dst[first : first + n] = src
             else:  # wraps around the ring: two slices
@@ -217,7 +223,7 @@ class TensorStorage(Storage):
             else:
                 if idx is None:
                     idx = torch.from_numpy(np.asarray(slots, dtype=np.int64)).to(self.device)
-                dst, src, bits = self.fields[path], column.to(self.device), bits_of(column.dtype)
+                dst, src, bits = self.fields[path], column, bits_of(column.dtype)  # (on the device: ``_reserve``)
                 if bits is not None:  # float8_e8m0fnu has no index_put: its bit patterns go instead
                     dst, src = dst.view(bits), src.view(bits)
                 dst[idx] = src
@@ -319,7 +325,7 @@ class TensorStorage(Storage):
 
     def write_fields(self, slots: np.ndarray, fields: List[torch.Tensor]) -> None:
         """Write per-field tensors (schema order, validated by ``import_fields``) at ``slots``."""
-        self._scatter(slots, dict(zip(self.schema, fields)))
+        self._scatter(slots, {p: f.to(self.device) for p, f in zip(self.schema, fields)})
 
     def state_dict(self) -> Dict[str, Any]:
         slots = self.ring.ordered_slots()
