@@ -44,7 +44,9 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 import numpy as np
 import torch
 
+from ..base import get_buffer_cls
 from ..buffers.common import check_deepcopy, check_step, check_wait_timeout, restored_rng, short_form
+from ..config import check_section
 from ..control.priority import as_numpy, as_priorities, parse_update
 from ..errors import ManagerUnavailableError
 from ..persistence import file_path, load_state, refuse_unknown, save_state
@@ -112,18 +114,18 @@ class ShardedBuffer:
         if len(shards) < 1:
             raise ValueError("a sharded buffer needs at least one shard")
         kind = cfg.get('type')
+        cfg = check_section(get_buffer_cls(cfg), cfg)  # with the type's defaults and key aliases, as a shard has them
         self.shards = list(shards)
         self.num_shards = len(self.shards)
         self.kind, self.route, self.shard_key = kind, route, shard_key
         self.prioritized = kind == 'advanced'
-        self.softmax = kind == 'gfn' and bool(cfg.get('prioritized_sampling', False))
-        self.gfn_replacement = cfg.get('sample_replacement') if kind == 'gfn' else None
-        self.capacity = int(cfg.get('replay_buffer_size') or 0)  # every shard's (a manager replies at most as many)
+        self.softmax = kind == 'gfn' and bool(cfg.prioritized_sampling)
+        self.gfn_replacement = cfg.sample_replacement if kind == 'gfn' else None
+        self.capacity = int(cfg.replay_buffer_size)  # every shard's (a manager replies at most as many)
         self.alpha = float(cfg.get('alpha', 0.6))
         self.beta0 = float(cfg.get('beta', 0.4))
         self.anneal_step = int(cfg.get('anneal_step', 100_000) or 0)
-        thruput = cfg.get('thruput_controller') or {}
-        self.min_ratio = float(thruput.get('sample_min_limit_ratio', 1.0 if self.prioritized else 0.0))
+        self.min_ratio = float(cfg.thruput_controller.sample_min_limit_ratio)
         self.beta = self.beta0
         self._next = 0  # round-robin position
         self._doubt: Optional[int] = None  # the shard of a round-robin push in doubt (its retry goes there)
@@ -321,6 +323,14 @@ class ShardedBuffer:
             if total < size:
                 why = f"the {self.num_shards} shards hold {total} items, fewer than {size} (drawn without replacement)"
                 return why, stats, counts, None, replace
+            over = np.flatnonzero(np.minimum(counts, size) > self.capacity)  # (gfn lazy_sort: up to twice it)
+            if len(over):  # one reply holds at most the capacity, and calls of their own could repeat items
+                k = int(over[0])
+                raise ValueError(
+                    f"sample({size}) without replacement: shard {k} of {self.num_shards} holds {counts[k]} items, "
+                    f"more than one reply holds (replay_buffer_size={self.capacity}); sample at most "
+                    f"{self.capacity} items, or with replacement"
+                )
             draws = self._rng.multivariate_hypergeometric(counts, size) if draw else None
         return '', stats, counts, draws, replace
 

@@ -626,3 +626,28 @@ def test_dingengines_short_state_form_pushes_the_items_across_the_shards():
     assert buf.count() == 6
     buf.load_state_dict(types.MappingProxyType({'data': [item(7)]}))
     assert buf.count() == 7
+
+
+def test_an_advanced_buffer_of_the_default_capacity_takes_updates_across_shards():
+    """The client reads the type's defaults (and key aliases) as its shards do: with no ``replay_buffer_size`` given,
+    the rows of a sample still route their updates."""
+    cfg = dict(type='advanced', storage=dict(type='tensor'), seed=0)
+    buf = ShardedBuffer([create_buffer(dict(cfg, seed=i)) for i in range(2)], cfg, seed=0)
+    buf.push([{'obs': torch.tensor([float(i)])} for i in range(2)])
+    buf.push([{'obs': torch.tensor([float(i)])} for i in range(2, 4)])
+    s = buf.sample(4)
+    keys = ('replay_unique_id', 'replay_buffer_idx', 'shard')
+    assert buf.update({**{k: s[k] for k in keys}, 'priority': torch.full((4,), 2.0)}) == {'updated': 4, 'stale': 0}
+
+
+def test_a_lazy_gfn_draw_without_replacement_beyond_one_reply_is_refused_and_draws_nothing():
+    cfg = dict(type='gfn', replay_buffer_size=10, lazy_sort=True, seed=0)
+    buf = ShardedBuffer([create_buffer(dict(cfg, seed=i)) for i in range(2)], cfg, seed=0)
+    buf.push({'state': torch.arange(18.0).unsqueeze(1), 'log_reward': torch.zeros(18)})  # one call: one shard
+    before = buf.state_dict()
+    with pytest.raises(ValueError, match=r'shard 0 of 2 holds 18 items.*replay_buffer_size=10'):
+        buf.sample(15)
+    assert_same(buf.state_dict(), before)
+    ids = buf.sample(10)['state'][:, 0].tolist()
+    assert len(set(ids)) == 10
+    assert len(buf.sample(15, replace=True)['state']) == 15
