@@ -15,13 +15,13 @@ import contextlib
 import errno
 import hashlib
 import json
+import logging
 import os
 import pickle
 import socket
 import sys
 import tempfile
 import time
-import warnings
 import zipfile
 import zlib
 from typing import Any, BinaryIO, Callable, Dict, Iterator, Mapping
@@ -115,13 +115,11 @@ def atomic_write(path: str, write: Callable[[BinaryIO], None], mode: str = 'wb')
             if os.path.exists(tmp):
                 os.remove(tmp)
             raise
-    try:  # the new file is in place: a failure from here on does not make the save one that failed
+    try:  # the new file is in place: a failure from here on does not make the save one that failed (logged)
         fsync_dir(directory)
     except OSError as e:
-        warnings.warn(
-            f"saved {path!r}, but the fsync of its directory failed ({e}): the rename may not survive a power loss",
-            RuntimeWarning,
-            stacklevel=3,
+        logging.getLogger('ding_buffer').warning(
+            "saved %r, but the fsync of its directory failed (%s): the rename may not survive a power loss", path, e
         )
 
 

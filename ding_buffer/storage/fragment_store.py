@@ -24,10 +24,10 @@ import copy
 import functools
 import importlib
 import io
+import logging
 import os
 import re
 import uuid
-import warnings
 import weakref
 from typing import Any, Dict, Iterable, Optional, Set
 
@@ -140,9 +140,11 @@ class FragmentStore:
     def put_as(self, fragment_id: str, payload: Any) -> str:
         """Store a copy of ``payload`` under ``fragment_id`` (a restore writes saved payloads back under their ids)."""
         check_id(fragment_id)
+        memo = _detached(payload)
         if self.kind == 'memory':
-            self._mem[fragment_id] = copy.deepcopy(payload)
+            self._mem[fragment_id] = copy.deepcopy(payload, memo)
             return fragment_id
+        payload = copy.deepcopy(payload, memo) if memo else payload
         final = self._file(fragment_id)
         tmp = os.path.join(self.path, f'.{fragment_id}.{os.getpid()}.tmp')
         try:
@@ -233,16 +235,34 @@ class FragmentStore:
                 _remove(os.path.join(self.path, name))
 
 
+def _detached(payload: Any) -> Dict[int, Any]:
+    """A ``copy.deepcopy`` memo that copies every tensor of ``payload`` that requires grad as a detached tensor (a
+    payload is data: a sample hands out copies a learner may edit in place, outside any graph); empty when none
+    does."""
+    memo: Dict[int, Any] = {}
+    stack = [payload]
+    while stack:  # the containers a payload nests tensors in
+        x = stack.pop()
+        if isinstance(x, torch.Tensor):
+            if x.requires_grad:
+                memo[id(x)] = x.detach().clone()
+        elif isinstance(x, dict):
+            stack.extend(x.values())
+        elif isinstance(x, (list, tuple)):
+            stack.extend(x)
+    return memo
+
+
 def _remove(path: str) -> None:
     """Delete the file of a payload no longer held: one already gone is fine; one the filesystem will not delete
-    (EIO, EACCES, a read-only remount) stays on disk with a warning, since the buffer has already let it go (its
-    calls are all or nothing: a delete is their last step, and nothing refers to the payload any more)."""
+    (EIO, EACCES, a read-only remount) stays on disk, logged, since the buffer has already let it go (nothing refers
+    to the payload any more; ``clear_on_start`` deletes it when a buffer next starts on the path)."""
     try:
         os.remove(path)
     except FileNotFoundError:
         pass
-    except OSError as e:
-        warnings.warn(f"could not delete the payload file {path} ({e}); it stays on disk", RuntimeWarning, stacklevel=2)
+    except OSError as e:  # (logged: a warning raised as an error would stop the call half way)
+        logging.getLogger('ding_buffer').warning("could not delete the payload file %s (%s); it stays on disk", path, e)
 
 
 __all__ = ['FragmentStore', 'check_id', 'KINDS']

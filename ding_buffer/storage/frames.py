@@ -337,6 +337,8 @@ def stack_of(
         raise ValueError(f"item {i}: field {key!r} must be [stack, *frame], got shape {v.shape}")
     if v.dtype.kind not in 'biuf':
         raise ValueError(f"item {i}: field {key!r} must hold real numbers (frames), got dtype {v.dtype}")
+    if not v.dtype.isnative:  # big-endian data (h5py, np.load of such a file): the same values, as tensor storage
+        v = v.astype(v.dtype.newbyteorder('='))
     if stack is not None and v.shape[0] != stack:
         raise ValueError(f"item {i}: field {key!r} has a stack of {v.shape[0]} frames, expected {stack}")
     dtype = v.dtype if dtype is None else dtype

@@ -26,6 +26,10 @@ from .ring import RingIndex
 from .tensordict_io import is_tensordict, rows
 from .tree import batch_row, batched_leaves
 
+# what ``copy.deepcopy`` raises for an object that cannot be copied: Python's TypeError, torch's NotImplementedError
+# (a nested tensor); a RuntimeError (a copy hook calling back into its buffer) comes through as it is
+_UNCOPYABLE = (TypeError, NotImplementedError)
+
 
 def deep_copy(items: Any) -> Any:
     """A deep copy of stored objects. Tensors inside an autograd graph (a pushed ``x * 2`` of a tensor that requires
@@ -52,7 +56,7 @@ def deep_copy(items: Any) -> Any:
 def _copies(x: Any) -> bool:
     try:
         deep_copy(x)
-    except TypeError:
+    except _UNCOPYABLE:
         return False
     return True
 
@@ -184,7 +188,7 @@ class ListStorage(Storage):
         items = self.gather(slots)
         try:
             copied = deep_copy(items)
-        except TypeError as e:  # an object that cannot be copied (a lock, a generator): name the item holding it
+        except _UNCOPYABLE as e:  # an object that cannot be copied (a lock, a generator): name the item holding it
             bad = next((i for i, x in enumerate(items) if not _copies(x)), None)
             raise TypeError(
                 f"stored item {bad} (0 = the oldest) cannot be copied into a state or file ({e}); list storage keeps "

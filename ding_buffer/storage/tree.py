@@ -152,7 +152,7 @@ def leaf_row(leaf: Any, i: int) -> Any:
 
 def batch_len(leaf: Any, path: Path) -> int:
     if isinstance(leaf, (torch.Tensor, np.ndarray)) and leaf.ndim >= 1:
-        return int(leaf.shape[0])
+        return int(leaf.size(0) if isinstance(leaf, torch.Tensor) else leaf.shape[0])  # (a nested tensor has no shape)
     if isinstance(leaf, (list, tuple)):
         return len(leaf)
     raise ValueError(

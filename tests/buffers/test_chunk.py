@@ -1057,3 +1057,22 @@ def test_a_disk_store_keeps_numpy_string_keys_and_tensor_attributes_of_plain_val
     again.load_data(str(tmp_path / 'x.pt'))
     data = again.sample(1)[0]['data']
     assert sorted(data) == ['act', 'obs'] and data['obs'].info == {'tag': 1}
+
+
+@pytest.mark.parametrize('store', ['memory', 'disk'])
+def test_payload_tensors_that_require_grad_come_back_as_data_a_learner_may_edit(store, tmp_path):
+    """A payload is data: a sampled copy of a tensor that required grad (a leaf, or ``w * 2`` inside a graph) is
+    detached, so the documented in-place edit works; the pushed tensors keep their graph."""
+    spec = dict(type='memory') if store == 'memory' else dict(type='disk', path=str(tmp_path / 'store'))
+    buf = create_buffer(dict(type='chunk', max_chunks=8, fragments_per_chunk=1, store=spec, seed=0))
+    w = torch.ones(3, requires_grad=True)
+    for fid, x in enumerate([w, w * 2]):
+        buf.push(dict(worker='w0', fid=fid, model_version=0, session_id='s', data={'x': x, 'n': [x]}))
+    out = [f['data'] for f in buf.sample(2)]
+    assert sorted(d['x'].tolist() for d in out) == [[1.0] * 3, [2.0] * 3]
+    for d in out:
+        assert not d['x'].requires_grad and not d['n'][0].requires_grad
+        d['x'].mul_(0)
+    assert w.requires_grad and w.tolist() == [1.0] * 3
+    assert sorted(f['data']['x'].tolist() for f in buf.sample(2)) == [[1.0] * 3, [2.0] * 3]
+    buf.close()

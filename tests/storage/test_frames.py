@@ -988,3 +988,24 @@ def test_streams_of_environments_long_gone_are_forgotten_and_live_ones_go_on():
     again = create_buffer(cfg)
     again.load_state_dict(state)
     assert_same(again.state_dict(), state)
+
+
+@pytest.mark.parametrize('btype', ['naive', 'episode'])
+def test_big_endian_frame_stacks_are_stored_as_their_native_values(btype):
+    """h5py and ``np.load`` hand out big-endian arrays: frames take them as the same values, as tensor storage
+    does, mixed with native steps in one stream."""
+
+    def step(t, order):
+        s = _numbered_step(0, t, t)
+        return dict(s, obs=s['obs'].astype(order + 'f4'), next_obs=s['next_obs'].astype(order + 'f4'))
+
+    extra = dict(max_transitions=32) if btype == 'episode' else {}
+    bufs = [create_buffer(frames_cfg(btype, **extra)) for _ in range(2)]
+    orders = [['<'] * 4, ['>', '<', '>', '>']]
+    for buf, order in zip(bufs, orders):
+        steps = [step(t, o) for t, o in enumerate(order)]
+        buf.push([steps] if btype == 'episode' else steps)
+    assert_same(bufs[1].state_dict(), bufs[0].state_dict())
+    if btype == 'naive':
+        out = bufs[1].sample(4)
+        assert out['obs'].dtype == torch.float32 and sorted(out['obs'][:, 0, 0, 0].tolist()) == [1, 2, 3, 4]

@@ -1357,6 +1357,34 @@ def test_a_stored_object_that_cannot_be_copied_is_named_when_a_state_is_taken():
     assert buf.count() == 3 and sorted(d['obs'] for d in buf.sample(3)) == [1, 2, 3]
 
 
+@pytest.mark.parametrize('btype', ['naive', 'episode'])
+def test_a_nested_tensor_in_a_batch_is_refused_naming_the_field_as_in_a_single_push(btype):
+    """A batched push read its leading dimension through ``shape``, which a nested tensor lacks: torch's internal
+    error named no field."""
+    from ding_buffer import create_buffer
+
+    extra = dict(max_transitions=32) if btype == 'episode' else {}
+    buf = create_buffer(dict(type=btype, storage=dict(type='tensor'), seed=0, **extra))
+    (buf.extend if btype == 'naive' else buf.push)({'x': torch.zeros(2, 3), 'y': torch.zeros(2)})
+    before = buf.state_dict()
+    nested = torch.nested.nested_tensor([torch.ones(3), torch.ones(3)])
+    with pytest.raises(TypeError, match="field 'x' is a nested tensor"):
+        (buf.extend if btype == 'naive' else buf.push)({'x': nested, 'y': torch.zeros(2)})
+    assert_same(buf.state_dict(), before)
+
+
+def test_a_stored_nested_tensor_is_named_when_a_state_cannot_copy_it():
+    """torch's deepcopy of a nested tensor raises NotImplementedError: named as any object that does not copy."""
+    from ding_buffer import create_buffer
+
+    buf = create_buffer(dict(type='naive', replay_buffer_size=4))
+    nested = torch.nested.nested_tensor([torch.zeros(2), torch.zeros(3)])
+    buf.push([{'obs': 1}, {'obs': nested}])
+    with pytest.raises(TypeError, match=r'stored item 1 \(0 = the oldest\) cannot be copied'):
+        buf.state_dict()
+    assert buf.count() == 2
+
+
 def test_big_endian_numpy_leaves_are_stored_as_their_values_and_unknown_dtypes_are_named():
     """Arrays from h5py or np.load of a big-endian file were refused with torch's message naming no field; they
     are the same numbers (stored natively). A numpy dtype torch has no tensor of is refused naming the field."""
