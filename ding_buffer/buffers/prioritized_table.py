@@ -429,7 +429,7 @@ class PrioritizedTable(SlotTable):
 
         def swap() -> None:
             self._storage, self.index, self.sampled_monitor = storage, index, monitor
-            self.beta.set(beta)
+            self.beta.value = beta  # (checked above: nothing in a swap may fail)
 
         return Restored(swap, {**state, 'use': state['index']['use']}, storage.ring.valid, required=True)
 

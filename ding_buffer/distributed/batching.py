@@ -10,24 +10,13 @@ import numpy as np
 import torch
 
 from ..storage.tensordict_io import is_tensordict
-
-
-def _leaves(d: Any):
-    if isinstance(d, dict):
-        for v in d.values():
-            yield from _leaves(v)
-    elif isinstance(d, (torch.Tensor, np.ndarray)):
-        yield d
+from ..storage.tree import batched_leaves
 
 
 def batch_len(batch: Dict[str, Any]) -> int:
-    """Leading dimension shared by the leaves of a dict batch (ValueError if they disagree)."""
-    lens = {int(x.shape[0]) for x in _leaves(batch) if x.ndim}
-    if len(lens) != 1:
-        raise ValueError(
-            f"a batch dict needs tensor / array leaves with one shared leading dimension, got {sorted(lens)}"
-        )
-    return lens.pop()
+    """Leading dimension shared by the leaves of a dict batch, as a local buffer reads it (tensor, array and list
+    leaves; a ``ValueError`` naming the field that disagrees)."""
+    return batched_leaves(batch)[1]
 
 
 def count_items(data: Any, batched: bool) -> int:
@@ -73,6 +62,8 @@ def take_rows(batch: Dict[str, Any], mask: np.ndarray) -> Dict[str, Any]:
             out[k] = v[torch.from_numpy(mask).to(v.device)]
         elif isinstance(v, np.ndarray):
             out[k] = v[mask]
+        elif isinstance(v, (list, tuple)):  # (a batch's list leaf: one entry per row)
+            out[k] = [x for x, keep in zip(v, mask.tolist()) if keep]
         else:
             out[k] = v
     return out

@@ -16,6 +16,8 @@ leaf only, so every decoded tensor owns its memory (``torch.save`` of a decoded 
 import json
 import math
 import pickle
+import struct
+import sys
 from itertools import chain
 from typing import Any, List, Sequence, Tuple
 
@@ -64,9 +66,13 @@ class _Encoder:
         """``path`` says where ``x`` sits, for an error only: a str, or ``(parent path, suffix)`` (built lazily:
         formatting it for every node costs more than encoding a small message)."""
         t = type(x)
-        if t is int or t is float or t is bool or x is None or isinstance(x, str):
+        if t is float:  # (JSON writes every NaN alike: one with a sign or payload goes as its bits)
+            return x if x == x else {'$f': struct.unpack('<Q', struct.pack('<d', x))[0]}
+        if t is int or t is bool or x is None or isinstance(x, str):
             return x
         if isinstance(x, np.generic):  # before int/float: np.float64 is a float subclass
+            if x.dtype.kind in 'fc' and x != x:  # a NaN: its bytes, as a long double's (``$s`` writes it as JSON)
+                return {'$z': [self.part(_as_bytes_view(np.array(x))), x.dtype.str]}
             if x.dtype.kind in _NP_KINDS and x.dtype.itemsize <= 8 * (1 + (x.dtype.kind == 'c')):
                 return {'$s': [x.dtype.str, x.item() if x.dtype.kind != 'c' else [x.real.item(), x.imag.item()]]}
             if x.dtype.kind in _NP_KINDS:  # long double: no JSON form, send its bytes
@@ -139,8 +145,30 @@ def encode(obj: Any, allow_pickle: bool = False) -> Tuple[bytes, List[np.ndarray
     """Return ``(header, parts)``; ``parts`` are uint8 arrays viewing the leaves' memory."""
     enc = _Encoder(allow_pickle)
     body = enc.walk(obj, 'message')
-    header = _JSON.encode({'v': VERSION, 'n': [int(p.nbytes) for p in enc.parts], 'body': body}).encode()
+    try:
+        header = _JSON.encode({'v': VERSION, 'n': [int(p.nbytes) for p in enc.parts], 'body': body}).encode()
+    except ValueError as e:  # an int of more digits than Python writes as text (sys.get_int_max_str_digits)
+        raise ValueError(
+            f"cannot send the int at '{_long_int_path(obj)}': the wire writes ints as text, and Python writes at "
+            f"most {sys.get_int_max_str_digits()} digits ({e}); send such a number as bytes or a str"
+        ) from e
     return header, enc.parts
+
+
+def _long_int_path(obj: Any) -> str:
+    """Where ``obj`` holds an int of more digits than Python writes as text ('?' if nowhere)."""
+    limit = sys.get_int_max_str_digits()
+    bound = 10**limit if limit else None
+    stack: List[Tuple[Any, Any]] = [(obj, 'message')]
+    while stack:
+        x, path = stack.pop()
+        if isinstance(x, int) and not isinstance(x, bool) and bound is not None and abs(x) >= bound:
+            return _path_str(path)
+        if isinstance(x, dict):
+            stack.extend((v, (path, '.', k)) for k, v in x.items())
+        elif isinstance(x, (list, tuple)):
+            stack.extend((v, (path, '[', i)) for i, v in enumerate(x))
+    return '?'
 
 
 def _part_np(p: Any) -> np.ndarray:
@@ -264,6 +292,10 @@ class _Decoder:
             return slice(*(self.walk(e, depth) for e in v))
         if tag in ('$s', '$z'):
             return self.scalar(tag, v)
+        if tag == '$f':  # a float NaN's bits
+            if type(v) is not int or not 0 <= v < 1 << 64:
+                raise CodecError("bad float node")
+            return struct.unpack('<d', struct.pack('<Q', v))[0]
         if tag == '$p':
             if not self.allow_pickle:
                 raise CodecError("message holds a pickled object and allow_pickle is False on this rank")

@@ -2955,3 +2955,45 @@ def test_a_manager_keeps_a_state_for_undo_only_while_its_loader_is_alive_and_nev
     assert rb.end_load(True) is False and rb.count() == 4
     with pytest.raises(TypeError, match='undo must be a bool'):
         rb.load_data('a', undo=1)
+
+
+# ================================================================================================ local parity
+@pytest.mark.parametrize(
+    'type_,batch',
+    [
+        ('naive', {'obs': [[1.0, 2.0], [3.0, 4.0]], 'k': [1, 2]}),
+        ('gfn', {'state': [[1.0, 2.0], [3.0, 4.0]], 'log_reward': [0.5, 0.25]}),
+    ],
+)
+def test_a_batch_dict_of_list_leaves_is_stored_remotely_as_locally(type_, batch):
+    """A worker counted a batch's rows from its tensor and array leaves only: a batch of lists, which a local buffer
+    stores, was refused before it was sent, naming no field; leaves that disagree are named as locally."""
+    rb, core, ch = make_remote(type_)
+    local = create_buffer(without(make_cfg(type_), 'distributed'))
+    push = (lambda b, x: b.extend(x)) if type_ == 'naive' else (lambda b, x: b.push(x))
+    for buf in (rb, local):
+        assert push(buf, batch) == 2 and buf.count() == 2
+    assert_same(core.buffer.state_dict(), local.state_dict())
+    key = next(iter(batch))
+    for buf in (rb, local):
+        with pytest.raises(ValueError, match='leading dimension') as err:
+            push(buf, dict(batch, **{key: batch[key][:1]}))
+        assert any(f"'{k}'" in str(err.value) for k in batch)  # a field is named
+
+
+def test_float_nans_travel_bit_for_bit_and_an_int_too_long_for_text_is_named():
+    import struct
+
+    bits = lambda x: struct.pack('<d', x)  # noqa: E731
+    payload = struct.unpack('<d', struct.pack('<Q', 0x7FF8000000000123))[0]
+    values = [-float('nan'), payload, np.float32(np.frombuffer(bytes.fromhex('2301c07f'), np.float32)[0])]
+    got = wire({'a': values[0], 'b': [values[1]], 'c': values[2], 'd': np.complex64(complex(float('nan'), 1.0))})
+    assert bits(got['a']) == bits(values[0]) and type(got['a']) is float
+    assert bits(got['b'][0]) == bits(values[1])
+    assert got['c'].dtype == np.float32 and got['c'].tobytes() == values[2].tobytes()
+    assert got['d'].dtype == np.complex64 and np.isnan(got['d'].real) and got['d'].imag == 1.0
+    with pytest.raises(ValueError, match=r"the int at 'message.x\[1\]'"):
+        encode({'x': [1, 10**5000]})
+    for bad in (-1, 1 << 64, 1.5, True):
+        with pytest.raises(CodecError, match='bad float node'):
+            decode(header_of({'$f': bad}), [])
