@@ -445,13 +445,19 @@ class TaskBuffer(Buffer):
         raise TypeError(f"TaskBuffer.use({name}): DI-engine middleware is not run here; use {hint} instead")
 
     def _become_prioritized(self, per: Any) -> None:
+        steps = per.IS_weight_anneal_train_iter
+        if isinstance(steps, bool) or not isinstance(steps, numbers.Real) or not float(steps).is_integer() or steps < 0:
+            raise ValueError(
+                f"PriorityExperienceReplay's IS_weight_anneal_train_iter must be a whole number of draws >= 0 (the "
+                f"buffer's anneal_step), got {steps!r:.40}"
+            )
         cfg = deep_merge_dicts(
             self._cfg,
             {
                 'type': 'advanced',
                 'alpha': per.priority_power_factor,
                 'beta': per.IS_weight_power_factor,
-                'anneal_step': int(per.IS_weight_anneal_train_iter),
+                'anneal_step': int(steps),
                 'max_priority_plus_eps': True,  # (its running max takes priority + 1e-5)
             },
         )

@@ -436,6 +436,13 @@ def run_taskbuffer(args) -> dict:
         out['elastic_per'] = 'accepted'
     except ValueError as e:
         out['elastic_per'] = str(e)
+    fresh = TaskBuffer(dict(replay_buffer_size=8))
+    try:  # DI-engine anneals by (1 - beta) / 0.5 a draw; the buffer's anneal_step counts whole draws
+        fresh.use(PriorityExperienceReplay(fresh, IS_weight=True, IS_weight_anneal_train_iter=0.5))
+        out['half_anneal'] = 'accepted'
+    except ValueError as e:
+        out['half_anneal'] = str(e)
+    out['half_anneal_type'] = type(fresh.inner).__name__
     prio = TaskBuffer(dict(type='advanced', replay_buffer_size=8))
     for i in range(4):
         prio.push({'obs': float(i)})

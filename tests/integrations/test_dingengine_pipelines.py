@@ -289,6 +289,8 @@ def test_task_buffer_details_and_registrations_a_pipeline_meets(dingengine_pytho
     out = drive(dingengine_python, run_env, tmp_path, 'task buffer', 'taskbuffer')
     assert out['reloaded'] == 1
     assert "this one is 'elastic'" in out['elastic_per']
+    assert 'IS_weight_anneal_train_iter must be a whole number' in out['half_anneal']  # (int() made it 0: never)
+    assert out['half_anneal_type'] == 'NaiveReplayBuffer'  # refused: nothing changed
     assert 'is not an id of this buffer' in out['bad_id'] and out['updated_after_bad_id'] == 2
     # close() applies the queued updates; the closed buffer stays readable and refuses new updates
     assert out['after_close'] == {'count': 4, 'updated': 2} and 'closed' in out['update_after_close']
