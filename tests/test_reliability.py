@@ -632,18 +632,22 @@ def test_a_push_whose_copy_to_the_device_runs_out_of_memory_changes_nothing(btyp
     """The copy of a pushed column to the storage's device (every column on CUDA; here a bfloat16 one, which has no
     numpy view on the CPU) comes before the ring moves: an out-of-memory error there fails the push alone."""
     buf = create_buffer(dict(type=btype, replay_buffer_size=4, storage=dict(type='tensor'), seed=0))
-    buf.push([{'obs': torch.full((2,), float(t), dtype=torch.bfloat16), 'reward': float(t)} for t in range(4)])
-    before = buf.state_dict()
     real = torch.Tensor.to
 
     def to(self, *args, **kwargs):
         raise torch.OutOfMemoryError('CUDA out of memory')
 
-    monkeypatch.setattr(torch.Tensor, 'to', to)
-    with pytest.raises(torch.OutOfMemoryError):
-        buf.push([{'obs': torch.full((2,), 100.0 + t, dtype=torch.bfloat16), 'reward': 100.0 + t} for t in range(2)])
-    monkeypatch.setattr(torch.Tensor, 'to', real)
-    assert_same(buf.state_dict(), before)
+    for first in (True, False):  # the first push (which also allocates the fields), then one into a full buffer
+        before = buf.state_dict()
+        monkeypatch.setattr(torch.Tensor, 'to', to)
+        with pytest.raises(torch.OutOfMemoryError):
+            buf.push(
+                [{'obs': torch.full((2,), 100.0 + t, dtype=torch.bfloat16), 'reward': 100.0 + t} for t in range(2)]
+            )
+        monkeypatch.setattr(torch.Tensor, 'to', real)
+        assert_same(buf.state_dict(), before)
+        if first:
+            buf.push([{'obs': torch.full((2,), float(t), dtype=torch.bfloat16), 'reward': float(t)} for t in range(4)])
     batch = buf.sample(4)
     assert sorted(batch['replay_unique_id'].tolist()) == [0, 1, 2, 3]
     assert sorted(batch['obs'][:, 0].tolist()) == [0.0, 1.0, 2.0, 3.0]

@@ -86,7 +86,10 @@ def real_numbers(values: Any, key: str = 'priority') -> np.ndarray:
                     f"'{key}' must be finite in float32 (<= {MAX_PRIORITY!r}); entry {i} is an int "
                     f"of {len(str(abs(v)))} digits"
                 )
-    arr = raw if type(raw) is np.ndarray else np.asarray(raw)
+    try:
+        arr = raw if type(raw) is np.ndarray else np.asarray(raw)
+    except ValueError as e:  # nested lists of different lengths
+        raise ValueError(f"'{key}' must be numbers in one shape; its nested lists differ in length") from e
     if arr.dtype.kind not in 'iuf':
         raise TypeError(
             f"'{key}' must be real numbers (ints / floats), got dtype {arr.dtype} ({type(values).__name__})"

@@ -184,13 +184,13 @@ class TensorStorage(Storage):
     def _reserve(self, prepared: Prepared) -> None:
         """The fields on the first write; the columns that are not written through a numpy view copied to the device
         now (a CUDA out-of-memory error there fails the push before anything changed)."""
+        columns = prepared.payload[1]
+        for path, column in columns.items():
+            if path not in self._views:  # (before the first write allocates: its views do not exist yet)
+                columns[path] = column.to(self.device, non_blocking=True)
         if self.schema is None:
             self.allocate(prepared.payload[0])
             self.tensordict_out = prepared.tensordict  # the first item decides what samples are (tensordict_io)
-        columns = prepared.payload[1]
-        for path, column in columns.items():
-            if path not in self._views:
-                columns[path] = column.to(self.device, non_blocking=True)
 
     def _write(self, slots: np.ndarray, payload: Any) -> None:
         _, columns = payload

@@ -2247,3 +2247,22 @@ def test_a_priority_just_above_float32s_max_is_refused_naming_the_exact_bound():
     push_ids(buf, [0])
     with pytest.raises(ValueError, match=r"<= 3\.4028234663852886e\+38\) and >= 0; entry 0 is 3\.402823466385289e\+38"):
         buf.update({'replay_unique_id': [f'{NAME}_0'], 'replay_buffer_idx': [0], 'priority': [3.402823466385289e38]})
+
+
+@pytest.mark.parametrize('btype', ['advanced', 'prioritized_episode'])
+def test_ragged_priority_lists_are_refused_naming_the_key(btype):
+    """Nested priority lists of different lengths got numpy's "inhomogeneous shape" error, naming nothing."""
+    if btype == 'advanced':
+        buf = create_buffer(dict(type='advanced', replay_buffer_size=8, seed=0))
+        buf.push([{'obs': i} for i in range(4)])
+        batch, prio = buf.sample(3), [[1.0, 2.0], [1.0], 3.0]
+        keys = {k: [b[k] for b in batch] for k in ('replay_unique_id', 'replay_buffer_idx')}
+    else:
+        buf = create_buffer(dict(type='prioritized_episode', replay_buffer_size=8, seed=0, sampler=dict(unroll_len=3)))
+        buf.push([[{'obs': t, 'done': t == 5} for t in range(6)]])
+        batch, prio = buf.sample(3), [[1.0, 2.0, 3.0], [1.0, 2.0, 3.0], [1.0, 2.0]]
+        keys = {k: batch[k] for k in ('replay_unique_id', 'replay_buffer_idx')}
+    before = buf.state_dict()
+    with pytest.raises(ValueError, match="'priority' must be numbers in one shape"):
+        buf.update({**keys, 'priority': prio})
+    assert_same(buf.state_dict(), before)
