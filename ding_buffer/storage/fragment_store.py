@@ -240,9 +240,13 @@ def _detached(payload: Any) -> Dict[int, Any]:
     payload is data: a sample hands out copies a learner may edit in place, outside any graph); empty when none
     does."""
     memo: Dict[int, Any] = {}
+    seen: Set[int] = set()  # (each container once: shared and cyclic ones too; the payload keeps the ids alive)
     stack = [payload]
     while stack:  # the containers a payload nests tensors in
         x = stack.pop()
+        if id(x) in seen:
+            continue
+        seen.add(id(x))
         if isinstance(x, torch.Tensor):
             if x.requires_grad:
                 memo[id(x)] = x.detach().clone()

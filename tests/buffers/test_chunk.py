@@ -1076,3 +1076,18 @@ def test_payload_tensors_that_require_grad_come_back_as_data_a_learner_may_edit(
     assert w.requires_grad and w.tolist() == [1.0] * 3
     assert sorted(f['data']['x'].tolist() for f in buf.sample(2)) == [[1.0] * 3, [2.0] * 3]
     buf.close()
+
+
+def test_a_memory_payload_holding_a_cycle_or_shared_lists_is_copied_once_each():
+    """The walk that detaches tensors visited a cyclic list for ever and a list shared by many parents once per
+    path (2**depth); deepcopy, which copies each object once, took both."""
+    buf = create_buffer(dict(type='chunk', max_chunks=4, fragments_per_chunk=1, seed=0))
+    loop = [torch.ones(2)]
+    loop.append(loop)
+    shared = [torch.zeros(1)]
+    for _ in range(40):
+        shared = [shared, shared]
+    buf.push(dict(worker='w', fid=0, model_version=0, session_id='s', data={'loop': loop, 'shared': shared}))
+    data = buf.sample(1)[0]['data']
+    assert data['loop'][1] is data['loop'] and data['loop'][0].tolist() == [1.0, 1.0]
+    assert data['shared'][0] is data['shared'][1]
