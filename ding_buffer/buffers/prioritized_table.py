@@ -257,7 +257,7 @@ class PrioritizedTable(SlotTable):
             u = rng.random(size)
             beta = self.beta.draw()
             slots, weights, priority, use, ids = index.draw(u, beta, self.parts.uses.counts, self._storage.ring)
-            return self.drawn_batch(slots, size, weights, priority, use, cur_learner_iter, beta, ids)
+            return self.drawn_batch(slots, size, weights, priority, use, cur_learner_iter, ids)
         candidates = None
         if sample_range is not None:
             positions = self.candidates(sample_range)
@@ -271,7 +271,7 @@ class PrioritizedTable(SlotTable):
         weights = index.is_weights(slots, beta)
         priority = index.priorities(slots)
         use = self.parts.uses.bump(slots)
-        return self.drawn_batch(slots, size, weights, priority, use, cur_learner_iter, beta)
+        return self.drawn_batch(slots, size, weights, priority, use, cur_learner_iter)
 
     def draw_selected(
         self, rng: np.random.Generator, size: int, cur_learner_iter: int, sample_range: Optional[slice]
@@ -288,9 +288,9 @@ class PrioritizedTable(SlotTable):
         if type(idx) is str:
             return idx
         slots = every[idx]
-        beta = self.beta.draw()
+        self.beta.draw()
         use = self.parts.uses.bump(slots)
-        return self.drawn_batch(slots, size, np.ones(size), self.index.priorities(slots), use, cur_learner_iter, beta)
+        return self.drawn_batch(slots, size, np.ones(size), self.index.priorities(slots), use, cur_learner_iter)
 
     def drawn_batch(
         self,
@@ -300,11 +300,11 @@ class PrioritizedTable(SlotTable):
         priority: np.ndarray,
         use: np.ndarray,
         cur_learner_iter: int,
-        beta: float,
         ids: Optional[np.ndarray] = None,
     ) -> Drawn:
-        """The batch of a draw (use counts already bumped; ``ids`` of the slots when known): staleness and output;
-        the monitor records it once the engine counted the draw (a broken rule of the user's fails it first)."""
+        """The batch of a draw (use counts already bumped, beta annealed; ``ids`` of the slots when known):
+        staleness and output; the monitor records it once the engine counted the draw (a broken rule of the user's
+        fails it first), with the beta annealed by this draw, as DI-engine's monitor writes it."""
         try:
             staleness = self._storage.staleness(slots, cur_learner_iter)
             extras = dict(priority=priority, staleness=staleness, use=use, IS=weights)
@@ -312,7 +312,7 @@ class PrioritizedTable(SlotTable):
         except BaseException:  # (no memory for the batch): the draw's use counts are taken back (the engine
             self.parts.uses.unbump(slots)  # restores beta and the RNG from its snapshot)
             raise
-        monitor = self.sampled_monitor
+        monitor, beta = self.sampled_monitor, self.beta.value
 
         def done(envstep: int) -> Any:
             return monitor.record(use, priority, staleness, beta, cur_learner_iter, envstep)
