@@ -86,6 +86,14 @@ class ShardedBuffer:
             raise ValueError(
                 f"config key 'distributed.num_shards' > 1 works with types {list(SHARDABLE)}, got {kind!r}"
             )
+        section = cfg.get('sampler')
+        sampler = section.get('type') if isinstance(section, Mapping) else None  # (else: the shards' check names it)
+        if sampler not in ((None, 'prioritized') if kind == 'advanced' else (None, 'uniform', 'python_random')):
+            raise ValueError(
+                f"config key 'sampler' ({sampler!r:.40}) with distributed.num_shards > 1: the shards are sampled as "
+                "one buffer by their sizes (uniform) or priority masses (advanced); another sampler's draw does "
+                "not split over shards"
+            )
         if route not in ROUTES:
             raise ValueError(f"config key 'distributed.shard_route' must be one of {list(ROUTES)}, got {route!r:.40}")
         if route == 'hash' and not (isinstance(shard_key, str) and shard_key):

@@ -414,6 +414,12 @@ def test_bad_sharding_config_names_the_key():
         ShardedBuffer.check(dict(type='episode'))
     with pytest.raises(ValueError, match='shard_key'):
         ShardedBuffer.check(dict(type='naive'), route='hash')
+    # another sampler's draw does not split by sizes or masses (advanced drew by priority and rewrote IS)
+    for kind, sampler in (('advanced', 'uniform'), ('naive', 'column_weighted')):
+        with pytest.raises(ValueError, match=f"config key 'sampler' \\('{sampler}'\\) with distributed.num_shards"):
+            ShardedBuffer.check(dict(type=kind, sampler=dict(type=sampler)))
+    for kind, sampler in (('advanced', {}), ('advanced', dict(type='prioritized')), ('naive', dict(type='uniform'))):
+        ShardedBuffer.check(dict(type=kind, sampler=sampler))  # (uniform draws split by the shards' sizes)
 
 
 @pytest.mark.parametrize(
