@@ -19,7 +19,7 @@ import pickle
 import struct
 import sys
 from itertools import chain
-from typing import Any, List, Sequence, Tuple
+from typing import Any, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -148,27 +148,32 @@ def encode(obj: Any, allow_pickle: bool = False) -> Tuple[bytes, List[np.ndarray
     try:
         header = _JSON.encode({'v': VERSION, 'n': [int(p.nbytes) for p in enc.parts], 'body': body}).encode()
     except ValueError as e:  # an int of more digits than Python writes as text (sys.get_int_max_str_digits)
+        limit = getattr(sys, 'get_int_max_str_digits', lambda: 0)()  # (0: no limit; Pythons before 3.9.14 had none)
+        where = _long_int_path(obj, limit)
+        if where is None:
+            raise
         raise ValueError(
-            f"cannot send the int at '{_long_int_path(obj)}': the wire writes ints as text, and Python writes at "
-            f"most {sys.get_int_max_str_digits()} digits ({e}); send such a number as bytes or a str"
+            f"cannot send the int at '{where}': the wire writes ints as text, and Python writes at most {limit} "
+            f"digits ({e}); send such a number as bytes or a str"
         ) from e
     return header, enc.parts
 
 
-def _long_int_path(obj: Any) -> str:
-    """Where ``obj`` holds an int of more digits than Python writes as text ('?' if nowhere)."""
-    limit = sys.get_int_max_str_digits()
-    bound = 10**limit if limit else None
+def _long_int_path(obj: Any, limit: int) -> Optional[str]:
+    """Where ``obj`` holds an int of more than ``limit`` digits (None: nowhere, or no limit)."""
+    if not limit:
+        return None
+    bound = 10**limit
     stack: List[Tuple[Any, Any]] = [(obj, 'message')]
     while stack:
         x, path = stack.pop()
-        if isinstance(x, int) and not isinstance(x, bool) and bound is not None and abs(x) >= bound:
+        if isinstance(x, int) and not isinstance(x, bool) and abs(x) >= bound:
             return _path_str(path)
         if isinstance(x, dict):
             stack.extend((v, (path, '.', k)) for k, v in x.items())
         elif isinstance(x, (list, tuple)):
             stack.extend((v, (path, '[', i)) for i, v in enumerate(x))
-    return '?'
+    return None
 
 
 def _part_np(p: Any) -> np.ndarray:
