@@ -26,6 +26,17 @@ def lock(reentrant: bool = True) -> Any:
     return made
 
 
+def rng(seed: Any = None) -> Any:
+    """``numpy.random.default_rng(seed)`` whose lock a forked child gets free (numpy holds it while a draw runs
+    without the GIL: a thread of the parent drawing at the fork left it taken in the child, whose first draw waited
+    for good)."""
+    import numpy as np
+
+    made = np.random.default_rng(seed)
+    _LOCKS.add(made.bit_generator.lock)
+    return made
+
+
 def tell_children(owner: Any) -> None:
     """``owner._after_fork()`` runs in each forked child."""
     _TOLD.add(owner)
@@ -51,4 +62,4 @@ def _after_fork_child() -> None:
 if hasattr(os, 'register_at_fork'):
     os.register_at_fork(after_in_child=_after_fork_child)
 
-__all__ = ['lock', 'new_seed', 'tell_children']
+__all__ = ['lock', 'new_seed', 'rng', 'tell_children']

@@ -10,17 +10,18 @@ from typing import Any, List, Mapping, Optional
 
 import numpy as np
 
+from .. import forks
 from ..config import STEP_LIMIT, as_float
 
 
 def new_rng(seed: Optional[int]) -> np.random.Generator:
     """A buffer's own RNG; ``seed=None`` draws the seed from numpy's global RNG, so ``np.random.seed`` reproduces."""
-    return np.random.default_rng(np.random.randint(0, 2**63 - 1) if seed is None else seed)
+    return forks.rng(np.random.randint(0, 2**63 - 1) if seed is None else seed)
 
 
 def restored_rng(state: Mapping) -> np.random.Generator:
     """A new RNG in the state ``state['rng']`` saved, or ``ValueError`` when it is missing or invalid."""
-    rng = np.random.default_rng()
+    rng = forks.rng()
     try:
         saved = copy.deepcopy(dict(state['rng']))
         rng.bit_generator.state = saved

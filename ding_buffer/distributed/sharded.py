@@ -44,6 +44,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 import numpy as np
 import torch
 
+from .. import forks
 from ..base import get_buffer_cls
 from ..buffers.common import check_deepcopy, check_step, check_wait_timeout, restored_rng, short_form
 from ..config import check_section
@@ -137,7 +138,7 @@ class ShardedBuffer:
         self.beta = self.beta0
         self._next = 0  # round-robin position
         self._doubt: Optional[int] = None  # the shard of a round-robin push in doubt (its retry goes there)
-        self._rng = np.random.default_rng(seed)
+        self._rng = forks.rng(seed)
         self._closed = False
 
     # ------------------------------------------------------------------ helpers

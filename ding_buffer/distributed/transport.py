@@ -75,6 +75,7 @@ class _Outbox:
 
 
 _OPEN: 'weakref.WeakSet[ThreadedTransport]' = weakref.WeakSet()
+_SENDER_IDLE = 2.0  # seconds a sender thread waits for a frame before it ends
 
 
 @atexit.register
@@ -246,7 +247,8 @@ class ThreadedTransport(FrameReader):
         while True:
             with ob.cond:
                 while not ob.frames and not ob.stop:
-                    ob.cond.wait()
+                    if not ob.cond.wait(_SENDER_IDLE):  # idle: it ends (a thread holding the transport would keep
+                        break  # a dropped buffer's transport alive for good); the next frame starts another
                 if not ob.frames:
                     ob.thread = None  # under the lock: a frame queued after this starts a new sender thread
                     return

@@ -82,6 +82,36 @@ def test_a_fork_while_another_thread_holds_the_lock_leaves_the_child_usable(cfg)
 
 
 @pytest.mark.slow
+def test_a_fork_while_another_thread_draws_leaves_the_childs_rng_free():
+    """numpy holds a Generator's lock while a draw runs without the GIL: a thread of the parent drawing at the fork
+    left it taken in the child, whose first sample waited for good (here a sampler holds it, as numpy does)."""
+    from ding_buffer.control.samplers import SAMPLER_REGISTRY
+
+    parent, entered, release = os.getpid(), threading.Event(), threading.Event()
+
+    class Drawing:
+        def draw(self, rng, m, size, replace):
+            if os.getpid() == parent:
+                with rng.bit_generator.lock:
+                    entered.set()
+                    release.wait(20)
+            return rng.choice(m, size=size, replace=replace)
+
+    SAMPLER_REGISTRY.register('test_drawing_sampler', replace=True)(Drawing)
+    buf = create_buffer(dict(type='naive', replay_buffer_size=8, seed=0, sampler=dict(type='test_drawing_sampler')))
+    buf.push([{'obs': i} for i in range(4)])
+    drawing = threading.Thread(target=buf.sample, args=(2,), daemon=True)
+    drawing.start()
+    assert entered.wait(10)
+    try:
+        out = _in_child(lambda: len(buf.sample(2)))
+    finally:
+        release.set()
+        drawing.join(10)
+    assert out == '2'
+
+
+@pytest.mark.slow
 def test_a_fork_inside_the_forking_threads_own_lock_block_releases_it_there():
     buf = create_buffer(dict(type='naive', replay_buffer_size=4, seed=0))
     with buf.lock:

@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 import torch
 from easydict import EasyDict
-from helpers import assert_same, without
+from helpers import assert_same, wait_until, without
 from in_process import InProcessNet as _Net
 from in_process import in_process_job as _in_process_job
 
@@ -2997,3 +2997,40 @@ def test_float_nans_travel_bit_for_bit_and_an_int_too_long_for_text_is_named():
     for bad in (-1, 1 << 64, 1.5, True):
         with pytest.raises(CodecError, match='bad float node'):
             decode(header_of({'$f': bad}), [])
+
+
+def _run_expecting_timeout(mgr):
+    try:
+        mgr.run(timeout=1.0)
+    except TimeoutError:  # (the dropped worker never said goodbye)
+        pass
+
+
+@pytest.mark.slow
+def test_a_worker_dropped_without_close_leaves_no_sender_thread():
+    """The transport's sender thread waited for a frame for good, holding the transport: each RemoteBuffer dropped
+    without ``close()`` left one (in-process, one a round). An idle sender ends; the next frame starts another."""
+    import gc
+
+    from ding_buffer.distributed import ReplayBufferManager
+    from ding_buffer.distributed.channel import PeerChannel
+
+    def senders():
+        return [t for t in threading.enumerate() if t.name.startswith('ding_buffer-send')]
+
+    before = len(senders())
+    for _ in range(3):
+        cfg = make_cfg('naive', storage='list', timeout=2.0, heartbeat_seconds=0.2)
+        buf, dcfg, key = build_manager_buffer(cfg)
+        wires = {}
+        mgr = ReplayBufferManager(buf, _Net(0, [1], wires, 2.0), dcfg, [1], key)
+        th = threading.Thread(target=_run_expecting_timeout, args=(mgr,), daemon=True)
+        th.start()
+        local_cfg = EasyDict({k: v for k, v in dict(cfg).items() if k != 'distributed'})
+        w = RemoteBuffer(local_cfg, dcfg, PeerChannel(_Net(1, [0], wires, 2.0), 0, 2.0, 0.2), log_reward_key=key)
+        assert w.push(item(0)) == 1
+        del w  # dropped without close()
+        th.join(10)
+        buf.close()
+    gc.collect()
+    assert wait_until(lambda: len(senders()) <= before, timeout=10), [t.name for t in senders()]
