@@ -332,16 +332,22 @@ class ShardedBuffer:
             if total < size:
                 why = f"the {self.num_shards} shards hold {total} items, fewer than {size} (drawn without replacement)"
                 return why, stats, counts, None, replace
-            over = np.flatnonzero(np.minimum(counts, size) > self.capacity)  # (gfn lazy_sort: up to twice it)
-            if len(over):  # one reply holds at most the capacity, and calls of their own could repeat items
-                k = int(over[0])
-                raise ValueError(
-                    f"sample({size}) without replacement: shard {k} of {self.num_shards} holds {counts[k]} items, "
-                    f"more than one reply holds (replay_buffer_size={self.capacity}); sample at most "
-                    f"{self.capacity} items, or with replacement"
-                )
+            self._check_one_reply(counts, size)
             draws = self._rng.multivariate_hypergeometric(counts, size) if draw else None
         return '', stats, counts, draws, replace
+
+    def _check_one_reply(self, counts: np.ndarray, size: int) -> None:
+        """A draw without replacement is one call a shard: ``ValueError`` when a shard could owe more items than one
+        reply holds (its capacity; a gfn shard with lazy_sort holds up to twice it): calls of their own could
+        repeat items."""
+        over = np.flatnonzero(np.minimum(counts, size) > self.capacity)
+        if len(over):
+            k = int(over[0])
+            raise ValueError(
+                f"sample({size}) without replacement: shard {k} of {self.num_shards} holds {counts[k]} items, more "
+                f"than one reply holds (replay_buffer_size={self.capacity}); sample at most {self.capacity} items, "
+                "or with replacement"
+            )
 
     def _reweight(self, out: Any, min_leaf: float) -> None:
         """IS weights against the global smallest leaf: ``(p ** alpha / min_leaf) ** -beta`` (one buffer's rule)."""
