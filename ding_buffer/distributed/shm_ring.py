@@ -47,7 +47,7 @@ logger = logging.getLogger('ding_buffer.distributed')
 
 MAGIC = 0x31474E4952424444  # b'DDBRING1' little-endian
 HEADER = 512
-MAGIC_W, WRITTEN, READ, BEAT, CLOSED, REFUSED, FINAL, TOKEN, ENVSTEP, ATTACHED = range(10)
+MAGIC_W, WRITTEN, READ, BEAT, CLOSED, REFUSED, FINAL, TOKEN, _, ATTACHED = range(10)  # (8: unused)
 MASK = (1 << 64) - 1
 NOTE = 128  # bytes 128..512: why the manager last refused rows (utf-8)
 MAX_FIELDS = 256
@@ -190,6 +190,7 @@ class _Mapped:
             self.cols[name] = np.ndarray((rows, *sub.shape), sub.base, self.mm, off)
             self.offsets[name] = (off, sub.itemsize)
         self.starts = np.ndarray((rows,), np.uint8, self.mm, marks)  # 1: a push's first row
+        self.envsteps = np.ndarray((rows,), np.int64, self.mm, self._envstep_offset(marks, rows))  # each row's push's
 
     @staticmethod
     def _columns(dtype: np.dtype, rows: int):
@@ -202,10 +203,14 @@ class _Mapped:
             off = -(-(off + sub.itemsize * rows) // 64) * 64
         yield None, off, None
 
+    @staticmethod
+    def _envstep_offset(marks: int, rows: int) -> int:
+        return -(-(marks + rows) // 8) * 8  # (after the push marks, on an 8-byte boundary)
+
     @classmethod
     def size(cls, dtype: np.dtype, rows: int) -> int:
         *_, (_, marks, _) = cls._columns(dtype, rows)
-        return marks + rows
+        return cls._envstep_offset(marks, rows) + 8 * rows
 
     @classmethod
     def create(cls, dtype: np.dtype, rows: int) -> Tuple['_Mapped', int]:
@@ -230,7 +235,7 @@ class _Mapped:
             os.close(fd)
 
     def close(self) -> None:
-        self.head = self.ihead = self.starts = self.cols = None
+        self.head = self.ihead = self.starts = self.envsteps = self.cols = None
         try:
             self.mm.close()
         except BufferError:  # a view still exported somewhere: the mapping goes with it
@@ -377,6 +382,7 @@ class RingWriter:
             k = min(self._room(min(n - done, self.map.rows), deadline, start, n), n - done)
             for lo, hi in self._segments(k):  # contiguous runs of slots (a wrap splits one)
                 self.map.starts[lo:hi] = 0
+                self.map.envsteps[lo:hi] = envstep  # (each push's own: a commit's refused push moves nothing)
                 if not done:
                     self.map.starts[lo] = 1
                 if batched:
@@ -387,7 +393,6 @@ class RingWriter:
                     for j in range(hi - lo):
                         self._put(lo + j, data[done + j] if isinstance(data, list) else data)
                 done += hi - lo
-            self.map.ihead[ENVSTEP] = envstep
             _fence()
             self.written += k
             self.map.head[WRITTEN] = self.written
@@ -457,16 +462,17 @@ class RingReader:
             )
         return written
 
-    def take(self, limit: int, upto: Optional[int] = None) -> Tuple[Optional[np.ndarray], Optional[np.ndarray], int]:
-        """``(rows, push starts, envstep)``: up to ``limit`` rows written since the last take (and before counter
-        value ``upto``; ``None, None`` if none) and a copy of their marks of a push's first row; ``RingCorrupt``
+    def take(self, limit: int, upto: Optional[int] = None) -> Tuple[Any, Optional[np.ndarray], Optional[np.ndarray]]:
+        """``(rows, push starts, envsteps)``: up to ``limit`` rows written since the last take (and before counter
+        value ``upto``; ``None, None, None`` if none), a copy of their marks of a push's first row and of each row's
+        push's ``cur_collector_envstep`` (-1 where it is out of range); ``RingCorrupt``
         when the writer's counter is impossible. The rows are the ring's own memory (valid until ``done``;
         ``as_push`` copies what the buffer's checks read), but for a push that wraps around the ring's end: it is
         taken alone, as a copy (the take before it ends at its first row)."""
         written = self.target() if upto is None else upto
         n = min(written - self.read, limit)
         if n <= 0:
-            return None, None, -1
+            return None, None, None
         rows, a = self.map.rows, self.read % self.map.rows
         left = written - self.read
         if n < left and not self.map.starts[(a + n) % rows]:  # the limit falls inside a push: end before it, or
@@ -485,8 +491,9 @@ class RingReader:
         cols = self.map.cols.items()
         block = {k: c[parts[0]] if len(parts) == 1 else np.concatenate([c[p] for p in parts]) for k, c in cols}
         starts = np.concatenate([self.map.starts[p] for p in parts])
-        envstep = int(self.map.ihead[ENVSTEP])
-        return block, starts, envstep if -STEP_LIMIT < envstep < STEP_LIMIT else -1
+        envsteps = np.concatenate([self.map.envsteps[p] for p in parts])
+        envsteps[(envsteps <= -STEP_LIMIT) | (envsteps >= STEP_LIMIT)] = -1  # (a lying actor's: no step)
+        return block, starts, envsteps
 
     def as_push(self, block: Dict[str, np.ndarray]) -> Any:
         """Rows taken from the ring as the buffer's push: a batched dict of columns, or (python scalars or 0-d
@@ -619,12 +626,12 @@ class RingIntake:
                         ring.let_go_of_fd()
                     upto, budget = ring.target(), ring.take_rows
                     while budget > 0:
-                        block, starts, envstep = ring.take(ring.take_rows, upto)  # (a cut only inside a longer push)
+                        block, starts, steps = ring.take(ring.take_rows, upto)  # (a cut only inside a longer push)
                         if block is None:
                             break
                         n = len(starts)
                         for a, b in _runs(starts, self.max_take):
-                            self._apply(apply, s, ring, {f: c[a:b] for f, c in block.items()}, starts[a:b], envstep)
+                            self._apply(apply, s, ring, {f: c[a:b] for f, c in block.items()}, starts[a:b], steps[a:b])
                         ring.done(n)
                         total += n
                         if sender is None:  # one take's worth of rows per ring and round (two at its end)
@@ -636,7 +643,7 @@ class RingIntake:
                     self._drop(s, client)
         return total
 
-    def _apply(self, apply: Callable, sender: Any, ring: RingReader, block: Any, starts: Any, envstep: int) -> None:
+    def _apply(self, apply: Callable, sender: Any, ring: RingReader, block: Any, starts: Any, steps: Any) -> None:
         """One take through the buffer as one push (``apply`` returns the rows stored); if the buffer refuses it
         (raises), or stores none of it (its rate limiter judges a push whole), push by push as the worker made them
         (the marks of a push's first row), as over the wire. A push that raises is dropped, counted and told to the
@@ -646,14 +653,15 @@ class RingIntake:
         n, err = len(starts), None
         cuts = [0, *(np.flatnonzero(starts[1:]) + 1).tolist(), n]
         try:
-            stored = apply(sender, ring.as_push(block), ring.batched, envstep, len(cuts) > 2)
+            stored = apply(sender, ring.as_push(block), ring.batched, int(steps[-1]), len(cuts) > 2)
         except Exception as e:  # noqa: BLE001 - the buffer's refusal, judged below push by push
             stored, err = 0, e
         if not stored and len(cuts) > 2:  # nothing stored, and the take holds several pushes
             stored, err = 0, None
             for a, b in zip(cuts[:-1], cuts[1:]):
                 try:
-                    k = apply(sender, ring.as_push({f: c[a:b] for f, c in block.items()}), ring.batched, envstep)
+                    push = ring.as_push({f: c[a:b] for f, c in block.items()})
+                    k = apply(sender, push, ring.batched, int(steps[b - 1]))  # (the push's own envstep)
                 except Exception as e:  # noqa: BLE001
                     self._refuse(sender, ring, b - a, e)
                     n -= b - a

@@ -120,6 +120,24 @@ def test_a_rate_limited_buffer_stores_from_rings_what_it_stores_from_the_wire(jo
         assert st['refused_push_items'] == 91
 
 
+@pytest.mark.parametrize('shm', [False, True])
+def test_a_refused_push_moves_no_envstep_through_a_ring_as_over_the_wire(jobs, shm):
+    """A commit carried one envstep, the last push's: a refused last push (a NaN priority) set the buffer's envstep
+    (the monitors' x-axis) where the wire moves nothing. Each push's own envstep travels with its rows now."""
+    mgr, out, th, (actor,) = jobs.start(cfg_of(shm=shm), 1)
+    actor.push(step(0, 1.0), cur_collector_envstep=1)
+    assert actor.count() == 1  # (the ring is open and committed)
+    with mgr._lock if shm else contextlib.nullcontext():  # both pushes in one commit
+        actor.push(step(1, 1.0), cur_collector_envstep=5)
+        with pytest.raises(ValueError) if not shm else contextlib.nullcontext():  # (a ring tells the next push)
+            actor.push(step(2, float('nan')), cur_collector_envstep=10)
+    assert actor.count() == 2
+    assert mgr.buffer.state_dict()['envstep'] == 5
+    if shm:
+        with pytest.raises(ValueError, match='priority'):
+            actor.push(step(3, 1.0), cur_collector_envstep=12)
+
+
 def test_rows_a_rate_limited_buffer_declines_from_a_ring_one_push_at_a_time_are_counted(jobs):
     """As above with every ring push committed on its own (``count()`` after each commits the actor's ring
     first): 60 rows stored as on the wire, the 90 turned away counted as declined, never as rows that came in."""
