@@ -72,10 +72,43 @@ class _Outbox:
         self.bye_sent = False
         self.stop = False
         self.thread: Optional[threading.Thread] = None
+        self.owner: Any = None  # the transport, while frames wait (a goodbye queued as it is dropped still leaves)
 
 
 _OPEN: 'weakref.WeakSet[ThreadedTransport]' = weakref.WeakSet()
-_SENDER_IDLE = 2.0  # seconds a sender thread waits for a frame before it ends
+
+
+def _sender(ref: 'weakref.ref', peer: int, ob: _Outbox) -> None:
+    """The sender thread of a transport for ``peer``: sends its queued frames in order. The transport is held (by
+    the outbox) only while frames wait, so one dropped without ``close()`` is collected once they left, and its
+    finalizer stops this thread."""
+    transport = ref()
+    if transport is None:
+        return
+    transport._thread_started()
+    del transport
+    while True:
+        with ob.cond:
+            while not ob.frames and not ob.stop:
+                if ob.owner is not None:  # nothing waits to leave: the transport may go (its finalizer may run
+                    ob.owner = None  # right here, setting ``stop``: checked again before waiting)
+                    continue
+                ob.cond.wait()
+            if not ob.frames:
+                ob.thread = ob.owner = None  # under the lock: a frame queued after this starts a new sender thread
+                return
+            fr, transport = ob.frames[0], ob.owner
+        if not transport._send_frame(peer, ob, fr):
+            return
+        del transport
+
+
+def _stop_senders(outboxes: List[_Outbox]) -> None:
+    """A dropped transport's finalizer: its sender threads end once their frames left."""
+    for ob in outboxes:
+        with ob.cond:
+            ob.stop = True
+            ob.cond.notify_all()
 
 
 @atexit.register
@@ -110,6 +143,7 @@ class ThreadedTransport(FrameReader):
         self.grace = float(grace)
         self.inbox: 'queue.Queue[Tuple[int, str, Any]]' = queue.Queue()
         self._out: Dict[int, _Outbox] = {p: _Outbox() for p in self.peers}
+        weakref.finalize(self, _stop_senders, list(self._out.values())).atexit = False  # (close() runs at exit)
         self._readers: List[threading.Thread] = []  # the receive threads
         self._started = False
         self._ended: set = set()  # peers whose receive side ended (their goodbye arrived, or the connection broke)
@@ -235,49 +269,50 @@ class ThreadedTransport(FrameReader):
                 ob.bye_sent = True
             fr.done = threading.Event()
             ob.frames.append(fr)
+            ob.owner = self
             if ob.thread is None:  # (also after a sender thread ended: a late goodbye still leaves)
-                ob.thread = threading.Thread(
-                    target=self._send_loop, args=(peer, ob), daemon=True, name=f'ding_buffer-send-{peer}'
+                thread = threading.Thread(
+                    target=_sender, args=(weakref.ref(self), peer, ob), daemon=True, name=f'ding_buffer-send-{peer}'
                 )
-                ob.thread.start()
+                try:
+                    thread.start()
+                except BaseException:  # (no thread to be had: the frame is not queued, and the next try starts one)
+                    ob.frames.pop()
+                    ob.owner = self if ob.frames else None
+                    raise
+                ob.thread = thread
             ob.cond.notify_all()
 
-    def _send_loop(self, peer: int, ob: _Outbox) -> None:
-        self._thread_started()
-        while True:
+    def _send_frame(self, peer: int, ob: _Outbox, fr: _Frame) -> bool:
+        """Send ``fr``, the first of ``ob``'s frames, on its sender thread; False when the connection broke (every
+        queued frame then fails)."""
+        try:
+            if fr.handles is not None:
+                for h, b in zip(fr.handles, fr.bufs):
+                    self._finish_send(peer, h, b)
+            else:
+                for b in fr.bufs:
+                    if self._abandon:
+                        raise TransportError("the transport was closed before the message left")
+                    self._send_buf(peer, b)
+        except Exception as e:
             with ob.cond:
-                while not ob.frames and not ob.stop:
-                    if not ob.cond.wait(_SENDER_IDLE):  # idle: it ends (a thread holding the transport would keep
-                        break  # a dropped buffer's transport alive for good); the next frame starts another
-                if not ob.frames:
-                    ob.thread = None  # under the lock: a frame queued after this starts a new sender thread
-                    return
-                fr = ob.frames[0]
-            try:
-                if fr.handles is not None:
-                    for h, b in zip(fr.handles, fr.bufs):
-                        self._finish_send(peer, h, b)
-                else:
-                    for b in fr.bufs:
-                        if self._abandon:
-                            raise TransportError("the transport was closed before the message left")
-                        self._send_buf(peer, b)
-            except Exception as e:
-                with ob.cond:
-                    ob.broken = f"sending to rank {peer} failed: {type(e).__name__}: {e}"
-                    for f in ob.frames:
-                        if f.handles is not None:
-                            self._orphan(f.handles, f.bufs)
-                        f.error = ob.broken
-                        f.done.set()
-                    ob.frames.clear()
-                    ob.cond.notify_all()
-                return
-            with ob.cond:
-                ob.frames.popleft()
-                fr.done.set()
+                ob.broken = f"sending to rank {peer} failed: {type(e).__name__}: {e}"
+                for f in ob.frames:
+                    if f.handles is not None:
+                        self._orphan(f.handles, f.bufs)
+                    f.error = ob.broken
+                    f.done.set()
+                ob.frames.clear()
+                ob.owner = None
                 ob.cond.notify_all()
-            self.bytes_sent += fr.nbytes
+            return False
+        with ob.cond:
+            ob.frames.popleft()
+            fr.done.set()
+            ob.cond.notify_all()
+        self.bytes_sent += fr.nbytes
+        return True
 
     def queued(self, peer: int) -> int:
         """Frames waiting to leave for ``peer``."""

@@ -3034,3 +3034,31 @@ def test_a_worker_dropped_without_close_leaves_no_sender_thread():
         buf.close()
     gc.collect()
     assert wait_until(lambda: len(senders()) <= before, timeout=10), [t.name for t in senders()]
+
+
+def test_a_sender_thread_that_cannot_start_queues_nothing_and_the_next_send_starts_one(monkeypatch):
+    """A failed ``Thread.start`` (no threads left) kept its unstarted thread as the sender: every later frame sat in
+    the queue for good and ``close()`` raised joining it. The send raises; the next one starts a sender."""
+    wires = {}
+    a, b = _Net(0, [1], wires, 2.0), _Net(1, [0], wires, 2.0)
+    a.start()
+    b.start()
+    real, failed = threading.Thread.start, []
+
+    def start(thread):
+        if thread.name.startswith('ding_buffer-send') and not failed:
+            failed.append(thread.name)
+            raise RuntimeError("can't start new thread")
+        return real(thread)
+
+    monkeypatch.setattr(threading.Thread, 'start', start)
+    try:
+        with pytest.raises(RuntimeError, match="can't start new thread"):
+            a.send(1, {'op': 'x', 'k': 0}, wait=True, deadline=time.monotonic() + 5)
+        a.send(1, {'op': 'x', 'k': 1}, wait=True, deadline=time.monotonic() + 5)
+        peer, kind, obj = b.recv(timeout=5)
+        assert (peer, obj['k']) == (0, 1)  # the failed send queued nothing
+    finally:
+        monkeypatch.setattr(threading.Thread, 'start', real)
+        a.close(grace=1.0)  # (it joined the unstarted thread: RuntimeError)
+        b.close(grace=1.0)
