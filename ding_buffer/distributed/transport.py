@@ -78,15 +78,11 @@ class _Outbox:
 _OPEN: 'weakref.WeakSet[ThreadedTransport]' = weakref.WeakSet()
 
 
-def _sender(ref: 'weakref.ref', peer: int, ob: _Outbox) -> None:
+def _sender(peer: int, ob: _Outbox) -> None:
     """The sender thread of a transport for ``peer``: sends its queued frames in order. The transport is held (by
     the outbox) only while frames wait, so one dropped without ``close()`` is collected once they left, and its
     finalizer stops this thread."""
-    transport = ref()
-    if transport is None:
-        return
-    transport._thread_started()
-    del transport
+    ob.owner._thread_started()  # (set before the thread started: a frame waits)
     while True:
         with ob.cond:
             while not ob.frames and not ob.stop:
@@ -271,9 +267,7 @@ class ThreadedTransport(FrameReader):
             ob.frames.append(fr)
             ob.owner = self
             if ob.thread is None:  # (also after a sender thread ended: a late goodbye still leaves)
-                thread = threading.Thread(
-                    target=_sender, args=(weakref.ref(self), peer, ob), daemon=True, name=f'ding_buffer-send-{peer}'
-                )
+                thread = threading.Thread(target=_sender, args=(peer, ob), daemon=True, name=f'ding_buffer-send-{peer}')
                 try:
                     thread.start()
                 except BaseException:  # (no thread to be had: the frame is not queued, and the next try starts one)

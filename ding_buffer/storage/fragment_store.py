@@ -36,6 +36,7 @@ import torch
 
 from .. import forks
 from ..persistence import NamedFile, check_integrity, naming, save_checked
+from .tree import grad_memo
 
 _ID = re.compile(r'[0-9a-f]{32}')
 KINDS = ('memory', 'disk')
@@ -140,7 +141,7 @@ class FragmentStore:
     def put_as(self, fragment_id: str, payload: Any) -> str:
         """Store a copy of ``payload`` under ``fragment_id`` (a restore writes saved payloads back under their ids)."""
         check_id(fragment_id)
-        memo = _detached(payload)
+        memo = grad_memo(payload)  # (a payload is data: a sample is a copy a learner may edit in place)
         if self.kind == 'memory':
             self._mem[fragment_id] = copy.deepcopy(payload, memo)
             return fragment_id
@@ -233,28 +234,6 @@ class FragmentStore:
                 continue  # another open buffer's payload
             if (name.endswith('.pt') and _ID.fullmatch(name[:-3])) or (name.startswith('.') and name.endswith('.tmp')):
                 _remove(os.path.join(self.path, name))
-
-
-def _detached(payload: Any) -> Dict[int, Any]:
-    """A ``copy.deepcopy`` memo that copies every tensor of ``payload`` that requires grad as a detached tensor (a
-    payload is data: a sample hands out copies a learner may edit in place, outside any graph); empty when none
-    does."""
-    memo: Dict[int, Any] = {}
-    seen: Set[int] = set()  # (each container once: shared and cyclic ones too; the payload keeps the ids alive)
-    stack = [payload]
-    while stack:  # the containers a payload nests tensors in
-        x = stack.pop()
-        if id(x) in seen:
-            continue
-        seen.add(id(x))
-        if isinstance(x, torch.Tensor):
-            if x.requires_grad:
-                memo[id(x)] = x.detach().clone()
-        elif isinstance(x, dict):
-            stack.extend(x.values())
-        elif isinstance(x, (list, tuple)):
-            stack.extend(x)
-    return memo
 
 
 def _remove(path: str) -> None:

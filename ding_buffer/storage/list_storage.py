@@ -24,7 +24,7 @@ from .base import (
 )
 from .ring import RingIndex
 from .tensordict_io import is_tensordict, rows
-from .tree import batch_row, batched_leaves
+from .tree import batch_row, batched_leaves, grad_memo
 
 # what ``copy.deepcopy`` raises for an object that cannot be copied: Python's TypeError, torch's NotImplementedError
 # (a nested tensor); a RuntimeError (a copy hook calling back into its buffer) comes through as it is
@@ -37,17 +37,7 @@ def deep_copy(items: Any) -> Any:
     try:
         return copy.deepcopy(items)
     except RuntimeError:
-        memo: Dict[int, Any] = {}
-        stack = [items]
-        while stack:  # containers the items nest tensors in
-            x = stack.pop()
-            if isinstance(x, torch.Tensor):
-                if x.requires_grad and not x.is_leaf:
-                    memo[id(x)] = x.detach().clone()
-            elif isinstance(x, Mapping):
-                stack.extend(x.values())
-            elif isinstance(x, (list, tuple)):
-                stack.extend(x)
+        memo = grad_memo(items, leaves=False)
         if not memo:
             raise
         return copy.deepcopy(items, memo)

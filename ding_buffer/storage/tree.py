@@ -4,7 +4,7 @@ A path is a tuple of string keys (``('obs', 'image')``). Leaves are torch tensor
 scalars and Python ``bool``/``int``/``float``; anything else is a ``TypeError`` naming the field.
 """
 
-from typing import Any, Dict, List, Mapping, Tuple
+from typing import Any, Dict, List, Mapping, Set, Tuple
 
 import numpy as np
 import torch
@@ -159,3 +159,25 @@ def batch_len(leaf: Any, path: Path) -> int:
         f"batched field '{path_name(path)}' has no leading batch dimension "
         f"(got {type(leaf).__name__} with shape {getattr(leaf, 'shape', None)})"
     )
+
+
+def grad_memo(obj: Any, leaves: bool = True) -> Dict[int, Any]:
+    """A ``copy.deepcopy`` memo that copies each tensor in ``obj``'s dicts, lists and tuples that requires grad as a
+    detached tensor (``leaves=False``: only those inside an autograd graph, which ``deepcopy`` refuses); empty when
+    there is none. Each object is visited once (shared and cyclic containers too; ``obj`` keeps the ids alive)."""
+    memo: Dict[int, Any] = {}
+    seen: Set[int] = set()
+    stack = [obj]
+    while stack:
+        x = stack.pop()
+        if id(x) in seen:
+            continue
+        seen.add(id(x))
+        if isinstance(x, torch.Tensor):
+            if x.requires_grad and (leaves or not x.is_leaf):
+                memo[id(x)] = x.detach().clone()
+        elif isinstance(x, Mapping):
+            stack.extend(x.values())
+        elif isinstance(x, (list, tuple)):
+            stack.extend(x)
+    return memo
