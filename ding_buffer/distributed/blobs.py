@@ -29,10 +29,14 @@ def check_name(name: Any) -> str:
     return name
 
 
-def check_version(version: Any, what: str = 'blob version') -> int:
-    if type(version) is not int or not -1 <= version < VERSION_LIMIT:
-        raise ValueError(f"{what} must be an int in [-1, 2**62), got {version!r:.40}")
-    return version
+def check_version(version: Any, what: str = 'blob version', low: int = 0) -> int:
+    """A blob version (``low`` 0) or a ``newer_than`` (``low`` -1): a whole number in ``[low, 2**62)``, numpy's
+    ints too (not a bool or a float)."""
+    if not isinstance(version, numbers.Integral) or isinstance(version, (bool, np.bool_)):
+        raise ValueError(f"{what} must be an int in [{low}, 2**62), got {type(version).__name__} {version!r:.40}")
+    if not low <= version < VERSION_LIMIT:
+        raise ValueError(f"{what} must be an int in [{low}, 2**62), got {version!r:.40}")
+    return int(version)
 
 
 def check_stamp(version: Any, session_id: Any, required: bool = False) -> Tuple[Optional[int], Any]:
@@ -104,11 +108,11 @@ class BlobStore:
         ``{'stored': bool, 'version': the version now kept}``."""
         name = check_name(name)
         version = check_version(version)
-        if version < 0:
-            raise ValueError(f"blob version must be >= 0, got {version}")
         kept = self._slots.get(name)
         if kept is None and len(self._slots) >= MAX_NAMES:
-            raise ValueError(f"the manager keeps at most {MAX_NAMES} blob names; {sorted(self._slots)} are taken")
+            raise ValueError(
+                f"blob {name!r}: the manager keeps at most {MAX_NAMES} blob names, and {sorted(self._slots)} are taken"
+            )
         if kept is not None and kept[0] >= version:
             return {'stored': False, 'version': kept[0]}
         size = payload_bytes(payload)
@@ -126,7 +130,7 @@ class BlobStore:
         """``{'version', 'payload'}`` of ``name`` when its version is above ``newer_than``, else None (also when
         nothing was put under ``name`` yet)."""
         name = check_name(name)
-        newer_than = check_version(newer_than, 'newer_than')
+        newer_than = check_version(newer_than, 'newer_than', -1)
         kept = self._slots.get(name)
         if kept is None or kept[0] <= newer_than:
             return None

@@ -67,7 +67,7 @@ class ManagerCore:
         self.metadata_function: Optional[Callable] = resolve_callable(dcfg.metadata_function, 'metadata_function')
         self.baseline = BaselineTracker(dcfg.baseline_strategy, dcfg.baseline_percentile, dcfg.baseline_ema_alpha)
         self.model_version = -1
-        self.session_id = ''
+        self.session_id: Any = None  # (None: no session yet; 0 and '' are sessions)
         self.liveness = Liveness(dcfg)
         self.per_sender: Dict[Any, Dict[str, int]] = {}
         self.counters = dict(
@@ -230,7 +230,7 @@ class ManagerCore:
     def _stale(self, version, session) -> bool:
         if self.cfg.max_version_lag is None or version is None:
             return False
-        if session is not None and self.session_id and session != self.session_id:
+        if session is not None and self.session_id is not None and session != self.session_id:
             return True
         return self.model_version - version > self.cfg.max_version_lag
 
@@ -337,7 +337,7 @@ class ManagerCore:
     def _metadata(self, sender) -> Dict[str, Any]:
         out = {
             'model_version': self.model_version,
-            'session_id': self.session_id,
+            'session_id': '' if self.session_id is None else self.session_id,  # ('': none set yet)
             'count': self.buffer.count(),
             'buffer_type': type(self.buffer).__name__,
             'shard': self.cfg.shard,
@@ -422,7 +422,7 @@ class ManagerCore:
         if self.buffer.version_gate:  # a buffer with its own gate (the chunk buffer), declared by its type
             out.update(self.buffer.update_model_version(version, session_id))
         if session_id is not None and session_id != self.session_id:
-            if self.session_id and self.cfg.max_version_lag is not None:
+            if self.session_id is not None and self.cfg.max_version_lag is not None:
                 out['cleared'] = self.buffer.count()
                 self.buffer.clear()  # MineStudio drops data of another session
             self.session_id = session_id

@@ -16,7 +16,7 @@ import copy
 import hashlib
 import logging
 import uuid
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
@@ -78,6 +78,7 @@ class PushPipeline:
         self._log_reward_key = log_reward_key
         self._pending: List[Any] = []
         self._pending_batched: Optional[bool] = None
+        self._pending_stamp: Tuple[Optional[int], Any] = (None, None)  # the model version and session they were made by
         self._push_calls = 0
         self.client = uuid.uuid4().hex
         self._seq = 0
@@ -111,8 +112,8 @@ class PushPipeline:
         self._retry_of = None
         try:  # what is owed first; raising, this call takes none of its data (the caller pushes it again)
             self._resend_unacked(deadline)
-            if self._pending and self._pending_batched != batched:
-                self._flush(envstep, deadline)  # a batch and single items cannot be merged
+            if self._pending and (self._pending_batched != batched or self._pending_stamp != self.stamp):
+                self._flush(envstep, deadline)  # a batch and single items cannot be merged, nor another model's
         except ManagerUnavailableError as e:
             raise not_taken(e) from e
         sends = (self._push_calls + 1) % self._dcfg.remote_buffer_freq == 0
@@ -122,6 +123,8 @@ class PushPipeline:
         if self._local is not None:
             self._local.push(data, envstep, batched=batched)
         self._push_calls += 1
+        if not self._pending:
+            self._pending_stamp = self.stamp
         self._pending.append(kept)
         self._pending_batched = batched
         if not sends:
@@ -137,6 +140,11 @@ class PushPipeline:
         """Whether a push of ``data`` repeats the call that raised ``ManagerUnavailableError`` (its retry)."""
         batched = bool(batched) or (self.dict_is_batch and isinstance(data, dict))
         return self._retry_of is not None and self._retry_of == _digest(data, batched, self._dcfg.allow_pickle)
+
+    @property
+    def stamp(self) -> Tuple[Optional[int], Any]:
+        """The model version and session this worker's pushes are made by now (``set_model_version``)."""
+        return self.model_version, self.session_id
 
     @property
     def unacknowledged(self) -> int:
@@ -285,8 +293,8 @@ class PushPipeline:
             data=data,
             batched=batched,
             envstep=envstep,
-            model_version=self.model_version,
-            session_id=self.session_id,
+            model_version=self._pending_stamp[0],
+            session_id=self._pending_stamp[1],
             client=self.client,
             seq=self._seq,
         )

@@ -298,9 +298,12 @@ class RemoteBuffer(IBuffer):
         self.pushes.model_version, self.pushes.session_id = version, session_id
 
     def update_model_version(self, version: int, session_id: Optional[str] = None) -> Dict[str, Any]:
-        """Learner: move the manager to ``version`` (a new session clears data of the old one when gating)."""
-        self.set_model_version(version, session_id)
-        return self._request('model_version', version=self.pushes.model_version, session_id=session_id)
+        """Learner: move the manager to ``version`` (a new session clears data of the old one when gating); once the
+        manager took it, this worker's later pushes carry it too (a refused or failed call changes neither)."""
+        version, session_id = check_stamp(version, session_id, required=True)
+        out = self._request('model_version', version=version, session_id=session_id)
+        self.pushes.model_version, self.pushes.session_id = version, session_id
+        return out
 
     def put_blob(self, name: str, version: int, payload: Any) -> Dict[str, Any]:
         """Keep ``payload`` on the manager as version ``version`` of ``name`` (e.g. the learner's weights), unless
@@ -310,7 +313,7 @@ class RemoteBuffer(IBuffer):
     def get_blob(self, name: str, newer_than: int = -1) -> Optional[Dict[str, Any]]:
         """``{'version', 'payload'}`` of the manager's blob ``name`` when its version is above ``newer_than``,
         else None (one round trip; the payload travels only when it is newer)."""
-        return self._request('get_blob', name=check_name(name), newer_than=check_version(newer_than, 'newer_than'))
+        return self._request('get_blob', name=check_name(name), newer_than=check_version(newer_than, 'newer_than', -1))
 
     def baseline_sync(self, value: float) -> None:
         """Fix the manager's baseline_log_reward to ``value`` (overrides every strategy from now on)."""

@@ -1190,6 +1190,72 @@ def test_a_bad_model_version_or_session_is_refused_and_changes_nothing(version, 
     assert rb.update_model_version(torch.tensor(8), 7)['model_version'] == 8
 
 
+@pytest.mark.parametrize('session', [0, ''])
+def test_session_0_and_the_empty_session_gate_pushes_as_any_other(session):
+    """0 and '' are sessions: with one set, pushes of another session are refused and a new session clears the
+    data of the old one (as for session 7)."""
+    rb, core, ch = make_remote(storage='list', max_version_lag=2)
+    rb.update_model_version(5, session_id=session)
+    rb.push(item(0))
+    rb.set_model_version(5, 1)
+    rb.push(item(1))
+    assert rb.pushes.last_score == {'stored': 0, 'rejected_stale': 1} and core.buffer.count() == 1
+    assert rb.update_model_version(6, session_id=1) == {'model_version': 6, 'session_id': 1, 'cleared': 1}
+    rb.set_model_version(6, session)
+    rb.push(item(2))
+    assert rb.pushes.last_score == {'stored': 0, 'rejected_stale': 1} and core.buffer.count() == 0
+
+
+def test_pending_pushes_keep_the_model_version_they_were_made_by():
+    """With ``remote_buffer_freq`` a push waits for a later call; it still carries the version and session that made
+    it, not the ones set before it was sent: a stale one is refused, a fresh one stored."""
+    rb, core, ch = make_remote(storage='list', max_version_lag=0, remote_buffer_freq=2)
+    rb.update_model_version(5, session_id='s')
+    rb.set_model_version(1, 's')  # an old model
+    rb.push(item(0))  # pending
+    rb.set_model_version(5, 's')
+    rb.push(item(1))
+    assert [r['args']['model_version'] for r in ch.requests if r['op'] == 'push'] == [1, 5]
+    assert core.buffer.count() == 1 and core.counters['rejected_stale'] == 1
+    rb.push(item(2))  # pending, session s
+    rb.set_model_version(5, 't')
+    rb.flush()
+    assert core.buffer.count() == 2 and core.counters['rejected_stale'] == 1  # made in session s: stored
+
+
+def test_a_refused_update_model_version_leaves_the_workers_stamp():
+    """The learner's ``update_model_version`` stamps its own later pushes only once the manager took it."""
+    cfg = EasyDict(type='chunk', fragments_per_chunk=1, seed=0, distributed=dict(backend='torch', max_version_lag=0))
+    buf, dcfg, key = build_manager_buffer(cfg)
+    core = ManagerCore(buf, dcfg, key)
+    rb = worker_buffer(get_buffer_cls(cfg), EasyDict(type='chunk', fragments_per_chunk=1), dcfg, Loopback(core))
+    rb.update_model_version(0, session_id='s')
+    with pytest.raises(ValueError, match="session_id must be a printable str.*got 7"):
+        rb.update_model_version(0, session_id=7)  # a chunk buffer's sessions are str, as its fragments'
+    assert (rb.pushes.model_version, rb.pushes.session_id) == (0, 's')
+    assert (core.model_version, core.session_id) == (0, 's')
+
+
+@pytest.mark.parametrize('version', [np.int64(3), np.uint8(3), 3])
+def test_blob_versions_take_numpy_ints(version):
+    rb, core, ch = make_remote(storage='list')
+    assert rb.put_blob('w', version, {'a': 1}) == {'stored': True, 'version': 3}
+    assert rb.get_blob('w', newer_than=np.int64(2)) == {'version': 3, 'payload': {'a': 1}}
+    assert rb.get_blob('w', newer_than=version) is None
+
+
+def test_blob_version_messages_give_each_range_and_the_refused_name():
+    rb, core, ch = make_remote(storage='list')
+    with pytest.raises(ValueError, match=r'blob version must be an int in \[0, 2\*\*62\), got -1'):
+        rb.put_blob('w', -1, 1)
+    with pytest.raises(ValueError, match=r'newer_than must be an int in \[-1, 2\*\*62\), got -2'):
+        rb.get_blob('w', newer_than=-2)
+    for i in range(16):
+        rb.put_blob(f'b{i}', 0, i)
+    with pytest.raises(ValueError, match="blob 'one_more': the manager keeps at most 16 blob names"):
+        rb.put_blob('one_more', 0, 0)
+
+
 def test_a_remote_load_data_takes_only_a_bool_allow_pickle():
     rb, core, ch = make_remote(storage='list')
     for flag in ('False', 0, None):
@@ -2572,7 +2638,7 @@ def test_blob_put_get_keeps_only_newer_versions_through_the_wire():
         (dict(name='x' * 65, version=0, payload=1), 'blob name'),
         (dict(name='a\nb', version=0, payload=1), 'blob name'),
         (dict(name=7, version=0, payload=1), 'blob name'),
-        (dict(name='w', version=-1, payload=1), '>= 0'),
+        (dict(name='w', version=-1, payload=1), r'blob version must be an int in [0, 2**62)'),
         (dict(name='w', version=1.5, payload=1), 'blob version'),
         (dict(name='w', version=True, payload=1), 'blob version'),
         (dict(name='w', version=1 << 62, payload=1), 'blob version'),
