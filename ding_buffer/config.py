@@ -338,7 +338,17 @@ def capacity_int(x: Any) -> bool:
     return positive_int(x) and x <= MAX_CAPACITY
 
 
-CAPACITY_CHECK = (capacity_int, 'a positive int at most 2**40')
+def capacity_check(slot_bytes: int, unit: str = 'items') -> Tuple[Callable[[Any], bool], str]:
+    """A config capacity's check: a positive int at most 2**40 whose per-slot arrays, built with the buffer (at least
+    ``slot_bytes`` a slot), fit in this machine's memory -- refused naming the key, not as a ``MemoryError``."""
+    return (
+        lambda x: capacity_int(x) and x * slot_bytes <= machine_memory(),
+        f"a positive int ({unit}) at most 2**40 whose slots fit in this machine's memory ({slot_bytes} bytes a slot "
+        f"at least)",
+    )
+
+
+CAPACITY_CHECK = capacity_check(9)  # a slot's valid flag and its item's reference, at least
 
 
 def seed_ok(x: Any) -> bool:

@@ -5,6 +5,7 @@ import pathlib
 
 import pytest
 import torch
+from helpers import assert_same
 
 from ding_buffer import create_buffer
 
@@ -122,3 +123,35 @@ def test_numpy_numbers_in_a_config_become_python_numbers_so_files_load_without_p
         buf.save_data(path)
         create_buffer(cfg).load_data(path)  # no allow_pickle: the state holds no numpy scalar
         assert isinstance(cfg.get('beta', cfg.get('cutoff_distance')), np.float64)  # the caller's config is untouched
+
+
+@pytest.mark.parametrize('type_', ['naive', 'advanced', 'deque', 'elastic', 'sequence', 'episode', 'gfn'])
+def test_a_capacity_whose_slots_exceed_memory_is_refused_naming_the_key(type_, monkeypatch):
+    """Within 2**40 but beyond this machine's memory (made 1 MiB here): a ValueError naming replay_buffer_size at
+    build, not numpy's MemoryError from allocating the slots."""
+    import ding_buffer.config
+
+    monkeypatch.setattr(ding_buffer.config, 'machine_memory', lambda: 1 << 20)
+    with pytest.raises(ValueError, match=r"'replay_buffer_size'.*(fit in this machine's memory|GiB for its slots)"):
+        create_buffer(dict(type=type_, replay_buffer_size=1 << 20))
+    create_buffer(dict(type=type_, replay_buffer_size=1 << 10)).close()  # what fits is built
+
+
+def test_a_frame_ring_too_large_for_memory_names_the_spare_rows():
+    buf = create_buffer(
+        dict(type='naive', replay_buffer_size=16, storage=dict(type='tensor', frames=dict(spare=2**40)))
+    )
+    step = dict(obs=torch.zeros(4, 2, 2, dtype=torch.uint8), next_obs=torch.zeros(4, 2, 2, dtype=torch.uint8),
+                reward=1.0, done=False)  # fmt: skip
+    before = buf.state_dict()
+    with pytest.raises(ValueError, match=r"storage\.frames\.spare 1099511627776"):
+        buf.push(step)
+    assert_same(buf.state_dict(), before, 'state after the refused push')
+    buf.close()
+
+
+@pytest.mark.parametrize('key, expected', [('max_chunks', r'\[1, 2\*\*62\)'), ('max_reuse', r'\[1, 2\*\*62\)'),
+                                           ('max_staleness', r'\[0, 2\*\*62\)')])  # fmt: skip
+def test_chunk_int_keys_name_their_upper_bound(key, expected):
+    with pytest.raises(ValueError, match=f"'{key}'.*expected .*{expected}"):
+        create_buffer(dict(type='chunk', **{key: 2**62}))

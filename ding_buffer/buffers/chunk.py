@@ -75,10 +75,10 @@ class ChunkReplayBuffer(Engine):
     )
     key_aliases = {'max_use': 'max_reuse'}  # the engine presets' name of the key
     checks = {
-        'max_chunks': (lambda x: is_int(x) and 1 <= x < INT_LIMIT, 'an int >= 1'),
+        'max_chunks': (lambda x: is_int(x) and 1 <= x < INT_LIMIT, 'an int in [1, 2**62)'),
         'fragments_per_chunk': (lambda x: is_int(x) and 1 <= x <= 1 << 20, 'an int in [1, 2**20]'),
-        'max_reuse': (lambda x: x is None or (is_int(x) and 1 <= x < INT_LIMIT), 'None or an int >= 1'),
-        'max_staleness': (lambda x: x is None or (is_int(x) and 0 <= x < INT_LIMIT), 'None or an int >= 0'),
+        'max_reuse': (lambda x: x is None or (is_int(x) and 1 <= x < INT_LIMIT), 'None or an int in [1, 2**62)'),
+        'max_staleness': (lambda x: x is None or (is_int(x) and 0 <= x < INT_LIMIT), 'None or an int in [0, 2**62)'),
         'store.type': (lambda x: x in KINDS, f'one of {list(KINDS)}'),
         'store.path': (lambda x: x is None or (isinstance(x, str) and bool(x)), 'None or a directory path'),
         'store.clear_on_start': (lambda x: isinstance(x, bool), 'a bool'),

@@ -7,6 +7,7 @@ The section's keys are ``load_dataset``'s options (``DEFAULTS``); an unknown key
 dataset on the owner (the manager's buffer) yourself, or push it from a worker.
 """
 
+import os
 from typing import Any
 
 from .. import base
@@ -52,6 +53,8 @@ def checked_section(section: Any) -> dict:
     if not hasattr(section, 'items'):
         raise ValueError(f"config key 'dataset' must be a dict of {sorted(DEFAULTS)}, got {type(section).__name__}")
     section = plain_numbers(section)  # (a numpy number is accepted wherever its Python number is)
+    if isinstance(section.get('path'), os.PathLike):  # (a pathlib.Path, as load_dataset takes it)
+        section = {**section, 'path': os.fspath(section['path'])}
     check_keys_and_types(DEFAULTS, section, prefix='dataset.', nullable=NULLABLE)
     options = {**DEFAULTS, **dict(section)}
     if not options['path']:

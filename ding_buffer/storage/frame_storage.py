@@ -262,7 +262,13 @@ class FrameStorage(TensorStorage):
         """An allocated frame ring for this storage (in memory, or a memory-mapped file removed with it)."""
         rows = self._rows(stack)
         token = new_token()
-        field = allocate_fields({('frames',): (shape, dtype)}, rows, self.device, self.memmap_dir, token)
+        try:
+            field = allocate_fields({('frames',): (shape, dtype)}, rows, self.device, self.memmap_dir, token)
+        except ValueError as e:  # (too large for memory: the rows come from the capacity and the spare rows)
+            raise ValueError(
+                f"{e} (the frame ring's {rows} rows: capacity {self.capacity} + storage.frames.spare "
+                f"{self.spec['spare']})"
+            ) from None
         ring = FrameRing(rows)
         ring.adopt(field[('frames',)])
         if self.memmap_dir is not None:

@@ -27,6 +27,12 @@ def test_the_section_fills_the_buffer(d4rl_file):
         assert_transition(g, w, f'transition {i}')
 
 
+def test_the_path_may_be_a_pathlib_path_as_load_dataset_takes_it(d4rl_file):
+    path, arrays = d4rl_file
+    buffer = create_buffer(dict(type='naive', replay_buffer_size=10**3, dataset=dict(path=path, format='d4rl')))
+    assert buffer.count() == len(d4rl_expected(arrays))
+
+
 def test_a_none_section_is_no_dataset():
     assert create_buffer(dict(type='naive', dataset=None)).count() == 0
 
