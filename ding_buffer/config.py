@@ -324,6 +324,17 @@ def positive_int(x: Any) -> bool:
 MAX_CAPACITY = 1 << 40
 
 
+def check_fits_memory(what: str, value: Any, need: float) -> None:
+    """``ValueError`` naming ``what`` (a config key, or a saved one) and its ``value`` when the ``need`` bytes of
+    per-slot arrays it sizes exceed this machine's memory: checked before they are allocated (a system that
+    overcommits memory grants the allocation and kills the process as it is written)."""
+    if need > machine_memory():
+        raise ValueError(
+            f"{what} {value} needs {need / 2**30:.1f} GiB for its slots, more than this machine's "
+            f"{machine_memory() / 2**30:.1f} GiB"
+        )
+
+
 def machine_memory() -> int:
     """Bytes of physical memory (no limit where the system cannot tell): what an allocation a file or a config
     declares is checked against before it is tried (a system that overcommits memory would grant it, and the
@@ -338,17 +349,7 @@ def capacity_int(x: Any) -> bool:
     return positive_int(x) and x <= MAX_CAPACITY
 
 
-def capacity_check(slot_bytes: int, unit: str = 'items') -> Tuple[Callable[[Any], bool], str]:
-    """A config capacity's check: a positive int at most 2**40 whose per-slot arrays, built with the buffer (at least
-    ``slot_bytes`` a slot), fit in this machine's memory -- refused naming the key, not as a ``MemoryError``."""
-    return (
-        lambda x: capacity_int(x) and x * slot_bytes <= machine_memory(),
-        f"a positive int ({unit}) at most 2**40 whose slots fit in this machine's memory ({slot_bytes} bytes a slot "
-        f"at least)",
-    )
-
-
-CAPACITY_CHECK = capacity_check(9)  # a slot's valid flag and its item's reference, at least
+CAPACITY_CHECK = (capacity_int, 'a positive int at most 2**40')
 
 
 def seed_ok(x: Any) -> bool:

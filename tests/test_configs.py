@@ -137,6 +137,24 @@ def test_a_capacity_whose_slots_exceed_memory_is_refused_naming_the_key(type_, m
     create_buffer(dict(type=type_, replay_buffer_size=1 << 10)).close()  # what fits is built
 
 
+def test_the_memory_a_capacity_needs_is_its_storages(monkeypatch, tmp_path):
+    """Each storage counts what it keeps per slot: list storage a reference and a collect_iter besides the ring's
+    flag, tensor storage (in memory or memory-mapped) only the flag (its fields are checked as they are allocated),
+    prioritized tables their trees too."""
+    import ding_buffer.config
+
+    monkeypatch.setattr(ding_buffer.config, 'machine_memory', lambda: 1 << 20)
+    n = 1 << 17  # 128 KiB of flags; 2.1 MiB as list storage, 3.3 MiB with priority trees
+    for storage in (dict(type='tensor'), dict(type='tensor', memmap_dir=str(tmp_path))):
+        buf = create_buffer(dict(type='naive', replay_buffer_size=n, storage=storage))
+        buf.push({'obs': torch.zeros(1)})
+        assert buf.count() == 1
+        buf.close()
+    for cfg in (dict(type='naive', storage=dict(type='list')), dict(type='advanced', storage=dict(type='tensor'))):
+        with pytest.raises(ValueError, match=f"config key 'replay_buffer_size' {n} needs"):
+            create_buffer(dict(cfg, replay_buffer_size=n))
+
+
 def test_a_frame_ring_too_large_for_memory_names_the_spare_rows():
     buf = create_buffer(
         dict(type='naive', replay_buffer_size=16, storage=dict(type='tensor', frames=dict(spare=2**40)))

@@ -6,7 +6,7 @@ prioritized sequence replay. Any of the engine's parts compose by config: ``max_
 from typing import Any, Dict, Optional
 
 from ..base import BUFFER_REGISTRY
-from ..config import SECONDS_CHECK, SEED_CHECK, capacity_check, capacity_int, dingengine_ignored
+from ..config import SECONDS_CHECK, SEED_CHECK, capacity_int, dingengine_ignored
 from ..storage import STORAGE_CHECKS, STORAGE_CONFIG
 from .engine import Engine, parts_checks, parts_config, table_attribute
 from .episode_table import EpisodeTable
@@ -34,7 +34,7 @@ EPISODE_CONFIG = dict(
     storage=STORAGE_CONFIG,
 )
 EPISODE_CHECKS = dict(
-    replay_buffer_size=capacity_check(25, 'number of episodes'),  # (a flag, a start, a length, a collect_iter each)
+    replay_buffer_size=(capacity_int, 'a positive int at most 2**40 (number of episodes)'),
     max_transitions=(lambda x: x is None or capacity_int(x), 'None or a positive int at most 2**40'),
     enable_track_used_data=(lambda x: x is False, 'False (episode buffers do not track used data)'),
     periodic_thruput_seconds=SECONDS_CHECK,

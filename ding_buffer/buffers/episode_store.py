@@ -19,6 +19,7 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 import numpy as np
 import torch
 
+from ..config import check_fits_memory
 from ..storage import FrameStorage, ListStorage, RingIndex, build_storage, storage_from_state
 from ..storage.base import NO_ITER, collect_iter_of
 from ..storage.tensordict_io import is_tensordict
@@ -81,6 +82,8 @@ class _EpisodeStore:
     reserved: Tuple[str, ...] = ()
 
     def __init__(self, max_episodes: int, max_transitions: Optional[int]) -> None:
+        # per episode: a flag, a length, a collect_iter and (flat) a start, checked before they are allocated
+        check_fits_memory("config key 'replay_buffer_size'", max_episodes, max_episodes * 25)
         self.max_episodes = max_episodes
         self.max_transitions = max_transitions
         self.length = np.zeros(max_episodes, dtype=np.int64)
@@ -263,7 +266,7 @@ class FlatEpisodes(_EpisodeStore):
 
     def __init__(self, max_episodes: int, max_transitions: int, storage_cfg: Mapping) -> None:
         super().__init__(max_episodes, max_transitions)
-        self.storage = build_storage(storage_cfg, max_transitions, episodes=max_episodes)
+        self.storage = build_storage(storage_cfg, max_transitions, episodes=max_episodes, key='max_transitions')
         self.frames = isinstance(self.storage, FrameStorage)
         self.ring = RingIndex(max_episodes)
         self.start = np.zeros(max_episodes, dtype=np.int64)

@@ -5,7 +5,7 @@ terminating states; the diversity filter's rows)."""
 
 from typing import Any, Mapping, Tuple
 
-from ..config import machine_memory
+from ..config import check_fits_memory
 from ..control.diversity import StateSet
 from ..control.keep_best import RewardIndex
 from .gfn_data import ColumnStore, ContainerStoreBase, is_container
@@ -26,11 +26,7 @@ SLOT_BYTES = 80
 def check_slot_memory(cfg: Mapping, physical: int, what: str) -> None:
     """``physical`` slots of ``cfg``'s buffer fit in this machine's memory (``ValueError`` naming ``what`` -- the
     config key, or the saved one -- before anything is allocated: the slots are allocated at the first push)."""
-    if physical * SLOT_BYTES > machine_memory():
-        raise ValueError(
-            f"{what} {cfg['replay_buffer_size']} needs {physical * SLOT_BYTES / 2**30:.1f} GiB for its slots, more "
-            f"than this machine's {machine_memory() / 2**30:.1f} GiB"
-        )
+    check_fits_memory(what, cfg['replay_buffer_size'], physical * SLOT_BYTES)
 
 
 def make_store(cfg: Mapping, data: Any) -> Any:

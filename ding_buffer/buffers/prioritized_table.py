@@ -98,6 +98,7 @@ class PrioritizedTable(SlotTable):
 
     uses_counted = True
     indexed = True
+    slot_bytes = 25  # its priority trees (padded to a power of two) and priority column, measured
     state_keys = frozenset({'storage', 'index', 'beta', 'sampled', 'counters', 'thruput', 'envstep'})  # use: in index
     resets_push_count = False  # DI-engine's advanced buffer keeps push_count on clear
     reserved_keys = SAMPLE_KEYS

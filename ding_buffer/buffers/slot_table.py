@@ -49,6 +49,7 @@ class SlotTable(Table):
     resets_push_count = True  # DI-engine's naive buffer restarts push_count on clear (advanced keeps it)
     indexed = False  # whether the table keeps a per-slot index the write hooks update (advanced: priorities)
     reserved_keys: Tuple[str, ...] = ()
+    slot_bytes = 0  # what the table keeps per slot besides its storage's arrays (checked against memory at build)
 
     def __init__(self, cfg: Any, name: str, lock: Any, window: bool = False, runs: bool = False) -> None:
         super().__init__(cfg, name, lock)
@@ -66,7 +67,11 @@ class SlotTable(Table):
         # list storage with storage.output='items': samples are new dicts carrying the item's id and slot
         self.list_items = cfg.storage.get('type', 'list') == 'list' and cfg.storage.get('output') == 'items'
         self._storage = build_storage(
-            cfg.storage, cfg.replay_buffer_size, reserved_keys=self.reserved_keys, index_cls=index_for(cfg)
+            cfg.storage,
+            cfg.replay_buffer_size,
+            reserved_keys=self.reserved_keys,
+            index_cls=index_for(cfg),
+            table_bytes=self.slot_bytes,
         )
         self.build_index()
         self.bind_hot_path()

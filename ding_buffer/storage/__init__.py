@@ -3,6 +3,7 @@
 import re
 from typing import Any, Dict, Mapping, Optional, Tuple
 
+from ..config import check_fits_memory
 from .base import Prepared, Storage, WriteResult
 from .frame_storage import FrameStorage
 from .frames import check_frames
@@ -97,11 +98,16 @@ def build_storage(
     reserved_keys: Tuple[str, ...] = (),
     index_cls: type = RingIndex,
     episodes: Optional[int] = None,
+    key: str = 'replay_buffer_size',
+    table_bytes: int = 0,
 ) -> Storage:
     """Build the storage described by a buffer's ``storage`` config section (``index_cls``: its slot index,
     ``RingIndex`` or, for a table with a capacity rule, ``FreeListIndex``; ``episodes``: the transitions of an
-    episode table of at most that many episodes, see ``FrameStorage``)."""
+    episode table of at most that many episodes, see ``FrameStorage``). Its per-slot arrays, with the
+    ``table_bytes`` a slot its table keeps, must fit in memory: else ``ValueError`` naming the config ``key``."""
     kind = cfg.get('type', 'list')
+    per_slot = (ListStorage if kind == 'list' else Storage).slot_bytes + index_cls.slot_bytes + table_bytes
+    check_fits_memory(f"config key '{key}'", capacity, capacity * per_slot)
     if kind == 'list':
         check_list_storage(cfg)
         return ListStorage(capacity, index_cls)

@@ -55,6 +55,8 @@ class Storage(ABC):
     # Whether samples are TensorDicts (tensor storage whose first item was one; ``tensordict_io``).
     tensordict_out = False
 
+    slot_bytes = 0  # what the storage keeps per slot besides its fields (those are checked as they are allocated)
+
     def __init__(self, capacity: int, index_cls: type = RingIndex) -> None:
         # RingIndex (FIFO, ids derived from slots) or FreeListIndex (any freed slot reused: capacity rules)
         self.ring = index_cls(capacity)

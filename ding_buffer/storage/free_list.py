@@ -43,6 +43,7 @@ class FreeListIndex(SlotIndex):
     derived_ids = False  # ids are stored per slot (RingIndex derives them: its compiled fast paths rely on that)
 
     what = 'index'
+    slot_bytes = 45  # a flag, an id and a free-list entry (a list of Python ints) per slot
 
     def __init__(self, capacity: int) -> None:
         super().__init__(capacity)

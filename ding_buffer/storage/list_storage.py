@@ -66,6 +66,8 @@ class ListStorage(Storage):
 
     kind = 'list'
 
+    slot_bytes = 16  # a reference to the item and its collect_iter
+
     def __init__(self, capacity: int, index_cls: type = RingIndex, item_columns: bool = True) -> None:
         super().__init__(capacity, index_cls)
         # whether the items are the buffer's elements, whose collect_iter this storage reads (False: a store of

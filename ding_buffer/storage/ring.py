@@ -35,6 +35,7 @@ class SlotIndex:
     """What ``RingIndex`` and ``FreeListIndex`` share: ``capacity`` slots, their validity mask, the counters."""
 
     what = 'ring'  # what error messages call a saved state of this index
+    slot_bytes = 1  # what the index keeps per slot (its validity flag)
 
     def __init__(self, capacity: int) -> None:
         if not isinstance(capacity, int) or isinstance(capacity, bool) or capacity <= 0:
