@@ -468,17 +468,19 @@ def _own_bytes(tensors: Any, name: str) -> None:
 
 
 def _check_env_shape(container: Any, env: Any) -> None:
-    """The rebuilt container's states have the env's state shape (another env's states would sample silently)."""
-    shape = tuple(getattr(env, 'state_shape', ()) or ())
-    states = getattr(getattr(container, 'states', None), 'tensor', None)
-    if not shape or not isinstance(states, torch.Tensor):
-        return
-    got = tuple(states.shape[max(states.dim() - len(shape), 0) :])
-    if got != shape:
-        raise ValueError(
-            f"saved {type(container).__name__} holds states of shape {got}, but the env passed to load has "
-            f"state_shape {shape}: pass the env the buffer was saved with"
-        )
+    """The rebuilt container's states and actions have the env's state and action shapes (another env's would
+    sample silently, or break the next write)."""
+    for attr, env_attr, what in (('states', 'state_shape', 'states'), ('actions', 'action_shape', 'actions')):
+        shape = tuple(getattr(env, env_attr, ()) or ())
+        held = getattr(getattr(container, attr, None), 'tensor', None)
+        if not shape or not isinstance(held, torch.Tensor):
+            continue
+        got = tuple(held.shape[max(held.dim() - len(shape), 0) :])
+        if got != shape:
+            raise ValueError(
+                f"saved {type(container).__name__} holds {what} of shape {got}, but the env passed to load has "
+                f"{env_attr} {shape}: pass the env the buffer was saved with"
+            )
 
 
 def _qualified(cls: type) -> str:

@@ -1888,3 +1888,29 @@ def test_conditions_of_containers_kept_whole_follow_the_same_rule(tmp_path):
         _under_default(torch.float64, lambda: buf.sample(2))
     assert_same(buf.state_dict(), before)
     assert buf.sample(2).states.conditions.dtype == torch.float32
+
+
+def test_a_load_with_an_env_of_another_action_shape_is_refused_by_name():
+    """Box trajectories and HyperGrid(ndim=2)'s have states of one shape but actions of two: a load with the other
+    env was accepted one way (samples of actions the env does not take, its own trajectories refused after) and
+    refused the other with torch's broadcast error. Both are refused naming the shapes, the buffer unchanged."""
+    from gfn.gym import BoxCartesian
+    from gfn.gym.helpers.box_cartesian_utils import BoxCartesianPFEstimator, BoxCartesianPFMLP
+    from gfn.preprocessors import IdentityPreprocessor
+
+    torch.manual_seed(0)
+    box, grid = BoxCartesian(delta=0.25), HyperGrid(ndim=2, height=8)
+    box_pf = BoxCartesianPFEstimator(box, BoxCartesianPFMLP(hidden_dim=16, n_hidden_layers=1, n_components=2), 2)
+    grid_pf = DiscretePolicyEstimator(
+        MLP(2, grid.n_actions, hidden_dim=16, n_hidden_layers=1), grid.n_actions, preprocessor=IdentityPreprocessor(2)
+    )
+    for env, pf, other in ((box, box_pf, grid), (grid, grid_pf, box)):
+        saved = create_buffer(dict(type='gfn', replay_buffer_size=8, seed=0))
+        saved.add(Sampler(pf).sample_trajectories(env, n=3))
+        target = create_buffer(dict(type='gfn', replay_buffer_size=8, seed=0))
+        before = target.state_dict()
+        with pytest.raises(ValueError, match=r'holds actions of shape \(\d,\), but the env passed to load has action_'):
+            target.load_state_dict(saved.state_dict(), env=other)
+        assert_same(target.state_dict(), before)
+        target.load_state_dict(saved.state_dict(), env=env)
+        assert target.count() == 3 and target.sample(2).actions.tensor.shape[-1:] == env.action_shape
