@@ -59,6 +59,7 @@ from ..monitor.tb import TBSink, build_tb_logger, rank
 from ..monitor.used_data_remover import UsedDataRemover, check_trackable, check_trackable_batch
 from ..persistence import load_state, refuse_meta, refuse_unknown, restoring, save_state
 from ..storage.tensordict_io import check_batched, is_tensordict, to_tensordict
+from ..storage.tree import copy_memo
 from .common import (
     LOCK_GRACE,
     STEP_LIMIT,
@@ -138,7 +139,7 @@ def _check_tracked(state: Mapping) -> None:
 def _deep_copied(items: List[Any]) -> List[Any]:
     """``copy.deepcopy(items)`` (config ``deepcopy``); an item no copy takes is a ``TypeError`` naming it."""
     try:
-        return copy.deepcopy(items)
+        return copy.deepcopy(items, copy_memo(items, None))  # (a view: a tensor of its own, not its whole storage)
     except (RuntimeError, TypeError, copy.Error) as e:  # (a non-leaf tensor that requires grad, a lock, ...)
         raise TypeError(
             f"config key 'deepcopy' is True and {_grad_leaf(items)} cannot be copied ({type(e).__name__}: {e}); "
@@ -853,7 +854,7 @@ class Engine(IBuffer):
         slots, size, out, use, done, copied = drawn
         if copied and self._deepcopy:  # first: a copy that raises (an object's own __deepcopy__) changes nothing
             try:
-                out = copy.deepcopy(out)
+                out = copy.deepcopy(out, copy_memo(out, None))  # (a view: a tensor of its own)
             except BaseException:
                 if use is not None and self._uses is not None:
                     self._uses.unbump(slots)  # counted by the table's draw

@@ -105,6 +105,8 @@ class _Encoder:
         return self.pickled(x, path)
 
     def tensor(self, x: torch.Tensor, path: Any) -> Any:
+        if x.is_meta:
+            raise TypeError(f"cannot send the meta tensor at '{_path_str(path)}': it holds a shape, no values")
         if x.layout is not torch.strided or x.is_nested or isinstance(x, _MASKED):  # no byte view of values
             return self.pickled(x, path)
         t = x.detach()

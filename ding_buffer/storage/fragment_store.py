@@ -36,7 +36,7 @@ import torch
 
 from .. import forks
 from ..persistence import NamedFile, check_integrity, naming, save_checked
-from .tree import grad_memo
+from .tree import copy_memo
 
 _ID = re.compile(r'[0-9a-f]{32}')
 KINDS = ('memory', 'disk')
@@ -69,6 +69,14 @@ def check_id(fragment_id: Any) -> str:
     if not isinstance(fragment_id, str) or not _ID.fullmatch(fragment_id):
         raise ValueError(f"fragment id must be 32 lowercase hex characters, got {fragment_id!r:.60}")
     return fragment_id
+
+
+def _copied(payload: Any, memo: Dict[int, Any]) -> Any:
+    """``copy.deepcopy(payload, memo)``; a payload no copy takes (a lock, a nested tensor) is a ``TypeError``."""
+    try:
+        return copy.deepcopy(payload, memo)
+    except (TypeError, NotImplementedError, copy.Error) as e:
+        raise TypeError(f"a fragment's payload cannot be copied into the store ({type(e).__name__}: {e})") from e
 
 
 class FragmentStore:
@@ -141,11 +149,11 @@ class FragmentStore:
     def put_as(self, fragment_id: str, payload: Any) -> str:
         """Store a copy of ``payload`` under ``fragment_id`` (a restore writes saved payloads back under their ids)."""
         check_id(fragment_id)
-        memo = grad_memo(payload)  # (a payload is data: a sample is a copy a learner may edit in place)
+        memo = copy_memo(payload)  # (a payload is data: a sample is a copy a learner may edit; a view: its own)
         if self.kind == 'memory':
-            self._mem[fragment_id] = copy.deepcopy(payload, memo)
+            self._mem[fragment_id] = _copied(payload, memo)
             return fragment_id
-        payload = copy.deepcopy(payload, memo) if memo else payload
+        payload = _copied(payload, memo) if memo else payload
         final = self._file(fragment_id)
         tmp = os.path.join(self.path, f'.{fragment_id}.{os.getpid()}.tmp')
         try:

@@ -24,7 +24,7 @@ from .base import (
 )
 from .ring import RingIndex
 from .tensordict_io import is_tensordict, rows
-from .tree import batch_row, batched_leaves, grad_memo
+from .tree import batch_row, batched_leaves, copy_memo
 
 # what ``copy.deepcopy`` raises for an object that cannot be copied: Python's TypeError, torch's NotImplementedError
 # (a nested tensor); a RuntimeError (a copy hook calling back into its buffer) comes through as it is
@@ -32,15 +32,10 @@ _UNCOPYABLE = (TypeError, NotImplementedError)
 
 
 def deep_copy(items: Any) -> Any:
-    """A deep copy of stored objects. Tensors inside an autograd graph (a pushed ``x * 2`` of a tensor that requires
-    grad: they refuse ``deepcopy``) are copied detached, as tensor storage stores them."""
-    try:
-        return copy.deepcopy(items)
-    except RuntimeError:
-        memo = grad_memo(items, leaves=False)
-        if not memo:
-            raise
-        return copy.deepcopy(items, memo)
+    """A deep copy of stored objects (``tree.copy_memo``): tensors inside an autograd graph (a pushed ``x * 2`` of a
+    tensor that requires grad: they refuse ``deepcopy``) are copied detached, as tensor storage stores them, and a
+    view (a row of a batch) as a tensor of its own, not with its whole storage."""
+    return copy.deepcopy(items, copy_memo(items, 'graph'))
 
 
 def _copies(x: Any) -> bool:
@@ -210,7 +205,7 @@ class ListStorage(Storage):
             raise ValueError(f"saved storage has {len(slots)} slots but {got}")
         if not np.array_equal(np.sort(slots), np.flatnonzero(storage.ring.valid)):
             raise ValueError("saved storage slots do not match the ring's valid slots")
-        items = copy.deepcopy(items)
+        items = deep_copy(items)
         if item_columns:
             if 'collect_iter' in state:
                 column = saved_collect_iters(state['collect_iter'], len(slots))

@@ -4,7 +4,7 @@ A path is a tuple of string keys (``('obs', 'image')``). Leaves are torch tensor
 scalars and Python ``bool``/``int``/``float``; anything else is a ``TypeError`` naming the field.
 """
 
-from typing import Any, Dict, List, Mapping, Set, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Set, Tuple
 
 import numpy as np
 import torch
@@ -85,6 +85,14 @@ def to_tensor(value: Any, path: Path) -> torch.Tensor:
                 f"field '{path_name(path)}' has dtype {value.dtype}, which torch cannot index or copy into a buffer; "
                 f"tensor storage stores the byte dtypes and wider (view the bytes as torch.uint8 first)"
             )
+        if type(value) is not torch.Tensor:  # a subclass (a Parameter too) is stored as its values
+            try:
+                value = value.as_subclass(torch.Tensor)
+            except (RuntimeError, TypeError, NotImplementedError) as e:
+                raise TypeError(
+                    f"field '{path_name(path)}' is a {type(value).__name__}, a tensor subclass whose values tensor "
+                    f"storage cannot read ({e}); push a plain tensor"
+                ) from None
         if value.is_conj() or value.is_neg():  # a lazy conjugate / negation: numpy cannot view it (written later)
             value = value.resolve_conj().resolve_neg()
         return value.detach()
@@ -161,10 +169,13 @@ def batch_len(leaf: Any, path: Path) -> int:
     )
 
 
-def grad_memo(obj: Any, leaves: bool = True) -> Dict[int, Any]:
-    """A ``copy.deepcopy`` memo that copies each tensor in ``obj``'s dicts, lists and tuples that requires grad as a
-    detached tensor (``leaves=False``: only those inside an autograd graph, which ``deepcopy`` refuses); empty when
-    there is none. Each object is visited once (shared and cyclic containers too; ``obj`` keeps the ids alive)."""
+def copy_memo(obj: Any, grad: Optional[str] = 'all') -> Dict[int, Any]:
+    """A ``copy.deepcopy`` memo for the tensors in ``obj``'s dicts, lists and tuples that ``deepcopy`` copies wrongly:
+    a tensor that requires grad as a detached copy (``grad`` 'all'; 'graph': only those inside an autograd graph,
+    which ``deepcopy`` refuses; None: none), a view of a larger storage (a row of a batch) as a tensor of its own
+    (``deepcopy`` and ``torch.save`` copy the whole storage) and a tensor subclass that ``deepcopy`` refuses (copied
+    by ``clone``). Empty when there is none. Each object is visited once (shared and cyclic containers too; ``obj``
+    keeps the ids alive)."""
     memo: Dict[int, Any] = {}
     seen: Set[int] = set()
     stack = [obj]
@@ -174,10 +185,23 @@ def grad_memo(obj: Any, leaves: bool = True) -> Dict[int, Any]:
             continue
         seen.add(id(x))
         if isinstance(x, torch.Tensor):
-            if x.requires_grad and (leaves or not x.is_leaf):
+            graph = x.requires_grad and not x.is_leaf
+            if x.requires_grad and (grad == 'all' or (grad == 'graph' and graph)):
                 memo[id(x)] = x.detach().clone()
+            elif not graph and (_part_of_larger(x) or type(x) not in (torch.Tensor, torch.nn.Parameter)):
+                try:
+                    memo[id(x)] = x.detach().clone().requires_grad_(x.requires_grad)
+                except (RuntimeError, TypeError, NotImplementedError):  # (left to deepcopy, which names it)
+                    pass
         elif isinstance(x, Mapping):
             stack.extend(x.values())
         elif isinstance(x, (list, tuple)):
             stack.extend(x)
     return memo
+
+
+def _part_of_larger(x: torch.Tensor) -> bool:
+    """A dense tensor whose storage holds more bytes than its own elements (a view into a larger tensor)."""
+    if type(x) is not torch.Tensor or x.layout is not torch.strided or x.is_meta or x.is_quantized:
+        return False
+    return x.untyped_storage().nbytes() > x.numel() * x.element_size()

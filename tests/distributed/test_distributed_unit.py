@@ -1236,6 +1236,14 @@ def test_a_refused_update_model_version_leaves_the_workers_stamp():
     assert (core.model_version, core.session_id) == (0, 's')
 
 
+def test_a_meta_tensor_is_refused_naming_its_path_before_it_is_sent():
+    rb, core, ch = make_remote(storage='list')
+    with pytest.raises(TypeError, match=r"cannot send the meta tensor at 'message\.args\.data\.obs'"):
+        rb.push({'obs': torch.empty(2, device='meta')})
+    rb.push(item(1))
+    assert core.buffer.count() == 1
+
+
 @pytest.mark.parametrize('version', [np.int64(3), np.uint8(3), 3])
 def test_blob_versions_take_numpy_ints(version):
     rb, core, ch = make_remote(storage='list')

@@ -1,0 +1,108 @@
+"""Tensors that are views into a larger tensor (a row of a collector's batch), tensor subclasses and tensors with no
+values: what each storage keeps and writes of them. A copy keeps the view's own elements, not its whole storage;
+what a storage cannot read is refused by name at push, the buffer unchanged."""
+
+import os
+import warnings
+
+import pytest
+import torch
+from helpers import assert_same
+
+from ding_buffer import create_buffer
+
+ROW = 256  # float32 elements a row: 1 KiB
+PARENT_BYTES = 64 * ROW * 4  # a batch of 64 rows
+
+
+def own(t: torch.Tensor) -> bool:
+    """``t`` holds only its own elements (not the storage of a larger tensor)."""
+    return t.untyped_storage().nbytes() == t.numel() * t.element_size()
+
+
+def batch_rows(n: int):
+    big = torch.arange(64 * ROW, dtype=torch.float32).reshape(64, ROW)
+    return big, [big[i] for i in range(n)]
+
+
+@pytest.mark.parametrize('store', ['memory', 'disk'])
+def test_chunk_fragments_that_are_rows_of_a_batch_keep_only_their_rows(store, tmp_path):
+    big, rows = batch_rows(4)
+    store_cfg = dict(type=store, path=str(tmp_path / 'store') if store == 'disk' else None)
+    buf = create_buffer(dict(type='chunk', fragments_per_chunk=1, max_reuse=None, store=store_cfg, seed=0))
+    for k, row in enumerate(rows):
+        buf.push(dict(worker='w', fid=k, model_version=0, data={'obs': row}))
+    out = buf.sample(2)
+    for f in out:
+        assert own(f['data']['obs']) and torch.equal(f['data']['obs'], big[f['fid']])
+    if store == 'disk':
+        files = [os.path.join(tmp_path / 'store', f) for f in os.listdir(tmp_path / 'store')]
+        assert files and sum(os.path.getsize(f) for f in files) < PARENT_BYTES  # four 1 KiB rows, not 4 batches
+    path = str(tmp_path / 'b.pt')
+    buf.save_data(path)
+    assert os.path.getsize(path) < PARENT_BYTES
+    buf.close()
+
+
+@pytest.mark.parametrize('type_', ['naive', 'advanced'])
+@pytest.mark.parametrize('deepcopy', [False, True])
+def test_list_storage_copies_and_files_keep_only_a_views_own_elements(type_, deepcopy, tmp_path):
+    big, rows = batch_rows(4)
+    buf = create_buffer(dict(type=type_, replay_buffer_size=8, deepcopy=deepcopy, storage=dict(type='list'), seed=0))
+    for row in rows:
+        buf.push({'obs': row})
+    items = buf.state_dict()['storage']['items']
+    assert len(items) == 4 and all(own(x['obs']) for x in items)
+    if deepcopy:  # (the pushed copy and the sampled one too)
+        assert all(own(x['obs']) for x in buf.sample(3))
+    path = str(tmp_path / 'b.pt')
+    buf.save_data(path)
+    assert os.path.getsize(path) < PARENT_BYTES
+    other = create_buffer(dict(type=type_, replay_buffer_size=8, storage=dict(type='list'), seed=0))
+    other.load_data(path)
+    got = sorted(x['obs'][0].item() for x in other.state_dict()['storage']['items'])
+    assert got == [float(i * ROW) for i in range(4)]
+
+
+class Obs(torch.Tensor):
+    """A plain tensor subclass (no ``new_empty``: ``copy.deepcopy`` refuses it)."""
+
+
+def test_a_plain_tensor_subclass_is_stored_and_saved_as_its_values(tmp_path):
+    x = torch.arange(4.0).as_subclass(Obs)
+    for storage in ('list', 'tensor'):
+        buf = create_buffer(dict(type='naive', replay_buffer_size=4, storage=dict(type=storage), seed=0))
+        buf.push({'obs': x})
+        path = str(tmp_path / f'{storage}.pt')
+        buf.save_data(path)  # (list storage: torch's RuntimeError from deepcopy before)
+        other = create_buffer(dict(type='naive', replay_buffer_size=4, storage=dict(type=storage), seed=0))
+        other.load_data(path, allow_pickle=storage == 'list')  # (list storage keeps the class: code to run)
+        out = other.sample(1)
+        obs = out[0]['obs'] if isinstance(out, list) else out['obs'][0]  # (tensor storage: a batch)
+        assert torch.equal(obs.as_subclass(torch.Tensor), torch.arange(4.0))
+
+
+@pytest.mark.parametrize('type_', ['naive', 'advanced'])
+def test_tensor_storage_refuses_a_tensor_subclass_it_cannot_read(type_):
+    """A MaskedTensor failed inside the write, after the ring took a slot: an item of zeros was sampled after."""
+    from torch.masked import masked_tensor
+
+    warnings.filterwarnings('ignore', message='.*MaskedTensors.*')
+    buf = create_buffer(dict(type=type_, replay_buffer_size=4, storage=dict(type='tensor'), seed=0))
+    buf.push({'obs': torch.ones(3), 'reward': 1.0})
+    before = buf.state_dict()
+    bad = masked_tensor(torch.zeros(3), torch.tensor([True, False, True]))
+    with pytest.raises(TypeError, match="field 'obs' is a MaskedTensor, a tensor subclass"):
+        buf.push({'obs': bad, 'reward': 0.0})
+    assert_same(buf.state_dict(), before, 'state after the refused push')
+    assert buf.count() == 1
+
+
+def test_a_chunk_payload_no_copy_takes_is_a_type_error():
+    buf = create_buffer(dict(type='chunk', fragments_per_chunk=1, max_reuse=None, seed=0))
+    nested = torch.nested.nested_tensor([torch.ones(2), torch.ones(3)])
+    with pytest.raises(TypeError, match="a fragment's payload cannot be copied"):
+        buf.push(dict(worker='w', fid=0, model_version=0, data={'obs': nested}))
+    assert buf.count() == 0
+    buf.push(dict(worker='w', fid=0, model_version=0, data={'obs': torch.ones(2)}))
+    assert buf.count() == 1
