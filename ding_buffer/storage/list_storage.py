@@ -34,8 +34,15 @@ _UNCOPYABLE = (TypeError, NotImplementedError)
 def deep_copy(items: Any) -> Any:
     """A deep copy of stored objects (``tree.copy_memo``): tensors inside an autograd graph (a pushed ``x * 2`` of a
     tensor that requires grad: they refuse ``deepcopy``) are copied detached, as tensor storage stores them, and a
-    view (a row of a batch) as a tensor of its own, not with its whole storage."""
-    return copy.deepcopy(items, copy_memo(items, 'graph'))
+    view (a row of a batch) with the bytes it spans, not its whole storage; a tensor subclass that ``deepcopy``
+    refuses as its ``clone``."""
+    try:
+        return copy.deepcopy(items, copy_memo(items, 'graph'))
+    except RuntimeError:  # (a tensor subclass deepcopy refuses: copied by its clone)
+        memo = copy_memo(items, 'graph', subclasses=True)
+        if not any(type(t) not in (torch.Tensor, torch.nn.Parameter) for t in memo.values()):
+            raise
+        return copy.deepcopy(items, memo)
 
 
 def _copies(x: Any) -> bool:

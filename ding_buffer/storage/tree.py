@@ -4,6 +4,7 @@ A path is a tuple of string keys (``('obs', 'image')``). Leaves are torch tensor
 scalars and Python ``bool``/``int``/``float``; anything else is a ``TypeError`` naming the field.
 """
 
+import copy
 from typing import Any, Dict, List, Mapping, Optional, Set, Tuple
 
 import numpy as np
@@ -87,12 +88,17 @@ def to_tensor(value: Any, path: Path) -> torch.Tensor:
             )
         if type(value) is not torch.Tensor:  # a subclass (a Parameter too) is stored as its values
             try:
-                value = value.as_subclass(torch.Tensor)
+                plain = value.as_subclass(torch.Tensor)
             except (RuntimeError, TypeError, NotImplementedError) as e:
+                plain, why = None, f" ({e})"
+            else:
+                why = ''
+            if type(plain) is not torch.Tensor:  # (a wrapper subclass stays what it is: its values are elsewhere)
                 raise TypeError(
                     f"field '{path_name(path)}' is a {type(value).__name__}, a tensor subclass whose values tensor "
-                    f"storage cannot read ({e}); push a plain tensor"
-                ) from None
+                    f"storage cannot read{why}; push a plain tensor"
+                )
+            value = plain
         if value.is_conj() or value.is_neg():  # a lazy conjugate / negation: numpy cannot view it (written later)
             value = value.resolve_conj().resolve_neg()
         return value.detach()
@@ -169,14 +175,16 @@ def batch_len(leaf: Any, path: Path) -> int:
     )
 
 
-def copy_memo(obj: Any, grad: Optional[str] = 'all') -> Dict[int, Any]:
+def copy_memo(obj: Any, grad: Optional[str] = 'all', subclasses: bool = False) -> Dict[int, Any]:
     """A ``copy.deepcopy`` memo for the tensors in ``obj``'s dicts, lists and tuples that ``deepcopy`` copies wrongly:
     a tensor that requires grad as a detached copy (``grad`` 'all'; 'graph': only those inside an autograd graph,
-    which ``deepcopy`` refuses; None: none), a view of a larger storage (a row of a batch) as a tensor of its own
-    (``deepcopy`` and ``torch.save`` copy the whole storage) and a tensor subclass that ``deepcopy`` refuses (copied
-    by ``clone``). Empty when there is none. Each object is visited once (shared and cyclic containers too; ``obj``
-    keeps the ids alive)."""
+    which ``deepcopy`` refuses; None: none); views into a larger storage (rows of a batch) on a storage of their own
+    that holds only the bytes they span together (``deepcopy`` and ``torch.save`` copy the whole storage; views
+    that cover most of theirs are left to ``deepcopy``, which shares it); and, with ``subclasses``, a tensor subclass
+    as its ``clone`` (for one ``deepcopy`` refuses). Empty when there is none. Each object is visited once (shared
+    and cyclic containers too; ``obj`` keeps the ids alive)."""
     memo: Dict[int, Any] = {}
+    views: Dict[Tuple[int, int], List[torch.Tensor]] = {}
     seen: Set[int] = set()
     stack = [obj]
     while stack:
@@ -188,20 +196,45 @@ def copy_memo(obj: Any, grad: Optional[str] = 'all') -> Dict[int, Any]:
             graph = x.requires_grad and not x.is_leaf
             if x.requires_grad and (grad == 'all' or (grad == 'graph' and graph)):
                 memo[id(x)] = x.detach().clone()
-            elif not graph and (_part_of_larger(x) or type(x) not in (torch.Tensor, torch.nn.Parameter)):
-                try:
-                    memo[id(x)] = x.detach().clone().requires_grad_(x.requires_grad)
-                except (RuntimeError, TypeError, NotImplementedError):  # (left to deepcopy, which names it)
-                    pass
+            elif subclasses and type(x) not in (torch.Tensor, torch.nn.Parameter):
+                memo[id(x)] = x.detach().clone().requires_grad_(x.requires_grad)
+            elif not graph and _dense(x):
+                storage = x.untyped_storage()
+                views.setdefault((storage.data_ptr(), storage.nbytes()), []).append(x)
         elif isinstance(x, Mapping):
             stack.extend(x.values())
         elif isinstance(x, (list, tuple)):
             stack.extend(x)
+    for (_, nbytes), group in views.items():
+        _compact(group, nbytes, memo)
     return memo
 
 
-def _part_of_larger(x: torch.Tensor) -> bool:
-    """A dense tensor whose storage holds more bytes than its own elements (a view into a larger tensor)."""
-    if type(x) is not torch.Tensor or x.layout is not torch.strided or x.is_meta or x.is_quantized:
+def _dense(x: torch.Tensor) -> bool:
+    """A plain dense tensor with elements (grouped by storage: all of a storage's tensors decide its span)."""
+    if type(x) is not torch.Tensor or x.layout is not torch.strided or x.is_nested or x.is_meta or x.is_quantized:
         return False
-    return x.untyped_storage().nbytes() > x.numel() * x.element_size()
+    return x.numel() > 0
+
+
+def _compact(group: List[torch.Tensor], nbytes: int, memo: Dict[int, Any]) -> None:
+    """The views ``group`` of one storage of ``nbytes``, in ``memo`` as views of one new storage holding the bytes
+    they span (offsets moved, strides and attributes kept, as ``Tensor.__deepcopy__`` keeps them) when that span is
+    at most half the storage."""
+    spans = []
+    for t in group:
+        start = t.storage_offset() * t.element_size()
+        reach = sum((n - 1) * st for n, st in zip(t.shape, t.stride()))
+        spans.append((start, start + (reach + 1) * t.element_size()))
+    lo, hi = min(a for a, _ in spans), max(b for _, b in spans)
+    if 2 * (hi - lo) > nbytes or any((a - lo) % t.element_size() for t, (a, _) in zip(group, spans)):
+        return
+    raw = torch.empty(0, dtype=torch.uint8).set_(group[0].untyped_storage())
+    storage = raw[lo:hi].clone().untyped_storage()
+    for t, (a, _) in zip(group, spans):
+        new = torch.empty(0, dtype=t.dtype).set_(storage, (a - lo) // t.element_size(), t.shape, t.stride())
+        memo[id(t)] = new.requires_grad_(t.requires_grad)
+        if t.__dict__:
+            new.__dict__ = copy.deepcopy(t.__dict__, memo)
+        if t.is_leaf and t.grad is not None:
+            new.grad = copy.deepcopy(t.grad, memo)

@@ -51,9 +51,9 @@ def test_list_storage_copies_and_files_keep_only_a_views_own_elements(type_, dee
     buf = create_buffer(dict(type=type_, replay_buffer_size=8, deepcopy=deepcopy, storage=dict(type='list'), seed=0))
     for row in rows:
         buf.push({'obs': row})
-    items = buf.state_dict()['storage']['items']
-    assert len(items) == 4 and all(own(x['obs']) for x in items)
-    if deepcopy:  # (the pushed copy and the sampled one too)
+    items = buf.state_dict()['storage']['items']  # (at most the four rows they span, not the 64-row batch)
+    assert len(items) == 4 and all(x['obs'].untyped_storage().nbytes() <= 4 * ROW * 4 for x in items)
+    if deepcopy:  # (each pushed item copied on its own, and each sample)
         assert all(own(x['obs']) for x in buf.sample(3))
     path = str(tmp_path / 'b.pt')
     buf.save_data(path)
@@ -106,3 +106,57 @@ def test_a_chunk_payload_no_copy_takes_is_a_type_error():
     assert buf.count() == 0
     buf.push(dict(worker='w', fid=0, model_version=0, data={'obs': torch.ones(2)}))
     assert buf.count() == 1
+
+
+def test_overlapping_windows_of_one_episode_are_saved_once(tmp_path):
+    """Windows ``episode[t:t + 40]`` (and obs / next_obs views of one trajectory) span the whole episode together:
+    a copy keeps them on one storage, as deepcopy does, not one copy per window."""
+    episode = torch.arange(100 * ROW, dtype=torch.float32).reshape(100, ROW)
+    buf = create_buffer(dict(type='naive', replay_buffer_size=64, storage=dict(type='list'), seed=0))
+    for t in range(61):
+        buf.push({'obs': episode[t : t + 39], 'next_obs': episode[t + 1 : t + 40]})
+    items = buf.state_dict()['storage']['items']
+    pointers = {x[k].untyped_storage().data_ptr() for x in items for k in ('obs', 'next_obs')}
+    assert len(pointers) == 1
+    path = str(tmp_path / 'b.pt')
+    buf.save_data(path)
+    assert os.path.getsize(path) < 2 * episode.numel() * 4
+    other = create_buffer(dict(type='naive', replay_buffer_size=64, storage=dict(type='list'), seed=0))
+    other.load_data(path)
+    for t, x in enumerate(other.state_dict()['storage']['items']):
+        assert torch.equal(x['obs'], episode[t : t + 39]) and torch.equal(x['next_obs'], episode[t + 1 : t + 40])
+
+
+class Tagged(torch.Tensor):
+    """A subclass that ``deepcopy`` copies with its own ``__deepcopy__`` (keeping its tag)."""
+
+    def __deepcopy__(self, memo):
+        new = self.detach().clone().as_subclass(Tagged)
+        new.tag = self.tag
+        memo[id(self)] = new
+        return new
+
+
+def test_copies_of_views_keep_what_deepcopy_keeps():
+    tagged = torch.arange(3.0).as_subclass(Tagged)
+    tagged.tag = 'camera-0'
+    row = torch.arange(64 * ROW, dtype=torch.float32).reshape(64, ROW)[2]
+    row.units = 'm/s'
+    leaf = torch.zeros(64, ROW)[1].requires_grad_()
+    leaf.grad = torch.ones(ROW)
+    buf = create_buffer(dict(type='naive', replay_buffer_size=4, deepcopy=True, seed=0))
+    buf.push({'tagged': tagged, 'row': row, 'leaf': leaf})
+    out = buf.sample(1)[0]
+    assert out['tagged'].tag == 'camera-0' and out['row'].units == 'm/s' and own(out['row'])
+    assert out['leaf'].requires_grad and out['leaf'].is_leaf and torch.equal(out['leaf'].grad, torch.ones(ROW))
+
+
+def test_tensor_storage_refuses_a_wrapper_tensor_subclass():
+    from torch.testing._internal.two_tensor import TwoTensor
+
+    buf = create_buffer(dict(type='naive', replay_buffer_size=4, storage=dict(type='tensor'), seed=0))
+    buf.push({'obs': torch.ones(3), 'reward': 1.0})
+    before = buf.state_dict()
+    with pytest.raises(TypeError, match="field 'obs' is a TwoTensor, a tensor subclass"):
+        buf.push({'obs': TwoTensor(torch.full((3,), 5.0), torch.full((3,), 7.0)), 'reward': 0.0})
+    assert_same(buf.state_dict(), before, 'state after the refused push')
