@@ -32,7 +32,7 @@ setup(
     packages=find_packages(include=['ding_buffer', 'ding_buffer.*']) + ['ding_buffer.configs'],
     package_dir={'ding_buffer.configs': 'config'},
     package_data={'ding_buffer': ['py.typed']},
-    python_requires='>=3.9',
+    python_requires='>=3.10',
     install_requires=[
         'torch>=2.1',
         'numpy>=1.22',
@@ -85,7 +85,6 @@ setup(
         'Operating System :: POSIX :: Linux',
         'Programming Language :: Python :: 3',
         'Programming Language :: Python :: 3 :: Only',
-        'Programming Language :: Python :: 3.9',
         'Programming Language :: Python :: 3.10',
         'Programming Language :: Python :: 3.11',
         'Programming Language :: Python :: 3.12',

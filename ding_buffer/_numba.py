@@ -89,8 +89,13 @@ def start() -> None:
         return
     with _LOCK:
         if _PENDING and (_thread is None or not _thread.is_alive()):
-            _thread = threading.Thread(target=load, name='ding_buffer-numba-load', daemon=True)
-            _thread.start()
+            thread = threading.Thread(target=load, name='ding_buffer-numba-load', daemon=True)
+            try:
+                thread.start()
+            except RuntimeError:  # no thread to be had (at interpreter exit, a thread limit): the fallbacks go on
+                _log.debug("numba kernels not loaded: no thread could start", exc_info=True)
+                return
+            _thread = thread
 
 
 LOAD_TIMEOUT_S = 600.0  # a load takes about a second from the cache, a minute when everything compiles

@@ -871,3 +871,59 @@ def test_a_closed_buffer_takes_no_state(cfg):
     with pytest.raises(RuntimeError, match='closed'):
         buf.load_state_dict(src.state_dict())
     assert buf.count() == 0
+
+
+_NO_THREADS = r'''
+import threading, torch
+from ding_buffer import create_buffer
+torch.manual_seed(0)
+b = create_buffer(dict(type='advanced', replay_buffer_size=64, seed=0))
+start = threading.Thread.start
+def refuse(self):
+    raise RuntimeError("can't start new thread")
+threading.Thread.start = refuse  # (as at interpreter exit on Python 3.12.0-3.12.1, or at a thread limit)
+b.extend({'obs': torch.randn(32, 4)})
+out = b.sample(4)
+threading.Thread.start = start
+print(b.count(), out is not None, b.stats()['priority_mass'])
+'''
+
+
+def test_a_push_that_cannot_start_the_kernel_loader_runs_on_the_fallback():
+    """The first kernel use starts a thread that loads the compiled kernels; where none can start, the push raised
+    after its items were stored (with no priority: never drawn). It goes on without the compiled kernels."""
+    from helpers import subprocess_env
+
+    env = subprocess_env()
+    env.pop('DING_BUFFER_NO_NUMBA', None)
+    proc = subprocess.run([sys.executable, '-c', _NO_THREADS], capture_output=True, text=True, timeout=120, env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ['32', 'True', '32.0']
+
+
+def test_a_writer_closed_where_no_thread_can_start_is_closed_in_the_caller(tmp_path, monkeypatch):
+    """TensorBoard's flush / close wait in a helper thread; at interpreter exit on Python 3.12.0-3.12.1 none may
+    start, and close() raised with the writer never flushed. It is closed in the calling thread then."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from torch.utils.tensorboard import SummaryWriter
+
+    writer = SummaryWriter(str(tmp_path / 'tb'))
+    buf = create_buffer(
+        dict(type='advanced', replay_buffer_size=64, seed=0, monitor=dict(sampled_data_attr=dict(print_freq=1))),
+        tb_logger=writer,
+    )
+    buf.extend({'obs': torch.randn(32, 4)})
+    buf.sample(8, cur_learner_iter=0)
+    start = threading.Thread.start
+
+    def refuse(self):
+        if self.name == 'tb_writer_wait':
+            raise RuntimeError("can't create new thread at interpreter shutdown")
+        return start(self)
+
+    monkeypatch.setattr(threading.Thread, 'start', refuse)
+    buf.close()  # (raised RuntimeError before)
+    acc = EventAccumulator(str(tmp_path / 'tb'), size_guidance={'scalars': 0})
+    acc.Reload()
+    assert any('priority' in tag for tag in acc.Tags()['scalars'])
+    writer.close()

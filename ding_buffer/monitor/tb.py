@@ -39,7 +39,11 @@ def bounded(call: Callable[[], Any], what: str) -> None:
             log.warning('TensorBoard writer %s failed', what, exc_info=True)
 
     helper = threading.Thread(target=run, name='tb_writer_wait', daemon=True)
-    helper.start()
+    try:
+        helper.start()
+    except RuntimeError:  # no thread to be had (at interpreter exit on Python 3.12.0-3.12.1): called here, unbounded
+        run()
+        return
     helper.join(WRITER_WAIT_S)
     if helper.is_alive():
         log.warning(

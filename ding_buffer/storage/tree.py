@@ -68,6 +68,23 @@ SHELL_DTYPES = frozenset(
 )
 
 
+def _unindexed() -> frozenset:
+    """The wide dtypes this torch cannot index on the CPU (older releases: uint16/32/64 and float8 among them):
+    tensor storage refuses them at push instead of failing in a later sample or save."""
+    out = set()
+    for name in ('uint16', 'uint32', 'uint64', 'float8_e4m3fn', 'float8_e5m2', 'float8_e4m3fnuz', 'float8_e5m2fnuz'):
+        dtype = getattr(torch, name, None)
+        if isinstance(dtype, torch.dtype):
+            try:
+                torch.zeros(2, dtype=dtype)[torch.tensor([1])]  # (how samples and saves read the stored fields)
+            except (RuntimeError, NotImplementedError, TypeError):
+                out.add(dtype)
+    return frozenset(out)
+
+
+UNINDEXED_DTYPES = _unindexed()
+
+
 def to_tensor(value: Any, path: Path) -> torch.Tensor:
     """Convert one leaf to a CPU/device tensor without copying where possible."""
     if isinstance(value, torch.Tensor):
@@ -81,10 +98,11 @@ def to_tensor(value: Any, path: Path) -> torch.Tensor:
                 f"field '{path_name(path)}' is a {kind} tensor; tensor storage stores dense tensors (call "
                 f"{'.dequantize()' if value.is_quantized else '.to_dense()'} first)"
             )
-        if value.dtype in SHELL_DTYPES:
+        if value.dtype in SHELL_DTYPES or value.dtype in UNINDEXED_DTYPES:
             raise TypeError(
-                f"field '{path_name(path)}' has dtype {value.dtype}, which torch cannot index or copy into a buffer; "
-                f"tensor storage stores the byte dtypes and wider (view the bytes as torch.uint8 first)"
+                f"field '{path_name(path)}' has dtype {value.dtype}, which torch {torch.__version__} cannot index or "
+                f"copy into a buffer; tensor storage stores the byte dtypes and wider (view the bytes as torch.uint8 "
+                f"first)"
             )
         if type(value) is not torch.Tensor:  # a subclass (a Parameter too) is stored as its values
             try:
