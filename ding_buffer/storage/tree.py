@@ -232,6 +232,8 @@ def _dense(x: torch.Tensor) -> bool:
     """A plain dense tensor with elements (grouped by storage: all of a storage's tensors decide its span)."""
     if type(x) is not torch.Tensor or x.layout is not torch.strided or x.is_nested or x.is_meta or x.is_quantized:
         return False
+    if x.is_conj() or x.is_neg():  # (a lazy conjugate / negation: its bytes are not its values; deepcopy's own)
+        return False
     return x.numel() > 0
 
 

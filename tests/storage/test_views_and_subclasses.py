@@ -160,3 +160,17 @@ def test_tensor_storage_refuses_a_wrapper_tensor_subclass():
     with pytest.raises(TypeError, match="field 'obs' is a TwoTensor, a tensor subclass"):
         buf.push({'obs': TwoTensor(torch.full((3,), 5.0), torch.full((3,), 7.0)), 'reward': 0.0})
     assert_same(buf.state_dict(), before, 'state after the refused push')
+
+
+def test_conjugate_and_negative_views_keep_their_values_through_copies():
+    """A lazy conjugate / negation is a flag on a view: its bytes are the unconjugated values. Compacted as bytes,
+    copies came back unconjugated (and negated .imag rows with the wrong sign)."""
+    x = torch.randn(100, 3, dtype=torch.cfloat, generator=torch.Generator().manual_seed(0))
+    item = {'c': x.conj()[0], 'n': x.conj().imag[0]}
+    for deepcopy in (False, True):
+        buf = create_buffer(dict(type='naive', replay_buffer_size=4, deepcopy=deepcopy, seed=0))
+        buf.push(item)
+        other = create_buffer(dict(type='naive', replay_buffer_size=4, seed=0))
+        other.load_state_dict(buf.state_dict())
+        for got in (buf.sample(1)[0], other.sample(1)[0]):
+            assert torch.equal(got['c'], x[0].conj()) and torch.equal(got['n'], -x[0].imag)
