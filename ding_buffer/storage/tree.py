@@ -224,7 +224,12 @@ def copy_memo(obj: Any, grad: Optional[str] = 'all', subclasses: bool = False) -
         elif isinstance(x, (list, tuple)):
             stack.extend(x)
     for (_, nbytes), group in views.items():
-        _compact(group, nbytes, memo)
+        dtypes = {t.dtype for t in group}
+        if len(dtypes) == 1:
+            _compact(group, nbytes, memo)
+        else:  # views of one storage as several dtypes: torch.save refuses them together, so one storage each
+            for dtype in dtypes:
+                _compact([t for t in group if t.dtype == dtype], nbytes, memo, always=True)
     return memo
 
 
@@ -237,17 +242,17 @@ def _dense(x: torch.Tensor) -> bool:
     return x.numel() > 0
 
 
-def _compact(group: List[torch.Tensor], nbytes: int, memo: Dict[int, Any]) -> None:
+def _compact(group: List[torch.Tensor], nbytes: int, memo: Dict[int, Any], always: bool = False) -> None:
     """The views ``group`` of one storage of ``nbytes``, in ``memo`` as views of one new storage holding the bytes
     they span (offsets moved, strides and attributes kept, as ``Tensor.__deepcopy__`` keeps them) when that span is
-    at most half the storage."""
+    at most half the storage (``always``: whatever it spans)."""
     spans = []
     for t in group:
         start = t.storage_offset() * t.element_size()
         reach = sum((n - 1) * st for n, st in zip(t.shape, t.stride()))
         spans.append((start, start + (reach + 1) * t.element_size()))
     lo, hi = min(a for a, _ in spans), max(b for _, b in spans)
-    if 2 * (hi - lo) > nbytes or any((a - lo) % t.element_size() for t, (a, _) in zip(group, spans)):
+    if (2 * (hi - lo) > nbytes and not always) or any((a - lo) % t.element_size() for t, (a, _) in zip(group, spans)):
         return
     raw = torch.empty(0, dtype=torch.uint8).set_(group[0].untyped_storage())
     storage = raw[lo:hi].clone().untyped_storage()

@@ -174,3 +174,16 @@ def test_conjugate_and_negative_views_keep_their_values_through_copies():
         other.load_state_dict(buf.state_dict())
         for got in (buf.sample(1)[0], other.sample(1)[0]):
             assert torch.equal(got['c'], x[0].conj()) and torch.equal(got['n'], -x[0].imag)
+
+
+def test_views_of_one_tensor_as_two_dtypes_are_saved(tmp_path):
+    """torch.save refuses one storage viewed as two dtypes: such an item was accepted and every save_data failed."""
+    x = torch.arange(12.0).reshape(4, 3)
+    buf = create_buffer(dict(type='naive', replay_buffer_size=4, seed=0))
+    buf.push({'f': x[2], 'u': x[2].view(torch.uint8), 'all': x})
+    path = str(tmp_path / 'b.pt')
+    buf.save_data(path)
+    other = create_buffer(dict(type='naive', replay_buffer_size=4, seed=0))
+    other.load_data(path)
+    got = other.sample(1)[0]
+    assert torch.equal(got['f'], x[2]) and torch.equal(got['u'], x[2].view(torch.uint8)) and torch.equal(got['all'], x)
