@@ -927,3 +927,64 @@ def test_a_writer_closed_where_no_thread_can_start_is_closed_in_the_caller(tmp_p
     acc.Reload()
     assert any('priority' in tag for tag in acc.Tags()['scalars'])
     writer.close()
+
+
+def _refusing(monkeypatch, prefix):
+    """``threading.Thread.start`` raising for threads named ``prefix...`` (as at interpreter exit on Python
+    3.12.0-3.12.1, or at a thread limit)."""
+    start = threading.Thread.start
+
+    def refuse(self):
+        if self.name.startswith(prefix) or self.name.endswith(prefix):
+            raise RuntimeError("can't create new thread at interpreter shutdown")
+        return start(self)
+
+    monkeypatch.setattr(threading.Thread, 'start', refuse)
+
+
+def test_a_periodic_monitor_that_cannot_start_its_thread_does_not_fail_the_push(monkeypatch, tmp_path):
+    from torch.utils.tensorboard import SummaryWriter
+
+    writer = SummaryWriter(str(tmp_path / 'tb'))
+    buf = create_buffer(
+        dict(type='naive', replay_buffer_size=8, periodic_thruput_seconds=0.2, seed=0), tb_logger=writer
+    )
+    _refusing(monkeypatch, '_thruput')
+    assert buf.push({'obs': 1}) == 1 and buf.push({'obs': 2}) == 1  # (the first push raised before)
+    assert len(buf.sample(2)) == 2
+    buf.close()  # (raised: cannot join thread before it is started)
+    writer.close()
+
+
+def test_used_data_files_go_in_the_caller_where_the_remover_thread_cannot_start(monkeypatch, tmp_path):
+    paths = [tmp_path / f'{i}.bin' for i in range(6)]
+    for p in paths:
+        p.write_bytes(b'x')
+    buf = create_buffer(dict(type='naive', replay_buffer_size=4, enable_track_used_data=True, seed=0))
+    buf.push([{'data_id': str(p)} for p in paths[:4]])
+    _refusing(monkeypatch, 'delete_used_data')
+    assert buf.push([{'data_id': str(p)} for p in paths[4:]]) == 2  # evicts 0 and 1 (raised after storing them)
+    assert [p.exists() for p in paths] == [False, False, True, True, True, True]
+    buf.close()  # (raised: cannot join thread before it is started; the stored items keep their files)
+    assert [p.exists() for p in paths] == [False, False, True, True, True, True]
+
+
+_LEFT_OPEN = r'''
+import sys
+from ding_buffer import create_buffer
+buf = create_buffer(dict(type='naive', replay_buffer_size=4, enable_track_used_data=True, seed=0))
+buf.push([{'data_id': p} for p in sys.argv[1:]])  # 5 items: the first one's file is evicted
+'''
+
+
+def test_a_tracked_buffer_left_open_at_exit_deletes_its_evicted_files(tmp_path):
+    from helpers import subprocess_env
+
+    paths = [str(tmp_path / f'{i}.bin') for i in range(5)]
+    for p in paths:
+        open(p, 'wb').close()
+    proc = subprocess.run(
+        [sys.executable, '-c', _LEFT_OPEN, *paths], capture_output=True, text=True, timeout=120, env=subprocess_env()
+    )
+    assert proc.returncode == 0 and 'Traceback' not in proc.stderr and 'did not stop' not in proc.stderr, proc.stderr
+    assert [os.path.exists(p) for p in paths] == [False, True, True, True, True]

@@ -225,6 +225,9 @@ class Engine(IBuffer):
                     "config key 'enable_track_used_data' needs storage.type='list' (items carry 'data_id')"
                 )
             self._remover = UsedDataRemover(self._logger)
+            # dropped without close(), or open at exit: its thread stops and the queued files go (at exit before
+            # the interpreter tears its modules down, which a __del__ then would meet)
+            weakref.finalize(self, self._remover.close, 1.0)
         self._closed = False
         self._last_envstep = -1
         self._deepcopy = bool(self._cfg.get('deepcopy', False))  # read on every push and sample
@@ -1142,13 +1145,6 @@ class Engine(IBuffer):
             self._t.release()
         if failed is not None:
             raise failed
-
-    def __del__(self) -> None:
-        try:
-            if not getattr(self, '_closed', True) and self._remover is not None:
-                self._remover.close(timeout=1.0)
-        except Exception:
-            pass
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(instance_name={self._instance_name!r}, {self._t.describe()})"

@@ -82,8 +82,13 @@ class UsedDataRemover:
         if self.running:
             return
         self._stop.clear()
-        self._thread = threading.Thread(target=self._run, name='delete_used_data', daemon=True)
-        self._thread.start()
+        thread = threading.Thread(target=self._run, name='delete_used_data', daemon=True)
+        try:
+            thread.start()
+        except RuntimeError:  # no thread to be had (at interpreter exit on Python 3.12.0-3.12.1, a thread limit)
+            self._drain()  # the queued files go now, in the caller (the next call tries a thread again)
+            return
+        self._thread = thread
 
     def add(self, items: Iterable[Any], hold: bool = False) -> None:
         """Queue the ``data_id`` of every dict item (others are ignored: they own no file). ``hold``: items a sample
@@ -132,6 +137,10 @@ class UsedDataRemover:
             if self._thread.is_alive():
                 self._logger.warning("used-data remover thread did not stop within %.1fs", timeout)
             self._thread = None
+        self._drain()
+
+    def _drain(self) -> None:
+        """Delete every queued file, in the calling thread."""
         while True:
             try:
                 self._delete(self._queue.get_nowait())
