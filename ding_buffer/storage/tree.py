@@ -85,6 +85,22 @@ def _unindexed() -> frozenset:
 UNINDEXED_DTYPES = _unindexed()
 
 
+def _plain(value: torch.Tensor, path: Path) -> torch.Tensor:
+    """A tensor subclass as a plain tensor of its values, or ``TypeError`` where they cannot be read so."""
+    try:
+        plain = value.as_subclass(torch.Tensor)
+    except (RuntimeError, TypeError, NotImplementedError) as e:
+        plain, why = None, f" ({e})"
+    else:
+        why = ''
+    if type(plain) is not torch.Tensor:  # (a wrapper subclass stays what it is: its values are elsewhere)
+        raise TypeError(
+            f"field '{path_name(path)}' is a {type(value).__name__}, a tensor subclass whose values tensor storage "
+            f"cannot read{why}; push a plain tensor"
+        )
+    return plain
+
+
 def to_tensor(value: Any, path: Path) -> torch.Tensor:
     """Convert one leaf to a CPU/device tensor without copying where possible."""
     if isinstance(value, torch.Tensor):
@@ -105,18 +121,7 @@ def to_tensor(value: Any, path: Path) -> torch.Tensor:
                 f"first)"
             )
         if type(value) is not torch.Tensor:  # a subclass (a Parameter too) is stored as its values
-            try:
-                plain = value.as_subclass(torch.Tensor)
-            except (RuntimeError, TypeError, NotImplementedError) as e:
-                plain, why = None, f" ({e})"
-            else:
-                why = ''
-            if type(plain) is not torch.Tensor:  # (a wrapper subclass stays what it is: its values are elsewhere)
-                raise TypeError(
-                    f"field '{path_name(path)}' is a {type(value).__name__}, a tensor subclass whose values tensor "
-                    f"storage cannot read{why}; push a plain tensor"
-                )
-            value = plain
+            value = _plain(value, path)
         if value.is_conj() or value.is_neg():  # a lazy conjugate / negation: numpy cannot view it (written later)
             value = value.resolve_conj().resolve_neg()
         return value.detach()
