@@ -259,10 +259,12 @@ def _compact(group: List[torch.Tensor], nbytes: int, memo: Dict[int, Any], alway
     lo, hi = min(a for a, _ in spans), max(b for _, b in spans)
     if (2 * (hi - lo) > nbytes and not always) or any((a - lo) % t.element_size() for t, (a, _) in zip(group, spans)):
         return
-    raw = torch.empty(0, dtype=torch.uint8).set_(group[0].untyped_storage())
+    raw = torch.empty(0, dtype=torch.uint8, device=group[0].device).set_(group[0].untyped_storage())
     storage = raw[lo:hi].clone().untyped_storage()
     for t, (a, _) in zip(group, spans):
-        new = torch.empty(0, dtype=t.dtype).set_(storage, (a - lo) // t.element_size(), t.shape, t.stride())
+        new = torch.empty(0, dtype=t.dtype, device=t.device).set_(
+            storage, (a - lo) // t.element_size(), t.shape, t.stride()
+        )
         memo[id(t)] = new.requires_grad_(t.requires_grad)
         if t.__dict__:
             new.__dict__ = copy.deepcopy(t.__dict__, memo)
