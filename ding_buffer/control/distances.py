@@ -12,6 +12,7 @@ are scanned with an early exit: the partial sum only grows, so a pair is known t
 numba when installed; the numpy fallback makes the same decisions.
 """
 
+import math
 from typing import Optional
 
 import numpy as np
@@ -50,9 +51,11 @@ def _close(q, i, refs, r, cutoff, p, exit_sum):
 
 @njit(cache=True, nogil=True)
 def _pruned(dq, i, drefs, r, lb_cut):
-    """The pivot lower bound max_k |d(q, P_k) - d(y, P_k)| <= d(q, y) already exceeds the cutoff."""
+    """The pivot lower bound max_k |d(q, P_k) - d(y, P_k)| <= d(q, y) already exceeds the cutoff (a pivot distance
+    that overflowed to inf bounds nothing)."""
     for k in range(dq.shape[1]):
-        if abs(dq[i, k] - drefs[r, k]) > lb_cut:
+        a, b = dq[i, k], drefs[r, k]
+        if abs(a - b) > lb_cut and math.isfinite(a) and math.isfinite(b):
             return True
     return False
 
@@ -61,13 +64,18 @@ def _pruned(dq, i, drefs, r, lb_cut):
 def _far_kernel(q, dq, refs, drefs, order, keys, cutoff, lb_cut, p, exit_sum, pivots, out):
     """out[i] = every ref is at distance > cutoff. ``order`` lists the candidate ref rows sorted by their
     distance to pivot 0 (``keys``), so only the window ``keys in d(q, P_0) -+ lb_cut`` is scanned."""
+    n = order.shape[0]
+    tail = np.searchsorted(keys, np.inf, side='left')  # refs from tail on: their pivot distance overflowed (no bound)
     for i in range(q.shape[0]):
-        if pivots:
+        if pivots and math.isfinite(dq[i, 0]):
             lo = np.searchsorted(keys, dq[i, 0] - lb_cut, side='left')
             hi = np.searchsorted(keys, dq[i, 0] + lb_cut, side='right')
         else:
-            lo, hi = 0, order.shape[0]
-        out[i] = _far_from(q, dq, i, refs, drefs, order, lo, hi, cutoff, lb_cut, p, exit_sum, pivots)
+            lo, hi = 0, n
+        far = _far_from(q, dq, i, refs, drefs, order, lo, hi, cutoff, lb_cut, p, exit_sum, pivots)
+        if far and max(tail, hi) < n:
+            far = _far_from(q, dq, i, refs, drefs, order, max(tail, hi), n, cutoff, lb_cut, p, exit_sum, pivots)
+        out[i] = far
 
 
 @njit(cache=True, nogil=True)

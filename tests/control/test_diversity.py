@@ -120,3 +120,28 @@ def test_far_mask_at_a_huge_p_agrees_with_exact_arithmetic(compiled, monkeypatch
         diversity.far_mask(q, q, None, cutoff, float(p), triangular=True, q_pivot=qp), want_tri
     )
     assert 0 < want.sum() < len(q)  # (both kinds of answer are checked)
+
+
+@pytest.mark.parametrize('compiled', [False, True])
+def test_states_whose_pivot_distances_overflow_are_judged_as_the_numpy_path_judges_them(compiled, monkeypatch):
+    """Finite states near float64's top: their distance to a pivot overflows to inf, and |inf - d| > cutoff pruned
+    (or windowed out) pairs that are close. gfn_diverse then admitted a state within the cutoff of a stored one on
+    the compiled path only."""
+    import torch
+
+    from ding_buffer import _numba, create_buffer
+
+    if compiled:
+        _numba.load()
+    else:
+        monkeypatch.setattr(diversity, 'ready', lambda: False)
+    buf = create_buffer(dict(type='gfn_diverse', replay_buffer_size=1, cutoff_distance=1e307, p_norm_distance=1.0))
+    buf.push({'state': torch.tensor([[1.75e308, 5e306]], dtype=torch.float64), 'log_reward': torch.tensor([0.0])})
+    buf.push({'state': torch.tensor([[1.75e308, 0.0]], dtype=torch.float64), 'log_reward': torch.tensor([1.0])})
+    assert buf.stats()['rejected_by_distance'] == 1 and buf.stats()['log_reward_max'] == 0.0
+    buf = create_buffer(dict(type='gfn_diverse', replay_buffer_size=2, cutoff_distance=2e153, p_norm_distance=2.0))
+    buf.push({'state': torch.tensor([[0.0], [-1e154]], dtype=torch.float64), 'log_reward': torch.tensor([0.0, 0.0])})
+    buf.push(
+        {'state': torch.tensor([[1.4e154], [1.3e154]], dtype=torch.float64), 'log_reward': torch.tensor([2.0, 1.0])}
+    )
+    assert buf.stats()['rejected_by_distance'] == 1  # 1.3e154 is within the cutoff of the better 1.4e154
