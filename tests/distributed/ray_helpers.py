@@ -212,15 +212,17 @@ def worker_push_frames(cfg, wid):
     return stats
 
 
-def worker_push_through(cfg, wid, steps):
-    """Push ``steps`` one-row batches, retrying a push that raised ManagerUnavailableError with the same data
-    (the pipeline takes it as the retry of the call that raised: stored once); close. Returns what happened."""
+def worker_push_through(cfg, wid, steps, until=None):
+    """Push ``steps`` one-row batches (and on, while the file ``until`` does not exist yet: a fault the test makes
+    falls within the pushes however slow the machine), retrying a push that raised ManagerUnavailableError with
+    the same data (the pipeline takes it as the retry of the call that raised: stored once); close. Returns what
+    happened."""
     from ding_buffer import create_buffer
     from ding_buffer.errors import ManagerUnavailableError
 
     buf = create_buffer(cfg)
-    failures, longest = 0, 0.0
-    for step in range(steps):
+    failures, longest, step = 0, 0.0, 0
+    while step < steps or (until is not None and not os.path.exists(until) and step < 100 * steps):
         while True:
             t0 = time.monotonic()
             try:
@@ -230,9 +232,10 @@ def worker_push_through(cfg, wid, steps):
                 failures += 1
             finally:
                 longest = max(longest, time.monotonic() - t0)
+        step += 1
         time.sleep(0.02)
     buf.close()
-    return {'steps': steps, 'failures': failures, 'longest_call': longest}
+    return {'steps': step, 'failures': failures, 'longest_call': longest}
 
 
 def worker_push_items(cfg, wid, steps):

@@ -123,7 +123,7 @@ def partition(ray, drv, cfg, on, actor) -> None:
 
     from ding_buffer import create_buffer
 
-    job = on(1, ray_helpers.worker_push_through).remote(cfg, 9, PARTITION_STEPS)
+    job = on(1, ray_helpers.worker_push_through).remote(cfg, 9, PARTITION_STEPS, os.path.join(OUT, 'healed'))
     end = time.monotonic() + 60
     while drv.count() < 20 and time.monotonic() < end:
         time.sleep(0.05)
