@@ -31,6 +31,8 @@ import threading
 import types
 from typing import Any, Callable, Dict, List, Optional
 
+from . import forks
+
 _DISABLED = os.environ.get('DING_BUFFER_NO_NUMBA', '') not in ('', '0')
 HAVE_NUMBA = not _DISABLED and importlib.util.find_spec('numba') is not None
 
@@ -90,12 +92,8 @@ def start() -> None:
     with _LOCK:
         if _PENDING and (_thread is None or not _thread.is_alive()):
             thread = threading.Thread(target=load, name='ding_buffer-numba-load', daemon=True)
-            try:
-                thread.start()
-            except RuntimeError:  # no thread to be had (at interpreter exit, a thread limit): the fallbacks go on
-                _log.debug("numba kernels not loaded: no thread could start", exc_info=True)
-                return
-            _thread = thread
+            if forks.started(thread):  # (else the fallbacks go on; the next call tries again)
+                _thread = thread
 
 
 LOAD_TIMEOUT_S = 600.0  # a load takes about a second from the cache, a minute when everything compiles

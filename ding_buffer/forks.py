@@ -26,6 +26,16 @@ def lock(reentrant: bool = True) -> Any:
     return made
 
 
+def started(thread: threading.Thread) -> bool:
+    """Start ``thread``; False where no thread can start (at interpreter exit on Python 3.12.0-3.12.1, or at a
+    thread limit): the caller goes on without it."""
+    try:
+        thread.start()
+    except RuntimeError:
+        return False
+    return True
+
+
 def rng(seed: Any = None) -> Any:
     """``numpy.random.default_rng(seed)`` whose lock a forked child gets free (numpy holds it while a draw runs
     without the GIL: a thread of the parent drawing at the fork left it taken in the child, whose first draw waited

@@ -66,11 +66,8 @@ class PeriodicThruputMonitor:
             if self._last is None:  # (a start that found no thread keeps its baseline for the next try)
                 self._last, self._last_at = self.read(), time.monotonic()
             thread = threading.Thread(target=self._run, name=f'{self.instance_name}_thruput', daemon=True)
-            try:
-                thread.start()
-            except RuntimeError:  # no thread to be had (exit on Python 3.12.0-3.12.1, a thread limit): no periods
-                return  # until a later push or sample starts one; the call goes on
-            self._thread = thread
+            if forks.started(thread):  # (else no periods until a later push or sample starts one)
+                self._thread = thread
 
     def _run(self) -> None:
         while not self._stop.wait(self.seconds):

@@ -39,9 +39,7 @@ def bounded(call: Callable[[], Any], what: str) -> None:
             log.warning('TensorBoard writer %s failed', what, exc_info=True)
 
     helper = threading.Thread(target=run, name='tb_writer_wait', daemon=True)
-    try:
-        helper.start()
-    except RuntimeError:  # no thread to be had (at interpreter exit on Python 3.12.0-3.12.1): called here, unbounded
+    if not forks.started(helper):  # (no thread to be had: called here, unbounded)
         run()
         return
     helper.join(WRITER_WAIT_S)

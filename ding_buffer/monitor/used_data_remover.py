@@ -83,12 +83,10 @@ class UsedDataRemover:
             return
         self._stop.clear()
         thread = threading.Thread(target=self._run, name='delete_used_data', daemon=True)
-        try:
-            thread.start()
-        except RuntimeError:  # no thread to be had (at interpreter exit on Python 3.12.0-3.12.1, a thread limit)
-            self._drain()  # the queued files go now, in the caller (the next call tries a thread again)
-            return
-        self._thread = thread
+        if forks.started(thread):
+            self._thread = thread
+        else:  # the queued files go now, in the caller (the next call tries a thread again)
+            self._drain()
 
     def add(self, items: Iterable[Any], hold: bool = False) -> None:
         """Queue the ``data_id`` of every dict item (others are ignored: they own no file). ``hold``: items a sample
