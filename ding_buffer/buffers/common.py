@@ -165,6 +165,19 @@ SAMPLE_LIMIT = 1 << 31  # more rows than any batch (with replacement a size may 
 LOCK_GRACE = 0.1
 
 
+def depth(lock: Any) -> int:
+    """How many times the calling thread holds the re-entrant ``lock`` (Python 3.10's locks tell only 0 or 1)."""
+    count = getattr(lock, '_recursion_count', None)
+    return count() if count is not None else int(lock._is_owned())
+
+
+def release_to(lock: Any, held: int) -> None:
+    """After an exception: release ``lock`` until the calling thread holds it ``held`` times (its ``depth`` before
+    the call), also where the exception -- a Ctrl-C -- came after an ``acquire`` took it but before the call knew."""
+    while depth(lock) > held:
+        lock.release()
+
+
 def check_size(size: Any) -> None:
     """A sample ``size`` is a positive int of at most ``SAMPLE_LIMIT`` (``TypeError`` / ``ValueError`` naming it)."""
     if not isinstance(size, (int, np.integer)) or isinstance(size, bool):

@@ -70,7 +70,9 @@ from .common import (
     check_state_type,
     check_step,
     check_wait_timeout,
+    depth,
     new_rng,
+    release_to,
     restored_rng,
     saved_count,
     short_form,
@@ -753,14 +755,17 @@ class Engine(IBuffer):
         self._check_open()
         self._calls.refuse('why_not_sample')
         shortfall = self._t.request(size).shortfall
-        deadline = None if timeout is None else self._hold(timeout, size)
+        held, deadline = None if timeout is None else depth(self._lock), None
         try:
+            deadline = None if timeout is None else self._hold(timeout, size)
             with self._lock:
                 self._check_open()
                 return self._ready(size, cur_learner_iter, shortfall, timeout, deadline, 'why_not_sample')
-        finally:
+        finally:  # (no call before the release: a Ctrl-C may land at a call's start)
             if deadline is not None:
                 self._lock.release()
+            elif held is not None:  # (an exception -- a Ctrl-C -- between ``_hold``'s acquire and its return)
+                release_to(self._lock, held)
 
     def _hold(self, timeout: float, size: int) -> float:
         """Take the lock once more within ``timeout`` seconds (the caller releases it) and return the call's
@@ -792,8 +797,9 @@ class Engine(IBuffer):
         if self._calls.count:  # (a nested sample runs the removal rules: max_use would take items from under it)
             self._calls.refuse('sample')
         timeout = check_wait_timeout(timeout)
-        deadline = None if timeout is None else self._hold(timeout, size)  # (its wait for the lock counts too)
+        held, deadline = None if timeout is None else depth(self._lock), None
         try:
+            deadline = None if timeout is None else self._hold(timeout, size)  # (its wait for the lock counts too)
             with self._lock:
                 if self._closed:
                     self._check_open()
@@ -825,9 +831,11 @@ class Engine(IBuffer):
                 finally:
                     self._calls.unmark(marked)
                 due, self._due = self._due, None
-        finally:
+        finally:  # (no call before the release: a Ctrl-C may land at a call's start)
             if deadline is not None:
                 self._lock.release()
+            elif held is not None:  # (an exception -- a Ctrl-C -- between ``_hold``'s acquire and its return)
+                release_to(self._lock, held)
         if due is not None:
             self._t.emit(due)  # outside the lock
         return out

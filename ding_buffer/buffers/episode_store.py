@@ -301,13 +301,14 @@ class FlatEpisodes(_EpisodeStore):
         # the transitions first: a write that fails (the fields allocated at the first push: memory, a memmap
         # directory) leaves no empty episode behind
         result = self.storage.write(prepared)
-        slots = self.ring.commit(1)[0]
+        slot = self.ring.next_slot()  # its columns before the index counts it (``Storage.write``)
         # make_room guarantees no overwrite, of transitions or of their frames
         assert prepared.dropped == 0 and len(result.slots) == n and result.expired is None
-        self.start[slots] = result.slots[0]
-        self.length[slots] = n
+        self.start[slot] = result.slots[0]
+        self.length[slot] = n
+        self.ring.commit(1)
         self.transitions += n
-        self._added(int(slots[0]), n)
+        self._added(slot, n)
         return evicted
 
     def first(self, slot: int) -> int:

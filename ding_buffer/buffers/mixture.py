@@ -42,7 +42,9 @@ from .common import (
     check_state_type,
     check_step,
     check_wait_timeout,
+    depth,
     new_rng,
+    release_to,
     restored_rng,
     short_form,
 )
@@ -305,21 +307,41 @@ class MemberLocks:
         self._locks = list(locks)
 
     def acquire(self, timeout: float = -1) -> bool:
-        """Every lock, or none when ``timeout`` seconds (>= 0) passed first: False."""
+        """Every lock, or none when ``timeout`` seconds (>= 0) passed first: False. An exception on the way (a Ctrl-C
+        while it waits for a member) leaves none taken either."""
         deadline = None if timeout < 0 else time.monotonic() + timeout
-        for i, lock in enumerate(self._locks):
-            if not lock.acquire(timeout=-1 if deadline is None else max(0.0, deadline - time.monotonic())):
-                for taken in reversed(self._locks[:i]):
-                    taken.release()
-                return False
+        held = self.depths()
+        try:
+            for i, lock in enumerate(self._locks):
+                if not lock.acquire(timeout=-1 if deadline is None else max(0.0, deadline - time.monotonic())):
+                    for taken in reversed(self._locks[:i]):
+                        taken.release()
+                    return False
+        except BaseException:
+            self.release_to(held)
+            raise
         return True
+
+    def depths(self) -> List[int]:
+        """How many times the calling thread holds each lock (``common.depth``)."""
+        return [depth(lock) for lock in self._locks]
+
+    def release_to(self, held: Sequence[int]) -> None:
+        """``common.release_to`` for each lock, in reverse order."""
+        for lock, n in reversed(list(zip(self._locks, held))):
+            release_to(lock, n)
 
     def release(self) -> None:
         for lock in reversed(self._locks):
             lock.release()
 
     def __enter__(self) -> 'MemberLocks':
-        self.acquire()
+        held = self.depths()
+        try:
+            self.acquire()
+        except BaseException:  # (one that came as ``acquire`` returned)
+            self.release_to(held)
+            raise
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -547,10 +569,15 @@ class MixtureReplayBuffer(IBuffer):
         while True:
             locks = self.lock  # (a timeout bounds the wait for them too)
             left = None if deadline is None else max(LOCK_GRACE, deadline - time.monotonic())
-            if not locks.acquire(timeout=-1 if left is None else left):
-                raise SampleTimeoutError(f"mixture: no sample of {size} within {timeout}s: another call held a member")
-            marked = self._calls.mark('sample' if draw else 'why_not_sample')  # (the members' rules run below)
+            held, got, marking = locks.depths(), False, False
             try:
+                got = locks.acquire(timeout=-1 if left is None else left)
+                if not got:
+                    raise SampleTimeoutError(
+                        f"mixture: no sample of {size} within {timeout}s: another call held a member"
+                    )
+                marked = self._calls.mark('sample' if draw else 'why_not_sample')  # (the members' rules run below)
+                marking = True
                 with self._lock:
                     self._check_open()  # close() ends a wait
                     rng = self._rng  # (load_state_dict may replace it meanwhile: the state goes back to this one)
@@ -569,8 +596,12 @@ class MixtureReplayBuffer(IBuffer):
                 if ready:
                     return out if draw else ''
             finally:
-                self._calls.unmark(marked)
-                locks.release()
+                if marking:
+                    self._calls.unmark(marked)
+                if got:
+                    locks.release()
+                else:  # (an exception -- a Ctrl-C -- as ``acquire`` returned)
+                    locks.release_to(held)
             reason = '; '.join(why) or 'every member is empty'
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:

@@ -86,14 +86,20 @@ class Storage(ABC):
         if prepared.dropped:
             # More items than slots: every stored item goes, the oldest pushed items are never stored,
             # but counters and ids advance as if they had been (DI-engine's tail arithmetic).
+            stale = ring.ordered_slots()
             if report_evicted:
-                evicted = self._take(ring.ordered_slots()) + list(prepared.skipped)
-            self._erase(ring.ordered_slots())
+                evicted = self._take(stale) + list(prepared.skipped)
             ring.skip(prepared.dropped)
-        slots, uids, overwritten = ring.commit(prepared.n)
-        if report_evicted and len(overwritten):
-            evicted += self._take(overwritten)
+            self._erase(stale)
+        # the items are written before the index counts them, so that a call stopped in between (a Ctrl-C) leaves
+        # no item counted without its data: an empty slot written is not read, an overwritten one keeps its id
+        slots = ring.next_slots(prepared.n)
+        if report_evicted:
+            overwritten = slots[ring.valid[slots]]
+            if len(overwritten):
+                evicted += self._take(overwritten)
         self._write(slots, prepared.payload)
+        slots, uids, _ = ring.commit(prepared.n)
         return WriteResult(slots, uids, evicted)
 
     def discard(self, prepared: Prepared) -> Optional[np.ndarray]:
@@ -163,8 +169,8 @@ class Storage(ABC):
     def clear(self, reset_push_count: bool = False) -> List[Any]:
         slots = self.ring.ordered_slots()
         removed = self._take(slots)
+        self.ring.clear(reset_push_count)  # (first, as ``remove``: no counted item ever lost its data)
         self._erase(slots)
-        self.ring.clear(reset_push_count)
         return removed
 
     def _erase(self, slots: np.ndarray) -> None:

@@ -92,9 +92,10 @@ class FastWriter:
             elif not (isinstance(v, np.generic) and v.dtype == np_dtype and shape == ()):
                 return None
             values.append(v)
-        slot, _ = ring.commit_one()
+        slot = ring.next_slot()  # written before the index counts it (``Storage.write``)
         for (_, view, _, _, _, _), v in zip(spec, values):
             view[slot] = v
+        ring.commit_one()
         return slot
 
     def check_batch(self, batch: Any) -> Optional[Tuple[List[np.ndarray], int]]:
@@ -134,10 +135,10 @@ class FastWriter:
 
     def put_batch(self, cols: List[np.ndarray], n: int, ring: RingIndex) -> np.ndarray:
         """Write columns checked by ``check_batch`` at the next ``n`` slots of ``ring``; returns the slots."""
-        slots, _, _ = ring.commit(n)
-        first = int(slots[0])
         cap = ring.capacity
+        first = ring.next_slot()  # written before the index counts them (``Storage.write``)
         if not ring.derived_ids:  # a free-list index hands out any free slots
+            slots = ring.next_slots(n)
             for (_, view, _, _, _, _), v in zip(self.spec, cols):
                 view[slots] = v
         elif first + n <= cap:
@@ -148,4 +149,4 @@ class FastWriter:
             for (_, view, _, _, _, _), v in zip(self.spec, cols):
                 view[first:] = v[:k]
                 view[: n - k] = v[k:]
-        return slots
+        return ring.commit(n)[0]

@@ -35,7 +35,7 @@ import numpy as np
 import torch
 
 from .. import forks
-from ..persistence import NamedFile, check_integrity, naming, save_checked
+from ..persistence import NamedFile, check_integrity, naming, safe_globals, save_checked
 from .tree import copy_memo
 
 _ID = re.compile(r'[0-9a-f]{32}')
@@ -185,7 +185,7 @@ class FragmentStore:
         check_integrity(raw, path)
         raw.seek(0)
         try:
-            with torch.serialization.safe_globals(list(numpy_globals())):
+            with safe_globals(numpy_globals()):
                 return torch.load(raw, map_location='cpu', weights_only=True)
         except Exception as e:  # truncated, foreign or code-carrying file: never executed
             raise ValueError(f"fragment file {path} is unreadable: {type(e).__name__}: {e}") from e

@@ -61,7 +61,7 @@ class FreeListIndex(SlotIndex):
     # ------------------------------------------------------------------ writing
     def next_slots(self, n: int) -> np.ndarray:
         """Slots the next ``n`` (<= capacity) writes will use, without changing anything."""
-        free = self._free[::-1][:n]
+        free = self._free[-n:][::-1]  # (the order ``commit`` pops them in)
         if len(free) < n:
             free = free + self.oldest(n - len(free)).tolist()
         return np.asarray(free, dtype=np.int64)
@@ -71,10 +71,12 @@ class FreeListIndex(SlotIndex):
         sort when anything is overwritten."""
         assert 0 < n <= self.capacity, n
         take = min(n, len(self._free))
-        free = [self._free.pop() for _ in range(take)]
+        free = self._free[len(self._free) - take :][::-1]  # (popped below, with the other changes)
         overwritten = self.oldest(n - take) if n > take else np.zeros(0, dtype=np.int64)
         slots = np.asarray(free + overwritten.tolist(), dtype=np.int64)
         uids = np.arange(self.next_uid, self.next_uid + n, dtype=np.int64)
+        # the state changes in one run of stores with no call between them: a Ctrl-C lands before or after it
+        del self._free[len(self._free) - take :]
         self.valid[slots] = True
         self._uid[slots] = uids
         self.count += take
@@ -82,6 +84,10 @@ class FreeListIndex(SlotIndex):
         self.push_count += n
         self._order = None
         return slots, uids, overwritten
+
+    def next_slot(self) -> int:
+        """The slot the next write uses, without changing anything."""
+        return self._free[-1] if self._free else int(self.oldest(1)[0])
 
     def commit_one(self) -> Tuple[int, bool]:
         """``commit(1)``: returns (slot, overwrote)."""

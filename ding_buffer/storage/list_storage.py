@@ -127,10 +127,12 @@ class ListStorage(Storage):
         callers that must see it leave (the used-data remover) use ``prepare`` + ``write``."""
         if (type(item) is dict or isinstance(item, Mapping)) and 'collect_iter' in item:
             return None  # the generic path checks it (and reports a bad one)
-        slot, _ = self.ring.commit_one()
+        ring = self.ring
+        slot = ring.next_slot()  # written before the index counts it (``Storage.write``)
         self._data[slot] = item
         if self._ci_written:
             self._ci[slot] = NO_ITER
+        ring.commit_one()
         return slot
 
     def _reserve(self, prepared: Prepared) -> None:

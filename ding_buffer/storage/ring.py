@@ -73,9 +73,9 @@ class SlotIndex:
         """A push larger than the capacity: every stored item leaves and the ``dropped`` oldest pushed items are
         never stored, but ids and counters advance as if they had been (DI-engine's tail arithmetic); the next
         write lands where ``next_uid`` says (a ring's id/slot invariant: its ``clear`` puts the head there)."""
+        self.clear()  # (first: a call stopped before the counters moved -- a Ctrl-C -- leaves a consistent index)
         self.next_uid += dropped
         self.push_count += dropped
-        self.clear()
 
     def clear(self, reset_push_count: bool = False) -> None:
         """Invalidate everything; ``next_uid`` is kept, ``push_count`` unless ``reset_push_count`` (DI-engine's
@@ -138,6 +138,10 @@ class RingIndex(SlotIndex):
         last = self.next_uid - 1
         return last - (last - slots) % self.capacity
 
+    def next_slot(self) -> int:
+        """The slot the next write uses (``tail``), without changing anything. O(1)."""
+        return (self.head + self.span) % self.capacity
+
     def next_slots(self, n: int) -> np.ndarray:
         """Slots the next ``n`` (<= capacity) writes will use, without changing anything. O(n)."""
         return (self.tail + np.arange(n)) % self.capacity
@@ -149,30 +153,34 @@ class RingIndex(SlotIndex):
         assert 0 < n <= self.capacity, n
         uids = np.arange(self.next_uid, self.next_uid + n, dtype=np.int64)  # (allocated before anything changes)
         first = (self.head + self.span) % self.capacity
+        seg = mark = None  # the run, or the slots, that become valid (written last)
         if first + n <= self.capacity:  # no wrap: slices instead of fancy indexing
             slots = np.arange(first, first + n)
             seg = self.valid[first : first + n]
             hit = np.count_nonzero(seg)  # a full ring overwrites all, a filling one none: no mask indexing then
             if hit == n:
-                overwritten = slots  # the run is valid already
+                overwritten, seg = slots, None  # the run is valid already
             else:
                 overwritten = slots[seg] if hit else slots[:0]
-                seg[:] = True
         else:
             slots = self.next_slots(n)
             overwritten = slots[self.valid[slots]]
-            self.valid[slots] = True
-        if self._blocks is not None and len(overwritten) < n:  # (the slots not overwritten became valid)
-            fresh = np.setdiff1d(slots, overwritten, assume_unique=True)
-            np.add.at(self._blocks, fresh // self._BLOCK, 1)
-        self.count += n - len(overwritten)
+            mark = slots
+        fresh = n - len(overwritten)
+        if self._blocks is not None and fresh:  # (the slots not overwritten become valid)
+            np.add.at(self._blocks, np.setdiff1d(slots, overwritten, assume_unique=True) // self._BLOCK, 1)
+        head, span = self.head, self.span + n
+        if span > self.capacity:
+            head, span = (head + span - self.capacity) % self.capacity, self.capacity
+        # the state changes in one run of stores with no call between them: a Ctrl-C lands before or after it
+        if seg is not None:
+            seg[:] = True
+        if mark is not None:
+            self.valid[mark] = True
+        self.count += fresh
         self.next_uid += n
         self.push_count += n
-        new_span = self.span + n
-        if new_span > self.capacity:
-            self.head = (self.head + new_span - self.capacity) % self.capacity
-            new_span = self.capacity
-        self.span = new_span
+        self.head, self.span = head, span
         if not self.valid[self.head]:  # holes at the head (removed items) shrink the span
             self._trim_head()
         return slots, uids, overwritten
@@ -266,6 +274,10 @@ class RingIndex(SlotIndex):
         cells = block[:, None] * b + np.arange(b)
         bits = self.valid[np.minimum(cells, self.capacity - 1)] & (cells < self.capacity)
         return block * b + np.argmax(np.cumsum(bits, axis=1) > offset[:, None], axis=1)
+
+    def skip(self, dropped: int) -> None:
+        super().skip(dropped)
+        self.head = self.next_uid % self.capacity  # (the id/slot invariant, as ``clear`` keeps it)
 
     def clear(self, reset_push_count: bool = False) -> None:
         """The next write goes to slot ``next_uid % capacity`` (the id/slot invariant)."""
