@@ -298,7 +298,7 @@ def safe_load(path: str, allow_pickle: bool = False, allowed: tuple = ()) -> Any
     try:
         if not allowed:
             return torch.load(path, map_location='cpu', weights_only=True)
-        with torch.serialization.safe_globals(list(allowed)):  # (torch >= 2.5, as the disk store's own reads)
+        with safe_globals(allowed):  # (torch >= 2.5, as the disk store's own reads)
             return torch.load(path, map_location='cpu', weights_only=True)
     except pickle.UnpicklingError as e:
         if 'weights_only' not in str(e) and 'Unsupported global' not in str(e):
@@ -353,6 +353,21 @@ def out_of_memory(e: BaseException) -> bool:
 
 
 _DOS_DIRECTORY = 0x10  # the MS-DOS directory bit of a zip member's external attributes
+
+
+_GLOBALS_LOCK = forks.lock(reentrant=False)
+
+
+@contextlib.contextmanager
+def safe_globals(allowed: Any) -> Iterator[None]:
+    """torch's ``safe_globals`` for one ``weights_only`` load, leaving the process's own list as it was: torch's
+    removes every entry it lists on exit, also those the user had allowed before (their own loads then failed), so
+    only the entries missing are added, and removed after; the package's loads take turns (another one's exit
+    would remove them under a load still running)."""
+    with _GLOBALS_LOCK:
+        had = set(torch.serialization.get_safe_globals())
+        with torch.serialization.safe_globals([g for g in allowed if g not in had]):
+            yield
 
 
 def check_integrity(source: Any, name: Any = None) -> None:

@@ -108,10 +108,11 @@ def init_torch(startup_s: float) -> Tuple[int, int]:
     if not dist.is_available():
         raise RuntimeError("distributed.backend='torch' needs torch.distributed, which this torch build lacks")
     if dist.is_initialized():
-        if dist.get_backend() != 'gloo':
+        backend = str(dist.get_backend())
+        if backend != 'gloo' and 'cpu:gloo' not in backend.split(','):  # (e.g. 'cpu:gloo,cuda:nccl')
             raise ValueError(
-                f"distributed.backend='torch' needs a gloo process group, the default group uses "
-                f"{dist.get_backend()!r}; create a gloo group for the buffer"
+                f"distributed.backend='torch' sends CPU tensors over the default process group, whose CPU backend "
+                f"must be gloo; it uses {backend!r}: init_process_group('gloo') or ('cpu:gloo,cuda:nccl')"
             )
         return dist.get_rank(), dist.get_world_size()
     missing = [k for k in ('MASTER_ADDR', 'MASTER_PORT', 'RANK', 'WORLD_SIZE') if k not in os.environ]
@@ -191,8 +192,9 @@ def _sigterm_exit(signum, frame):
 def _init_bounded(ray: Any, address: str, namespace: str, deadline: float, seconds: float) -> None:
     """``ray.init`` on a helper thread, so a port that accepts connections but never answers like a Ray
     cluster cannot hold the caller past ``deadline``."""
+    previous = None
     if threading.current_thread() is threading.main_thread() and sys.platform != 'win32':
-        signal.signal(signal.SIGTERM, _sigterm_exit)  # what ray.init installs itself on the main thread
+        previous = signal.signal(signal.SIGTERM, _sigterm_exit)  # what ray.init installs itself on the main thread
     errors: list = []
 
     def init() -> None:
@@ -210,6 +212,8 @@ def _init_bounded(ray: Any, address: str, namespace: str, deadline: float, secon
         t.join(max(deadline - time.monotonic(), 0.0))
     finally:
         ray_logger.removeFilter(quiet)
+    if (t.is_alive() or errors) and previous is not None:  # a failed start leaves the process's handler as it was
+        signal.signal(signal.SIGTERM, previous)
     if t.is_alive():
         raise TimeoutError(
             f"the Ray cluster at {address!r} (distributed.ray_address) accepts connections but "

@@ -522,6 +522,32 @@ def test_a_disk_store_round_trips_numpy_payloads_through_samples_states_and_file
     same(restored.sample(1)[0]['data'])
 
 
+def test_a_disk_store_read_keeps_the_users_own_safe_globals(tmp_path):
+    """torch's allow-list of globals for ``weights_only`` loads is the process's: a user who allowed numpy arrays
+    for their own checkpoints keeps them after the buffer read its payloads (and loaded a buffer file)."""
+    import torch
+
+    from ding_buffer.storage.fragment_store import numpy_globals
+
+    mine = list(numpy_globals())
+    torch.serialization.add_safe_globals(mine)
+    try:
+        cfg = dict(type='chunk', max_reuse=None, seed=0, store=dict(type='disk', path=str(tmp_path / 's')))
+        buf = create_buffer(cfg)
+        buf.push(dict(worker='w', fid=0, model_version=0, data={'obs': np.arange(3.0)}))
+        assert np.array_equal(buf.sample(1)[0]['data']['obs'], np.arange(3.0))
+        buf.save_data(str(tmp_path / 'chunk.pt'))
+        create_buffer(dict(cfg, store=dict(type='disk', path=str(tmp_path / 't')))).load_data(
+            str(tmp_path / 'chunk.pt'), allow_pickle=True
+        )
+        assert set(mine) <= set(torch.serialization.get_safe_globals())
+        torch.save({'w': np.ones(2)}, tmp_path / 'user.pt')  # the user's own checkpoint still loads
+        assert np.array_equal(torch.load(tmp_path / 'user.pt', weights_only=True)['w'], np.ones(2))
+    finally:
+        torch.serialization.clear_safe_globals()
+    assert torch.serialization.get_safe_globals() == []  # (and the buffer's reads added none for good)
+
+
 def test_a_sample_whose_payload_cannot_be_read_changes_nothing(tmp_path):
     path = str(tmp_path / 's')
     buf = create_buffer(dict(type='chunk', max_reuse=1, seed=0, store=dict(type='disk', path=path)))

@@ -529,7 +529,7 @@ def test_a_closed_worker_is_exited_not_lost(actors):
 def test_unreachable_ray_address_fails_within_startup_timeout():
     # a fresh interpreter: this process's Ray stays as it is
     code = textwrap.dedent("""
-        import json, os, socket, sys, time
+        import json, os, signal, socket, sys, time
         import ray
         from ding_buffer import create_buffer
         listener = socket.socket()
@@ -539,13 +539,14 @@ def test_unreachable_ray_address_fails_within_startup_timeout():
         for address in ('127.0.0.1:1', '127.0.0.1:%d' % listener.getsockname()[1]):
             cfg = dict(type='naive', replay_buffer_size=10,
                        distributed=dict(backend='ray', ray_address=address, startup_timeout=2.0, timeout=60))
-            t0 = time.monotonic()
+            t0, handler = time.monotonic(), signal.getsignal(signal.SIGTERM)
             try:
                 create_buffer(cfg)
                 out = dict(error=None, message='')
             except Exception as e:
                 out = dict(error=type(e).__name__, message=str(e))
             out.update(address=address, seconds=time.monotonic() - t0)
+            out.update(handler_kept=signal.getsignal(signal.SIGTERM) is handler)
             results.append(out)
         print('RESULT ' + json.dumps(results), flush=True)
         os._exit(0)  # a ray.init thread may still be waiting
@@ -561,6 +562,7 @@ def test_unreachable_ray_address_fails_within_startup_timeout():
         assert out['error'] == 'TimeoutError', out
         assert out['address'] in out['message'] and 'distributed.startup_timeout' in out['message'], out
         assert 2.0 <= out['seconds'] < 2.0 + 20, out  # it waited startup_timeout (2 s), then gave up
+        assert out['handler_kept'], out  # a failed start leaves the process's SIGTERM handler as it was
 
 
 @pytest.mark.timeout(60)

@@ -3136,3 +3136,25 @@ def test_a_sender_thread_that_cannot_start_queues_nothing_and_the_next_send_star
         monkeypatch.setattr(threading.Thread, 'start', real)
         a.close(grace=1.0)  # (it joined the unstarted thread: RuntimeError)
         b.close(grace=1.0)
+
+
+@pytest.mark.timeout(60)
+def test_torch_backend_joins_a_default_group_whose_cpu_backend_is_gloo():
+    """A default group made with a device-mapped backend ('cpu:gloo', as 'cpu:gloo,cuda:nccl' on a GPU machine)
+    carries the buffer's CPU tensors over gloo: joined, not refused (a fresh interpreter: the group is global)."""
+    import subprocess
+    import sys
+
+    from helpers import REPO_ROOT, pythonpath
+
+    code = (
+        "import torch.distributed as dist\n"
+        "from ding_buffer.distributed.startup import init_torch\n"
+        "dist.init_process_group('cpu:gloo', store=dist.HashStore(), rank=0, world_size=1)\n"
+        "print('JOINED', init_torch(5.0))\n"
+    )
+    env = dict(os.environ, PYTHONPATH=pythonpath())
+    proc = subprocess.run(
+        [sys.executable, '-c', code], capture_output=True, text=True, timeout=50, env=env, cwd=str(REPO_ROOT)
+    )
+    assert 'JOINED (0, 1)' in proc.stdout, proc.stdout[-2000:] + proc.stderr[-3000:]
