@@ -5,18 +5,22 @@ Fields live in memory on the storage device, or, with ``memmap_dir``, each in it
 which the storage writes and reads through: numpy's per-call overhead is a fraction of torch's.
 
 Memmap files are working memory, not a save (``save_data`` is): every allocation gets files of its own
-(``{index}_{field}.{pid}-{n}.bin``), so a storage being restored never touches the files of the live one, and
-the files are removed with the storage that mapped them (``close()``, a rejected restore, garbage collection).
-Files that a killed process left behind (this host, pid gone) are removed by the next allocation in that
-directory.
+(``{index}_{field}.{host}-{pid}-{n}.bin``, made only if no such file exists), so a storage being restored never
+touches the files of the live one, nor do processes of other hosts or containers sharing the directory (a
+container's pids are its own: two may both be pid 1), and the files are removed with the storage that mapped them
+(``close()``, a rejected restore, garbage collection). Files that a killed process left behind (this host and pid
+namespace, pid gone) are removed by the next allocation in that directory; another host's are never judged.
 """
 
 import ctypes
 import errno
+import functools
+import hashlib
 import itertools
 import math
 import os
 import re
+import socket
 import sys
 from typing import Any, Dict, List, Optional
 
@@ -28,12 +32,22 @@ from .tensor_schema import Schema
 from .tree import Path, path_name
 
 _GENERATION = itertools.count()
-_OURS = re.compile(r'^\d{3}_.*\.(\d+)-\d+\.bin$')
+_OURS = re.compile(r'^\d{3}_.*\.(?:([0-9a-f]{8})-)?(\d+)-\d+\.bin$')  # (files of older versions: no host part)
+
+
+@functools.lru_cache(maxsize=None)
+def host_tag() -> str:
+    """8 hex digits naming this host and pid namespace, in which a pid names one process."""
+    try:
+        namespace = os.stat('/proc/self/ns/pid').st_ino
+    except OSError:
+        namespace = 0
+    return hashlib.sha1(f'{socket.gethostname()}/{namespace}'.encode()).hexdigest()[:8]
 
 
 def new_token() -> str:
-    """A name part no other allocation (of this process, or a live one) uses."""
-    return f'{os.getpid()}-{next(_GENERATION)}'
+    """A name part no other allocation (of this process, or a live one of any host) uses."""
+    return f'{host_tag()}-{os.getpid()}-{next(_GENERATION)}'
 
 
 def memmap_file(memmap_dir: str, index: int, path: Path, token: str) -> str:
@@ -102,7 +116,7 @@ def reserve(fname: str, nbytes: int) -> None:
     now, not a SIGBUS at a later write into the mapping (a sparse file's pages get their blocks only then). Any
     failure names the file and ``storage.memmap_dir``."""
     try:
-        fd = os.open(fname, os.O_RDWR | os.O_CREAT, 0o666)
+        fd = os.open(fname, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o666)  # (never another process's file)
         try:
             if nbytes and hasattr(os, 'posix_fallocate'):
                 try:
@@ -163,7 +177,9 @@ def remove_orphans(memmap_dir: str) -> None:
         return
     for name in names:
         m = _OURS.match(name)
-        if m and int(m.group(1)) != os.getpid() and not _alive(int(m.group(1))):
+        if m is None or m.group(1) not in (None, host_tag()):  # another host's or container's: not ours to judge
+            continue
+        if int(m.group(2)) != os.getpid() and not _alive(int(m.group(2))):
             remove_files([os.path.join(memmap_dir, name)])
 
 

@@ -1,6 +1,7 @@
 """Tensor storage with memmap_dir: data lives in files, not in the process's memory."""
 
 import os
+import time
 
 import numpy as np
 import pytest
@@ -125,3 +126,53 @@ def test_a_memmap_dir_with_a_nul_byte_is_refused_and_file_errors_name_the_key():
     with pytest.raises(OSError, match=r'memmap file /proc/self/.* \(storage.memmap_dir\)'):
         buf.push({'obs': np.zeros(3)})
     assert_same(buf.state_dict(), before)
+
+
+_CONTAINER = '''
+import os, sys, time, torch
+from ding_buffer import create_buffer
+d, out, value = sys.argv[1], sys.argv[2], float(sys.argv[3])
+buf = create_buffer(dict(type='naive', replay_buffer_size=4, seed=0, storage=dict(type='tensor', memmap_dir=d)))
+buf.push({'obs': torch.full((3,), value)})
+open(out + '.pushed', 'w').close()
+deadline = time.monotonic() + 60
+while not os.path.exists(out + '.go') and time.monotonic() < deadline:
+    time.sleep(0.05)
+with open(out, 'w') as f:
+    f.write(f"{os.getpid()} {buf.sample(1)['obs'].tolist()}")
+buf.close()
+'''
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_two_containers_sharing_a_memmap_dir_keep_their_own_files(tmp_path):
+    """Two processes in pid namespaces of their own (containers sharing a volume), both pid 1, on one memmap_dir:
+    files named by the pid alone were the same file for both (each read the other's rows), and each one's first
+    allocation removed the other's live files as a dead process's."""
+    import subprocess
+    import sys
+
+    from helpers import REPO_ROOT, pythonpath
+
+    if subprocess.run(['unshare', '-Urpf', 'true'], capture_output=True).returncode != 0:
+        pytest.skip('no pid namespaces here (unshare -Urpf)')
+    d, env = tmp_path / 'mm', dict(os.environ, PYTHONPATH=pythonpath())
+    d.mkdir()
+    procs, outs = [], []
+    for value in (1.0, 2.0):  # the second starts once the first stored its row
+        out = str(tmp_path / f'out{int(value)}')
+        cmd = ['unshare', '-Urpf', sys.executable, '-c', _CONTAINER, str(d), out, str(value)]
+        procs.append(subprocess.Popen(cmd, env=env, cwd=str(REPO_ROOT)))
+        outs.append(out)
+        deadline = time.monotonic() + 60
+        while not os.path.exists(out + '.pushed') and procs[-1].poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+    for out in outs:
+        open(out + '.go', 'w').close()
+    for p in procs:
+        assert p.wait(timeout=60) == 0
+    got = [open(out).read().split(' ', 1) for out in outs]
+    assert [pid for pid, _ in got] == ['1', '1']  # (both pid 1, each in its own namespace)
+    assert [rows for _, rows in got] == ['[[1.0, 1.0, 1.0]]', '[[2.0, 2.0, 2.0]]']
+    assert os.listdir(d) == []  # each removed its own files on close
