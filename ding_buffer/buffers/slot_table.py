@@ -172,10 +172,17 @@ class SlotTable(Table):
         return self._storage.discard(w.plan)
 
     def write(self, w: Write, report_evicted: bool) -> Written:
-        result = self._storage.write(w.plan, report_evicted=report_evicted)
+        result = self._store(w, report_evicted)
         if self.indexed:
             self.written(result.slots, w.values)
         return Written(w.n + w.dropped, result.slots, 0, result.evicted, result.expired)
+
+    def _store(self, w: Write, report_evicted: bool) -> Any:
+        """The storage's write of ``w``; one that empties the storage (more items than it holds) empties the index
+        first, so a call stopped between the two (a Ctrl-C) keeps no index of emptied slots."""
+        if w.dropped and self.indexed:
+            self.removed(self._storage.ring.ordered_slots())  # (not ``cleared``: the running max priority stays)
+        return self._storage.write(w.plan, report_evicted=report_evicted)
 
     def write_one(self, item: Any) -> Optional[int]:
         return self._storage.write_one(item)
@@ -184,7 +191,7 @@ class SlotTable(Table):
         """The list hot path (no used-data remover, capacity rule, rate limit or expiring frames): ``prepare`` and
         ``write`` in one call, raising as ``prepare`` with nothing changed. Returns the slots written."""
         w = self.prepare(items)
-        slots = self._storage.write(w.plan, report_evicted=False).slots
+        slots = self._store(w, False).slots
         if self.indexed:
             self.written(slots, w.values)
         return slots
