@@ -1016,12 +1016,12 @@ class Engine(IBuffer):
                 raise ValueError(f"invalid {self.__class__.__name__} state: {type(e).__name__}: {e}") from e
             before = self._all_counters() if self._periodic is not None else None
             restored.swap()  # the table's part (it may still fail, e.g. a full disk, with nothing changed)
-            swap()
+            self._write_one = self._t.write_one  # the hot path may be bound to the replaced storage (no call before
+            swap()  # this line: a Ctrl-C may land at a call's start, and a push must never reach the old storage)
             if before is not None:  # the periodic report counts what the buffer did, not what a load replaced
                 after = self._all_counters()
                 for key in self._load_shift:
                     self._load_shift[key] += before[key] - after[key]
-            self._write_one = self._t.write_one  # the hot path may be bound to the replaced storage
             self._rng, self._reseed_due = rng, False  # (a forked child's loaded RNG is what it draws from)
             self._cfg = self._t.cfg  # the table may restore saved settings (GFlowNet's ranking and sampling keys)
             failed = self._tell('rebuild')

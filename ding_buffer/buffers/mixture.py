@@ -595,13 +595,13 @@ class MixtureReplayBuffer(IBuffer):
                             rng.bit_generator.state, self._reseed_due = before, due
                 if ready:
                     return out if draw else ''
-            finally:
-                if marking:
-                    self._calls.unmark(marked)
+            finally:  # (the locks first: other threads wait for them)
                 if got:
                     locks.release()
                 else:  # (an exception -- a Ctrl-C -- as ``acquire`` returned)
                     locks.release_to(held)
+                if marking:
+                    self._calls.unmark(marked)
             reason = '; '.join(why) or 'every member is empty'
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:

@@ -365,9 +365,12 @@ class SlotTable(Table):
         )
         check_derived(state.get('counters'), ring_counts(storage.ring), 'its storage ring counts')
 
+        hot = None if self.indexed else storage.write_one  # (``bind_hot_path``'s, bound before the swap)
+
         def swap() -> None:
-            self._storage = storage
-            self.bind_hot_path()
+            self._storage = storage  # (and the hot path with it: no call between them, where a Ctrl-C may land)
+            if hot is not None:
+                self.write_one = hot
             if size is not None:
                 self.window.size = size
 
