@@ -99,7 +99,7 @@ class Storage(ABC):
             if len(overwritten):
                 evicted += self._take(overwritten)
         self._write(slots, prepared.payload)
-        slots, uids, _ = ring.commit(prepared.n)
+        slots, uids, _ = ring.commit(prepared.n, slots)
         return WriteResult(slots, uids, evicted)
 
     def discard(self, prepared: Prepared) -> Optional[np.ndarray]:

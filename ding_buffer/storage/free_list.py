@@ -66,9 +66,9 @@ class FreeListIndex(SlotIndex):
             free = free + self.oldest(n - len(free)).tolist()
         return np.asarray(free, dtype=np.int64)
 
-    def commit(self, n: int) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def commit(self, n: int, slots: Any = None) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
         """``RingIndex.commit`` over free slots: free ones first, then the oldest items' (overwritten). O(n) plus a
-        sort when anything is overwritten."""
+        sort when anything is overwritten. (``slots``, ``next_slots(n)``'s answer, is made again here.)"""
         assert 0 < n <= self.capacity, n
         take = min(n, len(self._free))
         free = self._free[len(self._free) - take :][::-1]  # (popped below, with the other changes)

@@ -12,7 +12,7 @@ lives at slot ``(head + p) % capacity`` -- O(1) per lookup.
 Not thread-safe: the owning buffer's lock serialises every call.
 """
 
-from typing import Any, Dict, Tuple
+from typing import Any, Dict, Optional, Tuple
 
 import numpy as np
 import torch
@@ -144,18 +144,21 @@ class RingIndex(SlotIndex):
 
     def next_slots(self, n: int) -> np.ndarray:
         """Slots the next ``n`` (<= capacity) writes will use, without changing anything. O(n)."""
-        return (self.tail + np.arange(n)) % self.capacity
+        first = (self.head + self.span) % self.capacity
+        if first + n <= self.capacity:  # (no wrap: one arange, as ``commit``)
+            return np.arange(first, first + n)
+        return (first + np.arange(n)) % self.capacity
 
-    def commit(self, n: int) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def commit(self, n: int, slots: Optional[np.ndarray] = None) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Claim the next ``n`` slots (``n <= capacity``), overwriting the oldest items when full. O(n). Returns
         ``(slots, uids, overwritten)``: the written slots in write order, the new items' ids, and the slots whose
-        previous (valid) item was overwritten."""
+        previous (valid) item was overwritten. ``slots``: what ``next_slots(n)`` answered (not made again)."""
         assert 0 < n <= self.capacity, n
         uids = np.arange(self.next_uid, self.next_uid + n, dtype=np.int64)  # (allocated before anything changes)
         first = (self.head + self.span) % self.capacity
         seg = mark = None  # the run, or the slots, that become valid (written last)
         if first + n <= self.capacity:  # no wrap: slices instead of fancy indexing
-            slots = np.arange(first, first + n)
+            slots = np.arange(first, first + n) if slots is None else slots
             seg = self.valid[first : first + n]
             hit = np.count_nonzero(seg)  # a full ring overwrites all, a filling one none: no mask indexing then
             if hit == n:
@@ -163,7 +166,7 @@ class RingIndex(SlotIndex):
             else:
                 overwritten = slots[seg] if hit else slots[:0]
         else:
-            slots = self.next_slots(n)
+            slots = self.next_slots(n) if slots is None else slots
             overwritten = slots[self.valid[slots]]
             mark = slots
         fresh = n - len(overwritten)
