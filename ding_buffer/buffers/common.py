@@ -5,6 +5,7 @@ import copy
 import itertools
 import numbers
 import operator
+import sys
 import threading
 from typing import Any, List, Mapping, Optional
 
@@ -50,24 +51,40 @@ class CallMarks:
         self.count = 0
         self._local = threading.local()
 
-    def mark(self, verb: str) -> Optional[str]:
-        """Under the buffer's lock: this thread's ``verb`` runs the user's code from now on; ``unmark`` with the
-        answer."""
-        marked, self._local.verb = getattr(self._local, 'verb', None), verb
+    def mark(self, verb: str) -> Any:
+        """Under the buffer's lock: this thread's ``verb`` (called from the caller's frame) runs the user's code from
+        now on; ``unmark`` with the answer."""
+        local = self._local
+        marked, caller = (getattr(local, 'verb', None), getattr(local, 'caller', None)), sys._getframe(1)
+        local.verb, local.caller = verb, caller
         self.count += 1
         return marked
 
-    def unmark(self, marked: Optional[str]) -> None:
-        self._local.verb = marked
+    def unmark(self, marked: Any) -> None:
+        self._local.verb, self._local.caller = marked
         self.count -= 1
 
     def refuse(self, verb: str) -> None:
         inside = getattr(self._local, 'verb', None)
+        if inside is not None and not _running(self._local.caller):  # its call ended without ``unmark``: stopped
+            self._local.verb, self._local.caller = None, None  # in its ``finally`` (a Ctrl-C); none is inside now
+            self.count -= 1
+            inside = None
         if inside is not None:
             raise RuntimeError(
                 f"buffer '{self.name}': {verb}() was called from inside its own {inside}() (a sampler, rule or copy "
                 f"hook of yours) on the same thread; call it after {inside}() returns"
             )
+
+
+def _running(frame: Any) -> bool:
+    """Whether ``frame`` is on the calling thread's stack."""
+    f = sys._getframe(2)
+    while f is not None:
+        if f is frame:
+            return True
+        f = f.f_back
+    return False
 
 
 def check_deepcopy(deepcopy: Any) -> None:

@@ -315,16 +315,21 @@ class Engine(IBuffer):
         """The periodic report's cumulative counters (a load does not move them: ``_load_shift``); None once the
         buffer is closing, when the lock stays taken (``with buffer.lock: buffer.close()``): the monitor's thread
         then ends, and ``close()`` writes the last period from its own thread."""
-        while not self._lock.acquire(timeout=0.05):
-            if self._closed:
-                return None
+        held, got = depth(self._lock), False  # (a first push reads it on the caller's thread: a Ctrl-C may land)
         try:
+            while not self._lock.acquire(timeout=0.05):
+                if self._closed:
+                    return None
+            got = True
             out = {**self._all_counters(), 'count': self.count()}
             for key, shift in self._load_shift.items():
                 out[key] += shift
             return out
         finally:
-            self._lock.release()
+            if got:
+                self._lock.release()
+            else:  # (an exception as ``acquire`` returned)
+                release_to(self._lock, held)
 
     # ------------------------------------------------------------------ properties
     @property
@@ -944,10 +949,16 @@ class Engine(IBuffer):
         with self._lock:
             self._check_open()
             n = self.count()
-            removed = self._t.clear()  # (first: a table that fails to clear changes nothing)
+            uses = None if self._uses is None else self._uses.counts.copy()
+            if uses is not None:  # nothing will be stored: every use count restarts (first: a call stopped before
+                self._uses.reset(slice(None))  # the table cleared -- a Ctrl-C -- keeps no count of an empty slot)
+            try:
+                removed = self._t.clear()  # (a table that fails to clear changes nothing)
+            except Exception:
+                if uses is not None:
+                    self._uses.counts[:] = uses
+                raise
             self._counters['remove_count'] += n  # (a table deriving its own count overrides this one)
-            if self._uses is not None:
-                self._uses.reset(slice(None))  # nothing is stored: every use count restarts
             failed = self._tell('rebuild')
             self._evicted(removed)
             if failed is not None:
@@ -1046,7 +1057,7 @@ class Engine(IBuffer):
         if taken:  # the ``_sec`` scalars' x-axis goes on after a load
             out['thruput']['periods'] = taken
         if self._uses is not None:
-            out['use'] = self._uses.state_dict()
+            out['use'] = self._uses.state_dict(self._t.live(np.arange(len(self._uses.counts))))
         return out
 
     def _engine_restored(self, restored: Restored) -> Callable[[], None]:

@@ -274,8 +274,10 @@ class UseCounts:
         new.counts[slots] = values
         return new
 
-    def state_dict(self) -> torch.Tensor:
-        return torch.from_numpy(self.counts.copy())
+    def state_dict(self, live: Optional[np.ndarray] = None) -> torch.Tensor:
+        """The counts; 0 where ``live`` (a mask of the slots holding an element) is False: a count an emptied slot
+        kept (a removal stopped part-way, by a Ctrl-C, before it reset them) counts nothing."""
+        return torch.from_numpy(self.counts.copy() if live is None else np.where(live, self.counts, 0))
 
     def restored(self, state: Any, valid: Optional[np.ndarray] = None) -> 'UseCounts':
         """A new column from ``state`` (validated: shape, >= 0, zero at empty slots); raises ``ValueError``."""

@@ -103,8 +103,8 @@ class SampledDataAttrMonitor:
     def record(self, use, priority, staleness, beta: float, cur_learner_iter: int, cur_collector_envstep: int) -> Due:
         """Record one sampled batch (numpy arrays; they are not modified afterwards by the buffer); returns the
         log table and scalars due now (every ``print_freq`` calls), or None."""
+        calls, self.calls = self.calls, self.calls + 1  # (first: a stop between the two keeps rows <= calls)
         self.window.append((use, priority, staleness, beta))
-        calls, self.calls = self.calls, self.calls + 1
         if calls % self.print_freq:
             return None
         avg = self.averages()

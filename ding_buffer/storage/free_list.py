@@ -99,10 +99,12 @@ class FreeListIndex(SlotIndex):
         slots = np.unique(np.asarray(slots, dtype=np.int64))
         slots = slots[self.valid[slots]]
         if len(slots):
+            n, freed = len(slots), slots[::-1].tolist()  # (the lowest freed slot is taken first)
+            # the state changes in one run of stores with no call between them: a Ctrl-C lands before or after it
             self.valid[slots] = False
             self._uid[slots] = -1
-            self.count -= len(slots)
-            self._free.extend(slots[::-1].tolist())  # the lowest freed slot is taken first
+            self.count -= n
+            self._free += freed
             self._order = None
         return slots
 

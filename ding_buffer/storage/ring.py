@@ -211,10 +211,11 @@ class RingIndex(SlotIndex):
         """Invalidate ``slots``; returns the slots that were actually valid. O(len(slots)) amortised."""
         slots = np.unique(np.asarray(slots, dtype=np.int64))
         slots = slots[self.valid[slots]]
-        self.valid[slots] = False
+        n = len(slots)
+        self.valid[slots] = False  # (with the count: no call between them, where a Ctrl-C may land; a head left
+        self.count -= n  # on a hole is trimmed by the next change, or by a load of a state saved meanwhile)
         if self._blocks is not None:
             np.add.at(self._blocks, slots // self._BLOCK, -1)
-        self.count -= len(slots)
         self._trim_head()
         return slots
 
@@ -224,14 +225,14 @@ class RingIndex(SlotIndex):
         if self.count == 0:
             self.head, self.span = self.tail, 0
             return
-        step = 8
-        while not self.valid[self.head]:
-            end = min(self.head + step, self.capacity)
-            seg = self.valid[self.head : end]
+        head, span, step = self.head, self.span, 8
+        while not self.valid[head]:
+            end = min(head + step, self.capacity)
+            seg = self.valid[head:end]
             skip = int(seg.argmax()) if seg.any() else len(seg)
-            self.head = (self.head + skip) % self.capacity
-            self.span -= skip
+            head, span = (head + skip) % self.capacity, span - skip
             step *= 4
+        self.head, self.span = head, span  # (once: a call stopped in the scan -- a Ctrl-C -- leaves them as they were)
 
     def oldest(self, k: int) -> np.ndarray:
         """The ``k`` oldest valid slots, oldest first. O(k) without holes; with holes it scans forward from the
@@ -329,8 +330,10 @@ class RingIndex(SlotIndex):
             raise ValueError(f"inconsistent ring state: head={ring.head} span={ring.span} count={ring.count}")
         inside = np.zeros(capacity, dtype=bool)
         inside[(ring.head + np.arange(ring.span)) % capacity] = True
-        if (valid & ~inside).any() or (ring.count and not valid[ring.head]):
+        if (valid & ~inside).any():
             raise ValueError("inconsistent ring state: valid slots outside [head, tail)")
+        if ring.count and not valid[ring.head]:  # holes at the head not trimmed yet (a remove stopped part-way)
+            ring._trim_head()
         if not np.array_equal(uid[valid], ring.uid[valid]):
             raise ValueError("inconsistent ring state: saved unique ids do not match their slots")
         return ring

@@ -171,6 +171,8 @@ def test_a_sample_with_a_timeout_stopped_anywhere_releases_the_lock(verb):
         done = threading.Event()
         threading.Thread(target=lambda: (buf.sample(2, timeout=1.0), done.set()), daemon=True).start()
         assert done.wait(10)
+        restores(buf)  # (the sampled-data monitor kept a row its count of calls did not: no buffer loaded it)
+        assert buf.sample(2) is not None  # (this thread too: its call's mark is not left behind)
 
     assert every_point(made('advanced', 'tensor'), call, check) > 10
 
@@ -209,3 +211,67 @@ def test_a_load_stopped_anywhere_keeps_later_pushes_in_the_buffer(storage):
         lock_free(buf)
 
     assert every_point(made('naive', storage), lambda b: b.load_state_dict(state), check) > 10
+
+
+@pytest.mark.parametrize('storage', ['list', 'tensor'])
+def test_a_sample_that_uses_items_up_stopped_anywhere_leaves_a_buffer_that_loads(storage):
+    """``max_use=1``: each sample removes what it drew; a stop as the ring let them go left its head on a hole (a
+    state no buffer loaded) and the use counts of emptied slots."""
+
+    def make():
+        buf = create_buffer(
+            dict(type='naive', replay_buffer_size=CAPACITY, seed=0, max_use=1, storage=dict(type=storage))
+        )
+        buf.push([item(i) for i in range(STORED)])
+        return buf
+
+    def check(buf):
+        restores(buf)
+        buf.push(item(77))
+        assert items_of(buf)  # (every counted item readable)
+        lock_free(buf)
+
+    assert every_point(make, lambda b: b.sample(3), check) > 10
+
+
+@pytest.mark.parametrize('buffer_type', ['advanced', 'naive'])
+def test_a_clear_of_used_items_stopped_anywhere_leaves_a_buffer_that_loads(buffer_type):
+    def make():
+        buf = made(buffer_type, 'tensor')()
+        buf.sample(4)  # (use counts of the drawn items)
+        return buf
+
+    def check(buf):
+        restores(buf)
+        lock_free(buf)
+
+    assert every_point(make, lambda b: b.clear(), check) > 3
+
+
+class _Board:
+    """A ``tb_logger`` (as TensorBoard's ``SummaryWriter``) that keeps nothing."""
+
+    def add_scalar(self, *args, **kwargs):
+        pass
+
+    def flush(self):
+        pass
+
+    def close(self):
+        pass
+
+
+def test_a_first_push_under_a_periodic_report_stopped_anywhere_releases_the_lock():
+    """The first push starts the periodic report, which reads its baseline under the buffer's lock on the caller's
+    thread: a stop as that lock was taken kept it for good."""
+
+    def make():
+        return create_buffer(
+            dict(type='naive', replay_buffer_size=CAPACITY, seed=0, periodic_thruput_seconds=60), _Board()
+        )
+
+    def check(buf):
+        lock_free(buf)
+        buf.close()
+
+    assert every_point(make, lambda b: b.push(item(1)), check) > 5
