@@ -218,13 +218,15 @@ class StateSet:
     def remove(self, slots: np.ndarray) -> None:
         if not self.enabled or not len(slots):
             return
+        slots = slots[self.present[slots]]  # (a slot removed already -- by a push stopped part-way -- is no more)
         buckets = self._buckets
         if buckets is not None:
             for s, h in zip(slots.tolist(), self.hashes[slots].tolist()):
-                b = buckets[h]
-                b.remove(s)
-                if not b:
-                    del buckets[h]
+                b = buckets.get(h)
+                if b is not None and s in b:  # (a removal stopped part-way took some already)
+                    b.remove(s)
+                    if not b:
+                        del buckets[h]
         self.present[slots] = False
         self._unique = None
 

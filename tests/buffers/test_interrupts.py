@@ -275,3 +275,25 @@ def test_a_first_push_under_a_periodic_report_stopped_anywhere_releases_the_lock
         buf.close()
 
     assert every_point(make, lambda b: b.push(item(1)), check) > 5
+
+
+def test_a_diverse_push_into_a_full_buffer_stopped_anywhere_lets_later_pushes_evict():
+    """``gfn_diverse``: a stop after the evicted states left the diversity filter, before the new ones were written,
+    made every later push that evicted those slots a ``KeyError`` (they were removed from the filter twice)."""
+    g = torch.Generator().manual_seed(0)
+    batches = [{'state': torch.randn(3, 3, generator=g), 'log_reward': torch.randn(3, generator=g)} for _ in range(8)]
+
+    def make():
+        buf = create_buffer(dict(type='gfn_diverse', replay_buffer_size=8, seed=0))
+        buf.push({'state': torch.randn(8, 3, generator=g), 'log_reward': torch.randn(8, generator=g)})
+        return buf
+
+    def check(buf):
+        for b in batches:
+            buf.push(b)
+        assert buf.sample(4)['state'].shape == (4, 3)
+        done = threading.Event()
+        threading.Thread(target=lambda: (buf.sample(1), done.set()), daemon=True).start()
+        assert done.wait(10), 'a sample from another thread waited for a lock the interrupted call kept'
+
+    assert every_point(make, lambda b: b.push(batches[0]), check) > 10
