@@ -355,6 +355,16 @@ def out_of_memory(e: BaseException) -> bool:
 _DOS_DIRECTORY = 0x10  # the MS-DOS directory bit of a zip member's external attributes
 
 
+def host_id() -> str:
+    """This host, as every process on it sees it: the hostname and the kernel's boot id."""
+    try:
+        with open('/proc/sys/kernel/random/boot_id') as f:
+            boot = f.read().strip()
+    except OSError:
+        boot = ''
+    return f'{socket.gethostname()}/{boot}'
+
+
 _GLOBALS_LOCK = forks.lock(reentrant=False)
 
 

@@ -31,7 +31,6 @@ import mmap
 import os
 import platform
 import secrets
-import socket
 import struct
 import threading
 import time
@@ -42,6 +41,7 @@ import torch
 
 from ..buffers.common import STEP_LIMIT
 from ..errors import ManagerTimeoutError, ManagerUnavailableError
+from ..persistence import host_id
 
 logger = logging.getLogger('ding_buffer.distributed')
 
@@ -80,16 +80,6 @@ def _fence() -> None:
     anyway): a row's stores before its counter's, a counter's load before the row's."""
     with _fence_lock:
         pass
-
-
-def host_id() -> str:
-    """This host, as both sides see it: the hostname and the kernel's boot id (namespaced hosts differ)."""
-    try:
-        with open('/proc/sys/kernel/random/boot_id') as f:
-            boot = f.read().strip()
-    except OSError:
-        boot = ''
-    return f'{socket.gethostname()}/{boot}'
 
 
 # ---------------------------------------------------------------------------------------------- row layouts

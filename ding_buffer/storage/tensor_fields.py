@@ -5,11 +5,12 @@ Fields live in memory on the storage device, or, with ``memmap_dir``, each in it
 which the storage writes and reads through: numpy's per-call overhead is a fraction of torch's.
 
 Memmap files are working memory, not a save (``save_data`` is): every allocation gets files of its own
-(``{index}_{field}.{host}-{pid}-{n}.bin``, made only if no such file exists), so a storage being restored never
-touches the files of the live one, nor do processes of other hosts or containers sharing the directory (a
-container's pids are its own: two may both be pid 1), and the files are removed with the storage that mapped them
-(``close()``, a rejected restore, garbage collection). Files that a killed process left behind (this host and pid
-namespace, pid gone) are removed by the next allocation in that directory; another host's are never judged.
+(``{index}_{field}.{host}-{pid}-{n}.bin``, ``n`` counting from a random number; made only if no such file exists),
+so a storage being restored never touches the files of the live one, nor does a process of another host or
+container sharing the directory (a container's pids are its own: two may both be pid 1), and the files are removed
+with the storage that mapped them (``close()``, a rejected restore, garbage collection). Files that a killed process
+of this host left behind (its pid gone; or this process's pid, numbered outside this process's range: a restarted
+container's pid 1) are removed by the next allocation in that directory; another host's are never judged.
 """
 
 import ctypes
@@ -20,7 +21,6 @@ import itertools
 import math
 import os
 import re
-import socket
 import sys
 from typing import Any, Dict, List, Optional
 
@@ -28,21 +28,21 @@ import numpy as np
 import torch
 
 from ..config import machine_memory
+from ..persistence import host_id
 from .tensor_schema import Schema
 from .tree import Path, path_name
 
-_GENERATION = itertools.count()
-_OURS = re.compile(r'^\d{3}_.*\.(?:([0-9a-f]{8})-)?(\d+)-\d+\.bin$')  # (files of older versions: no host part)
+# allocations count from a random number: a process restarted with the same pid (a container's pid 1) names its
+# files anew, and tells its own from those an earlier process of its pid left (``remove_orphans``)
+_FIRST = int.from_bytes(os.urandom(8), 'little') >> 2
+_GENERATION = itertools.count(_FIRST)
+_OURS = re.compile(r'^\d{3}_.*\.(?:([0-9a-f]{8})-)?(\d+)-(\d+)\.bin$')  # (files of older versions: no host part)
 
 
 @functools.lru_cache(maxsize=None)
 def host_tag() -> str:
-    """8 hex digits naming this host and pid namespace, in which a pid names one process."""
-    try:
-        namespace = os.stat('/proc/self/ns/pid').st_ino
-    except OSError:
-        namespace = 0
-    return hashlib.sha1(f'{socket.gethostname()}/{namespace}'.encode()).hexdigest()[:8]
+    """8 hex digits naming this host (``persistence.host_id``): another host's files are never judged here."""
+    return hashlib.sha1(host_id().encode()).hexdigest()[:8]
 
 
 def new_token() -> str:
@@ -101,8 +101,8 @@ def allocate_fields(
         for index, (path, (shape, dtype)) in enumerate(schema.items()):
             numel = capacity * int(np.prod(shape, dtype=np.int64))
             fname = memmap_file(memmap_dir, index, path, token)
-            made.append(fname)
             reserve(fname, numel * torch.empty(0, dtype=dtype).element_size())
+            made.append(fname)  # (after: a file that was there already is never this call's to remove)
             tensor = torch.from_file(fname, shared=True, size=numel, dtype=dtype)
             fields[path] = tensor.view(capacity, *shape)
     except BaseException:
@@ -124,6 +124,9 @@ def reserve(fname: str, nbytes: int) -> None:
                 except OSError as e:  # a file system that cannot reserve blocks: its files are mapped sparse
                     if e.errno not in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):
                         raise
+        except BaseException:
+            remove_files([fname])  # (the file this call made)
+            raise
         finally:
             os.close(fd)
     except OSError as e:
@@ -179,7 +182,9 @@ def remove_orphans(memmap_dir: str) -> None:
         m = _OURS.match(name)
         if m is None or m.group(1) not in (None, host_tag()):  # another host's or container's: not ours to judge
             continue
-        if int(m.group(2)) != os.getpid() and not _alive(int(m.group(2))):
+        pid, generation = int(m.group(2)), int(m.group(3))
+        mine = pid == os.getpid() and _FIRST <= generation < _FIRST + 2**32  # (an earlier process of this pid's: not)
+        if not mine and (pid == os.getpid() or not _alive(pid)):
             remove_files([os.path.join(memmap_dir, name)])
 
 

@@ -148,8 +148,7 @@ buf.close()
 @pytest.mark.timeout(120)
 def test_two_containers_sharing_a_memmap_dir_keep_their_own_files(tmp_path):
     """Two processes in pid namespaces of their own (containers sharing a volume), both pid 1, on one memmap_dir:
-    files named by the pid alone were the same file for both (each read the other's rows), and each one's first
-    allocation removed the other's live files as a dead process's."""
+    files named by the pid alone were the same file for both (each read the other's rows)."""
     import subprocess
     import sys
 
@@ -176,3 +175,39 @@ def test_two_containers_sharing_a_memmap_dir_keep_their_own_files(tmp_path):
     assert [pid for pid, _ in got] == ['1', '1']  # (both pid 1, each in its own namespace)
     assert [rows for _, rows in got] == ['[[1.0, 1.0, 1.0]]', '[[2.0, 2.0, 2.0]]']
     assert os.listdir(d) == []  # each removed its own files on close
+
+
+_KILLED = '''
+import os, sys, torch
+from ding_buffer import create_buffer
+buf = create_buffer(dict(type='naive', replay_buffer_size=4, storage=dict(type='tensor', memmap_dir=sys.argv[1])))
+buf.push({'obs': torch.ones(3)})
+os._exit(9)  # (dies without closing anything: pid 1 of a namespace ignores its own SIGKILL)
+'''
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_a_restarted_container_removes_the_files_its_killed_predecessor_left(tmp_path):
+    """A container restarted after its process was killed runs the new one as pid 1 again: the files the killed pid 1
+    left are a dead process's, removed by the new one's first allocation (not kept as another container's, and
+    not in the way of its own names)."""
+    import subprocess
+    import sys
+
+    from helpers import REPO_ROOT, pythonpath
+
+    if subprocess.run(['unshare', '-Urpf', 'true'], capture_output=True).returncode != 0:
+        pytest.skip('no pid namespaces here (unshare -Urpf)')
+    d, env = tmp_path / 'mm', dict(os.environ, PYTHONPATH=pythonpath())
+    d.mkdir()
+    cmd = ['unshare', '-Urpf', sys.executable, '-c', _KILLED, str(d)]
+    assert subprocess.run(cmd, env=env, cwd=str(REPO_ROOT), timeout=60).returncode != 0  # (killed)
+    left = os.listdir(d)
+    assert left  # what the killed process left
+    restarted = _CONTAINER.replace("open(out + '.pushed', 'w').close()", "open(out + '.go', 'w').close()")
+    out = str(tmp_path / 'out')
+    cmd = ['unshare', '-Urpf', sys.executable, '-c', restarted, str(d), out, '5.0']
+    assert subprocess.run(cmd, env=env, cwd=str(REPO_ROOT), timeout=60).returncode == 0
+    assert open(out).read() == '1 [[5.0, 5.0, 5.0]]'
+    assert os.listdir(d) == [], (left, os.listdir(d))
