@@ -218,7 +218,6 @@ class StateSet:
     def remove(self, slots: np.ndarray) -> None:
         if not self.enabled or not len(slots):
             return
-        slots = slots[self.present[slots]]  # (a slot removed already -- by a push stopped part-way -- is no more)
         buckets = self._buckets
         if buckets is not None:
             for s, h in zip(slots.tolist(), self.hashes[slots].tolist()):

@@ -135,10 +135,9 @@ class FastWriter:
 
     def put_batch(self, cols: List[np.ndarray], n: int, ring: RingIndex) -> np.ndarray:
         """Write columns checked by ``check_batch`` at the next ``n`` slots of ``ring``; returns the slots."""
-        cap = ring.capacity
-        first = ring.next_slot()  # written before the index counts them (``Storage.write``)
+        cap, slots = ring.capacity, ring.next_slots(n)  # written before the index counts them (``Storage.write``)
+        first = int(slots[0])
         if not ring.derived_ids:  # a free-list index hands out any free slots
-            slots = ring.next_slots(n)
             for (_, view, _, _, _, _), v in zip(self.spec, cols):
                 view[slots] = v
         elif first + n <= cap:
@@ -149,4 +148,4 @@ class FastWriter:
             for (_, view, _, _, _, _), v in zip(self.spec, cols):
                 view[first:] = v[:k]
                 view[: n - k] = v[k:]
-        return ring.commit(n)[0]
+        return ring.commit(n, slots)[0]

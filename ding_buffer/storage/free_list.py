@@ -68,12 +68,15 @@ class FreeListIndex(SlotIndex):
 
     def commit(self, n: int, slots: Any = None) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
         """``RingIndex.commit`` over free slots: free ones first, then the oldest items' (overwritten). O(n) plus a
-        sort when anything is overwritten. (``slots``, ``next_slots(n)``'s answer, is made again here.)"""
+        sort when anything is overwritten. ``slots``: what ``next_slots(n)`` answered (not made again)."""
         assert 0 < n <= self.capacity, n
         take = min(n, len(self._free))
-        free = self._free[len(self._free) - take :][::-1]  # (popped below, with the other changes)
-        overwritten = self.oldest(n - take) if n > take else np.zeros(0, dtype=np.int64)
-        slots = np.asarray(free + overwritten.tolist(), dtype=np.int64)
+        if slots is None:  # the free slots (popped below, with the other changes), then the oldest items'
+            free = self._free[len(self._free) - take :][::-1]
+            overwritten = self.oldest(n - take) if n > take else np.zeros(0, dtype=np.int64)
+            slots = np.asarray(free + overwritten.tolist(), dtype=np.int64)
+        else:
+            overwritten = slots[take:]
         uids = np.arange(self.next_uid, self.next_uid + n, dtype=np.int64)
         # the state changes in one run of stores with no call between them: a Ctrl-C lands before or after it
         del self._free[len(self._free) - take :]

@@ -180,7 +180,7 @@ def remove_orphans(memmap_dir: str) -> None:
         return
     for name in names:
         m = _OURS.match(name)
-        if m is None or m.group(1) not in (None, host_tag()):  # another host's or container's: not ours to judge
+        if m is None or m.group(1) not in (None, host_tag()):  # another host's: not ours to judge
             continue
         pid, generation = int(m.group(2)), int(m.group(3))
         mine = pid == os.getpid() and _FIRST <= generation < _FIRST + 2**32  # (an earlier process of this pid's: not)
