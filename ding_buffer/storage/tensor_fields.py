@@ -191,6 +191,8 @@ def remove_orphans(memmap_dir: str) -> None:
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
+    except (OverflowError, ValueError):  # no pid of this host: a file named so is not ours to judge
+        return True
     except ProcessLookupError:
         return False
     except OSError:

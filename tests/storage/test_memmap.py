@@ -211,3 +211,17 @@ def test_a_restarted_container_removes_the_files_its_killed_predecessor_left(tmp
     assert subprocess.run(cmd, env=env, cwd=str(REPO_ROOT), timeout=60).returncode == 0
     assert open(out).read() == '1 [[5.0, 5.0, 5.0]]'
     assert os.listdir(d) == [], (left, os.listdir(d))
+
+
+def test_a_memmap_dir_holding_a_file_named_with_an_impossible_pid_still_allocates(tmp_path):
+    """A file in the directory named like a field file but with a pid no host has (a stray or hostile name) failed
+    every allocation with ``OverflowError`` as the orphan sweep asked whether that pid lived; it is left alone."""
+    d = tmp_path / 'mm'
+    d.mkdir()
+    stray = d / ('000_obs.' + '9' * 30 + '-0.bin')
+    stray.write_bytes(b'x')
+    buf = create_buffer(dict(type='naive', replay_buffer_size=4, storage=dict(type='tensor', memmap_dir=str(d))))
+    assert buf.push({'obs': torch.ones(2)}) == 1
+    assert stray.read_bytes() == b'x'
+    buf.close()
+    assert os.listdir(d) == [stray.name]
